@@ -1,0 +1,153 @@
+"""Strict YAML input: ``yaml.safe_load`` values plus the line of every key, and a small schema.
+
+Every problem raises :class:`InputError` naming the file, the key path and the line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.errors import InputError
+
+KeyPath = tuple[Any, ...]
+
+
+@dataclass
+class Document:
+    """A parsed YAML file: its data, the line of each key path, its bytes."""
+
+    path: Path
+    data: Any
+    lines: dict[KeyPath, int]
+    raw: bytes
+
+    def line(self, keypath: KeyPath) -> int | None:
+        while keypath:
+            if keypath in self.lines:
+                return self.lines[keypath]
+            keypath = keypath[:-1]
+        return self.lines.get((), 1)
+
+    def error(self, keypath: KeyPath, message: str) -> InputError:
+        return InputError(message, file=str(self.path), key=dotted(keypath), line=self.line(keypath))
+
+
+def dotted(keypath: KeyPath) -> str:
+    out = ""
+    for k in keypath:
+        out += f"[{k}]" if isinstance(k, int) else (f".{k}" if out else str(k))
+    return out or "<top level>"
+
+
+def _walk(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int], doc_path: Path) -> None:
+    lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        seen: set[Any] = set()
+        for key_node, value_node in node.value:
+            key = key_node.value
+            if key in seen:
+                raise InputError(
+                    f"duplicate key {key!r}", file=str(doc_path), key=dotted(path + (key,)),
+                    line=key_node.start_mark.line + 1,
+                )
+            seen.add(key)
+            lines[path + (key,)] = key_node.start_mark.line + 1
+            _walk(value_node, path + (key,), lines, doc_path)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            lines[path + (i,)] = item.start_mark.line + 1
+            _walk(item, path + (i,), lines, doc_path)
+
+
+def load(path: str | Path) -> Document:
+    """Read and parse a YAML file safely, keeping key lines."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise InputError(f"cannot read: {e.strerror}", file=str(p)) from e
+    try:
+        text = raw.decode("utf-8")
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except UnicodeDecodeError as e:
+        raise InputError("not UTF-8 text", file=str(p)) from e
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise InputError(
+            f"invalid YAML: {getattr(e, 'problem', None) or e}", file=str(p),
+            line=mark.line + 1 if mark is not None else None,
+        ) from e
+    lines: dict[KeyPath, int] = {}
+    if node is not None:
+        _walk(node, (), lines, p)
+    return Document(p, data, lines, raw)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One key of a mapping: its expected type(s), whether required, a default, a check."""
+
+    types: type | tuple[type, ...]
+    required: bool = True
+    default: Any = None
+    check: Callable[[Any], str | None] | None = None
+
+
+def _type_name(t: type | tuple[type, ...]) -> str:
+    if isinstance(t, tuple):
+        return " or ".join(x.__name__ for x in t)
+    return t.__name__
+
+
+def mapping(doc: Document, value: Any, keypath: KeyPath, schema: dict[str, Field]) -> dict[str, Any]:
+    """Validate ``value`` as a mapping against ``schema``; unknown keys are errors."""
+    if not isinstance(value, dict):
+        raise doc.error(keypath, f"expected a mapping, got {type(value).__name__}")
+    out: dict[str, Any] = {}
+    for key in value:
+        if key not in schema:
+            known = ", ".join(sorted(schema))
+            raise doc.error(keypath + (key,), f"unknown key {key!r} (known keys: {known})")
+    for key, field in schema.items():
+        if key not in value:
+            if field.required:
+                raise doc.error(keypath, f"missing required key {key!r}")
+            out[key] = field.default
+            continue
+        v = value[key]
+        types = field.types if isinstance(field.types, tuple) else (field.types,)
+        ok = isinstance(v, types) and not (isinstance(v, bool) and bool not in types)
+        if float in types and isinstance(v, int) and not isinstance(v, bool):
+            ok = True
+            v = float(v)
+        if not ok:
+            raise doc.error(
+                keypath + (key,), f"{key!r} must be {_type_name(field.types)}, got {type(v).__name__} {v!r}"
+            )
+        if field.check is not None:
+            problem = field.check(v)
+            if problem:
+                raise doc.error(keypath + (key,), f"{key!r}: {problem}")
+        out[key] = v
+    return out
+
+
+def positive(v: Any) -> str | None:
+    return None if v > 0 else "must be positive"
+
+
+def non_negative(v: Any) -> str | None:
+    return None if v >= 0 else "must be non-negative"
+
+
+def one_of(*choices: Any) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        return None if v in choices else f"must be one of {', '.join(map(str, choices))}"
+
+    return check
