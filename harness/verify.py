@@ -28,3 +28,135 @@ def load_saved(device_type: str) -> Any:
         return None
     dtypes = frozenset(getattr(torch, name) for name in data["bucketed_norm_dtypes"])
     return ExactPaths(dtypes, data["update"], f"verified on this machine: {path}")
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().contiguous().cpu()
+    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t.view(view)
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape, dtype and bits (so -0.0 differs from +0.0 and NaN payloads count)."""
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
+
+
+#: Shapes exercising every path: buckets (even sizes), odd, short, 0-d, one-element, empty, large.
+SHAPES: list[tuple[int, ...]] = [
+    (256, 256), (256, 256), (1024, 256), (256, 1024), (1024, 256), (384,), (384,), (384,), (7, 9), (7, 9),
+    (3,), (5,), (), (1,), (0,), (64,), (64,), (131072,), (131072,), (33, 2), (33, 2),
+]
+
+
+def _grads(device: torch.device, dtype: torch.dtype, gen: torch.Generator) -> list[torch.Tensor]:
+    return [(torch.randn(s, generator=gen) * 3).to(device=device, dtype=dtype) for s in SHAPES]
+
+
+def check_bucketed_norm(device: torch.device, dtype: torch.dtype) -> bool:
+    """Row norms of B x (K/2) x 2 views against native's per-tensor norms, bitwise."""
+    from harness.cotangent import _bucket_norm, _native_norms
+
+    gen = torch.Generator().manual_seed(0)
+    for k in (64, 384, 65536, 262144, 1000):
+        ts = [(torch.randn(k, generator=gen) * 2).to(device=device, dtype=dtype) for _ in range(3)]
+        native = torch.stack(_native_norms(ts, device, 2.0, None))
+        batched = _bucket_norm(torch.stack(ts), k)
+        if not bitwise_equal(native, batched):
+            return False
+    return True
+
+
+def check_clip(device: torch.device, dtype: torch.dtype) -> bool:
+    """The method's clip_grad_norm_ (unpacked) against native: total norm and every gradient."""
+    from harness.cotangent import clip_grad_norm_
+
+    gen = torch.Generator().manual_seed(1)
+    for max_norm in (1.0, 1e6):
+        grads = _grads(device, dtype, gen)
+        a = [torch.zeros_like(g, requires_grad=True) for g in grads]
+        b = [torch.zeros_like(g, requires_grad=True) for g in grads]
+        for x, y, g in zip(a, b, grads):
+            x.grad, y.grad = g.clone(), g.clone()
+        na = torch.nn.utils.clip_grad_norm_(a, max_norm)
+        nb = clip_grad_norm_(b, max_norm)
+        if not bitwise_equal(na, nb) or not all(bitwise_equal(x.grad, y.grad) for x, y in zip(a, b)):
+            return False
+    return True
+
+
+def check_update(device: torch.device, dtype: torch.dtype, mode: str, steps: int = 40) -> bool:
+    """PackedAdamW in ``mode`` plus packed clipping against native clipping + AdamW(fused=True)."""
+    from harness.cotangent import PackedAdamW, clip_grad_norm_
+
+    gen = torch.Generator().manual_seed(2)
+    init = [torch.randn(s, generator=gen).to(device=device, dtype=dtype) for s in SHAPES]
+    a = [t.clone().requires_grad_() for t in init]
+    b = [t.clone().requires_grad_() for t in init]
+    oa = torch.optim.AdamW(a, lr=1e-2, weight_decay=0.1, fused=True)
+    ob = PackedAdamW(b, lr=1e-2, weight_decay=0.1, update=mode)
+    for step in range(steps):
+        grads = _grads(device, dtype, gen)
+        if step == steps // 2:
+            for o in (oa, ob):
+                o.param_groups[0]["lr"] = 3e-3
+        for x, g in zip(a, grads):
+            x.grad = g.clone()
+        for y, g in zip(b, grads):
+            y.grad = g.clone()  # replaced grads are copied into the flat buffer
+        na = torch.nn.utils.clip_grad_norm_(a, 1.0)
+        nb = clip_grad_norm_(b, 1.0)
+        oa.step()
+        ob.step()
+        oa.zero_grad()
+        ob.zero_grad()
+        if not bitwise_equal(na, nb) or not all(bitwise_equal(x, y) for x, y in zip(a, b)):
+            return False
+    return True
+
+
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+MODES = ("views", "aligned", "flat")
+
+
+def run_checks(device_name: str, *, save: bool, echo: Any) -> int:
+    """Run every check on ``device_name``, print a table, return 0 only if no used path mismatched."""
+    from harness.cotangent import exact_paths
+    from harness.devices import resolve
+
+    device = resolve(device_name)
+    paths = exact_paths(device.type)
+    rows: list[tuple[str, str, str, bool]] = []
+    failures = 0
+    matched_norms: list[str] = []
+    matched_modes: dict[str, bool] = dict.fromkeys(MODES, True)
+    for dtype in DTYPES:
+        name = str(dtype).replace("torch.", "")
+        used = dtype in paths.bucketed_norm_dtypes
+        ok = check_bucketed_norm(device, dtype)
+        rows.append(("bucketed norm B x (K/2) x 2", name, "used" if used else "not used (native scalar)", ok))
+        if ok:
+            matched_norms.append(name)
+        failures += int(used and not ok)
+        ok = check_clip(device, dtype)
+        rows.append(("clip_grad_norm_ vs native", name, "used", ok))
+        failures += int(not ok)
+        for mode in MODES:
+            ok = check_update(device, dtype, mode)
+            used_mode = mode == paths.update
+            rows.append((f"PackedAdamW update={mode} + packed clip", name, "used" if used_mode else "not used", ok))
+            failures += int(used_mode and not ok)
+            matched_modes[mode] = matched_modes[mode] and ok
+    echo(f"device {device} ({torch.__version__}); method paths: {paths.origin}")
+    w = max(len(r[0]) for r in rows)
+    echo(f"{'check'.ljust(w)}  dtype     by method                 result")
+    for check, dtype_name, used_s, ok in rows:
+        echo(f"{check.ljust(w)}  {dtype_name.ljust(8)}  {used_s.ljust(24)}  {'bitwise' if ok else 'DIFFERS'}")
+    if save:
+        best = next((m for m in ("flat", "aligned", "views") if matched_modes[m]), "views")
+        path = saved_path(device.type)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"device_type": device.type, "torch": torch.__version__, "bucketed_norm_dtypes": matched_norms, "update": best}
+        path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        echo(f"saved matched paths to {path}")
+    echo("all paths the method uses are bitwise native" if failures == 0 else f"{failures} used path(s) DIFFER")
+    return 0 if failures == 0 else 1

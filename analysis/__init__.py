@@ -1,0 +1,9 @@
+"""The study's statistics: reads records, never imports torch.
+
+``paired_interval`` is the public entry point for intervals; ``analysis.report`` writes the
+report; ``analysis/public_audit.py`` re-checks everything with the standard library alone.
+"""
+
+from analysis.stats import PairedInterval, factorial_contrasts, mean_interval, paired_interval, quality_decision
+
+__all__ = ["PairedInterval", "factorial_contrasts", "mean_interval", "paired_interval", "quality_decision"]

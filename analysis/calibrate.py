@@ -1,0 +1,37 @@
+"""Calibration: preregistered numbers from a pilot's records, by a rule fixed in advance.
+
+Rule (applied per configuration to the pilot's ``ok`` baseline-role runs):
+
+* validation target: the median, over runs, of the validation-subset BPB at the last validation
+  at or before 75% of the pilot's steps, rounded up to two decimals, so a typical baseline
+  reaches it at about three quarters of the budget;
+* device seconds per run: the median inclusive device time per run; a target protocol's budget
+  is that times its number of runs times 1.5, rounded up to the next 60 s.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+
+def calibrate(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    by_config: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        if r["status"] == "ok" and r["spec"]["role"] in ("baseline", "native"):
+            by_config.setdefault(r["spec"]["config"], []).append(r)
+    for config, recs in sorted(by_config.items()):
+        vals, secs = [], []
+        for r in recs:
+            cut = 0.75 * r["spec"]["steps"]
+            points = [v for v in r["val_curve"] if v[0] <= cut] or r["val_curve"][:1]
+            vals.append(points[-1][1])
+            secs.append(r["timings"]["device_s"])
+        target = math.ceil(statistics.median(vals) * 100) / 100
+        out[config] = {"runs": len(recs), "val_target_bpb": target, "device_s_per_run": statistics.median(secs)}
+    return out
+
+
+def budget(device_s_per_run: float, runs: int) -> float:
+    return float(math.ceil(device_s_per_run * runs * 1.5 / 60) * 60)

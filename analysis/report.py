@@ -1,0 +1,244 @@
+"""The report: ``summary.json`` (every number shown), ``report.md`` (the study's tables), PNG plots,
+and the per-run table as CSV or Parquet for users' own analysis.
+
+``python -m analysis report records/<id>`` or ``harness report PROTOCOL``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from analysis.summary import derive, load_records
+
+MIB = 1024 * 1024
+
+
+def canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def seal(summary: dict[str, Any]) -> dict[str, Any]:
+    body = {k: v for k, v in summary.items() if k != "sha256"}
+    body["sha256"] = hashlib.sha256(canonical(body)).hexdigest()
+    return body
+
+
+def _write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _f(x: float | None, fmt: str) -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def _pct(level: float) -> str:
+    return f"{level * 100:g}%"
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    p = summary["protocol"]
+    rec = summary["records"]
+    out = [f"# Protocol {p['id']} (version {p['version']})", ""]
+    out.append(f"Protocol sha256 `{p['sha256']}`" + (f", tag `{p['tag']}`" if p.get("tag") else ", not preregistered") + ".")
+    out.append(f"Records: {rec['files']} run attempts ({rec['ok']} ok, {rec['failed']} failed, "
+               f"{rec['interrupted']} interrupted); {rec['device_seconds']:.1f} device seconds in all.")
+    if summary["exclusions"]:
+        out.append("Excluded units: " + "; ".join(f"{e['unit']} ({e['reason']})" for e in summary["exclusions"]) + ".")
+    out.append("")
+    for study in summary["studies"]:
+        if not study["configs"]:
+            continue
+        if study["design"] == "paired":
+            first = study["configs"][0]
+            lvl = _pct(first["level"])
+            out += [f"## Study {study['name']}: {first['candidate_arm']} versus {first['baseline_arm']}", ""]
+            out.append(f"Fixed-budget training time. Intervals are two-sided {lvl} paired Student-t intervals; "
+                       "positive reduction means the candidate was faster.")
+            out.append("")
+            rows = []
+            for c in study["configs"]:
+                tt = c["training_time"]
+                iv = tt["interval"]
+                rows.append([c["config"], _f((c["parameters"] or 0) / 1e6, ".2f") + "M",
+                             f"{_f(tt['baseline_mean'], '.3f')} / {_f(tt['candidate_mean'], '.3f')} s",
+                             _f(iv and iv["estimate"], ".2f") + "%",
+                             f"{_f(iv and iv['low'], '.2f')}–{_f(iv and iv['high'], '.2f')}%",
+                             f"{c['counts']['faster']} / {c['counts']['slower']}"])
+            names = f"{first['baseline_arm'].capitalize()} / {first['candidate_arm'].capitalize()}"
+            out += _md_table(["Configuration", "Parameters", names, "Time reduction",
+                              f"{lvl} interval", "faster / slower pairs"], rows)
+            out += ["", "Time to the fixed validation target and total completion time.", ""]
+            rows = []
+            for c in study["configs"]:
+                t, tot = c["time_to_target"], c["total_time"]
+                rows.append([c["config"], f"{t['pairs']} ({t['unreached_pairs']} unreached, rule {t['rule']})",
+                             _f(t["interval"] and t["interval"]["estimate"], ".2f") + "%",
+                             f"{_f(t['interval'] and t['interval']['low'], '.2f')}–{_f(t['interval'] and t['interval']['high'], '.2f')}%",
+                             _f(tot["interval"] and tot["interval"]["estimate"], ".2f") + "%"])
+            out += _md_table(["Configuration", "Pairs used", "Time-to-target reduction", f"{lvl} interval",
+                              "Total-time reduction"], rows)
+            out += ["", "Full-test quality (BPB; lower is better; positive difference means the candidate was worse).", ""]
+            rows = []
+            for c in study["configs"]:
+                q = c["test_bpb"]
+                iv = q["interval"]
+                rows.append([c["config"], f"{_f(q['baseline_mean'], '.4f')} / {_f(q['candidate_mean'], '.4f')}",
+                             _f(iv and iv["estimate"], "+.5f"),
+                             f"{_f(iv and iv['low'], '+.5f')} to {_f(iv and iv['high'], '+.5f')}",
+                             c["decision"]["text"] if c["decision"] else "n/a"])
+            out += _md_table(["Configuration", f"{names} BPB", "Difference", f"{lvl} interval",
+                              "Decision"], rows)
+            out += ["", "Peak memory.", ""]
+            rows = []
+            for c in study["configs"]:
+                m = c["peak_memory"]
+                if m:
+                    rows.append([c["config"], f"{m['baseline_mean'] / MIB:.1f} / {m['candidate_mean'] / MIB:.1f} MiB",
+                                 _f(m["interval"] and m["interval"]["estimate"], ".2f") + "%"])
+            out += _md_table(["Configuration", f"{names} peak", "Reduction"], rows)
+            out += ["", "Every pair, including adverse ones.", ""]
+            rows = []
+            for c in study["configs"]:
+                for pr in c["pairs"]:
+                    rows.append([c["config"], str(pr["seed"]), pr["first"], f"{pr['baseline_training_s']:.3f}",
+                                 f"{pr['candidate_training_s']:.3f}", f"{pr['time_reduction_pct']:.2f}%",
+                                 f"{pr['test_bpb_difference']:+.5f}"])
+            out += _md_table(["Configuration", "Seed", "First", f"{first['baseline_arm'].capitalize()} (s)",
+                              f"{first['candidate_arm'].capitalize()} (s)", "Time reduction",
+                              "Test Δ BPB"], rows)
+            out.append("")
+        else:
+            out += [f"## Study {study['name']}: 2x2 factorial (norms x optimizer)", ""]
+            for c in study["configs"]:
+                lvl = _pct(c["level"])
+                means = c["cell_mean_training_s"]
+                out.append(f"{c['config']}: {c['blocks_used']} blocks; mean training time native "
+                           f"{_f(means['native'], '.3f')} s, bucketed {_f(means['bucketed'], '.3f')} s, packed "
+                           f"{_f(means['packed'], '.3f')} s, cotangent {_f(means['cotangent'], '.3f')} s.")
+                out.append("")
+                rows = []
+                for name, label in (("bucketed_norms", "Bucketed norms"), ("packed_adamw", "Packed AdamW"),
+                                    ("interaction", "Interaction")):
+                    e = c["effects"].get(name)
+                    if e:
+                        rows.append([label, f"{e['reduction_pct']:.2f}%",
+                                     f"{e['reduction_low_pct']:.2f}–{e['reduction_high_pct']:.2f}%"])
+                out += _md_table(["Effect (within-block, log time)", "Time reduction", f"{lvl} interval"], rows)
+                out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def plots(summary: dict[str, Any], records: list[dict[str, Any]], directory: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made: list[Path] = []
+    paired = [c for s in summary["studies"] if s["design"] == "paired" for c in s["configs"] if c["pairs"]]
+    if not paired:
+        return made
+    tol = summary["protocol"]["quality_tolerance_bpb"]
+    for kind in ("time", "quality"):
+        fig, axes = plt.subplots(1, len(paired), figsize=(3.2 * len(paired) + 1, 3.2), squeeze=False)
+        for ax, c in zip(axes[0], paired):
+            key = "time_reduction_pct" if kind == "time" else "test_bpb_difference"
+            vals = [p[key] for p in c["pairs"]]
+            ax.scatter(range(len(vals)), vals, s=12)
+            iv = (c["training_time"] if kind == "time" else c["test_bpb"])["interval"]
+            if iv:
+                ax.axhspan(iv["low"], iv["high"], alpha=0.25, label=f"{_pct(iv['level'])} interval")
+                ax.axhline(iv["estimate"], lw=1)
+            if kind == "quality":
+                ax.axhline(tol, color="red", ls="--", lw=1, label=f"tolerance {tol:g}")
+            ax.axhline(0, color="black", lw=0.5)
+            ax.set_title(c["config"], fontsize=9)
+            ax.set_xlabel("pair")
+        axes[0][0].set_ylabel("time reduction (%)" if kind == "time" else "test Δ BPB (cand − base)")
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        path = directory / f"plot_{kind}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        made.append(path)
+    fig, axes = plt.subplots(1, len(paired), figsize=(3.2 * len(paired) + 1, 3.2), squeeze=False)
+    by_unit: dict[str, dict[str, Any]] = {}
+    for r in records:
+        if r["status"] == "ok":
+            by_unit.setdefault(r["spec"]["unit"], {})[r["spec"]["role"]] = r
+    for ax, c in zip(axes[0], paired):
+        for pr in c["pairs"]:
+            for role, color in (("baseline", "tab:blue"), ("candidate", "tab:orange")):
+                rec = by_unit.get(pr["unit"], {}).get(role)
+                if rec and rec.get("val_curve"):
+                    xs = [v[2] for v in rec["val_curve"]]
+                    ys = [v[1] for v in rec["val_curve"]]
+                    ax.plot(xs, ys, color=color, lw=0.7, alpha=0.6)
+        ax.set_title(c["config"], fontsize=9)
+        ax.set_xlabel("training clock (s)")
+    axes[0][0].set_ylabel("validation-subset BPB")
+    axes[0][0].plot([], [], color="tab:blue", label="baseline")
+    axes[0][0].plot([], [], color="tab:orange", label="candidate")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    path = directory / "plot_validation.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    made.append(path)
+    return made
+
+
+@dataclass
+class ReportOutput:
+    summary_path: Path
+    report_path: Path
+    export_path: Path | None
+    plots: list[Path]
+    markdown: str
+
+
+def write_report(records_dir: Path, export: str | None = None) -> ReportOutput:
+    """Derive the summary from ``records_dir`` and write summary.json, report.md, plots, export."""
+    records_dir = Path(records_dir)
+    records = load_records(records_dir)
+    if not records:
+        raise FileNotFoundError(f"no records in {records_dir}")
+    summary = seal(derive(records))
+    summary_path = records_dir / "summary.json"
+    _write(summary_path, json.dumps(summary, sort_keys=True, indent=1, allow_nan=False).encode("utf-8") + b"\n")
+    md = markdown(summary)
+    made = plots(summary, records, records_dir)
+    if made:
+        md += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in made) + "\n"
+    report_path = records_dir / "report.md"
+    _write(report_path, md.encode("utf-8"))
+    export_path = None
+    if export:
+        import pandas as pd
+
+        frame = pd.DataFrame(summary["runs"])
+        export_path = records_dir / f"runs.{export}"
+        if export == "csv":
+            frame.to_csv(export_path, index=False)
+        else:
+            frame.to_parquet(export_path, index=False)
+    return ReportOutput(summary_path, report_path, export_path, made, md)

@@ -1,0 +1,184 @@
+"""Paired Student-t intervals, the quality-tolerance decision and factorial contrasts.
+
+Never imports torch: the analysis reads records and nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from scipy import stats as _st
+
+ESTIMANDS = ("difference", "relative_reduction", "log_ratio")
+
+
+@dataclass(frozen=True)
+class PairedInterval:
+    """A two-sided Student-t interval for the mean of per-pair values.
+
+    Attributes
+    ----------
+    estimand : str
+        ``difference``, ``relative_reduction``, ``log_ratio`` or ``contrast``.
+    estimate, low, high : float
+        Mean of the per-pair values and the interval's ends.
+    df : int
+        Degrees of freedom, ``n - 1``.
+    n : int
+        Number of pairs.
+    standard_error : float
+        ``s / sqrt(n)`` with ``s`` the sample standard deviation (denominator ``n - 1``).
+    level : float
+        Two-sided confidence level.
+    ratio, ratio_low, ratio_high : float or None
+        For ``log_ratio``: ``exp`` of estimate and ends (geometric-mean ratio candidate/baseline).
+    """
+
+    estimand: str
+    estimate: float
+    low: float
+    high: float
+    df: int
+    n: int
+    standard_error: float
+    level: float
+    ratio: float | None = None
+    ratio_low: float | None = None
+    ratio_high: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _check(values: Sequence[float], what: str) -> list[float]:
+    out = [float(v) for v in values]
+    for i, v in enumerate(out):
+        if not math.isfinite(v):
+            raise ValueError(f"{what}[{i}] is not finite: {v}")
+    return out
+
+
+def paired_values(baseline: Sequence[float], candidate: Sequence[float], estimand: str) -> list[float]:
+    """Per-pair values: ``c - b``; ``100 (1 - c / b)``; or ``ln(c / b)``."""
+    if estimand not in ESTIMANDS:
+        raise ValueError(f"unknown estimand {estimand!r} (known: {', '.join(ESTIMANDS)})")
+    b = _check(baseline, "baseline")
+    c = _check(candidate, "candidate")
+    if len(b) != len(c):
+        raise ValueError(f"baseline has {len(b)} values and candidate {len(c)}; pairs need equal lengths")
+    if estimand == "difference":
+        return [y - x for x, y in zip(b, c)]
+    if any(x <= 0 for x in b) or any(y <= 0 for y in c):
+        raise ValueError(f"{estimand} needs positive values")
+    if estimand == "relative_reduction":
+        return [100.0 * (1.0 - y / x) for x, y in zip(b, c)]
+    return [math.log(y / x) for x, y in zip(b, c)]
+
+
+def mean_interval(values: Sequence[float], level: float = 0.99, estimand: str = "contrast") -> PairedInterval:
+    """Two-sided Student-t interval for the mean of ``values`` (one value per pair or block).
+
+    Notes
+    -----
+    With ``n`` values ``d_i``, mean ``m``, sample standard deviation ``s`` (denominator
+    ``n - 1``) and ``t = F^{-1}_{t, n-1}((1 + level) / 2)``, the interval is ``m -/+ t s / sqrt(n)``.
+    A sample with zero variance gives the degenerate interval ``[m, m]``.
+    """
+    d = _check(values, "values")
+    n = len(d)
+    if n < 2:
+        raise ValueError(f"an interval needs at least two pairs, got {n}")
+    if not 0.5 < level < 1:
+        raise ValueError(f"level must be in (0.5, 1), got {level}")
+    m = math.fsum(d) / n
+    var = math.fsum((x - m) ** 2 for x in d) / (n - 1)
+    se = math.sqrt(var / n)
+    t = float(_st.t.ppf((1.0 + level) / 2.0, n - 1))
+    return PairedInterval(estimand, m, m - t * se, m + t * se, n - 1, n, se, level)
+
+
+def paired_interval(
+    baseline: Sequence[float], candidate: Sequence[float], level: float = 0.99, estimand: str = "difference"
+) -> PairedInterval:
+    """Paired two-sided Student-t interval for candidate versus baseline.
+
+    Parameters
+    ----------
+    baseline, candidate : sequence of float
+        One value per pair, in pair order.
+    level : float
+        Two-sided confidence level, e.g. 0.99.
+    estimand : {"difference", "relative_reduction", "log_ratio"}
+        ``difference``: mean of ``c_i - b_i``. ``relative_reduction``: mean over pairs of
+        ``100 (1 - c_i / b_i)``, in percent. ``log_ratio``: mean of ``ln(c_i / b_i)``, also
+        reported as the geometric-mean ratio ``exp(.)``.
+
+    Returns
+    -------
+    PairedInterval
+
+    Notes
+    -----
+    Sign convention: positive ``difference`` means the candidate's value is larger (for BPB:
+    worse); positive ``relative_reduction`` means the candidate is faster; negative
+    ``log_ratio`` means the candidate is faster. The interval is ``m -/+ t_{n-1, (1+level)/2} s/sqrt(n)``
+    over the per-pair values (Student, 1908; as ``scipy.stats.ttest_rel(c, b).confidence_interval``
+    and R's ``t.test(c, b, paired = TRUE)`` for ``difference``).
+    """
+    res = mean_interval(paired_values(baseline, candidate, estimand), level, estimand)
+    if estimand == "log_ratio":
+        return PairedInterval(**{**res.as_dict(), "ratio": math.exp(res.estimate),
+                                 "ratio_low": math.exp(res.low), "ratio_high": math.exp(res.high)})
+    return res
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Quality tolerance (non-inferiority) decision on the test-BPB difference."""
+
+    applies: bool
+    tolerance: float
+    upper: float
+    established: bool | None
+    text: str
+
+
+def quality_decision(interval: PairedInterval, tolerance: float, applies: bool) -> Decision:
+    """Established when the upper end of the two-sided interval of (candidate - baseline) BPB < tolerance."""
+    pct = f"{interval.level * 100:g}%"
+    if not applies:
+        return Decision(False, tolerance, interval.high, None,
+                        f"descriptive: the {pct} interval's upper end is {interval.high:+.5f} BPB "
+                        f"(no preregistered decision for this study)")
+    ok = interval.high < tolerance
+    text = (f"tolerance established: the {pct} interval's upper end {interval.high:+.5f} BPB is below the "
+            f"predeclared {tolerance:g}-BPB tolerance" if ok else
+            f"tolerance not established: the {pct} interval's upper end {interval.high:+.5f} BPB is not below "
+            f"the predeclared {tolerance:g}-BPB tolerance")
+    return Decision(True, tolerance, interval.high, ok, text)
+
+
+def factorial_contrasts(blocks: Sequence[dict[str, float]], level: float) -> dict[str, PairedInterval]:
+    """Within-block contrasts of log training time over 2x2 blocks.
+
+    For each block with cells ``n`` (native), ``b`` (bucketed norms), ``p`` (packed AdamW) and
+    ``c`` (both), on ``l = ln(time)``:
+
+    * bucketed norms main effect: ``((l_b - l_n) + (l_c - l_p)) / 2``
+    * packed AdamW main effect: ``((l_p - l_n) + (l_c - l_b)) / 2``
+    * interaction: ``(l_c - l_p) - (l_b - l_n)``
+
+    Each is averaged over blocks with a Student-t interval (:func:`mean_interval`). Negative
+    values mean the change makes the step faster; ``100 (1 - exp(effect))`` is the time reduction
+    in percent.
+    """
+    lb: dict[str, list[float]] = {"bucketed_norms": [], "packed_adamw": [], "interaction": []}
+    for blk in blocks:
+        ln = {k: math.log(v) for k, v in blk.items()}
+        lb["bucketed_norms"].append(((ln["bucketed"] - ln["native"]) + (ln["cotangent"] - ln["packed"])) / 2)
+        lb["packed_adamw"].append(((ln["packed"] - ln["native"]) + (ln["cotangent"] - ln["bucketed"])) / 2)
+        lb["interaction"].append((ln["cotangent"] - ln["packed"]) - (ln["bucketed"] - ln["native"]))
+    return {k: mean_interval(v, level, "log_contrast") for k, v in lb.items()}

@@ -1,0 +1,231 @@
+"""The ``harness`` command line: argparse subcommands dispatched from a dict of ``cmd_*`` functions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.errors import HarnessError
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    cells = [[str(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(columns)]
+    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths))  # noqa: E731
+    return "\n".join([line(columns), line(["-" * w for w in widths]), *(line(r) for r in cells)])
+
+
+def cmd_configs(args: argparse.Namespace) -> int:
+    from harness.config import all_configs, config_dir
+    from harness.models import build_model, count_parameters
+
+    rows = []
+    for c in all_configs(config_dir()):
+        n = count_parameters(build_model(c.model, 0))
+        rows.append({
+            "name": c.name, "family": c.model.family, "parameters": n, "millions": f"{n / 1e6:.3g}M",
+            "d_model": c.model.d_model, "layers": c.model.n_layers, "context": c.model.context,
+            "batch": c.train.batch_size, "sha256": c.sha256,
+        })
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(_table(rows, ["name", "family", "parameters", "millions", "d_model", "layers", "context", "batch"]))
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from harness import data
+
+    if args.corpus != "wikitext-2":
+        if args.corpus == "pydoc-topics":
+            c = data.load_corpus("pydoc-topics")
+            print(f"pydoc-topics is embedded (no download): {', '.join(f'{s} {len(c.split(s))} bytes' for s in data.SPLITS)}")
+            return 0
+        raise HarnessError(f"unknown corpus {args.corpus!r}")
+    directory = Path(args.dir) if args.dir else data.default_data_dir()
+    pins = data.load_pins(Path(args.pins)) if args.pins else None
+    if args.action == "fetch":
+        url, paths = data.fetch_wikitext2(directory, args.url or None, pins)
+        print(f"fetched from {url}")
+    else:
+        paths = data.verify_wikitext2(directory, pins)
+    for split, p in paths.items():
+        print(f"verified {split}: {p} ({p.stat().st_size} bytes, sha256 {data.sha256_file(p)})")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from harness.verify import run_checks
+
+    return run_checks(args.device, save=args.save, echo=print)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from harness.plan import make_plan, plan_sha256
+    from harness.protocol import load_protocol
+
+    proto = load_protocol(args.protocol)
+    runs = make_plan(proto)
+    if args.json:
+        print(json.dumps({"protocol": proto.id, "protocol_sha256": proto.sha256, "plan_sha256": plan_sha256(runs),
+                          "runs": [r.as_dict() for r in runs]}, indent=1))
+        return 0
+    rows = [{"#": r.order, "study": r.study, "config": r.config, "unit": r.unit.rsplit(".", 1)[-1],
+             "pos": r.position, "role": r.role, "arm": r.arm, "seed": r.seed, "steps": r.steps} for r in runs]
+    print(_table(rows, ["#", "study", "config", "unit", "pos", "role", "arm", "seed", "steps"]))
+    print(f"\n{len(runs)} runs; protocol {proto.id} sha256 {proto.sha256}; plan sha256 {plan_sha256(runs)}")
+    return 0
+
+
+def cmd_tag(args: argparse.Namespace) -> int:
+    from harness.protocol import load_protocol, tag_protocol
+
+    proto = load_protocol(args.protocol)
+    info = tag_protocol(proto)
+    print(f"tagged {info.name} -> {info.commit} (protocol sha256 {proto.sha256})")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from harness.protocol import load_protocol
+    from harness.scheduler import Runner
+
+    proto = load_protocol(args.protocol)
+    live = sys.stdout.isatty() and not args.quiet
+
+    def echo(msg: str) -> None:
+        if msg.startswith("\r"):
+            if live:
+                sys.stdout.write(msg)
+                sys.stdout.flush()
+            return
+        if live:
+            sys.stdout.write("\r\033[K")
+        print(msg, flush=True)
+
+    runner = Runner(proto, echo=echo, live=live, retry_failed=args.retry_failed,
+                    allow_torch_mismatch=args.allow_torch_mismatch)
+    left = runner.run()
+    if left:
+        print(f"{left} runs not done; run the same command again to continue")
+        return 1
+    print(f"all {len(runner.runs)} runs done; records in {proto.records_path}")
+    if not args.no_report:
+        return _report(proto, fmt=None, quiet=False)
+    return 0
+
+
+def _report(proto: Any, fmt: str | None, quiet: bool) -> int:
+    from analysis.report import write_report
+
+    out = write_report(proto.records_path, export=fmt)
+    if not quiet:
+        print(out.markdown)
+        print(f"wrote {out.summary_path}, {out.report_path}" + (f", {out.export_path}" if out.export_path else ""))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from harness.protocol import load_protocol
+
+    return _report(load_protocol(args.protocol), args.format, args.quiet)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from analysis.calibrate import budget, calibrate
+    from analysis.summary import load_records
+    from harness.plan import make_plan
+    from harness.protocol import load_protocol
+
+    pilot = load_protocol(args.pilot)
+    rows = calibrate(load_records(pilot.records_path))
+    if not rows:
+        raise HarnessError(f"no ok baseline runs in {pilot.records_path}; run the pilot first: harness run {args.pilot}")
+    n_runs = len(make_plan(load_protocol(args.target))) if args.target else None
+    table = []
+    for config, r in rows.items():
+        row = {"config": config, "pilot_runs": r["runs"], "val_target_bpb": f"{r['val_target_bpb']:.2f}",
+               "device_s_per_run": f"{r['device_s_per_run']:.2f}"}
+        if n_runs:
+            row["budget_if_all_runs_like_this"] = f"{budget(r['device_s_per_run'], n_runs):.0f}"
+        table.append(row)
+    print(_table(table, list(table[0])))
+    print("\nrule: analysis/calibrate.py (median baseline validation BPB at 75% of steps, rounded up; "
+          "budget = median device s per run x runs x 1.5, rounded up to a minute)")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from harness.protocol import load_protocol
+    from harness.scheduler import status_table
+
+    proto = load_protocol(args.protocol)
+    rows, spent = status_table(proto)
+    if args.json:
+        print(json.dumps({"protocol": proto.id, "rows": rows, "device_seconds_spent": spent,
+                          "budget_device_seconds": proto.budget_device_seconds}, indent=1))
+        return 0
+    print(_table(rows, ["study", "config", "runs", "done", "failed", "interrupted_attempts", "pending"]))
+    print(f"\nbudget: {spent:.1f} of {proto.budget_device_seconds:.0f} device seconds spent; records in {proto.records_path}")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "configs": cmd_configs, "data": cmd_data, "verify": cmd_verify, "plan": cmd_plan, "tag": cmd_tag,
+    "run": cmd_run, "status": cmd_status, "report": cmd_report, "calibrate": cmd_calibrate,
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="harness", description="Preregistered paired-seed training-speed experiments.")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("configs", help="list configurations with parameter counts")
+    s.add_argument("--json", action="store_true")
+    s = sub.add_parser("data", help="fetch or verify a corpus")
+    s.add_argument("action", choices=["fetch", "verify"])
+    s.add_argument("corpus", choices=["wikitext-2", "pydoc-topics"])
+    s.add_argument("--dir", help="data directory (default $HARNESS_DATA or runs/data)")
+    s.add_argument("--url", action="append", help="mirror URL to try (repeatable; default: the built-in list)")
+    s.add_argument("--pins", help="JSON file of sizes and sha256 to verify against instead of the built-in pins")
+    s = sub.add_parser("verify", help="bitwise checks of the method against native on a device")
+    s.add_argument("--device", default="cpu", choices=["cpu", "cuda", "mps"])
+    s.add_argument("--save", action="store_true", help="record matched paths for this device and torch version")
+    for name, help_ in (("plan", "print the complete run list"), ("tag", "freeze a committed protocol with a git tag"),
+                        ("run", "execute a protocol"), ("status", "done, failed, interrupted and pending runs"),
+                        ("report", "tables, plots and summary.json from the records")):
+        s = sub.add_parser(name, help=help_)
+        s.add_argument("protocol")
+        if name in ("plan", "status"):
+            s.add_argument("--json", action="store_true")
+        if name == "run":
+            s.add_argument("--quiet", action="store_true", help="plain log lines, no live display")
+            s.add_argument("--retry-failed", action="store_true", help="execute failed runs again as new attempts")
+            s.add_argument("--allow-torch-mismatch", action="store_true")
+            s.add_argument("--no-report", action="store_true")
+        if name == "report":
+            s.add_argument("--format", choices=["csv", "parquet"], help="also export the per-run table")
+            s.add_argument("--quiet", action="store_true")
+    s = sub.add_parser("calibrate", help="preregistration numbers from a pilot's records (targets, budget)")
+    s.add_argument("pilot", help="the pilot protocol (already run)")
+    s.add_argument("--target", help="the protocol being calibrated (for its run count)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except HarnessError as e:
+        print(f"harness {args.command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"harness {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

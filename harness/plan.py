@@ -1,0 +1,109 @@
+"""The deterministic run list: balanced pair orders and Williams-balanced factorial blocks.
+
+Units (a pair or a block) run their arms back to back. Units are listed study by study, seed by
+seed, configuration by configuration. Orders are decided here, before any run, from the
+protocol's ``order_seed``:
+
+* paired: within each (study, configuration), half of the pairs run baseline first and half
+  candidate first (one more baseline-first pair when the count is odd), assigned by a seeded
+  shuffle;
+* factorial: blocks use the rows of a 4 x 4 Williams square, each group of four consecutive
+  blocks using all four rows in a seeded order, so every cell appears once in each position and
+  immediately after every other cell once per group.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from harness.protocol import FACTORIAL_CELLS, Protocol
+from harness.records import canonical, sha256_bytes
+
+#: Williams square for four treatments (rows are execution orders of cell indices).
+WILLIAMS_4 = ((0, 1, 3, 2), (1, 2, 0, 3), (2, 3, 1, 0), (3, 0, 2, 1))
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one run needs; produced by the plan, claimed, executed and recorded."""
+
+    run_id: str
+    protocol_id: str
+    protocol_sha256: str
+    study: str
+    design: str
+    config: str
+    config_sha256: str
+    arm: str
+    role: str  # paired: "baseline" or "candidate"; factorial: the cell (= arm)
+    seed: int
+    unit: str  # pair or block id
+    position: int  # place within the unit
+    order: int  # place in the whole plan
+    steps: int
+    val_every: int
+    val_target_bpb: float
+    corpus: str
+    data_dir: str | None
+    device: str
+    compile: bool
+    threads: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _rng(proto: Protocol, *parts: object) -> random.Random:
+    return random.Random(":".join(str(p) for p in (proto.order_seed, *parts)))
+
+
+def make_plan(proto: Protocol) -> list[RunSpec]:
+    runs: list[RunSpec] = []
+    for study in proto.studies:
+        orders: dict[str, list[tuple[str, ...]]] = {}
+        for config in study.configs:
+            n = len(study.seeds)
+            if study.design == "paired":
+                a, b = "baseline", "candidate"
+                seq = [(a, b)] * ((n + 1) // 2) + [(b, a)] * (n // 2)
+                _rng(proto, study.name, config).shuffle(seq)
+            else:
+                seq = []
+                for g in range(0, n, 4):
+                    rows = list(WILLIAMS_4)
+                    _rng(proto, study.name, config, g).shuffle(rows)
+                    seq.extend(tuple(FACTORIAL_CELLS[i] for i in row) for row in rows[: min(4, n - g)])
+            orders[config] = seq
+        for si, seed in enumerate(study.seeds):
+            for config in study.configs:
+                cfg = proto.configs[config]
+                kind = "pair" if study.design == "paired" else "block"
+                unit = f"{study.name}.{config}.{kind}{si:03d}"
+                for pos, role in enumerate(orders[config][si]):
+                    arm = role if study.design == "factorial" else study.arms[0 if role == "baseline" else 1]
+                    runs.append(RunSpec(
+                        run_id=f"{unit}.{role}",
+                        protocol_id=proto.id, protocol_sha256=proto.sha256, study=study.name,
+                        design=study.design, config=config, config_sha256=cfg.sha256, arm=arm, role=role, seed=seed,
+                        unit=unit, position=pos, order=len(runs), steps=study.steps, val_every=study.val_every,
+                        val_target_bpb=study.val_target_bpb[config], corpus=proto.corpus, data_dir=proto.data_dir,
+                        device=proto.device, compile=proto.compile, threads=proto.threads,
+                    ))
+    return runs
+
+
+def plan_sha256(runs: list[RunSpec]) -> str:
+    return sha256_bytes(canonical([r.as_dict() for r in runs]))
+
+
+def units(runs: list[RunSpec]) -> list[list[RunSpec]]:
+    """Runs grouped by unit, in plan order."""
+    out: list[list[RunSpec]] = []
+    for r in runs:
+        if out and out[-1][0].unit == r.unit:
+            out[-1].append(r)
+        else:
+            out.append([r])
+    return out

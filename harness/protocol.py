@@ -1,0 +1,306 @@
+"""Protocols: strict YAML schema, identity by sha256, freezing by git tag.
+
+A protocol is validated completely before anything runs; every error names the file, the key
+and the line. Its identity is the sha256 of the file's bytes. A preregistered protocol must be
+tagged ``protocol-<id>`` (``harness tag``) before its first run, and runs refuse a file whose
+bytes differ from the tagged blob or whose tag is not an ancestor of HEAD.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness import gitutil, yamlio
+from harness.config import Config, config_dir, find_config
+from harness.cotangent import ARMS
+from harness.data import CORPORA
+from harness.errors import InputError, RefusedError
+from harness.records import record_files
+from harness.yamlio import Field, one_of, positive
+
+ID_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+FACTORIAL_CELLS = ("native", "bucketed", "packed", "cotangent")
+
+
+def _level(v: Any) -> str | None:
+    return None if 0.5 < v < 1 else "must be a two-sided level between 0.5 and 1 (e.g. 0.99)"
+
+
+_STUDY = {
+    "name": Field(str, check=lambda v: None if ID_RE.match(v) else "letters, digits, - and _ only"),
+    "design": Field(str, check=one_of("paired", "factorial")),
+    "description": Field(str, required=False, default=""),
+    "arms": Field(list, required=False, default=None),
+    "configs": Field(list),
+    "seeds": Field((list, dict)),
+    "steps": Field(int, check=positive),
+    "val_every": Field(int, check=positive),
+    "val_target_bpb": Field((float, dict)),
+    "primary_endpoint": Field(str, required=False, default="training_time",
+                              check=one_of("training_time", "time_to_target")),
+    "quality_decision": Field(bool, required=False, default=False),
+    "interval_level": Field(float, required=False, default=None, check=_level),
+}
+_TOP = {
+    "id": Field(str, check=lambda v: None if ID_RE.match(v) else "letters, digits, - and _ only"),
+    "version": Field(int, check=positive),
+    "description": Field(str),
+    "preregistered": Field(bool),
+    "corpus": Field(str, check=one_of(*CORPORA)),
+    "data_dir": Field(str, required=False, default=None),
+    "device": Field(str, check=one_of("auto", "cpu", "cuda", "mps")),
+    "compile": Field(bool),
+    "torch_version": Field(str, required=False, default=None),
+    "threads": Field(int, required=False, default=None, check=positive),
+    "launcher": Field(str, required=False, default="spawn", check=one_of("spawn", "forkserver")),
+    "budget_device_seconds": Field(float, check=positive),
+    "interval_level": Field(float, check=_level),
+    "quality_tolerance_bpb": Field(float, check=positive),
+    "unreached_target": Field(str, required=False, default="exclude", check=one_of("exclude", "full_budget")),
+    "order_seed": Field(int),
+    "records_dir": Field(str, required=False, default=None),
+    "origins": Field(dict, required=False, default=None),
+    "studies": Field(list),
+}
+
+
+@dataclass(frozen=True)
+class Study:
+    name: str
+    design: str
+    description: str
+    arms: tuple[str, ...]
+    configs: tuple[str, ...]
+    seeds: tuple[int, ...]
+    steps: int
+    val_every: int
+    val_target_bpb: dict[str, float]
+    primary_endpoint: str
+    quality_decision: bool
+    interval_level: float
+
+
+@dataclass(frozen=True)
+class Protocol:
+    id: str
+    version: int
+    description: str
+    preregistered: bool
+    corpus: str
+    data_dir: str | None
+    device: str
+    compile: bool
+    torch_version: str | None
+    threads: int | None
+    launcher: str
+    budget_device_seconds: float
+    interval_level: float
+    quality_tolerance_bpb: float
+    unreached_target: str
+    order_seed: int
+    records_dir: str | None
+    studies: tuple[Study, ...]
+    path: Path
+    root: Path
+    sha256: str
+    configs: dict[str, Config] = field(default_factory=dict)
+
+    @property
+    def tag_name(self) -> str:
+        return f"protocol-{self.id}"
+
+    @property
+    def records_path(self) -> Path:
+        return self.root / (self.records_dir or f"records/{self.id}")
+
+    @property
+    def runs_path(self) -> Path:
+        return self.root / "runs" / self.id
+
+    @property
+    def relpath(self) -> str:
+        return self.path.resolve().relative_to(self.root.resolve()).as_posix()
+
+    def summary(self) -> dict[str, Any]:
+        """What every record says about its protocol (and the audit reads)."""
+        return {
+            "id": self.id, "version": self.version, "sha256": self.sha256, "path": self.relpath,
+            "preregistered": self.preregistered, "tag": self.tag_name if self.preregistered else None,
+            "interval_level": self.interval_level, "quality_tolerance_bpb": self.quality_tolerance_bpb,
+            "unreached_target": self.unreached_target, "launcher": self.launcher, "device": self.device,
+            "compile": self.compile, "corpus": self.corpus,
+            "studies": [
+                {"name": s.name, "design": s.design, "arms": list(s.arms), "configs": list(s.configs),
+                 "primary_endpoint": s.primary_endpoint, "quality_decision": s.quality_decision,
+                 "interval_level": s.interval_level, "steps": s.steps}
+                for s in self.studies
+            ],
+        }
+
+
+def project_root(path: Path) -> Path:
+    """The folder the protocol's ``configs/``, ``records/`` and ``runs/`` hang from."""
+    here = path.resolve().parent
+    for d in (here, *here.parents):
+        if (d / "configs").is_dir():
+            return d
+    top = gitutil.toplevel(path)
+    return top if top is not None else here
+
+
+def _seeds(doc: yamlio.Document, value: Any, kp: tuple[Any, ...]) -> tuple[int, ...]:
+    if isinstance(value, dict):
+        spec = yamlio.mapping(doc, value, kp, {"count": Field(int, check=positive), "base": Field(int)})
+        return tuple(range(spec["base"], spec["base"] + spec["count"]))
+    seeds = []
+    for i, s in enumerate(value):
+        if not isinstance(s, int) or isinstance(s, bool):
+            raise doc.error(kp + (i,), f"seed must be an integer, got {s!r}")
+        if s in seeds:
+            raise doc.error(kp + (i,), f"duplicate seed {s}")
+        seeds.append(s)
+    if len(seeds) < 2:
+        raise doc.error(kp, "a study needs at least two seeds")
+    return tuple(seeds)
+
+
+def load_protocol(path: str | Path) -> Protocol:
+    """Load and validate a protocol completely (configurations included)."""
+    p = Path(path)
+    doc = yamlio.load(p)
+    top = yamlio.mapping(doc, doc.data, (), _TOP)
+    root = project_root(p)
+    cdir = config_dir(root)
+    studies: list[Study] = []
+    configs: dict[str, Config] = {}
+    names: set[str] = set()
+    if not top["studies"]:
+        raise doc.error(("studies",), "a protocol needs at least one study")
+    for si, raw in enumerate(top["studies"]):
+        kp: tuple[Any, ...] = ("studies", si)
+        s = yamlio.mapping(doc, raw, kp, _STUDY)
+        if s["name"] in names:
+            raise doc.error(kp + ("name",), f"duplicate study name {s['name']!r}")
+        names.add(s["name"])
+        if s["design"] == "paired":
+            arms = s["arms"]
+            if not isinstance(arms, list) or len(arms) != 2:
+                raise doc.error(kp + ("arms",), "a paired study needs exactly two arms: [baseline, candidate]")
+        else:
+            arms = s["arms"] if s["arms"] is not None else list(FACTORIAL_CELLS)
+            if sorted(arms) != sorted(FACTORIAL_CELLS):
+                raise doc.error(kp + ("arms",), f"a factorial study has the four cells {', '.join(FACTORIAL_CELLS)}")
+        for ai, a in enumerate(arms):
+            if a not in ARMS:
+                raise doc.error(kp + ("arms", ai), f"unknown arm {a!r} (known: {', '.join(ARMS)})")
+        if not s["configs"]:
+            raise doc.error(kp + ("configs",), "a study needs at least one configuration")
+        for ci, c in enumerate(s["configs"]):
+            if not isinstance(c, str):
+                raise doc.error(kp + ("configs", ci), f"configuration names are strings, got {c!r}")
+            if c not in configs:
+                try:
+                    configs[c] = find_config(c, cdir)
+                except InputError as e:
+                    if e.file and e.file.endswith(f"{c}.yaml") and not Path(e.file).is_file():
+                        raise doc.error(kp + ("configs", ci), e.message) from e
+                    raise
+        if len(set(s["configs"])) != len(s["configs"]):
+            raise doc.error(kp + ("configs",), "duplicate configuration")
+        seeds = _seeds(doc, s["seeds"], kp + ("seeds",))
+        target = s["val_target_bpb"]
+        if isinstance(target, dict):
+            for c in s["configs"]:
+                if c not in target:
+                    raise doc.error(kp + ("val_target_bpb",), f"no target for configuration {c!r}")
+            for c, v in target.items():
+                if c not in s["configs"]:
+                    raise doc.error(kp + ("val_target_bpb", c), f"{c!r} is not a configuration of this study")
+                if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+                    raise doc.error(kp + ("val_target_bpb", c), f"target must be a positive number, got {v!r}")
+            targets = {c: float(target[c]) for c in s["configs"]}
+        else:
+            if target <= 0:
+                raise doc.error(kp + ("val_target_bpb",), "target must be positive")
+            targets = dict.fromkeys(s["configs"], float(target))
+        if s["val_every"] > s["steps"]:
+            raise doc.error(kp + ("val_every",), "val_every exceeds steps")
+        studies.append(Study(
+            name=s["name"], design=s["design"], description=s["description"], arms=tuple(arms),
+            configs=tuple(s["configs"]), seeds=seeds, steps=s["steps"], val_every=s["val_every"],
+            val_target_bpb=targets, primary_endpoint=s["primary_endpoint"],
+            quality_decision=s["quality_decision"],
+            interval_level=s["interval_level"] or top["interval_level"],
+        ))
+    if top["origins"] is not None:
+        for k, v in top["origins"].items():
+            if not isinstance(v, str):
+                raise doc.error(("origins", k), "each origin is a sentence saying where the number comes from")
+    return Protocol(
+        id=top["id"], version=top["version"], description=top["description"], preregistered=top["preregistered"],
+        corpus=top["corpus"], data_dir=top["data_dir"], device=top["device"], compile=top["compile"],
+        torch_version=top["torch_version"], threads=top["threads"], launcher=top["launcher"],
+        budget_device_seconds=top["budget_device_seconds"], interval_level=top["interval_level"],
+        quality_tolerance_bpb=top["quality_tolerance_bpb"], unreached_target=top["unreached_target"],
+        order_seed=top["order_seed"], records_dir=top["records_dir"], studies=tuple(studies), path=p,
+        root=root, sha256=hashlib.sha256(doc.raw).hexdigest(), configs=configs,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Freezing
+# --------------------------------------------------------------------------------------------
+
+
+def _repo(proto: Protocol) -> Path:
+    repo = gitutil.toplevel(proto.path)
+    if repo is None:
+        raise RefusedError(f"{proto.path}: not inside a git repository; a preregistered protocol must be committed and tagged")
+    return repo
+
+
+def tag_protocol(proto: Protocol) -> gitutil.TagInfo:
+    """Create the annotated tag ``protocol-<id>`` on HEAD after the checks ``harness tag`` promises."""
+    repo = _repo(proto)
+    rel = proto.path.resolve().relative_to(repo.resolve()).as_posix()
+    state = gitutil.file_state(repo, rel)
+    if state != "clean":
+        raise RefusedError(f"{proto.path}: the protocol file is {state}; commit it before tagging")
+    if gitutil.tag_info(repo, proto.tag_name) is not None:
+        raise RefusedError(f"tag {proto.tag_name} already exists; a protocol is frozen once (use a new id)")
+    if record_files(proto.records_path):
+        raise RefusedError(f"records already exist in {proto.records_path}; a tag must precede every outcome")
+    gitutil.create_tag(repo, proto.tag_name, f"protocol {proto.id}\nfile {rel}\nsha256 {proto.sha256}\n")
+    info = gitutil.tag_info(repo, proto.tag_name)
+    assert info is not None
+    return info
+
+
+def check_frozen(proto: Protocol) -> dict[str, Any]:
+    """For a preregistered protocol: the tag exists, holds these bytes, and is an ancestor of HEAD.
+
+    Returns what records say about the tag; for other protocols, nulls.
+    """
+    if not proto.preregistered:
+        return {"tag": None, "tag_commit": None, "tag_object": None, "tag_created": None}
+    repo = _repo(proto)
+    info = gitutil.tag_info(repo, proto.tag_name)
+    if info is None:
+        raise RefusedError(
+            f"{proto.path}: preregistered protocol {proto.id!r} has no tag {proto.tag_name}; "
+            f"commit it and run: harness tag {proto.path}"
+        )
+    rel = proto.path.resolve().relative_to(repo.resolve()).as_posix()
+    blob = gitutil.blob_at(repo, info.commit, rel)
+    if blob is None or hashlib.sha256(blob).hexdigest() != proto.sha256:
+        raise RefusedError(
+            f"{proto.path}: the file's bytes differ from the tagged protocol ({proto.tag_name} at {info.commit[:12]}); "
+            "a frozen protocol cannot change: copy it to a new id instead"
+        )
+    if not gitutil.is_ancestor(repo, info.commit):
+        raise RefusedError(f"{proto.tag_name} ({info.commit[:12]}) is not an ancestor of HEAD; check out the study's history")
+    return {"tag": info.name, "tag_commit": info.commit, "tag_object": info.object, "tag_created": info.created}

@@ -1,0 +1,229 @@
+"""One run, in its own process: ``python -m harness.worker JOB.json RESULT.json``.
+
+Seed, build model, data and arm; compile and warm up if asked (timed, outside the training
+clock); train the fixed number of steps with a device synchronisation each step; validate on
+the fixed subset every ``val_every`` steps with the training clock paused; evaluate full
+validation and test BPB; write a safetensors checkpoint, reload it and re-score the test split;
+report timings, curves and memory peaks as JSON. The parent turns that into the record.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from harness.records import atomic_write, canonical, jsonable, sha256_bytes
+
+
+class RunFailure(RuntimeError):
+    """The run itself failed (non-finite loss, out of memory, ...): recorded, not dropped."""
+
+
+def _sha_file(path: Path) -> str:
+    return sha256_bytes(path.read_bytes())
+
+
+def harness_source_sha256() -> str:
+    base = Path(__file__).resolve().parent
+    h = []
+    for p in sorted(base.rglob("*.py")):
+        if "__pycache__" not in p.parts:
+            h.append(f"{p.relative_to(base).as_posix()}:{_sha_file(p)}")
+    return sha256_bytes("\n".join(h).encode())
+
+
+def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """Run the job, filling ``result`` as it goes (so a failure keeps what was measured)."""
+    from harness import devices
+    from harness.config import load_config
+    from harness.cotangent import build_arm, exact_paths
+    from harness.data import BatchStream, bits_per_byte, load_corpus
+    from harness.models import build_model, count_parameters
+
+    t_start = time.perf_counter()
+    spec = job["spec"]
+    result["status"] = "running"
+    if spec.get("threads"):
+        torch.set_num_threads(int(spec["threads"]))
+    device = devices.resolve(spec["device"])
+    cfg = load_config(job["config_path"])
+    if cfg.sha256 != spec["config_sha256"]:
+        raise RunFailure(f"configuration {cfg.path} changed since the plan (sha256 {cfg.sha256})")
+    corpus = load_corpus(spec["corpus"], job.get("data_dir"))
+    env = {
+        "host": socket.gethostname(), "os": platform.platform(), "python": platform.python_version(),
+        "torch": torch.__version__, "device": str(device), "device_name": devices.device_name(device),
+        "threads": torch.get_num_threads(), "harness_sha256": harness_source_sha256(),
+        "config_sha256": cfg.sha256, "corpus_sha256": corpus.sha256(),
+    }
+    result["env"] = env
+    torch.manual_seed(spec["seed"])
+    model = build_model(cfg.model, spec["seed"]).to(device)
+    result["parameters"] = count_parameters(model)
+    t = cfg.train
+    arm = build_arm(spec["arm"], model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
+                    weight_decay=t.weight_decay, max_norm=t.clip_norm)
+    paths = exact_paths(device.type)
+    result["method_paths"] = {
+        "bucketed_norm_dtypes": sorted(str(d).replace("torch.", "") for d in paths.bucketed_norm_dtypes),
+        "update": paths.update, "origin": paths.origin,
+    }
+    batches = BatchStream(corpus.train, cfg.model.context, t.batch_size, spec["seed"])
+    forward = model
+    meter = devices.MemoryMeter(device)
+    t_setup = time.perf_counter()
+    compile_s = 0.0
+    if spec["compile"]:
+        forward = torch.compile(model)
+        # Warm-up on validation bytes so the training batch stream is untouched; gradients
+        # are discarded, weights and optimizer state are not changed.
+        warm = BatchStream(corpus.valid, cfg.model.context, t.batch_size, spec["seed"] + 1)
+        for _ in range(2):
+            x, y = warm.next()
+            loss = F.cross_entropy(forward(x.to(device)).float().flatten(0, 1), y.to(device).flatten())
+            loss.backward()
+            arm.zero_grad()
+        devices.synchronize(device)
+        compile_s = time.perf_counter() - t_setup
+    sub = cfg.eval.val_subset_windows
+    clock = 0.0
+    validation_s = 0.0
+    curve: list[list[float]] = []
+    val_curve: list[list[float]] = []
+    result.update(curve=curve, val_curve=val_curve)
+    time_to_target: float | None = None
+    target = spec["val_target_bpb"]
+    steps = spec["steps"]
+    for step in range(steps):
+        arm.set_lr(cfg.lr_at(step, steps))
+        x, y = batches.next()
+        x, y = x.to(device), y.to(device)
+        devices.synchronize(device)
+        t0 = time.perf_counter()
+        logits = forward(x)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        loss.backward()
+        arm.phase()
+        devices.synchronize(device)
+        clock += time.perf_counter() - t0
+        meter.sample()
+        value = float(loss.detach())
+        curve.append([step + 1, value, clock])
+        if not math.isfinite(value):
+            raise RunFailure(f"non-finite training loss {value} at step {step + 1}")
+        if (step + 1) % spec["val_every"] == 0 or step + 1 == steps:
+            v0 = time.perf_counter()
+            bpb, _ = bits_per_byte(model, corpus.valid, cfg.model.context, cfg.eval.batch_size, device, sub)
+            validation_s += time.perf_counter() - v0
+            val_curve.append([step + 1, bpb, clock])
+            if time_to_target is None and bpb <= target:
+                time_to_target = clock
+    e0 = time.perf_counter()
+    val_bpb, val_bytes = bits_per_byte(model, corpus.valid, cfg.model.context, cfg.eval.batch_size, device)
+    test_bpb, test_bytes = bits_per_byte(model, corpus.test, cfg.model.context, cfg.eval.batch_size, device)
+    evaluation_s = time.perf_counter() - e0
+    c0 = time.perf_counter()
+    from safetensors.torch import load_file, save_file
+
+    ckpt = Path(job["checkpoint_path"])
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+    tmp = ckpt.with_suffix(".tmp")
+    save_file(state, str(tmp), metadata={"run_id": spec["run_id"], "config": cfg.name})
+    os.replace(tmp, ckpt)
+    ckpt_sha = _sha_file(ckpt)
+    checkpoint_s = time.perf_counter() - c0
+    r0 = time.perf_counter()
+    fresh = build_model(cfg.model, spec["seed"])
+    fresh.load_state_dict(load_file(str(ckpt)))
+    fresh.to(device)
+    rescored, _ = bits_per_byte(fresh, corpus.test, cfg.model.context, cfg.eval.batch_size, device)
+    rescore_s = time.perf_counter() - r0
+    total_s = time.perf_counter() - t_start
+    result.update(
+        status="ok", reason=None,
+        val_bpb=val_bpb, test_bpb=test_bpb, rescored_test_bpb=rescored,
+        rescore_identical=(rescored == test_bpb), eval_bytes={"valid": val_bytes, "test": test_bytes},
+        memory=meter.peaks(),
+        checkpoint={"path": str(ckpt), "sha256": ckpt_sha, "bytes": ckpt.stat().st_size},
+        timings={
+            "setup_s": t_setup - t_start, "compile_s": compile_s, "training_s": clock,
+            "time_to_target_s": time_to_target, "validation_s": validation_s, "evaluation_s": evaluation_s,
+            "checkpoint_s": checkpoint_s, "rescore_s": rescore_s, "total_s": total_s,
+        },
+    )
+    return result
+
+
+def serve() -> int:
+    """Fork server: import everything once, then fork one fresh child process per job.
+
+    Reads ``JOB RESULT`` lines on stdin; for each, forks a child that runs the job and exits, and
+    writes ``PID STATUS`` (``STATUS`` as ``os.waitstatus_to_exitcode``) on stdout when it ends.
+    The server itself never builds a model or touches a device, so each child starts from the
+    same pristine state (fresh allocator, no caches) without paying interpreter start-up and
+    imports. Linux only (fork after importing Apple's frameworks is unsafe).
+    """
+    from harness import cotangent, data, devices, models  # noqa: F401 - preload
+    import torch._dynamo  # noqa: F401 - optimizers import it on first use; pay it once here
+
+    sys.stdout.write("READY\n")
+    sys.stdout.flush()
+    for line in sys.stdin:
+        parts = line.split()
+        if len(parts) != 2:
+            continue
+        pid = os.fork()
+        if pid == 0:  # child: output to the run's log, never to the control pipe
+            code = 1
+            log = os.open(Path(parts[1]).parent / "worker.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            try:
+                code = main(parts)
+            finally:
+                sys.stdout.flush()
+                os._exit(code)
+        sys.stdout.write(f"{pid} START\n")
+        sys.stdout.flush()
+        _, status = os.waitpid(pid, 0)
+        sys.stdout.write(f"{pid} {os.waitstatus_to_exitcode(status)}\n")
+        sys.stdout.flush()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    if args == ["--serve"]:
+        return serve()
+    job_path, result_path = Path(args[0]), Path(args[1])
+    job = json.loads(job_path.read_text(encoding="utf-8"))
+    result: dict[str, Any] = {}
+    try:
+        execute(job, result)
+        code = 0
+    except Exception as e:  # every failure is reported to the parent, which records it
+        oom = "out of memory" in str(e).lower()
+        result.update(
+            status="failed",
+            reason=f"{'out of memory' if oom else type(e).__name__}: {e}",
+            traceback=traceback.format_exc()[-4000:],
+        )
+        code = 3
+    atomic_write(result_path, canonical(jsonable(result)), overwrite=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
