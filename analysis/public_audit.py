@@ -1,0 +1,535 @@
+#!/usr/bin/env python3
+"""Public audit of the Cotangent study's records, with the Python standard library alone.
+
+Usage: ``python analysis/public_audit.py [RECORDS_DIR ...]`` (default: every folder under
+``records/`` that holds a MANIFEST). Runs as ``python -I -S analysis/public_audit.py`` too.
+
+It checks, for each records folder:
+
+1. every record's own sha256 (over its canonical JSON without the ``sha256`` field);
+2. the MANIFEST: every record file listed with its sha256, no file missing or unlisted, and every
+   source file's sha256 against the file in this checkout;
+3. every record names the protocol sha256 of the protocol file in this checkout;
+4. where git is available and the protocol is preregistered: its tag exists, points at the
+   commit the records name, and was created before the earliest record started;
+5. ``summary.json``: its own sha256, and every interval, count and decision in it, recomputed
+   here from the records with an independent implementation (relative tolerance 1e-9).
+
+It does not run training and does not check the weight files (they stay local); it says so.
+Exit status 0 only if everything matched; otherwise 1, naming each file, field and value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+from datetime import datetime
+
+REL_TOL = 1e-9
+RECORD_SUFFIX = ".record.json"
+
+
+# ------------------------------------------------------------------------------------------
+# Student-t quantile
+# ------------------------------------------------------------------------------------------
+
+_BERNOULLI = (1.0 / 12, -1.0 / 360, 1.0 / 1260, -1.0 / 1680, 1.0 / 1188, -691.0 / 360360, 1.0 / 156)
+
+
+def _stirling_tail(z: float) -> float:
+    """sum_k B_2k / (2k (2k-1) z^(2k-1)) for large z."""
+    zz = z * z
+    term = 1.0 / z
+    total = 0.0
+    for c in _BERNOULLI:
+        total += c * term
+        term /= zz
+    return total
+
+
+def log_gamma_ratio(a: float, b: float) -> float:
+    """ln Gamma(a + b) - ln Gamma(a), accurate when a is large (no cancellation of two lgammas)."""
+    if a < 10.0:
+        return math.lgamma(a + b) - math.lgamma(a)
+    return (a - 0.5) * math.log1p(b / a) + b * math.log(a + b) - b + _stirling_tail(a + b) - _stirling_tail(a)
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction for the incomplete beta (modified Lentz; Press et al., Numerical Recipes, 6.4)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c = 1.0
+    d = 1.0 - qab * x / qap
+    d = tiny if abs(d) < tiny else d
+    d = 1.0 / d
+    h = d
+    for m in range(1, 100000):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = tiny if abs(d) < tiny else d
+        c = 1.0 + aa / c
+        c = tiny if abs(c) < tiny else c
+        d = 1.0 / d
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = tiny if abs(d) < tiny else d
+        c = 1.0 + aa / c
+        c = tiny if abs(c) < tiny else c
+        d = 1.0 / d
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-16:
+            return h
+    raise ArithmeticError("incomplete beta continued fraction did not converge")
+
+
+def betainc_reg(a: float, b: float, x: float, one_minus_x: float) -> float:
+    """Regularised incomplete beta I_x(a, b); ``one_minus_x`` passed separately for accuracy."""
+    if x <= 0.0:
+        return 0.0
+    if one_minus_x <= 0.0:
+        return 1.0
+    # ln B(a, b) = lgamma(b) - (lgamma(a + b) - lgamma(a)), computed without cancellation.
+    big, small = (a, b) if a >= b else (b, a)
+    ln_beta = math.lgamma(small) - log_gamma_ratio(big, small)
+    ln_front = a * math.log(x) + b * math.log(one_minus_x) - ln_beta
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(ln_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(ln_front) * _betacf(b, a, one_minus_x) / b
+
+
+def student_t_sf(t: float, df: float) -> float:
+    """P(T > t) for t >= 0: 0.5 I_{df/(df+t^2)}(df/2, 1/2)."""
+    t2 = t * t
+    return 0.5 * betainc_reg(df / 2.0, 0.5, df / (df + t2), t2 / (df + t2))
+
+
+def student_t_ppf(q: float, df: float) -> float:
+    """Quantile of Student's t with ``df`` degrees of freedom.
+
+    Method: the survival function through the regularised incomplete beta function,
+    ``P(T > t) = I_{df/(df+t^2)}(df/2, 1/2) / 2`` (Abramowitz & Stegun 26.7.1 and 26.5.27), with
+    the continued fraction of Numerical Recipes (Press et al., 3rd ed., 6.4) and a log-beta that
+    avoids cancelling two large log-gammas; inverted by bisection to machine precision.
+    Symmetric: ``ppf(q) = -ppf(1 - q)``.
+    """
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"q must be in (0, 1), got {q}")
+    if q == 0.5:
+        return 0.0
+    if q < 0.5:
+        return -student_t_ppf(1.0 - q, df)
+    tail = 1.0 - q
+    lo, hi = 0.0, 1.0
+    while student_t_sf(hi, df) > tail:
+        lo, hi = hi, hi * 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            break
+        if student_t_sf(mid, df) > tail:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+# ------------------------------------------------------------------------------------------
+# Statistics, re-implemented
+# ------------------------------------------------------------------------------------------
+
+
+def interval(values: list[float], level: float, estimand: str) -> dict:
+    n = len(values)
+    m = math.fsum(values) / n
+    var = math.fsum((x - m) ** 2 for x in values) / (n - 1)
+    se = math.sqrt(var / n)
+    t = student_t_ppf((1.0 + level) / 2.0, n - 1)
+    out = {"estimand": estimand, "estimate": m, "low": m - t * se, "high": m + t * se, "df": n - 1, "n": n,
+           "standard_error": se, "level": level, "ratio": None, "ratio_low": None, "ratio_high": None}
+    if estimand == "log_ratio":
+        out.update(ratio=math.exp(m), ratio_low=math.exp(m - t * se), ratio_high=math.exp(m + t * se))
+    return out
+
+
+def paired(b: list[float], c: list[float], level: float, estimand: str) -> dict | None:
+    if len(b) < 2:
+        return None
+    if estimand == "difference":
+        vals = [y - x for x, y in zip(b, c)]
+    elif estimand == "relative_reduction":
+        vals = [100.0 * (1.0 - y / x) for x, y in zip(b, c)]
+    else:
+        vals = [math.log(y / x) for x, y in zip(b, c)]
+    return interval(vals, level, estimand)
+
+
+def endpoint(b: list[float], c: list[float], level: float, estimand: str) -> dict:
+    return {"pairs": len(b), "baseline_mean": math.fsum(b) / len(b) if b else None,
+            "candidate_mean": math.fsum(c) / len(c) if c else None, "interval": paired(b, c, level, estimand)}
+
+
+def peak(r: dict) -> float | None:
+    mem = r.get("memory") or {}
+    key = mem.get("primary")
+    return float(mem[key]) if key and mem.get(key) is not None else None
+
+
+def params_of(units: dict) -> int | None:
+    for arms in units.values():
+        for r in arms.values():
+            if r.get("parameters") is not None:
+                return int(r["parameters"])
+    return None
+
+
+def recompute(records: list[dict]) -> dict:
+    """The summary, from the records, by the rules stated in analysis/summary.py."""
+    proto = records[0]["protocol"]
+    ok: dict = {}
+    seen: dict = {}
+    for r in records:
+        s = r["spec"]
+        seen.setdefault((s["study"], s["config"]), set()).add(s["unit"])
+        if r["status"] == "ok":
+            ok.setdefault((s["study"], s["config"]), {}).setdefault(s["unit"], {})[s["role"]] = r
+    exclusions: list = []
+    studies = []
+    for st in proto["studies"]:
+        entries = []
+        level = st["interval_level"]
+        for config in st["configs"]:
+            units = {u: ok.get((st["name"], config), {}).get(u, {}) for u in sorted(seen.get((st["name"], config), set()))}
+            if not units:
+                continue
+            if st["design"] == "paired":
+                entries.append(_paired(st, config, units, proto, level, exclusions))
+            else:
+                entries.append(_factorial(config, units, level, exclusions))
+        studies.append({"name": st["name"], "design": st["design"], "configs": entries})
+    status = [r["status"] for r in records]
+    rows = []
+    for r in records:
+        s, t = r["spec"], r.get("timings") or {}
+        rows.append({"run_id": s["run_id"], "attempt": r["attempt"], "status": r["status"], "reason": r.get("reason"),
+                     "study": s["study"], "config": s["config"], "arm": s["arm"], "role": s["role"], "seed": s["seed"],
+                     "unit": s["unit"], "position": s["position"], "order": s["order"],
+                     "training_s": t.get("training_s"), "time_to_target_s": t.get("time_to_target_s"),
+                     "total_s": t.get("total_s"), "device_s": t.get("device_s"), "val_bpb": r.get("val_bpb"),
+                     "test_bpb": r.get("test_bpb"), "peak_memory_bytes": peak(r)})
+    rows.sort(key=lambda x: (x["order"], x["attempt"]))
+    return {
+        "schema_version": 1, "protocol": proto,
+        "records": {"files": len(records), "ok": status.count("ok"), "failed": status.count("failed"),
+                    "interrupted": status.count("interrupted"),
+                    "device_seconds": math.fsum((r.get("timings") or {}).get("device_s") or 0.0 for r in records)},
+        "exclusions": sorted(exclusions, key=lambda e: e["unit"]), "studies": studies, "runs": rows,
+    }
+
+
+def _paired(st: dict, config: str, units: dict, proto: dict, level: float, exclusions: list) -> dict:
+    pairs = []
+    for unit in sorted(units):
+        arms = units[unit]
+        missing = [x for x in ("baseline", "candidate") if x not in arms]
+        if missing:
+            exclusions.append({"unit": unit, "reason": f"no ok record for {', '.join(missing)}"})
+            continue
+        b, c = arms["baseline"], arms["candidate"]
+        bt, ct = b["timings"], c["timings"]
+        pairs.append({
+            "unit": unit, "seed": b["spec"]["seed"], "first": "baseline" if b["spec"]["position"] == 0 else "candidate",
+            "baseline_training_s": bt["training_s"], "candidate_training_s": ct["training_s"],
+            "baseline_time_to_target_s": bt["time_to_target_s"], "candidate_time_to_target_s": ct["time_to_target_s"],
+            "baseline_total_s": bt["total_s"], "candidate_total_s": ct["total_s"],
+            "baseline_test_bpb": b["test_bpb"], "candidate_test_bpb": c["test_bpb"],
+            "baseline_peak_memory_bytes": peak(b), "candidate_peak_memory_bytes": peak(c),
+            "time_reduction_pct": 100.0 * (1.0 - ct["training_s"] / bt["training_s"]),
+            "test_bpb_difference": c["test_bpb"] - b["test_bpb"],
+        })
+    col = lambda k: [p[k] for p in pairs]  # noqa: E731
+    training = endpoint(col("baseline_training_s"), col("candidate_training_s"), level, "relative_reduction")
+    training["log_ratio"] = paired(col("baseline_training_s"), col("candidate_training_s"), level, "log_ratio")
+    rule = proto["unreached_target"]
+    tb, tc, unreached = [], [], 0
+    for p in pairs:
+        x, y = p["baseline_time_to_target_s"], p["candidate_time_to_target_s"]
+        if x is None or y is None:
+            unreached += 1
+            if rule == "exclude":
+                continue
+            x = p["baseline_training_s"] if x is None else x
+            y = p["candidate_training_s"] if y is None else y
+        tb.append(x)
+        tc.append(y)
+    ttt = endpoint(tb, tc, level, "relative_reduction")
+    ttt.update(rule=rule, unreached_pairs=unreached)
+    quality = endpoint(col("baseline_test_bpb"), col("candidate_test_bpb"), level, "difference")
+    mb, mc = col("baseline_peak_memory_bytes"), col("candidate_peak_memory_bytes")
+    memory = endpoint(mb, mc, level, "relative_reduction") if None not in mb + mc else None
+    faster = sum(1 for p in pairs if p["candidate_training_s"] < p["baseline_training_s"])
+    slower = sum(1 for p in pairs if p["candidate_training_s"] > p["baseline_training_s"])
+    decision = None
+    if quality["interval"] is not None:
+        tol, high = proto["quality_tolerance_bpb"], quality["interval"]["high"]
+        pct = f"{quality['interval']['level'] * 100:g}%"
+        if not st["quality_decision"]:
+            decision = {"applies": False, "tolerance": tol, "upper": high, "established": None,
+                        "text": f"descriptive: the {pct} interval's upper end is {high:+.5f} BPB "
+                                f"(no preregistered decision for this study)"}
+        else:
+            est = high < tol
+            text = (f"tolerance established: the {pct} interval's upper end {high:+.5f} BPB is below the "
+                    f"predeclared {tol:g}-BPB tolerance" if est else
+                    f"tolerance not established: the {pct} interval's upper end {high:+.5f} BPB is not below "
+                    f"the predeclared {tol:g}-BPB tolerance")
+            decision = {"applies": True, "tolerance": tol, "upper": high, "established": est, "text": text}
+    return {
+        "config": config, "design": "paired", "level": level,
+        "primary_endpoint": "time_to_target" if st["primary_endpoint"] == "time_to_target" else "training_time",
+        "parameters": params_of(units), "baseline_arm": st["arms"][0], "candidate_arm": st["arms"][1],
+        "units_seen": len(units), "pairs_used": len(pairs), "training_time": training, "time_to_target": ttt,
+        "total_time": endpoint(col("baseline_total_s"), col("candidate_total_s"), level, "relative_reduction"),
+        "test_bpb": quality, "peak_memory": memory,
+        "counts": {"faster": faster, "slower": slower, "ties": len(pairs) - faster - slower,
+                   "worse_test_bpb": sum(1 for p in pairs if p["test_bpb_difference"] > 0)},
+        "decision": decision, "pairs": pairs,
+    }
+
+
+CELLS = ("native", "bucketed", "packed", "cotangent")
+
+
+def _factorial(config: str, units: dict, level: float, exclusions: list) -> dict:
+    blocks = []
+    for unit in sorted(units):
+        cells = units[unit]
+        missing = [c for c in CELLS if c not in cells]
+        if missing:
+            exclusions.append({"unit": unit, "reason": f"no ok record for {', '.join(missing)}"})
+            continue
+        blk = {"unit": unit, "seed": cells["native"]["spec"]["seed"],
+               "order": sorted(CELLS, key=lambda c: cells[c]["spec"]["position"])}
+        for c in CELLS:
+            blk[f"{c}_training_s"] = cells[c]["timings"]["training_s"]
+            blk[f"{c}_test_bpb"] = cells[c]["test_bpb"]
+        blocks.append(blk)
+    means = {c: (math.fsum(b[f"{c}_training_s"] for b in blocks) / len(blocks) if blocks else None) for c in CELLS}
+    effects = {}
+    if len(blocks) >= 2:
+        contrasts: dict = {"bucketed_norms": [], "packed_adamw": [], "interaction": []}
+        for b in blocks:
+            ln = {c: math.log(b[f"{c}_training_s"]) for c in CELLS}
+            contrasts["bucketed_norms"].append(((ln["bucketed"] - ln["native"]) + (ln["cotangent"] - ln["packed"])) / 2)
+            contrasts["packed_adamw"].append(((ln["packed"] - ln["native"]) + (ln["cotangent"] - ln["bucketed"])) / 2)
+            contrasts["interaction"].append((ln["cotangent"] - ln["packed"]) - (ln["bucketed"] - ln["native"]))
+        for name, vals in contrasts.items():
+            iv = interval(vals, level, "log_contrast")
+            iv.update(reduction_pct=100.0 * (1.0 - math.exp(iv["estimate"])),
+                      reduction_low_pct=100.0 * (1.0 - math.exp(iv["high"])),
+                      reduction_high_pct=100.0 * (1.0 - math.exp(iv["low"])))
+            effects[name] = iv
+    return {"config": config, "design": "factorial", "level": level, "units_seen": len(units),
+            "parameters": params_of(units), "blocks_used": len(blocks), "cell_mean_training_s": means,
+            "effects": effects, "blocks": blocks}
+
+
+# ------------------------------------------------------------------------------------------
+# Checks
+# ------------------------------------------------------------------------------------------
+
+
+def canonical(obj: object) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def self_hash_ok(obj: dict) -> bool:
+    return obj.get("sha256") == sha256(canonical({k: v for k, v in obj.items() if k != "sha256"}))
+
+
+def compare(path: str, mine: object, theirs: object, problems: list[str], where: str) -> int:
+    """Compare recomputed (mine) with stored (theirs); return the number of values compared."""
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        n = 0
+        for k in sorted(set(mine) | set(theirs)):
+            if k not in theirs:
+                problems.append(f"{where}: field {path}.{k} missing (recomputed {mine[k]!r})")
+            elif k not in mine:
+                problems.append(f"{where}: field {path}.{k} = {theirs[k]!r} is not derivable from the records")
+            else:
+                n += compare(f"{path}.{k}", mine[k], theirs[k], problems, where)
+        return n
+    if isinstance(mine, list) and isinstance(theirs, list):
+        if len(mine) != len(theirs):
+            problems.append(f"{where}: field {path} has {len(theirs)} entries, recomputed {len(mine)}")
+            return 1
+        return sum(compare(f"{path}[{i}]", a, b, problems, where) for i, (a, b) in enumerate(zip(mine, theirs)))
+    num = (int, float)
+    if isinstance(mine, num) and isinstance(theirs, num) and not isinstance(mine, bool) and not isinstance(theirs, bool):
+        if not math.isclose(mine, theirs, rel_tol=REL_TOL, abs_tol=1e-12):
+            problems.append(f"{where}: field {path} = {theirs!r}, recomputed {mine!r}")
+        return 1
+    if mine != theirs:
+        problems.append(f"{where}: field {path} = {theirs!r}, recomputed {mine!r}")
+    return 1
+
+
+def find_root(start: str, protocol_rel: str) -> str:
+    d = os.path.abspath(start)
+    while True:
+        if os.path.isfile(os.path.join(d, protocol_rel)):
+            return d
+        parent = os.path.dirname(d)
+        if parent == d:
+            return os.path.abspath(start)
+        d = parent
+
+
+def git_tag(root: str, tag: str) -> tuple[str, str] | None:
+    try:
+        r = subprocess.run(["git", "for-each-ref", "--format=%(taggerdate:iso-strict) %(*objectname)", f"refs/tags/{tag}"],
+                           cwd=root, capture_output=True, text=True, check=False)
+    except OSError:
+        return None
+    if r.returncode != 0 or not r.stdout.strip():
+        return None
+    created, _, commit = r.stdout.strip().partition(" ")
+    return created, commit
+
+
+def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[str]) -> None:
+    def row(check: str, ok: bool, detail: str) -> None:
+        rows.append((check, directory, ("ok: " if ok else "FAILED: ") + detail))
+
+    manifest_path = os.path.join(directory, "MANIFEST")
+    if not os.path.isfile(manifest_path):
+        problems.append(f"{manifest_path}: missing")
+        row("manifest", False, "MANIFEST missing")
+        return
+    with open(manifest_path, encoding="utf-8") as f:
+        manifest = json.load(f)
+    files = sorted(n for n in os.listdir(directory) if n.endswith(RECORD_SUFFIX))
+    records = []
+    bad = 0
+    for name in files:
+        path = os.path.join(directory, name)
+        with open(path, "rb") as f:
+            raw = f.read()
+        rec = json.loads(raw)
+        if not self_hash_ok(rec):
+            problems.append(f"{path}: field sha256 = {rec.get('sha256')!r} does not match the record's canonical content")
+            bad += 1
+        if manifest["records"].get(name) != sha256(raw):
+            if name in manifest["records"]:
+                problems.append(f"{path}: file sha256 {sha256(raw)} differs from MANIFEST's {manifest['records'][name]}")
+            else:
+                problems.append(f"{path}: record not listed in MANIFEST")
+            bad += 1
+        records.append(rec)
+    for name in sorted(set(manifest["records"]) - set(files)):
+        problems.append(f"{os.path.join(directory, name)}: listed in MANIFEST but missing")
+        bad += 1
+    row("record hashes + MANIFEST records", bad == 0, f"{len(files)} records, {bad} problems")
+    if not records:
+        return
+    proto = records[0]["protocol"]
+    root = find_root(directory, proto["path"])
+    bad = 0
+    for rel, digest in sorted(manifest["sources"].items()):
+        path = os.path.join(root, rel)
+        if not os.path.isfile(path):
+            problems.append(f"{path}: source file listed in MANIFEST is missing from the checkout")
+            bad += 1
+            continue
+        with open(path, "rb") as f:
+            actual = sha256(f.read())
+        if actual != digest:
+            problems.append(f"{path}: source sha256 {actual} differs from MANIFEST's {digest}")
+            bad += 1
+    row("MANIFEST source files", bad == 0, f"{len(manifest['sources'])} files, {bad} problems")
+    ppath = os.path.join(root, proto["path"])
+    bad = 0
+    if os.path.isfile(ppath):
+        with open(ppath, "rb") as f:
+            psha = sha256(f.read())
+        for rec in records:
+            if rec["protocol"]["sha256"] != psha:
+                problems.append(f"{directory}/{rec['spec']['run_id']}.a{rec['attempt']}{RECORD_SUFFIX}: field "
+                                f"protocol.sha256 = {rec['protocol']['sha256']} differs from {ppath} ({psha})")
+                bad += 1
+    else:
+        problems.append(f"{ppath}: protocol file missing")
+        bad += 1
+    row("protocol sha256", bad == 0, f"{proto['id']} {proto['sha256'][:16]}...")
+    if proto.get("preregistered"):
+        tag = git_tag(root, proto["tag"])
+        starts = sorted(r["started_at"] for r in records if r.get("started_at"))
+        if tag is None:
+            problems.append(f"{ppath}: tag {proto['tag']} not found in the git repository at {root}")
+            row("tag precedes records", False, f"{proto['tag']} missing")
+        else:
+            created, commit = tag
+            before = bool(starts) and datetime.fromisoformat(created) < datetime.fromisoformat(starts[0])
+            same = all(r["protocol"].get("tag_commit") == commit for r in records)
+            if not before:
+                problems.append(f"{ppath}: tag {proto['tag']} created {created}, not before the earliest record ({starts[:1]})")
+            if not same:
+                problems.append(f"{directory}: records name a tag commit other than {commit}")
+            row("tag precedes records", before and same, f"{proto['tag']} created {created}")
+    else:
+        row("tag precedes records", True, "not preregistered: no tag required")
+    spath = os.path.join(directory, "summary.json")
+    if not os.path.isfile(spath):
+        row("summary.json recomputed", True, "no summary.json (run harness report): nothing to compare")
+        return
+    with open(spath, encoding="utf-8") as f:
+        summary = json.load(f)
+    before = len(problems)
+    if not self_hash_ok(summary):
+        problems.append(f"{spath}: field sha256 = {summary.get('sha256')!r} does not match its content")
+    mine = recompute(records)
+    theirs = {k: v for k, v in summary.items() if k != "sha256"}
+    n = compare("summary", mine, theirs, problems, spath)
+    row("summary.json recomputed", len(problems) == before, f"{n} values compared, {len(problems) - before} mismatches")
+
+
+def main(argv: list[str]) -> int:
+    dirs = argv
+    if not dirs:
+        base = "records"
+        dirs = sorted(os.path.join(base, d) for d in os.listdir(base)
+                      if os.path.isfile(os.path.join(base, d, "MANIFEST"))) if os.path.isdir(base) else []
+        if not dirs:
+            print("public audit: no records folders with a MANIFEST under records/ (pass a folder)")
+            return 1
+    rows: list[tuple[str, str, str]] = []
+    problems: list[str] = []
+    for d in dirs:
+        audit_dir(d, rows, problems)
+    w1 = max(len(r[0]) for r in rows)
+    w2 = max(len(r[1]) for r in rows)
+    print(f"{'check'.ljust(w1)}  {'records'.ljust(w2)}  result")
+    for check, d, result in rows:
+        print(f"{check.ljust(w1)}  {d.ljust(w2)}  {result}")
+    print("\nThis audit does not run training and does not check weight files (they stay local).")
+    if problems:
+        print(f"\n{len(problems)} problem(s):")
+        for p in problems:
+            print(f"- {p}")
+        return 1
+    print("Everything matched.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
