@@ -383,7 +383,7 @@ class _Pack:
 
     def _make_hook(self, i: int) -> Callable[[Tensor], None]:
         def hook(grad: Tensor) -> None:
-            if torch.is_grad_enabled():
+            if grad.requires_grad:
                 raise RuntimeError("PackedAdamW does not support backward with create_graph=True")
             if grad.layout != torch.strided:
                 raise RuntimeError("PackedAdamW requires dense gradients (got a sparse gradient)")
@@ -424,6 +424,8 @@ class _Pack:
                 continue
             if g.layout != torch.strided:
                 raise RuntimeError("PackedAdamW requires dense gradients (got a sparse gradient)")
+            if g.requires_grad:
+                raise RuntimeError("PackedAdamW does not support backward with create_graph=True")
             if g.shape != view.shape or g.dtype != view.dtype or g.device != view.device:
                 raise RuntimeError(
                     f"parameter {i}: .grad was replaced by a tensor of shape {tuple(g.shape)}, "
