@@ -4,6 +4,12 @@
 report; ``analysis/public_audit.py`` re-checks everything with the standard library alone.
 """
 
-from analysis.stats import PairedInterval, factorial_contrasts, mean_interval, paired_interval, quality_decision
+from analysis.stats import (
+    PairedInterval,
+    factorial_contrasts,
+    mean_interval,
+    paired_interval,
+    quality_decision,
+)
 
 __all__ = ["PairedInterval", "factorial_contrasts", "mean_interval", "paired_interval", "quality_decision"]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from harness.errors import HarnessError
 
@@ -109,14 +110,18 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     runner = Runner(proto, echo=echo, live=live, retry_failed=args.retry_failed,
                     allow_torch_mismatch=args.allow_torch_mismatch)
+    from harness.scheduler import status_table
+
     left = runner.run()
     if left:
         print(f"{left} runs not done; run the same command again to continue")
         return 1
-    print(f"all {len(runner.runs)} runs done; records in {proto.records_path}")
+    failed = sum(r["failed"] for r in status_table(proto)[0])
+    print(f"all {len(runner.runs)} runs finished ({failed} failed, recorded); records in {proto.records_path}")
+    code = 0
     if not args.no_report:
-        return _report(proto, fmt=None, quiet=False)
-    return 0
+        code = _report(proto, fmt=None, quiet=False)
+    return 1 if failed else code
 
 
 def _report(proto: Any, fmt: str | None, quiet: bool) -> int:

@@ -42,6 +42,8 @@ import torch
 from torch import Tensor
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 
+from harness.names import ARMS
+
 __all__ = [
     "ARMS",
     "EXACT_PATHS",
@@ -732,13 +734,6 @@ class PackedAdamW(torch.optim.Optimizer):
 # The study's arms
 # --------------------------------------------------------------------------------------------
 
-#: The 2x2 factorial: (norms, optimizer) for each arm.
-ARMS: dict[str, tuple[str, str]] = {
-    "native": ("scalar", "native"),
-    "bucketed": ("bucketed", "native"),
-    "packed": ("scalar", "packed"),
-    "cotangent": ("bucketed", "packed"),
-}
 
 
 @dataclass

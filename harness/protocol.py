@@ -16,9 +16,8 @@ from typing import Any
 
 from harness import gitutil, yamlio
 from harness.config import Config, config_dir, find_config
-from harness.cotangent import ARMS
-from harness.data import CORPORA
 from harness.errors import InputError, RefusedError
+from harness.names import ARMS, CORPORA
 from harness.records import record_files
 from harness.yamlio import Field, one_of, positive
 
@@ -64,6 +63,7 @@ _TOP = {
     "order_seed": Field(int),
     "records_dir": Field(str, required=False, default=None),
     "origins": Field(dict, required=False, default=None),
+    "calibration": Field(dict, required=False, default=None),
     "studies": Field(list),
 }
 
@@ -104,6 +104,7 @@ class Protocol:
     order_seed: int
     records_dir: str | None
     studies: tuple[Study, ...]
+    calibration_pending: bool
     path: Path
     root: Path
     sha256: str
@@ -236,6 +237,12 @@ def load_protocol(path: str | Path) -> Protocol:
             quality_decision=s["quality_decision"],
             interval_level=s["interval_level"] or top["interval_level"],
         ))
+    pending = False
+    if top["calibration"] is not None:
+        cal = yamlio.mapping(doc, top["calibration"], ("calibration",), {
+            "status": Field(str, check=one_of("pending", "done")), "pilot": Field(str), "command": Field(str),
+        })
+        pending = cal["status"] == "pending"
     if top["origins"] is not None:
         for k, v in top["origins"].items():
             if not isinstance(v, str):
@@ -246,7 +253,8 @@ def load_protocol(path: str | Path) -> Protocol:
         torch_version=top["torch_version"], threads=top["threads"], launcher=top["launcher"],
         budget_device_seconds=top["budget_device_seconds"], interval_level=top["interval_level"],
         quality_tolerance_bpb=top["quality_tolerance_bpb"], unreached_target=top["unreached_target"],
-        order_seed=top["order_seed"], records_dir=top["records_dir"], studies=tuple(studies), path=p,
+        order_seed=top["order_seed"], records_dir=top["records_dir"], studies=tuple(studies),
+        calibration_pending=pending, path=p,
         root=root, sha256=hashlib.sha256(doc.raw).hexdigest(), configs=configs,
     )
 
@@ -267,6 +275,11 @@ def tag_protocol(proto: Protocol) -> gitutil.TagInfo:
     """Create the annotated tag ``protocol-<id>`` on HEAD after the checks ``harness tag`` promises."""
     repo = _repo(proto)
     rel = proto.path.resolve().relative_to(repo.resolve()).as_posix()
+    if proto.calibration_pending:
+        raise RefusedError(
+            f"{proto.path}: calibration is pending; run the pilot and the calibration command named under "
+            "'calibration', write the numbers into the protocol, set status: done, commit, then tag"
+        )
     state = gitutil.file_state(repo, rel)
     if state != "clean":
         raise RefusedError(f"{proto.path}: the protocol file is {state}; commit it before tagging")

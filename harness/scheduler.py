@@ -34,7 +34,13 @@ from harness import gitutil
 from harness.plan import RunSpec, make_plan, plan_sha256, units
 from harness.protocol import Protocol, check_frozen
 from harness.records import (
-    SCHEMA_VERSION, atomic_write, canonical, jsonable, load_records, write_manifest, write_record,
+    SCHEMA_VERSION,
+    atomic_write,
+    canonical,
+    jsonable,
+    load_records,
+    write_manifest,
+    write_record,
 )
 
 HEARTBEAT_S = 5.0
@@ -173,11 +179,11 @@ class Runner:
         job_path, result_path = work / "job.json", work / "result.json"
         atomic_write(job_path, canonical(job), overwrite=True)
         result_path.unlink(missing_ok=True)
-        started_at = now_iso()
         device_lock = FileLock(str(self.root / "runs" / "locks" / f"device-{self.host}-{spec.device}.lock"))
         log_path = work / "worker.log"
         server = self._forkserver() if self.proto.launcher == "forkserver" else None
         with device_lock:
+            started_at = now_iso()
             t0 = time.monotonic()
 
             def beat() -> None:
@@ -204,6 +210,7 @@ class Runner:
                         except subprocess.TimeoutExpired:
                             beat()
             device_s = time.monotonic() - t0
+            finished_at = now_iso()
         rec = self._base_record(spec, attempt, frozen)
         result: dict[str, Any] = {}
         if result_path.exists():
@@ -224,7 +231,7 @@ class Runner:
         timings = dict(result.pop("timings", {}) or {})
         timings["device_s"] = device_s
         rec.update(result)
-        rec.update(status=status, reason=reason, started_at=started_at, finished_at=now_iso(), timings=timings)
+        rec.update(status=status, reason=reason, started_at=started_at, finished_at=finished_at, timings=timings)
         self._write(spec, attempt, jsonable(rec))
         marker.unlink(missing_ok=True)
         progress.executed_s.append(device_s)

@@ -175,8 +175,9 @@ def serve() -> int:
     same pristine state (fresh allocator, no caches) without paying interpreter start-up and
     imports. Linux only (fork after importing Apple's frameworks is unsafe).
     """
-    from harness import cotangent, data, devices, models  # noqa: F401 - preload
     import torch._dynamo  # noqa: F401 - optimizers import it on first use; pay it once here
+
+    from harness import cotangent, data, devices, models  # noqa: F401 - preload
 
     sys.stdout.write("READY\n")
     sys.stdout.flush()
@@ -208,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     if args == ["--serve"]:
         return serve()
     job_path, result_path = Path(args[0]), Path(args[1])
+    (job_path.parent / "worker.pid").write_text(str(os.getpid()))  # for operators (and tests)
     job = json.loads(job_path.read_text(encoding="utf-8"))
     result: dict[str, Any] = {}
     try:

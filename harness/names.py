@@ -1,0 +1,14 @@
+"""Names shared by the protocol schema and the code that runs them; free of torch so that
+``harness plan``, ``tag`` and ``status`` start instantly."""
+
+#: The 2x2 factorial: (norms, optimizer) for each arm. ``native`` is the baseline, ``cotangent``
+#: the candidate.
+ARMS: dict[str, tuple[str, str]] = {
+    "native": ("scalar", "native"),
+    "bucketed": ("bucketed", "native"),
+    "packed": ("scalar", "packed"),
+    "cotangent": ("bucketed", "packed"),
+}
+
+CORPORA = ("wikitext-2", "pydoc-topics")
+SPLITS = ("train", "valid", "test")

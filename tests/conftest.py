@@ -1,0 +1,69 @@
+"""Shared fixtures: temporary git repositories holding configs and protocols, and the CLI."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TINY_PROTOCOL = """\
+id: {id}
+version: 1
+description: tiny test protocol
+preregistered: {prereg}
+corpus: {corpus}
+{data_dir}device: cpu
+compile: false
+threads: 1
+launcher: {launcher}
+budget_device_seconds: {budget}
+interval_level: 0.9
+quality_tolerance_bpb: 0.01
+order_seed: 1
+studies:
+  - name: pairs
+    design: paired
+    arms: [native, cotangent]
+    configs: [tiny_conv]
+    seeds: [1, 2]
+    steps: {steps}
+    val_every: 5
+    val_target_bpb: 7.9
+    quality_decision: true
+"""
+
+
+def tiny_protocol(**kw) -> str:
+    args = dict(id="tiny", prereg="false", corpus="pydoc-topics", data_dir="", launcher="forkserver", budget=600, steps=10)
+    args.update(kw)
+    return TINY_PROTOCOL.format(**args)
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A git repository with the project's configs and a protocols/ folder."""
+    r = tmp_path / "study"
+    (r / "protocols").mkdir(parents=True)
+    shutil.copytree(ROOT / "configs", r / "configs")
+    (r / ".gitignore").write_text("runs/\n")
+    git(r, "init", "-q", "-b", "main")
+    git(r, "config", "user.email", "test@example.invalid")
+    git(r, "config", "user.name", "Test")
+    git(r, "add", "-A")
+    git(r, "commit", "-qm", "init")
+    return r
+
+
+def harness(repo: Path, *args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=repo, capture_output=True, text=True,
+                          timeout=timeout, env=env, **kw)

@@ -1,0 +1,244 @@
+"""The harness as a user drives it: the real CLI in subprocesses, in temporary git repositories."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, git, harness, tiny_protocol
+
+from harness.plan import WILLIAMS_4, make_plan
+from harness.protocol import load_protocol
+from harness.records import load_records, self_hash_ok
+
+
+def write(repo: Path, text: str, name: str = "tiny.yaml") -> Path:
+    p = repo / "protocols" / name
+    p.parent.mkdir(exist_ok=True)
+    p.write_text(text)
+    return p
+
+
+def line_of(path: Path, needle: str) -> int:
+    return next(i + 1 for i, s in enumerate(path.read_text().splitlines()) if needle in s)
+
+
+@pytest.mark.parametrize("edit, needle, message", [
+    (("    steps: 10", "    stepz: 10"), "stepz", "unknown key 'stepz'"),
+    (("    steps: 10", "    steps: ten"), "steps: ten", "'steps' must be int"),
+    (("quality_tolerance_bpb: 0.01\n", ""), None, "missing required key 'quality_tolerance_bpb'"),
+    (("    seeds: [1, 2]", "    seeds: [1, 2, 1]"), "seeds:", "duplicate seed 1"),
+    (("    configs: [tiny_conv]", "    configs: [tiny_nope]"), "configs:", "unknown configuration 'tiny_nope'"),
+    (("    arms: [native, cotangent]", "    arms: [native, fastest]"), "arms:", "unknown arm 'fastest'"),
+    (("id: tiny", "id: tiny tiny"), "id:", "letters, digits"),
+    (("corpus: pydoc-topics", "corpus: pydoc-topics\ncorpus: wikitext-2"), "corpus: wikitext-2", "duplicate key"),
+])
+def test_schema_errors_name_file_key_line(repo, edit, needle, message):
+    p = write(repo, tiny_protocol().replace(*edit))
+    for cmd in ("plan", "run"):
+        r = harness(repo, cmd, str(p))
+        assert r.returncode == 2, r.stderr
+        assert message in r.stderr
+        assert str(p) in r.stderr
+        if needle:
+            assert f"{p}:{line_of(p, needle)}" in r.stderr
+    assert not (repo / "runs").exists() and not (repo / "records").exists()
+
+
+def test_tag_refusals_and_frozen_checks(repo):
+    p = write(repo, tiny_protocol(prereg="true"))
+    r = harness(repo, "tag", str(p))
+    assert r.returncode == 2 and "untracked" in r.stderr
+    r = harness(repo, "run", str(p))
+    assert r.returncode == 2 and "no tag protocol-tiny" in r.stderr
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "protocol")
+    p.write_text(p.read_text() + "# edit\n")
+    r = harness(repo, "tag", str(p))
+    assert r.returncode == 2 and "modified" in r.stderr
+    git(repo, "checkout", "--", str(p))
+    r = harness(repo, "tag", str(p))
+    assert r.returncode == 0, r.stderr
+    msg = git(repo, "tag", "-n9", "protocol-tiny")
+    assert load_protocol(p).sha256 in msg
+    r = harness(repo, "tag", str(p))
+    assert r.returncode == 2 and "already exists" in r.stderr
+    # bytes differ from the tagged blob: refused, nothing written
+    p.write_text(p.read_text().replace("steps: 10", "steps: 11"))
+    git(repo, "commit", "-qam", "tamper")
+    r = harness(repo, "run", str(p))
+    assert r.returncode == 2 and "differ from the tagged protocol" in r.stderr
+    assert not (repo / "records").exists()
+    # the same bytes on a history that does not contain the tag: refused
+    git(repo, "checkout", "-q", "-b", "elsewhere", "HEAD~2")
+    write(repo, load_protocol_text(repo))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "same bytes, other history")
+    r = harness(repo, "run", str(p))
+    assert r.returncode == 2 and "not an ancestor of HEAD" in r.stderr
+
+
+def load_protocol_text(repo: Path) -> str:
+    return git(repo, "show", "protocol-tiny:protocols/tiny.yaml")
+
+
+def test_tag_refused_when_records_exist_and_when_calibration_pending(repo):
+    p = write(repo, tiny_protocol(prereg="true"))
+    (repo / "records" / "tiny").mkdir(parents=True)
+    (repo / "records" / "tiny" / "x.a1.record.json").write_text("{}")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "p")
+    r = harness(repo, "tag", str(p))
+    assert r.returncode == 2 and "records already exist" in r.stderr
+    v5 = repo / "protocols" / "v5.yaml"
+    v5.write_text((ROOT / "protocols" / "v5.yaml").read_text())
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "v5")
+    r = harness(repo, "tag", str(v5))
+    assert r.returncode == 2 and "calibration is pending" in r.stderr
+
+
+def test_study_protocols_plan_sizes_and_balance():
+    v5 = make_plan(load_protocol(ROOT / "protocols" / "v5.yaml"))
+    v6 = make_plan(load_protocol(ROOT / "protocols" / "v6.yaml"))
+    assert len(v5) == 200 and len(v6) == 128
+    assert sum(r.study == "breadth" for r in v6) == 96 and sum(r.study == "factorial" for r in v6) == 32
+    for runs in (v5, [r for r in v6 if r.design == "paired"]):
+        firsts = Counter((r.config, r.role) for r in runs if r.position == 0)
+        for config in {r.config for r in runs}:
+            assert firsts[(config, "baseline")] == firsts[(config, "candidate")]
+        units = Counter(r.unit for r in runs)
+        assert set(units.values()) == {2}
+        # back to back: each unit's runs are adjacent in the plan
+        for u in units:
+            orders = [r.order for r in runs if r.unit == u]
+            assert orders[1] == orders[0] + 1
+    blocks: dict[str, list[str]] = {}
+    for r in v6:
+        if r.design == "factorial":
+            blocks.setdefault(r.unit, []).append(r.arm)
+    seqs = list(blocks.values())
+    assert len(seqs) == 8
+    cells = ["native", "bucketed", "packed", "cotangent"]
+    for g in range(0, 8, 4):
+        group = seqs[g : g + 4]
+        for pos in range(4):
+            assert sorted(s[pos] for s in group) == sorted(cells)
+        follows = Counter((s[i], s[i + 1]) for s in group for i in range(3))
+        assert len(follows) == 12 and set(follows.values()) == {1}
+    assert len(set(WILLIAMS_4)) == 4
+    a = harness(ROOT, "plan", "protocols/v6.yaml", "--json")
+    b = harness(ROOT, "plan", "protocols/v6.yaml", "--json")
+    assert a.returncode == 0 and a.stdout == b.stdout and len(json.loads(a.stdout)["runs"]) == 128
+
+
+def test_tiny_protocol_end_to_end_and_resume_noop(repo):
+    p = write(repo, tiny_protocol())
+    r = harness(repo, "run", str(p), "--quiet")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Time reduction" in r.stdout and "tolerance" in r.stdout
+    recs = load_records(repo / "records" / "tiny")
+    assert len(recs) == 4 and all(x["status"] == "ok" and self_hash_ok(x) for x in recs)
+    rec = recs[0]
+    for key in ("protocol", "plan_sha256", "spec", "env", "timings", "curve", "val_curve", "val_bpb", "test_bpb",
+                "rescored_test_bpb", "memory", "checkpoint", "git"):
+        assert key in rec, key
+    assert rec["rescore_identical"] is True and rec["rescored_test_bpb"] == rec["test_bpb"]
+    assert Path(rec["checkpoint"]["path"]).is_file() and "runs" in Path(rec["checkpoint"]["path"]).parts
+    manifest = json.loads((repo / "records" / "tiny" / "MANIFEST").read_text())
+    assert len(manifest["records"]) == 4 and "protocols/tiny.yaml" in manifest["sources"]
+    # pairs are bitwise: same test BPB for both arms of each pair
+    by_unit: dict[str, set[float]] = {}
+    for x in recs:
+        by_unit.setdefault(x["spec"]["unit"], set()).add(x["test_bpb"])
+    assert all(len(v) == 1 for v in by_unit.values())
+    r = harness(repo, "run", str(p), "--quiet", "--no-report")
+    assert r.returncode == 0 and "[" not in r.stdout  # nothing left to execute
+    r = harness(repo, "status", str(p), "--json")
+    row = json.loads(r.stdout)["rows"][0]
+    assert row["done"] == 2 * 2 and row["pending"] == 0
+
+
+def _wait_for(predicate, timeout: float = 120.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out")
+
+
+@pytest.mark.parametrize("launcher", ["forkserver", "spawn"])
+def test_resume_after_sigkill_mid_run(repo, launcher):
+    p = write(repo, tiny_protocol(steps=300, launcher=launcher))
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(p), "--quiet", "--no-report"], cwd=repo,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    work = repo / "runs" / "tiny" / "work"
+    _wait_for(lambda: work.is_dir() and any(work.glob("*/worker.pid")))
+    time.sleep(1.5)  # mid-run
+    os.killpg(proc.pid, signal.SIGKILL)  # the machine "switches off": runner and worker die together
+    proc.wait()
+    r = harness(repo, "run", str(p), "--quiet", "--no-report")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "noted interrupted attempt 1" in r.stdout
+    recs = load_records(repo / "records" / "tiny")
+    statuses = Counter(x["status"] for x in recs)
+    assert statuses["ok"] == 4 and statuses["interrupted"] == 1
+    interrupted = next(x for x in recs if x["status"] == "interrupted")
+    redo = next(x for x in recs if x["spec"]["run_id"] == interrupted["spec"]["run_id"] and x["status"] == "ok")
+    assert redo["attempt"] == 2 and "did not finish" in interrupted["reason"]
+
+
+def test_worker_killed_is_recorded_failed(repo):
+    p = write(repo, tiny_protocol(steps=600))
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(p), "--quiet", "--no-report"], cwd=repo,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    work = repo / "runs" / "tiny" / "work"
+    _wait_for(lambda: work.is_dir() and any(work.glob("*/worker.pid")))
+    time.sleep(1.5)
+    pid = int(next(work.glob("*/worker.pid")).read_text())
+    os.kill(pid, signal.SIGKILL)  # only the run's process dies (as under the OOM killer)
+    stdout, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 1, stdout  # finished, with a recorded failure
+    recs = load_records(repo / "records" / "tiny")
+    failed = [x for x in recs if x["status"] == "failed"]
+    assert len(failed) == 1 and "SIGKILL" in failed[0]["reason"] and len(recs) == 4
+
+
+def test_failing_runs_are_recorded_not_dropped(repo):
+    p = write(repo, tiny_protocol(corpus="wikitext-2", data_dir="data_dir: nowhere\n"))
+    r = harness(repo, "run", str(p), "--quiet")
+    assert r.returncode == 1
+    recs = load_records(repo / "records" / "tiny")
+    assert len(recs) == 4 and all(x["status"] == "failed" for x in recs)
+    assert all("missing corpus file" in x["reason"] for x in recs)
+    summary = json.loads((repo / "records" / "tiny" / "summary.json").read_text())
+    assert summary["records"]["failed"] == 4 and len(summary["runs"]) == 4 and len(summary["exclusions"]) == 2
+
+
+def test_two_concurrent_runners_execute_each_run_once(repo):
+    p = write(repo, tiny_protocol(steps=30).replace("seeds: [1, 2]", "seeds: [1, 2, 3, 4]"))
+    cmd = [sys.executable, "-m", "harness.cli", "run", str(p), "--quiet", "--no-report"]
+    procs = [subprocess.Popen(cmd, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outs = [pr.communicate(timeout=600)[0] for pr in procs]
+    recs = load_records(repo / "records" / "tiny")
+    ids = Counter(x["spec"]["run_id"] for x in recs)
+    assert len(ids) == 8 and set(ids.values()) == {1}, outs
+    assert all(x["status"] == "ok" and x["attempt"] == 1 for x in recs)
+    # timed runs never overlapped on the device
+    spans = sorted((x["started_at"], x["finished_at"]) for x in recs)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+
+
+def test_budget_stops_new_runs(repo):
+    p = write(repo, tiny_protocol(budget=1, steps=10))
+    r = harness(repo, "run", str(p), "--quiet", "--no-report")
+    assert r.returncode == 1 and "no further run starts" in r.stdout
+    recs = load_records(repo / "records" / "tiny")
+    assert 1 <= len(recs) < 4
