@@ -1,0 +1,212 @@
+"""Statistics against scipy and R, and the standard-library audit with tamper tests."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from scipy import stats
+
+from analysis import paired_interval
+from analysis.stats import factorial_contrasts, mean_interval, quality_decision
+from conftest import ROOT, git, harness, tiny_protocol
+
+sys.path.insert(0, str(ROOT / "analysis"))
+from public_audit import student_t_ppf  # noqa: E402
+
+
+def test_student_t_ppf_against_scipy():
+    dfs = sorted({*range(1, 31), 40, 50, 99, 100, 250, 500, 1000, 2500, 10_000, 50_000, 100_000})
+    worst = 0.0
+    for df in dfs:
+        for level in (0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 0.9999):
+            q = (1 + level) / 2
+            ours, ref = student_t_ppf(q, df), float(stats.t.ppf(q, df))
+            worst = max(worst, abs(ours - ref) / ref)
+            assert student_t_ppf(1 - q, df) == -ours
+    assert worst < 1e-10
+
+
+B = [10.2, 11.5, 9.8, 12.1, 10.9, 11.3]
+C = [8.1, 9.0, 8.3, 9.9, 8.8, 9.2]
+
+
+def test_interval_against_scipy_ttest_rel():
+    for level in (0.8, 0.9, 0.99, 0.995):
+        ours = paired_interval(B, C, level)
+        ci = stats.ttest_rel(C, B).confidence_interval(confidence_level=level)
+        assert ours.low == pytest.approx(ci.low, rel=1e-12) and ours.high == pytest.approx(ci.high, rel=1e-12)
+        assert ours.df == 5 and ours.n == 6 and ours.estimand == "difference"
+
+
+def test_interval_against_r():
+    # Rscript -e 'b <- c(10.2, 11.5, 9.8, 12.1, 10.9, 11.3); c <- c(8.1, 9.0, 8.3, 9.9, 8.8, 9.2);
+    #   r <- t.test(c, b, paired=TRUE, conf.level=0.99); print(r$conf.int, digits=17); print(unname(r$estimate), digits=17);
+    #   print(t.test(c, b, paired=TRUE, conf.level=0.9)$conf.int, digits=17)'   (R 4.2.2)
+    r99 = (-2.6184263741333669, -1.5482402925333003)
+    r90 = (-2.3507440788955409, -1.8159225877711260)
+    ours = paired_interval(B, C, 0.99)
+    assert ours.estimate == pytest.approx(-2.0833333333333335, rel=1e-13)
+    assert (ours.low, ours.high) == pytest.approx(r99, rel=1e-12)
+    assert (paired_interval(B, C, 0.9).low, paired_interval(B, C, 0.9).high) == pytest.approx(r90, rel=1e-12)
+
+
+def test_estimands_and_sign_conventions():
+    rr = paired_interval(B, C, 0.99, "relative_reduction")
+    assert rr.estimate == pytest.approx(sum(100 * (1 - c / b) for b, c in zip(B, C)) / 6) and rr.estimate > 0
+    lr = paired_interval(B, C, 0.99, "log_ratio")
+    assert lr.estimate < 0 and lr.ratio == pytest.approx(math.exp(lr.estimate))
+    assert lr.ratio_low < lr.ratio < lr.ratio_high
+
+
+def test_interval_errors_and_degenerate():
+    with pytest.raises(ValueError, match="at least two"):
+        paired_interval([1.0], [2.0])
+    with pytest.raises(ValueError, match="equal lengths"):
+        paired_interval([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="not finite"):
+        paired_interval([1.0, float("nan")], [1.0, 2.0])
+    d = paired_interval([1.0, 2.0, 3.0], [1.5, 2.5, 3.5])
+    assert d.low == d.high == d.estimate == pytest.approx(0.5) and d.standard_error == 0.0
+    assert mean_interval([0.0, 0.0], 0.99).low == 0.0
+
+
+def test_quality_decision_and_factorial():
+    iv = paired_interval([3.0, 3.1, 3.05, 3.2], [3.001, 3.101, 3.049, 3.201], 0.995)
+    assert quality_decision(iv, 0.01, True).established is True
+    assert quality_decision(iv, 0.0001, True).established is False
+    assert quality_decision(iv, 0.01, False).established is None
+    blocks = [{"native": 10.0, "bucketed": 9.0, "packed": 8.0, "cotangent": 7.2} for _ in range(3)]
+    blocks.append({"native": 10.0, "bucketed": 9.1, "packed": 8.0, "cotangent": 7.2})
+    eff = factorial_contrasts(blocks, 0.99)
+    assert eff["bucketed_norms"].estimate < 0 and eff["packed_adamw"].estimate < 0
+    assert eff["interaction"].estimate == pytest.approx(
+        sum(math.log(b["cotangent"] / b["packed"]) - math.log(b["bucketed"] / b["native"]) for b in blocks) / 4)
+
+
+# ------------------------------------------------------------------------------------ audit
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory):
+    """A small preregistered study run for real: committed, tagged, run, reported."""
+    from conftest import repo as _repo_fixture  # noqa: F401 - same layout as the repo fixture
+
+    base = tmp_path_factory.mktemp("audit")
+    r = base / "study"
+    (r / "protocols").mkdir(parents=True)
+    shutil.copytree(ROOT / "configs", r / "configs")
+    shutil.copytree(ROOT / "harness", r / "harness", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "analysis", r / "analysis", ignore=shutil.ignore_patterns("__pycache__"))
+    (r / ".gitignore").write_text("runs/\n__pycache__/\n")
+    text = tiny_protocol(prereg="true").replace("studies:\n", "studies:\n  - name: cells\n    design: factorial\n"
+                                                 "    configs: [tiny_conv]\n    seeds: [5, 6]\n    steps: 10\n"
+                                                 "    val_every: 5\n    val_target_bpb: 7.9\n")
+    (r / "protocols" / "tiny.yaml").write_text(text)
+    git(r, "init", "-q", "-b", "main")
+    git(r, "config", "user.email", "t@example.invalid")
+    git(r, "config", "user.name", "T")
+    git(r, "add", "-A")
+    git(r, "commit", "-qm", "study")
+    assert harness(r, "tag", "protocols/tiny.yaml").returncode == 0
+    run = harness(r, "run", "protocols/tiny.yaml", "--quiet")
+    assert run.returncode == 0, run.stdout + run.stderr
+    return r
+
+
+def audit(repo: Path, *dirs: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-I", "-S", "analysis/public_audit.py", *dirs], cwd=repo,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def study(audited, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(audited, copy, symlinks=True)
+    return copy
+
+
+def test_audit_passes_on_real_records(study):
+    r = audit(study)
+    assert r.returncode == 0, r.stdout
+    assert "Everything matched." in r.stdout and "does not run training" in r.stdout
+    assert "tag precedes records" in r.stdout and "summary.json recomputed" in r.stdout
+    summary = json.loads((study / "records" / "tiny" / "summary.json").read_text())
+    by_name = {st["name"]: st for st in summary["studies"]}
+    assert by_name["cells"]["configs"][0]["effects"]["interaction"]["n"] == 2
+
+
+def _first_record(study: Path) -> Path:
+    return sorted((study / "records" / "tiny").glob("*.record.json"))[0]
+
+
+def test_audit_detects_tampered_record(study):
+    path = _first_record(study)
+    data = path.read_bytes()
+    i = data.index(b'"test_bpb":') + len(b'"test_bpb":') + 2
+    path.write_bytes(data[:i] + (b"9" if data[i:i + 1] != b"9" else b"8") + data[i + 1:])
+    r = audit(study)
+    assert r.returncode == 1 and f"{path.name}: field sha256" in r.stdout
+
+
+def test_audit_detects_tampered_source(study):
+    path = study / "harness" / "cotangent.py"
+    path.write_text(path.read_text() + "\n# changed\n")
+    r = audit(study)
+    assert r.returncode == 1 and "harness/cotangent.py: source sha256" in r.stdout
+
+
+def test_audit_detects_tampered_summary(study):
+    path = study / "records" / "tiny" / "summary.json"
+    s = json.loads(path.read_text())
+    pairs = next(st for st in s["studies"] if st["name"] == "pairs")
+    pairs["configs"][0]["training_time"]["interval"]["high"] += 1e-6
+    path.write_text(json.dumps(s, sort_keys=True, indent=1))
+    r = audit(study)
+    assert r.returncode == 1
+    assert "summary.json: field sha256" in r.stdout and "training_time.interval.high" in r.stdout
+
+
+def test_audit_detects_deleted_and_added_record(study):
+    path = _first_record(study)
+    content = path.read_bytes()
+    path.unlink()
+    r = audit(study)
+    assert r.returncode == 1 and f"{path.name}: listed in MANIFEST but missing" in r.stdout
+    extra = path.with_name("pairs.extra.a1.record.json")
+    extra.write_bytes(content)
+    path.write_bytes(content)
+    r = audit(study)
+    assert r.returncode == 1 and f"{extra.name}: record not listed in MANIFEST" in r.stdout
+
+
+def test_audit_detects_tag_after_records(study):
+    git(study, "tag", "-d", "protocol-tiny")
+    git(study, "tag", "-a", "protocol-tiny", "-m", "late")
+    r = audit(study)
+    assert r.returncode == 1 and "not before the earliest record" in r.stdout
+
+
+def test_report_exports_and_module_entry(study):
+    r = harness(study, "report", "protocols/tiny.yaml", "--format", "csv", "--quiet")
+    assert r.returncode == 0, r.stderr
+    import pandas as pd
+
+    frame = pd.read_csv(study / "records" / "tiny" / "runs.csv")
+    assert len(frame) == 12 and set(frame["status"]) == {"ok"}
+    r = subprocess.run([sys.executable, "-m", "analysis", "report", "records/tiny", "--format", "parquet"], cwd=study,
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and (study / "records" / "tiny" / "runs.parquet").is_file()
+    for png in ("plot_time.png", "plot_quality.png", "plot_validation.png"):
+        assert (study / "records" / "tiny" / png).stat().st_size > 1000
+    assert audit(study).returncode == 0  # a regenerated report still audits
+
+
+def test_analysis_never_imports_torch():
+    code = "import sys, analysis, analysis.report, analysis.summary, analysis.calibrate; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
