@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, git, harness, tiny_protocol
 from scipy import stats
 
 from analysis import paired_interval
 from analysis.stats import factorial_contrasts, mean_interval, quality_decision
-from conftest import ROOT, git, harness, tiny_protocol
 
 sys.path.insert(0, str(ROOT / "analysis"))
 from public_audit import student_t_ppf  # noqa: E402

@@ -1,0 +1,62 @@
+"""The README's first command as a user runs it, in a temporary copy of the repository."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, git, harness
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory) -> Path:
+    dest = tmp_path_factory.mktemp("demo") / "repo"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(dest)], check=True)
+    # the working tree as it is now (tests run before a commit too)
+    for rel in git(ROOT, "ls-files").split() + git(ROOT, "ls-files", "--others", "--exclude-standard").split():
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).write_bytes(src.read_bytes())
+    git(dest, "config", "user.email", "t@example.invalid")
+    git(dest, "config", "user.name", "T")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-qm", "working tree", "--allow-empty")
+    return dest
+
+
+@pytest.mark.long
+def test_demo_runs_reports_audits_and_detects_tampering(clone):
+    t0 = time.monotonic()
+    r = harness(clone, "run", "protocols/demo.yaml", "--quiet", timeout=900)
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for heading in ("Time reduction", "Full-test quality", "2x2 factorial", "native versus native", "Every pair"):
+        assert heading in r.stdout
+    print(f"demo took {elapsed:.1f} s")
+    records = clone / "runs" / "demo" / "records"
+    assert not (clone / "records" / "demo").exists()  # a demo never touches records/
+    audit = [sys.executable, "-I", "-S", "analysis/public_audit.py", "runs/demo/records"]
+    ok = subprocess.run(audit, cwd=clone, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout
+    victim = sorted(records.glob("*.record.json"))[3]
+    victim.write_text(victim.read_text().replace('"status":"ok"', '"status":"ok" ', 1))
+    bad = subprocess.run(audit, cwd=clone, capture_output=True, text=True)
+    assert bad.returncode == 1 and victim.name in bad.stdout
+
+
+@pytest.mark.long
+def test_edited_tagged_protocol_is_refused(clone):
+    frozen = clone / "protocols" / "frozen.yaml"
+    text = (clone / "protocols" / "demo.yaml").read_text()
+    frozen.write_text(text.replace("id: demo", "id: frozen").replace("preregistered: false", "preregistered: true")
+                      .replace("records_dir: runs/demo/records\n", ""))
+    git(clone, "add", "protocols/frozen.yaml")
+    git(clone, "commit", "-qm", "freeze")
+    assert harness(clone, "tag", "protocols/frozen.yaml").returncode == 0
+    frozen.write_text(frozen.read_text().replace("steps: 90", "steps: 91", 1))
+    r = harness(clone, "run", "protocols/frozen.yaml")
+    assert r.returncode == 2 and "differ from the tagged protocol" in r.stderr
+    assert not (clone / "records" / "frozen").exists()
