@@ -1,0 +1,190 @@
+"""Gradient-phase benchmark: clip + optimizer step + zero_grad for each arm, side by side.
+
+For the parameter shapes of real model configurations, in one process, variants interleaved
+round-robin; the median of many repetitions and each variant's ratio to ``native``:
+
+* ``native``, ``bucketed``, ``packed``, ``cotangent``: the study's four arms (harness.cotangent);
+* ``compiled``: the strong peer, native clipping and AdamW step under ``torch.compile``
+  (learning rate as a tensor, so changing it does not recompile);
+* ``floor``: one fused elementwise pass over flat buffers that reads and writes as many bytes as
+  the AdamW update (4 reads, 3 writes per coordinate), compiled into a single loop.
+
+Before each timed phase, gradients are delivered as backward would deliver them (native: a fresh
+tensor stored as ``.grad``; packed: accumulated in place into the flat buffer); that delivery is
+timed too and reported separately, so a cost moved out of the phase stays visible.
+Peak memory: each arm trains the real model for a few steps in its own process (peak RSS).
+
+    python benchmarks/grad_phase.py --configs small_transformer --reps 60 --json runs/bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from harness.config import load_config  # noqa: E402
+from harness.cotangent import ARMS, build_arm  # noqa: E402
+from harness.models import build_model  # noqa: E402
+
+LR, WD, MAX_NORM = 1e-3, 0.1, 1.0
+
+
+def _params(config: str) -> list[torch.Tensor]:
+    cfg = load_config(ROOT / "configs" / f"{config}.yaml")
+    return [p.detach().clone() for p in build_model(cfg.model, 0).parameters()]
+
+
+class Variant:
+    def __init__(self, name: str, init: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+        self.name = name
+        self.grads = grads
+        self.params = [torch.nn.Parameter(t.clone()) for t in init]
+        self.packed = False
+        if name in ARMS:
+            self.arm = build_arm(name, self.params, lr=LR, weight_decay=WD, max_norm=MAX_NORM)
+            self.packed = ARMS[name][1] == "packed"
+            self.phase = self.arm.phase
+        elif name == "compiled":
+            self.lr = torch.tensor(LR)
+            opt = torch.optim.AdamW(self.params, lr=self.lr, weight_decay=WD, foreach=True, capturable=True)
+            params = self.params
+
+            @torch.compile
+            def step() -> None:
+                torch.nn.utils.clip_grad_norm_(params, MAX_NORM)
+                opt.step()
+
+            def phase() -> None:
+                step()
+                opt.zero_grad(set_to_none=True)
+
+            self.phase = phase
+        else:  # floor
+            n = sum(t.numel() for t in init)
+            self.flat = [torch.randn(n).abs_() + 1 for _ in range(4)]
+
+            @torch.compile
+            def one_pass(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> None:
+                p.add_(g)  # 4 reads (p, g, m, v), 3 writes (p, m, v), one loop
+                m.mul_(v)
+                v.sub_(g)
+
+            self.phase = lambda: one_pass(*self.flat)
+
+    def deliver(self) -> None:
+        if self.name == "floor":
+            return
+        if self.packed:
+            pack = self.arm.optimizer._pack  # type: ignore[attr-defined]
+            with torch.no_grad():
+                for p, g in zip(self.params, self.grads):
+                    p.grad.add_(g)  # backward's in-place accumulation into the flat buffer
+            pack.produced = [True] * pack.n  # what the backward hooks record
+        else:
+            for p, g in zip(self.params, self.grads):
+                p.grad = g.clone()  # backward's fresh gradient tensor
+
+
+def time_variants(config: str, reps: int, names: list[str]) -> dict[str, dict[str, float]]:
+    init = _params(config)
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(t.shape, generator=gen) for t in init]
+    variants = [Variant(n, init, grads) for n in names]
+    for v in variants:  # warm-up (compilation included)
+        for _ in range(3):
+            v.deliver()
+            v.phase()
+    times: dict[str, list[float]] = {v.name: [] for v in variants}
+    deliver: dict[str, list[float]] = {v.name: [] for v in variants}
+    for _ in range(reps):
+        for v in variants:
+            t0 = time.perf_counter()
+            v.deliver()
+            t1 = time.perf_counter()
+            v.phase()
+            t2 = time.perf_counter()
+            deliver[v.name].append(t1 - t0)
+            times[v.name].append(t2 - t1)
+    base = statistics.median(times["native"])
+    base_total = statistics.median(times["native"]) + statistics.median(deliver["native"])
+    out = {}
+    for name in names:
+        med = statistics.median(times[name])
+        dmed = statistics.median(deliver[name])
+        out[name] = {"phase_ms": med * 1e3, "ratio": med / base, "delivery_ms": dmed * 1e3,
+                     "phase_plus_delivery_ratio": (med + dmed) / base_total if name != "floor" else med / base_total}
+    return out
+
+
+def peak_memory(config: str, arm: str, steps: int) -> int:
+    """Peak RSS (bytes) of a fresh process training ``config`` with ``arm`` for ``steps`` steps."""
+    code = (
+        "import sys, resource, torch, torch.nn.functional as F; sys.path.insert(0, %r)\n"
+        "from harness.config import load_config; from harness.models import build_model\n"
+        "from harness.cotangent import build_arm\n"
+        "cfg = load_config(%r); m = build_model(cfg.model, 0); t = cfg.train\n"
+        "a = build_arm(%r, m.parameters(), lr=t.lr, weight_decay=t.weight_decay, max_norm=t.clip_norm)\n"
+        "g = torch.Generator().manual_seed(0)\n"
+        "for _ in range(%d):\n"
+        "    x = torch.randint(0, 256, (t.batch_size, cfg.model.context + 1), generator=g)\n"
+        "    F.cross_entropy(m(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten()).backward(); a.phase()\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n"
+    ) % (str(ROOT), str(ROOT / "configs" / f"{config}.yaml"), arm, steps)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", nargs="+", default=["small_transformer"])
+    ap.add_argument("--reps", type=int, default=60)
+    ap.add_argument("--memory-steps", type=int, default=5)
+    ap.add_argument("--no-compiled", action="store_true", help="skip the torch.compile peer and floor")
+    ap.add_argument("--json", help="write the results as JSON to this path")
+    args = ap.parse_args()
+    names = list(ARMS) + ([] if args.no_compiled else ["compiled", "floor"])
+    results: dict[str, object] = {
+        "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
+        "processor": platform.processor(), "reps": args.reps, "configs": {},
+    }
+    lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.reps} interleaved repetitions", ""]
+    for config in args.configs:
+        timing = time_variants(config, args.reps, names)
+        mem = {arm: peak_memory(config, arm, args.memory_steps) for arm in ARMS}
+        results["configs"][config] = {"timing": timing, "peak_rss_bytes": mem}  # type: ignore[index]
+        lines += [f"### {config}", "",
+                  "| Variant | Phase (ms) | Ratio to native | Delivery in backward (ms) | Phase + delivery ratio | Peak RSS (MiB) | Memory ratio |",
+                  "|---|---|---|---|---|---|---|"]
+        for name in names:
+            t = timing[name]
+            m = mem.get(name)
+            lines.append(f"| {name} | {t['phase_ms']:.3f} | {t['ratio']:.3f} | {t['delivery_ms']:.3f} | "
+                         f"{t['phase_plus_delivery_ratio']:.3f} | {m / 2**20:.1f} | " if m else
+                         f"| {name} | {t['phase_ms']:.3f} | {t['ratio']:.3f} | {t['delivery_ms']:.3f} | "
+                         f"{t['phase_plus_delivery_ratio']:.3f} | n/a | ")
+            lines[-1] += f"{m / mem['native']:.3f} |" if m else "n/a |"
+        c, f = timing["cotangent"]["phase_ms"], timing.get("floor", {}).get("phase_ms")
+        extra = f"; cotangent / compiled {c / timing['compiled']['phase_ms']:.3f}" if "compiled" in timing else ""
+        extra += f"; cotangent / floor {c / f:.3f}" if f else ""
+        lines += ["", f"cotangent / native {timing['cotangent']['ratio']:.3f}{extra}", ""]
+    print("\n".join(lines))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
