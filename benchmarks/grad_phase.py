@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -128,20 +127,26 @@ def time_variants(config: str, reps: int, names: list[str]) -> dict[str, dict[st
     return out
 
 
-def peak_memory(config: str, arm: str, steps: int) -> int:
-    """Peak RSS (bytes) of a fresh process training ``config`` with ``arm`` for ``steps`` steps."""
+def peak_memory(config: str, arm: str, steps: int, repeats: int = 3) -> int:
+    """Median over ``repeats`` fresh processes of the peak RSS (bytes) of training ``config``
+    with ``arm`` for ``steps`` steps."""
+    return int(statistics.median(_peak_once(config, arm, steps) for _ in range(repeats)))
+
+
+def _peak_once(config: str, arm: str, steps: int) -> int:
+    cfg_path = ROOT / "configs" / f"{config}.yaml"
     code = (
-        "import sys, resource, torch, torch.nn.functional as F; sys.path.insert(0, %r)\n"
+        f"import sys, resource, torch, torch.nn.functional as F; sys.path.insert(0, {str(ROOT)!r})\n"
         "from harness.config import load_config; from harness.models import build_model\n"
         "from harness.cotangent import build_arm\n"
-        "cfg = load_config(%r); m = build_model(cfg.model, 0); t = cfg.train\n"
-        "a = build_arm(%r, m.parameters(), lr=t.lr, weight_decay=t.weight_decay, max_norm=t.clip_norm)\n"
+        f"cfg = load_config({str(cfg_path)!r}); m = build_model(cfg.model, 0); t = cfg.train\n"
+        f"a = build_arm({arm!r}, m.parameters(), lr=t.lr, weight_decay=t.weight_decay, max_norm=t.clip_norm)\n"
         "g = torch.Generator().manual_seed(0)\n"
-        "for _ in range(%d):\n"
+        f"for _ in range({steps}):\n"
         "    x = torch.randint(0, 256, (t.batch_size, cfg.model.context + 1), generator=g)\n"
         "    F.cross_entropy(m(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten()).backward(); a.phase()\n"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n"
-    ) % (str(ROOT), str(ROOT / "configs" / f"{config}.yaml"), arm, steps)
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return int(out.stdout.strip().splitlines()[-1])
 

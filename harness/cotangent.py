@@ -323,6 +323,7 @@ class _Pack:
             base += len(g.index)
         packed_pos = [flat_of[i] for i in native_positions]
         self.native_perm = torch.tensor(packed_pos, dtype=torch.long)
+        self._perm_on: dict[torch.device, Tensor] = {}
         self.first_device = params[0].device
         self.hooks = [p.register_hook(self._make_hook(i)) for i, p in enumerate(params)]
         self._same_device = all(g.device == self.first_device for g in self.groups)
@@ -456,10 +457,9 @@ class _Pack:
                     norms.append(torch.stack(_native_norms(views, g.device, 2.0, None)))
             pieces.append(torch.cat(norms).to(self.first_device))
         flat = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
-        if flat.device.type != "cpu":
-            perm = self.native_perm.to(flat.device)
-        else:
-            perm = self.native_perm
+        perm = self._perm_on.get(flat.device)
+        if perm is None:
+            perm = self._perm_on[flat.device] = self.native_perm.to(flat.device)
         return torch.linalg.vector_norm(flat.index_select(0, perm), 2.0)
 
     def scale_grads(self, coef: Tensor) -> None:

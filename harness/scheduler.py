@@ -224,7 +224,7 @@ class Runner:
             else:
                 reason = result.get("reason") or f"worker exited with code {code}"
             if not result:
-                tail = log_path.read_bytes()[-2000:].decode("utf-8", "replace")
+                tail = log_path.read_bytes()[-2000:].decode("utf-8", "replace") if log_path.exists() else ""
                 result = {"log_tail": tail}
         result.pop("status", None)
         result.pop("reason", None)

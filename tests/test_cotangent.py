@@ -311,3 +311,14 @@ def test_end_to_end_50_steps_bitwise(arm):
         assert bitwise_equal(losses["native"], losses[arm])
     for p, q in zip(models["native"].parameters(), models[arm].parameters()):
         assert bitwise_equal(p, q)
+
+
+def test_verify_cli_cpu():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "verify", "--device", "cpu"], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "all paths the method uses are bitwise native" in r.stdout
+    assert "PackedAdamW update=aligned + packed clip  float32   used" in r.stdout

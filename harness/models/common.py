@@ -63,3 +63,18 @@ def init_weights(model: nn.Module, n_layers: int, gen: torch.Generator) -> None:
                 if name.endswith(("proj.weight", "down.weight")):
                     std = 0.02 / math.sqrt(2 * n_layers)
                 p.copy_(torch.randn(p.shape, generator=gen) * std)
+
+
+class ResidualBlock(nn.Module):
+    """Pre-norm residual block: ``x + mix(norm(x))`` then ``x + mlp(norm(x))``."""
+
+    def __init__(self, d: int, norm: str, mix: nn.Module, mlp: nn.Module) -> None:
+        super().__init__()
+        self.norm1 = make_norm(norm, d)
+        self.mix = mix
+        self.norm2 = make_norm(norm, d)
+        self.mlp = mlp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.mix(self.norm1(x))
+        return x + self.mlp(self.norm2(x))

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.config import ModelConfig
-from harness.models.common import MLP, init_weights, make_norm
+from harness.models.common import MLP, ResidualBlock, init_weights, make_norm
 
 
 class CausalDepthwiseConv(nn.Module):
@@ -26,19 +26,6 @@ class CausalDepthwiseConv(nn.Module):
         return self.conv(y).transpose(1, 2)  # (B, T, C)
 
 
-class ConvBlock(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.norm1 = make_norm(cfg.norm, cfg.d_model)
-        self.mix = CausalDepthwiseConv(cfg.d_model, cfg.kernel_size)
-        self.norm2 = make_norm(cfg.norm, cfg.d_model)
-        self.mlp = MLP(cfg.d_model, cfg.mlp_hidden, cfg.mlp)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.mix(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
-
-
 class CausalConvLM(nn.Module):
     """Maps bytes (B, T) to next-byte logits (B, T, 256)."""
 
@@ -46,7 +33,11 @@ class CausalConvLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
-        self.blocks = nn.ModuleList(ConvBlock(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(
+            ResidualBlock(cfg.d_model, cfg.norm, CausalDepthwiseConv(cfg.d_model, cfg.kernel_size),
+                          MLP(cfg.d_model, cfg.mlp_hidden, cfg.mlp))
+            for _ in range(cfg.n_layers)
+        )
         self.norm_f = make_norm(cfg.norm, cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
         init_weights(self, cfg.n_layers, gen)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.config import ModelConfig
-from harness.models.common import MLP, init_weights, make_norm
+from harness.models.common import MLP, ResidualBlock, init_weights, make_norm
 
 
 class CausalSelfAttention(nn.Module):
@@ -39,19 +39,6 @@ class CausalSelfAttention(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 
-class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.norm1 = make_norm(cfg.norm, cfg.d_model)
-        self.attn = CausalSelfAttention(cfg)
-        self.norm2 = make_norm(cfg.norm, cfg.d_model)
-        self.mlp = MLP(cfg.d_model, cfg.mlp_hidden, cfg.mlp)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
-
-
 class TransformerLM(nn.Module):
     """Maps bytes (B, T) to next-byte logits (B, T, 256)."""
 
@@ -60,7 +47,10 @@ class TransformerLM(nn.Module):
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
         self.pos = nn.Embedding(cfg.context, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(
+            ResidualBlock(cfg.d_model, cfg.norm, CausalSelfAttention(cfg), MLP(cfg.d_model, cfg.mlp_hidden, cfg.mlp))
+            for _ in range(cfg.n_layers)
+        )
         self.norm_f = make_norm(cfg.norm, cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
         init_weights(self, cfg.n_layers, gen)
