@@ -144,6 +144,10 @@ def markdown(summary: dict[str, Any]) -> str:
                                      f"{e['reduction_low_pct']:.2f}–{e['reduction_high_pct']:.2f}%"])
                 out += _md_table(["Effect (within-block, log time)", "Time reduction", f"{lvl} interval"], rows)
                 out.append("")
+    out += ["## Every run attempt", "", f"{len(summary['runs'])} attempts, failures and interruptions included.", ""]
+    rows = [[r["run_id"], str(r["attempt"]), r["status"], r["arm"], str(r["seed"]), _f(r["training_s"], ".3f"),
+             _f(r["test_bpb"], ".4f"), (r["reason"] or "")[:80]] for r in summary["runs"]]
+    out += _md_table(["Run", "Attempt", "Status", "Arm", "Seed", "Training (s)", "Test BPB", "Reason"], rows)
     return "\n".join(out).rstrip() + "\n"
 
 

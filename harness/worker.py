@@ -152,7 +152,6 @@ def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     rescore_s = time.perf_counter() - r0
     total_s = time.perf_counter() - t_start
     result.update(
-        status="ok", reason=None,
         val_bpb=val_bpb, test_bpb=test_bpb, rescored_test_bpb=rescored,
         rescore_identical=(rescored == test_bpb), eval_bytes={"valid": val_bytes, "test": test_bytes},
         memory=meter.peaks(),
@@ -163,6 +162,10 @@ def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
             "checkpoint_s": checkpoint_s, "rescore_s": rescore_s, "total_s": total_s,
         },
     )
+    if rescored != test_bpb:
+        raise RunFailure(f"re-scored test BPB {rescored!r} differs from the in-run {test_bpb!r}: the checkpoint "
+                         "round trip is not exact")
+    result.update(status="ok", reason=None)
     return result
 
 
