@@ -12,7 +12,9 @@ round-robin; the median of many repetitions and each variant's ratio to ``native
 Before each timed phase, gradients are delivered as backward would deliver them (native: a fresh
 tensor stored as ``.grad``; packed: accumulated in place into the flat buffer); that delivery is
 timed too and reported separately, so a cost moved out of the phase stays visible.
-Peak memory: each arm trains the real model for a few steps in its own process (peak RSS).
+Peak memory: each arm trains the real model in its own process; after two steady-state steps
+(so every arm's optimizer state exists) the peak RSS is reset (Linux ``/proc/self/clear_refs``)
+and the peak of the next steps is reported (median of three processes).
 
     python benchmarks/grad_phase.py --configs small_transformer --reps 60 --json runs/bench.json
 """
@@ -136,16 +138,24 @@ def peak_memory(config: str, arm: str, steps: int, repeats: int = 3) -> int:
 def _peak_once(config: str, arm: str, steps: int) -> int:
     cfg_path = ROOT / "configs" / f"{config}.yaml"
     code = (
-        f"import sys, resource, torch, torch.nn.functional as F; sys.path.insert(0, {str(ROOT)!r})\n"
+        f"import sys, torch, torch.nn.functional as F; sys.path.insert(0, {str(ROOT)!r})\n"
+        "from harness.devices import peak_rss_bytes\n"
         "from harness.config import load_config; from harness.models import build_model\n"
         "from harness.cotangent import build_arm\n"
         f"cfg = load_config({str(cfg_path)!r}); m = build_model(cfg.model, 0); t = cfg.train\n"
         f"a = build_arm({arm!r}, m.parameters(), lr=t.lr, weight_decay=t.weight_decay, max_norm=t.clip_norm)\n"
         "g = torch.Generator().manual_seed(0)\n"
-        f"for _ in range({steps}):\n"
+        "def step():\n"
         "    x = torch.randint(0, 256, (t.batch_size, cfg.model.context + 1), generator=g)\n"
         "    F.cross_entropy(m(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten()).backward(); a.phase()\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n"
+        "step(); step()  # steady state: every arm's optimizer state exists\n"
+        "try:\n"
+        "    open('/proc/self/clear_refs', 'w').write('5')  # Linux: reset the peak RSS to the current RSS\n"
+        "except OSError:\n"
+        "    pass\n"
+        f"for _ in range({steps}):\n"
+        "    step()\n"
+        "print(peak_rss_bytes())\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return int(out.stdout.strip().splitlines()[-1])

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.errors import DataError, InputError
-from harness.names import CORPORA, SPLITS  # noqa: E402
+from harness.names import CORPORA, SPLITS
 
 #: WikiText-2 raw v1 as pinned by several independent public projects.
 WIKITEXT2_PINS: dict[str, Any] = {

@@ -49,6 +49,24 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process.
+
+    Linux: ``VmHWM`` from ``/proc/self/status``, which starts afresh with each program (the
+    ``ru_maxrss`` of a child would also count its parent's size at fork, kept across exec).
+    Elsewhere: ``ru_maxrss`` (bytes on macOS, KiB on Linux).
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
 class MemoryMeter:
     """Peak memory of this process on ``device``; call :meth:`sample` once per step."""
 
@@ -63,9 +81,7 @@ class MemoryMeter:
             self.mps_peak = max(self.mps_peak, int(torch.mps.driver_allocated_memory()))
 
     def peaks(self) -> dict[str, int | str]:
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        rss_bytes = rss if sys.platform == "darwin" else rss * 1024
-        out: dict[str, int | str] = {"process_peak_rss_bytes": int(rss_bytes)}
+        out: dict[str, int | str] = {"process_peak_rss_bytes": peak_rss_bytes()}
         if self.device.type == "cuda":
             out["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated(self.device))
             out["cuda_max_reserved_bytes"] = int(torch.cuda.max_memory_reserved(self.device))
