@@ -314,7 +314,6 @@ class _Pack:
         native_positions: list[int] = []
         for _key, (_lists, indices) in grouped.items():
             native_positions.extend(indices)
-        packed_pos: list[int] = []
         base = 0
         flat_of: dict[int, int] = {}
         for g in self.groups:
@@ -595,7 +594,7 @@ class PackedAdamW(torch.optim.Optimizer):
 
     def _build_state(self) -> None:
         pack = self._pack
-        for gi, g in enumerate(pack.groups):
+        for g in pack.groups:
             for j, i in enumerate(g.index):
                 p = pack.params[i]
                 st: dict[str, Tensor] = {
@@ -606,7 +605,6 @@ class PackedAdamW(torch.optim.Optimizer):
                 if g.max_exp_avg_sq is not None:
                     st["max_exp_avg_sq"] = g.slot(g.max_exp_avg_sq, j, p.shape)
                 self.state[p] = st
-            del gi
 
     def _view_lists(self, g: _FlatGroup, positions: list[int]) -> tuple[list[Tensor], ...]:
         ps, gs, ms, vs, xs, ss = [], [], [], [], [], []

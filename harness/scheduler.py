@@ -62,7 +62,6 @@ class RunState:
 class Progress:
     total: int
     done: int = 0
-    started: float = field(default_factory=time.monotonic)
     executed_s: list[float] = field(default_factory=list)
 
     def eta(self) -> str:
