@@ -9,9 +9,12 @@ round-robin; the median of many repetitions and each variant's ratio to ``native
 * ``floor``: one fused elementwise pass over flat buffers that reads and writes as many bytes as
   the AdamW update (4 reads, 3 writes per coordinate), compiled into a single loop.
 
-Before each timed phase, gradients are delivered as backward would deliver them (native: a fresh
-tensor stored as ``.grad``; packed: accumulated in place into the flat buffer); that delivery is
-timed too and reported separately, so a cost moved out of the phase stays visible.
+Before each timed phase, gradients are delivered by autograd itself: ``torch.autograd.backward``
+on the parameters with fixed gradient tensors runs the same ``AccumulateGrad`` (and the packed
+optimizer's hooks) that ends a real backward (native: a fresh tensor stored as ``.grad``; packed:
+accumulated in place into the flat buffer). That delivery is timed too and reported separately,
+so a cost moved out of the phase stays visible. ``--block-sweep`` adds ``cotangent`` variants
+built with other CPU block sizes (``harness.cotangent.CPU_BLOCK_BYTES``), side by side.
 Peak memory: each arm trains the real model in its own process; after two steady-state steps
 (so every arm's optimizer state exists) the peak RSS is reset (Linux ``/proc/self/clear_refs``)
 and the peak of the next steps is reported (median of three processes).
@@ -35,6 +38,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import harness.cotangent as cot  # noqa: E402
 from harness.config import load_config  # noqa: E402
 from harness.cotangent import ARMS, build_arm  # noqa: E402
 from harness.models import build_model  # noqa: E402
@@ -52,10 +56,15 @@ class Variant:
         self.name = name
         self.grads = grads
         self.params = [torch.nn.Parameter(t.clone()) for t in init]
-        self.packed = False
-        if name in ARMS:
-            self.arm = build_arm(name, self.params, lr=LR, weight_decay=WD, max_norm=MAX_NORM)
-            self.packed = ARMS[name][1] == "packed"
+        arm, _, block_kib = name.partition("/")
+        if arm in ARMS:
+            default = cot.CPU_BLOCK_BYTES
+            if block_kib:
+                cot.CPU_BLOCK_BYTES = int(block_kib.removesuffix("KiB")) * 1024
+            try:
+                self.arm = build_arm(arm, self.params, lr=LR, weight_decay=WD, max_norm=MAX_NORM)
+            finally:
+                cot.CPU_BLOCK_BYTES = default
             self.phase = self.arm.phase
         elif name == "compiled":
             self.lr = torch.tensor(LR)
@@ -85,17 +94,8 @@ class Variant:
             self.phase = lambda: one_pass(*self.flat)
 
     def deliver(self) -> None:
-        if self.name == "floor":
-            return
-        if self.packed:
-            pack = self.arm.optimizer._pack  # type: ignore[attr-defined]
-            with torch.no_grad():
-                for p, g in zip(self.params, self.grads):
-                    p.grad.add_(g)  # backward's in-place accumulation into the flat buffer
-            pack.produced = [True] * pack.n  # what the backward hooks record
-        else:
-            for p, g in zip(self.params, self.grads):
-                p.grad = g.clone()  # backward's fresh gradient tensor
+        if self.name != "floor":
+            torch.autograd.backward(self.params, self.grads)  # AccumulateGrad, hooks included
 
 
 def time_variants(config: str, reps: int, names: list[str]) -> dict[str, dict[str, float]]:
@@ -167,14 +167,18 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--memory-steps", type=int, default=5)
     ap.add_argument("--no-compiled", action="store_true", help="skip the torch.compile peer and floor")
+    ap.add_argument("--block-sweep", nargs="*", type=int, default=[], metavar="KIB",
+                    help="also time cotangent with these CPU block sizes (KiB)")
     ap.add_argument("--json", help="write the results as JSON to this path")
     args = ap.parse_args()
     names = list(ARMS) + ([] if args.no_compiled else ["compiled", "floor"])
+    names += [f"cotangent/{kib}KiB" for kib in args.block_sweep]
     results: dict[str, object] = {
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
+        "cpu_block_bytes": cot.CPU_BLOCK_BYTES, "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
         "processor": platform.processor(), "reps": args.reps, "configs": {},
     }
-    lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.reps} interleaved repetitions", ""]
+    lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.reps} interleaved repetitions, "
+             f"CPU block {cot.CPU_BLOCK_BYTES // 1024} KiB", ""]
     for config in args.configs:
         timing = time_variants(config, args.reps, names)
         mem = {arm: peak_memory(config, arm, args.memory_steps) for arm in ARMS}

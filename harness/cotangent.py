@@ -10,6 +10,9 @@ bit stays what native PyTorch computes:
 * :class:`PackedAdamW` lays parameters, gradients and both moments out as flat buffers in one
   coordinate order and applies ``torch._fused_adamw_``, the kernel behind
   ``torch.optim.AdamW(fused=True)``, over views of them.
+* :meth:`PackedAdamW.clip_step_zero_grad` runs clip + step + zero_grad as one pass over memory
+  (per-parameter norms first, then block by block: scale, fused update, zero, while the block
+  is in cache), bit for bit the three calls. The candidate arm uses it.
 * :data:`ARMS` / :func:`build_arm` name the four cells of the study's 2x2 factorial.
 
 Exactness is a property of (device type, dtype, kernel). :data:`EXACT_PATHS` lists what is known
@@ -267,6 +270,18 @@ def grads_as_params(grads: list[Tensor]) -> list[Any]:
 
 _CACHE_LINE_BYTES = 64
 
+#: Cache blocking of the fused gradient phase on CPU (:meth:`PackedAdamW.clip_step_zero_grad`):
+#: bytes of each flat buffer one block covers. ``benchmarks/grad_phase.py --block-kib`` sweeps it.
+CPU_BLOCK_BYTES = 2 * 2**20
+
+
+@dataclass
+class _Block:
+    """One step of the fused phase: scale ``grad``, one fused AdamW call over ``lists``, zero ``grad``."""
+
+    grad: Tensor
+    lists: tuple[list[Tensor], ...]  # params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps
+
 
 @dataclass
 class _FlatGroup:
@@ -468,6 +483,10 @@ class _Pack:
     def zero_grads(self) -> None:
         for g in self.groups:
             g.grad.fill_(-0.0)
+        self.reset_views()
+
+    def reset_views(self) -> None:
+        """Every ``.grad`` the view of its slot, none produced yet (after the buffer was zeroed)."""
         for i, p in enumerate(self.params):
             if p.grad is not self.grad_views[i]:
                 p.grad = self.grad_views[i]
@@ -584,7 +603,7 @@ class PackedAdamW(torch.optim.Optimizer):
         self._requested_update = update
         self._pack = _Pack(unique, amsgrad)
         self._build_state()
-        self._fast_lists = [self._lists_for(g) for g in self._pack.groups]
+        self._build_plans()
 
     # -- layout --------------------------------------------------------------------------
     def _mode(self, g: _FlatGroup) -> str:
@@ -638,6 +657,56 @@ class PackedAdamW(torch.optim.Optimizer):
         ss.insert(0, g.steps[0])
         return ps, gs, ms, vs, xs, ss
 
+    def _blocks_for(self, g: _FlatGroup) -> list[_Block]:
+        """Blocks of the fused phase for ``g``, in the order they run.
+
+        On CPU in ``aligned`` mode the cache-line-aligned run is cut into blocks of
+        :data:`CPU_BLOCK_BYTES` at cache-line boundaries (no block has a scalar-tail element,
+        so each block's update is the bits of the whole run's), the other parameters form one
+        block of per-parameter views. Blocks run from the end of the buffer back, so the first
+        ones find the gradients the norm pass read last still in cache. Elsewhere one block
+        covers the buffer (on a GPU one launch beats several).
+        """
+        mode = self._mode(g)
+        if g.device.type != "cpu" or mode != "aligned" or g.aligned_end == 0:
+            return [_Block(g.grad, self._lists_for(g))]
+        end = g.offsets[g.aligned_end - 1] + g.numels[g.aligned_end - 1]
+        size = g.grad.element_size()
+        unit = _CACHE_LINE_BYTES // size
+        step = max(unit, CPU_BLOCK_BYTES // size // unit * unit)
+        blocks: list[_Block] = []
+        for s in range(0, end, step):
+            e = min(s + step, end)
+            xs = [g.max_exp_avg_sq[s:e]] if g.max_exp_avg_sq is not None else []
+            lists = ([g.param[s:e]], [g.grad[s:e]], [g.exp_avg[s:e]], [g.exp_avg_sq[s:e]], xs, [g.steps[0]])
+            blocks.append(_Block(g.grad[s:e], lists))
+        if g.aligned_end < len(g.index):
+            blocks.append(_Block(g.grad[end:], self._view_lists(g, list(range(g.aligned_end, len(g.index))))))
+        blocks.reverse()
+        return blocks
+
+    def _build_plans(self) -> None:
+        self._fast_lists = [self._lists_for(g) for g in self._pack.groups]
+        self._blocks = [self._blocks_for(g) for g in self._pack.groups]
+
+    def _kwargs(self) -> dict[str, Any]:
+        group = self.param_groups[0]
+        if len(self.param_groups) != 1:
+            raise RuntimeError("PackedAdamW requires exactly one parameter group")
+        beta1, beta2 = group["betas"]
+        return dict(
+            amsgrad=group["amsgrad"], lr=group["lr"], beta1=beta1, beta2=beta2,
+            weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
+            grad_scale=None, found_inf=None,
+        )
+
+    @staticmethod
+    def _lr_on(kwargs: dict[str, Any], device: torch.device) -> dict[str, Any]:
+        lr = kwargs["lr"]
+        if isinstance(lr, Tensor) and lr.device != device and lr.device.type != "cpu":
+            return {**kwargs, "lr": lr.to(device)}
+        return kwargs
+
     # -- public --------------------------------------------------------------------------
     @property
     def flat_groups(self) -> list[_FlatGroup]:
@@ -662,36 +731,63 @@ class PackedAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        group = self.param_groups[0]
-        if len(self.param_groups) != 1:
-            raise RuntimeError("PackedAdamW requires exactly one parameter group")
+        kwargs = self._kwargs()
         pack = self._pack
         produced = pack.sync_grads()
-        beta1, beta2 = group["betas"]
-        kwargs = dict(
-            amsgrad=group["amsgrad"], lr=group["lr"], beta1=beta1, beta2=beta2,
-            weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
-            grad_scale=None, found_inf=None,
-        )
         for gi, g in enumerate(pack.groups):
             if produced is None and pack.uniform_steps:
                 g.steps.add_(1)
-                ps, gs, ms, vs, xs, ss = self._fast_lists[gi]
+                lists = self._fast_lists[gi]
             else:
                 have = set(produced) if produced is not None else set(range(pack.n))
                 positions = [j for j, i in enumerate(g.index) if i in have]
                 if not positions:
                     continue
-                ps, gs, ms, vs, xs, ss = self._view_lists(g, positions)
-                torch._foreach_add_(ss, 1)
-            lr = kwargs["lr"]
-            if isinstance(lr, Tensor) and lr.device != g.device and lr.device.type != "cpu":
-                kwargs["lr"] = lr.to(g.device)
-            torch._fused_adamw_(ps, gs, ms, vs, xs, ss, **kwargs)  # type: ignore[arg-type]
-            kwargs["lr"] = lr
+                lists = self._view_lists(g, positions)
+                torch._foreach_add_(lists[5], 1)
+            torch._fused_adamw_(*lists, **self._lr_on(kwargs, g.device))  # type: ignore[arg-type]
         if produced is not None:
             pack.uniform_steps = False
         return loss
+
+    @torch.no_grad()
+    def clip_step_zero_grad(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> Tensor:
+        """The whole gradient phase in one pass over memory; returns the total gradient norm.
+
+        Bit for bit the same parameters, optimizer state, gradients and return value as::
+
+            total = clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite)
+            optimizer.step()
+            optimizer.zero_grad()
+
+        The per-parameter norms are read first (they decide the clip coefficient); then, block
+        by block (:meth:`_blocks_for`), the gradients are scaled by the coefficient, the fused
+        AdamW kernel updates the block, and the block's gradients are zeroed while they are
+        still in cache. Every coordinate goes through the same operations as in the three calls;
+        only the order in which memory is visited changes. Cases off the fast path (a gradient
+        missing this step, per-parameter step counts, another norm type) make the three calls.
+        """
+        pack = self._pack
+        kwargs = self._kwargs()
+        produced = pack.sync_grads()
+        if produced is not None or not pack.uniform_steps or float(norm_type) != 2.0:
+            total = clip_grad_norm_(pack.params, max_norm, norm_type, error_if_nonfinite)
+            self.step()
+            self.zero_grad()
+            return total
+        total = pack.total_norm()
+        _check_finite(total, 2.0, error_if_nonfinite)
+        coef = _clip_coef(float(max_norm), total)
+        for gi, g in enumerate(pack.groups):
+            g.steps.add_(1)
+            c = coef.to(g.device)
+            kw = self._lr_on(kwargs, g.device)
+            for block in self._blocks[gi]:
+                block.grad.mul_(c)
+                torch._fused_adamw_(*block.lists, **kw)  # type: ignore[arg-type]
+                block.grad.fill_(-0.0)
+        pack.reset_views()
+        return total
 
     def state_dict(self) -> dict[str, Any]:
         """Native per-parameter form (clones), loadable by ``torch.optim.AdamW`` and back."""
@@ -717,7 +813,7 @@ class PackedAdamW(torch.optim.Optimizer):
                 steps = g.steps.tolist()
                 if len(set(steps)) > 1:
                     pack.uniform_steps = False
-        self._fast_lists = [self._lists_for(g) for g in pack.groups]
+        self._build_plans()
         group = self.param_groups[0]
         for key, value in _NATIVE_GROUP_KEYS.items():
             group.setdefault(key, value)
@@ -736,7 +832,7 @@ class PackedAdamW(torch.optim.Optimizer):
 
 @dataclass
 class Arm:
-    """Gradient handling for one arm: ``clip()`` then ``step()`` then ``zero_grad()``."""
+    """Gradient handling for one arm: ``clip()`` then ``step()`` then ``zero_grad()``, or :meth:`phase`."""
 
     name: str
     params: list[Tensor]
@@ -756,7 +852,13 @@ class Arm:
         self.optimizer.zero_grad(set_to_none=True)
 
     def phase(self) -> Tensor | None:
-        """The gradient phase: clip, optimizer step, zero the gradients."""
+        """The gradient phase: clip, optimizer step, zero the gradients.
+
+        The candidate (bucketed norms + :class:`PackedAdamW`) runs it as one pass,
+        :meth:`PackedAdamW.clip_step_zero_grad`, bit for bit the three calls.
+        """
+        if self.max_norm is not None and self.clip_fn is clip_grad_norm_ and isinstance(self.optimizer, PackedAdamW):
+            return self.optimizer.clip_step_zero_grad(self.max_norm)
         norm = self.clip()
         self.step()
         self.zero_grad()

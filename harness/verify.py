@@ -114,6 +114,35 @@ def check_update(device: torch.device, dtype: torch.dtype, mode: str, steps: int
     return True
 
 
+def check_fused_phase(device: torch.device, dtype: torch.dtype, steps: int = 40) -> bool:
+    """``PackedAdamW.clip_step_zero_grad`` (this device's paths, CPU blocks of 4 KiB so that large
+    parameters span many blocks) against native clip_grad_norm_ + AdamW(fused=True) + zero_grad."""
+    import harness.cotangent as cot
+
+    default = cot.CPU_BLOCK_BYTES
+    cot.CPU_BLOCK_BYTES = 4096
+    try:
+        gen = torch.Generator().manual_seed(3)
+        init = [torch.randn(s, generator=gen).to(device=device, dtype=dtype) for s in SHAPES]
+        a = [t.clone().requires_grad_() for t in init]
+        b = [t.clone().requires_grad_() for t in init]
+        oa = torch.optim.AdamW(a, lr=1e-2, weight_decay=0.1, fused=True)
+        ob = cot.PackedAdamW(b, lr=1e-2, weight_decay=0.1)
+    finally:
+        cot.CPU_BLOCK_BYTES = default
+    for _ in range(steps):
+        grads = _grads(device, dtype, gen)
+        torch.autograd.backward(a, grads)  # the end of a backward: AccumulateGrad (and hooks)
+        torch.autograd.backward(b, grads)
+        na = torch.nn.utils.clip_grad_norm_(a, 1.0)
+        oa.step()
+        oa.zero_grad()
+        nb = ob.clip_step_zero_grad(1.0)
+        if not bitwise_equal(na, nb) or not all(bitwise_equal(x, y) for x, y in zip(a, b)):
+            return False
+    return True
+
+
 def _safe(check: Any, *args: Any) -> bool | None:
     """Run a check; ``None`` when native itself does not support the case on this device."""
     try:
@@ -152,6 +181,9 @@ def run_checks(device_name: str, *, save: bool, echo: Any) -> int:
         failures += int(used and not ok)
         ok = _safe(check_clip, device, dtype)
         rows.append(("clip_grad_norm_ vs native", name, "used", ok))
+        failures += int(ok is False)
+        ok = _safe(check_fused_phase, device, dtype)
+        rows.append(("fused clip + step + zero_grad (blocks)", name, "used", ok))
         failures += int(ok is False)
         for mode in MODES:
             ok = _safe(check_update, device, dtype, mode)

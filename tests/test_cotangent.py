@@ -144,6 +144,58 @@ def test_packed_adamw_random_shapes(shapes, seed):
     _run_pair(shapes, 30, seed=seed)
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(amsgrad=True, tensor_lr=True), dict(maximize=True, wd=0.0),
+                                dict(dtype=torch.bfloat16), dict(dtype=torch.float64)])
+def test_fused_phase_bitwise_three_calls(monkeypatch, kw):
+    """clip_step_zero_grad == clip_grad_norm_ + step + zero_grad, bit for bit, over many small blocks
+    (blocks of 16 KiB cut the large parameters into dozens), odd sizes in the tail block,
+    a gradient missing now and then (the three-call fallback), 100 steps."""
+    import harness.cotangent as cot
+
+    monkeypatch.setattr(cot, "CPU_BLOCK_BYTES", 16384)
+    dtype = kw.pop("dtype", torch.float32)
+    tensor_lr = kw.pop("tensor_lr", False)
+    wd = kw.pop("wd", 0.1)
+    gen = torch.Generator().manual_seed(7)
+    init = [torch.randn(s, generator=gen).to(dtype) for s in SHAPES]
+    a = [t.clone().requires_grad_() for t in init]
+    b = [t.clone().requires_grad_() for t in init]
+    oa = torch.optim.AdamW(a, lr=1e-2, weight_decay=wd, fused=True, **kw)
+    ob = PackedAdamW(b, lr=1e-2, weight_decay=wd, **kw)
+    assert len(ob._blocks[0]) > 20
+    blocked = 0
+    for step in range(100):
+        if step % 10 == 5:
+            lr = 1e-2 / (1 + step)
+            for o in (oa, ob):
+                o.param_groups[0]["lr"] = torch.tensor(lr) if tensor_lr else lr
+        missing = 1 if step == 90 else None  # after it, per-parameter steps: the three-call path
+        for x, y, t in zip(a, b, init):
+            g = (torch.randn(t.shape, generator=gen) * 3).to(dtype)
+            g.view(-1)[:1] = -0.0  # backward can produce -0.0; accumulated into the buffer it must stay -0.0
+            x.grad = None if missing is not None and x is a[missing] else g.clone()
+            with torch.no_grad():
+                y.grad.add_(g)
+            if x.grad is not None:
+                assert bitwise_equal(x.grad, y.grad), f"step {step}"
+        ob._pack.produced = [missing is None or i != missing for i in range(len(b))]
+        na = torch.nn.utils.clip_grad_norm_(a, 0.5)
+        oa.step()
+        oa.zero_grad()
+        blocked += ob._pack.uniform_steps and missing is None
+        nb = ob.clip_step_zero_grad(0.5)
+        assert bitwise_equal(na, nb), f"step {step}"
+        for x, y in zip(a, b):
+            assert bitwise_equal(x, y), f"step {step}"
+        for x, y in zip(a, b):
+            assert bitwise_equal(oa.state[x]["exp_avg"], ob.state[y]["exp_avg"]), f"step {step}"
+    assert blocked == 90
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[init[0].element_size()]
+    g = ob.flat_groups[0].grad
+    assert torch.equal(g.view(bits), torch.full_like(g, -0.0).view(bits))  # zeroed, ready for backward
+    assert all(y.grad is v for y, v in zip(b, ob._pack.grad_views))
+
+
 def test_flat_mode_is_inexact_on_cpu_for_odd_sizes():
     """The named fast mode: a single flat call differs from native when sizes leave a scalar tail."""
     gen = torch.Generator().manual_seed(0)
