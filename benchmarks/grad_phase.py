@@ -17,7 +17,8 @@ so a cost moved out of the phase stays visible. ``--block-sweep`` adds ``cotange
 built with other CPU block sizes (``harness.cotangent.CPU_BLOCK_BYTES``), side by side.
 Peak memory: each arm trains the real model in its own process; after two steady-state steps
 (so every arm's optimizer state exists) the peak RSS is reset (Linux ``/proc/self/clear_refs``)
-and the peak of the next steps is reported (median of three processes).
+and the peak of the next steps is reported (median of ``--memory-repeats`` processes per arm,
+arms interleaved), with glibc's mmap threshold fixed at 64 KiB so that RSS follows live memory.
 
     python benchmarks/grad_phase.py --configs small_transformer --reps 60 --json runs/bench.json
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -129,10 +131,14 @@ def time_variants(config: str, reps: int, names: list[str]) -> dict[str, dict[st
     return out
 
 
-def peak_memory(config: str, arm: str, steps: int, repeats: int = 3) -> int:
-    """Median over ``repeats`` fresh processes of the peak RSS (bytes) of training ``config``
-    with ``arm`` for ``steps`` steps."""
-    return int(statistics.median(_peak_once(config, arm, steps) for _ in range(repeats)))
+def peak_memory(config: str, steps: int, repeats: int) -> dict[str, int]:
+    """Per arm, the median over ``repeats`` fresh processes of the peak RSS (bytes) of training
+    ``config`` for ``steps`` steady-state steps; the arms' processes interleaved round-robin."""
+    peaks: dict[str, list[int]] = {arm: [] for arm in ARMS}
+    for _ in range(repeats):
+        for arm in ARMS:
+            peaks[arm].append(_peak_once(config, arm, steps))
+    return {arm: int(statistics.median(v)) for arm, v in peaks.items()}
 
 
 def _peak_once(config: str, arm: str, steps: int) -> int:
@@ -157,7 +163,10 @@ def _peak_once(config: str, arm: str, steps: int) -> int:
         "    step()\n"
         "print(peak_rss_bytes())\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # glibc: tensors of 64 KiB and more get their own mappings, returned to the OS when freed, so
+    # the RSS peak follows live memory instead of what the allocator happened to keep cached.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     return int(out.stdout.strip().splitlines()[-1])
 
 
@@ -166,6 +175,7 @@ def main() -> int:
     ap.add_argument("--configs", nargs="+", default=["small_transformer"])
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--memory-steps", type=int, default=5)
+    ap.add_argument("--memory-repeats", type=int, default=3, help="processes per arm for peak memory (median)")
     ap.add_argument("--no-compiled", action="store_true", help="skip the torch.compile peer and floor")
     ap.add_argument("--block-sweep", nargs="*", type=int, default=[], metavar="KIB",
                     help="also time cotangent with these CPU block sizes (KiB)")
@@ -181,7 +191,7 @@ def main() -> int:
              f"CPU block {cot.CPU_BLOCK_BYTES // 1024} KiB", ""]
     for config in args.configs:
         timing = time_variants(config, args.reps, names)
-        mem = {arm: peak_memory(config, arm, args.memory_steps) for arm in ARMS}
+        mem = peak_memory(config, args.memory_steps, args.memory_repeats)
         results["configs"][config] = {"timing": timing, "peak_rss_bytes": mem}  # type: ignore[index]
         lines += [f"### {config}", "",
                   "| Variant | Phase (ms) | Ratio to native | Delivery in backward (ms) | Phase + delivery ratio | Peak RSS (MiB) | Memory ratio |",

@@ -1,0 +1,28 @@
+"""The gradient-phase benchmark runs end to end as a user runs it (reduced size: tiny model)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_grad_phase_benchmark_runs(tmp_path):
+    out = tmp_path / "bench.json"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "grad_phase.py"), "--configs", "tiny_transformer", "--reps", "3",
+         "--memory-steps", "1", "--memory-repeats", "1", "--no-compiled", "--block-sweep", "4", "--json", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "| cotangent |" in r.stdout and "| cotangent/4KiB |" in r.stdout and "cotangent / native" in r.stdout
+    data = json.loads(out.read_text())
+    res = data["configs"]["tiny_transformer"]
+    assert set(res["timing"]) == {"native", "bucketed", "packed", "cotangent", "cotangent/4KiB"}
+    assert res["timing"]["native"]["ratio"] == 1.0
+    assert all(t["phase_ms"] > 0 and t["delivery_ms"] > 0 for t in res["timing"].values())
+    assert set(res["peak_rss_bytes"]) == {"native", "bucketed", "packed", "cotangent"}
+    assert all(v > 0 for v in res["peak_rss_bytes"].values())
