@@ -271,7 +271,7 @@ def grads_as_params(grads: list[Tensor]) -> list[Any]:
 _CACHE_LINE_BYTES = 64
 
 #: Cache blocking of the fused gradient phase on CPU (:meth:`PackedAdamW.clip_step_zero_grad`):
-#: bytes of each flat buffer one block covers. ``benchmarks/grad_phase.py --block-kib`` sweeps it.
+#: bytes of each flat buffer one block covers. ``benchmarks/grad_phase.py --block-sweep`` compares sizes.
 CPU_BLOCK_BYTES = 2 * 2**20
 
 
