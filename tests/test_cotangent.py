@@ -365,6 +365,25 @@ def test_end_to_end_50_steps_bitwise(arm):
         assert bitwise_equal(p, q)
 
 
+def test_only_the_candidate_runs_the_one_pass_phase(monkeypatch):
+    calls = []
+    original = PackedAdamW.clip_step_zero_grad
+
+    def spy(self, *args, **kwargs):
+        calls.append(args)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(PackedAdamW, "clip_step_zero_grad", spy)
+    for arm, expected in (("native", 0), ("bucketed", 0), ("packed", 0), ("cotangent", 1)):
+        calls.clear()
+        model = _TinyLM()
+        a = build_arm(arm, model.parameters(), lr=1e-3, max_norm=0.5)
+        model(torch.randint(0, 256, (2, 5))).sum().backward()
+        a.phase()
+        assert len(calls) == expected, arm
+        assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+
+
 def test_verify_cli_cpu():
     import subprocess
     import sys
