@@ -14,7 +14,8 @@ on the parameters with fixed gradient tensors runs the same ``AccumulateGrad`` (
 optimizer's hooks) that ends a real backward (native: a fresh tensor stored as ``.grad``; packed:
 accumulated in place into the flat buffer). That delivery is timed too and reported separately,
 so a cost moved out of the phase stays visible. ``--block-sweep`` adds ``cotangent`` variants
-built with other CPU block sizes (``harness.cotangent.CPU_BLOCK_BYTES``), side by side.
+built with other CPU block sizes (``block_bytes``; default ``harness.cotangent.CPU_BLOCK_BYTES``),
+side by side.
 Peak memory: each arm trains the real model in its own process; after two steady-state steps
 (so every arm's optimizer state exists) the peak RSS is reset (Linux ``/proc/self/clear_refs``)
 and the peak of the next steps is reported (median of ``--memory-repeats`` processes per arm,
@@ -60,13 +61,8 @@ class Variant:
         self.params = [torch.nn.Parameter(t.clone()) for t in init]
         arm, _, block_kib = name.partition("/")
         if arm in ARMS:
-            default = cot.CPU_BLOCK_BYTES
-            if block_kib:
-                cot.CPU_BLOCK_BYTES = int(block_kib.removesuffix("KiB")) * 1024
-            try:
-                self.arm = build_arm(arm, self.params, lr=LR, weight_decay=WD, max_norm=MAX_NORM)
-            finally:
-                cot.CPU_BLOCK_BYTES = default
+            block = int(block_kib.removesuffix("KiB")) * 1024 if block_kib else cot.CPU_BLOCK_BYTES
+            self.arm = build_arm(arm, self.params, lr=LR, weight_decay=WD, max_norm=MAX_NORM, block_bytes=block)
             self.phase = self.arm.phase
         elif name == "compiled":
             self.lr = torch.tensor(LR)

@@ -270,7 +270,7 @@ def grads_as_params(grads: list[Tensor]) -> list[Any]:
 
 _CACHE_LINE_BYTES = 64
 
-#: Cache blocking of the fused gradient phase on CPU (:meth:`PackedAdamW.clip_step_zero_grad`):
+#: Default cache blocking of the fused gradient phase on CPU (:meth:`PackedAdamW.clip_step_zero_grad`):
 #: bytes of each flat buffer one block covers. ``benchmarks/grad_phase.py --block-sweep`` compares sizes.
 CPU_BLOCK_BYTES = 2 * 2**20
 
@@ -534,6 +534,9 @@ class PackedAdamW(torch.optim.Optimizer):
         ``"auto"`` (the device's verified mode, :func:`exact_paths`), ``"views"``, ``"aligned"``
         or ``"flat"``. ``"flat"`` on CPU is faster and not bitwise native when a parameter's size
         is not a multiple of the vector width (a few low bits differ after tens of steps).
+    block_bytes
+        Bytes of each flat buffer one block of :meth:`clip_step_zero_grad` covers on CPU
+        (default :data:`CPU_BLOCK_BYTES`). Speed only: every block size gives the same bits.
 
     Notes
     -----
@@ -555,9 +558,12 @@ class PackedAdamW(torch.optim.Optimizer):
         amsgrad: bool = False,
         maximize: bool = False,
         update: str = "auto",
+        block_bytes: int = CPU_BLOCK_BYTES,
     ) -> None:
         if update not in ("auto", "views", "aligned", "flat"):
             raise ValueError(f"update must be auto, views, aligned or flat, not {update!r}")
+        if block_bytes <= 0:
+            raise ValueError(f"block_bytes must be positive, not {block_bytes}")
         if not 0.0 <= eps:
             raise ValueError(f"Invalid epsilon value: {eps}")
         if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
@@ -601,6 +607,7 @@ class PackedAdamW(torch.optim.Optimizer):
         )
         super().__init__(unique, defaults)
         self._requested_update = update
+        self.block_bytes = block_bytes
         self._pack = _Pack(unique, amsgrad)
         self._build_state()
         self._build_plans()
@@ -661,7 +668,7 @@ class PackedAdamW(torch.optim.Optimizer):
         """Blocks of the fused phase for ``g``, in the order they run.
 
         On CPU in ``aligned`` mode the cache-line-aligned run is cut into blocks of
-        :data:`CPU_BLOCK_BYTES` at cache-line boundaries (no block has a scalar-tail element,
+        ``block_bytes`` at cache-line boundaries (no block has a scalar-tail element,
         so each block's update is the bits of the whole run's), the other parameters form one
         block of per-parameter views. Blocks run from the end of the buffer back, so the first
         ones find the gradients the norm pass read last still in cache. Elsewhere one block
@@ -673,7 +680,7 @@ class PackedAdamW(torch.optim.Optimizer):
         end = g.offsets[g.aligned_end - 1] + g.numels[g.aligned_end - 1]
         size = g.grad.element_size()
         unit = _CACHE_LINE_BYTES // size
-        step = max(unit, CPU_BLOCK_BYTES // size // unit * unit)
+        step = max(unit, self.block_bytes // size // unit * unit)
         blocks: list[_Block] = []
         for s in range(0, end, step):
             e = min(s + step, end)
@@ -883,6 +890,7 @@ def build_arm(
     weight_decay: float = 0.0,
     max_norm: float | None = 1.0,
     update: str = "auto",
+    block_bytes: int = CPU_BLOCK_BYTES,
 ) -> Arm:
     """Build one arm of the factorial over ``params`` (unique, in order)."""
     if arm not in ARMS:
@@ -896,7 +904,8 @@ def build_arm(
     norms, opt = ARMS[arm]
     optimizer: torch.optim.Optimizer
     if opt == "packed":
-        optimizer = PackedAdamW(plist, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, update=update)
+        optimizer = PackedAdamW(plist, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, update=update,
+                                block_bytes=block_bytes)
     else:
         optimizer = torch.optim.AdamW(plist, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=True)
     clip_fn = clip_grad_norm_ if norms == "bucketed" else _native_clip

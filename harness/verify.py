@@ -117,19 +117,14 @@ def check_update(device: torch.device, dtype: torch.dtype, mode: str, steps: int
 def check_fused_phase(device: torch.device, dtype: torch.dtype, steps: int = 40) -> bool:
     """``PackedAdamW.clip_step_zero_grad`` (this device's paths, CPU blocks of 4 KiB so that large
     parameters span many blocks) against native clip_grad_norm_ + AdamW(fused=True) + zero_grad."""
-    import harness.cotangent as cot
+    from harness.cotangent import PackedAdamW
 
-    default = cot.CPU_BLOCK_BYTES
-    cot.CPU_BLOCK_BYTES = 4096
-    try:
-        gen = torch.Generator().manual_seed(3)
-        init = [torch.randn(s, generator=gen).to(device=device, dtype=dtype) for s in SHAPES]
-        a = [t.clone().requires_grad_() for t in init]
-        b = [t.clone().requires_grad_() for t in init]
-        oa = torch.optim.AdamW(a, lr=1e-2, weight_decay=0.1, fused=True)
-        ob = cot.PackedAdamW(b, lr=1e-2, weight_decay=0.1)
-    finally:
-        cot.CPU_BLOCK_BYTES = default
+    gen = torch.Generator().manual_seed(3)
+    init = [torch.randn(s, generator=gen).to(device=device, dtype=dtype) for s in SHAPES]
+    a = [t.clone().requires_grad_() for t in init]
+    b = [t.clone().requires_grad_() for t in init]
+    oa = torch.optim.AdamW(a, lr=1e-2, weight_decay=0.1, fused=True)
+    ob = PackedAdamW(b, lr=1e-2, weight_decay=0.1, block_bytes=4096)
     for _ in range(steps):
         grads = _grads(device, dtype, gen)
         torch.autograd.backward(a, grads)  # the end of a backward: AccumulateGrad (and hooks)

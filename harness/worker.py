@@ -45,7 +45,7 @@ def harness_source_sha256() -> str:
 
 def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     """Run the job, filling ``result`` as it goes (so a failure keeps what was measured)."""
-    from harness import cotangent, devices
+    from harness import devices
     from harness.config import load_config
     from harness.cotangent import build_arm, exact_paths
     from harness.data import BatchStream, bits_per_byte, load_corpus
@@ -78,7 +78,8 @@ def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     result["method_paths"] = {
         "bucketed_norm_dtypes": sorted(str(d).replace("torch.", "") for d in paths.bucketed_norm_dtypes),
         "update": paths.update, "origin": paths.origin,
-        "cpu_block_bytes": cotangent.CPU_BLOCK_BYTES,  # the one-pass phase's blocks (speed, not bits)
+        # the one-pass phase's CPU blocks (speed, not bits); None for arms without PackedAdamW
+        "cpu_block_bytes": getattr(arm.optimizer, "block_bytes", None),
     }
     batches = BatchStream(corpus.train, cfg.model.context, t.batch_size, spec["seed"])
     forward = model
