@@ -12,7 +12,9 @@ bit stays what native PyTorch computes:
   ``torch.optim.AdamW(fused=True)``, over views of them.
 * :meth:`PackedAdamW.clip_step_zero_grad` runs clip + step + zero_grad as one pass over memory
   (per-parameter norms first, then block by block: scale, fused update, zero, while the block
-  is in cache), bit for bit the three calls. The candidate arm uses it.
+  is in cache), bit for bit the three calls. The candidate arm uses it. For float32 on x86-64
+  CPUs it runs as two calls into C (:mod:`harness.native`: the bucketed norms, then one loop that
+  scales, updates and zeroes), used only after a self-check shows it bitwise the running torch.
 * :data:`ARMS` / :func:`build_arm` name the four cells of the study's 2x2 factorial.
 
 Exactness is a property of (device type, dtype, kernel). :data:`EXACT_PATHS` lists what is known
@@ -45,6 +47,7 @@ import torch
 from torch import Tensor
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 
+from harness import native
 from harness.names import ARMS
 
 __all__ = [
@@ -485,6 +488,10 @@ class _Pack:
             g.grad.fill_(-0.0)
         self.reset_views()
 
+    def consumed(self) -> None:
+        """No gradient produced yet (after the buffer was zeroed with every ``.grad`` its view)."""
+        self.produced = [False] * self.n
+
     def reset_views(self) -> None:
         """Every ``.grad`` the view of its slot, none produced yet (after the buffer was zeroed)."""
         for i, p in enumerate(self.params):
@@ -537,6 +544,11 @@ class PackedAdamW(torch.optim.Optimizer):
     block_bytes
         Bytes of each flat buffer one block of :meth:`clip_step_zero_grad` covers on CPU
         (default :data:`CPU_BLOCK_BYTES`). Speed only: every block size gives the same bits.
+    kernel
+        ``"auto"``: :meth:`clip_step_zero_grad` runs in C (:mod:`harness.native`) where that is
+        verified bitwise (one float32 CPU buffer whose parameters are all multiples of 16
+        elements, a kernel that built and passed its self-check); ``"torch"``: always PyTorch's
+        kernels. Speed only: both give the same bits. :meth:`phase_kernel` says which runs.
 
     Notes
     -----
@@ -559,7 +571,10 @@ class PackedAdamW(torch.optim.Optimizer):
         maximize: bool = False,
         update: str = "auto",
         block_bytes: int = CPU_BLOCK_BYTES,
+        kernel: str = "auto",
     ) -> None:
+        if kernel not in ("auto", "torch"):
+            raise ValueError(f"kernel must be auto or torch, not {kernel!r}")
         if update not in ("auto", "views", "aligned", "flat"):
             raise ValueError(f"update must be auto, views, aligned or flat, not {update!r}")
         if block_bytes <= 0:
@@ -608,6 +623,7 @@ class PackedAdamW(torch.optim.Optimizer):
         super().__init__(unique, defaults)
         self._requested_update = update
         self.block_bytes = block_bytes
+        self.kernel = kernel
         self._pack = _Pack(unique, amsgrad)
         self._build_state()
         self._build_plans()
@@ -695,6 +711,39 @@ class PackedAdamW(torch.optim.Optimizer):
     def _build_plans(self) -> None:
         self._fast_lists = [self._lists_for(g) for g in self._pack.groups]
         self._blocks = [self._blocks_for(g) for g in self._pack.groups]
+        self._native: _NativePhase | None | bool = False  # False: not decided yet
+        self._native_why: str | None = None
+
+    def _native_blocker(self) -> str | None:
+        """Why this optimizer's buffers are outside what ``phase.c`` covers, or ``None``."""
+        groups = self._pack.groups
+        if self.kernel == "torch":
+            return "kernel='torch' was requested"
+        if len(groups) != 1:
+            return "parameters span more than one (device, dtype)"
+        g = groups[0]
+        if g.device.type != "cpu" or g.dtype != torch.float32:
+            return f"phase.c covers float32 on CPU, not {str(g.dtype).replace('torch.', '')} on {g.device.type}"
+        if g.aligned_end != len(g.index):
+            return "a parameter's element count is not a multiple of 16"
+        return None
+
+    def _native_phase(self) -> _NativePhase | None:
+        if self._native is False:
+            why = self._native_blocker()
+            k = None if why is not None else native.kernel()
+            if why is None and k is None:
+                why = native.unavailable_reason()
+            self._native = _NativePhase(k, self._pack) if k is not None else None
+            self._native_why = why
+        return self._native  # type: ignore[return-value]
+
+    def phase_kernel(self) -> str:
+        """Which code runs :meth:`clip_step_zero_grad` when every gradient is present, and why."""
+        plan = self._native_phase()
+        if plan is not None:
+            return f"phase.c ({plan.kernel.describe()})"
+        return f"torch kernels ({self._native_why})"
 
     def _kwargs(self) -> dict[str, Any]:
         group = self.param_groups[0]
@@ -771,8 +820,11 @@ class PackedAdamW(torch.optim.Optimizer):
         by block (:meth:`_blocks_for`), the gradients are scaled by the coefficient, the fused
         AdamW kernel updates the block, and the block's gradients are zeroed while they are
         still in cache. Every coordinate goes through the same operations as in the three calls;
-        only the order in which memory is visited changes. Cases off the fast path (a gradient
-        missing this step, per-parameter step counts, another norm type) make the three calls.
+        only the order in which memory is visited changes. Where :meth:`phase_kernel` names
+        ``phase.c``, the same operations run as two C calls (norms, total and coefficient; then
+        one loop that scales, updates and zeroes each element). Cases off the fast path (a
+        gradient missing this step, per-parameter step counts, another norm type) make the three
+        calls.
         """
         pack = self._pack
         kwargs = self._kwargs()
@@ -781,6 +833,11 @@ class PackedAdamW(torch.optim.Optimizer):
             total = clip_grad_norm_(pack.params, max_norm, norm_type, error_if_nonfinite)
             self.step()
             self.zero_grad()
+            return total
+        plan = self._native_phase()
+        if plan is not None:
+            total = plan.run(float(max_norm), self.param_groups[0], error_if_nonfinite)
+            pack.consumed()
             return total
         total = pack.total_norm()
         _check_finite(total, 2.0, error_if_nonfinite)
@@ -829,6 +886,39 @@ class PackedAdamW(torch.optim.Optimizer):
         pack = getattr(self, "_pack", None)
         if pack is not None:
             pack.release()
+
+
+class _NativePhase:
+    """The gradient phase of one float32 CPU buffer in ``phase.c`` (:mod:`harness.native`)."""
+
+    def __init__(self, kernel: native.Kernel, pack: _Pack) -> None:
+        g = pack.groups[0]
+        self.kernel = kernel
+        self.group = g
+        self.offsets = torch.tensor(g.offsets, dtype=torch.int64)
+        self.numels = torch.tensor(g.numels, dtype=torch.int64)
+        # equal sizes are adjacent in the buffer (the buckets): their rows are reduced together
+        self.first, self.rows = native.tasks_for(g.numels)
+        self.perm = pack.native_perm  # native clipping's order, as positions in the buffer
+        self.norms = torch.empty(len(g.index))
+        self.scratch = torch.empty(len(g.index))
+        self.coef = torch.empty(())
+        self.hyper = native.Hyper(coef=self.coef.data_ptr(), steps=g.steps.data_ptr(), count=len(g.index),
+                                  sq_form=kernel.sq_form, chunk=native.UPDATE_CHUNK)
+
+    def run(self, max_norm: float, group: dict[str, Any], error_if_nonfinite: bool) -> Tensor:
+        g, k, h = self.group, self.kernel, self.hyper
+        threads = torch.get_num_threads()
+        k.row_norms(g.grad, self.offsets, self.numels, self.first, self.rows, self.norms, threads)
+        total = torch.empty(())
+        k.total_coef(self.norms, self.perm, self.scratch, max_norm, total, self.coef)
+        _check_finite(total, 2.0, error_if_nonfinite)
+        h.lr = float(group["lr"])
+        h.beta1, h.beta2 = (float(b) for b in group["betas"])
+        h.weight_decay, h.eps = float(group["weight_decay"]), float(group["eps"])
+        h.amsgrad, h.maximize, h.threads = int(bool(group["amsgrad"])), int(bool(group["maximize"])), threads
+        k.update(g.param, g.grad, g.exp_avg, g.exp_avg_sq, g.max_exp_avg_sq, h)
+        return total
 
 
 # --------------------------------------------------------------------------------------------
@@ -891,6 +981,7 @@ def build_arm(
     max_norm: float | None = 1.0,
     update: str = "auto",
     block_bytes: int = CPU_BLOCK_BYTES,
+    kernel: str = "auto",
 ) -> Arm:
     """Build one arm of the factorial over ``params`` (unique, in order)."""
     if arm not in ARMS:
@@ -905,7 +996,7 @@ def build_arm(
     optimizer: torch.optim.Optimizer
     if opt == "packed":
         optimizer = PackedAdamW(plist, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, update=update,
-                                block_bytes=block_bytes)
+                                block_bytes=block_bytes, kernel=kernel)
     else:
         optimizer = torch.optim.AdamW(plist, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=True)
     clip_fn = clip_grad_norm_ if norms == "bucketed" else _native_clip

@@ -138,6 +138,53 @@ def check_fused_phase(device: torch.device, dtype: torch.dtype, steps: int = 40)
     return True
 
 
+#: Shapes for the C phase: every element count a multiple of 16 (what phase.c covers), equal sizes
+#: (rows reduced together), and buffers longer than one task of its update loop.
+ALIGNED_SHAPES: list[tuple[int, ...]] = [
+    (256, 256), (256, 256), (256, 256), (256, 256), (256, 256), (1024, 96), (96, 1024), (48,), (48,), (16,),
+    (70000, 16), (384,),
+]
+
+
+def check_native_phase(steps: int = 40) -> bool:
+    """``clip_step_zero_grad`` in ``phase.c`` against native clip_grad_norm_ + AdamW(fused=True) +
+    zero_grad on CPU float32: total norm, parameters, both moments and -0.0 gradients, with the
+    clip active and inactive, weight decay, a learning-rate change, amsgrad and maximize."""
+    from harness.cotangent import PackedAdamW
+
+    gen = torch.Generator().manual_seed(4)
+    for kw in ({"weight_decay": 0.1}, {"weight_decay": 0.0, "amsgrad": True, "maximize": True, "betas": (0.3, 0.99)}):
+        init = [torch.randn(s, generator=gen) for s in ALIGNED_SHAPES]
+        a = [t.clone().requires_grad_() for t in init]
+        b = [t.clone().requires_grad_() for t in init]
+        oa = torch.optim.AdamW(a, lr=1e-2, fused=True, **kw)  # type: ignore[arg-type]
+        ob = PackedAdamW(b, lr=1e-2, **kw)  # type: ignore[arg-type]
+        if not ob.phase_kernel().startswith("phase.c"):
+            return False
+        for step in range(steps):
+            grads = [torch.randn(s, generator=gen) * 3 for s in ALIGNED_SHAPES]
+            grads[0][0, :5] = -0.0
+            if step == steps // 2:
+                for o in (oa, ob):
+                    o.param_groups[0]["lr"] = 3e-3
+            max_norm = 1.0 if step % 3 else 1e6
+            torch.autograd.backward(a, grads)
+            torch.autograd.backward(b, grads)
+            na = torch.nn.utils.clip_grad_norm_(a, max_norm)
+            oa.step()
+            oa.zero_grad()
+            nb = ob.clip_step_zero_grad(max_norm)
+            if not bitwise_equal(na, nb) or not all(bitwise_equal(x, y) for x, y in zip(a, b)):
+                return False
+            for x, y in zip(a, b):
+                sa, sb = oa.state[x], ob.state[y]
+                if not all(bitwise_equal(sa[key], sb[key]) for key in sa):
+                    return False
+            if not all(bool((y.grad.view(torch.int32) == -2**31).all()) for y in b):  # all -0.0
+                return False
+    return True
+
+
 def _safe(check: Any, *args: Any) -> bool | None:
     """Run a check; ``None`` when native itself does not support the case on this device."""
     try:
@@ -186,11 +233,25 @@ def run_checks(device_name: str, *, save: bool, echo: Any) -> int:
             rows.append((f"PackedAdamW update={mode} + packed clip", name, "used" if used_mode else "not used", ok))
             failures += int(used_mode and not ok)
             matched_modes[mode] = matched_modes[mode] and bool(ok)
+    if device.type == "cpu":
+        from harness import native
+
+        kernel = native.kernel()
+        if kernel is None:
+            rows.append(("one-pass phase in C (phase.c)", "float32", "not used", None))
+            note = f"phase.c not used: {native.unavailable_reason()}"
+        else:
+            ok = check_native_phase()
+            rows.append(("one-pass phase in C (phase.c)", "float32", "used", ok))
+            failures += int(not ok)
+            note = f"phase.c: {kernel.describe()}"
     echo(f"device {device} ({torch.__version__}); method paths: {paths.origin}")
+    if device.type == "cpu":
+        echo(note)
     w = max(len(r[0]) for r in rows)
     echo(f"{'check'.ljust(w)}  dtype     by method                 result")
     for check, dtype_name, used_s, ok in rows:
-        result = "bitwise" if ok else ("n/a (unsupported by native)" if ok is None else "DIFFERS")
+        result = "bitwise" if ok else ("n/a" if ok is None else "DIFFERS")
         echo(f"{check.ljust(w)}  {dtype_name.ljust(8)}  {used_s.ljust(24)}  {result}")
     if save:
         best = next((m for m in ("flat", "aligned", "views") if matched_modes[m]), "views")

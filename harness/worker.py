@@ -37,7 +37,7 @@ def _sha_file(path: Path) -> str:
 def harness_source_sha256() -> str:
     base = Path(__file__).resolve().parent
     h = []
-    for p in sorted(base.rglob("*.py")):
+    for p in sorted([*base.rglob("*.py"), *base.rglob("*.c")]):
         if "__pycache__" not in p.parts:
             h.append(f"{p.relative_to(base).as_posix()}:{_sha_file(p)}")
     return sha256_bytes("\n".join(h).encode())
@@ -80,6 +80,9 @@ def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
         "update": paths.update, "origin": paths.origin,
         # the one-pass phase's CPU blocks (speed, not bits); None for arms without PackedAdamW
         "cpu_block_bytes": getattr(arm.optimizer, "block_bytes", None),
+        # what runs the one-pass phase: phase.c (with the arithmetic forms its self-check chose)
+        # or torch's kernels, and why; None for arms without PackedAdamW
+        "phase_kernel": arm.optimizer.phase_kernel() if hasattr(arm.optimizer, "phase_kernel") else None,
     }
     batches = BatchStream(corpus.train, cfg.model.context, t.batch_size, spec["seed"])
     forward = model

@@ -1,0 +1,226 @@
+"""The one-pass gradient phase in C (``phase.c``): built on first use, used only where verified.
+
+:meth:`harness.cotangent.PackedAdamW.clip_step_zero_grad` can run the whole float32 gradient
+phase on CPU as two calls into ``phase.c``: the per-tensor norms, the total norm and the clip
+coefficient; then, in one loop over the flat buffers, scale, AdamW update and zeroing. That is
+exact only if every rounding is the one PyTorch's own kernels make, and some of those depend on
+how the wheel's compiler contracted ``a * b + c`` into fused multiply-adds. So:
+
+* ``phase.c`` is compiled with ``-ffp-contract=off`` (every rounding in it is written out) and
+  takes each contraction-dependent form as a parameter;
+* :func:`kernel` builds it (once per source, compiler and flags; cached under
+  ``$COTANGENT_NATIVE_CACHE`` or ``~/.cache/cotangent-harness``), loads it and runs a self-check
+  against the running torch: per-tensor norms against ``torch.linalg.vector_norm``, the total and
+  the coefficient against native clipping's expressions, 12 update steps against
+  ``mul_`` + ``torch._fused_adamw_`` + ``fill_(-0.0)``, over several hyperparameter sets, with
+  ``-0.0``, zero and large gradients. It keeps the first form of each that matches bit for bit;
+* when anything is missing (not x86-64 with AVX2 and FMA, no C compiler, ``COTANGENT_NATIVE=0``)
+  or no form matches, :func:`kernel` returns ``None``, :func:`unavailable_reason` says why, and
+  the phase runs on PyTorch's kernels (exact by construction).
+
+Only the standard library and torch; no pickle; the compiled file is keyed by a hash of the
+source, the flags and the compiler's version, written to a temporary name and renamed into
+place, so a crashed build leaves nothing that would be loaded.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("phase.c")
+FLAGS = ["-O2", "-std=c11", "-mavx2", "-mfma", "-ffp-contract=off", "-fno-math-errno", "-fopenmp",
+         "-shared", "-fPIC"]
+
+#: Elements of the flat buffers one task of the update loop covers (a multiple of 16).
+UPDATE_CHUNK = 65536
+#: Rows of equal length whose norms one task computes together (``MAX_ROWS`` in phase.c).
+MAX_ROWS = 4
+
+_c_float_p = ctypes.POINTER(ctypes.c_float)
+_VP = ctypes.c_void_p
+
+
+class Hyper(ctypes.Structure):
+    """``cot_hyper`` in phase.c."""
+
+    _fields_ = [
+        ("coef", _VP), ("steps", _VP), ("count", ctypes.c_int64),
+        ("lr", ctypes.c_double), ("beta1", ctypes.c_double), ("beta2", ctypes.c_double),
+        ("weight_decay", ctypes.c_double), ("eps", ctypes.c_double),
+        ("amsgrad", ctypes.c_int), ("maximize", ctypes.c_int), ("sq_form", ctypes.c_int), ("threads", ctypes.c_int),
+        ("chunk", ctypes.c_int64),
+    ]
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A loaded, self-checked ``phase.c`` and the arithmetic forms that reproduce this torch."""
+
+    lib: ctypes.CDLL
+    path: Path
+    lanes: int      # ATen's float vector width: 8 (AVX2) or 16 (AVX512)
+    acc_fma: int    # norm accumulation: 0 acc + x*x, 1 fma(x, x, acc)
+    tail_form: int  # scalar tail of a norm: 0 s + x*x, 1 fma, 2 fours as s + x*x then fma
+    sq_form: int    # second moment: bit 0 fma(c*g, g, v*b2) for v*b2 + (c*g)*g; bit 1 g before maximize
+
+    def describe(self) -> str:
+        return (f"{self.path.name}: lanes={self.lanes} acc_fma={self.acc_fma} tail_form={self.tail_form} "
+                f"sq_form={self.sq_form}")
+
+    # -- calls -------------------------------------------------------------------------------
+    def row_norms(self, base: torch.Tensor, offsets: torch.Tensor, numels: torch.Tensor, first: torch.Tensor,
+                  rows: torch.Tensor, out: torch.Tensor, threads: int, acc_fma: int | None = None) -> None:
+        self.lib.cot_row_norms(base.data_ptr(), offsets.data_ptr(), numels.data_ptr(), first.data_ptr(),
+                               rows.data_ptr(), first.numel(), out.data_ptr(), self.lanes,
+                               self.acc_fma if acc_fma is None else acc_fma, threads)
+
+    def total_coef(self, norms: torch.Tensor, perm: torch.Tensor, scratch: torch.Tensor, max_norm: float,
+                   total: torch.Tensor, coef: torch.Tensor, tail_form: int | None = None,
+                   acc_fma: int | None = None) -> None:
+        self.lib.cot_total_coef(norms.data_ptr(), perm.data_ptr(), perm.numel(), scratch.data_ptr(), max_norm,
+                                self.lanes, self.acc_fma if acc_fma is None else acc_fma,
+                                self.tail_form if tail_form is None else tail_form, total.data_ptr(), coef.data_ptr())
+
+    def update(self, p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, mx: torch.Tensor | None,
+               hyper: Hyper) -> None:
+        self.lib.cot_update(p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(),
+                            None if mx is None else mx.data_ptr(), p.numel(), ctypes.byref(hyper))
+
+
+def tasks_for(numels: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Norm tasks: runs of at most :data:`MAX_ROWS` consecutive tensors of equal length."""
+    first: list[int] = []
+    rows: list[int] = []
+    i = 0
+    while i < len(numels):
+        j = i
+        while j < len(numels) and j - i < MAX_ROWS and numels[j] == numels[i]:
+            j += 1
+        first.append(i)
+        rows.append(j - i)
+        i = j
+    return torch.tensor(first, dtype=torch.int64), torch.tensor(rows, dtype=torch.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# Build and load
+# --------------------------------------------------------------------------------------------
+
+def _lanes() -> int | None:
+    cap = torch.backends.cpu.get_cpu_capability()
+    return {"AVX2": 8, "AVX512": 16}.get(cap)
+
+
+def _compiler() -> str | None:
+    cc = os.environ.get("CC")
+    if cc:
+        return shutil.which(cc)
+    for name in ("cc", "gcc", "clang"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("COTANGENT_NATIVE_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "cotangent-harness"
+
+
+def build(cc: str) -> Path:
+    """Compile ``phase.c`` (or reuse the cached build); returns the shared object's path."""
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(encoding="utf-8"), " ".join(FLAGS), version]).encode())
+    out_dir = cache_dir()
+    target = out_dir / f"phase-{key.hexdigest()[:16]}.so"
+    if target.is_file():
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".phase-", suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        proc = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cc} failed on {SOURCE.name}: {proc.stderr.strip()[-400:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    i64, i32, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_float
+    lib.cot_row_norms.argtypes = [_VP, _VP, _VP, _VP, _VP, i64, _VP, i32, i32, i32]
+    lib.cot_row_norms.restype = None
+    lib.cot_total_coef.argtypes = [_VP, _VP, i64, _VP, f32, i32, i32, i32, _VP, _VP]
+    lib.cot_total_coef.restype = None
+    lib.cot_update.argtypes = [_VP, _VP, _VP, _VP, _VP, i64, ctypes.POINTER(Hyper)]
+    lib.cot_update.restype = None
+    return lib
+
+
+_state: dict[str, object] = {}
+
+
+def kernel() -> Kernel | None:
+    """The verified kernel for this process, or ``None`` (then :func:`unavailable_reason` says why)."""
+    if "kernel" not in _state:
+        try:
+            _state["kernel"] = _make()
+            _state["reason"] = None
+        except _Unavailable as exc:
+            _state["kernel"] = None
+            _state["reason"] = str(exc)
+    return _state["kernel"]  # type: ignore[return-value]
+
+
+def unavailable_reason() -> str | None:
+    kernel()
+    return _state["reason"]  # type: ignore[return-value]
+
+
+def reset() -> None:
+    """Forget the decision (tests: after changing ``COTANGENT_NATIVE`` or ``CC``)."""
+    _state.clear()
+
+
+class _Unavailable(Exception):
+    pass
+
+
+def _make() -> Kernel:
+    if os.environ.get("COTANGENT_NATIVE", "1") == "0":
+        raise _Unavailable("disabled by COTANGENT_NATIVE=0")
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise _Unavailable(f"phase.c is x86-64 code; this machine is {platform.machine()}")
+    lanes = _lanes()
+    if lanes is None:
+        raise _Unavailable(f"torch's CPU capability is {torch.backends.cpu.get_cpu_capability()}, not AVX2/AVX512")
+    cc = _compiler()
+    if cc is None:
+        raise _Unavailable("no C compiler (set CC, or install cc/gcc/clang)")
+    try:
+        path = build(cc)
+        lib = _load(path)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        raise _Unavailable(f"build failed: {exc}") from exc
+    from harness.native import selfcheck
+
+    forms = selfcheck.find_forms(lib, path, lanes)
+    if isinstance(forms, str):
+        raise _Unavailable(forms)
+    return forms
