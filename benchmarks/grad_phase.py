@@ -13,9 +13,11 @@ Before each timed phase, gradients are delivered by autograd itself: ``torch.aut
 on the parameters with fixed gradient tensors runs the same ``AccumulateGrad`` (and the packed
 optimizer's hooks) that ends a real backward (native: a fresh tensor stored as ``.grad``; packed:
 accumulated in place into the flat buffer). That delivery is timed too and reported separately,
-so a cost moved out of the phase stays visible. ``--block-sweep`` adds ``cotangent`` variants
-built with other CPU block sizes (``block_bytes``; default ``harness.cotangent.CPU_BLOCK_BYTES``),
-side by side.
+so a cost moved out of the phase stays visible. ``cotangent/torch`` is the candidate with
+``kernel="torch"``: the same phase on PyTorch's kernels in cache-sized blocks, where ``cotangent``
+itself runs ``harness/native/phase.c`` (when its self-check passed; the header says which).
+``--block-sweep`` adds ``cotangent/torch`` variants built with other CPU block sizes
+(``block_bytes``; default ``harness.cotangent.CPU_BLOCK_BYTES``), side by side.
 Peak memory: each arm trains the real model in its own process; after two steady-state steps
 (so every arm's optimizer state exists) the peak RSS is reset (Linux ``/proc/self/clear_refs``)
 and the peak of the next steps is reported (median of ``--memory-repeats`` processes per arm,
@@ -42,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import harness.cotangent as cot  # noqa: E402
+from harness import native  # noqa: E402
 from harness.config import load_config  # noqa: E402
 from harness.cotangent import ARMS, build_arm  # noqa: E402
 from harness.models import build_model  # noqa: E402
@@ -59,10 +62,12 @@ class Variant:
         self.name = name
         self.grads = grads
         self.params = [torch.nn.Parameter(t.clone()) for t in init]
-        arm, _, block_kib = name.partition("/")
+        arm, *options = name.split("/")  # e.g. cotangent, cotangent/torch, cotangent/torch/512KiB
         if arm in ARMS:
-            block = int(block_kib.removesuffix("KiB")) * 1024 if block_kib else cot.CPU_BLOCK_BYTES
-            self.arm = build_arm(arm, self.params, lr=LR, weight_decay=WD, max_norm=MAX_NORM, block_bytes=block)
+            block = int(options[1].removesuffix("KiB")) * 1024 if len(options) > 1 else cot.CPU_BLOCK_BYTES
+            kernel = options[0] if options else "auto"
+            self.arm = build_arm(arm, self.params, lr=LR, weight_decay=WD, max_norm=MAX_NORM, block_bytes=block,
+                                 kernel=kernel)
             self.phase = self.arm.phase
         elif name == "compiled":
             self.lr = torch.tensor(LR)
@@ -174,17 +179,21 @@ def main() -> int:
     ap.add_argument("--memory-repeats", type=int, default=3, help="processes per arm for peak memory (median)")
     ap.add_argument("--no-compiled", action="store_true", help="skip the torch.compile peer and floor")
     ap.add_argument("--block-sweep", nargs="*", type=int, default=[], metavar="KIB",
-                    help="also time cotangent with these CPU block sizes (KiB)")
+                    help="also time cotangent/torch with these CPU block sizes (KiB)")
     ap.add_argument("--json", help="write the results as JSON to this path")
     args = ap.parse_args()
-    names = list(ARMS) + ([] if args.no_compiled else ["compiled", "floor"])
-    names += [f"cotangent/{kib}KiB" for kib in args.block_sweep]
+    names = [*ARMS, "cotangent/torch"] + ([] if args.no_compiled else ["compiled", "floor"])
+    names += [f"cotangent/torch/{kib}KiB" for kib in args.block_sweep]
+    kernel = native.kernel()
+    phase_c = kernel.describe() if kernel else f"not used: {native.unavailable_reason()}"
+
     results: dict[str, object] = {
-        "cpu_block_bytes": cot.CPU_BLOCK_BYTES, "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
-        "processor": platform.processor(), "reps": args.reps, "configs": {},
+        "cpu_block_bytes": cot.CPU_BLOCK_BYTES, "phase_c": phase_c, "torch": torch.__version__,
+        "threads": torch.get_num_threads(), "machine": platform.machine(), "processor": platform.processor(),
+        "reps": args.reps, "configs": {},
     }
     lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.reps} interleaved repetitions, "
-             f"CPU block {cot.CPU_BLOCK_BYTES // 1024} KiB", ""]
+             f"CPU block {cot.CPU_BLOCK_BYTES // 1024} KiB; phase.c {phase_c}", ""]
     for config in args.configs:
         timing = time_variants(config, args.reps, names)
         mem = peak_memory(config, args.memory_steps, args.memory_repeats)

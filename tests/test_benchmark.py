@@ -18,11 +18,13 @@ def test_grad_phase_benchmark_runs(tmp_path):
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
     )
     assert r.returncode == 0, r.stderr
-    assert "| cotangent |" in r.stdout and "| cotangent/4KiB |" in r.stdout and "cotangent / native" in r.stdout
+    assert "| cotangent |" in r.stdout and "| cotangent/torch/4KiB |" in r.stdout and "cotangent / native" in r.stdout
     data = json.loads(out.read_text())
     res = data["configs"]["tiny_transformer"]
-    assert set(res["timing"]) == {"native", "bucketed", "packed", "cotangent", "cotangent/4KiB"}
+    assert set(res["timing"]) == {"native", "bucketed", "packed", "cotangent", "cotangent/torch",
+                                   "cotangent/torch/4KiB"}
     assert res["timing"]["native"]["ratio"] == 1.0
+    assert data["phase_c"] and "phase.c" in r.stdout
     assert all(t["phase_ms"] > 0 and t["delivery_ms"] > 0 for t in res["timing"].values())
     assert set(res["peak_rss_bytes"]) == {"native", "bucketed", "packed", "cotangent"}
     assert all(v > 0 for v in res["peak_rss_bytes"].values())

@@ -1,0 +1,199 @@
+"""The one-pass gradient phase in C (harness/native/phase.c): exactness, self-check, build, fallback."""
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from harness import native
+from harness.cotangent import PackedAdamW, build_arm
+from harness.native import selfcheck
+from harness.verify import bitwise_equal
+
+#: Multiples of 16 elements (what phase.c covers): equal sizes (rows reduced together, more than
+#: MAX_ROWS of them), one buffer longer than two tasks of the update loop, 0-d-free.
+SHAPES = [(64, 64)] * 6 + [(32, 96), (96, 32), (16,), (16,), (48,), (9000, 16), (130000,), (256,)]
+
+CAN_BUILD = (
+    platform.machine().lower() in ("x86_64", "amd64")
+    and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    and any(shutil.which(c) for c in ("cc", "gcc", "clang"))
+)
+
+
+def test_kernel_builds_and_passes_its_self_check_where_it_can():
+    """On an x86-64 machine with AVX2 and a C compiler (CI's) the kernel must be in use; anywhere
+    else the reason it is not must be stated."""
+    k = native.kernel()
+    if CAN_BUILD:
+        assert k is not None, native.unavailable_reason()
+        assert k.lanes == (16 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 8)
+        assert k.path.is_file()
+    else:
+        assert k is None and native.unavailable_reason()
+
+
+needs_kernel = pytest.mark.skipif(not CAN_BUILD, reason="phase.c needs x86-64, AVX2 and a C compiler")
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"amsgrad": True, "tensor_lr": True},
+        {"maximize": True, "wd": 0.0, "betas": (0.3, 0.99)},
+        {"betas": (0.5, 0.95), "eps": 1e-6, "max_norm": 1e6},
+    ],
+)
+def test_native_phase_bitwise_three_calls(kw):
+    """phase.c == native clip_grad_norm_ + AdamW(fused=True) + zero_grad, 100 steps: total norm,
+    parameters, both moments, step counters; gradients left all -0.0; clip active and inactive."""
+    tensor_lr = kw.pop("tensor_lr", False)
+    wd = kw.pop("wd", 0.1)
+    max_norm = kw.pop("max_norm", 2.0)
+    gen = torch.Generator().manual_seed(21)
+    init = [torch.randn(s, generator=gen) for s in SHAPES]
+    a = [t.clone().requires_grad_() for t in init]
+    b = [t.clone().requires_grad_() for t in init]
+    oa = torch.optim.AdamW(a, lr=1e-2, weight_decay=wd, fused=True, **kw)
+    ob = PackedAdamW(b, lr=1e-2, weight_decay=wd, **kw)
+    assert ob.phase_kernel().startswith("phase.c"), ob.phase_kernel()
+    clipped = 0
+    for step in range(100):
+        if step % 10 == 5:
+            lr = 1e-2 / (1 + step)
+            for o in (oa, ob):
+                o.param_groups[0]["lr"] = torch.tensor(lr) if tensor_lr else lr
+        grads = [torch.randn(s, generator=gen) * (3 if step % 2 else 1e-4) for s in SHAPES]
+        grads[0][0, :3] = -0.0
+        grads[1][5, 7] = 0.0
+        torch.autograd.backward(a, grads)
+        torch.autograd.backward(b, grads)
+        na = torch.nn.utils.clip_grad_norm_(a, max_norm)
+        oa.step()
+        oa.zero_grad()
+        nb = ob.clip_step_zero_grad(max_norm)
+        clipped += bool(na > max_norm)
+        assert bitwise_equal(na, nb), f"step {step}"
+        for x, y in zip(a, b):
+            assert bitwise_equal(x, y), f"step {step}"
+            for key, val in oa.state[x].items():
+                assert bitwise_equal(val, ob.state[y][key]), f"step {step} {key}"
+    assert 0 < clipped < 100 or max_norm == 1e6
+    g = ob.flat_groups[0].grad
+    assert torch.equal(g.view(torch.int32), torch.full_like(g, -0.0).view(torch.int32))
+    assert all(y.grad is v for y, v in zip(b, ob._pack.grad_views))
+
+
+@needs_kernel
+def test_native_phase_nonfinite_raises_before_any_update():
+    p = [torch.nn.Parameter(torch.randn(64, 64)) for _ in range(3)]
+    opt = PackedAdamW(p)
+    assert opt.phase_kernel().startswith("phase.c")
+    before = [t.detach().clone() for t in p]
+    grads = [torch.randn(64, 64) for _ in p]
+    grads[1][3, 3] = float("inf")
+    torch.autograd.backward(p, grads)
+    with pytest.raises(RuntimeError, match="non-finite"):
+        opt.clip_step_zero_grad(1.0, error_if_nonfinite=True)
+    assert all(torch.equal(x, y) for x, y in zip(p, before))
+    assert float(opt.flat_groups[0].steps.sum()) == 0.0
+
+
+@needs_kernel
+def test_self_check_tells_the_forms_apart():
+    """Each form the self-check chose passes, and the other forms of the same step fail: the
+    check can tell a wrong rounding from the right one (or it would prove nothing)."""
+    k = native.kernel()
+    assert k is not None
+    assert selfcheck.check_norms(k, k.acc_fma)
+    assert not selfcheck.check_norms(k, 1 - k.acc_fma)
+    assert selfcheck.check_total(k, k.acc_fma, k.tail_form)
+    assert not any(selfcheck.check_total(k, k.acc_fma, t) for t in (0, 1, 2) if t != k.tail_form)
+    assert selfcheck.check_update(k, k.sq_form)
+    assert not selfcheck.check_update(k, k.sq_form ^ 1)  # fused vs separate multiply-add
+
+
+def test_outside_what_phase_c_covers_the_torch_kernels_run():
+    odd = PackedAdamW([torch.nn.Parameter(torch.randn(7, 3)), torch.nn.Parameter(torch.randn(16))])
+    assert odd.phase_kernel() == "torch kernels (a parameter's element count is not a multiple of 16)"
+    f64 = PackedAdamW([torch.nn.Parameter(torch.randn(16, dtype=torch.float64))])
+    assert f64.phase_kernel().startswith("torch kernels (phase.c covers float32 on CPU, not float64")
+    asked = PackedAdamW([torch.nn.Parameter(torch.randn(16))], kernel="torch")
+    assert asked.phase_kernel() == "torch kernels (kernel='torch' was requested)"
+    with pytest.raises(ValueError, match="kernel must be auto or torch"):
+        PackedAdamW([torch.nn.Parameter(torch.randn(16))], kernel="c")
+
+
+def test_both_kernels_give_the_same_training_bits():
+    """The candidate arm with phase.c (where it can run) and with torch's kernels: same losses and
+    weights after 30 steps of a real model on real batches."""
+    from harness.config import ModelConfig
+    from harness.models import build_model
+
+    results = []
+    for kernel in ("auto", "torch"):
+        torch.manual_seed(0)
+        cfg = ModelConfig(family="transformer", d_model=64, n_layers=2, context=32, mlp="gelu", mlp_hidden=256,
+                          norm="layernorm", n_heads=4, n_kv_heads=4)
+        model = build_model(cfg, 0)
+        arm = build_arm("cotangent", model.parameters(), lr=3e-3, weight_decay=0.1, max_norm=0.5, kernel=kernel)
+        gen = torch.Generator().manual_seed(1)
+        losses = []
+        for _ in range(30):
+            x = torch.randint(0, 256, (4, 33), generator=gen)
+            loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+            loss.backward()
+            arm.phase()
+            losses.append(loss.detach())
+        results.append((arm.optimizer.phase_kernel(), torch.stack(losses), [p.detach().clone() for p in model.parameters()]))
+    (ka, la, wa), (kb, lb, wb) = results
+    assert kb.startswith("torch kernels")
+    assert ka.startswith("phase.c") or not CAN_BUILD
+    assert bitwise_equal(la, lb)
+    assert all(bitwise_equal(x, y) for x, y in zip(wa, wb))
+
+
+def _probe(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    code = (
+        "import torch\n"
+        "from harness import native\n"
+        "from harness.cotangent import PackedAdamW\n"
+        "opt = PackedAdamW([torch.nn.Parameter(torch.randn(64, 64))])\n"
+        "print(opt.phase_kernel())\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env})
+
+
+def test_disabled_by_environment(tmp_path):
+    out = _probe({"COTANGENT_NATIVE": "0", "COTANGENT_NATIVE_CACHE": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "torch kernels (disabled by COTANGENT_NATIVE=0)"
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_kernel
+def test_failed_build_falls_back_and_leaves_nothing(tmp_path):
+    out = _probe({"CC": shutil.which("false") or "/bin/false", "COTANGENT_NATIVE_CACHE": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().startswith("torch kernels (build failed:"), out.stdout
+    assert list(tmp_path.iterdir()) == []  # no half-written shared object to load next time
+
+
+@needs_kernel
+def test_build_is_cached_by_source_and_compiler(tmp_path, monkeypatch):
+    monkeypatch.setenv("COTANGENT_NATIVE_CACHE", str(tmp_path))
+    cc = native._compiler()
+    assert cc is not None
+    first = native.build(cc)
+    stamp = first.stat().st_mtime_ns
+    assert native.build(cc) == first and first.stat().st_mtime_ns == stamp  # reused, not rebuilt
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]
+    out = _probe({"COTANGENT_NATIVE_CACHE": str(tmp_path)})
+    assert out.stdout.strip().startswith(f"phase.c ({first.name}:"), out.stdout + out.stderr
