@@ -7,8 +7,10 @@ import shutil
 import subprocess
 import sys
 
+import hypothesis.strategies as st
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
 
 from harness import native
 from harness.cotangent import PackedAdamW, build_arm
@@ -89,6 +91,35 @@ def test_native_phase_bitwise_three_calls(kw):
     g = ob.flat_groups[0].grad
     assert torch.equal(g.view(torch.int32), torch.full_like(g, -0.0).view(torch.int32))
     assert all(y.grad is v for y, v in zip(b, ob._pack.grad_views))
+
+
+@needs_kernel
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    units=st.lists(st.sampled_from([1, 1, 2, 3, 16, 64, 64, 257, 4100]), min_size=1, max_size=12),
+    seed=st.integers(0, 10_000),
+    max_norm=st.sampled_from([0.5, 1e6]),
+)
+def test_native_phase_random_shape_lists(units, seed, max_norm):
+    """Random lists of sizes phase.c covers (multiples of 16 elements, repeats make buckets),
+    20 steps, against the native three calls."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(u, 16) if i % 2 else (16 * u,) for i, u in enumerate(units)]
+    init = [torch.randn(s, generator=gen) for s in shapes]
+    a = [t.clone().requires_grad_() for t in init]
+    b = [t.clone().requires_grad_() for t in init]
+    oa = torch.optim.AdamW(a, lr=1e-2, weight_decay=0.1, fused=True)
+    ob = PackedAdamW(b, lr=1e-2, weight_decay=0.1)
+    assert ob.phase_kernel().startswith("phase.c")
+    for step in range(20):
+        grads = [torch.randn(s, generator=gen) * 2 for s in shapes]
+        torch.autograd.backward(a, grads)
+        torch.autograd.backward(b, grads)
+        na = torch.nn.utils.clip_grad_norm_(a, max_norm)
+        oa.step()
+        oa.zero_grad()
+        assert bitwise_equal(na, ob.clip_step_zero_grad(max_norm)), f"step {step}"
+        assert all(bitwise_equal(x, y) for x, y in zip(a, b)), f"step {step}"
 
 
 @needs_kernel

@@ -1,22 +1,27 @@
 /*
- * One-pass gradient phase of PackedAdamW on x86-64 CPUs (AVX2 + FMA), float32.
+ * The gradient phase of PackedAdamW (clip + AdamW step + zero_grad) on x86-64 CPUs with AVX2 and
+ * FMA, float32, for flat buffers whose tensors are all multiples of 16 elements.
  *
- * Three entry points, each reproducing, operation for operation, what PyTorch's own CPU kernels
- * compute, so that the results are bit for bit those of
+ * Each entry point repeats, operation for operation, what PyTorch's own CPU kernels compute, so
+ * that the results are bit for bit those of
  *     clip_grad_norm_(params, max_norm); AdamW(fused=True).step(); zero_grad()
- * The arithmetic of the wheel's kernels depends on how its compiler contracted a*b + c into fused
- * multiply-adds; where it may differ the form is a parameter ("variant"), and harness/native.py
- * picks the variant that reproduces the running torch bit for bit on a self-check, or does not use
- * this file at all. Compiled with -ffp-contract=off: every rounding here is written out.
+ * Some roundings of the wheel's kernels were decided by its compiler (whether it fused a*b + c
+ * into one multiply-add, how it vectorised a scalar tail, which sign a NaN keeps). There the form
+ * is a parameter, and harness/native/selfcheck.py picks the form that reproduces the running torch
+ * bit for bit, or the file is not used at all. Compiled with -ffp-contract=off: every rounding
+ * here is the one written.
  *
- *   cot_row_norms   2-norms of whole gradient tensors whose element count is a multiple of the
- *                   lane count: ATen's reduce-last-dim loop (norm_kernel_tensor_iterator_impl): one
- *                   LANES-wide accumulator, acc += x * x, lanes folded left to right, sqrt.
- *   cot_total_coef  the total norm of the per-tensor norms (same loop, with ATen's scalar tail) and
- *                   native clipping's coefficient: min(reciprocal(total + 1e-6f) * max_norm, 1).
- *   cot_update      per element: g *= coef; the vectorised body of ATen's fused AdamW CPU kernel
- *                   (FusedAdamKernel.cpp, ADAMW mode); g = -0.0. Only over runs whose length is
- *                   a multiple of 16, where ATen takes the vectorised body for every element.
+ *   cot_row_norms   2-norms of whole gradient tensors: ATen's reduce-last-dim loop
+ *                   (norm_kernel_tensor_iterator_impl): one lanes-wide accumulator (acc += x * x,
+ *                   or fused), lanes folded left to right, sqrt. Tensors of equal length (a
+ *                   bucket's rows) are read together, each with its own accumulator.
+ *   cot_total_coef  the total norm of the per-tensor norms in native clipping's order (the same
+ *                   loop with ATen's scalar tail) and native clipping's coefficient,
+ *                   min(reciprocal(total + 1e-6f) * max_norm, 1).
+ *   cot_update      the step counters + 1, then per element: g *= coef; the vectorised body of
+ *                   ATen's fused AdamW CPU kernel (FusedAdamKernel.cpp, ADAMW mode); g = -0.0.
+ *                   ATen takes that body for every element of a tensor whose length is a
+ *                   multiple of 16, whatever the thread count.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -33,7 +38,7 @@ static void sumsq_rows(const float* const* x, int rows, int64_t n, int lanes, in
   for (int r = 0; r < rows; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
   for (int64_t d = 0; d < n; d += lanes) {
     for (int r = 0; r < rows; r++) {
-      _mm_prefetch((const char*)(x[r] + d + PREFETCH), _MM_HINT_T0);
+      if (d + PREFETCH < n) _mm_prefetch((const char*)(x[r] + d + PREFETCH), _MM_HINT_T0);
       for (int h = 0; h < lanes / 8; h++) {
         __m256 xv = _mm256_loadu_ps(x[r] + d + 8 * h);
         a[r][h] = acc_fma ? _mm256_fmadd_ps(xv, xv, a[r][h]) : _mm256_add_ps(a[r][h], _mm256_mul_ps(xv, xv));
