@@ -57,17 +57,30 @@ def _params(config: str) -> list[torch.Tensor]:
     return [p.detach().clone() for p in build_model(cfg.model, 0).parameters()]
 
 
+def _arm_options(options: list[str]) -> dict[str, object]:
+    """``torch``: kernel="torch"; ``<k>KiB``: block_bytes; ``release``: release_grads=True."""
+    kw: dict[str, object] = {}
+    for opt in options:
+        if opt == "torch":
+            kw["kernel"] = "torch"
+        elif opt == "release":
+            kw["release_grads"] = True
+        else:
+            kw["block_bytes"] = int(opt.removesuffix("KiB")) * 1024
+    return kw
+
+
+MEMORY_VARIANTS = [*ARMS, "cotangent/release"]
+
+
 class Variant:
     def __init__(self, name: str, init: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
         self.name = name
         self.grads = grads
         self.params = [torch.nn.Parameter(t.clone()) for t in init]
-        arm, *options = name.split("/")  # e.g. cotangent, cotangent/torch, cotangent/torch/512KiB
+        arm, *options = name.split("/")  # cotangent, cotangent/torch, cotangent/torch/512KiB, cotangent/release
         if arm in ARMS:
-            block = int(options[1].removesuffix("KiB")) * 1024 if len(options) > 1 else cot.CPU_BLOCK_BYTES
-            kernel = options[0] if options else "auto"
-            self.arm = build_arm(arm, self.params, lr=LR, weight_decay=WD, max_norm=MAX_NORM, block_bytes=block,
-                                 kernel=kernel)
+            self.arm = build_arm(arm, self.params, lr=LR, weight_decay=WD, max_norm=MAX_NORM, **_arm_options(options))
             self.phase = self.arm.phase
         elif name == "compiled":
             self.lr = torch.tensor(LR)
@@ -135,9 +148,9 @@ def time_variants(config: str, reps: int, names: list[str]) -> dict[str, dict[st
 def peak_memory(config: str, steps: int, repeats: int) -> dict[str, int]:
     """Per arm, the median over ``repeats`` fresh processes of the peak RSS (bytes) of training
     ``config`` for ``steps`` steady-state steps; the arms' processes interleaved round-robin."""
-    peaks: dict[str, list[int]] = {arm: [] for arm in ARMS}
+    peaks: dict[str, list[int]] = {arm: [] for arm in MEMORY_VARIANTS}
     for _ in range(repeats):
-        for arm in ARMS:
+        for arm in MEMORY_VARIANTS:
             peaks[arm].append(_peak_once(config, arm, steps))
     return {arm: int(statistics.median(v)) for arm, v in peaks.items()}
 
@@ -149,8 +162,10 @@ def _peak_once(config: str, arm: str, steps: int) -> int:
         "from harness.devices import peak_rss_bytes\n"
         "from harness.config import load_config; from harness.models import build_model\n"
         "from harness.cotangent import build_arm\n"
+        f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); from grad_phase import _arm_options\n"
         f"cfg = load_config({str(cfg_path)!r}); m = build_model(cfg.model, 0); t = cfg.train\n"
-        f"a = build_arm({arm!r}, m.parameters(), lr=t.lr, weight_decay=t.weight_decay, max_norm=t.clip_norm)\n"
+        f"a = build_arm({arm.split('/')[0]!r}, m.parameters(), lr=t.lr, weight_decay=t.weight_decay, max_norm=t.clip_norm, "
+        f"**_arm_options({arm.split('/')[1:]!r}))\n"
         "g = torch.Generator().manual_seed(0)\n"
         "def step():\n"
         "    x = torch.randint(0, 256, (t.batch_size, cfg.model.context + 1), generator=g)\n"
@@ -182,7 +197,7 @@ def main() -> int:
                     help="also time cotangent/torch with these CPU block sizes (KiB)")
     ap.add_argument("--json", help="write the results as JSON to this path")
     args = ap.parse_args()
-    names = [*ARMS, "cotangent/torch"] + ([] if args.no_compiled else ["compiled", "floor"])
+    names = [*ARMS, "cotangent/torch", "cotangent/release"] + ([] if args.no_compiled else ["compiled", "floor"])
     names += [f"cotangent/torch/{kib}KiB" for kib in args.block_sweep]
     kernel = native.kernel()
     phase_c = kernel.describe() if kernel else f"not used: {native.unavailable_reason()}"

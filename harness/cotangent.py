@@ -313,9 +313,12 @@ class _Pack:
 
     _registry: dict[int, _Pack] = {}
 
-    def __init__(self, params: list[Tensor], amsgrad: bool) -> None:
+    def __init__(self, params: list[Tensor], amsgrad: bool, release: bool = False) -> None:
         self.params = params
         self.n = len(params)
+        self.release_mode = release
+        # slots whose memory may not hold -0.0 (released pages read +0.0): filled by the hook
+        self.dirty = [False] * self.n
         self.ids = tuple(id(p) for p in params)
         self.grad_views: list[Tensor] = [None] * self.n  # type: ignore[list-item]
         self.produced = [False] * self.n
@@ -407,6 +410,9 @@ class _Pack:
                 raise RuntimeError("PackedAdamW does not support backward with create_graph=True")
             if grad.layout != torch.strided:
                 raise RuntimeError("PackedAdamW requires dense gradients (got a sparse gradient)")
+            if self.dirty[i]:  # runs before AccumulateGrad adds into the slot
+                self.grad_views[i].fill_(-0.0)
+                self.dirty[i] = False
             self.produced[i] = True
 
         return hook
@@ -425,6 +431,7 @@ class _Pack:
     def restore_view(self, i: int) -> None:
         gview = self.grad_views[i]
         gview.fill_(-0.0)
+        self.dirty[i] = False
         self.params[i].grad = gview
 
     def sync_grads(self) -> list[int] | None:
@@ -454,6 +461,7 @@ class _Pack:
             with torch.no_grad():
                 view.copy_(g)
             p.grad = view
+            self.dirty[i] = False
             self.produced[i] = True
         if all(self.produced):
             return None
@@ -484,9 +492,26 @@ class _Pack:
             g.grad.mul_(coef.to(g.device))
 
     def zero_grads(self) -> None:
-        for g in self.groups:
-            g.grad.fill_(-0.0)
+        if self.release_mode:
+            self.release_grads()
+        else:
+            for g in self.groups:
+                g.grad.fill_(-0.0)
         self.reset_views()
+
+    def release_grads(self) -> None:
+        """Zero the gradient buffers by giving their pages back to the OS (``release_grads``
+        mode); the hooks fill each slot with -0.0 again just before backward accumulates into it,
+        so gradient memory comes back as backward produces it, as native's does."""
+        for g in self.groups:
+            span = native.release_pages(g.grad)
+            if span is None:
+                g.grad.fill_(-0.0)
+                continue
+            lo, hi = span
+            g.grad[:lo].fill_(-0.0)
+            g.grad[hi:].fill_(-0.0)
+        self.dirty = [True] * self.n
 
     def consumed(self) -> None:
         """No gradient produced yet (after the buffer was zeroed with every ``.grad`` its view)."""
@@ -544,6 +569,12 @@ class PackedAdamW(torch.optim.Optimizer):
     block_bytes
         Bytes of each flat buffer one block of :meth:`clip_step_zero_grad` covers on CPU
         (default :data:`CPU_BLOCK_BYTES`). Speed only: every block size gives the same bits.
+    release_grads
+        ``False`` (default): the gradient buffer stays allocated between steps (zeroed with
+        -0.0), so peak memory exceeds native's by up to the gradients' bytes, which native frees
+        after each step. ``True``: zeroing gives the buffer's pages back to the OS (Linux) and
+        each slot is filled with -0.0 again when backward reaches its parameter, so peak memory
+        follows native's; the page faults cost time in backward. Same bits either way.
     kernel
         ``"auto"``: :meth:`clip_step_zero_grad` runs in C (:mod:`harness.native`) where that is
         verified bitwise (one float32 CPU buffer whose parameters are all multiples of 16
@@ -572,6 +603,7 @@ class PackedAdamW(torch.optim.Optimizer):
         update: str = "auto",
         block_bytes: int = CPU_BLOCK_BYTES,
         kernel: str = "auto",
+        release_grads: bool = False,
     ) -> None:
         if kernel not in ("auto", "torch"):
             raise ValueError(f"kernel must be auto or torch, not {kernel!r}")
@@ -624,7 +656,7 @@ class PackedAdamW(torch.optim.Optimizer):
         self._requested_update = update
         self.block_bytes = block_bytes
         self.kernel = kernel
-        self._pack = _Pack(unique, amsgrad)
+        self._pack = _Pack(unique, amsgrad, release=release_grads)
         self._build_state()
         self._build_plans()
 
@@ -776,7 +808,9 @@ class PackedAdamW(torch.optim.Optimizer):
         (native's default) would detach them from the flat buffer. The buffer is filled with
         ``-0.0``, the additive identity of IEEE arithmetic (``-0.0 + x == x`` bit for bit, ``+0.0``
         would turn a ``-0.0`` gradient into ``+0.0``), so the next backward's in-place
-        accumulation leaves exactly the bits native would store.
+        accumulation leaves exactly the bits native would store. With ``release_grads=True`` the
+        buffer's pages are given back to the OS instead; they read ``+0.0`` until backward, where
+        each parameter's hook fills its slot with ``-0.0`` just before accumulation.
         """
         del set_to_none
         self._pack.zero_grads()
@@ -836,7 +870,9 @@ class PackedAdamW(torch.optim.Optimizer):
             return total
         plan = self._native_phase()
         if plan is not None:
-            total = plan.run(float(max_norm), self.param_groups[0], error_if_nonfinite)
+            total = plan.run(float(max_norm), self.param_groups[0], error_if_nonfinite, zero=not pack.release_mode)
+            if pack.release_mode:
+                pack.release_grads()
             pack.consumed()
             return total
         total = pack.total_norm()
@@ -849,7 +885,10 @@ class PackedAdamW(torch.optim.Optimizer):
             for block in self._blocks[gi]:
                 block.grad.mul_(c)
                 torch._fused_adamw_(*block.lists, **kw)  # type: ignore[arg-type]
-                block.grad.fill_(-0.0)
+                if not pack.release_mode:
+                    block.grad.fill_(-0.0)
+        if pack.release_mode:
+            pack.release_grads()
         pack.reset_views()
         return total
 
@@ -906,7 +945,7 @@ class _NativePhase:
         self.hyper = native.Hyper(coef=self.coef.data_ptr(), steps=g.steps.data_ptr(), count=len(g.index),
                                   sq_form=kernel.sq_form, chunk=native.UPDATE_CHUNK)
 
-    def run(self, max_norm: float, group: dict[str, Any], error_if_nonfinite: bool) -> Tensor:
+    def run(self, max_norm: float, group: dict[str, Any], error_if_nonfinite: bool, zero: bool = True) -> Tensor:
         g, k, h = self.group, self.kernel, self.hyper
         threads = torch.get_num_threads()
         k.row_norms(g.grad, self.offsets, self.numels, self.first, self.rows, self.norms, threads)
@@ -917,6 +956,7 @@ class _NativePhase:
         h.beta1, h.beta2 = (float(b) for b in group["betas"])
         h.weight_decay, h.eps = float(group["weight_decay"]), float(group["eps"])
         h.amsgrad, h.maximize, h.threads = int(bool(group["amsgrad"])), int(bool(group["maximize"])), threads
+        h.zero = int(zero)
         k.update(g.param, g.grad, g.exp_avg, g.exp_avg_sq, g.max_exp_avg_sq, h)
         return total
 
@@ -982,6 +1022,7 @@ def build_arm(
     update: str = "auto",
     block_bytes: int = CPU_BLOCK_BYTES,
     kernel: str = "auto",
+    release_grads: bool = False,
 ) -> Arm:
     """Build one arm of the factorial over ``params`` (unique, in order)."""
     if arm not in ARMS:
@@ -996,7 +1037,7 @@ def build_arm(
     optimizer: torch.optim.Optimizer
     if opt == "packed":
         optimizer = PackedAdamW(plist, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, update=update,
-                                block_bytes=block_bytes, kernel=kernel)
+                                block_bytes=block_bytes, kernel=kernel, release_grads=release_grads)
     else:
         optimizer = torch.optim.AdamW(plist, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=True)
     clip_fn = clip_grad_norm_ if norms == "bucketed" else _native_clip

@@ -57,7 +57,7 @@ class Hyper(ctypes.Structure):
         ("lr", ctypes.c_double), ("beta1", ctypes.c_double), ("beta2", ctypes.c_double),
         ("weight_decay", ctypes.c_double), ("eps", ctypes.c_double),
         ("amsgrad", ctypes.c_int), ("maximize", ctypes.c_int), ("sq_form", ctypes.c_int), ("threads", ctypes.c_int),
-        ("chunk", ctypes.c_int64),
+        ("chunk", ctypes.c_int64), ("zero", ctypes.c_int),
     ]
 
 
@@ -94,6 +94,34 @@ class Kernel:
                hyper: Hyper) -> None:
         self.lib.cot_update(p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(),
                             None if mx is None else mx.data_ptr(), p.numel(), ctypes.byref(hyper))
+
+
+_PAGE = 4096
+_MADV_DONTNEED = 4
+_libc: ctypes.CDLL | None = None
+
+
+def release_pages(t: torch.Tensor) -> tuple[int, int] | None:
+    """Give the whole memory pages inside contiguous CPU tensor ``t`` back to the OS (Linux
+    ``madvise(MADV_DONTNEED)``: they read as +0.0 until written, and count in RSS again only when
+    touched). Returns the element range ``[lo, hi)`` released, or ``None`` where that is not
+    possible (another OS, too small a tensor)."""
+    global _libc
+    if platform.system() != "Linux" or t.device.type != "cpu" or not t.is_contiguous():
+        return None
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.madvise.argtypes = [_VP, ctypes.c_size_t, ctypes.c_int]
+        _libc.madvise.restype = ctypes.c_int
+    start = t.data_ptr()
+    end = start + t.numel() * t.element_size()
+    lo, hi = -(-start // _PAGE) * _PAGE, end // _PAGE * _PAGE
+    if hi <= lo:
+        return None
+    if _libc.madvise(lo, hi - lo, _MADV_DONTNEED) != 0:
+        return None
+    size = t.element_size()
+    return (lo - start) // size, (hi - start) // size
 
 
 def tasks_for(numels: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

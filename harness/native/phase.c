@@ -106,6 +106,7 @@ typedef struct {
   int sq_form; /* bit 0: v*b2 + (c*g)*g as fma(c*g, g, v*b2); bit 1: g taken before maximize's negation */
   int threads;
   int64_t chunk; /* elements per task, a multiple of 16 */
+  int zero;      /* write -0.0 over each gradient (zero_grad); 0 where the caller releases the pages */
 } cot_hyper;
 
 static void update_run(float* p, float* g, float* m, float* v, float* mx, int64_t n, const cot_hyper* h) {
@@ -125,7 +126,7 @@ static void update_run(float* p, float* g, float* m, float* v, float* mx, int64_
   for (int64_t d = 0; d < n; d += 8) {
     __m256 pv = _mm256_loadu_ps(p + d);
     __m256 gv = _mm256_mul_ps(_mm256_loadu_ps(g + d), vcoef); /* clip */
-    _mm256_storeu_ps(g + d, nzero);                            /* zero_grad */
+    if (h->zero) _mm256_storeu_ps(g + d, nzero);               /* zero_grad */
     const __m256 graw = gv;
     if (h->maximize) gv = _mm256_mul_ps(gv, neg1);
     if (wd) pv = _mm256_mul_ps(pv, decay);

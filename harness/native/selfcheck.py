@@ -100,7 +100,7 @@ def check_update(k: native.Kernel, sq_form: int) -> bool:
             g.fill_(-0.0)
             g2 = grad.clone()
             hyper = native.Hyper(coef.data_ptr(), mine[4].data_ptr(), 1, lr, b1, b2, wd, eps, int(amsgrad),
-                                 int(maximize), sq_form, torch.get_num_threads(), 1024)
+                                 int(maximize), sq_form, torch.get_num_threads(), 1024, 1)
             k.update(mine[0], g2, mine[1], mine[2], mine[3] if amsgrad else None, hyper)
             if not all(_same(a, b) for a, b in zip(ref, mine)) or not _same(g, g2):
                 return False
