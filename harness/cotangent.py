@@ -871,25 +871,22 @@ class PackedAdamW(torch.optim.Optimizer):
         plan = self._native_phase()
         if plan is not None:
             total = plan.run(float(max_norm), self.param_groups[0], error_if_nonfinite, zero=not pack.release_mode)
-            if pack.release_mode:
-                pack.release_grads()
-            pack.consumed()
-            return total
-        total = pack.total_norm()
-        _check_finite(total, 2.0, error_if_nonfinite)
-        coef = _clip_coef(float(max_norm), total)
-        for gi, g in enumerate(pack.groups):
-            g.steps.add_(1)
-            c = coef.to(g.device)
-            kw = self._lr_on(kwargs, g.device)
-            for block in self._blocks[gi]:
-                block.grad.mul_(c)
-                torch._fused_adamw_(*block.lists, **kw)  # type: ignore[arg-type]
-                if not pack.release_mode:
-                    block.grad.fill_(-0.0)
+        else:
+            total = pack.total_norm()
+            _check_finite(total, 2.0, error_if_nonfinite)
+            coef = _clip_coef(float(max_norm), total)
+            for gi, g in enumerate(pack.groups):
+                g.steps.add_(1)
+                c = coef.to(g.device)
+                kw = self._lr_on(kwargs, g.device)
+                for block in self._blocks[gi]:
+                    block.grad.mul_(c)
+                    torch._fused_adamw_(*block.lists, **kw)  # type: ignore[arg-type]
+                    if not pack.release_mode:
+                        block.grad.fill_(-0.0)
         if pack.release_mode:
             pack.release_grads()
-        pack.reset_views()
+        pack.consumed()  # sync_grads left every .grad its view; the phase did not touch them
         return total
 
     def state_dict(self) -> dict[str, Any]:
