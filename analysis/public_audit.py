@@ -27,7 +27,6 @@ import math
 import os
 import subprocess
 import sys
-from datetime import datetime
 
 REL_TOL = 1e-9
 RECORD_SUFFIX = ".record.json"
@@ -200,6 +199,7 @@ def recompute(records: list[dict]) -> dict:
         if r["status"] == "ok":
             ok.setdefault((s["study"], s["config"]), {}).setdefault(s["unit"], {})[s["role"]] = r
     exclusions: list = []
+    done = completeness(records)
     studies = []
     for st in proto["studies"]:
         entries = []
@@ -209,7 +209,7 @@ def recompute(records: list[dict]) -> dict:
             if not units:
                 continue
             if st["design"] == "paired":
-                entries.append(_paired(st, config, units, proto, level, exclusions))
+                entries.append(_paired(st, config, units, proto, level, exclusions, done))
             else:
                 entries.append(_factorial(config, units, level, exclusions))
         studies.append({"name": st["name"], "design": st["design"], "configs": entries})
@@ -225,7 +225,7 @@ def recompute(records: list[dict]) -> dict:
                      "test_bpb": r.get("test_bpb"), "peak_memory_bytes": peak(r)})
     rows.sort(key=lambda x: (x["order"], x["attempt"]))
     return {
-        "schema_version": 1, "protocol": proto,
+        "schema_version": 2, "protocol": proto, "completeness": done,
         "records": {"files": len(records), "ok": status.count("ok"), "failed": status.count("failed"),
                     "interrupted": status.count("interrupted"),
                     "device_seconds": math.fsum((r.get("timings") or {}).get("device_s") or 0.0 for r in records)},
@@ -233,7 +233,37 @@ def recompute(records: list[dict]) -> dict:
     }
 
 
-def _paired(st: dict, config: str, units: dict, proto: dict, level: float, exclusions: list) -> dict:
+def completeness(records: list[dict]) -> dict:
+    """Planned runs (seeds x configurations x 2 or 4) against ok runs; the budget rule's verdict."""
+    proto = records[0]["protocol"]
+    ok_ids = {r["spec"]["run_id"] for r in records if r["status"] == "ok"}
+    planned, unit_sizes = 0, []
+    for st in proto["studies"]:
+        if "seeds" not in st:
+            return {"planned_runs": None, "ok_runs": len(ok_ids), "missing_runs": None, "complete": None,
+                    "budget_stop": None, "text": "completeness unknown: these records do not list the planned seeds"}
+        size = 2 if st["design"] == "paired" else 4
+        n = len(st["seeds"]) * len(st["configs"]) * size
+        planned += n
+        if sum(1 for r in ok_ids if r.split(".", 1)[0] == st["name"]) < n:
+            unit_sizes.append(size)
+    missing = planned - len(ok_ids)
+    spent = math.fsum((r.get("timings") or {}).get("device_s") or 0.0 for r in records)
+    ok_s = [(r.get("timings") or {}).get("device_s") or 0.0 for r in records if r["status"] == "ok"]
+    budget = proto.get("budget_device_seconds")
+    stop = bool(missing and ok_s and budget is not None and spent + min(unit_sizes) * math.fsum(ok_s) / len(ok_s) > budget)
+    if missing == 0:
+        text = f"complete: all {planned} planned runs have an ok record"
+    elif stop:
+        text = (f"STOPPED BY THE BUDGET RULE: {missing} of {planned} planned runs have no ok record; "
+                f"{spent:.1f} of {budget:g} device seconds spent, and one more unit would exceed the budget")
+    else:
+        text = f"INCOMPLETE: {missing} of {planned} planned runs have no ok record"
+    return {"planned_runs": planned, "ok_runs": len(ok_ids), "missing_runs": missing, "complete": missing == 0,
+            "budget_stop": stop, "text": text}
+
+
+def _paired(st: dict, config: str, units: dict, proto: dict, level: float, exclusions: list, done: dict) -> dict:
     pairs = []
     for unit in sorted(units):
         arms = units[unit]
@@ -290,6 +320,12 @@ def _paired(st: dict, config: str, units: dict, proto: dict, level: float, exclu
                     f"tolerance not established: the {pct} interval's upper end {high:+.5f} BPB is not below "
                     f"the predeclared {tol:g}-BPB tolerance")
             decision = {"applies": True, "tolerance": tol, "upper": high, "established": est, "text": text}
+            if done["complete"] is False:
+                if done["budget_stop"]:
+                    decision["text"] = "(study stopped by its budget rule) " + text
+                else:
+                    decision.update(established=None, text=f"not reached (incomplete: {done['missing_runs']} of "
+                                                           f"{done['planned_runs']} planned runs have no ok record)")
     return {
         "config": config, "design": "paired", "level": level,
         "primary_endpoint": "time_to_target" if st["primary_endpoint"] == "time_to_target" else "training_time",
@@ -338,6 +374,341 @@ def _factorial(config: str, units: dict, level: float, exclusions: list) -> dict
     return {"config": config, "design": "factorial", "level": level, "units_seen": len(units),
             "parameters": params_of(units), "blocks_used": len(blocks), "cell_mean_training_s": means,
             "effects": effects, "blocks": blocks}
+
+
+# ------------------------------------------------------------------------------------------
+# The plan, recomputed from the protocol file alone (a YAML subset reader, then harness.plan's rules)
+# ------------------------------------------------------------------------------------------
+
+
+def _strip_comment(line: str) -> str:
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1] in " \t"):
+            return line[:i].rstrip()
+    return line.rstrip()
+
+
+def _scalar(text: str) -> object:
+    t = text.strip()
+    if t[:1] in "\"'" and t[-1:] == t[:1] and len(t) >= 2:
+        return json.loads(t) if t[0] == '"' else t[1:-1].replace("''", "'")
+    if t in ("true", "True"):
+        return True
+    if t in ("false", "False"):
+        return False
+    if t in ("null", "~", ""):
+        return None
+    for conv in (int, float):
+        try:
+            return conv(t.replace("_", "")) if conv is int else conv(t)
+        except ValueError:
+            pass
+    return t
+
+
+def _split_flow(body: str) -> list[str]:
+    parts, depth, quote, cur = [], 0, None, ""
+    for ch in body:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+            continue
+        cur += ch
+    if cur.strip():
+        parts.append(cur)
+    return parts
+
+
+def _value(text: str) -> object:
+    t = text.strip()
+    if t.startswith("[") and t.endswith("]"):
+        return [_value(p) for p in _split_flow(t[1:-1])]
+    if t.startswith("{") and t.endswith("}"):
+        out = {}
+        for p in _split_flow(t[1:-1]):
+            k, _, v = p.partition(":")
+            out[str(_scalar(k))] = _value(v)
+        return out
+    return _scalar(t)
+
+
+def yaml_subset(text: str) -> object:
+    """The YAML this project's protocols use: block mappings and sequences, flow lists and maps,
+    folded (``>``, ``>-``) and literal (``|``, ``|-``) blocks, plain and quoted scalars, comments.
+    Anything else raises ValueError (the audit then says it cannot recompute the plan)."""
+    raw = text.splitlines()
+    lines: list[tuple[int, str, int]] = []  # (indent, content, raw index)
+    for n, line in enumerate(raw):
+        s = _strip_comment(line)
+        if s.strip():
+            lines.append((len(s) - len(s.lstrip(" ")), s.strip(), n))
+
+    def block_scalar(style: str, start_raw: int, parent_indent: int) -> tuple[str, int]:
+        body: list[str] = []
+        n = start_raw + 1
+        ind = None
+        while n < len(raw):
+            line = raw[n]
+            if line.strip():
+                cur = len(line) - len(line.lstrip(" "))
+                if cur <= parent_indent:
+                    break
+                ind = cur if ind is None else ind
+                body.append(line[ind:])
+            else:
+                body.append("")
+            n += 1
+        while body and not body[-1]:
+            body.pop()
+        if style.startswith(">"):
+            text_ = " ".join(b.strip() for b in body)
+        else:
+            text_ = "\n".join(body)
+        return text_ + ("" if style.endswith("-") else "\n"), n
+
+    pos = 0
+
+    def parse(indent: int) -> object:
+        nonlocal pos
+        if pos >= len(lines):
+            return None
+        if lines[pos][1].startswith("- ") or lines[pos][1] == "-":
+            seq = []
+            while pos < len(lines) and lines[pos][0] == indent and (lines[pos][1].startswith("- ") or lines[pos][1] == "-"):
+                ind, content, n = lines[pos]
+                item = content[1:].strip()
+                if not item:
+                    pos += 1
+                    seq.append(parse(lines[pos][0]))
+                elif ":" in item and not item.startswith(("[", "{", '"', "'")):
+                    # a mapping that starts on the dash line: re-read it at the item's indent
+                    lines[pos] = (ind + 2, item, n)
+                    seq.append(parse(ind + 2))
+                else:
+                    seq.append(_value(item))
+                    pos += 1
+            return seq
+        mapping: dict = {}
+        while pos < len(lines) and lines[pos][0] == indent:
+            ind, content, n = lines[pos]
+            key, sep, rest = content.partition(":")
+            if not sep or key.startswith("- "):
+                raise ValueError(f"line {n + 1}: not a mapping entry: {content!r}")
+            key = str(_scalar(key))
+            rest = rest.strip()
+            if key in mapping:
+                raise ValueError(f"line {n + 1}: duplicate key {key!r}")
+            if rest in (">", ">-", "|", "|-"):
+                mapping[key], end = block_scalar(rest, n, ind)
+                pos += 1
+                while pos < len(lines) and lines[pos][2] < end:
+                    pos += 1
+            elif rest:
+                mapping[key] = _value(rest)
+                pos += 1
+            else:
+                pos += 1
+                if pos < len(lines) and (lines[pos][0] > ind or (lines[pos][0] == ind and lines[pos][1].startswith("- "))):
+                    mapping[key] = parse(lines[pos][0])
+                else:
+                    mapping[key] = None
+        return mapping
+
+    doc = parse(lines[0][0]) if lines else None
+    if pos != len(lines):
+        raise ValueError(f"line {lines[pos][2] + 1}: unexpected indentation")
+    return doc
+
+
+WILLIAMS_4 = ((0, 1, 3, 2), (1, 2, 0, 3), (2, 3, 1, 0), (3, 0, 2, 1))
+
+
+def plan_from_protocol(doc: dict, protocol_sha: str, config_sha: dict) -> list[dict]:
+    """harness.plan.make_plan, re-implemented: balanced pair orders, Williams-balanced blocks."""
+    import random
+
+    def rng(*parts: object) -> random.Random:
+        return random.Random(":".join(str(p) for p in (doc["order_seed"], *parts)))
+
+    runs: list[dict] = []
+    for st in doc["studies"]:
+        seeds = st["seeds"]
+        if isinstance(seeds, dict):
+            seeds = list(range(seeds["base"], seeds["base"] + seeds["count"]))
+        target = st["val_target_bpb"]
+        targets = {c: float(target[c] if isinstance(target, dict) else target) for c in st["configs"]}
+        arms = st.get("arms") or list(CELLS)
+        orders = {}
+        for config in st["configs"]:
+            n = len(seeds)
+            if st["design"] == "paired":
+                seq = [("baseline", "candidate")] * ((n + 1) // 2) + [("candidate", "baseline")] * (n // 2)
+                rng(st["name"], config).shuffle(seq)
+            else:
+                seq = []
+                for g in range(0, n, 4):
+                    rows = list(WILLIAMS_4)
+                    rng(st["name"], config, g).shuffle(rows)
+                    seq.extend(tuple(CELLS[i] for i in row) for row in rows[: min(4, n - g)])
+            orders[config] = seq
+        for si, seed in enumerate(seeds):
+            for config in st["configs"]:
+                kind = "pair" if st["design"] == "paired" else "block"
+                unit = f"{st['name']}.{config}.{kind}{si:03d}"
+                for pos, role in enumerate(orders[config][si]):
+                    arm = role if st["design"] == "factorial" else arms[0 if role == "baseline" else 1]
+                    runs.append({
+                        "run_id": f"{unit}.{role}", "protocol_id": doc["id"], "protocol_sha256": protocol_sha,
+                        "study": st["name"], "design": st["design"], "config": config,
+                        "config_sha256": config_sha[config], "arm": arm, "role": role, "seed": seed, "unit": unit,
+                        "position": pos, "order": len(runs), "steps": st["steps"], "val_every": st["val_every"],
+                        "val_target_bpb": targets[config], "corpus": doc["corpus"], "data_dir": doc.get("data_dir"),
+                        "device": doc["device"], "compile": doc["compile"], "threads": doc.get("threads"),
+                    })
+    return runs
+
+
+# ------------------------------------------------------------------------------------------
+# Ledger, freeze and completeness
+# ------------------------------------------------------------------------------------------
+
+
+def record_name(rec: dict) -> str:
+    return f"{rec['spec']['run_id']}.a{rec['attempt']}{RECORD_SUFFIX}"
+
+
+def check_ledger(records: list[dict], manifest: dict, genesis: str, published: tuple[int, str] | None) -> list[str]:
+    """The records as one hash chain; returns the breaks, the first one first."""
+    out: list[str] = []
+    unlinked = [record_name(r) for r in records if "ledger" not in r]
+    if unlinked:
+        return [f"{len(unlinked)} record(s) have no ledger link (schema 1 records predate the ledger): {unlinked[0]}"]
+    by_seq: dict = {}
+    for r in records:
+        by_seq.setdefault(r["ledger"]["seq"], []).append(r)
+    prev = genesis
+    for seq in range(1, max(by_seq, default=0) + 1):
+        here = by_seq.get(seq, [])
+        if not here:
+            out.append(f"ledger seq {seq}: no record (deleted, or the chain was cut)")
+            prev = None
+            continue
+        if len(here) > 1:
+            out.append(f"ledger seq {seq}: {len(here)} records claim it ({', '.join(record_name(r) for r in here)}): "
+                       "inserted")
+        r = here[0]
+        if prev is not None and r["ledger"]["prev"] != prev:
+            out.append(f"ledger seq {seq} ({record_name(r)}): prev {r['ledger']['prev'][:16]} is not the sha256 of "
+                       f"the record before it ({prev[:16]}): a record was edited and resealed, inserted, swapped or "
+                       "removed before it")
+        prev = r["sha256"]
+    n = max(by_seq, default=0)
+    head = manifest.get("ledger_head")
+    if head is not None and (head.get("seq") != n or (n and head.get("sha256") != by_seq[n][0]["sha256"])):
+        out.append(f"MANIFEST ledger_head {head} is not the chain's head (seq {n})")
+    if published is not None:
+        seq, sha = published
+        got = by_seq.get(seq)
+        if not got or not got[0]["sha256"].startswith(sha):
+            out.append(f"published head seq {seq} sha256 {sha[:16]}: the records hold "
+                       f"{got[0]['sha256'][:16] if got else 'no record'} at that position: history was rewritten")
+    return out
+
+
+def git_out(root: str, *args: str) -> str | None:
+    try:
+        r = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
+    except OSError:
+        return None
+    return r.stdout if r.returncode == 0 else None
+
+
+def check_freeze(root: str, proto: dict, records: list[dict], plan_sha: str | None) -> tuple[list[str], str]:
+    """The tag freezes what the records ran: returns problems and a one-line description."""
+    tag = proto.get("tag")
+    if not tag:
+        return [f"preregistered protocol {proto['id']}: records name no tag"], "no tag"
+    kind = git_out(root, "cat-file", "-t", f"refs/tags/{tag}")
+    if kind is None:
+        return [f"tag {tag} not found in the git repository at {root}"], f"{tag} missing"
+    if kind.strip() != "tag":
+        return [f"tag {tag} is a lightweight tag (no tag object, no freeze manifest): not made by harness tag"], \
+            f"{tag} lightweight"
+    problems: list[str] = []
+    obj = (git_out(root, "rev-parse", f"refs/tags/{tag}") or "").strip()
+    commit = (git_out(root, "rev-parse", f"{tag}^{{commit}}") or "").strip()
+    message = git_out(root, "cat-file", "tag", obj) or ""
+    _, sep, body = message.partition("freeze-manifest:")
+    try:
+        m = json.loads(body) if sep else None
+    except json.JSONDecodeError:
+        m = None
+    if m is None:
+        return [f"tag {tag}: its message holds no readable freeze manifest"], f"{tag} without manifest"
+    freeze = sha256(canonical(m))
+    blob = git_out(root, "show", f"{commit}:{proto['path']}")
+    tagged_sha = None
+    if blob is not None:
+        r = subprocess.run(["git", "show", f"{commit}:{proto['path']}"], cwd=root, capture_output=True, check=False)
+        tagged_sha = sha256(r.stdout)
+    if tagged_sha != proto["sha256"] or m.get("protocol", {}).get("sha256") != proto["sha256"]:
+        problems.append(f"tag {tag}: the protocol file at the tag ({proto['path']}, sha256 {str(tagged_sha)[:16]}) is not "
+                        f"the protocol the records name ({proto['sha256'][:16]})")
+    if plan_sha is not None and m.get("plan", {}).get("sha256") != plan_sha:
+        problems.append(f"tag {tag}: the freeze manifest's plan sha256 differs from the plan recomputed from the protocol")
+    for r in records:
+        p = r["protocol"]
+        for field, want in (("tag_commit", commit), ("tag_object", obj), ("freeze_sha256", freeze)):
+            if p.get(field) != want:
+                problems.append(f"{record_name(r)}: field protocol.{field} = {p.get(field)!r}, the tag's is {want}")
+                break
+    return problems, f"{tag} (object {obj[:12]}, commit {commit[:12]}, freeze {freeze[:12]})"
+
+
+def tally(plan: list[dict], records: list[dict]) -> tuple[list[dict], int, list[str]]:
+    """Per (study, configuration, arm): planned, ok, failed, interrupted, missing; and out-of-order runs."""
+    by_run: dict = {}
+    for r in records:
+        by_run.setdefault(r["spec"]["run_id"], []).append(r["status"])
+    rows: dict = {}
+    missing_total = 0
+    for s in plan:
+        row = rows.setdefault((s["study"], s["config"], s["arm"]), {"study": s["study"], "config": s["config"],
+                                                                    "arm": s["arm"], "planned": 0, "ok": 0,
+                                                                    "failed": 0, "interrupted": 0, "missing": 0})
+        st = by_run.get(s["run_id"], [])
+        row["planned"] += 1
+        row["interrupted"] += st.count("interrupted")
+        if "ok" in st:
+            row["ok"] += 1
+        elif "failed" in st:
+            row["failed"] += 1
+        if "ok" not in st:
+            row["missing"] += 1
+            missing_total += 1
+    order = {s["run_id"]: s["order"] for s in plan}
+    flagged, highest = [], -1
+    linked = sorted((r for r in records if "ledger" in r and r["attempt"] == 1), key=lambda r: r["ledger"]["seq"])
+    for r in linked:
+        o = order.get(r["spec"]["run_id"], -1)
+        if o < highest:
+            flagged.append(f"{r['spec']['run_id']} (plan position {o}) ran after plan position {highest}")
+        highest = max(highest, o)
+    return list(rows.values()), missing_total, flagged
 
 
 # ------------------------------------------------------------------------------------------
@@ -407,9 +778,14 @@ def git_tag(root: str, tag: str) -> tuple[str, str] | None:
     return created, commit
 
 
-def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[str]) -> None:
+def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[str],
+              notes: list[str], published: tuple[int, str] | None = None) -> None:
     def row(check: str, ok: bool, detail: str) -> None:
         rows.append((check, directory, ("ok: " if ok else "FAILED: ") + detail))
+
+    def fail(check: str, found: list[str], ok_detail: str) -> None:
+        problems.extend(found)
+        row(check, not found, found[0] if found else ok_detail)
 
     manifest_path = os.path.join(directory, "MANIFEST")
     if not os.path.isfile(manifest_path):
@@ -426,6 +802,10 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
         with open(path, "rb") as f:
             raw = f.read()
         rec = json.loads(raw)
+        if rec.get("schema_version") not in (1, 2):
+            problems.append(f"{path}: schema_version {rec.get('schema_version')!r} is unknown to this audit")
+            bad += 1
+            continue
         if not self_hash_ok(rec):
             problems.append(f"{path}: field sha256 = {rec.get('sha256')!r} does not match the record's canonical content")
             bad += 1
@@ -457,37 +837,64 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
             problems.append(f"{path}: source sha256 {actual} differs from MANIFEST's {digest}")
             bad += 1
     row("MANIFEST source files", bad == 0, f"{len(manifest['sources'])} files, {bad} problems")
+    # the protocol file in this checkout, and the plan recomputed from it alone
     ppath = os.path.join(root, proto["path"])
-    bad = 0
-    if os.path.isfile(ppath):
+    found = []
+    plan: list[dict] | None = None
+    plan_sha = None
+    if not os.path.isfile(ppath):
+        found.append(f"{ppath}: protocol file missing")
+    else:
         with open(ppath, "rb") as f:
-            psha = sha256(f.read())
-        for rec in records:
-            if rec["protocol"]["sha256"] != psha:
-                problems.append(f"{directory}/{rec['spec']['run_id']}.a{rec['attempt']}{RECORD_SUFFIX}: field "
-                                f"protocol.sha256 = {rec['protocol']['sha256']} differs from {ppath} ({psha})")
-                bad += 1
-    else:
-        problems.append(f"{ppath}: protocol file missing")
-        bad += 1
-    row("protocol sha256", bad == 0, f"{proto['id']} {proto['sha256'][:16]}...")
+            praw = f.read()
+        psha = sha256(praw)
+        found += [f"{directory}/{record_name(r)}: field protocol.sha256 = {r['protocol']['sha256']} differs from "
+                  f"{ppath} ({psha})" for r in records if r["protocol"]["sha256"] != psha]
+        try:
+            doc = yaml_subset(praw.decode("utf-8"))
+            cdir = os.path.join(root, "configs")
+            shas = {}
+            for st in doc["studies"]:  # type: ignore[index]
+                for c in st["configs"]:
+                    with open(os.path.join(cdir, f"{c}.yaml"), "rb") as f:
+                        shas[c] = sha256(f.read())
+            plan = plan_from_protocol(doc, psha, shas)  # type: ignore[arg-type]
+            plan_sha = sha256(canonical(plan))
+        except (ValueError, KeyError, TypeError, OSError) as e:
+            found.append(f"{ppath}: the plan cannot be recomputed from the protocol ({type(e).__name__}: {e})")
+    fail("protocol sha256", found, f"{proto['id']} {proto['sha256'][:16]}...")
+    if plan is not None:
+        found = []
+        by_id = {p["run_id"]: p for p in plan}
+        for r in records:
+            if r.get("plan_sha256") != plan_sha:
+                found.append(f"{record_name(r)}: field plan_sha256 = {r.get('plan_sha256')} differs from the plan "
+                             f"recomputed from the protocol ({plan_sha})")
+                break
+        for r in records:
+            want = by_id.get(r["spec"]["run_id"])
+            if want is None:
+                found.append(f"{record_name(r)}: run {r['spec']['run_id']} is not in the plan")
+            elif {k: r["spec"].get(k) for k in want} != want:
+                diff = sorted(k for k in want if r["spec"].get(k) != want[k])
+                found.append(f"{record_name(r)}: spec differs from the plan in {', '.join(diff)}")
+        fail("plan recomputed from the protocol", found, f"{len(plan)} planned runs, sha256 {plan_sha[:16]}...")
+    genesis = proto.get("freeze_sha256") or proto["sha256"]
+    fail("ledger chain", check_ledger(records, manifest, genesis, published),
+         f"{len(records)} records linked from {'the freeze manifest' if proto.get('freeze_sha256') else 'the protocol'}")
     if proto.get("preregistered"):
-        tag = git_tag(root, proto["tag"])
-        starts = sorted(r["started_at"] for r in records if r.get("started_at"))
-        if tag is None:
-            problems.append(f"{ppath}: tag {proto['tag']} not found in the git repository at {root}")
-            row("tag precedes records", False, f"{proto['tag']} missing")
-        else:
-            created, commit = tag
-            before = bool(starts) and datetime.fromisoformat(created) < datetime.fromisoformat(starts[0])
-            same = all(r["protocol"].get("tag_commit") == commit for r in records)
-            if not before:
-                problems.append(f"{ppath}: tag {proto['tag']} created {created}, not before the earliest record ({starts[:1]})")
-            if not same:
-                problems.append(f"{directory}: records name a tag commit other than {commit}")
-            row("tag precedes records", before and same, f"{proto['tag']} created {created}")
+        found, detail = check_freeze(root, proto, records, plan_sha)
+        fail("tag freezes the experiment", found, detail)
     else:
-        row("tag precedes records", True, "not preregistered: no tag required")
+        row("tag freezes the experiment", True, "not preregistered: no tag required")
+    if plan is not None:
+        table, missing, flagged = tally(plan, records)
+        for t in table:
+            notes.append(f"{directory}: {t['study']} / {t['config']} / {t['arm']}: planned {t['planned']}, ok {t['ok']}, "
+                         f"failed {t['failed']}, interrupted {t['interrupted']}, missing {t['missing']}")
+        notes.extend(f"{directory}: out of plan order: {x}" for x in flagged)
+        if missing:
+            notes.append(f"{directory}: INCOMPLETE: {missing} of {len(plan)} planned runs have no ok record")
     spath = os.path.join(directory, "summary.json")
     if not os.path.isfile(spath):
         row("summary.json recomputed", True, "no summary.json (run harness report): nothing to compare")
@@ -504,6 +911,15 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
 
 
 def main(argv: list[str]) -> int:
+    published = None
+    if "--head" in argv:
+        k = argv.index("--head")
+        seq, _, sha = argv[k + 1].partition(":") if k + 1 < len(argv) else ("", "", "")
+        if not seq.isdigit() or not sha:
+            print("public audit: --head takes SEQ:SHA256 (the ledger head you published)")
+            return 2
+        published = (int(seq), sha)
+        argv = argv[:k] + argv[k + 2:]
     dirs = argv
     if not dirs:
         base = "records"
@@ -514,20 +930,26 @@ def main(argv: list[str]) -> int:
             return 1
     rows: list[tuple[str, str, str]] = []
     problems: list[str] = []
+    notes: list[str] = []
     for d in dirs:
-        audit_dir(d, rows, problems)
+        audit_dir(d, rows, problems, notes, published)
     w1 = max(len(r[0]) for r in rows)
     w2 = max(len(r[1]) for r in rows)
     print(f"{'check'.ljust(w1)}  {'records'.ljust(w2)}  result")
     for check, d, result in rows:
         print(f"{check.ljust(w1)}  {d.ljust(w2)}  {result}")
+    if notes:
+        print("\nPlanned runs and their records:")
+        for n in notes:
+            print(f"  {n}")
     print("\nThis audit does not run training and does not check weight files (they stay local).")
     if problems:
         print(f"\n{len(problems)} problem(s):")
         for p in problems:
             print(f"- {p}")
         return 1
-    print("Everything matched.")
+    incomplete = [n for n in notes if "INCOMPLETE:" in n]
+    print("Integrity: everything matched." + (" The study is INCOMPLETE (see above)." if incomplete else ""))
     return 0
 
 

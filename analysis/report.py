@@ -6,40 +6,14 @@ and the per-run table as CSV or Parquet for users' own analysis.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from analysis.summary import derive, load_records
+from harness.records import atomic_write, seal, write_json
 
 MIB = 1024 * 1024
-
-
-def canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
-
-
-def seal(summary: dict[str, Any]) -> dict[str, Any]:
-    body = {k: v for k, v in summary.items() if k != "sha256"}
-    body["sha256"] = hashlib.sha256(canonical(body)).hexdigest()
-    return body
-
-
-def _write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _f(x: float | None, fmt: str) -> str:
@@ -57,7 +31,8 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 def markdown(summary: dict[str, Any]) -> str:
     p = summary["protocol"]
     rec = summary["records"]
-    out = [f"# Protocol {p['id']} (version {p['version']})", ""]
+    done = summary["completeness"]
+    out = [f"**{done['text']}.**", "", f"# Protocol {p['id']} (version {p['version']})", ""]
     out.append(f"Protocol sha256 `{p['sha256']}`" + (f", tag `{p['tag']}`" if p.get("tag") else ", not preregistered") + ".")
     out.append(f"Records: {rec['files']} run attempts ({rec['ok']} ok, {rec['failed']} failed, "
                f"{rec['interrupted']} interrupted); {rec['device_seconds']:.1f} device seconds in all.")
@@ -228,13 +203,13 @@ def write_report(records_dir: Path, export: str | None = None) -> ReportOutput:
         raise FileNotFoundError(f"no records in {records_dir}")
     summary = seal(derive(records))
     summary_path = records_dir / "summary.json"
-    _write(summary_path, json.dumps(summary, sort_keys=True, indent=1, allow_nan=False).encode("utf-8") + b"\n")
+    write_json(summary_path, summary, pretty=True)
     md = markdown(summary)
     made = plots(summary, records, records_dir)
     if made:
         md += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in made) + "\n"
     report_path = records_dir / "report.md"
-    _write(report_path, md.encode("utf-8"))
+    atomic_write(report_path, md.encode("utf-8"), overwrite=True)
     export_path = None
     if export:
         import pandas as pd

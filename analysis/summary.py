@@ -8,24 +8,25 @@ Selection rules (the audit re-implements them):
   ``exclusions`` with the reason;
 * time to target: pairs where an arm never reached the target are excluded (rule ``exclude``) or
   take that arm's full training time (rule ``full_budget``), as the protocol says; their count is
-  reported.
+  reported;
+* completeness (:func:`completeness`): a study whose planned runs do not all have an ``ok`` record
+  is incomplete, and its decisions are "not reached (incomplete)", unless the protocol's budget
+  rule explains the stop (the device seconds spent plus one more unit at the mean device seconds
+  of the ok runs exceed the budget), in which case the decisions are made and say so.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 from typing import Any
 
 from analysis.stats import factorial_contrasts, paired_interval, quality_decision
+from harness.records import load_records
 
-SUMMARY_SCHEMA = 1
-RECORD_SUFFIX = ".record.json"
+__all__ = ["completeness", "derive", "load_records", "run_rows"]
 
-
-def load_records(directory: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(directory.glob(f"*{RECORD_SUFFIX}"))]
+SUMMARY_SCHEMA = 2  # 2: "completeness"; decisions say "not reached" for an incomplete study
+UNIT_RUNS = {"paired": 2, "factorial": 4}
 
 
 def _peak(rec: dict[str, Any]) -> float | None:
@@ -74,8 +75,46 @@ def _endpoint(b: list[float], c: list[float], level: float, estimand: str) -> di
     }
 
 
+def completeness(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Planned runs against runs with an ``ok`` record, and whether the budget rule explains a stop.
+
+    Planned runs per study: seeds x configurations x runs per unit (2 for a pair, 4 for a block).
+    The budget explains a stop when ``spent + u * m > budget``: ``spent`` the device seconds of every
+    attempt, ``m`` the mean device seconds of the ok runs, ``u`` the smallest unit among studies with
+    missing runs (the rule ``harness run`` applies before each unit).
+    """
+    proto = records[0]["protocol"]
+    ok_ids = {r["spec"]["run_id"] for r in records if r["status"] == "ok"}
+    planned = 0
+    missing_units: list[int] = []
+    for st in proto["studies"]:
+        if "seeds" not in st:  # schema 1 records do not say
+            return {"planned_runs": None, "ok_runs": len(ok_ids), "missing_runs": None, "complete": None,
+                    "budget_stop": None, "text": "completeness unknown: these records do not list the planned seeds"}
+        n = len(st["seeds"]) * len(st["configs"]) * UNIT_RUNS[st["design"]]
+        planned += n
+        done = sum(1 for r in ok_ids if r.split(".", 1)[0] == st["name"])
+        if done < n:
+            missing_units.append(UNIT_RUNS[st["design"]])
+    missing = planned - len(ok_ids)
+    spent = math.fsum((r.get("timings") or {}).get("device_s") or 0.0 for r in records)
+    ok_s = [(r.get("timings") or {}).get("device_s") or 0.0 for r in records if r["status"] == "ok"]
+    budget = proto.get("budget_device_seconds")
+    budget_stop = bool(missing and ok_s and budget is not None
+                       and spent + min(missing_units) * math.fsum(ok_s) / len(ok_s) > budget)
+    if missing == 0:
+        text = f"complete: all {planned} planned runs have an ok record"
+    elif budget_stop:
+        text = (f"STOPPED BY THE BUDGET RULE: {missing} of {planned} planned runs have no ok record; "
+                f"{spent:.1f} of {budget:g} device seconds spent, and one more unit would exceed the budget")
+    else:
+        text = f"INCOMPLETE: {missing} of {planned} planned runs have no ok record"
+    return {"planned_runs": planned, "ok_runs": len(ok_ids), "missing_runs": missing, "complete": missing == 0,
+            "budget_stop": budget_stop, "text": text}
+
+
 def _paired(study: dict[str, Any], config: str, units: dict[str, dict[str, dict[str, Any]]],
-            protocol: dict[str, Any], exclusions: list[dict[str, str]]) -> dict[str, Any]:
+            protocol: dict[str, Any], exclusions: list[dict[str, str]], done: dict[str, Any]) -> dict[str, Any]:
     level = study["interval_level"]
     pairs = []
     for unit in sorted(units):
@@ -128,6 +167,12 @@ def _paired(study: dict[str, Any], config: str, units: dict[str, dict[str, dict[
                              study["quality_decision"])
         decision = {"applies": d.applies, "tolerance": d.tolerance, "upper": d.upper,
                     "established": d.established, "text": d.text}
+        if d.applies and done["complete"] is False:
+            if done["budget_stop"]:
+                decision["text"] = f"(study stopped by its budget rule) {d.text}"
+            else:
+                decision.update(established=None, text=f"not reached (incomplete: {done['missing_runs']} of "
+                                                       f"{done['planned_runs']} planned runs have no ok record)")
     return {
         "config": config, "design": "paired", "level": level, "primary_endpoint": primary_key,
         "parameters": _parameters(units),
@@ -189,6 +234,7 @@ def derive(records: list[dict[str, Any]]) -> dict[str, Any]:
         if r["status"] == "ok":
             ok.setdefault((s["study"], s["config"]), {}).setdefault(s["unit"], {})[s["role"]] = r
     exclusions: list[dict[str, str]] = []
+    done = completeness(records)
     studies = []
     for study in protocol["studies"]:
         entries = []
@@ -197,7 +243,7 @@ def derive(records: list[dict[str, Any]]) -> dict[str, Any]:
             if not units:
                 continue
             if study["design"] == "paired":
-                entries.append(_paired(study, config, units, protocol, exclusions))
+                entries.append(_paired(study, config, units, protocol, exclusions, done))
             else:
                 entries.append(_factorial(study, config, units, exclusions))
         studies.append({"name": study["name"], "design": study["design"], "configs": entries})
@@ -208,6 +254,7 @@ def derive(records: list[dict[str, Any]]) -> dict[str, Any]:
         "records": {"files": len(records), "ok": status.count("ok"), "failed": status.count("failed"),
                     "interrupted": status.count("interrupted"),
                     "device_seconds": math.fsum((r.get("timings") or {}).get("device_s") or 0.0 for r in records)},
+        "completeness": done,
         "exclusions": sorted(exclusions, key=lambda e: e["unit"]),
         "studies": studies,
         "runs": run_rows(records),

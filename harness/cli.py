@@ -83,11 +83,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_tag(args: argparse.Namespace) -> int:
-    from harness.protocol import load_protocol, tag_protocol
+    from harness.freeze import manifest_sha256, tag
+    from harness.protocol import load_protocol
 
     proto = load_protocol(args.protocol)
-    info = tag_protocol(proto)
+    info, m = tag(proto)
     print(f"tagged {info.name} -> {info.commit} (protocol sha256 {proto.sha256})")
+    print(f"freeze manifest sha256 {manifest_sha256(m)}: {len(m['configs'])} configurations, plan of "
+          f"{m['plan']['runs']} runs, frozen entries {', '.join(sorted(m['trees']))}, code of "
+          f"{', '.join(sorted(m['code']))}")
     return 0
 
 
@@ -168,14 +172,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     from harness.protocol import load_protocol
     from harness.scheduler import status_table
 
+    from harness.ledger import describe, head_of
+    from harness.records import load_records
+
     proto = load_protocol(args.protocol)
     rows, spent = status_table(proto)
+    head = head_of(load_records(proto.records_path), "")
     if args.json:
         print(json.dumps({"protocol": proto.id, "rows": rows, "device_seconds_spent": spent,
-                          "budget_device_seconds": proto.budget_device_seconds}, indent=1))
+                          "budget_device_seconds": proto.budget_device_seconds, "ledger_head": head}, indent=1))
         return 0
     print(_table(rows, ["study", "config", "runs", "done", "failed", "interrupted_attempts", "pending"]))
     print(f"\nbudget: {spent:.1f} of {proto.budget_device_seconds:.0f} device seconds spent; records in {proto.records_path}")
+    print(describe(head) if head["seq"] else "ledger: no records yet")
+    if head["seq"]:
+        print("publish this head (commit it, post it): any later rewrite of the records cannot match it")
     return 0
 
 

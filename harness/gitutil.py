@@ -43,8 +43,9 @@ class TagInfo:
     name: str
     commit: str
     object: str
-    created: str  # tagger date, ISO 8601 strict
+    created: str  # tagger date, ISO 8601 strict ("" for a lightweight tag)
     message: str
+    annotated: bool  # a tag object (``git tag -a``), not a bare ref to a commit
 
 
 def tag_info(repo: Path, name: str) -> TagInfo | None:
@@ -55,7 +56,8 @@ def tag_info(repo: Path, name: str) -> TagInfo | None:
     commit = git(repo, "rev-parse", f"{name}^{{commit}}").stdout.strip()
     fmt = git(repo, "for-each-ref", "--format=%(taggerdate:iso-strict)%00%(contents)", f"refs/tags/{name}").stdout
     created, _, message = fmt.partition("\x00")
-    return TagInfo(name, commit, obj, created.strip(), message.strip())
+    kind = git(repo, "cat-file", "-t", obj).stdout.strip()
+    return TagInfo(name, commit, obj, created.strip(), message.strip(), kind == "tag")
 
 
 def blob_at(repo: Path, rev: str, rel: str) -> bytes | None:

@@ -1,9 +1,8 @@
-"""Protocols: strict YAML schema, identity by sha256, freezing by git tag.
+"""Protocols: strict YAML schema and identity by sha256.
 
 A protocol is validated completely before anything runs; every error names the file, the key
-and the line. Its identity is the sha256 of the file's bytes. A preregistered protocol must be
-tagged ``protocol-<id>`` (``harness tag``) before its first run, and runs refuse a file whose
-bytes differ from the tagged blob or whose tag is not an ancestor of HEAD.
+and the line. Its identity is the sha256 of the file's bytes. Freezing (the tag and what it
+binds) lives in :mod:`harness.freeze`.
 """
 
 from __future__ import annotations
@@ -16,9 +15,8 @@ from typing import Any
 
 from harness import gitutil, yamlio
 from harness.config import Config, config_dir, find_config
-from harness.errors import InputError, RefusedError
+from harness.errors import InputError
 from harness.names import ARMS, CORPORA
-from harness.records import record_files
 from harness.yamlio import Field, one_of, positive
 
 ID_RE = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -133,9 +131,10 @@ class Protocol:
             "preregistered": self.preregistered, "tag": self.tag_name if self.preregistered else None,
             "interval_level": self.interval_level, "quality_tolerance_bpb": self.quality_tolerance_bpb,
             "unreached_target": self.unreached_target, "launcher": self.launcher, "device": self.device,
-            "compile": self.compile, "corpus": self.corpus,
+            "compile": self.compile, "corpus": self.corpus, "budget_device_seconds": self.budget_device_seconds,
             "studies": [
                 {"name": s.name, "design": s.design, "arms": list(s.arms), "configs": list(s.configs),
+                 "seeds": list(s.seeds),
                  "primary_endpoint": s.primary_endpoint, "quality_decision": s.quality_decision,
                  "interval_level": s.interval_level, "steps": s.steps}
                 for s in self.studies
@@ -237,6 +236,12 @@ def load_protocol(path: str | Path) -> Protocol:
             quality_decision=s["quality_decision"],
             interval_level=s["interval_level"] or top["interval_level"],
         ))
+    for key in ("records_dir", "data_dir"):
+        if top[key] is not None:
+            where = (root / top[key]).resolve()
+            if not where.is_relative_to(root.resolve()):
+                raise doc.error((key,), f"{top[key]!r} resolves to {where}, outside the study's repository {root}; "
+                                        "records and data must stay inside it")
     pending = False
     if top["calibration"] is not None:
         cal = yamlio.mapping(doc, top["calibration"], ("calibration",), {
@@ -257,63 +262,3 @@ def load_protocol(path: str | Path) -> Protocol:
         calibration_pending=pending, path=p,
         root=root, sha256=hashlib.sha256(doc.raw).hexdigest(), configs=configs,
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Freezing
-# --------------------------------------------------------------------------------------------
-
-
-def _repo(proto: Protocol) -> Path:
-    repo = gitutil.toplevel(proto.path)
-    if repo is None:
-        raise RefusedError(f"{proto.path}: not inside a git repository; a preregistered protocol must be committed and tagged")
-    return repo
-
-
-def tag_protocol(proto: Protocol) -> gitutil.TagInfo:
-    """Create the annotated tag ``protocol-<id>`` on HEAD after the checks ``harness tag`` promises."""
-    repo = _repo(proto)
-    rel = proto.path.resolve().relative_to(repo.resolve()).as_posix()
-    if proto.calibration_pending:
-        raise RefusedError(
-            f"{proto.path}: calibration is pending; run the pilot and the calibration command named under "
-            "'calibration', write the numbers into the protocol, set status: done, commit, then tag"
-        )
-    state = gitutil.file_state(repo, rel)
-    if state != "clean":
-        raise RefusedError(f"{proto.path}: the protocol file is {state}; commit it before tagging")
-    if gitutil.tag_info(repo, proto.tag_name) is not None:
-        raise RefusedError(f"tag {proto.tag_name} already exists; a protocol is frozen once (use a new id)")
-    if record_files(proto.records_path):
-        raise RefusedError(f"records already exist in {proto.records_path}; a tag must precede every outcome")
-    gitutil.create_tag(repo, proto.tag_name, f"protocol {proto.id}\nfile {rel}\nsha256 {proto.sha256}\n")
-    info = gitutil.tag_info(repo, proto.tag_name)
-    assert info is not None
-    return info
-
-
-def check_frozen(proto: Protocol) -> dict[str, Any]:
-    """For a preregistered protocol: the tag exists, holds these bytes, and is an ancestor of HEAD.
-
-    Returns what records say about the tag; for other protocols, nulls.
-    """
-    if not proto.preregistered:
-        return {"tag": None, "tag_commit": None, "tag_object": None, "tag_created": None}
-    repo = _repo(proto)
-    info = gitutil.tag_info(repo, proto.tag_name)
-    if info is None:
-        raise RefusedError(
-            f"{proto.path}: preregistered protocol {proto.id!r} has no tag {proto.tag_name}; "
-            f"commit it and run: harness tag {proto.path}"
-        )
-    rel = proto.path.resolve().relative_to(repo.resolve()).as_posix()
-    blob = gitutil.blob_at(repo, info.commit, rel)
-    if blob is None or hashlib.sha256(blob).hexdigest() != proto.sha256:
-        raise RefusedError(
-            f"{proto.path}: the file's bytes differ from the tagged protocol ({proto.tag_name} at {info.commit[:12]}); "
-            "a frozen protocol cannot change: copy it to a new id instead"
-        )
-    if not gitutil.is_ancestor(repo, info.commit):
-        raise RefusedError(f"{proto.tag_name} ({info.commit[:12]}) is not an ancestor of HEAD; check out the study's history")
-    return {"tag": info.name, "tag_commit": info.commit, "tag_object": info.object, "tag_created": info.created}

@@ -1,9 +1,17 @@
-"""Run records: versioned schema, canonical JSON, self-hashes, atomic no-overwrite writes, MANIFEST.
+"""The record format: canonical JSON, self-hash, atomic no-overwrite writes, versioned loading.
+
+This is the one home of the format. It imports the Python standard library only, so the torch-free
+:mod:`analysis` package and the runner share it. ``analysis/public_audit.py`` keeps its own
+independent copy of the hashing rules by design (it must not trust this code).
 
 Format log (``schema_version``):
 
 * 1 - first version: one JSON file per run attempt, ``sha256`` over the canonical JSON of the
   record without that field; MANIFEST lists record and source hashes.
+* 2 - ``ledger`` (``seq``: 1-based position in the protocol's append-only chain, ``prev``: the
+  ``sha256`` of the record before it, or the freeze manifest's sha256 for the first record) and
+  ``protocol.freeze_sha256`` (the hash of the manifest that ``harness tag`` wrote into the tag).
+  Version 1 records are still read; they have no ledger, which the audit reports.
 
 Canonical JSON: ``json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
 allow_nan=False)`` encoded as UTF-8. Non-finite floats are stored as ``null``.
@@ -18,13 +26,66 @@ import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
-from harness.errors import RefusedError
+from harness.errors import RefusedError  # standard library only, like this module
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 MANIFEST = "MANIFEST"
 RECORD_SUFFIX = ".record.json"
+
+
+class RecordFormatError(ValueError):
+    """A record file that cannot be read as a record of a known format version."""
+
+
+class LedgerLink(TypedDict):
+    seq: int  # 1-based position in the protocol's chain
+    prev: str  # sha256 of the record before (the freeze manifest's sha256 for seq 1)
+
+
+class LedgerHead(TypedDict):
+    seq: int  # records in the chain
+    sha256: str  # the last record's sha256 (or the freeze manifest's sha256 when empty)
+
+
+class GitState(TypedDict):
+    commit: str | None
+    dirty: bool | None
+
+
+class RunRecord(TypedDict, total=False):
+    """One run attempt. Written by the runner; read by the analysis and the audit."""
+
+    schema_version: int
+    protocol: dict[str, Any]  # Protocol.summary() plus the tag facts and freeze_sha256
+    plan_sha256: str
+    spec: dict[str, Any]  # RunSpec.as_dict()
+    attempt: int  # 1-based attempt number of this run
+    git: GitState
+    status: str  # "ok", "failed" or "interrupted"
+    reason: str | None
+    started_at: str | None
+    finished_at: str | None
+    timings: dict[str, Any]  # device_s always; the worker's clocks when it got that far
+    ledger: LedgerLink
+    sha256: str
+    # what the worker measured (absent when it failed early)
+    env: dict[str, Any]
+    parameters: int
+    method_paths: dict[str, Any]
+    curve: list[list[float]]
+    val_curve: list[list[float]]
+    val_bpb: float
+    test_bpb: float
+    rescored_test_bpb: float
+    rescore_identical: bool
+    eval_bytes: dict[str, int]
+    memory: dict[str, Any]
+    checkpoint: dict[str, Any]
+    traceback: str
+    log_tail: str
 
 
 def jsonable(obj: Any) -> Any:
@@ -93,33 +154,62 @@ def atomic_write(path: Path, data: bytes, *, overwrite: bool) -> None:
             os.unlink(tmp)
 
 
-def write_record(directory: Path, name: str, record: dict[str, Any]) -> Path:
-    """Seal and write one record as ``<name>.record.json``; never overwrites."""
-    sealed = seal(record)
-    path = directory / f"{name}{RECORD_SUFFIX}"
+def write_json(path: Path, obj: Any, *, overwrite: bool = True, pretty: bool = False) -> None:
+    """Atomically write ``obj`` as JSON (canonical, or sorted and indented when ``pretty``)."""
+    data = json.dumps(obj, sort_keys=True, indent=1, allow_nan=False).encode("utf-8") if pretty else canonical(obj)
+    atomic_write(path, data + b"\n", overwrite=overwrite)
+
+
+def record_path(directory: Path, run_id: str, attempt: int) -> Path:
+    return directory / f"{run_id}.a{attempt}{RECORD_SUFFIX}"
+
+
+def write_record(directory: Path, record: RunRecord | dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """Seal and write one record as ``<run_id>.a<attempt>.record.json``; never overwrites."""
+    sealed = seal(dict(record))
+    path = record_path(directory, sealed["spec"]["run_id"], sealed["attempt"])
     atomic_write(path, canonical(sealed) + b"\n", overwrite=False)
-    return path
+    return path, sealed
 
 
-def read_record(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text(encoding="utf-8"))
+def read_record(path: Path) -> RunRecord:
+    """Read one record, refusing a format version this code does not know."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RecordFormatError(f"{path}: not a readable JSON record ({e})") from e
+    if not isinstance(data, dict):
+        raise RecordFormatError(f"{path}: a record is a JSON object, found {type(data).__name__}")
+    version = data.get("schema_version")
+    if version not in READABLE_VERSIONS:
+        raise RecordFormatError(
+            f"{path}: record schema_version {version!r} is not one this harness reads "
+            f"({', '.join(map(str, READABLE_VERSIONS))}); a newer harness wrote it: upgrade to read it"
+        )
+    return data  # type: ignore[return-value]
 
 
 def record_files(directory: Path) -> list[Path]:
     return sorted(directory.glob(f"*{RECORD_SUFFIX}")) if directory.is_dir() else []
 
 
-def load_records(directory: Path) -> list[dict[str, Any]]:
-    return [read_record(p) for p in record_files(directory)]
+def load_records(directory: Path) -> list[RunRecord]:
+    """Every record of a folder, in ledger order (then file name, for version 1 records)."""
+    recs = [read_record(p) for p in record_files(directory)]
+    recs.sort(key=lambda r: (r.get("ledger", {}).get("seq", 0), r["spec"]["run_id"], r["attempt"]))
+    return recs
 
 
 def source_hashes(root: Path, extra: Iterable[Path]) -> dict[str, str]:
-    """sha256 of every source file that produces records: harness/, analysis/, configs/, extras."""
+    """sha256 of every source file that produces records: harness/ (Python and C), analysis/,
+    configs/, the tracked verified-paths files, and ``extra`` (the protocol, plug-in sources)."""
     files: set[Path] = set()
-    for sub, pattern in (("harness", "*.py"), ("analysis", "*.py"), ("configs", "*.yaml")):
+    for sub, patterns in (("harness", ("*.py", "*.c")), ("analysis", ("*.py",)), ("configs", ("*.yaml",)),
+                          ("verified", ("*.json",))):
         base = root / sub
         if base.is_dir():
-            files.update(p for p in base.rglob(pattern) if "__pycache__" not in p.parts)
+            for pattern in patterns:
+                files.update(p for p in base.rglob(pattern) if "__pycache__" not in p.parts)
     files.update(extra)
     out = {}
     for p in sorted(files):
@@ -128,15 +218,17 @@ def source_hashes(root: Path, extra: Iterable[Path]) -> dict[str, str]:
     return out
 
 
-def write_manifest(directory: Path, root: Path, protocol_path: Path, protocol: dict[str, Any]) -> Path:
-    """Rewrite MANIFEST atomically: every record file's sha256 and every source file's sha256."""
+def write_manifest(directory: Path, root: Path, extra: Iterable[Path], protocol: dict[str, Any],
+                   head: LedgerHead | None) -> Path:
+    """Rewrite MANIFEST atomically: every record file's sha256, the ledger head, every source's sha256."""
     records = {p.name: sha256_bytes(p.read_bytes()) for p in record_files(directory)}
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "protocol": protocol,
         "records": records,
-        "sources": source_hashes(root, [protocol_path]),
+        "ledger_head": head,
+        "sources": source_hashes(root, extra),
     }
     path = directory / MANIFEST
-    atomic_write(path, json.dumps(manifest, sort_keys=True, indent=1).encode("utf-8") + b"\n", overwrite=True)
+    write_json(path, manifest, pretty=True)
     return path

@@ -30,18 +30,11 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from harness import gitutil
+from harness import freeze, gitutil
+from harness.ledger import Ledger, describe
 from harness.plan import RunSpec, make_plan, plan_sha256, units
-from harness.protocol import Protocol, check_frozen
-from harness.records import (
-    SCHEMA_VERSION,
-    atomic_write,
-    canonical,
-    jsonable,
-    load_records,
-    write_manifest,
-    write_record,
-)
+from harness.protocol import Protocol
+from harness.records import SCHEMA_VERSION, RunRecord, atomic_write, canonical, jsonable, load_records
 
 HEARTBEAT_S = 5.0
 
@@ -56,6 +49,7 @@ class RunState:
     failed: bool = False
     attempts: int = 0
     device_s: float = 0.0
+    ok_device_s: float = 0.0
 
 
 @dataclass
@@ -80,6 +74,7 @@ def run_states(proto: Protocol) -> dict[str, RunState]:
         st.device_s += rec["timings"].get("device_s") or 0.0
         if rec["status"] == "ok":
             st.ok = True
+            st.ok_device_s = rec["timings"].get("device_s") or 0.0
         elif rec["status"] == "failed":
             st.failed = True
     return states
@@ -106,6 +101,16 @@ class Runner:
         self.records = proto.records_path
         self.host = socket.gethostname()
         self._server: ForkServer | None = None
+        self.frozen = freeze.NOT_FROZEN
+        self._ledger: Ledger | None = None
+
+    @property
+    def ledger(self) -> Ledger:
+        if self._ledger is None:
+            genesis = self.frozen.freeze_sha256 or self.proto.sha256
+            self._ledger = Ledger(self.records, self.dir / "locks" / "ledger.lock", genesis, root=self.root,
+                                  sources=[self.proto.path], protocol=self.proto.summary())
+        return self._ledger
 
     # -- bookkeeping ---------------------------------------------------------------------
     def _marker(self, run_id: str, attempt: int) -> Path:
@@ -117,9 +122,9 @@ class Runner:
         atomic_write(path, canonical(data), overwrite=True)
         return path
 
-    def _base_record(self, spec: RunSpec, attempt: int, frozen: dict[str, Any]) -> dict[str, Any]:
+    def _base_record(self, spec: RunSpec, attempt: int) -> RunRecord:
         repo = gitutil.toplevel(self.root)
-        protocol = {**self.proto.summary(), **frozen}
+        protocol = {**self.proto.summary(), **self.frozen.as_dict()}
         return {
             "schema_version": SCHEMA_VERSION,
             "protocol": protocol,
@@ -132,13 +137,10 @@ class Runner:
             },
         }
 
-    def _write(self, spec: RunSpec, attempt: int, record: dict[str, Any]) -> None:
-        write_record(self.records, f"{spec.run_id}.a{attempt}", record)
-        lock = FileLock(str(self.dir / "locks" / "manifest.lock"))
-        with lock:
-            write_manifest(self.records, self.root, self.proto.path, self.proto.summary())
+    def _write(self, record: RunRecord) -> None:
+        self.ledger.append(record)
 
-    def _note_interrupted(self, spec: RunSpec, attempts_done: int, frozen: dict[str, Any]) -> int:
+    def _note_interrupted(self, spec: RunSpec, attempts_done: int) -> int:
         """Record every attempt marker that has no record; return the next attempt number."""
         attempt = attempts_done
         while True:
@@ -152,7 +154,7 @@ class Runner:
             info = json.loads(marker.read_text(encoding="utf-8") or "{}")
             started = datetime.fromisoformat(info.get("started_at", now_iso()))
             last = datetime.fromtimestamp(marker.stat().st_mtime, timezone.utc)
-            rec = self._base_record(spec, attempt, frozen)
+            rec = self._base_record(spec, attempt)
             rec.update(
                 status="interrupted",
                 reason=(f"attempt started at {info.get('started_at')} on {info.get('host')} (pid {info.get('pid')}) "
@@ -160,12 +162,12 @@ class Runner:
                 started_at=info.get("started_at"), finished_at=None,
                 timings={"device_s": max(0.0, (last - started).total_seconds())},
             )
-            self._write(spec, attempt, rec)
+            self._write(rec)
             marker.unlink(missing_ok=True)
             self.echo(f"noted interrupted attempt {attempt} of {spec.run_id}")
 
     # -- execution -----------------------------------------------------------------------
-    def _execute(self, spec: RunSpec, attempt: int, frozen: dict[str, Any], progress: Progress) -> str:
+    def _execute(self, spec: RunSpec, attempt: int, progress: Progress) -> str:
         marker = self._write_marker(spec, attempt)
         work = self.dir / "work" / f"{spec.run_id}.a{attempt}"
         work.mkdir(parents=True, exist_ok=True)
@@ -210,7 +212,7 @@ class Runner:
                             beat()
             device_s = time.monotonic() - t0
             finished_at = now_iso()
-        rec = self._base_record(spec, attempt, frozen)
+        rec = self._base_record(spec, attempt)
         result: dict[str, Any] = {}
         if result_path.exists():
             result = json.loads(result_path.read_text(encoding="utf-8"))
@@ -231,7 +233,7 @@ class Runner:
         timings["device_s"] = device_s
         rec.update(result)
         rec.update(status=status, reason=reason, started_at=started_at, finished_at=finished_at, timings=timings)
-        self._write(spec, attempt, jsonable(rec))
+        self._write(jsonable(rec))
         marker.unlink(missing_ok=True)
         progress.executed_s.append(device_s)
         return status
@@ -244,7 +246,7 @@ class Runner:
     def run(self) -> int:
         """Work through the plan; returns the number of runs that are still not done."""
         proto = self.proto
-        frozen = check_frozen(proto)
+        self.frozen = freeze.check(proto, self.plan_sha, len(self.runs))
         if proto.torch_version and not self.allow_torch_mismatch:
             import torch
 
@@ -274,7 +276,9 @@ class Runner:
                 if not todo:
                     continue
                 spent = sum(st.device_s for st in states.values())
-                per_run = [st.device_s / max(1, st.attempts) for st in states.values() if st.ok]
+                # the budget rule (analysis.summary.completeness restates it): the unit's runs at the
+                # mean device seconds of the ok runs so far
+                per_run = [st.ok_device_s for st in states.values() if st.ok]
                 expected = (sum(per_run) / len(per_run)) * len(todo) if per_run else 0.0
                 if spent + expected > proto.budget_device_seconds:
                     self.echo(
@@ -285,12 +289,13 @@ class Runner:
                     break
                 for spec in todo:
                     st = states.get(spec.run_id, RunState())
-                    attempt = self._note_interrupted(spec, st.attempts, frozen)
+                    attempt = self._note_interrupted(spec, st.attempts)
                     self.echo(f"[{progress.done + 1}/{progress.total}] {spec.run_id} ({spec.arm}, seed {spec.seed}) "
                               f"attempt {attempt} ... ETA {progress.eta()}")
-                    status = self._execute(spec, attempt, frozen, progress)
+                    status = self._execute(spec, attempt, progress)
                     progress.done += 1
                     self.echo(f"  {status} ({progress.executed_s[-1]:.1f} s)")
+                self.echo(f"  {describe(self.ledger.head())}")
             finally:
                 lock.release()
         if self._server is not None:

@@ -14,7 +14,8 @@ def saved_path(device_type: str) -> Path:
     if env:
         return Path(env)
     version = torch.__version__.split("+")[0]
-    return Path("runs") / "verified" / f"{device_type}-torch{version}.json"
+    # tracked with the study (not under runs/): the tag's freeze set includes it by construction
+    return Path("verified") / f"{device_type}-torch{version}.json"
 
 
 def load_saved(device_type: str) -> Any:

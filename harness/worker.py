@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from harness.freeze import code_sha256
 from harness.records import atomic_write, canonical, jsonable, sha256_bytes
 
 
@@ -32,15 +33,6 @@ class RunFailure(RuntimeError):
 
 def _sha_file(path: Path) -> str:
     return sha256_bytes(path.read_bytes())
-
-
-def harness_source_sha256() -> str:
-    base = Path(__file__).resolve().parent
-    h = []
-    for p in sorted([*base.rglob("*.py"), *base.rglob("*.c")]):
-        if "__pycache__" not in p.parts:
-            h.append(f"{p.relative_to(base).as_posix()}:{_sha_file(p)}")
-    return sha256_bytes("\n".join(h).encode())
 
 
 def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
@@ -64,7 +56,7 @@ def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     env = {
         "host": socket.gethostname(), "os": platform.platform(), "python": platform.python_version(),
         "torch": torch.__version__, "device": str(device), "device_name": devices.device_name(device),
-        "threads": torch.get_num_threads(), "harness_sha256": harness_source_sha256(),
+        "threads": torch.get_num_threads(), "harness_sha256": code_sha256()["harness"],
         "config_sha256": cfg.sha256, "corpus_sha256": corpus.sha256(),
     }
     result["env"] = env

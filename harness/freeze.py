@@ -1,0 +1,248 @@
+"""What a protocol's tag freezes, and the check that nothing frozen drifted before a run.
+
+``harness tag`` writes a small machine-readable *freeze manifest* into the annotated tag's
+message. It binds everything that defines the experiment:
+
+* the protocol file's sha256 and every referenced configuration's sha256;
+* the plan's sha256 and run count (so the order algorithm cannot change);
+* the git object id, at the tagged commit, of **every top-level entry of the repository except
+  the few listed in** :data:`EXEMPT` (records, other protocols, tests, benchmarks, docs, CI). A new
+  folder (a plug-in package, a verified-paths folder) joins the freeze set by construction: only
+  an explicit exemption keeps something out, and the manifest lists the exemptions;
+* the sha256 of the running harness and analysis sources (:func:`code_sha256`), so the code that
+  executes is the tagged code even when the package is installed outside the repository.
+
+The manifest's own sha256 (canonical JSON) is stored in every record and starts the ledger.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness import gitutil
+from harness.errors import RefusedError
+from harness.records import canonical, sha256_bytes
+
+FORMAT = 1
+MARKER = "freeze-manifest:"
+
+#: Top-level entries that cannot change an outcome: records are the outcomes, ``protocols/`` holds
+#: later protocols (the frozen one is bound by its own sha256), the rest is documentation, tests
+#: and CI. Top-level ``*.md`` files are exempt too. Everything else is frozen.
+EXEMPT = frozenset({"records", "protocols", "tests", "benchmarks", "docs", ".ci", ".github", ".gitignore",
+                    "LICENSE", "runs"})
+
+_PACKAGES = ("harness", "analysis")
+
+
+def exempt(entry: str) -> bool:
+    return entry in EXEMPT or entry.endswith(".md")
+
+
+def code_sha256() -> dict[str, str]:
+    """sha256 over the source files (``*.py``, ``*.c``) of the running harness and analysis packages."""
+    import analysis
+    import harness
+
+    out = {}
+    for mod in (harness, analysis):
+        base = Path(mod.__file__).resolve().parent
+        lines = []
+        for p in sorted([*base.rglob("*.py"), *base.rglob("*.c")]):
+            if "__pycache__" not in p.parts:
+                lines.append(f"{p.relative_to(base).as_posix()}:{sha256_bytes(p.read_bytes())}")
+        out[mod.__name__] = sha256_bytes("\n".join(lines).encode())
+    return out
+
+
+def frozen_entries(repo: Path, rev: str) -> dict[str, str]:
+    """Top-level entries of ``rev``'s tree that are frozen, with their git object ids."""
+    listing = gitutil.git(repo, "ls-tree", rev).stdout
+    out = {}
+    for line in listing.splitlines():
+        meta, _, name = line.partition("\t")
+        if not exempt(name):
+            out[name] = meta.split()[2]
+    return out
+
+
+def manifest(proto: Any, plan_sha: str, runs: int, repo: Path, rev: str = "HEAD") -> dict[str, Any]:
+    """The freeze manifest of ``proto`` at ``rev`` (the code part is the running code's)."""
+    return {
+        "format": FORMAT,
+        "protocol": {"id": proto.id, "path": proto.path.resolve().relative_to(repo.resolve()).as_posix(),
+                     "sha256": proto.sha256},
+        "configs": {name: c.sha256 for name, c in sorted(proto.configs.items())},
+        "plan": {"sha256": plan_sha, "runs": runs},
+        "trees": frozen_entries(repo, rev),
+        "code": code_sha256(),
+        "exempt": sorted(EXEMPT) + ["*.md"],
+    }
+
+
+def manifest_sha256(m: dict[str, Any]) -> str:
+    return sha256_bytes(canonical(m))
+
+
+def tag_message(proto: Any, m: dict[str, Any]) -> str:
+    return (f"protocol {proto.id}\nfile {m['protocol']['path']}\nsha256 {proto.sha256}\n"
+            f"freeze {manifest_sha256(m)}\n\n{MARKER}\n{json.dumps(m, sort_keys=True, indent=1)}\n")
+
+
+def parse_tag_message(message: str) -> dict[str, Any] | None:
+    """The freeze manifest held in a tag message, or ``None`` when it has none."""
+    head, sep, body = message.partition(MARKER)
+    if not sep:
+        return None
+    try:
+        m = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    return m if isinstance(m, dict) else None
+
+
+@dataclass(frozen=True)
+class Frozen:
+    """What a run of a preregistered protocol records about its freeze."""
+
+    tag: str | None
+    tag_commit: str | None
+    tag_object: str | None
+    tag_created: str | None
+    freeze_sha256: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tag": self.tag, "tag_commit": self.tag_commit, "tag_object": self.tag_object,
+                "tag_created": self.tag_created, "freeze_sha256": self.freeze_sha256}
+
+
+NOT_FROZEN = Frozen(None, None, None, None, None)
+
+
+def drift(repo: Path, tagged: dict[str, Any], current: dict[str, Any], tag_commit: str) -> list[str]:
+    """Every frozen item that differs between the tag's manifest and now, naming paths."""
+    out: list[str] = []
+    if tagged.get("protocol", {}).get("sha256") != current["protocol"]["sha256"]:
+        out.append(f"{current['protocol']['path']}: protocol bytes differ from the tagged file")
+    for name, sha in current["configs"].items():
+        if tagged.get("configs", {}).get(name) != sha:
+            out.append(f"configuration {name}: sha256 {sha[:12]} differs from the tag's")
+    if tagged.get("plan") != current["plan"]:
+        out.append(f"plan: sha256 {current['plan']['sha256'][:12]} ({current['plan']['runs']} runs) differs from the "
+                   f"tag's (the plan algorithm or its inputs changed)")
+    then, now = tagged.get("trees", {}), current["trees"]
+    for entry in sorted(set(then) | set(now)):
+        if then.get(entry) == now.get(entry):
+            continue
+        if entry not in then:
+            out.append(f"{entry}: added after the tag")
+        elif entry not in now:
+            out.append(f"{entry}: removed after the tag")
+        else:
+            changed = gitutil.git(repo, "diff", "--name-only", tag_commit, "HEAD", "--", entry, check=False).stdout.split()
+            out.extend(f"{p}: changed after the tag" for p in changed) if changed else out.append(
+                f"{entry}: changed after the tag")
+    for pkg, sha in current["code"].items():
+        if tagged.get("code", {}).get(pkg) != sha:
+            out.append(f"the running {pkg} package's source (sha256 {sha[:12]}) differs from the tagged code")
+    return out
+
+
+def uncommitted(repo: Path) -> list[str]:
+    """Uncommitted changes and untracked files anywhere outside the exempt entries."""
+    r = gitutil.git(repo, "status", "--porcelain", "--untracked-files=all", check=False)
+    out = []
+    for line in r.stdout.splitlines():
+        state, path = line[:2], line[3:]
+        if " -> " in path:  # a rename names both sides
+            path = path.split(" -> ", 1)[1]
+        if exempt(path.strip('"').split("/", 1)[0]):
+            continue
+        out.append(f"{path}: {'untracked' if state == '??' else 'uncommitted change'}")
+    return out
+
+
+def check(proto: Any, plan_sha: str, runs: int) -> Frozen:
+    """For a preregistered protocol: refuse unless everything frozen at the tag is unchanged.
+
+    Refuses (naming every differing path) when the tag is missing or lightweight, holds no freeze
+    manifest, is not an ancestor of HEAD, or when the protocol, a configuration, the plan, a frozen
+    folder or the running code differ from the tag, or when the frozen folders have uncommitted
+    changes or untracked files. Returns what the records say about the freeze.
+    """
+    if not proto.preregistered:
+        return NOT_FROZEN
+    repo = gitutil.toplevel(proto.path)
+    if repo is None:
+        raise RefusedError(f"{proto.path}: not inside a git repository; a preregistered protocol must be committed "
+                           "and tagged")
+    info = gitutil.tag_info(repo, proto.tag_name)
+    how = f"to run a changed experiment, copy {proto.relpath} to a new protocol id, commit it and run: harness tag"
+    if info is None:
+        raise RefusedError(f"{proto.path}: preregistered protocol {proto.id!r} has no tag {proto.tag_name}; "
+                           f"commit it and run: harness tag {proto.path}")
+    if not info.annotated:
+        raise RefusedError(f"{proto.tag_name} is a lightweight tag; only `harness tag` (an annotated tag holding "
+                           f"the freeze manifest) freezes a protocol: delete it and run: harness tag {proto.path}")
+    tagged = parse_tag_message(info.message)
+    if tagged is None:
+        raise RefusedError(f"{proto.tag_name} holds no freeze manifest (it was not made by this harness's "
+                           f"`harness tag`); {how}")
+    rel = proto.relpath
+    blob = gitutil.blob_at(repo, info.commit, rel)
+    if blob is None or sha256_bytes(blob) != proto.sha256:
+        raise RefusedError(f"{proto.path}: the file's bytes differ from the tagged protocol ({proto.tag_name} at "
+                           f"{info.commit[:12]}); a frozen protocol cannot change: {how}")
+    if not gitutil.is_ancestor(repo, info.commit):
+        raise RefusedError(f"{proto.tag_name} ({info.commit[:12]}) is not an ancestor of HEAD; check out the "
+                           "study's history")
+    current = manifest(proto, plan_sha, runs, repo)
+    problems = drift(repo, tagged, current, info.commit)
+    problems += uncommitted(repo)
+    if problems:
+        raise RefusedError(
+            f"{proto.path}: the experiment frozen by {proto.tag_name} ({info.commit[:12]}) has drifted; nothing was "
+            "run:\n" + "\n".join(f"  - {p}" for p in problems) + f"\n{how}"
+        )
+    return Frozen(info.name, info.commit, info.object, info.created, manifest_sha256(tagged))
+
+
+def tag(proto: Any) -> tuple[gitutil.TagInfo, dict[str, Any]]:
+    """Create the annotated tag ``protocol-<id>`` on HEAD, holding the freeze manifest.
+
+    Refuses a pending calibration, an uncommitted protocol file, uncommitted changes or untracked
+    files in the frozen entries, an existing tag, and existing records.
+    """
+    from harness.plan import make_plan, plan_sha256
+    from harness.records import record_files
+
+    repo = gitutil.toplevel(proto.path)
+    if repo is None:
+        raise RefusedError(f"{proto.path}: not inside a git repository; commit the protocol, then tag it")
+    rel = proto.relpath
+    if proto.calibration_pending:
+        raise RefusedError(
+            f"{proto.path}: calibration is pending; run the pilot and the calibration command named under "
+            "'calibration', write the numbers into the protocol, set status: done, commit, then tag"
+        )
+    state = gitutil.file_state(repo, rel)
+    if state != "clean":
+        raise RefusedError(f"{proto.path}: the protocol file is {state}; commit it before tagging")
+    if gitutil.tag_info(repo, proto.tag_name) is not None:
+        raise RefusedError(f"tag {proto.tag_name} already exists; a protocol is frozen once (use a new id)")
+    if record_files(proto.records_path):
+        raise RefusedError(f"records already exist in {proto.records_path}; a tag must precede every outcome")
+    runs = make_plan(proto)
+    m = manifest(proto, plan_sha256(runs), len(runs), repo)
+    dirty = uncommitted(repo)
+    if dirty:
+        raise RefusedError(f"{proto.path}: the frozen folders have changes that are not committed; commit or remove "
+                           "them before tagging:\n" + "\n".join(f"  - {p}" for p in dirty))
+    gitutil.create_tag(repo, proto.tag_name, tag_message(proto, m))
+    info = gitutil.tag_info(repo, proto.tag_name)
+    if info is None:  # pragma: no cover - git just created it
+        raise RefusedError(f"git did not create {proto.tag_name}")
+    return info, m
