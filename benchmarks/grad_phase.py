@@ -15,7 +15,7 @@ optimizer's hooks) that ends a real backward (native: a fresh tensor stored as `
 accumulated in place into the flat buffer). That delivery is timed too and reported separately,
 so a cost moved out of the phase stays visible. ``cotangent/torch`` is the candidate with
 ``kernel="torch"``: the same phase on PyTorch's kernels in cache-sized blocks, where ``cotangent``
-itself runs ``harness/native/phase.c`` (when its self-check passed; the header says which).
+itself runs ``harness/cotangent/kernel/phase.c`` (when its self-check passed; the header says which).
 ``--block-sweep`` adds ``cotangent/torch`` variants built with other CPU block sizes
 (``block_bytes``; default ``harness.cotangent.CPU_BLOCK_BYTES``), side by side.
 Peak memory: each arm trains the real model in its own process; after two steady-state steps
@@ -44,9 +44,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import harness.cotangent as cot  # noqa: E402
-from harness import native  # noqa: E402
+from harness.arms import ARMS, build_arm  # noqa: E402
 from harness.config import load_config  # noqa: E402
-from harness.cotangent import ARMS, build_arm  # noqa: E402
+from harness.cotangent import kernel as phase_kernel  # noqa: E402
 from harness.models import build_model  # noqa: E402
 
 LR, WD, MAX_NORM = 1e-3, 0.1, 1.0
@@ -161,7 +161,7 @@ def _peak_once(config: str, arm: str, steps: int) -> int:
         f"import sys, torch, torch.nn.functional as F; sys.path.insert(0, {str(ROOT)!r})\n"
         "from harness.devices import peak_rss_bytes\n"
         "from harness.config import load_config; from harness.models import build_model\n"
-        "from harness.cotangent import build_arm\n"
+        "from harness.arms import build_arm\n"
         f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); from grad_phase import _arm_options\n"
         f"cfg = load_config({str(cfg_path)!r}); m = build_model(cfg.model, 0); t = cfg.train\n"
         f"a = build_arm({arm.split('/')[0]!r}, m.parameters(), lr=t.lr, weight_decay=t.weight_decay, max_norm=t.clip_norm, "
@@ -199,8 +199,8 @@ def main() -> int:
     args = ap.parse_args()
     names = [*ARMS, "cotangent/torch", "cotangent/release"] + ([] if args.no_compiled else ["compiled", "floor"])
     names += [f"cotangent/torch/{kib}KiB" for kib in args.block_sweep]
-    kernel = native.kernel()
-    phase_c = kernel.describe() if kernel else f"not used: {native.unavailable_reason()}"
+    kernel = phase_kernel.kernel()
+    phase_c = kernel.describe() if kernel else f"not used: {phase_kernel.unavailable_reason()}"
 
     results: dict[str, object] = {
         "cpu_block_bytes": cot.CPU_BLOCK_BYTES, "phase_c": phase_c, "torch": torch.__version__,

@@ -60,9 +60,10 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from harness.verify import run_checks
+    from harness.cotangent.verify import run_checks
+    from harness.devices import resolve
 
-    return run_checks(args.device, save=args.save, echo=print)
+    return run_checks(resolve(args.device), save=args.save, echo=print)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -169,11 +170,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from harness.protocol import load_protocol
-    from harness.scheduler import status_table
-
     from harness.ledger import describe, head_of
+    from harness.protocol import load_protocol
     from harness.records import load_records
+    from harness.scheduler import status_table
 
     proto = load_protocol(args.protocol)
     rows, spent = status_table(proto)

@@ -38,8 +38,9 @@ def _sha_file(path: Path) -> str:
 def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     """Run the job, filling ``result`` as it goes (so a failure keeps what was measured)."""
     from harness import devices
+    from harness.arms import build_arm
     from harness.config import load_config
-    from harness.cotangent import build_arm, exact_paths
+    from harness.cotangent import exact_paths
     from harness.data import BatchStream, bits_per_byte, load_corpus
     from harness.models import build_model, count_parameters
 

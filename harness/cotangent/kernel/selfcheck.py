@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from harness import native
+from harness.cotangent import kernel
+from harness.cotangent.norms import clip_coef
 
 #: Update configurations: lr, beta1, beta2, weight_decay, eps, amsgrad, maximize.
 UPDATE_CASES = [
@@ -35,7 +36,7 @@ def _spread(n: int, gen: torch.Generator) -> torch.Tensor:
     return torch.randn(n, generator=gen) * torch.exp(torch.randn(n, generator=gen) * 3)
 
 
-def check_norms(k: native.Kernel, acc_fma: int) -> bool:
+def check_norms(k: kernel.Kernel, acc_fma: int) -> bool:
     gen = torch.Generator().manual_seed(11)
     # similar magnitudes round at every addition; a spread of binades adds range
     ts = [torch.randn(n, generator=gen) if i % 3 else _spread(n, gen) for i, n in enumerate(NORM_SIZES)]
@@ -46,17 +47,16 @@ def check_norms(k: native.Kernel, acc_fma: int) -> bool:
     offsets = [0]
     for n in numels[:-1]:
         offsets.append(offsets[-1] + n)
-    first, rows = native.tasks_for(numels)
+    first, rows = kernel.tasks_for(numels)
     out = torch.empty(len(ts))
     k.row_norms(flat, torch.tensor(offsets), torch.tensor(numels), first, rows, out, torch.get_num_threads(), acc_fma)
     ref = torch.stack([torch.linalg.vector_norm(t) for t in ts])
     return _same(out, ref)
 
 
-def check_total(k: native.Kernel, acc_fma: int, tail_form: int) -> bool:
+def check_total(k: kernel.Kernel, acc_fma: int, tail_form: int) -> bool:
     """Totals of every length up to three vector widths and more (every scalar-tail length, 40
     draws each: a wrong tail form shows in a few percent of draws), specials, and the coefficient."""
-    from harness.cotangent import _clip_coef
 
     gen = torch.Generator().manual_seed(12)
     cases = [torch.randn(n, generator=gen).abs() for n in range(1, 3 * k.lanes + 2) for _ in range(40)]
@@ -69,12 +69,12 @@ def check_total(k: native.Kernel, acc_fma: int, tail_form: int) -> bool:
         ref = torch.linalg.vector_norm(norms[perm])
         for max_norm in ((1.0, 0.25, 1e6) if c % 10 == 0 or n > 3 * k.lanes + 1 else (1.0,)):
             k.total_coef(norms, perm, scratch, max_norm, total, coef, tail_form, acc_fma)
-            if not (_same(total, ref) and _same(coef, _clip_coef(max_norm, ref))):
+            if not (_same(total, ref) and _same(coef, clip_coef(max_norm, ref))):
                 return False
     return True
 
 
-def check_update(k: native.Kernel, sq_form: int) -> bool:
+def check_update(k: kernel.Kernel, sq_form: int) -> bool:
     gen = torch.Generator().manual_seed(13)
     n = UPDATE_N
     for lr, b1, b2, wd, eps, amsgrad, maximize in UPDATE_CASES:
@@ -99,7 +99,7 @@ def check_update(k: native.Kernel, sq_form: int) -> bool:
             )
             g.fill_(-0.0)
             g2 = grad.clone()
-            hyper = native.Hyper(coef.data_ptr(), mine[4].data_ptr(), 1, lr, b1, b2, wd, eps, int(amsgrad),
+            hyper = kernel.Hyper(coef.data_ptr(), mine[4].data_ptr(), 1, lr, b1, b2, wd, eps, int(amsgrad),
                                  int(maximize), sq_form, torch.get_num_threads(), 1024, 1)
             k.update(mine[0], g2, mine[1], mine[2], mine[3] if amsgrad else None, hyper)
             if not all(_same(a, b) for a, b in zip(ref, mine)) or not _same(g, g2):
@@ -107,9 +107,9 @@ def check_update(k: native.Kernel, sq_form: int) -> bool:
     return True
 
 
-def find_forms(lib: ctypes.CDLL, path: Path, lanes: int) -> native.Kernel | str:
+def find_forms(lib: ctypes.CDLL, path: Path, lanes: int) -> kernel.Kernel | str:
     """The kernel with the forms that match this torch bit for bit, or why there is none."""
-    probe = native.Kernel(lib, path, lanes, 0, 0, 0)
+    probe = kernel.Kernel(lib, path, lanes, 0, 0, 0)
     acc = next((a for a in (0, 1) if check_norms(probe, a)), None)
     if acc is None:
         return "self-check: no norm accumulation form reproduces torch.linalg.vector_norm"
@@ -119,4 +119,4 @@ def find_forms(lib: ctypes.CDLL, path: Path, lanes: int) -> native.Kernel | str:
     sq = next((s for s in (0, 1, 2, 3) if check_update(probe, s)), None)
     if sq is None:
         return "self-check: no form reproduces torch._fused_adamw_"
-    return native.Kernel(lib, path, lanes, acc, tail, sq)
+    return kernel.Kernel(lib, path, lanes, acc, tail, sq)

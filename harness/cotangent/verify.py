@@ -2,33 +2,9 @@
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 import torch
-
-
-def saved_path(device_type: str) -> Path:
-    env = os.environ.get("HARNESS_VERIFIED")
-    if env:
-        return Path(env)
-    version = torch.__version__.split("+")[0]
-    # tracked with the study (not under runs/): the tag's freeze set includes it by construction
-    return Path("verified") / f"{device_type}-torch{version}.json"
-
-
-def load_saved(device_type: str) -> Any:
-    from harness.cotangent import ExactPaths
-
-    path = saved_path(device_type)
-    if not path.is_file():
-        return None
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if data.get("device_type") != device_type or data.get("torch") != torch.__version__:
-        return None
-    dtypes = frozenset(getattr(torch, name) for name in data["bucketed_norm_dtypes"])
-    return ExactPaths(dtypes, data["update"], f"verified on this machine: {path}")
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -55,13 +31,13 @@ def _grads(device: torch.device, dtype: torch.dtype, gen: torch.Generator) -> li
 
 def check_bucketed_norm(device: torch.device, dtype: torch.dtype) -> bool:
     """Row norms of B x (K/2) x 2 views against native's per-tensor norms, bitwise."""
-    from harness.cotangent import _bucket_norm, _native_norms
+    from harness.cotangent.norms import bucket_norm, native_norms
 
     gen = torch.Generator().manual_seed(0)
     for k in (64, 384, 65536, 262144, 1000):
         ts = [(torch.randn(k, generator=gen) * 2).to(device=device, dtype=dtype) for _ in range(3)]
-        native = torch.stack(_native_norms(ts, device, 2.0, None))
-        batched = _bucket_norm(torch.stack(ts), k)
+        native = torch.stack(native_norms(ts, device, 2.0, None))
+        batched = bucket_norm(torch.stack(ts), k)
         if not bitwise_equal(native, batched):
             return False
     return True
@@ -198,12 +174,10 @@ DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 MODES = ("views", "aligned", "flat")
 
 
-def run_checks(device_name: str, *, save: bool, echo: Any) -> int:
-    """Run every check on ``device_name``, print a table, return 0 only if no used path mismatched."""
-    from harness.cotangent import exact_paths
-    from harness.devices import resolve
+def run_checks(device: torch.device, *, save: bool, echo: Any) -> int:
+    """Run every check on ``device``, print a table, return 0 only if no used path mismatched."""
+    from harness.cotangent.exactness import exact_paths, saved_path
 
-    device = resolve(device_name)
     paths = exact_paths(device.type)
     rows: list[tuple[str, str, str, bool | None]] = []
     failures = 0
@@ -235,12 +209,12 @@ def run_checks(device_name: str, *, save: bool, echo: Any) -> int:
             failures += int(used_mode and not ok)
             matched_modes[mode] = matched_modes[mode] and bool(ok)
     if device.type == "cpu":
-        from harness import native
+        from harness.cotangent import kernel as phase_kernel
 
-        kernel = native.kernel()
+        kernel = phase_kernel.kernel()
         if kernel is None:
             rows.append(("one-pass phase in C (phase.c)", "float32", "not used", None))
-            note = f"phase.c not used: {native.unavailable_reason()}"
+            note = f"phase.c not used: {phase_kernel.unavailable_reason()}"
         else:
             ok = check_native_phase()
             rows.append(("one-pass phase in C (phase.c)", "float32", "used", ok))

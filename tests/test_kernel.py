@@ -1,4 +1,4 @@
-"""The one-pass gradient phase in C (harness/native/phase.c): exactness, self-check, build, fallback."""
+"""The one-pass gradient phase in C (harness/cotangent/kernel/phase.c): exactness, self-check, build, fallback."""
 from __future__ import annotations
 
 import os
@@ -12,10 +12,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from harness import native
-from harness.cotangent import PackedAdamW, build_arm
-from harness.native import selfcheck
-from harness.verify import bitwise_equal
+from harness.arms import build_arm
+from harness.cotangent import PackedAdamW
+from harness.cotangent import kernel as phase_kernel
+from harness.cotangent.kernel import selfcheck
+from harness.cotangent.verify import bitwise_equal
 
 #: Multiples of 16 elements (what phase.c covers): equal sizes (rows reduced together, more than
 #: MAX_ROWS of them), one buffer longer than two tasks of the update loop, 0-d-free.
@@ -31,13 +32,13 @@ CAN_BUILD = (
 def test_kernel_builds_and_passes_its_self_check_where_it_can():
     """On an x86-64 machine with AVX2 and a C compiler (CI's) the kernel must be in use; anywhere
     else the reason it is not must be stated."""
-    k = native.kernel()
+    k = phase_kernel.kernel()
     if CAN_BUILD:
-        assert k is not None, native.unavailable_reason()
+        assert k is not None, phase_kernel.unavailable_reason()
         assert k.lanes == (16 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 8)
         assert k.path.is_file()
     else:
-        assert k is None and native.unavailable_reason()
+        assert k is None and phase_kernel.unavailable_reason()
 
 
 needs_kernel = pytest.mark.skipif(not CAN_BUILD, reason="phase.c needs x86-64, AVX2 and a C compiler")
@@ -141,7 +142,7 @@ def test_native_phase_nonfinite_raises_before_any_update():
 def test_self_check_tells_the_forms_apart():
     """Each form the self-check chose passes, and the other forms of the same step fail: the
     check can tell a wrong rounding from the right one (or it would prove nothing)."""
-    k = native.kernel()
+    k = phase_kernel.kernel()
     assert k is not None
     assert selfcheck.check_norms(k, k.acc_fma)
     assert not selfcheck.check_norms(k, 1 - k.acc_fma)
@@ -194,7 +195,7 @@ def test_both_kernels_give_the_same_training_bits():
 def _probe(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     code = (
         "import torch\n"
-        "from harness import native\n"
+        "from harness.cotangent import kernel as phase_kernel\n"
         "from harness.cotangent import PackedAdamW\n"
         "opt = PackedAdamW([torch.nn.Parameter(torch.randn(64, 64))])\n"
         "print(opt.phase_kernel())\n"
@@ -220,11 +221,11 @@ def test_failed_build_falls_back_and_leaves_nothing(tmp_path):
 @needs_kernel
 def test_build_is_cached_by_source_and_compiler(tmp_path, monkeypatch):
     monkeypatch.setenv("COTANGENT_NATIVE_CACHE", str(tmp_path))
-    cc = native._compiler()
+    cc = phase_kernel._compiler()
     assert cc is not None
-    first = native.build(cc)
+    first = phase_kernel.build(cc)
     stamp = first.stat().st_mtime_ns
-    assert native.build(cc) == first and first.stat().st_mtime_ns == stamp  # reused, not rebuilt
+    assert phase_kernel.build(cc) == first and first.stat().st_mtime_ns == stamp  # reused, not rebuilt
     assert [p.name for p in tmp_path.iterdir()] == [first.name]
     out = _probe({"COTANGENT_NATIVE_CACHE": str(tmp_path)})
     assert out.stdout.strip().startswith(f"phase.c ({first.name}:"), out.stdout + out.stderr

@@ -7,7 +7,7 @@
  *     clip_grad_norm_(params, max_norm); AdamW(fused=True).step(); zero_grad()
  * Some roundings of the wheel's kernels were decided by its compiler (whether it fused a*b + c
  * into one multiply-add, how it vectorised a scalar tail, which sign a NaN keeps). There the form
- * is a parameter, and harness/native/selfcheck.py picks the form that reproduces the running torch
+ * is a parameter, and harness/cotangent/kernel/selfcheck.py picks the form that reproduces the running torch
  * bit for bit, or the file is not used at all. Compiled with -ffp-contract=off: every rounding
  * here is the one written.
  *

@@ -246,7 +246,7 @@ def _make() -> Kernel:
         lib = _load(path)
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         raise _Unavailable(f"build failed: {exc}") from exc
-    from harness.native import selfcheck
+    from harness.cotangent.kernel import selfcheck
 
     forms = selfcheck.find_forms(lib, path, lanes)
     if isinstance(forms, str):

@@ -1,0 +1,403 @@
+"""``PackedAdamW``: AdamW over flat buffers, bitwise ``torch.optim.AdamW(fused=True)``."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from harness.cotangent import kernel
+from harness.cotangent.clip import clip_grad_norm_
+from harness.cotangent.exactness import exact_paths
+from harness.cotangent.kernel.phase import KernelPhase
+from harness.cotangent.norms import check_finite, clip_coef
+from harness.cotangent.pack import CACHE_LINE_BYTES, CPU_BLOCK_BYTES, Block, FlatGroup, Pack
+
+#: Keys native ``AdamW`` keeps in a parameter group; kept so state dicts load both ways with
+#: native's fused path intact.
+_NATIVE_GROUP_KEYS: dict[str, Any] = {
+    "foreach": None,
+    "fused": True,
+    "capturable": False,
+    "differentiable": False,
+    "decoupled_weight_decay": True,
+}
+
+
+class PackedAdamW(torch.optim.Optimizer):
+    """AdamW over flat buffers, bitwise equal to ``torch.optim.AdamW(..., fused=True)``.
+
+    On construction every parameter becomes a view of one flat buffer per (device, dtype),
+    equal-size parameters adjacent; gradients are preallocated views of a flat gradient buffer
+    in the same order, so backward accumulates into it in place; both moments live in flat
+    buffers in the same order; the step counters are one float32 buffer.
+
+    Parameters
+    ----------
+    params
+        Parameters (or one parameter group). Exactly one group; dense floating-point
+        parameters; shared parameters are packed and updated once.
+    lr, betas, eps, weight_decay, amsgrad, maximize
+        As ``torch.optim.AdamW``. ``lr`` may be a float or a tensor.
+    update
+        ``"auto"`` (the device's verified mode, :func:`exact_paths`), ``"views"``, ``"aligned"``
+        or ``"flat"``. ``"flat"`` on CPU is faster and not bitwise native when a parameter's size
+        is not a multiple of the vector width (a few low bits differ after tens of steps).
+    block_bytes
+        Bytes of each flat buffer one block of :meth:`clip_step_zero_grad` covers on CPU
+        (default :data:`CPU_BLOCK_BYTES`). Speed only: every block size gives the same bits.
+    release_grads
+        ``False`` (default): the gradient buffer stays allocated between steps (zeroed with
+        -0.0), so peak memory exceeds native's by up to the gradients' bytes, which native frees
+        after each step. ``True``: zeroing gives the buffer's pages back to the OS (Linux) and
+        each slot is filled with -0.0 again when backward reaches its parameter, so peak memory
+        follows native's; the page faults cost time in backward. Same bits either way.
+    kernel
+        ``"auto"``: :meth:`clip_step_zero_grad` runs in C (:mod:`harness.native`) where that is
+        verified bitwise (one float32 CPU buffer whose parameters are all multiples of 16
+        elements, a kernel that built and passed its self-check); ``"torch"``: always PyTorch's
+        kernels. Speed only: both give the same bits. :meth:`phase_kernel` says which runs.
+
+    Notes
+    -----
+    Requirements, each refused with an error naming it: one parameter group; dense floating-point
+    parameters; no sparse gradients; no ``create_graph`` backward. A parameter whose gradient was
+    not produced in a step is left untouched by that step, as native AdamW leaves a ``None``
+    gradient. A ``.grad`` replaced by the user is copied into the flat buffer at the next step
+    and the view restored; a ``.grad`` set to ``None`` counts as no gradient.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float | Tensor = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        *,
+        amsgrad: bool = False,
+        maximize: bool = False,
+        update: str = "auto",
+        block_bytes: int = CPU_BLOCK_BYTES,
+        kernel: str = "auto",
+        release_grads: bool = False,
+    ) -> None:
+        if kernel not in ("auto", "torch"):
+            raise ValueError(f"kernel must be auto or torch, not {kernel!r}")
+        if update not in ("auto", "views", "aligned", "flat"):
+            raise ValueError(f"update must be auto, views, aligned or flat, not {update!r}")
+        if block_bytes <= 0:
+            raise ValueError(f"block_bytes must be positive, not {block_bytes}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"Invalid beta parameters: {betas}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        plist = list(params)
+        if plist and isinstance(plist[0], dict):
+            if len(plist) != 1:
+                raise ValueError(f"PackedAdamW requires exactly one parameter group, got {len(plist)}")
+            group0 = dict(plist[0])
+            raw = list(group0.pop("params"))
+            if group0:
+                raise ValueError(
+                    "PackedAdamW takes hyperparameters as arguments, not per-group options: " + ", ".join(group0)
+                )
+        else:
+            raw = plist
+        unique: list[Tensor] = []
+        seen: set[int] = set()
+        for p in raw:
+            if not isinstance(p, Tensor):
+                raise TypeError(f"PackedAdamW expects tensors, got {type(p).__name__}")
+            if id(p) not in seen:
+                seen.add(id(p))
+                unique.append(p)
+        if not unique:
+            raise ValueError("PackedAdamW got an empty parameter list")
+        for i, p in enumerate(unique):
+            if p.layout != torch.strided:
+                raise ValueError(f"PackedAdamW requires dense parameters; parameter {i} is {p.layout}")
+            if not torch.is_floating_point(p):
+                raise ValueError(f"PackedAdamW requires floating-point parameters; parameter {i} is {p.dtype}")
+            if not p.is_leaf:
+                raise ValueError(f"PackedAdamW requires leaf parameters; parameter {i} is not a leaf")
+            if p.grad is not None and p.grad.layout != torch.strided:
+                raise ValueError(f"PackedAdamW requires dense gradients; parameter {i} has a sparse gradient")
+        defaults = dict(
+            lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
+            **_NATIVE_GROUP_KEYS,
+        )
+        super().__init__(unique, defaults)
+        self._requested_update = update
+        self.block_bytes = block_bytes
+        self.kernel = kernel
+        self._pack = Pack(unique, amsgrad, release=release_grads)
+        self._build_state()
+        self._build_plans()
+
+    # -- layout --------------------------------------------------------------------------
+    def _mode(self, g: FlatGroup) -> str:
+        if self._requested_update != "auto":
+            return self._requested_update
+        return exact_paths(g.device.type).update
+
+    def _build_state(self) -> None:
+        pack = self._pack
+        for g in pack.groups:
+            for j, i in enumerate(g.index):
+                p = pack.params[i]
+                st: dict[str, Tensor] = {
+                    "step": g.steps[j],
+                    "exp_avg": g.slot(g.exp_avg, j, p.shape),
+                    "exp_avg_sq": g.slot(g.exp_avg_sq, j, p.shape),
+                }
+                if g.max_exp_avg_sq is not None:
+                    st["max_exp_avg_sq"] = g.slot(g.max_exp_avg_sq, j, p.shape)
+                self.state[p] = st
+
+    def _view_lists(self, g: FlatGroup, positions: list[int]) -> tuple[list[Tensor], ...]:
+        ps, gs, ms, vs, xs, ss = [], [], [], [], [], []
+        for j in positions:
+            p = self._pack.params[g.index[j]]
+            st = self.state[p]
+            ps.append(p.detach())
+            gs.append(self._pack.grad_views[g.index[j]])
+            ms.append(st["exp_avg"])
+            vs.append(st["exp_avg_sq"])
+            if g.max_exp_avg_sq is not None:
+                xs.append(st["max_exp_avg_sq"])
+            ss.append(g.steps[j])
+        return ps, gs, ms, vs, xs, ss
+
+    def _lists_for(self, g: FlatGroup) -> tuple[list[Tensor], ...]:
+        """Tensor lists for the fused call when every parameter of ``g`` has a gradient."""
+        mode = self._mode(g)
+        n = len(g.index)
+        flat_upto = {"views": 0, "aligned": g.aligned_end, "flat": n}[mode]
+        if flat_upto <= 1:
+            return self._view_lists(g, list(range(n)))
+        end = g.offsets[flat_upto - 1] + g.numels[flat_upto - 1]
+        ps, gs, ms, vs, xs, ss = self._view_lists(g, list(range(flat_upto, n)))
+        ps.insert(0, g.param[:end])
+        gs.insert(0, g.grad[:end])
+        ms.insert(0, g.exp_avg[:end])
+        vs.insert(0, g.exp_avg_sq[:end])
+        if g.max_exp_avg_sq is not None:
+            xs.insert(0, g.max_exp_avg_sq[:end])
+        ss.insert(0, g.steps[0])
+        return ps, gs, ms, vs, xs, ss
+
+    def _blocks_for(self, g: FlatGroup) -> list[Block]:
+        """Blocks of the fused phase for ``g``, in the order they run.
+
+        On CPU in ``aligned`` mode the cache-line-aligned run is cut into blocks of
+        ``block_bytes`` at cache-line boundaries (no block has a scalar-tail element,
+        so each block's update is the bits of the whole run's), the other parameters form one
+        block of per-parameter views. Blocks run from the end of the buffer back, so the first
+        ones find the gradients the norm pass read last still in cache. Elsewhere one block
+        covers the buffer (on a GPU one launch beats several).
+        """
+        mode = self._mode(g)
+        if g.device.type != "cpu" or mode != "aligned" or g.aligned_end == 0:
+            return [Block(g.grad, self._lists_for(g))]
+        end = g.offsets[g.aligned_end - 1] + g.numels[g.aligned_end - 1]
+        size = g.grad.element_size()
+        unit = CACHE_LINE_BYTES // size
+        step = max(unit, self.block_bytes // size // unit * unit)
+        blocks: list[Block] = []
+        for s in range(0, end, step):
+            e = min(s + step, end)
+            xs = [g.max_exp_avg_sq[s:e]] if g.max_exp_avg_sq is not None else []
+            lists = ([g.param[s:e]], [g.grad[s:e]], [g.exp_avg[s:e]], [g.exp_avg_sq[s:e]], xs, [g.steps[0]])
+            blocks.append(Block(g.grad[s:e], lists))
+        if g.aligned_end < len(g.index):
+            blocks.append(Block(g.grad[end:], self._view_lists(g, list(range(g.aligned_end, len(g.index))))))
+        blocks.reverse()
+        return blocks
+
+    def _build_plans(self) -> None:
+        self._fast_lists = [self._lists_for(g) for g in self._pack.groups]
+        self._blocks = [self._blocks_for(g) for g in self._pack.groups]
+        self._native: KernelPhase | None | bool = False  # False: not decided yet
+        self._native_why: str | None = None
+
+    def _native_blocker(self) -> str | None:
+        """Why this optimizer's buffers are outside what ``phase.c`` covers, or ``None``."""
+        groups = self._pack.groups
+        if self.kernel == "torch":
+            return "kernel='torch' was requested"
+        if len(groups) != 1:
+            return "parameters span more than one (device, dtype)"
+        g = groups[0]
+        if g.device.type != "cpu" or g.dtype != torch.float32:
+            return f"phase.c covers float32 on CPU, not {str(g.dtype).replace('torch.', '')} on {g.device.type}"
+        if g.aligned_end != len(g.index):
+            return "a parameter's element count is not a multiple of 16"
+        return None
+
+    def _native_phase(self) -> KernelPhase | None:
+        if self._native is False:
+            why = self._native_blocker()
+            k = None if why is not None else kernel.kernel()
+            if why is None and k is None:
+                why = kernel.unavailable_reason()
+            self._native = KernelPhase(k, self._pack) if k is not None else None
+            self._native_why = why
+        return self._native  # type: ignore[return-value]
+
+    def phase_kernel(self) -> str:
+        """Which code runs :meth:`clip_step_zero_grad` when every gradient is present, and why."""
+        plan = self._native_phase()
+        if plan is not None:
+            return f"phase.c ({plan.kernel.describe()})"
+        return f"torch kernels ({self._native_why})"
+
+    def _kwargs(self) -> dict[str, Any]:
+        group = self.param_groups[0]
+        if len(self.param_groups) != 1:
+            raise RuntimeError("PackedAdamW requires exactly one parameter group")
+        beta1, beta2 = group["betas"]
+        return dict(
+            amsgrad=group["amsgrad"], lr=group["lr"], beta1=beta1, beta2=beta2,
+            weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
+            grad_scale=None, found_inf=None,
+        )
+
+    @staticmethod
+    def _lr_on(kwargs: dict[str, Any], device: torch.device) -> dict[str, Any]:
+        lr = kwargs["lr"]
+        if isinstance(lr, Tensor) and lr.device != device and lr.device.type != "cpu":
+            return {**kwargs, "lr": lr.to(device)}
+        return kwargs
+
+    # -- public --------------------------------------------------------------------------
+    @property
+    def flat_groups(self) -> list[FlatGroup]:
+        """The flat buffers, one entry per (device, dtype)."""
+        return self._pack.groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the flat gradient buffer and keep every ``.grad`` a view of it.
+
+        ``set_to_none`` is accepted for compatibility and ignored: setting gradients to ``None``
+        (native's default) would detach them from the flat buffer. The buffer is filled with
+        ``-0.0``, the additive identity of IEEE arithmetic (``-0.0 + x == x`` bit for bit, ``+0.0``
+        would turn a ``-0.0`` gradient into ``+0.0``), so the next backward's in-place
+        accumulation leaves exactly the bits native would store. With ``release_grads=True`` the
+        buffer's pages are given back to the OS instead; they read ``+0.0`` until backward, where
+        each parameter's hook fills its slot with ``-0.0`` just before accumulation.
+        """
+        del set_to_none
+        self._pack.zero_grads()
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        kwargs = self._kwargs()
+        pack = self._pack
+        produced = pack.sync_grads()
+        for gi, g in enumerate(pack.groups):
+            if produced is None and pack.uniform_steps:
+                g.steps.add_(1)
+                lists = self._fast_lists[gi]
+            else:
+                have = set(produced) if produced is not None else set(range(pack.n))
+                positions = [j for j, i in enumerate(g.index) if i in have]
+                if not positions:
+                    continue
+                lists = self._view_lists(g, positions)
+                torch._foreach_add_(lists[5], 1)
+            torch._fused_adamw_(*lists, **self._lr_on(kwargs, g.device))  # type: ignore[arg-type]
+        if produced is not None:
+            pack.uniform_steps = False
+        return loss
+
+    @torch.no_grad()
+    def clip_step_zero_grad(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> Tensor:
+        """The whole gradient phase in one pass over memory; returns the total gradient norm.
+
+        Bit for bit the same parameters, optimizer state, gradients and return value as::
+
+            total = clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite)
+            optimizer.step()
+            optimizer.zero_grad()
+
+        The per-parameter norms are read first (they decide the clip coefficient); then, block
+        by block (:meth:`_blocks_for`), the gradients are scaled by the coefficient, the fused
+        AdamW kernel updates the block, and the block's gradients are zeroed while they are
+        still in cache. Every coordinate goes through the same operations as in the three calls;
+        only the order in which memory is visited changes. Where :meth:`phase_kernel` names
+        ``phase.c``, the same operations run as two C calls (norms, total and coefficient; then
+        one loop that scales, updates and zeroes each element). Cases off the fast path (a
+        gradient missing this step, per-parameter step counts, another norm type) make the three
+        calls.
+        """
+        pack = self._pack
+        kwargs = self._kwargs()
+        produced = pack.sync_grads()
+        if produced is not None or not pack.uniform_steps or float(norm_type) != 2.0:
+            total = clip_grad_norm_(pack.params, max_norm, norm_type, error_if_nonfinite)
+            self.step()
+            self.zero_grad()
+            return total
+        plan = self._native_phase()
+        if plan is not None:
+            total = plan.run(float(max_norm), self.param_groups[0], error_if_nonfinite, zero=not pack.release_mode)
+        else:
+            total = pack.total_norm()
+            check_finite(total, 2.0, error_if_nonfinite)
+            coef = clip_coef(float(max_norm), total)
+            for gi, g in enumerate(pack.groups):
+                g.steps.add_(1)
+                c = coef.to(g.device)
+                kw = self._lr_on(kwargs, g.device)
+                for block in self._blocks[gi]:
+                    block.grad.mul_(c)
+                    torch._fused_adamw_(*block.lists, **kw)  # type: ignore[arg-type]
+                    if not pack.release_mode:
+                        block.grad.fill_(-0.0)
+        if pack.release_mode:
+            pack.release_grads()
+        pack.consumed()  # sync_grads left every .grad its view; the phase did not touch them
+        return total
+
+    def state_dict(self) -> dict[str, Any]:
+        """Native per-parameter form (clones), loadable by ``torch.optim.AdamW`` and back."""
+        sd = super().state_dict()
+        sd["state"] = {k: {n: t.clone() for n, t in v.items()} for k, v in sd["state"].items()}
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load per-parameter state (ours or native ``AdamW``'s) into the flat buffers."""
+        super().load_state_dict(state_dict)
+        pack = self._pack
+        loaded = {p: dict(self.state[p]) for p in pack.params if p in self.state}
+        self._build_state()
+        with torch.no_grad():
+            for p, st in loaded.items():
+                mine = self.state[p]
+                for key, view in mine.items():
+                    if key in st:
+                        view.copy_(st[key])
+                    elif key == "max_exp_avg_sq":
+                        view.zero_()
+            for g in pack.groups:
+                steps = g.steps.tolist()
+                if len(set(steps)) > 1:
+                    pack.uniform_steps = False
+        self._build_plans()
+        group = self.param_groups[0]
+        for key, value in _NATIVE_GROUP_KEYS.items():
+            group.setdefault(key, value)
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        pack = getattr(self, "_pack", None)
+        if pack is not None:
+            pack.release()
+

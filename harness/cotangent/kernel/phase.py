@@ -1,0 +1,46 @@
+"""The gradient phase of one float32 CPU buffer in ``phase.c``."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from harness.cotangent.kernel import UPDATE_CHUNK, Hyper, Kernel, tasks_for
+from harness.cotangent.norms import check_finite
+from harness.cotangent.pack import Pack
+
+
+class KernelPhase:
+    """The gradient phase of one float32 CPU buffer in ``phase.c`` (:mod:`harness.native`)."""
+
+    def __init__(self, kernel: Kernel, pack: Pack) -> None:
+        g = pack.groups[0]
+        self.kernel = kernel
+        self.group = g
+        self.offsets = torch.tensor(g.offsets, dtype=torch.int64)
+        self.numels = torch.tensor(g.numels, dtype=torch.int64)
+        # equal sizes are adjacent in the buffer (the buckets): their rows are reduced together
+        self.first, self.rows = tasks_for(g.numels)
+        self.perm = pack.native_perm  # native clipping's order, as positions in the buffer
+        self.norms = torch.empty(len(g.index))
+        self.scratch = torch.empty(len(g.index))
+        self.coef = torch.empty(())
+        self.hyper = Hyper(coef=self.coef.data_ptr(), steps=g.steps.data_ptr(), count=len(g.index),
+                                  sq_form=kernel.sq_form, chunk=UPDATE_CHUNK)
+
+    def run(self, max_norm: float, group: dict[str, Any], error_if_nonfinite: bool, zero: bool = True) -> Tensor:
+        g, k, h = self.group, self.kernel, self.hyper
+        threads = torch.get_num_threads()
+        k.row_norms(g.grad, self.offsets, self.numels, self.first, self.rows, self.norms, threads)
+        total = torch.empty(())
+        k.total_coef(self.norms, self.perm, self.scratch, max_norm, total, self.coef)
+        check_finite(total, 2.0, error_if_nonfinite)
+        h.lr = float(group["lr"])
+        h.beta1, h.beta2 = (float(b) for b in group["betas"])
+        h.weight_decay, h.eps = float(group["weight_decay"]), float(group["eps"])
+        h.amsgrad, h.maximize, h.threads = int(bool(group["amsgrad"])), int(bool(group["maximize"])), threads
+        h.zero = int(zero)
+        k.update(g.param, g.grad, g.exp_avg, g.exp_avg_sq, g.max_exp_avg_sq, h)
+        return total
+

@@ -1,0 +1,274 @@
+"""The flat layout: parameters, gradients and both moments as flat buffers in one coordinate order."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
+
+from harness.cotangent.exactness import exact_paths
+from harness.cotangent.kernel import release_pages
+from harness.cotangent.norms import bucket_norm, bucketable, native_norms
+
+CACHE_LINE_BYTES = 64
+
+#: Default cache blocking of the fused gradient phase on CPU (:meth:`PackedAdamW.clip_step_zero_grad`):
+#: bytes of each flat buffer one block covers. ``benchmarks/grad_phase.py --block-sweep`` compares sizes.
+CPU_BLOCK_BYTES = 2 * 2**20
+
+
+@dataclass
+class Block:
+    """One step of the fused phase: scale ``grad``, one fused AdamW call over ``lists``, zero ``grad``."""
+
+    grad: Tensor
+    lists: tuple[list[Tensor], ...]  # params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps
+
+
+@dataclass
+class FlatGroup:
+    """One (device, dtype) group: flat buffers and the per-parameter views into them."""
+
+    device: torch.device
+    dtype: torch.dtype
+    index: list[int]  # positions in the optimizer's parameter list, in packed order
+    offsets: list[int]
+    numels: list[int]
+    param: Tensor
+    grad: Tensor
+    exp_avg: Tensor
+    exp_avg_sq: Tensor
+    max_exp_avg_sq: Tensor | None
+    steps: Tensor  # float32, one counter per parameter, packed order
+    buckets: list[tuple[int, int, int, list[int]]]  # (start, count, numel, packed positions)
+    aligned_end: int  # parameters [0, aligned_end) are cache-line multiples, laid out first
+
+    def slot(self, buf: Tensor, j: int, shape: torch.Size) -> Tensor:
+        return buf[self.offsets[j] : self.offsets[j] + self.numels[j]].view(shape)
+
+
+class Pack:
+    """Flat layout shared by :class:`PackedAdamW` and :func:`clip_grad_norm_`."""
+
+    _registry: dict[int, Pack] = {}
+
+    def __init__(self, params: list[Tensor], amsgrad: bool, release: bool = False) -> None:
+        self.params = params
+        self.n = len(params)
+        self.release_mode = release
+        # slots whose memory may not hold -0.0 (released pages read +0.0): filled by the hook
+        self.dirty = [False] * self.n
+        self.ids = tuple(id(p) for p in params)
+        self.grad_views: list[Tensor] = [None] * self.n  # type: ignore[list-item]
+        self.produced = [False] * self.n
+        self.groups: list[FlatGroup] = []
+        self.where: list[tuple[int, int]] = [(0, 0)] * self.n  # (group, packed position)
+        self.uniform_steps = True
+        order: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+        for i, p in enumerate(params):
+            order.setdefault((p.device, p.dtype), []).append(i)
+        for gi, ((device, dtype), idx) in enumerate(order.items()):
+            self.groups.append(self._build_group(gi, device, dtype, idx, amsgrad))
+        # Native clipping's norm order: its grouping (hash order of (device, dtype)) over params.
+        grouped = _group_tensors_by_device_and_dtype([list(params)], with_indices=True)
+        native_positions: list[int] = []
+        for _key, (_lists, indices) in grouped.items():
+            native_positions.extend(indices)
+        base = 0
+        flat_of: dict[int, int] = {}
+        for g in self.groups:
+            for j, i in enumerate(g.index):
+                flat_of[i] = base + j
+            base += len(g.index)
+        packed_pos = [flat_of[i] for i in native_positions]
+        self.native_perm = torch.tensor(packed_pos, dtype=torch.long)
+        self._perm_on: dict[torch.device, Tensor] = {}
+        self.first_device = params[0].device
+        self.hooks = [p.register_hook(self._make_hook(i)) for i, p in enumerate(params)]
+        self._same_device = all(g.device == self.first_device for g in self.groups)
+        for p in params:
+            Pack._registry[id(p)] = self
+
+    def _build_group(
+        self, gi: int, device: torch.device, dtype: torch.dtype, idx: list[int], amsgrad: bool
+    ) -> FlatGroup:
+        unit = CACHE_LINE_BYTES // torch.empty((), dtype=dtype).element_size()
+        numel = {i: self.params[i].numel() for i in idx}
+        # Aligned parameters first, then by size (largest first) so equal sizes are adjacent.
+        ordered = sorted(idx, key=lambda i: (numel[i] % unit != 0, -numel[i], i))
+        offsets, numels = [], []
+        total = 0
+        for i in ordered:
+            offsets.append(total)
+            numels.append(numel[i])
+            total += numel[i]
+        aligned_end = sum(1 for i in ordered if numel[i] % unit == 0)
+        kw = {"device": device, "dtype": dtype}
+        flat_p = torch.empty(total, **kw)
+        flat_g = torch.full((total,), -0.0, **kw)
+        group = FlatGroup(
+            device=device,
+            dtype=dtype,
+            index=ordered,
+            offsets=offsets,
+            numels=numels,
+            param=flat_p,
+            grad=flat_g,
+            exp_avg=torch.zeros(total, **kw),
+            exp_avg_sq=torch.zeros(total, **kw),
+            max_exp_avg_sq=torch.zeros(total, **kw) if amsgrad else None,
+            steps=torch.zeros(len(ordered), dtype=torch.float32, device=device),
+            buckets=[],
+            aligned_end=aligned_end,
+        )
+        with torch.no_grad():
+            for j, i in enumerate(ordered):
+                p = self.params[i]
+                view = group.slot(flat_p, j, p.shape)
+                view.copy_(p)
+                p.data = view  # the parameter now lives in the flat buffer; old storage is freed
+                gview = group.slot(flat_g, j, p.shape)
+                if p.grad is not None:  # a gradient that exists at construction is kept
+                    gview.copy_(p.grad)
+                    self.produced[i] = True
+                p.grad = gview
+                self.grad_views[i] = gview
+                self.where[i] = (gi, j)
+        j = 0
+        while j < len(ordered):
+            k = j
+            while k < len(ordered) and numels[k] == numels[j]:
+                k += 1
+            group.buckets.append((offsets[j], k - j, numels[j], list(range(j, k))))
+            j = k
+        return group
+
+    def _make_hook(self, i: int) -> Callable[[Tensor], None]:
+        def hook(grad: Tensor) -> None:
+            if grad.requires_grad:
+                raise RuntimeError("PackedAdamW does not support backward with create_graph=True")
+            if grad.layout != torch.strided:
+                raise RuntimeError("PackedAdamW requires dense gradients (got a sparse gradient)")
+            if self.dirty[i]:  # runs before AccumulateGrad adds into the slot
+                self.grad_views[i].fill_(-0.0)
+                self.dirty[i] = False
+            self.produced[i] = True
+
+        return hook
+
+    @classmethod
+    def of(cls, parameters: list[Tensor]) -> Pack | None:
+        if not parameters:
+            return None
+        pack = cls._registry.get(id(parameters[0]))
+        if pack is None or len(parameters) != pack.n:
+            return None
+        if any(a is not b for a, b in zip(parameters, pack.params)):
+            return None
+        return pack
+
+    def restore_view(self, i: int) -> None:
+        gview = self.grad_views[i]
+        gview.fill_(-0.0)
+        self.dirty[i] = False
+        self.params[i].grad = gview
+
+    def sync_grads(self) -> list[int] | None:
+        """Reconcile ``.grad`` attributes with the flat buffer.
+
+        Returns ``None`` when every parameter's gradient was produced (the fast path), otherwise
+        the sorted positions of the parameters that have a gradient this step.
+        """
+        for i, p in enumerate(self.params):
+            g = p.grad
+            view = self.grad_views[i]
+            if g is view:
+                continue
+            if g is None:
+                self.produced[i] = False
+                self.restore_view(i)
+                continue
+            if g.layout != torch.strided:
+                raise RuntimeError("PackedAdamW requires dense gradients (got a sparse gradient)")
+            if g.requires_grad:
+                raise RuntimeError("PackedAdamW does not support backward with create_graph=True")
+            if g.shape != view.shape or g.dtype != view.dtype or g.device != view.device:
+                raise RuntimeError(
+                    f"parameter {i}: .grad was replaced by a tensor of shape {tuple(g.shape)}, "
+                    f"{g.dtype}, {g.device}; PackedAdamW needs {tuple(view.shape)}, {view.dtype}, {view.device}"
+                )
+            with torch.no_grad():
+                view.copy_(g)
+            p.grad = view
+            self.dirty[i] = False
+            self.produced[i] = True
+        if all(self.produced):
+            return None
+        return [i for i in range(self.n) if self.produced[i]]
+
+    def total_norm(self) -> Tensor:
+        """Total 2-norm with every gradient present, from zero-copy bucket views."""
+        pieces: list[Tensor] = []
+        for g in self.groups:
+            exact = exact_paths(g.device.type)
+            batched = g.dtype in exact.bucketed_norm_dtypes
+            norms: list[Tensor] = []
+            for start, count, numel, positions in g.buckets:
+                if batched and bucketable(numel, count):
+                    norms.append(bucket_norm(g.grad[start : start + count * numel], numel))
+                else:
+                    views = [self.grad_views[g.index[j]] for j in positions]
+                    norms.append(torch.stack(native_norms(views, g.device, 2.0, None)))
+            pieces.append(torch.cat(norms).to(self.first_device))
+        flat = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+        perm = self._perm_on.get(flat.device)
+        if perm is None:
+            perm = self._perm_on[flat.device] = self.native_perm.to(flat.device)
+        return torch.linalg.vector_norm(flat.index_select(0, perm), 2.0)
+
+    def scale_grads(self, coef: Tensor) -> None:
+        for g in self.groups:
+            g.grad.mul_(coef.to(g.device))
+
+    def zero_grads(self) -> None:
+        if self.release_mode:
+            self.release_grads()
+        else:
+            for g in self.groups:
+                g.grad.fill_(-0.0)
+        self.reset_views()
+
+    def release_grads(self) -> None:
+        """Zero the gradient buffers by giving their pages back to the OS (``release_grads``
+        mode); the hooks fill each slot with -0.0 again just before backward accumulates into it,
+        so gradient memory comes back as backward produces it, as native's does."""
+        for g in self.groups:
+            span = release_pages(g.grad)
+            if span is None:
+                g.grad.fill_(-0.0)
+                continue
+            lo, hi = span
+            g.grad[:lo].fill_(-0.0)
+            g.grad[hi:].fill_(-0.0)
+        self.dirty = [True] * self.n
+
+    def consumed(self) -> None:
+        """No gradient produced yet (after the buffer was zeroed with every ``.grad`` its view)."""
+        self.produced = [False] * self.n
+
+    def reset_views(self) -> None:
+        """Every ``.grad`` the view of its slot, none produced yet (after the buffer was zeroed)."""
+        for i, p in enumerate(self.params):
+            if p.grad is not self.grad_views[i]:
+                p.grad = self.grad_views[i]
+            self.produced[i] = False
+
+    def release(self) -> None:
+        for h in self.hooks:
+            h.remove()
+        for p in self.params:
+            if Pack._registry.get(id(p)) is self:
+                del Pack._registry[id(p)]
+

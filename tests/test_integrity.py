@@ -1,0 +1,326 @@
+"""What the tag binds, what a run refuses, and what the public audit detects: one test per tamper.
+
+A module fixture makes a real study: a temporary git repository holding a copy of the harness and
+analysis code, the configurations and a tiny preregistered protocol; it is tagged (`harness tag`)
+and run to completion through the CLI. Each test works on its own copy of that repository, so
+every tamper starts from an intact, tagged, complete study.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT, git, harness, tiny_protocol
+
+from harness.plan import make_plan, plan_sha256
+from harness.protocol import load_protocol
+from harness.records import (
+    RECORD_SUFFIX,
+    RecordFormatError,
+    canonical,
+    load_records,
+    read_record,
+    record_files,
+    seal,
+    write_manifest,
+)
+
+sys.path.insert(0, str(ROOT / "analysis"))
+import public_audit  # noqa: E402  (the standalone audit script, imported for its functions)
+
+PROTO = "protocols/tiny.yaml"
+RECS = "records/tiny"
+
+
+def audit(repo: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-I", "-S", str(ROOT / "analysis" / "public_audit.py"), RECS, *extra],
+                          cwd=repo, capture_output=True, text=True, timeout=120)
+
+
+def make_study(base: Path, *, seeds: str = "[1, 2, 3]", budget: int = 600) -> Path:
+    r = base / "study"
+    (r / "protocols").mkdir(parents=True)
+    for sub in ("configs", "harness", "analysis"):
+        shutil.copytree(ROOT / sub, r / sub, ignore=shutil.ignore_patterns("__pycache__"))
+    (r / ".gitignore").write_text("runs/\n__pycache__/\n")
+    (r / PROTO).write_text(tiny_protocol(prereg="true", steps=6, budget=budget).replace("seeds: [1, 2]", f"seeds: {seeds}"))
+    git(r, "init", "-q", "-b", "main")
+    git(r, "config", "user.email", "test@example.invalid")
+    git(r, "config", "user.name", "Test")
+    git(r, "add", "-A")
+    git(r, "commit", "-qm", "study")
+    t = harness(r, "tag", PROTO)
+    assert t.returncode == 0, t.stderr
+    return r
+
+
+@pytest.fixture(scope="module")
+def done_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    r = make_study(tmp_path_factory.mktemp("integrity"))
+    run = harness(r, "run", PROTO, "--quiet")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count("ledger head: seq") == 3  # printed after each unit
+    return r
+
+
+@pytest.fixture
+def study(done_study: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "copy"
+    shutil.copytree(done_study, dst, symlinks=True)
+    return dst
+
+
+def resealed(path: Path, edit) -> dict:
+    rec = json.loads(path.read_text())
+    edit(rec)
+    rec = seal(rec)
+    path.write_text(canonical(rec).decode() + "\n")
+    return rec
+
+
+def rebuild_manifest(repo: Path) -> None:
+    recs = load_records(repo / RECS)
+    head = {"seq": recs[-1]["ledger"]["seq"], "sha256": recs[-1]["sha256"]} if recs else None
+    write_manifest(repo / RECS, repo, [repo / PROTO], recs[0]["protocol"], head)
+
+
+def by_seq(repo: Path) -> list[Path]:
+    return sorted(record_files(repo / RECS), key=lambda p: read_record(p)["ledger"]["seq"])
+
+
+# -- the intact study ----------------------------------------------------------------------------
+
+
+def test_intact_study_passes_and_records_bind_the_tag(study):
+    r = audit(study)
+    assert r.returncode == 0, r.stdout
+    assert "Integrity: everything matched." in r.stdout and "INCOMPLETE" not in r.stdout
+    for check in ("ledger chain", "plan recomputed from the protocol", "tag freezes the experiment"):
+        assert any(line.startswith(check) and "ok:" in line for line in r.stdout.splitlines()), check
+    msg = git(study, "cat-file", "tag", "protocol-tiny")
+    m = json.loads(msg.split("freeze-manifest:", 1)[1])
+    assert set(m["trees"]) == {"analysis", "configs", "harness"}  # every non-exempt entry, by construction
+    assert m["plan"]["runs"] == 6 and m["configs"]["tiny_conv"] == load_protocol(study / PROTO).configs["tiny_conv"].sha256
+    freeze = hashlib.sha256(canonical(m)).hexdigest()
+    recs = load_records(study / RECS)
+    assert [x["ledger"]["seq"] for x in recs] == [1, 2, 3, 4, 5, 6]
+    assert recs[0]["ledger"]["prev"] == freeze
+    assert all(x["protocol"]["freeze_sha256"] == freeze for x in recs)
+    st = harness(study, "status", PROTO)
+    assert f"ledger head: seq 6 sha256 {recs[-1]['sha256']}" in st.stdout
+    assert audit(study, "--head", f"6:{recs[-1]['sha256']}").returncode == 0
+
+
+# -- drift: harness run refuses before any worker starts, writing nothing -----------------------
+
+
+def _refused(repo: Path, *needles: str) -> None:
+    before = sorted(p.name for p in record_files(repo / RECS))
+    (repo / RECS / "MANIFEST").unlink()  # a run that writes anything would recreate it
+    for p in record_files(repo / RECS):
+        if "pair002" in p.name:
+            p.unlink()  # leave work to do
+    left = sorted(p.name for p in record_files(repo / RECS))
+    r = harness(repo, "run", PROTO, "--quiet")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "has drifted; nothing was run" in r.stderr and "new protocol id" in r.stderr
+    for n in needles:
+        assert n in r.stderr, r.stderr
+    assert sorted(p.name for p in record_files(repo / RECS)) == left and not (repo / RECS / "MANIFEST").exists()
+    assert len(before) == 6
+
+
+def test_config_edit_committed_after_tag_is_refused(study):
+    cfg = study / "configs" / "tiny_conv.yaml"
+    cfg.write_text(cfg.read_text().replace("lr: ", "lr: 2.0e-3 #", 1))
+    git(study, "commit", "-qam", "tune lr")
+    _refused(study, "configuration tiny_conv", "configs/tiny_conv.yaml: changed after the tag")
+
+
+def test_uncommitted_code_edit_is_refused(study):
+    plan = study / "harness" / "plan.py"
+    plan.write_text(plan.read_text() + "\n# a quiet change\n")
+    _refused(study, "harness/plan.py: uncommitted change", "the running harness package's source")
+
+
+def test_untracked_module_is_refused(study):
+    (study / "harness" / "extra.py").write_text("X = 1\n")
+    (study / "plugins").mkdir()
+    (study / "plugins" / "arm.py").write_text("Y = 2\n")
+    _refused(study, "harness/extra.py: untracked", "plugins/arm.py: untracked")
+
+
+def test_new_top_level_folder_committed_after_tag_is_refused(study):
+    (study / "plugins").mkdir()
+    (study / "plugins" / "arm.py").write_text("Y = 2\n")
+    git(study, "add", "-A")
+    git(study, "commit", "-qm", "plug-in")
+    _refused(study, "plugins: added after the tag")
+
+
+def test_exempt_changes_do_not_block_a_run(study):
+    (study / "README.md").write_text("notes\n")
+    (study / "protocols" / "next.yaml").write_text("# a later protocol\n")
+    r = harness(study, "run", PROTO, "--quiet", "--no-report")
+    assert r.returncode == 0, r.stderr
+
+
+def test_lightweight_tag_is_refused_and_audited_without_traceback(study):
+    commit = git(study, "rev-parse", "protocol-tiny^{commit}").strip()
+    git(study, "tag", "-d", "protocol-tiny")
+    git(study, "tag", "protocol-tiny", commit)
+    r = harness(study, "run", PROTO, "--quiet")
+    assert r.returncode == 2 and "lightweight tag" in r.stderr
+    a = audit(study)
+    assert a.returncode == 1 and "Traceback" not in a.stdout + a.stderr
+    assert "lightweight tag" in a.stdout
+
+
+def test_records_dir_outside_the_repository_is_refused(study):
+    p = study / "protocols" / "out.yaml"
+    p.write_text(tiny_protocol(id="out").replace("order_seed: 1", "order_seed: 1\nrecords_dir: ../../outside"))
+    r = harness(study, "plan", str(p))
+    assert r.returncode == 2 and "key records_dir" in r.stderr and "outside the study's repository" in r.stderr
+    assert f"{p}:" in r.stderr
+
+
+# -- the ledger: the audit names the first break -------------------------------------------------
+
+
+def test_deleted_record_rerun_is_detected(study):
+    first = by_seq(study)[0]
+    first.unlink()
+    r = harness(study, "run", PROTO, "--quiet")  # re-draws the deleted run as if new
+    assert r.returncode == 0, r.stderr
+    a = audit(study)
+    assert a.returncode == 1
+    assert "ledger seq 1: no record (deleted" in a.stdout
+
+
+def test_swapped_records_are_detected(study):
+    p2, p3 = by_seq(study)[1:3]
+    l2, l3 = read_record(p2)["ledger"], read_record(p3)["ledger"]
+    resealed(p2, lambda r: r.update(ledger=l3))
+    resealed(p3, lambda r: r.update(ledger=l2))
+    rebuild_manifest(study)
+    a = audit(study)
+    assert a.returncode == 1 and "ledger seq 3" in a.stdout and "swapped" in a.stdout
+
+
+def test_edit_and_reseal_is_detected(study):
+    p = by_seq(study)[2]
+    resealed(p, lambda r: r["timings"].update(training_s=r["timings"]["training_s"] / 2))
+    rebuild_manifest(study)
+    a = audit(study)
+    assert a.returncode == 1 and "ledger seq 4" in a.stdout and "edited and resealed" in a.stdout
+
+
+def test_protocol_edited_and_everything_resealed_is_detected(study):
+    proto = study / PROTO
+    proto.write_text(proto.read_text().replace("quality_tolerance_bpb: 0.01", "quality_tolerance_bpb: 0.05"))
+    git(study, "commit", "-qam", "loosen the tolerance")
+    new_sha = hashlib.sha256(proto.read_bytes()).hexdigest()
+    runs = make_plan(load_protocol(proto))
+    prev = read_record(by_seq(study)[0])["ledger"]["prev"]
+    for p in by_seq(study):  # a consistent forgery: every record, the chain and MANIFEST rewritten
+        def edit(r, prev=prev):
+            r["protocol"].update(sha256=new_sha, quality_tolerance_bpb=0.05)
+            r["spec"]["protocol_sha256"] = new_sha
+            r["plan_sha256"] = plan_sha256(runs)
+            r["ledger"]["prev"] = prev
+        prev = resealed(p, edit)["sha256"]
+    rebuild_manifest(study)
+    a = audit(study)
+    assert a.returncode == 1
+    assert "ledger chain" in a.stdout and "tag freezes the experiment" in a.stdout
+    assert "the protocol file at the tag" in a.stdout and "is not the protocol the records name" in a.stdout
+
+
+def test_rewritten_history_misses_the_published_head(study):
+    head = read_record(by_seq(study)[-1])
+    p = by_seq(study)[-1]
+    resealed(p, lambda r: r["timings"].update(training_s=0.001))
+    rebuild_manifest(study)
+    a = audit(study, "--head", f"6:{head['sha256']}")
+    assert a.returncode == 1 and "published head seq 6" in a.stdout and "history was rewritten" in a.stdout
+
+
+# -- completeness ----------------------------------------------------------------------------------
+
+
+def test_stopped_study_is_incomplete_not_broken(study):
+    for p in by_seq(study)[4:]:  # the runner stopped after two of three units
+        p.unlink()
+    rebuild_manifest(study)
+    r = harness(study, "report", PROTO, "--quiet")
+    assert r.returncode == 0, r.stderr
+    md = (study / RECS / "report.md").read_text()
+    assert md.splitlines()[0] == "**INCOMPLETE: 2 of 6 planned runs have no ok record.**"
+    assert "not reached (incomplete: 2 of 6 planned runs have no ok record)" in md
+    a = audit(study)
+    assert a.returncode == 0, a.stdout
+    assert "INCOMPLETE: 2 of 6 planned runs have no ok record" in a.stdout
+    assert "pairs / tiny_conv / native: planned 3, ok 2, failed 0, interrupted 0, missing 1" in a.stdout
+
+
+def test_budget_stop_is_explained(tmp_path):
+    repo = make_study(tmp_path, budget=4)
+    r = harness(repo, "run", PROTO, "--quiet")
+    assert r.returncode == 1 and "no further run starts" in r.stdout, r.stdout
+    assert harness(repo, "report", PROTO, "--quiet").returncode == 0
+    md = (repo / RECS / "report.md").read_text()
+    assert md.startswith("**STOPPED BY THE BUDGET RULE: ")
+    assert audit(repo).returncode == 0
+
+
+def test_budget_stop_decisions_are_made_and_say_so(done_study):
+    from analysis.summary import derive
+
+    recs = load_records(done_study / RECS)[:4]  # two complete pairs
+    spent = sum(r["timings"]["device_s"] for r in recs)
+    for r in recs:
+        r["protocol"]["budget_device_seconds"] = spent + 0.5  # one more pair cannot fit
+    s = derive(recs)
+    assert s["completeness"]["budget_stop"] is True
+    decision = s["studies"][0]["configs"][0]["decision"]
+    assert decision["text"].startswith("(study stopped by its budget rule) tolerance")
+    assert decision["established"] is not None
+    assert public_audit.recompute(recs)["completeness"] == s["completeness"]
+    for r in recs:
+        r["protocol"]["budget_device_seconds"] = spent * 100  # room left: the stop is unexplained
+    s = derive(recs)
+    assert s["completeness"]["budget_stop"] is False
+    assert s["studies"][0]["configs"][0]["decision"]["established"] is None
+
+
+# -- the record format and the audit's independent plan ----------------------------------------------
+
+
+def test_record_versions(tmp_path, done_study):
+    src = by_seq(done_study)[0]
+    rec = read_record(src)
+    v1 = {k: v for k, v in rec.items() if k not in ("ledger", "sha256")}
+    v1["schema_version"] = 1
+    (tmp_path / f"a{RECORD_SUFFIX}").write_text(json.dumps(seal(v1)))
+    assert read_record(tmp_path / f"a{RECORD_SUFFIX}")["schema_version"] == 1
+    v9 = dict(v1, schema_version=9)
+    (tmp_path / f"b{RECORD_SUFFIX}").write_text(json.dumps(seal(v9)))
+    with pytest.raises(RecordFormatError, match="schema_version 9 is not one this harness reads"):
+        read_record(tmp_path / f"b{RECORD_SUFFIX}")
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "protocols").glob("*.yaml")))
+def test_audit_plan_equals_harness_plan(name):
+    path = ROOT / "protocols" / name
+    text = path.read_text()
+    assert public_audit.yaml_subset(text) == yaml.safe_load(text)
+    proto = load_protocol(path)
+    shas = {c: cfg.sha256 for c, cfg in proto.configs.items()}
+    mine = public_audit.plan_from_protocol(public_audit.yaml_subset(text), proto.sha256, shas)
+    assert mine == [r.as_dict() for r in make_plan(proto)]
