@@ -50,7 +50,7 @@ needs_kernel = pytest.mark.skipif(not CAN_BUILD, reason="phase.c needs x86-64, A
     [
         {},
         {"amsgrad": True, "tensor_lr": True},
-        {"maximize": True, "wd": 0.0, "betas": (0.3, 0.99)},
+        {"wd": 0.0, "betas": (0.3, 0.99)},
         {"betas": (0.5, 0.95), "eps": 1e-6, "max_norm": 1e6},
     ],
 )

@@ -89,54 +89,76 @@ class PackedAdamW(torch.optim.Optimizer):
             raise ValueError(f"update must be auto, views, aligned or flat, not {update!r}")
         if block_bytes <= 0:
             raise ValueError(f"block_bytes must be positive, not {block_bytes}")
-        if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
-        if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
-            raise ValueError(f"Invalid beta parameters: {betas}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        plist = list(params)
-        if plist and isinstance(plist[0], dict):
-            if len(plist) != 1:
-                raise ValueError(f"PackedAdamW requires exactly one parameter group, got {len(plist)}")
-            group0 = dict(plist[0])
-            raw = list(group0.pop("params"))
-            if group0:
-                raise ValueError(
-                    "PackedAdamW takes hyperparameters as arguments, not per-group options: " + ", ".join(group0)
-                )
-        else:
-            raw = plist
-        unique: list[Tensor] = []
-        seen: set[int] = set()
-        for p in raw:
-            if not isinstance(p, Tensor):
-                raise TypeError(f"PackedAdamW expects tensors, got {type(p).__name__}")
-            if id(p) not in seen:
-                seen.add(id(p))
-                unique.append(p)
-        if not unique:
-            raise ValueError("PackedAdamW got an empty parameter list")
-        for i, p in enumerate(unique):
-            if p.layout != torch.strided:
-                raise ValueError(f"PackedAdamW requires dense parameters; parameter {i} is {p.layout}")
-            if not torch.is_floating_point(p):
-                raise ValueError(f"PackedAdamW requires floating-point parameters; parameter {i} is {p.dtype}")
-            if not p.is_leaf:
-                raise ValueError(f"PackedAdamW requires leaf parameters; parameter {i} is not a leaf")
-            if p.grad is not None and p.grad.layout != torch.strided:
-                raise ValueError(f"PackedAdamW requires dense gradients; parameter {i} has a sparse gradient")
-        defaults = dict(
-            lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
-            **_NATIVE_GROUP_KEYS,
-        )
-        super().__init__(unique, defaults)
+        defaults = dict(_validated(lr, betas, eps, weight_decay, amsgrad, maximize), **_NATIVE_GROUP_KEYS)
+        groups = list(params)
+        if not groups:
+            raise ValueError("optimizer got an empty parameter list")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        for k, group in enumerate(groups):  # everything checked before anything is modified
+            _check_group(group, k, defaults)
+        self._pack: Pack | None = None
+        self._release = release_grads
+        super().__init__(groups, defaults)
         self._requested_update = update
         self.block_bytes = block_bytes
         self.kernel = kernel
-        self._pack = Pack(unique, amsgrad, release=release_grads)
+        self._pack_all()
+
+    def _pack_all(self) -> None:
+        params: list[Tensor] = []
+        group_of: list[int] = []
+        for k, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                params.append(p)
+                group_of.append(k)
+        amsgrad = [bool(g["amsgrad"]) for g in self.param_groups]
+        self._pack = Pack(params, amsgrad, group_of, release=self._release)
         self._build_state()
         self._build_plans()
+
+    def _repack(self) -> None:
+        """Lay every group out again (after ``add_param_group`` or loading a state dict), keeping
+        each parameter's state and whether it has a gradient."""
+        old = self._pack
+        assert old is not None
+        saved = {p: {k: v.clone() for k, v in self.state[p].items()} for p in old.params if p in self.state}
+        with torch.no_grad():
+            for i, p in enumerate(old.params):  # a gradient that exists survives; an empty view does not
+                if old.attach[i] or p.grad is not None:
+                    p.grad = old.grad_views[i].clone() if old.produced[i] else None
+        old.release()
+        self._pack_all()
+        self._restore(saved)
+
+    def _restore(self, saved: dict[Tensor, dict[str, Tensor]]) -> None:
+        pack = self._pack
+        assert pack is not None
+        with torch.no_grad():
+            for p, st in saved.items():
+                for key, view in self.state[p].items():
+                    if key in st:
+                        view.copy_(st[key])
+                    elif key == "max_exp_avg_sq":
+                        view.zero_()
+            pack.uniform_steps = all(len(set(g.steps.tolist())) <= 1 for g in pack.groups) and \
+                len({float(g.steps[0]) for g in pack.groups if len(g.index)}) <= 1
+        self._build_plans()
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Native's ``add_param_group``, then the new parameters are packed (their own buffers)."""
+        if getattr(self, "_pack", None) is None:  # during construction
+            super().add_param_group(param_group)
+            return
+        _check_group(param_group, len(self.param_groups), self.defaults)
+        super().add_param_group(param_group)
+        self._repack()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        raise TypeError(
+            "PackedAdamW cannot be deep-copied: its parameters are views of its flat buffers, which a copy "
+            "would not share; copy the model, build a new PackedAdamW over the copy and load state_dict() into it"
+        )
 
     # -- layout --------------------------------------------------------------------------
     def _mode(self, g: FlatGroup) -> str:
@@ -230,12 +252,14 @@ class PackedAdamW(torch.optim.Optimizer):
         if self.kernel == "torch":
             return "kernel='torch' was requested"
         if len(groups) != 1:
-            return "parameters span more than one (device, dtype)"
+            return "parameters span more than one parameter group or (device, dtype)"
         g = groups[0]
         if g.device.type != "cpu" or g.dtype != torch.float32:
             return f"phase.c covers float32 on CPU, not {str(g.dtype).replace('torch.', '')} on {g.device.type}"
         if g.aligned_end != len(g.index):
             return "a parameter's element count is not a multiple of 16"
+        if self.param_groups[g.pg]["maximize"]:
+            return "maximize=True (a NaN gradient's sign is not reproduced)"
         return None
 
     def _native_phase(self) -> KernelPhase | None:
@@ -255,11 +279,15 @@ class PackedAdamW(torch.optim.Optimizer):
             return f"phase.c ({plan.kernel.describe()})"
         return f"torch kernels ({self._native_why})"
 
-    def _kwargs(self) -> dict[str, Any]:
-        group = self.param_groups[0]
-        if len(self.param_groups) != 1:
-            raise RuntimeError("PackedAdamW requires exactly one parameter group")
-        beta1, beta2 = group["betas"]
+    def _kwargs(self, pg: int) -> dict[str, Any]:
+        group = self.param_groups[pg]
+        for key in ("foreach", "capturable", "differentiable"):
+            if group.get(key):
+                raise RuntimeError(f"PackedAdamW: parameter group {pg} sets {key}={group[key]!r}; only the fused "
+                                   "path is packed")
+        if group.get("fused") is False:
+            raise RuntimeError(f"PackedAdamW: parameter group {pg} sets fused=False; PackedAdamW is the fused path")
+        beta1, beta2 = (b.squeeze() if isinstance(b, Tensor) and b.dim() else b for b in group["betas"])
         return dict(
             amsgrad=group["amsgrad"], lr=group["lr"], beta1=beta1, beta2=beta2,
             weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
@@ -282,16 +310,19 @@ class PackedAdamW(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the flat gradient buffer and keep every ``.grad`` a view of it.
 
-        ``set_to_none`` is accepted for compatibility and ignored: setting gradients to ``None``
-        (native's default) would detach them from the flat buffer. The buffer is filled with
+        ``set_to_none=True`` (native's default): no parameter has a gradient until backward (or
+        the user) writes one; ``.grad`` stays a view rather than ``None``, so that backward
+        accumulates into the flat buffer. ``set_to_none=False``: as native's ``grad.zero_()``,
+        every parameter that had a gradient keeps a ``+0.0`` one and is stepped with it (moments
+        and weight decay move it). With ``set_to_none=True`` the buffer is filled with
         ``-0.0``, the additive identity of IEEE arithmetic (``-0.0 + x == x`` bit for bit, ``+0.0``
         would turn a ``-0.0`` gradient into ``+0.0``), so the next backward's in-place
         accumulation leaves exactly the bits native would store. With ``release_grads=True`` the
         buffer's pages are given back to the OS instead; they read ``+0.0`` until backward, where
         each parameter's hook fills its slot with ``-0.0`` just before accumulation.
         """
-        del set_to_none
-        self._pack.zero_grads()
+        assert self._pack is not None
+        self._pack.zero_grads(set_to_none)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
@@ -299,10 +330,11 @@ class PackedAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        kwargs = self._kwargs()
         pack = self._pack
+        assert pack is not None
         produced = pack.sync_grads()
         for gi, g in enumerate(pack.groups):
+            kwargs = self._kwargs(g.pg)
             if produced is None and pack.uniform_steps:
                 g.steps.add_(1)
                 lists = self._fast_lists[gi]
@@ -339,16 +371,18 @@ class PackedAdamW(torch.optim.Optimizer):
         calls.
         """
         pack = self._pack
-        kwargs = self._kwargs()
+        assert pack is not None
         produced = pack.sync_grads()
-        if produced is not None or not pack.uniform_steps or float(norm_type) != 2.0:
+        if (produced is not None or not pack.uniform_steps or float(norm_type) != 2.0 or self._step_hooks()
+                or pack.fill != -0.0):
             total = clip_grad_norm_(pack.params, max_norm, norm_type, error_if_nonfinite)
             self.step()
             self.zero_grad()
             return total
         plan = self._native_phase()
         if plan is not None:
-            total = plan.run(float(max_norm), self.param_groups[0], error_if_nonfinite, zero=not pack.release_mode)
+            total = plan.run(float(max_norm), self.param_groups[pack.groups[0].pg], error_if_nonfinite,
+                             zero=not pack.release_mode)
         else:
             total = pack.total_norm()
             check_finite(total, 2.0, error_if_nonfinite)
@@ -356,7 +390,7 @@ class PackedAdamW(torch.optim.Optimizer):
             for gi, g in enumerate(pack.groups):
                 g.steps.add_(1)
                 c = coef.to(g.device)
-                kw = self._lr_on(kwargs, g.device)
+                kw = self._lr_on(self._kwargs(g.pg), g.device)
                 for block in self._blocks[gi]:
                     block.grad.mul_(c)
                     torch._fused_adamw_(*block.lists, **kw)  # type: ignore[arg-type]
@@ -374,30 +408,82 @@ class PackedAdamW(torch.optim.Optimizer):
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load per-parameter state (ours or native ``AdamW``'s) into the flat buffers."""
+        """Load per-parameter state (ours or native ``AdamW``'s, older versions included: group keys
+        they lack take native's defaults) into the flat buffers."""
         super().load_state_dict(state_dict)
-        pack = self._pack
-        loaded = {p: dict(self.state[p]) for p in pack.params if p in self.state}
-        self._build_state()
-        with torch.no_grad():
-            for p, st in loaded.items():
-                mine = self.state[p]
-                for key, view in mine.items():
-                    if key in st:
-                        view.copy_(st[key])
-                    elif key == "max_exp_avg_sq":
-                        view.zero_()
-            for g in pack.groups:
-                steps = g.steps.tolist()
-                if len(set(steps)) > 1:
-                    pack.uniform_steps = False
-        self._build_plans()
-        group = self.param_groups[0]
-        for key, value in _NATIVE_GROUP_KEYS.items():
-            group.setdefault(key, value)
+        for group in self.param_groups:
+            for key, value in {"amsgrad": False, "maximize": False, **_NATIVE_GROUP_KEYS}.items():
+                group.setdefault(key, value)
+        assert self._pack is not None
+        loaded = {p: dict(self.state[p]) for p in self._pack.params if p in self.state}
+        self._repack()
+        self._restore(loaded)
+
+    def _step_hooks(self) -> bool:
+        """Are step pre/post hooks registered (on this optimizer or globally)? Then the one-pass
+        phase makes the three calls, so that they run exactly as around ``step()``."""
+        from torch.optim import optimizer as _optimizer
+
+        return bool(self._optimizer_step_pre_hooks or self._optimizer_step_post_hooks
+                    or _optimizer._global_optimizer_pre_hooks or _optimizer._global_optimizer_post_hooks)
 
     def __del__(self) -> None:  # pragma: no cover - best effort
         pack = getattr(self, "_pack", None)
         if pack is not None:
             pack.release()
 
+
+
+_PACKABLE_KEYS = {"params", "lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", *_NATIVE_GROUP_KEYS}
+
+
+def _validated(lr: Any, betas: Any, eps: Any, weight_decay: Any, amsgrad: Any, maximize: Any) -> dict[str, Any]:
+    """Hyperparameters checked by native ``AdamW`` itself (built over a probe tensor, so every
+    error is native's), returned in native's normal form (tensor betas as 0-dim tensors)."""
+    probe = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=lr, betas=betas, eps=eps,
+                              weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize, fused=True)
+    g = probe.param_groups[0]
+    return {k: g[k] for k in ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")}
+
+
+def _check_group(group: dict[str, Any], k: int, defaults: dict[str, Any]) -> None:
+    """Refuse, before anything is modified, what PackedAdamW cannot do as native does."""
+    if not isinstance(group, dict) or "params" not in group:
+        raise TypeError(f"parameter group {k} must be a dict with a 'params' entry")
+    if isinstance(group["params"], Tensor):
+        group["params"] = [group["params"]]
+    elif isinstance(group["params"], set):
+        raise TypeError("optimizer parameters need to be organized in ordered collections, but the ordering "
+                        "of tensors in sets will change between runs. Please use a list instead.")
+    else:
+        plist = list(group["params"])
+        unique = list({id(p): p for p in plist}.values())
+        if len(unique) != len(plist):
+            import warnings
+
+            warnings.warn("optimizer contains a parameter group with duplicate parameters; each is packed and "
+                          "updated once", stacklevel=3)
+        group["params"] = unique
+    hyper = {key: group.get(key, defaults[key]) for key in ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")}
+    group.update({key: v for key, v in _validated(**hyper).items() if key in group})
+    for key, bad in (("foreach", True), ("capturable", True), ("differentiable", True), ("fused", False)):
+        if key in group and group[key] is bad:
+            raise ValueError(f"parameter group {k}: {key}={bad} cannot be packed (PackedAdamW is the fused path)")
+    for i, p in enumerate(group["params"]):
+        where = f"parameter {i} of group {k} (shape {tuple(p.shape) if isinstance(p, Tensor) else '?'})"
+        if not isinstance(p, Tensor):
+            raise TypeError(f"optimizer can only optimize Tensors, but {where} is {type(p).__name__}")
+        if p.layout != torch.strided:
+            raise ValueError(f"PackedAdamW requires dense parameters; {where} is {p.layout}")
+        if not torch.is_floating_point(p):
+            raise ValueError(f"PackedAdamW requires floating-point parameters; {where} is {p.dtype}")
+        if not p.is_leaf:
+            raise ValueError(f"optimizer can only optimize leaf Tensors; {where} is not a leaf")
+        if not p.is_contiguous():
+            raise ValueError(
+                f"PackedAdamW packs parameters contiguously; {where} has strides {p.stride()} (channels_last or "
+                "a transposed view): packing it would change its memory format and the bits native computes. "
+                "Make it contiguous first, or optimize it with torch.optim.AdamW(fused=True)"
+            )
+        if p.grad is not None and (p.grad.layout != torch.strided or not p.grad.is_contiguous()):
+            raise ValueError(f"PackedAdamW requires dense contiguous gradients; {where} has another layout")

@@ -38,6 +38,7 @@ class FlatGroup:
     numels: list[int]
     param: Tensor
     grad: Tensor
+    pg: int  # the optimizer's parameter group (buffers never cross groups)
     exp_avg: Tensor
     exp_avg_sq: Tensor
     max_exp_avg_sq: Tensor | None
@@ -49,12 +50,24 @@ class FlatGroup:
         return buf[self.offsets[j] : self.offsets[j] + self.numels[j]].view(shape)
 
 
+def grad_alias(flat: Tensor, offset: int, shape: torch.Size) -> Tensor:
+    """A contiguous alias of ``flat[offset : offset + numel]`` with its own version counter.
+
+    A view (``flat[a:b].view(shape)``) shares its base's version counter, so it cannot tell which
+    slot was written; a tensor ``set_`` onto the same storage aliases the same memory but counts
+    its own in-place writes (backward's accumulation included).
+    """
+    out = torch.empty(0, dtype=flat.dtype, device=flat.device)
+    strides = torch.empty(shape, device="meta").stride()
+    return out.set_(flat.untyped_storage(), flat.storage_offset() + offset, shape, strides)
+
+
 class Pack:
     """Flat layout shared by :class:`PackedAdamW` and :func:`clip_grad_norm_`."""
 
     _registry: dict[int, Pack] = {}
 
-    def __init__(self, params: list[Tensor], amsgrad: bool, release: bool = False) -> None:
+    def __init__(self, params: list[Tensor], amsgrad: list[bool], group_of: list[int], release: bool = False) -> None:
         self.params = params
         self.n = len(params)
         self.release_mode = release
@@ -66,11 +79,20 @@ class Pack:
         self.groups: list[FlatGroup] = []
         self.where: list[tuple[int, int]] = [(0, 0)] * self.n  # (group, packed position)
         self.uniform_steps = True
-        order: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+        # frozen parameters (requires_grad=False) keep .grad None, as natively; they are packed
+        # so that a later requires_grad_() still finds them in the layout
+        self.attach = [p.requires_grad for p in params]
+        self.fill = -0.0  # what zeroing wrote: -0.0 (set_to_none=True) or +0.0 (set_to_none=False)
+        order: dict[tuple[int, torch.device, torch.dtype], list[int]] = {}
         for i, p in enumerate(params):
-            order.setdefault((p.device, p.dtype), []).append(i)
-        for gi, ((device, dtype), idx) in enumerate(order.items()):
-            self.groups.append(self._build_group(gi, device, dtype, idx, amsgrad))
+            order.setdefault((group_of[i], p.device, p.dtype), []).append(i)
+        for gi, ((pg, device, dtype), idx) in enumerate(order.items()):
+            self.groups.append(self._build_group(gi, pg, device, dtype, idx, amsgrad[pg]))
+        self.ptrs = [p.data_ptr() for p in params]
+        # Each gradient slot is an alias of the flat buffer with a version counter of its own (see
+        # grad_alias), so a slot written in place without a backward (copy_, an all-reduce, gradients
+        # from torch.func) shows a version this class did not see: it counts as produced.
+        self.known = [v._version for v in self.grad_views]
         # Native clipping's norm order: its grouping (hash order of (device, dtype)) over params.
         grouped = _group_tensors_by_device_and_dtype([list(params)], with_indices=True)
         native_positions: list[int] = []
@@ -86,13 +108,17 @@ class Pack:
         self.native_perm = torch.tensor(packed_pos, dtype=torch.long)
         self._perm_on: dict[torch.device, Tensor] = {}
         self.first_device = params[0].device
-        self.hooks = [p.register_hook(self._make_hook(i)) for i, p in enumerate(params)]
+        self.hooks = []
+        for i, p in enumerate(params):
+            if p.requires_grad:
+                self.hooks.append(p.register_hook(self._make_hook(i)))
+                self.hooks.append(p.register_post_accumulate_grad_hook(self._make_post_hook(i)))
         self._same_device = all(g.device == self.first_device for g in self.groups)
         for p in params:
             Pack._registry[id(p)] = self
 
     def _build_group(
-        self, gi: int, device: torch.device, dtype: torch.dtype, idx: list[int], amsgrad: bool
+        self, gi: int, pg: int, device: torch.device, dtype: torch.dtype, idx: list[int], amsgrad: bool
     ) -> FlatGroup:
         unit = CACHE_LINE_BYTES // torch.empty((), dtype=dtype).element_size()
         numel = {i: self.params[i].numel() for i in idx}
@@ -116,6 +142,7 @@ class Pack:
             numels=numels,
             param=flat_p,
             grad=flat_g,
+            pg=pg,
             exp_avg=torch.zeros(total, **kw),
             exp_avg_sq=torch.zeros(total, **kw),
             max_exp_avg_sq=torch.zeros(total, **kw) if amsgrad else None,
@@ -129,11 +156,12 @@ class Pack:
                 view = group.slot(flat_p, j, p.shape)
                 view.copy_(p)
                 p.data = view  # the parameter now lives in the flat buffer; old storage is freed
-                gview = group.slot(flat_g, j, p.shape)
+                gview = grad_alias(flat_g, offsets[j], p.shape)
                 if p.grad is not None:  # a gradient that exists at construction is kept
                     gview.copy_(p.grad)
                     self.produced[i] = True
-                p.grad = gview
+                if self.attach[i]:
+                    p.grad = gview
                 self.grad_views[i] = gview
                 self.where[i] = (gi, j)
         j = 0
@@ -158,6 +186,16 @@ class Pack:
 
         return hook
 
+    def _make_post_hook(self, i: int) -> Callable[[Tensor], None]:
+        def post(param: Tensor) -> None:  # after AccumulateGrad wrote into the slot
+            self.known[i] = self.grad_views[i]._version
+
+        return post
+
+    def settle(self) -> None:
+        """Every write into the gradient slots so far was ours or backward's."""
+        self.known = [v._version for v in self.grad_views]
+
     @classmethod
     def of(cls, parameters: list[Tensor]) -> Pack | None:
         if not parameters:
@@ -173,7 +211,8 @@ class Pack:
         gview = self.grad_views[i]
         gview.fill_(-0.0)
         self.dirty[i] = False
-        self.params[i].grad = gview
+        if self.attach[i]:
+            self.params[i].grad = gview
 
     def sync_grads(self) -> list[int] | None:
         """Reconcile ``.grad`` attributes with the flat buffer.
@@ -182,13 +221,22 @@ class Pack:
         the sorted positions of the parameters that have a gradient this step.
         """
         for i, p in enumerate(self.params):
+            if p.data_ptr() != self.ptrs[i]:
+                raise RuntimeError(
+                    f"parameter {i} (shape {tuple(p.shape)}) was rebound (p.data = ...) after PackedAdamW was "
+                    "built; the optimizer updates its flat buffer, not the new tensor: copy into the parameter "
+                    "in place (p.data.copy_(...)) or build the optimizer after changing the parameters"
+                )
             g = p.grad
             view = self.grad_views[i]
             if g is view:
+                if not self.produced[i] and view._version != self.known[i]:
+                    self.produced[i] = True  # written in place without a backward (copy_, all-reduce, ...)
                 continue
             if g is None:
-                self.produced[i] = False
-                self.restore_view(i)
+                if self.attach[i] or self.produced[i]:
+                    self.produced[i] = False
+                    self.restore_view(i)
                 continue
             if g.layout != torch.strided:
                 raise RuntimeError("PackedAdamW requires dense gradients (got a sparse gradient)")
@@ -204,6 +252,7 @@ class Pack:
             p.grad = view
             self.dirty[i] = False
             self.produced[i] = True
+        self.settle()
         if all(self.produced):
             return None
         return [i for i in range(self.n) if self.produced[i]]
@@ -232,13 +281,26 @@ class Pack:
         for g in self.groups:
             g.grad.mul_(coef.to(g.device))
 
-    def zero_grads(self) -> None:
+    def zero_grads(self, set_to_none: bool = True) -> None:
+        """``zero_grad``: with ``set_to_none`` no parameter has a gradient afterwards (the buffer
+        holds -0.0, the additive identity); without, those that had one keep a +0.0 gradient, as
+        native's ``grad.zero_()`` leaves them (and are stepped with it)."""
+        if not set_to_none:
+            for i in range(self.n):
+                if self.produced[i]:
+                    self.grad_views[i].zero_()
+                    self.dirty[i] = False
+            self.fill = 0.0
+            self.settle()
+            return
+        self.fill = -0.0
         if self.release_mode:
             self.release_grads()
         else:
             for g in self.groups:
                 g.grad.fill_(-0.0)
         self.reset_views()
+        self.settle()
 
     def release_grads(self) -> None:
         """Zero the gradient buffers by giving their pages back to the OS (``release_grads``
@@ -257,11 +319,13 @@ class Pack:
     def consumed(self) -> None:
         """No gradient produced yet (after the buffer was zeroed with every ``.grad`` its view)."""
         self.produced = [False] * self.n
+        self.fill = -0.0
+        self.settle()
 
     def reset_views(self) -> None:
         """Every ``.grad`` the view of its slot, none produced yet (after the buffer was zeroed)."""
         for i, p in enumerate(self.params):
-            if p.grad is not self.grad_views[i]:
+            if self.attach[i] and p.grad is not self.grad_views[i]:
                 p.grad = self.grad_views[i]
             self.produced[i] = False
 

@@ -126,11 +126,12 @@ ALIGNED_SHAPES: list[tuple[int, ...]] = [
 def check_native_phase(steps: int = 40) -> bool:
     """``clip_step_zero_grad`` in ``phase.c`` against native clip_grad_norm_ + AdamW(fused=True) +
     zero_grad on CPU float32: total norm, parameters, both moments and -0.0 gradients, with the
-    clip active and inactive, weight decay, a learning-rate change, amsgrad and maximize."""
+    clip active and inactive, weight decay, a learning-rate change and amsgrad (maximize takes the torch
+    kernels: a NaN gradient's sign is not reproduced in C)."""
     from harness.cotangent import PackedAdamW
 
     gen = torch.Generator().manual_seed(4)
-    for kw in ({"weight_decay": 0.1}, {"weight_decay": 0.0, "amsgrad": True, "maximize": True, "betas": (0.3, 0.99)}):
+    for kw in ({"weight_decay": 0.1}, {"weight_decay": 0.0, "amsgrad": True, "betas": (0.3, 0.99)}):
         init = [torch.randn(s, generator=gen) for s in ALIGNED_SHAPES]
         a = [t.clone().requires_grad_() for t in init]
         b = [t.clone().requires_grad_() for t in init]
