@@ -50,10 +50,13 @@ def group_norms(tensors: list[Tensor], device: torch.device, dtype: torch.dtype,
     if dtype not in exact.bucketed_norm_dtypes or foreach is not None:
         return torch.stack(native_norms(tensors, device, 2.0, foreach))
     by_numel: dict[int, list[int]] = {}
-    for i, t in enumerate(tensors):
-        by_numel.setdefault(t.numel(), []).append(i)
     out: list[Tensor | None] = [None] * len(tensors)
     scalar_idx: list[int] = []
+    for i, t in enumerate(tensors):
+        if t.is_contiguous():
+            by_numel.setdefault(t.numel(), []).append(i)
+        else:  # native reduces a strided tensor in memory order; a row copy would reorder the sum
+            scalar_idx.append(i)
     for numel, idx in by_numel.items():
         if bucketable(numel, len(idx)):
             # Stacking copies: this is part of the method's cost when gradients are not packed.
