@@ -6,8 +6,12 @@ round-robin; the median of many repetitions and each variant's ratio to ``native
 * ``native``, ``bucketed``, ``packed``, ``cotangent``: the study's four arms (harness.cotangent);
 * ``compiled``: the strong peer, native clipping and AdamW step under ``torch.compile``
   (learning rate as a tensor, so changing it does not recompile);
-* ``floor``: one fused elementwise pass over flat buffers that reads and writes as many bytes as
-  the AdamW update (4 reads, 3 writes per coordinate), compiled into a single loop.
+* ``floor``: the physical limit, not a variant that runs: the bytes the exact phase must move
+  (per coordinate: the gradient read once for the norms, then parameter, gradient and both moments
+  read and written back, the gradient as -0.0: 9 accesses of the element size, 2 more with
+  amsgrad) divided by this machine's best measured streaming bandwidth (a STREAM-style copy and
+  triad over buffers of the phase's size, all threads, best of ``--stream-reps``). A variant at
+  1.0x the floor moves its bytes at the bandwidth of a plain copy.
 
 Before each timed phase, gradients are delivered by autograd itself: ``torch.autograd.backward``
 on the parameters with fixed gradient tensors runs the same ``AccumulateGrad`` (and the packed
@@ -97,21 +101,9 @@ class Variant:
                 opt.zero_grad(set_to_none=True)
 
             self.phase = phase
-        else:  # floor
-            n = sum(t.numel() for t in init)
-            self.flat = [torch.randn(n).abs_() + 1 for _ in range(4)]
-
-            @torch.compile
-            def one_pass(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> None:
-                p.add_(g)  # 4 reads (p, g, m, v), 3 writes (p, m, v), one loop
-                m.mul_(v)
-                v.sub_(g)
-
-            self.phase = lambda: one_pass(*self.flat)
 
     def deliver(self) -> None:
-        if self.name != "floor":
-            torch.autograd.backward(self.params, self.grads)  # AccumulateGrad, hooks included
+        torch.autograd.backward(self.params, self.grads)  # AccumulateGrad, hooks included
 
 
 def time_variants(config: str, reps: int, names: list[str]) -> dict[str, dict[str, float]]:
@@ -141,8 +133,38 @@ def time_variants(config: str, reps: int, names: list[str]) -> dict[str, dict[st
         med = statistics.median(times[name])
         dmed = statistics.median(deliver[name])
         out[name] = {"phase_ms": med * 1e3, "ratio": med / base, "delivery_ms": dmed * 1e3,
-                     "phase_plus_delivery_ratio": (med + dmed) / base_total if name != "floor" else med / base_total}
+                     "phase_plus_delivery_ratio": (med + dmed) / base_total}
     return out
+
+
+#: Element accesses per coordinate of the exact phase (norm read; p, g, m, v read; p, m, v, g written).
+PHASE_ACCESSES = 9
+
+
+def stream_bandwidth(numel: int, reps: int) -> dict[str, float]:
+    """Best streaming bandwidth (bytes/s) over float32 buffers of ``numel`` elements, all threads:
+    copy ``a = b`` (2 accesses per element) and triad ``a = b + s * c`` (3), best of ``reps``."""
+    a, b, c = (torch.rand(numel) for _ in range(3))
+    best = {"copy": 0.0, "triad": 0.0}
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a.copy_(b)
+        t1 = time.perf_counter()
+        torch.add(b, c, alpha=3.0, out=a)
+        t2 = time.perf_counter()
+        best["copy"] = max(best["copy"], 2 * 4 * numel / (t1 - t0))
+        best["triad"] = max(best["triad"], 3 * 4 * numel / (t2 - t1))
+    return best
+
+
+def floor(config: str, reps: int) -> dict[str, float]:
+    """The phase's bytes over the best bandwidth: a lower bound on its time on this machine."""
+    numel = sum(t.numel() for t in _params(config))
+    bw = stream_bandwidth(numel, reps)
+    best = max(bw.values())
+    moved = PHASE_ACCESSES * 4 * numel
+    return {"bytes": moved, "copy_GBps": bw["copy"] / 1e9, "triad_GBps": bw["triad"] / 1e9,
+            "best_GBps": best / 1e9, "floor_ms": moved / best * 1e3}
 
 
 def peak_memory(config: str, steps: int, repeats: int) -> dict[str, int]:
@@ -192,12 +214,13 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--memory-steps", type=int, default=5)
     ap.add_argument("--memory-repeats", type=int, default=3, help="processes per arm for peak memory (median)")
-    ap.add_argument("--no-compiled", action="store_true", help="skip the torch.compile peer and floor")
+    ap.add_argument("--no-compiled", action="store_true", help="skip the torch.compile peer")
+    ap.add_argument("--stream-reps", type=int, default=20, help="repetitions of the bandwidth measurement (best)")
     ap.add_argument("--block-sweep", nargs="*", type=int, default=[], metavar="KIB",
                     help="also time cotangent/torch with these CPU block sizes (KiB)")
     ap.add_argument("--json", help="write the results as JSON to this path")
     args = ap.parse_args()
-    names = [*ARMS, "cotangent/torch", "cotangent/release"] + ([] if args.no_compiled else ["compiled", "floor"])
+    names = [*ARMS, "cotangent/torch", "cotangent/release"] + ([] if args.no_compiled else ["compiled"])
     names += [f"cotangent/torch/{kib}KiB" for kib in args.block_sweep]
     kernel = phase_kernel.kernel()
     phase_c = kernel.describe() if kernel else f"not used: {phase_kernel.unavailable_reason()}"
@@ -212,22 +235,29 @@ def main() -> int:
     for config in args.configs:
         timing = time_variants(config, args.reps, names)
         mem = peak_memory(config, args.memory_steps, args.memory_repeats)
-        results["configs"][config] = {"timing": timing, "peak_rss_bytes": mem}  # type: ignore[index]
+        lim = floor(config, args.stream_reps)
+        for t in timing.values():
+            t["floor_ratio"] = t["phase_ms"] / lim["floor_ms"]
+        results["configs"][config] = {"timing": timing, "peak_rss_bytes": mem, "floor": lim}  # type: ignore[index]
         lines += [f"### {config}", "",
-                  "| Variant | Phase (ms) | Ratio to native | Delivery in backward (ms) | Phase + delivery ratio | Peak RSS (MiB) | Memory ratio |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| Variant | Phase (ms) | Ratio to native | Ratio to floor | Delivery in backward (ms) | Phase + delivery ratio | Peak RSS (MiB) | Memory ratio |",
+                  "|---|---|---|---|---|---|---|---|"]
         for name in names:
             t = timing[name]
             m = mem.get(name)
-            lines.append(f"| {name} | {t['phase_ms']:.3f} | {t['ratio']:.3f} | {t['delivery_ms']:.3f} | "
-                         f"{t['phase_plus_delivery_ratio']:.3f} | {m / 2**20:.1f} | " if m else
-                         f"| {name} | {t['phase_ms']:.3f} | {t['ratio']:.3f} | {t['delivery_ms']:.3f} | "
-                         f"{t['phase_plus_delivery_ratio']:.3f} | n/a | ")
+            lines.append(f"| {name} | {t['phase_ms']:.3f} | {t['ratio']:.3f} | {t['floor_ratio']:.2f} | "
+                         f"{t['delivery_ms']:.3f} | {t['phase_plus_delivery_ratio']:.3f} | "
+                         + (f"{m / 2**20:.1f} | " if m else "n/a | "))
             lines[-1] += f"{m / mem['native']:.3f} |" if m else "n/a |"
-        c, f = timing["cotangent"]["phase_ms"], timing.get("floor", {}).get("phase_ms")
+        lines.append(f"| floor (bandwidth) | {lim['floor_ms']:.3f} | {lim['floor_ms'] / timing['native']['phase_ms']:.3f} "
+                     f"| 1.00 | n/a | n/a | n/a | n/a |")
+        c = timing["cotangent"]["phase_ms"]
         extra = f"; cotangent / compiled {c / timing['compiled']['phase_ms']:.3f}" if "compiled" in timing else ""
-        extra += f"; cotangent / floor {c / f:.3f}" if f else ""
-        lines += ["", f"cotangent / native {timing['cotangent']['ratio']:.3f}{extra}", ""]
+        lines += ["", f"cotangent / native {timing['cotangent']['ratio']:.3f}{extra}; cotangent / floor "
+                      f"{timing['cotangent']['floor_ratio']:.2f}", "",
+                  f"floor: {lim['bytes'] / 2**20:.1f} MiB moved ({PHASE_ACCESSES} float32 accesses per coordinate) at "
+                  f"{lim['best_GBps']:.1f} GB/s (best of copy {lim['copy_GBps']:.1f} GB/s and triad "
+                  f"{lim['triad_GBps']:.1f} GB/s, {args.stream_reps} repetitions, {torch.get_num_threads()} threads)", ""]
     print("\n".join(lines))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -28,3 +28,6 @@ def test_grad_phase_benchmark_runs(tmp_path):
     assert all(t["phase_ms"] > 0 and t["delivery_ms"] > 0 for t in res["timing"].values())
     assert set(res["peak_rss_bytes"]) == {"native", "bucketed", "packed", "cotangent", "cotangent/release"}
     assert all(v > 0 for v in res["peak_rss_bytes"].values())
+    lim = res["floor"]  # bytes over measured bandwidth: every variant is at or above it
+    assert lim["best_GBps"] > 0 and lim["floor_ms"] > 0 and "| floor (bandwidth) |" in r.stdout
+    assert all(t["floor_ratio"] == t["phase_ms"] / lim["floor_ms"] for t in res["timing"].values())
