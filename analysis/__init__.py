@@ -9,7 +9,6 @@ from analysis.stats import (
     factorial_contrasts,
     mean_interval,
     paired_interval,
-    quality_decision,
 )
 
-__all__ = ["PairedInterval", "factorial_contrasts", "mean_interval", "paired_interval", "quality_decision"]
+__all__ = ["PairedInterval", "factorial_contrasts", "mean_interval", "paired_interval"]

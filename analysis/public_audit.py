@@ -157,16 +157,18 @@ def interval(values: list[float], level: float, estimand: str) -> dict:
     return out
 
 
+def per_pair(b: list[float], c: list[float], estimand: str) -> list[float]:
+    if estimand == "difference":
+        return [y - x for x, y in zip(b, c)]
+    if estimand == "relative_reduction":
+        return [100.0 * (1.0 - y / x) for x, y in zip(b, c)]
+    return [math.log(y / x) for x, y in zip(b, c)]
+
+
 def paired(b: list[float], c: list[float], level: float, estimand: str) -> dict | None:
     if len(b) < 2:
         return None
-    if estimand == "difference":
-        vals = [y - x for x, y in zip(b, c)]
-    elif estimand == "relative_reduction":
-        vals = [100.0 * (1.0 - y / x) for x, y in zip(b, c)]
-    else:
-        vals = [math.log(y / x) for x, y in zip(b, c)]
-    return interval(vals, level, estimand)
+    return interval(per_pair(b, c, estimand), level, estimand)
 
 
 def endpoint(b: list[float], c: list[float], level: float, estimand: str) -> dict:
@@ -188,12 +190,289 @@ def params_of(units: dict) -> int | None:
     return None
 
 
+def two_groups(a: list[float], b: list[float], level: float, half: bool) -> dict:
+    n1, n2 = len(a), len(b)
+    m1, m2 = math.fsum(a) / n1, math.fsum(b) / n2
+    ss1, ss2 = math.fsum((v - m1) ** 2 for v in a), math.fsum((v - m2) ** 2 for v in b)
+    df = n1 + n2 - 2
+    k = 0.5 if half else 1.0
+    est = k * (m1 - m2)
+    se = k * math.sqrt((ss1 + ss2) / df * (1 / n1 + 1 / n2))
+    q = student_t_ppf((1 + level) / 2, df)
+    p = 2 * student_t_sf(abs(est / se), df) if se > 0 else (1.0 if est == 0 else 0.0)
+    return {"estimate": est, "standard_error": se, "low": est - q * se, "high": est + q * se, "df": df,
+            "level": level, "p_value": p, "n": [n1, n2]}
+
+
+def crossover(pairs: list[dict], level: float) -> dict | None:
+    ab = [p for p in pairs if p["first"] == "baseline"]
+    ba = [p for p in pairs if p["first"] != "baseline"]
+    if len(ab) < 2 or len(ba) < 2:
+        return None
+    d = lambda p: math.log(p["candidate_training_s"] / p["baseline_training_s"])  # noqa: E731
+    s = lambda p: math.log(p["candidate_training_s"]) + math.log(p["baseline_training_s"])  # noqa: E731
+    return {"period": two_groups([d(p) for p in ab], [d(p) for p in ba], level, True),
+            "carryover": two_groups([s(p) for p in ab], [s(p) for p in ba], level, False)}
+
+
+def drift(pairs: list[dict], level: float) -> dict | None:
+    if len(pairs) < 3:
+        return None
+    x = [float(p["order"]) for p in pairs]
+    y = [math.log(p["candidate_training_s"] / p["baseline_training_s"]) for p in pairs]
+    mx, my = math.fsum(x) / len(x), math.fsum(y) / len(y)
+    sxx = math.fsum((a - mx) ** 2 for a in x)
+    if sxx == 0:
+        return None
+    b1 = math.fsum((a - mx) * (b - my) for a, b in zip(x, y)) / sxx
+    b0 = my - b1 * mx
+    df = len(x) - 2
+    se = math.sqrt(math.fsum((b - b0 - b1 * a) ** 2 for a, b in zip(x, y)) / df / sxx)
+    q = student_t_ppf((1 + level) / 2, df)
+    p = 2 * student_t_sf(abs(b1 / se), df) if se > 0 else (1.0 if b1 == 0 else 0.0)
+    return {"slope": b1, "intercept": b0, "standard_error": se, "low": b1 - q * se, "high": b1 + q * se,
+            "df": df, "level": level, "p_value": p, "points": [[a, b] for a, b in zip(x, y)]}
+
+
+def positions(blocks: list[dict], level: float) -> list[dict] | None:
+    if len(blocks) < 2:
+        return None
+    out = []
+    for pos in range(len(CELLS)):
+        res = []
+        for b in blocks:
+            logs = {c: math.log(b[f"{c}_training_s"]) for c in CELLS}
+            res.append(logs[b["order"][pos]] - math.fsum(logs.values()) / len(CELLS))
+        m = math.fsum(res) / len(res)
+        se = math.sqrt(math.fsum((v - m) ** 2 for v in res) / (len(res) - 1) / len(res))
+        q = student_t_ppf((1 + level) / 2, len(res) - 1)
+        out.append({"position": pos + 1, "estimate": m, "standard_error": se, "low": m - q * se, "high": m + q * se,
+                    "df": len(res) - 1, "level": level})
+    return out
+
+
+# -- decisions ----------------------------------------------------------------------------------
+
+ENDPOINT_KEYS = {"training_time": "training_s", "time_to_target": "time_to_target_s", "total_time": "total_s",
+                 "test_bpb": "test_bpb", "peak_memory": "peak_memory_bytes"}
+
+
+def direction(estimand: str, better: str) -> int:
+    return 1 if (better == "lower") == (estimand == "relative_reduction") else -1
+
+
+def t_result(method: str, n: int, m: float, se: float, df: int, s: int, kind: str, margin: float) -> dict:
+    u = s * m
+    if kind == "superiority":
+        t = (u - margin) / se
+        p = student_t_sf_signed(t, df)
+    elif kind == "non_inferiority":
+        t = (u + margin) / se
+        p = student_t_sf_signed(t, df)
+    else:
+        t1, t2 = (u + margin) / se, (margin - u) / se
+        t, p = min(t1, t2), max(student_t_sf_signed(t1, df), student_t_sf_signed(t2, df))
+    return {"method": method, "n": n, "estimate": m, "standard_error": se, "df": df, "statistic": t, "p_value": p}
+
+
+def student_t_sf_signed(t: float, df: float) -> float:
+    return student_t_sf(t, df) if t >= 0 else 1.0 - student_t_sf(-t, df)
+
+
+def worst_rank(b: list, c: list) -> list[float]:
+    finite = [math.log(y / x) for x, y in zip(b, c) if x is not None and y is not None]
+    w = 1.0 + 2.0 * max((abs(v) for v in finite), default=0.0)
+    out = []
+    for x, y in zip(b, c):
+        if x is not None and y is not None:
+            out.append(math.log(y / x))
+        elif x is None and y is None:
+            out.append(0.0)
+        else:
+            out.append(w if y is None else -w)
+    return out
+
+
+def signed_rank(d: list[float], s: int) -> dict:
+    nz = [s * x for x in d if x != 0.0]
+    n = len(nz)
+    srt = sorted(d)
+    med = srt[len(d) // 2] if len(d) % 2 else (srt[len(d) // 2 - 1] + srt[len(d) // 2]) / 2
+    if n == 0:
+        return {"method": "signed-rank", "n": 0, "estimate": float(med), "standard_error": None, "df": 0,
+                "statistic": 0.0, "p_value": 1.0}
+    mags = [abs(x) for x in nz]
+    order = sorted(range(n), key=lambda i: mags[i])
+    ranks = [0.0] * n
+    i = 0
+    while i < n:
+        j = i
+        while j + 1 < n and mags[order[j + 1]] == mags[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    t_plus = math.fsum(r for r, x in zip(ranks, nz) if x > 0)
+    if len(set(mags)) == n and n <= 50:
+        counts = [1] + [0] * (n * (n + 1) // 2)
+        for k in range(1, n + 1):
+            for total in range(len(counts) - 1, k - 1, -1):
+                counts[total] += counts[total - k]
+        p = math.fsum(counts[int(round(t_plus)):]) / 2.0**n
+    else:
+        groups: dict = {}
+        for v in mags:
+            groups[v] = groups.get(v, 0) + 1
+        var = n * (n + 1) * (2 * n + 1) / 24.0 - math.fsum(t**3 - t for t in groups.values()) / 48.0
+        p = 0.5 * math.erfc((t_plus - n * (n + 1) / 4.0) / math.sqrt(var) / math.sqrt(2.0))
+    return {"method": "signed-rank", "n": n, "estimate": float(med), "standard_error": None, "df": 0,
+            "statistic": t_plus, "p_value": p}
+
+
+def hyp_values(h: dict, pairs: list[dict]) -> tuple[list[float], list[str], dict | None]:
+    key = ENDPOINT_KEYS[h["endpoint"]]
+    b = [p[f"baseline_{key}"] for p in pairs]
+    c = [p[f"candidate_{key}"] for p in pairs]
+    first = [p["first"] for p in pairs]
+    unreached = None
+    if h["endpoint"] == "time_to_target":
+        unreached = {"baseline": sum(x is None for x in b), "candidate": sum(y is None for y in c),
+                     "both": sum(x is None and y is None for x, y in zip(b, c))}
+        if h["censoring"] == "worst_rank":
+            return worst_rank(b, c), first, unreached
+        b = [x if x is not None else p["baseline_training_s"] for x, p in zip(b, pairs)]
+        c = [y if y is not None else p["candidate_training_s"] for y, p in zip(c, pairs)]
+    return per_pair(b, c, h["estimand"]), first, unreached
+
+
+def hyp_test(h: dict, pairs: list[dict], min_pairs: int) -> tuple[dict | None, str | None, dict | None]:
+    if len(pairs) < min_pairs:
+        return None, f"too few pairs: {len(pairs)} of the protocol's min_pairs {min_pairs}", None
+    values, first, unreached = hyp_values(h, pairs)
+    s = direction(h["estimand"], h["better"])
+    if h["endpoint"] == "time_to_target" and h["censoring"] == "worst_rank":
+        if all(v == 0.0 for v in values):
+            return None, "identical: every pair's difference is exactly 0", unreached
+        return signed_rank(values, s), None, unreached
+    if all(v == values[0] for v in values):
+        return None, ("identical: every pair's difference is exactly 0" if values[0] == 0.0 else "zero spread"), unreached
+    if h.get("period_adjusted"):
+        ab = [v for v, f in zip(values, first) if f == "baseline"]
+        ba = [v for v, f in zip(values, first) if f != "baseline"]
+        if min(len(ab), len(ba)) < 2:
+            return None, "the period-adjusted estimand needs at least two pairs in each order", unreached
+        g = two_groups(ab, ba, 0.9, False)
+        m = (math.fsum(ab) / len(ab) + math.fsum(ba) / len(ba)) / 2
+        return t_result("t-period-adjusted", len(values), m, g["standard_error"] / 2, g["df"], s, h["type"],
+                        h["margin"]), None, unreached
+    n = len(values)
+    m = math.fsum(values) / n
+    se = math.sqrt(math.fsum((x - m) ** 2 for x in values) / (n - 1) / n)
+    return t_result("t", n, m, se, n - 1, s, h["type"], h["margin"]), None, unreached
+
+
+def decide(spec: dict, pairs_of: dict, done: dict) -> list[dict]:
+    tests, alpha = spec["tests"], spec["family_alpha"]
+    gate = None
+    if done.get("complete") is False and not done.get("budget_stop"):
+        gate = f"incomplete: {done['missing_runs']} of {done['planned_runs']} planned runs have no ok record"
+    results = []
+    for h in tests:
+        if gate is not None:
+            results.append((h, None, gate, None))
+        else:
+            results.append((h, *hyp_test(h, pairs_of.get((h["study"], h["config"]), []), spec["min_pairs"])))
+    used: dict = {}
+    status: dict = {}
+    if spec["procedure"] == "fixed_sequence":
+        failed = None
+        for h, t, why, _ in results:
+            if failed is not None:
+                status[h["id"]], used[h["id"]] = ("not reached", f"a failed prerequisite in the hierarchy: {failed}"), None
+            elif t is None:
+                status[h["id"]], used[h["id"]], failed = ("not reached", why), alpha, h["id"]
+            else:
+                used[h["id"]] = alpha
+                ok = t["p_value"] < alpha
+                status[h["id"]] = ("established" if ok else "not established", None)
+                failed = None if ok else h["id"]
+    else:
+        m = len(tests)
+        order = sorted(range(m), key=lambda i: (results[i][1]["p_value"] if results[i][1] else 1.0, i))
+        stopped = False
+        for k, i in enumerate(order):
+            h, t, why, _ = results[i]
+            used[h["id"]] = alpha / (m - k)
+            if t is None:
+                status[h["id"]] = ("not reached", why)
+                stopped = True
+            elif stopped:
+                status[h["id"]] = ("not established", "Holm's procedure stopped at an earlier hypothesis")
+            else:
+                ok = t["p_value"] < used[h["id"]]
+                status[h["id"]] = ("established" if ok else "not established", None)
+                stopped = not ok
+    out = []
+    for h, t, _why, unreached in results:
+        st, reason = status[h["id"]]
+        a = used[h["id"]]
+        low = high = level = None
+        if t is not None and a is not None and t["method"] != "signed-rank":
+            level = 1.0 - 2.0 * a
+            q = student_t_ppf(1.0 - a, t["df"])
+            low, high = t["estimate"] - q * t["standard_error"], t["estimate"] + q * t["standard_error"]
+        out.append({"id": h["id"], "study": h["study"], "config": h["config"], "endpoint": h["endpoint"],
+                    "estimand": h["estimand"], "type": h["type"], "margin": h["margin"], "better": h["better"],
+                    "status": st, "reason": reason, "alpha": a, "test": t, "low": low, "high": high, "level": level,
+                    "unreached": unreached, "text": decision_text(h, st, reason, t, a, low, high, done)})
+    return out
+
+
+def decision_text(h: dict, status: str, reason, t, a, low, high, done: dict) -> str:
+    what = {"superiority": "superiority", "non_inferiority": f"non-inferiority (margin {h['margin']:g})",
+            "equivalence": f"equivalence (margin {h['margin']:g})"}[h["type"]]
+    head = f"{h['id']}: {what} of {h['endpoint']} ({h['estimand']}, {h['better']} is better)"
+    if t is None:
+        return f"{head}: not reached ({reason})"
+    stats = f"p = {t['p_value']:.3g} against alpha {a:.3g}" if a is not None else f"p = {t['p_value']:.3g}"
+    if low is not None:
+        stats += f"; {100 * (1 - 2 * a):.4g}% interval {low:+.5g} to {high:+.5g}"
+    verdict = status if reason is None else f"{status} ({reason})"
+    prefix = "(study stopped by its budget rule) " if done.get("budget_stop") else ""
+    return f"{prefix}{head}: {verdict}; {stats}"
+
+
+def sensitivity(h: dict, pairs: list[dict], failed: list[dict]) -> dict | None:
+    if not failed:
+        return None
+    values = hyp_values(h, pairs)[0] if pairs else []
+    s = direction(h["estimand"], h["better"])
+    w = 1.0 + 2.0 * max((abs(v) for v in values), default=0.0)
+    extra = [(-s * w) if f["failed"] == "candidate" else (s * w) for f in failed]
+    t = signed_rank(values + extra, s)
+    return {"pairs_with_a_failed_arm": len(failed), "failed_candidate": sum(f["failed"] == "candidate" for f in failed),
+            "n": t["n"], "statistic": t["statistic"], "p_value": t["p_value"],
+            "method": "signed-rank; a failed arm ranks worse than every observed pair"}
+
+
+# -- the summary ----------------------------------------------------------------------------------
+
+
+def final_attempts(records: list[dict]) -> dict:
+    out: dict = {}
+    for r in records:
+        rid = r["spec"]["run_id"]
+        if rid not in out or r["attempt"] > out[rid]["attempt"]:
+            out[rid] = r
+    return out
+
+
 def recompute(records: list[dict]) -> dict:
     """The summary, from the records, by the rules stated in analysis/summary.py."""
     proto = records[0]["protocol"]
     ok: dict = {}
     seen: dict = {}
-    for r in records:
+    for r in sorted(records, key=lambda x: x["attempt"]):
         s = r["spec"]
         seen.setdefault((s["study"], s["config"]), set()).add(s["unit"])
         if r["status"] == "ok":
@@ -201,6 +480,7 @@ def recompute(records: list[dict]) -> dict:
     exclusions: list = []
     done = completeness(records)
     studies = []
+    pairs_of: dict = {}
     for st in proto["studies"]:
         entries = []
         level = st["interval_level"]
@@ -209,10 +489,25 @@ def recompute(records: list[dict]) -> dict:
             if not units:
                 continue
             if st["design"] == "paired":
-                entries.append(_paired(st, config, units, proto, level, exclusions, done))
+                entry = _paired(st, config, units, level, exclusions)
+                pairs_of[(st["name"], config)] = entry["pairs"]
             else:
-                entries.append(_factorial(config, units, level, exclusions))
+                entry = _factorial(config, units, level, exclusions)
+            entries.append(entry)
         studies.append({"name": st["name"], "design": st["design"], "configs": entries})
+    spec = proto.get("hypotheses") or {"descriptive": "these records predate preregistered hypotheses"}
+    if "descriptive" in spec:
+        hyp = {"descriptive": spec["descriptive"]}
+    else:
+        failed = failed_pairs(records)
+        decisions = []
+        for d in decide(spec, pairs_of, done):
+            h = next(t for t in spec["tests"] if t["id"] == d["id"])
+            d["sensitivity"] = sensitivity(h, pairs_of.get((d["study"], d["config"]), []),
+                                           failed.get((d["study"], d["config"]), []))
+            decisions.append(d)
+        hyp = {"procedure": spec["procedure"], "family_alpha": spec["family_alpha"], "min_pairs": spec["min_pairs"],
+               "decisions": decisions}
     status = [r["status"] for r in records]
     rows = []
     for r in records:
@@ -225,12 +520,58 @@ def recompute(records: list[dict]) -> dict:
                      "test_bpb": r.get("test_bpb"), "peak_memory_bytes": peak(r)})
     rows.sort(key=lambda x: (x["order"], x["attempt"]))
     return {
-        "schema_version": 2, "protocol": proto, "completeness": done,
+        "schema_version": 3, "protocol": proto, "completeness": done, "hypotheses": hyp,
+        "flow": flow(records, studies, proto),
         "records": {"files": len(records), "ok": status.count("ok"), "failed": status.count("failed"),
                     "interrupted": status.count("interrupted"),
                     "device_seconds": math.fsum((r.get("timings") or {}).get("device_s") or 0.0 for r in records)},
         "exclusions": sorted(exclusions, key=lambda e: e["unit"]), "studies": studies, "runs": rows,
     }
+
+
+def flow(records: list[dict], studies: list[dict], proto: dict) -> list[dict]:
+    rows: dict = {}
+    for st in proto["studies"]:
+        roles = (("baseline", st["arms"][0]), ("candidate", st["arms"][1])) if st["design"] == "paired" else \
+            tuple((c, c) for c in CELLS)
+        for config in st["configs"]:
+            for role, arm in roles:
+                rows[(st["name"], config, role)] = {
+                    "study": st["name"], "config": config, "role": role, "arm": arm,
+                    "planned": len(st["seeds"]) if "seeds" in st else None, "started": 0, "ok": 0, "failed": 0,
+                    "interrupted_attempts": 0, "analysed": 0}
+    attempts: dict = {}
+    for r in records:
+        attempts.setdefault(r["spec"]["run_id"], []).append(r["status"])
+    used = {x["unit"] for st in studies for c in st["configs"] for x in c.get("pairs", c.get("blocks", []))}
+    for r in final_attempts(records).values():
+        s = r["spec"]
+        row = rows[(s["study"], s["config"], s["role"])]
+        row["started"] += 1
+        row["interrupted_attempts"] += attempts[s["run_id"]].count("interrupted")
+        row["ok"] += r["status"] == "ok"
+        row["failed"] += r["status"] == "failed"
+        row["analysed"] += int(s["unit"] in used and r["status"] == "ok")
+    for row in rows.values():
+        row["missing"] = None if row["planned"] is None else row["planned"] - row["ok"]
+        row["excluded"] = row["ok"] - row["analysed"]
+    return list(rows.values())
+
+
+def failed_pairs(records: list[dict]) -> dict:
+    by_unit: dict = {}
+    for r in final_attempts(records).values():
+        if r["spec"]["design"] == "paired":
+            by_unit.setdefault(r["spec"]["unit"], {})[r["spec"]["role"]] = r
+    out: dict = {}
+    for unit in sorted(by_unit):
+        arms = by_unit[unit]
+        st = sorted((role, r["status"]) for role, r in arms.items())
+        if len(st) == 2 and sorted(x for _, x in st) == ["failed", "ok"]:
+            spec = next(iter(arms.values()))["spec"]
+            out.setdefault((spec["study"], spec["config"]), []).append(
+                {"unit": unit, "failed": next(role for role, x in st if x == "failed")})
+    return out
 
 
 def completeness(records: list[dict]) -> dict:
@@ -263,7 +604,7 @@ def completeness(records: list[dict]) -> dict:
             "budget_stop": stop, "text": text}
 
 
-def _paired(st: dict, config: str, units: dict, proto: dict, level: float, exclusions: list, done: dict) -> dict:
+def _paired(st: dict, config: str, units: dict, level: float, exclusions: list) -> dict:
     pairs = []
     for unit in sorted(units):
         arms = units[unit]
@@ -274,7 +615,8 @@ def _paired(st: dict, config: str, units: dict, proto: dict, level: float, exclu
         b, c = arms["baseline"], arms["candidate"]
         bt, ct = b["timings"], c["timings"]
         pairs.append({
-            "unit": unit, "seed": b["spec"]["seed"], "first": "baseline" if b["spec"]["position"] == 0 else "candidate",
+            "unit": unit, "seed": b["spec"]["seed"], "order": min(b["spec"]["order"], c["spec"]["order"]),
+            "first": "baseline" if b["spec"]["position"] == 0 else "candidate",
             "baseline_training_s": bt["training_s"], "candidate_training_s": ct["training_s"],
             "baseline_time_to_target_s": bt["time_to_target_s"], "candidate_time_to_target_s": ct["time_to_target_s"],
             "baseline_total_s": bt["total_s"], "candidate_total_s": ct["total_s"],
@@ -286,56 +628,26 @@ def _paired(st: dict, config: str, units: dict, proto: dict, level: float, exclu
     col = lambda k: [p[k] for p in pairs]  # noqa: E731
     training = endpoint(col("baseline_training_s"), col("candidate_training_s"), level, "relative_reduction")
     training["log_ratio"] = paired(col("baseline_training_s"), col("candidate_training_s"), level, "log_ratio")
-    rule = proto["unreached_target"]
-    tb, tc, unreached = [], [], 0
-    for p in pairs:
-        x, y = p["baseline_time_to_target_s"], p["candidate_time_to_target_s"]
-        if x is None or y is None:
-            unreached += 1
-            if rule == "exclude":
-                continue
-            x = p["baseline_training_s"] if x is None else x
-            y = p["candidate_training_s"] if y is None else y
-        tb.append(x)
-        tc.append(y)
-    ttt = endpoint(tb, tc, level, "relative_reduction")
-    ttt.update(rule=rule, unreached_pairs=unreached)
+    both = [p for p in pairs if p["baseline_time_to_target_s"] is not None and p["candidate_time_to_target_s"] is not None]
+    ttt = endpoint([p["baseline_time_to_target_s"] for p in both], [p["candidate_time_to_target_s"] for p in both],
+                   level, "relative_reduction")
+    ttt.update(rule="pairs where both arms reached the target",
+               unreached={"baseline": sum(p["baseline_time_to_target_s"] is None for p in pairs),
+                          "candidate": sum(p["candidate_time_to_target_s"] is None for p in pairs)})
     quality = endpoint(col("baseline_test_bpb"), col("candidate_test_bpb"), level, "difference")
     mb, mc = col("baseline_peak_memory_bytes"), col("candidate_peak_memory_bytes")
     memory = endpoint(mb, mc, level, "relative_reduction") if None not in mb + mc else None
     faster = sum(1 for p in pairs if p["candidate_training_s"] < p["baseline_training_s"])
     slower = sum(1 for p in pairs if p["candidate_training_s"] > p["baseline_training_s"])
-    decision = None
-    if quality["interval"] is not None:
-        tol, high = proto["quality_tolerance_bpb"], quality["interval"]["high"]
-        pct = f"{quality['interval']['level'] * 100:g}%"
-        if not st["quality_decision"]:
-            decision = {"applies": False, "tolerance": tol, "upper": high, "established": None,
-                        "text": f"descriptive: the {pct} interval's upper end is {high:+.5f} BPB "
-                                f"(no preregistered decision for this study)"}
-        else:
-            est = high < tol
-            text = (f"tolerance established: the {pct} interval's upper end {high:+.5f} BPB is below the "
-                    f"predeclared {tol:g}-BPB tolerance" if est else
-                    f"tolerance not established: the {pct} interval's upper end {high:+.5f} BPB is not below "
-                    f"the predeclared {tol:g}-BPB tolerance")
-            decision = {"applies": True, "tolerance": tol, "upper": high, "established": est, "text": text}
-            if done["complete"] is False:
-                if done["budget_stop"]:
-                    decision["text"] = "(study stopped by its budget rule) " + text
-                else:
-                    decision.update(established=None, text=f"not reached (incomplete: {done['missing_runs']} of "
-                                                           f"{done['planned_runs']} planned runs have no ok record)")
     return {
-        "config": config, "design": "paired", "level": level,
-        "primary_endpoint": "time_to_target" if st["primary_endpoint"] == "time_to_target" else "training_time",
-        "parameters": params_of(units), "baseline_arm": st["arms"][0], "candidate_arm": st["arms"][1],
+        "config": config, "design": "paired", "level": level, "parameters": params_of(units),
+        "baseline_arm": st["arms"][0], "candidate_arm": st["arms"][1],
         "units_seen": len(units), "pairs_used": len(pairs), "training_time": training, "time_to_target": ttt,
         "total_time": endpoint(col("baseline_total_s"), col("candidate_total_s"), level, "relative_reduction"),
         "test_bpb": quality, "peak_memory": memory,
         "counts": {"faster": faster, "slower": slower, "ties": len(pairs) - faster - slower,
                    "worse_test_bpb": sum(1 for p in pairs if p["test_bpb_difference"] > 0)},
-        "decision": decision, "pairs": pairs,
+        "order_effects": {"crossover": crossover(pairs, level), "drift": drift(pairs, level)}, "pairs": pairs,
     }
 
 
@@ -372,8 +684,8 @@ def _factorial(config: str, units: dict, level: float, exclusions: list) -> dict
                       reduction_high_pct=100.0 * (1.0 - math.exp(iv["low"])))
             effects[name] = iv
     return {"config": config, "design": "factorial", "level": level, "units_seen": len(units),
-            "parameters": params_of(units), "blocks_used": len(blocks), "cell_mean_training_s": means,
-            "effects": effects, "blocks": blocks}
+            "parameters": params_of(units), "positions": positions(blocks, level), "blocks_used": len(blocks),
+            "cell_mean_training_s": means, "effects": effects, "blocks": blocks}
 
 
 # ------------------------------------------------------------------------------------------

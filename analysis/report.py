@@ -39,6 +39,7 @@ def markdown(summary: dict[str, Any]) -> str:
     if summary["exclusions"]:
         out.append("Excluded units: " + "; ".join(f"{e['unit']} ({e['reason']})" for e in summary["exclusions"]) + ".")
     out.append("")
+    out += _decisions(summary["hypotheses"]) + _flow(summary["flow"])
     for study in summary["studies"]:
         if not study["configs"]:
             continue
@@ -65,11 +66,12 @@ def markdown(summary: dict[str, Any]) -> str:
             rows = []
             for c in study["configs"]:
                 t, tot = c["time_to_target"], c["total_time"]
-                rows.append([c["config"], f"{t['pairs']} ({t['unreached_pairs']} unreached, rule {t['rule']})",
+                rows.append([c["config"], f"{t['pairs']} (unreached: baseline {t['unreached']['baseline']}, "
+                                          f"candidate {t['unreached']['candidate']})",
                              _f(t["interval"] and t["interval"]["estimate"], ".2f") + "%",
                              f"{_f(t['interval'] and t['interval']['low'], '.2f')}–{_f(t['interval'] and t['interval']['high'], '.2f')}%",
                              _f(tot["interval"] and tot["interval"]["estimate"], ".2f") + "%"])
-            out += _md_table(["Configuration", "Pairs used", "Time-to-target reduction", f"{lvl} interval",
+            out += _md_table(["Configuration", "Pairs where both reached the target", "Time-to-target reduction", f"{lvl} interval",
                               "Total-time reduction"], rows)
             out += ["", "Full-test quality (BPB; lower is better; positive difference means the candidate was worse).", ""]
             rows = []
@@ -78,10 +80,8 @@ def markdown(summary: dict[str, Any]) -> str:
                 iv = q["interval"]
                 rows.append([c["config"], f"{_f(q['baseline_mean'], '.4f')} / {_f(q['candidate_mean'], '.4f')}",
                              _f(iv and iv["estimate"], "+.5f"),
-                             f"{_f(iv and iv['low'], '+.5f')} to {_f(iv and iv['high'], '+.5f')}",
-                             c["decision"]["text"] if c["decision"] else "n/a"])
-            out += _md_table(["Configuration", f"{names} BPB", "Difference", f"{lvl} interval",
-                              "Decision"], rows)
+                             f"{_f(iv and iv['low'], '+.5f')} to {_f(iv and iv['high'], '+.5f')}"])
+            out += _md_table(["Configuration", f"{names} BPB", "Difference", f"{lvl} interval"], rows)
             out += ["", "Peak memory.", ""]
             rows = []
             for c in study["configs"]:
@@ -100,6 +100,9 @@ def markdown(summary: dict[str, Any]) -> str:
             out += _md_table(["Configuration", "Seed", "First", f"{first['baseline_arm'].capitalize()} (s)",
                               f"{first['candidate_arm'].capitalize()} (s)", "Time reduction",
                               "Test Δ BPB"], rows)
+            out += ["", f"Order diagnostics ({lvl} intervals): AB/BA period effect, treatment-by-period check, drift "
+                        "over execution order.", ""]
+            out += [line for c in study["configs"] for line in _order(c)] or ["Too few pairs for order diagnostics."]
             out.append("")
         else:
             out += [f"## Study {study['name']}: 2x2 factorial (norms x optimizer)", ""]
@@ -118,12 +121,65 @@ def markdown(summary: dict[str, Any]) -> str:
                         rows.append([label, f"{e['reduction_pct']:.2f}%",
                                      f"{e['reduction_low_pct']:.2f}–{e['reduction_high_pct']:.2f}%"])
                 out += _md_table(["Effect (within-block, log time)", "Time reduction", f"{lvl} interval"], rows)
+                if c.get("positions"):
+                    out += ["", "Position in the Williams square (log time relative to the block mean): " + "; ".join(
+                        f"{q['position']}: {q['estimate']:+.4f} [{q['low']:+.4f}, {q['high']:+.4f}]" for q in c["positions"])]
                 out.append("")
     out += ["## Every run attempt", "", f"{len(summary['runs'])} attempts, failures and interruptions included.", ""]
     rows = [[r["run_id"], str(r["attempt"]), r["status"], r["arm"], str(r["seed"]), _f(r["training_s"], ".3f"),
              _f(r["test_bpb"], ".4f"), (r["reason"] or "")[:80]] for r in summary["runs"]]
     out += _md_table(["Run", "Attempt", "Status", "Arm", "Seed", "Training (s)", "Test BPB", "Reason"], rows)
     return "\n".join(out).rstrip() + "\n"
+
+
+def _decisions(hyp: dict[str, Any]) -> list[str]:
+    if "descriptive" in hyp:
+        return ["## Decisions", "", f"Descriptive protocol: no hypothesis is decided. {hyp['descriptive']}", ""]
+    out = ["## Decisions", "",
+           f"{len(hyp['decisions'])} preregistered hypotheses, {hyp['procedure'].replace('_', ' ')} procedure at a "
+           f"one-sided family-wise error rate of {hyp['family_alpha']:g}; a decision needs at least "
+           f"{hyp['min_pairs']} pairs.", ""]
+    rows = []
+    for d in hyp["decisions"]:
+        t = d["test"] or {}
+        iv = f"{d['low']:+.4g} to {d['high']:+.4g} ({100 * d['level']:.4g}%)" if d["low"] is not None else "n/a"
+        sens = d.get("sensitivity")
+        rows.append([d["id"], f"{d['study']} / {d['config']}", f"{d['endpoint']} ({d['estimand']})",
+                     d["type"].replace("_", "-") + (f", margin {d['margin']:g}" if d["margin"] else ""),
+                     str(t.get("n", "n/a")), _f(t.get("estimate"), "+.4g"), iv,
+                     _f(t.get("p_value"), ".3g"), _f(d["alpha"], ".3g"),
+                     d["status"] + (f" ({d['reason']})" if d["reason"] else ""),
+                     f"p = {sens['p_value']:.3g} ({sens['pairs_with_a_failed_arm']} failed pairs)" if sens else "none"])
+    out += _md_table(["Hypothesis", "Study / configuration", "Endpoint", "Type", "n", "Estimate", "Interval",
+                      "p", "alpha", "Decision", "Failed arm as adverse"], rows)
+    return out + [""]
+
+
+def _flow(rows: list[dict[str, Any]]) -> list[str]:
+    out = ["## Flow of planned runs", "",
+           "Per arm: planned, started, ok, failed, interrupted attempts, missing (no ok record), analysed "
+           "(in a complete pair or block) and excluded (ok, but its partner was not).", ""]
+    table = [[r["study"], r["config"], f"{r['role']} ({r['arm']})", *(str(r[k]) for k in (
+        "planned", "started", "ok", "failed", "interrupted_attempts", "missing", "analysed", "excluded"))]
+        for r in rows]
+    out += _md_table(["Study", "Configuration", "Arm", "Planned", "Started", "OK", "Failed", "Interrupted",
+                      "Missing", "Analysed", "Excluded"], table)
+    return out + [""]
+
+
+def _order(c: dict[str, Any]) -> list[str]:
+    oe = c["order_effects"]
+    out = []
+    if oe["crossover"]:
+        p, k = oe["crossover"]["period"], oe["crossover"]["carryover"]
+        out.append(f"{c['config']}: period effect (second run vs first, log time) {p['estimate']:+.4f} "
+                   f"[{p['low']:+.4f}, {p['high']:+.4f}], p = {p['p_value']:.3g}; treatment-by-period check "
+                   f"p = {k['p_value']:.3g}.")
+    if oe["drift"]:
+        d = oe["drift"]
+        out.append(f"{c['config']}: drift of ln(candidate/baseline) per plan position {d['slope']:+.3g} "
+                   f"[{d['low']:+.3g}, {d['high']:+.3g}], p = {d['p_value']:.3g}.")
+    return out
 
 
 def plots(summary: dict[str, Any], records: list[dict[str, Any]], directory: Path) -> list[Path]:
@@ -134,9 +190,12 @@ def plots(summary: dict[str, Any], records: list[dict[str, Any]], directory: Pat
 
     made: list[Path] = []
     paired = [c for s in summary["studies"] if s["design"] == "paired" for c in s["configs"] if c["pairs"]]
+    study_of = {id(c): s["name"] for s in summary["studies"] for c in s["configs"]}
+    made += _forest(summary, directory) + _drift(paired, study_of, directory)
     if not paired:
         return made
-    tol = summary["protocol"]["quality_tolerance_bpb"]
+    margins = {(d["study"], d["config"]): d["margin"] for d in summary["hypotheses"].get("decisions", [])
+               if d["endpoint"] == "test_bpb" and d["type"] != "superiority"}
     for kind in ("time", "quality"):
         fig, axes = plt.subplots(1, len(paired), figsize=(3.2 * len(paired) + 1, 3.2), squeeze=False)
         for ax, c in zip(axes[0], paired):
@@ -147,8 +206,9 @@ def plots(summary: dict[str, Any], records: list[dict[str, Any]], directory: Pat
             if iv:
                 ax.axhspan(iv["low"], iv["high"], alpha=0.25, label=f"{_pct(iv['level'])} interval")
                 ax.axhline(iv["estimate"], lw=1)
-            if kind == "quality":
-                ax.axhline(tol, color="red", ls="--", lw=1, label=f"tolerance {tol:g}")
+            tol = margins.get((study_of[id(c)], c["config"]))
+            if kind == "quality" and tol is not None:
+                ax.axhline(tol, color="red", ls="--", lw=1, label=f"margin {tol:g}")
             ax.axhline(0, color="black", lw=0.5)
             ax.set_title(c["config"], fontsize=9)
             ax.set_xlabel("pair")
@@ -184,6 +244,69 @@ def plots(summary: dict[str, Any], records: list[dict[str, Any]], directory: Pat
     plt.close(fig)
     made.append(path)
     return made
+
+
+def _forest(summary: dict[str, Any], directory: Path) -> list[Path]:
+    """Every hypothesis' estimate and interval against its margin, plus every paired study's
+    descriptive log-time interval (the A/A null among them), in one figure."""
+    import matplotlib.pyplot as plt
+
+    rows = []
+    for d in summary["hypotheses"].get("decisions", []):
+        if d["low"] is not None:
+            margin = d["margin"] if d["type"] != "superiority" else 0.0
+            rows.append((f"{d['id']} {d['study']}/{d['config']} {d['endpoint']}", d["test"]["estimate"], d["low"],
+                         d["high"], margin, d["status"]))
+    for st in summary["studies"]:
+        for c in st["configs"]:
+            iv = (c.get("training_time") or {}).get("log_ratio")
+            if iv:
+                rows.append((f"{st['name']}/{c['config']} ln(time ratio), descriptive", iv["estimate"], iv["low"],
+                             iv["high"], None, "descriptive"))
+    if not rows:
+        return []
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
+    colors = {"established": "tab:green", "not established": "tab:red", "not reached": "tab:gray",
+              "descriptive": "tab:blue"}
+    for i, (_label, est, lo, hi, margin, status) in enumerate(rows):
+        y = len(rows) - i
+        ax.plot([lo, hi], [y, y], color=colors.get(status, "black"), lw=2)
+        ax.plot([est], [y], "o", color=colors.get(status, "black"))
+        if margin:
+            ax.plot([margin, margin], [y - 0.3, y + 0.3], color="red", lw=1)
+            ax.plot([-margin, -margin], [y - 0.3, y + 0.3], color="red", lw=1, ls=":")
+    ax.axvline(0, color="black", lw=0.5)
+    ax.set_yticks(range(len(rows), 0, -1))
+    ax.set_yticklabels([r[0] for r in rows], fontsize=7)
+    ax.set_xlabel("estimate (estimand units) with its interval; red ticks: margins")
+    fig.tight_layout()
+    path = directory / "plot_forest.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+def _drift(paired: list[dict[str, Any]], study_of: dict[int, str], directory: Path) -> list[Path]:
+    import matplotlib.pyplot as plt
+
+    with_drift = [c for c in paired if c["order_effects"]["drift"]]
+    if not with_drift:
+        return []
+    fig, axes = plt.subplots(1, len(with_drift), figsize=(3.2 * len(with_drift) + 1, 3.2), squeeze=False)
+    for ax, c in zip(axes[0], with_drift):
+        d = c["order_effects"]["drift"]
+        xs = [p[0] for p in d["points"]]
+        ax.scatter(xs, [p[1] for p in d["points"]], s=12)
+        ax.plot([min(xs), max(xs)], [d["intercept"] + d["slope"] * x for x in (min(xs), max(xs))], lw=1)
+        ax.axhline(0, color="black", lw=0.5)
+        ax.set_title(f"{study_of[id(c)]}/{c['config']}", fontsize=9)
+        ax.set_xlabel("plan position")
+    axes[0][0].set_ylabel("ln(candidate / baseline time)")
+    fig.tight_layout()
+    path = directory / "plot_drift.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Paired Student-t intervals, the quality-tolerance decision and factorial contrasts.
+"""Paired Student-t intervals and factorial contrasts (decisions: :mod:`analysis.decisions`).
 
 Never imports torch: the analysis reads records and nothing else.
 """
@@ -133,32 +133,6 @@ def paired_interval(
         return PairedInterval(**{**res.as_dict(), "ratio": math.exp(res.estimate),
                                  "ratio_low": math.exp(res.low), "ratio_high": math.exp(res.high)})
     return res
-
-
-@dataclass(frozen=True)
-class Decision:
-    """Quality tolerance (non-inferiority) decision on the test-BPB difference."""
-
-    applies: bool
-    tolerance: float
-    upper: float
-    established: bool | None
-    text: str
-
-
-def quality_decision(interval: PairedInterval, tolerance: float, applies: bool) -> Decision:
-    """Established when the upper end of the two-sided interval of (candidate - baseline) BPB < tolerance."""
-    pct = f"{interval.level * 100:g}%"
-    if not applies:
-        return Decision(False, tolerance, interval.high, None,
-                        f"descriptive: the {pct} interval's upper end is {interval.high:+.5f} BPB "
-                        f"(no preregistered decision for this study)")
-    ok = interval.high < tolerance
-    text = (f"tolerance established: the {pct} interval's upper end {interval.high:+.5f} BPB is below the "
-            f"predeclared {tolerance:g}-BPB tolerance" if ok else
-            f"tolerance not established: the {pct} interval's upper end {interval.high:+.5f} BPB is not below "
-            f"the predeclared {tolerance:g}-BPB tolerance")
-    return Decision(True, tolerance, interval.high, ok, text)
 
 
 def factorial_contrasts(blocks: Sequence[dict[str, float]], level: float) -> dict[str, PairedInterval]:

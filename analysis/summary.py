@@ -6,9 +6,9 @@ Selection rules (the audit re-implements them):
   in the per-run table and are counted;
 * a pair or block is used only when every arm of it has an ``ok`` record; others are listed under
   ``exclusions`` with the reason;
-* time to target: pairs where an arm never reached the target are excluded (rule ``exclude``) or
-  take that arm's full training time (rule ``full_budget``), as the protocol says; their count is
-  reported;
+* a run's outcome is the ok record of its latest attempt (a retried unit re-runs every arm);
+* time to target, descriptively: the pairs where both arms reached the target, with the unreached
+  count per arm; a decision on it follows its hypothesis' censoring rule (:mod:`analysis.decisions`);
 * completeness (:func:`completeness`): a study whose planned runs do not all have an ``ok`` record
   is incomplete, and its decisions are "not reached (incomplete)", unless the protocol's budget
   rule explains the stop (the device seconds spent plus one more unit at the mean device seconds
@@ -20,12 +20,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from analysis.stats import factorial_contrasts, paired_interval, quality_decision
+from analysis.decisions import decide, sensitivity
+from analysis.order import crossover, drift, positions
+from analysis.stats import factorial_contrasts, paired_interval
 from harness.records import load_records
 
-__all__ = ["completeness", "derive", "load_records", "run_rows"]
+__all__ = ["completeness", "derive", "flow", "load_records", "run_rows"]
 
-SUMMARY_SCHEMA = 2  # 2: "completeness"; decisions say "not reached" for an incomplete study
+# 2: "completeness"; 3: "hypotheses" (one decision each), "flow", order diagnostics, failed-arm sensitivity
+SUMMARY_SCHEMA = 3
 UNIT_RUNS = {"paired": 2, "factorial": 4}
 
 
@@ -114,7 +117,7 @@ def completeness(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _paired(study: dict[str, Any], config: str, units: dict[str, dict[str, dict[str, Any]]],
-            protocol: dict[str, Any], exclusions: list[dict[str, str]], done: dict[str, Any]) -> dict[str, Any]:
+            exclusions: list[dict[str, str]]) -> dict[str, Any]:
     level = study["interval_level"]
     pairs = []
     for unit in sorted(units):
@@ -125,7 +128,7 @@ def _paired(study: dict[str, Any], config: str, units: dict[str, dict[str, dict[
             continue
         b, c = arms["baseline"], arms["candidate"]
         pairs.append({
-            "unit": unit, "seed": b["spec"]["seed"],
+            "unit": unit, "seed": b["spec"]["seed"], "order": min(b["spec"]["order"], c["spec"]["order"]),
             "first": "baseline" if b["spec"]["position"] == 0 else "candidate",
             "baseline_training_s": b["timings"]["training_s"], "candidate_training_s": c["timings"]["training_s"],
             "baseline_time_to_target_s": b["timings"]["time_to_target_s"],
@@ -139,42 +142,19 @@ def _paired(study: dict[str, Any], config: str, units: dict[str, dict[str, dict[
     col = lambda key: [p[key] for p in pairs]  # noqa: E731
     training = _endpoint(col("baseline_training_s"), col("candidate_training_s"), level, "relative_reduction")
     training["log_ratio"] = _interval(col("baseline_training_s"), col("candidate_training_s"), level, "log_ratio")
-    rule = protocol["unreached_target"]
-    tb, tc, unreached = [], [], 0
-    for p in pairs:
-        x, y = p["baseline_time_to_target_s"], p["candidate_time_to_target_s"]
-        if x is None or y is None:
-            unreached += 1
-            if rule == "exclude":
-                continue
-            x = p["baseline_training_s"] if x is None else x
-            y = p["candidate_training_s"] if y is None else y
-        tb.append(x)
-        tc.append(y)
-    ttt = _endpoint(tb, tc, level, "relative_reduction")
-    ttt.update(rule=rule, unreached_pairs=unreached)
+    both = [p for p in pairs if p["baseline_time_to_target_s"] is not None and p["candidate_time_to_target_s"] is not None]
+    ttt = _endpoint([p["baseline_time_to_target_s"] for p in both], [p["candidate_time_to_target_s"] for p in both],
+                    level, "relative_reduction")
+    ttt.update(rule="pairs where both arms reached the target",
+               unreached={"baseline": sum(p["baseline_time_to_target_s"] is None for p in pairs),
+                          "candidate": sum(p["candidate_time_to_target_s"] is None for p in pairs)})
     quality = _endpoint(col("baseline_test_bpb"), col("candidate_test_bpb"), level, "difference")
     mem_b, mem_c = col("baseline_peak_memory_bytes"), col("candidate_peak_memory_bytes")
     memory = _endpoint(mem_b, mem_c, level, "relative_reduction") if None not in mem_b + mem_c else None
-    primary_key = "time_to_target" if study["primary_endpoint"] == "time_to_target" else "training_time"
     faster = sum(1 for p in pairs if p["candidate_training_s"] < p["baseline_training_s"])
     slower = sum(1 for p in pairs if p["candidate_training_s"] > p["baseline_training_s"])
-    decision = None
-    if quality["interval"] is not None:
-        from analysis.stats import PairedInterval
-
-        d = quality_decision(PairedInterval(**quality["interval"]), protocol["quality_tolerance_bpb"],
-                             study["quality_decision"])
-        decision = {"applies": d.applies, "tolerance": d.tolerance, "upper": d.upper,
-                    "established": d.established, "text": d.text}
-        if d.applies and done["complete"] is False:
-            if done["budget_stop"]:
-                decision["text"] = f"(study stopped by its budget rule) {d.text}"
-            else:
-                decision.update(established=None, text=f"not reached (incomplete: {done['missing_runs']} of "
-                                                       f"{done['planned_runs']} planned runs have no ok record)")
     return {
-        "config": config, "design": "paired", "level": level, "primary_endpoint": primary_key,
+        "config": config, "design": "paired", "level": level,
         "parameters": _parameters(units),
         "baseline_arm": study["arms"][0], "candidate_arm": study["arms"][1],
         "units_seen": len(units), "pairs_used": len(pairs),
@@ -183,7 +163,8 @@ def _paired(study: dict[str, Any], config: str, units: dict[str, dict[str, dict[
         "test_bpb": quality, "peak_memory": memory,
         "counts": {"faster": faster, "slower": slower, "ties": len(pairs) - faster - slower,
                    "worse_test_bpb": sum(1 for p in pairs if p["test_bpb_difference"] > 0)},
-        "decision": decision, "pairs": pairs,
+        "order_effects": {"crossover": crossover(pairs, level), "drift": drift(pairs, level)},
+        "pairs": pairs,
     }
 
 
@@ -214,8 +195,69 @@ def _factorial(study: dict[str, Any], config: str, units: dict[str, dict[str, di
             d["reduction_high_pct"] = 100.0 * (1.0 - math.exp(iv.low))
             effects[name] = d
     return {"config": config, "design": "factorial", "level": level, "units_seen": len(units),
-            "parameters": _parameters(units),
+            "parameters": _parameters(units), "positions": positions(blocks, CELLS, level),
             "blocks_used": len(blocks), "cell_mean_training_s": means, "effects": effects, "blocks": blocks}
+
+
+def _final(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each run's latest attempt (failed, interrupted or ok)."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in records:
+        rid = r["spec"]["run_id"]
+        if rid not in out or r["attempt"] > out[rid]["attempt"]:
+            out[rid] = r
+    return out
+
+
+def flow(records: list[dict[str, Any]], studies: list[dict[str, Any]], protocol: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every planned run per (study, configuration, arm): planned, started, ok, failed,
+    interrupted (attempts), missing, analysed (in a used pair or block) and excluded."""
+    final = _final(records)
+    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for st in protocol["studies"]:
+        roles = (("baseline", st["arms"][0]), ("candidate", st["arms"][1])) if st["design"] == "paired" else \
+            tuple((c, c) for c in CELLS)
+        for config in st["configs"]:
+            for role, arm in roles:
+                rows[(st["name"], config, role)] = {
+                    "study": st["name"], "config": config, "role": role, "arm": arm,
+                    "planned": len(st["seeds"]) if "seeds" in st else None, "started": 0, "ok": 0, "failed": 0,
+                    "interrupted_attempts": 0, "analysed": 0}
+    attempts: dict[str, list[str]] = {}
+    for r in records:
+        attempts.setdefault(r["spec"]["run_id"], []).append(r["status"])
+    used = {u for st in studies for c in st["configs"] for u in (x["unit"] for x in c.get("pairs", c.get("blocks", [])))}
+    for r in final.values():
+        s = r["spec"]
+        row = rows[(s["study"], s["config"], s["role"])]
+        row["started"] += 1
+        row["interrupted_attempts"] += attempts[s["run_id"]].count("interrupted")
+        if r["status"] == "ok":
+            row["ok"] += 1
+        elif r["status"] == "failed":
+            row["failed"] += 1
+        row["analysed"] += int(s["unit"] in used and r["status"] == "ok")
+    for row in rows.values():
+        row["missing"] = None if row["planned"] is None else row["planned"] - row["ok"]
+        row["excluded"] = row["ok"] - row["analysed"]
+    return list(rows.values())
+
+
+def _failed_pairs(records: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Pairs whose final records are one ok and one failed arm (for the sensitivity analysis)."""
+    by_unit: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in _final(records).values():
+        if r["spec"]["design"] == "paired":
+            by_unit.setdefault(r["spec"]["unit"], {})[r["spec"]["role"]] = r
+    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for unit in sorted(by_unit):
+        arms = by_unit[unit]
+        st = sorted((role, r["status"]) for role, r in arms.items())
+        if len(st) == 2 and sorted(x for _, x in st) == ["failed", "ok"]:
+            spec = next(iter(arms.values()))["spec"]
+            out.setdefault((spec["study"], spec["config"]), []).append(
+                {"unit": unit, "failed": next(role for role, x in st if x == "failed")})
+    return out
 
 
 def derive(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -228,7 +270,7 @@ def derive(records: list[dict[str, Any]]) -> dict[str, Any]:
         raise ValueError(f"records name {len(shas)} different protocol files: {sorted(shas)}")
     ok: dict[tuple[str, str], dict[str, dict[str, dict[str, Any]]]] = {}
     seen_units: dict[tuple[str, str], set[str]] = {}
-    for r in records:
+    for r in sorted(records, key=lambda x: x["attempt"]):  # the latest ok attempt wins
         s = r["spec"]
         seen_units.setdefault((s["study"], s["config"]), set()).add(s["unit"])
         if r["status"] == "ok":
@@ -236,17 +278,35 @@ def derive(records: list[dict[str, Any]]) -> dict[str, Any]:
     exclusions: list[dict[str, str]] = []
     done = completeness(records)
     studies = []
+    pairs_of: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for study in protocol["studies"]:
         entries = []
         for config in study["configs"]:
-            units = {u: ok.get((study["name"], config), {}).get(u, {}) for u in sorted(seen_units.get((study["name"], config), set()))}
+            units = {u: ok.get((study["name"], config), {}).get(u, {})
+                     for u in sorted(seen_units.get((study["name"], config), set()))}
             if not units:
                 continue
             if study["design"] == "paired":
-                entries.append(_paired(study, config, units, protocol, exclusions, done))
+                entry = _paired(study, config, units, exclusions)
+                pairs_of[(study["name"], config)] = entry["pairs"]
             else:
-                entries.append(_factorial(study, config, units, exclusions))
+                entry = _factorial(study, config, units, exclusions)
+            entries.append(entry)
         studies.append({"name": study["name"], "design": study["design"], "configs": entries})
+    spec = protocol.get("hypotheses") or {"descriptive": "these records predate preregistered hypotheses"}
+    if "descriptive" in spec:
+        hyp: dict[str, Any] = {"descriptive": spec["descriptive"]}
+    else:
+        failed = _failed_pairs(records)
+        decisions = []
+        for d in decide(spec, pairs_of, done):
+            row = d.as_dict()
+            h = next(t for t in spec["tests"] if t["id"] == d.id)
+            row["sensitivity"] = sensitivity(h, pairs_of.get((d.study, d.config), []),
+                                             failed.get((d.study, d.config), []))
+            decisions.append(row)
+        hyp = {"procedure": spec["procedure"], "family_alpha": spec["family_alpha"], "min_pairs": spec["min_pairs"],
+               "decisions": decisions}
     status = [r["status"] for r in records]
     return {
         "schema_version": SUMMARY_SCHEMA,
@@ -255,6 +315,8 @@ def derive(records: list[dict[str, Any]]) -> dict[str, Any]:
                     "interrupted": status.count("interrupted"),
                     "device_seconds": math.fsum((r.get("timings") or {}).get("device_s") or 0.0 for r in records)},
         "completeness": done,
+        "hypotheses": hyp,
+        "flow": flow(records, studies, protocol),
         "exclusions": sorted(exclusions, key=lambda e: e["unit"]),
         "studies": studies,
         "runs": run_rows(records),

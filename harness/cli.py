@@ -219,7 +219,7 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--json", action="store_true")
         if name == "run":
             s.add_argument("--quiet", action="store_true", help="plain log lines, no live display")
-            s.add_argument("--retry-failed", action="store_true", help="execute failed runs again as new attempts")
+            s.add_argument("--retry-failed", action="store_true", help="execute units with a failed run again, whole and in plan order, up to the protocol's max_attempts")
             s.add_argument("--allow-torch-mismatch", action="store_true")
             s.add_argument("--no-report", action="store_true")
         if name == "report":

@@ -37,9 +37,6 @@ _STUDY = {
     "steps": Field(int, check=positive),
     "val_every": Field(int, check=positive),
     "val_target_bpb": Field((float, dict)),
-    "primary_endpoint": Field(str, required=False, default="training_time",
-                              check=one_of("training_time", "time_to_target")),
-    "quality_decision": Field(bool, required=False, default=False),
     "interval_level": Field(float, required=False, default=None, check=_level),
 }
 _TOP = {
@@ -56,8 +53,8 @@ _TOP = {
     "launcher": Field(str, required=False, default="spawn", check=one_of("spawn", "forkserver")),
     "budget_device_seconds": Field(float, check=positive),
     "interval_level": Field(float, check=_level),
-    "quality_tolerance_bpb": Field(float, check=positive),
-    "unreached_target": Field(str, required=False, default="exclude", check=one_of("exclude", "full_budget")),
+    "hypotheses": Field(dict),
+    "max_attempts": Field(int, required=False, default=1, check=positive),
     "order_seed": Field(int),
     "records_dir": Field(str, required=False, default=None),
     "origins": Field(dict, required=False, default=None),
@@ -77,8 +74,6 @@ class Study:
     steps: int
     val_every: int
     val_target_bpb: dict[str, float]
-    primary_endpoint: str
-    quality_decision: bool
     interval_level: float
 
 
@@ -97,8 +92,8 @@ class Protocol:
     launcher: str
     budget_device_seconds: float
     interval_level: float
-    quality_tolerance_bpb: float
-    unreached_target: str
+    hypotheses: dict[str, Any]  # resolved: {"descriptive": str} or procedure, family_alpha, min_pairs, tests
+    max_attempts: int
     order_seed: int
     records_dir: str | None
     studies: tuple[Study, ...]
@@ -129,13 +124,12 @@ class Protocol:
         return {
             "id": self.id, "version": self.version, "sha256": self.sha256, "path": self.relpath,
             "preregistered": self.preregistered, "tag": self.tag_name if self.preregistered else None,
-            "interval_level": self.interval_level, "quality_tolerance_bpb": self.quality_tolerance_bpb,
-            "unreached_target": self.unreached_target, "launcher": self.launcher, "device": self.device,
+            "interval_level": self.interval_level, "hypotheses": self.hypotheses, "max_attempts": self.max_attempts,
+            "launcher": self.launcher, "device": self.device,
             "compile": self.compile, "corpus": self.corpus, "budget_device_seconds": self.budget_device_seconds,
             "studies": [
                 {"name": s.name, "design": s.design, "arms": list(s.arms), "configs": list(s.configs),
                  "seeds": list(s.seeds),
-                 "primary_endpoint": s.primary_endpoint, "quality_decision": s.quality_decision,
                  "interval_level": s.interval_level, "steps": s.steps}
                 for s in self.studies
             ],
@@ -168,10 +162,92 @@ def _seeds(doc: yamlio.Document, value: Any, kp: tuple[Any, ...]) -> tuple[int, 
     return tuple(seeds)
 
 
+#: Keys of protocol schema 1, replaced by ``hypotheses`` (README, "Hypotheses and decisions").
+REPLACED = {
+    "quality_tolerance_bpb": "a non_inferiority hypothesis on endpoint test_bpb with that margin",
+    "unreached_target": "the censoring rule of a time_to_target hypothesis (worst_rank or restricted_mean)",
+    "primary_endpoint": "hypotheses (the first of a fixed_sequence family is the primary one)",
+    "quality_decision": "a non_inferiority hypothesis on endpoint test_bpb (or hypotheses: {descriptive: ...})",
+}
+ENDPOINTS = ("training_time", "time_to_target", "total_time", "test_bpb", "peak_memory")
+_FAMILY = {
+    "procedure": Field(str, check=one_of("holm", "fixed_sequence")),
+    "family_alpha": Field(float, check=lambda v: None if 0 < v < 0.5 else "a one-sided family-wise error rate in (0, 0.5)"),
+    "min_pairs": Field(int, check=lambda v: None if v >= 3 else "at least 3 (an interval needs a spread)"),
+    "tests": Field(list),
+}
+_TEST = {
+    "id": Field(str, check=lambda v: None if ID_RE.match(v) else "letters, digits, - and _ only"),
+    "study": Field(str),
+    "config": Field(str, required=False, default=None),
+    "endpoint": Field(str, check=one_of(*ENDPOINTS)),
+    "estimand": Field(str, check=one_of("difference", "relative_reduction", "log_ratio")),
+    "type": Field(str, check=one_of("superiority", "non_inferiority", "equivalence")),
+    "margin": Field(float, required=False, default=0.0),
+    "better": Field(str, check=one_of("lower", "higher")),
+    "censoring": Field(str, required=False, default=None, check=one_of("worst_rank", "restricted_mean")),
+    "period_adjusted": Field(bool, required=False, default=False),
+}
+
+
+def _hypotheses(doc: yamlio.Document, raw: dict[str, Any], studies: list[Study]) -> dict[str, Any]:
+    kp: tuple[Any, ...] = ("hypotheses",)
+    if "descriptive" in raw:
+        if set(raw) != {"descriptive"} or not isinstance(raw["descriptive"], str) or not raw["descriptive"].strip():
+            raise doc.error(kp, "a descriptive protocol says only why: hypotheses: {descriptive: \"<reason>\"}")
+        return {"descriptive": raw["descriptive"]}
+    fam = yamlio.mapping(doc, raw, kp, _FAMILY)
+    if not fam["tests"]:
+        raise doc.error(kp + ("tests",), "list at least one hypothesis, or say hypotheses: {descriptive: ...}")
+    by_name = {s.name: s for s in studies}
+    tests, ids = [], set()
+    for i, t in enumerate(fam["tests"]):
+        tk = kp + ("tests", i)
+        h = yamlio.mapping(doc, t, tk, _TEST)
+        if h["id"] in ids:
+            raise doc.error(tk + ("id",), f"duplicate hypothesis id {h['id']!r}")
+        ids.add(h["id"])
+        st = by_name.get(h["study"])
+        if st is None or st.design != "paired":
+            raise doc.error(tk + ("study",), f"{h['study']!r} is not a paired study of this protocol")
+        if h["config"] is None:
+            if len(st.configs) != 1:
+                raise doc.error(tk, f"study {st.name!r} has several configurations: name one under 'config'")
+            h["config"] = st.configs[0]
+        elif h["config"] not in st.configs:
+            raise doc.error(tk + ("config",), f"{h['config']!r} is not a configuration of study {st.name!r}")
+        if h["type"] == "superiority" and h["margin"] < 0:
+            raise doc.error(tk + ("margin",), "a superiority margin is >= 0")
+        if h["type"] != "superiority" and h["margin"] <= 0:
+            raise doc.error(tk + ("margin",), f"a {h['type']} hypothesis needs a positive margin")
+        if h["endpoint"] == "time_to_target":
+            if h["censoring"] is None:
+                raise doc.error(tk, "a time_to_target hypothesis must say how an unreached target counts: "
+                                    "censoring: worst_rank or restricted_mean")
+            if h["censoring"] == "worst_rank" and (h["type"] != "superiority" or h["margin"] != 0
+                                                  or h["period_adjusted"]):
+                raise doc.error(tk + ("censoring",), "worst_rank is a rank test: superiority with margin 0 only")
+        elif h["censoring"] is not None:
+            raise doc.error(tk + ("censoring",), "censoring applies to time_to_target only")
+        if h["estimand"] != "difference" and h["endpoint"] == "test_bpb":
+            raise doc.error(tk + ("estimand",), "test_bpb is compared as a difference (BPB)")
+        tests.append(h)
+    return {**fam, "tests": tests}
+
+
 def load_protocol(path: str | Path) -> Protocol:
     """Load and validate a protocol completely (configurations included)."""
     p = Path(path)
     doc = yamlio.load(p)
+    if isinstance(doc.data, dict):
+        old = [(k, ()) for k in REPLACED if k in doc.data]
+        for i, st in enumerate(doc.data.get("studies") or []):
+            if isinstance(st, dict):
+                old += [(k, ("studies", i)) for k in REPLACED if k in st]
+        if old:
+            k, base = old[0]
+            raise doc.error(base + (k,), f"{k!r} belongs to protocol schema 1 and was replaced by 'hypotheses': "
+                                        f"write {REPLACED[k]} (README, 'Hypotheses and decisions')")
     top = yamlio.mapping(doc, doc.data, (), _TOP)
     root = project_root(p)
     cdir = config_dir(root)
@@ -232,8 +308,7 @@ def load_protocol(path: str | Path) -> Protocol:
         studies.append(Study(
             name=s["name"], design=s["design"], description=s["description"], arms=tuple(arms),
             configs=tuple(s["configs"]), seeds=seeds, steps=s["steps"], val_every=s["val_every"],
-            val_target_bpb=targets, primary_endpoint=s["primary_endpoint"],
-            quality_decision=s["quality_decision"],
+            val_target_bpb=targets,
             interval_level=s["interval_level"] or top["interval_level"],
         ))
     for key in ("records_dir", "data_dir"):
@@ -257,7 +332,7 @@ def load_protocol(path: str | Path) -> Protocol:
         corpus=top["corpus"], data_dir=top["data_dir"], device=top["device"], compile=top["compile"],
         torch_version=top["torch_version"], threads=top["threads"], launcher=top["launcher"],
         budget_device_seconds=top["budget_device_seconds"], interval_level=top["interval_level"],
-        quality_tolerance_bpb=top["quality_tolerance_bpb"], unreached_target=top["unreached_target"],
+        hypotheses=_hypotheses(doc, top["hypotheses"], studies), max_attempts=top["max_attempts"],
         order_seed=top["order_seed"], records_dir=top["records_dir"], studies=tuple(studies),
         calibration_pending=pending, path=p,
         root=root, sha256=hashlib.sha256(doc.raw).hexdigest(), configs=configs,

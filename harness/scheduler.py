@@ -50,6 +50,8 @@ class RunState:
     attempts: int = 0
     device_s: float = 0.0
     ok_device_s: float = 0.0
+    last: str | None = None  # status of the latest attempt
+    tries: int = 0  # attempts that ended (ok or failed); interrupted ones are resumed, not retried
 
 
 @dataclass
@@ -70,7 +72,10 @@ def run_states(proto: Protocol) -> dict[str, RunState]:
     states: dict[str, RunState] = {}
     for rec in load_records(proto.records_path):
         st = states.setdefault(rec["spec"]["run_id"], RunState())
+        if rec["attempt"] >= st.attempts:
+            st.last = rec["status"]
         st.attempts = max(st.attempts, rec["attempt"])
+        st.tries += rec["status"] in ("ok", "failed")
         st.device_s += rec["timings"].get("device_s") or 0.0
         if rec["status"] == "ok":
             st.ok = True
@@ -271,8 +276,8 @@ class Runner:
                 continue  # another runner holds this unit
             try:
                 states = run_states(proto)
-                todo = [s for s in unit if not self._final(states.get(s.run_id))]
-                progress.done = sum(1 for s in self.runs if self._final(states.get(s.run_id)))
+                todo = self._todo(unit, states)
+                progress.done = sum(len(u) - len(self._todo(u, states)) for u in units(self.runs))
                 if not todo:
                     continue
                 spent = sum(st.device_s for st in states.values())
@@ -301,15 +306,25 @@ class Runner:
         if self._server is not None:
             self._server.close()
         states = run_states(proto)
-        left = sum(1 for s in self.runs if not self._final(states.get(s.run_id)))
+        left = sum(len(self._todo(u, states)) for u in units(self.runs))
         if stopped_for_budget:
             self.echo(f"stopped for budget with {left} runs not done")
         return left
 
-    def _final(self, st: RunState | None) -> bool:
-        if st is None:
-            return False
-        return st.ok or (st.failed and not self.retry_failed)
+    def _todo(self, unit: list[RunSpec], states: dict[str, RunState]) -> list[RunSpec]:
+        """The unit's runs still to execute, in plan order.
+
+        A unit whose latest attempts include a failure is final unless ``--retry-failed`` was given
+        and its runs have ended fewer than the protocol's ``max_attempts`` times; a retry executes
+        the whole unit again (every arm, as a new attempt, back to back), so the pair it yields
+        shares one machine state. Otherwise the runs without an ok latest attempt (never started,
+        or interrupted) are executed: the resume after a stop.
+        """
+        sts = [states.get(s.run_id) for s in unit]
+        if any(st is not None and st.last == "failed" for st in sts):
+            tries = max(st.tries for st in sts if st is not None)
+            return list(unit) if self.retry_failed and tries < self.proto.max_attempts else []
+        return [s for s, st in zip(unit, sts) if st is None or st.last != "ok"]
 
 
 class ForkServer:

@@ -23,7 +23,18 @@ threads: 1
 launcher: {launcher}
 budget_device_seconds: {budget}
 interval_level: 0.9
-quality_tolerance_bpb: 0.01
+hypotheses:
+  procedure: fixed_sequence
+  family_alpha: 0.05
+  min_pairs: 3
+  tests:
+    - id: H1
+      study: pairs
+      endpoint: test_bpb
+      estimand: difference
+      type: non_inferiority
+      margin: 0.01
+      better: lower
 order_seed: 1
 studies:
   - name: pairs
@@ -34,7 +45,6 @@ studies:
     steps: {steps}
     val_every: 5
     val_target_bpb: 7.9
-    quality_decision: true
 """
 
 

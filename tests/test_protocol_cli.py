@@ -32,7 +32,10 @@ def line_of(path: Path, needle: str) -> int:
 @pytest.mark.parametrize("edit, needle, message", [
     (("    steps: 10", "    stepz: 10"), "stepz", "unknown key 'stepz'"),
     (("    steps: 10", "    steps: ten"), "steps: ten", "'steps' must be int"),
-    (("quality_tolerance_bpb: 0.01\n", ""), None, "missing required key 'quality_tolerance_bpb'"),
+    (("hypotheses:\n", "quality_tolerance_bpb: 0.01\nhypotheses:\n"), "quality_tolerance_bpb",
+     "'quality_tolerance_bpb' belongs to protocol schema 1 and was replaced by 'hypotheses'"),
+    (("      margin: 0.01\n", ""), "type: non_inferiority", "needs a positive margin"),
+    (("      endpoint: test_bpb\n", "      endpoint: time_to_target\n"), "- id: H1", "censoring: worst_rank or restricted_mean"),
     (("    seeds: [1, 2]", "    seeds: [1, 2, 1]"), "seeds:", "duplicate seed 1"),
     (("    configs: [tiny_conv]", "    configs: [tiny_nope]"), "configs:", "unknown configuration 'tiny_nope'"),
     (("    arms: [native, cotangent]", "    arms: [native, fastest]"), "arms:", "unknown arm 'fastest'"),
@@ -142,7 +145,7 @@ def test_tiny_protocol_end_to_end_and_resume_noop(repo):
     p = write(repo, tiny_protocol())
     r = harness(repo, "run", str(p), "--quiet")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "Time reduction" in r.stdout and "tolerance" in r.stdout
+    assert "Time reduction" in r.stdout and "## Decisions" in r.stdout and "## Flow of planned runs" in r.stdout
     recs = load_records(repo / "records" / "tiny")
     assert len(recs) == 4 and all(x["status"] == "ok" and self_hash_ok(x) for x in recs)
     rec = recs[0]

@@ -1,0 +1,160 @@
+"""Preregistered decisions: every test against scipy, the stdlib audit against the analysis, the
+multiplicity procedures, censoring, degenerate data and the order diagnostics."""
+from __future__ import annotations
+
+import math
+import random
+import sys
+
+import pytest
+from conftest import ROOT
+from scipy import stats
+
+from analysis import decisions as D
+from analysis.order import crossover, drift
+
+sys.path.insert(0, str(ROOT / "analysis"))
+import public_audit as A  # noqa: E402
+
+
+def make_pairs(n, effect=0.0, noise=0.05, seed=0, period=0.0, bpb_diff=0.0, unreached=()):
+    rng = random.Random(seed)
+    pairs = []
+    for i in range(n):
+        first = "baseline" if i % 2 == 0 else "candidate"
+        b = math.exp(rng.gauss(0, 0.1))
+        c = b * math.exp(effect + rng.gauss(0, noise) + (period if first == "baseline" else -period))
+        bpb = 3.0 + rng.gauss(0, 0.05)
+        pairs.append({"unit": f"u{i:03d}", "order": 2 * i, "first": first, "baseline_training_s": b,
+                      "candidate_training_s": c, "baseline_time_to_target_s": None if (i, "b") in unreached else b * 0.7,
+                      "candidate_time_to_target_s": None if (i, "c") in unreached else c * 0.7,
+                      "baseline_total_s": b + 1, "candidate_total_s": c + 1, "baseline_test_bpb": bpb,
+                      "candidate_test_bpb": bpb + bpb_diff + rng.gauss(0, 0.002),
+                      "baseline_peak_memory_bytes": 1e8, "candidate_peak_memory_bytes": 1e8})
+    return pairs
+
+
+H_SPEED = {"id": "H1", "study": "s", "config": "c", "endpoint": "training_time", "estimand": "log_ratio",
+           "type": "superiority", "margin": 0.0, "better": "lower", "censoring": None, "period_adjusted": False}
+H_QUAL = {"id": "H2", "study": "s", "config": "c", "endpoint": "test_bpb", "estimand": "difference",
+          "type": "non_inferiority", "margin": 0.01, "better": "lower", "censoring": None, "period_adjusted": False}
+H_TTT = {"id": "H0", "study": "s", "config": "c", "endpoint": "time_to_target", "estimand": "log_ratio",
+         "type": "superiority", "margin": 0.0, "better": "lower", "censoring": "worst_rank", "period_adjusted": False}
+COMPLETE = {"complete": True, "budget_stop": False, "missing_runs": 0, "planned_runs": 0}
+
+
+def spec(*tests, procedure="fixed_sequence", alpha=0.01, min_pairs=3):
+    return {"procedure": procedure, "family_alpha": alpha, "min_pairs": min_pairs, "tests": list(tests)}
+
+
+def test_t_tests_against_scipy():
+    rng = random.Random(1)
+    v = [rng.gauss(-0.05, 0.04) for _ in range(12)]
+    sup = D.t_test(v, -1, "superiority", 0.0)  # candidate better when lower: H1 mean < 0
+    assert sup.p_value == pytest.approx(stats.ttest_1samp(v, 0.0, alternative="less").pvalue, rel=1e-10)
+    ni = D.t_test(v, -1, "non_inferiority", 0.02)  # H1: mean < 0.02
+    assert ni.p_value == pytest.approx(stats.ttest_1samp(v, 0.02, alternative="less").pvalue, rel=1e-10)
+    eq = D.t_test(v, -1, "equivalence", 0.1)
+    tost = max(stats.ttest_1samp(v, -0.1, alternative="greater").pvalue, stats.ttest_1samp(v, 0.1, alternative="less").pvalue)
+    assert eq.p_value == pytest.approx(tost, rel=1e-10)
+    assert D.direction("relative_reduction", "lower") == 1 and D.direction("log_ratio", "lower") == -1
+
+
+@pytest.mark.parametrize("d", [
+    [0.3, -0.1, 0.25, 0.4, -0.05, 0.12, 0.33, 0.07],            # exact (no ties)
+    [0.3, -0.1, 0.3, 0.4, -0.05, 0.12, 0.0, 0.07, 0.4, 0.4],    # ties and a zero: normal approximation
+    [float(x) for x in range(1, 61)],                           # n > 50: normal approximation
+])
+def test_signed_rank_against_scipy(d):
+    mine = D.signed_rank(d, 1)
+    nz = [x for x in d if x != 0]
+    exact = len(set(abs(x) for x in nz)) == len(nz) and len(nz) <= 50
+    ref = stats.wilcoxon(d, alternative="greater", zero_method="wilcox", method="exact" if exact else "approx",
+                         correction=False)
+    assert mine.p_value == pytest.approx(ref.pvalue, rel=1e-9)
+    assert A.signed_rank(d, 1)["p_value"] == pytest.approx(mine.p_value, rel=1e-12)
+
+
+def test_period_adjusted_equals_the_two_sample_crossover():
+    pairs = make_pairs(12, effect=-0.1, period=0.08, seed=3)
+    v = [math.log(p["candidate_training_s"] / p["baseline_training_s"]) for p in pairs]
+    first = [p["first"] for p in pairs]
+    res = D.period_adjusted(v, first, -1, "superiority", 0.0)
+    ab = [x for x, f in zip(v, first) if f == "baseline"]
+    ba = [x for x, f in zip(v, first) if f != "baseline"]
+    t = stats.ttest_ind(ab, ba, equal_var=True)  # same pooled standard error, twice the estimate
+    assert res.standard_error == pytest.approx(abs((sum(ab) / len(ab) - sum(ba) / len(ba)) / t.statistic) / 2, rel=1e-10)
+    plain = D.t_test(v, -1, "superiority", 0.0)
+    assert res.standard_error < plain.standard_error  # the period effect no longer inflates the variance
+    c = crossover(pairs, 0.95)
+    assert c["period"]["low"] < 0.08 < c["period"]["high"]
+
+
+def test_worst_rank_counts_unreached_against_its_arm():
+    # every reached pair favours the candidate slightly, but the candidate misses the target twice
+    pairs = make_pairs(10, effect=-0.02, noise=0.001, unreached={(1, "c"), (4, "c")})
+    d = D.worst_rank_differences([p["baseline_time_to_target_s"] for p in pairs],
+                                 [p["candidate_time_to_target_s"] for p in pairs])
+    assert d[1] == d[4] > max(abs(x) for i, x in enumerate(d) if i not in (1, 4))
+    res = D.decide(spec(H_TTT), {("s", "c"): pairs}, COMPLETE)[0]
+    assert res.unreached == {"baseline": 0, "candidate": 2, "both": 0}
+    assert res.test["method"] == "signed-rank" and res.status == "not established"
+    # dropping the unreached pairs (the old "exclude" rule) would have hidden both misses
+    reached = [p for i, p in enumerate(pairs) if i not in (1, 4)]
+    assert D.decide(spec(H_TTT), {("s", "c"): reached}, COMPLETE)[0].status == "established"
+
+
+def test_fixed_sequence_and_holm():
+    good = make_pairs(12, effect=-0.2, seed=5)
+    flat = make_pairs(12, effect=0.0, seed=6)
+    seq = D.decide(spec({**H_SPEED, "config": "flat", "id": "A"}, {**H_SPEED, "id": "B"}),
+                   {("s", "flat"): flat, ("s", "c"): good}, COMPLETE)
+    assert seq[0].status == "not established"
+    assert seq[1].status == "not reached" and "failed prerequisite in the hierarchy: A" in seq[1].reason
+    holm = D.decide(spec({**H_SPEED, "config": "flat", "id": "A"}, {**H_SPEED, "id": "B"}, procedure="holm", alpha=0.05),
+                    {("s", "flat"): flat, ("s", "c"): good}, COMPLETE)
+    assert holm[1].status == "established" and holm[1].alpha == 0.025  # smallest p first, at alpha / 2
+    assert holm[0].alpha == 0.05
+
+
+def test_degenerate_and_incomplete_are_not_reached():
+    pairs = make_pairs(6)
+    for p in pairs:
+        p["candidate_test_bpb"] = p["baseline_test_bpb"]  # bitwise-identical arms
+    r = D.decide(spec(H_QUAL), {("s", "c"): pairs}, COMPLETE)[0]
+    assert r.status == "not reached" and r.reason.startswith("identical") and r.low is None
+    r = D.decide(spec(H_SPEED, min_pairs=10), {("s", "c"): make_pairs(4)}, COMPLETE)[0]
+    assert r.status == "not reached" and "too few pairs: 4" in r.reason
+    inc = {"complete": False, "budget_stop": False, "missing_runs": 2, "planned_runs": 10}
+    r = D.decide(spec(H_SPEED), {("s", "c"): make_pairs(12, effect=-0.3)}, inc)[0]
+    assert r.status == "not reached" and r.reason.startswith("incomplete")
+
+
+@pytest.mark.parametrize("procedure", ["fixed_sequence", "holm"])
+def test_audit_recomputes_every_decision(procedure):
+    pairs = {("s", "c"): make_pairs(14, effect=-0.05, bpb_diff=0.001, seed=9, unreached={(2, "b"), (3, "c")}),
+             ("s", "d"): make_pairs(14, effect=0.01, seed=10)}
+    tests = [H_TTT, H_SPEED, H_QUAL, {**H_SPEED, "id": "H4", "config": "d", "type": "equivalence", "margin": 0.05},
+             {**H_SPEED, "id": "H5", "period_adjusted": True},
+             {**H_SPEED, "id": "H6", "endpoint": "time_to_target", "censoring": "restricted_mean"}]
+    sp = spec(*tests, procedure=procedure, alpha=0.05)
+    mine = [d.as_dict() for d in D.decide(sp, pairs, COMPLETE)]
+    theirs = A.decide(sp, pairs, COMPLETE)
+    problems: list[str] = []
+    assert A.compare("decisions", theirs, mine, problems, "test") > 50 and not problems, problems
+    failed = [{"unit": "x", "failed": "candidate"}]
+    assert A.sensitivity(H_SPEED, pairs[("s", "c")], failed) == pytest.approx(
+        D.sensitivity(H_SPEED, pairs[("s", "c")], failed))
+
+
+def test_drift_slope_against_scipy():
+    pairs = make_pairs(15, seed=11)
+    for i, p in enumerate(pairs):
+        p["candidate_training_s"] *= math.exp(0.004 * i)
+    d = drift(pairs, 0.95)
+    x = [p["order"] for p in pairs]
+    y = [math.log(p["candidate_training_s"] / p["baseline_training_s"]) for p in pairs]
+    ref = stats.linregress(x, y)
+    assert d["slope"] == pytest.approx(ref.slope, rel=1e-10) and d["standard_error"] == pytest.approx(ref.stderr, rel=1e-9)
+    assert d["p_value"] == pytest.approx(ref.pvalue, rel=1e-8)
+    assert A.drift(pairs, 0.95)["p_value"] == pytest.approx(d["p_value"], rel=1e-8)
