@@ -169,6 +169,47 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_power(args: argparse.Namespace) -> int:
+    from analysis.power import plan
+    from harness.protocol import load_protocol
+    from harness.records import load_records
+
+    pilot = load_protocol(args.pilot)
+    target = load_protocol(args.target)
+    records = load_records(pilot.records_path)
+    if not records:
+        raise HarnessError(f"no records in {pilot.records_path}; run the pilot first: harness run {args.pilot}")
+    effects = {}
+    for item in args.effect or []:
+        hid, _, value = item.partition("=")
+        try:
+            effects[hid] = float(value)
+        except ValueError as e:
+            raise HarnessError(f"--effect takes HYPOTHESIS=VALUE, got {item!r}") from e
+    rows = plan(records, target.summary(), effects)
+    if "descriptive" in target.hypotheses:
+        print(f"{target.path}: descriptive protocol ({target.hypotheses['descriptive']}); nothing to power")
+        return 0
+    if args.json:
+        print(json.dumps([r.as_dict() for r in rows], indent=1))
+        return 0
+    table = [{"hypothesis": r.id, "config": r.config, "endpoint": r.endpoint,
+              "sd (A/A)": f"{r.sd:.4g}" + (" *" if r.identical_in_pilot else ""), "pilot pairs": r.pilot_pairs,
+              "alpha": f"{r.alpha:.3g}", "margin": f"{r.margin:g}", "effect": f"{r.effect:g}",
+              "n 80%": r.n80 if r.n80 is not None else "none", "n 90%": r.n90 if r.n90 is not None else "none",
+              "planned": r.planned_pairs, "power at planned": f"{r.power_at_planned:.2f}",
+              "half-width at planned": f"{r.half_width_at_planned:.3g}",
+              "detectable at planned": f"{r.detectable_at_planned:.3g}"} for r in rows]
+    if not table:
+        print(f"no A/A pairs in {pilot.records_path} for the target's configurations")
+        return 1
+    print(_table(table, list(table[0])))
+    print("\nsd: standard deviation of per-pair values over the pilot's A/A pairs (no candidate outcome is read); "
+          "* the A/A arms were bitwise identical there, so sd is the seed-to-seed spread x sqrt(2) (conservative). "
+          "rule: analysis/power.py (one-sided noncentral t; Holm at its strictest step)")
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from harness.ledger import describe, head_of
     from harness.protocol import load_protocol
@@ -192,7 +233,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "configs": cmd_configs, "data": cmd_data, "verify": cmd_verify, "plan": cmd_plan, "tag": cmd_tag,
-    "run": cmd_run, "status": cmd_status, "report": cmd_report, "calibrate": cmd_calibrate,
+    "run": cmd_run, "status": cmd_status, "report": cmd_report, "calibrate": cmd_calibrate, "power": cmd_power,
 }
 
 
@@ -225,6 +266,12 @@ def parser() -> argparse.ArgumentParser:
         if name == "report":
             s.add_argument("--format", choices=["csv", "parquet"], help="also export the per-run table")
             s.add_argument("--quiet", action="store_true")
+    s = sub.add_parser("power", help="pairs needed per hypothesis, from a pilot's A/A pairs")
+    s.add_argument("pilot", help="the pilot protocol (already run)")
+    s.add_argument("--target", required=True, help="the protocol whose hypotheses are planned")
+    s.add_argument("--effect", action="append", metavar="ID=VALUE",
+                   help="assumed true effect of a superiority hypothesis (favourable direction, estimand units)")
+    s.add_argument("--json", action="store_true")
     s = sub.add_parser("calibrate", help="preregistration numbers from a pilot's records (targets, budget)")
     s.add_argument("pilot", help="the pilot protocol (already run)")
     s.add_argument("--target", help="the protocol being calibrated (for its run count)")

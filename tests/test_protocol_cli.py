@@ -34,7 +34,7 @@ def line_of(path: Path, needle: str) -> int:
     (("    steps: 10", "    steps: ten"), "steps: ten", "'steps' must be int"),
     (("hypotheses:\n", "quality_tolerance_bpb: 0.01\nhypotheses:\n"), "quality_tolerance_bpb",
      "'quality_tolerance_bpb' belongs to protocol schema 1 and was replaced by 'hypotheses'"),
-    (("      margin: 0.01\n", ""), "type: non_inferiority", "needs a positive margin"),
+    (("      margin: 0.01\n", ""), "- id: H1", "needs a positive margin"),
     (("      endpoint: test_bpb\n", "      endpoint: time_to_target\n"), "- id: H1", "censoring: worst_rank or restricted_mean"),
     (("    seeds: [1, 2]", "    seeds: [1, 2, 1]"), "seeds:", "duplicate seed 1"),
     (("    configs: [tiny_conv]", "    configs: [tiny_nope]"), "configs:", "unknown configuration 'tiny_nope'"),
