@@ -1,0 +1,69 @@
+"""Power planning from A/A pilot pairs, and the coverage simulation at reduced size."""
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+from scipy import stats
+
+from analysis.power import aa_noise, pairs_needed, plan, power
+
+
+def records(aa: bool, n: int = 8, sd: float = 0.04, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    proto = {"studies": [{"name": "p", "design": "paired", "arms": ["native", "native" if aa else "cotangent"],
+                          "configs": ["c"], "seeds": list(range(n))}]}
+    out = []
+    for i in range(n):
+        b = math.exp(rng.gauss(0, 0.1))
+        for role, t in (("baseline", b), ("candidate", b * math.exp(rng.gauss(0, sd)))):
+            out.append({"status": "ok", "protocol": proto, "test_bpb": 3.0 + 0.1 * i,
+                        "timings": {"training_s": t, "time_to_target_s": t},
+                        "spec": {"design": "paired", "study": "p", "config": "c", "unit": f"u{i}", "role": role}})
+    return out
+
+
+def test_noise_comes_from_aa_pairs_only():
+    assert aa_noise(records(aa=False), "training_time", "log_ratio") == {}  # a candidate's outcome is never read
+    noise = aa_noise(records(aa=True), "training_time", "log_ratio")["c"]
+    assert noise.pairs == 8 and 0.01 < noise.sd < 0.1 and not noise.identical
+    q = aa_noise(records(aa=True), "test_bpb", "difference")["c"]  # A/A BPB is bitwise identical
+    assert q.identical and q.sd == pytest.approx(stats.tstd([3.0 + 0.1 * i for i in range(8)]) * math.sqrt(2))
+
+
+def test_pairs_needed_matches_the_normal_approximation():
+    sd, alpha, margin = 0.07, 0.0025, 0.01  # the seed study's quality noise and v5's level and margin
+    n = pairs_needed(sd, alpha, "non_inferiority", margin, 0.0, 0.8)
+    z = (stats.norm.ppf(1 - alpha) + stats.norm.ppf(0.8)) * sd / margin
+    assert abs(n - z**2) / z**2 < 0.05 and n > 400  # hundreds of pairs, as the issue computed
+    assert power(n, sd, alpha, "non_inferiority", margin, 0.0) >= 0.8 > power(n - 1, sd, alpha, "non_inferiority",
+                                                                              margin, 0.0)
+    assert pairs_needed(sd, alpha, "superiority", 0.0, 0.0, 0.8, cap=2000) is None  # no effect: no n
+
+
+def test_plan_for_a_target_protocol():
+    target = {"hypotheses": {"procedure": "holm", "family_alpha": 0.01, "min_pairs": 3, "tests": [
+        {"id": "H1", "study": "p", "config": "c", "endpoint": "training_time", "estimand": "log_ratio",
+         "type": "superiority", "margin": 0.0, "better": "lower"}]},
+        "studies": [{"name": "p", "seeds": list(range(12))}]}
+    rows = plan(records(aa=True), target, {"H1": 0.05})
+    assert len(rows) == 1 and rows[0].alpha == 0.01 and rows[0].planned_pairs == 12
+    assert rows[0].n80 is not None and rows[0].n80 <= rows[0].n90
+
+
+@pytest.mark.long
+def test_coverage_simulation_reduced(tmp_path):
+    out = tmp_path / "cov.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "coverage.py"), "--studies", "400", "--pairs", "12",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert 0.9 < res["coverage_period_adjusted"] < 0.99 and res["coverage_plain"] > 0.93
+    assert all(v < 0.08 for v in res["type_I_error"].values())
+    assert res["full_budget_mean_bias_log"] < 0  # counting a miss at the budget flatters the arm that misses
+    assert "| coverage, period-adjusted interval |" in r.stdout
