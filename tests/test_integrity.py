@@ -223,14 +223,15 @@ def test_edit_and_reseal_is_detected(study):
 
 def test_protocol_edited_and_everything_resealed_is_detected(study):
     proto = study / PROTO
-    proto.write_text(proto.read_text().replace("quality_tolerance_bpb: 0.01", "quality_tolerance_bpb: 0.05"))
+    proto.write_text(proto.read_text().replace("margin: 0.01", "margin: 0.05"))
     git(study, "commit", "-qam", "loosen the tolerance")
     new_sha = hashlib.sha256(proto.read_bytes()).hexdigest()
     runs = make_plan(load_protocol(proto))
     prev = read_record(by_seq(study)[0])["ledger"]["prev"]
     for p in by_seq(study):  # a consistent forgery: every record, the chain and MANIFEST rewritten
         def edit(r, prev=prev):
-            r["protocol"].update(sha256=new_sha, quality_tolerance_bpb=0.05)
+            r["protocol"]["sha256"] = new_sha
+            r["protocol"]["hypotheses"]["tests"][0]["margin"] = 0.05
             r["spec"]["protocol_sha256"] = new_sha
             r["plan_sha256"] = plan_sha256(runs)
             r["ledger"]["prev"] = prev
@@ -286,17 +287,23 @@ def test_budget_stop_decisions_are_made_and_say_so(done_study):
     spent = sum(r["timings"]["device_s"] for r in recs)
     for r in recs:
         r["protocol"]["budget_device_seconds"] = spent + 0.5  # one more pair cannot fit
+        r["protocol"]["hypotheses"].update(min_pairs=2, tests=[{  # a speed hypothesis (BPB is bitwise equal)
+            "id": "S", "study": "pairs", "config": "tiny_conv", "endpoint": "training_time", "estimand": "log_ratio",
+            "type": "superiority", "margin": 0.0, "better": "lower", "censoring": None, "period_adjusted": False}])
     s = derive(recs)
     assert s["completeness"]["budget_stop"] is True
-    decision = s["studies"][0]["configs"][0]["decision"]
-    assert decision["text"].startswith("(study stopped by its budget rule) tolerance")
-    assert decision["established"] is not None
-    assert public_audit.recompute(recs)["completeness"] == s["completeness"]
+    decision = s["hypotheses"]["decisions"][0]
+    assert decision["text"].startswith("(study stopped by its budget rule) S: superiority")
+    assert decision["status"] in ("established", "not established")
+    problems: list[str] = []
+    public_audit.compare("h", public_audit.recompute(recs)["hypotheses"], s["hypotheses"], problems, "budget")
+    assert not problems, problems
     for r in recs:
         r["protocol"]["budget_device_seconds"] = spent * 100  # room left: the stop is unexplained
     s = derive(recs)
     assert s["completeness"]["budget_stop"] is False
-    assert s["studies"][0]["configs"][0]["decision"]["established"] is None
+    assert s["hypotheses"]["decisions"][0]["status"] == "not reached"
+    assert s["hypotheses"]["decisions"][0]["reason"].startswith("incomplete: 2 of 6")
 
 
 # -- the record format and the audit's independent plan ----------------------------------------------
