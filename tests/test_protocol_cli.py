@@ -245,3 +245,18 @@ def test_budget_stops_new_runs(repo):
     assert r.returncode == 1 and "no further run starts" in r.stdout
     recs = load_records(repo / "records" / "tiny")
     assert 1 <= len(recs) < 4
+
+
+def test_retry_reruns_whole_units_up_to_max_attempts(repo):
+    p = write(repo, tiny_protocol(corpus="wikitext-2", data_dir="data_dir: nowhere\n")
+              .replace("order_seed: 1", "order_seed: 1\nmax_attempts: 2"))
+    assert harness(repo, "run", str(p), "--quiet", "--no-report").returncode == 1
+    assert len(load_records(repo / "records" / "tiny")) == 4
+    r = harness(repo, "run", str(p), "--quiet", "--no-report", "--retry-failed")
+    assert r.returncode == 1
+    recs = load_records(repo / "records" / "tiny")
+    assert len(recs) == 8 and Counter(x["attempt"] for x in recs) == {1: 4, 2: 4}
+    order = [(x["spec"]["unit"], x["spec"]["position"]) for x in recs if x["attempt"] == 2]
+    assert order == sorted(order)  # whole units, in plan order, each arm back to back
+    harness(repo, "run", str(p), "--quiet", "--no-report", "--retry-failed")  # max_attempts reached: nothing runs
+    assert len(load_records(repo / "records" / "tiny")) == 8
