@@ -97,8 +97,8 @@ def cmd_tag(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from harness.execute.runner import Runner
     from harness.protocol import load_protocol
-    from harness.scheduler import Runner
 
     proto = load_protocol(args.protocol)
     live = sys.stdout.isatty() and not args.quiet
@@ -113,9 +113,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             sys.stdout.write("\r\033[K")
         print(msg, flush=True)
 
+    executor = None
+    if args.ray:
+        from harness.execute.ray import RayExecutor
+
+        executor = RayExecutor(args.ray)
     runner = Runner(proto, echo=echo, live=live, retry_failed=args.retry_failed,
-                    allow_torch_mismatch=args.allow_torch_mismatch)
-    from harness.scheduler import status_table
+                    allow_torch_mismatch=args.allow_torch_mismatch, executor=executor)
+    from harness.execute.runner import status_table
 
     left = runner.run()
     if left:
@@ -210,11 +215,26 @@ def cmd_power(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_node(args: argparse.Namespace) -> int:
+    import os
+    import shutil
+
+    from harness.execute.ray import node_command
+
+    cmd = node_command(args.device, args.address, args.port, args.devices, block=not args.no_block)
+    exe = shutil.which("ray")
+    if exe is None:
+        raise HarnessError("harness node needs Ray: python -m pip install -e '.[ray]'")
+    print(" ".join(cmd), flush=True)
+    os.execv(exe, [exe, *cmd[1:]])
+    return 0  # not reached
+
+
 def cmd_status(args: argparse.Namespace) -> int:
+    from harness.execute.runner import status_table
     from harness.ledger import describe, head_of
     from harness.protocol import load_protocol
     from harness.records import load_records
-    from harness.scheduler import status_table
 
     proto = load_protocol(args.protocol)
     rows, spent = status_table(proto)
@@ -234,6 +254,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "configs": cmd_configs, "data": cmd_data, "verify": cmd_verify, "plan": cmd_plan, "tag": cmd_tag,
     "run": cmd_run, "status": cmd_status, "report": cmd_report, "calibrate": cmd_calibrate, "power": cmd_power,
+    "node": cmd_node,
 }
 
 
@@ -263,6 +284,7 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--retry-failed", action="store_true", help="execute units with a failed run again, whole and in plan order, up to the protocol's max_attempts")
             s.add_argument("--allow-torch-mismatch", action="store_true")
             s.add_argument("--no-report", action="store_true")
+            s.add_argument("--ray", metavar="ADDRESS", help="execute on a Ray cluster (auto, or host:port)")
         if name == "report":
             s.add_argument("--format", choices=["csv", "parquet"], help="also export the per-run table")
             s.add_argument("--quiet", action="store_true")
@@ -272,6 +294,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--effect", action="append", metavar="ID=VALUE",
                    help="assumed true effect of a superiority hypothesis (favourable direction, estimand units)")
     s.add_argument("--json", action="store_true")
+    s = sub.add_parser("node", help="start a Ray node that offers this machine's timing devices")
+    s.add_argument("--device", required=True, choices=["cpu", "cuda", "mps"])
+    s.add_argument("--address", help="the head's host:port (omit to start the head)")
+    s.add_argument("--port", type=int, default=6379, help="the head's port (head only)")
+    s.add_argument("--devices", type=int, help="timing devices offered (default: 1; CUDA: every visible GPU)")
+    s.add_argument("--no-block", action="store_true", help="return once the node runs (ray start without --block)")
     s = sub.add_parser("calibrate", help="preregistration numbers from a pilot's records (targets, budget)")
     s.add_argument("pilot", help="the pilot protocol (already run)")
     s.add_argument("--target", help="the protocol being calibrated (for its run count)")

@@ -45,7 +45,25 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     if device.type == "mps":
-        return f"Apple MPS ({platform.machine()}, macOS {platform.mac_ver()[0]})"
+        return f"{cpu_model()} MPS (macOS {platform.mac_ver()[0]})"
+    return cpu_model()
+
+
+def cpu_model() -> str:
+    """The CPU's model name: ``/proc/cpuinfo`` on Linux, ``sysctl`` on macOS, else the platform's word."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    if platform.system() == "Darwin":
+        import subprocess
+
+        r = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, check=False)
+        if r.returncode == 0 and r.stdout.strip():
+            return r.stdout.strip()
     return platform.processor() or platform.machine()
 
 

@@ -9,13 +9,16 @@ report timings, curves and memory peaks as JSON. The parent turns that into the 
 
 from __future__ import annotations
 
+import time
+
+_T0 = time.monotonic()  # this process's start, before the heavy imports: the run's device time begins here
+
 import json
 import math
 import os
 import platform
 import socket
 import sys
-import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -188,6 +191,8 @@ def serve() -> int:
             continue
         pid = os.fork()
         if pid == 0:  # child: output to the run's log, never to the control pipe
+            global _T0
+            _T0 = time.monotonic()
             code = 1
             log = os.open(Path(parts[1]).parent / "worker.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(log, 1)
@@ -224,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
             traceback=traceback.format_exc()[-4000:],
         )
         code = 3
+    # the worker's own measure of its device time: from this process's start to its result
+    result.setdefault("timings", {})["device_s"] = time.monotonic() - _T0
     atomic_write(result_path, canonical(jsonable(result)), overwrite=True)
     return code
 

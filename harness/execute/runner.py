@@ -1,4 +1,4 @@
-"""Work through a protocol's plan on one device: claims, worker processes, resume, budget.
+"""Work through a protocol's plan: claims, attempts, resume, budget, records (executors place units).
 
 * Claims: a unit (pair or block) is claimed with a file lock under ``runs/<id>/locks``; a second
   runner skips claimed units, so no run executes twice. Timed runs also take a per-host device
@@ -17,21 +17,18 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-
 from harness import freeze, gitutil
-from harness.ledger import Ledger, describe
+from harness.execute.base import Executor
+from harness.execute.launchers import Outcome
+from harness.execute.local import LocalExecutor
+from harness.ledger import Ledger
 from harness.plan import RunSpec, make_plan, plan_sha256, units
 from harness.protocol import Protocol
 from harness.records import SCHEMA_VERSION, RunRecord, atomic_write, canonical, jsonable, load_records
@@ -93,7 +90,8 @@ class Runner:
     """Execute a protocol. ``echo`` receives progress lines (the CLI decides how to show them)."""
 
     def __init__(self, proto: Protocol, *, echo: Callable[[str], None], live: bool = False,
-                 retry_failed: bool = False, allow_torch_mismatch: bool = False) -> None:
+                 retry_failed: bool = False, allow_torch_mismatch: bool = False,
+                 executor: Executor | None = None) -> None:
         self.proto = proto
         self.echo = echo
         self.live = live
@@ -105,7 +103,9 @@ class Runner:
         self.dir = proto.runs_path
         self.records = proto.records_path
         self.host = socket.gethostname()
-        self._server: ForkServer | None = None
+        self.executor: Executor = executor if executor is not None else LocalExecutor()
+        self.progress = Progress(total=len(self.runs))
+        self.stopped_for_budget = False
         self.frozen = freeze.NOT_FROZEN
         self._ledger: Ledger | None = None
 
@@ -120,12 +120,6 @@ class Runner:
     # -- bookkeeping ---------------------------------------------------------------------
     def _marker(self, run_id: str, attempt: int) -> Path:
         return self.dir / "attempts" / f"{run_id}.a{attempt}.json"
-
-    def _write_marker(self, spec: RunSpec, attempt: int) -> Path:
-        path = self._marker(spec.run_id, attempt)
-        data = {"run_id": spec.run_id, "attempt": attempt, "host": self.host, "pid": os.getpid(), "started_at": now_iso()}
-        atomic_write(path, canonical(data), overwrite=True)
-        return path
 
     def _base_record(self, spec: RunSpec, attempt: int) -> RunRecord:
         repo = gitutil.toplevel(self.root)
@@ -172,81 +166,77 @@ class Runner:
             self.echo(f"noted interrupted attempt {attempt} of {spec.run_id}")
 
     # -- execution -----------------------------------------------------------------------
-    def _execute(self, spec: RunSpec, attempt: int, progress: Progress) -> str:
-        marker = self._write_marker(spec, attempt)
-        work = self.dir / "work" / f"{spec.run_id}.a{attempt}"
-        work.mkdir(parents=True, exist_ok=True)
-        job = {
-            "spec": spec.as_dict(),
-            "config_path": self.proto.configs[spec.config].path,
-            "data_dir": str(self.root / spec.data_dir) if spec.data_dir else None,
-            "checkpoint_path": str(self.dir / "checkpoints" / f"{spec.run_id}.a{attempt}.safetensors"),
-        }
-        job_path, result_path = work / "job.json", work / "result.json"
-        atomic_write(job_path, canonical(job), overwrite=True)
-        result_path.unlink(missing_ok=True)
-        device_lock = FileLock(str(self.root / "runs" / "locks" / f"device-{self.host}-{spec.device}.lock"))
-        log_path = work / "worker.log"
-        server = self._forkserver() if self.proto.launcher == "forkserver" else None
-        with device_lock:
-            started_at = now_iso()
-            t0 = time.monotonic()
+    def job(self, spec: RunSpec, attempt: int, checkpoint_dir: Path | None = None) -> dict[str, Any]:
+        """What the worker needs, with paths relative to the study's root (a node's copy of it)."""
+        ckpt = (checkpoint_dir or Path("runs") / self.proto.id / "checkpoints") / f"{spec.run_id}.a{attempt}.safetensors"
+        cfg = Path(self.proto.configs[spec.config].path).resolve().relative_to(self.root.resolve())
+        return {"spec": spec.as_dict(), "attempt": attempt, "config_path": cfg.as_posix(),
+                "data_dir": spec.data_dir, "checkpoint_path": str(ckpt)}
 
-            def beat() -> None:
-                nonlocal last_beat
-                if time.monotonic() - last_beat >= HEARTBEAT_S:
-                    os.utime(marker)
-                    last_beat = time.monotonic()
-                if self.live:
-                    self.echo(f"\r  running {spec.run_id} {time.monotonic() - t0:6.1f}s")
+    def started(self, spec: RunSpec, attempt: int, node: str | None = None) -> None:
+        """A run's process is about to start: the attempt marker (found later without a record, it
+        is an interrupted attempt) names the machine."""
+        path = self._marker(spec.run_id, attempt)
+        data = {"run_id": spec.run_id, "attempt": attempt, "host": node or self.host, "pid": os.getpid(),
+                "started_at": now_iso()}
+        atomic_write(path, canonical(data), overwrite=True)
 
-            last_beat = t0
-            if server is not None:
-                code = server.run(job_path, result_path, beat)
-            else:
-                with open(log_path, "wb") as log:
-                    proc = subprocess.Popen(
-                        [sys.executable, "-m", "harness.worker", str(job_path), str(result_path)],
-                        stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
-                    )
-                    while True:
-                        try:
-                            code = proc.wait(timeout=1.0)
-                            break
-                        except subprocess.TimeoutExpired:
-                            beat()
-            device_s = time.monotonic() - t0
-            finished_at = now_iso()
+    def beat(self, spec: RunSpec, attempt: int) -> None:
+        marker = self._marker(spec.run_id, attempt)
+        if marker.exists():
+            os.utime(marker)
+
+    def finished(self, spec: RunSpec, attempt: int, outcome: Outcome, node: dict[str, Any] | None = None) -> str:
+        """Turn a run's outcome into its record (the ledger appends it); returns the status."""
         rec = self._base_record(spec, attempt)
-        result: dict[str, Any] = {}
-        if result_path.exists():
-            result = json.loads(result_path.read_text(encoding="utf-8"))
-        if code == 0 and result.get("status") == "ok":
-            status, reason = "ok", None
-        else:
-            status = "failed"
-            if code < 0:
-                reason = f"worker killed by signal {signal.Signals(-code).name}"
-            else:
-                reason = result.get("reason") or f"worker exited with code {code}"
-            if not result:
-                tail = log_path.read_bytes()[-2000:].decode("utf-8", "replace") if log_path.exists() else ""
-                result = {"log_tail": tail}
+        status, reason = outcome.status_reason()
+        result = dict(outcome.result)
+        if not result:
+            result = {"log_tail": outcome.log_tail}
         result.pop("status", None)
         result.pop("reason", None)
         timings = dict(result.pop("timings", {}) or {})
-        timings["device_s"] = device_s
+        timings["device_s"], timings["device_s_source"] = outcome.device_s()
+        timings["launcher_wall_s"] = outcome.wall_s
         rec.update(result)
-        rec.update(status=status, reason=reason, started_at=started_at, finished_at=finished_at, timings=timings)
+        if node:
+            rec["node"] = node
+        started = datetime.fromtimestamp(outcome.started_at, timezone.utc).isoformat(timespec="milliseconds")
+        rec.update(status=status, reason=reason, started_at=started, finished_at=now_iso(), timings=timings)
         self._write(jsonable(rec))
-        marker.unlink(missing_ok=True)
-        progress.executed_s.append(device_s)
+        self._marker(spec.run_id, attempt).unlink(missing_ok=True)
+        self.progress.executed_s.append(timings["device_s"])
         return status
 
-    def _forkserver(self) -> ForkServer:
-        if self._server is None or not self._server.alive():
-            self._server = ForkServer(self.root)
-        return self._server
+    def interrupted(self, spec: RunSpec) -> None:
+        """Record every attempt of ``spec`` that started and has no record (a node or runner died)."""
+        self._note_interrupted(spec, run_states(self.proto).get(spec.run_id, RunState()).attempts)
+
+    def next_attempt(self, spec: RunSpec, states: dict[str, RunState]) -> int:
+        return self._note_interrupted(spec, states.get(spec.run_id, RunState()).attempts)
+
+    def budget_allows(self, unit: list[RunSpec], todo: list[RunSpec], states: dict[str, RunState],
+                      reserved: float = 0.0) -> bool:
+        """The budget rule (analysis.summary.completeness restates it): no unit starts when the device
+        seconds spent (plus those reserved by units in flight) and the unit's runs at the mean device
+        seconds of the ok runs so far would exceed the protocol's budget."""
+        spent = sum(st.device_s for st in states.values()) + reserved
+        per_run = [st.ok_device_s for st in states.values() if st.ok]
+        expected = (sum(per_run) / len(per_run)) * len(todo) if per_run else 0.0
+        if spent + expected > self.proto.budget_device_seconds:
+            self.echo(f"budget: {spent:.1f} s of {self.proto.budget_device_seconds:.0f} device seconds spent; the next "
+                      f"unit {unit[0].unit} would need about {expected:.1f} s more, so no further run starts")
+            self.stopped_for_budget = True
+            return False
+        return True
+
+    def expected_s(self, todo: list[RunSpec], states: dict[str, RunState]) -> float:
+        per_run = [st.ok_device_s for st in states.values() if st.ok]
+        return (sum(per_run) / len(per_run)) * len(todo) if per_run else 0.0
+
+    def announce(self, spec: RunSpec, attempt: int, where: str = "") -> None:
+        self.echo(f"[{self.progress.done + 1}/{self.progress.total}] {spec.run_id} ({spec.arm}, seed {spec.seed}) "
+                  f"attempt {attempt}{where} ... ETA {self.progress.eta()}")
 
     def run(self) -> int:
         """Work through the plan; returns the number of runs that are still not done."""
@@ -266,48 +256,12 @@ class Runner:
             (self.dir / d).mkdir(parents=True, exist_ok=True)
         (self.root / "runs" / "locks").mkdir(parents=True, exist_ok=True)
         self.records.mkdir(parents=True, exist_ok=True)
-        progress = Progress(total=len(self.runs))
-        stopped_for_budget = False
-        for unit in units(self.runs):
-            lock = FileLock(str(self.dir / "locks" / f"{unit[0].unit}.lock"))
-            try:
-                lock.acquire(timeout=0)
-            except Timeout:
-                continue  # another runner holds this unit
-            try:
-                states = run_states(proto)
-                todo = self._todo(unit, states)
-                progress.done = sum(len(u) - len(self._todo(u, states)) for u in units(self.runs))
-                if not todo:
-                    continue
-                spent = sum(st.device_s for st in states.values())
-                # the budget rule (analysis.summary.completeness restates it): the unit's runs at the
-                # mean device seconds of the ok runs so far
-                per_run = [st.ok_device_s for st in states.values() if st.ok]
-                expected = (sum(per_run) / len(per_run)) * len(todo) if per_run else 0.0
-                if spent + expected > proto.budget_device_seconds:
-                    self.echo(
-                        f"budget: {spent:.1f} s of {proto.budget_device_seconds:.0f} device seconds spent; the next "
-                        f"unit {unit[0].unit} would need about {expected:.1f} s more, so no further run starts"
-                    )
-                    stopped_for_budget = True
-                    break
-                for spec in todo:
-                    st = states.get(spec.run_id, RunState())
-                    attempt = self._note_interrupted(spec, st.attempts)
-                    self.echo(f"[{progress.done + 1}/{progress.total}] {spec.run_id} ({spec.arm}, seed {spec.seed}) "
-                              f"attempt {attempt} ... ETA {progress.eta()}")
-                    status = self._execute(spec, attempt, progress)
-                    progress.done += 1
-                    self.echo(f"  {status} ({progress.executed_s[-1]:.1f} s)")
-                self.echo(f"  {describe(self.ledger.head())}")
-            finally:
-                lock.release()
-        if self._server is not None:
-            self._server.close()
+        self.progress = Progress(total=len(self.runs))
+        self.stopped_for_budget = False
+        self.executor.execute(self)
         states = run_states(proto)
         left = sum(len(self._todo(u, states)) for u in units(self.runs))
-        if stopped_for_budget:
+        if self.stopped_for_budget:
             self.echo(f"stopped for budget with {left} runs not done")
         return left
 
@@ -325,52 +279,6 @@ class Runner:
             tries = max(st.tries for st in sts if st is not None)
             return list(unit) if self.retry_failed and tries < self.proto.max_attempts else []
         return [s for s, st in zip(unit, sts) if st is None or st.last != "ok"]
-
-
-class ForkServer:
-    """Client of ``python -m harness.worker --serve`` (see :func:`harness.worker.serve`)."""
-
-    def __init__(self, root: Path) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "harness.worker", "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            cwd=root, text=True, bufsize=1,
-        )
-        assert self.proc.stdout is not None
-        ready = self.proc.stdout.readline().strip()
-        if ready != "READY":
-            raise RuntimeError(f"the fork server did not start (said {ready!r}, exit {self.proc.poll()})")
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def run(self, job: Path, result: Path, beat: Callable[[], None]) -> int:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        try:
-            self.proc.stdin.write(f"{job} {result}\n")
-            self.proc.stdin.flush()
-        except BrokenPipeError:
-            return -int(signal.SIGPIPE)
-        import select
-
-        while True:
-            ready, _, _ = select.select([self.proc.stdout], [], [], 1.0)
-            if not ready:
-                beat()
-                continue
-            line = self.proc.stdout.readline()
-            if not line:  # the server died: the child is gone with it
-                return -int(signal.SIGKILL) if self.proc.wait() < 0 else 1
-            pid, _, status = line.strip().partition(" ")
-            if status != "START":
-                return int(status)
-
-    def close(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 def status_table(proto: Protocol) -> tuple[list[dict[str, Any]], float]:

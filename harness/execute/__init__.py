@@ -1,0 +1,8 @@
+"""Where and how runs execute.
+
+:mod:`~harness.execute.runner` works through a protocol's plan (claims, attempts, budget, records);
+an *executor* places each unit on a device (:mod:`~harness.execute.local`: this machine;
+:mod:`~harness.execute.ray`: the nodes of a Ray cluster); a *launcher* starts one run as a fresh
+process on its machine (:mod:`~harness.execute.launchers`: ``spawn``, ``forkserver``). A further
+backend is one new file implementing :class:`~harness.execute.base.Executor`.
+"""

@@ -1,0 +1,155 @@
+"""How one run starts on its machine: a fresh process per run.
+
+* ``spawn``: ``python -m harness.worker JOB RESULT``, a new interpreter per run;
+* ``forkserver``: ``python -m harness.worker --serve`` imports everything once and forks a fresh
+  child per run (Linux), so each run still starts from a pristine process without paying the
+  interpreter's and torch's start-up.
+
+Both return an :class:`Outcome`: the worker's exit code, its result (``timings.device_s`` is the
+worker's own measure of its time; when the process died before it could say, the launcher's wall
+time stands in and ``device_s_source`` says so) and the tail of its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from harness.records import atomic_write, canonical
+
+
+@dataclass
+class Outcome:
+    code: int
+    result: dict[str, Any]
+    wall_s: float
+    started_at: float  # time.time() at launch
+    log_tail: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def status_reason(self) -> tuple[str, str | None]:
+        if self.code == 0 and self.result.get("status") == "ok":
+            return "ok", None
+        if self.code < 0:
+            return "failed", f"worker killed by signal {signal.Signals(-self.code).name}"
+        return "failed", self.result.get("reason") or f"worker exited with code {self.code}"
+
+    def device_s(self) -> tuple[float, str]:
+        own = (self.result.get("timings") or {}).get("device_s")
+        return (float(own), "worker") if own is not None else (self.wall_s, "launcher wall time (worker died)")
+
+
+class Launcher(Protocol):
+    name: str
+
+    def run(self, job: Path, result: Path, log: Path, cwd: Path, env: dict[str, str] | None,
+            beat: Callable[[], None]) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class Spawn:
+    name = "spawn"
+
+    def run(self, job: Path, result: Path, log: Path, cwd: Path, env: dict[str, str] | None,
+            beat: Callable[[], None]) -> int:
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "harness.worker", str(job), str(result)],
+                                    stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env)
+            while True:
+                try:
+                    return proc.wait(timeout=1.0)
+                except subprocess.TimeoutExpired:
+                    beat()
+
+    def close(self) -> None:
+        pass
+
+
+class ForkServer:
+    """Client of ``python -m harness.worker --serve`` (see :func:`harness.worker.serve`)."""
+
+    name = "forkserver"
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[str] | None = None
+
+    def _start(self, cwd: Path, env: dict[str, str] | None) -> subprocess.Popen[str]:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen([sys.executable, "-m", "harness.worker", "--serve"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, cwd=cwd, env=env, text=True, bufsize=1)
+            assert self.proc.stdout is not None
+            ready = self.proc.stdout.readline().strip()
+            if ready != "READY":
+                raise RuntimeError(f"the fork server did not start (said {ready!r}, exit {self.proc.poll()})")
+        return self.proc
+
+    def run(self, job: Path, result: Path, log: Path, cwd: Path, env: dict[str, str] | None,
+            beat: Callable[[], None]) -> int:
+        proc = self._start(cwd, env)
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(f"{job} {result}\n")
+            proc.stdin.flush()
+        except BrokenPipeError:
+            return -int(signal.SIGPIPE)
+        while True:
+            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+            if not ready:
+                beat()
+                continue
+            line = proc.stdout.readline()
+            if not line:  # the server died: the child is gone with it
+                return -int(signal.SIGKILL) if proc.wait() < 0 else 1
+            _pid, _, status = line.strip().partition(" ")
+            if status != "START":
+                return int(status)
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+LAUNCHERS: dict[str, Callable[[], Launcher]] = {"spawn": Spawn, "forkserver": ForkServer}
+
+
+def launch(launcher: Launcher, job: dict[str, Any], work: Path, cwd: Path, env: dict[str, str] | None,
+           beat: Callable[[], None]) -> Outcome:
+    """Write ``job`` into ``work``, run it as one fresh worker process, collect its outcome."""
+    work.mkdir(parents=True, exist_ok=True)
+    job_path, result_path, log_path = work / "job.json", work / "result.json", work / "worker.log"
+    atomic_write(job_path, canonical(job), overwrite=True)
+    result_path.unlink(missing_ok=True)
+    started = time.time()
+    t0 = time.monotonic()
+    code = launcher.run(job_path, result_path, log_path, cwd, env, beat)
+    wall = time.monotonic() - t0
+    result: dict[str, Any] = {}
+    if result_path.exists():
+        result = json.loads(result_path.read_text(encoding="utf-8"))
+    tail = ""
+    if not result and log_path.exists():
+        tail = log_path.read_bytes()[-2000:].decode("utf-8", "replace")
+    return Outcome(code, result, wall, started, tail)
+
+
+def worker_env(extra_paths: list[str]) -> dict[str, str]:
+    """The environment for a worker that must import the harness from ``extra_paths`` first."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*extra_paths, *filter(None, [env.get("PYTHONPATH")])])
+    return env

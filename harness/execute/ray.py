@@ -1,0 +1,250 @@
+"""The Ray executor: units on the devices of a Ray cluster, with no shared filesystem.
+
+* Placement: each unit (a pair or a factorial block) is one Ray task that holds one whole timing
+  device for its duration, through a custom resource each node advertises per device
+  (``harness-cpu``, ``harness-cuda``, ``harness-mps``; :func:`node_command` starts a node with the
+  right ones). A unit's arms run back to back on that one device, each in a fresh worker process;
+  no two timed runs ever share a device. A unit is never split: one that must run again (a node
+  died) runs whole, as new attempts, on whichever eligible node takes it.
+* Shipping: the driver sends the study's tree (configurations, protocols, verified paths) as the
+  task's working directory and the running ``harness``/``analysis`` packages as modules; the corpus
+  travels through the object store. Each node checks, before running anything, that its copy of
+  the code hashes as the driver's (:func:`harness.freeze.code_sha256`), that the corpus it will read
+  has the driver's sha256, its PyTorch version (the protocol's) and its device; it refuses otherwise.
+* Results: each run's outcome comes back through a Ray queue as soon as it ends; only the driver
+  writes records, in ledger order. Checkpoints and logs stay on the node
+  (``$HARNESS_NODE_DIR``, default ``~/cotangent-harness-node``); the record names the node and holds
+  the checkpoint's sha256.
+* Faults: a node or worker that dies mid-unit leaves the runs it started without an outcome; they
+  are recorded ``interrupted`` with the node named and the unit runs again. A driver killed and
+  started again finds its attempt markers and resumes as locally.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from filelock import FileLock, Timeout
+
+from harness.errors import RefusedError
+from harness.execute.launchers import Outcome, Spawn, launch, worker_env
+from harness.ledger import describe
+from harness.plan import RunSpec, units
+
+if TYPE_CHECKING:
+    from harness.execute.runner import Runner
+
+RESOURCE = "harness-{device}"
+EXCLUDES = ["runs/", "records/", ".git/", "__pycache__/", "*.safetensors", ".whl/", ".gl/"]
+
+
+def node_dir() -> Path:
+    return Path(os.environ.get("HARNESS_NODE_DIR", Path.home() / "cotangent-harness-node"))
+
+
+def run_unit(jobs: list[dict[str, Any]], expect: dict[str, Any], corpus: dict[str, bytes] | None,
+             queue: Any) -> str:
+    """The Ray task: check this node, then run the unit's jobs one after another, each as a fresh
+    worker process, reporting ``("start", ...)`` and ``("done", ...)`` on ``queue``."""
+    import ray
+
+    from harness.data import load_corpus
+    from harness.freeze import code_sha256
+
+    ctx = ray.get_runtime_context()
+    node = {"id": ctx.get_node_id(), "host": socket.gethostname(), "pid": os.getpid()}
+    label = f"{node['host']}/{node['id'][:8]}"
+    import harness
+
+    problems = []
+    if code_sha256() != expect["code"]:
+        problems.append(f"code on node {label} hashes {code_sha256()}, the driver's {expect['code']}")
+    if expect.get("torch"):
+        import torch
+
+        if torch.__version__.split("+")[0] != expect["torch"]:
+            problems.append(f"node {label} has PyTorch {torch.__version__}, the protocol names {expect['torch']}")
+    base = node_dir() / expect["protocol"]
+    data_dir = None
+    if corpus is not None:  # WikiText-2 shipped through the object store: written and verified here
+        data_dir = base / "data"
+        for rel, blob in corpus.items():
+            path = data_dir / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(blob)
+    try:
+        got = load_corpus(expect["corpus"], data_dir).sha256()
+        if got != expect["corpus_sha256"]:
+            problems.append(f"corpus on node {label} hashes {got}, the driver's {expect['corpus_sha256']}")
+    except Exception as e:  # noqa: BLE001 - any failure to produce the verified corpus refuses the node
+        problems.append(f"corpus on node {label}: {e}")
+    if problems:
+        raise RefusedError("; ".join(problems))
+    env = worker_env([str(Path(harness.__file__).resolve().parent.parent)])
+    launcher = Spawn()
+    for job in jobs:
+        job = dict(job, data_dir=str(data_dir) if data_dir else job["data_dir"],
+                   checkpoint_path=str(base / "checkpoints" / Path(job["checkpoint_path"]).name))
+        rid, attempt = job["spec"]["run_id"], job["attempt"]
+        queue.put(("start", rid, attempt, node))
+        outcome = launch(launcher, job, base / "work" / f"{rid}.a{attempt}", Path.cwd(), env, lambda: None)
+        queue.put(("done", rid, attempt, node, asdict(outcome)))
+    return label
+
+
+class RayExecutor:
+    """Place units on a Ray cluster at ``address`` (``auto`` or host:port)."""
+
+    name = "ray"
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    def _init(self, runner: Runner) -> tuple[Any, Any]:
+        try:
+            import ray
+            from ray.util.queue import Queue
+        except ImportError as e:
+            raise RefusedError("--ray needs Ray: python -m pip install -e '.[ray]'") from e
+        import analysis
+        import harness
+        from harness.data import load_corpus
+
+        proto = runner.proto
+        runtime_env = {"working_dir": str(runner.root), "excludes": EXCLUDES,
+                       "py_modules": [str(Path(harness.__file__).resolve().parent),
+                                      str(Path(analysis.__file__).resolve().parent)]}
+        ray.init(address=self.address, runtime_env=runtime_env, namespace="cotangent-harness",
+                 log_to_driver=False, logging_level="WARNING")
+        self.corpus = load_corpus(proto.corpus, runner.root / proto.data_dir if proto.data_dir else None)
+        return ray, Queue()
+
+    def execute(self, runner: Runner) -> None:
+        from harness.execute.runner import RunState, run_states
+        from harness.freeze import code_sha256
+
+        ray, queue = self._init(runner)
+        proto = runner.proto
+        device = proto.device if proto.device != "auto" else "cpu"
+        resource = RESOURCE.format(device=device)
+        capacity = int(ray.cluster_resources().get(resource, 0))
+        if capacity < 1:
+            raise RefusedError(f"no node of the Ray cluster at {self.address} advertises {resource}; start nodes with: "
+                               f"harness node --device {device} --address ADDRESS")
+        expect = {"code": code_sha256(), "torch": proto.torch_version, "protocol": proto.id, "corpus": proto.corpus,
+                  "corpus_sha256": self.corpus.sha256()}
+        corpus_ref = ray.put(self._corpus_files(runner)) if proto.corpus != "pydoc-topics" else None
+        gpus = {"num_gpus": 1} if device == "cuda" else {}  # Ray sets CUDA_VISIBLE_DEVICES to the unit's GPU
+        task = ray.remote(run_unit).options(num_cpus=0, resources={resource: 1}, max_retries=0, **gpus)
+        waiting = list(units(runner.runs))
+        inflight: dict[Any, tuple[list[RunSpec], FileLock, float, dict[str, dict[str, Any]]]] = {}
+        by_id = {s.run_id: s for s in runner.runs}
+        stop = False
+        try:
+            while (waiting and not stop) or inflight:
+                while waiting and not stop and len(inflight) < capacity:
+                    unit = waiting.pop(0)
+                    lock = FileLock(str(runner.dir / "locks" / f"{unit[0].unit}.lock"))
+                    try:
+                        lock.acquire(timeout=0)
+                    except Timeout:
+                        continue
+                    states = run_states(proto)
+                    todo = runner._todo(unit, states)
+                    if todo and len(todo) < len(unit) and any(states.get(s.run_id, RunState()).last == "ok" for s in unit):
+                        todo = list(unit)  # never split a pair across devices: the whole unit again
+                    reserved = sum(r[2] for r in inflight.values())
+                    if not todo or not runner.budget_allows(unit, todo, states, reserved):
+                        lock.release()
+                        stop = bool(todo)
+                        continue
+                    jobs = [runner.job(s, runner.next_attempt(s, states)) for s in todo]
+                    ref = task.remote(jobs, expect, corpus_ref, queue)
+                    inflight[ref] = (unit, lock, runner.expected_s(todo, states), {})
+                self._drain(runner, queue, inflight, by_id)
+                ready, _ = ray.wait(list(inflight), num_returns=1, timeout=0.2)
+                for ref in ready:
+                    unit, lock, _, started = inflight.pop(ref)
+                    self._drain(runner, queue, {ref: (unit, lock, 0.0, started)}, by_id)
+                    try:
+                        label = ray.get(ref)
+                        runner.echo(f"  unit {unit[0].unit} done on {label}; {describe(runner.ledger.head())}")
+                    except RefusedError:
+                        lock.release()
+                        raise
+                    except ray.exceptions.RayTaskError as e:
+                        if isinstance(e.cause, RefusedError):
+                            lock.release()
+                            raise e.cause from e
+                        self._lost(runner, unit, started, e)
+                        waiting.insert(0, unit)
+                    except ray.exceptions.RayError as e:  # the node or the task's process died
+                        self._lost(runner, unit, started, e)
+                        waiting.insert(0, unit)
+                    lock.release()
+        finally:
+            for ref, (_unit, lock, _, _) in inflight.items():
+                ray.cancel(ref, force=True)
+                lock.release()
+            ray.shutdown()
+
+    def _corpus_files(self, runner: Runner) -> dict[str, bytes]:
+        from harness.data import WIKITEXT2_PINS
+
+        return {pin["path"]: self.corpus.split(split) for split, pin in WIKITEXT2_PINS["members"].items()}
+
+    @staticmethod
+    def _drain(runner: Runner, queue: Any, inflight: dict[Any, Any], by_id: dict[str, RunSpec]) -> None:
+        """Apply every message the nodes sent: markers for started runs, records for ended ones."""
+        started_of = {}
+        for _ref, (unit, _lock, _e, started) in inflight.items():
+            for s in unit:
+                started_of[s.run_id] = started
+        while not queue.empty():
+            msg = queue.get()
+            if msg[0] == "start":
+                _, rid, attempt, node = msg
+                spec = by_id[rid]
+                runner.started(spec, attempt, f"{node['host']}/{node['id'][:8]}")
+                runner.announce(spec, attempt, f" on {node['host']}/{node['id'][:8]}")
+                if rid in started_of:
+                    started_of[rid][rid] = node
+            else:
+                _, rid, attempt, node, out = msg
+                status = runner.finished(by_id[rid], attempt, Outcome(**out), node)
+                runner.progress.done += 1
+                runner.echo(f"  {status} ({runner.progress.executed_s[-1]:.1f} s) on {node['host']}/{node['id'][:8]}")
+                for started in started_of.values():
+                    started.pop(rid, None)
+
+    @staticmethod
+    def _lost(runner: Runner, unit: list[RunSpec], started: dict[str, dict[str, Any]], err: Exception) -> None:
+        where = ", ".join(sorted({f"{n['host']}/{n['id'][:8]}" for n in started.values()})) or "its node"
+        runner.echo(f"  unit {unit[0].unit} lost on {where} ({type(err).__name__}); it runs again, whole")
+        for spec in unit:
+            runner.interrupted(spec)
+        time.sleep(0.5)
+
+
+def node_command(device: str, address: str | None, port: int = 6379, devices: int | None = None,
+                 block: bool = True) -> list[str]:
+    """The ``ray start`` command line for a node that offers its timing devices to the harness."""
+    count = devices
+    if count is None:
+        if device == "cuda":
+            import torch
+
+            count = torch.cuda.device_count()
+        else:
+            count = 1
+    resources = f'{{"{RESOURCE.format(device=device)}": {count}}}'
+    cmd = ["ray", "start", f"--resources={resources}", "--disable-usage-stats"]
+    cmd += [f"--address={address}"] if address else ["--head", f"--port={port}", "--include-dashboard=false"]
+    if device == "cuda":
+        cmd.append(f"--num-gpus={count}")
+    return cmd + (["--block"] if block else [])
