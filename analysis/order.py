@@ -117,3 +117,41 @@ def positions(blocks: list[dict[str, Any]], cells: Sequence[str], level: float) 
         out.append({"position": pos + 1, "estimate": m, "standard_error": se, "low": m - q * se,
                     "high": m + q * se, "df": len(res) - 1, "level": level})
     return out
+
+
+def by_device(pairs: list[dict[str, Any]], level: float) -> dict[str, Any] | None:
+    """Per device (host / device name), the mean of ``ln(c / b)`` with its interval, and a
+    heterogeneity check when more than one device contributed pairs.
+
+    Notes
+    -----
+    Every pair runs within one device, so the pooled estimate averages within-device differences.
+    Heterogeneity: one-way analysis of variance of the per-pair ``ln(c/b)`` across devices,
+    ``F = (SS_between / (k - 1)) / (SS_within / (N - k))``, p from the F distribution with
+    ``(k - 1, N - k)`` degrees of freedom. ``None`` when only one device contributed.
+    """
+    groups: dict[str, list[float]] = {}
+    for p in pairs:
+        groups.setdefault(p["device"], []).append(math.log(p["candidate_training_s"] / p["baseline_training_s"]))
+    if len(groups) < 2:
+        return None
+    rows = []
+    for dev in sorted(groups):
+        v = groups[dev]
+        m, ss = _mean_var(v)
+        row: dict[str, Any] = {"device": dev, "pairs": len(v), "estimate": m, "low": None, "high": None}
+        if len(v) >= 2:
+            se = math.sqrt(ss / (len(v) - 1) / len(v))
+            q = float(_st.t.ppf((1 + level) / 2, len(v) - 1))
+            row.update(low=m - q * se, high=m + q * se)
+        rows.append(row)
+    allv = [x for v in groups.values() for x in v]
+    grand = math.fsum(allv) / len(allv)
+    k, n = len(groups), len(allv)
+    ssb = math.fsum(len(v) * (math.fsum(v) / len(v) - grand) ** 2 for v in groups.values())
+    ssw = math.fsum(_mean_var(v)[1] for v in groups.values())
+    het = None
+    if n > k and ssw > 0:
+        f = (ssb / (k - 1)) / (ssw / (n - k))
+        het = {"F": f, "df": [k - 1, n - k], "p_value": float(_st.f.sf(f, k - 1, n - k))}
+    return {"devices": rows, "heterogeneity": het}

@@ -234,6 +234,35 @@ def drift(pairs: list[dict], level: float) -> dict | None:
             "df": df, "level": level, "p_value": p, "points": [[a, b] for a, b in zip(x, y)]}
 
 
+def by_device(pairs: list[dict], level: float) -> dict | None:
+    groups: dict = {}
+    for p in pairs:
+        groups.setdefault(p["device"], []).append(math.log(p["candidate_training_s"] / p["baseline_training_s"]))
+    if len(groups) < 2:
+        return None
+    rows = []
+    for dev in sorted(groups):
+        v = groups[dev]
+        m = math.fsum(v) / len(v)
+        row = {"device": dev, "pairs": len(v), "estimate": m, "low": None, "high": None}
+        if len(v) >= 2:
+            se = math.sqrt(math.fsum((x - m) ** 2 for x in v) / (len(v) - 1) / len(v))
+            q = student_t_ppf((1 + level) / 2, len(v) - 1)
+            row.update(low=m - q * se, high=m + q * se)
+        rows.append(row)
+    allv = [x for v in groups.values() for x in v]
+    grand = math.fsum(allv) / len(allv)
+    k, n = len(groups), len(allv)
+    ssb = math.fsum(len(v) * (math.fsum(v) / len(v) - grand) ** 2 for v in groups.values())
+    ssw = math.fsum(math.fsum((x - math.fsum(v) / len(v)) ** 2 for x in v) for v in groups.values())
+    het = None
+    if n > k and ssw > 0:
+        f = (ssb / (k - 1)) / (ssw / (n - k))
+        d1, d2 = k - 1, n - k
+        het = {"F": f, "df": [d1, d2], "p_value": betainc_reg(d2 / 2, d1 / 2, d2 / (d2 + d1 * f), d1 * f / (d2 + d1 * f))}
+    return {"devices": rows, "heterogeneity": het}
+
+
 def positions(blocks: list[dict], level: float) -> list[dict] | None:
     if len(blocks) < 2:
         return None
@@ -617,6 +646,8 @@ def _paired(st: dict, config: str, units: dict, level: float, exclusions: list) 
         pairs.append({
             "unit": unit, "seed": b["spec"]["seed"], "order": min(b["spec"]["order"], c["spec"]["order"]),
             "first": "baseline" if b["spec"]["position"] == 0 else "candidate",
+            "device": f"{(b.get('env') or {}).get('host', 'unknown host')} / "
+                      f"{(b.get('env') or {}).get('device_name', 'unknown device')}",
             "baseline_training_s": bt["training_s"], "candidate_training_s": ct["training_s"],
             "baseline_time_to_target_s": bt["time_to_target_s"], "candidate_time_to_target_s": ct["time_to_target_s"],
             "baseline_total_s": bt["total_s"], "candidate_total_s": ct["total_s"],
@@ -647,7 +678,8 @@ def _paired(st: dict, config: str, units: dict, level: float, exclusions: list) 
         "test_bpb": quality, "peak_memory": memory,
         "counts": {"faster": faster, "slower": slower, "ties": len(pairs) - faster - slower,
                    "worse_test_bpb": sum(1 for p in pairs if p["test_bpb_difference"] > 0)},
-        "order_effects": {"crossover": crossover(pairs, level), "drift": drift(pairs, level)}, "pairs": pairs,
+        "order_effects": {"crossover": crossover(pairs, level), "drift": drift(pairs, level)},
+        "by_device": by_device(pairs, level), "pairs": pairs,
     }
 
 

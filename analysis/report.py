@@ -170,6 +170,15 @@ def _flow(rows: list[dict[str, Any]]) -> list[str]:
 def _order(c: dict[str, Any]) -> list[str]:
     oe = c["order_effects"]
     out = []
+    dev = c.get("by_device")
+    if dev:
+        het = dev["heterogeneity"]
+        out.append(f"{c['config']}: pairs ran on {len(dev['devices'])} devices; every pair within one device, so the "
+                   "pooled interval averages within-device differences. Per device, ln(candidate/baseline time): "
+                   + "; ".join(f"{d['device']}: {d['estimate']:+.4f} ({d['pairs']} pairs"
+                               + (f", [{d['low']:+.4f}, {d['high']:+.4f}])" if d["low"] is not None else ")")
+                               for d in dev["devices"])
+                   + (f". Heterogeneity across devices: F = {het['F']:.3g}, p = {het['p_value']:.3g}." if het else "."))
     if oe["crossover"]:
         p, k = oe["crossover"]["period"], oe["crossover"]["carryover"]
         out.append(f"{c['config']}: period effect (second run vs first, log time) {p['estimate']:+.4f} "

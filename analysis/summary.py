@@ -21,7 +21,7 @@ import math
 from typing import Any
 
 from analysis.decisions import decide, sensitivity
-from analysis.order import crossover, drift, positions
+from analysis.order import by_device, crossover, drift, positions
 from analysis.stats import factorial_contrasts, paired_interval
 from harness.records import load_records
 
@@ -53,6 +53,12 @@ def run_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         })
     rows.sort(key=lambda x: (x["order"], x["attempt"]))
     return rows
+
+
+def _device(rec: dict[str, Any]) -> str:
+    """The device a pair ran on: host and device name (a pair never spans two devices)."""
+    env = rec.get("env") or {}
+    return f"{env.get('host', 'unknown host')} / {env.get('device_name', 'unknown device')}"
 
 
 def _parameters(units: dict[str, dict[str, dict[str, Any]]]) -> int | None:
@@ -129,7 +135,7 @@ def _paired(study: dict[str, Any], config: str, units: dict[str, dict[str, dict[
         b, c = arms["baseline"], arms["candidate"]
         pairs.append({
             "unit": unit, "seed": b["spec"]["seed"], "order": min(b["spec"]["order"], c["spec"]["order"]),
-            "first": "baseline" if b["spec"]["position"] == 0 else "candidate",
+            "first": "baseline" if b["spec"]["position"] == 0 else "candidate", "device": _device(b),
             "baseline_training_s": b["timings"]["training_s"], "candidate_training_s": c["timings"]["training_s"],
             "baseline_time_to_target_s": b["timings"]["time_to_target_s"],
             "candidate_time_to_target_s": c["timings"]["time_to_target_s"],
@@ -164,6 +170,7 @@ def _paired(study: dict[str, Any], config: str, units: dict[str, dict[str, dict[
         "counts": {"faster": faster, "slower": slower, "ties": len(pairs) - faster - slower,
                    "worse_test_bpb": sum(1 for p in pairs if p["test_bpb_difference"] > 0)},
         "order_effects": {"crossover": crossover(pairs, level), "drift": drift(pairs, level)},
+        "by_device": by_device(pairs, level),
         "pairs": pairs,
     }
 

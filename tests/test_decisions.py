@@ -158,3 +158,24 @@ def test_drift_slope_against_scipy():
     assert d["slope"] == pytest.approx(ref.slope, rel=1e-10) and d["standard_error"] == pytest.approx(ref.stderr, rel=1e-9)
     assert d["p_value"] == pytest.approx(ref.pvalue, rel=1e-8)
     assert A.drift(pairs, 0.95)["p_value"] == pytest.approx(d["p_value"], rel=1e-8)
+
+
+def test_per_device_effects_and_heterogeneity():
+    from analysis.order import by_device
+
+    pairs = make_pairs(12, effect=-0.1, seed=12)
+    for i, p in enumerate(pairs):
+        p["device"] = "mac-a / Apple M5 Pro" if i % 3 else "box / NVIDIA H200"
+        if i % 3 == 0:
+            p["candidate_training_s"] *= 1.05  # the candidate gains less on this device
+    d = by_device(pairs, 0.95)
+    assert [r["device"] for r in d["devices"]] == ["box / NVIDIA H200", "mac-a / Apple M5 Pro"]
+    groups = [[math.log(p["candidate_training_s"] / p["baseline_training_s"]) for p in pairs if p["device"] == g]
+              for g in ("box / NVIDIA H200", "mac-a / Apple M5 Pro")]
+    ref = stats.f_oneway(*groups)
+    assert d["heterogeneity"]["F"] == pytest.approx(ref.statistic, rel=1e-10)
+    assert d["heterogeneity"]["p_value"] == pytest.approx(ref.pvalue, rel=1e-8)
+    problems: list[str] = []
+    A.compare("by_device", A.by_device(pairs, 0.95), d, problems, "test")
+    assert not problems, problems
+    assert by_device([dict(p, device="one") for p in pairs], 0.95) is None

@@ -5,7 +5,8 @@
   (``harness-cpu``, ``harness-cuda``, ``harness-mps``; :func:`node_command` starts a node with the
   right ones). A unit's arms run back to back on that one device, each in a fresh worker process;
   no two timed runs ever share a device. A unit is never split: one that must run again (a node
-  died) runs whole, as new attempts, on whichever eligible node takes it.
+  died) runs whole, as new attempts, on whichever eligible node takes it; the rest of a unit whose
+  driver was stopped runs on the node that ran its first part.
 * Shipping: the driver sends the study's tree (configurations, protocols, verified paths) as the
   task's working directory and the running ``harness``/``analysis`` packages as modules; the corpus
   travels through the object store. Each node checks, before running anything, that its copy of
@@ -140,7 +141,8 @@ class RayExecutor:
                   "corpus_sha256": self.corpus.sha256()}
         corpus_ref = ray.put(self._corpus_files(runner)) if proto.corpus != "pydoc-topics" else None
         gpus = {"num_gpus": 1} if device == "cuda" else {}  # Ray sets CUDA_VISIBLE_DEVICES to the unit's GPU
-        task = ray.remote(run_unit).options(num_cpus=0, resources={resource: 1}, max_retries=0, **gpus)
+        base_options = {"num_cpus": 0, "resources": {resource: 1}, "max_retries": 0, **gpus}
+        task = ray.remote(run_unit)
         waiting = list(units(runner.runs))
         inflight: dict[Any, tuple[list[RunSpec], FileLock, float, dict[str, dict[str, Any]]]] = {}
         by_id = {s.run_id: s for s in runner.runs}
@@ -156,15 +158,24 @@ class RayExecutor:
                         continue
                     states = run_states(proto)
                     todo = runner._todo(unit, states)
+                    options: dict[str, Any] = {}
                     if todo and len(todo) < len(unit) and any(states.get(s.run_id, RunState()).last == "ok" for s in unit):
-                        todo = list(unit)  # never split a pair across devices: the whole unit again
+                        # never split a pair across devices: the rest of the unit on the node that ran its
+                        # first part while that node lives (a restarted driver), else the whole unit again
+                        node = self._node_of(runner, unit)
+                        if node is not None and node in {n["NodeID"] for n in ray.nodes() if n["Alive"]}:
+                            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+                            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+                        else:
+                            todo = list(unit)
                     reserved = sum(r[2] for r in inflight.values())
                     if not todo or not runner.budget_allows(unit, todo, states, reserved):
                         lock.release()
                         stop = bool(todo)
                         continue
                     jobs = [runner.job(s, runner.next_attempt(s, states)) for s in todo]
-                    ref = task.remote(jobs, expect, corpus_ref, queue)
+                    ref = task.options(**base_options, **options).remote(jobs, expect, corpus_ref, queue)
                     inflight[ref] = (unit, lock, runner.expected_s(todo, states), {})
                 self._drain(runner, queue, inflight, by_id)
                 ready, _ = ray.wait(list(inflight), num_returns=1, timeout=0.2)
@@ -192,6 +203,16 @@ class RayExecutor:
                 ray.cancel(ref, force=True)
                 lock.release()
             ray.shutdown()
+
+    @staticmethod
+    def _node_of(runner: Runner, unit: list[RunSpec]) -> str | None:
+        """The Ray node that ran the unit's ok runs (their latest attempts)."""
+        from harness.records import load_records
+
+        ids = {s.run_id for s in unit}
+        nodes = {r["node"]["id"] for r in load_records(runner.records)
+                 if r["spec"]["run_id"] in ids and r["status"] == "ok" and "node" in r}
+        return nodes.pop() if len(nodes) == 1 else None
 
     def _corpus_files(self, runner: Runner) -> dict[str, bytes]:
         from harness.data import WIKITEXT2_PINS

@@ -1,0 +1,105 @@
+"""A protocol on a two-node Ray cluster on localhost: placement, bitwise results, node and driver faults.
+
+The cluster runs in private network and PID namespaces (tests/ray_scenarios.py), so Ray listens on
+127.0.0.1 only and every process it starts ends with the scenario script: the test stops only what
+it started.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, git, harness, tiny_protocol
+
+from harness.records import load_records
+
+pytest.importorskip("ray", reason="Ray is an optional extra: python -m pip install -e '.[ray]'")
+
+SEEDS = "[1, 2, 3]"
+
+
+def study(base: Path, name: str) -> Path:
+    r = base / name
+    (r / "protocols").mkdir(parents=True)
+    shutil.copytree(ROOT / "configs", r / "configs")
+    (r / ".gitignore").write_text("runs/\n")
+    (r / "protocols" / "tiny.yaml").write_text(tiny_protocol(steps=6, launcher="spawn").replace("seeds: [1, 2]", f"seeds: {SEEDS}"))
+    git(r, "init", "-q", "-b", "main")
+    git(r, "config", "user.email", "t@example.invalid")
+    git(r, "config", "user.name", "T")
+    git(r, "add", "-A")
+    git(r, "commit", "-qm", "study")
+    return r
+
+
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    work = tmp_path_factory.mktemp("ray")
+    for name in ("full", "driver", "node", "local"):
+        study(work, name)
+    local = harness(work / "local", "run", "protocols/tiny.yaml", "--quiet", "--no-report")
+    assert local.returncode == 0, local.stdout + local.stderr
+    r = subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount-proc", sys.executable,
+                        str(ROOT / "tests" / "ray_scenarios.py"), str(work)], capture_output=True, text=True, timeout=2400)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    return work, json.loads((work / "scenarios.json").read_text())
+
+
+def ok_by_run(repo: Path) -> dict[str, dict]:
+    recs = load_records(repo / "records" / "tiny")
+    oks = Counter(x["spec"]["run_id"] for x in recs if x["status"] == "ok")
+    assert len(oks) == 2 * len(SEEDS.split(",")) and set(oks.values()) == {1}, oks  # every planned run, once
+    return {x["spec"]["run_id"]: x for x in recs if x["status"] == "ok"}
+
+
+def test_every_run_once_on_both_nodes_and_bitwise_as_local(scenarios):
+    work, out = scenarios
+    assert out["head"] == 0 and out["second"] == 0 and out["full_rc"] == 0, out["full_log"]
+    ray_runs, local_runs = ok_by_run(work / "full"), ok_by_run(work / "local")
+    nodes = {x["node"]["id"] for x in ray_runs.values()}
+    assert len(nodes) == 2  # both nodes executed units
+    for rid, x in ray_runs.items():
+        y = local_runs[rid]
+        assert [c[1] for c in x["curve"]] == [c[1] for c in y["curve"]]  # per-step losses, bit for bit
+        assert x["test_bpb"] == y["test_bpb"] and x["val_bpb"] == y["val_bpb"]
+        assert x["checkpoint"]["sha256"] and str(work / "node-") in x["checkpoint"]["path"]  # stays on the node
+        assert x["timings"]["device_s_source"] == "worker"
+        assert x["env"]["device_name"] and x["env"]["device_name"] != "x86_64"
+    units: dict[str, set[str]] = {}
+    for x in ray_runs.values():
+        units.setdefault(x["spec"]["unit"], set()).add(x["node"]["id"])
+    assert all(len(v) == 1 for v in units.values())  # a pair never spans two devices
+    assert "ledger head: seq 6" in out["full_log"]
+    a = subprocess.run([sys.executable, "-I", "-S", str(ROOT / "analysis" / "public_audit.py"), "records/tiny"],
+                       cwd=work / "full", capture_output=True, text=True)
+    rep = harness(work / "full", "report", "protocols/tiny.yaml", "--quiet")
+    assert rep.returncode == 0 and a.returncode == 0, a.stdout
+
+
+def test_driver_killed_and_restarted_completes(scenarios):
+    work, out = scenarios
+    assert out["driver_records_at_kill"] >= 1 and out["driver_rc"] == 0, out["driver_log"]
+    ok_by_run(work / "driver")
+    recs = load_records(work / "driver" / "records" / "tiny")
+    interrupted = [x for x in recs if x["status"] == "interrupted"]
+    assert all("did not finish" in x["reason"] for x in interrupted)
+
+
+def test_node_killed_gives_an_interrupted_attempt_and_a_completed_study(scenarios):
+    work, out = scenarios
+    assert out["node_rc"] == 0, out["node_log"]
+    runs = ok_by_run(work / "node")
+    recs = load_records(work / "node" / "records" / "tiny")
+    interrupted = [x for x in recs if x["status"] == "interrupted"]
+    assert interrupted and all("node-second" not in x["reason"] for x in interrupted)
+    assert any("/" in x["reason"] for x in interrupted)  # the node is named (host/node id)
+    assert "runs again, whole" in out["node_log"]
+    units: dict[str, set[str]] = {}
+    for x in runs.values():
+        units.setdefault(x["spec"]["unit"], set()).add(x["node"]["id"])
+    assert all(len(v) == 1 for v in units.values())
