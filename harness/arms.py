@@ -1,8 +1,30 @@
-"""The study's arms: the four cells of the 2x2 factorial (norms x optimizer) over one contract."""
+"""Arms: what a run does between ``loss.backward()`` and the next forward, behind one small contract.
+
+The contract (built-in arms and plug-ins alike). An arm is a function ``build(ctx: ArmContext) ->
+GradientPhase``, named in a protocol by a built-in name (``native``, ``bucketed``, ``packed``,
+``cotangent``: the four cells of the study's 2x2 factorial) or by import path
+(``mypkg.arms:build``).
+
+* It receives :class:`ArmContext`: the model, its parameters (unique, in order), the
+  configuration's training settings (learning rate, betas, eps, weight decay, clipping threshold)
+  and the device.
+* It returns a :class:`GradientPhase`: ``phase()``, which the worker calls after every backward
+  (clip, update, zero the gradients: everything until the next forward, timed with the step),
+  ``set_lr(lr)``, which the worker calls before every step with the schedule's value, and
+  ``zero_grad()``, and it exposes its ``optimizer`` (state dicts, reports).
+* It must not touch the clock, the data order or the seed: the worker times the step around it,
+  draws the batches itself, and checks that building the arm and its first phase leave the global
+  random state as they found it (a plug-in that draws random numbers fails the run, named).
+
+Like AlgoPerf's ``init_optimizer_state`` / ``update_params``, but smaller: the harness owns the
+model, the data and the loss; the arm owns only the gradient phase.
+"""
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -11,8 +33,9 @@ from harness.cotangent import PackedAdamW, clip_grad_norm_
 from harness.cotangent.clip import grads_as_params
 from harness.cotangent.pack import CPU_BLOCK_BYTES, Pack
 from harness.names import ARMS
+from harness.plugins import is_plugin
 
-__all__ = ["ARMS", "Arm", "build_arm"]
+__all__ = ["ARMS", "Arm", "ArmContext", "GradientPhase", "build_arm", "is_plugin", "resolve"]
 
 
 
@@ -106,3 +129,51 @@ def _native_clip_packed(params: Sequence[Tensor], max_norm: float) -> Tensor:
     idx = range(pack.n) if produced is None else produced
     grads = [pack.grad_views[i] for i in idx]
     return torch.nn.utils.clip_grad_norm_(grads_as_params(grads), max_norm)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------
+# The contract
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ArmContext:
+    """What an arm's ``build`` receives."""
+
+    model: torch.nn.Module
+    params: list[Tensor]  # the model's parameters, unique, in order
+    train: Any  # harness.config.TrainConfig: lr, beta1, beta2, eps, weight_decay, clip_norm, ...
+    device: torch.device
+
+
+class GradientPhase(Protocol):
+    """What an arm's ``build`` returns (:class:`Arm` is the built-in one)."""
+
+    optimizer: torch.optim.Optimizer
+
+    def phase(self) -> Tensor | None: ...
+
+    def set_lr(self, lr: float) -> None: ...
+
+    def zero_grad(self) -> None: ...
+
+
+def _builtin(name: str) -> Callable[[ArmContext], GradientPhase]:
+    def build(ctx: ArmContext) -> GradientPhase:
+        t = ctx.train
+        return build_arm(name, ctx.params, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
+                         weight_decay=t.weight_decay, max_norm=t.clip_norm)
+
+    return build
+
+
+def resolve(name: str) -> Callable[[ArmContext], GradientPhase]:
+    """The ``build`` function of a built-in arm or of a plug-in (``module:function``)."""
+    if name in ARMS:
+        return _builtin(name)
+    if not is_plugin(name):
+        raise ValueError(f"unknown arm {name!r}: a built-in name ({', '.join(ARMS)}) or an import path module:function")
+    module, _, fn = name.partition(":")
+    build = getattr(importlib.import_module(module), fn, None)
+    if not callable(build):
+        raise ValueError(f"arm {name!r}: {module} has no function {fn}")
+    return build  # type: ignore[no-any-return]

@@ -230,6 +230,38 @@ def cmd_node(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
+def cmd_compare_arms(args: argparse.Namespace) -> int:
+    import sys as _sys
+
+    import torch
+
+    from harness.compare import compare_arms, summary
+    from harness.config import config_dir, find_config
+    from harness.devices import resolve
+
+    _sys.path.insert(0, str(Path.cwd()))  # plug-ins are imported from the study's root, as the worker does
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = find_config(args.config, config_dir())
+    rows = compare_arms(args.baseline, args.candidate, cfg.path, args.steps, args.seed, resolve(args.device),
+                        args.corpus, args.data_dir)
+    s = summary(rows)
+    if args.json:
+        print(json.dumps({"summary": s, "steps": [r.as_dict() for r in rows]}, indent=1))
+        return 0
+    table = [{"step": r.step, "loss (baseline)": f"{r.loss_baseline:.6f}", "loss (candidate)": f"{r.loss_candidate:.6f}",
+              "loss bits": "=" if r.loss_equal else "differ", "grads bits": "=" if r.grads_equal else "differ",
+              "weights bits": "=" if r.weights_equal else "differ", "max ULP": r.max_ulp, "max |diff|": f"{r.max_abs:.3g}"}
+             for r in rows]
+    print(_table(table, list(table[0])))
+    if s["bitwise_equal"]:
+        print(f"\n{args.candidate} is bitwise {args.baseline} over {s['steps']} steps: losses, gradients and weights")
+    else:
+        print(f"\nfirst divergent step {s['first_divergent_step']}; largest weight distance {s['max_ulp']} ULP "
+              f"({s['max_abs']:.3g} absolute); final loss difference {s['final_loss_difference']:+.3g}")
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from harness.execute.runner import status_table
     from harness.ledger import describe, head_of
@@ -254,7 +286,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "configs": cmd_configs, "data": cmd_data, "verify": cmd_verify, "plan": cmd_plan, "tag": cmd_tag,
     "run": cmd_run, "status": cmd_status, "report": cmd_report, "calibrate": cmd_calibrate, "power": cmd_power,
-    "node": cmd_node,
+    "node": cmd_node, "compare-arms": cmd_compare_arms,
 }
 
 
@@ -300,6 +332,17 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=6379, help="the head's port (head only)")
     s.add_argument("--devices", type=int, help="timing devices offered (default: 1; CUDA: every visible GPU)")
     s.add_argument("--no-block", action="store_true", help="return once the node runs (ray start without --block)")
+    s = sub.add_parser("compare-arms", help="two arms in lockstep on one seed: where their bits part")
+    s.add_argument("baseline", help="a built-in arm or a plug-in module:function")
+    s.add_argument("candidate")
+    s.add_argument("--config", required=True)
+    s.add_argument("--steps", type=int, default=20)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda", "mps"])
+    s.add_argument("--corpus", default="pydoc-topics", choices=["pydoc-topics", "wikitext-2"])
+    s.add_argument("--data-dir")
+    s.add_argument("--threads", type=int)
+    s.add_argument("--json", action="store_true")
     s = sub.add_parser("calibrate", help="preregistration numbers from a pilot's records (targets, budget)")
     s.add_argument("pilot", help="the pilot protocol (already run)")
     s.add_argument("--target", help="the protocol being calibrated (for its run count)")

@@ -79,6 +79,7 @@ def manifest(proto: Any, plan_sha: str, runs: int, repo: Path, rev: str = "HEAD"
         "plan": {"sha256": plan_sha, "runs": runs},
         "trees": frozen_entries(repo, rev),
         "code": code_sha256(),
+        "plugins": {name: fp["sha256"] for name, fp in proto.plugin_fingerprints().items()},
         "exempt": sorted(EXEMPT) + ["*.md"],
     }
 
@@ -145,10 +146,17 @@ def drift(repo: Path, tagged: dict[str, Any], current: dict[str, Any], tag_commi
             changed = gitutil.git(repo, "diff", "--name-only", tag_commit, "HEAD", "--", entry, check=False).stdout.split()
             out.extend(f"{p}: changed after the tag" for p in changed) if changed else out.append(
                 f"{entry}: changed after the tag")
+    for name, sha in current["plugins"].items():
+        if tagged.get("plugins", {}).get(name) != sha:
+            out.append(f"plug-in {name} ({proto_path(current, name)}): its source differs from the tagged one")
     for pkg, sha in current["code"].items():
         if tagged.get("code", {}).get(pkg) != sha:
             out.append(f"the running {pkg} package's source (sha256 {sha[:12]}) differs from the tagged code")
     return out
+
+
+def proto_path(manifest_: dict[str, Any], name: str) -> str:
+    return name.partition(":")[0].replace(".", "/") + ".py"
 
 
 def uncommitted(repo: Path) -> list[str]:

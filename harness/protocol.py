@@ -17,6 +17,7 @@ from harness import gitutil, yamlio
 from harness.config import Config, config_dir, find_config
 from harness.errors import InputError
 from harness.names import ARMS, CORPORA
+from harness.plugins import fingerprint, is_plugin, source_of
 from harness.yamlio import Field, one_of, positive
 
 ID_RE = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -102,6 +103,18 @@ class Protocol:
     root: Path
     sha256: str
     configs: dict[str, Config] = field(default_factory=dict)
+    plugins: dict[str, str] = field(default_factory=dict)  # plug-in name -> its source file
+
+    def plugin_fingerprints(self) -> dict[str, dict[str, str]]:
+        """Each plug-in's source file (relative to the root when inside it) and sha256."""
+        out = {}
+        for name in sorted(self.plugins):
+            fp = fingerprint(name, self.root)
+            path = Path(fp["path"]).resolve()
+            if path.is_relative_to(self.root.resolve()):
+                fp["path"] = path.relative_to(self.root.resolve()).as_posix()
+            out[name] = fp
+        return out
 
     @property
     def tag_name(self) -> str:
@@ -127,6 +140,7 @@ class Protocol:
             "interval_level": self.interval_level, "hypotheses": self.hypotheses, "max_attempts": self.max_attempts,
             "launcher": self.launcher, "device": self.device,
             "compile": self.compile, "corpus": self.corpus, "budget_device_seconds": self.budget_device_seconds,
+            "plugins": self.plugin_fingerprints(),
             "studies": [
                 {"name": s.name, "design": s.design, "arms": list(s.arms), "configs": list(s.configs),
                  "seeds": list(s.seeds),
@@ -253,6 +267,7 @@ def load_protocol(path: str | Path) -> Protocol:
     cdir = config_dir(root)
     studies: list[Study] = []
     configs: dict[str, Config] = {}
+    plugins: dict[str, str] = {}
     names: set[str] = set()
     if not top["studies"]:
         raise doc.error(("studies",), "a protocol needs at least one study")
@@ -271,8 +286,16 @@ def load_protocol(path: str | Path) -> Protocol:
             if sorted(arms) != sorted(FACTORIAL_CELLS):
                 raise doc.error(kp + ("arms",), f"a factorial study has the four cells {', '.join(FACTORIAL_CELLS)}")
         for ai, a in enumerate(arms):
-            if a not in ARMS:
-                raise doc.error(kp + ("arms", ai), f"unknown arm {a!r} (known: {', '.join(ARMS)})")
+            if a not in ARMS and not is_plugin(a):
+                raise doc.error(kp + ("arms", ai), f"unknown arm {a!r} (known: {', '.join(ARMS)}, or a plug-in "
+                                                   "module:function)")
+            if is_plugin(a):
+                if s["design"] != "paired":
+                    raise doc.error(kp + ("arms", ai), "plug-in arms are compared in paired studies")
+                if source_of(a, root) is None:
+                    raise doc.error(kp + ("arms", ai), f"plug-in arm {a!r}: module {a.partition(':')[0]} not found "
+                                                       "(run from the study's root, or install it)")
+                plugins[a] = str(source_of(a, root))
         if not s["configs"]:
             raise doc.error(kp + ("configs",), "a study needs at least one configuration")
         for ci, c in enumerate(s["configs"]):
@@ -335,5 +358,5 @@ def load_protocol(path: str | Path) -> Protocol:
         hypotheses=_hypotheses(doc, top["hypotheses"], studies), max_attempts=top["max_attempts"],
         order_seed=top["order_seed"], records_dir=top["records_dir"], studies=tuple(studies),
         calibration_pending=pending, path=p,
-        root=root, sha256=hashlib.sha256(doc.raw).hexdigest(), configs=configs,
+        root=root, sha256=hashlib.sha256(doc.raw).hexdigest(), configs=configs, plugins=plugins,
     )

@@ -41,7 +41,7 @@ def _sha_file(path: Path) -> str:
 def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     """Run the job, filling ``result`` as it goes (so a failure keeps what was measured)."""
     from harness import devices
-    from harness.arms import build_arm
+    from harness.arms import ArmContext, resolve
     from harness.config import load_config
     from harness.cotangent import exact_paths
     from harness.data import BatchStream, bits_per_byte, load_corpus
@@ -68,8 +68,12 @@ def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     model = build_model(cfg.model, spec["seed"]).to(device)
     result["parameters"] = count_parameters(model)
     t = cfg.train
-    arm = build_arm(spec["arm"], model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
-                    weight_decay=t.weight_decay, max_norm=t.clip_norm)
+    params = list(dict.fromkeys(model.parameters()))
+    rng = torch.get_rng_state()
+    arm = resolve(spec["arm"])(ArmContext(model, params, t, device))
+    if not torch.equal(rng, torch.get_rng_state()):
+        raise RunFailure(f"arm {spec['arm']} drew from the global random state while it was built; an arm must not "
+                         "touch the seed (harness/arms.py)")
     paths = exact_paths(device.type)
     result["method_paths"] = {
         "bucketed_norm_dtypes": sorted(str(d).replace("torch.", "") for d in paths.bucketed_norm_dtypes),
@@ -115,9 +119,14 @@ def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
         logits = forward(x)
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
         loss.backward()
+        if step == 0:
+            rng = torch.get_rng_state()
         arm.phase()
         devices.synchronize(device)
         clock += time.perf_counter() - t0
+        if step == 0 and not torch.equal(rng, torch.get_rng_state()):
+            raise RunFailure(f"arm {spec['arm']} drew from the global random state in its gradient phase; an arm "
+                             "must not touch the seed (harness/arms.py)")
         meter.sample()
         value = float(loss.detach())
         curve.append([step + 1, value, clock])

@@ -65,11 +65,13 @@ def run_unit(jobs: list[dict[str, Any]], expect: dict[str, Any], corpus: dict[st
     problems = []
     if code_sha256() != expect["code"]:
         problems.append(f"code on node {label} hashes {code_sha256()}, the driver's {expect['code']}")
-    if expect.get("torch"):
-        import torch
+    import torch
 
-        if torch.__version__.split("+")[0] != expect["torch"]:
-            problems.append(f"node {label} has PyTorch {torch.__version__}, the protocol names {expect['torch']}")
+    if expect.get("torch") and torch.__version__.split("+")[0] != expect["torch"]:
+        problems.append(f"node {label} has PyTorch {torch.__version__}, the protocol names {expect['torch']}")
+    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    if not available.get(expect["device"], False):
+        problems.append(f"node {label} advertises a {expect['device']} timing device but torch cannot use one")
     base = node_dir() / expect["protocol"]
     data_dir = None
     if corpus is not None:  # WikiText-2 shipped through the object store: written and verified here
@@ -123,7 +125,11 @@ class RayExecutor:
         ray.init(address=self.address, runtime_env=runtime_env, namespace="cotangent-harness",
                  log_to_driver=False, logging_level="WARNING")
         self.corpus = load_corpus(proto.corpus, runner.root / proto.data_dir if proto.data_dir else None)
-        return ray, Queue()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        # the queue lives on the driver's own node, so a node that dies cannot take the results with it
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        return ray, Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
 
     def execute(self, runner: Runner) -> None:
         from harness.execute.runner import RunState, run_states
@@ -138,6 +144,7 @@ class RayExecutor:
             raise RefusedError(f"no node of the Ray cluster at {self.address} advertises {resource}; start nodes with: "
                                f"harness node --device {device} --address ADDRESS")
         expect = {"code": code_sha256(), "torch": proto.torch_version, "protocol": proto.id, "corpus": proto.corpus,
+                  "device": device,
                   "corpus_sha256": self.corpus.sha256()}
         corpus_ref = ray.put(self._corpus_files(runner)) if proto.corpus != "pydoc-topics" else None
         gpus = {"num_gpus": 1} if device == "cuda" else {}  # Ray sets CUDA_VISIBLE_DEVICES to the unit's GPU

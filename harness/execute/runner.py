@@ -113,8 +113,10 @@ class Runner:
     def ledger(self) -> Ledger:
         if self._ledger is None:
             genesis = self.frozen.freeze_sha256 or self.proto.sha256
+            plugins = [self.root / fp["path"] for fp in self.proto.plugin_fingerprints().values()
+                       if not Path(fp["path"]).is_absolute()]
             self._ledger = Ledger(self.records, self.dir / "locks" / "ledger.lock", genesis, root=self.root,
-                                  sources=[self.proto.path], protocol=self.proto.summary())
+                                  sources=[self.proto.path, *plugins], protocol=self.proto.summary())
         return self._ledger
 
     # -- bookkeeping ---------------------------------------------------------------------

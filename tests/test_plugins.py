@@ -1,0 +1,94 @@
+"""Bring your own change: a plug-in arm from a protocol to an audited report, frozen like the harness,
+and compare-arms telling an exact change from one that drifts."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, git, harness
+
+from harness.records import load_records
+
+EXAMPLE = "examples/foreach.yaml"
+
+
+@pytest.fixture
+def clone(tmp_path: Path) -> Path:
+    r = tmp_path / "study"
+    r.mkdir()
+    for sub in ("configs", "examples", "protocols"):
+        shutil.copytree(ROOT / sub, r / sub, ignore=shutil.ignore_patterns("__pycache__"))
+    (r / ".gitignore").write_text("runs/\n__pycache__/\n")
+    git(r, "init", "-q", "-b", "main")
+    git(r, "config", "user.email", "t@example.invalid")
+    git(r, "config", "user.name", "T")
+    git(r, "add", "-A")
+    git(r, "commit", "-qm", "study")
+    return r
+
+
+@pytest.mark.long
+def test_example_plugin_end_to_end_reduced(clone):
+    p = clone / EXAMPLE
+    p.write_text(p.read_text().replace("seeds: {count: 8, base: 7000}", "seeds: {count: 5, base: 7000}")
+                 .replace("steps: 60", "steps: 20").replace("val_every: 20", "val_every: 10"))
+    r = harness(clone, "run", EXAMPLE, "--quiet")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "## Decisions" in r.stdout and "H1-speed" in r.stdout
+    recs = load_records(clone / "runs" / "example-foreach" / "records")
+    assert len(recs) == 10 and all(x["status"] == "ok" for x in recs)
+    plugin = recs[0]["protocol"]["plugins"]["examples.foreach_arm:build"]
+    assert plugin["path"] == "examples/foreach_arm.py"
+    manifest = json.loads((clone / "runs" / "example-foreach" / "records" / "MANIFEST").read_text())
+    assert "examples/foreach_arm.py" in manifest["sources"]  # the audit re-hashes the plug-in's source
+    a = subprocess.run([sys.executable, "-I", "-S", str(ROOT / "analysis" / "public_audit.py"),
+                        "runs/example-foreach/records"], cwd=clone, capture_output=True, text=True)
+    assert a.returncode == 0, a.stdout
+    (clone / "examples" / "foreach_arm.py").write_text((clone / "examples" / "foreach_arm.py").read_text() + "\n# edit\n")
+    a = subprocess.run([sys.executable, "-I", "-S", str(ROOT / "analysis" / "public_audit.py"),
+                        "runs/example-foreach/records"], cwd=clone, capture_output=True, text=True)
+    assert a.returncode == 1 and "examples/foreach_arm.py: source sha256" in a.stdout
+
+
+def test_plugin_is_frozen_with_the_protocol(clone):
+    p = clone / "protocols" / "mine.yaml"
+    p.write_text((clone / EXAMPLE).read_text().replace("id: example-foreach", "id: mine")
+                 .replace("preregistered: false", "preregistered: true")
+                 .replace("records_dir: runs/example-foreach/records\n", ""))
+    git(clone, "add", "-A")
+    git(clone, "commit", "-qm", "preregister my change")
+    t = harness(clone, "tag", "protocols/mine.yaml")
+    assert t.returncode == 0, t.stderr
+    msg = git(clone, "cat-file", "tag", "protocol-mine")
+    assert '"examples.foreach_arm:build"' in msg and '"examples"' in msg  # the plug-in and its folder
+    arm = clone / "examples" / "foreach_arm.py"
+    arm.write_text(arm.read_text().replace("foreach=True)\n", "foreach=True, amsgrad=True)\n", 1))
+    git(clone, "commit", "-qam", "tweak the arm after the tag")
+    r = harness(clone, "run", "protocols/mine.yaml", "--quiet")
+    assert r.returncode == 2 and "has drifted" in r.stderr
+    assert "plug-in examples.foreach_arm:build" in r.stderr and "examples/foreach_arm.py: changed after the tag" in r.stderr
+    assert not (clone / "records" / "mine").exists()
+
+
+def test_unknown_plugin_is_refused_with_file_key_line(clone):
+    p = clone / "protocols" / "bad.yaml"
+    p.write_text((clone / EXAMPLE).read_text().replace("examples.foreach_arm:build", "examples.nowhere:build"))
+    r = harness(clone, "plan", "protocols/bad.yaml")
+    assert r.returncode == 2 and "module examples.nowhere not found" in r.stderr and "key studies[0].arms[1]" in r.stderr
+
+
+def test_compare_arms_exact_and_drifting(clone):
+    r = harness(clone, "compare-arms", "native", "cotangent", "--config", "tiny_conv", "--steps", "4", "--json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)["summary"]
+    assert s["bitwise_equal"] and s["max_ulp"] == 0 and s["first_divergent_step"] is None
+    r = harness(clone, "compare-arms", "native", "examples.foreach_arm:build", "--config", "tiny_conv", "--steps", "4",
+                "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["summary"]["first_divergent_step"] == 1 and out["summary"]["max_ulp"] > 0
+    assert out["steps"][0]["loss_equal"]  # same weights and batch before the first update
