@@ -304,6 +304,13 @@ def load_protocol(path: str | Path) -> Protocol:
             if c not in configs:
                 try:
                     configs[c] = find_config(c, cdir)
+                    fam = configs[c].model.family
+                    if is_plugin(fam):
+                        src = source_of(fam, root)
+                        if src is None:
+                            raise doc.error(kp + ("configs", ci), f"configuration {c!r}: model family {fam!r} not "
+                                                                  "found (run from the study's root, or install it)")
+                        plugins[fam] = str(src)
                 except InputError as e:
                     if e.file and e.file.endswith(f"{c}.yaml") and not Path(e.file).is_file():
                         raise doc.error(kp + ("configs", ci), e.message) from e

@@ -92,3 +92,38 @@ def test_compare_arms_exact_and_drifting(clone):
     out = json.loads(r.stdout)
     assert out["summary"]["first_divergent_step"] == 1 and out["summary"]["max_ulp"] > 0
     assert out["steps"][0]["loss_equal"]  # same weights and batch before the first update
+
+
+def test_model_family_plugin_and_registry(clone):
+    (clone / "examples" / "tiny_mlp.py").write_text(
+        '"""A plug-in model family: an embedding and one linear layer, built from the generator it is given."""\n'
+        "import torch\n\n\n"
+        "class TinyMLP(torch.nn.Module):\n"
+        "    def __init__(self, cfg, gen):\n"
+        "        super().__init__()\n"
+        "        self.emb = torch.nn.Embedding(cfg.vocab, cfg.d_model)\n"
+        "        self.out = torch.nn.Linear(cfg.d_model, cfg.vocab)\n"
+        "        with torch.no_grad():\n"
+        "            for p in self.parameters():\n"
+        "                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)\n\n"
+        "    def forward(self, x):\n"
+        "        return self.out(self.emb(x))\n")
+    cfg = (clone / "configs" / "tiny_conv.yaml").read_text()
+    cfg = cfg.replace("name: tiny_conv", "name: tiny_mlp").replace("family: conv", "family: examples.tiny_mlp:TinyMLP")
+    (clone / "configs" / "tiny_mlp.yaml").write_text(cfg)
+    p = clone / "protocols" / "mlp.yaml"
+    p.write_text((clone / EXAMPLE).read_text().replace("id: example-foreach", "id: mlp")
+                 .replace("configs: [tiny_transformer]", "configs: [tiny_mlp]")
+                 .replace("val_target_bpb: 4.69", "val_target_bpb: 7.9").replace("seeds: {count: 8, base: 7000}",
+                                                                                  "seeds: {count: 3, base: 1}")
+                 .replace("steps: 60", "steps: 6").replace("val_every: 20", "val_every: 3")
+                 .replace("records_dir: runs/example-foreach/records", "records_dir: runs/mlp/records"))
+    r = harness(clone, "run", "protocols/mlp.yaml", "--quiet", "--no-report")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    recs = load_records(clone / "runs" / "mlp" / "records")
+    assert len(recs) == 6 and all(x["status"] == "ok" for x in recs)
+    assert set(recs[0]["protocol"]["plugins"]) == {"examples.foreach_arm:build", "examples.tiny_mlp:TinyMLP"}
+    bad = (clone / "configs" / "tiny_mlp.yaml")
+    bad.write_text(bad.read_text().replace("examples.tiny_mlp:TinyMLP", "perceptron"))
+    r = harness(clone, "plan", "protocols/mlp.yaml")
+    assert r.returncode == 2 and "must be one of transformer, conv or a plug-in module:Class" in r.stderr
