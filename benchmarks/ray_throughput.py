@@ -33,21 +33,11 @@ PORT = 6579
 
 
 def make_study(base: Path, name: str, seeds: int, steps: int) -> Path:
-    from conftest import git, tiny_protocol
+    from conftest import init_study, tiny_protocol
 
-    r = base / name
-    (r / "protocols").mkdir(parents=True)
-    shutil.copytree(ROOT / "configs", r / "configs")
-    (r / ".gitignore").write_text("runs/\n")
     text = tiny_protocol(steps=steps, launcher="spawn", budget=100000).replace(
         "seeds: [1, 2]", f"seeds: {list(range(1, seeds + 1))}").replace("val_every: 5", f"val_every: {steps}")
-    (r / "protocols" / "tiny.yaml").write_text(text)
-    git(r, "init", "-q", "-b", "main")
-    git(r, "config", "user.email", "t@example.invalid")
-    git(r, "config", "user.name", "T")
-    git(r, "add", "-A")
-    git(r, "commit", "-qm", "study")
-    return r
+    return init_study(base / name, protocol=text)
 
 
 def run(repo: Path, *extra: str, env: dict[str, str] | None = None) -> float:

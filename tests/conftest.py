@@ -58,19 +58,27 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout
 
 
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    """A git repository with the project's configs and a protocols/ folder."""
-    r = tmp_path / "study"
-    (r / "protocols").mkdir(parents=True)
-    shutil.copytree(ROOT / "configs", r / "configs")
-    (r / ".gitignore").write_text("runs/\n")
+def init_study(r: Path, copy: tuple[str, ...] = ("configs",), protocol: str | None = None) -> Path:
+    """A git repository at ``r`` holding copies of the project's ``copy`` folders, a protocols/ folder
+    (with ``protocols/tiny.yaml`` when ``protocol`` is given), everything committed."""
+    (r / "protocols").mkdir(parents=True, exist_ok=True)
+    for sub in copy:
+        shutil.copytree(ROOT / sub, r / sub, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+    (r / ".gitignore").write_text("runs/\n__pycache__/\n")
+    if protocol is not None:
+        (r / "protocols" / "tiny.yaml").write_text(protocol)
     git(r, "init", "-q", "-b", "main")
     git(r, "config", "user.email", "test@example.invalid")
     git(r, "config", "user.name", "Test")
     git(r, "add", "-A")
     git(r, "commit", "-qm", "init")
     return r
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A git repository with the project's configs and a protocols/ folder."""
+    return init_study(tmp_path / "study")
 
 
 def harness(repo: Path, *args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess[str]:

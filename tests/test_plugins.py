@@ -3,13 +3,12 @@ and compare-arms telling an exact change from one that drifts."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, git, harness
+from conftest import ROOT, git, harness, init_study
 
 from harness.records import load_records
 
@@ -18,17 +17,7 @@ EXAMPLE = "examples/foreach.yaml"
 
 @pytest.fixture
 def clone(tmp_path: Path) -> Path:
-    r = tmp_path / "study"
-    r.mkdir()
-    for sub in ("configs", "examples", "protocols"):
-        shutil.copytree(ROOT / sub, r / sub, ignore=shutil.ignore_patterns("__pycache__"))
-    (r / ".gitignore").write_text("runs/\n__pycache__/\n")
-    git(r, "init", "-q", "-b", "main")
-    git(r, "config", "user.email", "t@example.invalid")
-    git(r, "config", "user.name", "T")
-    git(r, "add", "-A")
-    git(r, "commit", "-qm", "study")
-    return r
+    return init_study(tmp_path / "study", ("configs", "examples", "protocols"))
 
 
 @pytest.mark.long

@@ -7,14 +7,13 @@ it started.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, git, harness, tiny_protocol
+from conftest import ROOT, harness, init_study, tiny_protocol
 
 from harness.records import load_records
 
@@ -24,17 +23,8 @@ SEEDS = "[1, 2, 3]"
 
 
 def study(base: Path, name: str) -> Path:
-    r = base / name
-    (r / "protocols").mkdir(parents=True)
-    shutil.copytree(ROOT / "configs", r / "configs")
-    (r / ".gitignore").write_text("runs/\n")
-    (r / "protocols" / "tiny.yaml").write_text(tiny_protocol(steps=6, launcher="spawn").replace("seeds: [1, 2]", f"seeds: {SEEDS}"))
-    git(r, "init", "-q", "-b", "main")
-    git(r, "config", "user.email", "t@example.invalid")
-    git(r, "config", "user.name", "T")
-    git(r, "add", "-A")
-    git(r, "commit", "-qm", "study")
-    return r
+    text = tiny_protocol(steps=6, launcher="spawn").replace("seeds: [1, 2]", f"seeds: {SEEDS}")
+    return init_study(base / name, protocol=text)
 
 
 @pytest.fixture(scope="module")

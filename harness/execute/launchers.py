@@ -33,6 +33,7 @@ class Outcome:
     result: dict[str, Any]
     wall_s: float
     started_at: float  # time.time() at launch
+    finished_at: float = 0.0  # time.time() when the worker process ended
     log_tail: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -139,13 +140,14 @@ def launch(launcher: Launcher, job: dict[str, Any], work: Path, cwd: Path, env: 
     t0 = time.monotonic()
     code = launcher.run(job_path, result_path, log_path, cwd, env, beat)
     wall = time.monotonic() - t0
+    finished = time.time()
     result: dict[str, Any] = {}
     if result_path.exists():
         result = json.loads(result_path.read_text(encoding="utf-8"))
     tail = ""
     if not result and log_path.exists():
         tail = log_path.read_bytes()[-2000:].decode("utf-8", "replace")
-    return Outcome(code, result, wall, started, tail)
+    return Outcome(code, result, wall, started, finished, tail)
 
 
 def worker_env(extra_paths: list[str]) -> dict[str, str]:

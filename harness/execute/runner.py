@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -170,7 +171,7 @@ class Runner:
     # -- execution -----------------------------------------------------------------------
     def job(self, spec: RunSpec, attempt: int, checkpoint_dir: Path | None = None) -> dict[str, Any]:
         """What the worker needs, with paths relative to the study's root (a node's copy of it)."""
-        ckpt = (checkpoint_dir or Path("runs") / self.proto.id / "checkpoints") / f"{spec.run_id}.a{attempt}.safetensors"
+        ckpt = (checkpoint_dir or self.dir / "checkpoints") / f"{spec.run_id}.a{attempt}.safetensors"
         cfg = Path(self.proto.configs[spec.config].path).resolve().relative_to(self.root.resolve())
         return {"spec": spec.as_dict(), "attempt": attempt, "config_path": cfg.as_posix(),
                 "data_dir": spec.data_dir, "checkpoint_path": str(ckpt)}
@@ -203,8 +204,9 @@ class Runner:
         rec.update(result)
         if node:
             rec["node"] = node
-        started = datetime.fromtimestamp(outcome.started_at, timezone.utc).isoformat(timespec="milliseconds")
-        rec.update(status=status, reason=reason, started_at=started, finished_at=now_iso(), timings=timings)
+        stamp = lambda t: datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")  # noqa: E731
+        rec.update(status=status, reason=reason, started_at=stamp(outcome.started_at),
+                   finished_at=stamp(outcome.finished_at or time.time()), timings=timings)
         self._write(jsonable(rec))
         self._marker(spec.run_id, attempt).unlink(missing_ok=True)
         self.progress.executed_s.append(timings["device_s"])
