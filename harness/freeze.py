@@ -148,15 +148,11 @@ def drift(repo: Path, tagged: dict[str, Any], current: dict[str, Any], tag_commi
                 f"{entry}: changed after the tag")
     for name, sha in current["plugins"].items():
         if tagged.get("plugins", {}).get(name) != sha:
-            out.append(f"plug-in {name} ({proto_path(current, name)}): its source differs from the tagged one")
+            out.append(f"plug-in {name}: its source differs from the tagged one")
     for pkg, sha in current["code"].items():
         if tagged.get("code", {}).get(pkg) != sha:
             out.append(f"the running {pkg} package's source (sha256 {sha[:12]}) differs from the tagged code")
     return out
-
-
-def proto_path(manifest_: dict[str, Any], name: str) -> str:
-    return name.partition(":")[0].replace(".", "/") + ".py"
 
 
 def uncommitted(repo: Path) -> list[str]:

@@ -10,19 +10,10 @@ from torch import Tensor
 from harness.cotangent import kernel
 from harness.cotangent.clip import clip_grad_norm_
 from harness.cotangent.exactness import exact_paths
-from harness.cotangent.kernel.phase import KernelPhase
+from harness.cotangent.groups import NATIVE_GROUP_KEYS, check_group, lr_on, step_hooks_registered, validated
+from harness.cotangent.kernel.phase import KernelPhase, kernel_blocker
 from harness.cotangent.norms import check_finite, clip_coef
 from harness.cotangent.pack import CACHE_LINE_BYTES, CPU_BLOCK_BYTES, Block, FlatGroup, Pack
-
-#: Keys native ``AdamW`` keeps in a parameter group; kept so state dicts load both ways with
-#: native's fused path intact.
-_NATIVE_GROUP_KEYS: dict[str, Any] = {
-    "foreach": None,
-    "fused": True,
-    "capturable": False,
-    "differentiable": False,
-    "decoupled_weight_decay": True,
-}
 
 
 class PackedAdamW(torch.optim.Optimizer):
@@ -89,14 +80,14 @@ class PackedAdamW(torch.optim.Optimizer):
             raise ValueError(f"update must be auto, views, aligned or flat, not {update!r}")
         if block_bytes <= 0:
             raise ValueError(f"block_bytes must be positive, not {block_bytes}")
-        defaults = dict(_validated(lr, betas, eps, weight_decay, amsgrad, maximize), **_NATIVE_GROUP_KEYS)
+        defaults = dict(validated(lr, betas, eps, weight_decay, amsgrad, maximize), **NATIVE_GROUP_KEYS)
         groups = list(params)
         if not groups:
             raise ValueError("optimizer got an empty parameter list")
         if not isinstance(groups[0], dict):
             groups = [{"params": groups}]
         for k, group in enumerate(groups):  # everything checked before anything is modified
-            _check_group(group, k, defaults)
+            check_group(group, k, defaults)
         self._pack: Pack | None = None
         self._release = release_grads
         super().__init__(groups, defaults)
@@ -150,7 +141,7 @@ class PackedAdamW(torch.optim.Optimizer):
         if getattr(self, "_pack", None) is None:  # during construction
             super().add_param_group(param_group)
             return
-        _check_group(param_group, len(self.param_groups), self.defaults)
+        check_group(param_group, len(self.param_groups), self.defaults)
         super().add_param_group(param_group)
         self._repack()
 
@@ -246,25 +237,9 @@ class PackedAdamW(torch.optim.Optimizer):
         self._native: KernelPhase | None | bool = False  # False: not decided yet
         self._native_why: str | None = None
 
-    def _native_blocker(self) -> str | None:
-        """Why this optimizer's buffers are outside what ``phase.c`` covers, or ``None``."""
-        groups = self._pack.groups
-        if self.kernel == "torch":
-            return "kernel='torch' was requested"
-        if len(groups) != 1:
-            return "parameters span more than one parameter group or (device, dtype)"
-        g = groups[0]
-        if g.device.type != "cpu" or g.dtype != torch.float32:
-            return f"phase.c covers float32 on CPU, not {str(g.dtype).replace('torch.', '')} on {g.device.type}"
-        if g.aligned_end != len(g.index):
-            return "a parameter's element count is not a multiple of 16"
-        if self.param_groups[g.pg]["maximize"]:
-            return "maximize=True (a NaN gradient's sign is not reproduced)"
-        return None
-
     def _native_phase(self) -> KernelPhase | None:
         if self._native is False:
-            why = self._native_blocker()
+            why = kernel_blocker(self.kernel, self._pack.groups, self.param_groups)
             k = None if why is not None else kernel.kernel()
             if why is None and k is None:
                 why = kernel.unavailable_reason()
@@ -293,13 +268,6 @@ class PackedAdamW(torch.optim.Optimizer):
             weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
             grad_scale=None, found_inf=None,
         )
-
-    @staticmethod
-    def _lr_on(kwargs: dict[str, Any], device: torch.device) -> dict[str, Any]:
-        lr = kwargs["lr"]
-        if isinstance(lr, Tensor) and lr.device != device and lr.device.type != "cpu":
-            return {**kwargs, "lr": lr.to(device)}
-        return kwargs
 
     # -- public --------------------------------------------------------------------------
     @property
@@ -345,7 +313,7 @@ class PackedAdamW(torch.optim.Optimizer):
                     continue
                 lists = self._view_lists(g, positions)
                 torch._foreach_add_(lists[5], 1)
-            torch._fused_adamw_(*lists, **self._lr_on(kwargs, g.device))  # type: ignore[arg-type]
+            torch._fused_adamw_(*lists, **lr_on(kwargs, g.device))  # type: ignore[arg-type]
         if produced is not None:
             pack.uniform_steps = False
         return loss
@@ -373,7 +341,7 @@ class PackedAdamW(torch.optim.Optimizer):
         pack = self._pack
         assert pack is not None
         produced = pack.sync_grads()
-        if (produced is not None or not pack.uniform_steps or float(norm_type) != 2.0 or self._step_hooks()
+        if (produced is not None or not pack.uniform_steps or float(norm_type) != 2.0 or step_hooks_registered(self)
                 or pack.fill != -0.0):
             total = clip_grad_norm_(pack.params, max_norm, norm_type, error_if_nonfinite)
             self.step()
@@ -390,7 +358,7 @@ class PackedAdamW(torch.optim.Optimizer):
             for gi, g in enumerate(pack.groups):
                 g.steps.add_(1)
                 c = coef.to(g.device)
-                kw = self._lr_on(self._kwargs(g.pg), g.device)
+                kw = lr_on(self._kwargs(g.pg), g.device)
                 for block in self._blocks[gi]:
                     block.grad.mul_(c)
                     torch._fused_adamw_(*block.lists, **kw)  # type: ignore[arg-type]
@@ -412,78 +380,14 @@ class PackedAdamW(torch.optim.Optimizer):
         they lack take native's defaults) into the flat buffers."""
         super().load_state_dict(state_dict)
         for group in self.param_groups:
-            for key, value in {"amsgrad": False, "maximize": False, **_NATIVE_GROUP_KEYS}.items():
+            for key, value in {"amsgrad": False, "maximize": False, **NATIVE_GROUP_KEYS}.items():
                 group.setdefault(key, value)
         assert self._pack is not None
         loaded = {p: dict(self.state[p]) for p in self._pack.params if p in self.state}
         self._repack()
         self._restore(loaded)
 
-    def _step_hooks(self) -> bool:
-        """Are step pre/post hooks registered (on this optimizer or globally)? Then the one-pass
-        phase makes the three calls, so that they run exactly as around ``step()``."""
-        from torch.optim import optimizer as _optimizer
-
-        return bool(self._optimizer_step_pre_hooks or self._optimizer_step_post_hooks
-                    or _optimizer._global_optimizer_pre_hooks or _optimizer._global_optimizer_post_hooks)
-
     def __del__(self) -> None:  # pragma: no cover - best effort
         pack = getattr(self, "_pack", None)
         if pack is not None:
             pack.release()
-
-
-
-_PACKABLE_KEYS = {"params", "lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", *_NATIVE_GROUP_KEYS}
-
-
-def _validated(lr: Any, betas: Any, eps: Any, weight_decay: Any, amsgrad: Any, maximize: Any) -> dict[str, Any]:
-    """Hyperparameters checked by native ``AdamW`` itself (built over a probe tensor, so every
-    error is native's), returned in native's normal form (tensor betas as 0-dim tensors)."""
-    probe = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=lr, betas=betas, eps=eps,
-                              weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize, fused=True)
-    g = probe.param_groups[0]
-    return {k: g[k] for k in ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")}
-
-
-def _check_group(group: dict[str, Any], k: int, defaults: dict[str, Any]) -> None:
-    """Refuse, before anything is modified, what PackedAdamW cannot do as native does."""
-    if not isinstance(group, dict) or "params" not in group:
-        raise TypeError(f"parameter group {k} must be a dict with a 'params' entry")
-    if isinstance(group["params"], Tensor):
-        group["params"] = [group["params"]]
-    elif isinstance(group["params"], set):
-        raise TypeError("optimizer parameters need to be organized in ordered collections, but the ordering "
-                        "of tensors in sets will change between runs. Please use a list instead.")
-    else:
-        plist = list(group["params"])
-        unique = list({id(p): p for p in plist}.values())
-        if len(unique) != len(plist):
-            import warnings
-
-            warnings.warn("optimizer contains a parameter group with duplicate parameters; each is packed and "
-                          "updated once", stacklevel=3)
-        group["params"] = unique
-    hyper = {key: group.get(key, defaults[key]) for key in ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")}
-    group.update({key: v for key, v in _validated(**hyper).items() if key in group})
-    for key, bad in (("foreach", True), ("capturable", True), ("differentiable", True), ("fused", False)):
-        if key in group and group[key] is bad:
-            raise ValueError(f"parameter group {k}: {key}={bad} cannot be packed (PackedAdamW is the fused path)")
-    for i, p in enumerate(group["params"]):
-        where = f"parameter {i} of group {k} (shape {tuple(p.shape) if isinstance(p, Tensor) else '?'})"
-        if not isinstance(p, Tensor):
-            raise TypeError(f"optimizer can only optimize Tensors, but {where} is {type(p).__name__}")
-        if p.layout != torch.strided:
-            raise ValueError(f"PackedAdamW requires dense parameters; {where} is {p.layout}")
-        if not torch.is_floating_point(p):
-            raise ValueError(f"PackedAdamW requires floating-point parameters; {where} is {p.dtype}")
-        if not p.is_leaf:
-            raise ValueError(f"optimizer can only optimize leaf Tensors; {where} is not a leaf")
-        if not p.is_contiguous():
-            raise ValueError(
-                f"PackedAdamW packs parameters contiguously; {where} has strides {p.stride()} (channels_last or "
-                "a transposed view): packing it would change its memory format and the bits native computes. "
-                "Make it contiguous first, or optimize it with torch.optim.AdamW(fused=True)"
-            )
-        if p.grad is not None and (p.grad.layout != torch.strided or not p.grad.is_contiguous()):
-            raise ValueError(f"PackedAdamW requires dense contiguous gradients; {where} has another layout")

@@ -44,3 +44,19 @@ class KernelPhase:
         k.update(g.param, g.grad, g.exp_avg, g.exp_avg_sq, g.max_exp_avg_sq, h)
         return total
 
+
+
+def kernel_blocker(choice: str, groups: list[Any], param_groups: list[dict[str, Any]]) -> str | None:
+    """Why an optimizer's flat buffers are outside what ``phase.c`` covers, or ``None``."""
+    if choice == "torch":
+        return "kernel='torch' was requested"
+    if len(groups) != 1:
+        return "parameters span more than one parameter group or (device, dtype)"
+    g = groups[0]
+    if g.device.type != "cpu" or g.dtype != torch.float32:
+        return f"phase.c covers float32 on CPU, not {str(g.dtype).replace('torch.', '')} on {g.device.type}"
+    if g.aligned_end != len(g.index):
+        return "a parameter's element count is not a multiple of 16"
+    if param_groups[g.pg]["maximize"]:
+        return "maximize=True (a NaN gradient's sign is not reproduced)"
+    return None
