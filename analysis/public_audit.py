@@ -27,6 +27,7 @@ import math
 import os
 import subprocess
 import sys
+from fractions import Fraction
 
 REL_TOL = 1e-9
 RECORD_SUFFIX = ".record.json"
@@ -920,7 +921,8 @@ def plan_from_protocol(doc: dict, protocol_sha: str, config_sha: dict) -> list[d
                         "study": st["name"], "design": st["design"], "config": config,
                         "config_sha256": config_sha[config], "arm": arm, "role": role, "seed": seed, "unit": unit,
                         "position": pos, "order": len(runs), "steps": st["steps"], "val_every": st["val_every"],
-                        "val_target_bpb": targets[config], "corpus": doc["corpus"], "data_dir": doc.get("data_dir"),
+                        "val_target_bpb": targets[config], "corpus": doc["corpus"]["name"] if isinstance(doc["corpus"], dict) else doc["corpus"],
+                        "data_dir": doc.get("data_dir"),
                         "device": doc["device"], "compile": doc["compile"], "threads": doc.get("threads"),
                     })
     return runs
@@ -1021,6 +1023,53 @@ def check_freeze(root: str, proto: dict, records: list[dict], plan_sha: str | No
                 problems.append(f"{record_name(r)}: field protocol.{field} = {p.get(field)!r}, the tag's is {want}")
                 break
     return problems, f"{tag} (object {obj[:12]}, commit {commit[:12]}, freeze {freeze[:12]})"
+
+
+def corpus_splits(root: str, corpus: dict) -> tuple[dict | None, list[str]]:
+    """The split sha256 values a local corpus's pins imply: the pins themselves for one file per
+    split; for one file cut by fractions, recomputed from the file when this checkout has it (the
+    cut as in harness.data: split s is bytes floor(n F_<s) to floor(n F_s), F cumulative)."""
+    if "file" not in corpus:
+        return {s: corpus[s]["sha256"] for s in ("train", "valid", "test")}, []
+    path = os.path.join(root, corpus["file"]["path"])
+    if not os.path.isfile(path):
+        return None, []
+    with open(path, "rb") as f:
+        data = f.read()
+    if sha256(data) != corpus["file"]["sha256"] or len(data) != corpus["file"]["size"]:
+        return None, [f"{path}: {len(data)} bytes, sha256 {sha256(data)}; the protocol pins {corpus['file']['size']} "
+                      f"bytes, sha256 {corpus['file']['sha256']}"]
+    cuts, acc = [0], Fraction(0)
+    for s in ("train", "valid", "test"):
+        acc += Fraction(repr(float(corpus["split"][s])))
+        cuts.append(len(data) * acc.numerator // acc.denominator)
+    return {s: sha256(data[cuts[i]:cuts[i + 1]]) for i, s in enumerate(("train", "valid", "test"))}, []
+
+
+def check_corpus(root: str, proto: dict, records: list[dict]) -> tuple[list[str], str]:
+    """Every run read the same bytes; for a local corpus, the bytes its pins imply."""
+    seen: dict[str, list[str]] = {}
+    for r in records:
+        got = (r.get("env") or {}).get("corpus_sha256")
+        if got:
+            seen.setdefault(json.dumps(got, sort_keys=True), []).append(record_name(r))
+    found = []
+    if len(seen) > 1:
+        found.append(f"records read {len(seen)} different corpora: " + "; ".join(
+            f"{v[0]} and {len(v) - 1} more: {k}" for k, v in seen.items()))
+    corpus = proto.get("corpus")
+    name = corpus["name"] if isinstance(corpus, dict) else corpus
+    detail = f"{name}: {sum(map(len, seen.values()))} runs read one set of split hashes"
+    if isinstance(corpus, dict):
+        want, found_pins = corpus_splits(root, corpus)
+        found += found_pins
+        if want is not None:
+            found += [f"{v[0]}: corpus split hashes {k} differ from the protocol's pins {json.dumps(want, sort_keys=True)}"
+                      for k, v in seen.items() if json.loads(k) != want]
+            detail += ", the protocol's pins"
+        else:
+            detail += f" (the pinned file {corpus['file']['path']} is not in this checkout: pins not recomputed)"
+    return found, detail
 
 
 def tally(plan: list[dict], records: list[dict]) -> tuple[list[dict], int, list[str]]:
@@ -1223,6 +1272,7 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
                 diff = sorted(k for k in want if r["spec"].get(k) != want[k])
                 found.append(f"{record_name(r)}: spec differs from the plan in {', '.join(diff)}")
         fail("plan recomputed from the protocol", found, f"{len(plan)} planned runs, sha256 {plan_sha[:16]}...")
+    fail("corpus", *check_corpus(root, proto, records))
     genesis = proto.get("freeze_sha256") or proto["sha256"]
     fail("ledger chain", check_ledger(records, manifest, genesis, published),
          f"{len(records)} records linked from {'the freeze manifest' if proto.get('freeze_sha256') else 'the protocol'}")

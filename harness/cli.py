@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, InputError
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
@@ -41,12 +41,25 @@ def cmd_configs(args: argparse.Namespace) -> int:
 def cmd_data(args: argparse.Namespace) -> int:
     from harness import data
 
+    if args.action == "pin":
+        return _pin(Path(args.corpus), args.name, args.split)
+    if args.corpus.endswith((".yaml", ".yml")):
+        if args.action != "verify":
+            raise InputError("a protocol's corpus is verified (harness data verify PROTOCOL), not fetched")
+        from harness.protocol import load_protocol
+
+        proto = load_protocol(args.corpus)
+        c = data.load_corpus(proto.corpus, proto.root / proto.data_dir if proto.data_dir else None, proto.root)
+        for split, digest in c.sha256().items():
+            print(f"verified {c.name} {split}: {len(c.split(split))} bytes, sha256 {digest}")
+        return 0
     if args.corpus != "wikitext-2":
         if args.corpus == "pydoc-topics":
             c = data.load_corpus("pydoc-topics")
             print(f"pydoc-topics is embedded (no download): {', '.join(f'{s} {len(c.split(s))} bytes' for s in data.SPLITS)}")
             return 0
-        raise HarnessError(f"unknown corpus {args.corpus!r}")
+        raise InputError(f"unknown corpus {args.corpus!r}: wikitext-2, pydoc-topics, or a protocol file to verify its "
+                         "corpus")
     directory = Path(args.dir) if args.dir else data.default_data_dir()
     pins = data.load_pins(Path(args.pins)) if args.pins else None
     if args.action == "fetch":
@@ -56,6 +69,18 @@ def cmd_data(args: argparse.Namespace) -> int:
         paths = data.verify_wikitext2(directory, pins)
     for split, p in paths.items():
         print(f"verified {split}: {p} ({p.stat().st_size} bytes, sha256 {data.sha256_file(p)})")
+    return 0
+
+
+def _pin(path: Path, name: str | None, split: str) -> int:
+    from harness.data.corpora import pin_block
+    from harness.protocol import project_root
+
+    if not path.is_file():
+        raise InputError(f"no such file {path}")
+    if len(split.split(",")) != 3:
+        raise InputError(f"--split needs three fractions (train,valid,test), got {split!r}")
+    print(pin_block(path, name or path.stem, split.split(","), project_root(path)))
     return 0
 
 
@@ -243,8 +268,14 @@ def cmd_compare_arms(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = find_config(args.config, config_dir())
+    corpus: Any = args.corpus
+    if corpus.endswith((".yaml", ".yml")):  # the corpus a protocol names (a local corpus, verified)
+        from harness.protocol import load_protocol
+
+        proto = load_protocol(corpus)
+        corpus = proto.corpus.resolved(proto.root) if not isinstance(proto.corpus, str) else proto.corpus
     rows = compare_arms(args.baseline, args.candidate, cfg.path, args.steps, args.seed, resolve(args.device),
-                        args.corpus, args.data_dir)
+                        corpus, args.data_dir)
     s = summary(rows)
     if args.json:
         print(json.dumps({"summary": s, "steps": [r.as_dict() for r in rows]}, indent=1))
@@ -295,9 +326,11 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("configs", help="list configurations with parameter counts")
     s.add_argument("--json", action="store_true")
-    s = sub.add_parser("data", help="fetch or verify a corpus")
-    s.add_argument("action", choices=["fetch", "verify"])
-    s.add_argument("corpus", choices=["wikitext-2", "pydoc-topics"])
+    s = sub.add_parser("data", help="fetch or verify a corpus; pin a local corpus file")
+    s.add_argument("action", choices=["fetch", "verify", "pin"])
+    s.add_argument("corpus", help="wikitext-2 or pydoc-topics; for verify also a protocol (its corpus); for pin a file")
+    s.add_argument("--name", help="pin: the local corpus's name (default: the file's stem)")
+    s.add_argument("--split", default="0.9,0.05,0.05", help="pin: train,valid,test fractions (default 0.9,0.05,0.05)")
     s.add_argument("--dir", help="data directory (default $HARNESS_DATA or runs/data)")
     s.add_argument("--url", action="append", help="mirror URL to try (repeatable; default: the built-in list)")
     s.add_argument("--pins", help="JSON file of sizes and sha256 to verify against instead of the built-in pins")
@@ -339,7 +372,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", type=int, default=20)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda", "mps"])
-    s.add_argument("--corpus", default="pydoc-topics", choices=["pydoc-topics", "wikitext-2"])
+    s.add_argument("--corpus", default="pydoc-topics",
+                   help="pydoc-topics, wikitext-2, or a protocol file whose corpus to use (a local corpus)")
     s.add_argument("--data-dir")
     s.add_argument("--threads", type=int)
     s.add_argument("--json", action="store_true")

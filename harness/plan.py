@@ -18,6 +18,7 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from harness.data.corpora import corpus_name
 from harness.protocol import FACTORIAL_CELLS, Protocol
 from harness.records import canonical, sha256_bytes
 
@@ -88,7 +89,7 @@ def make_plan(proto: Protocol) -> list[RunSpec]:
                         protocol_id=proto.id, protocol_sha256=proto.sha256, study=study.name,
                         design=study.design, config=config, config_sha256=cfg.sha256, arm=arm, role=role, seed=seed,
                         unit=unit, position=pos, order=len(runs), steps=study.steps, val_every=study.val_every,
-                        val_target_bpb=study.val_target_bpb[config], corpus=proto.corpus, data_dir=proto.data_dir,
+                        val_target_bpb=study.val_target_bpb[config], corpus=corpus_name(proto.corpus), data_dir=proto.data_dir,
                         device=proto.device, compile=proto.compile, threads=proto.threads,
                     ))
     return runs

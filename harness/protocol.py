@@ -15,8 +15,9 @@ from typing import Any
 
 from harness import gitutil, yamlio
 from harness.config import Config, config_dir, find_config
+from harness.data.corpora import LocalCorpus, parse_corpus
 from harness.errors import InputError
-from harness.names import ARMS, CORPORA
+from harness.names import ARMS
 from harness.plugins import fingerprint, is_plugin, source_of
 from harness.yamlio import Field, one_of, positive
 
@@ -45,7 +46,7 @@ _TOP = {
     "version": Field(int, check=positive),
     "description": Field(str),
     "preregistered": Field(bool),
-    "corpus": Field(str, check=one_of(*CORPORA)),
+    "corpus": Field((str, dict)),
     "data_dir": Field(str, required=False, default=None),
     "device": Field(str, check=one_of("auto", "cpu", "cuda", "mps")),
     "compile": Field(bool),
@@ -84,7 +85,7 @@ class Protocol:
     version: int
     description: str
     preregistered: bool
-    corpus: str
+    corpus: str | LocalCorpus
     data_dir: str | None
     device: str
     compile: bool
@@ -139,7 +140,8 @@ class Protocol:
             "preregistered": self.preregistered, "tag": self.tag_name if self.preregistered else None,
             "interval_level": self.interval_level, "hypotheses": self.hypotheses, "max_attempts": self.max_attempts,
             "launcher": self.launcher, "device": self.device,
-            "compile": self.compile, "corpus": self.corpus, "budget_device_seconds": self.budget_device_seconds,
+            "compile": self.compile,
+            "corpus": self.corpus.as_dict() if isinstance(self.corpus, LocalCorpus) else self.corpus, "budget_device_seconds": self.budget_device_seconds,
             "plugins": self.plugin_fingerprints(),
             "studies": [
                 {"name": s.name, "design": s.design, "arms": list(s.arms), "configs": list(s.configs),
@@ -359,7 +361,7 @@ def load_protocol(path: str | Path) -> Protocol:
                 raise doc.error(("origins", k), "each origin is a sentence saying where the number comes from")
     return Protocol(
         id=top["id"], version=top["version"], description=top["description"], preregistered=top["preregistered"],
-        corpus=top["corpus"], data_dir=top["data_dir"], device=top["device"], compile=top["compile"],
+        corpus=parse_corpus(doc, top["corpus"]), data_dir=top["data_dir"], device=top["device"], compile=top["compile"],
         torch_version=top["torch_version"], threads=top["threads"], launcher=top["launcher"],
         budget_device_seconds=top["budget_device_seconds"], interval_level=top["interval_level"],
         hypotheses=_hypotheses(doc, top["hypotheses"], studies), max_attempts=top["max_attempts"],

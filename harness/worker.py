@@ -44,7 +44,8 @@ def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     from harness.arms import ArmContext, resolve
     from harness.config import load_config
     from harness.cotangent import exact_paths
-    from harness.data import BatchStream, bits_per_byte, load_corpus
+    from harness.data import load_corpus
+    from harness.data.batches import BatchStream, bits_per_byte
     from harness.models import build_model, count_parameters
 
     t_start = time.perf_counter()
@@ -56,7 +57,7 @@ def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     cfg = load_config(job["config_path"])
     if cfg.sha256 != spec["config_sha256"]:
         raise RunFailure(f"configuration {cfg.path} changed since the plan (sha256 {cfg.sha256})")
-    corpus = load_corpus(spec["corpus"], job.get("data_dir"))
+    corpus = load_corpus(job.get("corpus") or spec["corpus"], job.get("data_dir"))
     env = {
         "host": socket.gethostname(), "os": platform.platform(), "python": platform.python_version(),
         "torch": torch.__version__, "device": str(device), "device_name": devices.device_name(device),
@@ -190,7 +191,8 @@ def serve() -> int:
     """
     import torch._dynamo  # noqa: F401 - optimizers import it on first use; pay it once here
 
-    from harness import cotangent, data, devices, models  # noqa: F401 - preload
+    import harness.data.batches  # noqa: F401 - preload
+    from harness import cotangent, devices, models  # noqa: F401 - preload
 
     sys.stdout.write("READY\n")
     sys.stdout.flush()

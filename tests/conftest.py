@@ -54,6 +54,21 @@ def tiny_protocol(**kw) -> str:
     return TINY_PROTOCOL.format(**args)
 
 
+def pinned_corpus(repo: Path, rel: str = "corpus/topics.txt") -> str:
+    """Write a local corpus file into ``repo`` (the embedded corpus's bytes, in one file) and return
+    the protocol's ``corpus`` value pinning it, as one flow mapping."""
+    import hashlib
+
+    from harness.data import load_corpus
+
+    c = load_corpus("pydoc-topics")
+    data = c.train + c.valid + c.test
+    (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+    (repo / rel).write_bytes(data)
+    return (f"{{name: topics, file: {{path: {rel}, size: {len(data)}, sha256: {hashlib.sha256(data).hexdigest()}}}, "
+            "split: {train: 0.9, valid: 0.05, test: 0.05}}")
+
+
 def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout
 

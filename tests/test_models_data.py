@@ -17,14 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from harness.config import all_configs, config_dir, load_config
-from harness.data import (
-    BatchStream,
-    bits_per_byte,
-    eval_windows,
-    fetch_wikitext2,
-    load_corpus,
-    verify_wikitext2,
-)
+from harness.data import fetch_wikitext2, load_corpus, verify_wikitext2
+from harness.data.batches import BatchStream, bits_per_byte, eval_windows
 from harness.errors import DataError, InputError
 from harness.models import build_model, count_parameters
 

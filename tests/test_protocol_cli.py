@@ -214,15 +214,29 @@ def test_worker_killed_is_recorded_failed(repo):
     assert len(failed) == 1 and "SIGKILL" in failed[0]["reason"] and len(recs) == 4
 
 
+def failing_arm(repo: Path) -> str:
+    """A tiny protocol whose candidate is a plug-in arm that raises when the worker builds it."""
+    (repo / "boom.py").write_text("def build(ctx):\n    raise RuntimeError('deliberate failure of this arm')\n")
+    return tiny_protocol().replace("arms: [native, cotangent]", 'arms: [native, "boom:build"]')
+
+
 def test_failing_runs_are_recorded_not_dropped(repo):
-    p = write(repo, tiny_protocol(corpus="wikitext-2", data_dir="data_dir: nowhere\n"))
+    p = write(repo, failing_arm(repo))
     r = harness(repo, "run", str(p), "--quiet")
     assert r.returncode == 1
     recs = load_records(repo / "records" / "tiny")
-    assert len(recs) == 4 and all(x["status"] == "failed" for x in recs)
-    assert all("missing corpus file" in x["reason"] for x in recs)
+    failed = [x for x in recs if x["status"] == "failed"]
+    assert len(recs) == 4 and len(failed) == 2 and {x["spec"]["role"] for x in failed} == {"candidate"}
+    assert all("deliberate failure of this arm" in x["reason"] for x in failed)
     summary = json.loads((repo / "records" / "tiny" / "summary.json").read_text())
-    assert summary["records"]["failed"] == 4 and len(summary["runs"]) == 4 and len(summary["exclusions"]) == 2
+    assert summary["records"]["failed"] == 2 and len(summary["runs"]) == 4 and len(summary["exclusions"]) == 2
+
+
+def test_unverified_corpus_refuses_before_any_run(repo):
+    p = write(repo, tiny_protocol(corpus="wikitext-2", data_dir="data_dir: nowhere\n"))
+    r = harness(repo, "run", str(p), "--quiet")
+    assert r.returncode == 2 and "missing corpus file" in r.stderr and "harness data fetch wikitext-2" in r.stderr
+    assert not (repo / "records" / "tiny").exists() or not load_records(repo / "records" / "tiny")
 
 
 def test_two_concurrent_runners_execute_each_run_once(repo):
@@ -248,8 +262,7 @@ def test_budget_stops_new_runs(repo):
 
 
 def test_retry_reruns_whole_units_up_to_max_attempts(repo):
-    p = write(repo, tiny_protocol(corpus="wikitext-2", data_dir="data_dir: nowhere\n")
-              .replace("order_seed: 1", "order_seed: 1\nmax_attempts: 2"))
+    p = write(repo, failing_arm(repo).replace("order_seed: 1", "order_seed: 1\nmax_attempts: 2"))
     assert harness(repo, "run", str(p), "--quiet", "--no-report").returncode == 1
     assert len(load_records(repo / "records" / "tiny")) == 4
     r = harness(repo, "run", str(p), "--quiet", "--no-report", "--retry-failed")

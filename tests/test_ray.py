@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, harness, init_study, tiny_protocol
+from conftest import ROOT, harness, init_study, pinned_corpus, tiny_protocol
 
 from harness.records import load_records
 
@@ -23,7 +23,11 @@ SEEDS = "[1, 2, 3]"
 
 
 def study(base: Path, name: str) -> Path:
-    text = tiny_protocol(steps=6, launcher="spawn").replace("seeds: [1, 2]", f"seeds: {SEEDS}")
+    """The tiny protocol on a local corpus (shipped to the nodes through the object store), each node
+    keeping one fork server for its units."""
+    (base / name).mkdir()
+    corpus = pinned_corpus(base / name)
+    text = tiny_protocol(steps=6, corpus=corpus).replace("seeds: [1, 2]", f"seeds: {SEEDS}")
     return init_study(base / name, protocol=text)
 
 
@@ -60,6 +64,9 @@ def test_every_run_once_on_both_nodes_and_bitwise_as_local(scenarios):
         assert x["checkpoint"]["sha256"] and str(work / "node-") in x["checkpoint"]["path"]  # stays on the node
         assert x["timings"]["device_s_source"] == "worker"
         assert x["env"]["device_name"] and x["env"]["device_name"] != "x86_64"
+        assert x["env"]["corpus_sha256"] == y["env"]["corpus_sha256"] and x["spec"]["corpus"] == "topics"
+    shipped = [f for n in ("head", "second") for f in (work / f"node-{n}" / "data" / "topics").glob("*")]
+    assert {f.suffix for f in shipped} == {".train", ".valid", ".test"}  # the verified splits, written on the nodes
     units: dict[str, set[str]] = {}
     for x in ray_runs.values():
         units.setdefault(x["spec"]["unit"], set()).add(x["node"]["id"])

@@ -33,9 +33,11 @@ from typing import TYPE_CHECKING, Any
 from filelock import FileLock, Timeout
 
 from harness.errors import RefusedError
-from harness.execute.launchers import Outcome, Spawn, launch, worker_env
+from harness.execute.launchers import LAUNCHERS, Launcher, Outcome, launch, worker_env
 from harness.ledger import describe
+from harness.names import SPLITS
 from harness.plan import RunSpec, units
+from harness.records import canonical
 
 if TYPE_CHECKING:
     from harness.execute.runner import Runner
@@ -48,19 +50,17 @@ def node_dir() -> Path:
     return Path(os.environ.get("HARNESS_NODE_DIR", Path.home() / "cotangent-harness-node"))
 
 
-def run_unit(jobs: list[dict[str, Any]], expect: dict[str, Any], corpus: dict[str, bytes] | None,
-             queue: Any) -> str:
-    """The Ray task: check this node, then run the unit's jobs one after another, each as a fresh
-    worker process, reporting ``("start", ...)`` and ``("done", ...)`` on ``queue``."""
-    import ray
+#: Per Ray worker process (Ray reuses it for the next unit): the launchers started, keyed by
+#: (launcher, working directory, visible CUDA devices), and the node checks already passed.
+_LAUNCHERS: dict[tuple[str, str, str], Launcher] = {}
+_CHECKED: dict[str, tuple[str, dict[str, Any] | None]] = {}
 
-    from harness.data import load_corpus
+
+def _check_node(expect: dict[str, Any], corpus: dict[str, bytes] | None, label: str) -> dict[str, Any] | None:
+    """Refuse (RefusedError) unless this node's code, PyTorch, device and corpus are the driver's;
+    return the local corpus the workers read (the shipped splits, written here and pinned)."""
+    from harness.data import LocalCorpus, PinnedFile, load_corpus
     from harness.freeze import code_sha256
-
-    ctx = ray.get_runtime_context()
-    node = {"id": ctx.get_node_id(), "host": socket.gethostname(), "pid": os.getpid()}
-    label = f"{node['host']}/{node['id'][:8]}"
-    import harness
 
     problems = []
     if code_sha256() != expect["code"]:
@@ -72,30 +72,62 @@ def run_unit(jobs: list[dict[str, Any]], expect: dict[str, Any], corpus: dict[st
     available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
     if not available.get(expect["device"], False):
         problems.append(f"node {label} advertises a {expect['device']} timing device but torch cannot use one")
-    base = node_dir() / expect["protocol"]
-    data_dir = None
-    if corpus is not None:  # WikiText-2 shipped through the object store: written and verified here
-        data_dir = base / "data"
-        for rel, blob in corpus.items():
-            path = data_dir / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(blob)
+    local = None
     try:
-        got = load_corpus(expect["corpus"], data_dir).sha256()
-        if got != expect["corpus_sha256"]:
-            problems.append(f"corpus on node {label} hashes {got}, the driver's {expect['corpus_sha256']}")
+        if corpus is None:  # the embedded corpus: this node's own copy must hash as the driver's
+            got = load_corpus(expect["corpus"]).sha256()
+            if got != expect["corpus_sha256"]:
+                problems.append(f"corpus on node {label} hashes {got}, the driver's {expect['corpus_sha256']}")
+        else:  # shipped through the object store: written here, pinned to the driver's hashes, verified
+            where = node_dir() / "data" / expect["corpus"]
+            where.mkdir(parents=True, exist_ok=True)
+            files = {}
+            for split, blob in corpus.items():
+                path = where / f"{expect['corpus_sha256'][split]}.{split}"
+                if not path.is_file():
+                    tmp = path.with_suffix(".tmp")
+                    tmp.write_bytes(blob)
+                    tmp.replace(path)
+                files[split] = PinnedFile(str(path), len(blob), expect["corpus_sha256"][split])
+            local = LocalCorpus(expect["corpus"], files)
+            local.load()  # every split verifies against the driver's sha256, or DataError
+            local = local.as_dict()
     except Exception as e:  # noqa: BLE001 - any failure to produce the verified corpus refuses the node
         problems.append(f"corpus on node {label}: {e}")
     if problems:
         raise RefusedError("; ".join(problems))
+    return local
+
+
+def run_unit(jobs: list[dict[str, Any]], expect: dict[str, Any], corpus: dict[str, bytes] | None,
+             queue: Any) -> str:
+    """The Ray task: check this node, then run the unit's jobs one after another, each as a fresh
+    worker process, reporting ``("start", ...)`` and ``("done", ...)`` on ``queue``."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    node = {"id": ctx.get_node_id(), "host": socket.gethostname(), "pid": os.getpid()}
+    label = f"{node['host']}/{node['id'][:8]}"
+    import harness
+
+    key = canonical(expect).decode()
+    if key not in _CHECKED:
+        _CHECKED[key] = (label, _check_node(expect, corpus, label))
+    local = _CHECKED[key][1]
+    base = node_dir() / expect["protocol"]
+    cwd = Path.cwd()
+    lkey = (expect["launcher"], str(cwd), os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    if lkey not in _LAUNCHERS:
+        _LAUNCHERS[lkey] = LAUNCHERS[expect["launcher"]]()
+    launcher = _LAUNCHERS[lkey]
     env = worker_env([str(Path(harness.__file__).resolve().parent.parent)])
-    launcher = Spawn()
     for job in jobs:
-        job = dict(job, data_dir=str(data_dir) if data_dir else job["data_dir"],
-                   checkpoint_path=str(base / "checkpoints" / Path(job["checkpoint_path"]).name))
+        job = dict(job, checkpoint_path=str(base / "checkpoints" / Path(job["checkpoint_path"]).name))
+        if local is not None:
+            job["corpus"] = local
         rid, attempt = job["spec"]["run_id"], job["attempt"]
         queue.put(("start", rid, attempt, node))
-        outcome = launch(launcher, job, base / "work" / f"{rid}.a{attempt}", Path.cwd(), env, lambda: None)
+        outcome = launch(launcher, job, base / "work" / f"{rid}.a{attempt}", cwd, env, lambda: None)
         queue.put(("done", rid, attempt, node, asdict(outcome)))
     return label
 
@@ -116,7 +148,6 @@ class RayExecutor:
             raise RefusedError("--ray needs Ray: python -m pip install -e '.[ray]'") from e
         import analysis
         import harness
-        from harness.data import load_corpus
 
         proto = runner.proto
         runtime_env = {"working_dir": str(runner.root), "excludes": EXCLUDES,
@@ -124,7 +155,6 @@ class RayExecutor:
                                       str(Path(analysis.__file__).resolve().parent)]}
         ray.init(address=self.address, runtime_env=runtime_env, namespace="cotangent-harness",
                  log_to_driver=False, logging_level="WARNING")
-        self.corpus = load_corpus(proto.corpus, runner.root / proto.data_dir if proto.data_dir else None)
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         # the queue lives on the driver's own node, so a node that dies cannot take the results with it
@@ -143,13 +173,14 @@ class RayExecutor:
         if capacity < 1:
             raise RefusedError(f"no node of the Ray cluster at {self.address} advertises {resource}; start nodes with: "
                                f"harness node --device {device} --address ADDRESS")
-        expect = {"code": code_sha256(), "torch": proto.torch_version, "protocol": proto.id, "corpus": proto.corpus,
-                  "device": device,
-                  "corpus_sha256": self.corpus.sha256()}
-        corpus_ref = ray.put(self._corpus_files(runner)) if proto.corpus != "pydoc-topics" else None
+        corpus = runner.corpus  # verified by the runner before any run
+        expect = {"code": code_sha256(), "torch": proto.torch_version, "protocol": proto.id, "corpus": corpus.name,
+                  "device": device, "launcher": proto.launcher, "corpus_sha256": corpus.sha256()}
+        shipped = {s: corpus.split(s) for s in SPLITS} if corpus.name != "pydoc-topics" else None
+        corpus_ref = ray.put(shipped) if shipped is not None else None
         gpus = {"num_gpus": 1} if device == "cuda" else {}  # Ray sets CUDA_VISIBLE_DEVICES to the unit's GPU
         base_options = {"num_cpus": 0, "resources": {resource: 1}, "max_retries": 0, **gpus}
-        task = ray.remote(run_unit)
+        task = ray.remote(max_calls=0)(run_unit)  # the node worker (and its fork server) serves unit after unit
         waiting = list(units(runner.runs))
         inflight: dict[Any, tuple[list[RunSpec], FileLock, float, dict[str, dict[str, Any]]]] = {}
         by_id = {s.run_id: s for s in runner.runs}
@@ -220,11 +251,6 @@ class RayExecutor:
         nodes = {r["node"]["id"] for r in load_records(runner.records)
                  if r["spec"]["run_id"] in ids and r["status"] == "ok" and "node" in r}
         return nodes.pop() if len(nodes) == 1 else None
-
-    def _corpus_files(self, runner: Runner) -> dict[str, bytes]:
-        from harness.data import WIKITEXT2_PINS
-
-        return {pin["path"]: self.corpus.split(split) for split, pin in WIKITEXT2_PINS["members"].items()}
 
     @staticmethod
     def _drain(runner: Runner, queue: Any, inflight: dict[Any, Any], by_id: dict[str, RunSpec]) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import freeze, gitutil
+from harness.data.corpora import LocalCorpus, load_corpus
 from harness.execute.base import Executor
 from harness.execute.launchers import Outcome
 from harness.execute.local import LocalExecutor
@@ -173,8 +174,9 @@ class Runner:
         """What the worker needs, with paths relative to the study's root (a node's copy of it)."""
         ckpt = (checkpoint_dir or self.dir / "checkpoints") / f"{spec.run_id}.a{attempt}.safetensors"
         cfg = Path(self.proto.configs[spec.config].path).resolve().relative_to(self.root.resolve())
+        local = self.proto.corpus.as_dict() if isinstance(self.proto.corpus, LocalCorpus) else None
         return {"spec": spec.as_dict(), "attempt": attempt, "config_path": cfg.as_posix(),
-                "data_dir": spec.data_dir, "checkpoint_path": str(ckpt)}
+                "data_dir": spec.data_dir, "corpus": local, "checkpoint_path": str(ckpt)}
 
     def started(self, spec: RunSpec, attempt: int, node: str | None = None) -> None:
         """A run's process is about to start: the attempt marker (found later without a record, it
@@ -256,6 +258,8 @@ class Runner:
                     f"{proto.path}: protocol {proto.id!r} names PyTorch {proto.torch_version}, this is "
                     f"{torch.__version__}; copy it into a new protocol id for this environment"
                 )
+        # every byte of the corpus verifies before any run starts (DataError, exit 2, otherwise)
+        self.corpus = load_corpus(proto.corpus, self.root / proto.data_dir if proto.data_dir else None, self.root)
         for d in ("locks", "attempts", "work", "checkpoints"):
             (self.dir / d).mkdir(parents=True, exist_ok=True)
         (self.root / "runs" / "locks").mkdir(parents=True, exist_ok=True)
