@@ -7,7 +7,10 @@ process it starts ends with the benchmark). It prints, side by side:
 
 * wall time of each execution and units per minute; the throughput ratio Ray / local;
 * scheduling overhead per unit: the device time each execution spent not running a worker,
-  ``(wall x devices - sum of the runs' launcher wall times) / units``, and what Ray adds to it.
+  ``(wall x devices - sum of the runs' launcher wall times) / units``, and what Ray adds to it;
+* that overhead in two parts: the fixed start (from the command's start to each device's first
+  run, plus from each device's last run to the command's end, per device) and the steady-state
+  gap (between consecutive runs on one device), each per unit.
 
     python benchmarks/ray_throughput.py --seeds 6 --steps 20 --json runs/ray-bench.json
 
@@ -32,19 +35,39 @@ sys.path.insert(0, str(ROOT / "tests"))
 PORT = 6579
 
 
-def make_study(base: Path, name: str, seeds: int, steps: int) -> Path:
+def make_study(base: Path, name: str, seeds: int, steps: int, launcher: str) -> Path:
     from conftest import init_study, tiny_protocol
 
-    text = tiny_protocol(steps=steps, launcher="spawn", budget=100000).replace(
+    text = tiny_protocol(steps=steps, launcher=launcher, budget=100000).replace(
         "seeds: [1, 2]", f"seeds: {list(range(1, seeds + 1))}").replace("val_every: 5", f"val_every: {steps}")
     return init_study(base / name, protocol=text)
 
 
-def run(repo: Path, *extra: str, env: dict[str, str] | None = None) -> float:
-    t = time.monotonic()
+def run(repo: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[float, float, float]:
+    """Wall seconds of ``harness run``, and its start and end (``time.time()``)."""
+    t, start = time.monotonic(), time.time()
     subprocess.run([sys.executable, "-m", "harness.cli", "run", "protocols/tiny.yaml", "--quiet", "--no-report", *extra],
                    cwd=repo, check=True, capture_output=True, env=env)
-    return time.monotonic() - t
+    return time.monotonic() - t, start, time.time()
+
+
+def split_overhead(repo: Path, start: float, end: float) -> tuple[float, float]:
+    """(fixed, steady) idle device seconds: before each device's first run and after its last, and
+    between consecutive runs on one device."""
+    from datetime import datetime
+
+    from harness.records import load_records
+
+    by_device: dict[str, list[tuple[float, float]]] = {}
+    for r in load_records(repo / "records" / "tiny"):
+        span = tuple(datetime.fromisoformat(r[k]).timestamp() for k in ("started_at", "finished_at"))
+        by_device.setdefault((r.get("node") or {}).get("id", "local"), []).append(span)  # type: ignore[arg-type]
+    fixed = steady = 0.0
+    for spans in by_device.values():
+        spans.sort()
+        fixed += (spans[0][0] - start) + (end - spans[-1][1])
+        steady += sum(b[0] - a[1] for a, b in zip(spans, spans[1:]))
+    return fixed, steady
 
 
 def launcher_total(repo: Path) -> float:
@@ -62,16 +85,18 @@ def inside(work: Path) -> None:
         subprocess.run([sys.executable, "-m", "harness.cli", "node", "--device", "cpu", "--no-block", *args],
                        check=True, capture_output=True, env={**env, "HARNESS_NODE_DIR": str(work / f"node-{node}")})
     start = time.monotonic() - t
-    wall = run(work / "ray", "--ray", f"127.0.0.1:{PORT}", env=env)
+    wall, t0, t1 = run(work / "ray", "--ray", f"127.0.0.1:{PORT}", env=env)
     subprocess.run(["ray", "stop", "--force"], capture_output=True, env=env)
-    (work / "ray.json").write_text(json.dumps({"cluster_start_s": start, "wall_s": wall}))
+    (work / "ray.json").write_text(json.dumps({"cluster_start_s": start, "wall_s": wall, "start": t0, "end": t1}))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=6)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--launcher", default="forkserver", choices=["forkserver", "spawn"])
     ap.add_argument("--json")
+    ap.add_argument("--keep", action="store_true", help="keep the two studies (records, per-run timings) and say where")
     ap.add_argument("--inside", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inside:
@@ -79,16 +104,20 @@ def main() -> int:
         return 0
     work = Path(tempfile.mkdtemp(prefix="ray-bench-"))
     try:
-        make_study(work, "local", args.seeds, args.steps)
-        make_study(work, "ray", args.seeds, args.steps)
-        local_wall = run(work / "local")
+        make_study(work, "local", args.seeds, args.steps, args.launcher)
+        make_study(work, "ray", args.seeds, args.steps, args.launcher)
+        local_wall, t0, t1 = run(work / "local")
+        local_fixed, local_steady = split_overhead(work / "local", t0, t1)
         subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount-proc", sys.executable, __file__,
                         "--inside", str(work)], check=True)
         ray = json.loads((work / "ray.json").read_text())
         units = args.seeds
         local_busy, ray_busy = launcher_total(work / "local"), launcher_total(work / "ray")
+        ray_fixed, ray_steady = split_overhead(work / "ray", ray["start"], ray["end"])
         res = {
-            "units": units, "runs": 2 * units, "steps": args.steps,
+            "units": units, "runs": 2 * units, "steps": args.steps, "launcher": args.launcher,
+            "local_fixed_per_unit_s": local_fixed / units, "local_steady_per_unit_s": local_steady / units,
+            "ray_fixed_per_unit_s": ray_fixed / units, "ray_steady_per_unit_s": ray_steady / units,
             "local_wall_s": local_wall, "ray_wall_s": ray["wall_s"], "ray_cluster_start_s": ray["cluster_start_s"],
             "local_units_per_min": 60 * units / local_wall, "ray_units_per_min": 60 * units / ray["wall_s"],
             "throughput_ratio": local_wall / ray["wall_s"],
@@ -98,16 +127,20 @@ def main() -> int:
         }
         res["ray_added_per_unit_s"] = res["ray_overhead_per_unit_s"] - res["local_overhead_per_unit_s"]
     finally:
-        shutil.rmtree(work, ignore_errors=True)
-    print(f"{units} units ({2 * units} runs of {args.steps} steps), tiny_conv, one thread per run; "
-          f"cluster start {res['ray_cluster_start_s']:.1f} s (not counted)\n")
-    print("| Executor | Wall (s) | Units per minute | Mean run (s) | Overhead per unit (s) |\n|---|---|---|---|---|")
-    print(f"| local | {res['local_wall_s']:.1f} | {res['local_units_per_min']:.2f} | {res['local_mean_run_s']:.2f} | "
-          f"{res['local_overhead_per_unit_s']:.2f} |")
-    print(f"| ray, 2 nodes | {res['ray_wall_s']:.1f} | {res['ray_units_per_min']:.2f} | {res['ray_mean_run_s']:.2f} | "
-          f"{res['ray_overhead_per_unit_s']:.2f} |")
+        if args.keep:
+            print(f"studies kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"{units} units ({2 * units} runs of {args.steps} steps), tiny_conv, one thread per run, {args.launcher} "
+          f"launcher; cluster start {res['ray_cluster_start_s']:.1f} s (not counted)\n")
+    print("| Executor | Wall (s) | Units per minute | Mean run (s) | Overhead per unit (s) | of which fixed start "
+          "| of which steady gaps |\n|---|---|---|---|---|---|---|")
+    for name, k in (("local", "local"), ("ray, 2 nodes", "ray")):
+        print(f"| {name} | {res[k + '_wall_s']:.1f} | {res[k + '_units_per_min']:.2f} | {res[k + '_mean_run_s']:.2f} | "
+              f"{res[k + '_overhead_per_unit_s']:.2f} | {res[k + '_fixed_per_unit_s']:.2f} | "
+              f"{res[k + '_steady_per_unit_s']:.2f} |")
     print(f"\nthroughput ratio (ray / local) {res['throughput_ratio']:.2f}; scheduling overhead added per unit "
-          f"{res['ray_added_per_unit_s']:+.2f} s")
+          f"{res['ray_added_per_unit_s']:+.2f} s (steady-state gaps {res['ray_steady_per_unit_s'] - res['local_steady_per_unit_s']:+.2f} s)")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(res, indent=1))

@@ -221,6 +221,14 @@ def serve() -> int:
     return 0
 
 
+def probe() -> dict[str, Any]:
+    """What a Ray node checks before it runs anything, asked of a worker process (so the node's
+    own process never imports torch, and a fork server never initialises a device before forking):
+    PyTorch's version and which timing devices it can use."""
+    return {"status": "ok", "torch": torch.__version__,
+            "devices": {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
     if args == ["--serve"]:
@@ -228,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     job_path, result_path = Path(args[0]), Path(args[1])
     (job_path.parent / "worker.pid").write_text(str(os.getpid()))  # for operators (and tests)
     job = json.loads(job_path.read_text(encoding="utf-8"))
+    if job.get("probe"):
+        atomic_write(result_path, canonical(probe()), overwrite=True)
+        return 0
     result: dict[str, Any] = {}
     try:
         execute(job, result)

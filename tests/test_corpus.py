@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import ROOT, harness, pinned_corpus, tiny_protocol

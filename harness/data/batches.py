@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from harness.errors import DataError
 
+
 def as_tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
 

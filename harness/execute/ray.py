@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,21 +57,23 @@ _LAUNCHERS: dict[tuple[str, str, str], Launcher] = {}
 _CHECKED: dict[str, tuple[str, dict[str, Any] | None]] = {}
 
 
-def _check_node(expect: dict[str, Any], corpus: dict[str, bytes] | None, label: str) -> dict[str, Any] | None:
+def _check_node(expect: dict[str, Any], corpus: dict[str, bytes] | None, label: str,
+                probe: Callable[[], Outcome]) -> dict[str, Any] | None:
     """Refuse (RefusedError) unless this node's code, PyTorch, device and corpus are the driver's;
-    return the local corpus the workers read (the shipped splits, written here and pinned)."""
+    return the local corpus the workers read (the shipped splits, written here and pinned).
+    ``probe`` asks a worker process for PyTorch's version and devices (:func:`harness.worker.probe`)."""
     from harness.data import LocalCorpus, PinnedFile, load_corpus
     from harness.freeze import code_sha256
 
     problems = []
     if code_sha256() != expect["code"]:
         problems.append(f"code on node {label} hashes {code_sha256()}, the driver's {expect['code']}")
-    import torch
-
-    if expect.get("torch") and torch.__version__.split("+")[0] != expect["torch"]:
-        problems.append(f"node {label} has PyTorch {torch.__version__}, the protocol names {expect['torch']}")
-    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
-    if not available.get(expect["device"], False):
+    found = probe().result
+    if "torch" not in found:
+        raise RefusedError(f"node {label}: a worker process could not start to report PyTorch and its devices")
+    if expect.get("torch") and found["torch"].split("+")[0] != expect["torch"]:
+        problems.append(f"node {label} has PyTorch {found['torch']}, the protocol names {expect['torch']}")
+    if not found["devices"].get(expect["device"], False):
         problems.append(f"node {label} advertises a {expect['device']} timing device but torch cannot use one")
     local = None
     try:
@@ -110,10 +113,6 @@ def run_unit(jobs: list[dict[str, Any]], expect: dict[str, Any], corpus: dict[st
     label = f"{node['host']}/{node['id'][:8]}"
     import harness
 
-    key = canonical(expect).decode()
-    if key not in _CHECKED:
-        _CHECKED[key] = (label, _check_node(expect, corpus, label))
-    local = _CHECKED[key][1]
     base = node_dir() / expect["protocol"]
     cwd = Path.cwd()
     lkey = (expect["launcher"], str(cwd), os.environ.get("CUDA_VISIBLE_DEVICES", ""))
@@ -121,6 +120,12 @@ def run_unit(jobs: list[dict[str, Any]], expect: dict[str, Any], corpus: dict[st
         _LAUNCHERS[lkey] = LAUNCHERS[expect["launcher"]]()
     launcher = _LAUNCHERS[lkey]
     env = worker_env([str(Path(harness.__file__).resolve().parent.parent)])
+    key = canonical(expect).decode()
+    if key not in _CHECKED:
+        probe_dir = base / "work" / f"probe-{os.getpid()}"
+        _CHECKED[key] = (label, _check_node(expect, corpus, label,
+                                            lambda: launch(launcher, {"probe": True}, probe_dir, cwd, env, lambda: None)))
+    local = _CHECKED[key][1]
     for job in jobs:
         job = dict(job, checkpoint_path=str(base / "checkpoints" / Path(job["checkpoint_path"]).name))
         if local is not None:
@@ -149,8 +154,12 @@ class RayExecutor:
         import analysis
         import harness
 
-        proto = runner.proto
-        runtime_env = {"working_dir": str(runner.root), "excludes": EXCLUDES,
+        # a local corpus inside the tree travels once, through the object store, not with the tree
+        corpus = runner.proto.corpus
+        shipped = [] if isinstance(corpus, str) else [
+            "/" + (runner.root / f.path).resolve().relative_to(runner.root.resolve()).as_posix()
+            for f in corpus.files.values() if (runner.root / f.path).resolve().is_relative_to(runner.root.resolve())]
+        runtime_env = {"working_dir": str(runner.root), "excludes": EXCLUDES + shipped,
                        "py_modules": [str(Path(harness.__file__).resolve().parent),
                                       str(Path(analysis.__file__).resolve().parent)]}
         ray.init(address=self.address, runtime_env=runtime_env, namespace="cotangent-harness",
