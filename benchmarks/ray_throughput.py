@@ -51,9 +51,10 @@ def run(repo: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[flo
     return time.monotonic() - t, start, time.time()
 
 
-def split_overhead(repo: Path, start: float, end: float) -> tuple[float, float]:
+def split_overhead(repo: Path, start: float, end: float) -> tuple[float, float, float]:
     """(fixed, steady) idle device seconds: before each device's first run and after its last, and
-    between consecutive runs on one device."""
+    between consecutive runs on one device; and the steady-state rate in runs per second: on each
+    device, the runs after its first over the time from its first run's end to its last's."""
     from datetime import datetime
 
     from harness.records import load_records
@@ -62,12 +63,13 @@ def split_overhead(repo: Path, start: float, end: float) -> tuple[float, float]:
     for r in load_records(repo / "records" / "tiny"):
         span = tuple(datetime.fromisoformat(r[k]).timestamp() for k in ("started_at", "finished_at"))
         by_device.setdefault((r.get("node") or {}).get("id", "local"), []).append(span)  # type: ignore[arg-type]
-    fixed = steady = 0.0
+    fixed = steady = rate = 0.0
     for spans in by_device.values():
         spans.sort()
         fixed += (spans[0][0] - start) + (end - spans[-1][1])
         steady += sum(b[0] - a[1] for a, b in zip(spans, spans[1:]))
-    return fixed, steady
+        rate += (len(spans) - 1) / (spans[-1][1] - spans[0][1]) if len(spans) > 1 else 0.0
+    return fixed, steady, rate
 
 
 def launcher_total(repo: Path) -> float:
@@ -107,17 +109,19 @@ def main() -> int:
         make_study(work, "local", args.seeds, args.steps, args.launcher)
         make_study(work, "ray", args.seeds, args.steps, args.launcher)
         local_wall, t0, t1 = run(work / "local")
-        local_fixed, local_steady = split_overhead(work / "local", t0, t1)
+        local_fixed, local_steady, local_rate = split_overhead(work / "local", t0, t1)
         subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount-proc", sys.executable, __file__,
                         "--inside", str(work)], check=True)
         ray = json.loads((work / "ray.json").read_text())
         units = args.seeds
         local_busy, ray_busy = launcher_total(work / "local"), launcher_total(work / "ray")
-        ray_fixed, ray_steady = split_overhead(work / "ray", ray["start"], ray["end"])
+        ray_fixed, ray_steady, ray_rate = split_overhead(work / "ray", ray["start"], ray["end"])
         res = {
             "units": units, "runs": 2 * units, "steps": args.steps, "launcher": args.launcher,
             "local_fixed_per_unit_s": local_fixed / units, "local_steady_per_unit_s": local_steady / units,
             "ray_fixed_per_unit_s": ray_fixed / units, "ray_steady_per_unit_s": ray_steady / units,
+            "local_fixed_s": local_fixed, "ray_fixed_per_device_s": ray_fixed / 2,
+            "steady_throughput_ratio": ray_rate / local_rate,
             "local_wall_s": local_wall, "ray_wall_s": ray["wall_s"], "ray_cluster_start_s": ray["cluster_start_s"],
             "local_units_per_min": 60 * units / local_wall, "ray_units_per_min": 60 * units / ray["wall_s"],
             "throughput_ratio": local_wall / ray["wall_s"],
@@ -139,8 +143,11 @@ def main() -> int:
         print(f"| {name} | {res[k + '_wall_s']:.1f} | {res[k + '_units_per_min']:.2f} | {res[k + '_mean_run_s']:.2f} | "
               f"{res[k + '_overhead_per_unit_s']:.2f} | {res[k + '_fixed_per_unit_s']:.2f} | "
               f"{res[k + '_steady_per_unit_s']:.2f} |")
-    print(f"\nthroughput ratio (ray / local) {res['throughput_ratio']:.2f}; scheduling overhead added per unit "
-          f"{res['ray_added_per_unit_s']:+.2f} s (steady-state gaps {res['ray_steady_per_unit_s'] - res['local_steady_per_unit_s']:+.2f} s)")
+    print(f"\nthroughput ratio (ray / local): whole execution {res['throughput_ratio']:.2f}, steady state "
+          f"{res['steady_throughput_ratio']:.2f}")
+    print(f"scheduling overhead added per unit: {res['ray_added_per_unit_s']:+.2f} s in all, of which steady-state gaps "
+          f"{res['ray_steady_per_unit_s'] - res['local_steady_per_unit_s']:+.2f} s; fixed start per device "
+          f"{res['ray_fixed_per_device_s']:.1f} s with Ray, {res['local_fixed_s']:.1f} s locally (once per execution)")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(res, indent=1))

@@ -52,6 +52,9 @@ class Outcome:
 class Launcher(Protocol):
     name: str
 
+    def start(self, cwd: Path, env: dict[str, str] | None) -> None:
+        """Get ready to run (a fork server imports everything), outside any run's time."""
+
     def run(self, job: Path, result: Path, log: Path, cwd: Path, env: dict[str, str] | None,
             beat: Callable[[], None]) -> int: ...
 
@@ -60,6 +63,9 @@ class Launcher(Protocol):
 
 class Spawn:
     name = "spawn"
+
+    def start(self, cwd: Path, env: dict[str, str] | None) -> None:
+        pass
 
     def run(self, job: Path, result: Path, log: Path, cwd: Path, env: dict[str, str] | None,
             beat: Callable[[], None]) -> int:
@@ -83,6 +89,9 @@ class ForkServer:
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[str] | None = None
+
+    def start(self, cwd: Path, env: dict[str, str] | None) -> None:
+        self._start(cwd, env)
 
     def _start(self, cwd: Path, env: dict[str, str] | None) -> subprocess.Popen[str]:
         if self.proc is None or self.proc.poll() is not None:
@@ -136,6 +145,7 @@ def launch(launcher: Launcher, job: dict[str, Any], work: Path, cwd: Path, env: 
     job_path, result_path, log_path = work / "job.json", work / "result.json", work / "worker.log"
     atomic_write(job_path, canonical(job), overwrite=True)
     result_path.unlink(missing_ok=True)
+    launcher.start(cwd, env)  # a fork server's start-up is not the run's time
     started = time.time()
     t0 = time.monotonic()
     code = launcher.run(job_path, result_path, log_path, cwd, env, beat)

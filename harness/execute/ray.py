@@ -8,10 +8,18 @@
   died) runs whole, as new attempts, on whichever eligible node takes it; the rest of a unit whose
   driver was stopped runs on the node that ran its first part.
 * Shipping: the driver sends the study's tree (configurations, protocols, verified paths) as the
-  task's working directory and the running ``harness``/``analysis`` packages as modules; the corpus
-  travels through the object store. Each node checks, before running anything, that its copy of
-  the code hashes as the driver's (:func:`harness.freeze.code_sha256`), that the corpus it will read
-  has the driver's sha256, its PyTorch version (the protocol's) and its device; it refuses otherwise.
+  task's working directory and the running ``harness``/``analysis`` packages as modules; a corpus
+  other than the embedded one travels as its three verified splits through the object store (a
+  local corpus file inside the tree is left out of the working directory). Each node checks,
+  before running anything, that its copy of the code hashes as the driver's
+  (:func:`harness.freeze.code_sha256`), that the corpus it will read has the driver's sha256
+  (the shipped splits are written under the node's folder and pinned to them), and, asking a
+  worker process (:func:`harness.worker.probe`), its PyTorch version (the protocol's) and its
+  device; it refuses otherwise.
+* Start-up: the node's Ray worker process serves unit after unit (``max_calls=0``) and keeps the
+  protocol's launcher, so a fork server imports torch once per node and device, not per unit;
+  its start-up is outside every run's time. The driver blocks on the nodes' messages (no polling)
+  and collects a unit as soon as its task says it ended.
 * Results: each run's outcome comes back through a Ray queue as soon as it ends; only the driver
   writes records, in ledger order. Checkpoints and logs stay on the node
   (``$HARNESS_NODE_DIR``, default ``~/cotangent-harness-node``); the record names the node and holds
@@ -134,6 +142,7 @@ def run_unit(jobs: list[dict[str, Any]], expect: dict[str, Any], corpus: dict[st
         queue.put(("start", rid, attempt, node))
         outcome = launch(launcher, job, base / "work" / f"{rid}.a{attempt}", cwd, env, lambda: None)
         queue.put(("done", rid, attempt, node, asdict(outcome)))
+    queue.put(("end", label))  # the driver stops waiting on messages and collects this task at once
     return label
 
 
@@ -194,6 +203,7 @@ class RayExecutor:
         inflight: dict[Any, tuple[list[RunSpec], FileLock, float, dict[str, dict[str, Any]]]] = {}
         by_id = {s.run_id: s for s in runner.runs}
         stop = False
+        ended = 0  # units whose task said it ended and that are not collected yet
         try:
             while (waiting and not stop) or inflight:
                 while waiting and not stop and len(inflight) < capacity:
@@ -224,11 +234,17 @@ class RayExecutor:
                     jobs = [runner.job(s, runner.next_attempt(s, states)) for s in todo]
                     ref = task.options(**base_options, **options).remote(jobs, expect, corpus_ref, queue)
                     inflight[ref] = (unit, lock, runner.expected_s(todo, states), {})
-                self._drain(runner, queue, inflight, by_id)
-                ready, _ = ray.wait(list(inflight), num_returns=1, timeout=0.2)
+                if not inflight:
+                    continue
+                # block on the nodes' messages (no polling); a unit's "end" says its task returns now
+                ended += self._drain(runner, queue, inflight, by_id, wait=0.0 if ended else 0.5)
+                if ended:
+                    ray.wait(list(inflight), num_returns=1, timeout=5.0)
+                ready, _ = ray.wait(list(inflight), num_returns=len(inflight), timeout=0)
                 for ref in ready:
                     unit, lock, _, started = inflight.pop(ref)
-                    self._drain(runner, queue, {ref: (unit, lock, 0.0, started)}, by_id)
+                    ended += self._drain(runner, queue, {ref: (unit, lock, 0.0, started)}, by_id)
+                    ended = max(0, ended - 1)
                     try:
                         label = ray.get(ref)
                         runner.echo(f"  unit {unit[0].unit} done on {label}; {describe(runner.ledger.head())}")
@@ -262,15 +278,26 @@ class RayExecutor:
         return nodes.pop() if len(nodes) == 1 else None
 
     @staticmethod
-    def _drain(runner: Runner, queue: Any, inflight: dict[Any, Any], by_id: dict[str, RunSpec]) -> None:
-        """Apply every message the nodes sent: markers for started runs, records for ended ones."""
+    def _drain(runner: Runner, queue: Any, inflight: dict[Any, Any], by_id: dict[str, RunSpec],
+               wait: float = 0.0) -> int:
+        """Apply every message the nodes sent (markers for started runs, records for ended ones),
+        waiting up to ``wait`` seconds for the first; returns how many units' tasks said they ended."""
+        from ray.util.queue import Empty
+
         started_of = {}
         for _ref, (unit, _lock, _e, started) in inflight.items():
             for s in unit:
                 started_of[s.run_id] = started
-        while not queue.empty():
-            msg = queue.get()
-            if msg[0] == "start":
+        ended, block = 0, wait > 0
+        while True:
+            try:
+                msg = queue.get(block=block, timeout=wait if block else None)
+            except Empty:
+                return ended
+            block = False
+            if msg[0] == "end":
+                ended += 1
+            elif msg[0] == "start":
                 _, rid, attempt, node = msg
                 spec = by_id[rid]
                 runner.started(spec, attempt, f"{node['host']}/{node['id'][:8]}")
