@@ -3,6 +3,7 @@ nodes like WikiText-2 (tests/test_ray.py), recorded and audited."""
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 
@@ -62,6 +63,9 @@ def test_local_corpus_from_pin_to_audit(repo):
     (repo / "protocols" / "tiny.yaml").write_text(tiny_protocol().replace("corpus: pydoc-topics", pin.stdout.strip()))
     v = harness(repo, "data", "verify", "protocols/tiny.yaml")
     assert v.returncode == 0 and "verified topics train" in v.stdout, v.stderr
+    c = harness(repo, "compare-arms", "native", "cotangent", "--config", "tiny_conv", "--steps", "2",
+                "--corpus", "protocols/tiny.yaml", "--json")  # on the protocol's (local, verified) corpus
+    assert c.returncode == 0 and json.loads(c.stdout)["summary"]["bitwise_equal"], c.stderr
     r = harness(repo, "run", "protocols/tiny.yaml", "--quiet")
     assert r.returncode == 0, r.stdout + r.stderr
     data = (repo / "corpus" / "topics.txt").read_bytes()
