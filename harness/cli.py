@@ -145,7 +145,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         executor = RayExecutor(args.ray)
     runner = Runner(proto, echo=echo, live=live, retry_failed=args.retry_failed,
                     allow_torch_mismatch=args.allow_torch_mismatch, executor=executor)
-    from harness.execute.runner import status_table
+    from harness.execute.state import status_table
 
     left = runner.run()
     if left:
@@ -294,7 +294,7 @@ def cmd_compare_arms(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from harness.execute.runner import status_table
+    from harness.execute.state import status_table
     from harness.ledger import describe, head_of
     from harness.protocol import load_protocol
     from harness.records import load_records

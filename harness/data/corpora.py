@@ -143,7 +143,7 @@ def read_verified(path: Path, pin: PinnedFile, corpus: str) -> bytes:
     return data
 
 
-def _fetch_hint(directory: Path) -> str:
+def fetch_hint(directory: Path) -> str:
     return (
         f"put the WikiText-2 raw v1 files under {directory / 'wikitext-2-raw'} "
         f"or run: harness data fetch wikitext-2 --dir {directory}"
@@ -158,13 +158,13 @@ def verify_wikitext2(directory: Path, pins: dict[str, Any] | None = None) -> dic
         path = directory / pin["path"]
         if not path.is_file():
             raise DataError(f"missing corpus file {path} (expected {pin['size']} bytes, sha256 {pin['sha256']}); "
-                            + _fetch_hint(directory))
+                            + fetch_hint(directory))
         size = path.stat().st_size
         digest = sha256_file(path)
         if size != pin["size"] or digest != pin["sha256"]:
             raise DataError(
                 f"corpus file {path} does not verify: expected {pin['size']} bytes with sha256 {pin['sha256']}, "
-                f"found {size} bytes with sha256 {digest}; refusing to use unverified bytes. " + _fetch_hint(directory)
+                f"found {size} bytes with sha256 {digest}; refusing to use unverified bytes. " + fetch_hint(directory)
             )
         out[split] = path
     return out

@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from harness.data.corpora import WIKITEXT2_PINS, _fetch_hint, verify_wikitext2
+from harness.data.corpora import WIKITEXT2_PINS, fetch_hint, verify_wikitext2
 from harness.errors import DataError, InputError
 from harness.names import SPLITS
 
@@ -55,7 +55,7 @@ def fetch_wikitext2(
             continue
         _extract(blob, directory, pins)
         return url, verify_wikitext2(directory, pins)
-    raise DataError("could not fetch WikiText-2 raw v1:\n  " + "\n  ".join(errors) + "\n" + _fetch_hint(directory))
+    raise DataError("could not fetch WikiText-2 raw v1:\n  " + "\n  ".join(errors) + "\n" + fetch_hint(directory))
 
 
 def _download(url: str, expected: int, timeout: float) -> bytes:

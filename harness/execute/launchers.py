@@ -1,7 +1,7 @@
 """How one run starts on its machine: a fresh process per run.
 
-* ``spawn``: ``python -m harness.worker JOB RESULT``, a new interpreter per run;
-* ``forkserver``: ``python -m harness.worker --serve`` imports everything once and forks a fresh
+* ``spawn``: ``python -m harness.execute.worker JOB RESULT``, a new interpreter per run;
+* ``forkserver``: ``python -m harness.execute.worker --serve`` imports everything once and forks a fresh
   child per run (Linux), so each run still starts from a pristine process without paying the
   interpreter's and torch's start-up.
 
@@ -70,7 +70,7 @@ class Spawn:
     def run(self, job: Path, result: Path, log: Path, cwd: Path, env: dict[str, str] | None,
             beat: Callable[[], None]) -> int:
         with open(log, "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "harness.worker", str(job), str(result)],
+            proc = subprocess.Popen([sys.executable, "-m", "harness.execute.worker", str(job), str(result)],
                                     stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env)
             while True:
                 try:
@@ -83,7 +83,7 @@ class Spawn:
 
 
 class ForkServer:
-    """Client of ``python -m harness.worker --serve`` (see :func:`harness.worker.serve`)."""
+    """Client of ``python -m harness.execute.worker --serve`` (see :func:`harness.execute.worker.serve`)."""
 
     name = "forkserver"
 
@@ -95,7 +95,7 @@ class ForkServer:
 
     def _start(self, cwd: Path, env: dict[str, str] | None) -> subprocess.Popen[str]:
         if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen([sys.executable, "-m", "harness.worker", "--serve"], stdin=subprocess.PIPE,
+            self.proc = subprocess.Popen([sys.executable, "-m", "harness.execute.worker", "--serve"], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, cwd=cwd, env=env, text=True, bufsize=1)
             assert self.proc.stdout is not None
             ready = self.proc.stdout.readline().strip()

@@ -24,7 +24,8 @@ class LocalExecutor:
     name = "local"
 
     def execute(self, runner: Runner) -> None:
-        from harness.execute.runner import HEARTBEAT_S, run_states
+        from harness.execute.runner import HEARTBEAT_S
+        from harness.execute.state import run_states
 
         proto = runner.proto
         launcher = LAUNCHERS[proto.launcher]()

@@ -14,7 +14,7 @@
   before running anything, that its copy of the code hashes as the driver's
   (:func:`harness.freeze.code_sha256`), that the corpus it will read has the driver's sha256
   (the shipped splits are written under the node's folder and pinned to them), and, asking a
-  worker process (:func:`harness.worker.probe`), its PyTorch version (the protocol's) and its
+  worker process (:func:`harness.execute.worker.probe`), its PyTorch version (the protocol's) and its
   device; it refuses otherwise.
 * Start-up: the node's Ray worker process serves unit after unit (``max_calls=0``) and keeps the
   protocol's launcher, so a fork server imports torch once per node and device, not per unit;
@@ -69,7 +69,7 @@ def _check_node(expect: dict[str, Any], corpus: dict[str, bytes] | None, label: 
                 probe: Callable[[], Outcome]) -> dict[str, Any] | None:
     """Refuse (RefusedError) unless this node's code, PyTorch, device and corpus are the driver's;
     return the local corpus the workers read (the shipped splits, written here and pinned).
-    ``probe`` asks a worker process for PyTorch's version and devices (:func:`harness.worker.probe`)."""
+    ``probe`` asks a worker process for PyTorch's version and devices (:func:`harness.execute.worker.probe`)."""
     from harness.data import LocalCorpus, PinnedFile, load_corpus
     from harness.freeze import code_sha256
 
@@ -131,8 +131,13 @@ def run_unit(jobs: list[dict[str, Any]], expect: dict[str, Any], corpus: dict[st
     key = canonical(expect).decode()
     if key not in _CHECKED:
         probe_dir = base / "work" / f"probe-{os.getpid()}"
-        _CHECKED[key] = (label, _check_node(expect, corpus, label,
-                                            lambda: launch(launcher, {"probe": True}, probe_dir, cwd, env, lambda: None)))
+        try:
+            _CHECKED[key] = (label, _check_node(expect, corpus, label,
+                                                lambda: launch(launcher, {"probe": True}, probe_dir, cwd, env, lambda: None)))
+        except RefusedError:
+            raise
+        except Exception as e:  # a node that cannot even be checked refuses (it would fail every unit)
+            raise RefusedError(f"node {label} could not be checked: {type(e).__name__}: {e}") from e
     local = _CHECKED[key][1]
     for job in jobs:
         job = dict(job, checkpoint_path=str(base / "checkpoints" / Path(job["checkpoint_path"]).name))
@@ -180,7 +185,7 @@ class RayExecutor:
         return ray, Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
 
     def execute(self, runner: Runner) -> None:
-        from harness.execute.runner import RunState, run_states
+        from harness.execute.state import RunState, run_states
         from harness.freeze import code_sha256
 
         ray, queue = self._init(runner)

@@ -1,4 +1,4 @@
-"""One run, in its own process: ``python -m harness.worker JOB.json RESULT.json``.
+"""One run, in its own process: ``python -m harness.execute.worker JOB.json RESULT.json``.
 
 Seed, build model, data and arm; compile and warm up if asked (timed, outside the training
 clock); train the fixed number of steps with a device synchronisation each step; validate on

@@ -1,0 +1,79 @@
+"""Run states read from the records: each run's attempts and outcome, progress with an ETA, and
+the status table ``harness status`` prints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.plan import make_plan
+from harness.protocol import Protocol
+from harness.records import load_records
+
+
+@dataclass
+class RunState:
+    ok: bool = False
+    failed: bool = False
+    attempts: int = 0
+    device_s: float = 0.0
+    ok_device_s: float = 0.0
+    last: str | None = None  # status of the latest attempt
+    tries: int = 0  # attempts that ended (ok or failed); interrupted ones are resumed, not retried
+
+
+@dataclass
+class Progress:
+    total: int
+    done: int = 0
+    executed_s: list[float] = field(default_factory=list)
+
+    def eta(self) -> str:
+        if not self.executed_s:
+            return "?"
+        left = (self.total - self.done) * (sum(self.executed_s) / len(self.executed_s))
+        m, s = divmod(int(left), 60)
+        return f"{m}m{s:02d}s"
+
+
+def run_states(proto: Protocol) -> dict[str, RunState]:
+    states: dict[str, RunState] = {}
+    for rec in load_records(proto.records_path):
+        st = states.setdefault(rec["spec"]["run_id"], RunState())
+        if rec["attempt"] >= st.attempts:
+            st.last = rec["status"]
+        st.attempts = max(st.attempts, rec["attempt"])
+        st.tries += rec["status"] in ("ok", "failed")
+        st.device_s += rec["timings"].get("device_s") or 0.0
+        if rec["status"] == "ok":
+            st.ok = True
+            st.ok_device_s = rec["timings"].get("device_s") or 0.0
+        elif rec["status"] == "failed":
+            st.failed = True
+    return states
+
+
+def status_table(proto: Protocol) -> tuple[list[dict[str, Any]], float]:
+    """Per (study, configuration): done, failed, interrupted and pending runs; device seconds spent."""
+    runs = make_plan(proto)
+    recs = load_records(proto.records_path)
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for r in recs:
+        by_run.setdefault(r["spec"]["run_id"], []).append(r)
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for spec in runs:
+        row = rows.setdefault((spec.study, spec.config), {
+            "study": spec.study, "config": spec.config, "runs": 0, "done": 0, "failed": 0,
+            "interrupted_attempts": 0, "pending": 0,
+        })
+        row["runs"] += 1
+        rs = by_run.get(spec.run_id, [])
+        row["interrupted_attempts"] += sum(1 for r in rs if r["status"] == "interrupted")
+        if any(r["status"] == "ok" for r in rs):
+            row["done"] += 1
+        elif any(r["status"] == "failed" for r in rs):
+            row["failed"] += 1
+        else:
+            row["pending"] += 1
+    spent = sum((r["timings"].get("device_s") or 0.0) for r in recs)
+    return list(rows.values()), spent
