@@ -216,7 +216,6 @@ def parse_corpus(doc: yamlio.Document, value: Any) -> str | LocalCorpus:
     return LocalCorpus(top["name"], {("all" if k == "file" else k): f for k, f in files.items()}, split)
 
 
-
 CorpusSpec = str | LocalCorpus | dict[str, Any]
 
 
