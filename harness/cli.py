@@ -48,8 +48,7 @@ def cmd_data(args: argparse.Namespace) -> int:
             raise InputError("a protocol's corpus is verified (harness data verify PROTOCOL), not fetched")
         from harness.protocol import load_protocol
 
-        proto = load_protocol(args.corpus)
-        c = data.load_corpus(proto.corpus, proto.root / proto.data_dir if proto.data_dir else None, proto.root)
+        c = load_protocol(args.corpus).corpus_data()
         for split, digest in c.sha256().items():
             print(f"verified {c.name} {split}: {len(c.split(split))} bytes, sha256 {digest}")
         return 0
@@ -268,14 +267,15 @@ def cmd_compare_arms(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = find_config(args.config, config_dir())
-    corpus: Any = args.corpus
-    if corpus.endswith((".yaml", ".yml")):  # the corpus a protocol names (a local corpus, verified)
+    if args.corpus.endswith((".yaml", ".yml")):  # the corpus a protocol names, verified
         from harness.protocol import load_protocol
 
-        proto = load_protocol(corpus)
-        corpus = proto.corpus.resolved(proto.root) if not isinstance(proto.corpus, str) else proto.corpus
-    rows = compare_arms(args.baseline, args.candidate, cfg.path, args.steps, args.seed, resolve(args.device),
-                        corpus, args.data_dir)
+        corpus = load_protocol(args.corpus).corpus_data()
+    else:
+        from harness.data import load_corpus
+
+        corpus = load_corpus(args.corpus, args.data_dir)
+    rows = compare_arms(args.baseline, args.candidate, cfg.path, args.steps, args.seed, resolve(args.device), corpus)
     s = summary(rows)
     if args.json:
         print(json.dumps({"summary": s, "steps": [r.as_dict() for r in rows]}, indent=1))

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from harness.data.corpora import CorpusSpec
+from harness.data.corpora import Corpus
 
 _INT = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
@@ -54,15 +54,13 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def compare_arms(baseline: str, candidate: str, config_path: str, steps: int, seed: int,
-                 device: torch.device, corpus: CorpusSpec = "pydoc-topics", data_dir: str | None = None) -> list[StepRow]:
+                 device: torch.device, corpus: Corpus) -> list[StepRow]:
     from harness.arms import ArmContext, resolve
     from harness.config import load_config
-    from harness.data import load_corpus
     from harness.data.batches import BatchStream
     from harness.models import build_model
 
     cfg = load_config(config_path)
-    data = load_corpus(corpus, data_dir)
     models, arms = [], []
     for name in (baseline, candidate):
         torch.manual_seed(seed)
@@ -70,7 +68,7 @@ def compare_arms(baseline: str, candidate: str, config_path: str, steps: int, se
         params = list(dict.fromkeys(m.parameters()))
         models.append(m)
         arms.append(resolve(name)(ArmContext(m, params, cfg.train, device)))
-    batches = BatchStream(data.train, cfg.model.context, cfg.train.batch_size, seed)
+    batches = BatchStream(corpus.train, cfg.model.context, cfg.train.batch_size, seed)
     rows = []
     for step in range(steps):
         x, y = (t.to(device) for t in batches.next())

@@ -15,7 +15,7 @@ from typing import Any
 
 from harness import gitutil, yamlio
 from harness.config import Config, config_dir, find_config
-from harness.data.corpora import LocalCorpus, parse_corpus
+from harness.data.corpora import Corpus, LocalCorpus, load_corpus, parse_corpus
 from harness.errors import InputError
 from harness.names import ARMS
 from harness.plugins import fingerprint, is_plugin, source_of
@@ -105,6 +105,11 @@ class Protocol:
     sha256: str
     configs: dict[str, Config] = field(default_factory=dict)
     plugins: dict[str, str] = field(default_factory=dict)  # plug-in name -> its source file
+
+    def corpus_data(self) -> Corpus:
+        """The protocol's corpus, every byte verified (DataError otherwise): WikiText-2 under
+        ``data_dir``, a local corpus's paths relative to the study's root."""
+        return load_corpus(self.corpus, self.root / self.data_dir if self.data_dir else None, self.root)
 
     def plugin_fingerprints(self) -> dict[str, dict[str, str]]:
         """Each plug-in's source file (relative to the root when inside it) and sha256."""

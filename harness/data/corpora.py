@@ -102,11 +102,6 @@ class LocalCorpus:
         split = tuple(repr(float(d["split"][s])) for s in SPLITS) if "split" in d else None
         return cls(d["name"], files, split)  # type: ignore[arg-type]
 
-    def resolved(self, root: Path) -> LocalCorpus:
-        """The same corpus with every relative path made absolute against ``root``."""
-        files = {k: PinnedFile(str((root / f.path).resolve()), f.size, f.sha256) for k, f in self.files.items()}
-        return LocalCorpus(self.name, files, self.split)
-
     def load(self, root: Path | None = None) -> Corpus:
         blobs = {k: read_verified(Path(f.path) if root is None else root / f.path, f, self.name)
                  for k, f in self.files.items()}
@@ -235,9 +230,7 @@ def load_corpus(corpus: CorpusSpec, data_dir: str | Path | None = None, root: Pa
     raise InputError(f"unknown corpus {corpus!r} (known: {', '.join(CORPORA)}, or a local corpus with pinned files)")
 
 
-def corpus_name(corpus: CorpusSpec) -> str:
-    if isinstance(corpus, dict):
-        return str(corpus["name"])
+def corpus_name(corpus: str | LocalCorpus) -> str:
     return corpus.name if isinstance(corpus, LocalCorpus) else corpus
 
 

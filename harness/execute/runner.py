@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import freeze, gitutil
-from harness.data.corpora import LocalCorpus, load_corpus
+from harness.data.corpora import LocalCorpus
 from harness.execute.base import Executor
 from harness.execute.launchers import Outcome
 from harness.execute.local import LocalExecutor
@@ -213,7 +213,7 @@ class Runner:
                     f"{torch.__version__}; copy it into a new protocol id for this environment"
                 )
         # every byte of the corpus verifies before any run starts (DataError, exit 2, otherwise)
-        self.corpus = load_corpus(proto.corpus, self.root / proto.data_dir if proto.data_dir else None, self.root)
+        self.corpus = proto.corpus_data()
         for d in ("locks", "attempts", "work", "checkpoints"):
             (self.dir / d).mkdir(parents=True, exist_ok=True)
         (self.root / "runs" / "locks").mkdir(parents=True, exist_ok=True)
