@@ -6,6 +6,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import hypothesis.strategies as st
 import pytest
@@ -33,12 +34,78 @@ def test_kernel_builds_and_passes_its_self_check_where_it_can():
     """On an x86-64 machine with AVX2 and a C compiler (CI's) the kernel must be in use; anywhere
     else the reason it is not must be stated."""
     k = phase_kernel.kernel()
+    cap = torch.backends.cpu.get_cpu_capability()
     if CAN_BUILD:
         assert k is not None, phase_kernel.unavailable_reason()
-        assert k.lanes == (16 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 8)
+        assert k.lanes in phase_kernel.lane_widths(cap)
+        assert k.capability == cap and f"torch capability {cap}, reproduces its {k.isa} kernels" in k.describe()
         assert k.path.is_file()
     else:
         assert k is None and phase_kernel.unavailable_reason()
+
+
+def test_lane_widths_follow_atens_dispatch():
+    """AVX-512 CPUs run the AVX2 build of norm_stub and fused_adam_stub (REGISTER_DISPATCH leaves the
+    AVX-512 slot empty), so 8 lanes come first there; the scalar build and other ISAs have none."""
+    assert phase_kernel.lane_widths("AVX512") == [8, 16]
+    assert phase_kernel.lane_widths("AVX2") == [8]
+    assert phase_kernel.lane_widths("DEFAULT") == [] and phase_kernel.lane_widths("SVE256") == []
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+#: What torch needs of the CPU to dispatch each capability (cpuinfo's checks in ATen).
+ISA_FLAGS = {"avx2": {"avx2", "fma"}, "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"}}
+
+_ISA_PROBE = (
+    "import torch\n"
+    "from harness.cotangent import kernel as phase_kernel\n"
+    "from harness.cotangent.verify import check_fused_phase, check_native_phase\n"
+    "k = phase_kernel.kernel()\n"
+    "print(torch.backends.cpu.get_cpu_capability())\n"
+    "print(k.describe() if k else 'unavailable: ' + str(phase_kernel.unavailable_reason()))\n"
+    "print(check_native_phase(steps=6) if k else check_fused_phase(torch.device('cpu'), torch.float32, steps=6))\n"
+)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_phase_c_runs_bitwise_under_each_instruction_set(isa, tmp_path):
+    """In a fresh process with ``ATEN_CPU_CAPABILITY`` set, torch dispatches that instruction set; the
+    C phase must pass its self-check, be used, and match native bit for bit. Skipped only where the
+    CPU lacks the instruction set (then torch cannot dispatch it)."""
+    if not CAN_BUILD:
+        pytest.skip("phase.c needs x86-64, AVX2 and a C compiler")
+    missing = ISA_FLAGS[isa] - _cpu_flags()
+    if missing:
+        pytest.skip(f"this CPU lacks {', '.join(sorted(missing))}: torch cannot dispatch {isa.upper()} here")
+    out = subprocess.run([sys.executable, "-c", _ISA_PROBE], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "ATEN_CPU_CAPABILITY": isa})
+    assert out.returncode == 0, out.stderr
+    cap, describe, bitwise = out.stdout.strip().splitlines()
+    assert cap == isa.upper()
+    assert describe.startswith("phase-") and f"torch capability {cap}" in describe, describe
+    assert bitwise == "True"
+
+
+def test_scalar_capability_falls_back_honestly():
+    """Under torch's DEFAULT (scalar) capability phase.c is not used, the reason names the capability,
+    and the PyTorch-kernel phase is still bitwise native."""
+    out = subprocess.run([sys.executable, "-c", _ISA_PROBE], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "ATEN_CPU_CAPABILITY": "default"})
+    assert out.returncode == 0, out.stderr
+    cap, describe, bitwise = out.stdout.strip().splitlines()
+    assert cap == "DEFAULT"
+    assert describe.startswith("unavailable: ") and "DEFAULT" in describe, describe
+    assert bitwise == "True"
 
 
 needs_kernel = pytest.mark.skipif(not CAN_BUILD, reason="phase.c needs x86-64, AVX2 and a C compiler")

@@ -61,6 +61,8 @@ def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     env = {
         "host": socket.gethostname(), "os": platform.platform(), "python": platform.python_version(),
         "torch": torch.__version__, "device": str(device), "device_name": devices.device_name(device),
+        # the instruction set torch dispatches its CPU kernels for (ATEN_CPU_CAPABILITY may lower it)
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(), "harness_sha256": code_sha256()["harness"],
         "config_sha256": cfg.sha256, "corpus_sha256": corpus.sha256(),
     }

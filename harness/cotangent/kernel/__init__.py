@@ -14,7 +14,14 @@ how the wheel's compiler contracted ``a * b + c`` into fused multiply-adds. So:
   the coefficient against native clipping's expressions, 12 update steps against
   ``mul_`` + ``torch._fused_adamw_`` + ``fill_(-0.0)``, over several hyperparameter sets, with
   ``-0.0``, zero and large gradients. It keeps the first form of each that matches bit for bit;
-* when anything is missing (not x86-64 with AVX2 and FMA, no C compiler, ``COTANGENT_NATIVE=0``)
+* the lane width is the one of the ATen kernels that actually run, not of the CPU: ATen registers
+  ``norm_stub`` and ``fused_adam_stub`` with ``REGISTER_DISPATCH``, which leaves their AVX-512 slot
+  empty, and ``DispatchStub`` then runs their AVX2 build (``ReduceOpsKernel.cpp``,
+  ``FusedAdamKernel.cpp``, ``DispatchStub.cpp``). So under torch's ``AVX512`` capability the self-check
+  tries 8 lanes (the AVX2 kernels) first and 16 (an AVX-512 registration) second;
+  :attr:`Kernel.isa` names the instruction set of the kernels it reproduces;
+* when anything is missing (not x86-64 with AVX2 and FMA, no C compiler, ``COTANGENT_NATIVE=0``,
+  torch's ``DEFAULT`` capability, whose scalar kernels round ``fmadd`` in two steps)
   or no form matches, :func:`kernel` returns ``None``, :func:`unavailable_reason` says why, and
   the phase runs on PyTorch's kernels (exact by construction).
 
@@ -67,13 +74,20 @@ class Kernel:
 
     lib: ctypes.CDLL
     path: Path
-    lanes: int      # ATen's float vector width: 8 (AVX2) or 16 (AVX512)
+    lanes: int      # float lanes of the ATen kernels that run: 8 (their AVX2 build) or 16 (AVX-512)
     acc_fma: int    # norm accumulation: 0 acc + x*x, 1 fma(x, x, acc)
     tail_form: int  # scalar tail of a norm: 0 s + x*x, 1 fma, 2 fours as s + x*x then fma
     sq_form: int    # second moment: bit 0 fma(c*g, g, v*b2) for v*b2 + (c*g)*g; bit 1 g before maximize
+    capability: str = ""  # torch.backends.cpu.get_cpu_capability() when the self-check ran
+
+    @property
+    def isa(self) -> str:
+        """The instruction set of the ATen kernels this kernel reproduces (AVX2 or AVX512)."""
+        return "AVX2" if self.lanes == 8 else "AVX512"
 
     def describe(self) -> str:
-        return (f"{self.path.name}: lanes={self.lanes} acc_fma={self.acc_fma} tail_form={self.tail_form} "
+        return (f"{self.path.name}: torch capability {self.capability or '?'}, reproduces its {self.isa} "
+                f"kernels; lanes={self.lanes} acc_fma={self.acc_fma} tail_form={self.tail_form} "
                 f"sq_form={self.sq_form}")
 
     # -- calls -------------------------------------------------------------------------------
@@ -143,9 +157,16 @@ def tasks_for(numels: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
 # Build and load
 # --------------------------------------------------------------------------------------------
 
-def _lanes() -> int | None:
-    cap = torch.backends.cpu.get_cpu_capability()
-    return {"AVX2": 8, "AVX512": 16}.get(cap)
+def lane_widths(capability: str) -> list[int]:
+    """The lane widths of the ATen kernels torch may run under ``capability``, likeliest first
+    (see the module docstring: AVX-512 CPUs run the AVX2 build of the stubs phase.c reproduces);
+    empty where phase.c cannot reproduce them (``DEFAULT``, other architectures)."""
+    cap = capability.upper()
+    if cap.startswith("AVX512") or cap.startswith("AMX"):
+        return [8, 16]
+    if cap.startswith("AVX2"):
+        return [8]
+    return []
 
 
 def _compiler() -> str | None:
@@ -235,9 +256,11 @@ def _make() -> Kernel:
         raise _Unavailable("disabled by COTANGENT_NATIVE=0")
     if platform.machine().lower() not in ("x86_64", "amd64"):
         raise _Unavailable(f"phase.c is x86-64 code; this machine is {platform.machine()}")
-    lanes = _lanes()
-    if lanes is None:
-        raise _Unavailable(f"torch's CPU capability is {torch.backends.cpu.get_cpu_capability()}, not AVX2/AVX512")
+    capability = torch.backends.cpu.get_cpu_capability()
+    lanes = lane_widths(capability)
+    if not lanes:
+        raise _Unavailable(f"torch's CPU capability is {capability}, not AVX2/AVX512 (its kernels are not "
+                           "phase.c's forms)")
     cc = _compiler()
     if cc is None:
         raise _Unavailable("no C compiler (set CC, or install cc/gcc/clang)")
@@ -248,7 +271,7 @@ def _make() -> Kernel:
         raise _Unavailable(f"build failed: {exc}") from exc
     from harness.cotangent.kernel import selfcheck
 
-    forms = selfcheck.find_forms(lib, path, lanes)
+    forms = selfcheck.find_forms(lib, path, lanes, capability)
     if isinstance(forms, str):
         raise _Unavailable(forms)
     return forms

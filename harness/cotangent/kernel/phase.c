@@ -1,6 +1,12 @@
 /*
  * The gradient phase of PackedAdamW (clip + AdamW step + zero_grad) on x86-64 CPUs with AVX2 and
- * FMA, float32, for flat buffers whose tensors are all multiples of 16 elements.
+ * FMA (AVX-512 CPUs included), float32, for flat buffers whose tensors are all multiples of 16
+ * elements.
+ *
+ * The lane width is that of the ATen kernels that run, which is not always the CPU's: ATen
+ * registers norm_stub and fused_adam_stub with REGISTER_DISPATCH, which leaves their AVX-512 slot
+ * empty, so torch runs their AVX2 build (8 lanes) under its AVX512 capability too. 16 lanes (two
+ * 8-lane halves here, the same additions in the same order) reproduce an AVX-512 registration.
  *
  * Each entry point repeats, operation for operation, what PyTorch's own CPU kernels compute, so
  * that the results are bit for bit those of

@@ -107,9 +107,21 @@ def check_update(k: kernel.Kernel, sq_form: int) -> bool:
     return True
 
 
-def find_forms(lib: ctypes.CDLL, path: Path, lanes: int) -> kernel.Kernel | str:
-    """The kernel with the forms that match this torch bit for bit, or why there is none."""
-    probe = kernel.Kernel(lib, path, lanes, 0, 0, 0)
+def find_forms(lib: ctypes.CDLL, path: Path, widths: list[int], capability: str = "") -> kernel.Kernel | str:
+    """The kernel with the lane width and forms that match this torch bit for bit, or why there is
+    none. ``widths`` are tried in order (:func:`harness.cotangent.kernel.lane_widths`)."""
+    why = "self-check: no lane width to try"
+    for lanes in widths:
+        found = _forms_at(lib, path, lanes, capability)
+        if isinstance(found, kernel.Kernel):
+            return found
+        why = found
+    tried = "/".join(str(w) for w in widths)
+    return f"{why} (capability {capability}, lanes tried: {tried})"
+
+
+def _forms_at(lib: ctypes.CDLL, path: Path, lanes: int, capability: str) -> kernel.Kernel | str:
+    probe = kernel.Kernel(lib, path, lanes, 0, 0, 0, capability)
     acc = next((a for a in (0, 1) if check_norms(probe, a)), None)
     if acc is None:
         return "self-check: no norm accumulation form reproduces torch.linalg.vector_norm"
@@ -119,4 +131,4 @@ def find_forms(lib: ctypes.CDLL, path: Path, lanes: int) -> kernel.Kernel | str:
     sq = next((s for s in (0, 1, 2, 3) if check_update(probe, s)), None)
     if sq is None:
         return "self-check: no form reproduces torch._fused_adamw_"
-    return kernel.Kernel(lib, path, lanes, acc, tail, sq)
+    return kernel.Kernel(lib, path, lanes, acc, tail, sq, capability)
