@@ -1,5 +1,6 @@
 """The report: ``summary.json`` (every number shown), ``report.md`` (the study's tables), PNG plots,
-and the per-run table as CSV or Parquet for users' own analysis.
+the study page ``index.html`` (:mod:`analysis.page`), and the per-run table as CSV or Parquet for
+users' own analysis.
 
 ``python -m analysis report records/<id>`` or ``harness report PROTOCOL``.
 """
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from analysis.page import write_page
 from analysis.summary import derive, load_records
 from harness.records import atomic_write, seal, write_json
 
@@ -325,10 +327,12 @@ class ReportOutput:
     export_path: Path | None
     plots: list[Path]
     markdown: str
+    page_path: Path | None = None
 
 
-def write_report(records_dir: Path, export: str | None = None) -> ReportOutput:
-    """Derive the summary from ``records_dir`` and write summary.json, report.md, plots, export."""
+def write_report(records_dir: Path, export: str | None = None, records_rel: str | None = None) -> ReportOutput:
+    """Derive the summary from ``records_dir`` and write summary.json, report.md, plots, the study page
+    and the export; ``records_rel`` is how the page's audit command names the folder."""
     records_dir = Path(records_dir)
     records = load_records(records_dir)
     if not records:
@@ -342,6 +346,7 @@ def write_report(records_dir: Path, export: str | None = None) -> ReportOutput:
         md += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in made) + "\n"
     report_path = records_dir / "report.md"
     atomic_write(report_path, md.encode("utf-8"), overwrite=True)
+    page_path = write_page(summary, records_dir, records_rel=records_rel)
     export_path = None
     if export:
         import pandas as pd
@@ -352,4 +357,4 @@ def write_report(records_dir: Path, export: str | None = None) -> ReportOutput:
             frame.to_csv(export_path, index=False)
         else:
             frame.to_parquet(export_path, index=False)
-    return ReportOutput(summary_path, report_path, export_path, made, md)
+    return ReportOutput(summary_path, report_path, export_path, made, md, page_path)

@@ -161,10 +161,36 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _report(proto: Any, fmt: str | None, quiet: bool) -> int:
     from analysis.report import write_report
 
-    out = write_report(proto.records_path, export=fmt)
+    out = write_report(proto.records_path, export=fmt, records_rel=_records_rel(proto))
     if not quiet:
         print(out.markdown)
-        print(f"wrote {out.summary_path}, {out.report_path}" + (f", {out.export_path}" if out.export_path else ""))
+        print(f"wrote {out.summary_path}, {out.report_path}, {out.page_path}"
+              + (f", {out.export_path}" if out.export_path else ""))
+    return 0
+
+
+def _records_rel(proto: Any) -> str:
+    """The records folder as a command run from the study's root names it."""
+    path = proto.records_path.resolve()
+    root = proto.root.resolve()
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from analysis.page import write_page
+    from analysis.summary import derive, load_records
+    from harness.protocol import load_protocol
+    from harness.records import seal
+
+    proto = load_protocol(args.protocol)
+    records = load_records(proto.records_path)
+    if not records:
+        raise HarnessError(f"no records in {proto.records_path}; run the study first: harness run {args.protocol}")
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise InputError(f"--out {args.out}: not a folder")
+    path = write_page(seal(derive(records)), proto.records_path, out, records_rel=_records_rel(proto))
+    print(f"wrote {path}")
     return 0
 
 
@@ -317,7 +343,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "configs": cmd_configs, "data": cmd_data, "verify": cmd_verify, "plan": cmd_plan, "tag": cmd_tag,
     "run": cmd_run, "status": cmd_status, "report": cmd_report, "calibrate": cmd_calibrate, "power": cmd_power,
-    "node": cmd_node, "compare-arms": cmd_compare_arms,
+    "node": cmd_node, "compare-arms": cmd_compare_arms, "publish": cmd_publish,
 }
 
 
@@ -353,6 +379,9 @@ def parser() -> argparse.ArgumentParser:
         if name == "report":
             s.add_argument("--format", choices=["csv", "parquet"], help="also export the per-run table")
             s.add_argument("--quiet", action="store_true")
+    s = sub.add_parser("publish", help="the study page: one self-contained HTML file from the records")
+    s.add_argument("protocol")
+    s.add_argument("--out", metavar="DIR", help="folder to write index.html into (default: the records folder)")
     s = sub.add_parser("power", help="pairs needed per hypothesis, from a pilot's A/A pairs")
     s.add_argument("pilot", help="the pilot protocol (already run)")
     s.add_argument("--target", required=True, help="the protocol whose hypotheses are planned")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, git, harness
+from pagecheck import check_page
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +28,26 @@ def clone(tmp_path_factory) -> Path:
     return dest
 
 
-@pytest.mark.long
-def test_demo_runs_reports_audits_and_detects_tampering(clone):
+@pytest.fixture(scope="module")
+def demo(clone) -> tuple[Path, subprocess.CompletedProcess[str], float]:
+    """The README's first command, run once for the module."""
     t0 = time.monotonic()
     r = harness(clone, "run", "protocols/demo.yaml", "--quiet", timeout=900)
-    elapsed = time.monotonic() - t0
+    return clone, r, time.monotonic() - t0
+
+
+@pytest.mark.long
+def test_demo_writes_a_study_page_that_a_browser_renders(demo):
+    clone, r, _ = demo
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    page = clone / "runs" / "demo" / "records" / "index.html"
+    assert page.is_file() and str(page.relative_to(clone)) in r.stdout
+    check_page(page, expect_studies=("pairs", "factorial", "null_aa"))
+
+
+@pytest.mark.long
+def test_demo_runs_reports_audits_and_detects_tampering(demo):
+    clone, r, elapsed = demo
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for heading in ("Time reduction", "Full-test quality", "2x2 factorial", "native versus native", "Every pair"):
         assert heading in r.stdout

@@ -1,0 +1,88 @@
+"""Checks of a study page (analysis/page.py) as a reader's browser sees it: parsed by a conforming
+HTML parser, rendered by headless Chromium with every request and console message watched."""
+from __future__ import annotations
+
+import io
+import shutil
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+SECTIONS = ("The question and the answer", "Every pair, including adverse ones", "Flow of planned runs",
+            "Order diagnostics", "How to verify", "What is and is not claimed")
+
+
+def check_static(html: str) -> None:
+    """HTML validity (html5lib in strict mode raises on any parse error) and basic accessibility:
+    a language, one h1, no skipped heading level, tables with captions and header cells, every
+    image (inline SVG) with a role and a text alternative, no script and no external resource."""
+    import html5lib
+
+    doc = html5lib.HTMLParser(tree=html5lib.getTreeBuilder("etree"), strict=True,
+                              namespaceHTMLElements=False).parse(html)
+    assert doc.get("lang") == "en"
+    assert html.startswith("<!DOCTYPE html>")
+    levels = [int(e.tag[1]) for e in doc.iter() if isinstance(e.tag, str) and len(e.tag) == 2 and e.tag[0] == "h"
+              and e.tag[1].isdigit()]
+    assert levels.count(1) == 1 and levels[0] == 1
+    assert all(b - a <= 1 for a, b in zip(levels, levels[1:])), levels
+    tables = list(doc.iter("table"))
+    assert tables
+    for t in tables:
+        assert t.find("caption") is not None and (t.find("caption").text or "").strip()
+        assert t.findall("./thead/tr/th[@scope='col']")
+    svgs = [e for e in doc.iter() if isinstance(e.tag, str) and e.tag.endswith("svg")]
+    assert svgs
+    for s in svgs:
+        assert s.get("role") == "img" and s.get("aria-labelledby")
+        titles = [e for e in s.iter() if isinstance(e.tag, str) and e.tag.endswith("title")]
+        assert titles and (titles[0].text or "").strip()
+    assert not list(doc.iter("script")) and not list(doc.iter("link")) and not list(doc.iter("img"))
+    for e in doc.iter():
+        for attr in ("src", "href"):
+            assert not e.get(attr), (e.tag, attr, e.get(attr))
+
+
+def check_page(path: Path, expect_studies: tuple[str, ...]) -> None:
+    html = path.read_text(encoding="utf-8")
+    check_static(html)
+    if CHROMIUM is None:
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it): the page was checked as HTML only")
+    from PIL import Image
+    from playwright.sync_api import sync_playwright
+
+    requests: list[str] = []
+    console: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900}, java_script_enabled=False)
+            page.on("request", lambda r: requests.append(r.url))
+            page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
+            page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+            page.goto(path.resolve().as_uri())
+            page.wait_for_load_state("load")
+            headings = [h.strip() for h in page.locator("h2").all_inner_texts()]
+            for section in SECTIONS:
+                assert any(h.startswith(section) for h in headings), (section, headings)
+            for study in expect_studies:
+                assert any(h.startswith(f"Study {study}") for h in headings), (study, headings)
+            assert page.locator("table").count() >= 6
+            assert page.locator("main table caption").count() == page.locator("main table").count()
+            assert page.locator("svg[role=img]").count() >= 2
+            assert page.locator("svg circle").count() > 0  # the plots drew their points
+            shot = page.screenshot(full_page=True)
+        finally:
+            browser.close()
+    assert requests == [path.resolve().as_uri()], requests  # nothing but the page itself
+    assert console == [], console
+    img = Image.open(io.BytesIO(shot)).convert("L")
+    assert img.size[0] == 1280
+    lo, hi = img.getextrema()
+    assert hi - lo > 100  # not blank
+    colors = img.getcolors(maxcolors=1 << 16)
+    assert colors is None or len(colors) > 20
