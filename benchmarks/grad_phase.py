@@ -27,6 +27,11 @@ Peak memory: each arm trains the real model in its own process; after two steady
 and the peak of the next steps is reported (median of ``--memory-repeats`` processes per arm,
 arms interleaved), with glibc's mmap threshold fixed at 64 KiB so that RSS follows live memory.
 
+``--whole-step-reps N`` adds whole training iterations (forward + backward + phase), native against
+cotangent interleaved, for the configurations and ``nanogpt_small`` (``benchmarks/whole_step.py``): the
+phase's share of native's step and the whole-step ratio. The header names the CPU model, the
+instruction set torch dispatches (``ATEN_CPU_CAPABILITY`` lowers it), and the phase kernel with its forms.
+
     python benchmarks/grad_phase.py --configs small_transformer --reps 60 --json runs/bench.json
 """
 
@@ -51,6 +56,7 @@ import harness.cotangent as cot  # noqa: E402
 from harness.arms import ARMS, build_arm  # noqa: E402
 from harness.config import load_config  # noqa: E402
 from harness.cotangent import kernel as phase_kernel  # noqa: E402
+from harness.devices import cpu_model  # noqa: E402
 from harness.models import build_model  # noqa: E402
 
 LR, WD, MAX_NORM = 1e-3, 0.1, 1.0
@@ -218,6 +224,10 @@ def main() -> int:
     ap.add_argument("--stream-reps", type=int, default=20, help="repetitions of the bandwidth measurement (best)")
     ap.add_argument("--block-sweep", nargs="*", type=int, default=[], metavar="KIB",
                     help="also time cotangent/torch with these CPU block sizes (KiB)")
+    ap.add_argument("--whole-step-reps", type=int, default=0, metavar="N",
+                    help="also time N whole training steps per variant (0: skip; benchmarks/whole_step.py)")
+    ap.add_argument("--whole-step-models", nargs="+", metavar="MODEL",
+                    help="models for the whole steps (default: --configs and nanogpt_small)")
     ap.add_argument("--json", help="write the results as JSON to this path")
     args = ap.parse_args()
     names = [*ARMS, "cotangent/torch", "cotangent/release"] + ([] if args.no_compiled else ["compiled"])
@@ -225,12 +235,15 @@ def main() -> int:
     kernel = phase_kernel.kernel()
     phase_c = kernel.describe() if kernel else f"not used: {phase_kernel.unavailable_reason()}"
 
+    capability = torch.backends.cpu.get_cpu_capability()
     results: dict[str, object] = {
+        "cpu_model": cpu_model(), "cpu_capability": capability,
         "cpu_block_bytes": cot.CPU_BLOCK_BYTES, "phase_c": phase_c, "torch": torch.__version__,
         "threads": torch.get_num_threads(), "machine": platform.machine(), "processor": platform.processor(),
         "reps": args.reps, "configs": {},
     }
-    lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.reps} interleaved repetitions, "
+    lines = [f"{cpu_model()}, torch dispatches {capability}; "
+             f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.reps} interleaved repetitions, "
              f"CPU block {cot.CPU_BLOCK_BYTES // 1024} KiB; phase.c {phase_c}", ""]
     for config in args.configs:
         timing = time_variants(config, args.reps, names)
@@ -258,6 +271,13 @@ def main() -> int:
                   f"floor: {lim['bytes'] / 2**20:.1f} MiB moved ({PHASE_ACCESSES} float32 accesses per coordinate) at "
                   f"{lim['best_GBps']:.1f} GB/s (best of copy {lim['copy_GBps']:.1f} GB/s and triad "
                   f"{lim['triad_GBps']:.1f} GB/s, {args.stream_reps} repetitions, {torch.get_num_threads()} threads)", ""]
+    if args.whole_step_reps:
+        from whole_step import table, whole_step
+
+        models = args.whole_step_models or [*args.configs, "nanogpt_small"]
+        steps = {c: whole_step(c, args.whole_step_reps) for c in models}
+        results["whole_step"] = steps
+        lines += table(steps, args.whole_step_reps)
     print("\n".join(lines))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

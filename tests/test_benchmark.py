@@ -14,7 +14,8 @@ def test_grad_phase_benchmark_runs(tmp_path):
     out = tmp_path / "bench.json"
     r = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "grad_phase.py"), "--configs", "tiny_transformer", "--reps", "3",
-         "--memory-steps", "1", "--memory-repeats", "1", "--no-compiled", "--block-sweep", "4", "--json", str(out)],
+         "--memory-steps", "1", "--memory-repeats", "1", "--no-compiled", "--block-sweep", "4", "--whole-step-reps", "2", "--whole-step-models", "tiny_transformer",
+         "--json", str(out)],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
     )
     assert r.returncode == 0, r.stderr
@@ -25,6 +26,13 @@ def test_grad_phase_benchmark_runs(tmp_path):
                                    "cotangent/release", "cotangent/torch/4KiB"}
     assert res["timing"]["native"]["ratio"] == 1.0
     assert data["phase_c"] and "phase.c" in r.stdout
+    assert data["cpu_capability"] and f"torch dispatches {data['cpu_capability']}" in r.stdout.splitlines()[0]
+    assert data["cpu_model"] in r.stdout.splitlines()[0]
+    step = data["whole_step"]["tiny_transformer"]  # forward + backward + phase, interleaved
+    assert step["native"]["step_ms"] > step["native"]["phase_ms"] > 0
+    assert 0 < step["phase_share_of_native_step"] < 1
+    assert step["cotangent"]["step_ratio"] == step["cotangent"]["step_ms"] / step["native"]["step_ms"]
+    assert "| tiny_transformer |" in r.stdout and "Whole-step ratio" in r.stdout
     assert all(t["phase_ms"] > 0 and t["delivery_ms"] > 0 for t in res["timing"].values())
     assert set(res["peak_rss_bytes"]) == {"native", "bucketed", "packed", "cotangent", "cotangent/release"}
     assert all(v > 0 for v in res["peak_rss_bytes"].values())
