@@ -290,6 +290,17 @@ def cmd_compare_arms(args: argparse.Namespace) -> int:
     from harness.devices import resolve
 
     _sys.path.insert(0, str(Path.cwd()))  # plug-ins are imported from the study's root, as the worker does
+    from harness.arms import ARMS
+    from harness.arms import resolve as resolve_arm
+
+    for which, name in (("baseline", args.baseline), ("candidate", args.candidate)):
+        try:
+            resolve_arm(name)
+        except ImportError as e:
+            raise InputError(f"{which} arm {name!r}: cannot import it ({e}); a plug-in is module:function "
+                             f"importable from {Path.cwd()}, a built-in arm one of {', '.join(ARMS)}") from e
+        except ValueError as e:
+            raise InputError(f"{which} arm: {e}") from e
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = find_config(args.config, config_dir())
@@ -347,8 +358,18 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("cotangent-harness")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="harness", description="Preregistered paired-seed training-speed experiments.")
+    p.add_argument("--version", action="version", version=f"harness {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("configs", help="list configurations with parameter counts")
     s.add_argument("--json", action="store_true")

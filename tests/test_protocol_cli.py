@@ -273,3 +273,18 @@ def test_retry_reruns_whole_units_up_to_max_attempts(repo):
     assert order == sorted(order)  # whole units, in plan order, each arm back to back
     harness(repo, "run", str(p), "--quiet", "--no-report", "--retry-failed")  # max_attempts reached: nothing runs
     assert len(load_records(repo / "records" / "tiny")) == 8
+
+
+def test_version_and_unknown_arms_are_clean_errors(repo):
+    """``harness --version`` names the installed version; an arm that is neither built in nor
+    importable is an input error naming the argument, never a traceback."""
+    from importlib.metadata import version
+
+    r = harness(repo, "--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"harness {version('cotangent-harness')}"
+    for args, says in ((("native", "bogus"), "candidate arm: unknown arm 'bogus'"),
+                       (("bogus.mod:fn", "native"), "baseline arm 'bogus.mod:fn': cannot import it"),
+                       (("native", "harness.arms:nothere"), "has no function nothere")):
+        r = harness(repo, "compare-arms", *args, "--config", "tiny_conv")
+        assert r.returncode == 2 and says in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
