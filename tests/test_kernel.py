@@ -52,6 +52,39 @@ def test_lane_widths_follow_atens_dispatch():
     assert phase_kernel.lane_widths("DEFAULT") == [] and phase_kernel.lane_widths("SVE256") == []
 
 
+def _dispatch_slots(stubs: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    """Per ATen stub, the ``nm`` symbol type of each capability slot in libtorch_cpu.so: ``D``
+    (initialised data: a kernel registered) or ``B`` (zero-initialised: nullptr, no kernel)."""
+    lib = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    nm = shutil.which("nm")
+    if nm is None or not lib.is_file():
+        pytest.skip("needs binutils' nm and torch's libtorch_cpu.so")
+    slots: dict[str, dict[str, str]] = {s: {} for s in stubs}
+    with subprocess.Popen([nm, "-C", str(lib)], stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "_DECLARE_DISPATCH_type>::" not in line:
+                continue
+            for stub in stubs:
+                if f"at::native::{stub}_DECLARE_DISPATCH_type>::" in line:
+                    slots[stub][line.rstrip().rsplit("::", 1)[1]] = line.split()[1]
+    return slots
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86-64 dispatch slots")
+def test_avx512_cpus_run_the_avx2_build_of_the_kernels_phase_c_reproduces():
+    """Why 8 lanes come first under torch's AVX512 capability, read from this torch's own binary: the
+    AVX512 slots of norm_stub and fused_adam_stub are zero-initialised (REGISTER_DISPATCH leaves them
+    empty), so DispatchStub runs their AVX2 kernels on an AVX-512 CPU; their AVX2 slots hold kernels."""
+    slots = _dispatch_slots(("norm_stub", "fused_adam_stub"))
+    for stub, kinds in slots.items():
+        assert kinds.get("AVX2") in ("D", "d"), (stub, kinds)
+        assert kinds.get("AVX512") in ("B", "b"), (
+            f"torch {torch.__version__} registers an AVX-512 kernel for {stub}: on AVX-512 CPUs the 16-lane form "
+            "runs, so harness.cotangent.kernel.lane_widths should try 16 first", kinds)
+    assert phase_kernel.lane_widths("AVX512") == [8, 16]
+
+
 def _cpu_flags() -> set[str]:
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
