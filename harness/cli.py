@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import HarnessError, InputError
+from harness.records import RecordFormatError
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
@@ -161,6 +162,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _report(proto: Any, fmt: str | None, quiet: bool) -> int:
     from analysis.report import write_report
 
+    if not any(proto.records_path.glob("*.record.json")):
+        raise HarnessError(f"no records in {proto.records_path}; run the study first: harness run {proto.relpath}")
     out = write_report(proto.records_path, export=fmt, records_rel=_records_rel(proto))
     if not quiet:
         print(out.markdown)
@@ -185,7 +188,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     proto = load_protocol(args.protocol)
     records = load_records(proto.records_path)
     if not records:
-        raise HarnessError(f"no records in {proto.records_path}; run the study first: harness run {args.protocol}")
+        raise HarnessError(f"no records in {proto.records_path}; run the study first: harness run {proto.relpath}")
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not out.is_dir():
         raise InputError(f"--out {args.out}: not a folder")
@@ -440,6 +443,10 @@ def main(argv: list[str] | None = None) -> int:
     except HarnessError as e:
         print(f"harness {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code
+    except RecordFormatError as e:
+        print(f"harness {args.command}: error: {e} (a record or MANIFEST that is not in the harness's format: "
+              "restore it from version control; the audit names every damaged file)", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"harness {args.command}: interrupted", file=sys.stderr)
         return 130

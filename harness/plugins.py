@@ -10,7 +10,7 @@ import re
 import sys
 from pathlib import Path
 
-PLUGIN_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+PLUGIN_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*\Z")
 
 
 def is_plugin(name: str) -> bool:

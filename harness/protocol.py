@@ -21,7 +21,7 @@ from harness.names import ARMS
 from harness.plugins import fingerprint, is_plugin, source_of
 from harness.yamlio import Field, one_of, positive
 
-ID_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+ID_RE = re.compile(r"^[A-Za-z0-9_-]+\Z")  # \Z: "$" would also match before a final newline
 FACTORIAL_CELLS = ("native", "bucketed", "packed", "cotangent")
 
 

@@ -1,0 +1,102 @@
+"""Every error a user can cause is a clean message and a non-zero exit, never a traceback.
+
+Each subcommand is driven through the CLI with bad arguments, missing and corrupt files (protocol,
+records, MANIFEST, summary) and unknown names, in a temporary study; so is the public audit."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, git, harness, init_study, tiny_protocol
+
+
+def _clean(r: subprocess.CompletedProcess[str], *says: str) -> None:
+    assert r.returncode != 0, r.stdout[-2000:]
+    assert "Traceback" not in r.stderr + r.stdout, r.stderr[-3000:]
+    for s in says:
+        assert s in r.stderr, r.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory) -> Path:
+    """A study with one small run's records (protocol ``protocols/tiny.yaml``)."""
+    repo = init_study(tmp_path_factory.mktemp("errors") / "study", protocol=tiny_protocol())
+    r = harness(repo, "run", "protocols/tiny.yaml", "--quiet")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return repo
+
+
+def _audit(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-I", "-S", str(ROOT / "analysis" / "public_audit.py"), *args], cwd=repo,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args, says", [
+    (("plan", "protocols/none.yaml"), ["protocols/none.yaml"]),
+    (("status", "protocols/none.yaml"), ["protocols/none.yaml"]),
+    (("report", "protocols/none.yaml"), ["protocols/none.yaml"]),
+    (("publish", "protocols/none.yaml"), ["protocols/none.yaml"]),
+    (("tag", "protocols/none.yaml"), ["protocols/none.yaml"]),
+    (("run", "protocols/none.yaml"), ["protocols/none.yaml"]),
+    (("calibrate", "protocols/none.yaml"), ["protocols/none.yaml"]),
+    (("power", "protocols/none.yaml", "--target", "protocols/tiny.yaml"), ["protocols/none.yaml"]),
+    (("data", "fetch", "bogus"), ["unknown corpus 'bogus'"]),
+    (("data", "pin", "no/such/file"), ["no/such/file"]),
+    (("compare-arms", "native", "native", "--config", "nope"), ["unknown configuration 'nope'"]),
+    (("compare-arms", "native", "bogus", "--config", "tiny_conv"), ["candidate arm"]),
+    (("verify", "--device", "mps"), ["mps"]),
+])
+def test_bad_arguments_and_missing_files(repo, args, says):
+    (repo / "protocols" / "tiny.yaml").write_text(tiny_protocol())
+    _clean(harness(repo, *args, timeout=300), *says)
+
+
+def test_report_and_publish_without_records_say_what_to_run(repo):
+    (repo / "protocols" / "tiny.yaml").write_text(tiny_protocol())
+    for cmd in ("report", "publish"):
+        _clean(harness(repo, cmd, "protocols/tiny.yaml"), "harness run protocols/tiny.yaml")
+
+
+def test_protocol_id_with_a_newline_is_an_input_error(repo):
+    (repo / "protocols" / "tiny.yaml").write_text(tiny_protocol(id='"tiny\\n"'))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "protocol")
+    for cmd in ("plan", "tag"):
+        _clean(harness(repo, cmd, "protocols/tiny.yaml"), "protocols/tiny.yaml", "id")
+
+
+@pytest.mark.parametrize("victim, content", [
+    ("record", "{not json"),
+    ("record", '{"schema_version": 99}'),
+    ("MANIFEST", "[]"),
+    ("MANIFEST", "{broken"),
+])
+def test_corrupt_records_and_manifest(study, tmp_path, victim, content):
+    """A damaged record stops status, report and publish with a message naming it; a damaged MANIFEST
+    fails the audit naming it, and the harness's commands repair it from the chain or refuse cleanly."""
+    records = study / "records" / "tiny"
+    path = sorted(records.glob("*.record.json"))[0] if victim == "record" else records / "MANIFEST"
+    saved = path.read_bytes()
+    try:
+        path.write_text(content)
+        a = _audit(study, "records/tiny")
+        assert a.returncode == 1 and "Traceback" not in a.stdout + a.stderr, a.stdout[-2000:] + a.stderr[-2000:]
+        assert path.name in a.stdout + a.stderr
+        for cmd in ("status", "report", "publish"):
+            r = harness(study, cmd, "protocols/tiny.yaml")
+            assert "Traceback" not in r.stderr + r.stdout, (cmd, r.stderr[-3000:])
+            if victim == "record":
+                _clean(r, path.name)
+    finally:
+        path.write_bytes(saved)
+
+
+def test_audit_arguments(study):
+    r = _audit(study, "--help")
+    assert r.returncode == 0 and "usage" in r.stdout.lower() and "Traceback" not in r.stderr
+    r = _audit(study, "no/such/records")
+    assert r.returncode == 2 and "no/such/records" in r.stdout + r.stderr and "Traceback" not in r.stderr
+    r = _audit(study, "records/tiny", "--bogus-flag")
+    assert r.returncode == 2 and "--bogus-flag" in r.stdout + r.stderr and "Traceback" not in r.stderr
