@@ -288,3 +288,18 @@ def test_version_and_unknown_arms_are_clean_errors(repo):
         r = harness(repo, "compare-arms", *args, "--config", "tiny_conv")
         assert r.returncode == 2 and says in r.stderr, r.stderr
         assert "Traceback" not in r.stderr
+
+
+def test_every_flag_has_help_and_device_choices_agree():
+    import argparse
+
+    from harness.cli import DEVICES, parser
+
+    subs = parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    for name, sp in subs.items():
+        for action in sp._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            assert action.help, f"harness {name}: {action.dest} has no help"
+            if action.dest == "device":
+                assert list(action.choices) == DEVICES, name
