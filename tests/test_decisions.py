@@ -2,6 +2,7 @@
 multiplicity procedures, censoring, degenerate data and the order diagnostics."""
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import sys
@@ -57,22 +58,43 @@ def test_t_tests_against_scipy():
     eq = D.t_test(v, -1, "equivalence", 0.1)
     tost = max(stats.ttest_1samp(v, -0.1, alternative="greater").pvalue, stats.ttest_1samp(v, 0.1, alternative="less").pvalue)
     assert eq.p_value == pytest.approx(tost, rel=1e-10)
-    assert D.direction("relative_reduction", "lower") == 1 and D.direction("log_ratio", "lower") == -1
+    from analysis.ttests import bounds, sign
+    assert sign("lower") == -1 and sign("higher") == 1  # on the test scale (c - b or ln c - ln b)
+    rr = {"estimand": "relative_reduction", "better": "lower", "type": "superiority", "margin": 10.0}
+    assert bounds(rr)[0] is None and bounds(rr)[1] == pytest.approx(math.log(0.9), rel=1e-15)  # 10% faster
 
 
 @pytest.mark.parametrize("d", [
-    [0.3, -0.1, 0.25, 0.4, -0.05, 0.12, 0.33, 0.07],            # exact (no ties)
-    [0.3, -0.1, 0.3, 0.4, -0.05, 0.12, 0.0, 0.07, 0.4, 0.4],    # ties and a zero: normal approximation
+    [0.3, -0.1, 0.25, 0.4, -0.05, 0.12, 0.33, 0.07],            # exact (no ties): scipy's exact method
+    [0.3, -0.1, 0.3, 0.4, -0.05, 0.12, 0.0, 0.07, 0.4, 0.4],    # ties and a zero: exact conditional
+    [2.0, 2.0, 2.0, 2.0],                                        # 4 pairs all censored on one arm
     [float(x) for x in range(1, 61)],                           # n > 50: normal approximation
 ])
-def test_signed_rank_against_scipy(d):
+def test_signed_rank_against_scipy_and_enumeration(d):
     mine = D.signed_rank(d, 1)
     nz = [x for x in d if x != 0]
-    exact = len(set(abs(x) for x in nz)) == len(nz) and len(nz) <= 50
-    ref = stats.wilcoxon(d, alternative="greater", zero_method="wilcox", method="exact" if exact else "approx",
-                         correction=False)
-    assert mine.p_value == pytest.approx(ref.pvalue, rel=1e-9)
-    assert A.signed_rank(d, 1)["p_value"] == pytest.approx(mine.p_value, rel=1e-12)
+    if len(nz) > 50:
+        ref = stats.wilcoxon(d, alternative="greater", zero_method="wilcox", method="approx", correction=False).pvalue
+    elif len(set(abs(x) for x in nz)) == len(nz):
+        ref = stats.wilcoxon(d, alternative="greater", zero_method="wilcox", method="exact").pvalue
+    else:  # every sign pattern of scipy's average ranks, counted
+        ranks = stats.rankdata([abs(x) for x in nz])
+        t = sum(r for r, x in zip(ranks, nz) if x > 0)
+        tot = [sum(r for r, sg in zip(ranks, signs) if sg) for signs in itertools.product((0, 1), repeat=len(nz))]
+        ref = sum(x >= t - 1e-9 for x in tot) / 2 ** len(nz)
+    assert mine.p_value == pytest.approx(ref, rel=1e-12)
+    assert A.signed_rank(d, 1)["p_value"] == mine.p_value
+    if d == [2.0] * 4:
+        assert mine.p_value == 1 / 16  # the smallest p four pairs can give (the normal approximation said 0.0228)
+
+
+def test_signed_rank_ties_are_rounding_tolerant():
+    # magnitudes equal but for the last bits tie; a mirror image gives the mirror p
+    d = [math.log(1.1 * b) - math.log(b) for b in (3, 7, 11, 13, 17, 19, 23, 1000, 1e5)] + [0.2, -0.3]
+    assert len(set(abs(x) for x in d[:9])) == 4  # they differ in their last bits
+    r = D.signed_rank(d, -1)
+    assert r.p_value == D.signed_rank([-x for x in d], 1).p_value == A.signed_rank(d, -1)["p_value"]
+    assert r.statistic == D.signed_rank([0.0953] * 9 + [0.2, -0.3], -1).statistic
 
 
 def test_period_adjusted_equals_the_two_sample_crossover():
