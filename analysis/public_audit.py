@@ -658,7 +658,7 @@ def recompute(records: list[dict]) -> dict:
                      "test_bpb": r.get("test_bpb"), "peak_memory_bytes": peak(r)})
     rows.sort(key=lambda x: (x["order"], x["attempt"]))
     return {
-        "schema_version": 3, "protocol": proto, "completeness": done, "hypotheses": hyp,
+        "schema_version": 4, "protocol": proto, "completeness": done, "hypotheses": hyp,
         "flow": flow(records, studies, proto),
         "records": {"files": len(records), "ok": status.count("ok"), "failed": status.count("failed"),
                     "interrupted": status.count("interrupted"),

@@ -272,8 +272,8 @@ def _forest(summary: dict[str, Any], directory: Path) -> list[Path]:
     for d in summary["hypotheses"].get("decisions", []):
         if d["low"] is not None:
             margin = d["margin"] if d["type"] != "superiority" else 0.0
-            rows.append((f"{d['id']} {d['study']}/{d['config']} {d['endpoint']}", d["test"]["estimate"], d["low"],
-                         d["high"], margin, d["status"]))
+            rows.append((f"{d['id']} {d['study']}/{d['config']} {d['endpoint']}", d.get("estimate", d["test"]["estimate"]),
+                         d["low"], d["high"], margin, d["status"]))
     for st in summary["studies"]:
         for c in st["configs"]:
             iv = (c.get("training_time") or {}).get("log_ratio")

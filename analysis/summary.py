@@ -27,8 +27,10 @@ from harness.records import load_records
 
 __all__ = ["completeness", "derive", "flow", "load_records", "run_rows"]
 
-# 2: "completeness"; 3: "hypotheses" (one decision each), "flow", order diagnostics, failed-arm sensitivity
-SUMMARY_SCHEMA = 3
+# 2: "completeness"; 3: "hypotheses" (one decision each), "flow", order diagnostics, failed-arm sensitivity;
+# 4: ratio estimands on the log ratio (relative_reduction = 100 (1 - exp) of its interval), a decision's
+#    "estimate" / "estimate_of" in the estimand's units, an endpoint's "invalid_pairs"
+SUMMARY_SCHEMA = 4
 UNIT_RUNS = {"paired": 2, "factorial": 4}
 
 
