@@ -158,15 +158,22 @@ def test_audit_recomputes_every_decision(procedure):
              ("s", "d"): make_pairs(14, effect=0.01, seed=10)}
     tests = [H_TTT, H_SPEED, H_QUAL, {**H_SPEED, "id": "H4", "config": "d", "type": "equivalence", "margin": 0.05},
              {**H_SPEED, "id": "H5", "period_adjusted": True},
-             {**H_SPEED, "id": "H6", "endpoint": "time_to_target", "censoring": "restricted_mean"}]
+             {**H_SPEED, "id": "H6", "endpoint": "time_to_target", "censoring": "restricted_mean"},
+             {**H_SPEED, "id": "H7", "estimand": "relative_reduction", "margin": 2.0},
+             {**H_SPEED, "id": "H8", "estimand": "relative_reduction", "type": "equivalence", "margin": 10.0,
+              "period_adjusted": True},
+             {**H_SPEED, "id": "H9", "endpoint": "time_to_target", "censoring": "restricted_mean", "restriction_s": 0.8},
+             {**H_TTT, "id": "H10", "estimand": "relative_reduction", "better": "higher"}]
     sp = spec(*tests, procedure=procedure, alpha=0.05)
     mine = [d.as_dict() for d in D.decide(sp, pairs, COMPLETE)]
     theirs = A.decide(sp, pairs, COMPLETE)
     problems: list[str] = []
     assert A.compare("decisions", theirs, mine, problems, "test") > 50 and not problems, problems
-    failed = [{"unit": "x", "failed": "candidate"}]
-    assert A.sensitivity(H_SPEED, pairs[("s", "c")], failed) == pytest.approx(
-        D.sensitivity(H_SPEED, pairs[("s", "c")], failed))
+    assert [d["id"] for d in mine if d["test"] is None] == []  # every rule was exercised
+    failed = [{"unit": "x", "failed": "candidate"}, {"unit": "y", "failed": "baseline"}]
+    for h in tests:
+        assert A.sensitivity(h, pairs[("s", h["config"])], failed) == pytest.approx(
+            D.sensitivity(h, pairs[("s", h["config"])], failed)), h["id"]
 
 
 def test_drift_slope_against_scipy():
