@@ -352,7 +352,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("pilot", help="the pilot protocol (already run)")
     s.add_argument("--target", required=True, help="the protocol whose hypotheses are planned")
     s.add_argument("--effect", action="append", metavar="ID=VALUE",
-                   help="assumed true effect of a superiority hypothesis (favourable direction, estimand units)")
+                   help="assumed true effect of a hypothesis, any type (favourable direction, estimand units; "
+                        "default 0)")
     s.add_argument("--json", action="store_true")
     s = sub.add_parser("node", help="start a Ray node that offers this machine's timing devices")
     s.add_argument("--device", required=True, choices=["cpu", "cuda", "mps"])
