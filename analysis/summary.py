@@ -125,7 +125,8 @@ def completeness(records: list[dict[str, Any]]) -> dict[str, Any]:
         text = f"complete: all {planned} planned runs have an ok record"
     elif budget_stop:
         text = (f"STOPPED BY THE BUDGET RULE: {missing} of {planned} planned runs have no ok record; "
-                f"{spent:.1f} of {budget:g} device seconds spent, and one more unit would exceed the budget")
+                f"{spent:.1f} of {budget:g} device seconds spent, and one more unit would exceed the budget; "
+                "where it stopped depended on run times, the outcome of every time endpoint")
     else:
         text = f"INCOMPLETE: {missing} of {planned} planned runs have no ok record"
     return {"planned_runs": planned, "ok_runs": len(ok_ids), "missing_runs": missing, "complete": missing == 0,

@@ -149,3 +149,14 @@ def test_power_against_r():
             pytest.approx(p, rel=1e-8)
     inp, (u,) = case("sd_upper_80")
     assert sd_upper(inp["sd"], inp["pairs"], inp["confidence"]) == pytest.approx(u, rel=1e-12)
+
+
+@pytest.mark.parametrize("name, kind", [("sensitivity_noninferiority_0.01", "non_inferiority"),
+                                        ("sensitivity_equivalence_0.01", "equivalence")])
+def test_failed_arm_sensitivity_against_r(name, kind):
+    inp, (p,) = case(name)
+    pairs = [{"unit": f"u{i}", "baseline_test_bpb": 3.0, "candidate_test_bpb": 3.0 + v} for i, v in enumerate(inp["v"])]
+    h = {**H, "endpoint": "test_bpb", "estimand": "difference", "type": kind, "margin": 0.01, "better": "lower"}
+    failed = [{"unit": "x", "failed": "candidate"}]
+    mine = D.sensitivity(h, pairs, failed)
+    assert mine["p_value"] == pytest.approx(p, rel=1e-9) and mine == A.sensitivity(h, pairs, failed)
