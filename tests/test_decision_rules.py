@@ -271,3 +271,17 @@ def test_protocol_keys_name_file_key_line(repo, edit, needle, message):
     line = next(i + 1 for i, s in enumerate(text.splitlines()) if needle in s)
     assert r.returncode == 2 and message in r.stderr and f"{p}:{line}" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from(["worst_rank", "restricted_mean"]), st.booleans(),
+       st.sets(st.tuples(st.integers(0, 9), st.sampled_from("bc")), max_size=6), st.floats(-0.2, 0.2))
+def test_relabelling_mirrors_time_to_target(seed, censoring, lower, unreached, effect):
+    """Worst-rank scores and restricted times are symmetric in the arms: the mirror decision, the same p."""
+    pairs = make_pairs(10, effect=effect, noise=0.05, seed=seed, unreached=unreached)
+    h = {**H_TTT, "censoring": censoring, "better": "lower" if lower else "higher"}
+    a = both(spec(h, alpha=0.05), {("s", "c"): pairs})[0]
+    b = both(spec(mirror_margin(h), alpha=0.05), {("s", "c"): relabel(pairs)})[0]
+    assert (a["status"], a["reason"] is None) == (b["status"], b["reason"] is None)
+    if a["test"] is not None:
+        assert a["test"]["p_value"] == b["test"]["p_value"] and a["test"]["statistic"] == b["test"]["statistic"]
