@@ -279,10 +279,17 @@ def decide(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, 
             id=h["id"], study=h["study"], config=h["config"], endpoint=h["endpoint"], estimand=h["estimand"],
             type=h["type"], margin=h["margin"], better=h["better"], status=st, reason=reason, alpha=a,
             test=asdict(t) if t is not None else None, estimate=estimate,
-            estimate_of=None if t is None else (t.estimate_of if t.method == "signed-rank" else h["estimand"]),
+            estimate_of=None if t is None else (t.estimate_of if t.method == "signed-rank" else _label(h)),
             low=low, high=high, level=level, unreached=unreached, text=text,
         ))
     return out
+
+
+def _label(h: dict[str, Any]) -> str:
+    if h.get("censoring") != "restricted_mean":
+        return h["estimand"]
+    tau = f"{h['restriction_s']:g} s" if h.get("restriction_s") else "the pair's shorter training time"
+    return f"{h['estimand']} of the restricted times min(T, tau), tau = {tau}"
 
 
 def _text(h: dict[str, Any], status: str, reason: str | None, t: TestResult | None, a: float | None,

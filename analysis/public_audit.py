@@ -536,6 +536,9 @@ def decide(spec: dict, pairs_of: dict, done: dict) -> list[dict]:
         if t is not None:
             estimate = pct(t["estimate"]) if rr else t["estimate"]
             estimate_of = t["estimate_of"] if rank else h["estimand"]
+            if h.get("censoring") == "restricted_mean":
+                tau = f"{h['restriction_s']:g} s" if h.get("restriction_s") else "the pair's shorter training time"
+                estimate_of = f"{h['estimand']} of the restricted times min(T, tau), tau = {tau}"
         if t is not None and a is not None and not rank:
             level = 1.0 - 2.0 * a
             q = student_t_ppf(1.0 - a, t["df"])
