@@ -9,6 +9,8 @@ import sys
 
 import pytest
 from conftest import ROOT
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from analysis import decisions as D
@@ -208,3 +210,21 @@ def test_per_device_effects_and_heterogeneity():
     A.compare("by_device", A.by_device(pairs, 0.95), d, problems, "test")
     assert not problems, problems
     assert by_device([dict(p, device="one") for p in pairs], 0.95) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([-3.0, -2.0, -1.5, -1.0, 0.0, 1.0, 1.5, 2.0, 3.0]), min_size=1, max_size=11),
+       st.sampled_from([1, -1]))
+def test_signed_rank_exact_conditional_equals_enumeration(d, s):
+    """Heavy ties and zeros: the exact conditional p is the share of sign patterns with T+ at least the observed."""
+    nz = [s * x for x in d if x != 0]
+    mine = D.signed_rank(d, s)
+    assert A.signed_rank(d, s)["p_value"] == mine.p_value
+    if not nz:
+        assert mine.p_value == 1.0
+        return
+    ranks = stats.rankdata([abs(x) for x in nz])
+    t = sum(r for r, x in zip(ranks, nz) if x > 0)
+    tot = [sum(r for r, sg in zip(ranks, signs) if sg) for signs in itertools.product((0, 1), repeat=len(nz))]
+    assert mine.p_value == pytest.approx(sum(x >= t - 1e-9 for x in tot) / 2 ** len(nz), rel=1e-12)
+    assert mine.statistic == pytest.approx(t)
