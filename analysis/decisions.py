@@ -1,186 +1,55 @@
 """The decisions a protocol preregisters: one per hypothesis, under the family's multiplicity rule.
 
 Never imports torch. ``analysis/public_audit.py`` recomputes every decision with the standard
-library alone; ``tests/test_decisions.py`` cross-checks both against scipy.
+library alone; ``tests/test_decisions.py`` cross-checks both against scipy and
+``tests/test_references.py`` against R.
 
-Sign convention: per-pair values compare the candidate with the baseline, as
-:func:`analysis.stats.paired_values` (``difference = c - b``, ``log_ratio = ln(c / b)``,
-``relative_reduction = 100 (1 - c / b)``). ``better: lower`` says the candidate is better when its
-endpoint is lower (times, BPB, memory). ``s = +1`` when larger estimand values favour the candidate
-(``relative_reduction`` with ``better: lower``), else ``-1``; every test is one-sided on ``s * mean``.
+Sign convention: per-pair values compare the candidate with the baseline (``difference = c - b``,
+``log_ratio = ln c - ln b``, ``relative_reduction = 100 (1 - exp(log_ratio))``). ``better: lower``
+says the candidate is better when its endpoint is lower (times, BPB, memory). Ratio estimands are
+tested on the log ratio (:mod:`analysis.ttests`), so no decision depends on which of the two ratio
+estimands the protocol names or on which arm it calls the baseline (swap the arms and flip
+``better``: the same decision, bit for bit). Intervals are shown in the estimand's units.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from scipy import stats as _st
 
-from analysis.stats import paired_values
+from analysis.ranks import median, signed_rank, worst_rank_differences
+from analysis.stats import reduction, spread_is_rounding
+from analysis.ttests import (
+    TestResult,
+    bounds,
+    mean_se,
+    period_adjusted,
+    period_adjusted_mean,
+    scale,
+    sign,
+    t_result,
+    t_test,
+)
+
+__all__ = ["ENDPOINT_KEYS", "TIME_ENDPOINTS", "HypothesisDecision", "TestResult", "decide", "period_adjusted",
+           "sensitivity", "signed_rank", "t_test", "worst_rank_differences"]
 
 ENDPOINT_KEYS = {"training_time": "training_s", "time_to_target": "time_to_target_s", "total_time": "total_s",
                  "test_bpb": "test_bpb", "peak_memory": "peak_memory_bytes"}
-
-
-@dataclass(frozen=True)
-class TestResult:
-    """One one-sided test of a hypothesis.
-
-    Attributes
-    ----------
-    method : str
-        ``t`` (paired Student t on the per-pair values), ``t-period-adjusted`` (two-period crossover)
-        or ``signed-rank`` (Wilcoxon signed-rank on worst-rank differences).
-    n : int
-        Pairs in the test (for ``signed-rank``: non-zero differences).
-    estimate, standard_error : float
-        Mean of the per-pair values and its standard error (``t``); for ``signed-rank`` the median of
-        the differences and ``None``.
-    df : int
-        Degrees of freedom of the t test (``n - 1``; ``n - 2`` period-adjusted; 0 for ranks).
-    statistic, p_value : float
-        Test statistic and one-sided p-value against the hypothesis' null.
-    """
-
-    method: str
-    n: int
-    estimate: float
-    standard_error: float | None
-    df: int
-    statistic: float
-    p_value: float
-
-
-def direction(estimand: str, better: str) -> int:
-    """``s``: +1 when larger values of ``estimand`` favour the candidate, else -1."""
-    larger_is_less = estimand == "relative_reduction"  # 100 (1 - c/b) grows as c shrinks
-    return 1 if (better == "lower") == larger_is_less else -1
-
-
-def t_test(values: Sequence[float], s: int, kind: str, margin: float) -> TestResult:
-    """One-sided paired t test on ``s * mean``.
-
-    Notes
-    -----
-    With mean ``m``, standard error ``se = sd / sqrt(n)``, ``df = n - 1`` and ``u = s m``:
-
-    * superiority (margin ``d >= 0``): H0 ``u <= d``; ``t = (u - d) / se``; ``p = P(T_df >= t)``;
-    * non-inferiority (margin ``d > 0``): H0 ``u <= -d``; ``t = (u + d) / se``; ``p = P(T_df >= t)``;
-    * equivalence (TOST, margin ``d > 0``): ``p = max(P(T >= (u + d)/se), P(T >= (d - u)/se))``,
-      the statistic reported is the smaller of the two t values.
-    """
-    n = len(values)
-    m = math.fsum(values) / n
-    se = math.sqrt(math.fsum((x - m) ** 2 for x in values) / (n - 1) / n)
-    return _t_result("t", n, m, se, n - 1, s, kind, margin)
-
-
-def _t_result(method: str, n: int, m: float, se: float, df: int, s: int, kind: str, margin: float) -> TestResult:
-    u = s * m
-    if kind == "superiority":
-        t = (u - margin) / se
-        p = float(_st.t.sf(t, df))
-    elif kind == "non_inferiority":
-        t = (u + margin) / se
-        p = float(_st.t.sf(t, df))
-    else:
-        t1, t2 = (u + margin) / se, (margin - u) / se
-        t, p = min(t1, t2), max(float(_st.t.sf(t1, df)), float(_st.t.sf(t2, df)))
-    return TestResult(method, n, m, se, df, t, p)
-
-
-def period_adjusted(values: Sequence[float], first: Sequence[str], s: int, kind: str, margin: float) -> TestResult:
-    """Two-period crossover (AB/BA) treatment effect, adjusted for a period effect.
-
-    Notes
-    -----
-    With ``d_i`` the per-pair values of the pairs that ran the baseline first (group AB, ``n1``) and
-    the candidate first (BA, ``n2``): estimate ``(mean_AB + mean_BA) / 2``, standard error
-    ``sqrt(s_p^2 (1/n1 + 1/n2)) / 2`` with the pooled variance ``s_p^2`` and ``df = n1 + n2 - 2``
-    (Jones & Kenward, *Design and Analysis of Cross-Over Trials*, 3rd ed., 2.3). A period effect
-    then cancels instead of inflating the variance.
-    """
-    ab = [v for v, f in zip(values, first) if f == "baseline"]
-    ba = [v for v, f in zip(values, first) if f != "baseline"]
-    n1, n2 = len(ab), len(ba)
-    m1, m2 = math.fsum(ab) / n1, math.fsum(ba) / n2
-    sp2 = (math.fsum((x - m1) ** 2 for x in ab) + math.fsum((x - m2) ** 2 for x in ba)) / (n1 + n2 - 2)
-    se = math.sqrt(sp2 * (1 / n1 + 1 / n2)) / 2
-    return _t_result("t-period-adjusted", n1 + n2, (m1 + m2) / 2, se, n1 + n2 - 2, s, kind, margin)
-
-
-def worst_rank_differences(b: Sequence[float | None], c: Sequence[float | None]) -> list[float]:
-    """Per-pair ``ln(c / b)`` where both arms reached the target; an unreached arm ranks worse than
-    every reached time (worst-rank imputation, Lachin 1999, *Controlled Clinical Trials* 20:408):
-    ``+W`` if only the candidate missed it, ``-W`` if only the baseline did, ``0`` if both, with
-    ``W = 1 + 2 max |ln(c/b)|`` larger than every observed difference."""
-    finite = [math.log(y / x) for x, y in zip(b, c) if x is not None and y is not None]
-    w = 1.0 + 2.0 * max((abs(v) for v in finite), default=0.0)
-    out = []
-    for x, y in zip(b, c):
-        if x is not None and y is not None:
-            out.append(math.log(y / x))
-        elif x is None and y is None:
-            out.append(0.0)
-        else:
-            out.append(w if y is None else -w)
-    return out
-
-
-def signed_rank(d: Sequence[float], s: int) -> TestResult:
-    """One-sided Wilcoxon signed-rank test that the differences favour the candidate (sign ``s``).
-
-    Notes
-    -----
-    Zeros are dropped (Wilcox's method); ties get average ranks. ``T+`` is the sum of the ranks of
-    the differences with sign ``s``. Exact null distribution (all ``2^n`` sign patterns, by dynamic
-    programming over rank sums) when there are no ties and ``n <= 50``; otherwise the normal
-    approximation with tie correction, ``z = (T+ - n(n+1)/4) / sqrt(n(n+1)(2n+1)/24 - sum(t^3 - t)/48)``,
-    without continuity correction (scipy.stats.wilcoxon's ``exact`` and ``approx`` methods).
-    """
-    nz = [s * x for x in d if x != 0.0]
-    n = len(nz)
-    med = float(sorted(d)[len(d) // 2]) if len(d) % 2 else (sorted(d)[len(d) // 2 - 1] + sorted(d)[len(d) // 2]) / 2
-    if n == 0:
-        return TestResult("signed-rank", 0, med, None, 0, 0.0, 1.0)
-    ranks = _average_ranks([abs(x) for x in nz])
-    t_plus = math.fsum(r for r, x in zip(ranks, nz) if x > 0)
-    ties = len(set(abs(x) for x in nz)) != n
-    if not ties and n <= 50:
-        counts = [1] + [0] * (n * (n + 1) // 2)
-        for k in range(1, n + 1):
-            for total in range(len(counts) - 1, k - 1, -1):
-                counts[total] += counts[total - k]
-        p = math.fsum(counts[int(round(t_plus)):]) / 2.0**n
-        return TestResult("signed-rank", n, med, None, 0, t_plus, p)
-    groups: dict[float, int] = {}
-    for x in nz:
-        groups[abs(x)] = groups.get(abs(x), 0) + 1
-    var = n * (n + 1) * (2 * n + 1) / 24.0 - math.fsum(t**3 - t for t in groups.values()) / 48.0
-    z = (t_plus - n * (n + 1) / 4.0) / math.sqrt(var)
-    return TestResult("signed-rank", n, med, None, 0, t_plus, 0.5 * math.erfc(z / math.sqrt(2.0)))
-
-
-def _average_ranks(values: list[float]) -> list[float]:
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2.0 + 1.0
-        i = j + 1
-    return ranks
+#: Endpoints measured in run time: the budget rule's stop depends on them (:func:`decide`).
+TIME_ENDPOINTS = ("training_time", "time_to_target", "total_time")
 
 
 @dataclass(frozen=True)
 class HypothesisDecision:
-    """The decision on one preregistered hypothesis (``status``: established, not established, not reached)."""
+    """The decision on one preregistered hypothesis (``status``: established, not established, not reached).
+
+    ``estimate``, ``low`` and ``high`` are in the estimand's units (for worst-rank: ``estimate_of``
+    says what the estimate is; no interval); ``test`` holds the test on its own scale.
+    """
 
     id: str
     study: str
@@ -194,6 +63,8 @@ class HypothesisDecision:
     reason: str | None
     alpha: float | None
     test: dict[str, Any] | None
+    estimate: float | None
+    estimate_of: str | None
     low: float | None
     high: float | None
     level: float | None
@@ -204,41 +75,116 @@ class HypothesisDecision:
         return asdict(self)
 
 
-def _values(h: dict[str, Any], pairs: list[dict[str, Any]]) -> tuple[list[float], list[str], dict[str, int] | None]:
+class NotReached(ValueError):
+    """The data cannot decide a hypothesis; the message is the reason."""
+
+
+def _number(p: dict[str, Any], role: str, key: str, positive: bool) -> float:
+    v = p[f"{role}_{key}"]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (positive and v <= 0):
+        what = "null" if v is None else f"{v!r}, not a finite{' positive' if positive else ''} number"
+        raise NotReached(f"pair {p.get('unit', '?')}: the {role}'s {key} is {what} in an ok record")
+    return float(v)
+
+
+def _restricted(h: dict[str, Any], pairs: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
+    """Restricted times ``min(T, tau)`` of both arms, one restriction ``tau`` per pair for both arms.
+
+    ``tau`` is the hypothesis' ``restriction_s`` or, by default, the shorter of the pair's two
+    training times (both fixed-step runs were observed that long, so ``min(T, tau)`` is known
+    for both arms with no imputation: an unreached arm has ``T > tau``). The decision then
+    compares restricted mean times (Royston & Parmar 2013, *BMC Med. Res. Methodol.* 13:152).
+    """
+    b, c = [], []
+    for p in pairs:
+        train = {r: _number(p, r, "training_s", True) for r in ("baseline", "candidate")}
+        tau = h.get("restriction_s") or min(train.values())
+        for role, out in (("baseline", b), ("candidate", c)):
+            t = p[f"{role}_time_to_target_s"]
+            if t is None:
+                if train[role] < tau:
+                    raise NotReached(f"pair {p.get('unit', '?')}: the {role} missed the target after training "
+                                     f"{train[role]:.6g} s, less than the restriction {tau:g} s: its restricted "
+                                     "time is unknown")
+                out.append(tau)
+            else:
+                out.append(min(_number(p, role, "time_to_target_s", True), tau))
+    return b, c
+
+
+def values_of(h: dict[str, Any], pairs: list[dict[str, Any]]) -> tuple[list[float], dict[str, int] | None]:
+    """Per-pair values on the hypothesis' test scale, and the unreached counts for time to target.
+
+    Raises :class:`NotReached` naming the pair, arm and key of a null or non-finite endpoint.
+    """
     key = ENDPOINT_KEYS[h["endpoint"]]
-    b = [p[f"baseline_{key}"] for p in pairs]
-    c = [p[f"candidate_{key}"] for p in pairs]
-    first = [p["first"] for p in pairs]
+    ratio = scale(h["estimand"]) == "log_ratio"
     unreached = None
     if h["endpoint"] == "time_to_target":
-        unreached = {"baseline": sum(x is None for x in b), "candidate": sum(y is None for y in c),
-                     "both": sum(x is None and y is None for x, y in zip(b, c))}
+        raw = {r: [p[f"{r}_{key}"] for p in pairs] for r in ("baseline", "candidate")}
+        unreached = {"baseline": raw["baseline"].count(None), "candidate": raw["candidate"].count(None),
+                     "both": sum(x is None and y is None for x, y in zip(raw["baseline"], raw["candidate"]))}
+        for p in pairs:
+            for role in ("baseline", "candidate"):
+                if p[f"{role}_{key}"] is not None:
+                    _number(p, role, key, True)
         if h["censoring"] == "worst_rank":
-            return worst_rank_differences(b, c), first, unreached
-        # restricted mean: an unreached arm counts its whole training time (the budget)
-        b = [x if x is not None else p["baseline_training_s"] for x, p in zip(b, pairs)]
-        c = [y if y is not None else p["candidate_training_s"] for y, p in zip(c, pairs)]
-    return paired_values(b, c, h["estimand"]), first, unreached
+            return worst_rank_differences(raw["baseline"], raw["candidate"]), unreached
+        b, c = _restricted(h, pairs)
+    else:
+        b = [_number(p, "baseline", key, ratio) for p in pairs]
+        c = [_number(p, "candidate", key, ratio) for p in pairs]
+    if ratio:
+        return [math.log(y) - math.log(x) for x, y in zip(b, c)], unreached
+    return [y - x for x, y in zip(b, c)], unreached
+
+
+def _worst_rank_estimate(pairs: list[dict[str, Any]]) -> tuple[float | None, str]:
+    both = [math.log(p["candidate_time_to_target_s"]) - math.log(p["baseline_time_to_target_s"]) for p in pairs
+            if p["baseline_time_to_target_s"] is not None and p["candidate_time_to_target_s"] is not None]
+    return median(both), f"median ln(c/b) of the {len(both)} pairs where both arms reached the target"
 
 
 def _test(h: dict[str, Any], pairs: list[dict[str, Any]], min_pairs: int) -> tuple[TestResult | None, str | None,
                                                                                      dict[str, int] | None]:
     if len(pairs) < min_pairs:
         return None, f"too few pairs: {len(pairs)} of the protocol's min_pairs {min_pairs}", None
-    values, first, unreached = _values(h, pairs)
-    s = direction(h["estimand"], h["better"])
+    unreached = None
+    try:
+        values, unreached = values_of(h, pairs)
+        region = bounds(h)
+    except NotReached as e:
+        return None, str(e), unreached
+    except ValueError:
+        return None, f"a relative margin of {h['margin']:g}% has no ratio", unreached
     if h["endpoint"] == "time_to_target" and h["censoring"] == "worst_rank":
         if all(v == 0.0 for v in values):
             return None, "identical: every pair's difference is exactly 0", unreached
-        return signed_rank(values, s), None, unreached
-    if all(v == values[0] for v in values):
-        what = "identical: every pair's difference is exactly 0" if values[0] == 0.0 else "zero spread"
-        return None, what, unreached
+        r = signed_rank(values, sign(h["better"]))
+        est, what = _worst_rank_estimate(pairs)
+        return TestResult("signed-rank", r.n, est, None, 0, r.statistic, r.p_value, what), None, unreached
+    if spread_is_rounding(values):
+        if all(v == 0.0 for v in values):
+            return None, "identical: every pair's difference is exactly 0", unreached
+        return None, "zero spread: the per-pair values agree to rounding (relative tolerance 1e-9)", unreached
     if h.get("period_adjusted"):
+        first = [p["first"] for p in pairs]
         if min(first.count("baseline"), len(first) - first.count("baseline")) < 2:
             return None, "the period-adjusted estimand needs at least two pairs in each order", unreached
-        return period_adjusted(values, first, s, h["type"], h["margin"]), None, unreached
-    return t_test(values, s, h["type"], h["margin"]), None, unreached
+        m, se, df = period_adjusted_mean(values, first)
+        return t_result("t-period-adjusted", len(values), m, se, df, region), None, unreached
+    m, se = mean_se(values)
+    return t_result("t", len(values), m, se, len(values) - 1, region), None, unreached
+
+
+def _gate(h: dict[str, Any], spec: dict[str, Any], completeness: dict[str, Any]) -> str | None:
+    if completeness.get("complete") is False and not completeness.get("budget_stop"):
+        return (f"incomplete: {completeness['missing_runs']} of {completeness['planned_runs']} planned runs have "
+                "no ok record")
+    if completeness.get("budget_stop") and h["endpoint"] in TIME_ENDPOINTS and not spec.get("decide_time_after_budget_stop"):
+        return ("stopped by the budget rule, which depends on run times, this endpoint's outcome; the protocol did not "
+                "preregister deciding time endpoints after such a stop (decide_time_after_budget_stop)")
+    return None
 
 
 def decide(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, Any]]],
@@ -249,7 +195,7 @@ def decide(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, 
     ----------
     spec
         The protocol's ``hypotheses`` block as records carry it (``procedure``, ``family_alpha``,
-        ``min_pairs``, ``tests``).
+        ``min_pairs``, ``tests``, optionally ``decide_time_after_budget_stop``).
     pairs_of
         The used pairs per (study, configuration), as :func:`analysis.summary.derive` builds them.
     completeness
@@ -259,24 +205,28 @@ def decide(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, 
     -----
     ``fixed_sequence``: each hypothesis in order at the family's alpha; after the first one not
     established, the rest are not reached (a failed prerequisite). ``holm``: p-values sorted
-    ascending, the k-th (from 1) compared with ``alpha / (m - k + 1)``; the first failure stops
-    the procedure (Holm, 1979, *Scand. J. Statist.* 6:65). A hypothesis without a test (too few
-    pairs, zero spread, incomplete) counts as ``p = 1``. The interval shown is two-sided at
-    ``1 - 2 alpha_used`` (its favourable end is the one-sided bound the test compares).
+    ascending (ties by protocol order), the k-th (from 1) compared with ``alpha / (m - k + 1)``;
+    the first failure stops the procedure (Holm, 1979, *Scand. J. Statist.* 6:65). A hypothesis
+    without a test (too few pairs, zero spread, a null endpoint, incomplete) counts as ``p = 1``.
+    A hypothesis is established when ``p < alpha``, strictly: ``P(p <= alpha) <= alpha`` holds for
+    either rule, and the strict one never establishes on a p-value that only reaches alpha (an atom
+    of a discrete rank distribution, or a rounding of one). The interval shown is two-sided at
+    ``1 - 2 alpha_used`` (its favourable end is the one-sided bound the test compares), computed on
+    the test scale and mapped to the estimand's units.
+
+    A budget stop ends a study at a point that depends on run times, which are the outcome of a
+    time endpoint: decisions on time endpoints are then made only if the protocol says
+    ``decide_time_after_budget_stop: true``, and they say that the stop depended on the outcome.
     """
     tests = spec["tests"]
     alpha = spec["family_alpha"]
-    gate = None
-    if completeness.get("complete") is False and not completeness.get("budget_stop"):
-        gate = f"incomplete: {completeness['missing_runs']} of {completeness['planned_runs']} planned runs have no ok record"
     results = []
     for h in tests:
-        pairs = pairs_of.get((h["study"], h["config"]), [])
+        gate = _gate(h, spec, completeness)
         if gate is not None:
             results.append((h, None, gate, None))
         else:
-            t, why, unreached = _test(h, pairs, spec["min_pairs"])
-            results.append((h, t, why, unreached))
+            results.append((h, *_test(h, pairs_of.get((h["study"], h["config"]), []), spec["min_pairs"])))
     m = len(tests)
     used: dict[str, float | None] = {}
     status: dict[str, tuple[str, str | None]] = {}
@@ -314,18 +264,32 @@ def decide(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, 
     for h, t, _why, unreached in results:
         st, reason = status[h["id"]]
         a = used[h["id"]]
-        low = high = level = None
+        low = high = level = estimate = None
+        if t is not None:
+            estimate = reduction(t.estimate) if h["estimand"] == "relative_reduction" and t.method != "signed-rank" \
+                else t.estimate
         if t is not None and a is not None and t.method != "signed-rank":
             level = 1.0 - 2.0 * a
             q = float(_st.t.ppf(1.0 - a, t.df))
-            low, high = t.estimate - q * t.standard_error, t.estimate + q * t.standard_error
+            low, high = t.estimate - q * t.standard_error, t.estimate + q * t.standard_error  # type: ignore[operator]
+            if h["estimand"] == "relative_reduction":
+                low, high = reduction(high), reduction(low)
         text = _text(h, st, reason, t, a, low, high, completeness)
         out.append(HypothesisDecision(
             id=h["id"], study=h["study"], config=h["config"], endpoint=h["endpoint"], estimand=h["estimand"],
             type=h["type"], margin=h["margin"], better=h["better"], status=st, reason=reason, alpha=a,
-            test=asdict(t) if t is not None else None, low=low, high=high, level=level, unreached=unreached, text=text,
+            test=asdict(t) if t is not None else None, estimate=estimate,
+            estimate_of=None if t is None else (t.estimate_of if t.method == "signed-rank" else _label(h)),
+            low=low, high=high, level=level, unreached=unreached, text=text,
         ))
     return out
+
+
+def _label(h: dict[str, Any]) -> str:
+    if h.get("censoring") != "restricted_mean":
+        return h["estimand"]
+    tau = f"{h['restriction_s']:g} s" if h.get("restriction_s") else "the pair's shorter training time"
+    return f"{h['estimand']} of the restricted times min(T, tau), tau = {tau}"
 
 
 def _text(h: dict[str, Any], status: str, reason: str | None, t: TestResult | None, a: float | None,
@@ -339,7 +303,10 @@ def _text(h: dict[str, Any], status: str, reason: str | None, t: TestResult | No
     if low is not None:
         stats += f"; {100 * (1 - 2 * a):.4g}% interval {low:+.5g} to {high:+.5g}"
     verdict = status if reason is None else f"{status} ({reason})"
-    prefix = "(study stopped by its budget rule) " if completeness.get("budget_stop") else ""
+    prefix = ""
+    if completeness.get("budget_stop"):
+        prefix = "(study stopped by its budget rule; the stop depended on run times, this endpoint's outcome) " \
+            if h["endpoint"] in TIME_ENDPOINTS else "(study stopped by its budget rule) "
     return f"{prefix}{head}: {verdict}; {stats}"
 
 
@@ -348,19 +315,36 @@ def sensitivity(h: dict[str, Any], pairs: list[dict[str, Any]], failed: list[dic
 
     Notes
     -----
-    The hypothesis' per-pair values of the used pairs, plus, for each pair with one failed and one
-    ok arm, a value ``W = 1 + 2 max |value|`` on the side adverse to the failed arm (worse than any
-    observed pair); then the one-sided signed-rank test (:func:`signed_rank`). It never changes the
-    decision; it shows whether excluding failed pairs could have produced it. ``None`` when no pair
-    has a failed arm.
+    On the hypothesis' test scale, with its alternative region ``lo < m < hi`` (:func:`bounds`):
+    each one-sided part is a signed-rank test (:func:`analysis.ranks.signed_rank`) of the
+    distances ``v - lo`` (or ``hi - v``) of the used pairs' values from its bound, plus, for each
+    pair with one failed and one ok arm, a distance ``W = 1 + 2 max |distance|`` on the side adverse
+    to the failed arm (worse than any observed pair). Superiority and non-inferiority: one test at
+    the margin; equivalence: both, ``p`` the larger. Worst-rank hypotheses use their scores and
+    bound 0. It never changes the decision; it shows whether excluding failed pairs could have
+    produced it. ``None`` when no pair has a failed arm or the used pairs cannot be valued.
     """
     if not failed:
         return None
-    values = _values(h, pairs)[0] if pairs else []
-    s = direction(h["estimand"], h["better"])
-    w = 1.0 + 2.0 * max((abs(v) for v in values), default=0.0)
-    extra = [(-s * w) if f["failed"] == "candidate" else (s * w) for f in failed]
-    t = signed_rank(values + extra, s)
+    try:
+        values = values_of(h, pairs)[0] if pairs else []
+        lo, hi = bounds(h)
+    except ValueError:
+        return None
+    s = sign(h["better"])
+    parts = []
+    for bound, k in ((lo, 1), (hi, -1)):  # distance k (v - bound) > 0 inside the alternative
+        if bound is None:
+            continue
+        dist = [k * (v - bound) for v in values]
+        w = 1.0 + 2.0 * max((abs(x) for x in dist), default=0.0)
+        # a failed candidate moves v towards -s (worse for it), a failed baseline towards +s
+        dist += [(-s if f["failed"] == "candidate" else s) * k * w for f in failed]
+        parts.append(signed_rank(dist, 1))
+    worst = max(parts, key=lambda r: r.p_value)
     return {"pairs_with_a_failed_arm": len(failed), "failed_candidate": sum(f["failed"] == "candidate" for f in failed),
-            "n": t.n, "statistic": t.statistic, "p_value": t.p_value,
-            "method": "signed-rank; a failed arm ranks worse than every observed pair"}
+            "n": worst.n, "statistic": worst.statistic, "p_value": worst.p_value,
+            "method": "signed-rank of the distances from the hypothesis' bound"
+                      + (" (both bounds, the larger p)" if len(parts) == 2 else "")
+                      + "; a failed arm ranks worse than every observed pair"}
+

@@ -3,7 +3,11 @@
 A pilot's A/A pairs (baseline against itself, same seed) measure how much two runs of one arm
 differ on a device without showing any candidate outcome. For each hypothesis of a target
 protocol this module prints the pairs needed for 80% and 90% power at the hypothesis' level and
-margin, and the interval's half-width at the planned number of pairs. Never imports torch.
+margin, and the interval's half-width at the planned number of pairs, all on the scale the decision
+is tested on (the log ratio for both ratio estimands, :mod:`analysis.ttests`). A pilot of a few
+pairs estimates the standard deviation loosely, so beside the plug-in figure it gives the pairs
+needed at an upper confidence limit of the SD, which reach the power with that confidence.
+Never imports torch.
 """
 
 from __future__ import annotations
@@ -12,10 +16,12 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from scipy import integrate as _integrate
 from scipy import stats as _st
 
 from analysis.decisions import ENDPOINT_KEYS
-from analysis.stats import paired_values
+from analysis.stats import paired_values, reduction
+from analysis.ttests import bounds, one_sided, scale, sign
 
 
 @dataclass(frozen=True)
@@ -25,7 +31,8 @@ class Noise:
     Attributes
     ----------
     sd : float
-        Sample standard deviation (denominator ``n - 1``) of the A/A per-pair values.
+        Sample standard deviation (denominator ``n - 1``) of the A/A per-pair values on the test
+        scale (``c - b``, or ``ln c - ln b`` for ``log_ratio`` and ``relative_reduction``).
     pairs : int
         A/A pairs it comes from (``df = pairs - 1``).
     identical : bool
@@ -63,11 +70,11 @@ def aa_noise(records: list[dict[str, Any]], endpoint: str, estimand: str) -> dic
                     c.append(y)
         if len(b) < 2:
             continue
-        v = paired_values(b, c, estimand)
+        v = paired_values(b, c, scale(estimand))  # the test scale: ln c - ln b for both ratio estimands
         sd = _sd(v)
         identical = all(x == 0 for x in v)
         if identical:
-            sd = _sd(b) * math.sqrt(2.0) if estimand == "difference" else _sd([math.log(x) for x in b]) * math.sqrt(2.0)
+            sd = _sd(b if scale(estimand) == "difference" else [math.log(x) for x in b]) * math.sqrt(2.0)
         out[config] = Noise(sd, len(b), identical)
     return out
 
@@ -87,50 +94,98 @@ def _sd(v: list[float]) -> float:
 
 
 def power(n: int, sd: float, alpha: float, kind: str, margin: float, effect: float) -> float:
-    """Power of the one-sided paired t test with ``n`` pairs.
+    """Power of the one-sided paired t test(s) with ``n`` pairs, margin and effect on the test scale.
+
+    ``effect`` is the assumed true mean in the favourable direction (``s * mean``); see
+    :func:`power_region`, which this calls with :func:`analysis.ttests.one_sided` ``(+1, kind, margin)``.
+    """
+    return power_region(n, sd, alpha, one_sided(1, kind, margin), effect)
+
+
+def power_region(n: int, sd: float, alpha: float, region: tuple[float | None, float | None], mean: float) -> float:
+    """Power of the test of ``lo < mu < hi`` (:func:`analysis.ttests.t_result`) when the true mean is ``mean``.
 
     Notes
     -----
-    ``effect`` is the assumed true mean in the favourable direction (``s * mean`` of
-    :mod:`analysis.decisions`). The test statistic is noncentral t with ``df = n - 1`` and
-    noncentrality ``(effect - d) sqrt(n) / sd`` (superiority, ``d`` the margin) or
-    ``(effect + d) sqrt(n) / sd`` (non-inferiority); power ``P(T' > t_{1-alpha, n-1})``. For
-    equivalence (TOST at ``effect = 0``) ``2 P(T' > t) - 1`` with ``T'`` noncentral at ``d sqrt(n) / sd``.
+    One bound: the statistic is noncentral t with ``df = n - 1`` and noncentrality
+    ``(mean - lo) sqrt(n) / sd`` (or ``(hi - mean) sqrt(n) / sd``); power ``P(T' > t_{1-alpha, n-1})``
+    (R's ``power.t.test(type = "one.sample", alternative = "one.sided")``). Two bounds (TOST):
+    both one-sided tests must reject, ``lo + c S/sqrt(n) < Xbar < hi - c S/sqrt(n)`` with
+    ``c = t_{1-alpha, n-1}``, ``Xbar ~ N(mean, sd^2/n)`` independent of
+    ``S^2 ~ sd^2 chi^2_{n-1}/(n-1)``; the power is the integral over ``S`` of the normal probability
+    of that window (exact; Phillips 1990, *J. Pharmacokinet. Biopharm.* 18:137), not ``2 P - 1``.
     """
     df = n - 1
     crit = float(_st.t.ppf(1 - alpha, df))
-    if kind == "superiority":
-        nc = (effect - margin) * math.sqrt(n) / sd
-    else:
-        nc = (effect + margin) * math.sqrt(n) / sd
-    p = float(_st.nct.sf(crit, df, nc))
-    return max(0.0, 2 * p - 1) if kind == "equivalence" else p
+    lo, hi = region
+    if lo is None or hi is None:
+        dist = (mean - lo) if lo is not None else (hi - mean)  # type: ignore[operator]
+        return float(_st.nct.sf(crit, df, dist * math.sqrt(n) / sd))
+    se = sd / math.sqrt(n)
+    s_max = (hi - lo) / 2 / (crit / math.sqrt(n))  # above it the window is empty
+
+    def window(s: float) -> float:
+        half = crit * s / math.sqrt(n)
+        p = _st.norm.cdf((hi - half - mean) / se) - _st.norm.cdf((lo + half - mean) / se)
+        return float(max(p, 0.0)) * float(_st.chi.pdf(s * math.sqrt(df) / sd, df)) * math.sqrt(df) / sd
+
+    return float(_integrate.quad(window, 0.0, s_max, limit=200, epsabs=1e-13, epsrel=1e-11)[0])
+
+
+def sd_upper(sd: float, pairs: int, confidence: float) -> float:
+    """One-sided upper confidence limit of a standard deviation from ``pairs`` values.
+
+    Notes
+    -----
+    ``sd sqrt((k - 1) / chi^2_{1 - confidence, k - 1})`` with ``chi^2_q`` the ``q``-quantile: the true SD
+    lies below it with probability ``confidence`` (normal data). Planning at it, the study reaches the
+    target power with at least that probability (Browne 1995, *Stat. Med.* 14:1933).
+    """
+    return sd * math.sqrt((pairs - 1) / float(_st.chi2.ppf(1 - confidence, pairs - 1)))
 
 
 def pairs_needed(sd: float, alpha: float, kind: str, margin: float, effect: float, target: float,
                  cap: int = 100_000) -> int | None:
     """Smallest ``n >= 3`` whose :func:`power` reaches ``target`` (``None`` if none up to ``cap``)."""
+    return pairs_needed_region(sd, alpha, one_sided(1, kind, margin), effect, target, cap)
+
+
+def pairs_needed_region(sd: float, alpha: float, region: tuple[float | None, float | None], mean: float,
+                        target: float, cap: int = 100_000) -> int | None:
+    """Smallest ``n >= 3`` whose :func:`power_region` reaches ``target`` (``None`` if none up to ``cap``)."""
     if sd == 0:
         return 3
+
+    def ok(k: int) -> bool:
+        return power_region(k, sd, alpha, region, mean) >= target
+
     lo, hi = 3, 3
-    while power(hi, sd, alpha, kind, margin, effect) < target:
+    while not ok(hi):
         lo, hi = hi, hi * 2
         if hi > cap:
             return None
     while lo < hi:
         mid = (lo + hi) // 2
-        if power(mid, sd, alpha, kind, margin, effect) >= target:
+        if ok(mid):
             hi = mid
         else:
             lo = mid + 1
     return lo
 
 
+#: The confidence that a plan at the SD's upper confidence limit reaches its power.
+PILOT_CONFIDENCE = 0.8
+
+
 @dataclass(frozen=True)
 class Plan:
+    """One hypothesis' sample size. ``sd``, ``half_width_at_planned`` are on the test scale (log ratio for
+    ratio estimands); ``margin``, ``effect`` and ``detectable_at_planned`` in the estimand's units."""
+
     id: str
     config: str
     endpoint: str
+    estimand: str
     sd: float
     pilot_pairs: int
     identical_in_pilot: bool
@@ -142,21 +197,36 @@ class Plan:
     n90: int | None
     power_at_planned: float
     half_width_at_planned: float
-    detectable_at_planned: float  # smallest true effect 80% power detects with the planned pairs
+    detectable_at_planned: float | None  # smallest true effect 80% power detects (one-sided types)
+    confidence: float  # of the upper-limit figures below
+    sd_upper: float
+    n80_upper: int | None
+    n90_upper: int | None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def plan(pilot_records: list[dict[str, Any]], target: dict[str, Any], effects: dict[str, float]) -> list[Plan]:
+def true_mean(h: dict[str, Any], effect: float) -> float:
+    """The true mean on the test scale for ``effect`` in the estimand's units, favourable direction."""
+    s = sign(h["better"])
+    if h["estimand"] == "relative_reduction":
+        return math.log1p(s * effect / 100.0)  # better lower: a reduction e is ln(1 - e/100)
+    return s * effect
+
+
+def plan(pilot_records: list[dict[str, Any]], target: dict[str, Any], effects: dict[str, float],
+         confidence: float = PILOT_CONFIDENCE) -> list[Plan]:
     """Per hypothesis of ``target`` (a protocol summary), the pairs needed for 80% and 90% power.
 
     The level is the family's alpha under a fixed sequence, ``alpha / m`` under Holm (its first,
-    strictest step). The assumed true effect is 0 for non-inferiority and equivalence, and for
-    superiority the value given in ``effects`` (by hypothesis id; default 0, which no number of
-    pairs can establish, so the line then reports the smallest effect 80% power detects at the
-    planned n). Time to target is planned with a t test on the log ratio; the signed-rank test
-    the protocol runs needs about 1/0.955 as many pairs (its asymptotic relative efficiency).
+    strictest step). The assumed true effect (estimand units, favourable direction) is the value
+    given in ``effects`` by hypothesis id, default 0, for every type: 0 is the edge of superiority's
+    null, which no number of pairs can establish (the line then reports the smallest effect 80%
+    power detects at the planned n), and the centre of an equivalence region. Time to target is
+    planned with a t test on the log ratio; the signed-rank test the protocol runs needs about
+    1/0.955 as many pairs (its asymptotic relative efficiency). ``n80_upper``/``n90_upper`` plan at
+    :func:`sd_upper` with ``confidence``.
     """
     spec = target["hypotheses"]
     if "descriptive" in spec:
@@ -171,13 +241,60 @@ def plan(pilot_records: list[dict[str, Any]], target: dict[str, Any], effects: d
         st = next(s for s in target["studies"] if s["name"] == h["study"])
         n_plan = len(st["seeds"])
         effect = effects.get(h["id"], 0.0)
-        kind, margin = h["type"], h["margin"]
-        n80 = pairs_needed(noise.sd, alpha, kind, margin, effect, 0.8)
-        n90 = pairs_needed(noise.sd, alpha, kind, margin, effect, 0.9)
-        hw = float(_st.t.ppf(1 - alpha, n_plan - 1)) * noise.sd / math.sqrt(n_plan)
-        mde = margin + (float(_st.t.ppf(1 - alpha, n_plan - 1)) + float(_st.t.ppf(0.8, n_plan - 1))) * noise.sd \
-            / math.sqrt(n_plan)
-        out.append(Plan(h["id"], h["config"], h["endpoint"], noise.sd, noise.pairs, noise.identical, alpha, margin,
-                        effect, n_plan, n80, n90, power(n_plan, noise.sd, alpha, kind, margin, effect)
-                        if noise.sd > 0 else 1.0, hw, mde))
+        region, mu = bounds(h), true_mean(h, effect)
+        upper = sd_upper(noise.sd, noise.pairs, confidence)
+        need = [pairs_needed_region(sd, alpha, region, mu, q) for sd in (noise.sd, upper) for q in (0.8, 0.9)]
+        tq = float(_st.t.ppf(1 - alpha, n_plan - 1))
+        hw = tq * noise.sd / math.sqrt(n_plan)
+        mde = None
+        if h["type"] != "equivalence":
+            lo, hi = region
+            shift = (tq + float(_st.t.ppf(0.8, n_plan - 1))) * noise.sd / math.sqrt(n_plan)
+            m_star = lo + shift if lo is not None else hi - shift  # type: ignore[operator]
+            s = sign(h["better"])
+            mde = -s * reduction(m_star) if h["estimand"] == "relative_reduction" else s * m_star
+        out.append(Plan(h["id"], h["config"], h["endpoint"], h["estimand"], noise.sd, noise.pairs, noise.identical,
+                        alpha, h["margin"], effect, n_plan, need[0], need[1],
+                        power_region(n_plan, noise.sd, alpha, region, mu) if noise.sd > 0 else 1.0, hw, mde,
+                        confidence, upper, need[2], need[3]))
     return out
+
+
+def table_rows(rows: list[Plan]) -> list[dict[str, Any]]:
+    """``harness power``'s table: one row per hypothesis, plug-in and upper-limit figures side by side."""
+    def n(v: int | None) -> str:
+        return str(v) if v is not None else "none"
+
+    return [{"hypothesis": r.id, "config": r.config, "endpoint": f"{r.endpoint} ({r.estimand})",
+             "sd (A/A)": f"{r.sd:.4g}" + (" *" if r.identical_in_pilot else ""), "pilot pairs": r.pilot_pairs,
+             "alpha": f"{r.alpha:.3g}", "margin": f"{r.margin:g}", "effect": f"{r.effect:g}",
+             "n 80%": n(r.n80), "n 90%": n(r.n90),
+             f"n 80% at sd {100 * r.confidence:g}% UCL": n(r.n80_upper),
+             f"n 90% at sd {100 * r.confidence:g}% UCL": n(r.n90_upper),
+             "planned": r.planned_pairs, "power at planned": f"{r.power_at_planned:.2f}",
+             "half-width at planned": f"{r.half_width_at_planned:.3g}",
+             "detectable at planned": "n/a" if r.detectable_at_planned is None else f"{r.detectable_at_planned:.3g}"}
+            for r in rows]
+
+
+def legend(rows: list[Plan]) -> str:
+    conf = f"{100 * rows[0].confidence:g}%"
+    return ("sd: standard deviation of per-pair values over the pilot's A/A pairs (no candidate outcome is read), on "
+            "the test scale (ln c - ln b for log_ratio and relative_reduction; margin, effect and detectable in the "
+            "estimand's units); * the A/A arms were bitwise identical there, so sd is the seed-to-seed spread x "
+            "sqrt(2) (conservative). n 80% / n 90%: plug-in, treating the pilot's sd as known. At sd "
+            f"{conf} UCL: planned at the one-sided {conf} upper confidence limit of the sd (pilot pairs - 1 degrees "
+            f"of freedom), so the power is reached with probability {conf} over the pilot's noise. "
+            "rule: analysis/power.py (noncentral t; exact TOST power; Holm at its strictest step)")
+
+
+def cited(origin: str) -> str:
+    """Which of the figures a protocol's ``origins: seeds:`` sentence cites."""
+    text = origin.lower()
+    if not text:
+        return "nothing: the protocol has no origins.seeds sentence"
+    if any(w in text for w in ("upper confidence", "ucl", "confidence limit", "assurance")):
+        return "the figure at the sd's upper confidence limit"
+    if "power" in text:
+        return "the plug-in figure (the pilot's sd treated as known)"
+    return "neither figure of harness power"

@@ -146,6 +146,7 @@ def student_t_ppf(q: float, df: float) -> float:
 
 
 def interval(values: list[float], level: float, estimand: str) -> dict:
+    """Student-t interval of the mean; ``relative_reduction``: ``100 (1 - exp)`` of the log ratio's."""
     n = len(values)
     m = math.fsum(values) / n
     var = math.fsum((x - m) ** 2 for x in values) / (n - 1)
@@ -153,17 +154,22 @@ def interval(values: list[float], level: float, estimand: str) -> dict:
     t = student_t_ppf((1.0 + level) / 2.0, n - 1)
     out = {"estimand": estimand, "estimate": m, "low": m - t * se, "high": m + t * se, "df": n - 1, "n": n,
            "standard_error": se, "level": level, "ratio": None, "ratio_low": None, "ratio_high": None}
-    if estimand == "log_ratio":
+    if estimand in ("log_ratio", "relative_reduction"):
         out.update(ratio=math.exp(m), ratio_low=math.exp(m - t * se), ratio_high=math.exp(m + t * se))
+    if estimand == "relative_reduction":
+        out.update(estimate=pct(m), low=pct(m + t * se), high=pct(m - t * se))
     return out
 
 
+def pct(log_ratio: float) -> float:
+    return -100.0 * math.expm1(log_ratio)
+
+
 def per_pair(b: list[float], c: list[float], estimand: str) -> list[float]:
+    """``c - b``, else ``ln c - ln b`` (both ratio estimands are computed on the log ratio)."""
     if estimand == "difference":
         return [y - x for x, y in zip(b, c)]
-    if estimand == "relative_reduction":
-        return [100.0 * (1.0 - y / x) for x, y in zip(b, c)]
-    return [math.log(y / x) for x, y in zip(b, c)]
+    return [math.log(y) - math.log(x) for x, y in zip(b, c)]
 
 
 def paired(b: list[float], c: list[float], level: float, estimand: str) -> dict | None:
@@ -172,8 +178,14 @@ def paired(b: list[float], c: list[float], level: float, estimand: str) -> dict 
     return interval(per_pair(b, c, estimand), level, estimand)
 
 
-def endpoint(b: list[float], c: list[float], level: float, estimand: str) -> dict:
-    return {"pairs": len(b), "baseline_mean": math.fsum(b) / len(b) if b else None,
+def number(x: object, positive: bool) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and (x > 0 or not positive)
+
+
+def endpoint(b0: list, c0: list, level: float, estimand: str) -> dict:
+    ok = [(x, y) for x, y in zip(b0, c0) if number(x, estimand != "difference") and number(y, estimand != "difference")]
+    b, c = [x for x, _ in ok], [y for _, y in ok]
+    return {"pairs": len(b), "invalid_pairs": len(b0) - len(b), "baseline_mean": math.fsum(b) / len(b) if b else None,
             "candidate_mean": math.fsum(c) / len(c) if c else None, "interval": paired(b, c, level, estimand)}
 
 
@@ -287,22 +299,41 @@ ENDPOINT_KEYS = {"training_time": "training_s", "time_to_target": "time_to_targe
                  "test_bpb": "test_bpb", "peak_memory": "peak_memory_bytes"}
 
 
-def direction(estimand: str, better: str) -> int:
-    return 1 if (better == "lower") == (estimand == "relative_reduction") else -1
+TIME_ENDPOINTS = ("training_time", "time_to_target", "total_time")
+ROUNDING_REL_TOL = 1e-9  # analysis.stats.ROUNDING_REL_TOL
+EXACT_MAX_N = 50  # analysis.ranks.EXACT_MAX_N
 
 
-def t_result(method: str, n: int, m: float, se: float, df: int, s: int, kind: str, margin: float) -> dict:
-    u = s * m
-    if kind == "superiority":
-        t = (u - margin) / se
-        p = student_t_sf_signed(t, df)
-    elif kind == "non_inferiority":
-        t = (u + margin) / se
-        p = student_t_sf_signed(t, df)
-    else:
-        t1, t2 = (u + margin) / se, (margin - u) / se
-        t, p = min(t1, t2), max(student_t_sf_signed(t1, df), student_t_sf_signed(t2, df))
-    return {"method": method, "n": n, "estimate": m, "standard_error": se, "df": df, "statistic": t, "p_value": p}
+class Unreachable(ValueError):
+    pass
+
+
+def sign(better: str) -> int:
+    """+1 when larger test-scale values (``c - b`` or ``ln c - ln b``) favour the candidate."""
+    return 1 if better == "higher" else -1
+
+
+def region(h: dict) -> tuple:
+    """``(lo, hi)``: the alternative ``lo < mean < hi`` on the test scale (analysis.ttests.bounds)."""
+    d, kind = h["margin"], h["type"]
+    if h["estimand"] == "relative_reduction":
+        if kind == "equivalence":
+            return math.log1p(-d / 100.0), math.log1p(d / 100.0)
+        e = d if kind == "superiority" else -d
+        return (None, math.log1p(-e / 100.0)) if h["better"] == "lower" else (math.log1p(e / 100.0), None)
+    if kind == "equivalence":
+        return -d, d
+    s = sign(h["better"])
+    bound = s * d if kind == "superiority" else -s * d
+    return (bound, None) if s > 0 else (None, bound)
+
+
+def t_result(method: str, n: int, m: float, se: float, df: int, reg: tuple) -> dict:
+    lo, hi = reg
+    ts = ([(m - lo) / se] if lo is not None else []) + ([(hi - m) / se] if hi is not None else [])
+    what = "mean of the per-pair values" if method == "t" else "period-adjusted mean of the per-pair values"
+    return {"method": method, "n": n, "estimate": m, "standard_error": se, "df": df, "statistic": min(ts),
+            "p_value": max(student_t_sf_signed(t, df) for t in ts), "estimate_of": what}
 
 
 def student_t_sf_signed(t: float, df: float) -> float:
@@ -310,12 +341,12 @@ def student_t_sf_signed(t: float, df: float) -> float:
 
 
 def worst_rank(b: list, c: list) -> list[float]:
-    finite = [math.log(y / x) for x, y in zip(b, c) if x is not None and y is not None]
+    finite = [math.log(y) - math.log(x) for x, y in zip(b, c) if x is not None and y is not None]
     w = 1.0 + 2.0 * max((abs(v) for v in finite), default=0.0)
     out = []
     for x, y in zip(b, c):
         if x is not None and y is not None:
-            out.append(math.log(y / x))
+            out.append(math.log(y) - math.log(x))
         elif x is None and y is None:
             out.append(0.0)
         else:
@@ -324,92 +355,145 @@ def worst_rank(b: list, c: list) -> list[float]:
 
 
 def signed_rank(d: list[float], s: int) -> dict:
-    nz = [s * x for x in d if x != 0.0]
+    """T+ and its one-sided p: exact conditional null (ties included) up to EXACT_MAX_N, else normal."""
+    tol = ROUNDING_REL_TOL * max((abs(x) for x in d), default=0.0)
+    nz = [s * x for x in d if abs(x) > tol]
     n = len(nz)
-    srt = sorted(d)
-    med = srt[len(d) // 2] if len(d) % 2 else (srt[len(d) // 2 - 1] + srt[len(d) // 2]) / 2
     if n == 0:
-        return {"method": "signed-rank", "n": 0, "estimate": float(med), "standard_error": None, "df": 0,
-                "statistic": 0.0, "p_value": 1.0}
+        return {"n": 0, "statistic": 0.0, "p_value": 1.0}
     mags = [abs(x) for x in nz]
     order = sorted(range(n), key=lambda i: mags[i])
     ranks = [0.0] * n
     i = 0
     while i < n:
         j = i
-        while j + 1 < n and mags[order[j + 1]] == mags[order[i]]:
+        while j + 1 < n and mags[order[j + 1]] - mags[order[i]] <= tol:
             j += 1
         for k in range(i, j + 1):
             ranks[order[k]] = (i + j) / 2.0 + 1.0
         i = j + 1
     t_plus = math.fsum(r for r, x in zip(ranks, nz) if x > 0)
-    if len(set(mags)) == n and n <= 50:
-        counts = [1] + [0] * (n * (n + 1) // 2)
-        for k in range(1, n + 1):
-            for total in range(len(counts) - 1, k - 1, -1):
-                counts[total] += counts[total - k]
-        p = math.fsum(counts[int(round(t_plus)):]) / 2.0**n
+    if n <= EXACT_MAX_N:
+        dist = {0: 1}  # doubled rank sum -> number of sign patterns
+        for r in ranks:
+            new = dict(dist)
+            for total, count in dist.items():
+                new[total + int(round(2 * r))] = new.get(total + int(round(2 * r)), 0) + count
+            dist = new
+        p = sum(v for k, v in dist.items() if k >= int(round(2 * t_plus))) / 2**n
     else:
         groups: dict = {}
-        for v in mags:
-            groups[v] = groups.get(v, 0) + 1
+        for r in ranks:
+            groups[r] = groups.get(r, 0) + 1
         var = n * (n + 1) * (2 * n + 1) / 24.0 - math.fsum(t**3 - t for t in groups.values()) / 48.0
         p = 0.5 * math.erfc((t_plus - n * (n + 1) / 4.0) / math.sqrt(var) / math.sqrt(2.0))
-    return {"method": "signed-rank", "n": n, "estimate": float(med), "standard_error": None, "df": 0,
-            "statistic": t_plus, "p_value": p}
+    return {"n": n, "statistic": t_plus, "p_value": p}
 
 
-def hyp_values(h: dict, pairs: list[dict]) -> tuple[list[float], list[str], dict | None]:
+def checked(p: dict, role: str, key: str, positive: bool) -> float:
+    v = p[f"{role}_{key}"]
+    if not number(v, positive):
+        what = "null" if v is None else f"{v!r}, not a finite{' positive' if positive else ''} number"
+        raise Unreachable(f"pair {p.get('unit', '?')}: the {role}'s {key} is {what} in an ok record")
+    return float(v)
+
+
+def hyp_values(h: dict, pairs: list[dict]) -> tuple[list[float], dict | None]:
     key = ENDPOINT_KEYS[h["endpoint"]]
-    b = [p[f"baseline_{key}"] for p in pairs]
-    c = [p[f"candidate_{key}"] for p in pairs]
-    first = [p["first"] for p in pairs]
+    ratio = h["estimand"] != "difference"
     unreached = None
     if h["endpoint"] == "time_to_target":
-        unreached = {"baseline": sum(x is None for x in b), "candidate": sum(y is None for y in c),
-                     "both": sum(x is None and y is None for x, y in zip(b, c))}
+        rb = [p[f"baseline_{key}"] for p in pairs]
+        rc = [p[f"candidate_{key}"] for p in pairs]
+        unreached = {"baseline": rb.count(None), "candidate": rc.count(None),
+                     "both": sum(x is None and y is None for x, y in zip(rb, rc))}
+        for p in pairs:
+            for role in ("baseline", "candidate"):
+                if p[f"{role}_{key}"] is not None:
+                    checked(p, role, key, True)
         if h["censoring"] == "worst_rank":
-            return worst_rank(b, c), first, unreached
-        b = [x if x is not None else p["baseline_training_s"] for x, p in zip(b, pairs)]
-        c = [y if y is not None else p["candidate_training_s"] for y, p in zip(c, pairs)]
-    return per_pair(b, c, h["estimand"]), first, unreached
+            return worst_rank(rb, rc), unreached
+        b, c = [], []
+        for p in pairs:  # restricted mean: min(T, tau), one tau per pair for both arms
+            train = {r: checked(p, r, "training_s", True) for r in ("baseline", "candidate")}
+            tau = h.get("restriction_s") or min(train.values())
+            for role, out in (("baseline", b), ("candidate", c)):
+                t = p[f"{role}_{key}"]
+                if t is None and train[role] < tau:
+                    raise Unreachable(f"pair {p.get('unit', '?')}: the {role} missed the target after training "
+                                      f"{train[role]:.6g} s, less than the restriction {tau:g} s: its restricted "
+                                      "time is unknown")
+                out.append(tau if t is None else min(float(t), tau))
+    else:
+        b = [checked(p, "baseline", key, ratio) for p in pairs]
+        c = [checked(p, "candidate", key, ratio) for p in pairs]
+    return per_pair(b, c, h["estimand"]), unreached
+
+
+def median_of(v: list[float]) -> float | None:
+    v = sorted(v)
+    if not v:
+        return None
+    k = len(v) // 2
+    return float(v[k]) if len(v) % 2 else (v[k - 1] + v[k]) / 2
 
 
 def hyp_test(h: dict, pairs: list[dict], min_pairs: int) -> tuple[dict | None, str | None, dict | None]:
     if len(pairs) < min_pairs:
         return None, f"too few pairs: {len(pairs)} of the protocol's min_pairs {min_pairs}", None
-    values, first, unreached = hyp_values(h, pairs)
-    s = direction(h["estimand"], h["better"])
+    unreached = None
+    try:
+        values, unreached = hyp_values(h, pairs)
+        reg = region(h)
+    except Unreachable as e:
+        return None, str(e), unreached
+    except ValueError:
+        return None, f"a relative margin of {h['margin']:g}% has no ratio", unreached
     if h["endpoint"] == "time_to_target" and h["censoring"] == "worst_rank":
         if all(v == 0.0 for v in values):
             return None, "identical: every pair's difference is exactly 0", unreached
-        return signed_rank(values, s), None, unreached
-    if all(v == values[0] for v in values):
-        return None, ("identical: every pair's difference is exactly 0" if values[0] == 0.0 else "zero spread"), unreached
+        r = signed_rank(values, sign(h["better"]))
+        both = [math.log(p["candidate_time_to_target_s"]) - math.log(p["baseline_time_to_target_s"]) for p in pairs
+                if p["baseline_time_to_target_s"] is not None and p["candidate_time_to_target_s"] is not None]
+        return {"method": "signed-rank", "n": r["n"], "estimate": median_of(both), "standard_error": None, "df": 0,
+                "statistic": r["statistic"], "p_value": r["p_value"],
+                "estimate_of": f"median ln(c/b) of the {len(both)} pairs where both arms reached the target"}, \
+            None, unreached
+    if max(values) - min(values) <= ROUNDING_REL_TOL * max(abs(v) for v in values):
+        if all(v == 0.0 for v in values):
+            return None, "identical: every pair's difference is exactly 0", unreached
+        return None, "zero spread: the per-pair values agree to rounding (relative tolerance 1e-9)", unreached
     if h.get("period_adjusted"):
+        first = [p["first"] for p in pairs]
         ab = [v for v, f in zip(values, first) if f == "baseline"]
         ba = [v for v, f in zip(values, first) if f != "baseline"]
         if min(len(ab), len(ba)) < 2:
             return None, "the period-adjusted estimand needs at least two pairs in each order", unreached
         g = two_groups(ab, ba, 0.9, False)
         m = (math.fsum(ab) / len(ab) + math.fsum(ba) / len(ba)) / 2
-        return t_result("t-period-adjusted", len(values), m, g["standard_error"] / 2, g["df"], s, h["type"],
-                        h["margin"]), None, unreached
+        return t_result("t-period-adjusted", len(values), m, g["standard_error"] / 2, g["df"], reg), None, unreached
     n = len(values)
     m = math.fsum(values) / n
     se = math.sqrt(math.fsum((x - m) ** 2 for x in values) / (n - 1) / n)
-    return t_result("t", n, m, se, n - 1, s, h["type"], h["margin"]), None, unreached
+    return t_result("t", n, m, se, n - 1, reg), None, unreached
+
+
+def gate(h: dict, spec: dict, done: dict) -> str | None:
+    if done.get("complete") is False and not done.get("budget_stop"):
+        return f"incomplete: {done['missing_runs']} of {done['planned_runs']} planned runs have no ok record"
+    if done.get("budget_stop") and h["endpoint"] in TIME_ENDPOINTS and not spec.get("decide_time_after_budget_stop"):
+        return ("stopped by the budget rule, which depends on run times, this endpoint's outcome; the protocol did not "
+                "preregister deciding time endpoints after such a stop (decide_time_after_budget_stop)")
+    return None
 
 
 def decide(spec: dict, pairs_of: dict, done: dict) -> list[dict]:
     tests, alpha = spec["tests"], spec["family_alpha"]
-    gate = None
-    if done.get("complete") is False and not done.get("budget_stop"):
-        gate = f"incomplete: {done['missing_runs']} of {done['planned_runs']} planned runs have no ok record"
     results = []
     for h in tests:
-        if gate is not None:
-            results.append((h, None, gate, None))
+        why = gate(h, spec, done)
+        if why is not None:
+            results.append((h, None, why, None))
         else:
             results.append((h, *hyp_test(h, pairs_of.get((h["study"], h["config"]), []), spec["min_pairs"])))
     used: dict = {}
@@ -446,14 +530,25 @@ def decide(spec: dict, pairs_of: dict, done: dict) -> list[dict]:
     for h, t, _why, unreached in results:
         st, reason = status[h["id"]]
         a = used[h["id"]]
-        low = high = level = None
-        if t is not None and a is not None and t["method"] != "signed-rank":
+        low = high = level = estimate = estimate_of = None
+        rank = t is not None and t["method"] == "signed-rank"
+        rr = h["estimand"] == "relative_reduction" and not rank
+        if t is not None:
+            estimate = pct(t["estimate"]) if rr else t["estimate"]
+            estimate_of = t["estimate_of"] if rank else h["estimand"]
+            if h.get("censoring") == "restricted_mean":
+                tau = f"{h['restriction_s']:g} s" if h.get("restriction_s") else "the pair's shorter training time"
+                estimate_of = f"{h['estimand']} of the restricted times min(T, tau), tau = {tau}"
+        if t is not None and a is not None and not rank:
             level = 1.0 - 2.0 * a
             q = student_t_ppf(1.0 - a, t["df"])
             low, high = t["estimate"] - q * t["standard_error"], t["estimate"] + q * t["standard_error"]
+            if rr:
+                low, high = pct(high), pct(low)
         out.append({"id": h["id"], "study": h["study"], "config": h["config"], "endpoint": h["endpoint"],
                     "estimand": h["estimand"], "type": h["type"], "margin": h["margin"], "better": h["better"],
-                    "status": st, "reason": reason, "alpha": a, "test": t, "low": low, "high": high, "level": level,
+                    "status": st, "reason": reason, "alpha": a, "test": t, "estimate": estimate,
+                    "estimate_of": estimate_of, "low": low, "high": high, "level": level,
                     "unreached": unreached, "text": decision_text(h, st, reason, t, a, low, high, done)})
     return out
 
@@ -468,21 +563,37 @@ def decision_text(h: dict, status: str, reason, t, a, low, high, done: dict) -> 
     if low is not None:
         stats += f"; {100 * (1 - 2 * a):.4g}% interval {low:+.5g} to {high:+.5g}"
     verdict = status if reason is None else f"{status} ({reason})"
-    prefix = "(study stopped by its budget rule) " if done.get("budget_stop") else ""
+    prefix = ""
+    if done.get("budget_stop"):
+        prefix = "(study stopped by its budget rule; the stop depended on run times, this endpoint's outcome) " \
+            if h["endpoint"] in TIME_ENDPOINTS else "(study stopped by its budget rule) "
     return f"{prefix}{head}: {verdict}; {stats}"
 
 
 def sensitivity(h: dict, pairs: list[dict], failed: list[dict]) -> dict | None:
+    """Signed-rank tests of the distances from the hypothesis' bound(s), a failed arm adverse to itself."""
     if not failed:
         return None
-    values = hyp_values(h, pairs)[0] if pairs else []
-    s = direction(h["estimand"], h["better"])
-    w = 1.0 + 2.0 * max((abs(v) for v in values), default=0.0)
-    extra = [(-s * w) if f["failed"] == "candidate" else (s * w) for f in failed]
-    t = signed_rank(values + extra, s)
+    try:
+        values = hyp_values(h, pairs)[0] if pairs else []
+        lo, hi = region(h)
+    except ValueError:
+        return None
+    s = sign(h["better"])
+    parts = []
+    for bound, k in ((lo, 1), (hi, -1)):
+        if bound is None:
+            continue
+        dist = [k * (v - bound) for v in values]
+        w = 1.0 + 2.0 * max((abs(x) for x in dist), default=0.0)
+        dist += [(-s if f["failed"] == "candidate" else s) * k * w for f in failed]
+        parts.append(signed_rank(dist, 1))
+    worst = max(parts, key=lambda r: r["p_value"])
     return {"pairs_with_a_failed_arm": len(failed), "failed_candidate": sum(f["failed"] == "candidate" for f in failed),
-            "n": t["n"], "statistic": t["statistic"], "p_value": t["p_value"],
-            "method": "signed-rank; a failed arm ranks worse than every observed pair"}
+            "n": worst["n"], "statistic": worst["statistic"], "p_value": worst["p_value"],
+            "method": "signed-rank of the distances from the hypothesis' bound"
+                      + (" (both bounds, the larger p)" if len(parts) == 2 else "")
+                      + "; a failed arm ranks worse than every observed pair"}
 
 
 # -- the summary ----------------------------------------------------------------------------------
@@ -550,7 +661,7 @@ def recompute(records: list[dict]) -> dict:
                      "test_bpb": r.get("test_bpb"), "peak_memory_bytes": peak(r)})
     rows.sort(key=lambda x: (x["order"], x["attempt"]))
     return {
-        "schema_version": 3, "protocol": proto, "completeness": done, "hypotheses": hyp,
+        "schema_version": 4, "protocol": proto, "completeness": done, "hypotheses": hyp,
         "flow": flow(records, studies, proto),
         "records": {"files": len(records), "ok": status.count("ok"), "failed": status.count("failed"),
                     "interrupted": status.count("interrupted"),
@@ -627,7 +738,8 @@ def completeness(records: list[dict]) -> dict:
         text = f"complete: all {planned} planned runs have an ok record"
     elif stop:
         text = (f"STOPPED BY THE BUDGET RULE: {missing} of {planned} planned runs have no ok record; "
-                f"{spent:.1f} of {budget:g} device seconds spent, and one more unit would exceed the budget")
+                f"{spent:.1f} of {budget:g} device seconds spent, and one more unit would exceed the budget; "
+                "where it stopped depended on run times, the outcome of every time endpoint")
     else:
         text = f"INCOMPLETE: {missing} of {planned} planned runs have no ok record"
     return {"planned_runs": planned, "ok_runs": len(ok_ids), "missing_runs": missing, "complete": missing == 0,
@@ -655,7 +767,8 @@ def _paired(st: dict, config: str, units: dict, level: float, exclusions: list) 
             "baseline_test_bpb": b["test_bpb"], "candidate_test_bpb": c["test_bpb"],
             "baseline_peak_memory_bytes": peak(b), "candidate_peak_memory_bytes": peak(c),
             "time_reduction_pct": 100.0 * (1.0 - ct["training_s"] / bt["training_s"]),
-            "test_bpb_difference": c["test_bpb"] - b["test_bpb"],
+            "test_bpb_difference": c["test_bpb"] - b["test_bpb"]
+            if number(b["test_bpb"], False) and number(c["test_bpb"], False) else None,
         })
     col = lambda k: [p[k] for p in pairs]  # noqa: E731
     training = endpoint(col("baseline_training_s"), col("candidate_training_s"), level, "relative_reduction")
@@ -678,7 +791,7 @@ def _paired(st: dict, config: str, units: dict, level: float, exclusions: list) 
         "total_time": endpoint(col("baseline_total_s"), col("candidate_total_s"), level, "relative_reduction"),
         "test_bpb": quality, "peak_memory": memory,
         "counts": {"faster": faster, "slower": slower, "ties": len(pairs) - faster - slower,
-                   "worse_test_bpb": sum(1 for p in pairs if p["test_bpb_difference"] > 0)},
+                   "worse_test_bpb": sum(1 for p in pairs if (p["test_bpb_difference"] or 0.0) > 0)},
         "order_effects": {"crossover": crossover(pairs, level), "drift": drift(pairs, level)},
         "by_device": by_device(pairs, level), "pairs": pairs,
     }

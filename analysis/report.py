@@ -98,7 +98,7 @@ def markdown(summary: dict[str, Any]) -> str:
                 for pr in c["pairs"]:
                     rows.append([c["config"], str(pr["seed"]), pr["first"], f"{pr['baseline_training_s']:.3f}",
                                  f"{pr['candidate_training_s']:.3f}", f"{pr['time_reduction_pct']:.2f}%",
-                                 f"{pr['test_bpb_difference']:+.5f}"])
+                                 _f(pr["test_bpb_difference"], "+.5f")])
             out += _md_table(["Configuration", "Seed", "First", f"{first['baseline_arm'].capitalize()} (s)",
                               f"{first['candidate_arm'].capitalize()} (s)", "Time reduction",
                               "Test Δ BPB"], rows)
@@ -148,13 +148,21 @@ def _decisions(hyp: dict[str, Any]) -> list[str]:
         sens = d.get("sensitivity")
         rows.append([d["id"], f"{d['study']} / {d['config']}", f"{d['endpoint']} ({d['estimand']})",
                      d["type"].replace("_", "-") + (f", margin {d['margin']:g}" if d["margin"] else ""),
-                     str(t.get("n", "n/a")), _f(t.get("estimate"), "+.4g"), iv,
+                     str(t.get("n", "n/a")), _estimate(d), iv,
                      _f(t.get("p_value"), ".3g"), _f(d["alpha"], ".3g"),
                      d["status"] + (f" ({d['reason']})" if d["reason"] else ""),
                      f"p = {sens['p_value']:.3g} ({sens['pairs_with_a_failed_arm']} failed pairs)" if sens else "none"])
     out += _md_table(["Hypothesis", "Study / configuration", "Endpoint", "Type", "n", "Estimate", "Interval",
                       "p", "alpha", "Decision", "Failed arm as adverse"], rows)
     return out + [""]
+
+
+def _estimate(d: dict[str, Any]) -> str:
+    """The decision's estimate in its estimand's units; a worst-rank one says what it is."""
+    est = d.get("estimate", (d["test"] or {}).get("estimate"))
+    if d.get("estimate_of") and d["estimate_of"] != d["estimand"]:
+        return f"{_f(est, '+.4g')} ({d['estimate_of']})"
+    return _f(est, "+.4g")
 
 
 def _flow(rows: list[dict[str, Any]]) -> list[str]:
@@ -211,7 +219,7 @@ def plots(summary: dict[str, Any], records: list[dict[str, Any]], directory: Pat
         fig, axes = plt.subplots(1, len(paired), figsize=(3.2 * len(paired) + 1, 3.2), squeeze=False)
         for ax, c in zip(axes[0], paired):
             key = "time_reduction_pct" if kind == "time" else "test_bpb_difference"
-            vals = [p[key] for p in c["pairs"]]
+            vals = [p[key] if p[key] is not None else float("nan") for p in c["pairs"]]
             ax.scatter(range(len(vals)), vals, s=12)
             iv = (c["training_time"] if kind == "time" else c["test_bpb"])["interval"]
             if iv:
@@ -266,8 +274,8 @@ def _forest(summary: dict[str, Any], directory: Path) -> list[Path]:
     for d in summary["hypotheses"].get("decisions", []):
         if d["low"] is not None:
             margin = d["margin"] if d["type"] != "superiority" else 0.0
-            rows.append((f"{d['id']} {d['study']}/{d['config']} {d['endpoint']}", d["test"]["estimate"], d["low"],
-                         d["high"], margin, d["status"]))
+            rows.append((f"{d['id']} {d['study']}/{d['config']} {d['endpoint']}", d.get("estimate", d["test"]["estimate"]),
+                         d["low"], d["high"], margin, d["status"]))
     for st in summary["studies"]:
         for c in st["configs"]:
             iv = (c.get("training_time") or {}).get("log_ratio")

@@ -62,7 +62,13 @@ def _check(values: Sequence[float], what: str) -> list[float]:
 
 
 def paired_values(baseline: Sequence[float], candidate: Sequence[float], estimand: str) -> list[float]:
-    """Per-pair values: ``c - b``; ``100 (1 - c / b)``; or ``ln(c / b)``."""
+    """Per-pair values: ``c - b``; ``100 (1 - c / b)``; or ``ln(c / b)``.
+
+    ``ln(c / b)`` is computed as ``ln c - ln b``, so that swapping the arms negates it exactly (a
+    rounded ``c / b`` and ``b / c`` are not exact reciprocals). Decisions and intervals on
+    ``relative_reduction`` use the log ratio (:func:`paired_interval`); its per-pair values here are
+    descriptive only.
+    """
     if estimand not in ESTIMANDS:
         raise ValueError(f"unknown estimand {estimand!r} (known: {', '.join(ESTIMANDS)})")
     b = _check(baseline, "baseline")
@@ -75,7 +81,7 @@ def paired_values(baseline: Sequence[float], candidate: Sequence[float], estiman
         raise ValueError(f"{estimand} needs positive values")
     if estimand == "relative_reduction":
         return [100.0 * (1.0 - y / x) for x, y in zip(b, c)]
-    return [math.log(y / x) for x, y in zip(b, c)]
+    return [math.log(y) - math.log(x) for x, y in zip(b, c)]
 
 
 def mean_interval(values: Sequence[float], level: float = 0.99, estimand: str = "contrast") -> PairedInterval:
@@ -112,9 +118,12 @@ def paired_interval(
     level : float
         Two-sided confidence level, e.g. 0.99.
     estimand : {"difference", "relative_reduction", "log_ratio"}
-        ``difference``: mean of ``c_i - b_i``. ``relative_reduction``: mean over pairs of
-        ``100 (1 - c_i / b_i)``, in percent. ``log_ratio``: mean of ``ln(c_i / b_i)``, also
-        reported as the geometric-mean ratio ``exp(.)``.
+        ``difference``: mean of ``c_i - b_i``. ``log_ratio``: mean ``m`` of ``ln(c_i / b_i)``, also
+        reported as the geometric-mean ratio ``exp(.)``. ``relative_reduction``: ``100 (1 - exp(.))``
+        of the log ratio's estimate and ends, in percent (``low = 100 (1 - exp(high_log))``, as the
+        map is decreasing); its ``standard_error`` and ``df`` are the log ratio's. Not the mean of the
+        per-pair reductions ``100 (1 - c_i / b_i)``: that mean is biased under an A/A null (Jensen)
+        and does not mirror when the arms are swapped.
 
     Returns
     -------
@@ -128,11 +137,19 @@ def paired_interval(
     over the per-pair values (Student, 1908; as ``scipy.stats.ttest_rel(c, b).confidence_interval``
     and R's ``t.test(c, b, paired = TRUE)`` for ``difference``).
     """
-    res = mean_interval(paired_values(baseline, candidate, estimand), level, estimand)
+    if estimand == "difference":
+        return mean_interval(paired_values(baseline, candidate, estimand), level, estimand)
+    res = mean_interval(paired_values(baseline, candidate, "log_ratio"), level, estimand)
+    ratios = {"ratio": math.exp(res.estimate), "ratio_low": math.exp(res.low), "ratio_high": math.exp(res.high)}
     if estimand == "log_ratio":
-        return PairedInterval(**{**res.as_dict(), "ratio": math.exp(res.estimate),
-                                 "ratio_low": math.exp(res.low), "ratio_high": math.exp(res.high)})
-    return res
+        return PairedInterval(**{**res.as_dict(), **ratios})
+    return PairedInterval(**{**res.as_dict(), **ratios, "estimate": reduction(res.estimate),
+                             "low": reduction(res.high), "high": reduction(res.low)})
+
+
+def reduction(log_ratio: float) -> float:
+    """``100 (1 - exp(log_ratio))`` (as ``-100 expm1``): the candidate's percent reduction against the baseline."""
+    return -100.0 * math.expm1(log_ratio)
 
 
 def factorial_contrasts(blocks: Sequence[dict[str, float]], level: float) -> dict[str, PairedInterval]:
@@ -156,3 +173,16 @@ def factorial_contrasts(blocks: Sequence[dict[str, float]], level: float) -> dic
         lb["packed_adamw"].append(((ln["packed"] - ln["native"]) + (ln["cotangent"] - ln["bucketed"])) / 2)
         lb["interaction"].append((ln["cotangent"] - ln["packed"]) - (ln["bucketed"] - ln["native"]))
     return {k: mean_interval(v, level, "log_contrast") for k, v in lb.items()}
+
+
+#: Relative tolerance for rounding: per-pair values whose spread (``max - min``) is at most this
+#: fraction of their largest magnitude have "zero spread" (a t statistic there divides rounding
+#: noise); in the signed-rank test, magnitudes this close are tied and values this close to 0 are
+#: zeros. Real paired differences of times, BPB or memory never agree to 9 significant digits.
+ROUNDING_REL_TOL = 1e-9
+
+
+def spread_is_rounding(values: Sequence[float]) -> bool:
+    """``max - min <= ROUNDING_REL_TOL * max |v|`` (true for identical values, 0 included)."""
+    top = max(abs(v) for v in values)
+    return max(values) - min(values) <= ROUNDING_REL_TOL * top

@@ -27,8 +27,10 @@ from harness.records import load_records
 
 __all__ = ["completeness", "derive", "flow", "load_records", "run_rows"]
 
-# 2: "completeness"; 3: "hypotheses" (one decision each), "flow", order diagnostics, failed-arm sensitivity
-SUMMARY_SCHEMA = 3
+# 2: "completeness"; 3: "hypotheses" (one decision each), "flow", order diagnostics, failed-arm sensitivity;
+# 4: ratio estimands on the log ratio (relative_reduction = 100 (1 - exp) of its interval), a decision's
+#    "estimate" / "estimate_of" in the estimand's units, an endpoint's "invalid_pairs"
+SUMMARY_SCHEMA = 4
 UNIT_RUNS = {"paired": 2, "factorial": 4}
 
 
@@ -75,9 +77,17 @@ def _interval(b: list[float], c: list[float], level: float, estimand: str) -> di
     return paired_interval(b, c, level, estimand).as_dict()
 
 
-def _endpoint(b: list[float], c: list[float], level: float, estimand: str) -> dict[str, Any]:
+def _valid(x: Any, positive: bool) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and (x > 0 or not positive)
+
+
+def _endpoint(b0: list[Any], c0: list[Any], level: float, estimand: str) -> dict[str, Any]:
+    """Descriptive means and interval over the pairs whose two values are finite numbers (positive for
+    ratios); ``invalid_pairs`` counts the others (a decision on them is "not reached", naming the pair)."""
+    ok = [(x, y) for x, y in zip(b0, c0) if _valid(x, estimand != "difference") and _valid(y, estimand != "difference")]
+    b, c = [x for x, _ in ok], [y for _, y in ok]
     return {
-        "pairs": len(b),
+        "pairs": len(b), "invalid_pairs": len(b0) - len(b),
         "baseline_mean": math.fsum(b) / len(b) if b else None,
         "candidate_mean": math.fsum(c) / len(c) if c else None,
         "interval": _interval(b, c, level, estimand),
@@ -115,7 +125,8 @@ def completeness(records: list[dict[str, Any]]) -> dict[str, Any]:
         text = f"complete: all {planned} planned runs have an ok record"
     elif budget_stop:
         text = (f"STOPPED BY THE BUDGET RULE: {missing} of {planned} planned runs have no ok record; "
-                f"{spent:.1f} of {budget:g} device seconds spent, and one more unit would exceed the budget")
+                f"{spent:.1f} of {budget:g} device seconds spent, and one more unit would exceed the budget; "
+                "where it stopped depended on run times, the outcome of every time endpoint")
     else:
         text = f"INCOMPLETE: {missing} of {planned} planned runs have no ok record"
     return {"planned_runs": planned, "ok_runs": len(ok_ids), "missing_runs": missing, "complete": missing == 0,
@@ -143,7 +154,8 @@ def _paired(study: dict[str, Any], config: str, units: dict[str, dict[str, dict[
             "baseline_test_bpb": b["test_bpb"], "candidate_test_bpb": c["test_bpb"],
             "baseline_peak_memory_bytes": _peak(b), "candidate_peak_memory_bytes": _peak(c),
             "time_reduction_pct": 100.0 * (1.0 - c["timings"]["training_s"] / b["timings"]["training_s"]),
-            "test_bpb_difference": c["test_bpb"] - b["test_bpb"],
+            "test_bpb_difference": c["test_bpb"] - b["test_bpb"]
+            if _valid(b["test_bpb"], False) and _valid(c["test_bpb"], False) else None,
         })
     col = lambda key: [p[key] for p in pairs]  # noqa: E731
     training = _endpoint(col("baseline_training_s"), col("candidate_training_s"), level, "relative_reduction")
@@ -168,7 +180,7 @@ def _paired(study: dict[str, Any], config: str, units: dict[str, dict[str, dict[
         "total_time": _endpoint(col("baseline_total_s"), col("candidate_total_s"), level, "relative_reduction"),
         "test_bpb": quality, "peak_memory": memory,
         "counts": {"faster": faster, "slower": slower, "ties": len(pairs) - faster - slower,
-                   "worse_test_bpb": sum(1 for p in pairs if p["test_bpb_difference"] > 0)},
+                   "worse_test_bpb": sum(1 for p in pairs if (p["test_bpb_difference"] or 0.0) > 0)},
         "order_effects": {"crossover": crossover(pairs, level), "drift": drift(pairs, level)},
         "by_device": by_device(pairs, level),
         "pairs": pairs,

@@ -144,7 +144,9 @@ def main() -> int:
     ap.add_argument("--sd", type=float, default=0.05, help="sd of per-pair log-time differences")
     ap.add_argument("--from-records", help="take sd from the A/A pairs of this records folder")
     ap.add_argument("--tau", type=float, default=-0.1, help="true log ratio for the coverage part")
-    ap.add_argument("--period", type=float, default=0.03, help="second-run minus first-run log-time effect / 2")
+    ap.add_argument("--period", type=float, default=0.03,
+                    help="period effect: the second run's log time minus the first run's (the whole difference, not "
+                         "half of it); a pair's c - b moves by +period when the candidate runs second, -period when first")
     ap.add_argument("--drift", type=float, default=0.0, help="per-pair-position drift of the difference")
     ap.add_argument("--margin", type=float, default=0.05)
     ap.add_argument("--level", type=float, default=0.95)
@@ -162,15 +164,18 @@ def main() -> int:
     assert isinstance(ff, dict)
     print(f"{args.studies} simulated studies of {args.pairs} pairs; sd {sd:.4g}, period {args.period:g}, drift "
           f"{args.drift:g}; level {args.level:g}, one-sided alpha {args.alpha:g}\n")
+    def se(p: float) -> str:  # Monte Carlo standard error of a simulated proportion
+        return f"{p:.4f} (MC SE {math.sqrt(p * (1 - p) / args.studies):.4f})"
+
     print("| Quantity | Nominal | Simulated |\n|---|---|---|")
-    print(f"| coverage, plain paired t interval | {args.level:g} | {res['coverage_plain']:.4f} (mean width "
-          f"{res['mean_width_plain']:.4g}) |")
-    print(f"| coverage, period-adjusted interval | {args.level:g} | {res['coverage_period_adjusted']:.4f} (mean width "
-          f"{res['mean_width_period_adjusted']:.4g}) |")
+    print(f"| coverage, plain paired t interval | {args.level:g} | {se(res['coverage_plain'])}, mean width "
+          f"{res['mean_width_plain']:.4g} |")
+    print(f"| coverage, period-adjusted interval | {args.level:g} | {se(res['coverage_period_adjusted'])}, mean width "
+          f"{res['mean_width_period_adjusted']:.4g} |")
     for k, v in t1.items():
-        print(f"| type-I error, {k.replace('_', ' ')} | {args.alpha:g} | {v:.4f} |")
-    print(f"| false 'faster' claims, full_budget imputation + t | {args.alpha:g} | {ff['full_budget_t']:.4f} |")
-    print(f"| false 'faster' claims, worst-rank signed-rank | {args.alpha:g} | {ff['worst_rank_signed_rank']:.4f} |")
+        print(f"| type-I error, {k.replace('_', ' ')} | {args.alpha:g} | {se(v)} |")
+    print(f"| false 'faster' claims, full_budget imputation + t | {args.alpha:g} | {se(ff['full_budget_t'])} |")
+    print(f"| false 'faster' claims, worst-rank signed-rank | {args.alpha:g} | {se(ff['worst_rank_signed_rank'])} |")
     print(f"\nfull_budget imputation: mean bias of the log ratio {res['full_budget_mean_bias_log']:+.4f} (negative: "
           f"flatters the arm that misses the target more often; misses baseline {args.miss_baseline:g}, candidate "
           f"{args.miss_candidate:g})")

@@ -228,7 +228,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_power(args: argparse.Namespace) -> int:
-    from analysis.power import plan
+    from analysis.power import cited, legend, plan, table_rows
+    from harness import yamlio
     from harness.protocol import load_protocol
     from harness.records import load_records
 
@@ -251,20 +252,14 @@ def cmd_power(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=1))
         return 0
-    table = [{"hypothesis": r.id, "config": r.config, "endpoint": r.endpoint,
-              "sd (A/A)": f"{r.sd:.4g}" + (" *" if r.identical_in_pilot else ""), "pilot pairs": r.pilot_pairs,
-              "alpha": f"{r.alpha:.3g}", "margin": f"{r.margin:g}", "effect": f"{r.effect:g}",
-              "n 80%": r.n80 if r.n80 is not None else "none", "n 90%": r.n90 if r.n90 is not None else "none",
-              "planned": r.planned_pairs, "power at planned": f"{r.power_at_planned:.2f}",
-              "half-width at planned": f"{r.half_width_at_planned:.3g}",
-              "detectable at planned": f"{r.detectable_at_planned:.3g}"} for r in rows]
+    table = table_rows(rows)
     if not table:
         print(f"no A/A pairs in {pilot.records_path} for the target's configurations")
         return 1
     print(_table(table, list(table[0])))
-    print("\nsd: standard deviation of per-pair values over the pilot's A/A pairs (no candidate outcome is read); "
-          "* the A/A arms were bitwise identical there, so sd is the seed-to-seed spread x sqrt(2) (conservative). "
-          "rule: analysis/power.py (one-sided noncentral t; Holm at its strictest step)")
+    origins = yamlio.load(target.path).data.get("origins") or {}  # validated by load_protocol: sentences
+    print("\n" + legend(rows))
+    print(f"{target.path}: origins.seeds cites {cited(str(origins.get('seeds') or ''))}")
     return 0
 
 
@@ -421,7 +416,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("pilot", help="the pilot protocol (already run)")
     s.add_argument("--target", required=True, help="the protocol whose hypotheses are planned")
     s.add_argument("--effect", action="append", metavar="ID=VALUE",
-                   help="assumed true effect of a superiority hypothesis (favourable direction, estimand units)")
+                   help="assumed true effect of a hypothesis, any type (favourable direction, estimand units; "
+                        "default 0)")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s = sub.add_parser("node", help="start a Ray node that offers this machine's timing devices")
     s.add_argument("--device", required=True, choices=DEVICES, help=DEVICE_HELP)

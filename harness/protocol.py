@@ -196,6 +196,8 @@ _FAMILY = {
     "family_alpha": Field(float, check=lambda v: None if 0 < v < 0.5 else "a one-sided family-wise error rate in (0, 0.5)"),
     "min_pairs": Field(int, check=lambda v: None if v >= 3 else "at least 3 (an interval needs a spread)"),
     "tests": Field(list),
+    # a budget stop depends on run times: decide time endpoints after one only if preregistered
+    "decide_time_after_budget_stop": Field(bool, required=False, default=False),
 }
 _TEST = {
     "id": Field(str, check=lambda v: None if ID_RE.match(v) else "letters, digits, - and _ only"),
@@ -208,6 +210,9 @@ _TEST = {
     "better": Field(str, check=one_of("lower", "higher")),
     "censoring": Field(str, required=False, default=None, check=one_of("worst_rank", "restricted_mean")),
     "period_adjusted": Field(bool, required=False, default=False),
+    # restricted mean: the restriction time tau (s) for both arms; default, per pair, the shorter training time
+    "restriction_s": Field(float, required=False, default=None,
+                           check=lambda v: None if 0 < v < float("inf") else "a positive, finite time in seconds"),
 }
 
 
@@ -250,6 +255,10 @@ def _hypotheses(doc: yamlio.Document, raw: dict[str, Any], studies: list[Study])
                 raise doc.error(tk + ("censoring",), "worst_rank is a rank test: superiority with margin 0 only")
         elif h["censoring"] is not None:
             raise doc.error(tk + ("censoring",), "censoring applies to time_to_target only")
+        if h["restriction_s"] is not None and h["censoring"] != "restricted_mean":
+            raise doc.error(tk + ("restriction_s",), "restriction_s is the restriction time of censoring: restricted_mean")
+        if h["estimand"] == "relative_reduction" and h["margin"] >= 100:
+            raise doc.error(tk + ("margin",), "a relative_reduction margin is a percentage below 100")
         if h["estimand"] != "difference" and h["endpoint"] == "test_bpb":
             raise doc.error(tk + ("estimand",), "test_bpb is compared as a difference (BPB)")
         tests.append(h)

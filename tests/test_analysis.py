@@ -57,10 +57,15 @@ def test_interval_against_r():
 
 def test_estimands_and_sign_conventions():
     rr = paired_interval(B, C, 0.99, "relative_reduction")
-    assert rr.estimate == pytest.approx(sum(100 * (1 - c / b) for b, c in zip(B, C)) / 6) and rr.estimate > 0
     lr = paired_interval(B, C, 0.99, "log_ratio")
     assert lr.estimate < 0 and lr.ratio == pytest.approx(math.exp(lr.estimate))
     assert lr.ratio_low < lr.ratio < lr.ratio_high
+    # the reduction is 1 - exp of the log ratio's interval (ends swap: the map decreases), not a mean of ratios
+    assert (rr.estimate, rr.low, rr.high) == (100 * -math.expm1(lr.estimate), 100 * -math.expm1(lr.high),
+                                              100 * -math.expm1(lr.low))
+    assert rr.estimate > 0 and rr.standard_error == lr.standard_error
+    swapped = paired_interval(C, B, 0.99, "log_ratio")  # relabelling negates the log ratio exactly
+    assert (swapped.estimate, swapped.low, swapped.high) == (-lr.estimate, -lr.high, -lr.low)
 
 
 def test_interval_errors_and_degenerate():

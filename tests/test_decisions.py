@@ -2,12 +2,15 @@
 multiplicity procedures, censoring, degenerate data and the order diagnostics."""
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import sys
 
 import pytest
 from conftest import ROOT
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from analysis import decisions as D
@@ -57,22 +60,43 @@ def test_t_tests_against_scipy():
     eq = D.t_test(v, -1, "equivalence", 0.1)
     tost = max(stats.ttest_1samp(v, -0.1, alternative="greater").pvalue, stats.ttest_1samp(v, 0.1, alternative="less").pvalue)
     assert eq.p_value == pytest.approx(tost, rel=1e-10)
-    assert D.direction("relative_reduction", "lower") == 1 and D.direction("log_ratio", "lower") == -1
+    from analysis.ttests import bounds, sign
+    assert sign("lower") == -1 and sign("higher") == 1  # on the test scale (c - b or ln c - ln b)
+    rr = {"estimand": "relative_reduction", "better": "lower", "type": "superiority", "margin": 10.0}
+    assert bounds(rr)[0] is None and bounds(rr)[1] == pytest.approx(math.log(0.9), rel=1e-15)  # 10% faster
 
 
 @pytest.mark.parametrize("d", [
-    [0.3, -0.1, 0.25, 0.4, -0.05, 0.12, 0.33, 0.07],            # exact (no ties)
-    [0.3, -0.1, 0.3, 0.4, -0.05, 0.12, 0.0, 0.07, 0.4, 0.4],    # ties and a zero: normal approximation
+    [0.3, -0.1, 0.25, 0.4, -0.05, 0.12, 0.33, 0.07],            # exact (no ties): scipy's exact method
+    [0.3, -0.1, 0.3, 0.4, -0.05, 0.12, 0.0, 0.07, 0.4, 0.4],    # ties and a zero: exact conditional
+    [2.0, 2.0, 2.0, 2.0],                                        # 4 pairs all censored on one arm
     [float(x) for x in range(1, 61)],                           # n > 50: normal approximation
 ])
-def test_signed_rank_against_scipy(d):
+def test_signed_rank_against_scipy_and_enumeration(d):
     mine = D.signed_rank(d, 1)
     nz = [x for x in d if x != 0]
-    exact = len(set(abs(x) for x in nz)) == len(nz) and len(nz) <= 50
-    ref = stats.wilcoxon(d, alternative="greater", zero_method="wilcox", method="exact" if exact else "approx",
-                         correction=False)
-    assert mine.p_value == pytest.approx(ref.pvalue, rel=1e-9)
-    assert A.signed_rank(d, 1)["p_value"] == pytest.approx(mine.p_value, rel=1e-12)
+    if len(nz) > 50:
+        ref = stats.wilcoxon(d, alternative="greater", zero_method="wilcox", method="approx", correction=False).pvalue
+    elif len(set(abs(x) for x in nz)) == len(nz):
+        ref = stats.wilcoxon(d, alternative="greater", zero_method="wilcox", method="exact").pvalue
+    else:  # every sign pattern of scipy's average ranks, counted
+        ranks = stats.rankdata([abs(x) for x in nz])
+        t = sum(r for r, x in zip(ranks, nz) if x > 0)
+        tot = [sum(r for r, sg in zip(ranks, signs) if sg) for signs in itertools.product((0, 1), repeat=len(nz))]
+        ref = sum(x >= t - 1e-9 for x in tot) / 2 ** len(nz)
+    assert mine.p_value == pytest.approx(ref, rel=1e-12)
+    assert A.signed_rank(d, 1)["p_value"] == mine.p_value
+    if d == [2.0] * 4:
+        assert mine.p_value == 1 / 16  # the smallest p four pairs can give (the normal approximation said 0.0228)
+
+
+def test_signed_rank_ties_are_rounding_tolerant():
+    # magnitudes equal but for the last bits tie; a mirror image gives the mirror p
+    d = [math.log(1.1 * b) - math.log(b) for b in (3, 7, 11, 13, 17, 19, 23, 1000, 1e5)] + [0.2, -0.3]
+    assert len(set(abs(x) for x in d[:9])) == 4  # they differ in their last bits
+    r = D.signed_rank(d, -1)
+    assert r.p_value == D.signed_rank([-x for x in d], 1).p_value == A.signed_rank(d, -1)["p_value"]
+    assert r.statistic == D.signed_rank([0.0953] * 9 + [0.2, -0.3], -1).statistic
 
 
 def test_period_adjusted_equals_the_two_sample_crossover():
@@ -136,15 +160,22 @@ def test_audit_recomputes_every_decision(procedure):
              ("s", "d"): make_pairs(14, effect=0.01, seed=10)}
     tests = [H_TTT, H_SPEED, H_QUAL, {**H_SPEED, "id": "H4", "config": "d", "type": "equivalence", "margin": 0.05},
              {**H_SPEED, "id": "H5", "period_adjusted": True},
-             {**H_SPEED, "id": "H6", "endpoint": "time_to_target", "censoring": "restricted_mean"}]
+             {**H_SPEED, "id": "H6", "endpoint": "time_to_target", "censoring": "restricted_mean"},
+             {**H_SPEED, "id": "H7", "estimand": "relative_reduction", "margin": 2.0},
+             {**H_SPEED, "id": "H8", "estimand": "relative_reduction", "type": "equivalence", "margin": 10.0,
+              "period_adjusted": True},
+             {**H_SPEED, "id": "H9", "endpoint": "time_to_target", "censoring": "restricted_mean", "restriction_s": 0.8},
+             {**H_TTT, "id": "H10", "estimand": "relative_reduction", "better": "higher"}]
     sp = spec(*tests, procedure=procedure, alpha=0.05)
     mine = [d.as_dict() for d in D.decide(sp, pairs, COMPLETE)]
     theirs = A.decide(sp, pairs, COMPLETE)
     problems: list[str] = []
     assert A.compare("decisions", theirs, mine, problems, "test") > 50 and not problems, problems
-    failed = [{"unit": "x", "failed": "candidate"}]
-    assert A.sensitivity(H_SPEED, pairs[("s", "c")], failed) == pytest.approx(
-        D.sensitivity(H_SPEED, pairs[("s", "c")], failed))
+    assert [d["id"] for d in mine if d["test"] is None] == []  # every rule was exercised
+    failed = [{"unit": "x", "failed": "candidate"}, {"unit": "y", "failed": "baseline"}]
+    for h in tests:
+        assert A.sensitivity(h, pairs[("s", h["config"])], failed) == pytest.approx(
+            D.sensitivity(h, pairs[("s", h["config"])], failed)), h["id"]
 
 
 def test_drift_slope_against_scipy():
@@ -179,3 +210,21 @@ def test_per_device_effects_and_heterogeneity():
     A.compare("by_device", A.by_device(pairs, 0.95), d, problems, "test")
     assert not problems, problems
     assert by_device([dict(p, device="one") for p in pairs], 0.95) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([-3.0, -2.0, -1.5, -1.0, 0.0, 1.0, 1.5, 2.0, 3.0]), min_size=1, max_size=11),
+       st.sampled_from([1, -1]))
+def test_signed_rank_exact_conditional_equals_enumeration(d, s):
+    """Heavy ties and zeros: the exact conditional p is the share of sign patterns with T+ at least the observed."""
+    nz = [s * x for x in d if x != 0]
+    mine = D.signed_rank(d, s)
+    assert A.signed_rank(d, s)["p_value"] == mine.p_value
+    if not nz:
+        assert mine.p_value == 1.0
+        return
+    ranks = stats.rankdata([abs(x) for x in nz])
+    t = sum(r for r, x in zip(ranks, nz) if x > 0)
+    tot = [sum(r for r, sg in zip(ranks, signs) if sg) for signs in itertools.product((0, 1), repeat=len(nz))]
+    assert mine.p_value == pytest.approx(sum(x >= t - 1e-9 for x in tot) / 2 ** len(nz), rel=1e-12)
+    assert mine.statistic == pytest.approx(t)

@@ -292,8 +292,14 @@ def test_budget_stop_decisions_are_made_and_say_so(done_study):
             "type": "superiority", "margin": 0.0, "better": "lower", "censoring": None, "period_adjusted": False}])
     s = derive(recs)
     assert s["completeness"]["budget_stop"] is True
+    decision = s["hypotheses"]["decisions"][0]  # the stop depended on run times: not preregistered, not decided
+    assert decision["status"] == "not reached" and "depends on run times" in decision["reason"]
+    for r in recs:
+        r["protocol"]["hypotheses"]["decide_time_after_budget_stop"] = True
+    s = derive(recs)
     decision = s["hypotheses"]["decisions"][0]
-    assert decision["text"].startswith("(study stopped by its budget rule) S: superiority")
+    assert decision["text"].startswith("(study stopped by its budget rule; the stop depended on run times, this "
+                                       "endpoint's outcome) S: superiority")
     assert decision["status"] in ("established", "not established")
     problems: list[str] = []
     public_audit.compare("h", public_audit.recompute(recs)["hypotheses"], s["hypotheses"], problems, "budget")

@@ -67,3 +67,29 @@ def test_coverage_simulation_reduced(tmp_path):
     assert all(v < 0.08 for v in res["type_I_error"].values())
     assert res["full_budget_mean_bias_log"] < 0  # counting a miss at the budget flatters the arm that misses
     assert "| coverage, period-adjusted interval |" in r.stdout
+
+
+def test_harness_power_cli_on_a_real_pilot(repo):
+    """A tiny A/A pilot run through the CLI, then ``harness power``: plug-in and upper-limit figures in the
+    target's own units, and which one the target's origins cite."""
+    from conftest import harness, tiny_protocol
+
+    pilot = tiny_protocol(id="pilot", steps=6).replace("arms: [native, cotangent]", "arms: [native, native]") \
+        .replace("seeds: [1, 2]", "seeds: [1, 2, 3, 4]")
+    target = tiny_protocol(id="target").replace("seeds: [1, 2]", "seeds: [1, 2, 3, 4, 5, 6]").replace(
+        "      endpoint: test_bpb\n      estimand: difference\n      type: non_inferiority\n      margin: 0.01\n",
+        "      endpoint: training_time\n      estimand: relative_reduction\n      type: non_inferiority\n"
+        "      margin: 5\n").replace("order_seed: 1\n", "order_seed: 1\norigins:\n  seeds: \"harness power: the pairs "
+                                  "at the sd's 80% upper confidence limit\"\n")
+    (repo / "protocols" / "pilot.yaml").write_text(pilot)
+    (repo / "protocols" / "target.yaml").write_text(target)
+    r = harness(repo, "run", "protocols/pilot.yaml", "--quiet")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = harness(repo, "power", "protocols/pilot.yaml", "--target", "protocols/target.yaml")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "training_time (relative_reduction)" in r.stdout and "n 80% at sd 80% UCL" in r.stdout
+    assert "origins.seeds cites the figure at the sd's upper confidence limit" in r.stdout
+    j = harness(repo, "power", "protocols/pilot.yaml", "--target", "protocols/target.yaml", "--json")
+    row = json.loads(j.stdout)[0]
+    assert row["pilot_pairs"] == 4 and row["sd_upper"] > row["sd"] > 0 and row["estimand"] == "relative_reduction"
+    assert row["n80_upper"] is None or row["n80"] is None or row["n80_upper"] >= row["n80"]
