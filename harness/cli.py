@@ -168,10 +168,29 @@ def _report(proto: Any, fmt: str | None, quiet: bool) -> int:
     return 0
 
 
+def _reconciled(proto: Any) -> None:
+    """Check the records folder's path, then bring MANIFEST back to the chain (a crash between an
+    entry's write and the MANIFEST rewrite); the chain is the truth."""
+    from harness.execute.runner import study_ledger
+    from harness.ledger import check_records_folder, load_entries
+
+    check_records_folder(proto)
+    if not proto.records_path.is_dir():
+        return
+    entries = load_entries(proto.records_path)
+    genesis = next((e["protocol"].get("freeze_sha256") for e in entries if e["protocol"].get("freeze_sha256")),
+                   None) or proto.sha256
+    note = study_ledger(proto, genesis).reconcile()
+    if note:
+        print(note, file=sys.stderr)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from harness.protocol import load_protocol
 
-    return _report(load_protocol(args.protocol), args.format, args.quiet)
+    proto = load_protocol(args.protocol)
+    _reconciled(proto)
+    return _report(proto, args.format, args.quiet)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -294,19 +313,26 @@ def cmd_compare_arms(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from harness.execute.state import status_table
-    from harness.ledger import describe, head_of
+    from harness.execute.state import status_table, unfinished
+    from harness.ledger import describe, head_of, load_entries
     from harness.protocol import load_protocol
-    from harness.records import load_records
 
     proto = load_protocol(args.protocol)
+    _reconciled(proto)
     rows, spent = status_table(proto)
-    head = head_of(load_records(proto.records_path), "")
+    head = head_of(load_entries(proto.records_path) if proto.records_path.is_dir() else [], "")
+    unended = [{"run_id": e["run_id"], "attempt": e["attempt"], "started_at": e["started_at"], "node": e["node"],
+                "seq": e["ledger"]["seq"]} for e in unfinished(proto)]
     if args.json:
         print(json.dumps({"protocol": proto.id, "rows": rows, "device_seconds_spent": spent,
-                          "budget_device_seconds": proto.budget_device_seconds, "ledger_head": head}, indent=1))
+                          "budget_device_seconds": proto.budget_device_seconds, "ledger_head": head,
+                          "interrupted_without_record": unended}, indent=1))
         return 0
-    print(_table(rows, ["study", "config", "runs", "done", "failed", "interrupted_attempts", "pending"]))
+    print(_table(rows, ["study", "config", "runs", "done", "failed", "interrupted_attempts", "superseded_attempts",
+                        "pending"]))
+    for u in unended:
+        print(f"interrupted: {u['run_id']} attempt {u['attempt']} started at {u['started_at']} on {u['node']} "
+              f"(ledger seq {u['seq']}) has no ending; the next harness run records it")
     print(f"\nbudget: {spent:.1f} of {proto.budget_device_seconds:.0f} device seconds spent; records in {proto.records_path}")
     print(describe(head) if head["seq"] else "ledger: no records yet")
     if head["seq"]:
@@ -393,6 +419,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"harness {args.command}: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:  # a file the harness could not write or read: a message, exit 2, no traceback
+        import shutil
+
+        where = Path(e.filename) if e.filename else Path.cwd()
+        try:
+            free = f" ({shutil.disk_usage(where if where.is_dir() else where.parent).free} bytes free there)"
+        except OSError:
+            free = ""
+        print(f"harness {args.command}: error: {e.filename or 'a file'}: {e.strerror or e}{free}; nothing was "
+              "half-written: fix it and run the same command again", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
