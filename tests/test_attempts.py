@@ -246,3 +246,44 @@ def test_records_folder_paths_are_refused(tmp_path, case):
         else:
             assert f"{link} is a symbolic link" in r.stderr
     assert not list(outside.iterdir()) and not (repo / "runs").exists()
+
+
+def _tmpfs_possible() -> str | None:
+    try:
+        r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                            "d=$(mktemp -d) && mount -t tmpfs -o size=64k tmpfs $d && umount $d && rmdir $d"],
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"cannot start unshare: {e}"
+    return None if r.returncode == 0 else f"cannot mount a tmpfs in a private mount namespace: {r.stderr.strip()}"
+
+
+def test_full_filesystem_stops_cleanly_and_resumes(tmp_path):
+    """The records folder's filesystem full (a 1 MiB tmpfs): at the first write, and at the record
+    that ends an attempt. Each stops with exit 2, the file and the free space named, no traceback,
+    nothing half-written; once space is freed the study resumes and audits clean."""
+    why = _tmpfs_possible()
+    if why:
+        pytest.skip(why)
+    repo = study(tmp_path)
+    out = tmp_path / "fullfs.json"
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable,
+                        str(ROOT / "tests" / "fullfs_scenario.py"), str(repo), str(out)],
+                       capture_output=True, text=True, timeout=2400)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    for step in ("full", "record"):
+        got = res[step]
+        assert got["rc"] == 2, got
+        assert "Traceback" not in got["stderr"] and "No space left on device" in got["stderr"], got["stderr"]
+        assert "bytes free on its filesystem" in got["stderr"] and "run the same command again" in got["stderr"]
+        assert got["tmp"] == [], got["files"]
+    assert ".started.json" in res["full"]["stderr"] and res["full"]["files"] == []
+    assert ".record.json" in res["record"]["stderr"]
+    assert [n for n in res["record"]["files"] if n.endswith(".record.json")] == []
+    assert any(n.endswith(".started.json") for n in res["record"]["files"])
+    assert res["resumed"]["rc"] == 0, res["resumed"]
+    assert "noted interrupted attempt 1" in res["resumed"]["stdout"]
+    assert res["audit"]["rc"] == 0, res["audit"]["stdout"]
+    oks = [x["spec"]["run_id"] for x in res["records"] if x["status"] == "ok"]
+    assert len(oks) == len(set(oks)) == 4
