@@ -169,18 +169,9 @@ def _report(proto: Any, fmt: str | None, quiet: bool) -> int:
 
 
 def _reconciled(proto: Any) -> None:
-    """Check the records folder's path, then bring MANIFEST back to the chain (a crash between an
-    entry's write and the MANIFEST rewrite); the chain is the truth."""
-    from harness.execute.runner import study_ledger
-    from harness.ledger import check_records_folder, load_entries
+    from harness.ledger import reconcile_study
 
-    check_records_folder(proto)
-    if not proto.records_path.is_dir():
-        return
-    entries = load_entries(proto.records_path)
-    genesis = next((e["protocol"].get("freeze_sha256") for e in entries if e["protocol"].get("freeze_sha256")),
-                   None) or proto.sha256
-    note = study_ledger(proto, genesis).reconcile()
+    note = reconcile_study(proto)  # the chain is the truth: a crash may have left MANIFEST behind it
     if note:
         print(note, file=sys.stderr)
 
@@ -321,8 +312,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     _reconciled(proto)
     rows, spent = status_table(proto)
     head = head_of(load_entries(proto.records_path) if proto.records_path.is_dir() else [], "")
-    unended = [{"run_id": e["run_id"], "attempt": e["attempt"], "started_at": e["started_at"], "node": e["node"],
-                "seq": e["ledger"]["seq"]} for e in unfinished(proto)]
+    unended = unfinished(proto)
     if args.json:
         print(json.dumps({"protocol": proto.id, "rows": rows, "device_seconds_spent": spent,
                           "budget_device_seconds": proto.budget_device_seconds, "ledger_head": head,
@@ -420,15 +410,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"harness {args.command}: interrupted", file=sys.stderr)
         return 130
     except OSError as e:  # a file the harness could not write or read: a message, exit 2, no traceback
-        import shutil
-
-        where = Path(e.filename) if e.filename else Path.cwd()
-        try:
-            free = f" ({shutil.disk_usage(where if where.is_dir() else where.parent).free} bytes free there)"
-        except OSError:
-            free = ""
-        print(f"harness {args.command}: error: {e.filename or 'a file'}: {e.strerror or e}{free}; nothing was "
-              "half-written: fix it and run the same command again", file=sys.stderr)
+        print(f"harness {args.command}: error: {e.filename or 'a file'}: {e.strerror or e}; fix it and run the same "
+              "command again", file=sys.stderr)
         return 2
 
 

@@ -185,3 +185,23 @@ def check_records_folder(proto: Any) -> None:
         raise InputError(f"{where} lies inside the frozen entry {top!r}; records there would be untracked files in a "
                          "frozen folder and the study could not resume: use records/ (the default) or another exempt "
                          "folder", file=str(proto.path), key="records_dir")
+
+
+def study_ledger(proto: Any, genesis: str) -> Ledger:
+    """The ledger of ``proto``'s records folder (its lock under ``runs/<id>/locks``)."""
+    plugins = [proto.root / fp["path"] for fp in proto.plugin_fingerprints().values()
+               if not Path(fp["path"]).is_absolute()]
+    return Ledger(proto.records_path, proto.runs_path / "locks" / "ledger.lock", genesis, root=proto.root,
+                  sources=[proto.path, *plugins], protocol=proto.summary())
+
+
+def reconcile_study(proto: Any) -> str | None:
+    """What ``harness report`` and ``status`` do on start: check the records folder's path, then
+    bring MANIFEST back to the chain (genesis: the freeze hash the entries name, else the protocol's)."""
+    check_records_folder(proto)
+    if not proto.records_path.is_dir():
+        return None
+    entries = load_entries(proto.records_path)
+    genesis = next((e["protocol"].get("freeze_sha256") for e in entries if e["protocol"].get("freeze_sha256")),
+                   None) or proto.sha256
+    return study_ledger(proto, genesis).reconcile()

@@ -287,3 +287,45 @@ def test_full_filesystem_stops_cleanly_and_resumes(tmp_path):
     assert res["audit"]["rc"] == 0, res["audit"]["stdout"]
     oks = [x["spec"]["run_id"] for x in res["records"] if x["status"] == "ok"]
     assert len(oks) == len(set(oks)) == 4
+
+
+def test_one_unit_attempt_per_unit_in_analysis_and_audit(tmp_path):
+    """A unit that ran again whole: the analysis and the audit pair both arms from its latest unit
+    attempt only, count the superseded attempts, and never mix arms of two unit attempts."""
+    from analysis.summary import derive
+
+    sys.path.insert(0, str(ROOT / "analysis"))
+    import public_audit
+
+    repo = study(tmp_path)
+    assert harness(repo, "run", PROTO, "--quiet", "--no-report").returncode == 0
+    recs = load_records(repo / RECS)
+    unit = recs[0]["spec"]["unit"]
+    again = []
+    for r in (x for x in recs if x["spec"]["unit"] == unit):
+        r2 = json.loads(json.dumps(r))
+        r2.update(attempt=2, unit_attempt=2)
+        r2["timings"]["training_s"] = r["timings"]["training_s"] * 0.5
+        again.append(r2)
+
+    def check(records, expect_pair: bool) -> dict:
+        s = derive(records)
+        mine = public_audit.recompute(records)
+        problems: list[str] = []
+        public_audit.compare("summary", mine, json.loads(json.dumps(s)), problems, "unit attempts")
+        assert not problems, problems
+        pairs = {p["unit"]: p for p in s["studies"][0]["configs"][0]["pairs"]}
+        assert (unit in pairs) is expect_pair
+        return s
+
+    s = check(recs + again, True)
+    pair = next(p for p in s["studies"][0]["configs"][0]["pairs"] if p["unit"] == unit)
+    by_role = {r["spec"]["role"]: r for r in again}
+    assert pair["baseline_training_s"] == by_role["baseline"]["timings"]["training_s"]
+    assert pair["candidate_training_s"] == by_role["candidate"]["timings"]["training_s"]
+    assert s["records"]["superseded"] == 2 and sum(r["superseded"] for r in s["runs"]) == 2
+    assert sum(f["superseded_attempts"] for f in s["flow"]) == 2 and s["completeness"]["complete"]
+    # the second unit attempt got only one arm done: the first attempt's other arm is not borrowed
+    s = check(recs + again[:1], False)
+    assert s["records"]["superseded"] == 2 and not s["completeness"]["complete"]
+    assert any(e["unit"] == unit for e in s["exclusions"])

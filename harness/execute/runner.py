@@ -34,20 +34,12 @@ from harness.execute.base import Executor
 from harness.execute.launchers import Outcome
 from harness.execute.local import LocalExecutor
 from harness.execute.state import Progress, RunState, run_states
-from harness.ledger import Ledger, check_records_folder, load_entries, now_iso
+from harness.ledger import Ledger, check_records_folder, load_entries, now_iso, study_ledger
 from harness.plan import RunSpec, make_plan, plan_sha256, units
 from harness.protocol import Protocol
 from harness.records import SCHEMA_VERSION, RunRecord, jsonable
 
 HEARTBEAT_S = 5.0
-
-
-def study_ledger(proto: Protocol, genesis: str) -> Ledger:
-    """The ledger of ``proto``'s records folder (its lock under ``runs/<id>/locks``)."""
-    plugins = [proto.root / fp["path"] for fp in proto.plugin_fingerprints().values()
-               if not Path(fp["path"]).is_absolute()]
-    return Ledger(proto.records_path, proto.runs_path / "locks" / "ledger.lock", genesis, root=proto.root,
-                  sources=[proto.path, *plugins], protocol=proto.summary())
 
 
 class Runner:

@@ -55,7 +55,9 @@ def run_states(proto: Protocol) -> dict[str, RunState]:
 
 def unfinished(proto: Protocol) -> list[dict[str, Any]]:
     """Attempts whose started entry no record ends (interrupted; recorded when the study resumes)."""
-    return [dict(e) for e in open_attempts(load_records(proto.records_path), load_started(proto.records_path))]
+    return [{"run_id": e["run_id"], "attempt": e["attempt"], "started_at": e["started_at"], "node": e["node"],
+             "seq": e["ledger"]["seq"]}
+            for e in open_attempts(load_records(proto.records_path), load_started(proto.records_path))]
 
 
 def status_table(proto: Protocol) -> tuple[list[dict[str, Any]], float]:
