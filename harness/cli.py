@@ -321,8 +321,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(_table(rows, ["study", "config", "runs", "done", "failed", "interrupted_attempts", "superseded_attempts",
                         "pending"]))
     for u in unended:
-        print(f"interrupted: {u['run_id']} attempt {u['attempt']} started at {u['started_at']} on {u['node']} "
-              f"(ledger seq {u['seq']}) has no ending; the next harness run records it")
+        print(f"{'running' if u['running'] else 'interrupted'}: {u['run_id']} attempt {u['attempt']} started at "
+              f"{u['started_at']} on {u['node']} (ledger seq {u['seq']}) has no ending"
+              + ("" if u["running"] else "; the next harness run records it"))
     print(f"\nbudget: {spent:.1f} of {proto.budget_device_seconds:.0f} device seconds spent; records in {proto.records_path}")
     print(describe(head) if head["seq"] else "ledger: no records yet")
     if head["seq"]:

@@ -53,10 +53,27 @@ def run_states(proto: Protocol) -> dict[str, RunState]:
     return states
 
 
+def _claimed(proto: Protocol, unit: str) -> bool:
+    """Whether a runner holds ``unit``'s claim now (its attempt may still be running)."""
+    from filelock import FileLock, Timeout
+
+    path = proto.runs_path / "locks" / f"{unit}.lock"
+    if not path.exists():
+        return False
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return True
+    lock.release()
+    return False
+
+
 def unfinished(proto: Protocol) -> list[dict[str, Any]]:
-    """Attempts whose started entry no record ends (interrupted; recorded when the study resumes)."""
+    """Attempts whose started entry no record ends: ``running`` while a runner holds the unit's
+    claim, otherwise interrupted (recorded as such when the study resumes)."""
     return [{"run_id": e["run_id"], "attempt": e["attempt"], "started_at": e["started_at"], "node": e["node"],
-             "seq": e["ledger"]["seq"]}
+             "seq": e["ledger"]["seq"], "running": _claimed(proto, e["unit"])}
             for e in open_attempts(load_records(proto.records_path), load_started(proto.records_path))]
 
 
@@ -67,7 +84,7 @@ def status_table(proto: Protocol) -> tuple[list[dict[str, Any]], float]:
     recs = load_records(proto.records_path)
     unended: dict[str, int] = {}
     for e in unfinished(proto):
-        unended[e["run_id"]] = unended.get(e["run_id"], 0) + 1
+        unended[e["run_id"]] = unended.get(e["run_id"], 0) + (not e["running"])
     latest: dict[str, int] = {}
     for r in recs:
         unit = r["spec"]["unit"]
