@@ -1277,6 +1277,7 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
         return
     with open(manifest_path, encoding="utf-8") as f:
         manifest = json.load(f)
+    listed = {**manifest["records"], **manifest.get("started", {})}  # schema 3: started entries apart
     files = sorted(n for n in os.listdir(directory) if n.endswith((RECORD_SUFFIX, STARTED_SUFFIX)))
     records = []
     started = []
@@ -1293,9 +1294,9 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
         if not self_hash_ok(rec):
             problems.append(f"{path}: field sha256 = {rec.get('sha256')!r} does not match the record's canonical content")
             bad += 1
-        if manifest["records"].get(name) != sha256(raw):
-            if name in manifest["records"]:
-                problems.append(f"{path}: file sha256 {sha256(raw)} differs from MANIFEST's {manifest['records'][name]}")
+        if listed.get(name) != sha256(raw):
+            if name in listed:
+                problems.append(f"{path}: file sha256 {sha256(raw)} differs from MANIFEST's {listed[name]}")
             else:
                 problems.append(f"{path}: record not listed in MANIFEST")
             bad += 1
@@ -1307,7 +1308,7 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
             started.append(rec)
         else:
             records.append(rec)
-    for name in sorted(set(manifest["records"]) - set(files)):
+    for name in sorted(set(listed) - set(files)):
         problems.append(f"{os.path.join(directory, name)}: listed in MANIFEST but missing")
         bad += 1
     row("record hashes + MANIFEST records", bad == 0,

@@ -109,7 +109,8 @@ class Ledger:
             head = head_of(entries, self.genesis)
             try:
                 manifest = json.loads(path.read_text(encoding="utf-8"))
-                listed, mhead = dict(manifest["records"]), manifest.get("ledger_head") or {"seq": 0}
+                listed = {**manifest["records"], **manifest.get("started", {})}
+                mhead = manifest.get("ledger_head") or {"seq": 0}
             except FileNotFoundError:
                 listed, mhead = {}, {"seq": 0}
             except (OSError, ValueError, KeyError, TypeError, AttributeError):

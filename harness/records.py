@@ -305,13 +305,13 @@ def source_hashes(root: Path, extra: Iterable[Path]) -> dict[str, str]:
 
 def write_manifest(directory: Path, root: Path, extra: Iterable[Path], protocol: dict[str, Any],
                    head: LedgerHead | None) -> Path:
-    """Rewrite MANIFEST atomically: every chain file's sha256 (records and started entries), the
-    ledger head, every source's sha256."""
-    records = {p.name: sha256_bytes(p.read_bytes()) for p in entry_files(directory)}
+    """Rewrite MANIFEST atomically: every record's and every started entry's file sha256, the ledger
+    head, every source's sha256."""
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "protocol": protocol,
-        "records": records,
+        "records": {p.name: sha256_bytes(p.read_bytes()) for p in record_files(directory)},
+        "started": {p.name: sha256_bytes(p.read_bytes()) for p in started_files(directory)},
         "ledger_head": head,
         "sources": source_hashes(root, extra),
     }

@@ -329,3 +329,44 @@ def test_one_unit_attempt_per_unit_in_analysis_and_audit(tmp_path):
     s = check(recs + again[:1], False)
     assert s["records"]["superseded"] == 2 and not s["completeness"]["complete"]
     assert any(e["unit"] == unit for e in s["exclusions"])
+
+
+def test_records_written_before_started_entries_still_audit(tmp_path):
+    """A study whose records are schema 2 (no started entries, no unit attempts, MANIFEST without
+    ``started``) audits clean, reports, shows its status and resumes into schema 3."""
+    from harness.records import canonical, seal, write_manifest
+
+    repo = study(tmp_path)
+    assert harness(repo, "run", PROTO, "--quiet", "--no-report").returncode == 0
+    for f in (repo / RECS).glob("*.started.json"):
+        f.unlink()
+    prev = load_records(repo / RECS)[0]["protocol"]["sha256"]  # not preregistered: the chain starts there
+    for i, f in enumerate(sorted((repo / RECS).glob("*.record.json"), key=lambda p: json.loads(p.read_text())
+                                 ["ledger"]["seq"]), 1):
+        r = json.loads(f.read_text())
+        for k in ("start", "unit_attempt"):
+            r.pop(k)
+        r.update(schema_version=2, ledger={"seq": i, "prev": prev})
+        r = seal(r)
+        prev = r["sha256"]
+        f.write_text(canonical(r).decode() + "\n")
+    recs = load_records(repo / RECS)
+    write_manifest(repo / RECS, repo, [repo / PROTO], recs[0]["protocol"], {"seq": 4, "sha256": prev})
+    m = json.loads((repo / RECS / "MANIFEST").read_text())
+    m.pop("started")
+    m["schema_version"] = 2
+    (repo / RECS / "MANIFEST").write_text(json.dumps(m))
+    assert harness(repo, "report", PROTO, "--quiet").returncode == 0
+    a = audit(repo)
+    assert a.returncode == 0, a.stdout
+    assert "0 started entries" in a.stdout
+    st = harness(repo, "status", PROTO)
+    assert st.returncode == 0 and "ledger head: seq 4" in st.stdout and "MANIFEST reconciled" not in st.stderr
+    last = max((repo / RECS).glob("*.record.json"), key=lambda p: json.loads(p.read_text())["ledger"]["seq"])
+    last.unlink()  # its run is left to do: a resume appends schema 3 entries after the old chain
+    rebuilt = json.loads((repo / RECS / "MANIFEST").read_text())
+    rebuilt["records"].pop(last.name)
+    (repo / RECS / "MANIFEST").write_text(json.dumps(rebuilt))
+    assert harness(repo, "run", PROTO, "--quiet", "--no-report").returncode == 0
+    new = [x for x in load_records(repo / RECS) if x["schema_version"] == 3]
+    assert len(new) == 1 and new[0]["start"]["seq"] == 4 and new[0]["ledger"]["seq"] == 5
