@@ -83,7 +83,7 @@ def test_every_run_once_on_both_nodes_and_bitwise_as_local(scenarios):
     for x in ray_runs.values():
         units.setdefault(x["spec"]["unit"], set()).add(x["node"]["id"])
     assert all(len(v) == 1 for v in units.values())  # a pair never spans two devices
-    assert "ledger head: seq 6" in out["full_log"]
+    assert "ledger head: seq 12" in out["full_log"]  # six started entries, six records
     a = subprocess.run([sys.executable, "-I", "-S", str(ROOT / "analysis" / "public_audit.py"), "records/tiny"],
                        cwd=work / "full", capture_output=True, text=True)
     rep = harness(work / "full", "report", "protocols/tiny.yaml", "--quiet")
