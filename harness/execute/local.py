@@ -33,7 +33,6 @@ class LocalExecutor:
     name = "local"
 
     def execute(self, runner: Runner) -> None:
-        from harness.execute.runner import HEARTBEAT_S
         from harness.execute.state import run_states
 
         proto = runner.proto
@@ -67,13 +66,9 @@ class LocalExecutor:
                             atomic_write(held, canonical({"runner": os.getpid(), "work": str(work),
                                                           "launcher": getattr(launcher, "pid", None)}), overwrite=True)
                             runner.started(spec, attempt, unit_attempt=unit_attempt)
-                            t0 = last = time.monotonic()
+                            t0 = time.monotonic()
 
-                            def beat(spec=spec, attempt=attempt, t0=t0) -> None:
-                                nonlocal last
-                                if time.monotonic() - last >= HEARTBEAT_S:
-                                    runner.beat(spec, attempt)
-                                    last = time.monotonic()
+                            def beat(spec=spec, t0=t0) -> None:
                                 if runner.live:
                                     runner.echo(f"\r  running {spec.run_id} {time.monotonic() - t0:6.1f}s")
 

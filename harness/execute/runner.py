@@ -39,8 +39,6 @@ from harness.plan import RunSpec, make_plan, plan_sha256, units
 from harness.protocol import Protocol
 from harness.records import SCHEMA_VERSION, RunRecord, jsonable
 
-HEARTBEAT_S = 5.0
-
 
 class Runner:
     """Execute a protocol. ``echo`` receives progress lines (the CLI decides how to show them)."""
@@ -155,9 +153,6 @@ class Runner:
                  "node": node or self.host, "runner": {"host": self.host, "pid": os.getpid()},
                  "started_at": now_iso()}
         self._starts[(spec.run_id, attempt)] = self.ledger.append_started(entry)
-
-    def beat(self, spec: RunSpec, attempt: int) -> None:
-        """Kept for executors that report liveness; the ledger, not a file's mtime, times attempts."""
 
     def finished(self, spec: RunSpec, attempt: int, outcome: Outcome, node: dict[str, Any] | None = None) -> str:
         """Turn a run's outcome into its record (the ledger appends it); returns the status."""
