@@ -13,7 +13,13 @@ It checks, for each records folder:
 4. where git is available and the protocol is preregistered: its tag exists, points at the
    commit the records name, and was created before the earliest record started;
 5. ``summary.json``: its own sha256, and every interval, count and decision in it, recomputed
-   here from the records with an independent implementation (relative tolerance 1e-9).
+   here from the records with an independent implementation (relative tolerance 1e-9);
+6. the ledger: records and started entries (schema 3: an attempt's ``*.started.json``, appended
+   before its worker started) form one hash chain from the freeze manifest; every record that ends
+   an attempt links to its started entry; an interrupted record charges no more device seconds
+   than the ledger's time from its start to it; started entries with no record are listed as
+   interrupted attempts with their start time; each unit is analysed from exactly one unit
+   attempt (its latest), and superseded attempts are counted.
 
 It does not run training and does not check the weight files (they stay local); it says so.
 Exit status 0 only if everything matched; otherwise 1, naming each file, field and value.
@@ -31,6 +37,8 @@ from fractions import Fraction
 
 REL_TOL = 1e-9
 RECORD_SUFFIX = ".record.json"
+STARTED_SUFFIX = ".started.json"
+SCHEMAS = (1, 2, 3)
 
 
 # ------------------------------------------------------------------------------------------
@@ -608,12 +616,33 @@ def final_attempts(records: list[dict]) -> dict:
     return out
 
 
-def recompute(records: list[dict]) -> dict:
+def latest_unit(records: list[dict]) -> dict:
+    out: dict = {}
+    for r in records:
+        u = r["spec"]["unit"]
+        out[u] = max(out.get(u, 1), r.get("unit_attempt", 1))
+    return out
+
+
+def analysed(records: list[dict]) -> list[dict]:
+    """The records of each unit's latest unit attempt (the rest are superseded)."""
+    latest = latest_unit(records)
+    return [r for r in records if r.get("unit_attempt", 1) == latest[r["spec"]["unit"]]]
+
+
+def unfinished(records: list[dict], started: list[dict]) -> list[dict]:
+    ended = {(r["spec"]["run_id"], r["attempt"]) for r in records}
+    return [{"run_id": e["run_id"], "attempt": e["attempt"], "unit_attempt": e.get("unit_attempt", 1),
+             "started_at": e["started_at"], "node": e["node"], "seq": e["ledger"]["seq"]}
+            for e in sorted(started, key=lambda e: e["ledger"]["seq"]) if (e["run_id"], e["attempt"]) not in ended]
+
+
+def recompute(records: list[dict], started: list[dict] | None = None) -> dict:
     """The summary, from the records, by the rules stated in analysis/summary.py."""
     proto = records[0]["protocol"]
     ok: dict = {}
     seen: dict = {}
-    for r in sorted(records, key=lambda x: x["attempt"]):
+    for r in sorted(analysed(records), key=lambda x: x["attempt"]):
         s = r["spec"]
         seen.setdefault((s["study"], s["config"]), set()).add(s["unit"])
         if r["status"] == "ok":
@@ -651,9 +680,12 @@ def recompute(records: list[dict]) -> dict:
                "decisions": decisions}
     status = [r["status"] for r in records]
     rows = []
+    latest = latest_unit(records)
     for r in records:
         s, t = r["spec"], r.get("timings") or {}
-        rows.append({"run_id": s["run_id"], "attempt": r["attempt"], "status": r["status"], "reason": r.get("reason"),
+        ua = r.get("unit_attempt", 1)
+        rows.append({"run_id": s["run_id"], "attempt": r["attempt"], "unit_attempt": ua,
+                     "superseded": ua < latest[s["unit"]], "status": r["status"], "reason": r.get("reason"),
                      "study": s["study"], "config": s["config"], "arm": s["arm"], "role": s["role"], "seed": s["seed"],
                      "unit": s["unit"], "position": s["position"], "order": s["order"],
                      "training_s": t.get("training_s"), "time_to_target_s": t.get("time_to_target_s"),
@@ -664,7 +696,8 @@ def recompute(records: list[dict]) -> dict:
         "schema_version": 4, "protocol": proto, "completeness": done, "hypotheses": hyp,
         "flow": flow(records, studies, proto),
         "records": {"files": len(records), "ok": status.count("ok"), "failed": status.count("failed"),
-                    "interrupted": status.count("interrupted"),
+                    "interrupted": status.count("interrupted"), "superseded": len(records) - len(analysed(records)),
+                    "unfinished": unfinished(records, started or []),
                     "device_seconds": math.fsum((r.get("timings") or {}).get("device_s") or 0.0 for r in records)},
         "exclusions": sorted(exclusions, key=lambda e: e["unit"]), "studies": studies, "runs": rows,
     }
@@ -680,12 +713,16 @@ def flow(records: list[dict], studies: list[dict], proto: dict) -> list[dict]:
                 rows[(st["name"], config, role)] = {
                     "study": st["name"], "config": config, "role": role, "arm": arm,
                     "planned": len(st["seeds"]) if "seeds" in st else None, "started": 0, "ok": 0, "failed": 0,
-                    "interrupted_attempts": 0, "analysed": 0}
+                    "interrupted_attempts": 0, "superseded_attempts": 0, "analysed": 0}
     attempts: dict = {}
+    latest = latest_unit(records)
     for r in records:
         attempts.setdefault(r["spec"]["run_id"], []).append(r["status"])
+        s = r["spec"]
+        if r.get("unit_attempt", 1) < latest[s["unit"]]:
+            rows[(s["study"], s["config"], s["role"])]["superseded_attempts"] += 1
     used = {x["unit"] for st in studies for c in st["configs"] for x in c.get("pairs", c.get("blocks", []))}
-    for r in final_attempts(records).values():
+    for r in final_attempts(analysed(records)).values():
         s = r["spec"]
         row = rows[(s["study"], s["config"], s["role"])]
         row["started"] += 1
@@ -701,7 +738,7 @@ def flow(records: list[dict], studies: list[dict], proto: dict) -> list[dict]:
 
 def failed_pairs(records: list[dict]) -> dict:
     by_unit: dict = {}
-    for r in final_attempts(records).values():
+    for r in final_attempts(analysed(records)).values():
         if r["spec"]["design"] == "paired":
             by_unit.setdefault(r["spec"]["unit"], {})[r["spec"]["role"]] = r
     out: dict = {}
@@ -718,7 +755,7 @@ def failed_pairs(records: list[dict]) -> dict:
 def completeness(records: list[dict]) -> dict:
     """Planned runs (seeds x configurations x 2 or 4) against ok runs; the budget rule's verdict."""
     proto = records[0]["protocol"]
-    ok_ids = {r["spec"]["run_id"] for r in records if r["status"] == "ok"}
+    ok_ids = {r["spec"]["run_id"] for r in analysed(records) if r["status"] == "ok"}
     planned, unit_sizes = 0, []
     for st in proto["studies"]:
         if "seeds" not in st:
@@ -1047,7 +1084,48 @@ def plan_from_protocol(doc: dict, protocol_sha: str, config_sha: dict) -> list[d
 
 
 def record_name(rec: dict) -> str:
+    if rec.get("kind") == "started":
+        return f"{rec['run_id']}.a{rec['attempt']}{STARTED_SUFFIX}"
     return f"{rec['spec']['run_id']}.a{rec['attempt']}{RECORD_SUFFIX}"
+
+
+def iso_seconds(text: str) -> float:
+    """Seconds since the epoch of an ISO 8601 time with an offset (``...+00:00``)."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(text).timestamp()
+
+
+def check_attempts(records: list[dict], started: list[dict]) -> list[str]:
+    """Every schema 3 record ends a started entry of the same run and attempt, earlier in the chain;
+    an interrupted record charges at most the ledger's time from that start to itself."""
+    out: list[str] = []
+    by_key = {(e["run_id"], e["attempt"]): e for e in started}
+    for r in records:
+        if r.get("schema_version", 1) < 3:
+            continue
+        key = (r["spec"]["run_id"], r["attempt"])
+        e = by_key.get(key)
+        link = r.get("start") or {}
+        if e is None:
+            out.append(f"{record_name(r)}: no started entry for run {key[0]} attempt {key[1]} (its start is not "
+                       "in the ledger: deleted, or the attempt was never announced)")
+            continue
+        if link.get("sha256") != e["sha256"] or link.get("seq") != e["ledger"]["seq"]:
+            out.append(f"{record_name(r)}: field start = {link} does not name its started entry "
+                       f"(seq {e['ledger']['seq']}, sha256 {e['sha256'][:16]})")
+        elif e["ledger"]["seq"] >= r["ledger"]["seq"]:
+            out.append(f"{record_name(r)}: its started entry (seq {e['ledger']['seq']}) is not before it in the chain")
+        if r.get("unit_attempt", 1) != e.get("unit_attempt", 1):
+            out.append(f"{record_name(r)}: field unit_attempt = {r.get('unit_attempt')} differs from its started "
+                       f"entry's {e.get('unit_attempt')}")
+        if r["status"] == "interrupted" and "at" in r["ledger"] and "at" in e["ledger"]:
+            span = iso_seconds(r["ledger"]["at"]) - iso_seconds(e["ledger"]["at"])
+            charged = (r.get("timings") or {}).get("device_s") or 0.0
+            if charged > span + 1.0:
+                out.append(f"{record_name(r)}: an interrupted attempt charged {charged:.1f} device seconds, more than "
+                           f"the ledger's {span:.1f} s from its start to its record")
+    return out
 
 
 def check_ledger(records: list[dict], manifest: dict, genesis: str, published: tuple[int, str] | None) -> list[str]:
@@ -1185,20 +1263,32 @@ def check_corpus(root: str, proto: dict, records: list[dict]) -> tuple[list[str]
     return found, detail
 
 
-def tally(plan: list[dict], records: list[dict]) -> tuple[list[dict], int, list[str]]:
-    """Per (study, configuration, arm): planned, ok, failed, interrupted, missing; and out-of-order runs."""
+def tally(plan: list[dict], records: list[dict], open_: list[dict] | None = None) -> tuple[list[dict], int, list[str]]:
+    """Per (study, configuration, arm): planned, ok (in the analysed unit attempt), failed, interrupted
+    (recorded, or started with no record), missing, superseded; and out-of-order runs."""
     by_run: dict = {}
+    interrupted: dict = {}
+    superseded: dict = {}
+    current = {id(r) for r in analysed(records)}
     for r in records:
-        by_run.setdefault(r["spec"]["run_id"], []).append(r["status"])
+        rid = r["spec"]["run_id"]
+        by_run.setdefault(rid, []).append(r["status"] if id(r) in current else "superseded")
+        interrupted[rid] = interrupted.get(rid, 0) + (r["status"] == "interrupted")
+        if id(r) not in current:
+            superseded[rid] = superseded.get(rid, 0) + 1
+    for u in open_ or []:
+        interrupted[u["run_id"]] = interrupted.get(u["run_id"], 0) + 1
     rows: dict = {}
     missing_total = 0
     for s in plan:
         row = rows.setdefault((s["study"], s["config"], s["arm"]), {"study": s["study"], "config": s["config"],
                                                                     "arm": s["arm"], "planned": 0, "ok": 0,
-                                                                    "failed": 0, "interrupted": 0, "missing": 0})
+                                                                    "failed": 0, "interrupted": 0, "missing": 0,
+                                                                    "superseded": 0})
         st = by_run.get(s["run_id"], [])
         row["planned"] += 1
-        row["interrupted"] += st.count("interrupted")
+        row["interrupted"] += interrupted.get(s["run_id"], 0)
+        row["superseded"] += superseded.get(s["run_id"], 0)
         if "ok" in st:
             row["ok"] += 1
         elif "failed" in st:
@@ -1300,32 +1390,42 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
         return
     with open(manifest_path, encoding="utf-8") as f:
         manifest = json.load(f)
-    files = sorted(n for n in os.listdir(directory) if n.endswith(RECORD_SUFFIX))
+    listed = {**manifest["records"], **manifest.get("started", {})}  # schema 3: started entries apart
+    files = sorted(n for n in os.listdir(directory) if n.endswith((RECORD_SUFFIX, STARTED_SUFFIX)))
     records = []
+    started = []
     bad = 0
     for name in files:
         path = os.path.join(directory, name)
         with open(path, "rb") as f:
             raw = f.read()
         rec = json.loads(raw)
-        if rec.get("schema_version") not in (1, 2):
+        if rec.get("schema_version") not in SCHEMAS:
             problems.append(f"{path}: schema_version {rec.get('schema_version')!r} is unknown to this audit")
             bad += 1
             continue
         if not self_hash_ok(rec):
             problems.append(f"{path}: field sha256 = {rec.get('sha256')!r} does not match the record's canonical content")
             bad += 1
-        if manifest["records"].get(name) != sha256(raw):
-            if name in manifest["records"]:
-                problems.append(f"{path}: file sha256 {sha256(raw)} differs from MANIFEST's {manifest['records'][name]}")
+        if listed.get(name) != sha256(raw):
+            if name in listed:
+                problems.append(f"{path}: file sha256 {sha256(raw)} differs from MANIFEST's {listed[name]}")
             else:
                 problems.append(f"{path}: record not listed in MANIFEST")
             bad += 1
-        records.append(rec)
-    for name in sorted(set(manifest["records"]) - set(files)):
+        if name.endswith(STARTED_SUFFIX):
+            if rec.get("kind") != "started":
+                problems.append(f"{path}: field kind = {rec.get('kind')!r}, a started entry says 'started'")
+                bad += 1
+                continue
+            started.append(rec)
+        else:
+            records.append(rec)
+    for name in sorted(set(listed) - set(files)):
         problems.append(f"{os.path.join(directory, name)}: listed in MANIFEST but missing")
         bad += 1
-    row("record hashes + MANIFEST records", bad == 0, f"{len(files)} records, {bad} problems")
+    row("record hashes + MANIFEST records", bad == 0,
+        f"{len(records)} records, {len(started)} started entries, {bad} problems")
     if not records:
         return
     proto = records[0]["protocol"]
@@ -1387,21 +1487,33 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
         fail("plan recomputed from the protocol", found, f"{len(plan)} planned runs, sha256 {plan_sha[:16]}...")
     fail("corpus", *check_corpus(root, proto, records))
     genesis = proto.get("freeze_sha256") or proto["sha256"]
-    fail("ledger chain", check_ledger(records, manifest, genesis, published),
-         f"{len(records)} records linked from {'the freeze manifest' if proto.get('freeze_sha256') else 'the protocol'}")
+    fail("ledger chain", check_ledger(records + started, manifest, genesis, published),
+         f"{len(records) + len(started)} entries linked from "
+         f"{'the freeze manifest' if proto.get('freeze_sha256') else 'the protocol'}")
+    fail("attempts in the ledger", check_attempts(records, started),
+         f"{len(started)} started entries, {sum(r.get('schema_version', 1) >= 3 for r in records)} records end one")
     if proto.get("preregistered"):
         found, detail = check_freeze(root, proto, records, plan_sha)
         fail("tag freezes the experiment", found, detail)
     else:
         row("tag freezes the experiment", True, "not preregistered: no tag required")
+    open_ = unfinished(records, started)
     if plan is not None:
-        table, missing, flagged = tally(plan, records)
+        table, missing, flagged = tally(plan, records, open_)
         for t in table:
             notes.append(f"{directory}: {t['study']} / {t['config']} / {t['arm']}: planned {t['planned']}, ok {t['ok']}, "
-                         f"failed {t['failed']}, interrupted {t['interrupted']}, missing {t['missing']}")
+                         f"failed {t['failed']}, interrupted {t['interrupted']}, missing {t['missing']}, "
+                         f"superseded {t['superseded']}")
         notes.extend(f"{directory}: out of plan order: {x}" for x in flagged)
+        latest = latest_unit(records)
+        for unit in sorted(u for u, k in latest.items() if k > 1):
+            n = sum(1 for r in records if r["spec"]["unit"] == unit and r.get("unit_attempt", 1) < latest[unit])
+            notes.append(f"{directory}: unit {unit} ran again whole: analysed from its unit attempt {latest[unit]}; "
+                         f"{n} superseded attempt(s) kept")
         if missing:
             notes.append(f"{directory}: INCOMPLETE: {missing} of {len(plan)} planned runs have no ok record")
+    notes.extend(f"{directory}: interrupted (started, no record): {u['run_id']} attempt {u['attempt']} started at "
+                 f"{u['started_at']} on {u['node']} (ledger seq {u['seq']})" for u in open_)
     spath = os.path.join(directory, "summary.json")
     if not os.path.isfile(spath):
         row("summary.json recomputed", True, "no summary.json (run harness report): nothing to compare")
@@ -1411,7 +1523,7 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
     before = len(problems)
     if not self_hash_ok(summary):
         problems.append(f"{spath}: field sha256 = {summary.get('sha256')!r} does not match its content")
-    mine = recompute(records)
+    mine = recompute(records, started)
     theirs = {k: v for k, v in summary.items() if k != "sha256"}
     n = compare("summary", mine, theirs, problems, spath)
     row("summary.json recomputed", len(problems) == before, f"{n} values compared, {len(problems) - before} mismatches")

@@ -13,7 +13,7 @@ from typing import Any
 
 from analysis.page import write_page
 from analysis.summary import derive, load_records
-from harness.records import atomic_write, seal, write_json
+from harness.records import atomic_write, load_started, seal, write_json
 
 MIB = 1024 * 1024
 
@@ -38,6 +38,12 @@ def markdown(summary: dict[str, Any]) -> str:
     out.append(f"Protocol sha256 `{p['sha256']}`" + (f", tag `{p['tag']}`" if p.get("tag") else ", not preregistered") + ".")
     out.append(f"Records: {rec['files']} run attempts ({rec['ok']} ok, {rec['failed']} failed, "
                f"{rec['interrupted']} interrupted); {rec['device_seconds']:.1f} device seconds in all.")
+    if rec.get("superseded"):
+        out.append(f"Superseded: {rec['superseded']} attempts of units that ran again whole (kept, not analysed; "
+                   "each unit is analysed from its latest unit attempt).")
+    for u in rec.get("unfinished", []):
+        out.append(f"Interrupted, no record yet: {u['run_id']} attempt {u['attempt']} started at {u['started_at']} "
+                   f"on {u['node']} (ledger seq {u['seq']}).")
     if summary["exclusions"]:
         out.append("Excluded units: " + "; ".join(f"{e['unit']} ({e['reason']})" for e in summary["exclusions"]) + ".")
     out.append("")
@@ -167,13 +173,14 @@ def _estimate(d: dict[str, Any]) -> str:
 
 def _flow(rows: list[dict[str, Any]]) -> list[str]:
     out = ["## Flow of planned runs", "",
-           "Per arm: planned, started, ok, failed, interrupted attempts, missing (no ok record), analysed "
-           "(in a complete pair or block) and excluded (ok, but its partner was not).", ""]
-    table = [[r["study"], r["config"], f"{r['role']} ({r['arm']})", *(str(r[k]) for k in (
-        "planned", "started", "ok", "failed", "interrupted_attempts", "missing", "analysed", "excluded"))]
-        for r in rows]
+           "Per arm: planned, started, ok, failed, interrupted attempts, superseded attempts (of a unit that "
+           "ran again whole), missing (no ok record), analysed (in a complete pair or block) and excluded (ok, "
+           "but its partner was not).", ""]
+    table = [[r["study"], r["config"], f"{r['role']} ({r['arm']})", *(str(r.get(k, 0)) for k in (
+        "planned", "started", "ok", "failed", "interrupted_attempts", "superseded_attempts", "missing", "analysed",
+        "excluded"))] for r in rows]
     out += _md_table(["Study", "Configuration", "Arm", "Planned", "Started", "OK", "Failed", "Interrupted",
-                      "Missing", "Analysed", "Excluded"], table)
+                      "Superseded", "Missing", "Analysed", "Excluded"], table)
     return out + [""]
 
 
@@ -345,7 +352,7 @@ def write_report(records_dir: Path, export: str | None = None, records_rel: str 
     records = load_records(records_dir)
     if not records:
         raise FileNotFoundError(f"no records in {records_dir}")
-    summary = seal(derive(records))
+    summary = seal(derive(records, load_started(records_dir)))
     summary_path = records_dir / "summary.json"
     write_json(summary_path, summary, pretty=True)
     md = markdown(summary)

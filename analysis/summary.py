@@ -7,6 +7,13 @@ Selection rules (the audit re-implements them):
 * a pair or block is used only when every arm of it has an ``ok`` record; others are listed under
   ``exclusions`` with the reason;
 * a run's outcome is the ok record of its latest attempt (a retried unit re-runs every arm);
+* exactly one *unit attempt* per unit is analysed: its latest (``unit_attempt``, 1 for records
+  that predate it). A unit that ran again whole (a node died, a failed unit retried) keeps the
+  records of its earlier unit attempts; they are *superseded*: listed (``runs[].superseded``),
+  counted (``records.superseded``, ``flow[].superseded_attempts``), never paired, so both arms of a
+  pair always come from the same unit attempt;
+* attempts that started (a started entry in the ledger) and have no record yet are listed under
+  ``records.unfinished`` as interrupted, with their start time;
 * time to target, descriptively: the pairs where both arms reached the target, with the unreached
   count per arm; a decision on it follows its hypothesis' censoring rule (:mod:`analysis.decisions`);
 * completeness (:func:`completeness`): a study whose planned runs do not all have an ``ok`` record
@@ -25,11 +32,13 @@ from analysis.order import by_device, crossover, drift, positions
 from analysis.stats import factorial_contrasts, paired_interval
 from harness.records import load_records
 
-__all__ = ["completeness", "derive", "flow", "load_records", "run_rows"]
+__all__ = ["completeness", "current", "derive", "flow", "load_records", "run_rows"]
 
 # 2: "completeness"; 3: "hypotheses" (one decision each), "flow", order diagnostics, failed-arm sensitivity;
 # 4: ratio estimands on the log ratio (relative_reduction = 100 (1 - exp) of its interval), a decision's
-#    "estimate" / "estimate_of" in the estimand's units, an endpoint's "invalid_pairs"
+#    "estimate" / "estimate_of" in the estimand's units, an endpoint's "invalid_pairs"; one unit attempt
+#    per unit ("records.superseded", "runs[].unit_attempt/superseded", "flow[].superseded_attempts") and
+#    started attempts with no record ("records.unfinished")
 SUMMARY_SCHEMA = 4
 UNIT_RUNS = {"paired": 2, "factorial": 4}
 
@@ -40,13 +49,31 @@ def _peak(rec: dict[str, Any]) -> float | None:
     return float(mem[key]) if key and mem.get(key) is not None else None
 
 
+def latest_unit_attempts(records: list[dict[str, Any]]) -> dict[str, int]:
+    """Each unit's latest unit attempt (``unit_attempt``; 1 for records that predate the field)."""
+    out: dict[str, int] = {}
+    for r in records:
+        u = r["spec"]["unit"]
+        out[u] = max(out.get(u, 1), r.get("unit_attempt", 1))
+    return out
+
+
+def current(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of each unit's latest unit attempt: the ones the analysis may use."""
+    latest = latest_unit_attempts(records)
+    return [r for r in records if r.get("unit_attempt", 1) == latest[r["spec"]["unit"]]]
+
+
 def run_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per run attempt, every status, in plan order."""
+    """One row per run attempt, every status, in plan order; ``superseded`` when its unit ran again whole."""
     rows = []
+    latest = latest_unit_attempts(records)
     for r in records:
         s, t = r["spec"], r.get("timings") or {}
+        ua = r.get("unit_attempt", 1)
         rows.append({
-            "run_id": s["run_id"], "attempt": r["attempt"], "status": r["status"], "reason": r.get("reason"),
+            "run_id": s["run_id"], "attempt": r["attempt"], "unit_attempt": ua, "superseded": ua < latest[s["unit"]],
+            "status": r["status"], "reason": r.get("reason"),
             "study": s["study"], "config": s["config"], "arm": s["arm"], "role": s["role"], "seed": s["seed"],
             "unit": s["unit"], "position": s["position"], "order": s["order"],
             "training_s": t.get("training_s"), "time_to_target_s": t.get("time_to_target_s"),
@@ -103,7 +130,7 @@ def completeness(records: list[dict[str, Any]]) -> dict[str, Any]:
     missing runs (the rule ``harness run`` applies before each unit).
     """
     proto = records[0]["protocol"]
-    ok_ids = {r["spec"]["run_id"] for r in records if r["status"] == "ok"}
+    ok_ids = {r["spec"]["run_id"] for r in current(records) if r["status"] == "ok"}
     planned = 0
     missing_units: list[int] = []
     for st in proto["studies"]:
@@ -230,8 +257,11 @@ def _final(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def flow(records: list[dict[str, Any]], studies: list[dict[str, Any]], protocol: dict[str, Any]) -> list[dict[str, Any]]:
     """Every planned run per (study, configuration, arm): planned, started, ok, failed,
-    interrupted (attempts), missing, analysed (in a used pair or block) and excluded."""
-    final = _final(records)
+    interrupted (attempts), superseded (attempts of a unit that ran again whole), missing, analysed
+    (in a used pair or block) and excluded; a run's state is its latest attempt in its unit's
+    analysed unit attempt."""
+    final = _final(current(records))
+    cur = {id(r) for r in current(records)}
     rows: dict[tuple[str, str, str], dict[str, Any]] = {}
     for st in protocol["studies"]:
         roles = (("baseline", st["arms"][0]), ("candidate", st["arms"][1])) if st["design"] == "paired" else \
@@ -241,10 +271,13 @@ def flow(records: list[dict[str, Any]], studies: list[dict[str, Any]], protocol:
                 rows[(st["name"], config, role)] = {
                     "study": st["name"], "config": config, "role": role, "arm": arm,
                     "planned": len(st["seeds"]) if "seeds" in st else None, "started": 0, "ok": 0, "failed": 0,
-                    "interrupted_attempts": 0, "analysed": 0}
+                    "interrupted_attempts": 0, "superseded_attempts": 0, "analysed": 0}
     attempts: dict[str, list[str]] = {}
     for r in records:
         attempts.setdefault(r["spec"]["run_id"], []).append(r["status"])
+        if id(r) not in cur:
+            s = r["spec"]
+            rows[(s["study"], s["config"], s["role"])]["superseded_attempts"] += 1
     used = {u for st in studies for c in st["configs"] for u in (x["unit"] for x in c.get("pairs", c.get("blocks", [])))}
     for r in final.values():
         s = r["spec"]
@@ -265,7 +298,7 @@ def flow(records: list[dict[str, Any]], studies: list[dict[str, Any]], protocol:
 def _failed_pairs(records: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """Pairs whose final records are one ok and one failed arm (for the sensitivity analysis)."""
     by_unit: dict[str, dict[str, dict[str, Any]]] = {}
-    for r in _final(records).values():
+    for r in _final(current(records)).values():
         if r["spec"]["design"] == "paired":
             by_unit.setdefault(r["spec"]["unit"], {})[r["spec"]["role"]] = r
     out: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -279,8 +312,16 @@ def _failed_pairs(records: list[dict[str, Any]]) -> dict[tuple[str, str], list[d
     return out
 
 
-def derive(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every number of the report, from the records alone."""
+def unfinished(records: list[dict[str, Any]], started: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Started entries that no record ends: interrupted attempts, with their start time."""
+    ended = {(r["spec"]["run_id"], r["attempt"]) for r in records}
+    return [{"run_id": e["run_id"], "attempt": e["attempt"], "unit_attempt": e.get("unit_attempt", 1),
+             "started_at": e["started_at"], "node": e["node"], "seq": e["ledger"]["seq"]}
+            for e in sorted(started, key=lambda e: e["ledger"]["seq"]) if (e["run_id"], e["attempt"]) not in ended]
+
+
+def derive(records: list[dict[str, Any]], started: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Every number of the report, from the records (and the ledger's started entries) alone."""
     if not records:
         raise ValueError("no records")
     protocol = records[0]["protocol"]
@@ -289,7 +330,7 @@ def derive(records: list[dict[str, Any]]) -> dict[str, Any]:
         raise ValueError(f"records name {len(shas)} different protocol files: {sorted(shas)}")
     ok: dict[tuple[str, str], dict[str, dict[str, dict[str, Any]]]] = {}
     seen_units: dict[tuple[str, str], set[str]] = {}
-    for r in sorted(records, key=lambda x: x["attempt"]):  # the latest ok attempt wins
+    for r in sorted(current(records), key=lambda x: x["attempt"]):  # the latest ok attempt wins
         s = r["spec"]
         seen_units.setdefault((s["study"], s["config"]), set()).add(s["unit"])
         if r["status"] == "ok":
@@ -331,7 +372,8 @@ def derive(records: list[dict[str, Any]]) -> dict[str, Any]:
         "schema_version": SUMMARY_SCHEMA,
         "protocol": protocol,
         "records": {"files": len(records), "ok": status.count("ok"), "failed": status.count("failed"),
-                    "interrupted": status.count("interrupted"),
+                    "interrupted": status.count("interrupted"), "superseded": len(records) - len(current(records)),
+                    "unfinished": unfinished(records, started or []),
                     "device_seconds": math.fsum((r.get("timings") or {}).get("device_s") or 0.0 for r in records)},
         "completeness": done,
         "hypotheses": hyp,

@@ -197,10 +197,20 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reconciled(proto: Any) -> None:
+    from harness.ledger import reconcile_study
+
+    note = reconcile_study(proto)  # the chain is the truth: a crash may have left MANIFEST behind it
+    if note:
+        print(note, file=sys.stderr)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from harness.protocol import load_protocol
 
-    return _report(load_protocol(args.protocol), args.format, args.quiet)
+    proto = load_protocol(args.protocol)
+    _reconciled(proto)
+    return _report(proto, args.format, args.quiet)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -334,19 +344,26 @@ def cmd_compare_arms(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from harness.execute.state import status_table
-    from harness.ledger import describe, head_of
+    from harness.execute.state import status_table, unfinished
+    from harness.ledger import describe, head_of, load_entries
     from harness.protocol import load_protocol
-    from harness.records import load_records
 
     proto = load_protocol(args.protocol)
+    _reconciled(proto)
     rows, spent = status_table(proto)
-    head = head_of(load_records(proto.records_path), "")
+    head = head_of(load_entries(proto.records_path) if proto.records_path.is_dir() else [], "")
+    unended = unfinished(proto)
     if args.json:
         print(json.dumps({"protocol": proto.id, "rows": rows, "device_seconds_spent": spent,
-                          "budget_device_seconds": proto.budget_device_seconds, "ledger_head": head}, indent=1))
+                          "budget_device_seconds": proto.budget_device_seconds, "ledger_head": head,
+                          "interrupted_without_record": unended}, indent=1))
         return 0
-    print(_table(rows, ["study", "config", "runs", "done", "failed", "interrupted_attempts", "pending"]))
+    print(_table(rows, ["study", "config", "runs", "done", "failed", "interrupted_attempts", "superseded_attempts",
+                        "pending"]))
+    for u in unended:
+        print(f"{'running' if u['running'] else 'interrupted'}: {u['run_id']} attempt {u['attempt']} started at "
+              f"{u['started_at']} on {u['node']} (ledger seq {u['seq']}) has no ending"
+              + ("" if u["running"] else "; the next harness run records it"))
     print(f"\nbudget: {spent:.1f} of {proto.budget_device_seconds:.0f} device seconds spent; records in {proto.records_path}")
     print(describe(head) if head["seq"] else "ledger: no records yet")
     if head["seq"]:
@@ -457,6 +474,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"harness {args.command}: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:  # a file the harness could not write or read: a message, exit 2, no traceback
+        print(f"harness {args.command}: error: {e.filename or 'a file'}: {e.strerror or e}; fix it and run the same "
+              "command again", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

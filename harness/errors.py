@@ -37,3 +37,9 @@ class DataError(HarnessError, OSError):
     """A corpus file is missing or does not verify. Exit code 2."""
 
     exit_code = 2
+
+
+class WriteError(HarnessError, OSError):
+    """A file of the study could not be written (a full disk, a failing filesystem). Exit code 2."""
+
+    exit_code = 2

@@ -1,29 +1,67 @@
-"""The ledger: a protocol's records as one append-only hash chain.
+"""The ledger: a protocol's attempts and records as one append-only hash chain.
 
-Each record carries ``ledger = {"seq": n, "prev": h}``: its 1-based position and the ``sha256``
-of the record before it; the first record's ``prev`` is the freeze manifest's sha256 (for a
-protocol that is not preregistered, the sha256 of the protocol file), so the chain starts at the
-tag. Appends happen under one file lock that also serialises MANIFEST writes, so two runners on
-one folder (or two machines sharing it) still produce one linear chain.
+Each entry (a record, or the started entry an attempt appends before its worker starts) carries
+``ledger = {"seq": n, "prev": h, "at": t}``: its 1-based position, the ``sha256`` of the entry
+before it and the time it was sealed; the first entry's ``prev`` is the freeze manifest's sha256
+(for a protocol that is not preregistered, the sha256 of the protocol file), so the chain starts
+at the tag. Appends happen under one file lock that also serialises MANIFEST writes, so two
+runners on one folder (or two machines sharing it) still produce one linear chain.
 
-The head (``seq`` and the last record's ``sha256``) is what a user publishes (commit it, post
-it): any later deletion, insertion, reordering or edit-and-reseal of earlier records changes
+The chain is the truth; MANIFEST is its index. A process killed between an entry's write and the
+MANIFEST rewrite leaves entries that MANIFEST does not list: :meth:`Ledger.reconcile` (run by
+``harness run``, ``report`` and ``status`` on start) lists them again when they extend the chain
+MANIFEST names, and leaves anything else for the audit to report.
+
+The head (``seq`` and the last entry's ``sha256``) is what a user publishes (commit it, post
+it): any later deletion, insertion, reordering or edit-and-reseal of earlier entries changes
 every later hash, so it cannot match the published head.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 from collections.abc import Iterable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
-from harness.records import LedgerHead, RunRecord, load_records, write_manifest, write_record
+from harness.records import (
+    MANIFEST,
+    RECORD_SUFFIX,
+    STARTED_SUFFIX,
+    LedgerHead,
+    RunRecord,
+    entry_files,
+    read_record,
+    self_hash_ok,
+    sha256_bytes,
+    write_manifest,
+    write_record,
+    write_started,
+)
+
+#: Tests only: ``manifest:N`` kills this process (SIGKILL) after entry seq N is written and before
+#: MANIFEST is rewritten, the crash window that :meth:`Ledger.reconcile` closes.
+TEST_KILL_ENV = "HARNESS_TEST_KILL_AT"
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def load_entries(directory: Path) -> list[dict[str, Any]]:
+    """Every entry of the chain (records and started entries), in ledger order."""
+    out = [dict(read_record(p)) for p in entry_files(directory)]
+    out.sort(key=lambda e: (e.get("ledger", {}).get("seq", 0), e.get("run_id") or e["spec"]["run_id"], e["attempt"]))
+    return out
 
 
 class Ledger:
-    """Append records of one protocol to its chain."""
+    """Append entries of one protocol to its chain."""
 
     def __init__(self, records_dir: Path, lock_path: Path, genesis: str, *, root: Path,
                  sources: Iterable[Path], protocol: dict[str, Any]) -> None:
@@ -36,23 +74,80 @@ class Ledger:
         lock_path.parent.mkdir(parents=True, exist_ok=True)
 
     def head(self) -> LedgerHead:
-        return head_of(load_records(self.dir), self.genesis)
+        return head_of(load_entries(self.dir), self.genesis)
+
+    def _append(self, entry: dict[str, Any], write: Any) -> tuple[Path, LedgerHead, dict[str, Any]]:
+        with self.lock:
+            head = self.head()
+            entry = dict(entry)
+            entry["ledger"] = {"seq": head["seq"] + 1, "prev": head["sha256"], "at": now_iso()}
+            path, sealed = write(self.dir, entry)
+            new: LedgerHead = {"seq": head["seq"] + 1, "sha256": sealed["sha256"]}
+            if os.environ.get(TEST_KILL_ENV) == f"manifest:{new['seq']}":
+                os.kill(os.getpid(), signal.SIGKILL)
+            write_manifest(self.dir, self.root, self.sources, self.protocol, new)
+        return path, new, sealed
 
     def append(self, record: RunRecord | dict[str, Any]) -> tuple[Path, LedgerHead]:
         """Link ``record`` after the current head, seal and write it, rewrite MANIFEST."""
+        path, head, _ = self._append(dict(record), write_record)
+        return path, head
+
+    def append_started(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """Append an attempt's started entry; returns it sealed (its ``ledger`` and ``sha256``)."""
+        return self._append(entry, write_started)[2]
+
+    def reconcile(self) -> str | None:
+        """Bring MANIFEST back to the chain after a crash between an entry's write and the MANIFEST
+        rewrite: when every entry MANIFEST lists is on disk unchanged and the entries it misses
+        continue the chain from its head, MANIFEST is rewritten. Returns what was done, or None."""
         with self.lock:
-            head = self.head()
-            rec = dict(record)
-            rec["ledger"] = {"seq": head["seq"] + 1, "prev": head["sha256"]}
-            path, sealed = write_record(self.dir, rec)
-            new: LedgerHead = {"seq": head["seq"] + 1, "sha256": sealed["sha256"]}
-            write_manifest(self.dir, self.root, self.sources, self.protocol, new)
-        return path, new
+            entries = load_entries(self.dir)
+            if not entries:
+                return None
+            path = self.dir / MANIFEST
+            head = head_of(entries, self.genesis)
+            try:
+                manifest = json.loads(path.read_text(encoding="utf-8"))
+                listed = {**manifest["records"], **manifest.get("started", {})}
+                mhead = manifest.get("ledger_head") or {"seq": 0}
+            except FileNotFoundError:
+                listed, mhead = {}, {"seq": 0}
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                return None  # not ours to judge: the audit reports a broken MANIFEST
+            files = {p.name: p for p in entry_files(self.dir)}
+            if mhead.get("seq") == head["seq"] and set(listed) == set(files):
+                return None
+            if any(n not in files or sha256_bytes(files[n].read_bytes()) != h for n, h in listed.items()):
+                return None  # an entry changed or vanished: evidence, left for the audit
+            by_seq = {e["ledger"]["seq"]: e for e in entries if "ledger" in e}
+            start = int(mhead.get("seq") or 0)
+            prev = self.genesis if start == 0 else (by_seq.get(start) or {}).get("sha256")
+            if start and (prev is None or prev != mhead.get("sha256")):
+                return None
+            tail = [by_seq.get(s) for s in range(start + 1, head["seq"] + 1)]
+            for e in tail:
+                if e is None or e["ledger"]["prev"] != prev or not self_hash_ok(e):
+                    return None  # not a clean extension of the chain MANIFEST names
+                prev = e["sha256"]
+            unlisted = sorted(n for n in files if n not in listed)
+            if unlisted != sorted(entry_name(e) for e in tail if e is not None):
+                return None
+            write_manifest(self.dir, self.root, self.sources, self.protocol, head)
+        return (f"MANIFEST reconciled with the chain: {len(unlisted)} entr{'y' if len(unlisted) == 1 else 'ies'} "
+                f"after seq {start} listed again ({', '.join(unlisted)})")
 
 
-def head_of(records: list[RunRecord], genesis: str) -> LedgerHead:
-    """The chain's head: the record with the highest ``seq`` (genesis when there is none)."""
-    linked = [r for r in records if "ledger" in r]
+def entry_name(entry: dict[str, Any]) -> str:
+    """The file name of a chain entry."""
+    if entry.get("kind") == "started":
+        return f"{entry['run_id']}.a{entry['attempt']}{STARTED_SUFFIX}"
+    return f"{entry['spec']['run_id']}.a{entry['attempt']}{RECORD_SUFFIX}"
+
+
+def head_of(entries: list[Any], genesis: str) -> LedgerHead:
+    """The chain's head: the entry with the highest ``seq`` (genesis when there is none)."""
+    linked = [r for r in entries if "ledger" in r]
     if not linked:
         return {"seq": 0, "sha256": genesis}
     last = max(linked, key=lambda r: r["ledger"]["seq"])
@@ -61,3 +156,53 @@ def head_of(records: list[RunRecord], genesis: str) -> LedgerHead:
 
 def describe(head: LedgerHead) -> str:
     return f"ledger head: seq {head['seq']} sha256 {head['sha256']}"
+
+
+def check_records_folder(proto: Any) -> None:
+    """Refuse (InputError naming the protocol and ``records_dir``) a records folder, default or
+    explicit, that resolves outside the repository or inside a frozen entry (its records would be
+    untracked files there, and the study could never resume), or that has a symlink anywhere on the
+    way from the repository to it."""
+    from harness.errors import InputError
+    from harness.freeze import exempt
+
+    root = Path(proto.root)
+    rel = Path(proto.records_dir or f"records/{proto.id}")
+    where = f"records folder {rel.as_posix()!r}" + ("" if proto.records_dir else " (the default)")
+    step = root
+    for part in rel.parts:
+        step = step / part
+        if step.is_symlink():
+            raise InputError(f"{where}: {step} is a symbolic link (to {os.readlink(step)}); a records folder is "
+                             "a real folder inside the repository, with no link on the way",
+                             file=str(proto.path), key="records_dir")
+    resolved = (root / rel).resolve()
+    if not resolved.is_relative_to(root.resolve()):
+        raise InputError(f"{where} resolves to {resolved}, outside the study's repository {root}",
+                         file=str(proto.path), key="records_dir")
+    inside = resolved.relative_to(root.resolve()).parts
+    if not inside or not exempt(inside[0]):
+        top = inside[0] if inside else "."
+        raise InputError(f"{where} lies inside the frozen entry {top!r}; records there would be untracked files in a "
+                         "frozen folder and the study could not resume: use records/ (the default) or another exempt "
+                         "folder", file=str(proto.path), key="records_dir")
+
+
+def study_ledger(proto: Any, genesis: str) -> Ledger:
+    """The ledger of ``proto``'s records folder (its lock under ``runs/<id>/locks``)."""
+    plugins = [proto.root / fp["path"] for fp in proto.plugin_fingerprints().values()
+               if not Path(fp["path"]).is_absolute()]
+    return Ledger(proto.records_path, proto.runs_path / "locks" / "ledger.lock", genesis, root=proto.root,
+                  sources=[proto.path, *plugins], protocol=proto.summary())
+
+
+def reconcile_study(proto: Any) -> str | None:
+    """What ``harness report`` and ``status`` do on start: check the records folder's path, then
+    bring MANIFEST back to the chain (genesis: the freeze hash the entries name, else the protocol's)."""
+    check_records_folder(proto)
+    if not proto.records_path.is_dir():
+        return None
+    entries = load_entries(proto.records_path)
+    genesis = next((e["protocol"].get("freeze_sha256") for e in entries if e["protocol"].get("freeze_sha256")),
+                   None) or proto.sha256
+    return study_ledger(proto, genesis).reconcile()

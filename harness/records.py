@@ -12,6 +12,14 @@ Format log (``schema_version``):
   ``sha256`` of the record before it, or the freeze manifest's sha256 for the first record) and
   ``protocol.freeze_sha256`` (the hash of the manifest that ``harness tag`` wrote into the tag).
   Version 1 records are still read; they have no ledger, which the audit reports.
+* 3 - attempts are ledger entries. Before a worker starts, the runner appends a *started entry*
+  (``<run_id>.a<attempt>.started.json``: ``kind: "started"``, run id, attempt, ``unit_attempt``,
+  node, runner, ``started_at``) to the chain; the record that ends the attempt links to it
+  (``start``: the started entry's ``seq`` and ``sha256``). Every entry's ``ledger`` also holds ``at``,
+  the time it was sealed (under the ledger lock). ``unit_attempt`` (1-based) says which run of its
+  unit an attempt belongs to: a unit that runs again whole starts a new one, and the records of
+  earlier ones are superseded (kept, counted, not analysed). Version 2 records are still read
+  (no started entries: every attempt of theirs is its record; ``unit_attempt`` 1).
 
 Canonical JSON: ``json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
 allow_nan=False)`` encoded as UTF-8. Non-finite floats are stored as ``null``.
@@ -23,17 +31,19 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypedDict
 
-from harness.errors import RefusedError  # standard library only, like this module
+from harness.errors import RefusedError, WriteError  # standard library only, like this module
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 MANIFEST = "MANIFEST"
 RECORD_SUFFIX = ".record.json"
+STARTED_SUFFIX = ".started.json"
 
 
 class RecordFormatError(ValueError):
@@ -43,6 +53,23 @@ class RecordFormatError(ValueError):
 class LedgerLink(TypedDict):
     seq: int  # 1-based position in the protocol's chain
     prev: str  # sha256 of the record before (the freeze manifest's sha256 for seq 1)
+
+
+class StartedEntry(TypedDict, total=False):
+    """An attempt's start, appended to the chain before its worker starts (schema 3)."""
+
+    schema_version: int
+    kind: str  # "started"
+    protocol: dict[str, Any]  # id, sha256, freeze_sha256
+    run_id: str
+    unit: str
+    attempt: int
+    unit_attempt: int
+    node: str  # where the worker runs: this host, or a Ray node (host/id)
+    runner: dict[str, Any]  # the process that appended it: host, pid
+    started_at: str
+    ledger: LedgerLink
+    sha256: str
 
 
 class LedgerHead(TypedDict):
@@ -63,6 +90,8 @@ class RunRecord(TypedDict, total=False):
     plan_sha256: str
     spec: dict[str, Any]  # RunSpec.as_dict()
     attempt: int  # 1-based attempt number of this run
+    unit_attempt: int  # 1-based: which run of its unit this attempt belongs to (schema 3)
+    start: dict[str, Any]  # the started entry this record ends: its seq and sha256 (schema 3)
     git: GitState
     status: str  # "ok", "failed" or "interrupted"
     reason: str | None
@@ -130,12 +159,22 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _free(directory: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(directory).free} bytes free"
+    except OSError:
+        return "free space unknown"
+
+
 def atomic_write(path: Path, data: bytes, *, overwrite: bool) -> None:
     """Write via a temporary file, fsync and rename. With ``overwrite=False`` an existing file is
-    never replaced (the final step is a hard link, which fails if the name exists)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    never replaced (the final step is a hard link, which fails if the name exists). Any write error
+    (a full disk, a read-only or failing filesystem) raises :class:`WriteError` naming the file and
+    the free space, and leaves nothing behind: the file is either complete or absent."""
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -149,9 +188,16 @@ def atomic_write(path: Path, data: bytes, *, overwrite: bool) -> None:
                 raise RefusedError(f"refusing to overwrite existing record {path}") from e
             os.unlink(tmp)
         _fsync_dir(path.parent)
+    except OSError as e:
+        raise WriteError(f"cannot write {path}: {e.strerror or e} ({_free(path.parent)} on its filesystem); "
+                         "nothing was half-written: free space (or fix the folder) and run the same command "
+                         "again to resume") from e
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        if tmp is not None and os.path.exists(tmp):
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 def write_json(path: Path, obj: Any, *, overwrite: bool = True, pretty: bool = False) -> None:
@@ -168,6 +214,18 @@ def write_record(directory: Path, record: RunRecord | dict[str, Any]) -> tuple[P
     """Seal and write one record as ``<run_id>.a<attempt>.record.json``; never overwrites."""
     sealed = seal(dict(record))
     path = record_path(directory, sealed["spec"]["run_id"], sealed["attempt"])
+    atomic_write(path, canonical(sealed) + b"\n", overwrite=False)
+    return path, sealed
+
+
+def started_path(directory: Path, run_id: str, attempt: int) -> Path:
+    return directory / f"{run_id}.a{attempt}{STARTED_SUFFIX}"
+
+
+def write_started(directory: Path, entry: StartedEntry | dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """Seal and write one started entry as ``<run_id>.a<attempt>.started.json``; never overwrites."""
+    sealed = seal(dict(entry))
+    path = started_path(directory, sealed["run_id"], sealed["attempt"])
     atomic_write(path, canonical(sealed) + b"\n", overwrite=False)
     return path, sealed
 
@@ -191,6 +249,33 @@ def read_record(path: Path) -> RunRecord:
 
 def record_files(directory: Path) -> list[Path]:
     return sorted(directory.glob(f"*{RECORD_SUFFIX}")) if directory.is_dir() else []
+
+
+def started_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob(f"*{STARTED_SUFFIX}")) if directory.is_dir() else []
+
+
+def entry_files(directory: Path) -> list[Path]:
+    """Every file of the chain: records and started entries."""
+    return sorted(record_files(directory) + started_files(directory))
+
+
+def load_started(directory: Path) -> list[StartedEntry]:
+    """Every started entry of a folder, in ledger order."""
+    out = []
+    for p in started_files(directory):
+        entry = read_record(p)
+        if entry.get("kind") != "started":
+            raise RecordFormatError(f"{p}: a started entry has kind 'started', found {entry.get('kind')!r}")
+        out.append(entry)
+    out.sort(key=lambda e: e["ledger"]["seq"])  # type: ignore[typeddict-item]
+    return out  # type: ignore[return-value]
+
+
+def open_attempts(records: list[RunRecord], started: list[StartedEntry]) -> list[StartedEntry]:
+    """Started entries that no record ends: attempts interrupted with nothing recorded yet."""
+    ended = {(r["spec"]["run_id"], r["attempt"]) for r in records}
+    return [e for e in started if (e["run_id"], e["attempt"]) not in ended]
 
 
 def load_records(directory: Path) -> list[RunRecord]:
@@ -220,12 +305,13 @@ def source_hashes(root: Path, extra: Iterable[Path]) -> dict[str, str]:
 
 def write_manifest(directory: Path, root: Path, extra: Iterable[Path], protocol: dict[str, Any],
                    head: LedgerHead | None) -> Path:
-    """Rewrite MANIFEST atomically: every record file's sha256, the ledger head, every source's sha256."""
-    records = {p.name: sha256_bytes(p.read_bytes()) for p in record_files(directory)}
+    """Rewrite MANIFEST atomically: every record's and every started entry's file sha256, the ledger
+    head, every source's sha256."""
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "protocol": protocol,
-        "records": records,
+        "records": {p.name: sha256_bytes(p.read_bytes()) for p in record_files(directory)},
+        "started": {p.name: sha256_bytes(p.read_bytes()) for p in started_files(directory)},
         "ledger_head": head,
         "sources": source_hashes(root, extra),
     }

@@ -7,7 +7,11 @@ two-node cluster (each node one ``harness-cpu``) with ``harness node``, then:
 
 1. ``full``: a protocol run with ``--ray``;
 2. ``driver``: the driver killed after its first record, then started again;
-3. ``node``: the second node killed (its processes, by their ids) while it runs a unit.
+3. ``node-during1``, ``node-between``, ``node-during2``: the second node killed (its processes, by
+   their ids) at a fixed point of its first unit: while the unit's first run trains, between its
+   two runs, while its second run trains. The node stops itself at that point
+   (``HARNESS_TEST_HOLD``, a hook used only by tests, see :mod:`harness.execute.ray`) and says so,
+   so the kill lands there however loaded the machine is; the node is then started again.
 
 Writes ``WORKDIR/scenarios.json`` with what it did; the test reads the records itself.
 """
@@ -72,10 +76,14 @@ def main() -> int:
     r = sh(sys.executable, "-m", "harness.cli", "node", "--device", "cpu", "--port", str(PORT), "--no-block",
            env={**env, "HARNESS_NODE_DIR": nodes["head"]})
     out["head"] = r.returncode
-    r = sh(sys.executable, "-m", "harness.cli", "node", "--device", "cpu", "--address", f"127.0.0.1:{PORT}",
-           "--no-block", env={**env, "HARNESS_NODE_DIR": nodes["second"]})
-    out["second"] = r.returncode
     address = f"127.0.0.1:{PORT}"
+    hold = work / "hold-second"
+
+    def second_node() -> int:
+        return sh(sys.executable, "-m", "harness.cli", "node", "--device", "cpu", "--address", address, "--no-block",
+                  env={**env, "HARNESS_NODE_DIR": nodes["second"], "HARNESS_TEST_HOLD": str(hold)}).returncode
+
+    out["second"] = second_node()
     # 1. a full run
     p = harness(work / "full", "run", "protocols/tiny.yaml", "--quiet", "--no-report", "--ray", address, env=env)
     out["full_log"] = p.communicate(timeout=900)[0]
@@ -90,18 +98,21 @@ def main() -> int:
     p = harness(work / "driver", "run", "protocols/tiny.yaml", "--quiet", "--no-report", "--ray", address, env=env)
     out["driver_log"] = p.communicate(timeout=900)[0]
     out["driver_rc"] = p.returncode
-    # 3. the second node's raylet killed while it runs a unit
-    second_work = Path(nodes["second"]) / "tiny" / "work"
-    since = time.time()  # the earlier scenarios' logs stay on the node: wait for a fresh one
-    p = harness(work / "node", "run", "protocols/tiny.yaml", "--quiet", "--no-report", "--ray", address, env=env)
-    wait_for(lambda: any(f.stat().st_mtime > since for f in second_work.glob("*/worker.log")))
-    time.sleep(1.0)
-    pids = processes_of(nodes["second"])
-    for pid in pids:  # the whole node dies at once, as a machine that loses power
-        os.kill(pid, signal.SIGKILL)
-    out["killed"] = pids
-    out["node_log"] = p.communicate(timeout=900)[0]
-    out["node_rc"] = p.returncode
+    # 3. the second node killed at fixed points of its first unit, then started again
+    for name, point in (("node-during1", "during:1"), ("node-between", "between:1"), ("node-during2", "during:2")):
+        held = Path(f"{hold}.held")
+        held.unlink(missing_ok=True)
+        hold.write_text(point)
+        p = harness(work / name, "run", "protocols/tiny.yaml", "--quiet", "--no-report", "--ray", address, env=env)
+        wait_for(lambda held=held, p=p: held.exists() or p.poll() is not None, timeout=600)
+        out[f"{name}_held"] = held.exists()
+        pids = processes_of(nodes["second"])
+        for pid in pids:  # the whole node dies at once, as a machine that loses power
+            os.kill(pid, signal.SIGKILL)
+        out[f"{name}_log"] = p.communicate(timeout=900)[0]
+        out[f"{name}_rc"] = p.returncode
+        hold.unlink(missing_ok=True)
+        out[f"{name}_restart"] = second_node()
     sh("ray", "stop", "--force", env=env)
     (work / "scenarios.json").write_text(json.dumps(out, indent=1))
     return 0

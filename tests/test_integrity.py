@@ -18,12 +18,14 @@ import pytest
 import yaml
 from conftest import ROOT, git, harness, tiny_protocol
 
+from harness.ledger import head_of, load_entries
 from harness.plan import make_plan, plan_sha256
 from harness.protocol import load_protocol
 from harness.records import (
     RECORD_SUFFIX,
     RecordFormatError,
     canonical,
+    entry_files,
     load_records,
     read_record,
     record_files,
@@ -85,13 +87,23 @@ def resealed(path: Path, edit) -> dict:
 
 
 def rebuild_manifest(repo: Path) -> None:
-    recs = load_records(repo / RECS)
-    head = {"seq": recs[-1]["ledger"]["seq"], "sha256": recs[-1]["sha256"]} if recs else None
-    write_manifest(repo / RECS, repo, [repo / PROTO], recs[0]["protocol"], head)
+    entries = load_entries(repo / RECS)
+    head = head_of(entries, "") if entries else None
+    write_manifest(repo / RECS, repo, [repo / PROTO], load_records(repo / RECS)[0]["protocol"], head)
 
 
 def by_seq(repo: Path) -> list[Path]:
+    """The record files, in ledger order."""
     return sorted(record_files(repo / RECS), key=lambda p: read_record(p)["ledger"]["seq"])
+
+
+def chain(repo: Path) -> list[Path]:
+    """Every file of the chain (started entries and records), in ledger order."""
+    return sorted(entry_files(repo / RECS), key=lambda p: read_record(p)["ledger"]["seq"])
+
+
+def seq_of(path: Path) -> int:
+    return read_record(path)["ledger"]["seq"]
 
 
 # -- the intact study ----------------------------------------------------------------------------
@@ -109,12 +121,18 @@ def test_intact_study_passes_and_records_bind_the_tag(study):
     assert m["plan"]["runs"] == 6 and m["configs"]["tiny_conv"] == load_protocol(study / PROTO).configs["tiny_conv"].sha256
     freeze = hashlib.sha256(canonical(m)).hexdigest()
     recs = load_records(study / RECS)
-    assert [x["ledger"]["seq"] for x in recs] == [1, 2, 3, 4, 5, 6]
-    assert recs[0]["ledger"]["prev"] == freeze
-    assert all(x["protocol"]["freeze_sha256"] == freeze for x in recs)
+    entries = load_entries(study / RECS)
+    # each attempt is a started entry, then the record that ends it and links to it
+    assert [x["ledger"]["seq"] for x in recs] == [2, 4, 6, 8, 10, 12]
+    assert [e["kind"] for e in entries[::2]] == ["started"] * 6
+    assert all(r["start"] == {"seq": e["ledger"]["seq"], "sha256": e["sha256"]} and e["run_id"] == r["spec"]["run_id"]
+               for e, r in zip(entries[::2], recs))
+    assert all(r["unit_attempt"] == 1 for r in recs)
+    assert entries[0]["ledger"]["prev"] == freeze
+    assert all(x["protocol"]["freeze_sha256"] == freeze for x in entries)
     st = harness(study, "status", PROTO)
-    assert f"ledger head: seq 6 sha256 {recs[-1]['sha256']}" in st.stdout
-    assert audit(study, "--head", f"6:{recs[-1]['sha256']}").returncode == 0
+    assert f"ledger head: seq 12 sha256 {recs[-1]['sha256']}" in st.stdout
+    assert audit(study, "--head", f"12:{recs[-1]['sha256']}").returncode == 0
 
 
 # -- drift: harness run refuses before any worker starts, writing nothing -----------------------
@@ -196,11 +214,12 @@ def test_records_dir_outside_the_repository_is_refused(study):
 def test_deleted_record_rerun_is_detected(study):
     first = by_seq(study)[0]
     first.unlink()
-    r = harness(study, "run", PROTO, "--quiet")  # re-draws the deleted run as if new
+    r = harness(study, "run", PROTO, "--quiet")  # its started entry remains: the attempt is noted interrupted
     assert r.returncode == 0, r.stderr
+    assert "noted interrupted attempt 1" in r.stdout
     a = audit(study)
     assert a.returncode == 1
-    assert "ledger seq 1: no record (deleted" in a.stdout
+    assert "ledger seq 2: no record (deleted" in a.stdout
 
 
 def test_swapped_records_are_detected(study):
@@ -210,7 +229,7 @@ def test_swapped_records_are_detected(study):
     resealed(p3, lambda r: r.update(ledger=l2))
     rebuild_manifest(study)
     a = audit(study)
-    assert a.returncode == 1 and "ledger seq 3" in a.stdout and "swapped" in a.stdout
+    assert a.returncode == 1 and f"ledger seq {seq_of(p2) + 1}" in a.stdout and "swapped" in a.stdout
 
 
 def test_edit_and_reseal_is_detected(study):
@@ -218,7 +237,7 @@ def test_edit_and_reseal_is_detected(study):
     resealed(p, lambda r: r["timings"].update(training_s=r["timings"]["training_s"] / 2))
     rebuild_manifest(study)
     a = audit(study)
-    assert a.returncode == 1 and "ledger seq 4" in a.stdout and "edited and resealed" in a.stdout
+    assert a.returncode == 1 and f"ledger seq {seq_of(p) + 1}" in a.stdout and "edited and resealed" in a.stdout
 
 
 def test_protocol_edited_and_everything_resealed_is_detected(study):
@@ -227,14 +246,16 @@ def test_protocol_edited_and_everything_resealed_is_detected(study):
     git(study, "commit", "-qam", "loosen the tolerance")
     new_sha = hashlib.sha256(proto.read_bytes()).hexdigest()
     runs = make_plan(load_protocol(proto))
-    prev = read_record(by_seq(study)[0])["ledger"]["prev"]
-    for p in by_seq(study):  # a consistent forgery: every record, the chain and MANIFEST rewritten
+    prev = read_record(chain(study)[0])["ledger"]["prev"]
+    for p in chain(study):  # a consistent forgery: every entry, the chain and MANIFEST rewritten
         def edit(r, prev=prev):
             r["protocol"]["sha256"] = new_sha
+            r["ledger"]["prev"] = prev
+            if r.get("kind") == "started":
+                return
             r["protocol"]["hypotheses"]["tests"][0]["margin"] = 0.05
             r["spec"]["protocol_sha256"] = new_sha
             r["plan_sha256"] = plan_sha256(runs)
-            r["ledger"]["prev"] = prev
         prev = resealed(p, edit)["sha256"]
     rebuild_manifest(study)
     a = audit(study)
@@ -248,15 +269,15 @@ def test_rewritten_history_misses_the_published_head(study):
     p = by_seq(study)[-1]
     resealed(p, lambda r: r["timings"].update(training_s=0.001))
     rebuild_manifest(study)
-    a = audit(study, "--head", f"6:{head['sha256']}")
-    assert a.returncode == 1 and "published head seq 6" in a.stdout and "history was rewritten" in a.stdout
+    a = audit(study, "--head", f"12:{head['sha256']}")
+    assert a.returncode == 1 and "published head seq 12" in a.stdout and "history was rewritten" in a.stdout
 
 
 # -- completeness ----------------------------------------------------------------------------------
 
 
 def test_stopped_study_is_incomplete_not_broken(study):
-    for p in by_seq(study)[4:]:  # the runner stopped after two of three units
+    for p in chain(study)[8:]:  # the runner stopped after two of three units
         p.unlink()
     rebuild_manifest(study)
     r = harness(study, "report", PROTO, "--quiet")

@@ -20,6 +20,9 @@ from harness.records import load_records
 pytest.importorskip("ray", reason="Ray is an optional extra: python -m pip install -e '.[ray]'")
 
 SEEDS = "[1, 2, 3]"
+#: the node-kill scenarios: where in its first unit the second node is killed, and how many
+#: attempts of the unit's first unit attempt are then superseded by the one that completes it
+KILLS = {"node-during1": 1, "node-between": 1, "node-during2": 2}
 
 
 def study(base: Path, name: str) -> Path:
@@ -34,7 +37,7 @@ def study(base: Path, name: str) -> Path:
 @pytest.fixture(scope="module")
 def scenarios(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     work = tmp_path_factory.mktemp("ray")
-    for name in ("full", "driver", "node", "local"):
+    for name in ("full", "driver", *KILLS, "local"):
         study(work, name)
     local = harness(work / "local", "run", "protocols/tiny.yaml", "--quiet", "--no-report")
     assert local.returncode == 0, local.stdout + local.stderr
@@ -44,8 +47,17 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     return work, json.loads((work / "scenarios.json").read_text())
 
 
+def analysed(recs: list[dict]) -> list[dict]:
+    """The records of each unit's latest unit attempt (the one the analysis uses)."""
+    latest: dict[str, int] = {}
+    for x in recs:
+        latest[x["spec"]["unit"]] = max(latest.get(x["spec"]["unit"], 1), x.get("unit_attempt", 1))
+    return [x for x in recs if x.get("unit_attempt", 1) == latest[x["spec"]["unit"]]]
+
+
 def ok_by_run(repo: Path) -> dict[str, dict]:
-    recs = load_records(repo / "records" / "tiny")
+    """Every planned run, once: one ok record in its unit's analysed unit attempt."""
+    recs = analysed(load_records(repo / "records" / "tiny"))
     oks = Counter(x["spec"]["run_id"] for x in recs if x["status"] == "ok")
     assert len(oks) == 2 * len(SEEDS.split(",")) and set(oks.values()) == {1}, oks  # every planned run, once
     return {x["spec"]["run_id"]: x for x in recs if x["status"] == "ok"}
@@ -71,7 +83,7 @@ def test_every_run_once_on_both_nodes_and_bitwise_as_local(scenarios):
     for x in ray_runs.values():
         units.setdefault(x["spec"]["unit"], set()).add(x["node"]["id"])
     assert all(len(v) == 1 for v in units.values())  # a pair never spans two devices
-    assert "ledger head: seq 6" in out["full_log"]
+    assert "ledger head: seq 12" in out["full_log"]  # six started entries, six records
     a = subprocess.run([sys.executable, "-I", "-S", str(ROOT / "analysis" / "public_audit.py"), "records/tiny"],
                        cwd=work / "full", capture_output=True, text=True)
     rep = harness(work / "full", "report", "protocols/tiny.yaml", "--quiet")
@@ -87,16 +99,40 @@ def test_driver_killed_and_restarted_completes(scenarios):
     assert all("did not finish" in x["reason"] for x in interrupted)
 
 
-def test_node_killed_gives_an_interrupted_attempt_and_a_completed_study(scenarios):
+@pytest.mark.parametrize("name", sorted(KILLS))
+def test_node_killed_at_a_fixed_point_reruns_its_unit_whole(scenarios, name):
+    """The second node killed while its first unit's first run trains, between its runs, or while
+    its second run trains: the unit runs again whole as a new unit attempt; the earlier attempt's
+    runs stay, superseded; analysis and audit use one unit attempt per unit; every planned run once."""
     work, out = scenarios
-    assert out["node_rc"] == 0, out["node_log"]
-    runs = ok_by_run(work / "node")
-    recs = load_records(work / "node" / "records" / "tiny")
+    assert out[f"{name}_held"], out[f"{name}_log"]  # the kill landed at its point
+    assert out[f"{name}_rc"] == 0 and out[f"{name}_restart"] == 0, out[f"{name}_log"]
+    repo = work / name
+    runs = ok_by_run(repo)
+    recs = load_records(repo / "records" / "tiny")
+    rerun = {x["spec"]["unit"] for x in recs if x.get("unit_attempt", 1) > 1}
+    assert len(rerun) == 1, rerun
+    (unit,) = rerun
+    superseded = [x for x in recs if x["spec"]["unit"] == unit and x.get("unit_attempt", 1) == 1]
+    assert len(superseded) == KILLS[name], [(x["spec"]["run_id"], x["status"]) for x in superseded]
     interrupted = [x for x in recs if x["status"] == "interrupted"]
-    assert interrupted and all("node-second" not in x["reason"] for x in interrupted)
-    assert any("/" in x["reason"] for x in interrupted)  # the node is named (host/node id)
-    assert "runs again, whole" in out["node_log"]
+    if name == "node-between":  # the first run ended ok before the kill; the second never started
+        assert not interrupted and [x["status"] for x in superseded] == ["ok"]
+    else:
+        assert len(interrupted) == 1 and interrupted[0] in superseded
+        assert "/" in interrupted[0]["reason"]  # the node is named (host/node id)
+        assert interrupted[0]["timings"]["device_s_source"].startswith("ledger:")
+    assert "runs again, whole" in out[f"{name}_log"]
     units: dict[str, set[str]] = {}
     for x in runs.values():
         units.setdefault(x["spec"]["unit"], set()).add(x["node"]["id"])
-    assert all(len(v) == 1 for v in units.values())
+    assert all(len(v) == 1 for v in units.values())  # both arms from one unit attempt on one node
+    rep = harness(repo, "report", "protocols/tiny.yaml", "--quiet")
+    assert rep.returncode == 0, rep.stderr
+    summary = json.loads((repo / "records" / "tiny" / "summary.json").read_text())
+    assert summary["records"]["superseded"] == KILLS[name] and summary["completeness"]["complete"]
+    assert summary["studies"][0]["configs"][0]["pairs_used"] == 3
+    a = subprocess.run([sys.executable, "-I", "-S", str(ROOT / "analysis" / "public_audit.py"), "records/tiny"],
+                       cwd=repo, capture_output=True, text=True)
+    assert a.returncode == 0, a.stdout
+    assert f"unit {unit} ran again whole: analysed from its unit attempt 2; {KILLS[name]} superseded" in a.stdout

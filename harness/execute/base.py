@@ -13,8 +13,10 @@ class Executor(Protocol):
 
     An executor asks the runner which runs of a unit are to do (:meth:`Runner._todo`), whether the
     budget allows the unit (:meth:`Runner.budget_allows`) and for each run's attempt number
-    (:meth:`Runner.next_attempt`); it calls :meth:`Runner.started` before a run's process starts and
-    :meth:`Runner.finished` with its outcome. Only the runner writes records.
+    (:meth:`Runner.next_attempt`, which records the run's interrupted attempts first) and the unit
+    attempt its runs belong to (:meth:`Runner.unit_attempt`); it calls :meth:`Runner.started` (the
+    started entry, in the ledger) before a run's process starts and :meth:`Runner.finished` with its
+    outcome. Only the runner writes the ledger.
     """
 
     name: str

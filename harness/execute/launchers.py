@@ -7,7 +7,9 @@
 
 Both return an :class:`Outcome`: the worker's exit code, its result (``timings.device_s`` is the
 worker's own measure of its time; when the process died before it could say, the launcher's wall
-time stands in and ``device_s_source`` says so) and the tail of its log.
+time stands in and ``device_s_source`` says so) and the tail of its log. The result comes back
+through a pipe the worker inherits (``fd:N`` in place of a result file), never through a file, so
+no other process can read an outcome before the runner has sealed it into the ledger.
 """
 
 from __future__ import annotations
@@ -55,8 +57,9 @@ class Launcher(Protocol):
     def start(self, cwd: Path, env: dict[str, str] | None) -> None:
         """Get ready to run (a fork server imports everything), outside any run's time."""
 
-    def run(self, job: Path, result: Path, log: Path, cwd: Path, env: dict[str, str] | None,
-            beat: Callable[[], None]) -> int: ...
+    def run(self, job: Path, log: Path, cwd: Path, env: dict[str, str] | None,
+            beat: Callable[[], None]) -> tuple[int, bytes]:
+        """Run one job; return the worker's exit code and the result it wrote to its pipe."""
 
     def close(self) -> None: ...
 
@@ -67,16 +70,25 @@ class Spawn:
     def start(self, cwd: Path, env: dict[str, str] | None) -> None:
         pass
 
-    def run(self, job: Path, result: Path, log: Path, cwd: Path, env: dict[str, str] | None,
-            beat: Callable[[], None]) -> int:
-        with open(log, "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "harness.execute.worker", str(job), str(result)],
-                                    stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env)
-            while True:
-                try:
-                    return proc.wait(timeout=1.0)
-                except subprocess.TimeoutExpired:
-                    beat()
+    def run(self, job: Path, log: Path, cwd: Path, env: dict[str, str] | None,
+            beat: Callable[[], None]) -> tuple[int, bytes]:
+        r, w = os.pipe()
+        try:
+            with open(log, "wb") as out:
+                proc = subprocess.Popen([sys.executable, "-m", "harness.execute.worker", str(job), f"fd:{w}"],
+                                        stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env, pass_fds=(w,))
+                os.close(w)
+                w = -1
+                data = read_pipe(r, beat, lambda: proc.poll() is not None)
+                while True:
+                    try:
+                        return proc.wait(timeout=1.0), data
+                    except subprocess.TimeoutExpired:
+                        beat()
+        finally:
+            os.close(r)
+            if w >= 0:
+                os.close(w)
 
     def close(self) -> None:
         pass
@@ -89,6 +101,10 @@ class ForkServer:
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[str] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
 
     def start(self, cwd: Path, env: dict[str, str] | None) -> None:
         self._start(cwd, env)
@@ -103,15 +119,15 @@ class ForkServer:
                 raise RuntimeError(f"the fork server did not start (said {ready!r}, exit {self.proc.poll()})")
         return self.proc
 
-    def run(self, job: Path, result: Path, log: Path, cwd: Path, env: dict[str, str] | None,
-            beat: Callable[[], None]) -> int:
+    def run(self, job: Path, log: Path, cwd: Path, env: dict[str, str] | None,
+            beat: Callable[[], None]) -> tuple[int, bytes]:
         proc = self._start(cwd, env)
         assert proc.stdin is not None and proc.stdout is not None
         try:
-            proc.stdin.write(f"{job} {result}\n")
+            proc.stdin.write(f"{job} -\n")
             proc.stdin.flush()
         except BrokenPipeError:
-            return -int(signal.SIGPIPE)
+            return -int(signal.SIGPIPE), b""
         while True:
             ready, _, _ = select.select([proc.stdout], [], [], 1.0)
             if not ready:
@@ -119,10 +135,11 @@ class ForkServer:
                 continue
             line = proc.stdout.readline()
             if not line:  # the server died: the child is gone with it
-                return -int(signal.SIGKILL) if proc.wait() < 0 else 1
-            _pid, _, status = line.strip().partition(" ")
+                return (-int(signal.SIGKILL) if proc.wait() < 0 else 1), b""
+            _pid, _, rest = line.rstrip("\n").partition(" ")
+            status, _, data = rest.partition(" ")
             if status != "START":
-                return int(status)
+                return int(status), data.encode("ascii")
 
     def close(self) -> None:
         if self.proc is None:
@@ -135,6 +152,29 @@ class ForkServer:
             self.proc.kill()
 
 
+def read_pipe(fd: int, beat: Callable[[], None], ended: Callable[[], bool]) -> bytes:
+    """Everything written to the pipe ``fd`` until its writers close it or the writer process has
+    ``ended`` (a process it started may still hold the pipe open), calling ``beat`` each second."""
+    chunks = []
+    while True:
+        ready, _, _ = select.select([fd], [], [], 1.0)
+        if ready:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            continue
+        if ended():
+            os.set_blocking(fd, False)
+            try:
+                while chunk := os.read(fd, 1 << 16):
+                    chunks.append(chunk)
+            except BlockingIOError:
+                pass
+            return b"".join(chunks)
+        beat()
+
+
 LAUNCHERS: dict[str, Callable[[], Launcher]] = {"spawn": Spawn, "forkserver": ForkServer}
 
 
@@ -142,18 +182,20 @@ def launch(launcher: Launcher, job: dict[str, Any], work: Path, cwd: Path, env: 
            beat: Callable[[], None]) -> Outcome:
     """Write ``job`` into ``work``, run it as one fresh worker process, collect its outcome."""
     work.mkdir(parents=True, exist_ok=True)
-    job_path, result_path, log_path = work / "job.json", work / "result.json", work / "worker.log"
+    job_path, log_path = work / "job.json", work / "worker.log"
     atomic_write(job_path, canonical(job), overwrite=True)
-    result_path.unlink(missing_ok=True)
     launcher.start(cwd, env)  # a fork server's start-up is not the run's time
     started = time.time()
     t0 = time.monotonic()
-    code = launcher.run(job_path, result_path, log_path, cwd, env, beat)
+    code, data = launcher.run(job_path, log_path, cwd, env, beat)
     wall = time.monotonic() - t0
     finished = time.time()
     result: dict[str, Any] = {}
-    if result_path.exists():
-        result = json.loads(result_path.read_text(encoding="utf-8"))
+    if data.strip():
+        try:
+            result = json.loads(data)
+        except ValueError:
+            result = {}
     tail = ""
     if not result and log_path.exists():
         tail = log_path.read_bytes()[-2000:].decode("utf-8", "replace")

@@ -24,9 +24,16 @@
   writes records, in ledger order. Checkpoints and logs stay on the node
   (``$HARNESS_NODE_DIR``, default ``~/cotangent-harness-node``); the record names the node and holds
   the checkpoint's sha256.
+* Attempts: a node announces each run before its worker starts and waits until the driver has
+  appended the run's started entry to the ledger (a gate actor on the driver's node opens it), so
+  every attempt that ever started is in the chain.
 * Faults: a node or worker that dies mid-unit leaves the runs it started without an outcome; they
-  are recorded ``interrupted`` with the node named and the unit runs again. A driver killed and
-  started again finds its attempt markers and resumes as locally.
+  are recorded ``interrupted`` with the node named and the unit runs again, whole, as a new unit
+  attempt (the earlier one's records are superseded). A driver killed and started again finds the
+  started entries without records and resumes as locally.
+* Tests only: ``HARNESS_TEST_HOLD`` names a file; when it exists and says ``during:K`` (the unit's
+  K-th run is under way) or ``between:K`` (after its K-th run's outcome was sent), the node's first
+  unit writes ``<file>.held`` and stops there, so a test kills the node at a fixed point.
 """
 
 from __future__ import annotations
@@ -110,10 +117,45 @@ def _check_node(expect: dict[str, Any], corpus: dict[str, bytes] | None, label: 
     return local
 
 
+class Gate:
+    """Opens each run for its node once the driver has written its started entry (an async actor)."""
+
+    def __init__(self) -> None:
+        self.events: dict[str, Any] = {}
+
+    def _event(self, key: str) -> Any:
+        import asyncio
+
+        return self.events.setdefault(key, asyncio.Event())
+
+    async def wait(self, key: str) -> bool:
+        await self._event(key).wait()
+        return True
+
+    async def open(self, key: str) -> None:
+        self._event(key).set()
+
+
+def _test_hold(point: str) -> None:
+    """Tests only (see the module's notes): stop here for good when the hold file names ``point``."""
+    path = os.environ.get("HARNESS_TEST_HOLD")
+    if not path or not os.path.isfile(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        if f.read().strip() != point:
+            return
+    os.unlink(path)
+    with open(path + ".held", "w", encoding="utf-8") as f:
+        f.write(point)
+    while True:
+        time.sleep(3600)
+
+
 def run_unit(jobs: list[dict[str, Any]], expect: dict[str, Any], corpus: dict[str, bytes] | None,
-             queue: Any) -> str:
+             queue: Any, gate: Any = None) -> str:
     """The Ray task: check this node, then run the unit's jobs one after another, each as a fresh
-    worker process, reporting ``("start", ...)`` and ``("done", ...)`` on ``queue``."""
+    worker process, reporting ``("start", ...)`` (and waiting at ``gate`` until the driver has
+    appended the started entry) and ``("done", ...)`` on ``queue``."""
     import ray
 
     ctx = ray.get_runtime_context()
@@ -139,14 +181,18 @@ def run_unit(jobs: list[dict[str, Any]], expect: dict[str, Any], corpus: dict[st
         except Exception as e:  # a node that cannot even be checked refuses (it would fail every unit)
             raise RefusedError(f"node {label} could not be checked: {type(e).__name__}: {e}") from e
     local = _CHECKED[key][1]
-    for job in jobs:
+    for k, job in enumerate(jobs, 1):
         job = dict(job, checkpoint_path=str(base / "checkpoints" / Path(job["checkpoint_path"]).name))
         if local is not None:
             job["corpus"] = local
         rid, attempt = job["spec"]["run_id"], job["attempt"]
         queue.put(("start", rid, attempt, node))
-        outcome = launch(launcher, job, base / "work" / f"{rid}.a{attempt}", cwd, env, lambda: None)
+        if gate is not None:  # the started entry is in the ledger before the worker starts
+            ray.get(gate.wait.remote(f"{rid}.a{attempt}"), timeout=600)
+        outcome = launch(launcher, job, base / "work" / f"{rid}.a{attempt}", cwd, env,
+                         lambda k=k: _test_hold(f"during:{k}"))
         queue.put(("done", rid, attempt, node, asdict(outcome)))
+        _test_hold(f"between:{k}")
     queue.put(("end", label))  # the driver stops waiting on messages and collects this task at once
     return label
 
@@ -158,6 +204,8 @@ class RayExecutor:
 
     def __init__(self, address: str) -> None:
         self.address = address
+        self.gate: Any = None
+        self.unit_attempts: dict[tuple[str, int], int] = {}
 
     def _init(self, runner: Runner) -> tuple[Any, Any]:
         try:
@@ -182,6 +230,7 @@ class RayExecutor:
 
         # the queue lives on the driver's own node, so a node that dies cannot take the results with it
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.gate = ray.remote(Gate).options(num_cpus=0, scheduling_strategy=here).remote()
         return ray, Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
 
     def execute(self, runner: Runner) -> None:
@@ -236,8 +285,11 @@ class RayExecutor:
                         lock.release()
                         stop = bool(todo)
                         continue
+                    ua = runner.unit_attempt(unit, todo)
                     jobs = [runner.job(s, runner.next_attempt(s, states)) for s in todo]
-                    ref = task.options(**base_options, **options).remote(jobs, expect, corpus_ref, queue)
+                    for j in jobs:
+                        self.unit_attempts[(j["spec"]["run_id"], j["attempt"])] = ua
+                    ref = task.options(**base_options, **options).remote(jobs, expect, corpus_ref, queue, self.gate)
                     inflight[ref] = (unit, lock, runner.expected_s(todo, states), {})
                 if not inflight:
                     continue
@@ -278,12 +330,13 @@ class RayExecutor:
         from harness.records import load_records
 
         ids = {s.run_id for s in unit}
-        nodes = {r["node"]["id"] for r in load_records(runner.records)
-                 if r["spec"]["run_id"] in ids and r["status"] == "ok" and "node" in r}
+        recs = [r for r in load_records(runner.records) if r["spec"]["run_id"] in ids]
+        latest = max([1, *(r.get("unit_attempt", 1) for r in recs)])  # the unit attempt being resumed
+        nodes = {r["node"]["id"] for r in recs
+                 if r.get("unit_attempt", 1) == latest and r["status"] == "ok" and "node" in r}
         return nodes.pop() if len(nodes) == 1 else None
 
-    @staticmethod
-    def _drain(runner: Runner, queue: Any, inflight: dict[Any, Any], by_id: dict[str, RunSpec],
+    def _drain(self, runner: Runner, queue: Any, inflight: dict[Any, Any], by_id: dict[str, RunSpec],
                wait: float = 0.0) -> int:
         """Apply every message the nodes sent (markers for started runs, records for ended ones),
         waiting up to ``wait`` seconds for the first; returns how many units' tasks said they ended."""
@@ -305,7 +358,9 @@ class RayExecutor:
             elif msg[0] == "start":
                 _, rid, attempt, node = msg
                 spec = by_id[rid]
-                runner.started(spec, attempt, f"{node['host']}/{node['id'][:8]}")
+                runner.started(spec, attempt, f"{node['host']}/{node['id'][:8]}",
+                               unit_attempt=self.unit_attempts.get((rid, attempt), 1))
+                self.gate.open.remote(f"{rid}.a{attempt}")
                 runner.announce(spec, attempt, f" on {node['host']}/{node['id'][:8]}")
                 if rid in started_of:
                     started_of[rid][rid] = node

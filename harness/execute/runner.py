@@ -3,10 +3,15 @@
 * Claims: a unit (pair or block) is claimed with a file lock under ``runs/<id>/locks``; a second
   runner skips claimed units, so no run executes twice. Timed runs also take a per-host device
   lock, so two runners never time runs on one device at once.
-* Attempts: before a worker starts, a marker ``runs/<id>/attempts/<run>.aN.json`` is written and
-  touched every few seconds. A marker without a record for that attempt, found by a runner that
-  holds the claim, is an interrupted attempt (the machine stopped, the runner was killed): it is
-  recorded as ``interrupted`` and the run is executed again.
+* Attempts are ledger entries: before a worker starts, a *started entry* (run id, attempt, unit
+  attempt, node, time) is appended to the chain, and the record that ends the attempt links to it.
+  A started entry without a record, found by a runner that holds the claim, is an interrupted
+  attempt (the machine stopped, the runner was killed): it is recorded as ``interrupted``, charged
+  the ledger's time from its start to that record (the worker never reported its own), and the
+  run is executed again. Nothing under ``runs/`` decides what happened.
+* Units: a unit that runs again whole (a node died, ``--retry-failed``) starts a new *unit
+  attempt*; the earlier one's records are superseded (kept, counted, never analysed). A unit whose
+  runner stopped part-way resumes in the same unit attempt.
 * Failures: a worker that fails or dies is recorded as ``failed`` with its reason; failed runs
   are not retried unless asked (``--retry-failed``).
 * Budget: the inclusive device seconds of every attempt are in the records; no unit starts when
@@ -15,7 +20,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -30,16 +34,10 @@ from harness.execute.base import Executor
 from harness.execute.launchers import Outcome
 from harness.execute.local import LocalExecutor
 from harness.execute.state import Progress, RunState, run_states
-from harness.ledger import Ledger
+from harness.ledger import Ledger, check_records_folder, load_entries, now_iso, study_ledger
 from harness.plan import RunSpec, make_plan, plan_sha256, units
 from harness.protocol import Protocol
-from harness.records import SCHEMA_VERSION, RunRecord, atomic_write, canonical, jsonable
-
-HEARTBEAT_S = 5.0
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+from harness.records import SCHEMA_VERSION, RunRecord, jsonable
 
 
 class Runner:
@@ -64,21 +62,15 @@ class Runner:
         self.stopped_for_budget = False
         self.frozen = freeze.NOT_FROZEN
         self._ledger: Ledger | None = None
+        self._starts: dict[tuple[str, int], dict[str, Any]] = {}
 
     @property
     def ledger(self) -> Ledger:
         if self._ledger is None:
-            genesis = self.frozen.freeze_sha256 or self.proto.sha256
-            plugins = [self.root / fp["path"] for fp in self.proto.plugin_fingerprints().values()
-                       if not Path(fp["path"]).is_absolute()]
-            self._ledger = Ledger(self.records, self.dir / "locks" / "ledger.lock", genesis, root=self.root,
-                                  sources=[self.proto.path, *plugins], protocol=self.proto.summary())
+            self._ledger = study_ledger(self.proto, self.frozen.freeze_sha256 or self.proto.sha256)
         return self._ledger
 
     # -- bookkeeping ---------------------------------------------------------------------
-    def _marker(self, run_id: str, attempt: int) -> Path:
-        return self.dir / "attempts" / f"{run_id}.a{attempt}.json"
-
     def _base_record(self, spec: RunSpec, attempt: int) -> RunRecord:
         repo = gitutil.toplevel(self.root)
         protocol = {**self.proto.summary(), **self.frozen.as_dict()}
@@ -97,31 +89,50 @@ class Runner:
     def _write(self, record: RunRecord) -> None:
         self.ledger.append(record)
 
-    def _note_interrupted(self, spec: RunSpec, attempts_done: int) -> int:
-        """Record every attempt marker that has no record; return the next attempt number."""
-        attempt = attempts_done
-        while True:
-            marker = self._marker(spec.run_id, attempt + 1)
-            if not marker.exists():
-                return attempt + 1
-            attempt += 1
-            if (self.records / f"{spec.run_id}.a{attempt}.record.json").exists():
-                marker.unlink(missing_ok=True)
+    def _entries(self, run_ids: set[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The records and the started entries of ``run_ids``, in ledger order."""
+        recs, starts = [], []
+        for e in load_entries(self.records):
+            if e.get("kind") == "started":
+                if e["run_id"] in run_ids:
+                    starts.append(e)
+            elif e["spec"]["run_id"] in run_ids:
+                recs.append(e)
+        return recs, starts
+
+    def _note_interrupted(self, spec: RunSpec) -> int:
+        """Record every started attempt of ``spec`` that no record ends; return the next attempt number."""
+        recs, starts = self._entries({spec.run_id})
+        ended = {r["attempt"] for r in recs}
+        for e in starts:
+            if e["attempt"] in ended:
                 continue
-            info = json.loads(marker.read_text(encoding="utf-8") or "{}")
-            started = datetime.fromisoformat(info.get("started_at", now_iso()))
-            last = datetime.fromtimestamp(marker.stat().st_mtime, timezone.utc)
-            rec = self._base_record(spec, attempt)
+            t0 = datetime.fromisoformat(e["ledger"]["at"])
+            now = datetime.now(timezone.utc)
+            rec = self._base_record(spec, e["attempt"])
             rec.update(
-                status="interrupted",
-                reason=(f"attempt started at {info.get('started_at')} on {info.get('host')} (pid {info.get('pid')}) "
-                        f"did not finish: the runner or machine stopped; last heartbeat {last.isoformat()}"),
-                started_at=info.get("started_at"), finished_at=None,
-                timings={"device_s": max(0.0, (last - started).total_seconds())},
+                status="interrupted", unit_attempt=e.get("unit_attempt", 1),
+                start={"seq": e["ledger"]["seq"], "sha256": e["sha256"]},
+                reason=(f"attempt started at {e['started_at']} on {e['node']} (runner pid {e['runner']['pid']} on "
+                        f"{e['runner']['host']}) did not finish: the runner or machine stopped before the worker's "
+                        "outcome was recorded"),
+                started_at=e["started_at"], finished_at=None,
+                timings={"device_s": max(0.0, (now - t0).total_seconds()),
+                         "device_s_source": (f"ledger: from its started entry (seq {e['ledger']['seq']}, "
+                                             f"{e['ledger']['at']}) to this record, an upper bound (the worker "
+                                             "never reported its own)")},
             )
             self._write(rec)
-            marker.unlink(missing_ok=True)
-            self.echo(f"noted interrupted attempt {attempt} of {spec.run_id}")
+            ended.add(e["attempt"])
+            self.echo(f"noted interrupted attempt {e['attempt']} of {spec.run_id} (started {e['started_at']})")
+        return max([0, *ended, *(e["attempt"] for e in starts)]) + 1
+
+    def unit_attempt(self, unit: list[RunSpec], todo: list[RunSpec]) -> int:
+        """The unit attempt the runs ``todo`` belong to: a new one when the whole unit runs (again),
+        the current one when the rest of a unit is resumed."""
+        recs, starts = self._entries({s.run_id for s in unit})
+        current = max([0, *(e.get("unit_attempt", 1) for e in [*recs, *starts])])
+        return current + 1 if len(todo) == len(unit) or current == 0 else current
 
     # -- execution -----------------------------------------------------------------------
     def job(self, spec: RunSpec, attempt: int, checkpoint_dir: Path | None = None) -> dict[str, Any]:
@@ -132,22 +143,26 @@ class Runner:
         return {"spec": spec.as_dict(), "attempt": attempt, "config_path": cfg.as_posix(),
                 "data_dir": spec.data_dir, "corpus": local, "checkpoint_path": str(ckpt)}
 
-    def started(self, spec: RunSpec, attempt: int, node: str | None = None) -> None:
-        """A run's process is about to start: the attempt marker (found later without a record, it
-        is an interrupted attempt) names the machine."""
-        path = self._marker(spec.run_id, attempt)
-        data = {"run_id": spec.run_id, "attempt": attempt, "host": node or self.host, "pid": os.getpid(),
-                "started_at": now_iso()}
-        atomic_write(path, canonical(data), overwrite=True)
-
-    def beat(self, spec: RunSpec, attempt: int) -> None:
-        marker = self._marker(spec.run_id, attempt)
-        if marker.exists():
-            os.utime(marker)
+    def started(self, spec: RunSpec, attempt: int, node: str | None = None, unit_attempt: int = 1) -> None:
+        """A run's process is about to start: append its started entry to the ledger (found later
+        without a record, it is an interrupted attempt) naming the machine."""
+        entry = {"schema_version": SCHEMA_VERSION, "kind": "started",
+                 "protocol": {"id": self.proto.id, "sha256": self.proto.sha256,
+                              "freeze_sha256": self.frozen.freeze_sha256},
+                 "run_id": spec.run_id, "unit": spec.unit, "attempt": attempt, "unit_attempt": unit_attempt,
+                 "node": node or self.host, "runner": {"host": self.host, "pid": os.getpid()},
+                 "started_at": now_iso()}
+        self._starts[(spec.run_id, attempt)] = self.ledger.append_started(entry)
 
     def finished(self, spec: RunSpec, attempt: int, outcome: Outcome, node: dict[str, Any] | None = None) -> str:
         """Turn a run's outcome into its record (the ledger appends it); returns the status."""
         rec = self._base_record(spec, attempt)
+        start = self._starts.pop((spec.run_id, attempt), None)
+        if start is None:
+            _, starts = self._entries({spec.run_id})
+            start = next(e for e in starts if e["attempt"] == attempt)
+        rec["unit_attempt"] = start.get("unit_attempt", 1)
+        rec["start"] = {"seq": start["ledger"]["seq"], "sha256": start["sha256"]}
         status, reason = outcome.status_reason()
         result = dict(outcome.result)
         if not result:
@@ -164,16 +179,16 @@ class Runner:
         rec.update(status=status, reason=reason, started_at=stamp(outcome.started_at),
                    finished_at=stamp(outcome.finished_at or time.time()), timings=timings)
         self._write(jsonable(rec))
-        self._marker(spec.run_id, attempt).unlink(missing_ok=True)
         self.progress.executed_s.append(timings["device_s"])
         return status
 
     def interrupted(self, spec: RunSpec) -> None:
         """Record every attempt of ``spec`` that started and has no record (a node or runner died)."""
-        self._note_interrupted(spec, run_states(self.proto).get(spec.run_id, RunState()).attempts)
+        self._note_interrupted(spec)
 
-    def next_attempt(self, spec: RunSpec, states: dict[str, RunState]) -> int:
-        return self._note_interrupted(spec, states.get(spec.run_id, RunState()).attempts)
+    def next_attempt(self, spec: RunSpec, states: dict[str, RunState] | None = None) -> int:
+        """Record the run's interrupted attempts (started, never ended); the next attempt's number."""
+        return self._note_interrupted(spec)
 
     def budget_allows(self, unit: list[RunSpec], todo: list[RunSpec], states: dict[str, RunState],
                       reserved: float = 0.0) -> bool:
@@ -201,6 +216,7 @@ class Runner:
     def run(self) -> int:
         """Work through the plan; returns the number of runs that are still not done."""
         proto = self.proto
+        check_records_folder(proto)
         self.frozen = freeze.check(proto, self.plan_sha, len(self.runs))
         if proto.torch_version and not self.allow_torch_mismatch:
             import torch
@@ -214,10 +230,18 @@ class Runner:
                 )
         # every byte of the corpus verifies before any run starts (DataError, exit 2, otherwise)
         self.corpus = proto.corpus_data()
-        for d in ("locks", "attempts", "work", "checkpoints"):
-            (self.dir / d).mkdir(parents=True, exist_ok=True)
-        (self.root / "runs" / "locks").mkdir(parents=True, exist_ok=True)
-        self.records.mkdir(parents=True, exist_ok=True)
+        try:
+            for d in ("locks", "work", "checkpoints"):
+                (self.dir / d).mkdir(parents=True, exist_ok=True)
+            (self.root / "runs" / "locks").mkdir(parents=True, exist_ok=True)
+            self.records.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            from harness.errors import WriteError
+
+            raise WriteError(f"cannot create the study's folders: {e}") from e
+        note = self.ledger.reconcile()  # the chain is the truth: a crash may have left MANIFEST behind it
+        if note:
+            self.echo(note)
         self.progress = Progress(total=len(self.runs))
         self.stopped_for_budget = False
         self.executor.execute(self)

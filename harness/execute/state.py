@@ -8,7 +8,7 @@ from typing import Any
 
 from harness.plan import make_plan
 from harness.protocol import Protocol
-from harness.records import load_records
+from harness.records import load_records, load_started, open_attempts
 
 
 @dataclass
@@ -53,10 +53,42 @@ def run_states(proto: Protocol) -> dict[str, RunState]:
     return states
 
 
+def _claimed(proto: Protocol, unit: str) -> bool:
+    """Whether a runner holds ``unit``'s claim now (its attempt may still be running)."""
+    from filelock import FileLock, Timeout
+
+    path = proto.runs_path / "locks" / f"{unit}.lock"
+    if not path.exists():
+        return False
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return True
+    lock.release()
+    return False
+
+
+def unfinished(proto: Protocol) -> list[dict[str, Any]]:
+    """Attempts whose started entry no record ends: ``running`` while a runner holds the unit's
+    claim, otherwise interrupted (recorded as such when the study resumes)."""
+    return [{"run_id": e["run_id"], "attempt": e["attempt"], "started_at": e["started_at"], "node": e["node"],
+             "seq": e["ledger"]["seq"], "running": _claimed(proto, e["unit"])}
+            for e in open_attempts(load_records(proto.records_path), load_started(proto.records_path))]
+
+
 def status_table(proto: Protocol) -> tuple[list[dict[str, Any]], float]:
-    """Per (study, configuration): done, failed, interrupted and pending runs; device seconds spent."""
+    """Per (study, configuration): done, failed, interrupted (recorded, and started with no ending)
+    and pending runs, superseded attempts (of a unit that ran again whole); device seconds spent."""
     runs = make_plan(proto)
     recs = load_records(proto.records_path)
+    unended: dict[str, int] = {}
+    for e in unfinished(proto):
+        unended[e["run_id"]] = unended.get(e["run_id"], 0) + (not e["running"])
+    latest: dict[str, int] = {}
+    for r in recs:
+        unit = r["spec"]["unit"]
+        latest[unit] = max(latest.get(unit, 1), r.get("unit_attempt", 1))
     by_run: dict[str, list[dict[str, Any]]] = {}
     for r in recs:
         by_run.setdefault(r["spec"]["run_id"], []).append(r)
@@ -64,11 +96,12 @@ def status_table(proto: Protocol) -> tuple[list[dict[str, Any]], float]:
     for spec in runs:
         row = rows.setdefault((spec.study, spec.config), {
             "study": spec.study, "config": spec.config, "runs": 0, "done": 0, "failed": 0,
-            "interrupted_attempts": 0, "pending": 0,
+            "interrupted_attempts": 0, "pending": 0, "superseded_attempts": 0,
         })
         row["runs"] += 1
         rs = by_run.get(spec.run_id, [])
-        row["interrupted_attempts"] += sum(1 for r in rs if r["status"] == "interrupted")
+        row["interrupted_attempts"] += sum(1 for r in rs if r["status"] == "interrupted") + unended.get(spec.run_id, 0)
+        row["superseded_attempts"] += sum(1 for r in rs if r.get("unit_attempt", 1) < latest.get(spec.unit, 1))
         if any(r["status"] == "ok" for r in rs):
             row["done"] += 1
         elif any(r["status"] == "failed" for r in rs):

@@ -1,4 +1,5 @@
-"""One run, in its own process: ``python -m harness.execute.worker JOB.json RESULT.json``.
+"""One run, in its own process: ``python -m harness.execute.worker JOB.json fd:N`` (``N`` the pipe
+its parent reads the result from; a file path instead writes the result there, for operators).
 
 Seed, build model, data and arm; compile and warm up if asked (timed, outside the training
 clock); train the fixed number of steps with a device synchronisation each step; validate on
@@ -13,9 +14,31 @@ import time
 
 _T0 = time.monotonic()  # this process's start, before the heavy imports: the run's device time begins here
 
+import os
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel kill this process when its parent dies (Linux ``PR_SET_PDEATHSIG``), so no
+    worker outlives the runner (or fork server) that started it; exits at once if the parent has
+    already gone. Elsewhere a no-op (the runner's device lock and orphan check still hold)."""
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+if __name__ == "__main__":  # before the heavy imports: a runner killed now takes this process with it
+    die_with_parent(os.getppid())
+
 import json
 import math
-import os
 import platform
 import socket
 import sys
@@ -27,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.freeze import code_sha256
-from harness.records import atomic_write, canonical, jsonable, sha256_bytes
+from harness.records import atomic_write, jsonable, sha256_bytes
 
 
 class RunFailure(RuntimeError):
@@ -185,8 +208,10 @@ def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
 def serve() -> int:
     """Fork server: import everything once, then fork one fresh child process per job.
 
-    Reads ``JOB RESULT`` lines on stdin; for each, forks a child that runs the job and exits, and
-    writes ``PID STATUS`` (``STATUS`` as ``os.waitstatus_to_exitcode``) on stdout when it ends.
+    Reads ``JOB -`` lines on stdin; for each, forks a child that runs the job and exits, writes
+    ``PID START`` on stdout, and ``PID STATUS RESULT`` (``STATUS`` as ``os.waitstatus_to_exitcode``,
+    ``RESULT`` the child's result as one ASCII line of JSON, read from a pipe) when it ends. The
+    server dies with its runner and each child with the server (``PR_SET_PDEATHSIG``).
     The server itself never builds a model or touches a device, so each child starts from the
     same pristine state (fresh allocator, no caches) without paying interpreter start-up and
     imports. Linux only (fork after importing Apple's frameworks is unsafe).
@@ -202,23 +227,42 @@ def serve() -> int:
         parts = line.split()
         if len(parts) != 2:
             continue
+        server = os.getpid()
+        r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # child: output to the run's log, never to the control pipe
+            die_with_parent(server)
             global _T0
             _T0 = time.monotonic()
             code = 1
-            log = os.open(Path(parts[1]).parent / "worker.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.close(r)
+            log = os.open(Path(parts[0]).parent / "worker.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(log, 1)
             os.dup2(log, 2)
             try:
-                code = main(parts)
+                code = main([parts[0], f"fd:{w}"])
             finally:
                 sys.stdout.flush()
                 os._exit(code)
+        os.close(w)
         sys.stdout.write(f"{pid} START\n")
         sys.stdout.flush()
-        _, status = os.waitpid(pid, 0)
-        sys.stdout.write(f"{pid} {os.waitstatus_to_exitcode(status)}\n")
+        from harness.execute.launchers import read_pipe
+
+        reaped: list[int] = []
+
+        def ended(pid: int = pid, reaped: list[int] = reaped) -> bool:
+            if not reaped:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    reaped.append(status)
+            return bool(reaped)
+
+        data = read_pipe(r, lambda: None, ended)
+        os.close(r)
+        status = reaped[0] if reaped else os.waitpid(pid, 0)[1]
+        # the child's result travels on this pipe, one ASCII line, never through a file
+        sys.stdout.write(f"{pid} {os.waitstatus_to_exitcode(status)} {data.decode('ascii').strip()}\n")
         sys.stdout.flush()
     return 0
 
@@ -235,11 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
     if args == ["--serve"]:
         return serve()
-    job_path, result_path = Path(args[0]), Path(args[1])
+    job_path = Path(args[0])
     (job_path.parent / "worker.pid").write_text(str(os.getpid()))  # for operators (and tests)
     job = json.loads(job_path.read_text(encoding="utf-8"))
     if job.get("probe"):
-        atomic_write(result_path, canonical(probe()), overwrite=True)
+        report(args[1], probe())
         return 0
     result: dict[str, Any] = {}
     try:
@@ -255,8 +299,22 @@ def main(argv: list[str] | None = None) -> int:
         code = 3
     # the worker's own measure of its device time: from this process's start to its result
     result.setdefault("timings", {})["device_s"] = time.monotonic() - _T0
-    atomic_write(result_path, canonical(jsonable(result)), overwrite=True)
+    report(args[1], result)
     return code
+
+
+def report(where: str, result: dict[str, Any]) -> None:
+    """Hand the result to the parent: ``fd:N`` is the pipe it gave this process (one ASCII line of
+    JSON, never a file another process could read first); otherwise a file path (for operators)."""
+    data = json.dumps(jsonable(result), sort_keys=True, separators=(",", ":"), allow_nan=False).encode("ascii")
+    if where.startswith("fd:"):
+        fd = int(where[3:])
+        view = memoryview(data + b"\n")
+        while view:
+            view = view[os.write(fd, view):]
+        os.close(fd)
+    else:
+        atomic_write(Path(where), data, overwrite=True)
 
 
 if __name__ == "__main__":
