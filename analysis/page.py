@@ -281,12 +281,13 @@ def _every_pair(studies: list[dict[str, Any]]) -> list[str]:
 
 def _flow(rows: list[dict[str, Any]]) -> list[str]:
     table = [[f"{r['study']} / {r['config']} / {r['role']} ({r['arm']})", *(str(r.get(k, "n/a")) for k in (
-        "planned", "started", "ok", "failed", "interrupted_attempts", "missing", "analysed", "excluded"))]
-        for r in rows]
+        "planned", "started", "ok", "failed", "interrupted_attempts", "superseded_attempts", "missing", "analysed",
+        "excluded"))] for r in rows]
     return ["<h2>Flow of planned runs</h2>",
-            _table("Per arm: planned, started, ok, failed, interrupted attempts, missing, analysed, excluded",
-                   ["Study / configuration / arm", "Planned", "Started", "OK", "Failed", "Interrupted", "Missing",
-                    "Analysed", "Excluded"], table)]
+            _table("Per arm: planned, started, ok, failed, interrupted attempts, attempts superseded by a re-run "
+                   "of their unit, missing, analysed, excluded",
+                   ["Study / configuration / arm", "Planned", "Started", "OK", "Failed", "Interrupted", "Superseded",
+                    "Missing", "Analysed", "Excluded"], table)]
 
 
 def _order(studies: list[dict[str, Any]]) -> list[str]:
@@ -337,6 +338,7 @@ def _claims(summary: dict[str, Any]) -> list[str]:
     runs = summary["runs"]
     devices = sorted({r.get("device") or "unknown" for r in runs if r.get("device")})
     p = summary["protocol"]
+    rec = summary["records"]
     lines = [
         "<h2>What is and is not claimed</h2><ul>",
         f"<li>Claimed: only the decisions listed above, at the stated error rate, for protocol "
@@ -350,9 +352,9 @@ def _claims(summary: dict[str, Any]) -> list[str]:
         "--device cuda|mps</code>, and its speed only by a study on that device.</li>",
         "<li>Not claimed: other model sizes, batch sizes, thread counts, PyTorch versions or CPUs than those in "
         "the records; distributed training.</li>",
-        f"<li>Every attempt stays in the record set: {summary['records']['files']} attempts "
-        f"({summary['records']['ok']} ok, {summary['records']['failed']} failed, "
-        f"{summary['records']['interrupted']} interrupted).</li></ul>"]
+        f"<li>Every attempt stays in the record set: {rec['files']} attempts ({rec['ok']} ok, {rec['failed']} "
+        f"failed, {rec['interrupted']} interrupted, {rec.get('superseded', 0)} superseded by a re-run of their "
+        f"unit); {len(rec.get('unfinished') or [])} started attempt(s) have no record yet.</li></ul>"]
     return lines
 
 
