@@ -94,7 +94,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from harness.plan import make_plan, plan_sha256
     from harness.protocol import load_protocol
 
+    from harness.yamlio import audit_readable, load
+
     proto = load_protocol(args.protocol)
+    audit_readable(load(proto.path))  # what the harness accepts, the public audit reads
     runs = make_plan(proto)
     if args.json:
         print(json.dumps({"protocol": proto.id, "protocol_sha256": proto.sha256, "plan_sha256": plan_sha256(runs),

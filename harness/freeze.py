@@ -232,6 +232,9 @@ def tag(proto: Any) -> tuple[gitutil.TagInfo, dict[str, Any]]:
             f"{proto.path}: calibration is pending; run the pilot and the calibration command named under "
             "'calibration', write the numbers into the protocol, set status: done, commit, then tag"
         )
+    from harness.yamlio import audit_readable, load
+
+    audit_readable(load(proto.path))  # the audit reads the tagged protocol from its bytes alone
     state = gitutil.file_state(repo, rel)
     if state != "clean":
         raise RefusedError(f"{proto.path}: the protocol file is {state}; commit it before tagging")
