@@ -93,7 +93,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from harness.plan import make_plan, plan_sha256
     from harness.protocol import load_protocol
-
     from harness.yamlio import audit_readable, load
 
     proto = load_protocol(args.protocol)
@@ -115,8 +114,8 @@ def cmd_tag(args: argparse.Namespace) -> int:
     from harness.protocol import load_protocol
 
     proto = load_protocol(args.protocol)
-    info, m = tag(proto)
-    print(f"tagged {info.name} -> {info.commit} (protocol sha256 {proto.sha256})")
+    info, m = tag(proto, sign=args.sign)
+    print(f"tagged {info.name} -> {info.commit} (protocol sha256 {proto.sha256}){' signed' if args.sign else ''}")
     print(f"freeze manifest sha256 {manifest_sha256(m)}: {len(m['configs'])} configurations, plan of "
           f"{m['plan']['runs']} runs, frozen entries {', '.join(sorted(m['trees']))}, code of "
           f"{', '.join(sorted(m['code']))}")
@@ -146,7 +145,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         executor = RayExecutor(args.ray)
     runner = Runner(proto, echo=echo, live=live, retry_failed=args.retry_failed,
-                    allow_torch_mismatch=args.allow_torch_mismatch, executor=executor)
+                    allow_torch_mismatch=args.allow_torch_mismatch, executor=executor, anchor=args.anchor)
     from harness.execute.state import status_table
 
     left = runner.run()
@@ -347,8 +346,14 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("protocol")
         if name in ("plan", "status"):
             s.add_argument("--json", action="store_true")
+        if name == "tag":
+            s.add_argument("--sign", action="store_true", help="sign the tag with git (gpg.format ssh or openpgp, "
+                                                               "user.signingkey); the audit verifies it with "
+                                                               "--allowed-signers")
         if name == "run":
             s.add_argument("--quiet", action="store_true", help="plain log lines, no live display")
+            s.add_argument("--anchor", metavar="REMOTE", help="push the ledger head to REMOTE's refs/ledger/protocol-"
+                                                              "<id> after every unit (a git remote name or URL)")
             s.add_argument("--retry-failed", action="store_true", help="execute units with a failed run again, whole and in plan order, up to the protocol's max_attempts")
             s.add_argument("--allow-torch-mismatch", action="store_true")
             s.add_argument("--no-report", action="store_true")

@@ -190,7 +190,7 @@ def audit_readable(doc: Document) -> None:
     where = _first_difference(doc.data, theirs)
     if where is not None:
         raise doc.error(where, "the public audit's YAML reader reads this value differently from yaml.safe_load "
-                               "(audit: {!r}); write it in a plainer form".format(_get(theirs, where)))
+                               f"(audit: {_get(theirs, where)!r}); write it in a plainer form")
 
 
 def _get(data: Any, path: KeyPath) -> Any:

@@ -8,6 +8,13 @@
 Both return an :class:`Outcome`: the worker's exit code, its result (``timings.device_s`` is the
 worker's own measure of its time; when the process died before it could say, the launcher's wall
 time stands in and ``device_s_source`` says so) and the tail of its log.
+
+Workers run hermetically: ``python -I`` (no ``PYTHONPATH``, no user site, no current directory on
+the path; site-packages stay, so torch and numpy come from the installation), an allow-listed
+environment (:func:`worker_env`; what changes a code path comes from the protocol), and a
+bootstrap (:data:`BOOT`) that puts the verified harness first on the path, compiles every module of
+the harness, the analysis and the study's frozen entries from its source (never from a bytecode
+cache, stale or planted), and refuses to import anything from an entry the freeze exempts.
 """
 
 from __future__ import annotations
@@ -61,6 +68,49 @@ class Launcher(Protocol):
     def close(self) -> None: ...
 
 
+#: The worker's first code, run as ``python -I -c BOOT``: see the module docstring.
+BOOT = r"""
+import os, sys
+from importlib.machinery import PathFinder, SourceFileLoader
+_roots = [os.path.realpath(p) for p in os.environ.get("HARNESS_FRESH_ROOTS", "").split(os.pathsep) if p]
+_study = os.path.realpath(os.getcwd())
+_exempt = set(filter(None, os.environ.get("HARNESS_EXEMPT", "").split(",")))
+def _under(p, r):
+    return p == r or p.startswith(r + os.sep)
+class _FromSource(SourceFileLoader):
+    def get_code(self, fullname):
+        path = self.get_filename(fullname)
+        return self.source_to_code(self.get_data(path), path)
+class _Frozen:
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        spec = PathFinder.find_spec(name, path, target)
+        if spec is None or not spec.origin or not os.path.isabs(spec.origin):
+            return spec
+        origin = os.path.realpath(spec.origin)
+        if _under(origin, _study) and not any(_under(origin, r) for r in _roots):
+            top = os.path.relpath(origin, _study).split(os.sep)[0]
+            if top in _exempt or top.endswith(".md"):
+                raise ImportError(f"{name} ({origin}) lies in {top}/, which the freeze exempts: frozen code cannot "
+                                  "import it (move the helper into a frozen folder)")
+        if isinstance(spec.loader, SourceFileLoader) and any(_under(origin, r) for r in _roots):
+            spec.loader = _FromSource(spec.loader.name, spec.loader.path)
+        return spec
+    @classmethod
+    def invalidate_caches(cls):
+        PathFinder.invalidate_caches()
+sys.meta_path.insert(0, _Frozen)
+sys.path[:0] = [p for p in os.environ.get("HARNESS_CODE_PATH", "").split(os.pathsep) if p]
+import runpy
+runpy.run_module("harness.execute.worker", run_name="__main__", alter_sys=True)
+"""
+
+
+def worker_command(*args: str) -> list[str]:
+    """``python -I`` with hash-based bytecode always checked, running :data:`BOOT`."""
+    return [sys.executable, "-I", "--check-hash-based-pycs", "always", "-c", BOOT, *args]
+
+
 class Spawn:
     name = "spawn"
 
@@ -70,7 +120,7 @@ class Spawn:
     def run(self, job: Path, result: Path, log: Path, cwd: Path, env: dict[str, str] | None,
             beat: Callable[[], None]) -> int:
         with open(log, "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "harness.execute.worker", str(job), str(result)],
+            proc = subprocess.Popen(worker_command(str(job), str(result)),
                                     stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env)
             while True:
                 try:
@@ -95,7 +145,7 @@ class ForkServer:
 
     def _start(self, cwd: Path, env: dict[str, str] | None) -> subprocess.Popen[str]:
         if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen([sys.executable, "-m", "harness.execute.worker", "--serve"], stdin=subprocess.PIPE,
+            self.proc = subprocess.Popen(worker_command("--serve"), stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, cwd=cwd, env=env, text=True, bufsize=1)
             assert self.proc.stdout is not None
             ready = self.proc.stdout.readline().strip()
@@ -160,8 +210,54 @@ def launch(launcher: Launcher, job: dict[str, Any], work: Path, cwd: Path, env: 
     return Outcome(code, result, wall, started, finished, tail)
 
 
-def worker_env(extra_paths: list[str]) -> dict[str, str]:
-    """The environment for a worker that must import the harness from ``extra_paths`` first."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([*extra_paths, *filter(None, [env.get("PYTHONPATH")])])
+#: What a worker inherits from the runner's environment: where things are (paths, caches, locale,
+#: the devices Ray assigned), nothing that changes a code path.
+ALLOWED = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "TERM",
+                     "SYSTEMROOT", "XDG_CACHE_HOME", "COTANGENT_NATIVE_CACHE", "HARNESS_DATA", "HARNESS_NODE_DIR",
+                     "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CC"})
+
+#: Variables that change what a run computes or how fast: a runner refuses to start while one is
+#: set (the protocol says what they would say: ``threads``, ``torch_version``, the arms), rather
+#: than run the study in a state its protocol does not name.
+CODE_PATH = ("COTANGENT_NATIVE", "ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+             "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONOPTIMIZE", "PYTHONINSPECT", "PYTHONSAFEPATH",
+             "HARNESS_VERIFIED", "HARNESS_CODE_PATH", "HARNESS_FRESH_ROOTS", "HARNESS_EXEMPT", "COTANGENT_PHASE_SHA256",
+             "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "DNNL_MAX_CPU_ISA",
+             "ONEDNN_MAX_CPU_ISA", "TORCH_COMPILE_DEBUG", "TORCHINDUCTOR_CACHE_DIR")
+
+
+def refused_environment(environ: dict[str, str] | None = None) -> list[str]:
+    """The code-path variables set in ``environ`` (default: this process's), each with its value."""
+    environ = dict(os.environ) if environ is None else environ
+    return [f"{k}={environ[k]}" for k in CODE_PATH if k in environ]
+
+
+def worker_env(extra_paths: list[str], *, threads: int | None = None, frozen: list[str] | None = None,
+               exempt: list[str] | None = None, phase_sha256: str | None = None,
+               environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The allow-listed environment of a worker that imports the harness from ``extra_paths``.
+
+    ``threads`` (the protocol's) sets the OpenMP and MKL pools; ``frozen`` names the study's frozen
+    top-level entries (compiled from source) and ``exempt`` the exempt ones (not importable);
+    ``phase_sha256`` is the verified ``phase.c`` build the worker may load without rebuilding."""
+    import harness
+
+    src = dict(os.environ) if environ is None else environ
+    env = {k: v for k, v in src.items() if k in ALLOWED or k.startswith("LC_")}
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    env["HARNESS_CODE_PATH"] = os.pathsep.join(extra_paths)
+    pkgs = [Path(harness.__file__).resolve().parent]
+    try:
+        import analysis
+
+        pkgs.append(Path(analysis.__file__).resolve().parent)
+    except ImportError:  # pragma: no cover - shipped together
+        pass
+    roots = [str(p) for p in pkgs] + [str(Path(e).resolve()) for e in frozen or []]
+    roots += [str(Path(p) / "harness") for p in extra_paths]
+    env["HARNESS_FRESH_ROOTS"] = os.pathsep.join(roots)
+    env["HARNESS_EXEMPT"] = ",".join(sorted(exempt or []))
+    if phase_sha256:
+        env["COTANGENT_PHASE_SHA256"] = phase_sha256
     return env

@@ -61,7 +61,7 @@ class LocalExecutor:
                                     runner.echo(f"\r  running {spec.run_id} {time.monotonic() - t0:6.1f}s")
 
                             outcome = launch(launcher, runner.job(spec, attempt), runner.dir / "work" / f"{spec.run_id}.a{attempt}",
-                                             runner.root, None, beat)
+                                             runner.root, runner.env, beat)
                         status = runner.finished(spec, attempt, outcome)
                         runner.progress.done += 1
                         runner.echo(f"  {status} ({runner.progress.executed_s[-1]:.1f} s)")
