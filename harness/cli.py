@@ -109,7 +109,33 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Installed packages the harness imports; a copy of one inside the study's folder (an ignored
+#: ``yaml/`` beside the code) would shadow it for a runner started there with ``python -m``.
+_INSTALLED = ("yaml", "filelock", "numpy", "torch", "safetensors", "scipy", "pandas", "matplotlib")
+
+
+def _refuse_shadowing() -> None:
+    """Refuse, before anything imports them, installed packages shadowed from the working directory."""
+    import importlib.util
+
+    from harness.errors import RefusedError
+
+    here = Path.cwd().resolve()
+    for name in _INSTALLED:
+        if name in sys.modules:
+            continue
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        origin = Path(spec.origin).resolve() if spec is not None and spec.origin else None
+        if origin is not None and origin.is_relative_to(here) and "site-packages" not in origin.parts:
+            raise RefusedError(f"{origin}: a module {name!r} in the study's folder shadows the installed package; "
+                               "nothing was run: remove it (a frozen study imports only its tracked code)")
+
+
 def cmd_tag(args: argparse.Namespace) -> int:
+    _refuse_shadowing()
     from harness.freeze import manifest_sha256, tag
     from harness.protocol import load_protocol
 
@@ -123,6 +149,7 @@ def cmd_tag(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    _refuse_shadowing()
     from harness.execute.runner import Runner
     from harness.protocol import load_protocol
 

@@ -271,3 +271,25 @@ def tag(proto: Any, sign: bool = False) -> tuple[gitutil.TagInfo, dict[str, Any]
     if info is None:  # pragma: no cover - git just created it
         raise RefusedError(f"git did not create {proto.tag_name}")
     return info, m
+
+
+def exempt_imports(root: Path, sources: list[Path]) -> list[str]:
+    """Imports in frozen ``sources`` (plug-ins) of modules that lie in an exempt entry of ``root``
+    (``benchmarks/``, ``tests/``): such a helper could change after the tag without drifting."""
+    import ast
+
+    out = []
+    for src in sources:
+        try:
+            tree = ast.parse(src.read_bytes(), filename=str(src))
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            for name in names:
+                top = name.split(".", 1)[0]
+                if exempt(top) and ((root / top).is_dir() or (root / f"{top}.py").is_file()):
+                    rel = src.resolve().relative_to(root.resolve()) if src.resolve().is_relative_to(root.resolve()) else src
+                    out.append(f"{rel}:{node.lineno}: imports {name}, which lies in {top}/, exempt from the freeze")
+    return out

@@ -82,6 +82,9 @@ def create_tag(repo: Path, name: str, message: str, sign: bool = False) -> None:
     """An annotated tag on HEAD; with ``sign``, signed by git itself (``gpg.format`` ssh or openpgp,
     ``user.signingkey``), so a reader verifies it against their own allowed signers."""
     r = git(repo, "tag", "-s" if sign else "-a", name, "-m", message, "HEAD", check=False)
+    if r.returncode == 0 and sign and "-----BEGIN " not in git(repo, "cat-file", "tag", name, check=False).stdout:
+        git(repo, "tag", "-d", name, check=False)  # git can leave an unsigned tag behind when signing fails
+        r = subprocess.CompletedProcess(r.args, 1, r.stdout, r.stderr or "git made no signature")
     if r.returncode != 0:
         from harness.errors import RefusedError
 

@@ -71,6 +71,7 @@ class Runner:
         self.frozen = freeze.NOT_FROZEN
         self._ledger: Ledger | None = None
         self.anchor = anchor
+        self._anchored = 0  # the last seq this runner anchored
         self.env: dict[str, str] | None = None  # the workers' environment, set by run()
         self._unit_ends = {u[-1].run_id for u in units(self.runs)}
 
@@ -184,8 +185,9 @@ class Runner:
         if not self.anchor:
             return
         head = self.ledger.head()
-        if head["seq"] == 0:
+        if head["seq"] in (0, self._anchored):
             return
+        self._anchored = head["seq"]
         problem = gitutil.anchor(self.root, self.anchor, f"refs/ledger/{self.proto.tag_name}", self.proto.id,
                                  self.frozen.freeze_sha256 or self.proto.sha256, head["seq"], head["sha256"])
         if problem:
@@ -298,6 +300,13 @@ class Runner:
                     raise RefusedError(f"{self.proto.path}: earlier runs of this study used {pkg} {was} "
                                        f"({r['spec']['run_id']}), this installation has {have}; one study runs on one "
                                        "installation: install that version, or copy the protocol to a new id")
+        plugins = [Path(fp["path"]) if Path(fp["path"]).is_absolute() else self.root / fp["path"]
+                   for fp in self.proto.plugin_fingerprints().values()]
+        helpers = freeze.exempt_imports(self.root, plugins)
+        if helpers:
+            raise RefusedError(f"{self.proto.path}: a frozen plug-in imports code the freeze does not bind; nothing was "
+                               "run:\n" + "\n".join(f"  - {h}" for h in helpers) + "\nmove the helper into a frozen "
+                               "folder (beside the plug-in)")
         if self.anchor:
             reach = gitutil.git(self.root, "ls-remote", self.anchor, check=False)
             if reach.returncode != 0:
