@@ -361,3 +361,72 @@ def test_sign_without_a_signing_key_is_refused(tmp_path):
     assert t.returncode == 2 and "git could not sign and create tag protocol-tiny" in t.stderr, t.stderr
     assert "Traceback" not in t.stderr
     assert git(r, "tag", "-l") == ""
+
+
+# -- the audit reads what the harness accepted ----------------------------------------------------
+
+
+def test_a_safe_dump_protocol_is_tagged_run_and_audited(tmp_path):
+    """The issue's case: a long quoted description folded over three lines by yaml.safe_dump."""
+    import yaml
+
+    doc = yaml.safe_load(tiny_protocol(prereg="true", steps=6))
+    doc["description"] = ("A long description: written by yaml.safe_dump, which quotes it for the colon and folds "
+                          "it over three lines because it is longer than the width")
+    r = tmp_path / "study"
+    (r / "protocols").mkdir(parents=True)
+    for sub in ("configs", "harness", "analysis"):
+        shutil.copytree(ROOT / sub, r / sub, ignore=shutil.ignore_patterns("__pycache__"))
+    (r / ".gitignore").write_text("runs/\n__pycache__/\n")
+    (r / PROTO).write_text(yaml.safe_dump(doc, width=60))
+    assert (r / PROTO).read_text().count("\n  ") >= 2
+    git(r, "init", "-q", "-b", "main")
+    git(r, "config", "user.email", "test@example.invalid")
+    git(r, "config", "user.name", "Test")
+    git(r, "add", "-A")
+    git(r, "commit", "-qm", "study")
+    assert harness(r, "tag", PROTO).returncode == 0
+    run = harness(r, "run", PROTO, "--quiet")
+    assert run.returncode == 0, run.stdout + run.stderr
+    a = audit(r)
+    assert a.returncode == 0, a.stdout
+    assert "Integrity: everything matched." in a.stdout
+
+
+def test_plug_in_importing_from_an_exempt_folder_is_refused(tmp_path):
+    r = tmp_path / "study"
+    (r / "protocols").mkdir(parents=True)
+    for sub in ("configs", "harness", "analysis"):
+        shutil.copytree(ROOT / sub, r / sub, ignore=shutil.ignore_patterns("__pycache__"))
+    (r / ".gitignore").write_text("runs/\n__pycache__/\n")
+    (r / "benchmarks").mkdir()
+    (r / "benchmarks" / "__init__.py").write_text("")
+    (r / "benchmarks" / "helper.py").write_text("FOREACH = True  # exempt: may change after the tag\n")
+    (r / "plugs").mkdir()
+    arm = (ROOT / "examples" / "foreach_arm.py").read_text()
+    (r / "plugs" / "arm.py").write_text(arm.replace("import torch\n", "import torch\n\nfrom benchmarks.helper import "
+                                                                       "FOREACH  # noqa: F401\n", 1))
+    (r / "plugs" / "dyn.py").write_text(arm.replace("def build(ctx: ArmContext) -> ForeachAdamW:\n",
+                                                    "def build(ctx: ArmContext) -> ForeachAdamW:\n    import importlib\n"
+                                                    "    importlib.import_module('bench' + 'marks.helper')\n"))
+    for name in ("arm", "dyn"):
+        (r / "protocols" / f"{name}.yaml").write_text(
+            tiny_protocol(id=name, prereg="true", steps=6).replace("[native, cotangent]", f"[native, plugs.{name}:build]"))
+    git(r, "init", "-q", "-b", "main")
+    git(r, "config", "user.email", "test@example.invalid")
+    git(r, "config", "user.name", "Test")
+    git(r, "add", "-A")
+    git(r, "commit", "-qm", "study")
+    for name in ("arm", "dyn"):
+        t = harness(r, "tag", f"protocols/{name}.yaml")
+        assert t.returncode == 0, t.stderr
+    s = harness(r, "run", "protocols/arm.yaml", "--quiet")
+    assert s.returncode == 2, s.stdout + s.stderr
+    assert "plugs/arm.py:15: imports benchmarks.helper, which lies in benchmarks/, exempt from the freeze" in s.stderr
+    assert not (r / "records" / "arm").exists()
+    # a dynamic import gets past the static check, not past the worker's bootstrap: the run fails, saying why
+    d = harness(r, "run", "protocols/dyn.yaml", "--quiet", "--no-report")
+    assert d.returncode == 1, d.stdout + d.stderr
+    failed_runs = [x for x in load_records(r / "records" / "dyn") if x["status"] == "failed"]
+    assert failed_runs and all(x["spec"]["arm"] == "plugs.dyn:build" for x in failed_runs)
+    assert "lies in benchmarks/, which the freeze exempts" in failed_runs[0]["reason"]
