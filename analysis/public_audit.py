@@ -1,18 +1,29 @@
 #!/usr/bin/env python3
 """Public audit of the Cotangent study's records, with the Python standard library alone.
 
-Usage: ``python analysis/public_audit.py [RECORDS_DIR ...]`` (default: every folder under
-``records/`` that holds a MANIFEST). Runs as ``python -I -S analysis/public_audit.py`` too.
+Usage: ``python analysis/public_audit.py [RECORDS_DIR ...] [--head SEQ:SHA256] [--anchor REMOTE]
+[--allowed-signers FILE]`` (default: every folder under ``records/`` that holds a MANIFEST).
+Runs as ``python -I -S analysis/public_audit.py`` too.
 
-It checks, for each records folder:
+It checks, for each records folder (the threat model: docs/provenance.md):
 
 1. every record's own sha256 (over its canonical JSON without the ``sha256`` field);
 2. the MANIFEST: every record file listed with its sha256, no file missing or unlisted, and every
    source file's sha256 against the file in this checkout;
-3. every record names the protocol sha256 of the protocol file in this checkout;
-4. where git is available and the protocol is preregistered: its tag exists, points at the
-   commit the records name, and was created before the earliest record started;
-5. ``summary.json``: its own sha256, and every interval, count and decision in it, recomputed
+3. the study as the tag defines it: for a preregistered protocol (a tag ``protocol-<id>`` exists,
+   or the checkout's file says ``preregistered: true``) the protocol is read from the tagged
+   commit (the file whose sha256 the tag's freeze manifest names) with this file's own YAML
+   reader, and every copy of its fields in a record (and MANIFEST) must equal it; the plan and
+   every statistic are derived from it, never from the records;
+4. what ran is what was frozen: each record's commit holds the manifest's frozen trees, its code
+   hash is the manifest's, MANIFEST lists the tagged sources, torch and numpy have one version
+   per study (what else varies is named);
+5. time order, with git's replace objects disabled: the tag was created before the earliest
+   record started, and records start after their predecessors in the ledger chain;
+6. anchors: ``--head SEQ:SHA256`` (the full sha256) and ``--anchor REMOTE`` (the ledger heads
+   ``harness run --anchor`` pushed) must be in the chain; ``--allowed-signers FILE`` verifies the
+   tag's signature. Without any anchor the last line says so;
+7. ``summary.json``: its own sha256, and every interval, count and decision in it, recomputed
    here from the records with an independent implementation (relative tolerance 1e-9).
 
 It does not run training and does not check the weight files (they stay local); it says so.

@@ -9,8 +9,9 @@ Both return an :class:`Outcome`: the worker's exit code, its result (``timings.d
 worker's own measure of its time; when the process died before it could say, the launcher's wall
 time stands in and ``device_s_source`` says so) and the tail of its log.
 
-Workers run hermetically: ``python -I`` (no ``PYTHONPATH``, no user site, no current directory on
-the path; site-packages stay, so torch and numpy come from the installation), an allow-listed
+Workers run hermetically: ``python -I`` (no ``PYTHONPATH``, no user site; the study's root only at
+the end of the path, for plug-ins, so it shadows no installed package; site-packages stay, so torch
+and numpy come from the installation), an allow-listed
 environment (:func:`worker_env`; what changes a code path comes from the protocol), and a
 bootstrap (:data:`BOOT`) that puts the verified harness first on the path, compiles every module of
 the harness, the analysis and the study's frozen entries from its source (never from a bytecode
@@ -101,6 +102,7 @@ class _Frozen:
         PathFinder.invalidate_caches()
 sys.meta_path.insert(0, _Frozen)
 sys.path[:0] = [p for p in os.environ.get("HARNESS_CODE_PATH", "").split(os.pathsep) if p]
+sys.path.append(_study)  # plug-ins at the study's root, after every installed package (none is shadowed)
 import runpy
 runpy.run_module("harness.execute.worker", run_name="__main__", alter_sys=True)
 """
