@@ -235,6 +235,16 @@ def test_audit_fails_when_a_study_mixes_package_versions(study):
     failed(study, "study pairs: the runs used 2 versions of numpy")
 
 
+def test_what_varies_between_runs_of_a_study_is_named_not_failed(study):
+    def edit(r):
+        if r["spec"]["unit"].endswith("pair001"):
+            r["env"].update(threads=2, host="other-host")
+    reseal_all(study, edit)
+    a = audit(study)
+    assert a.returncode == 0, a.stdout
+    assert "study pairs: varies between runs: host (" in a.stdout and "threads (1, 2)" in a.stdout
+
+
 # -- 3. time order --------------------------------------------------------------------------------
 
 
