@@ -105,3 +105,25 @@ def test_plan_and_tag_accept_a_safe_dump_protocol_and_refuse_what_the_audit_cann
         assert r.returncode == 2, r.stdout + r.stderr
         assert f"protocols/bad.yaml:{line}: the public audit's YAML reader cannot read this file" in r.stderr
         assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("path", sorted([*(ROOT / "protocols").glob("*.yaml"), *(ROOT / "examples").glob("*.yaml")]),
+                         ids=lambda p: p.name)
+def test_audit_derives_every_shipped_protocol_s_record_copy_as_the_harness_writes_it(path):
+    """What the audit expects in every record's ``protocol`` equals ``Protocol.summary()``."""
+    from harness.protocol import load_protocol
+
+    proto = load_protocol(path)
+    theirs = {k: v for k, v in proto.summary().items() if k != "plugins"}
+    mine = public_audit.expected_summary(public_audit.yaml_subset(path.read_text()), proto.sha256, proto.relpath)
+    assert public_audit._differences(mine, theirs, "protocol") == []
+    assert json_types(mine) == json_types(theirs)
+
+
+def json_types(x):
+    """The JSON shape: each value's type, so 600 and 600.0 differ."""
+    if isinstance(x, dict):
+        return {k: json_types(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [json_types(v) for v in x]
+    return type(x).__name__
