@@ -262,6 +262,16 @@ def test_tag_dated_after_the_records_fails(study):
            "the tag must precede every outcome")
 
 
+def test_record_started_before_its_predecessor_on_the_same_machine_fails(study):
+    first = read_record(by_seq(study)[0])
+
+    def edit(r):
+        if r["ledger"]["seq"] == 3:
+            r["started_at"] = first["started_at"]  # claims to have started with seq 1, on the same host
+    reseal_all(study, edit)
+    failed(study, "time order", "ledger seq 3", "before seq 2 on the same machine", "out of time order")
+
+
 def test_git_replace_of_the_tag_object_is_not_honoured(study):
     """A forged tag object (its manifest naming another protocol hash) put in place of the real one
     with `git replace`: the audit reads the real tag, so the records resealed to the forgery fail."""
