@@ -1,25 +1,36 @@
 #!/usr/bin/env python3
 """Public audit of the Cotangent study's records, with the Python standard library alone.
 
-Usage: ``python analysis/public_audit.py [RECORDS_DIR ...]`` (default: every folder under
-``records/`` that holds a MANIFEST). Runs as ``python -I -S analysis/public_audit.py`` too.
+Usage: ``python analysis/public_audit.py [RECORDS_DIR ...] [--head SEQ:SHA256] [--anchor REMOTE]
+[--allowed-signers FILE]`` (default: every folder under ``records/`` that holds a MANIFEST).
+Runs as ``python -I -S analysis/public_audit.py`` too.
 
-It checks, for each records folder:
+It checks, for each records folder (the threat model: docs/provenance.md):
 
 1. every record's own sha256 (over its canonical JSON without the ``sha256`` field);
 2. the MANIFEST: every record file listed with its sha256, no file missing or unlisted, and every
    source file's sha256 against the file in this checkout;
-3. every record names the protocol sha256 of the protocol file in this checkout;
-4. where git is available and the protocol is preregistered: its tag exists, points at the
-   commit the records name, and was created before the earliest record started;
-5. ``summary.json``: its own sha256, and every interval, count and decision in it, recomputed
-   here from the records with an independent implementation (relative tolerance 1e-9);
-6. the ledger: records and started entries (schema 3: an attempt's ``*.started.json``, appended
+3. the study as the tag defines it: for a preregistered protocol (a tag ``protocol-<id>`` exists,
+   or the checkout's file says ``preregistered: true``) the protocol is read from the tagged
+   commit (the file whose sha256 the tag's freeze manifest names) with this file's own YAML
+   reader, and every copy of its fields in a record (and MANIFEST) must equal it; the plan and
+   every statistic are derived from it, never from the records;
+4. what ran is what was frozen: each record's commit holds the manifest's frozen trees, its code
+   hash is the manifest's, MANIFEST lists the tagged sources, torch and numpy have one version
+   per study (what else varies is named);
+5. time order, with git's replace objects disabled: the tag was created before the earliest
+   record started, and records start after their predecessors in the ledger chain;
+6. anchors: ``--head SEQ:SHA256`` (the full sha256) and ``--anchor REMOTE`` (the ledger heads
+   ``harness run --anchor`` pushed) must be in the chain; ``--allowed-signers FILE`` verifies the
+   tag's signature. Without any anchor the last line says so;
+7. the ledger: records and started entries (schema 3: an attempt's ``*.started.json``, appended
    before its worker started) form one hash chain from the freeze manifest; every record that ends
    an attempt links to its started entry; an interrupted record charges no more device seconds
    than the ledger's time from its start to it; started entries with no record are listed as
    interrupted attempts with their start time; each unit is analysed from exactly one unit
-   attempt (its latest), and superseded attempts are counted.
+   attempt (its latest), and superseded attempts are counted;
+8. ``summary.json``: its own sha256, and every interval, count and decision in it, recomputed
+   here from the records with an independent implementation (relative tolerance 1e-9).
 
 It does not run training and does not check the weight files (they stay local); it says so.
 Exit status 0 only if everything matched; otherwise 1, naming each file, field and value.
@@ -31,6 +42,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from fractions import Fraction
@@ -872,160 +884,555 @@ def _factorial(config: str, units: dict, level: float, exclusions: list) -> dict
 
 
 # ------------------------------------------------------------------------------------------
-# The plan, recomputed from the protocol file alone (a YAML subset reader, then harness.plan's rules)
+# The protocol, read from its bytes alone (a YAML reader), and the plan recomputed from it
 # ------------------------------------------------------------------------------------------
 
+_BOOL = {"yes": True, "Yes": True, "YES": True, "true": True, "True": True, "TRUE": True, "on": True, "On": True,
+         "ON": True, "no": False, "No": False, "NO": False, "false": False, "False": False, "FALSE": False,
+         "off": False, "Off": False, "OFF": False}
+_NULL = ("", "~", "null", "Null", "NULL")
+_INT = re.compile(r"[-+]?(?:0b[0-1_]+|0[0-7_]+|(?:0|[1-9][0-9_]*)|0x[0-9a-fA-F_]+)")
+_FLOAT = re.compile(r"[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?)")
+_SPECIAL = re.compile(r"[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)")
+_UNSUPPORTED = re.compile(r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?|[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}.*|<<|=")
+_ESCAPES = {"0": "\0", "a": "\a", "b": "\b", "t": "\t", "\t": "\t", "n": "\n", "v": "\v", "f": "\f", "r": "\r",
+            "e": "\x1b", " ": " ", '"': '"', "/": "/", "\\": "\\", "N": "\x85", "_": "\xa0", "L": "\u2028",
+            "P": "\u2029"}
 
-def _strip_comment(line: str) -> str:
-    quote = None
-    for i, ch in enumerate(line):
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in "\"'":
-            quote = ch
-        elif ch == "#" and (i == 0 or line[i - 1] in " \t"):
-            return line[:i].rstrip()
-    return line.rstrip()
+
+class YamlError(ValueError):
+    """What this reader cannot read, with the 1-based line: ``line N: ...``."""
+
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(f"line {line}: {message}")
+        self.line = line
 
 
-def _scalar(text: str) -> object:
+def _plain(text: str, line: int) -> object:
+    """A plain scalar resolved as PyYAML's SafeLoader resolves it (YAML 1.1 core)."""
     t = text.strip()
-    if t[:1] in "\"'" and t[-1:] == t[:1] and len(t) >= 2:
-        return json.loads(t) if t[0] == '"' else t[1:-1].replace("''", "'")
-    if t in ("true", "True"):
-        return True
-    if t in ("false", "False"):
-        return False
-    if t in ("null", "~", ""):
+    if t in _BOOL:
+        return _BOOL[t]
+    if t in _NULL:
         return None
-    for conv in (int, float):
-        try:
-            return conv(t.replace("_", "")) if conv is int else conv(t)
-        except ValueError:
-            pass
+    if _INT.fullmatch(t):
+        s = t.replace("_", "")
+        sign = -1 if s[0] == "-" else 1
+        s = s.lstrip("+-")
+        if s.startswith("0b"):
+            return sign * int(s[2:], 2)
+        if s.startswith("0x"):
+            return sign * int(s[2:], 16)
+        if len(s) > 1 and s[0] == "0":
+            return sign * int(s, 8)
+        return sign * int(s)
+    if _FLOAT.fullmatch(t):
+        return float(t.replace("_", ""))
+    if _SPECIAL.fullmatch(t):
+        return float(t.lower().replace(".", ""))
+    if _UNSUPPORTED.fullmatch(t) or t[:1] in "&*!%@`|>" or t.startswith(("- ", "? ")) or t in ("-", "?"):
+        raise YamlError(line, f"{t!r}: this form (sexagesimal, date, merge, anchor, alias, tag or reserved) "
+                              "is not read by the audit; write it as a plain number or quoted string")
     return t
 
 
-def _split_flow(body: str) -> list[str]:
-    parts, depth, quote, cur = [], 0, None, ""
-    for ch in body:
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in "\"'":
-            quote = ch
-        elif ch in "[{":
-            depth += 1
-        elif ch in "]}":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
+def _fold(parts: list[str]) -> str:
+    """Line folding of flow scalars: one line break is a space, each further empty line a newline."""
+    out = parts[0]
+    empty = 0
+    for p in parts[1:]:
+        if p == "":
+            empty += 1
             continue
-        cur += ch
-    if cur.strip():
-        parts.append(cur)
-    return parts
+        out += ("\n" * empty if empty else " ") + p
+        empty = 0
+    return out + "\n" * empty if empty else out
 
 
-def _value(text: str) -> object:
-    t = text.strip()
-    if t.startswith("[") and t.endswith("]"):
-        return [_value(p) for p in _split_flow(t[1:-1])]
-    if t.startswith("{") and t.endswith("}"):
-        out = {}
-        for p in _split_flow(t[1:-1]):
-            k, _, v = p.partition(":")
-            out[str(_scalar(k))] = _value(v)
+def _unescape(s: str, line: int) -> str:
+    out, i = [], 0
+    while i < len(s):
+        ch = s[i]
+        if ch != "\\":
+            out.append(ch)
+            i += 1
+            continue
+        nxt = s[i + 1:i + 2]
+        if nxt in _ESCAPES:
+            out.append(_ESCAPES[nxt])
+            i += 2
+        elif nxt in ("x", "u", "U"):
+            n = {"x": 2, "u": 4, "U": 8}[nxt]
+            digits = s[i + 2:i + 2 + n]
+            if len(digits) != n or any(c not in "0123456789abcdefABCDEF" for c in digits):
+                raise YamlError(line, f"bad escape \\{nxt}{digits}")
+            out.append(chr(int(digits, 16)))
+            i += 2 + n
+        else:
+            raise YamlError(line, f"unknown escape \\{nxt}")
+    return "".join(out)
+
+
+class _Reader:
+    def __init__(self, text: str) -> None:
+        if text.startswith("\ufeff"):
+            text = text[1:]
+        self.raw = text.split("\n")
+        if self.raw and self.raw[-1] == "":
+            self.raw.pop()
+        self.raw = [x[:-1] if x.endswith("\r") else x for x in self.raw]
+        self.n = 0  # the current raw line
+        self.started = False
+
+    # -- lines -------------------------------------------------------------------------------
+    def significant(self) -> int | None:
+        """Skip blank and comment lines (and one leading ``---``); the next line's indent, or None."""
+        while self.n < len(self.raw):
+            line = self.raw[self.n]
+            body = line.lstrip(" ")
+            if body.strip() and not body.lstrip().startswith("#"):
+                if body.startswith("\t"):
+                    raise YamlError(self.n + 1, "a tab in indentation")
+                if line.rstrip() == "---" and not self.started:
+                    self.started = True
+                    self.n += 1
+                    continue
+                if line.startswith(("---", "...")) and line[3:4] in ("", " ", "\t"):
+                    raise YamlError(self.n + 1, "a document marker (several YAML documents) is not read")
+                self.started = True
+                return len(line) - len(body)
+            self.n += 1
+        return None
+
+    @staticmethod
+    def _comment_at(s: str, i: int) -> bool:
+        return s[i] == "#" and (i == 0 or s[i - 1] in " \t")
+
+    def _key_split(self, s: str) -> tuple[str, str] | None:
+        """``key: rest`` outside quotes and flows, or None when ``s`` is not a mapping entry."""
+        if s[:1] in "[{" or s.startswith(("- ", "? ")) or s == "-":
+            return None
+        if s[:1] in "\"'":
+            q = s[0]
+            i = 1
+            while i < len(s):
+                if q == "'" and s[i] == "'" and s[i + 1:i + 2] == "'":
+                    i += 2
+                    continue
+                if q == '"' and s[i] == "\\":
+                    i += 2
+                    continue
+                if s[i] == q:
+                    break
+                i += 1
+            rest = s[i + 1:]
+            stripped = rest.lstrip(" ")
+            if stripped.startswith(":") and (stripped[1:2] in ("", " ")):
+                return s[:i + 1], stripped[1:]
+            return None
+        for i, ch in enumerate(s):
+            if self._comment_at(s, i):
+                return None
+            if ch == ":" and (i + 1 == len(s) or s[i + 1] in " \t"):
+                return s[:i], s[i + 1:]
+        return None
+
+    # -- nodes -------------------------------------------------------------------------------
+    def node(self, parent: int) -> object:
+        """The node whose lines are indented more than ``parent`` (None when there is none)."""
+        ind = self.significant()
+        if ind is None or ind <= parent:
+            return None
+        return self.block(ind)
+
+    def block(self, ind: int) -> object:
+        s = self.raw[self.n][ind:]
+        if s.startswith("- ") or s.rstrip() == "-":
+            return self.sequence(ind)
+        if self._key_split(s) is not None:
+            return self.mapping(ind)
+        return self.inline(s, ind - 1, ind)
+
+    def sequence(self, ind: int) -> list:
+        out: list = []
+        while True:
+            at = self.significant()
+            if at is None or at != ind:
+                if at is not None and at > ind:
+                    raise YamlError(self.n + 1, "unexpected indentation")
+                return out
+            s = self.raw[self.n][ind:]
+            if not (s.startswith("- ") or s.rstrip() == "-"):
+                return out
+            item = s[1:]
+            inner = len(item) - len(item.lstrip(" "))
+            item = item.lstrip(" ")
+            if not item or item.startswith("#"):
+                self.n += 1
+                out.append(self.node(ind))
+            elif item.startswith("- ") or item.rstrip() == "-" or self._key_split(item) is not None:
+                # a compact nested node: re-read this line as if it started at the item's column
+                self.raw[self.n] = " " * (ind + 1 + inner) + item
+                out.append(self.block(ind + 1 + inner))
+            else:
+                out.append(self.inline(item, ind, ind + 1 + inner))
+
+    def mapping(self, ind: int) -> dict:
+        out: dict = {}
+        while True:
+            at = self.significant()
+            if at is None or at != ind:
+                if at is not None and at > ind:
+                    raise YamlError(self.n + 1, "unexpected indentation")
+                return out
+            s = self.raw[self.n][ind:]
+            kv = self._key_split(s)
+            if kv is None:
+                if s.startswith("- "):
+                    return out
+                raise YamlError(self.n + 1, f"not a mapping entry: {s.strip()!r}")
+            key_text, rest = kv
+            line = self.n + 1
+            key = self.inline_one(key_text, line)
+            if isinstance(key, (list, dict)):
+                raise YamlError(line, "a collection as a key is not read")
+            if key in out:
+                raise YamlError(line, f"duplicate key {key!r}")
+            body = rest.strip()
+            if not body or body.startswith("#"):
+                self.n += 1
+                nxt = self.significant()
+                if nxt == ind and self._dash(self.raw[self.n][ind:]):
+                    out[key] = self.sequence(ind)
+                else:
+                    out[key] = self.node(ind)
+            else:
+                col = len(self.raw[self.n]) - len(rest.lstrip(" "))
+                out[key] = self.inline(rest.lstrip(" "), ind, col)
+
+    def inline_one(self, text: str, line: int) -> object:
+        t = text.strip()
+        if t[:1] == '"':
+            return _unescape(t[1:-1], line) if len(t) >= 2 and t.endswith('"') else self._bad(line, t)
+        if t[:1] == "'":
+            return t[1:-1].replace("''", "'") if len(t) >= 2 and t.endswith("'") else self._bad(line, t)
+        return _plain(t, line)
+
+    @staticmethod
+    def _bad(line: int, t: str) -> object:
+        raise YamlError(line, f"unterminated quoted scalar {t!r}")
+
+    def inline(self, text: str, parent: int, col: int) -> object:
+        """A value that starts on the current line at column ``col``: quoted, flow, block scalar or
+        plain, continued on the lines indented more than ``parent``."""
+        line = self.n + 1
+        if text[:1] in "&*!%@`" or text.startswith(("? ", "?\t")) or text.rstrip() == "?":
+            raise YamlError(line, f"{text.strip()[:40]!r}: anchors, aliases, tags and complex keys are not read by "
+                                  "the audit; write the value out")
+        if text[:1] in "|>":
+            return self.block_scalar(text, parent)
+        if text[:1] in "\"'":
+            return self.quoted(text, col)
+        if text[:1] in "[{":
+            return self.flow_collection(col)
+        # plain, possibly over several lines
+        first = self._strip_plain(text)
+        parts = [first]
+        self.n += 1
+        if "#" in text and first != text.rstrip():
+            return self._plain_checked(parts, line)
+        while self.n < len(self.raw):
+            raw = self.raw[self.n]
+            body = raw.strip()
+            if not body:
+                parts.append("")
+                self.n += 1
+                continue
+            ind = len(raw) - len(raw.lstrip(" "))
+            if ind <= parent or body.startswith("#"):
+                break
+            if self._key_split(body) is not None and ind > parent:
+                raise YamlError(self.n + 1, "a mapping entry inside a plain scalar (mapping values are not allowed "
+                                            "here)")
+            stripped = self._strip_plain(body)
+            parts.append(stripped)
+            self.n += 1
+            if stripped != body:
+                break
+        while parts and parts[-1] == "":
+            parts.pop()
+        return self._plain_checked(parts, line)
+
+    @staticmethod
+    def _plain_checked(parts: list[str], line: int) -> object:
+        return _plain(parts[0], line) if len(parts) == 1 else _fold(parts)
+
+    @staticmethod
+    def _dash(s: str) -> bool:
+        return s.startswith("- ") or s.rstrip() == "-"
+
+    def _strip_plain(self, s: str) -> str:
+        for i in range(len(s)):
+            if self._comment_at(s, i):
+                return s[:i].rstrip()
+        return s.rstrip()
+
+    def quoted(self, text: str, col: int) -> str:
+        line = self.n + 1
+        q = text[0]
+        buf = text[1:]
+        parts: list[str] = []
+        while True:
+            i, end = 0, None
+            while i < len(buf):
+                if q == "'" and buf[i] == "'":
+                    if buf[i + 1:i + 2] == "'":
+                        i += 2
+                        continue
+                    end = i
+                    break
+                if q == '"' and buf[i] == "\\":
+                    i += 2
+                    continue
+                if q == '"' and buf[i] == '"':
+                    end = i
+                    break
+                i += 1
+            if end is not None:
+                parts.append(buf[:end])
+                after = buf[end + 1:].strip()
+                if after and not after.startswith("#"):
+                    raise YamlError(self.n + 1, f"text after a quoted scalar: {after!r}")
+                self.n += 1
+                break
+            parts.append(buf)
+            self.n += 1
+            if self.n >= len(self.raw):
+                raise YamlError(line, "unterminated quoted scalar")
+            buf = self.raw[self.n]
+        return self._join_quoted(parts, q, line)
+
+    @staticmethod
+    def _join_quoted(parts: list[str], q: str, line: int) -> str:
+        """Fold a quoted scalar's lines: a break is a space, n empty lines are n newlines, a double-quoted
+        line ending in an escaped break joins the next without a space."""
+        unq = (lambda s: _unescape(s, line)) if q == '"' else (lambda s: s.replace("''", "'"))
+        segs = []
+        for k, p in enumerate(parts):
+            s, esc = (p if k == 0 else p.lstrip(" \t")), False
+            if k < len(parts) - 1:
+                s = s.rstrip(" \t")
+                if q == '"' and (len(s) - len(s.rstrip("\\"))) % 2 == 1:
+                    s, esc = s[:-1], True
+            segs.append((s, esc))
+        out, esc_prev, empties = unq(segs[0][0]), segs[0][1], 0
+        for k, (s, esc) in enumerate(segs[1:], 1):
+            if s == "" and k < len(segs) - 1:
+                empties += 1
+                continue
+            out += ("\n" * empties) if empties else ("" if esc_prev else " ")
+            out += unq(s)
+            esc_prev, empties = esc, 0
         return out
-    return _scalar(t)
+
+    def flow_collection(self, col: int) -> object:
+        line = self.n + 1
+        chunks: list[str] = []
+        depth = 0
+        quote = None
+        first = True
+        while True:
+            if self.n >= len(self.raw):
+                raise YamlError(line, "unterminated flow collection")
+            s = self.raw[self.n][col:] if first else self.raw[self.n]
+            first = False
+            kept = []
+            i = 0
+            done = False
+            while i < len(s):
+                ch = s[i]
+                if quote:
+                    kept.append(ch)
+                    if quote == "'" and ch == "'" and s[i + 1:i + 2] == "'":
+                        kept.append("'")
+                        i += 2
+                        continue
+                    if quote == '"' and ch == "\\":
+                        kept.append(s[i + 1:i + 2])
+                        i += 2
+                        continue
+                    if ch == quote:
+                        quote = None
+                elif ch in "\"'":
+                    quote = ch
+                    kept.append(ch)
+                elif self._comment_at(s, i):
+                    break
+                else:
+                    if ch in "[{":
+                        depth += 1
+                    elif ch in "]}":
+                        depth -= 1
+                    kept.append(ch)
+                    if depth == 0:
+                        rest = s[i + 1:].strip()
+                        if rest and not rest.startswith("#"):
+                            raise YamlError(self.n + 1, f"text after a flow collection: {rest!r}")
+                        done = True
+                        break
+                i += 1
+            chunks.append("".join(kept) if quote else "".join(kept).rstrip())
+            self.n += 1
+            if done:
+                break
+        value, end = _flow("\n".join(chunks), 0, line)
+        return value
+
+    def block_scalar(self, header: str, parent: int) -> str:
+        line = self.n + 1
+        h = self._strip_plain(header)
+        style, rest = h[0], h[1:]
+        chomp, explicit = "clip", None
+        for ch in rest:
+            if ch in "+-":
+                chomp = "keep" if ch == "+" else "strip"
+            elif ch.isdigit() and ch != "0":
+                explicit = int(ch)
+            else:
+                raise YamlError(line, f"bad block scalar header {h!r}")
+        self.n += 1
+        body: list[str] = []
+        ind = parent + explicit if explicit is not None and parent >= 0 else (explicit if explicit else None)
+        while self.n < len(self.raw):
+            raw = self.raw[self.n]
+            if raw.strip() == "":
+                body.append(raw)
+                self.n += 1
+                continue
+            cur = len(raw) - len(raw.lstrip(" "))
+            if ind is None:
+                if cur <= parent:
+                    break
+                ind = cur
+            if cur < ind:
+                break
+            body.append(raw)
+            self.n += 1
+        lines = [b[ind:] if ind is not None and len(b) >= ind else "" for b in body]
+        trailing = 0
+        while lines and lines[-1] == "":
+            lines.pop()
+            trailing += 1
+        if style == "|":
+            text = "\n".join(lines)
+        else:  # folded: a break between two normal lines is a space; empty lines and more-indented lines keep theirs
+            text, empties, last_more = "", 0, False
+            started = False
+            for ln in lines:
+                if ln == "":
+                    empties += 1
+                    continue
+                more = ln[0] in " \t"
+                if not started:
+                    text, started = "\n" * empties + ln, True
+                elif not more and not last_more:
+                    text += ("\n" * empties if empties else " ") + ln
+                else:
+                    text += "\n" * (empties + 1) + ln
+                last_more, empties = more, 0
+        if not lines:
+            return "\n" * trailing if chomp == "keep" else ""
+        if chomp == "strip":
+            return text
+        if chomp == "keep":
+            return text + "\n" * (trailing + 1)
+        return text + "\n"
+
+
+def _flow(s: str, i: int, line: int) -> tuple[object, int]:
+    """One flow node of ``s`` from ``i``: a list, a mapping, a quoted or a plain scalar."""
+    i = _skip(s, i)
+    if i < len(s) and s[i] in "[{":
+        close = "]" if s[i] == "[" else "}"
+        seq: list = []
+        mp: dict = {}
+        i += 1
+        while True:
+            i = _skip(s, i)
+            if i >= len(s):
+                raise YamlError(line, "unterminated flow collection")
+            if s[i] == close:
+                return (seq if close == "]" else mp), i + 1
+            key, i = _flow(s, i, line)
+            i = _skip(s, i)
+            if i < len(s) and s[i] == ":" and (close == "}" or True):
+                val, i = _flow(s, i + 1, line)
+                if close == "]":
+                    seq.append({key: val})
+                else:
+                    if key in mp:
+                        raise YamlError(line, f"duplicate key {key!r}")
+                    mp[key] = val  # type: ignore[index]
+            elif close == "]":
+                seq.append(key)
+            else:
+                mp[key] = None  # type: ignore[index]
+            i = _skip(s, i)
+            if i < len(s) and s[i] == ",":
+                i += 1
+            elif i < len(s) and s[i] == close:
+                continue
+            else:
+                raise YamlError(line, f"expected ',' or {close!r} in a flow collection at {s[i:i + 20]!r}")
+    if i < len(s) and s[i] in "\"'":
+        q = s[i]
+        j = i + 1
+        while j < len(s):
+            if q == "'" and s[j] == "'" and s[j + 1:j + 2] == "'":
+                j += 2
+                continue
+            if q == '"' and s[j] == "\\":
+                j += 2
+                continue
+            if s[j] == q:
+                break
+            j += 1
+        if j >= len(s):
+            raise YamlError(line, "unterminated quoted scalar in a flow collection")
+        return _Reader._join_quoted(s[i + 1:j].split("\n"), q, line), j + 1
+    if i < len(s) and (s[i] in "&*!%@`" or s[i:i + 2] in ("? ", "?\n")):
+        raise YamlError(line, f"{s[i:i + 20]!r}: anchors, aliases, tags and complex keys are not read by the audit")
+    j = i
+    while j < len(s) and s[j] not in ",]}" and not (s[j] == ":" and (j + 1 == len(s) or s[j + 1] in " \n,]}")):
+        j += 1
+    parts = [p.strip() for p in s[i:j].split("\n")]
+    while parts and parts[-1] == "":
+        parts.pop()
+    return (_plain(parts[0], line) if len(parts) <= 1 else _fold(parts)) if parts else None, j
+
+
+def _skip(s: str, i: int) -> int:
+    while i < len(s) and s[i] in " \t\n":
+        i += 1
+    return i
 
 
 def yaml_subset(text: str) -> object:
-    """The YAML this project's protocols use: block mappings and sequences, flow lists and maps,
-    folded (``>``, ``>-``) and literal (``|``, ``|-``) blocks, plain and quoted scalars, comments.
-    Anything else raises ValueError (the audit then says it cannot recompute the plan)."""
-    raw = text.splitlines()
-    lines: list[tuple[int, str, int]] = []  # (indent, content, raw index)
-    for n, line in enumerate(raw):
-        s = _strip_comment(line)
-        if s.strip():
-            lines.append((len(s) - len(s.lstrip(" ")), s.strip(), n))
-
-    def block_scalar(style: str, start_raw: int, parent_indent: int) -> tuple[str, int]:
-        body: list[str] = []
-        n = start_raw + 1
-        ind = None
-        while n < len(raw):
-            line = raw[n]
-            if line.strip():
-                cur = len(line) - len(line.lstrip(" "))
-                if cur <= parent_indent:
-                    break
-                ind = cur if ind is None else ind
-                body.append(line[ind:])
-            else:
-                body.append("")
-            n += 1
-        while body and not body[-1]:
-            body.pop()
-        if style.startswith(">"):
-            text_ = " ".join(b.strip() for b in body)
-        else:
-            text_ = "\n".join(body)
-        return text_ + ("" if style.endswith("-") else "\n"), n
-
-    pos = 0
-
-    def parse(indent: int) -> object:
-        nonlocal pos
-        if pos >= len(lines):
-            return None
-        if lines[pos][1].startswith("- ") or lines[pos][1] == "-":
-            seq = []
-            while pos < len(lines) and lines[pos][0] == indent and (lines[pos][1].startswith("- ") or lines[pos][1] == "-"):
-                ind, content, n = lines[pos]
-                item = content[1:].strip()
-                if not item:
-                    pos += 1
-                    seq.append(parse(lines[pos][0]))
-                elif ":" in item and not item.startswith(("[", "{", '"', "'")):
-                    # a mapping that starts on the dash line: re-read it at the item's indent
-                    lines[pos] = (ind + 2, item, n)
-                    seq.append(parse(ind + 2))
-                else:
-                    seq.append(_value(item))
-                    pos += 1
-            return seq
-        mapping: dict = {}
-        while pos < len(lines) and lines[pos][0] == indent:
-            ind, content, n = lines[pos]
-            key, sep, rest = content.partition(":")
-            if not sep or key.startswith("- "):
-                raise ValueError(f"line {n + 1}: not a mapping entry: {content!r}")
-            key = str(_scalar(key))
-            rest = rest.strip()
-            if key in mapping:
-                raise ValueError(f"line {n + 1}: duplicate key {key!r}")
-            if rest in (">", ">-", "|", "|-"):
-                mapping[key], end = block_scalar(rest, n, ind)
-                pos += 1
-                while pos < len(lines) and lines[pos][2] < end:
-                    pos += 1
-            elif rest:
-                mapping[key] = _value(rest)
-                pos += 1
-            else:
-                pos += 1
-                if pos < len(lines) and (lines[pos][0] > ind or (lines[pos][0] == ind and lines[pos][1].startswith("- "))):
-                    mapping[key] = parse(lines[pos][0])
-                else:
-                    mapping[key] = None
-        return mapping
-
-    doc = parse(lines[0][0]) if lines else None
-    if pos != len(lines):
-        raise ValueError(f"line {lines[pos][2] + 1}: unexpected indentation")
+    """The YAML of a protocol, read with the standard library alone, giving what ``yaml.safe_load``
+    gives: block mappings and sequences (compact ``- key: v`` items too), flow lists and mappings
+    (over several lines too), plain scalars (multi-line folded too) resolved as PyYAML's YAML 1.1
+    resolver does, single- and double-quoted scalars (escapes and line folding), literal and folded
+    block scalars with chomping and indentation indicators, comments. Anchors, aliases, tags,
+    dates, sexagesimal numbers and several documents raise :class:`YamlError` naming the line
+    (``harness plan`` and ``harness tag`` refuse such a protocol, so the audit reads every one
+    they accept)."""
+    r = _Reader(text)
+    ind = r.significant()
+    if ind is None:
+        return None
+    doc = r.block(ind)
+    if r.significant() is not None:
+        raise YamlError(r.n + 1, "unexpected indentation")
     return doc
 
 
@@ -1166,54 +1573,519 @@ def check_ledger(records: list[dict], manifest: dict, genesis: str, published: t
     return out
 
 
-def git_out(root: str, *args: str) -> str | None:
+# ------------------------------------------------------------------------------------------
+# Provenance: the tag is the source of truth; what ran is what was frozen; time order; anchors
+# ------------------------------------------------------------------------------------------
+
+#: Fields a record's ``protocol`` holds beyond those derived from the protocol file (checked
+#: against the tag, the manifest's plug-ins).
+FROZEN_FIELDS = ("tag_commit", "tag_object", "tag_created", "freeze_sha256", "plugins")
+ANCHOR_REF = "refs/ledger/"  # + protocol-<id>: the anchor commits `harness run --anchor` pushes
+FACTORIAL = ("native", "bucketed", "packed", "cotangent")
+
+
+def _git_env() -> dict:
+    """git with replace objects disabled: ``git replace`` cannot substitute a tag, commit or blob."""
+    return {**os.environ, "GIT_NO_REPLACE_OBJECTS": "1", "GIT_TERMINAL_PROMPT": "0"}
+
+
+def git_bytes(root: str, *args: str, stdin: bytes | None = None) -> bytes | None:
     try:
-        r = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
+        r = subprocess.run(["git", "--no-replace-objects", *args], cwd=root, capture_output=True, check=False,
+                           env=_git_env(), input=stdin)
     except OSError:
         return None
     return r.stdout if r.returncode == 0 else None
 
 
-def check_freeze(root: str, proto: dict, records: list[dict], plan_sha: str | None) -> tuple[list[str], str]:
-    """The tag freezes what the records ran: returns problems and a one-line description."""
-    tag = proto.get("tag")
-    if not tag:
-        return [f"preregistered protocol {proto['id']}: records name no tag"], "no tag"
+def git_out(root: str, *args: str) -> str | None:
+    out = git_bytes(root, *args)
+    return None if out is None else out.decode("utf-8", "replace")
+
+
+def git_root(directory: str) -> str | None:
+    out = git_out(directory if os.path.isdir(directory) else ".", "rev-parse", "--show-toplevel")
+    return out.strip() if out else None
+
+
+def parse_manifest(message: str) -> dict | None:
+    """The freeze manifest in a tag message (a signature after it is ignored)."""
+    _, sep, body = message.partition("freeze-manifest:")
+    if not sep:
+        return None
+    try:
+        m, _ = json.JSONDecoder().raw_decode(body.lstrip())
+    except json.JSONDecodeError:
+        return None
+    return m if isinstance(m, dict) else None
+
+
+def _tagger_time(message: str) -> float | None:
+    """Seconds since the epoch from a tag object's ``tagger`` header."""
+    for line in message.splitlines():
+        if not line:
+            return None
+        if line.startswith("tagger "):
+            parts = line.rsplit(" ", 2)
+            try:
+                return float(parts[1])
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def _when(stamp: object) -> float | None:
+    from datetime import datetime
+
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def read_tag(root: str, tag: str) -> tuple[dict | None, list[str]]:
+    """The tag object, its commit, creation time and freeze manifest, read with replace objects off."""
     kind = git_out(root, "cat-file", "-t", f"refs/tags/{tag}")
     if kind is None:
-        return [f"tag {tag} not found in the git repository at {root}"], f"{tag} missing"
+        return None, [f"tag {tag} not found in the git repository at {root}"]
     if kind.strip() != "tag":
-        return [f"tag {tag} is a lightweight tag (no tag object, no freeze manifest): not made by harness tag"], \
-            f"{tag} lightweight"
-    problems: list[str] = []
+        return None, [f"tag {tag} is a lightweight tag (no tag object, no freeze manifest): not made by harness tag"]
     obj = (git_out(root, "rev-parse", f"refs/tags/{tag}") or "").strip()
-    commit = (git_out(root, "rev-parse", f"{tag}^{{commit}}") or "").strip()
+    commit = (git_out(root, "rev-parse", f"{obj}^{{commit}}") or "").strip()
     message = git_out(root, "cat-file", "tag", obj) or ""
-    _, sep, body = message.partition("freeze-manifest:")
-    try:
-        m = json.loads(body) if sep else None
-    except json.JSONDecodeError:
-        m = None
+    m = parse_manifest(message)
     if m is None:
-        return [f"tag {tag}: its message holds no readable freeze manifest"], f"{tag} without manifest"
-    freeze = sha256(canonical(m))
-    blob = git_out(root, "show", f"{commit}:{proto['path']}")
-    tagged_sha = None
-    if blob is not None:
-        r = subprocess.run(["git", "show", f"{commit}:{proto['path']}"], cwd=root, capture_output=True, check=False)
-        tagged_sha = sha256(r.stdout)
-    if tagged_sha != proto["sha256"] or m.get("protocol", {}).get("sha256") != proto["sha256"]:
-        problems.append(f"tag {tag}: the protocol file at the tag ({proto['path']}, sha256 {str(tagged_sha)[:16]}) is not "
-                        f"the protocol the records name ({proto['sha256'][:16]})")
-    if plan_sha is not None and m.get("plan", {}).get("sha256") != plan_sha:
+        return None, [f"tag {tag}: its message holds no readable freeze manifest"]
+    return {"tag": tag, "object": obj, "commit": commit, "created": _tagger_time(message), "manifest": m,
+            "freeze": sha256(canonical(m)), "signed": "-----BEGIN " in message}, []
+
+
+def _configs_at(root: str, rev: str, ppath: str, names: list[str]) -> dict[str, bytes]:
+    """The configuration files a protocol names, as ``harness.config`` finds them: ``configs/`` in
+    the nearest folder at or above the protocol's that has one (at ``rev``, or in the checkout)."""
+    d = os.path.dirname(ppath)
+    while True:
+        base = f"{d}/configs" if d else "configs"
+        out = {}
+        for c in names:
+            if rev:
+                blob = git_bytes(root, "cat-file", "blob", f"{rev}:{base}/{c}.yaml")
+            else:
+                full = os.path.join(root, base, f"{c}.yaml")
+                blob = open(full, "rb").read() if os.path.isfile(full) else None
+            if blob is not None:
+                out[c] = blob
+        if out or not d:
+            return out
+        d = os.path.dirname(d)
+
+
+def load_truth(root: str, directory: str, records: list[dict], manifest: dict) -> tuple[dict, list[str]]:
+    """What the study is, from the tag's protocol file (or, without any tag, the checkout's).
+
+    The protocol ids and paths the records, MANIFEST and folder name are only where to look: a
+    tag ``protocol-<id>`` for any of them, or a checkout protocol file that says ``preregistered:
+    true``, makes the study preregistered, and then only the tag's manifest and the file it names
+    (``git show TAG_COMMIT:PATH``, sha256 as the manifest says) define it."""
+    problems: list[str] = []
+    mp = manifest.get("protocol") if isinstance(manifest.get("protocol"), dict) else {}
+    ids = {r["protocol"].get("id") for r in records} | {r["spec"].get("protocol_id") for r in records}
+    ids |= {mp.get("id"), os.path.basename(os.path.normpath(directory))}
+    paths = sorted({p for p in {r["protocol"].get("path") for r in records} | {mp.get("path")} if isinstance(p, str)})
+    claims = sorted({str(r["protocol"].get("id")) for r in records if r["protocol"].get("preregistered")})
+    in_checkout = []
+    for p in paths:
+        full = os.path.join(root, p)
+        if os.path.isfile(full):
+            try:
+                d = yaml_subset(open(full, "rb").read().decode("utf-8"))
+            except (YamlError, UnicodeDecodeError):
+                continue
+            if isinstance(d, dict) and d.get("preregistered") is True:
+                in_checkout.append((p, d.get("id")))
+                ids.add(d.get("id"))
+    tags = sorted(f"protocol-{i}" for i in ids if isinstance(i, str) and i
+                  and git_out(root, "rev-parse", "-q", "--verify", f"refs/tags/protocol-{i}") is not None)
+    truth: dict = {"tag": None, "tagged": False}
+    if len(tags) > 1:
+        problems.append(f"{directory}: the records name several tagged protocols ({', '.join(tags)})")
+    if tags:
+        info, found = read_tag(root, tags[0])
+        problems += found
+        if info is not None:
+            truth.update(info, tagged=True)
+            mprot = info["manifest"].get("protocol") or {}
+            path, want = mprot.get("path"), mprot.get("sha256")
+            blob = git_bytes(root, "cat-file", "blob", f"{info['commit']}:{path}") if isinstance(path, str) else None
+            if blob is None or sha256(blob) != want:
+                problems.append(f"tag {tags[0]}: the file its manifest names ({path}) is not at the tagged commit "
+                                f"{info['commit'][:12]} with sha256 {str(want)[:16]}")
+            else:
+                truth.update(path=path, raw=blob, sha256=want)
+        else:
+            truth["tag"] = tags[0]
+    elif in_checkout or claims:
+        why = (f"{in_checkout[0][0]} in this checkout says preregistered: true" if in_checkout
+               else "the records say preregistered: true")
+        pid = in_checkout[0][1] if in_checkout else claims[0]
+        problems.append(f"{directory}: {why}, but there is no tag protocol-{pid} in {root}: nothing binds these records "
+                        "to a frozen experiment")
+    if "raw" not in truth and not truth["tagged"]:  # not preregistered: the checkout's file, as the records name it
+        path = records[0]["protocol"].get("path")
+        full = os.path.join(root, str(path))
+        if isinstance(path, str) and os.path.isfile(full):
+            raw = open(full, "rb").read()
+            truth.update(path=path, raw=raw, sha256=sha256(raw))
+        else:
+            problems.append(f"{full}: protocol file missing")
+    if "raw" in truth:
+        try:
+            doc = yaml_subset(truth["raw"].decode("utf-8"))
+            if not isinstance(doc, dict):
+                raise ValueError("the protocol is not a mapping")
+            truth["doc"] = doc
+            names = sorted({c for st in doc["studies"] for c in st["configs"]})
+            blobs = _configs_at(root, truth.get("commit") or "", truth["path"], names)
+            truth["config_sha"] = {c: sha256(b) for c, b in blobs.items()}
+            missing = [c for c in names if c not in blobs]
+            if missing:
+                raise ValueError(f"configuration file(s) {', '.join(missing)} not found"
+                                 + (f" at the tagged commit {truth['commit'][:12]}" if truth.get("commit") else ""))
+            truth["summary"] = expected_summary(doc, truth["sha256"], truth["path"])
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+            problems.append(f"{truth['path']}{' at ' + truth['tag'] if truth['tag'] else ''}: the study cannot be "
+                            f"derived from the protocol ({type(e).__name__}: {e})")
+            truth.pop("doc", None)
+    return truth, problems
+
+
+def _resolved_tests(h: dict, studies: list[dict]) -> dict:
+    if "descriptive" in h:
+        return {"descriptive": h["descriptive"]}
+    by_name = {s["name"]: s for s in studies}
+    tests = []
+    for t in h["tests"]:
+        cfg = t.get("config")
+        if cfg is None:
+            cfg = by_name[t["study"]]["configs"][0]
+        tests.append({"id": t["id"], "study": t["study"], "config": cfg, "endpoint": t["endpoint"],
+                      "estimand": t["estimand"], "type": t["type"], "margin": float(t.get("margin", 0.0)),
+                      "better": t["better"], "censoring": t.get("censoring"),
+                      "period_adjusted": t.get("period_adjusted", False)})
+    return {"procedure": h["procedure"], "family_alpha": float(h["family_alpha"]), "min_pairs": h["min_pairs"],
+            "tests": tests}
+
+
+def expected_summary(doc: dict, psha: str, path: str) -> dict:
+    """``harness.protocol.Protocol.summary()``, derived here from the protocol file alone (the
+    fields every record's ``protocol`` copies; plug-ins and the tag's fields are checked apart)."""
+    top_level = float(doc["interval_level"])
+    studies = []
+    for st in doc["studies"]:
+        seeds = st["seeds"]
+        if isinstance(seeds, dict):
+            seeds = list(range(seeds["base"], seeds["base"] + seeds["count"]))
+        arms = st.get("arms") or (list(FACTORIAL) if st["design"] == "factorial" else None)
+        level = st.get("interval_level")
+        studies.append({"name": st["name"], "design": st["design"], "arms": list(arms), "configs": list(st["configs"]),
+                        "seeds": list(seeds), "interval_level": float(level) if level else top_level,
+                        "steps": st["steps"]})
+    corpus = doc["corpus"]
+    if isinstance(corpus, dict):
+        c: dict = {"name": corpus["name"]}
+        for k in ("file", "train", "valid", "test"):
+            if k in corpus:
+                c[k] = {"path": corpus[k]["path"], "size": corpus[k]["size"], "sha256": corpus[k]["sha256"]}
+        if "split" in corpus:
+            c["split"] = {s: float(corpus["split"][s]) for s in ("train", "valid", "test")}
+        corpus = c
+    prereg = doc["preregistered"]
+    return {"id": doc["id"], "version": doc["version"], "sha256": psha, "path": path, "preregistered": prereg,
+            "tag": f"protocol-{doc['id']}" if prereg else None, "interval_level": top_level,
+            "hypotheses": _resolved_tests(doc["hypotheses"], studies), "max_attempts": doc.get("max_attempts", 1),
+            "launcher": doc.get("launcher", "spawn"), "device": doc["device"], "compile": doc["compile"],
+            "corpus": corpus, "budget_device_seconds": float(doc["budget_device_seconds"]), "studies": studies}
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal as JSON values: numbers by value (1 == 1.0), booleans only to booleans."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def _differences(want: dict, got: dict, prefix: str) -> list[str]:
+    out = []
+    for k in sorted(set(want) | set(got)):
+        if k not in got:
+            out.append(f"{prefix}.{k} is missing (the tagged protocol's is {want[k]!r})")
+        elif k not in want:
+            out.append(f"{prefix}.{k} = {got[k]!r} is not in the tagged protocol")
+        elif isinstance(want[k], dict) and isinstance(got[k], dict):
+            out += _differences(want[k], got[k], f"{prefix}.{k}")
+        elif not _same(want[k], got[k]):
+            out.append(f"{prefix}.{k} = {json.dumps(got[k], sort_keys=True)[:120]}, the tagged protocol's is "
+                       f"{json.dumps(want[k], sort_keys=True)[:120]}")
+    return out
+
+
+def check_protocol_copies(truth: dict, records: list[dict], manifest: dict) -> list[str]:
+    """Every copy of the protocol inside a record (and MANIFEST) equals the one derived from the
+    protocol file: a difference names the record and the field."""
+    want = truth["summary"]
+    out = []
+    for r in records:
+        got = {k: v for k, v in r["protocol"].items() if k not in FROZEN_FIELDS}
+        out += [f"{record_name(r)}: field {d}" for d in _differences(want, got, "protocol")]
+        plugins = r["protocol"].get("plugins") or {}
+        if truth["tagged"]:
+            frozen = truth["manifest"].get("plugins") or {}
+            shas = {k: (v or {}).get("sha256") for k, v in plugins.items()}
+            if shas != frozen:
+                out.append(f"{record_name(r)}: field protocol.plugins {shas} differs from the tag's manifest {frozen}")
+    mp = manifest.get("protocol")
+    if isinstance(mp, dict):
+        got = {k: v for k, v in mp.items() if k not in FROZEN_FIELDS}
+        out += [f"MANIFEST: field {d}" for d in _differences(want, got, "protocol")]
+    return out
+
+
+def _tree(root: str, rev: str, exempt: list[str]) -> dict | None:
+    listing = git_out(root, "ls-tree", rev)
+    if listing is None:
+        return None
+    out = {}
+    for line in listing.splitlines():
+        meta, _, name = line.partition("\t")
+        if name in exempt or any(e.startswith("*") and name.endswith(e[1:]) for e in exempt):
+            continue
+        out[name] = meta.split()[2]
+    return out
+
+
+def check_what_ran(root: str, truth: dict, records: list[dict], manifest: dict) -> tuple[list[str], list[str], str]:
+    """Each record's commit holds the tag's frozen trees and its code hash is the tag's; MANIFEST's
+    sources are the tagged files; the packages that compute are one version per study. Returns
+    problems, notes (what varies between runs of one study anyway) and a description."""
+    m = truth["manifest"]
+    problems: list[str] = []
+    trees, exempt = m.get("trees") or {}, list(m.get("exempt") or [])
+    seen: dict = {}
+    for r in records:
+        commit = (r.get("git") or {}).get("commit")
+        if commit not in seen:
+            seen[commit] = _tree(root, commit, exempt) if isinstance(commit, str) else None
+        got = seen[commit]
+        if got is None:
+            problems.append(f"{record_name(r)}: field git.commit = {commit!r} is not a commit of this repository")
+        elif got != trees:
+            diff = sorted(k for k in set(got) | set(trees) if got.get(k) != trees.get(k))
+            problems.append(f"{record_name(r)}: field git.commit = {commit[:12]} does not hold the frozen trees of the "
+                            f"tag's manifest (differs in {', '.join(diff)})")
+    code = (m.get("code") or {}).get("harness")
+    for r in records:
+        env = r.get("env")
+        if env is None and r.get("status") != "ok":
+            continue
+        if (env or {}).get("harness_sha256") != code:
+            problems.append(f"{record_name(r)}: field env.harness_sha256 = {(env or {}).get('harness_sha256')!r}, the "
+                            f"tag's manifest says the harness code is {code}")
+    # MANIFEST: its sources are the tagged files, its head is given
+    sources = manifest.get("sources") if isinstance(manifest.get("sources"), dict) else {}
+    want = {truth["path"]: truth["sha256"]}
+    listing = git_out(root, "ls-tree", "-r", "--name-only", truth["commit"], "--", "harness", "analysis", "configs",
+                      "verified") or ""
+    names = [n for n in listing.splitlines() if n.endswith((".py", ".c", ".yaml", ".json"))
+             and not (n.startswith("analysis/") and not n.endswith(".py")) and "__pycache__" not in n
+             and not (n.startswith("configs/") and not n.endswith(".yaml"))
+             and not (n.startswith("verified/") and not n.endswith(".json"))
+             and not (n.startswith("harness/") and not n.endswith((".py", ".c")))]
+    if names:
+        batch = git_bytes(root, "cat-file", "--batch", stdin="".join(f"{truth['commit']}:{n}\n" for n in names).encode())
+        pos = 0
+        for n in names:
+            if batch is None:
+                break
+            nl = batch.index(b"\n", pos)
+            header = batch[pos:nl].split()
+            size = int(header[2]) if len(header) == 3 else 0
+            want[n] = sha256(batch[nl + 1:nl + 1 + size])
+            pos = nl + 1 + size + 1
+    bad = sorted(n for n, s in want.items() if sources.get(n) != s)
+    if bad:
+        problems.append(f"MANIFEST: sources {'lack' if any(n not in sources for n in bad) else 'differ in'} "
+                        f"{len(bad)} tagged file(s) ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})")
+    if any("ledger" in r for r in records) and not isinstance(manifest.get("ledger_head"), dict):
+        problems.append(f"MANIFEST: field ledger_head = {manifest.get('ledger_head')!r}; linked records need the head")
+    versions, notes = check_versions(records)
+    return problems + versions, notes, (f"{len(seen)} commit(s) hold the tag's {len(trees)} frozen trees; code "
+                                        f"{str(code)[:12]}; MANIFEST names {len(want)} tagged files")
+
+
+#: What a run records about its machine and process that may differ between runs without the
+#: study being another experiment; the audit names every one that varies within a study.
+VARYING = ("host", "os", "python", "device_name", "threads", "cpu_capability")
+
+
+def check_versions(records: list[dict]) -> tuple[list[str], list[str]]:
+    """torch and numpy versions are one per study (a failure otherwise); what else varies is named."""
+    by_study: dict = {}
+    for r in records:
+        if r.get("env"):
+            by_study.setdefault(r["spec"]["study"], []).append(r)
+    problems, notes = [], []
+    for study, rs in sorted(by_study.items()):
+        for key in ("torch", "numpy"):
+            vals = sorted({str(x["env"].get(key)) for x in rs})
+            if len(vals) > 1:
+                problems.append(f"study {study}: the runs used {len(vals)} versions of {key} ({', '.join(vals)}); one "
+                                "study runs on one installation")
+        varied = []
+        for key in VARYING:
+            vals = sorted({json.dumps(x["env"].get(key), sort_keys=True) for x in rs if key in x["env"]})
+            if len(vals) > 1:
+                varied.append(f"{key} ({', '.join(v[:40] for v in vals)})")
+        arms: dict = {}
+        for x in rs:
+            arms.setdefault(x["spec"]["arm"], set()).add(json.dumps((x.get("method_paths") or {}).get("phase_kernel")))
+        varied += [f"phase kernel of arm {a} ({len(v)} different)" for a, v in sorted(arms.items()) if len(v) > 1]
+        if varied:
+            notes.append(f"study {study}: varies between runs: {'; '.join(varied)}")
+    return problems, notes
+
+
+def check_time(truth: dict, records: list[dict]) -> tuple[list[str], str]:
+    """The tag was created before the first record started; in the ledger, a record starts after the
+    one before it unless the two ran at once on different machines; none finishes before it starts."""
+    out = []
+    starts = [(_when(r.get("started_at")), r) for r in records]
+    first = min((s for s, _ in starts if s is not None), default=None)
+    created = truth.get("created")
+    if truth.get("tagged"):
+        if created is None:
+            out.append(f"tag {truth['tag']}: no tagger date")
+        elif first is not None and created > first:
+            r = min((x for x in starts if x[0] is not None), key=lambda x: x[0])[1]
+            out.append(f"tag {truth['tag']} was created at {_iso(created)}, after {record_name(r)} started "
+                       f"({r.get('started_at')}): the tag must precede every outcome")
+    linked = sorted((r for r in records if "ledger" in r), key=lambda r: r["ledger"]["seq"])
+    for a, b in zip(linked, linked[1:]):
+        sa, sb = _when(a.get("started_at")), _when(b.get("started_at"))
+        if sa is not None and sb is not None and sb < sa and _machine(a) == _machine(b):
+            out.append(f"ledger seq {b['ledger']['seq']} ({record_name(b)}) started at {b.get('started_at')}, before "
+                       f"seq {a['ledger']['seq']} on the same machine ({a.get('started_at')}): out of time order")
+    for r in records:
+        s, f = _when(r.get("started_at")), _when(r.get("finished_at"))
+        if s is not None and f is not None and f < s:
+            out.append(f"{record_name(r)}: finished_at {r.get('finished_at')} precedes started_at {r.get('started_at')}")
+    what = f"tag created {_iso(created)}; " if created is not None else ""
+    return out, what + (f"first record started {_iso(first)}" if first is not None else "no start times")
+
+
+def _iso(t: float) -> str:
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")
+
+
+def _machine(r: dict) -> object:
+    node = r.get("node")
+    return (node or {}).get("id") if isinstance(node, dict) and node.get("id") else (r.get("env") or {}).get("host")
+
+
+def check_signature(root: str, truth: dict, signers: str | None) -> tuple[list[str], str]:
+    """With an allowed-signers file given by the reader, the tag's signature must verify against it."""
+    if not truth.get("tagged"):
+        return [], "no tag"
+    if signers is None:
+        return [], ("signed, not verified (pass --allowed-signers FILE)" if truth.get("signed") else "not signed")
+    if not truth.get("signed"):
+        return [f"tag {truth['tag']} is not signed; --allowed-signers needs a tag made by harness tag --sign"], "unsigned"
+    try:
+        r = subprocess.run(["git", "--no-replace-objects", "-c", f"gpg.ssh.allowedSignersFile={os.path.abspath(signers)}",
+                            "verify-tag", "--raw", truth["object"]], cwd=root, capture_output=True, text=True,
+                           env=_git_env(), check=False)
+    except OSError as e:
+        return [f"tag {truth['tag']}: git verify-tag could not run ({e})"], "not verified"
+    if r.returncode != 0:
+        why = (r.stderr.strip().splitlines() or ["no detail"])[-1]
+        return [f"tag {truth['tag']}: its signature does not verify against {signers} ({why})"], "bad signature"
+    return [], f"good signature, allowed by {signers}"
+
+
+def check_freeze(root: str, truth: dict, records: list[dict], plan_sha: str | None) -> tuple[list[str], str]:
+    """The records name the tag's object, commit, creation and freeze hash, and the tag's manifest
+    binds the protocol, configurations and plan derived here: returns problems and a description."""
+    tag, m, obj, commit = truth["tag"], truth["manifest"], truth["object"], truth["commit"]
+    problems: list[str] = []
+    names = sorted({r["protocol"].get("sha256") for r in records} - {truth.get("sha256")}, key=str)
+    if names:
+        problems.append(f"tag {tag}: the protocol file at the tag ({truth.get('path')}, sha256 "
+                        f"{str(truth.get('sha256'))[:16]}) is not the protocol the records name ({str(names[0])[:16]})")
+    if plan_sha is not None and (m.get("plan") or {}).get("sha256") != plan_sha:
         problems.append(f"tag {tag}: the freeze manifest's plan sha256 differs from the plan recomputed from the protocol")
+    for c, sha in sorted((truth.get("config_sha") or {}).items()):
+        if (m.get("configs") or {}).get(c) != sha:
+            problems.append(f"tag {tag}: configuration {c} at the tagged commit (sha256 {sha[:16]}) is not the one "
+                            "its manifest names")
     for r in records:
         p = r["protocol"]
-        for field, want in (("tag_commit", commit), ("tag_object", obj), ("freeze_sha256", freeze)):
+        for field, want in (("tag", tag), ("tag_commit", commit), ("tag_object", obj), ("freeze_sha256", truth["freeze"])):
             if p.get(field) != want:
                 problems.append(f"{record_name(r)}: field protocol.{field} = {p.get(field)!r}, the tag's is {want}")
                 break
-    return problems, f"{tag} (object {obj[:12]}, commit {commit[:12]}, freeze {freeze[:12]})"
+        else:
+            made = _when(p.get("tag_created"))
+            if made is None or truth.get("created") is None or abs(made - truth["created"]) > 1.0:
+                problems.append(f"{record_name(r)}: field protocol.tag_created = {p.get('tag_created')!r} is not the "
+                                f"tag's creation time")
+    return problems, f"{tag} (object {obj[:12]}, commit {commit[:12]}, freeze {truth['freeze'][:12]})"
+
+
+def check_anchor(root: str, truth: dict, records: list[dict], remote: str) -> tuple[list[str], str, int]:
+    """Every head anchored in ``remote``'s ``refs/ledger/protocol-<id>`` history is in the chain, in
+    order. Returns problems, a description and the highest anchored seq."""
+    pid = truth.get("summary", {}).get("id") or records[0]["protocol"].get("id")
+    ref = f"{ANCHOR_REF}protocol-{pid}"
+    if git_bytes(root, "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", remote, f"+{ref}:refs/audit/{ref[5:]}") is None:
+        return [f"anchor {remote}: cannot fetch {ref}"], "not fetched", 0
+    log = git_out(root, "log", "--first-parent", "--format=%H%x00%cI%x00%B%x01", f"refs/audit/{ref[5:]}") or ""
+    by_seq: dict = {}
+    for r in records:
+        if "ledger" in r:
+            by_seq.setdefault(r["ledger"]["seq"], r["sha256"])
+    out, heads = [], []
+    for entry in log.split("\x01"):
+        if not entry.strip():
+            continue
+        commit, when, body = entry.strip("\n").split("\x00", 2)
+        fields = dict(line.split(" ", 1) for line in body.splitlines() if " " in line)
+        try:
+            heads.append((int(fields["seq"]), fields["sha256"], fields.get("freeze"), commit, when))
+        except (KeyError, ValueError):
+            out.append(f"anchor {commit[:12]}: not a ledger head")
+    heads.reverse()  # oldest first
+    last = 0
+    for seq, sha, freeze, commit, when in heads:
+        if truth.get("freeze") and freeze != truth["freeze"]:
+            out.append(f"anchor {commit[:12]} ({when}): freeze {str(freeze)[:16]} is not the tag's")
+        if seq < last:
+            out.append(f"anchor {commit[:12]} ({when}): seq {seq} after an anchored seq {last}: the chain was cut back")
+        got = by_seq.get(seq)
+        if got != sha:
+            out.append(f"anchored head seq {seq} sha256 {sha[:16]} (anchor {commit[:12]}, {when}): the records hold "
+                       f"{got[:16] if got else 'no record'} there: history was rewritten after it was anchored")
+        last = max(last, seq)
+    n = max(by_seq, default=0)
+    return out, f"{len(heads)} anchored heads in {ref}, up to seq {last} of {n}", last
 
 
 def corpus_splits(root: str, corpus: dict) -> tuple[dict | None, list[str]]:
@@ -1375,7 +2247,9 @@ def git_tag(root: str, tag: str) -> tuple[str, str] | None:
 
 
 def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[str],
-              notes: list[str], published: tuple[int, str] | None = None) -> None:
+              notes: list[str], published: tuple[int, str] | None = None, *, anchor: str | None = None,
+              signers: str | None = None, anchored: dict | None = None) -> None:
+    anchored = {} if anchored is None else anchored
     def row(check: str, ok: bool, detail: str) -> None:
         rows.append((check, directory, ("ok: " if ok else "FAILED: ") + detail))
 
@@ -1428,8 +2302,7 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
         f"{len(records)} records, {len(started)} started entries, {bad} problems")
     if not records:
         return
-    proto = records[0]["protocol"]
-    root = find_root(directory, proto["path"])
+    root = git_root(directory) or find_root(directory, records[0]["protocol"]["path"])
     bad = 0
     for rel, digest in sorted(manifest["sources"].items()):
         path = os.path.join(root, rel)
@@ -1443,32 +2316,21 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
             problems.append(f"{path}: source sha256 {actual} differs from MANIFEST's {digest}")
             bad += 1
     row("MANIFEST source files", bad == 0, f"{len(manifest['sources'])} files, {bad} problems")
-    # the protocol file in this checkout, and the plan recomputed from it alone
-    ppath = os.path.join(root, proto["path"])
-    found = []
+    # the study as the tag (or, without one, the checkout's protocol file) defines it
+    truth, found = load_truth(root, directory, records, manifest)
+    proto = truth.get("summary")
     plan: list[dict] | None = None
     plan_sha = None
-    if not os.path.isfile(ppath):
-        found.append(f"{ppath}: protocol file missing")
-    else:
-        with open(ppath, "rb") as f:
-            praw = f.read()
-        psha = sha256(praw)
-        found += [f"{directory}/{record_name(r)}: field protocol.sha256 = {r['protocol']['sha256']} differs from "
-                  f"{ppath} ({psha})" for r in records if r["protocol"]["sha256"] != psha]
+    if proto is not None:
+        found += check_protocol_copies(truth, records, manifest)
         try:
-            doc = yaml_subset(praw.decode("utf-8"))
-            cdir = os.path.join(root, "configs")
-            shas = {}
-            for st in doc["studies"]:  # type: ignore[index]
-                for c in st["configs"]:
-                    with open(os.path.join(cdir, f"{c}.yaml"), "rb") as f:
-                        shas[c] = sha256(f.read())
-            plan = plan_from_protocol(doc, psha, shas)  # type: ignore[arg-type]
+            plan = plan_from_protocol(truth["doc"], truth["sha256"], truth["config_sha"])
             plan_sha = sha256(canonical(plan))
-        except (ValueError, KeyError, TypeError, OSError) as e:
-            found.append(f"{ppath}: the plan cannot be recomputed from the protocol ({type(e).__name__}: {e})")
-    fail("protocol sha256", found, f"{proto['id']} {proto['sha256'][:16]}...")
+        except (ValueError, KeyError, TypeError) as e:
+            found.append(f"{truth['path']}: the plan cannot be recomputed from the protocol ({type(e).__name__}: {e})")
+    where = f"{truth['path']} at {truth['tag']}" if truth.get("tagged") else f"{truth.get('path')} in this checkout"
+    fail("protocol: the tagged file", found, f"{proto['id']} {proto['sha256'][:16]}... from {where}; every record's "
+         "copy equal" if proto else "")
     if plan is not None:
         found = []
         by_id = {p["run_id"]: p for p in plan}
@@ -1485,18 +2347,32 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
                 diff = sorted(k for k in want if r["spec"].get(k) != want[k])
                 found.append(f"{record_name(r)}: spec differs from the plan in {', '.join(diff)}")
         fail("plan recomputed from the protocol", found, f"{len(plan)} planned runs, sha256 {plan_sha[:16]}...")
+    if proto is None:
+        return
     fail("corpus", *check_corpus(root, proto, records))
-    genesis = proto.get("freeze_sha256") or proto["sha256"]
+    genesis = truth["freeze"] if truth.get("tagged") else proto["sha256"]
     fail("ledger chain", check_ledger(records + started, manifest, genesis, published),
          f"{len(records) + len(started)} entries linked from "
-         f"{'the freeze manifest' if proto.get('freeze_sha256') else 'the protocol'}")
+         f"{'the freeze manifest' if truth.get('tagged') else 'the protocol'}")
     fail("attempts in the ledger", check_attempts(records, started),
          f"{len(started)} started entries, {sum(r.get('schema_version', 1) >= 3 for r in records)} records end one")
-    if proto.get("preregistered"):
-        found, detail = check_freeze(root, proto, records, plan_sha)
+    if truth.get("tagged"):
+        found, detail = check_freeze(root, truth, records, plan_sha)
         fail("tag freezes the experiment", found, detail)
+        found, varied, detail = check_what_ran(root, truth, records, manifest)
+        fail("what ran is what was frozen", found, detail)
+        notes.extend(f"{directory}: {v}" for v in varied)
+        fail("time order", *check_time(truth, records))
+        fail("tag signature", *check_signature(root, truth, signers))
     else:
-        row("tag freezes the experiment", True, "not preregistered: no tag required")
+        row("tag freezes the experiment", True, "NOT PREREGISTERED: no tag binds these records (they prove nothing "
+            "about a frozen experiment)")
+        notes.extend(f"{directory}: {v}" for v in check_versions(records)[1])
+        problems.extend(check_versions(records)[0])
+    if anchor is not None:
+        found, detail, anchored[directory] = check_anchor(root, truth, records + started, anchor)
+        fail("anchored heads", found, detail)
+    records = [{**r, "protocol": {**r["protocol"], **proto}} for r in records]  # the statistics use the tag's study
     open_ = unfinished(records, started)
     if plan is not None:
         table, missing, flagged = tally(plan, records, open_)
@@ -1529,16 +2405,36 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
     row("summary.json recomputed", len(problems) == before, f"{n} values compared, {len(problems) - before} mismatches")
 
 
+def _option(argv: list[str], name: str) -> tuple[list[str], str | None]:
+    if name not in argv:
+        return argv, None
+    k = argv.index(name)
+    if k + 1 >= len(argv):
+        raise SystemExit(f"public audit: {name} needs a value")
+    return argv[:k] + argv[k + 2:], argv[k + 1]
+
+
 def main(argv: list[str]) -> int:
     published = None
-    if "--head" in argv:
-        k = argv.index("--head")
-        seq, _, sha = argv[k + 1].partition(":") if k + 1 < len(argv) else ("", "", "")
-        if not seq.isdigit() or not sha:
-            print("public audit: --head takes SEQ:SHA256 (the ledger head you published)")
+    try:
+        argv, head = _option(argv, "--head")
+        argv, anchor = _option(argv, "--anchor")
+        argv, signers = _option(argv, "--allowed-signers")
+    except SystemExit as e:
+        print(e)
+        return 2
+    if head is not None:
+        seq, _, sha = head.partition(":")
+        if not seq.isdigit() or not re.fullmatch(r"[0-9a-f]{64}", sha):
+            print("public audit: --head takes SEQ:SHA256, the full 64-hex-digit sha256 of the ledger head you "
+                  "published (a prefix can be matched by a forged chain)")
             return 2
         published = (int(seq), sha)
-        argv = argv[:k] + argv[k + 2:]
+    if anchor is not None and os.path.exists(anchor):
+        anchor = os.path.abspath(anchor)
+    if signers is not None and not os.path.isfile(signers):
+        print(f"public audit: --allowed-signers {signers}: no such file")
+        return 2
     dirs = argv
     if not dirs:
         base = "records"
@@ -1550,8 +2446,9 @@ def main(argv: list[str]) -> int:
     rows: list[tuple[str, str, str]] = []
     problems: list[str] = []
     notes: list[str] = []
+    anchored: dict = {}
     for d in dirs:
-        audit_dir(d, rows, problems, notes, published)
+        audit_dir(d, rows, problems, notes, published, anchor=anchor, signers=signers, anchored=anchored)
     w1 = max(len(r[0]) for r in rows)
     w2 = max(len(r[1]) for r in rows)
     print(f"{'check'.ljust(w1)}  {'records'.ljust(w2)}  result")
@@ -1566,10 +2463,24 @@ def main(argv: list[str]) -> int:
         print(f"\n{len(problems)} problem(s):")
         for p in problems:
             print(f"- {p}")
-        return 1
-    incomplete = [n for n in notes if "INCOMPLETE:" in n]
-    print("Integrity: everything matched." + (" The study is INCOMPLETE (see above)." if incomplete else ""))
-    return 0
+    else:
+        incomplete = [n for n in notes if "INCOMPLETE:" in n]
+        print("Integrity: everything matched." + (" The study is INCOMPLETE (see above)." if incomplete else ""))
+    print(anchor_line(published, anchor, anchored))
+    return 1 if problems else 0
+
+
+def anchor_line(published: tuple[int, str] | None, anchor: str | None, anchored: dict) -> str:
+    """The last line: how far the chain is anchored outside the records, or that it is not."""
+    if published is None and anchor is None:
+        return ("NOT ANCHORED: no published head (--head SEQ:SHA256) and no anchor ref (--anchor REMOTE) were given, so "
+                "nothing here shows that the records were not redrawn and resealed after the fact.")
+    parts = []
+    if published is not None:
+        parts.append(f"the published head seq {published[0]}")
+    if anchor is not None:
+        parts.append(f"the anchor ref in {anchor} (up to seq {', '.join(str(v) for v in anchored.values()) or 0})")
+    return f"Anchored: the chain was checked against {' and '.join(parts)}; records after that are not anchored."
 
 
 if __name__ == "__main__":

@@ -94,8 +94,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from harness.plan import make_plan, plan_sha256
     from harness.protocol import load_protocol
+    from harness.yamlio import audit_readable, load
 
     proto = load_protocol(args.protocol)
+    audit_readable(load(proto.path))  # what the harness accepts, the public audit reads
     runs = make_plan(proto)
     if args.json:
         print(json.dumps({"protocol": proto.id, "protocol_sha256": proto.sha256, "plan_sha256": plan_sha256(runs),
@@ -108,13 +110,39 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Installed packages the harness imports; a copy of one inside the study's folder (an ignored
+#: ``yaml/`` beside the code) would shadow it for a runner started there with ``python -m``.
+_INSTALLED = ("yaml", "filelock", "numpy", "torch", "safetensors", "scipy", "pandas", "matplotlib")
+
+
+def _refuse_shadowing() -> None:
+    """Refuse, before anything imports them, installed packages shadowed from the working directory."""
+    import importlib.util
+
+    from harness.errors import RefusedError
+
+    here = Path.cwd().resolve()
+    for name in _INSTALLED:
+        if name in sys.modules:
+            continue
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        origin = Path(spec.origin).resolve() if spec is not None and spec.origin else None
+        if origin is not None and origin.is_relative_to(here) and "site-packages" not in origin.parts:
+            raise RefusedError(f"{origin}: a module {name!r} in the study's folder shadows the installed package; "
+                               "nothing was run: remove it (a frozen study imports only its tracked code)")
+
+
 def cmd_tag(args: argparse.Namespace) -> int:
+    _refuse_shadowing()
     from harness.freeze import manifest_sha256, tag
     from harness.protocol import load_protocol
 
     proto = load_protocol(args.protocol)
-    info, m = tag(proto)
-    print(f"tagged {info.name} -> {info.commit} (protocol sha256 {proto.sha256})")
+    info, m = tag(proto, sign=args.sign)
+    print(f"tagged {info.name} -> {info.commit} (protocol sha256 {proto.sha256}){' signed' if args.sign else ''}")
     print(f"freeze manifest sha256 {manifest_sha256(m)}: {len(m['configs'])} configurations, plan of "
           f"{m['plan']['runs']} runs, frozen entries {', '.join(sorted(m['trees']))}, code of "
           f"{', '.join(sorted(m['code']))}")
@@ -122,6 +150,7 @@ def cmd_tag(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    _refuse_shadowing()
     from harness.execute.runner import Runner
     from harness.protocol import load_protocol
 
@@ -144,7 +173,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         executor = RayExecutor(args.ray)
     runner = Runner(proto, echo=echo, live=live, retry_failed=args.retry_failed,
-                    allow_torch_mismatch=args.allow_torch_mismatch, executor=executor)
+                    allow_torch_mismatch=args.allow_torch_mismatch, executor=executor, anchor=args.anchor)
     from harness.execute.state import status_table
 
     left = runner.run()
@@ -416,8 +445,14 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("protocol", help="the protocol file (protocols/<id>.yaml)")
         if name in ("plan", "status"):
             s.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        if name == "tag":
+            s.add_argument("--sign", action="store_true", help="sign the tag with git (gpg.format ssh or openpgp, "
+                                                               "user.signingkey); the audit verifies it with "
+                                                               "--allowed-signers")
         if name == "run":
             s.add_argument("--quiet", action="store_true", help="plain log lines, no live display")
+            s.add_argument("--anchor", metavar="REMOTE", help="push the ledger head to REMOTE's refs/ledger/protocol-"
+                                                              "<id> after every unit (a git remote name or URL)")
             s.add_argument("--retry-failed", action="store_true", help="execute units with a failed run again, whole and in plan order, up to the protocol's max_attempts")
             s.add_argument("--allow-torch-mismatch", action="store_true",
                            help="run although the installed torch differs from the protocol's torch_version")

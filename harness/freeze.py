@@ -98,8 +98,8 @@ def parse_tag_message(message: str) -> dict[str, Any] | None:
     head, sep, body = message.partition(MARKER)
     if not sep:
         return None
-    try:
-        m = json.loads(body)
+    try:  # a signature may follow the manifest (harness tag --sign)
+        m, _ = json.JSONDecoder().raw_decode(body.lstrip())
     except json.JSONDecodeError:
         return None
     return m if isinstance(m, dict) else None
@@ -155,15 +155,32 @@ def drift(repo: Path, tagged: dict[str, Any], current: dict[str, Any], tag_commi
     return out
 
 
+def _ignorable(path: str) -> bool:
+    """An ignored file that cannot change what runs: bytecode caches (a worker never reads the
+    repository's bytecode, see :mod:`harness.execute.launchers`) and top-level entries whose names
+    cannot be imported (``.venv``, ``.pytest_cache``, ``*.egg-info``)."""
+    parts = path.rstrip("/").split("/")
+    return "__pycache__" in parts or not parts[0].isidentifier()
+
+
 def uncommitted(repo: Path) -> list[str]:
-    """Uncommitted changes and untracked files anywhere outside the exempt entries."""
-    r = gitutil.git(repo, "status", "--porcelain", "--untracked-files=all", check=False)
+    """Uncommitted changes, untracked files and ignored files anywhere outside the exempt entries.
+
+    An ignored file inside a frozen entry (a ``yaml/`` package next to the code after an edit of the
+    exempt ``.gitignore``, a planted module) could be imported like a tracked one, so it is refused
+    like an untracked one; only :func:`_ignorable` ones are not."""
+    r = gitutil.git(repo, "status", "--porcelain", "--untracked-files=all", "--ignored=matching", check=False)
     out = []
     for line in r.stdout.splitlines():
         state, path = line[:2], line[3:]
         if " -> " in path:  # a rename names both sides
             path = path.split(" -> ", 1)[1]
         if exempt(path.strip('"').split("/", 1)[0]):
+            continue
+        if state == "!!":
+            if not _ignorable(path.strip('"')):
+                out.append(f"{path}: ignored by .gitignore but inside a frozen entry (an ignored file can be imported "
+                           "like a tracked one: remove it, or move it to an exempt folder)")
             continue
         out.append(f"{path}: {'untracked' if state == '??' else 'uncommitted change'}")
     return out
@@ -214,8 +231,9 @@ def check(proto: Any, plan_sha: str, runs: int) -> Frozen:
     return Frozen(info.name, info.commit, info.object, info.created, manifest_sha256(tagged))
 
 
-def tag(proto: Any) -> tuple[gitutil.TagInfo, dict[str, Any]]:
-    """Create the annotated tag ``protocol-<id>`` on HEAD, holding the freeze manifest.
+def tag(proto: Any, sign: bool = False) -> tuple[gitutil.TagInfo, dict[str, Any]]:
+    """Create the annotated tag ``protocol-<id>`` on HEAD, holding the freeze manifest (signed by
+    git with ``sign``).
 
     Refuses a pending calibration, an uncommitted protocol file, uncommitted changes or untracked
     files in the frozen entries, an existing tag, and existing records.
@@ -232,6 +250,9 @@ def tag(proto: Any) -> tuple[gitutil.TagInfo, dict[str, Any]]:
             f"{proto.path}: calibration is pending; run the pilot and the calibration command named under "
             "'calibration', write the numbers into the protocol, set status: done, commit, then tag"
         )
+    from harness.yamlio import audit_readable, load
+
+    audit_readable(load(proto.path))  # the audit reads the tagged protocol from its bytes alone
     state = gitutil.file_state(repo, rel)
     if state != "clean":
         raise RefusedError(f"{proto.path}: the protocol file is {state}; commit it before tagging")
@@ -245,8 +266,30 @@ def tag(proto: Any) -> tuple[gitutil.TagInfo, dict[str, Any]]:
     if dirty:
         raise RefusedError(f"{proto.path}: the frozen folders have changes that are not committed; commit or remove "
                            "them before tagging:\n" + "\n".join(f"  - {p}" for p in dirty))
-    gitutil.create_tag(repo, proto.tag_name, tag_message(proto, m))
+    gitutil.create_tag(repo, proto.tag_name, tag_message(proto, m), sign=sign)
     info = gitutil.tag_info(repo, proto.tag_name)
     if info is None:  # pragma: no cover - git just created it
         raise RefusedError(f"git did not create {proto.tag_name}")
     return info, m
+
+
+def exempt_imports(root: Path, sources: list[Path]) -> list[str]:
+    """Imports in frozen ``sources`` (plug-ins) of modules that lie in an exempt entry of ``root``
+    (``benchmarks/``, ``tests/``): such a helper could change after the tag without drifting."""
+    import ast
+
+    out = []
+    for src in sources:
+        try:
+            tree = ast.parse(src.read_bytes(), filename=str(src))
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            for name in names:
+                top = name.split(".", 1)[0]
+                if exempt(top) and ((root / top).is_dir() or (root / f"{top}.py").is_file()):
+                    rel = src.resolve().relative_to(root.resolve()) if src.resolve().is_relative_to(root.resolve()) else src
+                    out.append(f"{rel}:{node.lineno}: imports {name}, which lies in {top}/, exempt from the freeze")
+    return out

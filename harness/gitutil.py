@@ -1,14 +1,23 @@
-"""The few git facts the harness needs: tracked state of a file, tags, ancestry."""
+"""The few git facts the harness needs: tracked state of a file, tags, ancestry.
+
+Every call runs with git's replace objects disabled (``GIT_NO_REPLACE_OBJECTS=1``), so a
+``git replace`` of a tag, commit or blob cannot stand in for what was frozen.
+"""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 
+def env() -> dict[str, str]:
+    return {**os.environ, "GIT_NO_REPLACE_OBJECTS": "1", "GIT_TERMINAL_PROMPT": "0"}
+
+
 def git(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=check)
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=check, env=env())
 
 
 def toplevel(path: Path) -> Path | None:
@@ -61,7 +70,7 @@ def tag_info(repo: Path, name: str) -> TagInfo | None:
 
 
 def blob_at(repo: Path, rev: str, rel: str) -> bytes | None:
-    r = subprocess.run(["git", "show", f"{rev}:{rel}"], cwd=repo, capture_output=True, check=False)
+    r = subprocess.run(["git", "show", f"{rev}:{rel}"], cwd=repo, capture_output=True, check=False, env=env())
     return r.stdout if r.returncode == 0 else None
 
 
@@ -69,5 +78,54 @@ def is_ancestor(repo: Path, ancestor: str, descendant: str = "HEAD") -> bool:
     return git(repo, "merge-base", "--is-ancestor", ancestor, descendant, check=False).returncode == 0
 
 
-def create_tag(repo: Path, name: str, message: str) -> None:
-    git(repo, "tag", "-a", name, "-m", message, "HEAD")
+def create_tag(repo: Path, name: str, message: str, sign: bool = False) -> None:
+    """An annotated tag on HEAD; with ``sign``, signed by git itself (``gpg.format`` ssh or openpgp,
+    ``user.signingkey``), so a reader verifies it against their own allowed signers."""
+    r = git(repo, "tag", "-s" if sign else "-a", name, "-m", message, "HEAD", check=False)
+    if r.returncode == 0 and sign and "-----BEGIN " not in git(repo, "cat-file", "tag", name, check=False).stdout:
+        git(repo, "tag", "-d", name, check=False)  # git can leave an unsigned tag behind when signing fails
+        r = subprocess.CompletedProcess(r.args, 1, r.stdout, r.stderr or "git made no signature")
+    if r.returncode != 0:
+        from harness.errors import RefusedError
+
+        raise RefusedError(f"git could not {'sign and ' if sign else ''}create tag {name}: "
+                           f"{r.stderr.strip()[-400:] or 'no detail'}"
+                           + ("; set up signing first (git config gpg.format ssh; git config user.signingkey KEY)"
+                              if sign else ""))
+
+
+EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+
+
+def anchor(repo: Path, remote: str, ref: str, protocol: str, freeze: str, seq: int, sha: str) -> str | None:
+    """Record the ledger head as a commit on ``ref`` (its parent the previous anchor, its message the
+    head) and push ``ref`` to ``remote``; returns what went wrong, or None."""
+    parent = git(repo, "rev-parse", "-q", "--verify", ref, check=False).stdout.strip()
+    if parent:
+        last = git(repo, "log", "-1", "--format=%B", parent, check=False).stdout
+        if f"\nseq {seq}\nsha256 {sha}\n" in last:  # already anchored
+            return _push(repo, remote, ref)
+    subprocess.run(["git", "hash-object", "-t", "tree", "-w", "--stdin"], cwd=repo, input="", capture_output=True,
+                   text=True, check=False, env=env())  # the empty tree, in case this repository lacks it
+    message = f"ledger head of protocol-{protocol}: seq {seq}\n\nprotocol {protocol}\nfreeze {freeze}\nseq {seq}\nsha256 {sha}\n"
+    e = env()
+    if not git(repo, "config", "user.email", check=False).stdout.strip():
+        e.update(GIT_AUTHOR_NAME="cotangent harness", GIT_AUTHOR_EMAIL="harness@localhost",
+                 GIT_COMMITTER_NAME="cotangent harness", GIT_COMMITTER_EMAIL="harness@localhost")
+    r = subprocess.run(["git", "commit-tree", EMPTY_TREE, *(["-p", parent] if parent else []), "-m", message],
+                       cwd=repo, capture_output=True, text=True, check=False, env=e)
+    if r.returncode != 0:
+        return f"git commit-tree failed: {r.stderr.strip()[-300:]}"
+    upd = git(repo, "update-ref", ref, r.stdout.strip(), *([parent] if parent else []), check=False)
+    if upd.returncode != 0:
+        return f"git update-ref {ref} failed: {upd.stderr.strip()[-300:]}"
+    return _push(repo, remote, ref)
+
+
+def _push(repo: Path, remote: str, ref: str) -> str | None:
+    try:
+        r = subprocess.run(["git", "push", "--quiet", remote, f"{ref}:{ref}"], cwd=repo, capture_output=True, text=True,
+                           check=False, env=env(), timeout=120)
+    except subprocess.TimeoutExpired:
+        return f"git push to {remote} timed out"
+    return None if r.returncode == 0 else f"git push {remote} {ref} failed: {r.stderr.strip()[-300:]}"

@@ -151,3 +151,52 @@ def one_of(*choices: Any) -> Callable[[Any], str | None]:
         return None if v in choices else f"must be one of {', '.join(map(str, choices))}"
 
     return check
+
+
+def _first_difference(a: Any, b: Any, path: KeyPath = ()) -> KeyPath | None:
+    """The first key path where ``a`` and ``b`` differ in value or type (None when equal)."""
+    if type(a) is not type(b):
+        return path
+    if isinstance(a, dict):
+        for k in list(a) + [k for k in b if k not in a]:
+            if k not in a or k not in b:
+                return path + (k,)
+            d = _first_difference(a[k], b[k], path + (k,))
+            if d is not None:
+                return d
+        return None
+    if isinstance(a, list):
+        for i, (x, y) in enumerate(zip(a, b)):
+            d = _first_difference(x, y, path + (i,))
+            if d is not None:
+                return d
+        return None if len(a) == len(b) else path + (min(len(a), len(b)),)
+    same = a == b or (isinstance(a, float) and a != a and b != b)
+    return None if same else path
+
+
+def audit_readable(doc: Document) -> None:
+    """Refuse a file that the public audit's standard-library reader (``analysis/public_audit.py``)
+    cannot read, or reads differently from ``yaml.safe_load``, naming the line: the audit reads the
+    tagged protocol from its bytes alone, so ``harness plan`` and ``harness tag`` accept only what it
+    reads."""
+    from analysis.public_audit import YamlError, yaml_subset
+
+    try:
+        theirs = yaml_subset(doc.raw.decode("utf-8"))
+    except YamlError as e:
+        raise InputError(f"the public audit's YAML reader cannot read this file ({str(e).partition(': ')[2]}); "
+                         "write that line in a plainer form", file=str(doc.path), line=e.line) from e
+    where = _first_difference(doc.data, theirs)
+    if where is not None:
+        raise doc.error(where, "the public audit's YAML reader reads this value differently from yaml.safe_load "
+                               f"(audit: {_get(theirs, where)!r}); write it in a plainer form")
+
+
+def _get(data: Any, path: KeyPath) -> Any:
+    for k in path:
+        try:
+            data = data[k]
+        except (KeyError, IndexError, TypeError):
+            return "<absent>"
+    return data

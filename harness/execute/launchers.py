@@ -1,6 +1,6 @@
 """How one run starts on its machine: a fresh process per run.
 
-* ``spawn``: ``python -m harness.execute.worker JOB RESULT``, a new interpreter per run;
+* ``spawn``: ``python -m harness.execute.worker JOB fd:N`` (through :data:`BOOT`), a new interpreter per run;
 * ``forkserver``: ``python -m harness.execute.worker --serve`` imports everything once and forks a fresh
   child per run (Linux), so each run still starts from a pristine process without paying the
   interpreter's and torch's start-up.
@@ -10,6 +10,14 @@ worker's own measure of its time; when the process died before it could say, the
 time stands in and ``device_s_source`` says so) and the tail of its log. The result comes back
 through a pipe the worker inherits (``fd:N`` in place of a result file), never through a file, so
 no other process can read an outcome before the runner has sealed it into the ledger.
+
+Workers run hermetically: ``python -I`` (no ``PYTHONPATH``, no user site; the study's root only at
+the end of the path, for plug-ins, so it shadows no installed package; site-packages stay, so torch
+and numpy come from the installation), an allow-listed
+environment (:func:`worker_env`; what changes a code path comes from the protocol), and a
+bootstrap (:data:`BOOT`) that puts the verified harness first on the path, compiles every module of
+the harness, the analysis and the study's frozen entries from its source (never from a bytecode
+cache, stale or planted), and refuses to import anything from an entry the freeze exempts.
 """
 
 from __future__ import annotations
@@ -64,6 +72,50 @@ class Launcher(Protocol):
     def close(self) -> None: ...
 
 
+#: The worker's first code, run as ``python -I -c BOOT``: see the module docstring.
+BOOT = r"""
+import os, sys
+from importlib.machinery import PathFinder, SourceFileLoader
+_roots = [os.path.realpath(p) for p in os.environ.get("HARNESS_FRESH_ROOTS", "").split(os.pathsep) if p]
+_study = os.path.realpath(os.getcwd())
+_exempt = set(filter(None, os.environ.get("HARNESS_EXEMPT", "").split(",")))
+def _under(p, r):
+    return p == r or p.startswith(r + os.sep)
+class _FromSource(SourceFileLoader):
+    def get_code(self, fullname):
+        path = self.get_filename(fullname)
+        return self.source_to_code(self.get_data(path), path)
+class _Frozen:
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        spec = PathFinder.find_spec(name, path, target)
+        if spec is None or not spec.origin or not os.path.isabs(spec.origin):
+            return spec
+        origin = os.path.realpath(spec.origin)
+        if _under(origin, _study) and not any(_under(origin, r) for r in _roots):
+            top = os.path.relpath(origin, _study).split(os.sep)[0]
+            if top in _exempt or top.endswith(".md"):
+                raise ImportError(f"{name} ({origin}) lies in {top}/, which the freeze exempts: frozen code cannot "
+                                  "import it (move the helper into a frozen folder)")
+        if isinstance(spec.loader, SourceFileLoader) and any(_under(origin, r) for r in _roots):
+            spec.loader = _FromSource(spec.loader.name, spec.loader.path)
+        return spec
+    @classmethod
+    def invalidate_caches(cls):
+        PathFinder.invalidate_caches()
+sys.meta_path.insert(0, _Frozen)
+sys.path[:0] = [p for p in os.environ.get("HARNESS_CODE_PATH", "").split(os.pathsep) if p]
+sys.path.append(_study)  # plug-ins at the study's root, after every installed package (none is shadowed)
+import runpy
+runpy.run_module("harness.execute.worker", run_name="__main__", alter_sys=True)
+"""
+
+
+def worker_command(*args: str) -> list[str]:
+    """``python -I`` with hash-based bytecode always checked, running :data:`BOOT`."""
+    return [sys.executable, "-I", "--check-hash-based-pycs", "always", "-c", BOOT, *args]
+
+
 class Spawn:
     name = "spawn"
 
@@ -75,7 +127,7 @@ class Spawn:
         r, w = os.pipe()
         try:
             with open(log, "wb") as out:
-                proc = subprocess.Popen([sys.executable, "-m", "harness.execute.worker", str(job), f"fd:{w}"],
+                proc = subprocess.Popen(worker_command(str(job), f"fd:{w}"),
                                         stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env, pass_fds=(w,))
                 os.close(w)
                 w = -1
@@ -111,7 +163,7 @@ class ForkServer:
 
     def _start(self, cwd: Path, env: dict[str, str] | None) -> subprocess.Popen[str]:
         if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen([sys.executable, "-m", "harness.execute.worker", "--serve"], stdin=subprocess.PIPE,
+            self.proc = subprocess.Popen(worker_command("--serve"), stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, cwd=cwd, env=env, text=True, bufsize=1)
             assert self.proc.stdout is not None
             ready = self.proc.stdout.readline().strip()
@@ -202,8 +254,54 @@ def launch(launcher: Launcher, job: dict[str, Any], work: Path, cwd: Path, env: 
     return Outcome(code, result, wall, started, finished, tail)
 
 
-def worker_env(extra_paths: list[str]) -> dict[str, str]:
-    """The environment for a worker that must import the harness from ``extra_paths`` first."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([*extra_paths, *filter(None, [env.get("PYTHONPATH")])])
+#: What a worker inherits from the runner's environment: where things are (paths, caches, locale,
+#: the devices Ray assigned), nothing that changes a code path.
+ALLOWED = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "TERM",
+                     "SYSTEMROOT", "XDG_CACHE_HOME", "COTANGENT_NATIVE_CACHE", "HARNESS_DATA", "HARNESS_NODE_DIR",
+                     "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CC"})
+
+#: Variables that change what a run computes or how fast: a runner refuses to start while one is
+#: set (the protocol says what they would say: ``threads``, ``torch_version``, the arms), rather
+#: than run the study in a state its protocol does not name.
+CODE_PATH = ("COTANGENT_NATIVE", "ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+             "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONOPTIMIZE", "PYTHONINSPECT", "PYTHONSAFEPATH",
+             "HARNESS_VERIFIED", "HARNESS_CODE_PATH", "HARNESS_FRESH_ROOTS", "HARNESS_EXEMPT", "COTANGENT_PHASE_SHA256",
+             "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "DNNL_MAX_CPU_ISA",
+             "ONEDNN_MAX_CPU_ISA")
+
+
+def refused_environment(environ: dict[str, str] | None = None) -> list[str]:
+    """The code-path variables set in ``environ`` (default: this process's), each with its value."""
+    environ = dict(os.environ) if environ is None else environ
+    return [f"{k}={environ[k]}" for k in CODE_PATH if k in environ]
+
+
+def worker_env(extra_paths: list[str], *, threads: int | None = None, frozen: list[str] | None = None,
+               exempt: list[str] | None = None, phase_sha256: str | None = None,
+               environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The allow-listed environment of a worker that imports the harness from ``extra_paths``.
+
+    ``threads`` (the protocol's) sets the OpenMP and MKL pools; ``frozen`` names the study's frozen
+    top-level entries (compiled from source) and ``exempt`` the exempt ones (not importable);
+    ``phase_sha256`` is the verified ``phase.c`` build the worker may load without rebuilding."""
+    import harness
+
+    src = dict(os.environ) if environ is None else environ
+    env = {k: v for k, v in src.items() if k in ALLOWED or k.startswith("LC_")}
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    env["HARNESS_CODE_PATH"] = os.pathsep.join(extra_paths)
+    pkgs = [Path(harness.__file__).resolve().parent]
+    try:
+        import analysis
+
+        pkgs.append(Path(analysis.__file__).resolve().parent)
+    except ImportError:  # pragma: no cover - shipped together
+        pass
+    roots = [str(p) for p in pkgs] + [str(Path(e).resolve()) for e in frozen or []]
+    roots += [str(Path(p) / "harness") for p in extra_paths]
+    env["HARNESS_FRESH_ROOTS"] = os.pathsep.join(roots)
+    env["HARNESS_EXEMPT"] = ",".join(sorted(exempt or []))
+    if phase_sha256:
+        env["COTANGENT_PHASE_SHA256"] = phase_sha256
     return env

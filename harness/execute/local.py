@@ -61,7 +61,7 @@ class LocalExecutor:
                         with device_lock:
                             held = locks / f"device-{runner.host}-{spec.device}.json"
                             end_orphans(held, runner.echo)
-                            launcher.start(runner.root, None)  # a fork server's start-up is outside the run
+                            launcher.start(runner.root, runner.env)  # a fork server's start-up is outside the run
                             work = runner.dir / "work" / f"{spec.run_id}.a{attempt}"
                             atomic_write(held, canonical({"runner": os.getpid(), "work": str(work),
                                                           "launcher": getattr(launcher, "pid", None)}), overwrite=True)
@@ -72,7 +72,7 @@ class LocalExecutor:
                                 if runner.live:
                                     runner.echo(f"\r  running {spec.run_id} {time.monotonic() - t0:6.1f}s")
 
-                            outcome = launch(launcher, runner.job(spec, attempt), work, runner.root, None, beat)
+                            outcome = launch(launcher, runner.job(spec, attempt), work, runner.root, runner.env, beat)
                         status = runner.finished(spec, attempt, outcome)
                         runner.progress.done += 1
                         runner.echo(f"  {status} ({runner.progress.executed_s[-1]:.1f} s)")

@@ -169,7 +169,8 @@ def run_unit(jobs: list[dict[str, Any]], expect: dict[str, Any], corpus: dict[st
     if lkey not in _LAUNCHERS:
         _LAUNCHERS[lkey] = LAUNCHERS[expect["launcher"]]()
     launcher = _LAUNCHERS[lkey]
-    env = worker_env([str(Path(harness.__file__).resolve().parent.parent)])
+    env = worker_env([str(Path(harness.__file__).resolve().parent.parent)], threads=expect.get("threads"),
+                     phase_sha256=expect.get("phase_sha256"))  # the driver's verified phase.c build, if this is it
     key = canonical(expect).decode()
     if key not in _CHECKED:
         probe_dir = base / "work" / f"probe-{os.getpid()}"
@@ -247,7 +248,8 @@ class RayExecutor:
                                f"harness node --device {device} --address ADDRESS")
         corpus = runner.corpus  # verified by the runner before any run
         expect = {"code": code_sha256(), "torch": proto.torch_version, "protocol": proto.id, "corpus": corpus.name,
-                  "device": device, "launcher": proto.launcher, "corpus_sha256": corpus.sha256()}
+                  "device": device, "launcher": proto.launcher, "corpus_sha256": corpus.sha256(),
+                  "threads": proto.threads, "phase_sha256": (runner.env or {}).get("COTANGENT_PHASE_SHA256")}
         shipped = {s: corpus.split(s) for s in SPLITS} if corpus.name != "pydoc-topics" else None
         corpus_ref = ray.put(shipped) if shipped is not None else None
         gpus = {"num_gpus": 1} if device == "cuda" else {}  # Ray sets CUDA_VISIBLE_DEVICES to the unit's GPU

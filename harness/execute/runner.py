@@ -16,6 +16,12 @@
   are not retried unless asked (``--retry-failed``).
 * Budget: the inclusive device seconds of every attempt are in the records; no unit starts when
   the spent time plus the unit's expected time would exceed the protocol's budget.
+* Hermetic workers: nothing starts while a variable that changes a code path is set
+  (:data:`harness.execute.launchers.CODE_PATH`); workers get an allow-listed environment, the
+  protocol's thread count and the sha256 of the ``phase.c`` build verified here; the torch and
+  numpy versions must be those of the study's earlier runs.
+* Anchoring: with ``anchor``, the ledger head is pushed to ``refs/ledger/protocol-<id>`` of that
+  git remote after every unit (:func:`harness.gitutil.anchor`).
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ class Runner:
 
     def __init__(self, proto: Protocol, *, echo: Callable[[str], None], live: bool = False,
                  retry_failed: bool = False, allow_torch_mismatch: bool = False,
-                 executor: Executor | None = None) -> None:
+                 executor: Executor | None = None, anchor: str | None = None) -> None:
         self.proto = proto
         self.echo = echo
         self.live = live
@@ -63,6 +69,10 @@ class Runner:
         self.frozen = freeze.NOT_FROZEN
         self._ledger: Ledger | None = None
         self._starts: dict[tuple[str, int], dict[str, Any]] = {}
+        self.anchor = anchor
+        self._anchored = 0  # the last seq this runner anchored
+        self.env: dict[str, str] | None = None  # the workers' environment, set by run()
+        self._unit_ends = {u[-1].run_id for u in units(self.runs)}
 
     @property
     def ledger(self) -> Ledger:
@@ -180,7 +190,24 @@ class Runner:
                    finished_at=stamp(outcome.finished_at or time.time()), timings=timings)
         self._write(jsonable(rec))
         self.progress.executed_s.append(timings["device_s"])
+        if spec.run_id in self._unit_ends:
+            self.push_anchor()
         return status
+
+    def push_anchor(self) -> None:
+        """Push the ledger head to the anchor remote (a failure is said, and the next push carries it)."""
+        if not self.anchor:
+            return
+        head = self.ledger.head()
+        if head["seq"] in (0, self._anchored):
+            return
+        self._anchored = head["seq"]
+        problem = gitutil.anchor(self.root, self.anchor, f"refs/ledger/{self.proto.tag_name}", self.proto.id,
+                                 self.frozen.freeze_sha256 or self.proto.sha256, head["seq"], head["sha256"])
+        if problem:
+            self.echo(f"  anchor: WARNING: {problem}")
+        else:
+            self.echo(f"  anchored seq {head['seq']} in {self.anchor}")
 
     def interrupted(self, spec: RunSpec) -> None:
         """Record every attempt of ``spec`` that started and has no record (a node or runner died)."""
@@ -228,6 +255,7 @@ class Runner:
                     f"{proto.path}: protocol {proto.id!r} names PyTorch {proto.torch_version}, this is "
                     f"{torch.__version__}; copy it into a new protocol id for this environment"
                 )
+        self.env = self._hermetic()
         # every byte of the corpus verifies before any run starts (DataError, exit 2, otherwise)
         self.corpus = proto.corpus_data()
         try:
@@ -245,6 +273,7 @@ class Runner:
         self.progress = Progress(total=len(self.runs))
         self.stopped_for_budget = False
         self.executor.execute(self)
+        self.push_anchor()
         states = run_states(proto)
         left = sum(len(self._todo(u, states)) for u in units(self.runs))
         if self.stopped_for_budget:
@@ -265,3 +294,69 @@ class Runner:
             tries = max(st.tries for st in sts if st is not None)
             return list(unit) if self.retry_failed and tries < self.proto.max_attempts else []
         return [s for s, st in zip(unit, sts) if st is None or st.last != "ok"]
+
+    def _hermetic(self) -> dict[str, str]:
+        """Refuse what would make the workers run other code than the protocol names; return their
+        environment (see the module docstring)."""
+        import importlib.metadata as md
+
+        from harness.errors import RefusedError
+        from harness.execute.launchers import refused_environment, worker_env
+
+        bad = refused_environment()
+        if bad:
+            raise RefusedError(f"{self.proto.path}: the environment sets what changes a run's code path; nothing was "
+                               f"run: {', '.join(bad)}. Unset it (a protocol says threads:, torch_version: and the "
+                               "arms; run the variation as a protocol of its own)")
+        mine = {}
+        for pkg in ("torch", "numpy"):
+            try:
+                mine[pkg] = md.version(pkg)
+            except md.PackageNotFoundError:
+                mine[pkg] = None
+        from harness.records import load_records
+
+        for r in load_records(self.records):
+            env = r.get("env") or {}
+            for pkg, have in mine.items():
+                was = env.get(pkg)
+                if was is not None and have is not None and was.split("+")[0] != have.split("+")[0]:
+                    raise RefusedError(f"{self.proto.path}: earlier runs of this study used {pkg} {was} "
+                                       f"({r['spec']['run_id']}), this installation has {have}; one study runs on one "
+                                       "installation: install that version, or copy the protocol to a new id")
+        plugins = [Path(fp["path"]) if Path(fp["path"]).is_absolute() else self.root / fp["path"]
+                   for fp in self.proto.plugin_fingerprints().values()]
+        helpers = freeze.exempt_imports(self.root, plugins)
+        if helpers:
+            raise RefusedError(f"{self.proto.path}: a frozen plug-in imports code the freeze does not bind; nothing was "
+                               "run:\n" + "\n".join(f"  - {h}" for h in helpers) + "\nmove the helper into a frozen "
+                               "folder (beside the plug-in)")
+        if self.anchor:
+            reach = gitutil.git(self.root, "ls-remote", self.anchor, check=False)
+            if reach.returncode != 0:
+                raise RefusedError(f"--anchor {self.anchor}: not a reachable git remote ({reach.stderr.strip()[-200:]}); "
+                                   "nothing was run")
+        repo = gitutil.toplevel(self.root)
+        frozen = [str(self.root / e) for e in freeze.frozen_entries(repo, "HEAD")] if repo else []
+        import harness
+
+        code = str(Path(harness.__file__).resolve().parent.parent)
+        return worker_env([code], threads=self.proto.threads, frozen=frozen, exempt=sorted(freeze.EXEMPT),
+                          phase_sha256=self._phase_library())
+
+    def _phase_library(self) -> str | None:
+        """Build or verify the ``phase.c`` library here, once, before any worker (where an arm may load it)."""
+        arms = {a for s in self.proto.studies for a in s.arms}
+        if self.proto.device not in ("cpu", "auto") or "cotangent" not in arms:
+            return None
+        import hashlib
+
+        from harness.cotangent import kernel
+
+        cc = kernel._compiler()
+        if cc is None:
+            return None
+        try:
+            return hashlib.sha256(kernel.build(cc).read_bytes()).hexdigest()
+        except (OSError, RuntimeError, ValueError):
+            return None  # the worker says why the phase runs on torch's kernels

@@ -57,6 +57,21 @@ class RunFailure(RuntimeError):
     """The run itself failed (non-finite loss, out of memory, ...): recorded, not dropped."""
 
 
+def _version(pkg: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(pkg)
+    except PackageNotFoundError:
+        return None
+
+
+def _phase_so_sha256() -> str | None:
+    from harness.cotangent.kernel import loaded_sha256
+
+    return loaded_sha256()
+
+
 def _sha_file(path: Path) -> str:
     return sha256_bytes(path.read_bytes())
 
@@ -87,6 +102,8 @@ def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
         # the instruction set torch dispatches its CPU kernels for (ATEN_CPU_CAPABILITY may lower it)
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(), "harness_sha256": code_sha256()["harness"],
+        "numpy": _version("numpy"),
+        "isolated": bool(sys.flags.isolated),  # python -I: no PYTHONPATH, user site or current directory
         "config_sha256": cfg.sha256, "corpus_sha256": corpus.sha256(),
     }
     result["env"] = env
@@ -109,6 +126,7 @@ def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
         # what runs the one-pass phase: phase.c (with the arithmetic forms its self-check chose)
         # or torch's kernels, and why; None for arms without PackedAdamW
         "phase_kernel": arm.optimizer.phase_kernel() if hasattr(arm.optimizer, "phase_kernel") else None,
+        "phase_so_sha256": _phase_so_sha256(),  # the phase.c library this process loaded, verified (or None)
     }
     batches = BatchStream(corpus.train, cfg.model.context, t.batch_size, spec["seed"])
     forward = model

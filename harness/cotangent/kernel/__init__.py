@@ -189,21 +189,31 @@ def cache_dir() -> Path:
 
 
 def build(cc: str) -> Path:
-    """Compile ``phase.c`` (or reuse the cached build); returns the shared object's path."""
+    """Compile ``phase.c`` (or reuse the cached build once verified); returns the shared object's path.
+
+    The cache is keyed by source, flags and compiler, but a file found there is loaded only when its
+    sha256 is the one the runner verified for this run (``$COTANGENT_PHASE_SHA256``), or when a fresh
+    compile of the source with this compiler gives the same bytes (the build is reproducible: it
+    runs in the source's folder on the name ``phase.c``); otherwise the fresh build replaces it, so
+    a planted or stale library is never loaded. :func:`loaded_sha256` says what was."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
     key = hashlib.sha256("\0".join([SOURCE.read_text(encoding="utf-8"), " ".join(FLAGS), version]).encode())
     out_dir = cache_dir()
     target = out_dir / f"phase-{key.hexdigest()[:16]}.so"
-    if target.is_file():
+    verified = os.environ.get("COTANGENT_PHASE_SHA256")
+    if verified and target.is_file() and hashlib.sha256(target.read_bytes()).hexdigest() == verified:
         return target
     out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".phase-", suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+        proc = subprocess.run([cc, *FLAGS, SOURCE.name, "-o", tmp, "-lm"], capture_output=True, text=True,
+                              cwd=SOURCE.parent)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed on {SOURCE.name}: {proc.stderr.strip()[-400:]}")
-        os.replace(tmp, target)
+        fresh = Path(tmp).read_bytes()
+        if not (target.is_file() and target.read_bytes() == fresh):
+            os.replace(tmp, target)  # a missing, stale or planted cached file gives way to the fresh build
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -211,7 +221,9 @@ def build(cc: str) -> Path:
 
 
 def _load(path: Path) -> ctypes.CDLL:
+    data = path.read_bytes()
     lib = ctypes.CDLL(str(path))
+    _state["so_sha256"] = hashlib.sha256(data).hexdigest()
     i64, i32, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_float
     lib.cot_row_norms.argtypes = [_VP, _VP, _VP, _VP, _VP, i64, _VP, i32, i32, i32]
     lib.cot_row_norms.restype = None
@@ -220,6 +232,11 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.cot_update.argtypes = [_VP, _VP, _VP, _VP, _VP, i64, ctypes.POINTER(Hyper)]
     lib.cot_update.restype = None
     return lib
+
+
+def loaded_sha256() -> str | None:
+    """The sha256 of the ``phase.c`` library this process loaded (None when it loaded none)."""
+    return _state.get("so_sha256")  # type: ignore[return-value]
 
 
 _state: dict[str, object] = {}

@@ -1,0 +1,452 @@
+"""Issue 25's attacks, each driven through the CLI in a temporary clone of a tagged, complete study:
+every one is refused before anything runs, or makes the public audit fail naming the cause.
+
+The module fixture tags and runs a tiny preregistered study once; each test works on its own copy.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import py_compile
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, git, harness, tiny_protocol
+from test_integrity import PROTO, RECS, audit, by_seq, make_study, rebuild_manifest, resealed
+
+from harness.records import load_records, read_record
+
+
+@pytest.fixture(scope="module")
+def done_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    r = make_study(tmp_path_factory.mktemp("provenance"))
+    run = harness(r, "run", PROTO, "--quiet")
+    assert run.returncode == 0, run.stdout + run.stderr
+    return r
+
+
+@pytest.fixture
+def study(done_study: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "copy"
+    shutil.copytree(done_study, dst, symlinks=True)
+    return dst
+
+
+def reseal_all(repo: Path, edit) -> None:
+    """A consistent forgery: every record edited, the chain relinked from the same genesis, MANIFEST
+    and summary.json rewritten by the harness's own code."""
+    paths = by_seq(repo)
+    prev = read_record(paths[0])["ledger"]["prev"]
+    for p in paths:
+        def e(r, prev=prev):
+            edit(r)
+            r["ledger"]["prev"] = prev
+        prev = resealed(p, e)["sha256"]
+    rebuild_manifest(repo)
+    assert harness(repo, "report", PROTO, "--quiet").returncode == 0  # the report follows the forged records
+
+
+def failed(repo: Path, *needles: str, extra: tuple[str, ...] = ()) -> str:
+    a = audit(repo, *extra)
+    out = a.stdout + a.stderr
+    assert a.returncode == 1, out
+    assert "Traceback" not in out
+    for n in needles:
+        assert n in out, out
+    return out
+
+
+def refused(repo: Path, *needles: str, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> str:
+    """harness run refuses (exit 2) before any worker starts and writes nothing."""
+    for p in by_seq(repo)[4:]:
+        p.unlink()  # leave a unit to do
+    (repo / RECS / "MANIFEST").unlink(missing_ok=True)
+    left = sorted(p.name for p in (repo / RECS).glob("*.record.json"))
+    full = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "run", PROTO, "--quiet", *args], cwd=repo,
+                       capture_output=True, text=True, timeout=600, env=full)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    for n in needles:
+        assert n in r.stderr, r.stderr
+    assert sorted(p.name for p in (repo / RECS).glob("*.record.json")) == left
+    assert not (repo / RECS / "MANIFEST").exists()
+    return r.stderr
+
+
+# -- 1. the tag is the source of truth ------------------------------------------------------------
+
+
+def test_intact_study_passes_every_provenance_check(study):
+    a = audit(study)
+    assert a.returncode == 0, a.stdout
+    for check in ("protocol: the tagged file", "what ran is what was frozen", "time order", "tag signature"):
+        assert any(line.startswith(check) and "ok:" in line for line in a.stdout.splitlines()), check
+    assert a.stdout.rstrip().splitlines()[-1].startswith("NOT ANCHORED: no published head")
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda h: h["tests"].clear(), "protocol.hypotheses"),
+    (lambda h: h.update(family_alpha=0.45), "protocol.hypotheses.family_alpha"),
+    (lambda h: h["tests"][0].update(better="higher"), "protocol.hypotheses"),
+])
+def test_hypotheses_edited_inside_the_records_fail_naming_record_and_field(study, edit, field):
+    reseal_all(study, lambda r: edit(r["protocol"]["hypotheses"]))
+    out = failed(study, "protocol: the tagged file", field)
+    assert "pairs.tiny_conv.pair000.baseline.a1.record.json: field protocol.hypotheses" in out
+
+
+def test_records_rewritten_as_not_preregistered_with_the_tag_deleted(study):
+    def edit(r):
+        r["protocol"].update(preregistered=False, tag=None, tag_commit=None, tag_object=None, tag_created=None,
+                             freeze_sha256=None)
+    reseal_all(study, edit)
+    git(study, "tag", "-d", "protocol-tiny")
+    failed(study, "protocols/tiny.yaml in this checkout says preregistered: true",
+           "no tag protocol-tiny", "nothing binds these records")
+
+
+def test_budget_and_margins_come_from_the_tag_not_the_records(study):
+    reseal_all(study, lambda r: r["protocol"].update(budget_device_seconds=1.0e6))
+    failed(study, "field protocol.budget_device_seconds = 1000000.0, the tagged protocol's is 600.0")
+
+
+# -- 2. what ran is what was frozen ---------------------------------------------------------------
+
+
+def test_record_commit_without_the_frozen_trees_fails(study):
+    plan = study / "harness" / "plan.py"
+    plan.write_text(plan.read_text() + "\n# after the tag\n")
+    git(study, "commit", "-qam", "code change after the tag")
+    head = git(study, "rev-parse", "HEAD").strip()
+    reseal_all(study, lambda r: r["git"].update(commit=head))
+    failed(study, f"field git.commit = {head[:12]} does not hold the frozen trees", "differs in harness")
+
+
+def test_record_code_hash_other_than_the_manifest_fails(study):
+    reseal_all(study, lambda r: r["env"].update(harness_sha256="0" * 64))
+    failed(study, "field env.harness_sha256 = '" + "0" * 64 + "', the tag's manifest says")
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda m: m.update(sources={}), "MANIFEST: sources lack"),
+    (lambda m: m.update(ledger_head=None), "MANIFEST: field ledger_head = None"),
+])
+def test_manifest_emptied(study, edit, needle):
+    path = study / RECS / "MANIFEST"
+    m = json.loads(path.read_text())
+    edit(m)
+    path.write_text(json.dumps(m))
+    failed(study, needle)
+
+
+@pytest.mark.parametrize("var, value", [
+    ("COTANGENT_NATIVE", "0"), ("ATEN_CPU_CAPABILITY", "default"), ("OMP_NUM_THREADS", "2"),
+    ("HARNESS_VERIFIED", "/tmp/elsewhere.json"), ("LD_PRELOAD", "/tmp/x.so"),
+])
+def test_code_path_variables_are_refused_before_anything_runs(study, var, value):
+    refused(study, f"{var}={value}", "the environment sets what changes a run's code path; nothing was run",
+            env={var: value})
+
+
+def test_pythonpath_with_sitecustomize_is_refused(study, tmp_path):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text("import time; time.sleep(0.01)\n")
+    refused(study, "PYTHONPATH=", env={"PYTHONPATH": str(tmp_path / "site")})
+
+
+def test_ignored_package_shadowing_pyyaml_is_refused(study):
+    (study / ".gitignore").write_text((study / ".gitignore").read_text() + "yaml/\n")  # .gitignore is exempt
+    (study / "yaml").mkdir()
+    (study / "yaml" / "__init__.py").write_text("raise SystemExit('shadowed')\n")
+    refused(study, "yaml/__init__.py: a module 'yaml' in the study's folder shadows the installed package")
+    (study / "yaml" / "__init__.py").write_text("from os import *\n")  # not a package the harness imports
+    shutil.move(study / "yaml", study / "helpers")
+    (study / ".gitignore").write_text((study / ".gitignore").read_text() + "helpers/\n")
+    refused(study, "helpers/: ignored by .gitignore but inside a frozen entry")
+
+
+def test_ignored_module_inside_a_frozen_folder_is_refused(study):
+    (study / ".gitignore").write_text((study / ".gitignore").read_text() + "harness/extra_*.py\n")
+    (study / "harness" / "extra_speed.py").write_text("X = 1\n")
+    refused(study, "harness/extra_speed.py: ignored by .gitignore but inside a frozen entry")
+
+
+def test_stale_unchecked_bytecode_is_never_read_by_a_worker(study):
+    """An unchecked-hash .pyc for a module only workers import, whose code would fail the run: the
+    worker compiles the frozen source instead, so the runs are ok."""
+    src = study / "harness" / "data" / "batches.py"
+    original = src.read_text()
+    src.write_text("import os\nif os.environ.get('HARNESS_CODE_PATH'):\n    raise SystemExit('STALE BYTECODE')\n"
+                   + original)
+    cache = study / "harness" / "data" / "__pycache__"
+    pyc = cache / f"batches.{sys.implementation.cache_tag}.pyc"
+    py_compile.compile(str(src), cfile=str(pyc), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    src.write_text(original)  # the tracked source is untouched; the stale bytecode stays beside it
+    for p in by_seq(study)[4:]:
+        p.unlink()
+    r = harness(study, "run", PROTO, "--quiet", "--no-report")
+    assert r.returncode == 0, r.stdout + r.stderr
+    recs = load_records(study / RECS)
+    assert [x["status"] for x in recs].count("ok") == 6
+    assert all(x["env"]["isolated"] is True for x in recs)
+
+
+def test_planted_phase_library_is_replaced_by_a_fresh_build(study, tmp_path):
+    cache = tmp_path / "kernel-cache"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COTANGENT_NATIVE_CACHE": str(cache)}
+    for p in by_seq(study)[4:]:
+        p.unlink()
+    run = lambda: subprocess.run([sys.executable, "-m", "harness.cli", "run", PROTO, "--quiet", "--no-report"],  # noqa: E731
+                                 cwd=study, capture_output=True, text=True, timeout=600, env=env)
+    first = run()
+    assert first.returncode == 0, first.stdout + first.stderr
+    (so,) = cache.glob("phase-*.so")
+    good = hashlib.sha256(so.read_bytes()).hexdigest()
+    cand = [x for x in load_records(study / RECS) if x["spec"]["arm"] == "cotangent"]
+    if not cand[-1]["method_paths"]["phase_kernel"].startswith("phase.c"):
+        pytest.skip(f"this CPU does not run phase.c ({cand[-1]['method_paths']['phase_kernel']})")
+    assert cand[-1]["method_paths"]["phase_so_sha256"] == good
+    so.write_bytes(b"\x7fELF planted library, reused by name")  # the cache key names the file, not its bytes
+    for p in by_seq(study)[4:]:
+        p.unlink()
+    second = run()
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert hashlib.sha256(so.read_bytes()).hexdigest() == good
+    rec = [x for x in load_records(study / RECS) if x["spec"]["arm"] == "cotangent"][-1]
+    assert rec["method_paths"]["phase_so_sha256"] == good and rec["method_paths"]["phase_kernel"].startswith("phase.c")
+
+
+def test_torch_version_differs_from_the_study_s_earlier_runs(study):
+    reseal_all(study, lambda r: r["env"].update(torch="1.0.0"))
+    stderr = refused(study, "earlier runs of this study used torch 1.0.0")
+    assert "one study runs on one installation" in stderr
+
+
+def test_audit_fails_when_a_study_mixes_package_versions(study):
+    def edit(r):
+        if r["spec"]["unit"].endswith("pair000"):
+            r["env"]["numpy"] = "0.1"
+    reseal_all(study, edit)
+    failed(study, "study pairs: the runs used 2 versions of numpy")
+
+
+def test_what_varies_between_runs_of_a_study_is_named_not_failed(study):
+    def edit(r):
+        if r["spec"]["unit"].endswith("pair001"):
+            r["env"].update(threads=2, host="other-host")
+    reseal_all(study, edit)
+    a = audit(study)
+    assert a.returncode == 0, a.stdout
+    assert "study pairs: varies between runs: host (" in a.stdout and "threads (1, 2)" in a.stdout
+
+
+# -- 3. time order --------------------------------------------------------------------------------
+
+
+def test_tag_dated_after_the_records_fails(study):
+    old = git(study, "rev-parse", "protocol-tiny").strip()
+    message = git(study, "for-each-ref", "--format=%(contents)", "refs/tags/protocol-tiny")
+    commit = git(study, "rev-parse", "protocol-tiny^{commit}").strip()
+    git(study, "tag", "-d", "protocol-tiny")
+    subprocess.run(["git", "tag", "-a", "protocol-tiny", "-m", message.strip(), commit], cwd=study, check=True,
+                   env={**os.environ, "GIT_COMMITTER_DATE": "2031-01-01T00:00:00+00:00"})
+    new = git(study, "rev-parse", "protocol-tiny").strip()
+    assert new != old
+    reseal_all(study, lambda r: r["protocol"].update(tag_object=new, tag_created="2031-01-01T00:00:00+00:00"))
+    failed(study, "time order", "tag protocol-tiny was created at 2031-01-01T00:00:00+00:00, after",
+           "the tag must precede every outcome")
+
+
+def test_record_started_before_its_predecessor_on_the_same_machine_fails(study):
+    first = read_record(by_seq(study)[0])
+
+    def edit(r):
+        if r["ledger"]["seq"] == 3:
+            r["started_at"] = first["started_at"]  # claims to have started with seq 1, on the same host
+    reseal_all(study, edit)
+    failed(study, "time order", "ledger seq 3", "before seq 2 on the same machine", "out of time order")
+
+
+def test_git_replace_of_the_tag_object_is_not_honoured(study):
+    """A forged tag object (its manifest naming another protocol hash) put in place of the real one
+    with `git replace`: the audit reads the real tag, so the records resealed to the forgery fail."""
+    real = git(study, "rev-parse", "protocol-tiny").strip()
+    message = git(study, "cat-file", "tag", real)
+    body = message.split("\n\n", 1)[1]
+    forged_body = body.replace(json.loads(body.split("freeze-manifest:", 1)[1])["protocol"]["sha256"], "f" * 64)
+    header = message.split("\n\n", 1)[0]
+    forged = subprocess.run(["git", "mktag"], cwd=study, input=f"{header}\n\n{forged_body}", capture_output=True,
+                            text=True, check=True).stdout.strip()
+    git(study, "replace", "-f", real, forged)
+    assert "f" * 64 in git(study, "cat-file", "tag", real)  # git itself now shows the forgery
+    a = audit(study)
+    assert a.returncode == 0, a.stdout  # the audit still reads the real tag: the intact records pass
+    fm = json.loads(forged_body.split("freeze-manifest:", 1)[1])
+    forged_freeze = hashlib.sha256(json.dumps(fm, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    reseal_all(study, lambda r: r["protocol"].update(freeze_sha256=forged_freeze))
+    failed(study, "field protocol.freeze_sha256")
+
+
+# -- 4. anchoring ---------------------------------------------------------------------------------
+
+
+def test_head_must_be_a_full_sha256(study):
+    head = read_record(by_seq(study)[-1])["sha256"]
+    a = audit(study, "--head", f"6:{head[:4]}")
+    assert a.returncode == 2 and "full 64-hex-digit sha256" in a.stdout
+    ok = audit(study, "--head", f"6:{head}")
+    assert ok.returncode == 0, ok.stdout
+    assert ok.stdout.rstrip().splitlines()[-1].startswith("Anchored: the chain was checked against the published head")
+
+
+def test_anchor_pushes_every_unit_and_the_audit_checks_the_history(tmp_path):
+    remote = tmp_path / "anchor.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(remote)], check=True)
+    repo = make_study(tmp_path)
+    bad = harness(repo, "run", PROTO, "--quiet", "--anchor", str(tmp_path / "nowhere.git"))
+    assert bad.returncode == 2 and "not a reachable git remote" in bad.stderr and not (repo / RECS).exists()
+    r = harness(repo, "run", PROTO, "--quiet", "--anchor", str(remote))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("anchored seq") == 3  # after every unit
+    log = git(remote, "log", "--format=%s", "refs/ledger/protocol-tiny").splitlines()
+    assert log == [f"ledger head of protocol-tiny: seq {n}" for n in (6, 4, 2)]
+    a = audit(repo, "--anchor", str(remote))
+    assert a.returncode == 0, a.stdout
+    assert "3 anchored heads in refs/ledger/protocol-tiny, up to seq 6 of 6" in a.stdout
+    assert a.stdout.rstrip().splitlines()[-1].startswith("Anchored:")
+    # the tail after an anchored head, rewritten and resealed: the anchor's history does not match
+    resealed(by_seq(repo)[-1], lambda x: x["timings"].update(training_s=0.001))
+    rebuild_manifest(repo)
+    out = failed(repo, "anchored head seq 6", "history was rewritten after it was anchored", extra=("--anchor", str(remote)))
+    assert "anchored head seq 4" not in out  # the earlier anchors still hold
+
+
+def test_allowed_signers_on_an_unsigned_tag_fails(study, tmp_path):
+    allowed = tmp_path / "allowed"
+    allowed.write_text("test@example.invalid ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA\n")
+    failed(study, "tag protocol-tiny is not signed", extra=("--allowed-signers", str(allowed)))
+
+
+def test_signed_tag_verifies_against_the_reader_s_allowed_signers(tmp_path):
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("ssh-keygen is not installed")
+    key, other = tmp_path / "key", tmp_path / "other"
+    for k in (key, other):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(k)], check=True)
+    r = tmp_path / "study"
+    (r / "protocols").mkdir(parents=True)
+    for sub in ("configs", "harness", "analysis"):
+        shutil.copytree(ROOT / sub, r / sub, ignore=shutil.ignore_patterns("__pycache__"))
+    (r / ".gitignore").write_text("runs/\n__pycache__/\n")
+    (r / PROTO).write_text(tiny_protocol(prereg="true", steps=6))
+    git(r, "init", "-q", "-b", "main")
+    for k, v in (("user.email", "test@example.invalid"), ("user.name", "Test"), ("gpg.format", "ssh"),
+                 ("user.signingkey", str(key))):
+        git(r, "config", k, v)
+    git(r, "add", "-A")
+    git(r, "commit", "-qm", "study")
+    t = harness(r, "tag", PROTO, "--sign")
+    assert t.returncode == 0, t.stderr
+    assert "signed" in t.stdout and "-----BEGIN SSH SIGNATURE-----" in git(r, "cat-file", "tag", "protocol-tiny")
+    run = harness(r, "run", PROTO, "--quiet", "--no-report")  # the runner reads the manifest of a signed tag
+    assert run.returncode == 0, run.stdout + run.stderr
+    good, wrong = tmp_path / "allowed", tmp_path / "wrong"
+    good.write_text(f"test@example.invalid {key.with_suffix('.pub').read_text()}")
+    wrong.write_text(f"test@example.invalid {other.with_suffix('.pub').read_text()}")
+    ok = audit(r, "--allowed-signers", str(good))
+    assert ok.returncode == 0, ok.stdout
+    assert "good signature, allowed by" in ok.stdout
+    assert "signed, not verified (pass --allowed-signers FILE)" in audit(r).stdout
+    failed(r, "its signature does not verify against", extra=("--allowed-signers", str(wrong)))
+
+
+def test_sign_without_a_signing_key_is_refused(tmp_path):
+    r = tmp_path / "study"
+    (r / "protocols").mkdir(parents=True)
+    shutil.copytree(ROOT / "configs", r / "configs")
+    (r / PROTO).write_text(tiny_protocol(prereg="true", steps=6))
+    git(r, "init", "-q", "-b", "main")
+    git(r, "config", "user.email", "test@example.invalid")
+    git(r, "config", "user.name", "Test")
+    git(r, "config", "gpg.format", "ssh")
+    git(r, "config", "user.signingkey", str(tmp_path / "no-such-key"))
+    git(r, "add", "-A")
+    git(r, "commit", "-qm", "study")
+    t = harness(r, "tag", PROTO, "--sign")
+    assert t.returncode == 2 and "git could not sign and create tag protocol-tiny" in t.stderr, t.stderr
+    assert "Traceback" not in t.stderr
+    assert git(r, "tag", "-l") == ""
+
+
+# -- the audit reads what the harness accepted ----------------------------------------------------
+
+
+def test_a_safe_dump_protocol_is_tagged_run_and_audited(tmp_path):
+    """The issue's case: a long quoted description folded over three lines by yaml.safe_dump."""
+    import yaml
+
+    doc = yaml.safe_load(tiny_protocol(prereg="true", steps=6))
+    doc["description"] = ("A long description: written by yaml.safe_dump, which quotes it for the colon and folds "
+                          "it over three lines because it is longer than the width")
+    r = tmp_path / "study"
+    (r / "protocols").mkdir(parents=True)
+    for sub in ("configs", "harness", "analysis"):
+        shutil.copytree(ROOT / sub, r / sub, ignore=shutil.ignore_patterns("__pycache__"))
+    (r / ".gitignore").write_text("runs/\n__pycache__/\n")
+    (r / PROTO).write_text(yaml.safe_dump(doc, width=60))
+    assert (r / PROTO).read_text().count("\n  ") >= 2
+    git(r, "init", "-q", "-b", "main")
+    git(r, "config", "user.email", "test@example.invalid")
+    git(r, "config", "user.name", "Test")
+    git(r, "add", "-A")
+    git(r, "commit", "-qm", "study")
+    assert harness(r, "tag", PROTO).returncode == 0
+    run = harness(r, "run", PROTO, "--quiet")
+    assert run.returncode == 0, run.stdout + run.stderr
+    a = audit(r)
+    assert a.returncode == 0, a.stdout
+    assert "Integrity: everything matched." in a.stdout
+
+
+def test_plug_in_importing_from_an_exempt_folder_is_refused(tmp_path):
+    r = tmp_path / "study"
+    (r / "protocols").mkdir(parents=True)
+    for sub in ("configs", "harness", "analysis"):
+        shutil.copytree(ROOT / sub, r / sub, ignore=shutil.ignore_patterns("__pycache__"))
+    (r / ".gitignore").write_text("runs/\n__pycache__/\n")
+    (r / "benchmarks").mkdir()
+    (r / "benchmarks" / "__init__.py").write_text("")
+    (r / "benchmarks" / "helper.py").write_text("FOREACH = True  # exempt: may change after the tag\n")
+    (r / "plugs").mkdir()
+    arm = (ROOT / "examples" / "foreach_arm.py").read_text()
+    (r / "plugs" / "arm.py").write_text(arm.replace("import torch\n", "import torch\n\nfrom benchmarks.helper import "
+                                                                       "FOREACH  # noqa: F401\n", 1))
+    (r / "plugs" / "dyn.py").write_text(arm.replace("def build(ctx: ArmContext) -> ForeachAdamW:\n",
+                                                    "def build(ctx: ArmContext) -> ForeachAdamW:\n    import importlib\n"
+                                                    "    importlib.import_module('bench' + 'marks.helper')\n"))
+    for name in ("arm", "dyn"):
+        (r / "protocols" / f"{name}.yaml").write_text(
+            tiny_protocol(id=name, prereg="true", steps=6).replace("[native, cotangent]", f"[native, plugs.{name}:build]"))
+    git(r, "init", "-q", "-b", "main")
+    git(r, "config", "user.email", "test@example.invalid")
+    git(r, "config", "user.name", "Test")
+    git(r, "add", "-A")
+    git(r, "commit", "-qm", "study")
+    for name in ("arm", "dyn"):
+        t = harness(r, "tag", f"protocols/{name}.yaml")
+        assert t.returncode == 0, t.stderr
+    s = harness(r, "run", "protocols/arm.yaml", "--quiet")
+    assert s.returncode == 2, s.stdout + s.stderr
+    assert "plugs/arm.py:15: imports benchmarks.helper, which lies in benchmarks/, exempt from the freeze" in s.stderr
+    assert not (r / "records" / "arm").exists()
+    # a dynamic import gets past the static check, not past the worker's bootstrap: the run fails, saying why
+    d = harness(r, "run", "protocols/dyn.yaml", "--quiet", "--no-report")
+    assert d.returncode == 1, d.stdout + d.stderr
+    failed_runs = [x for x in load_records(r / "records" / "dyn") if x["status"] == "failed"]
+    assert failed_runs and all(x["spec"]["arm"] == "plugs.dyn:build" for x in failed_runs)
+    assert "lies in benchmarks/, which the freeze exempts" in failed_runs[0]["reason"]
