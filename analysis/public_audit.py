@@ -38,6 +38,7 @@ Exit status 0 only if everything matched; otherwise 1, naming each file, field a
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import math
@@ -2262,9 +2263,13 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
         problems.append(f"{manifest_path}: missing")
         row("manifest", False, "MANIFEST missing")
         return
-    with open(manifest_path, encoding="utf-8") as f:
-        manifest = json.load(f)
-    listed = {**manifest["records"], **manifest.get("started", {})}  # schema 3: started entries apart
+    manifest = _read_json(manifest_path)
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("records"), dict):
+        problems.append(f"{manifest_path}: not a MANIFEST (a JSON object with a 'records' mapping); "
+                        "harness status or harness report rebuilds it from the ledger")
+        row("manifest", False, "MANIFEST unreadable")
+        return
+    listed = {**manifest["records"], **(manifest.get("started") or {})}  # schema 3: started entries apart
     files = sorted(n for n in os.listdir(directory) if n.endswith((RECORD_SUFFIX, STARTED_SUFFIX)))
     records = []
     started = []
@@ -2273,7 +2278,11 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
         path = os.path.join(directory, name)
         with open(path, "rb") as f:
             raw = f.read()
-        rec = json.loads(raw)
+        rec = _read_json(path, raw)
+        if not isinstance(rec, dict):
+            problems.append(f"{path}: not a JSON record")
+            bad += 1
+            continue
         if rec.get("schema_version") not in SCHEMAS:
             problems.append(f"{path}: schema_version {rec.get('schema_version')!r} is unknown to this audit")
             bad += 1
@@ -2394,8 +2403,11 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
     if not os.path.isfile(spath):
         row("summary.json recomputed", True, "no summary.json (run harness report): nothing to compare")
         return
-    with open(spath, encoding="utf-8") as f:
-        summary = json.load(f)
+    summary = _read_json(spath)
+    if not isinstance(summary, dict):
+        problems.append(f"{spath}: not a JSON summary (harness report writes it again)")
+        row("summary.json recomputed", False, "summary.json unreadable")
+        return
     before = len(problems)
     if not self_hash_ok(summary):
         problems.append(f"{spath}: field sha256 = {summary.get('sha256')!r} does not match its content")
@@ -2405,24 +2417,36 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
     row("summary.json recomputed", len(problems) == before, f"{n} values compared, {len(problems) - before} mismatches")
 
 
-def _option(argv: list[str], name: str) -> tuple[list[str], str | None]:
-    if name not in argv:
-        return argv, None
-    k = argv.index(name)
-    if k + 1 >= len(argv):
-        raise SystemExit(f"public audit: {name} needs a value")
-    return argv[:k] + argv[k + 2:], argv[k + 1]
+def _read_json(path: str, raw: bytes | None = None) -> object:
+    """The JSON value in ``path`` (or ``raw``), or ``None`` where it is not JSON."""
+    try:
+        if raw is None:
+            with open(path, "rb") as f:
+                raw = f.read()
+        return json.loads(raw)
+    except (OSError, ValueError):
+        return None
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="public_audit.py", description="Verify a study's records with the Python standard library alone: "
+        "hashes, the ledger, the tag and what it froze, and every statistic recomputed (docs/provenance.md).")
+    ap.add_argument("dirs", nargs="*", metavar="RECORDS_DIR",
+                    help="records folders (default: every folder under records/ that holds a MANIFEST)")
+    ap.add_argument("--head", metavar="SEQ:SHA256",
+                    help="a ledger head you published: its seq and full 64-hex-digit sha256 must be in the chain")
+    ap.add_argument("--anchor", metavar="REMOTE",
+                    help="a git remote whose refs/ledger/protocol-<id> holds the heads harness run --anchor pushed")
+    ap.add_argument("--allowed-signers", metavar="FILE",
+                    help="git's allowed-signers file to verify a signed protocol tag against")
+    return ap.parse_args(argv)
 
 
 def main(argv: list[str]) -> int:
     published = None
-    try:
-        argv, head = _option(argv, "--head")
-        argv, anchor = _option(argv, "--anchor")
-        argv, signers = _option(argv, "--allowed-signers")
-    except SystemExit as e:
-        print(e)
-        return 2
+    args = parse_args(argv)
+    head, anchor, signers = args.head, args.anchor, args.allowed_signers
     if head is not None:
         seq, _, sha = head.partition(":")
         if not seq.isdigit() or not re.fullmatch(r"[0-9a-f]{64}", sha):
@@ -2435,7 +2459,11 @@ def main(argv: list[str]) -> int:
     if signers is not None and not os.path.isfile(signers):
         print(f"public audit: --allowed-signers {signers}: no such file")
         return 2
-    dirs = argv
+    dirs = args.dirs
+    missing = [d for d in dirs if not os.path.isdir(d)]
+    if missing:
+        print(f"public audit: {', '.join(missing)}: no such records folder")
+        return 2
     if not dirs:
         base = "records"
         dirs = sorted(os.path.join(base, d) for d in os.listdir(base)
