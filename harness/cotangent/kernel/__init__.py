@@ -58,6 +58,7 @@ class Hyper(ctypes.Structure):
         ("weight_decay", ctypes.c_double), ("eps", ctypes.c_double),
         ("amsgrad", ctypes.c_int), ("maximize", ctypes.c_int), ("sq_form", ctypes.c_int), ("threads", ctypes.c_int),
         ("chunk", ctypes.c_int64), ("zero", ctypes.c_int),
+        ("grad_scale", _VP), ("found_inf", _VP),  # float32 scalars, or NULL (the AMP protocol)
     ]
 
 
@@ -70,7 +71,8 @@ class Kernel:
     lanes: int      # ATen's float vector width: 8 (AVX2) or 16 (AVX512)
     acc_fma: int    # norm accumulation: 0 acc + x*x, 1 fma(x, x, acc)
     tail_form: int  # scalar tail of a norm: 0 s + x*x, 1 fma, 2 fours as s + x*x then fma
-    sq_form: int    # second moment: bit 0 fma(c*g, g, v*b2) for v*b2 + (c*g)*g; bit 1 g before maximize
+    sq_form: int    # second moment: bit 0 fma(c*g, g, v*b2) for v*b2 + (c*g)*g; bit 1 g before maximize;
+    #                 bit 2 the same under grad_scale
 
     def describe(self) -> str:
         return (f"{self.path.name}: lanes={self.lanes} acc_fma={self.acc_fma} tail_form={self.tail_form} "
