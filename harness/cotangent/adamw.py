@@ -261,14 +261,20 @@ class PackedAdamW(torch.optim.Optimizer):
         self._update()
         return loss
 
-    def _update(self) -> None:
-        """Native's fused step over every parameter that has a gradient."""
+    def _update(self, per_parameter: bool = False) -> None:
+        """Native's fused step over every parameter that has a gradient.
+
+        With ``maximize`` (or ``per_parameter``) the call takes per-parameter tensors, as native's:
+        the sign a NaN gradient leaves in ``exp_avg_sq`` under ``maximize`` depends on whether ATen
+        ran a tensor's update inline or in its parallel region (the compiler folded the negation
+        differently in each), which depends on the tensor's size, so a flat run would change it.
+        """
         pack = self._pack
         assert pack is not None
         produced = pack.sync_grads()
         for gi, g in enumerate(pack.groups):
             kwargs = self._kwargs(g.pg)
-            if produced is None and pack.uniform_steps:
+            if produced is None and pack.uniform_steps and not (per_parameter or kwargs["maximize"]):
                 steps = [g.steps]
                 lists = self._fast_lists[gi]
             else:
@@ -343,7 +349,7 @@ class PackedAdamW(torch.optim.Optimizer):
             # A non-finite gradient: native's calls over per-parameter tensors, so that every NaN
             # takes the sign and payload native's loops (vector body or scalar tail) give it.
             pack.scale_grads(coef, total)
-            self._update()
+            self._update(per_parameter=True)
             pack.zero_grads(True)
             return
         if plan is not None:
