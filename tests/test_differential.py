@@ -8,7 +8,7 @@ parameter groups with their own hyperparameters (amsgrad, maximize, betas, weigh
 from backward (one or two micro-batches accumulated), assigned, overwritten in place, set to None;
 zero_grad on the optimizer or on the model, either mode, or none (accumulating across steps); no
 clipping, native clipping or the project's, over the parameters in order or reversed; the
-three calls or the one-pass phase; an LR scheduler; GradScaler at scales that are and are not
+three calls or the one-pass phase; gradient pages kept or released; an LR scheduler; GradScaler at scales that are and are not
 powers of two, with and without unscale_, an inf gradient on some step; both kernels.
 
 CI runs :data:`CI_EXAMPLES` derandomized examples (fixed, reproducible); ``pytest -m thorough``
@@ -81,7 +81,7 @@ def scenarios(draw: st.DrawFn) -> dict:
         "width": draw(st.sampled_from(WIDTHS)), "blocks": blocks, "tied": draw(st.booleans()),
         "bias": draw(st.booleans()), "frozen_at_start": draw(st.booleans()),
         "groups": [draw(hyper)] + ([draw(hyper)] if two_groups else []),
-        "kernel": draw(st.sampled_from(["auto", "torch"])), "scaler": scaler,
+        "kernel": draw(st.sampled_from(["auto", "torch"])), "release": draw(st.booleans()), "scaler": scaler,
         "scheduler": draw(st.booleans()), "seed": draw(st.integers(0, 2**16)),
         "steps": [draw(step_st) for _ in range(steps)],
     }
@@ -115,7 +115,7 @@ def run_scenario(sc: dict) -> None:
         ma.blocks[0].requires_grad_(False)
     mb = copy.deepcopy(ma)
     oa = torch.optim.AdamW(_groups(ma, sc["groups"]), fused=True)
-    ob = PackedAdamW(_groups(mb, sc["groups"]), kernel=sc["kernel"])
+    ob = PackedAdamW(_groups(mb, sc["groups"]), kernel=sc["kernel"], release_grads=sc["release"])
     sched = [torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5) for o in (oa, ob)] if sc["scheduler"] else []
     scalers = [torch.amp.GradScaler("cpu", init_scale=sc["scaler"], growth_interval=2) for _ in range(2)] \
         if sc["scaler"] else [None, None]

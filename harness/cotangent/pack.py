@@ -179,22 +179,32 @@ class Pack:
             if grad.layout != torch.strided:
                 raise RuntimeError("PackedAdamW requires dense gradients (got a sparse gradient)")
             p = self.params[i]
-            if p.grad is None:  # natively AccumulateGrad stores the new gradient; -0.0 + g is g, bit for bit
-                view = self.grad_views[i]
-                if self.dirty[i] or self.produced[i] or view._version != self.known[i]:
-                    view.fill_(-0.0)
-                    self.dirty[i] = False
-                p.grad = view
-            elif self.dirty[i] and p.grad is self.grad_views[i]:
-                p.grad.fill_(-0.0)
+            view = self.grad_views[i]
+            if p.grad is None:
+                # Natively AccumulateGrad stores the new gradient. A slot known to hold -0.0 becomes the
+                # .grad and takes it in place (-0.0 + g is g, bit for bit); any other slot (released
+                # pages, an old gradient) is left out: AccumulateGrad stores the gradient as natively,
+                # and the post hook copies it into the slot (one pass, pages touched as backward
+                # produces them, so gradient memory grows as native's does).
+                if not (self.dirty[i] or self.produced[i] or view._version != self.known[i]):
+                    p.grad = view
+            elif self.dirty[i] and p.grad is view:
+                view.fill_(-0.0)
                 self.dirty[i] = False
 
         return hook
 
     def _make_post_hook(self, i: int) -> Callable[[Tensor], None]:
         def post(param: Tensor) -> None:  # after AccumulateGrad wrote into .grad
+            view = self.grad_views[i]
+            g = param.grad
+            if g is not view and g is not None and g.layout == torch.strided and g.shape == view.shape \
+                    and g.dtype == view.dtype and g.device == view.device:
+                view.copy_(g)
+                param.grad = view
+                self.dirty[i] = False
             self.produced[i] = True
-            self.known[i] = self.grad_views[i]._version
+            self.known[i] = view._version
 
         return post
 
