@@ -1,6 +1,7 @@
 """``PackedAdamW``: AdamW over flat buffers, bitwise ``torch.optim.AdamW(fused=True)``."""
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -10,7 +11,15 @@ from torch import Tensor
 from harness.cotangent import kernel
 from harness.cotangent.clip import clip_grad_norm_
 from harness.cotangent.exactness import exact_paths
-from harness.cotangent.groups import NATIVE_GROUP_KEYS, check_group, lr_on, step_hooks_registered, validated
+from harness.cotangent.groups import (
+    NATIVE_GROUP_KEYS,
+    amp_tensors,
+    check_group,
+    fused_kwargs,
+    lr_on,
+    step_hooks_registered,
+    validated,
+)
 from harness.cotangent.kernel.phase import KernelPhase, kernel_blocker
 from harness.cotangent.norms import check_finite, clip_coef
 from harness.cotangent.pack import CPU_BLOCK_BYTES, FlatGroup, Pack
@@ -41,11 +50,13 @@ class PackedAdamW(torch.optim.Optimizer):
         Bytes of each flat buffer one block of :meth:`clip_step_zero_grad` covers on CPU
         (default :data:`CPU_BLOCK_BYTES`). Speed only: every block size gives the same bits.
     release_grads
-        ``False`` (default): the gradient buffer stays allocated between steps (zeroed with
-        -0.0), so peak memory exceeds native's by up to the gradients' bytes, which native frees
-        after each step. ``True``: zeroing gives the buffer's pages back to the OS (Linux) and
-        each slot is filled with -0.0 again when backward reaches its parameter, so peak memory
-        follows native's; the page faults cost time in backward. Same bits either way.
+        ``"auto"`` (default): ``True`` on Linux, else ``False``. ``True``: zeroing gives the
+        gradient buffer's pages back to the OS (``madvise``); when backward reaches a parameter,
+        its gradient is stored as natively and copied into its slot, so gradient memory comes back
+        as backward produces it and peak memory follows native's (the pages' faults cost a little
+        time in backward). ``False``: the buffer stays allocated between steps (zeroed with
+        -0.0) and backward accumulates into it in place, so peak memory exceeds native's by up to
+        the gradients' bytes, which native frees after each step. Same bits either way.
     kernel
         ``"auto"``: :meth:`clip_step_zero_grad` runs in C (:mod:`harness.native`) where that is
         verified bitwise (one float32 CPU buffer whose parameters are all multiples of 16
@@ -82,7 +93,7 @@ class PackedAdamW(torch.optim.Optimizer):
         update: str = "auto",
         block_bytes: int = CPU_BLOCK_BYTES,
         kernel: str = "auto",
-        release_grads: bool = False,
+        release_grads: bool | str = "auto",
     ) -> None:
         if kernel not in ("auto", "torch"):
             raise ValueError(f"kernel must be auto or torch, not {kernel!r}")
@@ -90,6 +101,10 @@ class PackedAdamW(torch.optim.Optimizer):
             raise ValueError(f"update must be auto, views, aligned or flat, not {update!r}")
         if block_bytes <= 0:
             raise ValueError(f"block_bytes must be positive, not {block_bytes}")
+        if release_grads not in (True, False, "auto"):
+            raise ValueError(f"release_grads must be True, False or 'auto', not {release_grads!r}")
+        if release_grads == "auto":  # the OS can take pages back (madvise): gradient memory as native's
+            release_grads = platform.system() == "Linux"
         defaults = dict(validated(lr, betas, eps, weight_decay, amsgrad, maximize), **NATIVE_GROUP_KEYS)
         groups = list(params)
         if not groups:
@@ -206,20 +221,6 @@ class PackedAdamW(torch.optim.Optimizer):
             return f"phase.c ({plan.kernel.describe()})"
         return f"torch kernels ({self._native_why})"
 
-    def _kwargs(self, pg: int) -> dict[str, Any]:
-        group = self.param_groups[pg]
-        for key in ("foreach", "capturable", "differentiable"):
-            if group.get(key):
-                raise RuntimeError(f"PackedAdamW: parameter group {pg} sets {key}={group[key]!r}; only the fused "
-                                   "path is packed")
-        if group.get("fused") is False:
-            raise RuntimeError(f"PackedAdamW: parameter group {pg} sets fused=False; PackedAdamW is the fused path")
-        beta1, beta2 = (b.squeeze() if isinstance(b, Tensor) and b.dim() else b for b in group["betas"])
-        return dict(
-            amsgrad=group["amsgrad"], lr=group["lr"], beta1=beta1, beta2=beta2,
-            weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
-        )
-
     # -- public --------------------------------------------------------------------------
     @property
     def flat_groups(self) -> list[FlatGroup]:
@@ -241,11 +242,6 @@ class PackedAdamW(torch.optim.Optimizer):
         """
         assert self._pack is not None
         self._pack.zero_grads(set_to_none)
-
-    def _amp(self, device: torch.device) -> tuple[Tensor | None, Tensor | None]:
-        """``grad_scale`` and ``found_inf`` as ``GradScaler`` sets them around ``step`` (or None), on ``device``."""
-        scale, inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
-        return (None if scale is None else scale.to(device), None if inf is None else inf.to(device))
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
@@ -273,7 +269,7 @@ class PackedAdamW(torch.optim.Optimizer):
         assert pack is not None
         produced = pack.sync_grads()
         for gi, g in enumerate(pack.groups):
-            kwargs = self._kwargs(g.pg)
+            kwargs = fused_kwargs(self.param_groups[g.pg], g.pg)
             if produced is None and pack.uniform_steps and not (per_parameter or kwargs["maximize"]):
                 steps = [g.steps]
                 lists = self._fast_lists[gi]
@@ -285,7 +281,7 @@ class PackedAdamW(torch.optim.Optimizer):
                 lists = view_lists(pack, g, positions)
                 steps = lists[5]
             torch._foreach_add_(steps, 1)
-            scale, inf = self._amp(g.device)
+            scale, inf = amp_tensors(self, g.device)
             torch._fused_adamw_(*lists, **lr_on(kwargs, g.device), grad_scale=scale, found_inf=inf)  # type: ignore
             if inf is not None:
                 torch._foreach_sub_(steps, [inf] * len(steps))
@@ -353,14 +349,14 @@ class PackedAdamW(torch.optim.Optimizer):
             pack.zero_grads(True)
             return
         if plan is not None:
-            scale, inf = self._amp(torch.device("cpu"))
+            scale, inf = amp_tensors(self, torch.device("cpu"))
             plan.update(self.param_groups[pack.groups[0].pg], not pack.release_mode, scale, inf)
         else:
             for gi, g in enumerate(pack.groups):
                 g.steps.add_(1)
                 c = coef.to(g.device)
-                scale, inf = self._amp(g.device)
-                kw = lr_on(self._kwargs(g.pg), g.device)
+                scale, inf = amp_tensors(self, g.device)
+                kw = lr_on(fused_kwargs(self.param_groups[g.pg], g.pg), g.device)
                 for block in self._blocks[gi]:
                     block.grad.mul_(c)
                     torch._fused_adamw_(*block.lists, **kw, grad_scale=scale, found_inf=inf)  # type: ignore

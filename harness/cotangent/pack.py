@@ -320,17 +320,22 @@ class Pack:
 
     def release_grads(self) -> None:
         """Zero the gradient buffers by giving their pages back to the OS (``release_grads``
-        mode); the hooks fill each slot with -0.0 again just before backward accumulates into it,
-        so gradient memory comes back as backward produces it, as native's does."""
+        mode); backward's gradient for each parameter is then stored as natively and copied into
+        its slot by the post-accumulate hook, so gradient memory comes back as backward produces
+        it, as native's does. A buffer whose pages cannot be released (not Linux, not CPU memory)
+        is filled with -0.0 instead and accumulated into in place."""
         for g in self.groups:
             span = release_pages(g.grad)
             if span is None:
                 g.grad.fill_(-0.0)
+                for i in g.index:
+                    self.dirty[i] = False
                 continue
             lo, hi = span
             g.grad[:lo].fill_(-0.0)
             g.grad[hi:].fill_(-0.0)
-        self.dirty = [True] * self.n
+            for i in g.index:
+                self.dirty[i] = True
 
     def consumed(self) -> None:
         """No parameter has a gradient (after the buffer was zeroed): every ``.grad`` None, as
