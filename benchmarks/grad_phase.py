@@ -68,19 +68,22 @@ def _params(config: str) -> list[torch.Tensor]:
 
 
 def _arm_options(options: list[str]) -> dict[str, object]:
-    """``torch``: kernel="torch"; ``<k>KiB``: block_bytes; ``release``: release_grads=True."""
+    """``torch``: kernel="torch"; ``<k>KiB``: block_bytes; ``release``: release_grads=True; ``keep``:
+    release_grads=False (the gradient buffer stays resident between steps)."""
     kw: dict[str, object] = {}
     for opt in options:
         if opt == "torch":
             kw["kernel"] = "torch"
         elif opt == "release":
             kw["release_grads"] = True
+        elif opt == "keep":
+            kw["release_grads"] = False
         else:
             kw["block_bytes"] = int(opt.removesuffix("KiB")) * 1024
     return kw
 
 
-MEMORY_VARIANTS = [*ARMS, "cotangent/release"]
+MEMORY_VARIANTS = [*ARMS, "cotangent/torch", "cotangent/keep"]
 
 
 class Variant:
@@ -88,7 +91,7 @@ class Variant:
         self.name = name
         self.grads = grads
         self.params = [torch.nn.Parameter(t.clone()) for t in init]
-        arm, *options = name.split("/")  # cotangent, cotangent/torch, cotangent/torch/512KiB, cotangent/release
+        arm, *options = name.split("/")  # cotangent, cotangent/torch, cotangent/torch/512KiB, cotangent/keep
         if arm in ARMS:
             self.arm = build_arm(arm, self.params, lr=LR, weight_decay=WD, max_norm=MAX_NORM, **_arm_options(options))
             self.phase = self.arm.phase
@@ -230,7 +233,7 @@ def main() -> int:
                     help="models for the whole steps (default: --configs and nanogpt_small)")
     ap.add_argument("--json", help="write the results as JSON to this path")
     args = ap.parse_args()
-    names = [*ARMS, "cotangent/torch", "cotangent/release"] + ([] if args.no_compiled else ["compiled"])
+    names = [*ARMS, "cotangent/torch", "cotangent/keep"] + ([] if args.no_compiled else ["compiled"])
     names += [f"cotangent/torch/{kib}KiB" for kib in args.block_sweep]
     kernel = phase_kernel.kernel()
     phase_c = kernel.describe() if kernel else f"not used: {phase_kernel.unavailable_reason()}"

@@ -95,7 +95,7 @@ def build_arm(
     update: str = "auto",
     block_bytes: int = CPU_BLOCK_BYTES,
     kernel: str = "auto",
-    release_grads: bool = False,
+    release_grads: bool | str = "auto",
 ) -> Arm:
     """Build one arm of the factorial over ``params`` (unique, in order)."""
     if arm not in ARMS:

@@ -23,7 +23,7 @@ def test_grad_phase_benchmark_runs(tmp_path):
     data = json.loads(out.read_text())
     res = data["configs"]["tiny_transformer"]
     assert set(res["timing"]) == {"native", "bucketed", "packed", "cotangent", "cotangent/torch",
-                                   "cotangent/release", "cotangent/torch/4KiB"}
+                                   "cotangent/keep", "cotangent/torch/4KiB"}
     assert res["timing"]["native"]["ratio"] == 1.0
     assert data["phase_c"] and "phase.c" in r.stdout
     assert data["cpu_capability"] and f"torch dispatches {data['cpu_capability']}" in r.stdout.splitlines()[0]
@@ -34,7 +34,8 @@ def test_grad_phase_benchmark_runs(tmp_path):
     assert step["cotangent"]["step_ratio"] == step["cotangent"]["step_ms"] / step["native"]["step_ms"]
     assert "| tiny_transformer |" in r.stdout and "Whole-step ratio" in r.stdout
     assert all(t["phase_ms"] > 0 and t["delivery_ms"] > 0 for t in res["timing"].values())
-    assert set(res["peak_rss_bytes"]) == {"native", "bucketed", "packed", "cotangent", "cotangent/release"}
+    assert set(res["peak_rss_bytes"]) == {"native", "bucketed", "packed", "cotangent", "cotangent/torch",
+                                          "cotangent/keep"}
     assert all(v > 0 for v in res["peak_rss_bytes"].values())
     lim = res["floor"]  # bytes over measured bandwidth: every variant is at or above it
     assert lim["best_GBps"] > 0 and lim["floor_ms"] > 0 and "| floor (bandwidth) |" in r.stdout

@@ -46,10 +46,9 @@ def test_adamw_grid_bitwise(kw, source):
             torch.autograd.backward(a, grads)
             torch.autograd.backward(b, grads)
         else:
-            for x, y, g in zip(a, b, grads):
+            for x, y, g in zip(a, b, grads):  # assigned, no backward (torch.func, a gradient from elsewhere)
                 x.grad = g.clone()
-                with torch.no_grad():
-                    y.grad.copy_(g)  # written in place, no backward
+                y.grad = g.clone()
         na = torch.nn.utils.clip_grad_norm_(a, 1.0)
         if step % 2:
             nb = clip_grad_norm_(b, 1.0)
@@ -83,13 +82,18 @@ def test_error_inputs_as_native_and_nothing_modified(kw, message):
 
 
 def test_in_place_gradients_count_and_clip():
+    """Gradients overwritten in place after backward (an all-reduce), a -0.0 one among them; .grad None
+    after zero_grad, as natively, so nothing can be written into a gradient that does not exist."""
     a, b, gen = pair()
     oa, ob = torch.optim.AdamW(a, fused=True), PackedAdamW(b)
     for _ in range(3):
+        assert all(x.grad is None for x in a) and all(y.grad is None for y in b)
         gs = [torch.randn(x.shape, generator=gen) for x in a]
         gs[4].zero_().neg_()  # a gradient of -0.0 written in place still counts
+        torch.autograd.backward(a, [torch.ones_like(x) for x in a])
+        torch.autograd.backward(b, [torch.ones_like(y) for y in b])
         for x, y, g in zip(a, b, gs):
-            x.grad = g.clone()
+            x.grad.copy_(g)
             y.grad.copy_(g)
         na, nb = torch.nn.utils.clip_grad_norm_(a, 0.5), clip_grad_norm_(b, 0.5)
         assert float(nb) > 0 and bitwise_equal(na, nb)

@@ -165,7 +165,7 @@ def test_native_phase_bitwise_three_calls(kw):
     a = [t.clone().requires_grad_() for t in init]
     b = [t.clone().requires_grad_() for t in init]
     oa = torch.optim.AdamW(a, lr=1e-2, weight_decay=wd, fused=True, **kw)
-    ob = PackedAdamW(b, lr=1e-2, weight_decay=wd, **kw)
+    ob = PackedAdamW(b, lr=1e-2, weight_decay=wd, release_grads=False, **kw)  # phase.c writes the -0.0
     assert ob.phase_kernel().startswith("phase.c"), ob.phase_kernel()
     clipped = 0
     for step in range(100):
@@ -191,7 +191,7 @@ def test_native_phase_bitwise_three_calls(kw):
     assert 0 < clipped < 100 or max_norm == 1e6
     g = ob.flat_groups[0].grad
     assert torch.equal(g.view(torch.int32), torch.full_like(g, -0.0).view(torch.int32))
-    assert all(y.grad is v for y, v in zip(b, ob._pack.grad_views))
+    assert all(y.grad is None for y in b)  # as native's zero_grad() leaves them
 
 
 @needs_kernel
@@ -373,5 +373,5 @@ def test_release_grads_mode_is_bitwise_native(kernel):
         for x, y in zip(a, b):
             if x in oa.state:
                 assert all(bitwise_equal(v, ob.state[y][k]) for k, v in oa.state[x].items()), f"step {step}"
-        assert all(bool((y.grad == 0).all()) for y in b)
+        assert all(y.grad is None for y in b)  # as native's zero_grad() leaves them
     assert ob._pack.release_mode and all(ob._pack.dirty)

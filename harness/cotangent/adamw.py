@@ -1,6 +1,7 @@
 """``PackedAdamW``: AdamW over flat buffers, bitwise ``torch.optim.AdamW(fused=True)``."""
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -10,10 +11,20 @@ from torch import Tensor
 from harness.cotangent import kernel
 from harness.cotangent.clip import clip_grad_norm_
 from harness.cotangent.exactness import exact_paths
-from harness.cotangent.groups import NATIVE_GROUP_KEYS, check_group, lr_on, step_hooks_registered, validated
+from harness.cotangent.groups import (
+    NATIVE_GROUP_KEYS,
+    amp_tensors,
+    check_group,
+    fused_kwargs,
+    lr_on,
+    step_hooks_registered,
+    validated,
+)
 from harness.cotangent.kernel.phase import KernelPhase, kernel_blocker
 from harness.cotangent.norms import check_finite, clip_coef
-from harness.cotangent.pack import CACHE_LINE_BYTES, CPU_BLOCK_BYTES, Block, FlatGroup, Pack
+from harness.cotangent.pack import CPU_BLOCK_BYTES, FlatGroup, Pack
+from harness.cotangent.plans import blocks_for, lists_for, view_lists
+from harness.cotangent.states import check_loadable, saved_state, to_state_tensors
 
 
 class PackedAdamW(torch.optim.Optimizer):
@@ -39,11 +50,13 @@ class PackedAdamW(torch.optim.Optimizer):
         Bytes of each flat buffer one block of :meth:`clip_step_zero_grad` covers on CPU
         (default :data:`CPU_BLOCK_BYTES`). Speed only: every block size gives the same bits.
     release_grads
-        ``False`` (default): the gradient buffer stays allocated between steps (zeroed with
-        -0.0), so peak memory exceeds native's by up to the gradients' bytes, which native frees
-        after each step. ``True``: zeroing gives the buffer's pages back to the OS (Linux) and
-        each slot is filled with -0.0 again when backward reaches its parameter, so peak memory
-        follows native's; the page faults cost time in backward. Same bits either way.
+        ``"auto"`` (default): ``True`` on Linux, else ``False``. ``True``: zeroing gives the
+        gradient buffer's pages back to the OS (``madvise``); when backward reaches a parameter,
+        its gradient is stored as natively and copied into its slot, so gradient memory comes back
+        as backward produces it and peak memory follows native's (the pages' faults cost a little
+        time in backward). ``False``: the buffer stays allocated between steps (zeroed with
+        -0.0) and backward accumulates into it in place, so peak memory exceeds native's by up to
+        the gradients' bytes, which native frees after each step. Same bits either way.
     kernel
         ``"auto"``: :meth:`clip_step_zero_grad` runs in C (:mod:`harness.native`) where that is
         verified bitwise (one float32 CPU buffer whose parameters are all multiples of 16
@@ -56,8 +69,16 @@ class PackedAdamW(torch.optim.Optimizer):
     parameters; no sparse gradients; no ``create_graph`` backward. A parameter whose gradient was
     not produced in a step is left untouched by that step, as native AdamW leaves a ``None``
     gradient. A ``.grad`` replaced by the user is copied into the flat buffer at the next step
-    and the view restored; a ``.grad`` set to ``None`` counts as no gradient.
+    and the view restored; a ``.grad`` set to ``None`` counts as no gradient. ``.grad`` is None
+    exactly where native's is (after ``zero_grad()``, before backward reaches a parameter).
+
+    As native fused AdamW, :meth:`step` takes part in ``GradScaler``'s protocol
+    (``_step_supports_amp_scaling``): it divides the gradients by ``self.grad_scale`` inside the
+    fused kernel and skips the update where ``self.found_inf`` is 1 (the step counters get + 1,
+    then - ``found_inf``), and :meth:`clip_step_zero_grad` does the same within the phase.
     """
+
+    _step_supports_amp_scaling = True
 
     def __init__(
         self,
@@ -72,7 +93,7 @@ class PackedAdamW(torch.optim.Optimizer):
         update: str = "auto",
         block_bytes: int = CPU_BLOCK_BYTES,
         kernel: str = "auto",
-        release_grads: bool = False,
+        release_grads: bool | str = "auto",
     ) -> None:
         if kernel not in ("auto", "torch"):
             raise ValueError(f"kernel must be auto or torch, not {kernel!r}")
@@ -80,6 +101,10 @@ class PackedAdamW(torch.optim.Optimizer):
             raise ValueError(f"update must be auto, views, aligned or flat, not {update!r}")
         if block_bytes <= 0:
             raise ValueError(f"block_bytes must be positive, not {block_bytes}")
+        if release_grads not in (True, False, "auto"):
+            raise ValueError(f"release_grads must be True, False or 'auto', not {release_grads!r}")
+        if release_grads == "auto":  # the OS can take pages back (madvise): gradient memory as native's
+            release_grads = platform.system() == "Linux"
         defaults = dict(validated(lr, betas, eps, weight_decay, amsgrad, maximize), **NATIVE_GROUP_KEYS)
         groups = list(params)
         if not groups:
@@ -90,6 +115,7 @@ class PackedAdamW(torch.optim.Optimizer):
             check_group(group, k, defaults)
         self._pack: Pack | None = None
         self._release = release_grads
+        self._phase: tuple[Tensor, Tensor] | None = None  # (total, coef) of a phase routed through step
         super().__init__(groups, defaults)
         self._requested_update = update
         self.block_bytes = block_bytes
@@ -113,11 +139,11 @@ class PackedAdamW(torch.optim.Optimizer):
         each parameter's state and whether it has a gradient."""
         old = self._pack
         assert old is not None
-        saved = {p: {k: v.clone() for k, v in self.state[p].items()} for p in old.params if p in self.state}
+        saved = {p: saved_state(self.state[p]) for p in old.params if p in self.state}
         with torch.no_grad():
-            for i, p in enumerate(old.params):  # a gradient that exists survives; an empty view does not
-                if old.attach[i] or p.grad is not None:
-                    p.grad = old.grad_views[i].clone() if old.produced[i] else None
+            for i, p in enumerate(old.params):  # a gradient that exists survives (the new pack copies it in)
+                if p.grad is old.grad_views[i]:
+                    p.grad = p.grad.clone() if old.produced[i] else None
         old.release()
         self._pack_all()
         self._restore(saved)
@@ -171,69 +197,10 @@ class PackedAdamW(torch.optim.Optimizer):
                     st["max_exp_avg_sq"] = g.slot(g.max_exp_avg_sq, j, p.shape)
                 self.state[p] = st
 
-    def _view_lists(self, g: FlatGroup, positions: list[int]) -> tuple[list[Tensor], ...]:
-        ps, gs, ms, vs, xs, ss = [], [], [], [], [], []
-        for j in positions:
-            p = self._pack.params[g.index[j]]
-            st = self.state[p]
-            ps.append(p.detach())
-            gs.append(self._pack.grad_views[g.index[j]])
-            ms.append(st["exp_avg"])
-            vs.append(st["exp_avg_sq"])
-            if g.max_exp_avg_sq is not None:
-                xs.append(st["max_exp_avg_sq"])
-            ss.append(g.steps[j])
-        return ps, gs, ms, vs, xs, ss
-
-    def _lists_for(self, g: FlatGroup) -> tuple[list[Tensor], ...]:
-        """Tensor lists for the fused call when every parameter of ``g`` has a gradient."""
-        mode = self._mode(g)
-        n = len(g.index)
-        flat_upto = {"views": 0, "aligned": g.aligned_end, "flat": n}[mode]
-        if flat_upto <= 1:
-            return self._view_lists(g, list(range(n)))
-        end = g.offsets[flat_upto - 1] + g.numels[flat_upto - 1]
-        ps, gs, ms, vs, xs, ss = self._view_lists(g, list(range(flat_upto, n)))
-        ps.insert(0, g.param[:end])
-        gs.insert(0, g.grad[:end])
-        ms.insert(0, g.exp_avg[:end])
-        vs.insert(0, g.exp_avg_sq[:end])
-        if g.max_exp_avg_sq is not None:
-            xs.insert(0, g.max_exp_avg_sq[:end])
-        ss.insert(0, g.steps[0])
-        return ps, gs, ms, vs, xs, ss
-
-    def _blocks_for(self, g: FlatGroup) -> list[Block]:
-        """Blocks of the fused phase for ``g``, in the order they run.
-
-        On CPU in ``aligned`` mode the cache-line-aligned run is cut into blocks of
-        ``block_bytes`` at cache-line boundaries (no block has a scalar-tail element,
-        so each block's update is the bits of the whole run's), the other parameters form one
-        block of per-parameter views. Blocks run from the end of the buffer back, so the first
-        ones find the gradients the norm pass read last still in cache. Elsewhere one block
-        covers the buffer (on a GPU one launch beats several).
-        """
-        mode = self._mode(g)
-        if g.device.type != "cpu" or mode != "aligned" or g.aligned_end == 0:
-            return [Block(g.grad, self._lists_for(g))]
-        end = g.offsets[g.aligned_end - 1] + g.numels[g.aligned_end - 1]
-        size = g.grad.element_size()
-        unit = CACHE_LINE_BYTES // size
-        step = max(unit, self.block_bytes // size // unit * unit)
-        blocks: list[Block] = []
-        for s in range(0, end, step):
-            e = min(s + step, end)
-            xs = [g.max_exp_avg_sq[s:e]] if g.max_exp_avg_sq is not None else []
-            lists = ([g.param[s:e]], [g.grad[s:e]], [g.exp_avg[s:e]], [g.exp_avg_sq[s:e]], xs, [g.steps[0]])
-            blocks.append(Block(g.grad[s:e], lists))
-        if g.aligned_end < len(g.index):
-            blocks.append(Block(g.grad[end:], self._view_lists(g, list(range(g.aligned_end, len(g.index))))))
-        blocks.reverse()
-        return blocks
-
     def _build_plans(self) -> None:
-        self._fast_lists = [self._lists_for(g) for g in self._pack.groups]
-        self._blocks = [self._blocks_for(g) for g in self._pack.groups]
+        pack = self._pack
+        self._fast_lists = [lists_for(pack, g, self._mode(g)) for g in pack.groups]
+        self._blocks = [blocks_for(pack, g, self._mode(g), self.block_bytes) for g in pack.groups]
         self._native: KernelPhase | None | bool = False  # False: not decided yet
         self._native_why: str | None = None
 
@@ -254,21 +221,6 @@ class PackedAdamW(torch.optim.Optimizer):
             return f"phase.c ({plan.kernel.describe()})"
         return f"torch kernels ({self._native_why})"
 
-    def _kwargs(self, pg: int) -> dict[str, Any]:
-        group = self.param_groups[pg]
-        for key in ("foreach", "capturable", "differentiable"):
-            if group.get(key):
-                raise RuntimeError(f"PackedAdamW: parameter group {pg} sets {key}={group[key]!r}; only the fused "
-                                   "path is packed")
-        if group.get("fused") is False:
-            raise RuntimeError(f"PackedAdamW: parameter group {pg} sets fused=False; PackedAdamW is the fused path")
-        beta1, beta2 = (b.squeeze() if isinstance(b, Tensor) and b.dim() else b for b in group["betas"])
-        return dict(
-            amsgrad=group["amsgrad"], lr=group["lr"], beta1=beta1, beta2=beta2,
-            weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
-            grad_scale=None, found_inf=None,
-        )
-
     # -- public --------------------------------------------------------------------------
     @property
     def flat_groups(self) -> list[FlatGroup]:
@@ -276,47 +228,65 @@ class PackedAdamW(torch.optim.Optimizer):
         return self._pack.groups
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero the flat gradient buffer and keep every ``.grad`` a view of it.
+        """Native's ``zero_grad``, over the flat gradient buffer.
 
-        ``set_to_none=True`` (native's default): no parameter has a gradient until backward (or
-        the user) writes one; ``.grad`` stays a view rather than ``None``, so that backward
-        accumulates into the flat buffer. ``set_to_none=False``: as native's ``grad.zero_()``,
-        every parameter that had a gradient keeps a ``+0.0`` one and is stepped with it (moments
-        and weight decay move it). With ``set_to_none=True`` the buffer is filled with
-        ``-0.0``, the additive identity of IEEE arithmetic (``-0.0 + x == x`` bit for bit, ``+0.0``
-        would turn a ``-0.0`` gradient into ``+0.0``), so the next backward's in-place
-        accumulation leaves exactly the bits native would store. With ``release_grads=True`` the
-        buffer's pages are given back to the OS instead; they read ``+0.0`` until backward, where
-        each parameter's hook fills its slot with ``-0.0`` just before accumulation.
+        ``set_to_none=True`` (native's default): every ``.grad`` becomes None, as natively; the
+        buffer is filled with ``-0.0``, the additive identity of IEEE arithmetic (``-0.0 + x == x``
+        bit for bit, ``+0.0`` would turn a ``-0.0`` gradient into ``+0.0``), and each parameter's
+        hook makes its slot the ``.grad`` just before backward accumulates into it, so the
+        accumulation leaves exactly the bits native would store. ``set_to_none=False``: as
+        native's ``grad.zero_()``, every parameter that had a gradient keeps a ``+0.0`` one and is
+        stepped with it (moments and weight decay move it). With ``release_grads=True`` the
+        buffer's pages are given back to the OS instead; the hook fills a slot with ``-0.0``
+        again before backward accumulates into it.
         """
         assert self._pack is not None
         self._pack.zero_grads(set_to_none)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        if self._phase is not None:  # clip_step_zero_grad's update, called through (a wrapped) step
+            total, coef = self._phase
+            self._phase = None
+            self._phase_update(total, coef)
+            return None
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._update()
+        return loss
+
+    def _update(self, per_parameter: bool = False) -> None:
+        """Native's fused step over every parameter that has a gradient.
+
+        With ``maximize`` (or ``per_parameter``) the call takes per-parameter tensors, as native's:
+        the sign a NaN gradient leaves in ``exp_avg_sq`` under ``maximize`` depends on whether ATen
+        ran a tensor's update inline or in its parallel region (the compiler folded the negation
+        differently in each), which depends on the tensor's size, so a flat run would change it.
+        """
         pack = self._pack
         assert pack is not None
         produced = pack.sync_grads()
         for gi, g in enumerate(pack.groups):
-            kwargs = self._kwargs(g.pg)
-            if produced is None and pack.uniform_steps:
-                g.steps.add_(1)
+            kwargs = fused_kwargs(self.param_groups[g.pg], g.pg)
+            if produced is None and pack.uniform_steps and not (per_parameter or kwargs["maximize"]):
+                steps = [g.steps]
                 lists = self._fast_lists[gi]
             else:
                 have = set(produced) if produced is not None else set(range(pack.n))
                 positions = [j for j, i in enumerate(g.index) if i in have]
                 if not positions:
                     continue
-                lists = self._view_lists(g, positions)
-                torch._foreach_add_(lists[5], 1)
-            torch._fused_adamw_(*lists, **lr_on(kwargs, g.device))  # type: ignore[arg-type]
+                lists = view_lists(pack, g, positions)
+                steps = lists[5]
+            torch._foreach_add_(steps, 1)
+            scale, inf = amp_tensors(self, g.device)
+            torch._fused_adamw_(*lists, **lr_on(kwargs, g.device), grad_scale=scale, found_inf=inf)  # type: ignore
+            if inf is not None:
+                torch._foreach_sub_(steps, [inf] * len(steps))
         if produced is not None:
             pack.uniform_steps = False
-        return loss
 
     @torch.no_grad()
     def clip_step_zero_grad(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> Tensor:
@@ -329,45 +299,74 @@ class PackedAdamW(torch.optim.Optimizer):
             optimizer.zero_grad()
 
         The per-parameter norms are read first (they decide the clip coefficient); then, block
-        by block (:meth:`_blocks_for`), the gradients are scaled by the coefficient, the fused
-        AdamW kernel updates the block, and the block's gradients are zeroed while they are
-        still in cache. Every coordinate goes through the same operations as in the three calls;
-        only the order in which memory is visited changes. Where :meth:`phase_kernel` names
-        ``phase.c``, the same operations run as two C calls (norms, total and coefficient; then
-        one loop that scales, updates and zeroes each element). Cases off the fast path (a
-        gradient missing this step, per-parameter step counts, another norm type) make the three
-        calls.
+        by block (:func:`~harness.cotangent.plans.blocks_for`), the gradients are scaled by the
+        coefficient, the fused AdamW kernel updates the block, and the block's gradients are
+        zeroed while they are still in cache. Every coordinate goes through the same operations
+        as in the three calls; only the order in which memory is visited changes. Where
+        :meth:`phase_kernel` names ``phase.c``, the same operations run as two C calls (norms,
+        total and coefficient; then one loop that scales, updates and zeroes each element). The
+        update runs inside ``self.step()``, so whatever wraps ``step`` (an LR scheduler counting
+        steps, a profiler) sees one step, as around the three calls. Cases off the fast path (a
+        gradient missing this step, per-parameter step counts, another norm type, step hooks)
+        make the three calls.
         """
         pack = self._pack
         assert pack is not None
         produced = pack.sync_grads()
-        if (produced is not None or not pack.uniform_steps or float(norm_type) != 2.0 or step_hooks_registered(self)
-                or pack.fill != -0.0):
+        if produced is not None or not pack.uniform_steps or float(norm_type) != 2.0 or step_hooks_registered(self):
             total = clip_grad_norm_(pack.params, max_norm, norm_type, error_if_nonfinite)
             self.step()
             self.zero_grad()
             return total
         plan = self._native_phase()
         if plan is not None:
-            total = plan.run(float(max_norm), self.param_groups[pack.groups[0].pg], error_if_nonfinite,
-                             zero=not pack.release_mode)
+            total = plan.total(float(max_norm), error_if_nonfinite)
+            coef = plan.coef
         else:
             total = pack.total_norm()
             check_finite(total, 2.0, error_if_nonfinite)
             coef = clip_coef(float(max_norm), total)
+        self._phase = (total, coef)
+        try:
+            self.step()
+        finally:
+            skipped, self._phase = self._phase is not None, None
+        if skipped:  # a wrapper of step did not call it: the clip and zero_grad happen all the same
+            pack.scale_grads(coef, total)
+            self.zero_grad()
+        return total
+
+    def _phase_update(self, total: Tensor, coef: Tensor) -> None:
+        pack = self._pack
+        assert pack is not None
+        plan = self._native_phase()
+        cpu = any(g.device.type == "cpu" for g in pack.groups)
+        if cpu and not bool(total.isfinite()):
+            # A non-finite gradient: native's calls over per-parameter tensors, so that every NaN
+            # takes the sign and payload native's loops (vector body or scalar tail) give it.
+            pack.scale_grads(coef, total)
+            self._update(per_parameter=True)
+            pack.zero_grads(True)
+            return
+        if plan is not None:
+            scale, inf = amp_tensors(self, torch.device("cpu"))
+            plan.update(self.param_groups[pack.groups[0].pg], not pack.release_mode, scale, inf)
+        else:
             for gi, g in enumerate(pack.groups):
                 g.steps.add_(1)
                 c = coef.to(g.device)
-                kw = lr_on(self._kwargs(g.pg), g.device)
+                scale, inf = amp_tensors(self, g.device)
+                kw = lr_on(fused_kwargs(self.param_groups[g.pg], g.pg), g.device)
                 for block in self._blocks[gi]:
                     block.grad.mul_(c)
-                    torch._fused_adamw_(*block.lists, **kw)  # type: ignore[arg-type]
+                    torch._fused_adamw_(*block.lists, **kw, grad_scale=scale, found_inf=inf)  # type: ignore
                     if not pack.release_mode:
                         block.grad.fill_(-0.0)
+                if inf is not None:
+                    g.steps.sub_(inf)
         if pack.release_mode:
             pack.release_grads()
-        pack.consumed()  # sync_grads left every .grad its view; the phase did not touch them
-        return total
+        pack.consumed()  # every .grad None, as native's zero_grad() leaves it
 
     def state_dict(self) -> dict[str, Any]:
         """Native per-parameter form (clones), loadable by ``torch.optim.AdamW`` and back."""
@@ -377,13 +376,17 @@ class PackedAdamW(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load per-parameter state (ours or native ``AdamW``'s, older versions included: group keys
-        they lack take native's defaults) into the flat buffers."""
+        they lack take native's defaults, a Python-number ``step`` becomes a float32 tensor as native
+        fused AdamW makes it) into the flat buffers. A state dict whose groups would take native off
+        its fused path (``fused`` unset or False, ``foreach``, ``capturable``, ``differentiable``) is
+        refused before anything is modified."""
+        check_loadable(state_dict)
         super().load_state_dict(state_dict)
         for group in self.param_groups:
             for key, value in {"amsgrad": False, "maximize": False, **NATIVE_GROUP_KEYS}.items():
                 group.setdefault(key, value)
         assert self._pack is not None
-        loaded = {p: dict(self.state[p]) for p in self._pack.params if p in self.state}
+        loaded = {p: to_state_tensors(self.state[p]) for p in self._pack.params if p in self.state}
         self._repack()
         self._restore(loaded)
 

@@ -46,7 +46,7 @@ def clip_grad_norm_(
         if produced is None:
             total = pack.total_norm()
             check_finite(total, norm_type, error_if_nonfinite)
-            pack.scale_grads(clip_coef(max_norm, total))
+            pack.scale_grads(clip_coef(max_norm, total), total)
             return total
         grads = [pack.grad_views[i] for i in produced]
     else:

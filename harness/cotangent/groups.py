@@ -85,3 +85,25 @@ def step_hooks_registered(opt: torch.optim.Optimizer) -> bool:
 
     return bool(opt._optimizer_step_pre_hooks or opt._optimizer_step_post_hooks
                 or _optimizer._global_optimizer_pre_hooks or _optimizer._global_optimizer_post_hooks)
+
+
+def fused_kwargs(group: dict[str, Any], pg: int) -> dict[str, Any]:
+    """Keyword arguments of ``torch._fused_adamw_`` for parameter group ``pg``, as native passes them."""
+    for key in ("foreach", "capturable", "differentiable"):
+        if group.get(key):
+            raise RuntimeError(f"PackedAdamW: parameter group {pg} sets {key}={group[key]!r}; only the fused "
+                               "path is packed")
+    if group.get("fused") is False:
+        raise RuntimeError(f"PackedAdamW: parameter group {pg} sets fused=False; PackedAdamW is the fused path")
+    beta1, beta2 = (b.squeeze() if isinstance(b, Tensor) and b.dim() else b for b in group["betas"])
+    return dict(
+        amsgrad=group["amsgrad"], lr=group["lr"], beta1=beta1, beta2=beta2,
+        weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
+    )
+
+
+def amp_tensors(opt: torch.optim.Optimizer, device: torch.device) -> tuple[Tensor | None, Tensor | None]:
+    """``grad_scale`` and ``found_inf`` as ``GradScaler`` sets them on a fused optimizer around
+    ``step`` (``_step_supports_amp_scaling``), on ``device``; None where unset."""
+    scale, inf = getattr(opt, "grad_scale", None), getattr(opt, "found_inf", None)
+    return (None if scale is None else scale.to(device), None if inf is None else inf.to(device))

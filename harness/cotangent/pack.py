@@ -75,14 +75,13 @@ class Pack:
         self.dirty = [False] * self.n
         self.ids = tuple(id(p) for p in params)
         self.grad_views: list[Tensor] = [None] * self.n  # type: ignore[list-item]
+        # produced[i]: parameter i has a gradient, exactly where native's ``.grad`` is not None. Then
+        # ``.grad`` is the slot's alias (or a tensor the user assigned, copied in at the next sync);
+        # otherwise ``.grad`` is None, as natively, and the slot holds -0.0 (or is dirty, see above).
         self.produced = [False] * self.n
         self.groups: list[FlatGroup] = []
         self.where: list[tuple[int, int]] = [(0, 0)] * self.n  # (group, packed position)
         self.uniform_steps = True
-        # frozen parameters (requires_grad=False) keep .grad None, as natively; they are packed
-        # so that a later requires_grad_() still finds them in the layout
-        self.attach = [p.requires_grad for p in params]
-        self.fill = -0.0  # what zeroing wrote: -0.0 (set_to_none=True) or +0.0 (set_to_none=False)
         order: dict[tuple[int, torch.device, torch.dtype], list[int]] = {}
         for i, p in enumerate(params):
             order.setdefault((group_of[i], p.device, p.dtype), []).append(i)
@@ -90,8 +89,9 @@ class Pack:
             self.groups.append(self._build_group(gi, pg, device, dtype, idx, amsgrad[pg]))
         self.ptrs = [p.data_ptr() for p in params]
         # Each gradient slot is an alias of the flat buffer with a version counter of its own (see
-        # grad_alias), so a slot written in place without a backward (copy_, an all-reduce, gradients
-        # from torch.func) shows a version this class did not see: it counts as produced.
+        # grad_alias): a slot without a gradient that was written anyway (through a reference kept
+        # from an earlier step) shows a version this class did not see, and is filled with -0.0
+        # again before backward accumulates into it.
         self.known = [v._version for v in self.grad_views]
         # Native clipping's norm order: its grouping (hash order of (device, dtype)) over params.
         grouped = _group_tensors_by_device_and_dtype([list(params)], with_indices=True)
@@ -160,7 +160,6 @@ class Pack:
                 if p.grad is not None:  # a gradient that exists at construction is kept
                     gview.copy_(p.grad)
                     self.produced[i] = True
-                if self.attach[i]:
                     p.grad = gview
                 self.grad_views[i] = gview
                 self.where[i] = (gi, j)
@@ -174,21 +173,38 @@ class Pack:
         return group
 
     def _make_hook(self, i: int) -> Callable[[Tensor], None]:
-        def hook(grad: Tensor) -> None:
+        def hook(grad: Tensor) -> None:  # runs before AccumulateGrad adds into the parameter's .grad
             if grad.requires_grad:
                 raise RuntimeError("PackedAdamW does not support backward with create_graph=True")
             if grad.layout != torch.strided:
                 raise RuntimeError("PackedAdamW requires dense gradients (got a sparse gradient)")
-            if self.dirty[i]:  # runs before AccumulateGrad adds into the slot
-                self.grad_views[i].fill_(-0.0)
+            p = self.params[i]
+            view = self.grad_views[i]
+            if p.grad is None:
+                # Natively AccumulateGrad stores the new gradient. A slot known to hold -0.0 becomes the
+                # .grad and takes it in place (-0.0 + g is g, bit for bit); any other slot (released
+                # pages, an old gradient) is left out: AccumulateGrad stores the gradient as natively,
+                # and the post hook copies it into the slot (one pass, pages touched as backward
+                # produces them, so gradient memory grows as native's does).
+                if not (self.dirty[i] or self.produced[i] or view._version != self.known[i]):
+                    p.grad = view
+            elif self.dirty[i] and p.grad is view:
+                view.fill_(-0.0)
                 self.dirty[i] = False
-            self.produced[i] = True
 
         return hook
 
     def _make_post_hook(self, i: int) -> Callable[[Tensor], None]:
-        def post(param: Tensor) -> None:  # after AccumulateGrad wrote into the slot
-            self.known[i] = self.grad_views[i]._version
+        def post(param: Tensor) -> None:  # after AccumulateGrad wrote into .grad
+            view = self.grad_views[i]
+            g = param.grad
+            if g is not view and g is not None and g.layout == torch.strided and g.shape == view.shape \
+                    and g.dtype == view.dtype and g.device == view.device:
+                view.copy_(g)
+                param.grad = view
+                self.dirty[i] = False
+            self.produced[i] = True
+            self.known[i] = view._version
 
         return post
 
@@ -207,13 +223,6 @@ class Pack:
             return None
         return pack
 
-    def restore_view(self, i: int) -> None:
-        gview = self.grad_views[i]
-        gview.fill_(-0.0)
-        self.dirty[i] = False
-        if self.attach[i]:
-            self.params[i].grad = gview
-
     def sync_grads(self) -> list[int] | None:
         """Reconcile ``.grad`` attributes with the flat buffer.
 
@@ -230,13 +239,13 @@ class Pack:
             g = p.grad
             view = self.grad_views[i]
             if g is view:
-                if not self.produced[i] and view._version != self.known[i]:
-                    self.produced[i] = True  # written in place without a backward (copy_, all-reduce, ...)
+                if not self.produced[i]:  # attached by the hook, nothing accumulated (torch.autograd.grad)
+                    p.grad = None
                 continue
             if g is None:
-                if self.attach[i] or self.produced[i]:
+                if self.produced[i]:  # set to None by the user (model.zero_grad(), p.grad = None)
                     self.produced[i] = False
-                    self.restore_view(i)
+                    self.dirty[i] = True  # the slot holds the old gradient: refilled before backward
                 continue
             if g.layout != torch.strided:
                 raise RuntimeError("PackedAdamW requires dense gradients (got a sparse gradient)")
@@ -277,57 +286,65 @@ class Pack:
             perm = self._perm_on[flat.device] = self.native_perm.to(flat.device)
         return torch.linalg.vector_norm(flat.index_select(0, perm), 2.0)
 
-    def scale_grads(self, coef: Tensor) -> None:
-        for g in self.groups:
-            g.grad.mul_(coef.to(g.device))
+    def scale_grads(self, coef: Tensor, total: Tensor) -> None:
+        """Clipping's multiply. A finite ``total`` (every gradient finite): one call per buffer,
+        elementwise the same as native's. Otherwise native's own call over the same per-parameter
+        tensors, so that every NaN keeps the sign and payload native's loops give it."""
+        if bool(total.isfinite()):
+            for g in self.groups:
+                g.grad.mul_(coef.to(g.device))
+            return
+        by_device: dict[torch.device, list[Tensor]] = {}
+        for i in range(self.n):
+            by_device.setdefault(self.grad_views[i].device, []).append(self.grad_views[i])
+        for device, views in by_device.items():
+            torch._foreach_mul_(views, coef.to(device))
 
     def zero_grads(self, set_to_none: bool = True) -> None:
-        """``zero_grad``: with ``set_to_none`` no parameter has a gradient afterwards (the buffer
-        holds -0.0, the additive identity); without, those that had one keep a +0.0 gradient, as
-        native's ``grad.zero_()`` leaves them (and are stepped with it)."""
+        """``zero_grad``: with ``set_to_none`` every ``.grad`` becomes None, as natively (the buffer
+        holds -0.0, the additive identity, for the next backward); without, the gradients that
+        exist become +0.0, as native's ``grad.zero_()`` leaves them (and are stepped with it)."""
         if not set_to_none:
-            for i in range(self.n):
-                if self.produced[i]:
-                    self.grad_views[i].zero_()
-                    self.dirty[i] = False
-            self.fill = 0.0
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.zero_()  # the slot's alias, or a tensor the user assigned (copied in at the sync)
             self.settle()
             return
-        self.fill = -0.0
         if self.release_mode:
             self.release_grads()
         else:
             for g in self.groups:
                 g.grad.fill_(-0.0)
-        self.reset_views()
-        self.settle()
+            self.dirty = [False] * self.n
+        self.consumed()
 
     def release_grads(self) -> None:
         """Zero the gradient buffers by giving their pages back to the OS (``release_grads``
-        mode); the hooks fill each slot with -0.0 again just before backward accumulates into it,
-        so gradient memory comes back as backward produces it, as native's does."""
+        mode); backward's gradient for each parameter is then stored as natively and copied into
+        its slot by the post-accumulate hook, so gradient memory comes back as backward produces
+        it, as native's does. A buffer whose pages cannot be released (not Linux, not CPU memory)
+        is filled with -0.0 instead and accumulated into in place."""
         for g in self.groups:
             span = release_pages(g.grad)
             if span is None:
                 g.grad.fill_(-0.0)
+                for i in g.index:
+                    self.dirty[i] = False
                 continue
             lo, hi = span
             g.grad[:lo].fill_(-0.0)
             g.grad[hi:].fill_(-0.0)
-        self.dirty = [True] * self.n
+            for i in g.index:
+                self.dirty[i] = True
 
     def consumed(self) -> None:
-        """No gradient produced yet (after the buffer was zeroed with every ``.grad`` its view)."""
-        self.produced = [False] * self.n
-        self.fill = -0.0
-        self.settle()
-
-    def reset_views(self) -> None:
-        """Every ``.grad`` the view of its slot, none produced yet (after the buffer was zeroed)."""
+        """No parameter has a gradient (after the buffer was zeroed): every ``.grad`` None, as
+        native's ``zero_grad()`` leaves it."""
         for i, p in enumerate(self.params):
-            if self.attach[i] and p.grad is not self.grad_views[i]:
-                p.grad = self.grad_views[i]
+            if p.grad is not None:
+                p.grad = None
             self.produced[i] = False
+        self.settle()
 
     def release(self) -> None:
         for h in self.hooks:

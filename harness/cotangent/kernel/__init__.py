@@ -65,6 +65,7 @@ class Hyper(ctypes.Structure):
         ("weight_decay", ctypes.c_double), ("eps", ctypes.c_double),
         ("amsgrad", ctypes.c_int), ("maximize", ctypes.c_int), ("sq_form", ctypes.c_int), ("threads", ctypes.c_int),
         ("chunk", ctypes.c_int64), ("zero", ctypes.c_int),
+        ("grad_scale", _VP), ("found_inf", _VP),  # float32 scalars, or NULL (the AMP protocol)
     ]
 
 
@@ -77,7 +78,8 @@ class Kernel:
     lanes: int      # float lanes of the ATen kernels that run: 8 (their AVX2 build) or 16 (AVX-512)
     acc_fma: int    # norm accumulation: 0 acc + x*x, 1 fma(x, x, acc)
     tail_form: int  # scalar tail of a norm: 0 s + x*x, 1 fma, 2 fours as s + x*x then fma
-    sq_form: int    # second moment: bit 0 fma(c*g, g, v*b2) for v*b2 + (c*g)*g; bit 1 g before maximize
+    sq_form: int    # second moment: bit 0 fma(c*g, g, v*b2) for v*b2 + (c*g)*g; bit 1 g before maximize;
+    #                 bit 2 the same under grad_scale
     capability: str = ""  # torch.backends.cpu.get_cpu_capability() when the self-check ran
 
     @property

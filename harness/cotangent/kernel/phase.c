@@ -25,7 +25,8 @@
  *                   loop with ATen's scalar tail) and native clipping's coefficient,
  *                   min(reciprocal(total + 1e-6f) * max_norm, 1).
  *   cot_update      the step counters + 1, then per element: g *= coef; the vectorised body of
- *                   ATen's fused AdamW CPU kernel (FusedAdamKernel.cpp, ADAMW mode); g = -0.0.
+ *                   ATen's fused AdamW CPU kernel (FusedAdamKernel.cpp, ADAMW mode, with its
+ *                   grad_scale / found_inf protocol); g = -0.0.
  *                   ATen takes that body for every element of a tensor whose length is a
  *                   multiple of 16, whatever the thread count.
  */
@@ -109,10 +110,17 @@ typedef struct {
   int64_t count;     /* number of counters */
   double lr, beta1, beta2, weight_decay, eps;
   int amsgrad, maximize;
-  int sq_form; /* bit 0: v*b2 + (c*g)*g as fma(c*g, g, v*b2); bit 1: g taken before maximize's negation */
+  int sq_form; /* bit 0: v*b2 + (c*g)*g as fma(c*g, g, v*b2); bit 1: g taken before maximize's negation;
+                * bit 2: the same with grad_scale (the wheel's compiler decides each branch apart) */
   int threads;
   int64_t chunk; /* elements per task, a multiple of 16 */
   int zero;      /* write -0.0 over each gradient (zero_grad); 0 where the caller releases the pages */
+  /* The fused optimizers' AMP protocol (GradScaler): NULL, or one float each. As ATen's fused AdamW
+   * (FusedAdam.cpp, FusedAdamKernel.cpp): every gradient is divided by *grad_scale before the update;
+   * the update is skipped entirely where *found_inf == 1; the counters get + 1 before and
+   * - *found_inf after (torch.optim.adamw's _fused_adamw). */
+  const float* grad_scale;
+  const float* found_inf;
 } cot_hyper;
 
 static void update_run(float* p, float* g, float* m, float* v, float* mx, int64_t n, const cot_hyper* h) {
@@ -129,9 +137,17 @@ static void update_run(float* p, float* g, float* m, float* v, float* mx, int64_
   const __m256 nstep = _mm256_set1_ps((float)(-step_size));
   const __m256 nzero = _mm256_set1_ps(-0.0f);
   const int wd = h->weight_decay != 0.f;
+  const int unscale = h->grad_scale != 0;
+  const __m256 vscale = _mm256_set1_ps(unscale ? *h->grad_scale : 1.0f);
+  if (h->found_inf && *h->found_inf == 1.0f) { /* native's kernel returns before touching anything */
+    if (h->zero)
+      for (int64_t d = 0; d < n; d += 8) _mm256_storeu_ps(g + d, nzero);
+    return;
+  }
   for (int64_t d = 0; d < n; d += 8) {
     __m256 pv = _mm256_loadu_ps(p + d);
     __m256 gv = _mm256_mul_ps(_mm256_loadu_ps(g + d), vcoef); /* clip */
+    if (unscale) gv = _mm256_div_ps(gv, vscale);               /* grad / grad_scale */
     if (h->zero) _mm256_storeu_ps(g + d, nzero);               /* zero_grad */
     const __m256 graw = gv;
     if (h->maximize) gv = _mm256_mul_ps(gv, neg1);
@@ -140,7 +156,7 @@ static void update_run(float* p, float* g, float* m, float* v, float* mx, int64_
     mv = _mm256_fmadd_ps(lcoef, _mm256_sub_ps(gv, mv), small ? mv : gv); /* vec::fmadd */
     __m256 vv = _mm256_mul_ps(_mm256_loadu_ps(v + d), b2);
     /* (c2 * -g) * -g == (c2 * g) * g except for a NaN's sign, which compilers fold either way */
-    const __m256 gs = (h->sq_form & 2) ? graw : gv;
+    const __m256 gs = (h->sq_form & (unscale ? 4 : 2)) ? graw : gv;
     __m256 gg = _mm256_mul_ps(vc2, gs);
     vv = (h->sq_form & 1) ? _mm256_fmadd_ps(gg, gs, vv) : _mm256_add_ps(vv, _mm256_mul_ps(gg, gs));
     _mm256_storeu_ps(m + d, mv);
@@ -167,4 +183,6 @@ void cot_update(float* p, float* g, float* m, float* v, float* mx, int64_t n, co
     const int64_t s = k * h->chunk, e = s + h->chunk < n ? s + h->chunk : n;
     update_run(p + s, g + s, m + s, v + s, mx ? mx + s : 0, e - s, h);
   }
+  if (h->found_inf) /* steps.sub_(found_inf) */
+    for (int64_t i = 0; i < h->count; i++) h->steps[i] = h->steps[i] - *h->found_inf;
 }

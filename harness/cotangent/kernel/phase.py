@@ -29,21 +29,30 @@ class KernelPhase:
         self.hyper = Hyper(coef=self.coef.data_ptr(), steps=g.steps.data_ptr(), count=len(g.index),
                                   sq_form=kernel.sq_form, chunk=UPDATE_CHUNK)
 
-    def run(self, max_norm: float, group: dict[str, Any], error_if_nonfinite: bool, zero: bool = True) -> Tensor:
-        g, k, h = self.group, self.kernel, self.hyper
-        threads = torch.get_num_threads()
-        k.row_norms(g.grad, self.offsets, self.numels, self.first, self.rows, self.norms, threads)
+    def total(self, max_norm: float, error_if_nonfinite: bool) -> Tensor:
+        """Per-tensor norms, the total norm (returned) and the clip coefficient (kept for :meth:`update`)."""
+        g, k = self.group, self.kernel
+        k.row_norms(g.grad, self.offsets, self.numels, self.first, self.rows, self.norms, torch.get_num_threads())
         total = torch.empty(())
         k.total_coef(self.norms, self.perm, self.scratch, max_norm, total, self.coef)
         check_finite(total, 2.0, error_if_nonfinite)
+        return total
+
+    def update(self, group: dict[str, Any], zero: bool, grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
+        """Step counters + 1; per element clip, AdamW (gradients divided by ``grad_scale`` first,
+        the whole update skipped where ``found_inf`` is 1, as native's fused kernel does), -0.0
+        (``zero``); counters - ``found_inf``."""
+        g, k, h = self.group, self.kernel, self.hyper
         h.lr = float(group["lr"])
         h.beta1, h.beta2 = (float(b) for b in group["betas"])
         h.weight_decay, h.eps = float(group["weight_decay"]), float(group["eps"])
-        h.amsgrad, h.maximize, h.threads = int(bool(group["amsgrad"])), int(bool(group["maximize"])), threads
-        h.zero = int(zero)
+        h.amsgrad, h.maximize = int(bool(group["amsgrad"])), int(bool(group["maximize"]))
+        h.threads, h.zero = torch.get_num_threads(), int(zero)
+        scale = None if grad_scale is None else grad_scale.to("cpu", torch.float32)
+        inf = None if found_inf is None else found_inf.to("cpu", torch.float32)
+        h.grad_scale = None if scale is None else scale.data_ptr()
+        h.found_inf = None if inf is None else inf.data_ptr()
         k.update(g.param, g.grad, g.exp_avg, g.exp_avg_sq, g.max_exp_avg_sq, h)
-        return total
-
 
 
 def kernel_blocker(choice: str, groups: list[Any], param_groups: list[dict[str, Any]]) -> str | None:

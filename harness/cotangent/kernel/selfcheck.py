@@ -3,7 +3,8 @@
 Each contraction-dependent form is tried in turn against PyTorch's own kernels on seeded data
 (gradients spanning many binades, with ``-0.0``, ``+0.0``, ``inf`` and ``NaN`` entries; clip
 coefficients 1 and below 1; three hyperparameter sets covering weight decay on and off, both
-branches of the ``lerp`` weight, ``amsgrad`` and ``maximize``). The first form that matches every
+branches of the ``lerp`` weight, ``amsgrad`` and ``maximize``, and ``GradScaler``'s ``grad_scale`` and
+``found_inf``). The first form that matches every
 bit is kept; if none does, the kernel is not used.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ UPDATE_CASES = [
     (1e-3, 0.9, 0.999, 0.1, 1e-8, False, False),
     (3e-2, 0.3, 0.99, 0.0, 1e-6, True, True),
     (1e-2, 0.5, 0.95, 0.01, 1e-8, True, False),
+    (3e-2, 0.3, 0.99, 0.1, 1e-6, False, True),
 ]
 UPDATE_STEPS = 12
 UPDATE_N = 4096
@@ -74,16 +76,26 @@ def check_total(k: kernel.Kernel, acc_fma: int, tail_form: int) -> bool:
     return True
 
 
+#: GradScaler's protocol in the update checks: (grad_scale, found_inf per step) for each of
+#: :data:`UPDATE_CASES`; a scale that is not a power of two rounds at the division.
+UPDATE_AMP = [(None, None), (None, None), (65536.0, (0.0,)), (3000.7, (1.0, 0.0))]  # the last step: found_inf 0
+
+
 def check_update(k: kernel.Kernel, sq_form: int) -> bool:
+    """Steps of ``phase.c``'s update against ``mul_`` + ``torch._fused_adamw_`` + ``fill_(-0.0)``, the
+    step counters handled as ``torch.optim.adamw._fused_adamw`` does (+ 1, then - ``found_inf``),
+    with and without ``grad_scale`` and ``found_inf``."""
     gen = torch.Generator().manual_seed(13)
     n = UPDATE_N
-    for lr, b1, b2, wd, eps, amsgrad, maximize in UPDATE_CASES:
+    for (lr, b1, b2, wd, eps, amsgrad, maximize), (scale, infs) in zip(UPDATE_CASES, UPDATE_AMP):
         p0 = torch.randn(n, generator=gen)
         ref = [p0.clone(), torch.zeros(n), torch.zeros(n), torch.zeros(n), torch.zeros(1)]
         mine = [p0.clone(), torch.zeros(n), torch.zeros(n), torch.zeros(n), torch.zeros(1)]
         coef = torch.empty(())
+        grad_scale = None if scale is None else torch.tensor(scale)
         for t in range(UPDATE_STEPS):
-            grad = _spread(n, gen)
+            found_inf = None if infs is None else torch.tensor(infs[t % len(infs)])
+            grad = _spread(n, gen) * (1.0 if scale is None else scale)
             grad[::97] = -0.0
             grad[1::101] = 0.0
             if t == UPDATE_STEPS - 1:
@@ -94,13 +106,17 @@ def check_update(k: kernel.Kernel, sq_form: int) -> bool:
             ref[4].add_(1)
             torch._fused_adamw_(  # type: ignore[attr-defined]
                 [ref[0]], [g], [ref[1]], [ref[2]], [ref[3]] if amsgrad else [], [ref[4][0]], lr=lr, beta1=b1,
-                beta2=b2, weight_decay=wd, eps=eps, amsgrad=amsgrad, maximize=maximize, grad_scale=None,
-                found_inf=None,
+                beta2=b2, weight_decay=wd, eps=eps, amsgrad=amsgrad, maximize=maximize, grad_scale=grad_scale,
+                found_inf=found_inf,
             )
+            if found_inf is not None:
+                ref[4].sub_(found_inf)
             g.fill_(-0.0)
             g2 = grad.clone()
             hyper = kernel.Hyper(coef.data_ptr(), mine[4].data_ptr(), 1, lr, b1, b2, wd, eps, int(amsgrad),
-                                 int(maximize), sq_form, torch.get_num_threads(), 1024, 1)
+                                 int(maximize), sq_form, torch.get_num_threads(), 1024, 1,
+                                 None if grad_scale is None else grad_scale.data_ptr(),
+                                 None if found_inf is None else found_inf.data_ptr())
             k.update(mine[0], g2, mine[1], mine[2], mine[3] if amsgrad else None, hyper)
             if not all(_same(a, b) for a, b in zip(ref, mine)) or not _same(g, g2):
                 return False
@@ -128,7 +144,7 @@ def _forms_at(lib: ctypes.CDLL, path: Path, lanes: int, capability: str) -> kern
     tail = next((t for t in (0, 1, 2) if check_total(probe, acc, t)), None)
     if tail is None:
         return "self-check: no form reproduces native clipping's total norm and coefficient"
-    sq = next((s for s in (0, 1, 2, 3) if check_update(probe, s)), None)
+    sq = next((s for s in range(8) if check_update(probe, s)), None)
     if sq is None:
         return "self-check: no form reproduces torch._fused_adamw_"
     return kernel.Kernel(lib, path, lanes, acc, tail, sq, capability)

@@ -1,0 +1,250 @@
+"""PackedAdamW in the training loops users port (issue 20's table): every case bit for bit
+``torch.optim.AdamW(fused=True)`` on every step, or an error naming the reason before anything is
+modified. Each loop runs twice on the same model copy, once natively and once packed."""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from harness.cotangent import PackedAdamW, clip_grad_norm_
+from harness.cotangent import kernel as phase_kernel
+from harness.cotangent.verify import bitwise_equal
+
+KERNELS = ["auto", "torch"]
+
+
+class Net(nn.Module):
+    """A trunk, a branch used only on some steps, and a head; sizes multiples of 16 (phase.c's) and not."""
+
+    def __init__(self, odd: bool = False) -> None:
+        super().__init__()
+        w = 20 if odd else 32
+        self.trunk = nn.Linear(16, w)
+        self.branch = nn.Linear(w, w)
+        self.head = nn.Linear(w, 16)
+
+    def forward(self, x: torch.Tensor, use_branch: bool = True) -> torch.Tensor:
+        h = torch.tanh(self.trunk(x))
+        if use_branch:
+            h = h + torch.tanh(self.branch(h))
+        return self.head(h)
+
+
+def twins(odd: bool = False, seed: int = 0) -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(seed)
+    a = Net(odd)
+    return a, copy.deepcopy(a)
+
+
+def assert_same(ma: nn.Module, mb: nn.Module, oa: torch.optim.Optimizer, ob: torch.optim.Optimizer, where: str) -> None:
+    for (name, x), y in zip(ma.named_parameters(), mb.parameters()):
+        assert bitwise_equal(x.detach(), y.detach()), f"{where}: parameter {name}"
+        assert (x.grad is None) == (y.grad is None), f"{where}: {name}.grad presence"
+        if x not in oa.state:  # never stepped natively (no state yet): nor here
+            assert float(ob.state[y]["step"]) == 0, f"{where}: {name} stepped, natively not"
+        if x in oa.state:
+            for key, val in oa.state[x].items():
+                assert bitwise_equal(val, ob.state[y][key]), f"{where}: {name} {key}"
+
+
+def batch(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(8, 16, generator=gen), torch.randn(8, 16, generator=gen)
+
+
+@pytest.mark.parametrize("clip", ["native", "project-reversed"])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_unused_and_frozen_parameters_are_not_stepped(clip, kernel):
+    """A branch unused on odd steps, a layer frozen mid-run, zero_grad(set_to_none=True) and native
+    clipping (or the project's, parameters in reverse order): native skips what has no gradient."""
+    ma, mb = twins()
+    oa = torch.optim.AdamW(ma.parameters(), lr=0.05, weight_decay=0.1, fused=True)
+    ob = PackedAdamW(mb.parameters(), lr=0.05, weight_decay=0.1, kernel=kernel)
+    gen = torch.Generator().manual_seed(1)
+    for step in range(8):
+        if step == 4:
+            ma.trunk.requires_grad_(False)
+            mb.trunk.requires_grad_(False)
+        x, y = batch(gen)
+        for m, o in ((ma, oa), (mb, ob)):
+            o.zero_grad(set_to_none=True)
+            nn.functional.mse_loss(m(x, use_branch=step % 2 == 0), y).backward()
+        order = slice(None) if clip == "native" else slice(None, None, -1)
+        na = nn.utils.clip_grad_norm_(list(ma.parameters())[order], 0.5)
+        nb = (nn.utils.clip_grad_norm_ if clip == "native" else clip_grad_norm_)(list(mb.parameters())[order], 0.5)
+        assert bitwise_equal(na, nb), f"step {step}: total norm"
+        oa.step()
+        ob.step()
+        assert_same(ma, mb, oa, ob, f"step {step}")
+    assert int(ob.state[mb.branch.weight]["step"]) == 4 and int(ob.state[mb.trunk.weight]["step"]) == 4
+
+
+@pytest.mark.parametrize("phase", ["one-pass", "three-calls"])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_zero_grad_set_to_none_false_with_a_layer_used_on_even_steps(phase, kernel):
+    ma, mb = twins()
+    oa = torch.optim.AdamW(ma.parameters(), lr=0.05, fused=True)
+    ob = PackedAdamW(mb.parameters(), lr=0.05, kernel=kernel)
+    gen = torch.Generator().manual_seed(2)
+    for step in range(8):
+        x, y = batch(gen)
+        for m, o in ((ma, oa), (mb, ob)):
+            o.zero_grad(set_to_none=False)
+            nn.functional.mse_loss(m(x, use_branch=step % 2 == 0), y).backward()
+        na = nn.utils.clip_grad_norm_(ma.parameters(), 1.0)
+        oa.step()
+        if phase == "one-pass":
+            nb = ob.clip_step_zero_grad(1.0)
+            oa.zero_grad()
+        else:
+            nb = clip_grad_norm_(list(mb.parameters()), 1.0)
+            ob.step()
+        assert bitwise_equal(na, nb), f"step {step}"
+        assert_same(ma, mb, oa, ob, f"step {step}")
+
+
+@pytest.mark.parametrize("unscale", [False, True])
+@pytest.mark.parametrize("odd", [False, True])
+def test_grad_scaler_protocol(unscale, odd):
+    """GradScaler at a scale that is not a power of two, with and without unscale_ (and clipping
+    after it), an inf gradient on one step (native skips that update: found_inf)."""
+    ma, mb = twins(odd)
+    oa = torch.optim.AdamW(ma.parameters(), lr=0.05, weight_decay=0.1, fused=True)
+    ob = PackedAdamW(mb.parameters(), lr=0.05, weight_decay=0.1)
+    assert ob._step_supports_amp_scaling
+    sa = torch.amp.GradScaler("cpu", init_scale=3000.7, growth_interval=3)
+    sb = torch.amp.GradScaler("cpu", init_scale=3000.7, growth_interval=3)
+    gen = torch.Generator().manual_seed(3)
+    for step in range(10):
+        x, y = batch(gen)
+        for m, o, s in ((ma, oa, sa), (mb, ob, sb)):
+            o.zero_grad()
+            s.scale(nn.functional.mse_loss(m(x), y)).backward()
+            if step == 5:
+                with torch.no_grad():
+                    m.head.weight.grad[0, 0] = float("inf")
+            if unscale:
+                s.unscale_(o)
+                nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+            s.step(o)
+            s.update()
+        assert sa.get_scale() == sb.get_scale()
+        assert_same(ma, mb, oa, ob, f"step {step}")
+    assert int(ob.state[mb.head.weight]["step"]) == 9  # the inf step was skipped
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("found", [0.0, 1.0])
+def test_one_pass_phase_follows_grad_scale_and_found_inf(kernel, found):
+    """With ``grad_scale`` / ``found_inf`` set on the optimizer (as GradScaler sets them around
+    step), clip_step_zero_grad is the three calls with them set natively, in both kernels."""
+    ma, mb = twins()
+    oa = torch.optim.AdamW(ma.parameters(), lr=0.05, weight_decay=0.1, fused=True)
+    ob = PackedAdamW(mb.parameters(), lr=0.05, weight_decay=0.1, kernel=kernel)
+    gen = torch.Generator().manual_seed(4)
+    for step in range(4):
+        x, y = batch(gen)
+        for m in (ma, mb):
+            (nn.functional.mse_loss(m(x), y) * 3000.7).backward()
+        for o in (oa, ob):
+            o.grad_scale = torch.tensor(3000.7)
+            o.found_inf = torch.tensor(found if step == 2 else 0.0)
+        na = nn.utils.clip_grad_norm_(ma.parameters(), 1e6)
+        oa.step()
+        oa.zero_grad()
+        nb = ob.clip_step_zero_grad(1e6)
+        assert bitwise_equal(na, nb)
+        assert_same(ma, mb, oa, ob, f"step {step}")
+    assert int(ob.state[mb.head.weight]["step"]) == 4 - int(found)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("special", [float("nan"), float("inf"), float("-inf")])
+def test_maximize_with_a_non_finite_gradient(kernel, special):
+    ma, mb = twins(odd=True)
+    oa = torch.optim.AdamW(ma.parameters(), lr=0.05, weight_decay=0.1, maximize=True, fused=True)
+    ob = PackedAdamW(mb.parameters(), lr=0.05, weight_decay=0.1, maximize=True, kernel=kernel)
+    gen = torch.Generator().manual_seed(5)
+    for step in range(4):
+        x, y = batch(gen)
+        for m in (ma, mb):
+            nn.functional.mse_loss(m(x), y).backward()
+            if step == 2:
+                with torch.no_grad():
+                    m.branch.weight.grad.view(-1)[::37] = special
+                    m.head.bias.grad[-1] = special
+        na = nn.utils.clip_grad_norm_(ma.parameters(), 1.0)
+        oa.step()
+        oa.zero_grad()
+        nb = ob.clip_step_zero_grad(1.0)
+        assert bitwise_equal(na, nb)
+        assert_same(ma, mb, oa, ob, f"step {step}")
+
+
+def test_python_number_step_loads():
+    ma, mb = twins()
+    oa = torch.optim.AdamW(ma.parameters(), lr=0.05, fused=True)
+    gen = torch.Generator().manual_seed(6)
+    x, y = batch(gen)
+    nn.functional.mse_loss(ma(x), y).backward()
+    oa.step()
+    sd = oa.state_dict()
+    for st in sd["state"].values():
+        st["step"] = float(st["step"])  # as older checkpoints and hand-written ones hold it
+    mb.load_state_dict(ma.state_dict())
+    ob = PackedAdamW(mb.parameters(), lr=0.05)
+    ob.load_state_dict(copy.deepcopy(sd))
+    oa.load_state_dict(copy.deepcopy(sd))
+    for step in range(3):
+        x, y = batch(gen)
+        for m, o in ((ma, oa), (mb, ob)):
+            o.zero_grad()
+            nn.functional.mse_loss(m(x), y).backward()
+            o.step()
+        assert_same(ma, mb, oa, ob, f"step {step}")
+
+
+@pytest.mark.parametrize("change", [{"fused": None}, {"fused": False}, {"foreach": True}, {"capturable": True}])
+def test_state_dict_off_the_fused_path_refused_before_loading(change):
+    """Native's load_state_dict takes group settings from the state dict: these would switch native
+    fused AdamW onto another kernel. Refused, naming the key, with nothing modified."""
+    _, mb = twins()
+    ob = PackedAdamW(mb.parameters(), lr=0.05)
+    sd = ob.state_dict()
+    sd["param_groups"][0].update(change)
+    sd["param_groups"][0]["lr"] = 0.5
+    key = next(iter(change))
+    with pytest.raises(ValueError, match=f"param_groups'\\]\\[0\\].*{key}="):
+        ob.load_state_dict(sd)
+    assert ob.param_groups[0]["lr"] == 0.05 and ob.param_groups[0]["fused"] is True
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_lr_scheduler_sees_the_one_pass_step(kernel):
+    """OneCycleLR wraps opt.step; the one-pass phase runs its update inside step, so the scheduler's
+    'lr_scheduler.step() before optimizer.step()' warning does not fire and the rates are native's."""
+    ma, mb = twins()
+    oa = torch.optim.AdamW(ma.parameters(), lr=0.05, fused=True)
+    ob = PackedAdamW(mb.parameters(), lr=0.05, kernel=kernel)
+    ra = torch.optim.lr_scheduler.OneCycleLR(oa, max_lr=0.1, total_steps=10)
+    rb = torch.optim.lr_scheduler.OneCycleLR(ob, max_lr=0.1, total_steps=10)
+    gen = torch.Generator().manual_seed(7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for step in range(6):
+            x, y = batch(gen)
+            for m in (ma, mb):
+                nn.functional.mse_loss(m(x), y).backward()
+            na = nn.utils.clip_grad_norm_(ma.parameters(), 1.0)
+            oa.step()
+            oa.zero_grad()
+            nb = ob.clip_step_zero_grad(1.0)
+            ra.step()
+            rb.step()
+            assert bitwise_equal(na, nb) and oa.param_groups[0]["lr"] == ob.param_groups[0]["lr"]
+            assert_same(ma, mb, oa, ob, f"step {step}")
+    if kernel == "auto" and phase_kernel.kernel() is not None:
+        assert ob.phase_kernel().startswith("phase.c")
