@@ -974,6 +974,24 @@ def _unescape(s: str, line: int) -> str:
     return "".join(out)
 
 
+def _quote_end(s: str, i: int) -> int:
+    """The index of the quote that closes the quoted scalar opening at ``s[i]`` (``len(s)`` when none):
+    ``''`` inside single quotes and a backslash escape inside double quotes do not close it."""
+    q = s[i]
+    j = i + 1
+    while j < len(s):
+        if q == "'" and s[j] == "'" and s[j + 1:j + 2] == "'":
+            j += 2
+            continue
+        if q == '"' and s[j] == "\\":
+            j += 2
+            continue
+        if s[j] == q:
+            break
+        j += 1
+    return min(j, len(s))
+
+
 class _Reader:
     def __init__(self, text: str) -> None:
         if text.startswith("\ufeff"):
@@ -1014,18 +1032,7 @@ class _Reader:
         if s[:1] in "[{" or s.startswith(("- ", "? ")) or s == "-":
             return None
         if s[:1] in "\"'":
-            q = s[0]
-            i = 1
-            while i < len(s):
-                if q == "'" and s[i] == "'" and s[i + 1:i + 2] == "'":
-                    i += 2
-                    continue
-                if q == '"' and s[i] == "\\":
-                    i += 2
-                    continue
-                if s[i] == q:
-                    break
-                i += 1
+            i = _quote_end(s, 0)
             rest = s[i + 1:]
             stripped = rest.lstrip(" ")
             if stripped.startswith(":") and (stripped[1:2] in ("", " ")):
@@ -1387,17 +1394,7 @@ def _flow(s: str, i: int, line: int) -> tuple[object, int]:
                 raise YamlError(line, f"expected ',' or {close!r} in a flow collection at {s[i:i + 20]!r}")
     if i < len(s) and s[i] in "\"'":
         q = s[i]
-        j = i + 1
-        while j < len(s):
-            if q == "'" and s[j] == "'" and s[j + 1:j + 2] == "'":
-                j += 2
-                continue
-            if q == '"' and s[j] == "\\":
-                j += 2
-                continue
-            if s[j] == q:
-                break
-            j += 1
+        j = _quote_end(s, i)
         if j >= len(s):
             raise YamlError(line, "unterminated quoted scalar in a flow collection")
         return _Reader._join_quoted(s[i + 1:j].split("\n"), q, line), j + 1
@@ -1774,9 +1771,10 @@ def _resolved_tests(h: dict, studies: list[dict]) -> dict:
         tests.append({"id": t["id"], "study": t["study"], "config": cfg, "endpoint": t["endpoint"],
                       "estimand": t["estimand"], "type": t["type"], "margin": float(t.get("margin", 0.0)),
                       "better": t["better"], "censoring": t.get("censoring"),
-                      "period_adjusted": t.get("period_adjusted", False)})
+                      "period_adjusted": t.get("period_adjusted", False),
+                      "restriction_s": float(t["restriction_s"]) if t.get("restriction_s") is not None else None})
     return {"procedure": h["procedure"], "family_alpha": float(h["family_alpha"]), "min_pairs": h["min_pairs"],
-            "tests": tests}
+            "decide_time_after_budget_stop": bool(h.get("decide_time_after_budget_stop", False)), "tests": tests}
 
 
 def expected_summary(doc: dict, psha: str, path: str) -> dict:
