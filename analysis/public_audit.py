@@ -1328,7 +1328,7 @@ def compare(path: str, mine: object, theirs: object, problems: list[str], where:
         return sum(compare(f"{path}[{i}]", a, b, problems, where) for i, (a, b) in enumerate(zip(mine, theirs)))
     num = (int, float)
     if isinstance(mine, num) and isinstance(theirs, num) and not isinstance(mine, bool) and not isinstance(theirs, bool):
-        if not math.isclose(mine, theirs, rel_tol=REL_TOL, abs_tol=1e-12):
+        if not (math.isclose(mine, theirs, rel_tol=REL_TOL, abs_tol=1e-12) or (math.isnan(mine) and math.isnan(theirs))):
             problems.append(f"{where}: field {path} = {theirs!r}, recomputed {mine!r}")
         return 1
     if mine != theirs:

@@ -259,7 +259,7 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     for sub in ("configs",):
         shutil.copytree(ROOT / sub, r / sub, ignore=shutil.ignore_patterns("__pycache__"))
     (r / ".gitignore").write_text("runs/\n__pycache__/\n")
-    (r / PROTO).write_text(tiny_protocol(steps=4).replace("seeds: [1, 2]", "seeds: [1, 2, 3, 4]"))
+    (r / PROTO).write_text(tiny_protocol(steps=6).replace("seeds: [1, 2]", "seeds: [1, 2, 3, 4]"))
     git(r, "init", "-q", "-b", "main")
     git(r, "config", "user.email", "test@example.invalid")
     git(r, "config", "user.name", "Test")
