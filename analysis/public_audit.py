@@ -182,7 +182,8 @@ def per_pair(b: list[float], c: list[float], estimand: str) -> list[float]:
 
 
 def paired(b: list[float], c: list[float], level: float, estimand: str) -> dict | None:
-    if len(b) < 2:
+    """The descriptive interval; None under two pairs or where squares underflow or overflow a double."""
+    if len(b) < 2 or magnitude_problem([per_pair(b, c, estimand)]) is not None:
         return None
     return interval(per_pair(b, c, estimand), level, estimand)
 
@@ -537,7 +538,7 @@ def magnitude_problem(groups: list[list[float]]) -> str | None:
     if top > 1e150:
         return f"extreme magnitudes: per-pair values up to {top:.3g}, beyond 1e+150, whose squares overflow a double"
     dev = max(abs(x - math.fsum(g) / len(g)) for g in groups for x in g)
-    if dev < 1e-150:
+    if 0 < dev < 1e-150:
         return (f"extreme magnitudes: the per-pair values deviate from their mean by at most {dev:.3g}, below "
                 "1e-150, whose squares underflow a double")
     return None

@@ -22,7 +22,8 @@ from typing import Any
 
 from analysis.decisions import decide, sensitivity
 from analysis.order import by_device, crossover, drift, positions
-from analysis.stats import factorial_contrasts, paired_interval
+from analysis.stats import factorial_contrasts, paired_interval, paired_values
+from analysis.ttests import magnitude_problem, scale
 from harness.records import load_records
 
 __all__ = ["completeness", "derive", "flow", "load_records", "run_rows"]
@@ -72,7 +73,9 @@ def _parameters(units: dict[str, dict[str, dict[str, Any]]]) -> int | None:
 
 
 def _interval(b: list[float], c: list[float], level: float, estimand: str) -> dict[str, Any] | None:
-    if len(b) < 2:
+    """The descriptive interval; ``None`` under two pairs or where the values' squares would underflow or
+    overflow a double (:func:`analysis.ttests.magnitude_problem`; a decision on them says so)."""
+    if len(b) < 2 or magnitude_problem([paired_values(b, c, scale(estimand))]) is not None:
         return None
     return paired_interval(b, c, level, estimand).as_dict()
 

@@ -162,8 +162,9 @@ def magnitude_problem(groups: Sequence[Sequence[float]]) -> str | None:
     Notes
     -----
     The variance sums squares of deviations from the group means; for a deviation beyond
-    ``SQUARE_RANGE`` its square overflows (``> 1e300``) or underflows to a subnormal or 0. Values
-    beyond ``1e150`` are refused first (their mean could overflow too).
+    ``SQUARE_RANGE`` its square overflows (``> 1e300``) or underflows to a subnormal or 0 (all
+    deviations exactly 0 are no problem here: that is zero spread). Values beyond ``1e150`` are
+    refused first (their mean could overflow too).
     """
     lo, hi = SQUARE_RANGE
     top = max(abs(x) for g in groups for x in g)
@@ -171,7 +172,7 @@ def magnitude_problem(groups: Sequence[Sequence[float]]) -> str | None:
         return (f"extreme magnitudes: per-pair values up to {top:.3g}, beyond {hi:g}, whose squares overflow "
                 "a double")
     dev = max(abs(x - math.fsum(g) / len(g)) for g in groups for x in g)
-    if dev < lo:
+    if 0 < dev < lo:
         return (f"extreme magnitudes: the per-pair values deviate from their mean by at most {dev:.3g}, below "
                 f"{lo:g}, whose squares underflow a double")
     return None
