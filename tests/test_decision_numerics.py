@@ -251,9 +251,7 @@ PROTO = "protocols/tiny.yaml"
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    from harness.records import load_records
-
+def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
     r = tmp_path_factory.mktemp("numerics") / "study"
     (r / "protocols").mkdir(parents=True)
     for sub in ("configs",):
@@ -267,7 +265,14 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     git(r, "commit", "-qm", "study")
     run = harness(r, "run", PROTO, "--quiet")
     assert run.returncode == 0, run.stdout + run.stderr
-    return load_records(Path(r) / "records" / "tiny")
+    return r
+
+
+@pytest.fixture(scope="module")
+def records(study: Path) -> list[dict]:
+    from harness.records import load_records
+
+    return load_records(study / "records" / "tiny")
 
 
 @pytest.mark.parametrize("bad", [None, 0.0, float("nan"), float("inf")])
@@ -316,3 +321,27 @@ def test_identical_values_keep_their_degenerate_interval():
 
     mine = _endpoint([3.0, 3.5, 2.5], [3.0, 3.5, 2.5], 0.9, "difference")  # bitwise-equal BPB of A/A pairs
     assert mine["interval"]["low"] == mine["interval"]["high"] == 0.0
+
+
+def test_harness_report_on_a_damaged_record(study, tmp_path):
+    # a record edited and resealed (the audit's ledger check would flag it; the report must still not crash)
+    from harness.records import canonical, load_records, read_record, record_files, seal, write_manifest
+
+    r = tmp_path / "copy"
+    shutil.copytree(study, r, symlinks=True)
+    recs_dir = r / "records" / "tiny"
+    path = next(p for p in sorted(record_files(recs_dir))
+                if read_record(p)["status"] == "ok" and read_record(p)["spec"]["role"] == "candidate")
+    rec = read_record(path)
+    rec["timings"]["training_s"] = None
+    path.write_text(canonical(seal(rec)).decode() + "\n")
+    recs = load_records(recs_dir)
+    head = {"seq": recs[-1]["ledger"]["seq"], "sha256": recs[-1]["sha256"]}
+    write_manifest(recs_dir, r, [r / PROTO], recs[0]["protocol"], head)
+    out = harness(r, "report", PROTO, "--quiet")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stdout + out.stderr  # was a TypeError
+    pub = harness(r, "publish", PROTO)  # the study page lists every pair too
+    assert pub.returncode == 0 and "Traceback" not in pub.stderr, pub.stdout + pub.stderr
+    summary = json.loads((recs_dir / "summary.json").read_text())
+    entry = summary["studies"][0]["configs"][0]
+    assert entry["training_time"]["invalid_pairs"] == 1 and entry["training_time"]["log_ratio"]["n"] == 3
