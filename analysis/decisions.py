@@ -18,14 +18,15 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from scipy import stats as _st
-
 from analysis.ranks import median, signed_rank, worst_rank_differences
-from analysis.stats import reduction, spread_is_rounding
+from analysis.stats import reduction, rounding_scale, spread_is_rounding
 from analysis.ttests import (
     TestResult,
     bounds,
+    critical_t,
+    magnitude_problem,
     mean_se,
+    passes,
     period_adjusted,
     period_adjusted_mean,
     scale,
@@ -117,6 +118,13 @@ def values_of(h: dict[str, Any], pairs: list[dict[str, Any]]) -> tuple[list[floa
 
     Raises :class:`NotReached` naming the pair, arm and key of a null or non-finite endpoint.
     """
+    values, _scales, unreached = _values(h, pairs)
+    return values, unreached
+
+
+def _values(h: dict[str, Any], pairs: list[dict[str, Any]]) -> tuple[list[float], list[float] | None,
+                                                                     dict[str, int] | None]:
+    """:func:`values_of` and, but for worst-rank scores, each value's :func:`rounding_scale`."""
     key = ENDPOINT_KEYS[h["endpoint"]]
     ratio = scale(h["estimand"]) == "log_ratio"
     unreached = None
@@ -129,14 +137,15 @@ def values_of(h: dict[str, Any], pairs: list[dict[str, Any]]) -> tuple[list[floa
                 if p[f"{role}_{key}"] is not None:
                     _number(p, role, key, True)
         if h["censoring"] == "worst_rank":
-            return worst_rank_differences(raw["baseline"], raw["candidate"]), unreached
+            return worst_rank_differences(raw["baseline"], raw["candidate"]), None, unreached
         b, c = _restricted(h, pairs)
     else:
         b = [_number(p, "baseline", key, ratio) for p in pairs]
         c = [_number(p, "candidate", key, ratio) for p in pairs]
+    scales = rounding_scale(b, c, scale(h["estimand"]))
     if ratio:
-        return [math.log(y) - math.log(x) for x, y in zip(b, c)], unreached
-    return [y - x for x, y in zip(b, c)], unreached
+        return [math.log(y) - math.log(x) for x, y in zip(b, c)], scales, unreached
+    return [y - x for x, y in zip(b, c)], scales, unreached
 
 
 def _worst_rank_estimate(pairs: list[dict[str, Any]]) -> tuple[float | None, str]:
@@ -151,30 +160,50 @@ def _test(h: dict[str, Any], pairs: list[dict[str, Any]], min_pairs: int) -> tup
         return None, f"too few pairs: {len(pairs)} of the protocol's min_pairs {min_pairs}", None
     unreached = None
     try:
-        values, unreached = values_of(h, pairs)
+        values, scales, unreached = _values(h, pairs)
         region = bounds(h)
     except NotReached as e:
         return None, str(e), unreached
     except ValueError:
         return None, f"a relative margin of {h['margin']:g}% has no ratio", unreached
-    if h["endpoint"] == "time_to_target" and h["censoring"] == "worst_rank":
+    if scales is None:  # worst-rank scores: the signed-rank test
         if all(v == 0.0 for v in values):
             return None, "identical: every pair's difference is exactly 0", unreached
         r = signed_rank(values, sign(h["better"]))
         est, what = _worst_rank_estimate(pairs)
         return TestResult("signed-rank", r.n, est, None, 0, r.statistic, r.p_value, what), None, unreached
-    if spread_is_rounding(values):
+    if spread_is_rounding(values, scales):
         if all(v == 0.0 for v in values):
             return None, "identical: every pair's difference is exactly 0", unreached
-        return None, "zero spread: the per-pair values agree to rounding (relative tolerance 1e-9)", unreached
+        return None, ZERO_SPREAD, unreached
     if h.get("period_adjusted"):
         first = [p["first"] for p in pairs]
         if min(first.count("baseline"), len(first) - first.count("baseline")) < 2:
             return None, "the period-adjusted estimand needs at least two pairs in each order", unreached
+        groups = [[v for v, f in zip(values, first) if (f == "baseline") == ab] for ab in (True, False)]
+        if all(spread_is_rounding(g, scales) for g in groups):
+            return None, ZERO_SPREAD_WITHIN, unreached
+        why = magnitude_problem(groups)
+        if why is not None:
+            return None, why, unreached
         m, se, df = period_adjusted_mean(values, first)
-        return t_result("t-period-adjusted", len(values), m, se, df, region), None, unreached
-    m, se = mean_se(values)
-    return t_result("t", len(values), m, se, len(values) - 1, region), None, unreached
+        method = "t-period-adjusted"
+    else:
+        why = magnitude_problem([values])
+        if why is not None:
+            return None, why, unreached
+        m, se = mean_se(values)
+        method, df = "t", len(values) - 1
+    if not (se > 0 and math.isfinite(se)):
+        return None, f"the standard error is {se!r}: no t statistic", unreached
+    return t_result(method, len(values), m, se, df, region), None, unreached
+
+
+#: The zero-spread guard's reasons (:func:`analysis.stats.spread_is_rounding`).
+ZERO_SPREAD = ("zero spread: the per-pair values agree to the rounding of the endpoint values they were computed "
+               "from (16 ulps of |b| + |c|, or of 1 + |ln b| + |ln c| for a log ratio)")
+ZERO_SPREAD_WITHIN = ("zero spread within each order group: the period-adjusted standard error is rounding noise "
+                      "(16 ulps of |b| + |c|, or of 1 + |ln b| + |ln c| for a log ratio)")
 
 
 def _gate(h: dict[str, Any], spec: dict[str, Any], completeness: dict[str, Any]) -> str | None:
@@ -208,9 +237,15 @@ def decide(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, 
     ascending (ties by protocol order), the k-th (from 1) compared with ``alpha / (m - k + 1)``;
     the first failure stops the procedure (Holm, 1979, *Scand. J. Statist.* 6:65). A hypothesis
     without a test (too few pairs, zero spread, a null endpoint, incomplete) counts as ``p = 1``.
-    A hypothesis is established when ``p < alpha``, strictly: ``P(p <= alpha) <= alpha`` holds for
-    either rule, and the strict one never establishes on a p-value that only reaches alpha (an atom
-    of a discrete rank distribution, or a rounding of one). The interval shown is two-sided at
+    A hypothesis is established when ``p < alpha``, strictly (:func:`analysis.ttests.passes`: for a
+    t test, its statistic exceeds the critical value ``t_{1-alpha, df}`` by a relative ``1e-12``, the
+    same doubles in the audit, so a ``p`` within rounding of alpha never splits them; for ranks, the
+    exact ``p`` is below alpha): ``P(p <= alpha) <= alpha`` holds for either rule, and the strict one
+    never establishes on a p-value that only reaches alpha (an atom of a discrete rank
+    distribution, or a rounding of one). A t test whose per-pair values agree to the rounding of the
+    endpoint values (:func:`analysis.stats.spread_is_rounding`; period-adjusted: within each order
+    group), whose squares would underflow or overflow (:func:`analysis.ttests.magnitude_problem`), or
+    whose standard error is 0, is "not reached" with that reason. The interval shown is two-sided at
     ``1 - 2 alpha_used`` (its favourable end is the one-sided bound the test compares), computed on
     the test scale and mapped to the estimand's units.
 
@@ -241,7 +276,7 @@ def decide(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, 
                 failed = h["id"]
             else:
                 used[h["id"]] = alpha
-                ok = t.p_value < alpha
+                ok = passes(t, alpha)
                 status[h["id"]] = ("established" if ok else "not established", None)
                 failed = None if ok else h["id"]
     else:
@@ -257,7 +292,7 @@ def decide(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, 
             elif stopped:
                 status[h["id"]] = ("not established", "Holm's procedure stopped at an earlier hypothesis")
             else:
-                ok = t.p_value < a
+                ok = passes(t, a)
                 status[h["id"]] = ("established" if ok else "not established", None)
                 stopped = not ok
     out = []
@@ -270,7 +305,7 @@ def decide(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, 
                 else t.estimate
         if t is not None and a is not None and t.method != "signed-rank":
             level = 1.0 - 2.0 * a
-            q = float(_st.t.ppf(1.0 - a, t.df))
+            q = critical_t(a, t.df)
             low, high = t.estimate - q * t.standard_error, t.estimate + q * t.standard_error  # type: ignore[operator]
             if h["estimand"] == "relative_reduction":
                 low, high = reduction(high), reduction(low)

@@ -261,12 +261,12 @@ def _every_pair(studies: list[dict[str, Any]]) -> list[str]:
     for n, study in enumerate(s for s in studies if s["design"] == "paired" and s["configs"]):
         rows, cls, dots = [], [], []
         for c in study["configs"]:
-            dots.append((c["config"], [p["time_reduction_pct"] for p in c["pairs"]]))
-            for p in c["pairs"]:
-                adverse = p["time_reduction_pct"] < 0
-                rows.append([f"{c['config']} seed {p['seed']}", p["first"], f"{p['baseline_training_s']:.3f}",
-                             f"{p['candidate_training_s']:.3f}", f"{p['time_reduction_pct']:.2f}%",
-                             f"{p['test_bpb_difference']:+.5f}", "slower" if adverse else "faster"])
+            dots.append((c["config"], [p["time_reduction_pct"] for p in c["pairs"] if p["time_reduction_pct"] is not None]))
+            for p in c["pairs"]:  # a damaged (null or non-finite) endpoint shows as n/a
+                adverse = (p["time_reduction_pct"] or 0.0) < 0
+                rows.append([f"{c['config']} seed {p['seed']}", p["first"], _f(p["baseline_training_s"], ".3f"),
+                             _f(p["candidate_training_s"], ".3f"), "n/a" if p["time_reduction_pct"] is None else f"{p['time_reduction_pct']:.2f}%",
+                             _f(p["test_bpb_difference"], "+.5f"), "slower" if adverse else "faster"])
                 cls.append("adverse" if adverse else "")
         svg = pairs_svg(f"pairs{n}", f"Every pair's training-time reduction, study {study['name']}", dots)
         if svg:

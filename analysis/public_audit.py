@@ -146,19 +146,28 @@ def student_t_ppf(q: float, df: float) -> float:
         return 0.0
     if q < 0.5:
         return -student_t_ppf(1.0 - q, df)
-    tail = 1.0 - q
+    return t_critical(1.0 - q, df)
+
+
+def t_critical(alpha: float, df: float) -> float:
+    """The t value ``q > 0`` with ``P(T > q) = alpha`` (``alpha < 0.5``): bisection to adjacent doubles.
+
+    The decisions' critical value, in the audit and in ``analysis.ttests.critical_t`` alike (the same
+    function): a t test establishes its hypothesis when its statistic exceeds it. Taking ``alpha``
+    itself, not ``1 - (1 - alpha)``, keeps the ulps that subtraction would lose.
+    """
     lo, hi = 0.0, 1.0
-    while student_t_sf(hi, df) > tail:
+    while student_t_sf(hi, df) > alpha:
         lo, hi = hi, hi * 2.0
-    for _ in range(200):
+    for _ in range(2000):
         mid = 0.5 * (lo + hi)
         if mid in (lo, hi):
             break
-        if student_t_sf(mid, df) > tail:
+        if student_t_sf(mid, df) > alpha:
             lo = mid
         else:
             hi = mid
-    return 0.5 * (lo + hi)
+    return hi
 
 
 # ------------------------------------------------------------------------------------------
@@ -194,7 +203,8 @@ def per_pair(b: list[float], c: list[float], estimand: str) -> list[float]:
 
 
 def paired(b: list[float], c: list[float], level: float, estimand: str) -> dict | None:
-    if len(b) < 2:
+    """The descriptive interval; None under two pairs or where squares underflow or overflow a double."""
+    if len(b) < 2 or magnitude_problem([per_pair(b, c, estimand)]) is not None:
         return None
     return interval(per_pair(b, c, estimand), level, estimand)
 
@@ -322,7 +332,8 @@ ENDPOINT_KEYS = {"training_time": "training_s", "time_to_target": "time_to_targe
 
 TIME_ENDPOINTS = ("training_time", "time_to_target", "total_time")
 ROUNDING_REL_TOL = 1e-9  # analysis.stats.ROUNDING_REL_TOL
-EXACT_MAX_N = 50  # analysis.ranks.EXACT_MAX_N
+ROUNDING_ULPS = 16  # analysis.stats.ROUNDING_ULPS
+EXACT_MAX_N = 300  # analysis.ranks.EXACT_MAX_N
 
 
 class Unreachable(ValueError):
@@ -376,7 +387,7 @@ def worst_rank(b: list, c: list) -> list[float]:
 
 
 def signed_rank(d: list[float], s: int) -> dict:
-    """T+ and its one-sided p: exact conditional null (ties included) up to EXACT_MAX_N, else normal."""
+    """T+ and its one-sided p: exact conditional null (ties included) up to EXACT_MAX_N, else Hoeffding."""
     tol = ROUNDING_REL_TOL * max((abs(x) for x in d), default=0.0)
     nz = [s * x for x in d if abs(x) > tol]
     n = len(nz)
@@ -395,20 +406,36 @@ def signed_rank(d: list[float], s: int) -> dict:
         i = j + 1
     t_plus = math.fsum(r for r, x in zip(ranks, nz) if x > 0)
     if n <= EXACT_MAX_N:
-        dist = {0: 1}  # doubled rank sum -> number of sign patterns
-        for r in ranks:
-            new = dict(dist)
-            for total, count in dist.items():
-                new[total + int(round(2 * r))] = new.get(total + int(round(2 * r)), 0) + count
-            dist = new
-        p = sum(v for k, v in dist.items() if k >= int(round(2 * t_plus))) / 2**n
-    else:
-        groups: dict = {}
-        for r in ranks:
-            groups[r] = groups.get(r, 0) + 1
-        var = n * (n + 1) * (2 * n + 1) / 24.0 - math.fsum(t**3 - t for t in groups.values()) / 48.0
-        p = 0.5 * math.erfc((t_plus - n * (n + 1) / 4.0) / math.sqrt(var) / math.sqrt(2.0))
+        p = tail_count([int(round(2 * r)) for r in ranks], int(round(2 * t_plus))) / 2**n
+    else:  # Hoeffding's bound: conservative
+        u = t_plus - math.fsum(ranks) / 2.0
+        p = 1.0 if u <= 0 else min(1.0, math.exp(-2.0 * u * u / math.fsum(r * r for r in ranks)))
     return {"n": n, "statistic": t_plus, "p_value": p}
+
+
+def tail_count(doubled: list[int], t2: int) -> int:
+    """Sign patterns with doubled T+ >= t2: truncated generating function prod (1 + x^r), packed in an int."""
+    n, total = len(doubled), sum(doubled)
+    if t2 <= 0:
+        return 1 << n
+    if t2 > total:
+        return 0
+    k, complement = total - t2, False  # by symmetry, #(S >= t2) = #(S <= total - t2)
+    if k > t2 - 1:
+        k, complement = t2 - 1, True
+    bits = n + 1
+    mask = (1 << (bits * (k + 1))) - 1
+    poly = 1
+    for r in sorted(doubled):
+        if r > k:
+            break
+        poly = (poly + (poly << (r * bits))) & mask
+    digits = k + 1
+    while digits > 1:
+        half = (digits + 1) // 2
+        poly = (poly & ((1 << (half * bits)) - 1)) + (poly >> (half * bits))
+        digits = half
+    return (1 << n) - poly if complement else poly
 
 
 def checked(p: dict, role: str, key: str, positive: bool) -> float:
@@ -419,7 +446,8 @@ def checked(p: dict, role: str, key: str, positive: bool) -> float:
     return float(v)
 
 
-def hyp_values(h: dict, pairs: list[dict]) -> tuple[list[float], dict | None]:
+def hyp_values(h: dict, pairs: list[dict]) -> tuple[list[float], list[float] | None, dict | None]:
+    """Per-pair test-scale values, their rounding scales (None for worst-rank scores), unreached counts."""
     key = ENDPOINT_KEYS[h["endpoint"]]
     ratio = h["estimand"] != "difference"
     unreached = None
@@ -433,7 +461,7 @@ def hyp_values(h: dict, pairs: list[dict]) -> tuple[list[float], dict | None]:
                 if p[f"{role}_{key}"] is not None:
                     checked(p, role, key, True)
         if h["censoring"] == "worst_rank":
-            return worst_rank(rb, rc), unreached
+            return worst_rank(rb, rc), None, unreached
         b, c = [], []
         for p in pairs:  # restricted mean: min(T, tau), one tau per pair for both arms
             train = {r: checked(p, r, "training_s", True) for r in ("baseline", "candidate")}
@@ -448,7 +476,11 @@ def hyp_values(h: dict, pairs: list[dict]) -> tuple[list[float], dict | None]:
     else:
         b = [checked(p, "baseline", key, ratio) for p in pairs]
         c = [checked(p, "candidate", key, ratio) for p in pairs]
-    return per_pair(b, c, h["estimand"]), unreached
+    if ratio:
+        scales = [1.0 + abs(math.log(x)) + abs(math.log(y)) for x, y in zip(b, c)]
+    else:
+        scales = [abs(x) + abs(y) for x, y in zip(b, c)]
+    return per_pair(b, c, h["estimand"]), scales, unreached
 
 
 def median_of(v: list[float]) -> float | None:
@@ -464,7 +496,7 @@ def hyp_test(h: dict, pairs: list[dict], min_pairs: int) -> tuple[dict | None, s
         return None, f"too few pairs: {len(pairs)} of the protocol's min_pairs {min_pairs}", None
     unreached = None
     try:
-        values, unreached = hyp_values(h, pairs)
+        values, scales, unreached = hyp_values(h, pairs)
         reg = region(h)
     except Unreachable as e:
         return None, str(e), unreached
@@ -480,23 +512,64 @@ def hyp_test(h: dict, pairs: list[dict], min_pairs: int) -> tuple[dict | None, s
                 "statistic": r["statistic"], "p_value": r["p_value"],
                 "estimate_of": f"median ln(c/b) of the {len(both)} pairs where both arms reached the target"}, \
             None, unreached
-    if max(values) - min(values) <= ROUNDING_REL_TOL * max(abs(v) for v in values):
+    if zero_spread(values, scales):
         if all(v == 0.0 for v in values):
             return None, "identical: every pair's difference is exactly 0", unreached
-        return None, "zero spread: the per-pair values agree to rounding (relative tolerance 1e-9)", unreached
+        return None, ZERO_SPREAD, unreached
+    n = len(values)
     if h.get("period_adjusted"):
         first = [p["first"] for p in pairs]
         ab = [v for v, f in zip(values, first) if f == "baseline"]
         ba = [v for v, f in zip(values, first) if f != "baseline"]
         if min(len(ab), len(ba)) < 2:
             return None, "the period-adjusted estimand needs at least two pairs in each order", unreached
-        g = two_groups(ab, ba, 0.9, False)
-        m = (math.fsum(ab) / len(ab) + math.fsum(ba) / len(ba)) / 2
-        return t_result("t-period-adjusted", len(values), m, g["standard_error"] / 2, g["df"], reg), None, unreached
-    n = len(values)
-    m = math.fsum(values) / n
-    se = math.sqrt(math.fsum((x - m) ** 2 for x in values) / (n - 1) / n)
-    return t_result("t", n, m, se, n - 1, reg), None, unreached
+        if zero_spread(ab, scales) and zero_spread(ba, scales):
+            return None, ZERO_SPREAD_WITHIN, unreached
+        why = magnitude_problem([ab, ba])
+        if why is not None:
+            return None, why, unreached
+        m1, m2 = math.fsum(ab) / len(ab), math.fsum(ba) / len(ba)
+        sp2 = (math.fsum((x - m1) ** 2 for x in ab) + math.fsum((x - m2) ** 2 for x in ba)) / (n - 2)
+        m, se, df, method = (m1 + m2) / 2, math.sqrt(sp2 * (1 / len(ab) + 1 / len(ba))) / 2, n - 2, "t-period-adjusted"
+    else:
+        why = magnitude_problem([values])
+        if why is not None:
+            return None, why, unreached
+        m = math.fsum(values) / n
+        se, df, method = math.sqrt(math.fsum((x - m) ** 2 for x in values) / (n - 1) / n), n - 1, "t"
+    if not (se > 0 and math.isfinite(se)):
+        return None, f"the standard error is {se!r}: no t statistic", unreached
+    return t_result(method, n, m, se, df, reg), None, unreached
+
+
+ZERO_SPREAD = ("zero spread: the per-pair values agree to the rounding of the endpoint values they were computed "
+               "from (16 ulps of |b| + |c|, or of 1 + |ln b| + |ln c| for a log ratio)")
+ZERO_SPREAD_WITHIN = ("zero spread within each order group: the period-adjusted standard error is rounding noise "
+                      "(16 ulps of |b| + |c|, or of 1 + |ln b| + |ln c| for a log ratio)")
+
+
+def zero_spread(values: list[float], scales: list[float]) -> bool:
+    """analysis.stats.spread_is_rounding: spread within ROUNDING_ULPS ulps of the inputs' magnitude."""
+    return max(values) - min(values) <= ROUNDING_ULPS * sys.float_info.epsilon * max(scales)
+
+
+def magnitude_problem(groups: list[list[float]]) -> str | None:
+    """analysis.ttests.magnitude_problem: deviations whose squares a double cannot hold."""
+    top = max(abs(x) for g in groups for x in g)
+    if top > 1e150:
+        return f"extreme magnitudes: per-pair values up to {top:.3g}, beyond 1e+150, whose squares overflow a double"
+    dev = max(abs(x - math.fsum(g) / len(g)) for g in groups for x in g)
+    if 0 < dev < 1e-150:
+        return (f"extreme magnitudes: the per-pair values deviate from their mean by at most {dev:.3g}, below "
+                "1e-150, whose squares underflow a double")
+    return None
+
+
+def passes(t: dict, alpha: float) -> bool:
+    """analysis.ttests.passes: t > t_critical(alpha, df) (1 + 1e-12) for t tests, p < alpha for ranks."""
+    if t["method"] == "signed-rank":
+        return t["p_value"] < alpha
+    return t["statistic"] > t_critical(alpha, t["df"]) * (1.0 + 1e-12)
 
 
 def gate(h: dict, spec: dict, done: dict) -> str | None:
@@ -528,7 +601,7 @@ def decide(spec: dict, pairs_of: dict, done: dict) -> list[dict]:
                 status[h["id"]], used[h["id"]], failed = ("not reached", why), alpha, h["id"]
             else:
                 used[h["id"]] = alpha
-                ok = t["p_value"] < alpha
+                ok = passes(t, alpha)
                 status[h["id"]] = ("established" if ok else "not established", None)
                 failed = None if ok else h["id"]
     else:
@@ -544,7 +617,7 @@ def decide(spec: dict, pairs_of: dict, done: dict) -> list[dict]:
             elif stopped:
                 status[h["id"]] = ("not established", "Holm's procedure stopped at an earlier hypothesis")
             else:
-                ok = t["p_value"] < used[h["id"]]
+                ok = passes(t, used[h["id"]])
                 status[h["id"]] = ("established" if ok else "not established", None)
                 stopped = not ok
     out = []
@@ -562,7 +635,7 @@ def decide(spec: dict, pairs_of: dict, done: dict) -> list[dict]:
                 estimate_of = f"{h['estimand']} of the restricted times min(T, tau), tau = {tau}"
         if t is not None and a is not None and not rank:
             level = 1.0 - 2.0 * a
-            q = student_t_ppf(1.0 - a, t["df"])
+            q = t_critical(a, t["df"])
             low, high = t["estimate"] - q * t["standard_error"], t["estimate"] + q * t["standard_error"]
             if rr:
                 low, high = pct(high), pct(low)
@@ -816,13 +889,16 @@ def _paired(st: dict, config: str, units: dict, level: float, exclusions: list) 
             "baseline_total_s": bt["total_s"], "candidate_total_s": ct["total_s"],
             "baseline_test_bpb": b["test_bpb"], "candidate_test_bpb": c["test_bpb"],
             "baseline_peak_memory_bytes": peak(b), "candidate_peak_memory_bytes": peak(c),
-            "time_reduction_pct": 100.0 * (1.0 - ct["training_s"] / bt["training_s"]),
+            "time_reduction_pct": 100.0 * (1.0 - ct["training_s"] / bt["training_s"])
+            if number(bt["training_s"], True) and number(ct["training_s"], True) else None,
             "test_bpb_difference": c["test_bpb"] - b["test_bpb"]
             if number(b["test_bpb"], False) and number(c["test_bpb"], False) else None,
         })
     col = lambda k: [p[k] for p in pairs]  # noqa: E731
     training = endpoint(col("baseline_training_s"), col("candidate_training_s"), level, "relative_reduction")
-    training["log_ratio"] = paired(col("baseline_training_s"), col("candidate_training_s"), level, "log_ratio")
+    timed = [p for p in pairs if p["time_reduction_pct"] is not None]  # both training times finite and positive
+    training["log_ratio"] = paired([p["baseline_training_s"] for p in timed], [p["candidate_training_s"] for p in timed],
+                                   level, "log_ratio")
     both = [p for p in pairs if p["baseline_time_to_target_s"] is not None and p["candidate_time_to_target_s"] is not None]
     ttt = endpoint([p["baseline_time_to_target_s"] for p in both], [p["candidate_time_to_target_s"] for p in both],
                    level, "relative_reduction")
@@ -832,18 +908,18 @@ def _paired(st: dict, config: str, units: dict, level: float, exclusions: list) 
     quality = endpoint(col("baseline_test_bpb"), col("candidate_test_bpb"), level, "difference")
     mb, mc = col("baseline_peak_memory_bytes"), col("candidate_peak_memory_bytes")
     memory = endpoint(mb, mc, level, "relative_reduction") if None not in mb + mc else None
-    faster = sum(1 for p in pairs if p["candidate_training_s"] < p["baseline_training_s"])
-    slower = sum(1 for p in pairs if p["candidate_training_s"] > p["baseline_training_s"])
+    faster = sum(1 for p in timed if p["candidate_training_s"] < p["baseline_training_s"])
+    slower = sum(1 for p in timed if p["candidate_training_s"] > p["baseline_training_s"])
     return {
         "config": config, "design": "paired", "level": level, "parameters": params_of(units),
         "baseline_arm": st["arms"][0], "candidate_arm": st["arms"][1],
         "units_seen": len(units), "pairs_used": len(pairs), "training_time": training, "time_to_target": ttt,
         "total_time": endpoint(col("baseline_total_s"), col("candidate_total_s"), level, "relative_reduction"),
         "test_bpb": quality, "peak_memory": memory,
-        "counts": {"faster": faster, "slower": slower, "ties": len(pairs) - faster - slower,
+        "counts": {"faster": faster, "slower": slower, "ties": len(timed) - faster - slower,
                    "worse_test_bpb": sum(1 for p in pairs if (p["test_bpb_difference"] or 0.0) > 0)},
-        "order_effects": {"crossover": crossover(pairs, level), "drift": drift(pairs, level)},
-        "by_device": by_device(pairs, level), "pairs": pairs,
+        "order_effects": {"crossover": crossover(timed, level), "drift": drift(timed, level)},
+        "by_device": by_device(timed, level), "pairs": pairs,
     }
 
 
@@ -2214,7 +2290,7 @@ def compare(path: str, mine: object, theirs: object, problems: list[str], where:
         return sum(compare(f"{path}[{i}]", a, b, problems, where) for i, (a, b) in enumerate(zip(mine, theirs)))
     num = (int, float)
     if isinstance(mine, num) and isinstance(theirs, num) and not isinstance(mine, bool) and not isinstance(theirs, bool):
-        if not math.isclose(mine, theirs, rel_tol=REL_TOL, abs_tol=1e-12):
+        if not (math.isclose(mine, theirs, rel_tol=REL_TOL, abs_tol=1e-12) or (math.isnan(mine) and math.isnan(theirs))):
             problems.append(f"{where}: field {path} = {theirs!r}, recomputed {mine!r}")
         return 1
     if mine != theirs:

@@ -19,7 +19,8 @@ MIB = 1024 * 1024
 
 
 def _f(x: float | None, fmt: str) -> str:
-    return "n/a" if x is None else format(x, fmt)
+    """``x`` in ``fmt`` (a trailing ``%`` is printed after the number), ``n/a`` for ``None``."""
+    return "n/a" if x is None else format(x, fmt.rstrip("%")) + "%" * fmt.endswith("%")
 
 
 def _pct(level: float) -> str:
@@ -102,8 +103,8 @@ def markdown(summary: dict[str, Any]) -> str:
             rows = []
             for c in study["configs"]:
                 for pr in c["pairs"]:
-                    rows.append([c["config"], str(pr["seed"]), pr["first"], f"{pr['baseline_training_s']:.3f}",
-                                 f"{pr['candidate_training_s']:.3f}", f"{pr['time_reduction_pct']:.2f}%",
+                    rows.append([c["config"], str(pr["seed"]), pr["first"], _f(pr["baseline_training_s"], ".3f"),
+                                 _f(pr["candidate_training_s"], ".3f"), _f(pr["time_reduction_pct"], ".2f%"),
                                  _f(pr["test_bpb_difference"], "+.5f")])
             out += _md_table(["Configuration", "Seed", "First", f"{first['baseline_arm'].capitalize()} (s)",
                               f"{first['candidate_arm'].capitalize()} (s)", "Time reduction",

@@ -6,6 +6,7 @@ Never imports torch: the analysis reads records and nothing else.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -175,14 +176,36 @@ def factorial_contrasts(blocks: Sequence[dict[str, float]], level: float) -> dic
     return {k: mean_interval(v, level, "log_contrast") for k, v in lb.items()}
 
 
-#: Relative tolerance for rounding: per-pair values whose spread (``max - min``) is at most this
-#: fraction of their largest magnitude have "zero spread" (a t statistic there divides rounding
-#: noise); in the signed-rank test, magnitudes this close are tied and values this close to 0 are
-#: zeros. Real paired differences of times, BPB or memory never agree to 9 significant digits.
+#: Relative tolerance of the signed-rank test (:func:`analysis.ranks.signed_rank`): magnitudes this
+#: close are tied and scores this close to 0 are zeros. Real paired differences of times, BPB or
+#: memory never agree to 9 significant digits.
 ROUNDING_REL_TOL = 1e-9
 
+#: The zero-spread guard's tolerance, in units in the last place of the inputs (:func:`spread_is_rounding`).
+ROUNDING_ULPS = 16
 
-def spread_is_rounding(values: Sequence[float]) -> bool:
-    """``max - min <= ROUNDING_REL_TOL * max |v|`` (true for identical values, 0 included)."""
-    top = max(abs(v) for v in values)
-    return max(values) - min(values) <= ROUNDING_REL_TOL * top
+
+def rounding_scale(b: Sequence[float], c: Sequence[float], scale: str) -> list[float]:
+    """Per pair, the magnitude whose rounding a per-pair value carries.
+
+    ``|b| + |c|`` for a difference ``c - b``; ``1 + |ln b| + |ln c|`` for a log ratio ``ln c - ln b``
+    (each logarithm is rounded to half an ulp of itself, and a value rounded to half an ulp of
+    itself, ``b (1 + e)``, moves its logarithm by ``e``: the ``1``).
+    """
+    if scale == "difference":
+        return [abs(x) + abs(y) for x, y in zip(b, c)]
+    return [1.0 + abs(math.log(x)) + abs(math.log(y)) for x, y in zip(b, c)]
+
+
+def spread_is_rounding(values: Sequence[float], scales: Sequence[float]) -> bool:
+    """Whether per-pair values agree to the rounding of the inputs they were computed from.
+
+    Notes
+    -----
+    ``max(values) - min(values) <= ROUNDING_ULPS * eps * max(scales)`` with ``eps = 2^-52`` and
+    ``scales`` from :func:`rounding_scale`. A t statistic on such values divides rounding noise:
+    the guard makes the hypothesis "not reached (zero spread)". The tolerance follows the inputs'
+    rounding, not the values' size, so exactly proportional data (``c = k b``) or exactly shifted
+    data (``c = b + k``) are zero spread whatever the effect ``k`` (true for identical values too).
+    """
+    return max(values) - min(values) <= ROUNDING_ULPS * sys.float_info.epsilon * max(scales)

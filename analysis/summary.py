@@ -29,7 +29,8 @@ from typing import Any
 
 from analysis.decisions import decide, sensitivity
 from analysis.order import by_device, crossover, drift, positions
-from analysis.stats import factorial_contrasts, paired_interval
+from analysis.stats import factorial_contrasts, paired_interval, paired_values
+from analysis.ttests import magnitude_problem, scale
 from harness.records import load_records
 
 __all__ = ["completeness", "current", "derive", "flow", "load_records", "run_rows"]
@@ -99,7 +100,9 @@ def _parameters(units: dict[str, dict[str, dict[str, Any]]]) -> int | None:
 
 
 def _interval(b: list[float], c: list[float], level: float, estimand: str) -> dict[str, Any] | None:
-    if len(b) < 2:
+    """The descriptive interval; ``None`` under two pairs or where the values' squares would underflow or
+    overflow a double (:func:`analysis.ttests.magnitude_problem`; a decision on them says so)."""
+    if len(b) < 2 or magnitude_problem([paired_values(b, c, scale(estimand))]) is not None:
         return None
     return paired_interval(b, c, level, estimand).as_dict()
 
@@ -180,13 +183,16 @@ def _paired(study: dict[str, Any], config: str, units: dict[str, dict[str, dict[
             "baseline_total_s": b["timings"]["total_s"], "candidate_total_s": c["timings"]["total_s"],
             "baseline_test_bpb": b["test_bpb"], "candidate_test_bpb": c["test_bpb"],
             "baseline_peak_memory_bytes": _peak(b), "candidate_peak_memory_bytes": _peak(c),
-            "time_reduction_pct": 100.0 * (1.0 - c["timings"]["training_s"] / b["timings"]["training_s"]),
+            "time_reduction_pct": 100.0 * (1.0 - c["timings"]["training_s"] / b["timings"]["training_s"])
+            if _valid(b["timings"]["training_s"], True) and _valid(c["timings"]["training_s"], True) else None,
             "test_bpb_difference": c["test_bpb"] - b["test_bpb"]
             if _valid(b["test_bpb"], False) and _valid(c["test_bpb"], False) else None,
         })
     col = lambda key: [p[key] for p in pairs]  # noqa: E731
     training = _endpoint(col("baseline_training_s"), col("candidate_training_s"), level, "relative_reduction")
-    training["log_ratio"] = _interval(col("baseline_training_s"), col("candidate_training_s"), level, "log_ratio")
+    timed = [p for p in pairs if p["time_reduction_pct"] is not None]  # both training times finite and positive
+    training["log_ratio"] = _interval([p["baseline_training_s"] for p in timed], [p["candidate_training_s"] for p in timed],
+                                      level, "log_ratio")
     both = [p for p in pairs if p["baseline_time_to_target_s"] is not None and p["candidate_time_to_target_s"] is not None]
     ttt = _endpoint([p["baseline_time_to_target_s"] for p in both], [p["candidate_time_to_target_s"] for p in both],
                     level, "relative_reduction")
@@ -196,8 +202,8 @@ def _paired(study: dict[str, Any], config: str, units: dict[str, dict[str, dict[
     quality = _endpoint(col("baseline_test_bpb"), col("candidate_test_bpb"), level, "difference")
     mem_b, mem_c = col("baseline_peak_memory_bytes"), col("candidate_peak_memory_bytes")
     memory = _endpoint(mem_b, mem_c, level, "relative_reduction") if None not in mem_b + mem_c else None
-    faster = sum(1 for p in pairs if p["candidate_training_s"] < p["baseline_training_s"])
-    slower = sum(1 for p in pairs if p["candidate_training_s"] > p["baseline_training_s"])
+    faster = sum(1 for p in timed if p["candidate_training_s"] < p["baseline_training_s"])
+    slower = sum(1 for p in timed if p["candidate_training_s"] > p["baseline_training_s"])
     return {
         "config": config, "design": "paired", "level": level,
         "parameters": _parameters(units),
@@ -206,10 +212,10 @@ def _paired(study: dict[str, Any], config: str, units: dict[str, dict[str, dict[
         "training_time": training, "time_to_target": ttt,
         "total_time": _endpoint(col("baseline_total_s"), col("candidate_total_s"), level, "relative_reduction"),
         "test_bpb": quality, "peak_memory": memory,
-        "counts": {"faster": faster, "slower": slower, "ties": len(pairs) - faster - slower,
+        "counts": {"faster": faster, "slower": slower, "ties": len(timed) - faster - slower,
                    "worse_test_bpb": sum(1 for p in pairs if (p["test_bpb_difference"] or 0.0) > 0)},
-        "order_effects": {"crossover": crossover(pairs, level), "drift": drift(pairs, level)},
-        "by_device": by_device(pairs, level),
+        "order_effects": {"crossover": crossover(timed, level), "drift": drift(timed, level)},
+        "by_device": by_device(timed, level),
         "pairs": pairs,
     }
 

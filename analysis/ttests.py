@@ -18,6 +18,8 @@ from typing import Any
 
 from scipy import stats as _st
 
+from analysis.public_audit import t_critical
+
 
 @dataclass(frozen=True)
 class TestResult:
@@ -111,6 +113,69 @@ def t_result(method: str, n: int, m: float, se: float, df: int, region: tuple[fl
     ts = ([(m - lo) / se] if lo is not None else []) + ([(hi - m) / se] if hi is not None else [])
     p = max(float(_st.t.sf(t, df)) for t in ts)
     return TestResult(method, n, m, se, df, min(ts), p, _MEAN[method])
+
+
+def critical_t(alpha: float, df: int) -> float:
+    """``t_{1 - alpha, df}``, the t value a one-sided test must exceed at level ``alpha``.
+
+    Notes
+    -----
+    The quantile ``q`` with ``P(T_df > q) = alpha``, found by bisection (to adjacent doubles) on the
+    standard library's t survival function of the public audit
+    (:func:`analysis.public_audit.t_critical`; accurate to a few ulps, ``tests/test_decision_rules.py``
+    checks it against scipy and R's ``qt``). The analysis and the audit decide with this one
+    function (:func:`passes`), so they agree even when ``p`` is within rounding of ``alpha``.
+    """
+    return t_critical(alpha, df)
+
+
+def passes(t: TestResult, alpha: float) -> bool:
+    """Whether a test establishes its hypothesis at level ``alpha``.
+
+    Notes
+    -----
+    t tests: ``statistic > critical_t(alpha, df) (1 + CRITICAL_MARGIN)`` (for equivalence the
+    statistic is the smaller t, so both one-sided tests must pass). This is ``p < alpha`` but for t
+    values within ``1e-12`` (relative) of the critical value, where it says "not established": the
+    quantile is accurate to about ``1e-13`` relative for ``df`` up to 5000 (checked against scipy), so
+    the rule never establishes on a t statistic below the true critical value, and the audit
+    computes the same doubles with the same function, so the two implementations cannot disagree.
+    Signed-rank: ``p < alpha`` strictly, with ``p`` an exact count over ``2^n`` (the same double in
+    both). Strict: a p-value that only reaches alpha (an atom of a discrete distribution) fails.
+    """
+    if t.method == "signed-rank":
+        return t.p_value < alpha
+    return t.statistic > critical_t(alpha, t.df) * (1.0 + CRITICAL_MARGIN)
+
+
+#: The relative margin by which a t statistic must exceed the critical value (:func:`passes`).
+CRITICAL_MARGIN = 1e-12
+
+
+#: Per-pair deviations whose squares a double holds without underflow or overflow.
+SQUARE_RANGE = (1e-150, 1e150)
+
+
+def magnitude_problem(groups: Sequence[Sequence[float]]) -> str | None:
+    """Why the standard error of these groups' values cannot be computed in doubles, or ``None``.
+
+    Notes
+    -----
+    The variance sums squares of deviations from the group means; for a deviation beyond
+    ``SQUARE_RANGE`` its square overflows (``> 1e300``) or underflows to a subnormal or 0 (all
+    deviations exactly 0 are no problem here: that is zero spread). Values beyond ``1e150`` are
+    refused first (their mean could overflow too).
+    """
+    lo, hi = SQUARE_RANGE
+    top = max(abs(x) for g in groups for x in g)
+    if top > hi:
+        return (f"extreme magnitudes: per-pair values up to {top:.3g}, beyond {hi:g}, whose squares overflow "
+                "a double")
+    dev = max(abs(x - math.fsum(g) / len(g)) for g in groups for x in g)
+    if 0 < dev < lo:
+        return (f"extreme magnitudes: the per-pair values deviate from their mean by at most {dev:.3g}, below "
+                f"{lo:g}, whose squares underflow a double")
+    return None
 
 
 _MEAN = {"t": "mean of the per-pair values", "t-period-adjusted": "period-adjusted mean of the per-pair values"}

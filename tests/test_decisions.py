@@ -70,14 +70,12 @@ def test_t_tests_against_scipy():
     [0.3, -0.1, 0.25, 0.4, -0.05, 0.12, 0.33, 0.07],            # exact (no ties): scipy's exact method
     [0.3, -0.1, 0.3, 0.4, -0.05, 0.12, 0.0, 0.07, 0.4, 0.4],    # ties and a zero: exact conditional
     [2.0, 2.0, 2.0, 2.0],                                        # 4 pairs all censored on one arm
-    [float(x) for x in range(1, 61)],                           # n > 50: normal approximation
+    [float(x) for x in range(1, 61)],                           # n > 50: still exact (scipy's exact method)
 ])
 def test_signed_rank_against_scipy_and_enumeration(d):
     mine = D.signed_rank(d, 1)
     nz = [x for x in d if x != 0]
-    if len(nz) > 50:
-        ref = stats.wilcoxon(d, alternative="greater", zero_method="wilcox", method="approx", correction=False).pvalue
-    elif len(set(abs(x) for x in nz)) == len(nz):
+    if len(set(abs(x) for x in nz)) == len(nz):
         ref = stats.wilcoxon(d, alternative="greater", zero_method="wilcox", method="exact").pvalue
     else:  # every sign pattern of scipy's average ranks, counted
         ranks = stats.rankdata([abs(x) for x in nz])

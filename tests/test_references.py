@@ -88,7 +88,7 @@ def test_period_adjusted_against_r_lm():
 
 
 @pytest.mark.parametrize("name", ["signed_rank_exact_no_ties", "signed_rank_exact_ties_zero",
-                                  "signed_rank_four_censored", "signed_rank_normal_60"])
+                                  "signed_rank_four_censored", "signed_rank_exact_60_ties"])
 def test_signed_rank_against_r(name):
     inp, (p,) = case(name)
     assert D.signed_rank(inp["d"], 1).p_value == pytest.approx(p, rel=1e-12)
