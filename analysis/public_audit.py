@@ -2384,8 +2384,15 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
     row("record hashes + MANIFEST records", bad == 0,
         f"{len(records)} records, {len(started)} started entries, {bad} problems")
     if not records:
+        audit_empty(directory, manifest, started, published, anchor, fail, notes)
         return
     root = git_root(directory) or find_root(directory, records[0]["protocol"]["path"])
+    outer = git_root(os.path.dirname(os.path.abspath(root))) if git_root(directory) else None
+    if outer is not None:
+        problems.append(f"{directory}: its git repository {root} lies inside another one ({outer}): a nested "
+                        "repository's tags are not the study's; audit the records in the repository that tagged them")
+        row("records inside the study's repository", False, f"nested repository {root}")
+        return
     bad = 0
     for rel, digest in sorted(manifest["sources"].items()):
         path = os.path.join(root, rel)
@@ -2500,6 +2507,26 @@ def _read_json(path: str, raw: bytes | None = None) -> object:
         return json.loads(raw)
     except (OSError, ValueError):
         return None
+
+
+def audit_empty(directory: str, manifest: dict, started: list[dict], published: tuple[int, str] | None,
+                anchor: str | None, fail: object, notes: list[str]) -> None:
+    """A folder with no record yet: what it can still prove. Started entries with no record are listed
+    as interrupted attempts; a MANIFEST head, a published head or an anchor that promises entries the
+    folder does not hold is a failure (records were removed)."""
+    head = manifest.get("ledger_head") or {}
+    found = []
+    seq = head.get("seq") or 0
+    if seq > len(started):
+        found.append(f"{os.path.join(directory, 'MANIFEST')}: ledger_head seq {seq}, but the folder holds "
+                     f"{len(started)} ledger entries and no record: records were removed")
+    if published is not None:
+        found.append(f"--head {published[0]}:{published[1][:16]}...: the folder holds no record at that position")
+    if anchor is not None:
+        found.append(f"--anchor {anchor}: the folder holds no record to check the anchored heads against")
+    fail("ledger of a folder with no record", found, f"no record yet; {len(started)} started entries")  # type: ignore[operator]
+    notes.extend(f"{directory}: interrupted (started, no record): {u['run_id']} attempt {u['attempt']} started at "
+                 f"{u['started_at']} on {u['node']} (ledger seq {u['seq']})" for u in unfinished([], started))
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

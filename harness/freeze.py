@@ -183,6 +183,15 @@ def uncommitted(repo: Path) -> list[str]:
                            "like a tracked one: remove it, or move it to an exempt folder)")
             continue
         out.append(f"{path}: {'untracked' if state == '??' else 'uncommitted change'}")
+    # git status does not look at a file marked skip-worktree or assume-unchanged: an edit to it would
+    # run unseen, so such a mark on a frozen file is refused like the change it can hide
+    flags = gitutil.git(repo, "ls-files", "-v", check=False)
+    for line in flags.stdout.splitlines():
+        flag, path = line[:1], line[2:]
+        if (flag == "S" or flag.islower()) and not exempt(path.strip('"').split("/", 1)[0]):
+            mark = "skip-worktree" if flag in ("S", "s") else "assume-unchanged"
+            out.append(f"{path}: marked {mark} in git's index, so git cannot see an edit to it (git update-index "
+                       f"--no-{mark} {path})")
     return out
 
 

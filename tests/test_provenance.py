@@ -450,3 +450,33 @@ def test_plug_in_importing_from_an_exempt_folder_is_refused(tmp_path):
     failed_runs = [x for x in load_records(r / "records" / "dyn") if x["status"] == "failed"]
     assert failed_runs and all(x["spec"]["arm"] == "plugs.dyn:build" for x in failed_runs)
     assert "lies in benchmarks/, which the freeze exempts" in failed_runs[0]["reason"]
+
+
+# -- review findings: hidden edits, emptied folders, nested repositories ----------------------------
+
+
+@pytest.mark.parametrize("mark", ["skip-worktree", "assume-unchanged"])
+def test_a_frozen_file_hidden_from_git_status_is_refused(study, mark):
+    """git status does not look at a file marked skip-worktree or assume-unchanged, so an edit to a
+    frozen file (a plug-in's helper, say) would run unseen: the mark itself is refused."""
+    git(study, "update-index", f"--{mark}", "configs/tiny_conv.yaml")
+    refused(study, f"configs/tiny_conv.yaml: marked {mark} in git's index")
+
+
+def test_a_folder_emptied_of_its_records_fails_against_its_heads(study):
+    manifest_path = study / RECS / "MANIFEST"
+    manifest = json.loads(manifest_path.read_text())
+    head = manifest["ledger_head"]
+    for p in [*(study / RECS).glob("*.record.json"), *(study / RECS).glob("*.started.json")]:
+        p.unlink()
+    manifest_path.write_text(json.dumps({**manifest, "records": {}, "started": {}}))
+    failed(study, f"ledger_head seq {head['seq']}", "records were removed")
+    manifest_path.write_text(json.dumps({**manifest, "records": {}, "started": {}, "ledger_head": None}))
+    failed(study, "the folder holds no record at that position", extra=("--head", f"{head['seq']}:{head['sha256']}"))
+
+
+def test_records_inside_a_nested_repository_fail(study):
+    """A records folder that is (or lies in) a git repository of its own would have the audit read
+    that repository's tags instead of the study's."""
+    git(study / RECS, "init", "-q")
+    failed(study, "lies inside another one")
