@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, git, harness, tiny_protocol
-from test_integrity import PROTO, RECS, audit, by_seq, make_study, rebuild_manifest, resealed
+from test_integrity import PROTO, RECS, audit, by_seq, chain, make_study, rebuild_manifest, resealed
 
 from harness.records import load_records, read_record
 
@@ -39,13 +39,20 @@ def study(done_study: Path, tmp_path: Path) -> Path:
 def reseal_all(repo: Path, edit) -> None:
     """A consistent forgery: every record edited, the chain relinked from the same genesis, MANIFEST
     and summary.json rewritten by the harness's own code."""
-    paths = by_seq(repo)
+    paths = chain(repo)  # started entries too: every entry is relinked, only records are edited
     prev = read_record(paths[0])["ledger"]["prev"]
+    starts: dict[int, str] = {}  # a started entry's seq -> its new sha256, for the record that links to it
     for p in paths:
-        def e(r, prev=prev):
-            edit(r)
+        def e(r, prev=prev, p=p):
+            if p.name.endswith(".record.json"):
+                edit(r)
+                if isinstance(r.get("start"), dict) and r["start"].get("seq") in starts:
+                    r["start"]["sha256"] = starts[r["start"]["seq"]]
             r["ledger"]["prev"] = prev
-        prev = resealed(p, e)["sha256"]
+        new = resealed(p, e)
+        prev = new["sha256"]
+        if not p.name.endswith(".record.json"):
+            starts[new["ledger"]["seq"]] = new["sha256"]
     rebuild_manifest(repo)
     assert harness(repo, "report", PROTO, "--quiet").returncode == 0  # the report follows the forged records
 
@@ -62,7 +69,7 @@ def failed(repo: Path, *needles: str, extra: tuple[str, ...] = ()) -> str:
 
 def refused(repo: Path, *needles: str, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> str:
     """harness run refuses (exit 2) before any worker starts and writes nothing."""
-    for p in by_seq(repo)[4:]:
+    for p in chain(repo)[8:]:
         p.unlink()  # leave a unit to do
     (repo / RECS / "MANIFEST").unlink(missing_ok=True)
     left = sorted(p.name for p in (repo / RECS).glob("*.record.json"))
@@ -187,7 +194,7 @@ def test_stale_unchecked_bytecode_is_never_read_by_a_worker(study):
     pyc = cache / f"batches.{sys.implementation.cache_tag}.pyc"
     py_compile.compile(str(src), cfile=str(pyc), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
     src.write_text(original)  # the tracked source is untouched; the stale bytecode stays beside it
-    for p in by_seq(study)[4:]:
+    for p in chain(study)[8:]:
         p.unlink()
     r = harness(study, "run", PROTO, "--quiet", "--no-report")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -199,7 +206,7 @@ def test_stale_unchecked_bytecode_is_never_read_by_a_worker(study):
 def test_planted_phase_library_is_replaced_by_a_fresh_build(study, tmp_path):
     cache = tmp_path / "kernel-cache"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COTANGENT_NATIVE_CACHE": str(cache)}
-    for p in by_seq(study)[4:]:
+    for p in chain(study)[8:]:
         p.unlink()
     run = lambda: subprocess.run([sys.executable, "-m", "harness.cli", "run", PROTO, "--quiet", "--no-report"],  # noqa: E731
                                  cwd=study, capture_output=True, text=True, timeout=600, env=env)
@@ -212,7 +219,7 @@ def test_planted_phase_library_is_replaced_by_a_fresh_build(study, tmp_path):
         pytest.skip(f"this CPU does not run phase.c ({cand[-1]['method_paths']['phase_kernel']})")
     assert cand[-1]["method_paths"]["phase_so_sha256"] == good
     so.write_bytes(b"\x7fELF planted library, reused by name")  # the cache key names the file, not its bytes
-    for p in by_seq(study)[4:]:
+    for p in chain(study)[8:]:
         p.unlink()
     second = run()
     assert second.returncode == 0, second.stdout + second.stderr
@@ -263,13 +270,14 @@ def test_tag_dated_after_the_records_fails(study):
 
 
 def test_record_started_before_its_predecessor_on_the_same_machine_fails(study):
-    first = read_record(by_seq(study)[0])
+    recs = [read_record(p) for p in by_seq(study)]
+    first, second, third = (r["ledger"]["seq"] for r in recs[:3])
 
     def edit(r):
-        if r["ledger"]["seq"] == 3:
-            r["started_at"] = first["started_at"]  # claims to have started with seq 1, on the same host
+        if r["ledger"]["seq"] == third:
+            r["started_at"] = recs[0]["started_at"]  # claims to have started with the first run, on the same host
     reseal_all(study, edit)
-    failed(study, "time order", "ledger seq 3", "before seq 2 on the same machine", "out of time order")
+    failed(study, "time order", f"ledger seq {third}", f"before seq {second} on the same machine", "out of time order")
 
 
 def test_git_replace_of_the_tag_object_is_not_honoured(study):
@@ -296,10 +304,11 @@ def test_git_replace_of_the_tag_object_is_not_honoured(study):
 
 
 def test_head_must_be_a_full_sha256(study):
-    head = read_record(by_seq(study)[-1])["sha256"]
-    a = audit(study, "--head", f"6:{head[:4]}")
+    last = read_record(by_seq(study)[-1])
+    head, seq = last["sha256"], last["ledger"]["seq"]
+    a = audit(study, "--head", f"{seq}:{head[:4]}")
     assert a.returncode == 2 and "full 64-hex-digit sha256" in a.stdout
-    ok = audit(study, "--head", f"6:{head}")
+    ok = audit(study, "--head", f"{seq}:{head}")
     assert ok.returncode == 0, ok.stdout
     assert ok.stdout.rstrip().splitlines()[-1].startswith("Anchored: the chain was checked against the published head")
 
@@ -314,16 +323,16 @@ def test_anchor_pushes_every_unit_and_the_audit_checks_the_history(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("anchored seq") == 3  # after every unit
     log = git(remote, "log", "--format=%s", "refs/ledger/protocol-tiny").splitlines()
-    assert log == [f"ledger head of protocol-tiny: seq {n}" for n in (6, 4, 2)]
+    assert log == [f"ledger head of protocol-tiny: seq {n}" for n in (12, 8, 4)]  # a started entry and a record a run
     a = audit(repo, "--anchor", str(remote))
     assert a.returncode == 0, a.stdout
-    assert "3 anchored heads in refs/ledger/protocol-tiny, up to seq 6 of 6" in a.stdout
+    assert "3 anchored heads in refs/ledger/protocol-tiny, up to seq 12 of 12" in a.stdout
     assert a.stdout.rstrip().splitlines()[-1].startswith("Anchored:")
     # the tail after an anchored head, rewritten and resealed: the anchor's history does not match
     resealed(by_seq(repo)[-1], lambda x: x["timings"].update(training_s=0.001))
     rebuild_manifest(repo)
-    out = failed(repo, "anchored head seq 6", "history was rewritten after it was anchored", extra=("--anchor", str(remote)))
-    assert "anchored head seq 4" not in out  # the earlier anchors still hold
+    out = failed(repo, "anchored head seq 12", "history was rewritten after it was anchored", extra=("--anchor", str(remote)))
+    assert "anchored head seq 8" not in out  # the earlier anchors still hold
 
 
 def test_allowed_signers_on_an_unsigned_tag_fails(study, tmp_path):
