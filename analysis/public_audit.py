@@ -2074,7 +2074,7 @@ def check_phase_kernels(study: str, rs: list[dict]) -> tuple[list[str], str]:
     for arm, kinds in sorted(arms.items()):
         ks = sorted(kinds, key=str)
         named.append(f"arm {arm}: " + (", ".join(
-            (f"{k} ({str((kinds[k][0].get('method_paths') or {}).get('phase_kernel'))})" if k else
+            (str((kinds[k][0].get("method_paths") or {}).get("phase_kernel")) if k else
              "none (no PackedAdamW)") + f" in {len(kinds[k])} record(s)" for k in ks)))
     return problems, f"study {study}: phase kernel: {'; '.join(named)}"
 
@@ -2165,9 +2165,9 @@ def check_signature(root: str, truth: dict, signers: str | None) -> tuple[list[s
     raw = git_bytes(root, "cat-file", "tag", truth["object"])
     payload, sig, kind = split_signature(raw or b"")
     if kind != "SSH":
-        return [f"tag {tag}: its signature is {'an ' + kind if kind == 'OpenPGP' else kind or 'not'} "
-                f"signature, not an SSH signature (-----BEGIN SSH SIGNATURE-----); --allowed-signers {signers} "
-                "verifies SSH signatures only"], "not an SSH signature"
+        what = f"an {kind} signature" if kind else "no signature block git recognises"
+        return [f"tag {tag}: the tag object carries {what}, not an SSH signature (-----BEGIN SSH SIGNATURE-----); "
+                f"--allowed-signers {signers} verifies SSH signatures only"], "not an SSH signature"
     allowed = os.path.abspath(signers)
     import tempfile
 
