@@ -355,14 +355,14 @@ def test_anchor_pushes_every_unit_and_the_audit_checks_the_history(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("anchored seq") == 3  # after every unit
     log = git(remote, "log", "--format=%s", "refs/ledger/protocol-tiny").splitlines()
-    assert log == [f"ledger head of protocol-tiny: seq {n}" for n in (6, 4, 2)]
+    assert log == [f"ledger head of protocol-tiny: seq {n}" for n in (12, 8, 4)]
     a = audit(repo, "--anchor", str(remote))
     assert a.returncode == 0, a.stdout
-    assert f"3 anchored heads in refs/ledger/protocol-tiny fetched from {remote}, up to seq 6 of 6" in a.stdout
+    assert f"3 anchored heads in refs/ledger/protocol-tiny fetched from {remote}, up to seq 12 of 12" in a.stdout
     assert a.stdout.rstrip().splitlines()[-1].startswith("Anchored:")
     # the audited repository's git config redirects the anchor to forged heads: not honoured
     fake = tmp_path / "fake.git"
-    subprocess.run(["git", "clone", "-q", "--bare", str(remote), str(fake)], check=True)
+    subprocess.run(["git", "clone", "-q", "--mirror", str(remote), str(fake)], check=True)
     ref = "refs/ledger/protocol-tiny"
     body = git(fake, "log", "-1", "--format=%B", ref)
     forged = body.replace(body.split("sha256 ")[1].split()[0], "f" * 64)
@@ -374,13 +374,13 @@ def test_anchor_pushes_every_unit_and_the_audit_checks_the_history(tmp_path):
     assert a.returncode == 0, a.stdout
     assert f"fetched from {remote}," in a.stdout and str(fake) not in a.stdout
     assert git(repo, "for-each-ref") == before  # nothing fetched into the audited repository
-    failed(repo, "anchored head seq 6 sha256 ffffffffffffffff", extra=("--anchor", str(fake)))  # the forgery itself
+    failed(repo, "anchored head seq 12 sha256 ffffffffffffffff", extra=("--anchor", str(fake)))  # the forgery itself
     git(repo, "config", "--unset", f"url.{fake}.insteadOf")
     # the tail after an anchored head, rewritten and resealed: the anchor's history does not match
     resealed(by_seq(repo)[-1], lambda x: x["timings"].update(training_s=0.001))
     rebuild_manifest(repo)
-    out = failed(repo, "anchored head seq 6", "history was rewritten after it was anchored", extra=("--anchor", str(remote)))
-    assert "anchored head seq 4" not in out  # the earlier anchors still hold
+    out = failed(repo, "anchored head seq 12", "history was rewritten after it was anchored", extra=("--anchor", str(remote)))
+    assert "anchored head seq 8" not in out  # the earlier anchors still hold
 
 
 def test_allowed_signers_on_an_unsigned_tag_fails(study, tmp_path):
