@@ -200,7 +200,7 @@ def test_stale_unchecked_bytecode_is_never_read_by_a_worker(study):
     assert r.returncode == 0, r.stdout + r.stderr
     recs = load_records(study / RECS)
     assert [x["status"] for x in recs].count("ok") == 6
-    assert all(x["env"]["isolated"] is True for x in recs)
+    assert all(x["env"]["isolated"] is True for x in recs if x["status"] == "ok")  # interrupted ones carry no env
 
 
 def test_planted_phase_library_is_replaced_by_a_fresh_build(study, tmp_path):
