@@ -307,10 +307,10 @@ def test_record_started_before_its_predecessor_on_the_same_machine_fails(study):
     first = read_record(by_seq(study)[0])
 
     def edit(r):
-        if r["ledger"]["seq"] == 3:
-            r["started_at"] = first["started_at"]  # claims to have started with seq 1, on the same host
+        if r["ledger"]["seq"] == 6:  # the third record (schema 3: records at even seqs)
+            r["started_at"] = first["started_at"]  # claims to have started with seq 2, on the same host
     reseal_all(study, edit)
-    failed(study, "time order", "ledger seq 3", "before seq 2 on the same machine", "out of time order")
+    failed(study, "time order", "ledger seq 6", "before seq 4 on the same machine", "out of time order")
 
 
 def test_git_replace_of_the_tag_object_is_not_honoured(study):
