@@ -2034,7 +2034,49 @@ def check_versions(records: list[dict]) -> tuple[list[str], list[str]]:
         varied += [f"phase kernel of arm {a} ({len(v)} different)" for a, v in sorted(arms.items()) if len(v) > 1]
         if varied:
             notes.append(f"study {study}: varies between runs: {'; '.join(varied)}")
+        found, named = check_phase_kernels(study, rs)
+        problems += found
+        notes.append(named)
     return problems, notes
+
+
+def _kernel_kind(r: dict) -> str | None:
+    """What a record says ran the one-pass phase: ``phase.c``, ``torch kernels`` or None (no PackedAdamW)."""
+    k = (r.get("method_paths") or {}).get("phase_kernel")
+    if k is None:
+        return None
+    return next((kind for kind in ("phase.c", "torch kernels") if str(k).startswith(kind)), str(k))
+
+
+def check_phase_kernels(study: str, rs: list[dict]) -> tuple[list[str], str]:
+    """Every record of one arm names the same phase kernel (phase.c, or torch's kernels), and every
+    record that names one names the same phase.c library (``method_paths.phase_so_sha256``): the
+    environment (``CC``, ``PATH``) must not switch an arm's code between runs. Returns problems and
+    the note naming each arm's kernel."""
+    problems, arms = [], {}
+    for r in rs:
+        arms.setdefault(r["spec"]["arm"], {}).setdefault(_kernel_kind(r), []).append(r)
+    for arm, kinds in sorted(arms.items()):
+        if len(kinds) > 1:
+            parts = [f"{len(v)} {k or 'no phase kernel'} (e.g. {record_name(v[0])})" for k, v in sorted(
+                kinds.items(), key=lambda kv: str(kv[0]))]
+            problems.append(f"study {study}: the records of arm {arm} disagree on field method_paths.phase_kernel: "
+                            f"{', '.join(parts)}; one arm runs one code path")
+    libs: dict = {}
+    for r in rs:
+        if _kernel_kind(r) is not None:
+            libs.setdefault((r.get("method_paths") or {}).get("phase_so_sha256"), []).append(r)
+    if len(libs) > 1:
+        parts = [f"{str(k)[:16] if k else 'none'} ({record_name(v[0])}, {len(v)} record(s))" for k, v in sorted(
+            libs.items(), key=lambda kv: str(kv[0]))]
+        problems.append(f"study {study}: field method_paths.phase_so_sha256 differs between runs: {', '.join(parts)}")
+    named = []
+    for arm, kinds in sorted(arms.items()):
+        ks = sorted(kinds, key=str)
+        named.append(f"arm {arm}: " + (", ".join(
+            (str((kinds[k][0].get("method_paths") or {}).get("phase_kernel")) if k else
+             "none (no PackedAdamW)") + f" in {len(kinds[k])} record(s)" for k in ks)))
+    return problems, f"study {study}: phase kernel: {'; '.join(named)}"
 
 
 def check_time(truth: dict, records: list[dict]) -> tuple[list[str], str]:
@@ -2076,24 +2118,75 @@ def _machine(r: dict) -> object:
     return (node or {}).get("id") if isinstance(node, dict) and node.get("id") else (r.get("env") or {}).get("host")
 
 
+#: The lines that open a signature block in a git tag object (git's gpg-interface.c); the last
+#: such line begins the signature, what precedes it is the signed payload.
+SIG_STARTS = {"-----BEGIN SSH SIGNATURE-----": "SSH", "-----BEGIN PGP SIGNATURE-----": "OpenPGP",
+              "-----BEGIN PGP MESSAGE-----": "OpenPGP", "-----BEGIN SIGNED MESSAGE-----": "X.509"}
+
+
+def _isolated_env() -> dict:
+    """An environment in which git and ssh-keygen read no system, global or inherited configuration."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    return {**env, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_NO_REPLACE_OBJECTS": "1",
+            "GIT_TERMINAL_PROMPT": "0"}
+
+
+def split_signature(raw: bytes) -> tuple[bytes, bytes, str | None]:
+    """A tag object's signed payload, its signature block and the block's kind (None: unsigned)."""
+    pos, start, kind = 0, len(raw), None
+    while pos < len(raw):
+        nl = raw.find(b"\n", pos)
+        end = len(raw) if nl < 0 else nl + 1
+        line = raw[pos:end].rstrip(b"\r\n").decode("utf-8", "replace")
+        for head, name in SIG_STARTS.items():
+            if line.startswith(head):
+                start, kind = pos, name
+        pos = end
+    return raw[:start], raw[start:], kind
+
+
+def _ssh_keygen(args: list[str], stdin: bytes) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(["ssh-keygen", *args], input=stdin, capture_output=True, check=False, env=_isolated_env())
+
+
 def check_signature(root: str, truth: dict, signers: str | None) -> tuple[list[str], str]:
-    """With an allowed-signers file given by the reader, the tag's signature must verify against it."""
+    """With an allowed-signers file given by the reader, the tag object must carry an SSH signature
+    (``-----BEGIN SSH SIGNATURE-----``) that ``ssh-keygen -Y verify`` (namespace ``git``, as git
+    signs) accepts for a principal of that file. Neither git nor the audited repository's
+    configuration takes part, and an OpenPGP or X.509 signature is refused: the reader's keyring
+    is not the reader's allowed-signers file."""
     if not truth.get("tagged"):
         return [], "no tag"
     if signers is None:
         return [], ("signed, not verified (pass --allowed-signers FILE)" if truth.get("signed") else "not signed")
     if not truth.get("signed"):
         return [f"tag {truth['tag']} is not signed; --allowed-signers needs a tag made by harness tag --sign"], "unsigned"
-    try:
-        r = subprocess.run(["git", "--no-replace-objects", "-c", f"gpg.ssh.allowedSignersFile={os.path.abspath(signers)}",
-                            "verify-tag", "--raw", truth["object"]], cwd=root, capture_output=True, text=True,
-                           env=_git_env(), check=False)
-    except OSError as e:
-        return [f"tag {truth['tag']}: git verify-tag could not run ({e})"], "not verified"
-    if r.returncode != 0:
-        why = (r.stderr.strip().splitlines() or ["no detail"])[-1]
-        return [f"tag {truth['tag']}: its signature does not verify against {signers} ({why})"], "bad signature"
-    return [], f"good signature, allowed by {signers}"
+    tag = truth["tag"]
+    raw = git_bytes(root, "cat-file", "tag", truth["object"])
+    payload, sig, kind = split_signature(raw or b"")
+    if kind != "SSH":
+        what = f"an {kind} signature" if kind else "no signature block git recognises"
+        return [f"tag {tag}: the tag object carries {what}, not an SSH signature (-----BEGIN SSH SIGNATURE-----); "
+                f"--allowed-signers {signers} verifies SSH signatures only"], "not an SSH signature"
+    allowed = os.path.abspath(signers)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="audit-sig-") as tmp:
+        sig_path = os.path.join(tmp, "tag.sig")
+        with open(sig_path, "wb") as f:
+            f.write(sig)
+        try:
+            found = _ssh_keygen(["-Y", "find-principals", "-f", allowed, "-s", sig_path], b"")
+            principals = found.stdout.decode("utf-8", "replace").split() if found.returncode == 0 else []
+            why = (found.stderr.decode("utf-8", "replace").strip().splitlines() or ["no principal matches its key"])[-1]
+            for who in principals:
+                r = _ssh_keygen(["-Y", "verify", "-f", allowed, "-I", who, "-n", "git", "-s", sig_path], payload)
+                if r.returncode == 0:
+                    return [], f"good SSH signature by {who}, allowed by {signers}"
+                why = (r.stderr.decode("utf-8", "replace").strip().splitlines() or ["no detail"])[-1]
+        except OSError as e:
+            return [f"tag {tag}: ssh-keygen could not run to verify its signature ({e})"], "not verified"
+    return [f"tag {tag}: its signature does not verify against {signers} ({why})"], "bad signature"
 
 
 def check_freeze(root: str, truth: dict, records: list[dict], plan_sha: str | None) -> tuple[list[str], str]:
@@ -2130,9 +2223,9 @@ def check_anchor(root: str, truth: dict, records: list[dict], remote: str) -> tu
     order. Returns problems, a description and the highest anchored seq."""
     pid = truth.get("summary", {}).get("id") or records[0]["protocol"].get("id")
     ref = f"{ANCHOR_REF}protocol-{pid}"
-    if git_bytes(root, "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", remote, f"+{ref}:refs/audit/{ref[5:]}") is None:
-        return [f"anchor {remote}: cannot fetch {ref}"], "not fetched", 0
-    log = git_out(root, "log", "--first-parent", "--format=%H%x00%cI%x00%B%x01", f"refs/audit/{ref[5:]}") or ""
+    log, url = fetch_anchor(remote, ref)
+    if log is None:
+        return [f"anchor {remote}: cannot fetch {ref} from {url}"], "not fetched", 0
     by_seq: dict = {}
     for r in records:
         if "ledger" in r:
@@ -2160,7 +2253,36 @@ def check_anchor(root: str, truth: dict, records: list[dict], remote: str) -> tu
                        f"{got[:16] if got else 'no record'} there: history was rewritten after it was anchored")
         last = max(last, seq)
     n = max(by_seq, default=0)
-    return out, f"{len(heads)} anchored heads in {ref}, up to seq {last} of {n}", last
+    return out, f"{len(heads)} anchored heads in {ref} fetched from {url}, up to seq {last} of {n}", last
+
+
+def fetch_anchor(remote: str, ref: str) -> tuple[str | None, str]:
+    """The first-parent log of ``ref`` in ``remote`` and the URL it was fetched from.
+
+    The ref is fetched into a throwaway bare repository in a temporary folder, with no system,
+    global or inherited git configuration, never into (or with the configuration of) the audited
+    repository: its ``url.*.insteadOf`` cannot redirect the anchor, and no ref is written there."""
+    import tempfile
+
+    env = _isolated_env()
+
+    def git_in(where: str, *args: str) -> str | None:
+        try:
+            r = subprocess.run(["git", "--no-replace-objects", *args], cwd=where, capture_output=True, check=False,
+                               env=env)
+        except OSError:
+            return None
+        return r.stdout.decode("utf-8", "replace") if r.returncode == 0 else None
+
+    with tempfile.TemporaryDirectory(prefix="audit-anchor-") as tmp:
+        bare = os.path.join(tmp, "anchor.git")
+        if git_in(tmp, "init", "--quiet", "--bare", bare) is None:
+            return None, remote
+        url = (git_in(bare, "ls-remote", "--get-url", remote) or remote).strip() or remote
+        if remote.startswith("-") or git_in(bare, "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", remote,
+                                            f"+{ref}:refs/audit/{ref[5:]}") is None:
+            return None, url
+        return git_in(bare, "log", "--first-parent", "--format=%H%x00%cI%x00%B%x01", f"refs/audit/{ref[5:]}") or "", url
 
 
 def corpus_splits(root: str, corpus: dict) -> tuple[dict | None, list[str]]:

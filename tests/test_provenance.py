@@ -152,7 +152,7 @@ def test_manifest_emptied(study, edit, needle):
 
 
 @pytest.mark.parametrize("var, value", [
-    ("COTANGENT_NATIVE", "0"), ("ATEN_CPU_CAPABILITY", "default"), ("OMP_NUM_THREADS", "2"),
+    ("COTANGENT_NATIVE", "0"), ("CC", "/nonexistent/cc"), ("ATEN_CPU_CAPABILITY", "default"), ("OMP_NUM_THREADS", "2"),
     ("HARNESS_VERIFIED", "/tmp/elsewhere.json"), ("LD_PRELOAD", "/tmp/x.so"),
 ])
 def test_code_path_variables_are_refused_before_anything_runs(study, var, value):
@@ -200,7 +200,7 @@ def test_stale_unchecked_bytecode_is_never_read_by_a_worker(study):
     assert r.returncode == 0, r.stdout + r.stderr
     recs = load_records(study / RECS)
     assert [x["status"] for x in recs].count("ok") == 6
-    assert all(x["env"]["isolated"] is True for x in recs)
+    assert all(x["env"]["isolated"] is True for x in recs if x["status"] == "ok")  # interrupted ones carry no env
 
 
 def test_planted_phase_library_is_replaced_by_a_fresh_build(study, tmp_path):
@@ -250,6 +250,40 @@ def test_what_varies_between_runs_of_a_study_is_named_not_failed(study):
     a = audit(study)
     assert a.returncode == 0, a.stdout
     assert "study pairs: varies between runs: host (" in a.stdout and "threads (1, 2)" in a.stdout
+
+
+def _kernel_of(r: dict) -> str:
+    return r["method_paths"]["phase_kernel"]
+
+
+def test_audit_names_each_arm_s_phase_kernel(study):
+    recs = [read_record(p) for p in by_seq(study)]
+    kernel = next(_kernel_of(r) for r in recs if r["spec"]["arm"] == "cotangent")
+    a = audit(study)
+    assert a.returncode == 0, a.stdout
+    assert (f"study pairs: phase kernel: arm cotangent: {kernel} in 3 record(s); arm native: none (no PackedAdamW) "
+            "in 3 record(s)") in a.stdout
+
+
+def test_an_arm_whose_records_disagree_on_the_phase_kernel_fails(study):
+    """CC or PATH switched phase.c off for some runs: the arm ran two code paths."""
+    def edit(r):
+        if r["spec"]["unit"].endswith("pair001") and r["spec"]["arm"] == "cotangent":
+            other = "torch kernels (no C compiler (set CC, or install cc/gcc/clang))"
+            if not _kernel_of(r).startswith("phase.c"):
+                other = "phase.c (forms chosen)"
+            r["method_paths"]["phase_kernel"] = other
+    reseal_all(study, edit)
+    failed(study, "study pairs: the records of arm cotangent disagree on field method_paths.phase_kernel: ",
+           " (e.g. pairs.tiny_conv.pair001.candidate.a1.record.json)", "one arm runs one code path")
+
+
+def test_a_phase_library_that_differs_between_runs_fails(study):
+    def edit(r):
+        if r["spec"]["unit"].endswith("pair002") and r["spec"]["arm"] == "cotangent":
+            r["method_paths"]["phase_so_sha256"] = "0" * 64
+    reseal_all(study, edit)
+    failed(study, "study pairs: field method_paths.phase_so_sha256 differs between runs: ", "0000000000000000 (")
 
 
 # -- 3. time order --------------------------------------------------------------------------------
@@ -323,11 +357,27 @@ def test_anchor_pushes_every_unit_and_the_audit_checks_the_history(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("anchored seq") == 3  # after every unit
     log = git(remote, "log", "--format=%s", "refs/ledger/protocol-tiny").splitlines()
-    assert log == [f"ledger head of protocol-tiny: seq {n}" for n in (12, 8, 4)]  # a started entry and a record a run
+    assert log == [f"ledger head of protocol-tiny: seq {n}" for n in (12, 8, 4)]
     a = audit(repo, "--anchor", str(remote))
     assert a.returncode == 0, a.stdout
-    assert "3 anchored heads in refs/ledger/protocol-tiny, up to seq 12 of 12" in a.stdout
+    assert f"3 anchored heads in refs/ledger/protocol-tiny fetched from {remote}, up to seq 12 of 12" in a.stdout
     assert a.stdout.rstrip().splitlines()[-1].startswith("Anchored:")
+    # the audited repository's git config redirects the anchor to forged heads: not honoured
+    fake = tmp_path / "fake.git"
+    subprocess.run(["git", "clone", "-q", "--mirror", str(remote), str(fake)], check=True)
+    ref = "refs/ledger/protocol-tiny"
+    body = git(fake, "log", "-1", "--format=%B", ref)
+    forged = body.replace(body.split("sha256 ")[1].split()[0], "f" * 64)
+    new = git(fake, "commit-tree", "4b825dc642cb6eb9a060e54bf8d69288fbee4904", "-p", ref, "-m", forged).strip()
+    git(fake, "update-ref", ref, new)
+    git(repo, "config", f"url.{fake}.insteadOf", str(remote))
+    before = git(repo, "for-each-ref")
+    a = audit(repo, "--anchor", str(remote))
+    assert a.returncode == 0, a.stdout
+    assert f"fetched from {remote}," in a.stdout and str(fake) not in a.stdout
+    assert git(repo, "for-each-ref") == before  # nothing fetched into the audited repository
+    failed(repo, "anchored head seq 12 sha256 ffffffffffffffff", extra=("--anchor", str(fake)))  # the forgery itself
+    git(repo, "config", "--unset", f"url.{fake}.insteadOf")
     # the tail after an anchored head, rewritten and resealed: the anchor's history does not match
     resealed(by_seq(repo)[-1], lambda x: x["timings"].update(training_s=0.001))
     rebuild_manifest(repo)
@@ -341,37 +391,71 @@ def test_allowed_signers_on_an_unsigned_tag_fails(study, tmp_path):
     failed(study, "tag protocol-tiny is not signed", extra=("--allowed-signers", str(allowed)))
 
 
-def test_signed_tag_verifies_against_the_reader_s_allowed_signers(tmp_path):
-    if shutil.which("ssh-keygen") is None:
-        pytest.skip("ssh-keygen is not installed")
-    key, other = tmp_path / "key", tmp_path / "other"
-    for k in (key, other):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(k)], check=True)
-    r = tmp_path / "study"
+def signed_study(r: Path, config: tuple[tuple[str, str], ...]) -> Path:
+    """A tiny preregistered study at ``r``, tagged by ``harness tag --sign`` under ``config`` and run."""
     (r / "protocols").mkdir(parents=True)
     for sub in ("configs", "harness", "analysis"):
         shutil.copytree(ROOT / sub, r / sub, ignore=shutil.ignore_patterns("__pycache__"))
     (r / ".gitignore").write_text("runs/\n__pycache__/\n")
     (r / PROTO).write_text(tiny_protocol(prereg="true", steps=6))
     git(r, "init", "-q", "-b", "main")
-    for k, v in (("user.email", "test@example.invalid"), ("user.name", "Test"), ("gpg.format", "ssh"),
-                 ("user.signingkey", str(key))):
+    for k, v in (("user.email", "test@example.invalid"), ("user.name", "Test"), *config):
         git(r, "config", k, v)
     git(r, "add", "-A")
     git(r, "commit", "-qm", "study")
     t = harness(r, "tag", PROTO, "--sign")
     assert t.returncode == 0, t.stderr
-    assert "signed" in t.stdout and "-----BEGIN SSH SIGNATURE-----" in git(r, "cat-file", "tag", "protocol-tiny")
+    assert "signed" in t.stdout
     run = harness(r, "run", PROTO, "--quiet", "--no-report")  # the runner reads the manifest of a signed tag
     assert run.returncode == 0, run.stdout + run.stderr
+    return r
+
+
+def ssh_key(path: Path) -> str:
+    """A fresh ed25519 key pair at ``path``; returns the public key's line."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(path)], check=True)
+    return path.with_suffix(".pub").read_text()
+
+
+def test_signed_tag_verifies_against_the_reader_s_allowed_signers(tmp_path):
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("ssh-keygen is not installed")
+    key, other = tmp_path / "key", tmp_path / "other"
+    pub, other_pub = ssh_key(key), ssh_key(other)
+    r = signed_study(tmp_path / "study", (("gpg.format", "ssh"), ("user.signingkey", str(key))))
+    assert "-----BEGIN SSH SIGNATURE-----" in git(r, "cat-file", "tag", "protocol-tiny")
     good, wrong = tmp_path / "allowed", tmp_path / "wrong"
-    good.write_text(f"test@example.invalid {key.with_suffix('.pub').read_text()}")
-    wrong.write_text(f"test@example.invalid {other.with_suffix('.pub').read_text()}")
+    good.write_text(f"test@example.invalid {pub}")
+    wrong.write_text(f"test@example.invalid {other_pub}")
     ok = audit(r, "--allowed-signers", str(good))
     assert ok.returncode == 0, ok.stdout
-    assert "good signature, allowed by" in ok.stdout
+    assert f"good SSH signature by test@example.invalid, allowed by {good}" in ok.stdout
     assert "signed, not verified (pass --allowed-signers FILE)" in audit(r).stdout
     failed(r, "its signature does not verify against", extra=("--allowed-signers", str(wrong)))
+    # the audited repository's config cannot swap the verifier: ssh-keygen runs, not gpg.ssh.program
+    git(r, "config", "gpg.ssh.program", "/bin/true")
+    failed(r, "its signature does not verify against", extra=("--allowed-signers", str(wrong)))
+
+
+def test_an_openpgp_signed_tag_does_not_pass_for_the_allowed_signers(tmp_path, monkeypatch):
+    """A gpg signature that the reader's keyring accepts is not an SSH signature the reader's
+    allowed-signers file names: refused, whatever gpg says."""
+    if shutil.which("gpg") is None or shutil.which("ssh-keygen") is None:
+        pytest.skip("gpg or ssh-keygen is not installed")
+    home = tmp_path / "gnupg"
+    home.mkdir(mode=0o700)
+    monkeypatch.setenv("GNUPGHOME", str(home))
+    subprocess.run(["gpg", "--batch", "--quiet", "--pinentry-mode", "loopback", "--passphrase", "", "--quick-gen-key",
+                    "Test <test@example.invalid>", "ed25519", "sign", "never"], check=True, capture_output=True)
+    r = signed_study(tmp_path / "study", (("gpg.format", "openpgp"), ("user.signingkey", "test@example.invalid")))
+    assert "-----BEGIN PGP SIGNATURE-----" in git(r, "cat-file", "tag", "protocol-tiny")
+    gpg_ok = subprocess.run(["git", "verify-tag", "protocol-tiny"], cwd=r, capture_output=True, text=True)
+    assert gpg_ok.returncode == 0, gpg_ok.stderr  # the keyring calls it good
+    allowed = tmp_path / "allowed"
+    allowed.write_text(f"reviewer@example.invalid {ssh_key(tmp_path / 'unrelated')}")
+    failed(r, "tag protocol-tiny: the tag object carries an OpenPGP signature, not an SSH signature",
+           extra=("--allowed-signers", str(allowed)))
+    assert "signed, not verified (pass --allowed-signers FILE)" in audit(r).stdout
 
 
 def test_sign_without_a_signing_key_is_refused(tmp_path):

@@ -258,12 +258,12 @@ def launch(launcher: Launcher, job: dict[str, Any], work: Path, cwd: Path, env: 
 #: the devices Ray assigned), nothing that changes a code path.
 ALLOWED = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "TERM",
                      "SYSTEMROOT", "XDG_CACHE_HOME", "COTANGENT_NATIVE_CACHE", "HARNESS_DATA", "HARNESS_NODE_DIR",
-                     "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CC"})
+                     "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"})
 
 #: Variables that change what a run computes or how fast: a runner refuses to start while one is
 #: set (the protocol says what they would say: ``threads``, ``torch_version``, the arms), rather
 #: than run the study in a state its protocol does not name.
-CODE_PATH = ("COTANGENT_NATIVE", "ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+CODE_PATH = ("COTANGENT_NATIVE", "CC", "ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
              "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONOPTIMIZE", "PYTHONINSPECT", "PYTHONSAFEPATH",
              "HARNESS_VERIFIED", "HARNESS_CODE_PATH", "HARNESS_FRESH_ROOTS", "HARNESS_EXEMPT", "COTANGENT_PHASE_SHA256",
              "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "DNNL_MAX_CPU_ISA",
