@@ -15,6 +15,7 @@ beside ``report.md``.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -92,32 +93,42 @@ def _axis(values: list[float]) -> tuple[float, float]:
     return lo - pad, hi + pad
 
 
-def forest_svg(ident: str, title: str, rows: list[tuple[str, float, float, float]], unit: str = "%") -> str:
-    """Estimates with intervals, one row each, a line at zero: ``rows`` are (label, estimate, low, high)."""
-    rows = [r for r in rows if None not in r]
-    if not rows:
-        return ""
-    width, left, right, rh, top = 720, 190, 30, 30, 34
-    height = top + rh * len(rows) + 30
-    lo, hi = _axis([v for r in rows for v in r[1:]])
+WIDTH, LEFT, RIGHT, ROW_H = 720, 190, 30, 30
+
+
+def _frame(ident: str, title: str, desc: str, values: list[float], n_rows: int, top: int,
+           unit: str) -> tuple[list[str], Callable[[float], float], int]:
+    """An SVG plot's opening, title and description, grid ticks and dashed zero line over ``values``;
+    returns the parts, the x scale and the height."""
+    height = top + ROW_H * n_rows + 30
+    lo, hi = _axis(values)
 
     def x(v: float) -> float:
-        return left + (v - lo) / (hi - lo) * (width - left - right)
+        return LEFT + (v - lo) / (hi - lo) * (WIDTH - LEFT - RIGHT)
 
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" role="img" aria-labelledby="{ident}-t {ident}-d" '
-             f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-size="12">',
-             f'<title id="{ident}-t">{_e(title)}</title>',
-             f'<desc id="{ident}-d">' + _e("; ".join(f"{r[0]}: {r[1]:.2f}{unit} ({r[2]:.2f} to {r[3]:.2f}{unit})"
-                                                       for r in rows)) + "</desc>"]
+             f'width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-size="12">',
+             f'<title id="{ident}-t">{_e(title)}</title>', f'<desc id="{ident}-d">{_e(desc)}</desc>']
     for t in _ticks(lo, hi):
         parts.append(f'<line x1="{x(t):.1f}" y1="{top - 8}" x2="{x(t):.1f}" y2="{height - 24}" stroke="#e4e4e4"/>'
                      f'<text x="{x(t):.1f}" y="{height - 8}" text-anchor="middle">{t:g}{unit}</text>')
     parts.append(f'<line x1="{x(0):.1f}" y1="{top - 12}" x2="{x(0):.1f}" y2="{height - 24}" stroke="#555" '
                  'stroke-dasharray="4 3"/>')
+    return parts, x, height
+
+
+def forest_svg(ident: str, title: str, rows: list[tuple[str, float, float, float]], unit: str = "%") -> str:
+    """Estimates with intervals, one row each, a line at zero: ``rows`` are (label, estimate, low, high)."""
+    rows = [r for r in rows if None not in r]
+    if not rows:
+        return ""
+    top = 34
+    desc = "; ".join(f"{r[0]}: {r[1]:.2f}{unit} ({r[2]:.2f} to {r[3]:.2f}{unit})" for r in rows)
+    parts, x, _ = _frame(ident, title, desc, [v for r in rows for v in r[1:]], len(rows), top, unit)
     for i, (label, est, low, high) in enumerate(rows):
-        y = top + rh * i + rh / 2
+        y = top + ROW_H * i + ROW_H / 2
         color = "#1f5fa8" if low > 0 else ("#b3361f" if high < 0 else "#555")
-        parts.append(f'<text x="{left - 10}" y="{y + 4:.1f}" text-anchor="end">{_e(label)}</text>'
+        parts.append(f'<text x="{LEFT - 10}" y="{y + 4:.1f}" text-anchor="end">{_e(label)}</text>'
                      f'<line x1="{x(low):.1f}" y1="{y:.1f}" x2="{x(high):.1f}" y2="{y:.1f}" stroke="{color}" '
                      f'stroke-width="2"/><circle cx="{x(est):.1f}" cy="{y:.1f}" r="4.5" fill="{color}"/>')
     parts.append("</svg>")
@@ -129,28 +140,14 @@ def pairs_svg(ident: str, title: str, rows: list[tuple[str, list[float]]]) -> st
     rows = [(label, vals) for label, vals in rows if vals]
     if not rows:
         return ""
-    width, left, right, rh, top = 720, 190, 30, 30, 20
-    height = top + rh * len(rows) + 30
-    lo, hi = _axis([v for _, vals in rows for v in vals])
-
-    def x(v: float) -> float:
-        return left + (v - lo) / (hi - lo) * (width - left - right)
-
+    top = 20
     adverse = sum(v < 0 for _, vals in rows for v in vals)
     total = sum(len(vals) for _, vals in rows)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" role="img" aria-labelledby="{ident}-t {ident}-d" '
-             f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-size="12">',
-             f'<title id="{ident}-t">{_e(title)}</title>',
-             f'<desc id="{ident}-d">{total} pairs, {adverse} adverse (candidate slower); every value is in the '
-             'table below.</desc>']
-    for t in _ticks(lo, hi):
-        parts.append(f'<line x1="{x(t):.1f}" y1="{top - 8}" x2="{x(t):.1f}" y2="{height - 24}" stroke="#e4e4e4"/>'
-                     f'<text x="{x(t):.1f}" y="{height - 8}" text-anchor="middle">{t:g}%</text>')
-    parts.append(f'<line x1="{x(0):.1f}" y1="{top - 12}" x2="{x(0):.1f}" y2="{height - 24}" stroke="#555" '
-                 'stroke-dasharray="4 3"/>')
+    desc = f"{total} pairs, {adverse} adverse (candidate slower); every value is in the table below."
+    parts, x, _ = _frame(ident, title, desc, [v for _, vals in rows for v in vals], len(rows), top, "%")
     for i, (label, vals) in enumerate(rows):
-        y = top + rh * i + rh / 2
-        parts.append(f'<text x="{left - 10}" y="{y + 4:.1f}" text-anchor="end">{_e(label)}</text>')
+        y = top + ROW_H * i + ROW_H / 2
+        parts.append(f'<text x="{LEFT - 10}" y="{y + 4:.1f}" text-anchor="end">{_e(label)}</text>')
         for v in vals:
             if v < 0:
                 parts.append(f'<rect x="{x(v) - 4:.1f}" y="{y - 4:.1f}" width="8" height="8" fill="#b3361f" '
