@@ -9,86 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harness.cliargs import parser
+from harness.clitools import cmd_compare_arms, cmd_configs, cmd_data, cmd_node, cmd_verify, table
 from harness.errors import HarnessError, InputError
 from harness.records import RecordFormatError
-
-
-def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    cells = [[str(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(columns)]
-    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths))  # noqa: E731
-    return "\n".join([line(columns), line(["-" * w for w in widths]), *(line(r) for r in cells)])
-
-
-def cmd_configs(args: argparse.Namespace) -> int:
-    from harness.config import all_configs, config_dir
-    from harness.models import build_model, count_parameters
-
-    rows = []
-    for c in all_configs(config_dir()):
-        n = count_parameters(build_model(c.model, 0))
-        rows.append({
-            "name": c.name, "family": c.model.family, "parameters": n, "millions": f"{n / 1e6:.3g}M",
-            "d_model": c.model.d_model, "layers": c.model.n_layers, "context": c.model.context,
-            "batch": c.train.batch_size, "sha256": c.sha256,
-        })
-    if args.json:
-        print(json.dumps(rows, indent=1))
-    else:
-        print(_table(rows, ["name", "family", "parameters", "millions", "d_model", "layers", "context", "batch"]))
-    return 0
-
-
-def cmd_data(args: argparse.Namespace) -> int:
-    from harness import data
-
-    if args.action == "pin":
-        return _pin(Path(args.corpus), args.name, args.split)
-    if args.corpus.endswith((".yaml", ".yml")):
-        if args.action != "verify":
-            raise InputError("a protocol's corpus is verified (harness data verify PROTOCOL), not fetched")
-        from harness.protocol import load_protocol
-
-        c = load_protocol(args.corpus).corpus_data()
-        for split, digest in c.sha256().items():
-            print(f"verified {c.name} {split}: {len(c.split(split))} bytes, sha256 {digest}")
-        return 0
-    if args.corpus != "wikitext-2":
-        if args.corpus == "pydoc-topics":
-            c = data.load_corpus("pydoc-topics")
-            print(f"pydoc-topics is embedded (no download): {', '.join(f'{s} {len(c.split(s))} bytes' for s in data.SPLITS)}")
-            return 0
-        raise InputError(f"unknown corpus {args.corpus!r}: wikitext-2, pydoc-topics, or a protocol file to verify its "
-                         "corpus")
-    directory = Path(args.dir) if args.dir else data.default_data_dir()
-    pins = data.load_pins(Path(args.pins)) if args.pins else None
-    if args.action == "fetch":
-        url, paths = data.fetch_wikitext2(directory, args.url or None, pins)
-        print(f"fetched from {url}")
-    else:
-        paths = data.verify_wikitext2(directory, pins)
-    for split, p in paths.items():
-        print(f"verified {split}: {p} ({p.stat().st_size} bytes, sha256 {data.sha256_file(p)})")
-    return 0
-
-
-def _pin(path: Path, name: str | None, split: str) -> int:
-    from harness.data.corpora import pin_block
-    from harness.protocol import project_root
-
-    if not path.is_file():
-        raise InputError(f"no such file {path}")
-    if len(split.split(",")) != 3:
-        raise InputError(f"--split needs three fractions (train,valid,test), got {split!r}")
-    print(pin_block(path, name or path.stem, split.split(","), project_root(path)))
-    return 0
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    from harness.cotangent.verify import run_checks
-    from harness.devices import resolve
-
-    return run_checks(resolve(args.device), save=args.save, echo=print)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -105,7 +29,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     rows = [{"#": r.order, "study": r.study, "config": r.config, "unit": r.unit.rsplit(".", 1)[-1],
              "pos": r.position, "role": r.role, "arm": r.arm, "seed": r.seed, "steps": r.steps} for r in runs]
-    print(_table(rows, ["#", "study", "config", "unit", "pos", "role", "arm", "seed", "steps"]))
+    print(table(rows, ["#", "study", "config", "unit", "pos", "role", "arm", "seed", "steps"]))
     print(f"\n{len(runs)} runs; protocol {proto.id} sha256 {proto.sha256}; plan sha256 {plan_sha256(runs)}")
     return 0
 
@@ -253,14 +177,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if not rows:
         raise HarnessError(f"no ok baseline runs in {pilot.records_path}; run the pilot first: harness run {args.pilot}")
     n_runs = len(make_plan(load_protocol(args.target))) if args.target else None
-    table = []
+    shown = []
     for config, r in rows.items():
         row = {"config": config, "pilot_runs": r["runs"], "val_target_bpb": f"{r['val_target_bpb']:.2f}",
                "device_s_per_run": f"{r['device_s_per_run']:.2f}"}
         if n_runs:
             row["budget_if_all_runs_like_this"] = f"{budget(r['device_s_per_run'], n_runs):.0f}"
-        table.append(row)
-    print(_table(table, list(table[0])))
+        shown.append(row)
+    print(table(shown, list(shown[0])))
     print("\nrule: analysis/calibrate.py (median baseline validation BPB at 75% of steps, rounded up; "
           "budget = median device s per run x runs x 1.5, rounded up to a minute)")
     return 0
@@ -291,84 +215,14 @@ def cmd_power(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=1))
         return 0
-    table = table_rows(rows)
-    if not table:
+    shown = table_rows(rows)
+    if not shown:
         print(f"no A/A pairs in {pilot.records_path} for the target's configurations")
         return 1
-    print(_table(table, list(table[0])))
+    print(table(shown, list(shown[0])))
     origins = yamlio.load(target.path).data.get("origins") or {}  # validated by load_protocol: sentences
     print("\n" + legend(rows))
     print(f"{target.path}: origins.seeds cites {cited(str(origins.get('seeds') or ''))}")
-    return 0
-
-
-def cmd_node(args: argparse.Namespace) -> int:
-    import os
-    import shutil
-
-    from harness.execute.ray import node_command
-
-    device = args.device
-    if device == "auto":
-        from harness.devices import resolve
-
-        device = resolve("auto").type
-    cmd = node_command(device, args.address, args.port, args.devices, block=not args.no_block)
-    exe = shutil.which("ray")
-    if exe is None:
-        raise HarnessError("harness node needs Ray: python -m pip install -e '.[ray]'")
-    print(" ".join(cmd), flush=True)
-    os.execv(exe, [exe, *cmd[1:]])
-    return 0  # not reached
-
-
-def cmd_compare_arms(args: argparse.Namespace) -> int:
-    import sys as _sys
-
-    import torch
-
-    from harness.compare import compare_arms, summary
-    from harness.config import config_dir, find_config
-    from harness.devices import resolve
-
-    _sys.path.insert(0, str(Path.cwd()))  # plug-ins are imported from the study's root, as the worker does
-    from harness.arms import ARMS
-    from harness.arms import resolve as resolve_arm
-
-    for which, name in (("baseline", args.baseline), ("candidate", args.candidate)):
-        try:
-            resolve_arm(name)
-        except ImportError as e:
-            raise InputError(f"{which} arm {name!r}: cannot import it ({e}); a plug-in is module:function "
-                             f"importable from {Path.cwd()}, a built-in arm one of {', '.join(ARMS)}") from e
-        except ValueError as e:
-            raise InputError(f"{which} arm: {e}") from e
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    cfg = find_config(args.config, config_dir())
-    if args.corpus.endswith((".yaml", ".yml")):  # the corpus a protocol names, verified
-        from harness.protocol import load_protocol
-
-        corpus = load_protocol(args.corpus).corpus_data()
-    else:
-        from harness.data import load_corpus
-
-        corpus = load_corpus(args.corpus, args.data_dir)
-    rows = compare_arms(args.baseline, args.candidate, cfg.path, args.steps, args.seed, resolve(args.device), corpus)
-    s = summary(rows)
-    if args.json:
-        print(json.dumps({"summary": s, "steps": [r.as_dict() for r in rows]}, indent=1))
-        return 0
-    table = [{"step": r.step, "loss (baseline)": f"{r.loss_baseline:.6f}", "loss (candidate)": f"{r.loss_candidate:.6f}",
-              "loss bits": "=" if r.loss_equal else "differ", "grads bits": "=" if r.grads_equal else "differ",
-              "weights bits": "=" if r.weights_equal else "differ", "max ULP": r.max_ulp, "max |diff|": f"{r.max_abs:.3g}"}
-             for r in rows]
-    print(_table(table, list(table[0])))
-    if s["bitwise_equal"]:
-        print(f"\n{args.candidate} is bitwise {args.baseline} over {s['steps']} steps: losses, gradients and weights")
-    else:
-        print(f"\nfirst divergent step {s['first_divergent_step']}; largest weight distance {s['max_ulp']} ULP "
-              f"({s['max_abs']:.3g} absolute); final loss difference {s['final_loss_difference']:+.3g}")
     return 0
 
 
@@ -387,7 +241,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                           "budget_device_seconds": proto.budget_device_seconds, "ledger_head": head,
                           "interrupted_without_record": unended}, indent=1))
         return 0
-    print(_table(rows, ["study", "config", "runs", "done", "failed", "interrupted_attempts", "superseded_attempts",
+    print(table(rows, ["study", "config", "runs", "done", "failed", "interrupted_attempts", "superseded_attempts",
                         "pending"]))
     for u in unended:
         print(f"{'running' if u['running'] else 'interrupted'}: {u['run_id']} attempt {u['attempt']} started at "
@@ -405,94 +259,6 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run, "status": cmd_status, "report": cmd_report, "calibrate": cmd_calibrate, "power": cmd_power,
     "node": cmd_node, "compare-arms": cmd_compare_arms, "publish": cmd_publish,
 }
-
-
-#: The --device choices of every subcommand that takes one.
-DEVICES = ["auto", "cpu", "cuda", "mps"]
-DEVICE_HELP = "auto (mps, then cuda, then cpu), cpu, cuda or mps"
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("cotangent-harness")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="harness", description="Preregistered paired-seed training-speed experiments.")
-    p.add_argument("--version", action="version", version=f"harness {_version()}")
-    sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("configs", help="list configurations with parameter counts")
-    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    s = sub.add_parser("data", help="fetch or verify a corpus; pin a local corpus file")
-    s.add_argument("action", choices=["fetch", "verify", "pin"], help="fetch a corpus, verify one, or pin a local file")
-    s.add_argument("corpus", help="wikitext-2 or pydoc-topics; for verify also a protocol (its corpus); for pin a file")
-    s.add_argument("--name", help="pin: the local corpus's name (default: the file's stem)")
-    s.add_argument("--split", default="0.9,0.05,0.05", help="pin: train,valid,test fractions (default 0.9,0.05,0.05)")
-    s.add_argument("--dir", help="data directory (default $HARNESS_DATA or runs/data)")
-    s.add_argument("--url", action="append", help="mirror URL to try (repeatable; default: the built-in list)")
-    s.add_argument("--pins", help="JSON file of sizes and sha256 to verify against instead of the built-in pins")
-    s = sub.add_parser("verify", help="bitwise checks of the method against native on a device")
-    s.add_argument("--device", default="cpu", choices=DEVICES, help=DEVICE_HELP + " (default: cpu)")
-    s.add_argument("--save", action="store_true", help="record matched paths for this device and torch version")
-    for name, help_ in (("plan", "print the complete run list"), ("tag", "freeze a committed protocol with a git tag"),
-                        ("run", "execute a protocol"), ("status", "done, failed, interrupted and pending runs"),
-                        ("report", "tables, plots and summary.json from the records")):
-        s = sub.add_parser(name, help=help_)
-        s.add_argument("protocol", help="the protocol file (protocols/<id>.yaml)")
-        if name in ("plan", "status"):
-            s.add_argument("--json", action="store_true", help="print JSON instead of a table")
-        if name == "tag":
-            s.add_argument("--sign", action="store_true", help="sign the tag with git (gpg.format ssh or openpgp, "
-                                                               "user.signingkey); the audit verifies it with "
-                                                               "--allowed-signers")
-        if name == "run":
-            s.add_argument("--quiet", action="store_true", help="plain log lines, no live display")
-            s.add_argument("--anchor", metavar="REMOTE", help="push the ledger head to REMOTE's refs/ledger/protocol-"
-                                                              "<id> after every unit (a git remote name or URL)")
-            s.add_argument("--retry-failed", action="store_true", help="execute units with a failed run again, whole and in plan order, up to the protocol's max_attempts")
-            s.add_argument("--allow-torch-mismatch", action="store_true",
-                           help="run although the installed torch differs from the protocol's torch_version")
-            s.add_argument("--no-report", action="store_true", help="do not write the report after the run")
-            s.add_argument("--ray", metavar="ADDRESS", help="execute on a Ray cluster (auto, or host:port)")
-        if name == "report":
-            s.add_argument("--format", choices=["csv", "parquet"], help="also export the per-run table")
-            s.add_argument("--quiet", action="store_true", help="do not print the report")
-    s = sub.add_parser("publish", help="the study page: one self-contained HTML file from the records")
-    s.add_argument("protocol", help="the protocol file whose records to publish")
-    s.add_argument("--out", metavar="DIR", help="folder to write index.html into (default: the records folder)")
-    s = sub.add_parser("power", help="pairs needed per hypothesis, from a pilot's A/A pairs")
-    s.add_argument("pilot", help="the pilot protocol (already run)")
-    s.add_argument("--target", required=True, help="the protocol whose hypotheses are planned")
-    s.add_argument("--effect", action="append", metavar="ID=VALUE",
-                   help="assumed true effect of a hypothesis, any type (favourable direction, estimand units; "
-                        "default 0)")
-    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    s = sub.add_parser("node", help="start a Ray node that offers this machine's timing devices")
-    s.add_argument("--device", required=True, choices=DEVICES, help=DEVICE_HELP)
-    s.add_argument("--address", help="the head's host:port (omit to start the head)")
-    s.add_argument("--port", type=int, default=6379, help="the head's port (head only)")
-    s.add_argument("--devices", type=int, help="timing devices offered (default: 1; CUDA: every visible GPU)")
-    s.add_argument("--no-block", action="store_true", help="return once the node runs (ray start without --block)")
-    s = sub.add_parser("compare-arms", help="two arms in lockstep on one seed: where their bits part")
-    s.add_argument("baseline", help="a built-in arm or a plug-in module:function")
-    s.add_argument("candidate", help="a built-in arm or a plug-in module:function")
-    s.add_argument("--config", required=True, help="a configuration name (harness configs lists them)")
-    s.add_argument("--steps", type=int, default=20, help="training steps in lockstep (default 20)")
-    s.add_argument("--seed", type=int, default=0, help="the seed both arms share (default 0)")
-    s.add_argument("--device", default="cpu", choices=DEVICES, help=DEVICE_HELP + " (default: cpu)")
-    s.add_argument("--corpus", default="pydoc-topics",
-                   help="pydoc-topics, wikitext-2, or a protocol file whose corpus to use (a local corpus)")
-    s.add_argument("--data-dir", help="data directory for wikitext-2 (default $HARNESS_DATA or runs/data)")
-    s.add_argument("--threads", type=int, help="torch threads (default: torch's)")
-    s.add_argument("--json", action="store_true", help="print JSON: the summary and every step")
-    s = sub.add_parser("calibrate", help="preregistration numbers from a pilot's records (targets, budget)")
-    s.add_argument("pilot", help="the pilot protocol (already run)")
-    s.add_argument("--target", help="the protocol being calibrated (for its run count)")
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -293,7 +293,7 @@ def test_version_and_unknown_arms_are_clean_errors(repo):
 def test_every_flag_has_help_and_device_choices_agree():
     import argparse
 
-    from harness.cli import DEVICES, parser
+    from harness.cliargs import DEVICES, parser
 
     subs = parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     for name, sp in subs.items():
