@@ -1137,15 +1137,22 @@ class _Reader:
             return self.mapping(ind)
         return self.inline(s, ind - 1, ind)
 
+    def _entry(self, ind: int) -> str | None:
+        """The next significant line from column ``ind`` when it is indented exactly ``ind`` (else
+        ``None``: the block ended); a deeper line there is an error."""
+        at = self.significant()
+        if at is None or at != ind:
+            if at is not None and at > ind:
+                raise YamlError(self.n + 1, "unexpected indentation")
+            return None
+        return self.raw[self.n][ind:]
+
     def sequence(self, ind: int) -> list:
         out: list = []
         while True:
-            at = self.significant()
-            if at is None or at != ind:
-                if at is not None and at > ind:
-                    raise YamlError(self.n + 1, "unexpected indentation")
+            s = self._entry(ind)
+            if s is None:
                 return out
-            s = self.raw[self.n][ind:]
             if not (s.startswith("- ") or s.rstrip() == "-"):
                 return out
             item = s[1:]
@@ -1164,12 +1171,9 @@ class _Reader:
     def mapping(self, ind: int) -> dict:
         out: dict = {}
         while True:
-            at = self.significant()
-            if at is None or at != ind:
-                if at is not None and at > ind:
-                    raise YamlError(self.n + 1, "unexpected indentation")
+            s = self._entry(ind)
+            if s is None:
                 return out
-            s = self.raw[self.n][ind:]
             kv = self._key_split(s)
             if kv is None:
                 if s.startswith("- "):

@@ -183,7 +183,7 @@ def _seeds(doc: yamlio.Document, value: Any, kp: tuple[Any, ...]) -> tuple[int, 
     return tuple(seeds)
 
 
-#: Keys of protocol schema 1, replaced by ``hypotheses`` (README, "Hypotheses and decisions").
+#: Keys of protocol schema 1, replaced by ``hypotheses`` (docs/decisions.md).
 REPLACED = {
     "quality_tolerance_bpb": "a non_inferiority hypothesis on endpoint test_bpb with that margin",
     "unreached_target": "the censoring rule of a time_to_target hypothesis (worst_rank or restricted_mean)",
@@ -277,7 +277,7 @@ def load_protocol(path: str | Path) -> Protocol:
         if old:
             k, base = old[0]
             raise doc.error(base + (k,), f"{k!r} belongs to protocol schema 1 and was replaced by 'hypotheses': "
-                                        f"write {REPLACED[k]} (README, 'Hypotheses and decisions')")
+                                        f"write {REPLACED[k]} (docs/decisions.md)")
     top = yamlio.mapping(doc, doc.data, (), _TOP)
     root = project_root(p)
     cdir = config_dir(root)

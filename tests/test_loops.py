@@ -51,6 +51,14 @@ def assert_same(ma: nn.Module, mb: nn.Module, oa: torch.optim.Optimizer, ob: tor
                 assert bitwise_equal(val, ob.state[y][key]), f"{where}: {name} {key}"
 
 
+def phase_both(ma: nn.Module, oa: torch.optim.Optimizer, ob: PackedAdamW, max_norm: float):
+    """Native clip_grad_norm_ + step + zero_grad on ``ma``, and ``ob``'s one-pass phase: both total norms."""
+    na = nn.utils.clip_grad_norm_(ma.parameters(), max_norm)
+    oa.step()
+    oa.zero_grad()
+    return na, ob.clip_step_zero_grad(max_norm)
+
+
 def batch(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(8, 16, generator=gen), torch.randn(8, 16, generator=gen)
 
@@ -152,10 +160,7 @@ def test_one_pass_phase_follows_grad_scale_and_found_inf(kernel, found):
         for o in (oa, ob):
             o.grad_scale = torch.tensor(3000.7)
             o.found_inf = torch.tensor(found if step == 2 else 0.0)
-        na = nn.utils.clip_grad_norm_(ma.parameters(), 1e6)
-        oa.step()
-        oa.zero_grad()
-        nb = ob.clip_step_zero_grad(1e6)
+        na, nb = phase_both(ma, oa, ob, 1e6)
         assert bitwise_equal(na, nb)
         assert_same(ma, mb, oa, ob, f"step {step}")
     assert int(ob.state[mb.head.weight]["step"]) == 4 - int(found)
@@ -176,10 +181,7 @@ def test_maximize_with_a_non_finite_gradient(kernel, special):
                 with torch.no_grad():
                     m.branch.weight.grad.view(-1)[::37] = special
                     m.head.bias.grad[-1] = special
-        na = nn.utils.clip_grad_norm_(ma.parameters(), 1.0)
-        oa.step()
-        oa.zero_grad()
-        nb = ob.clip_step_zero_grad(1.0)
+        na, nb = phase_both(ma, oa, ob, 1.0)
         assert bitwise_equal(na, nb)
         assert_same(ma, mb, oa, ob, f"step {step}")
 
@@ -238,10 +240,7 @@ def test_lr_scheduler_sees_the_one_pass_step(kernel):
             x, y = batch(gen)
             for m in (ma, mb):
                 nn.functional.mse_loss(m(x), y).backward()
-            na = nn.utils.clip_grad_norm_(ma.parameters(), 1.0)
-            oa.step()
-            oa.zero_grad()
-            nb = ob.clip_step_zero_grad(1.0)
+            na, nb = phase_both(ma, oa, ob, 1.0)
             ra.step()
             rb.step()
             assert bitwise_equal(na, nb) and oa.param_groups[0]["lr"] == ob.param_groups[0]["lr"]

@@ -54,7 +54,7 @@ class LocalExecutor:
                         break
                     unit_attempt = runner.unit_attempt(unit, todo)
                     for spec in todo:
-                        attempt = runner.next_attempt(spec, states)
+                        attempt = runner.next_attempt(spec)
                         runner.announce(spec, attempt)
                         locks = runner.root / "runs" / "locks"
                         device_lock = FileLock(str(locks / f"device-{runner.host}-{spec.device}.lock"))

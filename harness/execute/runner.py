@@ -209,12 +209,9 @@ class Runner:
         else:
             self.echo(f"  anchored seq {head['seq']} in {self.anchor}")
 
-    def interrupted(self, spec: RunSpec) -> None:
-        """Record every attempt of ``spec`` that started and has no record (a node or runner died)."""
-        self._note_interrupted(spec)
-
-    def next_attempt(self, spec: RunSpec, states: dict[str, RunState] | None = None) -> int:
-        """Record the run's interrupted attempts (started, never ended); the next attempt's number."""
+    def next_attempt(self, spec: RunSpec) -> int:
+        """Record the run's interrupted attempts (started, never ended: a node, worker or runner died);
+        the next attempt's number."""
         return self._note_interrupted(spec)
 
     def budget_allows(self, unit: list[RunSpec], todo: list[RunSpec], states: dict[str, RunState],

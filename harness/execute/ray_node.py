@@ -1,0 +1,179 @@
+"""The node side of the Ray executor (:mod:`harness.execute.ray`): what runs on each node, and the
+``ray start`` command that offers a node's timing devices.
+
+A unit's task (:func:`run_unit`) checks the node once per Ray worker process (its code, corpus,
+torch and device against the driver's), announces each run and waits at the driver's :class:`Gate`
+until its started entry is in the ledger, runs it as a fresh worker process through the protocol's
+launcher and sends its outcome back through the driver's queue.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from harness.errors import RefusedError
+from harness.execute.launchers import LAUNCHERS, Launcher, Outcome, launch, worker_env
+from harness.records import canonical
+
+RESOURCE = "harness-{device}"
+
+
+def node_dir() -> Path:
+    return Path(os.environ.get("HARNESS_NODE_DIR", Path.home() / "cotangent-harness-node"))
+
+
+#: Per Ray worker process (Ray reuses it for the next unit): the launchers started, keyed by
+#: (launcher, working directory, visible CUDA devices), and the node checks already passed.
+_LAUNCHERS: dict[tuple[str, str, str], Launcher] = {}
+_CHECKED: dict[str, tuple[str, dict[str, Any] | None]] = {}
+
+
+def _check_node(expect: dict[str, Any], corpus: dict[str, bytes] | None, label: str,
+                probe: Callable[[], Outcome]) -> dict[str, Any] | None:
+    """Refuse (RefusedError) unless this node's code, PyTorch, device and corpus are the driver's;
+    return the local corpus the workers read (the shipped splits, written here and pinned).
+    ``probe`` asks a worker process for PyTorch's version and devices (:func:`harness.execute.worker.probe`)."""
+    from harness.data import LocalCorpus, PinnedFile, load_corpus
+    from harness.freeze import code_sha256
+
+    problems = []
+    if code_sha256() != expect["code"]:
+        problems.append(f"code on node {label} hashes {code_sha256()}, the driver's {expect['code']}")
+    found = probe().result
+    if "torch" not in found:
+        raise RefusedError(f"node {label}: a worker process could not start to report PyTorch and its devices")
+    if expect.get("torch") and found["torch"].split("+")[0] != expect["torch"]:
+        problems.append(f"node {label} has PyTorch {found['torch']}, the protocol names {expect['torch']}")
+    if not found["devices"].get(expect["device"], False):
+        problems.append(f"node {label} advertises a {expect['device']} timing device but torch cannot use one")
+    local = None
+    try:
+        if corpus is None:  # the embedded corpus: this node's own copy must hash as the driver's
+            got = load_corpus(expect["corpus"]).sha256()
+            if got != expect["corpus_sha256"]:
+                problems.append(f"corpus on node {label} hashes {got}, the driver's {expect['corpus_sha256']}")
+        else:  # shipped through the object store: written here, pinned to the driver's hashes, verified
+            where = node_dir() / "data" / expect["corpus"]
+            where.mkdir(parents=True, exist_ok=True)
+            files = {}
+            for split, blob in corpus.items():
+                path = where / f"{expect['corpus_sha256'][split]}.{split}"
+                if not path.is_file():
+                    tmp = path.with_suffix(".tmp")
+                    tmp.write_bytes(blob)
+                    tmp.replace(path)
+                files[split] = PinnedFile(str(path), len(blob), expect["corpus_sha256"][split])
+            local = LocalCorpus(expect["corpus"], files)
+            local.load()  # every split verifies against the driver's sha256, or DataError
+            local = local.as_dict()
+    except Exception as e:  # noqa: BLE001 - any failure to produce the verified corpus refuses the node
+        problems.append(f"corpus on node {label}: {e}")
+    if problems:
+        raise RefusedError("; ".join(problems))
+    return local
+
+
+class Gate:
+    """Opens each run for its node once the driver has written its started entry (an async actor)."""
+
+    def __init__(self) -> None:
+        self.events: dict[str, Any] = {}
+
+    def _event(self, key: str) -> Any:
+        import asyncio
+
+        return self.events.setdefault(key, asyncio.Event())
+
+    async def wait(self, key: str) -> bool:
+        await self._event(key).wait()
+        return True
+
+    async def open(self, key: str) -> None:
+        self._event(key).set()
+
+
+def _test_hold(point: str) -> None:
+    """Tests only (see the module's notes): stop here for good when the hold file names ``point``."""
+    path = os.environ.get("HARNESS_TEST_HOLD")
+    if not path or not os.path.isfile(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        if f.read().strip() != point:
+            return
+    os.unlink(path)
+    with open(path + ".held", "w", encoding="utf-8") as f:
+        f.write(point)
+    while True:
+        time.sleep(3600)
+
+
+def run_unit(jobs: list[dict[str, Any]], expect: dict[str, Any], corpus: dict[str, bytes] | None,
+             queue: Any, gate: Any = None) -> str:
+    """The Ray task: check this node, then run the unit's jobs one after another, each as a fresh
+    worker process, reporting ``("start", ...)`` (and waiting at ``gate`` until the driver has
+    appended the started entry) and ``("done", ...)`` on ``queue``."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    node = {"id": ctx.get_node_id(), "host": socket.gethostname(), "pid": os.getpid()}
+    label = f"{node['host']}/{node['id'][:8]}"
+    import harness
+
+    base = node_dir() / expect["protocol"]
+    cwd = Path.cwd()
+    lkey = (expect["launcher"], str(cwd), os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    if lkey not in _LAUNCHERS:
+        _LAUNCHERS[lkey] = LAUNCHERS[expect["launcher"]]()
+    launcher = _LAUNCHERS[lkey]
+    env = worker_env([str(Path(harness.__file__).resolve().parent.parent)], threads=expect.get("threads"),
+                     phase_sha256=expect.get("phase_sha256"))  # the driver's verified phase.c build, if this is it
+    key = canonical(expect).decode()
+    if key not in _CHECKED:
+        probe_dir = base / "work" / f"probe-{os.getpid()}"
+        try:
+            _CHECKED[key] = (label, _check_node(expect, corpus, label,
+                                                lambda: launch(launcher, {"probe": True}, probe_dir, cwd, env, lambda: None)))
+        except RefusedError:
+            raise
+        except Exception as e:  # a node that cannot even be checked refuses (it would fail every unit)
+            raise RefusedError(f"node {label} could not be checked: {type(e).__name__}: {e}") from e
+    local = _CHECKED[key][1]
+    for k, job in enumerate(jobs, 1):
+        job = dict(job, checkpoint_path=str(base / "checkpoints" / Path(job["checkpoint_path"]).name))
+        if local is not None:
+            job["corpus"] = local
+        rid, attempt = job["spec"]["run_id"], job["attempt"]
+        queue.put(("start", rid, attempt, node))
+        if gate is not None:  # the started entry is in the ledger before the worker starts
+            ray.get(gate.wait.remote(f"{rid}.a{attempt}"), timeout=600)
+        outcome = launch(launcher, job, base / "work" / f"{rid}.a{attempt}", cwd, env,
+                         lambda k=k: _test_hold(f"during:{k}"))
+        queue.put(("done", rid, attempt, node, asdict(outcome)))
+        _test_hold(f"between:{k}")
+    queue.put(("end", label))  # the driver stops waiting on messages and collects this task at once
+    return label
+
+
+def node_command(device: str, address: str | None, port: int = 6379, devices: int | None = None,
+                 block: bool = True) -> list[str]:
+    """The ``ray start`` command line for a node that offers its timing devices to the harness."""
+    count = devices
+    if count is None:
+        if device == "cuda":
+            import torch
+
+            count = torch.cuda.device_count()
+        else:
+            count = 1
+    resources = f'{{"{RESOURCE.format(device=device)}": {count}}}'
+    cmd = ["ray", "start", f"--resources={resources}", "--disable-usage-stats"]
+    cmd += [f"--address={address}"] if address else ["--head", f"--port={port}", "--include-dashboard=false"]
+    if device == "cuda":
+        cmd.append(f"--num-gpus={count}")
+    return cmd + (["--block"] if block else [])
