@@ -26,6 +26,12 @@ from harness.cotangent.pack import CPU_BLOCK_BYTES, FlatGroup, Pack
 from harness.cotangent.plans import blocks_for, lists_for, view_lists
 from harness.cotangent.states import check_loadable, saved_state, to_state_tensors
 
+RELEASE_MIN_BYTES = 4 << 20
+"""Gradient bytes from which ``release_grads="auto"`` gives the pages back after each phase: 4 MiB
+(a million float32 parameters). Below it the buffer stays allocated: its memory is well under 1% of
+a PyTorch process's resident set, and refaulting its pages would slow backward (measured on the
+tiny configurations: forward + backward 1.10x native's when released, 1.04x when kept)."""
+
 
 class PackedAdamW(torch.optim.Optimizer):
     """AdamW over flat buffers, bitwise equal to ``torch.optim.AdamW(..., fused=True)``.
@@ -50,7 +56,9 @@ class PackedAdamW(torch.optim.Optimizer):
         Bytes of each flat buffer one block of :meth:`clip_step_zero_grad` covers on CPU
         (default :data:`CPU_BLOCK_BYTES`). Speed only: every block size gives the same bits.
     release_grads
-        ``"auto"`` (default): ``True`` on Linux, else ``False``. ``True``: zeroing gives the
+        ``"auto"`` (default): ``True`` on Linux when the gradients take at least
+        :data:`RELEASE_MIN_BYTES` (below that their memory is a rounding error of the process's
+        and the pages' faults would cost backward time for nothing), else ``False``. ``True``: zeroing gives the
         gradient buffer's pages back to the OS (``madvise``); when backward reaches a parameter,
         its gradient is stored as natively and copied into its slot, so gradient memory comes back
         as backward produces it and peak memory follows native's (the pages' faults cost a little
@@ -103,8 +111,6 @@ class PackedAdamW(torch.optim.Optimizer):
             raise ValueError(f"block_bytes must be positive, not {block_bytes}")
         if release_grads not in (True, False, "auto"):
             raise ValueError(f"release_grads must be True, False or 'auto', not {release_grads!r}")
-        if release_grads == "auto":  # the OS can take pages back (madvise): gradient memory as native's
-            release_grads = platform.system() == "Linux"
         defaults = dict(validated(lr, betas, eps, weight_decay, amsgrad, maximize), **NATIVE_GROUP_KEYS)
         groups = list(params)
         if not groups:
@@ -113,6 +119,9 @@ class PackedAdamW(torch.optim.Optimizer):
             groups = [{"params": groups}]
         for k, group in enumerate(groups):  # everything checked before anything is modified
             check_group(group, k, defaults)
+        if release_grads == "auto":  # the OS can take pages back (madvise): gradient memory as native's
+            grad_bytes = sum(p.numel() * p.element_size() for g in groups for p in {id(q): q for q in g["params"]}.values())
+            release_grads = platform.system() == "Linux" and grad_bytes >= RELEASE_MIN_BYTES
         self._pack: Pack | None = None
         self._release = release_grads
         self._phase: tuple[Tensor, Tensor] | None = None  # (total, coef) of a phase routed through step
