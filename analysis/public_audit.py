@@ -1723,21 +1723,55 @@ def _when(stamp: object) -> float | None:
         return None
 
 
-def read_tag(root: str, tag: str) -> tuple[dict | None, list[str]]:
-    """The tag object, its commit, creation time and freeze manifest, read with replace objects off."""
+TAG_FILE = "TAG"
+
+
+def stored_tag(directory: str | None, tag: str) -> bytes | None:
+    """The tag object ``harness run`` keeps as ``TAG`` in the records folder, if it names ``tag``."""
+    path = os.path.join(directory, TAG_FILE) if directory else ""
+    if not path or not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        raw = f.read()
+    m = re.match(rb"object [0-9a-f]{40,64}\ntype commit\ntag (\S+)\n", raw)
+    return raw if m and m.group(1).decode("utf-8", "replace") == tag else None
+
+
+def object_id(root: str, kind: str, raw: bytes) -> str:
+    """Git's object id of ``raw`` as a ``kind`` object (SHA-1, or SHA-256 in such a repository)."""
+    algo = (git_out(root, "rev-parse", "--show-object-format") or "sha1").strip() or "sha1"
+    return hashlib.new(algo, b"%s %d\x00" % (kind.encode(), len(raw)) + raw).hexdigest()
+
+
+def read_tag(root: str, tag: str, directory: str | None = None) -> tuple[dict | None, list[str]]:
+    """The tag object, its commit, creation time and freeze manifest, read with replace objects off.
+    Without the ref (a clone that did not fetch tags), from the ``TAG`` file the records folder
+    keeps: the same bytes, whose object id the records name and whose commit must be in the
+    repository. With both, they must be the same object."""
     kind = git_out(root, "cat-file", "-t", f"refs/tags/{tag}")
-    if kind is None:
-        return None, [f"tag {tag} not found in the git repository at {root}"]
-    if kind.strip() != "tag":
+    stored = stored_tag(directory, tag)
+    if kind is None and stored is None:
+        return None, [f"tag {tag} not found in the git repository at {root} (nor as {TAG_FILE} in {directory})"]
+    if kind is not None and kind.strip() != "tag":
         return None, [f"tag {tag} is a lightweight tag (no tag object, no freeze manifest): not made by harness tag"]
-    obj = (git_out(root, "rev-parse", f"refs/tags/{tag}") or "").strip()
-    commit = (git_out(root, "rev-parse", f"{obj}^{{commit}}") or "").strip()
-    message = git_out(root, "cat-file", "tag", obj) or ""
+    if kind is None:
+        raw = stored or b""
+        obj = object_id(root, "tag", raw)
+        commit = raw.split(b"\n", 1)[0].split(b" ")[1].decode()
+        if (git_out(root, "cat-file", "-t", commit) or "").strip() != "commit":
+            return None, [f"{directory}/{TAG_FILE}: tag {tag}'s commit {commit[:12]} is not in the git repository"]
+    else:
+        obj = (git_out(root, "rev-parse", f"refs/tags/{tag}") or "").strip()
+        commit = (git_out(root, "rev-parse", f"{obj}^{{commit}}") or "").strip()
+        raw = git_bytes(root, "cat-file", "tag", obj) or b""
+        if stored is not None and stored != raw:
+            return None, [f"{directory}/{TAG_FILE} is not the object of the repository's tag {tag} ({obj[:12]})"]
+    message = raw.decode("utf-8", "replace")
     m = parse_manifest(message)
     if m is None:
         return None, [f"tag {tag}: its message holds no readable freeze manifest"]
     return {"tag": tag, "object": obj, "commit": commit, "created": _tagger_time(message), "manifest": m,
-            "freeze": sha256(canonical(m)), "signed": "-----BEGIN " in message}, []
+            "freeze": sha256(canonical(m)), "signed": "-----BEGIN " in message, "tag_raw": raw}, []
 
 
 def _configs_at(root: str, rev: str, ppath: str, names: list[str]) -> dict[str, bytes]:
@@ -1785,12 +1819,13 @@ def load_truth(root: str, directory: str, records: list[dict], manifest: dict) -
                 in_checkout.append((p, d.get("id")))
                 ids.add(d.get("id"))
     tags = sorted(f"protocol-{i}" for i in ids if isinstance(i, str) and i
-                  and git_out(root, "rev-parse", "-q", "--verify", f"refs/tags/protocol-{i}") is not None)
+                  and (git_out(root, "rev-parse", "-q", "--verify", f"refs/tags/protocol-{i}") is not None
+                       or stored_tag(directory, f"protocol-{i}") is not None))
     truth: dict = {"tag": None, "tagged": False}
     if len(tags) > 1:
         problems.append(f"{directory}: the records name several tagged protocols ({', '.join(tags)})")
     if tags:
-        info, found = read_tag(root, tags[0])
+        info, found = read_tag(root, tags[0], directory)
         problems += found
         if info is not None:
             truth.update(info, tagged=True)
@@ -2166,8 +2201,7 @@ def check_signature(root: str, truth: dict, signers: str | None) -> tuple[list[s
     if not truth.get("signed"):
         return [f"tag {truth['tag']} is not signed; --allowed-signers needs a tag made by harness tag --sign"], "unsigned"
     tag = truth["tag"]
-    raw = git_bytes(root, "cat-file", "tag", truth["object"])
-    payload, sig, kind = split_signature(raw or b"")
+    payload, sig, kind = split_signature(truth.get("tag_raw") or b"")
     if kind != "SSH":
         what = f"an {kind} signature" if kind else "no signature block git recognises"
         return [f"tag {tag}: the tag object carries {what}, not an SSH signature (-----BEGIN SSH SIGNATURE-----); "
@@ -2433,18 +2467,6 @@ def find_root(start: str, protocol_rel: str) -> str:
         if parent == d:
             return os.path.abspath(start)
         d = parent
-
-
-def git_tag(root: str, tag: str) -> tuple[str, str] | None:
-    try:
-        r = subprocess.run(["git", "for-each-ref", "--format=%(taggerdate:iso-strict) %(*objectname)", f"refs/tags/{tag}"],
-                           cwd=root, capture_output=True, text=True, check=False)
-    except OSError:
-        return None
-    if r.returncode != 0 or not r.stdout.strip():
-        return None
-    created, _, commit = r.stdout.strip().partition(" ")
-    return created, commit
 
 
 def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[str],

@@ -69,6 +69,12 @@ def tag_info(repo: Path, name: str) -> TagInfo | None:
     return TagInfo(name, commit, obj, created.strip(), message.strip(), kind == "tag")
 
 
+def tag_object(repo: Path, obj: str) -> bytes | None:
+    """The raw bytes of tag object ``obj`` (``git cat-file tag``): what its object id hashes."""
+    r = subprocess.run(["git", "cat-file", "tag", obj], cwd=repo, capture_output=True, check=False, env=env())
+    return r.stdout if r.returncode == 0 else None
+
+
 def blob_at(repo: Path, rev: str, rel: str) -> bytes | None:
     r = subprocess.run(["git", "show", f"{rev}:{rel}"], cwd=repo, capture_output=True, check=False, env=env())
     return r.stdout if r.returncode == 0 else None

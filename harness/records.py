@@ -42,6 +42,8 @@ from harness.errors import RefusedError, WriteError  # standard library only, li
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
 MANIFEST = "MANIFEST"
+#: The tag object's raw bytes, kept in a preregistered study's records folder (see Runner._keep_tag).
+TAG_FILE = "TAG"
 RECORD_SUFFIX = ".record.json"
 STARTED_SUFFIX = ".started.json"
 

@@ -573,3 +573,42 @@ def test_records_inside_a_nested_repository_fail(study):
     that repository's tags instead of the study's."""
     git(study / RECS, "init", "-q")
     failed(study, "lies inside another one")
+
+
+# -- the tag travels with the records ---------------------------------------------------------------
+
+
+def test_the_records_folder_keeps_the_tag_object(study):
+    """A clone without the tag ref (a branch pushed without tags) audits from the TAG file the runner
+    keeps; a TAG that is not the tag's object, or names a commit the repository lacks, fails."""
+    kept = (study / RECS / "TAG").read_bytes()
+    assert kept == subprocess.run(["git", "cat-file", "tag", "protocol-tiny"], cwd=study, capture_output=True,
+                                  check=True).stdout
+    git(study, "tag", "-d", "protocol-tiny")
+    a = audit(study)
+    assert a.returncode == 0, a.stdout
+    assert any(line.startswith("what ran is what was frozen") and "ok:" in line for line in a.stdout.splitlines())
+    (study / RECS / "TAG").write_bytes(kept.replace(b"tagger ", b"tagger X", 1))  # another object id
+    failed(study, "field protocol.tag_object")
+    (study / RECS / "TAG").write_bytes(b"object " + b"0" * 40 + kept[47:])
+    failed(study, "is not in the git repository")
+
+
+def test_a_tag_file_other_than_the_repository_s_tag_fails(study):
+    kept = (study / RECS / "TAG").read_bytes()
+    (study / RECS / "TAG").write_bytes(kept.replace(b"tagger ", b"tagger X", 1))
+    failed(study, "TAG is not the object of the repository's tag protocol-tiny")
+
+
+def test_a_signed_tag_verifies_from_the_tag_file(tmp_path):
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("ssh-keygen is not installed")
+    key = tmp_path / "key"
+    pub = ssh_key(key)
+    r = signed_study(tmp_path / "study", (("gpg.format", "ssh"), ("user.signingkey", str(key))))
+    git(r, "tag", "-d", "protocol-tiny")
+    good = tmp_path / "allowed"
+    good.write_text(f"test@example.invalid {pub}")
+    ok = audit(r, "--allowed-signers", str(good))
+    assert ok.returncode == 0, ok.stdout
+    assert "good SSH signature by test@example.invalid" in ok.stdout

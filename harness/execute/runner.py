@@ -43,7 +43,7 @@ from harness.execute.state import Progress, RunState, run_states
 from harness.ledger import Ledger, check_records_folder, load_entries, now_iso, study_ledger
 from harness.plan import RunSpec, make_plan, plan_sha256, units
 from harness.protocol import Protocol
-from harness.records import SCHEMA_VERSION, RunRecord, jsonable
+from harness.records import SCHEMA_VERSION, TAG_FILE, RunRecord, atomic_write, jsonable
 
 
 class Runner:
@@ -237,6 +237,17 @@ class Runner:
         self.echo(f"[{self.progress.done + 1}/{self.progress.total}] {spec.run_id} ({spec.arm}, seed {spec.seed}) "
                   f"attempt {attempt}{where} ... ETA {self.progress.eta()}")
 
+    def _keep_tag(self) -> None:
+        """Keep the tag object's raw bytes as ``TAG`` in the records folder: a clone or copy that
+        lost the tag ref (a branch pushed without tags) still carries the tag, and the audit checks
+        those bytes against the object id the records name and the commit in the repository."""
+        if self.frozen.tag_object is None:
+            return
+        raw = gitutil.tag_object(self.root, self.frozen.tag_object)
+        path = self.records / TAG_FILE
+        if raw is not None and (not path.exists() or path.read_bytes() != raw):
+            atomic_write(path, raw, overwrite=True)
+
     def run(self) -> int:
         """Work through the plan; returns the number of runs that are still not done."""
         proto = self.proto
@@ -260,6 +271,7 @@ class Runner:
                 (self.dir / d).mkdir(parents=True, exist_ok=True)
             (self.root / "runs" / "locks").mkdir(parents=True, exist_ok=True)
             self.records.mkdir(parents=True, exist_ok=True)
+            self._keep_tag()
         except OSError as e:
             from harness.errors import WriteError
 
