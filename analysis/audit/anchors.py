@@ -1,0 +1,155 @@
+"""Trust from outside the records: the tag's SSH signature against the reader's allowed-signers file,
+and the ledger heads anchored in a remote's ``refs/ledger/protocol-<id>``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+ANCHOR_REF = "refs/ledger/"  # + protocol-<id>: the anchor commits `harness run --anchor` pushes
+
+
+#: The lines that open a signature block in a git tag object (git's gpg-interface.c); the last
+#: such line begins the signature, what precedes it is the signed payload.
+SIG_STARTS = {"-----BEGIN SSH SIGNATURE-----": "SSH", "-----BEGIN PGP SIGNATURE-----": "OpenPGP",
+              "-----BEGIN PGP MESSAGE-----": "OpenPGP", "-----BEGIN SIGNED MESSAGE-----": "X.509"}
+
+
+def _isolated_env() -> dict:
+    """An environment in which git and ssh-keygen read no system, global or inherited configuration."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    return {**env, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
+            "GIT_NO_REPLACE_OBJECTS": "1", "GIT_TERMINAL_PROMPT": "0"}
+
+
+def split_signature(raw: bytes) -> tuple[bytes, bytes, str | None]:
+    """A tag object's signed payload, its signature block and the block's kind (None: unsigned)."""
+    pos, start, kind = 0, len(raw), None
+    while pos < len(raw):
+        nl = raw.find(b"\n", pos)
+        end = len(raw) if nl < 0 else nl + 1
+        line = raw[pos:end].rstrip(b"\r\n").decode("utf-8", "replace")
+        for head, name in SIG_STARTS.items():
+            if line.startswith(head):
+                start, kind = pos, name
+        pos = end
+    return raw[:start], raw[start:], kind
+
+
+def _ssh_keygen(args: list[str], stdin: bytes) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(["ssh-keygen", *args], input=stdin, capture_output=True, check=False,
+                          env=_isolated_env())
+
+
+def check_signature(root: str, truth: dict, signers: str | None) -> tuple[list[str], str]:
+    """With an allowed-signers file given by the reader, the tag object must carry an SSH signature
+    (``-----BEGIN SSH SIGNATURE-----``) that ``ssh-keygen -Y verify`` (namespace ``git``, as git
+    signs) accepts for a principal of that file. Neither git nor the audited repository's
+    configuration takes part, and an OpenPGP or X.509 signature is refused: the reader's keyring
+    is not the reader's allowed-signers file."""
+    if not truth.get("tagged"):
+        return [], "no tag"
+    if signers is None:
+        return [], ("signed, not verified (pass --allowed-signers FILE)" if truth.get("signed")
+                    else "not signed")
+    if not truth.get("signed"):
+        return [f"tag {truth['tag']} is not signed; --allowed-signers needs a tag made by harness tag "
+                "--sign"], "unsigned"
+    tag = truth["tag"]
+    payload, sig, kind = split_signature(truth.get("tag_raw") or b"")
+    if kind != "SSH":
+        what = f"an {kind} signature" if kind else "no signature block git recognises"
+        return [f"tag {tag}: the tag object carries {what}, not an SSH signature "
+                f"(-----BEGIN SSH SIGNATURE-----); --allowed-signers {signers} verifies SSH signatures "
+                "only"], "not an SSH signature"
+    allowed = os.path.abspath(signers)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="audit-sig-") as tmp:
+        sig_path = os.path.join(tmp, "tag.sig")
+        with open(sig_path, "wb") as f:
+            f.write(sig)
+        try:
+            found = _ssh_keygen(["-Y", "find-principals", "-f", allowed, "-s", sig_path], b"")
+            principals = found.stdout.decode("utf-8", "replace").split() if found.returncode == 0 else []
+            why = (found.stderr.decode("utf-8", "replace").strip().splitlines()
+                   or ["no principal matches its key"])[-1]
+            for who in principals:
+                r = _ssh_keygen(["-Y", "verify", "-f", allowed, "-I", who, "-n", "git", "-s", sig_path],
+                                payload)
+                if r.returncode == 0:
+                    return [], f"good SSH signature by {who}, allowed by {signers}"
+                why = (r.stderr.decode("utf-8", "replace").strip().splitlines() or ["no detail"])[-1]
+        except OSError as e:
+            return [f"tag {tag}: ssh-keygen could not run to verify its signature ({e})"], "not verified"
+    return [f"tag {tag}: its signature does not verify against {signers} ({why})"], "bad signature"
+
+
+def check_anchor(root: str, truth: dict, records: list[dict], remote: str) -> tuple[list[str], str, int]:
+    """Every head anchored in ``remote``'s ``refs/ledger/protocol-<id>`` history is in the chain, in
+    order. Returns problems, a description and the highest anchored seq."""
+    pid = truth.get("summary", {}).get("id") or records[0]["protocol"].get("id")
+    ref = f"{ANCHOR_REF}protocol-{pid}"
+    log, url = fetch_anchor(remote, ref)
+    if log is None:
+        return [f"anchor {remote}: cannot fetch {ref} from {url}"], "not fetched", 0
+    by_seq: dict = {}
+    for r in records:
+        if "ledger" in r:
+            by_seq.setdefault(r["ledger"]["seq"], r["sha256"])
+    out, heads = [], []
+    for entry in log.split("\x01"):
+        if not entry.strip():
+            continue
+        commit, when, body = entry.strip("\n").split("\x00", 2)
+        fields = dict(line.split(" ", 1) for line in body.splitlines() if " " in line)
+        try:
+            heads.append((int(fields["seq"]), fields["sha256"], fields.get("freeze"), commit, when))
+        except (KeyError, ValueError):
+            out.append(f"anchor {commit[:12]}: not a ledger head")
+    heads.reverse()  # oldest first
+    last = 0
+    for seq, sha, freeze, commit, when in heads:
+        if truth.get("freeze") and freeze != truth["freeze"]:
+            out.append(f"anchor {commit[:12]} ({when}): freeze {str(freeze)[:16]} is not the tag's")
+        if seq < last:
+            out.append(f"anchor {commit[:12]} ({when}): seq {seq} after an anchored seq {last}: the chain "
+                       "was cut back")
+        got = by_seq.get(seq)
+        if got != sha:
+            out.append(f"anchored head seq {seq} sha256 {sha[:16]} (anchor {commit[:12]}, {when}): the "
+                       f"records hold {got[:16] if got else 'no record'} there: history was rewritten after "
+                       "it was anchored")
+        last = max(last, seq)
+    n = max(by_seq, default=0)
+    return out, f"{len(heads)} anchored heads in {ref} fetched from {url}, up to seq {last} of {n}", last
+
+
+def fetch_anchor(remote: str, ref: str) -> tuple[str | None, str]:
+    """The first-parent log of ``ref`` in ``remote`` and the URL it was fetched from.
+
+    The ref is fetched into a throwaway bare repository in a temporary folder, with no system,
+    global or inherited git configuration, never into (or with the configuration of) the audited
+    repository: its ``url.*.insteadOf`` cannot redirect the anchor, and no ref is written there."""
+    import tempfile
+
+    env = _isolated_env()
+
+    def git_in(where: str, *args: str) -> str | None:
+        try:
+            r = subprocess.run(["git", "--no-replace-objects", *args], cwd=where, capture_output=True,
+                               check=False, env=env)
+        except OSError:
+            return None
+        return r.stdout.decode("utf-8", "replace") if r.returncode == 0 else None
+
+    with tempfile.TemporaryDirectory(prefix="audit-anchor-") as tmp:
+        bare = os.path.join(tmp, "anchor.git")
+        if git_in(tmp, "init", "--quiet", "--bare", bare) is None:
+            return None, remote
+        url = (git_in(bare, "ls-remote", "--get-url", remote) or remote).strip() or remote
+        if remote.startswith("-") or git_in(bare, "fetch", "--quiet", "--no-tags", "--no-write-fetch-head",
+                                            remote, f"+{ref}:refs/audit/{ref[5:]}") is None:
+            return None, url
+        return git_in(bare, "log", "--first-parent", "--format=%H%x00%cI%x00%B%x01",
+                      f"refs/audit/{ref[5:]}") or "", url

@@ -1,0 +1,122 @@
+"""Hashes, records and the ledger: canonical JSON, record self-hashes, record names, the hash chain
+and the attempts it announces."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+RECORD_SUFFIX = ".record.json"
+STARTED_SUFFIX = ".started.json"
+SCHEMAS = (1, 2, 3)
+
+
+def canonical(obj: object) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def self_hash_ok(obj: dict) -> bool:
+    return obj.get("sha256") == sha256(canonical({k: v for k, v in obj.items() if k != "sha256"}))
+
+
+def _read_json(path: str, raw: bytes | None = None) -> object:
+    """The JSON value in ``path`` (or ``raw``), or ``None`` where it is not JSON."""
+    try:
+        if raw is None:
+            with open(path, "rb") as f:
+                raw = f.read()
+        return json.loads(raw)
+    except (OSError, ValueError):
+        return None
+
+
+def record_name(rec: dict) -> str:
+    if rec.get("kind") == "started":
+        return f"{rec['run_id']}.a{rec['attempt']}{STARTED_SUFFIX}"
+    return f"{rec['spec']['run_id']}.a{rec['attempt']}{RECORD_SUFFIX}"
+
+
+def iso_seconds(text: str) -> float:
+    """Seconds since the epoch of an ISO 8601 time with an offset (``...+00:00``)."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(text).timestamp()
+
+
+def check_attempts(records: list[dict], started: list[dict]) -> list[str]:
+    """Every schema 3 record ends a started entry of the same run and attempt, earlier in the chain;
+    an interrupted record charges at most the ledger's time from that start to itself."""
+    out: list[str] = []
+    by_key = {(e["run_id"], e["attempt"]): e for e in started}
+    for r in records:
+        if r.get("schema_version", 1) < 3:
+            continue
+        key = (r["spec"]["run_id"], r["attempt"])
+        e = by_key.get(key)
+        link = r.get("start") or {}
+        if e is None:
+            out.append(f"{record_name(r)}: no started entry for run {key[0]} attempt {key[1]} (its start is "
+                       "not in the ledger: deleted, or the attempt was never announced)")
+            continue
+        if link.get("sha256") != e["sha256"] or link.get("seq") != e["ledger"]["seq"]:
+            out.append(f"{record_name(r)}: field start = {link} does not name its started entry "
+                       f"(seq {e['ledger']['seq']}, sha256 {e['sha256'][:16]})")
+        elif e["ledger"]["seq"] >= r["ledger"]["seq"]:
+            out.append(f"{record_name(r)}: its started entry (seq {e['ledger']['seq']}) is not before it in "
+                       "the chain")
+        if r.get("unit_attempt", 1) != e.get("unit_attempt", 1):
+            out.append(f"{record_name(r)}: field unit_attempt = {r.get('unit_attempt')} differs from its "
+                       f"started entry's {e.get('unit_attempt')}")
+        if r["status"] == "interrupted" and "at" in r["ledger"] and "at" in e["ledger"]:
+            span = iso_seconds(r["ledger"]["at"]) - iso_seconds(e["ledger"]["at"])
+            charged = (r.get("timings") or {}).get("device_s") or 0.0
+            if charged > span + 1.0:
+                out.append(f"{record_name(r)}: an interrupted attempt charged {charged:.1f} device seconds, "
+                           f"more than the ledger's {span:.1f} s from its start to its record")
+    return out
+
+
+def check_ledger(records: list[dict], manifest: dict, genesis: str,
+                 published: tuple[int, str] | None) -> list[str]:
+    """The records as one hash chain; returns the breaks, the first one first."""
+    out: list[str] = []
+    unlinked = [record_name(r) for r in records if "ledger" not in r]
+    if unlinked:
+        return [f"{len(unlinked)} record(s) have no ledger link (schema 1 records predate the ledger): "
+                f"{unlinked[0]}"]
+    by_seq: dict = {}
+    for r in records:
+        by_seq.setdefault(r["ledger"]["seq"], []).append(r)
+    prev = genesis
+    for seq in range(1, max(by_seq, default=0) + 1):
+        here = by_seq.get(seq, [])
+        if not here:
+            out.append(f"ledger seq {seq}: no record (deleted, or the chain was cut)")
+            prev = None
+            continue
+        if len(here) > 1:
+            out.append(f"ledger seq {seq}: {len(here)} records claim it "
+                       f"({', '.join(record_name(r) for r in here)}): inserted")
+        r = here[0]
+        if prev is not None and r["ledger"]["prev"] != prev:
+            out.append(f"ledger seq {seq} ({record_name(r)}): prev {r['ledger']['prev'][:16]} is not the "
+                       f"sha256 of the record before it ({prev[:16]}): a record was edited and resealed, "
+                       "inserted, swapped or removed before it")
+        prev = r["sha256"]
+    n = max(by_seq, default=0)
+    head = manifest.get("ledger_head")
+    if head is not None and (head.get("seq") != n or (n and head.get("sha256") != by_seq[n][0]["sha256"])):
+        out.append(f"MANIFEST ledger_head {head} is not the chain's head (seq {n})")
+    if published is not None:
+        seq, sha = published
+        got = by_seq.get(seq)
+        if not got or not got[0]["sha256"].startswith(sha):
+            out.append(f"published head seq {seq} sha256 {sha[:16]}: the records hold "
+                       f"{got[0]['sha256'][:16] if got else 'no record'} at that position: history was "
+                       "rewritten")
+    return out

@@ -1,0 +1,155 @@
+"""What the protocol file alone implies: the plan (harness.plan.make_plan re-implemented), the protocol
+summary every record copies, and the tally of planned runs against their records."""
+
+from __future__ import annotations
+
+from .descriptive import CELLS
+from .recompute import analysed
+
+WILLIAMS_4 = ((0, 1, 3, 2), (1, 2, 0, 3), (2, 3, 1, 0), (3, 0, 2, 1))
+
+
+def plan_from_protocol(doc: dict, protocol_sha: str, config_sha: dict) -> list[dict]:
+    """harness.plan.make_plan, re-implemented: balanced pair orders, Williams-balanced blocks."""
+    import random
+
+    def rng(*parts: object) -> random.Random:
+        return random.Random(":".join(str(p) for p in (doc["order_seed"], *parts)))
+
+    runs: list[dict] = []
+    for st in doc["studies"]:
+        seeds = st["seeds"]
+        if isinstance(seeds, dict):
+            seeds = list(range(seeds["base"], seeds["base"] + seeds["count"]))
+        target = st["val_target_bpb"]
+        targets = {c: float(target[c] if isinstance(target, dict) else target) for c in st["configs"]}
+        arms = st.get("arms") or list(CELLS)
+        orders = {}
+        for config in st["configs"]:
+            n = len(seeds)
+            if st["design"] == "paired":
+                seq = [("baseline", "candidate")] * ((n + 1) // 2) + [("candidate", "baseline")] * (n // 2)
+                rng(st["name"], config).shuffle(seq)
+            else:
+                seq = []
+                for g in range(0, n, 4):
+                    rows = list(WILLIAMS_4)
+                    rng(st["name"], config, g).shuffle(rows)
+                    seq.extend(tuple(CELLS[i] for i in row) for row in rows[: min(4, n - g)])
+            orders[config] = seq
+        for si, seed in enumerate(seeds):
+            for config in st["configs"]:
+                kind = "pair" if st["design"] == "paired" else "block"
+                unit = f"{st['name']}.{config}.{kind}{si:03d}"
+                for pos, role in enumerate(orders[config][si]):
+                    arm = role if st["design"] == "factorial" else arms[0 if role == "baseline" else 1]
+                    runs.append({
+                        "run_id": f"{unit}.{role}", "protocol_id": doc["id"], "protocol_sha256": protocol_sha,
+                        "study": st["name"], "design": st["design"], "config": config,
+                        "config_sha256": config_sha[config], "arm": arm, "role": role, "seed": seed,
+                        "unit": unit, "position": pos, "order": len(runs), "steps": st["steps"],
+                        "val_every": st["val_every"], "val_target_bpb": targets[config],
+                        "corpus": doc["corpus"]["name"] if isinstance(doc["corpus"], dict) else doc["corpus"],
+                        "data_dir": doc.get("data_dir"),
+                        "device": doc["device"], "compile": doc["compile"], "threads": doc.get("threads"),
+                    })
+    return runs
+
+
+def _resolved_tests(h: dict, studies: list[dict]) -> dict:
+    if "descriptive" in h:
+        return {"descriptive": h["descriptive"]}
+    by_name = {s["name"]: s for s in studies}
+    tests = []
+    for t in h["tests"]:
+        cfg = t.get("config")
+        if cfg is None:
+            cfg = by_name[t["study"]]["configs"][0]
+        tests.append({"id": t["id"], "study": t["study"], "config": cfg, "endpoint": t["endpoint"],
+                      "estimand": t["estimand"], "type": t["type"], "margin": float(t.get("margin", 0.0)),
+                      "better": t["better"], "censoring": t.get("censoring"),
+                      "period_adjusted": t.get("period_adjusted", False),
+                      "restriction_s": float(t["restriction_s"]) if t.get("restriction_s") is not None
+                      else None})
+    return {"procedure": h["procedure"], "family_alpha": float(h["family_alpha"]),
+            "min_pairs": h["min_pairs"],
+            "decide_time_after_budget_stop": bool(h.get("decide_time_after_budget_stop", False)),
+            "tests": tests}
+
+
+def expected_summary(doc: dict, psha: str, path: str) -> dict:
+    """``harness.protocol.Protocol.summary()``, derived here from the protocol file alone (the
+    fields every record's ``protocol`` copies; plug-ins and the tag's fields are checked apart)."""
+    top_level = float(doc["interval_level"])
+    studies = []
+    for st in doc["studies"]:
+        seeds = st["seeds"]
+        if isinstance(seeds, dict):
+            seeds = list(range(seeds["base"], seeds["base"] + seeds["count"]))
+        arms = st.get("arms") or (list(CELLS) if st["design"] == "factorial" else None)
+        level = st.get("interval_level")
+        studies.append({"name": st["name"], "design": st["design"], "arms": list(arms),
+                        "configs": list(st["configs"]),
+                        "seeds": list(seeds), "interval_level": float(level) if level else top_level,
+                        "steps": st["steps"]})
+    corpus = doc["corpus"]
+    if isinstance(corpus, dict):
+        c: dict = {"name": corpus["name"]}
+        for k in ("file", "train", "valid", "test"):
+            if k in corpus:
+                c[k] = {"path": corpus[k]["path"], "size": corpus[k]["size"], "sha256": corpus[k]["sha256"]}
+        if "split" in corpus:
+            c["split"] = {s: float(corpus["split"][s]) for s in ("train", "valid", "test")}
+        corpus = c
+    prereg = doc["preregistered"]
+    return {"id": doc["id"], "version": doc["version"], "sha256": psha, "path": path, "preregistered": prereg,
+            "tag": f"protocol-{doc['id']}" if prereg else None, "interval_level": top_level,
+            "hypotheses": _resolved_tests(doc["hypotheses"], studies),
+            "max_attempts": doc.get("max_attempts", 1), "launcher": doc.get("launcher", "spawn"),
+            "device": doc["device"], "compile": doc["compile"], "corpus": corpus,
+            "budget_device_seconds": float(doc["budget_device_seconds"]), "studies": studies}
+
+
+def tally(plan: list[dict], records: list[dict],
+          open_: list[dict] | None = None) -> tuple[list[dict], int, list[str]]:
+    """Per (study, configuration, arm): planned, ok (in the analysed unit attempt), failed, interrupted
+    (recorded, or started with no record), missing, superseded; and out-of-order runs."""
+    by_run: dict = {}
+    interrupted: dict = {}
+    superseded: dict = {}
+    current = {id(r) for r in analysed(records)}
+    for r in records:
+        rid = r["spec"]["run_id"]
+        by_run.setdefault(rid, []).append(r["status"] if id(r) in current else "superseded")
+        interrupted[rid] = interrupted.get(rid, 0) + (r["status"] == "interrupted")
+        if id(r) not in current:
+            superseded[rid] = superseded.get(rid, 0) + 1
+    for u in open_ or []:
+        interrupted[u["run_id"]] = interrupted.get(u["run_id"], 0) + 1
+    rows: dict = {}
+    missing_total = 0
+    for s in plan:
+        row = rows.setdefault((s["study"], s["config"], s["arm"]),
+                              {"study": s["study"], "config": s["config"], "arm": s["arm"], "planned": 0,
+                               "ok": 0, "failed": 0, "interrupted": 0, "missing": 0, "superseded": 0})
+        st = by_run.get(s["run_id"], [])
+        row["planned"] += 1
+        row["interrupted"] += interrupted.get(s["run_id"], 0)
+        row["superseded"] += superseded.get(s["run_id"], 0)
+        if "ok" in st:
+            row["ok"] += 1
+        elif "failed" in st:
+            row["failed"] += 1
+        if "ok" not in st:
+            row["missing"] += 1
+            missing_total += 1
+    order = {s["run_id"]: s["order"] for s in plan}
+    flagged, highest = [], -1
+    linked = sorted((r for r in records if "ledger" in r and r["attempt"] == 1),
+                    key=lambda r: r["ledger"]["seq"])
+    for r in linked:
+        o = order.get(r["spec"]["run_id"], -1)
+        if o < highest:
+            flagged.append(f"{r['spec']['run_id']} (plan position {o}) ran after plan position {highest}")
+        highest = max(highest, o)
+    return list(rows.values()), missing_total, flagged

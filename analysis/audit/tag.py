@@ -1,0 +1,234 @@
+"""The study as the tag defines it: git with replace objects disabled, the tag object (from the ref or
+the records folder's ``TAG``), its freeze manifest, and the protocol file and configurations it names."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+
+from .ledger import canonical, sha256
+from .plan import expected_summary
+from .yamlsub import YamlError, yaml_subset
+
+
+def _git_env() -> dict:
+    """git with replace objects disabled: ``git replace`` cannot substitute a tag, commit or blob."""
+    return {**os.environ, "GIT_NO_REPLACE_OBJECTS": "1", "GIT_TERMINAL_PROMPT": "0"}
+
+
+def git_bytes(root: str, *args: str, stdin: bytes | None = None) -> bytes | None:
+    try:
+        r = subprocess.run(["git", "--no-replace-objects", *args], cwd=root, capture_output=True, check=False,
+                           env=_git_env(), input=stdin)
+    except OSError:
+        return None
+    return r.stdout if r.returncode == 0 else None
+
+
+def git_out(root: str, *args: str) -> str | None:
+    out = git_bytes(root, *args)
+    return None if out is None else out.decode("utf-8", "replace")
+
+
+def git_root(directory: str) -> str | None:
+    out = git_out(directory if os.path.isdir(directory) else ".", "rev-parse", "--show-toplevel")
+    return out.strip() if out else None
+
+
+def parse_manifest(message: str) -> dict | None:
+    """The freeze manifest in a tag message (a signature after it is ignored)."""
+    _, sep, body = message.partition("freeze-manifest:")
+    if not sep:
+        return None
+    try:
+        m, _ = json.JSONDecoder().raw_decode(body.lstrip())
+    except json.JSONDecodeError:
+        return None
+    return m if isinstance(m, dict) else None
+
+
+def _tagger_time(message: str) -> float | None:
+    """Seconds since the epoch from a tag object's ``tagger`` header."""
+    for line in message.splitlines():
+        if not line:
+            return None
+        if line.startswith("tagger "):
+            parts = line.rsplit(" ", 2)
+            try:
+                return float(parts[1])
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def _when(stamp: object) -> float | None:
+    from datetime import datetime
+
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+TAG_FILE = "TAG"
+
+
+def stored_tag(directory: str | None, tag: str) -> bytes | None:
+    """The tag object ``harness run`` keeps as ``TAG`` in the records folder, if it names ``tag``."""
+    path = os.path.join(directory, TAG_FILE) if directory else ""
+    if not path or not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        raw = f.read()
+    m = re.match(rb"object [0-9a-f]{40,64}\ntype commit\ntag (\S+)\n", raw)
+    return raw if m and m.group(1).decode("utf-8", "replace") == tag else None
+
+
+def object_id(root: str, kind: str, raw: bytes) -> str:
+    """Git's object id of ``raw`` as a ``kind`` object (SHA-1, or SHA-256 in such a repository)."""
+    algo = (git_out(root, "rev-parse", "--show-object-format") or "sha1").strip() or "sha1"
+    return hashlib.new(algo, b"%s %d\x00" % (kind.encode(), len(raw)) + raw).hexdigest()
+
+
+def read_tag(root: str, tag: str, directory: str | None = None) -> tuple[dict | None, list[str]]:
+    """The tag object, its commit, creation time and freeze manifest, read with replace objects off.
+    Without the ref (a clone that did not fetch tags), from the ``TAG`` file the records folder
+    keeps: the same bytes, whose object id the records name and whose commit must be in the
+    repository. With both, they must be the same object."""
+    kind = git_out(root, "cat-file", "-t", f"refs/tags/{tag}")
+    stored = stored_tag(directory, tag)
+    if kind is None and stored is None:
+        return None, [f"tag {tag} not found in the git repository at {root} (nor as {TAG_FILE} in "
+                      f"{directory})"]
+    if kind is not None and kind.strip() != "tag":
+        return None, [f"tag {tag} is a lightweight tag (no tag object, no freeze manifest): not made by "
+                      "harness tag"]
+    if kind is None:
+        raw = stored or b""
+        obj = object_id(root, "tag", raw)
+        commit = raw.split(b"\n", 1)[0].split(b" ")[1].decode()
+        if (git_out(root, "cat-file", "-t", commit) or "").strip() != "commit":
+            return None, [f"{directory}/{TAG_FILE}: tag {tag}'s commit {commit[:12]} is not in the git "
+                          "repository"]
+    else:
+        obj = (git_out(root, "rev-parse", f"refs/tags/{tag}") or "").strip()
+        commit = (git_out(root, "rev-parse", f"{obj}^{{commit}}") or "").strip()
+        raw = git_bytes(root, "cat-file", "tag", obj) or b""
+        if stored is not None and stored != raw:
+            return None, [f"{directory}/{TAG_FILE} is not the object of the repository's tag {tag} "
+                          f"({obj[:12]})"]
+    message = raw.decode("utf-8", "replace")
+    m = parse_manifest(message)
+    if m is None:
+        return None, [f"tag {tag}: its message holds no readable freeze manifest"]
+    return {"tag": tag, "object": obj, "commit": commit, "created": _tagger_time(message), "manifest": m,
+            "freeze": sha256(canonical(m)), "signed": "-----BEGIN " in message, "tag_raw": raw}, []
+
+
+def _configs_at(root: str, rev: str, ppath: str, names: list[str]) -> dict[str, bytes]:
+    """The configuration files a protocol names, as ``harness.config`` finds them: ``configs/`` in
+    the nearest folder at or above the protocol's that has one (at ``rev``, or in the checkout)."""
+    d = os.path.dirname(ppath)
+    while True:
+        base = f"{d}/configs" if d else "configs"
+        out = {}
+        for c in names:
+            if rev:
+                blob = git_bytes(root, "cat-file", "blob", f"{rev}:{base}/{c}.yaml")
+            else:
+                full = os.path.join(root, base, f"{c}.yaml")
+                blob = open(full, "rb").read() if os.path.isfile(full) else None
+            if blob is not None:
+                out[c] = blob
+        if out or not d:
+            return out
+        d = os.path.dirname(d)
+
+
+def load_truth(root: str, directory: str, records: list[dict], manifest: dict) -> tuple[dict, list[str]]:
+    """What the study is, from the tag's protocol file (or, without any tag, the checkout's).
+
+    The protocol ids and paths the records, MANIFEST and folder name are only where to look: a
+    tag ``protocol-<id>`` for any of them, or a checkout protocol file that says ``preregistered:
+    true``, makes the study preregistered, and then only the tag's manifest and the file it names
+    (``git show TAG_COMMIT:PATH``, sha256 as the manifest says) define it."""
+    problems: list[str] = []
+    mp = manifest.get("protocol") if isinstance(manifest.get("protocol"), dict) else {}
+    ids = {r["protocol"].get("id") for r in records} | {r["spec"].get("protocol_id") for r in records}
+    ids |= {mp.get("id"), os.path.basename(os.path.normpath(directory))}
+    paths = sorted({p for p in {r["protocol"].get("path") for r in records} | {mp.get("path")}
+                    if isinstance(p, str)})
+    claims = sorted({str(r["protocol"].get("id")) for r in records if r["protocol"].get("preregistered")})
+    in_checkout = []
+    for p in paths:
+        full = os.path.join(root, p)
+        if os.path.isfile(full):
+            try:
+                d = yaml_subset(open(full, "rb").read().decode("utf-8"))
+            except (YamlError, UnicodeDecodeError):
+                continue
+            if isinstance(d, dict) and d.get("preregistered") is True:
+                in_checkout.append((p, d.get("id")))
+                ids.add(d.get("id"))
+    tags = sorted(f"protocol-{i}" for i in ids if isinstance(i, str) and i
+                  and (git_out(root, "rev-parse", "-q", "--verify", f"refs/tags/protocol-{i}") is not None
+                       or stored_tag(directory, f"protocol-{i}") is not None))
+    truth: dict = {"tag": None, "tagged": False}
+    if len(tags) > 1:
+        problems.append(f"{directory}: the records name several tagged protocols ({', '.join(tags)})")
+    if tags:
+        info, found = read_tag(root, tags[0], directory)
+        problems += found
+        if info is not None:
+            truth.update(info, tagged=True)
+            mprot = info["manifest"].get("protocol") or {}
+            path, want = mprot.get("path"), mprot.get("sha256")
+            blob = (git_bytes(root, "cat-file", "blob", f"{info['commit']}:{path}") if isinstance(path, str)
+                    else None)
+            if blob is None or sha256(blob) != want:
+                problems.append(f"tag {tags[0]}: the file its manifest names ({path}) is not at the tagged "
+                                f"commit {info['commit'][:12]} with sha256 {str(want)[:16]}")
+            else:
+                truth.update(path=path, raw=blob, sha256=want)
+        else:
+            truth["tag"] = tags[0]
+    elif in_checkout or claims:
+        why = (f"{in_checkout[0][0]} in this checkout says preregistered: true" if in_checkout
+               else "the records say preregistered: true")
+        pid = in_checkout[0][1] if in_checkout else claims[0]
+        problems.append(f"{directory}: {why}, but there is no tag protocol-{pid} in {root}: nothing binds "
+                        "these records to a frozen experiment")
+    # not preregistered: the checkout's file, as the records name it
+    if "raw" not in truth and not truth["tagged"]:
+        path = records[0]["protocol"].get("path")
+        full = os.path.join(root, str(path))
+        if isinstance(path, str) and os.path.isfile(full):
+            raw = open(full, "rb").read()
+            truth.update(path=path, raw=raw, sha256=sha256(raw))
+        else:
+            problems.append(f"{full}: protocol file missing")
+    if "raw" in truth:
+        try:
+            doc = yaml_subset(truth["raw"].decode("utf-8"))
+            if not isinstance(doc, dict):
+                raise ValueError("the protocol is not a mapping")
+            truth["doc"] = doc
+            names = sorted({c for st in doc["studies"] for c in st["configs"]})
+            blobs = _configs_at(root, truth.get("commit") or "", truth["path"], names)
+            truth["config_sha"] = {c: sha256(b) for c, b in blobs.items()}
+            missing = [c for c in names if c not in blobs]
+            if missing:
+                raise ValueError(f"configuration file(s) {', '.join(missing)} not found"
+                                 + (f" at the tagged commit {truth['commit'][:12]}" if truth.get("commit")
+                                    else ""))
+            truth["summary"] = expected_summary(doc, truth["sha256"], truth["path"])
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+            problems.append(f"{truth['path']}{' at ' + truth['tag'] if truth['tag'] else ''}: the study "
+                            f"cannot be derived from the protocol ({type(e).__name__}: {e})")
+            truth.pop("doc", None)
+    return truth, problems

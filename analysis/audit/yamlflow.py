@@ -1,0 +1,193 @@
+"""The YAML subset's inline parts: plain scalars resolved as PyYAML's SafeLoader resolves them,
+escapes, line folding, quoted scalars and flow collections."""
+
+from __future__ import annotations
+
+import re
+
+_BOOL = {"yes": True, "Yes": True, "YES": True, "true": True, "True": True, "TRUE": True, "on": True,
+         "On": True, "ON": True, "no": False, "No": False, "NO": False, "false": False, "False": False,
+         "FALSE": False, "off": False, "Off": False, "OFF": False}
+_NULL = ("", "~", "null", "Null", "NULL")
+_INT = re.compile(r"[-+]?(?:0b[0-1_]+|0[0-7_]+|(?:0|[1-9][0-9_]*)|0x[0-9a-fA-F_]+)")
+_FLOAT = re.compile(r"[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?)")
+_SPECIAL = re.compile(r"[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)")
+_UNSUPPORTED = re.compile(r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?"
+                          r"|[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}.*|<<|=")
+_ESCAPES = {"0": "\0", "a": "\a", "b": "\b", "t": "\t", "\t": "\t", "n": "\n", "v": "\v", "f": "\f",
+            "r": "\r", "e": "\x1b", " ": " ", '"': '"', "/": "/", "\\": "\\", "N": "\x85", "_": "\xa0",
+            "L": "\u2028", "P": "\u2029"}
+
+
+class YamlError(ValueError):
+    """What this reader cannot read, with the 1-based line: ``line N: ...``."""
+
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(f"line {line}: {message}")
+        self.line = line
+
+
+def _plain(text: str, line: int) -> object:
+    """A plain scalar resolved as PyYAML's SafeLoader resolves it (YAML 1.1 core)."""
+    t = text.strip()
+    if t in _BOOL:
+        return _BOOL[t]
+    if t in _NULL:
+        return None
+    if _INT.fullmatch(t):
+        s = t.replace("_", "")
+        sign = -1 if s[0] == "-" else 1
+        s = s.lstrip("+-")
+        if s.startswith("0b"):
+            return sign * int(s[2:], 2)
+        if s.startswith("0x"):
+            return sign * int(s[2:], 16)
+        if len(s) > 1 and s[0] == "0":
+            return sign * int(s, 8)
+        return sign * int(s)
+    if _FLOAT.fullmatch(t):
+        return float(t.replace("_", ""))
+    if _SPECIAL.fullmatch(t):
+        return float(t.lower().replace(".", ""))
+    if _UNSUPPORTED.fullmatch(t) or t[:1] in "&*!%@`|>" or t.startswith(("- ", "? ")) or t in ("-", "?"):
+        raise YamlError(line, f"{t!r}: this form (sexagesimal, date, merge, anchor, alias, tag or reserved) "
+                              "is not read by the audit; write it as a plain number or quoted string")
+    return t
+
+
+def _fold(parts: list[str]) -> str:
+    """Line folding of flow scalars: one line break is a space, each further empty line a newline."""
+    out = parts[0]
+    empty = 0
+    for p in parts[1:]:
+        if p == "":
+            empty += 1
+            continue
+        out += ("\n" * empty if empty else " ") + p
+        empty = 0
+    return out + "\n" * empty if empty else out
+
+
+def _unescape(s: str, line: int) -> str:
+    out, i = [], 0
+    while i < len(s):
+        ch = s[i]
+        if ch != "\\":
+            out.append(ch)
+            i += 1
+            continue
+        nxt = s[i + 1:i + 2]
+        if nxt in _ESCAPES:
+            out.append(_ESCAPES[nxt])
+            i += 2
+        elif nxt in ("x", "u", "U"):
+            n = {"x": 2, "u": 4, "U": 8}[nxt]
+            digits = s[i + 2:i + 2 + n]
+            if len(digits) != n or any(c not in "0123456789abcdefABCDEF" for c in digits):
+                raise YamlError(line, f"bad escape \\{nxt}{digits}")
+            out.append(chr(int(digits, 16)))
+            i += 2 + n
+        else:
+            raise YamlError(line, f"unknown escape \\{nxt}")
+    return "".join(out)
+
+
+def _quote_end(s: str, i: int) -> int:
+    """The index of the quote that closes the quoted scalar opening at ``s[i]`` (``len(s)`` when none):
+    ``''`` inside single quotes and a backslash escape inside double quotes do not close it."""
+    q = s[i]
+    j = i + 1
+    while j < len(s):
+        if q == "'" and s[j] == "'" and s[j + 1:j + 2] == "'":
+            j += 2
+            continue
+        if q == '"' and s[j] == "\\":
+            j += 2
+            continue
+        if s[j] == q:
+            break
+        j += 1
+    return min(j, len(s))
+
+
+def _join_quoted(parts: list[str], q: str, line: int) -> str:
+    """Fold a quoted scalar's lines: a break is a space, n empty lines are n newlines, a double-quoted
+    line ending in an escaped break joins the next without a space."""
+    unq = (lambda s: _unescape(s, line)) if q == '"' else (lambda s: s.replace("''", "'"))
+    segs = []
+    for k, p in enumerate(parts):
+        s, esc = (p if k == 0 else p.lstrip(" \t")), False
+        if k < len(parts) - 1:
+            s = s.rstrip(" \t")
+            if q == '"' and (len(s) - len(s.rstrip("\\"))) % 2 == 1:
+                s, esc = s[:-1], True
+        segs.append((s, esc))
+    out, esc_prev, empties = unq(segs[0][0]), segs[0][1], 0
+    for k, (s, esc) in enumerate(segs[1:], 1):
+        if s == "" and k < len(segs) - 1:
+            empties += 1
+            continue
+        out += ("\n" * empties) if empties else ("" if esc_prev else " ")
+        out += unq(s)
+        esc_prev, empties = esc, 0
+    return out
+
+
+def _flow(s: str, i: int, line: int) -> tuple[object, int]:
+    """One flow node of ``s`` from ``i``: a list, a mapping, a quoted or a plain scalar."""
+    i = _skip(s, i)
+    if i < len(s) and s[i] in "[{":
+        close = "]" if s[i] == "[" else "}"
+        seq: list = []
+        mp: dict = {}
+        i += 1
+        while True:
+            i = _skip(s, i)
+            if i >= len(s):
+                raise YamlError(line, "unterminated flow collection")
+            if s[i] == close:
+                return (seq if close == "]" else mp), i + 1
+            key, i = _flow(s, i, line)
+            i = _skip(s, i)
+            if i < len(s) and s[i] == ":":
+                val, i = _flow(s, i + 1, line)
+                if close == "]":
+                    seq.append({key: val})
+                else:
+                    if key in mp:
+                        raise YamlError(line, f"duplicate key {key!r}")
+                    mp[key] = val  # type: ignore[index]
+            elif close == "]":
+                seq.append(key)
+            else:
+                mp[key] = None  # type: ignore[index]
+            i = _skip(s, i)
+            if i < len(s) and s[i] == ",":
+                i += 1
+            elif i < len(s) and s[i] == close:
+                continue
+            else:
+                raise YamlError(line, f"expected ',' or {close!r} in a flow collection at {s[i:i + 20]!r}")
+    if i < len(s) and s[i] in "\"'":
+        q = s[i]
+        j = _quote_end(s, i)
+        if j >= len(s):
+            raise YamlError(line, "unterminated quoted scalar in a flow collection")
+        return _join_quoted(s[i + 1:j].split("\n"), q, line), j + 1
+    if i < len(s) and (s[i] in "&*!%@`" or s[i:i + 2] in ("? ", "?\n")):
+        raise YamlError(line, f"{s[i:i + 20]!r}: anchors, aliases, tags and complex keys are not read by the "
+                              "audit")
+    j = i
+    while (j < len(s) and s[j] not in ",]}"
+           and not (s[j] == ":" and (j + 1 == len(s) or s[j + 1] in " \n,]}"))):
+        j += 1
+    parts = [p.strip() for p in s[i:j].split("\n")]
+    while parts and parts[-1] == "":
+        parts.pop()
+    return (_plain(parts[0], line) if len(parts) <= 1 else _fold(parts)) if parts else None, j
+
+
+def _skip(s: str, i: int) -> int:
+    while i < len(s) and s[i] in " \t\n":
+        i += 1
+    return i
