@@ -2469,6 +2469,52 @@ def find_root(start: str, protocol_rel: str) -> str:
         d = parent
 
 
+def check_sources(root: str, truth: dict, records: list[dict], manifest: dict) -> tuple[list[str], str]:
+    """MANIFEST's source hashes (the code, configurations and protocol a run read) against the tagged
+    commit's files for a tagged study, so later work in the repository never unseals it; without a
+    tag, against the checkout, or else the one commit every record names (the records' word: an
+    untagged study proves nothing about a frozen experiment)."""
+    sources = sorted(manifest["sources"].items())
+
+    def problems_at(rev: str | None, against: str | None = None) -> list[str]:
+        """Files at ``rev`` (None: the checkout) whose sha256 is not MANIFEST's, or with ``against``,
+        checkout files that differ from that commit's."""
+        out = []
+        for rel, digest in sources:
+            if against is not None:
+                path = os.path.join(root, rel)
+                here = open(path, "rb").read() if os.path.isfile(path) else None
+                if here != git_bytes(root, "cat-file", "blob", f"{against}:{rel}"):
+                    out.append(rel)
+                continue
+            if rev:
+                raw = git_bytes(root, "cat-file", "blob", f"{rev}:{rel}")
+                where = f"{rel} at {rev[:12]}"
+            else:
+                path = os.path.join(root, rel)
+                raw = open(path, "rb").read() if os.path.isfile(path) else None
+                where = path
+            if raw is None:
+                out.append(f"{where}: source file listed in MANIFEST is missing" + ("" if rev else " from the checkout"))
+            elif sha256(raw) != digest:
+                out.append(f"{where}: source sha256 {sha256(raw)} differs from MANIFEST's {digest}")
+        return out
+
+    if truth.get("tagged"):
+        found = problems_at(truth["commit"])
+        return found, f"{len(sources)} files, {len(found)} problems, at the tagged commit {truth['commit'][:12]}"
+    found = problems_at(None)
+    commits = {(r.get("git") or {}).get("commit") for r in records}
+    head = (git_out(root, "rev-parse", "-q", "--verify", "HEAD") or "").strip()
+    if found and head and len(commits) == 1 and isinstance(next(iter(commits)), str) and not problems_at(None, head):
+        commit = next(iter(commits))  # later committed work, no uncommitted edit: the records' own commit
+        if (git_out(root, "cat-file", "-t", commit) or "").strip() == "commit" and not problems_at(commit) \
+                and git_out(root, "merge-base", "--is-ancestor", commit, "HEAD") is not None:
+            return [], (f"{len(sources)} files, 0 problems, at commit {commit[:12]}, which every record names "
+                        "(the checkout has changed since)")
+    return found, f"{len(sources)} files, {len(found)} problems, in this checkout"
+
+
 def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[str],
               notes: list[str], published: tuple[int, str] | None = None, *, anchor: str | None = None,
               signers: str | None = None, anchored: dict | None = None) -> None:
@@ -2541,22 +2587,12 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
                         "repository's tags are not the study's; audit the records in the repository that tagged them")
         row("records inside the study's repository", False, f"nested repository {root}")
         return
-    bad = 0
-    for rel, digest in sorted(manifest["sources"].items()):
-        path = os.path.join(root, rel)
-        if not os.path.isfile(path):
-            problems.append(f"{path}: source file listed in MANIFEST is missing from the checkout")
-            bad += 1
-            continue
-        with open(path, "rb") as f:
-            actual = sha256(f.read())
-        if actual != digest:
-            problems.append(f"{path}: source sha256 {actual} differs from MANIFEST's {digest}")
-            bad += 1
-    row("MANIFEST source files", bad == 0, f"{len(manifest['sources'])} files, {bad} problems")
     # the study as the tag (or, without one, the checkout's protocol file) defines it
     truth, found = load_truth(root, directory, records, manifest)
     proto = truth.get("summary")
+    source_problems, source_detail = check_sources(root, truth, records, manifest)
+    problems.extend(source_problems)
+    row("MANIFEST source files", not source_problems, source_detail)
     plan: list[dict] | None = None
     plan_sha = None
     if proto is not None:
