@@ -56,3 +56,10 @@ def test_the_readme_result_table_is_the_committed_report_s():
     chain = subprocess.run([sys.executable, "analysis/public_audit.py", "records/cpu1", "--head",
                             f"{head.group(1)}:{head.group(2)}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert chain.returncode == 0, chain.stdout
+
+
+@pytest.mark.skipif(not (STUDY / "index.html").is_file(), reason="records/cpu1 is not in this checkout")
+def test_the_committed_study_page_is_valid_and_renders():
+    from pagecheck import check_page
+
+    check_page(STUDY / "index.html", ("pairs", "published", "factorial", "null_aa"))
