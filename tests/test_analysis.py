@@ -154,11 +154,52 @@ def test_audit_detects_tampered_record(study):
     assert r.returncode == 1 and f"{path.name}: field sha256" in r.stdout
 
 
-def test_audit_detects_tampered_source(study):
+def test_audit_checks_manifest_sources_at_the_tagged_commit(study):
+    """A tagged study's MANIFEST source hashes are checked against the tagged commit's files: a
+    MANIFEST naming other bytes fails, while later work in the checkout (committed or not) leaves
+    the records sealed."""
     path = study / "harness" / "cotangent" / "kernel" / "phase.c"
     path.write_text(path.read_text() + "\n/* changed */\n")
     r = audit(study)
-    assert r.returncode == 1 and "harness/cotangent/kernel/phase.c: source sha256" in r.stdout
+    assert r.returncode == 0, r.stdout
+    assert any(line.startswith("MANIFEST source files") and "at the tagged commit" in line for line in r.stdout.splitlines())
+    git(study, "commit", "-qam", "later work")
+    assert audit(study).returncode == 0
+    manifest_path = study / "records" / "tiny" / "MANIFEST"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["sources"]["harness/cotangent/kernel/phase.c"] = "0" * 64
+    manifest_path.write_text(json.dumps(manifest, indent=1))
+    r = audit(study)
+    assert r.returncode == 1 and "harness/cotangent/kernel/phase.c at " in r.stdout and "differs from MANIFEST's" in r.stdout
+
+
+def test_untagged_audit_follows_committed_work_but_not_uncommitted_edits(tmp_path):
+    """Without a tag the checkout is the reference: an uncommitted edit of a source fails; after later
+    commits the one commit every record names is used, and the row says so."""
+    r = tmp_path / "study"
+    (r / "protocols").mkdir(parents=True)
+    shutil.copytree(ROOT / "configs", r / "configs")
+    for sub in ("harness", "analysis"):
+        shutil.copytree(ROOT / sub, r / sub, ignore=shutil.ignore_patterns("__pycache__"))
+    (r / ".gitignore").write_text("runs/\n__pycache__/\n")
+    (r / "protocols" / "tiny.yaml").write_text(tiny_protocol(prereg="false", steps=6))
+    git(r, "init", "-q", "-b", "main")
+    git(r, "config", "user.email", "t@example.invalid")
+    git(r, "config", "user.name", "T")
+    git(r, "add", "-A")
+    git(r, "commit", "-qm", "study")
+    run = harness(r, "run", "protocols/tiny.yaml", "--quiet", "--no-report")
+    assert run.returncode == 0, run.stdout + run.stderr
+    recs = "records/tiny"
+    assert audit(r, recs).returncode == 0
+    path = r / "harness" / "cotangent" / "kernel" / "phase.c"
+    path.write_text(path.read_text() + "\n/* changed */\n")
+    a = audit(r, recs)
+    assert a.returncode == 1 and "harness/cotangent/kernel/phase.c: source sha256" in a.stdout
+    git(r, "commit", "-qam", "later work")
+    a = audit(r, recs)
+    assert a.returncode == 0, a.stdout
+    assert "which every record names (the checkout has changed since)" in a.stdout
 
 
 def test_audit_detects_tampered_summary(study):
@@ -188,6 +229,9 @@ def test_audit_detects_deleted_and_added_record(study):
 def test_audit_detects_a_replaced_tag(study):
     git(study, "tag", "-d", "protocol-tiny")
     git(study, "tag", "-a", "protocol-tiny", "-m", "late")
+    r = audit(study)
+    assert r.returncode == 1 and "TAG is not the object of the repository's tag protocol-tiny" in r.stdout
+    (study / "records" / "tiny" / "TAG").unlink()  # the kept copy gone too: the late tag alone
     r = audit(study)
     assert r.returncode == 1 and "holds no readable freeze manifest" in r.stdout and "Traceback" not in r.stdout
 

@@ -113,6 +113,7 @@ def test_records_rewritten_as_not_preregistered_with_the_tag_deleted(study):
                              freeze_sha256=None)
     reseal_all(study, edit)
     git(study, "tag", "-d", "protocol-tiny")
+    (study / RECS / "TAG").unlink()  # the kept copy of the tag object too: a consistent forgery
     failed(study, "protocols/tiny.yaml in this checkout says preregistered: true",
            "no tag protocol-tiny", "nothing binds these records")
 
@@ -299,6 +300,8 @@ def test_tag_dated_after_the_records_fails(study):
     new = git(study, "rev-parse", "protocol-tiny").strip()
     assert new != old
     reseal_all(study, lambda r: r["protocol"].update(tag_object=new, tag_created="2031-01-01T00:00:00+00:00"))
+    (study / RECS / "TAG").write_bytes(subprocess.run(["git", "cat-file", "tag", new], cwd=study, capture_output=True,
+                                                      check=True).stdout)  # the kept copy replaced too
     failed(study, "time order", "tag protocol-tiny was created at 2031-01-01T00:00:00+00:00, after",
            "the tag must precede every outcome")
 

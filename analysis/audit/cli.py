@@ -23,7 +23,7 @@ from .ledger import (
 )
 from .plan import plan_from_protocol, tally
 from .recompute import compare, latest_unit, recompute, unfinished
-from .tag import git_root, load_truth
+from .tag import check_sources, git_root, load_truth
 
 
 def find_root(start: str, protocol_rel: str) -> str:
@@ -111,22 +111,12 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
                         "tagged them")
         row("records inside the study's repository", False, f"nested repository {root}")
         return
-    bad = 0
-    for rel, digest in sorted(manifest["sources"].items()):
-        path = os.path.join(root, rel)
-        if not os.path.isfile(path):
-            problems.append(f"{path}: source file listed in MANIFEST is missing from the checkout")
-            bad += 1
-            continue
-        with open(path, "rb") as f:
-            actual = sha256(f.read())
-        if actual != digest:
-            problems.append(f"{path}: source sha256 {actual} differs from MANIFEST's {digest}")
-            bad += 1
-    row("MANIFEST source files", bad == 0, f"{len(manifest['sources'])} files, {bad} problems")
     # the study as the tag (or, without one, the checkout's protocol file) defines it
     truth, found = load_truth(root, directory, records, manifest)
     proto = truth.get("summary")
+    source_problems, source_detail = check_sources(root, truth, records, manifest)
+    problems.extend(source_problems)
+    row("MANIFEST source files", not source_problems, source_detail)
     plan: list[dict] | None = None
     plan_sha = None
     if proto is not None:

@@ -232,3 +232,52 @@ def load_truth(root: str, directory: str, records: list[dict], manifest: dict) -
                             f"cannot be derived from the protocol ({type(e).__name__}: {e})")
             truth.pop("doc", None)
     return truth, problems
+
+
+def check_sources(root: str, truth: dict, records: list[dict], manifest: dict) -> tuple[list[str], str]:
+    """MANIFEST's source hashes (the code, configurations and protocol a run read) against the tagged
+    commit's files for a tagged study, so later work in the repository never unseals it; without a
+    tag, against the checkout, or else the one commit every record names (the records' word: an
+    untagged study proves nothing about a frozen experiment)."""
+    sources = sorted(manifest["sources"].items())
+
+    def problems_at(rev: str | None, against: str | None = None) -> list[str]:
+        """Files at ``rev`` (None: the checkout) whose sha256 is not MANIFEST's, or with ``against``,
+        checkout files that differ from that commit's."""
+        out = []
+        for rel, digest in sources:
+            if against is not None:
+                path = os.path.join(root, rel)
+                here = open(path, "rb").read() if os.path.isfile(path) else None
+                if here != git_bytes(root, "cat-file", "blob", f"{against}:{rel}"):
+                    out.append(rel)
+                continue
+            if rev:
+                raw = git_bytes(root, "cat-file", "blob", f"{rev}:{rel}")
+                where = f"{rel} at {rev[:12]}"
+            else:
+                path = os.path.join(root, rel)
+                raw = open(path, "rb").read() if os.path.isfile(path) else None
+                where = path
+            if raw is None:
+                out.append(f"{where}: source file listed in MANIFEST is missing"
+                           + ("" if rev else " from the checkout"))
+            elif sha256(raw) != digest:
+                out.append(f"{where}: source sha256 {sha256(raw)} differs from MANIFEST's {digest}")
+        return out
+
+    if truth.get("tagged"):
+        found = problems_at(truth["commit"])
+        return found, (f"{len(sources)} files, {len(found)} problems, at the tagged commit "
+                       f"{truth['commit'][:12]}")
+    found = problems_at(None)
+    commits = {(r.get("git") or {}).get("commit") for r in records}
+    head = (git_out(root, "rev-parse", "-q", "--verify", "HEAD") or "").strip()
+    single = len(commits) == 1 and isinstance(next(iter(commits)), str)
+    if found and head and single and not problems_at(None, head):
+        commit = next(iter(commits))  # later committed work, no uncommitted edit: the records' own commit
+        if (git_out(root, "cat-file", "-t", commit) or "").strip() == "commit" and not problems_at(commit) \
+                and git_out(root, "merge-base", "--is-ancestor", commit, "HEAD") is not None:
+            return [], (f"{len(sources)} files, 0 problems, at commit {commit[:12]}, which every record "
+                        "names (the checkout has changed since)")
+    return found, f"{len(sources)} files, {len(found)} problems, in this checkout"

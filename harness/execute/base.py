@@ -11,12 +11,13 @@ if TYPE_CHECKING:
 class Executor(Protocol):
     """Execute the units the runner still has to do.
 
-    An executor asks the runner which runs of a unit are to do (:meth:`Runner._todo`), whether the
-    budget allows the unit (:meth:`Runner.budget_allows`) and for each run's attempt number
-    (:meth:`Runner.next_attempt`, which records the run's interrupted attempts first) and the unit
-    attempt its runs belong to (:meth:`Runner.unit_attempt`); it calls :meth:`Runner.started` (the
-    started entry, in the ledger) before a run's process starts and :meth:`Runner.finished` with its
-    outcome. Only the runner writes the ledger.
+    The runner owns claims, progress and the budget: an executor takes claimed units from it
+    (:meth:`Runner.claims` in plan order, or :meth:`Runner.claim` for one unit: the unit's runs to
+    do, their unit attempt, the budget checked, the claim's lock held until
+    :meth:`~harness.execute.runner.Claim.release`), asks for each run's attempt number
+    (:meth:`Runner.next_attempt`, which records the run's interrupted attempts first), calls
+    :meth:`Runner.started` (the started entry, in the ledger) before a run's process starts and
+    :meth:`Runner.finished` with its outcome. Only the runner writes the ledger.
     """
 
     name: str

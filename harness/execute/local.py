@@ -18,11 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from filelock import FileLock, Timeout
+from filelock import FileLock
 
 from harness.execute.launchers import LAUNCHERS, launch
 from harness.ledger import describe
-from harness.plan import units
 from harness.records import atomic_write, canonical
 
 if TYPE_CHECKING:
@@ -33,27 +32,11 @@ class LocalExecutor:
     name = "local"
 
     def execute(self, runner: Runner) -> None:
-        from harness.execute.state import run_states
-
-        proto = runner.proto
-        launcher = LAUNCHERS[proto.launcher]()
+        launcher = LAUNCHERS[runner.proto.launcher]()
         try:
-            for unit in units(runner.runs):
-                lock = FileLock(str(runner.dir / "locks" / f"{unit[0].unit}.lock"))
+            for claim in runner.claims():
                 try:
-                    lock.acquire(timeout=0)
-                except Timeout:
-                    continue  # another runner holds this unit
-                try:
-                    states = run_states(proto)
-                    todo = runner._todo(unit, states)
-                    runner.progress.done = sum(len(u) - len(runner._todo(u, states)) for u in units(runner.runs))
-                    if not todo:
-                        continue
-                    if not runner.budget_allows(unit, todo, states):
-                        break
-                    unit_attempt = runner.unit_attempt(unit, todo)
-                    for spec in todo:
+                    for spec in claim.todo:
                         attempt = runner.next_attempt(spec)
                         runner.announce(spec, attempt)
                         locks = runner.root / "runs" / "locks"
@@ -65,7 +48,7 @@ class LocalExecutor:
                             work = runner.dir / "work" / f"{spec.run_id}.a{attempt}"
                             atomic_write(held, canonical({"runner": os.getpid(), "work": str(work),
                                                           "launcher": getattr(launcher, "pid", None)}), overwrite=True)
-                            runner.started(spec, attempt, unit_attempt=unit_attempt)
+                            runner.started(spec, attempt, unit_attempt=claim.unit_attempt)
                             t0 = time.monotonic()
 
                             def beat(spec=spec, t0=t0) -> None:
@@ -74,11 +57,10 @@ class LocalExecutor:
 
                             outcome = launch(launcher, runner.job(spec, attempt), work, runner.root, runner.env, beat)
                         status = runner.finished(spec, attempt, outcome)
-                        runner.progress.done += 1
                         runner.echo(f"  {status} ({runner.progress.executed_s[-1]:.1f} s)")
                     runner.echo(f"  {describe(runner.ledger.head())}")
                 finally:
-                    lock.release()
+                    claim.release()
         finally:
             launcher.close()
 

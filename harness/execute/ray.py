@@ -42,11 +42,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from filelock import FileLock, Timeout
+from filelock import FileLock
 
 from harness.errors import RefusedError
 from harness.execute.launchers import Outcome
 from harness.execute.ray_node import RESOURCE, Gate, node_command, run_unit
+from harness.execute.state import RunState
 from harness.ledger import describe
 from harness.names import SPLITS
 from harness.plan import RunSpec, units
@@ -95,7 +96,6 @@ class RayExecutor:
         return ray, Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
 
     def execute(self, runner: Runner) -> None:
-        from harness.execute.state import RunState, run_states
         from harness.freeze import code_sha256
 
         ray, queue = self._init(runner)
@@ -118,41 +118,33 @@ class RayExecutor:
         waiting = list(units(runner.runs))
         inflight: dict[Any, tuple[list[RunSpec], FileLock, float, dict[str, dict[str, Any]]]] = {}
         by_id = {s.run_id: s for s in runner.runs}
-        stop = False
         ended = 0  # units whose task said it ended and that are not collected yet
-        try:
-            while (waiting and not stop) or inflight:
-                while waiting and not stop and len(inflight) < capacity:
-                    unit = waiting.pop(0)
-                    lock = FileLock(str(runner.dir / "locks" / f"{unit[0].unit}.lock"))
-                    try:
-                        lock.acquire(timeout=0)
-                    except Timeout:
-                        continue
-                    states = run_states(proto)
-                    todo = runner._todo(unit, states)
-                    options: dict[str, Any] = {}
-                    if todo and len(todo) < len(unit) and any(states.get(s.run_id, RunState()).last == "ok" for s in unit):
-                        # never split a pair across devices: the rest of the unit on the node that ran its
-                        # first part while that node lives (a restarted driver), else the whole unit again
-                        node = self._node_of(runner, unit)
-                        if node is not None and node in {n["NodeID"] for n in ray.nodes() if n["Alive"]}:
-                            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        placement: dict[str, Any] = {}
 
-                            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
-                        else:
-                            todo = list(unit)
-                    reserved = sum(r[2] for r in inflight.values())
-                    if not todo or not runner.budget_allows(unit, todo, states, reserved):
-                        lock.release()
-                        stop = bool(todo)
+        def widen(unit: list[RunSpec], todo: list[RunSpec], states: dict[str, RunState]) -> list[RunSpec]:
+            """Never split a pair across devices: the rest of a unit on the node that ran its first
+            part while that node lives (a restarted driver), else the whole unit again."""
+            placement.clear()
+            if len(todo) < len(unit) and any(states.get(s.run_id, RunState()).last == "ok" for s in unit):
+                node = self._node_of(runner, unit)
+                if node is None or node not in {n["NodeID"] for n in ray.nodes() if n["Alive"]}:
+                    return list(unit)
+                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+                placement["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+            return todo
+
+        try:
+            while (waiting and not runner.stopped_for_budget) or inflight:
+                while waiting and not runner.stopped_for_budget and len(inflight) < capacity:
+                    claim = runner.claim(waiting.pop(0), sum(r[2] for r in inflight.values()), widen)
+                    if claim is None:
                         continue
-                    ua = runner.unit_attempt(unit, todo)
-                    jobs = [runner.job(s, runner.next_attempt(s)) for s in todo]
+                    jobs = [runner.job(s, runner.next_attempt(s)) for s in claim.todo]
                     for j in jobs:
-                        self.unit_attempts[(j["spec"]["run_id"], j["attempt"])] = ua
-                    ref = task.options(**base_options, **options).remote(jobs, expect, corpus_ref, queue, self.gate)
-                    inflight[ref] = (unit, lock, runner.expected_s(todo, states), {})
+                        self.unit_attempts[(j["spec"]["run_id"], j["attempt"])] = claim.unit_attempt
+                    ref = task.options(**base_options, **placement).remote(jobs, expect, corpus_ref, queue, self.gate)
+                    inflight[ref] = (claim.unit, claim.lock, claim.expected_s, {})
                 if not inflight:
                     continue
                 # block on the nodes' messages (no polling); a unit's "end" says its task returns now
@@ -229,7 +221,6 @@ class RayExecutor:
             else:
                 _, rid, attempt, node, out = msg
                 status = runner.finished(by_id[rid], attempt, Outcome(**out), node)
-                runner.progress.done += 1
                 runner.echo(f"  {status} ({runner.progress.executed_s[-1]:.1f} s) on {node['host']}/{node['id'][:8]}")
                 for started in started_of.values():
                     started.pop(rid, None)

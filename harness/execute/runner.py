@@ -29,10 +29,13 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from filelock import FileLock, Timeout
 
 from harness import freeze, gitutil
 from harness.data.corpora import LocalCorpus
@@ -44,6 +47,21 @@ from harness.ledger import Ledger, check_records_folder, load_entries, now_iso, 
 from harness.plan import RunSpec, make_plan, plan_sha256, units
 from harness.protocol import Protocol
 from harness.records import SCHEMA_VERSION, TAG_FILE, RunRecord, atomic_write, jsonable
+
+
+@dataclass
+class Claim:
+    """A unit claimed for execution: its runs to do, their unit attempt, the device seconds they are
+    expected to take, and the claim's file lock."""
+
+    unit: list[RunSpec]
+    todo: list[RunSpec]
+    unit_attempt: int
+    expected_s: float
+    lock: FileLock
+
+    def release(self) -> None:
+        self.lock.release()
 
 
 class Runner:
@@ -190,6 +208,7 @@ class Runner:
                    finished_at=stamp(outcome.finished_at or time.time()), timings=timings)
         self._write(jsonable(rec))
         self.progress.executed_s.append(timings["device_s"])
+        self.progress.done += 1
         if spec.run_id in self._unit_ends:
             self.push_anchor()
         return status
@@ -228,6 +247,39 @@ class Runner:
             self.stopped_for_budget = True
             return False
         return True
+
+    def claim(self, unit: list[RunSpec], reserved: float = 0.0,
+              widen: Callable[[list[RunSpec], list[RunSpec], dict[str, RunState]], list[RunSpec]] | None = None,
+              ) -> Claim | None:
+        """Claim ``unit`` (its file lock held: release it with :meth:`Claim.release` when the unit is
+        done) with its runs to execute and their unit attempt; None when another runner holds it,
+        nothing is left to do, or the budget does not allow it (then ``stopped_for_budget`` is set).
+        ``reserved``: the device seconds of units in flight; ``widen`` may turn the runs to do into
+        the whole unit (an executor that cannot finish a unit where it started). Keeps
+        ``progress.done`` current."""
+        lock = FileLock(str(self.dir / "locks" / f"{unit[0].unit}.lock"))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            return None  # another runner holds this unit
+        states = run_states(self.proto)
+        todo = self.todo(unit, states)
+        self.progress.done = sum(len(u) - len(self.todo(u, states)) for u in units(self.runs))
+        if todo and widen is not None:
+            todo = widen(unit, todo, states)
+        if not todo or not self.budget_allows(unit, todo, states, reserved):
+            lock.release()
+            return None
+        return Claim(unit, todo, self.unit_attempt(unit, todo), self.expected_s(todo, states), lock)
+
+    def claims(self) -> Iterator[Claim]:
+        """Every unit still to do, claimed in plan order (:meth:`claim`), until the budget stops."""
+        for unit in units(self.runs):
+            claim = self.claim(unit)
+            if claim is not None:
+                yield claim
+            elif self.stopped_for_budget:
+                return
 
     def expected_s(self, todo: list[RunSpec], states: dict[str, RunState]) -> float:
         per_run = [st.ok_device_s for st in states.values() if st.ok]
@@ -284,12 +336,12 @@ class Runner:
         self.executor.execute(self)
         self.push_anchor()
         states = run_states(proto)
-        left = sum(len(self._todo(u, states)) for u in units(self.runs))
+        left = sum(len(self.todo(u, states)) for u in units(self.runs))
         if self.stopped_for_budget:
             self.echo(f"stopped for budget with {left} runs not done")
         return left
 
-    def _todo(self, unit: list[RunSpec], states: dict[str, RunState]) -> list[RunSpec]:
+    def todo(self, unit: list[RunSpec], states: dict[str, RunState]) -> list[RunSpec]:
         """The unit's runs still to execute, in plan order.
 
         A unit whose latest attempts include a failure is final unless ``--retry-failed`` was given
