@@ -195,6 +195,16 @@ def uncommitted(repo: Path) -> list[str]:
     return out
 
 
+def calibration_step(proto: Any) -> str:
+    """The next step for a protocol whose calibration is pending: its pilot and calibration command."""
+    from harness.yamlio import load
+
+    cal = load(proto.path).data.get("calibration") or {}
+    return (f"first run its pilot and calibration: {cal.get('command') or 'harness run ' + str(cal.get('pilot'))}; "
+            f"then write the numbers into {proto.relpath}, set calibration status: done, commit, and run: "
+            f"harness tag {proto.relpath}")
+
+
 def check(proto: Any, plan_sha: str, runs: int) -> Frozen:
     """For a preregistered protocol: refuse unless everything frozen at the tag is unchanged.
 
@@ -212,6 +222,9 @@ def check(proto: Any, plan_sha: str, runs: int) -> Frozen:
     info = gitutil.tag_info(repo, proto.tag_name)
     how = f"to run a changed experiment, copy {proto.relpath} to a new protocol id, commit it and run: harness tag"
     if info is None:
+        if proto.calibration_pending:
+            raise RefusedError(f"{proto.path}: preregistered protocol {proto.id!r} has no tag {proto.tag_name}, and "
+                               f"its calibration is pending; {calibration_step(proto)}")
         raise RefusedError(f"{proto.path}: preregistered protocol {proto.id!r} has no tag {proto.tag_name}; "
                            f"commit it and run: harness tag {proto.path}")
     if not info.annotated:
@@ -255,10 +268,7 @@ def tag(proto: Any, sign: bool = False) -> tuple[gitutil.TagInfo, dict[str, Any]
         raise RefusedError(f"{proto.path}: not inside a git repository; commit the protocol, then tag it")
     rel = proto.relpath
     if proto.calibration_pending:
-        raise RefusedError(
-            f"{proto.path}: calibration is pending; run the pilot and the calibration command named under "
-            "'calibration', write the numbers into the protocol, set status: done, commit, then tag"
-        )
+        raise RefusedError(f"{proto.path}: calibration is pending; {calibration_step(proto)}")
     from harness.yamlio import audit_readable, load
 
     audit_readable(load(proto.path))  # the audit reads the tagged protocol from its bytes alone

@@ -105,6 +105,10 @@ def test_tag_refused_when_records_exist_and_when_calibration_pending(repo):
     git(repo, "commit", "-qm", "v5")
     r = harness(repo, "tag", str(v5))
     assert r.returncode == 2 and "calibration is pending" in r.stderr
+    pilot_step = "first run its pilot and calibration: harness run protocols/v5-pilot.yaml"
+    assert pilot_step in r.stderr and "Traceback" not in r.stderr
+    r = harness(repo, "run", str(v5))  # the first message a new user meets names the pilot, not `harness tag`
+    assert r.returncode == 2 and "its calibration is pending" in r.stderr and pilot_step in r.stderr
 
 
 def test_study_protocols_plan_sizes_and_balance():
