@@ -168,6 +168,15 @@ def _free(directory: Path) -> str:
         return "free space unknown"
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()
+
+
 def atomic_write(path: Path, data: bytes, *, overwrite: bool) -> None:
     """Write via a temporary file, fsync and rename. With ``overwrite=False`` an existing file is
     never replaced (the final step is a hard link, which fails if the name exists). Any write error
@@ -177,6 +186,7 @@ def atomic_write(path: Path, data: bytes, *, overwrite: bool) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.fchmod(fd, 0o666 & ~_UMASK)  # as open() would make it (mkstemp's 0600 would hide a hosted page)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -64,3 +64,17 @@ def test_the_browser_check_sees_a_request(tmp_path):
     bad.write_text(page.read_text().replace("</main>", '<object data="http://127.0.0.1:9/x.svg"></object></main>'))
     with pytest.raises(AssertionError):
         check_page(bad, expect_studies=())
+
+
+def test_written_files_follow_the_umask_so_a_hosted_page_is_readable(tmp_path):
+    """Atomic writes (records, reports, the page) get open()'s mode, not mkstemp's 0600."""
+    import os
+    import stat
+
+    from harness.records import atomic_write
+
+    mask = os.umask(0)
+    os.umask(mask)
+    path = tmp_path / "site" / "index.html"
+    atomic_write(path, b"<!DOCTYPE html>", overwrite=True)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask
