@@ -3,6 +3,7 @@ result table is the committed report's."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,8 @@ def test_a_fresh_clone_audits_every_committed_study(tmp_path, tags):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Integrity: everything matched." in out.stdout
     assert "records/cpu1" in out.stdout
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("ssh-keygen is not installed: the audit passed; its signature check could not run here")
     signed = subprocess.run([sys.executable, "analysis/public_audit.py", "records/cpu1", "--allowed-signers",
                              "protocols/allowed_signers"], cwd=clone, capture_output=True, text=True, timeout=600)
     assert signed.returncode == 0, signed.stdout
