@@ -18,6 +18,12 @@ CACHE_LINE_BYTES = 64
 #: bytes of each flat buffer one block covers. ``benchmarks/grad_phase.py --block-sweep`` compares sizes.
 CPU_BLOCK_BYTES = 2 * 2**20
 
+RELEASE_MIN_BYTES = 4 << 20
+"""Gradient bytes from which ``release_grads="auto"`` gives the pages back after each phase: 4 MiB
+(a million float32 parameters). Below it the buffer stays allocated: its memory is well under 1% of
+a PyTorch process's resident set, and refaulting its pages would slow backward (measured on the
+tiny configurations: forward + backward 1.10x native's when released, 1.04x when kept)."""
+
 
 @dataclass
 class Block:

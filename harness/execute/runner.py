@@ -40,6 +40,7 @@ from filelock import FileLock, Timeout
 from harness import freeze, gitutil
 from harness.data.corpora import LocalCorpus
 from harness.execute.base import Executor
+from harness.execute.hermetic import hermetic_env
 from harness.execute.launchers import Outcome
 from harness.execute.local import LocalExecutor
 from harness.execute.state import Progress, RunState, run_states
@@ -315,7 +316,7 @@ class Runner:
                     f"{proto.path}: protocol {proto.id!r} names PyTorch {proto.torch_version}, this is "
                     f"{torch.__version__}; copy it into a new protocol id for this environment"
                 )
-        self.env = self._hermetic()
+        self.env = hermetic_env(self.proto, self.root, self.records, self.anchor)
         # every byte of the corpus verifies before any run starts (DataError, exit 2, otherwise)
         self.corpus = proto.corpus_data()
         try:
@@ -355,69 +356,3 @@ class Runner:
             tries = max(st.tries for st in sts if st is not None)
             return list(unit) if self.retry_failed and tries < self.proto.max_attempts else []
         return [s for s, st in zip(unit, sts) if st is None or st.last != "ok"]
-
-    def _hermetic(self) -> dict[str, str]:
-        """Refuse what would make the workers run other code than the protocol names; return their
-        environment (see the module docstring)."""
-        import importlib.metadata as md
-
-        from harness.errors import RefusedError
-        from harness.execute.launchers import refused_environment, worker_env
-
-        bad = refused_environment()
-        if bad:
-            raise RefusedError(f"{self.proto.path}: the environment sets what changes a run's code path; nothing was "
-                               f"run: {', '.join(bad)}. Unset it (a protocol says threads:, torch_version: and the "
-                               "arms; run the variation as a protocol of its own)")
-        mine = {}
-        for pkg in ("torch", "numpy"):
-            try:
-                mine[pkg] = md.version(pkg)
-            except md.PackageNotFoundError:
-                mine[pkg] = None
-        from harness.records import load_records
-
-        for r in load_records(self.records):
-            env = r.get("env") or {}
-            for pkg, have in mine.items():
-                was = env.get(pkg)
-                if was is not None and have is not None and was.split("+")[0] != have.split("+")[0]:
-                    raise RefusedError(f"{self.proto.path}: earlier runs of this study used {pkg} {was} "
-                                       f"({r['spec']['run_id']}), this installation has {have}; one study runs on one "
-                                       "installation: install that version, or copy the protocol to a new id")
-        plugins = [Path(fp["path"]) if Path(fp["path"]).is_absolute() else self.root / fp["path"]
-                   for fp in self.proto.plugin_fingerprints().values()]
-        helpers = freeze.exempt_imports(self.root, plugins)
-        if helpers:
-            raise RefusedError(f"{self.proto.path}: a frozen plug-in imports code the freeze does not bind; nothing was "
-                               "run:\n" + "\n".join(f"  - {h}" for h in helpers) + "\nmove the helper into a frozen "
-                               "folder (beside the plug-in)")
-        if self.anchor:
-            reach = gitutil.git(self.root, "ls-remote", self.anchor, check=False)
-            if reach.returncode != 0:
-                raise RefusedError(f"--anchor {self.anchor}: not a reachable git remote ({reach.stderr.strip()[-200:]}); "
-                                   "nothing was run")
-        repo = gitutil.toplevel(self.root)
-        frozen = [str(self.root / e) for e in freeze.frozen_entries(repo, "HEAD")] if repo else []
-        import harness
-
-        code = str(Path(harness.__file__).resolve().parent.parent)
-        return worker_env([code], threads=self.proto.threads, frozen=frozen, exempt=sorted(freeze.EXEMPT),
-                          phase_sha256=self._phase_library())
-
-    def _phase_library(self) -> str | None:
-        """Build or verify the ``phase.c`` library here, once, before any worker (where an arm may load it)."""
-        arms = {a for s in self.proto.studies for a in s.arms}
-        if self.proto.device not in ("cpu", "auto") or "cotangent" not in arms:
-            return None
-        import hashlib
-
-        from harness.cotangent import kernel
-
-        cc = kernel._compiler()
-        if cc is None:
-            return None
-        try:
-            return hashlib.sha256(kernel.build(cc).read_bytes()).hexdigest()
-        except (OSError, RuntimeError, ValueError):
-            return None  # the worker says why the phase runs on torch's kernels

@@ -1,0 +1,77 @@
+"""What a worker may see: the runner refuses what would change a run's code path and builds the
+workers' allow-listed environment (protocol threads, frozen folders, the verified ``phase.c``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness import freeze, gitutil
+from harness.protocol import Protocol
+
+
+def hermetic_env(proto: Protocol, root: Path, records: Path, anchor: str | None) -> dict[str, str]:
+    """Refuse what would make the workers run other code than the protocol names; return their
+    environment (see :mod:`harness.execute.runner`, "Hermetic workers")."""
+    import importlib.metadata as md
+
+    from harness.errors import RefusedError
+    from harness.execute.launchers import refused_environment, worker_env
+
+    bad = refused_environment()
+    if bad:
+        raise RefusedError(f"{proto.path}: the environment sets what changes a run's code path; nothing was "
+                           f"run: {', '.join(bad)}. Unset it (a protocol says threads:, torch_version: and the "
+                           "arms; run the variation as a protocol of its own)")
+    mine = {}
+    for pkg in ("torch", "numpy"):
+        try:
+            mine[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            mine[pkg] = None
+    from harness.records import load_records
+
+    for r in load_records(records):
+        env = r.get("env") or {}
+        for pkg, have in mine.items():
+            was = env.get(pkg)
+            if was is not None and have is not None and was.split("+")[0] != have.split("+")[0]:
+                raise RefusedError(f"{proto.path}: earlier runs of this study used {pkg} {was} "
+                                   f"({r['spec']['run_id']}), this installation has {have}; one study runs on one "
+                                   "installation: install that version, or copy the protocol to a new id")
+    plugins = [Path(fp["path"]) if Path(fp["path"]).is_absolute() else root / fp["path"]
+               for fp in proto.plugin_fingerprints().values()]
+    helpers = freeze.exempt_imports(root, plugins)
+    if helpers:
+        raise RefusedError(f"{proto.path}: a frozen plug-in imports code the freeze does not bind; nothing was "
+                           "run:\n" + "\n".join(f"  - {h}" for h in helpers) + "\nmove the helper into a frozen "
+                           "folder (beside the plug-in)")
+    if anchor:
+        reach = gitutil.git(root, "ls-remote", anchor, check=False)
+        if reach.returncode != 0:
+            raise RefusedError(f"--anchor {anchor}: not a reachable git remote ({reach.stderr.strip()[-200:]}); "
+                               "nothing was run")
+    repo = gitutil.toplevel(root)
+    frozen = [str(root / e) for e in freeze.frozen_entries(repo, "HEAD")] if repo else []
+    import harness
+
+    code = str(Path(harness.__file__).resolve().parent.parent)
+    return worker_env([code], threads=proto.threads, frozen=frozen, exempt=sorted(freeze.EXEMPT),
+                      phase_sha256=phase_library(proto))
+
+
+def phase_library(proto: Protocol) -> str | None:
+    """Build or verify the ``phase.c`` library here, once, before any worker (where an arm may load it)."""
+    arms = {a for s in proto.studies for a in s.arms}
+    if proto.device not in ("cpu", "auto") or "cotangent" not in arms:
+        return None
+    import hashlib
+
+    from harness.cotangent import kernel
+
+    cc = kernel._compiler()
+    if cc is None:
+        return None
+    try:
+        return hashlib.sha256(kernel.build(cc).read_bytes()).hexdigest()
+    except (OSError, RuntimeError, ValueError):
+        return None  # the worker says why the phase runs on torch's kernels
