@@ -146,11 +146,11 @@ def cmd_compare_arms(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"summary": s, "steps": [r.as_dict() for r in rows]}, indent=1))
         return 0
-    table = [{"step": r.step, "loss (baseline)": f"{r.loss_baseline:.6f}", "loss (candidate)": f"{r.loss_candidate:.6f}",
+    shown = [{"step": r.step, "loss (baseline)": f"{r.loss_baseline:.6f}", "loss (candidate)": f"{r.loss_candidate:.6f}",
               "loss bits": "=" if r.loss_equal else "differ", "grads bits": "=" if r.grads_equal else "differ",
               "weights bits": "=" if r.weights_equal else "differ", "max ULP": r.max_ulp, "max |diff|": f"{r.max_abs:.3g}"}
              for r in rows]
-    print(table(table, list(table[0])))
+    print(table(shown, list(shown[0])))
     if s["bitwise_equal"]:
         print(f"\n{args.candidate} is bitwise {args.baseline} over {s['steps']} steps: losses, gradients and weights")
     else:

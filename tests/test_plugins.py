@@ -81,6 +81,9 @@ def test_compare_arms_exact_and_drifting(clone):
     out = json.loads(r.stdout)
     assert out["summary"]["first_divergent_step"] == 1 and out["summary"]["max_ulp"] > 0
     assert out["steps"][0]["loss_equal"]  # same weights and batch before the first update
+    r = harness(clone, "compare-arms", "native", "examples.foreach_arm:build", "--config", "tiny_conv", "--steps", "2")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr  # the table, as the README runs it
+    assert "loss (baseline)" in r.stdout and "weights bits" in r.stdout and "differ" in r.stdout
 
 
 def test_model_family_plugin_and_registry(clone):
