@@ -53,7 +53,7 @@ class Tree(nn.Module):
 
 
 @st.composite
-def scenarios(draw: st.DrawFn) -> dict:
+def scenarios(draw: st.DrawFn, backward: bool | None = None) -> dict:
     blocks = draw(st.integers(1, 3))
     steps = draw(st.integers(2, 5))
     scaler = draw(st.sampled_from([None, None, 1024.0, 3000.7]))
@@ -67,12 +67,12 @@ def scenarios(draw: st.DrawFn) -> dict:
         "zero": st.sampled_from(["opt_none", "opt_none", "opt_zero", "model_none", "model_zero", "skip"]),
         "micro": st.integers(1, 2),
         "usage": st.lists(st.sampled_from(["on", "on", "even", "odd", "never"]), min_size=blocks, max_size=blocks),
-        "grad_op": st.sampled_from(["none", "none", "assign", "inplace", "to_none"]),
+        "grad_op": st.sampled_from(["none", "none", "assign", "inplace", "to_none", "view_write", "foreach_mul"]),
         "target": st.integers(0, 100),
         "clip": st.sampled_from(["none", "native", "project"]),
         "reverse": st.booleans(),
         "max_norm": st.sampled_from([0.05, 1.0, 1e6]),
-        "one_pass": st.booleans(),
+        "one_pass": st.sampled_from([False, True, True]) if backward else st.booleans(),
         "freeze": st.sampled_from([None, None, None, "freeze", "unfreeze"]),
         "inf": st.integers(0, 3),
         "unscale": st.booleans(),
@@ -82,6 +82,7 @@ def scenarios(draw: st.DrawFn) -> dict:
         "bias": draw(st.booleans()), "frozen_at_start": draw(st.booleans()),
         "groups": [draw(hyper)] + ([draw(hyper)] if two_groups else []),
         "kernel": draw(st.sampled_from(["auto", "torch"])), "release": draw(st.booleans()), "scaler": scaler,
+        "backward_norms": draw(st.booleans()) if backward is None else backward,
         "scheduler": draw(st.booleans()), "seed": draw(st.integers(0, 2**16)),
         "steps": [draw(step_st) for _ in range(steps)],
     }
@@ -115,7 +116,8 @@ def run_scenario(sc: dict) -> None:
         ma.blocks[0].requires_grad_(False)
     mb = copy.deepcopy(ma)
     oa = torch.optim.AdamW(_groups(ma, sc["groups"]), fused=True)
-    ob = PackedAdamW(_groups(mb, sc["groups"]), kernel=sc["kernel"], release_grads=sc["release"])
+    ob = PackedAdamW(_groups(mb, sc["groups"]), kernel=sc["kernel"], release_grads=sc["release"],
+                     backward_norms=sc["backward_norms"])
     sched = [torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5) for o in (oa, ob)] if sc["scheduler"] else []
     scalers = [torch.amp.GradScaler("cpu", init_scale=sc["scaler"], growth_interval=2) for _ in range(2)] \
         if sc["scaler"] else [None, None]
@@ -147,6 +149,12 @@ def run_scenario(sc: dict) -> None:
                     p.grad.mul_(0.5).add_(extra)  # an all-reduce's in-place write
                 elif s["grad_op"] == "to_none":
                     p.grad = None
+                elif s["grad_op"] == "view_write" and p.grad is not None:
+                    p.grad.view(-1)[:3].mul_(3.0)  # through a view of the gradient
+                elif s["grad_op"] == "foreach_mul":  # an average over workers, as DDP-style loops write it
+                    grads = [q.grad for q in m.parameters() if q.grad is not None]
+                    if grads:
+                        torch._foreach_mul_(grads, 0.25)
                 if scaler and s["inf"] == 0 and p.grad is not None:
                     p.grad.view(-1)[0] = float("inf")  # the scaler finds it: native skips the update
             params = list(m.parameters())[::-1] if s["reverse"] else list(m.parameters())
@@ -183,6 +191,16 @@ def run_scenario(sc: dict) -> None:
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(sc=scenarios())
 def test_packed_adamw_is_native_in_generated_loops(sc):
+    run_scenario(sc)
+
+
+@settings(max_examples=CI_EXAMPLES, derandomize=True, deadline=None, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(sc=scenarios(backward=True))
+def test_norms_taken_in_backward_are_native_in_generated_loops(sc):
+    """``backward_norms=True``: the norms remembered from backward are used only while valid; every
+    in-place write the loop makes after backward (a view, ``_foreach_mul_``, native clipping, a
+    second micro-batch, an assigned ``.grad``) leaves the bits of the two-pass phase."""
     run_scenario(sc)
 
 

@@ -247,3 +247,79 @@ def test_lr_scheduler_sees_the_one_pass_step(kernel):
             assert_same(ma, mb, oa, ob, f"step {step}")
     if kernel == "auto" and phase_kernel.kernel() is not None:
         assert ob.phase_kernel().startswith("phase.c")
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("release", [False, True])
+def test_norms_taken_in_backward_are_used_and_exact(kernel, release):
+    """``backward_norms=True`` in a plain loop: after backward every norm is remembered and valid
+    (the phase reads no gradient for its norms), and the phase is native's three calls bit for bit."""
+    ma, mb = twins(odd=kernel == "torch")
+    oa = torch.optim.AdamW(ma.parameters(), lr=0.05, fused=True)
+    ob = PackedAdamW(mb.parameters(), lr=0.05, kernel=kernel, backward_norms=True, release_grads=release)
+    back = ob._pack.backward
+    assert back is not None and back.why_not is None and "norms in backward" in ob.phase_kernel()
+    gen = torch.Generator().manual_seed(3)
+    for step in range(5):
+        x, y = batch(gen)
+        for m in (ma, mb):
+            nn.functional.mse_loss(m(x), y).backward()
+        assert all(back.fresh(i) for i in range(back.pack.n)), f"step {step}: a norm from backward is stale"
+        na, nb = phase_both(ma, oa, ob, 0.1)
+        assert bitwise_equal(na, nb), f"step {step}: total norm"
+        assert_same(ma, mb, oa, ob, f"step {step}")
+        assert not any(back.fresh(i) for i in range(back.pack.n)), "norms survive zero_grad"
+
+
+@pytest.mark.parametrize("write", ["flat buffer", "native clip", "second backward"])
+def test_writes_after_backward_invalidate_its_norms(write):
+    """Each write between backward and the phase makes the remembered norm stale: through the
+    optimizer's flat buffer (``flat_groups``), by native clipping, by accumulating another micro-batch."""
+    ma, mb = twins()
+    oa = torch.optim.AdamW(ma.parameters(), lr=0.05, fused=True)
+    ob = PackedAdamW(mb.parameters(), lr=0.05, backward_norms=True)
+    back = ob._pack.backward
+    gen = torch.Generator().manual_seed(4)
+    x, y = batch(gen)
+    x2, y2 = batch(gen)
+    for m in (ma, mb):
+        nn.functional.mse_loss(m(x), y).backward()
+    with torch.no_grad():
+        if write == "flat buffer":
+            for p in ma.parameters():
+                p.grad.mul_(0.5)
+            ob.flat_groups[0].grad.mul_(0.5)
+            stale = back.pack.n
+        elif write == "native clip":
+            for m in (ma, mb):
+                nn.utils.clip_grad_norm_(m.parameters(), 0.01)
+            stale = back.pack.n
+    if write == "second backward":  # accumulation: each hook takes the norm of the sum again
+        for m in (ma, mb):
+            nn.functional.mse_loss(m(x2), y2).backward()
+        stale = 0
+    assert sum(not back.fresh(i) for i in range(back.pack.n)) == stale
+    na, nb = phase_both(ma, oa, ob, 0.1)
+    assert bitwise_equal(na, nb)
+    assert_same(ma, mb, oa, ob, write)
+
+
+def test_default_reads_gradients_in_the_phase_so_data_writes_are_exact():
+    """Writes through ``.data`` are invisible to version counters, so ``backward_norms`` is opt-in:
+    by default the phase reads every gradient, and such a write gives native's bits."""
+    ma, mb = twins()
+    oa = torch.optim.AdamW(ma.parameters(), lr=0.05, fused=True)
+    ob = PackedAdamW(mb.parameters(), lr=0.05)
+    assert ob._pack.backward is None and "norms in backward" not in ob.phase_kernel()
+    gen = torch.Generator().manual_seed(5)
+    for step in range(3):
+        x, y = batch(gen)
+        for m in (ma, mb):
+            nn.functional.mse_loss(m(x), y).backward()
+            for p in m.parameters():
+                p.grad.data.mul_(0.25)  # e.g. an average over workers in older code
+        na, nb = phase_both(ma, oa, ob, 0.1)
+        assert bitwise_equal(na, nb)
+        assert_same(ma, mb, oa, ob, f"step {step}")
+    with pytest.raises(ValueError, match="backward_norms must be True or False"):
+        PackedAdamW(nn.Linear(2, 2).parameters(), backward_norms="auto")

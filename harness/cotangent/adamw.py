@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from harness.cotangent import kernel
-from harness.cotangent.clip import clip_grad_norm_
+from harness.cotangent import kernel, onepass
+from harness.cotangent.backnorms import BackwardNorms
 from harness.cotangent.exactness import exact_paths
 from harness.cotangent.groups import (
     NATIVE_GROUP_KEYS,
@@ -17,11 +17,9 @@ from harness.cotangent.groups import (
     check_group,
     fused_kwargs,
     lr_on,
-    step_hooks_registered,
     validated,
 )
 from harness.cotangent.kernel.phase import KernelPhase, kernel_blocker
-from harness.cotangent.norms import check_finite, clip_coef
 from harness.cotangent.pack import CPU_BLOCK_BYTES, RELEASE_MIN_BYTES, FlatGroup, Pack
 from harness.cotangent.plans import blocks_for, lists_for, view_lists
 from harness.cotangent.states import check_loadable, saved_state, to_state_tensors
@@ -64,6 +62,13 @@ class PackedAdamW(torch.optim.Optimizer):
         verified bitwise (one float32 CPU buffer whose parameters are all multiples of 16
         elements, a kernel that built and passed its self-check); ``"torch"``: always PyTorch's
         kernels. Speed only: both give the same bits. :meth:`phase_kernel` says which runs.
+    backward_norms
+        ``True``: each gradient's norm is computed when backward finishes it, while it is in cache
+        (:mod:`~harness.cotangent.backnorms`), and :meth:`clip_step_zero_grad` (and
+        :func:`clip_grad_norm_` over these parameters) use it if the gradient's version counters
+        are unchanged, so the phase reads the gradients once. Same bits for every write PyTorch
+        counts (accumulation, clipping by the user, in-place ops); writes through ``.data``,
+        ``.numpy()`` or DLPack are not counted, hence ``False`` by default.
 
     Notes
     -----
@@ -96,6 +101,7 @@ class PackedAdamW(torch.optim.Optimizer):
         block_bytes: int = CPU_BLOCK_BYTES,
         kernel: str = "auto",
         release_grads: bool | str = "auto",
+        backward_norms: bool = False,
     ) -> None:
         if kernel not in ("auto", "torch"):
             raise ValueError(f"kernel must be auto or torch, not {kernel!r}")
@@ -103,6 +109,8 @@ class PackedAdamW(torch.optim.Optimizer):
             raise ValueError(f"update must be auto, views, aligned or flat, not {update!r}")
         if block_bytes <= 0:
             raise ValueError(f"block_bytes must be positive, not {block_bytes}")
+        if backward_norms not in (True, False):
+            raise ValueError(f"backward_norms must be True or False, not {backward_norms!r}")
         if release_grads not in (True, False, "auto"):
             raise ValueError(f"release_grads must be True, False or 'auto', not {release_grads!r}")
         defaults = dict(validated(lr, betas, eps, weight_decay, amsgrad, maximize), **NATIVE_GROUP_KEYS)
@@ -118,6 +126,7 @@ class PackedAdamW(torch.optim.Optimizer):
             release_grads = platform.system() == "Linux" and grad_bytes >= RELEASE_MIN_BYTES
         self._pack: Pack | None = None
         self._release = release_grads
+        self._backward_norms = bool(backward_norms)
         self._phase: tuple[Tensor, Tensor] | None = None  # (total, coef) of a phase routed through step
         super().__init__(groups, defaults)
         self._requested_update = update
@@ -134,6 +143,8 @@ class PackedAdamW(torch.optim.Optimizer):
                 group_of.append(k)
         amsgrad = [bool(g["amsgrad"]) for g in self.param_groups]
         self._pack = Pack(params, amsgrad, group_of, release=self._release)
+        if self._backward_norms:
+            self._pack.backward = BackwardNorms(self._pack)
         self._build_state()
         self._build_plans()
 
@@ -220,9 +231,11 @@ class PackedAdamW(torch.optim.Optimizer):
     def phase_kernel(self) -> str:
         """Which code runs :meth:`clip_step_zero_grad` when every gradient is present, and why."""
         plan = self._native_phase()
-        if plan is not None:
-            return f"phase.c ({plan.kernel.describe()})"
-        return f"torch kernels ({self._native_why})"
+        where = f"phase.c ({plan.kernel.describe()})" if plan is not None else f"torch kernels ({self._native_why})"
+        back = self._pack.backward if self._pack is not None else None
+        if back is not None:
+            where += "; norms in backward" if back.why_not is None else f"; norms in the phase ({back.why_not})"
+        return where
 
     # -- public --------------------------------------------------------------------------
     @property
@@ -313,63 +326,10 @@ class PackedAdamW(torch.optim.Optimizer):
         gradient missing this step, per-parameter step counts, another norm type, step hooks)
         make the three calls.
         """
-        pack = self._pack
-        assert pack is not None
-        produced = pack.sync_grads()
-        if produced is not None or not pack.uniform_steps or float(norm_type) != 2.0 or step_hooks_registered(self):
-            total = clip_grad_norm_(pack.params, max_norm, norm_type, error_if_nonfinite)
-            self.step()
-            self.zero_grad()
-            return total
-        plan = self._native_phase()
-        if plan is not None:
-            total = plan.total(float(max_norm), error_if_nonfinite)
-            coef = plan.coef
-        else:
-            total = pack.total_norm()
-            check_finite(total, 2.0, error_if_nonfinite)
-            coef = clip_coef(float(max_norm), total)
-        self._phase = (total, coef)
-        try:
-            self.step()
-        finally:
-            skipped, self._phase = self._phase is not None, None
-        if skipped:  # a wrapper of step did not call it: the clip and zero_grad happen all the same
-            pack.scale_grads(coef, total)
-            self.zero_grad()
-        return total
+        return onepass.clip_step_zero_grad(self, max_norm, norm_type, error_if_nonfinite)
 
     def _phase_update(self, total: Tensor, coef: Tensor) -> None:
-        pack = self._pack
-        assert pack is not None
-        plan = self._native_phase()
-        cpu = any(g.device.type == "cpu" for g in pack.groups)
-        if cpu and not bool(total.isfinite()):
-            # A non-finite gradient: native's calls over per-parameter tensors, so that every NaN
-            # takes the sign and payload native's loops (vector body or scalar tail) give it.
-            pack.scale_grads(coef, total)
-            self._update(per_parameter=True)
-            pack.zero_grads(True)
-            return
-        if plan is not None:
-            scale, inf = amp_tensors(self, torch.device("cpu"))
-            plan.update(self.param_groups[pack.groups[0].pg], not pack.release_mode, scale, inf)
-        else:
-            for gi, g in enumerate(pack.groups):
-                g.steps.add_(1)
-                c = coef.to(g.device)
-                scale, inf = amp_tensors(self, g.device)
-                kw = lr_on(fused_kwargs(self.param_groups[g.pg], g.pg), g.device)
-                for block in self._blocks[gi]:
-                    block.grad.mul_(c)
-                    torch._fused_adamw_(*block.lists, **kw, grad_scale=scale, found_inf=inf)  # type: ignore
-                    if not pack.release_mode:
-                        block.grad.fill_(-0.0)
-                if inf is not None:
-                    g.steps.sub_(inf)
-        if pack.release_mode:
-            pack.release_grads()
-        pack.consumed()  # every .grad None, as native's zero_grad() leaves it
+        onepass.phase_update(self, total, coef)
 
     def state_dict(self) -> dict[str, Any]:
         """Native per-parameter form (clones), loadable by ``torch.optim.AdamW`` and back."""

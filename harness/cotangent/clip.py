@@ -44,7 +44,7 @@ def clip_grad_norm_(
     if pack is not None and norm_type == 2.0 and foreach is None:
         produced = pack.sync_grads()
         if produced is None:
-            total = pack.total_norm()
+            total = pack.total_norm(pack.backward.collect() if pack.backward is not None else None)
             check_finite(total, norm_type, error_if_nonfinite)
             pack.scale_grads(clip_coef(max_norm, total), total)
             return total

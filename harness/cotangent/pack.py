@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 
+from harness.cotangent.backnorms import BackwardNorms
 from harness.cotangent.exactness import exact_paths
 from harness.cotangent.kernel import release_pages
 from harness.cotangent.norms import bucket_norm, bucketable, native_norms
@@ -114,6 +115,7 @@ class Pack:
         self.native_perm = torch.tensor(packed_pos, dtype=torch.long)
         self._perm_on: dict[torch.device, Tensor] = {}
         self.first_device = params[0].device
+        self.backward: BackwardNorms | None = None  # norms taken in backward (PackedAdamW(backward_norms=True))
         self.hooks = []
         for i, p in enumerate(params):
             if p.requires_grad:
@@ -211,6 +213,8 @@ class Pack:
                 self.dirty[i] = False
             self.produced[i] = True
             self.known[i] = view._version
+            if self.backward is not None and param.grad is view:
+                self.backward.record(i)  # while the gradient is in cache (backward_norms=True)
 
         return post
 
@@ -272,10 +276,11 @@ class Pack:
             return None
         return [i for i in range(self.n) if self.produced[i]]
 
-    def total_norm(self) -> Tensor:
-        """Total 2-norm with every gradient present, from zero-copy bucket views."""
-        pieces: list[Tensor] = []
-        for g in self.groups:
+    def total_norm(self, norms: list[Tensor] | None = None) -> Tensor:
+        """Total 2-norm with every gradient present, from zero-copy bucket views, or from the
+        per-parameter ``norms`` of each group in packed order (:meth:`BackwardNorms.collect`)."""
+        pieces: list[Tensor] = [] if norms is None else [n.to(self.first_device) for n in norms]
+        for g in self.groups if norms is None else ():
             exact = exact_paths(g.device.type)
             batched = g.dtype in exact.bucketed_norm_dtypes
             norms: list[Tensor] = []
@@ -350,6 +355,8 @@ class Pack:
             if p.grad is not None:
                 p.grad = None
             self.produced[i] = False
+        if self.backward is not None:
+            self.backward.clear()
         self.settle()
 
     def release(self) -> None:

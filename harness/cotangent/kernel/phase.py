@@ -29,10 +29,14 @@ class KernelPhase:
         self.hyper = Hyper(coef=self.coef.data_ptr(), steps=g.steps.data_ptr(), count=len(g.index),
                                   sq_form=kernel.sq_form, chunk=UPDATE_CHUNK)
 
-    def total(self, max_norm: float, error_if_nonfinite: bool) -> Tensor:
-        """Per-tensor norms, the total norm (returned) and the clip coefficient (kept for :meth:`update`)."""
+    def total(self, max_norm: float, error_if_nonfinite: bool, norms: Tensor | None = None) -> Tensor:
+        """Per-tensor norms (or the given ones, in packed order: taken in backward), the total norm
+        (returned) and the clip coefficient (kept for :meth:`update`)."""
         g, k = self.group, self.kernel
-        k.row_norms(g.grad, self.offsets, self.numels, self.first, self.rows, self.norms, torch.get_num_threads())
+        if norms is None:
+            k.row_norms(g.grad, self.offsets, self.numels, self.first, self.rows, self.norms, torch.get_num_threads())
+        else:
+            self.norms.copy_(norms)
         total = torch.empty(())
         k.total_coef(self.norms, self.perm, self.scratch, max_norm, total, self.coef)
         check_finite(total, 2.0, error_if_nonfinite)
