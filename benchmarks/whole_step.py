@@ -38,7 +38,8 @@ from harness.models import build_model  # noqa: E402
 NANOGPT_SMALL = ModelConfig(family="transformer", d_model=384, n_layers=6, context=256, mlp="gelu", mlp_hidden=1536,
                             norm="layernorm", n_heads=6, n_kv_heads=6)
 NANOGPT_BATCH = 8
-VARIANTS = ("native", "cotangent")
+#: ``cotangent/backward``: the candidate with ``backward_norms=True`` (norms taken during backward).
+VARIANTS = ("native", "cotangent", "cotangent/backward")
 
 
 def _model_and_batch(config: str) -> tuple[ModelConfig, int, dict[str, float]]:
@@ -53,26 +54,32 @@ def whole_step(config: str, reps: int, warmup: int = 3, variants: tuple[str, ...
     """Median forward+backward and phase times per variant, interleaved step by step."""
     mcfg, batch, hyper = _model_and_batch(config)
     models = {v: build_model(mcfg, 0) for v in variants}
-    arms = {v: build_arm(v, models[v].parameters(), **hyper) for v in variants}
+    arms = {v: build_arm(v.split("/")[0], models[v].parameters(), backward_norms=v.endswith("/backward"), **hyper)
+            for v in variants}
     gen = torch.Generator().manual_seed(0)
     fb: dict[str, list[float]] = {v: [] for v in variants}
+    bw: dict[str, list[float]] = {v: [] for v in variants}
     ph: dict[str, list[float]] = {v: [] for v in variants}
     for step in range(warmup + reps):
         x = torch.randint(0, mcfg.vocab, (batch, mcfg.context + 1), generator=gen)
         for v in variants:
             t0 = time.perf_counter()
             logits = models[v](x[:, :-1])
-            F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()).backward()
+            loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+            tb = time.perf_counter()
+            loss.backward()
             t1 = time.perf_counter()
             arms[v].phase()
             t2 = time.perf_counter()
             if step >= warmup:
                 fb[v].append(t1 - t0)
+                bw[v].append(t1 - tb)
                 ph[v].append(t2 - t1)
     out: dict[str, object] = {"batch": batch, "context": mcfg.context,
                               "parameters": sum(p.numel() for p in models[variants[0]].parameters())}
     for v in variants:
         out[v] = {"forward_backward_ms": statistics.median(fb[v]) * 1e3, "phase_ms": statistics.median(ph[v]) * 1e3,
+                  "backward_ms": statistics.median(bw[v]) * 1e3,
                   "step_ms": statistics.median(a + b for a, b in zip(fb[v], ph[v])) * 1e3}
     native = out["native"]
     assert isinstance(native, dict)
@@ -83,19 +90,24 @@ def whole_step(config: str, reps: int, warmup: int = 3, variants: tuple[str, ...
         mine["step_ratio"] = mine["step_ms"] / native["step_ms"]
         mine["phase_ratio"] = mine["phase_ms"] / native["phase_ms"]
         mine["forward_backward_ratio"] = mine["forward_backward_ms"] / native["forward_backward_ms"]
+        mine["backward_ratio"] = mine["backward_ms"] / native["backward_ms"]
     return out
 
 
 def table(results: dict[str, dict[str, object]], reps: int) -> list[str]:
     lines = [f"Whole steps (forward + backward + phase), median of {reps} interleaved steps per variant:", "",
-             "| Model | Parameters | Batch | Native step (ms) | Phase share of native step | Cotangent step (ms) "
-             "| Phase ratio | Forward+backward ratio | Whole-step ratio |", "|---|---|---|---|---|---|---|---|---|"]
+             "| Model | Parameters | Batch | Variant | Native step (ms) | Phase share of native step | Step (ms) "
+             "| Phase ratio | Backward ratio | Forward+backward ratio | Whole-step ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for config, r in results.items():
-        n, c = r["native"], r["cotangent"]
-        assert isinstance(n, dict) and isinstance(c, dict)
-        lines.append(f"| {config} | {int(r['parameters']) / 1e6:.2f}M | {r['batch']} | {n['step_ms']:.1f} | "  # type: ignore[call-overload]
-                     f"{r['phase_share_of_native_step']:.3f} | {c['step_ms']:.1f} | {c['phase_ratio']:.3f} | "
-                     f"{c['forward_backward_ratio']:.3f} | {c['step_ratio']:.3f} |")
+        n = r["native"]
+        assert isinstance(n, dict)
+        for v in (k for k in r if k.startswith("cotangent")):
+            c = r[v]
+            assert isinstance(c, dict)
+            lines.append(f"| {config} | {int(r['parameters']) / 1e6:.2f}M | {r['batch']} | {v} | {n['step_ms']:.1f} | "  # type: ignore[call-overload]
+                         f"{r['phase_share_of_native_step']:.3f} | {c['step_ms']:.1f} | {c['phase_ratio']:.3f} | "
+                         f"{c['backward_ratio']:.3f} | {c['forward_backward_ratio']:.3f} | {c['step_ratio']:.3f} |")
     return lines
 
 

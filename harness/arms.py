@@ -96,6 +96,7 @@ def build_arm(
     block_bytes: int = CPU_BLOCK_BYTES,
     kernel: str = "auto",
     release_grads: bool | str = "auto",
+    backward_norms: bool = False,
 ) -> Arm:
     """Build one arm of the factorial over ``params`` (unique, in order)."""
     if arm not in ARMS:
@@ -110,7 +111,8 @@ def build_arm(
     optimizer: torch.optim.Optimizer
     if opt == "packed":
         optimizer = PackedAdamW(plist, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, update=update,
-                                block_bytes=block_bytes, kernel=kernel, release_grads=release_grads)
+                                block_bytes=block_bytes, kernel=kernel, release_grads=release_grads,
+                                backward_norms=backward_norms)
     else:
         optimizer = torch.optim.AdamW(plist, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=True)
     clip_fn = clip_grad_norm_ if norms == "bucketed" else _native_clip

@@ -23,7 +23,8 @@ def test_grad_phase_benchmark_runs(tmp_path):
     data = json.loads(out.read_text())
     res = data["configs"]["tiny_transformer"]
     assert set(res["timing"]) == {"native", "bucketed", "packed", "cotangent", "cotangent/torch",
-                                   "cotangent/keep", "cotangent/torch/4KiB"}
+                                   "cotangent/keep", "cotangent/backward", "cotangent/torch/backward",
+                                   "cotangent/torch/4KiB"}
     assert res["timing"]["native"]["ratio"] == 1.0
     assert data["phase_c"] and "phase.c" in r.stdout
     assert data["cpu_capability"] and f"torch dispatches {data['cpu_capability']}" in r.stdout.splitlines()[0]
@@ -35,8 +36,16 @@ def test_grad_phase_benchmark_runs(tmp_path):
     assert "| tiny_transformer |" in r.stdout and "Whole-step ratio" in r.stdout
     assert all(t["phase_ms"] > 0 and t["delivery_ms"] > 0 for t in res["timing"].values())
     assert set(res["peak_rss_bytes"]) == {"native", "bucketed", "packed", "cotangent", "cotangent/torch",
-                                          "cotangent/keep"}
+                                          "cotangent/keep", "cotangent/backward"}
     assert all(v > 0 for v in res["peak_rss_bytes"].values())
     lim = res["floor"]  # bytes over measured bandwidth: every variant is at or above it
     assert lim["best_GBps"] > 0 and lim["floor_ms"] > 0 and "| floor (bandwidth) |" in r.stdout
-    assert all(t["floor_ratio"] == t["phase_ms"] / lim["floor_ms"] for t in res["timing"].values())
+    assert all(t["floor_ratio"] == t["phase_ms"] / lim["floor_ms"] for n, t in res["timing"].items() if "/backward" not in n)
+    back = res["timing"]["cotangent/backward"]  # its floor: the bytes it still moves (no norm read)
+    assert back["floor_ratio"] == back["phase_ms"] / lim["one_pass_floor_ms"]
+    assert abs(lim["one_pass_floor_ms"] - lim["floor_ms"] * 8 / 9) < 1e-9 * lim["floor_ms"]
+    norm_work = back["delivery_ms"] - res["timing"]["cotangent"]["delivery_ms"]
+    assert back["norm_work_ms"] == norm_work
+    assert back["with_norm_work_floor_ratio"] == (back["phase_ms"] + norm_work) / lim["floor_ms"]
+    assert "cotangent/backward: phase / floor of its 8 accesses" in r.stdout
+    assert step["cotangent/backward"]["backward_ratio"] > 0 and "| cotangent/backward |" in r.stdout
