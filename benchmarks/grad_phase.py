@@ -46,6 +46,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -67,11 +68,11 @@ def _params(config: str) -> list[torch.Tensor]:
     return [p.detach().clone() for p in build_model(cfg.model, 0).parameters()]
 
 
-def _arm_options(options: list[str]) -> dict[str, object]:
+def _arm_options(options: list[str]) -> dict[str, Any]:
     """``torch``: kernel="torch"; ``<k>KiB``: block_bytes; ``release``: release_grads=True; ``keep``:
     release_grads=False (the gradient buffer stays resident between steps); ``backward``:
     backward_norms=True (each gradient's norm taken in its accumulate hook, during backward)."""
-    kw: dict[str, object] = {}
+    kw: dict[str, Any] = {}
     for opt in options:
         if opt == "torch":
             kw["kernel"] = "torch"

@@ -86,6 +86,7 @@ class PackedAdamW(torch.optim.Optimizer):
     """
 
     _step_supports_amp_scaling = True
+    _pack: Pack  # set by _pack_all once the groups exist (add_param_group during construction sees none)
 
     def __init__(
         self,
@@ -124,8 +125,7 @@ class PackedAdamW(torch.optim.Optimizer):
         if release_grads == "auto":  # the OS can take pages back (madvise): gradient memory as native's
             grad_bytes = sum(p.numel() * p.element_size() for g in groups for p in {id(q): q for q in g["params"]}.values())
             release_grads = platform.system() == "Linux" and grad_bytes >= RELEASE_MIN_BYTES
-        self._pack: Pack | None = None
-        self._release = release_grads
+        self._release = bool(release_grads)
         self._backward_norms = bool(backward_norms)
         self._phase: tuple[Tensor, Tensor] | None = None  # (total, coef) of a phase routed through step
         super().__init__(groups, defaults)
@@ -232,7 +232,7 @@ class PackedAdamW(torch.optim.Optimizer):
         """Which code runs :meth:`clip_step_zero_grad` when every gradient is present, and why."""
         plan = self._native_phase()
         where = f"phase.c ({plan.kernel.describe()})" if plan is not None else f"torch kernels ({self._native_why})"
-        back = self._pack.backward if self._pack is not None else None
+        back = self._pack.backward
         if back is not None:
             where += "; norms in backward" if back.why_not is None else f"; norms in the phase ({back.why_not})"
         return where

@@ -6,6 +6,8 @@ and the clip coefficient are native's (``torch.nn.utils.get_total_norm``, ``clip
 """
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
@@ -80,9 +82,9 @@ def bucketed_total_norm(grads: list[Tensor], norm_type: float, error_if_nonfinit
     if norm_type != 2.0:
         return torch.nn.utils.get_total_norm(grads, norm_type, error_if_nonfinite, foreach)
     first_device = grads[0].device
-    grouped = _group_tensors_by_device_and_dtype([grads])  # native's grouping and group order
+    grouped = _group_tensors_by_device_and_dtype([list(grads)])  # native's grouping and group order
     pieces = [
-        group_norms(device_tensors, device, dtype, foreach).to(first_device)
+        group_norms(cast("list[Tensor]", device_tensors), device, dtype, foreach).to(first_device)
         for (device, dtype), ([device_tensors], _) in grouped.items()
     ]
     total = torch.linalg.vector_norm(torch.cat(pieces), norm_type)

@@ -139,9 +139,8 @@ class Pack:
             numels.append(numel[i])
             total += numel[i]
         aligned_end = sum(1 for i in ordered if numel[i] % unit == 0)
-        kw = {"device": device, "dtype": dtype}
-        flat_p = torch.empty(total, **kw)
-        flat_g = torch.full((total,), -0.0, **kw)
+        flat_p = torch.empty(total, device=device, dtype=dtype)
+        flat_g = torch.full((total,), -0.0, device=device, dtype=dtype)
         group = FlatGroup(
             device=device,
             dtype=dtype,
@@ -151,9 +150,9 @@ class Pack:
             param=flat_p,
             grad=flat_g,
             pg=pg,
-            exp_avg=torch.zeros(total, **kw),
-            exp_avg_sq=torch.zeros(total, **kw),
-            max_exp_avg_sq=torch.zeros(total, **kw) if amsgrad else None,
+            exp_avg=torch.zeros(total, device=device, dtype=dtype),
+            exp_avg_sq=torch.zeros(total, device=device, dtype=dtype),
+            max_exp_avg_sq=torch.zeros(total, device=device, dtype=dtype) if amsgrad else None,
             steps=torch.zeros(len(ordered), dtype=torch.float32, device=device),
             buckets=[],
             aligned_end=aligned_end,
@@ -279,23 +278,27 @@ class Pack:
     def total_norm(self, norms: list[Tensor] | None = None) -> Tensor:
         """Total 2-norm with every gradient present, from zero-copy bucket views, or from the
         per-parameter ``norms`` of each group in packed order (:meth:`BackwardNorms.collect`)."""
-        pieces: list[Tensor] = [] if norms is None else [n.to(self.first_device) for n in norms]
-        for g in self.groups if norms is None else ():
-            exact = exact_paths(g.device.type)
-            batched = g.dtype in exact.bucketed_norm_dtypes
-            norms: list[Tensor] = []
-            for start, count, numel, positions in g.buckets:
-                if batched and bucketable(numel, count):
-                    norms.append(bucket_norm(g.grad[start : start + count * numel], numel))
-                else:
-                    views = [self.grad_views[g.index[j]] for j in positions]
-                    norms.append(torch.stack(native_norms(views, g.device, 2.0, None)))
-            pieces.append(torch.cat(norms).to(self.first_device))
+        if norms is None:
+            norms = [self.group_norms(g) for g in self.groups]
+        pieces = [n.to(self.first_device) for n in norms]
         flat = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
         perm = self._perm_on.get(flat.device)
         if perm is None:
             perm = self._perm_on[flat.device] = self.native_perm.to(flat.device)
         return torch.linalg.vector_norm(flat.index_select(0, perm), 2.0)
+
+    def group_norms(self, g: FlatGroup) -> Tensor:
+        """Per-parameter norms of one group in packed order: a bucket of equal sizes as one batched
+        reduction over its zero-copy view where that is exact, native's per-tensor norms otherwise."""
+        batched = g.dtype in exact_paths(g.device.type).bucketed_norm_dtypes
+        rows: list[Tensor] = []
+        for start, count, numel, positions in g.buckets:
+            if batched and bucketable(numel, count):
+                rows.append(bucket_norm(g.grad[start : start + count * numel], numel))
+            else:
+                views = [self.grad_views[g.index[j]] for j in positions]
+                rows.append(torch.stack(native_norms(views, g.device, 2.0, None)))
+        return torch.cat(rows)
 
     def scale_grads(self, coef: Tensor, total: Tensor) -> None:
         """Clipping's multiply. A finite ``total`` (every gradient finite): one call per buffer,

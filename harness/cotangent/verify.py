@@ -56,7 +56,9 @@ def check_clip(device: torch.device, dtype: torch.dtype) -> bool:
             x.grad, y.grad = g.clone(), g.clone()
         na = torch.nn.utils.clip_grad_norm_(a, max_norm)
         nb = clip_grad_norm_(b, max_norm)
-        if not bitwise_equal(na, nb) or not all(bitwise_equal(x.grad, y.grad) for x, y in zip(a, b)):
+        if not bitwise_equal(na, nb) or not all(
+                x.grad is not None and y.grad is not None and bitwise_equal(x.grad, y.grad) for x, y in zip(a, b)
+        ):
             return False
     return True
 
