@@ -391,3 +391,5 @@ def test_verify_cli_cpu():
     assert r.returncode == 0, r.stdout + r.stderr
     assert "all paths the method uses are bitwise native" in r.stdout
     assert "PackedAdamW update=aligned + packed clip  float32   used" in r.stdout
+    assert "... with backward_norms=True              float32   used                      bitwise" in r.stdout
+    assert "... with backward_norms=True              float16   not used" in r.stdout  # not claimed there

@@ -93,9 +93,10 @@ def check_update(device: torch.device, dtype: torch.dtype, mode: str, steps: int
     return True
 
 
-def check_fused_phase(device: torch.device, dtype: torch.dtype, steps: int = 40) -> bool:
+def check_fused_phase(device: torch.device, dtype: torch.dtype, steps: int = 40, backward_norms: bool = False) -> bool:
     """``PackedAdamW.clip_step_zero_grad`` (this device's paths, CPU blocks of 4 KiB so that large
-    parameters span many blocks) against native clip_grad_norm_ + AdamW(fused=True) + zero_grad."""
+    parameters span many blocks; with ``backward_norms`` the norms taken in the accumulate hooks)
+    against native clip_grad_norm_ + AdamW(fused=True) + zero_grad."""
     from harness.cotangent import PackedAdamW
 
     gen = torch.Generator().manual_seed(3)
@@ -103,7 +104,7 @@ def check_fused_phase(device: torch.device, dtype: torch.dtype, steps: int = 40)
     a = [t.clone().requires_grad_() for t in init]
     b = [t.clone().requires_grad_() for t in init]
     oa = torch.optim.AdamW(a, lr=1e-2, weight_decay=0.1, fused=True)
-    ob = PackedAdamW(b, lr=1e-2, weight_decay=0.1, block_bytes=4096)
+    ob = PackedAdamW(b, lr=1e-2, weight_decay=0.1, block_bytes=4096, backward_norms=backward_norms)
     for _ in range(steps):
         grads = _grads(device, dtype, gen)
         torch.autograd.backward(a, grads)  # the end of a backward: AccumulateGrad (and hooks)
@@ -125,7 +126,7 @@ ALIGNED_SHAPES: list[tuple[int, ...]] = [
 ]
 
 
-def check_native_phase(steps: int = 40) -> bool:
+def check_native_phase(steps: int = 40, backward_norms: bool = False) -> bool:
     """``clip_step_zero_grad`` in ``phase.c`` against native clip_grad_norm_ + AdamW(fused=True) +
     zero_grad on CPU float32: total norm, parameters, both moments, ``.grad`` None and a -0.0 buffer, with the
     clip active and inactive, weight decay, a learning-rate change and amsgrad (maximize takes the torch
@@ -141,7 +142,7 @@ def check_native_phase(steps: int = 40) -> bool:
         a = [t.clone().requires_grad_() for t in init]
         b = [t.clone().requires_grad_() for t in init]
         oa = torch.optim.AdamW(a, lr=1e-2, fused=True, **kw)  # type: ignore[arg-type]
-        ob = PackedAdamW(b, lr=1e-2, release_grads=release, **kw)  # type: ignore[arg-type]
+        ob = PackedAdamW(b, lr=1e-2, release_grads=release, backward_norms=backward_norms, **kw)  # type: ignore[arg-type]
         if not ob.phase_kernel().startswith("phase.c"):
             return False
         for step in range(steps):
@@ -185,6 +186,7 @@ MODES = ("views", "aligned", "flat")
 
 def run_checks(device: torch.device, *, save: bool, echo: Any) -> int:
     """Run every check on ``device``, print a table, return 0 only if no used path mismatched."""
+    from harness.cotangent.backnorms import engages
     from harness.cotangent.exactness import exact_paths, saved_path
 
     paths = exact_paths(device.type)
@@ -211,6 +213,9 @@ def run_checks(device: torch.device, *, save: bool, echo: Any) -> int:
         ok = _safe(check_fused_phase, device, dtype)
         rows.append(("fused clip + step + zero_grad (blocks)", name, "used", ok))
         failures += int(ok is False)
+        ok = _safe(check_fused_phase, device, dtype, 40, True)
+        rows.append(("... with backward_norms=True", name, "used" if engages(device, dtype) else "not used", ok))
+        failures += int(ok is False)
         for mode in MODES:
             ok = _safe(check_update, device, dtype, mode)
             used_mode = mode == paths.update
@@ -227,6 +232,9 @@ def run_checks(device: torch.device, *, save: bool, echo: Any) -> int:
         else:
             ok = check_native_phase()
             rows.append(("one-pass phase in C (phase.c)", "float32", "used", ok))
+            failures += int(not ok)
+            ok = check_native_phase(backward_norms=True)
+            rows.append(("... with backward_norms=True", "float32", "used", ok))
             failures += int(not ok)
             note = f"phase.c: {kernel.describe()}"
     echo(f"device {device} ({torch.__version__}); method paths: {paths.origin}")
