@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from analysis.factorial import design_of, effect_names
 from analysis.page import write_page
 from analysis.summary import derive, load_records
 from harness.records import atomic_write, load_started, seal, write_json
@@ -114,31 +115,45 @@ def markdown(summary: dict[str, Any]) -> str:
             out += [line for c in study["configs"] for line in _order(c)] or ["Too few pairs for order diagnostics."]
             out.append("")
         else:
-            out += [f"## Study {study['name']}: 2x2 factorial (norms x optimizer)", ""]
-            for c in study["configs"]:
-                lvl = _pct(c["level"])
-                means = c["cell_mean_training_s"]
-                out.append(f"{c['config']}: {c['blocks_used']} blocks; mean training time native "
-                           f"{_f(means['native'], '.3f')} s, bucketed {_f(means['bucketed'], '.3f')} s, packed "
-                           f"{_f(means['packed'], '.3f')} s, cotangent {_f(means['cotangent'], '.3f')} s.")
-                out.append("")
-                rows = []
-                for name, label in (("bucketed_norms", "Bucketed norms"), ("packed_adamw", "Packed AdamW"),
-                                    ("interaction", "Interaction")):
-                    e = c["effects"].get(name)
-                    if e:
-                        rows.append([label, f"{e['reduction_pct']:.2f}%",
-                                     f"{e['reduction_low_pct']:.2f}–{e['reduction_high_pct']:.2f}%"])
-                out += _md_table(["Effect (within-block, log time)", "Time reduction", f"{lvl} interval"], rows)
-                if c.get("positions"):
-                    out += ["", "Position in the Williams square (log time relative to the block mean): " + "; ".join(
-                        f"{q['position']}: {q['estimate']:+.4f} [{q['low']:+.4f}, {q['high']:+.4f}]" for q in c["positions"])]
-                out.append("")
+            out += _factorial_md(study, next(st for st in p["studies"] if st["name"] == study["name"]))
     out += ["## Every run attempt", "", f"{len(summary['runs'])} attempts, failures and interruptions included.", ""]
     rows = [[r["run_id"], str(r["attempt"]), r["status"], r["arm"], str(r["seed"]), _f(r["training_s"], ".3f"),
              _f(r["test_bpb"], ".4f"), (r["reason"] or "")[:80]] for r in summary["runs"]]
     out += _md_table(["Run", "Attempt", "Status", "Arm", "Seed", "Training (s)", "Test BPB", "Reason"], rows)
     return "\n".join(out).rstrip() + "\n"
+
+
+def _factorial_md(study: dict[str, Any], declared: dict[str, Any]) -> list[str]:
+    """A factorial study's section: cell means, within-block effects, positions."""
+    factors, cells = design_of(declared)
+    shape = "x".join("2" for _ in factors)
+    title = "norms x optimizer" if "factors" not in declared else " x ".join(f for f, _ in factors)
+    out = [f"## Study {study['name']}: {shape} factorial ({title})", ""]
+    labels = {}
+    for name, subset in effect_names(factors):
+        words = f"{factors[subset[0]][1][1]} {factors[subset[0]][0]}" if len(subset) == 1 else \
+            "interaction" + ("" if len(factors) == 2 else " " + " x ".join(factors[j][0] for j in subset))
+        labels[name] = words[0].upper() + words[1:]
+    if "factors" not in declared:
+        labels["packed_adamw"] = "Packed AdamW"
+    for c in study["configs"]:
+        lvl = _pct(c["level"])
+        means = c["cell_mean_training_s"]
+        out.append(f"{c['config']}: {c['blocks_used']} blocks; mean training time "
+                   + ", ".join(f"{cell} {_f(means[cell], '.3f')} s" for cell in cells) + ".")
+        out.append("")
+        rows = []
+        for name, label in labels.items():
+            e = c["effects"].get(name)
+            if e:
+                rows.append([label, f"{e['reduction_pct']:.2f}%",
+                             f"{e['reduction_low_pct']:.2f}–{e['reduction_high_pct']:.2f}%"])
+        out += _md_table(["Effect (within-block, log time)", "Time reduction", f"{lvl} interval"], rows)
+        if c.get("positions"):
+            out += ["", "Position in the Williams square (log time relative to the block mean): " + "; ".join(
+                f"{q['position']}: {q['estimate']:+.4f} [{q['low']:+.4f}, {q['high']:+.4f}]" for q in c["positions"])]
+        out.append("")
+    return out
 
 
 def _decisions(hyp: dict[str, Any]) -> list[str]:

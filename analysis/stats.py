@@ -154,7 +154,7 @@ def reduction(log_ratio: float) -> float:
 
 
 def factorial_contrasts(blocks: Sequence[dict[str, float]], level: float) -> dict[str, PairedInterval]:
-    """Within-block contrasts of log training time over 2x2 blocks.
+    """Within-block contrasts of log training time over the study's 2x2 blocks.
 
     For each block with cells ``n`` (native), ``b`` (bucketed norms), ``p`` (packed AdamW) and
     ``c`` (both), on ``l = ln(time)``:
@@ -165,15 +165,11 @@ def factorial_contrasts(blocks: Sequence[dict[str, float]], level: float) -> dic
 
     Each is averaged over blocks with a Student-t interval (:func:`mean_interval`). Negative
     values mean the change makes the step faster; ``100 (1 - exp(effect))`` is the time reduction
-    in percent.
+    in percent. Any declared design: :func:`analysis.factorial.factorial_effects`.
     """
-    lb: dict[str, list[float]] = {"bucketed_norms": [], "packed_adamw": [], "interaction": []}
-    for blk in blocks:
-        ln = {k: math.log(v) for k, v in blk.items()}
-        lb["bucketed_norms"].append(((ln["bucketed"] - ln["native"]) + (ln["cotangent"] - ln["packed"])) / 2)
-        lb["packed_adamw"].append(((ln["packed"] - ln["native"]) + (ln["cotangent"] - ln["bucketed"])) / 2)
-        lb["interaction"].append((ln["cotangent"] - ln["packed"]) - (ln["bucketed"] - ln["native"]))
-    return {k: mean_interval(v, level, "log_contrast") for k, v in lb.items()}
+    from analysis.factorial import DEFAULT_CELLS, DEFAULT_FACTORS, factorial_effects
+
+    return factorial_effects(blocks, DEFAULT_FACTORS, DEFAULT_CELLS, level)
 
 
 #: Relative tolerance of the signed-rank test (:func:`analysis.ranks.signed_rank`): magnitudes this

@@ -28,8 +28,9 @@ import math
 from typing import Any
 
 from analysis.decisions import decide, sensitivity
+from analysis.factorial import arms_by_cell, design_of, factorial_effects
 from analysis.order import by_device, crossover, drift, positions
-from analysis.stats import factorial_contrasts, paired_interval, paired_values
+from analysis.stats import paired_interval, paired_values
 from analysis.ttests import magnitude_problem, scale
 from harness.records import load_records
 
@@ -41,7 +42,6 @@ __all__ = ["completeness", "current", "derive", "flow", "load_records", "run_row
 #    per unit ("records.superseded", "runs[].unit_attempt/superseded", "flow[].superseded_attempts") and
 #    started attempts with no record ("records.unfinished")
 SUMMARY_SCHEMA = 4
-UNIT_RUNS = {"paired": 2, "factorial": 4}
 
 
 def _peak(rec: dict[str, Any]) -> float | None:
@@ -140,11 +140,12 @@ def completeness(records: list[dict[str, Any]]) -> dict[str, Any]:
         if "seeds" not in st:  # schema 1 records do not say
             return {"planned_runs": None, "ok_runs": len(ok_ids), "missing_runs": None, "complete": None,
                     "budget_stop": None, "text": "completeness unknown: these records do not list the planned seeds"}
-        n = len(st["seeds"]) * len(st["configs"]) * UNIT_RUNS[st["design"]]
+        size = 2 if st["design"] == "paired" else len(design_of(st)[1])  # runs per unit
+        n = len(st["seeds"]) * len(st["configs"]) * size
         planned += n
         done = sum(1 for r in ok_ids if r.split(".", 1)[0] == st["name"])
         if done < n:
-            missing_units.append(UNIT_RUNS[st["design"]])
+            missing_units.append(size)
     missing = planned - len(ok_ids)
     spent = math.fsum((r.get("timings") or {}).get("device_s") or 0.0 for r in records)
     ok_s = [(r.get("timings") or {}).get("device_s") or 0.0 for r in records if r["status"] == "ok"]
@@ -220,34 +221,33 @@ def _paired(study: dict[str, Any], config: str, units: dict[str, dict[str, dict[
     }
 
 
-CELLS = ("native", "bucketed", "packed", "cotangent")
-
-
 def _factorial(study: dict[str, Any], config: str, units: dict[str, dict[str, dict[str, Any]]],
                exclusions: list[dict[str, str]]) -> dict[str, Any]:
     level = study["interval_level"]
+    factors, names = design_of(study)
     blocks = []
     for unit in sorted(units):
         cells = units[unit]
-        missing = [c for c in CELLS if c not in cells]
+        missing = [c for c in names if c not in cells]
         if missing:
             exclusions.append({"unit": unit, "reason": f"no ok record for {', '.join(missing)}"})
             continue
-        order = sorted(CELLS, key=lambda c: cells[c]["spec"]["position"])
-        blocks.append({"unit": unit, "seed": cells["native"]["spec"]["seed"], "order": order,
-                       **{f"{c}_training_s": cells[c]["timings"]["training_s"] for c in CELLS},
-                       **{f"{c}_test_bpb": cells[c]["test_bpb"] for c in CELLS}})
-    means = {c: (math.fsum(b[f"{c}_training_s"] for b in blocks) / len(blocks) if blocks else None) for c in CELLS}
+        order = sorted(names, key=lambda c: cells[c]["spec"]["position"])
+        blocks.append({"unit": unit, "seed": cells[names[0]]["spec"]["seed"], "order": order,
+                       **{f"{c}_training_s": cells[c]["timings"]["training_s"] for c in names},
+                       **{f"{c}_test_bpb": cells[c]["test_bpb"] for c in names}})
+    means = {c: (math.fsum(b[f"{c}_training_s"] for b in blocks) / len(blocks) if blocks else None) for c in names}
     effects: dict[str, Any] = {}
     if len(blocks) >= 2:
-        for name, iv in factorial_contrasts([{c: b[f"{c}_training_s"] for c in CELLS} for b in blocks], level).items():
+        times = [{c: b[f"{c}_training_s"] for c in names} for b in blocks]
+        for name, iv in factorial_effects(times, factors, names, level).items():
             d = iv.as_dict()
             d["reduction_pct"] = 100.0 * (1.0 - math.exp(iv.estimate))
             d["reduction_low_pct"] = 100.0 * (1.0 - math.exp(iv.high))
             d["reduction_high_pct"] = 100.0 * (1.0 - math.exp(iv.low))
             effects[name] = d
     return {"config": config, "design": "factorial", "level": level, "units_seen": len(units),
-            "parameters": _parameters(units), "positions": positions(blocks, CELLS, level),
+            "parameters": _parameters(units), "positions": positions(blocks, names, level),
             "blocks_used": len(blocks), "cell_mean_training_s": means, "effects": effects, "blocks": blocks}
 
 
@@ -271,7 +271,7 @@ def flow(records: list[dict[str, Any]], studies: list[dict[str, Any]], protocol:
     rows: dict[tuple[str, str, str], dict[str, Any]] = {}
     for st in protocol["studies"]:
         roles = (("baseline", st["arms"][0]), ("candidate", st["arms"][1])) if st["design"] == "paired" else \
-            tuple((c, c) for c in CELLS)
+            tuple(arms_by_cell(st).items())
         for config in st["configs"]:
             for role, arm in roles:
                 rows[(st["name"], config, role)] = {

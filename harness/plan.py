@@ -7,8 +7,9 @@ protocol's ``order_seed``:
 * paired: within each (study, configuration), half of the pairs run baseline first and half
   candidate first (one more baseline-first pair when the count is odd), assigned by a seeded
   shuffle;
-* factorial: blocks use the rows of a 4 x 4 Williams square, each group of four consecutive
-  blocks using all four rows in a seeded order, so every cell appears once in each position and
+* factorial: blocks use the rows of a Williams square of the design's cells (4 x 4 for the 2x2;
+  :func:`harness.factorial.williams`), each group of as many consecutive blocks as there are cells
+  using all the rows in a seeded order, so every cell appears once in each position and
   immediately after every other cell once per group.
 """
 
@@ -19,11 +20,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from harness.data.corpora import corpus_name
-from harness.protocol import FACTORIAL_CELLS, Protocol
+from harness.factorial import williams
+from harness.protocol import Protocol
 from harness.records import canonical, sha256_bytes
-
-#: Williams square for four treatments (rows are execution orders of cell indices).
-WILLIAMS_4 = ((0, 1, 3, 2), (1, 2, 0, 3), (2, 3, 1, 0), (3, 0, 2, 1))
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,7 @@ class RunSpec:
     config: str
     config_sha256: str
     arm: str
-    role: str  # paired: "baseline" or "candidate"; factorial: the cell (= arm)
+    role: str  # paired: "baseline" or "candidate"; factorial: the cell
     seed: int
     unit: str  # pair or block id
     position: int  # place within the unit
@@ -71,11 +70,13 @@ def make_plan(proto: Protocol) -> list[RunSpec]:
                 seq = [(a, b)] * ((n + 1) // 2) + [(b, a)] * (n // 2)
                 _rng(proto, study.name, config).shuffle(seq)
             else:
+                assert study.factorial is not None
+                cells = study.factorial.cells
                 seq = []
-                for g in range(0, n, 4):
-                    rows = list(WILLIAMS_4)
+                for g in range(0, n, len(cells)):
+                    rows = list(williams(len(cells)))
                     _rng(proto, study.name, config, g).shuffle(rows)
-                    seq.extend(tuple(FACTORIAL_CELLS[i] for i in row) for row in rows[: min(4, n - g)])
+                    seq.extend(tuple(cells[i] for i in row) for row in rows[: min(len(cells), n - g)])
             orders[config] = seq
         for si, seed in enumerate(study.seeds):
             for config in study.configs:
@@ -83,7 +84,8 @@ def make_plan(proto: Protocol) -> list[RunSpec]:
                 kind = "pair" if study.design == "paired" else "block"
                 unit = f"{study.name}.{config}.{kind}{si:03d}"
                 for pos, role in enumerate(orders[config][si]):
-                    arm = role if study.design == "factorial" else study.arms[0 if role == "baseline" else 1]
+                    arm = study.factorial.arm_of(role) if study.factorial is not None else \
+                        study.arms[0 if role == "baseline" else 1]
                     runs.append(RunSpec(
                         run_id=f"{unit}.{role}",
                         protocol_id=proto.id, protocol_sha256=proto.sha256, study=study.name,

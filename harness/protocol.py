@@ -17,12 +17,12 @@ from harness import gitutil, yamlio
 from harness.config import Config, config_dir, find_config
 from harness.data.corpora import Corpus, LocalCorpus, load_corpus, parse_corpus
 from harness.errors import InputError
+from harness.factorial import DEFAULT_CELLS, DEFAULT_DESIGN, Design, parse
 from harness.names import ARMS
 from harness.plugins import fingerprint, is_plugin, source_of
 from harness.yamlio import Field, one_of, positive
 
 ID_RE = re.compile(r"^[A-Za-z0-9_-]+\Z")  # \Z: "$" would also match before a final newline
-FACTORIAL_CELLS = ("native", "bucketed", "packed", "cotangent")
 
 
 def _level(v: Any) -> str | None:
@@ -34,6 +34,8 @@ _STUDY = {
     "design": Field(str, check=one_of("paired", "factorial")),
     "description": Field(str, required=False, default=""),
     "arms": Field(list, required=False, default=None),
+    "factors": Field(dict, required=False, default=None),
+    "cells": Field(dict, required=False, default=None),
     "configs": Field(list),
     "seeds": Field((list, dict)),
     "steps": Field(int, check=positive),
@@ -77,6 +79,7 @@ class Study:
     val_every: int
     val_target_bpb: dict[str, float]
     interval_level: float
+    factorial: Design | None = None  # a factorial study's factors and cells (harness.factorial)
 
 
 @dataclass(frozen=True)
@@ -151,10 +154,32 @@ class Protocol:
             "studies": [
                 {"name": s.name, "design": s.design, "arms": list(s.arms), "configs": list(s.configs),
                  "seeds": list(s.seeds),
-                 "interval_level": s.interval_level, "steps": s.steps}
+                 "interval_level": s.interval_level, "steps": s.steps,
+                 **(s.factorial.summary() if s.factorial is not None and s.factorial.declared else {})}
                 for s in self.studies
             ],
         }
+
+
+def _factorial(doc: yamlio.Document, s: dict[str, Any], kp: tuple[Any, ...]) -> Design:
+    """A factorial study's design: declared (``factors`` and ``cells``), or the default 2x2 of the
+    four built-in arms (``arms`` optional, then exactly those four)."""
+    if s["factors"] is None:
+        if s["cells"] is not None:
+            raise doc.error(kp + ("cells",), "cells need their factors: declare 'factors' (docs/decisions.md)")
+        arms = s["arms"] if s["arms"] is not None else list(DEFAULT_CELLS)
+        if not isinstance(arms, list) or sorted(map(str, arms)) != sorted(DEFAULT_CELLS):
+            raise doc.error(kp + ("arms",), f"a factorial study without declared factors has the four cells "
+                                            f"{', '.join(DEFAULT_CELLS)} (or declare 'factors' and 'cells')")
+        return DEFAULT_DESIGN
+    if s["arms"] is not None:
+        raise doc.error(kp + ("arms",), "a study with declared factors names each cell's arm under 'cells'")
+    try:
+        return parse(s["factors"], s["cells"])
+    except ValueError as e:
+        path, message = e.args[0]
+        base = kp + (() if path[:1] == ("cells",) else ("factors",))
+        raise doc.error(base + tuple(path), message) from None
 
 
 def project_root(path: Path) -> Path:
@@ -293,24 +318,27 @@ def load_protocol(path: str | Path) -> Protocol:
         if s["name"] in names:
             raise doc.error(kp + ("name",), f"duplicate study name {s['name']!r}")
         names.add(s["name"])
+        design = None
         if s["design"] == "paired":
+            for key in ("factors", "cells"):
+                if s[key] is not None:
+                    raise doc.error(kp + (key,), f"{key!r} belongs to a factorial study (design: factorial)")
             arms = s["arms"]
             if not isinstance(arms, list) or len(arms) != 2:
                 raise doc.error(kp + ("arms",), "a paired study needs exactly two arms: [baseline, candidate]")
         else:
-            arms = s["arms"] if s["arms"] is not None else list(FACTORIAL_CELLS)
-            if sorted(arms) != sorted(FACTORIAL_CELLS):
-                raise doc.error(kp + ("arms",), f"a factorial study has the four cells {', '.join(FACTORIAL_CELLS)}")
+            design = _factorial(doc, s, kp)
+            arms = list(design.arms) if design.declared else s["arms"] or list(DEFAULT_CELLS)
         for ai, a in enumerate(arms):
+            where = kp + (("arms", ai) if design is None or not design.declared else ("cells", design.cells[ai]))
             if a not in ARMS and not is_plugin(a):
-                raise doc.error(kp + ("arms", ai), f"unknown arm {a!r} (known: {', '.join(ARMS)}, or a plug-in "
+                raise doc.error(where, f"unknown arm {a!r} (known: {', '.join(ARMS)}, or a plug-in "
                                                    "module:function)")
+            where = kp + (("arms", ai) if design is None or not design.declared else ("cells", design.cells[ai]))
             if is_plugin(a):
-                if s["design"] != "paired":
-                    raise doc.error(kp + ("arms", ai), "plug-in arms are compared in paired studies")
                 if source_of(a, root) is None:
-                    raise doc.error(kp + ("arms", ai), f"plug-in arm {a!r}: module {a.partition(':')[0]} not found "
-                                                       "(run from the study's root, or install it)")
+                    raise doc.error(where, f"plug-in arm {a!r}: module {a.partition(':')[0]} not found "
+                                           "(run from the study's root, or install it)")
                 plugins[a] = str(source_of(a, root))
         if not s["configs"]:
             raise doc.error(kp + ("configs",), "a study needs at least one configuration")
@@ -355,7 +383,7 @@ def load_protocol(path: str | Path) -> Protocol:
             name=s["name"], design=s["design"], description=s["description"], arms=tuple(arms),
             configs=tuple(s["configs"]), seeds=seeds, steps=s["steps"], val_every=s["val_every"],
             val_target_bpb=targets,
-            interval_level=s["interval_level"] or top["interval_level"],
+            interval_level=s["interval_level"] or top["interval_level"], factorial=design,
         ))
     for key in ("records_dir", "data_dir"):
         if top[key] is not None:

@@ -8,8 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import hypothesis.strategies as st
 import pytest
 from conftest import ROOT, git, harness, tiny_protocol
+from hypothesis import given, settings
 from scipy import stats
 
 from analysis import paired_interval
@@ -87,6 +89,42 @@ def test_factorial_contrasts():
     assert eff["bucketed_norms"].estimate < 0 and eff["packed_adamw"].estimate < 0
     assert eff["interaction"].estimate == pytest.approx(
         sum(math.log(b["cotangent"] / b["packed"]) - math.log(b["bucketed"] / b["native"]) for b in blocks) / 4)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(k=st.integers(1, 3), data=st.data())
+def test_factorial_effects_are_least_squares_effects(k, data):
+    """Each block's effects against an outside reference: the ordinary least-squares fit of the
+    log times on the +-1-coded full model (numpy), whose coefficient of a set S of factors times
+    2^|S| is the difference of differences averaged over the other factors."""
+    import numpy as np
+
+    from analysis.audit.factorial import block_effect, effects
+    from analysis.factorial import block_effects, effect_names
+
+    logs = data.draw(st.lists(st.floats(-3, 3, allow_nan=False), min_size=2 ** k, max_size=2 ** k))
+    names = effect_names([(f"f{j}", ("lo", "hi")) for j in range(k)])
+    x = np.array([[1.0] + [float(np.prod([1 if (i >> j) & 1 else -1 for j in s])) for _, s in names]
+                  for i in range(2 ** k)])
+    beta = np.linalg.lstsq(x, np.array(logs), rcond=None)[0]
+    mine = block_effects(logs, k)
+    theirs = [block_effect(logs, s, k) for _, s in effects([[f"f{j}", ["lo", "hi"]] for j in range(k)])]
+    for (name, subset), m, t, b in zip(names, mine, theirs, beta[1:]):
+        assert m == pytest.approx(b * 2 ** len(subset), abs=1e-9), name
+        assert t == pytest.approx(m, abs=1e-12), name  # the audit's signed sums agree with the nested differences
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_williams_squares_are_balanced_and_the_audit_builds_the_same(n):
+    from analysis.audit.factorial import williams as audit_williams
+    from harness.factorial import williams
+
+    rows = williams(n)
+    assert [tuple(r) for r in audit_williams(n)] == list(rows)
+    assert all(sorted(r) == list(range(n)) for r in rows)
+    assert all(sorted(r[c] for r in rows) == list(range(n)) for c in range(n))
+    pairs = [(r[c], r[c + 1]) for r in rows for c in range(n - 1)]
+    assert len(set(pairs)) == len(pairs) == n * (n - 1)
 
 
 # ------------------------------------------------------------------------------------ audit

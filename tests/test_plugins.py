@@ -3,6 +3,7 @@ and compare-arms telling an exact change from one that drifts."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -119,3 +120,107 @@ def test_model_family_plugin_and_registry(clone):
     bad.write_text(bad.read_text().replace("examples.tiny_mlp:TinyMLP", "perceptron"))
     r = harness(clone, "plan", "protocols/mlp.yaml")
     assert r.returncode == 2 and "must be one of transformer, conv or a plug-in module:Class" in r.stderr
+
+
+FACTORIAL = """\
+studies:
+  - name: paths
+    design: factorial
+    factors:
+      adamw: [fused, foreach]
+    cells:
+      fused: {arm: native, adamw: fused}
+      foreach: {arm: "examples.foreach_arm:build", adamw: foreach}
+    configs: [tiny_transformer]
+    seeds: {count: 4, base: 7100}
+    steps: 20
+    val_every: 10
+    val_target_bpb: 4.69
+"""
+
+
+def _declared(clone: Path, studies: str, name: str = "paths") -> str:
+    text = (clone / EXAMPLE).read_text()
+    head = text[: text.index("studies:\n")].replace("id: example-foreach", f"id: {name}") \
+        .replace("records_dir: runs/example-foreach/records\n", f"records_dir: runs/{name}/records\n")
+    head = head[: head.index("hypotheses:\n")] + "hypotheses: {descriptive: an example of a declared factorial}\n" + \
+        head[head.index("order_seed:"):]
+    (clone / "protocols" / f"{name}.yaml").write_text(head + studies)
+    return f"protocols/{name}.yaml"
+
+
+@pytest.mark.long
+def test_declared_factorial_with_a_plugin_cell_end_to_end(clone):
+    """A one-factor factorial (fused against foreach AdamW, the second a plug-in): planned in
+    Williams order, run, its effect named after the declared factor, and audited."""
+    path = _declared(clone, FACTORIAL)
+    r = harness(clone, "run", path, "--quiet")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    recs = load_records(clone / "runs" / "paths" / "records")
+    assert len(recs) == 8 and {x["spec"]["role"] for x in recs} == {"fused", "foreach"}
+    assert {x["spec"]["arm"] for x in recs} == {"native", "examples.foreach_arm:build"}
+    orders = {}
+    for x in recs:
+        orders.setdefault(x["spec"]["unit"], {})[x["spec"]["position"]] = x["spec"]["role"]
+    assert sorted(tuple(o[i] for i in range(2)) for o in orders.values()) == \
+        [("foreach", "fused")] * 2 + [("fused", "foreach")] * 2  # each row of the 2x2 Williams square twice
+    st = recs[0]["protocol"]["studies"][0]
+    assert st["factors"] == [["adamw", ["fused", "foreach"]]] and st["cells"] == ["fused", "foreach"]
+    summary = json.loads((clone / "runs" / "paths" / "records" / "summary.json").read_text())
+    entry = summary["studies"][0]["configs"][0]
+    assert set(entry["effects"]) == {"foreach_adamw"} and entry["blocks_used"] == 4
+    assert "## Study paths: 2 factorial (adamw)" in (clone / "runs" / "paths" / "records" / "report.md").read_text()
+    a = subprocess.run([sys.executable, "-I", "-S", str(ROOT / "analysis" / "public_audit.py"), "runs/paths/records"],
+                       cwd=clone, capture_output=True, text=True)
+    assert a.returncode == 0, a.stdout[-3000:]
+    summary["studies"][0]["configs"][0]["effects"]["foreach_adamw"]["estimate"] += 0.01
+    (clone / "runs" / "paths" / "records" / "summary.json").write_text(json.dumps(summary))
+    a = subprocess.run([sys.executable, "-I", "-S", str(ROOT / "analysis" / "public_audit.py"), "runs/paths/records"],
+                       cwd=clone, capture_output=True, text=True)
+    assert a.returncode == 1 and "foreach_adamw" in a.stdout
+
+
+def test_three_factor_plan_is_williams_balanced(clone):
+    """Eight cells: every group of eight blocks runs each cell once in each position, and each cell
+    right after each other cell once (the Williams property); the audit's own plan agrees."""
+    cells = "\n".join(f"      c{i}: {{arm: {'native' if i % 2 == 0 else 'cotangent'}, a: {'a1' if i & 1 else 'a0'}, "
+                      f"b: {'b1' if i & 2 else 'b0'}, c: {'c1' if i & 4 else 'c0'}}}" for i in range(8))
+    studies = ("studies:\n  - name: three\n    design: factorial\n    factors: {a: [a0, a1], b: [b0, b1], c: [c0, c1]}\n"
+               f"    cells:\n{cells}\n    configs: [tiny_transformer]\n    seeds: {{count: 8, base: 1}}\n"
+               "    steps: 10\n    val_every: 5\n    val_target_bpb: 4.69\n")
+    path = _declared(clone, studies, "three")
+    r = harness(clone, "plan", path, "--json")
+    assert r.returncode == 0, r.stderr
+    runs = json.loads(r.stdout)["runs"] if r.stdout.lstrip().startswith("{") else json.loads(r.stdout)
+    by_unit: dict[str, list[str]] = {}
+    for s in sorted(runs, key=lambda s: s["order"]):
+        by_unit.setdefault(s["unit"], []).append(s["role"])
+    rows = list(by_unit.values())
+    assert len(rows) == 8 and all(sorted(r) == [f"c{i}" for i in range(8)] for r in rows)
+    assert all(sorted(r[pos] for r in rows) == [f"c{i}" for i in range(8)] for pos in range(8))
+    follows = [(r[k], r[k + 1]) for r in rows for k in range(7)]
+    assert len(follows) == len(set(follows)) == 56
+    assert {s["arm"] for s in runs if s["role"] == "c1"} == {"cotangent"}
+
+
+PLUGIN_CELL = '      foreach: {arm: "examples.foreach_arm:build", adamw: foreach}\n'
+
+
+@pytest.mark.parametrize("bad, says, key", [
+    (FACTORIAL.replace(PLUGIN_CELL, ""), "2 cells, one per combination of levels", "studies[0].cells"),
+    (FACTORIAL.replace("adamw: foreach}", "adamw: fast}"), "'fast' is not a level of adamw",
+     "studies[0].cells.foreach.adamw"),
+    (FACTORIAL.replace("adamw: [fused, foreach]", "adamw: [fused, fused]"), "two different level names",
+     "studies[0].factors.adamw"),
+    (FACTORIAL.replace("adamw: foreach}", "adamw: fused}"), "cells fused and foreach have the same levels",
+     "studies[0].cells.foreach"),
+    (FACTORIAL.replace("    factors:\n", "    arms: [native, cotangent]\n    factors:\n"),
+     "a study with declared factors names each cell's arm under 'cells'", "studies[0].arms"),
+    (FACTORIAL.replace("design: factorial", "design: paired"), "'factors' belongs to a factorial study",
+     "studies[0].factors"),
+])
+def test_bad_factorial_declarations_name_file_key_and_line(clone, bad, says, key):
+    path = _declared(clone, bad, "bad")
+    r = harness(clone, "plan", path)
+    assert r.returncode == 2 and says in r.stderr and f"key {key}:" in r.stderr, r.stderr
+    assert re.search(r"protocols/bad\.yaml:\d+, key ", r.stderr) and "Traceback" not in r.stderr

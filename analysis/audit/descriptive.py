@@ -147,15 +147,15 @@ def by_device(pairs: list[dict], level: float) -> dict | None:
     return {"devices": rows, "heterogeneity": het}
 
 
-def positions(blocks: list[dict], level: float) -> list[dict] | None:
+def positions(blocks: list[dict], level: float, cells: tuple | list = CELLS) -> list[dict] | None:
     if len(blocks) < 2:
         return None
     out = []
-    for pos in range(len(CELLS)):
+    for pos in range(len(cells)):
         res = []
         for b in blocks:
-            logs = {c: math.log(b[f"{c}_training_s"]) for c in CELLS}
-            res.append(logs[b["order"][pos]] - math.fsum(logs.values()) / len(CELLS))
+            logs = {c: math.log(b[f"{c}_training_s"]) for c in cells}
+            res.append(logs[b["order"][pos]] - math.fsum(logs.values()) / len(cells))
         m = math.fsum(res) / len(res)
         se = math.sqrt(math.fsum((v - m) ** 2 for v in res) / (len(res) - 1) / len(res))
         q = student_t_ppf((1 + level) / 2, len(res) - 1)

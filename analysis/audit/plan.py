@@ -3,10 +3,8 @@ summary every record copies, and the tally of planned runs against their records
 
 from __future__ import annotations
 
-from .descriptive import CELLS
+from .factorial import from_yaml, williams
 from .recompute import analysed
-
-WILLIAMS_4 = ((0, 1, 3, 2), (1, 2, 0, 3), (2, 3, 1, 0), (3, 0, 2, 1))
 
 
 def plan_from_protocol(doc: dict, protocol_sha: str, config_sha: dict) -> list[dict]:
@@ -23,7 +21,8 @@ def plan_from_protocol(doc: dict, protocol_sha: str, config_sha: dict) -> list[d
             seeds = list(range(seeds["base"], seeds["base"] + seeds["count"]))
         target = st["val_target_bpb"]
         targets = {c: float(target[c] if isinstance(target, dict) else target) for c in st["configs"]}
-        arms = st.get("arms") or list(CELLS)
+        arms = st.get("arms")
+        _, cells, cell_arms, _ = from_yaml(st) if st["design"] == "factorial" else (None, [], [], False)
         orders = {}
         for config in st["configs"]:
             n = len(seeds)
@@ -32,17 +31,18 @@ def plan_from_protocol(doc: dict, protocol_sha: str, config_sha: dict) -> list[d
                 rng(st["name"], config).shuffle(seq)
             else:
                 seq = []
-                for g in range(0, n, 4):
-                    rows = list(WILLIAMS_4)
+                for g in range(0, n, len(cells)):
+                    rows = williams(len(cells))
                     rng(st["name"], config, g).shuffle(rows)
-                    seq.extend(tuple(CELLS[i] for i in row) for row in rows[: min(4, n - g)])
+                    seq.extend(tuple(cells[i] for i in row) for row in rows[: min(len(cells), n - g)])
             orders[config] = seq
         for si, seed in enumerate(seeds):
             for config in st["configs"]:
                 kind = "pair" if st["design"] == "paired" else "block"
                 unit = f"{st['name']}.{config}.{kind}{si:03d}"
                 for pos, role in enumerate(orders[config][si]):
-                    arm = role if st["design"] == "factorial" else arms[0 if role == "baseline" else 1]
+                    arm = cell_arms[cells.index(role)] if st["design"] == "factorial" else \
+                        arms[0 if role == "baseline" else 1]
                     runs.append({
                         "run_id": f"{unit}.{role}", "protocol_id": doc["id"], "protocol_sha256": protocol_sha,
                         "study": st["name"], "design": st["design"], "config": config,
@@ -86,12 +86,17 @@ def expected_summary(doc: dict, psha: str, path: str) -> dict:
         seeds = st["seeds"]
         if isinstance(seeds, dict):
             seeds = list(range(seeds["base"], seeds["base"] + seeds["count"]))
-        arms = st.get("arms") or (list(CELLS) if st["design"] == "factorial" else None)
+        arms = st.get("arms")
+        declared: dict = {}
+        if st["design"] == "factorial":
+            factors, cells, cell_arms, is_declared = from_yaml(st)
+            arms = cell_arms if is_declared else (arms or cells)
+            declared = {"factors": factors, "cells": cells} if is_declared else {}
         level = st.get("interval_level")
         studies.append({"name": st["name"], "design": st["design"], "arms": list(arms),
                         "configs": list(st["configs"]),
                         "seeds": list(seeds), "interval_level": float(level) if level else top_level,
-                        "steps": st["steps"]})
+                        "steps": st["steps"], **declared})
     corpus = doc["corpus"]
     if isinstance(corpus, dict):
         c: dict = {"name": corpus["name"]}

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 from .descriptive import (
-    CELLS,
     by_device,
     crossover,
     drift,
@@ -18,6 +17,7 @@ from .descriptive import (
     peak,
     positions,
 )
+from .factorial import block_effect, effects, from_summary
 from .hypotheses import decide, sensitivity
 
 REL_TOL = 1e-9
@@ -80,7 +80,7 @@ def recompute(records: list[dict], started: list[dict] | None = None) -> dict:
                 entry = _paired(st, config, units, level, exclusions)
                 pairs_of[(st["name"], config)] = entry["pairs"]
             else:
-                entry = _factorial(config, units, level, exclusions)
+                entry = _factorial(st, config, units, level, exclusions)
             entries.append(entry)
         studies.append({"name": st["name"], "design": st["design"], "configs": entries})
     spec = proto.get("hypotheses") or {"descriptive": "these records predate preregistered hypotheses"}
@@ -127,7 +127,7 @@ def flow(records: list[dict], studies: list[dict], proto: dict) -> list[dict]:
     rows: dict = {}
     for st in proto["studies"]:
         roles = (("baseline", st["arms"][0]), ("candidate", st["arms"][1])) if st["design"] == "paired" else \
-            tuple((c, c) for c in CELLS)
+            tuple(zip(from_summary(st)[1], from_summary(st)[2]))
         for config in st["configs"]:
             for role, arm in roles:
                 rows[(st["name"], config, role)] = {
@@ -182,7 +182,7 @@ def completeness(records: list[dict]) -> dict:
             return {"planned_runs": None, "ok_runs": len(ok_ids), "missing_runs": None, "complete": None,
                     "budget_stop": None,
                     "text": "completeness unknown: these records do not list the planned seeds"}
-        size = 2 if st["design"] == "paired" else 4
+        size = 2 if st["design"] == "paired" else len(from_summary(st)[1])
         n = len(st["seeds"]) * len(st["configs"]) * size
         planned += n
         if sum(1 for r in ok_ids if r.split(".", 1)[0] == st["name"]) < n:
@@ -262,42 +262,36 @@ def _paired(st: dict, config: str, units: dict, level: float, exclusions: list) 
     }
 
 
-def _factorial(config: str, units: dict, level: float, exclusions: list) -> dict:
+def _factorial(st: dict, config: str, units: dict, level: float, exclusions: list) -> dict:
+    factors, cells, _ = from_summary(st)
     blocks = []
     for unit in sorted(units):
-        cells = units[unit]
-        missing = [c for c in CELLS if c not in cells]
+        have = units[unit]
+        missing = [c for c in cells if c not in have]
         if missing:
             exclusions.append({"unit": unit, "reason": f"no ok record for {', '.join(missing)}"})
             continue
-        blk = {"unit": unit, "seed": cells["native"]["spec"]["seed"],
-               "order": sorted(CELLS, key=lambda c: cells[c]["spec"]["position"])}
-        for c in CELLS:
-            blk[f"{c}_training_s"] = cells[c]["timings"]["training_s"]
-            blk[f"{c}_test_bpb"] = cells[c]["test_bpb"]
+        blk = {"unit": unit, "seed": have[cells[0]]["spec"]["seed"],
+               "order": sorted(cells, key=lambda c: have[c]["spec"]["position"])}
+        for c in cells:
+            blk[f"{c}_training_s"] = have[c]["timings"]["training_s"]
+            blk[f"{c}_test_bpb"] = have[c]["test_bpb"]
         blocks.append(blk)
     means = {c: (math.fsum(b[f"{c}_training_s"] for b in blocks) / len(blocks) if blocks else None)
-             for c in CELLS}
-    effects = {}
+             for c in cells}
+    found = {}
     if len(blocks) >= 2:
-        contrasts: dict = {"bucketed_norms": [], "packed_adamw": [], "interaction": []}
-        for b in blocks:
-            ln = {c: math.log(b[f"{c}_training_s"]) for c in CELLS}
-            contrasts["bucketed_norms"].append(
-                ((ln["bucketed"] - ln["native"]) + (ln["cotangent"] - ln["packed"])) / 2)
-            contrasts["packed_adamw"].append(
-                ((ln["packed"] - ln["native"]) + (ln["cotangent"] - ln["bucketed"])) / 2)
-            contrasts["interaction"].append(
-                (ln["cotangent"] - ln["packed"]) - (ln["bucketed"] - ln["native"]))
-        for name, vals in contrasts.items():
+        for name, subset in effects(factors):
+            vals = [block_effect([math.log(b[f"{c}_training_s"]) for c in cells], subset, len(factors))
+                    for b in blocks]
             iv = interval(vals, level, "log_contrast")
             iv.update(reduction_pct=100.0 * (1.0 - math.exp(iv["estimate"])),
                       reduction_low_pct=100.0 * (1.0 - math.exp(iv["high"])),
                       reduction_high_pct=100.0 * (1.0 - math.exp(iv["low"])))
-            effects[name] = iv
+            found[name] = iv
     return {"config": config, "design": "factorial", "level": level, "units_seen": len(units),
-            "parameters": params_of(units), "positions": positions(blocks, level), "blocks_used": len(blocks),
-            "cell_mean_training_s": means, "effects": effects, "blocks": blocks}
+            "parameters": params_of(units), "positions": positions(blocks, level, cells),
+            "blocks_used": len(blocks), "cell_mean_training_s": means, "effects": found, "blocks": blocks}
 
 
 def compare(path: str, mine: object, theirs: object, problems: list[str], where: str) -> int:

@@ -1,0 +1,80 @@
+"""Factorial effects of a declared two-level design, from a study's protocol summary.
+
+A study's summary (what every record copies) carries ``factors`` (``[[name, [first, second]], ...]``)
+and ``cells`` (cell names in standard order: cell ``i`` has factor ``j`` at its second level exactly
+when bit ``j`` of ``i`` is set) when the protocol declared them; otherwise it is the study's 2x2
+(:data:`DEFAULT_FACTORS`, :data:`DEFAULT_CELLS`).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from itertools import combinations
+from typing import Any
+
+from analysis.stats import PairedInterval, mean_interval
+
+DEFAULT_FACTORS: list[tuple[str, tuple[str, str]]] = [("norms", ("scalar", "bucketed")), ("adamw", ("native", "packed"))]
+DEFAULT_CELLS = ("native", "bucketed", "packed", "cotangent")
+
+
+def design_of(study: dict[str, Any]) -> tuple[list[tuple[str, tuple[str, str]]], tuple[str, ...]]:
+    """``(factors, cells)`` of a factorial study's summary."""
+    if "factors" not in study:
+        return DEFAULT_FACTORS, DEFAULT_CELLS
+    return [(f, (lv[0], lv[1])) for f, lv in study["factors"]], tuple(study["cells"])
+
+
+def arms_by_cell(study: dict[str, Any]) -> dict[str, str]:
+    """Each cell's arm (the default 2x2's cells are its arms)."""
+    _, cells = design_of(study)
+    return dict(zip(cells, study["arms"])) if "factors" in study else {c: c for c in cells}
+
+
+def effect_names(factors: Sequence[tuple[str, tuple[str, str]]]) -> list[tuple[str, tuple[int, ...]]]:
+    """``(name, factor indices)`` of every effect: main effects (``<second level>_<factor>``, e.g.
+    ``bucketed_norms``) in factor order, then interactions by order (``interaction`` in a 2x2,
+    ``interaction_<factor>_<factor>...`` with three factors)."""
+    out = [(f"{levels[1]}_{name}", (j,)) for j, (name, levels) in enumerate(factors)]
+    for size in range(2, len(factors) + 1):
+        for subset in combinations(range(len(factors)), size):
+            label = "interaction" if len(factors) == 2 else "interaction_" + "_".join(factors[j][0] for j in subset)
+            out.append((label, subset))
+    return out
+
+
+def _difference(logs: Sequence[float], subset: Sequence[int], cell: int) -> float:
+    """The difference of differences over ``subset``'s factors, the other factors as in ``cell``:
+    for one factor ``j``, ``l(j second) - l(j first)``; for more, the last factor's second level's
+    difference of the rest minus its first level's."""
+    if not subset:
+        return logs[cell]
+    j = subset[-1]
+    return _difference(logs, subset[:-1], cell | 1 << j) - _difference(logs, subset[:-1], cell & ~(1 << j))
+
+
+def block_effects(logs: Sequence[float], k: int) -> list[float]:
+    """One block's effects (in :func:`effect_names` order) on log training time ``logs`` (by cell).
+
+    Effect of a set ``S`` of factors: its difference of differences (:func:`_difference`), averaged
+    over the levels of the other factors (``2^(k - |S|)`` combinations, in standard order). In a 2x2
+    with cells ``n, b, p, c`` (``l = ln time``): main effects ``((l_b - l_n) + (l_c - l_p)) / 2`` and
+    ``((l_p - l_n) + (l_c - l_b)) / 2``, interaction ``(l_c - l_p) - (l_b - l_n)``. Negative: the
+    second levels make the step faster.
+    """
+    out = []
+    for _, subset in effect_names([("f", ("a", "b"))] * k):
+        mask = sum(1 << j for j in subset)
+        rest = [c for c in range(2 ** k) if c & mask == 0]
+        out.append(sum(_difference(logs, subset, c) for c in rest) / len(rest))
+    return out
+
+
+def factorial_effects(blocks: Sequence[dict[str, float]], factors: Sequence[tuple[str, tuple[str, str]]],
+                      cells: Sequence[str], level: float) -> dict[str, PairedInterval]:
+    """Within-block effects on log training time (:func:`block_effects`) over blocks ``{cell: time}``,
+    each averaged over blocks with a Student-t interval (:func:`analysis.stats.mean_interval`);
+    ``100 (1 - exp(effect))`` is the time reduction in percent."""
+    per: list[list[float]] = [block_effects([math.log(b[c]) for c in cells], len(factors)) for b in blocks]
+    return {name: mean_interval([row[i] for row in per], level, "log_contrast")
+            for i, (name, _) in enumerate(effect_names(factors))}
