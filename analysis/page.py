@@ -20,7 +20,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from harness.records import atomic_write
+from harness.records import SCHEMA_VERSION, atomic_write
 
 MIB = 1024 * 1024
 PAGE_NAME = "index.html"
@@ -391,6 +391,8 @@ def write_page(summary: dict[str, Any], records_dir: Path, out_dir: Path | None 
         manifest = json.loads((records_dir / "MANIFEST").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         manifest = {}
+    if not isinstance(manifest, dict) or manifest.get("schema_version", 1) > SCHEMA_VERSION:
+        manifest = {}  # not a MANIFEST this version can read: the page shows no manifest details
     target = Path(out_dir or records_dir)
     target.mkdir(parents=True, exist_ok=True)
     path = target / PAGE_NAME

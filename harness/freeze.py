@@ -234,6 +234,9 @@ def check(proto: Any, plan_sha: str, runs: int) -> Frozen:
     if tagged is None:
         raise RefusedError(f"{proto.tag_name} holds no freeze manifest (it was not made by this harness's "
                            f"`harness tag`); {how}")
+    if tagged.get("format") != FORMAT:
+        raise RefusedError(f"{proto.tag_name}: freeze manifest format {tagged.get('format')!r}; this harness reads "
+                           f"format {FORMAT} (run the harness version that tagged it, or {how})")
     rel = proto.relpath
     blob = gitutil.blob_at(repo, info.commit, rel)
     if blob is None or sha256_bytes(blob) != proto.sha256:

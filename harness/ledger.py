@@ -32,6 +32,7 @@ from filelock import FileLock
 from harness.records import (
     MANIFEST,
     RECORD_SUFFIX,
+    SCHEMA_VERSION,
     STARTED_SUFFIX,
     LedgerHead,
     RunRecord,
@@ -109,6 +110,8 @@ class Ledger:
             head = head_of(entries, self.genesis)
             try:
                 manifest = json.loads(path.read_text(encoding="utf-8"))
+                if manifest.get("schema_version", 1) > SCHEMA_VERSION:
+                    return None  # a newer harness's MANIFEST: not ours to rewrite
                 listed = {**manifest["records"], **manifest.get("started", {})}
                 mhead = manifest.get("ledger_head") or {"seq": 0}
             except FileNotFoundError:

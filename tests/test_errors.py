@@ -4,6 +4,7 @@ Each subcommand is driven through the CLI with bad arguments, missing and corrup
 records, MANIFEST, summary) and unknown names, in a temporary study; so is the public audit."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -100,3 +101,37 @@ def test_audit_arguments(study):
     assert r.returncode == 2 and "no/such/records" in r.stdout + r.stderr and "Traceback" not in r.stderr
     r = _audit(study, "records/tiny", "--bogus-flag")
     assert r.returncode == 2 and "--bogus-flag" in r.stdout + r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("victim", ["MANIFEST", "summary.json"])
+def test_files_of_an_unknown_format_version_are_named_not_read(study, victim):
+    """Every reader checks the format version: a MANIFEST or summary.json of a version this code does
+    not know fails the audit naming the file and the version, and the harness's commands neither
+    trace back nor read it as theirs."""
+    records = study / "records" / "tiny"
+    assert harness(study, "report", "protocols/tiny.yaml").returncode == 0
+    path = records / victim
+    saved = path.read_bytes()
+    try:
+        data = json.loads(saved)
+        data["schema_version"] = 99
+        path.write_text(json.dumps(data))
+        a = _audit(study, "records/tiny")
+        assert a.returncode == 1 and f"{victim}: schema_version 99 is not one this audit reads" in a.stdout, a.stdout[-2000:]
+        for cmd in ("status", "publish"):
+            r = harness(study, cmd, "protocols/tiny.yaml")
+            assert "Traceback" not in r.stderr + r.stdout, (cmd, r.stderr[-3000:])
+    finally:
+        path.write_bytes(saved)
+
+
+def test_a_freeze_manifest_of_another_format_is_refused(tmp_path):
+    repo = init_study(tmp_path / "fmt", protocol=tiny_protocol(id="fmt", prereg="true"))
+    assert harness(repo, "tag", "protocols/tiny.yaml").returncode == 0
+    message = git(repo, "cat-file", "tag", "protocol-fmt").split("\n\n", 1)[1]
+    assert '"format": 1' in message
+    (tmp_path / "msg").write_text(message.replace('"format": 1', '"format": 2'))
+    git(repo, "tag", "-f", "-a", "protocol-fmt", "-F", str(tmp_path / "msg"))
+    r = harness(repo, "run", "protocols/tiny.yaml", "--quiet")
+    assert r.returncode == 2 and "freeze manifest format 2; this harness reads format 1" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (repo / "records" / "fmt").exists()

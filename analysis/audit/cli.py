@@ -22,7 +22,7 @@ from .ledger import (
     sha256,
 )
 from .plan import plan_from_protocol, tally
-from .recompute import compare, latest_unit, recompute, unfinished
+from .recompute import SUMMARY_SCHEMAS, compare, latest_unit, recompute, unfinished
 from .tag import check_sources, git_root, load_truth
 
 
@@ -58,6 +58,11 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
         problems.append(f"{manifest_path}: not a MANIFEST (a JSON object with a 'records' mapping); "
                         "harness status or harness report rebuilds it from the ledger")
         row("manifest", False, "MANIFEST unreadable")
+        return
+    if manifest.get("schema_version", 1) not in SCHEMAS:  # MANIFESTs before schema 3 do not say
+        problems.append(f"{manifest_path}: schema_version {manifest.get('schema_version')!r} is not one this "
+                        f"audit reads ({', '.join(map(str, SCHEMAS))})")
+        row("manifest", False, "MANIFEST of an unknown format")
         return
     listed = {**manifest["records"], **(manifest.get("started") or {})}  # schema 3: started entries apart
     files = sorted(n for n in os.listdir(directory) if n.endswith((RECORD_SUFFIX, STARTED_SUFFIX)))
@@ -204,6 +209,11 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
         row("summary.json recomputed", False, "summary.json unreadable")
         return
     before = len(problems)
+    if summary.get("schema_version") not in SUMMARY_SCHEMAS:
+        problems.append(f"{spath}: schema_version {summary.get('schema_version')!r} is not one this audit reads "
+                        f"({', '.join(map(str, SUMMARY_SCHEMAS))}); harness report writes it again")
+        row("summary.json recomputed", False, "summary.json of an unknown format")
+        return
     if not self_hash_ok(summary):
         problems.append(f"{spath}: field sha256 = {summary.get('sha256')!r} does not match its content")
     mine = recompute(records, started)

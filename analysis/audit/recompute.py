@@ -21,6 +21,8 @@ from .factorial import block_effect, effects, from_summary
 from .hypotheses import decide, sensitivity
 
 REL_TOL = 1e-9
+#: ``summary.json`` schema versions this audit recomputes (``analysis.summary.SUMMARY_SCHEMA``).
+SUMMARY_SCHEMAS = (4,)
 
 
 def final_attempts(records: list[dict]) -> dict:
@@ -111,7 +113,7 @@ def recompute(records: list[dict], started: list[dict] | None = None) -> dict:
                      "test_bpb": r.get("test_bpb"), "peak_memory_bytes": peak(r)})
     rows.sort(key=lambda x: (x["order"], x["attempt"]))
     return {
-        "schema_version": 4, "protocol": proto, "completeness": done, "hypotheses": hyp,
+        "schema_version": SUMMARY_SCHEMAS[-1], "protocol": proto, "completeness": done, "hypotheses": hyp,
         "flow": flow(records, studies, proto),
         "records": {"files": len(records), "ok": status.count("ok"), "failed": status.count("failed"),
                     "interrupted": status.count("interrupted"),

@@ -38,6 +38,10 @@ def git_root(directory: str) -> str | None:
     return out.strip() if out else None
 
 
+#: Freeze manifest formats this audit reads (``harness.freeze.FORMAT``).
+FREEZE_FORMATS = (1,)
+
+
 def parse_manifest(message: str) -> dict | None:
     """The freeze manifest in a tag message (a signature after it is ignored)."""
     _, sep, body = message.partition("freeze-manifest:")
@@ -126,6 +130,9 @@ def read_tag(root: str, tag: str, directory: str | None = None) -> tuple[dict | 
     m = parse_manifest(message)
     if m is None:
         return None, [f"tag {tag}: its message holds no readable freeze manifest"]
+    if m.get("format") not in FREEZE_FORMATS:
+        return None, [f"tag {tag}: freeze manifest format {m.get('format')!r} is not one this audit reads "
+                      f"({', '.join(map(str, FREEZE_FORMATS))})"]
     return {"tag": tag, "object": obj, "commit": commit, "created": _tagger_time(message), "manifest": m,
             "freeze": sha256(canonical(m)), "signed": "-----BEGIN " in message, "tag_raw": raw}, []
 
