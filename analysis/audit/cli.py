@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from collections.abc import Callable
 
 from .anchors import check_anchor, check_signature
 from .corpora import check_corpus
@@ -118,7 +119,7 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
     problems.extend(source_problems)
     row("MANIFEST source files", not source_problems, source_detail)
     plan: list[dict] | None = None
-    plan_sha = None
+    plan_sha: str | None = None
     if proto is not None:
         found += check_protocol_copies(truth, records, manifest)
         try:
@@ -131,7 +132,7 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
              else f"{truth.get('path')} in this checkout")
     fail("protocol: the tagged file", found, f"{proto['id']} {proto['sha256'][:16]}... from {where}; every "
          "record's copy equal" if proto else "")
-    if plan is not None:
+    if plan is not None and plan_sha is not None:
         found = []
         by_id = {p["run_id"]: p for p in plan}
         for r in records:
@@ -214,7 +215,7 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
 
 
 def audit_empty(directory: str, manifest: dict, started: list[dict], published: tuple[int, str] | None,
-                anchor: str | None, fail: object, notes: list[str]) -> None:
+                anchor: str | None, fail: Callable[[str, list[str], str], None], notes: list[str]) -> None:
     """A folder with no record yet: what it can still prove. Started entries with no record are listed
     as interrupted attempts; a MANIFEST head, a published head or an anchor that promises entries the
     folder does not hold is a failure (records were removed)."""
@@ -229,7 +230,7 @@ def audit_empty(directory: str, manifest: dict, started: list[dict], published: 
                      "position")
     if anchor is not None:
         found.append(f"--anchor {anchor}: the folder holds no record to check the anchored heads against")
-    fail("ledger of a folder with no record", found,  # type: ignore[operator]
+    fail("ledger of a folder with no record", found,
          f"no record yet; {len(started)} started entries")
     notes.extend(f"{directory}: interrupted (started, no record): {u['run_id']} attempt {u['attempt']} "
                  f"started at {u['started_at']} on {u['node']} (ledger seq {u['seq']})"
