@@ -13,7 +13,7 @@ from typing import Any
 
 from analysis.page import write_page
 from analysis.summary import derive, load_records
-from harness.records import atomic_write, load_started, seal, write_json
+from harness.records import RunRecord, atomic_write, load_started, seal, write_json
 
 MIB = 1024 * 1024
 
@@ -209,7 +209,7 @@ def _order(c: dict[str, Any]) -> list[str]:
     return out
 
 
-def plots(summary: dict[str, Any], records: list[dict[str, Any]], directory: Path) -> list[Path]:
+def plots(summary: dict[str, Any], records: list[RunRecord], directory: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -247,7 +247,7 @@ def plots(summary: dict[str, Any], records: list[dict[str, Any]], directory: Pat
         plt.close(fig)
         made.append(path)
     fig, axes = plt.subplots(1, len(paired), figsize=(3.2 * len(paired) + 1, 3.2), squeeze=False)
-    by_unit: dict[str, dict[str, Any]] = {}
+    by_unit: dict[str, dict[str, RunRecord]] = {}
     for r in records:
         if r["status"] == "ok":
             by_unit.setdefault(r["spec"]["unit"], {})[r["spec"]["role"]] = r

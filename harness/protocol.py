@@ -270,7 +270,7 @@ def load_protocol(path: str | Path) -> Protocol:
     p = Path(path)
     doc = yamlio.load(p)
     if isinstance(doc.data, dict):
-        old = [(k, ()) for k in REPLACED if k in doc.data]
+        old: list[tuple[str, yamlio.KeyPath]] = [(k, ()) for k in REPLACED if k in doc.data]
         for i, st in enumerate(doc.data.get("studies") or []):
             if isinstance(st, dict):
                 old += [(k, ("studies", i)) for k in REPLACED if k in st]

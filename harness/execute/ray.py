@@ -38,6 +38,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -87,7 +88,7 @@ class RayExecutor:
                        "py_modules": [str(Path(harness.__file__).resolve().parent),
                                       str(Path(analysis.__file__).resolve().parent)]}
         ray.init(address=self.address, runtime_env=runtime_env, namespace="cotangent-harness",
-                 log_to_driver=False, logging_level="WARNING")
+                 log_to_driver=False, logging_level=logging.WARNING)
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         # the queue lives on the driver's own node, so a node that dies cannot take the results with it

@@ -43,6 +43,7 @@ import platform
 import socket
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +130,7 @@ def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
         "phase_so_sha256": _phase_so_sha256(),  # the phase.c library this process loaded, verified (or None)
     }
     batches = BatchStream(corpus.train, cfg.model.context, t.batch_size, spec["seed"])
-    forward = model
+    forward: Callable[..., torch.Tensor] = model  # torch.compile's wrapper when compiling
     meter = devices.MemoryMeter(device)
     t_setup = time.perf_counter()
     compile_s = 0.0
