@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.records import RunRecord
 
 
-def calibrate(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def calibrate(records: list[RunRecord]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    by_config: dict[str, list[dict[str, Any]]] = {}
+    by_config: dict[str, list[RunRecord]] = {}
     for r in records:
         if r["status"] == "ok" and r["spec"]["role"] in ("baseline", "native"):
             by_config.setdefault(r["spec"]["config"], []).append(r)

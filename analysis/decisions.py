@@ -18,6 +18,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from analysis.multiplicity import Tested, fixed_sequence, holm
 from analysis.ranks import median, signed_rank, worst_rank_differences
 from analysis.stats import reduction, rounding_scale, spread_is_rounding
 from analysis.ttests import (
@@ -26,7 +27,6 @@ from analysis.ttests import (
     critical_t,
     magnitude_problem,
     mean_se,
-    passes,
     period_adjusted,
     period_adjusted_mean,
     scale,
@@ -96,7 +96,8 @@ def _restricted(h: dict[str, Any], pairs: list[dict[str, Any]]) -> tuple[list[fl
     for both arms with no imputation: an unreached arm has ``T > tau``). The decision then
     compares restricted mean times (Royston & Parmar 2013, *BMC Med. Res. Methodol.* 13:152).
     """
-    b, c = [], []
+    b: list[float] = []
+    c: list[float] = []
     for p in pairs:
         train = {r: _number(p, r, "training_s", True) for r in ("baseline", "candidate")}
         tau = h.get("restriction_s") or min(train.values())
@@ -253,71 +254,54 @@ def decide(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, 
     time endpoint: decisions on time endpoints are then made only if the protocol says
     ``decide_time_after_budget_stop: true``, and they say that the stop depended on the outcome.
     """
-    tests = spec["tests"]
-    alpha = spec["family_alpha"]
-    results = []
-    for h in tests:
+    tested = _tested(spec, pairs_of, completeness)
+    procedure = fixed_sequence if spec["procedure"] == "fixed_sequence" else holm
+    verdicts, used = procedure(tested, spec["family_alpha"])
+    return [_decision(h, t, verdicts[h["id"]], used[h["id"]], unreached, completeness)
+            for h, t, _why, unreached in tested]
+
+
+def _tested(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, Any]]],
+            completeness: dict[str, Any]) -> list[Tested]:
+    out: list[Tested] = []
+    for h in spec["tests"]:
         gate = _gate(h, spec, completeness)
         if gate is not None:
-            results.append((h, None, gate, None))
+            out.append((h, None, gate, None))
         else:
-            results.append((h, *_test(h, pairs_of.get((h["study"], h["config"]), []), spec["min_pairs"])))
-    m = len(tests)
-    used: dict[str, float | None] = {}
-    status: dict[str, tuple[str, str | None]] = {}
-    if spec["procedure"] == "fixed_sequence":
-        failed = None
-        for h, t, why, _ in results:
-            if failed is not None:
-                status[h["id"]] = ("not reached", f"a failed prerequisite in the hierarchy: {failed}")
-                used[h["id"]] = None
-            elif t is None:
-                status[h["id"]], used[h["id"]] = ("not reached", why), alpha
-                failed = h["id"]
-            else:
-                used[h["id"]] = alpha
-                ok = passes(t, alpha)
-                status[h["id"]] = ("established" if ok else "not established", None)
-                failed = None if ok else h["id"]
-    else:
-        order = sorted(range(m), key=lambda i: (results[i][1].p_value if results[i][1] else 1.0, i))
-        stopped = False
-        for k, i in enumerate(order):
-            h, t, why, _ = results[i]
-            a = alpha / (m - k)
-            used[h["id"]] = a
-            if t is None:
-                status[h["id"]] = ("not reached", why)
-                stopped = True
-            elif stopped:
-                status[h["id"]] = ("not established", "Holm's procedure stopped at an earlier hypothesis")
-            else:
-                ok = passes(t, a)
-                status[h["id"]] = ("established" if ok else "not established", None)
-                stopped = not ok
-    out = []
-    for h, t, _why, unreached in results:
-        st, reason = status[h["id"]]
-        a = used[h["id"]]
-        low = high = level = estimate = None
-        if t is not None:
-            estimate = reduction(t.estimate) if h["estimand"] == "relative_reduction" and t.method != "signed-rank" \
-                else t.estimate
-        if t is not None and a is not None and t.method != "signed-rank":
-            level = 1.0 - 2.0 * a
-            q = critical_t(a, t.df)
-            low, high = t.estimate - q * t.standard_error, t.estimate + q * t.standard_error  # type: ignore[operator]
-            if h["estimand"] == "relative_reduction":
-                low, high = reduction(high), reduction(low)
-        text = _text(h, st, reason, t, a, low, high, completeness)
-        out.append(HypothesisDecision(
-            id=h["id"], study=h["study"], config=h["config"], endpoint=h["endpoint"], estimand=h["estimand"],
-            type=h["type"], margin=h["margin"], better=h["better"], status=st, reason=reason, alpha=a,
-            test=asdict(t) if t is not None else None, estimate=estimate,
-            estimate_of=None if t is None else (t.estimate_of if t.method == "signed-rank" else _label(h)),
-            low=low, high=high, level=level, unreached=unreached, text=text,
-        ))
+            out.append((h, *_test(h, pairs_of.get((h["study"], h["config"]), []), spec["min_pairs"])))
     return out
+
+
+def _in_units(t: TestResult, a: float | None,
+              estimand: str) -> tuple[float | None, float | None, float | None, float | None]:
+    """A test's estimate and, for a t test with an alpha, its two-sided ``1 - 2 a`` interval, in the
+    estimand's units: (estimate, low, high, level)."""
+    if t.method == "signed-rank" or t.estimate is None or t.standard_error is None:  # a t test has both
+        return t.estimate, None, None, None
+    rr = estimand == "relative_reduction"
+    estimate = reduction(t.estimate) if rr else t.estimate
+    if a is None:
+        return estimate, None, None, None
+    q = critical_t(a, t.df)
+    low, high = t.estimate - q * t.standard_error, t.estimate + q * t.standard_error
+    if rr:
+        low, high = reduction(high), reduction(low)
+    return estimate, low, high, 1.0 - 2.0 * a
+
+
+def _decision(h: dict[str, Any], t: TestResult | None, verdict: tuple[str, str | None], a: float | None,
+              unreached: dict[str, int] | None, completeness: dict[str, Any]) -> HypothesisDecision:
+    st, reason = verdict
+    estimate, low, high, level = _in_units(t, a, h["estimand"]) if t is not None else (None, None, None, None)
+    return HypothesisDecision(
+        id=h["id"], study=h["study"], config=h["config"], endpoint=h["endpoint"], estimand=h["estimand"],
+        type=h["type"], margin=h["margin"], better=h["better"], status=st, reason=reason, alpha=a,
+        test=asdict(t) if t is not None else None, estimate=estimate,
+        estimate_of=None if t is None else (t.estimate_of if t.method == "signed-rank" else _label(h)),
+        low=low, high=high, level=level, unreached=unreached,
+        text=_text(h, st, reason, t, a, low, high, completeness),
+    )
 
 
 def _label(h: dict[str, Any]) -> str:
@@ -335,7 +319,7 @@ def _text(h: dict[str, Any], status: str, reason: str | None, t: TestResult | No
     if t is None:
         return f"{head}: not reached ({reason})"
     stats = f"p = {t.p_value:.3g} against alpha {a:.3g}" if a is not None else f"p = {t.p_value:.3g}"
-    if low is not None:
+    if low is not None and a is not None:  # an interval is made only at a level: a is set
         stats += f"; {100 * (1 - 2 * a):.4g}% interval {low:+.5g} to {high:+.5g}"
     verdict = status if reason is None else f"{status} ({reason})"
     prefix = ""

@@ -35,7 +35,7 @@ def effect_names(factors: Sequence[tuple[str, tuple[str, str]]]) -> list[tuple[s
     """``(name, factor indices)`` of every effect: main effects (``<second level>_<factor>``, e.g.
     ``bucketed_norms``) in factor order, then interactions by order (``interaction`` in a 2x2,
     ``interaction_<factor>_<factor>...`` with three factors)."""
-    out = [(f"{levels[1]}_{name}", (j,)) for j, (name, levels) in enumerate(factors)]
+    out: list[tuple[str, tuple[int, ...]]] = [(f"{levels[1]}_{name}", (j,)) for j, (name, levels) in enumerate(factors)]
     for size in range(2, len(factors) + 1):
         for subset in combinations(range(len(factors)), size):
             label = "interaction" if len(factors) == 2 else "interaction_" + "_".join(factors[j][0] for j in subset)

@@ -117,15 +117,16 @@ def _frame(ident: str, title: str, desc: str, values: list[float], n_rows: int, 
     return parts, x, height
 
 
-def forest_svg(ident: str, title: str, rows: list[tuple[str, float, float, float]], unit: str = "%") -> str:
-    """Estimates with intervals, one row each, a line at zero: ``rows`` are (label, estimate, low, high)."""
-    rows = [r for r in rows if None not in r]
-    if not rows:
+def forest_svg(ident: str, title: str, rows: list[tuple[str, float | None, float | None, float | None]],
+               unit: str = "%") -> str:
+    """Estimates with intervals, a line at zero: ``rows`` (label, estimate, low, high); a None drops a row."""
+    shown = [(t, e, lo, hi) for t, e, lo, hi in rows if e is not None and lo is not None and hi is not None]
+    if not shown:
         return ""
     top = 34
-    desc = "; ".join(f"{r[0]}: {r[1]:.2f}{unit} ({r[2]:.2f} to {r[3]:.2f}{unit})" for r in rows)
-    parts, x, _ = _frame(ident, title, desc, [v for r in rows for v in r[1:]], len(rows), top, unit)
-    for i, (label, est, low, high) in enumerate(rows):
+    desc = "; ".join(f"{r[0]}: {r[1]:.2f}{unit} ({r[2]:.2f} to {r[3]:.2f}{unit})" for r in shown)
+    parts, x, _ = _frame(ident, title, desc, [v for r in shown for v in r[1:]], len(shown), top, unit)
+    for i, (label, est, low, high) in enumerate(shown):
         y = top + ROW_H * i + ROW_H / 2
         color = "#1f5fa8" if low > 0 else ("#b3361f" if high < 0 else "#555")
         parts.append(f'<text x="{LEFT - 10}" y="{y + 4:.1f}" text-anchor="end">{_e(label)}</text>'
@@ -386,9 +387,8 @@ def write_page(summary: dict[str, Any], records_dir: Path, out_dir: Path | None 
                records_rel: str | None = None) -> Path:
     """Write ``index.html`` for ``summary`` into ``out_dir`` (default: the records folder), atomically."""
     records_dir = Path(records_dir)
-    manifest: dict[str, Any] = {}
     try:
-        manifest = json.loads((records_dir / "MANIFEST").read_text(encoding="utf-8"))
+        manifest: dict[str, Any] = json.loads((records_dir / "MANIFEST").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         manifest = {}
     if not isinstance(manifest, dict) or manifest.get("schema_version", 1) > SCHEMA_VERSION:

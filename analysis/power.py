@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scipy import integrate as _integrate
 from scipy import stats as _st
@@ -22,6 +22,9 @@ from scipy import stats as _st
 from analysis.decisions import ENDPOINT_KEYS
 from analysis.stats import paired_values, reduction
 from analysis.ttests import bounds, one_sided, scale, sign
+
+if TYPE_CHECKING:
+    from harness.records import RunRecord
 
 
 @dataclass(frozen=True)
@@ -47,10 +50,10 @@ class Noise:
     identical: bool
 
 
-def aa_noise(records: list[dict[str, Any]], endpoint: str, estimand: str) -> dict[str, Noise]:
+def aa_noise(records: list[RunRecord], endpoint: str, estimand: str) -> dict[str, Noise]:
     """Per configuration, the noise of ``endpoint`` from the A/A pairs (both arms the same) in ``records``."""
     key = ENDPOINT_KEYS[endpoint]
-    by: dict[str, dict[str, dict[str, Any]]] = {}
+    by: dict[str, dict[str, dict[str, RunRecord]]] = {}
     for r in records:
         s = r["spec"]
         if r["status"] != "ok" or s["design"] != "paired":
@@ -79,12 +82,13 @@ def aa_noise(records: list[dict[str, Any]], endpoint: str, estimand: str) -> dic
     return out
 
 
-def _value(rec: dict[str, Any], key: str) -> float | None:
+def _value(rec: RunRecord, key: str) -> float | None:
     if key in ("test_bpb",):
         return rec.get("test_bpb")
     if key == "peak_memory_bytes":
         mem = rec.get("memory") or {}
-        return mem.get(mem.get("primary")) if mem.get("primary") else None
+        primary = mem.get("primary")
+        return mem.get(primary) if primary else None
     return (rec.get("timings") or {}).get(key)
 
 
@@ -100,6 +104,16 @@ def power(n: int, sd: float, alpha: float, kind: str, margin: float, effect: flo
     :func:`power_region`, which this calls with :func:`analysis.ttests.one_sided` ``(+1, kind, margin)``.
     """
     return power_region(n, sd, alpha, one_sided(1, kind, margin), effect)
+
+
+def _one_bound(region: tuple[float | None, float | None]) -> tuple[float, int]:
+    """A one-sided region's bound and side: ``(lo, 1)`` for ``m > lo``, ``(hi, -1)`` for ``m < hi``."""
+    lo, hi = region
+    if lo is not None:
+        return lo, 1
+    if hi is not None:
+        return hi, -1
+    raise ValueError("an alternative region has at least one bound")
 
 
 def power_region(n: int, sd: float, alpha: float, region: tuple[float | None, float | None], mean: float) -> float:
@@ -122,7 +136,8 @@ def power_region(n: int, sd: float, alpha: float, region: tuple[float | None, fl
     crit = float(_st.t.ppf(1 - alpha, df))
     lo, hi = region
     if lo is None or hi is None:
-        dist = (mean - lo) if lo is not None else (hi - mean)  # type: ignore[operator]
+        bound, k = _one_bound(region)
+        dist = k * (mean - bound)  # mean - lo, or hi - mean
         return float(_st.nct.sf(crit, df, dist * math.sqrt(n) / sd))
     se = sd / math.sqrt(n)
     s_max = (hi - lo) / 2 / (crit / math.sqrt(n))  # above it the window is empty
@@ -223,7 +238,7 @@ def true_mean(h: dict[str, Any], effect: float) -> float:
     return s * effect
 
 
-def plan(pilot_records: list[dict[str, Any]], target: dict[str, Any], effects: dict[str, float],
+def plan(pilot_records: list[RunRecord], target: dict[str, Any], effects: dict[str, float],
          confidence: float = PILOT_CONFIDENCE) -> list[Plan]:
     """Per hypothesis of ``target`` (a protocol summary), the pairs needed for 80% and 90% power.
 
@@ -256,9 +271,9 @@ def plan(pilot_records: list[dict[str, Any]], target: dict[str, Any], effects: d
         hw = tq * noise.sd / math.sqrt(n_plan)
         mde = None
         if h["type"] != "equivalence":
-            lo, hi = region
             shift = (tq + float(_st.t.ppf(0.8, n_plan - 1))) * noise.sd / math.sqrt(n_plan)
-            m_star = lo + shift if lo is not None else hi - shift  # type: ignore[operator]
+            bound, k = _one_bound(region)
+            m_star = bound + k * shift  # lo + shift, or hi - shift
             s = sign(h["better"])
             mde = -s * reduction(m_star) if h["estimand"] == "relative_reduction" else s * m_star
         out.append(Plan(h["id"], h["config"], h["endpoint"], h["estimand"], noise.sd, noise.pairs, noise.identical,

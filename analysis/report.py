@@ -13,6 +13,7 @@ from typing import Any
 
 from analysis.factorial import design_of, effect_names
 from analysis.page import write_page
+from analysis.plots import plots
 from analysis.summary import derive, load_records
 from harness.records import atomic_write, load_started, seal, write_json
 
@@ -33,6 +34,24 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def markdown(summary: dict[str, Any]) -> str:
+    """``report.md``: the completeness line, the records, the decisions, the flow of planned runs, each
+    study's tables and every run attempt."""
+    out = _header(summary)
+    out += _decisions(summary["hypotheses"]) + _flow(summary["flow"])
+    for study in summary["studies"]:
+        if not study["configs"]:
+            continue
+        out += _paired_study(study) if study["design"] == "paired" else \
+            _factorial_study(study, next(st for st in summary["protocol"]["studies"] if st["name"] == study["name"]))
+    out += ["## Every run attempt", "", f"{len(summary['runs'])} attempts, failures and interruptions included.", ""]
+    rows = [[r["run_id"], str(r["attempt"]), r["status"], r["arm"], str(r["seed"]), _f(r["training_s"], ".3f"),
+             _f(r["test_bpb"], ".4f"), (r["reason"] or "")[:80]] for r in summary["runs"]]
+    out += _md_table(["Run", "Attempt", "Status", "Arm", "Seed", "Training (s)", "Test BPB", "Reason"], rows)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _header(summary: dict[str, Any]) -> list[str]:
+    """Completeness, the protocol and its tag, the records (superseded, unfinished) and the exclusions."""
     p = summary["protocol"]
     rec = summary["records"]
     done = summary["completeness"]
@@ -49,81 +68,87 @@ def markdown(summary: dict[str, Any]) -> str:
     if summary["exclusions"]:
         out.append("Excluded units: " + "; ".join(f"{e['unit']} ({e['reason']})" for e in summary["exclusions"]) + ".")
     out.append("")
-    out += _decisions(summary["hypotheses"]) + _flow(summary["flow"])
-    for study in summary["studies"]:
-        if not study["configs"]:
-            continue
-        if study["design"] == "paired":
-            first = study["configs"][0]
-            lvl = _pct(first["level"])
-            out += [f"## Study {study['name']}: {first['candidate_arm']} versus {first['baseline_arm']}", ""]
-            out.append(f"Fixed-budget training time. Intervals are two-sided {lvl} paired Student-t intervals; "
-                       "positive reduction means the candidate was faster.")
-            out.append("")
-            rows = []
-            for c in study["configs"]:
-                tt = c["training_time"]
-                iv = tt["interval"]
-                rows.append([c["config"], _f((c["parameters"] or 0) / 1e6, ".2f") + "M",
-                             f"{_f(tt['baseline_mean'], '.3f')} / {_f(tt['candidate_mean'], '.3f')} s",
-                             _f(iv and iv["estimate"], ".2f") + "%",
-                             f"{_f(iv and iv['low'], '.2f')}–{_f(iv and iv['high'], '.2f')}%",
-                             f"{c['counts']['faster']} / {c['counts']['slower']}"])
-            names = f"{first['baseline_arm'].capitalize()} / {first['candidate_arm'].capitalize()}"
-            out += _md_table(["Configuration", "Parameters", names, "Time reduction",
-                              f"{lvl} interval", "faster / slower pairs"], rows)
-            out += ["", "Time to the fixed validation target and total completion time.", ""]
-            rows = []
-            for c in study["configs"]:
-                t, tot = c["time_to_target"], c["total_time"]
-                rows.append([c["config"], f"{t['pairs']} (unreached: baseline {t['unreached']['baseline']}, "
-                                          f"candidate {t['unreached']['candidate']})",
-                             _f(t["interval"] and t["interval"]["estimate"], ".2f") + "%",
-                             f"{_f(t['interval'] and t['interval']['low'], '.2f')}–{_f(t['interval'] and t['interval']['high'], '.2f')}%",
-                             _f(tot["interval"] and tot["interval"]["estimate"], ".2f") + "%"])
-            out += _md_table(["Configuration", "Pairs where both reached the target", "Time-to-target reduction", f"{lvl} interval",
-                              "Total-time reduction"], rows)
-            out += ["", "Full-test quality (BPB; lower is better; positive difference means the candidate was worse).", ""]
-            rows = []
-            for c in study["configs"]:
-                q = c["test_bpb"]
-                iv = q["interval"]
-                rows.append([c["config"], f"{_f(q['baseline_mean'], '.4f')} / {_f(q['candidate_mean'], '.4f')}",
-                             _f(iv and iv["estimate"], "+.5f"),
-                             f"{_f(iv and iv['low'], '+.5f')} to {_f(iv and iv['high'], '+.5f')}"])
-            out += _md_table(["Configuration", f"{names} BPB", "Difference", f"{lvl} interval"], rows)
-            out += ["", "Peak memory.", ""]
-            rows = []
-            for c in study["configs"]:
-                m = c["peak_memory"]
-                if m:
-                    rows.append([c["config"], f"{m['baseline_mean'] / MIB:.1f} / {m['candidate_mean'] / MIB:.1f} MiB",
-                                 _f(m["interval"] and m["interval"]["estimate"], ".2f") + "%"])
-            out += _md_table(["Configuration", f"{names} peak", "Reduction"], rows)
-            out += ["", "Every pair, including adverse ones.", ""]
-            rows = []
-            for c in study["configs"]:
-                for pr in c["pairs"]:
-                    rows.append([c["config"], str(pr["seed"]), pr["first"], _f(pr["baseline_training_s"], ".3f"),
-                                 _f(pr["candidate_training_s"], ".3f"), _f(pr["time_reduction_pct"], ".2f%"),
-                                 _f(pr["test_bpb_difference"], "+.5f")])
-            out += _md_table(["Configuration", "Seed", "First", f"{first['baseline_arm'].capitalize()} (s)",
-                              f"{first['candidate_arm'].capitalize()} (s)", "Time reduction",
-                              "Test Δ BPB"], rows)
-            out += ["", f"Order diagnostics ({lvl} intervals): AB/BA period effect, treatment-by-period check, drift "
-                        "over execution order.", ""]
-            out += [line for c in study["configs"] for line in _order(c)] or ["Too few pairs for order diagnostics."]
-            out.append("")
-        else:
-            out += _factorial_md(study, next(st for st in p["studies"] if st["name"] == study["name"]))
-    out += ["## Every run attempt", "", f"{len(summary['runs'])} attempts, failures and interruptions included.", ""]
-    rows = [[r["run_id"], str(r["attempt"]), r["status"], r["arm"], str(r["seed"]), _f(r["training_s"], ".3f"),
-             _f(r["test_bpb"], ".4f"), (r["reason"] or "")[:80]] for r in summary["runs"]]
-    out += _md_table(["Run", "Attempt", "Status", "Arm", "Seed", "Training (s)", "Test BPB", "Reason"], rows)
-    return "\n".join(out).rstrip() + "\n"
+    return out
 
 
-def _factorial_md(study: dict[str, Any], declared: dict[str, Any]) -> list[str]:
+def _paired_study(study: dict[str, Any]) -> list[str]:
+    """A paired study: training time, time to target and total time, quality, memory, every pair, order."""
+    first = study["configs"][0]
+    lvl = _pct(first["level"])
+    out = [f"## Study {study['name']}: {first['candidate_arm']} versus {first['baseline_arm']}", ""]
+    out.append(f"Fixed-budget training time. Intervals are two-sided {lvl} paired Student-t intervals; "
+               "positive reduction means the candidate was faster.")
+    out.append("")
+    names = f"{first['baseline_arm'].capitalize()} / {first['candidate_arm'].capitalize()}"
+    out += _training_table(study["configs"], lvl, names)
+    out += ["", "Time to the fixed validation target and total completion time.", ""]
+    out += _completion_table(study["configs"], lvl)
+    out += ["", "Full-test quality (BPB; lower is better; positive difference means the candidate was worse).", ""]
+    out += _quality_table(study["configs"], lvl, names)
+    out += ["", "Peak memory.", ""]
+    rows = []
+    for c in study["configs"]:
+        m = c["peak_memory"]
+        if m:
+            rows.append([c["config"], f"{m['baseline_mean'] / MIB:.1f} / {m['candidate_mean'] / MIB:.1f} MiB",
+                         _f(m["interval"] and m["interval"]["estimate"], ".2f") + "%"])
+    out += _md_table(["Configuration", f"{names} peak", "Reduction"], rows)
+    out += ["", "Every pair, including adverse ones.", ""]
+    rows = []
+    for c in study["configs"]:
+        for pr in c["pairs"]:
+            rows.append([c["config"], str(pr["seed"]), pr["first"], _f(pr["baseline_training_s"], ".3f"),
+                         _f(pr["candidate_training_s"], ".3f"), _f(pr["time_reduction_pct"], ".2f%"),
+                         _f(pr["test_bpb_difference"], "+.5f")])
+    out += _md_table(["Configuration", "Seed", "First", f"{first['baseline_arm'].capitalize()} (s)",
+                      f"{first['candidate_arm'].capitalize()} (s)", "Time reduction",
+                      "Test Δ BPB"], rows)
+    out += ["", f"Order diagnostics ({lvl} intervals): AB/BA period effect, treatment-by-period check, drift "
+                "over execution order.", ""]
+    out += [line for c in study["configs"] for line in _order(c)] or ["Too few pairs for order diagnostics."]
+    out.append("")
+    return out
+
+
+def _training_table(configs: list[dict[str, Any]], lvl: str, names: str) -> list[str]:
+    rows = []
+    for c in configs:
+        tt = c["training_time"]
+        iv = tt["interval"]
+        rows.append([c["config"], _f((c["parameters"] or 0) / 1e6, ".2f") + "M",
+                     f"{_f(tt['baseline_mean'], '.3f')} / {_f(tt['candidate_mean'], '.3f')} s",
+                     _f(iv and iv["estimate"], ".2f") + "%",
+                     f"{_f(iv and iv['low'], '.2f')}–{_f(iv and iv['high'], '.2f')}%",
+                     f"{c['counts']['faster']} / {c['counts']['slower']}"])
+    return _md_table(["Configuration", "Parameters", names, "Time reduction",
+                      f"{lvl} interval", "faster / slower pairs"], rows)
+
+
+def _completion_table(configs: list[dict[str, Any]], lvl: str) -> list[str]:
+    rows = []
+    for c in configs:
+        t, tot = c["time_to_target"], c["total_time"]
+        rows.append([c["config"], f"{t['pairs']} (unreached: baseline {t['unreached']['baseline']}, "
+                                  f"candidate {t['unreached']['candidate']})",
+                     _f(t["interval"] and t["interval"]["estimate"], ".2f") + "%",
+                     f"{_f(t['interval'] and t['interval']['low'], '.2f')}–{_f(t['interval'] and t['interval']['high'], '.2f')}%",
+                     _f(tot["interval"] and tot["interval"]["estimate"], ".2f") + "%"])
+    return _md_table(["Configuration", "Pairs where both reached the target", "Time-to-target reduction", f"{lvl} interval",
+                      "Total-time reduction"], rows)
+
+
+def _quality_table(configs: list[dict[str, Any]], lvl: str, names: str) -> list[str]:
+    rows = []
+    for c in configs:
+        q = c["test_bpb"]
+        iv = q["interval"]
+        rows.append([c["config"], f"{_f(q['baseline_mean'], '.4f')} / {_f(q['candidate_mean'], '.4f')}",
+                     _f(iv and iv["estimate"], "+.5f"),
+                     f"{_f(iv and iv['low'], '+.5f')} to {_f(iv and iv['high'], '+.5f')}"])
+    return _md_table(["Configuration", f"{names} BPB", "Difference", f"{lvl} interval"], rows)
+
+
+def _factorial_study(study: dict[str, Any], declared: dict[str, Any]) -> list[str]:
     """A factorial study's section: cell means, within-block effects, positions."""
     factors, cells = design_of(declared)
     shape = "x".join("2" for _ in factors)
@@ -222,133 +247,6 @@ def _order(c: dict[str, Any]) -> list[str]:
         out.append(f"{c['config']}: drift of ln(candidate/baseline) per plan position {d['slope']:+.3g} "
                    f"[{d['low']:+.3g}, {d['high']:+.3g}], p = {d['p_value']:.3g}.")
     return out
-
-
-def plots(summary: dict[str, Any], records: list[dict[str, Any]], directory: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    made: list[Path] = []
-    paired = [c for s in summary["studies"] if s["design"] == "paired" for c in s["configs"] if c["pairs"]]
-    study_of = {id(c): s["name"] for s in summary["studies"] for c in s["configs"]}
-    made += _forest(summary, directory) + _drift(paired, study_of, directory)
-    if not paired:
-        return made
-    margins = {(d["study"], d["config"]): d["margin"] for d in summary["hypotheses"].get("decisions", [])
-               if d["endpoint"] == "test_bpb" and d["type"] != "superiority"}
-    for kind in ("time", "quality"):
-        fig, axes = plt.subplots(1, len(paired), figsize=(3.2 * len(paired) + 1, 3.2), squeeze=False)
-        for ax, c in zip(axes[0], paired):
-            key = "time_reduction_pct" if kind == "time" else "test_bpb_difference"
-            vals = [p[key] if p[key] is not None else float("nan") for p in c["pairs"]]
-            ax.scatter(range(len(vals)), vals, s=12)
-            iv = (c["training_time"] if kind == "time" else c["test_bpb"])["interval"]
-            if iv:
-                ax.axhspan(iv["low"], iv["high"], alpha=0.25, label=f"{_pct(iv['level'])} interval")
-                ax.axhline(iv["estimate"], lw=1)
-            tol = margins.get((study_of[id(c)], c["config"]))
-            if kind == "quality" and tol is not None:
-                ax.axhline(tol, color="red", ls="--", lw=1, label=f"margin {tol:g}")
-            ax.axhline(0, color="black", lw=0.5)
-            ax.set_title(c["config"], fontsize=9)
-            ax.set_xlabel("pair")
-        axes[0][0].set_ylabel("time reduction (%)" if kind == "time" else "test Δ BPB (cand − base)")
-        axes[0][0].legend(fontsize=7)
-        fig.tight_layout()
-        path = directory / f"plot_{kind}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        made.append(path)
-    fig, axes = plt.subplots(1, len(paired), figsize=(3.2 * len(paired) + 1, 3.2), squeeze=False)
-    by_unit: dict[str, dict[str, Any]] = {}
-    for r in records:
-        if r["status"] == "ok":
-            by_unit.setdefault(r["spec"]["unit"], {})[r["spec"]["role"]] = r
-    for ax, c in zip(axes[0], paired):
-        for pr in c["pairs"]:
-            for role, color in (("baseline", "tab:blue"), ("candidate", "tab:orange")):
-                rec = by_unit.get(pr["unit"], {}).get(role)
-                if rec and rec.get("val_curve"):
-                    xs = [v[2] for v in rec["val_curve"]]
-                    ys = [v[1] for v in rec["val_curve"]]
-                    ax.plot(xs, ys, color=color, lw=0.7, alpha=0.6)
-        ax.set_title(c["config"], fontsize=9)
-        ax.set_xlabel("training clock (s)")
-    axes[0][0].set_ylabel("validation-subset BPB")
-    axes[0][0].plot([], [], color="tab:blue", label="baseline")
-    axes[0][0].plot([], [], color="tab:orange", label="candidate")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    path = directory / "plot_validation.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    made.append(path)
-    return made
-
-
-def _forest(summary: dict[str, Any], directory: Path) -> list[Path]:
-    """Every hypothesis' estimate and interval against its margin, plus every paired study's
-    descriptive log-time interval (the A/A null among them), in one figure."""
-    import matplotlib.pyplot as plt
-
-    rows = []
-    for d in summary["hypotheses"].get("decisions", []):
-        if d["low"] is not None:
-            margin = d["margin"] if d["type"] != "superiority" else 0.0
-            rows.append((f"{d['id']} {d['study']}/{d['config']} {d['endpoint']}", d.get("estimate", d["test"]["estimate"]),
-                         d["low"], d["high"], margin, d["status"]))
-    for st in summary["studies"]:
-        for c in st["configs"]:
-            iv = (c.get("training_time") or {}).get("log_ratio")
-            if iv:
-                rows.append((f"{st['name']}/{c['config']} ln(time ratio), descriptive", iv["estimate"], iv["low"],
-                             iv["high"], None, "descriptive"))
-    if not rows:
-        return []
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
-    colors = {"established": "tab:green", "not established": "tab:red", "not reached": "tab:gray",
-              "descriptive": "tab:blue"}
-    for i, (_label, est, lo, hi, margin, status) in enumerate(rows):
-        y = len(rows) - i
-        ax.plot([lo, hi], [y, y], color=colors.get(status, "black"), lw=2)
-        ax.plot([est], [y], "o", color=colors.get(status, "black"))
-        if margin:
-            ax.plot([margin, margin], [y - 0.3, y + 0.3], color="red", lw=1)
-            ax.plot([-margin, -margin], [y - 0.3, y + 0.3], color="red", lw=1, ls=":")
-    ax.axvline(0, color="black", lw=0.5)
-    ax.set_yticks(range(len(rows), 0, -1))
-    ax.set_yticklabels([r[0] for r in rows], fontsize=7)
-    ax.set_xlabel("estimate (estimand units) with its interval; red ticks: margins")
-    fig.tight_layout()
-    path = directory / "plot_forest.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
-
-
-def _drift(paired: list[dict[str, Any]], study_of: dict[int, str], directory: Path) -> list[Path]:
-    import matplotlib.pyplot as plt
-
-    with_drift = [c for c in paired if c["order_effects"]["drift"]]
-    if not with_drift:
-        return []
-    fig, axes = plt.subplots(1, len(with_drift), figsize=(3.2 * len(with_drift) + 1, 3.2), squeeze=False)
-    for ax, c in zip(axes[0], with_drift):
-        d = c["order_effects"]["drift"]
-        xs = [p[0] for p in d["points"]]
-        ax.scatter(xs, [p[1] for p in d["points"]], s=12)
-        ax.plot([min(xs), max(xs)], [d["intercept"] + d["slope"] * x for x in (min(xs), max(xs))], lw=1)
-        ax.axhline(0, color="black", lw=0.5)
-        ax.set_title(f"{study_of[id(c)]}/{c['config']}", fontsize=9)
-        ax.set_xlabel("plan position")
-    axes[0][0].set_ylabel("ln(candidate / baseline time)")
-    fig.tight_layout()
-    path = directory / "plot_drift.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
 
 
 @dataclass

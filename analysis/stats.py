@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from scipy import stats as _st
@@ -141,11 +141,10 @@ def paired_interval(
     if estimand == "difference":
         return mean_interval(paired_values(baseline, candidate, estimand), level, estimand)
     res = mean_interval(paired_values(baseline, candidate, "log_ratio"), level, estimand)
-    ratios = {"ratio": math.exp(res.estimate), "ratio_low": math.exp(res.low), "ratio_high": math.exp(res.high)}
+    res = replace(res, ratio=math.exp(res.estimate), ratio_low=math.exp(res.low), ratio_high=math.exp(res.high))
     if estimand == "log_ratio":
-        return PairedInterval(**{**res.as_dict(), **ratios})
-    return PairedInterval(**{**res.as_dict(), **ratios, "estimate": reduction(res.estimate),
-                             "low": reduction(res.high), "high": reduction(res.low)})
+        return res
+    return replace(res, estimate=reduction(res.estimate), low=reduction(res.high), high=reduction(res.low))
 
 
 def reduction(log_ratio: float) -> float:

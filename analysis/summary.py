@@ -32,7 +32,7 @@ from analysis.factorial import arms_by_cell, design_of, factorial_effects
 from analysis.order import by_device, crossover, drift, positions
 from analysis.stats import paired_interval, paired_values
 from analysis.ttests import magnitude_problem, scale
-from harness.records import load_records
+from harness.records import RunRecord, StartedEntry, load_records
 
 __all__ = ["completeness", "current", "derive", "flow", "load_records", "run_rows"]
 
@@ -44,13 +44,13 @@ __all__ = ["completeness", "current", "derive", "flow", "load_records", "run_row
 SUMMARY_SCHEMA = 4
 
 
-def _peak(rec: dict[str, Any]) -> float | None:
+def _peak(rec: RunRecord) -> float | None:
     mem = rec.get("memory") or {}
     key = mem.get("primary")
     return float(mem[key]) if key and mem.get(key) is not None else None
 
 
-def latest_unit_attempts(records: list[dict[str, Any]]) -> dict[str, int]:
+def latest_unit_attempts(records: list[RunRecord]) -> dict[str, int]:
     """Each unit's latest unit attempt (``unit_attempt``; 1 for records that predate the field)."""
     out: dict[str, int] = {}
     for r in records:
@@ -59,13 +59,13 @@ def latest_unit_attempts(records: list[dict[str, Any]]) -> dict[str, int]:
     return out
 
 
-def current(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def current(records: list[RunRecord]) -> list[RunRecord]:
     """The records of each unit's latest unit attempt: the ones the analysis may use."""
     latest = latest_unit_attempts(records)
     return [r for r in records if r.get("unit_attempt", 1) == latest[r["spec"]["unit"]]]
 
 
-def run_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def run_rows(records: list[RunRecord]) -> list[dict[str, Any]]:
     """One row per run attempt, every status, in plan order; ``superseded`` when its unit ran again whole."""
     rows = []
     latest = latest_unit_attempts(records)
@@ -85,13 +85,13 @@ def run_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _device(rec: dict[str, Any]) -> str:
+def _device(rec: RunRecord) -> str:
     """The device a pair ran on: host and device name (a pair never spans two devices)."""
     env = rec.get("env") or {}
     return f"{env.get('host', 'unknown host')} / {env.get('device_name', 'unknown device')}"
 
 
-def _parameters(units: dict[str, dict[str, dict[str, Any]]]) -> int | None:
+def _parameters(units: dict[str, dict[str, RunRecord]]) -> int | None:
     for arms in units.values():
         for rec in arms.values():
             if rec.get("parameters") is not None:
@@ -124,7 +124,7 @@ def _endpoint(b0: list[Any], c0: list[Any], level: float, estimand: str) -> dict
     }
 
 
-def completeness(records: list[dict[str, Any]]) -> dict[str, Any]:
+def completeness(records: list[RunRecord]) -> dict[str, Any]:
     """Planned runs against runs with an ``ok`` record, and whether the budget rule explains a stop.
 
     Planned runs per study: seeds x configurations x runs per unit (2 for a pair, 4 for a block).
@@ -164,7 +164,7 @@ def completeness(records: list[dict[str, Any]]) -> dict[str, Any]:
             "budget_stop": budget_stop, "text": text}
 
 
-def _paired(study: dict[str, Any], config: str, units: dict[str, dict[str, dict[str, Any]]],
+def _paired(study: dict[str, Any], config: str, units: dict[str, dict[str, RunRecord]],
             exclusions: list[dict[str, str]]) -> dict[str, Any]:
     level = study["interval_level"]
     pairs = []
@@ -221,7 +221,7 @@ def _paired(study: dict[str, Any], config: str, units: dict[str, dict[str, dict[
     }
 
 
-def _factorial(study: dict[str, Any], config: str, units: dict[str, dict[str, dict[str, Any]]],
+def _factorial(study: dict[str, Any], config: str, units: dict[str, dict[str, RunRecord]],
                exclusions: list[dict[str, str]]) -> dict[str, Any]:
     level = study["interval_level"]
     factors, names = design_of(study)
@@ -251,9 +251,9 @@ def _factorial(study: dict[str, Any], config: str, units: dict[str, dict[str, di
             "blocks_used": len(blocks), "cell_mean_training_s": means, "effects": effects, "blocks": blocks}
 
 
-def _final(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _final(records: list[RunRecord]) -> dict[str, RunRecord]:
     """Each run's latest attempt (failed, interrupted or ok)."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, RunRecord] = {}
     for r in records:
         rid = r["spec"]["run_id"]
         if rid not in out or r["attempt"] > out[rid]["attempt"]:
@@ -261,7 +261,7 @@ def _final(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def flow(records: list[dict[str, Any]], studies: list[dict[str, Any]], protocol: dict[str, Any]) -> list[dict[str, Any]]:
+def flow(records: list[RunRecord], studies: list[dict[str, Any]], protocol: dict[str, Any]) -> list[dict[str, Any]]:
     """Every planned run per (study, configuration, arm): planned, started, ok, failed,
     interrupted (attempts), superseded (attempts of a unit that ran again whole), missing, analysed
     (in a used pair or block) and excluded; a run's state is its latest attempt in its unit's
@@ -301,9 +301,9 @@ def flow(records: list[dict[str, Any]], studies: list[dict[str, Any]], protocol:
     return list(rows.values())
 
 
-def _failed_pairs(records: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+def _failed_pairs(records: list[RunRecord]) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """Pairs whose final records are one ok and one failed arm (for the sensitivity analysis)."""
-    by_unit: dict[str, dict[str, dict[str, Any]]] = {}
+    by_unit: dict[str, dict[str, RunRecord]] = {}
     for r in _final(current(records)).values():
         if r["spec"]["design"] == "paired":
             by_unit.setdefault(r["spec"]["unit"], {})[r["spec"]["role"]] = r
@@ -318,7 +318,7 @@ def _failed_pairs(records: list[dict[str, Any]]) -> dict[tuple[str, str], list[d
     return out
 
 
-def unfinished(records: list[dict[str, Any]], started: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def unfinished(records: list[RunRecord], started: list[StartedEntry]) -> list[dict[str, Any]]:
     """Started entries that no record ends: interrupted attempts, with their start time."""
     ended = {(r["spec"]["run_id"], r["attempt"]) for r in records}
     return [{"run_id": e["run_id"], "attempt": e["attempt"], "unit_attempt": e.get("unit_attempt", 1),
@@ -326,7 +326,7 @@ def unfinished(records: list[dict[str, Any]], started: list[dict[str, Any]]) -> 
             for e in sorted(started, key=lambda e: e["ledger"]["seq"]) if (e["run_id"], e["attempt"]) not in ended]
 
 
-def derive(records: list[dict[str, Any]], started: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def derive(records: list[RunRecord], started: list[StartedEntry] | None = None) -> dict[str, Any]:
     """Every number of the report, from the records (and the ledger's started entries) alone."""
     if not records:
         raise ValueError("no records")
@@ -334,7 +334,7 @@ def derive(records: list[dict[str, Any]], started: list[dict[str, Any]] | None =
     shas = {r["protocol"]["sha256"] for r in records}
     if len(shas) != 1:
         raise ValueError(f"records name {len(shas)} different protocol files: {sorted(shas)}")
-    ok: dict[tuple[str, str], dict[str, dict[str, dict[str, Any]]]] = {}
+    ok: dict[tuple[str, str], dict[str, dict[str, RunRecord]]] = {}
     seen_units: dict[tuple[str, str], set[str]] = {}
     for r in sorted(current(records), key=lambda x: x["attempt"]):  # the latest ok attempt wins
         s = r["spec"]

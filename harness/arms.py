@@ -24,7 +24,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor
@@ -34,6 +34,9 @@ from harness.cotangent.clip import grads_as_params
 from harness.cotangent.pack import CPU_BLOCK_BYTES, Pack
 from harness.names import ARMS
 from harness.plugins import is_plugin
+
+if TYPE_CHECKING:
+    from harness.config import TrainConfig
 
 __all__ = ["ARMS", "Arm", "ArmContext", "GradientPhase", "build_arm", "is_plugin", "resolve"]
 
@@ -130,7 +133,7 @@ def _native_clip_packed(params: Sequence[Tensor], max_norm: float) -> Tensor:
     produced = pack.sync_grads()
     idx = range(pack.n) if produced is None else produced
     grads = [pack.grad_views[i] for i in idx]
-    return torch.nn.utils.clip_grad_norm_(grads_as_params(grads), max_norm)  # type: ignore[arg-type]
+    return torch.nn.utils.clip_grad_norm_(grads_as_params(grads), max_norm)
 
 
 # --------------------------------------------------------------------------------------------
@@ -142,8 +145,8 @@ class ArmContext:
     """What an arm's ``build`` receives."""
 
     model: torch.nn.Module
-    params: list[Tensor]  # the model's parameters, unique, in order
-    train: Any  # harness.config.TrainConfig: lr, beta1, beta2, eps, weight_decay, clip_norm, ...
+    params: list[torch.nn.Parameter]  # the model's parameters, unique, in order
+    train: TrainConfig  # lr, beta1, beta2, eps, weight_decay, clip_norm, ...
     device: torch.device
 
 
@@ -178,4 +181,4 @@ def resolve(name: str) -> Callable[[ArmContext], GradientPhase]:
     build = getattr(importlib.import_module(module), fn, None)
     if not callable(build):
         raise ValueError(f"arm {name!r}: {module} has no function {fn}")
-    return build  # type: ignore[no-any-return]
+    return build

@@ -22,12 +22,12 @@ Free of torch (``harness plan`` and ``tag`` start instantly).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
+from harness.names import ID_RE as NAME_RE
+
 MAX_FACTORS = 3
-NAME_RE = re.compile(r"^[A-Za-z0-9_-]+\Z")
 
 #: The study's 2x2: per-parameter norms (native scalar or bucketed) by optimizer (native or packed
 #: AdamW); the cells are the four built-in arms.

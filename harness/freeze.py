@@ -49,6 +49,7 @@ def code_sha256() -> dict[str, str]:
 
     out = {}
     for mod in (harness, analysis):
+        assert mod.__file__ is not None  # both are regular packages, imported from their files
         base = Path(mod.__file__).resolve().parent
         lines = []
         for p in sorted([*base.rglob("*.py"), *base.rglob("*.c")]):
@@ -307,8 +308,12 @@ def exempt_imports(root: Path, sources: list[Path]) -> list[str]:
         except (OSError, SyntaxError, ValueError):
             continue
         for node in ast.walk(tree):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            else:
+                continue
             for name in names:
                 top = name.split(".", 1)[0]
                 if exempt(top) and ((root / top).is_dir() or (root / f"{top}.py").is_file()):

@@ -37,7 +37,7 @@ from harness.records import (
     LedgerHead,
     RunRecord,
     entry_files,
-    read_record,
+    read_entry,
     self_hash_ok,
     sha256_bytes,
     write_manifest,
@@ -56,7 +56,7 @@ def now_iso() -> str:
 
 def load_entries(directory: Path) -> list[dict[str, Any]]:
     """Every entry of the chain (records and started entries), in ledger order."""
-    out = [dict(read_record(p)) for p in entry_files(directory)]
+    out = [read_entry(p) for p in entry_files(directory)]
     out.sort(key=lambda e: (e.get("ledger", {}).get("seq", 0), e.get("run_id") or e["spec"]["run_id"], e["attempt"]))
     return out
 

@@ -65,9 +65,11 @@ def make_plan(proto: Protocol) -> list[RunSpec]:
         orders: dict[str, list[tuple[str, ...]]] = {}
         for config in study.configs:
             n = len(study.seeds)
+            seq: list[tuple[str, ...]]  # one order of the unit's roles per seed
             if study.design == "paired":
-                a, b = "baseline", "candidate"
-                seq = [(a, b)] * ((n + 1) // 2) + [(b, a)] * (n // 2)
+                ab: tuple[str, ...] = ("baseline", "candidate")
+                ba: tuple[str, ...] = ("candidate", "baseline")
+                seq = [ab] * ((n + 1) // 2) + [ba] * (n // 2)
                 _rng(proto, study.name, config).shuffle(seq)
             else:
                 assert study.factorial is not None

@@ -8,7 +8,6 @@ binds) lives in :mod:`harness.freeze`.
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,11 +17,10 @@ from harness.config import Config, config_dir, find_config
 from harness.data.corpora import Corpus, LocalCorpus, load_corpus, parse_corpus
 from harness.errors import InputError
 from harness.factorial import DEFAULT_CELLS, DEFAULT_DESIGN, Design, parse
-from harness.names import ARMS
+from harness.hypotheses import parse_hypotheses
+from harness.names import ARMS, ID_RE
 from harness.plugins import fingerprint, is_plugin, source_of
 from harness.yamlio import Field, one_of, positive
-
-ID_RE = re.compile(r"^[A-Za-z0-9_-]+\Z")  # \Z: "$" would also match before a final newline
 
 
 def _level(v: Any) -> str | None:
@@ -161,27 +159,6 @@ class Protocol:
         }
 
 
-def _factorial(doc: yamlio.Document, s: dict[str, Any], kp: tuple[Any, ...]) -> Design:
-    """A factorial study's design: declared (``factors`` and ``cells``), or the default 2x2 of the
-    four built-in arms (``arms`` optional, then exactly those four)."""
-    if s["factors"] is None:
-        if s["cells"] is not None:
-            raise doc.error(kp + ("cells",), "cells need their factors: declare 'factors' (docs/decisions.md)")
-        arms = s["arms"] if s["arms"] is not None else list(DEFAULT_CELLS)
-        if not isinstance(arms, list) or sorted(map(str, arms)) != sorted(DEFAULT_CELLS):
-            raise doc.error(kp + ("arms",), f"a factorial study without declared factors has the four cells "
-                                            f"{', '.join(DEFAULT_CELLS)} (or declare 'factors' and 'cells')")
-        return DEFAULT_DESIGN
-    if s["arms"] is not None:
-        raise doc.error(kp + ("arms",), "a study with declared factors names each cell's arm under 'cells'")
-    try:
-        return parse(s["factors"], s["cells"])
-    except ValueError as e:
-        path, message = e.args[0]
-        base = kp + (() if path[:1] == ("cells",) else ("factors",))
-        raise doc.error(base + tuple(path), message) from None
-
-
 def project_root(path: Path) -> Path:
     """The folder the protocol's ``configs/``, ``records/`` and ``runs/`` hang from."""
     here = path.resolve().parent
@@ -215,94 +192,13 @@ REPLACED = {
     "primary_endpoint": "hypotheses (the first of a fixed_sequence family is the primary one)",
     "quality_decision": "a non_inferiority hypothesis on endpoint test_bpb (or hypotheses: {descriptive: ...})",
 }
-ENDPOINTS = ("training_time", "time_to_target", "total_time", "test_bpb", "peak_memory")
-_FAMILY = {
-    "procedure": Field(str, check=one_of("holm", "fixed_sequence")),
-    "family_alpha": Field(float, check=lambda v: None if 0 < v < 0.5 else "a one-sided family-wise error rate in (0, 0.5)"),
-    "min_pairs": Field(int, check=lambda v: None if v >= 3 else "at least 3 (an interval needs a spread)"),
-    "tests": Field(list),
-    # a budget stop depends on run times: decide time endpoints after one only if preregistered
-    "decide_time_after_budget_stop": Field(bool, required=False, default=False),
-}
-_TEST = {
-    "id": Field(str, check=lambda v: None if ID_RE.match(v) else "letters, digits, - and _ only"),
-    "study": Field(str),
-    "config": Field(str, required=False, default=None),
-    "endpoint": Field(str, check=one_of(*ENDPOINTS)),
-    "estimand": Field(str, check=one_of("difference", "relative_reduction", "log_ratio")),
-    "type": Field(str, check=one_of("superiority", "non_inferiority", "equivalence")),
-    "margin": Field(float, required=False, default=0.0),
-    "better": Field(str, check=one_of("lower", "higher")),
-    "censoring": Field(str, required=False, default=None, check=one_of("worst_rank", "restricted_mean")),
-    "period_adjusted": Field(bool, required=False, default=False),
-    # restricted mean: the restriction time tau (s) for both arms; default, per pair, the shorter training time
-    "restriction_s": Field(float, required=False, default=None,
-                           check=lambda v: None if 0 < v < float("inf") else "a positive, finite time in seconds"),
-}
-
-
-def _hypotheses(doc: yamlio.Document, raw: dict[str, Any], studies: list[Study]) -> dict[str, Any]:
-    kp: tuple[Any, ...] = ("hypotheses",)
-    if "descriptive" in raw:
-        if set(raw) != {"descriptive"} or not isinstance(raw["descriptive"], str) or not raw["descriptive"].strip():
-            raise doc.error(kp, "a descriptive protocol says only why: hypotheses: {descriptive: \"<reason>\"}")
-        return {"descriptive": raw["descriptive"]}
-    fam = yamlio.mapping(doc, raw, kp, _FAMILY)
-    if not fam["tests"]:
-        raise doc.error(kp + ("tests",), "list at least one hypothesis, or say hypotheses: {descriptive: ...}")
-    by_name = {s.name: s for s in studies}
-    tests, ids = [], set()
-    for i, t in enumerate(fam["tests"]):
-        tk = kp + ("tests", i)
-        h = yamlio.mapping(doc, t, tk, _TEST)
-        if h["id"] in ids:
-            raise doc.error(tk + ("id",), f"duplicate hypothesis id {h['id']!r}")
-        ids.add(h["id"])
-        st = by_name.get(h["study"])
-        if st is None or st.design != "paired":
-            raise doc.error(tk + ("study",), f"{h['study']!r} is not a paired study of this protocol")
-        if h["config"] is None:
-            if len(st.configs) != 1:
-                raise doc.error(tk, f"study {st.name!r} has several configurations: name one under 'config'")
-            h["config"] = st.configs[0]
-        elif h["config"] not in st.configs:
-            raise doc.error(tk + ("config",), f"{h['config']!r} is not a configuration of study {st.name!r}")
-        if h["type"] == "superiority" and h["margin"] < 0:
-            raise doc.error(tk + ("margin",), "a superiority margin is >= 0")
-        if h["type"] != "superiority" and h["margin"] <= 0:
-            raise doc.error(tk + ("margin",), f"a {h['type']} hypothesis needs a positive margin")
-        if h["endpoint"] == "time_to_target":
-            if h["censoring"] is None:
-                raise doc.error(tk, "a time_to_target hypothesis must say how an unreached target counts: "
-                                    "censoring: worst_rank or restricted_mean")
-            if h["censoring"] == "worst_rank" and (h["type"] != "superiority" or h["margin"] != 0
-                                                  or h["period_adjusted"]):
-                raise doc.error(tk + ("censoring",), "worst_rank is a rank test: superiority with margin 0 only")
-        elif h["censoring"] is not None:
-            raise doc.error(tk + ("censoring",), "censoring applies to time_to_target only")
-        if h["restriction_s"] is not None and h["censoring"] != "restricted_mean":
-            raise doc.error(tk + ("restriction_s",), "restriction_s is the restriction time of censoring: restricted_mean")
-        if h["estimand"] == "relative_reduction" and h["margin"] >= 100:
-            raise doc.error(tk + ("margin",), "a relative_reduction margin is a percentage below 100")
-        if h["estimand"] != "difference" and h["endpoint"] == "test_bpb":
-            raise doc.error(tk + ("estimand",), "test_bpb is compared as a difference (BPB)")
-        tests.append(h)
-    return {**fam, "tests": tests}
 
 
 def load_protocol(path: str | Path) -> Protocol:
     """Load and validate a protocol completely (configurations included)."""
     p = Path(path)
     doc = yamlio.load(p)
-    if isinstance(doc.data, dict):
-        old = [(k, ()) for k in REPLACED if k in doc.data]
-        for i, st in enumerate(doc.data.get("studies") or []):
-            if isinstance(st, dict):
-                old += [(k, ("studies", i)) for k in REPLACED if k in st]
-        if old:
-            k, base = old[0]
-            raise doc.error(base + (k,), f"{k!r} belongs to protocol schema 1 and was replaced by 'hypotheses': "
-                                        f"write {REPLACED[k]} (docs/decisions.md)")
+    _refuse_schema_1(doc)
     top = yamlio.mapping(doc, doc.data, (), _TOP)
     root = project_root(p)
     cdir = config_dir(root)
@@ -318,65 +214,10 @@ def load_protocol(path: str | Path) -> Protocol:
         if s["name"] in names:
             raise doc.error(kp + ("name",), f"duplicate study name {s['name']!r}")
         names.add(s["name"])
-        design = None
-        if s["design"] == "paired":
-            for key in ("factors", "cells"):
-                if s[key] is not None:
-                    raise doc.error(kp + (key,), f"{key!r} belongs to a factorial study (design: factorial)")
-            arms = s["arms"]
-            if not isinstance(arms, list) or len(arms) != 2:
-                raise doc.error(kp + ("arms",), "a paired study needs exactly two arms: [baseline, candidate]")
-        else:
-            design = _factorial(doc, s, kp)
-            arms = list(design.arms) if design.declared else s["arms"] or list(DEFAULT_CELLS)
-        for ai, a in enumerate(arms):
-            where = kp + (("arms", ai) if design is None or not design.declared else ("cells", design.cells[ai]))
-            if a not in ARMS and not is_plugin(a):
-                raise doc.error(where, f"unknown arm {a!r} (known: {', '.join(ARMS)}, or a plug-in "
-                                                   "module:function)")
-            where = kp + (("arms", ai) if design is None or not design.declared else ("cells", design.cells[ai]))
-            if is_plugin(a):
-                if source_of(a, root) is None:
-                    raise doc.error(where, f"plug-in arm {a!r}: module {a.partition(':')[0]} not found "
-                                           "(run from the study's root, or install it)")
-                plugins[a] = str(source_of(a, root))
-        if not s["configs"]:
-            raise doc.error(kp + ("configs",), "a study needs at least one configuration")
-        for ci, c in enumerate(s["configs"]):
-            if not isinstance(c, str):
-                raise doc.error(kp + ("configs", ci), f"configuration names are strings, got {c!r}")
-            if c not in configs:
-                try:
-                    configs[c] = find_config(c, cdir)
-                    fam = configs[c].model.family
-                    if is_plugin(fam):
-                        src = source_of(fam, root)
-                        if src is None:
-                            raise doc.error(kp + ("configs", ci), f"configuration {c!r}: model family {fam!r} not "
-                                                                  "found (run from the study's root, or install it)")
-                        plugins[fam] = str(src)
-                except InputError as e:
-                    if e.file and e.file.endswith(f"{c}.yaml") and not Path(e.file).is_file():
-                        raise doc.error(kp + ("configs", ci), e.message) from e
-                    raise
-        if len(set(s["configs"])) != len(s["configs"]):
-            raise doc.error(kp + ("configs",), "duplicate configuration")
+        arms, design = _arms(doc, s, kp, root, plugins)
+        _configs(doc, s, kp, root, cdir, configs, plugins)
         seeds = _seeds(doc, s["seeds"], kp + ("seeds",))
-        target = s["val_target_bpb"]
-        if isinstance(target, dict):
-            for c in s["configs"]:
-                if c not in target:
-                    raise doc.error(kp + ("val_target_bpb",), f"no target for configuration {c!r}")
-            for c, v in target.items():
-                if c not in s["configs"]:
-                    raise doc.error(kp + ("val_target_bpb", c), f"{c!r} is not a configuration of this study")
-                if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
-                    raise doc.error(kp + ("val_target_bpb", c), f"target must be a positive number, got {v!r}")
-            targets = {c: float(target[c]) for c in s["configs"]}
-        else:
-            if target <= 0:
-                raise doc.error(kp + ("val_target_bpb",), "target must be positive")
-            targets = dict.fromkeys(s["configs"], float(target))
+        targets = _targets(doc, s, kp)
         if s["val_every"] > s["steps"]:
             raise doc.error(kp + ("val_every",), "val_every exceeds steps")
         studies.append(Study(
@@ -391,12 +232,7 @@ def load_protocol(path: str | Path) -> Protocol:
             if not where.is_relative_to(root.resolve()):
                 raise doc.error((key,), f"{top[key]!r} resolves to {where}, outside the study's repository {root}; "
                                         "records and data must stay inside it")
-    pending = False
-    if top["calibration"] is not None:
-        cal = yamlio.mapping(doc, top["calibration"], ("calibration",), {
-            "status": Field(str, check=one_of("pending", "done")), "pilot": Field(str), "command": Field(str),
-        })
-        pending = cal["status"] == "pending"
+    pending = _calibration_pending(doc, top["calibration"])
     if top["origins"] is not None:
         for k, v in top["origins"].items():
             if not isinstance(v, str):
@@ -406,8 +242,126 @@ def load_protocol(path: str | Path) -> Protocol:
         corpus=parse_corpus(doc, top["corpus"]), data_dir=top["data_dir"], device=top["device"], compile=top["compile"],
         torch_version=top["torch_version"], threads=top["threads"], launcher=top["launcher"],
         budget_device_seconds=top["budget_device_seconds"], interval_level=top["interval_level"],
-        hypotheses=_hypotheses(doc, top["hypotheses"], studies), max_attempts=top["max_attempts"],
+        hypotheses=parse_hypotheses(doc, top["hypotheses"], studies), max_attempts=top["max_attempts"],
         order_seed=top["order_seed"], records_dir=top["records_dir"], studies=tuple(studies),
         calibration_pending=pending, path=p,
         root=root, sha256=hashlib.sha256(doc.raw).hexdigest(), configs=configs, plugins=plugins,
     )
+
+
+def _refuse_schema_1(doc: yamlio.Document) -> None:
+    """Refuse, naming the first one, a key of protocol schema 1 at the top or in a study."""
+    if not isinstance(doc.data, dict):
+        return
+    old: list[tuple[str, yamlio.KeyPath]] = [(k, ()) for k in REPLACED if k in doc.data]
+    for i, st in enumerate(doc.data.get("studies") or []):
+        if isinstance(st, dict):
+            old += [(k, ("studies", i)) for k in REPLACED if k in st]
+    if old:
+        k, base = old[0]
+        raise doc.error(base + (k,), f"{k!r} belongs to protocol schema 1 and was replaced by 'hypotheses': "
+                                    f"write {REPLACED[k]} (docs/decisions.md)")
+
+
+def _arms(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath, root: Path,
+          plugins: dict[str, str]) -> tuple[list[str], Design | None]:
+    """A study's arms and, for a factorial, its design: two arms for a pair; one per cell of a
+    factorial (:func:`_factorial`); each built in or a plug-in whose source is found, recorded in
+    ``plugins``."""
+    design = None
+    if s["design"] == "paired":
+        for key in ("factors", "cells"):
+            if s[key] is not None:
+                raise doc.error(kp + (key,), f"{key!r} belongs to a factorial study (design: factorial)")
+        arms = s["arms"]
+        if not isinstance(arms, list) or len(arms) != 2:
+            raise doc.error(kp + ("arms",), "a paired study needs exactly two arms: [baseline, candidate]")
+    else:
+        design = _factorial(doc, s, kp)
+        arms = list(design.arms) if design.declared else s["arms"] or list(DEFAULT_CELLS)
+    for ai, a in enumerate(arms):
+        where = kp + (("arms", ai) if design is None or not design.declared else ("cells", design.cells[ai]))
+        if a not in ARMS and not is_plugin(a):
+            raise doc.error(where, f"unknown arm {a!r} (known: {', '.join(ARMS)}, or a plug-in module:function)")
+        if is_plugin(a):
+            if source_of(a, root) is None:
+                raise doc.error(where, f"plug-in arm {a!r}: module {a.partition(':')[0]} not found "
+                                       "(run from the study's root, or install it)")
+            plugins[a] = str(source_of(a, root))
+    return arms, design
+
+
+def _factorial(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath) -> Design:
+    """A factorial study's design: declared (``factors`` and ``cells``), or the default 2x2 of the
+    four built-in arms (``arms`` optional, then exactly those four)."""
+    if s["factors"] is None:
+        if s["cells"] is not None:
+            raise doc.error(kp + ("cells",), "cells need their factors: declare 'factors' (docs/decisions.md)")
+        arms = s["arms"] if s["arms"] is not None else list(DEFAULT_CELLS)
+        if not isinstance(arms, list) or sorted(map(str, arms)) != sorted(DEFAULT_CELLS):
+            raise doc.error(kp + ("arms",), f"a factorial study without declared factors has the four cells "
+                                            f"{', '.join(DEFAULT_CELLS)} (or declare 'factors' and 'cells')")
+        return DEFAULT_DESIGN
+    if s["arms"] is not None:
+        raise doc.error(kp + ("arms",), "a study with declared factors names each cell's arm under 'cells'")
+    try:
+        return parse(s["factors"], s["cells"])
+    except ValueError as e:
+        path, message = e.args[0]
+        base = kp + (() if path[:1] == ("cells",) else ("factors",))
+        raise doc.error(base + tuple(path), message) from None
+
+
+def _configs(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath, root: Path, cdir: Path,
+             configs: dict[str, Config], plugins: dict[str, str]) -> None:
+    """Find a study's configurations (into ``configs``, each once) and their plug-in model families
+    (into ``plugins``); a configuration that names no file is an error at the study's key."""
+    if not s["configs"]:
+        raise doc.error(kp + ("configs",), "a study needs at least one configuration")
+    for ci, c in enumerate(s["configs"]):
+        if not isinstance(c, str):
+            raise doc.error(kp + ("configs", ci), f"configuration names are strings, got {c!r}")
+        if c not in configs:
+            try:
+                configs[c] = find_config(c, cdir)
+                fam = configs[c].model.family
+                if is_plugin(fam):
+                    src = source_of(fam, root)
+                    if src is None:
+                        raise doc.error(kp + ("configs", ci), f"configuration {c!r}: model family {fam!r} not "
+                                                              "found (run from the study's root, or install it)")
+                    plugins[fam] = str(src)
+            except InputError as e:
+                if e.file and e.file.endswith(f"{c}.yaml") and not Path(e.file).is_file():
+                    raise doc.error(kp + ("configs", ci), e.message) from e
+                raise
+    if len(set(s["configs"])) != len(s["configs"]):
+        raise doc.error(kp + ("configs",), "duplicate configuration")
+
+
+def _targets(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath) -> dict[str, float]:
+    """A study's validation target per configuration: one number for all, or one per configuration."""
+    target = s["val_target_bpb"]
+    if isinstance(target, dict):
+        for c in s["configs"]:
+            if c not in target:
+                raise doc.error(kp + ("val_target_bpb",), f"no target for configuration {c!r}")
+        for c, v in target.items():
+            if c not in s["configs"]:
+                raise doc.error(kp + ("val_target_bpb", c), f"{c!r} is not a configuration of this study")
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+                raise doc.error(kp + ("val_target_bpb", c), f"target must be a positive number, got {v!r}")
+        return {c: float(target[c]) for c in s["configs"]}
+    if target <= 0:
+        raise doc.error(kp + ("val_target_bpb",), "target must be positive")
+    return dict.fromkeys(s["configs"], float(target))
+
+
+def _calibration_pending(doc: yamlio.Document, raw: Any) -> bool:
+    """Whether the protocol's ``calibration`` block (if any) says its calibration is still pending."""
+    if raw is None:
+        return False
+    cal = yamlio.mapping(doc, raw, ("calibration",), {
+        "status": Field(str, check=one_of("pending", "done")), "pilot": Field(str), "command": Field(str),
+    })
+    return cal["status"] == "pending"

@@ -35,7 +35,7 @@ import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from harness.errors import RefusedError, WriteError  # standard library only, like this module
 
@@ -84,24 +84,13 @@ class GitState(TypedDict):
     dirty: bool | None
 
 
-class RunRecord(TypedDict, total=False):
-    """One run attempt. Written by the runner; read by the analysis and the audit."""
+class WorkerResult(TypedDict, total=False):
+    """What a worker process reports (one line of JSON on its pipe): its status and what it measured,
+    as far as it got. The runner merges it into the run's :class:`RunRecord`."""
 
-    schema_version: int
-    protocol: dict[str, Any]  # Protocol.summary() plus the tag facts and freeze_sha256
-    plan_sha256: str
-    spec: dict[str, Any]  # RunSpec.as_dict()
-    attempt: int  # 1-based attempt number of this run
-    unit_attempt: int  # 1-based: which run of its unit this attempt belongs to (schema 3)
-    start: dict[str, Any]  # the started entry this record ends: its seq and sha256 (schema 3)
-    git: GitState
-    status: str  # "ok", "failed" or "interrupted"
+    status: str  # "ok", "failed" or "interrupted" ("running" while the worker fills it in)
     reason: str | None
-    started_at: str | None
-    finished_at: str | None
     timings: dict[str, Any]  # device_s always; the worker's clocks when it got that far
-    ledger: LedgerLink
-    sha256: str
     # what the worker measured (absent when it failed early)
     env: dict[str, Any]
     parameters: int
@@ -117,6 +106,25 @@ class RunRecord(TypedDict, total=False):
     checkpoint: dict[str, Any]
     traceback: str
     log_tail: str
+
+
+class RunRecord(WorkerResult, total=False):
+    """One run attempt: the worker's result and the runner's fields. Written by the runner; read by the
+    analysis and the audit."""
+
+    schema_version: int
+    protocol: dict[str, Any]  # Protocol.summary() plus the tag facts and freeze_sha256
+    plan_sha256: str
+    spec: dict[str, Any]  # RunSpec.as_dict()
+    attempt: int  # 1-based attempt number of this run
+    unit_attempt: int  # 1-based: which run of its unit this attempt belongs to (schema 3)
+    start: dict[str, Any]  # the started entry this record ends: its seq and sha256 (schema 3)
+    git: GitState
+    started_at: str | None
+    finished_at: str | None
+    ledger: LedgerLink
+    sha256: str
+    node: dict[str, Any]  # the Ray node that ran it (id, host, pid); Ray runs only
 
 
 def jsonable(obj: Any) -> Any:
@@ -242,8 +250,9 @@ def write_started(directory: Path, entry: StartedEntry | dict[str, Any]) -> tupl
     return path, sealed
 
 
-def read_record(path: Path) -> RunRecord:
-    """Read one record, refusing a format version this code does not know."""
+def read_entry(path: Path) -> dict[str, Any]:
+    """Read one entry of the chain (a record or a started entry) as its JSON object, refusing a format
+    version this code does not know."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -256,7 +265,12 @@ def read_record(path: Path) -> RunRecord:
             f"{path}: record schema_version {version!r} is not one this harness reads "
             f"({', '.join(map(str, READABLE_VERSIONS))}); a newer harness wrote it: upgrade to read it"
         )
-    return data  # type: ignore[return-value]
+    return data
+
+
+def read_record(path: Path) -> RunRecord:
+    """Read one record, refusing a format version this code does not know."""
+    return cast(RunRecord, read_entry(path))  # the JSON of a RunRecord (write_record)
 
 
 def record_files(directory: Path) -> list[Path]:
@@ -274,14 +288,14 @@ def entry_files(directory: Path) -> list[Path]:
 
 def load_started(directory: Path) -> list[StartedEntry]:
     """Every started entry of a folder, in ledger order."""
-    out = []
+    out: list[StartedEntry] = []
     for p in started_files(directory):
-        entry = read_record(p)
+        entry = read_entry(p)
         if entry.get("kind") != "started":
             raise RecordFormatError(f"{p}: a started entry has kind 'started', found {entry.get('kind')!r}")
-        out.append(entry)
-    out.sort(key=lambda e: e["ledger"]["seq"])  # type: ignore[typeddict-item]
-    return out  # type: ignore[return-value]
+        out.append(cast(StartedEntry, entry))  # the JSON of a StartedEntry (write_started)
+    out.sort(key=lambda e: e["ledger"]["seq"])
+    return out
 
 
 def open_attempts(records: list[RunRecord], started: list[StartedEntry]) -> list[StartedEntry]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from .anchors import check_anchor, check_signature
 from .corpora import check_corpus
@@ -37,37 +39,101 @@ def find_root(start: str, protocol_rel: str) -> str:
         d = parent
 
 
+@dataclass
+class _Report:
+    """Where one folder's checks report: a row per check (``ok:`` or ``FAILED:`` and a detail), problems."""
+
+    directory: str
+    rows: list[tuple[str, str, str]]
+    problems: list[str]
+
+    def row(self, check: str, ok: bool, detail: str) -> None:
+        self.rows.append((check, self.directory, ("ok: " if ok else "FAILED: ") + detail))
+
+    def fail(self, check: str, found: list[str], ok_detail: str) -> None:
+        self.problems.extend(found)
+        self.row(check, not found, found[0] if found else ok_detail)
+
+
 def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[str],
               notes: list[str], published: tuple[int, str] | None = None, *, anchor: str | None = None,
               signers: str | None = None, anchored: dict | None = None) -> None:
+    """Audit one records folder, every check in its order: its files against MANIFEST, the study as
+    the tag defines it, the plan, corpus, chain and attempts, what the tag froze, the anchors, and the
+    summary recomputed. ``anchored`` receives the folder's anchored heads."""
     anchored = {} if anchored is None else anchored
-    def row(check: str, ok: bool, detail: str) -> None:
-        rows.append((check, directory, ("ok: " if ok else "FAILED: ") + detail))
-
-    def fail(check: str, found: list[str], ok_detail: str) -> None:
-        problems.extend(found)
-        row(check, not found, found[0] if found else ok_detail)
-
-    manifest_path = os.path.join(directory, "MANIFEST")
-    if not os.path.isfile(manifest_path):
-        problems.append(f"{manifest_path}: missing")
-        row("manifest", False, "MANIFEST missing")
+    out = _Report(directory, rows, problems)
+    manifest = _manifest(out)
+    if manifest is None:
         return
+    records, started = _entries(out, manifest)
+    if not records:
+        audit_empty(directory, manifest, started, published, anchor, out.fail, notes)
+        return
+    root = _study_root(out, records)
+    if root is None:
+        return
+    # the study as the tag (or, without one, the checkout's protocol file) defines it
+    truth, found = load_truth(root, directory, records, manifest)
+    proto = truth.get("summary")
+    source_problems, source_detail = check_sources(root, truth, records, manifest)
+    problems.extend(source_problems)
+    out.row("MANIFEST source files", not source_problems, source_detail)
+    plan, plan_sha = _protocol_and_plan(out, truth, records, manifest, found)
+    if proto is None:
+        return
+    fail = out.fail
+    fail("corpus", *check_corpus(root, proto, records))
+    genesis = truth["freeze"] if truth.get("tagged") else proto["sha256"]
+    fail("ledger chain", check_ledger(records + started, manifest, genesis, published),
+         f"{len(records) + len(started)} entries linked from "
+         f"{'the freeze manifest' if truth.get('tagged') else 'the protocol'}")
+    fail("attempts in the ledger", check_attempts(records, started),
+         f"{len(started)} started entries, "
+         f"{sum(r.get('schema_version', 1) >= 3 for r in records)} records end one")
+    _what_was_frozen(out, root, truth, records, manifest, plan_sha, signers, notes)
+    if anchor is not None:
+        found, detail, anchored[directory] = check_anchor(root, truth, records + started, anchor)
+        fail("anchored heads", found, detail)
+    # the statistics use the tag's study
+    records = [{**r, "protocol": {**r["protocol"], **proto}} for r in records]
+    open_ = unfinished(records, started)
+    if plan is not None:
+        notes.extend(_plan_notes(directory, plan, records, open_))
+    notes.extend(f"{directory}: interrupted (started, no record): {u['run_id']} attempt {u['attempt']} "
+                 f"started at {u['started_at']} on {u['node']} (ledger seq {u['seq']})" for u in open_)
+    _check_summary(out, records, started)
+
+
+def _manifest(out: _Report) -> dict | None:
+    """The folder's MANIFEST, or None (a failed row) when it is missing or not one."""
+    manifest_path = os.path.join(out.directory, "MANIFEST")
+    if not os.path.isfile(manifest_path):
+        out.problems.append(f"{manifest_path}: missing")
+        out.row("manifest", False, "MANIFEST missing")
+        return None
     manifest = _read_json(manifest_path)
     if not isinstance(manifest, dict) or not isinstance(manifest.get("records"), dict):
-        problems.append(f"{manifest_path}: not a MANIFEST (a JSON object with a 'records' mapping); "
-                        "harness status or harness report rebuilds it from the ledger")
-        row("manifest", False, "MANIFEST unreadable")
-        return
+        out.problems.append(f"{manifest_path}: not a MANIFEST (a JSON object with a 'records' mapping); "
+                            "harness status or harness report rebuilds it from the ledger")
+        out.row("manifest", False, "MANIFEST unreadable")
+        return None
     if manifest.get("schema_version", 1) not in SCHEMAS:  # MANIFESTs before schema 3 do not say
-        problems.append(f"{manifest_path}: schema_version {manifest.get('schema_version')!r} is not one this "
-                        f"audit reads ({', '.join(map(str, SCHEMAS))})")
-        row("manifest", False, "MANIFEST of an unknown format")
-        return
+        out.problems.append(f"{manifest_path}: schema_version {manifest.get('schema_version')!r} is not one this "
+                            f"audit reads ({', '.join(map(str, SCHEMAS))})")
+        out.row("manifest", False, "MANIFEST of an unknown format")
+        return None
+    return manifest
+
+
+def _entries(out: _Report, manifest: dict) -> tuple[list[dict], list[dict]]:
+    """The folder's records and started entries that read as such, each checked against its own
+    sha256 and MANIFEST's file sha256; MANIFEST's entries that are missing count too."""
+    directory, problems = out.directory, out.problems
     listed = {**manifest["records"], **(manifest.get("started") or {})}  # schema 3: started entries apart
     files = sorted(n for n in os.listdir(directory) if n.endswith((RECORD_SUFFIX, STARTED_SUFFIX)))
-    records = []
-    started = []
+    records: list[dict] = []
+    started: list[dict] = []
     bad = 0
     for name in files:
         path = os.path.join(directory, name)
@@ -103,27 +169,33 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
     for name in sorted(set(listed) - set(files)):
         problems.append(f"{os.path.join(directory, name)}: listed in MANIFEST but missing")
         bad += 1
-    row("record hashes + MANIFEST records", bad == 0,
-        f"{len(records)} records, {len(started)} started entries, {bad} problems")
-    if not records:
-        audit_empty(directory, manifest, started, published, anchor, fail, notes)
-        return
+    out.row("record hashes + MANIFEST records", bad == 0,
+            f"{len(records)} records, {len(started)} started entries, {bad} problems")
+    return records, started
+
+
+def _study_root(out: _Report, records: list[dict]) -> str | None:
+    """The study's repository (or, outside git, the folder that holds the records' protocol); None (a
+    failed row) when that repository lies inside another one."""
+    directory = out.directory
     root = git_root(directory) or find_root(directory, records[0]["protocol"]["path"])
     outer = git_root(os.path.dirname(os.path.abspath(root))) if git_root(directory) else None
     if outer is not None:
-        problems.append(f"{directory}: its git repository {root} lies inside another one ({outer}): a nested "
-                        "repository's tags are not the study's; audit the records in the repository that "
-                        "tagged them")
-        row("records inside the study's repository", False, f"nested repository {root}")
-        return
-    # the study as the tag (or, without one, the checkout's protocol file) defines it
-    truth, found = load_truth(root, directory, records, manifest)
+        out.problems.append(f"{directory}: its git repository {root} lies inside another one ({outer}): "
+                            "a nested repository's tags are not the study's; audit the records in the "
+                            "repository that tagged them")
+        out.row("records inside the study's repository", False, f"nested repository {root}")
+        return None
+    return root
+
+
+def _protocol_and_plan(out: _Report, truth: dict, records: list[dict], manifest: dict,
+                       found: list[str]) -> tuple[list[dict] | None, str | None]:
+    """Check the protocol (``found``: what loading it found) and every record's copy of it, then each record
+    against the plan recomputed from it; returns the plan and its sha256 (None where there is none)."""
     proto = truth.get("summary")
-    source_problems, source_detail = check_sources(root, truth, records, manifest)
-    problems.extend(source_problems)
-    row("MANIFEST source files", not source_problems, source_detail)
     plan: list[dict] | None = None
-    plan_sha = None
+    plan_sha: str | None = None
     if proto is not None:
         found += check_protocol_copies(truth, records, manifest)
         try:
@@ -134,9 +206,9 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
                          f"({type(e).__name__}: {e})")
     where = (f"{truth['path']} at {truth['tag']}" if truth.get("tagged")
              else f"{truth.get('path')} in this checkout")
-    fail("protocol: the tagged file", found, f"{proto['id']} {proto['sha256'][:16]}... from {where}; every "
-         "record's copy equal" if proto else "")
-    if plan is not None:
+    out.fail("protocol: the tagged file", found, f"{proto['id']} {proto['sha256'][:16]}... from {where}; "
+             "every record's copy equal" if proto else "")
+    if plan is not None and plan_sha is not None:
         found = []
         by_id = {p["run_id"]: p for p in plan}
         for r in records:
@@ -151,80 +223,80 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
             elif {k: r["spec"].get(k) for k in want} != want:
                 diff = sorted(k for k in want if r["spec"].get(k) != want[k])
                 found.append(f"{record_name(r)}: spec differs from the plan in {', '.join(diff)}")
-        fail("plan recomputed from the protocol", found,
-             f"{len(plan)} planned runs, sha256 {plan_sha[:16]}...")
-    if proto is None:
-        return
-    fail("corpus", *check_corpus(root, proto, records))
-    genesis = truth["freeze"] if truth.get("tagged") else proto["sha256"]
-    fail("ledger chain", check_ledger(records + started, manifest, genesis, published),
-         f"{len(records) + len(started)} entries linked from "
-         f"{'the freeze manifest' if truth.get('tagged') else 'the protocol'}")
-    fail("attempts in the ledger", check_attempts(records, started),
-         f"{len(started)} started entries, "
-         f"{sum(r.get('schema_version', 1) >= 3 for r in records)} records end one")
+        out.fail("plan recomputed from the protocol", found,
+                 f"{len(plan)} planned runs, sha256 {plan_sha[:16]}...")
+    return plan, plan_sha
+
+
+def _what_was_frozen(out: _Report, root: str, truth: dict, records: list[dict], manifest: dict,
+                     plan_sha: str | None, signers: str | None, notes: list[str]) -> None:
+    """A tagged study: the tag freezes it, what ran is what it froze, time order, its signature. An
+    untagged one is marked not preregistered (its package versions are still compared)."""
     if truth.get("tagged"):
         found, detail = check_freeze(root, truth, records, plan_sha)
-        fail("tag freezes the experiment", found, detail)
+        out.fail("tag freezes the experiment", found, detail)
         found, varied, detail = check_what_ran(root, truth, records, manifest)
-        fail("what ran is what was frozen", found, detail)
-        notes.extend(f"{directory}: {v}" for v in varied)
-        fail("time order", *check_time(truth, records))
-        fail("tag signature", *check_signature(root, truth, signers))
+        out.fail("what ran is what was frozen", found, detail)
+        notes.extend(f"{out.directory}: {v}" for v in varied)
+        out.fail("time order", *check_time(truth, records))
+        out.fail("tag signature", *check_signature(root, truth, signers))
     else:
-        row("tag freezes the experiment", True, "NOT PREREGISTERED: no tag binds these records (they prove "
-            "nothing about a frozen experiment)")
-        notes.extend(f"{directory}: {v}" for v in check_versions(records)[1])
-        problems.extend(check_versions(records)[0])
-    if anchor is not None:
-        found, detail, anchored[directory] = check_anchor(root, truth, records + started, anchor)
-        fail("anchored heads", found, detail)
-    # the statistics use the tag's study
-    records = [{**r, "protocol": {**r["protocol"], **proto}} for r in records]
-    open_ = unfinished(records, started)
-    if plan is not None:
-        table, missing, flagged = tally(plan, records, open_)
-        for t in table:
-            notes.append(f"{directory}: {t['study']} / {t['config']} / {t['arm']}: planned {t['planned']}, "
-                         f"ok {t['ok']}, failed {t['failed']}, interrupted {t['interrupted']}, "
-                         f"missing {t['missing']}, superseded {t['superseded']}")
-        notes.extend(f"{directory}: out of plan order: {x}" for x in flagged)
-        latest = latest_unit(records)
-        for unit in sorted(u for u, k in latest.items() if k > 1):
-            n = sum(1 for r in records
-                    if r["spec"]["unit"] == unit and r.get("unit_attempt", 1) < latest[unit])
-            notes.append(f"{directory}: unit {unit} ran again whole: analysed from its unit attempt "
-                         f"{latest[unit]}; {n} superseded attempt(s) kept")
-        if missing:
-            notes.append(f"{directory}: INCOMPLETE: {missing} of {len(plan)} planned runs have no ok record")
-    notes.extend(f"{directory}: interrupted (started, no record): {u['run_id']} attempt {u['attempt']} "
-                 f"started at {u['started_at']} on {u['node']} (ledger seq {u['seq']})" for u in open_)
-    spath = os.path.join(directory, "summary.json")
+        out.row("tag freezes the experiment", True, "NOT PREREGISTERED: no tag binds these records (they "
+                "prove nothing about a frozen experiment)")
+        notes.extend(f"{out.directory}: {v}" for v in check_versions(records)[1])
+        out.problems.extend(check_versions(records)[0])
+
+
+def _plan_notes(directory: str, plan: list[dict], records: list[dict], open_: list[dict]) -> list[str]:
+    """Per study, configuration and arm: planned, ok, failed, interrupted, missing and superseded runs;
+    runs out of plan order; units that ran again whole; whether the study is incomplete."""
+    notes = []
+    table, missing, flagged = tally(plan, records, open_)
+    for t in table:
+        notes.append(f"{directory}: {t['study']} / {t['config']} / {t['arm']}: planned {t['planned']}, "
+                     f"ok {t['ok']}, failed {t['failed']}, interrupted {t['interrupted']}, "
+                     f"missing {t['missing']}, superseded {t['superseded']}")
+    notes.extend(f"{directory}: out of plan order: {x}" for x in flagged)
+    latest = latest_unit(records)
+    for unit in sorted(u for u, k in latest.items() if k > 1):
+        n = sum(1 for r in records
+                if r["spec"]["unit"] == unit and r.get("unit_attempt", 1) < latest[unit])
+        notes.append(f"{directory}: unit {unit} ran again whole: analysed from its unit attempt "
+                     f"{latest[unit]}; {n} superseded attempt(s) kept")
+    if missing:
+        notes.append(f"{directory}: INCOMPLETE: {missing} of {len(plan)} planned runs have no ok record")
+    return notes
+
+
+def _check_summary(out: _Report, records: list[dict], started: list[dict]) -> None:
+    """summary.json, if there is one: its own sha256, and every value against the recomputation."""
+    spath = os.path.join(out.directory, "summary.json")
     if not os.path.isfile(spath):
-        row("summary.json recomputed", True, "no summary.json (run harness report): nothing to compare")
+        out.row("summary.json recomputed", True, "no summary.json (run harness report): nothing to compare")
         return
     summary = _read_json(spath)
     if not isinstance(summary, dict):
-        problems.append(f"{spath}: not a JSON summary (harness report writes it again)")
-        row("summary.json recomputed", False, "summary.json unreadable")
+        out.problems.append(f"{spath}: not a JSON summary (harness report writes it again)")
+        out.row("summary.json recomputed", False, "summary.json unreadable")
         return
+    problems = out.problems
     before = len(problems)
     if summary.get("schema_version") not in SUMMARY_SCHEMAS:
         problems.append(f"{spath}: schema_version {summary.get('schema_version')!r} is not one this audit reads "
                         f"({', '.join(map(str, SUMMARY_SCHEMAS))}); harness report writes it again")
-        row("summary.json recomputed", False, "summary.json of an unknown format")
+        out.row("summary.json recomputed", False, "summary.json of an unknown format")
         return
     if not self_hash_ok(summary):
         problems.append(f"{spath}: field sha256 = {summary.get('sha256')!r} does not match its content")
     mine = recompute(records, started)
     theirs = {k: v for k, v in summary.items() if k != "sha256"}
     n = compare("summary", mine, theirs, problems, spath)
-    row("summary.json recomputed", len(problems) == before,
-        f"{n} values compared, {len(problems) - before} mismatches")
+    out.row("summary.json recomputed", len(problems) == before,
+            f"{n} values compared, {len(problems) - before} mismatches")
 
 
 def audit_empty(directory: str, manifest: dict, started: list[dict], published: tuple[int, str] | None,
-                anchor: str | None, fail: object, notes: list[str]) -> None:
+                anchor: str | None, fail: Callable[[str, list[str], str], None], notes: list[str]) -> None:
     """A folder with no record yet: what it can still prove. Started entries with no record are listed
     as interrupted attempts; a MANIFEST head, a published head or an anchor that promises entries the
     folder does not hold is a failure (records were removed)."""
@@ -239,7 +311,7 @@ def audit_empty(directory: str, manifest: dict, started: list[dict], published: 
                      "position")
     if anchor is not None:
         found.append(f"--anchor {anchor}: the folder holds no record to check the anchored heads against")
-    fail("ledger of a folder with no record", found,  # type: ignore[operator]
+    fail("ledger of a folder with no record", found,
          f"no record yet; {len(started)} started entries")
     notes.extend(f"{directory}: interrupted (started, no record): {u['run_id']} attempt {u['attempt']} "
                  f"started at {u['started_at']} on {u['node']} (ledger seq {u['seq']})"

@@ -128,7 +128,7 @@ def check_what_ran(root: str, truth: dict, records: list[dict],
                             "repository")
         elif got != trees:
             diff = sorted(k for k in set(got) | set(trees) if got.get(k) != trees.get(k))
-            problems.append(f"{record_name(r)}: field git.commit = {commit[:12]} does not hold the frozen "
+            problems.append(f"{record_name(r)}: field git.commit = {str(commit)[:12]} does not hold the frozen "
                             f"trees of the tag's manifest (differs in {', '.join(diff)})")
     code = (m.get("code") or {}).get("harness")
     for r in records:
@@ -140,7 +140,9 @@ def check_what_ran(root: str, truth: dict, records: list[dict],
                             f"{(env or {}).get('harness_sha256')!r}, the tag's manifest says the harness "
                             f"code is {code}")
     # MANIFEST: its sources are the tagged files, its head is given
-    sources = manifest.get("sources") if isinstance(manifest.get("sources"), dict) else {}
+    sources = manifest.get("sources")
+    if not isinstance(sources, dict):
+        sources = {}
     want = {truth["path"]: truth["sha256"]}
     listing = git_out(root, "ls-tree", "-r", "--name-only", truth["commit"], "--", "harness", "analysis",
                       "configs", "verified") or ""
@@ -223,7 +225,8 @@ def check_phase_kernels(study: str, rs: list[dict]) -> tuple[list[str], str]:
     record that names one names the same phase.c library (``method_paths.phase_so_sha256``): the
     environment (``CC``, ``PATH``) must not switch an arm's code between runs. Returns problems and
     the note naming each arm's kernel."""
-    problems, arms = [], {}
+    problems: list[str] = []
+    arms: dict[str, dict[str | None, list[dict]]] = {}
     for r in rs:
         arms.setdefault(r["spec"]["arm"], {}).setdefault(_kernel_kind(r), []).append(r)
     for arm, kinds in sorted(arms.items()):
@@ -254,14 +257,15 @@ def check_time(truth: dict, records: list[dict]) -> tuple[list[str], str]:
     """The tag was created before the first record started; in the ledger, a record starts after the
     one before it unless the two ran at once on different machines; none finishes before it starts."""
     out = []
-    starts = [(_when(r.get("started_at")), r) for r in records]
-    first = min((s for s, _ in starts if s is not None), default=None)
+    stamped = ((_when(r.get("started_at")), r) for r in records)
+    starts = [(s, r) for s, r in stamped if s is not None]  # the records whose start time reads
+    first = min((s for s, _ in starts), default=None)
     created = truth.get("created")
     if truth.get("tagged"):
         if created is None:
             out.append(f"tag {truth['tag']}: no tagger date")
         elif first is not None and created > first:
-            r = min((x for x in starts if x[0] is not None), key=lambda x: x[0])[1]
+            r = min(starts, key=lambda x: x[0])[1]
             out.append(f"tag {truth['tag']} was created at {_iso(created)}, after {record_name(r)} started "
                        f"({r.get('started_at')}): the tag must precede every outcome")
     linked = sorted((r for r in records if "ledger" in r), key=lambda r: r["ledger"]["seq"])

@@ -139,7 +139,8 @@ def hyp_values(h: dict, pairs: list[dict]) -> tuple[list[float], list[float] | N
                     checked(p, role, key, True)
         if h["censoring"] == "worst_rank":
             return worst_rank(rb, rc), None, unreached
-        b, c = [], []
+        b: list[float] = []
+        c: list[float] = []
         for p in pairs:  # restricted mean: min(T, tau), one tau per pair for both arms
             train = {r: checked(p, r, "training_s", True) for r in ("baseline", "candidate")}
             tau = h.get("restriction_s") or min(train.values())
@@ -179,7 +180,7 @@ def hyp_test(h: dict, pairs: list[dict], min_pairs: int) -> tuple[dict | None, s
         return None, str(e), unreached
     except ValueError:
         return None, f"a relative margin of {h['margin']:g}% has no ratio", unreached
-    if h["endpoint"] == "time_to_target" and h["censoring"] == "worst_rank":
+    if scales is None:  # worst-rank scores: time to target, censoring worst_rank
         if all(v == 0.0 for v in values):
             return None, "identical: every pair's difference is exactly 0", unreached
         r = signed_rank(values, sign(h["better"]))
@@ -254,7 +255,7 @@ def gate(h: dict, spec: dict, done: dict) -> str | None:
 
 def decide(spec: dict, pairs_of: dict, done: dict) -> list[dict]:
     tests, alpha = spec["tests"], spec["family_alpha"]
-    results = []
+    results: list[tuple[dict, dict | None, str | None, dict | None]] = []
     for h in tests:
         why = gate(h, spec, done)
         if why is not None:
@@ -278,7 +279,12 @@ def decide(spec: dict, pairs_of: dict, done: dict) -> list[dict]:
                 failed = None if ok else h["id"]
     else:
         m = len(tests)
-        order = sorted(range(m), key=lambda i: (results[i][1]["p_value"] if results[i][1] else 1.0, i))
+
+        def p_value(i: int) -> float:  # a hypothesis not reached sorts as p = 1
+            t = results[i][1]
+            return t["p_value"] if t else 1.0
+
+        order = sorted(range(m), key=lambda i: (p_value(i), i))
         stopped = False
         for k, i in enumerate(order):
             h, t, why, _ = results[i]
@@ -321,14 +327,15 @@ def decide(spec: dict, pairs_of: dict, done: dict) -> list[dict]:
     return out
 
 
-def decision_text(h: dict, status: str, reason, t, a, low, high, done: dict) -> str:
+def decision_text(h: dict, status: str, reason: str | None, t: dict | None, a: float | None, low: float | None,
+                  high: float | None, done: dict) -> str:
     what = {"superiority": "superiority", "non_inferiority": f"non-inferiority (margin {h['margin']:g})",
             "equivalence": f"equivalence (margin {h['margin']:g})"}[h["type"]]
     head = f"{h['id']}: {what} of {h['endpoint']} ({h['estimand']}, {h['better']} is better)"
     if t is None:
         return f"{head}: not reached ({reason})"
     stats = f"p = {t['p_value']:.3g} against alpha {a:.3g}" if a is not None else f"p = {t['p_value']:.3g}"
-    if low is not None:
+    if low is not None and a is not None:  # an interval is made only at a level: a is set
         stats += f"; {100 * (1 - 2 * a):.4g}% interval {low:+.5g} to {high:+.5g}"
     verdict = status if reason is None else f"{status} ({reason})"
     prefix = ""

@@ -92,7 +92,7 @@ def check_ledger(records: list[dict], manifest: dict, genesis: str,
     by_seq: dict = {}
     for r in records:
         by_seq.setdefault(r["ledger"]["seq"], []).append(r)
-    prev = genesis
+    prev: str | None = genesis  # None after a gap: the record after it links to what is missing
     for seq in range(1, max(by_seq, default=0) + 1):
         here = by_seq.get(seq, [])
         if not here:

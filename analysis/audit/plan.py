@@ -26,8 +26,11 @@ def plan_from_protocol(doc: dict, protocol_sha: str, config_sha: dict) -> list[d
         orders = {}
         for config in st["configs"]:
             n = len(seeds)
+            seq: list[tuple[str, ...]]  # one order of the unit's roles per seed
             if st["design"] == "paired":
-                seq = [("baseline", "candidate")] * ((n + 1) // 2) + [("candidate", "baseline")] * (n // 2)
+                ab: tuple[str, ...] = ("baseline", "candidate")
+                ba: tuple[str, ...] = ("candidate", "baseline")
+                seq = [ab] * ((n + 1) // 2) + [ba] * (n // 2)
                 rng(st["name"], config).shuffle(seq)
             else:
                 seq = []
@@ -92,6 +95,8 @@ def expected_summary(doc: dict, psha: str, path: str) -> dict:
             factors, cells, cell_arms, is_declared = from_yaml(st)
             arms = cell_arms if is_declared else (arms or cells)
             declared = {"factors": factors, "cells": cells} if is_declared else {}
+        if arms is None:
+            raise ValueError(f"study {st['name']}: a paired study names its two arms (arms)")
         level = st.get("interval_level")
         studies.append({"name": st["name"], "design": st["design"], "arms": list(arms),
                         "configs": list(st["configs"]),

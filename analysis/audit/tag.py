@@ -165,7 +165,9 @@ def load_truth(root: str, directory: str, records: list[dict], manifest: dict) -
     true``, makes the study preregistered, and then only the tag's manifest and the file it names
     (``git show TAG_COMMIT:PATH``, sha256 as the manifest says) define it."""
     problems: list[str] = []
-    mp = manifest.get("protocol") if isinstance(manifest.get("protocol"), dict) else {}
+    mp = manifest.get("protocol")
+    if not isinstance(mp, dict):
+        mp = {}
     ids = {r["protocol"].get("id") for r in records} | {r["spec"].get("protocol_id") for r in records}
     ids |= {mp.get("id"), os.path.basename(os.path.normpath(directory))}
     paths = sorted({p for p in {r["protocol"].get("path") for r in records} | {mp.get("path")}
@@ -280,9 +282,9 @@ def check_sources(root: str, truth: dict, records: list[dict], manifest: dict) -
     found = problems_at(None)
     commits = {(r.get("git") or {}).get("commit") for r in records}
     head = (git_out(root, "rev-parse", "-q", "--verify", "HEAD") or "").strip()
-    single = len(commits) == 1 and isinstance(next(iter(commits)), str)
-    if found and head and single and not problems_at(None, head):
-        commit = next(iter(commits))  # later committed work, no uncommitted edit: the records' own commit
+    commit = next(iter(commits)) if len(commits) == 1 else None
+    if found and head and isinstance(commit, str) and not problems_at(None, head):
+        # later committed work, no uncommitted edit: the records' own commit
         if (git_out(root, "cat-file", "-t", commit) or "").strip() == "commit" and not problems_at(commit) \
                 and git_out(root, "merge-base", "--is-ancestor", commit, "HEAD") is not None:
             return [], (f"{len(sources)} files, 0 problems, at commit {commit[:12]}, which every record "

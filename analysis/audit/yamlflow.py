@@ -156,11 +156,11 @@ def _flow(s: str, i: int, line: int) -> tuple[object, int]:
                 else:
                     if key in mp:
                         raise YamlError(line, f"duplicate key {key!r}")
-                    mp[key] = val  # type: ignore[index]
+                    mp[key] = val
             elif close == "]":
                 seq.append(key)
             else:
-                mp[key] = None  # type: ignore[index]
+                mp[key] = None
             i = _skip(s, i)
             if i < len(s) and s[i] == ",":
                 i += 1

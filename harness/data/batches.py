@@ -49,7 +49,7 @@ class BatchStream:
 def eval_windows(split: bytes, context: int, max_windows: int | None = None) -> list[tuple[int, int]]:
     """(start, length) of the consecutive evaluation windows; each predicts ``length`` bytes."""
     n_pred = len(split) - 1
-    out = []
+    out: list[tuple[int, int]] = []
     start = 0
     while start < n_pred and (max_windows is None or len(out) < max_windows):
         out.append((start, min(context, n_pred - start)))

@@ -74,6 +74,12 @@ class PinnedFile:
     sha256: str
 
 
+def _fractions(by_split: dict[str, Any]) -> tuple[str, str, str]:
+    """The train, valid and test fractions as written (``repr`` of each float)."""
+    train, valid, test = (repr(float(by_split[s])) for s in SPLITS)
+    return train, valid, test
+
+
 @dataclass(frozen=True)
 class LocalCorpus:
     """A corpus from local files pinned in the protocol.
@@ -99,8 +105,7 @@ class LocalCorpus:
     def from_dict(cls, d: dict[str, Any]) -> LocalCorpus:
         files = {("all" if k == "file" else k): PinnedFile(v["path"], int(v["size"]), v["sha256"])
                  for k, v in d.items() if k in ("file", *SPLITS)}
-        split = tuple(repr(float(d["split"][s])) for s in SPLITS) if "split" in d else None
-        return cls(d["name"], files, split)  # type: ignore[arg-type]
+        return cls(d["name"], files, _fractions(d["split"]) if "split" in d else None)
 
     def load(self, root: Path | None = None) -> Corpus:
         blobs = {k: read_verified(Path(f.path) if root is None else root / f.path, f, self.name)
@@ -205,7 +210,7 @@ def parse_corpus(doc: yamlio.Document, value: Any) -> str | LocalCorpus:
     if one:
         fr = yamlio.mapping(doc, top["split"], kp + ("split",), {s: Field(float, check=lambda v: None if 0 < v < 1 else
                                                                           "a fraction in (0, 1)") for s in SPLITS})
-        split = tuple(repr(float(fr[s])) for s in SPLITS)
+        split = _fractions(fr)
         if sum(Fraction(x) for x in split) != 1:
             raise doc.error(kp + ("split",), f"the fractions sum to {float(sum(Fraction(x) for x in split))}, not 1")
     return LocalCorpus(top["name"], {("all" if k == "file" else k): f for k, f in files.items()}, split)

@@ -22,7 +22,7 @@ def hermetic_env(proto: Protocol, root: Path, records: Path, anchor: str | None)
         raise RefusedError(f"{proto.path}: the environment sets what changes a run's code path; nothing was "
                            f"run: {', '.join(bad)}. Unset it (a protocol says threads:, torch_version: and the "
                            "arms; run the variation as a protocol of its own)")
-    mine = {}
+    mine: dict[str, str | None] = {}
     for pkg in ("torch", "numpy"):
         try:
             mine[pkg] = md.version(pkg)

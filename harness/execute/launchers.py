@@ -207,7 +207,7 @@ class ForkServer:
 def read_pipe(fd: int, beat: Callable[[], None], ended: Callable[[], bool]) -> bytes:
     """Everything written to the pipe ``fd`` until its writers close it or the writer process has
     ``ended`` (a process it started may still hold the pipe open), calling ``beat`` each second."""
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         ready, _, _ = select.select([fd], [], [], 1.0)
         if ready:

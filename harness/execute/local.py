@@ -26,6 +26,7 @@ from harness.records import atomic_write, canonical
 
 if TYPE_CHECKING:
     from harness.execute.runner import Runner
+    from harness.plan import RunSpec
 
 
 class LocalExecutor:
@@ -51,7 +52,7 @@ class LocalExecutor:
                             runner.started(spec, attempt, unit_attempt=claim.unit_attempt)
                             t0 = time.monotonic()
 
-                            def beat(spec=spec, t0=t0) -> None:
+                            def beat(spec: RunSpec = spec, t0: float = t0) -> None:
                                 if runner.live:
                                     runner.echo(f"\r  running {spec.run_id} {time.monotonic() - t0:6.1f}s")
 

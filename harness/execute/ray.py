@@ -38,7 +38,9 @@
 
 from __future__ import annotations
 
+import logging
 import time
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,7 +89,7 @@ class RayExecutor:
                        "py_modules": [str(Path(harness.__file__).resolve().parent),
                                       str(Path(analysis.__file__).resolve().parent)]}
         ray.init(address=self.address, runtime_env=runtime_env, namespace="cotangent-harness",
-                 log_to_driver=False, logging_level="WARNING")
+                 log_to_driver=False, logging_level=logging.WARNING)
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         # the queue lives on the driver's own node, so a node that dies cannot take the results with it
@@ -96,8 +98,6 @@ class RayExecutor:
         return ray, Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
 
     def execute(self, runner: Runner) -> None:
-        from harness.freeze import code_sha256
-
         ray, queue = self._init(runner)
         proto = runner.proto
         device = proto.device if proto.device != "auto" else "cpu"
@@ -106,12 +106,7 @@ class RayExecutor:
         if capacity < 1:
             raise RefusedError(f"no node of the Ray cluster at {self.address} advertises {resource}; start nodes with: "
                                f"harness node --device {device} --address ADDRESS")
-        corpus = runner.corpus  # verified by the runner before any run
-        expect = {"code": code_sha256(), "torch": proto.torch_version, "protocol": proto.id, "corpus": corpus.name,
-                  "device": device, "launcher": proto.launcher, "corpus_sha256": corpus.sha256(),
-                  "threads": proto.threads, "phase_sha256": (runner.env or {}).get("COTANGENT_PHASE_SHA256")}
-        shipped = {s: corpus.split(s) for s in SPLITS} if corpus.name != "pydoc-topics" else None
-        corpus_ref = ray.put(shipped) if shipped is not None else None
+        expect, corpus_ref = self._expect(runner, ray, device)
         gpus = {"num_gpus": 1} if device == "cuda" else {}  # Ray sets CUDA_VISIBLE_DEVICES to the unit's GPU
         base_options = {"num_cpus": 0, "resources": {resource: 1}, "max_retries": 0, **gpus}
         task = ray.remote(max_calls=0)(run_unit)  # the node worker (and its fork server) serves unit after unit
@@ -119,21 +114,8 @@ class RayExecutor:
         inflight: dict[Any, tuple[list[RunSpec], FileLock, float, dict[str, dict[str, Any]]]] = {}
         by_id = {s.run_id: s for s in runner.runs}
         ended = 0  # units whose task said it ended and that are not collected yet
-        placement: dict[str, Any] = {}
-
-        def widen(unit: list[RunSpec], todo: list[RunSpec], states: dict[str, RunState]) -> list[RunSpec]:
-            """Never split a pair across devices: the rest of a unit on the node that ran its first
-            part while that node lives (a restarted driver), else the whole unit again."""
-            placement.clear()
-            if len(todo) < len(unit) and any(states.get(s.run_id, RunState()).last == "ok" for s in unit):
-                node = self._node_of(runner, unit)
-                if node is None or node not in {n["NodeID"] for n in ray.nodes() if n["Alive"]}:
-                    return list(unit)
-                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-                placement["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
-            return todo
-
+        placement: dict[str, Any] = {}  # where _widen pins the unit being claimed
+        widen = partial(self._widen, runner, ray, placement)
         try:
             while (waiting and not runner.stopped_for_budget) or inflight:
                 while waiting and not runner.stopped_for_budget and len(inflight) < capacity:
@@ -153,30 +135,66 @@ class RayExecutor:
                     ray.wait(list(inflight), num_returns=1, timeout=5.0)
                 ready, _ = ray.wait(list(inflight), num_returns=len(inflight), timeout=0)
                 for ref in ready:
-                    unit, lock, _, started = inflight.pop(ref)
-                    ended += self._drain(runner, queue, {ref: (unit, lock, 0.0, started)}, by_id)
-                    ended = max(0, ended - 1)
-                    try:
-                        label = ray.get(ref)
-                        runner.echo(f"  unit {unit[0].unit} done on {label}; {describe(runner.ledger.head())}")
-                    except RefusedError:
-                        lock.release()
-                        raise
-                    except ray.exceptions.RayTaskError as e:
-                        if isinstance(e.cause, RefusedError):
-                            lock.release()
-                            raise e.cause from e
-                        self._lost(runner, unit, started, e)
-                        waiting.insert(0, unit)
-                    except ray.exceptions.RayError as e:  # the node or the task's process died
-                        self._lost(runner, unit, started, e)
-                        waiting.insert(0, unit)
-                    lock.release()
+                    ended = max(0, ended + self._collect(runner, ray, queue, inflight, by_id, ref, waiting) - 1)
         finally:
             for ref, (_unit, lock, _, _) in inflight.items():
                 ray.cancel(ref, force=True)
                 lock.release()
             ray.shutdown()
+
+    @staticmethod
+    def _expect(runner: Runner, ray: Any, device: str) -> tuple[dict[str, Any], Any]:
+        """What every node must match (code, PyTorch, corpus, device, launcher, threads, the verified
+        phase.c build), and the corpus's splits put in the object store (None for the embedded corpus,
+        which every node has)."""
+        from harness.freeze import code_sha256
+
+        proto = runner.proto
+        corpus = runner.corpus  # verified by the runner before any run
+        expect = {"code": code_sha256(), "torch": proto.torch_version, "protocol": proto.id, "corpus": corpus.name,
+                  "device": device, "launcher": proto.launcher, "corpus_sha256": corpus.sha256(),
+                  "threads": proto.threads, "phase_sha256": (runner.env or {}).get("COTANGENT_PHASE_SHA256")}
+        shipped = {s: corpus.split(s) for s in SPLITS} if corpus.name != "pydoc-topics" else None
+        return expect, (ray.put(shipped) if shipped is not None else None)
+
+    def _widen(self, runner: Runner, ray: Any, placement: dict[str, Any], unit: list[RunSpec],
+               todo: list[RunSpec], states: dict[str, RunState]) -> list[RunSpec]:
+        """Never split a pair across devices: the rest of a unit on the node that ran its first
+        part while that node lives (a restarted driver), else the whole unit again."""
+        placement.clear()
+        if len(todo) < len(unit) and any(states.get(s.run_id, RunState()).last == "ok" for s in unit):
+            node = self._node_of(runner, unit)
+            if node is None or node not in {n["NodeID"] for n in ray.nodes() if n["Alive"]}:
+                return list(unit)
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            placement["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+        return todo
+
+    def _collect(self, runner: Runner, ray: Any, queue: Any, inflight: dict[Any, Any], by_id: dict[str, RunSpec],
+                 ref: Any, waiting: list[list[RunSpec]]) -> int:
+        """Collect a unit's finished task (its last messages first) and release its claim; a unit lost
+        with its node or its task's process goes back to the front of ``waiting``, to run again whole.
+        Returns how many units' tasks said they ended among the messages drained."""
+        unit, lock, _, started = inflight.pop(ref)
+        ended = self._drain(runner, queue, {ref: (unit, lock, 0.0, started)}, by_id)
+        try:
+            label = ray.get(ref)
+            runner.echo(f"  unit {unit[0].unit} done on {label}; {describe(runner.ledger.head())}")
+        except RefusedError:
+            lock.release()
+            raise
+        except ray.exceptions.RayTaskError as e:
+            if isinstance(e.cause, RefusedError):
+                lock.release()
+                raise e.cause from e
+            self._lost(runner, unit, started, e)
+            waiting.insert(0, unit)
+        except ray.exceptions.RayError as e:  # the node or the task's process died
+            self._lost(runner, unit, started, e)
+            waiting.insert(0, unit)
+        lock.release()
+        return ended
 
     @staticmethod
     def _node_of(runner: Runner, unit: list[RunSpec]) -> str | None:

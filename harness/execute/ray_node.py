@@ -14,6 +14,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ def _check_node(expect: dict[str, Any], corpus: dict[str, bytes] | None, label: 
         problems.append(f"node {label} has PyTorch {found['torch']}, the protocol names {expect['torch']}")
     if not found["devices"].get(expect["device"], False):
         problems.append(f"node {label} advertises a {expect['device']} timing device but torch cannot use one")
-    local = None
+    local: dict[str, Any] | None = None
     try:
         if corpus is None:  # the embedded corpus: this node's own copy must hash as the driver's
             got = load_corpus(expect["corpus"]).sha256()
@@ -69,9 +70,9 @@ def _check_node(expect: dict[str, Any], corpus: dict[str, bytes] | None, label: 
                     tmp.write_bytes(blob)
                     tmp.replace(path)
                 files[split] = PinnedFile(str(path), len(blob), expect["corpus_sha256"][split])
-            local = LocalCorpus(expect["corpus"], files)
-            local.load()  # every split verifies against the driver's sha256, or DataError
-            local = local.as_dict()
+            shipped = LocalCorpus(expect["corpus"], files)
+            shipped.load()  # every split verifies against the driver's sha256, or DataError
+            local = shipped.as_dict()
     except Exception as e:  # noqa: BLE001 - any failure to produce the verified corpus refuses the node
         problems.append(f"corpus on node {label}: {e}")
     if problems:
@@ -121,7 +122,7 @@ def run_unit(jobs: list[dict[str, Any]], expect: dict[str, Any], corpus: dict[st
     import ray
 
     ctx = ray.get_runtime_context()
-    node = {"id": ctx.get_node_id(), "host": socket.gethostname(), "pid": os.getpid()}
+    node: dict[str, Any] = {"id": ctx.get_node_id(), "host": socket.gethostname(), "pid": os.getpid()}
     label = f"{node['host']}/{node['id'][:8]}"
     import harness
 
@@ -153,7 +154,7 @@ def run_unit(jobs: list[dict[str, Any]], expect: dict[str, Any], corpus: dict[st
         if gate is not None:  # the started entry is in the ledger before the worker starts
             ray.get(gate.wait.remote(f"{rid}.a{attempt}"), timeout=600)
         outcome = launch(launcher, job, base / "work" / f"{rid}.a{attempt}", cwd, env,
-                         lambda k=k: _test_hold(f"during:{k}"))
+                         partial(_test_hold, f"during:{k}"))
         queue.put(("done", rid, attempt, node, asdict(outcome)))
         _test_hold(f"between:{k}")
     queue.put(("end", label))  # the driver stops waiting on messages and collects this task at once

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from filelock import FileLock, Timeout
 
@@ -47,7 +47,7 @@ from harness.execute.state import Progress, RunState, run_states
 from harness.ledger import Ledger, check_records_folder, load_entries, now_iso, study_ledger
 from harness.plan import RunSpec, make_plan, plan_sha256, units
 from harness.protocol import Protocol
-from harness.records import SCHEMA_VERSION, TAG_FILE, RunRecord, atomic_write, jsonable
+from harness.records import SCHEMA_VERSION, TAG_FILE, RunRecord, WorkerResult, atomic_write, jsonable
 
 
 @dataclass
@@ -139,18 +139,18 @@ class Runner:
             t0 = datetime.fromisoformat(e["ledger"]["at"])
             now = datetime.now(timezone.utc)
             rec = self._base_record(spec, e["attempt"])
-            rec.update(
-                status="interrupted", unit_attempt=e.get("unit_attempt", 1),
-                start={"seq": e["ledger"]["seq"], "sha256": e["sha256"]},
-                reason=(f"attempt started at {e['started_at']} on {e['node']} (runner pid {e['runner']['pid']} on "
-                        f"{e['runner']['host']}) did not finish: the runner or machine stopped before the worker's "
-                        "outcome was recorded"),
-                started_at=e["started_at"], finished_at=None,
-                timings={"device_s": max(0.0, (now - t0).total_seconds()),
-                         "device_s_source": (f"ledger: from its started entry (seq {e['ledger']['seq']}, "
-                                             f"{e['ledger']['at']}) to this record, an upper bound (the worker "
-                                             "never reported its own)")},
-            )
+            rec.update({
+                "status": "interrupted", "unit_attempt": e.get("unit_attempt", 1),
+                "start": {"seq": e["ledger"]["seq"], "sha256": e["sha256"]},
+                "reason": (f"attempt started at {e['started_at']} on {e['node']} (runner pid "
+                           f"{e['runner']['pid']} on {e['runner']['host']}) did not finish: the runner or machine "
+                           "stopped before the worker's outcome was recorded"),
+                "started_at": e["started_at"], "finished_at": None,
+                "timings": {"device_s": max(0.0, (now - t0).total_seconds()),
+                            "device_s_source": (f"ledger: from its started entry (seq {e['ledger']['seq']}, "
+                                                f"{e['ledger']['at']}) to this record, an upper bound (the worker "
+                                                "never reported its own)")},
+            })
             self._write(rec)
             ended.add(e["attempt"])
             self.echo(f"noted interrupted attempt {e['attempt']} of {spec.run_id} (started {e['started_at']})")
@@ -193,7 +193,7 @@ class Runner:
         rec["unit_attempt"] = start.get("unit_attempt", 1)
         rec["start"] = {"seq": start["ledger"]["seq"], "sha256": start["sha256"]}
         status, reason = outcome.status_reason()
-        result = dict(outcome.result)
+        result = cast(WorkerResult, dict(outcome.result))  # the worker's JSON (harness.execute.worker.report)
         if not result:
             result = {"log_tail": outcome.log_tail}
         result.pop("status", None)
@@ -205,8 +205,8 @@ class Runner:
         if node:
             rec["node"] = node
         stamp = lambda t: datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")  # noqa: E731
-        rec.update(status=status, reason=reason, started_at=stamp(outcome.started_at),
-                   finished_at=stamp(outcome.finished_at or time.time()), timings=timings)
+        rec.update({"status": status, "reason": reason, "started_at": stamp(outcome.started_at),
+                    "finished_at": stamp(outcome.finished_at or time.time()), "timings": timings})
         self._write(jsonable(rec))
         self.progress.executed_s.append(timings["device_s"])
         self.progress.done += 1

@@ -8,7 +8,7 @@ from typing import Any
 
 from harness.plan import make_plan
 from harness.protocol import Protocol
-from harness.records import load_records, load_started, open_attempts
+from harness.records import RunRecord, load_records, load_started, open_attempts
 
 
 @dataclass
@@ -89,7 +89,7 @@ def status_table(proto: Protocol) -> tuple[list[dict[str, Any]], float]:
     for r in recs:
         unit = r["spec"]["unit"]
         latest[unit] = max(latest.get(unit, 1), r.get("unit_attempt", 1))
-    by_run: dict[str, list[dict[str, Any]]] = {}
+    by_run: dict[str, list[RunRecord]] = {}
     for r in recs:
         by_run.setdefault(r["spec"]["run_id"], []).append(r)
     rows: dict[tuple[str, str], dict[str, Any]] = {}

@@ -43,14 +43,23 @@ import platform
 import socket
 import sys
 import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from harness.freeze import code_sha256
-from harness.records import atomic_write, jsonable, sha256_bytes
+from harness.records import WorkerResult, atomic_write, jsonable, sha256_bytes
+
+if TYPE_CHECKING:
+    from harness.arms import GradientPhase
+    from harness.config import Config
+    from harness.data import Corpus
+    from harness.data.batches import BatchStream
+    from harness.devices import MemoryMeter
 
 
 class RunFailure(RuntimeError):
@@ -72,19 +81,22 @@ def _phase_so_sha256() -> str | None:
     return loaded_sha256()
 
 
-def _sha_file(path: Path) -> str:
-    return sha256_bytes(path.read_bytes())
+@dataclass(frozen=True)
+class _Run:
+    """What each part of a run reads: the job's spec, its configuration, its corpus and the device."""
+
+    spec: dict[str, Any]
+    cfg: Config
+    corpus: Corpus
+    device: torch.device
 
 
-def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+def execute(job: dict[str, Any], result: WorkerResult) -> WorkerResult:
     """Run the job, filling ``result`` as it goes (so a failure keeps what was measured)."""
     from harness import devices
-    from harness.arms import ArmContext, resolve
     from harness.config import load_config
-    from harness.cotangent import exact_paths
     from harness.data import load_corpus
-    from harness.data.batches import BatchStream, bits_per_byte
-    from harness.models import build_model, count_parameters
+    from harness.data.batches import BatchStream
 
     t_start = time.perf_counter()
     spec = job["spec"]
@@ -96,7 +108,37 @@ def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     if cfg.sha256 != spec["config_sha256"]:
         raise RunFailure(f"configuration {cfg.path} changed since the plan (sha256 {cfg.sha256})")
     corpus = load_corpus(job.get("corpus") or spec["corpus"], job.get("data_dir"))
-    env = {
+    run = _Run(spec, cfg, corpus, device)
+    result["env"] = _environment(run)
+    model, arm = _model_and_arm(run, result)
+    batches = BatchStream(corpus.train, cfg.model.context, cfg.train.batch_size, spec["seed"])
+    meter = devices.MemoryMeter(device)
+    t_setup = time.perf_counter()
+    forward, compile_s = _compiled(run, model, arm, t_setup) if spec["compile"] else (model, 0.0)
+    curve: list[list[float]] = []
+    val_curve: list[list[float]] = []
+    result.update({"curve": curve, "val_curve": val_curve})
+    clock, time_to_target, validation_s = _train(run, model, forward, arm, batches, meter, curve, val_curve)
+    measured, seconds = _evaluate(run, model, Path(job["checkpoint_path"]), meter)
+    total_s = time.perf_counter() - t_start
+    result.update(measured)
+    result["timings"] = {"setup_s": t_setup - t_start, "compile_s": compile_s, "training_s": clock,
+                         "time_to_target_s": time_to_target, "validation_s": validation_s, **seconds,
+                         "total_s": total_s}
+    rescored, test_bpb = measured["rescored_test_bpb"], measured["test_bpb"]
+    if rescored != test_bpb:
+        raise RunFailure(f"re-scored test BPB {rescored!r} differs from the in-run {test_bpb!r}: the checkpoint "
+                         "round trip is not exact")
+    result.update({"status": "ok", "reason": None})
+    return result
+
+
+def _environment(run: _Run) -> dict[str, Any]:
+    """Where and with what it ran: host, OS, Python, torch, device, threads, code, configuration, corpus."""
+    from harness import devices
+
+    device = run.device
+    return {
         "host": socket.gethostname(), "os": platform.platform(), "python": platform.python_version(),
         "torch": torch.__version__, "device": str(device), "device_name": devices.device_name(device),
         # the instruction set torch dispatches its CPU kernels for (ATEN_CPU_CAPABILITY may lower it)
@@ -104,20 +146,27 @@ def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
         "threads": torch.get_num_threads(), "harness_sha256": code_sha256()["harness"],
         "numpy": _version("numpy"),
         "isolated": bool(sys.flags.isolated),  # python -I: no PYTHONPATH, user site or current directory
-        "config_sha256": cfg.sha256, "corpus_sha256": corpus.sha256(),
+        "config_sha256": run.cfg.sha256, "corpus_sha256": run.corpus.sha256(),
     }
-    result["env"] = env
+
+
+def _model_and_arm(run: _Run, result: WorkerResult) -> tuple[torch.nn.Module, GradientPhase]:
+    """The seeded model and its arm (which must not touch the global random state), noted in ``result``."""
+    from harness.arms import ArmContext, resolve
+    from harness.cotangent import exact_paths
+    from harness.models import build_model, count_parameters
+
+    spec = run.spec
     torch.manual_seed(spec["seed"])
-    model = build_model(cfg.model, spec["seed"]).to(device)
+    model = build_model(run.cfg.model, spec["seed"]).to(run.device)
     result["parameters"] = count_parameters(model)
-    t = cfg.train
     params = list(dict.fromkeys(model.parameters()))
     rng = torch.get_rng_state()
-    arm = resolve(spec["arm"])(ArmContext(model, params, t, device))
+    arm = resolve(spec["arm"])(ArmContext(model, params, run.cfg.train, run.device))
     if not torch.equal(rng, torch.get_rng_state()):
         raise RunFailure(f"arm {spec['arm']} drew from the global random state while it was built; an arm must not "
                          "touch the seed (harness/arms.py)")
-    paths = exact_paths(device.type)
+    paths = exact_paths(run.device.type)
     result["method_paths"] = {
         "bucketed_norm_dtypes": sorted(str(d).replace("torch.", "") for d in paths.bucketed_norm_dtypes),
         "update": paths.update, "origin": paths.origin,
@@ -128,29 +177,40 @@ def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
         "phase_kernel": arm.optimizer.phase_kernel() if hasattr(arm.optimizer, "phase_kernel") else None,
         "phase_so_sha256": _phase_so_sha256(),  # the phase.c library this process loaded, verified (or None)
     }
-    batches = BatchStream(corpus.train, cfg.model.context, t.batch_size, spec["seed"])
-    forward = model
-    meter = devices.MemoryMeter(device)
-    t_setup = time.perf_counter()
-    compile_s = 0.0
-    if spec["compile"]:
-        forward = torch.compile(model)
-        # Warm-up on validation bytes so the training batch stream is untouched; gradients
-        # are discarded, weights and optimizer state are not changed.
-        warm = BatchStream(corpus.valid, cfg.model.context, t.batch_size, spec["seed"] + 1)
-        for _ in range(2):
-            x, y = warm.next()
-            loss = F.cross_entropy(forward(x.to(device)).float().flatten(0, 1), y.to(device).flatten())
-            loss.backward()
-            arm.zero_grad()
-        devices.synchronize(device)
-        compile_s = time.perf_counter() - t_setup
+    return model, arm
+
+
+def _compiled(run: _Run, model: torch.nn.Module, arm: GradientPhase,
+              t_setup: float) -> tuple[Callable[..., torch.Tensor], float]:
+    """``torch.compile(model)`` warmed up on validation bytes (the training batch stream untouched; gradients
+    discarded, weights and optimizer state unchanged), and the seconds since ``t_setup``."""
+    from harness import devices
+    from harness.data.batches import BatchStream
+
+    forward = torch.compile(model)
+    cfg, device = run.cfg, run.device
+    warm = BatchStream(run.corpus.valid, cfg.model.context, cfg.train.batch_size, run.spec["seed"] + 1)
+    for _ in range(2):
+        x, y = warm.next()
+        loss = F.cross_entropy(forward(x.to(device)).float().flatten(0, 1), y.to(device).flatten())
+        loss.backward()
+        arm.zero_grad()
+    devices.synchronize(device)
+    return forward, time.perf_counter() - t_setup
+
+
+def _train(run: _Run, model: torch.nn.Module, forward: Callable[..., torch.Tensor], arm: GradientPhase,
+           batches: BatchStream, meter: MemoryMeter, curve: list[list[float]],
+           val_curve: list[list[float]]) -> tuple[float, float | None, float]:
+    """The steps on the training clock (validation paused), filling ``curve`` (step, loss, clock) and
+    ``val_curve`` (step, bpb, clock); returns the clock, the time to target (or None), validation seconds."""
+    from harness import devices
+    from harness.data.batches import bits_per_byte
+
+    spec, cfg, corpus, device = run.spec, run.cfg, run.corpus, run.device
     sub = cfg.eval.val_subset_windows
     clock = 0.0
     validation_s = 0.0
-    curve: list[list[float]] = []
-    val_curve: list[list[float]] = []
-    result.update(curve=curve, val_curve=val_curve)
     time_to_target: float | None = None
     target = spec["val_target_bpb"]
     steps = spec["steps"]
@@ -183,6 +243,16 @@ def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
             val_curve.append([step + 1, bpb, clock])
             if time_to_target is None and bpb <= target:
                 time_to_target = clock
+    return clock, time_to_target, validation_s
+
+
+def _evaluate(run: _Run, model: torch.nn.Module, ckpt: Path,
+              meter: MemoryMeter) -> tuple[WorkerResult, dict[str, float]]:
+    """Full BPB, the checkpoint re-scored by a fresh model, memory peaks; and the seconds each part took."""
+    from harness.data.batches import bits_per_byte
+    from harness.models import build_model
+
+    spec, cfg, corpus, device = run.spec, run.cfg, run.corpus, run.device
     e0 = time.perf_counter()
     val_bpb, val_bytes = bits_per_byte(model, corpus.valid, cfg.model.context, cfg.eval.batch_size, device)
     test_bpb, test_bytes = bits_per_byte(model, corpus.test, cfg.model.context, cfg.eval.batch_size, device)
@@ -190,13 +260,12 @@ def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     c0 = time.perf_counter()
     from safetensors.torch import load_file, save_file
 
-    ckpt = Path(job["checkpoint_path"])
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
     tmp = ckpt.with_suffix(".tmp")
     save_file(state, str(tmp), metadata={"run_id": spec["run_id"], "config": cfg.name})
     os.replace(tmp, ckpt)
-    ckpt_sha = _sha_file(ckpt)
+    ckpt_sha = sha256_bytes(ckpt.read_bytes())
     checkpoint_s = time.perf_counter() - c0
     r0 = time.perf_counter()
     fresh = build_model(cfg.model, spec["seed"])
@@ -204,23 +273,12 @@ def execute(job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     fresh.to(device)
     rescored, _ = bits_per_byte(fresh, corpus.test, cfg.model.context, cfg.eval.batch_size, device)
     rescore_s = time.perf_counter() - r0
-    total_s = time.perf_counter() - t_start
-    result.update(
-        val_bpb=val_bpb, test_bpb=test_bpb, rescored_test_bpb=rescored,
-        rescore_identical=(rescored == test_bpb), eval_bytes={"valid": val_bytes, "test": test_bytes},
-        memory=meter.peaks(),
-        checkpoint={"path": str(ckpt), "sha256": ckpt_sha, "bytes": ckpt.stat().st_size},
-        timings={
-            "setup_s": t_setup - t_start, "compile_s": compile_s, "training_s": clock,
-            "time_to_target_s": time_to_target, "validation_s": validation_s, "evaluation_s": evaluation_s,
-            "checkpoint_s": checkpoint_s, "rescore_s": rescore_s, "total_s": total_s,
-        },
-    )
-    if rescored != test_bpb:
-        raise RunFailure(f"re-scored test BPB {rescored!r} differs from the in-run {test_bpb!r}: the checkpoint "
-                         "round trip is not exact")
-    result.update(status="ok", reason=None)
-    return result
+    measured: WorkerResult = {
+        "val_bpb": val_bpb, "test_bpb": test_bpb, "rescored_test_bpb": rescored,
+        "rescore_identical": rescored == test_bpb, "eval_bytes": {"valid": val_bytes, "test": test_bytes},
+        "memory": meter.peaks(),
+        "checkpoint": {"path": str(ckpt), "sha256": ckpt_sha, "bytes": ckpt.stat().st_size}}
+    return measured, {"evaluation_s": evaluation_s, "checkpoint_s": checkpoint_s, "rescore_s": rescore_s}
 
 
 def serve() -> int:
@@ -303,17 +361,17 @@ def main(argv: list[str] | None = None) -> int:
     if job.get("probe"):
         report(args[1], probe())
         return 0
-    result: dict[str, Any] = {}
+    result: WorkerResult = {}
     try:
         execute(job, result)
         code = 0
     except Exception as e:  # every failure is reported to the parent, which records it
         oom = "out of memory" in str(e).lower()
-        result.update(
-            status="failed",
-            reason=f"{'out of memory' if oom else type(e).__name__}: {e}",
-            traceback=traceback.format_exc()[-4000:],
-        )
+        result.update({
+            "status": "failed",
+            "reason": f"{'out of memory' if oom else type(e).__name__}: {e}",
+            "traceback": traceback.format_exc()[-4000:],
+        })
         code = 3
     # the worker's own measure of its device time: from this process's start to its result
     result.setdefault("timings", {})["device_s"] = time.monotonic() - _T0
@@ -321,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def report(where: str, result: dict[str, Any]) -> None:
+def report(where: str, result: Mapping[str, object]) -> None:
     """Hand the result to the parent: ``fd:N`` is the pipe it gave this process (one ASCII line of
     JSON, never a file another process could read first); otherwise a file path (for operators)."""
     data = json.dumps(jsonable(result), sort_keys=True, separators=(",", ":"), allow_nan=False).encode("ascii")
