@@ -260,7 +260,7 @@ class PackedAdamW(torch.optim.Optimizer):
         self._pack.zero_grads(set_to_none)
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         if self._phase is not None:  # clip_step_zero_grad's update, called through (a wrapped) step
             total, coef = self._phase
             self._phase = None
@@ -298,7 +298,7 @@ class PackedAdamW(torch.optim.Optimizer):
                 steps = lists[5]
             torch._foreach_add_(steps, 1)
             scale, inf = amp_tensors(self, g.device)
-            torch._fused_adamw_(*lists, **lr_on(kwargs, g.device), grad_scale=scale, found_inf=inf)  # type: ignore
+            torch._fused_adamw_(*lists, **lr_on(kwargs, g.device), grad_scale=scale, found_inf=inf)
             if inf is not None:
                 torch._foreach_sub_(steps, [inf] * len(steps))
         if produced is not None:

@@ -68,7 +68,7 @@ def phase_update(opt: PackedAdamW, total: Tensor, coef: Tensor) -> None:
             kw = lr_on(fused_kwargs(opt.param_groups[g.pg], g.pg), g.device)
             for block in opt._blocks[gi]:
                 block.grad.mul_(c)
-                torch._fused_adamw_(*block.lists, **kw, grad_scale=scale, found_inf=inf)  # type: ignore
+                torch._fused_adamw_(*block.lists, **kw, grad_scale=scale, found_inf=inf)
                 if not pack.release_mode:
                     block.grad.fill_(-0.0)
             if inf is not None:

@@ -141,7 +141,7 @@ def check_native_phase(steps: int = 40, backward_norms: bool = False) -> bool:
         init = [torch.randn(s, generator=gen) for s in ALIGNED_SHAPES]
         a = [t.clone().requires_grad_() for t in init]
         b = [t.clone().requires_grad_() for t in init]
-        oa = torch.optim.AdamW(a, lr=1e-2, fused=True, **kw)  # type: ignore[arg-type]
+        oa = torch.optim.AdamW(a, lr=1e-2, fused=True, **kw)
         ob = PackedAdamW(b, lr=1e-2, release_grads=release, backward_norms=backward_norms, **kw)  # type: ignore[arg-type]
         if not ob.phase_kernel().startswith("phase.c"):
             return False

@@ -104,7 +104,7 @@ def check_update(k: kernel.Kernel, sq_form: int) -> bool:
             g = grad.clone()
             g.mul_(coef)
             ref[4].add_(1)
-            torch._fused_adamw_(  # type: ignore[attr-defined]
+            torch._fused_adamw_(
                 [ref[0]], [g], [ref[1]], [ref[2]], [ref[3]] if amsgrad else [], [ref[4][0]], lr=lr, beta1=b1,
                 beta2=b2, weight_decay=wd, eps=eps, amsgrad=amsgrad, maximize=maximize, grad_scale=grad_scale,
                 found_inf=found_inf,
