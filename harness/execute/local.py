@@ -56,7 +56,7 @@ class LocalExecutor:
                                 if runner.live:
                                     runner.echo(f"\r  running {spec.run_id} {time.monotonic() - t0:6.1f}s")
 
-                            outcome = launch(launcher, runner.job(spec, attempt), work, runner.root, runner.env, beat)
+                            outcome = launch(launcher, runner.job(spec, attempt).to_json(), work, runner.root, runner.env, beat)
                         status = runner.finished(spec, attempt, outcome)
                         runner.echo(f"  {status} ({runner.progress.executed_s[-1]:.1f} s)")
                     runner.echo(f"  {describe(runner.ledger.head())}")

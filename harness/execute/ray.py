@@ -122,7 +122,7 @@ class RayExecutor:
                     claim = runner.claim(waiting.pop(0), sum(r[2] for r in inflight.values()), widen)
                     if claim is None:
                         continue
-                    jobs = [runner.job(s, runner.next_attempt(s)) for s in claim.todo]
+                    jobs = [runner.job(s, runner.next_attempt(s)).to_json() for s in claim.todo]
                     for j in jobs:
                         self.unit_attempts[(j["spec"]["run_id"], j["attempt"])] = claim.unit_attempt
                     ref = task.options(**base_options, **placement).remote(jobs, expect, corpus_ref, queue, self.gate)

@@ -13,12 +13,13 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from harness.errors import RefusedError
+from harness.execute.job import Job
 from harness.execute.launchers import LAUNCHERS, Launcher, Outcome, launch, worker_env
 from harness.records import canonical
 
@@ -145,15 +146,15 @@ def run_unit(jobs: list[dict[str, Any]], expect: dict[str, Any], corpus: dict[st
         except Exception as e:  # a node that cannot even be checked refuses (it would fail every unit)
             raise RefusedError(f"node {label} could not be checked: {type(e).__name__}: {e}") from e
     local = _CHECKED[key][1]
-    for k, job in enumerate(jobs, 1):
-        job = dict(job, checkpoint_path=str(base / "checkpoints" / Path(job["checkpoint_path"]).name))
-        if local is not None:
-            job["corpus"] = local
-        rid, attempt = job["spec"]["run_id"], job["attempt"]
+    for k, shipped in enumerate(jobs, 1):
+        job = Job.from_json(shipped)
+        job = replace(job, checkpoint_path=str(base / "checkpoints" / Path(job.checkpoint_path).name),
+                      corpus=local if local is not None else job.corpus)
+        rid, attempt = job.spec.run_id, job.attempt
         queue.put(("start", rid, attempt, node))
         if gate is not None:  # the started entry is in the ledger before the worker starts
             ray.get(gate.wait.remote(f"{rid}.a{attempt}"), timeout=600)
-        outcome = launch(launcher, job, base / "work" / f"{rid}.a{attempt}", cwd, env,
+        outcome = launch(launcher, job.to_json(), base / "work" / f"{rid}.a{attempt}", cwd, env,
                          partial(_test_hold, f"during:{k}"))
         queue.put(("done", rid, attempt, node, asdict(outcome)))
         _test_hold(f"between:{k}")

@@ -41,6 +41,7 @@ from harness import freeze, gitutil
 from harness.data.corpora import LocalCorpus
 from harness.execute.base import Executor
 from harness.execute.hermetic import hermetic_env
+from harness.execute.job import Job
 from harness.execute.launchers import Outcome
 from harness.execute.local import LocalExecutor
 from harness.execute.state import Progress, RunState, run_states
@@ -164,13 +165,13 @@ class Runner:
         return current + 1 if len(todo) == len(unit) or current == 0 else current
 
     # -- execution -----------------------------------------------------------------------
-    def job(self, spec: RunSpec, attempt: int, checkpoint_dir: Path | None = None) -> dict[str, Any]:
+    def job(self, spec: RunSpec, attempt: int, checkpoint_dir: Path | None = None) -> Job:
         """What the worker needs, with paths relative to the study's root (a node's copy of it)."""
         ckpt = (checkpoint_dir or self.dir / "checkpoints") / f"{spec.run_id}.a{attempt}.safetensors"
         cfg = Path(self.proto.configs[spec.config].path).resolve().relative_to(self.root.resolve())
         local = self.proto.corpus.as_dict() if isinstance(self.proto.corpus, LocalCorpus) else None
-        return {"spec": spec.as_dict(), "attempt": attempt, "config_path": cfg.as_posix(),
-                "data_dir": spec.data_dir, "corpus": local, "checkpoint_path": str(ckpt)}
+        return Job(spec=spec, attempt=attempt, config_path=cfg.as_posix(), data_dir=spec.data_dir, corpus=local,
+                   checkpoint_path=str(ckpt))
 
     def started(self, spec: RunSpec, attempt: int, node: str | None = None, unit_attempt: int = 1) -> None:
         """A run's process is about to start: append its started entry to the ledger (found later

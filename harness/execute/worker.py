@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from harness.execute.job import Job
 from harness.freeze import code_sha256
 from harness.records import WorkerResult, atomic_write, jsonable, sha256_bytes
 
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
     from harness.data import Corpus
     from harness.data.batches import BatchStream
     from harness.devices import MemoryMeter
+    from harness.plan import RunSpec
 
 
 class RunFailure(RuntimeError):
@@ -85,13 +87,13 @@ def _phase_so_sha256() -> str | None:
 class _Run:
     """What each part of a run reads: the job's spec, its configuration, its corpus and the device."""
 
-    spec: dict[str, Any]
+    spec: RunSpec
     cfg: Config
     corpus: Corpus
     device: torch.device
 
 
-def execute(job: dict[str, Any], result: WorkerResult) -> WorkerResult:
+def execute(job: Job, result: WorkerResult) -> WorkerResult:
     """Run the job, filling ``result`` as it goes (so a failure keeps what was measured)."""
     from harness import devices
     from harness.config import load_config
@@ -99,27 +101,27 @@ def execute(job: dict[str, Any], result: WorkerResult) -> WorkerResult:
     from harness.data.batches import BatchStream
 
     t_start = time.perf_counter()
-    spec = job["spec"]
+    spec = job.spec
     result["status"] = "running"
-    if spec.get("threads"):
-        torch.set_num_threads(int(spec["threads"]))
-    device = devices.resolve(spec["device"])
-    cfg = load_config(job["config_path"])
-    if cfg.sha256 != spec["config_sha256"]:
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    device = devices.resolve(spec.device)
+    cfg = load_config(job.config_path)
+    if cfg.sha256 != spec.config_sha256:
         raise RunFailure(f"configuration {cfg.path} changed since the plan (sha256 {cfg.sha256})")
-    corpus = load_corpus(job.get("corpus") or spec["corpus"], job.get("data_dir"))
+    corpus = load_corpus(job.corpus or spec.corpus, job.data_dir)
     run = _Run(spec, cfg, corpus, device)
     result["env"] = _environment(run)
     model, arm = _model_and_arm(run, result)
-    batches = BatchStream(corpus.train, cfg.model.context, cfg.train.batch_size, spec["seed"])
+    batches = BatchStream(corpus.train, cfg.model.context, cfg.train.batch_size, spec.seed)
     meter = devices.MemoryMeter(device)
     t_setup = time.perf_counter()
-    forward, compile_s = _compiled(run, model, arm, t_setup) if spec["compile"] else (model, 0.0)
+    forward, compile_s = _compiled(run, model, arm, t_setup) if spec.compile else (model, 0.0)
     curve: list[list[float]] = []
     val_curve: list[list[float]] = []
     result.update({"curve": curve, "val_curve": val_curve})
     clock, time_to_target, validation_s = _train(run, model, forward, arm, batches, meter, curve, val_curve)
-    measured, seconds = _evaluate(run, model, Path(job["checkpoint_path"]), meter)
+    measured, seconds = _evaluate(run, model, Path(job.checkpoint_path), meter)
     total_s = time.perf_counter() - t_start
     result.update(measured)
     result["timings"] = {"setup_s": t_setup - t_start, "compile_s": compile_s, "training_s": clock,
@@ -157,14 +159,14 @@ def _model_and_arm(run: _Run, result: WorkerResult) -> tuple[torch.nn.Module, Gr
     from harness.models import build_model, count_parameters
 
     spec = run.spec
-    torch.manual_seed(spec["seed"])
-    model = build_model(run.cfg.model, spec["seed"]).to(run.device)
+    torch.manual_seed(spec.seed)
+    model = build_model(run.cfg.model, spec.seed).to(run.device)
     result["parameters"] = count_parameters(model)
     params = list(dict.fromkeys(model.parameters()))
     rng = torch.get_rng_state()
-    arm = resolve(spec["arm"])(ArmContext(model, params, run.cfg.train, run.device))
+    arm = resolve(spec.arm)(ArmContext(model, params, run.cfg.train, run.device))
     if not torch.equal(rng, torch.get_rng_state()):
-        raise RunFailure(f"arm {spec['arm']} drew from the global random state while it was built; an arm must not "
+        raise RunFailure(f"arm {spec.arm} drew from the global random state while it was built; an arm must not "
                          "touch the seed (harness/arms.py)")
     paths = exact_paths(run.device.type)
     result["method_paths"] = {
@@ -189,7 +191,7 @@ def _compiled(run: _Run, model: torch.nn.Module, arm: GradientPhase,
 
     forward = torch.compile(model)
     cfg, device = run.cfg, run.device
-    warm = BatchStream(run.corpus.valid, cfg.model.context, cfg.train.batch_size, run.spec["seed"] + 1)
+    warm = BatchStream(run.corpus.valid, cfg.model.context, cfg.train.batch_size, run.spec.seed + 1)
     for _ in range(2):
         x, y = warm.next()
         loss = F.cross_entropy(forward(x.to(device)).float().flatten(0, 1), y.to(device).flatten())
@@ -212,8 +214,8 @@ def _train(run: _Run, model: torch.nn.Module, forward: Callable[..., torch.Tenso
     clock = 0.0
     validation_s = 0.0
     time_to_target: float | None = None
-    target = spec["val_target_bpb"]
-    steps = spec["steps"]
+    target = spec.val_target_bpb
+    steps = spec.steps
     for step in range(steps):
         arm.set_lr(cfg.lr_at(step, steps))
         x, y = batches.next()
@@ -229,14 +231,14 @@ def _train(run: _Run, model: torch.nn.Module, forward: Callable[..., torch.Tenso
         devices.synchronize(device)
         clock += time.perf_counter() - t0
         if step == 0 and not torch.equal(rng, torch.get_rng_state()):
-            raise RunFailure(f"arm {spec['arm']} drew from the global random state in its gradient phase; an arm "
+            raise RunFailure(f"arm {spec.arm} drew from the global random state in its gradient phase; an arm "
                              "must not touch the seed (harness/arms.py)")
         meter.sample()
         value = float(loss.detach())
         curve.append([step + 1, value, clock])
         if not math.isfinite(value):
             raise RunFailure(f"non-finite training loss {value} at step {step + 1}")
-        if (step + 1) % spec["val_every"] == 0 or step + 1 == steps:
+        if (step + 1) % spec.val_every == 0 or step + 1 == steps:
             v0 = time.perf_counter()
             bpb, _ = bits_per_byte(model, corpus.valid, cfg.model.context, cfg.eval.batch_size, device, sub)
             validation_s += time.perf_counter() - v0
@@ -263,12 +265,12 @@ def _evaluate(run: _Run, model: torch.nn.Module, ckpt: Path,
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
     tmp = ckpt.with_suffix(".tmp")
-    save_file(state, str(tmp), metadata={"run_id": spec["run_id"], "config": cfg.name})
+    save_file(state, str(tmp), metadata={"run_id": spec.run_id, "config": cfg.name})
     os.replace(tmp, ckpt)
     ckpt_sha = sha256_bytes(ckpt.read_bytes())
     checkpoint_s = time.perf_counter() - c0
     r0 = time.perf_counter()
-    fresh = build_model(cfg.model, spec["seed"])
+    fresh = build_model(cfg.model, spec.seed)
     fresh.load_state_dict(load_file(str(ckpt)))
     fresh.to(device)
     rescored, _ = bits_per_byte(fresh, corpus.test, cfg.model.context, cfg.eval.batch_size, device)
@@ -357,13 +359,13 @@ def main(argv: list[str] | None = None) -> int:
         return serve()
     job_path = Path(args[0])
     (job_path.parent / "worker.pid").write_text(str(os.getpid()))  # for operators (and tests)
-    job = json.loads(job_path.read_text(encoding="utf-8"))
-    if job.get("probe"):
+    data = json.loads(job_path.read_text(encoding="utf-8"))
+    if data.get("probe"):
         report(args[1], probe())
         return 0
     result: WorkerResult = {}
     try:
-        execute(job, result)
+        execute(Job.from_json(data), result)
         code = 0
     except Exception as e:  # every failure is reported to the parent, which records it
         oom = "out of memory" in str(e).lower()
