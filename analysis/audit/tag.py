@@ -82,15 +82,16 @@ def _when(stamp: object) -> float | None:
 TAG_FILE = "TAG"
 
 
-def stored_tag(directory: str | None, tag: str) -> bytes | None:
-    """The tag object ``harness run`` keeps as ``TAG`` in the records folder, if it names ``tag``."""
+def stored_tag(directory: str | None) -> tuple[str, bytes] | None:
+    """The tag object ``harness run`` keeps as ``TAG`` in the records folder (read once): the tag's
+    name and the object's bytes, or ``None`` when there is none or it is not a tag of a commit."""
     path = os.path.join(directory, TAG_FILE) if directory else ""
     if not path or not os.path.isfile(path):
         return None
     with open(path, "rb") as f:
         raw = f.read()
     m = re.match(rb"object [0-9a-f]{40,64}\ntype commit\ntag (\S+)\n", raw)
-    return raw if m and m.group(1).decode("utf-8", "replace") == tag else None
+    return (m.group(1).decode("utf-8", "replace"), raw) if m else None
 
 
 def object_id(root: str, kind: str, raw: bytes) -> str:
@@ -99,13 +100,14 @@ def object_id(root: str, kind: str, raw: bytes) -> str:
     return hashlib.new(algo, b"%s %d\x00" % (kind.encode(), len(raw)) + raw).hexdigest()
 
 
-def read_tag(root: str, tag: str, directory: str | None = None) -> tuple[dict | None, list[str]]:
+def read_tag(root: str, tag: str, directory: str | None = None,
+             kept: tuple[str, bytes] | None = None) -> tuple[dict | None, list[str]]:
     """The tag object, its commit, creation time and freeze manifest, read with replace objects off.
     Without the ref (a clone that did not fetch tags), from the ``TAG`` file the records folder
     keeps: the same bytes, whose object id the records name and whose commit must be in the
     repository. With both, they must be the same object."""
     kind = git_out(root, "cat-file", "-t", f"refs/tags/{tag}")
-    stored = stored_tag(directory, tag)
+    stored = kept[1] if kept is not None and kept[0] == tag else None
     if kind is None and stored is None:
         return None, [f"tag {tag} not found in the git repository at {root} (nor as {TAG_FILE} in "
                       f"{directory})"]
@@ -184,14 +186,15 @@ def load_truth(root: str, directory: str, records: list[dict], manifest: dict) -
             if isinstance(d, dict) and d.get("preregistered") is True:
                 in_checkout.append((p, d.get("id")))
                 ids.add(d.get("id"))
+    kept = stored_tag(directory)
     tags = sorted(f"protocol-{i}" for i in ids if isinstance(i, str) and i
                   and (git_out(root, "rev-parse", "-q", "--verify", f"refs/tags/protocol-{i}") is not None
-                       or stored_tag(directory, f"protocol-{i}") is not None))
+                       or (kept is not None and kept[0] == f"protocol-{i}")))
     truth: dict = {"tag": None, "tagged": False}
     if len(tags) > 1:
         problems.append(f"{directory}: the records name several tagged protocols ({', '.join(tags)})")
     if tags:
-        info, found = read_tag(root, tags[0], directory)
+        info, found = read_tag(root, tags[0], directory, kept)
         problems += found
         if info is not None:
             truth.update(info, tagged=True)
