@@ -57,7 +57,10 @@ class BackwardNorms:
 
     def __init__(self, pack: Pack) -> None:
         self.pack = pack
-        self.norms: list[Tensor | None] = [None] * pack.n
+        # per group, the norms in packed order; each parameter writes its own 0-d view of it (out=)
+        self.buffers = [torch.empty(len(g.index), dtype=g.dtype, device=g.device) for g in pack.groups]
+        self.slots: list[Tensor] = [self.buffers[gi][j] for gi, j in pack.where]
+        self.valid = [False] * pack.n
         self.seen: list[tuple[int, int]] = [(-1, -1)] * pack.n
         self.why_not: str | None = None
         for g in pack.groups:
@@ -65,22 +68,22 @@ class BackwardNorms:
                 self.why_not = f"{str(g.dtype).replace('torch.', '')} gradients on {g.device.type}: per-tensor norms are not claimed bitwise there"
                 break
 
-    def record(self, i: int) -> Tensor:
-        """Norm of parameter ``i``'s gradient slot now, remembered with the versions it holds for."""
+    def record(self, i: int) -> None:
+        """Norm of parameter ``i``'s gradient slot now (``vector_norm`` written into its place in the
+        group's buffer, ``out=``: the same kernel, bit for bit), remembered with the versions it holds for."""
         pack = self.pack
         view = pack.grad_views[i]
-        n = torch.linalg.vector_norm(view, 2.0)
-        self.norms[i] = n
+        torch.linalg.vector_norm(view, 2.0, out=self.slots[i])
+        self.valid[i] = True
         self.seen[i] = (view._version, pack.groups[pack.where[i][0]].grad._version)
-        return n
 
     def clear(self) -> None:
         """The gradients were consumed (zeroed or released): nothing remembered holds."""
-        self.norms = [None] * self.pack.n
+        self.valid = [False] * self.pack.n
 
     def fresh(self, i: int) -> bool:
         pack = self.pack
-        return self.norms[i] is not None and self.seen[i] == (
+        return self.valid[i] and self.seen[i] == (
             pack.grad_views[i]._version, pack.groups[pack.where[i][0]].grad._version)
 
     def collect(self) -> list[Tensor] | None:
@@ -94,4 +97,4 @@ class BackwardNorms:
             return None
         for i in stale:
             self.record(i)
-        return [torch.stack([self.norms[i] for i in g.index]) for g in self.pack.groups]  # type: ignore[misc]
+        return self.buffers
