@@ -1,0 +1,54 @@
+"""The in-process executor, for tests and debugging: each run's worker code in the runner's own process.
+
+It implements the one :class:`~harness.execute.base.Executor` method as the local and Ray executors
+do (claims from the runner, a started entry before each run, the outcome to
+:meth:`Runner.finished`), so a test can drive the runner, the ledger and the records without
+starting processes. The worker's result still crosses a JSON round trip, as it does on a pipe.
+Not for studies, and ``harness run`` does not offer it: a study's runs each get a fresh process
+(the protocol's ``launcher``), so that no run inherits another's allocator, caches or threads.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from typing import TYPE_CHECKING
+
+from harness.execute.launchers import Outcome
+from harness.records import WorkerResult, jsonable
+
+if TYPE_CHECKING:
+    from harness.execute.runner import Runner
+
+
+class InProcessExecutor:
+    name = "inprocess"
+
+    def execute(self, runner: Runner) -> None:
+        from harness.execute.job import Job
+        from harness.execute.worker import execute as run_job
+
+        for claim in runner.claims():
+            try:
+                for spec in claim.todo:
+                    attempt = runner.next_attempt(spec)
+                    runner.announce(spec, attempt)
+                    runner.started(spec, attempt, unit_attempt=claim.unit_attempt)
+                    job = Job.from_json(json.loads(json.dumps(runner.job(spec, attempt).to_json())))
+                    t0, wall0 = time.time(), time.monotonic()
+                    result: WorkerResult = {}
+                    code = 0
+                    try:
+                        run_job(job, result)
+                    except Exception as e:  # as the worker process reports it
+                        result.update({"status": "failed", "reason": f"{type(e).__name__}: {e}",
+                                       "traceback": traceback.format_exc()[-4000:]})
+                        code = 3
+                    wall = time.monotonic() - wall0
+                    result.setdefault("timings", {})["device_s"] = wall
+                    data = json.loads(json.dumps(jsonable(result), allow_nan=False))
+                    outcome = Outcome(code=code, result=data, wall_s=wall, started_at=t0, finished_at=time.time())
+                    runner.echo(f"  {runner.finished(spec, attempt, outcome)}")
+            finally:
+                claim.release()
