@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from harness.cotangent import kernel, onepass
+from harness.cotangent import kernel
 from harness.cotangent.backnorms import BackwardNorms
 from harness.cotangent.exactness import exact_paths
 from harness.cotangent.groups import (
@@ -20,12 +20,13 @@ from harness.cotangent.groups import (
     validated,
 )
 from harness.cotangent.kernel.phase import KernelPhase, kernel_blocker
+from harness.cotangent.onepass import OnePass
 from harness.cotangent.pack import CPU_BLOCK_BYTES, RELEASE_MIN_BYTES, FlatGroup, Pack
 from harness.cotangent.plans import blocks_for, lists_for, view_lists
 from harness.cotangent.states import check_loadable, saved_state, to_state_tensors
 
 
-class PackedAdamW(torch.optim.Optimizer):
+class PackedAdamW(OnePass, torch.optim.Optimizer):
     """AdamW over flat buffers, bitwise equal to ``torch.optim.AdamW(..., fused=True)``.
 
     On construction every parameter becomes a view of one flat buffer per (device, dtype),
@@ -303,33 +304,6 @@ class PackedAdamW(torch.optim.Optimizer):
                 torch._foreach_sub_(steps, [inf] * len(steps))
         if produced is not None:
             pack.uniform_steps = False
-
-    @torch.no_grad()
-    def clip_step_zero_grad(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> Tensor:
-        """The whole gradient phase in one pass over memory; returns the total gradient norm.
-
-        Bit for bit the same parameters, optimizer state, gradients and return value as::
-
-            total = clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite)
-            optimizer.step()
-            optimizer.zero_grad()
-
-        The per-parameter norms are read first (they decide the clip coefficient); then, block
-        by block (:func:`~harness.cotangent.plans.blocks_for`), the gradients are scaled by the
-        coefficient, the fused AdamW kernel updates the block, and the block's gradients are
-        zeroed while they are still in cache. Every coordinate goes through the same operations
-        as in the three calls; only the order in which memory is visited changes. Where
-        :meth:`phase_kernel` names ``phase.c``, the same operations run as two C calls (norms,
-        total and coefficient; then one loop that scales, updates and zeroes each element). The
-        update runs inside ``self.step()``, so whatever wraps ``step`` (an LR scheduler counting
-        steps, a profiler) sees one step, as around the three calls. Cases off the fast path (a
-        gradient missing this step, per-parameter step counts, another norm type, step hooks)
-        make the three calls.
-        """
-        return onepass.clip_step_zero_grad(self, max_norm, norm_type, error_if_nonfinite)
-
-    def _phase_update(self, total: Tensor, coef: Tensor) -> None:
-        onepass.phase_update(self, total, coef)
 
     def state_dict(self) -> dict[str, Any]:
         """Native per-parameter form (clones), loadable by ``torch.optim.AdamW`` and back."""

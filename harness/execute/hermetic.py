@@ -68,7 +68,7 @@ def phase_library(proto: Protocol) -> str | None:
 
     from harness.cotangent import kernel
 
-    cc = kernel._compiler()
+    cc = kernel.compiler()
     if cc is None:
         return None
     try:

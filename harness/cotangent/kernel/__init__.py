@@ -96,7 +96,7 @@ def lane_widths(capability: str) -> list[int]:
     return []
 
 
-def _compiler() -> str | None:
+def compiler() -> str | None:
     cc = os.environ.get("CC")
     if cc:
         return shutil.which(cc)
@@ -205,7 +205,7 @@ def _make() -> Kernel:
     if not lanes:
         raise _Unavailable(f"torch's CPU capability is {capability}, not AVX2/AVX512 (its kernels are not "
                            "phase.c's forms)")
-    cc = _compiler()
+    cc = compiler()
     if cc is None:
         raise _Unavailable("no C compiler (set CC, or install cc/gcc/clang)")
     try:
