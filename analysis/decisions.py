@@ -15,9 +15,11 @@ estimands the protocol names or on which arm it calls the baseline (swap the arm
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from analysis.hypothesis import Hypothesis
 from analysis.multiplicity import Tested, fixed_sequence, holm
 from analysis.ranks import median, signed_rank, worst_rank_differences
 from analysis.stats import reduction, rounding_scale, spread_is_rounding
@@ -35,7 +37,7 @@ from analysis.ttests import (
     t_test,
 )
 
-__all__ = ["ENDPOINT_KEYS", "TIME_ENDPOINTS", "HypothesisDecision", "TestResult", "decide", "period_adjusted",
+__all__ = ["ENDPOINT_KEYS", "TIME_ENDPOINTS", "Hypothesis", "HypothesisDecision", "TestResult", "decide", "period_adjusted",
            "sensitivity", "signed_rank", "t_test", "worst_rank_differences"]
 
 ENDPOINT_KEYS = {"training_time": "training_s", "time_to_target": "time_to_target_s", "total_time": "total_s",
@@ -88,7 +90,7 @@ def _number(p: dict[str, Any], role: str, key: str, positive: bool) -> float:
     return float(v)
 
 
-def _restricted(h: dict[str, Any], pairs: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
+def _restricted(h: Hypothesis, pairs: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
     """Restricted times ``min(T, tau)`` of both arms, one restriction ``tau`` per pair for both arms.
 
     ``tau`` is the hypothesis' ``restriction_s`` or, by default, the shorter of the pair's two
@@ -100,7 +102,7 @@ def _restricted(h: dict[str, Any], pairs: list[dict[str, Any]]) -> tuple[list[fl
     c: list[float] = []
     for p in pairs:
         train = {r: _number(p, r, "training_s", True) for r in ("baseline", "candidate")}
-        tau = h.get("restriction_s") or min(train.values())
+        tau = h.restriction_s or min(train.values())
         for role, out in (("baseline", b), ("candidate", c)):
             t = p[f"{role}_time_to_target_s"]
             if t is None:
@@ -114,22 +116,22 @@ def _restricted(h: dict[str, Any], pairs: list[dict[str, Any]]) -> tuple[list[fl
     return b, c
 
 
-def values_of(h: dict[str, Any], pairs: list[dict[str, Any]]) -> tuple[list[float], dict[str, int] | None]:
+def values_of(h: Hypothesis | Mapping[str, Any], pairs: list[dict[str, Any]]) -> tuple[list[float], dict[str, int] | None]:
     """Per-pair values on the hypothesis' test scale, and the unreached counts for time to target.
 
     Raises :class:`NotReached` naming the pair, arm and key of a null or non-finite endpoint.
     """
-    values, _scales, unreached = _values(h, pairs)
+    values, _scales, unreached = _values(Hypothesis.of(h), pairs)
     return values, unreached
 
 
-def _values(h: dict[str, Any], pairs: list[dict[str, Any]]) -> tuple[list[float], list[float] | None,
+def _values(h: Hypothesis, pairs: list[dict[str, Any]]) -> tuple[list[float], list[float] | None,
                                                                      dict[str, int] | None]:
     """:func:`values_of` and, but for worst-rank scores, each value's :func:`rounding_scale`."""
-    key = ENDPOINT_KEYS[h["endpoint"]]
-    ratio = scale(h["estimand"]) == "log_ratio"
+    key = ENDPOINT_KEYS[h.endpoint]
+    ratio = scale(h.estimand) == "log_ratio"
     unreached = None
-    if h["endpoint"] == "time_to_target":
+    if h.endpoint == "time_to_target":
         raw = {r: [p[f"{r}_{key}"] for p in pairs] for r in ("baseline", "candidate")}
         unreached = {"baseline": raw["baseline"].count(None), "candidate": raw["candidate"].count(None),
                      "both": sum(x is None and y is None for x, y in zip(raw["baseline"], raw["candidate"]))}
@@ -137,13 +139,13 @@ def _values(h: dict[str, Any], pairs: list[dict[str, Any]]) -> tuple[list[float]
             for role in ("baseline", "candidate"):
                 if p[f"{role}_{key}"] is not None:
                     _number(p, role, key, True)
-        if h["censoring"] == "worst_rank":
+        if h.censoring == "worst_rank":
             return worst_rank_differences(raw["baseline"], raw["candidate"]), None, unreached
         b, c = _restricted(h, pairs)
     else:
         b = [_number(p, "baseline", key, ratio) for p in pairs]
         c = [_number(p, "candidate", key, ratio) for p in pairs]
-    scales = rounding_scale(b, c, scale(h["estimand"]))
+    scales = rounding_scale(b, c, scale(h.estimand))
     if ratio:
         return [math.log(y) - math.log(x) for x, y in zip(b, c)], scales, unreached
     return [y - x for x, y in zip(b, c)], scales, unreached
@@ -155,7 +157,7 @@ def _worst_rank_estimate(pairs: list[dict[str, Any]]) -> tuple[float | None, str
     return median(both), f"median ln(c/b) of the {len(both)} pairs where both arms reached the target"
 
 
-def _test(h: dict[str, Any], pairs: list[dict[str, Any]], min_pairs: int) -> tuple[TestResult | None, str | None,
+def _test(h: Hypothesis, pairs: list[dict[str, Any]], min_pairs: int) -> tuple[TestResult | None, str | None,
                                                                                      dict[str, int] | None]:
     if len(pairs) < min_pairs:
         return None, f"too few pairs: {len(pairs)} of the protocol's min_pairs {min_pairs}", None
@@ -166,18 +168,18 @@ def _test(h: dict[str, Any], pairs: list[dict[str, Any]], min_pairs: int) -> tup
     except NotReached as e:
         return None, str(e), unreached
     except ValueError:
-        return None, f"a relative margin of {h['margin']:g}% has no ratio", unreached
+        return None, f"a relative margin of {h.margin:g}% has no ratio", unreached
     if scales is None:  # worst-rank scores: the signed-rank test
         if all(v == 0.0 for v in values):
             return None, "identical: every pair's difference is exactly 0", unreached
-        r = signed_rank(values, sign(h["better"]))
+        r = signed_rank(values, sign(h.better))
         est, what = _worst_rank_estimate(pairs)
         return TestResult("signed-rank", r.n, est, None, 0, r.statistic, r.p_value, what), None, unreached
     if spread_is_rounding(values, scales):
         if all(v == 0.0 for v in values):
             return None, "identical: every pair's difference is exactly 0", unreached
         return None, ZERO_SPREAD, unreached
-    if h.get("period_adjusted"):
+    if h.period_adjusted:
         first = [p["first"] for p in pairs]
         if min(first.count("baseline"), len(first) - first.count("baseline")) < 2:
             return None, "the period-adjusted estimand needs at least two pairs in each order", unreached
@@ -207,11 +209,11 @@ ZERO_SPREAD_WITHIN = ("zero spread within each order group: the period-adjusted 
                       "(16 ulps of |b| + |c|, or of 1 + |ln b| + |ln c| for a log ratio)")
 
 
-def _gate(h: dict[str, Any], spec: dict[str, Any], completeness: dict[str, Any]) -> str | None:
+def _gate(h: Hypothesis, spec: dict[str, Any], completeness: dict[str, Any]) -> str | None:
     if completeness.get("complete") is False and not completeness.get("budget_stop"):
         return (f"incomplete: {completeness['missing_runs']} of {completeness['planned_runs']} planned runs have "
                 "no ok record")
-    if completeness.get("budget_stop") and h["endpoint"] in TIME_ENDPOINTS and not spec.get("decide_time_after_budget_stop"):
+    if completeness.get("budget_stop") and h.endpoint in TIME_ENDPOINTS and not spec.get("decide_time_after_budget_stop"):
         return ("stopped by the budget rule, which depends on run times, this endpoint's outcome; the protocol did not "
                 "preregister deciding time endpoints after such a stop (decide_time_after_budget_stop)")
     return None
@@ -257,19 +259,19 @@ def decide(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, 
     tested = _tested(spec, pairs_of, completeness)
     procedure = fixed_sequence if spec["procedure"] == "fixed_sequence" else holm
     verdicts, used = procedure(tested, spec["family_alpha"])
-    return [_decision(h, t, verdicts[h["id"]], used[h["id"]], unreached, completeness)
+    return [_decision(h, t, verdicts[h.id], used[h.id], unreached, completeness)
             for h, t, _why, unreached in tested]
 
 
 def _tested(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, Any]]],
             completeness: dict[str, Any]) -> list[Tested]:
     out: list[Tested] = []
-    for h in spec["tests"]:
+    for h in map(Hypothesis.of, spec["tests"]):
         gate = _gate(h, spec, completeness)
         if gate is not None:
             out.append((h, None, gate, None))
         else:
-            out.append((h, *_test(h, pairs_of.get((h["study"], h["config"]), []), spec["min_pairs"])))
+            out.append((h, *_test(h, pairs_of.get((h.study, h.config), []), spec["min_pairs"])))
     return out
 
 
@@ -290,13 +292,13 @@ def _in_units(t: TestResult, a: float | None,
     return estimate, low, high, 1.0 - 2.0 * a
 
 
-def _decision(h: dict[str, Any], t: TestResult | None, verdict: tuple[str, str | None], a: float | None,
+def _decision(h: Hypothesis, t: TestResult | None, verdict: tuple[str, str | None], a: float | None,
               unreached: dict[str, int] | None, completeness: dict[str, Any]) -> HypothesisDecision:
     st, reason = verdict
-    estimate, low, high, level = _in_units(t, a, h["estimand"]) if t is not None else (None, None, None, None)
+    estimate, low, high, level = _in_units(t, a, h.estimand) if t is not None else (None, None, None, None)
     return HypothesisDecision(
-        id=h["id"], study=h["study"], config=h["config"], endpoint=h["endpoint"], estimand=h["estimand"],
-        type=h["type"], margin=h["margin"], better=h["better"], status=st, reason=reason, alpha=a,
+        id=h.id, study=h.study, config=h.config, endpoint=h.endpoint, estimand=h.estimand,
+        type=h.type, margin=h.margin, better=h.better, status=st, reason=reason, alpha=a,
         test=asdict(t) if t is not None else None, estimate=estimate,
         estimate_of=None if t is None else (t.estimate_of if t.method == "signed-rank" else _label(h)),
         low=low, high=high, level=level, unreached=unreached,
@@ -304,18 +306,18 @@ def _decision(h: dict[str, Any], t: TestResult | None, verdict: tuple[str, str |
     )
 
 
-def _label(h: dict[str, Any]) -> str:
-    if h.get("censoring") != "restricted_mean":
-        return h["estimand"]
-    tau = f"{h['restriction_s']:g} s" if h.get("restriction_s") else "the pair's shorter training time"
-    return f"{h['estimand']} of the restricted times min(T, tau), tau = {tau}"
+def _label(h: Hypothesis) -> str:
+    if h.censoring != "restricted_mean":
+        return h.estimand
+    tau = f"{h.restriction_s:g} s" if h.restriction_s else "the pair's shorter training time"
+    return f"{h.estimand} of the restricted times min(T, tau), tau = {tau}"
 
 
-def _text(h: dict[str, Any], status: str, reason: str | None, t: TestResult | None, a: float | None,
+def _text(h: Hypothesis, status: str, reason: str | None, t: TestResult | None, a: float | None,
           low: float | None, high: float | None, completeness: dict[str, Any]) -> str:
-    what = {"superiority": "superiority", "non_inferiority": f"non-inferiority (margin {h['margin']:g})",
-            "equivalence": f"equivalence (margin {h['margin']:g})"}[h["type"]]
-    head = f"{h['id']}: {what} of {h['endpoint']} ({h['estimand']}, {h['better']} is better)"
+    what = {"superiority": "superiority", "non_inferiority": f"non-inferiority (margin {h.margin:g})",
+            "equivalence": f"equivalence (margin {h.margin:g})"}[h.type]
+    head = f"{h.id}: {what} of {h.endpoint} ({h.estimand}, {h.better} is better)"
     if t is None:
         return f"{head}: not reached ({reason})"
     stats = f"p = {t.p_value:.3g} against alpha {a:.3g}" if a is not None else f"p = {t.p_value:.3g}"
@@ -325,11 +327,11 @@ def _text(h: dict[str, Any], status: str, reason: str | None, t: TestResult | No
     prefix = ""
     if completeness.get("budget_stop"):
         prefix = "(study stopped by its budget rule; the stop depended on run times, this endpoint's outcome) " \
-            if h["endpoint"] in TIME_ENDPOINTS else "(study stopped by its budget rule) "
+            if h.endpoint in TIME_ENDPOINTS else "(study stopped by its budget rule) "
     return f"{prefix}{head}: {verdict}; {stats}"
 
 
-def sensitivity(h: dict[str, Any], pairs: list[dict[str, Any]], failed: list[dict[str, Any]]) -> dict[str, Any] | None:
+def sensitivity(h: Hypothesis | Mapping[str, Any], pairs: list[dict[str, Any]], failed: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Pre-specified sensitivity analysis: a pair whose arm failed counts as adverse to that arm.
 
     Notes
@@ -345,12 +347,13 @@ def sensitivity(h: dict[str, Any], pairs: list[dict[str, Any]], failed: list[dic
     """
     if not failed:
         return None
+    h = Hypothesis.of(h)
     try:
         values = values_of(h, pairs)[0] if pairs else []
         lo, hi = bounds(h)
     except ValueError:
         return None
-    s = sign(h["better"])
+    s = sign(h.better)
     parts = []
     for bound, k in ((lo, 1), (hi, -1)):  # distance k (v - bound) > 0 inside the alternative
         if bound is None:

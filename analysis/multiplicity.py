@@ -7,14 +7,13 @@ A hypothesis is established when its test passes at its alpha (:func:`analysis.t
 
 from __future__ import annotations
 
-from typing import Any
-
+from analysis.hypothesis import Hypothesis
 from analysis.ttests import TestResult, passes
 
 __all__ = ["Tested", "Verdicts", "fixed_sequence", "holm"]
 
 #: A hypothesis, its test (None where it is not reached), why not, and the unreached counts.
-Tested = tuple[dict[str, Any], TestResult | None, str | None, dict[str, int] | None]
+Tested = tuple[Hypothesis, TestResult | None, str | None, dict[str, int] | None]
 #: Per hypothesis id: (status, reason) and the alpha its test used (None: not tested).
 Verdicts = tuple[dict[str, tuple[str, str | None]], dict[str, float | None]]
 
@@ -26,16 +25,16 @@ def fixed_sequence(tested: list[Tested], alpha: float) -> Verdicts:
     failed = None
     for h, t, why, _ in tested:
         if failed is not None:
-            status[h["id"]] = ("not reached", f"a failed prerequisite in the hierarchy: {failed}")
-            used[h["id"]] = None
+            status[h.id] = ("not reached", f"a failed prerequisite in the hierarchy: {failed}")
+            used[h.id] = None
         elif t is None:
-            status[h["id"]], used[h["id"]] = ("not reached", why), alpha
-            failed = h["id"]
+            status[h.id], used[h.id] = ("not reached", why), alpha
+            failed = h.id
         else:
-            used[h["id"]] = alpha
+            used[h.id] = alpha
             ok = passes(t, alpha)
-            status[h["id"]] = ("established" if ok else "not established", None)
-            failed = None if ok else h["id"]
+            status[h.id] = ("established" if ok else "not established", None)
+            failed = None if ok else h.id
     return status, used
 
 
@@ -50,14 +49,14 @@ def holm(tested: list[Tested], alpha: float) -> Verdicts:
     for k, i in enumerate(sorted(range(m), key=lambda i: (p[i], i))):
         h, t, why, _ = tested[i]
         a = alpha / (m - k)
-        used[h["id"]] = a
+        used[h.id] = a
         if t is None:
-            status[h["id"]] = ("not reached", why)
+            status[h.id] = ("not reached", why)
             stopped = True
         elif stopped:
-            status[h["id"]] = ("not established", "Holm's procedure stopped at an earlier hypothesis")
+            status[h.id] = ("not established", "Holm's procedure stopped at an earlier hypothesis")
         else:
             ok = passes(t, a)
-            status[h["id"]] = ("established" if ok else "not established", None)
+            status[h.id] = ("established" if ok else "not established", None)
             stopped = not ok
     return status, used

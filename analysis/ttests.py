@@ -12,12 +12,13 @@ mean on that scale (:func:`bounds`; ``None``: unbounded).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from scipy import stats as _st
 
+from analysis.hypothesis import Hypothesis
 from analysis.public_audit import t_critical
 
 
@@ -75,7 +76,7 @@ def one_sided(s: int, kind: str, margin: float) -> tuple[float | None, float | N
     return (bound, None) if s > 0 else (None, bound)
 
 
-def bounds(h: dict[str, Any]) -> tuple[float | None, float | None]:
+def bounds(h: Hypothesis | Mapping[str, Any]) -> tuple[float | None, float | None]:
     """The alternative region of hypothesis ``h`` for the mean on its test scale.
 
     Notes
@@ -87,9 +88,12 @@ def bounds(h: dict[str, Any]) -> tuple[float | None, float | None]:
     (``L > g(d)``); equivalence ``-d < E < d`` is ``g(d) < L < g(-d)``. A relative margin is a
     percentage of the baseline, so its mirror (arms swapped) is the margin ``100 d / (100 - d)``.
     """
-    d, kind = h["margin"], h["type"]
-    if h["estimand"] != "relative_reduction":
-        return one_sided(sign(h["better"]), kind, d)
+    if isinstance(h, Hypothesis):
+        d, kind, estimand, better = h.margin, h.type, h.estimand, h.better
+    else:  # the four keys that define the region suffice
+        d, kind, estimand, better = float(h.get("margin", 0.0)), h["type"], h["estimand"], h["better"]
+    if estimand != "relative_reduction":
+        return one_sided(sign(better), kind, d)
 
     def g(x: float) -> float:
         return math.log1p(-x / 100.0)
@@ -97,7 +101,7 @@ def bounds(h: dict[str, Any]) -> tuple[float | None, float | None]:
     if kind == "equivalence":
         return g(d), g(-d)
     e = d if kind == "superiority" else -d
-    return (None, g(e)) if h["better"] == "lower" else (g(-e), None)
+    return (None, g(e)) if better == "lower" else (g(-e), None)
 
 
 def t_result(method: str, n: int, m: float, se: float, df: int, region: tuple[float | None, float | None]) -> TestResult:
