@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from analysis.hypothesis import Hypothesis
 from analysis.multiplicity import Tested, fixed_sequence, holm
+from analysis.preregistration import Hypothesis
 from analysis.ranks import median, signed_rank, worst_rank_differences
 from analysis.stats import reduction, rounding_scale, spread_is_rounding
 from analysis.ttests import (

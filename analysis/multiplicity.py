@@ -7,7 +7,7 @@ A hypothesis is established when its test passes at its alpha (:func:`analysis.t
 
 from __future__ import annotations
 
-from analysis.hypothesis import Hypothesis
+from analysis.preregistration import Hypothesis
 from analysis.ttests import TestResult, passes
 
 __all__ = ["Tested", "Verdicts", "fixed_sequence", "holm"]

@@ -18,7 +18,7 @@ from typing import Any
 
 from scipy import stats as _st
 
-from analysis.hypothesis import Hypothesis
+from analysis.preregistration import Hypothesis
 from analysis.public_audit import t_critical
 
 
