@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import re
 
+#: YAML's white space (str.strip() would also take NO-BREAK SPACE and other Unicode spaces, which
+#: YAML reads as text).
+_WS = " \t"
+
 _BOOL = {"yes": True, "Yes": True, "YES": True, "true": True, "True": True, "TRUE": True, "on": True,
          "On": True, "ON": True, "no": False, "No": False, "NO": False, "false": False, "False": False,
          "FALSE": False, "off": False, "Off": False, "OFF": False}
@@ -29,7 +33,7 @@ class YamlError(ValueError):
 
 def _plain(text: str, line: int) -> object:
     """A plain scalar resolved as PyYAML's SafeLoader resolves it (YAML 1.1 core)."""
-    t = text.strip()
+    t = text.strip(_WS)
     if t in _BOOL:
         return _BOOL[t]
     if t in _NULL:
@@ -181,7 +185,7 @@ def _flow(s: str, i: int, line: int) -> tuple[object, int]:
     while (j < len(s) and s[j] not in ",]}"
            and not (s[j] == ":" and (j + 1 == len(s) or s[j + 1] in " \n,]}"))):
         j += 1
-    parts = [p.strip() for p in s[i:j].split("\n")]
+    parts = [p.strip(_WS) for p in s[i:j].split("\n")]
     while parts and parts[-1] == "":
         parts.pop()
     return (_plain(parts[0], line) if len(parts) <= 1 else _fold(parts)) if parts else None, j

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .yamlflow import YamlError, _flow, _fold, _join_quoted, _plain, _quote_end, _unescape
+from .yamlflow import _WS, YamlError, _flow, _fold, _join_quoted, _plain, _quote_end, _unescape
 
 
 class _Reader:
@@ -22,10 +22,10 @@ class _Reader:
         while self.n < len(self.raw):
             line = self.raw[self.n]
             body = line.lstrip(" ")
-            if body.strip() and not body.lstrip().startswith("#"):
+            if body.strip(_WS) and not body.lstrip(_WS).startswith("#"):
                 if body.startswith("\t"):
                     raise YamlError(self.n + 1, "a tab in indentation")
-                if line.rstrip() == "---" and not self.started:
+                if line.rstrip(_WS) == "---" and not self.started:
                     self.started = True
                     self.n += 1
                     continue
@@ -68,7 +68,7 @@ class _Reader:
 
     def block(self, ind: int) -> object:
         s = self.raw[self.n][ind:]
-        if s.startswith("- ") or s.rstrip() == "-":
+        if s.startswith("- ") or s.rstrip(_WS) == "-":
             return self.sequence(ind)
         if self._key_split(s) is not None:
             return self.mapping(ind)
@@ -90,7 +90,7 @@ class _Reader:
             s = self._entry(ind)
             if s is None:
                 return out
-            if not (s.startswith("- ") or s.rstrip() == "-"):
+            if not (s.startswith("- ") or s.rstrip(_WS) == "-"):
                 return out
             item = s[1:]
             inner = len(item) - len(item.lstrip(" "))
@@ -98,7 +98,7 @@ class _Reader:
             if not item or item.startswith("#"):
                 self.n += 1
                 out.append(self.node(ind))
-            elif item.startswith("- ") or item.rstrip() == "-" or self._key_split(item) is not None:
+            elif item.startswith("- ") or item.rstrip(_WS) == "-" or self._key_split(item) is not None:
                 # a compact nested node: re-read this line as if it started at the item's column
                 self.raw[self.n] = " " * (ind + 1 + inner) + item
                 out.append(self.block(ind + 1 + inner))
@@ -115,7 +115,7 @@ class _Reader:
             if kv is None:
                 if s.startswith("- "):
                     return out
-                raise YamlError(self.n + 1, f"not a mapping entry: {s.strip()!r}")
+                raise YamlError(self.n + 1, f"not a mapping entry: {s.strip(_WS)!r}")
             key_text, rest = kv
             line = self.n + 1
             key = self.inline_one(key_text, line)
@@ -123,7 +123,7 @@ class _Reader:
                 raise YamlError(line, "a collection as a key is not read")
             if key in out:
                 raise YamlError(line, f"duplicate key {key!r}")
-            body = rest.strip()
+            body = rest.strip(_WS)
             if not body or body.startswith("#"):
                 self.n += 1
                 nxt = self.significant()
@@ -136,7 +136,7 @@ class _Reader:
                 out[key] = self.inline(rest.lstrip(" "), ind, col)
 
     def inline_one(self, text: str, line: int) -> object:
-        t = text.strip()
+        t = text.strip(_WS)
         if t[:1] == '"':
             return _unescape(t[1:-1], line) if len(t) >= 2 and t.endswith('"') else self._bad(line, t)
         if t[:1] == "'":
@@ -151,8 +151,8 @@ class _Reader:
         """A value that starts on the current line at column ``col``: quoted, flow, block scalar or
         plain, continued on the lines indented more than ``parent``."""
         line = self.n + 1
-        if text[:1] in "&*!%@`" or text.startswith(("? ", "?\t")) or text.rstrip() == "?":
-            raise YamlError(line, f"{text.strip()[:40]!r}: anchors, aliases, tags and complex keys are not "
+        if text[:1] in "&*!%@`" or text.startswith(("? ", "?\t")) or text.rstrip(_WS) == "?":
+            raise YamlError(line, f"{text.strip(_WS)[:40]!r}: anchors, aliases, tags and complex keys are not "
                                   "read by the audit; write the value out")
         if text[:1] in "|>":
             return self.block_scalar(text, parent)
@@ -164,11 +164,11 @@ class _Reader:
         first = self._strip_plain(text)
         parts = [first]
         self.n += 1
-        if "#" in text and first != text.rstrip():
+        if "#" in text and first != text.rstrip(_WS):
             return self._plain_checked(parts, line)
         while self.n < len(self.raw):
             raw = self.raw[self.n]
-            body = raw.strip()
+            body = raw.strip(_WS)
             if not body:
                 parts.append("")
                 self.n += 1
@@ -194,13 +194,13 @@ class _Reader:
 
     @staticmethod
     def _dash(s: str) -> bool:
-        return s.startswith("- ") or s.rstrip() == "-"
+        return s.startswith("- ") or s.rstrip(_WS) == "-"
 
     def _strip_plain(self, s: str) -> str:
         for i in range(len(s)):
             if self._comment_at(s, i):
-                return s[:i].rstrip()
-        return s.rstrip()
+                return s[:i].rstrip(_WS)
+        return s.rstrip(_WS)
 
     def quoted(self, text: str, col: int) -> str:
         line = self.n + 1
@@ -225,7 +225,7 @@ class _Reader:
                 i += 1
             if end is not None:
                 parts.append(buf[:end])
-                after = buf[end + 1:].strip()
+                after = buf[end + 1:].strip(_WS)
                 if after and not after.startswith("#"):
                     raise YamlError(self.n + 1, f"text after a quoted scalar: {after!r}")
                 self.n += 1
@@ -277,13 +277,13 @@ class _Reader:
                         depth -= 1
                     kept.append(ch)
                     if depth == 0:
-                        rest = s[i + 1:].strip()
+                        rest = s[i + 1:].strip(_WS)
                         if rest and not rest.startswith("#"):
                             raise YamlError(self.n + 1, f"text after a flow collection: {rest!r}")
                         done = True
                         break
                 i += 1
-            chunks.append("".join(kept) if quote else "".join(kept).rstrip())
+            chunks.append("".join(kept) if quote else "".join(kept).rstrip(_WS))
             self.n += 1
             if done:
                 break
@@ -307,7 +307,7 @@ class _Reader:
         ind = parent + explicit if explicit is not None and parent >= 0 else (explicit if explicit else None)
         while self.n < len(self.raw):
             raw = self.raw[self.n]
-            if raw.strip() == "":
+            if raw.strip(_WS) == "":
                 body.append(raw)
                 self.n += 1
                 continue
