@@ -11,6 +11,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: The ``long`` scenarios run at a reduced size by default (the README's test command, CI);
+#: ``HARNESS_TEST_FULL_SIZE=1 python -m pytest -m long`` runs them at their full size.
+FULL_SIZE = os.environ.get("HARNESS_TEST_FULL_SIZE") == "1"
+
 TINY_PROTOCOL = """\
 id: {id}
 version: 1
