@@ -94,6 +94,20 @@ def init_study(r: Path, copy: tuple[str, ...] = ("configs",), protocol: str | No
     return r
 
 
+@pytest.fixture(scope="session")
+def tagged_done_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny preregistered study (``test_integrity.make_study``: the harness and analysis copied in,
+    tagged) run to the end once for the session. ``test_integrity`` and ``test_provenance`` read it
+    or work on copies of it; no test changes it."""
+    from test_integrity import PROTO, make_study
+
+    r = make_study(tmp_path_factory.mktemp("tagged-done"))
+    run = harness(r, "run", PROTO, "--quiet")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count("ledger head: seq") == 3  # printed after each unit
+    return r
+
+
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     """A git repository with the project's configs and a protocols/ folder."""
