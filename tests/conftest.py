@@ -11,6 +11,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: The ``long`` scenarios run at a reduced size by default (the README's test command, CI);
+#: ``HARNESS_TEST_FULL_SIZE=1 python -m pytest -m long`` runs them at their full size.
+FULL_SIZE = os.environ.get("HARNESS_TEST_FULL_SIZE") == "1"
+
 TINY_PROTOCOL = """\
 id: {id}
 version: 1
@@ -87,6 +91,20 @@ def init_study(r: Path, copy: tuple[str, ...] = ("configs",), protocol: str | No
     git(r, "config", "user.name", "Test")
     git(r, "add", "-A")
     git(r, "commit", "-qm", "init")
+    return r
+
+
+@pytest.fixture(scope="session")
+def tagged_done_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny preregistered study (``test_integrity.make_study``: the harness and analysis copied in,
+    tagged) run to the end once for the session. ``test_integrity`` and ``test_provenance`` read it
+    or work on copies of it; no test changes it."""
+    from test_integrity import PROTO, make_study
+
+    r = make_study(tmp_path_factory.mktemp("tagged-done"))
+    run = harness(r, "run", PROTO, "--quiet")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count("ledger head: seq") == 3  # printed after each unit
     return r
 
 

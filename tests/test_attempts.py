@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,6 +36,24 @@ def audit(repo: Path) -> subprocess.CompletedProcess[str]:
 def study(base: Path, seeds: str = "[1, 2]", steps: int = 6) -> Path:
     text = tiny_protocol(steps=steps).replace("seeds: [1, 2]", f"seeds: {seeds}")
     return init_study(base / "study", protocol=text)
+
+
+@pytest.fixture(scope="module")
+def done_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One complete run of the tiny study (``--no-report``), made once for the module: the tests that
+    start from a finished study read it or take a copy (:func:`done_copy`), never change it."""
+    repo = study(tmp_path_factory.mktemp("attempts-done"))
+    r = harness(repo, "run", PROTO, "--quiet", "--no-report")
+    assert r.returncode == 0, r.stdout + r.stderr
+    return repo
+
+
+@pytest.fixture
+def done_copy(done_study: Path, tmp_path: Path) -> Path:
+    """A private copy of :func:`done_study` for a test that changes it."""
+    dst = tmp_path / "study"
+    shutil.copytree(done_study, dst, symlinks=True)
+    return dst
 
 
 def start(repo: Path, **env: str) -> subprocess.Popen[str]:
@@ -85,6 +104,7 @@ def kill_runner_while_its_worker_runs(repo: Path, *, pause: bool) -> tuple[str, 
         return running_worker(repo)
 
     work, pid = wait_for(worker, what="a running worker")
+    assert alive(pid), "the worker ended before the runner could be paused or killed"
     if pause:
         p.send_signal(signal.SIGSTOP)
         wait_for(lambda: not alive(pid), what="the worker to end while its runner is paused")
@@ -145,7 +165,7 @@ def test_file_times_do_not_charge_device_seconds(tmp_path):
 def test_runner_killed_alone_leaves_no_worker_running(tmp_path):
     """kill -9 of the runner alone, then an immediate resume: its worker died with it, so the
     resumed runner never times a run beside it."""
-    repo = study(tmp_path, steps=400)
+    repo = study(tmp_path, steps=100)  # the worker still runs when its runner is killed (asserted)
     _, pid = kill_runner_while_its_worker_runs(repo, pause=False)
     wait_for(lambda: not alive(pid), timeout=10, what="the orphaned worker to die with its runner")
     r = harness(repo, "run", PROTO, "--quiet")
@@ -204,10 +224,9 @@ def test_kill_between_record_and_manifest_is_repaired(tmp_path):
     assert seqs == list(range(1, len(seqs) + 1))
 
 
-def test_reconcile_leaves_evidence_alone(tmp_path):
+def test_reconcile_leaves_evidence_alone(done_copy):
     """A listed record that changed is not laundered into MANIFEST: the audit still names it."""
-    repo = study(tmp_path)
-    assert harness(repo, "run", PROTO, "--quiet", "--no-report").returncode == 0
+    repo = done_copy
     rec = sorted((repo / RECS).glob("*.record.json"))[0]
     rec.write_text(rec.read_text().replace('"status":"ok"', '"status":"failed"'))
     st = harness(repo, "status", PROTO)
@@ -289,7 +308,7 @@ def test_full_filesystem_stops_cleanly_and_resumes(tmp_path):
     assert len(oks) == len(set(oks)) == 4
 
 
-def test_one_unit_attempt_per_unit_in_analysis_and_audit(tmp_path):
+def test_one_unit_attempt_per_unit_in_analysis_and_audit(done_study):
     """A unit that ran again whole: the analysis and the audit pair both arms from its latest unit
     attempt only, count the superseded attempts, and never mix arms of two unit attempts."""
     from analysis.summary import derive
@@ -297,9 +316,7 @@ def test_one_unit_attempt_per_unit_in_analysis_and_audit(tmp_path):
     sys.path.insert(0, str(ROOT / "analysis"))
     import public_audit
 
-    repo = study(tmp_path)
-    assert harness(repo, "run", PROTO, "--quiet", "--no-report").returncode == 0
-    recs = load_records(repo / RECS)
+    recs = load_records(done_study / RECS)  # read only: the variants below live in memory
     unit = recs[0]["spec"]["unit"]
     again = []
     for r in (x for x in recs if x["spec"]["unit"] == unit):
@@ -331,13 +348,12 @@ def test_one_unit_attempt_per_unit_in_analysis_and_audit(tmp_path):
     assert any(e["unit"] == unit for e in s["exclusions"])
 
 
-def test_records_written_before_started_entries_still_audit(tmp_path):
+def test_records_written_before_started_entries_still_audit(done_copy):
     """A study whose records are schema 2 (no started entries, no unit attempts, MANIFEST without
     ``started``) audits clean, reports, shows its status and resumes into schema 3."""
     from harness.records import canonical, seal, write_manifest
 
-    repo = study(tmp_path)
-    assert harness(repo, "run", PROTO, "--quiet", "--no-report").returncode == 0
+    repo = done_copy
     for f in (repo / RECS).glob("*.started.json"):
         f.unlink()
     prev = load_records(repo / RECS)[0]["protocol"]["sha256"]  # not preregistered: the chain starts there

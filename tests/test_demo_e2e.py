@@ -1,4 +1,9 @@
-"""The README's first command as a user runs it, in a temporary copy of the repository."""
+"""The README's first command as a user runs it, in a temporary copy of the repository.
+
+By default (``long``: CI runs it at reduced size) the copy's ``protocols/demo.yaml`` is shrunk
+before the run: every study and configuration stays, with 3 seeds (the hypotheses' ``min_pairs``)
+instead of 4 and 30 steps (validation every 10) instead of 90, 42 runs instead of 56.
+``HARNESS_TEST_FULL_SIZE=1`` runs the demo exactly as shipped."""
 from __future__ import annotations
 
 import subprocess
@@ -7,8 +12,20 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, git, harness
+from conftest import FULL_SIZE, ROOT, git, harness
 from pagecheck import check_page
+
+#: the reduced demo's size (see the module's docstring); the shipped demo's where FULL_SIZE
+STEPS = 90 if FULL_SIZE else 30
+
+
+def reduced(text: str) -> str:
+    """``protocols/demo.yaml`` at the reduced size: each replacement must apply (the demo's shape)."""
+    for old, new, n in (("seeds: {count: 4, ", "seeds: {count: 3, ", 3), ("    steps: 90\n", f"    steps: {STEPS}\n", 3),
+                        ("    val_every: 15\n", "    val_every: 10\n", 3)):
+        assert text.count(old) == n, (old, text.count(old))
+        text = text.replace(old, new)
+    return text
 
 
 @pytest.fixture(scope="module")
@@ -21,6 +38,9 @@ def clone(tmp_path_factory) -> Path:
         if src.is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             (dest / rel).write_bytes(src.read_bytes())
+    if not FULL_SIZE:
+        demo = dest / "protocols" / "demo.yaml"
+        demo.write_text(reduced(demo.read_text()))
     git(dest, "config", "user.email", "t@example.invalid")
     git(dest, "config", "user.name", "T")
     git(dest, "add", "-A")
@@ -72,7 +92,7 @@ def test_edited_tagged_protocol_is_refused(clone):
     git(clone, "add", "protocols/frozen.yaml")
     git(clone, "commit", "-qm", "freeze")
     assert harness(clone, "tag", "protocols/frozen.yaml").returncode == 0
-    frozen.write_text(frozen.read_text().replace("steps: 90", "steps: 91", 1))
+    frozen.write_text(frozen.read_text().replace(f"steps: {STEPS}", f"steps: {STEPS + 1}", 1))
     r = harness(clone, "run", "protocols/frozen.yaml")
     assert r.returncode == 2 and "differ from the tagged protocol" in r.stderr
     assert not (clone / "records" / "frozen").exists()

@@ -22,11 +22,10 @@ from harness.records import load_records, read_record
 
 
 @pytest.fixture(scope="module")
-def done_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    r = make_study(tmp_path_factory.mktemp("provenance"))
-    run = harness(r, "run", PROTO, "--quiet")
-    assert run.returncode == 0, run.stdout + run.stderr
-    return r
+def done_study(tagged_done_study: Path) -> Path:
+    """The session's tagged, complete study (conftest's ``tagged_done_study``, shared with the
+    other of test_integrity and test_provenance)."""
+    return tagged_done_study
 
 
 @pytest.fixture
