@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from analysis.multiplicity import Tested, fixed_sequence, holm
@@ -46,22 +46,20 @@ ENDPOINT_KEYS = {"training_time": "training_s", "time_to_target": "time_to_targe
 TIME_ENDPOINTS = ("training_time", "time_to_target", "total_time")
 
 
+#: The hypothesis' fields a decision repeats (its JSON opens with them, in this order).
+_DECIDED_FIELDS = ("id", "study", "config", "endpoint", "estimand", "type", "margin", "better")
+
+
 @dataclass(frozen=True)
 class HypothesisDecision:
     """The decision on one preregistered hypothesis (``status``: established, not established, not reached).
 
     ``estimate``, ``low`` and ``high`` are in the estimand's units (for worst-rank: ``estimate_of``
-    says what the estimate is; no interval); ``test`` holds the test on its own scale.
+    says what the estimate is; no interval); ``test`` holds the test on its own scale. The
+    hypothesis' own fields read through (``decision.id``, ``decision.config``, ...).
     """
 
-    id: str
-    study: str
-    config: str
-    endpoint: str
-    estimand: str
-    type: str
-    margin: float
-    better: str
+    hypothesis: Hypothesis
     status: str
     reason: str | None
     alpha: float | None
@@ -74,8 +72,18 @@ class HypothesisDecision:
     unreached: dict[str, int] | None
     text: str
 
+    id = property(lambda self: self.hypothesis.id)
+    study = property(lambda self: self.hypothesis.study)
+    config = property(lambda self: self.hypothesis.config)
+    endpoint = property(lambda self: self.hypothesis.endpoint)
+    estimand = property(lambda self: self.hypothesis.estimand)
+    type = property(lambda self: self.hypothesis.type)
+    margin = property(lambda self: self.hypothesis.margin)
+    better = property(lambda self: self.hypothesis.better)
+
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "hypothesis"}
+        return {**{k: getattr(self.hypothesis, k) for k in _DECIDED_FIELDS}, **own}
 
 
 class NotReached(ValueError):
@@ -297,8 +305,7 @@ def _decision(h: Hypothesis, t: TestResult | None, verdict: tuple[str, str | Non
     st, reason = verdict
     estimate, low, high, level = _in_units(t, a, h.estimand) if t is not None else (None, None, None, None)
     return HypothesisDecision(
-        id=h.id, study=h.study, config=h.config, endpoint=h.endpoint, estimand=h.estimand,
-        type=h.type, margin=h.margin, better=h.better, status=st, reason=reason, alpha=a,
+        hypothesis=h, status=st, reason=reason, alpha=a,
         test=asdict(t) if t is not None else None, estimate=estimate,
         estimate_of=None if t is None else (t.estimate_of if t.method == "signed-rank" else _label(h)),
         low=low, high=high, level=level, unreached=unreached,
