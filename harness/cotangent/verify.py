@@ -213,7 +213,7 @@ def run_checks(device: torch.device, *, save: bool, echo: Any) -> int:
         ok = _safe(check_fused_phase, device, dtype)
         rows.append(("fused clip + step + zero_grad (blocks)", name, "used", ok))
         failures += int(ok is False)
-        ok = _safe(check_fused_phase, device, dtype, 40, True)
+        ok = _safe(check_fused_phase, device, dtype, 12, True)
         rows.append(("... with backward_norms=True", name, "used" if engages(device, dtype) else "not used", ok))
         failures += int(ok is False)
         for mode in MODES:
@@ -233,7 +233,7 @@ def run_checks(device: torch.device, *, save: bool, echo: Any) -> int:
             ok = check_native_phase()
             rows.append(("one-pass phase in C (phase.c)", "float32", "used", ok))
             failures += int(not ok)
-            ok = check_native_phase(backward_norms=True)
+            ok = check_native_phase(steps=12, backward_norms=True)
             rows.append(("... with backward_norms=True", "float32", "used", ok))
             failures += int(not ok)
             note = f"phase.c: {kernel.describe()}"
