@@ -220,7 +220,8 @@ class PackedAdamW(OnePass, torch.optim.Optimizer):
         self._native_why: str | None = None
 
     def _native_phase(self) -> KernelPhase | None:
-        if self._native is False:
+        if self._native is False or getattr(self, "_native_threads", None) != torch.get_num_threads():
+            self._native_threads = torch.get_num_threads()  # the kernel's forms are verified per thread count
             why = kernel_blocker(self.kernel, self._pack.groups, self.param_groups)
             k = None if why is not None else kernel.kernel()
             if why is None and k is None:

@@ -170,20 +170,22 @@ _state: dict[str, object] = {}
 
 
 def kernel() -> Kernel | None:
-    """The verified kernel for this process, or ``None`` (then :func:`unavailable_reason` says why)."""
-    if "kernel" not in _state:
+    """The verified kernel for this process at its current thread count, or ``None`` (then
+    :func:`unavailable_reason` says why). The forms are checked per thread count: at one thread
+    ATen's kernels may round where they do not at two (the self-check found a different form)."""
+    key = f"kernel@{torch.get_num_threads()}"
+    if key not in _state:
         try:
-            _state["kernel"] = _make()
-            _state["reason"] = None
+            _state[key] = _make()
+            _state[key + ":reason"] = None
         except _Unavailable as exc:
-            _state["kernel"] = None
-            _state["reason"] = str(exc)
-    return _state["kernel"]  # type: ignore[return-value]
+            _state[key] = None
+            _state[key + ":reason"] = str(exc)
+    return _state[key]  # type: ignore[return-value]
 
 
 def unavailable_reason() -> str | None:
-    kernel()
-    return _state["reason"]  # type: ignore[return-value]
+    return _state.get(f"kernel@{torch.get_num_threads()}:reason")  # type: ignore[return-value]
 
 
 def reset() -> None:
