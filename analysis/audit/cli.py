@@ -23,8 +23,8 @@ from .ledger import (
     self_hash_ok,
     sha256,
 )
-from .plan import plan_from_protocol, tally
-from .recompute import SUMMARY_SCHEMAS, compare, latest_unit, recompute, unfinished
+from .plan import plan_from_protocol, plan_notes
+from .recompute import SUMMARY_SCHEMAS, compare, recompute, unfinished
 from .tag import check_sources, git_root, load_truth
 
 
@@ -99,7 +99,7 @@ def audit_dir(directory: str, rows: list[tuple[str, str, str]], problems: list[s
     records = [{**r, "protocol": {**r["protocol"], **proto}} for r in records]
     open_ = unfinished(records, started)
     if plan is not None:
-        notes.extend(_plan_notes(directory, plan, records, open_))
+        notes.extend(plan_notes(directory, plan, records, open_))
     notes.extend(f"{directory}: interrupted (started, no record): {u['run_id']} attempt {u['attempt']} "
                  f"started at {u['started_at']} on {u['node']} (ledger seq {u['seq']})" for u in open_)
     _check_summary(out, records, started)
@@ -245,27 +245,6 @@ def _what_was_frozen(out: _Report, root: str, truth: dict, records: list[dict], 
                 "prove nothing about a frozen experiment)")
         notes.extend(f"{out.directory}: {v}" for v in check_versions(records)[1])
         out.problems.extend(check_versions(records)[0])
-
-
-def _plan_notes(directory: str, plan: list[dict], records: list[dict], open_: list[dict]) -> list[str]:
-    """Per study, configuration and arm: planned, ok, failed, interrupted, missing and superseded runs;
-    runs out of plan order; units that ran again whole; whether the study is incomplete."""
-    notes = []
-    table, missing, flagged = tally(plan, records, open_)
-    for t in table:
-        notes.append(f"{directory}: {t['study']} / {t['config']} / {t['arm']}: planned {t['planned']}, "
-                     f"ok {t['ok']}, failed {t['failed']}, interrupted {t['interrupted']}, "
-                     f"missing {t['missing']}, superseded {t['superseded']}")
-    notes.extend(f"{directory}: out of plan order: {x}" for x in flagged)
-    latest = latest_unit(records)
-    for unit in sorted(u for u, k in latest.items() if k > 1):
-        n = sum(1 for r in records
-                if r["spec"]["unit"] == unit and r.get("unit_attempt", 1) < latest[unit])
-        notes.append(f"{directory}: unit {unit} ran again whole: analysed from its unit attempt "
-                     f"{latest[unit]}; {n} superseded attempt(s) kept")
-    if missing:
-        notes.append(f"{directory}: INCOMPLETE: {missing} of {len(plan)} planned runs have no ok record")
-    return notes
 
 
 def _check_summary(out: _Report, records: list[dict], started: list[dict]) -> None:

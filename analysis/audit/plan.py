@@ -4,7 +4,7 @@ summary every record copies, and the tally of planned runs against their records
 from __future__ import annotations
 
 from .factorial import from_yaml, williams
-from .recompute import analysed
+from .recompute import analysed, latest_unit
 
 
 def plan_from_protocol(doc: dict, protocol_sha: str, config_sha: dict) -> list[dict]:
@@ -163,3 +163,24 @@ def tally(plan: list[dict], records: list[dict],
             flagged.append(f"{r['spec']['run_id']} (plan position {o}) ran after plan position {highest}")
         highest = max(highest, o)
     return list(rows.values()), missing_total, flagged
+
+
+def plan_notes(directory: str, plan: list[dict], records: list[dict], open_: list[dict]) -> list[str]:
+    """Per study, configuration and arm: planned, ok, failed, interrupted, missing and superseded runs;
+    runs out of plan order; units that ran again whole; whether the study is incomplete."""
+    notes = []
+    table, missing, flagged = tally(plan, records, open_)
+    for t in table:
+        notes.append(f"{directory}: {t['study']} / {t['config']} / {t['arm']}: planned {t['planned']}, "
+                     f"ok {t['ok']}, failed {t['failed']}, interrupted {t['interrupted']}, "
+                     f"missing {t['missing']}, superseded {t['superseded']}")
+    notes.extend(f"{directory}: out of plan order: {x}" for x in flagged)
+    latest = latest_unit(records)
+    for unit in sorted(u for u, k in latest.items() if k > 1):
+        n = sum(1 for r in records
+                if r["spec"]["unit"] == unit and r.get("unit_attempt", 1) < latest[unit])
+        notes.append(f"{directory}: unit {unit} ran again whole: analysed from its unit attempt "
+                     f"{latest[unit]}; {n} superseded attempt(s) kept")
+    if missing:
+        notes.append(f"{directory}: INCOMPLETE: {missing} of {len(plan)} planned runs have no ok record")
+    return notes
