@@ -94,6 +94,12 @@ def init_study(r: Path, copy: tuple[str, ...] = ("configs",), protocol: str | No
     return r
 
 
+def private_copy(study: Path, dst: Path) -> Path:
+    """A copy of a finished ``study`` at ``dst`` (links kept) for a test that changes it."""
+    shutil.copytree(study, dst, symlinks=True)
+    return dst
+
+
 @pytest.fixture(scope="session")
 def tagged_done_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny preregistered study (``test_integrity.make_study``: the harness and analysis copied in,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -19,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, harness, init_study, tiny_protocol
+from conftest import ROOT, harness, init_study, private_copy, tiny_protocol
 
 from harness.ledger import load_entries
 from harness.records import load_records, load_started
@@ -51,9 +50,7 @@ def done_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def done_copy(done_study: Path, tmp_path: Path) -> Path:
     """A private copy of :func:`done_study` for a test that changes it."""
-    dst = tmp_path / "study"
-    shutil.copytree(done_study, dst, symlinks=True)
-    return dst
+    return private_copy(done_study, tmp_path / "study")
 
 
 def start(repo: Path, **env: str) -> subprocess.Popen[str]:

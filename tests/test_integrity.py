@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, git, harness, tiny_protocol
+from conftest import ROOT, git, harness, private_copy, tiny_protocol
 
 from harness.ledger import head_of, load_entries
 from harness.plan import make_plan, plan_sha256
@@ -71,9 +71,7 @@ def done_study(tagged_done_study: Path) -> Path:
 
 @pytest.fixture
 def study(done_study: Path, tmp_path: Path) -> Path:
-    dst = tmp_path / "copy"
-    shutil.copytree(done_study, dst, symlinks=True)
-    return dst
+    return private_copy(done_study, tmp_path / "copy")
 
 
 def resealed(path: Path, edit) -> dict:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, git, harness, tiny_protocol
+from conftest import ROOT, git, harness, private_copy, tiny_protocol
 from test_integrity import PROTO, RECS, audit, by_seq, chain, make_study, rebuild_manifest, resealed
 
 from harness.records import load_records, read_record
@@ -30,9 +30,7 @@ def done_study(tagged_done_study: Path) -> Path:
 
 @pytest.fixture
 def study(done_study: Path, tmp_path: Path) -> Path:
-    dst = tmp_path / "copy"
-    shutil.copytree(done_study, dst, symlinks=True)
-    return dst
+    return private_copy(done_study, tmp_path / "copy")
 
 
 def reseal_all(repo: Path, edit) -> None:
