@@ -129,7 +129,7 @@ def flow(records: list[dict], studies: list[dict], proto: dict) -> list[dict]:
     rows: dict = {}
     for st in proto["studies"]:
         roles = (("baseline", st["arms"][0]), ("candidate", st["arms"][1])) if st["design"] == "paired" else \
-            tuple(zip(from_summary(st)[1], from_summary(st)[2]))
+            tuple(zip(*from_summary(st)[1:]))
         for config in st["configs"]:
             for role, arm in roles:
                 rows[(st["name"], config, role)] = {

@@ -217,11 +217,12 @@ class PackedAdamW(OnePass, torch.optim.Optimizer):
         self._fast_lists = [lists_for(pack, g, self._mode(g)) for g in pack.groups]
         self._blocks = [blocks_for(pack, g, self._mode(g), self.block_bytes) for g in pack.groups]
         self._native: KernelPhase | None | bool = False  # False: not decided yet
+        self._native_threads = torch.get_num_threads()  # the kernel's forms are verified per thread count
         self._native_why: str | None = None
 
     def _native_phase(self) -> KernelPhase | None:
-        if self._native is False or getattr(self, "_native_threads", None) != torch.get_num_threads():
-            self._native_threads = torch.get_num_threads()  # the kernel's forms are verified per thread count
+        if self._native is False or self._native_threads != torch.get_num_threads():
+            self._native_threads = torch.get_num_threads()
             why = kernel_blocker(self.kernel, self._pack.groups, self.param_groups)
             k = None if why is not None else kernel.kernel()
             if why is None and k is None:

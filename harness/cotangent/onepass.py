@@ -42,7 +42,6 @@ class OnePass:
         another norm type, step hooks) make the three calls.
         """
         pack = self._pack
-        assert pack is not None
         produced = pack.sync_grads()
         if produced is not None or not pack.uniform_steps or float(norm_type) != 2.0 or step_hooks_registered(self):
             total = clip_grad_norm_(pack.params, max_norm, norm_type, error_if_nonfinite)
@@ -72,7 +71,6 @@ class OnePass:
         """Scale, update and zero every block (or ``phase.c``'s one loop), then every ``.grad`` None."""
         """Scale, update and zero every block (or ``phase.c``'s one loop), then every ``.grad`` None."""
         pack = self._pack
-        assert pack is not None
         plan = self._native_phase()
         cpu = any(g.device.type == "cpu" for g in pack.groups)
         if cpu and not bool(total.isfinite()):

@@ -34,11 +34,10 @@ class KernelPhase:
         (returned) and the clip coefficient (kept for :meth:`update`)."""
         g, k = self.group, self.kernel
         if norms is None:
-            k.row_norms(g.grad, self.offsets, self.numels, self.first, self.rows, self.norms, torch.get_num_threads())
-        else:
-            self.norms.copy_(norms)
+            norms = self.norms
+            k.row_norms(g.grad, self.offsets, self.numels, self.first, self.rows, norms, torch.get_num_threads())
         total = torch.empty(())
-        k.total_coef(self.norms, self.perm, self.scratch, max_norm, total, self.coef)
+        k.total_coef(norms, self.perm, self.scratch, max_norm, total, self.coef)
         check_finite(total, 2.0, error_if_nonfinite)
         return total
 
