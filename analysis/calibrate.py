@@ -22,15 +22,16 @@ def calibrate(records: list[RunRecord]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     by_config: dict[str, list[RunRecord]] = {}
     for r in records:
-        if r["status"] == "ok" and r["spec"]["role"] in ("baseline", "native"):
-            by_config.setdefault(r["spec"]["config"], []).append(r)
+        if r.status == "ok" and r.spec.role in ("baseline", "native"):
+            by_config.setdefault(r.spec.config, []).append(r)
     for config, recs in sorted(by_config.items()):
         vals, secs = [], []
         for r in recs:
-            cut = 0.75 * r["spec"]["steps"]
-            points = [v for v in r["val_curve"] if v[0] <= cut] or r["val_curve"][:1]
+            cut = 0.75 * r.spec.steps
+            curve = r.val_curve or []  # an ok record has its validation curve
+            points = [v for v in curve if v[0] <= cut] or curve[:1]
             vals.append(points[-1][1])
-            secs.append(r["timings"]["device_s"])
+            secs.append(r.timings["device_s"])
         target = math.ceil(statistics.median(vals) * 100) / 100
         out[config] = {"runs": len(recs), "val_target_bpb": target, "device_s_per_run": statistics.median(secs)}
     return out

@@ -22,6 +22,7 @@ from typing import Any
 from analysis.multiplicity import Tested, fixed_sequence, holm
 from analysis.preregistration import Hypothesis
 from analysis.ranks import median, signed_rank, worst_rank_differences
+from analysis.results import Completeness
 from analysis.stats import reduction, rounding_scale, spread_is_rounding
 from analysis.ttests import (
     TestResult,
@@ -217,18 +218,18 @@ ZERO_SPREAD_WITHIN = ("zero spread within each order group: the period-adjusted 
                       "(16 ulps of |b| + |c|, or of 1 + |ln b| + |ln c| for a log ratio)")
 
 
-def _gate(h: Hypothesis, spec: dict[str, Any], completeness: dict[str, Any]) -> str | None:
-    if completeness.get("complete") is False and not completeness.get("budget_stop"):
-        return (f"incomplete: {completeness['missing_runs']} of {completeness['planned_runs']} planned runs have "
+def _gate(h: Hypothesis, spec: dict[str, Any], completeness: Completeness) -> str | None:
+    if completeness.complete is False and not completeness.budget_stop:
+        return (f"incomplete: {completeness.missing_runs} of {completeness.planned_runs} planned runs have "
                 "no ok record")
-    if completeness.get("budget_stop") and h.endpoint in TIME_ENDPOINTS and not spec.get("decide_time_after_budget_stop"):
+    if completeness.budget_stop and h.endpoint in TIME_ENDPOINTS and not spec.get("decide_time_after_budget_stop"):
         return ("stopped by the budget rule, which depends on run times, this endpoint's outcome; the protocol did not "
                 "preregister deciding time endpoints after such a stop (decide_time_after_budget_stop)")
     return None
 
 
 def decide(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, Any]]],
-           completeness: dict[str, Any]) -> list[HypothesisDecision]:
+           completeness: Completeness) -> list[HypothesisDecision]:
     """Every hypothesis' decision, in the protocol's order.
 
     Parameters
@@ -272,7 +273,7 @@ def decide(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, 
 
 
 def _tested(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, Any]]],
-            completeness: dict[str, Any]) -> list[Tested]:
+            completeness: Completeness) -> list[Tested]:
     out: list[Tested] = []
     for h in map(Hypothesis.of, spec["tests"]):
         gate = _gate(h, spec, completeness)
@@ -301,7 +302,7 @@ def _in_units(t: TestResult, a: float | None,
 
 
 def _decision(h: Hypothesis, t: TestResult | None, verdict: tuple[str, str | None], a: float | None,
-              unreached: dict[str, int] | None, completeness: dict[str, Any]) -> HypothesisDecision:
+              unreached: dict[str, int] | None, completeness: Completeness) -> HypothesisDecision:
     st, reason = verdict
     estimate, low, high, level = _in_units(t, a, h.estimand) if t is not None else (None, None, None, None)
     return HypothesisDecision(
@@ -321,7 +322,7 @@ def _label(h: Hypothesis) -> str:
 
 
 def _text(h: Hypothesis, status: str, reason: str | None, t: TestResult | None, a: float | None,
-          low: float | None, high: float | None, completeness: dict[str, Any]) -> str:
+          low: float | None, high: float | None, completeness: Completeness) -> str:
     what = {"superiority": "superiority", "non_inferiority": f"non-inferiority (margin {h.margin:g})",
             "equivalence": f"equivalence (margin {h.margin:g})"}[h.type]
     head = f"{h.id}: {what} of {h.endpoint} ({h.estimand}, {h.better} is better)"
@@ -332,7 +333,7 @@ def _text(h: Hypothesis, status: str, reason: str | None, t: TestResult | None, 
         stats += f"; {100 * (1 - 2 * a):.4g}% interval {low:+.5g} to {high:+.5g}"
     verdict = status if reason is None else f"{status} ({reason})"
     prefix = ""
-    if completeness.get("budget_stop"):
+    if completeness.budget_stop:
         prefix = "(study stopped by its budget rule; the stop depended on run times, this endpoint's outcome) " \
             if h.endpoint in TIME_ENDPOINTS else "(study stopped by its budget rule) "
     return f"{prefix}{head}: {verdict}; {stats}"

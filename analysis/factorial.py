@@ -8,7 +8,7 @@ when bit ``j`` of ``i`` is set) when the protocol declared them; otherwise it is
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import combinations
 from typing import Any
 
@@ -18,14 +18,14 @@ DEFAULT_FACTORS: list[tuple[str, tuple[str, str]]] = [("norms", ("scalar", "buck
 DEFAULT_CELLS = ("native", "bucketed", "packed", "cotangent")
 
 
-def design_of(study: dict[str, Any]) -> tuple[list[tuple[str, tuple[str, str]]], tuple[str, ...]]:
+def design_of(study: Mapping[str, Any]) -> tuple[list[tuple[str, tuple[str, str]]], tuple[str, ...]]:
     """``(factors, cells)`` of a factorial study's summary."""
     if "factors" not in study:
         return DEFAULT_FACTORS, DEFAULT_CELLS
     return [(f, (lv[0], lv[1])) for f, lv in study["factors"]], tuple(study["cells"])
 
 
-def arms_by_cell(study: dict[str, Any]) -> dict[str, str]:
+def arms_by_cell(study: Mapping[str, Any]) -> dict[str, str]:
     """Each cell's arm (the default 2x2's cells are its arms)."""
     _, cells = design_of(study)
     return dict(zip(cells, study["arms"])) if "factors" in study else {c: c for c in cells}

@@ -7,40 +7,42 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from analysis.decisions import HypothesisDecision
+from analysis.results import Hypotheses, PairedResult, Summary
 from harness.records import RunRecord
 
 __all__ = ["plots"]
 
 
-def plots(summary: dict[str, Any], records: list[RunRecord], directory: Path) -> list[Path]:
+def plots(summary: Summary, records: list[RunRecord], directory: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     made: list[Path] = []
-    paired = [c for s in summary["studies"] if s["design"] == "paired" for c in s["configs"] if c["pairs"]]
-    study_of = {id(c): s["name"] for s in summary["studies"] for c in s["configs"]}
+    paired = [c for s in summary.studies for c in s.paired_configs() if c.pairs]
+    study_of = {id(c): s.name for s in summary.studies for c in s.configs}
     made += _forest(summary, directory) + _drift(paired, study_of, directory)
     if not paired:
         return made
-    margins = {(d["study"], d["config"]): d["margin"] for d in summary["hypotheses"].get("decisions", [])
-               if d["endpoint"] == "test_bpb" and d["type"] != "superiority"}
+    margins = {(d.study, d.config): d.margin for d in _decisions(summary)
+               if d.endpoint == "test_bpb" and d.type != "superiority"}
     for kind in ("time", "quality"):
         fig, axes = plt.subplots(1, len(paired), figsize=(3.2 * len(paired) + 1, 3.2), squeeze=False)
         for ax, c in zip(axes[0], paired):
             key = "time_reduction_pct" if kind == "time" else "test_bpb_difference"
-            vals = [p[key] if p[key] is not None else float("nan") for p in c["pairs"]]
+            vals = [p[key] if p[key] is not None else float("nan") for p in c.pairs]
             ax.scatter(range(len(vals)), vals, s=12)
-            iv = (c["training_time"] if kind == "time" else c["test_bpb"])["interval"]
+            iv = (c.training_time if kind == "time" else c.test_bpb).interval
             if iv:
-                ax.axhspan(iv["low"], iv["high"], alpha=0.25, label=f"{iv['level'] * 100:g}% interval")
-                ax.axhline(iv["estimate"], lw=1)
-            tol = margins.get((study_of[id(c)], c["config"]))
+                ax.axhspan(iv.low, iv.high, alpha=0.25, label=f"{iv.level * 100:g}% interval")
+                ax.axhline(iv.estimate, lw=1)
+            tol = margins.get((study_of[id(c)], c.config))
             if kind == "quality" and tol is not None:
                 ax.axhline(tol, color="red", ls="--", lw=1, label=f"margin {tol:g}")
             ax.axhline(0, color="black", lw=0.5)
-            ax.set_title(c["config"], fontsize=9)
+            ax.set_title(c.config, fontsize=9)
             ax.set_xlabel("pair")
         axes[0][0].set_ylabel("time reduction (%)" if kind == "time" else "test Δ BPB (cand − base)")
         axes[0][0].legend(fontsize=7)
@@ -52,17 +54,17 @@ def plots(summary: dict[str, Any], records: list[RunRecord], directory: Path) ->
     fig, axes = plt.subplots(1, len(paired), figsize=(3.2 * len(paired) + 1, 3.2), squeeze=False)
     by_unit: dict[str, dict[str, RunRecord]] = {}
     for r in records:
-        if r["status"] == "ok":
-            by_unit.setdefault(r["spec"]["unit"], {})[r["spec"]["role"]] = r
+        if r.status == "ok":
+            by_unit.setdefault(r.spec.unit, {})[r.spec.role] = r
     for ax, c in zip(axes[0], paired):
-        for pr in c["pairs"]:
+        for pr in c.pairs:
             for role, color in (("baseline", "tab:blue"), ("candidate", "tab:orange")):
                 rec = by_unit.get(pr["unit"], {}).get(role)
-                if rec and rec.get("val_curve"):
-                    xs = [v[2] for v in rec["val_curve"]]
-                    ys = [v[1] for v in rec["val_curve"]]
+                if rec and rec.val_curve:
+                    xs = [v[2] for v in rec.val_curve]
+                    ys = [v[1] for v in rec.val_curve]
                     ax.plot(xs, ys, color=color, lw=0.7, alpha=0.6)
-        ax.set_title(c["config"], fontsize=9)
+        ax.set_title(c.config, fontsize=9)
         ax.set_xlabel("training clock (s)")
     axes[0][0].set_ylabel("validation-subset BPB")
     axes[0][0].plot([], [], color="tab:blue", label="baseline")
@@ -76,23 +78,28 @@ def plots(summary: dict[str, Any], records: list[RunRecord], directory: Path) ->
     return made
 
 
-def _forest(summary: dict[str, Any], directory: Path) -> list[Path]:
+def _decisions(summary: Summary) -> list[HypothesisDecision]:
+    """The summary's decisions (none for a descriptive protocol)."""
+    hyp = summary.hypotheses
+    return [x.decision for x in hyp.decisions] if isinstance(hyp, Hypotheses) else []
+
+
+def _forest(summary: Summary, directory: Path) -> list[Path]:
     """Every hypothesis' estimate and interval against its margin, plus every paired study's
     descriptive log-time interval (the A/A null among them), in one figure."""
     import matplotlib.pyplot as plt
 
-    rows = []
-    for d in summary["hypotheses"].get("decisions", []):
-        if d["low"] is not None:
-            margin = d["margin"] if d["type"] != "superiority" else 0.0
-            rows.append((f"{d['id']} {d['study']}/{d['config']} {d['endpoint']}", d.get("estimate", d["test"]["estimate"]),
-                         d["low"], d["high"], margin, d["status"]))
-    for st in summary["studies"]:
-        for c in st["configs"]:
-            iv = (c.get("training_time") or {}).get("log_ratio")
+    rows: list[tuple[str, Any, Any, Any, Any, str]] = []  # label, estimate, low, high, margin, status
+    for d in _decisions(summary):
+        if d.low is not None:
+            margin = d.margin if d.type != "superiority" else 0.0
+            rows.append((f"{d.id} {d.study}/{d.config} {d.endpoint}", d.estimate, d.low, d.high, margin, d.status))
+    for st in summary.studies:
+        for c in st.paired_configs():
+            iv = c.training_time.log_ratio
             if iv:
-                rows.append((f"{st['name']}/{c['config']} ln(time ratio), descriptive", iv["estimate"], iv["low"],
-                             iv["high"], None, "descriptive"))
+                rows.append((f"{st.name}/{c.config} ln(time ratio), descriptive", iv.estimate, iv.low, iv.high, None,
+                             "descriptive"))
     if not rows:
         return []
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
@@ -116,20 +123,20 @@ def _forest(summary: dict[str, Any], directory: Path) -> list[Path]:
     return [path]
 
 
-def _drift(paired: list[dict[str, Any]], study_of: dict[int, str], directory: Path) -> list[Path]:
+def _drift(paired: list[PairedResult], study_of: dict[int, str], directory: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
-    with_drift = [c for c in paired if c["order_effects"]["drift"]]
+    with_drift = [c for c in paired if c.order_effects["drift"]]
     if not with_drift:
         return []
     fig, axes = plt.subplots(1, len(with_drift), figsize=(3.2 * len(with_drift) + 1, 3.2), squeeze=False)
     for ax, c in zip(axes[0], with_drift):
-        d = c["order_effects"]["drift"]
+        d = c.order_effects["drift"]
         xs = [p[0] for p in d["points"]]
         ax.scatter(xs, [p[1] for p in d["points"]], s=12)
         ax.plot([min(xs), max(xs)], [d["intercept"] + d["slope"] * x for x in (min(xs), max(xs))], lw=1)
         ax.axhline(0, color="black", lw=0.5)
-        ax.set_title(f"{study_of[id(c)]}/{c['config']}", fontsize=9)
+        ax.set_title(f"{study_of[id(c)]}/{c.config}", fontsize=9)
         ax.set_xlabel("plan position")
     axes[0][0].set_ylabel("ln(candidate / baseline time)")
     fig.tight_layout()

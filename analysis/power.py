@@ -55,13 +55,13 @@ def aa_noise(records: list[RunRecord], endpoint: str, estimand: str) -> dict[str
     key = ENDPOINT_KEYS[endpoint]
     by: dict[str, dict[str, dict[str, RunRecord]]] = {}
     for r in records:
-        s = r["spec"]
-        if r["status"] != "ok" or s["design"] != "paired":
+        s = r.spec
+        if r.status != "ok" or s.design != "paired":
             continue
-        st = next(x for x in r["protocol"]["studies"] if x["name"] == s["study"])
+        st = next(x for x in r.protocol["studies"] if x["name"] == s.study)
         if st["arms"][0] != st["arms"][1]:
             continue  # only A/A pairs: no candidate outcome is ever read
-        by.setdefault(s["config"], {}).setdefault(s["unit"], {})[s["role"]] = r
+        by.setdefault(s.config, {}).setdefault(s.unit, {})[s.role] = r
     out = {}
     for config, units in by.items():
         b, c = [], []
@@ -84,12 +84,12 @@ def aa_noise(records: list[RunRecord], endpoint: str, estimand: str) -> dict[str
 
 def _value(rec: RunRecord, key: str) -> float | None:
     if key in ("test_bpb",):
-        return rec.get("test_bpb")
+        return rec.test_bpb
     if key == "peak_memory_bytes":
-        mem = rec.get("memory") or {}
+        mem = rec.memory or {}
         primary = mem.get("primary")
         return mem.get(primary) if primary else None
-    return (rec.get("timings") or {}).get(key)
+    return (rec.timings or {}).get(key)
 
 
 def _sd(v: list[float]) -> float:

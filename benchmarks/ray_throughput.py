@@ -61,8 +61,8 @@ def split_overhead(repo: Path, start: float, end: float) -> tuple[float, float, 
 
     by_device: dict[str, list[tuple[float, float]]] = {}
     for r in load_records(repo / "records" / "tiny"):
-        span = tuple(datetime.fromisoformat(r[k]).timestamp() for k in ("started_at", "finished_at"))
-        by_device.setdefault((r.get("node") or {}).get("id", "local"), []).append(span)  # type: ignore[arg-type]
+        span = tuple(datetime.fromisoformat(t or "").timestamp() for t in (r.started_at, r.finished_at))
+        by_device.setdefault((r.node or {}).get("id", "local"), []).append(span)  # type: ignore[arg-type]
     fixed = steady = rate = 0.0
     for spans in by_device.values():
         spans.sort()
@@ -75,7 +75,7 @@ def split_overhead(repo: Path, start: float, end: float) -> tuple[float, float, 
 def launcher_total(repo: Path) -> float:
     from harness.records import load_records
 
-    return sum(r["timings"]["launcher_wall_s"] for r in load_records(repo / "records" / "tiny"))
+    return sum(r.timings["launcher_wall_s"] for r in load_records(repo / "records" / "tiny"))
 
 
 def inside(work: Path) -> None:

@@ -25,7 +25,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     runs = make_plan(proto)
     if args.json:
         print(json.dumps({"protocol": proto.id, "protocol_sha256": proto.sha256, "plan_sha256": plan_sha256(runs),
-                          "runs": [r.as_dict() for r in runs]}, indent=1))
+                          "runs": [r.to_json() for r in runs]}, indent=1))
         return 0
     rows = [{"#": r.order, "study": r.study, "config": r.config, "unit": r.unit.rsplit(".", 1)[-1],
              "pos": r.position, "role": r.role, "arm": r.arm, "seed": r.seed, "steps": r.steps} for r in runs]
@@ -145,7 +145,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not out.is_dir():
         raise InputError(f"--out {args.out}: not a folder")
-    path = write_page(seal(derive(records)), proto.records_path, out, records_rel=_records_rel(proto))
+    summary = derive(records)
+    path = write_page(summary, proto.records_path, out, records_rel=_records_rel(proto),
+                      summary_sha256=seal(summary.to_json())["sha256"])
     print(f"wrote {path}")
     return 0
 

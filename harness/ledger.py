@@ -38,9 +38,11 @@ from harness.records import (
     RunRecord,
     entry_files,
     read_entry,
+    record_files,
     self_hash_ok,
     sha256_bytes,
-    write_manifest,
+    started_files,
+    write_json,
     write_record,
     write_started,
 )
@@ -89,9 +91,9 @@ class Ledger:
             write_manifest(self.dir, self.root, self.sources, self.protocol, new)
         return path, new, sealed
 
-    def append(self, record: RunRecord | dict[str, Any]) -> tuple[Path, LedgerHead]:
+    def append(self, record: RunRecord) -> tuple[Path, LedgerHead]:
         """Link ``record`` after the current head, seal and write it, rewrite MANIFEST."""
-        path, head, _ = self._append(dict(record), write_record)
+        path, head, _ = self._append(record.to_json(), write_record)
         return path, head
 
     def append_started(self, entry: dict[str, Any]) -> dict[str, Any]:
@@ -139,6 +141,41 @@ class Ledger:
             write_manifest(self.dir, self.root, self.sources, self.protocol, head)
         return (f"MANIFEST reconciled with the chain: {len(unlisted)} entr{'y' if len(unlisted) == 1 else 'ies'} "
                 f"after seq {start} listed again ({', '.join(unlisted)})")
+
+
+def source_hashes(root: Path, extra: Iterable[Path]) -> dict[str, str]:
+    """sha256 of every source file that produces records: harness/ (Python and C), analysis/,
+    configs/, the tracked verified-paths files, and ``extra`` (the protocol, plug-in sources)."""
+    files: set[Path] = set()
+    for sub, patterns in (("harness", ("*.py", "*.c")), ("analysis", ("*.py",)), ("configs", ("*.yaml",)),
+                          ("verified", ("*.json",))):
+        base = root / sub
+        if base.is_dir():
+            for pattern in patterns:
+                files.update(p for p in base.rglob(pattern) if "__pycache__" not in p.parts)
+    files.update(extra)
+    out = {}
+    for p in sorted(files):
+        rel = p.resolve().relative_to(root.resolve()).as_posix()
+        out[rel] = sha256_bytes(p.read_bytes())
+    return out
+
+
+def write_manifest(directory: Path, root: Path, extra: Iterable[Path], protocol: dict[str, Any],
+                   head: LedgerHead | None) -> Path:
+    """Rewrite MANIFEST atomically: every record's and every started entry's file sha256, the ledger
+    head, every source's sha256."""
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "protocol": protocol,
+        "records": {p.name: sha256_bytes(p.read_bytes()) for p in record_files(directory)},
+        "started": {p.name: sha256_bytes(p.read_bytes()) for p in started_files(directory)},
+        "ledger_head": head,
+        "sources": source_hashes(root, extra),
+    }
+    path = directory / MANIFEST
+    write_json(path, manifest, pretty=True)
+    return path
 
 
 def entry_name(entry: dict[str, Any]) -> str:

@@ -16,43 +16,11 @@ protocol's ``order_seed``:
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass
-from typing import Any
 
 from harness.data.corpora import corpus_name
 from harness.factorial import williams
 from harness.protocol import Protocol
-from harness.records import canonical, sha256_bytes
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """Everything one run needs; produced by the plan, claimed, executed and recorded."""
-
-    run_id: str
-    protocol_id: str
-    protocol_sha256: str
-    study: str
-    design: str
-    config: str
-    config_sha256: str
-    arm: str
-    role: str  # paired: "baseline" or "candidate"; factorial: the cell
-    seed: int
-    unit: str  # pair or block id
-    position: int  # place within the unit
-    order: int  # place in the whole plan
-    steps: int
-    val_every: int
-    val_target_bpb: float
-    corpus: str
-    data_dir: str | None
-    device: str
-    compile: bool
-    threads: int | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+from harness.records import RunSpec, canonical, sha256_bytes
 
 
 def _rng(proto: Protocol, *parts: object) -> random.Random:
@@ -100,7 +68,7 @@ def make_plan(proto: Protocol) -> list[RunSpec]:
 
 
 def plan_sha256(runs: list[RunSpec]) -> str:
-    return sha256_bytes(canonical([r.as_dict() for r in runs]))
+    return sha256_bytes(canonical([r.to_json() for r in runs]))
 
 
 def units(runs: list[RunSpec]) -> list[list[RunSpec]]:

@@ -21,6 +21,15 @@ Format log (``schema_version``):
   earlier ones are superseded (kept, counted, not analysed). Version 2 records are still read
   (no started entries: every attempt of theirs is its record; ``unit_attempt`` 1).
 
+Typed objects (frozen dataclasses), with JSON only at the file and process boundaries
+(``to_json`` / ``from_json``, which refuse fields they do not know, naming them): :class:`RunSpec`
+(one planned run), :class:`WorkerResult` (what a worker reports on its pipe) and :class:`RunRecord`
+(a worker result and the runner's fields; what the analysis reads). A field that is ``None`` is
+left out of the JSON, except the ones every record has (``reason``, ``started_at``, ...), which are
+written as ``null``; so records written before these types read into them and write back to the
+same bytes (``tests/test_records.py`` checks every committed record). The ledger and the audit read
+the files themselves, as JSON objects.
+
 Canonical JSON: ``json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
 allow_nan=False)`` encoded as UTF-8. Non-finite floats are stored as ``null``.
 """
@@ -30,14 +39,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import shutil
-import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, TypedDict, cast
 
-from harness.errors import RefusedError, WriteError  # standard library only, like this module
+from harness.files import atomic_write
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
@@ -84,47 +91,148 @@ class GitState(TypedDict):
     dirty: bool | None
 
 
-class WorkerResult(TypedDict, total=False):
+def exact_fields(what: str, have: Iterable[str], want: Iterable[str], error: type[ValueError]) -> None:
+    """Raise ``error`` naming the unknown and the missing fields when ``have`` is not ``want``."""
+    have, want = set(have), set(want)
+    extra, missing = sorted(have - want), sorted(want - have)
+    if extra or missing:
+        raise error(f"{what}: " + "; ".join(([f"unknown fields {', '.join(extra)}"] if extra else [])
+                                             + ([f"missing {', '.join(missing)}"] if missing else [])))
+
+
+def plain(value: Any) -> Any:
+    """A value as JSON holds it: objects with ``to_json`` by it, other dataclasses by their fields,
+    mappings as dicts, sequences as lists."""
+    if hasattr(value, "to_json") and not isinstance(value, type):
+        return value.to_json()
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one run needs; produced by the plan, claimed, executed and recorded."""
+
+    run_id: str
+    protocol_id: str
+    protocol_sha256: str
+    study: str
+    design: str
+    config: str
+    config_sha256: str
+    arm: str
+    role: str  # paired: "baseline" or "candidate"; factorial: the cell
+    seed: int
+    unit: str  # pair or block id
+    position: int  # place within the unit
+    order: int  # place in the whole plan
+    steps: int
+    val_every: int
+    val_target_bpb: float
+    corpus: str
+    data_dir: str | None
+    device: str
+    compile: bool
+    threads: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data: Any, what: str = "spec", error: type[ValueError] = ValueError) -> RunSpec:
+        """Read a spec, refusing one that is not a mapping of exactly this class's fields."""
+        if not isinstance(data, Mapping):
+            raise error(f"{what} is not a mapping")
+        exact_fields(what, data, (f.name for f in fields(cls)), error)
+        return cls(**data)
+
+
+#: WorkerResult's and RunRecord's fields written even when ``None``; the others only when set.
+_ALWAYS = frozenset({"status", "reason", "timings", "schema_version", "protocol", "plan_sha256", "spec", "attempt",
+                     "git", "unit_attempt", "started_at", "finished_at"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerResult:
     """What a worker process reports (one line of JSON on its pipe): its status and what it measured,
-    as far as it got. The runner merges it into the run's :class:`RunRecord`."""
+    as far as it got. The runner turns it into the run's :class:`RunRecord`. A field is ``None`` where
+    the worker did not get that far (and is then left out of the JSON)."""
 
-    status: str  # "ok", "failed" or "interrupted" ("running" while the worker fills it in)
-    reason: str | None
-    timings: dict[str, Any]  # device_s always; the worker's clocks when it got that far
-    # what the worker measured (absent when it failed early)
-    env: dict[str, Any]
-    parameters: int
-    method_paths: dict[str, Any]
-    curve: list[list[float]]
-    val_curve: list[list[float]]
-    val_bpb: float
-    test_bpb: float
-    rescored_test_bpb: float
-    rescore_identical: bool
-    eval_bytes: dict[str, int]
-    memory: dict[str, Any]
-    checkpoint: dict[str, Any]
-    traceback: str
-    log_tail: str
+    status: str  # "ok", "failed" or "interrupted" ("running" while the worker is at it)
+    reason: str | None = None
+    timings: Mapping[str, Any] = field(default_factory=dict)  # device_s always; the worker's clocks
+    env: Mapping[str, Any] | None = None  # where and with what it ran
+    parameters: int | None = None
+    method_paths: Mapping[str, Any] | None = None  # which code paths the arm took
+    curve: Sequence[Sequence[float]] | None = None  # [step, loss, seconds]
+    val_curve: Sequence[Sequence[float]] | None = None  # [step, bpb, seconds]
+    val_bpb: float | None = None
+    test_bpb: float | None = None
+    rescored_test_bpb: float | None = None
+    rescore_identical: bool | None = None
+    eval_bytes: Mapping[str, int] | None = None
+    memory: Mapping[str, Any] | None = None
+    checkpoint: Mapping[str, Any] | None = None
+    traceback: str | None = None
+    log_tail: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object: every set field (and the ones always written), non-finite floats kept."""
+        return {f.name: plain(v) for f in fields(self)
+                if (v := getattr(self, f.name)) is not None or f.name in _ALWAYS}
+
+    @classmethod
+    def from_json(cls, data: Any, what: str = "worker result") -> WorkerResult:
+        """Read a worker's result, refusing fields this class does not know."""
+        if not isinstance(data, Mapping):
+            raise RecordFormatError(f"{what} is not a JSON object")
+        names = {f.name for f in fields(cls)}
+        exact_fields(what, set(data), names & (set(data) | {"status"}), RecordFormatError)
+        return cls(**data)
+
+    def worker_fields(self) -> dict[str, Any]:
+        """This result's own fields, as keyword arguments (to build a record from it)."""
+        return {f.name: getattr(self, f.name) for f in fields(WorkerResult)}
 
 
-class RunRecord(WorkerResult, total=False):
-    """One run attempt: the worker's result and the runner's fields. Written by the runner; read by the
-    analysis and the audit."""
+@dataclass(frozen=True, kw_only=True)
+class RunRecord(WorkerResult):
+    """One run attempt: the worker's result and the runner's fields. Written by the runner (through
+    the ledger, which adds ``ledger`` and ``sha256``); read by the analysis. ``to_json`` and
+    ``from_json`` are its file boundary; the audit reads the files on its own."""
 
     schema_version: int
-    protocol: dict[str, Any]  # Protocol.summary() plus the tag facts and freeze_sha256
+    protocol: Mapping[str, Any]  # Protocol.summary() plus the tag facts and freeze_sha256
     plan_sha256: str
-    spec: dict[str, Any]  # RunSpec.as_dict()
+    spec: RunSpec
     attempt: int  # 1-based attempt number of this run
-    unit_attempt: int  # 1-based: which run of its unit this attempt belongs to (schema 3)
-    start: dict[str, Any]  # the started entry this record ends: its seq and sha256 (schema 3)
     git: GitState
-    started_at: str | None
-    finished_at: str | None
-    ledger: LedgerLink
-    sha256: str
-    node: dict[str, Any]  # the Ray node that ran it (id, host, pid); Ray runs only
+    unit_attempt: int = 1  # which run of its unit this attempt belongs to (schema 3; 1 before it)
+    start: Mapping[str, Any] | None = None  # the started entry this record ends: its seq and sha256 (schema 3)
+    started_at: str | None = None
+    finished_at: str | None = None
+    node: Mapping[str, Any] | None = None  # the Ray node that ran it (id, host, pid); Ray runs only
+    ledger: LedgerLink | None = None  # set when the ledger appends it (schema 2 on)
+    sha256: str | None = None  # set when it is sealed
+
+    @property
+    def run_id(self) -> str:
+        return self.spec.run_id
+
+    @classmethod
+    def from_json(cls, data: Any, what: str = "record") -> RunRecord:
+        """Read a record's JSON object, refusing unknown or missing fields (naming them)."""
+        if not isinstance(data, Mapping):
+            raise RecordFormatError(f"{what} is not a JSON object")
+        required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
+        exact_fields(what, set(data), {f.name for f in fields(cls)} & (set(data) | required), RecordFormatError)
+        spec = RunSpec.from_json(data["spec"], f"{what}: spec", RecordFormatError)
+        return cls(**{**data, "spec": spec})
 
 
 def jsonable(obj: Any) -> Any:
@@ -158,68 +266,6 @@ def self_hash_ok(record: dict[str, Any]) -> bool:
     return record.get("sha256") == sha256_bytes(canonical(body))
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _free(directory: Path) -> str:
-    try:
-        return f"{shutil.disk_usage(directory).free} bytes free"
-    except OSError:
-        return "free space unknown"
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _umask()
-
-
-def atomic_write(path: Path, data: bytes, *, overwrite: bool) -> None:
-    """Write via a temporary file, fsync and rename. With ``overwrite=False`` an existing file is
-    never replaced (the final step is a hard link, which fails if the name exists). Any write error
-    (a full disk, a read-only or failing filesystem) raises :class:`WriteError` naming the file and
-    the free space, and leaves nothing behind: the file is either complete or absent."""
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.fchmod(fd, 0o666 & ~_UMASK)  # as open() would make it (mkstemp's 0600 would hide a hosted page)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)
-            except FileExistsError as e:
-                raise RefusedError(f"refusing to overwrite existing record {path}") from e
-            os.unlink(tmp)
-        _fsync_dir(path.parent)
-    except OSError as e:
-        raise WriteError(f"cannot write {path}: {e.strerror or e} ({_free(path.parent)} on its filesystem); "
-                         "nothing was half-written: free space (or fix the folder) and run the same command "
-                         "again to resume") from e
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-
-
 def write_json(path: Path, obj: Any, *, overwrite: bool = True, pretty: bool = False) -> None:
     """Atomically write ``obj`` as JSON (canonical, or sorted and indented when ``pretty``)."""
     data = json.dumps(obj, sort_keys=True, indent=1, allow_nan=False).encode("utf-8") if pretty else canonical(obj)
@@ -230,8 +276,9 @@ def record_path(directory: Path, run_id: str, attempt: int) -> Path:
     return directory / f"{run_id}.a{attempt}{RECORD_SUFFIX}"
 
 
-def write_record(directory: Path, record: RunRecord | dict[str, Any]) -> tuple[Path, dict[str, Any]]:
-    """Seal and write one record as ``<run_id>.a<attempt>.record.json``; never overwrites."""
+def write_record(directory: Path, record: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """Seal and write one record's JSON object (:meth:`RunRecord.to_json`, linked by the ledger) as
+    ``<run_id>.a<attempt>.record.json``; never overwrites."""
     sealed = seal(dict(record))
     path = record_path(directory, sealed["spec"]["run_id"], sealed["attempt"])
     atomic_write(path, canonical(sealed) + b"\n", overwrite=False)
@@ -269,8 +316,8 @@ def read_entry(path: Path) -> dict[str, Any]:
 
 
 def read_record(path: Path) -> RunRecord:
-    """Read one record, refusing a format version this code does not know."""
-    return cast(RunRecord, read_entry(path))  # the JSON of a RunRecord (write_record)
+    """Read one record, refusing a format version this code does not know and fields it does not."""
+    return RunRecord.from_json(read_entry(path), str(path))
 
 
 def record_files(directory: Path) -> list[Path]:
@@ -300,47 +347,12 @@ def load_started(directory: Path) -> list[StartedEntry]:
 
 def open_attempts(records: list[RunRecord], started: list[StartedEntry]) -> list[StartedEntry]:
     """Started entries that no record ends: attempts interrupted with nothing recorded yet."""
-    ended = {(r["spec"]["run_id"], r["attempt"]) for r in records}
+    ended = {(r.spec.run_id, r.attempt) for r in records}
     return [e for e in started if (e["run_id"], e["attempt"]) not in ended]
 
 
 def load_records(directory: Path) -> list[RunRecord]:
     """Every record of a folder, in ledger order (then file name, for version 1 records)."""
     recs = [read_record(p) for p in record_files(directory)]
-    recs.sort(key=lambda r: (r.get("ledger", {}).get("seq", 0), r["spec"]["run_id"], r["attempt"]))
+    recs.sort(key=lambda r: (r.ledger["seq"] if r.ledger else 0, r.spec.run_id, r.attempt))
     return recs
-
-
-def source_hashes(root: Path, extra: Iterable[Path]) -> dict[str, str]:
-    """sha256 of every source file that produces records: harness/ (Python and C), analysis/,
-    configs/, the tracked verified-paths files, and ``extra`` (the protocol, plug-in sources)."""
-    files: set[Path] = set()
-    for sub, patterns in (("harness", ("*.py", "*.c")), ("analysis", ("*.py",)), ("configs", ("*.yaml",)),
-                          ("verified", ("*.json",))):
-        base = root / sub
-        if base.is_dir():
-            for pattern in patterns:
-                files.update(p for p in base.rglob(pattern) if "__pycache__" not in p.parts)
-    files.update(extra)
-    out = {}
-    for p in sorted(files):
-        rel = p.resolve().relative_to(root.resolve()).as_posix()
-        out[rel] = sha256_bytes(p.read_bytes())
-    return out
-
-
-def write_manifest(directory: Path, root: Path, extra: Iterable[Path], protocol: dict[str, Any],
-                   head: LedgerHead | None) -> Path:
-    """Rewrite MANIFEST atomically: every record's and every started entry's file sha256, the ledger
-    head, every source's sha256."""
-    manifest = {
-        "schema_version": SCHEMA_VERSION,
-        "protocol": protocol,
-        "records": {p.name: sha256_bytes(p.read_bytes()) for p in record_files(directory)},
-        "started": {p.name: sha256_bytes(p.read_bytes()) for p in started_files(directory)},
-        "ledger_head": head,
-        "sources": source_hashes(root, extra),
-    }
-    path = directory / MANIFEST
-    write_json(path, manifest, pretty=True)
-    return path

@@ -73,6 +73,45 @@ def pinned_corpus(repo: Path, rel: str = "corpus/topics.txt") -> str:
             "split: {train: 0.9, valid: 0.05, test: 0.05}}")
 
 
+def record_dicts(folder: Path) -> list[dict]:
+    """A records folder's record files as the JSON objects they hold, in ledger order (what was
+    written; :func:`harness.records.load_records` reads the same files as typed records)."""
+    from harness.records import read_entry, record_files
+
+    out = [read_entry(p) for p in record_files(folder)]
+    out.sort(key=lambda r: (r.get("ledger", {}).get("seq", 0), r["spec"]["run_id"], r["attempt"]))
+    return out
+
+
+def typed(records: list[dict]) -> list:
+    """Record JSON objects (as written, or edited by a test) as the analysis reads them."""
+    from harness.records import RunRecord
+
+    return [RunRecord.from_json(r) for r in records]
+
+
+def synthetic_record(spec: dict, **fields) -> object:
+    """A record for the analysis with only the fields a test sets (the rest made up, never read)."""
+    from harness.records import SCHEMA_VERSION, RunRecord, RunSpec
+
+    full = {"run_id": f"{spec.get('study', 'p')}.{spec.get('unit', 'u')}.{spec.get('role', 'r')}",
+            "protocol_id": "synthetic", "protocol_sha256": "0" * 64, "study": "p", "design": "paired",
+            "config": "c", "config_sha256": "0" * 64, "arm": "native", "role": "baseline", "seed": 0, "unit": "u",
+            "position": 0, "order": 0, "steps": 1, "val_every": 1, "val_target_bpb": 1.0, "corpus": "synthetic",
+            "data_dir": None, "device": "cpu", "compile": False, "threads": 1, **spec}
+    return RunRecord(**{"schema_version": SCHEMA_VERSION, "protocol": {}, "plan_sha256": "0" * 64, "attempt": 1,
+                        "git": {"commit": None, "dirty": None}, "status": "ok", **fields, "spec": RunSpec(**full)})
+
+
+def completeness(d: dict) -> object:
+    """A completeness (analysis.results.Completeness) from the few fields a decision reads, as the
+    audit's own decide takes them."""
+    from analysis.results import Completeness
+
+    return Completeness(planned_runs=d.get("planned_runs"), ok_runs=0, missing_runs=d.get("missing_runs"),
+                        complete=d.get("complete"), budget_stop=d.get("budget_stop"), text="")
+
+
 def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout
 

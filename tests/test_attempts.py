@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, harness, init_study, private_copy, tiny_protocol
+from conftest import ROOT, harness, init_study, private_copy, record_dicts, tiny_protocol, typed
 
 from harness.ledger import load_entries
-from harness.records import load_records, load_started
+from harness.records import load_started
 
 PROTO = "protocols/tiny.yaml"
 RECS = "records/tiny"
@@ -119,7 +119,7 @@ def test_peeked_outcome_cannot_be_discarded(tmp_path):
     leaked = [f for f in repo.rglob("*") if f.is_file() and ".git" not in f.parts and b"rescore_identical" in f.read_bytes()]
     assert leaked == []
     started = load_started(repo / RECS)
-    assert [(e["run_id"], e["attempt"]) for e in started] == [(run_id, 1)] and not load_records(repo / RECS)
+    assert [(e["run_id"], e["attempt"]) for e in started] == [(run_id, 1)] and not record_dicts(repo / RECS)
     subprocess.run(["rm", "-rf", str(repo / "runs")], check=True)  # every marker and lock under runs/
     st = harness(repo, "status", PROTO)
     assert st.returncode == 0, st.stderr
@@ -127,7 +127,7 @@ def test_peeked_outcome_cannot_be_discarded(tmp_path):
     r = harness(repo, "run", PROTO, "--quiet")
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"noted interrupted attempt 1 of {run_id}" in r.stdout
-    recs = {(x["spec"]["run_id"], x["attempt"]): x for x in load_records(repo / RECS)}
+    recs = {(x["spec"]["run_id"], x["attempt"]): x for x in record_dicts(repo / RECS)}
     first = recs[(run_id, 1)]
     assert first["status"] == "interrupted" and first["started_at"] == started[0]["started_at"]
     assert first["start"] == {"seq": started[0]["ledger"]["seq"], "sha256": started[0]["sha256"]}
@@ -151,7 +151,7 @@ def test_file_times_do_not_charge_device_seconds(tmp_path):
     r = harness(repo, "run", PROTO, "--quiet")
     assert r.returncode == 0, r.stdout + r.stderr
     bound = time.time() - t0 + 60.0
-    (x,) = [x for x in load_records(repo / RECS) if x["status"] == "interrupted"]
+    (x,) = [x for x in record_dicts(repo / RECS) if x["status"] == "interrupted"]
     assert 0.0 <= x["timings"]["device_s"] < bound, x["timings"]
     assert x["timings"]["device_s_source"].startswith("ledger: from its started entry")
     md = (repo / RECS / "report.md").read_text()
@@ -201,7 +201,7 @@ def test_kill_between_record_and_manifest_is_repaired(tmp_path):
     p = start(repo, HARNESS_TEST_KILL_AT="manifest:2")  # seq 2: the first record
     p.communicate(timeout=600)
     assert p.returncode == -signal.SIGKILL
-    assert len(load_records(repo / RECS)) == 1
+    assert len(record_dicts(repo / RECS)) == 1
     a = audit(repo)
     assert a.returncode == 1 and "record not listed in MANIFEST" in a.stdout
     st = harness(repo, "status", PROTO)
@@ -313,7 +313,7 @@ def test_one_unit_attempt_per_unit_in_analysis_and_audit(done_study):
     sys.path.insert(0, str(ROOT / "analysis"))
     import public_audit
 
-    recs = load_records(done_study / RECS)  # read only: the variants below live in memory
+    recs = record_dicts(done_study / RECS)  # read only: the variants below live in memory
     unit = recs[0]["spec"]["unit"]
     again = []
     for r in (x for x in recs if x["spec"]["unit"] == unit):
@@ -323,7 +323,7 @@ def test_one_unit_attempt_per_unit_in_analysis_and_audit(done_study):
         again.append(r2)
 
     def check(records, expect_pair: bool) -> dict:
-        s = derive(records)
+        s = derive(typed(records)).to_json()
         mine = public_audit.recompute(records)
         problems: list[str] = []
         public_audit.compare("summary", mine, json.loads(json.dumps(s)), problems, "unit attempts")
@@ -348,12 +348,13 @@ def test_one_unit_attempt_per_unit_in_analysis_and_audit(done_study):
 def test_records_written_before_started_entries_still_audit(done_copy):
     """A study whose records are schema 2 (no started entries, no unit attempts, MANIFEST without
     ``started``) audits clean, reports, shows its status and resumes into schema 3."""
-    from harness.records import canonical, seal, write_manifest
+    from harness.ledger import write_manifest
+    from harness.records import canonical, seal
 
     repo = done_copy
     for f in (repo / RECS).glob("*.started.json"):
         f.unlink()
-    prev = load_records(repo / RECS)[0]["protocol"]["sha256"]  # not preregistered: the chain starts there
+    prev = record_dicts(repo / RECS)[0]["protocol"]["sha256"]  # not preregistered: the chain starts there
     for i, f in enumerate(sorted((repo / RECS).glob("*.record.json"), key=lambda p: json.loads(p.read_text())
                                  ["ledger"]["seq"]), 1):
         r = json.loads(f.read_text())
@@ -363,7 +364,7 @@ def test_records_written_before_started_entries_still_audit(done_copy):
         r = seal(r)
         prev = r["sha256"]
         f.write_text(canonical(r).decode() + "\n")
-    recs = load_records(repo / RECS)
+    recs = record_dicts(repo / RECS)
     write_manifest(repo / RECS, repo, [repo / PROTO], recs[0]["protocol"], {"seq": 4, "sha256": prev})
     m = json.loads((repo / RECS / "MANIFEST").read_text())
     m.pop("started")
@@ -381,5 +382,5 @@ def test_records_written_before_started_entries_still_audit(done_copy):
     rebuilt["records"].pop(last.name)
     (repo / RECS / "MANIFEST").write_text(json.dumps(rebuilt))
     assert harness(repo, "run", PROTO, "--quiet", "--no-report").returncode == 0
-    new = [x for x in load_records(repo / RECS) if x["schema_version"] == 3]
+    new = [x for x in record_dicts(repo / RECS) if x["schema_version"] == 3]
     assert len(new) == 1 and new[0]["start"]["seq"] == 4 and new[0]["ledger"]["seq"] == 5

@@ -8,11 +8,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, harness, pinned_corpus, tiny_protocol
+from conftest import ROOT, harness, pinned_corpus, record_dicts, tiny_protocol
 
 from harness.data import LocalCorpus, PinnedFile, load_corpus
 from harness.errors import DataError
-from harness.records import load_records
 
 
 def sha(b: bytes) -> str:
@@ -71,7 +70,7 @@ def test_local_corpus_from_pin_to_audit(repo):
     data = (repo / "corpus" / "topics.txt").read_bytes()
     a, b = len(data) * 9 // 10, len(data) * 19 // 20
     want = {"train": sha(data[:a]), "valid": sha(data[a:b]), "test": sha(data[b:])}
-    recs = load_records(repo / "records" / "tiny")
+    recs = record_dicts(repo / "records" / "tiny")
     assert len(recs) == 4 and all(x["env"]["corpus_sha256"] == want and x["spec"]["corpus"] == "topics" for x in recs)
     audit = [sys.executable, "-I", "-S", str(ROOT / "analysis" / "public_audit.py"), "records/tiny"]
     out = subprocess.run(audit, cwd=repo, capture_output=True, text=True)
@@ -80,6 +79,6 @@ def test_local_corpus_from_pin_to_audit(repo):
     (repo / "corpus" / "topics.txt").write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     r = harness(repo, "run", "protocols/tiny.yaml", "--quiet")
     assert r.returncode == 2 and "corpus/topics.txt of corpus 'topics' does not verify" in r.stderr, r.stderr
-    assert len(load_records(repo / "records" / "tiny")) == 4
+    assert len(record_dicts(repo / "records" / "tiny")) == 4
     out = subprocess.run(audit, cwd=repo, capture_output=True, text=True)
     assert out.returncode == 1 and "the protocol pins" in out.stdout, out.stdout

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, git, harness, tiny_protocol
+from conftest import ROOT, completeness, git, harness, record_dicts, tiny_protocol, typed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
@@ -49,7 +49,7 @@ def P(b, c, key):
 def both(h, pairs, alpha=0.05):
     """The analysis' decision, after checking that the audit recomputes every field of it."""
     sp = {"procedure": "fixed_sequence", "family_alpha": alpha, "min_pairs": 3, "tests": [h]}
-    mine = D.decide(sp, {("s", "c"): pairs}, DONE)[0].as_dict()
+    mine = D.decide(sp, {("s", "c"): pairs}, completeness(DONE))[0].as_dict()
     problems: list[str] = []
     A.compare("decision", A.decide(sp, {("s", "c"): pairs}, DONE)[0], mine, problems, "numerics")
     assert not problems, problems
@@ -270,9 +270,8 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def records(study: Path) -> list[dict]:
-    from harness.records import load_records
 
-    return load_records(study / "records" / "tiny")
+    return record_dicts(study / "records" / "tiny")
 
 
 @pytest.mark.parametrize("bad", [None, 0.0, float("nan"), float("inf")])
@@ -288,7 +287,7 @@ def test_summary_skips_and_names_a_damaged_training_time(records, bad):
             "type": "superiority", "margin": 0.0, "better": "lower", "censoring": None, "period_adjusted": False}]
     victim = next(r for r in recs if r["status"] == "ok" and r["spec"]["role"] == "candidate")
     victim["timings"]["training_s"] = bad
-    s = derive(recs)  # was TypeError / ValueError before any decision
+    s = derive(typed(recs)).to_json()  # was TypeError / ValueError before any decision
     entry = s["studies"][0]["configs"][0]
     assert entry["pairs_used"] == 4
     assert entry["training_time"]["invalid_pairs"] == 1 and entry["training_time"]["pairs"] == 3
@@ -309,7 +308,7 @@ def test_summary_skips_and_names_a_damaged_training_time(records, bad):
 def test_descriptive_interval_of_extreme_magnitudes_is_omitted(c):
     from analysis.summary import _endpoint
 
-    mine = _endpoint([0.0] * 4, c, 0.9, "difference")  # was OverflowError for 1e200 (squares), before any decision
+    mine = _endpoint([0.0] * 4, c, 0.9, "difference").to_json()  # was OverflowError for 1e200 (squares), before any decision
     assert mine["pairs"] == 4 and mine["interval"] is None
     problems: list[str] = []
     A.compare("endpoint", A.endpoint([0.0] * 4, c, 0.9, "difference"), mine, problems, "extreme")
@@ -319,23 +318,24 @@ def test_descriptive_interval_of_extreme_magnitudes_is_omitted(c):
 def test_identical_values_keep_their_degenerate_interval():
     from analysis.summary import _endpoint
 
-    mine = _endpoint([3.0, 3.5, 2.5], [3.0, 3.5, 2.5], 0.9, "difference")  # bitwise-equal BPB of A/A pairs
+    mine = _endpoint([3.0, 3.5, 2.5], [3.0, 3.5, 2.5], 0.9, "difference").to_json()  # bitwise-equal BPB of A/A pairs
     assert mine["interval"]["low"] == mine["interval"]["high"] == 0.0
 
 
 def test_harness_report_on_a_damaged_record(study, tmp_path):
     # a record edited and resealed (the audit's ledger check would flag it; the report must still not crash)
-    from harness.records import canonical, load_records, read_record, record_files, seal, write_manifest
+    from harness.ledger import write_manifest
+    from harness.records import canonical, read_entry, record_files, seal
 
     r = tmp_path / "copy"
     shutil.copytree(study, r, symlinks=True)
     recs_dir = r / "records" / "tiny"
     path = next(p for p in sorted(record_files(recs_dir))
-                if read_record(p)["status"] == "ok" and read_record(p)["spec"]["role"] == "candidate")
-    rec = read_record(path)
+                if read_entry(p)["status"] == "ok" and read_entry(p)["spec"]["role"] == "candidate")
+    rec = read_entry(path)
     rec["timings"]["training_s"] = None
     path.write_text(canonical(seal(rec)).decode() + "\n")
-    recs = load_records(recs_dir)
+    recs = record_dicts(recs_dir)
     head = {"seq": recs[-1]["ledger"]["seq"], "sha256": recs[-1]["sha256"]}
     write_manifest(recs_dir, r, [r / PROTO], recs[0]["protocol"], head)
     out = harness(r, "report", PROTO, "--quiet")

@@ -8,7 +8,7 @@ import random
 import sys
 
 import pytest
-from conftest import ROOT, harness, tiny_protocol
+from conftest import ROOT, completeness, harness, synthetic_record, tiny_protocol
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from test_decisions import COMPLETE, H_SPEED, H_TTT, make_pairs, spec
@@ -23,7 +23,7 @@ import public_audit as A  # noqa: E402
 
 def both(sp, pairs_of, done=COMPLETE):
     """The analysis' decisions, after checking that the audit recomputes every field of them."""
-    mine = [d.as_dict() for d in D.decide(sp, pairs_of, done)]
+    mine = [d.as_dict() for d in D.decide(sp, pairs_of, completeness(done))]
     problems: list[str] = []
     A.compare("decisions", A.decide(sp, pairs_of, done), mine, problems, "test")
     assert not problems, problems
@@ -165,7 +165,7 @@ def test_relative_reduction_under_an_aa_null():
     for _ in range(2000):
         pairs = make_pairs(12, noise=0.07, seed=rng.randrange(10**6))
         h = {**H_SPEED, "estimand": "relative_reduction", "type": "equivalence", "margin": 50.0}
-        new.append(D.decide(spec(h), {("s", "c"): pairs}, COMPLETE)[0].estimate)
+        new.append(D.decide(spec(h), {("s", "c"): pairs}, completeness(COMPLETE))[0].estimate)
         old.append(sum(100 * (1 - p["candidate_training_s"] / p["baseline_training_s"]) for p in pairs) / 12)
     assert sum(old) / 2000 == pytest.approx(-0.245, abs=0.05)
     assert abs(sum(new) / 2000) < 0.06 and abs(sorted(new)[1000]) < 0.1
@@ -208,7 +208,7 @@ def test_tost_power_uses_both_one_sided_tests():
     assert abs(hits / 4000 - 0.1835) < 4 * math.sqrt(0.1835 * 0.8165 / 4000)
 
 
-def aa_records(identical: bool, n: int = 10) -> list[dict]:
+def aa_records(identical: bool, n: int = 10) -> list:
     rng = random.Random(7)
     proto = {"studies": [{"name": "p", "design": "paired", "arms": ["native", "native"], "configs": ["c"],
                           "seeds": list(range(n))}]}
@@ -217,8 +217,8 @@ def aa_records(identical: bool, n: int = 10) -> list[dict]:
         b = 100 * math.exp(rng.gauss(0, 0.05))
         for role in ("baseline", "candidate"):
             t = b if identical or role == "baseline" else b * math.exp(rng.gauss(0, 0.03))
-            out.append({"status": "ok", "protocol": proto, "test_bpb": 3.0, "timings": {"training_s": t},
-                        "spec": {"design": "paired", "study": "p", "config": "c", "unit": f"u{i}", "role": role}})
+            out.append(synthetic_record({"design": "paired", "study": "p", "config": "c", "unit": f"u{i}", "role": role},
+                                        protocol=proto, test_bpb=3.0, timings={"training_s": t}))
     return out
 
 
@@ -292,7 +292,7 @@ def test_descriptive_endpoints_skip_null_values():
 
     b, c = [1.0, 2.0, None, 4.0, float("nan"), 3.0], [1.1, 2.1, 3.0, 3.9, 5.0, 2.8]
     for est in ("difference", "relative_reduction"):
-        mine = _endpoint(b, c, 0.9, est)
+        mine = _endpoint(b, c, 0.9, est).to_json()
         assert mine["pairs"] == 4 and mine["invalid_pairs"] == 2 and mine["interval"] is not None
         problems: list[str] = []
         A.compare("endpoint", A.endpoint(b, c, 0.9, est), mine, problems, "null")

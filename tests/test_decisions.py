@@ -8,7 +8,7 @@ import random
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, completeness
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
@@ -118,23 +118,23 @@ def test_worst_rank_counts_unreached_against_its_arm():
     d = D.worst_rank_differences([p["baseline_time_to_target_s"] for p in pairs],
                                  [p["candidate_time_to_target_s"] for p in pairs])
     assert d[1] == d[4] > max(abs(x) for i, x in enumerate(d) if i not in (1, 4))
-    res = D.decide(spec(H_TTT), {("s", "c"): pairs}, COMPLETE)[0]
+    res = D.decide(spec(H_TTT), {("s", "c"): pairs}, completeness(COMPLETE))[0]
     assert res.unreached == {"baseline": 0, "candidate": 2, "both": 0}
     assert res.test["method"] == "signed-rank" and res.status == "not established"
     # dropping the unreached pairs (the old "exclude" rule) would have hidden both misses
     reached = [p for i, p in enumerate(pairs) if i not in (1, 4)]
-    assert D.decide(spec(H_TTT), {("s", "c"): reached}, COMPLETE)[0].status == "established"
+    assert D.decide(spec(H_TTT), {("s", "c"): reached}, completeness(COMPLETE))[0].status == "established"
 
 
 def test_fixed_sequence_and_holm():
     good = make_pairs(12, effect=-0.2, seed=5)
     flat = make_pairs(12, effect=0.0, seed=6)
     seq = D.decide(spec({**H_SPEED, "config": "flat", "id": "A"}, {**H_SPEED, "id": "B"}),
-                   {("s", "flat"): flat, ("s", "c"): good}, COMPLETE)
+                   {("s", "flat"): flat, ("s", "c"): good}, completeness(COMPLETE))
     assert seq[0].status == "not established"
     assert seq[1].status == "not reached" and "failed prerequisite in the hierarchy: A" in seq[1].reason
     holm = D.decide(spec({**H_SPEED, "config": "flat", "id": "A"}, {**H_SPEED, "id": "B"}, procedure="holm", alpha=0.05),
-                    {("s", "flat"): flat, ("s", "c"): good}, COMPLETE)
+                    {("s", "flat"): flat, ("s", "c"): good}, completeness(COMPLETE))
     assert holm[1].status == "established" and holm[1].alpha == 0.025  # smallest p first, at alpha / 2
     assert holm[0].alpha == 0.05
 
@@ -143,12 +143,12 @@ def test_degenerate_and_incomplete_are_not_reached():
     pairs = make_pairs(6)
     for p in pairs:
         p["candidate_test_bpb"] = p["baseline_test_bpb"]  # bitwise-identical arms
-    r = D.decide(spec(H_QUAL), {("s", "c"): pairs}, COMPLETE)[0]
+    r = D.decide(spec(H_QUAL), {("s", "c"): pairs}, completeness(COMPLETE))[0]
     assert r.status == "not reached" and r.reason.startswith("identical") and r.low is None
-    r = D.decide(spec(H_SPEED, min_pairs=10), {("s", "c"): make_pairs(4)}, COMPLETE)[0]
+    r = D.decide(spec(H_SPEED, min_pairs=10), {("s", "c"): make_pairs(4)}, completeness(COMPLETE))[0]
     assert r.status == "not reached" and "too few pairs: 4" in r.reason
     inc = {"complete": False, "budget_stop": False, "missing_runs": 2, "planned_runs": 10}
-    r = D.decide(spec(H_SPEED), {("s", "c"): make_pairs(12, effect=-0.3)}, inc)[0]
+    r = D.decide(spec(H_SPEED), {("s", "c"): make_pairs(12, effect=-0.3)}, completeness(inc))[0]
     assert r.status == "not reached" and r.reason.startswith("incomplete")
 
 
@@ -165,7 +165,7 @@ def test_audit_recomputes_every_decision(procedure):
              {**H_SPEED, "id": "H9", "endpoint": "time_to_target", "censoring": "restricted_mean", "restriction_s": 0.8},
              {**H_TTT, "id": "H10", "estimand": "relative_reduction", "better": "higher"}]
     sp = spec(*tests, procedure=procedure, alpha=0.05)
-    mine = [d.as_dict() for d in D.decide(sp, pairs, COMPLETE)]
+    mine = [d.as_dict() for d in D.decide(sp, pairs, completeness(COMPLETE))]
     theirs = A.decide(sp, pairs, COMPLETE)
     problems: list[str] = []
     assert A.compare("decisions", theirs, mine, problems, "test") > 50 and not problems, problems

@@ -4,27 +4,28 @@ same bits as the worker processes' (same seed, weights and batches)."""
 from __future__ import annotations
 
 import shutil
+import time
 
-from conftest import harness, init_study, tiny_protocol
+from conftest import harness, init_study, record_dicts, tiny_protocol
 
 from harness.execute.inprocess import InProcessExecutor
+from harness.execute.launchers import Outcome
 from harness.execute.runner import Runner
 from harness.protocol import load_protocol
-from harness.records import load_records
 
 
 def test_in_process_executor_matches_the_local_one(tmp_path):
     repo = init_study(tmp_path / "study", protocol=tiny_protocol(steps=6))
     r = harness(repo, "run", "protocols/tiny.yaml", "--quiet")
     assert r.returncode == 0, r.stderr[-3000:]
-    local = {x["spec"]["run_id"]: x for x in load_records(repo / "records" / "tiny")}
+    local = {x["spec"]["run_id"]: x for x in record_dicts(repo / "records" / "tiny")}
     shutil.rmtree(repo / "records")
     shutil.rmtree(repo / "runs")
     lines: list[str] = []
     left = Runner(load_protocol(repo / "protocols" / "tiny.yaml"), echo=lines.append,
                   executor=InProcessExecutor()).run()
     assert left == 0
-    mine = {x["spec"]["run_id"]: x for x in load_records(repo / "records" / "tiny")}
+    mine = {x["spec"]["run_id"]: x for x in record_dicts(repo / "records" / "tiny")}
     assert set(mine) == set(local) and all(x["status"] == "ok" for x in mine.values())
     for rid, rec in mine.items():
         assert rec["spec"] == local[rid]["spec"] and rec["start"]["seq"] < rec["ledger"]["seq"]
@@ -32,3 +33,30 @@ def test_in_process_executor_matches_the_local_one(tmp_path):
         assert losses == [point[:2] for point in local[rid]["curve"]] and rec["test_bpb"] == local[rid]["test_bpb"], rid
     r = harness(repo, "status", "protocols/tiny.yaml")
     assert r.returncode == 0 and "Traceback" not in r.stderr
+
+
+class _UnreadableResults:
+    """An executor whose every worker reports a field this runner does not know."""
+
+    name = "unreadable"
+
+    def execute(self, runner: Runner) -> None:
+        for claim in runner.claims():
+            try:
+                for spec in claim.todo:
+                    attempt = runner.next_attempt(spec)
+                    runner.started(spec, attempt, unit_attempt=claim.unit_attempt)
+                    result = {"status": "ok", "gpu_s": 1.0, "timings": {"device_s": 0.25}}
+                    runner.finished(spec, attempt, Outcome(code=0, result=result, wall_s=0.5, started_at=time.time()))
+            finally:
+                claim.release()
+
+
+def test_a_worker_result_the_runner_cannot_read_is_recorded_as_failed_naming_it(tmp_path):
+    repo = init_study(tmp_path / "study", protocol=tiny_protocol(steps=6))
+    Runner(load_protocol(repo / "protocols" / "tiny.yaml"), echo=lambda _: None, executor=_UnreadableResults()).run()
+    recs = record_dicts(repo / "records" / "tiny")
+    assert recs and all(r["status"] == "failed" for r in recs)
+    assert all(r["reason"] == "the worker's result is not one this runner reads: worker result: unknown fields gpu_s"
+               for r in recs), recs[0]["reason"]
+    assert all(r["timings"]["device_s"] == 0.25 and "gpu_s" not in r for r in recs)

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, git, harness, private_copy, tiny_protocol
+from conftest import ROOT, git, harness, private_copy, record_dicts, tiny_protocol, typed
 
-from harness.ledger import head_of, load_entries
+from harness.ledger import head_of, load_entries, write_manifest
 from harness.plan import make_plan, plan_sha256
 from harness.protocol import load_protocol
 from harness.records import (
@@ -26,11 +26,10 @@ from harness.records import (
     RecordFormatError,
     canonical,
     entry_files,
-    load_records,
+    read_entry,
     read_record,
     record_files,
     seal,
-    write_manifest,
 )
 
 sys.path.insert(0, str(ROOT / "analysis"))
@@ -85,21 +84,21 @@ def resealed(path: Path, edit) -> dict:
 def rebuild_manifest(repo: Path) -> None:
     entries = load_entries(repo / RECS)
     head = head_of(entries, "") if entries else None
-    write_manifest(repo / RECS, repo, [repo / PROTO], load_records(repo / RECS)[0]["protocol"], head)
+    write_manifest(repo / RECS, repo, [repo / PROTO], record_dicts(repo / RECS)[0]["protocol"], head)
 
 
 def by_seq(repo: Path) -> list[Path]:
     """The record files, in ledger order."""
-    return sorted(record_files(repo / RECS), key=lambda p: read_record(p)["ledger"]["seq"])
+    return sorted(record_files(repo / RECS), key=lambda p: read_entry(p)["ledger"]["seq"])
 
 
 def chain(repo: Path) -> list[Path]:
     """Every file of the chain (started entries and records), in ledger order."""
-    return sorted(entry_files(repo / RECS), key=lambda p: read_record(p)["ledger"]["seq"])
+    return sorted(entry_files(repo / RECS), key=lambda p: read_entry(p)["ledger"]["seq"])
 
 
 def seq_of(path: Path) -> int:
-    return read_record(path)["ledger"]["seq"]
+    return read_entry(path)["ledger"]["seq"]
 
 
 # -- the intact study ----------------------------------------------------------------------------
@@ -116,7 +115,7 @@ def test_intact_study_passes_and_records_bind_the_tag(study):
     assert set(m["trees"]) == {"analysis", "configs", "harness"}  # every non-exempt entry, by construction
     assert m["plan"]["runs"] == 6 and m["configs"]["tiny_conv"] == load_protocol(study / PROTO).configs["tiny_conv"].sha256
     freeze = hashlib.sha256(canonical(m)).hexdigest()
-    recs = load_records(study / RECS)
+    recs = record_dicts(study / RECS)
     entries = load_entries(study / RECS)
     # each attempt is a started entry, then the record that ends it and links to it
     assert [x["ledger"]["seq"] for x in recs] == [2, 4, 6, 8, 10, 12]
@@ -220,7 +219,7 @@ def test_deleted_record_rerun_is_detected(study):
 
 def test_swapped_records_are_detected(study):
     p2, p3 = by_seq(study)[1:3]
-    l2, l3 = read_record(p2)["ledger"], read_record(p3)["ledger"]
+    l2, l3 = read_entry(p2)["ledger"], read_entry(p3)["ledger"]
     resealed(p2, lambda r: r.update(ledger=l3))
     resealed(p3, lambda r: r.update(ledger=l2))
     rebuild_manifest(study)
@@ -242,7 +241,7 @@ def test_protocol_edited_and_everything_resealed_is_detected(study):
     git(study, "commit", "-qam", "loosen the tolerance")
     new_sha = hashlib.sha256(proto.read_bytes()).hexdigest()
     runs = make_plan(load_protocol(proto))
-    prev = read_record(chain(study)[0])["ledger"]["prev"]
+    prev = read_entry(chain(study)[0])["ledger"]["prev"]
     for p in chain(study):  # a consistent forgery: every entry, the chain and MANIFEST rewritten
         def edit(r, prev=prev):
             r["protocol"]["sha256"] = new_sha
@@ -261,7 +260,7 @@ def test_protocol_edited_and_everything_resealed_is_detected(study):
 
 
 def test_rewritten_history_misses_the_published_head(study):
-    head = read_record(by_seq(study)[-1])
+    head = read_entry(by_seq(study)[-1])
     p = by_seq(study)[-1]
     resealed(p, lambda r: r["timings"].update(training_s=0.001))
     rebuild_manifest(study)
@@ -300,20 +299,20 @@ def test_budget_stop_is_explained(tmp_path):
 def test_budget_stop_decisions_are_made_and_say_so(done_study):
     from analysis.summary import derive
 
-    recs = load_records(done_study / RECS)[:4]  # two complete pairs
+    recs = record_dicts(done_study / RECS)[:4]  # two complete pairs
     spent = sum(r["timings"]["device_s"] for r in recs)
     for r in recs:
         r["protocol"]["budget_device_seconds"] = spent + 0.5  # one more pair cannot fit
         r["protocol"]["hypotheses"].update(min_pairs=2, tests=[{  # a speed hypothesis (BPB is bitwise equal)
             "id": "S", "study": "pairs", "config": "tiny_conv", "endpoint": "training_time", "estimand": "log_ratio",
             "type": "superiority", "margin": 0.0, "better": "lower", "censoring": None, "period_adjusted": False}])
-    s = derive(recs)
+    s = derive(typed(recs)).to_json()
     assert s["completeness"]["budget_stop"] is True
     decision = s["hypotheses"]["decisions"][0]  # the stop depended on run times: not preregistered, not decided
     assert decision["status"] == "not reached" and "depends on run times" in decision["reason"]
     for r in recs:
         r["protocol"]["hypotheses"]["decide_time_after_budget_stop"] = True
-    s = derive(recs)
+    s = derive(typed(recs)).to_json()
     decision = s["hypotheses"]["decisions"][0]
     assert decision["text"].startswith("(study stopped by its budget rule; the stop depended on run times, this "
                                        "endpoint's outcome) S: superiority")
@@ -323,7 +322,7 @@ def test_budget_stop_decisions_are_made_and_say_so(done_study):
     assert not problems, problems
     for r in recs:
         r["protocol"]["budget_device_seconds"] = spent * 100  # room left: the stop is unexplained
-    s = derive(recs)
+    s = derive(typed(recs)).to_json()
     assert s["completeness"]["budget_stop"] is False
     assert s["hypotheses"]["decisions"][0]["status"] == "not reached"
     assert s["hypotheses"]["decisions"][0]["reason"].startswith("incomplete: 2 of 6")
@@ -353,4 +352,4 @@ def test_audit_plan_equals_harness_plan(name):
     proto = load_protocol(path)
     shas = {c: cfg.sha256 for c, cfg in proto.configs.items()}
     mine = public_audit.plan_from_protocol(public_audit.yaml_subset(text), proto.sha256, shas)
-    assert mine == [r.as_dict() for r in make_plan(proto)]
+    assert mine == [r.to_json() for r in make_plan(proto)]

@@ -12,8 +12,10 @@ import pytest
 from pagecheck import CHROMIUM, check_page, check_static
 
 from analysis.page import render, write_page
+from analysis.results import Summary
 
-SUMMARY = json.loads((Path(__file__).parent / "fixtures" / "summary-pagedemo.json").read_text())
+FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "summary-pagedemo.json").read_text())
+SUMMARY = Summary.read(FIXTURE)
 
 
 def test_page_is_valid_and_accessible(tmp_path):
@@ -21,13 +23,13 @@ def test_page_is_valid_and_accessible(tmp_path):
     check_static(path.read_text())
     html = path.read_text()
     assert "python analysis/public_audit.py runs/pagedemo/records" in html
-    for d in SUMMARY["hypotheses"]["decisions"]:
+    for d in FIXTURE["hypotheses"]["decisions"]:
         assert d["id"] in html
 
 
 def test_every_pair_is_listed_and_adverse_pairs_are_marked():
     html = render(SUMMARY, "r")
-    pairs = [p for s in SUMMARY["studies"] if s["design"] == "paired" for c in s["configs"] for p in c["pairs"]]
+    pairs = [p for s in FIXTURE["studies"] if s["design"] == "paired" for c in s["configs"] for p in c["pairs"]]
     adverse = [p for p in pairs if p["time_reduction_pct"] < 0]
     assert html.count('<tr class="adverse">') == len(adverse) > 0
     for p in pairs:
@@ -35,10 +37,10 @@ def test_every_pair_is_listed_and_adverse_pairs_are_marked():
 
 
 def test_text_from_the_records_is_escaped():
-    s = copy.deepcopy(SUMMARY)
+    s = copy.deepcopy(FIXTURE)
     s["protocol"]["id"] = "<script>alert(1)</script>"
     s["studies"][0]["configs"][0]["config"] = 'x"><img src=http://127.0.0.1:9/a>'
-    html = render(s, "r")
+    html = render(Summary.read(s), "r")
     assert "<script>" not in html and "<img" not in html
     check_static(html)
 
@@ -71,7 +73,7 @@ def test_written_files_follow_the_umask_so_a_hosted_page_is_readable(tmp_path):
     import os
     import stat
 
-    from harness.records import atomic_write
+    from harness.files import atomic_write
 
     mask = os.umask(0)
     os.umask(mask)

@@ -9,9 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, git, harness, init_study
-
-from harness.records import load_records
+from conftest import ROOT, git, harness, init_study, record_dicts
 
 EXAMPLE = "examples/foreach.yaml"
 
@@ -29,7 +27,7 @@ def test_example_plugin_end_to_end_reduced(clone):
     r = harness(clone, "run", EXAMPLE, "--quiet")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "## Decisions" in r.stdout and "H1-speed" in r.stdout
-    recs = load_records(clone / "runs" / "example-foreach" / "records")
+    recs = record_dicts(clone / "runs" / "example-foreach" / "records")
     assert len(recs) == 10 and all(x["status"] == "ok" for x in recs)
     plugin = recs[0]["protocol"]["plugins"]["examples.foreach_arm:build"]
     assert plugin["path"] == "examples/foreach_arm.py"
@@ -113,7 +111,7 @@ def test_model_family_plugin_and_registry(clone):
                  .replace("records_dir: runs/example-foreach/records", "records_dir: runs/mlp/records"))
     r = harness(clone, "run", "protocols/mlp.yaml", "--quiet", "--no-report")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    recs = load_records(clone / "runs" / "mlp" / "records")
+    recs = record_dicts(clone / "runs" / "mlp" / "records")
     assert len(recs) == 6 and all(x["status"] == "ok" for x in recs)
     assert set(recs[0]["protocol"]["plugins"]) == {"examples.foreach_arm:build", "examples.tiny_mlp:TinyMLP"}
     bad = (clone / "configs" / "tiny_mlp.yaml")
@@ -156,7 +154,7 @@ def test_declared_factorial_with_a_plugin_cell_end_to_end(clone):
     path = _declared(clone, FACTORIAL)
     r = harness(clone, "run", path, "--quiet")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    recs = load_records(clone / "runs" / "paths" / "records")
+    recs = record_dicts(clone / "runs" / "paths" / "records")
     assert len(recs) == 8 and {x["spec"]["role"] for x in recs} == {"fused", "foreach"}
     assert {x["spec"]["arm"] for x in recs} == {"native", "examples.foreach_arm:build"}
     orders = {}

@@ -8,13 +8,13 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, synthetic_record
 from scipy import stats
 
 from analysis.power import aa_noise, pairs_needed, plan, power
 
 
-def records(aa: bool, n: int = 8, sd: float = 0.04, seed: int = 0) -> list[dict]:
+def records(aa: bool, n: int = 8, sd: float = 0.04, seed: int = 0) -> list:
     rng = random.Random(seed)
     proto = {"studies": [{"name": "p", "design": "paired", "arms": ["native", "native" if aa else "cotangent"],
                           "configs": ["c"], "seeds": list(range(n))}]}
@@ -22,9 +22,9 @@ def records(aa: bool, n: int = 8, sd: float = 0.04, seed: int = 0) -> list[dict]
     for i in range(n):
         b = math.exp(rng.gauss(0, 0.1))
         for role, t in (("baseline", b), ("candidate", b * math.exp(rng.gauss(0, sd)))):
-            out.append({"status": "ok", "protocol": proto, "test_bpb": 3.0 + 0.1 * i,
-                        "timings": {"training_s": t, "time_to_target_s": t},
-                        "spec": {"design": "paired", "study": "p", "config": "c", "unit": f"u{i}", "role": role}})
+            out.append(synthetic_record({"design": "paired", "study": "p", "config": "c", "unit": f"u{i}", "role": role},
+                                        protocol=proto, test_bpb=3.0 + 0.1 * i,
+                                        timings={"training_s": t, "time_to_target_s": t}))
     return out
 
 

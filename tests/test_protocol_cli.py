@@ -11,12 +11,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, git, harness, tiny_protocol
+from conftest import ROOT, git, harness, record_dicts, tiny_protocol
 
 from harness.factorial import williams
 from harness.plan import make_plan
 from harness.protocol import load_protocol
-from harness.records import load_records, self_hash_ok
+from harness.records import self_hash_ok
 
 
 def write(repo: Path, text: str, name: str = "tiny.yaml") -> Path:
@@ -151,7 +151,7 @@ def test_tiny_protocol_end_to_end_and_resume_noop(repo):
     r = harness(repo, "run", str(p), "--quiet")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Time reduction" in r.stdout and "## Decisions" in r.stdout and "## Flow of planned runs" in r.stdout
-    recs = load_records(repo / "records" / "tiny")
+    recs = record_dicts(repo / "records" / "tiny")
     assert len(recs) == 4 and all(x["status"] == "ok" and self_hash_ok(x) for x in recs)
     rec = recs[0]
     for key in ("protocol", "plan_sha256", "spec", "env", "timings", "curve", "val_curve", "val_bpb", "test_bpb",
@@ -195,7 +195,7 @@ def test_resume_after_sigkill_mid_run(repo, launcher):
     r = harness(repo, "run", str(p), "--quiet", "--no-report")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "noted interrupted attempt 1" in r.stdout
-    recs = load_records(repo / "records" / "tiny")
+    recs = record_dicts(repo / "records" / "tiny")
     statuses = Counter(x["status"] for x in recs)
     assert statuses["ok"] == 4 and statuses["interrupted"] == 1
     interrupted = next(x for x in recs if x["status"] == "interrupted")
@@ -214,7 +214,7 @@ def test_worker_killed_is_recorded_failed(repo):
     os.kill(pid, signal.SIGKILL)  # only the run's process dies (as under the OOM killer)
     stdout, _ = proc.communicate(timeout=600)
     assert proc.returncode == 1, stdout  # finished, with a recorded failure
-    recs = load_records(repo / "records" / "tiny")
+    recs = record_dicts(repo / "records" / "tiny")
     failed = [x for x in recs if x["status"] == "failed"]
     assert len(failed) == 1 and "SIGKILL" in failed[0]["reason"] and len(recs) == 4
 
@@ -229,7 +229,7 @@ def test_failing_runs_are_recorded_not_dropped(repo):
     p = write(repo, failing_arm(repo))
     r = harness(repo, "run", str(p), "--quiet")
     assert r.returncode == 1
-    recs = load_records(repo / "records" / "tiny")
+    recs = record_dicts(repo / "records" / "tiny")
     failed = [x for x in recs if x["status"] == "failed"]
     assert len(recs) == 4 and len(failed) == 2 and {x["spec"]["role"] for x in failed} == {"candidate"}
     assert all("deliberate failure of this arm" in x["reason"] for x in failed)
@@ -241,7 +241,7 @@ def test_unverified_corpus_refuses_before_any_run(repo):
     p = write(repo, tiny_protocol(corpus="wikitext-2", data_dir="data_dir: nowhere\n"))
     r = harness(repo, "run", str(p), "--quiet")
     assert r.returncode == 2 and "missing corpus file" in r.stderr and "harness data fetch wikitext-2" in r.stderr
-    assert not (repo / "records" / "tiny").exists() or not load_records(repo / "records" / "tiny")
+    assert not (repo / "records" / "tiny").exists() or not record_dicts(repo / "records" / "tiny")
 
 
 def test_two_concurrent_runners_execute_each_run_once(repo):
@@ -249,7 +249,7 @@ def test_two_concurrent_runners_execute_each_run_once(repo):
     cmd = [sys.executable, "-m", "harness.cli", "run", str(p), "--quiet", "--no-report"]
     procs = [subprocess.Popen(cmd, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     outs = [pr.communicate(timeout=600)[0] for pr in procs]
-    recs = load_records(repo / "records" / "tiny")
+    recs = record_dicts(repo / "records" / "tiny")
     ids = Counter(x["spec"]["run_id"] for x in recs)
     assert len(ids) == 6 and set(ids.values()) == {1}, outs
     assert all(x["status"] == "ok" and x["attempt"] == 1 for x in recs)
@@ -262,22 +262,22 @@ def test_budget_stops_new_runs(repo):
     p = write(repo, tiny_protocol(budget=1, steps=10))
     r = harness(repo, "run", str(p), "--quiet", "--no-report")
     assert r.returncode == 1 and "no further run starts" in r.stdout
-    recs = load_records(repo / "records" / "tiny")
+    recs = record_dicts(repo / "records" / "tiny")
     assert 1 <= len(recs) < 4
 
 
 def test_retry_reruns_whole_units_up_to_max_attempts(repo):
     p = write(repo, failing_arm(repo).replace("order_seed: 1", "order_seed: 1\nmax_attempts: 2"))
     assert harness(repo, "run", str(p), "--quiet", "--no-report").returncode == 1
-    assert len(load_records(repo / "records" / "tiny")) == 4
+    assert len(record_dicts(repo / "records" / "tiny")) == 4
     r = harness(repo, "run", str(p), "--quiet", "--no-report", "--retry-failed")
     assert r.returncode == 1
-    recs = load_records(repo / "records" / "tiny")
+    recs = record_dicts(repo / "records" / "tiny")
     assert len(recs) == 8 and Counter(x["attempt"] for x in recs) == {1: 4, 2: 4}
     order = [(x["spec"]["unit"], x["spec"]["position"]) for x in recs if x["attempt"] == 2]
     assert order == sorted(order)  # whole units, in plan order, each arm back to back
     harness(repo, "run", str(p), "--quiet", "--no-report", "--retry-failed")  # max_attempts reached: nothing runs
-    assert len(load_records(repo / "records" / "tiny")) == 8
+    assert len(record_dicts(repo / "records" / "tiny")) == 8
 
 
 def test_version_and_unknown_arms_are_clean_errors(repo):

@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, git, harness, private_copy, tiny_protocol
+from conftest import ROOT, git, harness, private_copy, record_dicts, tiny_protocol
 from test_integrity import PROTO, RECS, audit, by_seq, chain, make_study, rebuild_manifest, resealed
 
-from harness.records import load_records, read_record
+from harness.records import read_entry
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def reseal_all(repo: Path, edit) -> None:
     """A consistent forgery: every record edited, the chain relinked from the same genesis, MANIFEST
     and summary.json rewritten by the harness's own code."""
     paths = chain(repo)  # started entries too: every entry is relinked, only records are edited
-    prev = read_record(paths[0])["ledger"]["prev"]
+    prev = read_entry(paths[0])["ledger"]["prev"]
     starts: dict[int, str] = {}  # a started entry's seq -> its new sha256, for the record that links to it
     for p in paths:
         def e(r, prev=prev, p=p):
@@ -196,7 +196,7 @@ def test_stale_unchecked_bytecode_is_never_read_by_a_worker(study):
         p.unlink()
     r = harness(study, "run", PROTO, "--quiet", "--no-report")
     assert r.returncode == 0, r.stdout + r.stderr
-    recs = load_records(study / RECS)
+    recs = record_dicts(study / RECS)
     assert [x["status"] for x in recs].count("ok") == 6
     assert all(x["env"]["isolated"] is True for x in recs if x["status"] == "ok")  # interrupted ones carry no env
 
@@ -212,7 +212,7 @@ def test_planted_phase_library_is_replaced_by_a_fresh_build(study, tmp_path):
     assert first.returncode == 0, first.stdout + first.stderr
     (so,) = cache.glob("phase-*.so")
     good = hashlib.sha256(so.read_bytes()).hexdigest()
-    cand = [x for x in load_records(study / RECS) if x["spec"]["arm"] == "cotangent"]
+    cand = [x for x in record_dicts(study / RECS) if x["spec"]["arm"] == "cotangent"]
     if not cand[-1]["method_paths"]["phase_kernel"].startswith("phase.c"):
         pytest.skip(f"this CPU does not run phase.c ({cand[-1]['method_paths']['phase_kernel']})")
     assert cand[-1]["method_paths"]["phase_so_sha256"] == good
@@ -222,7 +222,7 @@ def test_planted_phase_library_is_replaced_by_a_fresh_build(study, tmp_path):
     second = run()
     assert second.returncode == 0, second.stdout + second.stderr
     assert hashlib.sha256(so.read_bytes()).hexdigest() == good
-    rec = [x for x in load_records(study / RECS) if x["spec"]["arm"] == "cotangent"][-1]
+    rec = [x for x in record_dicts(study / RECS) if x["spec"]["arm"] == "cotangent"][-1]
     assert rec["method_paths"]["phase_so_sha256"] == good and rec["method_paths"]["phase_kernel"].startswith("phase.c")
 
 
@@ -255,7 +255,7 @@ def _kernel_of(r: dict) -> str:
 
 
 def test_audit_names_each_arm_s_phase_kernel(study):
-    recs = [read_record(p) for p in by_seq(study)]
+    recs = [read_entry(p) for p in by_seq(study)]
     kernel = next(_kernel_of(r) for r in recs if r["spec"]["arm"] == "cotangent")
     a = audit(study)
     assert a.returncode == 0, a.stdout
@@ -304,7 +304,7 @@ def test_tag_dated_after_the_records_fails(study):
 
 
 def test_record_started_before_its_predecessor_on_the_same_machine_fails(study):
-    recs = [read_record(p) for p in by_seq(study)]
+    recs = [read_entry(p) for p in by_seq(study)]
     first, second, third = (r["ledger"]["seq"] for r in recs[:3])
 
     def edit(r):
@@ -338,7 +338,7 @@ def test_git_replace_of_the_tag_object_is_not_honoured(study):
 
 
 def test_head_must_be_a_full_sha256(study):
-    last = read_record(by_seq(study)[-1])
+    last = read_entry(by_seq(study)[-1])
     head, seq = last["sha256"], last["ledger"]["seq"]
     a = audit(study, "--head", f"{seq}:{head[:4]}")
     assert a.returncode == 2 and "full 64-hex-digit sha256" in a.stdout
@@ -540,7 +540,7 @@ def test_plug_in_importing_from_an_exempt_folder_is_refused(tmp_path):
     # a dynamic import gets past the static check, not past the worker's bootstrap: the run fails, saying why
     d = harness(r, "run", "protocols/dyn.yaml", "--quiet", "--no-report")
     assert d.returncode == 1, d.stdout + d.stderr
-    failed_runs = [x for x in load_records(r / "records" / "dyn") if x["status"] == "failed"]
+    failed_runs = [x for x in record_dicts(r / "records" / "dyn") if x["status"] == "failed"]
     assert failed_runs and all(x["spec"]["arm"] == "plugs.dyn:build" for x in failed_runs)
     assert "lies in benchmarks/, which the freeze exempts" in failed_runs[0]["reason"]
 

@@ -13,9 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, harness, init_study, pinned_corpus, tiny_protocol
-
-from harness.records import load_records
+from conftest import ROOT, harness, init_study, pinned_corpus, record_dicts, tiny_protocol
 
 pytest.importorskip("ray", reason="Ray is an optional extra: python -m pip install -e '.[ray]'")
 
@@ -58,7 +56,7 @@ def analysed(recs: list[dict]) -> list[dict]:
 
 def ok_by_run(repo: Path) -> dict[str, dict]:
     """Every planned run, once: one ok record in its unit's analysed unit attempt."""
-    recs = analysed(load_records(repo / "records" / "tiny"))
+    recs = analysed(record_dicts(repo / "records" / "tiny"))
     oks = Counter(x["spec"]["run_id"] for x in recs if x["status"] == "ok")
     assert len(oks) == 2 * PAIRS and set(oks.values()) == {1}, oks  # every planned run, once
     return {x["spec"]["run_id"]: x for x in recs if x["status"] == "ok"}
@@ -95,7 +93,7 @@ def test_driver_killed_and_restarted_completes(scenarios):
     work, out = scenarios
     assert out["driver_records_at_kill"] >= 1 and out["driver_rc"] == 0, out["driver_log"]
     ok_by_run(work / "driver")
-    recs = load_records(work / "driver" / "records" / "tiny")
+    recs = record_dicts(work / "driver" / "records" / "tiny")
     interrupted = [x for x in recs if x["status"] == "interrupted"]
     assert all("did not finish" in x["reason"] for x in interrupted)
 
@@ -110,7 +108,7 @@ def test_node_killed_at_a_fixed_point_reruns_its_unit_whole(scenarios, name):
     assert out[f"{name}_rc"] == 0 and out[f"{name}_restart"] == 0, out[f"{name}_log"]
     repo = work / name
     runs = ok_by_run(repo)
-    recs = load_records(repo / "records" / "tiny")
+    recs = record_dicts(repo / "records" / "tiny")
     rerun = {x["spec"]["unit"] for x in recs if x.get("unit_attempt", 1) > 1}
     assert len(rerun) == 1, rerun
     (unit,) = rerun

@@ -8,7 +8,7 @@ import math
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, completeness
 
 from analysis import decisions as D
 from analysis.power import pairs_needed, power, sd_upper
@@ -38,7 +38,7 @@ FULL = {"complete": True}
 
 def decided(h, pairs, alpha=0.05):
     sp = {"procedure": "fixed_sequence", "family_alpha": alpha, "min_pairs": 3, "tests": [h]}
-    mine = D.decide(sp, {("s", "c"): pairs}, FULL)[0].as_dict()
+    mine = D.decide(sp, {("s", "c"): pairs}, completeness(FULL))[0].as_dict()
     theirs = A.decide(sp, {("s", "c"): pairs}, FULL)[0]
     problems: list[str] = []
     A.compare("decision", theirs, mine, problems, "r")
@@ -133,7 +133,7 @@ def test_holm_against_r_p_adjust():
             tests.append({**H, "id": f"H{i}", "config": f"c{i}", "estimand": "log_ratio", "type": "superiority",
                           "margin": 0.0, "better": "higher"})
         sp = {"procedure": "holm", "family_alpha": alpha, "min_pairs": 3, "tests": tests}
-        got = [d.status == "established" for d in D.decide(sp, pairs_of, FULL)]
+        got = [d.status == "established" for d in D.decide(sp, pairs_of, completeness(FULL))]
         assert got == [q < alpha for q in adjusted], alpha
 
 

@@ -31,12 +31,12 @@ def hermetic_env(proto: Protocol, root: Path, records: Path, anchor: str | None)
     from harness.records import load_records
 
     for r in load_records(records):
-        env = r.get("env") or {}
+        env = r.env or {}
         for pkg, have in mine.items():
             was = env.get(pkg)
             if was is not None and have is not None and was.split("+")[0] != have.split("+")[0]:
                 raise RefusedError(f"{proto.path}: earlier runs of this study used {pkg} {was} "
-                                   f"({r['spec']['run_id']}), this installation has {have}; one study runs on one "
+                                   f"({r.spec.run_id}), this installation has {have}; one study runs on one "
                                    "installation: install that version, or copy the protocol to a new id")
     plugins = [Path(fp["path"]) if Path(fp["path"]).is_absolute() else root / fp["path"]
                for fp in proto.plugin_fingerprints().values()]

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import time
-import traceback
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from harness.execute.launchers import Outcome
-from harness.records import WorkerResult, jsonable
+from harness.records import jsonable
 
 if TYPE_CHECKING:
     from harness.execute.runner import Runner
@@ -27,6 +27,7 @@ class InProcessExecutor:
 
     def execute(self, runner: Runner) -> None:
         from harness.execute.job import Job
+        from harness.execute.worker import Partial, failure
         from harness.execute.worker import execute as run_job
 
         for claim in runner.claims():
@@ -37,17 +38,16 @@ class InProcessExecutor:
                     runner.started(spec, attempt, unit_attempt=claim.unit_attempt)
                     job = Job.from_json(json.loads(json.dumps(runner.job(spec, attempt).to_json())))
                     t0, wall0 = time.time(), time.monotonic()
-                    result: WorkerResult = {}
+                    partial = Partial()
                     code = 0
                     try:
-                        run_job(job, result)
+                        run_job(job, partial)
                     except Exception as e:  # as the worker process reports it
-                        result.update({"status": "failed", "reason": f"{type(e).__name__}: {e}",
-                                       "traceback": traceback.format_exc()[-4000:]})
+                        partial.note(**failure(e))
                         code = 3
                     wall = time.monotonic() - wall0
-                    result.setdefault("timings", {})["device_s"] = wall
-                    data = json.loads(json.dumps(jsonable(result), allow_nan=False))
+                    result = replace(partial.result, timings={**partial.result.timings, "device_s": wall})
+                    data = json.loads(json.dumps(jsonable(result.to_json()), allow_nan=False))
                     outcome = Outcome(code=code, result=data, wall_s=wall, started_at=t0, finished_at=time.time())
                     runner.echo(f"  {runner.finished(spec, attempt, outcome)}")
             finally:

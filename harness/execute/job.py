@@ -4,16 +4,16 @@ The runner builds a :class:`Job` (:meth:`harness.execute.runner.Runner.job`); it
 process boundary (and a Ray node's) as JSON, :meth:`Job.to_json` then :meth:`Job.from_json`, which
 refuses a job of another format or with fields it does not know, naming them.
 
-Format log (``format``): 1: ``spec`` (a :class:`~harness.plan.RunSpec`), ``attempt``,
+Format log (``format``): 1: ``spec`` (a :class:`~harness.records.RunSpec`), ``attempt``,
 ``config_path`` (relative to the study's root), ``data_dir``, ``corpus`` (a local corpus's pinned
 files, or ``None`` for a named corpus) and ``checkpoint_path``.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
-from harness.plan import RunSpec
+from harness.records import RunSpec, exact_fields
 
 JOB_FORMAT = 1
 
@@ -34,7 +34,7 @@ class Job:
     checkpoint_path: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": JOB_FORMAT, "spec": asdict(self.spec), "attempt": self.attempt,
+        return {"format": JOB_FORMAT, "spec": self.spec.to_json(), "attempt": self.attempt,
                 "config_path": self.config_path, "data_dir": self.data_dir, "corpus": self.corpus,
                 "checkpoint_path": self.checkpoint_path}
 
@@ -42,17 +42,8 @@ class Job:
     def from_json(cls, data: dict[str, Any]) -> Job:
         if data.get("format") != JOB_FORMAT:
             raise JobFormatError(f"job format {data.get('format')!r}; this worker reads format {JOB_FORMAT}")
-        _exact("job", set(data) - {"format"}, {f.name for f in fields(cls)})
-        spec = data["spec"]
-        if not isinstance(spec, dict):
-            raise JobFormatError("job field spec is not a mapping")
-        _exact("job spec", set(spec), {f.name for f in fields(RunSpec)})
-        return cls(spec=RunSpec(**spec), attempt=int(data["attempt"]), config_path=str(data["config_path"]),
+        exact_fields("job", set(data) - {"format"}, {f.name for f in fields(cls)}, JobFormatError)
+        spec = RunSpec.from_json(data["spec"], "job spec", JobFormatError)
+        return cls(spec=spec, attempt=int(data["attempt"]), config_path=str(data["config_path"]),
                    data_dir=data["data_dir"], corpus=data["corpus"], checkpoint_path=str(data["checkpoint_path"]))
 
-
-def _exact(what: str, have: set[str], want: set[str]) -> None:
-    if have != want:
-        extra, missing = sorted(have - want), sorted(want - have)
-        raise JobFormatError(f"{what}: " + "; ".join(
-            ([f"unknown fields {', '.join(extra)}"] if extra else []) + ([f"missing {', '.join(missing)}"] if missing else [])))

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from harness.records import atomic_write, canonical
+from harness.files import atomic_write
+from harness.records import canonical
 
 
 @dataclass

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING
 from filelock import FileLock
 
 from harness.execute.launchers import LAUNCHERS, launch
+from harness.files import atomic_write
 from harness.ledger import describe
-from harness.records import atomic_write, canonical
+from harness.records import canonical
 
 if TYPE_CHECKING:
     from harness.execute.runner import Runner

@@ -202,10 +202,10 @@ class RayExecutor:
         from harness.records import load_records
 
         ids = {s.run_id for s in unit}
-        recs = [r for r in load_records(runner.records) if r["spec"]["run_id"] in ids]
-        latest = max([1, *(r.get("unit_attempt", 1) for r in recs)])  # the unit attempt being resumed
-        nodes = {r["node"]["id"] for r in recs
-                 if r.get("unit_attempt", 1) == latest and r["status"] == "ok" and "node" in r}
+        recs = [r for r in load_records(runner.records) if r.spec.run_id in ids]
+        latest = max([1, *(r.unit_attempt for r in recs)])  # the unit attempt being resumed
+        nodes = {r.node["id"] for r in recs
+                 if r.unit_attempt == latest and r.status == "ok" and r.node}
         return nodes.pop() if len(nodes) == 1 else None
 
     def _drain(self, runner: Runner, queue: Any, inflight: dict[Any, Any], by_id: dict[str, RunSpec],

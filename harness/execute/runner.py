@@ -30,10 +30,10 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from filelock import FileLock, Timeout
 
@@ -46,9 +46,17 @@ from harness.execute.launchers import Outcome
 from harness.execute.local import LocalExecutor
 from harness.execute.state import Progress, RunState, run_states
 from harness.ledger import Ledger, check_records_folder, load_entries, now_iso, study_ledger
-from harness.plan import RunSpec, make_plan, plan_sha256, units
+from harness.plan import make_plan, plan_sha256, units
 from harness.protocol import Protocol
-from harness.records import SCHEMA_VERSION, TAG_FILE, RunRecord, WorkerResult, atomic_write, jsonable
+from harness.records import (
+    SCHEMA_VERSION,
+    TAG_FILE,
+    RecordFormatError,
+    RunRecord,
+    RunSpec,
+    WorkerResult,
+    atomic_write,
+)
 
 
 @dataclass
@@ -101,20 +109,15 @@ class Runner:
         return self._ledger
 
     # -- bookkeeping ---------------------------------------------------------------------
-    def _base_record(self, spec: RunSpec, attempt: int) -> RunRecord:
+    def _record(self, spec: RunSpec, attempt: int, result: WorkerResult, **runner: Any) -> RunRecord:
+        """The record of one attempt: the worker's ``result`` and the runner's fields (``runner``:
+        ``unit_attempt``, ``start``, ``started_at``, ``finished_at``, ``node``)."""
         repo = gitutil.toplevel(self.root)
-        protocol = {**self.proto.summary(), **self.frozen.as_dict()}
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "protocol": protocol,
-            "plan_sha256": self.plan_sha,
-            "spec": spec.as_dict(),
-            "attempt": attempt,
-            "git": {
-                "commit": gitutil.head(repo) if repo else None,
-                "dirty": gitutil.is_dirty(repo) if repo else None,
-            },
-        }
+        return RunRecord(
+            **result.worker_fields(), **runner,
+            schema_version=SCHEMA_VERSION, protocol={**self.proto.summary(), **self.frozen.as_dict()},
+            plan_sha256=self.plan_sha, spec=spec, attempt=attempt,
+            git={"commit": gitutil.head(repo) if repo else None, "dirty": gitutil.is_dirty(repo) if repo else None})
 
     def _write(self, record: RunRecord) -> None:
         self.ledger.append(record)
@@ -139,19 +142,18 @@ class Runner:
                 continue
             t0 = datetime.fromisoformat(e["ledger"]["at"])
             now = datetime.now(timezone.utc)
-            rec = self._base_record(spec, e["attempt"])
-            rec.update({
-                "status": "interrupted", "unit_attempt": e.get("unit_attempt", 1),
-                "start": {"seq": e["ledger"]["seq"], "sha256": e["sha256"]},
-                "reason": (f"attempt started at {e['started_at']} on {e['node']} (runner pid "
-                           f"{e['runner']['pid']} on {e['runner']['host']}) did not finish: the runner or machine "
-                           "stopped before the worker's outcome was recorded"),
-                "started_at": e["started_at"], "finished_at": None,
-                "timings": {"device_s": max(0.0, (now - t0).total_seconds()),
-                            "device_s_source": (f"ledger: from its started entry (seq {e['ledger']['seq']}, "
-                                                f"{e['ledger']['at']}) to this record, an upper bound (the worker "
-                                                "never reported its own)")},
-            })
+            interrupted = WorkerResult(
+                status="interrupted",
+                reason=(f"attempt started at {e['started_at']} on {e['node']} (runner pid "
+                        f"{e['runner']['pid']} on {e['runner']['host']}) did not finish: the runner or machine "
+                        "stopped before the worker's outcome was recorded"),
+                timings={"device_s": max(0.0, (now - t0).total_seconds()),
+                         "device_s_source": (f"ledger: from its started entry (seq {e['ledger']['seq']}, "
+                                             f"{e['ledger']['at']}) to this record, an upper bound (the worker "
+                                             "never reported its own)")})
+            rec = self._record(spec, e["attempt"], interrupted, unit_attempt=e.get("unit_attempt", 1),
+                               start={"seq": e["ledger"]["seq"], "sha256": e["sha256"]},
+                               started_at=e["started_at"], finished_at=None)
             self._write(rec)
             ended.add(e["attempt"])
             self.echo(f"noted interrupted attempt {e['attempt']} of {spec.run_id} (started {e['started_at']})")
@@ -186,30 +188,28 @@ class Runner:
 
     def finished(self, spec: RunSpec, attempt: int, outcome: Outcome, node: dict[str, Any] | None = None) -> str:
         """Turn a run's outcome into its record (the ledger appends it); returns the status."""
-        rec = self._base_record(spec, attempt)
         start = self._starts.pop((spec.run_id, attempt), None)
         if start is None:
             _, starts = self._entries({spec.run_id})
             start = next(e for e in starts if e["attempt"] == attempt)
-        rec["unit_attempt"] = start.get("unit_attempt", 1)
-        rec["start"] = {"seq": start["ledger"]["seq"], "sha256": start["sha256"]}
         status, reason = outcome.status_reason()
-        result = cast(WorkerResult, dict(outcome.result))  # the worker's JSON (harness.execute.worker.report)
-        if not result:
-            result = {"log_tail": outcome.log_tail}
-        result.pop("status", None)
-        result.pop("reason", None)
-        timings = dict(result.pop("timings", {}) or {})
-        timings["device_s"], timings["device_s_source"] = outcome.device_s()
-        timings["launcher_wall_s"] = outcome.wall_s
-        rec.update(result)
-        if node:
-            rec["node"] = node
+        try:  # the worker's JSON (harness.execute.worker.report)
+            result = WorkerResult.from_json(outcome.result) if outcome.result else \
+                WorkerResult(status=status, log_tail=outcome.log_tail)
+        except RecordFormatError as e:
+            status, reason = "failed", f"the worker's result is not one this runner reads: {e}"
+            result = WorkerResult(status=status, log_tail=outcome.log_tail)
+        device_s, source = outcome.device_s()
+        timings = {**result.timings, "device_s": device_s, "device_s_source": source,
+                   "launcher_wall_s": outcome.wall_s}
         stamp = lambda t: datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")  # noqa: E731
-        rec.update({"status": status, "reason": reason, "started_at": stamp(outcome.started_at),
-                    "finished_at": stamp(outcome.finished_at or time.time()), "timings": timings})
-        self._write(jsonable(rec))
-        self.progress.executed_s.append(timings["device_s"])
+        rec = self._record(spec, attempt, replace(result, status=status, reason=reason, timings=timings),
+                           unit_attempt=start.get("unit_attempt", 1),
+                           start={"seq": start["ledger"]["seq"], "sha256": start["sha256"]},
+                           started_at=stamp(outcome.started_at), finished_at=stamp(outcome.finished_at or time.time()),
+                           node=node)
+        self._write(rec)
+        self.progress.executed_s.append(device_s)
         self.progress.done += 1
         if spec.run_id in self._unit_ends:
             self.push_anchor()

@@ -39,16 +39,16 @@ class Progress:
 def run_states(proto: Protocol) -> dict[str, RunState]:
     states: dict[str, RunState] = {}
     for rec in load_records(proto.records_path):
-        st = states.setdefault(rec["spec"]["run_id"], RunState())
-        if rec["attempt"] >= st.attempts:
-            st.last = rec["status"]
-        st.attempts = max(st.attempts, rec["attempt"])
-        st.tries += rec["status"] in ("ok", "failed")
-        st.device_s += rec["timings"].get("device_s") or 0.0
-        if rec["status"] == "ok":
+        st = states.setdefault(rec.spec.run_id, RunState())
+        if rec.attempt >= st.attempts:
+            st.last = rec.status
+        st.attempts = max(st.attempts, rec.attempt)
+        st.tries += rec.status in ("ok", "failed")
+        st.device_s += rec.timings.get("device_s") or 0.0
+        if rec.status == "ok":
             st.ok = True
-            st.ok_device_s = rec["timings"].get("device_s") or 0.0
-        elif rec["status"] == "failed":
+            st.ok_device_s = rec.timings.get("device_s") or 0.0
+        elif rec.status == "failed":
             st.failed = True
     return states
 
@@ -87,11 +87,11 @@ def status_table(proto: Protocol) -> tuple[list[dict[str, Any]], float]:
         unended[e["run_id"]] = unended.get(e["run_id"], 0) + (not e["running"])
     latest: dict[str, int] = {}
     for r in recs:
-        unit = r["spec"]["unit"]
-        latest[unit] = max(latest.get(unit, 1), r.get("unit_attempt", 1))
+        unit = r.spec.unit
+        latest[unit] = max(latest.get(unit, 1), r.unit_attempt)
     by_run: dict[str, list[RunRecord]] = {}
     for r in recs:
-        by_run.setdefault(r["spec"]["run_id"], []).append(r)
+        by_run.setdefault(r.spec.run_id, []).append(r)
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for spec in runs:
         row = rows.setdefault((spec.study, spec.config), {
@@ -100,13 +100,13 @@ def status_table(proto: Protocol) -> tuple[list[dict[str, Any]], float]:
         })
         row["runs"] += 1
         rs = by_run.get(spec.run_id, [])
-        row["interrupted_attempts"] += sum(1 for r in rs if r["status"] == "interrupted") + unended.get(spec.run_id, 0)
-        row["superseded_attempts"] += sum(1 for r in rs if r.get("unit_attempt", 1) < latest.get(spec.unit, 1))
-        if any(r["status"] == "ok" for r in rs):
+        row["interrupted_attempts"] += sum(1 for r in rs if r.status == "interrupted") + unended.get(spec.run_id, 0)
+        row["superseded_attempts"] += sum(1 for r in rs if r.unit_attempt < latest.get(spec.unit, 1))
+        if any(r.status == "ok" for r in rs):
             row["done"] += 1
-        elif any(r["status"] == "failed" for r in rs):
+        elif any(r.status == "failed" for r in rs):
             row["failed"] += 1
         else:
             row["pending"] += 1
-    spent = sum((r["timings"].get("device_s") or 0.0) for r in recs)
+    spent = sum((r.timings.get("device_s") or 0.0) for r in recs)
     return list(rows.values()), spent

@@ -44,7 +44,7 @@ import socket
 import sys
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,8 +52,9 @@ import torch
 import torch.nn.functional as F
 
 from harness.execute.job import Job
+from harness.files import atomic_write
 from harness.freeze import code_sha256
-from harness.records import WorkerResult, atomic_write, jsonable, sha256_bytes
+from harness.records import WorkerResult, jsonable, sha256_bytes
 
 if TYPE_CHECKING:
     from harness.arms import GradientPhase
@@ -61,7 +62,7 @@ if TYPE_CHECKING:
     from harness.data import Corpus
     from harness.data.batches import BatchStream
     from harness.devices import MemoryMeter
-    from harness.plan import RunSpec
+    from harness.records import RunSpec
 
 
 class RunFailure(RuntimeError):
@@ -83,6 +84,18 @@ def _phase_so_sha256() -> str | None:
     return loaded_sha256()
 
 
+class Partial:
+    """The worker's result so far: each step adds what it measured (:meth:`note`), so a failure
+    reports everything up to it."""
+
+    def __init__(self) -> None:
+        self.result = WorkerResult(status="running")
+
+    def note(self, **measured: Any) -> None:
+        """Add fields of :class:`~harness.records.WorkerResult` (a new frozen result each time)."""
+        self.result = replace(self.result, **measured)
+
+
 @dataclass(frozen=True)
 class _Run:
     """What each part of a run reads: the job's spec, its configuration, its corpus and the device."""
@@ -93,8 +106,8 @@ class _Run:
     device: torch.device
 
 
-def execute(job: Job, result: WorkerResult) -> WorkerResult:
-    """Run the job, filling ``result`` as it goes (so a failure keeps what was measured)."""
+def execute(job: Job, partial: Partial) -> WorkerResult:
+    """Run the job, noting in ``partial`` what it measured as it goes (so a failure keeps it)."""
     from harness import devices
     from harness.config import load_config
     from harness.data import load_corpus
@@ -102,7 +115,6 @@ def execute(job: Job, result: WorkerResult) -> WorkerResult:
 
     t_start = time.perf_counter()
     spec = job.spec
-    result["status"] = "running"
     if spec.threads:
         torch.set_num_threads(spec.threads)
     device = devices.resolve(spec.device)
@@ -111,28 +123,27 @@ def execute(job: Job, result: WorkerResult) -> WorkerResult:
         raise RunFailure(f"configuration {cfg.path} changed since the plan (sha256 {cfg.sha256})")
     corpus = load_corpus(job.corpus or spec.corpus, job.data_dir)
     run = _Run(spec, cfg, corpus, device)
-    result["env"] = _environment(run)
-    model, arm = _model_and_arm(run, result)
+    partial.note(env=_environment(run))
+    model, arm = _model_and_arm(run, partial)
     batches = BatchStream(corpus.train, cfg.model.context, cfg.train.batch_size, spec.seed)
     meter = devices.MemoryMeter(device)
     t_setup = time.perf_counter()
     forward, compile_s = _compiled(run, model, arm, t_setup) if spec.compile else (model, 0.0)
     curve: list[list[float]] = []
     val_curve: list[list[float]] = []
-    result.update({"curve": curve, "val_curve": val_curve})
+    partial.note(curve=curve, val_curve=val_curve)  # filled by _train as it goes
     clock, time_to_target, validation_s = _train(run, model, forward, arm, batches, meter, curve, val_curve)
     measured, seconds = _evaluate(run, model, Path(job.checkpoint_path), meter)
     total_s = time.perf_counter() - t_start
-    result.update(measured)
-    result["timings"] = {"setup_s": t_setup - t_start, "compile_s": compile_s, "training_s": clock,
+    partial.note(**measured, timings={"setup_s": t_setup - t_start, "compile_s": compile_s, "training_s": clock,
                          "time_to_target_s": time_to_target, "validation_s": validation_s, **seconds,
-                         "total_s": total_s}
+                         "total_s": total_s})
     rescored, test_bpb = measured["rescored_test_bpb"], measured["test_bpb"]
     if rescored != test_bpb:
         raise RunFailure(f"re-scored test BPB {rescored!r} differs from the in-run {test_bpb!r}: the checkpoint "
                          "round trip is not exact")
-    result.update({"status": "ok", "reason": None})
-    return result
+    partial.note(status="ok", reason=None)
+    return partial.result
 
 
 def _environment(run: _Run) -> dict[str, Any]:
@@ -152,8 +163,8 @@ def _environment(run: _Run) -> dict[str, Any]:
     }
 
 
-def _model_and_arm(run: _Run, result: WorkerResult) -> tuple[torch.nn.Module, GradientPhase]:
-    """The seeded model and its arm (which must not touch the global random state), noted in ``result``."""
+def _model_and_arm(run: _Run, partial: Partial) -> tuple[torch.nn.Module, GradientPhase]:
+    """The seeded model and its arm (which must not touch the global random state), noted in ``partial``."""
     from harness.arms import ArmContext, resolve
     from harness.cotangent import exact_paths
     from harness.models import build_model, count_parameters
@@ -161,7 +172,7 @@ def _model_and_arm(run: _Run, result: WorkerResult) -> tuple[torch.nn.Module, Gr
     spec = run.spec
     torch.manual_seed(spec.seed)
     model = build_model(run.cfg.model, spec.seed).to(run.device)
-    result["parameters"] = count_parameters(model)
+    partial.note(parameters=count_parameters(model))
     params = list(dict.fromkeys(model.parameters()))
     rng = torch.get_rng_state()
     arm = resolve(spec.arm)(ArmContext(model, params, run.cfg.train, run.device))
@@ -169,7 +180,7 @@ def _model_and_arm(run: _Run, result: WorkerResult) -> tuple[torch.nn.Module, Gr
         raise RunFailure(f"arm {spec.arm} drew from the global random state while it was built; an arm must not "
                          "touch the seed (harness/arms.py)")
     paths = exact_paths(run.device.type)
-    result["method_paths"] = {
+    partial.note(method_paths={
         "bucketed_norm_dtypes": sorted(str(d).replace("torch.", "") for d in paths.bucketed_norm_dtypes),
         "update": paths.update, "origin": paths.origin,
         # the one-pass phase's CPU blocks (speed, not bits); None for arms without PackedAdamW
@@ -178,7 +189,7 @@ def _model_and_arm(run: _Run, result: WorkerResult) -> tuple[torch.nn.Module, Gr
         # or torch's kernels, and why; None for arms without PackedAdamW
         "phase_kernel": arm.optimizer.phase_kernel() if hasattr(arm.optimizer, "phase_kernel") else None,
         "phase_so_sha256": _phase_so_sha256(),  # the phase.c library this process loaded, verified (or None)
-    }
+    })
     return model, arm
 
 
@@ -249,8 +260,9 @@ def _train(run: _Run, model: torch.nn.Module, forward: Callable[..., torch.Tenso
 
 
 def _evaluate(run: _Run, model: torch.nn.Module, ckpt: Path,
-              meter: MemoryMeter) -> tuple[WorkerResult, dict[str, float]]:
-    """Full BPB, the checkpoint re-scored by a fresh model, memory peaks; and the seconds each part took."""
+              meter: MemoryMeter) -> tuple[dict[str, Any], dict[str, float]]:
+    """Full BPB, the checkpoint re-scored by a fresh model, memory peaks (fields of a
+    :class:`~harness.records.WorkerResult`); and the seconds each part took."""
     from harness.data.batches import bits_per_byte
     from harness.models import build_model
 
@@ -275,7 +287,7 @@ def _evaluate(run: _Run, model: torch.nn.Module, ckpt: Path,
     fresh.to(device)
     rescored, _ = bits_per_byte(fresh, corpus.test, cfg.model.context, cfg.eval.batch_size, device)
     rescore_s = time.perf_counter() - r0
-    measured: WorkerResult = {
+    measured: dict[str, Any] = {
         "val_bpb": val_bpb, "test_bpb": test_bpb, "rescored_test_bpb": rescored,
         "rescore_identical": rescored == test_bpb, "eval_bytes": {"valid": val_bytes, "test": test_bytes},
         "memory": meter.peaks(),
@@ -363,22 +375,25 @@ def main(argv: list[str] | None = None) -> int:
     if data.get("probe"):
         report(args[1], probe())
         return 0
-    result: WorkerResult = {}
+    partial = Partial()
     try:
-        execute(Job.from_json(data), result)
+        execute(Job.from_json(data), partial)
         code = 0
     except Exception as e:  # every failure is reported to the parent, which records it
-        oom = "out of memory" in str(e).lower()
-        result.update({
-            "status": "failed",
-            "reason": f"{'out of memory' if oom else type(e).__name__}: {e}",
-            "traceback": traceback.format_exc()[-4000:],
-        })
+        partial.note(**failure(e))
         code = 3
     # the worker's own measure of its device time: from this process's start to its result
-    result.setdefault("timings", {})["device_s"] = time.monotonic() - _T0
-    report(args[1], result)
+    result = partial.result
+    result = replace(result, timings={**result.timings, "device_s": time.monotonic() - _T0})
+    report(args[1], result.to_json())
     return code
+
+
+def failure(e: BaseException) -> dict[str, str]:
+    """A failed run's status, reason and traceback (fields of a :class:`~harness.records.WorkerResult`)."""
+    oom = "out of memory" in str(e).lower()
+    return {"status": "failed", "reason": f"{'out of memory' if oom else type(e).__name__}: {e}",
+            "traceback": traceback.format_exc()[-4000:]}
 
 
 def report(where: str, result: Mapping[str, object]) -> None:

@@ -1,0 +1,267 @@
+"""The summary's results, typed: what :func:`analysis.summary.derive` returns and the report, the
+plots and the study page read. ``to_json`` gives ``summary.json`` (its keys are these fields' names);
+the audit recomputes that JSON on its own.
+
+Tables (a pair's or block's row, every run attempt, the flow of planned runs, exclusions) stay rows
+of JSON objects, as they are written and as the order diagnostics and decisions read them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, is_dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from analysis.preregistration import Hypothesis
+from analysis.stats import PairedInterval
+from harness.records import plain
+
+if TYPE_CHECKING:  # decisions read Completeness; a decision is only named here
+    from analysis.decisions import HypothesisDecision
+
+#: summary.json's format (``schema_version``). 2: "completeness"; 3: "hypotheses" (one decision each),
+#: "flow", order diagnostics, failed-arm sensitivity; 4: ratio estimands on the log ratio
+#: (relative_reduction = 100 (1 - exp) of its interval), a decision's "estimate" / "estimate_of" in the
+#: estimand's units, an endpoint's "invalid_pairs"; one unit attempt per unit ("records.superseded",
+#: "runs[].unit_attempt/superseded", "flow[].superseded_attempts") and started attempts with no record
+#: ("records.unfinished")
+SUMMARY_SCHEMA = 4
+
+
+class SummaryFormatError(ValueError):
+    """A summary.json this code cannot read: another format version, or fields it does not know."""
+
+Row = Mapping[str, Any]
+
+
+T = TypeVar("T")
+
+
+class _Json:
+    """``to_json``: every field by name, as JSON holds it; ``from_json``: the reverse, refusing
+    unknown or missing fields."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: plain(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_json(cls: type[T], data: Any, where: str = "summary") -> T:
+        return _build(cls, data, where)
+
+
+def _build(cls: Any, data: Any, where: str) -> Any:
+    """``data`` (JSON) as an instance of ``cls``: a field typed as a result (or a union of results,
+    told apart by their fields, or a sequence of them) is built in turn; any other field is kept."""
+    if not isinstance(data, Mapping):
+        raise SummaryFormatError(f"{where}: expected a JSON object for {cls.__name__}")
+    names = [f.name for f in fields(cls)]
+    if set(data) != set(names):
+        extra, missing = sorted(set(data) - set(names)), sorted(set(names) - set(data))
+        raise SummaryFormatError(f"{where}: {cls.__name__}: " + "; ".join(
+            ([f"unknown fields {', '.join(extra)}"] if extra else []) + ([f"missing {', '.join(missing)}"] if missing else [])))
+    hints = typing.get_type_hints(cls, globalns={**globals(), "HypothesisDecision": Any})
+    return cls(**{n: _value(hints[n], data[n], f"{where}.{n}") for n in names})
+
+
+def _value(hint: Any, value: Any, where: str) -> Any:
+    if value is None:
+        return None
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        built = [a for a in args if is_dataclass(a)]
+        if not built:
+            return value
+        fit = [a for a in built if isinstance(value, Mapping) and set(value) == {f.name for f in fields(a)}]
+        return _value(fit[0] if fit else built[0], value, where)
+    if is_dataclass(hint):
+        return hint.from_json(value, where) if hasattr(hint, "from_json") else _build(hint, value, where)
+    if typing.get_origin(hint) is Sequence and args and (is_dataclass(args[0]) or typing.get_args(args[0])):
+        if not isinstance(value, list):
+            raise SummaryFormatError(f"{where}: expected a JSON list")
+        return [_value(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+@dataclass(frozen=True)
+class Endpoint(_Json):
+    """Descriptive means and the paired interval over the pairs whose two values are valid numbers
+    (finite; positive for ratios); ``invalid_pairs`` counts the others."""
+
+    pairs: int
+    invalid_pairs: int
+    baseline_mean: float | None
+    candidate_mean: float | None
+    interval: PairedInterval | None  # None under two pairs, or where the values' squares overflow
+
+
+@dataclass(frozen=True)
+class TrainingTime(Endpoint):
+    """Fixed-budget training time, also on the log ratio (over the pairs with both times positive)."""
+
+    log_ratio: PairedInterval | None
+
+
+@dataclass(frozen=True)
+class TimeToTarget(Endpoint):
+    """Time to the validation target over the pairs where both arms reached it."""
+
+    rule: str
+    unreached: Mapping[str, int]  # per role: pairs where that arm never reached the target
+
+
+@dataclass(frozen=True)
+class PairedResult(_Json):
+    """One configuration of a paired study."""
+
+    config: str
+    design: str  # "paired"
+    level: float
+    parameters: int | None
+    baseline_arm: str
+    candidate_arm: str
+    units_seen: int
+    pairs_used: int
+    training_time: TrainingTime
+    time_to_target: TimeToTarget
+    total_time: Endpoint
+    test_bpb: Endpoint
+    peak_memory: Endpoint | None  # None when a pair lacks a memory figure
+    counts: Mapping[str, int]  # faster, slower, ties, worse_test_bpb
+    order_effects: Mapping[str, Any]  # crossover, drift (analysis.order)
+    by_device: Mapping[str, Any] | None
+    pairs: Sequence[Row]
+
+
+@dataclass(frozen=True)
+class FactorialResult(_Json):
+    """One configuration of a factorial study."""
+
+    config: str
+    design: str  # "factorial"
+    level: float
+    units_seen: int
+    parameters: int | None
+    positions: Sequence[Row] | None
+    blocks_used: int
+    cell_mean_training_s: Mapping[str, float | None]
+    effects: Mapping[str, Row]  # per effect: its interval on log time and the reductions in percent
+    blocks: Sequence[Row]
+
+
+@dataclass(frozen=True)
+class StudyResult(_Json):
+    name: str
+    design: str  # "paired": every configuration a PairedResult; "factorial": a FactorialResult
+    configs: Sequence[PairedResult | FactorialResult]
+
+    def paired_configs(self) -> list[PairedResult]:
+        """A paired study's configurations."""
+        return [c for c in self.configs if isinstance(c, PairedResult)]
+
+    def factorial_configs(self) -> list[FactorialResult]:
+        """A factorial study's configurations."""
+        return [c for c in self.configs if isinstance(c, FactorialResult)]
+
+
+@dataclass(frozen=True)
+class Completeness(_Json):
+    """Planned runs against runs with an ``ok`` record; whether the budget rule explains a stop
+    (``None`` where records do not list the planned seeds)."""
+
+    planned_runs: int | None
+    ok_runs: int
+    missing_runs: int | None
+    complete: bool | None
+    budget_stop: bool | None
+    text: str
+
+
+@dataclass(frozen=True)
+class Decided:
+    """A preregistered hypothesis' decision and its sensitivity analysis (a failed arm as adverse)."""
+
+    decision: HypothesisDecision
+    sensitivity: Mapping[str, Any] | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**plain(self.decision.as_dict()), "sensitivity": plain(self.sensitivity)}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str, tests: Sequence[Mapping[str, Any]] = ()) -> Decided:
+        """A decision row of summary.json, its hypothesis taken whole from the protocol's ``tests``."""
+        from analysis.decisions import HypothesisDecision
+
+        own = {f.name for f in fields(HypothesisDecision)} - {"hypothesis"}
+        test = next((t for t in tests if t.get("id") == data.get("id")), None)
+        if test is None:
+            raise SummaryFormatError(f"{where}: decision {data.get('id')!r} is not a hypothesis of the protocol")
+        return cls(decision=HypothesisDecision(hypothesis=Hypothesis.of(test), **{k: data[k] for k in own}),
+                   sensitivity=data.get("sensitivity"))
+
+
+@dataclass(frozen=True)
+class Hypotheses(_Json):
+    """The preregistered decisions, in the protocol's order."""
+
+    procedure: str
+    family_alpha: float
+    min_pairs: int
+    decisions: Sequence[Decided]
+
+    @classmethod
+    def read(cls, data: Mapping[str, Any], tests: Sequence[Mapping[str, Any]], where: str) -> Hypotheses:
+        rows = data.get("decisions") or []
+        return cls(procedure=data["procedure"], family_alpha=data["family_alpha"], min_pairs=data["min_pairs"],
+                   decisions=[Decided.from_json(d, f"{where}.decisions[{i}]", tests) for i, d in enumerate(rows)])
+
+
+@dataclass(frozen=True)
+class Descriptive(_Json):
+    """A protocol without hypotheses: nothing is decided."""
+
+    descriptive: str
+
+
+@dataclass(frozen=True)
+class RecordCounts(_Json):
+    files: int
+    ok: int
+    failed: int
+    interrupted: int
+    superseded: int  # attempts of units that ran again whole (kept, not analysed)
+    unfinished: Sequence[Row]  # started attempts with no record
+    device_seconds: float
+
+
+@dataclass(frozen=True)
+class Summary(_Json):
+    """Every number of the report (``summary.json``; ``schema_version`` is its format's)."""
+
+    schema_version: int
+    protocol: Mapping[str, Any]
+    records: RecordCounts
+    completeness: Completeness
+    hypotheses: Hypotheses | Descriptive
+    flow: Sequence[Row]
+    exclusions: Sequence[Row]
+    studies: Sequence[StudyResult]
+    runs: Sequence[Row]
+
+    @classmethod
+    def read(cls, data: Any, where: str = "summary.json") -> Summary:
+        """A ``summary.json`` (sealed or not), refusing a format version this code does not read."""
+        if not isinstance(data, Mapping):
+            raise SummaryFormatError(f"{where}: a summary is a JSON object")
+        if data.get("schema_version") != SUMMARY_SCHEMA:
+            raise SummaryFormatError(f"{where}: summary schema_version {data.get('schema_version')!r} is not one this "
+                                     f"code reads ({SUMMARY_SCHEMA})")
+        body = {k: v for k, v in data.items() if k != "sha256"}
+        hyp = body.get("hypotheses") or {}
+        tests = ((body.get("protocol") or {}).get("hypotheses") or {}).get("tests") or []
+        typed = Descriptive.from_json(hyp, f"{where}: hypotheses") if "descriptive" in hyp else \
+            Hypotheses.read(hyp, tests, f"{where}: hypotheses")
+        out: Summary = _build(cls, {**body, "hypotheses": None}, where)
+        return dataclasses.replace(out, hypotheses=typed)

@@ -1,0 +1,120 @@
+"""The typed record: RunSpec, WorkerResult and RunRecord against the JSON files they are read from."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.records import (
+    RecordFormatError,
+    RunRecord,
+    RunSpec,
+    WorkerResult,
+    canonical,
+    jsonable,
+    read_entry,
+    read_record,
+    record_files,
+    seal,
+)
+
+COMMITTED = sorted(p for d in (ROOT / "records").iterdir() if d.is_dir() for p in record_files(d))
+
+
+def test_every_committed_record_reads_and_writes_back_to_its_own_bytes():
+    """Records written before the typed record existed read into it and write back to the same JSON,
+    so their sha256 (and the ledger that chains them) is unchanged."""
+    assert len(COMMITTED) > 100
+    for path in COMMITTED:
+        raw = read_entry(path)
+        rec = read_record(path)
+        assert isinstance(rec.spec, RunSpec) and rec.spec.run_id == raw["spec"]["run_id"]
+        assert rec.to_json() == raw, path
+        assert canonical(seal(rec.to_json())) + b"\n" == path.read_bytes(), path
+
+
+def _one() -> dict:
+    return read_entry(COMMITTED[0])
+
+
+@pytest.mark.parametrize(("edit", "says"), [
+    (lambda d: d.update(gpu=True), "unknown fields gpu"),
+    (lambda d: d.pop("spec"), "missing spec"),
+    (lambda d: d.pop("status"), "missing status"),
+    (lambda d: d["spec"].update(gpu=True), "spec: unknown fields gpu"),
+    (lambda d: d["spec"].pop("seed"), "spec: missing seed"),
+    (lambda d: d.update(spec=[1]), "spec is not a mapping"),
+])
+def test_a_record_with_fields_this_harness_does_not_know_is_refused_naming_them(tmp_path: Path, edit, says):
+    data = _one()
+    edit(data)
+    path = tmp_path / "x.a1.record.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecordFormatError, match=f"{path}: {says}"):
+        read_record(path)
+
+
+def test_a_records_optional_fields_are_absent_not_null():
+    """What the worker never got to is left out of the JSON; the fields every record has stay, null or not."""
+    rec = RunRecord.from_json(_one())
+    bare = RunRecord(schema_version=3, protocol={}, plan_sha256="p", spec=rec.spec, attempt=1,
+                     git={"commit": None, "dirty": None}, status="interrupted")
+    assert set(bare.to_json()) == {"schema_version", "protocol", "plan_sha256", "spec", "attempt", "git", "status",
+                                   "reason", "timings", "unit_attempt", "started_at", "finished_at"}
+    assert bare.to_json()["reason"] is None and RunRecord.from_json(bare.to_json()) == bare
+
+
+def test_a_worker_result_with_an_unknown_field_is_refused():
+    with pytest.raises(RecordFormatError, match="worker result: unknown fields bogus"):
+        WorkerResult.from_json({"status": "ok", "bogus": 1})
+    with pytest.raises(RecordFormatError, match="worker result: missing status"):
+        WorkerResult.from_json({"reason": "x"})
+    with pytest.raises(RecordFormatError, match="is not a JSON object"):
+        WorkerResult.from_json([1])
+
+
+_floats = st.floats(allow_nan=False, allow_infinity=False, width=64)
+_text = st.text(max_size=20)
+_optional = {
+    "reason": st.none() | _text,
+    "env": st.none() | st.dictionaries(_text, _text, max_size=3),
+    "parameters": st.none() | st.integers(0, 10**9),
+    "curve": st.none() | st.lists(st.lists(_floats, min_size=3, max_size=3), max_size=4),
+    "val_bpb": st.none() | _floats,
+    "test_bpb": st.none() | _floats,
+    "rescore_identical": st.none() | st.booleans(),
+    "traceback": st.none() | _text,
+    "log_tail": st.none() | _text,
+    "timings": st.dictionaries(st.sampled_from(["device_s", "training_s", "total_s"]), st.none() | _floats),
+}
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(status=st.sampled_from(["ok", "failed", "running"]), values=st.fixed_dictionaries({}, optional=_optional))
+def test_worker_results_cross_the_pipe_unchanged(status, values):
+    """Any result a worker can build arrives as the same typed result after the JSON line it travels as."""
+    res = WorkerResult(status=status, **values)
+    line = json.dumps(jsonable(res.to_json()), sort_keys=True, allow_nan=False)
+    back = WorkerResult.from_json(json.loads(line))
+    assert back == res
+    assert set(res.to_json()) == {"status", "reason", "timings"} | {k for k, v in values.items() if v is not None}
+
+
+def test_a_non_finite_measurement_is_written_as_null():
+    res = WorkerResult(status="failed", curve=[[1.0, math.nan, 0.5]], timings={"device_s": math.inf})
+    assert json.loads(canonical(jsonable(res.to_json()))) == {
+        "status": "failed", "reason": None, "curve": [[1.0, None, 0.5]], "timings": {"device_s": None}}
+
+
+def test_a_record_is_frozen_and_its_spec_typed():
+    rec = RunRecord.from_json(_one())
+    with pytest.raises(AttributeError):
+        rec.status = "ok"  # type: ignore[misc]
+    assert {f.name for f in fields(RunRecord)} >= {f.name for f in fields(WorkerResult)}
+    assert RunSpec.from_json(rec.spec.to_json()) == rec.spec

@@ -1,0 +1,42 @@
+"""The summary's results, typed: derive's typed summary is summary.json, and summary.json reads back into it."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from analysis.results import SUMMARY_SCHEMA, PairedResult, StudyResult, Summary, SummaryFormatError
+from analysis.summary import derive
+from harness.records import load_records, load_started, seal
+
+STUDIES = [d for d in sorted((ROOT / "records").iterdir()) if (d / "summary.json").exists()]
+FIXTURE = ROOT / "tests" / "fixtures" / "summary-pagedemo.json"
+
+
+@pytest.mark.parametrize("folder", STUDIES, ids=lambda d: d.name)
+def test_the_typed_summary_of_committed_records_is_their_summary_json(folder: Path):
+    """Derived again from the committed records, the typed summary seals to the committed file's sha256;
+    read from that file, it writes the same JSON back."""
+    on_disk = json.loads((folder / "summary.json").read_text())
+    summary = derive(load_records(folder), load_started(folder))
+    assert seal(summary.to_json()) == on_disk
+    back = Summary.read(on_disk, str(folder / "summary.json"))
+    assert back.to_json() == summary.to_json() and back == summary
+    assert all(isinstance(s, StudyResult) for s in back.studies)
+    assert any(isinstance(c, PairedResult) for s in back.studies for c in s.configs)
+
+
+@pytest.mark.parametrize(("edit", "says"), [
+    (lambda d: d.update(schema_version=SUMMARY_SCHEMA + 1), f"summary schema_version {SUMMARY_SCHEMA + 1} is not"),
+    (lambda d: d["records"].update(gpu=1), "records: RecordCounts: unknown fields gpu"),
+    (lambda d: d["completeness"].pop("text"), "completeness: Completeness: missing text"),
+    (lambda d: d["hypotheses"]["decisions"][0].update(id="H9"), "decision 'H9' is not a hypothesis of the protocol"),
+    (lambda d: d.update(studies={}), "x.json.studies: expected a JSON list"),
+])
+def test_a_summary_this_code_cannot_read_is_refused_naming_the_field(edit, says):
+    data = json.loads(FIXTURE.read_text())
+    edit(data)
+    with pytest.raises(SummaryFormatError, match=says):
+        Summary.read(data, "x.json")
