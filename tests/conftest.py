@@ -11,6 +11,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: The modules that take longest (their set-up is a whole study, or a Ray cluster), collected first,
+#: so that the two test processes (``-n 2 --dist loadscope`` in pyproject.toml) finish together.
+SLOWEST_FIRST = ("test_ray.py", "test_attempts.py", "test_protocol_cli.py", "test_provenance.py",
+                 "test_demo_e2e.py", "test_plugins.py", "test_integrity.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    order = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: order.get(item.path.name, len(order)))  # stable: file order otherwise
+
 #: The ``long`` scenarios run at a reduced size by default (the README's test command, CI);
 #: ``HARNESS_TEST_FULL_SIZE=1 python -m pytest -m long`` runs them at their full size.
 FULL_SIZE = os.environ.get("HARNESS_TEST_FULL_SIZE") == "1"
