@@ -35,9 +35,27 @@ from audit.yamlsub import YamlError, yaml_subset  # noqa: E402
 if _ADDED:
     sys.path.remove(_HERE)
 
-__all__ = ["YamlError", "_differences", "by_device", "compare", "decide", "drift", "endpoint",
-           "expected_summary", "interval", "main", "per_pair", "plan_from_protocol", "recompute",
-           "sensitivity", "signed_rank", "student_t_ppf", "t_critical", "tail_count", "yaml_subset"]
+__all__ = [
+    "YamlError",
+    "_differences",
+    "by_device",
+    "compare",
+    "decide",
+    "drift",
+    "endpoint",
+    "expected_summary",
+    "interval",
+    "main",
+    "per_pair",
+    "plan_from_protocol",
+    "recompute",
+    "sensitivity",
+    "signed_rank",
+    "student_t_ppf",
+    "t_critical",
+    "tail_count",
+    "yaml_subset",
+]
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

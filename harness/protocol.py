@@ -142,18 +142,32 @@ class Protocol:
     def summary(self) -> dict[str, Any]:
         """What every record says about its protocol (and the audit reads)."""
         return {
-            "id": self.id, "version": self.version, "sha256": self.sha256, "path": self.relpath,
-            "preregistered": self.preregistered, "tag": self.tag_name if self.preregistered else None,
-            "interval_level": self.interval_level, "hypotheses": self.hypotheses, "max_attempts": self.max_attempts,
-            "launcher": self.launcher, "device": self.device,
+            "id": self.id,
+            "version": self.version,
+            "sha256": self.sha256,
+            "path": self.relpath,
+            "preregistered": self.preregistered,
+            "tag": self.tag_name if self.preregistered else None,
+            "interval_level": self.interval_level,
+            "hypotheses": self.hypotheses,
+            "max_attempts": self.max_attempts,
+            "launcher": self.launcher,
+            "device": self.device,
             "compile": self.compile,
-            "corpus": self.corpus.as_dict() if isinstance(self.corpus, LocalCorpus) else self.corpus, "budget_device_seconds": self.budget_device_seconds,
+            "corpus": self.corpus.as_dict() if isinstance(self.corpus, LocalCorpus) else self.corpus,
+            "budget_device_seconds": self.budget_device_seconds,
             "plugins": self.plugin_fingerprints(),
             "studies": [
-                {"name": s.name, "design": s.design, "arms": list(s.arms), "configs": list(s.configs),
-                 "seeds": list(s.seeds),
-                 "interval_level": s.interval_level, "steps": s.steps,
-                 **(s.factorial.summary() if s.factorial is not None and s.factorial.declared else {})}
+                {
+                    "name": s.name,
+                    "design": s.design,
+                    "arms": list(s.arms),
+                    "configs": list(s.configs),
+                    "seeds": list(s.seeds),
+                    "interval_level": s.interval_level,
+                    "steps": s.steps,
+                    **(s.factorial.summary() if s.factorial is not None and s.factorial.declared else {}),
+                }
                 for s in self.studies
             ],
         }
@@ -220,32 +234,62 @@ def load_protocol(path: str | Path) -> Protocol:
         targets = _targets(doc, s, kp)
         if s["val_every"] > s["steps"]:
             raise doc.error(kp + ("val_every",), "val_every exceeds steps")
-        studies.append(Study(
-            name=s["name"], design=s["design"], description=s["description"], arms=tuple(arms),
-            configs=tuple(s["configs"]), seeds=seeds, steps=s["steps"], val_every=s["val_every"],
-            val_target_bpb=targets,
-            interval_level=s["interval_level"] or top["interval_level"], factorial=design,
-        ))
+        studies.append(
+            Study(
+                name=s["name"],
+                design=s["design"],
+                description=s["description"],
+                arms=tuple(arms),
+                configs=tuple(s["configs"]),
+                seeds=seeds,
+                steps=s["steps"],
+                val_every=s["val_every"],
+                val_target_bpb=targets,
+                interval_level=s["interval_level"] or top["interval_level"],
+                factorial=design,
+            )
+        )
     for key in ("records_dir", "data_dir"):
         if top[key] is not None:
             where = (root / top[key]).resolve()
             if not where.is_relative_to(root.resolve()):
-                raise doc.error((key,), f"{top[key]!r} resolves to {where}, outside the study's repository {root}; "
-                                        "records and data must stay inside it")
+                raise doc.error(
+                    (key,),
+                    f"{top[key]!r} resolves to {where}, outside the study's repository {root}; "
+                    "records and data must stay inside it",
+                )
     pending = _calibration_pending(doc, top["calibration"])
     if top["origins"] is not None:
         for k, v in top["origins"].items():
             if not isinstance(v, str):
-                raise doc.error(("origins", k), "each origin is a sentence saying where the number comes from")
+                raise doc.error(
+                    ("origins", k), "each origin is a sentence saying where the number comes from"
+                )
     return Protocol(
-        id=top["id"], version=top["version"], description=top["description"], preregistered=top["preregistered"],
-        corpus=parse_corpus(doc, top["corpus"]), data_dir=top["data_dir"], device=top["device"], compile=top["compile"],
-        torch_version=top["torch_version"], threads=top["threads"], launcher=top["launcher"],
-        budget_device_seconds=top["budget_device_seconds"], interval_level=top["interval_level"],
-        hypotheses=parse_hypotheses(doc, top["hypotheses"], studies), max_attempts=top["max_attempts"],
-        order_seed=top["order_seed"], records_dir=top["records_dir"], studies=tuple(studies),
-        calibration_pending=pending, path=p,
-        root=root, sha256=hashlib.sha256(doc.raw).hexdigest(), configs=configs, plugins=plugins,
+        id=top["id"],
+        version=top["version"],
+        description=top["description"],
+        preregistered=top["preregistered"],
+        corpus=parse_corpus(doc, top["corpus"]),
+        data_dir=top["data_dir"],
+        device=top["device"],
+        compile=top["compile"],
+        torch_version=top["torch_version"],
+        threads=top["threads"],
+        launcher=top["launcher"],
+        budget_device_seconds=top["budget_device_seconds"],
+        interval_level=top["interval_level"],
+        hypotheses=parse_hypotheses(doc, top["hypotheses"], studies),
+        max_attempts=top["max_attempts"],
+        order_seed=top["order_seed"],
+        records_dir=top["records_dir"],
+        studies=tuple(studies),
+        calibration_pending=pending,
+        path=p,
+        root=root,
+        sha256=hashlib.sha256(doc.raw).hexdigest(),
+        configs=configs,
+        plugins=plugins,
     )
 
 
@@ -259,12 +303,16 @@ def _refuse_schema_1(doc: yamlio.Document) -> None:
             old += [(k, ("studies", i)) for k in REPLACED if k in st]
     if old:
         k, base = old[0]
-        raise doc.error(base + (k,), f"{k!r} belongs to protocol schema 1 and was replaced by 'hypotheses': "
-                                    f"write {REPLACED[k]} (docs/decisions.md)")
+        raise doc.error(
+            base + (k,),
+            f"{k!r} belongs to protocol schema 1 and was replaced by 'hypotheses': "
+            f"write {REPLACED[k]} (docs/decisions.md)",
+        )
 
 
-def _arms(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath, root: Path,
-          plugins: dict[str, str]) -> tuple[list[str], Design | None]:
+def _arms(
+    doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath, root: Path, plugins: dict[str, str]
+) -> tuple[list[str], Design | None]:
     """A study's arms and, for a factorial, its design: two arms for a pair; one per cell of a
     factorial (:func:`_factorial`); each built in or a plug-in whose source is found, recorded in
     ``plugins``."""
@@ -282,11 +330,16 @@ def _arms(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath, root: Pat
     for ai, a in enumerate(arms):
         where = kp + (("arms", ai) if design is None or not design.declared else ("cells", design.cells[ai]))
         if a not in ARMS and not is_plugin(a):
-            raise doc.error(where, f"unknown arm {a!r} (known: {', '.join(ARMS)}, or a plug-in module:function)")
+            raise doc.error(
+                where, f"unknown arm {a!r} (known: {', '.join(ARMS)}, or a plug-in module:function)"
+            )
         if is_plugin(a):
             if source_of(a, root) is None:
-                raise doc.error(where, f"plug-in arm {a!r}: module {a.partition(':')[0]} not found "
-                                       "(run from the study's root, or install it)")
+                raise doc.error(
+                    where,
+                    f"plug-in arm {a!r}: module {a.partition(':')[0]} not found "
+                    "(run from the study's root, or install it)",
+                )
             plugins[a] = str(source_of(a, root))
     return arms, design
 
@@ -296,11 +349,16 @@ def _factorial(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath) -> D
     four built-in arms (``arms`` optional, then exactly those four)."""
     if s["factors"] is None:
         if s["cells"] is not None:
-            raise doc.error(kp + ("cells",), "cells need their factors: declare 'factors' (docs/decisions.md)")
+            raise doc.error(
+                kp + ("cells",), "cells need their factors: declare 'factors' (docs/decisions.md)"
+            )
         arms = s["arms"] if s["arms"] is not None else list(DEFAULT_CELLS)
         if not isinstance(arms, list) or sorted(map(str, arms)) != sorted(DEFAULT_CELLS):
-            raise doc.error(kp + ("arms",), f"a factorial study without declared factors has the four cells "
-                                            f"{', '.join(DEFAULT_CELLS)} (or declare 'factors' and 'cells')")
+            raise doc.error(
+                kp + ("arms",),
+                f"a factorial study without declared factors has the four cells "
+                f"{', '.join(DEFAULT_CELLS)} (or declare 'factors' and 'cells')",
+            )
         return DEFAULT_DESIGN
     if s["arms"] is not None:
         raise doc.error(kp + ("arms",), "a study with declared factors names each cell's arm under 'cells'")
@@ -312,8 +370,15 @@ def _factorial(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath) -> D
         raise doc.error(base + tuple(path), message) from None
 
 
-def _configs(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath, root: Path, cdir: Path,
-             configs: dict[str, Config], plugins: dict[str, str]) -> None:
+def _configs(
+    doc: yamlio.Document,
+    s: dict[str, Any],
+    kp: yamlio.KeyPath,
+    root: Path,
+    cdir: Path,
+    configs: dict[str, Config],
+    plugins: dict[str, str],
+) -> None:
     """Find a study's configurations (into ``configs``, each once) and their plug-in model families
     (into ``plugins``); a configuration that names no file is an error at the study's key."""
     if not s["configs"]:
@@ -328,8 +393,11 @@ def _configs(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath, root: 
                 if is_plugin(fam):
                     src = source_of(fam, root)
                     if src is None:
-                        raise doc.error(kp + ("configs", ci), f"configuration {c!r}: model family {fam!r} not "
-                                                              "found (run from the study's root, or install it)")
+                        raise doc.error(
+                            kp + ("configs", ci),
+                            f"configuration {c!r}: model family {fam!r} not "
+                            "found (run from the study's root, or install it)",
+                        )
                     plugins[fam] = str(src)
             except InputError as e:
                 if e.file and e.file.endswith(f"{c}.yaml") and not Path(e.file).is_file():
@@ -361,7 +429,14 @@ def _calibration_pending(doc: yamlio.Document, raw: Any) -> bool:
     """Whether the protocol's ``calibration`` block (if any) says its calibration is still pending."""
     if raw is None:
         return False
-    cal = yamlio.mapping(doc, raw, ("calibration",), {
-        "status": Field(str, check=one_of("pending", "done")), "pilot": Field(str), "command": Field(str),
-    })
+    cal = yamlio.mapping(
+        doc,
+        raw,
+        ("calibration",),
+        {
+            "status": Field(str, check=one_of("pending", "done")),
+            "pilot": Field(str),
+            "command": Field(str),
+        },
+    )
     return cal["status"] == "pending"

@@ -9,8 +9,13 @@ import sys
 from .descriptive import magnitude_problem, number, pct, per_pair
 from .tdist import student_t_sf_signed, t_critical
 
-ENDPOINT_KEYS = {"training_time": "training_s", "time_to_target": "time_to_target_s", "total_time": "total_s",
-                 "test_bpb": "test_bpb", "peak_memory": "peak_memory_bytes"}
+ENDPOINT_KEYS = {
+    "training_time": "training_s",
+    "time_to_target": "time_to_target_s",
+    "total_time": "total_s",
+    "test_bpb": "test_bpb",
+    "peak_memory": "peak_memory_bytes",
+}
 TIME_ENDPOINTS = ("training_time", "time_to_target", "total_time")
 ROUNDING_REL_TOL = 1e-9  # analysis.stats.ROUNDING_REL_TOL
 ROUNDING_ULPS = 16  # analysis.stats.ROUNDING_ULPS
@@ -45,8 +50,16 @@ def t_result(method: str, n: int, m: float, se: float, df: int, reg: tuple) -> d
     lo, hi = reg
     ts = ([(m - lo) / se] if lo is not None else []) + ([(hi - m) / se] if hi is not None else [])
     what = "mean of the per-pair values" if method == "t" else "period-adjusted mean of the per-pair values"
-    return {"method": method, "n": n, "estimate": m, "standard_error": se, "df": df, "statistic": min(ts),
-            "p_value": max(student_t_sf_signed(t, df) for t in ts), "estimate_of": what}
+    return {
+        "method": method,
+        "n": n,
+        "estimate": m,
+        "standard_error": se,
+        "df": df,
+        "statistic": min(ts),
+        "p_value": max(student_t_sf_signed(t, df) for t in ts),
+        "estimate_of": what,
+    }
 
 
 def worst_rank(b: list, c: list) -> list[float]:
@@ -131,8 +144,11 @@ def hyp_values(h: dict, pairs: list[dict]) -> tuple[list[float], list[float] | N
     if h["endpoint"] == "time_to_target":
         rb = [p[f"baseline_{key}"] for p in pairs]
         rc = [p[f"candidate_{key}"] for p in pairs]
-        unreached = {"baseline": rb.count(None), "candidate": rc.count(None),
-                     "both": sum(x is None and y is None for x, y in zip(rb, rc))}
+        unreached = {
+            "baseline": rb.count(None),
+            "candidate": rc.count(None),
+            "both": sum(x is None and y is None for x, y in zip(rb, rc)),
+        }
         for p in pairs:
             for role in ("baseline", "candidate"):
                 if p[f"{role}_{key}"] is not None:
@@ -147,9 +163,11 @@ def hyp_values(h: dict, pairs: list[dict]) -> tuple[list[float], list[float] | N
             for role, out in (("baseline", b), ("candidate", c)):
                 t = p[f"{role}_{key}"]
                 if t is None and train[role] < tau:
-                    raise Unreachable(f"pair {p.get('unit', '?')}: the {role} missed the target after "
-                                      f"training {train[role]:.6g} s, less than the restriction {tau:g} s: "
-                                      "its restricted time is unknown")
+                    raise Unreachable(
+                        f"pair {p.get('unit', '?')}: the {role} missed the target after "
+                        f"training {train[role]:.6g} s, less than the restriction {tau:g} s: "
+                        "its restricted time is unknown"
+                    )
                 out.append(tau if t is None else min(float(t), tau))
     else:
         b = [checked(p, "baseline", key, ratio) for p in pairs]
@@ -184,13 +202,25 @@ def hyp_test(h: dict, pairs: list[dict], min_pairs: int) -> tuple[dict | None, s
         if all(v == 0.0 for v in values):
             return None, "identical: every pair's difference is exactly 0", unreached
         r = signed_rank(values, sign(h["better"]))
-        both = [math.log(p["candidate_time_to_target_s"]) - math.log(p["baseline_time_to_target_s"])
-                for p in pairs
-                if p["baseline_time_to_target_s"] is not None and p["candidate_time_to_target_s"] is not None]
-        return {"method": "signed-rank", "n": r["n"], "estimate": median_of(both), "standard_error": None,
-                "df": 0, "statistic": r["statistic"], "p_value": r["p_value"],
-                "estimate_of": f"median ln(c/b) of the {len(both)} pairs where both arms reached the "
-                               "target"}, None, unreached
+        both = [
+            math.log(p["candidate_time_to_target_s"]) - math.log(p["baseline_time_to_target_s"])
+            for p in pairs
+            if p["baseline_time_to_target_s"] is not None and p["candidate_time_to_target_s"] is not None
+        ]
+        return (
+            {
+                "method": "signed-rank",
+                "n": r["n"],
+                "estimate": median_of(both),
+                "standard_error": None,
+                "df": 0,
+                "statistic": r["statistic"],
+                "p_value": r["p_value"],
+                "estimate_of": f"median ln(c/b) of the {len(both)} pairs where both arms reached the target",
+            },
+            None,
+            unreached,
+        )
     if zero_spread(values, scales):
         if all(v == 0.0 for v in values):
             return None, "identical: every pair's difference is exactly 0", unreached
@@ -209,8 +239,12 @@ def hyp_test(h: dict, pairs: list[dict], min_pairs: int) -> tuple[dict | None, s
             return None, why, unreached
         m1, m2 = math.fsum(ab) / len(ab), math.fsum(ba) / len(ba)
         sp2 = (math.fsum((x - m1) ** 2 for x in ab) + math.fsum((x - m2) ** 2 for x in ba)) / (n - 2)
-        m, se, df, method = ((m1 + m2) / 2, math.sqrt(sp2 * (1 / len(ab) + 1 / len(ba))) / 2, n - 2,
-                             "t-period-adjusted")
+        m, se, df, method = (
+            (m1 + m2) / 2,
+            math.sqrt(sp2 * (1 / len(ab) + 1 / len(ba))) / 2,
+            n - 2,
+            "t-period-adjusted",
+        )
     else:
         why = magnitude_problem([values])
         if why is not None:
@@ -222,12 +256,16 @@ def hyp_test(h: dict, pairs: list[dict], min_pairs: int) -> tuple[dict | None, s
     return t_result(method, n, m, se, df, reg), None, unreached
 
 
-ZERO_SPREAD = ("zero spread: the per-pair values agree to the rounding of the endpoint values they were "
-               "computed from (16 ulps of |b| + |c|, or of 1 + |ln b| + |ln c| for a log ratio)")
+ZERO_SPREAD = (
+    "zero spread: the per-pair values agree to the rounding of the endpoint values they were "
+    "computed from (16 ulps of |b| + |c|, or of 1 + |ln b| + |ln c| for a log ratio)"
+)
 
 
-ZERO_SPREAD_WITHIN = ("zero spread within each order group: the period-adjusted standard error is rounding "
-                      "noise (16 ulps of |b| + |c|, or of 1 + |ln b| + |ln c| for a log ratio)")
+ZERO_SPREAD_WITHIN = (
+    "zero spread within each order group: the period-adjusted standard error is rounding "
+    "noise (16 ulps of |b| + |c|, or of 1 + |ln b| + |ln c| for a log ratio)"
+)
 
 
 def zero_spread(values: list[float], scales: list[float]) -> bool:
@@ -245,11 +283,16 @@ def passes(t: dict, alpha: float) -> bool:
 def gate(h: dict, spec: dict, done: dict) -> str | None:
     if done.get("complete") is False and not done.get("budget_stop"):
         return f"incomplete: {done['missing_runs']} of {done['planned_runs']} planned runs have no ok record"
-    if (done.get("budget_stop") and h["endpoint"] in TIME_ENDPOINTS
-            and not spec.get("decide_time_after_budget_stop")):
-        return ("stopped by the budget rule, which depends on run times, this endpoint's outcome; the "
-                "protocol did not preregister deciding time endpoints after such a stop "
-                "(decide_time_after_budget_stop)")
+    if (
+        done.get("budget_stop")
+        and h["endpoint"] in TIME_ENDPOINTS
+        and not spec.get("decide_time_after_budget_stop")
+    ):
+        return (
+            "stopped by the budget rule, which depends on run times, this endpoint's outcome; the "
+            "protocol did not preregister deciding time endpoints after such a stop "
+            "(decide_time_after_budget_stop)"
+        )
     return None
 
 
@@ -269,7 +312,9 @@ def decide(spec: dict, pairs_of: dict, done: dict) -> list[dict]:
         for h, t, why, _ in results:
             if failed is not None:
                 status[h["id"]], used[h["id"]] = (
-                    ("not reached", f"a failed prerequisite in the hierarchy: {failed}"), None)
+                    ("not reached", f"a failed prerequisite in the hierarchy: {failed}"),
+                    None,
+                )
             elif t is None:
                 status[h["id"]], used[h["id"]], failed = ("not reached", why), alpha, h["id"]
             else:
@@ -309,8 +354,11 @@ def decide(spec: dict, pairs_of: dict, done: dict) -> list[dict]:
             estimate = pct(t["estimate"]) if rr else t["estimate"]
             estimate_of = t["estimate_of"] if rank else h["estimand"]
             if h.get("censoring") == "restricted_mean":
-                tau = (f"{h['restriction_s']:g} s" if h.get("restriction_s")
-                       else "the pair's shorter training time")
+                tau = (
+                    f"{h['restriction_s']:g} s"
+                    if h.get("restriction_s")
+                    else "the pair's shorter training time"
+                )
                 estimate_of = f"{h['estimand']} of the restricted times min(T, tau), tau = {tau}"
         if t is not None and a is not None and not rank:
             level = 1.0 - 2.0 * a
@@ -318,19 +366,47 @@ def decide(spec: dict, pairs_of: dict, done: dict) -> list[dict]:
             low, high = t["estimate"] - q * t["standard_error"], t["estimate"] + q * t["standard_error"]
             if rr:
                 low, high = pct(high), pct(low)
-        out.append({"id": h["id"], "study": h["study"], "config": h["config"], "endpoint": h["endpoint"],
-                    "estimand": h["estimand"], "type": h["type"], "margin": h["margin"],
-                    "better": h["better"], "status": st, "reason": reason, "alpha": a, "test": t,
-                    "estimate": estimate, "estimate_of": estimate_of, "low": low, "high": high,
-                    "level": level, "unreached": unreached,
-                    "text": decision_text(h, st, reason, t, a, low, high, done)})
+        out.append(
+            {
+                "id": h["id"],
+                "study": h["study"],
+                "config": h["config"],
+                "endpoint": h["endpoint"],
+                "estimand": h["estimand"],
+                "type": h["type"],
+                "margin": h["margin"],
+                "better": h["better"],
+                "status": st,
+                "reason": reason,
+                "alpha": a,
+                "test": t,
+                "estimate": estimate,
+                "estimate_of": estimate_of,
+                "low": low,
+                "high": high,
+                "level": level,
+                "unreached": unreached,
+                "text": decision_text(h, st, reason, t, a, low, high, done),
+            }
+        )
     return out
 
 
-def decision_text(h: dict, status: str, reason: str | None, t: dict | None, a: float | None, low: float | None,
-                  high: float | None, done: dict) -> str:
-    what = {"superiority": "superiority", "non_inferiority": f"non-inferiority (margin {h['margin']:g})",
-            "equivalence": f"equivalence (margin {h['margin']:g})"}[h["type"]]
+def decision_text(
+    h: dict,
+    status: str,
+    reason: str | None,
+    t: dict | None,
+    a: float | None,
+    low: float | None,
+    high: float | None,
+    done: dict,
+) -> str:
+    what = {
+        "superiority": "superiority",
+        "non_inferiority": f"non-inferiority (margin {h['margin']:g})",
+        "equivalence": f"equivalence (margin {h['margin']:g})",
+    }[h["type"]]
     head = f"{h['id']}: {what} of {h['endpoint']} ({h['estimand']}, {h['better']} is better)"
     if t is None:
         return f"{head}: not reached ({reason})"
@@ -340,8 +416,11 @@ def decision_text(h: dict, status: str, reason: str | None, t: dict | None, a: f
     verdict = status if reason is None else f"{status} ({reason})"
     prefix = ""
     if done.get("budget_stop"):
-        prefix = ("(study stopped by its budget rule; the stop depended on run times, this endpoint's "
-                  "outcome) " if h["endpoint"] in TIME_ENDPOINTS else "(study stopped by its budget rule) ")
+        prefix = (
+            "(study stopped by its budget rule; the stop depended on run times, this endpoint's outcome) "
+            if h["endpoint"] in TIME_ENDPOINTS
+            else "(study stopped by its budget rule) "
+        )
     return f"{prefix}{head}: {verdict}; {stats}"
 
 
@@ -364,9 +443,13 @@ def sensitivity(h: dict, pairs: list[dict], failed: list[dict]) -> dict | None:
         dist += [(-s if f["failed"] == "candidate" else s) * k * w for f in failed]
         parts.append(signed_rank(dist, 1))
     worst = max(parts, key=lambda r: r["p_value"])
-    return {"pairs_with_a_failed_arm": len(failed),
-            "failed_candidate": sum(f["failed"] == "candidate" for f in failed),
-            "n": worst["n"], "statistic": worst["statistic"], "p_value": worst["p_value"],
-            "method": "signed-rank of the distances from the hypothesis' bound"
-                      + (" (both bounds, the larger p)" if len(parts) == 2 else "")
-                      + "; a failed arm ranks worse than every observed pair"}
+    return {
+        "pairs_with_a_failed_arm": len(failed),
+        "failed_candidate": sum(f["failed"] == "candidate" for f in failed),
+        "n": worst["n"],
+        "statistic": worst["statistic"],
+        "p_value": worst["p_value"],
+        "method": "signed-rank of the distances from the hypothesis' bound"
+        + (" (both bounds, the larger p)" if len(parts) == 2 else "")
+        + "; a failed arm ranks worse than every observed pair",
+    }

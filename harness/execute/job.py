@@ -8,6 +8,7 @@ Format log (``format``): 1: ``spec`` (a :class:`~harness.plan.RunSpec`), ``attem
 ``config_path`` (relative to the study's root), ``data_dir``, ``corpus`` (a local corpus's pinned
 files, or ``None`` for a named corpus) and ``checkpoint_path``.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
@@ -34,9 +35,15 @@ class Job:
     checkpoint_path: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": JOB_FORMAT, "spec": asdict(self.spec), "attempt": self.attempt,
-                "config_path": self.config_path, "data_dir": self.data_dir, "corpus": self.corpus,
-                "checkpoint_path": self.checkpoint_path}
+        return {
+            "format": JOB_FORMAT,
+            "spec": asdict(self.spec),
+            "attempt": self.attempt,
+            "config_path": self.config_path,
+            "data_dir": self.data_dir,
+            "corpus": self.corpus,
+            "checkpoint_path": self.checkpoint_path,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Job:
@@ -47,12 +54,23 @@ class Job:
         if not isinstance(spec, dict):
             raise JobFormatError("job field spec is not a mapping")
         _exact("job spec", set(spec), {f.name for f in fields(RunSpec)})
-        return cls(spec=RunSpec(**spec), attempt=int(data["attempt"]), config_path=str(data["config_path"]),
-                   data_dir=data["data_dir"], corpus=data["corpus"], checkpoint_path=str(data["checkpoint_path"]))
+        return cls(
+            spec=RunSpec(**spec),
+            attempt=int(data["attempt"]),
+            config_path=str(data["config_path"]),
+            data_dir=data["data_dir"],
+            corpus=data["corpus"],
+            checkpoint_path=str(data["checkpoint_path"]),
+        )
 
 
 def _exact(what: str, have: set[str], want: set[str]) -> None:
     if have != want:
         extra, missing = sorted(have - want), sorted(want - have)
-        raise JobFormatError(f"{what}: " + "; ".join(
-            ([f"unknown fields {', '.join(extra)}"] if extra else []) + ([f"missing {', '.join(missing)}"] if missing else [])))
+        raise JobFormatError(
+            f"{what}: "
+            + "; ".join(
+                ([f"unknown fields {', '.join(extra)}"] if extra else [])
+                + ([f"missing {', '.join(missing)}"] if missing else [])
+            )
+        )
