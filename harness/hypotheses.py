@@ -10,7 +10,7 @@ from harness.names import ID_RE
 from harness.yamlio import Field, one_of
 
 if TYPE_CHECKING:
-    from harness.protocol import Study
+    from harness.study import Study
 
 ENDPOINTS = ("training_time", "time_to_target", "total_time", "test_bpb", "peak_memory")
 _FAMILY = {
