@@ -3,8 +3,8 @@ summary every record copies, and the tally of planned runs against their records
 
 from __future__ import annotations
 
+from .attempts import analysed, latest_unit
 from .factorial import from_yaml, williams
-from .recompute import analysed, latest_unit
 
 
 def plan_from_protocol(doc: dict, protocol_sha: str, config_sha: dict) -> list[dict]:
