@@ -1,4 +1,5 @@
 """``python -m analysis report RECORDS_DIR [--format csv|parquet]``."""
+
 from __future__ import annotations
 
 import argparse

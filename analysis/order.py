@@ -32,8 +32,16 @@ def _two_groups(a: Sequence[float], b: Sequence[float], level: float, half: bool
     se = k * math.sqrt(sp2 * (1 / n1 + 1 / n2))
     q = float(_st.t.ppf((1 + level) / 2, df))
     p = 2 * float(_st.t.sf(abs(est / se), df)) if se > 0 else (1.0 if est == 0 else 0.0)
-    return {"estimate": est, "standard_error": se, "low": est - q * se, "high": est + q * se, "df": df,
-            "level": level, "p_value": p, "n": [n1, n2]}
+    return {
+        "estimate": est,
+        "standard_error": se,
+        "low": est - q * se,
+        "high": est + q * se,
+        "df": df,
+        "level": level,
+        "p_value": p,
+        "n": [n1, n2],
+    }
 
 
 def crossover(pairs: list[dict[str, Any]], level: float) -> dict[str, Any] | None:
@@ -58,8 +66,10 @@ def crossover(pairs: list[dict[str, Any]], level: float) -> dict[str, Any] | Non
     def s(p: dict[str, Any]) -> float:
         return math.log(p["candidate_training_s"]) + math.log(p["baseline_training_s"])
 
-    return {"period": _two_groups([d(p) for p in ab], [d(p) for p in ba], level, half=True),
-            "carryover": _two_groups([s(p) for p in ab], [s(p) for p in ba], level, half=False)}
+    return {
+        "period": _two_groups([d(p) for p in ab], [d(p) for p in ba], level, half=True),
+        "carryover": _two_groups([s(p) for p in ab], [s(p) for p in ba], level, half=False),
+    }
 
 
 def drift(pairs: list[dict[str, Any]], level: float) -> dict[str, Any] | None:
@@ -88,11 +98,22 @@ def drift(pairs: list[dict[str, Any]], level: float) -> dict[str, Any] | None:
     se = math.sqrt(s2 / sxx)
     q = float(_st.t.ppf((1 + level) / 2, df))
     p = 2 * float(_st.t.sf(abs(b1 / se), df)) if se > 0 else (1.0 if b1 == 0 else 0.0)
-    return {"slope": b1, "intercept": b0, "standard_error": se, "low": b1 - q * se, "high": b1 + q * se,
-            "df": df, "level": level, "p_value": p, "points": [[a, b] for a, b in zip(x, y)]}
+    return {
+        "slope": b1,
+        "intercept": b0,
+        "standard_error": se,
+        "low": b1 - q * se,
+        "high": b1 + q * se,
+        "df": df,
+        "level": level,
+        "p_value": p,
+        "points": [[a, b] for a, b in zip(x, y)],
+    }
 
 
-def positions(blocks: list[dict[str, Any]], cells: Sequence[str], level: float) -> list[dict[str, Any]] | None:
+def positions(
+    blocks: list[dict[str, Any]], cells: Sequence[str], level: float
+) -> list[dict[str, Any]] | None:
     """Effect of the position in the Williams square on log training time.
 
     Notes
@@ -114,8 +135,17 @@ def positions(blocks: list[dict[str, Any]], cells: Sequence[str], level: float) 
         m, ss = _mean_var(res)
         se = math.sqrt(ss / (len(res) - 1) / len(res))
         q = float(_st.t.ppf((1 + level) / 2, len(res) - 1))
-        out.append({"position": pos + 1, "estimate": m, "standard_error": se, "low": m - q * se,
-                    "high": m + q * se, "df": len(res) - 1, "level": level})
+        out.append(
+            {
+                "position": pos + 1,
+                "estimate": m,
+                "standard_error": se,
+                "low": m - q * se,
+                "high": m + q * se,
+                "df": len(res) - 1,
+                "level": level,
+            }
+        )
     return out
 
 
@@ -132,7 +162,9 @@ def by_device(pairs: list[dict[str, Any]], level: float) -> dict[str, Any] | Non
     """
     groups: dict[str, list[float]] = {}
     for p in pairs:
-        groups.setdefault(p["device"], []).append(math.log(p["candidate_training_s"] / p["baseline_training_s"]))
+        groups.setdefault(p["device"], []).append(
+            math.log(p["candidate_training_s"] / p["baseline_training_s"])
+        )
     if len(groups) < 2:
         return None
     rows = []

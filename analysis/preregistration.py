@@ -4,6 +4,7 @@ Records carry the protocol's resolved ``hypotheses`` block as JSON (``tests``: o
 hypothesis, :func:`harness.hypotheses.parse_hypotheses`); :meth:`Hypothesis.of` turns one into this
 frozen object at that boundary, refusing keys it does not know.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -54,6 +55,11 @@ class Hypothesis:
         if unknown:
             raise ValueError(f"hypothesis {h.get('id')!r}: unknown keys {', '.join(unknown)}")
         margin, tau = h.get("margin", 0.0), h.get("restriction_s")
-        return cls(**{**{k: v for k, v in h.items() if k in known}, "margin": float(margin or 0.0),
-                      "restriction_s": None if tau is None else float(tau),
-                      "period_adjusted": bool(h.get("period_adjusted", False))})
+        return cls(
+            **{
+                **{k: v for k, v in h.items() if k in known},
+                "margin": float(margin or 0.0),
+                "restriction_s": None if tau is None else float(tau),
+                "period_adjusted": bool(h.get("period_adjusted", False)),
+            }
+        )

@@ -6,8 +6,8 @@ Usage: ``python analysis/public_audit.py [RECORDS_DIR ...] [--head SEQ:SHA256] [
 Runs as ``python -I -S analysis/public_audit.py`` too.
 
 This file is the entry point. The audit is the standard-library package ``analysis/audit/``: its
-``__init__.py`` lists every check (the threat model: docs/provenance.md), ``audit/cli.py`` runs
-them; the names below are re-exported for the tests, ``harness.yamlio`` and ``analysis.ttests``.
+``__init__.py`` lists every check (the threat model: docs/provenance.md), ``audit/folder.py`` runs
+them in order for each folder that ``audit/cli.py`` (the command line) is given; the names below are re-exported for the tests, ``harness.yamlio`` and ``analysis.ttests``.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ if _ADDED:
     sys.path.insert(0, _HERE)
 
 from audit.cli import main  # noqa: E402
+from audit.decisions import decide, sensitivity  # noqa: E402
 from audit.descriptive import by_device, drift, endpoint, interval, per_pair  # noqa: E402
 from audit.freeze import _differences  # noqa: E402
-from audit.hypotheses import decide, sensitivity, signed_rank, tail_count  # noqa: E402
 from audit.plan import expected_summary, plan_from_protocol  # noqa: E402
+from audit.ranks import signed_rank, tail_count  # noqa: E402
 from audit.recompute import compare, recompute  # noqa: E402
 from audit.tdist import student_t_ppf, t_critical  # noqa: E402
 from audit.yamlsub import YamlError, yaml_subset  # noqa: E402
@@ -35,9 +36,27 @@ from audit.yamlsub import YamlError, yaml_subset  # noqa: E402
 if _ADDED:
     sys.path.remove(_HERE)
 
-__all__ = ["YamlError", "_differences", "by_device", "compare", "decide", "drift", "endpoint",
-           "expected_summary", "interval", "main", "per_pair", "plan_from_protocol", "recompute",
-           "sensitivity", "signed_rank", "student_t_ppf", "t_critical", "tail_count", "yaml_subset"]
+__all__ = [
+    "YamlError",
+    "_differences",
+    "by_device",
+    "compare",
+    "decide",
+    "drift",
+    "endpoint",
+    "expected_summary",
+    "interval",
+    "main",
+    "per_pair",
+    "plan_from_protocol",
+    "recompute",
+    "sensitivity",
+    "signed_rank",
+    "student_t_ppf",
+    "t_critical",
+    "tail_count",
+    "yaml_subset",
+]
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -141,7 +141,9 @@ def paired_interval(
     if estimand == "difference":
         return mean_interval(paired_values(baseline, candidate, estimand), level, estimand)
     res = mean_interval(paired_values(baseline, candidate, "log_ratio"), level, estimand)
-    res = replace(res, ratio=math.exp(res.estimate), ratio_low=math.exp(res.low), ratio_high=math.exp(res.high))
+    res = replace(
+        res, ratio=math.exp(res.estimate), ratio_low=math.exp(res.low), ratio_high=math.exp(res.high)
+    )
     if estimand == "log_ratio":
         return res
     return replace(res, estimate=reduction(res.estimate), low=reduction(res.high), high=reduction(res.low))

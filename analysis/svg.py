@@ -32,8 +32,9 @@ def _axis(values: list[float]) -> tuple[float, float]:
 WIDTH, LEFT, RIGHT, ROW_H = 720, 190, 30, 30
 
 
-def _frame(ident: str, title: str, desc: str, values: list[float], n_rows: int, top: int,
-           unit: str) -> tuple[list[str], Callable[[float], float], int]:
+def _frame(
+    ident: str, title: str, desc: str, values: list[float], n_rows: int, top: int, unit: str
+) -> tuple[list[str], Callable[[float], float], int]:
     """An SVG plot's opening, title and description, grid ticks and dashed zero line over ``values``;
     returns the parts, the x scale and the height."""
     height = top + ROW_H * n_rows + 30
@@ -42,19 +43,27 @@ def _frame(ident: str, title: str, desc: str, values: list[float], n_rows: int, 
     def x(v: float) -> float:
         return LEFT + (v - lo) / (hi - lo) * (WIDTH - LEFT - RIGHT)
 
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" role="img" aria-labelledby="{ident}-t {ident}-d" '
-             f'width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-size="12">',
-             f'<title id="{ident}-t">{_e(title)}</title>', f'<desc id="{ident}-d">{_e(desc)}</desc>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" role="img" aria-labelledby="{ident}-t {ident}-d" '
+        f'width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-size="12">',
+        f'<title id="{ident}-t">{_e(title)}</title>',
+        f'<desc id="{ident}-d">{_e(desc)}</desc>',
+    ]
     for t in _ticks(lo, hi):
-        parts.append(f'<line x1="{x(t):.1f}" y1="{top - 8}" x2="{x(t):.1f}" y2="{height - 24}" stroke="#e4e4e4"/>'
-                     f'<text x="{x(t):.1f}" y="{height - 8}" text-anchor="middle">{t:g}{unit}</text>')
-    parts.append(f'<line x1="{x(0):.1f}" y1="{top - 12}" x2="{x(0):.1f}" y2="{height - 24}" stroke="#555" '
-                 'stroke-dasharray="4 3"/>')
+        parts.append(
+            f'<line x1="{x(t):.1f}" y1="{top - 8}" x2="{x(t):.1f}" y2="{height - 24}" stroke="#e4e4e4"/>'
+            f'<text x="{x(t):.1f}" y="{height - 8}" text-anchor="middle">{t:g}{unit}</text>'
+        )
+    parts.append(
+        f'<line x1="{x(0):.1f}" y1="{top - 12}" x2="{x(0):.1f}" y2="{height - 24}" stroke="#555" '
+        'stroke-dasharray="4 3"/>'
+    )
     return parts, x, height
 
 
-def forest_svg(ident: str, title: str, rows: list[tuple[str, float | None, float | None, float | None]],
-               unit: str = "%") -> str:
+def forest_svg(
+    ident: str, title: str, rows: list[tuple[str, float | None, float | None, float | None]], unit: str = "%"
+) -> str:
     """Estimates with intervals, a line at zero: ``rows`` (label, estimate, low, high); a None drops a row."""
     shown = [(t, e, lo, hi) for t, e, lo, hi in rows if e is not None and lo is not None and hi is not None]
     if not shown:
@@ -65,9 +74,11 @@ def forest_svg(ident: str, title: str, rows: list[tuple[str, float | None, float
     for i, (label, est, low, high) in enumerate(shown):
         y = top + ROW_H * i + ROW_H / 2
         color = "#1f5fa8" if low > 0 else ("#b3361f" if high < 0 else "#555")
-        parts.append(f'<text x="{LEFT - 10}" y="{y + 4:.1f}" text-anchor="end">{_e(label)}</text>'
-                     f'<line x1="{x(low):.1f}" y1="{y:.1f}" x2="{x(high):.1f}" y2="{y:.1f}" stroke="{color}" '
-                     f'stroke-width="2"/><circle cx="{x(est):.1f}" cy="{y:.1f}" r="4.5" fill="{color}"/>')
+        parts.append(
+            f'<text x="{LEFT - 10}" y="{y + 4:.1f}" text-anchor="end">{_e(label)}</text>'
+            f'<line x1="{x(low):.1f}" y1="{y:.1f}" x2="{x(high):.1f}" y2="{y:.1f}" stroke="{color}" '
+            f'stroke-width="2"/><circle cx="{x(est):.1f}" cy="{y:.1f}" r="4.5" fill="{color}"/>'
+        )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -87,8 +98,10 @@ def pairs_svg(ident: str, title: str, rows: list[tuple[str, list[float]]]) -> st
         parts.append(f'<text x="{LEFT - 10}" y="{y + 4:.1f}" text-anchor="end">{_e(label)}</text>')
         for v in vals:
             if v < 0:
-                parts.append(f'<rect x="{x(v) - 4:.1f}" y="{y - 4:.1f}" width="8" height="8" fill="#b3361f" '
-                             'fill-opacity=".75"/>')
+                parts.append(
+                    f'<rect x="{x(v) - 4:.1f}" y="{y - 4:.1f}" width="8" height="8" fill="#b3361f" '
+                    'fill-opacity=".75"/>'
+                )
             else:
                 parts.append(f'<circle cx="{x(v):.1f}" cy="{y:.1f}" r="4" fill="#1f5fa8" fill-opacity=".6"/>')
     parts.append("</svg>")

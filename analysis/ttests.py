@@ -104,7 +104,9 @@ def bounds(h: Hypothesis | Mapping[str, Any]) -> tuple[float | None, float | Non
     return (None, g(e)) if better == "lower" else (g(-e), None)
 
 
-def t_result(method: str, n: int, m: float, se: float, df: int, region: tuple[float | None, float | None]) -> TestResult:
+def t_result(
+    method: str, n: int, m: float, se: float, df: int, region: tuple[float | None, float | None]
+) -> TestResult:
     """The one-sided t test(s) of ``lo < mean < hi`` given the mean ``m`` and its standard error.
 
     Notes
@@ -173,16 +175,23 @@ def magnitude_problem(groups: Sequence[Sequence[float]]) -> str | None:
     lo, hi = SQUARE_RANGE
     top = max(abs(x) for g in groups for x in g)
     if top > hi:
-        return (f"extreme magnitudes: per-pair values up to {top:.3g}, beyond {hi:g}, whose squares overflow "
-                "a double")
+        return (
+            f"extreme magnitudes: per-pair values up to {top:.3g}, beyond {hi:g}, whose squares overflow "
+            "a double"
+        )
     dev = max(abs(x - math.fsum(g) / len(g)) for g in groups for x in g)
     if 0 < dev < lo:
-        return (f"extreme magnitudes: the per-pair values deviate from their mean by at most {dev:.3g}, below "
-                f"{lo:g}, whose squares underflow a double")
+        return (
+            f"extreme magnitudes: the per-pair values deviate from their mean by at most {dev:.3g}, below "
+            f"{lo:g}, whose squares underflow a double"
+        )
     return None
 
 
-_MEAN = {"t": "mean of the per-pair values", "t-period-adjusted": "period-adjusted mean of the per-pair values"}
+_MEAN = {
+    "t": "mean of the per-pair values",
+    "t-period-adjusted": "period-adjusted mean of the per-pair values",
+}
 
 
 def mean_se(values: Sequence[float]) -> tuple[float, float]:
@@ -225,7 +234,9 @@ def period_adjusted_mean(values: Sequence[float], first: Sequence[str]) -> tuple
     return (m1 + m2) / 2, math.sqrt(sp2 * (1 / n1 + 1 / n2)) / 2, n1 + n2 - 2
 
 
-def period_adjusted(values: Sequence[float], first: Sequence[str], s: int, kind: str, margin: float) -> TestResult:
+def period_adjusted(
+    values: Sequence[float], first: Sequence[str], s: int, kind: str, margin: float
+) -> TestResult:
     """The period-adjusted one-sided test (:func:`period_adjusted_mean`, :func:`one_sided`)."""
     m, se, df = period_adjusted_mean(values, first)
     return t_result("t-period-adjusted", len(values), m, se, df, one_sided(s, kind, margin))

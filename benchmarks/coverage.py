@@ -46,9 +46,14 @@ def orders(n: int, rng: random.Random) -> list[str]:
     return seq
 
 
-def study(n: int, tau: float, sd: float, period: float, drift: float, rng: random.Random) -> tuple[list[float], list[str]]:
+def study(
+    n: int, tau: float, sd: float, period: float, drift: float, rng: random.Random
+) -> tuple[list[float], list[str]]:
     first = orders(n, rng)
-    d = [tau + (period if f == "baseline" else -period) + drift * i + rng.gauss(0.0, sd) for i, f in enumerate(first)]
+    d = [
+        tau + (period if f == "baseline" else -period) + drift * i + rng.gauss(0.0, sd)
+        for i, f in enumerate(first)
+    ]
     return d, first
 
 
@@ -71,16 +76,25 @@ def simulate(args: argparse.Namespace, sd: float) -> dict[str, object]:
         # rules at the edge of their nulls (favourable direction: larger d, s = +1)
         e0, _ = study(n, 0.0, sd, args.period, 0.0, rng)
         t1["superiority"] += t_test(e0, 1, "superiority", 0.0).p_value < alpha
-        t1["superiority_period_adjusted"] += period_adjusted(*study(n, 0.0, sd, args.period, 0.0, rng), 1,
-                                                             "superiority", 0.0).p_value < alpha
+        t1["superiority_period_adjusted"] += (
+            period_adjusted(*study(n, 0.0, sd, args.period, 0.0, rng), 1, "superiority", 0.0).p_value < alpha
+        )
         ni, _ = study(n, -args.margin, sd, args.period, 0.0, rng)
         t1["non_inferiority"] += t_test(ni, 1, "non_inferiority", args.margin).p_value < alpha
         eq, _ = study(n, args.margin, sd, args.period, 0.0, rng)
         t1["equivalence"] += t_test(eq, 1, "equivalence", args.margin).p_value < alpha
     out: dict[str, object] = {
-        "pairs": n, "studies": args.studies, "sd": sd, "period": args.period, "drift": args.drift, "level": level,
-        "alpha": alpha, "coverage_plain": cover_plain / args.studies, "coverage_period_adjusted": cover_adj / args.studies,
-        "mean_width_plain": width_plain / args.studies, "mean_width_period_adjusted": width_adj / args.studies,
+        "pairs": n,
+        "studies": args.studies,
+        "sd": sd,
+        "period": args.period,
+        "drift": args.drift,
+        "level": level,
+        "alpha": alpha,
+        "coverage_plain": cover_plain / args.studies,
+        "coverage_period_adjusted": cover_adj / args.studies,
+        "mean_width_plain": width_plain / args.studies,
+        "mean_width_period_adjusted": width_adj / args.studies,
         "type_I_error": {k: v / args.studies for k, v in t1.items()},
     }
     out.update(censoring(args, sd, rng))
@@ -111,20 +125,30 @@ def censoring(args: argparse.Namespace, sd: float, rng: random.Random) -> dict[s
         for _ in range(n):
             base = math.exp(rng.gauss(math.log(0.7), sd))
             b_true.append(base if rng.random() >= args.miss_baseline else budget * (1.2 + rng.random()))
-            c_true.append(base * math.exp(rng.gauss(0, sd)) if rng.random() >= args.miss_candidate
-                          else budget * (1.2 + rng.random()))
+            c_true.append(
+                base * math.exp(rng.gauss(0, sd))
+                if rng.random() >= args.miss_candidate
+                else budget * (1.2 + rng.random())
+            )
         b_obs = [x if x <= budget else None for x in b_true]
         c_obs = [y if y <= budget else None for y in c_true]
-        full = [math.log((y if y is not None else budget) / (x if x is not None else budget)) for x, y in zip(b_obs, c_obs)]
+        full = [
+            math.log((y if y is not None else budget) / (x if x is not None else budget))
+            for x, y in zip(b_obs, c_obs)
+        ]
         true = [math.log(y / x) for x, y in zip(b_true, c_true)]
         bias.append(sum(full) / n - sum(true) / n)
         # "candidate faster" (s = -1 on log ratios): a false claim here, the candidate is worse
         favour_full += t_test(full, -1, "superiority", 0.0).p_value < alpha if len(set(full)) > 1 else 0
         favour_worst += signed_rank(worst_rank_differences(b_obs, c_obs), -1).p_value < alpha
-    return {"full_budget_mean_bias_log": sum(bias) / len(bias),
-            "false_faster_claims": {"full_budget_t": favour_full / args.studies,
-                                    "worst_rank_signed_rank": favour_worst / args.studies},
-            "miss_rates": {"baseline": args.miss_baseline, "candidate": args.miss_candidate}}
+    return {
+        "full_budget_mean_bias_log": sum(bias) / len(bias),
+        "false_faster_claims": {
+            "full_budget_t": favour_full / args.studies,
+            "worst_rank_signed_rank": favour_worst / args.studies,
+        },
+        "miss_rates": {"baseline": args.miss_baseline, "candidate": args.miss_candidate},
+    }
 
 
 def sd_from_records(directory: Path) -> float:
@@ -144,9 +168,13 @@ def main() -> int:
     ap.add_argument("--sd", type=float, default=0.05, help="sd of per-pair log-time differences")
     ap.add_argument("--from-records", help="take sd from the A/A pairs of this records folder")
     ap.add_argument("--tau", type=float, default=-0.1, help="true log ratio for the coverage part")
-    ap.add_argument("--period", type=float, default=0.03,
-                    help="period effect: the second run's log time minus the first run's (the whole difference, not "
-                         "half of it); a pair's c - b moves by +period when the candidate runs second, -period when first")
+    ap.add_argument(
+        "--period",
+        type=float,
+        default=0.03,
+        help="period effect: the second run's log time minus the first run's (the whole difference, not "
+        "half of it); a pair's c - b moves by +period when the candidate runs second, -period when first",
+    )
     ap.add_argument("--drift", type=float, default=0.0, help="per-pair-position drift of the difference")
     ap.add_argument("--margin", type=float, default=0.05)
     ap.add_argument("--level", type=float, default=0.95)
@@ -162,23 +190,36 @@ def main() -> int:
     assert isinstance(t1, dict)
     ff = res["false_faster_claims"]
     assert isinstance(ff, dict)
-    print(f"{args.studies} simulated studies of {args.pairs} pairs; sd {sd:.4g}, period {args.period:g}, drift "
-          f"{args.drift:g}; level {args.level:g}, one-sided alpha {args.alpha:g}\n")
+    print(
+        f"{args.studies} simulated studies of {args.pairs} pairs; sd {sd:.4g}, period {args.period:g}, drift "
+        f"{args.drift:g}; level {args.level:g}, one-sided alpha {args.alpha:g}\n"
+    )
+
     def se(p: float) -> str:  # Monte Carlo standard error of a simulated proportion
         return f"{p:.4f} (MC SE {math.sqrt(p * (1 - p) / args.studies):.4f})"
 
     print("| Quantity | Nominal | Simulated |\n|---|---|---|")
-    print(f"| coverage, plain paired t interval | {args.level:g} | {se(res['coverage_plain'])}, mean width "
-          f"{res['mean_width_plain']:.4g} |")
-    print(f"| coverage, period-adjusted interval | {args.level:g} | {se(res['coverage_period_adjusted'])}, mean width "
-          f"{res['mean_width_period_adjusted']:.4g} |")
+    print(
+        f"| coverage, plain paired t interval | {args.level:g} | {se(res['coverage_plain'])}, mean width "
+        f"{res['mean_width_plain']:.4g} |"
+    )
+    print(
+        f"| coverage, period-adjusted interval | {args.level:g} | {se(res['coverage_period_adjusted'])}, mean width "
+        f"{res['mean_width_period_adjusted']:.4g} |"
+    )
     for k, v in t1.items():
         print(f"| type-I error, {k.replace('_', ' ')} | {args.alpha:g} | {se(v)} |")
-    print(f"| false 'faster' claims, full_budget imputation + t | {args.alpha:g} | {se(ff['full_budget_t'])} |")
-    print(f"| false 'faster' claims, worst-rank signed-rank | {args.alpha:g} | {se(ff['worst_rank_signed_rank'])} |")
-    print(f"\nfull_budget imputation: mean bias of the log ratio {res['full_budget_mean_bias_log']:+.4f} (negative: "
-          f"flatters the arm that misses the target more often; misses baseline {args.miss_baseline:g}, candidate "
-          f"{args.miss_candidate:g})")
+    print(
+        f"| false 'faster' claims, full_budget imputation + t | {args.alpha:g} | {se(ff['full_budget_t'])} |"
+    )
+    print(
+        f"| false 'faster' claims, worst-rank signed-rank | {args.alpha:g} | {se(ff['worst_rank_signed_rank'])} |"
+    )
+    print(
+        f"\nfull_budget imputation: mean bias of the log ratio {res['full_budget_mean_bias_log']:+.4f} (negative: "
+        f"flatters the arm that misses the target more often; misses baseline {args.miss_baseline:g}, candidate "
+        f"{args.miss_candidate:g})"
+    )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(res, indent=1))

@@ -97,7 +97,9 @@ class Variant:
         self.params = [torch.nn.Parameter(t.clone()) for t in init]
         arm, *options = name.split("/")  # cotangent, cotangent/torch, cotangent/torch/512KiB, cotangent/keep
         if arm in ARMS:
-            self.arm = build_arm(arm, self.params, lr=LR, weight_decay=WD, max_norm=MAX_NORM, **_arm_options(options))
+            self.arm = build_arm(
+                arm, self.params, lr=LR, weight_decay=WD, max_norm=MAX_NORM, **_arm_options(options)
+            )
             self.phase = self.arm.phase
         elif name == "compiled":
             self.lr = torch.tensor(LR)
@@ -145,8 +147,12 @@ def time_variants(config: str, reps: int, names: list[str]) -> dict[str, dict[st
     for name in names:
         med = statistics.median(times[name])
         dmed = statistics.median(deliver[name])
-        out[name] = {"phase_ms": med * 1e3, "ratio": med / base, "delivery_ms": dmed * 1e3,
-                     "phase_plus_delivery_ratio": (med + dmed) / base_total}
+        out[name] = {
+            "phase_ms": med * 1e3,
+            "ratio": med / base,
+            "delivery_ms": dmed * 1e3,
+            "phase_plus_delivery_ratio": (med + dmed) / base_total,
+        }
     return out
 
 
@@ -178,9 +184,14 @@ def floor(config: str, reps: int) -> dict[str, float]:
     bw = stream_bandwidth(numel, reps)
     best = max(bw.values())
     moved = PHASE_ACCESSES * 4 * numel
-    return {"bytes": moved, "copy_GBps": bw["copy"] / 1e9, "triad_GBps": bw["triad"] / 1e9,
-            "best_GBps": best / 1e9, "floor_ms": moved / best * 1e3,
-            "one_pass_floor_ms": ONE_PASS_ACCESSES * 4 * numel / best * 1e3}
+    return {
+        "bytes": moved,
+        "copy_GBps": bw["copy"] / 1e9,
+        "triad_GBps": bw["triad"] / 1e9,
+        "best_GBps": best / 1e9,
+        "floor_ms": moved / best * 1e3,
+        "one_pass_floor_ms": ONE_PASS_ACCESSES * 4 * numel / best * 1e3,
+    }
 
 
 def add_floor_ratios(timing: dict[str, dict[str, float]], lim: dict[str, float]) -> None:
@@ -245,15 +256,34 @@ def main() -> int:
     ap.add_argument("--configs", nargs="+", default=["small_transformer"])
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--memory-steps", type=int, default=5)
-    ap.add_argument("--memory-repeats", type=int, default=3, help="processes per arm for peak memory (median)")
+    ap.add_argument(
+        "--memory-repeats", type=int, default=3, help="processes per arm for peak memory (median)"
+    )
     ap.add_argument("--no-compiled", action="store_true", help="skip the torch.compile peer")
-    ap.add_argument("--stream-reps", type=int, default=20, help="repetitions of the bandwidth measurement (best)")
-    ap.add_argument("--block-sweep", nargs="*", type=int, default=[], metavar="KIB",
-                    help="also time cotangent/torch with these CPU block sizes (KiB)")
-    ap.add_argument("--whole-step-reps", type=int, default=0, metavar="N",
-                    help="also time N whole training steps per variant (0: skip; benchmarks/whole_step.py)")
-    ap.add_argument("--whole-step-models", nargs="+", metavar="MODEL",
-                    help="models for the whole steps (default: --configs and nanogpt_small)")
+    ap.add_argument(
+        "--stream-reps", type=int, default=20, help="repetitions of the bandwidth measurement (best)"
+    )
+    ap.add_argument(
+        "--block-sweep",
+        nargs="*",
+        type=int,
+        default=[],
+        metavar="KIB",
+        help="also time cotangent/torch with these CPU block sizes (KiB)",
+    )
+    ap.add_argument(
+        "--whole-step-reps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also time N whole training steps per variant (0: skip; benchmarks/whole_step.py)",
+    )
+    ap.add_argument(
+        "--whole-step-models",
+        nargs="+",
+        metavar="MODEL",
+        help="models for the whole steps (default: --configs and nanogpt_small)",
+    )
     ap.add_argument("--json", help="write the results as JSON to this path")
     args = ap.parse_args()
     names = [*ARMS, "cotangent/torch", "cotangent/keep", "cotangent/backward", "cotangent/torch/backward"]
@@ -264,46 +294,73 @@ def main() -> int:
 
     capability = torch.backends.cpu.get_cpu_capability()
     results: dict[str, object] = {
-        "cpu_model": cpu_model(), "cpu_capability": capability,
-        "cpu_block_bytes": cot.CPU_BLOCK_BYTES, "phase_c": phase_c, "torch": torch.__version__,
-        "threads": torch.get_num_threads(), "machine": platform.machine(), "processor": platform.processor(),
-        "reps": args.reps, "configs": {},
+        "cpu_model": cpu_model(),
+        "cpu_capability": capability,
+        "cpu_block_bytes": cot.CPU_BLOCK_BYTES,
+        "phase_c": phase_c,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "reps": args.reps,
+        "configs": {},
     }
-    lines = [f"{cpu_model()}, torch dispatches {capability}; "
-             f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.reps} interleaved repetitions, "
-             f"CPU block {cot.CPU_BLOCK_BYTES // 1024} KiB; phase.c {phase_c}", ""]
+    lines = [
+        f"{cpu_model()}, torch dispatches {capability}; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.reps} interleaved repetitions, "
+        f"CPU block {cot.CPU_BLOCK_BYTES // 1024} KiB; phase.c {phase_c}",
+        "",
+    ]
     for config in args.configs:
         timing = time_variants(config, args.reps, names)
         mem = peak_memory(config, args.memory_steps, args.memory_repeats)
         lim = floor(config, args.stream_reps)
         add_floor_ratios(timing, lim)
         results["configs"][config] = {"timing": timing, "peak_rss_bytes": mem, "floor": lim}  # type: ignore[index]
-        lines += [f"### {config}", "",
-                  "| Variant | Phase (ms) | Ratio to native | Ratio to floor | Delivery in backward (ms) | Phase + delivery ratio | Peak RSS (MiB) | Memory ratio |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"### {config}",
+            "",
+            "| Variant | Phase (ms) | Ratio to native | Ratio to floor | Delivery in backward (ms) | Phase + delivery ratio | Peak RSS (MiB) | Memory ratio |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for name in names:
             t = timing[name]
             m = mem.get(name)
-            lines.append(f"| {name} | {t['phase_ms']:.3f} | {t['ratio']:.3f} | {t['floor_ratio']:.2f} | "
-                         f"{t['delivery_ms']:.3f} | {t['phase_plus_delivery_ratio']:.3f} | "
-                         + (f"{m / 2**20:.1f} | " if m else "n/a | "))
+            lines.append(
+                f"| {name} | {t['phase_ms']:.3f} | {t['ratio']:.3f} | {t['floor_ratio']:.2f} | "
+                f"{t['delivery_ms']:.3f} | {t['phase_plus_delivery_ratio']:.3f} | "
+                + (f"{m / 2**20:.1f} | " if m else "n/a | ")
+            )
             lines[-1] += f"{m / mem['native']:.3f} |" if m else "n/a |"
-        lines.append(f"| floor (bandwidth) | {lim['floor_ms']:.3f} | {lim['floor_ms'] / timing['native']['phase_ms']:.3f} "
-                     f"| 1.00 | n/a | n/a | n/a | n/a |")
+        lines.append(
+            f"| floor (bandwidth) | {lim['floor_ms']:.3f} | {lim['floor_ms'] / timing['native']['phase_ms']:.3f} "
+            f"| 1.00 | n/a | n/a | n/a | n/a |"
+        )
         c = timing["cotangent"]["phase_ms"]
-        extra = f"; cotangent / compiled {c / timing['compiled']['phase_ms']:.3f}" if "compiled" in timing else ""
-        lines += ["", f"cotangent / native {timing['cotangent']['ratio']:.3f}{extra}; cotangent / floor "
-                      f"{timing['cotangent']['floor_ratio']:.2f}", ""]
+        extra = (
+            f"; cotangent / compiled {c / timing['compiled']['phase_ms']:.3f}" if "compiled" in timing else ""
+        )
+        lines += [
+            "",
+            f"cotangent / native {timing['cotangent']['ratio']:.3f}{extra}; cotangent / floor "
+            f"{timing['cotangent']['floor_ratio']:.2f}",
+            "",
+        ]
         for name in (n for n in names if "/backward" in n and "norm_work_ms" in timing[n]):
             t = timing[name]
-            lines += [f"{name}: phase / floor of its {ONE_PASS_ACCESSES} accesses {t['floor_ratio']:.2f} "
-                      f"(target <= 1.15); norm work in backward {t['norm_work_ms']:.3f} ms; phase + norm work / "
-                      f"floor of all {PHASE_ACCESSES} accesses {t['with_norm_work_floor_ratio']:.2f} (target <= 1.3); "
-                      f"phase / native {t['ratio']:.3f}", ""]
+            lines += [
+                f"{name}: phase / floor of its {ONE_PASS_ACCESSES} accesses {t['floor_ratio']:.2f} "
+                f"(target <= 1.15); norm work in backward {t['norm_work_ms']:.3f} ms; phase + norm work / "
+                f"floor of all {PHASE_ACCESSES} accesses {t['with_norm_work_floor_ratio']:.2f} (target <= 1.3); "
+                f"phase / native {t['ratio']:.3f}",
+                "",
+            ]
         lines += [
-                  f"floor: {lim['bytes'] / 2**20:.1f} MiB moved ({PHASE_ACCESSES} float32 accesses per coordinate) at "
-                  f"{lim['best_GBps']:.1f} GB/s (best of copy {lim['copy_GBps']:.1f} GB/s and triad "
-                  f"{lim['triad_GBps']:.1f} GB/s, {args.stream_reps} repetitions, {torch.get_num_threads()} threads)", ""]
+            f"floor: {lim['bytes'] / 2**20:.1f} MiB moved ({PHASE_ACCESSES} float32 accesses per coordinate) at "
+            f"{lim['best_GBps']:.1f} GB/s (best of copy {lim['copy_GBps']:.1f} GB/s and triad "
+            f"{lim['triad_GBps']:.1f} GB/s, {args.stream_reps} repetitions, {torch.get_num_threads()} threads)",
+            "",
+        ]
     if args.whole_step_reps:
         from whole_step import table, whole_step
 

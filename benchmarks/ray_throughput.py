@@ -38,16 +38,24 @@ PORT = 6579
 def make_study(base: Path, name: str, seeds: int, steps: int, launcher: str) -> Path:
     from conftest import init_study, tiny_protocol
 
-    text = tiny_protocol(steps=steps, launcher=launcher, budget=100000).replace(
-        "seeds: [1, 2]", f"seeds: {list(range(1, seeds + 1))}").replace("val_every: 5", f"val_every: {steps}")
+    text = (
+        tiny_protocol(steps=steps, launcher=launcher, budget=100000)
+        .replace("seeds: [1, 2]", f"seeds: {list(range(1, seeds + 1))}")
+        .replace("val_every: 5", f"val_every: {steps}")
+    )
     return init_study(base / name, protocol=text)
 
 
 def run(repo: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[float, float, float]:
     """Wall seconds of ``harness run``, and its start and end (``time.time()``)."""
     t, start = time.monotonic(), time.time()
-    subprocess.run([sys.executable, "-m", "harness.cli", "run", "protocols/tiny.yaml", "--quiet", "--no-report", *extra],
-                   cwd=repo, check=True, capture_output=True, env=env)
+    subprocess.run(
+        [sys.executable, "-m", "harness.cli", "run", "protocols/tiny.yaml", "--quiet", "--no-report", *extra],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+        env=env,
+    )
     return time.monotonic() - t, start, time.time()
 
 
@@ -84,12 +92,18 @@ def inside(work: Path) -> None:
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     t = time.monotonic()
     for args, node in ((["--port", str(PORT)], "head"), (["--address", f"127.0.0.1:{PORT}"], "second")):
-        subprocess.run([sys.executable, "-m", "harness.cli", "node", "--device", "cpu", "--no-block", *args],
-                       check=True, capture_output=True, env={**env, "HARNESS_NODE_DIR": str(work / f"node-{node}")})
+        subprocess.run(
+            [sys.executable, "-m", "harness.cli", "node", "--device", "cpu", "--no-block", *args],
+            check=True,
+            capture_output=True,
+            env={**env, "HARNESS_NODE_DIR": str(work / f"node-{node}")},
+        )
     start = time.monotonic() - t
     wall, t0, t1 = run(work / "ray", "--ray", f"127.0.0.1:{PORT}", env=env)
     subprocess.run(["ray", "stop", "--force"], capture_output=True, env=env)
-    (work / "ray.json").write_text(json.dumps({"cluster_start_s": start, "wall_s": wall, "start": t0, "end": t1}))
+    (work / "ray.json").write_text(
+        json.dumps({"cluster_start_s": start, "wall_s": wall, "start": t0, "end": t1})
+    )
 
 
 def main() -> int:
@@ -98,7 +112,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--launcher", default="forkserver", choices=["forkserver", "spawn"])
     ap.add_argument("--json")
-    ap.add_argument("--keep", action="store_true", help="keep the two studies (records, per-run timings) and say where")
+    ap.add_argument(
+        "--keep", action="store_true", help="keep the two studies (records, per-run timings) and say where"
+    )
     ap.add_argument("--inside", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inside:
@@ -110,24 +126,46 @@ def main() -> int:
         make_study(work, "ray", args.seeds, args.steps, args.launcher)
         local_wall, t0, t1 = run(work / "local")
         local_fixed, local_steady, local_rate = split_overhead(work / "local", t0, t1)
-        subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount-proc", sys.executable, __file__,
-                        "--inside", str(work)], check=True)
+        subprocess.run(
+            [
+                "unshare",
+                "--net",
+                "--pid",
+                "--fork",
+                "--mount-proc",
+                sys.executable,
+                __file__,
+                "--inside",
+                str(work),
+            ],
+            check=True,
+        )
         ray = json.loads((work / "ray.json").read_text())
         units = args.seeds
         local_busy, ray_busy = launcher_total(work / "local"), launcher_total(work / "ray")
         ray_fixed, ray_steady, ray_rate = split_overhead(work / "ray", ray["start"], ray["end"])
         res = {
-            "units": units, "runs": 2 * units, "steps": args.steps, "launcher": args.launcher,
-            "local_fixed_per_unit_s": local_fixed / units, "local_steady_per_unit_s": local_steady / units,
-            "ray_fixed_per_unit_s": ray_fixed / units, "ray_steady_per_unit_s": ray_steady / units,
-            "local_fixed_s": local_fixed, "ray_fixed_per_device_s": ray_fixed / 2,
+            "units": units,
+            "runs": 2 * units,
+            "steps": args.steps,
+            "launcher": args.launcher,
+            "local_fixed_per_unit_s": local_fixed / units,
+            "local_steady_per_unit_s": local_steady / units,
+            "ray_fixed_per_unit_s": ray_fixed / units,
+            "ray_steady_per_unit_s": ray_steady / units,
+            "local_fixed_s": local_fixed,
+            "ray_fixed_per_device_s": ray_fixed / 2,
             "steady_throughput_ratio": ray_rate / local_rate,
-            "local_wall_s": local_wall, "ray_wall_s": ray["wall_s"], "ray_cluster_start_s": ray["cluster_start_s"],
-            "local_units_per_min": 60 * units / local_wall, "ray_units_per_min": 60 * units / ray["wall_s"],
+            "local_wall_s": local_wall,
+            "ray_wall_s": ray["wall_s"],
+            "ray_cluster_start_s": ray["cluster_start_s"],
+            "local_units_per_min": 60 * units / local_wall,
+            "ray_units_per_min": 60 * units / ray["wall_s"],
             "throughput_ratio": local_wall / ray["wall_s"],
             "local_overhead_per_unit_s": (local_wall - local_busy) / units,
             "ray_overhead_per_unit_s": (2 * ray["wall_s"] - ray_busy) / units,
-            "local_mean_run_s": local_busy / (2 * units), "ray_mean_run_s": ray_busy / (2 * units),
+            "local_mean_run_s": local_busy / (2 * units),
+            "ray_mean_run_s": ray_busy / (2 * units),
         }
         res["ray_added_per_unit_s"] = res["ray_overhead_per_unit_s"] - res["local_overhead_per_unit_s"]
     finally:
@@ -135,19 +173,29 @@ def main() -> int:
             print(f"studies kept in {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"{units} units ({2 * units} runs of {args.steps} steps), tiny_conv, one thread per run, {args.launcher} "
-          f"launcher; cluster start {res['ray_cluster_start_s']:.1f} s (not counted)\n")
-    print("| Executor | Wall (s) | Units per minute | Mean run (s) | Overhead per unit (s) | of which fixed start "
-          "| of which steady gaps |\n|---|---|---|---|---|---|---|")
+    print(
+        f"{units} units ({2 * units} runs of {args.steps} steps), tiny_conv, one thread per run, {args.launcher} "
+        f"launcher; cluster start {res['ray_cluster_start_s']:.1f} s (not counted)\n"
+    )
+    print(
+        "| Executor | Wall (s) | Units per minute | Mean run (s) | Overhead per unit (s) | of which fixed start "
+        "| of which steady gaps |\n|---|---|---|---|---|---|---|"
+    )
     for name, k in (("local", "local"), ("ray, 2 nodes", "ray")):
-        print(f"| {name} | {res[k + '_wall_s']:.1f} | {res[k + '_units_per_min']:.2f} | {res[k + '_mean_run_s']:.2f} | "
-              f"{res[k + '_overhead_per_unit_s']:.2f} | {res[k + '_fixed_per_unit_s']:.2f} | "
-              f"{res[k + '_steady_per_unit_s']:.2f} |")
-    print(f"\nthroughput ratio (ray / local): whole execution {res['throughput_ratio']:.2f}, steady state "
-          f"{res['steady_throughput_ratio']:.2f}")
-    print(f"scheduling overhead added per unit: {res['ray_added_per_unit_s']:+.2f} s in all, of which steady-state gaps "
-          f"{res['ray_steady_per_unit_s'] - res['local_steady_per_unit_s']:+.2f} s; fixed start per device "
-          f"{res['ray_fixed_per_device_s']:.1f} s with Ray, {res['local_fixed_s']:.1f} s locally (once per execution)")
+        print(
+            f"| {name} | {res[k + '_wall_s']:.1f} | {res[k + '_units_per_min']:.2f} | {res[k + '_mean_run_s']:.2f} | "
+            f"{res[k + '_overhead_per_unit_s']:.2f} | {res[k + '_fixed_per_unit_s']:.2f} | "
+            f"{res[k + '_steady_per_unit_s']:.2f} |"
+        )
+    print(
+        f"\nthroughput ratio (ray / local): whole execution {res['throughput_ratio']:.2f}, steady state "
+        f"{res['steady_throughput_ratio']:.2f}"
+    )
+    print(
+        f"scheduling overhead added per unit: {res['ray_added_per_unit_s']:+.2f} s in all, of which steady-state gaps "
+        f"{res['ray_steady_per_unit_s'] - res['local_steady_per_unit_s']:+.2f} s; fixed start per device "
+        f"{res['ray_fixed_per_device_s']:.1f} s with Ray, {res['local_fixed_s']:.1f} s locally (once per execution)"
+    )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(res, indent=1))

@@ -35,8 +35,17 @@ from harness.arms import build_arm  # noqa: E402
 from harness.config import ModelConfig, load_config  # noqa: E402
 from harness.models import build_model  # noqa: E402
 
-NANOGPT_SMALL = ModelConfig(family="transformer", d_model=384, n_layers=6, context=256, mlp="gelu", mlp_hidden=1536,
-                            norm="layernorm", n_heads=6, n_kv_heads=6)
+NANOGPT_SMALL = ModelConfig(
+    family="transformer",
+    d_model=384,
+    n_layers=6,
+    context=256,
+    mlp="gelu",
+    mlp_hidden=1536,
+    norm="layernorm",
+    n_heads=6,
+    n_kv_heads=6,
+)
 NANOGPT_BATCH = 8
 #: ``cotangent/backward``: the candidate with ``backward_norms=True`` (norms taken during backward).
 VARIANTS = ("native", "cotangent", "cotangent/backward")
@@ -50,12 +59,16 @@ def _model_and_batch(config: str) -> tuple[ModelConfig, int, dict[str, float]]:
     return cfg.model, t.batch_size, {"lr": t.lr, "weight_decay": t.weight_decay, "max_norm": t.clip_norm}
 
 
-def whole_step(config: str, reps: int, warmup: int = 3, variants: tuple[str, ...] = VARIANTS) -> dict[str, object]:
+def whole_step(
+    config: str, reps: int, warmup: int = 3, variants: tuple[str, ...] = VARIANTS
+) -> dict[str, object]:
     """Median forward+backward and phase times per variant, interleaved step by step."""
     mcfg, batch, hyper = _model_and_batch(config)
     models = {v: build_model(mcfg, 0) for v in variants}
-    arms = {v: build_arm(v.split("/")[0], models[v].parameters(), backward_norms=v.endswith("/backward"), **hyper)
-            for v in variants}
+    arms = {
+        v: build_arm(v.split("/")[0], models[v].parameters(), backward_norms=v.endswith("/backward"), **hyper)
+        for v in variants
+    }
     gen = torch.Generator().manual_seed(0)
     fb: dict[str, list[float]] = {v: [] for v in variants}
     bw: dict[str, list[float]] = {v: [] for v in variants}
@@ -75,12 +88,18 @@ def whole_step(config: str, reps: int, warmup: int = 3, variants: tuple[str, ...
                 fb[v].append(t1 - t0)
                 bw[v].append(t1 - tb)
                 ph[v].append(t2 - t1)
-    out: dict[str, object] = {"batch": batch, "context": mcfg.context,
-                              "parameters": sum(p.numel() for p in models[variants[0]].parameters())}
+    out: dict[str, object] = {
+        "batch": batch,
+        "context": mcfg.context,
+        "parameters": sum(p.numel() for p in models[variants[0]].parameters()),
+    }
     for v in variants:
-        out[v] = {"forward_backward_ms": statistics.median(fb[v]) * 1e3, "phase_ms": statistics.median(ph[v]) * 1e3,
-                  "backward_ms": statistics.median(bw[v]) * 1e3,
-                  "step_ms": statistics.median(a + b for a, b in zip(fb[v], ph[v])) * 1e3}
+        out[v] = {
+            "forward_backward_ms": statistics.median(fb[v]) * 1e3,
+            "phase_ms": statistics.median(ph[v]) * 1e3,
+            "backward_ms": statistics.median(bw[v]) * 1e3,
+            "step_ms": statistics.median(a + b for a, b in zip(fb[v], ph[v])) * 1e3,
+        }
     native = out["native"]
     assert isinstance(native, dict)
     out["phase_share_of_native_step"] = native["phase_ms"] / native["step_ms"]
@@ -95,19 +114,24 @@ def whole_step(config: str, reps: int, warmup: int = 3, variants: tuple[str, ...
 
 
 def table(results: dict[str, dict[str, object]], reps: int) -> list[str]:
-    lines = [f"Whole steps (forward + backward + phase), median of {reps} interleaved steps per variant:", "",
-             "| Model | Parameters | Batch | Variant | Native step (ms) | Phase share of native step | Step (ms) "
-             "| Phase ratio | Backward ratio | Forward+backward ratio | Whole-step ratio |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Whole steps (forward + backward + phase), median of {reps} interleaved steps per variant:",
+        "",
+        "| Model | Parameters | Batch | Variant | Native step (ms) | Phase share of native step | Step (ms) "
+        "| Phase ratio | Backward ratio | Forward+backward ratio | Whole-step ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for config, r in results.items():
         n = r["native"]
         assert isinstance(n, dict)
         for v in (k for k in r if k.startswith("cotangent")):
             c = r[v]
             assert isinstance(c, dict)
-            lines.append(f"| {config} | {int(r['parameters']) / 1e6:.2f}M | {r['batch']} | {v} | {n['step_ms']:.1f} | "  # type: ignore[call-overload]
-                         f"{r['phase_share_of_native_step']:.3f} | {c['step_ms']:.1f} | {c['phase_ratio']:.3f} | "
-                         f"{c['backward_ratio']:.3f} | {c['forward_backward_ratio']:.3f} | {c['step_ratio']:.3f} |")
+            lines.append(
+                f"| {config} | {int(r['parameters']) / 1e6:.2f}M | {r['batch']} | {v} | {n['step_ms']:.1f} | "  # type: ignore[call-overload]
+                f"{r['phase_share_of_native_step']:.3f} | {c['step_ms']:.1f} | {c['phase_ratio']:.3f} | "
+                f"{c['backward_ratio']:.3f} | {c['forward_backward_ratio']:.3f} | {c['step_ratio']:.3f} |"
+            )
     return lines
 
 

@@ -20,8 +20,14 @@ class ForeachAdamW:
         t = ctx.train
         self.params = ctx.params
         self.max_norm = t.clip_norm
-        self.optimizer = torch.optim.AdamW(self.params, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
-                                           weight_decay=t.weight_decay, foreach=True)
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=t.lr,
+            betas=(t.beta1, t.beta2),
+            eps=t.eps,
+            weight_decay=t.weight_decay,
+            foreach=True,
+        )
 
     def phase(self) -> torch.Tensor:
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm, foreach=True)

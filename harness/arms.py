@@ -19,6 +19,7 @@ GradientPhase``, named in a protocol by a built-in name (``native``, ``bucketed`
 Like AlgoPerf's ``init_optimizer_state`` / ``update_params``, but smaller: the harness owns the
 model, the data and the loss; the arm owns only the gradient phase.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -39,8 +40,6 @@ if TYPE_CHECKING:
     from harness.config import TrainConfig
 
 __all__ = ["ARMS", "Arm", "ArmContext", "GradientPhase", "build_arm", "is_plugin", "resolve"]
-
-
 
 
 @dataclass
@@ -70,7 +69,11 @@ class Arm:
         The candidate (bucketed norms + :class:`PackedAdamW`) runs it as one pass,
         :meth:`PackedAdamW.clip_step_zero_grad`, bit for bit the three calls.
         """
-        if self.max_norm is not None and self.clip_fn is clip_grad_norm_ and isinstance(self.optimizer, PackedAdamW):
+        if (
+            self.max_norm is not None
+            and self.clip_fn is clip_grad_norm_
+            and isinstance(self.optimizer, PackedAdamW)
+        ):
             return self.optimizer.clip_step_zero_grad(self.max_norm)
         norm = self.clip()
         self.step()
@@ -113,11 +116,22 @@ def build_arm(
     norms, opt = ARMS[arm]
     optimizer: torch.optim.Optimizer
     if opt == "packed":
-        optimizer = PackedAdamW(plist, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, update=update,
-                                block_bytes=block_bytes, kernel=kernel, release_grads=release_grads,
-                                backward_norms=backward_norms)
+        optimizer = PackedAdamW(
+            plist,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            update=update,
+            block_bytes=block_bytes,
+            kernel=kernel,
+            release_grads=release_grads,
+            backward_norms=backward_norms,
+        )
     else:
-        optimizer = torch.optim.AdamW(plist, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=True)
+        optimizer = torch.optim.AdamW(
+            plist, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=True
+        )
     clip_fn = clip_grad_norm_ if norms == "bucketed" else _native_clip
     if norms == "scalar" and opt == "packed":
         clip_fn = _native_clip_packed
@@ -139,6 +153,7 @@ def _native_clip_packed(params: Sequence[Tensor], max_norm: float) -> Tensor:
 # --------------------------------------------------------------------------------------------
 # The contract
 # --------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ArmContext:
@@ -165,8 +180,15 @@ class GradientPhase(Protocol):
 def _builtin(name: str) -> Callable[[ArmContext], GradientPhase]:
     def build(ctx: ArmContext) -> GradientPhase:
         t = ctx.train
-        return build_arm(name, ctx.params, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
-                         weight_decay=t.weight_decay, max_norm=t.clip_norm)
+        return build_arm(
+            name,
+            ctx.params,
+            lr=t.lr,
+            betas=(t.beta1, t.beta2),
+            eps=t.eps,
+            weight_decay=t.weight_decay,
+            max_norm=t.clip_norm,
+        )
 
     return build
 
@@ -176,7 +198,9 @@ def resolve(name: str) -> Callable[[ArmContext], GradientPhase]:
     if name in ARMS:
         return _builtin(name)
     if not is_plugin(name):
-        raise ValueError(f"unknown arm {name!r}: a built-in name ({', '.join(ARMS)}) or an import path module:function")
+        raise ValueError(
+            f"unknown arm {name!r}: a built-in name ({', '.join(ARMS)}) or an import path module:function"
+        )
     module, _, fn = name.partition(":")
     build = getattr(importlib.import_module(module), fn, None)
     if not callable(build):

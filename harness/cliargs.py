@@ -22,40 +22,73 @@ def _version() -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="harness", description="Preregistered paired-seed training-speed experiments.")
+    p = argparse.ArgumentParser(
+        prog="harness", description="Preregistered paired-seed training-speed experiments."
+    )
     p.add_argument("--version", action="version", version=f"harness {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("configs", help="list configurations with parameter counts")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s = sub.add_parser("data", help="fetch or verify a corpus; pin a local corpus file")
-    s.add_argument("action", choices=["fetch", "verify", "pin"], help="fetch a corpus, verify one, or pin a local file")
-    s.add_argument("corpus", help="wikitext-2 or pydoc-topics; for verify also a protocol (its corpus); for pin a file")
+    s.add_argument(
+        "action", choices=["fetch", "verify", "pin"], help="fetch a corpus, verify one, or pin a local file"
+    )
+    s.add_argument(
+        "corpus", help="wikitext-2 or pydoc-topics; for verify also a protocol (its corpus); for pin a file"
+    )
     s.add_argument("--name", help="pin: the local corpus's name (default: the file's stem)")
-    s.add_argument("--split", default="0.9,0.05,0.05", help="pin: train,valid,test fractions (default 0.9,0.05,0.05)")
+    s.add_argument(
+        "--split", default="0.9,0.05,0.05", help="pin: train,valid,test fractions (default 0.9,0.05,0.05)"
+    )
     s.add_argument("--dir", help="data directory (default $HARNESS_DATA or runs/data)")
-    s.add_argument("--url", action="append", help="mirror URL to try (repeatable; default: the built-in list)")
-    s.add_argument("--pins", help="JSON file of sizes and sha256 to verify against instead of the built-in pins")
+    s.add_argument(
+        "--url", action="append", help="mirror URL to try (repeatable; default: the built-in list)"
+    )
+    s.add_argument(
+        "--pins", help="JSON file of sizes and sha256 to verify against instead of the built-in pins"
+    )
     s = sub.add_parser("verify", help="bitwise checks of the method against native on a device")
     s.add_argument("--device", default="cpu", choices=DEVICES, help=DEVICE_HELP + " (default: cpu)")
-    s.add_argument("--save", action="store_true", help="record matched paths for this device and torch version")
-    for name, help_ in (("plan", "print the complete run list"), ("tag", "freeze a committed protocol with a git tag"),
-                        ("run", "execute a protocol"), ("status", "done, failed, interrupted and pending runs"),
-                        ("report", "tables, plots and summary.json from the records")):
+    s.add_argument(
+        "--save", action="store_true", help="record matched paths for this device and torch version"
+    )
+    for name, help_ in (
+        ("plan", "print the complete run list"),
+        ("tag", "freeze a committed protocol with a git tag"),
+        ("run", "execute a protocol"),
+        ("status", "done, failed, interrupted and pending runs"),
+        ("report", "tables, plots and summary.json from the records"),
+    ):
         s = sub.add_parser(name, help=help_)
         s.add_argument("protocol", help="the protocol file (protocols/<id>.yaml)")
         if name in ("plan", "status"):
             s.add_argument("--json", action="store_true", help="print JSON instead of a table")
         if name == "tag":
-            s.add_argument("--sign", action="store_true", help="sign the tag with git (gpg.format ssh or openpgp, "
-                                                               "user.signingkey); the audit verifies it with "
-                                                               "--allowed-signers")
+            s.add_argument(
+                "--sign",
+                action="store_true",
+                help="sign the tag with git (gpg.format ssh or openpgp, "
+                "user.signingkey); the audit verifies it with "
+                "--allowed-signers",
+            )
         if name == "run":
             s.add_argument("--quiet", action="store_true", help="plain log lines, no live display")
-            s.add_argument("--anchor", metavar="REMOTE", help="push the ledger head to REMOTE's refs/ledger/protocol-"
-                                                              "<id> after every unit (a git remote name or URL)")
-            s.add_argument("--retry-failed", action="store_true", help="execute units with a failed run again, whole and in plan order, up to the protocol's max_attempts")
-            s.add_argument("--allow-torch-mismatch", action="store_true",
-                           help="run although the installed torch differs from the protocol's torch_version")
+            s.add_argument(
+                "--anchor",
+                metavar="REMOTE",
+                help="push the ledger head to REMOTE's refs/ledger/protocol-"
+                "<id> after every unit (a git remote name or URL)",
+            )
+            s.add_argument(
+                "--retry-failed",
+                action="store_true",
+                help="execute units with a failed run again, whole and in plan order, up to the protocol's max_attempts",
+            )
+            s.add_argument(
+                "--allow-torch-mismatch",
+                action="store_true",
+                help="run although the installed torch differs from the protocol's torch_version",
+            )
             s.add_argument("--no-report", action="store_true", help="do not write the report after the run")
             s.add_argument("--ray", metavar="ADDRESS", help="execute on a Ray cluster (auto, or host:port)")
         if name == "report":
@@ -63,20 +96,28 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--quiet", action="store_true", help="do not print the report")
     s = sub.add_parser("publish", help="the study page: one self-contained HTML file from the records")
     s.add_argument("protocol", help="the protocol file whose records to publish")
-    s.add_argument("--out", metavar="DIR", help="folder to write index.html into (default: the records folder)")
+    s.add_argument(
+        "--out", metavar="DIR", help="folder to write index.html into (default: the records folder)"
+    )
     s = sub.add_parser("power", help="pairs needed per hypothesis, from a pilot's A/A pairs")
     s.add_argument("pilot", help="the pilot protocol (already run)")
     s.add_argument("--target", required=True, help="the protocol whose hypotheses are planned")
-    s.add_argument("--effect", action="append", metavar="ID=VALUE",
-                   help="assumed true effect of a hypothesis, any type (favourable direction, estimand units; "
-                        "default 0)")
+    s.add_argument(
+        "--effect",
+        action="append",
+        metavar="ID=VALUE",
+        help="assumed true effect of a hypothesis, any type (favourable direction, estimand units; "
+        "default 0)",
+    )
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s = sub.add_parser("node", help="start a Ray node that offers this machine's timing devices")
     s.add_argument("--device", required=True, choices=DEVICES, help=DEVICE_HELP)
     s.add_argument("--address", help="the head's host:port (omit to start the head)")
     s.add_argument("--port", type=int, default=6379, help="the head's port (head only)")
     s.add_argument("--devices", type=int, help="timing devices offered (default: 1; CUDA: every visible GPU)")
-    s.add_argument("--no-block", action="store_true", help="return once the node runs (ray start without --block)")
+    s.add_argument(
+        "--no-block", action="store_true", help="return once the node runs (ray start without --block)"
+    )
     s = sub.add_parser("compare-arms", help="two arms in lockstep on one seed: where their bits part")
     s.add_argument("baseline", help="a built-in arm or a plug-in module:function")
     s.add_argument("candidate", help="a built-in arm or a plug-in module:function")
@@ -84,8 +125,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", type=int, default=20, help="training steps in lockstep (default 20)")
     s.add_argument("--seed", type=int, default=0, help="the seed both arms share (default 0)")
     s.add_argument("--device", default="cpu", choices=DEVICES, help=DEVICE_HELP + " (default: cpu)")
-    s.add_argument("--corpus", default="pydoc-topics",
-                   help="pydoc-topics, wikitext-2, or a protocol file whose corpus to use (a local corpus)")
+    s.add_argument(
+        "--corpus",
+        default="pydoc-topics",
+        help="pydoc-topics, wikitext-2, or a protocol file whose corpus to use (a local corpus)",
+    )
     s.add_argument("--data-dir", help="data directory for wikitext-2 (default $HARNESS_DATA or runs/data)")
     s.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     s.add_argument("--json", action="store_true", help="print JSON: the summary and every step")

@@ -13,7 +13,9 @@ from harness.errors import HarnessError, InputError
 
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     cells = [[str(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(columns)]
+    widths = [
+        max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(columns)
+    ]
     line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths))  # noqa: E731
     return "\n".join([line(columns), line(["-" * w for w in widths]), *(line(r) for r in cells)])
 
@@ -25,15 +27,25 @@ def cmd_configs(args: argparse.Namespace) -> int:
     rows = []
     for c in all_configs(config_dir()):
         n = count_parameters(build_model(c.model, 0))
-        rows.append({
-            "name": c.name, "family": c.model.family, "parameters": n, "millions": f"{n / 1e6:.3g}M",
-            "d_model": c.model.d_model, "layers": c.model.n_layers, "context": c.model.context,
-            "batch": c.train.batch_size, "sha256": c.sha256,
-        })
+        rows.append(
+            {
+                "name": c.name,
+                "family": c.model.family,
+                "parameters": n,
+                "millions": f"{n / 1e6:.3g}M",
+                "d_model": c.model.d_model,
+                "layers": c.model.n_layers,
+                "context": c.model.context,
+                "batch": c.train.batch_size,
+                "sha256": c.sha256,
+            }
+        )
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
-        print(table(rows, ["name", "family", "parameters", "millions", "d_model", "layers", "context", "batch"]))
+        print(
+            table(rows, ["name", "family", "parameters", "millions", "d_model", "layers", "context", "batch"])
+        )
     return 0
 
 
@@ -54,10 +66,14 @@ def cmd_data(args: argparse.Namespace) -> int:
     if args.corpus != "wikitext-2":
         if args.corpus == "pydoc-topics":
             c = data.load_corpus("pydoc-topics")
-            print(f"pydoc-topics is embedded (no download): {', '.join(f'{s} {len(c.split(s))} bytes' for s in data.SPLITS)}")
+            print(
+                f"pydoc-topics is embedded (no download): {', '.join(f'{s} {len(c.split(s))} bytes' for s in data.SPLITS)}"
+            )
             return 0
-        raise InputError(f"unknown corpus {args.corpus!r}: wikitext-2, pydoc-topics, or a protocol file to verify its "
-                         "corpus")
+        raise InputError(
+            f"unknown corpus {args.corpus!r}: wikitext-2, pydoc-topics, or a protocol file to verify its "
+            "corpus"
+        )
     directory = Path(args.dir) if args.dir else data.default_data_dir()
     pins = data.load_pins(Path(args.pins)) if args.pins else None
     if args.action == "fetch":
@@ -126,8 +142,10 @@ def cmd_compare_arms(args: argparse.Namespace) -> int:
         try:
             resolve_arm(name)
         except ImportError as e:
-            raise InputError(f"{which} arm {name!r}: cannot import it ({e}); a plug-in is module:function "
-                             f"importable from {Path.cwd()}, a built-in arm one of {', '.join(ARMS)}") from e
+            raise InputError(
+                f"{which} arm {name!r}: cannot import it ({e}); a plug-in is module:function "
+                f"importable from {Path.cwd()}, a built-in arm one of {', '.join(ARMS)}"
+            ) from e
         except ValueError as e:
             raise InputError(f"{which} arm: {e}") from e
     if args.threads:
@@ -141,19 +159,34 @@ def cmd_compare_arms(args: argparse.Namespace) -> int:
         from harness.data import load_corpus
 
         corpus = load_corpus(args.corpus, args.data_dir)
-    rows = compare_arms(args.baseline, args.candidate, cfg.path, args.steps, args.seed, resolve(args.device), corpus)
+    rows = compare_arms(
+        args.baseline, args.candidate, cfg.path, args.steps, args.seed, resolve(args.device), corpus
+    )
     s = summary(rows)
     if args.json:
         print(json.dumps({"summary": s, "steps": [r.as_dict() for r in rows]}, indent=1))
         return 0
-    shown = [{"step": r.step, "loss (baseline)": f"{r.loss_baseline:.6f}", "loss (candidate)": f"{r.loss_candidate:.6f}",
-              "loss bits": "=" if r.loss_equal else "differ", "grads bits": "=" if r.grads_equal else "differ",
-              "weights bits": "=" if r.weights_equal else "differ", "max ULP": r.max_ulp, "max |diff|": f"{r.max_abs:.3g}"}
-             for r in rows]
+    shown = [
+        {
+            "step": r.step,
+            "loss (baseline)": f"{r.loss_baseline:.6f}",
+            "loss (candidate)": f"{r.loss_candidate:.6f}",
+            "loss bits": "=" if r.loss_equal else "differ",
+            "grads bits": "=" if r.grads_equal else "differ",
+            "weights bits": "=" if r.weights_equal else "differ",
+            "max ULP": r.max_ulp,
+            "max |diff|": f"{r.max_abs:.3g}",
+        }
+        for r in rows
+    ]
     print(table(shown, list(shown[0])))
     if s["bitwise_equal"]:
-        print(f"\n{args.candidate} is bitwise {args.baseline} over {s['steps']} steps: losses, gradients and weights")
+        print(
+            f"\n{args.candidate} is bitwise {args.baseline} over {s['steps']} steps: losses, gradients and weights"
+        )
     else:
-        print(f"\nfirst divergent step {s['first_divergent_step']}; largest weight distance {s['max_ulp']} ULP "
-              f"({s['max_abs']:.3g} absolute); final loss difference {s['final_loss_difference']:+.3g}")
+        print(
+            f"\nfirst divergent step {s['first_divergent_step']}; largest weight distance {s['max_ulp']} ULP "
+            f"({s['max_abs']:.3g} absolute); final loss difference {s['final_loss_difference']:+.3g}"
+        )
     return 0

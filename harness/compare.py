@@ -18,7 +18,12 @@ import torch.nn.functional as F
 
 from harness.data.corpora import Corpus
 
-_INT = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+_INT = {
+    torch.float32: torch.int32,
+    torch.float64: torch.int64,
+    torch.bfloat16: torch.int16,
+    torch.float16: torch.int16,
+}
 
 
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -49,12 +54,25 @@ class StepRow:
 
 
 def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
-        a.detach().contiguous().view(_INT.get(a.dtype, torch.uint8)), b.detach().contiguous().view(_INT.get(b.dtype, torch.uint8)))
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(
+            a.detach().contiguous().view(_INT.get(a.dtype, torch.uint8)),
+            b.detach().contiguous().view(_INT.get(b.dtype, torch.uint8)),
+        )
+    )
 
 
-def compare_arms(baseline: str, candidate: str, config_path: str, steps: int, seed: int,
-                 device: torch.device, corpus: Corpus) -> list[StepRow]:
+def compare_arms(
+    baseline: str,
+    candidate: str,
+    config_path: str,
+    steps: int,
+    seed: int,
+    device: torch.device,
+    corpus: Corpus,
+) -> list[StepRow]:
     from harness.arms import ArmContext, resolve
     from harness.config import load_config
     from harness.data.batches import BatchStream
@@ -79,19 +97,36 @@ def compare_arms(baseline: str, candidate: str, config_path: str, steps: int, se
             loss.backward()
             losses.append(loss.detach())
         pa, pb = (list(m.parameters()) for m in models)
-        grads_equal = all((p.grad is None and q.grad is None) or (p.grad is not None and q.grad is not None
-                                                                  and _bits_equal(p.grad, q.grad)) for p, q in zip(pa, pb))
+        grads_equal = all(
+            (p.grad is None and q.grad is None)
+            or (p.grad is not None and q.grad is not None and _bits_equal(p.grad, q.grad))
+            for p, q in zip(pa, pb)
+        )
         for arm in arms:
             arm.phase()
         weights_equal = all(_bits_equal(p, q) for p, q in zip(pa, pb))
-        rows.append(StepRow(step + 1, float(losses[0]), float(losses[1]), _bits_equal(losses[0], losses[1]), grads_equal,
-                            weights_equal, max(ulp_distance(p, q) for p, q in zip(pa, pb)),
-                            max(float((p.detach() - q.detach()).abs().max()) for p, q in zip(pa, pb))))
+        rows.append(
+            StepRow(
+                step + 1,
+                float(losses[0]),
+                float(losses[1]),
+                _bits_equal(losses[0], losses[1]),
+                grads_equal,
+                weights_equal,
+                max(ulp_distance(p, q) for p, q in zip(pa, pb)),
+                max(float((p.detach() - q.detach()).abs().max()) for p, q in zip(pa, pb)),
+            )
+        )
     return rows
 
 
 def summary(rows: list[StepRow]) -> dict[str, Any]:
     first = next((r.step for r in rows if not (r.loss_equal and r.grads_equal and r.weights_equal)), None)
-    return {"steps": len(rows), "bitwise_equal": first is None, "first_divergent_step": first,
-            "max_ulp": max((r.max_ulp for r in rows), default=0), "max_abs": max((r.max_abs for r in rows), default=0.0),
-            "final_loss_difference": rows[-1].loss_candidate - rows[-1].loss_baseline if rows else 0.0}
+    return {
+        "steps": len(rows),
+        "bitwise_equal": first is None,
+        "first_divergent_step": first,
+        "max_ulp": max((r.max_ulp for r in rows), default=0),
+        "max_abs": max((r.max_abs for r in rows), default=0.0),
+        "final_loss_difference": rows[-1].loss_candidate - rows[-1].loss_baseline if rows else 0.0,
+    }

@@ -77,7 +77,12 @@ class Config:
         return t.lr * (t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "model": asdict(self.model), "train": asdict(self.train), "eval": asdict(self.eval)}
+        return {
+            "name": self.name,
+            "model": asdict(self.model),
+            "train": asdict(self.train),
+            "eval": asdict(self.eval),
+        }
 
 
 def _check_transformer(m: ModelConfig) -> tuple[str, str] | None:
@@ -106,8 +111,14 @@ FAMILY_CHECKS: dict[str, Callable[[ModelConfig], tuple[str, str] | None]] = {
 }
 
 _MODEL = {
-    "family": Field(str, check=lambda v: None if v in FAMILY_CHECKS or is_plugin(v) else
-                    f"must be one of {', '.join(FAMILY_CHECKS)} or a plug-in module:Class"),
+    "family": Field(
+        str,
+        check=lambda v: (
+            None
+            if v in FAMILY_CHECKS or is_plugin(v)
+            else f"must be one of {', '.join(FAMILY_CHECKS)} or a plug-in module:Class"
+        ),
+    ),
     "d_model": Field(int, check=positive),
     "n_layers": Field(int, check=positive),
     "context": Field(int, check=positive),
@@ -159,8 +170,13 @@ def load_config(path: str | Path) -> Config:
     if top["name"] != Path(path).stem:
         raise doc.error(("name",), f"name {top['name']!r} must match the file name {Path(path).stem!r}")
     return Config(
-        name=top["name"], description=top["description"], model=model, train=train, eval=ev,
-        sha256=hashlib.sha256(doc.raw).hexdigest(), path=str(path),
+        name=top["name"],
+        description=top["description"],
+        model=model,
+        train=train,
+        eval=ev,
+        sha256=hashlib.sha256(doc.raw).hexdigest(),
+        path=str(path),
     )
 
 

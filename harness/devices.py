@@ -61,7 +61,9 @@ def cpu_model() -> str:
     if platform.system() == "Darwin":
         import subprocess
 
-        r = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, check=False)
+        r = subprocess.run(
+            ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, check=False
+        )
         if r.returncode == 0 and r.stdout.strip():
             return r.stdout.strip()
     return platform.processor() or platform.machine()

@@ -14,7 +14,9 @@ class InputError(HarnessError, ValueError):
 
     exit_code = 2
 
-    def __init__(self, message: str, *, file: str | None = None, key: str | None = None, line: int | None = None):
+    def __init__(
+        self, message: str, *, file: str | None = None, key: str | None = None, line: int | None = None
+    ):
         self.message = message
         self.file = file
         self.key = key

@@ -20,6 +20,7 @@ level exactly when bit ``j`` of ``i`` is set. Each block runs every cell once, i
 row of a Williams square (:func:`williams`), so that every cell follows every other equally often.
 Free of torch (``harness plan`` and ``tag`` start instantly).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,7 +32,10 @@ MAX_FACTORS = 3
 
 #: The study's 2x2: per-parameter norms (native scalar or bucketed) by optimizer (native or packed
 #: AdamW); the cells are the four built-in arms.
-DEFAULT_FACTORS: tuple[tuple[str, tuple[str, str]], ...] = (("norms", ("scalar", "bucketed")), ("adamw", ("native", "packed")))
+DEFAULT_FACTORS: tuple[tuple[str, tuple[str, str]], ...] = (
+    ("norms", ("scalar", "bucketed")),
+    ("adamw", ("native", "packed")),
+)
 DEFAULT_CELLS = ("native", "bucketed", "packed", "cotangent")
 
 
@@ -94,13 +98,19 @@ def parse(raw_factors: Any, raw_cells: Any) -> Design:
     for name, levels in raw_factors.items():
         if not isinstance(name, str) or not NAME_RE.match(name) or name == "arm":
             raise ValueError(((name,), "a factor's name: letters, digits, - and _ only (not 'arm')"))
-        if (not isinstance(levels, list) or len(levels) != 2 or not all(isinstance(v, str) for v in levels)
-                or levels[0] == levels[1]):
+        if (
+            not isinstance(levels, list)
+            or len(levels) != 2
+            or not all(isinstance(v, str) for v in levels)
+            or levels[0] == levels[1]
+        ):
             raise ValueError(((name,), "two different level names: [first (the baseline's), second]"))
         factors.append((name, (levels[0], levels[1])))
     n = 2 ** len(factors)
     if not isinstance(raw_cells, dict) or len(raw_cells) != n:
-        raise ValueError((("cells",), f"{n} cells, one per combination of levels, each {{factor: level, ...}}"))
+        raise ValueError(
+            (("cells",), f"{n} cells, one per combination of levels, each {{factor: level, ...}}")
+        )
     by_index: dict[int, tuple[str, str]] = {}
     names = [f for f, _ in factors]
     for cell, spec in raw_cells.items():
@@ -108,11 +118,15 @@ def parse(raw_factors: Any, raw_cells: Any) -> Design:
         if not isinstance(cell, str) or not NAME_RE.match(cell):
             raise ValueError((where, "a cell's name: letters, digits, - and _ only"))
         if not isinstance(spec, dict) or set(spec) - {"arm"} != set(names):
-            raise ValueError((where, f"the cell's level of each factor ({', '.join(names)}), and optionally its arm"))
+            raise ValueError(
+                (where, f"the cell's level of each factor ({', '.join(names)}), and optionally its arm")
+            )
         i = 0
         for j, (f, levels) in enumerate(factors):
             if spec[f] not in levels:
-                raise ValueError((where + (f,), f"{spec[f]!r} is not a level of {f} ({levels[0]}, {levels[1]})"))
+                raise ValueError(
+                    (where + (f,), f"{spec[f]!r} is not a level of {f} ({levels[0]}, {levels[1]})")
+                )
             i |= levels.index(spec[f]) << j
         if i in by_index:
             raise ValueError((where, f"cells {by_index[i][0]} and {cell} have the same levels"))
@@ -120,5 +134,9 @@ def parse(raw_factors: Any, raw_cells: Any) -> Design:
         if not isinstance(arm, str):
             raise ValueError((where + ("arm",), "an arm's name (built-in, or a plug-in module:function)"))
         by_index[i] = (cell, arm)
-    return Design(tuple(factors), tuple(by_index[i][0] for i in range(n)), tuple(by_index[i][1] for i in range(n)),
-                  declared=True)
+    return Design(
+        tuple(factors),
+        tuple(by_index[i][0] for i in range(n)),
+        tuple(by_index[i][1] for i in range(n)),
+        declared=True,
+    )

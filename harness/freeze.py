@@ -32,8 +32,9 @@ MARKER = "freeze-manifest:"
 #: Top-level entries that cannot change an outcome: records are the outcomes, ``protocols/`` holds
 #: later protocols (the frozen one is bound by its own sha256), the rest is documentation, tests
 #: and CI. Top-level ``*.md`` files are exempt too. Everything else is frozen.
-EXEMPT = frozenset({"records", "protocols", "tests", "benchmarks", "docs", ".ci", ".github", ".gitignore",
-                    "LICENSE", "runs"})
+EXEMPT = frozenset(
+    {"records", "protocols", "tests", "benchmarks", "docs", ".ci", ".github", ".gitignore", "LICENSE", "runs"}
+)
 
 _PACKAGES = ("harness", "analysis")
 
@@ -74,8 +75,11 @@ def manifest(proto: Any, plan_sha: str, runs: int, repo: Path, rev: str = "HEAD"
     """The freeze manifest of ``proto`` at ``rev`` (the code part is the running code's)."""
     return {
         "format": FORMAT,
-        "protocol": {"id": proto.id, "path": proto.path.resolve().relative_to(repo.resolve()).as_posix(),
-                     "sha256": proto.sha256},
+        "protocol": {
+            "id": proto.id,
+            "path": proto.path.resolve().relative_to(repo.resolve()).as_posix(),
+            "sha256": proto.sha256,
+        },
         "configs": {name: c.sha256 for name, c in sorted(proto.configs.items())},
         "plan": {"sha256": plan_sha, "runs": runs},
         "trees": frozen_entries(repo, rev),
@@ -90,8 +94,10 @@ def manifest_sha256(m: dict[str, Any]) -> str:
 
 
 def tag_message(proto: Any, m: dict[str, Any]) -> str:
-    return (f"protocol {proto.id}\nfile {m['protocol']['path']}\nsha256 {proto.sha256}\n"
-            f"freeze {manifest_sha256(m)}\n\n{MARKER}\n{json.dumps(m, sort_keys=True, indent=1)}\n")
+    return (
+        f"protocol {proto.id}\nfile {m['protocol']['path']}\nsha256 {proto.sha256}\n"
+        f"freeze {manifest_sha256(m)}\n\n{MARKER}\n{json.dumps(m, sort_keys=True, indent=1)}\n"
+    )
 
 
 def parse_tag_message(message: str) -> dict[str, Any] | None:
@@ -117,8 +123,13 @@ class Frozen:
     freeze_sha256: str | None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"tag": self.tag, "tag_commit": self.tag_commit, "tag_object": self.tag_object,
-                "tag_created": self.tag_created, "freeze_sha256": self.freeze_sha256}
+        return {
+            "tag": self.tag,
+            "tag_commit": self.tag_commit,
+            "tag_object": self.tag_object,
+            "tag_created": self.tag_created,
+            "freeze_sha256": self.freeze_sha256,
+        }
 
 
 NOT_FROZEN = Frozen(None, None, None, None, None)
@@ -133,8 +144,10 @@ def drift(repo: Path, tagged: dict[str, Any], current: dict[str, Any], tag_commi
         if tagged.get("configs", {}).get(name) != sha:
             out.append(f"configuration {name}: sha256 {sha[:12]} differs from the tag's")
     if tagged.get("plan") != current["plan"]:
-        out.append(f"plan: sha256 {current['plan']['sha256'][:12]} ({current['plan']['runs']} runs) differs from the "
-                   f"tag's (the plan algorithm or its inputs changed)")
+        out.append(
+            f"plan: sha256 {current['plan']['sha256'][:12]} ({current['plan']['runs']} runs) differs from the "
+            f"tag's (the plan algorithm or its inputs changed)"
+        )
     then, now = tagged.get("trees", {}), current["trees"]
     for entry in sorted(set(then) | set(now)):
         if then.get(entry) == now.get(entry):
@@ -144,9 +157,12 @@ def drift(repo: Path, tagged: dict[str, Any], current: dict[str, Any], tag_commi
         elif entry not in now:
             out.append(f"{entry}: removed after the tag")
         else:
-            changed = gitutil.git(repo, "diff", "--name-only", tag_commit, "HEAD", "--", entry, check=False).stdout.split()
+            changed = gitutil.git(
+                repo, "diff", "--name-only", tag_commit, "HEAD", "--", entry, check=False
+            ).stdout.split()
             out.extend(f"{p}: changed after the tag" for p in changed) if changed else out.append(
-                f"{entry}: changed after the tag")
+                f"{entry}: changed after the tag"
+            )
     for name, sha in current["plugins"].items():
         if tagged.get("plugins", {}).get(name) != sha:
             out.append(f"plug-in {name}: its source differs from the tagged one")
@@ -180,8 +196,10 @@ def uncommitted(repo: Path) -> list[str]:
             continue
         if state == "!!":
             if not _ignorable(path.strip('"')):
-                out.append(f"{path}: ignored by .gitignore but inside a frozen entry (an ignored file can be imported "
-                           "like a tracked one: remove it, or move it to an exempt folder)")
+                out.append(
+                    f"{path}: ignored by .gitignore but inside a frozen entry (an ignored file can be imported "
+                    "like a tracked one: remove it, or move it to an exempt folder)"
+                )
             continue
         out.append(f"{path}: {'untracked' if state == '??' else 'uncommitted change'}")
     # git status does not look at a file marked skip-worktree or assume-unchanged: an edit to it would
@@ -191,8 +209,10 @@ def uncommitted(repo: Path) -> list[str]:
         flag, path = line[:1], line[2:]
         if (flag == "S" or flag.islower()) and not exempt(path.strip('"').split("/", 1)[0]):
             mark = "skip-worktree" if flag in ("S", "s") else "assume-unchanged"
-            out.append(f"{path}: marked {mark} in git's index, so git cannot see an edit to it (git update-index "
-                       f"--no-{mark} {path})")
+            out.append(
+                f"{path}: marked {mark} in git's index, so git cannot see an edit to it (git update-index "
+                f"--no-{mark} {path})"
+            )
     return out
 
 
@@ -201,9 +221,11 @@ def calibration_step(proto: Any) -> str:
     from harness.yamlio import load
 
     cal = load(proto.path).data.get("calibration") or {}
-    return (f"first run its pilot and calibration: {cal.get('command') or 'harness run ' + str(cal.get('pilot'))}; "
-            f"then write the numbers into {proto.relpath}, set calibration status: done, commit, and run: "
-            f"harness tag {proto.relpath}")
+    return (
+        f"first run its pilot and calibration: {cal.get('command') or 'harness run ' + str(cal.get('pilot'))}; "
+        f"then write the numbers into {proto.relpath}, set calibration status: done, commit, and run: "
+        f"harness tag {proto.relpath}"
+    )
 
 
 def check(proto: Any, plan_sha: str, runs: int) -> Frozen:
@@ -218,34 +240,49 @@ def check(proto: Any, plan_sha: str, runs: int) -> Frozen:
         return NOT_FROZEN
     repo = gitutil.toplevel(proto.path)
     if repo is None:
-        raise RefusedError(f"{proto.path}: not inside a git repository; a preregistered protocol must be committed "
-                           "and tagged")
+        raise RefusedError(
+            f"{proto.path}: not inside a git repository; a preregistered protocol must be committed "
+            "and tagged"
+        )
     info = gitutil.tag_info(repo, proto.tag_name)
     how = f"to run a changed experiment, copy {proto.relpath} to a new protocol id, commit it and run: harness tag"
     if info is None:
         if proto.calibration_pending:
-            raise RefusedError(f"{proto.path}: preregistered protocol {proto.id!r} has no tag {proto.tag_name}, and "
-                               f"its calibration is pending; {calibration_step(proto)}")
-        raise RefusedError(f"{proto.path}: preregistered protocol {proto.id!r} has no tag {proto.tag_name}; "
-                           f"commit it and run: harness tag {proto.path}")
+            raise RefusedError(
+                f"{proto.path}: preregistered protocol {proto.id!r} has no tag {proto.tag_name}, and "
+                f"its calibration is pending; {calibration_step(proto)}"
+            )
+        raise RefusedError(
+            f"{proto.path}: preregistered protocol {proto.id!r} has no tag {proto.tag_name}; "
+            f"commit it and run: harness tag {proto.path}"
+        )
     if not info.annotated:
-        raise RefusedError(f"{proto.tag_name} is a lightweight tag; only `harness tag` (an annotated tag holding "
-                           f"the freeze manifest) freezes a protocol: delete it and run: harness tag {proto.path}")
+        raise RefusedError(
+            f"{proto.tag_name} is a lightweight tag; only `harness tag` (an annotated tag holding "
+            f"the freeze manifest) freezes a protocol: delete it and run: harness tag {proto.path}"
+        )
     tagged = parse_tag_message(info.message)
     if tagged is None:
-        raise RefusedError(f"{proto.tag_name} holds no freeze manifest (it was not made by this harness's "
-                           f"`harness tag`); {how}")
+        raise RefusedError(
+            f"{proto.tag_name} holds no freeze manifest (it was not made by this harness's "
+            f"`harness tag`); {how}"
+        )
     if tagged.get("format") != FORMAT:
-        raise RefusedError(f"{proto.tag_name}: freeze manifest format {tagged.get('format')!r}; this harness reads "
-                           f"format {FORMAT} (run the harness version that tagged it, or {how})")
+        raise RefusedError(
+            f"{proto.tag_name}: freeze manifest format {tagged.get('format')!r}; this harness reads "
+            f"format {FORMAT} (run the harness version that tagged it, or {how})"
+        )
     rel = proto.relpath
     blob = gitutil.blob_at(repo, info.commit, rel)
     if blob is None or sha256_bytes(blob) != proto.sha256:
-        raise RefusedError(f"{proto.path}: the file's bytes differ from the tagged protocol ({proto.tag_name} at "
-                           f"{info.commit[:12]}); a frozen protocol cannot change: {how}")
+        raise RefusedError(
+            f"{proto.path}: the file's bytes differ from the tagged protocol ({proto.tag_name} at "
+            f"{info.commit[:12]}); a frozen protocol cannot change: {how}"
+        )
     if not gitutil.is_ancestor(repo, info.commit):
-        raise RefusedError(f"{proto.tag_name} ({info.commit[:12]}) is not an ancestor of HEAD; check out the "
-                           "study's history")
+        raise RefusedError(
+            f"{proto.tag_name} ({info.commit[:12]}) is not an ancestor of HEAD; check out the study's history"
+        )
     current = manifest(proto, plan_sha, runs, repo)
     problems = drift(repo, tagged, current, info.commit)
     problems += uncommitted(repo)
@@ -287,8 +324,10 @@ def tag(proto: Any, sign: bool = False) -> tuple[gitutil.TagInfo, dict[str, Any]
     m = manifest(proto, plan_sha256(runs), len(runs), repo)
     dirty = uncommitted(repo)
     if dirty:
-        raise RefusedError(f"{proto.path}: the frozen folders have changes that are not committed; commit or remove "
-                           "them before tagging:\n" + "\n".join(f"  - {p}" for p in dirty))
+        raise RefusedError(
+            f"{proto.path}: the frozen folders have changes that are not committed; commit or remove "
+            "them before tagging:\n" + "\n".join(f"  - {p}" for p in dirty)
+        )
     gitutil.create_tag(repo, proto.tag_name, tag_message(proto, m), sign=sign)
     info = gitutil.tag_info(repo, proto.tag_name)
     if info is None:  # pragma: no cover - git just created it
@@ -317,6 +356,12 @@ def exempt_imports(root: Path, sources: list[Path]) -> list[str]:
             for name in names:
                 top = name.split(".", 1)[0]
                 if exempt(top) and ((root / top).is_dir() or (root / f"{top}.py").is_file()):
-                    rel = src.resolve().relative_to(root.resolve()) if src.resolve().is_relative_to(root.resolve()) else src
-                    out.append(f"{rel}:{node.lineno}: imports {name}, which lies in {top}/, exempt from the freeze")
+                    rel = (
+                        src.resolve().relative_to(root.resolve())
+                        if src.resolve().is_relative_to(root.resolve())
+                        else src
+                    )
+                    out.append(
+                        f"{rel}:{node.lineno}: imports {name}, which lies in {top}/, exempt from the freeze"
+                    )
     return out

@@ -63,7 +63,9 @@ def tag_info(repo: Path, name: str) -> TagInfo | None:
         return None
     obj = r.stdout.strip()
     commit = git(repo, "rev-parse", f"{name}^{{commit}}").stdout.strip()
-    fmt = git(repo, "for-each-ref", "--format=%(taggerdate:iso-strict)%00%(contents)", f"refs/tags/{name}").stdout
+    fmt = git(
+        repo, "for-each-ref", "--format=%(taggerdate:iso-strict)%00%(contents)", f"refs/tags/{name}"
+    ).stdout
     created, _, message = fmt.partition("\x00")
     kind = git(repo, "cat-file", "-t", obj).stdout.strip()
     return TagInfo(name, commit, obj, created.strip(), message.strip(), kind == "tag")
@@ -88,16 +90,25 @@ def create_tag(repo: Path, name: str, message: str, sign: bool = False) -> None:
     """An annotated tag on HEAD; with ``sign``, signed by git itself (``gpg.format`` ssh or openpgp,
     ``user.signingkey``), so a reader verifies it against their own allowed signers."""
     r = git(repo, "tag", "-s" if sign else "-a", name, "-m", message, "HEAD", check=False)
-    if r.returncode == 0 and sign and "-----BEGIN " not in git(repo, "cat-file", "tag", name, check=False).stdout:
+    if (
+        r.returncode == 0
+        and sign
+        and "-----BEGIN " not in git(repo, "cat-file", "tag", name, check=False).stdout
+    ):
         git(repo, "tag", "-d", name, check=False)  # git can leave an unsigned tag behind when signing fails
         r = subprocess.CompletedProcess(r.args, 1, r.stdout, r.stderr or "git made no signature")
     if r.returncode != 0:
         from harness.errors import RefusedError
 
-        raise RefusedError(f"git could not {'sign and ' if sign else ''}create tag {name}: "
-                           f"{r.stderr.strip()[-400:] or 'no detail'}"
-                           + ("; set up signing first (git config gpg.format ssh; git config user.signingkey KEY)"
-                              if sign else ""))
+        raise RefusedError(
+            f"git could not {'sign and ' if sign else ''}create tag {name}: "
+            f"{r.stderr.strip()[-400:] or 'no detail'}"
+            + (
+                "; set up signing first (git config gpg.format ssh; git config user.signingkey KEY)"
+                if sign
+                else ""
+            )
+        )
 
 
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
@@ -111,15 +122,32 @@ def anchor(repo: Path, remote: str, ref: str, protocol: str, freeze: str, seq: i
         last = git(repo, "log", "-1", "--format=%B", parent, check=False).stdout
         if f"\nseq {seq}\nsha256 {sha}\n" in last:  # already anchored
             return _push(repo, remote, ref)
-    subprocess.run(["git", "hash-object", "-t", "tree", "-w", "--stdin"], cwd=repo, input="", capture_output=True,
-                   text=True, check=False, env=env())  # the empty tree, in case this repository lacks it
+    subprocess.run(
+        ["git", "hash-object", "-t", "tree", "-w", "--stdin"],
+        cwd=repo,
+        input="",
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env(),
+    )  # the empty tree, in case this repository lacks it
     message = f"ledger head of protocol-{protocol}: seq {seq}\n\nprotocol {protocol}\nfreeze {freeze}\nseq {seq}\nsha256 {sha}\n"
     e = env()
     if not git(repo, "config", "user.email", check=False).stdout.strip():
-        e.update(GIT_AUTHOR_NAME="cotangent harness", GIT_AUTHOR_EMAIL="harness@localhost",
-                 GIT_COMMITTER_NAME="cotangent harness", GIT_COMMITTER_EMAIL="harness@localhost")
-    r = subprocess.run(["git", "commit-tree", EMPTY_TREE, *(["-p", parent] if parent else []), "-m", message],
-                       cwd=repo, capture_output=True, text=True, check=False, env=e)
+        e.update(
+            GIT_AUTHOR_NAME="cotangent harness",
+            GIT_AUTHOR_EMAIL="harness@localhost",
+            GIT_COMMITTER_NAME="cotangent harness",
+            GIT_COMMITTER_EMAIL="harness@localhost",
+        )
+    r = subprocess.run(
+        ["git", "commit-tree", EMPTY_TREE, *(["-p", parent] if parent else []), "-m", message],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=e,
+    )
     if r.returncode != 0:
         return f"git commit-tree failed: {r.stderr.strip()[-300:]}"
     upd = git(repo, "update-ref", ref, r.stdout.strip(), *([parent] if parent else []), check=False)
@@ -130,8 +158,15 @@ def anchor(repo: Path, remote: str, ref: str, protocol: str, freeze: str, seq: i
 
 def _push(repo: Path, remote: str, ref: str) -> str | None:
     try:
-        r = subprocess.run(["git", "push", "--quiet", remote, f"{ref}:{ref}"], cwd=repo, capture_output=True, text=True,
-                           check=False, env=env(), timeout=120)
+        r = subprocess.run(
+            ["git", "push", "--quiet", remote, f"{ref}:{ref}"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            check=False,
+            env=env(),
+            timeout=120,
+        )
     except subprocess.TimeoutExpired:
         return f"git push to {remote} timed out"
     return None if r.returncode == 0 else f"git push {remote} {ref} failed: {r.stderr.strip()[-300:]}"

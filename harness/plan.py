@@ -54,16 +54,36 @@ def make_plan(proto: Protocol) -> list[RunSpec]:
                 kind = "pair" if study.design == "paired" else "block"
                 unit = f"{study.name}.{config}.{kind}{si:03d}"
                 for pos, role in enumerate(orders[config][si]):
-                    arm = study.factorial.arm_of(role) if study.factorial is not None else \
-                        study.arms[0 if role == "baseline" else 1]
-                    runs.append(RunSpec(
-                        run_id=f"{unit}.{role}",
-                        protocol_id=proto.id, protocol_sha256=proto.sha256, study=study.name,
-                        design=study.design, config=config, config_sha256=cfg.sha256, arm=arm, role=role, seed=seed,
-                        unit=unit, position=pos, order=len(runs), steps=study.steps, val_every=study.val_every,
-                        val_target_bpb=study.val_target_bpb[config], corpus=corpus_name(proto.corpus), data_dir=proto.data_dir,
-                        device=proto.device, compile=proto.compile, threads=proto.threads,
-                    ))
+                    arm = (
+                        study.factorial.arm_of(role)
+                        if study.factorial is not None
+                        else study.arms[0 if role == "baseline" else 1]
+                    )
+                    runs.append(
+                        RunSpec(
+                            run_id=f"{unit}.{role}",
+                            protocol_id=proto.id,
+                            protocol_sha256=proto.sha256,
+                            study=study.name,
+                            design=study.design,
+                            config=config,
+                            config_sha256=cfg.sha256,
+                            arm=arm,
+                            role=role,
+                            seed=seed,
+                            unit=unit,
+                            position=pos,
+                            order=len(runs),
+                            steps=study.steps,
+                            val_every=study.val_every,
+                            val_target_bpb=study.val_target_bpb[config],
+                            corpus=corpus_name(proto.corpus),
+                            data_dir=proto.data_dir,
+                            device=proto.device,
+                            compile=proto.compile,
+                            threads=proto.threads,
+                        )
+                    )
     return runs
 
 

@@ -52,7 +52,9 @@ def _walk(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int], doc_path: P
             key = key_node.value
             if key in seen:
                 raise InputError(
-                    f"duplicate key {key!r}", file=str(doc_path), key=dotted(path + (key,)),
+                    f"duplicate key {key!r}",
+                    file=str(doc_path),
+                    key=dotted(path + (key,)),
                     line=key_node.start_mark.line + 1,
                 )
             seen.add(key)
@@ -80,7 +82,8 @@ def load(path: str | Path) -> Document:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         raise InputError(
-            f"invalid YAML: {getattr(e, 'problem', None) or e}", file=str(p),
+            f"invalid YAML: {getattr(e, 'problem', None) or e}",
+            file=str(p),
             line=mark.line + 1 if mark is not None else None,
         ) from e
     lines: dict[KeyPath, int] = {}
@@ -185,12 +188,19 @@ def audit_readable(doc: Document) -> None:
     try:
         theirs = yaml_subset(doc.raw.decode("utf-8"))
     except YamlError as e:
-        raise InputError(f"the public audit's YAML reader cannot read this file ({str(e).partition(': ')[2]}); "
-                         "write that line in a plainer form", file=str(doc.path), line=e.line) from e
+        raise InputError(
+            f"the public audit's YAML reader cannot read this file ({str(e).partition(': ')[2]}); "
+            "write that line in a plainer form",
+            file=str(doc.path),
+            line=e.line,
+        ) from e
     where = _first_difference(doc.data, theirs)
     if where is not None:
-        raise doc.error(where, "the public audit's YAML reader reads this value differently from yaml.safe_load "
-                               f"(audit: {_get(theirs, where)!r}); write it in a plainer form")
+        raise doc.error(
+            where,
+            "the public audit's YAML reader reads this value differently from yaml.safe_load "
+            f"(audit: {_get(theirs, where)!r}); write it in a plainer form",
+        )
 
 
 def _get(data: Any, path: KeyPath) -> Any:

@@ -36,9 +36,11 @@ It does not run training and does not check the weight files (they stay local); 
 Exit status 0 only if everything matched; otherwise 1, naming each file, field and value (2 for an
 argument it cannot use).
 
-The package, standard library only: ``cli`` (the command line, one folder's checks in order),
-``ledger`` (hashes, records, the chain), ``tag`` (git, the tag, the protocol it names), ``freeze``
-(protocol copies, what ran, time order), ``anchors`` (signature, anchored heads), ``corpora``,
-``plan`` (the plan and protocol summary recomputed), ``yamlsub`` and ``yamlflow`` (the YAML reader),
-``tdist``, ``descriptive``, ``hypotheses`` and ``recompute`` (the statistics and ``summary.json``).
+The package, standard library only: ``cli`` (the command line), ``folder`` (one folder's checks
+in order), ``ledger`` (hashes, records, the chain), ``tag`` (git, the tag, the protocol it names),
+``freeze`` (protocol copies, what ran, time order), ``anchors`` (signature, anchored heads),
+``corpora``, ``plan`` (the plan and protocol summary recomputed), ``yamlsub`` and ``yamlflow`` (the
+YAML reader), ``tdist``, ``descriptive``, ``ranks`` (the signed-rank test), ``hypotheses`` (each
+hypothesis' test), ``decisions`` (the family's decisions, sensitivity), ``attempts`` (which records
+count, the flow, completeness) and ``recompute`` (``summary.json`` recomputed and compared).
 """

@@ -11,15 +11,24 @@ ANCHOR_REF = "refs/ledger/"  # + protocol-<id>: the anchor commits `harness run 
 
 #: The lines that open a signature block in a git tag object (git's gpg-interface.c); the last
 #: such line begins the signature, what precedes it is the signed payload.
-SIG_STARTS = {"-----BEGIN SSH SIGNATURE-----": "SSH", "-----BEGIN PGP SIGNATURE-----": "OpenPGP",
-              "-----BEGIN PGP MESSAGE-----": "OpenPGP", "-----BEGIN SIGNED MESSAGE-----": "X.509"}
+SIG_STARTS = {
+    "-----BEGIN SSH SIGNATURE-----": "SSH",
+    "-----BEGIN PGP SIGNATURE-----": "OpenPGP",
+    "-----BEGIN PGP MESSAGE-----": "OpenPGP",
+    "-----BEGIN SIGNED MESSAGE-----": "X.509",
+}
 
 
 def _isolated_env() -> dict:
     """An environment in which git and ssh-keygen read no system, global or inherited configuration."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    return {**env, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
-            "GIT_NO_REPLACE_OBJECTS": "1", "GIT_TERMINAL_PROMPT": "0"}
+    return {
+        **env,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_NO_REPLACE_OBJECTS": "1",
+        "GIT_TERMINAL_PROMPT": "0",
+    }
 
 
 def split_signature(raw: bytes) -> tuple[bytes, bytes, str | None]:
@@ -37,8 +46,9 @@ def split_signature(raw: bytes) -> tuple[bytes, bytes, str | None]:
 
 
 def _ssh_keygen(args: list[str], stdin: bytes) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(["ssh-keygen", *args], input=stdin, capture_output=True, check=False,
-                          env=_isolated_env())
+    return subprocess.run(
+        ["ssh-keygen", *args], input=stdin, capture_output=True, check=False, env=_isolated_env()
+    )
 
 
 def check_signature(root: str, truth: dict, signers: str | None) -> tuple[list[str], str]:
@@ -50,18 +60,22 @@ def check_signature(root: str, truth: dict, signers: str | None) -> tuple[list[s
     if not truth.get("tagged"):
         return [], "no tag"
     if signers is None:
-        return [], ("signed, not verified (pass --allowed-signers FILE)" if truth.get("signed")
-                    else "not signed")
+        return [], (
+            "signed, not verified (pass --allowed-signers FILE)" if truth.get("signed") else "not signed"
+        )
     if not truth.get("signed"):
-        return [f"tag {truth['tag']} is not signed; --allowed-signers needs a tag made by harness tag "
-                "--sign"], "unsigned"
+        return [
+            f"tag {truth['tag']} is not signed; --allowed-signers needs a tag made by harness tag --sign"
+        ], "unsigned"
     tag = truth["tag"]
     payload, sig, kind = split_signature(truth.get("tag_raw") or b"")
     if kind != "SSH":
         what = f"an {kind} signature" if kind else "no signature block git recognises"
-        return [f"tag {tag}: the tag object carries {what}, not an SSH signature "
-                f"(-----BEGIN SSH SIGNATURE-----); --allowed-signers {signers} verifies SSH signatures "
-                "only"], "not an SSH signature"
+        return [
+            f"tag {tag}: the tag object carries {what}, not an SSH signature "
+            f"(-----BEGIN SSH SIGNATURE-----); --allowed-signers {signers} verifies SSH signatures "
+            "only"
+        ], "not an SSH signature"
     allowed = os.path.abspath(signers)
     import tempfile
 
@@ -72,11 +86,14 @@ def check_signature(root: str, truth: dict, signers: str | None) -> tuple[list[s
         try:
             found = _ssh_keygen(["-Y", "find-principals", "-f", allowed, "-s", sig_path], b"")
             principals = found.stdout.decode("utf-8", "replace").split() if found.returncode == 0 else []
-            why = (found.stderr.decode("utf-8", "replace").strip().splitlines()
-                   or ["no principal matches its key"])[-1]
+            why = (
+                found.stderr.decode("utf-8", "replace").strip().splitlines()
+                or ["no principal matches its key"]
+            )[-1]
             for who in principals:
-                r = _ssh_keygen(["-Y", "verify", "-f", allowed, "-I", who, "-n", "git", "-s", sig_path],
-                                payload)
+                r = _ssh_keygen(
+                    ["-Y", "verify", "-f", allowed, "-I", who, "-n", "git", "-s", sig_path], payload
+                )
                 if r.returncode == 0:
                     return [], f"good SSH signature by {who}, allowed by {signers}"
                 why = (r.stderr.decode("utf-8", "replace").strip().splitlines() or ["no detail"])[-1]
@@ -113,13 +130,17 @@ def check_anchor(root: str, truth: dict, records: list[dict], remote: str) -> tu
         if truth.get("freeze") and freeze != truth["freeze"]:
             out.append(f"anchor {commit[:12]} ({when}): freeze {str(freeze)[:16]} is not the tag's")
         if seq < last:
-            out.append(f"anchor {commit[:12]} ({when}): seq {seq} after an anchored seq {last}: the chain "
-                       "was cut back")
+            out.append(
+                f"anchor {commit[:12]} ({when}): seq {seq} after an anchored seq {last}: the chain "
+                "was cut back"
+            )
         got = by_seq.get(seq)
         if got != sha:
-            out.append(f"anchored head seq {seq} sha256 {sha[:16]} (anchor {commit[:12]}, {when}): the "
-                       f"records hold {got[:16] if got else 'no record'} there: history was rewritten after "
-                       "it was anchored")
+            out.append(
+                f"anchored head seq {seq} sha256 {sha[:16]} (anchor {commit[:12]}, {when}): the "
+                f"records hold {got[:16] if got else 'no record'} there: history was rewritten after "
+                "it was anchored"
+            )
         last = max(last, seq)
     n = max(by_seq, default=0)
     return out, f"{len(heads)} anchored heads in {ref} fetched from {url}, up to seq {last} of {n}", last
@@ -137,8 +158,9 @@ def fetch_anchor(remote: str, ref: str) -> tuple[str | None, str]:
 
     def git_in(where: str, *args: str) -> str | None:
         try:
-            r = subprocess.run(["git", "--no-replace-objects", *args], cwd=where, capture_output=True,
-                               check=False, env=env)
+            r = subprocess.run(
+                ["git", "--no-replace-objects", *args], cwd=where, capture_output=True, check=False, env=env
+            )
         except OSError:
             return None
         return r.stdout.decode("utf-8", "replace") if r.returncode == 0 else None
@@ -148,8 +170,20 @@ def fetch_anchor(remote: str, ref: str) -> tuple[str | None, str]:
         if git_in(tmp, "init", "--quiet", "--bare", bare) is None:
             return None, remote
         url = (git_in(bare, "ls-remote", "--get-url", remote) or remote).strip() or remote
-        if remote.startswith("-") or git_in(bare, "fetch", "--quiet", "--no-tags", "--no-write-fetch-head",
-                                            remote, f"+{ref}:refs/audit/{ref[5:]}") is None:
+        if (
+            remote.startswith("-")
+            or git_in(
+                bare,
+                "fetch",
+                "--quiet",
+                "--no-tags",
+                "--no-write-fetch-head",
+                remote,
+                f"+{ref}:refs/audit/{ref[5:]}",
+            )
+            is None
+        ):
             return None, url
-        return git_in(bare, "log", "--first-parent", "--format=%H%x00%cI%x00%B%x01",
-                      f"refs/audit/{ref[5:]}") or "", url
+        return git_in(
+            bare, "log", "--first-parent", "--format=%H%x00%cI%x00%B%x01", f"refs/audit/{ref[5:]}"
+        ) or "", url

@@ -21,13 +21,15 @@ def corpus_splits(root: str, corpus: dict) -> tuple[dict | None, list[str]]:
     with open(path, "rb") as f:
         data = f.read()
     if sha256(data) != corpus["file"]["sha256"] or len(data) != corpus["file"]["size"]:
-        return None, [f"{path}: {len(data)} bytes, sha256 {sha256(data)}; the protocol pins "
-                      f"{corpus['file']['size']} bytes, sha256 {corpus['file']['sha256']}"]
+        return None, [
+            f"{path}: {len(data)} bytes, sha256 {sha256(data)}; the protocol pins "
+            f"{corpus['file']['size']} bytes, sha256 {corpus['file']['sha256']}"
+        ]
     cuts, acc = [0], Fraction(0)
     for s in ("train", "valid", "test"):
         acc += Fraction(repr(float(corpus["split"][s])))
         cuts.append(len(data) * acc.numerator // acc.denominator)
-    return {s: sha256(data[cuts[i]:cuts[i + 1]]) for i, s in enumerate(("train", "valid", "test"))}, []
+    return {s: sha256(data[cuts[i] : cuts[i + 1]]) for i, s in enumerate(("train", "valid", "test"))}, []
 
 
 def check_corpus(root: str, proto: dict, records: list[dict]) -> tuple[list[str], str]:
@@ -39,8 +41,10 @@ def check_corpus(root: str, proto: dict, records: list[dict]) -> tuple[list[str]
             seen.setdefault(json.dumps(got, sort_keys=True), []).append(record_name(r))
     found = []
     if len(seen) > 1:
-        found.append(f"records read {len(seen)} different corpora: " + "; ".join(
-            f"{v[0]} and {len(v) - 1} more: {k}" for k, v in seen.items()))
+        found.append(
+            f"records read {len(seen)} different corpora: "
+            + "; ".join(f"{v[0]} and {len(v) - 1} more: {k}" for k, v in seen.items())
+        )
     corpus = proto.get("corpus")
     name = corpus["name"] if isinstance(corpus, dict) else corpus
     detail = f"{name}: {sum(map(len, seen.values()))} runs read one set of split hashes"
@@ -48,10 +52,15 @@ def check_corpus(root: str, proto: dict, records: list[dict]) -> tuple[list[str]
         want, found_pins = corpus_splits(root, corpus)
         found += found_pins
         if want is not None:
-            found += [f"{v[0]}: corpus split hashes {k} differ from the protocol's pins "
-                      f"{json.dumps(want, sort_keys=True)}" for k, v in seen.items() if json.loads(k) != want]
+            found += [
+                f"{v[0]}: corpus split hashes {k} differ from the protocol's pins "
+                f"{json.dumps(want, sort_keys=True)}"
+                for k, v in seen.items()
+                if json.loads(k) != want
+            ]
             detail += ", the protocol's pins"
         else:
-            detail += (f" (the pinned file {corpus['file']['path']} is not in this checkout: pins not "
-                       "recomputed)")
+            detail += (
+                f" (the pinned file {corpus['file']['path']} is not in this checkout: pins not recomputed)"
+            )
     return found, detail

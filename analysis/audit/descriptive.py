@@ -17,8 +17,19 @@ def interval(values: list[float], level: float, estimand: str) -> dict:
     var = math.fsum((x - m) ** 2 for x in values) / (n - 1)
     se = math.sqrt(var / n)
     t = student_t_ppf((1.0 + level) / 2.0, n - 1)
-    out = {"estimand": estimand, "estimate": m, "low": m - t * se, "high": m + t * se, "df": n - 1, "n": n,
-           "standard_error": se, "level": level, "ratio": None, "ratio_low": None, "ratio_high": None}
+    out = {
+        "estimand": estimand,
+        "estimate": m,
+        "low": m - t * se,
+        "high": m + t * se,
+        "df": n - 1,
+        "n": n,
+        "standard_error": se,
+        "level": level,
+        "ratio": None,
+        "ratio_low": None,
+        "ratio_high": None,
+    }
     if estimand in ("log_ratio", "relative_reduction"):
         out.update(ratio=math.exp(m), ratio_low=math.exp(m - t * se), ratio_high=math.exp(m + t * se))
     if estimand == "relative_reduction":
@@ -45,17 +56,28 @@ def paired(b: list[float], c: list[float], level: float, estimand: str) -> dict 
 
 
 def number(x: object, positive: bool) -> bool:
-    return (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-            and (x > 0 or not positive))
+    return (
+        isinstance(x, (int, float))
+        and not isinstance(x, bool)
+        and math.isfinite(x)
+        and (x > 0 or not positive)
+    )
 
 
 def endpoint(b0: list, c0: list, level: float, estimand: str) -> dict:
-    ok = [(x, y) for x, y in zip(b0, c0)
-          if number(x, estimand != "difference") and number(y, estimand != "difference")]
+    ok = [
+        (x, y)
+        for x, y in zip(b0, c0)
+        if number(x, estimand != "difference") and number(y, estimand != "difference")
+    ]
     b, c = [x for x, _ in ok], [y for _, y in ok]
-    return {"pairs": len(b), "invalid_pairs": len(b0) - len(b),
-            "baseline_mean": math.fsum(b) / len(b) if b else None,
-            "candidate_mean": math.fsum(c) / len(c) if c else None, "interval": paired(b, c, level, estimand)}
+    return {
+        "pairs": len(b),
+        "invalid_pairs": len(b0) - len(b),
+        "baseline_mean": math.fsum(b) / len(b) if b else None,
+        "candidate_mean": math.fsum(c) / len(c) if c else None,
+        "interval": paired(b, c, level, estimand),
+    }
 
 
 def peak(r: dict) -> float | None:
@@ -82,8 +104,16 @@ def two_groups(a: list[float], b: list[float], level: float, half: bool) -> dict
     se = k * math.sqrt((ss1 + ss2) / df * (1 / n1 + 1 / n2))
     q = student_t_ppf((1 + level) / 2, df)
     p = 2 * student_t_sf(abs(est / se), df) if se > 0 else (1.0 if est == 0 else 0.0)
-    return {"estimate": est, "standard_error": se, "low": est - q * se, "high": est + q * se, "df": df,
-            "level": level, "p_value": p, "n": [n1, n2]}
+    return {
+        "estimate": est,
+        "standard_error": se,
+        "low": est - q * se,
+        "high": est + q * se,
+        "df": df,
+        "level": level,
+        "p_value": p,
+        "n": [n1, n2],
+    }
 
 
 def crossover(pairs: list[dict], level: float) -> dict | None:
@@ -93,8 +123,10 @@ def crossover(pairs: list[dict], level: float) -> dict | None:
         return None
     d = lambda p: math.log(p["candidate_training_s"] / p["baseline_training_s"])  # noqa: E731
     s = lambda p: math.log(p["candidate_training_s"]) + math.log(p["baseline_training_s"])  # noqa: E731
-    return {"period": two_groups([d(p) for p in ab], [d(p) for p in ba], level, True),
-            "carryover": two_groups([s(p) for p in ab], [s(p) for p in ba], level, False)}
+    return {
+        "period": two_groups([d(p) for p in ab], [d(p) for p in ba], level, True),
+        "carryover": two_groups([s(p) for p in ab], [s(p) for p in ba], level, False),
+    }
 
 
 def drift(pairs: list[dict], level: float) -> dict | None:
@@ -112,15 +144,25 @@ def drift(pairs: list[dict], level: float) -> dict | None:
     se = math.sqrt(math.fsum((b - b0 - b1 * a) ** 2 for a, b in zip(x, y)) / df / sxx)
     q = student_t_ppf((1 + level) / 2, df)
     p = 2 * student_t_sf(abs(b1 / se), df) if se > 0 else (1.0 if b1 == 0 else 0.0)
-    return {"slope": b1, "intercept": b0, "standard_error": se, "low": b1 - q * se, "high": b1 + q * se,
-            "df": df, "level": level, "p_value": p, "points": [[a, b] for a, b in zip(x, y)]}
+    return {
+        "slope": b1,
+        "intercept": b0,
+        "standard_error": se,
+        "low": b1 - q * se,
+        "high": b1 + q * se,
+        "df": df,
+        "level": level,
+        "p_value": p,
+        "points": [[a, b] for a, b in zip(x, y)],
+    }
 
 
 def by_device(pairs: list[dict], level: float) -> dict | None:
     groups: dict = {}
     for p in pairs:
         groups.setdefault(p["device"], []).append(
-            math.log(p["candidate_training_s"] / p["baseline_training_s"]))
+            math.log(p["candidate_training_s"] / p["baseline_training_s"])
+        )
     if len(groups) < 2:
         return None
     rows = []
@@ -142,8 +184,11 @@ def by_device(pairs: list[dict], level: float) -> dict | None:
     if n > k and ssw > 0:
         f = (ssb / (k - 1)) / (ssw / (n - k))
         d1, d2 = k - 1, n - k
-        het = {"F": f, "df": [d1, d2],
-               "p_value": betainc_reg(d2 / 2, d1 / 2, d2 / (d2 + d1 * f), d1 * f / (d2 + d1 * f))}
+        het = {
+            "F": f,
+            "df": [d1, d2],
+            "p_value": betainc_reg(d2 / 2, d1 / 2, d2 / (d2 + d1 * f), d1 * f / (d2 + d1 * f)),
+        }
     return {"devices": rows, "heterogeneity": het}
 
 
@@ -159,8 +204,17 @@ def positions(blocks: list[dict], level: float, cells: tuple | list = CELLS) -> 
         m = math.fsum(res) / len(res)
         se = math.sqrt(math.fsum((v - m) ** 2 for v in res) / (len(res) - 1) / len(res))
         q = student_t_ppf((1 + level) / 2, len(res) - 1)
-        out.append({"position": pos + 1, "estimate": m, "standard_error": se, "low": m - q * se,
-                    "high": m + q * se, "df": len(res) - 1, "level": level})
+        out.append(
+            {
+                "position": pos + 1,
+                "estimate": m,
+                "standard_error": se,
+                "low": m - q * se,
+                "high": m + q * se,
+                "df": len(res) - 1,
+                "level": level,
+            }
+        )
     return out
 
 
@@ -168,10 +222,14 @@ def magnitude_problem(groups: list[list[float]]) -> str | None:
     """analysis.ttests.magnitude_problem: deviations whose squares a double cannot hold."""
     top = max(abs(x) for g in groups for x in g)
     if top > 1e150:
-        return (f"extreme magnitudes: per-pair values up to {top:.3g}, beyond 1e+150, whose squares overflow "
-                "a double")
+        return (
+            f"extreme magnitudes: per-pair values up to {top:.3g}, beyond 1e+150, whose squares overflow "
+            "a double"
+        )
     dev = max(abs(x - math.fsum(g) / len(g)) for g in groups for x in g)
     if 0 < dev < 1e-150:
-        return (f"extreme magnitudes: the per-pair values deviate from their mean by at most {dev:.3g}, "
-                "below 1e-150, whose squares underflow a double")
+        return (
+            f"extreme magnitudes: the per-pair values deviate from their mean by at most {dev:.3g}, "
+            "below 1e-150, whose squares underflow a double"
+        )
     return None

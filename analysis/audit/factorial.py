@@ -47,11 +47,19 @@ def williams(n: int) -> list[tuple[int, ...]]:
 def effects(factors: list) -> list[tuple[str, tuple[int, ...]]]:
     """Effect names and their factors: ``<second level>_<factor>``; ``interaction`` (2 factors) or
     ``interaction_<f>_<g>...``."""
-    out: list[tuple[str, tuple[int, ...]]] = [(f"{levels[1]}_{name}", (j,)) for j, (name, levels) in enumerate(factors)]
+    out: list[tuple[str, tuple[int, ...]]] = [
+        (f"{levels[1]}_{name}", (j,)) for j, (name, levels) in enumerate(factors)
+    ]
     for size in range(2, len(factors) + 1):
         for s in combinations(range(len(factors)), size):
-            out.append(("interaction" if len(factors) == 2 else
-                        "interaction_" + "_".join(factors[j][0] for j in s), s))
+            out.append(
+                (
+                    "interaction"
+                    if len(factors) == 2
+                    else "interaction_" + "_".join(factors[j][0] for j in s),
+                    s,
+                )
+            )
     return out
 
 

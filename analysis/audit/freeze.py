@@ -36,8 +36,10 @@ def _differences(want: dict, got: dict, prefix: str) -> list[str]:
         elif isinstance(want[k], dict) and isinstance(got[k], dict):
             out += _differences(want[k], got[k], f"{prefix}.{k}")
         elif not _same(want[k], got[k]):
-            out.append(f"{prefix}.{k} = {json.dumps(got[k], sort_keys=True)[:120]}, the tagged protocol's is "
-                       f"{json.dumps(want[k], sort_keys=True)[:120]}")
+            out.append(
+                f"{prefix}.{k} = {json.dumps(got[k], sort_keys=True)[:120]}, the tagged protocol's is "
+                f"{json.dumps(want[k], sort_keys=True)[:120]}"
+            )
     return out
 
 
@@ -54,8 +56,10 @@ def check_protocol_copies(truth: dict, records: list[dict], manifest: dict) -> l
             frozen = truth["manifest"].get("plugins") or {}
             shas = {k: (v or {}).get("sha256") for k, v in plugins.items()}
             if shas != frozen:
-                out.append(f"{record_name(r)}: field protocol.plugins {shas} differs from the tag's manifest "
-                           f"{frozen}")
+                out.append(
+                    f"{record_name(r)}: field protocol.plugins {shas} differs from the tag's manifest "
+                    f"{frozen}"
+                )
     mp = manifest.get("protocol")
     if isinstance(mp, dict):
         got = {k: v for k, v in mp.items() if k not in FROZEN_FIELDS}
@@ -70,29 +74,41 @@ def check_freeze(root: str, truth: dict, records: list[dict], plan_sha: str | No
     problems: list[str] = []
     names = sorted({r["protocol"].get("sha256") for r in records} - {truth.get("sha256")}, key=str)
     if names:
-        problems.append(f"tag {tag}: the protocol file at the tag ({truth.get('path')}, sha256 "
-                        f"{str(truth.get('sha256'))[:16]}) is not the protocol the records name "
-                        f"({str(names[0])[:16]})")
+        problems.append(
+            f"tag {tag}: the protocol file at the tag ({truth.get('path')}, sha256 "
+            f"{str(truth.get('sha256'))[:16]}) is not the protocol the records name "
+            f"({str(names[0])[:16]})"
+        )
     if plan_sha is not None and (m.get("plan") or {}).get("sha256") != plan_sha:
-        problems.append(f"tag {tag}: the freeze manifest's plan sha256 differs from the plan recomputed from "
-                        "the protocol")
+        problems.append(
+            f"tag {tag}: the freeze manifest's plan sha256 differs from the plan recomputed from the protocol"
+        )
     for c, sha in sorted((truth.get("config_sha") or {}).items()):
         if (m.get("configs") or {}).get(c) != sha:
-            problems.append(f"tag {tag}: configuration {c} at the tagged commit (sha256 {sha[:16]}) is not "
-                            "the one its manifest names")
+            problems.append(
+                f"tag {tag}: configuration {c} at the tagged commit (sha256 {sha[:16]}) is not "
+                "the one its manifest names"
+            )
     for r in records:
         p = r["protocol"]
-        for field, want in (("tag", tag), ("tag_commit", commit), ("tag_object", obj),
-                            ("freeze_sha256", truth["freeze"])):
+        for field, want in (
+            ("tag", tag),
+            ("tag_commit", commit),
+            ("tag_object", obj),
+            ("freeze_sha256", truth["freeze"]),
+        ):
             if p.get(field) != want:
-                problems.append(f"{record_name(r)}: field protocol.{field} = {p.get(field)!r}, the tag's is "
-                                f"{want}")
+                problems.append(
+                    f"{record_name(r)}: field protocol.{field} = {p.get(field)!r}, the tag's is {want}"
+                )
                 break
         else:
             made = _when(p.get("tag_created"))
             if made is None or truth.get("created") is None or abs(made - truth["created"]) > 1.0:
-                problems.append(f"{record_name(r)}: field protocol.tag_created = {p.get('tag_created')!r} is "
-                                f"not the tag's creation time")
+                problems.append(
+                    f"{record_name(r)}: field protocol.tag_created = {p.get('tag_created')!r} is "
+                    f"not the tag's creation time"
+                )
     return problems, f"{tag} (object {obj[:12]}, commit {commit[:12]}, freeze {truth['freeze'][:12]})"
 
 
@@ -109,8 +125,9 @@ def _tree(root: str, rev: str, exempt: list[str]) -> dict | None:
     return out
 
 
-def check_what_ran(root: str, truth: dict, records: list[dict],
-                   manifest: dict) -> tuple[list[str], list[str], str]:
+def check_what_ran(
+    root: str, truth: dict, records: list[dict], manifest: dict
+) -> tuple[list[str], list[str], str]:
     """Each record's commit holds the tag's frozen trees and its code hash is the tag's; MANIFEST's
     sources are the tagged files; the packages that compute are one version per study. Returns
     problems, notes (what varies between runs of one study anyway) and a description."""
@@ -124,36 +141,60 @@ def check_what_ran(root: str, truth: dict, records: list[dict],
             seen[commit] = _tree(root, commit, exempt) if isinstance(commit, str) else None
         got = seen[commit]
         if got is None:
-            problems.append(f"{record_name(r)}: field git.commit = {commit!r} is not a commit of this "
-                            "repository")
+            problems.append(
+                f"{record_name(r)}: field git.commit = {commit!r} is not a commit of this repository"
+            )
         elif got != trees:
             diff = sorted(k for k in set(got) | set(trees) if got.get(k) != trees.get(k))
-            problems.append(f"{record_name(r)}: field git.commit = {str(commit)[:12]} does not hold the frozen "
-                            f"trees of the tag's manifest (differs in {', '.join(diff)})")
+            problems.append(
+                f"{record_name(r)}: field git.commit = {str(commit)[:12]} does not hold the frozen "
+                f"trees of the tag's manifest (differs in {', '.join(diff)})"
+            )
     code = (m.get("code") or {}).get("harness")
     for r in records:
         env = r.get("env")
         if env is None and r.get("status") != "ok":
             continue
         if (env or {}).get("harness_sha256") != code:
-            problems.append(f"{record_name(r)}: field env.harness_sha256 = "
-                            f"{(env or {}).get('harness_sha256')!r}, the tag's manifest says the harness "
-                            f"code is {code}")
+            problems.append(
+                f"{record_name(r)}: field env.harness_sha256 = "
+                f"{(env or {}).get('harness_sha256')!r}, the tag's manifest says the harness "
+                f"code is {code}"
+            )
     # MANIFEST: its sources are the tagged files, its head is given
     sources = manifest.get("sources")
     if not isinstance(sources, dict):
         sources = {}
     want = {truth["path"]: truth["sha256"]}
-    listing = git_out(root, "ls-tree", "-r", "--name-only", truth["commit"], "--", "harness", "analysis",
-                      "configs", "verified") or ""
-    names = [n for n in listing.splitlines() if n.endswith((".py", ".c", ".yaml", ".json"))
-             and not (n.startswith("analysis/") and not n.endswith(".py")) and "__pycache__" not in n
-             and not (n.startswith("configs/") and not n.endswith(".yaml"))
-             and not (n.startswith("verified/") and not n.endswith(".json"))
-             and not (n.startswith("harness/") and not n.endswith((".py", ".c")))]
+    listing = (
+        git_out(
+            root,
+            "ls-tree",
+            "-r",
+            "--name-only",
+            truth["commit"],
+            "--",
+            "harness",
+            "analysis",
+            "configs",
+            "verified",
+        )
+        or ""
+    )
+    names = [
+        n
+        for n in listing.splitlines()
+        if n.endswith((".py", ".c", ".yaml", ".json"))
+        and not (n.startswith("analysis/") and not n.endswith(".py"))
+        and "__pycache__" not in n
+        and not (n.startswith("configs/") and not n.endswith(".yaml"))
+        and not (n.startswith("verified/") and not n.endswith(".json"))
+        and not (n.startswith("harness/") and not n.endswith((".py", ".c")))
+    ]
     if names:
-        batch = git_bytes(root, "cat-file", "--batch",
-                          stdin="".join(f"{truth['commit']}:{n}\n" for n in names).encode())
+        batch = git_bytes(
+            root, "cat-file", "--batch", stdin="".join(f"{truth['commit']}:{n}\n" for n in names).encode()
+        )
         pos = 0
         for n in names:
             if batch is None:
@@ -161,18 +202,27 @@ def check_what_ran(root: str, truth: dict, records: list[dict],
             nl = batch.index(b"\n", pos)
             header = batch[pos:nl].split()
             size = int(header[2]) if len(header) == 3 else 0
-            want[n] = sha256(batch[nl + 1:nl + 1 + size])
+            want[n] = sha256(batch[nl + 1 : nl + 1 + size])
             pos = nl + 1 + size + 1
     bad = sorted(n for n, s in want.items() if sources.get(n) != s)
     if bad:
-        problems.append(f"MANIFEST: sources {'lack' if any(n not in sources for n in bad) else 'differ in'} "
-                        f"{len(bad)} tagged file(s) ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})")
+        problems.append(
+            f"MANIFEST: sources {'lack' if any(n not in sources for n in bad) else 'differ in'} "
+            f"{len(bad)} tagged file(s) ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})"
+        )
     if any("ledger" in r for r in records) and not isinstance(manifest.get("ledger_head"), dict):
-        problems.append(f"MANIFEST: field ledger_head = {manifest.get('ledger_head')!r}; linked records need "
-                        "the head")
+        problems.append(
+            f"MANIFEST: field ledger_head = {manifest.get('ledger_head')!r}; linked records need the head"
+        )
     versions, notes = check_versions(records)
-    return problems + versions, notes, (f"{len(seen)} commit(s) hold the tag's {len(trees)} frozen trees; "
-                                        f"code {str(code)[:12]}; MANIFEST names {len(want)} tagged files")
+    return (
+        problems + versions,
+        notes,
+        (
+            f"{len(seen)} commit(s) hold the tag's {len(trees)} frozen trees; "
+            f"code {str(code)[:12]}; MANIFEST names {len(want)} tagged files"
+        ),
+    )
 
 
 #: What a run records about its machine and process that may differ between runs without the
@@ -191,8 +241,10 @@ def check_versions(records: list[dict]) -> tuple[list[str], list[str]]:
         for key in ("torch", "numpy"):
             vals = sorted({str(x["env"].get(key)) for x in rs})
             if len(vals) > 1:
-                problems.append(f"study {study}: the runs used {len(vals)} versions of {key} "
-                                f"({', '.join(vals)}); one study runs on one installation")
+                problems.append(
+                    f"study {study}: the runs used {len(vals)} versions of {key} "
+                    f"({', '.join(vals)}); one study runs on one installation"
+                )
         varied = []
         for key in VARYING:
             vals = sorted({json.dumps(x["env"].get(key), sort_keys=True) for x in rs if key in x["env"]})
@@ -201,9 +253,11 @@ def check_versions(records: list[dict]) -> tuple[list[str], list[str]]:
         arms: dict = {}
         for x in rs:
             arms.setdefault(x["spec"]["arm"], set()).add(
-                json.dumps((x.get("method_paths") or {}).get("phase_kernel")))
-        varied += [f"phase kernel of arm {a} ({len(v)} different)" for a, v in sorted(arms.items())
-                   if len(v) > 1]
+                json.dumps((x.get("method_paths") or {}).get("phase_kernel"))
+            )
+        varied += [
+            f"phase kernel of arm {a} ({len(v)} different)" for a, v in sorted(arms.items()) if len(v) > 1
+        ]
         if varied:
             notes.append(f"study {study}: varies between runs: {'; '.join(varied)}")
         found, named = check_phase_kernels(study, rs)
@@ -231,25 +285,43 @@ def check_phase_kernels(study: str, rs: list[dict]) -> tuple[list[str], str]:
         arms.setdefault(r["spec"]["arm"], {}).setdefault(_kernel_kind(r), []).append(r)
     for arm, kinds in sorted(arms.items()):
         if len(kinds) > 1:
-            parts = [f"{len(v)} {k or 'no phase kernel'} (e.g. {record_name(v[0])})" for k, v in sorted(
-                kinds.items(), key=lambda kv: str(kv[0]))]
-            problems.append(f"study {study}: the records of arm {arm} disagree on field "
-                            f"method_paths.phase_kernel: {', '.join(parts)}; one arm runs one code path")
+            parts = [
+                f"{len(v)} {k or 'no phase kernel'} (e.g. {record_name(v[0])})"
+                for k, v in sorted(kinds.items(), key=lambda kv: str(kv[0]))
+            ]
+            problems.append(
+                f"study {study}: the records of arm {arm} disagree on field "
+                f"method_paths.phase_kernel: {', '.join(parts)}; one arm runs one code path"
+            )
     libs: dict = {}
     for r in rs:
         if _kernel_kind(r) is not None:
             libs.setdefault((r.get("method_paths") or {}).get("phase_so_sha256"), []).append(r)
     if len(libs) > 1:
-        parts = [f"{str(k)[:16] if k else 'none'} ({record_name(v[0])}, {len(v)} record(s))"
-                 for k, v in sorted(libs.items(), key=lambda kv: str(kv[0]))]
-        problems.append(f"study {study}: field method_paths.phase_so_sha256 differs between runs: "
-                        f"{', '.join(parts)}")
+        parts = [
+            f"{str(k)[:16] if k else 'none'} ({record_name(v[0])}, {len(v)} record(s))"
+            for k, v in sorted(libs.items(), key=lambda kv: str(kv[0]))
+        ]
+        problems.append(
+            f"study {study}: field method_paths.phase_so_sha256 differs between runs: {', '.join(parts)}"
+        )
     named = []
     for arm, kinds in sorted(arms.items()):
         ks = sorted(kinds, key=str)
-        named.append(f"arm {arm}: " + (", ".join(
-            (str((kinds[k][0].get("method_paths") or {}).get("phase_kernel")) if k else
-             "none (no PackedAdamW)") + f" in {len(kinds[k])} record(s)" for k in ks)))
+        named.append(
+            f"arm {arm}: "
+            + (
+                ", ".join(
+                    (
+                        str((kinds[k][0].get("method_paths") or {}).get("phase_kernel"))
+                        if k
+                        else "none (no PackedAdamW)"
+                    )
+                    + f" in {len(kinds[k])} record(s)"
+                    for k in ks
+                )
+            )
+        )
     return problems, f"study {study}: phase kernel: {'; '.join(named)}"
 
 
@@ -266,20 +338,26 @@ def check_time(truth: dict, records: list[dict]) -> tuple[list[str], str]:
             out.append(f"tag {truth['tag']}: no tagger date")
         elif first is not None and created > first:
             r = min(starts, key=lambda x: x[0])[1]
-            out.append(f"tag {truth['tag']} was created at {_iso(created)}, after {record_name(r)} started "
-                       f"({r.get('started_at')}): the tag must precede every outcome")
+            out.append(
+                f"tag {truth['tag']} was created at {_iso(created)}, after {record_name(r)} started "
+                f"({r.get('started_at')}): the tag must precede every outcome"
+            )
     linked = sorted((r for r in records if "ledger" in r), key=lambda r: r["ledger"]["seq"])
     for a, b in zip(linked, linked[1:]):
         sa, sb = _when(a.get("started_at")), _when(b.get("started_at"))
         if sa is not None and sb is not None and sb < sa and _machine(a) == _machine(b):
-            out.append(f"ledger seq {b['ledger']['seq']} ({record_name(b)}) started at "
-                       f"{b.get('started_at')}, before seq {a['ledger']['seq']} on the same machine "
-                       f"({a.get('started_at')}): out of time order")
+            out.append(
+                f"ledger seq {b['ledger']['seq']} ({record_name(b)}) started at "
+                f"{b.get('started_at')}, before seq {a['ledger']['seq']} on the same machine "
+                f"({a.get('started_at')}): out of time order"
+            )
     for r in records:
         s, f = _when(r.get("started_at")), _when(r.get("finished_at"))
         if s is not None and f is not None and f < s:
-            out.append(f"{record_name(r)}: finished_at {r.get('finished_at')} precedes started_at "
-                       f"{r.get('started_at')}")
+            out.append(
+                f"{record_name(r)}: finished_at {r.get('finished_at')} precedes started_at "
+                f"{r.get('started_at')}"
+            )
     what = f"tag created {_iso(created)}; " if created is not None else ""
     return out, what + (f"first record started {_iso(first)}" if first is not None else "no start times")
 
@@ -292,5 +370,8 @@ def _iso(t: float) -> str:
 
 def _machine(r: dict) -> object:
     node = r.get("node")
-    return ((node or {}).get("id") if isinstance(node, dict) and node.get("id")
-            else (r.get("env") or {}).get("host"))
+    return (
+        (node or {}).get("id")
+        if isinstance(node, dict) and node.get("id")
+        else (r.get("env") or {}).get("host")
+    )

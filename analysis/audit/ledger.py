@@ -12,8 +12,9 @@ SCHEMAS = (1, 2, 3)
 
 
 def canonical(obj: object) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
+        "utf-8"
+    )
 
 
 def sha256(data: bytes) -> str:
@@ -60,35 +61,48 @@ def check_attempts(records: list[dict], started: list[dict]) -> list[str]:
         e = by_key.get(key)
         link = r.get("start") or {}
         if e is None:
-            out.append(f"{record_name(r)}: no started entry for run {key[0]} attempt {key[1]} (its start is "
-                       "not in the ledger: deleted, or the attempt was never announced)")
+            out.append(
+                f"{record_name(r)}: no started entry for run {key[0]} attempt {key[1]} (its start is "
+                "not in the ledger: deleted, or the attempt was never announced)"
+            )
             continue
         if link.get("sha256") != e["sha256"] or link.get("seq") != e["ledger"]["seq"]:
-            out.append(f"{record_name(r)}: field start = {link} does not name its started entry "
-                       f"(seq {e['ledger']['seq']}, sha256 {e['sha256'][:16]})")
+            out.append(
+                f"{record_name(r)}: field start = {link} does not name its started entry "
+                f"(seq {e['ledger']['seq']}, sha256 {e['sha256'][:16]})"
+            )
         elif e["ledger"]["seq"] >= r["ledger"]["seq"]:
-            out.append(f"{record_name(r)}: its started entry (seq {e['ledger']['seq']}) is not before it in "
-                       "the chain")
+            out.append(
+                f"{record_name(r)}: its started entry (seq {e['ledger']['seq']}) is not before it in "
+                "the chain"
+            )
         if r.get("unit_attempt", 1) != e.get("unit_attempt", 1):
-            out.append(f"{record_name(r)}: field unit_attempt = {r.get('unit_attempt')} differs from its "
-                       f"started entry's {e.get('unit_attempt')}")
+            out.append(
+                f"{record_name(r)}: field unit_attempt = {r.get('unit_attempt')} differs from its "
+                f"started entry's {e.get('unit_attempt')}"
+            )
         if r["status"] == "interrupted" and "at" in r["ledger"] and "at" in e["ledger"]:
             span = iso_seconds(r["ledger"]["at"]) - iso_seconds(e["ledger"]["at"])
             charged = (r.get("timings") or {}).get("device_s") or 0.0
             if charged > span + 1.0:
-                out.append(f"{record_name(r)}: an interrupted attempt charged {charged:.1f} device seconds, "
-                           f"more than the ledger's {span:.1f} s from its start to its record")
+                out.append(
+                    f"{record_name(r)}: an interrupted attempt charged {charged:.1f} device seconds, "
+                    f"more than the ledger's {span:.1f} s from its start to its record"
+                )
     return out
 
 
-def check_ledger(records: list[dict], manifest: dict, genesis: str,
-                 published: tuple[int, str] | None) -> list[str]:
+def check_ledger(
+    records: list[dict], manifest: dict, genesis: str, published: tuple[int, str] | None
+) -> list[str]:
     """The records as one hash chain; returns the breaks, the first one first."""
     out: list[str] = []
     unlinked = [record_name(r) for r in records if "ledger" not in r]
     if unlinked:
-        return [f"{len(unlinked)} record(s) have no ledger link (schema 1 records predate the ledger): "
-                f"{unlinked[0]}"]
+        return [
+            f"{len(unlinked)} record(s) have no ledger link (schema 1 records predate the ledger): "
+            f"{unlinked[0]}"
+        ]
     by_seq: dict = {}
     for r in records:
         by_seq.setdefault(r["ledger"]["seq"], []).append(r)
@@ -100,13 +114,17 @@ def check_ledger(records: list[dict], manifest: dict, genesis: str,
             prev = None
             continue
         if len(here) > 1:
-            out.append(f"ledger seq {seq}: {len(here)} records claim it "
-                       f"({', '.join(record_name(r) for r in here)}): inserted")
+            out.append(
+                f"ledger seq {seq}: {len(here)} records claim it "
+                f"({', '.join(record_name(r) for r in here)}): inserted"
+            )
         r = here[0]
         if prev is not None and r["ledger"]["prev"] != prev:
-            out.append(f"ledger seq {seq} ({record_name(r)}): prev {r['ledger']['prev'][:16]} is not the "
-                       f"sha256 of the record before it ({prev[:16]}): a record was edited and resealed, "
-                       "inserted, swapped or removed before it")
+            out.append(
+                f"ledger seq {seq} ({record_name(r)}): prev {r['ledger']['prev'][:16]} is not the "
+                f"sha256 of the record before it ({prev[:16]}): a record was edited and resealed, "
+                "inserted, swapped or removed before it"
+            )
         prev = r["sha256"]
     n = max(by_seq, default=0)
     head = manifest.get("ledger_head")
@@ -116,7 +134,9 @@ def check_ledger(records: list[dict], manifest: dict, genesis: str,
         seq, sha = published
         got = by_seq.get(seq)
         if not got or not got[0]["sha256"].startswith(sha):
-            out.append(f"published head seq {seq} sha256 {sha[:16]}: the records hold "
-                       f"{got[0]['sha256'][:16] if got else 'no record'} at that position: history was "
-                       "rewritten")
+            out.append(
+                f"published head seq {seq} sha256 {sha[:16]}: the records hold "
+                f"{got[0]['sha256'][:16] if got else 'no record'} at that position: history was "
+                "rewritten"
+            )
     return out

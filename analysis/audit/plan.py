@@ -3,8 +3,8 @@ summary every record copies, and the tally of planned runs against their records
 
 from __future__ import annotations
 
+from .attempts import analysed, latest_unit
 from .factorial import from_yaml, williams
-from .recompute import analysed, latest_unit
 
 
 def plan_from_protocol(doc: dict, protocol_sha: str, config_sha: dict) -> list[dict]:
@@ -44,18 +44,38 @@ def plan_from_protocol(doc: dict, protocol_sha: str, config_sha: dict) -> list[d
                 kind = "pair" if st["design"] == "paired" else "block"
                 unit = f"{st['name']}.{config}.{kind}{si:03d}"
                 for pos, role in enumerate(orders[config][si]):
-                    arm = cell_arms[cells.index(role)] if st["design"] == "factorial" else \
-                        arms[0 if role == "baseline" else 1]
-                    runs.append({
-                        "run_id": f"{unit}.{role}", "protocol_id": doc["id"], "protocol_sha256": protocol_sha,
-                        "study": st["name"], "design": st["design"], "config": config,
-                        "config_sha256": config_sha[config], "arm": arm, "role": role, "seed": seed,
-                        "unit": unit, "position": pos, "order": len(runs), "steps": st["steps"],
-                        "val_every": st["val_every"], "val_target_bpb": targets[config],
-                        "corpus": doc["corpus"]["name"] if isinstance(doc["corpus"], dict) else doc["corpus"],
-                        "data_dir": doc.get("data_dir"),
-                        "device": doc["device"], "compile": doc["compile"], "threads": doc.get("threads"),
-                    })
+                    arm = (
+                        cell_arms[cells.index(role)]
+                        if st["design"] == "factorial"
+                        else arms[0 if role == "baseline" else 1]
+                    )
+                    runs.append(
+                        {
+                            "run_id": f"{unit}.{role}",
+                            "protocol_id": doc["id"],
+                            "protocol_sha256": protocol_sha,
+                            "study": st["name"],
+                            "design": st["design"],
+                            "config": config,
+                            "config_sha256": config_sha[config],
+                            "arm": arm,
+                            "role": role,
+                            "seed": seed,
+                            "unit": unit,
+                            "position": pos,
+                            "order": len(runs),
+                            "steps": st["steps"],
+                            "val_every": st["val_every"],
+                            "val_target_bpb": targets[config],
+                            "corpus": doc["corpus"]["name"]
+                            if isinstance(doc["corpus"], dict)
+                            else doc["corpus"],
+                            "data_dir": doc.get("data_dir"),
+                            "device": doc["device"],
+                            "compile": doc["compile"],
+                            "threads": doc.get("threads"),
+                        }
+                    )
     return runs
 
 
@@ -68,16 +88,28 @@ def _resolved_tests(h: dict, studies: list[dict]) -> dict:
         cfg = t.get("config")
         if cfg is None:
             cfg = by_name[t["study"]]["configs"][0]
-        tests.append({"id": t["id"], "study": t["study"], "config": cfg, "endpoint": t["endpoint"],
-                      "estimand": t["estimand"], "type": t["type"], "margin": float(t.get("margin", 0.0)),
-                      "better": t["better"], "censoring": t.get("censoring"),
-                      "period_adjusted": t.get("period_adjusted", False),
-                      "restriction_s": float(t["restriction_s"]) if t.get("restriction_s") is not None
-                      else None})
-    return {"procedure": h["procedure"], "family_alpha": float(h["family_alpha"]),
-            "min_pairs": h["min_pairs"],
-            "decide_time_after_budget_stop": bool(h.get("decide_time_after_budget_stop", False)),
-            "tests": tests}
+        tests.append(
+            {
+                "id": t["id"],
+                "study": t["study"],
+                "config": cfg,
+                "endpoint": t["endpoint"],
+                "estimand": t["estimand"],
+                "type": t["type"],
+                "margin": float(t.get("margin", 0.0)),
+                "better": t["better"],
+                "censoring": t.get("censoring"),
+                "period_adjusted": t.get("period_adjusted", False),
+                "restriction_s": float(t["restriction_s"]) if t.get("restriction_s") is not None else None,
+            }
+        )
+    return {
+        "procedure": h["procedure"],
+        "family_alpha": float(h["family_alpha"]),
+        "min_pairs": h["min_pairs"],
+        "decide_time_after_budget_stop": bool(h.get("decide_time_after_budget_stop", False)),
+        "tests": tests,
+    }
 
 
 def expected_summary(doc: dict, psha: str, path: str) -> dict:
@@ -98,10 +130,18 @@ def expected_summary(doc: dict, psha: str, path: str) -> dict:
         if arms is None:
             raise ValueError(f"study {st['name']}: a paired study names its two arms (arms)")
         level = st.get("interval_level")
-        studies.append({"name": st["name"], "design": st["design"], "arms": list(arms),
-                        "configs": list(st["configs"]),
-                        "seeds": list(seeds), "interval_level": float(level) if level else top_level,
-                        "steps": st["steps"], **declared})
+        studies.append(
+            {
+                "name": st["name"],
+                "design": st["design"],
+                "arms": list(arms),
+                "configs": list(st["configs"]),
+                "seeds": list(seeds),
+                "interval_level": float(level) if level else top_level,
+                "steps": st["steps"],
+                **declared,
+            }
+        )
     corpus = doc["corpus"]
     if isinstance(corpus, dict):
         c: dict = {"name": corpus["name"]}
@@ -112,16 +152,28 @@ def expected_summary(doc: dict, psha: str, path: str) -> dict:
             c["split"] = {s: float(corpus["split"][s]) for s in ("train", "valid", "test")}
         corpus = c
     prereg = doc["preregistered"]
-    return {"id": doc["id"], "version": doc["version"], "sha256": psha, "path": path, "preregistered": prereg,
-            "tag": f"protocol-{doc['id']}" if prereg else None, "interval_level": top_level,
-            "hypotheses": _resolved_tests(doc["hypotheses"], studies),
-            "max_attempts": doc.get("max_attempts", 1), "launcher": doc.get("launcher", "spawn"),
-            "device": doc["device"], "compile": doc["compile"], "corpus": corpus,
-            "budget_device_seconds": float(doc["budget_device_seconds"]), "studies": studies}
+    return {
+        "id": doc["id"],
+        "version": doc["version"],
+        "sha256": psha,
+        "path": path,
+        "preregistered": prereg,
+        "tag": f"protocol-{doc['id']}" if prereg else None,
+        "interval_level": top_level,
+        "hypotheses": _resolved_tests(doc["hypotheses"], studies),
+        "max_attempts": doc.get("max_attempts", 1),
+        "launcher": doc.get("launcher", "spawn"),
+        "device": doc["device"],
+        "compile": doc["compile"],
+        "corpus": corpus,
+        "budget_device_seconds": float(doc["budget_device_seconds"]),
+        "studies": studies,
+    }
 
 
-def tally(plan: list[dict], records: list[dict],
-          open_: list[dict] | None = None) -> tuple[list[dict], int, list[str]]:
+def tally(
+    plan: list[dict], records: list[dict], open_: list[dict] | None = None
+) -> tuple[list[dict], int, list[str]]:
     """Per (study, configuration, arm): planned, ok (in the analysed unit attempt), failed, interrupted
     (recorded, or started with no record), missing, superseded; and out-of-order runs."""
     by_run: dict = {}
@@ -139,9 +191,20 @@ def tally(plan: list[dict], records: list[dict],
     rows: dict = {}
     missing_total = 0
     for s in plan:
-        row = rows.setdefault((s["study"], s["config"], s["arm"]),
-                              {"study": s["study"], "config": s["config"], "arm": s["arm"], "planned": 0,
-                               "ok": 0, "failed": 0, "interrupted": 0, "missing": 0, "superseded": 0})
+        row = rows.setdefault(
+            (s["study"], s["config"], s["arm"]),
+            {
+                "study": s["study"],
+                "config": s["config"],
+                "arm": s["arm"],
+                "planned": 0,
+                "ok": 0,
+                "failed": 0,
+                "interrupted": 0,
+                "missing": 0,
+                "superseded": 0,
+            },
+        )
         st = by_run.get(s["run_id"], [])
         row["planned"] += 1
         row["interrupted"] += interrupted.get(s["run_id"], 0)
@@ -155,8 +218,9 @@ def tally(plan: list[dict], records: list[dict],
             missing_total += 1
     order = {s["run_id"]: s["order"] for s in plan}
     flagged, highest = [], -1
-    linked = sorted((r for r in records if "ledger" in r and r["attempt"] == 1),
-                    key=lambda r: r["ledger"]["seq"])
+    linked = sorted(
+        (r for r in records if "ledger" in r and r["attempt"] == 1), key=lambda r: r["ledger"]["seq"]
+    )
     for r in linked:
         o = order.get(r["spec"]["run_id"], -1)
         if o < highest:
@@ -171,16 +235,19 @@ def plan_notes(directory: str, plan: list[dict], records: list[dict], open_: lis
     notes = []
     table, missing, flagged = tally(plan, records, open_)
     for t in table:
-        notes.append(f"{directory}: {t['study']} / {t['config']} / {t['arm']}: planned {t['planned']}, "
-                     f"ok {t['ok']}, failed {t['failed']}, interrupted {t['interrupted']}, "
-                     f"missing {t['missing']}, superseded {t['superseded']}")
+        notes.append(
+            f"{directory}: {t['study']} / {t['config']} / {t['arm']}: planned {t['planned']}, "
+            f"ok {t['ok']}, failed {t['failed']}, interrupted {t['interrupted']}, "
+            f"missing {t['missing']}, superseded {t['superseded']}"
+        )
     notes.extend(f"{directory}: out of plan order: {x}" for x in flagged)
     latest = latest_unit(records)
     for unit in sorted(u for u, k in latest.items() if k > 1):
-        n = sum(1 for r in records
-                if r["spec"]["unit"] == unit and r.get("unit_attempt", 1) < latest[unit])
-        notes.append(f"{directory}: unit {unit} ran again whole: analysed from its unit attempt "
-                     f"{latest[unit]}; {n} superseded attempt(s) kept")
+        n = sum(1 for r in records if r["spec"]["unit"] == unit and r.get("unit_attempt", 1) < latest[unit])
+        notes.append(
+            f"{directory}: unit {unit} ran again whole: analysed from its unit attempt "
+            f"{latest[unit]}; {n} superseded attempt(s) kept"
+        )
     if missing:
         notes.append(f"{directory}: INCOMPLETE: {missing} of {len(plan)} planned runs have no ok record")
     return notes

@@ -21,8 +21,14 @@ def _git_env() -> dict:
 
 def git_bytes(root: str, *args: str, stdin: bytes | None = None) -> bytes | None:
     try:
-        r = subprocess.run(["git", "--no-replace-objects", *args], cwd=root, capture_output=True, check=False,
-                           env=_git_env(), input=stdin)
+        r = subprocess.run(
+            ["git", "--no-replace-objects", *args],
+            cwd=root,
+            capture_output=True,
+            check=False,
+            env=_git_env(),
+            input=stdin,
+        )
     except OSError:
         return None
     return r.stdout if r.returncode == 0 else None
@@ -100,8 +106,9 @@ def object_id(root: str, kind: str, raw: bytes) -> str:
     return hashlib.new(algo, b"%s %d\x00" % (kind.encode(), len(raw)) + raw).hexdigest()
 
 
-def read_tag(root: str, tag: str, directory: str | None = None,
-             kept: tuple[str, bytes] | None = None) -> tuple[dict | None, list[str]]:
+def read_tag(
+    root: str, tag: str, directory: str | None = None, kept: tuple[str, bytes] | None = None
+) -> tuple[dict | None, list[str]]:
     """The tag object, its commit, creation time and freeze manifest, read with replace objects off.
     Without the ref (a clone that did not fetch tags), from the ``TAG`` file the records folder
     keeps: the same bytes, whose object id the records name and whose commit must be in the
@@ -109,34 +116,48 @@ def read_tag(root: str, tag: str, directory: str | None = None,
     kind = git_out(root, "cat-file", "-t", f"refs/tags/{tag}")
     stored = kept[1] if kept is not None and kept[0] == tag else None
     if kind is None and stored is None:
-        return None, [f"tag {tag} not found in the git repository at {root} (nor as {TAG_FILE} in "
-                      f"{directory})"]
+        return None, [
+            f"tag {tag} not found in the git repository at {root} (nor as {TAG_FILE} in {directory})"
+        ]
     if kind is not None and kind.strip() != "tag":
-        return None, [f"tag {tag} is a lightweight tag (no tag object, no freeze manifest): not made by "
-                      "harness tag"]
+        return None, [
+            f"tag {tag} is a lightweight tag (no tag object, no freeze manifest): not made by harness tag"
+        ]
     if kind is None:
         raw = stored or b""
         obj = object_id(root, "tag", raw)
         commit = raw.split(b"\n", 1)[0].split(b" ")[1].decode()
         if (git_out(root, "cat-file", "-t", commit) or "").strip() != "commit":
-            return None, [f"{directory}/{TAG_FILE}: tag {tag}'s commit {commit[:12]} is not in the git "
-                          "repository"]
+            return None, [
+                f"{directory}/{TAG_FILE}: tag {tag}'s commit {commit[:12]} is not in the git repository"
+            ]
     else:
         obj = (git_out(root, "rev-parse", f"refs/tags/{tag}") or "").strip()
         commit = (git_out(root, "rev-parse", f"{obj}^{{commit}}") or "").strip()
         raw = git_bytes(root, "cat-file", "tag", obj) or b""
         if stored is not None and stored != raw:
-            return None, [f"{directory}/{TAG_FILE} is not the object of the repository's tag {tag} "
-                          f"({obj[:12]})"]
+            return None, [
+                f"{directory}/{TAG_FILE} is not the object of the repository's tag {tag} ({obj[:12]})"
+            ]
     message = raw.decode("utf-8", "replace")
     m = parse_manifest(message)
     if m is None:
         return None, [f"tag {tag}: its message holds no readable freeze manifest"]
     if m.get("format") not in FREEZE_FORMATS:
-        return None, [f"tag {tag}: freeze manifest format {m.get('format')!r} is not one this audit reads "
-                      f"({', '.join(map(str, FREEZE_FORMATS))})"]
-    return {"tag": tag, "object": obj, "commit": commit, "created": _tagger_time(message), "manifest": m,
-            "freeze": sha256(canonical(m)), "signed": "-----BEGIN " in message, "tag_raw": raw}, []
+        return None, [
+            f"tag {tag}: freeze manifest format {m.get('format')!r} is not one this audit reads "
+            f"({', '.join(map(str, FREEZE_FORMATS))})"
+        ]
+    return {
+        "tag": tag,
+        "object": obj,
+        "commit": commit,
+        "created": _tagger_time(message),
+        "manifest": m,
+        "freeze": sha256(canonical(m)),
+        "signed": "-----BEGIN " in message,
+        "tag_raw": raw,
+    }, []
 
 
 def _configs_at(root: str, rev: str, ppath: str, names: list[str]) -> dict[str, bytes]:
@@ -172,8 +193,9 @@ def load_truth(root: str, directory: str, records: list[dict], manifest: dict) -
         mp = {}
     ids = {r["protocol"].get("id") for r in records} | {r["spec"].get("protocol_id") for r in records}
     ids |= {mp.get("id"), os.path.basename(os.path.normpath(directory))}
-    paths = sorted({p for p in {r["protocol"].get("path") for r in records} | {mp.get("path")}
-                    if isinstance(p, str)})
+    paths = sorted(
+        {p for p in {r["protocol"].get("path") for r in records} | {mp.get("path")} if isinstance(p, str)}
+    )
     claims = sorted({str(r["protocol"].get("id")) for r in records if r["protocol"].get("preregistered")})
     in_checkout = []
     for p in paths:
@@ -187,9 +209,16 @@ def load_truth(root: str, directory: str, records: list[dict], manifest: dict) -
                 in_checkout.append((p, d.get("id")))
                 ids.add(d.get("id"))
     kept = stored_tag(directory)
-    tags = sorted(f"protocol-{i}" for i in ids if isinstance(i, str) and i
-                  and (git_out(root, "rev-parse", "-q", "--verify", f"refs/tags/protocol-{i}") is not None
-                       or (kept is not None and kept[0] == f"protocol-{i}")))
+    tags = sorted(
+        f"protocol-{i}"
+        for i in ids
+        if isinstance(i, str)
+        and i
+        and (
+            git_out(root, "rev-parse", "-q", "--verify", f"refs/tags/protocol-{i}") is not None
+            or (kept is not None and kept[0] == f"protocol-{i}")
+        )
+    )
     truth: dict = {"tag": None, "tagged": False}
     if len(tags) > 1:
         problems.append(f"{directory}: the records name several tagged protocols ({', '.join(tags)})")
@@ -200,21 +229,31 @@ def load_truth(root: str, directory: str, records: list[dict], manifest: dict) -
             truth.update(info, tagged=True)
             mprot = info["manifest"].get("protocol") or {}
             path, want = mprot.get("path"), mprot.get("sha256")
-            blob = (git_bytes(root, "cat-file", "blob", f"{info['commit']}:{path}") if isinstance(path, str)
-                    else None)
+            blob = (
+                git_bytes(root, "cat-file", "blob", f"{info['commit']}:{path}")
+                if isinstance(path, str)
+                else None
+            )
             if blob is None or sha256(blob) != want:
-                problems.append(f"tag {tags[0]}: the file its manifest names ({path}) is not at the tagged "
-                                f"commit {info['commit'][:12]} with sha256 {str(want)[:16]}")
+                problems.append(
+                    f"tag {tags[0]}: the file its manifest names ({path}) is not at the tagged "
+                    f"commit {info['commit'][:12]} with sha256 {str(want)[:16]}"
+                )
             else:
                 truth.update(path=path, raw=blob, sha256=want)
         else:
             truth["tag"] = tags[0]
     elif in_checkout or claims:
-        why = (f"{in_checkout[0][0]} in this checkout says preregistered: true" if in_checkout
-               else "the records say preregistered: true")
+        why = (
+            f"{in_checkout[0][0]} in this checkout says preregistered: true"
+            if in_checkout
+            else "the records say preregistered: true"
+        )
         pid = in_checkout[0][1] if in_checkout else claims[0]
-        problems.append(f"{directory}: {why}, but there is no tag protocol-{pid} in {root}: nothing binds "
-                        "these records to a frozen experiment")
+        problems.append(
+            f"{directory}: {why}, but there is no tag protocol-{pid} in {root}: nothing binds "
+            "these records to a frozen experiment"
+        )
     # not preregistered: the checkout's file, as the records name it
     if "raw" not in truth and not truth["tagged"]:
         path = records[0]["protocol"].get("path")
@@ -235,13 +274,16 @@ def load_truth(root: str, directory: str, records: list[dict], manifest: dict) -
             truth["config_sha"] = {c: sha256(b) for c, b in blobs.items()}
             missing = [c for c in names if c not in blobs]
             if missing:
-                raise ValueError(f"configuration file(s) {', '.join(missing)} not found"
-                                 + (f" at the tagged commit {truth['commit'][:12]}" if truth.get("commit")
-                                    else ""))
+                raise ValueError(
+                    f"configuration file(s) {', '.join(missing)} not found"
+                    + (f" at the tagged commit {truth['commit'][:12]}" if truth.get("commit") else "")
+                )
             truth["summary"] = expected_summary(doc, truth["sha256"], truth["path"])
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-            problems.append(f"{truth['path']}{' at ' + truth['tag'] if truth['tag'] else ''}: the study "
-                            f"cannot be derived from the protocol ({type(e).__name__}: {e})")
+            problems.append(
+                f"{truth['path']}{' at ' + truth['tag'] if truth['tag'] else ''}: the study "
+                f"cannot be derived from the protocol ({type(e).__name__}: {e})"
+            )
             truth.pop("doc", None)
     return truth, problems
 
@@ -272,24 +314,32 @@ def check_sources(root: str, truth: dict, records: list[dict], manifest: dict) -
                 raw = open(path, "rb").read() if os.path.isfile(path) else None
                 where = path
             if raw is None:
-                out.append(f"{where}: source file listed in MANIFEST is missing"
-                           + ("" if rev else " from the checkout"))
+                out.append(
+                    f"{where}: source file listed in MANIFEST is missing"
+                    + ("" if rev else " from the checkout")
+                )
             elif sha256(raw) != digest:
                 out.append(f"{where}: source sha256 {sha256(raw)} differs from MANIFEST's {digest}")
         return out
 
     if truth.get("tagged"):
         found = problems_at(truth["commit"])
-        return found, (f"{len(sources)} files, {len(found)} problems, at the tagged commit "
-                       f"{truth['commit'][:12]}")
+        return found, (
+            f"{len(sources)} files, {len(found)} problems, at the tagged commit {truth['commit'][:12]}"
+        )
     found = problems_at(None)
     commits = {(r.get("git") or {}).get("commit") for r in records}
     head = (git_out(root, "rev-parse", "-q", "--verify", "HEAD") or "").strip()
     commit = next(iter(commits)) if len(commits) == 1 else None
     if found and head and isinstance(commit, str) and not problems_at(None, head):
         # later committed work, no uncommitted edit: the records' own commit
-        if (git_out(root, "cat-file", "-t", commit) or "").strip() == "commit" and not problems_at(commit) \
-                and git_out(root, "merge-base", "--is-ancestor", commit, "HEAD") is not None:
-            return [], (f"{len(sources)} files, 0 problems, at commit {commit[:12]}, which every record "
-                        "names (the checkout has changed since)")
+        if (
+            (git_out(root, "cat-file", "-t", commit) or "").strip() == "commit"
+            and not problems_at(commit)
+            and git_out(root, "merge-base", "--is-ancestor", commit, "HEAD") is not None
+        ):
+            return [], (
+                f"{len(sources)} files, 0 problems, at commit {commit[:12]}, which every record "
+                "names (the checkout has changed since)"
+            )
     return found, f"{len(sources)} files, {len(found)} problems, in this checkout"

@@ -9,18 +9,54 @@ import re
 #: YAML reads as text).
 _WS = " \t"
 
-_BOOL = {"yes": True, "Yes": True, "YES": True, "true": True, "True": True, "TRUE": True, "on": True,
-         "On": True, "ON": True, "no": False, "No": False, "NO": False, "false": False, "False": False,
-         "FALSE": False, "off": False, "Off": False, "OFF": False}
+_BOOL = {
+    "yes": True,
+    "Yes": True,
+    "YES": True,
+    "true": True,
+    "True": True,
+    "TRUE": True,
+    "on": True,
+    "On": True,
+    "ON": True,
+    "no": False,
+    "No": False,
+    "NO": False,
+    "false": False,
+    "False": False,
+    "FALSE": False,
+    "off": False,
+    "Off": False,
+    "OFF": False,
+}
 _NULL = ("", "~", "null", "Null", "NULL")
 _INT = re.compile(r"[-+]?(?:0b[0-1_]+|0[0-7_]+|(?:0|[1-9][0-9_]*)|0x[0-9a-fA-F_]+)")
 _FLOAT = re.compile(r"[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?)")
 _SPECIAL = re.compile(r"[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)")
-_UNSUPPORTED = re.compile(r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?"
-                          r"|[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}.*|<<|=")
-_ESCAPES = {"0": "\0", "a": "\a", "b": "\b", "t": "\t", "\t": "\t", "n": "\n", "v": "\v", "f": "\f",
-            "r": "\r", "e": "\x1b", " ": " ", '"': '"', "/": "/", "\\": "\\", "N": "\x85", "_": "\xa0",
-            "L": "\u2028", "P": "\u2029"}
+_UNSUPPORTED = re.compile(
+    r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?"
+    r"|[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}.*|<<|="
+)
+_ESCAPES = {
+    "0": "\0",
+    "a": "\a",
+    "b": "\b",
+    "t": "\t",
+    "\t": "\t",
+    "n": "\n",
+    "v": "\v",
+    "f": "\f",
+    "r": "\r",
+    "e": "\x1b",
+    " ": " ",
+    '"': '"',
+    "/": "/",
+    "\\": "\\",
+    "N": "\x85",
+    "_": "\xa0",
+    "L": "\u2028",
+    "P": "\u2029",
+}
 
 
 class YamlError(ValueError):
@@ -54,8 +90,11 @@ def _plain(text: str, line: int) -> object:
     if _SPECIAL.fullmatch(t):
         return float(t.lower().replace(".", ""))
     if _UNSUPPORTED.fullmatch(t) or t[:1] in "&*!%@`|>" or t.startswith(("- ", "? ")) or t in ("-", "?"):
-        raise YamlError(line, f"{t!r}: this form (sexagesimal, date, merge, anchor, alias, tag or reserved) "
-                              "is not read by the audit; write it as a plain number or quoted string")
+        raise YamlError(
+            line,
+            f"{t!r}: this form (sexagesimal, date, merge, anchor, alias, tag or reserved) "
+            "is not read by the audit; write it as a plain number or quoted string",
+        )
     return t
 
 
@@ -80,13 +119,13 @@ def _unescape(s: str, line: int) -> str:
             out.append(ch)
             i += 1
             continue
-        nxt = s[i + 1:i + 2]
+        nxt = s[i + 1 : i + 2]
         if nxt in _ESCAPES:
             out.append(_ESCAPES[nxt])
             i += 2
         elif nxt in ("x", "u", "U"):
             n = {"x": 2, "u": 4, "U": 8}[nxt]
-            digits = s[i + 2:i + 2 + n]
+            digits = s[i + 2 : i + 2 + n]
             if len(digits) != n or any(c not in "0123456789abcdefABCDEF" for c in digits):
                 raise YamlError(line, f"bad escape \\{nxt}{digits}")
             out.append(chr(int(digits, 16)))
@@ -102,7 +141,7 @@ def _quote_end(s: str, i: int) -> int:
     q = s[i]
     j = i + 1
     while j < len(s):
-        if q == "'" and s[j] == "'" and s[j + 1:j + 2] == "'":
+        if q == "'" and s[j] == "'" and s[j + 1 : j + 2] == "'":
             j += 2
             continue
         if q == '"' and s[j] == "\\":
@@ -171,19 +210,21 @@ def _flow(s: str, i: int, line: int) -> tuple[object, int]:
             elif i < len(s) and s[i] == close:
                 continue
             else:
-                raise YamlError(line, f"expected ',' or {close!r} in a flow collection at {s[i:i + 20]!r}")
+                raise YamlError(line, f"expected ',' or {close!r} in a flow collection at {s[i : i + 20]!r}")
     if i < len(s) and s[i] in "\"'":
         q = s[i]
         j = _quote_end(s, i)
         if j >= len(s):
             raise YamlError(line, "unterminated quoted scalar in a flow collection")
-        return _join_quoted(s[i + 1:j].split("\n"), q, line), j + 1
-    if i < len(s) and (s[i] in "&*!%@`" or s[i:i + 2] in ("? ", "?\n")):
-        raise YamlError(line, f"{s[i:i + 20]!r}: anchors, aliases, tags and complex keys are not read by the "
-                              "audit")
+        return _join_quoted(s[i + 1 : j].split("\n"), q, line), j + 1
+    if i < len(s) and (s[i] in "&*!%@`" or s[i : i + 2] in ("? ", "?\n")):
+        raise YamlError(
+            line, f"{s[i : i + 20]!r}: anchors, aliases, tags and complex keys are not read by the audit"
+        )
     j = i
-    while (j < len(s) and s[j] not in ",]}"
-           and not (s[j] == ":" and (j + 1 == len(s) or s[j + 1] in " \n,]}"))):
+    while (
+        j < len(s) and s[j] not in ",]}" and not (s[j] == ":" and (j + 1 == len(s) or s[j + 1] in " \n,]}"))
+    ):
         j += 1
     parts = [p.strip(_WS) for p in s[i:j].split("\n")]
     while parts and parts[-1] == "":

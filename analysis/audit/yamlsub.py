@@ -46,16 +46,16 @@ class _Reader:
             return None
         if s[:1] in "\"'":
             i = _quote_end(s, 0)
-            rest = s[i + 1:]
+            rest = s[i + 1 :]
             stripped = rest.lstrip(" ")
             if stripped.startswith(":") and (stripped[1:2] in ("", " ")):
-                return s[:i + 1], stripped[1:]
+                return s[: i + 1], stripped[1:]
             return None
         for i, ch in enumerate(s):
             if self._comment_at(s, i):
                 return None
             if ch == ":" and (i + 1 == len(s) or s[i + 1] in " \t"):
-                return s[:i], s[i + 1:]
+                return s[:i], s[i + 1 :]
         return None
 
     # -- nodes -------------------------------------------------------------------------------
@@ -152,8 +152,11 @@ class _Reader:
         plain, continued on the lines indented more than ``parent``."""
         line = self.n + 1
         if text[:1] in "&*!%@`" or text.startswith(("? ", "?\t")) or text.rstrip(_WS) == "?":
-            raise YamlError(line, f"{text.strip(_WS)[:40]!r}: anchors, aliases, tags and complex keys are not "
-                                  "read by the audit; write the value out")
+            raise YamlError(
+                line,
+                f"{text.strip(_WS)[:40]!r}: anchors, aliases, tags and complex keys are not "
+                "read by the audit; write the value out",
+            )
         if text[:1] in "|>":
             return self.block_scalar(text, parent)
         if text[:1] in "\"'":
@@ -177,8 +180,9 @@ class _Reader:
             if ind <= parent or body.startswith("#"):
                 break
             if self._key_split(body) is not None:
-                raise YamlError(self.n + 1, "a mapping entry inside a plain scalar (mapping values are not "
-                                            "allowed here)")
+                raise YamlError(
+                    self.n + 1, "a mapping entry inside a plain scalar (mapping values are not allowed here)"
+                )
             stripped = self._strip_plain(body)
             parts.append(stripped)
             self.n += 1
@@ -211,7 +215,7 @@ class _Reader:
             i, end = 0, None
             while i < len(buf):
                 if q == "'" and buf[i] == "'":
-                    if buf[i + 1:i + 2] == "'":
+                    if buf[i + 1 : i + 2] == "'":
                         i += 2
                         continue
                     end = i
@@ -225,7 +229,7 @@ class _Reader:
                 i += 1
             if end is not None:
                 parts.append(buf[:end])
-                after = buf[end + 1:].strip(_WS)
+                after = buf[end + 1 :].strip(_WS)
                 if after and not after.startswith("#"):
                     raise YamlError(self.n + 1, f"text after a quoted scalar: {after!r}")
                 self.n += 1
@@ -255,12 +259,12 @@ class _Reader:
                 ch = s[i]
                 if quote:
                     kept.append(ch)
-                    if quote == "'" and ch == "'" and s[i + 1:i + 2] == "'":
+                    if quote == "'" and ch == "'" and s[i + 1 : i + 2] == "'":
                         kept.append("'")
                         i += 2
                         continue
                     if quote == '"' and ch == "\\":
-                        kept.append(s[i + 1:i + 2])
+                        kept.append(s[i + 1 : i + 2])
                         i += 2
                         continue
                     if ch == quote:
@@ -277,7 +281,7 @@ class _Reader:
                         depth -= 1
                     kept.append(ch)
                     if depth == 0:
-                        rest = s[i + 1:].strip(_WS)
+                        rest = s[i + 1 :].strip(_WS)
                         if rest and not rest.startswith("#"):
                             raise YamlError(self.n + 1, f"text after a flow collection: {rest!r}")
                         done = True

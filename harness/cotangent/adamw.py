@@ -1,4 +1,5 @@
 """``PackedAdamW``: AdamW over flat buffers, bitwise ``torch.optim.AdamW(fused=True)``."""
+
 from __future__ import annotations
 
 import platform
@@ -124,7 +125,9 @@ class PackedAdamW(OnePass, torch.optim.Optimizer):
         for k, group in enumerate(groups):  # everything checked before anything is modified
             check_group(group, k, defaults)
         if release_grads == "auto":  # the OS can take pages back (madvise): gradient memory as native's
-            grad_bytes = sum(p.numel() * p.element_size() for g in groups for p in {id(q): q for q in g["params"]}.values())
+            grad_bytes = sum(
+                p.numel() * p.element_size() for g in groups for p in {id(q): q for q in g["params"]}.values()
+            )
             release_grads = platform.system() == "Linux" and grad_bytes >= RELEASE_MIN_BYTES
         self._release = bool(release_grads)
         self._backward_norms = bool(backward_norms)
@@ -173,8 +176,10 @@ class PackedAdamW(OnePass, torch.optim.Optimizer):
                         view.copy_(st[key])
                     elif key == "max_exp_avg_sq":
                         view.zero_()
-            pack.uniform_steps = all(len(set(g.steps.tolist())) <= 1 for g in pack.groups) and \
-                len({float(g.steps[0]) for g in pack.groups if len(g.index)}) <= 1
+            pack.uniform_steps = (
+                all(len(set(g.steps.tolist())) <= 1 for g in pack.groups)
+                and len({float(g.steps[0]) for g in pack.groups if len(g.index)}) <= 1
+            )
         self._build_plans()
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -234,10 +239,16 @@ class PackedAdamW(OnePass, torch.optim.Optimizer):
     def phase_kernel(self) -> str:
         """Which code runs :meth:`clip_step_zero_grad` when every gradient is present, and why."""
         plan = self._native_phase()
-        where = f"phase.c ({plan.kernel.describe()})" if plan is not None else f"torch kernels ({self._native_why})"
+        where = (
+            f"phase.c ({plan.kernel.describe()})"
+            if plan is not None
+            else f"torch kernels ({self._native_why})"
+        )
         back = self._pack.backward
         if back is not None:
-            where += "; norms in backward" if back.why_not is None else f"; norms in the phase ({back.why_not})"
+            where += (
+                "; norms in backward" if back.why_not is None else f"; norms in the phase ({back.why_not})"
+            )
         return where
 
     # -- public --------------------------------------------------------------------------

@@ -17,6 +17,7 @@ either), so a loop that changes gradients that way between backward and the phas
 ``p.grad.data.mul_(c)``) would be clipped with the norm backward saw. That is why the mode is
 opt-in: ``backward_norms=False`` (default) reads every gradient in the phase, whatever wrote it.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -42,7 +43,9 @@ def engages(device: torch.device, dtype: torch.dtype) -> bool:
     multi-tensor kernel whose per-tensor bits are not claimed here)."""
     if dtype not in exact_paths(device.type).bucketed_norm_dtypes:
         return False
-    return device.type == "cpu" or not native_uses_foreach([torch.empty(0, device="meta", dtype=dtype)], device, None)
+    return device.type == "cpu" or not native_uses_foreach(
+        [torch.empty(0, device="meta", dtype=dtype)], device, None
+    )
 
 
 class BackwardNorms:
@@ -84,7 +87,9 @@ class BackwardNorms:
     def fresh(self, i: int) -> bool:
         pack = self.pack
         return self.valid[i] and self.seen[i] == (
-            pack.grad_views[i]._version, pack.groups[pack.where[i][0]].grad._version)
+            pack.grad_views[i]._version,
+            pack.groups[pack.where[i][0]].grad._version,
+        )
 
     def collect(self) -> list[Tensor] | None:
         """Per group, the norms in packed order (stale ones computed again), or ``None`` when the

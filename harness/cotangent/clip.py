@@ -1,4 +1,5 @@
 """``clip_grad_norm_``: a drop-in for ``torch.nn.utils.clip_grad_norm_`` with batched norms."""
+
 from __future__ import annotations
 
 import types

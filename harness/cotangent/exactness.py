@@ -5,6 +5,7 @@ to be bitwise native; everything else takes the native path. ``harness verify --
 checks every path on a device and writes what matched to ``verified/<device>-torch<version>.json``,
 a file tracked with the study (so a protocol's tag freezes it).
 """
+
 from __future__ import annotations
 
 import json
@@ -68,7 +69,6 @@ def exact_paths(device_type: str) -> ExactPaths:
         paths = saved
     _SAVED[device_type] = paths
     return paths
-
 
 
 def saved_path(device_type: str) -> Path:

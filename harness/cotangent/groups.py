@@ -18,11 +18,21 @@ NATIVE_GROUP_KEYS: dict[str, Any] = {
 }
 
 
-def validated(lr: Any, betas: Any, eps: Any, weight_decay: Any, amsgrad: Any, maximize: Any) -> dict[str, Any]:
+def validated(
+    lr: Any, betas: Any, eps: Any, weight_decay: Any, amsgrad: Any, maximize: Any
+) -> dict[str, Any]:
     """Hyperparameters checked by native ``AdamW`` itself (built over a probe tensor, so every
     error is native's), returned in native's normal form (tensor betas as 0-dim tensors)."""
-    probe = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=lr, betas=betas, eps=eps,
-                              weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize, fused=True)
+    probe = torch.optim.AdamW(
+        [torch.zeros(1, requires_grad=True)],
+        lr=lr,
+        betas=betas,
+        eps=eps,
+        weight_decay=weight_decay,
+        amsgrad=amsgrad,
+        maximize=maximize,
+        fused=True,
+    )
     g = probe.param_groups[0]
     return {k: g[k] for k in ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")}
 
@@ -34,22 +44,32 @@ def check_group(group: dict[str, Any], k: int, defaults: dict[str, Any]) -> None
     if isinstance(group["params"], Tensor):
         group["params"] = [group["params"]]
     elif isinstance(group["params"], set):
-        raise TypeError("optimizer parameters need to be organized in ordered collections, but the ordering "
-                        "of tensors in sets will change between runs. Please use a list instead.")
+        raise TypeError(
+            "optimizer parameters need to be organized in ordered collections, but the ordering "
+            "of tensors in sets will change between runs. Please use a list instead."
+        )
     else:
         plist = list(group["params"])
         unique = list({id(p): p for p in plist}.values())
         if len(unique) != len(plist):
             import warnings
 
-            warnings.warn("optimizer contains a parameter group with duplicate parameters; each is packed and "
-                          "updated once", stacklevel=3)
+            warnings.warn(
+                "optimizer contains a parameter group with duplicate parameters; each is packed and "
+                "updated once",
+                stacklevel=3,
+            )
         group["params"] = unique
-    hyper = {key: group.get(key, defaults[key]) for key in ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")}
+    hyper = {
+        key: group.get(key, defaults[key])
+        for key in ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
+    }
     group.update({key: v for key, v in validated(**hyper).items() if key in group})
     for key, bad in (("foreach", True), ("capturable", True), ("differentiable", True), ("fused", False)):
         if key in group and group[key] is bad:
-            raise ValueError(f"parameter group {k}: {key}={bad} cannot be packed (PackedAdamW is the fused path)")
+            raise ValueError(
+                f"parameter group {k}: {key}={bad} cannot be packed (PackedAdamW is the fused path)"
+            )
     for i, p in enumerate(group["params"]):
         where = f"parameter {i} of group {k} (shape {tuple(p.shape) if isinstance(p, Tensor) else '?'})"
         if not isinstance(p, Tensor):
@@ -83,22 +103,34 @@ def step_hooks_registered(opt: torch.optim.Optimizer) -> bool:
     three calls, so that they run exactly as around ``step()``."""
     from torch.optim import optimizer as _optimizer
 
-    return bool(opt._optimizer_step_pre_hooks or opt._optimizer_step_post_hooks
-                or _optimizer._global_optimizer_pre_hooks or _optimizer._global_optimizer_post_hooks)
+    return bool(
+        opt._optimizer_step_pre_hooks
+        or opt._optimizer_step_post_hooks
+        or _optimizer._global_optimizer_pre_hooks
+        or _optimizer._global_optimizer_post_hooks
+    )
 
 
 def fused_kwargs(group: dict[str, Any], pg: int) -> dict[str, Any]:
     """Keyword arguments of ``torch._fused_adamw_`` for parameter group ``pg``, as native passes them."""
     for key in ("foreach", "capturable", "differentiable"):
         if group.get(key):
-            raise RuntimeError(f"PackedAdamW: parameter group {pg} sets {key}={group[key]!r}; only the fused "
-                               "path is packed")
+            raise RuntimeError(
+                f"PackedAdamW: parameter group {pg} sets {key}={group[key]!r}; only the fused path is packed"
+            )
     if group.get("fused") is False:
-        raise RuntimeError(f"PackedAdamW: parameter group {pg} sets fused=False; PackedAdamW is the fused path")
+        raise RuntimeError(
+            f"PackedAdamW: parameter group {pg} sets fused=False; PackedAdamW is the fused path"
+        )
     beta1, beta2 = (b.squeeze() if isinstance(b, Tensor) and b.dim() else b for b in group["betas"])
     return dict(
-        amsgrad=group["amsgrad"], lr=group["lr"], beta1=beta1, beta2=beta2,
-        weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
+        amsgrad=group["amsgrad"],
+        lr=group["lr"],
+        beta1=beta1,
+        beta2=beta2,
+        weight_decay=group["weight_decay"],
+        eps=group["eps"],
+        maximize=group["maximize"],
     )
 
 

@@ -4,6 +4,7 @@ Parameters with equal element count ``K`` form a bucket reduced as one ``B x (K/
 the scalar norms are put back in the order native clipping stacks them, and the final reduction
 and the clip coefficient are native's (``torch.nn.utils.get_total_norm``, ``clip_grads_with_norm_``).
 """
+
 from __future__ import annotations
 
 from typing import cast
@@ -18,7 +19,6 @@ from harness.cotangent.exactness import exact_paths
 MIN_BUCKET_NUMEL = 32
 
 
-
 def native_uses_foreach(tensors: list[Tensor], device: torch.device, foreach: bool | None) -> bool:
     from torch.utils._foreach_utils import _device_has_foreach_support, _has_foreach_support
 
@@ -27,7 +27,9 @@ def native_uses_foreach(tensors: list[Tensor], device: torch.device, foreach: bo
     return bool(foreach) and _device_has_foreach_support(device)
 
 
-def native_norms(tensors: list[Tensor], device: torch.device, norm_type: float, foreach: bool | None) -> list[Tensor]:
+def native_norms(
+    tensors: list[Tensor], device: torch.device, norm_type: float, foreach: bool | None
+) -> list[Tensor]:
     if not tensors:
         return []
     if native_uses_foreach(tensors, device, foreach):
@@ -46,7 +48,9 @@ def bucket_norm(rows: Tensor, k: int) -> Tensor:
     return torch.linalg.vector_norm(rows.view(-1, k // 2, 2), 2.0, dim=(1, 2))
 
 
-def group_norms(tensors: list[Tensor], device: torch.device, dtype: torch.dtype, foreach: bool | None) -> Tensor:
+def group_norms(
+    tensors: list[Tensor], device: torch.device, dtype: torch.dtype, foreach: bool | None
+) -> Tensor:
     """Norms of one (device, dtype) group, in the group's order, batching where exact."""
     exact = exact_paths(device.type)
     if dtype not in exact.bucketed_norm_dtypes or foreach is not None:
@@ -75,7 +79,9 @@ def group_norms(tensors: list[Tensor], device: torch.device, dtype: torch.dtype,
     return torch.stack(out)  # type: ignore[arg-type]
 
 
-def bucketed_total_norm(grads: list[Tensor], norm_type: float, error_if_nonfinite: bool, foreach: bool | None) -> Tensor:
+def bucketed_total_norm(
+    grads: list[Tensor], norm_type: float, error_if_nonfinite: bool, foreach: bool | None
+) -> Tensor:
     """Native ``get_total_norm`` with batched per-tensor norms for ``norm_type == 2``."""
     if len(grads) == 0:
         return torch.tensor(0.0)
@@ -102,7 +108,5 @@ def check_finite(total: Tensor, norm_type: float, error_if_nonfinite: bool) -> N
 
 
 @torch.no_grad()
-
 def clip_coef(max_norm: float, total: Tensor) -> Tensor:
     return torch.clamp(max_norm / (total + 1e-6), max=1.0)
-

@@ -1,5 +1,6 @@
 """The one-pass gradient phase (clip + step + zero_grad) of :class:`~harness.cotangent.PackedAdamW`,
 a part of that class kept in its own module (:class:`OnePass`, one of its bases)."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -19,8 +20,12 @@ class OnePass:
     """``clip_step_zero_grad`` and the update it runs inside ``step``: methods of :class:`PackedAdamW`."""
 
     @torch.no_grad()
-    def clip_step_zero_grad(self: PackedAdamW, max_norm: float, norm_type: float = 2.0,  # type: ignore[misc]
-                            error_if_nonfinite: bool = False) -> Tensor:
+    def clip_step_zero_grad(  # type: ignore[misc]
+        self: PackedAdamW,
+        max_norm: float,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = False,
+    ) -> Tensor:
         """The whole gradient phase in one pass over memory; returns the total gradient norm.
 
         Bit for bit the same parameters, optimizer state, gradients and return value as::
@@ -43,7 +48,12 @@ class OnePass:
         """
         pack = self._pack
         produced = pack.sync_grads()
-        if produced is not None or not pack.uniform_steps or float(norm_type) != 2.0 or step_hooks_registered(self):
+        if (
+            produced is not None
+            or not pack.uniform_steps
+            or float(norm_type) != 2.0
+            or step_hooks_registered(self)
+        ):
             total = clip_grad_norm_(pack.params, max_norm, norm_type, error_if_nonfinite)
             self.step()
             self.zero_grad()
@@ -51,7 +61,9 @@ class OnePass:
         plan = self._native_phase()
         remembered = pack.backward.collect() if pack.backward is not None else None
         if plan is not None:
-            total = plan.total(float(max_norm), error_if_nonfinite, None if remembered is None else remembered[0])
+            total = plan.total(
+                float(max_norm), error_if_nonfinite, None if remembered is None else remembered[0]
+            )
             coef = plan.coef
         else:
             total = pack.total_norm(remembered)

@@ -1,4 +1,5 @@
 """The flat layout: parameters, gradients and both moments as flat buffers in one coordinate order."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -74,7 +75,9 @@ class Pack:
 
     _registry: dict[int, Pack] = {}
 
-    def __init__(self, params: list[Tensor], amsgrad: list[bool], group_of: list[int], release: bool = False) -> None:
+    def __init__(
+        self, params: list[Tensor], amsgrad: list[bool], group_of: list[int], release: bool = False
+    ) -> None:
         self.params = params
         self.n = len(params)
         self.release_mode = release
@@ -115,7 +118,9 @@ class Pack:
         self.native_perm = torch.tensor(packed_pos, dtype=torch.long)
         self._perm_on: dict[torch.device, Tensor] = {}
         self.first_device = params[0].device
-        self.backward: BackwardNorms | None = None  # norms taken in backward (PackedAdamW(backward_norms=True))
+        self.backward: BackwardNorms | None = (
+            None  # norms taken in backward (PackedAdamW(backward_norms=True))
+        )
         self.hooks = []
         for i, p in enumerate(params):
             if p.requires_grad:
@@ -205,8 +210,14 @@ class Pack:
         def post(param: Tensor) -> None:  # after AccumulateGrad wrote into .grad
             view = self.grad_views[i]
             g = param.grad
-            if g is not view and g is not None and g.layout == torch.strided and g.shape == view.shape \
-                    and g.dtype == view.dtype and g.device == view.device:
+            if (
+                g is not view
+                and g is not None
+                and g.layout == torch.strided
+                and g.shape == view.shape
+                and g.dtype == view.dtype
+                and g.device == view.device
+            ):
                 view.copy_(g)
                 param.grad = view
                 self.dirty[i] = False
@@ -368,4 +379,3 @@ class Pack:
         for p in self.params:
             if Pack._registry.get(id(p)) is self:
                 del Pack._registry[id(p)]
-

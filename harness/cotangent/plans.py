@@ -1,4 +1,5 @@
 """The fused AdamW calls over a flat group: which tensors each call takes, and the blocks of the phase."""
+
 from __future__ import annotations
 
 from torch import Tensor

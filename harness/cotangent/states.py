@@ -1,4 +1,5 @@
 """State dicts as native ``AdamW`` writes and loads them, checked and normalised for the flat buffers."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -16,7 +17,9 @@ def check_loadable(state_dict: dict[str, Any]) -> None:
     from the state dict, so native itself would change kernels, and PackedAdamW is the fused path)."""
     groups = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
     if not isinstance(groups, list):
-        raise ValueError("state_dict must be a dict with a 'param_groups' list, as Optimizer.state_dict() returns")
+        raise ValueError(
+            "state_dict must be a dict with a 'param_groups' list, as Optimizer.state_dict() returns"
+        )
     for k, group in enumerate(groups):
         if not isinstance(group, dict):
             raise ValueError(f"state_dict['param_groups'][{k}] is {type(group).__name__}, not a dict")

@@ -1,4 +1,5 @@
 """Bitwise checks of the method's paths against native PyTorch on one device (``harness verify``)."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,27 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 #: Shapes exercising every path: buckets (even sizes), odd, short, 0-d, one-element, empty, large.
 SHAPES: list[tuple[int, ...]] = [
-    (256, 256), (256, 256), (1024, 256), (256, 1024), (1024, 256), (384,), (384,), (384,), (7, 9), (7, 9),
-    (3,), (5,), (), (1,), (0,), (64,), (64,), (131072,), (131072,), (33, 2), (33, 2),
+    (256, 256),
+    (256, 256),
+    (1024, 256),
+    (256, 1024),
+    (1024, 256),
+    (384,),
+    (384,),
+    (384,),
+    (7, 9),
+    (7, 9),
+    (3,),
+    (5,),
+    (),
+    (1,),
+    (0,),
+    (64,),
+    (64,),
+    (131072,),
+    (131072,),
+    (33, 2),
+    (33, 2),
 ]
 
 
@@ -57,7 +77,7 @@ def check_clip(device: torch.device, dtype: torch.dtype) -> bool:
         na = torch.nn.utils.clip_grad_norm_(a, max_norm)
         nb = clip_grad_norm_(b, max_norm)
         if not bitwise_equal(na, nb) or not all(
-                x.grad is not None and y.grad is not None and bitwise_equal(x.grad, y.grad) for x, y in zip(a, b)
+            x.grad is not None and y.grad is not None and bitwise_equal(x.grad, y.grad) for x, y in zip(a, b)
         ):
             return False
     return True
@@ -93,7 +113,9 @@ def check_update(device: torch.device, dtype: torch.dtype, mode: str, steps: int
     return True
 
 
-def check_fused_phase(device: torch.device, dtype: torch.dtype, steps: int = 40, backward_norms: bool = False) -> bool:
+def check_fused_phase(
+    device: torch.device, dtype: torch.dtype, steps: int = 40, backward_norms: bool = False
+) -> bool:
     """``PackedAdamW.clip_step_zero_grad`` (this device's paths, CPU blocks of 4 KiB so that large
     parameters span many blocks; with ``backward_norms`` the norms taken in the accumulate hooks)
     against native clip_grad_norm_ + AdamW(fused=True) + zero_grad."""
@@ -121,8 +143,18 @@ def check_fused_phase(device: torch.device, dtype: torch.dtype, steps: int = 40,
 #: Shapes for the C phase: every element count a multiple of 16 (what phase.c covers), equal sizes
 #: (rows reduced together), and buffers longer than one task of its update loop.
 ALIGNED_SHAPES: list[tuple[int, ...]] = [
-    (256, 256), (256, 256), (256, 256), (256, 256), (256, 256), (1024, 96), (96, 1024), (48,), (48,), (16,),
-    (70000, 16), (384,),
+    (256, 256),
+    (256, 256),
+    (256, 256),
+    (256, 256),
+    (256, 256),
+    (1024, 96),
+    (96, 1024),
+    (48,),
+    (48,),
+    (16,),
+    (70000, 16),
+    (384,),
 ]
 
 
@@ -135,8 +167,10 @@ def check_native_phase(steps: int = 40, backward_norms: bool = False) -> bool:
 
     gen = torch.Generator().manual_seed(4)
     # the first with the gradient buffer kept (phase.c writes -0.0), the second with its pages released
-    for kw in ({"weight_decay": 0.1, "release_grads": False},
-               {"weight_decay": 0.0, "amsgrad": True, "betas": (0.3, 0.99), "release_grads": True}):
+    for kw in (
+        {"weight_decay": 0.1, "release_grads": False},
+        {"weight_decay": 0.0, "amsgrad": True, "betas": (0.3, 0.99), "release_grads": True},
+    ):
         release = kw.pop("release_grads")
         init = [torch.randn(s, generator=gen) for s in ALIGNED_SHAPES]
         a = [t.clone().requires_grad_() for t in init]
@@ -167,7 +201,7 @@ def check_native_phase(steps: int = 40, backward_norms: bool = False) -> bool:
             if any(y.grad is not None for y in b):  # as native's zero_grad() leaves them
                 return False
             g = ob.flat_groups[0].grad
-            if not release and not bool((g.view(torch.int32) == -2**31).all()):  # all -0.0
+            if not release and not bool((g.view(torch.int32) == -(2**31)).all()):  # all -0.0
                 return False
     return True
 
@@ -214,12 +248,16 @@ def run_checks(device: torch.device, *, save: bool, echo: Any) -> int:
         rows.append(("fused clip + step + zero_grad (blocks)", name, "used", ok))
         failures += int(ok is False)
         ok = _safe(check_fused_phase, device, dtype, 12, True)
-        rows.append(("... with backward_norms=True", name, "used" if engages(device, dtype) else "not used", ok))
+        rows.append(
+            ("... with backward_norms=True", name, "used" if engages(device, dtype) else "not used", ok)
+        )
         failures += int(ok is False)
         for mode in MODES:
             ok = _safe(check_update, device, dtype, mode)
             used_mode = mode == paths.update
-            rows.append((f"PackedAdamW update={mode} + packed clip", name, "used" if used_mode else "not used", ok))
+            rows.append(
+                (f"PackedAdamW update={mode} + packed clip", name, "used" if used_mode else "not used", ok)
+            )
             failures += int(used_mode and not ok)
             matched_modes[mode] = matched_modes[mode] and bool(ok)
     if device.type == "cpu":
@@ -249,8 +287,15 @@ def run_checks(device: torch.device, *, save: bool, echo: Any) -> int:
         best = next((m for m in ("flat", "aligned", "views") if matched_modes[m]), "views")
         path = saved_path(device.type)
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = {"device_type": device.type, "torch": torch.__version__, "bucketed_norm_dtypes": matched_norms, "update": best}
+        data = {
+            "device_type": device.type,
+            "torch": torch.__version__,
+            "bucketed_norm_dtypes": matched_norms,
+            "update": best,
+        }
         path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
         echo(f"saved matched paths to {path}")
-    echo("all paths the method uses are bitwise native" if failures == 0 else f"{failures} used path(s) DIFFER")
+    echo(
+        "all paths the method uses are bitwise native" if failures == 0 else f"{failures} used path(s) DIFFER"
+    )
     return 0 if failures == 0 else 1

@@ -19,7 +19,20 @@ from harness.data.fetch import MAX_MEMBER_BYTES, WIKITEXT2_MIRRORS, fetch_wikite
 from harness.names import SPLITS
 
 __all__ = [
-    "MAX_MEMBER_BYTES", "SPLITS", "WIKITEXT2_MIRRORS", "WIKITEXT2_PINS", "Corpus", "CorpusSpec", "LocalCorpus",
-    "PinnedFile", "corpus_name", "default_data_dir", "fetch_wikitext2", "load_corpus", "load_pins", "read_verified",
-    "sha256_file", "verify_wikitext2",
+    "MAX_MEMBER_BYTES",
+    "SPLITS",
+    "WIKITEXT2_MIRRORS",
+    "WIKITEXT2_PINS",
+    "Corpus",
+    "CorpusSpec",
+    "LocalCorpus",
+    "PinnedFile",
+    "corpus_name",
+    "default_data_dir",
+    "fetch_wikitext2",
+    "load_corpus",
+    "load_pins",
+    "read_verified",
+    "sha256_file",
+    "verify_wikitext2",
 ]

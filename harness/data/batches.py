@@ -29,7 +29,9 @@ class BatchStream:
 
     def __init__(self, train: bytes, context: int, batch_size: int, seed: int) -> None:
         if len(train) < context + 2:
-            raise DataError(f"training split has {len(train)} bytes; needs more than context + 1 = {context + 1}")
+            raise DataError(
+                f"training split has {len(train)} bytes; needs more than context + 1 = {context + 1}"
+            )
         self.data = as_tensor(train)
         self.context = context
         self.batch_size = batch_size
@@ -59,7 +61,11 @@ def eval_windows(split: bytes, context: int, max_windows: int | None = None) -> 
 
 @torch.no_grad()
 def bits_per_byte(
-    model: torch.nn.Module, split: bytes, context: int, batch_size: int, device: torch.device,
+    model: torch.nn.Module,
+    split: bytes,
+    context: int,
+    batch_size: int,
+    device: torch.device,
     max_windows: int | None = None,
 ) -> tuple[float, int]:
     """Exact bits per byte of ``split`` (or its first ``max_windows`` windows); returns (bpb, bytes).
@@ -83,7 +89,9 @@ def bits_per_byte(
         idx = starts[:, None] + torch.arange(length + 1)
         block = data[idx].to(device)  # (b, length + 1)
         logits = model(block[:, :-1])
-        nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), block[:, 1:].reshape(-1), reduction="none")
+        nll = F.cross_entropy(
+            logits.float().reshape(-1, logits.shape[-1]), block[:, 1:].reshape(-1), reduction="none"
+        )
         total_nll += float(nll.double().sum().cpu())
         total_bytes += nll.numel()
         i = j

@@ -35,12 +35,21 @@ WIKITEXT2_PINS: dict[str, Any] = {
         "sha256": "ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11",
     },
     "members": {
-        "train": {"path": "wikitext-2-raw/wiki.train.raw", "size": 10940747,
-                  "sha256": "6707892fa3788b5ab9ed78ab5ff37d9fe825f6011a2ad4fcd6a6d467f0e7da57"},
-        "valid": {"path": "wikitext-2-raw/wiki.valid.raw", "size": 1146846,
-                  "sha256": "4cd0f6876d07a413aa911261ff6d363c72d757d47f0fdd6015702014c89cb9c7"},
-        "test": {"path": "wikitext-2-raw/wiki.test.raw", "size": 1290590,
-                 "sha256": "173c87a53759e0201f33e0ccf978e510c2042d7f2cb78229d9a50d79b9e7dd08"},
+        "train": {
+            "path": "wikitext-2-raw/wiki.train.raw",
+            "size": 10940747,
+            "sha256": "6707892fa3788b5ab9ed78ab5ff37d9fe825f6011a2ad4fcd6a6d467f0e7da57",
+        },
+        "valid": {
+            "path": "wikitext-2-raw/wiki.valid.raw",
+            "size": 1146846,
+            "sha256": "4cd0f6876d07a413aa911261ff6d363c72d757d47f0fdd6015702014c89cb9c7",
+        },
+        "test": {
+            "path": "wikitext-2-raw/wiki.test.raw",
+            "size": 1290590,
+            "sha256": "173c87a53759e0201f33e0ccf978e510c2042d7f2cb78229d9a50d79b9e7dd08",
+        },
     },
 }
 
@@ -103,13 +112,18 @@ class LocalCorpus:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LocalCorpus:
-        files = {("all" if k == "file" else k): PinnedFile(v["path"], int(v["size"]), v["sha256"])
-                 for k, v in d.items() if k in ("file", *SPLITS)}
+        files = {
+            ("all" if k == "file" else k): PinnedFile(v["path"], int(v["size"]), v["sha256"])
+            for k, v in d.items()
+            if k in ("file", *SPLITS)
+        }
         return cls(d["name"], files, _fractions(d["split"]) if "split" in d else None)
 
     def load(self, root: Path | None = None) -> Corpus:
-        blobs = {k: read_verified(Path(f.path) if root is None else root / f.path, f, self.name)
-                 for k, f in self.files.items()}
+        blobs = {
+            k: read_verified(Path(f.path) if root is None else root / f.path, f, self.name)
+            for k, f in self.files.items()
+        }
         if "all" not in blobs:
             return Corpus(self.name, *(blobs[s] for s in SPLITS))
         data = blobs["all"]
@@ -118,7 +132,7 @@ class LocalCorpus:
         for x in self.split:
             acc += Fraction(x)
             cuts.append(len(data) * acc.numerator // acc.denominator)
-        return Corpus(self.name, *(data[cuts[i]:cuts[i + 1]] for i in range(3)))
+        return Corpus(self.name, *(data[cuts[i] : cuts[i + 1]] for i in range(3)))
 
 
 def sha256_file(path: Path) -> str:
@@ -132,14 +146,18 @@ def sha256_file(path: Path) -> str:
 def read_verified(path: Path, pin: PinnedFile, corpus: str) -> bytes:
     """The bytes of ``path`` if its size and sha256 are the pinned ones; otherwise DataError."""
     if not path.is_file():
-        raise DataError(f"missing corpus file {path} of corpus {corpus!r} (expected {pin.size} bytes, "
-                        f"sha256 {pin.sha256})")
+        raise DataError(
+            f"missing corpus file {path} of corpus {corpus!r} (expected {pin.size} bytes, "
+            f"sha256 {pin.sha256})"
+        )
     data = path.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     if len(data) != pin.size or digest != pin.sha256:
-        raise DataError(f"corpus file {path} of corpus {corpus!r} does not verify: expected {pin.size} bytes with "
-                        f"sha256 {pin.sha256}, found {len(data)} bytes with sha256 {digest}; refusing to use "
-                        "unverified bytes")
+        raise DataError(
+            f"corpus file {path} of corpus {corpus!r} does not verify: expected {pin.size} bytes with "
+            f"sha256 {pin.sha256}, found {len(data)} bytes with sha256 {digest}; refusing to use "
+            "unverified bytes"
+        )
     return data
 
 
@@ -157,14 +175,17 @@ def verify_wikitext2(directory: Path, pins: dict[str, Any] | None = None) -> dic
     for split, pin in pins["members"].items():
         path = directory / pin["path"]
         if not path.is_file():
-            raise DataError(f"missing corpus file {path} (expected {pin['size']} bytes, sha256 {pin['sha256']}); "
-                            + fetch_hint(directory))
+            raise DataError(
+                f"missing corpus file {path} (expected {pin['size']} bytes, sha256 {pin['sha256']}); "
+                + fetch_hint(directory)
+            )
         size = path.stat().st_size
         digest = sha256_file(path)
         if size != pin["size"] or digest != pin["sha256"]:
             raise DataError(
                 f"corpus file {path} does not verify: expected {pin['size']} bytes with sha256 {pin['sha256']}, "
-                f"found {size} bytes with sha256 {digest}; refusing to use unverified bytes. " + fetch_hint(directory)
+                f"found {size} bytes with sha256 {digest}; refusing to use unverified bytes. "
+                + fetch_hint(directory)
             )
         out[split] = path
     return out
@@ -187,8 +208,13 @@ def _pydoc_topics() -> Corpus:
     return Corpus("pydoc-topics", enc["train"], enc["valid"], enc["test"])
 
 
-_PIN = {"path": Field(str), "size": Field(int, check=lambda v: None if v > 0 else "a positive byte count"),
-        "sha256": Field(str, check=lambda v: None if re.fullmatch(r"[0-9a-f]{64}", v) else "64 lowercase hex digits")}
+_PIN = {
+    "path": Field(str),
+    "size": Field(int, check=lambda v: None if v > 0 else "a positive byte count"),
+    "sha256": Field(
+        str, check=lambda v: None if re.fullmatch(r"[0-9a-f]{64}", v) else "64 lowercase hex digits"
+    ),
+}
 
 
 def parse_corpus(doc: yamlio.Document, value: Any) -> str | LocalCorpus:
@@ -197,22 +223,41 @@ def parse_corpus(doc: yamlio.Document, value: Any) -> str | LocalCorpus:
     kp: tuple[Any, ...] = ("corpus",)
     if isinstance(value, str):
         if value not in CORPORA:
-            raise doc.error(kp, f"unknown corpus {value!r} (known: {', '.join(CORPORA)}, or a local corpus: "
-                                "{name, file: {path, size, sha256}, split: {train, valid, test}})")
+            raise doc.error(
+                kp,
+                f"unknown corpus {value!r} (known: {', '.join(CORPORA)}, or a local corpus: "
+                "{name, file: {path, size, sha256}, split: {train, valid, test}})",
+            )
         return value
     one = "file" in value
-    schema = {"name": Field(str, check=lambda v: None if re.fullmatch(r"[A-Za-z0-9_-]+", v) and v not in CORPORA
-                            else f"letters, digits, - and _ only, not {', '.join(CORPORA)}")}
+    schema = {
+        "name": Field(
+            str,
+            check=lambda v: (
+                None
+                if re.fullmatch(r"[A-Za-z0-9_-]+", v) and v not in CORPORA
+                else f"letters, digits, - and _ only, not {', '.join(CORPORA)}"
+            ),
+        )
+    }
     schema.update({"file": Field(dict), "split": Field(dict)} if one else {s: Field(dict) for s in SPLITS})
     top = yamlio.mapping(doc, value, kp, schema)
-    files = {k: PinnedFile(**yamlio.mapping(doc, top[k], kp + (k,), _PIN)) for k in (["file"] if one else SPLITS)}
+    files = {
+        k: PinnedFile(**yamlio.mapping(doc, top[k], kp + (k,), _PIN)) for k in (["file"] if one else SPLITS)
+    }
     split = None
     if one:
-        fr = yamlio.mapping(doc, top["split"], kp + ("split",), {s: Field(float, check=lambda v: None if 0 < v < 1 else
-                                                                          "a fraction in (0, 1)") for s in SPLITS})
+        fr = yamlio.mapping(
+            doc,
+            top["split"],
+            kp + ("split",),
+            {s: Field(float, check=lambda v: None if 0 < v < 1 else "a fraction in (0, 1)") for s in SPLITS},
+        )
         split = _fractions(fr)
         if sum(Fraction(x) for x in split) != 1:
-            raise doc.error(kp + ("split",), f"the fractions sum to {float(sum(Fraction(x) for x in split))}, not 1")
+            raise doc.error(
+                kp + ("split",), f"the fractions sum to {float(sum(Fraction(x) for x in split))}, not 1"
+            )
     return LocalCorpus(top["name"], {("all" if k == "file" else k): f for k, f in files.items()}, split)
 
 
@@ -232,7 +277,9 @@ def load_corpus(corpus: CorpusSpec, data_dir: str | Path | None = None, root: Pa
         directory = Path(data_dir) if data_dir else default_data_dir()
         paths = verify_wikitext2(directory)
         return Corpus(corpus, *(paths[s].read_bytes() for s in SPLITS))
-    raise InputError(f"unknown corpus {corpus!r} (known: {', '.join(CORPORA)}, or a local corpus with pinned files)")
+    raise InputError(
+        f"unknown corpus {corpus!r} (known: {', '.join(CORPORA)}, or a local corpus with pinned files)"
+    )
 
 
 def corpus_name(corpus: str | LocalCorpus) -> str:
@@ -244,5 +291,7 @@ def pin_block(path: Path, name: str, fractions: list[str], root: Path) -> str:
     ``fractions`` (train, valid, test); the path is written relative to ``root`` when inside it."""
     full = path.resolve()
     shown = full.relative_to(root.resolve()).as_posix() if full.is_relative_to(root.resolve()) else str(full)
-    return (f"corpus:\n  name: {name}\n  file: {{path: {shown}, size: {full.stat().st_size}, sha256: {sha256_file(full)}}}\n"
-            f"  split: {{train: {fractions[0]}, valid: {fractions[1]}, test: {fractions[2]}}}")
+    return (
+        f"corpus:\n  name: {name}\n  file: {{path: {shown}, size: {full.stat().st_size}, sha256: {sha256_file(full)}}}\n"
+        f"  split: {{train: {fractions[0]}, valid: {fractions[1]}, test: {fractions[2]}}}"
+    )

@@ -25,6 +25,7 @@ WIKITEXT2_MIRRORS = (
 #: Extraction bound: no member may expand beyond this (the real ones are under 11 MB).
 MAX_MEMBER_BYTES = 64 * 1024 * 1024
 
+
 def fetch_wikitext2(
     directory: Path, urls: list[str] | None = None, pins: dict[str, Any] | None = None, timeout: float = 60.0
 ) -> tuple[str, dict[str, Path]]:
@@ -55,7 +56,9 @@ def fetch_wikitext2(
             continue
         _extract(blob, directory, pins)
         return url, verify_wikitext2(directory, pins)
-    raise DataError("could not fetch WikiText-2 raw v1:\n  " + "\n  ".join(errors) + "\n" + fetch_hint(directory))
+    raise DataError(
+        "could not fetch WikiText-2 raw v1:\n  " + "\n  ".join(errors) + "\n" + fetch_hint(directory)
+    )
 
 
 def _download(url: str, expected: int, timeout: float) -> bytes:
@@ -93,7 +96,9 @@ def _extract(blob: bytes, directory: Path, pins: dict[str, Any]) -> None:
                     out.flush()
                     os.fsync(out.fileno())
                 if h.hexdigest() != pin["sha256"]:
-                    raise DataError(f"archive member {member} has sha256 {h.hexdigest()}, expected {pin['sha256']}")
+                    raise DataError(
+                        f"archive member {member} has sha256 {h.hexdigest()}, expected {pin['sha256']}"
+                    )
                 os.replace(tmp, target)
             finally:
                 if os.path.exists(tmp):
@@ -111,8 +116,14 @@ def load_pins(path: Path) -> dict[str, Any]:
     if not isinstance(archive, dict) or not isinstance(members, dict) or set(members) != set(SPLITS):
         raise InputError("pins need 'archive' and 'members' with train, valid and test", file=str(path))
     for key, entry in [("archive", archive)] + [(f"members.{k}", v) for k, v in members.items()]:
-        if not isinstance(entry, dict) or not isinstance(entry.get("size"), int) or not isinstance(entry.get("sha256"), str):
-            raise InputError("each entry needs an integer 'size' and a 'sha256' string", file=str(path), key=key)
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("size"), int)
+            or not isinstance(entry.get("sha256"), str)
+        ):
+            raise InputError(
+                "each entry needs an integer 'size' and a 'sha256' string", file=str(path), key=key
+            )
         if key != "archive" and not isinstance(entry.get("path"), str):
             raise InputError("each member needs a 'path'", file=str(path), key=key)
     return pins

@@ -19,9 +19,11 @@ def hermetic_env(proto: Protocol, root: Path, records: Path, anchor: str | None)
 
     bad = refused_environment()
     if bad:
-        raise RefusedError(f"{proto.path}: the environment sets what changes a run's code path; nothing was "
-                           f"run: {', '.join(bad)}. Unset it (a protocol says threads:, torch_version: and the "
-                           "arms; run the variation as a protocol of its own)")
+        raise RefusedError(
+            f"{proto.path}: the environment sets what changes a run's code path; nothing was "
+            f"run: {', '.join(bad)}. Unset it (a protocol says threads:, torch_version: and the "
+            "arms; run the variation as a protocol of its own)"
+        )
     mine: dict[str, str | None] = {}
     for pkg in ("torch", "numpy"):
         try:
@@ -35,28 +37,41 @@ def hermetic_env(proto: Protocol, root: Path, records: Path, anchor: str | None)
         for pkg, have in mine.items():
             was = env.get(pkg)
             if was is not None and have is not None and was.split("+")[0] != have.split("+")[0]:
-                raise RefusedError(f"{proto.path}: earlier runs of this study used {pkg} {was} "
-                                   f"({r.spec.run_id}), this installation has {have}; one study runs on one "
-                                   "installation: install that version, or copy the protocol to a new id")
-    plugins = [Path(fp["path"]) if Path(fp["path"]).is_absolute() else root / fp["path"]
-               for fp in proto.plugin_fingerprints().values()]
+                raise RefusedError(
+                    f"{proto.path}: earlier runs of this study used {pkg} {was} "
+                    f"({r.spec.run_id}), this installation has {have}; one study runs on one "
+                    "installation: install that version, or copy the protocol to a new id"
+                )
+    plugins = [
+        Path(fp["path"]) if Path(fp["path"]).is_absolute() else root / fp["path"]
+        for fp in proto.plugin_fingerprints().values()
+    ]
     helpers = freeze.exempt_imports(root, plugins)
     if helpers:
-        raise RefusedError(f"{proto.path}: a frozen plug-in imports code the freeze does not bind; nothing was "
-                           "run:\n" + "\n".join(f"  - {h}" for h in helpers) + "\nmove the helper into a frozen "
-                           "folder (beside the plug-in)")
+        raise RefusedError(
+            f"{proto.path}: a frozen plug-in imports code the freeze does not bind; nothing was "
+            "run:\n" + "\n".join(f"  - {h}" for h in helpers) + "\nmove the helper into a frozen "
+            "folder (beside the plug-in)"
+        )
     if anchor:
         reach = gitutil.git(root, "ls-remote", anchor, check=False)
         if reach.returncode != 0:
-            raise RefusedError(f"--anchor {anchor}: not a reachable git remote ({reach.stderr.strip()[-200:]}); "
-                               "nothing was run")
+            raise RefusedError(
+                f"--anchor {anchor}: not a reachable git remote ({reach.stderr.strip()[-200:]}); "
+                "nothing was run"
+            )
     repo = gitutil.toplevel(root)
     frozen = [str(root / e) for e in freeze.frozen_entries(repo, "HEAD")] if repo else []
     import harness
 
     code = str(Path(harness.__file__).resolve().parent.parent)
-    return worker_env([code], threads=proto.threads, frozen=frozen, exempt=sorted(freeze.EXEMPT),
-                      phase_sha256=phase_library(proto))
+    return worker_env(
+        [code],
+        threads=proto.threads,
+        frozen=frozen,
+        exempt=sorted(freeze.EXEMPT),
+        phase_sha256=phase_library(proto),
+    )
 
 
 def phase_library(proto: Protocol) -> str | None:

@@ -8,6 +8,7 @@ Format log (``format``): 1: ``spec`` (a :class:`~harness.records.RunSpec`), ``at
 ``config_path`` (relative to the study's root), ``data_dir``, ``corpus`` (a local corpus's pinned
 files, or ``None`` for a named corpus) and ``checkpoint_path``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -34,9 +35,15 @@ class Job:
     checkpoint_path: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": JOB_FORMAT, "spec": self.spec.to_json(), "attempt": self.attempt,
-                "config_path": self.config_path, "data_dir": self.data_dir, "corpus": self.corpus,
-                "checkpoint_path": self.checkpoint_path}
+        return {
+            "format": JOB_FORMAT,
+            "spec": self.spec.to_json(),
+            "attempt": self.attempt,
+            "config_path": self.config_path,
+            "data_dir": self.data_dir,
+            "corpus": self.corpus,
+            "checkpoint_path": self.checkpoint_path,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Job:
@@ -44,6 +51,11 @@ class Job:
             raise JobFormatError(f"job format {data.get('format')!r}; this worker reads format {JOB_FORMAT}")
         exact_fields("job", set(data) - {"format"}, {f.name for f in fields(cls)}, JobFormatError)
         spec = RunSpec.from_json(data["spec"], "job spec", JobFormatError)
-        return cls(spec=spec, attempt=int(data["attempt"]), config_path=str(data["config_path"]),
-                   data_dir=data["data_dir"], corpus=data["corpus"], checkpoint_path=str(data["checkpoint_path"]))
-
+        return cls(
+            spec=spec,
+            attempt=int(data["attempt"]),
+            config_path=str(data["config_path"]),
+            data_dir=data["data_dir"],
+            corpus=data["corpus"],
+            checkpoint_path=str(data["checkpoint_path"]),
+        )

@@ -57,7 +57,9 @@ class Outcome:
 
     def device_s(self) -> tuple[float, str]:
         own = (self.result.get("timings") or {}).get("device_s")
-        return (float(own), "worker") if own is not None else (self.wall_s, "launcher wall time (worker died)")
+        return (
+            (float(own), "worker") if own is not None else (self.wall_s, "launcher wall time (worker died)")
+        )
 
 
 class Launcher(Protocol):
@@ -66,8 +68,9 @@ class Launcher(Protocol):
     def start(self, cwd: Path, env: dict[str, str] | None) -> None:
         """Get ready to run (a fork server imports everything), outside any run's time."""
 
-    def run(self, job: Path, log: Path, cwd: Path, env: dict[str, str] | None,
-            beat: Callable[[], None]) -> tuple[int, bytes]:
+    def run(
+        self, job: Path, log: Path, cwd: Path, env: dict[str, str] | None, beat: Callable[[], None]
+    ) -> tuple[int, bytes]:
         """Run one job; return the worker's exit code and the result it wrote to its pipe."""
 
     def close(self) -> None: ...
@@ -123,13 +126,20 @@ class Spawn:
     def start(self, cwd: Path, env: dict[str, str] | None) -> None:
         pass
 
-    def run(self, job: Path, log: Path, cwd: Path, env: dict[str, str] | None,
-            beat: Callable[[], None]) -> tuple[int, bytes]:
+    def run(
+        self, job: Path, log: Path, cwd: Path, env: dict[str, str] | None, beat: Callable[[], None]
+    ) -> tuple[int, bytes]:
         r, w = os.pipe()
         try:
             with open(log, "wb") as out:
-                proc = subprocess.Popen(worker_command(str(job), f"fd:{w}"),
-                                        stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env, pass_fds=(w,))
+                proc = subprocess.Popen(
+                    worker_command(str(job), f"fd:{w}"),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=cwd,
+                    env=env,
+                    pass_fds=(w,),
+                )
                 os.close(w)
                 w = -1
                 data = read_pipe(r, beat, lambda: proc.poll() is not None)
@@ -164,16 +174,24 @@ class ForkServer:
 
     def _start(self, cwd: Path, env: dict[str, str] | None) -> subprocess.Popen[str]:
         if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen(worker_command("--serve"), stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, cwd=cwd, env=env, text=True, bufsize=1)
+            self.proc = subprocess.Popen(
+                worker_command("--serve"),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                cwd=cwd,
+                env=env,
+                text=True,
+                bufsize=1,
+            )
             assert self.proc.stdout is not None
             ready = self.proc.stdout.readline().strip()
             if ready != "READY":
                 raise RuntimeError(f"the fork server did not start (said {ready!r}, exit {self.proc.poll()})")
         return self.proc
 
-    def run(self, job: Path, log: Path, cwd: Path, env: dict[str, str] | None,
-            beat: Callable[[], None]) -> tuple[int, bytes]:
+    def run(
+        self, job: Path, log: Path, cwd: Path, env: dict[str, str] | None, beat: Callable[[], None]
+    ) -> tuple[int, bytes]:
         proc = self._start(cwd, env)
         assert proc.stdin is not None and proc.stdout is not None
         try:
@@ -231,8 +249,14 @@ def read_pipe(fd: int, beat: Callable[[], None], ended: Callable[[], bool]) -> b
 LAUNCHERS: dict[str, Callable[[], Launcher]] = {"spawn": Spawn, "forkserver": ForkServer}
 
 
-def launch(launcher: Launcher, job: dict[str, Any], work: Path, cwd: Path, env: dict[str, str] | None,
-           beat: Callable[[], None]) -> Outcome:
+def launch(
+    launcher: Launcher,
+    job: dict[str, Any],
+    work: Path,
+    cwd: Path,
+    env: dict[str, str] | None,
+    beat: Callable[[], None],
+) -> Outcome:
     """Write ``job`` into ``work``, run it as one fresh worker process, collect its outcome."""
     work.mkdir(parents=True, exist_ok=True)
     job_path, log_path = work / "job.json", work / "worker.log"
@@ -257,18 +281,59 @@ def launch(launcher: Launcher, job: dict[str, Any], work: Path, cwd: Path, env: 
 
 #: What a worker inherits from the runner's environment: where things are (paths, caches, locale,
 #: the devices Ray assigned), nothing that changes a code path.
-ALLOWED = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "TERM",
-                     "SYSTEMROOT", "XDG_CACHE_HOME", "COTANGENT_NATIVE_CACHE", "HARNESS_DATA", "HARNESS_NODE_DIR",
-                     "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"})
+ALLOWED = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "TEMP",
+        "TMP",
+        "TERM",
+        "SYSTEMROOT",
+        "XDG_CACHE_HOME",
+        "COTANGENT_NATIVE_CACHE",
+        "HARNESS_DATA",
+        "HARNESS_NODE_DIR",
+        "CUDA_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+    }
+)
 
 #: Variables that change what a run computes or how fast: a runner refuses to start while one is
 #: set (the protocol says what they would say: ``threads``, ``torch_version``, the arms), rather
 #: than run the study in a state its protocol does not name.
-CODE_PATH = ("COTANGENT_NATIVE", "CC", "ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-             "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONOPTIMIZE", "PYTHONINSPECT", "PYTHONSAFEPATH",
-             "HARNESS_VERIFIED", "HARNESS_CODE_PATH", "HARNESS_FRESH_ROOTS", "HARNESS_EXEMPT", "COTANGENT_PHASE_SHA256",
-             "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "DNNL_MAX_CPU_ISA",
-             "ONEDNN_MAX_CPU_ISA")
+CODE_PATH = (
+    "COTANGENT_NATIVE",
+    "CC",
+    "ATEN_CPU_CAPABILITY",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONSTARTUP",
+    "PYTHONOPTIMIZE",
+    "PYTHONINSPECT",
+    "PYTHONSAFEPATH",
+    "HARNESS_VERIFIED",
+    "HARNESS_CODE_PATH",
+    "HARNESS_FRESH_ROOTS",
+    "HARNESS_EXEMPT",
+    "COTANGENT_PHASE_SHA256",
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    "LD_AUDIT",
+    "MKL_CBWR",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "DNNL_MAX_CPU_ISA",
+    "ONEDNN_MAX_CPU_ISA",
+)
 
 
 def refused_environment(environ: dict[str, str] | None = None) -> list[str]:
@@ -277,9 +342,15 @@ def refused_environment(environ: dict[str, str] | None = None) -> list[str]:
     return [f"{k}={environ[k]}" for k in CODE_PATH if k in environ]
 
 
-def worker_env(extra_paths: list[str], *, threads: int | None = None, frozen: list[str] | None = None,
-               exempt: list[str] | None = None, phase_sha256: str | None = None,
-               environ: dict[str, str] | None = None) -> dict[str, str]:
+def worker_env(
+    extra_paths: list[str],
+    *,
+    threads: int | None = None,
+    frozen: list[str] | None = None,
+    exempt: list[str] | None = None,
+    phase_sha256: str | None = None,
+    environ: dict[str, str] | None = None,
+) -> dict[str, str]:
     """The allow-listed environment of a worker that imports the harness from ``extra_paths``.
 
     ``threads`` (the protocol's) sets the OpenMP and MKL pools; ``frozen`` names the study's frozen

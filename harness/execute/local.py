@@ -46,10 +46,21 @@ class LocalExecutor:
                         with device_lock:
                             held = locks / f"device-{runner.host}-{spec.device}.json"
                             end_orphans(held, runner.echo)
-                            launcher.start(runner.root, runner.env)  # a fork server's start-up is outside the run
+                            launcher.start(
+                                runner.root, runner.env
+                            )  # a fork server's start-up is outside the run
                             work = runner.dir / "work" / f"{spec.run_id}.a{attempt}"
-                            atomic_write(held, canonical({"runner": os.getpid(), "work": str(work),
-                                                          "launcher": getattr(launcher, "pid", None)}), overwrite=True)
+                            atomic_write(
+                                held,
+                                canonical(
+                                    {
+                                        "runner": os.getpid(),
+                                        "work": str(work),
+                                        "launcher": getattr(launcher, "pid", None),
+                                    }
+                                ),
+                                overwrite=True,
+                            )
                             runner.started(spec, attempt, unit_attempt=claim.unit_attempt)
                             t0 = time.monotonic()
 
@@ -57,7 +68,14 @@ class LocalExecutor:
                                 if runner.live:
                                     runner.echo(f"\r  running {spec.run_id} {time.monotonic() - t0:6.1f}s")
 
-                            outcome = launch(launcher, runner.job(spec, attempt).to_json(), work, runner.root, runner.env, beat)
+                            outcome = launch(
+                                launcher,
+                                runner.job(spec, attempt).to_json(),
+                                work,
+                                runner.root,
+                                runner.env,
+                                beat,
+                            )
                         status = runner.finished(spec, attempt, outcome)
                         runner.echo(f"  {status} ({runner.progress.executed_s[-1]:.1f} s)")
                     runner.echo(f"  {describe(runner.ledger.head())}")
@@ -94,8 +112,10 @@ def end_orphans(held: Path, echo: Callable[[str], None]) -> None:
     for pid in [p for p in pids if isinstance(p, int) and p > 0 and p != os.getpid()]:
         if not _alive_worker(pid):
             continue
-        echo(f"ending a live worker (pid {pid}) left on this device by an earlier runner (pid {info.get('runner')}) "
-             "before timing anything")
+        echo(
+            f"ending a live worker (pid {pid}) left on this device by an earlier runner (pid {info.get('runner')}) "
+            "before timing anything"
+        )
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:

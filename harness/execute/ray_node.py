@@ -36,8 +36,9 @@ _LAUNCHERS: dict[tuple[str, str, str], Launcher] = {}
 _CHECKED: dict[str, tuple[str, dict[str, Any] | None]] = {}
 
 
-def _check_node(expect: dict[str, Any], corpus: dict[str, bytes] | None, label: str,
-                probe: Callable[[], Outcome]) -> dict[str, Any] | None:
+def _check_node(
+    expect: dict[str, Any], corpus: dict[str, bytes] | None, label: str, probe: Callable[[], Outcome]
+) -> dict[str, Any] | None:
     """Refuse (RefusedError) unless this node's code, PyTorch, device and corpus are the driver's;
     return the local corpus the workers read (the shipped splits, written here and pinned).
     ``probe`` asks a worker process for PyTorch's version and devices (:func:`harness.execute.worker.probe`)."""
@@ -49,17 +50,23 @@ def _check_node(expect: dict[str, Any], corpus: dict[str, bytes] | None, label: 
         problems.append(f"code on node {label} hashes {code_sha256()}, the driver's {expect['code']}")
     found = probe().result
     if "torch" not in found:
-        raise RefusedError(f"node {label}: a worker process could not start to report PyTorch and its devices")
+        raise RefusedError(
+            f"node {label}: a worker process could not start to report PyTorch and its devices"
+        )
     if expect.get("torch") and found["torch"].split("+")[0] != expect["torch"]:
         problems.append(f"node {label} has PyTorch {found['torch']}, the protocol names {expect['torch']}")
     if not found["devices"].get(expect["device"], False):
-        problems.append(f"node {label} advertises a {expect['device']} timing device but torch cannot use one")
+        problems.append(
+            f"node {label} advertises a {expect['device']} timing device but torch cannot use one"
+        )
     local: dict[str, Any] | None = None
     try:
         if corpus is None:  # the embedded corpus: this node's own copy must hash as the driver's
             got = load_corpus(expect["corpus"]).sha256()
             if got != expect["corpus_sha256"]:
-                problems.append(f"corpus on node {label} hashes {got}, the driver's {expect['corpus_sha256']}")
+                problems.append(
+                    f"corpus on node {label} hashes {got}, the driver's {expect['corpus_sha256']}"
+                )
         else:  # shipped through the object store: written here, pinned to the driver's hashes, verified
             where = node_dir() / "data" / expect["corpus"]
             where.mkdir(parents=True, exist_ok=True)
@@ -115,8 +122,13 @@ def _test_hold(point: str) -> None:
         time.sleep(3600)
 
 
-def run_unit(jobs: list[dict[str, Any]], expect: dict[str, Any], corpus: dict[str, bytes] | None,
-             queue: Any, gate: Any = None) -> str:
+def run_unit(
+    jobs: list[dict[str, Any]],
+    expect: dict[str, Any],
+    corpus: dict[str, bytes] | None,
+    queue: Any,
+    gate: Any = None,
+) -> str:
     """The Ray task: check this node, then run the unit's jobs one after another, each as a fresh
     worker process, reporting ``("start", ...)`` (and waiting at ``gate`` until the driver has
     appended the started entry) and ``("done", ...)`` on ``queue``."""
@@ -133,14 +145,24 @@ def run_unit(jobs: list[dict[str, Any]], expect: dict[str, Any], corpus: dict[st
     if lkey not in _LAUNCHERS:
         _LAUNCHERS[lkey] = LAUNCHERS[expect["launcher"]]()
     launcher = _LAUNCHERS[lkey]
-    env = worker_env([str(Path(harness.__file__).resolve().parent.parent)], threads=expect.get("threads"),
-                     phase_sha256=expect.get("phase_sha256"))  # the driver's verified phase.c build, if this is it
+    env = worker_env(
+        [str(Path(harness.__file__).resolve().parent.parent)],
+        threads=expect.get("threads"),
+        phase_sha256=expect.get("phase_sha256"),
+    )  # the driver's verified phase.c build, if this is it
     key = canonical(expect).decode()
     if key not in _CHECKED:
         probe_dir = base / "work" / f"probe-{os.getpid()}"
         try:
-            _CHECKED[key] = (label, _check_node(expect, corpus, label,
-                                                lambda: launch(launcher, {"probe": True}, probe_dir, cwd, env, lambda: None)))
+            _CHECKED[key] = (
+                label,
+                _check_node(
+                    expect,
+                    corpus,
+                    label,
+                    lambda: launch(launcher, {"probe": True}, probe_dir, cwd, env, lambda: None),
+                ),
+            )
         except RefusedError:
             raise
         except Exception as e:  # a node that cannot even be checked refuses (it would fail every unit)
@@ -148,22 +170,32 @@ def run_unit(jobs: list[dict[str, Any]], expect: dict[str, Any], corpus: dict[st
     local = _CHECKED[key][1]
     for k, shipped in enumerate(jobs, 1):
         job = Job.from_json(shipped)
-        job = replace(job, checkpoint_path=str(base / "checkpoints" / Path(job.checkpoint_path).name),
-                      corpus=local if local is not None else job.corpus)
+        job = replace(
+            job,
+            checkpoint_path=str(base / "checkpoints" / Path(job.checkpoint_path).name),
+            corpus=local if local is not None else job.corpus,
+        )
         rid, attempt = job.spec.run_id, job.attempt
         queue.put(("start", rid, attempt, node))
         if gate is not None:  # the started entry is in the ledger before the worker starts
             ray.get(gate.wait.remote(f"{rid}.a{attempt}"), timeout=600)
-        outcome = launch(launcher, job.to_json(), base / "work" / f"{rid}.a{attempt}", cwd, env,
-                         partial(_test_hold, f"during:{k}"))
+        outcome = launch(
+            launcher,
+            job.to_json(),
+            base / "work" / f"{rid}.a{attempt}",
+            cwd,
+            env,
+            partial(_test_hold, f"during:{k}"),
+        )
         queue.put(("done", rid, attempt, node, asdict(outcome)))
         _test_hold(f"between:{k}")
     queue.put(("end", label))  # the driver stops waiting on messages and collects this task at once
     return label
 
 
-def node_command(device: str, address: str | None, port: int = 6379, devices: int | None = None,
-                 block: bool = True) -> list[str]:
+def node_command(
+    device: str, address: str | None, port: int = 6379, devices: int | None = None, block: bool = True
+) -> list[str]:
     """The ``ray start`` command line for a node that offers its timing devices to the harness."""
     count = devices
     if count is None:

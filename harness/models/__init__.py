@@ -5,6 +5,7 @@ path (``mypkg.models:MyLM``). Every family is built the same way: ``cls(cfg: Mod
 gen: torch.Generator)``, drawing its initial weights from ``gen`` only; a plug-in class may define
 ``check(cfg) -> str | None`` to refuse a configuration it cannot build.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -33,7 +34,9 @@ def family_class(name: str) -> Callable[[ModelConfig, torch.Generator], torch.nn
             raise ValueError(f"model family {name!r}: {module} has no {attr}")
         check = getattr(cls, "check", None)
         return cls if check is None else _checked(cls, check)
-    raise ValueError(f"unknown model family {name!r} (known: {', '.join(FAMILIES)}, or a plug-in module:Class)")
+    raise ValueError(
+        f"unknown model family {name!r} (known: {', '.join(FAMILIES)}, or a plug-in module:Class)"
+    )
 
 
 def _checked(cls, check):  # type: ignore[no-untyped-def]

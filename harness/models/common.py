@@ -1,4 +1,5 @@
 """Pieces shared by the model families: norms, gated MLP, deterministic initialisation."""
+
 from __future__ import annotations
 
 import math

@@ -5,6 +5,7 @@ gated (SwiGLU) MLP, pre-norm with RMSNorm, as in gated convolutional LMs (Dauphi
 and the short-convolution blocks of H3/Hyena-style models. Token embedding, no position
 embedding (the convolution is position-aware), untied output head.
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,8 +35,12 @@ class CausalConvLM(nn.Module):
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
         self.blocks = nn.ModuleList(
-            ResidualBlock(cfg.d_model, cfg.norm, CausalDepthwiseConv(cfg.d_model, cfg.kernel_size),
-                          MLP(cfg.d_model, cfg.mlp_hidden, cfg.mlp))
+            ResidualBlock(
+                cfg.d_model,
+                cfg.norm,
+                CausalDepthwiseConv(cfg.d_model, cfg.kernel_size),
+                MLP(cfg.d_model, cfg.mlp_hidden, cfg.mlp),
+            )
             for _ in range(cfg.n_layers)
         )
         self.norm_f = make_norm(cfg.norm, cfg.d_model)

@@ -6,6 +6,7 @@ position embeddings, pre-norm blocks, causal self-attention through
 The gated GQA configuration swaps in grouped-query attention (Ainslie et al., 2023), a SwiGLU MLP
 and RMSNorm through the same config.
 """
+
 from __future__ import annotations
 
 import torch
@@ -48,7 +49,9 @@ class TransformerLM(nn.Module):
         self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
         self.pos = nn.Embedding(cfg.context, cfg.d_model)
         self.blocks = nn.ModuleList(
-            ResidualBlock(cfg.d_model, cfg.norm, CausalSelfAttention(cfg), MLP(cfg.d_model, cfg.mlp_hidden, cfg.mlp))
+            ResidualBlock(
+                cfg.d_model, cfg.norm, CausalSelfAttention(cfg), MLP(cfg.d_model, cfg.mlp_hidden, cfg.mlp)
+            )
             for _ in range(cfg.n_layers)
         )
         self.norm_f = make_norm(cfg.norm, cfg.d_model)

@@ -29,6 +29,7 @@ Only the standard library and torch; no pickle; the compiled file is keyed by a 
 source, the flags and the compiler's version, written to a temporary name and renamed into
 place, so a crashed build leaves nothing that would be loaded.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -46,11 +47,28 @@ from harness.cotangent.kernel import selfcheck
 from harness.cotangent.kernel.binding import _VP, MAX_ROWS, UPDATE_CHUNK, Hyper, Kernel, tasks_for
 
 SOURCE = Path(__file__).with_name("phase.c")
-FLAGS = ["-O2", "-std=c11", "-mavx2", "-mfma", "-ffp-contract=off", "-fno-math-errno", "-fopenmp",
-         "-shared", "-fPIC"]
+FLAGS = [
+    "-O2",
+    "-std=c11",
+    "-mavx2",
+    "-mfma",
+    "-ffp-contract=off",
+    "-fno-math-errno",
+    "-fopenmp",
+    "-shared",
+    "-fPIC",
+]
 
-__all__ = ["MAX_ROWS", "UPDATE_CHUNK", "Hyper", "Kernel", "kernel", "release_pages", "tasks_for",
-           "unavailable_reason"]
+__all__ = [
+    "MAX_ROWS",
+    "UPDATE_CHUNK",
+    "Hyper",
+    "Kernel",
+    "kernel",
+    "release_pages",
+    "tasks_for",
+    "unavailable_reason",
+]
 
 _PAGE = 4096
 _MADV_DONTNEED = 4
@@ -83,6 +101,7 @@ def release_pages(t: torch.Tensor) -> tuple[int, int] | None:
 # --------------------------------------------------------------------------------------------
 # Build and load
 # --------------------------------------------------------------------------------------------
+
 
 def lane_widths(capability: str) -> list[int]:
     """The lane widths of the ATen kernels torch may run under ``capability``, likeliest first
@@ -134,8 +153,9 @@ def build(cc: str) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=".phase-", suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *FLAGS, SOURCE.name, "-o", tmp, "-lm"], capture_output=True, text=True,
-                              cwd=SOURCE.parent)
+        proc = subprocess.run(
+            [cc, *FLAGS, SOURCE.name, "-o", tmp, "-lm"], capture_output=True, text=True, cwd=SOURCE.parent
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed on {SOURCE.name}: {proc.stderr.strip()[-400:]}")
         fresh = Path(tmp).read_bytes()
@@ -205,8 +225,9 @@ def _make() -> Kernel:
     capability = torch.backends.cpu.get_cpu_capability()
     lanes = lane_widths(capability)
     if not lanes:
-        raise _Unavailable(f"torch's CPU capability is {capability}, not AVX2/AVX512 (its kernels are not "
-                           "phase.c's forms)")
+        raise _Unavailable(
+            f"torch's CPU capability is {capability}, not AVX2/AVX512 (its kernels are not phase.c's forms)"
+        )
     cc = compiler()
     if cc is None:
         raise _Unavailable("no C compiler (set CC, or install cc/gcc/clang)")

@@ -1,4 +1,5 @@
 """The ctypes binding of ``phase.c``: its argument structure, the loaded kernel's calls, its norm tasks."""
+
 from __future__ import annotations
 
 import ctypes
@@ -20,12 +21,22 @@ class Hyper(ctypes.Structure):
     """``cot_hyper`` in phase.c."""
 
     _fields_ = [
-        ("coef", _VP), ("steps", _VP), ("count", ctypes.c_int64),
-        ("lr", ctypes.c_double), ("beta1", ctypes.c_double), ("beta2", ctypes.c_double),
-        ("weight_decay", ctypes.c_double), ("eps", ctypes.c_double),
-        ("amsgrad", ctypes.c_int), ("maximize", ctypes.c_int), ("sq_form", ctypes.c_int), ("threads", ctypes.c_int),
-        ("chunk", ctypes.c_int64), ("zero", ctypes.c_int),
-        ("grad_scale", _VP), ("found_inf", _VP),  # float32 scalars, or NULL (the AMP protocol)
+        ("coef", _VP),
+        ("steps", _VP),
+        ("count", ctypes.c_int64),
+        ("lr", ctypes.c_double),
+        ("beta1", ctypes.c_double),
+        ("beta2", ctypes.c_double),
+        ("weight_decay", ctypes.c_double),
+        ("eps", ctypes.c_double),
+        ("amsgrad", ctypes.c_int),
+        ("maximize", ctypes.c_int),
+        ("sq_form", ctypes.c_int),
+        ("threads", ctypes.c_int),
+        ("chunk", ctypes.c_int64),
+        ("zero", ctypes.c_int),
+        ("grad_scale", _VP),
+        ("found_inf", _VP),  # float32 scalars, or NULL (the AMP protocol)
     ]
 
 
@@ -35,10 +46,10 @@ class Kernel:
 
     lib: ctypes.CDLL
     path: Path
-    lanes: int      # float lanes of the ATen kernels that run: 8 (their AVX2 build) or 16 (AVX-512)
-    acc_fma: int    # norm accumulation: 0 acc + x*x, 1 fma(x, x, acc)
+    lanes: int  # float lanes of the ATen kernels that run: 8 (their AVX2 build) or 16 (AVX-512)
+    acc_fma: int  # norm accumulation: 0 acc + x*x, 1 fma(x, x, acc)
     tail_form: int  # scalar tail of a norm: 0 s + x*x, 1 fma, 2 fours as s + x*x then fma
-    sq_form: int    # second moment: bit 0 fma(c*g, g, v*b2) for v*b2 + (c*g)*g; bit 1 g before maximize;
+    sq_form: int  # second moment: bit 0 fma(c*g, g, v*b2) for v*b2 + (c*g)*g; bit 1 g before maximize;
     #                 bit 2 the same under grad_scale
     capability: str = ""  # torch.backends.cpu.get_cpu_capability() when the self-check ran
 
@@ -48,28 +59,79 @@ class Kernel:
         return "AVX2" if self.lanes == 8 else "AVX512"
 
     def describe(self) -> str:
-        return (f"{self.path.name}: torch capability {self.capability or '?'}, reproduces its {self.isa} "
-                f"kernels; lanes={self.lanes} acc_fma={self.acc_fma} tail_form={self.tail_form} "
-                f"sq_form={self.sq_form}")
+        return (
+            f"{self.path.name}: torch capability {self.capability or '?'}, reproduces its {self.isa} "
+            f"kernels; lanes={self.lanes} acc_fma={self.acc_fma} tail_form={self.tail_form} "
+            f"sq_form={self.sq_form}"
+        )
 
     # -- calls -------------------------------------------------------------------------------
-    def row_norms(self, base: torch.Tensor, offsets: torch.Tensor, numels: torch.Tensor, first: torch.Tensor,
-                  rows: torch.Tensor, out: torch.Tensor, threads: int, acc_fma: int | None = None) -> None:
-        self.lib.cot_row_norms(base.data_ptr(), offsets.data_ptr(), numels.data_ptr(), first.data_ptr(),
-                               rows.data_ptr(), first.numel(), out.data_ptr(), self.lanes,
-                               self.acc_fma if acc_fma is None else acc_fma, threads)
+    def row_norms(
+        self,
+        base: torch.Tensor,
+        offsets: torch.Tensor,
+        numels: torch.Tensor,
+        first: torch.Tensor,
+        rows: torch.Tensor,
+        out: torch.Tensor,
+        threads: int,
+        acc_fma: int | None = None,
+    ) -> None:
+        self.lib.cot_row_norms(
+            base.data_ptr(),
+            offsets.data_ptr(),
+            numels.data_ptr(),
+            first.data_ptr(),
+            rows.data_ptr(),
+            first.numel(),
+            out.data_ptr(),
+            self.lanes,
+            self.acc_fma if acc_fma is None else acc_fma,
+            threads,
+        )
 
-    def total_coef(self, norms: torch.Tensor, perm: torch.Tensor, scratch: torch.Tensor, max_norm: float,
-                   total: torch.Tensor, coef: torch.Tensor, tail_form: int | None = None,
-                   acc_fma: int | None = None) -> None:
-        self.lib.cot_total_coef(norms.data_ptr(), perm.data_ptr(), perm.numel(), scratch.data_ptr(), max_norm,
-                                self.lanes, self.acc_fma if acc_fma is None else acc_fma,
-                                self.tail_form if tail_form is None else tail_form, total.data_ptr(), coef.data_ptr())
+    def total_coef(
+        self,
+        norms: torch.Tensor,
+        perm: torch.Tensor,
+        scratch: torch.Tensor,
+        max_norm: float,
+        total: torch.Tensor,
+        coef: torch.Tensor,
+        tail_form: int | None = None,
+        acc_fma: int | None = None,
+    ) -> None:
+        self.lib.cot_total_coef(
+            norms.data_ptr(),
+            perm.data_ptr(),
+            perm.numel(),
+            scratch.data_ptr(),
+            max_norm,
+            self.lanes,
+            self.acc_fma if acc_fma is None else acc_fma,
+            self.tail_form if tail_form is None else tail_form,
+            total.data_ptr(),
+            coef.data_ptr(),
+        )
 
-    def update(self, p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, mx: torch.Tensor | None,
-               hyper: Hyper) -> None:
-        self.lib.cot_update(p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(),
-                            None if mx is None else mx.data_ptr(), p.numel(), ctypes.byref(hyper))
+    def update(
+        self,
+        p: torch.Tensor,
+        g: torch.Tensor,
+        m: torch.Tensor,
+        v: torch.Tensor,
+        mx: torch.Tensor | None,
+        hyper: Hyper,
+    ) -> None:
+        self.lib.cot_update(
+            p.data_ptr(),
+            g.data_ptr(),
+            m.data_ptr(),
+            v.data_ptr(),
+            None if mx is None else mx.data_ptr(),
+            p.numel(),
+            ctypes.byref(hyper),
+        )
 
 
 def tasks_for(numels: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

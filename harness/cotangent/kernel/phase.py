@@ -1,4 +1,5 @@
 """The gradient phase of one float32 CPU buffer in ``phase.c``."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -26,8 +27,13 @@ class KernelPhase:
         self.norms = torch.empty(len(g.index))
         self.scratch = torch.empty(len(g.index))
         self.coef = torch.empty(())
-        self.hyper = Hyper(coef=self.coef.data_ptr(), steps=g.steps.data_ptr(), count=len(g.index),
-                                  sq_form=kernel.sq_form, chunk=UPDATE_CHUNK)
+        self.hyper = Hyper(
+            coef=self.coef.data_ptr(),
+            steps=g.steps.data_ptr(),
+            count=len(g.index),
+            sq_form=kernel.sq_form,
+            chunk=UPDATE_CHUNK,
+        )
 
     def total(self, max_norm: float, error_if_nonfinite: bool, norms: Tensor | None = None) -> Tensor:
         """Per-tensor norms (or the given ones, in packed order: taken in backward), the total norm
@@ -35,13 +41,17 @@ class KernelPhase:
         g, k = self.group, self.kernel
         if norms is None:
             norms = self.norms
-            k.row_norms(g.grad, self.offsets, self.numels, self.first, self.rows, norms, torch.get_num_threads())
+            k.row_norms(
+                g.grad, self.offsets, self.numels, self.first, self.rows, norms, torch.get_num_threads()
+            )
         total = torch.empty(())
         k.total_coef(norms, self.perm, self.scratch, max_norm, total, self.coef)
         check_finite(total, 2.0, error_if_nonfinite)
         return total
 
-    def update(self, group: dict[str, Any], zero: bool, grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
+    def update(
+        self, group: dict[str, Any], zero: bool, grad_scale: Tensor | None, found_inf: Tensor | None
+    ) -> None:
         """Step counters + 1; per element clip, AdamW (gradients divided by ``grad_scale`` first,
         the whole update skipped where ``found_inf`` is 1, as native's fused kernel does), -0.0
         (``zero``); counters - ``found_inf``."""

@@ -7,6 +7,7 @@ branches of the ``lerp`` weight, ``amsgrad`` and ``maximize``, and ``GradScaler`
 ``found_inf``). The first form that matches every
 bit is kept; if none does, the kernel is not used.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -30,7 +31,9 @@ NORM_SIZES = [16, 16, 16, 16, 16, 48, 48, 256, 4096, 4096, 4096, 65536]
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
+    return a.shape == b.shape and torch.equal(
+        a.contiguous().view(torch.int32), b.contiguous().view(torch.int32)
+    )
 
 
 def _spread(n: int, gen: torch.Generator) -> torch.Tensor:
@@ -51,7 +54,9 @@ def check_norms(k: kernel.Kernel, acc_fma: int) -> bool:
         offsets.append(offsets[-1] + n)
     first, rows = kernel.tasks_for(numels)
     out = torch.empty(len(ts))
-    k.row_norms(flat, torch.tensor(offsets), torch.tensor(numels), first, rows, out, torch.get_num_threads(), acc_fma)
+    k.row_norms(
+        flat, torch.tensor(offsets), torch.tensor(numels), first, rows, out, torch.get_num_threads(), acc_fma
+    )
     ref = torch.stack([torch.linalg.vector_norm(t) for t in ts])
     return _same(out, ref)
 
@@ -63,13 +68,17 @@ def check_total(k: kernel.Kernel, acc_fma: int, tail_form: int) -> bool:
     gen = torch.Generator().manual_seed(12)
     cases = [torch.randn(n, generator=gen).abs() for n in range(1, 3 * k.lanes + 2) for _ in range(40)]
     cases += [_spread(n, gen).abs() for n in (5, 61, 200)]
-    cases += [torch.tensor([1.0, float("inf"), 2.0]), torch.tensor([1.0, float("nan"), 2.0]), torch.full((5,), 1e-3)]
+    cases += [
+        torch.tensor([1.0, float("inf"), 2.0]),
+        torch.tensor([1.0, float("nan"), 2.0]),
+        torch.full((5,), 1e-3),
+    ]
     scratch, total, coef = torch.empty(256), torch.empty(()), torch.empty(())
     for c, norms in enumerate(cases):
         n = norms.numel()
         perm = torch.randperm(n, generator=gen)
         ref = torch.linalg.vector_norm(norms[perm])
-        for max_norm in ((1.0, 0.25, 1e6) if c % 10 == 0 or n > 3 * k.lanes + 1 else (1.0,)):
+        for max_norm in (1.0, 0.25, 1e6) if c % 10 == 0 or n > 3 * k.lanes + 1 else (1.0,):
             k.total_coef(norms, perm, scratch, max_norm, total, coef, tail_form, acc_fma)
             if not (_same(total, ref) and _same(coef, clip_coef(max_norm, ref))):
                 return False
@@ -78,7 +87,12 @@ def check_total(k: kernel.Kernel, acc_fma: int, tail_form: int) -> bool:
 
 #: GradScaler's protocol in the update checks: (grad_scale, found_inf per step) for each of
 #: :data:`UPDATE_CASES`; a scale that is not a power of two rounds at the division.
-UPDATE_AMP = [(None, None), (None, None), (65536.0, (0.0,)), (3000.7, (1.0, 0.0))]  # the last step: found_inf 0
+UPDATE_AMP = [
+    (None, None),
+    (None, None),
+    (65536.0, (0.0,)),
+    (3000.7, (1.0, 0.0)),
+]  # the last step: found_inf 0
 
 
 def check_update(k: kernel.Kernel, sq_form: int) -> bool:
@@ -105,18 +119,44 @@ def check_update(k: kernel.Kernel, sq_form: int) -> bool:
             g.mul_(coef)
             ref[4].add_(1)
             torch._fused_adamw_(
-                [ref[0]], [g], [ref[1]], [ref[2]], [ref[3]] if amsgrad else [], [ref[4][0]], lr=lr, beta1=b1,
-                beta2=b2, weight_decay=wd, eps=eps, amsgrad=amsgrad, maximize=maximize, grad_scale=grad_scale,
+                [ref[0]],
+                [g],
+                [ref[1]],
+                [ref[2]],
+                [ref[3]] if amsgrad else [],
+                [ref[4][0]],
+                lr=lr,
+                beta1=b1,
+                beta2=b2,
+                weight_decay=wd,
+                eps=eps,
+                amsgrad=amsgrad,
+                maximize=maximize,
+                grad_scale=grad_scale,
                 found_inf=found_inf,
             )
             if found_inf is not None:
                 ref[4].sub_(found_inf)
             g.fill_(-0.0)
             g2 = grad.clone()
-            hyper = kernel.Hyper(coef.data_ptr(), mine[4].data_ptr(), 1, lr, b1, b2, wd, eps, int(amsgrad),
-                                 int(maximize), sq_form, torch.get_num_threads(), 1024, 1,
-                                 None if grad_scale is None else grad_scale.data_ptr(),
-                                 None if found_inf is None else found_inf.data_ptr())
+            hyper = kernel.Hyper(
+                coef.data_ptr(),
+                mine[4].data_ptr(),
+                1,
+                lr,
+                b1,
+                b2,
+                wd,
+                eps,
+                int(amsgrad),
+                int(maximize),
+                sq_form,
+                torch.get_num_threads(),
+                1024,
+                1,
+                None if grad_scale is None else grad_scale.data_ptr(),
+                None if found_inf is None else found_inf.data_ptr(),
+            )
             k.update(mine[0], g2, mine[1], mine[2], mine[3] if amsgrad else None, hyper)
             if not all(_same(a, b) for a, b in zip(ref, mine)) or not _same(g, g2):
                 return False

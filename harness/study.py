@@ -1,0 +1,232 @@
+"""A protocol's studies: each entry of its ``studies`` list validated into a :class:`Study` (name and
+design, arms or a factorial's cells, configurations and their plug-ins, seeds, validation targets).
+:func:`harness.protocol.load_protocol` calls :func:`parse_studies`; every error names the key and
+the line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness import yamlio
+from harness.config import Config, config_dir, find_config
+from harness.errors import InputError
+from harness.factorial import DEFAULT_CELLS, DEFAULT_DESIGN, Design, parse
+from harness.names import ARMS, ID_RE
+from harness.plugins import is_plugin, source_of
+from harness.yamlio import Field, one_of, positive
+
+
+def two_sided_level(v: Any) -> str | None:
+    """The check of an ``interval_level`` key (the protocol's and a study's)."""
+    return None if 0.5 < v < 1 else "must be a two-sided level between 0.5 and 1 (e.g. 0.99)"
+
+
+_STUDY = {
+    "name": Field(str, check=lambda v: None if ID_RE.match(v) else "letters, digits, - and _ only"),
+    "design": Field(str, check=one_of("paired", "factorial")),
+    "description": Field(str, required=False, default=""),
+    "arms": Field(list, required=False, default=None),
+    "factors": Field(dict, required=False, default=None),
+    "cells": Field(dict, required=False, default=None),
+    "configs": Field(list),
+    "seeds": Field((list, dict)),
+    "steps": Field(int, check=positive),
+    "val_every": Field(int, check=positive),
+    "val_target_bpb": Field((float, dict)),
+    "interval_level": Field(float, required=False, default=None, check=two_sided_level),
+}
+
+
+@dataclass(frozen=True)
+class Study:
+    name: str
+    design: str
+    description: str
+    arms: tuple[str, ...]
+    configs: tuple[str, ...]
+    seeds: tuple[int, ...]
+    steps: int
+    val_every: int
+    val_target_bpb: dict[str, float]
+    interval_level: float
+    factorial: Design | None = None  # a factorial study's factors and cells (harness.factorial)
+
+
+def parse_studies(
+    doc: yamlio.Document,
+    raw: list[Any],
+    interval_level: float,
+    root: Path,
+    configs: dict[str, Config],
+    plugins: dict[str, str],
+) -> list[Study]:
+    """The protocol's studies, in order, from its ``studies`` list: at least one, names unique, a
+    study's ``interval_level`` defaulting to the protocol's (``interval_level``). Each study's
+    configurations are found under ``root``'s ``configs/`` (into ``configs``, each once), and its
+    plug-in arms and model families recorded in ``plugins``."""
+    cdir = config_dir(root)
+    studies: list[Study] = []
+    names: set[str] = set()
+    if not raw:
+        raise doc.error(("studies",), "a protocol needs at least one study")
+    for si, entry in enumerate(raw):
+        kp: tuple[Any, ...] = ("studies", si)
+        s = yamlio.mapping(doc, entry, kp, _STUDY)
+        if s["name"] in names:
+            raise doc.error(kp + ("name",), f"duplicate study name {s['name']!r}")
+        names.add(s["name"])
+        arms, design = _arms(doc, s, kp, root, plugins)
+        _configs(doc, s, kp, root, cdir, configs, plugins)
+        seeds = _seeds(doc, s["seeds"], kp + ("seeds",))
+        targets = _targets(doc, s, kp)
+        if s["val_every"] > s["steps"]:
+            raise doc.error(kp + ("val_every",), "val_every exceeds steps")
+        studies.append(
+            Study(
+                name=s["name"],
+                design=s["design"],
+                description=s["description"],
+                arms=tuple(arms),
+                configs=tuple(s["configs"]),
+                seeds=seeds,
+                steps=s["steps"],
+                val_every=s["val_every"],
+                val_target_bpb=targets,
+                interval_level=s["interval_level"] or interval_level,
+                factorial=design,
+            )
+        )
+    return studies
+
+
+def _seeds(doc: yamlio.Document, value: Any, kp: tuple[Any, ...]) -> tuple[int, ...]:
+    if isinstance(value, dict):
+        spec = yamlio.mapping(doc, value, kp, {"count": Field(int, check=positive), "base": Field(int)})
+        return tuple(range(spec["base"], spec["base"] + spec["count"]))
+    seeds = []
+    for i, s in enumerate(value):
+        if not isinstance(s, int) or isinstance(s, bool):
+            raise doc.error(kp + (i,), f"seed must be an integer, got {s!r}")
+        if s in seeds:
+            raise doc.error(kp + (i,), f"duplicate seed {s}")
+        seeds.append(s)
+    if len(seeds) < 2:
+        raise doc.error(kp, "a study needs at least two seeds")
+    return tuple(seeds)
+
+
+def _arms(
+    doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath, root: Path, plugins: dict[str, str]
+) -> tuple[list[str], Design | None]:
+    """A study's arms and, for a factorial, its design: two arms for a pair; one per cell of a
+    factorial (:func:`_factorial`); each built in or a plug-in whose source is found, recorded in
+    ``plugins``."""
+    design = None
+    if s["design"] == "paired":
+        for key in ("factors", "cells"):
+            if s[key] is not None:
+                raise doc.error(kp + (key,), f"{key!r} belongs to a factorial study (design: factorial)")
+        arms = s["arms"]
+        if not isinstance(arms, list) or len(arms) != 2:
+            raise doc.error(kp + ("arms",), "a paired study needs exactly two arms: [baseline, candidate]")
+    else:
+        design = _factorial(doc, s, kp)
+        arms = list(design.arms) if design.declared else s["arms"] or list(DEFAULT_CELLS)
+    for ai, a in enumerate(arms):
+        where = kp + (("arms", ai) if design is None or not design.declared else ("cells", design.cells[ai]))
+        if a not in ARMS and not is_plugin(a):
+            raise doc.error(
+                where, f"unknown arm {a!r} (known: {', '.join(ARMS)}, or a plug-in module:function)"
+            )
+        if is_plugin(a):
+            if source_of(a, root) is None:
+                raise doc.error(
+                    where,
+                    f"plug-in arm {a!r}: module {a.partition(':')[0]} not found "
+                    "(run from the study's root, or install it)",
+                )
+            plugins[a] = str(source_of(a, root))
+    return arms, design
+
+
+def _factorial(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath) -> Design:
+    """A factorial study's design: declared (``factors`` and ``cells``), or the default 2x2 of the
+    four built-in arms (``arms`` optional, then exactly those four)."""
+    if s["factors"] is None:
+        if s["cells"] is not None:
+            raise doc.error(
+                kp + ("cells",), "cells need their factors: declare 'factors' (docs/decisions.md)"
+            )
+        arms = s["arms"] if s["arms"] is not None else list(DEFAULT_CELLS)
+        if not isinstance(arms, list) or sorted(map(str, arms)) != sorted(DEFAULT_CELLS):
+            raise doc.error(
+                kp + ("arms",),
+                f"a factorial study without declared factors has the four cells "
+                f"{', '.join(DEFAULT_CELLS)} (or declare 'factors' and 'cells')",
+            )
+        return DEFAULT_DESIGN
+    if s["arms"] is not None:
+        raise doc.error(kp + ("arms",), "a study with declared factors names each cell's arm under 'cells'")
+    try:
+        return parse(s["factors"], s["cells"])
+    except ValueError as e:
+        path, message = e.args[0]
+        base = kp + (() if path[:1] == ("cells",) else ("factors",))
+        raise doc.error(base + tuple(path), message) from None
+
+
+def _configs(
+    doc: yamlio.Document,
+    s: dict[str, Any],
+    kp: yamlio.KeyPath,
+    root: Path,
+    cdir: Path,
+    configs: dict[str, Config],
+    plugins: dict[str, str],
+) -> None:
+    """Find a study's configurations (into ``configs``, each once) and their plug-in model families
+    (into ``plugins``); a configuration that names no file is an error at the study's key."""
+    if not s["configs"]:
+        raise doc.error(kp + ("configs",), "a study needs at least one configuration")
+    for ci, c in enumerate(s["configs"]):
+        if not isinstance(c, str):
+            raise doc.error(kp + ("configs", ci), f"configuration names are strings, got {c!r}")
+        if c not in configs:
+            try:
+                configs[c] = find_config(c, cdir)
+                fam = configs[c].model.family
+                if is_plugin(fam):
+                    src = source_of(fam, root)
+                    if src is None:
+                        raise doc.error(
+                            kp + ("configs", ci),
+                            f"configuration {c!r}: model family {fam!r} not "
+                            "found (run from the study's root, or install it)",
+                        )
+                    plugins[fam] = str(src)
+            except InputError as e:
+                if e.file and e.file.endswith(f"{c}.yaml") and not Path(e.file).is_file():
+                    raise doc.error(kp + ("configs", ci), e.message) from e
+                raise
+    if len(set(s["configs"])) != len(s["configs"]):
+        raise doc.error(kp + ("configs",), "duplicate configuration")
+
+
+def _targets(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath) -> dict[str, float]:
+    """A study's validation target per configuration: one number for all, or one per configuration."""
+    target = s["val_target_bpb"]
+    if isinstance(target, dict):
+        for c in s["configs"]:
+            if c not in target:
+                raise doc.error(kp + ("val_target_bpb",), f"no target for configuration {c!r}")
+        for c, v in target.items():
+            if c not in s["configs"]:
+                raise doc.error(kp + ("val_target_bpb", c), f"{c!r} is not a configuration of this study")
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+                raise doc.error(kp + ("val_target_bpb", c), f"target must be a positive number, got {v!r}")
+        return {c: float(target[c]) for c in s["configs"]}
+    if target <= 0:
+        raise doc.error(kp + ("val_target_bpb",), "target must be positive")
+    return dict.fromkeys(s["configs"], float(target))
