@@ -333,11 +333,12 @@ def test_budget_stop_decisions_are_made_and_say_so(done_study):
 
 def test_record_versions(tmp_path, done_study):
     src = by_seq(done_study)[0]
-    rec = read_record(src)
-    v1 = {k: v for k, v in rec.items() if k not in ("ledger", "sha256")}
+    rec = read_entry(src)
+    v1 = {k: v for k, v in rec.items() if k not in ("ledger", "sha256", "start", "unit_attempt")}
     v1["schema_version"] = 1
     (tmp_path / f"a{RECORD_SUFFIX}").write_text(json.dumps(seal(v1)))
-    assert read_record(tmp_path / f"a{RECORD_SUFFIX}")["schema_version"] == 1
+    old = read_record(tmp_path / f"a{RECORD_SUFFIX}")  # a version 1 record: no ledger, no attempts
+    assert (old.schema_version, old.ledger, old.start, old.unit_attempt) == (1, None, None, 1)
     v9 = dict(v1, schema_version=9)
     (tmp_path / f"b{RECORD_SUFFIX}").write_text(json.dumps(seal(v9)))
     with pytest.raises(RecordFormatError, match="schema_version 9 is not one this harness reads"):
