@@ -38,11 +38,27 @@ from analysis.ttests import (
     t_test,
 )
 
-__all__ = ["ENDPOINT_KEYS", "TIME_ENDPOINTS", "Hypothesis", "HypothesisDecision", "TestResult", "decide", "period_adjusted",
-           "sensitivity", "signed_rank", "t_test", "worst_rank_differences"]
+__all__ = [
+    "ENDPOINT_KEYS",
+    "TIME_ENDPOINTS",
+    "Hypothesis",
+    "HypothesisDecision",
+    "TestResult",
+    "decide",
+    "period_adjusted",
+    "sensitivity",
+    "signed_rank",
+    "t_test",
+    "worst_rank_differences",
+]
 
-ENDPOINT_KEYS = {"training_time": "training_s", "time_to_target": "time_to_target_s", "total_time": "total_s",
-                 "test_bpb": "test_bpb", "peak_memory": "peak_memory_bytes"}
+ENDPOINT_KEYS = {
+    "training_time": "training_s",
+    "time_to_target": "time_to_target_s",
+    "total_time": "total_s",
+    "test_bpb": "test_bpb",
+    "peak_memory": "peak_memory_bytes",
+}
 #: Endpoints measured in run time: the budget rule's stop depends on them (:func:`decide`).
 TIME_ENDPOINTS = ("training_time", "time_to_target", "total_time")
 
@@ -93,7 +109,12 @@ class NotReached(ValueError):
 
 def _number(p: dict[str, Any], role: str, key: str, positive: bool) -> float:
     v = p[f"{role}_{key}"]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (positive and v <= 0):
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or not math.isfinite(v)
+        or (positive and v <= 0)
+    ):
         what = "null" if v is None else f"{v!r}, not a finite{' positive' if positive else ''} number"
         raise NotReached(f"pair {p.get('unit', '?')}: the {role}'s {key} is {what} in an ok record")
     return float(v)
@@ -116,16 +137,20 @@ def _restricted(h: Hypothesis, pairs: list[dict[str, Any]]) -> tuple[list[float]
             t = p[f"{role}_time_to_target_s"]
             if t is None:
                 if train[role] < tau:
-                    raise NotReached(f"pair {p.get('unit', '?')}: the {role} missed the target after training "
-                                     f"{train[role]:.6g} s, less than the restriction {tau:g} s: its restricted "
-                                     "time is unknown")
+                    raise NotReached(
+                        f"pair {p.get('unit', '?')}: the {role} missed the target after training "
+                        f"{train[role]:.6g} s, less than the restriction {tau:g} s: its restricted "
+                        "time is unknown"
+                    )
                 out.append(tau)
             else:
                 out.append(min(_number(p, role, "time_to_target_s", True), tau))
     return b, c
 
 
-def values_of(h: Hypothesis | Mapping[str, Any], pairs: list[dict[str, Any]]) -> tuple[list[float], dict[str, int] | None]:
+def values_of(
+    h: Hypothesis | Mapping[str, Any], pairs: list[dict[str, Any]]
+) -> tuple[list[float], dict[str, int] | None]:
     """Per-pair values on the hypothesis' test scale, and the unreached counts for time to target.
 
     Raises :class:`NotReached` naming the pair, arm and key of a null or non-finite endpoint.
@@ -134,16 +159,20 @@ def values_of(h: Hypothesis | Mapping[str, Any], pairs: list[dict[str, Any]]) ->
     return values, unreached
 
 
-def _values(h: Hypothesis, pairs: list[dict[str, Any]]) -> tuple[list[float], list[float] | None,
-                                                                     dict[str, int] | None]:
+def _values(
+    h: Hypothesis, pairs: list[dict[str, Any]]
+) -> tuple[list[float], list[float] | None, dict[str, int] | None]:
     """:func:`values_of` and, but for worst-rank scores, each value's :func:`rounding_scale`."""
     key = ENDPOINT_KEYS[h.endpoint]
     ratio = scale(h.estimand) == "log_ratio"
     unreached = None
     if h.endpoint == "time_to_target":
         raw = {r: [p[f"{r}_{key}"] for p in pairs] for r in ("baseline", "candidate")}
-        unreached = {"baseline": raw["baseline"].count(None), "candidate": raw["candidate"].count(None),
-                     "both": sum(x is None and y is None for x, y in zip(raw["baseline"], raw["candidate"]))}
+        unreached = {
+            "baseline": raw["baseline"].count(None),
+            "candidate": raw["candidate"].count(None),
+            "both": sum(x is None and y is None for x, y in zip(raw["baseline"], raw["candidate"])),
+        }
         for p in pairs:
             for role in ("baseline", "candidate"):
                 if p[f"{role}_{key}"] is not None:
@@ -161,13 +190,17 @@ def _values(h: Hypothesis, pairs: list[dict[str, Any]]) -> tuple[list[float], li
 
 
 def _worst_rank_estimate(pairs: list[dict[str, Any]]) -> tuple[float | None, str]:
-    both = [math.log(p["candidate_time_to_target_s"]) - math.log(p["baseline_time_to_target_s"]) for p in pairs
-            if p["baseline_time_to_target_s"] is not None and p["candidate_time_to_target_s"] is not None]
+    both = [
+        math.log(p["candidate_time_to_target_s"]) - math.log(p["baseline_time_to_target_s"])
+        for p in pairs
+        if p["baseline_time_to_target_s"] is not None and p["candidate_time_to_target_s"] is not None
+    ]
     return median(both), f"median ln(c/b) of the {len(both)} pairs where both arms reached the target"
 
 
-def _test(h: Hypothesis, pairs: list[dict[str, Any]], min_pairs: int) -> tuple[TestResult | None, str | None,
-                                                                                     dict[str, int] | None]:
+def _test(
+    h: Hypothesis, pairs: list[dict[str, Any]], min_pairs: int
+) -> tuple[TestResult | None, str | None, dict[str, int] | None]:
     if len(pairs) < min_pairs:
         return None, f"too few pairs: {len(pairs)} of the protocol's min_pairs {min_pairs}", None
     unreached = None
@@ -212,24 +245,37 @@ def _test(h: Hypothesis, pairs: list[dict[str, Any]], min_pairs: int) -> tuple[T
 
 
 #: The zero-spread guard's reasons (:func:`analysis.stats.spread_is_rounding`).
-ZERO_SPREAD = ("zero spread: the per-pair values agree to the rounding of the endpoint values they were computed "
-               "from (16 ulps of |b| + |c|, or of 1 + |ln b| + |ln c| for a log ratio)")
-ZERO_SPREAD_WITHIN = ("zero spread within each order group: the period-adjusted standard error is rounding noise "
-                      "(16 ulps of |b| + |c|, or of 1 + |ln b| + |ln c| for a log ratio)")
+ZERO_SPREAD = (
+    "zero spread: the per-pair values agree to the rounding of the endpoint values they were computed "
+    "from (16 ulps of |b| + |c|, or of 1 + |ln b| + |ln c| for a log ratio)"
+)
+ZERO_SPREAD_WITHIN = (
+    "zero spread within each order group: the period-adjusted standard error is rounding noise "
+    "(16 ulps of |b| + |c|, or of 1 + |ln b| + |ln c| for a log ratio)"
+)
 
 
 def _gate(h: Hypothesis, spec: dict[str, Any], completeness: Completeness) -> str | None:
     if completeness.complete is False and not completeness.budget_stop:
-        return (f"incomplete: {completeness.missing_runs} of {completeness.planned_runs} planned runs have "
-                "no ok record")
-    if completeness.budget_stop and h.endpoint in TIME_ENDPOINTS and not spec.get("decide_time_after_budget_stop"):
-        return ("stopped by the budget rule, which depends on run times, this endpoint's outcome; the protocol did not "
-                "preregister deciding time endpoints after such a stop (decide_time_after_budget_stop)")
+        return (
+            f"incomplete: {completeness.missing_runs} of {completeness.planned_runs} planned runs have "
+            "no ok record"
+        )
+    if (
+        completeness.budget_stop
+        and h.endpoint in TIME_ENDPOINTS
+        and not spec.get("decide_time_after_budget_stop")
+    ):
+        return (
+            "stopped by the budget rule, which depends on run times, this endpoint's outcome; the protocol did not "
+            "preregister deciding time endpoints after such a stop (decide_time_after_budget_stop)"
+        )
     return None
 
 
-def decide(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, Any]]],
-           completeness: Completeness) -> list[HypothesisDecision]:
+def decide(
+    spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, Any]]], completeness: Completeness
+) -> list[HypothesisDecision]:
     """Every hypothesis' decision, in the protocol's order.
 
     Parameters
@@ -268,12 +314,15 @@ def decide(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, 
     tested = _tested(spec, pairs_of, completeness)
     procedure = fixed_sequence if spec["procedure"] == "fixed_sequence" else holm
     verdicts, used = procedure(tested, spec["family_alpha"])
-    return [_decision(h, t, verdicts[h.id], used[h.id], unreached, completeness)
-            for h, t, _why, unreached in tested]
+    return [
+        _decision(h, t, verdicts[h.id], used[h.id], unreached, completeness)
+        for h, t, _why, unreached in tested
+    ]
 
 
-def _tested(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, Any]]],
-            completeness: Completeness) -> list[Tested]:
+def _tested(
+    spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, Any]]], completeness: Completeness
+) -> list[Tested]:
     out: list[Tested] = []
     for h in map(Hypothesis.of, spec["tests"]):
         gate = _gate(h, spec, completeness)
@@ -284,8 +333,9 @@ def _tested(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str,
     return out
 
 
-def _in_units(t: TestResult, a: float | None,
-              estimand: str) -> tuple[float | None, float | None, float | None, float | None]:
+def _in_units(
+    t: TestResult, a: float | None, estimand: str
+) -> tuple[float | None, float | None, float | None, float | None]:
     """A test's estimate and, for a t test with an alpha, its two-sided ``1 - 2 a`` interval, in the
     estimand's units: (estimate, low, high, level)."""
     if t.method == "signed-rank" or t.estimate is None or t.standard_error is None:  # a t test has both
@@ -301,15 +351,28 @@ def _in_units(t: TestResult, a: float | None,
     return estimate, low, high, 1.0 - 2.0 * a
 
 
-def _decision(h: Hypothesis, t: TestResult | None, verdict: tuple[str, str | None], a: float | None,
-              unreached: dict[str, int] | None, completeness: Completeness) -> HypothesisDecision:
+def _decision(
+    h: Hypothesis,
+    t: TestResult | None,
+    verdict: tuple[str, str | None],
+    a: float | None,
+    unreached: dict[str, int] | None,
+    completeness: Completeness,
+) -> HypothesisDecision:
     st, reason = verdict
     estimate, low, high, level = _in_units(t, a, h.estimand) if t is not None else (None, None, None, None)
     return HypothesisDecision(
-        hypothesis=h, status=st, reason=reason, alpha=a,
-        test=asdict(t) if t is not None else None, estimate=estimate,
+        hypothesis=h,
+        status=st,
+        reason=reason,
+        alpha=a,
+        test=asdict(t) if t is not None else None,
+        estimate=estimate,
         estimate_of=None if t is None else (t.estimate_of if t.method == "signed-rank" else _label(h)),
-        low=low, high=high, level=level, unreached=unreached,
+        low=low,
+        high=high,
+        level=level,
+        unreached=unreached,
         text=_text(h, st, reason, t, a, low, high, completeness),
     )
 
@@ -321,10 +384,21 @@ def _label(h: Hypothesis) -> str:
     return f"{h.estimand} of the restricted times min(T, tau), tau = {tau}"
 
 
-def _text(h: Hypothesis, status: str, reason: str | None, t: TestResult | None, a: float | None,
-          low: float | None, high: float | None, completeness: Completeness) -> str:
-    what = {"superiority": "superiority", "non_inferiority": f"non-inferiority (margin {h.margin:g})",
-            "equivalence": f"equivalence (margin {h.margin:g})"}[h.type]
+def _text(
+    h: Hypothesis,
+    status: str,
+    reason: str | None,
+    t: TestResult | None,
+    a: float | None,
+    low: float | None,
+    high: float | None,
+    completeness: Completeness,
+) -> str:
+    what = {
+        "superiority": "superiority",
+        "non_inferiority": f"non-inferiority (margin {h.margin:g})",
+        "equivalence": f"equivalence (margin {h.margin:g})",
+    }[h.type]
     head = f"{h.id}: {what} of {h.endpoint} ({h.estimand}, {h.better} is better)"
     if t is None:
         return f"{head}: not reached ({reason})"
@@ -334,12 +408,17 @@ def _text(h: Hypothesis, status: str, reason: str | None, t: TestResult | None, 
     verdict = status if reason is None else f"{status} ({reason})"
     prefix = ""
     if completeness.budget_stop:
-        prefix = "(study stopped by its budget rule; the stop depended on run times, this endpoint's outcome) " \
-            if h.endpoint in TIME_ENDPOINTS else "(study stopped by its budget rule) "
+        prefix = (
+            "(study stopped by its budget rule; the stop depended on run times, this endpoint's outcome) "
+            if h.endpoint in TIME_ENDPOINTS
+            else "(study stopped by its budget rule) "
+        )
     return f"{prefix}{head}: {verdict}; {stats}"
 
 
-def sensitivity(h: Hypothesis | Mapping[str, Any], pairs: list[dict[str, Any]], failed: list[dict[str, Any]]) -> dict[str, Any] | None:
+def sensitivity(
+    h: Hypothesis | Mapping[str, Any], pairs: list[dict[str, Any]], failed: list[dict[str, Any]]
+) -> dict[str, Any] | None:
     """Pre-specified sensitivity analysis: a pair whose arm failed counts as adverse to that arm.
 
     Notes
@@ -372,9 +451,13 @@ def sensitivity(h: Hypothesis | Mapping[str, Any], pairs: list[dict[str, Any]], 
         dist += [(-s if f["failed"] == "candidate" else s) * k * w for f in failed]
         parts.append(signed_rank(dist, 1))
     worst = max(parts, key=lambda r: r.p_value)
-    return {"pairs_with_a_failed_arm": len(failed), "failed_candidate": sum(f["failed"] == "candidate" for f in failed),
-            "n": worst.n, "statistic": worst.statistic, "p_value": worst.p_value,
-            "method": "signed-rank of the distances from the hypothesis' bound"
-                      + (" (both bounds, the larger p)" if len(parts) == 2 else "")
-                      + "; a failed arm ranks worse than every observed pair"}
-
+    return {
+        "pairs_with_a_failed_arm": len(failed),
+        "failed_candidate": sum(f["failed"] == "candidate" for f in failed),
+        "n": worst.n,
+        "statistic": worst.statistic,
+        "p_value": worst.p_value,
+        "method": "signed-rank of the distances from the hypothesis' bound"
+        + (" (both bounds, the larger p)" if len(parts) == 2 else "")
+        + "; a failed arm ranks worse than every observed pair",
+    }

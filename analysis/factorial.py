@@ -5,6 +5,7 @@ and ``cells`` (cell names in standard order: cell ``i`` has factor ``j`` at its 
 when bit ``j`` of ``i`` is set) when the protocol declared them; otherwise it is the study's 2x2
 (:data:`DEFAULT_FACTORS`, :data:`DEFAULT_CELLS`).
 """
+
 from __future__ import annotations
 
 import math
@@ -14,7 +15,10 @@ from typing import Any
 
 from analysis.stats import PairedInterval, mean_interval
 
-DEFAULT_FACTORS: list[tuple[str, tuple[str, str]]] = [("norms", ("scalar", "bucketed")), ("adamw", ("native", "packed"))]
+DEFAULT_FACTORS: list[tuple[str, tuple[str, str]]] = [
+    ("norms", ("scalar", "bucketed")),
+    ("adamw", ("native", "packed")),
+]
 DEFAULT_CELLS = ("native", "bucketed", "packed", "cotangent")
 
 
@@ -35,10 +39,16 @@ def effect_names(factors: Sequence[tuple[str, tuple[str, str]]]) -> list[tuple[s
     """``(name, factor indices)`` of every effect: main effects (``<second level>_<factor>``, e.g.
     ``bucketed_norms``) in factor order, then interactions by order (``interaction`` in a 2x2,
     ``interaction_<factor>_<factor>...`` with three factors)."""
-    out: list[tuple[str, tuple[int, ...]]] = [(f"{levels[1]}_{name}", (j,)) for j, (name, levels) in enumerate(factors)]
+    out: list[tuple[str, tuple[int, ...]]] = [
+        (f"{levels[1]}_{name}", (j,)) for j, (name, levels) in enumerate(factors)
+    ]
     for size in range(2, len(factors) + 1):
         for subset in combinations(range(len(factors)), size):
-            label = "interaction" if len(factors) == 2 else "interaction_" + "_".join(factors[j][0] for j in subset)
+            label = (
+                "interaction"
+                if len(factors) == 2
+                else "interaction_" + "_".join(factors[j][0] for j in subset)
+            )
             out.append((label, subset))
     return out
 
@@ -65,16 +75,22 @@ def block_effects(logs: Sequence[float], k: int) -> list[float]:
     out = []
     for _, subset in effect_names([("f", ("a", "b"))] * k):
         mask = sum(1 << j for j in subset)
-        rest = [c for c in range(2 ** k) if c & mask == 0]
+        rest = [c for c in range(2**k) if c & mask == 0]
         out.append(sum(_difference(logs, subset, c) for c in rest) / len(rest))
     return out
 
 
-def factorial_effects(blocks: Sequence[dict[str, float]], factors: Sequence[tuple[str, tuple[str, str]]],
-                      cells: Sequence[str], level: float) -> dict[str, PairedInterval]:
+def factorial_effects(
+    blocks: Sequence[dict[str, float]],
+    factors: Sequence[tuple[str, tuple[str, str]]],
+    cells: Sequence[str],
+    level: float,
+) -> dict[str, PairedInterval]:
     """Within-block effects on log training time (:func:`block_effects`) over blocks ``{cell: time}``,
     each averaged over blocks with a Student-t interval (:func:`analysis.stats.mean_interval`);
     ``100 (1 - exp(effect))`` is the time reduction in percent."""
     per: list[list[float]] = [block_effects([math.log(b[c]) for c in cells], len(factors)) for b in blocks]
-    return {name: mean_interval([row[i] for row in per], level, "log_contrast")
-            for i, (name, _) in enumerate(effect_names(factors))}
+    return {
+        name: mean_interval([row[i] for row in per], level, "log_contrast")
+        for i, (name, _) in enumerate(effect_names(factors))
+    }

@@ -34,6 +34,7 @@ SUMMARY_SCHEMA = 4
 class SummaryFormatError(ValueError):
     """A summary.json this code cannot read: another format version, or fields it does not know."""
 
+
 Row = Mapping[str, Any]
 
 
@@ -60,8 +61,13 @@ def _build(cls: Any, data: Any, where: str) -> Any:
     names = [f.name for f in fields(cls)]
     if set(data) != set(names):
         extra, missing = sorted(set(data) - set(names)), sorted(set(names) - set(data))
-        raise SummaryFormatError(f"{where}: {cls.__name__}: " + "; ".join(
-            ([f"unknown fields {', '.join(extra)}"] if extra else []) + ([f"missing {', '.join(missing)}"] if missing else [])))
+        raise SummaryFormatError(
+            f"{where}: {cls.__name__}: "
+            + "; ".join(
+                ([f"unknown fields {', '.join(extra)}"] if extra else [])
+                + ([f"missing {', '.join(missing)}"] if missing else [])
+            )
+        )
     hints = typing.get_type_hints(cls, globalns={**globals(), "HypothesisDecision": Any})
     return cls(**{n: _value(hints[n], data[n], f"{where}.{n}") for n in names})
 
@@ -197,9 +203,13 @@ class Decided:
         own = {f.name for f in fields(HypothesisDecision)} - {"hypothesis"}
         test = next((t for t in tests if t.get("id") == data.get("id")), None)
         if test is None:
-            raise SummaryFormatError(f"{where}: decision {data.get('id')!r} is not a hypothesis of the protocol")
-        return cls(decision=HypothesisDecision(hypothesis=Hypothesis.of(test), **{k: data[k] for k in own}),
-                   sensitivity=data.get("sensitivity"))
+            raise SummaryFormatError(
+                f"{where}: decision {data.get('id')!r} is not a hypothesis of the protocol"
+            )
+        return cls(
+            decision=HypothesisDecision(hypothesis=Hypothesis.of(test), **{k: data[k] for k in own}),
+            sensitivity=data.get("sensitivity"),
+        )
 
 
 @dataclass(frozen=True)
@@ -214,8 +224,12 @@ class Hypotheses(_Json):
     @classmethod
     def read(cls, data: Mapping[str, Any], tests: Sequence[Mapping[str, Any]], where: str) -> Hypotheses:
         rows = data.get("decisions") or []
-        return cls(procedure=data["procedure"], family_alpha=data["family_alpha"], min_pairs=data["min_pairs"],
-                   decisions=[Decided.from_json(d, f"{where}.decisions[{i}]", tests) for i, d in enumerate(rows)])
+        return cls(
+            procedure=data["procedure"],
+            family_alpha=data["family_alpha"],
+            min_pairs=data["min_pairs"],
+            decisions=[Decided.from_json(d, f"{where}.decisions[{i}]", tests) for i, d in enumerate(rows)],
+        )
 
 
 @dataclass(frozen=True)
@@ -256,12 +270,17 @@ class Summary(_Json):
         if not isinstance(data, Mapping):
             raise SummaryFormatError(f"{where}: a summary is a JSON object")
         if data.get("schema_version") != SUMMARY_SCHEMA:
-            raise SummaryFormatError(f"{where}: summary schema_version {data.get('schema_version')!r} is not one this "
-                                     f"code reads ({SUMMARY_SCHEMA})")
+            raise SummaryFormatError(
+                f"{where}: summary schema_version {data.get('schema_version')!r} is not one this "
+                f"code reads ({SUMMARY_SCHEMA})"
+            )
         body = {k: v for k, v in data.items() if k != "sha256"}
         hyp = body.get("hypotheses") or {}
         tests = ((body.get("protocol") or {}).get("hypotheses") or {}).get("tests") or []
-        typed = Descriptive.from_json(hyp, f"{where}: hypotheses") if "descriptive" in hyp else \
-            Hypotheses.read(hyp, tests, f"{where}: hypotheses")
+        typed = (
+            Descriptive.from_json(hyp, f"{where}: hypotheses")
+            if "descriptive" in hyp
+            else Hypotheses.read(hyp, tests, f"{where}: hypotheses")
+        )
         out: Summary = _build(cls, {**body, "hypotheses": None}, where)
         return dataclasses.replace(out, hypotheses=typed)

@@ -53,7 +53,6 @@ from harness.records import RunRecord, StartedEntry, load_records
 __all__ = ["completeness", "current", "derive", "flow", "load_records", "run_rows"]
 
 
-
 def _peak(rec: RunRecord) -> float | None:
     mem = rec.memory or {}
     key = mem.get("primary")
@@ -82,15 +81,31 @@ def run_rows(records: list[RunRecord]) -> list[dict[str, Any]]:
     for r in records:
         s, t = r.spec, r.timings or {}
         ua = r.unit_attempt
-        rows.append({
-            "run_id": s.run_id, "attempt": r.attempt, "unit_attempt": ua, "superseded": ua < latest[s.unit],
-            "status": r.status, "reason": r.reason,
-            "study": s.study, "config": s.config, "arm": s.arm, "role": s.role, "seed": s.seed,
-            "unit": s.unit, "position": s.position, "order": s.order,
-            "training_s": t.get("training_s"), "time_to_target_s": t.get("time_to_target_s"),
-            "total_s": t.get("total_s"), "device_s": t.get("device_s"),
-            "val_bpb": r.val_bpb, "test_bpb": r.test_bpb, "peak_memory_bytes": _peak(r),
-        })
+        rows.append(
+            {
+                "run_id": s.run_id,
+                "attempt": r.attempt,
+                "unit_attempt": ua,
+                "superseded": ua < latest[s.unit],
+                "status": r.status,
+                "reason": r.reason,
+                "study": s.study,
+                "config": s.config,
+                "arm": s.arm,
+                "role": s.role,
+                "seed": s.seed,
+                "unit": s.unit,
+                "position": s.position,
+                "order": s.order,
+                "training_s": t.get("training_s"),
+                "time_to_target_s": t.get("time_to_target_s"),
+                "total_s": t.get("total_s"),
+                "device_s": t.get("device_s"),
+                "val_bpb": r.val_bpb,
+                "test_bpb": r.test_bpb,
+                "peak_memory_bytes": _peak(r),
+            }
+        )
     rows.sort(key=lambda x: (x["order"], x["attempt"]))
     return rows
 
@@ -118,18 +133,30 @@ def _interval(b: list[float], c: list[float], level: float, estimand: str) -> Pa
 
 
 def _valid(x: Any, positive: bool) -> TypeGuard[float]:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and (x > 0 or not positive)
+    return (
+        isinstance(x, (int, float))
+        and not isinstance(x, bool)
+        and math.isfinite(x)
+        and (x > 0 or not positive)
+    )
 
 
 def _endpoint(b0: list[Any], c0: list[Any], level: float, estimand: str) -> Endpoint:
     """Descriptive means and interval over the pairs whose two values are finite numbers (positive for
     ratios); ``invalid_pairs`` counts the others (a decision on them is "not reached", naming the pair)."""
-    ok = [(x, y) for x, y in zip(b0, c0) if _valid(x, estimand != "difference") and _valid(y, estimand != "difference")]
+    ok = [
+        (x, y)
+        for x, y in zip(b0, c0)
+        if _valid(x, estimand != "difference") and _valid(y, estimand != "difference")
+    ]
     b, c = [x for x, _ in ok], [y for _, y in ok]
-    return Endpoint(pairs=len(b), invalid_pairs=len(b0) - len(b),
-                    baseline_mean=math.fsum(b) / len(b) if b else None,
-                    candidate_mean=math.fsum(c) / len(c) if c else None,
-                    interval=_interval(b, c, level, estimand))
+    return Endpoint(
+        pairs=len(b),
+        invalid_pairs=len(b0) - len(b),
+        baseline_mean=math.fsum(b) / len(b) if b else None,
+        candidate_mean=math.fsum(c) / len(c) if c else None,
+        interval=_interval(b, c, level, estimand),
+    )
 
 
 def completeness(records: list[RunRecord]) -> Completeness:
@@ -146,8 +173,14 @@ def completeness(records: list[RunRecord]) -> Completeness:
     missing_units: list[int] = []
     for st in proto["studies"]:
         if "seeds" not in st:  # schema 1 records do not say
-            return Completeness(planned_runs=None, ok_runs=len(ok_ids), missing_runs=None, complete=None,
-                                budget_stop=None, text="completeness unknown: these records do not list the planned seeds")
+            return Completeness(
+                planned_runs=None,
+                ok_runs=len(ok_ids),
+                missing_runs=None,
+                complete=None,
+                budget_stop=None,
+                text="completeness unknown: these records do not list the planned seeds",
+            )
         size = 2 if st["design"] == "paired" else len(design_of(st)[1])  # runs per unit
         n = len(st["seeds"]) * len(st["configs"]) * size
         planned += n
@@ -158,22 +191,38 @@ def completeness(records: list[RunRecord]) -> Completeness:
     spent = math.fsum((r.timings or {}).get("device_s") or 0.0 for r in records)
     ok_s = [(r.timings or {}).get("device_s") or 0.0 for r in records if r.status == "ok"]
     budget = proto.get("budget_device_seconds")
-    budget_stop = bool(missing and ok_s and budget is not None
-                       and spent + min(missing_units) * math.fsum(ok_s) / len(ok_s) > budget)
+    budget_stop = bool(
+        missing
+        and ok_s
+        and budget is not None
+        and spent + min(missing_units) * math.fsum(ok_s) / len(ok_s) > budget
+    )
     if missing == 0:
         text = f"complete: all {planned} planned runs have an ok record"
     elif budget_stop:
-        text = (f"STOPPED BY THE BUDGET RULE: {missing} of {planned} planned runs have no ok record; "
-                f"{spent:.1f} of {budget:g} device seconds spent, and one more unit would exceed the budget; "
-                "where it stopped depended on run times, the outcome of every time endpoint")
+        text = (
+            f"STOPPED BY THE BUDGET RULE: {missing} of {planned} planned runs have no ok record; "
+            f"{spent:.1f} of {budget:g} device seconds spent, and one more unit would exceed the budget; "
+            "where it stopped depended on run times, the outcome of every time endpoint"
+        )
     else:
         text = f"INCOMPLETE: {missing} of {planned} planned runs have no ok record"
-    return Completeness(planned_runs=planned, ok_runs=len(ok_ids), missing_runs=missing, complete=missing == 0,
-                        budget_stop=budget_stop, text=text)
+    return Completeness(
+        planned_runs=planned,
+        ok_runs=len(ok_ids),
+        missing_runs=missing,
+        complete=missing == 0,
+        budget_stop=budget_stop,
+        text=text,
+    )
 
 
-def _paired(study: dict[str, Any], config: str, units: dict[str, dict[str, RunRecord]],
-            exclusions: list[dict[str, str]]) -> PairedResult:
+def _paired(
+    study: dict[str, Any],
+    config: str,
+    units: dict[str, dict[str, RunRecord]],
+    exclusions: list[dict[str, str]],
+) -> PairedResult:
     level = study["interval_level"]
     pairs = []
     for unit in sorted(units):
@@ -183,52 +232,103 @@ def _paired(study: dict[str, Any], config: str, units: dict[str, dict[str, RunRe
             exclusions.append({"unit": unit, "reason": f"no ok record for {', '.join(missing)}"})
             continue
         b, c = arms["baseline"], arms["candidate"]
-        pairs.append({
-            "unit": unit, "seed": b.spec.seed, "order": min(b.spec.order, c.spec.order),
-            "first": "baseline" if b.spec.position == 0 else "candidate", "device": _device(b),
-            "baseline_training_s": b.timings["training_s"], "candidate_training_s": c.timings["training_s"],
-            "baseline_time_to_target_s": b.timings["time_to_target_s"],
-            "candidate_time_to_target_s": c.timings["time_to_target_s"],
-            "baseline_total_s": b.timings["total_s"], "candidate_total_s": c.timings["total_s"],
-            "baseline_test_bpb": b.test_bpb, "candidate_test_bpb": c.test_bpb,
-            "baseline_peak_memory_bytes": _peak(b), "candidate_peak_memory_bytes": _peak(c),
-            "time_reduction_pct": 100.0 * (1.0 - c.timings["training_s"] / b.timings["training_s"])
-            if _valid(b.timings["training_s"], True) and _valid(c.timings["training_s"], True) else None,
-            "test_bpb_difference": c.test_bpb - b.test_bpb
-            if _valid(b.test_bpb, False) and _valid(c.test_bpb, False) else None,
-        })
+        pairs.append(
+            {
+                "unit": unit,
+                "seed": b.spec.seed,
+                "order": min(b.spec.order, c.spec.order),
+                "first": "baseline" if b.spec.position == 0 else "candidate",
+                "device": _device(b),
+                "baseline_training_s": b.timings["training_s"],
+                "candidate_training_s": c.timings["training_s"],
+                "baseline_time_to_target_s": b.timings["time_to_target_s"],
+                "candidate_time_to_target_s": c.timings["time_to_target_s"],
+                "baseline_total_s": b.timings["total_s"],
+                "candidate_total_s": c.timings["total_s"],
+                "baseline_test_bpb": b.test_bpb,
+                "candidate_test_bpb": c.test_bpb,
+                "baseline_peak_memory_bytes": _peak(b),
+                "candidate_peak_memory_bytes": _peak(c),
+                "time_reduction_pct": 100.0 * (1.0 - c.timings["training_s"] / b.timings["training_s"])
+                if _valid(b.timings["training_s"], True) and _valid(c.timings["training_s"], True)
+                else None,
+                "test_bpb_difference": c.test_bpb - b.test_bpb
+                if _valid(b.test_bpb, False) and _valid(c.test_bpb, False)
+                else None,
+            }
+        )
     col = lambda key: [p[key] for p in pairs]  # noqa: E731
-    timed = [p for p in pairs if p["time_reduction_pct"] is not None]  # both training times finite and positive
+    timed = [
+        p for p in pairs if p["time_reduction_pct"] is not None
+    ]  # both training times finite and positive
     training = TrainingTime(
-        **vars(_endpoint(col("baseline_training_s"), col("candidate_training_s"), level, "relative_reduction")),
-        log_ratio=_interval([p["baseline_training_s"] for p in timed], [p["candidate_training_s"] for p in timed],
-                            level, "log_ratio"))
-    both = [p for p in pairs if p["baseline_time_to_target_s"] is not None and p["candidate_time_to_target_s"] is not None]
+        **vars(
+            _endpoint(col("baseline_training_s"), col("candidate_training_s"), level, "relative_reduction")
+        ),
+        log_ratio=_interval(
+            [p["baseline_training_s"] for p in timed],
+            [p["candidate_training_s"] for p in timed],
+            level,
+            "log_ratio",
+        ),
+    )
+    both = [
+        p
+        for p in pairs
+        if p["baseline_time_to_target_s"] is not None and p["candidate_time_to_target_s"] is not None
+    ]
     ttt = TimeToTarget(
-        **vars(_endpoint([p["baseline_time_to_target_s"] for p in both], [p["candidate_time_to_target_s"] for p in both],
-                         level, "relative_reduction")),
+        **vars(
+            _endpoint(
+                [p["baseline_time_to_target_s"] for p in both],
+                [p["candidate_time_to_target_s"] for p in both],
+                level,
+                "relative_reduction",
+            )
+        ),
         rule="pairs where both arms reached the target",
-        unreached={"baseline": sum(p["baseline_time_to_target_s"] is None for p in pairs),
-                   "candidate": sum(p["candidate_time_to_target_s"] is None for p in pairs)})
+        unreached={
+            "baseline": sum(p["baseline_time_to_target_s"] is None for p in pairs),
+            "candidate": sum(p["candidate_time_to_target_s"] is None for p in pairs),
+        },
+    )
     quality = _endpoint(col("baseline_test_bpb"), col("candidate_test_bpb"), level, "difference")
     mem_b, mem_c = col("baseline_peak_memory_bytes"), col("candidate_peak_memory_bytes")
     memory = _endpoint(mem_b, mem_c, level, "relative_reduction") if None not in mem_b + mem_c else None
     faster = sum(1 for p in timed if p["candidate_training_s"] < p["baseline_training_s"])
     slower = sum(1 for p in timed if p["candidate_training_s"] > p["baseline_training_s"])
     return PairedResult(
-        config=config, design="paired", level=level, parameters=_parameters(units),
-        baseline_arm=study["arms"][0], candidate_arm=study["arms"][1], units_seen=len(units), pairs_used=len(pairs),
-        training_time=training, time_to_target=ttt,
+        config=config,
+        design="paired",
+        level=level,
+        parameters=_parameters(units),
+        baseline_arm=study["arms"][0],
+        candidate_arm=study["arms"][1],
+        units_seen=len(units),
+        pairs_used=len(pairs),
+        training_time=training,
+        time_to_target=ttt,
         total_time=_endpoint(col("baseline_total_s"), col("candidate_total_s"), level, "relative_reduction"),
-        test_bpb=quality, peak_memory=memory,
-        counts={"faster": faster, "slower": slower, "ties": len(timed) - faster - slower,
-                "worse_test_bpb": sum(1 for p in pairs if (p["test_bpb_difference"] or 0.0) > 0)},
+        test_bpb=quality,
+        peak_memory=memory,
+        counts={
+            "faster": faster,
+            "slower": slower,
+            "ties": len(timed) - faster - slower,
+            "worse_test_bpb": sum(1 for p in pairs if (p["test_bpb_difference"] or 0.0) > 0),
+        },
         order_effects={"crossover": crossover(timed, level), "drift": drift(timed, level)},
-        by_device=by_device(timed, level), pairs=pairs)
+        by_device=by_device(timed, level),
+        pairs=pairs,
+    )
 
 
-def _factorial(study: dict[str, Any], config: str, units: dict[str, dict[str, RunRecord]],
-               exclusions: list[dict[str, str]]) -> FactorialResult:
+def _factorial(
+    study: dict[str, Any],
+    config: str,
+    units: dict[str, dict[str, RunRecord]],
+    exclusions: list[dict[str, str]],
+) -> FactorialResult:
     level = study["interval_level"]
     factors, names = design_of(study)
     blocks = []
@@ -239,10 +339,18 @@ def _factorial(study: dict[str, Any], config: str, units: dict[str, dict[str, Ru
             exclusions.append({"unit": unit, "reason": f"no ok record for {', '.join(missing)}"})
             continue
         order = sorted(names, key=lambda c: cells[c].spec.position)
-        blocks.append({"unit": unit, "seed": cells[names[0]].spec.seed, "order": order,
-                       **{f"{c}_training_s": cells[c].timings["training_s"] for c in names},
-                       **{f"{c}_test_bpb": cells[c].test_bpb for c in names}})
-    means = {c: (math.fsum(b[f"{c}_training_s"] for b in blocks) / len(blocks) if blocks else None) for c in names}
+        blocks.append(
+            {
+                "unit": unit,
+                "seed": cells[names[0]].spec.seed,
+                "order": order,
+                **{f"{c}_training_s": cells[c].timings["training_s"] for c in names},
+                **{f"{c}_test_bpb": cells[c].test_bpb for c in names},
+            }
+        )
+    means = {
+        c: (math.fsum(b[f"{c}_training_s"] for b in blocks) / len(blocks) if blocks else None) for c in names
+    }
     effects: dict[str, Any] = {}
     if len(blocks) >= 2:
         times = [{c: b[f"{c}_training_s"] for c in names} for b in blocks]
@@ -252,9 +360,18 @@ def _factorial(study: dict[str, Any], config: str, units: dict[str, dict[str, Ru
             d["reduction_low_pct"] = 100.0 * (1.0 - math.exp(iv.high))
             d["reduction_high_pct"] = 100.0 * (1.0 - math.exp(iv.low))
             effects[name] = d
-    return FactorialResult(config=config, design="factorial", level=level, units_seen=len(units),
-                           parameters=_parameters(units), positions=positions(blocks, names, level),
-                           blocks_used=len(blocks), cell_mean_training_s=means, effects=effects, blocks=blocks)
+    return FactorialResult(
+        config=config,
+        design="factorial",
+        level=level,
+        units_seen=len(units),
+        parameters=_parameters(units),
+        positions=positions(blocks, names, level),
+        blocks_used=len(blocks),
+        cell_mean_training_s=means,
+        effects=effects,
+        blocks=blocks,
+    )
 
 
 def _final(records: list[RunRecord]) -> dict[str, RunRecord]:
@@ -267,7 +384,9 @@ def _final(records: list[RunRecord]) -> dict[str, RunRecord]:
     return out
 
 
-def flow(records: list[RunRecord], studies: list[StudyResult], protocol: Mapping[str, Any]) -> list[dict[str, Any]]:
+def flow(
+    records: list[RunRecord], studies: list[StudyResult], protocol: Mapping[str, Any]
+) -> list[dict[str, Any]]:
     """Every planned run per (study, configuration, arm): planned, started, ok, failed,
     interrupted (attempts), superseded (attempts of a unit that ran again whole), missing, analysed
     (in a used pair or block) and excluded; a run's state is its latest attempt in its unit's
@@ -276,22 +395,38 @@ def flow(records: list[RunRecord], studies: list[StudyResult], protocol: Mapping
     cur = {id(r) for r in current(records)}
     rows: dict[tuple[str, str, str], dict[str, Any]] = {}
     for st in protocol["studies"]:
-        roles = (("baseline", st["arms"][0]), ("candidate", st["arms"][1])) if st["design"] == "paired" else \
-            tuple(arms_by_cell(st).items())
+        roles = (
+            (("baseline", st["arms"][0]), ("candidate", st["arms"][1]))
+            if st["design"] == "paired"
+            else tuple(arms_by_cell(st).items())
+        )
         for config in st["configs"]:
             for role, arm in roles:
                 rows[(st["name"], config, role)] = {
-                    "study": st["name"], "config": config, "role": role, "arm": arm,
-                    "planned": len(st["seeds"]) if "seeds" in st else None, "started": 0, "ok": 0, "failed": 0,
-                    "interrupted_attempts": 0, "superseded_attempts": 0, "analysed": 0}
+                    "study": st["name"],
+                    "config": config,
+                    "role": role,
+                    "arm": arm,
+                    "planned": len(st["seeds"]) if "seeds" in st else None,
+                    "started": 0,
+                    "ok": 0,
+                    "failed": 0,
+                    "interrupted_attempts": 0,
+                    "superseded_attempts": 0,
+                    "analysed": 0,
+                }
     attempts: dict[str, list[str]] = {}
     for r in records:
         attempts.setdefault(r.spec.run_id, []).append(r.status)
         if id(r) not in cur:
             s = r.spec
             rows[(s.study, s.config, s.role)]["superseded_attempts"] += 1
-    used = {x["unit"] for st in studies for c in st.configs
-            for x in (c.pairs if isinstance(c, PairedResult) else c.blocks)}
+    used = {
+        x["unit"]
+        for st in studies
+        for c in st.configs
+        for x in (c.pairs if isinstance(c, PairedResult) else c.blocks)
+    }
     for r in final.values():
         s = r.spec
         row = rows[(s.study, s.config, s.role)]
@@ -321,16 +456,26 @@ def _failed_pairs(records: list[RunRecord]) -> dict[tuple[str, str], list[dict[s
         if len(st) == 2 and sorted(x for _, x in st) == ["failed", "ok"]:
             spec = next(iter(arms.values())).spec
             out.setdefault((spec.study, spec.config), []).append(
-                {"unit": unit, "failed": next(role for role, x in st if x == "failed")})
+                {"unit": unit, "failed": next(role for role, x in st if x == "failed")}
+            )
     return out
 
 
 def unfinished(records: list[RunRecord], started: list[StartedEntry]) -> list[dict[str, Any]]:
     """Started entries that no record ends: interrupted attempts, with their start time."""
     ended = {(r.spec.run_id, r.attempt) for r in records}
-    return [{"run_id": e["run_id"], "attempt": e["attempt"], "unit_attempt": e.get("unit_attempt", 1),
-             "started_at": e["started_at"], "node": e["node"], "seq": e["ledger"]["seq"]}
-            for e in sorted(started, key=lambda e: e["ledger"]["seq"]) if (e["run_id"], e["attempt"]) not in ended]
+    return [
+        {
+            "run_id": e["run_id"],
+            "attempt": e["attempt"],
+            "unit_attempt": e.get("unit_attempt", 1),
+            "started_at": e["started_at"],
+            "node": e["node"],
+            "seq": e["ledger"]["seq"],
+        }
+        for e in sorted(started, key=lambda e: e["ledger"]["seq"])
+        if (e["run_id"], e["attempt"]) not in ended
+    ]
 
 
 def derive(records: list[RunRecord], started: list[StartedEntry] | None = None) -> Summary:
@@ -355,8 +500,10 @@ def derive(records: list[RunRecord], started: list[StartedEntry] | None = None) 
     for study in protocol["studies"]:
         entries: list[PairedResult | FactorialResult] = []
         for config in study["configs"]:
-            units = {u: ok.get((study["name"], config), {}).get(u, {})
-                     for u in sorted(seen_units.get((study["name"], config), set()))}
+            units = {
+                u: ok.get((study["name"], config), {}).get(u, {})
+                for u in sorted(seen_units.get((study["name"], config), set()))
+            }
             if not units:
                 continue
             if study["design"] == "paired":
@@ -368,18 +515,32 @@ def derive(records: list[RunRecord], started: list[StartedEntry] | None = None) 
         studies.append(StudyResult(name=study["name"], design=study["design"], configs=entries))
     status = [r.status for r in records]
     return Summary(
-        schema_version=SUMMARY_SCHEMA, protocol=protocol,
-        records=RecordCounts(files=len(records), ok=status.count("ok"), failed=status.count("failed"),
-                             interrupted=status.count("interrupted"), superseded=len(records) - len(current(records)),
-                             unfinished=unfinished(records, started or []),
-                             device_seconds=math.fsum((r.timings or {}).get("device_s") or 0.0 for r in records)),
-        completeness=done, hypotheses=_hypotheses(records, protocol, pairs_of, done),
-        flow=flow(records, studies, protocol), exclusions=sorted(exclusions, key=lambda e: e["unit"]),
-        studies=studies, runs=run_rows(records))
+        schema_version=SUMMARY_SCHEMA,
+        protocol=protocol,
+        records=RecordCounts(
+            files=len(records),
+            ok=status.count("ok"),
+            failed=status.count("failed"),
+            interrupted=status.count("interrupted"),
+            superseded=len(records) - len(current(records)),
+            unfinished=unfinished(records, started or []),
+            device_seconds=math.fsum((r.timings or {}).get("device_s") or 0.0 for r in records),
+        ),
+        completeness=done,
+        hypotheses=_hypotheses(records, protocol, pairs_of, done),
+        flow=flow(records, studies, protocol),
+        exclusions=sorted(exclusions, key=lambda e: e["unit"]),
+        studies=studies,
+        runs=run_rows(records),
+    )
 
 
-def _hypotheses(records: list[RunRecord], protocol: Mapping[str, Any],
-                pairs_of: dict[tuple[str, str], list[dict[str, Any]]], done: Completeness) -> Hypotheses | Descriptive:
+def _hypotheses(
+    records: list[RunRecord],
+    protocol: Mapping[str, Any],
+    pairs_of: dict[tuple[str, str], list[dict[str, Any]]],
+    done: Completeness,
+) -> Hypotheses | Descriptive:
     """The preregistered decisions, each with its failed-arm sensitivity analysis."""
     spec = protocol.get("hypotheses") or {"descriptive": "these records predate preregistered hypotheses"}
     if "descriptive" in spec:
@@ -388,7 +549,17 @@ def _hypotheses(records: list[RunRecord], protocol: Mapping[str, Any],
     decided = []
     for d in decide(spec, pairs_of, done):
         h = next(t for t in spec["tests"] if t["id"] == d.id)
-        decided.append(Decided(decision=d, sensitivity=sensitivity(h, pairs_of.get((d.study, d.config), []),
-                                                                   failed.get((d.study, d.config), []))))
-    return Hypotheses(procedure=spec["procedure"], family_alpha=spec["family_alpha"], min_pairs=spec["min_pairs"],
-                      decisions=decided)
+        decided.append(
+            Decided(
+                decision=d,
+                sensitivity=sensitivity(
+                    h, pairs_of.get((d.study, d.config), []), failed.get((d.study, d.config), [])
+                ),
+            )
+        )
+    return Hypotheses(
+        procedure=spec["procedure"],
+        family_alpha=spec["family_alpha"],
+        min_pairs=spec["min_pairs"],
+        decisions=decided,
+    )

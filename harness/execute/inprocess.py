@@ -48,7 +48,9 @@ class InProcessExecutor:
                     wall = time.monotonic() - wall0
                     result = replace(partial.result, timings={**partial.result.timings, "device_s": wall})
                     data = json.loads(json.dumps(jsonable(result.to_json()), allow_nan=False))
-                    outcome = Outcome(code=code, result=data, wall_s=wall, started_at=t0, finished_at=time.time())
+                    outcome = Outcome(
+                        code=code, result=data, wall_s=wall, started_at=t0, finished_at=time.time()
+                    )
                     runner.echo(f"  {runner.finished(spec, attempt, outcome)}")
             finally:
                 claim.release()

@@ -135,13 +135,24 @@ def execute(job: Job, partial: Partial) -> WorkerResult:
     clock, time_to_target, validation_s = _train(run, model, forward, arm, batches, meter, curve, val_curve)
     measured, seconds = _evaluate(run, model, Path(job.checkpoint_path), meter)
     total_s = time.perf_counter() - t_start
-    partial.note(**measured, timings={"setup_s": t_setup - t_start, "compile_s": compile_s, "training_s": clock,
-                         "time_to_target_s": time_to_target, "validation_s": validation_s, **seconds,
-                         "total_s": total_s})
+    partial.note(
+        **measured,
+        timings={
+            "setup_s": t_setup - t_start,
+            "compile_s": compile_s,
+            "training_s": clock,
+            "time_to_target_s": time_to_target,
+            "validation_s": validation_s,
+            **seconds,
+            "total_s": total_s,
+        },
+    )
     rescored, test_bpb = measured["rescored_test_bpb"], measured["test_bpb"]
     if rescored != test_bpb:
-        raise RunFailure(f"re-scored test BPB {rescored!r} differs from the in-run {test_bpb!r}: the checkpoint "
-                         "round trip is not exact")
+        raise RunFailure(
+            f"re-scored test BPB {rescored!r} differs from the in-run {test_bpb!r}: the checkpoint "
+            "round trip is not exact"
+        )
     partial.note(status="ok", reason=None)
     return partial.result
 
@@ -152,14 +163,20 @@ def _environment(run: _Run) -> dict[str, Any]:
 
     device = run.device
     return {
-        "host": socket.gethostname(), "os": platform.platform(), "python": platform.python_version(),
-        "torch": torch.__version__, "device": str(device), "device_name": devices.device_name(device),
+        "host": socket.gethostname(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": str(device),
+        "device_name": devices.device_name(device),
         # the instruction set torch dispatches its CPU kernels for (ATEN_CPU_CAPABILITY may lower it)
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "threads": torch.get_num_threads(), "harness_sha256": code_sha256()["harness"],
+        "threads": torch.get_num_threads(),
+        "harness_sha256": code_sha256()["harness"],
         "numpy": _version("numpy"),
         "isolated": bool(sys.flags.isolated),  # python -I: no PYTHONPATH, user site or current directory
-        "config_sha256": run.cfg.sha256, "corpus_sha256": run.corpus.sha256(),
+        "config_sha256": run.cfg.sha256,
+        "corpus_sha256": run.corpus.sha256(),
     }
 
 
@@ -177,24 +194,30 @@ def _model_and_arm(run: _Run, partial: Partial) -> tuple[torch.nn.Module, Gradie
     rng = torch.get_rng_state()
     arm = resolve(spec.arm)(ArmContext(model, params, run.cfg.train, run.device))
     if not torch.equal(rng, torch.get_rng_state()):
-        raise RunFailure(f"arm {spec.arm} drew from the global random state while it was built; an arm must not "
-                         "touch the seed (harness/arms.py)")
+        raise RunFailure(
+            f"arm {spec.arm} drew from the global random state while it was built; an arm must not "
+            "touch the seed (harness/arms.py)"
+        )
     paths = exact_paths(run.device.type)
-    partial.note(method_paths={
-        "bucketed_norm_dtypes": sorted(str(d).replace("torch.", "") for d in paths.bucketed_norm_dtypes),
-        "update": paths.update, "origin": paths.origin,
-        # the one-pass phase's CPU blocks (speed, not bits); None for arms without PackedAdamW
-        "cpu_block_bytes": getattr(arm.optimizer, "block_bytes", None),
-        # what runs the one-pass phase: phase.c (with the arithmetic forms its self-check chose)
-        # or torch's kernels, and why; None for arms without PackedAdamW
-        "phase_kernel": arm.optimizer.phase_kernel() if hasattr(arm.optimizer, "phase_kernel") else None,
-        "phase_so_sha256": _phase_so_sha256(),  # the phase.c library this process loaded, verified (or None)
-    })
+    partial.note(
+        method_paths={
+            "bucketed_norm_dtypes": sorted(str(d).replace("torch.", "") for d in paths.bucketed_norm_dtypes),
+            "update": paths.update,
+            "origin": paths.origin,
+            # the one-pass phase's CPU blocks (speed, not bits); None for arms without PackedAdamW
+            "cpu_block_bytes": getattr(arm.optimizer, "block_bytes", None),
+            # what runs the one-pass phase: phase.c (with the arithmetic forms its self-check chose)
+            # or torch's kernels, and why; None for arms without PackedAdamW
+            "phase_kernel": arm.optimizer.phase_kernel() if hasattr(arm.optimizer, "phase_kernel") else None,
+            "phase_so_sha256": _phase_so_sha256(),  # the phase.c library this process loaded, verified (or None)
+        }
+    )
     return model, arm
 
 
-def _compiled(run: _Run, model: torch.nn.Module, arm: GradientPhase,
-              t_setup: float) -> tuple[Callable[..., torch.Tensor], float]:
+def _compiled(
+    run: _Run, model: torch.nn.Module, arm: GradientPhase, t_setup: float
+) -> tuple[Callable[..., torch.Tensor], float]:
     """``torch.compile(model)`` warmed up on validation bytes (the training batch stream untouched; gradients
     discarded, weights and optimizer state unchanged), and the seconds since ``t_setup``."""
     from harness import devices
@@ -212,9 +235,16 @@ def _compiled(run: _Run, model: torch.nn.Module, arm: GradientPhase,
     return forward, time.perf_counter() - t_setup
 
 
-def _train(run: _Run, model: torch.nn.Module, forward: Callable[..., torch.Tensor], arm: GradientPhase,
-           batches: BatchStream, meter: MemoryMeter, curve: list[list[float]],
-           val_curve: list[list[float]]) -> tuple[float, float | None, float]:
+def _train(
+    run: _Run,
+    model: torch.nn.Module,
+    forward: Callable[..., torch.Tensor],
+    arm: GradientPhase,
+    batches: BatchStream,
+    meter: MemoryMeter,
+    curve: list[list[float]],
+    val_curve: list[list[float]],
+) -> tuple[float, float | None, float]:
     """The steps on the training clock (validation paused), filling ``curve`` (step, loss, clock) and
     ``val_curve`` (step, bpb, clock); returns the clock, the time to target (or None), validation seconds."""
     from harness import devices
@@ -242,8 +272,10 @@ def _train(run: _Run, model: torch.nn.Module, forward: Callable[..., torch.Tenso
         devices.synchronize(device)
         clock += time.perf_counter() - t0
         if step == 0 and not torch.equal(rng, torch.get_rng_state()):
-            raise RunFailure(f"arm {spec.arm} drew from the global random state in its gradient phase; an arm "
-                             "must not touch the seed (harness/arms.py)")
+            raise RunFailure(
+                f"arm {spec.arm} drew from the global random state in its gradient phase; an arm "
+                "must not touch the seed (harness/arms.py)"
+            )
         meter.sample()
         value = float(loss.detach())
         curve.append([step + 1, value, clock])
@@ -259,8 +291,9 @@ def _train(run: _Run, model: torch.nn.Module, forward: Callable[..., torch.Tenso
     return clock, time_to_target, validation_s
 
 
-def _evaluate(run: _Run, model: torch.nn.Module, ckpt: Path,
-              meter: MemoryMeter) -> tuple[dict[str, Any], dict[str, float]]:
+def _evaluate(
+    run: _Run, model: torch.nn.Module, ckpt: Path, meter: MemoryMeter
+) -> tuple[dict[str, Any], dict[str, float]]:
     """Full BPB, the checkpoint re-scored by a fresh model, memory peaks (fields of a
     :class:`~harness.records.WorkerResult`); and the seconds each part took."""
     from harness.data.batches import bits_per_byte
@@ -288,10 +321,14 @@ def _evaluate(run: _Run, model: torch.nn.Module, ckpt: Path,
     rescored, _ = bits_per_byte(fresh, corpus.test, cfg.model.context, cfg.eval.batch_size, device)
     rescore_s = time.perf_counter() - r0
     measured: dict[str, Any] = {
-        "val_bpb": val_bpb, "test_bpb": test_bpb, "rescored_test_bpb": rescored,
-        "rescore_identical": rescored == test_bpb, "eval_bytes": {"valid": val_bytes, "test": test_bytes},
+        "val_bpb": val_bpb,
+        "test_bpb": test_bpb,
+        "rescored_test_bpb": rescored,
+        "rescore_identical": rescored == test_bpb,
+        "eval_bytes": {"valid": val_bytes, "test": test_bytes},
         "memory": meter.peaks(),
-        "checkpoint": {"path": str(ckpt), "sha256": ckpt_sha, "bytes": ckpt.stat().st_size}}
+        "checkpoint": {"path": str(ckpt), "sha256": ckpt_sha, "bytes": ckpt.stat().st_size},
+    }
     return measured, {"evaluation_s": evaluation_s, "checkpoint_s": checkpoint_s, "rescore_s": rescore_s}
 
 
@@ -361,8 +398,11 @@ def probe() -> dict[str, Any]:
     """What a Ray node checks before it runs anything, asked of a worker process (so the node's
     own process never imports torch, and a fork server never initialises a device before forking):
     PyTorch's version and which timing devices it can use."""
-    return {"status": "ok", "torch": torch.__version__,
-            "devices": {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}}
+    return {
+        "status": "ok",
+        "torch": torch.__version__,
+        "devices": {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -392,19 +432,24 @@ def main(argv: list[str] | None = None) -> int:
 def failure(e: BaseException) -> dict[str, str]:
     """A failed run's status, reason and traceback (fields of a :class:`~harness.records.WorkerResult`)."""
     oom = "out of memory" in str(e).lower()
-    return {"status": "failed", "reason": f"{'out of memory' if oom else type(e).__name__}: {e}",
-            "traceback": traceback.format_exc()[-4000:]}
+    return {
+        "status": "failed",
+        "reason": f"{'out of memory' if oom else type(e).__name__}: {e}",
+        "traceback": traceback.format_exc()[-4000:],
+    }
 
 
 def report(where: str, result: Mapping[str, object]) -> None:
     """Hand the result to the parent: ``fd:N`` is the pipe it gave this process (one ASCII line of
     JSON, never a file another process could read first); otherwise a file path (for operators)."""
-    data = json.dumps(jsonable(result), sort_keys=True, separators=(",", ":"), allow_nan=False).encode("ascii")
+    data = json.dumps(jsonable(result), sort_keys=True, separators=(",", ":"), allow_nan=False).encode(
+        "ascii"
+    )
     if where.startswith("fd:"):
         fd = int(where[3:])
         view = memoryview(data + b"\n")
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.close(fd)
     else:
         atomic_write(Path(where), data, overwrite=True)
