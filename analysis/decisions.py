@@ -286,7 +286,7 @@ def decide(
     pairs_of
         The used pairs per (study, configuration), as :func:`analysis.summary.derive` builds them.
     completeness
-        :func:`analysis.summary.completeness` of the records.
+        :func:`analysis.selection.completeness` of the records.
 
     Notes
     -----

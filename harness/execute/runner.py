@@ -306,7 +306,7 @@ class Runner:
     def budget_allows(
         self, unit: list[RunSpec], todo: list[RunSpec], states: dict[str, RunState], reserved: float = 0.0
     ) -> bool:
-        """The budget rule (analysis.summary.completeness restates it): no unit starts when the device
+        """The budget rule (analysis.selection.completeness restates it): no unit starts when the device
         seconds spent (plus those reserved by units in flight) and the unit's runs at the mean device
         seconds of the ok runs so far would exceed the protocol's budget."""
         spent = sum(st.device_s for st in states.values()) + reserved
