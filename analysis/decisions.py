@@ -9,7 +9,9 @@ Sign convention: per-pair values compare the candidate with the baseline (``diff
 says the candidate is better when its endpoint is lower (times, BPB, memory). Ratio estimands are
 tested on the log ratio (:mod:`analysis.ttests`), so no decision depends on which of the two ratio
 estimands the protocol names or on which arm it calls the baseline (swap the arms and flip
-``better``: the same decision, bit for bit). Intervals are shown in the estimand's units.
+``better``: the same decision, bit for bit). Intervals are shown in the estimand's units. The
+per-pair values, restricted means and worst-rank scores are :mod:`analysis.pair_values`; here are
+the tests, the multiplicity procedure and the sensitivity analysis.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from analysis.multiplicity import Tested, fixed_sequence, holm
+from analysis.pair_values import NotReached, values_and_scales, values_of, worst_rank_estimate
 from analysis.preregistration import Hypothesis
-from analysis.ranks import median, signed_rank, worst_rank_differences
+from analysis.ranks import signed_rank, worst_rank_differences
 from analysis.results import Completeness
-from analysis.stats import reduction, rounding_scale, spread_is_rounding
+from analysis.stats import reduction, spread_is_rounding
 from analysis.ttests import (
     TestResult,
     bounds,
@@ -32,14 +35,12 @@ from analysis.ttests import (
     mean_se,
     period_adjusted,
     period_adjusted_mean,
-    scale,
     sign,
     t_result,
     t_test,
 )
 
 __all__ = [
-    "ENDPOINT_KEYS",
     "TIME_ENDPOINTS",
     "Hypothesis",
     "HypothesisDecision",
@@ -52,13 +53,6 @@ __all__ = [
     "worst_rank_differences",
 ]
 
-ENDPOINT_KEYS = {
-    "training_time": "training_s",
-    "time_to_target": "time_to_target_s",
-    "total_time": "total_s",
-    "test_bpb": "test_bpb",
-    "peak_memory": "peak_memory_bytes",
-}
 #: Endpoints measured in run time: the budget rule's stop depends on them (:func:`decide`).
 TIME_ENDPOINTS = ("training_time", "time_to_target", "total_time")
 
@@ -103,101 +97,6 @@ class HypothesisDecision:
         return {**{k: getattr(self.hypothesis, k) for k in _DECIDED_FIELDS}, **own}
 
 
-class NotReached(ValueError):
-    """The data cannot decide a hypothesis; the message is the reason."""
-
-
-def _number(p: dict[str, Any], role: str, key: str, positive: bool) -> float:
-    v = p[f"{role}_{key}"]
-    if (
-        isinstance(v, bool)
-        or not isinstance(v, (int, float))
-        or not math.isfinite(v)
-        or (positive and v <= 0)
-    ):
-        what = "null" if v is None else f"{v!r}, not a finite{' positive' if positive else ''} number"
-        raise NotReached(f"pair {p.get('unit', '?')}: the {role}'s {key} is {what} in an ok record")
-    return float(v)
-
-
-def _restricted(h: Hypothesis, pairs: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
-    """Restricted times ``min(T, tau)`` of both arms, one restriction ``tau`` per pair for both arms.
-
-    ``tau`` is the hypothesis' ``restriction_s`` or, by default, the shorter of the pair's two
-    training times (both fixed-step runs were observed that long, so ``min(T, tau)`` is known
-    for both arms with no imputation: an unreached arm has ``T > tau``). The decision then
-    compares restricted mean times (Royston & Parmar 2013, *BMC Med. Res. Methodol.* 13:152).
-    """
-    b: list[float] = []
-    c: list[float] = []
-    for p in pairs:
-        train = {r: _number(p, r, "training_s", True) for r in ("baseline", "candidate")}
-        tau = h.restriction_s or min(train.values())
-        for role, out in (("baseline", b), ("candidate", c)):
-            t = p[f"{role}_time_to_target_s"]
-            if t is None:
-                if train[role] < tau:
-                    raise NotReached(
-                        f"pair {p.get('unit', '?')}: the {role} missed the target after training "
-                        f"{train[role]:.6g} s, less than the restriction {tau:g} s: its restricted "
-                        "time is unknown"
-                    )
-                out.append(tau)
-            else:
-                out.append(min(_number(p, role, "time_to_target_s", True), tau))
-    return b, c
-
-
-def values_of(
-    h: Hypothesis | Mapping[str, Any], pairs: list[dict[str, Any]]
-) -> tuple[list[float], dict[str, int] | None]:
-    """Per-pair values on the hypothesis' test scale, and the unreached counts for time to target.
-
-    Raises :class:`NotReached` naming the pair, arm and key of a null or non-finite endpoint.
-    """
-    values, _scales, unreached = _values(Hypothesis.of(h), pairs)
-    return values, unreached
-
-
-def _values(
-    h: Hypothesis, pairs: list[dict[str, Any]]
-) -> tuple[list[float], list[float] | None, dict[str, int] | None]:
-    """:func:`values_of` and, but for worst-rank scores, each value's :func:`rounding_scale`."""
-    key = ENDPOINT_KEYS[h.endpoint]
-    ratio = scale(h.estimand) == "log_ratio"
-    unreached = None
-    if h.endpoint == "time_to_target":
-        raw = {r: [p[f"{r}_{key}"] for p in pairs] for r in ("baseline", "candidate")}
-        unreached = {
-            "baseline": raw["baseline"].count(None),
-            "candidate": raw["candidate"].count(None),
-            "both": sum(x is None and y is None for x, y in zip(raw["baseline"], raw["candidate"])),
-        }
-        for p in pairs:
-            for role in ("baseline", "candidate"):
-                if p[f"{role}_{key}"] is not None:
-                    _number(p, role, key, True)
-        if h.censoring == "worst_rank":
-            return worst_rank_differences(raw["baseline"], raw["candidate"]), None, unreached
-        b, c = _restricted(h, pairs)
-    else:
-        b = [_number(p, "baseline", key, ratio) for p in pairs]
-        c = [_number(p, "candidate", key, ratio) for p in pairs]
-    scales = rounding_scale(b, c, scale(h.estimand))
-    if ratio:
-        return [math.log(y) - math.log(x) for x, y in zip(b, c)], scales, unreached
-    return [y - x for x, y in zip(b, c)], scales, unreached
-
-
-def _worst_rank_estimate(pairs: list[dict[str, Any]]) -> tuple[float | None, str]:
-    both = [
-        math.log(p["candidate_time_to_target_s"]) - math.log(p["baseline_time_to_target_s"])
-        for p in pairs
-        if p["baseline_time_to_target_s"] is not None and p["candidate_time_to_target_s"] is not None
-    ]
-    return median(both), f"median ln(c/b) of the {len(both)} pairs where both arms reached the target"
-
-
 def _test(
     h: Hypothesis, pairs: list[dict[str, Any]], min_pairs: int
 ) -> tuple[TestResult | None, str | None, dict[str, int] | None]:
@@ -205,7 +104,7 @@ def _test(
         return None, f"too few pairs: {len(pairs)} of the protocol's min_pairs {min_pairs}", None
     unreached = None
     try:
-        values, scales, unreached = _values(h, pairs)
+        values, scales, unreached = values_and_scales(h, pairs)
         region = bounds(h)
     except NotReached as e:
         return None, str(e), unreached
@@ -215,7 +114,7 @@ def _test(
         if all(v == 0.0 for v in values):
             return None, "identical: every pair's difference is exactly 0", unreached
         r = signed_rank(values, sign(h.better))
-        est, what = _worst_rank_estimate(pairs)
+        est, what = worst_rank_estimate(pairs)
         return TestResult("signed-rank", r.n, est, None, 0, r.statistic, r.p_value, what), None, unreached
     if spread_is_rounding(values, scales):
         if all(v == 0.0 for v in values):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from scipy import integrate as _integrate
 from scipy import stats as _st
 
-from analysis.decisions import ENDPOINT_KEYS
+from analysis.pair_values import ENDPOINT_KEYS
 from analysis.stats import paired_values, reduction
 from analysis.ttests import bounds, one_sided, scale, sign
 
