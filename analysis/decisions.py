@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 from typing import Any
 
 from analysis.multiplicity import Tested, fixed_sequence, holm
 from analysis.pair_values import NotReached, values_and_scales, values_of, worst_rank_estimate
 from analysis.preregistration import Hypothesis
 from analysis.ranks import signed_rank, worst_rank_differences
-from analysis.results import Completeness
+from analysis.results import Completeness, HypothesisDecision
 from analysis.stats import reduction, spread_is_rounding
 from analysis.ttests import (
     TestResult,
@@ -43,7 +43,6 @@ from analysis.ttests import (
 __all__ = [
     "TIME_ENDPOINTS",
     "Hypothesis",
-    "HypothesisDecision",
     "TestResult",
     "decide",
     "period_adjusted",
@@ -55,46 +54,6 @@ __all__ = [
 
 #: Endpoints measured in run time: the budget rule's stop depends on them (:func:`decide`).
 TIME_ENDPOINTS = ("training_time", "time_to_target", "total_time")
-
-
-#: The hypothesis' fields a decision repeats (its JSON opens with them, in this order).
-_DECIDED_FIELDS = ("id", "study", "config", "endpoint", "estimand", "type", "margin", "better")
-
-
-@dataclass(frozen=True)
-class HypothesisDecision:
-    """The decision on one preregistered hypothesis (``status``: established, not established, not reached).
-
-    ``estimate``, ``low`` and ``high`` are in the estimand's units (for worst-rank: ``estimate_of``
-    says what the estimate is; no interval); ``test`` holds the test on its own scale. The
-    hypothesis' own fields read through (``decision.id``, ``decision.config``, ...).
-    """
-
-    hypothesis: Hypothesis
-    status: str
-    reason: str | None
-    alpha: float | None
-    test: dict[str, Any] | None
-    estimate: float | None
-    estimate_of: str | None
-    low: float | None
-    high: float | None
-    level: float | None
-    unreached: dict[str, int] | None
-    text: str
-
-    id = property(lambda self: self.hypothesis.id)
-    study = property(lambda self: self.hypothesis.study)
-    config = property(lambda self: self.hypothesis.config)
-    endpoint = property(lambda self: self.hypothesis.endpoint)
-    estimand = property(lambda self: self.hypothesis.estimand)
-    type = property(lambda self: self.hypothesis.type)
-    margin = property(lambda self: self.hypothesis.margin)
-    better = property(lambda self: self.hypothesis.better)
-
-    def as_dict(self) -> dict[str, Any]:
-        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "hypothesis"}
-        return {**{k: getattr(self.hypothesis, k) for k in _DECIDED_FIELDS}, **own}
 
 
 def _test(

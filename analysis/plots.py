@@ -7,8 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from analysis.decisions import HypothesisDecision
-from analysis.results import Hypotheses, PairedResult, Summary
+from analysis.results import Hypotheses, HypothesisDecision, PairedResult, Summary
 from harness.records import RunRecord
 
 __all__ = ["plots"]

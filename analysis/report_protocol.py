@@ -8,9 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from analysis.decisions import HypothesisDecision
 from analysis.report_md import md_table, num
-from analysis.results import Descriptive, Hypotheses, Summary
+from analysis.results import Descriptive, Hypotheses, HypothesisDecision, Summary
 
 __all__ = ["decisions_section", "flow_section", "header_section", "runs_section"]
 

@@ -13,14 +13,11 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from analysis.preregistration import Hypothesis
 from analysis.stats import PairedInterval
 from harness.records import plain
-
-if TYPE_CHECKING:  # decisions read Completeness; a decision is only named here
-    from analysis.decisions import HypothesisDecision
 
 #: summary.json's format (``schema_version``). 2: "completeness"; 3: "hypotheses" (one decision each),
 #: "flow", order diagnostics, failed-arm sensitivity; 4: ratio estimands on the log ratio
@@ -68,7 +65,7 @@ def _build(cls: Any, data: Any, where: str) -> Any:
                 + ([f"missing {', '.join(missing)}"] if missing else [])
             )
         )
-    hints = typing.get_type_hints(cls, globalns={**globals(), "HypothesisDecision": Any})
+    hints = typing.get_type_hints(cls)
     return cls(**{n: _value(hints[n], data[n], f"{where}.{n}") for n in names})
 
 
@@ -185,6 +182,46 @@ class Completeness(_Json):
     text: str
 
 
+#: The hypothesis' fields a decision repeats (its JSON opens with them, in this order).
+_DECIDED_FIELDS = ("id", "study", "config", "endpoint", "estimand", "type", "margin", "better")
+
+
+@dataclass(frozen=True)
+class HypothesisDecision:
+    """The decision on one preregistered hypothesis (``status``: established, not established, not reached).
+
+    ``estimate``, ``low`` and ``high`` are in the estimand's units (for worst-rank: ``estimate_of``
+    says what the estimate is; no interval); ``test`` holds the test on its own scale. The
+    hypothesis' own fields read through (``decision.id``, ``decision.config``, ...).
+    """
+
+    hypothesis: Hypothesis
+    status: str
+    reason: str | None
+    alpha: float | None
+    test: dict[str, Any] | None
+    estimate: float | None
+    estimate_of: str | None
+    low: float | None
+    high: float | None
+    level: float | None
+    unreached: dict[str, int] | None
+    text: str
+
+    id = property(lambda self: self.hypothesis.id)
+    study = property(lambda self: self.hypothesis.study)
+    config = property(lambda self: self.hypothesis.config)
+    endpoint = property(lambda self: self.hypothesis.endpoint)
+    estimand = property(lambda self: self.hypothesis.estimand)
+    type = property(lambda self: self.hypothesis.type)
+    margin = property(lambda self: self.hypothesis.margin)
+    better = property(lambda self: self.hypothesis.better)
+
+    def as_dict(self) -> dict[str, Any]:
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "hypothesis"}
+        return {**{k: getattr(self.hypothesis, k) for k in _DECIDED_FIELDS}, **own}
+
+
 @dataclass(frozen=True)
 class Decided:
     """A preregistered hypothesis' decision and its sensitivity analysis (a failed arm as adverse)."""
@@ -198,8 +235,6 @@ class Decided:
     @classmethod
     def from_json(cls, data: Any, where: str, tests: Sequence[Mapping[str, Any]] = ()) -> Decided:
         """A decision row of summary.json, its hypothesis taken whole from the protocol's ``tests``."""
-        from analysis.decisions import HypothesisDecision
-
         own = {f.name for f in fields(HypothesisDecision)} - {"hypothesis"}
         test = next((t for t in tests if t.get("id") == data.get("id")), None)
         if test is None:
