@@ -27,8 +27,8 @@ class InProcessExecutor:
 
     def execute(self, runner: Runner) -> None:
         from harness.execute.job import Job
-        from harness.execute.worker import Partial, failure
-        from harness.execute.worker import execute as run_job
+        from harness.execute.training import Partial, failure
+        from harness.execute.training import execute as run_job
 
         for claim in runner.claims():
             try:
