@@ -4,11 +4,7 @@
 report; ``analysis/public_audit.py`` re-checks everything with the standard library alone.
 """
 
-from analysis.stats import (
-    PairedInterval,
-    factorial_contrasts,
-    mean_interval,
-    paired_interval,
-)
+from analysis.factorial import factorial_contrasts
+from analysis.stats import PairedInterval, mean_interval, paired_interval
 
 __all__ = ["PairedInterval", "factorial_contrasts", "mean_interval", "paired_interval"]

@@ -8,6 +8,7 @@ Rule (applied per configuration to the pilot's ``ok`` baseline-role runs):
 * device seconds per run: the median inclusive device time per run; a target protocol's budget
   is that times its number of runs times 1.5, rounded up to the next 60 s.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,7 +34,11 @@ def calibrate(records: list[RunRecord]) -> dict[str, dict[str, Any]]:
             vals.append(points[-1][1])
             secs.append(r.timings["device_s"])
         target = math.ceil(statistics.median(vals) * 100) / 100
-        out[config] = {"runs": len(recs), "val_target_bpb": target, "device_s_per_run": statistics.median(secs)}
+        out[config] = {
+            "runs": len(recs),
+            "val_target_bpb": target,
+            "device_s_per_run": statistics.median(secs),
+        }
     return out
 
 

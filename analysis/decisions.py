@@ -9,21 +9,24 @@ Sign convention: per-pair values compare the candidate with the baseline (``diff
 says the candidate is better when its endpoint is lower (times, BPB, memory). Ratio estimands are
 tested on the log ratio (:mod:`analysis.ttests`), so no decision depends on which of the two ratio
 estimands the protocol names or on which arm it calls the baseline (swap the arms and flip
-``better``: the same decision, bit for bit). Intervals are shown in the estimand's units.
+``better``: the same decision, bit for bit). Intervals are shown in the estimand's units. The
+per-pair values, restricted means and worst-rank scores are :mod:`analysis.pair_values`; here are
+the tests, the multiplicity procedure and the sensitivity analysis.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 from typing import Any
 
 from analysis.multiplicity import Tested, fixed_sequence, holm
+from analysis.pair_values import NotReached, values_and_scales, values_of, worst_rank_estimate
 from analysis.preregistration import Hypothesis
-from analysis.ranks import median, signed_rank, worst_rank_differences
-from analysis.results import Completeness
-from analysis.stats import reduction, rounding_scale, spread_is_rounding
+from analysis.ranks import signed_rank, worst_rank_differences
+from analysis.results import Completeness, HypothesisDecision
+from analysis.stats import reduction, spread_is_rounding
 from analysis.ttests import (
     TestResult,
     bounds,
@@ -32,147 +35,35 @@ from analysis.ttests import (
     mean_se,
     period_adjusted,
     period_adjusted_mean,
-    scale,
     sign,
     t_result,
     t_test,
 )
 
-__all__ = ["ENDPOINT_KEYS", "TIME_ENDPOINTS", "Hypothesis", "HypothesisDecision", "TestResult", "decide", "period_adjusted",
-           "sensitivity", "signed_rank", "t_test", "worst_rank_differences"]
+__all__ = [
+    "TIME_ENDPOINTS",
+    "Hypothesis",
+    "TestResult",
+    "decide",
+    "period_adjusted",
+    "sensitivity",
+    "signed_rank",
+    "t_test",
+    "worst_rank_differences",
+]
 
-ENDPOINT_KEYS = {"training_time": "training_s", "time_to_target": "time_to_target_s", "total_time": "total_s",
-                 "test_bpb": "test_bpb", "peak_memory": "peak_memory_bytes"}
 #: Endpoints measured in run time: the budget rule's stop depends on them (:func:`decide`).
 TIME_ENDPOINTS = ("training_time", "time_to_target", "total_time")
 
 
-#: The hypothesis' fields a decision repeats (its JSON opens with them, in this order).
-_DECIDED_FIELDS = ("id", "study", "config", "endpoint", "estimand", "type", "margin", "better")
-
-
-@dataclass(frozen=True)
-class HypothesisDecision:
-    """The decision on one preregistered hypothesis (``status``: established, not established, not reached).
-
-    ``estimate``, ``low`` and ``high`` are in the estimand's units (for worst-rank: ``estimate_of``
-    says what the estimate is; no interval); ``test`` holds the test on its own scale. The
-    hypothesis' own fields read through (``decision.id``, ``decision.config``, ...).
-    """
-
-    hypothesis: Hypothesis
-    status: str
-    reason: str | None
-    alpha: float | None
-    test: dict[str, Any] | None
-    estimate: float | None
-    estimate_of: str | None
-    low: float | None
-    high: float | None
-    level: float | None
-    unreached: dict[str, int] | None
-    text: str
-
-    id = property(lambda self: self.hypothesis.id)
-    study = property(lambda self: self.hypothesis.study)
-    config = property(lambda self: self.hypothesis.config)
-    endpoint = property(lambda self: self.hypothesis.endpoint)
-    estimand = property(lambda self: self.hypothesis.estimand)
-    type = property(lambda self: self.hypothesis.type)
-    margin = property(lambda self: self.hypothesis.margin)
-    better = property(lambda self: self.hypothesis.better)
-
-    def as_dict(self) -> dict[str, Any]:
-        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "hypothesis"}
-        return {**{k: getattr(self.hypothesis, k) for k in _DECIDED_FIELDS}, **own}
-
-
-class NotReached(ValueError):
-    """The data cannot decide a hypothesis; the message is the reason."""
-
-
-def _number(p: dict[str, Any], role: str, key: str, positive: bool) -> float:
-    v = p[f"{role}_{key}"]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (positive and v <= 0):
-        what = "null" if v is None else f"{v!r}, not a finite{' positive' if positive else ''} number"
-        raise NotReached(f"pair {p.get('unit', '?')}: the {role}'s {key} is {what} in an ok record")
-    return float(v)
-
-
-def _restricted(h: Hypothesis, pairs: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
-    """Restricted times ``min(T, tau)`` of both arms, one restriction ``tau`` per pair for both arms.
-
-    ``tau`` is the hypothesis' ``restriction_s`` or, by default, the shorter of the pair's two
-    training times (both fixed-step runs were observed that long, so ``min(T, tau)`` is known
-    for both arms with no imputation: an unreached arm has ``T > tau``). The decision then
-    compares restricted mean times (Royston & Parmar 2013, *BMC Med. Res. Methodol.* 13:152).
-    """
-    b: list[float] = []
-    c: list[float] = []
-    for p in pairs:
-        train = {r: _number(p, r, "training_s", True) for r in ("baseline", "candidate")}
-        tau = h.restriction_s or min(train.values())
-        for role, out in (("baseline", b), ("candidate", c)):
-            t = p[f"{role}_time_to_target_s"]
-            if t is None:
-                if train[role] < tau:
-                    raise NotReached(f"pair {p.get('unit', '?')}: the {role} missed the target after training "
-                                     f"{train[role]:.6g} s, less than the restriction {tau:g} s: its restricted "
-                                     "time is unknown")
-                out.append(tau)
-            else:
-                out.append(min(_number(p, role, "time_to_target_s", True), tau))
-    return b, c
-
-
-def values_of(h: Hypothesis | Mapping[str, Any], pairs: list[dict[str, Any]]) -> tuple[list[float], dict[str, int] | None]:
-    """Per-pair values on the hypothesis' test scale, and the unreached counts for time to target.
-
-    Raises :class:`NotReached` naming the pair, arm and key of a null or non-finite endpoint.
-    """
-    values, _scales, unreached = _values(Hypothesis.of(h), pairs)
-    return values, unreached
-
-
-def _values(h: Hypothesis, pairs: list[dict[str, Any]]) -> tuple[list[float], list[float] | None,
-                                                                     dict[str, int] | None]:
-    """:func:`values_of` and, but for worst-rank scores, each value's :func:`rounding_scale`."""
-    key = ENDPOINT_KEYS[h.endpoint]
-    ratio = scale(h.estimand) == "log_ratio"
-    unreached = None
-    if h.endpoint == "time_to_target":
-        raw = {r: [p[f"{r}_{key}"] for p in pairs] for r in ("baseline", "candidate")}
-        unreached = {"baseline": raw["baseline"].count(None), "candidate": raw["candidate"].count(None),
-                     "both": sum(x is None and y is None for x, y in zip(raw["baseline"], raw["candidate"]))}
-        for p in pairs:
-            for role in ("baseline", "candidate"):
-                if p[f"{role}_{key}"] is not None:
-                    _number(p, role, key, True)
-        if h.censoring == "worst_rank":
-            return worst_rank_differences(raw["baseline"], raw["candidate"]), None, unreached
-        b, c = _restricted(h, pairs)
-    else:
-        b = [_number(p, "baseline", key, ratio) for p in pairs]
-        c = [_number(p, "candidate", key, ratio) for p in pairs]
-    scales = rounding_scale(b, c, scale(h.estimand))
-    if ratio:
-        return [math.log(y) - math.log(x) for x, y in zip(b, c)], scales, unreached
-    return [y - x for x, y in zip(b, c)], scales, unreached
-
-
-def _worst_rank_estimate(pairs: list[dict[str, Any]]) -> tuple[float | None, str]:
-    both = [math.log(p["candidate_time_to_target_s"]) - math.log(p["baseline_time_to_target_s"]) for p in pairs
-            if p["baseline_time_to_target_s"] is not None and p["candidate_time_to_target_s"] is not None]
-    return median(both), f"median ln(c/b) of the {len(both)} pairs where both arms reached the target"
-
-
-def _test(h: Hypothesis, pairs: list[dict[str, Any]], min_pairs: int) -> tuple[TestResult | None, str | None,
-                                                                                     dict[str, int] | None]:
+def _test(
+    h: Hypothesis, pairs: list[dict[str, Any]], min_pairs: int
+) -> tuple[TestResult | None, str | None, dict[str, int] | None]:
     if len(pairs) < min_pairs:
         return None, f"too few pairs: {len(pairs)} of the protocol's min_pairs {min_pairs}", None
     unreached = None
     try:
-        values, scales, unreached = _values(h, pairs)
+        values, scales, unreached = values_and_scales(h, pairs)
         region = bounds(h)
     except NotReached as e:
         return None, str(e), unreached
@@ -182,7 +73,7 @@ def _test(h: Hypothesis, pairs: list[dict[str, Any]], min_pairs: int) -> tuple[T
         if all(v == 0.0 for v in values):
             return None, "identical: every pair's difference is exactly 0", unreached
         r = signed_rank(values, sign(h.better))
-        est, what = _worst_rank_estimate(pairs)
+        est, what = worst_rank_estimate(pairs)
         return TestResult("signed-rank", r.n, est, None, 0, r.statistic, r.p_value, what), None, unreached
     if spread_is_rounding(values, scales):
         if all(v == 0.0 for v in values):
@@ -212,24 +103,37 @@ def _test(h: Hypothesis, pairs: list[dict[str, Any]], min_pairs: int) -> tuple[T
 
 
 #: The zero-spread guard's reasons (:func:`analysis.stats.spread_is_rounding`).
-ZERO_SPREAD = ("zero spread: the per-pair values agree to the rounding of the endpoint values they were computed "
-               "from (16 ulps of |b| + |c|, or of 1 + |ln b| + |ln c| for a log ratio)")
-ZERO_SPREAD_WITHIN = ("zero spread within each order group: the period-adjusted standard error is rounding noise "
-                      "(16 ulps of |b| + |c|, or of 1 + |ln b| + |ln c| for a log ratio)")
+ZERO_SPREAD = (
+    "zero spread: the per-pair values agree to the rounding of the endpoint values they were computed "
+    "from (16 ulps of |b| + |c|, or of 1 + |ln b| + |ln c| for a log ratio)"
+)
+ZERO_SPREAD_WITHIN = (
+    "zero spread within each order group: the period-adjusted standard error is rounding noise "
+    "(16 ulps of |b| + |c|, or of 1 + |ln b| + |ln c| for a log ratio)"
+)
 
 
 def _gate(h: Hypothesis, spec: dict[str, Any], completeness: Completeness) -> str | None:
     if completeness.complete is False and not completeness.budget_stop:
-        return (f"incomplete: {completeness.missing_runs} of {completeness.planned_runs} planned runs have "
-                "no ok record")
-    if completeness.budget_stop and h.endpoint in TIME_ENDPOINTS and not spec.get("decide_time_after_budget_stop"):
-        return ("stopped by the budget rule, which depends on run times, this endpoint's outcome; the protocol did not "
-                "preregister deciding time endpoints after such a stop (decide_time_after_budget_stop)")
+        return (
+            f"incomplete: {completeness.missing_runs} of {completeness.planned_runs} planned runs have "
+            "no ok record"
+        )
+    if (
+        completeness.budget_stop
+        and h.endpoint in TIME_ENDPOINTS
+        and not spec.get("decide_time_after_budget_stop")
+    ):
+        return (
+            "stopped by the budget rule, which depends on run times, this endpoint's outcome; the protocol did not "
+            "preregister deciding time endpoints after such a stop (decide_time_after_budget_stop)"
+        )
     return None
 
 
-def decide(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, Any]]],
-           completeness: Completeness) -> list[HypothesisDecision]:
+def decide(
+    spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, Any]]], completeness: Completeness
+) -> list[HypothesisDecision]:
     """Every hypothesis' decision, in the protocol's order.
 
     Parameters
@@ -240,7 +144,7 @@ def decide(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, 
     pairs_of
         The used pairs per (study, configuration), as :func:`analysis.summary.derive` builds them.
     completeness
-        :func:`analysis.summary.completeness` of the records.
+        :func:`analysis.selection.completeness` of the records.
 
     Notes
     -----
@@ -268,12 +172,15 @@ def decide(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, 
     tested = _tested(spec, pairs_of, completeness)
     procedure = fixed_sequence if spec["procedure"] == "fixed_sequence" else holm
     verdicts, used = procedure(tested, spec["family_alpha"])
-    return [_decision(h, t, verdicts[h.id], used[h.id], unreached, completeness)
-            for h, t, _why, unreached in tested]
+    return [
+        _decision(h, t, verdicts[h.id], used[h.id], unreached, completeness)
+        for h, t, _why, unreached in tested
+    ]
 
 
-def _tested(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, Any]]],
-            completeness: Completeness) -> list[Tested]:
+def _tested(
+    spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str, Any]]], completeness: Completeness
+) -> list[Tested]:
     out: list[Tested] = []
     for h in map(Hypothesis.of, spec["tests"]):
         gate = _gate(h, spec, completeness)
@@ -284,8 +191,9 @@ def _tested(spec: dict[str, Any], pairs_of: dict[tuple[str, str], list[dict[str,
     return out
 
 
-def _in_units(t: TestResult, a: float | None,
-              estimand: str) -> tuple[float | None, float | None, float | None, float | None]:
+def _in_units(
+    t: TestResult, a: float | None, estimand: str
+) -> tuple[float | None, float | None, float | None, float | None]:
     """A test's estimate and, for a t test with an alpha, its two-sided ``1 - 2 a`` interval, in the
     estimand's units: (estimate, low, high, level)."""
     if t.method == "signed-rank" or t.estimate is None or t.standard_error is None:  # a t test has both
@@ -301,15 +209,28 @@ def _in_units(t: TestResult, a: float | None,
     return estimate, low, high, 1.0 - 2.0 * a
 
 
-def _decision(h: Hypothesis, t: TestResult | None, verdict: tuple[str, str | None], a: float | None,
-              unreached: dict[str, int] | None, completeness: Completeness) -> HypothesisDecision:
+def _decision(
+    h: Hypothesis,
+    t: TestResult | None,
+    verdict: tuple[str, str | None],
+    a: float | None,
+    unreached: dict[str, int] | None,
+    completeness: Completeness,
+) -> HypothesisDecision:
     st, reason = verdict
     estimate, low, high, level = _in_units(t, a, h.estimand) if t is not None else (None, None, None, None)
     return HypothesisDecision(
-        hypothesis=h, status=st, reason=reason, alpha=a,
-        test=asdict(t) if t is not None else None, estimate=estimate,
+        hypothesis=h,
+        status=st,
+        reason=reason,
+        alpha=a,
+        test=asdict(t) if t is not None else None,
+        estimate=estimate,
         estimate_of=None if t is None else (t.estimate_of if t.method == "signed-rank" else _label(h)),
-        low=low, high=high, level=level, unreached=unreached,
+        low=low,
+        high=high,
+        level=level,
+        unreached=unreached,
         text=_text(h, st, reason, t, a, low, high, completeness),
     )
 
@@ -321,10 +242,21 @@ def _label(h: Hypothesis) -> str:
     return f"{h.estimand} of the restricted times min(T, tau), tau = {tau}"
 
 
-def _text(h: Hypothesis, status: str, reason: str | None, t: TestResult | None, a: float | None,
-          low: float | None, high: float | None, completeness: Completeness) -> str:
-    what = {"superiority": "superiority", "non_inferiority": f"non-inferiority (margin {h.margin:g})",
-            "equivalence": f"equivalence (margin {h.margin:g})"}[h.type]
+def _text(
+    h: Hypothesis,
+    status: str,
+    reason: str | None,
+    t: TestResult | None,
+    a: float | None,
+    low: float | None,
+    high: float | None,
+    completeness: Completeness,
+) -> str:
+    what = {
+        "superiority": "superiority",
+        "non_inferiority": f"non-inferiority (margin {h.margin:g})",
+        "equivalence": f"equivalence (margin {h.margin:g})",
+    }[h.type]
     head = f"{h.id}: {what} of {h.endpoint} ({h.estimand}, {h.better} is better)"
     if t is None:
         return f"{head}: not reached ({reason})"
@@ -334,12 +266,17 @@ def _text(h: Hypothesis, status: str, reason: str | None, t: TestResult | None, 
     verdict = status if reason is None else f"{status} ({reason})"
     prefix = ""
     if completeness.budget_stop:
-        prefix = "(study stopped by its budget rule; the stop depended on run times, this endpoint's outcome) " \
-            if h.endpoint in TIME_ENDPOINTS else "(study stopped by its budget rule) "
+        prefix = (
+            "(study stopped by its budget rule; the stop depended on run times, this endpoint's outcome) "
+            if h.endpoint in TIME_ENDPOINTS
+            else "(study stopped by its budget rule) "
+        )
     return f"{prefix}{head}: {verdict}; {stats}"
 
 
-def sensitivity(h: Hypothesis | Mapping[str, Any], pairs: list[dict[str, Any]], failed: list[dict[str, Any]]) -> dict[str, Any] | None:
+def sensitivity(
+    h: Hypothesis | Mapping[str, Any], pairs: list[dict[str, Any]], failed: list[dict[str, Any]]
+) -> dict[str, Any] | None:
     """Pre-specified sensitivity analysis: a pair whose arm failed counts as adverse to that arm.
 
     Notes
@@ -372,9 +309,13 @@ def sensitivity(h: Hypothesis | Mapping[str, Any], pairs: list[dict[str, Any]], 
         dist += [(-s if f["failed"] == "candidate" else s) * k * w for f in failed]
         parts.append(signed_rank(dist, 1))
     worst = max(parts, key=lambda r: r.p_value)
-    return {"pairs_with_a_failed_arm": len(failed), "failed_candidate": sum(f["failed"] == "candidate" for f in failed),
-            "n": worst.n, "statistic": worst.statistic, "p_value": worst.p_value,
-            "method": "signed-rank of the distances from the hypothesis' bound"
-                      + (" (both bounds, the larger p)" if len(parts) == 2 else "")
-                      + "; a failed arm ranks worse than every observed pair"}
-
+    return {
+        "pairs_with_a_failed_arm": len(failed),
+        "failed_candidate": sum(f["failed"] == "candidate" for f in failed),
+        "n": worst.n,
+        "statistic": worst.statistic,
+        "p_value": worst.p_value,
+        "method": "signed-rank of the distances from the hypothesis' bound"
+        + (" (both bounds, the larger p)" if len(parts) == 2 else "")
+        + "; a failed arm ranks worse than every observed pair",
+    }

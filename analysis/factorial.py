@@ -94,3 +94,20 @@ def factorial_effects(
         name: mean_interval([row[i] for row in per], level, "log_contrast")
         for i, (name, _) in enumerate(effect_names(factors))
     }
+
+
+def factorial_contrasts(blocks: Sequence[dict[str, float]], level: float) -> dict[str, PairedInterval]:
+    """Within-block contrasts of log training time over the study's 2x2 blocks.
+
+    For each block with cells ``n`` (native), ``b`` (bucketed norms), ``p`` (packed AdamW) and
+    ``c`` (both), on ``l = ln(time)``:
+
+    * bucketed norms main effect: ``((l_b - l_n) + (l_c - l_p)) / 2``
+    * packed AdamW main effect: ``((l_p - l_n) + (l_c - l_b)) / 2``
+    * interaction: ``(l_c - l_p) - (l_b - l_n)``
+
+    Each is averaged over blocks with a Student-t interval (:func:`analysis.stats.mean_interval`). Negative
+    values mean the change makes the step faster; ``100 (1 - exp(effect))`` is the time reduction
+    in percent. Any declared design: :func:`factorial_effects`.
+    """
+    return factorial_effects(blocks, DEFAULT_FACTORS, DEFAULT_CELLS, level)

@@ -7,8 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from analysis.decisions import HypothesisDecision
-from analysis.results import Hypotheses, PairedResult, Summary
+from analysis.results import Hypotheses, HypothesisDecision, PairedResult, Summary
 from harness.records import RunRecord
 
 __all__ = ["plots"]
@@ -26,8 +25,11 @@ def plots(summary: Summary, records: list[RunRecord], directory: Path) -> list[P
     made += _forest(summary, directory) + _drift(paired, study_of, directory)
     if not paired:
         return made
-    margins = {(d.study, d.config): d.margin for d in _decisions(summary)
-               if d.endpoint == "test_bpb" and d.type != "superiority"}
+    margins = {
+        (d.study, d.config): d.margin
+        for d in _decisions(summary)
+        if d.endpoint == "test_bpb" and d.type != "superiority"
+    }
     for kind in ("time", "quality"):
         fig, axes = plt.subplots(1, len(paired), figsize=(3.2 * len(paired) + 1, 3.2), squeeze=False)
         for ax, c in zip(axes[0], paired):
@@ -93,18 +95,32 @@ def _forest(summary: Summary, directory: Path) -> list[Path]:
     for d in _decisions(summary):
         if d.low is not None:
             margin = d.margin if d.type != "superiority" else 0.0
-            rows.append((f"{d.id} {d.study}/{d.config} {d.endpoint}", d.estimate, d.low, d.high, margin, d.status))
+            rows.append(
+                (f"{d.id} {d.study}/{d.config} {d.endpoint}", d.estimate, d.low, d.high, margin, d.status)
+            )
     for st in summary.studies:
         for c in st.paired_configs():
             iv = c.training_time.log_ratio
             if iv:
-                rows.append((f"{st.name}/{c.config} ln(time ratio), descriptive", iv.estimate, iv.low, iv.high, None,
-                             "descriptive"))
+                rows.append(
+                    (
+                        f"{st.name}/{c.config} ln(time ratio), descriptive",
+                        iv.estimate,
+                        iv.low,
+                        iv.high,
+                        None,
+                        "descriptive",
+                    )
+                )
     if not rows:
         return []
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
-    colors = {"established": "tab:green", "not established": "tab:red", "not reached": "tab:gray",
-              "descriptive": "tab:blue"}
+    colors = {
+        "established": "tab:green",
+        "not established": "tab:red",
+        "not reached": "tab:gray",
+        "descriptive": "tab:blue",
+    }
     for i, (_label, est, lo, hi, margin, status) in enumerate(rows):
         y = len(rows) - i
         ax.plot([lo, hi], [y, y], color=colors.get(status, "black"), lw=2)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from scipy import integrate as _integrate
 from scipy import stats as _st
 
-from analysis.decisions import ENDPOINT_KEYS
+from analysis.pair_values import ENDPOINT_KEYS
 from analysis.stats import paired_values, reduction
 from analysis.ttests import bounds, one_sided, scale, sign
 
@@ -116,7 +116,9 @@ def _one_bound(region: tuple[float | None, float | None]) -> tuple[float, int]:
     raise ValueError("an alternative region has at least one bound")
 
 
-def power_region(n: int, sd: float, alpha: float, region: tuple[float | None, float | None], mean: float) -> float:
+def power_region(
+    n: int, sd: float, alpha: float, region: tuple[float | None, float | None], mean: float
+) -> float:
     """Power of the test of ``lo < mu < hi`` (:func:`analysis.ttests.t_result`) when the true mean is ``mean``.
 
     Notes
@@ -151,8 +153,14 @@ def power_region(n: int, sd: float, alpha: float, region: tuple[float | None, fl
     # integrating piecewise around it keeps quad from stepping over a narrow peak (large df or small sd)
     peak, width = sd * math.sqrt((df - 1) / df), sd / math.sqrt(2 * df)
     cuts = sorted({min(max(peak + k * width, 0.0), s_max) for k in (-40, -10, -4, -1, 0, 1, 4, 10, 40)})
-    return min(1.0, math.fsum(_integrate.quad(window, a, b, limit=200, epsabs=1e-15, epsrel=1e-11)[0]
-                              for a, b in zip(cuts, cuts[1:]) if b > a))
+    return min(
+        1.0,
+        math.fsum(
+            _integrate.quad(window, a, b, limit=200, epsabs=1e-15, epsrel=1e-11)[0]
+            for a, b in zip(cuts, cuts[1:])
+            if b > a
+        ),
+    )
 
 
 def sd_upper(sd: float, pairs: int, confidence: float) -> float:
@@ -167,14 +175,21 @@ def sd_upper(sd: float, pairs: int, confidence: float) -> float:
     return sd * math.sqrt((pairs - 1) / float(_st.chi2.ppf(1 - confidence, pairs - 1)))
 
 
-def pairs_needed(sd: float, alpha: float, kind: str, margin: float, effect: float, target: float,
-                 cap: int = 100_000) -> int | None:
+def pairs_needed(
+    sd: float, alpha: float, kind: str, margin: float, effect: float, target: float, cap: int = 100_000
+) -> int | None:
     """Smallest ``n >= 3`` whose :func:`power` reaches ``target`` (``None`` if none up to ``cap``)."""
     return pairs_needed_region(sd, alpha, one_sided(1, kind, margin), effect, target, cap)
 
 
-def pairs_needed_region(sd: float, alpha: float, region: tuple[float | None, float | None], mean: float,
-                        target: float, cap: int = 100_000) -> int | None:
+def pairs_needed_region(
+    sd: float,
+    alpha: float,
+    region: tuple[float | None, float | None],
+    mean: float,
+    target: float,
+    cap: int = 100_000,
+) -> int | None:
     """Smallest ``n >= 3`` whose :func:`power_region` reaches ``target`` (``None`` if none up to ``cap``)."""
     if sd == 0:
         return 3
@@ -238,8 +253,12 @@ def true_mean(h: dict[str, Any], effect: float) -> float:
     return s * effect
 
 
-def plan(pilot_records: list[RunRecord], target: dict[str, Any], effects: dict[str, float],
-         confidence: float = PILOT_CONFIDENCE) -> list[Plan]:
+def plan(
+    pilot_records: list[RunRecord],
+    target: dict[str, Any],
+    effects: dict[str, float],
+    confidence: float = PILOT_CONFIDENCE,
+) -> list[Plan]:
     """Per hypothesis of ``target`` (a protocol summary), the pairs needed for 80% and 90% power.
 
     The level is the family's alpha under a fixed sequence, ``alpha / m`` under Holm (its first,
@@ -276,39 +295,75 @@ def plan(pilot_records: list[RunRecord], target: dict[str, Any], effects: dict[s
             m_star = bound + k * shift  # lo + shift, or hi - shift
             s = sign(h["better"])
             mde = -s * reduction(m_star) if h["estimand"] == "relative_reduction" else s * m_star
-        out.append(Plan(h["id"], h["config"], h["endpoint"], h["estimand"], noise.sd, noise.pairs, noise.identical,
-                        alpha, h["margin"], effect, n_plan, need[0], need[1],
-                        power_region(n_plan, noise.sd, alpha, region, mu) if noise.sd > 0 else 1.0, hw, mde,
-                        confidence, upper, need[2], need[3]))
+        out.append(
+            Plan(
+                h["id"],
+                h["config"],
+                h["endpoint"],
+                h["estimand"],
+                noise.sd,
+                noise.pairs,
+                noise.identical,
+                alpha,
+                h["margin"],
+                effect,
+                n_plan,
+                need[0],
+                need[1],
+                power_region(n_plan, noise.sd, alpha, region, mu) if noise.sd > 0 else 1.0,
+                hw,
+                mde,
+                confidence,
+                upper,
+                need[2],
+                need[3],
+            )
+        )
     return out
 
 
 def table_rows(rows: list[Plan]) -> list[dict[str, Any]]:
     """``harness power``'s table: one row per hypothesis, plug-in and upper-limit figures side by side."""
+
     def n(v: int | None) -> str:
         return str(v) if v is not None else "none"
 
-    return [{"hypothesis": r.id, "config": r.config, "endpoint": f"{r.endpoint} ({r.estimand})",
-             "sd (A/A)": f"{r.sd:.4g}" + (" *" if r.identical_in_pilot else ""), "pilot pairs": r.pilot_pairs,
-             "alpha": f"{r.alpha:.3g}", "margin": f"{r.margin:g}", "effect": f"{r.effect:g}",
-             "n 80%": n(r.n80), "n 90%": n(r.n90),
-             f"n 80% at sd {100 * r.confidence:g}% UCL": n(r.n80_upper),
-             f"n 90% at sd {100 * r.confidence:g}% UCL": n(r.n90_upper),
-             "planned": r.planned_pairs, "power at planned": f"{r.power_at_planned:.2f}",
-             "half-width at planned": f"{r.half_width_at_planned:.3g}",
-             "detectable at planned": "n/a" if r.detectable_at_planned is None else f"{r.detectable_at_planned:.3g}"}
-            for r in rows]
+    return [
+        {
+            "hypothesis": r.id,
+            "config": r.config,
+            "endpoint": f"{r.endpoint} ({r.estimand})",
+            "sd (A/A)": f"{r.sd:.4g}" + (" *" if r.identical_in_pilot else ""),
+            "pilot pairs": r.pilot_pairs,
+            "alpha": f"{r.alpha:.3g}",
+            "margin": f"{r.margin:g}",
+            "effect": f"{r.effect:g}",
+            "n 80%": n(r.n80),
+            "n 90%": n(r.n90),
+            f"n 80% at sd {100 * r.confidence:g}% UCL": n(r.n80_upper),
+            f"n 90% at sd {100 * r.confidence:g}% UCL": n(r.n90_upper),
+            "planned": r.planned_pairs,
+            "power at planned": f"{r.power_at_planned:.2f}",
+            "half-width at planned": f"{r.half_width_at_planned:.3g}",
+            "detectable at planned": "n/a"
+            if r.detectable_at_planned is None
+            else f"{r.detectable_at_planned:.3g}",
+        }
+        for r in rows
+    ]
 
 
 def legend(rows: list[Plan]) -> str:
     conf = f"{100 * rows[0].confidence:g}%"
-    return ("sd: standard deviation of per-pair values over the pilot's A/A pairs (no candidate outcome is read), on "
-            "the test scale (ln c - ln b for log_ratio and relative_reduction; margin, effect and detectable in the "
-            "estimand's units); * the A/A arms were bitwise identical there, so sd is the seed-to-seed spread x "
-            "sqrt(2) (conservative). n 80% / n 90%: plug-in, treating the pilot's sd as known. At sd "
-            f"{conf} UCL: planned at the one-sided {conf} upper confidence limit of the sd (pilot pairs - 1 degrees "
-            f"of freedom), so the power is reached with probability {conf} over the pilot's noise. "
-            "rule: analysis/power.py (noncentral t; exact TOST power; Holm at its strictest step)")
+    return (
+        "sd: standard deviation of per-pair values over the pilot's A/A pairs (no candidate outcome is read), on "
+        "the test scale (ln c - ln b for log_ratio and relative_reduction; margin, effect and detectable in the "
+        "estimand's units); * the A/A arms were bitwise identical there, so sd is the seed-to-seed spread x "
+        "sqrt(2) (conservative). n 80% / n 90%: plug-in, treating the pilot's sd as known. At sd "
+        f"{conf} UCL: planned at the one-sided {conf} upper confidence limit of the sd (pilot pairs - 1 degrees "
+        f"of freedom), so the power is reached with probability {conf} over the pilot's noise. "
+        "rule: analysis/power.py (noncentral t; exact TOST power; Holm at its strictest step)"
+    )
 
 
 def cited(origin: str) -> str:

@@ -13,14 +13,11 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from analysis.preregistration import Hypothesis
 from analysis.stats import PairedInterval
 from harness.records import plain
-
-if TYPE_CHECKING:  # decisions read Completeness; a decision is only named here
-    from analysis.decisions import HypothesisDecision
 
 #: summary.json's format (``schema_version``). 2: "completeness"; 3: "hypotheses" (one decision each),
 #: "flow", order diagnostics, failed-arm sensitivity; 4: ratio estimands on the log ratio
@@ -33,6 +30,7 @@ SUMMARY_SCHEMA = 4
 
 class SummaryFormatError(ValueError):
     """A summary.json this code cannot read: another format version, or fields it does not know."""
+
 
 Row = Mapping[str, Any]
 
@@ -60,9 +58,14 @@ def _build(cls: Any, data: Any, where: str) -> Any:
     names = [f.name for f in fields(cls)]
     if set(data) != set(names):
         extra, missing = sorted(set(data) - set(names)), sorted(set(names) - set(data))
-        raise SummaryFormatError(f"{where}: {cls.__name__}: " + "; ".join(
-            ([f"unknown fields {', '.join(extra)}"] if extra else []) + ([f"missing {', '.join(missing)}"] if missing else [])))
-    hints = typing.get_type_hints(cls, globalns={**globals(), "HypothesisDecision": Any})
+        raise SummaryFormatError(
+            f"{where}: {cls.__name__}: "
+            + "; ".join(
+                ([f"unknown fields {', '.join(extra)}"] if extra else [])
+                + ([f"missing {', '.join(missing)}"] if missing else [])
+            )
+        )
+    hints = typing.get_type_hints(cls)
     return cls(**{n: _value(hints[n], data[n], f"{where}.{n}") for n in names})
 
 
@@ -179,6 +182,46 @@ class Completeness(_Json):
     text: str
 
 
+#: The hypothesis' fields a decision repeats (its JSON opens with them, in this order).
+_DECIDED_FIELDS = ("id", "study", "config", "endpoint", "estimand", "type", "margin", "better")
+
+
+@dataclass(frozen=True)
+class HypothesisDecision:
+    """The decision on one preregistered hypothesis (``status``: established, not established, not reached).
+
+    ``estimate``, ``low`` and ``high`` are in the estimand's units (for worst-rank: ``estimate_of``
+    says what the estimate is; no interval); ``test`` holds the test on its own scale. The
+    hypothesis' own fields read through (``decision.id``, ``decision.config``, ...).
+    """
+
+    hypothesis: Hypothesis
+    status: str
+    reason: str | None
+    alpha: float | None
+    test: dict[str, Any] | None
+    estimate: float | None
+    estimate_of: str | None
+    low: float | None
+    high: float | None
+    level: float | None
+    unreached: dict[str, int] | None
+    text: str
+
+    id = property(lambda self: self.hypothesis.id)
+    study = property(lambda self: self.hypothesis.study)
+    config = property(lambda self: self.hypothesis.config)
+    endpoint = property(lambda self: self.hypothesis.endpoint)
+    estimand = property(lambda self: self.hypothesis.estimand)
+    type = property(lambda self: self.hypothesis.type)
+    margin = property(lambda self: self.hypothesis.margin)
+    better = property(lambda self: self.hypothesis.better)
+
+    def as_dict(self) -> dict[str, Any]:
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "hypothesis"}
+        return {**{k: getattr(self.hypothesis, k) for k in _DECIDED_FIELDS}, **own}
+
+
 @dataclass(frozen=True)
 class Decided:
     """A preregistered hypothesis' decision and its sensitivity analysis (a failed arm as adverse)."""
@@ -192,14 +235,16 @@ class Decided:
     @classmethod
     def from_json(cls, data: Any, where: str, tests: Sequence[Mapping[str, Any]] = ()) -> Decided:
         """A decision row of summary.json, its hypothesis taken whole from the protocol's ``tests``."""
-        from analysis.decisions import HypothesisDecision
-
         own = {f.name for f in fields(HypothesisDecision)} - {"hypothesis"}
         test = next((t for t in tests if t.get("id") == data.get("id")), None)
         if test is None:
-            raise SummaryFormatError(f"{where}: decision {data.get('id')!r} is not a hypothesis of the protocol")
-        return cls(decision=HypothesisDecision(hypothesis=Hypothesis.of(test), **{k: data[k] for k in own}),
-                   sensitivity=data.get("sensitivity"))
+            raise SummaryFormatError(
+                f"{where}: decision {data.get('id')!r} is not a hypothesis of the protocol"
+            )
+        return cls(
+            decision=HypothesisDecision(hypothesis=Hypothesis.of(test), **{k: data[k] for k in own}),
+            sensitivity=data.get("sensitivity"),
+        )
 
 
 @dataclass(frozen=True)
@@ -214,8 +259,12 @@ class Hypotheses(_Json):
     @classmethod
     def read(cls, data: Mapping[str, Any], tests: Sequence[Mapping[str, Any]], where: str) -> Hypotheses:
         rows = data.get("decisions") or []
-        return cls(procedure=data["procedure"], family_alpha=data["family_alpha"], min_pairs=data["min_pairs"],
-                   decisions=[Decided.from_json(d, f"{where}.decisions[{i}]", tests) for i, d in enumerate(rows)])
+        return cls(
+            procedure=data["procedure"],
+            family_alpha=data["family_alpha"],
+            min_pairs=data["min_pairs"],
+            decisions=[Decided.from_json(d, f"{where}.decisions[{i}]", tests) for i, d in enumerate(rows)],
+        )
 
 
 @dataclass(frozen=True)
@@ -256,12 +305,17 @@ class Summary(_Json):
         if not isinstance(data, Mapping):
             raise SummaryFormatError(f"{where}: a summary is a JSON object")
         if data.get("schema_version") != SUMMARY_SCHEMA:
-            raise SummaryFormatError(f"{where}: summary schema_version {data.get('schema_version')!r} is not one this "
-                                     f"code reads ({SUMMARY_SCHEMA})")
+            raise SummaryFormatError(
+                f"{where}: summary schema_version {data.get('schema_version')!r} is not one this "
+                f"code reads ({SUMMARY_SCHEMA})"
+            )
         body = {k: v for k, v in data.items() if k != "sha256"}
         hyp = body.get("hypotheses") or {}
         tests = ((body.get("protocol") or {}).get("hypotheses") or {}).get("tests") or []
-        typed = Descriptive.from_json(hyp, f"{where}: hypotheses") if "descriptive" in hyp else \
-            Hypotheses.read(hyp, tests, f"{where}: hypotheses")
+        typed = (
+            Descriptive.from_json(hyp, f"{where}: hypotheses")
+            if "descriptive" in hyp
+            else Hypotheses.read(hyp, tests, f"{where}: hypotheses")
+        )
         out: Summary = _build(cls, {**body, "hypotheses": None}, where)
         return dataclasses.replace(out, hypotheses=typed)

@@ -154,25 +154,6 @@ def reduction(log_ratio: float) -> float:
     return -100.0 * math.expm1(log_ratio)
 
 
-def factorial_contrasts(blocks: Sequence[dict[str, float]], level: float) -> dict[str, PairedInterval]:
-    """Within-block contrasts of log training time over the study's 2x2 blocks.
-
-    For each block with cells ``n`` (native), ``b`` (bucketed norms), ``p`` (packed AdamW) and
-    ``c`` (both), on ``l = ln(time)``:
-
-    * bucketed norms main effect: ``((l_b - l_n) + (l_c - l_p)) / 2``
-    * packed AdamW main effect: ``((l_p - l_n) + (l_c - l_b)) / 2``
-    * interaction: ``(l_c - l_p) - (l_b - l_n)``
-
-    Each is averaged over blocks with a Student-t interval (:func:`mean_interval`). Negative
-    values mean the change makes the step faster; ``100 (1 - exp(effect))`` is the time reduction
-    in percent. Any declared design: :func:`analysis.factorial.factorial_effects`.
-    """
-    from analysis.factorial import DEFAULT_CELLS, DEFAULT_FACTORS, factorial_effects
-
-    return factorial_effects(blocks, DEFAULT_FACTORS, DEFAULT_CELLS, level)
-
-
 #: Relative tolerance of the signed-rank test (:func:`analysis.ranks.signed_rank`): magnitudes this
 #: close are tied and scores this close to 0 are zeros. Real paired differences of times, BPB or
 #: memory never agree to 9 significant digits.

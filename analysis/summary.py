@@ -1,6 +1,7 @@
 """From records to every number the report shows (``summary.json``).
 
-Selection rules (the audit re-implements them):
+Selection rules (the audit re-implements them; which records count is :mod:`analysis.selection`,
+the pairs, blocks and endpoints built from them are here):
 
 * a run's outcome is its ``ok`` record (at most one per run); failed and interrupted attempts stay
   in the per-run table and are counted;
@@ -16,7 +17,7 @@ Selection rules (the audit re-implements them):
   ``records.unfinished`` as interrupted, with their start time;
 * time to target, descriptively: the pairs where both arms reached the target, with the unreached
   count per arm; a decision on it follows its hypothesis' censoring rule (:mod:`analysis.decisions`);
-* completeness (:func:`completeness`): a study whose planned runs do not all have an ``ok`` record
+* completeness (:func:`analysis.selection.completeness`): a study whose planned runs do not all have an ``ok`` record
   is incomplete, and its decisions are "not reached (incomplete)", unless the protocol's budget
   rule explains the stop (the device seconds spent plus one more unit at the mean device seconds
   of the ok runs exceed the budget), in which case the decisions are made and say so.
@@ -29,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any, TypeGuard
 
 from analysis.decisions import decide, sensitivity
-from analysis.factorial import arms_by_cell, design_of, factorial_effects
+from analysis.factorial import design_of, factorial_effects
 from analysis.order import by_device, crossover, drift, positions
 from analysis.results import (
     SUMMARY_SCHEMA,
@@ -46,53 +47,12 @@ from analysis.results import (
     TimeToTarget,
     TrainingTime,
 )
+from analysis.selection import completeness, current, failed_pairs, flow, peak_memory, run_rows, unfinished
 from analysis.stats import PairedInterval, paired_interval, paired_values
 from analysis.ttests import magnitude_problem, scale
 from harness.records import RunRecord, StartedEntry, load_records
 
-__all__ = ["completeness", "current", "derive", "flow", "load_records", "run_rows"]
-
-
-
-def _peak(rec: RunRecord) -> float | None:
-    mem = rec.memory or {}
-    key = mem.get("primary")
-    return float(mem[key]) if key and mem.get(key) is not None else None
-
-
-def latest_unit_attempts(records: list[RunRecord]) -> dict[str, int]:
-    """Each unit's latest unit attempt (``unit_attempt``; 1 for records that predate the field)."""
-    out: dict[str, int] = {}
-    for r in records:
-        u = r.spec.unit
-        out[u] = max(out.get(u, 1), r.unit_attempt)
-    return out
-
-
-def current(records: list[RunRecord]) -> list[RunRecord]:
-    """The records of each unit's latest unit attempt: the ones the analysis may use."""
-    latest = latest_unit_attempts(records)
-    return [r for r in records if r.unit_attempt == latest[r.spec.unit]]
-
-
-def run_rows(records: list[RunRecord]) -> list[dict[str, Any]]:
-    """One row per run attempt, every status, in plan order; ``superseded`` when its unit ran again whole."""
-    rows = []
-    latest = latest_unit_attempts(records)
-    for r in records:
-        s, t = r.spec, r.timings or {}
-        ua = r.unit_attempt
-        rows.append({
-            "run_id": s.run_id, "attempt": r.attempt, "unit_attempt": ua, "superseded": ua < latest[s.unit],
-            "status": r.status, "reason": r.reason,
-            "study": s.study, "config": s.config, "arm": s.arm, "role": s.role, "seed": s.seed,
-            "unit": s.unit, "position": s.position, "order": s.order,
-            "training_s": t.get("training_s"), "time_to_target_s": t.get("time_to_target_s"),
-            "total_s": t.get("total_s"), "device_s": t.get("device_s"),
-            "val_bpb": r.val_bpb, "test_bpb": r.test_bpb, "peak_memory_bytes": _peak(r),
-        })
-    rows.sort(key=lambda x: (x["order"], x["attempt"]))
-    return rows
+__all__ = ["derive", "load_records"]
 
 
 def _device(rec: RunRecord) -> str:
@@ -118,62 +78,38 @@ def _interval(b: list[float], c: list[float], level: float, estimand: str) -> Pa
 
 
 def _valid(x: Any, positive: bool) -> TypeGuard[float]:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and (x > 0 or not positive)
+    return (
+        isinstance(x, (int, float))
+        and not isinstance(x, bool)
+        and math.isfinite(x)
+        and (x > 0 or not positive)
+    )
 
 
 def _endpoint(b0: list[Any], c0: list[Any], level: float, estimand: str) -> Endpoint:
     """Descriptive means and interval over the pairs whose two values are finite numbers (positive for
     ratios); ``invalid_pairs`` counts the others (a decision on them is "not reached", naming the pair)."""
-    ok = [(x, y) for x, y in zip(b0, c0) if _valid(x, estimand != "difference") and _valid(y, estimand != "difference")]
+    ok = [
+        (x, y)
+        for x, y in zip(b0, c0)
+        if _valid(x, estimand != "difference") and _valid(y, estimand != "difference")
+    ]
     b, c = [x for x, _ in ok], [y for _, y in ok]
-    return Endpoint(pairs=len(b), invalid_pairs=len(b0) - len(b),
-                    baseline_mean=math.fsum(b) / len(b) if b else None,
-                    candidate_mean=math.fsum(c) / len(c) if c else None,
-                    interval=_interval(b, c, level, estimand))
+    return Endpoint(
+        pairs=len(b),
+        invalid_pairs=len(b0) - len(b),
+        baseline_mean=math.fsum(b) / len(b) if b else None,
+        candidate_mean=math.fsum(c) / len(c) if c else None,
+        interval=_interval(b, c, level, estimand),
+    )
 
 
-def completeness(records: list[RunRecord]) -> Completeness:
-    """Planned runs against runs with an ``ok`` record, and whether the budget rule explains a stop.
-
-    Planned runs per study: seeds x configurations x runs per unit (2 for a pair, 4 for a block).
-    The budget explains a stop when ``spent + u * m > budget``: ``spent`` the device seconds of every
-    attempt, ``m`` the mean device seconds of the ok runs, ``u`` the smallest unit among studies with
-    missing runs (the rule ``harness run`` applies before each unit).
-    """
-    proto = records[0].protocol
-    ok_ids = {r.spec.run_id for r in current(records) if r.status == "ok"}
-    planned = 0
-    missing_units: list[int] = []
-    for st in proto["studies"]:
-        if "seeds" not in st:  # schema 1 records do not say
-            return Completeness(planned_runs=None, ok_runs=len(ok_ids), missing_runs=None, complete=None,
-                                budget_stop=None, text="completeness unknown: these records do not list the planned seeds")
-        size = 2 if st["design"] == "paired" else len(design_of(st)[1])  # runs per unit
-        n = len(st["seeds"]) * len(st["configs"]) * size
-        planned += n
-        done = sum(1 for r in ok_ids if r.split(".", 1)[0] == st["name"])
-        if done < n:
-            missing_units.append(size)
-    missing = planned - len(ok_ids)
-    spent = math.fsum((r.timings or {}).get("device_s") or 0.0 for r in records)
-    ok_s = [(r.timings or {}).get("device_s") or 0.0 for r in records if r.status == "ok"]
-    budget = proto.get("budget_device_seconds")
-    budget_stop = bool(missing and ok_s and budget is not None
-                       and spent + min(missing_units) * math.fsum(ok_s) / len(ok_s) > budget)
-    if missing == 0:
-        text = f"complete: all {planned} planned runs have an ok record"
-    elif budget_stop:
-        text = (f"STOPPED BY THE BUDGET RULE: {missing} of {planned} planned runs have no ok record; "
-                f"{spent:.1f} of {budget:g} device seconds spent, and one more unit would exceed the budget; "
-                "where it stopped depended on run times, the outcome of every time endpoint")
-    else:
-        text = f"INCOMPLETE: {missing} of {planned} planned runs have no ok record"
-    return Completeness(planned_runs=planned, ok_runs=len(ok_ids), missing_runs=missing, complete=missing == 0,
-                        budget_stop=budget_stop, text=text)
-
-
-def _paired(study: dict[str, Any], config: str, units: dict[str, dict[str, RunRecord]],
-            exclusions: list[dict[str, str]]) -> PairedResult:
+def _paired(
+    study: dict[str, Any],
+    config: str,
+    units: dict[str, dict[str, RunRecord]],
+    exclusions: list[dict[str, str]],
+) -> PairedResult:
     level = study["interval_level"]
     pairs = []
     for unit in sorted(units):
@@ -183,52 +119,103 @@ def _paired(study: dict[str, Any], config: str, units: dict[str, dict[str, RunRe
             exclusions.append({"unit": unit, "reason": f"no ok record for {', '.join(missing)}"})
             continue
         b, c = arms["baseline"], arms["candidate"]
-        pairs.append({
-            "unit": unit, "seed": b.spec.seed, "order": min(b.spec.order, c.spec.order),
-            "first": "baseline" if b.spec.position == 0 else "candidate", "device": _device(b),
-            "baseline_training_s": b.timings["training_s"], "candidate_training_s": c.timings["training_s"],
-            "baseline_time_to_target_s": b.timings["time_to_target_s"],
-            "candidate_time_to_target_s": c.timings["time_to_target_s"],
-            "baseline_total_s": b.timings["total_s"], "candidate_total_s": c.timings["total_s"],
-            "baseline_test_bpb": b.test_bpb, "candidate_test_bpb": c.test_bpb,
-            "baseline_peak_memory_bytes": _peak(b), "candidate_peak_memory_bytes": _peak(c),
-            "time_reduction_pct": 100.0 * (1.0 - c.timings["training_s"] / b.timings["training_s"])
-            if _valid(b.timings["training_s"], True) and _valid(c.timings["training_s"], True) else None,
-            "test_bpb_difference": c.test_bpb - b.test_bpb
-            if _valid(b.test_bpb, False) and _valid(c.test_bpb, False) else None,
-        })
+        pairs.append(
+            {
+                "unit": unit,
+                "seed": b.spec.seed,
+                "order": min(b.spec.order, c.spec.order),
+                "first": "baseline" if b.spec.position == 0 else "candidate",
+                "device": _device(b),
+                "baseline_training_s": b.timings["training_s"],
+                "candidate_training_s": c.timings["training_s"],
+                "baseline_time_to_target_s": b.timings["time_to_target_s"],
+                "candidate_time_to_target_s": c.timings["time_to_target_s"],
+                "baseline_total_s": b.timings["total_s"],
+                "candidate_total_s": c.timings["total_s"],
+                "baseline_test_bpb": b.test_bpb,
+                "candidate_test_bpb": c.test_bpb,
+                "baseline_peak_memory_bytes": peak_memory(b),
+                "candidate_peak_memory_bytes": peak_memory(c),
+                "time_reduction_pct": 100.0 * (1.0 - c.timings["training_s"] / b.timings["training_s"])
+                if _valid(b.timings["training_s"], True) and _valid(c.timings["training_s"], True)
+                else None,
+                "test_bpb_difference": c.test_bpb - b.test_bpb
+                if _valid(b.test_bpb, False) and _valid(c.test_bpb, False)
+                else None,
+            }
+        )
     col = lambda key: [p[key] for p in pairs]  # noqa: E731
-    timed = [p for p in pairs if p["time_reduction_pct"] is not None]  # both training times finite and positive
+    timed = [
+        p for p in pairs if p["time_reduction_pct"] is not None
+    ]  # both training times finite and positive
     training = TrainingTime(
-        **vars(_endpoint(col("baseline_training_s"), col("candidate_training_s"), level, "relative_reduction")),
-        log_ratio=_interval([p["baseline_training_s"] for p in timed], [p["candidate_training_s"] for p in timed],
-                            level, "log_ratio"))
-    both = [p for p in pairs if p["baseline_time_to_target_s"] is not None and p["candidate_time_to_target_s"] is not None]
+        **vars(
+            _endpoint(col("baseline_training_s"), col("candidate_training_s"), level, "relative_reduction")
+        ),
+        log_ratio=_interval(
+            [p["baseline_training_s"] for p in timed],
+            [p["candidate_training_s"] for p in timed],
+            level,
+            "log_ratio",
+        ),
+    )
+    both = [
+        p
+        for p in pairs
+        if p["baseline_time_to_target_s"] is not None and p["candidate_time_to_target_s"] is not None
+    ]
     ttt = TimeToTarget(
-        **vars(_endpoint([p["baseline_time_to_target_s"] for p in both], [p["candidate_time_to_target_s"] for p in both],
-                         level, "relative_reduction")),
+        **vars(
+            _endpoint(
+                [p["baseline_time_to_target_s"] for p in both],
+                [p["candidate_time_to_target_s"] for p in both],
+                level,
+                "relative_reduction",
+            )
+        ),
         rule="pairs where both arms reached the target",
-        unreached={"baseline": sum(p["baseline_time_to_target_s"] is None for p in pairs),
-                   "candidate": sum(p["candidate_time_to_target_s"] is None for p in pairs)})
+        unreached={
+            "baseline": sum(p["baseline_time_to_target_s"] is None for p in pairs),
+            "candidate": sum(p["candidate_time_to_target_s"] is None for p in pairs),
+        },
+    )
     quality = _endpoint(col("baseline_test_bpb"), col("candidate_test_bpb"), level, "difference")
     mem_b, mem_c = col("baseline_peak_memory_bytes"), col("candidate_peak_memory_bytes")
     memory = _endpoint(mem_b, mem_c, level, "relative_reduction") if None not in mem_b + mem_c else None
     faster = sum(1 for p in timed if p["candidate_training_s"] < p["baseline_training_s"])
     slower = sum(1 for p in timed if p["candidate_training_s"] > p["baseline_training_s"])
     return PairedResult(
-        config=config, design="paired", level=level, parameters=_parameters(units),
-        baseline_arm=study["arms"][0], candidate_arm=study["arms"][1], units_seen=len(units), pairs_used=len(pairs),
-        training_time=training, time_to_target=ttt,
+        config=config,
+        design="paired",
+        level=level,
+        parameters=_parameters(units),
+        baseline_arm=study["arms"][0],
+        candidate_arm=study["arms"][1],
+        units_seen=len(units),
+        pairs_used=len(pairs),
+        training_time=training,
+        time_to_target=ttt,
         total_time=_endpoint(col("baseline_total_s"), col("candidate_total_s"), level, "relative_reduction"),
-        test_bpb=quality, peak_memory=memory,
-        counts={"faster": faster, "slower": slower, "ties": len(timed) - faster - slower,
-                "worse_test_bpb": sum(1 for p in pairs if (p["test_bpb_difference"] or 0.0) > 0)},
+        test_bpb=quality,
+        peak_memory=memory,
+        counts={
+            "faster": faster,
+            "slower": slower,
+            "ties": len(timed) - faster - slower,
+            "worse_test_bpb": sum(1 for p in pairs if (p["test_bpb_difference"] or 0.0) > 0),
+        },
         order_effects={"crossover": crossover(timed, level), "drift": drift(timed, level)},
-        by_device=by_device(timed, level), pairs=pairs)
+        by_device=by_device(timed, level),
+        pairs=pairs,
+    )
 
 
-def _factorial(study: dict[str, Any], config: str, units: dict[str, dict[str, RunRecord]],
-               exclusions: list[dict[str, str]]) -> FactorialResult:
+def _factorial(
+    study: dict[str, Any],
+    config: str,
+    units: dict[str, dict[str, RunRecord]],
+    exclusions: list[dict[str, str]],
+) -> FactorialResult:
     level = study["interval_level"]
     factors, names = design_of(study)
     blocks = []
@@ -239,10 +226,18 @@ def _factorial(study: dict[str, Any], config: str, units: dict[str, dict[str, Ru
             exclusions.append({"unit": unit, "reason": f"no ok record for {', '.join(missing)}"})
             continue
         order = sorted(names, key=lambda c: cells[c].spec.position)
-        blocks.append({"unit": unit, "seed": cells[names[0]].spec.seed, "order": order,
-                       **{f"{c}_training_s": cells[c].timings["training_s"] for c in names},
-                       **{f"{c}_test_bpb": cells[c].test_bpb for c in names}})
-    means = {c: (math.fsum(b[f"{c}_training_s"] for b in blocks) / len(blocks) if blocks else None) for c in names}
+        blocks.append(
+            {
+                "unit": unit,
+                "seed": cells[names[0]].spec.seed,
+                "order": order,
+                **{f"{c}_training_s": cells[c].timings["training_s"] for c in names},
+                **{f"{c}_test_bpb": cells[c].test_bpb for c in names},
+            }
+        )
+    means = {
+        c: (math.fsum(b[f"{c}_training_s"] for b in blocks) / len(blocks) if blocks else None) for c in names
+    }
     effects: dict[str, Any] = {}
     if len(blocks) >= 2:
         times = [{c: b[f"{c}_training_s"] for c in names} for b in blocks]
@@ -252,85 +247,18 @@ def _factorial(study: dict[str, Any], config: str, units: dict[str, dict[str, Ru
             d["reduction_low_pct"] = 100.0 * (1.0 - math.exp(iv.high))
             d["reduction_high_pct"] = 100.0 * (1.0 - math.exp(iv.low))
             effects[name] = d
-    return FactorialResult(config=config, design="factorial", level=level, units_seen=len(units),
-                           parameters=_parameters(units), positions=positions(blocks, names, level),
-                           blocks_used=len(blocks), cell_mean_training_s=means, effects=effects, blocks=blocks)
-
-
-def _final(records: list[RunRecord]) -> dict[str, RunRecord]:
-    """Each run's latest attempt (failed, interrupted or ok)."""
-    out: dict[str, RunRecord] = {}
-    for r in records:
-        rid = r.spec.run_id
-        if rid not in out or r.attempt > out[rid].attempt:
-            out[rid] = r
-    return out
-
-
-def flow(records: list[RunRecord], studies: list[StudyResult], protocol: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every planned run per (study, configuration, arm): planned, started, ok, failed,
-    interrupted (attempts), superseded (attempts of a unit that ran again whole), missing, analysed
-    (in a used pair or block) and excluded; a run's state is its latest attempt in its unit's
-    analysed unit attempt."""
-    final = _final(current(records))
-    cur = {id(r) for r in current(records)}
-    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for st in protocol["studies"]:
-        roles = (("baseline", st["arms"][0]), ("candidate", st["arms"][1])) if st["design"] == "paired" else \
-            tuple(arms_by_cell(st).items())
-        for config in st["configs"]:
-            for role, arm in roles:
-                rows[(st["name"], config, role)] = {
-                    "study": st["name"], "config": config, "role": role, "arm": arm,
-                    "planned": len(st["seeds"]) if "seeds" in st else None, "started": 0, "ok": 0, "failed": 0,
-                    "interrupted_attempts": 0, "superseded_attempts": 0, "analysed": 0}
-    attempts: dict[str, list[str]] = {}
-    for r in records:
-        attempts.setdefault(r.spec.run_id, []).append(r.status)
-        if id(r) not in cur:
-            s = r.spec
-            rows[(s.study, s.config, s.role)]["superseded_attempts"] += 1
-    used = {x["unit"] for st in studies for c in st.configs
-            for x in (c.pairs if isinstance(c, PairedResult) else c.blocks)}
-    for r in final.values():
-        s = r.spec
-        row = rows[(s.study, s.config, s.role)]
-        row["started"] += 1
-        row["interrupted_attempts"] += attempts[s.run_id].count("interrupted")
-        if r.status == "ok":
-            row["ok"] += 1
-        elif r.status == "failed":
-            row["failed"] += 1
-        row["analysed"] += int(s.unit in used and r.status == "ok")
-    for row in rows.values():
-        row["missing"] = None if row["planned"] is None else row["planned"] - row["ok"]
-        row["excluded"] = row["ok"] - row["analysed"]
-    return list(rows.values())
-
-
-def _failed_pairs(records: list[RunRecord]) -> dict[tuple[str, str], list[dict[str, Any]]]:
-    """Pairs whose final records are one ok and one failed arm (for the sensitivity analysis)."""
-    by_unit: dict[str, dict[str, RunRecord]] = {}
-    for r in _final(current(records)).values():
-        if r.spec.design == "paired":
-            by_unit.setdefault(r.spec.unit, {})[r.spec.role] = r
-    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for unit in sorted(by_unit):
-        arms = by_unit[unit]
-        st = sorted((role, r.status) for role, r in arms.items())
-        if len(st) == 2 and sorted(x for _, x in st) == ["failed", "ok"]:
-            spec = next(iter(arms.values())).spec
-            out.setdefault((spec.study, spec.config), []).append(
-                {"unit": unit, "failed": next(role for role, x in st if x == "failed")})
-    return out
-
-
-def unfinished(records: list[RunRecord], started: list[StartedEntry]) -> list[dict[str, Any]]:
-    """Started entries that no record ends: interrupted attempts, with their start time."""
-    ended = {(r.spec.run_id, r.attempt) for r in records}
-    return [{"run_id": e["run_id"], "attempt": e["attempt"], "unit_attempt": e.get("unit_attempt", 1),
-             "started_at": e["started_at"], "node": e["node"], "seq": e["ledger"]["seq"]}
-            for e in sorted(started, key=lambda e: e["ledger"]["seq"]) if (e["run_id"], e["attempt"]) not in ended]
+    return FactorialResult(
+        config=config,
+        design="factorial",
+        level=level,
+        units_seen=len(units),
+        parameters=_parameters(units),
+        positions=positions(blocks, names, level),
+        blocks_used=len(blocks),
+        cell_mean_training_s=means,
+        effects=effects,
+        blocks=blocks,
+    )
 
 
 def derive(records: list[RunRecord], started: list[StartedEntry] | None = None) -> Summary:
@@ -355,8 +283,10 @@ def derive(records: list[RunRecord], started: list[StartedEntry] | None = None) 
     for study in protocol["studies"]:
         entries: list[PairedResult | FactorialResult] = []
         for config in study["configs"]:
-            units = {u: ok.get((study["name"], config), {}).get(u, {})
-                     for u in sorted(seen_units.get((study["name"], config), set()))}
+            units = {
+                u: ok.get((study["name"], config), {}).get(u, {})
+                for u in sorted(seen_units.get((study["name"], config), set()))
+            }
             if not units:
                 continue
             if study["design"] == "paired":
@@ -368,27 +298,51 @@ def derive(records: list[RunRecord], started: list[StartedEntry] | None = None) 
         studies.append(StudyResult(name=study["name"], design=study["design"], configs=entries))
     status = [r.status for r in records]
     return Summary(
-        schema_version=SUMMARY_SCHEMA, protocol=protocol,
-        records=RecordCounts(files=len(records), ok=status.count("ok"), failed=status.count("failed"),
-                             interrupted=status.count("interrupted"), superseded=len(records) - len(current(records)),
-                             unfinished=unfinished(records, started or []),
-                             device_seconds=math.fsum((r.timings or {}).get("device_s") or 0.0 for r in records)),
-        completeness=done, hypotheses=_hypotheses(records, protocol, pairs_of, done),
-        flow=flow(records, studies, protocol), exclusions=sorted(exclusions, key=lambda e: e["unit"]),
-        studies=studies, runs=run_rows(records))
+        schema_version=SUMMARY_SCHEMA,
+        protocol=protocol,
+        records=RecordCounts(
+            files=len(records),
+            ok=status.count("ok"),
+            failed=status.count("failed"),
+            interrupted=status.count("interrupted"),
+            superseded=len(records) - len(current(records)),
+            unfinished=unfinished(records, started or []),
+            device_seconds=math.fsum((r.timings or {}).get("device_s") or 0.0 for r in records),
+        ),
+        completeness=done,
+        hypotheses=_hypotheses(records, protocol, pairs_of, done),
+        flow=flow(records, studies, protocol),
+        exclusions=sorted(exclusions, key=lambda e: e["unit"]),
+        studies=studies,
+        runs=run_rows(records),
+    )
 
 
-def _hypotheses(records: list[RunRecord], protocol: Mapping[str, Any],
-                pairs_of: dict[tuple[str, str], list[dict[str, Any]]], done: Completeness) -> Hypotheses | Descriptive:
+def _hypotheses(
+    records: list[RunRecord],
+    protocol: Mapping[str, Any],
+    pairs_of: dict[tuple[str, str], list[dict[str, Any]]],
+    done: Completeness,
+) -> Hypotheses | Descriptive:
     """The preregistered decisions, each with its failed-arm sensitivity analysis."""
     spec = protocol.get("hypotheses") or {"descriptive": "these records predate preregistered hypotheses"}
     if "descriptive" in spec:
         return Descriptive(descriptive=spec["descriptive"])
-    failed = _failed_pairs(records)
+    failed = failed_pairs(records)
     decided = []
     for d in decide(spec, pairs_of, done):
         h = next(t for t in spec["tests"] if t["id"] == d.id)
-        decided.append(Decided(decision=d, sensitivity=sensitivity(h, pairs_of.get((d.study, d.config), []),
-                                                                   failed.get((d.study, d.config), []))))
-    return Hypotheses(procedure=spec["procedure"], family_alpha=spec["family_alpha"], min_pairs=spec["min_pairs"],
-                      decisions=decided)
+        decided.append(
+            Decided(
+                decision=d,
+                sensitivity=sensitivity(
+                    h, pairs_of.get((d.study, d.config), []), failed.get((d.study, d.config), [])
+                ),
+            )
+        )
+    return Hypotheses(
+        procedure=spec["procedure"],
+        family_alpha=spec["family_alpha"],
+        min_pairs=spec["min_pairs"],
+        decisions=decided,
+    )

@@ -24,11 +24,32 @@ def cmd_plan(args: argparse.Namespace) -> int:
     audit_readable(load(proto.path))  # what the harness accepts, the public audit reads
     runs = make_plan(proto)
     if args.json:
-        print(json.dumps({"protocol": proto.id, "protocol_sha256": proto.sha256, "plan_sha256": plan_sha256(runs),
-                          "runs": [r.to_json() for r in runs]}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "protocol": proto.id,
+                    "protocol_sha256": proto.sha256,
+                    "plan_sha256": plan_sha256(runs),
+                    "runs": [r.to_json() for r in runs],
+                },
+                indent=1,
+            )
+        )
         return 0
-    rows = [{"#": r.order, "study": r.study, "config": r.config, "unit": r.unit.rsplit(".", 1)[-1],
-             "pos": r.position, "role": r.role, "arm": r.arm, "seed": r.seed, "steps": r.steps} for r in runs]
+    rows = [
+        {
+            "#": r.order,
+            "study": r.study,
+            "config": r.config,
+            "unit": r.unit.rsplit(".", 1)[-1],
+            "pos": r.position,
+            "role": r.role,
+            "arm": r.arm,
+            "seed": r.seed,
+            "steps": r.steps,
+        }
+        for r in runs
+    ]
     print(table(rows, ["#", "study", "config", "unit", "pos", "role", "arm", "seed", "steps"]))
     print(f"\n{len(runs)} runs; protocol {proto.id} sha256 {proto.sha256}; plan sha256 {plan_sha256(runs)}")
     return 0
@@ -55,8 +76,10 @@ def _refuse_shadowing() -> None:
             continue
         origin = Path(spec.origin).resolve() if spec is not None and spec.origin else None
         if origin is not None and origin.is_relative_to(here) and "site-packages" not in origin.parts:
-            raise RefusedError(f"{origin}: a module {name!r} in the study's folder shadows the installed package; "
-                               "nothing was run: remove it (a frozen study imports only its tracked code)")
+            raise RefusedError(
+                f"{origin}: a module {name!r} in the study's folder shadows the installed package; "
+                "nothing was run: remove it (a frozen study imports only its tracked code)"
+            )
 
 
 def cmd_tag(args: argparse.Namespace) -> int:
@@ -66,10 +89,14 @@ def cmd_tag(args: argparse.Namespace) -> int:
 
     proto = load_protocol(args.protocol)
     info, m = tag(proto, sign=args.sign)
-    print(f"tagged {info.name} -> {info.commit} (protocol sha256 {proto.sha256}){' signed' if args.sign else ''}")
-    print(f"freeze manifest sha256 {manifest_sha256(m)}: {len(m['configs'])} configurations, plan of "
-          f"{m['plan']['runs']} runs, frozen entries {', '.join(sorted(m['trees']))}, code of "
-          f"{', '.join(sorted(m['code']))}")
+    print(
+        f"tagged {info.name} -> {info.commit} (protocol sha256 {proto.sha256}){' signed' if args.sign else ''}"
+    )
+    print(
+        f"freeze manifest sha256 {manifest_sha256(m)}: {len(m['configs'])} configurations, plan of "
+        f"{m['plan']['runs']} runs, frozen entries {', '.join(sorted(m['trees']))}, code of "
+        f"{', '.join(sorted(m['code']))}"
+    )
     return 0
 
 
@@ -96,8 +123,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         from harness.execute.ray import RayExecutor
 
         executor = RayExecutor(args.ray)
-    runner = Runner(proto, echo=echo, live=live, retry_failed=args.retry_failed,
-                    allow_torch_mismatch=args.allow_torch_mismatch, executor=executor, anchor=args.anchor)
+    runner = Runner(
+        proto,
+        echo=echo,
+        live=live,
+        retry_failed=args.retry_failed,
+        allow_torch_mismatch=args.allow_torch_mismatch,
+        executor=executor,
+        anchor=args.anchor,
+    )
     from harness.execute.state import status_table
 
     left = runner.run()
@@ -105,7 +139,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{left} runs not done; run the same command again to continue")
         return 1
     failed = sum(r["failed"] for r in status_table(proto)[0])
-    print(f"all {len(runner.runs)} runs finished ({failed} failed, recorded); records in {proto.records_path}")
+    print(
+        f"all {len(runner.runs)} runs finished ({failed} failed, recorded); records in {proto.records_path}"
+    )
     code = 0
     if not args.no_report:
         code = _report(proto, fmt=None, quiet=False)
@@ -116,12 +152,16 @@ def _report(proto: Any, fmt: str | None, quiet: bool) -> int:
     from analysis.report import write_report
 
     if not any(proto.records_path.glob("*.record.json")):
-        raise HarnessError(f"no records in {proto.records_path}; run the study first: harness run {proto.relpath}")
+        raise HarnessError(
+            f"no records in {proto.records_path}; run the study first: harness run {proto.relpath}"
+        )
     out = write_report(proto.records_path, export=fmt, records_rel=_records_rel(proto))
     if not quiet:
         print(out.markdown)
-        print(f"wrote {out.summary_path}, {out.report_path}, {out.page_path}"
-              + (f", {out.export_path}" if out.export_path else ""))
+        print(
+            f"wrote {out.summary_path}, {out.report_path}, {out.page_path}"
+            + (f", {out.export_path}" if out.export_path else "")
+        )
     return 0
 
 
@@ -141,13 +181,20 @@ def cmd_publish(args: argparse.Namespace) -> int:
     proto = load_protocol(args.protocol)
     records = load_records(proto.records_path)
     if not records:
-        raise HarnessError(f"no records in {proto.records_path}; run the study first: harness run {proto.relpath}")
+        raise HarnessError(
+            f"no records in {proto.records_path}; run the study first: harness run {proto.relpath}"
+        )
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not out.is_dir():
         raise InputError(f"--out {args.out}: not a folder")
     summary = derive(records)
-    path = write_page(summary, proto.records_path, out, records_rel=_records_rel(proto),
-                      summary_sha256=seal(summary.to_json())["sha256"])
+    path = write_page(
+        summary,
+        proto.records_path,
+        out,
+        records_rel=_records_rel(proto),
+        summary_sha256=seal(summary.to_json())["sha256"],
+    )
     print(f"wrote {path}")
     return 0
 
@@ -177,18 +224,26 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     pilot = load_protocol(args.pilot)
     rows = calibrate(load_records(pilot.records_path))
     if not rows:
-        raise HarnessError(f"no ok baseline runs in {pilot.records_path}; run the pilot first: harness run {args.pilot}")
+        raise HarnessError(
+            f"no ok baseline runs in {pilot.records_path}; run the pilot first: harness run {args.pilot}"
+        )
     n_runs = len(make_plan(load_protocol(args.target))) if args.target else None
     shown = []
     for config, r in rows.items():
-        row = {"config": config, "pilot_runs": r["runs"], "val_target_bpb": f"{r['val_target_bpb']:.2f}",
-               "device_s_per_run": f"{r['device_s_per_run']:.2f}"}
+        row = {
+            "config": config,
+            "pilot_runs": r["runs"],
+            "val_target_bpb": f"{r['val_target_bpb']:.2f}",
+            "device_s_per_run": f"{r['device_s_per_run']:.2f}",
+        }
         if n_runs:
             row["budget_if_all_runs_like_this"] = f"{budget(r['device_s_per_run'], n_runs):.0f}"
         shown.append(row)
     print(table(shown, list(shown[0])))
-    print("\nrule: analysis/calibrate.py (median baseline validation BPB at 75% of steps, rounded up; "
-          "budget = median device s per run x runs x 1.5, rounded up to a minute)")
+    print(
+        "\nrule: analysis/calibrate.py (median baseline validation BPB at 75% of steps, rounded up; "
+        "budget = median device s per run x runs x 1.5, rounded up to a minute)"
+    )
     return 0
 
 
@@ -202,7 +257,9 @@ def cmd_power(args: argparse.Namespace) -> int:
     target = load_protocol(args.target)
     records = load_records(pilot.records_path)
     if not records:
-        raise HarnessError(f"no records in {pilot.records_path}; run the pilot first: harness run {args.pilot}")
+        raise HarnessError(
+            f"no records in {pilot.records_path}; run the pilot first: harness run {args.pilot}"
+        )
     effects = {}
     for item in args.effect or []:
         hid, _, value = item.partition("=")
@@ -239,17 +296,44 @@ def cmd_status(args: argparse.Namespace) -> int:
     head = head_of(load_entries(proto.records_path) if proto.records_path.is_dir() else [], "")
     unended = unfinished(proto)
     if args.json:
-        print(json.dumps({"protocol": proto.id, "rows": rows, "device_seconds_spent": spent,
-                          "budget_device_seconds": proto.budget_device_seconds, "ledger_head": head,
-                          "interrupted_without_record": unended}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "protocol": proto.id,
+                    "rows": rows,
+                    "device_seconds_spent": spent,
+                    "budget_device_seconds": proto.budget_device_seconds,
+                    "ledger_head": head,
+                    "interrupted_without_record": unended,
+                },
+                indent=1,
+            )
+        )
         return 0
-    print(table(rows, ["study", "config", "runs", "done", "failed", "interrupted_attempts", "superseded_attempts",
-                        "pending"]))
+    print(
+        table(
+            rows,
+            [
+                "study",
+                "config",
+                "runs",
+                "done",
+                "failed",
+                "interrupted_attempts",
+                "superseded_attempts",
+                "pending",
+            ],
+        )
+    )
     for u in unended:
-        print(f"{'running' if u['running'] else 'interrupted'}: {u['run_id']} attempt {u['attempt']} started at "
-              f"{u['started_at']} on {u['node']} (ledger seq {u['seq']}) has no ending"
-              + ("" if u["running"] else "; the next harness run records it"))
-    print(f"\nbudget: {spent:.1f} of {proto.budget_device_seconds:.0f} device seconds spent; records in {proto.records_path}")
+        print(
+            f"{'running' if u['running'] else 'interrupted'}: {u['run_id']} attempt {u['attempt']} started at "
+            f"{u['started_at']} on {u['node']} (ledger seq {u['seq']}) has no ending"
+            + ("" if u["running"] else "; the next harness run records it")
+        )
+    print(
+        f"\nbudget: {spent:.1f} of {proto.budget_device_seconds:.0f} device seconds spent; records in {proto.records_path}"
+    )
     print(describe(head) if head["seq"] else "ledger: no records yet")
     if head["seq"]:
         print("publish this head (commit it, post it): any later rewrite of the records cannot match it")
@@ -257,9 +341,19 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "configs": cmd_configs, "data": cmd_data, "verify": cmd_verify, "plan": cmd_plan, "tag": cmd_tag,
-    "run": cmd_run, "status": cmd_status, "report": cmd_report, "calibrate": cmd_calibrate, "power": cmd_power,
-    "node": cmd_node, "compare-arms": cmd_compare_arms, "publish": cmd_publish,
+    "configs": cmd_configs,
+    "data": cmd_data,
+    "verify": cmd_verify,
+    "plan": cmd_plan,
+    "tag": cmd_tag,
+    "run": cmd_run,
+    "status": cmd_status,
+    "report": cmd_report,
+    "calibrate": cmd_calibrate,
+    "power": cmd_power,
+    "node": cmd_node,
+    "compare-arms": cmd_compare_arms,
+    "publish": cmd_publish,
 }
 
 
@@ -271,15 +365,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"harness {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code
     except RecordFormatError as e:
-        print(f"harness {args.command}: error: {e} (a record or MANIFEST that is not in the harness's format: "
-              "restore it from version control; the audit names every damaged file)", file=sys.stderr)
+        print(
+            f"harness {args.command}: error: {e} (a record or MANIFEST that is not in the harness's format: "
+            "restore it from version control; the audit names every damaged file)",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         print(f"harness {args.command}: interrupted", file=sys.stderr)
         return 130
     except OSError as e:  # a file the harness could not write or read: a message, exit 2, no traceback
-        print(f"harness {args.command}: error: {e.filename or 'a file'}: {e.strerror or e}; fix it and run the same "
-              "command again", file=sys.stderr)
+        print(
+            f"harness {args.command}: error: {e.filename or 'a file'}: {e.strerror or e}; fix it and run the same "
+            "command again",
+            file=sys.stderr,
+        )
         return 2
 
 

@@ -64,9 +64,11 @@ def atomic_write(path: Path, data: bytes, *, overwrite: bool) -> None:
             os.unlink(tmp)
         _fsync_dir(path.parent)
     except OSError as e:
-        raise WriteError(f"cannot write {path}: {e.strerror or e} ({_free(path.parent)} on its filesystem); "
-                         "nothing was half-written: free space (or fix the folder) and run the same command "
-                         "again to resume") from e
+        raise WriteError(
+            f"cannot write {path}: {e.strerror or e} ({_free(path.parent)} on its filesystem); "
+            "nothing was half-written: free space (or fix the folder) and run the same command "
+            "again to resume"
+        ) from e
     finally:
         if tmp is not None and os.path.exists(tmp):
             try:

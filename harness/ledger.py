@@ -59,15 +59,29 @@ def now_iso() -> str:
 def load_entries(directory: Path) -> list[dict[str, Any]]:
     """Every entry of the chain (records and started entries), in ledger order."""
     out = [read_entry(p) for p in entry_files(directory)]
-    out.sort(key=lambda e: (e.get("ledger", {}).get("seq", 0), e.get("run_id") or e["spec"]["run_id"], e["attempt"]))
+    out.sort(
+        key=lambda e: (
+            e.get("ledger", {}).get("seq", 0),
+            e.get("run_id") or e["spec"]["run_id"],
+            e["attempt"],
+        )
+    )
     return out
 
 
 class Ledger:
     """Append entries of one protocol to its chain."""
 
-    def __init__(self, records_dir: Path, lock_path: Path, genesis: str, *, root: Path,
-                 sources: Iterable[Path], protocol: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        records_dir: Path,
+        lock_path: Path,
+        genesis: str,
+        *,
+        root: Path,
+        sources: Iterable[Path],
+        protocol: dict[str, Any],
+    ) -> None:
         self.dir = records_dir
         self.lock = FileLock(str(lock_path))
         self.genesis = genesis
@@ -139,16 +153,22 @@ class Ledger:
             if unlisted != sorted(entry_name(e) for e in tail if e is not None):
                 return None
             write_manifest(self.dir, self.root, self.sources, self.protocol, head)
-        return (f"MANIFEST reconciled with the chain: {len(unlisted)} entr{'y' if len(unlisted) == 1 else 'ies'} "
-                f"after seq {start} listed again ({', '.join(unlisted)})")
+        return (
+            f"MANIFEST reconciled with the chain: {len(unlisted)} entr{'y' if len(unlisted) == 1 else 'ies'} "
+            f"after seq {start} listed again ({', '.join(unlisted)})"
+        )
 
 
 def source_hashes(root: Path, extra: Iterable[Path]) -> dict[str, str]:
     """sha256 of every source file that produces records: harness/ (Python and C), analysis/,
     configs/, the tracked verified-paths files, and ``extra`` (the protocol, plug-in sources)."""
     files: set[Path] = set()
-    for sub, patterns in (("harness", ("*.py", "*.c")), ("analysis", ("*.py",)), ("configs", ("*.yaml",)),
-                          ("verified", ("*.json",))):
+    for sub, patterns in (
+        ("harness", ("*.py", "*.c")),
+        ("analysis", ("*.py",)),
+        ("configs", ("*.yaml",)),
+        ("verified", ("*.json",)),
+    ):
         base = root / sub
         if base.is_dir():
             for pattern in patterns:
@@ -161,8 +181,9 @@ def source_hashes(root: Path, extra: Iterable[Path]) -> dict[str, str]:
     return out
 
 
-def write_manifest(directory: Path, root: Path, extra: Iterable[Path], protocol: dict[str, Any],
-                   head: LedgerHead | None) -> Path:
+def write_manifest(
+    directory: Path, root: Path, extra: Iterable[Path], protocol: dict[str, Any], head: LedgerHead | None
+) -> Path:
     """Rewrite MANIFEST atomically: every record's and every started entry's file sha256, the ledger
     head, every source's sha256."""
     manifest = {
@@ -213,27 +234,46 @@ def check_records_folder(proto: Any) -> None:
     for part in rel.parts:
         step = step / part
         if step.is_symlink():
-            raise InputError(f"{where}: {step} is a symbolic link (to {os.readlink(step)}); a records folder is "
-                             "a real folder inside the repository, with no link on the way",
-                             file=str(proto.path), key="records_dir")
+            raise InputError(
+                f"{where}: {step} is a symbolic link (to {os.readlink(step)}); a records folder is "
+                "a real folder inside the repository, with no link on the way",
+                file=str(proto.path),
+                key="records_dir",
+            )
     resolved = (root / rel).resolve()
     if not resolved.is_relative_to(root.resolve()):
-        raise InputError(f"{where} resolves to {resolved}, outside the study's repository {root}",
-                         file=str(proto.path), key="records_dir")
+        raise InputError(
+            f"{where} resolves to {resolved}, outside the study's repository {root}",
+            file=str(proto.path),
+            key="records_dir",
+        )
     inside = resolved.relative_to(root.resolve()).parts
     if not inside or not exempt(inside[0]):
         top = inside[0] if inside else "."
-        raise InputError(f"{where} lies inside the frozen entry {top!r}; records there would be untracked files in a "
-                         "frozen folder and the study could not resume: use records/ (the default) or another exempt "
-                         "folder", file=str(proto.path), key="records_dir")
+        raise InputError(
+            f"{where} lies inside the frozen entry {top!r}; records there would be untracked files in a "
+            "frozen folder and the study could not resume: use records/ (the default) or another exempt "
+            "folder",
+            file=str(proto.path),
+            key="records_dir",
+        )
 
 
 def study_ledger(proto: Any, genesis: str) -> Ledger:
     """The ledger of ``proto``'s records folder (its lock under ``runs/<id>/locks``)."""
-    plugins = [proto.root / fp["path"] for fp in proto.plugin_fingerprints().values()
-               if not Path(fp["path"]).is_absolute()]
-    return Ledger(proto.records_path, proto.runs_path / "locks" / "ledger.lock", genesis, root=proto.root,
-                  sources=[proto.path, *plugins], protocol=proto.summary())
+    plugins = [
+        proto.root / fp["path"]
+        for fp in proto.plugin_fingerprints().values()
+        if not Path(fp["path"]).is_absolute()
+    ]
+    return Ledger(
+        proto.records_path,
+        proto.runs_path / "locks" / "ledger.lock",
+        genesis,
+        root=proto.root,
+        sources=[proto.path, *plugins],
+        protocol=proto.summary(),
+    )
 
 
 def reconcile_study(proto: Any) -> str | None:
@@ -243,6 +283,10 @@ def reconcile_study(proto: Any) -> str | None:
     if not proto.records_path.is_dir():
         return None
     entries = load_entries(proto.records_path)
-    genesis = next((e["protocol"].get("freeze_sha256") for e in entries if e["protocol"].get("freeze_sha256")),
-                   None) or proto.sha256
+    genesis = (
+        next(
+            (e["protocol"].get("freeze_sha256") for e in entries if e["protocol"].get("freeze_sha256")), None
+        )
+        or proto.sha256
+    )
     return study_ledger(proto, genesis).reconcile()

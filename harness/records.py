@@ -96,8 +96,13 @@ def exact_fields(what: str, have: Iterable[str], want: Iterable[str], error: typ
     have, want = set(have), set(want)
     extra, missing = sorted(have - want), sorted(want - have)
     if extra or missing:
-        raise error(f"{what}: " + "; ".join(([f"unknown fields {', '.join(extra)}"] if extra else [])
-                                             + ([f"missing {', '.join(missing)}"] if missing else [])))
+        raise error(
+            f"{what}: "
+            + "; ".join(
+                ([f"unknown fields {', '.join(extra)}"] if extra else [])
+                + ([f"missing {', '.join(missing)}"] if missing else [])
+            )
+        )
 
 
 def plain(value: Any) -> Any:
@@ -153,8 +158,22 @@ class RunSpec:
 
 
 #: WorkerResult's and RunRecord's fields written even when ``None``; the others only when set.
-_ALWAYS = frozenset({"status", "reason", "timings", "schema_version", "protocol", "plan_sha256", "spec", "attempt",
-                     "git", "unit_attempt", "started_at", "finished_at"})
+_ALWAYS = frozenset(
+    {
+        "status",
+        "reason",
+        "timings",
+        "schema_version",
+        "protocol",
+        "plan_sha256",
+        "spec",
+        "attempt",
+        "git",
+        "unit_attempt",
+        "started_at",
+        "finished_at",
+    }
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,8 +202,11 @@ class WorkerResult:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object: every set field (and the ones always written), non-finite floats kept."""
-        return {f.name: plain(v) for f in fields(self)
-                if (v := getattr(self, f.name)) is not None or f.name in _ALWAYS}
+        return {
+            f.name: plain(v)
+            for f in fields(self)
+            if (v := getattr(self, f.name)) is not None or f.name in _ALWAYS
+        }
 
     @classmethod
     def from_json(cls, data: Any, what: str = "worker result") -> WorkerResult:
@@ -213,7 +235,9 @@ class RunRecord(WorkerResult):
     attempt: int  # 1-based attempt number of this run
     git: GitState
     unit_attempt: int = 1  # which run of its unit this attempt belongs to (schema 3; 1 before it)
-    start: Mapping[str, Any] | None = None  # the started entry this record ends: its seq and sha256 (schema 3)
+    start: Mapping[str, Any] | None = (
+        None  # the started entry this record ends: its seq and sha256 (schema 3)
+    )
     started_at: str | None = None
     finished_at: str | None = None
     node: Mapping[str, Any] | None = None  # the Ray node that ran it (id, host, pid); Ray runs only
@@ -230,7 +254,9 @@ class RunRecord(WorkerResult):
         if not isinstance(data, Mapping):
             raise RecordFormatError(f"{what} is not a JSON object")
         required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
-        exact_fields(what, set(data), {f.name for f in fields(cls)} & (set(data) | required), RecordFormatError)
+        exact_fields(
+            what, set(data), {f.name for f in fields(cls)} & (set(data) | required), RecordFormatError
+        )
         spec = RunSpec.from_json(data["spec"], f"{what}: spec", RecordFormatError)
         return cls(**{**data, "spec": spec})
 
@@ -247,7 +273,9 @@ def jsonable(obj: Any) -> Any:
 
 
 def canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
+        "utf-8"
+    )
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -268,7 +296,11 @@ def self_hash_ok(record: dict[str, Any]) -> bool:
 
 def write_json(path: Path, obj: Any, *, overwrite: bool = True, pretty: bool = False) -> None:
     """Atomically write ``obj`` as JSON (canonical, or sorted and indented when ``pretty``)."""
-    data = json.dumps(obj, sort_keys=True, indent=1, allow_nan=False).encode("utf-8") if pretty else canonical(obj)
+    data = (
+        json.dumps(obj, sort_keys=True, indent=1, allow_nan=False).encode("utf-8")
+        if pretty
+        else canonical(obj)
+    )
     atomic_write(path, data + b"\n", overwrite=overwrite)
 
 

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from scipy import stats
 
 from analysis import paired_interval
-from analysis.stats import factorial_contrasts, mean_interval
+from analysis.factorial import factorial_contrasts
+from analysis.stats import mean_interval
 
 sys.path.insert(0, str(ROOT / "analysis"))
 from public_audit import student_t_ppf  # noqa: E402

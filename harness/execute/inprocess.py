@@ -27,8 +27,8 @@ class InProcessExecutor:
 
     def execute(self, runner: Runner) -> None:
         from harness.execute.job import Job
-        from harness.execute.worker import Partial, failure
-        from harness.execute.worker import execute as run_job
+        from harness.execute.training import Partial, failure
+        from harness.execute.training import execute as run_job
 
         for claim in runner.claims():
             try:
@@ -48,7 +48,9 @@ class InProcessExecutor:
                     wall = time.monotonic() - wall0
                     result = replace(partial.result, timings={**partial.result.timings, "device_s": wall})
                     data = json.loads(json.dumps(jsonable(result.to_json()), allow_nan=False))
-                    outcome = Outcome(code=code, result=data, wall_s=wall, started_at=t0, finished_at=time.time())
+                    outcome = Outcome(
+                        code=code, result=data, wall_s=wall, started_at=t0, finished_at=time.time()
+                    )
                     runner.echo(f"  {runner.finished(spec, attempt, outcome)}")
             finally:
                 claim.release()

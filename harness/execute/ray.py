@@ -61,6 +61,7 @@ __all__ = ["EXCLUDES", "RayExecutor", "node_command"]
 
 EXCLUDES = ["runs/", "records/", ".git/", "__pycache__/", "*.safetensors", ".whl/", ".gl/"]
 
+
 class RayExecutor:
     """Place units on a Ray cluster at ``address`` (``auto`` or host:port)."""
 
@@ -82,14 +83,30 @@ class RayExecutor:
 
         # a local corpus inside the tree travels once, through the object store, not with the tree
         corpus = runner.proto.corpus
-        shipped = [] if isinstance(corpus, str) else [
-            "/" + (runner.root / f.path).resolve().relative_to(runner.root.resolve()).as_posix()
-            for f in corpus.files.values() if (runner.root / f.path).resolve().is_relative_to(runner.root.resolve())]
-        runtime_env = {"working_dir": str(runner.root), "excludes": EXCLUDES + shipped,
-                       "py_modules": [str(Path(harness.__file__).resolve().parent),
-                                      str(Path(analysis.__file__).resolve().parent)]}
-        ray.init(address=self.address, runtime_env=runtime_env, namespace="cotangent-harness",
-                 log_to_driver=False, logging_level=logging.WARNING)
+        shipped = (
+            []
+            if isinstance(corpus, str)
+            else [
+                "/" + (runner.root / f.path).resolve().relative_to(runner.root.resolve()).as_posix()
+                for f in corpus.files.values()
+                if (runner.root / f.path).resolve().is_relative_to(runner.root.resolve())
+            ]
+        )
+        runtime_env = {
+            "working_dir": str(runner.root),
+            "excludes": EXCLUDES + shipped,
+            "py_modules": [
+                str(Path(harness.__file__).resolve().parent),
+                str(Path(analysis.__file__).resolve().parent),
+            ],
+        }
+        ray.init(
+            address=self.address,
+            runtime_env=runtime_env,
+            namespace="cotangent-harness",
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         # the queue lives on the driver's own node, so a node that dies cannot take the results with it
@@ -104,12 +121,16 @@ class RayExecutor:
         resource = RESOURCE.format(device=device)
         capacity = int(ray.cluster_resources().get(resource, 0))
         if capacity < 1:
-            raise RefusedError(f"no node of the Ray cluster at {self.address} advertises {resource}; start nodes with: "
-                               f"harness node --device {device} --address ADDRESS")
+            raise RefusedError(
+                f"no node of the Ray cluster at {self.address} advertises {resource}; start nodes with: "
+                f"harness node --device {device} --address ADDRESS"
+            )
         expect, corpus_ref = self._expect(runner, ray, device)
         gpus = {"num_gpus": 1} if device == "cuda" else {}  # Ray sets CUDA_VISIBLE_DEVICES to the unit's GPU
         base_options = {"num_cpus": 0, "resources": {resource: 1}, "max_retries": 0, **gpus}
-        task = ray.remote(max_calls=0)(run_unit)  # the node worker (and its fork server) serves unit after unit
+        task = ray.remote(max_calls=0)(
+            run_unit
+        )  # the node worker (and its fork server) serves unit after unit
         waiting = list(units(runner.runs))
         inflight: dict[Any, tuple[list[RunSpec], FileLock, float, dict[str, dict[str, Any]]]] = {}
         by_id = {s.run_id: s for s in runner.runs}
@@ -125,7 +146,9 @@ class RayExecutor:
                     jobs = [runner.job(s, runner.next_attempt(s)).to_json() for s in claim.todo]
                     for j in jobs:
                         self.unit_attempts[(j["spec"]["run_id"], j["attempt"])] = claim.unit_attempt
-                    ref = task.options(**base_options, **placement).remote(jobs, expect, corpus_ref, queue, self.gate)
+                    ref = task.options(**base_options, **placement).remote(
+                        jobs, expect, corpus_ref, queue, self.gate
+                    )
                     inflight[ref] = (claim.unit, claim.lock, claim.expected_s, {})
                 if not inflight:
                     continue
@@ -135,7 +158,9 @@ class RayExecutor:
                     ray.wait(list(inflight), num_returns=1, timeout=5.0)
                 ready, _ = ray.wait(list(inflight), num_returns=len(inflight), timeout=0)
                 for ref in ready:
-                    ended = max(0, ended + self._collect(runner, ray, queue, inflight, by_id, ref, waiting) - 1)
+                    ended = max(
+                        0, ended + self._collect(runner, ray, queue, inflight, by_id, ref, waiting) - 1
+                    )
         finally:
             for ref, (_unit, lock, _, _) in inflight.items():
                 ray.cancel(ref, force=True)
@@ -151,14 +176,29 @@ class RayExecutor:
 
         proto = runner.proto
         corpus = runner.corpus  # verified by the runner before any run
-        expect = {"code": code_sha256(), "torch": proto.torch_version, "protocol": proto.id, "corpus": corpus.name,
-                  "device": device, "launcher": proto.launcher, "corpus_sha256": corpus.sha256(),
-                  "threads": proto.threads, "phase_sha256": (runner.env or {}).get("COTANGENT_PHASE_SHA256")}
+        expect = {
+            "code": code_sha256(),
+            "torch": proto.torch_version,
+            "protocol": proto.id,
+            "corpus": corpus.name,
+            "device": device,
+            "launcher": proto.launcher,
+            "corpus_sha256": corpus.sha256(),
+            "threads": proto.threads,
+            "phase_sha256": (runner.env or {}).get("COTANGENT_PHASE_SHA256"),
+        }
         shipped = {s: corpus.split(s) for s in SPLITS} if corpus.name != "pydoc-topics" else None
         return expect, (ray.put(shipped) if shipped is not None else None)
 
-    def _widen(self, runner: Runner, ray: Any, placement: dict[str, Any], unit: list[RunSpec],
-               todo: list[RunSpec], states: dict[str, RunState]) -> list[RunSpec]:
+    def _widen(
+        self,
+        runner: Runner,
+        ray: Any,
+        placement: dict[str, Any],
+        unit: list[RunSpec],
+        todo: list[RunSpec],
+        states: dict[str, RunState],
+    ) -> list[RunSpec]:
         """Never split a pair across devices: the rest of a unit on the node that ran its first
         part while that node lives (a restarted driver), else the whole unit again."""
         placement.clear()
@@ -171,8 +211,16 @@ class RayExecutor:
             placement["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
         return todo
 
-    def _collect(self, runner: Runner, ray: Any, queue: Any, inflight: dict[Any, Any], by_id: dict[str, RunSpec],
-                 ref: Any, waiting: list[list[RunSpec]]) -> int:
+    def _collect(
+        self,
+        runner: Runner,
+        ray: Any,
+        queue: Any,
+        inflight: dict[Any, Any],
+        by_id: dict[str, RunSpec],
+        ref: Any,
+        waiting: list[list[RunSpec]],
+    ) -> int:
         """Collect a unit's finished task (its last messages first) and release its claim; a unit lost
         with its node or its task's process goes back to the front of ``waiting``, to run again whole.
         Returns how many units' tasks said they ended among the messages drained."""
@@ -204,12 +252,17 @@ class RayExecutor:
         ids = {s.run_id for s in unit}
         recs = [r for r in load_records(runner.records) if r.spec.run_id in ids]
         latest = max([1, *(r.unit_attempt for r in recs)])  # the unit attempt being resumed
-        nodes = {r.node["id"] for r in recs
-                 if r.unit_attempt == latest and r.status == "ok" and r.node}
+        nodes = {r.node["id"] for r in recs if r.unit_attempt == latest and r.status == "ok" and r.node}
         return nodes.pop() if len(nodes) == 1 else None
 
-    def _drain(self, runner: Runner, queue: Any, inflight: dict[Any, Any], by_id: dict[str, RunSpec],
-               wait: float = 0.0) -> int:
+    def _drain(
+        self,
+        runner: Runner,
+        queue: Any,
+        inflight: dict[Any, Any],
+        by_id: dict[str, RunSpec],
+        wait: float = 0.0,
+    ) -> int:
         """Apply every message the nodes sent (markers for started runs, records for ended ones),
         waiting up to ``wait`` seconds for the first; returns how many units' tasks said they ended."""
         from ray.util.queue import Empty
@@ -230,8 +283,12 @@ class RayExecutor:
             elif msg[0] == "start":
                 _, rid, attempt, node = msg
                 spec = by_id[rid]
-                runner.started(spec, attempt, f"{node['host']}/{node['id'][:8]}",
-                               unit_attempt=self.unit_attempts.get((rid, attempt), 1))
+                runner.started(
+                    spec,
+                    attempt,
+                    f"{node['host']}/{node['id'][:8]}",
+                    unit_attempt=self.unit_attempts.get((rid, attempt), 1),
+                )
                 self.gate.open.remote(f"{rid}.a{attempt}")
                 runner.announce(spec, attempt, f" on {node['host']}/{node['id'][:8]}")
                 if rid in started_of:
@@ -239,12 +296,16 @@ class RayExecutor:
             else:
                 _, rid, attempt, node, out = msg
                 status = runner.finished(by_id[rid], attempt, Outcome(**out), node)
-                runner.echo(f"  {status} ({runner.progress.executed_s[-1]:.1f} s) on {node['host']}/{node['id'][:8]}")
+                runner.echo(
+                    f"  {status} ({runner.progress.executed_s[-1]:.1f} s) on {node['host']}/{node['id'][:8]}"
+                )
                 for started in started_of.values():
                     started.pop(rid, None)
 
     @staticmethod
-    def _lost(runner: Runner, unit: list[RunSpec], started: dict[str, dict[str, Any]], err: Exception) -> None:
+    def _lost(
+        runner: Runner, unit: list[RunSpec], started: dict[str, dict[str, Any]], err: Exception
+    ) -> None:
         where = ", ".join(sorted({f"{n['host']}/{n['id'][:8]}" for n in started.values()})) or "its node"
         runner.echo(f"  unit {unit[0].unit} lost on {where} ({type(err).__name__}); it runs again, whole")
         for spec in unit:

@@ -1,4 +1,5 @@
 """Work through a protocol's plan: claims, attempts, resume, budget, records (executors place units).
+What an attempt's started entry and record hold is :mod:`harness.execute.attempts`.
 
 * Claims: a unit (pair or block) is claimed with a file lock under ``runs/<id>/locks``; a second
   runner skips claimed units, so no run executes twice. Timed runs also take a per-host device
@@ -26,12 +27,10 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,22 +38,28 @@ from filelock import FileLock, Timeout
 
 from harness import freeze, gitutil
 from harness.data.corpora import LocalCorpus
+from harness.execute.attempts import (
+    attempt_record,
+    interrupted_result,
+    ledger_entries,
+    outcome_result,
+    started_entry,
+    unit_attempt_of,
+    utc_stamp,
+)
 from harness.execute.base import Executor
 from harness.execute.hermetic import hermetic_env
 from harness.execute.job import Job
 from harness.execute.launchers import Outcome
 from harness.execute.local import LocalExecutor
 from harness.execute.state import Progress, RunState, run_states
-from harness.ledger import Ledger, check_records_folder, load_entries, now_iso, study_ledger
+from harness.ledger import Ledger, check_records_folder, study_ledger
 from harness.plan import make_plan, plan_sha256, units
 from harness.protocol import Protocol
 from harness.records import (
-    SCHEMA_VERSION,
     TAG_FILE,
-    RecordFormatError,
     RunRecord,
     RunSpec,
-    WorkerResult,
     atomic_write,
 )
 
@@ -77,9 +82,17 @@ class Claim:
 class Runner:
     """Execute a protocol. ``echo`` receives progress lines (the CLI decides how to show them)."""
 
-    def __init__(self, proto: Protocol, *, echo: Callable[[str], None], live: bool = False,
-                 retry_failed: bool = False, allow_torch_mismatch: bool = False,
-                 executor: Executor | None = None, anchor: str | None = None) -> None:
+    def __init__(
+        self,
+        proto: Protocol,
+        *,
+        echo: Callable[[str], None],
+        live: bool = False,
+        retry_failed: bool = False,
+        allow_torch_mismatch: bool = False,
+        executor: Executor | None = None,
+        anchor: str | None = None,
+    ) -> None:
         self.proto = proto
         self.echo = echo
         self.live = live
@@ -109,62 +122,34 @@ class Runner:
         return self._ledger
 
     # -- bookkeeping ---------------------------------------------------------------------
-    def _record(self, spec: RunSpec, attempt: int, result: WorkerResult, **runner: Any) -> RunRecord:
-        """The record of one attempt: the worker's ``result`` and the runner's fields (``runner``:
-        ``unit_attempt``, ``start``, ``started_at``, ``finished_at``, ``node``)."""
-        repo = gitutil.toplevel(self.root)
-        return RunRecord(
-            **result.worker_fields(), **runner,
-            schema_version=SCHEMA_VERSION, protocol={**self.proto.summary(), **self.frozen.as_dict()},
-            plan_sha256=self.plan_sha, spec=spec, attempt=attempt,
-            git={"commit": gitutil.head(repo) if repo else None, "dirty": gitutil.is_dirty(repo) if repo else None})
-
     def _write(self, record: RunRecord) -> None:
         self.ledger.append(record)
 
-    def _entries(self, run_ids: set[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """The records and the started entries of ``run_ids``, in ledger order."""
-        recs, starts = [], []
-        for e in load_entries(self.records):
-            if e.get("kind") == "started":
-                if e["run_id"] in run_ids:
-                    starts.append(e)
-            elif e["spec"]["run_id"] in run_ids:
-                recs.append(e)
-        return recs, starts
-
     def _note_interrupted(self, spec: RunSpec) -> int:
         """Record every started attempt of ``spec`` that no record ends; return the next attempt number."""
-        recs, starts = self._entries({spec.run_id})
+        recs, starts = ledger_entries(self.records, {spec.run_id})
         ended = {r["attempt"] for r in recs}
         for e in starts:
             if e["attempt"] in ended:
                 continue
-            t0 = datetime.fromisoformat(e["ledger"]["at"])
-            now = datetime.now(timezone.utc)
-            interrupted = WorkerResult(
-                status="interrupted",
-                reason=(f"attempt started at {e['started_at']} on {e['node']} (runner pid "
-                        f"{e['runner']['pid']} on {e['runner']['host']}) did not finish: the runner or machine "
-                        "stopped before the worker's outcome was recorded"),
-                timings={"device_s": max(0.0, (now - t0).total_seconds()),
-                         "device_s_source": (f"ledger: from its started entry (seq {e['ledger']['seq']}, "
-                                             f"{e['ledger']['at']}) to this record, an upper bound (the worker "
-                                             "never reported its own)")})
-            rec = self._record(spec, e["attempt"], interrupted, unit_attempt=e.get("unit_attempt", 1),
-                               start={"seq": e["ledger"]["seq"], "sha256": e["sha256"]},
-                               started_at=e["started_at"], finished_at=None)
+            rec = attempt_record(
+                self.proto,
+                self.frozen,
+                self.plan_sha,
+                spec,
+                e["attempt"],
+                interrupted_result(e),
+                unit_attempt=e.get("unit_attempt", 1),
+                start={"seq": e["ledger"]["seq"], "sha256": e["sha256"]},
+                started_at=e["started_at"],
+                finished_at=None,
+            )
             self._write(rec)
             ended.add(e["attempt"])
-            self.echo(f"noted interrupted attempt {e['attempt']} of {spec.run_id} (started {e['started_at']})")
+            self.echo(
+                f"noted interrupted attempt {e['attempt']} of {spec.run_id} (started {e['started_at']})"
+            )
         return max([0, *ended, *(e["attempt"] for e in starts)]) + 1
-
-    def unit_attempt(self, unit: list[RunSpec], todo: list[RunSpec]) -> int:
-        """The unit attempt the runs ``todo`` belong to: a new one when the whole unit runs (again),
-        the current one when the rest of a unit is resumed."""
-        recs, starts = self._entries({s.run_id for s in unit})
-        current = max([0, *(e.get("unit_attempt", 1) for e in [*recs, *starts])])
-        return current + 1 if len(todo) == len(unit) or current == 0 else current
 
     # -- execution -----------------------------------------------------------------------
     def job(self, spec: RunSpec, attempt: int, checkpoint_dir: Path | None = None) -> Job:
@@ -172,48 +157,57 @@ class Runner:
         ckpt = (checkpoint_dir or self.dir / "checkpoints") / f"{spec.run_id}.a{attempt}.safetensors"
         cfg = Path(self.proto.configs[spec.config].path).resolve().relative_to(self.root.resolve())
         local = self.proto.corpus.as_dict() if isinstance(self.proto.corpus, LocalCorpus) else None
-        return Job(spec=spec, attempt=attempt, config_path=cfg.as_posix(), data_dir=spec.data_dir, corpus=local,
-                   checkpoint_path=str(ckpt))
+        return Job(
+            spec=spec,
+            attempt=attempt,
+            config_path=cfg.as_posix(),
+            data_dir=spec.data_dir,
+            corpus=local,
+            checkpoint_path=str(ckpt),
+        )
 
     def started(self, spec: RunSpec, attempt: int, node: str | None = None, unit_attempt: int = 1) -> None:
         """A run's process is about to start: append its started entry to the ledger (found later
         without a record, it is an interrupted attempt) naming the machine."""
-        entry = {"schema_version": SCHEMA_VERSION, "kind": "started",
-                 "protocol": {"id": self.proto.id, "sha256": self.proto.sha256,
-                              "freeze_sha256": self.frozen.freeze_sha256},
-                 "run_id": spec.run_id, "unit": spec.unit, "attempt": attempt, "unit_attempt": unit_attempt,
-                 "node": node or self.host, "runner": {"host": self.host, "pid": os.getpid()},
-                 "started_at": now_iso()}
+        entry = started_entry(
+            self.proto,
+            self.frozen,
+            spec,
+            attempt,
+            node=node or self.host,
+            unit_attempt=unit_attempt,
+            host=self.host,
+        )
         self._starts[(spec.run_id, attempt)] = self.ledger.append_started(entry)
 
-    def finished(self, spec: RunSpec, attempt: int, outcome: Outcome, node: dict[str, Any] | None = None) -> str:
+    def finished(
+        self, spec: RunSpec, attempt: int, outcome: Outcome, node: dict[str, Any] | None = None
+    ) -> str:
         """Turn a run's outcome into its record (the ledger appends it); returns the status."""
         start = self._starts.pop((spec.run_id, attempt), None)
         if start is None:
-            _, starts = self._entries({spec.run_id})
+            _, starts = ledger_entries(self.records, {spec.run_id})
             start = next(e for e in starts if e["attempt"] == attempt)
-        status, reason = outcome.status_reason()
-        try:  # the worker's JSON (harness.execute.worker.report)
-            result = WorkerResult.from_json(outcome.result) if outcome.result else \
-                WorkerResult(status=status, log_tail=outcome.log_tail)
-        except RecordFormatError as e:
-            status, reason = "failed", f"the worker's result is not one this runner reads: {e}"
-            result = WorkerResult(status=status, log_tail=outcome.log_tail)
-        device_s, source = outcome.device_s()
-        timings = {**result.timings, "device_s": device_s, "device_s_source": source,
-                   "launcher_wall_s": outcome.wall_s}
-        stamp = lambda t: datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")  # noqa: E731
-        rec = self._record(spec, attempt, replace(result, status=status, reason=reason, timings=timings),
-                           unit_attempt=start.get("unit_attempt", 1),
-                           start={"seq": start["ledger"]["seq"], "sha256": start["sha256"]},
-                           started_at=stamp(outcome.started_at), finished_at=stamp(outcome.finished_at or time.time()),
-                           node=node)
+        result, device_s = outcome_result(outcome)
+        rec = attempt_record(
+            self.proto,
+            self.frozen,
+            self.plan_sha,
+            spec,
+            attempt,
+            result,
+            unit_attempt=start.get("unit_attempt", 1),
+            start={"seq": start["ledger"]["seq"], "sha256": start["sha256"]},
+            started_at=utc_stamp(outcome.started_at),
+            finished_at=utc_stamp(outcome.finished_at or time.time()),
+            node=node,
+        )
         self._write(rec)
         self.progress.executed_s.append(device_s)
         self.progress.done += 1
         if spec.run_id in self._unit_ends:
             self.push_anchor()
-        return status
+        return result.status
 
     def push_anchor(self) -> None:
         """Push the ledger head to the anchor remote (a failure is said, and the next push carries it)."""
@@ -223,8 +217,15 @@ class Runner:
         if head["seq"] in (0, self._anchored):
             return
         self._anchored = head["seq"]
-        problem = gitutil.anchor(self.root, self.anchor, f"refs/ledger/{self.proto.tag_name}", self.proto.id,
-                                 self.frozen.freeze_sha256 or self.proto.sha256, head["seq"], head["sha256"])
+        problem = gitutil.anchor(
+            self.root,
+            self.anchor,
+            f"refs/ledger/{self.proto.tag_name}",
+            self.proto.id,
+            self.frozen.freeze_sha256 or self.proto.sha256,
+            head["seq"],
+            head["sha256"],
+        )
         if problem:
             self.echo(f"  anchor: WARNING: {problem}")
         else:
@@ -235,24 +236,29 @@ class Runner:
         the next attempt's number."""
         return self._note_interrupted(spec)
 
-    def budget_allows(self, unit: list[RunSpec], todo: list[RunSpec], states: dict[str, RunState],
-                      reserved: float = 0.0) -> bool:
-        """The budget rule (analysis.summary.completeness restates it): no unit starts when the device
+    def budget_allows(
+        self, unit: list[RunSpec], todo: list[RunSpec], states: dict[str, RunState], reserved: float = 0.0
+    ) -> bool:
+        """The budget rule (analysis.selection.completeness restates it): no unit starts when the device
         seconds spent (plus those reserved by units in flight) and the unit's runs at the mean device
         seconds of the ok runs so far would exceed the protocol's budget."""
         spent = sum(st.device_s for st in states.values()) + reserved
-        per_run = [st.ok_device_s for st in states.values() if st.ok]
-        expected = (sum(per_run) / len(per_run)) * len(todo) if per_run else 0.0
+        expected = self.expected_s(todo, states)
         if spent + expected > self.proto.budget_device_seconds:
-            self.echo(f"budget: {spent:.1f} s of {self.proto.budget_device_seconds:.0f} device seconds spent; the next "
-                      f"unit {unit[0].unit} would need about {expected:.1f} s more, so no further run starts")
+            self.echo(
+                f"budget: {spent:.1f} s of {self.proto.budget_device_seconds:.0f} device seconds spent; the next "
+                f"unit {unit[0].unit} would need about {expected:.1f} s more, so no further run starts"
+            )
             self.stopped_for_budget = True
             return False
         return True
 
-    def claim(self, unit: list[RunSpec], reserved: float = 0.0,
-              widen: Callable[[list[RunSpec], list[RunSpec], dict[str, RunState]], list[RunSpec]] | None = None,
-              ) -> Claim | None:
+    def claim(
+        self,
+        unit: list[RunSpec],
+        reserved: float = 0.0,
+        widen: Callable[[list[RunSpec], list[RunSpec], dict[str, RunState]], list[RunSpec]] | None = None,
+    ) -> Claim | None:
         """Claim ``unit`` (its file lock held: release it with :meth:`Claim.release` when the unit is
         done) with its runs to execute and their unit attempt; None when another runner holds it,
         nothing is left to do, or the budget does not allow it (then ``stopped_for_budget`` is set).
@@ -272,7 +278,9 @@ class Runner:
         if not todo or not self.budget_allows(unit, todo, states, reserved):
             lock.release()
             return None
-        return Claim(unit, todo, self.unit_attempt(unit, todo), self.expected_s(todo, states), lock)
+        return Claim(
+            unit, todo, unit_attempt_of(self.records, unit, todo), self.expected_s(todo, states), lock
+        )
 
     def claims(self) -> Iterator[Claim]:
         """Every unit still to do, claimed in plan order (:meth:`claim`), until the budget stops."""
@@ -288,8 +296,10 @@ class Runner:
         return (sum(per_run) / len(per_run)) * len(todo) if per_run else 0.0
 
     def announce(self, spec: RunSpec, attempt: int, where: str = "") -> None:
-        self.echo(f"[{self.progress.done + 1}/{self.progress.total}] {spec.run_id} ({spec.arm}, seed {spec.seed}) "
-                  f"attempt {attempt}{where} ... ETA {self.progress.eta()}")
+        self.echo(
+            f"[{self.progress.done + 1}/{self.progress.total}] {spec.run_id} ({spec.arm}, seed {spec.seed}) "
+            f"attempt {attempt}{where} ... ETA {self.progress.eta()}"
+        )
 
     def _keep_tag(self) -> None:
         """Keep the tag object's raw bytes as ``TAG`` in the records folder: a clone or copy that

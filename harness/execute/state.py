@@ -72,9 +72,17 @@ def _claimed(proto: Protocol, unit: str) -> bool:
 def unfinished(proto: Protocol) -> list[dict[str, Any]]:
     """Attempts whose started entry no record ends: ``running`` while a runner holds the unit's
     claim, otherwise interrupted (recorded as such when the study resumes)."""
-    return [{"run_id": e["run_id"], "attempt": e["attempt"], "started_at": e["started_at"], "node": e["node"],
-             "seq": e["ledger"]["seq"], "running": _claimed(proto, e["unit"])}
-            for e in open_attempts(load_records(proto.records_path), load_started(proto.records_path))]
+    return [
+        {
+            "run_id": e["run_id"],
+            "attempt": e["attempt"],
+            "started_at": e["started_at"],
+            "node": e["node"],
+            "seq": e["ledger"]["seq"],
+            "running": _claimed(proto, e["unit"]),
+        }
+        for e in open_attempts(load_records(proto.records_path), load_started(proto.records_path))
+    ]
 
 
 def status_table(proto: Protocol) -> tuple[list[dict[str, Any]], float]:
@@ -94,13 +102,24 @@ def status_table(proto: Protocol) -> tuple[list[dict[str, Any]], float]:
         by_run.setdefault(r.spec.run_id, []).append(r)
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for spec in runs:
-        row = rows.setdefault((spec.study, spec.config), {
-            "study": spec.study, "config": spec.config, "runs": 0, "done": 0, "failed": 0,
-            "interrupted_attempts": 0, "pending": 0, "superseded_attempts": 0,
-        })
+        row = rows.setdefault(
+            (spec.study, spec.config),
+            {
+                "study": spec.study,
+                "config": spec.config,
+                "runs": 0,
+                "done": 0,
+                "failed": 0,
+                "interrupted_attempts": 0,
+                "pending": 0,
+                "superseded_attempts": 0,
+            },
+        )
         row["runs"] += 1
         rs = by_run.get(spec.run_id, [])
-        row["interrupted_attempts"] += sum(1 for r in rs if r.status == "interrupted") + unended.get(spec.run_id, 0)
+        row["interrupted_attempts"] += sum(1 for r in rs if r.status == "interrupted") + unended.get(
+            spec.run_id, 0
+        )
         row["superseded_attempts"] += sum(1 for r in rs if r.unit_attempt < latest.get(spec.unit, 1))
         if any(r.status == "ok" for r in rs):
             row["done"] += 1

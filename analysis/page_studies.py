@@ -1,0 +1,288 @@
+"""The study page's sections for each study: a paired study's training-time table and forest plot,
+its quality, completion-time and memory costs; a factorial study's decomposition; every pair of the
+paired studies, adverse ones marked; and the order diagnostics of the paired studies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from analysis.page_html import esc, html_table, interval_cells, num
+from analysis.results import StudyResult
+from analysis.svg import forest_svg, pairs_svg
+
+__all__ = ["every_pair_section", "factorial_section", "order_section", "paired_section"]
+
+MIB = 1024 * 1024
+
+
+def paired_section(study: StudyResult, n: int) -> list[str]:
+    """A paired study's section: training time (table and forest plot), quality and completion costs,
+    peak memory.
+
+    Parameters
+    ----------
+    study : StudyResult
+        A paired study with at least one configuration.
+    n : int
+        The study's index among the page's paired studies (it makes the plot's element ids unique).
+
+    Returns
+    -------
+    list of str
+        The section's HTML blocks.
+    """
+    cfgs = study.paired_configs()
+    first = cfgs[0]
+    base, cand = first.baseline_arm, first.candidate_arm
+    lvl = f"{first.level * 100:g}%"
+    out = [
+        f"<h2>Study {esc(study.name)}: {esc(cand)} versus {esc(base)}</h2>",
+        f"<p>Fixed-budget training time. Intervals are two-sided {lvl} paired Student-t intervals; a positive "
+        "reduction means the candidate was faster.</p>",
+    ]
+    rows: list[list[str]] = []
+    forest: list[tuple[str, float | None, float | None, float | None]] = []
+    for c in cfgs:
+        tt = c.training_time
+        est, rng = interval_cells(tt.interval)
+        rows.append(
+            [
+                c.config,
+                num((c.parameters or 0) / 1e6, ".2f") + "M",
+                f"{num(tt.baseline_mean, '.3f')} / {num(tt.candidate_mean, '.3f')} s",
+                est,
+                rng,
+                f"{c.counts['faster']} / {c.counts['slower']}",
+            ]
+        )
+        iv = tt.interval
+        forest.append(
+            (c.config, None, None, None) if iv is None else (c.config, iv.estimate, iv.low, iv.high)
+        )
+    out.append(
+        html_table(
+            f"Training time, {base} / {cand}",
+            [
+                "Configuration",
+                "Parameters",
+                f"{base} / {cand}",
+                "Time reduction",
+                f"{lvl} interval",
+                "Faster / slower pairs",
+            ],
+            rows,
+        )
+    )
+    svg = forest_svg(f"forest{n}", f"Training-time reduction of {cand} over {base}, {lvl} intervals", forest)
+    if svg:
+        out.append(
+            f"<figure>{svg}<figcaption>Training-time reduction per configuration with its {lvl} interval; "
+            "right of the dashed line the candidate is faster.</figcaption></figure>"
+        )
+    out.append(f"<h3>Quality and completion costs ({esc(study.name)})</h3>")
+    rows = []
+    for c in cfgs:
+        q, tot, ttt = c.test_bpb, c.total_time, c.time_to_target
+        qe, qr = interval_cells(q.interval, "+.5f", "")
+        te, tr = interval_cells(tot.interval)
+        re_, rr = interval_cells(ttt.interval)
+        rows.append(
+            [
+                c.config,
+                f"{num(q.baseline_mean, '.4f')} / {num(q.candidate_mean, '.4f')}",
+                qe,
+                qr,
+                f"{te} ({tr})",
+                f"{re_} ({rr}); {ttt.pairs} pairs reached, unreached {ttt.unreached['baseline']}"
+                f" / {ttt.unreached['candidate']}",
+            ]
+        )
+    out.append(
+        html_table(
+            "Full-test bits per byte (lower is better; a positive difference means the candidate was "
+            "worse), total completion time and time to the validation target",
+            [
+                "Configuration",
+                f"{base} / {cand} BPB",
+                "Difference",
+                f"{lvl} interval",
+                "Total-time reduction",
+                "Time-to-target reduction",
+            ],
+            rows,
+        )
+    )
+    out.append(f"<h3>Peak memory ({esc(study.name)})</h3>")
+    rows = []
+    for c in cfgs:
+        m = c.peak_memory
+        if m and m.baseline_mean is not None and m.candidate_mean is not None:
+            rows.append(
+                [
+                    c.config,
+                    f"{m.baseline_mean / MIB:.1f} / {m.candidate_mean / MIB:.1f} MiB",
+                    interval_cells(m.interval)[0],
+                ]
+            )
+    out.append(
+        html_table(
+            "Peak resident memory of the run's process",
+            ["Configuration", f"{base} / {cand}", "Reduction"],
+            rows,
+        )
+    )
+    return out
+
+
+def factorial_section(study: StudyResult) -> list[str]:
+    """A factorial study's section: blocks and cell means per configuration, and the within-block
+    effects with their intervals.
+
+    Parameters
+    ----------
+    study : StudyResult
+        A factorial study.
+
+    Returns
+    -------
+    list of str
+        The section's HTML blocks.
+    """
+    out = [f"<h2>Study {esc(study.name)}: factorial decomposition</h2>"]
+    for c in study.factorial_configs():
+        lvl = f"{c.level * 100:g}%"
+        means = c.cell_mean_training_s or {}
+        out.append(
+            f"<p>{esc(c.config)}: {c.blocks_used} blocks; mean training time per cell: "
+            + ", ".join(f"{esc(k)} {num(v, '.3f')} s" for k, v in means.items())
+            + ".</p>"
+        )
+        rows = []
+        for name, e in (c.effects or {}).items():
+            if e:
+                rows.append(
+                    [
+                        name.replace("_", " "),
+                        f"{e['reduction_pct']:.2f}%",
+                        f"{e['reduction_low_pct']:.2f} to {e['reduction_high_pct']:.2f}%",
+                    ]
+                )
+        out.append(
+            html_table(
+                f"Within-block effects on log training time, {c.config}",
+                ["Effect", "Time reduction", f"{lvl} interval"],
+                rows,
+            )
+        )
+    return out
+
+
+def every_pair_section(studies: Sequence[StudyResult]) -> list[str]:
+    """Every pair of every paired study, adverse ones (the candidate was slower) marked, with a dot plot
+    per study.
+
+    Parameters
+    ----------
+    studies : sequence of StudyResult
+        The summary's studies; factorial ones and those without configurations are skipped.
+
+    Returns
+    -------
+    list of str
+        The section's HTML blocks.
+    """
+    out = [
+        "<h2>Every pair, including adverse ones</h2>",
+        "<p>Adverse pairs (the candidate was slower) are marked. A positive quality difference means the "
+        "candidate was worse.</p>",
+    ]
+    for n, study in enumerate(s for s in studies if s.design == "paired" and s.configs):
+        rows, cls, dots = [], [], []
+        for c in study.paired_configs():
+            dots.append(
+                (c.config, [p["time_reduction_pct"] for p in c.pairs if p["time_reduction_pct"] is not None])
+            )
+            for p in c.pairs:  # a damaged (null or non-finite) endpoint shows as n/a
+                adverse = (p["time_reduction_pct"] or 0.0) < 0
+                rows.append(
+                    [
+                        f"{c.config} seed {p['seed']}",
+                        p["first"],
+                        num(p["baseline_training_s"], ".3f"),
+                        num(p["candidate_training_s"], ".3f"),
+                        "n/a" if p["time_reduction_pct"] is None else f"{p['time_reduction_pct']:.2f}%",
+                        num(p["test_bpb_difference"], "+.5f"),
+                        "slower" if adverse else "faster",
+                    ]
+                )
+                cls.append("adverse" if adverse else "")
+        svg = pairs_svg(f"pairs{n}", f"Every pair's training-time reduction, study {study.name}", dots)
+        if svg:
+            out.append(
+                f"<figure>{svg}<figcaption>Each mark is one pair; red squares are adverse pairs."
+                "</figcaption></figure>"
+            )
+        first = study.paired_configs()[0]
+        out.append(
+            html_table(
+                f"Study {study.name}: every pair",
+                [
+                    "Pair",
+                    "First",
+                    f"{first.baseline_arm} (s)",
+                    f"{first.candidate_arm} (s)",
+                    "Time reduction",
+                    "Test Δ BPB",
+                    "Candidate",
+                ],
+                rows,
+                cls,
+            )
+        )
+    return out
+
+
+def order_section(studies: Sequence[StudyResult]) -> list[str]:
+    """The order diagnostics of the paired studies: the AB/BA period effect and treatment-by-period
+    check, and the drift of the log ratio over execution order.
+
+    Parameters
+    ----------
+    studies : sequence of StudyResult
+        The summary's studies; only paired ones have order diagnostics.
+
+    Returns
+    -------
+    list of str
+        The section's HTML blocks.
+    """
+    out = [
+        "<h2>Order diagnostics</h2>",
+        "<p>AB/BA period effect and treatment-by-period check (log time), and "
+        "drift of the log ratio over execution order.</p><ul>",
+    ]
+    items = 0
+    for study in studies:
+        if study.design != "paired":
+            continue
+        for c in study.paired_configs():
+            oe = c.order_effects or {}
+            if oe.get("crossover"):
+                p, k = oe["crossover"]["period"], oe["crossover"]["carryover"]
+                out.append(
+                    f"<li>{esc(study.name)} / {esc(c.config)}: period effect {p['estimate']:+.4f} "
+                    f"[{p['low']:+.4f}, {p['high']:+.4f}], p = {p['p_value']:.3g}; treatment-by-period "
+                    f"p = {k['p_value']:.3g}.</li>"
+                )
+                items += 1
+            if oe.get("drift"):
+                d = oe["drift"]
+                out.append(
+                    f"<li>{esc(study.name)} / {esc(c.config)}: drift per plan position "
+                    f"{d['slope']:+.3g} [{d['low']:+.3g}, {d['high']:+.3g}], p = {d['p_value']:.3g}.</li>"
+                )
+                items += 1
+    if not items:
+        out.append("<li>Too few pairs for order diagnostics.</li>")
+    return [*out, "</ul>"]

@@ -1,0 +1,273 @@
+"""A run's attempts as the study's ledger holds them: the started entry appended before its worker
+starts, the record that ends it (from the worker's outcome; for a started entry that no record
+ends, an interrupted attempt charged the ledger's time), the ledger's entries of given runs, and the
+unit attempt a unit's runs belong to.
+
+:class:`harness.execute.runner.Runner` appends what these build, in the order its module docstring
+states.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from harness import gitutil
+from harness.execute.launchers import Outcome
+from harness.freeze import Frozen
+from harness.ledger import load_entries, now_iso
+from harness.protocol import Protocol
+from harness.records import SCHEMA_VERSION, RecordFormatError, RunRecord, RunSpec, WorkerResult
+
+__all__ = [
+    "attempt_record",
+    "interrupted_result",
+    "ledger_entries",
+    "outcome_result",
+    "started_entry",
+    "unit_attempt_of",
+    "utc_stamp",
+]
+
+
+def ledger_entries(records: Path, run_ids: set[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The records and the started entries of ``run_ids``, in ledger order.
+
+    Parameters
+    ----------
+    records : Path
+        The study's records folder.
+    run_ids : set of str
+        The runs whose entries are wanted.
+
+    Returns
+    -------
+    records : list of dict
+        Their records, as JSON.
+    starts : list of dict
+        Their started entries, as JSON.
+    """
+    recs, starts = [], []
+    for e in load_entries(records):
+        if e.get("kind") == "started":
+            if e["run_id"] in run_ids:
+                starts.append(e)
+        elif e["spec"]["run_id"] in run_ids:
+            recs.append(e)
+    return recs, starts
+
+
+def unit_attempt_of(records: Path, unit: list[RunSpec], todo: list[RunSpec]) -> int:
+    """The unit attempt the runs ``todo`` belong to: a new one when the whole unit runs (again),
+    the current one when the rest of a unit is resumed.
+
+    Parameters
+    ----------
+    records : Path
+        The study's records folder.
+    unit : list of RunSpec
+        The unit's runs.
+    todo : list of RunSpec
+        Those of its runs about to execute.
+
+    Returns
+    -------
+    int
+        The unit attempt (1 for a unit's first).
+    """
+    recs, starts = ledger_entries(records, {s.run_id for s in unit})
+    current = max([0, *(e.get("unit_attempt", 1) for e in [*recs, *starts])])
+    return current + 1 if len(todo) == len(unit) or current == 0 else current
+
+
+def attempt_record(
+    proto: Protocol,
+    frozen: Frozen,
+    plan_sha: str,
+    spec: RunSpec,
+    attempt: int,
+    result: WorkerResult,
+    **runner: Any,
+) -> RunRecord:
+    """The record of one attempt: the worker's ``result`` and the runner's fields.
+
+    Parameters
+    ----------
+    proto : Protocol
+        The study's protocol (its summary, and the repository whose commit the record names).
+    frozen : Frozen
+        What the protocol's tag froze (:func:`harness.freeze.check`).
+    plan_sha : str
+        The plan's sha256 (:func:`harness.plan.plan_sha256`).
+    spec : RunSpec
+        The run.
+    attempt : int
+        The attempt's number.
+    result : WorkerResult
+        The worker's result (or one the runner made for it).
+    **runner
+        ``unit_attempt``, ``start``, ``started_at``, ``finished_at``, ``node``.
+
+    Returns
+    -------
+    RunRecord
+        The record, ready for the ledger.
+    """
+    repo = gitutil.toplevel(proto.root)
+    return RunRecord(
+        **result.worker_fields(),
+        **runner,
+        schema_version=SCHEMA_VERSION,
+        protocol={**proto.summary(), **frozen.as_dict()},
+        plan_sha256=plan_sha,
+        spec=spec,
+        attempt=attempt,
+        git={
+            "commit": gitutil.head(repo) if repo else None,
+            "dirty": gitutil.is_dirty(repo) if repo else None,
+        },
+    )
+
+
+def interrupted_result(e: Mapping[str, Any]) -> WorkerResult:
+    """The result of a started attempt that no record ends: interrupted, charged the ledger's time
+    from its started entry to now (an upper bound: the worker never reported its own).
+
+    Parameters
+    ----------
+    e : mapping
+        The attempt's started entry, as the ledger holds it.
+
+    Returns
+    -------
+    WorkerResult
+        Status ``interrupted``, the reason naming where and when it started, and its device seconds.
+    """
+    t0 = datetime.fromisoformat(e["ledger"]["at"])
+    now = datetime.now(timezone.utc)
+    return WorkerResult(
+        status="interrupted",
+        reason=(
+            f"attempt started at {e['started_at']} on {e['node']} (runner pid "
+            f"{e['runner']['pid']} on {e['runner']['host']}) did not finish: the runner or machine "
+            "stopped before the worker's outcome was recorded"
+        ),
+        timings={
+            "device_s": max(0.0, (now - t0).total_seconds()),
+            "device_s_source": (
+                f"ledger: from its started entry (seq {e['ledger']['seq']}, "
+                f"{e['ledger']['at']}) to this record, an upper bound (the worker "
+                "never reported its own)"
+            ),
+        },
+    )
+
+
+def started_entry(
+    proto: Protocol,
+    frozen: Frozen,
+    spec: RunSpec,
+    attempt: int,
+    *,
+    node: str,
+    unit_attempt: int,
+    host: str,
+) -> dict[str, Any]:
+    """The started entry of an attempt whose process is about to start.
+
+    Parameters
+    ----------
+    proto : Protocol
+        The study's protocol.
+    frozen : Frozen
+        What the protocol's tag froze.
+    spec : RunSpec
+        The run.
+    attempt : int
+        The attempt's number.
+    node : str
+        The machine the run starts on.
+    unit_attempt : int
+        The unit attempt it belongs to.
+    host : str
+        The runner's host (with this process's pid, the runner it names).
+
+    Returns
+    -------
+    dict
+        The entry, for :meth:`harness.ledger.Ledger.append_started`.
+    """
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "started",
+        "protocol": {
+            "id": proto.id,
+            "sha256": proto.sha256,
+            "freeze_sha256": frozen.freeze_sha256,
+        },
+        "run_id": spec.run_id,
+        "unit": spec.unit,
+        "attempt": attempt,
+        "unit_attempt": unit_attempt,
+        "node": node,
+        "runner": {"host": host, "pid": os.getpid()},
+        "started_at": now_iso(),
+    }
+
+
+def outcome_result(outcome: Outcome) -> tuple[WorkerResult, float]:
+    """A run's outcome as its record's result: the status and reason the outcome gives, the worker's
+    fields (``failed``, naming the field, when its JSON is not one this runner reads) and the
+    device seconds with their source.
+
+    Parameters
+    ----------
+    outcome : Outcome
+        What the launcher saw: exit code, the worker's JSON (:func:`harness.execute.worker.report`),
+        times and log tail.
+
+    Returns
+    -------
+    result : WorkerResult
+        The result the record holds.
+    device_s : float
+        Its device seconds (the worker's own, or the launcher's wall time when it died).
+    """
+    status, reason = outcome.status_reason()
+    try:  # the worker's JSON (harness.execute.worker.report)
+        result = (
+            WorkerResult.from_json(outcome.result)
+            if outcome.result
+            else WorkerResult(status=status, log_tail=outcome.log_tail)
+        )
+    except RecordFormatError as e:
+        status, reason = "failed", f"the worker's result is not one this runner reads: {e}"
+        result = WorkerResult(status=status, log_tail=outcome.log_tail)
+    device_s, source = outcome.device_s()
+    timings = {
+        **result.timings,
+        "device_s": device_s,
+        "device_s_source": source,
+        "launcher_wall_s": outcome.wall_s,
+    }
+    return replace(result, status=status, reason=reason, timings=timings), device_s
+
+
+def utc_stamp(t: float) -> str:
+    """A POSIX time as an ISO 8601 UTC timestamp in milliseconds (a record's ``started_at``).
+
+    Parameters
+    ----------
+    t : float
+        Seconds since the epoch.
+
+    Returns
+    -------
+    str
+        For example ``2024-05-01T12:00:00.000+00:00``.
+    """
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")

@@ -1,0 +1,318 @@
+"""One run's work, in the process that calls it: seed, build model, data and arm; compile and warm
+up if asked (timed, outside the training clock); train the fixed number of steps with a device
+synchronisation each step; validate on the fixed subset every ``val_every`` steps with the training
+clock paused; evaluate full validation and test BPB; write a safetensors checkpoint, reload it and
+re-score the test split. What it measures goes into a :class:`Partial` as it goes, so a failure
+(:func:`failure`) keeps everything up to it.
+
+:mod:`harness.execute.worker` runs it in a fresh process and hands the result to its parent;
+:mod:`harness.execute.inprocess` (tests) in the runner's own.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from harness.execute.job import Job
+from harness.freeze import code_sha256
+from harness.records import WorkerResult, sha256_bytes
+
+if TYPE_CHECKING:
+    from harness.arms import GradientPhase
+    from harness.config import Config
+    from harness.data import Corpus
+    from harness.data.batches import BatchStream
+    from harness.devices import MemoryMeter
+    from harness.records import RunSpec
+
+__all__ = ["Partial", "RunFailure", "execute", "failure"]
+
+
+class RunFailure(RuntimeError):
+    """The run itself failed (non-finite loss, out of memory, ...): recorded, not dropped."""
+
+
+def _version(pkg: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(pkg)
+    except PackageNotFoundError:
+        return None
+
+
+def _phase_so_sha256() -> str | None:
+    from harness.cotangent.kernel import loaded_sha256
+
+    return loaded_sha256()
+
+
+class Partial:
+    """The worker's result so far: each step adds what it measured (:meth:`note`), so a failure
+    reports everything up to it."""
+
+    def __init__(self) -> None:
+        self.result = WorkerResult(status="running")
+
+    def note(self, **measured: Any) -> None:
+        """Add fields of :class:`~harness.records.WorkerResult` (a new frozen result each time)."""
+        self.result = replace(self.result, **measured)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What each part of a run reads: the job's spec, its configuration, its corpus and the device."""
+
+    spec: RunSpec
+    cfg: Config
+    corpus: Corpus
+    device: torch.device
+
+
+def execute(job: Job, partial: Partial) -> WorkerResult:
+    """Run the job, noting in ``partial`` what it measured as it goes (so a failure keeps it)."""
+    from harness import devices
+    from harness.config import load_config
+    from harness.data import load_corpus
+    from harness.data.batches import BatchStream
+
+    t_start = time.perf_counter()
+    spec = job.spec
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    device = devices.resolve(spec.device)
+    cfg = load_config(job.config_path)
+    if cfg.sha256 != spec.config_sha256:
+        raise RunFailure(f"configuration {cfg.path} changed since the plan (sha256 {cfg.sha256})")
+    corpus = load_corpus(job.corpus or spec.corpus, job.data_dir)
+    run = _Run(spec, cfg, corpus, device)
+    partial.note(env=_environment(run))
+    model, arm = _model_and_arm(run, partial)
+    batches = BatchStream(corpus.train, cfg.model.context, cfg.train.batch_size, spec.seed)
+    meter = devices.MemoryMeter(device)
+    t_setup = time.perf_counter()
+    forward, compile_s = _compiled(run, model, arm, t_setup) if spec.compile else (model, 0.0)
+    curve: list[list[float]] = []
+    val_curve: list[list[float]] = []
+    partial.note(curve=curve, val_curve=val_curve)  # filled by _train as it goes
+    clock, time_to_target, validation_s = _train(run, model, forward, arm, batches, meter, curve, val_curve)
+    measured, seconds = _evaluate(run, model, Path(job.checkpoint_path), meter)
+    total_s = time.perf_counter() - t_start
+    partial.note(
+        **measured,
+        timings={
+            "setup_s": t_setup - t_start,
+            "compile_s": compile_s,
+            "training_s": clock,
+            "time_to_target_s": time_to_target,
+            "validation_s": validation_s,
+            **seconds,
+            "total_s": total_s,
+        },
+    )
+    rescored, test_bpb = measured["rescored_test_bpb"], measured["test_bpb"]
+    if rescored != test_bpb:
+        raise RunFailure(
+            f"re-scored test BPB {rescored!r} differs from the in-run {test_bpb!r}: the checkpoint "
+            "round trip is not exact"
+        )
+    partial.note(status="ok", reason=None)
+    return partial.result
+
+
+def failure(e: BaseException) -> dict[str, str]:
+    """A failed run's status, reason and traceback (fields of a :class:`~harness.records.WorkerResult`)."""
+    oom = "out of memory" in str(e).lower()
+    return {
+        "status": "failed",
+        "reason": f"{'out of memory' if oom else type(e).__name__}: {e}",
+        "traceback": traceback.format_exc()[-4000:],
+    }
+
+
+def _environment(run: _Run) -> dict[str, Any]:
+    """Where and with what it ran: host, OS, Python, torch, device, threads, code, configuration, corpus."""
+    from harness import devices
+
+    device = run.device
+    return {
+        "host": socket.gethostname(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": str(device),
+        "device_name": devices.device_name(device),
+        # the instruction set torch dispatches its CPU kernels for (ATEN_CPU_CAPABILITY may lower it)
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "harness_sha256": code_sha256()["harness"],
+        "numpy": _version("numpy"),
+        "isolated": bool(sys.flags.isolated),  # python -I: no PYTHONPATH, user site or current directory
+        "config_sha256": run.cfg.sha256,
+        "corpus_sha256": run.corpus.sha256(),
+    }
+
+
+def _model_and_arm(run: _Run, partial: Partial) -> tuple[torch.nn.Module, GradientPhase]:
+    """The seeded model and its arm (which must not touch the global random state), noted in ``partial``."""
+    from harness.arms import ArmContext, resolve
+    from harness.cotangent import exact_paths
+    from harness.models import build_model, count_parameters
+
+    spec = run.spec
+    torch.manual_seed(spec.seed)
+    model = build_model(run.cfg.model, spec.seed).to(run.device)
+    partial.note(parameters=count_parameters(model))
+    params = list(dict.fromkeys(model.parameters()))
+    rng = torch.get_rng_state()
+    arm = resolve(spec.arm)(ArmContext(model, params, run.cfg.train, run.device))
+    if not torch.equal(rng, torch.get_rng_state()):
+        raise RunFailure(
+            f"arm {spec.arm} drew from the global random state while it was built; an arm must not "
+            "touch the seed (harness/arms.py)"
+        )
+    paths = exact_paths(run.device.type)
+    partial.note(
+        method_paths={
+            "bucketed_norm_dtypes": sorted(str(d).replace("torch.", "") for d in paths.bucketed_norm_dtypes),
+            "update": paths.update,
+            "origin": paths.origin,
+            # the one-pass phase's CPU blocks (speed, not bits); None for arms without PackedAdamW
+            "cpu_block_bytes": getattr(arm.optimizer, "block_bytes", None),
+            # what runs the one-pass phase: phase.c (with the arithmetic forms its self-check chose)
+            # or torch's kernels, and why; None for arms without PackedAdamW
+            "phase_kernel": arm.optimizer.phase_kernel() if hasattr(arm.optimizer, "phase_kernel") else None,
+            "phase_so_sha256": _phase_so_sha256(),  # the phase.c library this process loaded, verified (or None)
+        }
+    )
+    return model, arm
+
+
+def _compiled(
+    run: _Run, model: torch.nn.Module, arm: GradientPhase, t_setup: float
+) -> tuple[Callable[..., torch.Tensor], float]:
+    """``torch.compile(model)`` warmed up on validation bytes (the training batch stream untouched; gradients
+    discarded, weights and optimizer state unchanged), and the seconds since ``t_setup``."""
+    from harness import devices
+    from harness.data.batches import BatchStream
+
+    forward = torch.compile(model)
+    cfg, device = run.cfg, run.device
+    warm = BatchStream(run.corpus.valid, cfg.model.context, cfg.train.batch_size, run.spec.seed + 1)
+    for _ in range(2):
+        x, y = warm.next()
+        loss = F.cross_entropy(forward(x.to(device)).float().flatten(0, 1), y.to(device).flatten())
+        loss.backward()
+        arm.zero_grad()
+    devices.synchronize(device)
+    return forward, time.perf_counter() - t_setup
+
+
+def _train(
+    run: _Run,
+    model: torch.nn.Module,
+    forward: Callable[..., torch.Tensor],
+    arm: GradientPhase,
+    batches: BatchStream,
+    meter: MemoryMeter,
+    curve: list[list[float]],
+    val_curve: list[list[float]],
+) -> tuple[float, float | None, float]:
+    """The steps on the training clock (validation paused), filling ``curve`` (step, loss, clock) and
+    ``val_curve`` (step, bpb, clock); returns the clock, the time to target (or None), validation seconds."""
+    from harness import devices
+    from harness.data.batches import bits_per_byte
+
+    spec, cfg, corpus, device = run.spec, run.cfg, run.corpus, run.device
+    sub = cfg.eval.val_subset_windows
+    clock = 0.0
+    validation_s = 0.0
+    time_to_target: float | None = None
+    target = spec.val_target_bpb
+    steps = spec.steps
+    for step in range(steps):
+        arm.set_lr(cfg.lr_at(step, steps))
+        x, y = batches.next()
+        x, y = x.to(device), y.to(device)
+        devices.synchronize(device)
+        t0 = time.perf_counter()
+        logits = forward(x)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        loss.backward()
+        if step == 0:
+            rng = torch.get_rng_state()
+        arm.phase()
+        devices.synchronize(device)
+        clock += time.perf_counter() - t0
+        if step == 0 and not torch.equal(rng, torch.get_rng_state()):
+            raise RunFailure(
+                f"arm {spec.arm} drew from the global random state in its gradient phase; an arm "
+                "must not touch the seed (harness/arms.py)"
+            )
+        meter.sample()
+        value = float(loss.detach())
+        curve.append([step + 1, value, clock])
+        if not math.isfinite(value):
+            raise RunFailure(f"non-finite training loss {value} at step {step + 1}")
+        if (step + 1) % spec.val_every == 0 or step + 1 == steps:
+            v0 = time.perf_counter()
+            bpb, _ = bits_per_byte(model, corpus.valid, cfg.model.context, cfg.eval.batch_size, device, sub)
+            validation_s += time.perf_counter() - v0
+            val_curve.append([step + 1, bpb, clock])
+            if time_to_target is None and bpb <= target:
+                time_to_target = clock
+    return clock, time_to_target, validation_s
+
+
+def _evaluate(
+    run: _Run, model: torch.nn.Module, ckpt: Path, meter: MemoryMeter
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """Full BPB, the checkpoint re-scored by a fresh model, memory peaks (fields of a
+    :class:`~harness.records.WorkerResult`); and the seconds each part took."""
+    from harness.data.batches import bits_per_byte
+    from harness.models import build_model
+
+    spec, cfg, corpus, device = run.spec, run.cfg, run.corpus, run.device
+    e0 = time.perf_counter()
+    val_bpb, val_bytes = bits_per_byte(model, corpus.valid, cfg.model.context, cfg.eval.batch_size, device)
+    test_bpb, test_bytes = bits_per_byte(model, corpus.test, cfg.model.context, cfg.eval.batch_size, device)
+    evaluation_s = time.perf_counter() - e0
+    c0 = time.perf_counter()
+    from safetensors.torch import load_file, save_file
+
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+    tmp = ckpt.with_suffix(".tmp")
+    save_file(state, str(tmp), metadata={"run_id": spec.run_id, "config": cfg.name})
+    os.replace(tmp, ckpt)
+    ckpt_sha = sha256_bytes(ckpt.read_bytes())
+    checkpoint_s = time.perf_counter() - c0
+    r0 = time.perf_counter()
+    fresh = build_model(cfg.model, spec.seed)
+    fresh.load_state_dict(load_file(str(ckpt)))
+    fresh.to(device)
+    rescored, _ = bits_per_byte(fresh, corpus.test, cfg.model.context, cfg.eval.batch_size, device)
+    rescore_s = time.perf_counter() - r0
+    measured: dict[str, Any] = {
+        "val_bpb": val_bpb,
+        "test_bpb": test_bpb,
+        "rescored_test_bpb": rescored,
+        "rescore_identical": rescored == test_bpb,
+        "eval_bytes": {"valid": val_bytes, "test": test_bytes},
+        "memory": meter.peaks(),
+        "checkpoint": {"path": str(ckpt), "sha256": ckpt_sha, "bytes": ckpt.stat().st_size},
+    }
+    return measured, {"evaluation_s": evaluation_s, "checkpoint_s": checkpoint_s, "rescore_s": rescore_s}
