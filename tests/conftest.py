@@ -1,4 +1,5 @@
 """Shared fixtures: temporary git repositories holding configs and protocols, and the CLI."""
+
 from __future__ import annotations
 
 import os
@@ -13,13 +14,21 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: The modules that take longest (their set-up is a whole study, or a Ray cluster), collected first,
 #: so that the two test processes (``-n 2 --dist loadscope`` in pyproject.toml) finish together.
-SLOWEST_FIRST = ("test_ray.py", "test_attempts.py", "test_protocol_cli.py", "test_provenance.py",
-                 "test_demo_e2e.py", "test_plugins.py", "test_integrity.py")
+SLOWEST_FIRST = (
+    "test_ray.py",
+    "test_attempts.py",
+    "test_protocol_cli.py",
+    "test_provenance.py",
+    "test_demo_e2e.py",
+    "test_plugins.py",
+    "test_integrity.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     order = {name: i for i, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: order.get(item.path.name, len(order)))  # stable: file order otherwise
+
 
 #: The ``long`` scenarios run at a reduced size by default (the README's test command, CI);
 #: ``HARNESS_TEST_FULL_SIZE=1 python -m pytest -m long`` runs them at their full size.
@@ -63,7 +72,15 @@ studies:
 
 
 def tiny_protocol(**kw) -> str:
-    args = dict(id="tiny", prereg="false", corpus="pydoc-topics", data_dir="", launcher="forkserver", budget=600, steps=10)
+    args = dict(
+        id="tiny",
+        prereg="false",
+        corpus="pydoc-topics",
+        data_dir="",
+        launcher="forkserver",
+        budget=600,
+        steps=10,
+    )
     args.update(kw)
     return TINY_PROTOCOL.format(**args)
 
@@ -79,8 +96,10 @@ def pinned_corpus(repo: Path, rel: str = "corpus/topics.txt") -> str:
     data = c.train + c.valid + c.test
     (repo / rel).parent.mkdir(parents=True, exist_ok=True)
     (repo / rel).write_bytes(data)
-    return (f"{{name: topics, file: {{path: {rel}, size: {len(data)}, sha256: {hashlib.sha256(data).hexdigest()}}}, "
-            "split: {train: 0.9, valid: 0.05, test: 0.05}}")
+    return (
+        f"{{name: topics, file: {{path: {rel}, size: {len(data)}, sha256: {hashlib.sha256(data).hexdigest()}}}, "
+        "split: {train: 0.9, valid: 0.05, test: 0.05}}"
+    )
 
 
 def record_dicts(folder: Path) -> list[dict]:
@@ -104,13 +123,42 @@ def synthetic_record(spec: dict, **fields) -> object:
     """A record for the analysis with only the fields a test sets (the rest made up, never read)."""
     from harness.records import SCHEMA_VERSION, RunRecord, RunSpec
 
-    full = {"run_id": f"{spec.get('study', 'p')}.{spec.get('unit', 'u')}.{spec.get('role', 'r')}",
-            "protocol_id": "synthetic", "protocol_sha256": "0" * 64, "study": "p", "design": "paired",
-            "config": "c", "config_sha256": "0" * 64, "arm": "native", "role": "baseline", "seed": 0, "unit": "u",
-            "position": 0, "order": 0, "steps": 1, "val_every": 1, "val_target_bpb": 1.0, "corpus": "synthetic",
-            "data_dir": None, "device": "cpu", "compile": False, "threads": 1, **spec}
-    return RunRecord(**{"schema_version": SCHEMA_VERSION, "protocol": {}, "plan_sha256": "0" * 64, "attempt": 1,
-                        "git": {"commit": None, "dirty": None}, "status": "ok", **fields, "spec": RunSpec(**full)})
+    full = {
+        "run_id": f"{spec.get('study', 'p')}.{spec.get('unit', 'u')}.{spec.get('role', 'r')}",
+        "protocol_id": "synthetic",
+        "protocol_sha256": "0" * 64,
+        "study": "p",
+        "design": "paired",
+        "config": "c",
+        "config_sha256": "0" * 64,
+        "arm": "native",
+        "role": "baseline",
+        "seed": 0,
+        "unit": "u",
+        "position": 0,
+        "order": 0,
+        "steps": 1,
+        "val_every": 1,
+        "val_target_bpb": 1.0,
+        "corpus": "synthetic",
+        "data_dir": None,
+        "device": "cpu",
+        "compile": False,
+        "threads": 1,
+        **spec,
+    }
+    return RunRecord(
+        **{
+            "schema_version": SCHEMA_VERSION,
+            "protocol": {},
+            "plan_sha256": "0" * 64,
+            "attempt": 1,
+            "git": {"commit": None, "dirty": None},
+            "status": "ok",
+            **fields,
+            "spec": RunSpec(**full),
+        }
+    )
 
 
 def completeness(d: dict) -> object:
@@ -118,8 +166,14 @@ def completeness(d: dict) -> object:
     audit's own decide takes them."""
     from analysis.results import Completeness
 
-    return Completeness(planned_runs=d.get("planned_runs"), ok_runs=0, missing_runs=d.get("missing_runs"),
-                        complete=d.get("complete"), budget_stop=d.get("budget_stop"), text="")
+    return Completeness(
+        planned_runs=d.get("planned_runs"),
+        ok_runs=0,
+        missing_runs=d.get("missing_runs"),
+        complete=d.get("complete"),
+        budget_stop=d.get("budget_stop"),
+        text="",
+    )
 
 
 def git(repo: Path, *args: str) -> str:
@@ -171,5 +225,12 @@ def repo(tmp_path: Path) -> Path:
 
 def harness(repo: Path, *args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=repo, capture_output=True, text=True,
-                          timeout=timeout, env=env, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        **kw,
+    )

@@ -43,9 +43,14 @@ def free(where: Path) -> None:
 
 
 def run(repo: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "protocols/tiny.yaml", "--quiet"], cwd=repo,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "run", "protocols/tiny.yaml", "--quiet"],
+        cwd=repo,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def left(records: Path) -> dict[str, list[str]]:
@@ -87,9 +92,19 @@ def main() -> int:
     p = run(repo)
     o, e = p.communicate(timeout=900)
     out["resumed"] = {"rc": p.returncode, "stdout": o, "stderr": e, **left(records)}
-    a = subprocess.run([sys.executable, "-I", "-S", str(Path(__file__).resolve().parent.parent / "analysis" /
-                                                         "public_audit.py"), "records/tiny"],
-                       cwd=repo, capture_output=True, text=True, timeout=120)
+    a = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            str(Path(__file__).resolve().parent.parent / "analysis" / "public_audit.py"),
+            "records/tiny",
+        ],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out["audit"] = {"rc": a.returncode, "stdout": a.stdout}
     out["records"] = [json.loads(p.read_text()) for p in sorted((records / "tiny").glob("*.record.json"))]
     out_path.write_text(json.dumps(out))

@@ -1,5 +1,6 @@
 """Checks of a study page (analysis/page.py) as a reader's browser sees it: parsed by a conforming
 HTML parser, rendered by headless Chromium with every request and console message watched."""
+
 from __future__ import annotations
 
 import io
@@ -10,8 +11,14 @@ import pytest
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
-SECTIONS = ("The question and the answer", "Every pair, including adverse ones", "Flow of planned runs",
-            "Order diagnostics", "How to verify", "What is and is not claimed")
+SECTIONS = (
+    "The question and the answer",
+    "Every pair, including adverse ones",
+    "Flow of planned runs",
+    "Order diagnostics",
+    "How to verify",
+    "What is and is not claimed",
+)
 
 
 def check_static(html: str) -> None:
@@ -20,12 +27,16 @@ def check_static(html: str) -> None:
     image (inline SVG) with a role and a text alternative, no script and no external resource."""
     import html5lib
 
-    doc = html5lib.HTMLParser(tree=html5lib.getTreeBuilder("etree"), strict=True,
-                              namespaceHTMLElements=False).parse(html)
+    doc = html5lib.HTMLParser(
+        tree=html5lib.getTreeBuilder("etree"), strict=True, namespaceHTMLElements=False
+    ).parse(html)
     assert doc.get("lang") == "en"
     assert html.startswith("<!DOCTYPE html>")
-    levels = [int(e.tag[1]) for e in doc.iter() if isinstance(e.tag, str) and len(e.tag) == 2 and e.tag[0] == "h"
-              and e.tag[1].isdigit()]
+    levels = [
+        int(e.tag[1])
+        for e in doc.iter()
+        if isinstance(e.tag, str) and len(e.tag) == 2 and e.tag[0] == "h" and e.tag[1].isdigit()
+    ]
     assert levels.count(1) == 1 and levels[0] == 1
     assert all(b - a <= 1 for a, b in zip(levels, levels[1:])), levels
     tables = list(doc.iter("table"))
@@ -49,20 +60,34 @@ def check_page(path: Path, expect_studies: tuple[str, ...]) -> None:
     html = path.read_text(encoding="utf-8")
     check_static(html)
     if CHROMIUM is None:
-        pytest.skip("Debian's chromium is not installed (.ci/run installs it): the page was checked as HTML only")
+        pytest.skip(
+            "Debian's chromium is not installed (.ci/run installs it): the page was checked as HTML only"
+        )
     from PIL import Image
     from playwright.sync_api import sync_playwright
 
     requests: list[str] = []
     console: list[str] = []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900}, java_script_enabled=False)
             page.on("request", lambda r: requests.append(r.url))
-            page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
+            page.on(
+                "console",
+                lambda m: console.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None,
+            )
             page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
             page.goto(path.resolve().as_uri())
             page.wait_for_load_state("load")

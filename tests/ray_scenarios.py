@@ -34,8 +34,14 @@ def sh(*args: str, **kw) -> subprocess.CompletedProcess[str]:
 
 
 def harness(repo: Path, *args: str, **kw) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", *args], cwd=repo, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", *args],
+        cwd=repo,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kw,
+    )
 
 
 def records(repo: Path) -> list[Path]:
@@ -73,37 +79,69 @@ def main() -> int:
     sh("ip", "link", "set", "lo", "up", check=True)
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
     nodes = {"head": str(work / "node-head"), "second": str(work / "node-second")}
-    r = sh(sys.executable, "-m", "harness.cli", "node", "--device", "cpu", "--port", str(PORT), "--no-block",
-           env={**env, "HARNESS_NODE_DIR": nodes["head"]})
+    r = sh(
+        sys.executable,
+        "-m",
+        "harness.cli",
+        "node",
+        "--device",
+        "cpu",
+        "--port",
+        str(PORT),
+        "--no-block",
+        env={**env, "HARNESS_NODE_DIR": nodes["head"]},
+    )
     out["head"] = r.returncode
     address = f"127.0.0.1:{PORT}"
     hold = work / "hold-second"
 
     def second_node() -> int:
-        return sh(sys.executable, "-m", "harness.cli", "node", "--device", "cpu", "--address", address, "--no-block",
-                  env={**env, "HARNESS_NODE_DIR": nodes["second"], "HARNESS_TEST_HOLD": str(hold)}).returncode
+        return sh(
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "node",
+            "--device",
+            "cpu",
+            "--address",
+            address,
+            "--no-block",
+            env={**env, "HARNESS_NODE_DIR": nodes["second"], "HARNESS_TEST_HOLD": str(hold)},
+        ).returncode
 
     out["second"] = second_node()
     # 1. a full run
-    p = harness(work / "full", "run", "protocols/tiny.yaml", "--quiet", "--no-report", "--ray", address, env=env)
+    p = harness(
+        work / "full", "run", "protocols/tiny.yaml", "--quiet", "--no-report", "--ray", address, env=env
+    )
     out["full_log"] = p.communicate(timeout=900)[0]
     out["full_rc"] = p.returncode
     # 2. the driver killed after its first record, then started again
-    p = harness(work / "driver", "run", "protocols/tiny.yaml", "--quiet", "--no-report", "--ray", address, env=env)
+    p = harness(
+        work / "driver", "run", "protocols/tiny.yaml", "--quiet", "--no-report", "--ray", address, env=env
+    )
     wait_for(lambda: len(records(work / "driver")) >= 1)
     p.send_signal(signal.SIGKILL)
     p.wait()
     out["driver_records_at_kill"] = len(records(work / "driver"))
     time.sleep(2)
-    p = harness(work / "driver", "run", "protocols/tiny.yaml", "--quiet", "--no-report", "--ray", address, env=env)
+    p = harness(
+        work / "driver", "run", "protocols/tiny.yaml", "--quiet", "--no-report", "--ray", address, env=env
+    )
     out["driver_log"] = p.communicate(timeout=900)[0]
     out["driver_rc"] = p.returncode
     # 3. the second node killed at fixed points of its first unit, then started again
-    for name, point in (("node-during1", "during:1"), ("node-between", "between:1"), ("node-during2", "during:2")):
+    for name, point in (
+        ("node-during1", "during:1"),
+        ("node-between", "between:1"),
+        ("node-during2", "during:2"),
+    ):
         held = Path(f"{hold}.held")
         held.unlink(missing_ok=True)
         hold.write_text(point)
-        p = harness(work / name, "run", "protocols/tiny.yaml", "--quiet", "--no-report", "--ray", address, env=env)
+        p = harness(
+            work / name, "run", "protocols/tiny.yaml", "--quiet", "--no-report", "--ray", address, env=env
+        )
         wait_for(lambda held=held, p=p: held.exists() or p.poll() is not None, timeout=600)
         out[f"{name}_held"] = held.exists()
         pids = processes_of(nodes["second"])

@@ -1,4 +1,5 @@
 """Statistics against scipy and R, and the standard-library audit with tamper tests."""
+
 from __future__ import annotations
 
 import json
@@ -64,8 +65,11 @@ def test_estimands_and_sign_conventions():
     assert lr.estimate < 0 and lr.ratio == pytest.approx(math.exp(lr.estimate))
     assert lr.ratio_low < lr.ratio < lr.ratio_high
     # the reduction is 1 - exp of the log ratio's interval (ends swap: the map decreases), not a mean of ratios
-    assert (rr.estimate, rr.low, rr.high) == (100 * -math.expm1(lr.estimate), 100 * -math.expm1(lr.high),
-                                              100 * -math.expm1(lr.low))
+    assert (rr.estimate, rr.low, rr.high) == (
+        100 * -math.expm1(lr.estimate),
+        100 * -math.expm1(lr.high),
+        100 * -math.expm1(lr.low),
+    )
     assert rr.estimate > 0 and rr.standard_error == lr.standard_error
     swapped = paired_interval(C, B, 0.99, "log_ratio")  # relabelling negates the log ratio exactly
     assert (swapped.estimate, swapped.low, swapped.high) == (-lr.estimate, -lr.high, -lr.low)
@@ -89,7 +93,9 @@ def test_factorial_contrasts():
     eff = factorial_contrasts(blocks, 0.99)
     assert eff["bucketed_norms"].estimate < 0 and eff["packed_adamw"].estimate < 0
     assert eff["interaction"].estimate == pytest.approx(
-        sum(math.log(b["cotangent"] / b["packed"]) - math.log(b["bucketed"] / b["native"]) for b in blocks) / 4)
+        sum(math.log(b["cotangent"] / b["packed"]) - math.log(b["bucketed"] / b["native"]) for b in blocks)
+        / 4
+    )
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
@@ -103,16 +109,22 @@ def test_factorial_effects_are_least_squares_effects(k, data):
     from analysis.audit.factorial import block_effect, effects
     from analysis.factorial import block_effects, effect_names
 
-    logs = data.draw(st.lists(st.floats(-3, 3, allow_nan=False), min_size=2 ** k, max_size=2 ** k))
+    logs = data.draw(st.lists(st.floats(-3, 3, allow_nan=False), min_size=2**k, max_size=2**k))
     names = effect_names([(f"f{j}", ("lo", "hi")) for j in range(k)])
-    x = np.array([[1.0] + [float(np.prod([1 if (i >> j) & 1 else -1 for j in s])) for _, s in names]
-                  for i in range(2 ** k)])
+    x = np.array(
+        [
+            [1.0] + [float(np.prod([1 if (i >> j) & 1 else -1 for j in s])) for _, s in names]
+            for i in range(2**k)
+        ]
+    )
     beta = np.linalg.lstsq(x, np.array(logs), rcond=None)[0]
     mine = block_effects(logs, k)
     theirs = [block_effect(logs, s, k) for _, s in effects([[f"f{j}", ["lo", "hi"]] for j in range(k)])]
     for (name, subset), m, t, b in zip(names, mine, theirs, beta[1:]):
         assert m == pytest.approx(b * 2 ** len(subset), abs=1e-9), name
-        assert t == pytest.approx(m, abs=1e-12), name  # the audit's signed sums agree with the nested differences
+        assert t == pytest.approx(m, abs=1e-12), (
+            name
+        )  # the audit's signed sums agree with the nested differences
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])
@@ -143,9 +155,12 @@ def audited(tmp_path_factory):
     shutil.copytree(ROOT / "harness", r / "harness", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "analysis", r / "analysis", ignore=shutil.ignore_patterns("__pycache__"))
     (r / ".gitignore").write_text("runs/\n__pycache__/\n")
-    text = tiny_protocol(prereg="true").replace("studies:\n", "studies:\n  - name: cells\n    design: factorial\n"
-                                                 "    configs: [tiny_conv]\n    seeds: [5, 6]\n    steps: 10\n"
-                                                 "    val_every: 5\n    val_target_bpb: 7.9\n")
+    text = tiny_protocol(prereg="true").replace(
+        "studies:\n",
+        "studies:\n  - name: cells\n    design: factorial\n"
+        "    configs: [tiny_conv]\n    seeds: [5, 6]\n    steps: 10\n"
+        "    val_every: 5\n    val_target_bpb: 7.9\n",
+    )
     (r / "protocols" / "tiny.yaml").write_text(text)
     git(r, "init", "-q", "-b", "main")
     git(r, "config", "user.email", "t@example.invalid")
@@ -159,8 +174,13 @@ def audited(tmp_path_factory):
 
 
 def audit(repo: Path, *dirs: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-I", "-S", "analysis/public_audit.py", *dirs], cwd=repo,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-I", "-S", "analysis/public_audit.py", *dirs],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture
@@ -188,7 +208,7 @@ def test_audit_detects_tampered_record(study):
     path = _first_record(study)
     data = path.read_bytes()
     i = data.index(b'"test_bpb":') + len(b'"test_bpb":') + 2
-    path.write_bytes(data[:i] + (b"9" if data[i:i + 1] != b"9" else b"8") + data[i + 1:])
+    path.write_bytes(data[:i] + (b"9" if data[i : i + 1] != b"9" else b"8") + data[i + 1 :])
     r = audit(study)
     assert r.returncode == 1 and f"{path.name}: field sha256" in r.stdout
 
@@ -201,7 +221,10 @@ def test_audit_checks_manifest_sources_at_the_tagged_commit(study):
     path.write_text(path.read_text() + "\n/* changed */\n")
     r = audit(study)
     assert r.returncode == 0, r.stdout
-    assert any(line.startswith("MANIFEST source files") and "at the tagged commit" in line for line in r.stdout.splitlines())
+    assert any(
+        line.startswith("MANIFEST source files") and "at the tagged commit" in line
+        for line in r.stdout.splitlines()
+    )
     git(study, "commit", "-qam", "later work")
     assert audit(study).returncode == 0
     manifest_path = study / "records" / "tiny" / "MANIFEST"
@@ -209,7 +232,11 @@ def test_audit_checks_manifest_sources_at_the_tagged_commit(study):
     manifest["sources"]["harness/cotangent/kernel/phase.c"] = "0" * 64
     manifest_path.write_text(json.dumps(manifest, indent=1))
     r = audit(study)
-    assert r.returncode == 1 and "harness/cotangent/kernel/phase.c at " in r.stdout and "differs from MANIFEST's" in r.stdout
+    assert (
+        r.returncode == 1
+        and "harness/cotangent/kernel/phase.c at " in r.stdout
+        and "differs from MANIFEST's" in r.stdout
+    )
 
 
 def test_untagged_audit_follows_committed_work_but_not_uncommitted_edits(tmp_path):
@@ -272,7 +299,9 @@ def test_audit_detects_a_replaced_tag(study):
     assert r.returncode == 1 and "TAG is not the object of the repository's tag protocol-tiny" in r.stdout
     (study / "records" / "tiny" / "TAG").unlink()  # the kept copy gone too: the late tag alone
     r = audit(study)
-    assert r.returncode == 1 and "holds no readable freeze manifest" in r.stdout and "Traceback" not in r.stdout
+    assert (
+        r.returncode == 1 and "holds no readable freeze manifest" in r.stdout and "Traceback" not in r.stdout
+    )
 
 
 def test_report_exports_and_module_entry(study):
@@ -282,8 +311,12 @@ def test_report_exports_and_module_entry(study):
 
     frame = pd.read_csv(study / "records" / "tiny" / "runs.csv")
     assert len(frame) == 12 and set(frame["status"]) == {"ok"}
-    r = subprocess.run([sys.executable, "-m", "analysis", "report", "records/tiny", "--format", "parquet"], cwd=study,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "analysis", "report", "records/tiny", "--format", "parquet"],
+        cwd=study,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0 and (study / "records" / "tiny" / "runs.parquet").is_file()
     for png in ("plot_time.png", "plot_quality.png", "plot_validation.png"):
         assert (study / "records" / "tiny" / png).stat().st_size > 1000

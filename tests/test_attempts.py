@@ -6,6 +6,7 @@ file times moved; the runner alone killed with its worker running; a kill betwee
 MANIFEST rewrite (``HARNESS_TEST_KILL_AT``, a hook used only by tests); a records folder that is a
 symlink or inside a frozen entry. The full-filesystem scenario is in ``tests/fullfs_scenario.py``.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,13 @@ RECS = "records/tiny"
 
 
 def audit(repo: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-I", "-S", str(ROOT / "analysis" / "public_audit.py"), RECS],
-                          cwd=repo, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-I", "-S", str(ROOT / "analysis" / "public_audit.py"), RECS],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def study(base: Path, seeds: str = "[1, 2]", steps: int = 6) -> Path:
@@ -54,9 +60,14 @@ def done_copy(done_study: Path, tmp_path: Path) -> Path:
 
 
 def start(repo: Path, **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", "run", PROTO, "--quiet", "--no-report"], cwd=repo,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", **env})
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "run", PROTO, "--quiet", "--no-report"],
+        cwd=repo,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+    )
 
 
 def wait_for(cond, timeout: float = 300.0, what: str = "condition"):
@@ -116,7 +127,11 @@ def test_peeked_outcome_cannot_be_discarded(tmp_path):
     repo = study(tmp_path)
     run_id, _ = kill_runner_while_its_worker_runs(repo, pause=True)
     # the finished worker's outcome went into a pipe the dead runner held: no file anywhere holds it
-    leaked = [f for f in repo.rglob("*") if f.is_file() and ".git" not in f.parts and b"rescore_identical" in f.read_bytes()]
+    leaked = [
+        f
+        for f in repo.rglob("*")
+        if f.is_file() and ".git" not in f.parts and b"rescore_identical" in f.read_bytes()
+    ]
     assert leaked == []
     started = load_started(repo / RECS)
     assert [(e["run_id"], e["attempt"]) for e in started] == [(run_id, 1)] and not record_dicts(repo / RECS)
@@ -177,12 +192,16 @@ def test_runner_ends_a_live_worker_of_an_earlier_runner(tmp_path):
     repo = study(tmp_path)
     work = repo / "runs" / "tiny" / "work" / "old.a1"
     work.mkdir(parents=True)
-    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "harness.execute.worker"])
+    orphan = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)", "harness.execute.worker"]
+    )
     try:
         (work / "worker.pid").write_text(str(orphan.pid))
         locks = repo / "runs" / "locks"
         locks.mkdir(parents=True)
-        (locks / f"device-{socket.gethostname()}-cpu.json").write_text(json.dumps({"runner": 1, "work": str(work)}))
+        (locks / f"device-{socket.gethostname()}-cpu.json").write_text(
+            json.dumps({"runner": 1, "work": str(work)})
+        )
         r = harness(repo, "run", PROTO, "--quiet")
         assert r.returncode == 0, r.stdout + r.stderr
         assert orphan.wait(timeout=5) == -signal.SIGKILL
@@ -205,7 +224,9 @@ def test_kill_between_record_and_manifest_is_repaired(tmp_path):
     a = audit(repo)
     assert a.returncode == 1 and "record not listed in MANIFEST" in a.stdout
     st = harness(repo, "status", PROTO)
-    assert st.returncode == 0 and "MANIFEST reconciled with the chain: 1 entry after seq 1" in st.stderr, st.stderr
+    assert st.returncode == 0 and "MANIFEST reconciled with the chain: 1 entry after seq 1" in st.stderr, (
+        st.stderr
+    )
     a = audit(repo)
     assert a.returncode == 0, a.stdout
     p = start(repo, HARNESS_TEST_KILL_AT="manifest:6")  # a later record, written by the resumed runner
@@ -247,7 +268,9 @@ def test_records_folder_paths_are_refused(tmp_path, case):
     init_study(repo, protocol=text)
     if case in ("default-symlink", "outside-by-symlink"):
         (repo / "records").mkdir()
-        (repo / "records" / "tiny").symlink_to(outside if case == "outside-by-symlink" else repo / "protocols")
+        (repo / "records" / "tiny").symlink_to(
+            outside if case == "outside-by-symlink" else repo / "protocols"
+        )
         link = repo / "records" / "tiny"
     elif case == "parent-symlink":
         (repo / "results").symlink_to(repo / "records-real", target_is_directory=True)
@@ -266,12 +289,27 @@ def test_records_folder_paths_are_refused(tmp_path, case):
 
 def _tmpfs_possible() -> str | None:
     try:
-        r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                            "d=$(mktemp -d) && mount -t tmpfs -o size=64k tmpfs $d && umount $d && rmdir $d"],
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                "d=$(mktemp -d) && mount -t tmpfs -o size=64k tmpfs $d && umount $d && rmdir $d",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"cannot start unshare: {e}"
-    return None if r.returncode == 0 else f"cannot mount a tmpfs in a private mount namespace: {r.stderr.strip()}"
+    return (
+        None
+        if r.returncode == 0
+        else f"cannot mount a tmpfs in a private mount namespace: {r.stderr.strip()}"
+    )
 
 
 def test_full_filesystem_stops_cleanly_and_resumes(tmp_path):
@@ -283,16 +321,30 @@ def test_full_filesystem_stops_cleanly_and_resumes(tmp_path):
         pytest.skip(why)
     repo = study(tmp_path)
     out = tmp_path / "fullfs.json"
-    r = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable,
-                        str(ROOT / "tests" / "fullfs_scenario.py"), str(repo), str(out)],
-                       capture_output=True, text=True, timeout=2400)
+    r = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            sys.executable,
+            str(ROOT / "tests" / "fullfs_scenario.py"),
+            str(repo),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=2400,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads(out.read_text())
     for step in ("full", "record"):
         got = res[step]
         assert got["rc"] == 2, got
         assert "Traceback" not in got["stderr"] and "No space left on device" in got["stderr"], got["stderr"]
-        assert "bytes free on its filesystem" in got["stderr"] and "run the same command again" in got["stderr"]
+        assert (
+            "bytes free on its filesystem" in got["stderr"] and "run the same command again" in got["stderr"]
+        )
         assert got["tmp"] == [], got["files"]
     assert ".started.json" in res["full"]["stderr"] and res["full"]["files"] == []
     assert ".record.json" in res["record"]["stderr"]
@@ -355,8 +407,10 @@ def test_records_written_before_started_entries_still_audit(done_copy):
     for f in (repo / RECS).glob("*.started.json"):
         f.unlink()
     prev = record_dicts(repo / RECS)[0]["protocol"]["sha256"]  # not preregistered: the chain starts there
-    for i, f in enumerate(sorted((repo / RECS).glob("*.record.json"), key=lambda p: json.loads(p.read_text())
-                                 ["ledger"]["seq"]), 1):
+    for i, f in enumerate(
+        sorted((repo / RECS).glob("*.record.json"), key=lambda p: json.loads(p.read_text())["ledger"]["seq"]),
+        1,
+    ):
         r = json.loads(f.read_text())
         for k in ("start", "unit_attempt"):
             r.pop(k)

@@ -6,6 +6,7 @@ accepts: protocols written by ``yaml.safe_dump`` (hypothesis draws the documents
 options) and by hand (folded and quoted multi-line scalars, flow lists over lines, comments), or
 ``harness plan`` and ``harness tag`` refuse the file naming the line.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,23 +34,70 @@ def same(a, b) -> bool:
     return a == b
 
 
-_PIECES = ["a", "bb", "long", "word:", "x#y", " #c", "'q'", '"d"', "-", "1.5", "yes", "null", "é", "\\", "  ", ": ",
-           "[", "]", ",", "{", "\t", "\n", "\n\n", "0x1F", "010", "1e-3", ".inf", "~", "%", "&", "*", "!", "|", ">"]
+_PIECES = [
+    "a",
+    "bb",
+    "long",
+    "word:",
+    "x#y",
+    " #c",
+    "'q'",
+    '"d"',
+    "-",
+    "1.5",
+    "yes",
+    "null",
+    "é",
+    "\\",
+    "  ",
+    ": ",
+    "[",
+    "]",
+    ",",
+    "{",
+    "\t",
+    "\n",
+    "\n\n",
+    "0x1F",
+    "010",
+    "1e-3",
+    ".inf",
+    "~",
+    "%",
+    "&",
+    "*",
+    "!",
+    "|",
+    ">",
+]
 words = st.lists(st.sampled_from(_PIECES), max_size=30).map("".join)
 text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=120)
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**9, 10**9), st.floats(allow_nan=False), text, words)
-keys = st.one_of(st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True),
-                 words.filter(lambda w: bool(w) and "\n" not in w and len(w) < 40))
-docs = st.recursive(scalars, lambda ch: st.one_of(st.lists(ch, max_size=4), st.dictionaries(keys, ch, max_size=4)),
-                    max_leaves=15)
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(10**9), 10**9), st.floats(allow_nan=False), text, words
+)
+keys = st.one_of(
+    st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True),
+    words.filter(lambda w: bool(w) and "\n" not in w and len(w) < 40),
+)
+docs = st.recursive(
+    scalars,
+    lambda ch: st.one_of(st.lists(ch, max_size=4), st.dictionaries(keys, ch, max_size=4)),
+    max_leaves=15,
+)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.dictionaries(keys, docs, min_size=1, max_size=5), st.sampled_from([False, None, True]),
-       st.sampled_from([20, 40, 80, 1000]), st.booleans(), st.sampled_from([None, '"', "'", "|", ">"]))
+@given(
+    st.dictionaries(keys, docs, min_size=1, max_size=5),
+    st.sampled_from([False, None, True]),
+    st.sampled_from([20, 40, 80, 1000]),
+    st.booleans(),
+    st.sampled_from([None, '"', "'", "|", ">"]),
+)
 def test_reader_equals_pyyaml_on_safe_dump_output(doc, flow, width, unicode, style):
-    out = yaml.safe_dump(doc, default_flow_style=flow, width=width, allow_unicode=unicode, default_style=style,
-                         sort_keys=False)
+    out = yaml.safe_dump(
+        doc, default_flow_style=flow, width=width, allow_unicode=unicode, default_style=style, sort_keys=False
+    )
     try:
         mine = public_audit.yaml_subset(out)
     except public_audit.YamlError:
@@ -78,10 +126,18 @@ def test_reader_equals_pyyaml_on_hand_written_protocol_forms(text):
     assert same(public_audit.yaml_subset(text), yaml.safe_load(text))
 
 
-@pytest.mark.parametrize("text, line", [
-    ("a: 1\nb: &x 1\nc: *x\n", 2), ("a: !!str 1\n", 1), ("a: 1\nday: 2001-01-01\n", 2), ("a: 1:20\n", 1),
-    ("a: 1\n---\nb: 2\n", 2), ("a:\n\t- 1\n", 2), ('a: "open\n', 1),
-])
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ("a: 1\nb: &x 1\nc: *x\n", 2),
+        ("a: !!str 1\n", 1),
+        ("a: 1\nday: 2001-01-01\n", 2),
+        ("a: 1:20\n", 1),
+        ("a: 1\n---\nb: 2\n", 2),
+        ("a:\n\t- 1\n", 2),
+        ('a: "open\n', 1),
+    ],
+)
 def test_reader_refuses_naming_the_line(text, line):
     with pytest.raises(public_audit.YamlError) as e:
         public_audit.yaml_subset(text)
@@ -90,14 +146,16 @@ def test_reader_refuses_naming_the_line(text, line):
 
 def test_plan_and_tag_accept_a_safe_dump_protocol_and_refuse_what_the_audit_cannot_read(tmp_path):
     doc = yaml.safe_load(tiny_protocol(prereg="true"))
-    doc["description"] = ("A long description: written by yaml.safe_dump, which quotes it for the colon and folds "
-                          "it over three lines because it is longer than the width")
+    doc["description"] = (
+        "A long description: written by yaml.safe_dump, which quotes it for the colon and folds "
+        "it over three lines because it is longer than the width"
+    )
     dumped = yaml.safe_dump(doc, width=60, sort_keys=False)
     assert dumped.split("\n", 3)[2].startswith("description: '") and "\n  " in dumped.split("device:")[0]
     repo = init_study(tmp_path / "study", protocol=dumped)
     plan = harness(repo, "plan", "protocols/tiny.yaml")
     assert plan.returncode == 0, plan.stderr
-    bad = tiny_protocol(prereg="true").replace("order_seed: 1", "order_seed: 1\norigins: {a: &n \"x\", b: *n}")
+    bad = tiny_protocol(prereg="true").replace("order_seed: 1", 'order_seed: 1\norigins: {a: &n "x", b: *n}')
     (repo / "protocols" / "bad.yaml").write_text(bad.replace("id: tiny", "id: bad"))
     line = bad.splitlines().index('origins: {a: &n "x", b: *n}') + 1
     for cmd in ("plan", "tag"):
@@ -107,15 +165,20 @@ def test_plan_and_tag_accept_a_safe_dump_protocol_and_refuse_what_the_audit_cann
         assert "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("path", sorted([*(ROOT / "protocols").glob("*.yaml"), *(ROOT / "examples").glob("*.yaml")]),
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    sorted([*(ROOT / "protocols").glob("*.yaml"), *(ROOT / "examples").glob("*.yaml")]),
+    ids=lambda p: p.name,
+)
 def test_audit_derives_every_shipped_protocol_s_record_copy_as_the_harness_writes_it(path):
     """What the audit expects in every record's ``protocol`` equals ``Protocol.summary()``."""
     from harness.protocol import load_protocol
 
     proto = load_protocol(path)
     theirs = {k: v for k, v in proto.summary().items() if k != "plugins"}
-    mine = public_audit.expected_summary(public_audit.yaml_subset(path.read_text()), proto.sha256, proto.relpath)
+    mine = public_audit.expected_summary(
+        public_audit.yaml_subset(path.read_text()), proto.sha256, proto.relpath
+    )
     assert public_audit._differences(mine, theirs, "protocol") == []
     assert json_types(mine) == json_types(theirs)
 
@@ -129,7 +192,9 @@ def json_types(x):
     return type(x).__name__
 
 
-@pytest.mark.parametrize("text", ["a: [\xa0]\n", "a:\n- \xa0\n", "a: \xa0b\xa0\n", "a: {k: \u2003}\n", "a: '\xa0'\n"])
+@pytest.mark.parametrize(
+    "text", ["a: [\xa0]\n", "a:\n- \xa0\n", "a: \xa0b\xa0\n", "a: {k: \u2003}\n", "a: '\xa0'\n"]
+)
 def test_unicode_spaces_are_text_as_pyyaml_reads_them(text):
     """Only space and tab are YAML's white space: NO-BREAK SPACE and other Unicode spaces are text
     (str.strip() would drop them; found by the generated test above)."""

@@ -13,18 +13,51 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_grad_phase_benchmark_runs(tmp_path):
     out = tmp_path / "bench.json"
     r = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "grad_phase.py"), "--configs", "tiny_transformer", "--reps", "3",
-         "--memory-steps", "1", "--memory-repeats", "1", "--no-compiled", "--block-sweep", "4", "--whole-step-reps", "2", "--whole-step-models", "tiny_transformer",
-         "--json", str(out)],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "grad_phase.py"),
+            "--configs",
+            "tiny_transformer",
+            "--reps",
+            "3",
+            "--memory-steps",
+            "1",
+            "--memory-repeats",
+            "1",
+            "--no-compiled",
+            "--block-sweep",
+            "4",
+            "--whole-step-reps",
+            "2",
+            "--whole-step-models",
+            "tiny_transformer",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
     )
     assert r.returncode == 0, r.stderr
-    assert "| cotangent |" in r.stdout and "| cotangent/torch/4KiB |" in r.stdout and "cotangent / native" in r.stdout
+    assert (
+        "| cotangent |" in r.stdout
+        and "| cotangent/torch/4KiB |" in r.stdout
+        and "cotangent / native" in r.stdout
+    )
     data = json.loads(out.read_text())
     res = data["configs"]["tiny_transformer"]
-    assert set(res["timing"]) == {"native", "bucketed", "packed", "cotangent", "cotangent/torch",
-                                   "cotangent/keep", "cotangent/backward", "cotangent/torch/backward",
-                                   "cotangent/torch/4KiB"}
+    assert set(res["timing"]) == {
+        "native",
+        "bucketed",
+        "packed",
+        "cotangent",
+        "cotangent/torch",
+        "cotangent/keep",
+        "cotangent/backward",
+        "cotangent/torch/backward",
+        "cotangent/torch/4KiB",
+    }
     assert res["timing"]["native"]["ratio"] == 1.0
     assert data["phase_c"] and "phase.c" in r.stdout
     assert data["cpu_capability"] and f"torch dispatches {data['cpu_capability']}" in r.stdout.splitlines()[0]
@@ -35,12 +68,23 @@ def test_grad_phase_benchmark_runs(tmp_path):
     assert step["cotangent"]["step_ratio"] == step["cotangent"]["step_ms"] / step["native"]["step_ms"]
     assert "| tiny_transformer |" in r.stdout and "Whole-step ratio" in r.stdout
     assert all(t["phase_ms"] > 0 and t["delivery_ms"] > 0 for t in res["timing"].values())
-    assert set(res["peak_rss_bytes"]) == {"native", "bucketed", "packed", "cotangent", "cotangent/torch",
-                                          "cotangent/keep", "cotangent/backward"}
+    assert set(res["peak_rss_bytes"]) == {
+        "native",
+        "bucketed",
+        "packed",
+        "cotangent",
+        "cotangent/torch",
+        "cotangent/keep",
+        "cotangent/backward",
+    }
     assert all(v > 0 for v in res["peak_rss_bytes"].values())
     lim = res["floor"]  # bytes over measured bandwidth: every variant is at or above it
     assert lim["best_GBps"] > 0 and lim["floor_ms"] > 0 and "| floor (bandwidth) |" in r.stdout
-    assert all(t["floor_ratio"] == t["phase_ms"] / lim["floor_ms"] for n, t in res["timing"].items() if "/backward" not in n)
+    assert all(
+        t["floor_ratio"] == t["phase_ms"] / lim["floor_ms"]
+        for n, t in res["timing"].items()
+        if "/backward" not in n
+    )
     back = res["timing"]["cotangent/backward"]  # its floor: the bytes it still moves (no norm read)
     assert back["floor_ratio"] == back["phase_ms"] / lim["one_pass_floor_ms"]
     assert abs(lim["one_pass_floor_ms"] - lim["floor_ms"] * 8 / 9) < 1e-9 * lim["floor_ms"]

@@ -23,7 +23,8 @@ shape_st = st.lists(
         st.tuples(st.integers(1, 40), st.integers(1, 40)),
         st.sampled_from([(64,), (256, 256), (3, 5), (1024,), (130, 2)]),
     ),
-    min_size=1, max_size=12,
+    min_size=1,
+    max_size=12,
 )
 
 
@@ -42,8 +43,12 @@ def _pairs(shapes, dtypes, seed, scale=3.0):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(shapes=shape_st, dtype_idx=st.lists(st.integers(0, 3), min_size=1, max_size=3), seed=st.integers(0, 10_000),
-       max_norm=st.sampled_from([0.5, 1.0, 1e9]))
+@given(
+    shapes=shape_st,
+    dtype_idx=st.lists(st.integers(0, 3), min_size=1, max_size=3),
+    seed=st.integers(0, 10_000),
+    max_norm=st.sampled_from([0.5, 1.0, 1e9]),
+)
 def test_clip_bitwise_native_random_shapes(shapes, dtype_idx, seed, max_norm):
     a, b = _pairs(shapes, [DTYPES[i] for i in dtype_idx], seed)
     na = torch.nn.utils.clip_grad_norm_(a, max_norm)
@@ -98,8 +103,18 @@ def test_clip_nonfinite():
 SHAPES = [(256, 256), (3,), (5,), (1024, 256), (7, 9), (64,), (), (0,), (33,), (256, 256), (1,)]
 
 
-def _run_pair(shapes, steps, dtype=torch.float32, *, amsgrad=False, maximize=False, wd=0.1, tensor_lr=False,
-              clip=True, seed=0):
+def _run_pair(
+    shapes,
+    steps,
+    dtype=torch.float32,
+    *,
+    amsgrad=False,
+    maximize=False,
+    wd=0.1,
+    tensor_lr=False,
+    clip=True,
+    seed=0,
+):
     gen = torch.Generator().manual_seed(seed)
     init = [torch.randn(s, generator=gen).to(dtype) for s in shapes]
     a = [t.clone().requires_grad_() for t in init]
@@ -130,7 +145,9 @@ def test_packed_adamw_bitwise_120_steps(dtype):
     _run_pair(SHAPES, 120, dtype)
 
 
-@pytest.mark.parametrize("kw", [dict(amsgrad=True), dict(maximize=True), dict(wd=0.0), dict(tensor_lr=True), dict(clip=False)])
+@pytest.mark.parametrize(
+    "kw", [dict(amsgrad=True), dict(maximize=True), dict(wd=0.0), dict(tensor_lr=True), dict(clip=False)]
+)
 def test_packed_adamw_variants(kw):
     _run_pair(SHAPES, 100, **kw)
 
@@ -141,8 +158,16 @@ def test_packed_adamw_random_shapes(shapes, seed):
     _run_pair(shapes, 30, seed=seed)
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(amsgrad=True, tensor_lr=True), dict(maximize=True, wd=0.0),
-                                dict(dtype=torch.bfloat16), dict(dtype=torch.float64)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(amsgrad=True, tensor_lr=True),
+        dict(maximize=True, wd=0.0),
+        dict(dtype=torch.bfloat16),
+        dict(dtype=torch.float64),
+    ],
+)
 def test_fused_phase_bitwise_three_calls(kw):
     """clip_step_zero_grad == clip_grad_norm_ + step + zero_grad, bit for bit, over many small blocks
     (blocks of 16 KiB cut the large parameters into dozens), odd sizes in the tail block,
@@ -348,7 +373,9 @@ def test_end_to_end_50_steps_bitwise(arm):
     torch.manual_seed(0)
     ref = _TinyLM()
     models = {"native": copy.deepcopy(ref), arm: copy.deepcopy(ref)}
-    arms = {k: build_arm(k, m.parameters(), lr=3e-3, weight_decay=0.1, max_norm=0.5) for k, m in models.items()}
+    arms = {
+        k: build_arm(k, m.parameters(), lr=3e-3, weight_decay=0.1, max_norm=0.5) for k, m in models.items()
+    }
     gen = torch.Generator().manual_seed(1)
     for _ in range(50):
         x = torch.randint(0, 256, (8, 17), generator=gen)
@@ -386,8 +413,12 @@ def test_verify_cli_cpu():
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "harness.cli", "verify", "--device", "cpu"], capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "verify", "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "all paths the method uses are bitwise native" in r.stdout
     assert "PackedAdamW update=aligned + packed clip  float32   used" in r.stdout

@@ -3,6 +3,7 @@ tolerances that follow the inputs' rounding, the signed-rank test above 50 score
 SD's density is narrow, decisions with p within ulps of alpha, extreme magnitudes, and damaged endpoints
 in the summary; in the analysis and the stdlib audit alike. R references: ``tests/fixtures/r_reference.json``
 (each case quotes its R command; ``Rscript tests/fixtures/r_reference.R > tests/fixtures/r_reference.json``)."""
+
 from __future__ import annotations
 
 import itertools
@@ -37,13 +38,31 @@ def case(name):
 
 
 def H(**kw):
-    return {"id": "H1", "study": "s", "config": "c", "endpoint": "training_time", "estimand": "log_ratio",
-            "type": "superiority", "margin": 0.0, "better": "lower", "censoring": None, "period_adjusted": False, **kw}
+    return {
+        "id": "H1",
+        "study": "s",
+        "config": "c",
+        "endpoint": "training_time",
+        "estimand": "log_ratio",
+        "type": "superiority",
+        "margin": 0.0,
+        "better": "lower",
+        "censoring": None,
+        "period_adjusted": False,
+        **kw,
+    }
 
 
 def P(b, c, key):
-    return [{"unit": f"u{i}", "first": "baseline" if i % 2 == 0 else "candidate", f"baseline_{key}": x,
-             f"candidate_{key}": y} for i, (x, y) in enumerate(zip(b, c))]
+    return [
+        {
+            "unit": f"u{i}",
+            "first": "baseline" if i % 2 == 0 else "candidate",
+            f"baseline_{key}": x,
+            f"candidate_{key}": y,
+        }
+        for i, (x, y) in enumerate(zip(b, c))
+    ]
 
 
 def both(h, pairs, alpha=0.05):
@@ -61,12 +80,15 @@ B6 = [3.0, 7.0, 11.0, 13.0, 17.0, 19.0]
 
 # -- 1. period adjustment at rounding level ---------------------------------------------------------------
 
+
 def test_period_adjusted_rounding_spread_is_zero_spread():
     inp, (est, se) = case("period_adjusted_proportional")  # R lm: SE 7.2e-17, a rounding-level fit
     assert inp["b"] == B6 and se < 1e-15
     c = [x * k for x, k in zip(B6, inp["k"])]
     r = both(H(better="higher", period_adjusted=True), P(B6, c, "training_s"))
-    assert r["status"] == "not reached" and r["reason"].startswith("zero spread within each order group")  # was p 3.8e-58
+    assert r["status"] == "not reached" and r["reason"].startswith(
+        "zero spread within each order group"
+    )  # was p 3.8e-58
     assert r["test"] is None
     # the same data without the adjustment have a real spread: the plain t test decides
     plain = both(H(better="higher"), P(B6, c, "training_s"))
@@ -76,25 +98,33 @@ def test_period_adjusted_rounding_spread_is_zero_spread():
 def test_period_adjusted_zero_within_group_spread_is_not_a_crash():
     inp, (est, se) = case("period_adjusted_exact_zero")  # R: SE 0 ("essentially perfect fit")
     assert se == 0
-    h = H(endpoint="test_bpb", estimand="difference", type="non_inferiority", margin=0.01, period_adjusted=True)
+    h = H(
+        endpoint="test_bpb", estimand="difference", type="non_inferiority", margin=0.01, period_adjusted=True
+    )
     r = both(h, P([3.0] * 4, [3.0 + d for d in inp["d"]], "test_bpb"))  # was ZeroDivisionError in both
     assert r["status"] == "not reached" and r["reason"].startswith("zero spread within each order group")
 
 
 # -- 2. the zero-spread tolerance follows the inputs' rounding -----------------------------------------------
 
+
 @pytest.mark.parametrize("k", [0.9999999, 0.9, 1.1, 1.5, 1 + 1e-12, 1e-3, 37.0])
 def test_proportional_data_are_zero_spread_whatever_the_ratio(k):
     c = [x * k for x in B6]
     for est in ("log_ratio", "relative_reduction"):
         r = both(H(estimand=est, better="higher"), P(B6, c, "training_s"))
-        assert r["status"] == "not reached" and r["reason"].startswith("zero spread"), (k, r)  # k=0.9999999: p 4e-36
+        assert r["status"] == "not reached" and r["reason"].startswith("zero spread"), (
+            k,
+            r,
+        )  # k=0.9999999: p 4e-36
 
 
 @pytest.mark.parametrize("k", [1e-7, 0.5, 3.0, -2.5, 1e4])
 def test_shifted_data_are_zero_spread_whatever_the_shift(k):
     b = [3.0, 2.75, 3.5, 3.125, 2.9, 3.3]
-    r = both(H(endpoint="test_bpb", estimand="difference", better="higher"), P(b, [x + k for x in b], "test_bpb"))
+    r = both(
+        H(endpoint="test_bpb", estimand="difference", better="higher"), P(b, [x + k for x in b], "test_bpb")
+    )
     assert r["status"] == "not reached" and r["reason"].startswith("zero spread"), (k, r)
 
 
@@ -103,8 +133,9 @@ def test_shifted_data_are_zero_spread_whatever_the_shift(k):
 def test_any_proportional_data_are_zero_spread(b, k):
     c = [x * k for x in b]
     r = both(H(), P(b, c, "training_s"))
-    assert r["status"] == "not reached" and (r["reason"].startswith("zero spread")
-                                             or r["reason"].startswith("identical")), r
+    assert r["status"] == "not reached" and (
+        r["reason"].startswith("zero spread") or r["reason"].startswith("identical")
+    ), r
 
 
 def test_real_spread_just_above_rounding_is_decided():
@@ -116,22 +147,33 @@ def test_real_spread_just_above_rounding_is_decided():
 
 # -- 3. the signed-rank test above 50 scores ---------------------------------------------------------------
 
+
 def test_worst_rank_51_pairs_is_exact_not_anti_conservative():
-    (_, (p_binom,)), (_, (p_dp,)), (_, (p_r,)) = (case("signed_rank_worst_rank_51"), case("signed_rank_worst_rank_51_dp"),
-                                                   case("signed_rank_worst_rank_51_r_corrected"))
+    (_, (p_binom,)), (_, (p_dp,)), (_, (p_r,)) = (
+        case("signed_rank_worst_rank_51"),
+        case("signed_rank_worst_rank_51_dp"),
+        case("signed_rank_worst_rank_51_r_corrected"),
+    )
     k = 34  # 34 pairs where only the baseline missed the target, 17 where only the candidate did
     pairs = P([None] * k + [5.0] * (51 - k), [5.0] * k + [None] * (51 - k), "time_to_target_s")
     r = both(H(endpoint="time_to_target", censoring="worst_rank"), pairs, alpha=0.01)
     assert r["status"] == "not established"  # was established, p = 0.008645 (normal approximation)
     assert r["test"]["p_value"] == pytest.approx(p_binom, rel=1e-12) == pytest.approx(p_dp, rel=1e-13)
-    assert p_r < 0.01 < r["test"]["p_value"]  # R's continuity-corrected approximation is anti-conservative here
-    r35 = both(H(endpoint="time_to_target", censoring="worst_rank"),
-               P([None] * 35 + [5.0] * 16, [5.0] * 35 + [None] * 16, "time_to_target_s"), alpha=0.01)
+    assert (
+        p_r < 0.01 < r["test"]["p_value"]
+    )  # R's continuity-corrected approximation is anti-conservative here
+    r35 = both(
+        H(endpoint="time_to_target", censoring="worst_rank"),
+        P([None] * 35 + [5.0] * 16, [5.0] * 35 + [None] * 16, "time_to_target_s"),
+        alpha=0.01,
+    )
     assert r35["status"] == "established"
     assert r35["test"]["p_value"] == pytest.approx(stats.binom.sf(34, 51, 0.5), rel=1e-12)
 
 
-@pytest.mark.parametrize("name", ["signed_rank_exact_60_ties", "signed_rank_exact_300_ties", "signed_rank_worst_rank_51_dp"])
+@pytest.mark.parametrize(
+    "name", ["signed_rank_exact_60_ties", "signed_rank_exact_300_ties", "signed_rank_worst_rank_51_dp"]
+)
 def test_exact_signed_rank_above_50_against_r(name):
     inp, (p,) = case(name)
     mine = signed_rank(inp["d"], 1)
@@ -148,15 +190,20 @@ def test_above_the_exact_limit_the_bound_is_conservative():
     for d in ([float(x % 37 + 1) for x in range(320)], [1.0] * 200 + [-1.0] * 150, list(range(-100, 240))):
         nz = [x for x in d if x != 0]
         ranks = stats.rankdata([abs(x) for x in nz])
-        exact = upper_tail_count([round(2 * r) for r in ranks], round(2 * sum(r for r, x in zip(ranks, nz) if x > 0)))
+        exact = upper_tail_count(
+            [round(2 * r) for r in ranks], round(2 * sum(r for r, x in zip(ranks, nz) if x > 0))
+        )
         assert signed_rank(d, 1).p_value >= exact / 2 ** len(nz)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(1, 9), min_size=1, max_size=11), st.integers(-3, 100))
 def test_tail_count_equals_enumeration(doubled, t2):
-    brute = sum(1 for s in itertools.product((0, 1), repeat=len(doubled))
-                if sum(r for r, b in zip(doubled, s) if b) >= t2)
+    brute = sum(
+        1
+        for s in itertools.product((0, 1), repeat=len(doubled))
+        if sum(r for r, b in zip(doubled, s) if b) >= t2
+    )
     assert upper_tail_count(doubled, t2) == brute == A.tail_count(doubled, t2)
 
 
@@ -166,13 +213,26 @@ def test_exact_signed_rank_is_fast_at_its_limit():
     t0 = time.perf_counter()
     r = signed_rank(d, 1)
     assert r.exact and 0.3 < r.p_value < 0.7 and time.perf_counter() - t0 < 10
-    assert r.p_value == pytest.approx(stats.wilcoxon(d, alternative="greater", method="exact").pvalue, rel=1e-12)
+    assert r.p_value == pytest.approx(
+        stats.wilcoxon(d, alternative="greater", method="exact").pvalue, rel=1e-12
+    )
 
 
 # -- 4. exact TOST power where the SD's density is narrow ---------------------------------------------------
 
-@pytest.mark.parametrize("name", ["power_tost_narrow_sd", "power_tost_large_df", "power_tost_620", "power_tost_619",
-                                  "power_tost_400", "power_tost_3000", "power_tost_small_n"])
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "power_tost_narrow_sd",
+        "power_tost_large_df",
+        "power_tost_620",
+        "power_tost_619",
+        "power_tost_400",
+        "power_tost_3000",
+        "power_tost_small_n",
+    ],
+)
 def test_tost_power_against_r_integrate(name):
     inp, (p,) = case(name)
     mine = power_region(inp["n"], inp["sd"], inp["alpha"], (inp["lo"], inp["hi"]), inp["mu"])
@@ -186,6 +246,7 @@ def test_tost_sample_size_where_the_density_is_narrow():
 
 # -- 5. p within ulps of alpha: one critical value for both implementations ------------------------------------
 
+
 @pytest.mark.parametrize("alpha, name", [(0.05, "qt_upper_05"), (0.01, "qt_upper_01")])
 def test_critical_value_against_r(alpha, name):
     inp, qs = case(name)
@@ -195,6 +256,7 @@ def test_critical_value_against_r(alpha, name):
         assert mine * (1 + CRITICAL_MARGIN) > q * (1 + 1e-14)  # the margin covers the quantile's error
     # df 2 in closed form: P(T > t) = (1 - t / sqrt(t^2 + 2)) / 2, so t = sqrt(2 x^2 / (1 - x^2)), x = 1 - 2 alpha
     from fractions import Fraction
+
     x = 1 - 2 * Fraction(alpha)
     exact = math.sqrt(2 * x * x / (1 - x * x))
     assert abs(critical_t(alpha, 2) - exact) <= 8 * math.ulp(exact)
@@ -204,7 +266,9 @@ def test_the_reviewers_case_is_not_established_in_both():
     _, (p_r,) = case("pt_review_case")  # R: 0.05000000000000004 > alpha
     c = [0.6858544608470483, 1.6858544608470483, 2.6858544608470485]
     r = both(H(endpoint="test_bpb", estimand="difference", better="higher"), P([0.0] * 3, c, "test_bpb"))
-    assert r["status"] == "not established" and p_r > 0.05  # the audit said established, p 0.04999999999999999
+    assert (
+        r["status"] == "not established" and p_r > 0.05
+    )  # the audit said established, p 0.04999999999999999
 
 
 @pytest.mark.parametrize("df", [2, 3, 4, 5, 9, 20])
@@ -216,13 +280,19 @@ def test_decisions_agree_when_t_is_within_ulps_of_the_critical_value(df, alpha):
     se = math.sqrt(math.fsum((v - m0) ** 2 for v in offsets) / (n - 1) / n)
     h = H(endpoint="test_bpb", estimand="difference", better="higher")
     seen = set()
-    for target in (critical_t(alpha, df), critical_t(alpha, df) * (1 + CRITICAL_MARGIN), float(stats.t.isf(alpha, df))):
+    for target in (
+        critical_t(alpha, df),
+        critical_t(alpha, df) * (1 + CRITICAL_MARGIN),
+        float(stats.t.isf(alpha, df)),
+    ):
         x = target * se - m0
         for _ in range(40):
             x = math.nextafter(x, -math.inf)
         for _ in range(80):
             x = math.nextafter(x, math.inf)
-            r = both(h, P([0.0] * n, [x + v for v in offsets], "test_bpb"), alpha)  # the audit agrees on every field
+            r = both(
+                h, P([0.0] * n, [x + v for v in offsets], "test_bpb"), alpha
+            )  # the audit agrees on every field
             t = r["test"]["statistic"]
             assert (r["status"] == "established") == (t > critical_t(alpha, df) * (1 + CRITICAL_MARGIN))
             if r["status"] == "established":
@@ -235,14 +305,27 @@ def test_decisions_agree_when_t_is_within_ulps_of_the_critical_value(df, alpha):
 
 # -- 6. extreme magnitudes ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("c, word", [([1e-200, 2e-200, 3e-200], "underflow"), ([5e-324, 1e-323, 1.5e-323], "underflow"),
-                                     ([1e200, 2e200, 3e200], "overflow"), ([1e300, -1e300, 1e300], "overflow")])
+
+@pytest.mark.parametrize(
+    "c, word",
+    [
+        ([1e-200, 2e-200, 3e-200], "underflow"),
+        ([5e-324, 1e-323, 1.5e-323], "underflow"),
+        ([1e200, 2e200, 3e200], "overflow"),
+        ([1e300, -1e300, 1e300], "overflow"),
+    ],
+)
 @pytest.mark.parametrize("period", [False, True])
 def test_extreme_magnitudes_are_not_reached_with_the_reason(c, word, period):
     b = [0.0] * 4
     c = c + [c[0] * 3]
-    r = both(H(endpoint="test_bpb", estimand="difference", better="higher", period_adjusted=period), P(b, c, "test_bpb"))
-    assert r["status"] == "not reached" and r["reason"].startswith("extreme magnitudes") and word in r["reason"], r
+    r = both(
+        H(endpoint="test_bpb", estimand="difference", better="higher", period_adjusted=period),
+        P(b, c, "test_bpb"),
+    )
+    assert (
+        r["status"] == "not reached" and r["reason"].startswith("extreme magnitudes") and word in r["reason"]
+    ), r
 
 
 # -- 7. damaged endpoints in the summary, end to end ------------------------------------------------------------
@@ -282,9 +365,20 @@ def test_summary_skips_and_names_a_damaged_training_time(records, bad):
 
     recs = copy.deepcopy(records)
     for r in recs:
-        r["protocol"]["hypotheses"]["tests"] = [{
-            "id": "S", "study": "pairs", "config": "tiny_conv", "endpoint": "training_time", "estimand": "log_ratio",
-            "type": "superiority", "margin": 0.0, "better": "lower", "censoring": None, "period_adjusted": False}]
+        r["protocol"]["hypotheses"]["tests"] = [
+            {
+                "id": "S",
+                "study": "pairs",
+                "config": "tiny_conv",
+                "endpoint": "training_time",
+                "estimand": "log_ratio",
+                "type": "superiority",
+                "margin": 0.0,
+                "better": "lower",
+                "censoring": None,
+                "period_adjusted": False,
+            }
+        ]
     victim = next(r for r in recs if r["status"] == "ok" and r["spec"]["role"] == "candidate")
     victim["timings"]["training_s"] = bad
     s = derive(typed(recs)).to_json()  # was TypeError / ValueError before any decision
@@ -308,7 +402,9 @@ def test_summary_skips_and_names_a_damaged_training_time(records, bad):
 def test_descriptive_interval_of_extreme_magnitudes_is_omitted(c):
     from analysis.summary import _endpoint
 
-    mine = _endpoint([0.0] * 4, c, 0.9, "difference").to_json()  # was OverflowError for 1e200 (squares), before any decision
+    mine = _endpoint(
+        [0.0] * 4, c, 0.9, "difference"
+    ).to_json()  # was OverflowError for 1e200 (squares), before any decision
     assert mine["pairs"] == 4 and mine["interval"] is None
     problems: list[str] = []
     A.compare("endpoint", A.endpoint([0.0] * 4, c, 0.9, "difference"), mine, problems, "extreme")
@@ -318,7 +414,9 @@ def test_descriptive_interval_of_extreme_magnitudes_is_omitted(c):
 def test_identical_values_keep_their_degenerate_interval():
     from analysis.summary import _endpoint
 
-    mine = _endpoint([3.0, 3.5, 2.5], [3.0, 3.5, 2.5], 0.9, "difference").to_json()  # bitwise-equal BPB of A/A pairs
+    mine = _endpoint(
+        [3.0, 3.5, 2.5], [3.0, 3.5, 2.5], 0.9, "difference"
+    ).to_json()  # bitwise-equal BPB of A/A pairs
     assert mine["interval"]["low"] == mine["interval"]["high"] == 0.0
 
 
@@ -330,8 +428,11 @@ def test_harness_report_on_a_damaged_record(study, tmp_path):
     r = tmp_path / "copy"
     shutil.copytree(study, r, symlinks=True)
     recs_dir = r / "records" / "tiny"
-    path = next(p for p in sorted(record_files(recs_dir))
-                if read_entry(p)["status"] == "ok" and read_entry(p)["spec"]["role"] == "candidate")
+    path = next(
+        p
+        for p in sorted(record_files(recs_dir))
+        if read_entry(p)["status"] == "ok" and read_entry(p)["spec"]["role"] == "candidate"
+    )
     rec = read_entry(path)
     rec["timings"]["training_s"] = None
     path.write_text(canonical(seal(rec)).decode() + "\n")

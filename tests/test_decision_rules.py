@@ -1,6 +1,7 @@
 """The rules no estimand, relabelling or rounding may flip (issue 22): each reproduction of the issue's
 table, the mirror decision under relabelling on random datasets, the sensitivity analysis' types and
 margins, budget stops, and the protocol keys, in the analysis and the stdlib audit alike."""
+
 from __future__ import annotations
 
 import math
@@ -33,9 +34,17 @@ def both(sp, pairs_of, done=COMPLETE):
 def ttt_pairs(b, c, bt=None, ct=None):
     out = []
     for i, (x, y) in enumerate(zip(b, c)):
-        out.append({"unit": f"u{i}", "order": 2 * i, "first": "baseline" if i % 2 == 0 else "candidate",
-                    "baseline_time_to_target_s": x, "candidate_time_to_target_s": y,
-                    "baseline_training_s": (bt or [10.0] * len(b))[i], "candidate_training_s": (ct or [10.0] * len(b))[i]})
+        out.append(
+            {
+                "unit": f"u{i}",
+                "order": 2 * i,
+                "first": "baseline" if i % 2 == 0 else "candidate",
+                "baseline_time_to_target_s": x,
+                "candidate_time_to_target_s": y,
+                "baseline_training_s": (bt or [10.0] * len(b))[i],
+                "candidate_training_s": (ct or [10.0] * len(b))[i],
+            }
+        )
     return out
 
 
@@ -46,7 +55,9 @@ def test_worst_rank_direction_does_not_depend_on_the_estimand():
     faster = ttt_pairs(base, [x * 0.8 * math.exp(rng.gauss(0, 0.01)) for x in base])
     for est in ("relative_reduction", "log_ratio", "difference"):
         h = {**H_TTT, "estimand": est}
-        assert both(spec(h), {("s", "c"): slower})[0]["status"] == "not established"  # was "established", p = 0.00098
+        assert (
+            both(spec(h), {("s", "c"): slower})[0]["status"] == "not established"
+        )  # was "established", p = 0.00098
         fast = both(spec(h), {("s", "c"): faster})[0]
         assert fast["status"] == "established" and fast["test"]["p_value"] == 1 / 2**10
         assert fast["estimate_of"].startswith("median ln(c/b) of the 10 pairs") and fast["estimate"] < 0
@@ -63,7 +74,8 @@ def test_restricted_mean_uses_one_restriction_for_both_arms():
     assert r["status"] == "not established" and r["estimate"] > 0  # the candidate's restricted time is longer
     # min(T, tau), tau the shorter training time: the baseline 0.7 b, the candidate 0.8 b
     assert r["test"]["estimate"] == pytest.approx(
-        sum(math.log(0.8 * x) - math.log(y) for x, y in zip(bt, reach)) / 12, rel=1e-12)
+        sum(math.log(0.8 * x) - math.log(y) for x, y in zip(bt, reach)) / 12, rel=1e-12
+    )
     # a declared restriction the candidate did not train for is unknown, not imputed
     r = both(spec({**h, "restriction_s": 9.0}), {("s", "c"): pairs})[0]
     assert r["status"] == "not reached" and "less than the restriction 9 s" in r["reason"]
@@ -82,19 +94,27 @@ def test_rounding_spread_is_zero_spread():
 
 
 @pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), -1.0])
-@pytest.mark.parametrize("endpoint, key", [("test_bpb", "test_bpb"), ("training_time", "training_s"),
-                                           ("time_to_target", "time_to_target_s")])
+@pytest.mark.parametrize(
+    "endpoint, key",
+    [("test_bpb", "test_bpb"), ("training_time", "training_s"), ("time_to_target", "time_to_target_s")],
+)
 def test_null_or_non_finite_endpoint_is_not_reached(bad, endpoint, key):
     if endpoint == "time_to_target" and bad is None:
         return  # None is "not reached the target" there, a valid outcome
     pairs = make_pairs(8, effect=-0.2)
     pairs[3][f"candidate_{key}"] = bad
-    h = {**H_SPEED, "endpoint": endpoint, "estimand": "difference" if endpoint == "test_bpb" else "log_ratio",
-         "censoring": "worst_rank" if endpoint == "time_to_target" else None}
+    h = {
+        **H_SPEED,
+        "endpoint": endpoint,
+        "estimand": "difference" if endpoint == "test_bpb" else "log_ratio",
+        "censoring": "worst_rank" if endpoint == "time_to_target" else None,
+    }
     if bad == -1.0 and endpoint == "test_bpb":
         return  # a negative difference endpoint is a number
     r = both(spec(h), {("s", "c"): pairs})[0]
-    assert r["status"] == "not reached" and r["reason"].startswith("pair u003: the candidate's " + key), r["reason"]
+    assert r["status"] == "not reached" and r["reason"].startswith("pair u003: the candidate's " + key), r[
+        "reason"
+    ]
 
 
 def relabel(pairs):
@@ -120,19 +140,33 @@ def mirror_margin(h):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.integers(0, 2**32), st.sampled_from(["superiority", "non_inferiority", "equivalence"]),
-       st.sampled_from(["log_ratio", "relative_reduction", "difference"]), st.booleans(), st.booleans(),
-       st.floats(-0.15, 0.15), st.sampled_from([0.0, 0.02, 0.05]))
+@given(
+    st.integers(0, 2**32),
+    st.sampled_from(["superiority", "non_inferiority", "equivalence"]),
+    st.sampled_from(["log_ratio", "relative_reduction", "difference"]),
+    st.booleans(),
+    st.booleans(),
+    st.floats(-0.15, 0.15),
+    st.sampled_from([0.0, 0.02, 0.05]),
+)
 def test_relabelling_gives_the_mirror_decision(seed, kind, est, period, lower, effect, margin):
     """Swap the arms and flip ``better``: the same decision with the same p (random datasets)."""
     if kind != "superiority" and margin == 0:
         margin = 0.03
     if est == "relative_reduction":
         margin *= 100
-    assume(not (est == "relative_reduction" and kind == "equivalence"))  # +-d% of the baseline has no mirror +-d'%
+    assume(
+        not (est == "relative_reduction" and kind == "equivalence")
+    )  # +-d% of the baseline has no mirror +-d'%
     pairs = make_pairs(9, effect=effect, noise=0.05, seed=seed % 10_000)
-    h = {**H_SPEED, "type": kind, "margin": margin, "estimand": est, "period_adjusted": period,
-         "better": "lower" if lower else "higher"}
+    h = {
+        **H_SPEED,
+        "type": kind,
+        "margin": margin,
+        "estimand": est,
+        "period_adjusted": period,
+        "better": "lower" if lower else "higher",
+    }
     a = both(spec(h, alpha=0.05), {("s", "c"): pairs})[0]
     b = both(spec(mirror_margin(h), alpha=0.05), {("s", "c"): relabel(pairs)})[0]
     if est != "relative_reduction" or margin == 0:
@@ -148,9 +182,14 @@ def test_equivalent_estimands_decide_alike():
     for seed in range(40):
         pairs = make_pairs(10, effect=random.Random(seed).uniform(-0.1, 0.1), seed=seed)
         for kind, d in (("superiority", 0.0), ("superiority", 5.0), ("non_inferiority", 5.0)):
-            rr = both(spec({**H_SPEED, "estimand": "relative_reduction", "type": kind, "margin": d}), {("s", "c"): pairs})
+            rr = both(
+                spec({**H_SPEED, "estimand": "relative_reduction", "type": kind, "margin": d}),
+                {("s", "c"): pairs},
+            )
             lm = -math.log1p(-d / 100) if kind == "superiority" else math.log1p(d / 100)
-            lr = both(spec({**H_SPEED, "estimand": "log_ratio", "type": kind, "margin": lm}), {("s", "c"): pairs})
+            lr = both(
+                spec({**H_SPEED, "estimand": "log_ratio", "type": kind, "margin": lm}), {("s", "c"): pairs}
+            )
             assert rr[0]["status"] == lr[0]["status"]
             assert rr[0]["test"]["p_value"] == pytest.approx(lr[0]["test"]["p_value"], rel=1e-9)
             # the reduction interval is 1 - exp of the log ratio's
@@ -174,22 +213,49 @@ def test_relative_reduction_under_an_aa_null():
 def test_sensitivity_honours_type_and_margin():
     pairs = make_pairs(12, effect=0.0, noise=0.02, seed=8, bpb_diff=0.0)
     failed = [{"unit": "x", "failed": "candidate"}]
-    q = {"id": "Q", "study": "s", "config": "c", "endpoint": "test_bpb", "estimand": "difference",
-         "type": "non_inferiority", "margin": 0.05, "better": "lower", "censoring": None, "period_adjusted": False}
+    q = {
+        "id": "Q",
+        "study": "s",
+        "config": "c",
+        "endpoint": "test_bpb",
+        "estimand": "difference",
+        "type": "non_inferiority",
+        "margin": 0.05,
+        "better": "lower",
+        "censoring": None,
+        "period_adjusted": False,
+    }
     ni = D.sensitivity(q, pairs, failed)
     sup = D.sensitivity({**q, "type": "superiority", "margin": 0.0}, pairs, failed)
     eq = D.sensitivity({**q, "type": "equivalence"}, pairs, failed)
-    assert ni["p_value"] < 0.02 < 0.2 < sup["p_value"]  # at the margin, every pair is far inside; at 0 they are not
+    assert (
+        ni["p_value"] < 0.02 < 0.2 < sup["p_value"]
+    )  # at the margin, every pair is far inside; at 0 they are not
     assert "both bounds" in eq["method"] and eq["p_value"] >= ni["p_value"]
-    for h in (q, {**q, "type": "equivalence"}, {**H_SPEED, "estimand": "relative_reduction", "margin": 2.0}, H_TTT):
+    for h in (
+        q,
+        {**q, "type": "equivalence"},
+        {**H_SPEED, "estimand": "relative_reduction", "margin": 2.0},
+        H_TTT,
+    ):
         assert A.sensitivity(h, pairs, failed) == D.sensitivity(h, pairs, failed)
 
 
 @pytest.mark.parametrize("allowed", [False, True])
 def test_budget_stop_decides_time_only_if_preregistered(allowed):
     stop = {"complete": False, "budget_stop": True, "missing_runs": 4, "planned_runs": 20}
-    q = {"id": "Q", "study": "s", "config": "c", "endpoint": "test_bpb", "estimand": "difference",
-         "type": "non_inferiority", "margin": 0.05, "better": "lower", "censoring": None, "period_adjusted": False}
+    q = {
+        "id": "Q",
+        "study": "s",
+        "config": "c",
+        "endpoint": "test_bpb",
+        "estimand": "difference",
+        "type": "non_inferiority",
+        "margin": 0.05,
+        "better": "lower",
+        "censoring": None,
+        "period_adjusted": False,
+    }
     sp = {**spec(H_SPEED, q, procedure="holm", alpha=0.05), "decide_time_after_budget_stop": allowed}
     r = both(sp, {("s", "c"): make_pairs(12, effect=-0.3)}, stop)
     assert r[1]["status"] == "established" and r[1]["text"].startswith("(study stopped by its budget rule) ")
@@ -203,22 +269,39 @@ def test_tost_power_uses_both_one_sided_tests():
     assert power(30, 0.05, 0.025, "equivalence", 0.03, 0.02) == pytest.approx(0.1835, abs=5e-5)  # was 0.9991
     # by simulation of the decision rule itself
     rng = random.Random(6)
-    hits = sum(D.t_test([rng.gauss(0.02, 0.05) for _ in range(30)], 1, "equivalence", 0.03).p_value < 0.025
-               for _ in range(4000))
+    hits = sum(
+        D.t_test([rng.gauss(0.02, 0.05) for _ in range(30)], 1, "equivalence", 0.03).p_value < 0.025
+        for _ in range(4000)
+    )
     assert abs(hits / 4000 - 0.1835) < 4 * math.sqrt(0.1835 * 0.8165 / 4000)
 
 
 def aa_records(identical: bool, n: int = 10) -> list:
     rng = random.Random(7)
-    proto = {"studies": [{"name": "p", "design": "paired", "arms": ["native", "native"], "configs": ["c"],
-                          "seeds": list(range(n))}]}
+    proto = {
+        "studies": [
+            {
+                "name": "p",
+                "design": "paired",
+                "arms": ["native", "native"],
+                "configs": ["c"],
+                "seeds": list(range(n)),
+            }
+        ]
+    }
     out = []
     for i in range(n):
         b = 100 * math.exp(rng.gauss(0, 0.05))
         for role in ("baseline", "candidate"):
             t = b if identical or role == "baseline" else b * math.exp(rng.gauss(0, 0.03))
-            out.append(synthetic_record({"design": "paired", "study": "p", "config": "c", "unit": f"u{i}", "role": role},
-                                        protocol=proto, test_bpb=3.0, timings={"training_s": t}))
+            out.append(
+                synthetic_record(
+                    {"design": "paired", "study": "p", "config": "c", "unit": f"u{i}", "role": role},
+                    protocol=proto,
+                    test_bpb=3.0,
+                    timings={"training_s": t},
+                )
+            )
     return out
 
 
@@ -226,17 +309,35 @@ def aa_records(identical: bool, n: int = 10) -> list:
 def test_power_in_the_estimands_own_units(identical):
     """relative_reduction plans exactly as log_ratio with the converted margin (was 3 pairs for bitwise A/A arms)."""
     recs = aa_records(identical)
-    tgt = lambda est, m: {"hypotheses": {"procedure": "fixed_sequence", "family_alpha": 0.025, "min_pairs": 3,  # noqa: E731
-                                         "tests": [{"id": "H", "study": "p", "config": "c", "endpoint": "training_time",
-                                                    "estimand": est, "type": "non_inferiority", "margin": m,
-                                                    "better": "lower"}]}, "studies": [{"name": "p", "seeds": [0] * 50}]}
+    tgt = lambda est, m: {  # noqa: E731
+        "hypotheses": {
+            "procedure": "fixed_sequence",
+            "family_alpha": 0.025,
+            "min_pairs": 3,
+            "tests": [
+                {
+                    "id": "H",
+                    "study": "p",
+                    "config": "c",
+                    "endpoint": "training_time",
+                    "estimand": est,
+                    "type": "non_inferiority",
+                    "margin": m,
+                    "better": "lower",
+                }
+            ],
+        },
+        "studies": [{"name": "p", "seeds": [0] * 50}],
+    }
     rr = plan(recs, tgt("relative_reduction", 2.0), {})[0]
     lr = plan(recs, tgt("log_ratio", math.log1p(0.02)), {})[0]
     assert rr.sd == lr.sd and rr.n80 == lr.n80 and rr.n80_upper == lr.n80_upper and rr.n80 > 10
     sd = aa_noise(recs, "training_time", "relative_reduction")["c"].sd
     assert rr.n80 == pairs_needed_region(sd, 0.025, (None, math.log1p(0.02)), 0.0, 0.8)
     assert rr.n80_upper >= rr.n80 and rr.sd_upper > rr.sd
-    assert rr.detectable_at_planned is not None and rr.detectable_at_planned < 0  # a slowdown NI still detects
+    assert (
+        rr.detectable_at_planned is not None and rr.detectable_at_planned < 0
+    )  # a slowdown NI still detects
 
 
 def test_upper_limit_sample_size_reaches_power_with_its_confidence():
@@ -252,15 +353,29 @@ def test_upper_limit_sample_size_reaches_power_with_its_confidence():
     assert reached / 300 > 0.8 - 3 * math.sqrt(0.16 / 300)
 
 
-@pytest.mark.parametrize("edit, needle, message", [
-    (("      better: lower\n", "      better: lower\n      restriction_s: 5\n"), "restriction_s",
-     "restriction_s is the restriction time of censoring: restricted_mean"),
-    (("      estimand: difference\n      type: non_inferiority\n      margin: 0.01\n",
-      "      estimand: relative_reduction\n      type: non_inferiority\n      margin: 100\n"), "margin: 100",
-     "a relative_reduction margin is a percentage below 100"),
-    (("  min_pairs: 3\n", "  min_pairs: 3\n  decide_time_after_budget_stop: maybe\n"), "decide_time_after_budget_stop",
-     "'decide_time_after_budget_stop' must be bool"),
-])
+@pytest.mark.parametrize(
+    "edit, needle, message",
+    [
+        (
+            ("      better: lower\n", "      better: lower\n      restriction_s: 5\n"),
+            "restriction_s",
+            "restriction_s is the restriction time of censoring: restricted_mean",
+        ),
+        (
+            (
+                "      estimand: difference\n      type: non_inferiority\n      margin: 0.01\n",
+                "      estimand: relative_reduction\n      type: non_inferiority\n      margin: 100\n",
+            ),
+            "margin: 100",
+            "a relative_reduction margin is a percentage below 100",
+        ),
+        (
+            ("  min_pairs: 3\n", "  min_pairs: 3\n  decide_time_after_budget_stop: maybe\n"),
+            "decide_time_after_budget_stop",
+            "'decide_time_after_budget_stop' must be bool",
+        ),
+    ],
+)
 def test_protocol_keys_name_file_key_line(repo, edit, needle, message):
     text = tiny_protocol().replace(*edit)
     if "relative_reduction" in text:
@@ -274,8 +389,13 @@ def test_protocol_keys_name_file_key_line(repo, edit, needle, message):
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.integers(0, 10_000), st.sampled_from(["worst_rank", "restricted_mean"]), st.booleans(),
-       st.sets(st.tuples(st.integers(0, 9), st.sampled_from("bc")), max_size=6), st.floats(-0.2, 0.2))
+@given(
+    st.integers(0, 10_000),
+    st.sampled_from(["worst_rank", "restricted_mean"]),
+    st.booleans(),
+    st.sets(st.tuples(st.integers(0, 9), st.sampled_from("bc")), max_size=6),
+    st.floats(-0.2, 0.2),
+)
 def test_relabelling_mirrors_time_to_target(seed, censoring, lower, unreached, effect):
     """Worst-rank scores and restricted times are symmetric in the arms: the mirror decision, the same p."""
     pairs = make_pairs(10, effect=effect, noise=0.05, seed=seed, unreached=unreached)
@@ -284,7 +404,9 @@ def test_relabelling_mirrors_time_to_target(seed, censoring, lower, unreached, e
     b = both(spec(mirror_margin(h), alpha=0.05), {("s", "c"): relabel(pairs)})[0]
     assert (a["status"], a["reason"] is None) == (b["status"], b["reason"] is None)
     if a["test"] is not None:
-        assert a["test"]["p_value"] == b["test"]["p_value"] and a["test"]["statistic"] == b["test"]["statistic"]
+        assert (
+            a["test"]["p_value"] == b["test"]["p_value"] and a["test"]["statistic"] == b["test"]["statistic"]
+        )
 
 
 def test_descriptive_endpoints_skip_null_values():

@@ -1,5 +1,6 @@
 """Preregistered decisions: every test against scipy, the stdlib audit against the analysis, the
 multiplicity procedures, censoring, degenerate data and the order diagnostics."""
+
 from __future__ import annotations
 
 import itertools
@@ -28,21 +29,62 @@ def make_pairs(n, effect=0.0, noise=0.05, seed=0, period=0.0, bpb_diff=0.0, unre
         b = math.exp(rng.gauss(0, 0.1))
         c = b * math.exp(effect + rng.gauss(0, noise) + (period if first == "baseline" else -period))
         bpb = 3.0 + rng.gauss(0, 0.05)
-        pairs.append({"unit": f"u{i:03d}", "order": 2 * i, "first": first, "baseline_training_s": b,
-                      "candidate_training_s": c, "baseline_time_to_target_s": None if (i, "b") in unreached else b * 0.7,
-                      "candidate_time_to_target_s": None if (i, "c") in unreached else c * 0.7,
-                      "baseline_total_s": b + 1, "candidate_total_s": c + 1, "baseline_test_bpb": bpb,
-                      "candidate_test_bpb": bpb + bpb_diff + rng.gauss(0, 0.002),
-                      "baseline_peak_memory_bytes": 1e8, "candidate_peak_memory_bytes": 1e8})
+        pairs.append(
+            {
+                "unit": f"u{i:03d}",
+                "order": 2 * i,
+                "first": first,
+                "baseline_training_s": b,
+                "candidate_training_s": c,
+                "baseline_time_to_target_s": None if (i, "b") in unreached else b * 0.7,
+                "candidate_time_to_target_s": None if (i, "c") in unreached else c * 0.7,
+                "baseline_total_s": b + 1,
+                "candidate_total_s": c + 1,
+                "baseline_test_bpb": bpb,
+                "candidate_test_bpb": bpb + bpb_diff + rng.gauss(0, 0.002),
+                "baseline_peak_memory_bytes": 1e8,
+                "candidate_peak_memory_bytes": 1e8,
+            }
+        )
     return pairs
 
 
-H_SPEED = {"id": "H1", "study": "s", "config": "c", "endpoint": "training_time", "estimand": "log_ratio",
-           "type": "superiority", "margin": 0.0, "better": "lower", "censoring": None, "period_adjusted": False}
-H_QUAL = {"id": "H2", "study": "s", "config": "c", "endpoint": "test_bpb", "estimand": "difference",
-          "type": "non_inferiority", "margin": 0.01, "better": "lower", "censoring": None, "period_adjusted": False}
-H_TTT = {"id": "H0", "study": "s", "config": "c", "endpoint": "time_to_target", "estimand": "log_ratio",
-         "type": "superiority", "margin": 0.0, "better": "lower", "censoring": "worst_rank", "period_adjusted": False}
+H_SPEED = {
+    "id": "H1",
+    "study": "s",
+    "config": "c",
+    "endpoint": "training_time",
+    "estimand": "log_ratio",
+    "type": "superiority",
+    "margin": 0.0,
+    "better": "lower",
+    "censoring": None,
+    "period_adjusted": False,
+}
+H_QUAL = {
+    "id": "H2",
+    "study": "s",
+    "config": "c",
+    "endpoint": "test_bpb",
+    "estimand": "difference",
+    "type": "non_inferiority",
+    "margin": 0.01,
+    "better": "lower",
+    "censoring": None,
+    "period_adjusted": False,
+}
+H_TTT = {
+    "id": "H0",
+    "study": "s",
+    "config": "c",
+    "endpoint": "time_to_target",
+    "estimand": "log_ratio",
+    "type": "superiority",
+    "margin": 0.0,
+    "better": "lower",
+    "censoring": "worst_rank",
+    "period_adjusted": False,
+}
 COMPLETE = {"complete": True, "budget_stop": False, "missing_runs": 0, "planned_runs": 0}
 
 
@@ -58,20 +100,27 @@ def test_t_tests_against_scipy():
     ni = D.t_test(v, -1, "non_inferiority", 0.02)  # H1: mean < 0.02
     assert ni.p_value == pytest.approx(stats.ttest_1samp(v, 0.02, alternative="less").pvalue, rel=1e-10)
     eq = D.t_test(v, -1, "equivalence", 0.1)
-    tost = max(stats.ttest_1samp(v, -0.1, alternative="greater").pvalue, stats.ttest_1samp(v, 0.1, alternative="less").pvalue)
+    tost = max(
+        stats.ttest_1samp(v, -0.1, alternative="greater").pvalue,
+        stats.ttest_1samp(v, 0.1, alternative="less").pvalue,
+    )
     assert eq.p_value == pytest.approx(tost, rel=1e-10)
     from analysis.ttests import bounds, sign
+
     assert sign("lower") == -1 and sign("higher") == 1  # on the test scale (c - b or ln c - ln b)
     rr = {"estimand": "relative_reduction", "better": "lower", "type": "superiority", "margin": 10.0}
     assert bounds(rr)[0] is None and bounds(rr)[1] == pytest.approx(math.log(0.9), rel=1e-15)  # 10% faster
 
 
-@pytest.mark.parametrize("d", [
-    [0.3, -0.1, 0.25, 0.4, -0.05, 0.12, 0.33, 0.07],            # exact (no ties): scipy's exact method
-    [0.3, -0.1, 0.3, 0.4, -0.05, 0.12, 0.0, 0.07, 0.4, 0.4],    # ties and a zero: exact conditional
-    [2.0, 2.0, 2.0, 2.0],                                        # 4 pairs all censored on one arm
-    [float(x) for x in range(1, 61)],                           # n > 50: still exact (scipy's exact method)
-])
+@pytest.mark.parametrize(
+    "d",
+    [
+        [0.3, -0.1, 0.25, 0.4, -0.05, 0.12, 0.33, 0.07],  # exact (no ties): scipy's exact method
+        [0.3, -0.1, 0.3, 0.4, -0.05, 0.12, 0.0, 0.07, 0.4, 0.4],  # ties and a zero: exact conditional
+        [2.0, 2.0, 2.0, 2.0],  # 4 pairs all censored on one arm
+        [float(x) for x in range(1, 61)],  # n > 50: still exact (scipy's exact method)
+    ],
+)
 def test_signed_rank_against_scipy_and_enumeration(d):
     mine = D.signed_rank(d, 1)
     nz = [x for x in d if x != 0]
@@ -80,12 +129,16 @@ def test_signed_rank_against_scipy_and_enumeration(d):
     else:  # every sign pattern of scipy's average ranks, counted
         ranks = stats.rankdata([abs(x) for x in nz])
         t = sum(r for r, x in zip(ranks, nz) if x > 0)
-        tot = [sum(r for r, sg in zip(ranks, signs) if sg) for signs in itertools.product((0, 1), repeat=len(nz))]
+        tot = [
+            sum(r for r, sg in zip(ranks, signs) if sg) for signs in itertools.product((0, 1), repeat=len(nz))
+        ]
         ref = sum(x >= t - 1e-9 for x in tot) / 2 ** len(nz)
     assert mine.p_value == pytest.approx(ref, rel=1e-12)
     assert A.signed_rank(d, 1)["p_value"] == mine.p_value
     if d == [2.0] * 4:
-        assert mine.p_value == 1 / 16  # the smallest p four pairs can give (the normal approximation said 0.0228)
+        assert (
+            mine.p_value == 1 / 16
+        )  # the smallest p four pairs can give (the normal approximation said 0.0228)
 
 
 def test_signed_rank_ties_are_rounding_tolerant():
@@ -105,7 +158,9 @@ def test_period_adjusted_equals_the_two_sample_crossover():
     ab = [x for x, f in zip(v, first) if f == "baseline"]
     ba = [x for x, f in zip(v, first) if f != "baseline"]
     t = stats.ttest_ind(ab, ba, equal_var=True)  # same pooled standard error, twice the estimate
-    assert res.standard_error == pytest.approx(abs((sum(ab) / len(ab) - sum(ba) / len(ba)) / t.statistic) / 2, rel=1e-10)
+    assert res.standard_error == pytest.approx(
+        abs((sum(ab) / len(ab) - sum(ba) / len(ba)) / t.statistic) / 2, rel=1e-10
+    )
     plain = D.t_test(v, -1, "superiority", 0.0)
     assert res.standard_error < plain.standard_error  # the period effect no longer inflates the variance
     c = crossover(pairs, 0.95)
@@ -115,8 +170,9 @@ def test_period_adjusted_equals_the_two_sample_crossover():
 def test_worst_rank_counts_unreached_against_its_arm():
     # every reached pair favours the candidate slightly, but the candidate misses the target twice
     pairs = make_pairs(10, effect=-0.02, noise=0.001, unreached={(1, "c"), (4, "c")})
-    d = D.worst_rank_differences([p["baseline_time_to_target_s"] for p in pairs],
-                                 [p["candidate_time_to_target_s"] for p in pairs])
+    d = D.worst_rank_differences(
+        [p["baseline_time_to_target_s"] for p in pairs], [p["candidate_time_to_target_s"] for p in pairs]
+    )
     assert d[1] == d[4] > max(abs(x) for i, x in enumerate(d) if i not in (1, 4))
     res = D.decide(spec(H_TTT), {("s", "c"): pairs}, completeness(COMPLETE))[0]
     assert res.unreached == {"baseline": 0, "candidate": 2, "both": 0}
@@ -129,12 +185,18 @@ def test_worst_rank_counts_unreached_against_its_arm():
 def test_fixed_sequence_and_holm():
     good = make_pairs(12, effect=-0.2, seed=5)
     flat = make_pairs(12, effect=0.0, seed=6)
-    seq = D.decide(spec({**H_SPEED, "config": "flat", "id": "A"}, {**H_SPEED, "id": "B"}),
-                   {("s", "flat"): flat, ("s", "c"): good}, completeness(COMPLETE))
+    seq = D.decide(
+        spec({**H_SPEED, "config": "flat", "id": "A"}, {**H_SPEED, "id": "B"}),
+        {("s", "flat"): flat, ("s", "c"): good},
+        completeness(COMPLETE),
+    )
     assert seq[0].status == "not established"
     assert seq[1].status == "not reached" and "failed prerequisite in the hierarchy: A" in seq[1].reason
-    holm = D.decide(spec({**H_SPEED, "config": "flat", "id": "A"}, {**H_SPEED, "id": "B"}, procedure="holm", alpha=0.05),
-                    {("s", "flat"): flat, ("s", "c"): good}, completeness(COMPLETE))
+    holm = D.decide(
+        spec({**H_SPEED, "config": "flat", "id": "A"}, {**H_SPEED, "id": "B"}, procedure="holm", alpha=0.05),
+        {("s", "flat"): flat, ("s", "c"): good},
+        completeness(COMPLETE),
+    )
     assert holm[1].status == "established" and holm[1].alpha == 0.025  # smallest p first, at alpha / 2
     assert holm[0].alpha == 0.05
 
@@ -154,16 +216,35 @@ def test_degenerate_and_incomplete_are_not_reached():
 
 @pytest.mark.parametrize("procedure", ["fixed_sequence", "holm"])
 def test_audit_recomputes_every_decision(procedure):
-    pairs = {("s", "c"): make_pairs(14, effect=-0.05, bpb_diff=0.001, seed=9, unreached={(2, "b"), (3, "c")}),
-             ("s", "d"): make_pairs(14, effect=0.01, seed=10)}
-    tests = [H_TTT, H_SPEED, H_QUAL, {**H_SPEED, "id": "H4", "config": "d", "type": "equivalence", "margin": 0.05},
-             {**H_SPEED, "id": "H5", "period_adjusted": True},
-             {**H_SPEED, "id": "H6", "endpoint": "time_to_target", "censoring": "restricted_mean"},
-             {**H_SPEED, "id": "H7", "estimand": "relative_reduction", "margin": 2.0},
-             {**H_SPEED, "id": "H8", "estimand": "relative_reduction", "type": "equivalence", "margin": 10.0,
-              "period_adjusted": True},
-             {**H_SPEED, "id": "H9", "endpoint": "time_to_target", "censoring": "restricted_mean", "restriction_s": 0.8},
-             {**H_TTT, "id": "H10", "estimand": "relative_reduction", "better": "higher"}]
+    pairs = {
+        ("s", "c"): make_pairs(14, effect=-0.05, bpb_diff=0.001, seed=9, unreached={(2, "b"), (3, "c")}),
+        ("s", "d"): make_pairs(14, effect=0.01, seed=10),
+    }
+    tests = [
+        H_TTT,
+        H_SPEED,
+        H_QUAL,
+        {**H_SPEED, "id": "H4", "config": "d", "type": "equivalence", "margin": 0.05},
+        {**H_SPEED, "id": "H5", "period_adjusted": True},
+        {**H_SPEED, "id": "H6", "endpoint": "time_to_target", "censoring": "restricted_mean"},
+        {**H_SPEED, "id": "H7", "estimand": "relative_reduction", "margin": 2.0},
+        {
+            **H_SPEED,
+            "id": "H8",
+            "estimand": "relative_reduction",
+            "type": "equivalence",
+            "margin": 10.0,
+            "period_adjusted": True,
+        },
+        {
+            **H_SPEED,
+            "id": "H9",
+            "endpoint": "time_to_target",
+            "censoring": "restricted_mean",
+            "restriction_s": 0.8,
+        },
+        {**H_TTT, "id": "H10", "estimand": "relative_reduction", "better": "higher"},
+    ]
     sp = spec(*tests, procedure=procedure, alpha=0.05)
     mine = [d.as_dict() for d in D.decide(sp, pairs, completeness(COMPLETE))]
     theirs = A.decide(sp, pairs, COMPLETE)
@@ -173,7 +254,8 @@ def test_audit_recomputes_every_decision(procedure):
     failed = [{"unit": "x", "failed": "candidate"}, {"unit": "y", "failed": "baseline"}]
     for h in tests:
         assert A.sensitivity(h, pairs[("s", h["config"])], failed) == pytest.approx(
-            D.sensitivity(h, pairs[("s", h["config"])], failed)), h["id"]
+            D.sensitivity(h, pairs[("s", h["config"])], failed)
+        ), h["id"]
 
 
 def test_drift_slope_against_scipy():
@@ -184,7 +266,9 @@ def test_drift_slope_against_scipy():
     x = [p["order"] for p in pairs]
     y = [math.log(p["candidate_training_s"] / p["baseline_training_s"]) for p in pairs]
     ref = stats.linregress(x, y)
-    assert d["slope"] == pytest.approx(ref.slope, rel=1e-10) and d["standard_error"] == pytest.approx(ref.stderr, rel=1e-9)
+    assert d["slope"] == pytest.approx(ref.slope, rel=1e-10) and d["standard_error"] == pytest.approx(
+        ref.stderr, rel=1e-9
+    )
     assert d["p_value"] == pytest.approx(ref.pvalue, rel=1e-8)
     assert A.drift(pairs, 0.95)["p_value"] == pytest.approx(d["p_value"], rel=1e-8)
 
@@ -199,8 +283,10 @@ def test_per_device_effects_and_heterogeneity():
             p["candidate_training_s"] *= 1.05  # the candidate gains less on this device
     d = by_device(pairs, 0.95)
     assert [r["device"] for r in d["devices"]] == ["box / NVIDIA H200", "mac-a / Apple M5 Pro"]
-    groups = [[math.log(p["candidate_training_s"] / p["baseline_training_s"]) for p in pairs if p["device"] == g]
-              for g in ("box / NVIDIA H200", "mac-a / Apple M5 Pro")]
+    groups = [
+        [math.log(p["candidate_training_s"] / p["baseline_training_s"]) for p in pairs if p["device"] == g]
+        for g in ("box / NVIDIA H200", "mac-a / Apple M5 Pro")
+    ]
     ref = stats.f_oneway(*groups)
     assert d["heterogeneity"]["F"] == pytest.approx(ref.statistic, rel=1e-10)
     assert d["heterogeneity"]["p_value"] == pytest.approx(ref.pvalue, rel=1e-8)
@@ -211,8 +297,10 @@ def test_per_device_effects_and_heterogeneity():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.sampled_from([-3.0, -2.0, -1.5, -1.0, 0.0, 1.0, 1.5, 2.0, 3.0]), min_size=1, max_size=11),
-       st.sampled_from([1, -1]))
+@given(
+    st.lists(st.sampled_from([-3.0, -2.0, -1.5, -1.0, 0.0, 1.0, 1.5, 2.0, 3.0]), min_size=1, max_size=11),
+    st.sampled_from([1, -1]),
+)
 def test_signed_rank_exact_conditional_equals_enumeration(d, s):
     """Heavy ties and zeros: the exact conditional p is the share of sign patterns with T+ at least the observed."""
     nz = [s * x for x in d if x != 0]

@@ -4,6 +4,7 @@ By default (``long``: CI runs it at reduced size) the copy's ``protocols/demo.ya
 before the run: every study and configuration stays, with 3 seeds (the hypotheses' ``min_pairs``)
 instead of 4 and 30 steps (validation every 10) instead of 90, 42 runs instead of 56.
 ``HARNESS_TEST_FULL_SIZE=1`` runs the demo exactly as shipped."""
+
 from __future__ import annotations
 
 import subprocess
@@ -21,8 +22,11 @@ STEPS = 90 if FULL_SIZE else 30
 
 def reduced(text: str) -> str:
     """``protocols/demo.yaml`` at the reduced size: each replacement must apply (the demo's shape)."""
-    for old, new, n in (("seeds: {count: 4, ", "seeds: {count: 3, ", 3), ("    steps: 90\n", f"    steps: {STEPS}\n", 3),
-                        ("    val_every: 15\n", "    val_every: 10\n", 3)):
+    for old, new, n in (
+        ("seeds: {count: 4, ", "seeds: {count: 3, ", 3),
+        ("    steps: 90\n", f"    steps: {STEPS}\n", 3),
+        ("    val_every: 15\n", "    val_every: 10\n", 3),
+    ):
         assert text.count(old) == n, (old, text.count(old))
         text = text.replace(old, new)
     return text
@@ -33,7 +37,9 @@ def clone(tmp_path_factory) -> Path:
     dest = tmp_path_factory.mktemp("demo") / "repo"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(dest)], check=True)
     # the working tree as it is now (tests run before a commit too)
-    for rel in git(ROOT, "ls-files").split() + git(ROOT, "ls-files", "--others", "--exclude-standard").split():
+    for rel in (
+        git(ROOT, "ls-files").split() + git(ROOT, "ls-files", "--others", "--exclude-standard").split()
+    ):
         src = ROOT / rel
         if src.is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -69,7 +75,13 @@ def test_demo_writes_a_study_page_that_a_browser_renders(demo):
 def test_demo_runs_reports_audits_and_detects_tampering(demo):
     clone, r, elapsed = demo
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    for heading in ("Time reduction", "Full-test quality", "2x2 factorial", "native versus native", "Every pair"):
+    for heading in (
+        "Time reduction",
+        "Full-test quality",
+        "2x2 factorial",
+        "native versus native",
+        "Every pair",
+    ):
         assert heading in r.stdout
     print(f"demo took {elapsed:.1f} s")
     records = clone / "runs" / "demo" / "records"
@@ -87,8 +99,11 @@ def test_demo_runs_reports_audits_and_detects_tampering(demo):
 def test_edited_tagged_protocol_is_refused(clone):
     frozen = clone / "protocols" / "frozen.yaml"
     text = (clone / "protocols" / "demo.yaml").read_text()
-    frozen.write_text(text.replace("id: demo", "id: frozen").replace("preregistered: false", "preregistered: true")
-                      .replace("records_dir: runs/demo/records\n", ""))
+    frozen.write_text(
+        text.replace("id: demo", "id: frozen")
+        .replace("preregistered: false", "preregistered: true")
+        .replace("records_dir: runs/demo/records\n", "")
+    )
     git(clone, "add", "protocols/frozen.yaml")
     git(clone, "commit", "-qm", "freeze")
     assert harness(clone, "tag", "protocols/frozen.yaml").returncode == 0

@@ -14,6 +14,7 @@ powers of two, with and without unscale_, an inf gradient on some step; both ker
 CI runs :data:`CI_EXAMPLES` derandomized examples (fixed, reproducible); ``pytest -m thorough``
 runs :data:`THOROUGH_EXAMPLES` random ones.
 """
+
 from __future__ import annotations
 
 import copy
@@ -58,32 +59,48 @@ def scenarios(draw: st.DrawFn, backward: bool | None = None) -> dict:
     steps = draw(st.integers(2, 5))
     scaler = draw(st.sampled_from([None, None, 1024.0, 3000.7]))
     two_groups = draw(st.booleans())
-    hyper = st.fixed_dictionaries({
-        "lr": st.sampled_from([1e-3, 0.05]), "weight_decay": st.sampled_from([0.0, 0.1]),
-        "amsgrad": st.booleans(), "maximize": st.sampled_from([False, False, True]),
-        "betas": st.sampled_from([(0.9, 0.999), (0.3, 0.95)]),
-    })
-    step_st = st.fixed_dictionaries({
-        "zero": st.sampled_from(["opt_none", "opt_none", "opt_zero", "model_none", "model_zero", "skip"]),
-        "micro": st.integers(1, 2),
-        "usage": st.lists(st.sampled_from(["on", "on", "even", "odd", "never"]), min_size=blocks, max_size=blocks),
-        "grad_op": st.sampled_from(["none", "none", "assign", "inplace", "to_none", "view_write", "foreach_mul"]),
-        "target": st.integers(0, 100),
-        "clip": st.sampled_from(["none", "native", "project"]),
-        "reverse": st.booleans(),
-        "max_norm": st.sampled_from([0.05, 1.0, 1e6]),
-        "one_pass": st.sampled_from([False, True, True]) if backward else st.booleans(),
-        "freeze": st.sampled_from([None, None, None, "freeze", "unfreeze"]),
-        "inf": st.integers(0, 3),
-        "unscale": st.booleans(),
-    })
+    hyper = st.fixed_dictionaries(
+        {
+            "lr": st.sampled_from([1e-3, 0.05]),
+            "weight_decay": st.sampled_from([0.0, 0.1]),
+            "amsgrad": st.booleans(),
+            "maximize": st.sampled_from([False, False, True]),
+            "betas": st.sampled_from([(0.9, 0.999), (0.3, 0.95)]),
+        }
+    )
+    step_st = st.fixed_dictionaries(
+        {
+            "zero": st.sampled_from(["opt_none", "opt_none", "opt_zero", "model_none", "model_zero", "skip"]),
+            "micro": st.integers(1, 2),
+            "usage": st.lists(
+                st.sampled_from(["on", "on", "even", "odd", "never"]), min_size=blocks, max_size=blocks
+            ),
+            "grad_op": st.sampled_from(
+                ["none", "none", "assign", "inplace", "to_none", "view_write", "foreach_mul"]
+            ),
+            "target": st.integers(0, 100),
+            "clip": st.sampled_from(["none", "native", "project"]),
+            "reverse": st.booleans(),
+            "max_norm": st.sampled_from([0.05, 1.0, 1e6]),
+            "one_pass": st.sampled_from([False, True, True]) if backward else st.booleans(),
+            "freeze": st.sampled_from([None, None, None, "freeze", "unfreeze"]),
+            "inf": st.integers(0, 3),
+            "unscale": st.booleans(),
+        }
+    )
     return {
-        "width": draw(st.sampled_from(WIDTHS)), "blocks": blocks, "tied": draw(st.booleans()),
-        "bias": draw(st.booleans()), "frozen_at_start": draw(st.booleans()),
+        "width": draw(st.sampled_from(WIDTHS)),
+        "blocks": blocks,
+        "tied": draw(st.booleans()),
+        "bias": draw(st.booleans()),
+        "frozen_at_start": draw(st.booleans()),
         "groups": [draw(hyper)] + ([draw(hyper)] if two_groups else []),
-        "kernel": draw(st.sampled_from(["auto", "torch"])), "release": draw(st.booleans()), "scaler": scaler,
+        "kernel": draw(st.sampled_from(["auto", "torch"])),
+        "release": draw(st.booleans()),
+        "scaler": scaler,
         "backward_norms": draw(st.booleans()) if backward is None else backward,
-        "scheduler": draw(st.booleans()), "seed": draw(st.integers(0, 2**16)),
+        "scheduler": draw(st.booleans()),
+        "seed": draw(st.integers(0, 2**16)),
         "steps": [draw(step_st) for _ in range(steps)],
     }
 
@@ -98,7 +115,9 @@ def _groups(model: nn.Module, hypers: list[dict]) -> list[dict]:
 def _compare(ma: nn.Module, mb: nn.Module, oa: torch.optim.Optimizer, ob: PackedAdamW, where: str) -> None:
     for (name, x), y in zip(ma.named_parameters(), mb.parameters()):
         assert bitwise_equal(x.detach(), y.detach()), f"{where}: parameter {name}"
-        assert (x.grad is None) == (y.grad is None), f"{where}: {name}.grad is None natively: {x.grad is None}"
+        assert (x.grad is None) == (y.grad is None), (
+            f"{where}: {name}.grad is None natively: {x.grad is None}"
+        )
         if x.grad is not None:
             assert bitwise_equal(x.grad, y.grad), f"{where}: {name}.grad"
         if x not in oa.state:  # never stepped natively (no state yet): nor here
@@ -116,18 +135,31 @@ def run_scenario(sc: dict) -> None:
         ma.blocks[0].requires_grad_(False)
     mb = copy.deepcopy(ma)
     oa = torch.optim.AdamW(_groups(ma, sc["groups"]), fused=True)
-    ob = PackedAdamW(_groups(mb, sc["groups"]), kernel=sc["kernel"], release_grads=sc["release"],
-                     backward_norms=sc["backward_norms"])
-    sched = [torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5) for o in (oa, ob)] if sc["scheduler"] else []
-    scalers = [torch.amp.GradScaler("cpu", init_scale=sc["scaler"], growth_interval=2) for _ in range(2)] \
-        if sc["scaler"] else [None, None]
+    ob = PackedAdamW(
+        _groups(mb, sc["groups"]),
+        kernel=sc["kernel"],
+        release_grads=sc["release"],
+        backward_norms=sc["backward_norms"],
+    )
+    sched = (
+        [torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5) for o in (oa, ob)]
+        if sc["scheduler"]
+        else []
+    )
+    scalers = (
+        [torch.amp.GradScaler("cpu", init_scale=sc["scaler"], growth_interval=2) for _ in range(2)]
+        if sc["scaler"]
+        else [None, None]
+    )
     gen = torch.Generator().manual_seed(sc["seed"])
     n_params = len(list(ma.parameters()))
     for t, s in enumerate(sc["steps"]):
         where = f"step {t} ({s})"
         used = [u == "on" or (u == "even" and t % 2 == 0) or (u == "odd" and t % 2 == 1) for u in s["usage"]]
-        batches = [(torch.randn(4, sc["width"], generator=gen), torch.randn(4, sc["width"], generator=gen))
-                   for _ in range(s["micro"])]
+        batches = [
+            (torch.randn(4, sc["width"], generator=gen), torch.randn(4, sc["width"], generator=gen))
+            for _ in range(s["micro"])
+        ]
         target = s["target"] % n_params
         extra = torch.randn(list(ma.parameters())[target].shape, generator=gen)
         one_pass = s["one_pass"] and sc["scaler"] is None and s["clip"] != "none"
@@ -172,7 +204,9 @@ def run_scenario(sc: dict) -> None:
             if s["clip"] == "native":
                 totals.append(nn.utils.clip_grad_norm_(params, s["max_norm"]))
             elif s["clip"] == "project":
-                totals.append((clip_grad_norm_ if o is ob else nn.utils.clip_grad_norm_)(params, s["max_norm"]))
+                totals.append(
+                    (clip_grad_norm_ if o is ob else nn.utils.clip_grad_norm_)(params, s["max_norm"])
+                )
             if scaler:
                 scaler.step(o)
                 scaler.update()
@@ -187,15 +221,25 @@ def run_scenario(sc: dict) -> None:
         _compare(ma, mb, oa, ob, where)
 
 
-@settings(max_examples=CI_EXAMPLES, derandomize=True, deadline=None, print_blob=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=CI_EXAMPLES,
+    derandomize=True,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(sc=scenarios())
 def test_packed_adamw_is_native_in_generated_loops(sc):
     run_scenario(sc)
 
 
-@settings(max_examples=CI_EXAMPLES, derandomize=True, deadline=None, print_blob=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=CI_EXAMPLES,
+    derandomize=True,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(sc=scenarios(backward=True))
 def test_norms_taken_in_backward_are_native_in_generated_loops(sc):
     """``backward_norms=True``: the norms remembered from backward are used only while valid; every
@@ -205,8 +249,12 @@ def test_norms_taken_in_backward_are_native_in_generated_loops(sc):
 
 
 @pytest.mark.thorough
-@settings(max_examples=THOROUGH_EXAMPLES, deadline=None, print_blob=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=THOROUGH_EXAMPLES,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(sc=scenarios())
 def test_packed_adamw_is_native_in_generated_loops_thorough(sc):
     run_scenario(sc)

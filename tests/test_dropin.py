@@ -2,6 +2,7 @@
 tests exercise (test_optim.py, common_optimizers.py's optim_inputs_func_adamw and its error inputs,
 test_nn.py's test_clip_grad_norm), each with native's bits or an error naming the reason before
 anything is modified. Gradients come from backward and, separately, are written directly."""
+
 from __future__ import annotations
 
 import copy
@@ -27,9 +28,15 @@ def same(xs, ys):
 
 # the optim_inputs_func_adamw grid (CPU rows), as keyword arguments of both optimizers
 GRID = [
-    {}, {"lr": 0.01}, {"lr": torch.tensor(0.001)}, {"weight_decay": 0.1}, {"weight_decay": 0.1, "maximize": True},
-    {"weight_decay": 0.1, "amsgrad": True}, {"betas": (torch.tensor(0.9), torch.tensor(0.99))},
-    {"betas": (torch.tensor([0.9]), torch.tensor([0.99]))}, {"lr": torch.tensor(0.001), "amsgrad": True},
+    {},
+    {"lr": 0.01},
+    {"lr": torch.tensor(0.001)},
+    {"weight_decay": 0.1},
+    {"weight_decay": 0.1, "maximize": True},
+    {"weight_decay": 0.1, "amsgrad": True},
+    {"betas": (torch.tensor(0.9), torch.tensor(0.99))},
+    {"betas": (torch.tensor([0.9]), torch.tensor([0.99]))},
+    {"lr": torch.tensor(0.001), "amsgrad": True},
     {"eps": 1e-6, "betas": (0.5, 0.9)},
 ]
 
@@ -63,14 +70,17 @@ def test_adamw_grid_bitwise(kw, source):
             assert all(bitwise_equal(oa.state[x][k], ob.state[y][k]) for k in oa.state[x])
 
 
-@pytest.mark.parametrize("kw, message", [
-    ({"lr": -1e-2}, "Invalid learning rate"),
-    ({"lr": torch.tensor([0.001, 0.001])}, "Tensor lr must be 1-element"),
-    ({"betas": (0.9, torch.tensor(0.99))}, "betas must be either both floats or both Tensors"),
-    ({"betas": (1.0, 0.99)}, "Invalid beta parameter at index 0"),
-    ({"eps": -1.0}, "Invalid epsilon value"),
-    ({"weight_decay": -1.0}, "Invalid weight_decay value"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"lr": -1e-2}, "Invalid learning rate"),
+        ({"lr": torch.tensor([0.001, 0.001])}, "Tensor lr must be 1-element"),
+        ({"betas": (0.9, torch.tensor(0.99))}, "betas must be either both floats or both Tensors"),
+        ({"betas": (1.0, 0.99)}, "Invalid beta parameter at index 0"),
+        ({"eps": -1.0}, "Invalid epsilon value"),
+        ({"weight_decay": -1.0}, "Invalid weight_decay value"),
+    ],
+)
 def test_error_inputs_as_native_and_nothing_modified(kw, message):
     p = torch.nn.Parameter(torch.randn(4, 4))
     ptr = p.data_ptr()
@@ -116,8 +126,11 @@ def test_zero_grad_set_to_none_false_steps_unused_layers():
             o.step()
             o.zero_grad(set_to_none=False)
         assert same(na.parameters(), nb.parameters()), f"step {step}"
-        assert all(bitwise_equal(p.grad, q.grad) for p, q in zip(na.parameters(), nb.parameters())
-                   if p.grad is not None)
+        assert all(
+            bitwise_equal(p.grad, q.grad)
+            for p, q in zip(na.parameters(), nb.parameters())
+            if p.grad is not None
+        )
 
 
 def test_frozen_parameters_are_kept_and_untouched():
@@ -149,8 +162,10 @@ def test_channels_last_refused_before_anything_changes():
 def test_clip_non_contiguous_gradients_in_memory_order():
     gen = torch.Generator().manual_seed(3)
     a = [torch.randn(96, 64, generator=gen).t().contiguous().t().requires_grad_() for _ in range(3)]
-    a += [torch.randn(2, 16, 5, 5, generator=gen).contiguous(memory_format=torch.channels_last).requires_grad_()
-          for _ in range(2)]
+    a += [
+        torch.randn(2, 16, 5, 5, generator=gen).contiguous(memory_format=torch.channels_last).requires_grad_()
+        for _ in range(2)
+    ]
     b = [x.detach().clone(memory_format=torch.preserve_format).requires_grad_() for x in a]
     for x, y in zip(a, b):
         g = torch.randn(x.shape, generator=gen) * 5

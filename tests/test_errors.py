@@ -2,6 +2,7 @@
 
 Each subcommand is driven through the CLI with bad arguments, missing and corrupt files (protocol,
 records, MANIFEST, summary) and unknown names, in a temporary study; so is the public audit."""
+
 from __future__ import annotations
 
 import json
@@ -30,25 +31,33 @@ def study(tmp_path_factory) -> Path:
 
 
 def _audit(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-I", "-S", str(ROOT / "analysis" / "public_audit.py"), *args], cwd=repo,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-I", "-S", str(ROOT / "analysis" / "public_audit.py"), *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
-@pytest.mark.parametrize("args, says", [
-    (("plan", "protocols/none.yaml"), ["protocols/none.yaml"]),
-    (("status", "protocols/none.yaml"), ["protocols/none.yaml"]),
-    (("report", "protocols/none.yaml"), ["protocols/none.yaml"]),
-    (("publish", "protocols/none.yaml"), ["protocols/none.yaml"]),
-    (("tag", "protocols/none.yaml"), ["protocols/none.yaml"]),
-    (("run", "protocols/none.yaml"), ["protocols/none.yaml"]),
-    (("calibrate", "protocols/none.yaml"), ["protocols/none.yaml"]),
-    (("power", "protocols/none.yaml", "--target", "protocols/tiny.yaml"), ["protocols/none.yaml"]),
-    (("data", "fetch", "bogus"), ["unknown corpus 'bogus'"]),
-    (("data", "pin", "no/such/file"), ["no/such/file"]),
-    (("compare-arms", "native", "native", "--config", "nope"), ["unknown configuration 'nope'"]),
-    (("compare-arms", "native", "bogus", "--config", "tiny_conv"), ["candidate arm"]),
-    (("verify", "--device", "mps"), ["mps"]),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (("plan", "protocols/none.yaml"), ["protocols/none.yaml"]),
+        (("status", "protocols/none.yaml"), ["protocols/none.yaml"]),
+        (("report", "protocols/none.yaml"), ["protocols/none.yaml"]),
+        (("publish", "protocols/none.yaml"), ["protocols/none.yaml"]),
+        (("tag", "protocols/none.yaml"), ["protocols/none.yaml"]),
+        (("run", "protocols/none.yaml"), ["protocols/none.yaml"]),
+        (("calibrate", "protocols/none.yaml"), ["protocols/none.yaml"]),
+        (("power", "protocols/none.yaml", "--target", "protocols/tiny.yaml"), ["protocols/none.yaml"]),
+        (("data", "fetch", "bogus"), ["unknown corpus 'bogus'"]),
+        (("data", "pin", "no/such/file"), ["no/such/file"]),
+        (("compare-arms", "native", "native", "--config", "nope"), ["unknown configuration 'nope'"]),
+        (("compare-arms", "native", "bogus", "--config", "tiny_conv"), ["candidate arm"]),
+        (("verify", "--device", "mps"), ["mps"]),
+    ],
+)
 def test_bad_arguments_and_missing_files(repo, args, says):
     (repo / "protocols" / "tiny.yaml").write_text(tiny_protocol())
     _clean(harness(repo, *args, timeout=300), *says)
@@ -68,12 +77,15 @@ def test_protocol_id_with_a_newline_is_an_input_error(repo):
         _clean(harness(repo, cmd, "protocols/tiny.yaml"), "protocols/tiny.yaml", "id")
 
 
-@pytest.mark.parametrize("victim, content", [
-    ("record", "{not json"),
-    ("record", '{"schema_version": 99}'),
-    ("MANIFEST", "[]"),
-    ("MANIFEST", "{broken"),
-])
+@pytest.mark.parametrize(
+    "victim, content",
+    [
+        ("record", "{not json"),
+        ("record", '{"schema_version": 99}'),
+        ("MANIFEST", "[]"),
+        ("MANIFEST", "{broken"),
+    ],
+)
 def test_corrupt_records_and_manifest(study, tmp_path, victim, content):
     """A damaged record stops status, report and publish with a message naming it; a damaged MANIFEST
     fails the audit naming it, and the harness's commands repair it from the chain or refuse cleanly."""
@@ -83,7 +95,9 @@ def test_corrupt_records_and_manifest(study, tmp_path, victim, content):
     try:
         path.write_text(content)
         a = _audit(study, "records/tiny")
-        assert a.returncode == 1 and "Traceback" not in a.stdout + a.stderr, a.stdout[-2000:] + a.stderr[-2000:]
+        assert a.returncode == 1 and "Traceback" not in a.stdout + a.stderr, (
+            a.stdout[-2000:] + a.stderr[-2000:]
+        )
         assert path.name in a.stdout + a.stderr
         for cmd in ("status", "report", "publish"):
             r = harness(study, cmd, "protocols/tiny.yaml")
@@ -117,7 +131,9 @@ def test_files_of_an_unknown_format_version_are_named_not_read(study, victim):
         data["schema_version"] = 99
         path.write_text(json.dumps(data))
         a = _audit(study, "records/tiny")
-        assert a.returncode == 1 and f"{victim}: schema_version 99 is not one this audit reads" in a.stdout, a.stdout[-2000:]
+        assert a.returncode == 1 and f"{victim}: schema_version 99 is not one this audit reads" in a.stdout, (
+            a.stdout[-2000:]
+        )
         for cmd in ("status", "publish"):
             r = harness(study, cmd, "protocols/tiny.yaml")
             assert "Traceback" not in r.stderr + r.stdout, (cmd, r.stderr[-3000:])

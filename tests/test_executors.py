@@ -1,6 +1,7 @@
 """One executor interface: the in-process executor drives the same runner, ledger and records as the
 local one (claims, started entries, records that link to them), and the training it runs gives the
 same bits as the worker processes' (same seed, weights and batches)."""
+
 from __future__ import annotations
 
 import shutil
@@ -22,15 +23,19 @@ def test_in_process_executor_matches_the_local_one(tmp_path):
     shutil.rmtree(repo / "records")
     shutil.rmtree(repo / "runs")
     lines: list[str] = []
-    left = Runner(load_protocol(repo / "protocols" / "tiny.yaml"), echo=lines.append,
-                  executor=InProcessExecutor()).run()
+    left = Runner(
+        load_protocol(repo / "protocols" / "tiny.yaml"), echo=lines.append, executor=InProcessExecutor()
+    ).run()
     assert left == 0
     mine = {x["spec"]["run_id"]: x for x in record_dicts(repo / "records" / "tiny")}
     assert set(mine) == set(local) and all(x["status"] == "ok" for x in mine.values())
     for rid, rec in mine.items():
         assert rec["spec"] == local[rid]["spec"] and rec["start"]["seq"] < rec["ledger"]["seq"]
         losses = [point[:2] for point in rec["curve"]]  # (step, loss); the third entry is the clock
-        assert losses == [point[:2] for point in local[rid]["curve"]] and rec["test_bpb"] == local[rid]["test_bpb"], rid
+        assert (
+            losses == [point[:2] for point in local[rid]["curve"]]
+            and rec["test_bpb"] == local[rid]["test_bpb"]
+        ), rid
     r = harness(repo, "status", "protocols/tiny.yaml")
     assert r.returncode == 0 and "Traceback" not in r.stderr
 
@@ -47,16 +52,22 @@ class _UnreadableResults:
                     attempt = runner.next_attempt(spec)
                     runner.started(spec, attempt, unit_attempt=claim.unit_attempt)
                     result = {"status": "ok", "gpu_s": 1.0, "timings": {"device_s": 0.25}}
-                    runner.finished(spec, attempt, Outcome(code=0, result=result, wall_s=0.5, started_at=time.time()))
+                    runner.finished(
+                        spec, attempt, Outcome(code=0, result=result, wall_s=0.5, started_at=time.time())
+                    )
             finally:
                 claim.release()
 
 
 def test_a_worker_result_the_runner_cannot_read_is_recorded_as_failed_naming_it(tmp_path):
     repo = init_study(tmp_path / "study", protocol=tiny_protocol(steps=6))
-    Runner(load_protocol(repo / "protocols" / "tiny.yaml"), echo=lambda _: None, executor=_UnreadableResults()).run()
+    Runner(
+        load_protocol(repo / "protocols" / "tiny.yaml"), echo=lambda _: None, executor=_UnreadableResults()
+    ).run()
     recs = record_dicts(repo / "records" / "tiny")
     assert recs and all(r["status"] == "failed" for r in recs)
-    assert all(r["reason"] == "the worker's result is not one this runner reads: worker result: unknown fields gpu_s"
-               for r in recs), recs[0]["reason"]
+    assert all(
+        r["reason"] == "the worker's result is not one this runner reads: worker result: unknown fields gpu_s"
+        for r in recs
+    ), recs[0]["reason"]
     assert all(r["timings"]["device_s"] == 0.25 and "gpu_s" not in r for r in recs)

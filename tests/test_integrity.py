@@ -5,6 +5,7 @@ analysis code, the configurations and a tiny preregistered protocol; it is tagge
 and run to completion through the CLI. Each test works on its own copy of that repository, so
 every tamper starts from an intact, tagged, complete study.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,8 +41,13 @@ RECS = "records/tiny"
 
 
 def audit(repo: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-I", "-S", str(ROOT / "analysis" / "public_audit.py"), RECS, *extra],
-                          cwd=repo, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-I", "-S", str(ROOT / "analysis" / "public_audit.py"), RECS, *extra],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def make_study(base: Path, *, seeds: str = "[1, 2, 3]", budget: int = 600) -> Path:
@@ -50,7 +56,9 @@ def make_study(base: Path, *, seeds: str = "[1, 2, 3]", budget: int = 600) -> Pa
     for sub in ("configs", "harness", "analysis"):
         shutil.copytree(ROOT / sub, r / sub, ignore=shutil.ignore_patterns("__pycache__"))
     (r / ".gitignore").write_text("runs/\n__pycache__/\n")
-    (r / PROTO).write_text(tiny_protocol(prereg="true", steps=6, budget=budget).replace("seeds: [1, 2]", f"seeds: {seeds}"))
+    (r / PROTO).write_text(
+        tiny_protocol(prereg="true", steps=6, budget=budget).replace("seeds: [1, 2]", f"seeds: {seeds}")
+    )
     git(r, "init", "-q", "-b", "main")
     git(r, "config", "user.email", "test@example.invalid")
     git(r, "config", "user.name", "Test")
@@ -113,15 +121,21 @@ def test_intact_study_passes_and_records_bind_the_tag(study):
     msg = git(study, "cat-file", "tag", "protocol-tiny")
     m = json.loads(msg.split("freeze-manifest:", 1)[1])
     assert set(m["trees"]) == {"analysis", "configs", "harness"}  # every non-exempt entry, by construction
-    assert m["plan"]["runs"] == 6 and m["configs"]["tiny_conv"] == load_protocol(study / PROTO).configs["tiny_conv"].sha256
+    assert (
+        m["plan"]["runs"] == 6
+        and m["configs"]["tiny_conv"] == load_protocol(study / PROTO).configs["tiny_conv"].sha256
+    )
     freeze = hashlib.sha256(canonical(m)).hexdigest()
     recs = record_dicts(study / RECS)
     entries = load_entries(study / RECS)
     # each attempt is a started entry, then the record that ends it and links to it
     assert [x["ledger"]["seq"] for x in recs] == [2, 4, 6, 8, 10, 12]
     assert [e["kind"] for e in entries[::2]] == ["started"] * 6
-    assert all(r["start"] == {"seq": e["ledger"]["seq"], "sha256": e["sha256"]} and e["run_id"] == r["spec"]["run_id"]
-               for e, r in zip(entries[::2], recs))
+    assert all(
+        r["start"] == {"seq": e["ledger"]["seq"], "sha256": e["sha256"]}
+        and e["run_id"] == r["spec"]["run_id"]
+        for e, r in zip(entries[::2], recs)
+    )
     assert all(r["unit_attempt"] == 1 for r in recs)
     assert entries[0]["ledger"]["prev"] == freeze
     assert all(x["protocol"]["freeze_sha256"] == freeze for x in entries)
@@ -145,7 +159,9 @@ def _refused(repo: Path, *needles: str) -> None:
     assert "has drifted; nothing was run" in r.stderr and "new protocol id" in r.stderr
     for n in needles:
         assert n in r.stderr, r.stderr
-    assert sorted(p.name for p in record_files(repo / RECS)) == left and not (repo / RECS / "MANIFEST").exists()
+    assert (
+        sorted(p.name for p in record_files(repo / RECS)) == left and not (repo / RECS / "MANIFEST").exists()
+    )
     assert len(before) == 6
 
 
@@ -197,9 +213,13 @@ def test_lightweight_tag_is_refused_and_audited_without_traceback(study):
 
 def test_records_dir_outside_the_repository_is_refused(study):
     p = study / "protocols" / "out.yaml"
-    p.write_text(tiny_protocol(id="out").replace("order_seed: 1", "order_seed: 1\nrecords_dir: ../../outside"))
+    p.write_text(
+        tiny_protocol(id="out").replace("order_seed: 1", "order_seed: 1\nrecords_dir: ../../outside")
+    )
     r = harness(study, "plan", str(p))
-    assert r.returncode == 2 and "key records_dir" in r.stderr and "outside the study's repository" in r.stderr
+    assert (
+        r.returncode == 2 and "key records_dir" in r.stderr and "outside the study's repository" in r.stderr
+    )
     assert f"{p}:" in r.stderr
 
 
@@ -232,7 +252,9 @@ def test_edit_and_reseal_is_detected(study):
     resealed(p, lambda r: r["timings"].update(training_s=r["timings"]["training_s"] / 2))
     rebuild_manifest(study)
     a = audit(study)
-    assert a.returncode == 1 and f"ledger seq {seq_of(p) + 1}" in a.stdout and "edited and resealed" in a.stdout
+    assert (
+        a.returncode == 1 and f"ledger seq {seq_of(p) + 1}" in a.stdout and "edited and resealed" in a.stdout
+    )
 
 
 def test_protocol_edited_and_everything_resealed_is_detected(study):
@@ -243,6 +265,7 @@ def test_protocol_edited_and_everything_resealed_is_detected(study):
     runs = make_plan(load_protocol(proto))
     prev = read_entry(chain(study)[0])["ledger"]["prev"]
     for p in chain(study):  # a consistent forgery: every entry, the chain and MANIFEST rewritten
+
         def edit(r, prev=prev):
             r["protocol"]["sha256"] = new_sha
             r["ledger"]["prev"] = prev
@@ -251,6 +274,7 @@ def test_protocol_edited_and_everything_resealed_is_detected(study):
             r["protocol"]["hypotheses"]["tests"][0]["margin"] = 0.05
             r["spec"]["protocol_sha256"] = new_sha
             r["plan_sha256"] = plan_sha256(runs)
+
         prev = resealed(p, edit)["sha256"]
     rebuild_manifest(study)
     a = audit(study)
@@ -303,19 +327,37 @@ def test_budget_stop_decisions_are_made_and_say_so(done_study):
     spent = sum(r["timings"]["device_s"] for r in recs)
     for r in recs:
         r["protocol"]["budget_device_seconds"] = spent + 0.5  # one more pair cannot fit
-        r["protocol"]["hypotheses"].update(min_pairs=2, tests=[{  # a speed hypothesis (BPB is bitwise equal)
-            "id": "S", "study": "pairs", "config": "tiny_conv", "endpoint": "training_time", "estimand": "log_ratio",
-            "type": "superiority", "margin": 0.0, "better": "lower", "censoring": None, "period_adjusted": False}])
+        r["protocol"]["hypotheses"].update(
+            min_pairs=2,
+            tests=[
+                {  # a speed hypothesis (BPB is bitwise equal)
+                    "id": "S",
+                    "study": "pairs",
+                    "config": "tiny_conv",
+                    "endpoint": "training_time",
+                    "estimand": "log_ratio",
+                    "type": "superiority",
+                    "margin": 0.0,
+                    "better": "lower",
+                    "censoring": None,
+                    "period_adjusted": False,
+                }
+            ],
+        )
     s = derive(typed(recs)).to_json()
     assert s["completeness"]["budget_stop"] is True
-    decision = s["hypotheses"]["decisions"][0]  # the stop depended on run times: not preregistered, not decided
+    decision = s["hypotheses"]["decisions"][
+        0
+    ]  # the stop depended on run times: not preregistered, not decided
     assert decision["status"] == "not reached" and "depends on run times" in decision["reason"]
     for r in recs:
         r["protocol"]["hypotheses"]["decide_time_after_budget_stop"] = True
     s = derive(typed(recs)).to_json()
     decision = s["hypotheses"]["decisions"][0]
-    assert decision["text"].startswith("(study stopped by its budget rule; the stop depended on run times, this "
-                                       "endpoint's outcome) S: superiority")
+    assert decision["text"].startswith(
+        "(study stopped by its budget rule; the stop depended on run times, this "
+        "endpoint's outcome) S: superiority"
+    )
     assert decision["status"] in ("established", "not established")
     problems: list[str] = []
     public_audit.compare("h", public_audit.recompute(recs)["hypotheses"], s["hypotheses"], problems, "budget")

@@ -1,4 +1,5 @@
 """The one-pass gradient phase in C (harness/cotangent/kernel/phase.c): exactness, self-check, build, fallback."""
+
 from __future__ import annotations
 
 import os
@@ -38,7 +39,9 @@ def test_kernel_builds_and_passes_its_self_check_where_it_can():
     if CAN_BUILD:
         assert k is not None, phase_kernel.unavailable_reason()
         assert k.lanes in phase_kernel.lane_widths(cap)
-        assert k.capability == cap and f"torch capability {cap}, reproduces its {k.isa} kernels" in k.describe()
+        assert (
+            k.capability == cap and f"torch capability {cap}, reproduces its {k.isa} kernels" in k.describe()
+        )
         assert k.path.is_file()
     else:
         assert k is None and phase_kernel.unavailable_reason()
@@ -81,7 +84,9 @@ def test_avx512_cpus_run_the_avx2_build_of_the_kernels_phase_c_reproduces():
         assert kinds.get("AVX2") in ("D", "d"), (stub, kinds)
         assert kinds.get("AVX512") in ("B", "b"), (
             f"torch {torch.__version__} registers an AVX-512 kernel for {stub}: on AVX-512 CPUs the 16-lane form "
-            "runs, so harness.cotangent.kernel.lane_widths should try 16 first", kinds)
+            "runs, so harness.cotangent.kernel.lane_widths should try 16 first",
+            kinds,
+        )
     assert phase_kernel.lane_widths("AVX512") == [8, 16]
 
 
@@ -120,8 +125,13 @@ def test_phase_c_runs_bitwise_under_each_instruction_set(isa, tmp_path):
     missing = ISA_FLAGS[isa] - _cpu_flags()
     if missing:
         pytest.skip(f"this CPU lacks {', '.join(sorted(missing))}: torch cannot dispatch {isa.upper()} here")
-    out = subprocess.run([sys.executable, "-c", _ISA_PROBE], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "ATEN_CPU_CAPABILITY": isa})
+    out = subprocess.run(
+        [sys.executable, "-c", _ISA_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "ATEN_CPU_CAPABILITY": isa},
+    )
     assert out.returncode == 0, out.stderr
     cap, describe, bitwise = out.stdout.strip().splitlines()
     assert cap == isa.upper()
@@ -132,8 +142,13 @@ def test_phase_c_runs_bitwise_under_each_instruction_set(isa, tmp_path):
 def test_scalar_capability_falls_back_honestly():
     """Under torch's DEFAULT (scalar) capability phase.c is not used, the reason names the capability,
     and the PyTorch-kernel phase is still bitwise native."""
-    out = subprocess.run([sys.executable, "-c", _ISA_PROBE], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "ATEN_CPU_CAPABILITY": "default"})
+    out = subprocess.run(
+        [sys.executable, "-c", _ISA_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "ATEN_CPU_CAPABILITY": "default"},
+    )
     assert out.returncode == 0, out.stderr
     cap, describe, bitwise = out.stdout.strip().splitlines()
     assert cap == "DEFAULT"
@@ -272,10 +287,21 @@ def test_both_kernels_give_the_same_training_bits():
     results = []
     for kernel in ("auto", "torch"):
         torch.manual_seed(0)
-        cfg = ModelConfig(family="transformer", d_model=64, n_layers=2, context=32, mlp="gelu", mlp_hidden=256,
-                          norm="layernorm", n_heads=4, n_kv_heads=4)
+        cfg = ModelConfig(
+            family="transformer",
+            d_model=64,
+            n_layers=2,
+            context=32,
+            mlp="gelu",
+            mlp_hidden=256,
+            norm="layernorm",
+            n_heads=4,
+            n_kv_heads=4,
+        )
         model = build_model(cfg, 0)
-        arm = build_arm("cotangent", model.parameters(), lr=3e-3, weight_decay=0.1, max_norm=0.5, kernel=kernel)
+        arm = build_arm(
+            "cotangent", model.parameters(), lr=3e-3, weight_decay=0.1, max_norm=0.5, kernel=kernel
+        )
         gen = torch.Generator().manual_seed(1)
         losses = []
         for _ in range(30):
@@ -284,7 +310,13 @@ def test_both_kernels_give_the_same_training_bits():
             loss.backward()
             arm.phase()
             losses.append(loss.detach())
-        results.append((arm.optimizer.phase_kernel(), torch.stack(losses), [p.detach().clone() for p in model.parameters()]))
+        results.append(
+            (
+                arm.optimizer.phase_kernel(),
+                torch.stack(losses),
+                [p.detach().clone() for p in model.parameters()],
+            )
+        )
     (ka, la, wa), (kb, lb, wb) = results
     assert kb.startswith("torch kernels")
     assert ka.startswith("phase.c") or not CAN_BUILD
@@ -300,7 +332,9 @@ def _probe(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         "opt = PackedAdamW([torch.nn.Parameter(torch.randn(64, 64))])\n"
         "print(opt.phase_kernel())\n"
     )
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env})
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}
+    )
 
 
 def test_disabled_by_environment(tmp_path):

@@ -1,6 +1,7 @@
 """PackedAdamW in the training loops users port (issue 20's table): every case bit for bit
 ``torch.optim.AdamW(fused=True)`` on every step, or an error naming the reason before anything is
 modified. Each loop runs twice on the same model copy, once natively and once packed."""
+
 from __future__ import annotations
 
 import copy
@@ -40,7 +41,9 @@ def twins(odd: bool = False, seed: int = 0) -> tuple[nn.Module, nn.Module]:
     return a, copy.deepcopy(a)
 
 
-def assert_same(ma: nn.Module, mb: nn.Module, oa: torch.optim.Optimizer, ob: torch.optim.Optimizer, where: str) -> None:
+def assert_same(
+    ma: nn.Module, mb: nn.Module, oa: torch.optim.Optimizer, ob: torch.optim.Optimizer, where: str
+) -> None:
     for (name, x), y in zip(ma.named_parameters(), mb.parameters()):
         assert bitwise_equal(x.detach(), y.detach()), f"{where}: parameter {name}"
         assert (x.grad is None) == (y.grad is None), f"{where}: {name}.grad presence"
@@ -82,7 +85,9 @@ def test_unused_and_frozen_parameters_are_not_stepped(clip, kernel):
             nn.functional.mse_loss(m(x, use_branch=step % 2 == 0), y).backward()
         order = slice(None) if clip == "native" else slice(None, None, -1)
         na = nn.utils.clip_grad_norm_(list(ma.parameters())[order], 0.5)
-        nb = (nn.utils.clip_grad_norm_ if clip == "native" else clip_grad_norm_)(list(mb.parameters())[order], 0.5)
+        nb = (nn.utils.clip_grad_norm_ if clip == "native" else clip_grad_norm_)(
+            list(mb.parameters())[order], 0.5
+        )
         assert bitwise_equal(na, nb), f"step {step}: total norm"
         oa.step()
         ob.step()
@@ -209,7 +214,9 @@ def test_python_number_step_loads():
         assert_same(ma, mb, oa, ob, f"step {step}")
 
 
-@pytest.mark.parametrize("change", [{"fused": None}, {"fused": False}, {"foreach": True}, {"capturable": True}])
+@pytest.mark.parametrize(
+    "change", [{"fused": None}, {"fused": False}, {"foreach": True}, {"capturable": True}]
+)
 def test_state_dict_off_the_fused_path_refused_before_loading(change):
     """Native's load_state_dict takes group settings from the state dict: these would switch native
     fused AdamW onto another kernel. Refused, naming the key, with nothing modified."""

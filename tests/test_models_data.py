@@ -1,4 +1,5 @@
 """Models, configurations, corpora, batches and exact bits per byte."""
+
 from __future__ import annotations
 
 import hashlib
@@ -23,7 +24,12 @@ from harness.errors import DataError, InputError
 from harness.models import build_model, count_parameters
 
 ROOT = Path(__file__).resolve().parent.parent
-STUDY = {"small_transformer": "3.35M", "medium_transformer": "19.28M", "gated_gqa": "9.74M", "causal_conv": "3.75M"}
+STUDY = {
+    "small_transformer": "3.35M",
+    "medium_transformer": "19.28M",
+    "gated_gqa": "9.74M",
+    "causal_conv": "3.75M",
+}
 
 
 @pytest.mark.parametrize("name", sorted(STUDY))
@@ -34,8 +40,13 @@ def test_study_parameter_counts(name):
 
 
 def test_configs_cli_json():
-    out = subprocess.run([sys.executable, "-m", "harness.cli", "configs", "--json"], cwd=ROOT, capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "configs", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     rows = {r["name"]: r for r in json.loads(out.stdout)}
     assert rows["small_transformer"]["parameters"] == 3_346_944
     assert rows["medium_transformer"]["parameters"] == 19_280_896
@@ -122,14 +133,24 @@ def _fake_corpus():
         for split, data in members.items():
             zf.writestr(f"wikitext-2-raw/wiki.{split}.raw", data)
     blob = buf.getvalue()
-    pins = {"archive": {"name": "x.zip", "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()},
-            "members": {s: {"path": f"wikitext-2-raw/wiki.{s}.raw", "size": len(d),
-                            "sha256": hashlib.sha256(d).hexdigest()} for s, d in members.items()}}
+    pins = {
+        "archive": {"name": "x.zip", "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()},
+        "members": {
+            s: {
+                "path": f"wikitext-2-raw/wiki.{s}.raw",
+                "size": len(d),
+                "sha256": hashlib.sha256(d).hexdigest(),
+            }
+            for s, d in members.items()
+        },
+    }
     return blob, pins, members
 
 
 def test_missing_and_wrong_hash_errors(tmp_path):
-    with pytest.raises(DataError, match=r"missing corpus file .*wiki.train.raw.*harness data fetch wikitext-2"):
+    with pytest.raises(
+        DataError, match=r"missing corpus file .*wiki.train.raw.*harness data fetch wikitext-2"
+    ):
         load_corpus("wikitext-2", tmp_path)
     blob, pins, members = _fake_corpus()
     d = tmp_path / "wikitext-2-raw"
@@ -138,7 +159,9 @@ def test_missing_and_wrong_hash_errors(tmp_path):
         (d / f"wiki.{s}.raw").write_bytes(data)
     verify_wikitext2(tmp_path, pins)
     (d / "wiki.valid.raw").write_bytes(members["valid"] + b"x")
-    with pytest.raises(DataError, match=r"wiki.valid.raw does not verify: expected .* refusing to use unverified bytes"):
+    with pytest.raises(
+        DataError, match=r"wiki.valid.raw does not verify: expected .* refusing to use unverified bytes"
+    ):
         verify_wikitext2(tmp_path, pins)
     with pytest.raises(DataError, match="does not verify"):  # the real pins never accept these bytes
         load_corpus("wikitext-2", tmp_path)
@@ -170,10 +193,23 @@ def test_fetch_cli_against_local_server(tmp_path, http_server):
     pin_file = tmp_path / "pins.json"
     pin_file.write_text(json.dumps(pins))
     dest = tmp_path / "data"
-    cmd = [sys.executable, "-m", "harness.cli", "data", "fetch", "wikitext-2", "--dir", str(dest), "--pins", str(pin_file)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness.cli",
+        "data",
+        "fetch",
+        "wikitext-2",
+        "--dir",
+        str(dest),
+        "--pins",
+        str(pin_file),
+    ]
     r = subprocess.run(cmd + ["--url", f"{base}/bad.zip"], capture_output=True, text=True)
     assert r.returncode == 2 and "bad.zip: archive has" in r.stderr and not (dest / "wikitext-2-raw").exists()
-    r = subprocess.run(cmd + ["--url", f"{base}/missing.zip", "--url", f"{base}/good.zip"], capture_output=True, text=True)
+    r = subprocess.run(
+        cmd + ["--url", f"{base}/missing.zip", "--url", f"{base}/good.zip"], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr
     assert "fetched from" in r.stdout and "good.zip" in r.stdout
     for s, data in members.items():

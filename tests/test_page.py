@@ -2,6 +2,7 @@
 
 ``tests/fixtures/summary-pagedemo.json`` is the summary of a real run of ``protocols/demo.yaml`` cut to
 3 seeds and 30 steps (id ``pagedemo``); the demo's end-to-end test renders a fresh one in Chromium."""
+
 from __future__ import annotations
 
 import copy
@@ -29,7 +30,9 @@ def test_page_is_valid_and_accessible(tmp_path):
 
 def test_every_pair_is_listed_and_adverse_pairs_are_marked():
     html = render(SUMMARY, "r")
-    pairs = [p for s in FIXTURE["studies"] if s["design"] == "paired" for c in s["configs"] for p in c["pairs"]]
+    pairs = [
+        p for s in FIXTURE["studies"] if s["design"] == "paired" for c in s["configs"] for p in c["pairs"]
+    ]
     adverse = [p for p in pairs if p["time_reduction_pct"] < 0]
     assert html.count('<tr class="adverse">') == len(adverse) > 0
     for p in pairs:
@@ -45,14 +48,19 @@ def test_text_from_the_records_is_escaped():
     check_static(html)
 
 
-@pytest.mark.parametrize("mutation", [
-    lambda h: h.replace("<caption>", "<caption hidden>", 1).replace("<caption hidden>", "", 1),  # no caption
-    lambda h: h.replace(' role="img"', "", 1),
-    lambda h: h.replace("</main>", '<img src="data:,">x</main>'),
-    lambda h: h.replace("</main>", '<p><b>x</p></b></main>'),  # misnested: a parse error
-    lambda h: h.replace('<html lang="en">', "<html>"),
-    lambda h: h.replace("</main>", '<a href="https://example.invalid/">x</a></main>'),
-])
+@pytest.mark.parametrize(
+    "mutation",
+    [
+        lambda h: h.replace("<caption>", "<caption hidden>", 1).replace(
+            "<caption hidden>", "", 1
+        ),  # no caption
+        lambda h: h.replace(' role="img"', "", 1),
+        lambda h: h.replace("</main>", '<img src="data:,">x</main>'),
+        lambda h: h.replace("</main>", "<p><b>x</p></b></main>"),  # misnested: a parse error
+        lambda h: h.replace('<html lang="en">', "<html>"),
+        lambda h: h.replace("</main>", '<a href="https://example.invalid/">x</a></main>'),
+    ],
+)
 def test_the_static_checks_can_fail(mutation):
     with pytest.raises(Exception):  # noqa: B017 - html5lib's ParseError or an assertion
         check_static(mutation(render(SUMMARY, "r")))
@@ -63,7 +71,9 @@ def test_the_browser_check_sees_a_request(tmp_path):
     page = write_page(SUMMARY, tmp_path, records_rel="r")
     check_page(page, expect_studies=("pairs", "factorial"))
     bad = tmp_path / "bad.html"
-    bad.write_text(page.read_text().replace("</main>", '<object data="http://127.0.0.1:9/x.svg"></object></main>'))
+    bad.write_text(
+        page.read_text().replace("</main>", '<object data="http://127.0.0.1:9/x.svg"></object></main>')
+    )
     with pytest.raises(AssertionError):
         check_page(bad, expect_studies=())
 

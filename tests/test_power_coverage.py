@@ -1,4 +1,5 @@
 """Power planning from A/A pilot pairs, and the coverage simulation at reduced size."""
+
 from __future__ import annotations
 
 import json
@@ -16,20 +17,36 @@ from analysis.power import aa_noise, pairs_needed, plan, power
 
 def records(aa: bool, n: int = 8, sd: float = 0.04, seed: int = 0) -> list:
     rng = random.Random(seed)
-    proto = {"studies": [{"name": "p", "design": "paired", "arms": ["native", "native" if aa else "cotangent"],
-                          "configs": ["c"], "seeds": list(range(n))}]}
+    proto = {
+        "studies": [
+            {
+                "name": "p",
+                "design": "paired",
+                "arms": ["native", "native" if aa else "cotangent"],
+                "configs": ["c"],
+                "seeds": list(range(n)),
+            }
+        ]
+    }
     out = []
     for i in range(n):
         b = math.exp(rng.gauss(0, 0.1))
         for role, t in (("baseline", b), ("candidate", b * math.exp(rng.gauss(0, sd)))):
-            out.append(synthetic_record({"design": "paired", "study": "p", "config": "c", "unit": f"u{i}", "role": role},
-                                        protocol=proto, test_bpb=3.0 + 0.1 * i,
-                                        timings={"training_s": t, "time_to_target_s": t}))
+            out.append(
+                synthetic_record(
+                    {"design": "paired", "study": "p", "config": "c", "unit": f"u{i}", "role": role},
+                    protocol=proto,
+                    test_bpb=3.0 + 0.1 * i,
+                    timings={"training_s": t, "time_to_target_s": t},
+                )
+            )
     return out
 
 
 def test_noise_comes_from_aa_pairs_only():
-    assert aa_noise(records(aa=False), "training_time", "log_ratio") == {}  # a candidate's outcome is never read
+    assert (
+        aa_noise(records(aa=False), "training_time", "log_ratio") == {}
+    )  # a candidate's outcome is never read
     noise = aa_noise(records(aa=True), "training_time", "log_ratio")["c"]
     assert noise.pairs == 8 and 0.01 < noise.sd < 0.1 and not noise.identical
     q = aa_noise(records(aa=True), "test_bpb", "difference")["c"]  # A/A BPB is bitwise identical
@@ -41,16 +58,35 @@ def test_pairs_needed_matches_the_normal_approximation():
     n = pairs_needed(sd, alpha, "non_inferiority", margin, 0.0, 0.8)
     z = (stats.norm.ppf(1 - alpha) + stats.norm.ppf(0.8)) * sd / margin
     assert abs(n - z**2) / z**2 < 0.05 and n > 400  # hundreds of pairs, as the issue computed
-    assert power(n, sd, alpha, "non_inferiority", margin, 0.0) >= 0.8 > power(n - 1, sd, alpha, "non_inferiority",
-                                                                              margin, 0.0)
+    assert (
+        power(n, sd, alpha, "non_inferiority", margin, 0.0)
+        >= 0.8
+        > power(n - 1, sd, alpha, "non_inferiority", margin, 0.0)
+    )
     assert pairs_needed(sd, alpha, "superiority", 0.0, 0.0, 0.8, cap=2000) is None  # no effect: no n
 
 
 def test_plan_for_a_target_protocol():
-    target = {"hypotheses": {"procedure": "holm", "family_alpha": 0.01, "min_pairs": 3, "tests": [
-        {"id": "H1", "study": "p", "config": "c", "endpoint": "training_time", "estimand": "log_ratio",
-         "type": "superiority", "margin": 0.0, "better": "lower"}]},
-        "studies": [{"name": "p", "seeds": list(range(12))}]}
+    target = {
+        "hypotheses": {
+            "procedure": "holm",
+            "family_alpha": 0.01,
+            "min_pairs": 3,
+            "tests": [
+                {
+                    "id": "H1",
+                    "study": "p",
+                    "config": "c",
+                    "endpoint": "training_time",
+                    "estimand": "log_ratio",
+                    "type": "superiority",
+                    "margin": 0.0,
+                    "better": "lower",
+                }
+            ],
+        },
+        "studies": [{"name": "p", "seeds": list(range(12))}],
+    }
     rows = plan(records(aa=True), target, {"H1": 0.05})
     assert len(rows) == 1 and rows[0].alpha == 0.01 and rows[0].planned_pairs == 12
     assert rows[0].n80 is not None and rows[0].n80 <= rows[0].n90
@@ -59,8 +95,21 @@ def test_plan_for_a_target_protocol():
 @pytest.mark.long
 def test_coverage_simulation_reduced(tmp_path):
     out = tmp_path / "cov.json"
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "coverage.py"), "--studies", "400", "--pairs", "12",
-                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "coverage.py"),
+            "--studies",
+            "400",
+            "--pairs",
+            "12",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())
     assert 0.9 < res["coverage_period_adjusted"] < 0.99 and res["coverage_plain"] > 0.93
@@ -74,13 +123,25 @@ def test_harness_power_cli_on_a_real_pilot(repo):
     target's own units, and which one the target's origins cite."""
     from conftest import harness, tiny_protocol
 
-    pilot = tiny_protocol(id="pilot", steps=6).replace("arms: [native, cotangent]", "arms: [native, native]") \
+    pilot = (
+        tiny_protocol(id="pilot", steps=6)
+        .replace("arms: [native, cotangent]", "arms: [native, native]")
         .replace("seeds: [1, 2]", "seeds: [1, 2, 3, 4]")
-    target = tiny_protocol(id="target").replace("seeds: [1, 2]", "seeds: [1, 2, 3, 4, 5, 6]").replace(
-        "      endpoint: test_bpb\n      estimand: difference\n      type: non_inferiority\n      margin: 0.01\n",
-        "      endpoint: training_time\n      estimand: relative_reduction\n      type: non_inferiority\n"
-        "      margin: 5\n").replace("order_seed: 1\n", "order_seed: 1\norigins:\n  seeds: \"harness power: the pairs "
-                                  "at the sd's 80% upper confidence limit\"\n")
+    )
+    target = (
+        tiny_protocol(id="target")
+        .replace("seeds: [1, 2]", "seeds: [1, 2, 3, 4, 5, 6]")
+        .replace(
+            "      endpoint: test_bpb\n      estimand: difference\n      type: non_inferiority\n      margin: 0.01\n",
+            "      endpoint: training_time\n      estimand: relative_reduction\n      type: non_inferiority\n"
+            "      margin: 5\n",
+        )
+        .replace(
+            "order_seed: 1\n",
+            'order_seed: 1\norigins:\n  seeds: "harness power: the pairs '
+            "at the sd's 80% upper confidence limit\"\n",
+        )
+    )
     (repo / "protocols" / "pilot.yaml").write_text(pilot)
     (repo / "protocols" / "target.yaml").write_text(target)
     r = harness(repo, "run", "protocols/pilot.yaml", "--quiet")
@@ -91,5 +152,9 @@ def test_harness_power_cli_on_a_real_pilot(repo):
     assert "origins.seeds cites the figure at the sd's upper confidence limit" in r.stdout
     j = harness(repo, "power", "protocols/pilot.yaml", "--target", "protocols/target.yaml", "--json")
     row = json.loads(j.stdout)[0]
-    assert row["pilot_pairs"] == 4 and row["sd_upper"] > row["sd"] > 0 and row["estimand"] == "relative_reduction"
+    assert (
+        row["pilot_pairs"] == 4
+        and row["sd_upper"] > row["sd"] > 0
+        and row["estimand"] == "relative_reduction"
+    )
     assert row["n80_upper"] is None or row["n80"] is None or row["n80_upper"] >= row["n80"]

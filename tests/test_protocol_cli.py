@@ -1,4 +1,5 @@
 """The harness as a user drives it: the real CLI in subprocesses, in temporary git repositories."""
+
 from __future__ import annotations
 
 import json
@@ -30,19 +31,37 @@ def line_of(path: Path, needle: str) -> int:
     return next(i + 1 for i, s in enumerate(path.read_text().splitlines()) if needle in s)
 
 
-@pytest.mark.parametrize("edit, needle, message", [
-    (("    steps: 10", "    stepz: 10"), "stepz", "unknown key 'stepz'"),
-    (("    steps: 10", "    steps: ten"), "steps: ten", "'steps' must be int"),
-    (("hypotheses:\n", "quality_tolerance_bpb: 0.01\nhypotheses:\n"), "quality_tolerance_bpb",
-     "'quality_tolerance_bpb' belongs to protocol schema 1 and was replaced by 'hypotheses'"),
-    (("      margin: 0.01\n", ""), "- id: H1", "needs a positive margin"),
-    (("      endpoint: test_bpb\n", "      endpoint: time_to_target\n"), "- id: H1", "censoring: worst_rank or restricted_mean"),
-    (("    seeds: [1, 2]", "    seeds: [1, 2, 1]"), "seeds:", "duplicate seed 1"),
-    (("    configs: [tiny_conv]", "    configs: [tiny_nope]"), "configs:", "unknown configuration 'tiny_nope'"),
-    (("    arms: [native, cotangent]", "    arms: [native, fastest]"), "arms:", "unknown arm 'fastest'"),
-    (("id: tiny", "id: tiny tiny"), "id:", "letters, digits"),
-    (("corpus: pydoc-topics", "corpus: pydoc-topics\ncorpus: wikitext-2"), "corpus: wikitext-2", "duplicate key"),
-])
+@pytest.mark.parametrize(
+    "edit, needle, message",
+    [
+        (("    steps: 10", "    stepz: 10"), "stepz", "unknown key 'stepz'"),
+        (("    steps: 10", "    steps: ten"), "steps: ten", "'steps' must be int"),
+        (
+            ("hypotheses:\n", "quality_tolerance_bpb: 0.01\nhypotheses:\n"),
+            "quality_tolerance_bpb",
+            "'quality_tolerance_bpb' belongs to protocol schema 1 and was replaced by 'hypotheses'",
+        ),
+        (("      margin: 0.01\n", ""), "- id: H1", "needs a positive margin"),
+        (
+            ("      endpoint: test_bpb\n", "      endpoint: time_to_target\n"),
+            "- id: H1",
+            "censoring: worst_rank or restricted_mean",
+        ),
+        (("    seeds: [1, 2]", "    seeds: [1, 2, 1]"), "seeds:", "duplicate seed 1"),
+        (
+            ("    configs: [tiny_conv]", "    configs: [tiny_nope]"),
+            "configs:",
+            "unknown configuration 'tiny_nope'",
+        ),
+        (("    arms: [native, cotangent]", "    arms: [native, fastest]"), "arms:", "unknown arm 'fastest'"),
+        (("id: tiny", "id: tiny tiny"), "id:", "letters, digits"),
+        (
+            ("corpus: pydoc-topics", "corpus: pydoc-topics\ncorpus: wikitext-2"),
+            "corpus: wikitext-2",
+            "duplicate key",
+        ),
+    ],
+)
 def test_schema_errors_name_file_key_line(repo, edit, needle, message):
     p = write(repo, tiny_protocol().replace(*edit))
     for cmd in ("plan", "run"):
@@ -140,7 +159,12 @@ def test_study_protocols_plan_sizes_and_balance():
             assert sorted(s[pos] for s in group) == sorted(cells)
         follows = Counter((s[i], s[i + 1]) for s in group for i in range(3))
         assert len(follows) == 12 and set(follows.values()) == {1}
-    assert williams(4) == ((0, 1, 3, 2), (1, 2, 0, 3), (2, 3, 1, 0), (3, 0, 2, 1))  # the 4x4 the 2x2 has always used
+    assert williams(4) == (
+        (0, 1, 3, 2),
+        (1, 2, 0, 3),
+        (2, 3, 1, 0),
+        (3, 0, 2, 1),
+    )  # the 4x4 the 2x2 has always used
     a = harness(ROOT, "plan", "protocols/v6.yaml", "--json")
     b = harness(ROOT, "plan", "protocols/v6.yaml", "--json")
     assert a.returncode == 0 and a.stdout == b.stdout and len(json.loads(a.stdout)["runs"]) == 128
@@ -150,12 +174,27 @@ def test_tiny_protocol_end_to_end_and_resume_noop(repo):
     p = write(repo, tiny_protocol())
     r = harness(repo, "run", str(p), "--quiet")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "Time reduction" in r.stdout and "## Decisions" in r.stdout and "## Flow of planned runs" in r.stdout
+    assert (
+        "Time reduction" in r.stdout and "## Decisions" in r.stdout and "## Flow of planned runs" in r.stdout
+    )
     recs = record_dicts(repo / "records" / "tiny")
     assert len(recs) == 4 and all(x["status"] == "ok" and self_hash_ok(x) for x in recs)
     rec = recs[0]
-    for key in ("protocol", "plan_sha256", "spec", "env", "timings", "curve", "val_curve", "val_bpb", "test_bpb",
-                "rescored_test_bpb", "memory", "checkpoint", "git"):
+    for key in (
+        "protocol",
+        "plan_sha256",
+        "spec",
+        "env",
+        "timings",
+        "curve",
+        "val_curve",
+        "val_bpb",
+        "test_bpb",
+        "rescored_test_bpb",
+        "memory",
+        "checkpoint",
+        "git",
+    ):
         assert key in rec, key
     assert rec["rescore_identical"] is True and rec["rescored_test_bpb"] == rec["test_bpb"]
     assert Path(rec["checkpoint"]["path"]).is_file() and "runs" in Path(rec["checkpoint"]["path"]).parts
@@ -184,9 +223,16 @@ def _wait_for(predicate, timeout: float = 120.0) -> None:
 
 @pytest.mark.parametrize("launcher", ["forkserver", "spawn"])
 def test_resume_after_sigkill_mid_run(repo, launcher):
-    p = write(repo, tiny_protocol(steps=100, launcher=launcher))  # the kill lands mid-run: interrupted == 1 below
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(p), "--quiet", "--no-report"], cwd=repo,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    p = write(
+        repo, tiny_protocol(steps=100, launcher=launcher)
+    )  # the kill lands mid-run: interrupted == 1 below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "run", str(p), "--quiet", "--no-report"],
+        cwd=repo,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     work = repo / "runs" / "tiny" / "work"
     _wait_for(lambda: work.is_dir() and any(work.glob("*/worker.pid")))
     time.sleep(1.5)  # mid-run
@@ -199,14 +245,21 @@ def test_resume_after_sigkill_mid_run(repo, launcher):
     statuses = Counter(x["status"] for x in recs)
     assert statuses["ok"] == 4 and statuses["interrupted"] == 1
     interrupted = next(x for x in recs if x["status"] == "interrupted")
-    redo = next(x for x in recs if x["spec"]["run_id"] == interrupted["spec"]["run_id"] and x["status"] == "ok")
+    redo = next(
+        x for x in recs if x["spec"]["run_id"] == interrupted["spec"]["run_id"] and x["status"] == "ok"
+    )
     assert redo["attempt"] == 2 and "did not finish" in interrupted["reason"]
 
 
 def test_worker_killed_is_recorded_failed(repo):
     p = write(repo, tiny_protocol(steps=150))  # the worker still runs 1.5 s in (else os.kill raises)
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(p), "--quiet", "--no-report"], cwd=repo,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "run", str(p), "--quiet", "--no-report"],
+        cwd=repo,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     work = repo / "runs" / "tiny" / "work"
     _wait_for(lambda: work.is_dir() and any(work.glob("*/worker.pid")))
     time.sleep(1.5)
@@ -221,7 +274,9 @@ def test_worker_killed_is_recorded_failed(repo):
 
 def failing_arm(repo: Path) -> str:
     """A tiny protocol whose candidate is a plug-in arm that raises when the worker builds it."""
-    (repo / "boom.py").write_text("def build(ctx):\n    raise RuntimeError('deliberate failure of this arm')\n")
+    (repo / "boom.py").write_text(
+        "def build(ctx):\n    raise RuntimeError('deliberate failure of this arm')\n"
+    )
     return tiny_protocol().replace("arms: [native, cotangent]", 'arms: [native, "boom:build"]')
 
 
@@ -240,14 +295,21 @@ def test_failing_runs_are_recorded_not_dropped(repo):
 def test_unverified_corpus_refuses_before_any_run(repo):
     p = write(repo, tiny_protocol(corpus="wikitext-2", data_dir="data_dir: nowhere\n"))
     r = harness(repo, "run", str(p), "--quiet")
-    assert r.returncode == 2 and "missing corpus file" in r.stderr and "harness data fetch wikitext-2" in r.stderr
+    assert (
+        r.returncode == 2
+        and "missing corpus file" in r.stderr
+        and "harness data fetch wikitext-2" in r.stderr
+    )
     assert not (repo / "records" / "tiny").exists() or not record_dicts(repo / "records" / "tiny")
 
 
 def test_two_concurrent_runners_execute_each_run_once(repo):
     p = write(repo, tiny_protocol(steps=10).replace("seeds: [1, 2]", "seeds: [1, 2, 3]"))
     cmd = [sys.executable, "-m", "harness.cli", "run", str(p), "--quiet", "--no-report"]
-    procs = [subprocess.Popen(cmd, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(cmd, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
     outs = [pr.communicate(timeout=600)[0] for pr in procs]
     recs = record_dicts(repo / "records" / "tiny")
     ids = Counter(x["spec"]["run_id"] for x in recs)
@@ -276,7 +338,9 @@ def test_retry_reruns_whole_units_up_to_max_attempts(repo):
     assert len(recs) == 8 and Counter(x["attempt"] for x in recs) == {1: 4, 2: 4}
     order = [(x["spec"]["unit"], x["spec"]["position"]) for x in recs if x["attempt"] == 2]
     assert order == sorted(order)  # whole units, in plan order, each arm back to back
-    harness(repo, "run", str(p), "--quiet", "--no-report", "--retry-failed")  # max_attempts reached: nothing runs
+    harness(
+        repo, "run", str(p), "--quiet", "--no-report", "--retry-failed"
+    )  # max_attempts reached: nothing runs
     assert len(record_dicts(repo / "records" / "tiny")) == 8
 
 
@@ -287,9 +351,11 @@ def test_version_and_unknown_arms_are_clean_errors(repo):
 
     r = harness(repo, "--version")
     assert r.returncode == 0 and r.stdout.strip() == f"harness {version('cotangent-harness')}"
-    for args, says in ((("native", "bogus"), "candidate arm: unknown arm 'bogus'"),
-                       (("bogus.mod:fn", "native"), "baseline arm 'bogus.mod:fn': cannot import it"),
-                       (("native", "harness.arms:nothere"), "has no function nothere")):
+    for args, says in (
+        (("native", "bogus"), "candidate arm: unknown arm 'bogus'"),
+        (("bogus.mod:fn", "native"), "baseline arm 'bogus.mod:fn': cannot import it"),
+        (("native", "harness.arms:nothere"), "has no function nothere"),
+    ):
         r = harness(repo, "compare-arms", *args, "--config", "tiny_conv")
         assert r.returncode == 2 and says in r.stderr, r.stderr
         assert "Traceback" not in r.stderr

@@ -3,6 +3,7 @@ every one is refused before anything runs, or makes the public audit fail naming
 
 The module fixture tags and runs a tiny preregistered study once; each test works on its own copy.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,12 +41,14 @@ def reseal_all(repo: Path, edit) -> None:
     prev = read_entry(paths[0])["ledger"]["prev"]
     starts: dict[int, str] = {}  # a started entry's seq -> its new sha256, for the record that links to it
     for p in paths:
+
         def e(r, prev=prev, p=p):
             if p.name.endswith(".record.json"):
                 edit(r)
                 if isinstance(r.get("start"), dict) and r["start"].get("seq") in starts:
                     r["start"]["sha256"] = starts[r["start"]["seq"]]
             r["ledger"]["prev"] = prev
+
         new = resealed(p, e)
         prev = new["sha256"]
         if not p.name.endswith(".record.json"):
@@ -71,8 +74,14 @@ def refused(repo: Path, *needles: str, env: dict[str, str] | None = None, args: 
     (repo / RECS / "MANIFEST").unlink(missing_ok=True)
     left = sorted(p.name for p in (repo / RECS).glob("*.record.json"))
     full = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    r = subprocess.run([sys.executable, "-m", "harness.cli", "run", PROTO, "--quiet", *args], cwd=repo,
-                       capture_output=True, text=True, timeout=600, env=full)
+    r = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "run", PROTO, "--quiet", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=full,
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr
     for n in needles:
@@ -93,11 +102,14 @@ def test_intact_study_passes_every_provenance_check(study):
     assert a.stdout.rstrip().splitlines()[-1].startswith("NOT ANCHORED: no published head")
 
 
-@pytest.mark.parametrize("edit, field", [
-    (lambda h: h["tests"].clear(), "protocol.hypotheses"),
-    (lambda h: h.update(family_alpha=0.45), "protocol.hypotheses.family_alpha"),
-    (lambda h: h["tests"][0].update(better="higher"), "protocol.hypotheses"),
-])
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda h: h["tests"].clear(), "protocol.hypotheses"),
+        (lambda h: h.update(family_alpha=0.45), "protocol.hypotheses.family_alpha"),
+        (lambda h: h["tests"][0].update(better="higher"), "protocol.hypotheses"),
+    ],
+)
 def test_hypotheses_edited_inside_the_records_fail_naming_record_and_field(study, edit, field):
     reseal_all(study, lambda r: edit(r["protocol"]["hypotheses"]))
     out = failed(study, "protocol: the tagged file", field)
@@ -106,13 +118,24 @@ def test_hypotheses_edited_inside_the_records_fail_naming_record_and_field(study
 
 def test_records_rewritten_as_not_preregistered_with_the_tag_deleted(study):
     def edit(r):
-        r["protocol"].update(preregistered=False, tag=None, tag_commit=None, tag_object=None, tag_created=None,
-                             freeze_sha256=None)
+        r["protocol"].update(
+            preregistered=False,
+            tag=None,
+            tag_commit=None,
+            tag_object=None,
+            tag_created=None,
+            freeze_sha256=None,
+        )
+
     reseal_all(study, edit)
     git(study, "tag", "-d", "protocol-tiny")
     (study / RECS / "TAG").unlink()  # the kept copy of the tag object too: a consistent forgery
-    failed(study, "protocols/tiny.yaml in this checkout says preregistered: true",
-           "no tag protocol-tiny", "nothing binds these records")
+    failed(
+        study,
+        "protocols/tiny.yaml in this checkout says preregistered: true",
+        "no tag protocol-tiny",
+        "nothing binds these records",
+    )
 
 
 def test_budget_and_margins_come_from_the_tag_not_the_records(study):
@@ -137,10 +160,13 @@ def test_record_code_hash_other_than_the_manifest_fails(study):
     failed(study, "field env.harness_sha256 = '" + "0" * 64 + "', the tag's manifest says")
 
 
-@pytest.mark.parametrize("edit, needle", [
-    (lambda m: m.update(sources={}), "MANIFEST: sources lack"),
-    (lambda m: m.update(ledger_head=None), "MANIFEST: field ledger_head = None"),
-])
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        (lambda m: m.update(sources={}), "MANIFEST: sources lack"),
+        (lambda m: m.update(ledger_head=None), "MANIFEST: field ledger_head = None"),
+    ],
+)
 def test_manifest_emptied(study, edit, needle):
     path = study / RECS / "MANIFEST"
     m = json.loads(path.read_text())
@@ -149,13 +175,24 @@ def test_manifest_emptied(study, edit, needle):
     failed(study, needle)
 
 
-@pytest.mark.parametrize("var, value", [
-    ("COTANGENT_NATIVE", "0"), ("CC", "/nonexistent/cc"), ("ATEN_CPU_CAPABILITY", "default"), ("OMP_NUM_THREADS", "2"),
-    ("HARNESS_VERIFIED", "/tmp/elsewhere.json"), ("LD_PRELOAD", "/tmp/x.so"),
-])
+@pytest.mark.parametrize(
+    "var, value",
+    [
+        ("COTANGENT_NATIVE", "0"),
+        ("CC", "/nonexistent/cc"),
+        ("ATEN_CPU_CAPABILITY", "default"),
+        ("OMP_NUM_THREADS", "2"),
+        ("HARNESS_VERIFIED", "/tmp/elsewhere.json"),
+        ("LD_PRELOAD", "/tmp/x.so"),
+    ],
+)
 def test_code_path_variables_are_refused_before_anything_runs(study, var, value):
-    refused(study, f"{var}={value}", "the environment sets what changes a run's code path; nothing was run",
-            env={var: value})
+    refused(
+        study,
+        f"{var}={value}",
+        "the environment sets what changes a run's code path; nothing was run",
+        env={var: value},
+    )
 
 
 def test_pythonpath_with_sitecustomize_is_refused(study, tmp_path):
@@ -186,11 +223,15 @@ def test_stale_unchecked_bytecode_is_never_read_by_a_worker(study):
     worker compiles the frozen source instead, so the runs are ok."""
     src = study / "harness" / "data" / "batches.py"
     original = src.read_text()
-    src.write_text("import os\nif os.environ.get('HARNESS_CODE_PATH'):\n    raise SystemExit('STALE BYTECODE')\n"
-                   + original)
+    src.write_text(
+        "import os\nif os.environ.get('HARNESS_CODE_PATH'):\n    raise SystemExit('STALE BYTECODE')\n"
+        + original
+    )
     cache = study / "harness" / "data" / "__pycache__"
     pyc = cache / f"batches.{sys.implementation.cache_tag}.pyc"
-    py_compile.compile(str(src), cfile=str(pyc), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    py_compile.compile(
+        str(src), cfile=str(pyc), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH
+    )
     src.write_text(original)  # the tracked source is untouched; the stale bytecode stays beside it
     for p in chain(study)[8:]:
         p.unlink()
@@ -198,7 +239,9 @@ def test_stale_unchecked_bytecode_is_never_read_by_a_worker(study):
     assert r.returncode == 0, r.stdout + r.stderr
     recs = record_dicts(study / RECS)
     assert [x["status"] for x in recs].count("ok") == 6
-    assert all(x["env"]["isolated"] is True for x in recs if x["status"] == "ok")  # interrupted ones carry no env
+    assert all(
+        x["env"]["isolated"] is True for x in recs if x["status"] == "ok"
+    )  # interrupted ones carry no env
 
 
 def test_planted_phase_library_is_replaced_by_a_fresh_build(study, tmp_path):
@@ -206,8 +249,14 @@ def test_planted_phase_library_is_replaced_by_a_fresh_build(study, tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COTANGENT_NATIVE_CACHE": str(cache)}
     for p in chain(study)[8:]:
         p.unlink()
-    run = lambda: subprocess.run([sys.executable, "-m", "harness.cli", "run", PROTO, "--quiet", "--no-report"],  # noqa: E731
-                                 cwd=study, capture_output=True, text=True, timeout=600, env=env)
+    run = lambda: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "harness.cli", "run", PROTO, "--quiet", "--no-report"],
+        cwd=study,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     first = run()
     assert first.returncode == 0, first.stdout + first.stderr
     (so,) = cache.glob("phase-*.so")
@@ -223,7 +272,9 @@ def test_planted_phase_library_is_replaced_by_a_fresh_build(study, tmp_path):
     assert second.returncode == 0, second.stdout + second.stderr
     assert hashlib.sha256(so.read_bytes()).hexdigest() == good
     rec = [x for x in record_dicts(study / RECS) if x["spec"]["arm"] == "cotangent"][-1]
-    assert rec["method_paths"]["phase_so_sha256"] == good and rec["method_paths"]["phase_kernel"].startswith("phase.c")
+    assert rec["method_paths"]["phase_so_sha256"] == good and rec["method_paths"]["phase_kernel"].startswith(
+        "phase.c"
+    )
 
 
 def test_torch_version_differs_from_the_study_s_earlier_runs(study):
@@ -236,6 +287,7 @@ def test_audit_fails_when_a_study_mixes_package_versions(study):
     def edit(r):
         if r["spec"]["unit"].endswith("pair000"):
             r["env"]["numpy"] = "0.1"
+
     reseal_all(study, edit)
     failed(study, "study pairs: the runs used 2 versions of numpy")
 
@@ -244,6 +296,7 @@ def test_what_varies_between_runs_of_a_study_is_named_not_failed(study):
     def edit(r):
         if r["spec"]["unit"].endswith("pair001"):
             r["env"].update(threads=2, host="other-host")
+
     reseal_all(study, edit)
     a = audit(study)
     assert a.returncode == 0, a.stdout
@@ -259,29 +312,40 @@ def test_audit_names_each_arm_s_phase_kernel(study):
     kernel = next(_kernel_of(r) for r in recs if r["spec"]["arm"] == "cotangent")
     a = audit(study)
     assert a.returncode == 0, a.stdout
-    assert (f"study pairs: phase kernel: arm cotangent: {kernel} in 3 record(s); arm native: none (no PackedAdamW) "
-            "in 3 record(s)") in a.stdout
+    assert (
+        f"study pairs: phase kernel: arm cotangent: {kernel} in 3 record(s); arm native: none (no PackedAdamW) "
+        "in 3 record(s)"
+    ) in a.stdout
 
 
 def test_an_arm_whose_records_disagree_on_the_phase_kernel_fails(study):
     """CC or PATH switched phase.c off for some runs: the arm ran two code paths."""
+
     def edit(r):
         if r["spec"]["unit"].endswith("pair001") and r["spec"]["arm"] == "cotangent":
             other = "torch kernels (no C compiler (set CC, or install cc/gcc/clang))"
             if not _kernel_of(r).startswith("phase.c"):
                 other = "phase.c (forms chosen)"
             r["method_paths"]["phase_kernel"] = other
+
     reseal_all(study, edit)
-    failed(study, "study pairs: the records of arm cotangent disagree on field method_paths.phase_kernel: ",
-           " (e.g. pairs.tiny_conv.pair001.candidate.a1.record.json)", "one arm runs one code path")
+    failed(
+        study,
+        "study pairs: the records of arm cotangent disagree on field method_paths.phase_kernel: ",
+        " (e.g. pairs.tiny_conv.pair001.candidate.a1.record.json)",
+        "one arm runs one code path",
+    )
 
 
 def test_a_phase_library_that_differs_between_runs_fails(study):
     def edit(r):
         if r["spec"]["unit"].endswith("pair002") and r["spec"]["arm"] == "cotangent":
             r["method_paths"]["phase_so_sha256"] = "0" * 64
+
     reseal_all(study, edit)
-    failed(study, "study pairs: field method_paths.phase_so_sha256 differs between runs: ", "0000000000000000 (")
+    failed(
+        study, "study pairs: field method_paths.phase_so_sha256 differs between runs: ", "0000000000000000 ("
+    )
 
 
 # -- 3. time order --------------------------------------------------------------------------------
@@ -292,15 +356,24 @@ def test_tag_dated_after_the_records_fails(study):
     message = git(study, "for-each-ref", "--format=%(contents)", "refs/tags/protocol-tiny")
     commit = git(study, "rev-parse", "protocol-tiny^{commit}").strip()
     git(study, "tag", "-d", "protocol-tiny")
-    subprocess.run(["git", "tag", "-a", "protocol-tiny", "-m", message.strip(), commit], cwd=study, check=True,
-                   env={**os.environ, "GIT_COMMITTER_DATE": "2031-01-01T00:00:00+00:00"})
+    subprocess.run(
+        ["git", "tag", "-a", "protocol-tiny", "-m", message.strip(), commit],
+        cwd=study,
+        check=True,
+        env={**os.environ, "GIT_COMMITTER_DATE": "2031-01-01T00:00:00+00:00"},
+    )
     new = git(study, "rev-parse", "protocol-tiny").strip()
     assert new != old
     reseal_all(study, lambda r: r["protocol"].update(tag_object=new, tag_created="2031-01-01T00:00:00+00:00"))
-    (study / RECS / "TAG").write_bytes(subprocess.run(["git", "cat-file", "tag", new], cwd=study, capture_output=True,
-                                                      check=True).stdout)  # the kept copy replaced too
-    failed(study, "time order", "tag protocol-tiny was created at 2031-01-01T00:00:00+00:00, after",
-           "the tag must precede every outcome")
+    (study / RECS / "TAG").write_bytes(
+        subprocess.run(["git", "cat-file", "tag", new], cwd=study, capture_output=True, check=True).stdout
+    )  # the kept copy replaced too
+    failed(
+        study,
+        "time order",
+        "tag protocol-tiny was created at 2031-01-01T00:00:00+00:00, after",
+        "the tag must precede every outcome",
+    )
 
 
 def test_record_started_before_its_predecessor_on_the_same_machine_fails(study):
@@ -309,9 +382,18 @@ def test_record_started_before_its_predecessor_on_the_same_machine_fails(study):
 
     def edit(r):
         if r["ledger"]["seq"] == third:
-            r["started_at"] = recs[0]["started_at"]  # claims to have started with the first run, on the same host
+            r["started_at"] = recs[0][
+                "started_at"
+            ]  # claims to have started with the first run, on the same host
+
     reseal_all(study, edit)
-    failed(study, "time order", f"ledger seq {third}", f"before seq {second} on the same machine", "out of time order")
+    failed(
+        study,
+        "time order",
+        f"ledger seq {third}",
+        f"before seq {second} on the same machine",
+        "out of time order",
+    )
 
 
 def test_git_replace_of_the_tag_object_is_not_honoured(study):
@@ -320,10 +402,18 @@ def test_git_replace_of_the_tag_object_is_not_honoured(study):
     real = git(study, "rev-parse", "protocol-tiny").strip()
     message = git(study, "cat-file", "tag", real)
     body = message.split("\n\n", 1)[1]
-    forged_body = body.replace(json.loads(body.split("freeze-manifest:", 1)[1])["protocol"]["sha256"], "f" * 64)
+    forged_body = body.replace(
+        json.loads(body.split("freeze-manifest:", 1)[1])["protocol"]["sha256"], "f" * 64
+    )
     header = message.split("\n\n", 1)[0]
-    forged = subprocess.run(["git", "mktag"], cwd=study, input=f"{header}\n\n{forged_body}", capture_output=True,
-                            text=True, check=True).stdout.strip()
+    forged = subprocess.run(
+        ["git", "mktag"],
+        cwd=study,
+        input=f"{header}\n\n{forged_body}",
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     git(study, "replace", "-f", real, forged)
     assert "f" * 64 in git(study, "cat-file", "tag", real)  # git itself now shows the forgery
     a = audit(study)
@@ -344,7 +434,11 @@ def test_head_must_be_a_full_sha256(study):
     assert a.returncode == 2 and "full 64-hex-digit sha256" in a.stdout
     ok = audit(study, "--head", f"{seq}:{head}")
     assert ok.returncode == 0, ok.stdout
-    assert ok.stdout.rstrip().splitlines()[-1].startswith("Anchored: the chain was checked against the published head")
+    assert (
+        ok.stdout.rstrip()
+        .splitlines()[-1]
+        .startswith("Anchored: the chain was checked against the published head")
+    )
 
 
 def test_anchor_pushes_every_unit_and_the_audit_checks_the_history(tmp_path):
@@ -360,7 +454,9 @@ def test_anchor_pushes_every_unit_and_the_audit_checks_the_history(tmp_path):
     assert log == [f"ledger head of protocol-tiny: seq {n}" for n in (12, 8, 4)]
     a = audit(repo, "--anchor", str(remote))
     assert a.returncode == 0, a.stdout
-    assert f"3 anchored heads in refs/ledger/protocol-tiny fetched from {remote}, up to seq 12 of 12" in a.stdout
+    assert (
+        f"3 anchored heads in refs/ledger/protocol-tiny fetched from {remote}, up to seq 12 of 12" in a.stdout
+    )
     assert a.stdout.rstrip().splitlines()[-1].startswith("Anchored:")
     # the audited repository's git config redirects the anchor to forged heads: not honoured
     fake = tmp_path / "fake.git"
@@ -368,7 +464,9 @@ def test_anchor_pushes_every_unit_and_the_audit_checks_the_history(tmp_path):
     ref = "refs/ledger/protocol-tiny"
     body = git(fake, "log", "-1", "--format=%B", ref)
     forged = body.replace(body.split("sha256 ")[1].split()[0], "f" * 64)
-    new = git(fake, "commit-tree", "4b825dc642cb6eb9a060e54bf8d69288fbee4904", "-p", ref, "-m", forged).strip()
+    new = git(
+        fake, "commit-tree", "4b825dc642cb6eb9a060e54bf8d69288fbee4904", "-p", ref, "-m", forged
+    ).strip()
     git(fake, "update-ref", ref, new)
     git(repo, "config", f"url.{fake}.insteadOf", str(remote))
     before = git(repo, "for-each-ref")
@@ -376,12 +474,19 @@ def test_anchor_pushes_every_unit_and_the_audit_checks_the_history(tmp_path):
     assert a.returncode == 0, a.stdout
     assert f"fetched from {remote}," in a.stdout and str(fake) not in a.stdout
     assert git(repo, "for-each-ref") == before  # nothing fetched into the audited repository
-    failed(repo, "anchored head seq 12 sha256 ffffffffffffffff", extra=("--anchor", str(fake)))  # the forgery itself
+    failed(
+        repo, "anchored head seq 12 sha256 ffffffffffffffff", extra=("--anchor", str(fake))
+    )  # the forgery itself
     git(repo, "config", "--unset", f"url.{fake}.insteadOf")
     # the tail after an anchored head, rewritten and resealed: the anchor's history does not match
     resealed(by_seq(repo)[-1], lambda x: x["timings"].update(training_s=0.001))
     rebuild_manifest(repo)
-    out = failed(repo, "anchored head seq 12", "history was rewritten after it was anchored", extra=("--anchor", str(remote)))
+    out = failed(
+        repo,
+        "anchored head seq 12",
+        "history was rewritten after it was anchored",
+        extra=("--anchor", str(remote)),
+    )
     assert "anchored head seq 8" not in out  # the earlier anchors still hold
 
 
@@ -445,16 +550,37 @@ def test_an_openpgp_signed_tag_does_not_pass_for_the_allowed_signers(tmp_path, m
     home = tmp_path / "gnupg"
     home.mkdir(mode=0o700)
     monkeypatch.setenv("GNUPGHOME", str(home))
-    subprocess.run(["gpg", "--batch", "--quiet", "--pinentry-mode", "loopback", "--passphrase", "", "--quick-gen-key",
-                    "Test <test@example.invalid>", "ed25519", "sign", "never"], check=True, capture_output=True)
-    r = signed_study(tmp_path / "study", (("gpg.format", "openpgp"), ("user.signingkey", "test@example.invalid")))
+    subprocess.run(
+        [
+            "gpg",
+            "--batch",
+            "--quiet",
+            "--pinentry-mode",
+            "loopback",
+            "--passphrase",
+            "",
+            "--quick-gen-key",
+            "Test <test@example.invalid>",
+            "ed25519",
+            "sign",
+            "never",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    r = signed_study(
+        tmp_path / "study", (("gpg.format", "openpgp"), ("user.signingkey", "test@example.invalid"))
+    )
     assert "-----BEGIN PGP SIGNATURE-----" in git(r, "cat-file", "tag", "protocol-tiny")
     gpg_ok = subprocess.run(["git", "verify-tag", "protocol-tiny"], cwd=r, capture_output=True, text=True)
     assert gpg_ok.returncode == 0, gpg_ok.stderr  # the keyring calls it good
     allowed = tmp_path / "allowed"
     allowed.write_text(f"reviewer@example.invalid {ssh_key(tmp_path / 'unrelated')}")
-    failed(r, "tag protocol-tiny: the tag object carries an OpenPGP signature, not an SSH signature",
-           extra=("--allowed-signers", str(allowed)))
+    failed(
+        r,
+        "tag protocol-tiny: the tag object carries an OpenPGP signature, not an SSH signature",
+        extra=("--allowed-signers", str(allowed)),
+    )
     assert "signed, not verified (pass --allowed-signers FILE)" in audit(r).stdout
 
 
@@ -484,8 +610,10 @@ def test_a_safe_dump_protocol_is_tagged_run_and_audited(tmp_path):
     import yaml
 
     doc = yaml.safe_load(tiny_protocol(prereg="true", steps=6))
-    doc["description"] = ("A long description: written by yaml.safe_dump, which quotes it for the colon and folds "
-                          "it over three lines because it is longer than the width")
+    doc["description"] = (
+        "A long description: written by yaml.safe_dump, which quotes it for the colon and folds "
+        "it over three lines because it is longer than the width"
+    )
     r = tmp_path / "study"
     (r / "protocols").mkdir(parents=True)
     for sub in ("configs", "harness", "analysis"):
@@ -517,14 +645,24 @@ def test_plug_in_importing_from_an_exempt_folder_is_refused(tmp_path):
     (r / "benchmarks" / "helper.py").write_text("FOREACH = True  # exempt: may change after the tag\n")
     (r / "plugs").mkdir()
     arm = (ROOT / "examples" / "foreach_arm.py").read_text()
-    (r / "plugs" / "arm.py").write_text(arm.replace("import torch\n", "import torch\n\nfrom benchmarks.helper import "
-                                                                       "FOREACH  # noqa: F401\n", 1))
-    (r / "plugs" / "dyn.py").write_text(arm.replace("def build(ctx: ArmContext) -> ForeachAdamW:\n",
-                                                    "def build(ctx: ArmContext) -> ForeachAdamW:\n    import importlib\n"
-                                                    "    importlib.import_module('bench' + 'marks.helper')\n"))
+    (r / "plugs" / "arm.py").write_text(
+        arm.replace(
+            "import torch\n", "import torch\n\nfrom benchmarks.helper import FOREACH  # noqa: F401\n", 1
+        )
+    )
+    (r / "plugs" / "dyn.py").write_text(
+        arm.replace(
+            "def build(ctx: ArmContext) -> ForeachAdamW:\n",
+            "def build(ctx: ArmContext) -> ForeachAdamW:\n    import importlib\n"
+            "    importlib.import_module('bench' + 'marks.helper')\n",
+        )
+    )
     for name in ("arm", "dyn"):
         (r / "protocols" / f"{name}.yaml").write_text(
-            tiny_protocol(id=name, prereg="true", steps=6).replace("[native, cotangent]", f"[native, plugs.{name}:build]"))
+            tiny_protocol(id=name, prereg="true", steps=6).replace(
+                "[native, cotangent]", f"[native, plugs.{name}:build]"
+            )
+        )
     git(r, "init", "-q", "-b", "main")
     git(r, "config", "user.email", "test@example.invalid")
     git(r, "config", "user.name", "Test")
@@ -535,7 +673,10 @@ def test_plug_in_importing_from_an_exempt_folder_is_refused(tmp_path):
         assert t.returncode == 0, t.stderr
     s = harness(r, "run", "protocols/arm.yaml", "--quiet")
     assert s.returncode == 2, s.stdout + s.stderr
-    assert "plugs/arm.py:15: imports benchmarks.helper, which lies in benchmarks/, exempt from the freeze" in s.stderr
+    assert (
+        "plugs/arm.py:15: imports benchmarks.helper, which lies in benchmarks/, exempt from the freeze"
+        in s.stderr
+    )
     assert not (r / "records" / "arm").exists()
     # a dynamic import gets past the static check, not past the worker's bootstrap: the run fails, saying why
     d = harness(r, "run", "protocols/dyn.yaml", "--quiet", "--no-report")
@@ -565,7 +706,11 @@ def test_a_folder_emptied_of_its_records_fails_against_its_heads(study):
     manifest_path.write_text(json.dumps({**manifest, "records": {}, "started": {}}))
     failed(study, f"ledger_head seq {head['seq']}", "records were removed")
     manifest_path.write_text(json.dumps({**manifest, "records": {}, "started": {}, "ledger_head": None}))
-    failed(study, "the folder holds no record at that position", extra=("--head", f"{head['seq']}:{head['sha256']}"))
+    failed(
+        study,
+        "the folder holds no record at that position",
+        extra=("--head", f"{head['seq']}:{head['sha256']}"),
+    )
 
 
 def test_records_inside_a_nested_repository_fail(study):
@@ -582,12 +727,18 @@ def test_the_records_folder_keeps_the_tag_object(study):
     """A clone without the tag ref (a branch pushed without tags) audits from the TAG file the runner
     keeps; a TAG that is not the tag's object, or names a commit the repository lacks, fails."""
     kept = (study / RECS / "TAG").read_bytes()
-    assert kept == subprocess.run(["git", "cat-file", "tag", "protocol-tiny"], cwd=study, capture_output=True,
-                                  check=True).stdout
+    assert (
+        kept
+        == subprocess.run(
+            ["git", "cat-file", "tag", "protocol-tiny"], cwd=study, capture_output=True, check=True
+        ).stdout
+    )
     git(study, "tag", "-d", "protocol-tiny")
     a = audit(study)
     assert a.returncode == 0, a.stdout
-    assert any(line.startswith("what ran is what was frozen") and "ok:" in line for line in a.stdout.splitlines())
+    assert any(
+        line.startswith("what ran is what was frozen") and "ok:" in line for line in a.stdout.splitlines()
+    )
     (study / RECS / "TAG").write_bytes(kept.replace(b"tagger ", b"tagger X", 1))  # another object id
     failed(study, "field protocol.tag_object")
     (study / RECS / "TAG").write_bytes(b"object " + b"0" * 40 + kept[47:])

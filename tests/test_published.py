@@ -1,5 +1,6 @@
 """The published study as a reader meets it: a fresh clone audits with no argument, and the README's
 result table is the committed report's."""
+
 from __future__ import annotations
 
 import re
@@ -15,8 +16,12 @@ STUDY = ROOT / "records" / "cpu1"
 
 
 def _tracked(path: Path) -> bool:
-    r = subprocess.run(["git", "ls-files", "--error-unmatch", str(path.relative_to(ROOT))], cwd=ROOT,
-                       capture_output=True, check=False)
+    r = subprocess.run(
+        ["git", "ls-files", "--error-unmatch", str(path.relative_to(ROOT))],
+        cwd=ROOT,
+        capture_output=True,
+        check=False,
+    )
     return r.returncode == 0
 
 
@@ -28,16 +33,34 @@ def test_a_fresh_clone_audits_every_committed_study(tmp_path, tags):
     if not _tracked(STUDY / "MANIFEST"):
         pytest.skip("records/cpu1 is not committed here")
     clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "-q", *([] if tags else ["--no-tags"]), str(ROOT), str(clone)], check=True)
-    out = subprocess.run([sys.executable, "-I", "-S", "analysis/public_audit.py"], cwd=clone, capture_output=True,
-                         text=True, timeout=600)
+    subprocess.run(
+        ["git", "clone", "-q", *([] if tags else ["--no-tags"]), str(ROOT), str(clone)], check=True
+    )
+    out = subprocess.run(
+        [sys.executable, "-I", "-S", "analysis/public_audit.py"],
+        cwd=clone,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Integrity: everything matched." in out.stdout
     assert "records/cpu1" in out.stdout
     if shutil.which("ssh-keygen") is None:
         pytest.skip("ssh-keygen is not installed: the audit passed; its signature check could not run here")
-    signed = subprocess.run([sys.executable, "analysis/public_audit.py", "records/cpu1", "--allowed-signers",
-                             "protocols/allowed_signers"], cwd=clone, capture_output=True, text=True, timeout=600)
+    signed = subprocess.run(
+        [
+            sys.executable,
+            "analysis/public_audit.py",
+            "records/cpu1",
+            "--allowed-signers",
+            "protocols/allowed_signers",
+        ],
+        cwd=clone,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert signed.returncode == 0, signed.stdout
     assert "good SSH signature" in signed.stdout
 
@@ -56,8 +79,19 @@ def test_the_readme_result_table_is_the_committed_report_s():
         assert want in report, f"README row {cells[0]!r}: {want} is not in records/cpu1/report.md"
     head = re.search(r"--head (\d+):([0-9a-f]{64})", section)
     assert head is not None
-    chain = subprocess.run([sys.executable, "analysis/public_audit.py", "records/cpu1", "--head",
-                            f"{head.group(1)}:{head.group(2)}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    chain = subprocess.run(
+        [
+            sys.executable,
+            "analysis/public_audit.py",
+            "records/cpu1",
+            "--head",
+            f"{head.group(1)}:{head.group(2)}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert chain.returncode == 0, chain.stdout
 
 

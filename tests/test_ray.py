@@ -4,6 +4,7 @@ The cluster runs in private network and PID namespaces (tests/ray_scenarios.py),
 127.0.0.1 only and every process it starts ends with the scenario script: the test stops only what
 it started.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,21 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
         study(work, name)
     local = harness(work / "local", "run", "protocols/tiny.yaml", "--quiet", "--no-report")
     assert local.returncode == 0, local.stdout + local.stderr
-    r = subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount-proc", sys.executable,
-                        str(ROOT / "tests" / "ray_scenarios.py"), str(work)], capture_output=True, text=True, timeout=2400)
+    r = subprocess.run(
+        [
+            "unshare",
+            "--net",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            sys.executable,
+            str(ROOT / "tests" / "ray_scenarios.py"),
+            str(work),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=2400,
+    )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     return work, json.loads((work / "scenarios.json").read_text())
 
@@ -72,19 +86,29 @@ def test_every_run_once_on_both_nodes_and_bitwise_as_local(scenarios):
         y = local_runs[rid]
         assert [c[1] for c in x["curve"]] == [c[1] for c in y["curve"]]  # per-step losses, bit for bit
         assert x["test_bpb"] == y["test_bpb"] and x["val_bpb"] == y["val_bpb"]
-        assert x["checkpoint"]["sha256"] and str(work / "node-") in x["checkpoint"]["path"]  # stays on the node
+        assert (
+            x["checkpoint"]["sha256"] and str(work / "node-") in x["checkpoint"]["path"]
+        )  # stays on the node
         assert x["timings"]["device_s_source"] == "worker"
         assert x["env"]["device_name"] and x["env"]["device_name"] != "x86_64"
         assert x["env"]["corpus_sha256"] == y["env"]["corpus_sha256"] and x["spec"]["corpus"] == "topics"
     shipped = [f for n in ("head", "second") for f in (work / f"node-{n}" / "data" / "topics").glob("*")]
-    assert {f.suffix for f in shipped} == {".train", ".valid", ".test"}  # the verified splits, written on the nodes
+    assert {f.suffix for f in shipped} == {
+        ".train",
+        ".valid",
+        ".test",
+    }  # the verified splits, written on the nodes
     units: dict[str, set[str]] = {}
     for x in ray_runs.values():
         units.setdefault(x["spec"]["unit"], set()).add(x["node"]["id"])
     assert all(len(v) == 1 for v in units.values())  # a pair never spans two devices
     assert f"ledger head: seq {4 * PAIRS}" in out["full_log"]  # a started entry and a record per run
-    a = subprocess.run([sys.executable, "-I", "-S", str(ROOT / "analysis" / "public_audit.py"), "records/tiny"],
-                       cwd=work / "full", capture_output=True, text=True)
+    a = subprocess.run(
+        [sys.executable, "-I", "-S", str(ROOT / "analysis" / "public_audit.py"), "records/tiny"],
+        cwd=work / "full",
+        capture_output=True,
+        text=True,
+    )
     rep = harness(work / "full", "report", "protocols/tiny.yaml", "--quiet")
     assert rep.returncode == 0 and a.returncode == 0, a.stdout
 
@@ -131,7 +155,13 @@ def test_node_killed_at_a_fixed_point_reruns_its_unit_whole(scenarios, name):
     summary = json.loads((repo / "records" / "tiny" / "summary.json").read_text())
     assert summary["records"]["superseded"] == KILLS[name] and summary["completeness"]["complete"]
     assert summary["studies"][0]["configs"][0]["pairs_used"] == PAIRS
-    a = subprocess.run([sys.executable, "-I", "-S", str(ROOT / "analysis" / "public_audit.py"), "records/tiny"],
-                       cwd=repo, capture_output=True, text=True)
+    a = subprocess.run(
+        [sys.executable, "-I", "-S", str(ROOT / "analysis" / "public_audit.py"), "records/tiny"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    )
     assert a.returncode == 0, a.stdout
-    assert f"unit {unit} ran again whole: analysed from its unit attempt 2; {KILLS[name]} superseded" in a.stdout
+    assert (
+        f"unit {unit} ran again whole: analysed from its unit attempt 2; {KILLS[name]} superseded" in a.stdout
+    )

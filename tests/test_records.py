@@ -1,4 +1,5 @@
 """The typed record: RunSpec, WorkerResult and RunRecord against the JSON files they are read from."""
+
 from __future__ import annotations
 
 import json
@@ -43,14 +44,17 @@ def _one() -> dict:
     return read_entry(COMMITTED[0])
 
 
-@pytest.mark.parametrize(("edit", "says"), [
-    (lambda d: d.update(gpu=True), "unknown fields gpu"),
-    (lambda d: d.pop("spec"), "missing spec"),
-    (lambda d: d.pop("status"), "missing status"),
-    (lambda d: d["spec"].update(gpu=True), "spec: unknown fields gpu"),
-    (lambda d: d["spec"].pop("seed"), "spec: missing seed"),
-    (lambda d: d.update(spec=[1]), "spec is not a mapping"),
-])
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda d: d.update(gpu=True), "unknown fields gpu"),
+        (lambda d: d.pop("spec"), "missing spec"),
+        (lambda d: d.pop("status"), "missing status"),
+        (lambda d: d["spec"].update(gpu=True), "spec: unknown fields gpu"),
+        (lambda d: d["spec"].pop("seed"), "spec: missing seed"),
+        (lambda d: d.update(spec=[1]), "spec is not a mapping"),
+    ],
+)
 def test_a_record_with_fields_this_harness_does_not_know_is_refused_naming_them(tmp_path: Path, edit, says):
     data = _one()
     edit(data)
@@ -63,10 +67,29 @@ def test_a_record_with_fields_this_harness_does_not_know_is_refused_naming_them(
 def test_a_records_optional_fields_are_absent_not_null():
     """What the worker never got to is left out of the JSON; the fields every record has stay, null or not."""
     rec = RunRecord.from_json(_one())
-    bare = RunRecord(schema_version=3, protocol={}, plan_sha256="p", spec=rec.spec, attempt=1,
-                     git={"commit": None, "dirty": None}, status="interrupted")
-    assert set(bare.to_json()) == {"schema_version", "protocol", "plan_sha256", "spec", "attempt", "git", "status",
-                                   "reason", "timings", "unit_attempt", "started_at", "finished_at"}
+    bare = RunRecord(
+        schema_version=3,
+        protocol={},
+        plan_sha256="p",
+        spec=rec.spec,
+        attempt=1,
+        git={"commit": None, "dirty": None},
+        status="interrupted",
+    )
+    assert set(bare.to_json()) == {
+        "schema_version",
+        "protocol",
+        "plan_sha256",
+        "spec",
+        "attempt",
+        "git",
+        "status",
+        "reason",
+        "timings",
+        "unit_attempt",
+        "started_at",
+        "finished_at",
+    }
     assert bare.to_json()["reason"] is None and RunRecord.from_json(bare.to_json()) == bare
 
 
@@ -96,20 +119,28 @@ _optional = {
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
-@given(status=st.sampled_from(["ok", "failed", "running"]), values=st.fixed_dictionaries({}, optional=_optional))
+@given(
+    status=st.sampled_from(["ok", "failed", "running"]), values=st.fixed_dictionaries({}, optional=_optional)
+)
 def test_worker_results_cross_the_pipe_unchanged(status, values):
     """Any result a worker can build arrives as the same typed result after the JSON line it travels as."""
     res = WorkerResult(status=status, **values)
     line = json.dumps(jsonable(res.to_json()), sort_keys=True, allow_nan=False)
     back = WorkerResult.from_json(json.loads(line))
     assert back == res
-    assert set(res.to_json()) == {"status", "reason", "timings"} | {k for k, v in values.items() if v is not None}
+    assert set(res.to_json()) == {"status", "reason", "timings"} | {
+        k for k, v in values.items() if v is not None
+    }
 
 
 def test_a_non_finite_measurement_is_written_as_null():
     res = WorkerResult(status="failed", curve=[[1.0, math.nan, 0.5]], timings={"device_s": math.inf})
     assert json.loads(canonical(jsonable(res.to_json()))) == {
-        "status": "failed", "reason": None, "curve": [[1.0, None, 0.5]], "timings": {"device_s": None}}
+        "status": "failed",
+        "reason": None,
+        "curve": [[1.0, None, 0.5]],
+        "timings": {"device_s": None},
+    }
 
 
 def test_a_record_is_frozen_and_its_spec_typed():

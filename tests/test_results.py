@@ -1,4 +1,5 @@
 """The summary's results, typed: derive's typed summary is summary.json, and summary.json reads back into it."""
+
 from __future__ import annotations
 
 import json
@@ -28,13 +29,22 @@ def test_the_typed_summary_of_committed_records_is_their_summary_json(folder: Pa
     assert any(isinstance(c, PairedResult) for s in back.studies for c in s.configs)
 
 
-@pytest.mark.parametrize(("edit", "says"), [
-    (lambda d: d.update(schema_version=SUMMARY_SCHEMA + 1), f"summary schema_version {SUMMARY_SCHEMA + 1} is not"),
-    (lambda d: d["records"].update(gpu=1), "records: RecordCounts: unknown fields gpu"),
-    (lambda d: d["completeness"].pop("text"), "completeness: Completeness: missing text"),
-    (lambda d: d["hypotheses"]["decisions"][0].update(id="H9"), "decision 'H9' is not a hypothesis of the protocol"),
-    (lambda d: d.update(studies={}), "x.json.studies: expected a JSON list"),
-])
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (
+            lambda d: d.update(schema_version=SUMMARY_SCHEMA + 1),
+            f"summary schema_version {SUMMARY_SCHEMA + 1} is not",
+        ),
+        (lambda d: d["records"].update(gpu=1), "records: RecordCounts: unknown fields gpu"),
+        (lambda d: d["completeness"].pop("text"), "completeness: Completeness: missing text"),
+        (
+            lambda d: d["hypotheses"]["decisions"][0].update(id="H9"),
+            "decision 'H9' is not a hypothesis of the protocol",
+        ),
+        (lambda d: d.update(studies={}), "x.json.studies: expected a JSON list"),
+    ],
+)
 def test_a_summary_this_code_cannot_read_is_refused_naming_the_field(edit, says):
     data = json.loads(FIXTURE.read_text())
     edit(data)
