@@ -20,6 +20,7 @@ from scipy import integrate as _integrate
 from scipy import stats as _st
 
 from analysis.pair_values import ENDPOINT_KEYS
+from analysis.selection import measured
 from analysis.stats import paired_values, reduction
 from analysis.ttests import bounds, one_sided, scale, sign
 
@@ -84,7 +85,7 @@ def aa_noise(records: list[RunRecord], endpoint: str, estimand: str) -> dict[str
 
 def _value(rec: RunRecord, key: str) -> float | None:
     if key in ("test_bpb",):
-        return rec.test_bpb
+        return measured(rec.test_bpb)
     if key == "peak_memory_bytes":
         mem = rec.memory or {}
         primary = mem.get("primary")

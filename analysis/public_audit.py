@@ -26,7 +26,7 @@ if _ADDED:
 from audit.cli import main  # noqa: E402
 from audit.decisions import decide, sensitivity  # noqa: E402
 from audit.descriptive import by_device, drift, endpoint, interval, per_pair  # noqa: E402
-from audit.freeze import _differences  # noqa: E402
+from audit.freeze import field_differences  # noqa: E402
 from audit.plan import expected_summary, plan_from_protocol  # noqa: E402
 from audit.ranks import signed_rank, tail_count  # noqa: E402
 from audit.recompute import compare, recompute  # noqa: E402
@@ -38,7 +38,7 @@ if _ADDED:
 
 __all__ = [
     "YamlError",
-    "_differences",
+    "field_differences",
     "by_device",
     "compare",
     "decide",

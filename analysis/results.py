@@ -8,7 +8,6 @@ of JSON objects, as they are written and as the order diagnostics and decisions 
 
 from __future__ import annotations
 
-import dataclasses
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -17,7 +16,7 @@ from typing import Any, TypeVar
 
 from analysis.preregistration import Hypothesis
 from analysis.stats import PairedInterval
-from harness.records import plain
+from harness.jsonfields import exact_fields, plain
 
 #: summary.json's format (``schema_version``). 2: "completeness"; 3: "hypotheses" (one decision each),
 #: "flow", order diagnostics, failed-arm sensitivity; 4: ratio estimands on the log ratio
@@ -56,29 +55,30 @@ def _build(cls: Any, data: Any, where: str) -> Any:
     if not isinstance(data, Mapping):
         raise SummaryFormatError(f"{where}: expected a JSON object for {cls.__name__}")
     names = [f.name for f in fields(cls)]
-    if set(data) != set(names):
-        extra, missing = sorted(set(data) - set(names)), sorted(set(names) - set(data))
-        raise SummaryFormatError(
-            f"{where}: {cls.__name__}: "
-            + "; ".join(
-                ([f"unknown fields {', '.join(extra)}"] if extra else [])
-                + ([f"missing {', '.join(missing)}"] if missing else [])
-            )
-        )
+    exact_fields(f"{where}: {cls.__name__}", data, names, SummaryFormatError)
     hints = typing.get_type_hints(cls)
     return cls(**{n: _value(hints[n], data[n], f"{where}.{n}") for n in names})
 
 
 def _value(hint: Any, value: Any, where: str) -> Any:
-    if value is None:
-        return None
     args = typing.get_args(hint)
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        built = [a for a in args if is_dataclass(a)]
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    if value is None:
+        if union and type(None) in args:
+            return None
+        raise SummaryFormatError(f"{where} is null")
+    if union and any(isinstance(a, type) and is_dataclass(a) and isinstance(value, a) for a in args):
+        return value  # already read (Summary.read reads the hypotheses first)
+    if union:
+        built: list[type] = [a for a in args if isinstance(a, type) and is_dataclass(a)]
         if not built:
             return value
         fit = [a for a in built if isinstance(value, Mapping) and set(value) == {f.name for f in fields(a)}]
-        return _value(fit[0] if fit else built[0], value, where)
+        if not fit:
+            raise SummaryFormatError(
+                f"{where}: its fields are those of none of {', '.join(a.__name__ for a in built)}"
+            )
+        return _value(fit[0], value, where)
     if is_dataclass(hint):
         return hint.from_json(value, where) if hasattr(hint, "from_json") else _build(hint, value, where)
     if typing.get_origin(hint) is Sequence and args and (is_dataclass(args[0]) or typing.get_args(args[0])):
@@ -236,15 +236,22 @@ class Decided:
     def from_json(cls, data: Any, where: str, tests: Sequence[Mapping[str, Any]] = ()) -> Decided:
         """A decision row of summary.json, its hypothesis taken whole from the protocol's ``tests``."""
         own = {f.name for f in fields(HypothesisDecision)} - {"hypothesis"}
-        test = next((t for t in tests if t.get("id") == data.get("id")), None)
-        if test is None:
-            raise SummaryFormatError(
-                f"{where}: decision {data.get('id')!r} is not a hypothesis of the protocol"
-            )
-        return cls(
-            decision=HypothesisDecision(hypothesis=Hypothesis.of(test), **{k: data[k] for k in own}),
-            sensitivity=data.get("sensitivity"),
+        if not isinstance(data, Mapping):
+            raise SummaryFormatError(f"{where}: expected a JSON object for a decision")
+        exact_fields(
+            f"{where}: decision", data, own | set(_DECIDED_FIELDS) | {"sensitivity"}, SummaryFormatError
         )
+        test = next((t for t in tests if t.get("id") == data["id"]), None)
+        if test is None:
+            raise SummaryFormatError(f"{where}: decision {data['id']!r} is not a hypothesis of the protocol")
+        decision = HypothesisDecision(hypothesis=Hypothesis.of(test), **{k: data[k] for k in own})
+        differ = [k for k in _DECIDED_FIELDS if decision.as_dict()[k] != data[k]]
+        if differ:
+            raise SummaryFormatError(
+                f"{where}: decision {data['id']!r} differs from the protocol's hypothesis in "
+                f"{', '.join(differ)}"
+            )
+        return cls(decision=decision, sensitivity=data["sensitivity"])
 
 
 @dataclass(frozen=True)
@@ -258,7 +265,12 @@ class Hypotheses(_Json):
 
     @classmethod
     def read(cls, data: Mapping[str, Any], tests: Sequence[Mapping[str, Any]], where: str) -> Hypotheses:
-        rows = data.get("decisions") or []
+        if not isinstance(data, Mapping):
+            raise SummaryFormatError(f"{where}: expected a JSON object")
+        exact_fields(where, data, [f.name for f in fields(cls)], SummaryFormatError)
+        rows = data["decisions"]
+        if not isinstance(rows, list):
+            raise SummaryFormatError(f"{where}.decisions: expected a JSON list")
         return cls(
             procedure=data["procedure"],
             family_alpha=data["family_alpha"],
@@ -310,12 +322,23 @@ class Summary(_Json):
                 f"code reads ({SUMMARY_SCHEMA})"
             )
         body = {k: v for k, v in data.items() if k != "sha256"}
-        hyp = body.get("hypotheses") or {}
-        tests = ((body.get("protocol") or {}).get("hypotheses") or {}).get("tests") or []
+        if not isinstance(body.get("protocol"), Mapping):
+            raise SummaryFormatError(f"{where}: protocol: missing, or not a JSON object")
+        hyp = body.get("hypotheses")
+        if not isinstance(hyp, Mapping):
+            raise SummaryFormatError(f"{where}: hypotheses: missing, or not a JSON object")
+        tests = (body["protocol"].get("hypotheses") or {}).get("tests") or []
         typed = (
             Descriptive.from_json(hyp, f"{where}: hypotheses")
             if "descriptive" in hyp
             else Hypotheses.read(hyp, tests, f"{where}: hypotheses")
         )
-        out: Summary = _build(cls, {**body, "hypotheses": None}, where)
-        return dataclasses.replace(out, hypotheses=typed)
+        out: Summary = _build(cls, {**body, "hypotheses": typed}, where)
+        for study in out.studies:
+            kind = PairedResult if study.design == "paired" else FactorialResult
+            if any(not isinstance(c, kind) for c in study.configs):
+                raise SummaryFormatError(
+                    f"{where}: study {study.name}: a {study.design} study's configurations "
+                    f"are {kind.__name__}s"
+                )
+        return out

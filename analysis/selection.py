@@ -29,6 +29,12 @@ __all__ = [
 ]
 
 
+def measured(x: float | None) -> float | None:
+    """A record's measurement as the summary's tables hold it: ``None`` when absent or non-finite
+    (a record reads a non-finite one, ``null`` in its file, as NaN)."""
+    return x if x is not None and math.isfinite(x) else None
+
+
 def peak_memory(rec: RunRecord) -> float | None:
     """The record's peak memory in bytes, by the key its ``memory`` names ``primary``.
 
@@ -89,8 +95,8 @@ def run_rows(records: list[RunRecord]) -> list[dict[str, Any]]:
                 "time_to_target_s": t.get("time_to_target_s"),
                 "total_s": t.get("total_s"),
                 "device_s": t.get("device_s"),
-                "val_bpb": r.val_bpb,
-                "test_bpb": r.test_bpb,
+                "val_bpb": measured(r.val_bpb),
+                "test_bpb": measured(r.test_bpb),
                 "peak_memory_bytes": peak_memory(r),
             }
         )

@@ -1,4 +1,5 @@
-"""Paired Student-t intervals and factorial contrasts (decisions: :mod:`analysis.decisions`).
+"""Paired Student-t intervals (factorial contrasts: :mod:`analysis.factorial`; decisions:
+:mod:`analysis.decisions`).
 
 Never imports torch: the analysis reads records and nothing else.
 """

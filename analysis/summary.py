@@ -47,7 +47,16 @@ from analysis.results import (
     TimeToTarget,
     TrainingTime,
 )
-from analysis.selection import completeness, current, failed_pairs, flow, peak_memory, run_rows, unfinished
+from analysis.selection import (
+    completeness,
+    current,
+    failed_pairs,
+    flow,
+    measured,
+    peak_memory,
+    run_rows,
+    unfinished,
+)
 from analysis.stats import PairedInterval, paired_interval, paired_values
 from analysis.ttests import magnitude_problem, scale
 from harness.records import RunRecord, StartedEntry, load_records
@@ -86,7 +95,7 @@ def _valid(x: Any, positive: bool) -> TypeGuard[float]:
     )
 
 
-def _endpoint(b0: list[Any], c0: list[Any], level: float, estimand: str) -> Endpoint:
+def descriptive_endpoint(b0: list[Any], c0: list[Any], level: float, estimand: str) -> Endpoint:
     """Descriptive means and interval over the pairs whose two values are finite numbers (positive for
     ratios); ``invalid_pairs`` counts the others (a decision on them is "not reached", naming the pair)."""
     ok = [
@@ -132,8 +141,8 @@ def _paired(
                 "candidate_time_to_target_s": c.timings["time_to_target_s"],
                 "baseline_total_s": b.timings["total_s"],
                 "candidate_total_s": c.timings["total_s"],
-                "baseline_test_bpb": b.test_bpb,
-                "candidate_test_bpb": c.test_bpb,
+                "baseline_test_bpb": measured(b.test_bpb),
+                "candidate_test_bpb": measured(c.test_bpb),
                 "baseline_peak_memory_bytes": peak_memory(b),
                 "candidate_peak_memory_bytes": peak_memory(c),
                 "time_reduction_pct": 100.0 * (1.0 - c.timings["training_s"] / b.timings["training_s"])
@@ -150,7 +159,9 @@ def _paired(
     ]  # both training times finite and positive
     training = TrainingTime(
         **vars(
-            _endpoint(col("baseline_training_s"), col("candidate_training_s"), level, "relative_reduction")
+            descriptive_endpoint(
+                col("baseline_training_s"), col("candidate_training_s"), level, "relative_reduction"
+            )
         ),
         log_ratio=_interval(
             [p["baseline_training_s"] for p in timed],
@@ -166,7 +177,7 @@ def _paired(
     ]
     ttt = TimeToTarget(
         **vars(
-            _endpoint(
+            descriptive_endpoint(
                 [p["baseline_time_to_target_s"] for p in both],
                 [p["candidate_time_to_target_s"] for p in both],
                 level,
@@ -179,9 +190,11 @@ def _paired(
             "candidate": sum(p["candidate_time_to_target_s"] is None for p in pairs),
         },
     )
-    quality = _endpoint(col("baseline_test_bpb"), col("candidate_test_bpb"), level, "difference")
+    quality = descriptive_endpoint(col("baseline_test_bpb"), col("candidate_test_bpb"), level, "difference")
     mem_b, mem_c = col("baseline_peak_memory_bytes"), col("candidate_peak_memory_bytes")
-    memory = _endpoint(mem_b, mem_c, level, "relative_reduction") if None not in mem_b + mem_c else None
+    memory = (
+        descriptive_endpoint(mem_b, mem_c, level, "relative_reduction") if None not in mem_b + mem_c else None
+    )
     faster = sum(1 for p in timed if p["candidate_training_s"] < p["baseline_training_s"])
     slower = sum(1 for p in timed if p["candidate_training_s"] > p["baseline_training_s"])
     return PairedResult(
@@ -195,7 +208,9 @@ def _paired(
         pairs_used=len(pairs),
         training_time=training,
         time_to_target=ttt,
-        total_time=_endpoint(col("baseline_total_s"), col("candidate_total_s"), level, "relative_reduction"),
+        total_time=descriptive_endpoint(
+            col("baseline_total_s"), col("candidate_total_s"), level, "relative_reduction"
+        ),
         test_bpb=quality,
         peak_memory=memory,
         counts={
@@ -232,7 +247,7 @@ def _factorial(
                 "seed": cells[names[0]].spec.seed,
                 "order": order,
                 **{f"{c}_training_s": cells[c].timings["training_s"] for c in names},
-                **{f"{c}_test_bpb": cells[c].test_bpb for c in names},
+                **{f"{c}_test_bpb": measured(cells[c].test_bpb) for c in names},
             }
         )
     means = {

@@ -176,7 +176,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from analysis.page import write_page
     from analysis.summary import derive, load_records
     from harness.protocol import load_protocol
-    from harness.records import seal
+    from harness.records import load_started, seal
 
     proto = load_protocol(args.protocol)
     records = load_records(proto.records_path)
@@ -187,7 +187,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not out.is_dir():
         raise InputError(f"--out {args.out}: not a folder")
-    summary = derive(records)
+    summary = derive(records, load_started(proto.records_path))  # as harness report derives summary.json
     path = write_page(
         summary,
         proto.records_path,

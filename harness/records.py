@@ -31,7 +31,8 @@ same bytes (``tests/test_records.py`` checks every committed record). The ledger
 the files themselves, as JSON objects.
 
 Canonical JSON: ``json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-allow_nan=False)`` encoded as UTF-8. Non-finite floats are stored as ``null``.
+allow_nan=False)`` encoded as UTF-8. Non-finite floats are stored as ``null`` (and a non-finite
+measurement, ``NONFINITE_AS_NULL``, reads back as NaN, so its key stays).
 """
 
 from __future__ import annotations
@@ -39,12 +40,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypedDict, cast
 
 from harness.files import atomic_write
+from harness.jsonfields import exact_fields, json_fields, plain
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
@@ -89,34 +91,6 @@ class LedgerHead(TypedDict):
 class GitState(TypedDict):
     commit: str | None
     dirty: bool | None
-
-
-def exact_fields(what: str, have: Iterable[str], want: Iterable[str], error: type[ValueError]) -> None:
-    """Raise ``error`` naming the unknown and the missing fields when ``have`` is not ``want``."""
-    have, want = set(have), set(want)
-    extra, missing = sorted(have - want), sorted(want - have)
-    if extra or missing:
-        raise error(
-            f"{what}: "
-            + "; ".join(
-                ([f"unknown fields {', '.join(extra)}"] if extra else [])
-                + ([f"missing {', '.join(missing)}"] if missing else [])
-            )
-        )
-
-
-def plain(value: Any) -> Any:
-    """A value as JSON holds it: objects with ``to_json`` by it, other dataclasses by their fields,
-    mappings as dicts, sequences as lists."""
-    if hasattr(value, "to_json") and not isinstance(value, type):
-        return value.to_json()
-    if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: plain(getattr(value, f.name)) for f in fields(value)}
-    if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return value
 
 
 @dataclass(frozen=True)
@@ -169,7 +143,6 @@ _ALWAYS = frozenset(
         "spec",
         "attempt",
         "git",
-        "unit_attempt",
         "started_at",
         "finished_at",
     }
@@ -201,7 +174,8 @@ class WorkerResult:
     log_tail: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON object: every set field (and the ones always written), non-finite floats kept."""
+        """The JSON object: every set field (and the ones always written), non-finite floats kept
+        (:func:`seal` writes them as ``null``)."""
         return {
             f.name: plain(v)
             for f in fields(self)
@@ -210,16 +184,18 @@ class WorkerResult:
 
     @classmethod
     def from_json(cls, data: Any, what: str = "worker result") -> WorkerResult:
-        """Read a worker's result, refusing fields this class does not know."""
-        if not isinstance(data, Mapping):
-            raise RecordFormatError(f"{what} is not a JSON object")
-        names = {f.name for f in fields(cls)}
-        exact_fields(what, set(data), names & (set(data) | {"status"}), RecordFormatError)
-        return cls(**data)
+        """Read a worker's result, refusing fields this class does not know or values of the wrong
+        JSON type."""
+        return cls(**json_fields(cls, data, what, RecordFormatError, NONFINITE_AS_NULL))
 
     def worker_fields(self) -> dict[str, Any]:
         """This result's own fields, as keyword arguments (to build a record from it)."""
         return {f.name: getattr(self, f.name) for f in fields(WorkerResult)}
+
+
+#: The measurements a non-finite value turns to ``null`` in a file: read back as NaN, not as
+#: ``None`` (a field the worker never got to), so that the record writes back the same bytes.
+NONFINITE_AS_NULL = ("val_bpb", "test_bpb", "rescored_test_bpb")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -234,7 +210,7 @@ class RunRecord(WorkerResult):
     spec: RunSpec
     attempt: int  # 1-based attempt number of this run
     git: GitState
-    unit_attempt: int = 1  # which run of its unit this attempt belongs to (schema 3; 1 before it)
+    unit_attempt: int = 1  # which run of its unit this attempt belongs to (schema 3; 1 before, unwritten)
     start: Mapping[str, Any] | None = (
         None  # the started entry this record ends: its seq and sha256 (schema 3)
     )
@@ -244,21 +220,18 @@ class RunRecord(WorkerResult):
     ledger: LedgerLink | None = None  # set when the ledger appends it (schema 2 on)
     sha256: str | None = None  # set when it is sealed
 
-    @property
-    def run_id(self) -> str:
-        return self.spec.run_id
+    def to_json(self) -> dict[str, Any]:
+        out = super().to_json()
+        if self.schema_version < 3:
+            del out["unit_attempt"]  # records before schema 3 have no unit attempts
+        return out
 
     @classmethod
     def from_json(cls, data: Any, what: str = "record") -> RunRecord:
-        """Read a record's JSON object, refusing unknown or missing fields (naming them)."""
-        if not isinstance(data, Mapping):
-            raise RecordFormatError(f"{what} is not a JSON object")
-        required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
-        exact_fields(
-            what, set(data), {f.name for f in fields(cls)} & (set(data) | required), RecordFormatError
-        )
-        spec = RunSpec.from_json(data["spec"], f"{what}: spec", RecordFormatError)
-        return cls(**{**data, "spec": spec})
+        """Read a record's JSON object, refusing unknown or missing fields (naming them) and values
+        of the wrong JSON type."""
+        found = json_fields(cls, data, what, RecordFormatError, NONFINITE_AS_NULL)
+        return cls(**{**found, "spec": RunSpec.from_json(found["spec"], f"{what}: spec", RecordFormatError)})
 
 
 def jsonable(obj: Any) -> Any:

@@ -179,7 +179,7 @@ def test_audit_derives_every_shipped_protocol_s_record_copy_as_the_harness_write
     mine = public_audit.expected_summary(
         public_audit.yaml_subset(path.read_text()), proto.sha256, proto.relpath
     )
-    assert public_audit._differences(mine, theirs, "protocol") == []
+    assert public_audit.field_differences(mine, theirs, "protocol") == []
     assert json_types(mine) == json_types(theirs)
 
 

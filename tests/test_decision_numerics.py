@@ -400,9 +400,9 @@ def test_summary_skips_and_names_a_damaged_training_time(records, bad):
 
 @pytest.mark.parametrize("c", [[1e-200, 2e-200, 3e-200, 5e-200], [1e200, 2e200, 3e200, 5e200]])
 def test_descriptive_interval_of_extreme_magnitudes_is_omitted(c):
-    from analysis.summary import _endpoint
+    from analysis.summary import descriptive_endpoint
 
-    mine = _endpoint(
+    mine = descriptive_endpoint(
         [0.0] * 4, c, 0.9, "difference"
     ).to_json()  # was OverflowError for 1e200 (squares), before any decision
     assert mine["pairs"] == 4 and mine["interval"] is None
@@ -412,9 +412,9 @@ def test_descriptive_interval_of_extreme_magnitudes_is_omitted(c):
 
 
 def test_identical_values_keep_their_degenerate_interval():
-    from analysis.summary import _endpoint
+    from analysis.summary import descriptive_endpoint
 
-    mine = _endpoint(
+    mine = descriptive_endpoint(
         [3.0, 3.5, 2.5], [3.0, 3.5, 2.5], 0.9, "difference"
     ).to_json()  # bitwise-equal BPB of A/A pairs
     assert mine["interval"]["low"] == mine["interval"]["high"] == 0.0

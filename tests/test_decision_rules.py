@@ -410,11 +410,11 @@ def test_relabelling_mirrors_time_to_target(seed, censoring, lower, unreached, e
 
 
 def test_descriptive_endpoints_skip_null_values():
-    from analysis.summary import _endpoint
+    from analysis.summary import descriptive_endpoint
 
     b, c = [1.0, 2.0, None, 4.0, float("nan"), 3.0], [1.1, 2.1, 3.0, 3.9, 5.0, 2.8]
     for est in ("difference", "relative_reduction"):
-        mine = _endpoint(b, c, 0.9, est).to_json()
+        mine = descriptive_endpoint(b, c, 0.9, est).to_json()
         assert mine["pairs"] == 4 and mine["invalid_pairs"] == 2 and mine["interval"] is not None
         problems: list[str] = []
         A.compare("endpoint", A.endpoint(b, c, 0.9, est), mine, problems, "null")

@@ -52,7 +52,7 @@ def _one() -> dict:
         (lambda d: d.pop("status"), "missing status"),
         (lambda d: d["spec"].update(gpu=True), "spec: unknown fields gpu"),
         (lambda d: d["spec"].pop("seed"), "spec: missing seed"),
-        (lambda d: d.update(spec=[1]), "spec is not a mapping"),
+        (lambda d: d.update(spec=[1]), "spec is list, not RunSpec"),
     ],
 )
 def test_a_record_with_fields_this_harness_does_not_know_is_refused_naming_them(tmp_path: Path, edit, says):
@@ -149,3 +149,51 @@ def test_a_record_is_frozen_and_its_spec_typed():
         rec.status = "ok"  # type: ignore[misc]
     assert {f.name for f in fields(RunRecord)} >= {f.name for f in fields(WorkerResult)}
     assert RunSpec.from_json(rec.spec.to_json()) == rec.spec
+
+
+def test_a_non_finite_measurement_keeps_its_key_as_null_through_the_pipe_and_the_record():
+    """A worker's inf or NaN BPB travels its pipe as null, reads back as NaN, and is written as null:
+    the key stays, as it always has (the audit reads it), and the record writes back the same bytes."""
+    rec = RunRecord.from_json(_one())
+    res = WorkerResult(status="ok", test_bpb=math.inf, rescored_test_bpb=math.inf, val_bpb=math.nan)
+    line = json.loads(json.dumps(jsonable(res.to_json()), allow_nan=False))
+    back = WorkerResult.from_json(line)
+    assert math.isinf(res.test_bpb) and math.isnan(back.test_bpb) and math.isnan(back.val_bpb)
+    written = seal(
+        RunRecord(
+            **{**rec.worker_fields(), **back.worker_fields()},
+            schema_version=3,
+            protocol=rec.protocol,
+            plan_sha256=rec.plan_sha256,
+            spec=rec.spec,
+            attempt=1,
+            git=rec.git,
+        ).to_json()
+    )
+    assert written["test_bpb"] is None and written["val_bpb"] is None and written["rescored_test_bpb"] is None
+    assert canonical(seal(RunRecord.from_json(written).to_json())) == canonical(written)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_older_records_write_back_to_their_own_bytes(version):
+    """A version 1 record (no ledger) and a version 2 one (no attempts) gain no field on the way back."""
+    drop = {"start", "unit_attempt", "sha256"} | ({"ledger"} if version == 1 else set())
+    old = seal({**{k: v for k, v in _one().items() if k not in drop}, "schema_version": version})
+    rec = RunRecord.from_json(old)
+    assert rec.unit_attempt == 1 and rec.start is None
+    assert canonical(seal(rec.to_json())) == canonical(old)
+
+
+@pytest.mark.parametrize(
+    ("result", "says"),
+    [
+        ({"status": "ok", "timings": None}, "timings is null"),
+        ({"status": "ok", "curve": "x"}, "curve is str"),
+        ({"status": 3}, "status is int"),
+        ({"status": "ok", "parameters": True}, "parameters is bool"),
+        ({"status": "ok", "test_bpb": "3.1"}, "test_bpb is str"),
+    ],
+)
+def test_a_worker_result_of_the_wrong_json_type_is_refused(result, says):
+    with pytest.raises(RecordFormatError, match=f"worker result: {says}"):
+        WorkerResult.from_json(result)

@@ -50,3 +50,31 @@ def test_a_summary_this_code_cannot_read_is_refused_naming_the_field(edit, says)
     edit(data)
     with pytest.raises(SummaryFormatError, match=says):
         Summary.read(data, "x.json")
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda d: d["hypotheses"].update(x=1), "hypotheses: unknown fields x"),
+        (lambda d: d["hypotheses"]["decisions"][0].pop("status"), "decision: missing status"),
+        (
+            lambda d: d["hypotheses"]["decisions"][0].update(margin=99.0),
+            "differs from the protocol's hypothesis in margin",
+        ),
+        (lambda d: d.update(records=None), "x.json.records is null"),
+        (lambda d: d.pop("protocol"), "protocol: missing"),
+        (
+            lambda d: d["studies"][1]["configs"][0].update(bogus=1),
+            "fields are those of none of PairedResult, FactorialResult",
+        ),
+        (
+            lambda d: d["studies"][1].update(design="paired"),
+            "a paired study's configurations are PairedResults",
+        ),
+    ],
+)
+def test_the_reader_refuses_what_summary_json_never_holds_at_any_depth(edit, says):
+    data = json.loads(FIXTURE.read_text())
+    edit(data)
+    with pytest.raises(SummaryFormatError, match=says):
+        Summary.read(data, "x.json")

@@ -17,10 +17,10 @@ from .ledger import (
     RECORD_SUFFIX,
     SCHEMAS,
     STARTED_SUFFIX,
-    _read_json,
     canonical,
     check_attempts,
     check_ledger,
+    read_json,
     record_name,
     self_hash_ok,
     sha256,
@@ -131,7 +131,7 @@ def _manifest(out: _Report) -> dict | None:
         out.problems.append(f"{manifest_path}: missing")
         out.row("manifest", False, "MANIFEST missing")
         return None
-    manifest = _read_json(manifest_path)
+    manifest = read_json(manifest_path)
     if not isinstance(manifest, dict) or not isinstance(manifest.get("records"), dict):
         out.problems.append(
             f"{manifest_path}: not a MANIFEST (a JSON object with a 'records' mapping); "
@@ -162,7 +162,7 @@ def _entries(out: _Report, manifest: dict) -> tuple[list[dict], list[dict]]:
         path = os.path.join(directory, name)
         with open(path, "rb") as f:
             raw = f.read()
-        rec = _read_json(path, raw)
+        rec = read_json(path, raw)
         if not isinstance(rec, dict):
             problems.append(f"{path}: not a JSON record")
             bad += 1
@@ -304,7 +304,7 @@ def _check_summary(out: _Report, records: list[dict], started: list[dict]) -> No
     if not os.path.isfile(spath):
         out.row("summary.json recomputed", True, "no summary.json (run harness report): nothing to compare")
         return
-    summary = _read_json(spath)
+    summary = read_json(spath)
     if not isinstance(summary, dict):
         out.problems.append(f"{spath}: not a JSON summary (harness report writes it again)")
         out.row("summary.json recomputed", False, "summary.json unreadable")

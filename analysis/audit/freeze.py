@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from .ledger import record_name, sha256
-from .tag import _when, git_bytes, git_out
+from .tag import git_bytes, git_out, parse_time
 
 #: Fields a record's ``protocol`` holds beyond those derived from the protocol file (checked
 #: against the tag, the manifest's plug-ins).
@@ -26,7 +26,7 @@ def _same(a: object, b: object) -> bool:
     return type(a) is type(b) and a == b
 
 
-def _differences(want: dict, got: dict, prefix: str) -> list[str]:
+def field_differences(want: dict, got: dict, prefix: str) -> list[str]:
     out = []
     for k in sorted(set(want) | set(got)):
         if k not in got:
@@ -34,7 +34,7 @@ def _differences(want: dict, got: dict, prefix: str) -> list[str]:
         elif k not in want:
             out.append(f"{prefix}.{k} = {got[k]!r} is not in the tagged protocol")
         elif isinstance(want[k], dict) and isinstance(got[k], dict):
-            out += _differences(want[k], got[k], f"{prefix}.{k}")
+            out += field_differences(want[k], got[k], f"{prefix}.{k}")
         elif not _same(want[k], got[k]):
             out.append(
                 f"{prefix}.{k} = {json.dumps(got[k], sort_keys=True)[:120]}, the tagged protocol's is "
@@ -50,7 +50,7 @@ def check_protocol_copies(truth: dict, records: list[dict], manifest: dict) -> l
     out = []
     for r in records:
         got = {k: v for k, v in r["protocol"].items() if k not in FROZEN_FIELDS}
-        out += [f"{record_name(r)}: field {d}" for d in _differences(want, got, "protocol")]
+        out += [f"{record_name(r)}: field {d}" for d in field_differences(want, got, "protocol")]
         plugins = r["protocol"].get("plugins") or {}
         if truth["tagged"]:
             frozen = truth["manifest"].get("plugins") or {}
@@ -63,7 +63,7 @@ def check_protocol_copies(truth: dict, records: list[dict], manifest: dict) -> l
     mp = manifest.get("protocol")
     if isinstance(mp, dict):
         got = {k: v for k, v in mp.items() if k not in FROZEN_FIELDS}
-        out += [f"MANIFEST: field {d}" for d in _differences(want, got, "protocol")]
+        out += [f"MANIFEST: field {d}" for d in field_differences(want, got, "protocol")]
     return out
 
 
@@ -103,7 +103,7 @@ def check_freeze(root: str, truth: dict, records: list[dict], plan_sha: str | No
                 )
                 break
         else:
-            made = _when(p.get("tag_created"))
+            made = parse_time(p.get("tag_created"))
             if made is None or truth.get("created") is None or abs(made - truth["created"]) > 1.0:
                 problems.append(
                     f"{record_name(r)}: field protocol.tag_created = {p.get('tag_created')!r} is "
@@ -329,7 +329,7 @@ def check_time(truth: dict, records: list[dict]) -> tuple[list[str], str]:
     """The tag was created before the first record started; in the ledger, a record starts after the
     one before it unless the two ran at once on different machines; none finishes before it starts."""
     out = []
-    stamped = ((_when(r.get("started_at")), r) for r in records)
+    stamped = ((parse_time(r.get("started_at")), r) for r in records)
     starts = [(s, r) for s, r in stamped if s is not None]  # the records whose start time reads
     first = min((s for s, _ in starts), default=None)
     created = truth.get("created")
@@ -344,7 +344,7 @@ def check_time(truth: dict, records: list[dict]) -> tuple[list[str], str]:
             )
     linked = sorted((r for r in records if "ledger" in r), key=lambda r: r["ledger"]["seq"])
     for a, b in zip(linked, linked[1:]):
-        sa, sb = _when(a.get("started_at")), _when(b.get("started_at"))
+        sa, sb = parse_time(a.get("started_at")), parse_time(b.get("started_at"))
         if sa is not None and sb is not None and sb < sa and _machine(a) == _machine(b):
             out.append(
                 f"ledger seq {b['ledger']['seq']} ({record_name(b)}) started at "
@@ -352,7 +352,7 @@ def check_time(truth: dict, records: list[dict]) -> tuple[list[str], str]:
                 f"({a.get('started_at')}): out of time order"
             )
     for r in records:
-        s, f = _when(r.get("started_at")), _when(r.get("finished_at"))
+        s, f = parse_time(r.get("started_at")), parse_time(r.get("finished_at"))
         if s is not None and f is not None and f < s:
             out.append(
                 f"{record_name(r)}: finished_at {r.get('finished_at')} precedes started_at "

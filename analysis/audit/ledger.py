@@ -25,7 +25,7 @@ def self_hash_ok(obj: dict) -> bool:
     return obj.get("sha256") == sha256(canonical({k: v for k, v in obj.items() if k != "sha256"}))
 
 
-def _read_json(path: str, raw: bytes | None = None) -> object:
+def read_json(path: str, raw: bytes | None = None) -> object:
     """The JSON value in ``path`` (or ``raw``), or ``None`` where it is not JSON."""
     try:
         if raw is None:

@@ -74,7 +74,7 @@ def _tagger_time(message: str) -> float | None:
     return None
 
 
-def _when(stamp: object) -> float | None:
+def parse_time(stamp: object) -> float | None:
     from datetime import datetime
 
     if not isinstance(stamp, str):

@@ -7,7 +7,7 @@ import re
 
 #: YAML's white space (str.strip() would also take NO-BREAK SPACE and other Unicode spaces, which
 #: YAML reads as text).
-_WS = " \t"
+WS = " \t"
 
 _BOOL = {
     "yes": True,
@@ -67,9 +67,9 @@ class YamlError(ValueError):
         self.line = line
 
 
-def _plain(text: str, line: int) -> object:
+def plain_scalar(text: str, line: int) -> object:
     """A plain scalar resolved as PyYAML's SafeLoader resolves it (YAML 1.1 core)."""
-    t = text.strip(_WS)
+    t = text.strip(WS)
     if t in _BOOL:
         return _BOOL[t]
     if t in _NULL:
@@ -98,7 +98,7 @@ def _plain(text: str, line: int) -> object:
     return t
 
 
-def _fold(parts: list[str]) -> str:
+def fold_lines(parts: list[str]) -> str:
     """Line folding of flow scalars: one line break is a space, each further empty line a newline."""
     out = parts[0]
     empty = 0
@@ -111,7 +111,7 @@ def _fold(parts: list[str]) -> str:
     return out + "\n" * empty if empty else out
 
 
-def _unescape(s: str, line: int) -> str:
+def unescape(s: str, line: int) -> str:
     out, i = [], 0
     while i < len(s):
         ch = s[i]
@@ -135,7 +135,7 @@ def _unescape(s: str, line: int) -> str:
     return "".join(out)
 
 
-def _quote_end(s: str, i: int) -> int:
+def quote_end(s: str, i: int) -> int:
     """The index of the quote that closes the quoted scalar opening at ``s[i]`` (``len(s)`` when none):
     ``''`` inside single quotes and a backslash escape inside double quotes do not close it."""
     q = s[i]
@@ -153,10 +153,10 @@ def _quote_end(s: str, i: int) -> int:
     return min(j, len(s))
 
 
-def _join_quoted(parts: list[str], q: str, line: int) -> str:
+def join_quoted(parts: list[str], q: str, line: int) -> str:
     """Fold a quoted scalar's lines: a break is a space, n empty lines are n newlines, a double-quoted
     line ending in an escaped break joins the next without a space."""
-    unq = (lambda s: _unescape(s, line)) if q == '"' else (lambda s: s.replace("''", "'"))
+    unq = (lambda s: unescape(s, line)) if q == '"' else (lambda s: s.replace("''", "'"))
     segs = []
     for k, p in enumerate(parts):
         s, esc = (p if k == 0 else p.lstrip(" \t")), False
@@ -176,7 +176,7 @@ def _join_quoted(parts: list[str], q: str, line: int) -> str:
     return out
 
 
-def _flow(s: str, i: int, line: int) -> tuple[object, int]:
+def flow_value(s: str, i: int, line: int) -> tuple[object, int]:
     """One flow node of ``s`` from ``i``: a list, a mapping, a quoted or a plain scalar."""
     i = _skip(s, i)
     if i < len(s) and s[i] in "[{":
@@ -190,10 +190,10 @@ def _flow(s: str, i: int, line: int) -> tuple[object, int]:
                 raise YamlError(line, "unterminated flow collection")
             if s[i] == close:
                 return (seq if close == "]" else mp), i + 1
-            key, i = _flow(s, i, line)
+            key, i = flow_value(s, i, line)
             i = _skip(s, i)
             if i < len(s) and s[i] == ":":
-                val, i = _flow(s, i + 1, line)
+                val, i = flow_value(s, i + 1, line)
                 if close == "]":
                     seq.append({key: val})
                 else:
@@ -213,10 +213,10 @@ def _flow(s: str, i: int, line: int) -> tuple[object, int]:
                 raise YamlError(line, f"expected ',' or {close!r} in a flow collection at {s[i : i + 20]!r}")
     if i < len(s) and s[i] in "\"'":
         q = s[i]
-        j = _quote_end(s, i)
+        j = quote_end(s, i)
         if j >= len(s):
             raise YamlError(line, "unterminated quoted scalar in a flow collection")
-        return _join_quoted(s[i + 1 : j].split("\n"), q, line), j + 1
+        return join_quoted(s[i + 1 : j].split("\n"), q, line), j + 1
     if i < len(s) and (s[i] in "&*!%@`" or s[i : i + 2] in ("? ", "?\n")):
         raise YamlError(
             line, f"{s[i : i + 20]!r}: anchors, aliases, tags and complex keys are not read by the audit"
@@ -226,10 +226,10 @@ def _flow(s: str, i: int, line: int) -> tuple[object, int]:
         j < len(s) and s[j] not in ",]}" and not (s[j] == ":" and (j + 1 == len(s) or s[j + 1] in " \n,]}"))
     ):
         j += 1
-    parts = [p.strip(_WS) for p in s[i:j].split("\n")]
+    parts = [p.strip(WS) for p in s[i:j].split("\n")]
     while parts and parts[-1] == "":
         parts.pop()
-    return (_plain(parts[0], line) if len(parts) <= 1 else _fold(parts)) if parts else None, j
+    return (plain_scalar(parts[0], line) if len(parts) <= 1 else fold_lines(parts)) if parts else None, j
 
 
 def _skip(s: str, i: int) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .yamlflow import _WS, YamlError, _flow, _fold, _join_quoted, _plain, _quote_end, _unescape
+from .yamlflow import WS, YamlError, flow_value, fold_lines, join_quoted, plain_scalar, quote_end, unescape
 
 
 class _Reader:
@@ -22,10 +22,10 @@ class _Reader:
         while self.n < len(self.raw):
             line = self.raw[self.n]
             body = line.lstrip(" ")
-            if body.strip(_WS) and not body.lstrip(_WS).startswith("#"):
+            if body.strip(WS) and not body.lstrip(WS).startswith("#"):
                 if body.startswith("\t"):
                     raise YamlError(self.n + 1, "a tab in indentation")
-                if line.rstrip(_WS) == "---" and not self.started:
+                if line.rstrip(WS) == "---" and not self.started:
                     self.started = True
                     self.n += 1
                     continue
@@ -45,7 +45,7 @@ class _Reader:
         if s[:1] in "[{" or s.startswith(("- ", "? ")) or s == "-":
             return None
         if s[:1] in "\"'":
-            i = _quote_end(s, 0)
+            i = quote_end(s, 0)
             rest = s[i + 1 :]
             stripped = rest.lstrip(" ")
             if stripped.startswith(":") and (stripped[1:2] in ("", " ")):
@@ -68,7 +68,7 @@ class _Reader:
 
     def block(self, ind: int) -> object:
         s = self.raw[self.n][ind:]
-        if s.startswith("- ") or s.rstrip(_WS) == "-":
+        if s.startswith("- ") or s.rstrip(WS) == "-":
             return self.sequence(ind)
         if self._key_split(s) is not None:
             return self.mapping(ind)
@@ -90,7 +90,7 @@ class _Reader:
             s = self._entry(ind)
             if s is None:
                 return out
-            if not (s.startswith("- ") or s.rstrip(_WS) == "-"):
+            if not (s.startswith("- ") or s.rstrip(WS) == "-"):
                 return out
             item = s[1:]
             inner = len(item) - len(item.lstrip(" "))
@@ -98,7 +98,7 @@ class _Reader:
             if not item or item.startswith("#"):
                 self.n += 1
                 out.append(self.node(ind))
-            elif item.startswith("- ") or item.rstrip(_WS) == "-" or self._key_split(item) is not None:
+            elif item.startswith("- ") or item.rstrip(WS) == "-" or self._key_split(item) is not None:
                 # a compact nested node: re-read this line as if it started at the item's column
                 self.raw[self.n] = " " * (ind + 1 + inner) + item
                 out.append(self.block(ind + 1 + inner))
@@ -115,7 +115,7 @@ class _Reader:
             if kv is None:
                 if s.startswith("- "):
                     return out
-                raise YamlError(self.n + 1, f"not a mapping entry: {s.strip(_WS)!r}")
+                raise YamlError(self.n + 1, f"not a mapping entry: {s.strip(WS)!r}")
             key_text, rest = kv
             line = self.n + 1
             key = self.inline_one(key_text, line)
@@ -123,7 +123,7 @@ class _Reader:
                 raise YamlError(line, "a collection as a key is not read")
             if key in out:
                 raise YamlError(line, f"duplicate key {key!r}")
-            body = rest.strip(_WS)
+            body = rest.strip(WS)
             if not body or body.startswith("#"):
                 self.n += 1
                 nxt = self.significant()
@@ -136,12 +136,12 @@ class _Reader:
                 out[key] = self.inline(rest.lstrip(" "), ind, col)
 
     def inline_one(self, text: str, line: int) -> object:
-        t = text.strip(_WS)
+        t = text.strip(WS)
         if t[:1] == '"':
-            return _unescape(t[1:-1], line) if len(t) >= 2 and t.endswith('"') else self._bad(line, t)
+            return unescape(t[1:-1], line) if len(t) >= 2 and t.endswith('"') else self._bad(line, t)
         if t[:1] == "'":
             return t[1:-1].replace("''", "'") if len(t) >= 2 and t.endswith("'") else self._bad(line, t)
-        return _plain(t, line)
+        return plain_scalar(t, line)
 
     @staticmethod
     def _bad(line: int, t: str) -> object:
@@ -151,10 +151,10 @@ class _Reader:
         """A value that starts on the current line at column ``col``: quoted, flow, block scalar or
         plain, continued on the lines indented more than ``parent``."""
         line = self.n + 1
-        if text[:1] in "&*!%@`" or text.startswith(("? ", "?\t")) or text.rstrip(_WS) == "?":
+        if text[:1] in "&*!%@`" or text.startswith(("? ", "?\t")) or text.rstrip(WS) == "?":
             raise YamlError(
                 line,
-                f"{text.strip(_WS)[:40]!r}: anchors, aliases, tags and complex keys are not "
+                f"{text.strip(WS)[:40]!r}: anchors, aliases, tags and complex keys are not "
                 "read by the audit; write the value out",
             )
         if text[:1] in "|>":
@@ -167,11 +167,11 @@ class _Reader:
         first = self._strip_plain(text)
         parts = [first]
         self.n += 1
-        if "#" in text and first != text.rstrip(_WS):
+        if "#" in text and first != text.rstrip(WS):
             return self._plain_checked(parts, line)
         while self.n < len(self.raw):
             raw = self.raw[self.n]
-            body = raw.strip(_WS)
+            body = raw.strip(WS)
             if not body:
                 parts.append("")
                 self.n += 1
@@ -194,17 +194,17 @@ class _Reader:
 
     @staticmethod
     def _plain_checked(parts: list[str], line: int) -> object:
-        return _plain(parts[0], line) if len(parts) == 1 else _fold(parts)
+        return plain_scalar(parts[0], line) if len(parts) == 1 else fold_lines(parts)
 
     @staticmethod
     def _dash(s: str) -> bool:
-        return s.startswith("- ") or s.rstrip(_WS) == "-"
+        return s.startswith("- ") or s.rstrip(WS) == "-"
 
     def _strip_plain(self, s: str) -> str:
         for i in range(len(s)):
             if self._comment_at(s, i):
-                return s[:i].rstrip(_WS)
-        return s.rstrip(_WS)
+                return s[:i].rstrip(WS)
+        return s.rstrip(WS)
 
     def quoted(self, text: str, col: int) -> str:
         line = self.n + 1
@@ -229,7 +229,7 @@ class _Reader:
                 i += 1
             if end is not None:
                 parts.append(buf[:end])
-                after = buf[end + 1 :].strip(_WS)
+                after = buf[end + 1 :].strip(WS)
                 if after and not after.startswith("#"):
                     raise YamlError(self.n + 1, f"text after a quoted scalar: {after!r}")
                 self.n += 1
@@ -239,7 +239,7 @@ class _Reader:
             if self.n >= len(self.raw):
                 raise YamlError(line, "unterminated quoted scalar")
             buf = self.raw[self.n]
-        return _join_quoted(parts, q, line)
+        return join_quoted(parts, q, line)
 
     def flow_collection(self, col: int) -> object:
         line = self.n + 1
@@ -281,17 +281,17 @@ class _Reader:
                         depth -= 1
                     kept.append(ch)
                     if depth == 0:
-                        rest = s[i + 1 :].strip(_WS)
+                        rest = s[i + 1 :].strip(WS)
                         if rest and not rest.startswith("#"):
                             raise YamlError(self.n + 1, f"text after a flow collection: {rest!r}")
                         done = True
                         break
                 i += 1
-            chunks.append("".join(kept) if quote else "".join(kept).rstrip(_WS))
+            chunks.append("".join(kept) if quote else "".join(kept).rstrip(WS))
             self.n += 1
             if done:
                 break
-        value, end = _flow("\n".join(chunks), 0, line)
+        value, end = flow_value("\n".join(chunks), 0, line)
         return value
 
     def block_scalar(self, header: str, parent: int) -> str:
@@ -311,7 +311,7 @@ class _Reader:
         ind = parent + explicit if explicit is not None and parent >= 0 else (explicit if explicit else None)
         while self.n < len(self.raw):
             raw = self.raw[self.n]
-            if raw.strip(_WS) == "":
+            if raw.strip(WS) == "":
                 body.append(raw)
                 self.n += 1
                 continue

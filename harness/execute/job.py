@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from harness.records import RunSpec, exact_fields
+from harness.jsonfields import exact_fields
+from harness.records import RunSpec
 
 JOB_FORMAT = 1
 

@@ -61,15 +61,27 @@ def _phase_so_sha256() -> str | None:
 
 
 class Partial:
-    """The worker's result so far: each step adds what it measured (:meth:`note`), so a failure
-    reports everything up to it."""
+    """The worker's result so far: each step adds what it measured (:meth:`note`), and training
+    appends to the loss and validation curves (:attr:`curve`, :attr:`val_curve`, ``None`` until
+    it starts), so a failure reports everything up to it."""
 
     def __init__(self) -> None:
-        self.result = WorkerResult(status="running")
+        self._noted = WorkerResult(status="running")
+        self.curve: list[list[float]] | None = None
+        self.val_curve: list[list[float]] | None = None
 
     def note(self, **measured: Any) -> None:
         """Add fields of :class:`~harness.records.WorkerResult` (a new frozen result each time)."""
-        self.result = replace(self.result, **measured)
+        self._noted = replace(self._noted, **measured)
+
+    @property
+    def result(self) -> WorkerResult:
+        """What was measured so far, frozen: the curves (once training started) as copies of their points."""
+        if self.curve is None or self.val_curve is None:
+            return self._noted
+        return replace(
+            self._noted, curve=tuple(map(tuple, self.curve)), val_curve=tuple(map(tuple, self.val_curve))
+        )
 
 
 @dataclass(frozen=True)
@@ -105,10 +117,10 @@ def execute(job: Job, partial: Partial) -> WorkerResult:
     meter = devices.MemoryMeter(device)
     t_setup = time.perf_counter()
     forward, compile_s = _compiled(run, model, arm, t_setup) if spec.compile else (model, 0.0)
-    curve: list[list[float]] = []
-    val_curve: list[list[float]] = []
-    partial.note(curve=curve, val_curve=val_curve)  # filled by _train as it goes
-    clock, time_to_target, validation_s = _train(run, model, forward, arm, batches, meter, curve, val_curve)
+    partial.curve, partial.val_curve = [], []  # filled by _train as it goes
+    clock, time_to_target, validation_s = _train(
+        run, model, forward, arm, batches, meter, partial.curve, partial.val_curve
+    )
     measured, seconds = _evaluate(run, model, Path(job.checkpoint_path), meter)
     total_s = time.perf_counter() - t_start
     partial.note(

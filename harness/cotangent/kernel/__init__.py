@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from harness.cotangent.kernel import selfcheck
-from harness.cotangent.kernel.binding import _VP, MAX_ROWS, UPDATE_CHUNK, Hyper, Kernel, tasks_for
+from harness.cotangent.kernel.binding import MAX_ROWS, UPDATE_CHUNK, VP, Hyper, Kernel, tasks_for
 
 SOURCE = Path(__file__).with_name("phase.c")
 FLAGS = [
@@ -85,7 +85,7 @@ def release_pages(t: torch.Tensor) -> tuple[int, int] | None:
         return None
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.madvise.argtypes = [_VP, ctypes.c_size_t, ctypes.c_int]
+        _libc.madvise.argtypes = [VP, ctypes.c_size_t, ctypes.c_int]
         _libc.madvise.restype = ctypes.c_int
     start = t.data_ptr()
     end = start + t.numel() * t.element_size()
@@ -172,11 +172,11 @@ def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     _state["so_sha256"] = hashlib.sha256(data).hexdigest()
     i64, i32, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_float
-    lib.cot_row_norms.argtypes = [_VP, _VP, _VP, _VP, _VP, i64, _VP, i32, i32, i32]
+    lib.cot_row_norms.argtypes = [VP, VP, VP, VP, VP, i64, VP, i32, i32, i32]
     lib.cot_row_norms.restype = None
-    lib.cot_total_coef.argtypes = [_VP, _VP, i64, _VP, f32, i32, i32, i32, _VP, _VP]
+    lib.cot_total_coef.argtypes = [VP, VP, i64, VP, f32, i32, i32, i32, VP, VP]
     lib.cot_total_coef.restype = None
-    lib.cot_update.argtypes = [_VP, _VP, _VP, _VP, _VP, i64, ctypes.POINTER(Hyper)]
+    lib.cot_update.argtypes = [VP, VP, VP, VP, VP, i64, ctypes.POINTER(Hyper)]
     lib.cot_update.restype = None
     return lib
 

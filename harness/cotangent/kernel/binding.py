@@ -14,15 +14,15 @@ UPDATE_CHUNK = 65536
 MAX_ROWS = 4
 
 _c_float_p = ctypes.POINTER(ctypes.c_float)
-_VP = ctypes.c_void_p
+VP = ctypes.c_void_p
 
 
 class Hyper(ctypes.Structure):
     """``cot_hyper`` in phase.c."""
 
     _fields_ = [
-        ("coef", _VP),
-        ("steps", _VP),
+        ("coef", VP),
+        ("steps", VP),
         ("count", ctypes.c_int64),
         ("lr", ctypes.c_double),
         ("beta1", ctypes.c_double),
@@ -35,8 +35,8 @@ class Hyper(ctypes.Structure):
         ("threads", ctypes.c_int),
         ("chunk", ctypes.c_int64),
         ("zero", ctypes.c_int),
-        ("grad_scale", _VP),
-        ("found_inf", _VP),  # float32 scalars, or NULL (the AMP protocol)
+        ("grad_scale", VP),
+        ("found_inf", VP),  # float32 scalars, or NULL (the AMP protocol)
     ]
 
 
