@@ -5,7 +5,9 @@ and plain JSON values of typed objects. Standard library only (records and the a
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+import types
+import typing
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import MISSING, fields, is_dataclass
 from typing import Any
 
@@ -38,18 +40,23 @@ def plain(value: Any) -> Any:
     return value
 
 
-#: The JSON types a field's annotation admits (``None`` aside).
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "str": (str,),
-    "int": (int,),
-    "float": (int, float),
-    "bool": (bool,),
-    "Mapping": (dict,),
-    "Sequence": (list,),
-    "GitState": (dict,),
-    "LedgerLink": (dict,),
-    "RunSpec": (dict,),
-}
+def _admitted(hint: Any) -> tuple[type, ...] | None:
+    """The JSON types a resolved annotation admits (``None`` aside); ``None`` for any (``Any``)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        parts = [_admitted(a) for a in typing.get_args(hint) if a is not type(None)]
+        return None if any(p is None for p in parts) else tuple(t for p in parts if p for t in p)
+    base = typing.get_origin(hint) or hint
+    if base is float:
+        return (int, float)
+    if base in (str, int, bool):
+        return (base,)
+    if isinstance(base, type) and (
+        issubclass(base, Mapping) or is_dataclass(base) or typing.is_typeddict(base)
+    ):
+        return (dict,)
+    if isinstance(base, type) and issubclass(base, Sequence):
+        return (list,)
+    return None
 
 
 def json_fields(
@@ -64,22 +71,18 @@ def json_fields(
     known = {f.name: f for f in fields(cls)}
     required = {n for n, f in known.items() if f.default is MISSING and f.default_factory is MISSING}
     exact_fields(what, set(data), set(known) & (set(data) | required), error)
+    hints = typing.get_type_hints(cls)
     out = dict(data)
     for name, value in data.items():
-        hint = str(known[name].type)
+        hint = hints[name]
         if value is None:
-            if "None" not in hint:
+            if type(None) not in typing.get_args(hint):
                 raise error(f"{what}: {name} is null")
             out[name] = math.nan if name in nan else None
             continue
-        admitted = tuple(
-            t
-            for key, types in _JSON_TYPES.items()
-            if key in hint.split("[")[0].replace(" ", "").split("|")
-            for t in types
-        )
-        if admitted and (
+        admitted = _admitted(hint)
+        if admitted is not None and (
             not isinstance(value, admitted) or (isinstance(value, bool) and bool not in admitted)
         ):
-            raise error(f"{what}: {name} is {type(value).__name__}, not {hint}")
+            raise error(f"{what}: {name} is {type(value).__name__}, not {known[name].type}")
     return out

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, TypedDict, cast
 
 from harness.files import atomic_write
-from harness.jsonfields import exact_fields, json_fields, plain
+from harness.jsonfields import json_fields, plain
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
@@ -124,11 +124,9 @@ class RunSpec:
 
     @classmethod
     def from_json(cls, data: Any, what: str = "spec", error: type[ValueError] = ValueError) -> RunSpec:
-        """Read a spec, refusing one that is not a mapping of exactly this class's fields."""
-        if not isinstance(data, Mapping):
-            raise error(f"{what} is not a mapping")
-        exact_fields(what, data, (f.name for f in fields(cls)), error)
-        return cls(**data)
+        """Read a spec, refusing one that is not a JSON object of exactly this class's fields, each of
+        its JSON type."""
+        return cls(**json_fields(cls, data, what, error))
 
 
 #: WorkerResult's and RunRecord's fields written even when ``None``; the others only when set.
