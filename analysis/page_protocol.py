@@ -9,6 +9,7 @@ from typing import Any
 
 from analysis.page_html import esc, html_table, num
 from analysis.results import Descriptive, Hypotheses, Summary
+from analysis.selection import FLOW_COUNTS
 
 __all__ = ["answers_section", "claims_section", "flow_section", "verify_section"]
 
@@ -95,20 +96,7 @@ def flow_section(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     table = [
         [
             f"{r['study']} / {r['config']} / {r['role']} ({r['arm']})",
-            *(
-                str(r.get(k, "n/a"))
-                for k in (
-                    "planned",
-                    "started",
-                    "ok",
-                    "failed",
-                    "interrupted_attempts",
-                    "superseded_attempts",
-                    "missing",
-                    "analysed",
-                    "excluded",
-                )
-            ),
+            *(str(r.get(k, "n/a")) for k, _ in FLOW_COUNTS),
         ]
         for r in rows
     ]
@@ -119,15 +107,7 @@ def flow_section(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             "of their unit, missing, analysed, excluded",
             [
                 "Study / configuration / arm",
-                "Planned",
-                "Started",
-                "OK",
-                "Failed",
-                "Interrupted",
-                "Superseded",
-                "Missing",
-                "Analysed",
-                "Excluded",
+                *(heading for _, heading in FLOW_COUNTS),
             ],
             table,
         ),

@@ -10,6 +10,7 @@ from typing import Any
 
 from analysis.report_md import md_table, num
 from analysis.results import Descriptive, Hypotheses, HypothesisDecision, Summary
+from analysis.selection import FLOW_COUNTS
 
 __all__ = ["decisions_section", "flow_section", "header_section", "runs_section"]
 
@@ -160,20 +161,7 @@ def flow_section(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             r["study"],
             r["config"],
             f"{r['role']} ({r['arm']})",
-            *(
-                str(r.get(k, 0))
-                for k in (
-                    "planned",
-                    "started",
-                    "ok",
-                    "failed",
-                    "interrupted_attempts",
-                    "superseded_attempts",
-                    "missing",
-                    "analysed",
-                    "excluded",
-                )
-            ),
+            *(str(r.get(k, 0)) for k, _ in FLOW_COUNTS),
         ]
         for r in rows
     ]
@@ -182,15 +170,7 @@ def flow_section(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             "Study",
             "Configuration",
             "Arm",
-            "Planned",
-            "Started",
-            "OK",
-            "Failed",
-            "Interrupted",
-            "Superseded",
-            "Missing",
-            "Analysed",
-            "Excluded",
+            *(heading for _, heading in FLOW_COUNTS),
         ],
         table,
     )

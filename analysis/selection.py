@@ -29,6 +29,20 @@ __all__ = [
 ]
 
 
+#: The flow table's counts, in order: a flow row's key (:func:`flow`) and its column heading.
+FLOW_COUNTS = (
+    ("planned", "Planned"),
+    ("started", "Started"),
+    ("ok", "OK"),
+    ("failed", "Failed"),
+    ("interrupted_attempts", "Interrupted"),
+    ("superseded_attempts", "Superseded"),
+    ("missing", "Missing"),
+    ("analysed", "Analysed"),
+    ("excluded", "Excluded"),
+)
+
+
 def measured(x: float | None) -> float | None:
     """A record's measurement as the summary's tables hold it: ``None`` when absent or non-finite
     (a record reads a non-finite one, ``null`` in its file, as NaN)."""
