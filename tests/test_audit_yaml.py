@@ -112,7 +112,7 @@ def reads_as_pyyaml(doc, flow, width, unicode, style):
     assert same(mine, yaml.safe_load(out)), out
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 @given(*DUMPS)
 # found by this test in CI: a kept block scalar last in the document, which PyYAML ends with "..."
 @example({"_": "\n"}, False, 20, False, "|")
@@ -121,7 +121,7 @@ def test_reader_equals_pyyaml_on_safe_dump_output(doc, flow, width, unicode, sty
 
 
 @pytest.mark.thorough
-@settings(max_examples=30_000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=30_000, derandomize=False, deadline=None, suppress_health_check=list(HealthCheck))
 @given(*DUMPS)
 def test_reader_equals_pyyaml_on_many_safe_dump_outputs(doc, flow, width, unicode, style):
     """The same on 30,000 random documents (about 15 minutes on one core; the test above runs 400

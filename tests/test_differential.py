@@ -251,6 +251,7 @@ def test_norms_taken_in_backward_are_native_in_generated_loops(sc):
 @pytest.mark.thorough
 @settings(
     max_examples=THOROUGH_EXAMPLES,
+    derandomize=False,
     deadline=None,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
