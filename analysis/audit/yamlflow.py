@@ -236,3 +236,36 @@ def _skip(s: str, i: int) -> int:
     while i < len(s) and s[i] in " \t\n":
         i += 1
     return i
+
+
+def block_text(lines: list[str], style: str, chomp: str) -> str:
+    """A block scalar's value from its lines (indentation removed): literal (``|``) or folded
+    (``>``), with clip, strip or keep chomping."""
+    trailing = 0
+    while lines and lines[-1] == "":
+        lines.pop()
+        trailing += 1
+    if style == "|":
+        text = "\n".join(lines)
+    else:  # folded: a break between two normal lines is a space; empty, more-indented lines keep theirs
+        text, empties, last_more = "", 0, False
+        started = False
+        for ln in lines:
+            if ln == "":
+                empties += 1
+                continue
+            more = ln[0] in " \t"
+            if not started:
+                text, started = "\n" * empties + ln, True
+            elif not more and not last_more:
+                text += ("\n" * empties if empties else " ") + ln
+            else:
+                text += "\n" * (empties + 1) + ln
+            last_more, empties = more, 0
+    if not lines:
+        return "\n" * trailing if chomp == "keep" else ""
+    if chomp == "strip":
+        return text
+    if chomp == "keep":
+        return text + "\n" * (trailing + 1)
+    return text + "\n"

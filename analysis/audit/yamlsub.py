@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-from .yamlflow import WS, YamlError, flow_value, fold_lines, join_quoted, plain_scalar, quote_end, unescape
-
+from .yamlflow import (
+    WS,
+    YamlError,
+    block_text,
+    flow_value,
+    fold_lines,
+    join_quoted,
+    plain_scalar,
+    quote_end,
+    unescape,
+)
 
 #: what PyYAML also takes for a line break, beside ``\n`` and ``\r\n`` (its scanner folds them
 #: into the text in ways this reader does not follow; the harness refuses a protocol holding one)
@@ -364,34 +373,7 @@ class _Reader:
             body.append(raw)
             self.n += 1
         lines = [b[ind:] if ind is not None and len(b) >= ind else "" for b in body]
-        trailing = 0
-        while lines and lines[-1] == "":
-            lines.pop()
-            trailing += 1
-        if style == "|":
-            text = "\n".join(lines)
-        else:  # folded: a break between two normal lines is a space; empty, more-indented lines keep theirs
-            text, empties, last_more = "", 0, False
-            started = False
-            for ln in lines:
-                if ln == "":
-                    empties += 1
-                    continue
-                more = ln[0] in " \t"
-                if not started:
-                    text, started = "\n" * empties + ln, True
-                elif not more and not last_more:
-                    text += ("\n" * empties if empties else " ") + ln
-                else:
-                    text += "\n" * (empties + 1) + ln
-                last_more, empties = more, 0
-        if not lines:
-            return "\n" * trailing if chomp == "keep" else ""
-        if chomp == "strip":
-            return text
-        if chomp == "keep":
-            return text + "\n" * (trailing + 1)
-        return text + "\n"
+        return block_text(lines, style, chomp)
 
 
 def yaml_subset(text: str) -> object:
