@@ -20,6 +20,27 @@ settings.register_profile("fixed", derandomize=True)
 settings.register_profile("random", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
 
+#: ``ATEN_CPU_CAPABILITY=avx2 python -m pytest`` on an AVX-512 machine runs the in-process tests (the
+#: method, its kernels, the models) at the instruction set it names, fixed here before any kernel
+#: runs; the variable then leaves the environment the tests' subprocesses inherit, because
+#: ``harness run`` refuses it by design (a protocol, not the environment, says the code path) and
+#: the tests that start the CLI check the harness, not the dispatch (test_kernel sets it per process).
+CPU_CAPABILITY = os.environ.get("ATEN_CPU_CAPABILITY")
+if CPU_CAPABILITY is not None:
+    import torch
+
+    torch.backends.cpu.get_cpu_capability()  # computed once per process, from the variable
+    del os.environ["ATEN_CPU_CAPABILITY"]
+
+
+def pytest_report_header() -> str | None:
+    if CPU_CAPABILITY is None:
+        return None
+    import torch
+
+    return f"in-process tests at ATEN_CPU_CAPABILITY={CPU_CAPABILITY} (torch: {torch.backends.cpu.get_cpu_capability()})"
+
+
 #: The modules that take longest (their set-up is a whole study, or a Ray cluster), collected first,
 #: so that the two test processes (``-n 2 --dist loadscope`` in pyproject.toml) finish together.
 SLOWEST_FIRST = (
