@@ -49,7 +49,7 @@ class _Reader:
         while self.n < len(self.raw):
             line = self.raw[self.n]
             body = line.lstrip(" ")
-            if body.strip(WS) and not body.lstrip(WS).startswith("#"):
+            if not self._blank_or_comment(body):
                 if body.startswith("\t"):
                     raise YamlError(self.n + 1, "a tab in indentation")
                 if line.rstrip(WS) == "---" and not self.started:
@@ -68,7 +68,11 @@ class _Reader:
 
     def _only_comments_after(self, n: int) -> bool:
         """Whether every raw line from ``n`` on is blank or a comment."""
-        return all(not x.strip(WS) or x.lstrip(WS).startswith("#") for x in self.raw[n:])
+        return all(self._blank_or_comment(x) for x in self.raw[n:])
+
+    @staticmethod
+    def _blank_or_comment(line: str) -> bool:
+        return not line.strip(WS) or line.lstrip(WS).startswith("#")
 
     @staticmethod
     def _comment_at(s: str, i: int) -> bool:
@@ -283,6 +287,7 @@ class _Reader:
         depth = 0
         quote = None
         opens = True  # whether a quote here would begin a scalar (a quote inside a plain one is text)
+        closed = False  # whether the last character outside quotes (spaces aside) closed a quoted scalar
         first = True
         while True:
             if self.n >= len(self.raw):
@@ -307,7 +312,7 @@ class _Reader:
                         i += 2
                         continue
                     if ch == quote:
-                        quote, opens = None, False
+                        quote, opens, closed = None, False, True
                 elif ch in "\"'" and opens:
                     quote = ch
                     kept.append(ch)
@@ -317,10 +322,8 @@ class _Reader:
                     if ch not in WS:
                         # after [ { , a scalar begins; after ":" too when a space follows it or a
                         # quoted key precedes it (``{"a":"b"}``)
-                        after_quote = not opens and kept[-1:] in (['"'], ["'"])
-                        opens = ch in "[{," or (
-                            ch == ":" and (s[i + 1 : i + 2] in ("", " ", "\t") or after_quote)
-                        )
+                        opens = ch in "[{," or (ch == ":" and (s[i + 1 : i + 2] in ("", " ", "\t") or closed))
+                        closed = False
                     if ch in "[{":
                         depth += 1
                     elif ch in "]}":
