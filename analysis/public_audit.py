@@ -23,6 +23,14 @@ _ADDED = _HERE not in sys.path
 if _ADDED:
     sys.path.insert(0, _HERE)
 
+from audit.budget import (  # noqa: E402
+    Attempt,
+    BudgetCheck,
+    check,
+    completeness_text,
+    plan_units,
+    stop_check,
+)
 from audit.cli import main  # noqa: E402
 from audit.decisions import decide, sensitivity  # noqa: E402
 from audit.descriptive import by_device, drift, endpoint, interval, per_pair  # noqa: E402
@@ -37,7 +45,13 @@ if _ADDED:
     sys.path.remove(_HERE)
 
 __all__ = [
+    "Attempt",
+    "BudgetCheck",
     "YamlError",
+    "check",
+    "completeness_text",
+    "plan_units",
+    "stop_check",
     "field_differences",
     "by_device",
     "compare",

@@ -14,8 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from analysis.factorial import arms_by_cell, design_of
+from analysis.public_audit import completeness_text, plan_units, stop_check
 from analysis.results import Completeness, PairedResult, StudyResult
-from harness.records import RunRecord, StartedEntry
+from harness.records import RunRecord, StartedEntry, budget_attempts
 
 __all__ = [
     "completeness",
@@ -121,15 +122,14 @@ def run_rows(records: list[RunRecord]) -> list[dict[str, Any]]:
 def completeness(records: list[RunRecord]) -> Completeness:
     """Planned runs against runs with an ``ok`` record, and whether the budget rule explains a stop.
 
-    Planned runs per study: seeds x configurations x runs per unit (2 for a pair, 4 for a block).
-    The budget explains a stop when ``spent + u * m > budget``: ``spent`` the device seconds of every
-    attempt, ``m`` the mean device seconds of the ok runs, ``u`` the smallest unit among studies with
-    missing runs (the rule ``harness run`` applies before each unit).
+    Planned runs per study: seeds x configurations x runs per unit (2 for a pair, one per cell for a
+    block). Whether a stop is the budget's is the rule ``harness run`` applies before each unit, in
+    its one home (:mod:`analysis.audit.budget`, through :mod:`analysis.public_audit`): the first
+    unit in plan order with runs to do would take ``spent + k * m`` past the budget.
     """
     proto = records[0].protocol
     ok_ids = {r.spec.run_id for r in current(records) if r.status == "ok"}
     planned = 0
-    missing_units: list[int] = []
     for st in proto["studies"]:
         if "seeds" not in st:  # schema 1 records do not say
             return Completeness(
@@ -141,38 +141,21 @@ def completeness(records: list[RunRecord]) -> Completeness:
                 text="completeness unknown: these records do not list the planned seeds",
             )
         size = 2 if st["design"] == "paired" else len(design_of(st)[1])  # runs per unit
-        n = len(st["seeds"]) * len(st["configs"]) * size
-        planned += n
-        done = sum(1 for r in ok_ids if r.split(".", 1)[0] == st["name"])
-        if done < n:
-            missing_units.append(size)
+        planned += len(st["seeds"]) * len(st["configs"]) * size
     missing = planned - len(ok_ids)
-    spent = math.fsum((r.timings or {}).get("device_s") or 0.0 for r in records)
-    ok_s = [(r.timings or {}).get("device_s") or 0.0 for r in records if r.status == "ok"]
     budget = proto.get("budget_device_seconds")
-    budget_stop = bool(
-        missing
-        and ok_s
-        and budget is not None
-        and spent + min(missing_units) * math.fsum(ok_s) / len(ok_s) > budget
+    stop = (
+        stop_check(plan_units(proto["studies"]), budget_attempts(records), budget)
+        if missing and budget is not None
+        else None
     )
-    if missing == 0:
-        text = f"complete: all {planned} planned runs have an ok record"
-    elif budget_stop:
-        text = (
-            f"STOPPED BY THE BUDGET RULE: {missing} of {planned} planned runs have no ok record; "
-            f"{spent:.1f} of {budget:g} device seconds spent, and one more unit would exceed the budget; "
-            "where it stopped depended on run times, the outcome of every time endpoint"
-        )
-    else:
-        text = f"INCOMPLETE: {missing} of {planned} planned runs have no ok record"
     return Completeness(
         planned_runs=planned,
         ok_runs=len(ok_ids),
         missing_runs=missing,
         complete=missing == 0,
-        budget_stop=budget_stop,
-        text=text,
+        budget_stop=bool(stop is not None and stop.refuses),
+        text=completeness_text(planned, missing, stop),
     )
 
 

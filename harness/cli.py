@@ -9,7 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.cliargs import parser
+from harness.cliargs import RUN_INTERRUPTED, RUN_TERMINATED, parser
+from harness.clirun import Terminated, cmd_run, records_rel, refuse_shadowing, report
 from harness.clitools import cmd_compare_arms, cmd_configs, cmd_data, cmd_node, cmd_verify, table
 from harness.errors import HarnessError, InputError
 from harness.records import RecordFormatError
@@ -55,35 +56,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-#: Installed packages the harness imports; a copy of one inside the study's folder (an ignored
-#: ``yaml/`` beside the code) would shadow it for a runner started there with ``python -m``.
-_INSTALLED = ("yaml", "filelock", "numpy", "torch", "safetensors", "scipy", "pandas", "matplotlib")
-
-
-def _refuse_shadowing() -> None:
-    """Refuse, before anything imports them, installed packages shadowed from the working directory."""
-    import importlib.util
-
-    from harness.errors import RefusedError
-
-    here = Path.cwd().resolve()
-    for name in _INSTALLED:
-        if name in sys.modules:
-            continue
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            continue
-        origin = Path(spec.origin).resolve() if spec is not None and spec.origin else None
-        if origin is not None and origin.is_relative_to(here) and "site-packages" not in origin.parts:
-            raise RefusedError(
-                f"{origin}: a module {name!r} in the study's folder shadows the installed package; "
-                "nothing was run: remove it (a frozen study imports only its tracked code)"
-            )
-
-
 def cmd_tag(args: argparse.Namespace) -> int:
-    _refuse_shadowing()
+    refuse_shadowing()
     from harness.freeze import manifest_sha256, tag
     from harness.protocol import load_protocol
 
@@ -98,78 +72,6 @@ def cmd_tag(args: argparse.Namespace) -> int:
         f"{', '.join(sorted(m['code']))}"
     )
     return 0
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    _refuse_shadowing()
-    from harness.execute.runner import Runner
-    from harness.protocol import load_protocol
-
-    proto = load_protocol(args.protocol)
-    live = sys.stdout.isatty() and not args.quiet
-
-    def echo(msg: str) -> None:
-        if msg.startswith("\r"):
-            if live:
-                sys.stdout.write(msg)
-                sys.stdout.flush()
-            return
-        if live:
-            sys.stdout.write("\r\033[K")
-        print(msg, flush=True)
-
-    executor = None
-    if args.ray:
-        from harness.execute.ray import RayExecutor
-
-        executor = RayExecutor(args.ray)
-    runner = Runner(
-        proto,
-        echo=echo,
-        live=live,
-        retry_failed=args.retry_failed,
-        allow_torch_mismatch=args.allow_torch_mismatch,
-        executor=executor,
-        anchor=args.anchor,
-    )
-    from harness.execute.state import status_table
-
-    left = runner.run()
-    if left:
-        print(f"{left} runs not done; run the same command again to continue")
-        return 1
-    failed = sum(r["failed"] for r in status_table(proto)[0])
-    print(
-        f"all {len(runner.runs)} runs finished ({failed} failed, recorded); records in {proto.records_path}"
-    )
-    code = 0
-    if not args.no_report:
-        code = _report(proto, fmt=None, quiet=False)
-    return 1 if failed else code
-
-
-def _report(proto: Any, fmt: str | None, quiet: bool) -> int:
-    from analysis.report import write_report
-
-    if not any(proto.records_path.glob("*.record.json")):
-        raise HarnessError(
-            f"no records in {proto.records_path}; run the study first: harness run {proto.relpath}"
-        )
-    out = write_report(proto.records_path, export=fmt, records_rel=_records_rel(proto))
-    if not quiet:
-        print(out.markdown)
-        print(
-            f"wrote {out.summary_path}, {out.report_path}, {out.page_path}"
-            + (f", {out.export_path}" if out.export_path else "")
-        )
-    return 0
-
-
-def _records_rel(proto: Any) -> str:
-    """The records folder as a command run from the study's root names it."""
-    path = proto.records_path.resolve()
-    root = proto.root.resolve()
-    return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -192,7 +94,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         summary,
         proto.records_path,
         out,
-        records_rel=_records_rel(proto),
+        records_rel=records_rel(proto),
         summary_sha256=seal(summary.to_json())["sha256"],
     )
     print(f"wrote {path}")
@@ -212,7 +114,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     proto = load_protocol(args.protocol)
     _reconciled(proto)
-    return _report(proto, args.format, args.quiet)
+    return report(proto, args.format, args.quiet)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -227,6 +129,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise HarnessError(
             f"no ok baseline runs in {pilot.records_path}; run the pilot first: harness run {args.pilot}"
         )
+    if not (args.slower >= 1.0 and args.slower < 1e6):
+        raise InputError(
+            f"--slower {args.slower:g}: a factor of at least 1 (how much slower a machine may be)"
+        )
     n_runs = len(make_plan(load_protocol(args.target))) if args.target else None
     shown = []
     for config, r in rows.items():
@@ -237,12 +143,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             "device_s_per_run": f"{r['device_s_per_run']:.2f}",
         }
         if n_runs:
-            row["budget_if_all_runs_like_this"] = f"{budget(r['device_s_per_run'], n_runs):.0f}"
+            row["budget_if_all_runs_like_this"] = f"{budget(r['device_s_per_run'], n_runs, args.slower):.0f}"
         shown.append(row)
     print(table(shown, list(shown[0])))
     print(
         "\nrule: analysis/calibrate.py (median baseline validation BPB at 75% of steps, rounded up; "
-        "budget = median device s per run x runs x 1.5, rounded up to a minute)"
+        "budget = median device s per run x runs x 1.5"
+        + (f" x {args.slower:g} (--slower)" if args.slower != 1.0 else "")
+        + ", rounded up to a minute)"
     )
     return 0
 
@@ -372,8 +280,22 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     except KeyboardInterrupt:
+        if args.command == "run":
+            print(
+                "harness run: interrupted: the attempt in progress is recorded as interrupted when the "
+                "study resumes; run the same command again to continue",
+                file=sys.stderr,
+            )
+            return RUN_INTERRUPTED
         print(f"harness {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(
+            "harness run: terminated (SIGTERM): the attempt in progress is recorded as interrupted when "
+            "the study resumes; run the same command again to continue",
+            file=sys.stderr,
+        )
+        return RUN_TERMINATED
     except OSError as e:  # a file the harness could not write or read: a message, exit 2, no traceback
         print(
             f"harness {args.command}: error: {e.filename or 'a file'}: {e.strerror or e}; fix it and run the same "

@@ -12,6 +12,50 @@ DEVICES = ["auto", "cpu", "cuda", "mps"]
 DEVICE_HELP = "auto (mps, then cuda, then cpu), cpu, cuda or mps"
 
 
+#: ``harness run``'s exit statuses, each with what it means and what to do (``harness run --help``
+#: lists them; docs/decisions.md "How harness run ends" too; tests/test_run_endings.py checks each).
+RUN_COMPLETE, RUN_FAILED_RUNS, RUN_REFUSED, RUN_BUDGET_STOP, RUN_NOT_DONE = 0, 1, 2, 3, 4
+RUN_INTERRUPTED, RUN_TERMINATED = 130, 143
+RUN_ENDINGS: list[tuple[int, str]] = [
+    (RUN_COMPLETE, "complete: every planned run ended ok; the report is written and printed"),
+    (
+        RUN_FAILED_RUNS,
+        "complete, with failed runs (recorded with their reasons, counted in the report, which is "
+        "written); --retry-failed runs their units again whole, up to max_attempts",
+    ),
+    (
+        RUN_REFUSED,
+        "refused or an error: bad input (the file, key and line are named), a frozen study that "
+        "differs from its tag, a file that cannot be read or written; nothing half-written",
+    ),
+    (
+        RUN_BUDGET_STOP,
+        "stopped by the budget rule: a result, not an error; the report (its banner says so), the "
+        "page and the summary are written and the decisions printed; running again stops the same way",
+    ),
+    (
+        RUN_NOT_DONE,
+        "runs left that this runner did not start (units another runner holds); run the same "
+        "command again when it ends",
+    ),
+    (
+        RUN_INTERRUPTED,
+        "interrupted (Ctrl-C): the attempt in progress is recorded as interrupted when the study "
+        "resumes; run the same command again to continue",
+    ),
+    (RUN_TERMINATED, "terminated (SIGTERM): as for an interruption"),
+]
+
+
+def run_epilog() -> str:
+    import textwrap
+
+    lines = ["exit status:"]
+    for code, text in RUN_ENDINGS:
+        lines.append(textwrap.fill(text, width=78, initial_indent=f"  {code:<4} ", subsequent_indent=" " * 7))
+    return "\n".join(lines)
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -59,7 +103,12 @@ def parser() -> argparse.ArgumentParser:
         ("status", "done, failed, interrupted and pending runs"),
         ("report", "tables, plots and summary.json from the records"),
     ):
-        s = sub.add_parser(name, help=help_)
+        extra: dict[str, object] = (
+            {"epilog": run_epilog(), "formatter_class": argparse.RawDescriptionHelpFormatter}
+            if name == "run"
+            else {}
+        )
+        s = sub.add_parser(name, help=help_, **extra)  # type: ignore[arg-type]
         s.add_argument("protocol", help="the protocol file (protocols/<id>.yaml)")
         if name in ("plan", "status"):
             s.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -136,4 +185,12 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("calibrate", help="preregistration numbers from a pilot's records (targets, budget)")
     s.add_argument("pilot", help="the pilot protocol (already run)")
     s.add_argument("--target", help="the protocol being calibrated (for its run count)")
+    s.add_argument(
+        "--slower",
+        type=float,
+        default=1.0,
+        metavar="FACTOR",
+        help="size the budget for a machine FACTOR times slower than the pilot's (default 1; the demo "
+        "uses 3, so it finishes on slow or busy machines)",
+    )
     return p

@@ -354,6 +354,15 @@ def open_attempts(records: list[RunRecord], started: list[StartedEntry]) -> list
     return [e for e in started if (e["run_id"], e["attempt"]) not in ended]
 
 
+def budget_attempts(records: list[RunRecord]) -> list[tuple[str, str, int, str, float]]:
+    """Every attempt as the budget rule reads it (``analysis/audit/budget.py``, its one home):
+    run id, unit, attempt, status, device seconds."""
+    return [
+        (r.spec.run_id, r.spec.unit, r.attempt, r.status, (r.timings or {}).get("device_s") or 0.0)
+        for r in records
+    ]
+
+
 def load_records(directory: Path) -> list[RunRecord]:
     """Every record of a folder, in ledger order (then file name, for version 1 records)."""
     recs = [read_record(p) for p in record_files(directory)]

@@ -252,8 +252,10 @@ def repo(tmp_path: Path) -> Path:
     return init_study(tmp_path / "study")
 
 
-def harness(repo: Path, *args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def harness(
+    repo: Path, *args: str, timeout: float = 600, env: dict[str, str] | None = None, **kw
+) -> subprocess.CompletedProcess[str]:
+    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
     return subprocess.run(
         [sys.executable, "-m", "harness.cli", *args],
         cwd=repo,

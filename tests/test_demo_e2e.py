@@ -7,13 +7,14 @@ instead of 4 and 30 steps (validation every 10) instead of 90, 42 runs instead o
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import FULL_SIZE, ROOT, git, harness
+from conftest import FULL_SIZE, ROOT, git, harness, record_dicts
 from pagecheck import check_page
 
 #: the reduced demo's size (see the module's docstring); the shipped demo's where FULL_SIZE
@@ -32,9 +33,9 @@ def reduced(text: str) -> str:
     return text
 
 
-@pytest.fixture(scope="module")
-def clone(tmp_path_factory) -> Path:
-    dest = tmp_path_factory.mktemp("demo") / "repo"
+def working_clone(dest: Path, *, full_size: bool) -> Path:
+    """A clone of this repository at ``dest`` holding the working tree as it is now, committed;
+    its demo at the reduced size unless ``full_size``."""
     subprocess.run(["git", "clone", "-q", str(ROOT), str(dest)], check=True)
     # the working tree as it is now (tests run before a commit too)
     for rel in (
@@ -44,7 +45,7 @@ def clone(tmp_path_factory) -> Path:
         if src.is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             (dest / rel).write_bytes(src.read_bytes())
-    if not FULL_SIZE:
+    if not full_size:
         demo = dest / "protocols" / "demo.yaml"
         demo.write_text(reduced(demo.read_text()))
     git(dest, "config", "user.email", "t@example.invalid")
@@ -52,6 +53,11 @@ def clone(tmp_path_factory) -> Path:
     git(dest, "add", "-A")
     git(dest, "commit", "-qm", "working tree", "--allow-empty")
     return dest
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory) -> Path:
+    return working_clone(tmp_path_factory.mktemp("demo") / "repo", full_size=FULL_SIZE)
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +117,23 @@ def test_edited_tagged_protocol_is_refused(clone):
     r = harness(clone, "run", "protocols/frozen.yaml")
     assert r.returncode == 2 and "differ from the tagged protocol" in r.stderr
     assert not (clone / "records" / "frozen").exists()
+
+
+@pytest.mark.long
+def test_the_demo_finishes_with_its_runs_slowed_threefold(tmp_path):
+    """The demo as shipped (56 runs, full size) with every run taking three times its device time
+    (the test knob ``HARNESS_TEST_SLOWDOWN=3``: the worker sleeps the difference), as on a machine
+    three times slower than this one: it finishes within its budget, which ``harness calibrate
+    --slower 3`` sized for that (protocols/demo.yaml's origins)."""
+    import yaml
+
+    dest = working_clone(tmp_path / "repo", full_size=True)
+    env = {**os.environ, "HARNESS_TEST_SLOWDOWN": "3"}
+    r = harness(dest, "run", "protocols/demo.yaml", "--quiet", "--no-report", timeout=3000, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "all 56 runs finished ok" in r.stdout and "HARNESS_TEST_SLOWDOWN=3" in r.stdout
+    recs = record_dicts(dest / "runs" / "demo" / "records")
+    assert len(recs) == 56 and all(x["status"] == "ok" and x["env"]["test_slowdown"] == 3.0 for x in recs)
+    spent = sum(x["timings"]["device_s"] for x in recs)
+    budget = yaml.safe_load((dest / "protocols" / "demo.yaml").read_text())["budget_device_seconds"]
+    print(f"the demo slowed threefold spent {spent:.1f} of its {budget} device seconds")

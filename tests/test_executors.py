@@ -23,10 +23,10 @@ def test_in_process_executor_matches_the_local_one(tmp_path):
     shutil.rmtree(repo / "records")
     shutil.rmtree(repo / "runs")
     lines: list[str] = []
-    left = Runner(
+    end = Runner(
         load_protocol(repo / "protocols" / "tiny.yaml"), echo=lines.append, executor=InProcessExecutor()
     ).run()
-    assert left == 0
+    assert end.left == 0 and end.failed == 0 and not end.stopped_for_budget
     mine = {x["spec"]["run_id"]: x for x in record_dicts(repo / "records" / "tiny")}
     assert set(mine) == set(local) and all(x["status"] == "ok" for x in mine.values())
     for rid, rec in mine.items():

@@ -221,21 +221,26 @@ def _wait_for(predicate, timeout: float = 120.0) -> None:
     raise AssertionError("timed out")
 
 
+#: The test knob that makes each run take this many times its device time (the worker sleeps the
+#: difference before it reports), so a kill that must land mid-run does on any machine, fast or busy:
+#: the worker lives at least SLOW x its own run time after its pid file appears.
+SLOW = {"HARNESS_TEST_SLOWDOWN": "30"}
+
+
 @pytest.mark.parametrize("launcher", ["forkserver", "spawn"])
 def test_resume_after_sigkill_mid_run(repo, launcher):
-    p = write(
-        repo, tiny_protocol(steps=100, launcher=launcher)
-    )  # the kill lands mid-run: interrupted == 1 below
+    p = write(repo, tiny_protocol(steps=10, launcher=launcher))
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness.cli", "run", str(p), "--quiet", "--no-report"],
         cwd=repo,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        env={**os.environ, **SLOW},
     )
     work = repo / "runs" / "tiny" / "work"
     _wait_for(lambda: work.is_dir() and any(work.glob("*/worker.pid")))
-    time.sleep(1.5)  # mid-run
+    time.sleep(0.3)  # mid-run: the slowed worker lives on for 30x its run
     os.killpg(proc.pid, signal.SIGKILL)  # the machine "switches off": runner and worker die together
     proc.wait()
     r = harness(repo, "run", str(p), "--quiet", "--no-report")
@@ -252,17 +257,18 @@ def test_resume_after_sigkill_mid_run(repo, launcher):
 
 
 def test_worker_killed_is_recorded_failed(repo):
-    p = write(repo, tiny_protocol(steps=150))  # the worker still runs 1.5 s in (else os.kill raises)
+    p = write(repo, tiny_protocol(steps=10))
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness.cli", "run", str(p), "--quiet", "--no-report"],
         cwd=repo,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env={**os.environ, "HARNESS_TEST_SLOWDOWN": "8"},
     )
     work = repo / "runs" / "tiny" / "work"
     _wait_for(lambda: work.is_dir() and any(work.glob("*/worker.pid")))
-    time.sleep(1.5)
+    time.sleep(0.3)  # the slowed worker lives on for 8x its run
     pid = int(next(work.glob("*/worker.pid")).read_text())
     os.kill(pid, signal.SIGKILL)  # only the run's process dies (as under the OOM killer)
     stdout, _ = proc.communicate(timeout=600)
@@ -270,6 +276,7 @@ def test_worker_killed_is_recorded_failed(repo):
     recs = record_dicts(repo / "records" / "tiny")
     failed = [x for x in recs if x["status"] == "failed"]
     assert len(failed) == 1 and "SIGKILL" in failed[0]["reason"] and len(recs) == 4
+    assert all(x["env"]["test_slowdown"] == 8.0 for x in recs if x["status"] == "ok")
 
 
 def failing_arm(repo: Path) -> str:
@@ -321,11 +328,13 @@ def test_two_concurrent_runners_execute_each_run_once(repo):
 
 
 def test_budget_stops_new_runs(repo):
-    p = write(repo, tiny_protocol(budget=1, steps=10))
+    # the first unit always starts (no ok run yet to predict from); any two runs spend more than
+    # 0.01 device seconds, on any machine, so the second unit never does
+    p = write(repo, tiny_protocol(budget=0.01, steps=10))
     r = harness(repo, "run", str(p), "--quiet", "--no-report")
-    assert r.returncode == 1 and "no further run starts" in r.stdout
+    assert r.returncode == 3 and "no further run starts" in r.stdout
     recs = record_dicts(repo / "records" / "tiny")
-    assert 1 <= len(recs) < 4
+    assert len(recs) == 2 and {x["spec"]["unit"] for x in recs} == {"pairs.tiny_conv.pair000"}
 
 
 def test_retry_reruns_whole_units_up_to_max_attempts(repo):

@@ -42,5 +42,6 @@ in order), ``ledger`` (hashes, records, the chain), ``tag`` (git, the tag, the p
 ``corpora``, ``plan`` (the plan and protocol summary recomputed), ``yamlsub`` and ``yamlflow`` (the
 YAML reader), ``tdist``, ``descriptive``, ``ranks`` (the signed-rank test), ``hypotheses`` (each
 hypothesis' test), ``decisions`` (the family's decisions, sensitivity), ``attempts`` (which records
-count, the flow, completeness) and ``recompute`` (``summary.json`` recomputed and compared).
+count, the flow, completeness), ``budget`` (the budget rule, which ``harness run`` and the summary
+apply too) and ``recompute`` (``summary.json`` recomputed and compared).
 """

@@ -5,8 +5,7 @@ completeness against its plan and budget rule."""
 
 from __future__ import annotations
 
-import math
-
+from .budget import completeness_text, plan_units, stop_check
 from .factorial import from_summary
 
 
@@ -112,10 +111,11 @@ def failed_pairs(records: list[dict]) -> dict:
 
 
 def completeness(records: list[dict]) -> dict:
-    """Planned runs (seeds x configurations x 2 or 4) against ok runs; the budget rule's verdict."""
+    """Planned runs (seeds x configurations x runs per unit) against ok runs; the budget rule's
+    verdict (:mod:`.budget`, the rule ``harness run`` applies)."""
     proto = records[0]["protocol"]
     ok_ids = {r["spec"]["run_id"] for r in analysed(records) if r["status"] == "ok"}
-    planned, unit_sizes = 0, []
+    planned = 0
     for st in proto["studies"]:
         if "seeds" not in st:
             return {
@@ -127,35 +127,27 @@ def completeness(records: list[dict]) -> dict:
                 "text": "completeness unknown: these records do not list the planned seeds",
             }
         size = 2 if st["design"] == "paired" else len(from_summary(st)[1])
-        n = len(st["seeds"]) * len(st["configs"]) * size
-        planned += n
-        if sum(1 for r in ok_ids if r.split(".", 1)[0] == st["name"]) < n:
-            unit_sizes.append(size)
+        planned += len(st["seeds"]) * len(st["configs"]) * size
     missing = planned - len(ok_ids)
-    spent = math.fsum((r.get("timings") or {}).get("device_s") or 0.0 for r in records)
-    ok_s = [(r.get("timings") or {}).get("device_s") or 0.0 for r in records if r["status"] == "ok"]
     budget = proto.get("budget_device_seconds")
-    stop = bool(
-        missing
-        and ok_s
-        and budget is not None
-        and spent + min(unit_sizes) * math.fsum(ok_s) / len(ok_s) > budget
-    )
-    if missing == 0:
-        text = f"complete: all {planned} planned runs have an ok record"
-    elif stop:
-        text = (
-            f"STOPPED BY THE BUDGET RULE: {missing} of {planned} planned runs have no ok record; "
-            f"{spent:.1f} of {budget:g} device seconds spent, and one more unit would exceed the budget; "
-            "where it stopped depended on run times, the outcome of every time endpoint"
+    attempts = [
+        (
+            r["spec"]["run_id"],
+            r["spec"]["unit"],
+            r["attempt"],
+            r["status"],
+            (r.get("timings") or {}).get("device_s") or 0.0,
         )
-    else:
-        text = f"INCOMPLETE: {missing} of {planned} planned runs have no ok record"
+        for r in records
+    ]
+    stop = (
+        stop_check(plan_units(proto["studies"]), attempts, budget) if missing and budget is not None else None
+    )
     return {
         "planned_runs": planned,
         "ok_runs": len(ok_ids),
         "missing_runs": missing,
         "complete": missing == 0,
-        "budget_stop": stop,
-        "text": text,
+        "budget_stop": bool(stop is not None and stop.refuses),
+        "text": completeness_text(planned, missing, stop),
     }

@@ -100,8 +100,11 @@ def main(argv: list[str]) -> int:
             print(f"- {p}")
     else:
         incomplete = [n for n in notes if "INCOMPLETE:" in n]
+        stopped = [n for n in notes if "STOPPED BY THE BUDGET RULE:" in n]
         print(
-            "Integrity: everything matched." + (" The study is INCOMPLETE (see above)." if incomplete else "")
+            "Integrity: everything matched."
+            + (" The study is INCOMPLETE (see above)." if incomplete else "")
+            + (" The study was STOPPED BY THE BUDGET RULE (see above)." if stopped else "")
         )
     print(anchor_line(published, anchor, anchored))
     return 1 if problems else 0

@@ -3,7 +3,7 @@ summary every record copies, and the tally of planned runs against their records
 
 from __future__ import annotations
 
-from .attempts import analysed, latest_unit
+from .attempts import analysed, completeness, latest_unit
 from .factorial import from_yaml, williams
 
 
@@ -248,6 +248,10 @@ def plan_notes(directory: str, plan: list[dict], records: list[dict], open_: lis
             f"{directory}: unit {unit} ran again whole: analysed from its unit attempt "
             f"{latest[unit]}; {n} superseded attempt(s) kept"
         )
-    if missing:
-        notes.append(f"{directory}: INCOMPLETE: {missing} of {len(plan)} planned runs have no ok record")
+    if missing:  # INCOMPLETE, or STOPPED BY THE BUDGET RULE where the rule explains the stop
+        done = completeness(records) if records else None
+        text = done["text"] if done and done["missing_runs"] == missing else None
+        notes.append(
+            f"{directory}: {text or f'INCOMPLETE: {missing} of {len(plan)} planned runs have no ok record'}"
+        )
     return notes

@@ -3,10 +3,31 @@ workers' allow-listed environment (protocol threads, frozen folders, the verifie
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from harness import freeze, gitutil
 from harness.protocol import Protocol
+
+#: A test knob: ``HARNESS_TEST_SLOWDOWN=K`` (K >= 1) makes each run take K times its device time,
+#: as on a machine K times slower (the worker sleeps the difference before it reports); the runner
+#: refuses it for a preregistered study, says so when it applies, and the record's ``env`` names it.
+SLOWDOWN = "HARNESS_TEST_SLOWDOWN"
+
+
+def slowdown(environ: Mapping[str, str] | None = None) -> float:
+    """The test knob's factor (1.0 when unset); ValueError for a value that is not a number in [1, 100]."""
+    raw = (os.environ if environ is None else environ).get(SLOWDOWN)
+    if raw is None:
+        return 1.0
+    try:
+        factor = float(raw)
+    except ValueError:
+        factor = float("nan")
+    if not 1.0 <= factor <= 100.0:
+        raise ValueError(f"{SLOWDOWN}={raw!r}: a factor from 1 to 100")
+    return factor
 
 
 def hermetic_env(proto: Protocol, root: Path, records: Path, anchor: str | None) -> dict[str, str]:
@@ -17,6 +38,15 @@ def hermetic_env(proto: Protocol, root: Path, records: Path, anchor: str | None)
     from harness.errors import RefusedError
     from harness.execute.launchers import refused_environment, worker_env
 
+    try:
+        factor = slowdown()
+    except ValueError as e:
+        raise RefusedError(f"{proto.path}: {e}; nothing was run") from e
+    if factor != 1.0 and proto.preregistered:
+        raise RefusedError(
+            f"{proto.path}: {SLOWDOWN} is set: a test knob that slows every run, never for a "
+            "preregistered study; nothing was run: unset it"
+        )
     bad = refused_environment()
     if bad:
         raise RefusedError(

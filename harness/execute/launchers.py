@@ -376,4 +376,6 @@ def worker_env(
     env["HARNESS_EXEMPT"] = ",".join(sorted(exempt or []))
     if phase_sha256:
         env["COTANGENT_PHASE_SHA256"] = phase_sha256
+    if "HARNESS_TEST_SLOWDOWN" in src:  # the test knob (harness.execute.hermetic.SLOWDOWN)
+        env["HARNESS_TEST_SLOWDOWN"] = src["HARNESS_TEST_SLOWDOWN"]
     return env

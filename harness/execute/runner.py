@@ -36,6 +36,8 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from analysis.public_audit import Attempt, BudgetCheck
+from analysis.public_audit import check as budget_check
 from harness import freeze, gitutil
 from harness.data.corpora import LocalCorpus
 from harness.execute.attempts import (
@@ -48,11 +50,11 @@ from harness.execute.attempts import (
     utc_stamp,
 )
 from harness.execute.base import Executor
-from harness.execute.hermetic import hermetic_env
+from harness.execute.hermetic import SLOWDOWN, hermetic_env
 from harness.execute.job import Job
 from harness.execute.launchers import Outcome
 from harness.execute.local import LocalExecutor
-from harness.execute.state import Progress, RunState, run_states
+from harness.execute.state import Progress, RunEnd, RunState, claimed, run_states
 from harness.ledger import Ledger, check_records_folder, study_ledger
 from harness.plan import make_plan, plan_sha256, units
 from harness.protocol import Protocol
@@ -61,6 +63,8 @@ from harness.records import (
     RunRecord,
     RunSpec,
     atomic_write,
+    budget_attempts,
+    load_records,
 )
 
 
@@ -107,6 +111,7 @@ class Runner:
         self.executor: Executor = executor if executor is not None else LocalExecutor()
         self.progress = Progress(total=len(self.runs))
         self.stopped_for_budget = False
+        self.last_budget: BudgetCheck | None = None  # the budget rule's verdict on the last unit
         self.frozen = freeze.NOT_FROZEN
         self._ledger: Ledger | None = None
         self._starts: dict[tuple[str, int], dict[str, Any]] = {}
@@ -203,8 +208,7 @@ class Runner:
             node=node,
         )
         self._write(rec)
-        self.progress.executed_s.append(device_s)
-        self.progress.done += 1
+        self.progress.ran(device_s)
         if spec.run_id in self._unit_ends:
             self.push_anchor()
         return result.status
@@ -237,17 +241,27 @@ class Runner:
         return self._note_interrupted(spec)
 
     def budget_allows(
-        self, unit: list[RunSpec], todo: list[RunSpec], states: dict[str, RunState], reserved: float = 0.0
+        self,
+        unit: list[RunSpec],
+        todo: list[RunSpec],
+        attempts: list[Attempt],
+        reserved: float = 0.0,
     ) -> bool:
-        """The budget rule (analysis.selection.completeness restates it): no unit starts when the device
-        seconds spent (plus those reserved by units in flight) and the unit's runs at the mean device
-        seconds of the ok runs so far would exceed the protocol's budget."""
-        spent = sum(st.device_s for st in states.values()) + reserved
-        expected = self.expected_s(todo, states)
-        if spent + expected > self.proto.budget_device_seconds:
+        """The budget rule, from its one home (:mod:`analysis.audit.budget`, which the summary and
+        the audit apply to the records too): no unit starts when the device seconds spent (plus
+        those reserved by units in flight) and the unit's runs at the mean device seconds of the ok
+        runs so far would exceed the protocol's budget; then ``stopped_for_budget`` is set."""
+        verdict = budget_check(
+            unit[0].unit, len(todo), attempts, self.proto.budget_device_seconds, reserved=reserved
+        )
+        self.progress.note_budget(
+            verdict.spent, verdict.budget, verdict.expected / verdict.todo if verdict.todo else None
+        )
+        self.last_budget = verdict
+        if verdict.refuses:
             self.echo(
-                f"budget: {spent:.1f} s of {self.proto.budget_device_seconds:.0f} device seconds spent; the next "
-                f"unit {unit[0].unit} would need about {expected:.1f} s more, so no further run starts"
+                f"budget: {verdict.spent:.1f} s of {verdict.budget:.0f} device seconds spent; the next "
+                f"unit {unit[0].unit} would need about {verdict.expected:.1f} s more, so no further run starts"
             )
             self.stopped_for_budget = True
             return False
@@ -270,17 +284,18 @@ class Runner:
             lock.acquire(timeout=0)
         except Timeout:
             return None  # another runner holds this unit
-        states = run_states(self.proto)
+        recs = load_records(self.records)
+        states = run_states(self.proto, recs)
         todo = self.todo(unit, states)
         self.progress.done = sum(len(u) - len(self.todo(u, states)) for u in units(self.runs))
         if todo and widen is not None:
             todo = widen(unit, todo, states)
-        if not todo or not self.budget_allows(unit, todo, states, reserved):
+        attempts = budget_attempts(recs)
+        if not todo or not self.budget_allows(unit, todo, attempts, reserved):
             lock.release()
             return None
-        return Claim(
-            unit, todo, unit_attempt_of(self.records, unit, todo), self.expected_s(todo, states), lock
-        )
+        expected = self.last_budget.expected if self.last_budget is not None else 0.0
+        return Claim(unit, todo, unit_attempt_of(self.records, unit, todo), expected, lock)
 
     def claims(self) -> Iterator[Claim]:
         """Every unit still to do, claimed in plan order (:meth:`claim`), until the budget stops."""
@@ -291,14 +306,10 @@ class Runner:
             elif self.stopped_for_budget:
                 return
 
-    def expected_s(self, todo: list[RunSpec], states: dict[str, RunState]) -> float:
-        per_run = [st.ok_device_s for st in states.values() if st.ok]
-        return (sum(per_run) / len(per_run)) * len(todo) if per_run else 0.0
-
     def announce(self, spec: RunSpec, attempt: int, where: str = "") -> None:
         self.echo(
             f"[{self.progress.done + 1}/{self.progress.total}] {spec.run_id} ({spec.arm}, seed {spec.seed}) "
-            f"attempt {attempt}{where} ... ETA {self.progress.eta()}"
+            f"attempt {attempt}{where} ... {self.progress.line()}"
         )
 
     def _keep_tag(self) -> None:
@@ -312,8 +323,8 @@ class Runner:
         if raw is not None and (not path.exists() or path.read_bytes() != raw):
             atomic_write(path, raw, overwrite=True)
 
-    def run(self) -> int:
-        """Work through the plan; returns the number of runs that are still not done."""
+    def run(self) -> RunEnd:
+        """Work through the plan; returns how it ended."""
         proto = self.proto
         check_records_folder(proto)
         self.frozen = freeze.check(proto, self.plan_sha, len(self.runs))
@@ -328,6 +339,11 @@ class Runner:
                     f"{torch.__version__}; copy it into a new protocol id for this environment"
                 )
         self.env = hermetic_env(self.proto, self.root, self.records, self.anchor)
+        if SLOWDOWN in self.env:
+            self.echo(
+                f"{SLOWDOWN}={self.env[SLOWDOWN]}: every run is slowed as on a machine that many times "
+                "slower (a test knob; each record's env names it)"
+            )
         # every byte of the corpus verifies before any run starts (DataError, exit 2, otherwise)
         self.corpus = proto.corpus_data()
         try:
@@ -349,9 +365,20 @@ class Runner:
         self.push_anchor()
         states = run_states(proto)
         left = sum(len(self.todo(u, states)) for u in units(self.runs))
-        if self.stopped_for_budget:
-            self.echo(f"stopped for budget with {left} runs not done")
-        return left
+        failed = sum(1 for s in self.runs if (st := states.get(s.run_id)) is not None and st.last == "failed")
+        held = sum(
+            len(self.todo(u, states))
+            for u in units(self.runs)
+            if self.todo(u, states) and claimed(proto, u[0].unit)
+        )
+        return RunEnd(
+            held_elsewhere=held,
+            planned=len(self.runs),
+            left=left,
+            failed=failed,
+            stopped_for_budget=self.stopped_for_budget and left > 0,
+            budget=self.last_budget,
+        )
 
     def todo(self, unit: list[RunSpec], states: dict[str, RunState]) -> list[RunSpec]:
         """The unit's runs still to execute, in plan order.

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from analysis.public_audit import BudgetCheck
 from harness.plan import make_plan
 from harness.protocol import Protocol
 from harness.records import RunRecord, load_records, load_started, open_attempts
@@ -22,23 +23,73 @@ class RunState:
     tries: int = 0  # attempts that ended (ok or failed); interrupted ones are resumed, not retried
 
 
+@dataclass(frozen=True)
+class RunEnd:
+    """How :meth:`Runner.run` ended: the plan's runs, those still to do (no ok latest attempt and
+    not final), those whose latest attempt failed, and whether the budget rule stopped it."""
+
+    planned: int
+    left: int
+    failed: int
+    stopped_for_budget: bool
+    budget: BudgetCheck | None  # the rule's verdict on the unit it refused (or the last one it allowed)
+    held_elsewhere: int = 0  # runs left in units whose claim another runner holds now
+
+
 @dataclass
 class Progress:
+    """What the runner shows before each run: runs done and left, the device seconds of the budget
+    spent and left, and the estimated time to the end (runs left x the mean device seconds per run,
+    this runner's own runs first, else the study's ok runs)."""
+
     total: int
     done: int = 0
-    executed_s: list[float] = field(default_factory=list)
+    executed_s: list[float] = field(default_factory=list)  # device seconds of this runner's runs
+    spent: float | None = None  # device seconds of every attempt, as of the last claim and since
+    budget_s: float | None = None
+    mean_ok_s: float | None = None  # the budget rule's mean device seconds of the ok runs
+
+    def note_budget(self, spent: float, budget: float, mean_ok_s: float | None) -> None:
+        self.spent, self.budget_s, self.mean_ok_s = spent, budget, mean_ok_s
+
+    def ran(self, device_s: float) -> None:
+        self.executed_s.append(device_s)
+        self.done += 1
+        if self.spent is not None:
+            self.spent += device_s
+
+    def eta_s(self) -> float | None:
+        per_run = sum(self.executed_s) / len(self.executed_s) if self.executed_s else self.mean_ok_s
+        return None if not per_run else (self.total - self.done) * per_run
 
     def eta(self) -> str:
-        if not self.executed_s:
-            return "?"
-        left = (self.total - self.done) * (sum(self.executed_s) / len(self.executed_s))
-        m, s = divmod(int(left), 60)
-        return f"{m}m{s:02d}s"
+        left = self.eta_s()
+        return "?" if left is None else _minutes(left)
+
+    def line(self) -> str:
+        """``26 done, 30 left; budget 120 of 720 s spent, 600 s left; ETA 2m05s``."""
+        parts = [f"{self.done} done, {self.total - self.done} left"]
+        if self.spent is not None and self.budget_s is not None:
+            left = max(0.0, self.budget_s - self.spent)
+            parts.append(f"budget {self.spent:.0f} of {self.budget_s:.0f} s spent, {left:.0f} s left")
+        eta = self.eta_s()
+        text = f"ETA {self.eta()}"
+        if eta is not None and self.spent is not None and self.budget_s is not None:
+            if eta > self.budget_s - self.spent:
+                text += " (more than the budget has left: the budget rule may stop it)"
+        parts.append(text)
+        return "; ".join(parts)
 
 
-def run_states(proto: Protocol) -> dict[str, RunState]:
+def _minutes(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m}m{s:02d}s"
+
+
+def run_states(proto: Protocol, records: list[RunRecord] | None = None) -> dict[str, RunState]:
+    """Each run's state from the study's records (``records``: already loaded ones)."""
     states: dict[str, RunState] = {}
-    for rec in load_records(proto.records_path):
+    for rec in load_records(proto.records_path) if records is None else records:
         st = states.setdefault(rec.spec.run_id, RunState())
         if rec.attempt >= st.attempts:
             st.last = rec.status
@@ -53,7 +104,7 @@ def run_states(proto: Protocol) -> dict[str, RunState]:
     return states
 
 
-def _claimed(proto: Protocol, unit: str) -> bool:
+def claimed(proto: Protocol, unit: str) -> bool:
     """Whether a runner holds ``unit``'s claim now (its attempt may still be running)."""
     from filelock import FileLock, Timeout
 
@@ -79,7 +130,7 @@ def unfinished(proto: Protocol) -> list[dict[str, Any]]:
             "started_at": e["started_at"],
             "node": e["node"],
             "seq": e["ledger"]["seq"],
-            "running": _claimed(proto, e["unit"]),
+            "running": claimed(proto, e["unit"]),
         }
         for e in open_attempts(load_records(proto.records_path), load_started(proto.records_path))
     ]

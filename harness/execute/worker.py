@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from harness.execute.hermetic import slowdown
 from harness.execute.job import Job
 from harness.execute.training import Partial, execute, failure
 from harness.files import atomic_write
@@ -142,8 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # every failure is reported to the parent, which records it
         partial.note(**failure(e))
         code = 3
-    # the worker's own measure of its device time: from this process's start to its result
     result = partial.result
+    factor = slowdown()
+    if factor > 1.0:  # a test knob (never for a preregistered study): this run as on a slower machine
+        time.sleep((factor - 1.0) * (time.monotonic() - _T0))
+        result = replace(result, env={**(result.env or {}), "test_slowdown": factor})
+    # the worker's own measure of its device time: from this process's start to its result
     result = replace(result, timings={**result.timings, "device_s": time.monotonic() - _T0})
     report(args[1], result.to_json())
     return code

@@ -1,0 +1,162 @@
+"""``harness run``: executing a study, how the run ends (its exit status and message:
+:data:`harness.cliargs.RUN_ENDINGS`), and the report it writes when the run is a result."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from harness.cliargs import RUN_BUDGET_STOP, RUN_COMPLETE, RUN_FAILED_RUNS, RUN_NOT_DONE
+from harness.errors import HarnessError
+
+#: Installed packages the harness imports; a copy of one inside the study's folder (an ignored
+#: ``yaml/`` beside the code) would shadow it for a runner started there with ``python -m``.
+_INSTALLED = ("yaml", "filelock", "numpy", "torch", "safetensors", "scipy", "pandas", "matplotlib")
+
+
+def refuse_shadowing() -> None:
+    """Refuse, before anything imports them, installed packages shadowed from the working directory."""
+    import importlib.util
+
+    from harness.errors import RefusedError
+
+    here = Path.cwd().resolve()
+    for name in _INSTALLED:
+        if name in sys.modules:
+            continue
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        origin = Path(spec.origin).resolve() if spec is not None and spec.origin else None
+        if origin is not None and origin.is_relative_to(here) and "site-packages" not in origin.parts:
+            raise RefusedError(
+                f"{origin}: a module {name!r} in the study's folder shadows the installed package; "
+                "nothing was run: remove it (a frozen study imports only its tracked code)"
+            )
+
+
+class Terminated(BaseException):
+    """SIGTERM during ``harness run``: unwinds like Ctrl-C (claims released, workers ended)."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    refuse_shadowing()
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    from harness.execute.runner import Runner
+    from harness.protocol import load_protocol
+
+    proto = load_protocol(args.protocol)
+    live = sys.stdout.isatty() and not args.quiet
+
+    def echo(msg: str) -> None:
+        if msg.startswith("\r"):
+            if live:
+                sys.stdout.write(msg)
+                sys.stdout.flush()
+            return
+        if live:
+            sys.stdout.write("\r\033[K")
+        print(msg, flush=True)
+
+    executor = None
+    if args.ray:
+        from harness.execute.ray import RayExecutor
+
+        executor = RayExecutor(args.ray)
+    runner = Runner(
+        proto,
+        echo=echo,
+        live=live,
+        retry_failed=args.retry_failed,
+        allow_torch_mismatch=args.allow_torch_mismatch,
+        executor=executor,
+        anchor=args.anchor,
+    )
+    end = runner.run()
+    code, message = run_ending(proto, end)
+    report_now = not args.no_report and code in (RUN_COMPLETE, RUN_FAILED_RUNS, RUN_BUDGET_STOP)
+    if report_now and any(proto.records_path.glob("*.record.json")):
+        report(proto, fmt=None, quiet=False)
+    print(message, flush=True)
+    return code
+
+
+def run_ending(proto: Any, end: Any) -> tuple[int, str]:
+    """The exit status and closing message of ``harness run`` (:data:`harness.cliargs.RUN_ENDINGS`)."""
+    where = f"records in {proto.records_path}"
+    if end.stopped_for_budget:
+        b = end.budget
+        spent = (
+            f"{b.spent:.1f} of {b.budget:.0f} device seconds spent; the next unit, {b.unit}, would need "
+            f"about {b.expected:.1f} s more"
+            if b is not None
+            else "the budget is spent"
+        )
+        done = end.planned - end.left
+        then = (
+            "This is the preregistered study's result: the budget is part of its protocol, so nothing "
+            "more runs (running the same command again stops at once, the same way)."
+            if proto.preregistered
+            else "To run the rest, raise budget_device_seconds in a new version of the protocol (a new "
+            "id or records_dir, its origin stated) and run that; this protocol stops here every time."
+        )
+        failed = f", {end.failed} failed (recorded)" if end.failed else ""
+        return RUN_BUDGET_STOP, (
+            f"STOPPED BY THE BUDGET RULE: {done} of {end.planned} runs done{failed}, {end.left} not "
+            f"started; {spent}. The report above is the study's result (its banner says so); {where}.\n"
+            + then
+        )
+    if end.left:
+        held = (
+            f"{end.held_elsewhere} of them in units another runner holds (harness status shows what "
+            "runs now); "
+            if end.held_elsewhere
+            else ""
+        )
+        return RUN_NOT_DONE, (
+            f"{end.left} of {end.planned} runs not done: {held}run the same command again "
+            f"{'once it ends ' if end.held_elsewhere else ''}to do what is left; {where}"
+        )
+    if end.failed:
+        return RUN_FAILED_RUNS, (
+            f"all {end.planned} runs ended; {end.failed} failed (recorded with their reasons; the "
+            "report's flow counts them); harness run --retry-failed runs their units again whole, up to "
+            f"the protocol's max_attempts; {where}"
+        )
+    return RUN_COMPLETE, f"all {end.planned} runs finished ok; {where}"
+
+
+def report(proto: Any, fmt: str | None, quiet: bool) -> int:
+    """Write the study's summary, report, page (and ``fmt`` export) from its records; print the report."""
+    from analysis.report import write_report
+
+    if not any(proto.records_path.glob("*.record.json")):
+        raise HarnessError(
+            f"no records in {proto.records_path}; run the study first: harness run {proto.relpath}"
+        )
+    out = write_report(proto.records_path, export=fmt, records_rel=records_rel(proto))
+    if not quiet:
+        print(out.markdown)
+        print(
+            f"wrote {out.summary_path}, {out.report_path}, {out.page_path}"
+            + (f", {out.export_path}" if out.export_path else "")
+        )
+    return 0
+
+
+def records_rel(proto: Any) -> str:
+    """The records folder as a command run from the study's root names it."""
+    path = proto.records_path.resolve()
+    root = proto.root.resolve()
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
