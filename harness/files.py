@@ -40,8 +40,9 @@ def _umask() -> int:
 _UMASK = _umask()
 
 
-def atomic_write(path: Path, data: bytes, *, overwrite: bool) -> None:
-    """Write via a temporary file, fsync and rename. With ``overwrite=False`` an existing file is
+def atomic_write(path: Path, data: bytes, *, overwrite: bool, sync: bool = True) -> None:
+    """Write via a temporary file, fsync (unless ``sync`` is false: a hint file, not a result)
+    and rename. With ``overwrite=False`` an existing file is
     never replaced (the final step is a hard link, which fails if the name exists). Any write error
     (a full disk, a read-only or failing filesystem) raises :class:`WriteError` naming the file and
     the free space, and leaves nothing behind: the file is either complete or absent."""
@@ -53,7 +54,8 @@ def atomic_write(path: Path, data: bytes, *, overwrite: bool) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         if overwrite:
             os.replace(tmp, path)
         else:
@@ -62,7 +64,8 @@ def atomic_write(path: Path, data: bytes, *, overwrite: bool) -> None:
             except FileExistsError as e:
                 raise RefusedError(f"refusing to overwrite existing record {path}") from e
             os.unlink(tmp)
-        _fsync_dir(path.parent)
+        if sync:
+            _fsync_dir(path.parent)
     except OSError as e:
         raise WriteError(
             f"cannot write {path}: {e.strerror or e} ({_free(path.parent)} on its filesystem); "

@@ -4,6 +4,7 @@ and plain JSON values of typed objects. Standard library only (records and the a
 
 from __future__ import annotations
 
+import functools
 import math
 import types
 import typing
@@ -59,6 +60,12 @@ def _admitted(hint: Any) -> tuple[type, ...] | None:
     return None
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """A class's resolved field annotations (computed once per class: they never change)."""
+    return typing.get_type_hints(cls)
+
+
 def json_fields(
     cls: type, data: Any, what: str, error: type[ValueError], as_nan: Iterable[str] = ()
 ) -> dict[str, Any]:
@@ -71,7 +78,7 @@ def json_fields(
     known = {f.name: f for f in fields(cls)}
     required = {n for n, f in known.items() if f.default is MISSING and f.default_factory is MISSING}
     exact_fields(what, set(data), set(known) & (set(data) | required), error)
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     out = dict(data)
     for name, value in data.items():
         hint = hints[name]

@@ -7,8 +7,9 @@ before it and the time it was sealed; the first entry's ``prev`` is the freeze m
 at the tag. Appends happen under one file lock that also serialises MANIFEST writes, so two
 runners on one folder (or two machines sharing it) still produce one linear chain.
 
-The chain is the truth; MANIFEST is its index. A process killed between an entry's write and the
-MANIFEST rewrite leaves entries that MANIFEST does not list: :meth:`Ledger.reconcile` (run by
+The chain is the truth; MANIFEST is its index, rewritten at most every few seconds
+(:data:`MANIFEST_EVERY_S`) and when the runner stops. A process killed between an entry's write and
+the MANIFEST rewrite leaves entries that MANIFEST does not list: :meth:`Ledger.reconcile` (run by
 ``harness run``, ``report`` and ``status`` on start) lists them again when they extend the chain
 MANIFEST names, and leaves anything else for the audit to report.
 
@@ -22,6 +23,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
+import uuid
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,6 +32,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from harness.files import atomic_write
 from harness.records import (
     MANIFEST,
     RECORD_SUFFIX,
@@ -38,14 +42,18 @@ from harness.records import (
     RunRecord,
     entry_files,
     read_entry,
-    record_files,
     self_hash_ok,
     sha256_bytes,
-    started_files,
     write_json,
     write_record,
     write_started,
 )
+
+#: MANIFEST is rewritten by an append at most once in this many seconds (its size grows with the
+#: chain, so rewriting it on every append made each append cost more as a study grew; the first
+#: append always writes it), and always when the runner stops; entries it does not list yet, after
+#: a crash, are what :meth:`Ledger.reconcile` restores.
+MANIFEST_EVERY_S = 5.0
 
 #: Tests only: ``manifest:N`` kills this process (SIGKILL) after entry seq N is written and before
 #: MANIFEST is rewritten, the crash window that :meth:`Ledger.reconcile` closes.
@@ -56,21 +64,28 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
+def _ledger_order(e: dict[str, Any]) -> tuple[int, str, int]:
+    return (e.get("ledger", {}).get("seq", 0), e.get("run_id") or e["spec"]["run_id"], e["attempt"])
+
+
 def load_entries(directory: Path) -> list[dict[str, Any]]:
     """Every entry of the chain (records and started entries), in ledger order."""
     out = [read_entry(p) for p in entry_files(directory)]
-    out.sort(
-        key=lambda e: (
-            e.get("ledger", {}).get("seq", 0),
-            e.get("run_id") or e["spec"]["run_id"],
-            e["attempt"],
-        )
-    )
+    out.sort(key=_ledger_order)
     return out
 
 
 class Ledger:
-    """Append entries of one protocol to its chain."""
+    """Append entries of one protocol to its chain.
+
+    The ledger keeps an index in memory: every entry file's name, the sha256 of its bytes and its
+    JSON object (typed records too, read once). Each append, under the lock, lists the folder's
+    entry names and reads only files it has not seen (another runner's appends); an entry that
+    vanished or changed makes it read the folder again. So an append costs the same at the
+    10,000th entry as at the first, apart from listing names (``benchmarks/ledger_scale.py``).
+    MANIFEST is rewritten by appends at most every :data:`MANIFEST_EVERY_S` seconds and by
+    :meth:`write_manifest` (the runner, when it stops); a crash before then leaves entries it does
+    not list, which :meth:`reconcile` lists again."""
 
     def __init__(
         self,
@@ -89,29 +104,153 @@ class Ledger:
         self.sources = list(sources)
         self.protocol = protocol
         lock_path.parent.mkdir(parents=True, exist_ok=True)
+        self._files: dict[str, str] = {}  # entry file name -> sha256 of its bytes
+        self._entries: list[dict[str, Any]] = []  # their JSON objects, in ledger order
+        self._by_run: dict[str, list[dict[str, Any]]] = {}  # each run's entries
+        self._names_seen: set[str] = set()  # every name in the folder at the last sync
+        self._records: list[RunRecord] = []  # the records, typed, in the order the index met them
+        self._head: LedgerHead = {"seq": 0, "sha256": genesis}
+        self._source_sha: dict[str, str] | None = None
+        self.generation = 0  # bumped when the index is read anew (an entry vanished or changed)
+        # Every append rewrites this mark (a fresh token) *before* it writes its entry, so a mark
+        # that still holds this ledger's own last token proves that nobody appended since: the
+        # folder need not be listed. Another runner's append, or its crash between the two
+        # writes, changes the mark, and the next sync lists the folder.
+        self._mark = lock_path.with_name(lock_path.name + ".mark")
+        self._token: str | None = None
+        self._manifest_at = float("-inf")  # monotonic time of the last MANIFEST write
+
+    # -- the index -------------------------------------------------------------------------
+    def _names(self) -> set[str]:
+        """The entry file names in the folder (a listing and set operations in C; only names not
+        seen before are filtered here, so a sync costs little more at 20,000 files than at 20)."""
+        try:
+            names = set(os.listdir(self.dir))
+        except FileNotFoundError:
+            names = set()
+        if names == self._names_seen:
+            return set(self._files)
+        known = set(self._files)
+        fresh = {n for n in names - self._names_seen if n.endswith((RECORD_SUFFIX, STARTED_SUFFIX))}
+        self._names_seen = names
+        return (known & names) | fresh
+
+    def _add(self, name: str, raw: bytes, entry: dict[str, Any]) -> None:
+        self._files[name] = sha256_bytes(raw)
+        self._entries.append(entry)
+        run_id = entry.get("run_id") if entry.get("kind") == "started" else entry["spec"]["run_id"]
+        self._by_run.setdefault(str(run_id), []).append(entry)
+        if entry.get("kind") != "started":
+            self._records.append(RunRecord.from_json(entry, str(self.dir / name)))
+        seq = entry.get("ledger", {}).get("seq", 0)
+        if "ledger" in entry and seq > self._head["seq"]:
+            self._head = {"seq": seq, "sha256": entry["sha256"]}
+
+    def _mark_is_mine(self) -> bool:
+        if self._token is None:
+            return False
+        try:
+            return self._mark.read_text(encoding="ascii") == self._token
+        except (OSError, UnicodeDecodeError):
+            return False
+
+    def sync(self) -> None:
+        """Bring the index up to the folder: read the entry files not yet seen, in ledger order;
+        read everything again if one it knew is gone. Skipped while the mark is this ledger's own."""
+        if self._mark_is_mine():
+            return
+        names = self._names()
+        if names == set(self._files):
+            return
+        if not set(self._files) <= names:
+            self._files, self._entries, self._by_run, self._records = {}, [], {}, []
+            self._head = {"seq": 0, "sha256": self.genesis}
+            self.generation += 1
+        new = []
+        for name in sorted(names - set(self._files)):
+            path = self.dir / name
+            raw = path.read_bytes()
+            new.append((name, raw, read_entry(path)))
+        new.sort(key=lambda t: (t[2].get("ledger", {}).get("seq", 0), t[0]))
+        for name, raw, entry in new:
+            self._add(name, raw, entry)
+        self._entries.sort(key=_ledger_order)
+        for run in {str(e.get("run_id") or e["spec"]["run_id"]) for _, _, e in new}:
+            self._by_run[run].sort(key=_ledger_order)
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Every entry of the chain (records and started entries), in ledger order."""
+        self.sync()
+        return list(self._entries)
+
+    def entries_of(self, run_ids: Iterable[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The records and the started entries of ``run_ids``, each in ledger order, as JSON."""
+        self.sync()
+        recs: list[dict[str, Any]] = []
+        starts: list[dict[str, Any]] = []
+        for run in run_ids:
+            for e in self._by_run.get(run, []):
+                (starts if e.get("kind") == "started" else recs).append(e)
+        recs.sort(key=_ledger_order)
+        starts.sort(key=_ledger_order)
+        return recs, starts
+
+    def records(self) -> list[RunRecord]:
+        """Every record, typed (each file read and checked once), in the order the index met them:
+        ledger order for this runner's own appends and each sync's batch; the list is the index's
+        own and only grows until :attr:`generation` changes (never change it)."""
+        self.sync()
+        return self._records
 
     def head(self) -> LedgerHead:
-        return head_of(load_entries(self.dir), self.genesis)
+        self.sync()
+        return dict(self._head)  # type: ignore[return-value]
 
     def _append(self, entry: dict[str, Any], write: Any) -> tuple[Path, LedgerHead, dict[str, Any]]:
         with self.lock:
             head = self.head()
+            self._token = f"{os.getpid()}.{uuid.uuid4().hex}"
+            atomic_write(self._mark, self._token.encode("ascii"), overwrite=True, sync=False)
             entry = dict(entry)
             entry["ledger"] = {"seq": head["seq"] + 1, "prev": head["sha256"], "at": now_iso()}
             path, sealed = write(self.dir, entry)
+            self._add(path.name, path.read_bytes(), sealed)
+            self._names_seen.add(path.name)
             new: LedgerHead = {"seq": head["seq"] + 1, "sha256": sealed["sha256"]}
             if os.environ.get(TEST_KILL_ENV) == f"manifest:{new['seq']}":
                 os.kill(os.getpid(), signal.SIGKILL)
-            write_manifest(self.dir, self.root, self.sources, self.protocol, new)
+            if time.monotonic() - self._manifest_at >= MANIFEST_EVERY_S:
+                self._write_manifest(new)
         return path, new, sealed
 
+    def _write_manifest(self, head: LedgerHead) -> None:
+        self._manifest_at = time.monotonic()
+        if self._source_sha is None:  # the code that produces this runner's records: read once
+            self._source_sha = source_hashes(self.root, self.sources)
+        write_manifest(
+            self.dir,
+            self.root,
+            self.sources,
+            self.protocol,
+            head,
+            files=self._files,
+            sources=self._source_sha,
+        )
+
+    def write_manifest(self) -> None:
+        """Rewrite MANIFEST for the chain as it is now (the runner does when it stops)."""
+        with self.lock:
+            self._write_manifest(self.head())
+
     def append(self, record: RunRecord) -> tuple[Path, LedgerHead]:
-        """Link ``record`` after the current head, seal and write it, rewrite MANIFEST."""
+        """Link ``record`` after the current head, seal and write it; rewrite MANIFEST unless this
+        ledger did less than :data:`MANIFEST_EVERY_S` seconds ago."""
         path, head, _ = self._append(record.to_json(), write_record)
         return path, head
 
     def append_started(self, entry: dict[str, Any]) -> dict[str, Any]:
-        """Append an attempt's started entry; returns it sealed (its ``ledger`` and ``sha256``)."""
+        """Append an attempt's started entry (MANIFEST as for :meth:`append`); returns it sealed
+        (its ``ledger`` and ``sha256``)."""
         return self._append(entry, write_started)[2]
 
     def reconcile(self) -> str | None:
@@ -182,17 +321,27 @@ def source_hashes(root: Path, extra: Iterable[Path]) -> dict[str, str]:
 
 
 def write_manifest(
-    directory: Path, root: Path, extra: Iterable[Path], protocol: dict[str, Any], head: LedgerHead | None
+    directory: Path,
+    root: Path,
+    extra: Iterable[Path],
+    protocol: dict[str, Any],
+    head: LedgerHead | None,
+    *,
+    files: dict[str, str] | None = None,
+    sources: dict[str, str] | None = None,
 ) -> Path:
     """Rewrite MANIFEST atomically: every record's and every started entry's file sha256, the ledger
-    head, every source's sha256."""
+    head, every source's sha256. ``files`` and ``sources``: those hashes already known (the
+    ledger's index), instead of reading every file again."""
+    if files is None:
+        files = {p.name: sha256_bytes(p.read_bytes()) for p in entry_files(directory)}
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "protocol": protocol,
-        "records": {p.name: sha256_bytes(p.read_bytes()) for p in record_files(directory)},
-        "started": {p.name: sha256_bytes(p.read_bytes()) for p in started_files(directory)},
+        "records": {n: h for n, h in sorted(files.items()) if n.endswith(RECORD_SUFFIX)},
+        "started": {n: h for n, h in sorted(files.items()) if n.endswith(STARTED_SUFFIX)},
         "ledger_head": head,
-        "sources": source_hashes(root, extra),
+        "sources": source_hashes(root, extra) if sources is None else sources,
     }
     path = directory / MANIFEST
     write_json(path, manifest, pretty=True)

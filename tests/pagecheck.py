@@ -4,12 +4,30 @@ HTML parser, rendered by headless Chromium with every request and console messag
 from __future__ import annotations
 
 import io
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+#: What a run without the browser is told, plainly: the page was not rendered, and how to enable it.
+NO_BROWSER = (
+    "BROWSER CHECK SKIPPED: no chromium on PATH, so the study page was checked as HTML only and never "
+    "rendered; install Debian's chromium (apt-get install chromium, as .ci/run does) to run it"
+)
+
+
+def require_browser() -> None:
+    """Skip, saying so plainly, where no chromium is installed; fail in CI (``CI=true``), where
+    .ci/run installs it, so the browser check is never skipped there."""
+    if CHROMIUM is not None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(NO_BROWSER.replace("SKIPPED", "MISSING IN CI"))
+    pytest.skip(NO_BROWSER)
+
 
 SECTIONS = (
     "The question and the answer",
@@ -59,10 +77,7 @@ def check_static(html: str) -> None:
 def check_page(path: Path, expect_studies: tuple[str, ...]) -> None:
     html = path.read_text(encoding="utf-8")
     check_static(html)
-    if CHROMIUM is None:
-        pytest.skip(
-            "Debian's chromium is not installed (.ci/run installs it): the page was checked as HTML only"
-        )
+    require_browser()
     from PIL import Image
     from playwright.sync_api import sync_playwright
 

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from pagecheck import CHROMIUM, check_page, check_static
+from pagecheck import check_page, check_static, require_browser
 
 from analysis.page import render, write_page
 from analysis.results import Summary
@@ -66,8 +66,8 @@ def test_the_static_checks_can_fail(mutation):
         check_static(mutation(render(SUMMARY, "r")))
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
 def test_the_browser_check_sees_a_request(tmp_path):
+    require_browser()
     page = write_page(SUMMARY, tmp_path, records_rel="r")
     check_page(page, expect_studies=("pairs", "factorial"))
     bad = tmp_path / "bad.html"

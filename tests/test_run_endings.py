@@ -92,6 +92,9 @@ def test_interrupted_and_terminated_runs_resume(repo, sig, code):
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "HARNESS_TEST_SLOWDOWN": "30", "PYTHONUNBUFFERED": "1"},
+        # as from a terminal: a test process (an xdist worker) may ignore SIGINT, which a child
+        # inherits, and Python then installs no KeyboardInterrupt handler
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     work = repo / "runs" / "tiny" / "work"
     end = time.monotonic() + 300

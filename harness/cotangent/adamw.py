@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from harness.cotangent import kernel
+import harness.cotangent.kernel as kernel
 from harness.cotangent.backnorms import BackwardNorms
 from harness.cotangent.exactness import exact_paths
 from harness.cotangent.groups import (
@@ -27,7 +27,7 @@ from harness.cotangent.plans import blocks_for, lists_for, view_lists
 from harness.cotangent.states import check_loadable, saved_state, to_state_tensors
 
 
-class PackedAdamW(OnePass, torch.optim.Optimizer):
+class PackedAdamW(OnePass):
     """AdamW over flat buffers, bitwise equal to ``torch.optim.AdamW(..., fused=True)``.
 
     On construction every parameter becomes a view of one flat buffer per (device, dtype),

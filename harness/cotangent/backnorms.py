@@ -20,7 +20,8 @@ opt-in: ``backward_norms=False`` (default) reads every gradient in the phase, wh
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -28,8 +29,27 @@ from torch import Tensor
 from harness.cotangent.exactness import exact_paths
 from harness.cotangent.norms import native_uses_foreach
 
-if TYPE_CHECKING:
-    from harness.cotangent.pack import Pack
+
+class GroupLayout(Protocol):
+    """What the norms read of a flat group (:class:`~harness.cotangent.pack.FlatGroup`)."""
+
+    device: torch.device
+    dtype: torch.dtype
+    index: list[int]
+    grad: Tensor
+
+
+class PackLayout(Protocol):
+    """What the norms read of the flat layout (:class:`~harness.cotangent.pack.Pack` implements
+    it), so this module never imports the layout's."""
+
+    n: int
+    where: list[tuple[int, int]]
+    grad_views: list[Tensor]
+
+    @property
+    def groups(self) -> Sequence[GroupLayout]: ...
+
 
 #: Above this share of stale norms the phase reads every gradient in one batched pass instead.
 MAX_STALE_SHARE = 0.5
@@ -58,7 +78,7 @@ class BackwardNorms:
         :func:`engage`; otherwise :attr:`why_not` says which does not and nothing is recorded.
     """
 
-    def __init__(self, pack: Pack) -> None:
+    def __init__(self, pack: PackLayout) -> None:
         self.pack = pack
         # per group, the norms in packed order; each parameter writes its own 0-d view of it (out=)
         self.buffers = [torch.empty(len(g.index), dtype=g.dtype, device=g.device) for g in pack.groups]

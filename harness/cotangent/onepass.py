@@ -13,15 +13,28 @@ from harness.cotangent.groups import amp_tensors, fused_kwargs, lr_on, step_hook
 from harness.cotangent.norms import check_finite, clip_coef
 
 if TYPE_CHECKING:
-    from harness.cotangent.adamw import PackedAdamW
+    from harness.cotangent.kernel.phase import KernelPhase
+    from harness.cotangent.pack import Block, Pack
 
 
-class OnePass:
-    """``clip_step_zero_grad`` and the update it runs inside ``step``: methods of :class:`PackedAdamW`."""
+class OnePass(torch.optim.Optimizer):
+    """``clip_step_zero_grad`` and the update it runs inside ``step``: the base of
+    :class:`~harness.cotangent.PackedAdamW`, which sets the attributes and implements the methods
+    declared here (so this module never imports the optimizer's)."""
+
+    _pack: Pack
+    _phase: tuple[Tensor, Tensor] | None  # (total, coef) of a phase routed through step
+    _blocks: list[list[Block]]
+
+    def _native_phase(self) -> KernelPhase | None:
+        raise NotImplementedError
+
+    def _update(self, per_parameter: bool = False) -> None:
+        raise NotImplementedError
 
     @torch.no_grad()
-    def clip_step_zero_grad(  # type: ignore[misc]
-        self: PackedAdamW,
+    def clip_step_zero_grad(
+        self,
         max_norm: float,
         norm_type: float = 2.0,
         error_if_nonfinite: bool = False,
@@ -79,7 +92,7 @@ class OnePass:
             self.zero_grad()
         return total
 
-    def _phase_update(self: PackedAdamW, total: Tensor, coef: Tensor) -> None:  # type: ignore[misc]
+    def _phase_update(self, total: Tensor, coef: Tensor) -> None:
         """Scale, update and zero every block (or ``phase.c``'s one loop), then every ``.grad`` None."""
         """Scale, update and zero every block (or ``phase.c``'s one loop), then every ``.grad`` None."""
         pack = self._pack

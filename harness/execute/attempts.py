@@ -13,20 +13,18 @@ import os
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 from harness import gitutil
 from harness.execute.launchers import Outcome
 from harness.freeze import Frozen
-from harness.ledger import load_entries, now_iso
+from harness.ledger import Ledger, now_iso
 from harness.protocol import Protocol
 from harness.records import SCHEMA_VERSION, RecordFormatError, RunRecord, RunSpec, WorkerResult
 
 __all__ = [
     "attempt_record",
     "interrupted_result",
-    "ledger_entries",
     "outcome_result",
     "started_entry",
     "unit_attempt_of",
@@ -34,41 +32,14 @@ __all__ = [
 ]
 
 
-def ledger_entries(records: Path, run_ids: set[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The records and the started entries of ``run_ids``, in ledger order.
-
-    Parameters
-    ----------
-    records : Path
-        The study's records folder.
-    run_ids : set of str
-        The runs whose entries are wanted.
-
-    Returns
-    -------
-    records : list of dict
-        Their records, as JSON.
-    starts : list of dict
-        Their started entries, as JSON.
-    """
-    recs, starts = [], []
-    for e in load_entries(records):
-        if e.get("kind") == "started":
-            if e["run_id"] in run_ids:
-                starts.append(e)
-        elif e["spec"]["run_id"] in run_ids:
-            recs.append(e)
-    return recs, starts
-
-
-def unit_attempt_of(records: Path, unit: list[RunSpec], todo: list[RunSpec]) -> int:
+def unit_attempt_of(ledger: Ledger, unit: list[RunSpec], todo: list[RunSpec]) -> int:
     """The unit attempt the runs ``todo`` belong to: a new one when the whole unit runs (again),
     the current one when the rest of a unit is resumed.
 
     Parameters
     ----------
-    records : Path
-        The study's records folder.
+    ledger : Ledger
+        The study's ledger.
     unit : list of RunSpec
         The unit's runs.
     todo : list of RunSpec
@@ -79,7 +50,7 @@ def unit_attempt_of(records: Path, unit: list[RunSpec], todo: list[RunSpec]) -> 
     int
         The unit attempt (1 for a unit's first).
     """
-    recs, starts = ledger_entries(records, {s.run_id for s in unit})
+    recs, starts = ledger.entries_of({s.run_id for s in unit})
     current = max([0, *(e.get("unit_attempt", 1) for e in [*recs, *starts])])
     return current + 1 if len(todo) == len(unit) or current == 0 else current
 

@@ -1,25 +1,97 @@
-"""The executor interface: place a protocol's units on devices, report each run to the runner."""
+"""The executor interface: place a protocol's units on devices, report each run to the runner.
+
+:class:`RunnerPort` is what an executor may use of the runner (:class:`harness.execute.runner.Runner`
+implements it), so the executors depend on this interface, never on the runner's module."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from harness.execute.runner import Runner
+from filelock import FileLock
+
+from harness.data.corpora import Corpus
+from harness.execute.job import Job
+from harness.execute.launchers import Outcome
+from harness.execute.state import Progress, RunState
+from harness.ledger import Ledger
+from harness.protocol import Protocol as StudyProtocol
+from harness.records import RunSpec
+
+
+@dataclass
+class Claim:
+    """A unit claimed for execution: its runs to do, their unit attempt, the device seconds they are
+    expected to take, and the claim's file lock."""
+
+    unit: list[RunSpec]
+    todo: list[RunSpec]
+    unit_attempt: int
+    expected_s: float
+    lock: FileLock
+
+    def release(self) -> None:
+        self.lock.release()
+
+
+class RunnerPort(Protocol):
+    """What an executor uses of the runner: the study, its folders and workers' environment, the
+    claims, the attempt bookkeeping and the progress display."""
+
+    proto: StudyProtocol
+    root: Path
+    dir: Path
+    records: Path
+    host: str
+    live: bool
+    env: dict[str, str] | None
+    corpus: Corpus
+    runs: list[RunSpec]
+    progress: Progress
+    stopped_for_budget: bool
+    echo: Callable[[str], None]
+
+    @property
+    def ledger(self) -> Ledger: ...
+
+    def claims(self) -> Iterator[Claim]: ...
+
+    def claim(
+        self,
+        unit: list[RunSpec],
+        reserved: float = 0.0,
+        widen: Callable[[list[RunSpec], list[RunSpec], dict[str, RunState]], list[RunSpec]] | None = None,
+    ) -> Claim | None: ...
+
+    def next_attempt(self, spec: RunSpec) -> int: ...
+
+    def job(self, spec: RunSpec, attempt: int, checkpoint_dir: Path | None = None) -> Job: ...
+
+    def started(
+        self, spec: RunSpec, attempt: int, node: str | None = None, unit_attempt: int = 1
+    ) -> None: ...
+
+    def finished(
+        self, spec: RunSpec, attempt: int, outcome: Outcome, node: dict[str, Any] | None = None
+    ) -> str: ...
+
+    def announce(self, spec: RunSpec, attempt: int, where: str = "") -> None: ...
 
 
 class Executor(Protocol):
     """Execute the units the runner still has to do.
 
     The runner owns claims, progress and the budget: an executor takes claimed units from it
-    (:meth:`Runner.claims` in plan order, or :meth:`Runner.claim` for one unit: the unit's runs to
-    do, their unit attempt, the budget checked, the claim's lock held until
-    :meth:`~harness.execute.runner.Claim.release`), asks for each run's attempt number
-    (:meth:`Runner.next_attempt`, which records the run's interrupted attempts first), calls
-    :meth:`Runner.started` (the started entry, in the ledger) before a run's process starts and
-    :meth:`Runner.finished` with its outcome. Only the runner writes the ledger.
+    (:meth:`RunnerPort.claims` in plan order, or :meth:`RunnerPort.claim` for one unit: the unit's
+    runs to do, their unit attempt, the budget checked, the claim's lock held until
+    :meth:`Claim.release`), asks for each run's attempt number (:meth:`RunnerPort.next_attempt`,
+    which records the run's interrupted attempts first), calls :meth:`RunnerPort.started` (the
+    started entry, in the ledger) before a run's process starts and :meth:`RunnerPort.finished`
+    with its outcome. Only the runner writes the ledger.
     """
 
     name: str
 
-    def execute(self, runner: Runner) -> None: ...
+    def execute(self, runner: RunnerPort) -> None: ...

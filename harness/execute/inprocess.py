@@ -12,23 +12,30 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
+from harness.execute.base import RunnerPort
+from harness.execute.job import Job
 from harness.execute.launchers import Outcome
+from harness.execute.training import Partial
 from harness.records import jsonable
-
-if TYPE_CHECKING:
-    from harness.execute.runner import Runner
 
 
 class InProcessExecutor:
+    """Each run's worker code in this process. ``train(job, partial)`` is the run itself (default:
+    :func:`harness.execute.training.execute`); a test passes a fake trainer to drive the runner's
+    state machine (claims, resume, budget, ledger, interruptions) in milliseconds per run."""
+
     name = "inprocess"
 
-    def execute(self, runner: Runner) -> None:
-        from harness.execute.job import Job
-        from harness.execute.training import Partial, failure
-        from harness.execute.training import execute as run_job
+    def __init__(self, train: Callable[[Job, Partial], object] | None = None) -> None:
+        self.train = train
+
+    def execute(self, runner: RunnerPort) -> None:
+        from harness.execute.training import execute, failure
+
+        run_job = self.train or execute
 
         for claim in runner.claims():
             try:
@@ -46,7 +53,9 @@ class InProcessExecutor:
                         partial.note(**failure(e))
                         code = 3
                     wall = time.monotonic() - wall0
-                    result = replace(partial.result, timings={**partial.result.timings, "device_s": wall})
+                    # the process's device seconds: its wall time here (a fake trainer may say its own)
+                    timings = {"device_s": wall, **partial.result.timings}
+                    result = replace(partial.result, timings=timings)
                     data = json.loads(json.dumps(jsonable(result.to_json()), allow_nan=False))
                     outcome = Outcome(
                         code=code, result=data, wall_s=wall, started_at=t0, finished_at=time.time()

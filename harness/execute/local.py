@@ -16,24 +16,20 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from filelock import FileLock
 
+from harness.execute.base import RunnerPort
 from harness.execute.launchers import LAUNCHERS, launch
 from harness.files import atomic_write
 from harness.ledger import describe
-from harness.records import canonical
-
-if TYPE_CHECKING:
-    from harness.execute.runner import Runner
-    from harness.plan import RunSpec
+from harness.records import RunSpec, canonical
 
 
 class LocalExecutor:
     name = "local"
 
-    def execute(self, runner: Runner) -> None:
+    def execute(self, runner: RunnerPort) -> None:
         launcher = LAUNCHERS[runner.proto.launcher]()
         try:
             for claim in runner.claims():

@@ -42,20 +42,18 @@ import logging
 import time
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from filelock import FileLock
 
 from harness.errors import RefusedError
+from harness.execute.base import RunnerPort
 from harness.execute.launchers import Outcome
 from harness.execute.ray_node import RESOURCE, Gate, node_command, run_unit
 from harness.execute.state import RunState
 from harness.ledger import describe
 from harness.names import SPLITS
 from harness.plan import RunSpec, units
-
-if TYPE_CHECKING:
-    from harness.execute.runner import Runner
 
 __all__ = ["EXCLUDES", "RayExecutor", "node_command"]
 
@@ -72,7 +70,7 @@ class RayExecutor:
         self.gate: Any = None
         self.unit_attempts: dict[tuple[str, int], int] = {}
 
-    def _init(self, runner: Runner) -> tuple[Any, Any]:
+    def _init(self, runner: RunnerPort) -> tuple[Any, Any]:
         try:
             import ray
             from ray.util.queue import Queue
@@ -114,7 +112,7 @@ class RayExecutor:
         self.gate = ray.remote(Gate).options(num_cpus=0, scheduling_strategy=here).remote()
         return ray, Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
 
-    def execute(self, runner: Runner) -> None:
+    def execute(self, runner: RunnerPort) -> None:
         ray, queue = self._init(runner)
         proto = runner.proto
         device = proto.device if proto.device != "auto" else "cpu"
@@ -168,7 +166,7 @@ class RayExecutor:
             ray.shutdown()
 
     @staticmethod
-    def _expect(runner: Runner, ray: Any, device: str) -> tuple[dict[str, Any], Any]:
+    def _expect(runner: RunnerPort, ray: Any, device: str) -> tuple[dict[str, Any], Any]:
         """What every node must match (code, PyTorch, corpus, device, launcher, threads, the verified
         phase.c build), and the corpus's splits put in the object store (None for the embedded corpus,
         which every node has)."""
@@ -192,7 +190,7 @@ class RayExecutor:
 
     def _widen(
         self,
-        runner: Runner,
+        runner: RunnerPort,
         ray: Any,
         placement: dict[str, Any],
         unit: list[RunSpec],
@@ -213,7 +211,7 @@ class RayExecutor:
 
     def _collect(
         self,
-        runner: Runner,
+        runner: RunnerPort,
         ray: Any,
         queue: Any,
         inflight: dict[Any, Any],
@@ -245,19 +243,17 @@ class RayExecutor:
         return ended
 
     @staticmethod
-    def _node_of(runner: Runner, unit: list[RunSpec]) -> str | None:
+    def _node_of(runner: RunnerPort, unit: list[RunSpec]) -> str | None:
         """The Ray node that ran the unit's ok runs (their latest attempts)."""
-        from harness.records import load_records
-
         ids = {s.run_id for s in unit}
-        recs = [r for r in load_records(runner.records) if r.spec.run_id in ids]
+        recs = [r for r in runner.ledger.records() if r.spec.run_id in ids]
         latest = max([1, *(r.unit_attempt for r in recs)])  # the unit attempt being resumed
         nodes = {r.node["id"] for r in recs if r.unit_attempt == latest and r.status == "ok" and r.node}
         return nodes.pop() if len(nodes) == 1 else None
 
     def _drain(
         self,
-        runner: Runner,
+        runner: RunnerPort,
         queue: Any,
         inflight: dict[Any, Any],
         by_id: dict[str, RunSpec],
@@ -304,7 +300,7 @@ class RayExecutor:
 
     @staticmethod
     def _lost(
-        runner: Runner, unit: list[RunSpec], started: dict[str, dict[str, Any]], err: Exception
+        runner: RunnerPort, unit: list[RunSpec], started: dict[str, dict[str, Any]], err: Exception
     ) -> None:
         where = ", ".join(sorted({f"{n['host']}/{n['id'][:8]}" for n in started.values()})) or "its node"
         runner.echo(f"  unit {unit[0].unit} lost on {where} ({type(err).__name__}); it runs again, whole")

@@ -30,7 +30,6 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,21 +39,21 @@ from analysis.public_audit import Attempt, BudgetCheck
 from analysis.public_audit import check as budget_check
 from harness import freeze, gitutil
 from harness.data.corpora import LocalCorpus
+from harness.errors import HarnessError
 from harness.execute.attempts import (
     attempt_record,
     interrupted_result,
-    ledger_entries,
     outcome_result,
     started_entry,
     unit_attempt_of,
     utc_stamp,
 )
-from harness.execute.base import Executor
+from harness.execute.base import Claim, Executor
 from harness.execute.hermetic import SLOWDOWN, hermetic_env
 from harness.execute.job import Job
 from harness.execute.launchers import Outcome
 from harness.execute.local import LocalExecutor
-from harness.execute.state import Progress, RunEnd, RunState, claimed, run_states
+from harness.execute.state import Progress, RunEnd, RunState, claimed, note_record, run_states
 from harness.ledger import Ledger, check_records_folder, study_ledger
 from harness.plan import make_plan, plan_sha256, units
 from harness.protocol import Protocol
@@ -64,23 +63,7 @@ from harness.records import (
     RunSpec,
     atomic_write,
     budget_attempts,
-    load_records,
 )
-
-
-@dataclass
-class Claim:
-    """A unit claimed for execution: its runs to do, their unit attempt, the device seconds they are
-    expected to take, and the claim's file lock."""
-
-    unit: list[RunSpec]
-    todo: list[RunSpec]
-    unit_attempt: int
-    expected_s: float
-    lock: FileLock
-
-    def release(self) -> None:
-        self.lock.release()
 
 
 class Runner:
@@ -118,7 +101,15 @@ class Runner:
         self.anchor = anchor
         self._anchored = 0  # the last seq this runner anchored
         self.env: dict[str, str] | None = None  # the workers' environment, set by run()
-        self._unit_ends = {u[-1].run_id for u in units(self.runs)}
+        self._units = units(self.runs)
+        self._unit_ends = {u[-1].run_id for u in self._units}
+        # the run states and the budget rule's attempts, kept current from the ledger's index
+        self._states: dict[str, RunState] = {}
+        self._attempts: list[Attempt] = []
+        self._seen = (-1, 0)  # (the index's generation, records read)
+        self._written = 0  # records this runner appended
+        self._written_seen = 0  # ... as of the last read of the states
+        self._done_known = False  # progress.done counted from the states, kept by progress.ran since
 
     @property
     def ledger(self) -> Ledger:
@@ -129,10 +120,11 @@ class Runner:
     # -- bookkeeping ---------------------------------------------------------------------
     def _write(self, record: RunRecord) -> None:
         self.ledger.append(record)
+        self._written += 1
 
     def _note_interrupted(self, spec: RunSpec) -> int:
         """Record every started attempt of ``spec`` that no record ends; return the next attempt number."""
-        recs, starts = ledger_entries(self.records, {spec.run_id})
+        recs, starts = self.ledger.entries_of({spec.run_id})
         ended = {r["attempt"] for r in recs}
         for e in starts:
             if e["attempt"] in ended:
@@ -191,7 +183,7 @@ class Runner:
         """Turn a run's outcome into its record (the ledger appends it); returns the status."""
         start = self._starts.pop((spec.run_id, attempt), None)
         if start is None:
-            _, starts = ledger_entries(self.records, {spec.run_id})
+            _, starts = self.ledger.entries_of({spec.run_id})
             start = next(e for e in starts if e["attempt"] == attempt)
         result, device_s = outcome_result(outcome)
         rec = attempt_record(
@@ -284,22 +276,39 @@ class Runner:
             lock.acquire(timeout=0)
         except Timeout:
             return None  # another runner holds this unit
-        recs = load_records(self.records)
-        states = run_states(self.proto, recs)
+        states, attempts = self.current()
         todo = self.todo(unit, states)
-        self.progress.done = sum(len(u) - len(self.todo(u, states)) for u in units(self.runs))
+        if not self._done_known:  # first claim, or records this runner did not write came in
+            self.progress.done = sum(len(u) - len(self.todo(u, states)) for u in self._units)
+            self._done_known = True
         if todo and widen is not None:
             todo = widen(unit, todo, states)
-        attempts = budget_attempts(recs)
         if not todo or not self.budget_allows(unit, todo, attempts, reserved):
             lock.release()
             return None
         expected = self.last_budget.expected if self.last_budget is not None else 0.0
-        return Claim(unit, todo, unit_attempt_of(self.records, unit, todo), expected, lock)
+        return Claim(unit, todo, unit_attempt_of(self.ledger, unit, todo), expected, lock)
+
+    def current(self) -> tuple[dict[str, RunState], list[Attempt]]:
+        """The run states and the budget rule's attempts, from the ledger's index: only records
+        not read before are read (all again when the index was read anew)."""
+        recs = self.ledger.records()
+        if self._seen[0] != self.ledger.generation:
+            self._states, self._attempts, self._seen = {}, [], (self.ledger.generation, 0)
+            self._done_known = False
+        fresh = recs[self._seen[1] :]
+        if len(fresh) != self._written - self._written_seen:
+            self._done_known = False  # another runner's records (or this one's first read)
+        self._written_seen = self._written
+        for r in fresh:
+            note_record(self._states, r)
+        self._attempts.extend(budget_attempts(fresh))
+        self._seen = (self.ledger.generation, len(recs))
+        return self._states, self._attempts
 
     def claims(self) -> Iterator[Claim]:
         """Every unit still to do, claimed in plan order (:meth:`claim`), until the budget stops."""
-        for unit in units(self.runs):
+        for unit in self._units:
             claim = self.claim(unit)
             if claim is not None:
                 yield claim
@@ -361,7 +370,14 @@ class Runner:
             self.echo(note)
         self.progress = Progress(total=len(self.runs))
         self.stopped_for_budget = False
-        self.executor.execute(self)
+        try:
+            self.executor.execute(self)
+        finally:  # MANIFEST lags appends by seconds; the chain is the truth if this cannot run
+            if self._ledger is not None:
+                try:
+                    self.ledger.write_manifest()
+                except (OSError, HarnessError):
+                    pass
         self.push_anchor()
         states = run_states(proto)
         left = sum(len(self.todo(u, states)) for u in units(self.runs))

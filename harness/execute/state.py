@@ -90,18 +90,23 @@ def run_states(proto: Protocol, records: list[RunRecord] | None = None) -> dict[
     """Each run's state from the study's records (``records``: already loaded ones)."""
     states: dict[str, RunState] = {}
     for rec in load_records(proto.records_path) if records is None else records:
-        st = states.setdefault(rec.spec.run_id, RunState())
-        if rec.attempt >= st.attempts:
-            st.last = rec.status
-        st.attempts = max(st.attempts, rec.attempt)
-        st.tries += rec.status in ("ok", "failed")
-        st.device_s += rec.timings.get("device_s") or 0.0
-        if rec.status == "ok":
-            st.ok = True
-            st.ok_device_s = rec.timings.get("device_s") or 0.0
-        elif rec.status == "failed":
-            st.failed = True
+        note_record(states, rec)
     return states
+
+
+def note_record(states: dict[str, RunState], rec: RunRecord) -> None:
+    """Update the states with one more record (records of a run come in attempt order)."""
+    st = states.setdefault(rec.spec.run_id, RunState())
+    if rec.attempt >= st.attempts:
+        st.last = rec.status
+    st.attempts = max(st.attempts, rec.attempt)
+    st.tries += rec.status in ("ok", "failed")
+    st.device_s += rec.timings.get("device_s") or 0.0
+    if rec.status == "ok":
+        st.ok = True
+        st.ok_device_s = rec.timings.get("device_s") or 0.0
+    elif rec.status == "failed":
+        st.failed = True
 
 
 def claimed(proto: Protocol, unit: str) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from harness.cotangent.kernel import binding as kernel
+import harness.cotangent.kernel.binding as kernel
 from harness.cotangent.norms import clip_coef
 
 #: Update configurations: lr, beta1, beta2, weight_decay, eps, amsgrad, maximize.

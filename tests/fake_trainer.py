@@ -1,0 +1,55 @@
+"""A fake trainer for the in-process executor: the runner's state machine (claims, resume, budget,
+ledger, interruptions) driven in milliseconds per run, with no model, no torch step and no process.
+
+``FakeTrainer(device_s=1.0, fail={run_id}, crash_at=k)`` ends each run ``ok`` with ``device_s``
+device seconds (so a budget test is exact), a deterministic test BPB, and the curves a record
+holds; a run in ``fail`` raises (a failed run, recorded); the ``crash_at``-th call raises
+:class:`Crash`, a ``BaseException`` that no executor catches, as if the machine switched off
+while the run was in progress (its started entry stays without a record). ``before`` is called
+with each job first (a test may start another runner there)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from harness.execute.job import Job
+from harness.execute.training import Partial
+
+
+class Crash(BaseException):
+    """The machine switched off mid-run."""
+
+
+class FakeTrainer:
+    def __init__(
+        self,
+        *,
+        device_s: float = 1.0,
+        fail: frozenset[str] | set[str] = frozenset(),
+        crash_at: int | None = None,
+        before: Callable[[Job], None] | None = None,
+    ) -> None:
+        self.device_s = device_s
+        self.fail = set(fail)
+        self.crash_at = crash_at
+        self.before = before
+        self.calls: list[tuple[str, int]] = []
+
+    def __call__(self, job: Job, partial: Partial) -> None:
+        spec = job.spec
+        self.calls.append((spec.run_id, job.attempt))
+        if self.before is not None:
+            self.before(job)
+        if self.crash_at is not None and len(self.calls) == self.crash_at:
+            raise Crash(spec.run_id)
+        if spec.run_id in self.fail:
+            raise RuntimeError(f"deliberate failure of {spec.run_id}")
+        bpb = 5.0 + (spec.seed % 7) / 100
+        partial.curve = [[float(s), 5.5 - s / 100, s / 10] for s in range(1, spec.steps + 1)]
+        partial.val_curve = [[float(spec.steps), bpb, spec.steps / 10]]
+        partial.note(
+            status="ok",
+            timings={"device_s": self.device_s, "training_s": self.device_s / 2, "total_s": self.device_s},
+            val_bpb=bpb,
+            test_bpb=bpb,
+        )
