@@ -53,7 +53,7 @@ from harness.execute.hermetic import SLOWDOWN, hermetic_env
 from harness.execute.job import Job
 from harness.execute.launchers import Outcome
 from harness.execute.local import LocalExecutor
-from harness.execute.state import Progress, RunEnd, RunState, claimed, note_record, run_states
+from harness.execute.state import Progress, RunEnd, RunState, claimed, note_record
 from harness.ledger import Ledger, check_records_folder, study_ledger
 from harness.plan import make_plan, plan_sha256, units
 from harness.protocol import Protocol
@@ -379,14 +379,11 @@ class Runner:
                 except (OSError, HarnessError):
                     pass
         self.push_anchor()
-        states = run_states(proto)
-        left = sum(len(self.todo(u, states)) for u in units(self.runs))
+        states, _ = self.current()
+        todos = [(u[0].unit, len(self.todo(u, states))) for u in self._units]
+        left = sum(n for _, n in todos)
         failed = sum(1 for s in self.runs if (st := states.get(s.run_id)) is not None and st.last == "failed")
-        held = sum(
-            len(self.todo(u, states))
-            for u in units(self.runs)
-            if self.todo(u, states) and claimed(proto, u[0].unit)
-        )
+        held = sum(n for unit, n in todos if n and claimed(proto, unit))
         return RunEnd(
             held_elsewhere=held,
             planned=len(self.runs),
