@@ -12,7 +12,7 @@ from harness.yamlio import Field, one_of
 if TYPE_CHECKING:
     from harness.study import Study
 
-ENDPOINTS = ("training_time", "time_to_target", "total_time", "test_bpb", "peak_memory")
+ENDPOINTS = ("training_time", "training_cpu_time", "time_to_target", "total_time", "test_bpb", "peak_memory")
 _FAMILY = {
     "procedure": Field(str, check=one_of("holm", "fixed_sequence")),
     "family_alpha": Field(

@@ -133,6 +133,7 @@ class Protocol:
                     "seeds": list(s.seeds),
                     "interval_level": s.interval_level,
                     "steps": s.steps,
+                    **({"lockstep": {"block_steps": s.block_steps}} if s.lockstep else {}),
                     **(s.factorial.summary() if s.factorial is not None and s.factorial.declared else {}),
                 }
                 for s in self.studies
@@ -178,6 +179,8 @@ def load_protocol(path: str | Path) -> Protocol:
                     f"{top[key]!r} resolves to {where}, outside the study's repository {root}; "
                     "records and data must stay inside it",
                 )
+    hypotheses = parse_hypotheses(doc, top["hypotheses"], studies)
+    _refuse_unmeasurable(doc, top, studies, hypotheses)
     pending = _calibration_pending(doc, top["calibration"])
     if top["origins"] is not None:
         for k, v in top["origins"].items():
@@ -199,7 +202,7 @@ def load_protocol(path: str | Path) -> Protocol:
         launcher=top["launcher"],
         budget_device_seconds=top["budget_device_seconds"],
         interval_level=top["interval_level"],
-        hypotheses=parse_hypotheses(doc, top["hypotheses"], studies),
+        hypotheses=hypotheses,
         max_attempts=top["max_attempts"],
         order_seed=top["order_seed"],
         records_dir=top["records_dir"],
@@ -211,6 +214,47 @@ def load_protocol(path: str | Path) -> Protocol:
         configs=configs,
         plugins=plugins,
     )
+
+
+#: What a lockstep pair cannot measure per arm, and why (docs/decisions.md, "Lockstep pairs").
+LOCKSTEP_UNMEASURABLE = {
+    "peak_memory": "one process holds both arms, so its memory peak is the pair's, not an arm's",
+    "total_time": "one process runs both arms, so its start-up, evaluation and device seconds are the pair's",
+}
+
+
+def _refuse_unmeasurable(
+    doc: yamlio.Document, top: dict[str, Any], studies: list[Study], hypotheses: dict[str, Any]
+) -> None:
+    """Refuse, naming the key, what a study's design or the device cannot measure: a lockstep study's
+    per-arm memory and whole-process times, a compiled lockstep study, an undeclared origin of a
+    preregistered ``block_steps``, and CPU time on a GPU."""
+    lockstep = {s.name for s in studies if s.lockstep}
+    if lockstep and top["compile"]:
+        raise doc.error(
+            ("compile",),
+            "a lockstep study runs eagerly: two compiled models in one process share dynamo's and "
+            "inductor's caches, so the second arm's compile and first steps are not those of a process "
+            "of its own (use design: paired to compare compiled arms)",
+        )
+    if lockstep and top["preregistered"] and not (top["origins"] or {}).get("block_steps"):
+        raise doc.error(
+            ("origins",),
+            "a preregistered lockstep study states where its block_steps comes from: origins.block_steps",
+        )
+    for i, t in enumerate(hypotheses.get("tests", [])):
+        why = LOCKSTEP_UNMEASURABLE.get(t["endpoint"]) if t["study"] in lockstep else None
+        if why:
+            raise doc.error(
+                ("hypotheses", "tests", i, "endpoint"),
+                f"study {t['study']!r} is a lockstep study, which cannot measure {t['endpoint']} per arm: {why}",
+            )
+        if t["endpoint"] == "training_cpu_time" and top["device"] != "cpu":
+            raise doc.error(
+                ("hypotheses", "tests", i, "endpoint"),
+                f"training_cpu_time on device {top['device']!r}: the host thread's CPU time does not "
+                "measure work a GPU does asynchronously (waiting for it costs none); use training_time",
+            )
 
 
 def _refuse_schema_1(doc: yamlio.Document) -> None:

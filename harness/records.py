@@ -93,6 +93,10 @@ class GitState(TypedDict):
     dirty: bool | None
 
 
+#: RunSpec's fields of a lockstep run, left out of the JSON of other runs.
+_LOCKSTEP_FIELDS = frozenset({"block_steps", "partner", "steps_first"})
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """Everything one run needs; produced by the plan, claimed, executed and recorded."""
@@ -118,9 +122,23 @@ class RunSpec:
     device: str
     compile: bool
     threads: int | None
+    # lockstep (both arms of a pair in one process, alternating blocks of steps): None otherwise,
+    # and then left out of the JSON, so the plans of studies of other designs hash as before
+    block_steps: int | None = None  # steps per block
+    partner: str | None = None  # the other arm's run id
+    steps_first: bool | None = None  # whether this arm takes the first block (``position`` 0 is built first)
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {
+            f.name: v
+            for f in fields(self)
+            if (v := getattr(self, f.name)) is not None or f.name not in _LOCKSTEP_FIELDS
+        }
+
+    @property
+    def lockstep(self) -> bool:
+        """Whether this run shares its process with its partner (``design: lockstep``)."""
+        return self.block_steps is not None
 
     @classmethod
     def from_json(cls, data: Any, what: str = "spec", error: type[ValueError] = ValueError) -> RunSpec:

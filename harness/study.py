@@ -25,7 +25,9 @@ def two_sided_level(v: Any) -> str | None:
 
 _STUDY = {
     "name": Field(str, check=lambda v: None if ID_RE.match(v) else "letters, digits, - and _ only"),
-    "design": Field(str, check=one_of("paired", "factorial")),
+    "design": Field(str, check=one_of("paired", "lockstep", "factorial")),
+    # lockstep: both arms of a pair in one process, alternating blocks of this many steps (ABBA)
+    "block_steps": Field(int, required=False, default=None, check=positive),
     "description": Field(str, required=False, default=""),
     "arms": Field(list, required=False, default=None),
     "factors": Field(dict, required=False, default=None),
@@ -52,6 +54,13 @@ class Study:
     val_target_bpb: dict[str, float]
     interval_level: float
     factorial: Design | None = None  # a factorial study's factors and cells (harness.factorial)
+    # a lockstep study (``design: lockstep``): its pairs are paired (``design`` "paired"), each pair's
+    # two arms trained in one process in alternating blocks of ``block_steps`` steps; None otherwise
+    block_steps: int | None = None
+
+    @property
+    def lockstep(self) -> bool:
+        return self.block_steps is not None
 
 
 def parse_studies(
@@ -83,10 +92,11 @@ def parse_studies(
         targets = _targets(doc, s, kp)
         if s["val_every"] > s["steps"]:
             raise doc.error(kp + ("val_every",), "val_every exceeds steps")
+        _lockstep(doc, s, kp)
         studies.append(
             Study(
                 name=s["name"],
-                design=s["design"],
+                design="paired" if s["design"] == "lockstep" else s["design"],
                 description=s["description"],
                 arms=tuple(arms),
                 configs=tuple(s["configs"]),
@@ -96,9 +106,28 @@ def parse_studies(
                 val_target_bpb=targets,
                 interval_level=s["interval_level"] or interval_level,
                 factorial=design,
+                block_steps=s["block_steps"],
             )
         )
     return studies
+
+
+def _lockstep(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath) -> None:
+    """A lockstep study names its ``block_steps`` (at most its ``steps``); no other study does."""
+    if s["design"] != "lockstep":
+        if s["block_steps"] is not None:
+            raise doc.error(
+                kp + ("block_steps",), "block_steps belongs to a lockstep study (design: lockstep)"
+            )
+        return
+    if s["block_steps"] is None:
+        raise doc.error(
+            kp,
+            "a lockstep study says how many steps each arm takes before the other: block_steps "
+            "(a preregistered number; state its origin under origins.block_steps)",
+        )
+    if s["block_steps"] > s["steps"]:
+        raise doc.error(kp + ("block_steps",), "block_steps exceeds steps")
 
 
 def _seeds(doc: yamlio.Document, value: Any, kp: tuple[Any, ...]) -> tuple[int, ...]:
@@ -124,13 +153,15 @@ def _arms(
     factorial (:func:`_factorial`); each built in or a plug-in whose source is found, recorded in
     ``plugins``."""
     design = None
-    if s["design"] == "paired":
+    if s["design"] in ("paired", "lockstep"):
         for key in ("factors", "cells"):
             if s[key] is not None:
                 raise doc.error(kp + (key,), f"{key!r} belongs to a factorial study (design: factorial)")
         arms = s["arms"]
         if not isinstance(arms, list) or len(arms) != 2:
-            raise doc.error(kp + ("arms",), "a paired study needs exactly two arms: [baseline, candidate]")
+            raise doc.error(
+                kp + ("arms",), f"a {s['design']} study needs exactly two arms: [baseline, candidate]"
+            )
     else:
         design = _factorial(doc, s, kp)
         arms = list(design.arms) if design.declared else s["arms"] or list(DEFAULT_CELLS)

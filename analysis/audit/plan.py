@@ -27,9 +27,16 @@ def plan_from_protocol(doc: dict, protocol_sha: str, config_sha: dict) -> list[d
         for config in st["configs"]:
             n = len(seeds)
             seq: list[tuple[str, ...]]  # one order of the unit's roles per seed
-            if st["design"] == "paired":
-                ab: tuple[str, ...] = ("baseline", "candidate")
-                ba: tuple[str, ...] = ("candidate", "baseline")
+            ab: tuple[str, ...] = ("baseline", "candidate")
+            ba: tuple[str, ...] = ("candidate", "baseline")
+            if st["design"] == "lockstep":  # both orders crossed with who steps first, per group of four
+                combos = [ab, ab + ("steps-second",), ba, ba + ("steps-second",)]
+                seq = []
+                for g in range(0, n, 4):
+                    group = list(combos)
+                    rng(st["name"], config, "lockstep", g).shuffle(group)
+                    seq.extend(group[: min(4, n - g)])
+            elif st["design"] == "paired":
                 seq = [ab] * ((n + 1) // 2) + [ba] * (n // 2)
                 rng(st["name"], config).shuffle(seq)
             else:
@@ -41,21 +48,33 @@ def plan_from_protocol(doc: dict, protocol_sha: str, config_sha: dict) -> list[d
             orders[config] = seq
         for si, seed in enumerate(seeds):
             for config in st["configs"]:
-                kind = "pair" if st["design"] == "paired" else "block"
+                kind = "block" if st["design"] == "factorial" else "pair"
                 unit = f"{st['name']}.{config}.{kind}{si:03d}"
-                for pos, role in enumerate(orders[config][si]):
+                roles = [r for r in orders[config][si] if r != "steps-second"]
+                second = "steps-second" in orders[config][si]
+                for pos, role in enumerate(roles):
                     arm = (
                         cell_arms[cells.index(role)]
                         if st["design"] == "factorial"
                         else arms[0 if role == "baseline" else 1]
                     )
+                    lockstep = (
+                        {
+                            "block_steps": st["block_steps"],
+                            "partner": f"{unit}.{roles[1 - pos]}",
+                            "steps_first": pos == (1 if second else 0),
+                        }
+                        if st["design"] == "lockstep"
+                        else {}
+                    )
                     runs.append(
                         {
+                            **lockstep,
                             "run_id": f"{unit}.{role}",
                             "protocol_id": doc["id"],
                             "protocol_sha256": protocol_sha,
                             "study": st["name"],
-                            "design": st["design"],
+                            "design": "paired" if st["design"] == "lockstep" else st["design"],
                             "config": config,
                             "config_sha256": config_sha[config],
                             "arm": arm,
@@ -133,12 +152,13 @@ def expected_summary(doc: dict, psha: str, path: str) -> dict:
         studies.append(
             {
                 "name": st["name"],
-                "design": st["design"],
+                "design": "paired" if st["design"] == "lockstep" else st["design"],
                 "arms": list(arms),
                 "configs": list(st["configs"]),
                 "seeds": list(seeds),
                 "interval_level": float(level) if level else top_level,
                 "steps": st["steps"],
+                **({"lockstep": {"block_steps": st["block_steps"]}} if st["design"] == "lockstep" else {}),
                 **declared,
             }
         )

@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from typing import Any
 
 from harness.execute.base import RunnerPort
-from harness.execute.job import Job
+from harness.execute.grouping import process_groups, process_job, split
+from harness.execute.job import Job, LockstepJob
 from harness.execute.launchers import Outcome
 from harness.execute.training import Partial
 from harness.records import jsonable
@@ -33,33 +34,47 @@ class InProcessExecutor:
         self.train = train
 
     def execute(self, runner: RunnerPort) -> None:
-        from harness.execute.training import execute, failure
-
-        run_job = self.train or execute
-
         for claim in runner.claims():
             try:
-                for spec in claim.todo:
-                    attempt = runner.next_attempt(spec)
-                    runner.announce(spec, attempt)
-                    runner.started(spec, attempt, unit_attempt=claim.unit_attempt)
-                    job = Job.from_json(json.loads(json.dumps(runner.job(spec, attempt).to_json())))
-                    t0, wall0 = time.time(), time.monotonic()
-                    partial = Partial()
-                    code = 0
-                    try:
-                        run_job(job, partial)
-                    except Exception as e:  # as the worker process reports it
-                        partial.note(**failure(e))
-                        code = 3
-                    wall = time.monotonic() - wall0
-                    # the process's device seconds: its wall time here (a fake trainer may say its own)
-                    timings = {"device_s": wall, **partial.result.timings}
-                    result = replace(partial.result, timings=timings)
-                    data = json.loads(json.dumps(jsonable(result.to_json()), allow_nan=False))
-                    outcome = Outcome(
-                        code=code, result=data, wall_s=wall, started_at=t0, finished_at=time.time()
-                    )
-                    runner.echo(f"  {runner.finished(spec, attempt, outcome)}")
+                for group in process_groups(claim.todo):
+                    attempts = [runner.next_attempt(spec) for spec in group]
+                    for spec, attempt in zip(group, attempts):
+                        runner.announce(spec, attempt)
+                        runner.started(spec, attempt, unit_attempt=claim.unit_attempt)
+                    jobs = [runner.job(s, a) for s, a in zip(group, attempts)]
+                    outcome = self._run(json.loads(json.dumps(process_job(jobs))))
+                    for spec, attempt, out in zip(group, attempts, split(outcome, group)):
+                        runner.echo(f"  {runner.finished(spec, attempt, out)}")
             finally:
                 claim.release()
+
+    def _run(self, data: dict[str, Any]) -> Outcome:
+        """One worker process's work, here: its result as the worker would put it on its pipe."""
+        from harness.execute.lockstep import PairFailed, execute_pair
+        from harness.execute.training import execute, failure
+
+        t0, wall0 = time.time(), time.monotonic()
+        code = 0
+        if "lockstep" in data:
+            job = LockstepJob.from_json(data)
+            partials = (Partial(), Partial())
+            try:
+                execute_pair(job, partials)
+            except PairFailed:
+                code = 3
+            results = [p.result.to_json() for p in partials]
+            ok = code == 0 and all(r["status"] == "ok" for r in results)
+            raw: dict[str, Any] = {"status": "ok" if ok else "failed", "lockstep": results, "timings": {}}
+        else:
+            partial = Partial()
+            try:
+                (self.train or execute)(Job.from_json(data), partial)
+            except Exception as e:  # as the worker process reports it
+                partial.note(**failure(e))
+                code = 3
+            raw = partial.result.to_json()
+        wall = time.monotonic() - wall0
+        # the process's device seconds: its wall time here (a fake trainer may say its own)
+        raw["timings"] = {"device_s": wall, **raw["timings"]}
+        data = json.loads(json.dumps(jsonable(raw), allow_nan=False))
+        return Outcome(code=code, result=data, wall_s=wall, started_at=t0, finished_at=time.time())

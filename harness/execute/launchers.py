@@ -56,10 +56,13 @@ class Outcome:
         return "failed", self.result.get("reason") or f"worker exited with code {self.code}"
 
     def device_s(self) -> tuple[float, str]:
-        own = (self.result.get("timings") or {}).get("device_s")
-        return (
-            (float(own), "worker") if own is not None else (self.wall_s, "launcher wall time (worker died)")
-        )
+        timings = self.result.get("timings") or {}
+        own = timings.get("device_s")
+        if own is None:
+            return self.wall_s, "launcher wall time (worker died)"
+        if "pair_device_s" in timings:
+            return float(own), "worker: half of its lockstep pair's process (pair_device_s)"
+        return float(own), "worker"
 
 
 class Launcher(Protocol):

@@ -20,7 +20,8 @@ from pathlib import Path
 from filelock import FileLock
 
 from harness.execute.base import RunnerPort
-from harness.execute.launchers import LAUNCHERS, launch
+from harness.execute.grouping import process_groups, process_job, split
+from harness.execute.launchers import LAUNCHERS, Launcher, launch
 from harness.files import atomic_write
 from harness.ledger import describe
 from harness.records import RunSpec, canonical
@@ -34,51 +35,50 @@ class LocalExecutor:
         try:
             for claim in runner.claims():
                 try:
-                    for spec in claim.todo:
-                        attempt = runner.next_attempt(spec)
-                        runner.announce(spec, attempt)
-                        locks = runner.root / "runs" / "locks"
-                        device_lock = FileLock(str(locks / f"device-{runner.host}-{spec.device}.lock"))
-                        with device_lock:
-                            held = locks / f"device-{runner.host}-{spec.device}.json"
-                            end_orphans(held, runner.echo)
-                            launcher.start(
-                                runner.root, runner.env
-                            )  # a fork server's start-up is outside the run
-                            work = runner.dir / "work" / f"{spec.run_id}.a{attempt}"
-                            atomic_write(
-                                held,
-                                canonical(
-                                    {
-                                        "runner": os.getpid(),
-                                        "work": str(work),
-                                        "launcher": getattr(launcher, "pid", None),
-                                    }
-                                ),
-                                overwrite=True,
-                            )
-                            runner.started(spec, attempt, unit_attempt=claim.unit_attempt)
-                            t0 = time.monotonic()
-
-                            def beat(spec: RunSpec = spec, t0: float = t0) -> None:
-                                if runner.live:
-                                    runner.echo(f"\r  running {spec.run_id} {time.monotonic() - t0:6.1f}s")
-
-                            outcome = launch(
-                                launcher,
-                                runner.job(spec, attempt).to_json(),
-                                work,
-                                runner.root,
-                                runner.env,
-                                beat,
-                            )
-                        status = runner.finished(spec, attempt, outcome)
-                        runner.echo(f"  {status} ({runner.progress.executed_s[-1]:.1f} s)")
+                    for group in process_groups(claim.todo):
+                        self._process(runner, launcher, group, claim.unit_attempt)
                     runner.echo(f"  {describe(runner.ledger.head())}")
                 finally:
                     claim.release()
         finally:
             launcher.close()
+
+    @staticmethod
+    def _process(runner: RunnerPort, launcher: Launcher, group: list[RunSpec], unit_attempt: int) -> None:
+        """One worker process: its runs' attempts, started entries, the process, their records."""
+        attempts = [runner.next_attempt(spec) for spec in group]
+        for spec, attempt in zip(group, attempts):
+            runner.announce(spec, attempt)
+        spec = group[0]
+        name = " + ".join(s.run_id for s in group)
+        locks = runner.root / "runs" / "locks"
+        device_lock = FileLock(str(locks / f"device-{runner.host}-{spec.device}.lock"))
+        with device_lock:
+            held = locks / f"device-{runner.host}-{spec.device}.json"
+            end_orphans(held, runner.echo)
+            launcher.start(runner.root, runner.env)  # a fork server's start-up is outside the run
+            work = runner.dir / "work" / f"{spec.run_id if len(group) == 1 else spec.unit}.a{attempts[0]}"
+            atomic_write(
+                held,
+                canonical(
+                    {"runner": os.getpid(), "work": str(work), "launcher": getattr(launcher, "pid", None)}
+                ),
+                overwrite=True,
+            )
+            for s, a in zip(group, attempts):
+                runner.started(s, a, unit_attempt=unit_attempt)
+            t0 = time.monotonic()
+
+            def beat() -> None:
+                if runner.live:
+                    runner.echo(f"\r  running {name} {time.monotonic() - t0:6.1f}s")
+
+            job = process_job([runner.job(s, a) for s, a in zip(group, attempts)])
+            outcome = launch(launcher, job, work, runner.root, runner.env, beat)
+        for s, a, out in zip(group, attempts, split(outcome, group)):
+            status = runner.finished(s, a, out)
+            who = f"{s.run_id}: " if len(group) > 1 else ""
+            runner.echo(f"  {who}{status} ({runner.progress.executed_s[-1]:.1f} s)")
 
 
 def _alive_worker(pid: int) -> bool:

@@ -48,6 +48,7 @@ from filelock import FileLock
 
 from harness.errors import RefusedError
 from harness.execute.base import RunnerPort
+from harness.execute.grouping import process_groups, process_job
 from harness.execute.launchers import Outcome
 from harness.execute.ray_node import RESOURCE, Gate, node_command, run_unit
 from harness.execute.state import RunState
@@ -141,9 +142,12 @@ class RayExecutor:
                     claim = runner.claim(waiting.pop(0), sum(r[2] for r in inflight.values()), widen)
                     if claim is None:
                         continue
-                    jobs = [runner.job(s, runner.next_attempt(s)).to_json() for s in claim.todo]
-                    for j in jobs:
-                        self.unit_attempts[(j["spec"]["run_id"], j["attempt"])] = claim.unit_attempt
+                    jobs = []  # one per worker process: a run, or a lockstep pair (harness.execute.grouping)
+                    for group in process_groups(claim.todo):
+                        each = [runner.job(s, runner.next_attempt(s)) for s in group]
+                        for j in each:
+                            self.unit_attempts[(j.spec.run_id, j.attempt)] = claim.unit_attempt
+                        jobs.append(process_job(each))
                     ref = task.options(**base_options, **placement).remote(
                         jobs, expect, corpus_ref, queue, self.gate
                     )

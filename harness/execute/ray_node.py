@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import RefusedError
-from harness.execute.job import Job
+from harness.execute.grouping import process_job, split
+from harness.execute.job import Job, LockstepJob
 from harness.execute.launchers import LAUNCHERS, Launcher, Outcome, launch, worker_env
 from harness.records import canonical
 
@@ -168,26 +169,35 @@ def run_unit(
         except Exception as e:  # a node that cannot even be checked refuses (it would fail every unit)
             raise RefusedError(f"node {label} could not be checked: {type(e).__name__}: {e}") from e
     local = _CHECKED[key][1]
-    for k, shipped in enumerate(jobs, 1):
-        job = Job.from_json(shipped)
-        job = replace(
-            job,
-            checkpoint_path=str(base / "checkpoints" / Path(job.checkpoint_path).name),
-            corpus=local if local is not None else job.corpus,
-        )
-        rid, attempt = job.spec.run_id, job.attempt
-        queue.put(("start", rid, attempt, node))
-        if gate is not None:  # the started entry is in the ledger before the worker starts
-            ray.get(gate.wait.remote(f"{rid}.a{attempt}"), timeout=600)
+    for k, shipped in enumerate(jobs, 1):  # one worker process each: a run, or a lockstep pair
+        each = [
+            replace(
+                job,
+                checkpoint_path=str(base / "checkpoints" / Path(job.checkpoint_path).name),
+                corpus=local if local is not None else job.corpus,
+            )
+            for job in (
+                LockstepJob.from_json(shipped).jobs if "lockstep" in shipped else [Job.from_json(shipped)]
+            )
+        ]
+        for job in each:
+            queue.put(("start", job.spec.run_id, job.attempt, node))
+        for job in each:
+            if gate is not None:  # the started entries are in the ledger before the worker starts
+                ray.get(gate.wait.remote(f"{job.spec.run_id}.a{job.attempt}"), timeout=600)
+        first = each[0]
+        work = f"{first.spec.run_id if len(each) == 1 else first.spec.unit}.a{first.attempt}"
         outcome = launch(
             launcher,
-            job.to_json(),
-            base / "work" / f"{rid}.a{attempt}",
+            process_job(each),
+            base / "work" / work,
             cwd,
             env,
             partial(_test_hold, f"during:{k}"),
         )
-        queue.put(("done", rid, attempt, node, asdict(outcome)))
+        group = [job.spec for job in each]
+        for job, out in zip(each, split(outcome, group)):
+            queue.put(("done", job.spec.run_id, job.attempt, node, asdict(out)))
         _test_hold(f"between:{k}")
     queue.put(("end", label))  # the driver stops waiting on messages and collects this task at once
     return label

@@ -281,6 +281,8 @@ class Runner:
         if not self._done_known:  # first claim, or records this runner did not write came in
             self.progress.done = sum(len(u) - len(self.todo(u, states)) for u in self._units)
             self._done_known = True
+        if todo and unit[0].lockstep and len(todo) < len(unit):
+            todo = list(unit)  # a lockstep pair runs whole, in one process: a new unit attempt
         if todo and widen is not None:
             todo = widen(unit, todo, states)
         if not todo or not self.budget_allows(unit, todo, attempts, reserved):

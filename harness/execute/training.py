@@ -38,7 +38,17 @@ if TYPE_CHECKING:
     from harness.devices import MemoryMeter
     from harness.records import RunSpec
 
-__all__ = ["Partial", "RunFailure", "execute", "failure"]
+__all__ = [
+    "CPU_CLOCK",
+    "Partial",
+    "Prepared",
+    "RunFailure",
+    "Trainer",
+    "execute",
+    "failure",
+    "finish",
+    "prepare",
+]
 
 
 class RunFailure(RuntimeError):
@@ -94,14 +104,31 @@ class _Run:
     device: torch.device
 
 
-def execute(job: Job, partial: Partial) -> WorkerResult:
-    """Run the job, noting in ``partial`` what it measured as it goes (so a failure keeps it)."""
+@dataclass
+class Prepared:
+    """A run built and ready to train: what :func:`execute` (or a lockstep pair) steps and evaluates."""
+
+    run: _Run
+    model: torch.nn.Module
+    forward: Callable[..., torch.Tensor]
+    arm: GradientPhase
+    trainer: Trainer
+    meter: MemoryMeter
+    checkpoint: Path
+    t_start: float
+    t_setup: float
+    compile_s: float
+
+
+def prepare(job: Job, partial: Partial, t_start: float | None = None) -> Prepared:
+    """Seed, build the model, its arm and batch stream, compile and warm up if asked (outside the
+    training clock), noting what it measured in ``partial``."""
     from harness import devices
     from harness.config import load_config
     from harness.data import load_corpus
     from harness.data.batches import BatchStream
 
-    t_start = time.perf_counter()
+    t_start = time.perf_counter() if t_start is None else t_start
     spec = job.spec
     if spec.threads:
         torch.set_num_threads(spec.threads)
@@ -117,22 +144,30 @@ def execute(job: Job, partial: Partial) -> WorkerResult:
     meter = devices.MemoryMeter(device)
     t_setup = time.perf_counter()
     forward, compile_s = _compiled(run, model, arm, t_setup) if spec.compile else (model, 0.0)
-    partial.curve, partial.val_curve = [], []  # filled by _train as it goes
-    clock, time_to_target, validation_s = _train(
-        run, model, forward, arm, batches, meter, partial.curve, partial.val_curve
+    partial.curve, partial.val_curve = [], []  # filled by the trainer as it goes
+    trainer = Trainer(run, model, forward, arm, batches, meter, partial.curve, partial.val_curve)
+    return Prepared(
+        run, model, forward, arm, trainer, meter, Path(job.checkpoint_path), t_start, t_setup, compile_s
     )
-    measured, seconds = _evaluate(run, model, Path(job.checkpoint_path), meter)
-    total_s = time.perf_counter() - t_start
+
+
+def finish(p: Prepared, partial: Partial, total_s: float | None = None) -> WorkerResult:
+    """Evaluate, checkpoint and re-score a trained run, noting its timings (``total_s``: the run's
+    own, from its start, unless given) in ``partial``; the result."""
+    measured, seconds = _evaluate(p.run, p.model, p.checkpoint, p.meter)
+    t = p.trainer
     partial.note(
         **measured,
         timings={
-            "setup_s": t_setup - t_start,
-            "compile_s": compile_s,
-            "training_s": clock,
-            "time_to_target_s": time_to_target,
-            "validation_s": validation_s,
+            "setup_s": p.t_setup - p.t_start,
+            "compile_s": p.compile_s,
+            "training_s": t.clock,
+            "training_cpu_s": t.cpu,
+            "training_cpu_clock": CPU_CLOCK[t.cpu_clock],
+            "time_to_target_s": t.time_to_target,
+            "validation_s": t.validation_s,
             **seconds,
-            "total_s": total_s,
+            "total_s": time.perf_counter() - p.t_start if total_s is None else total_s,
         },
     )
     rescored, test_bpb = measured["rescored_test_bpb"], measured["test_bpb"]
@@ -143,6 +178,14 @@ def execute(job: Job, partial: Partial) -> WorkerResult:
         )
     partial.note(status="ok", reason=None)
     return partial.result
+
+
+def execute(job: Job, partial: Partial) -> WorkerResult:
+    """Run the job, noting in ``partial`` what it measured as it goes (so a failure keeps it)."""
+    p = prepare(job, partial)
+    while not p.trainer.done:
+        p.trainer.step()
+    return finish(p, partial)
 
 
 def failure(e: BaseException) -> dict[str, str]:
@@ -233,60 +276,89 @@ def _compiled(
     return forward, time.perf_counter() - t_setup
 
 
-def _train(
-    run: _Run,
-    model: torch.nn.Module,
-    forward: Callable[..., torch.Tensor],
-    arm: GradientPhase,
-    batches: BatchStream,
-    meter: MemoryMeter,
-    curve: list[list[float]],
-    val_curve: list[list[float]],
-) -> tuple[float, float | None, float]:
-    """The steps on the training clock (validation paused), filling ``curve`` (step, loss, clock) and
-    ``val_curve`` (step, bpb, clock); returns the clock, the time to target (or None), validation seconds."""
-    from harness import devices
-    from harness.data.batches import bits_per_byte
+#: What the training CPU clock measures: one thread's CPU time when the run has one intra-op
+#: thread (all its work is on the timing thread), the whole process's otherwise.
+CPU_CLOCK = {
+    "thread": "time.thread_time: the training thread's CPU time (one intra-op thread)",
+    "process": "time.process_time: the process's CPU time, all its threads (more than one intra-op thread)",
+}
 
-    spec, cfg, corpus, device = run.spec, run.cfg, run.corpus, run.device
-    sub = cfg.eval.val_subset_windows
-    clock = 0.0
-    validation_s = 0.0
-    time_to_target: float | None = None
-    target = spec.val_target_bpb
-    steps = spec.steps
-    for step in range(steps):
+
+class Trainer:
+    """One run's training, a step at a time (:meth:`step`): each step on the training clocks (the
+    device synchronised before and after; validation every ``val_every`` steps with the clocks
+    paused), filling ``curve`` (step, loss, clock) and ``val_curve`` (step, bpb, clock).
+
+    Two clocks: :attr:`clock`, wall time (``time.perf_counter``), and :attr:`cpu`, CPU time
+    (:data:`CPU_CLOCK`, :attr:`cpu_clock` saying which)."""
+
+    def __init__(
+        self,
+        run: _Run,
+        model: torch.nn.Module,
+        forward: Callable[..., torch.Tensor],
+        arm: GradientPhase,
+        batches: BatchStream,
+        meter: MemoryMeter,
+        curve: list[list[float]],
+        val_curve: list[list[float]],
+    ) -> None:
+        self.run, self.model, self.forward, self.arm = run, model, forward, arm
+        self.batches, self.meter, self.curve, self.val_curve = batches, meter, curve, val_curve
+        self.clock = 0.0
+        self.cpu = 0.0
+        self.cpu_clock = "thread" if torch.get_num_threads() == 1 else "process"
+        self._cpu_now = time.thread_time if self.cpu_clock == "thread" else time.process_time
+        self.validation_s = 0.0
+        self.time_to_target: float | None = None
+        self.steps_done = 0
+
+    @property
+    def done(self) -> bool:
+        return self.steps_done >= self.run.spec.steps
+
+    def step(self) -> None:
+        """One training step (and the validation due after it)."""
+        from harness import devices
+        from harness.data.batches import bits_per_byte
+
+        spec, cfg, corpus, device = self.run.spec, self.run.cfg, self.run.corpus, self.run.device
+        step, steps, arm = self.steps_done, spec.steps, self.arm
         arm.set_lr(cfg.lr_at(step, steps))
-        x, y = batches.next()
+        x, y = self.batches.next()
         x, y = x.to(device), y.to(device)
         devices.synchronize(device)
-        t0 = time.perf_counter()
-        logits = forward(x)
+        t0, c0 = time.perf_counter(), self._cpu_now()
+        logits = self.forward(x)
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
         loss.backward()
         if step == 0:
             rng = torch.get_rng_state()
         arm.phase()
         devices.synchronize(device)
-        clock += time.perf_counter() - t0
+        self.clock += time.perf_counter() - t0
+        self.cpu += self._cpu_now() - c0
         if step == 0 and not torch.equal(rng, torch.get_rng_state()):
             raise RunFailure(
                 f"arm {spec.arm} drew from the global random state in its gradient phase; an arm "
                 "must not touch the seed (harness/arms.py)"
             )
-        meter.sample()
+        self.steps_done += 1
+        self.meter.sample()
         value = float(loss.detach())
-        curve.append([step + 1, value, clock])
+        self.curve.append([step + 1, value, self.clock])
         if not math.isfinite(value):
             raise RunFailure(f"non-finite training loss {value} at step {step + 1}")
         if (step + 1) % spec.val_every == 0 or step + 1 == steps:
             v0 = time.perf_counter()
-            bpb, _ = bits_per_byte(model, corpus.valid, cfg.model.context, cfg.eval.batch_size, device, sub)
-            validation_s += time.perf_counter() - v0
-            val_curve.append([step + 1, bpb, clock])
-            if time_to_target is None and bpb <= target:
-                time_to_target = clock
-    return clock, time_to_target, validation_s
+            sub = cfg.eval.val_subset_windows
+            bpb, _ = bits_per_byte(
+                self.model, corpus.valid, cfg.model.context, cfg.eval.batch_size, device, sub
+            )
+            self.validation_s += time.perf_counter() - v0
+            self.val_curve.append([step + 1, bpb, self.clock])
+            if self.time_to_target is None and bpb <= spec.val_target_bpb:
+                self.time_to_target = self.clock
 
 
 def _evaluate(

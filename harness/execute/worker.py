@@ -50,7 +50,7 @@ from harness.execute.hermetic import slowdown
 from harness.execute.job import Job
 from harness.execute.training import Partial, execute, failure
 from harness.files import atomic_write
-from harness.records import jsonable
+from harness.records import WorkerResult, jsonable
 
 
 def serve() -> int:
@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     if data.get("probe"):
         report(args[1], probe())
         return 0
+    if "lockstep" in data:
+        return _pair(data, args[1])
     partial = Partial()
     try:
         execute(Job.from_json(data), partial)
@@ -143,14 +145,45 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # every failure is reported to the parent, which records it
         partial.note(**failure(e))
         code = 3
-    result = partial.result
-    factor = slowdown()
-    if factor > 1.0:  # a test knob (never for a preregistered study): this run as on a slower machine
-        time.sleep((factor - 1.0) * (time.monotonic() - _T0))
-        result = replace(result, env={**(result.env or {}), "test_slowdown": factor})
+    result = _slowed([partial.result])[0]
     # the worker's own measure of its device time: from this process's start to its result
     result = replace(result, timings={**result.timings, "device_s": time.monotonic() - _T0})
     report(args[1], result.to_json())
+    return code
+
+
+def _slowed(results: list[WorkerResult]) -> list[WorkerResult]:
+    """A test knob (never for a preregistered study): this process as on a machine that many times
+    slower (it sleeps once), each result's env naming the factor."""
+    factor = slowdown()
+    if factor <= 1.0:
+        return results
+    time.sleep((factor - 1.0) * (time.monotonic() - _T0))
+    return [replace(r, env={**(r.env or {}), "test_slowdown": factor}) for r in results]
+
+
+def _pair(data: dict[str, Any], where: str) -> int:
+    """A lockstep pair (:mod:`harness.execute.lockstep`): both arms' results, and this process's
+    device seconds, which the parent splits between them (:func:`harness.execute.lockstep.split`)."""
+    from harness.execute.lockstep import LockstepJob, PairFailed, execute_pair
+
+    job = LockstepJob.from_json(data)
+    partials = (Partial(), Partial())
+    try:
+        execute_pair(job, partials)
+        code = 0
+    except PairFailed:  # both partials say why
+        code = 3
+    results = _slowed([p.result for p in partials])
+    ok = code == 0 and all(r.status == "ok" for r in results)
+    report(
+        where,
+        {
+            "status": "ok" if ok else "failed",
+            "lockstep": [r.to_json() for r in results],
+            "timings": {"device_s": time.monotonic() - _T0},
+        },
+    )
     return code
 
 
