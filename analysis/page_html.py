@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from analysis.stats import PairedInterval
+from analysis.audit.descriptive import PairedInterval
 
 __all__ = ["esc", "html_table", "interval_cells", "num"]
 

@@ -4,7 +4,7 @@ A pilot's A/A pairs (baseline against itself, same seed) measure how much two ru
 differ on a device without showing any candidate outcome. For each hypothesis of a target
 protocol this module prints the pairs needed for 80% and 90% power at the hypothesis' level and
 margin, and the interval's half-width at the planned number of pairs, all on the scale the decision
-is tested on (the log ratio for both ratio estimands, :mod:`analysis.ttests`). A pilot of a few
+is tested on (the log ratio for both ratio estimands, :mod:`analysis.audit.ttests`). A pilot of a few
 pairs estimates the standard deviation loosely, so beside the plug-in figure it gives the pairs
 needed at an upper confidence limit of the SD, which reach the power with that confidence.
 Never imports torch.
@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 from scipy import integrate as _integrate
 from scipy import stats as _st
 
-from analysis.pair_values import ENDPOINT_KEYS
+from analysis.audit.descriptive import paired_values, reduction, scale
+from analysis.audit.hypotheses import ENDPOINT_KEYS, bounds
+from analysis.audit.ttests import one_sided, sign
 from analysis.selection import measured
-from analysis.stats import paired_values, reduction
-from analysis.ttests import bounds, one_sided, scale, sign
 
 if TYPE_CHECKING:
     from harness.records import RunRecord
@@ -102,7 +102,7 @@ def power(n: int, sd: float, alpha: float, kind: str, margin: float, effect: flo
     """Power of the one-sided paired t test(s) with ``n`` pairs, margin and effect on the test scale.
 
     ``effect`` is the assumed true mean in the favourable direction (``s * mean``); see
-    :func:`power_region`, which this calls with :func:`analysis.ttests.one_sided` ``(+1, kind, margin)``.
+    :func:`power_region`, which this calls with :func:`analysis.audit.ttests.one_sided` ``(+1, kind, margin)``.
     """
     return power_region(n, sd, alpha, one_sided(1, kind, margin), effect)
 
@@ -120,7 +120,7 @@ def _one_bound(region: tuple[float | None, float | None]) -> tuple[float, int]:
 def power_region(
     n: int, sd: float, alpha: float, region: tuple[float | None, float | None], mean: float
 ) -> float:
-    """Power of the test of ``lo < mu < hi`` (:func:`analysis.ttests.t_result`) when the true mean is ``mean``.
+    """Power of the test of ``lo < mu < hi`` (:func:`analysis.audit.ttests.t_result`) when the true mean is ``mean``.
 
     Notes
     -----

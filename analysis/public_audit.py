@@ -7,7 +7,8 @@ Runs as ``python -I -S analysis/public_audit.py`` too.
 
 This file is the entry point. The audit is the standard-library package ``analysis/audit/``: its
 ``__init__.py`` lists every check (the threat model: docs/provenance.md), ``audit/folder.py`` runs
-them in order for each folder that ``audit/cli.py`` (the command line) is given; the names below are re-exported for the tests, ``harness.yamlio`` and ``analysis.ttests``.
+them in order for each folder that ``audit/cli.py`` (the command line) is given; the names below are re-exported for the tests and ``harness.yamlio``. ``analysis`` imports the
+package's rules as ``analysis.audit`` (the one home of each statistics rule).
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ from audit.budget import (  # noqa: E402
 )
 from audit.cli import main  # noqa: E402
 from audit.decisions import decide, sensitivity  # noqa: E402
-from audit.descriptive import by_device, drift, endpoint, interval, per_pair  # noqa: E402
+from audit.descriptive import endpoint, mean_interval, paired_values  # noqa: E402
 from audit.freeze import field_differences  # noqa: E402
+from audit.order import by_device, drift  # noqa: E402
 from audit.plan import expected_summary, plan_from_protocol  # noqa: E402
-from audit.ranks import signed_rank, tail_count  # noqa: E402
+from audit.ranks import signed_rank, upper_tail_count  # noqa: E402
 from audit.recompute import compare, recompute  # noqa: E402
 from audit.tdist import student_t_ppf, t_critical  # noqa: E402
 from audit.yamlsub import YamlError, yaml_subset  # noqa: E402
@@ -59,16 +61,16 @@ __all__ = [
     "drift",
     "endpoint",
     "expected_summary",
-    "interval",
+    "mean_interval",
     "main",
-    "per_pair",
+    "paired_values",
     "plan_from_protocol",
     "recompute",
     "sensitivity",
     "signed_rank",
     "student_t_ppf",
     "t_critical",
-    "tail_count",
+    "upper_tail_count",
     "yaml_subset",
 ]
 

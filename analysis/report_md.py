@@ -5,7 +5,7 @@ markdown table that every section of ``report.md`` (:mod:`analysis.report_studie
 
 from __future__ import annotations
 
-from analysis.stats import PairedInterval
+from analysis.audit.descriptive import PairedInterval
 
 __all__ = ["interval_end", "level_pct", "md_table", "num"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from analysis.factorial import design_of, effect_names
+from analysis.audit.factorial import design_of, effect_names
 from analysis.report_md import interval_end, level_pct, md_table, num
 from analysis.results import PairedResult, StudyResult
 

@@ -14,8 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, TypeVar
 
-from analysis.preregistration import Hypothesis
-from analysis.stats import PairedInterval
+from analysis.audit.attempts import Completeness
+from analysis.audit.decisions import DECIDED_FIELDS, HypothesisDecision
+from analysis.audit.descriptive import Endpoint, PairedInterval
+from analysis.audit.hypotheses import Hypothesis
 from harness.jsonfields import exact_fields, plain
 
 #: summary.json's format (``schema_version``). 2: "completeness"; 3: "hypotheses" (one decision each),
@@ -89,18 +91,6 @@ def _value(hint: Any, value: Any, where: str) -> Any:
 
 
 @dataclass(frozen=True)
-class Endpoint(_Json):
-    """Descriptive means and the paired interval over the pairs whose two values are valid numbers
-    (finite; positive for ratios); ``invalid_pairs`` counts the others."""
-
-    pairs: int
-    invalid_pairs: int
-    baseline_mean: float | None
-    candidate_mean: float | None
-    interval: PairedInterval | None  # None under two pairs, or where the values' squares overflow
-
-
-@dataclass(frozen=True)
 class TrainingTime(Endpoint):
     """Fixed-budget training time, also on the log ratio (over the pairs with both times positive)."""
 
@@ -133,7 +123,7 @@ class PairedResult(_Json):
     test_bpb: Endpoint
     peak_memory: Endpoint | None  # None when a pair lacks a memory figure
     counts: Mapping[str, int]  # faster, slower, ties, worse_test_bpb
-    order_effects: Mapping[str, Any]  # crossover, drift (analysis.order)
+    order_effects: Mapping[str, Any]  # crossover, drift (analysis.audit.order)
     by_device: Mapping[str, Any] | None
     pairs: Sequence[Row]
 
@@ -170,59 +160,6 @@ class StudyResult(_Json):
 
 
 @dataclass(frozen=True)
-class Completeness(_Json):
-    """Planned runs against runs with an ``ok`` record; whether the budget rule explains a stop
-    (``None`` where records do not list the planned seeds)."""
-
-    planned_runs: int | None
-    ok_runs: int
-    missing_runs: int | None
-    complete: bool | None
-    budget_stop: bool | None
-    text: str
-
-
-#: The hypothesis' fields a decision repeats (its JSON opens with them, in this order).
-_DECIDED_FIELDS = ("id", "study", "config", "endpoint", "estimand", "type", "margin", "better")
-
-
-@dataclass(frozen=True)
-class HypothesisDecision:
-    """The decision on one preregistered hypothesis (``status``: established, not established, not reached).
-
-    ``estimate``, ``low`` and ``high`` are in the estimand's units (for worst-rank: ``estimate_of``
-    says what the estimate is; no interval); ``test`` holds the test on its own scale. The
-    hypothesis' own fields read through (``decision.id``, ``decision.config``, ...).
-    """
-
-    hypothesis: Hypothesis
-    status: str
-    reason: str | None
-    alpha: float | None
-    test: dict[str, Any] | None
-    estimate: float | None
-    estimate_of: str | None
-    low: float | None
-    high: float | None
-    level: float | None
-    unreached: dict[str, int] | None
-    text: str
-
-    id = property(lambda self: self.hypothesis.id)
-    study = property(lambda self: self.hypothesis.study)
-    config = property(lambda self: self.hypothesis.config)
-    endpoint = property(lambda self: self.hypothesis.endpoint)
-    estimand = property(lambda self: self.hypothesis.estimand)
-    type = property(lambda self: self.hypothesis.type)
-    margin = property(lambda self: self.hypothesis.margin)
-    better = property(lambda self: self.hypothesis.better)
-
-    def as_dict(self) -> dict[str, Any]:
-        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "hypothesis"}
-        return {**{k: getattr(self.hypothesis, k) for k in _DECIDED_FIELDS}, **own}
-
-
-@dataclass(frozen=True)
 class Decided:
     """A preregistered hypothesis' decision and its sensitivity analysis (a failed arm as adverse)."""
 
@@ -239,13 +176,13 @@ class Decided:
         if not isinstance(data, Mapping):
             raise SummaryFormatError(f"{where}: expected a JSON object for a decision")
         exact_fields(
-            f"{where}: decision", data, own | set(_DECIDED_FIELDS) | {"sensitivity"}, SummaryFormatError
+            f"{where}: decision", data, own | set(DECIDED_FIELDS) | {"sensitivity"}, SummaryFormatError
         )
         test = next((t for t in tests if t.get("id") == data["id"]), None)
         if test is None:
             raise SummaryFormatError(f"{where}: decision {data['id']!r} is not a hypothesis of the protocol")
         decision = HypothesisDecision(hypothesis=Hypothesis.of(test), **{k: data[k] for k in own})
-        differ = [k for k in _DECIDED_FIELDS if decision.as_dict()[k] != data[k]]
+        differ = [k for k in DECIDED_FIELDS if decision.as_dict()[k] != data[k]]
         if differ:
             raise SummaryFormatError(
                 f"{where}: decision {data['id']!r} differs from the protocol's hypothesis in "

@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from analysis.factorial import arms_by_cell, design_of
+from analysis.audit.factorial import arms_by_cell, design_of
 from analysis.public_audit import completeness_text, plan_units, stop_check
 from analysis.results import Completeness, PairedResult, StudyResult
 from harness.records import RunRecord, StartedEntry, budget_attempts

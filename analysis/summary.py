@@ -1,6 +1,6 @@
 """From records to every number the report shows (``summary.json``).
 
-Selection rules (the audit re-implements them; which records count is :mod:`analysis.selection`,
+Selection rules (the audit recomputes the summary by them; which records count is :mod:`analysis.selection`,
 the pairs, blocks and endpoints built from them are here):
 
 * a run's outcome is its ``ok`` record (at most one per run); failed and interrupted attempts stay
@@ -16,7 +16,7 @@ the pairs, blocks and endpoints built from them are here):
 * attempts that started (a started entry in the ledger) and have no record yet are listed under
   ``records.unfinished`` as interrupted, with their start time;
 * time to target, descriptively: the pairs where both arms reached the target, with the unreached
-  count per arm; a decision on it follows its hypothesis' censoring rule (:mod:`analysis.decisions`);
+  count per arm; a decision on it follows its hypothesis' censoring rule (:mod:`analysis.audit.decisions`);
 * completeness (:func:`analysis.selection.completeness`): a study whose planned runs do not all have an ``ok`` record
   is incomplete, and its decisions are "not reached (incomplete)", unless the protocol's budget
   rule explains the stop (the device seconds spent plus one more unit at the mean device seconds
@@ -27,17 +27,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, TypeGuard
+from typing import Any
 
-from analysis.decisions import decide, sensitivity
-from analysis.factorial import design_of, factorial_effects
-from analysis.order import by_device, crossover, drift, positions
+from analysis.audit.decisions import decide, sensitivity
+from analysis.audit.descriptive import descriptive_interval, valid
+from analysis.audit.descriptive import endpoint as descriptive_endpoint
+from analysis.audit.factorial import design_of, factorial_effects
+from analysis.audit.order import by_device, crossover, drift, positions
 from analysis.results import (
     SUMMARY_SCHEMA,
     Completeness,
     Decided,
     Descriptive,
-    Endpoint,
     FactorialResult,
     Hypotheses,
     PairedResult,
@@ -57,8 +58,6 @@ from analysis.selection import (
     run_rows,
     unfinished,
 )
-from analysis.stats import PairedInterval, paired_interval, paired_values
-from analysis.ttests import magnitude_problem, scale
 from harness.records import RunRecord, StartedEntry, load_records
 
 __all__ = ["derive", "load_records"]
@@ -76,41 +75,6 @@ def _parameters(units: dict[str, dict[str, RunRecord]]) -> int | None:
             if rec.parameters is not None:
                 return int(rec.parameters)
     return None
-
-
-def _interval(b: list[float], c: list[float], level: float, estimand: str) -> PairedInterval | None:
-    """The descriptive interval; ``None`` under two pairs or where the values' squares would underflow or
-    overflow a double (:func:`analysis.ttests.magnitude_problem`; a decision on them says so)."""
-    if len(b) < 2 or magnitude_problem([paired_values(b, c, scale(estimand))]) is not None:
-        return None
-    return paired_interval(b, c, level, estimand)
-
-
-def _valid(x: Any, positive: bool) -> TypeGuard[float]:
-    return (
-        isinstance(x, (int, float))
-        and not isinstance(x, bool)
-        and math.isfinite(x)
-        and (x > 0 or not positive)
-    )
-
-
-def descriptive_endpoint(b0: list[Any], c0: list[Any], level: float, estimand: str) -> Endpoint:
-    """Descriptive means and interval over the pairs whose two values are finite numbers (positive for
-    ratios); ``invalid_pairs`` counts the others (a decision on them is "not reached", naming the pair)."""
-    ok = [
-        (x, y)
-        for x, y in zip(b0, c0)
-        if _valid(x, estimand != "difference") and _valid(y, estimand != "difference")
-    ]
-    b, c = [x for x, _ in ok], [y for _, y in ok]
-    return Endpoint(
-        pairs=len(b),
-        invalid_pairs=len(b0) - len(b),
-        baseline_mean=math.fsum(b) / len(b) if b else None,
-        candidate_mean=math.fsum(c) / len(c) if c else None,
-        interval=_interval(b, c, level, estimand),
-    )
 
 
 def _paired(
@@ -146,10 +110,10 @@ def _paired(
                 "baseline_peak_memory_bytes": peak_memory(b),
                 "candidate_peak_memory_bytes": peak_memory(c),
                 "time_reduction_pct": 100.0 * (1.0 - c.timings["training_s"] / b.timings["training_s"])
-                if _valid(b.timings["training_s"], True) and _valid(c.timings["training_s"], True)
+                if valid(b.timings["training_s"], True) and valid(c.timings["training_s"], True)
                 else None,
                 "test_bpb_difference": c.test_bpb - b.test_bpb
-                if _valid(b.test_bpb, False) and _valid(c.test_bpb, False)
+                if valid(b.test_bpb, False) and valid(c.test_bpb, False)
                 else None,
             }
         )
@@ -163,7 +127,7 @@ def _paired(
                 col("baseline_training_s"), col("candidate_training_s"), level, "relative_reduction"
             )
         ),
-        log_ratio=_interval(
+        log_ratio=descriptive_interval(
             [p["baseline_training_s"] for p in timed],
             [p["candidate_training_s"] for p in timed],
             level,

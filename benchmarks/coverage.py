@@ -11,7 +11,7 @@ pairs of a records folder). It reports, at the declared levels:
 
 * the actual coverage of the plain paired t interval and of the period-adjusted (two-period
   crossover) interval for ``tau``, and their mean widths;
-* the type-I error of each decision rule of :mod:`analysis.decisions` at the edge of its null
+* the type-I error of each decision rule of :mod:`analysis.audit.decisions` at the edge of its null
   (superiority at ``tau = 0``, non-inferiority at ``tau = -margin`` on the favourable scale,
   equivalence at ``tau = margin``), and of the worst-rank signed-rank rule for time to target
   when both arms miss the target equally often;
@@ -36,8 +36,9 @@ sys.path.insert(0, str(ROOT))
 
 from scipy import stats  # noqa: E402
 
-from analysis.decisions import period_adjusted, signed_rank, t_test, worst_rank_differences  # noqa: E402
-from analysis.stats import mean_interval  # noqa: E402
+from analysis.audit.descriptive import mean_interval  # noqa: E402
+from analysis.audit.ranks import signed_rank, worst_rank_differences  # noqa: E402
+from analysis.audit.ttests import period_adjusted, t_test  # noqa: E402
 
 
 def orders(n: int, rng: random.Random) -> list[str]:

@@ -1,24 +1,23 @@
-"""Preregistered decisions: every test against scipy, the stdlib audit against the analysis, the
-multiplicity procedures, censoring, degenerate data and the order diagnostics."""
+"""Preregistered decisions (one standard-library implementation, ``analysis/audit/``, which the analysis
+and the audit both call): every test against scipy, the multiplicity procedures, censoring,
+degenerate data and the order diagnostics."""
 
 from __future__ import annotations
 
 import itertools
 import math
 import random
-import sys
 
 import pytest
-from conftest import ROOT, completeness
+from conftest import completeness
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from analysis import decisions as D
-from analysis.order import crossover, drift
-
-sys.path.insert(0, str(ROOT / "analysis"))
-import public_audit as A  # noqa: E402
+from analysis.audit import decisions as D
+from analysis.audit.order import crossover, drift
+from analysis.audit.ranks import signed_rank, worst_rank_differences
+from analysis.audit.ttests import period_adjusted, t_test
 
 
 def make_pairs(n, effect=0.0, noise=0.05, seed=0, period=0.0, bpb_diff=0.0, unreached=()):
@@ -95,17 +94,18 @@ def spec(*tests, procedure="fixed_sequence", alpha=0.01, min_pairs=3):
 def test_t_tests_against_scipy():
     rng = random.Random(1)
     v = [rng.gauss(-0.05, 0.04) for _ in range(12)]
-    sup = D.t_test(v, -1, "superiority", 0.0)  # candidate better when lower: H1 mean < 0
+    sup = t_test(v, -1, "superiority", 0.0)  # candidate better when lower: H1 mean < 0
     assert sup.p_value == pytest.approx(stats.ttest_1samp(v, 0.0, alternative="less").pvalue, rel=1e-10)
-    ni = D.t_test(v, -1, "non_inferiority", 0.02)  # H1: mean < 0.02
+    ni = t_test(v, -1, "non_inferiority", 0.02)  # H1: mean < 0.02
     assert ni.p_value == pytest.approx(stats.ttest_1samp(v, 0.02, alternative="less").pvalue, rel=1e-10)
-    eq = D.t_test(v, -1, "equivalence", 0.1)
+    eq = t_test(v, -1, "equivalence", 0.1)
     tost = max(
         stats.ttest_1samp(v, -0.1, alternative="greater").pvalue,
         stats.ttest_1samp(v, 0.1, alternative="less").pvalue,
     )
     assert eq.p_value == pytest.approx(tost, rel=1e-10)
-    from analysis.ttests import bounds, sign
+    from analysis.audit.hypotheses import bounds
+    from analysis.audit.ttests import sign
 
     assert sign("lower") == -1 and sign("higher") == 1  # on the test scale (c - b or ln c - ln b)
     rr = {"estimand": "relative_reduction", "better": "lower", "type": "superiority", "margin": 10.0}
@@ -122,7 +122,7 @@ def test_t_tests_against_scipy():
     ],
 )
 def test_signed_rank_against_scipy_and_enumeration(d):
-    mine = D.signed_rank(d, 1)
+    mine = signed_rank(d, 1)
     nz = [x for x in d if x != 0]
     if len(set(abs(x) for x in nz)) == len(nz):
         ref = stats.wilcoxon(d, alternative="greater", zero_method="wilcox", method="exact").pvalue
@@ -134,7 +134,6 @@ def test_signed_rank_against_scipy_and_enumeration(d):
         ]
         ref = sum(x >= t - 1e-9 for x in tot) / 2 ** len(nz)
     assert mine.p_value == pytest.approx(ref, rel=1e-12)
-    assert A.signed_rank(d, 1)["p_value"] == mine.p_value
     if d == [2.0] * 4:
         assert (
             mine.p_value == 1 / 16
@@ -145,23 +144,23 @@ def test_signed_rank_ties_are_rounding_tolerant():
     # magnitudes equal but for the last bits tie; a mirror image gives the mirror p
     d = [math.log(1.1 * b) - math.log(b) for b in (3, 7, 11, 13, 17, 19, 23, 1000, 1e5)] + [0.2, -0.3]
     assert len(set(abs(x) for x in d[:9])) == 4  # they differ in their last bits
-    r = D.signed_rank(d, -1)
-    assert r.p_value == D.signed_rank([-x for x in d], 1).p_value == A.signed_rank(d, -1)["p_value"]
-    assert r.statistic == D.signed_rank([0.0953] * 9 + [0.2, -0.3], -1).statistic
+    r = signed_rank(d, -1)
+    assert r.p_value == signed_rank([-x for x in d], 1).p_value
+    assert r.statistic == signed_rank([0.0953] * 9 + [0.2, -0.3], -1).statistic
 
 
 def test_period_adjusted_equals_the_two_sample_crossover():
     pairs = make_pairs(12, effect=-0.1, period=0.08, seed=3)
     v = [math.log(p["candidate_training_s"] / p["baseline_training_s"]) for p in pairs]
     first = [p["first"] for p in pairs]
-    res = D.period_adjusted(v, first, -1, "superiority", 0.0)
+    res = period_adjusted(v, first, -1, "superiority", 0.0)
     ab = [x for x, f in zip(v, first) if f == "baseline"]
     ba = [x for x, f in zip(v, first) if f != "baseline"]
     t = stats.ttest_ind(ab, ba, equal_var=True)  # same pooled standard error, twice the estimate
     assert res.standard_error == pytest.approx(
         abs((sum(ab) / len(ab) - sum(ba) / len(ba)) / t.statistic) / 2, rel=1e-10
     )
-    plain = D.t_test(v, -1, "superiority", 0.0)
+    plain = t_test(v, -1, "superiority", 0.0)
     assert res.standard_error < plain.standard_error  # the period effect no longer inflates the variance
     c = crossover(pairs, 0.95)
     assert c["period"]["low"] < 0.08 < c["period"]["high"]
@@ -170,7 +169,7 @@ def test_period_adjusted_equals_the_two_sample_crossover():
 def test_worst_rank_counts_unreached_against_its_arm():
     # every reached pair favours the candidate slightly, but the candidate misses the target twice
     pairs = make_pairs(10, effect=-0.02, noise=0.001, unreached={(1, "c"), (4, "c")})
-    d = D.worst_rank_differences(
+    d = worst_rank_differences(
         [p["baseline_time_to_target_s"] for p in pairs], [p["candidate_time_to_target_s"] for p in pairs]
     )
     assert d[1] == d[4] > max(abs(x) for i, x in enumerate(d) if i not in (1, 4))
@@ -215,7 +214,7 @@ def test_degenerate_and_incomplete_are_not_reached():
 
 
 @pytest.mark.parametrize("procedure", ["fixed_sequence", "holm"])
-def test_audit_recomputes_every_decision(procedure):
+def test_every_decision_rule_is_exercised(procedure):
     pairs = {
         ("s", "c"): make_pairs(14, effect=-0.05, bpb_diff=0.001, seed=9, unreached={(2, "b"), (3, "c")}),
         ("s", "d"): make_pairs(14, effect=0.01, seed=10),
@@ -247,15 +246,11 @@ def test_audit_recomputes_every_decision(procedure):
     ]
     sp = spec(*tests, procedure=procedure, alpha=0.05)
     mine = [d.as_dict() for d in D.decide(sp, pairs, completeness(COMPLETE))]
-    theirs = A.decide(sp, pairs, COMPLETE)
-    problems: list[str] = []
-    assert A.compare("decisions", theirs, mine, problems, "test") > 50 and not problems, problems
     assert [d["id"] for d in mine if d["test"] is None] == []  # every rule was exercised
     failed = [{"unit": "x", "failed": "candidate"}, {"unit": "y", "failed": "baseline"}]
     for h in tests:
-        assert A.sensitivity(h, pairs[("s", h["config"])], failed) == pytest.approx(
-            D.sensitivity(h, pairs[("s", h["config"])], failed)
-        ), h["id"]
+        sens = D.sensitivity(h, pairs[("s", h["config"])], failed)
+        assert sens is not None and 0.0 < sens["p_value"] <= 1.0, h["id"]
 
 
 def test_drift_slope_against_scipy():
@@ -270,11 +265,10 @@ def test_drift_slope_against_scipy():
         ref.stderr, rel=1e-9
     )
     assert d["p_value"] == pytest.approx(ref.pvalue, rel=1e-8)
-    assert A.drift(pairs, 0.95)["p_value"] == pytest.approx(d["p_value"], rel=1e-8)
 
 
 def test_per_device_effects_and_heterogeneity():
-    from analysis.order import by_device
+    from analysis.audit.order import by_device
 
     pairs = make_pairs(12, effect=-0.1, seed=12)
     for i, p in enumerate(pairs):
@@ -290,9 +284,6 @@ def test_per_device_effects_and_heterogeneity():
     ref = stats.f_oneway(*groups)
     assert d["heterogeneity"]["F"] == pytest.approx(ref.statistic, rel=1e-10)
     assert d["heterogeneity"]["p_value"] == pytest.approx(ref.pvalue, rel=1e-8)
-    problems: list[str] = []
-    A.compare("by_device", A.by_device(pairs, 0.95), d, problems, "test")
-    assert not problems, problems
     assert by_device([dict(p, device="one") for p in pairs], 0.95) is None
 
 
@@ -304,8 +295,7 @@ def test_per_device_effects_and_heterogeneity():
 def test_signed_rank_exact_conditional_equals_enumeration(d, s):
     """Heavy ties and zeros: the exact conditional p is the share of sign patterns with T+ at least the observed."""
     nz = [s * x for x in d if x != 0]
-    mine = D.signed_rank(d, s)
-    assert A.signed_rank(d, s)["p_value"] == mine.p_value
+    mine = signed_rank(d, s)
     if not nz:
         assert mine.p_value == 1.0
         return

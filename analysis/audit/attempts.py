@@ -5,8 +5,23 @@ completeness against its plan and budget rule."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .budget import completeness_text, plan_units, stop_check
-from .factorial import from_summary
+from .factorial import arms_by_cell, design_of
+
+
+@dataclass(frozen=True)
+class Completeness:
+    """Planned runs against runs with an ``ok`` record; whether the budget rule explains a stop
+    (``None`` where records do not list the planned seeds)."""
+
+    planned_runs: int | None
+    ok_runs: int
+    missing_runs: int | None
+    complete: bool | None
+    budget_stop: bool | None
+    text: str
 
 
 def final_attempts(records: list[dict]) -> dict:
@@ -54,7 +69,7 @@ def flow(records: list[dict], studies: list[dict], proto: dict) -> list[dict]:
         roles = (
             (("baseline", st["arms"][0]), ("candidate", st["arms"][1]))
             if st["design"] == "paired"
-            else tuple(zip(*from_summary(st)[1:]))
+            else tuple(arms_by_cell(st).items())
         )
         for config in st["configs"]:
             for role, arm in roles:
@@ -110,7 +125,7 @@ def failed_pairs(records: list[dict]) -> dict:
     return out
 
 
-def completeness(records: list[dict]) -> dict:
+def completeness(records: list[dict]) -> Completeness:
     """Planned runs (seeds x configurations x runs per unit) against ok runs; the budget rule's
     verdict (:mod:`.budget`, the rule ``harness run`` applies)."""
     proto = records[0]["protocol"]
@@ -118,15 +133,15 @@ def completeness(records: list[dict]) -> dict:
     planned = 0
     for st in proto["studies"]:
         if "seeds" not in st:
-            return {
-                "planned_runs": None,
-                "ok_runs": len(ok_ids),
-                "missing_runs": None,
-                "complete": None,
-                "budget_stop": None,
-                "text": "completeness unknown: these records do not list the planned seeds",
-            }
-        size = 2 if st["design"] == "paired" else len(from_summary(st)[1])
+            return Completeness(
+                planned_runs=None,
+                ok_runs=len(ok_ids),
+                missing_runs=None,
+                complete=None,
+                budget_stop=None,
+                text="completeness unknown: these records do not list the planned seeds",
+            )
+        size = 2 if st["design"] == "paired" else len(design_of(st)[1])
         planned += len(st["seeds"]) * len(st["configs"]) * size
     missing = planned - len(ok_ids)
     budget = proto.get("budget_device_seconds")
@@ -143,11 +158,11 @@ def completeness(records: list[dict]) -> dict:
     stop = (
         stop_check(plan_units(proto["studies"]), attempts, budget) if missing and budget is not None else None
     )
-    return {
-        "planned_runs": planned,
-        "ok_runs": len(ok_ids),
-        "missing_runs": missing,
-        "complete": missing == 0,
-        "budget_stop": bool(stop is not None and stop.refuses),
-        "text": completeness_text(planned, missing, stop),
-    }
+    return Completeness(
+        planned_runs=planned,
+        ok_runs=len(ok_ids),
+        missing_runs=missing,
+        complete=missing == 0,
+        budget_stop=bool(stop is not None and stop.refuses),
+        text=completeness_text(planned, missing, stop),
+    )

@@ -1,61 +1,236 @@
-"""The summary's descriptive statistics, re-implemented: intervals of paired endpoints, order
-effects (crossover, drift), devices and factorial positions."""
+"""Paired Student-t intervals and the guards on per-pair values, with the standard library alone: the
+one home of the rule, which the summary (``analysis.summary``), the factorial effects and the audit's
+recomputation all call; ``tests/test_references.py`` checks it against R and scipy.
+
+Sign convention: per-pair values compare the candidate ``c`` with the baseline ``b``
+(``difference = c - b``, ``log_ratio = ln c - ln b``, ``relative_reduction = 100 (1 - exp(log_ratio))``).
+"""
 
 from __future__ import annotations
 
 import math
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any, TypeGuard
 
-from .tdist import betainc_reg, student_t_ppf, student_t_sf
+from .tdist import student_t_ppf
 
-CELLS = ("native", "bucketed", "packed", "cotangent")
+ESTIMANDS = ("difference", "relative_reduction", "log_ratio")
 
 
-def interval(values: list[float], level: float, estimand: str) -> dict:
-    """Student-t interval of the mean; ``relative_reduction``: ``100 (1 - exp)`` of the log ratio's."""
-    n = len(values)
-    m = math.fsum(values) / n
-    var = math.fsum((x - m) ** 2 for x in values) / (n - 1)
-    se = math.sqrt(var / n)
-    t = student_t_ppf((1.0 + level) / 2.0, n - 1)
-    out = {
-        "estimand": estimand,
-        "estimate": m,
-        "low": m - t * se,
-        "high": m + t * se,
-        "df": n - 1,
-        "n": n,
-        "standard_error": se,
-        "level": level,
-        "ratio": None,
-        "ratio_low": None,
-        "ratio_high": None,
-    }
-    if estimand in ("log_ratio", "relative_reduction"):
-        out.update(ratio=math.exp(m), ratio_low=math.exp(m - t * se), ratio_high=math.exp(m + t * se))
-    if estimand == "relative_reduction":
-        out.update(estimate=pct(m), low=pct(m + t * se), high=pct(m - t * se))
+@dataclass(frozen=True)
+class PairedInterval:
+    """A two-sided Student-t interval for the mean of per-pair values.
+
+    Attributes
+    ----------
+    estimand : str
+        ``difference``, ``relative_reduction``, ``log_ratio``, ``contrast`` or ``log_contrast``.
+    estimate, low, high : float
+        Mean of the per-pair values and the interval's ends.
+    df : int
+        Degrees of freedom, ``n - 1``.
+    n : int
+        Number of pairs.
+    standard_error : float
+        ``s / sqrt(n)`` with ``s`` the sample standard deviation (denominator ``n - 1``).
+    level : float
+        Two-sided confidence level.
+    ratio, ratio_low, ratio_high : float or None
+        For ``log_ratio``: ``exp`` of estimate and ends (geometric-mean ratio candidate/baseline).
+    """
+
+    estimand: str
+    estimate: float
+    low: float
+    high: float
+    df: int
+    n: int
+    standard_error: float
+    level: float
+    ratio: float | None = None
+    ratio_low: float | None = None
+    ratio_high: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def finite(values: Sequence[float], what: str) -> list[float]:
+    """``values`` as floats, refusing a non-finite one (naming ``what`` and its index)."""
+    out = [float(v) for v in values]
+    for i, v in enumerate(out):
+        if not math.isfinite(v):
+            raise ValueError(f"{what}[{i}] is not finite: {v}")
     return out
 
 
-def pct(log_ratio: float) -> float:
-    return -100.0 * math.expm1(log_ratio)
+def paired_values(baseline: Sequence[float], candidate: Sequence[float], estimand: str) -> list[float]:
+    """Per-pair values: ``c - b``; ``100 (1 - c / b)``; or ``ln(c / b)``.
 
-
-def per_pair(b: list[float], c: list[float], estimand: str) -> list[float]:
-    """``c - b``, else ``ln c - ln b`` (both ratio estimands are computed on the log ratio)."""
+    ``ln(c / b)`` is computed as ``ln c - ln b``, so that swapping the arms negates it exactly (a
+    rounded ``c / b`` and ``b / c`` are not exact reciprocals). Decisions and intervals on
+    ``relative_reduction`` use the log ratio (:func:`paired_interval`); its per-pair values here are
+    descriptive only.
+    """
+    if estimand not in ESTIMANDS:
+        raise ValueError(f"unknown estimand {estimand!r} (known: {', '.join(ESTIMANDS)})")
+    b = finite(baseline, "baseline")
+    c = finite(candidate, "candidate")
+    if len(b) != len(c):
+        raise ValueError(f"baseline has {len(b)} values and candidate {len(c)}; pairs need equal lengths")
     if estimand == "difference":
         return [y - x for x, y in zip(b, c)]
+    if any(x <= 0 for x in b) or any(y <= 0 for y in c):
+        raise ValueError(f"{estimand} needs positive values")
+    if estimand == "relative_reduction":
+        return [100.0 * (1.0 - y / x) for x, y in zip(b, c)]
     return [math.log(y) - math.log(x) for x, y in zip(b, c)]
 
 
-def paired(b: list[float], c: list[float], level: float, estimand: str) -> dict | None:
-    """The descriptive interval; None under two pairs or where squares underflow or overflow a double."""
-    if len(b) < 2 or magnitude_problem([per_pair(b, c, estimand)]) is not None:
-        return None
-    return interval(per_pair(b, c, estimand), level, estimand)
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and its standard error ``sd / sqrt(n)`` (denominator ``n - 1``)."""
+    n = len(values)
+    m = math.fsum(values) / n
+    return m, math.sqrt(math.fsum((x - m) ** 2 for x in values) / (n - 1) / n)
 
 
-def number(x: object, positive: bool) -> bool:
+def mean_interval(values: Sequence[float], level: float = 0.99, estimand: str = "contrast") -> PairedInterval:
+    """Two-sided Student-t interval for the mean of ``values`` (one value per pair or block).
+
+    Notes
+    -----
+    With ``n`` values ``d_i``, mean ``m``, sample standard deviation ``s`` (denominator
+    ``n - 1``) and ``t = F^{-1}_{t, n-1}((1 + level) / 2)`` (:func:`.tdist.student_t_ppf`), the
+    interval is ``m -/+ t s / sqrt(n)``. A sample with zero variance gives the degenerate interval
+    ``[m, m]``.
+    """
+    d = finite(values, "values")
+    n = len(d)
+    if n < 2:
+        raise ValueError(f"an interval needs at least two pairs, got {n}")
+    if not 0.5 < level < 1:
+        raise ValueError(f"level must be in (0.5, 1), got {level}")
+    m, se = mean_se(d)
+    t = student_t_ppf((1.0 + level) / 2.0, n - 1)
+    return PairedInterval(estimand, m, m - t * se, m + t * se, n - 1, n, se, level)
+
+
+def paired_interval(
+    baseline: Sequence[float], candidate: Sequence[float], level: float = 0.99, estimand: str = "difference"
+) -> PairedInterval:
+    """Paired two-sided Student-t interval for candidate versus baseline.
+
+    Parameters
+    ----------
+    baseline, candidate : sequence of float
+        One value per pair, in pair order.
+    level : float
+        Two-sided confidence level, e.g. 0.99.
+    estimand : {"difference", "relative_reduction", "log_ratio"}
+        ``difference``: mean of ``c_i - b_i``. ``log_ratio``: mean ``m`` of ``ln(c_i / b_i)``, also
+        reported as the geometric-mean ratio ``exp(.)``. ``relative_reduction``: ``100 (1 - exp(.))``
+        of the log ratio's estimate and ends, in percent (``low = 100 (1 - exp(high_log))``, as the
+        map is decreasing); its ``standard_error`` and ``df`` are the log ratio's. Not the mean of the
+        per-pair reductions ``100 (1 - c_i / b_i)``: that mean is biased under an A/A null (Jensen)
+        and does not mirror when the arms are swapped.
+
+    Returns
+    -------
+    PairedInterval
+
+    Notes
+    -----
+    Sign convention: positive ``difference`` means the candidate's value is larger (for BPB:
+    worse); positive ``relative_reduction`` means the candidate is faster; negative
+    ``log_ratio`` means the candidate is faster. The interval is ``m -/+ t_{n-1, (1+level)/2} s/sqrt(n)``
+    over the per-pair values (Student, 1908; as ``scipy.stats.ttest_rel(c, b).confidence_interval``
+    and R's ``t.test(c, b, paired = TRUE)`` for ``difference``).
+    """
+    if estimand == "difference":
+        return mean_interval(paired_values(baseline, candidate, estimand), level, estimand)
+    res = mean_interval(paired_values(baseline, candidate, "log_ratio"), level, estimand)
+    res = replace(
+        res, ratio=math.exp(res.estimate), ratio_low=math.exp(res.low), ratio_high=math.exp(res.high)
+    )
+    if estimand == "log_ratio":
+        return res
+    return replace(res, estimate=reduction(res.estimate), low=reduction(res.high), high=reduction(res.low))
+
+
+def reduction(log_ratio: float) -> float:
+    """``100 (1 - exp(log_ratio))`` (as ``-100 expm1``): the candidate's percent reduction against the baseline."""
+    return -100.0 * math.expm1(log_ratio)
+
+
+def scale(estimand: str) -> str:
+    """The test scale of an estimand: ``log_ratio`` for both ratio estimands, else ``difference``."""
+    return "difference" if estimand == "difference" else "log_ratio"
+
+
+#: The zero-spread guard's tolerance, in units in the last place of the inputs (:func:`spread_is_rounding`).
+ROUNDING_ULPS = 16
+
+
+def rounding_scale(b: Sequence[float], c: Sequence[float], scale: str) -> list[float]:
+    """Per pair, the magnitude whose rounding a per-pair value carries.
+
+    ``|b| + |c|`` for a difference ``c - b``; ``1 + |ln b| + |ln c|`` for a log ratio ``ln c - ln b``
+    (each logarithm is rounded to half an ulp of itself, and a value rounded to half an ulp of
+    itself, ``b (1 + e)``, moves its logarithm by ``e``: the ``1``).
+    """
+    if scale == "difference":
+        return [abs(x) + abs(y) for x, y in zip(b, c)]
+    return [1.0 + abs(math.log(x)) + abs(math.log(y)) for x, y in zip(b, c)]
+
+
+def spread_is_rounding(values: Sequence[float], scales: Sequence[float]) -> bool:
+    """Whether per-pair values agree to the rounding of the inputs they were computed from.
+
+    Notes
+    -----
+    ``max(values) - min(values) <= ROUNDING_ULPS * eps * max(scales)`` with ``eps = 2^-52`` and
+    ``scales`` from :func:`rounding_scale`. A t statistic on such values divides rounding noise:
+    the guard makes the hypothesis "not reached (zero spread)". The tolerance follows the inputs'
+    rounding, not the values' size, so exactly proportional data (``c = k b``) or exactly shifted
+    data (``c = b + k``) are zero spread whatever the effect ``k`` (true for identical values too).
+    """
+    return max(values) - min(values) <= ROUNDING_ULPS * sys.float_info.epsilon * max(scales)
+
+
+#: Per-pair deviations whose squares a double holds without underflow or overflow.
+SQUARE_RANGE = (1e-150, 1e150)
+
+
+def magnitude_problem(groups: Sequence[Sequence[float]]) -> str | None:
+    """Why the standard error of these groups' values cannot be computed in doubles, or ``None``.
+
+    Notes
+    -----
+    The variance sums squares of deviations from the group means; for a deviation beyond
+    ``SQUARE_RANGE`` its square overflows (``> 1e300``) or underflows to a subnormal or 0 (all
+    deviations exactly 0 are no problem here: that is zero spread). Values beyond ``1e150`` are
+    refused first (their mean could overflow too).
+    """
+    lo, hi = SQUARE_RANGE
+    top = max(abs(x) for g in groups for x in g)
+    if top > hi:
+        return (
+            f"extreme magnitudes: per-pair values up to {top:.3g}, beyond {hi:g}, whose squares overflow "
+            "a double"
+        )
+    dev = max(abs(x - math.fsum(g) / len(g)) for g in groups for x in g)
+    if 0 < dev < lo:
+        return (
+            f"extreme magnitudes: the per-pair values deviate from their mean by at most {dev:.3g}, below "
+            f"{lo:g}, whose squares underflow a double"
+        )
+    return None
+
+
+def valid(x: object, positive: bool) -> TypeGuard[float]:
+    """Whether ``x`` is a finite number (not a bool), and positive when ``positive``."""
     return (
         isinstance(x, (int, float))
         and not isinstance(x, bool)
@@ -64,172 +239,41 @@ def number(x: object, positive: bool) -> bool:
     )
 
 
-def endpoint(b0: list, c0: list, level: float, estimand: str) -> dict:
-    ok = [
-        (x, y)
-        for x, y in zip(b0, c0)
-        if number(x, estimand != "difference") and number(y, estimand != "difference")
-    ]
+def descriptive_interval(
+    b: Sequence[float], c: Sequence[float], level: float, estimand: str
+) -> PairedInterval | None:
+    """The descriptive interval; ``None`` under two pairs or where the values' squares would underflow or
+    overflow a double (:func:`magnitude_problem`; a decision on them says so)."""
+    if len(b) < 2 or magnitude_problem([paired_values(b, c, scale(estimand))]) is not None:
+        return None
+    return paired_interval(b, c, level, estimand)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Descriptive means and the paired interval over the pairs whose two values are valid numbers
+    (finite; positive for ratios); ``invalid_pairs`` counts the others."""
+
+    pairs: int
+    invalid_pairs: int
+    baseline_mean: float | None
+    candidate_mean: float | None
+    interval: PairedInterval | None  # None under two pairs, or where the values' squares overflow
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def endpoint(b0: Sequence[object], c0: Sequence[object], level: float, estimand: str) -> Endpoint:
+    """Descriptive means and interval over the pairs whose two values are finite numbers (positive for
+    ratios); ``invalid_pairs`` counts the others (a decision on them is "not reached", naming the pair)."""
+    positive = estimand != "difference"
+    ok = [(x, y) for x, y in zip(b0, c0) if valid(x, positive) and valid(y, positive)]
     b, c = [x for x, _ in ok], [y for _, y in ok]
-    return {
-        "pairs": len(b),
-        "invalid_pairs": len(b0) - len(b),
-        "baseline_mean": math.fsum(b) / len(b) if b else None,
-        "candidate_mean": math.fsum(c) / len(c) if c else None,
-        "interval": paired(b, c, level, estimand),
-    }
-
-
-def peak(r: dict) -> float | None:
-    mem = r.get("memory") or {}
-    key = mem.get("primary")
-    return float(mem[key]) if key and mem.get(key) is not None else None
-
-
-def params_of(units: dict) -> int | None:
-    for arms in units.values():
-        for r in arms.values():
-            if r.get("parameters") is not None:
-                return int(r["parameters"])
-    return None
-
-
-def two_groups(a: list[float], b: list[float], level: float, half: bool) -> dict:
-    n1, n2 = len(a), len(b)
-    m1, m2 = math.fsum(a) / n1, math.fsum(b) / n2
-    ss1, ss2 = math.fsum((v - m1) ** 2 for v in a), math.fsum((v - m2) ** 2 for v in b)
-    df = n1 + n2 - 2
-    k = 0.5 if half else 1.0
-    est = k * (m1 - m2)
-    se = k * math.sqrt((ss1 + ss2) / df * (1 / n1 + 1 / n2))
-    q = student_t_ppf((1 + level) / 2, df)
-    p = 2 * student_t_sf(abs(est / se), df) if se > 0 else (1.0 if est == 0 else 0.0)
-    return {
-        "estimate": est,
-        "standard_error": se,
-        "low": est - q * se,
-        "high": est + q * se,
-        "df": df,
-        "level": level,
-        "p_value": p,
-        "n": [n1, n2],
-    }
-
-
-def crossover(pairs: list[dict], level: float) -> dict | None:
-    ab = [p for p in pairs if p["first"] == "baseline"]
-    ba = [p for p in pairs if p["first"] != "baseline"]
-    if len(ab) < 2 or len(ba) < 2:
-        return None
-    d = lambda p: math.log(p["candidate_training_s"] / p["baseline_training_s"])  # noqa: E731
-    s = lambda p: math.log(p["candidate_training_s"]) + math.log(p["baseline_training_s"])  # noqa: E731
-    return {
-        "period": two_groups([d(p) for p in ab], [d(p) for p in ba], level, True),
-        "carryover": two_groups([s(p) for p in ab], [s(p) for p in ba], level, False),
-    }
-
-
-def drift(pairs: list[dict], level: float) -> dict | None:
-    if len(pairs) < 3:
-        return None
-    x = [float(p["order"]) for p in pairs]
-    y = [math.log(p["candidate_training_s"] / p["baseline_training_s"]) for p in pairs]
-    mx, my = math.fsum(x) / len(x), math.fsum(y) / len(y)
-    sxx = math.fsum((a - mx) ** 2 for a in x)
-    if sxx == 0:
-        return None
-    b1 = math.fsum((a - mx) * (b - my) for a, b in zip(x, y)) / sxx
-    b0 = my - b1 * mx
-    df = len(x) - 2
-    se = math.sqrt(math.fsum((b - b0 - b1 * a) ** 2 for a, b in zip(x, y)) / df / sxx)
-    q = student_t_ppf((1 + level) / 2, df)
-    p = 2 * student_t_sf(abs(b1 / se), df) if se > 0 else (1.0 if b1 == 0 else 0.0)
-    return {
-        "slope": b1,
-        "intercept": b0,
-        "standard_error": se,
-        "low": b1 - q * se,
-        "high": b1 + q * se,
-        "df": df,
-        "level": level,
-        "p_value": p,
-        "points": [[a, b] for a, b in zip(x, y)],
-    }
-
-
-def by_device(pairs: list[dict], level: float) -> dict | None:
-    groups: dict = {}
-    for p in pairs:
-        groups.setdefault(p["device"], []).append(
-            math.log(p["candidate_training_s"] / p["baseline_training_s"])
-        )
-    if len(groups) < 2:
-        return None
-    rows = []
-    for dev in sorted(groups):
-        v = groups[dev]
-        m = math.fsum(v) / len(v)
-        row = {"device": dev, "pairs": len(v), "estimate": m, "low": None, "high": None}
-        if len(v) >= 2:
-            se = math.sqrt(math.fsum((x - m) ** 2 for x in v) / (len(v) - 1) / len(v))
-            q = student_t_ppf((1 + level) / 2, len(v) - 1)
-            row.update(low=m - q * se, high=m + q * se)
-        rows.append(row)
-    allv = [x for v in groups.values() for x in v]
-    grand = math.fsum(allv) / len(allv)
-    k, n = len(groups), len(allv)
-    ssb = math.fsum(len(v) * (math.fsum(v) / len(v) - grand) ** 2 for v in groups.values())
-    ssw = math.fsum(math.fsum((x - math.fsum(v) / len(v)) ** 2 for x in v) for v in groups.values())
-    het = None
-    if n > k and ssw > 0:
-        f = (ssb / (k - 1)) / (ssw / (n - k))
-        d1, d2 = k - 1, n - k
-        het = {
-            "F": f,
-            "df": [d1, d2],
-            "p_value": betainc_reg(d2 / 2, d1 / 2, d2 / (d2 + d1 * f), d1 * f / (d2 + d1 * f)),
-        }
-    return {"devices": rows, "heterogeneity": het}
-
-
-def positions(blocks: list[dict], level: float, cells: tuple | list = CELLS) -> list[dict] | None:
-    if len(blocks) < 2:
-        return None
-    out = []
-    for pos in range(len(cells)):
-        res = []
-        for b in blocks:
-            logs = {c: math.log(b[f"{c}_training_s"]) for c in cells}
-            res.append(logs[b["order"][pos]] - math.fsum(logs.values()) / len(cells))
-        m = math.fsum(res) / len(res)
-        se = math.sqrt(math.fsum((v - m) ** 2 for v in res) / (len(res) - 1) / len(res))
-        q = student_t_ppf((1 + level) / 2, len(res) - 1)
-        out.append(
-            {
-                "position": pos + 1,
-                "estimate": m,
-                "standard_error": se,
-                "low": m - q * se,
-                "high": m + q * se,
-                "df": len(res) - 1,
-                "level": level,
-            }
-        )
-    return out
-
-
-def magnitude_problem(groups: list[list[float]]) -> str | None:
-    """analysis.ttests.magnitude_problem: deviations whose squares a double cannot hold."""
-    top = max(abs(x) for g in groups for x in g)
-    if top > 1e150:
-        return (
-            f"extreme magnitudes: per-pair values up to {top:.3g}, beyond 1e+150, whose squares overflow "
-            "a double"
-        )
-    dev = max(abs(x - math.fsum(g) / len(g)) for g in groups for x in g)
-    if 0 < dev < 1e-150:
-        return (
-            f"extreme magnitudes: the per-pair values deviate from their mean by at most {dev:.3g}, "
-            "below 1e-150, whose squares underflow a double"
-        )
-    return None
+    return Endpoint(
+        pairs=len(b),
+        invalid_pairs=len(b0) - len(b),
+        baseline_mean=math.fsum(b) / len(b) if b else None,
+        candidate_mean=math.fsum(c) / len(c) if c else None,
+        interval=descriptive_interval(b, c, level, estimand),
+    )

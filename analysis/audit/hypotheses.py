@@ -1,16 +1,111 @@
-"""The preregistered hypotheses' tests, re-implemented: each hypothesis' per-pair values on its test
-scale and its alternative region, t tests on them (period-adjusted too), the signed-rank test of
-worst-rank scores, and the reasons a test is not reached. The family's decisions are in
-:mod:`.decisions`."""
+"""A preregistered hypothesis and its test, with the standard library alone: the typed hypothesis,
+its alternative region on the test scale, its per-pair values (the endpoint's two values checked:
+finite, positive for ratios; a null or non-finite one makes the hypothesis "not reached", naming the
+pair; restricted mean times and worst-rank scores for time to target; the unreached counts) and the
+test that decides it. Their one home: the analysis' summary and the audit both call these.
+
+Records carry the protocol's resolved ``hypotheses`` block as JSON (``tests``: one mapping per
+hypothesis, :func:`harness.hypotheses.parse_hypotheses`); :meth:`Hypothesis.of` turns one into the
+frozen :class:`Hypothesis` at that boundary, refusing keys it does not know. The sign convention is
+:mod:`.descriptive`'s; ratio estimands are tested on the log ratio (:mod:`.ttests`).
+"""
 
 from __future__ import annotations
 
 import math
-import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
 
-from .descriptive import magnitude_problem, number, per_pair
-from .ranks import signed_rank
-from .tdist import student_t_sf_signed
+from .descriptive import magnitude_problem, mean_se, rounding_scale, scale, spread_is_rounding
+from .ranks import median, signed_rank, worst_rank_differences
+from .ttests import TestResult, one_sided, period_adjusted_mean, sign, t_result
+
+#: A used pair's row as the summary holds it (``summary.json``'s ``pairs``): unit, seed, order, first,
+#: device and each arm's endpoint values (``baseline_training_s``, ``candidate_test_bpb``, ...).
+PairRow = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """A one-sided test of one endpoint of one (study, configuration)'s pairs.
+
+    Attributes
+    ----------
+    endpoint
+        ``training_time``, ``time_to_target``, ``total_time``, ``test_bpb`` or ``peak_memory``.
+    estimand
+        ``difference`` (``c - b``), ``log_ratio`` (``ln c - ln b``) or ``relative_reduction``
+        (``100 (1 - c / b)``), candidate ``c`` against baseline ``b``.
+    type
+        ``superiority``, ``non_inferiority`` or ``equivalence`` (at ``margin``, in the estimand's units).
+    better
+        ``lower`` or ``higher``: which way the candidate is better.
+    censoring, restriction_s
+        Time to target only: ``worst_rank`` or ``restricted_mean`` (restricted at ``restriction_s``,
+        by default each pair's shorter training time).
+    period_adjusted
+        Test the AB/BA period-adjusted mean instead of the plain mean.
+    """
+
+    id: str
+    study: str
+    config: str
+    endpoint: str
+    estimand: str
+    type: str
+    better: str
+    margin: float = 0.0
+    censoring: str | None = None
+    period_adjusted: bool = False
+    restriction_s: float | None = None
+
+    @classmethod
+    def of(cls, h: Hypothesis | Mapping[str, Any]) -> Hypothesis:
+        if isinstance(h, Hypothesis):
+            return h
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(h) - known)
+        if unknown:
+            raise ValueError(f"hypothesis {h.get('id')!r}: unknown keys {', '.join(unknown)}")
+        margin, tau = h.get("margin", 0.0), h.get("restriction_s")
+        return cls(
+            **{
+                **{k: v for k, v in h.items() if k in known},
+                "margin": float(margin or 0.0),
+                "restriction_s": None if tau is None else float(tau),
+                "period_adjusted": bool(h.get("period_adjusted", False)),
+            }
+        )
+
+
+def bounds(h: Hypothesis | Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """The alternative region of hypothesis ``h`` for the mean on its test scale.
+
+    Notes
+    -----
+    ``difference`` and ``log_ratio``: :func:`one_sided` with the margin as written. ``relative_reduction``
+    ``E = 100 (1 - exp(L))`` is decreasing in ``L``, with inverse ``g(x) = ln(1 - x/100)``: with
+    ``better: lower`` superiority ``E > d`` is ``L < g(d)`` and non-inferiority ``E > -d`` is
+    ``L < g(-d)``; with ``better: higher`` they are ``E < -d`` (``L > g(-d)``) and ``E < d``
+    (``L > g(d)``); equivalence ``-d < E < d`` is ``g(d) < L < g(-d)``. A relative margin is a
+    percentage of the baseline, so its mirror (arms swapped) is the margin ``100 d / (100 - d)``.
+    """
+    if isinstance(h, Hypothesis):
+        d, kind, estimand, better = h.margin, h.type, h.estimand, h.better
+    else:  # the four keys that define the region suffice
+        d, kind, estimand, better = float(h.get("margin", 0.0)), h["type"], h["estimand"], h["better"]
+    if estimand != "relative_reduction":
+        return one_sided(sign(better), kind, d)
+
+    def g(x: float) -> float:
+        return math.log1p(-x / 100.0)
+
+    if kind == "equivalence":
+        return g(d), g(-d)
+    e = d if kind == "superiority" else -d
+    return (None, g(e)) if better == "lower" else (g(-e), None)
+
 
 ENDPOINT_KEYS = {
     "training_time": "training_s",
@@ -19,203 +114,207 @@ ENDPOINT_KEYS = {
     "test_bpb": "test_bpb",
     "peak_memory": "peak_memory_bytes",
 }
-ROUNDING_ULPS = 16  # analysis.stats.ROUNDING_ULPS
 
 
-class Unreachable(ValueError):
-    pass
+class NotReached(ValueError):
+    """The data cannot decide a hypothesis; the message is the reason."""
 
 
-def sign(better: str) -> int:
-    """+1 when larger test-scale values (``c - b`` or ``ln c - ln b``) favour the candidate."""
-    return 1 if better == "higher" else -1
-
-
-def region(h: dict) -> tuple:
-    """``(lo, hi)``: the alternative ``lo < mean < hi`` on the test scale (analysis.ttests.bounds)."""
-    d, kind = h["margin"], h["type"]
-    if h["estimand"] == "relative_reduction":
-        if kind == "equivalence":
-            return math.log1p(-d / 100.0), math.log1p(d / 100.0)
-        e = d if kind == "superiority" else -d
-        return (None, math.log1p(-e / 100.0)) if h["better"] == "lower" else (math.log1p(e / 100.0), None)
-    if kind == "equivalence":
-        return -d, d
-    s = sign(h["better"])
-    bound = s * d if kind == "superiority" else -s * d
-    return (bound, None) if s > 0 else (None, bound)
-
-
-def t_result(method: str, n: int, m: float, se: float, df: int, reg: tuple) -> dict:
-    lo, hi = reg
-    ts = ([(m - lo) / se] if lo is not None else []) + ([(hi - m) / se] if hi is not None else [])
-    what = "mean of the per-pair values" if method == "t" else "period-adjusted mean of the per-pair values"
-    return {
-        "method": method,
-        "n": n,
-        "estimate": m,
-        "standard_error": se,
-        "df": df,
-        "statistic": min(ts),
-        "p_value": max(student_t_sf_signed(t, df) for t in ts),
-        "estimate_of": what,
-    }
-
-
-def worst_rank(b: list, c: list) -> list[float]:
-    finite = [math.log(y) - math.log(x) for x, y in zip(b, c) if x is not None and y is not None]
-    w = 1.0 + 2.0 * max((abs(v) for v in finite), default=0.0)
-    out = []
-    for x, y in zip(b, c):
-        if x is not None and y is not None:
-            out.append(math.log(y) - math.log(x))
-        elif x is None and y is None:
-            out.append(0.0)
-        else:
-            out.append(w if y is None else -w)
-    return out
-
-
-def checked(p: dict, role: str, key: str, positive: bool) -> float:
+def _number(p: PairRow, role: str, key: str, positive: bool) -> float:
     v = p[f"{role}_{key}"]
-    if not number(v, positive):
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or not math.isfinite(v)
+        or (positive and v <= 0)
+    ):
         what = "null" if v is None else f"{v!r}, not a finite{' positive' if positive else ''} number"
-        raise Unreachable(f"pair {p.get('unit', '?')}: the {role}'s {key} is {what} in an ok record")
+        raise NotReached(f"pair {p.get('unit', '?')}: the {role}'s {key} is {what} in an ok record")
     return float(v)
 
 
-def hyp_values(h: dict, pairs: list[dict]) -> tuple[list[float], list[float] | None, dict | None]:
-    """Per-pair test-scale values, their rounding scales (None for worst-rank scores), unreached counts."""
-    key = ENDPOINT_KEYS[h["endpoint"]]
-    ratio = h["estimand"] != "difference"
+def _restricted(h: Hypothesis, pairs: Sequence[PairRow]) -> tuple[list[float], list[float]]:
+    """Restricted times ``min(T, tau)`` of both arms, one restriction ``tau`` per pair for both arms.
+
+    ``tau`` is the hypothesis' ``restriction_s`` or, by default, the shorter of the pair's two
+    training times (both fixed-step runs were observed that long, so ``min(T, tau)`` is known
+    for both arms with no imputation: an unreached arm has ``T > tau``). The decision then
+    compares restricted mean times (Royston & Parmar 2013, *BMC Med. Res. Methodol.* 13:152).
+    """
+    b: list[float] = []
+    c: list[float] = []
+    for p in pairs:
+        train = {r: _number(p, r, "training_s", True) for r in ("baseline", "candidate")}
+        tau = h.restriction_s or min(train.values())
+        for role, out in (("baseline", b), ("candidate", c)):
+            t = p[f"{role}_time_to_target_s"]
+            if t is None:
+                if train[role] < tau:
+                    raise NotReached(
+                        f"pair {p.get('unit', '?')}: the {role} missed the target after training "
+                        f"{train[role]:.6g} s, less than the restriction {tau:g} s: its restricted "
+                        "time is unknown"
+                    )
+                out.append(tau)
+            else:
+                out.append(min(_number(p, role, "time_to_target_s", True), tau))
+    return b, c
+
+
+def values_of(
+    h: Hypothesis | Mapping[str, Any], pairs: Sequence[PairRow]
+) -> tuple[list[float], dict[str, int] | None]:
+    """Per-pair values on the hypothesis' test scale, and the unreached counts for time to target.
+
+    Raises :class:`NotReached` naming the pair, arm and key of a null or non-finite endpoint.
+    """
+    values, _scales, unreached = values_and_scales(Hypothesis.of(h), pairs)
+    return values, unreached
+
+
+def values_and_scales(
+    h: Hypothesis, pairs: Sequence[PairRow]
+) -> tuple[list[float], list[float] | None, dict[str, int] | None]:
+    """:func:`values_of` and, but for worst-rank scores, each value's :func:`rounding_scale`.
+
+    Parameters
+    ----------
+    h : Hypothesis
+        The hypothesis: its endpoint, estimand and censoring rule say which values.
+    pairs : list of dict
+        The used pairs' rows (``summary.json``'s ``pairs``).
+
+    Returns
+    -------
+    values : list of float
+        One value per pair on the test scale (``c - b`` or ``ln c - ln b``; worst-rank scores).
+    scales : list of float or None
+        Each value's rounding scale (:func:`.descriptive.rounding_scale`); ``None`` for worst-rank
+        scores, which the signed-rank test takes.
+    unreached : dict or None
+        For time to target, how many baseline, candidate and both arms missed the target.
+
+    Raises
+    ------
+    NotReached
+        Naming the pair, arm and key of a null or non-finite endpoint, or a restricted time that
+        is unknown.
+    """
+    key = ENDPOINT_KEYS[h.endpoint]
+    ratio = scale(h.estimand) == "log_ratio"
     unreached = None
-    if h["endpoint"] == "time_to_target":
-        rb = [p[f"baseline_{key}"] for p in pairs]
-        rc = [p[f"candidate_{key}"] for p in pairs]
+    if h.endpoint == "time_to_target":
+        raw = {r: [p[f"{r}_{key}"] for p in pairs] for r in ("baseline", "candidate")}
         unreached = {
-            "baseline": rb.count(None),
-            "candidate": rc.count(None),
-            "both": sum(x is None and y is None for x, y in zip(rb, rc)),
+            "baseline": raw["baseline"].count(None),
+            "candidate": raw["candidate"].count(None),
+            "both": sum(x is None and y is None for x, y in zip(raw["baseline"], raw["candidate"])),
         }
         for p in pairs:
             for role in ("baseline", "candidate"):
                 if p[f"{role}_{key}"] is not None:
-                    checked(p, role, key, True)
-        if h["censoring"] == "worst_rank":
-            return worst_rank(rb, rc), None, unreached
-        b: list[float] = []
-        c: list[float] = []
-        for p in pairs:  # restricted mean: min(T, tau), one tau per pair for both arms
-            train = {r: checked(p, r, "training_s", True) for r in ("baseline", "candidate")}
-            tau = h.get("restriction_s") or min(train.values())
-            for role, out in (("baseline", b), ("candidate", c)):
-                t = p[f"{role}_{key}"]
-                if t is None and train[role] < tau:
-                    raise Unreachable(
-                        f"pair {p.get('unit', '?')}: the {role} missed the target after "
-                        f"training {train[role]:.6g} s, less than the restriction {tau:g} s: "
-                        "its restricted time is unknown"
-                    )
-                out.append(tau if t is None else min(float(t), tau))
+                    _number(p, role, key, True)
+        if h.censoring == "worst_rank":
+            return worst_rank_differences(raw["baseline"], raw["candidate"]), None, unreached
+        b, c = _restricted(h, pairs)
     else:
-        b = [checked(p, "baseline", key, ratio) for p in pairs]
-        c = [checked(p, "candidate", key, ratio) for p in pairs]
+        b = [_number(p, "baseline", key, ratio) for p in pairs]
+        c = [_number(p, "candidate", key, ratio) for p in pairs]
+    scales = rounding_scale(b, c, scale(h.estimand))
     if ratio:
-        scales = [1.0 + abs(math.log(x)) + abs(math.log(y)) for x, y in zip(b, c)]
-    else:
-        scales = [abs(x) + abs(y) for x, y in zip(b, c)]
-    return per_pair(b, c, h["estimand"]), scales, unreached
+        return [math.log(y) - math.log(x) for x, y in zip(b, c)], scales, unreached
+    return [y - x for x, y in zip(b, c)], scales, unreached
 
 
-def median_of(v: list[float]) -> float | None:
-    v = sorted(v)
-    if not v:
-        return None
-    k = len(v) // 2
-    return float(v[k]) if len(v) % 2 else (v[k - 1] + v[k]) / 2
+def worst_rank_estimate(pairs: Sequence[PairRow]) -> tuple[float | None, str]:
+    """The estimate a worst-rank decision shows: the median log ratio where both arms reached the target.
+
+    Parameters
+    ----------
+    pairs : list of dict
+        The used pairs' rows.
+
+    Returns
+    -------
+    estimate : float or None
+        The median ``ln(c / b)`` of the pairs where both arms reached the target; ``None`` without one.
+    what : str
+        What the estimate is, for the decision's ``estimate_of``.
+    """
+    both = [
+        math.log(p["candidate_time_to_target_s"]) - math.log(p["baseline_time_to_target_s"])
+        for p in pairs
+        if p["baseline_time_to_target_s"] is not None and p["candidate_time_to_target_s"] is not None
+    ]
+    return median(both), f"median ln(c/b) of the {len(both)} pairs where both arms reached the target"
 
 
-def hyp_test(h: dict, pairs: list[dict], min_pairs: int) -> tuple[dict | None, str | None, dict | None]:
+def test_of(
+    h: Hypothesis, pairs: Sequence[PairRow], min_pairs: int
+) -> tuple[TestResult | None, str | None, dict[str, int] | None]:
+    """The test of ``h`` on its (study, configuration)'s used pairs, or why there is none.
+
+    Returns
+    -------
+    test : TestResult or None
+        The paired t test (period-adjusted where the hypothesis says so) of the per-pair values on
+        the test scale, or for worst-rank scores the signed-rank test; ``None`` when not reached.
+    why : str or None
+        Why it is not reached: fewer pairs than ``min_pairs``, a null or non-finite endpoint, values
+        identical or agreeing to rounding (:func:`.descriptive.spread_is_rounding`), magnitudes whose
+        squares a double cannot hold (:func:`.descriptive.magnitude_problem`), a zero standard error.
+    unreached : dict or None
+        For time to target, how many baseline, candidate and both arms missed the target.
+    """
     if len(pairs) < min_pairs:
         return None, f"too few pairs: {len(pairs)} of the protocol's min_pairs {min_pairs}", None
     unreached = None
     try:
-        values, scales, unreached = hyp_values(h, pairs)
-        reg = region(h)
-    except Unreachable as e:
+        values, scales, unreached = values_and_scales(h, pairs)
+        region = bounds(h)
+    except NotReached as e:
         return None, str(e), unreached
     except ValueError:
-        return None, f"a relative margin of {h['margin']:g}% has no ratio", unreached
-    if scales is None:  # worst-rank scores: time to target, censoring worst_rank
+        return None, f"a relative margin of {h.margin:g}% has no ratio", unreached
+    if scales is None:  # worst-rank scores: the signed-rank test
         if all(v == 0.0 for v in values):
             return None, "identical: every pair's difference is exactly 0", unreached
-        r = signed_rank(values, sign(h["better"]))
-        both = [
-            math.log(p["candidate_time_to_target_s"]) - math.log(p["baseline_time_to_target_s"])
-            for p in pairs
-            if p["baseline_time_to_target_s"] is not None and p["candidate_time_to_target_s"] is not None
-        ]
-        return (
-            {
-                "method": "signed-rank",
-                "n": r["n"],
-                "estimate": median_of(both),
-                "standard_error": None,
-                "df": 0,
-                "statistic": r["statistic"],
-                "p_value": r["p_value"],
-                "estimate_of": f"median ln(c/b) of the {len(both)} pairs where both arms reached the target",
-            },
-            None,
-            unreached,
-        )
-    if zero_spread(values, scales):
+        r = signed_rank(values, sign(h.better))
+        est, what = worst_rank_estimate(pairs)
+        return TestResult("signed-rank", r.n, est, None, 0, r.statistic, r.p_value, what), None, unreached
+    if spread_is_rounding(values, scales):
         if all(v == 0.0 for v in values):
             return None, "identical: every pair's difference is exactly 0", unreached
         return None, ZERO_SPREAD, unreached
-    n = len(values)
-    if h.get("period_adjusted"):
+    if h.period_adjusted:
         first = [p["first"] for p in pairs]
-        ab = [v for v, f in zip(values, first) if f == "baseline"]
-        ba = [v for v, f in zip(values, first) if f != "baseline"]
-        if min(len(ab), len(ba)) < 2:
+        if min(first.count("baseline"), len(first) - first.count("baseline")) < 2:
             return None, "the period-adjusted estimand needs at least two pairs in each order", unreached
-        if zero_spread(ab, scales) and zero_spread(ba, scales):
+        groups = [[v for v, f in zip(values, first) if (f == "baseline") == ab] for ab in (True, False)]
+        if all(spread_is_rounding(g, scales) for g in groups):
             return None, ZERO_SPREAD_WITHIN, unreached
-        why = magnitude_problem([ab, ba])
+        why = magnitude_problem(groups)
         if why is not None:
             return None, why, unreached
-        m1, m2 = math.fsum(ab) / len(ab), math.fsum(ba) / len(ba)
-        sp2 = (math.fsum((x - m1) ** 2 for x in ab) + math.fsum((x - m2) ** 2 for x in ba)) / (n - 2)
-        m, se, df, method = (
-            (m1 + m2) / 2,
-            math.sqrt(sp2 * (1 / len(ab) + 1 / len(ba))) / 2,
-            n - 2,
-            "t-period-adjusted",
-        )
+        m, se, df = period_adjusted_mean(values, first)
+        method = "t-period-adjusted"
     else:
         why = magnitude_problem([values])
         if why is not None:
             return None, why, unreached
-        m = math.fsum(values) / n
-        se, df, method = math.sqrt(math.fsum((x - m) ** 2 for x in values) / (n - 1) / n), n - 1, "t"
+        m, se = mean_se(values)
+        method, df = "t", len(values) - 1
     if not (se > 0 and math.isfinite(se)):
         return None, f"the standard error is {se!r}: no t statistic", unreached
-    return t_result(method, n, m, se, df, reg), None, unreached
+    return t_result(method, len(values), m, se, df, region), None, unreached
 
 
+#: The zero-spread guard's reasons (:func:`.descriptive.spread_is_rounding`).
 ZERO_SPREAD = (
-    "zero spread: the per-pair values agree to the rounding of the endpoint values they were "
-    "computed from (16 ulps of |b| + |c|, or of 1 + |ln b| + |ln c| for a log ratio)"
+    "zero spread: the per-pair values agree to the rounding of the endpoint values they were computed "
+    "from (16 ulps of |b| + |c|, or of 1 + |ln b| + |ln c| for a log ratio)"
 )
-
-
 ZERO_SPREAD_WITHIN = (
-    "zero spread within each order group: the period-adjusted standard error is rounding "
-    "noise (16 ulps of |b| + |c|, or of 1 + |ln b| + |ln c| for a log ratio)"
+    "zero spread within each order group: the period-adjusted standard error is rounding noise "
+    "(16 ulps of |b| + |c|, or of 1 + |ln b| + |ln c| for a log ratio)"
 )
-
-
-def zero_spread(values: list[float], scales: list[float]) -> bool:
-    """analysis.stats.spread_is_rounding: spread within ROUNDING_ULPS ulps of the inputs' magnitude."""
-    return max(values) - min(values) <= ROUNDING_ULPS * sys.float_info.epsilon * max(scales)

@@ -270,7 +270,7 @@ def plan_notes(directory: str, plan: list[dict], records: list[dict], open_: lis
         )
     if missing:  # INCOMPLETE, or STOPPED BY THE BUDGET RULE where the rule explains the stop
         done = completeness(records) if records else None
-        text = done["text"] if done and done["missing_runs"] == missing else None
+        text = done.text if done and done.missing_runs == missing else None
         notes.append(
             f"{directory}: {text or f'INCOMPLETE: {missing} of {len(plan)} planned runs have no ok record'}"
         )

@@ -4,22 +4,13 @@ comparison with the stored ``summary.json``."""
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
 from .attempts import analysed, completeness, failed_pairs, flow, latest_unit, unfinished
 from .decisions import decide, sensitivity
-from .descriptive import (
-    by_device,
-    crossover,
-    drift,
-    endpoint,
-    interval,
-    number,
-    paired,
-    params_of,
-    peak,
-    positions,
-)
-from .factorial import block_effect, effects, from_summary
+from .descriptive import descriptive_interval, endpoint, valid
+from .factorial import design_of, factorial_effects
+from .order import by_device, crossover, drift, positions
 
 REL_TOL = 1e-9
 #: ``summary.json`` schema versions this audit recomputes (``analysis.summary.SUMMARY_SCHEMA``).
@@ -63,8 +54,9 @@ def recompute(records: list[dict], started: list[dict] | None = None) -> dict:
     else:
         failed = failed_pairs(records)
         decisions = []
-        for d in decide(spec, pairs_of, done):
-            h = next(t for t in spec["tests"] if t["id"] == d["id"])
+        for decision in decide(spec, pairs_of, done):
+            h = next(t for t in spec["tests"] if t["id"] == decision.id)
+            d = decision.as_dict()
             d["sensitivity"] = sensitivity(
                 h, pairs_of.get((d["study"], d["config"]), []), failed.get((d["study"], d["config"]), [])
             )
@@ -110,7 +102,7 @@ def recompute(records: list[dict], started: list[dict] | None = None) -> dict:
     return {
         "schema_version": SUMMARY_SCHEMAS[-1],
         "protocol": proto,
-        "completeness": done,
+        "completeness": asdict(done),
         "hypotheses": hyp,
         "flow": flow(records, studies, proto),
         "records": {
@@ -157,32 +149,37 @@ def _paired(st: dict, config: str, units: dict, level: float, exclusions: list) 
                 "baseline_peak_memory_bytes": peak(b),
                 "candidate_peak_memory_bytes": peak(c),
                 "time_reduction_pct": 100.0 * (1.0 - ct["training_s"] / bt["training_s"])
-                if number(bt["training_s"], True) and number(ct["training_s"], True)
+                if valid(bt["training_s"], True) and valid(ct["training_s"], True)
                 else None,
                 "test_bpb_difference": c["test_bpb"] - b["test_bpb"]
-                if number(b["test_bpb"], False) and number(c["test_bpb"], False)
+                if valid(b["test_bpb"], False) and valid(c["test_bpb"], False)
                 else None,
             }
         )
     col = lambda k: [p[k] for p in pairs]  # noqa: E731
-    training = endpoint(col("baseline_training_s"), col("candidate_training_s"), level, "relative_reduction")
+    training = asdict(
+        endpoint(col("baseline_training_s"), col("candidate_training_s"), level, "relative_reduction")
+    )
     timed = [p for p in pairs if p["time_reduction_pct"] is not None]  # both training times finite, positive
-    training["log_ratio"] = paired(
+    log_ratio = descriptive_interval(
         [p["baseline_training_s"] for p in timed],
         [p["candidate_training_s"] for p in timed],
         level,
         "log_ratio",
     )
+    training["log_ratio"] = None if log_ratio is None else log_ratio.as_dict()
     both = [
         p
         for p in pairs
         if p["baseline_time_to_target_s"] is not None and p["candidate_time_to_target_s"] is not None
     ]
-    ttt = endpoint(
-        [p["baseline_time_to_target_s"] for p in both],
-        [p["candidate_time_to_target_s"] for p in both],
-        level,
-        "relative_reduction",
+    ttt = asdict(
+        endpoint(
+            [p["baseline_time_to_target_s"] for p in both],
+            [p["candidate_time_to_target_s"] for p in both],
+            level,
+            "relative_reduction",
+        )
     )
     ttt.update(
         rule="pairs where both arms reached the target",
@@ -191,9 +188,9 @@ def _paired(st: dict, config: str, units: dict, level: float, exclusions: list) 
             "candidate": sum(p["candidate_time_to_target_s"] is None for p in pairs),
         },
     )
-    quality = endpoint(col("baseline_test_bpb"), col("candidate_test_bpb"), level, "difference")
+    quality = asdict(endpoint(col("baseline_test_bpb"), col("candidate_test_bpb"), level, "difference"))
     mb, mc = col("baseline_peak_memory_bytes"), col("candidate_peak_memory_bytes")
-    memory = endpoint(mb, mc, level, "relative_reduction") if None not in mb + mc else None
+    memory = asdict(endpoint(mb, mc, level, "relative_reduction")) if None not in mb + mc else None
     faster = sum(1 for p in timed if p["candidate_training_s"] < p["baseline_training_s"])
     slower = sum(1 for p in timed if p["candidate_training_s"] > p["baseline_training_s"])
     return {
@@ -207,8 +204,8 @@ def _paired(st: dict, config: str, units: dict, level: float, exclusions: list) 
         "pairs_used": len(pairs),
         "training_time": training,
         "time_to_target": ttt,
-        "total_time": endpoint(
-            col("baseline_total_s"), col("candidate_total_s"), level, "relative_reduction"
+        "total_time": asdict(
+            endpoint(col("baseline_total_s"), col("candidate_total_s"), level, "relative_reduction")
         ),
         "test_bpb": quality,
         "peak_memory": memory,
@@ -225,7 +222,7 @@ def _paired(st: dict, config: str, units: dict, level: float, exclusions: list) 
 
 
 def _factorial(st: dict, config: str, units: dict, level: float, exclusions: list) -> dict:
-    factors, cells, _ = from_summary(st)
+    factors, cells = design_of(st)
     blocks = []
     for unit in sorted(units):
         have = units[unit]
@@ -247,30 +244,42 @@ def _factorial(st: dict, config: str, units: dict, level: float, exclusions: lis
     }
     found = {}
     if len(blocks) >= 2:
-        for name, subset in effects(factors):
-            vals = [
-                block_effect([math.log(b[f"{c}_training_s"]) for c in cells], subset, len(factors))
-                for b in blocks
-            ]
-            iv = interval(vals, level, "log_contrast")
-            iv.update(
-                reduction_pct=100.0 * (1.0 - math.exp(iv["estimate"])),
-                reduction_low_pct=100.0 * (1.0 - math.exp(iv["high"])),
-                reduction_high_pct=100.0 * (1.0 - math.exp(iv["low"])),
-            )
-            found[name] = iv
+        times = [{c: b[f"{c}_training_s"] for c in cells} for b in blocks]
+        for name, effect in factorial_effects(times, factors, cells, level).items():
+            found[name] = {
+                **effect.as_dict(),
+                "reduction_pct": 100.0 * (1.0 - math.exp(effect.estimate)),
+                "reduction_low_pct": 100.0 * (1.0 - math.exp(effect.high)),
+                "reduction_high_pct": 100.0 * (1.0 - math.exp(effect.low)),
+            }
     return {
         "config": config,
         "design": "factorial",
         "level": level,
         "units_seen": len(units),
         "parameters": params_of(units),
-        "positions": positions(blocks, level, cells),
+        "positions": positions(blocks, cells, level),
         "blocks_used": len(blocks),
         "cell_mean_training_s": means,
         "effects": found,
         "blocks": blocks,
     }
+
+
+def peak(r: dict) -> float | None:
+    """A record's primary peak memory in bytes (``analysis.selection.peak_memory``), or ``None``."""
+    mem = r.get("memory") or {}
+    key = mem.get("primary")
+    return float(mem[key]) if key and mem.get(key) is not None else None
+
+
+def params_of(units: dict) -> int | None:
+    """The first record's parameter count among a configuration's units, or ``None``."""
+    for arms in units.values():
+        for r in arms.values():
+            if r.get("parameters") is not None:
+                return int(r["parameters"])
+    return None
 
 
 def compare(path: str, mine: object, theirs: object, problems: list[str], where: str) -> int:

@@ -1,5 +1,8 @@
 """Student's t distribution with the standard library alone: the survival function through the
-regularised incomplete beta function, the quantile and the decisions' critical value."""
+regularised incomplete beta function, the quantile and the decisions' critical value, and the F
+distribution's survival function. The one home of these distributions: the analysis and the audit
+both call them; ``tests/test_decision_rules.py`` and ``tests/test_references.py`` check them against
+scipy and R."""
 
 from __future__ import annotations
 
@@ -79,7 +82,14 @@ def student_t_sf(t: float, df: float) -> float:
 
 
 def student_t_sf_signed(t: float, df: float) -> float:
+    """``P(T > t)`` for any ``t``: :func:`student_t_sf`, and ``1 - P(T > -t)`` below 0 (symmetry)."""
     return student_t_sf(t, df) if t >= 0 else 1.0 - student_t_sf(-t, df)
+
+
+def f_sf(f: float, d1: float, d2: float) -> float:
+    """``P(F > f)`` for the F distribution with ``(d1, d2)`` degrees of freedom, ``f >= 0``:
+    ``I_{d2 / (d2 + d1 f)}(d2 / 2, d1 / 2)`` (Abramowitz & Stegun 26.6.2)."""
+    return betainc_reg(d2 / 2, d1 / 2, d2 / (d2 + d1 * f), d1 * f / (d2 + d1 * f))
 
 
 def student_t_ppf(q: float, df: float) -> float:
@@ -103,8 +113,7 @@ def student_t_ppf(q: float, df: float) -> float:
 def t_critical(alpha: float, df: float) -> float:
     """The t value ``q > 0`` with ``P(T > q) = alpha`` (``alpha < 0.5``): bisection to adjacent doubles.
 
-    The decisions' critical value, in the audit and in ``analysis.ttests.critical_t`` alike (the same
-    function): a t test establishes its hypothesis when its statistic exceeds it. Taking ``alpha``
+    The decisions' critical value (:func:`.ttests.critical_t`, in the analysis and the audit alike): a t test establishes its hypothesis when its statistic exceeds it. Taking ``alpha``
     itself, not ``1 - (1 - alpha)``, keeps the ulps that subtraction would lose.
     """
     lo, hi = 0.0, 1.0

@@ -1,8 +1,8 @@
 """Order diagnostics in every report: period and carry-over in AB/BA pairs, drift over execution
 order, and the position effect in Williams-balanced factorial blocks.
 
-Never imports torch; ``analysis/public_audit.py`` recomputes each number with the standard library.
-All values are on the log scale of training time (``ln(c / b)`` per pair), so effects read as
+Standard library alone: the one home of these diagnostics, which the summary and the audit both call
+(``tests/test_decisions.py`` checks them against scipy and statsmodels). All values are on the log scale of training time (``ln(c / b)`` per pair), so effects read as
 ratios; ``exp(x)`` is the factor.
 """
 
@@ -12,26 +12,27 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from scipy import stats as _st
+from .tdist import f_sf, student_t_ppf, student_t_sf
 
 
-def _mean_var(x: Sequence[float]) -> tuple[float, float]:
+def mean_ss(x: Sequence[float]) -> tuple[float, float]:
+    """The mean of ``x`` and the sum of squared deviations from it."""
     m = math.fsum(x) / len(x)
     return m, math.fsum((v - m) ** 2 for v in x)
 
 
-def _two_groups(a: Sequence[float], b: Sequence[float], level: float, half: bool) -> dict[str, Any]:
+def two_groups(a: Sequence[float], b: Sequence[float], level: float, half: bool) -> dict[str, Any]:
     """Pooled two-sample t: estimate ``(mean_a - mean_b)`` (halved when ``half``), interval, two-sided p."""
     n1, n2 = len(a), len(b)
-    m1, ss1 = _mean_var(a)
-    m2, ss2 = _mean_var(b)
+    m1, ss1 = mean_ss(a)
+    m2, ss2 = mean_ss(b)
     df = n1 + n2 - 2
     sp2 = (ss1 + ss2) / df
     k = 0.5 if half else 1.0
     est = k * (m1 - m2)
     se = k * math.sqrt(sp2 * (1 / n1 + 1 / n2))
-    q = float(_st.t.ppf((1 + level) / 2, df))
-    p = 2 * float(_st.t.sf(abs(est / se), df)) if se > 0 else (1.0 if est == 0 else 0.0)
+    q = student_t_ppf((1 + level) / 2, df)
+    p = 2 * student_t_sf(abs(est / se), df) if se > 0 else (1.0 if est == 0 else 0.0)
     return {
         "estimate": est,
         "standard_error": se,
@@ -67,8 +68,8 @@ def crossover(pairs: list[dict[str, Any]], level: float) -> dict[str, Any] | Non
         return math.log(p["candidate_training_s"]) + math.log(p["baseline_training_s"])
 
     return {
-        "period": _two_groups([d(p) for p in ab], [d(p) for p in ba], level, half=True),
-        "carryover": _two_groups([s(p) for p in ab], [s(p) for p in ba], level, half=False),
+        "period": two_groups([d(p) for p in ab], [d(p) for p in ba], level, half=True),
+        "carryover": two_groups([s(p) for p in ab], [s(p) for p in ba], level, half=False),
     }
 
 
@@ -86,7 +87,7 @@ def drift(pairs: list[dict[str, Any]], level: float) -> dict[str, Any] | None:
         return None
     x = [float(p["order"]) for p in pairs]
     y = [math.log(p["candidate_training_s"] / p["baseline_training_s"]) for p in pairs]
-    mx, sxx = _mean_var(x)
+    mx, sxx = mean_ss(x)
     my = math.fsum(y) / len(y)
     if sxx == 0:
         return None
@@ -96,8 +97,8 @@ def drift(pairs: list[dict[str, Any]], level: float) -> dict[str, Any] | None:
     df = len(x) - 2
     s2 = math.fsum((b - b0 - b1 * a) ** 2 for a, b in zip(x, y)) / df
     se = math.sqrt(s2 / sxx)
-    q = float(_st.t.ppf((1 + level) / 2, df))
-    p = 2 * float(_st.t.sf(abs(b1 / se), df)) if se > 0 else (1.0 if b1 == 0 else 0.0)
+    q = student_t_ppf((1 + level) / 2, df)
+    p = 2 * student_t_sf(abs(b1 / se), df) if se > 0 else (1.0 if b1 == 0 else 0.0)
     return {
         "slope": b1,
         "intercept": b0,
@@ -132,9 +133,9 @@ def positions(
             logs = {c: math.log(b[f"{c}_training_s"]) for c in cells}
             centre = math.fsum(logs.values()) / len(cells)
             res.append(logs[b["order"][pos]] - centre)
-        m, ss = _mean_var(res)
+        m, ss = mean_ss(res)
         se = math.sqrt(ss / (len(res) - 1) / len(res))
-        q = float(_st.t.ppf((1 + level) / 2, len(res) - 1))
+        q = student_t_ppf((1 + level) / 2, len(res) - 1)
         out.append(
             {
                 "position": pos + 1,
@@ -170,20 +171,20 @@ def by_device(pairs: list[dict[str, Any]], level: float) -> dict[str, Any] | Non
     rows = []
     for dev in sorted(groups):
         v = groups[dev]
-        m, ss = _mean_var(v)
+        m, ss = mean_ss(v)
         row: dict[str, Any] = {"device": dev, "pairs": len(v), "estimate": m, "low": None, "high": None}
         if len(v) >= 2:
             se = math.sqrt(ss / (len(v) - 1) / len(v))
-            q = float(_st.t.ppf((1 + level) / 2, len(v) - 1))
+            q = student_t_ppf((1 + level) / 2, len(v) - 1)
             row.update(low=m - q * se, high=m + q * se)
         rows.append(row)
     allv = [x for v in groups.values() for x in v]
     grand = math.fsum(allv) / len(allv)
     k, n = len(groups), len(allv)
     ssb = math.fsum(len(v) * (math.fsum(v) / len(v) - grand) ** 2 for v in groups.values())
-    ssw = math.fsum(_mean_var(v)[1] for v in groups.values())
+    ssw = math.fsum(mean_ss(v)[1] for v in groups.values())
     het = None
     if n > k and ssw > 0:
         f = (ssb / (k - 1)) / (ssw / (n - k))
-        het = {"F": f, "df": [k - 1, n - k], "p_value": float(_st.f.sf(f, k - 1, n - k))}
+        het = {"F": f, "df": [k - 1, n - k], "p_value": f_sf(f, k - 1, n - k)}
     return {"devices": rows, "heterogeneity": het}

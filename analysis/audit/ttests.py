@@ -1,25 +1,22 @@
-"""One-sided paired t tests of a hypothesis, on the scale the decision is made on.
-
-Never imports torch. ``analysis/public_audit.py`` re-implements them with the standard library.
+"""One-sided paired t tests of a hypothesis, on the scale the decision is made on, with the standard
+library alone: their one home, which the analysis' decisions and the audit's recomputation both call
+(``tests/test_decisions.py`` checks them against scipy, ``tests/test_references.py`` against R).
 
 The test scale: ``difference`` hypotheses are tested on ``c - b``; ``log_ratio`` and
 ``relative_reduction`` hypotheses both on the log ratio ``L = ln c - ln b``, so the two estimands
 give the same decision, and swapping the arms (``L -> -L``) while flipping ``better`` gives the
 mirror decision bit for bit. A hypothesis becomes an alternative region ``lo < mean < hi`` for the
-mean on that scale (:func:`bounds`; ``None``: unbounded).
+mean on that scale (:func:`.hypotheses.bounds`; ``None``: unbounded).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from scipy import stats as _st
-
-from analysis.preregistration import Hypothesis
-from analysis.public_audit import t_critical
+from .descriptive import mean_se
+from .tdist import student_t_sf_signed, t_critical
 
 
 @dataclass(frozen=True)
@@ -55,11 +52,6 @@ class TestResult:
     estimate_of: str = ""
 
 
-def scale(estimand: str) -> str:
-    """The test scale of an estimand: ``log_ratio`` for both ratio estimands, else ``difference``."""
-    return "difference" if estimand == "difference" else "log_ratio"
-
-
 def sign(better: str) -> int:
     """``s``: +1 when larger values on the test scale favour the candidate (``better: higher``), else -1."""
     return 1 if better == "higher" else -1
@@ -76,34 +68,6 @@ def one_sided(s: int, kind: str, margin: float) -> tuple[float | None, float | N
     return (bound, None) if s > 0 else (None, bound)
 
 
-def bounds(h: Hypothesis | Mapping[str, Any]) -> tuple[float | None, float | None]:
-    """The alternative region of hypothesis ``h`` for the mean on its test scale.
-
-    Notes
-    -----
-    ``difference`` and ``log_ratio``: :func:`one_sided` with the margin as written. ``relative_reduction``
-    ``E = 100 (1 - exp(L))`` is decreasing in ``L``, with inverse ``g(x) = ln(1 - x/100)``: with
-    ``better: lower`` superiority ``E > d`` is ``L < g(d)`` and non-inferiority ``E > -d`` is
-    ``L < g(-d)``; with ``better: higher`` they are ``E < -d`` (``L > g(-d)``) and ``E < d``
-    (``L > g(d)``); equivalence ``-d < E < d`` is ``g(d) < L < g(-d)``. A relative margin is a
-    percentage of the baseline, so its mirror (arms swapped) is the margin ``100 d / (100 - d)``.
-    """
-    if isinstance(h, Hypothesis):
-        d, kind, estimand, better = h.margin, h.type, h.estimand, h.better
-    else:  # the four keys that define the region suffice
-        d, kind, estimand, better = float(h.get("margin", 0.0)), h["type"], h["estimand"], h["better"]
-    if estimand != "relative_reduction":
-        return one_sided(sign(better), kind, d)
-
-    def g(x: float) -> float:
-        return math.log1p(-x / 100.0)
-
-    if kind == "equivalence":
-        return g(d), g(-d)
-    e = d if kind == "superiority" else -d
-    return (None, g(e)) if better == "lower" else (g(-e), None)
-
-
 def t_result(
     method: str, n: int, m: float, se: float, df: int, region: tuple[float | None, float | None]
 ) -> TestResult:
@@ -117,8 +81,8 @@ def t_result(
     """
     lo, hi = region
     ts = ([(m - lo) / se] if lo is not None else []) + ([(hi - m) / se] if hi is not None else [])
-    p = max(float(_st.t.sf(t, df)) for t in ts)
-    return TestResult(method, n, m, se, df, min(ts), p, _MEAN[method])
+    p = max(student_t_sf_signed(t, df) for t in ts)
+    return TestResult(method, n, m, se, df, min(ts), p, MEAN_OF[method])
 
 
 def critical_t(alpha: float, df: int) -> float:
@@ -127,10 +91,9 @@ def critical_t(alpha: float, df: int) -> float:
     Notes
     -----
     The quantile ``q`` with ``P(T_df > q) = alpha``, found by bisection (to adjacent doubles) on the
-    standard library's t survival function of the public audit
-    (:func:`analysis.public_audit.t_critical`; accurate to a few ulps, ``tests/test_decision_rules.py``
-    checks it against scipy and R's ``qt``). The analysis and the audit decide with this one
-    function (:func:`passes`), so they agree even when ``p`` is within rounding of ``alpha``.
+    standard library's t survival function (:func:`.tdist.t_critical`; accurate to a few ulps,
+    ``tests/test_decision_rules.py`` checks it against scipy and R's ``qt``). The analysis and the
+    audit decide with this one function (:func:`passes`).
     """
     return t_critical(alpha, df)
 
@@ -144,8 +107,7 @@ def passes(t: TestResult, alpha: float) -> bool:
     statistic is the smaller t, so both one-sided tests must pass). This is ``p < alpha`` but for t
     values within ``1e-12`` (relative) of the critical value, where it says "not established": the
     quantile is accurate to about ``1e-13`` relative for ``df`` up to 5000 (checked against scipy), so
-    the rule never establishes on a t statistic below the true critical value, and the audit
-    computes the same doubles with the same function, so the two implementations cannot disagree.
+    the rule never establishes on a t statistic below the true critical value.
     Signed-rank: ``p < alpha`` strictly, with ``p`` an exact count over ``2^n`` (the same double in
     both). Strict: a p-value that only reaches alpha (an atom of a discrete distribution) fails.
     """
@@ -158,47 +120,11 @@ def passes(t: TestResult, alpha: float) -> bool:
 CRITICAL_MARGIN = 1e-12
 
 
-#: Per-pair deviations whose squares a double holds without underflow or overflow.
-SQUARE_RANGE = (1e-150, 1e150)
-
-
-def magnitude_problem(groups: Sequence[Sequence[float]]) -> str | None:
-    """Why the standard error of these groups' values cannot be computed in doubles, or ``None``.
-
-    Notes
-    -----
-    The variance sums squares of deviations from the group means; for a deviation beyond
-    ``SQUARE_RANGE`` its square overflows (``> 1e300``) or underflows to a subnormal or 0 (all
-    deviations exactly 0 are no problem here: that is zero spread). Values beyond ``1e150`` are
-    refused first (their mean could overflow too).
-    """
-    lo, hi = SQUARE_RANGE
-    top = max(abs(x) for g in groups for x in g)
-    if top > hi:
-        return (
-            f"extreme magnitudes: per-pair values up to {top:.3g}, beyond {hi:g}, whose squares overflow "
-            "a double"
-        )
-    dev = max(abs(x - math.fsum(g) / len(g)) for g in groups for x in g)
-    if 0 < dev < lo:
-        return (
-            f"extreme magnitudes: the per-pair values deviate from their mean by at most {dev:.3g}, below "
-            f"{lo:g}, whose squares underflow a double"
-        )
-    return None
-
-
-_MEAN = {
+#: What a t test's estimate is, by method.
+MEAN_OF = {
     "t": "mean of the per-pair values",
     "t-period-adjusted": "period-adjusted mean of the per-pair values",
 }
-
-
-def mean_se(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and its standard error ``sd / sqrt(n)`` (denominator ``n - 1``)."""
-    n = len(values)
-    m = math.fsum(values) / n
-    return m, math.sqrt(math.fsum((x - m) ** 2 for x in values) / (n - 1) / n)
 
 
 def t_test(values: Sequence[float], s: int, kind: str, margin: float) -> TestResult:
