@@ -22,7 +22,6 @@ from scipy import stats as _st
 from analysis.audit.descriptive import paired_values, reduction, scale
 from analysis.audit.hypotheses import ENDPOINT_KEYS, bounds
 from analysis.audit.ttests import one_sided, sign
-from analysis.selection import measured
 
 if TYPE_CHECKING:
     from harness.records import RunRecord
@@ -51,13 +50,17 @@ class Noise:
     identical: bool
 
 
-def aa_noise(records: list[RunRecord], endpoint: str, estimand: str) -> dict[str, Noise]:
-    """Per configuration, the noise of ``endpoint`` from the A/A pairs (both arms the same) in ``records``."""
+def aa_noise(
+    records: list[RunRecord], endpoint: str, estimand: str, block_steps: int | None = None
+) -> dict[str, Noise]:
+    """Per configuration, the noise of ``endpoint`` from the A/A pairs (both arms the same) in
+    ``records`` of the design a target study has: pairs of a process per arm (``block_steps``
+    None), or lockstep pairs with that ``block_steps`` (each design leaves its own noise)."""
     key = ENDPOINT_KEYS[endpoint]
     by: dict[str, dict[str, dict[str, RunRecord]]] = {}
     for r in records:
         s = r.spec
-        if r.status != "ok" or s.design != "paired":
+        if r.status != "ok" or s.design != "paired" or s.block_steps != block_steps:
             continue
         st = next(x for x in r.protocol["studies"] if x["name"] == s.study)
         if st["arms"][0] != st["arms"][1]:
@@ -85,7 +88,7 @@ def aa_noise(records: list[RunRecord], endpoint: str, estimand: str) -> dict[str
 
 def _value(rec: RunRecord, key: str) -> float | None:
     if key in ("test_bpb",):
-        return measured(rec.test_bpb)
+        return rec.test_bpb if rec.test_bpb is not None and math.isfinite(rec.test_bpb) else None
     if key == "peak_memory_bytes":
         mem = rec.memory or {}
         primary = mem.get("primary")
@@ -278,10 +281,11 @@ def plan(
     alpha = spec["family_alpha"] if spec["procedure"] == "fixed_sequence" else spec["family_alpha"] / m
     out = []
     for h in spec["tests"]:
-        noise = aa_noise(pilot_records, h["endpoint"], h["estimand"]).get(h["config"])
+        st = next(s for s in target["studies"] if s["name"] == h["study"])
+        block = (st.get("lockstep") or {}).get("block_steps")  # the pilot's pairs of the same design
+        noise = aa_noise(pilot_records, h["endpoint"], h["estimand"], block).get(h["config"])
         if noise is None:
             continue
-        st = next(s for s in target["studies"] if s["name"] == h["study"])
         n_plan = len(st["seeds"])
         effect = effects.get(h["id"], 0.0)
         region, mu = bounds(h), true_mean(h, effect)

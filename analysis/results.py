@@ -11,7 +11,7 @@ from __future__ import annotations
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, TypeVar
 
 from analysis.audit.attempts import Completeness
@@ -44,7 +44,11 @@ class _Json:
     unknown or missing fields."""
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: plain(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
+        return {
+            f.name: plain(v)
+            for f in fields(self)  # type: ignore[arg-type]
+            if (v := getattr(self, f.name)) is not None or not f.metadata.get("omit_none")
+        }
 
     @classmethod
     def from_json(cls: type[T], data: Any, where: str = "summary") -> T:
@@ -56,10 +60,17 @@ def _build(cls: Any, data: Any, where: str) -> Any:
     told apart by their fields, or a sequence of them) is built in turn; any other field is kept."""
     if not isinstance(data, Mapping):
         raise SummaryFormatError(f"{where}: expected a JSON object for {cls.__name__}")
-    names = [f.name for f in fields(cls)]
+    names = [f.name for f in fields(cls) if f.name in data or not f.metadata.get("omit_none")]
     exact_fields(f"{where}: {cls.__name__}", data, names, SummaryFormatError)
     hints = typing.get_type_hints(cls)
     return cls(**{n: _value(hints[n], data[n], f"{where}.{n}") for n in names})
+
+
+def _fits(cls: Any, value: Mapping[str, Any]) -> bool:
+    """Whether ``value`` has the fields of ``cls``: all of them, a field left out when ``None`` aside."""
+    names = {f.name for f in fields(cls)}
+    optional = {f.name for f in fields(cls) if f.metadata.get("omit_none")}
+    return names - optional <= set(value) <= names
 
 
 def _value(hint: Any, value: Any, where: str) -> Any:
@@ -75,7 +86,7 @@ def _value(hint: Any, value: Any, where: str) -> Any:
         built: list[type] = [a for a in args if isinstance(a, type) and is_dataclass(a)]
         if not built:
             return value
-        fit = [a for a in built if isinstance(value, Mapping) and set(value) == {f.name for f in fields(a)}]
+        fit = [a for a in built if isinstance(value, Mapping) and _fits(a, value)]
         if not fit:
             raise SummaryFormatError(
                 f"{where}: its fields are those of none of {', '.join(a.__name__ for a in built)}"
@@ -126,6 +137,9 @@ class PairedResult(_Json):
     order_effects: Mapping[str, Any]  # crossover, drift (analysis.audit.order)
     by_device: Mapping[str, Any] | None
     pairs: Sequence[Row]
+    # training CPU time, when every pair recorded it (records since lockstep; left out otherwise,
+    # so earlier summaries read and write back the same)
+    training_cpu_time: TrainingTime | None = field(default=None, metadata={"omit_none": True})
 
 
 @dataclass(frozen=True)

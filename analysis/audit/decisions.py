@@ -26,7 +26,7 @@ from .ranks import signed_rank
 from .ttests import TestResult, critical_t, passes, sign
 
 #: Endpoints measured in run time: the budget rule's stop depends on them (:func:`decide`).
-TIME_ENDPOINTS = ("training_time", "time_to_target", "total_time")
+TIME_ENDPOINTS = ("training_time", "training_cpu_time", "time_to_target", "total_time")
 
 #: A hypothesis, its test (None where it is not reached), why not, and the unreached counts.
 Tested = tuple[Hypothesis, TestResult | None, str | None, dict[str, int] | None]

@@ -109,11 +109,24 @@ def bounds(h: Hypothesis | Mapping[str, Any]) -> tuple[float | None, float | Non
 
 ENDPOINT_KEYS = {
     "training_time": "training_s",
+    "training_cpu_time": "training_cpu_s",
     "time_to_target": "time_to_target_s",
     "total_time": "total_s",
     "test_bpb": "test_bpb",
     "peak_memory": "peak_memory_bytes",
 }
+
+
+def cpu_time_columns(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> dict[str, Any]:
+    """A pair's training CPU time columns (``baseline_training_cpu_s``, ``candidate_training_cpu_s``)
+    from its arms' ``timings``, when both recorded one (records before CPU time have none, and
+    their pairs no such columns)."""
+    if "training_cpu_s" not in baseline or "training_cpu_s" not in candidate:
+        return {}
+    return {
+        "baseline_training_cpu_s": baseline["training_cpu_s"],
+        "candidate_training_cpu_s": candidate["training_cpu_s"],
+    }
 
 
 class NotReached(ValueError):
