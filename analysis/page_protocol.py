@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from analysis.audit.attempts import FLOW_COUNTS
 from analysis.page_html import esc, html_table, num
 from analysis.results import Descriptive, Hypotheses, Summary
-from analysis.selection import FLOW_COUNTS
 
 __all__ = ["answers_section", "claims_section", "flow_section", "verify_section"]
 
@@ -86,7 +86,7 @@ def flow_section(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     Parameters
     ----------
     rows : sequence of mapping
-        The summary's ``flow`` rows (:func:`analysis.selection.flow`).
+        The summary's ``flow`` rows (:func:`analysis.audit.attempts.flow`).
 
     Returns
     -------

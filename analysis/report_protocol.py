@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from analysis.audit.attempts import FLOW_COUNTS
 from analysis.report_md import md_table, num
 from analysis.results import Descriptive, Hypotheses, HypothesisDecision, Summary
-from analysis.selection import FLOW_COUNTS
 
 __all__ = ["decisions_section", "flow_section", "header_section", "runs_section"]
 
@@ -141,7 +141,7 @@ def flow_section(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     Parameters
     ----------
     rows : sequence of mapping
-        The summary's ``flow`` rows (:func:`analysis.selection.flow`).
+        The summary's ``flow`` rows (:func:`analysis.audit.attempts.flow`).
 
     Returns
     -------
@@ -183,7 +183,7 @@ def runs_section(runs: Sequence[Mapping[str, Any]]) -> list[str]:
     Parameters
     ----------
     runs : sequence of mapping
-        The summary's ``runs`` rows (:func:`analysis.selection.run_rows`).
+        The summary's ``runs`` rows (:func:`analysis.audit.attempts.run_rows`).
 
     Returns
     -------

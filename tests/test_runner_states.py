@@ -15,7 +15,8 @@ from conftest import init_study, record_dicts, tiny_protocol
 from fake_trainer import Crash, FakeTrainer
 from filelock import FileLock
 
-from analysis.selection import completeness
+from analysis.audit.attempts import completeness
+from analysis.summary import records_json
 from harness.execute.inprocess import InProcessExecutor
 from harness.execute.runner import Runner
 from harness.ledger import load_entries
@@ -98,7 +99,7 @@ def test_the_budget_rule_stops_before_the_unit_that_would_exceed_it(tmp_path):
         2.0,
         2.0,
     )
-    done = completeness(load_records(repo / RECS))
+    done = completeness(records_json(load_records(repo / RECS)))
     assert done.budget_stop is True
     assert "the next unit in plan order (pairs.tiny_conv.pair001: 2 runs, about 2.0 s)" in done.text
     again = run(repo, FakeTrainer())

@@ -1,14 +1,40 @@
-"""Which records count, re-implemented (analysis/summary.py states the rules): each run's final
-attempt, each unit's latest unit attempt (the rest superseded), attempts started with no record,
-each arm's flow from planned runs to analysed ones, pairs with one failed arm, and the study's
-completeness against its plan and budget rule."""
+"""Which records count, with the standard library alone: the one home of the record-selection rules,
+which the summary (``analysis.summary.derive``, through :mod:`.recompute`) and the audit both apply to
+the records as their files hold them (JSON objects: a record's ``spec``, ``attempt``, ``unit_attempt``,
+``status``, ``timings``, ...).
+
+Each unit's latest unit attempt (:func:`analysed`; the others are superseded), each run's latest
+attempt in it (:func:`final_attempts`), the per-run table (:func:`run_rows`, superseded attempts
+included), completeness against the plan and the budget rule (:func:`completeness`), every planned
+run's path from planned to analysed (:func:`flow`), the pairs with one failed arm
+(:func:`failed_pairs`, for the sensitivity analysis) and the attempts that started and never ended
+(:func:`unfinished`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .budget import completeness_text, plan_units, stop_check
 from .factorial import arms_by_cell, design_of
+
+#: A record as its file holds it (non-finite measurements are ``null``).
+Rec = Mapping[str, Any]
+
+#: The flow table's counts, in order: a flow row's key (:func:`flow`) and its column heading.
+FLOW_COUNTS = (
+    ("planned", "Planned"),
+    ("started", "Started"),
+    ("ok", "OK"),
+    ("failed", "Failed"),
+    ("interrupted_attempts", "Interrupted"),
+    ("superseded_attempts", "Superseded"),
+    ("missing", "Missing"),
+    ("analysed", "Analysed"),
+    ("excluded", "Excluded"),
+)
 
 
 @dataclass(frozen=True)
@@ -24,8 +50,9 @@ class Completeness:
     text: str
 
 
-def final_attempts(records: list[dict]) -> dict:
-    out: dict = {}
+def final_attempts(records: Sequence[Rec]) -> dict[str, Rec]:
+    """Each run's latest attempt (failed, interrupted or ok), by run id."""
+    out: dict[str, Rec] = {}
     for r in records:
         rid = r["spec"]["run_id"]
         if rid not in out or r["attempt"] > out[rid]["attempt"]:
@@ -33,21 +60,68 @@ def final_attempts(records: list[dict]) -> dict:
     return out
 
 
-def latest_unit(records: list[dict]) -> dict:
-    out: dict = {}
+def latest_unit(records: Sequence[Rec]) -> dict[str, int]:
+    """Each unit's latest unit attempt (``unit_attempt``; 1 for records that predate the field)."""
+    out: dict[str, int] = {}
     for r in records:
         u = r["spec"]["unit"]
         out[u] = max(out.get(u, 1), r.get("unit_attempt", 1))
     return out
 
 
-def analysed(records: list[dict]) -> list[dict]:
-    """The records of each unit's latest unit attempt (the rest are superseded)."""
+def analysed(records: Sequence[Rec]) -> list[Rec]:
+    """The records of each unit's latest unit attempt (the rest are superseded): the ones the
+    analysis may use."""
     latest = latest_unit(records)
     return [r for r in records if r.get("unit_attempt", 1) == latest[r["spec"]["unit"]]]
 
 
-def unfinished(records: list[dict], started: list[dict]) -> list[dict]:
+def peak(r: Rec) -> float | None:
+    """The record's peak memory in bytes, by the key its ``memory`` names ``primary``; ``None`` when
+    it names none or the value is missing."""
+    mem = r.get("memory") or {}
+    key = mem.get("primary")
+    return float(mem[key]) if key and mem.get(key) is not None else None
+
+
+def run_rows(records: Sequence[Rec]) -> list[dict[str, Any]]:
+    """One row per run attempt, every status, in plan order; ``superseded`` when its unit ran again whole."""
+    rows = []
+    latest = latest_unit(records)
+    for r in records:
+        s, t = r["spec"], r.get("timings") or {}
+        ua = r.get("unit_attempt", 1)
+        rows.append(
+            {
+                "run_id": s["run_id"],
+                "attempt": r["attempt"],
+                "unit_attempt": ua,
+                "superseded": ua < latest[s["unit"]],
+                "status": r["status"],
+                "reason": r.get("reason"),
+                "study": s["study"],
+                "config": s["config"],
+                "arm": s["arm"],
+                "role": s["role"],
+                "seed": s["seed"],
+                "unit": s["unit"],
+                "position": s["position"],
+                "order": s["order"],
+                "training_s": t.get("training_s"),
+                "time_to_target_s": t.get("time_to_target_s"),
+                "total_s": t.get("total_s"),
+                "device_s": t.get("device_s"),
+                "val_bpb": r.get("val_bpb"),
+                "test_bpb": r.get("test_bpb"),
+                "peak_memory_bytes": peak(r),
+            }
+        )
+    rows.sort(key=lambda x: (x["order"], x["attempt"]))
+    return rows
+
+
+def unfinished(records: Sequence[Rec], started: Sequence[Rec]) -> list[dict[str, Any]]:
+    """Started entries that no record ends: interrupted attempts, with their start time."""
     ended = {(r["spec"]["run_id"], r["attempt"]) for r in records}
     return [
         {
@@ -63,8 +137,14 @@ def unfinished(records: list[dict], started: list[dict]) -> list[dict]:
     ]
 
 
-def flow(records: list[dict], studies: list[dict], proto: dict) -> list[dict]:
-    rows: dict = {}
+def flow(
+    records: Sequence[Rec], studies: Sequence[Mapping[str, Any]], proto: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """Every planned run per (study, configuration, arm): planned, started, ok, failed,
+    interrupted (attempts), superseded (attempts of a unit that ran again whole), missing, analysed
+    (in a used pair or block of ``studies``, the summary's) and excluded; a run's state is its latest
+    attempt in its unit's analysed unit attempt."""
+    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
     for st in proto["studies"]:
         roles = (
             (("baseline", st["arms"][0]), ("candidate", st["arms"][1]))
@@ -86,7 +166,7 @@ def flow(records: list[dict], studies: list[dict], proto: dict) -> list[dict]:
                     "superseded_attempts": 0,
                     "analysed": 0,
                 }
-    attempts: dict = {}
+    attempts: dict[str, list[str]] = {}
     latest = latest_unit(records)
     for r in records:
         attempts.setdefault(r["spec"]["run_id"], []).append(r["status"])
@@ -108,12 +188,14 @@ def flow(records: list[dict], studies: list[dict], proto: dict) -> list[dict]:
     return list(rows.values())
 
 
-def failed_pairs(records: list[dict]) -> dict:
-    by_unit: dict = {}
+def failed_pairs(records: Sequence[Rec]) -> dict[tuple[str, str], list[dict[str, str]]]:
+    """Pairs whose final records are one ok and one failed arm (for the sensitivity analysis), per
+    (study, configuration)."""
+    by_unit: dict[str, dict[str, Rec]] = {}
     for r in final_attempts(analysed(records)).values():
         if r["spec"]["design"] == "paired":
             by_unit.setdefault(r["spec"]["unit"], {})[r["spec"]["role"]] = r
-    out: dict = {}
+    out: dict[tuple[str, str], list[dict[str, str]]] = {}
     for unit in sorted(by_unit):
         arms = by_unit[unit]
         st = sorted((role, r["status"]) for role, r in arms.items())
@@ -125,14 +207,19 @@ def failed_pairs(records: list[dict]) -> dict:
     return out
 
 
-def completeness(records: list[dict]) -> Completeness:
-    """Planned runs (seeds x configurations x runs per unit) against ok runs; the budget rule's
-    verdict (:mod:`.budget`, the rule ``harness run`` applies)."""
+def completeness(records: Sequence[Rec]) -> Completeness:
+    """Planned runs against runs with an ``ok`` record, and whether the budget rule explains a stop.
+
+    Planned runs per study: seeds x configurations x runs per unit (2 for a pair, one per cell for a
+    block). Whether a stop is the budget's is the rule ``harness run`` applies before each unit, in
+    its one home (:mod:`.budget`): the first unit in plan order with runs to do would take
+    ``spent + k * m`` past the budget.
+    """
     proto = records[0]["protocol"]
     ok_ids = {r["spec"]["run_id"] for r in analysed(records) if r["status"] == "ok"}
     planned = 0
     for st in proto["studies"]:
-        if "seeds" not in st:
+        if "seeds" not in st:  # schema 1 records do not say
             return Completeness(
                 planned_runs=None,
                 ok_runs=len(ok_ids),
@@ -141,7 +228,7 @@ def completeness(records: list[dict]) -> Completeness:
                 budget_stop=None,
                 text="completeness unknown: these records do not list the planned seeds",
             )
-        size = 2 if st["design"] == "paired" else len(design_of(st)[1])
+        size = 2 if st["design"] == "paired" else len(design_of(st)[1])  # runs per unit
         planned += len(st["seeds"]) * len(st["configs"]) * size
     missing = planned - len(ok_ids)
     budget = proto.get("budget_device_seconds")

@@ -1,12 +1,14 @@
-"""The summary recomputed from the records (by the rules stated in analysis/summary.py), and its
-comparison with the stored ``summary.json``."""
+"""The summary from the records as their files hold them, with the standard library alone: the one
+home of the pairs, blocks, endpoints and counts that ``summary.json`` holds (``analysis.summary.derive``
+calls :func:`recompute` and reads its result into typed objects; the audit calls it on the raw
+records of a folder), and its comparison with a stored ``summary.json`` (:func:`compare`)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict
 
-from .attempts import analysed, completeness, failed_pairs, flow, latest_unit, unfinished
+from .attempts import analysed, completeness, failed_pairs, flow, peak, run_rows, unfinished
 from .decisions import decide, sensitivity
 from .descriptive import descriptive_interval, endpoint, valid
 from .factorial import design_of, factorial_effects
@@ -18,7 +20,9 @@ SUMMARY_SCHEMAS = (4,)
 
 
 def recompute(records: list[dict], started: list[dict] | None = None) -> dict:
-    """The summary, from the records, by the rules stated in analysis/summary.py."""
+    """The summary (``summary.json`` without its seal), from the records and the ledger's started
+    entries alone, by the rules :mod:`analysis.summary` states (which records count:
+    :mod:`.attempts`)."""
     proto = records[0]["protocol"]
     ok: dict = {}
     seen: dict = {}
@@ -68,37 +72,6 @@ def recompute(records: list[dict], started: list[dict] | None = None) -> dict:
             "decisions": decisions,
         }
     status = [r["status"] for r in records]
-    rows = []
-    latest = latest_unit(records)
-    for r in records:
-        s, t = r["spec"], r.get("timings") or {}
-        ua = r.get("unit_attempt", 1)
-        rows.append(
-            {
-                "run_id": s["run_id"],
-                "attempt": r["attempt"],
-                "unit_attempt": ua,
-                "superseded": ua < latest[s["unit"]],
-                "status": r["status"],
-                "reason": r.get("reason"),
-                "study": s["study"],
-                "config": s["config"],
-                "arm": s["arm"],
-                "role": s["role"],
-                "seed": s["seed"],
-                "unit": s["unit"],
-                "position": s["position"],
-                "order": s["order"],
-                "training_s": t.get("training_s"),
-                "time_to_target_s": t.get("time_to_target_s"),
-                "total_s": t.get("total_s"),
-                "device_s": t.get("device_s"),
-                "val_bpb": r.get("val_bpb"),
-                "test_bpb": r.get("test_bpb"),
-                "peak_memory_bytes": peak(r),
-            }
-        )
-    rows.sort(key=lambda x: (x["order"], x["attempt"]))
     return {
         "schema_version": SUMMARY_SCHEMAS[-1],
         "protocol": proto,
@@ -116,7 +89,7 @@ def recompute(records: list[dict], started: list[dict] | None = None) -> dict:
         },
         "exclusions": sorted(exclusions, key=lambda e: e["unit"]),
         "studies": studies,
-        "runs": rows,
+        "runs": run_rows(records),
     }
 
 
@@ -264,13 +237,6 @@ def _factorial(st: dict, config: str, units: dict, level: float, exclusions: lis
         "effects": found,
         "blocks": blocks,
     }
-
-
-def peak(r: dict) -> float | None:
-    """A record's primary peak memory in bytes (``analysis.selection.peak_memory``), or ``None``."""
-    mem = r.get("memory") or {}
-    key = mem.get("primary")
-    return float(mem[key]) if key and mem.get(key) is not None else None
 
 
 def params_of(units: dict) -> int | None:
