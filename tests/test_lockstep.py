@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import init_study, record_dicts, tiny_protocol
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 
@@ -300,3 +300,25 @@ def test_a_runner_that_dies_mid_pair_leaves_both_attempts_and_the_pair_runs_agai
         ("ok", 2, 2),
     ]
     assert len(recs) == 8 + 2  # every planned run once ok, and the two interrupted attempts
+
+
+@settings(deadline=None)  # the first example imports scipy
+@given(
+    a=st.lists(st.integers(-500_000, 500_000).map(lambda k: k / 1e6), min_size=2, max_size=30),
+    b=st.lists(st.integers(-500_000, 500_000).map(lambda k: k / 1e6), min_size=2, max_size=30),
+    level=st.sampled_from([0.9, 0.95, 0.99]),
+)
+def test_the_design_difference_is_welchs_interval_as_scipy_gives_it(a, b, level):
+    from scipy import stats
+
+    from analysis.audit.designs import welch_difference
+
+    if len(set(a)) == len(set(b)) == 1:  # log ratios to the microunit: spread 0 or at least 1e-6
+        with pytest.raises(ValueError):
+            welch_difference(a, b, level)
+        return
+    got = welch_difference(a, b, level)
+    want = stats.ttest_ind(a, b, equal_var=False).confidence_interval(level)
+    scale = max(1.0, abs(got.difference), got.se)
+    assert got.lo == pytest.approx(want.low, rel=1e-9, abs=1e-9 * scale)
+    assert got.hi == pytest.approx(want.high, rel=1e-9, abs=1e-9 * scale)
