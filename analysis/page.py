@@ -22,7 +22,13 @@ from typing import Any
 
 from analysis.page_html import esc
 from analysis.page_protocol import answers_section, claims_section, flow_section, verify_section
-from analysis.page_studies import every_pair_section, factorial_section, order_section, paired_section
+from analysis.page_studies import (
+    answer_figure,
+    every_pair_section,
+    factorial_section,
+    order_section,
+    paired_section,
+)
 from analysis.results import Summary
 from harness.files import atomic_write
 from harness.records import SCHEMA_VERSION
@@ -62,13 +68,16 @@ def render(
         f"<p class=lede>{esc(p.get('description') or '')}</p>",
         f'<p class="status">{esc(done.text)}.</p>',
     ]
-    body += answers_section(summary.hypotheses)
+    answers = answers_section(summary.hypotheses)  # the sentences, then the answer's figure, then the tables
+    cut = answers.index("</ul>") + 1 if "</ul>" in answers else len(answers)
+    body += answers[:cut] + answer_figure(summary.studies, p["studies"]) + answers[cut:]
+    by_name = {s["name"]: s for s in p["studies"]}
     n = 0
     for study in summary.studies:
         if not study.configs:
             continue
         if study.design == "paired":
-            body += paired_section(study, n)
+            body += paired_section(study, n, by_name.get(study.name))
             n += 1
         else:
             body += factorial_section(study)

@@ -6,17 +6,79 @@ paired studies, adverse ones marked; and the order diagnostics of the paired stu
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from analysis.page_html import esc, html_table, interval_cells, num
 from analysis.results import StudyResult
 from analysis.svg import forest_svg, pairs_svg
 
-__all__ = ["every_pair_section", "factorial_section", "order_section", "paired_section"]
+__all__ = [
+    "answer_figure",
+    "design_label",
+    "every_pair_section",
+    "factorial_section",
+    "order_section",
+    "paired_section",
+]
 
 MIB = 1024 * 1024
 
 
-def paired_section(study: StudyResult, n: int) -> list[str]:
+def design_label(protocol_study: dict[str, Any] | None) -> str:
+    """How a paired study's pairs ran, from its protocol summary: lockstep (its block size) or a
+    process per arm."""
+    lock = (protocol_study or {}).get("lockstep")
+    if lock:
+        return f"lockstep, both arms in one process, alternating blocks of {lock['block_steps']} step" + (
+            "s" if lock["block_steps"] != 1 else ""
+        )
+    return "a process per arm"
+
+
+def answer_figure(studies: Sequence[StudyResult], protocol_studies: Sequence[dict[str, Any]]) -> list[str]:
+    """The answer in one figure: every paired study's training-time reduction per configuration, on
+    the wall clock and (where recorded) the CPU clock, with its interval, each study's design named.
+
+    Parameters
+    ----------
+    studies : sequence of StudyResult
+        The summary's studies (factorial ones are left to their section).
+    protocol_studies : sequence of dict
+        The protocol summary's studies (their designs).
+
+    Returns
+    -------
+    list of str
+        The figure, or nothing when no paired study has an interval yet.
+    """
+    design = {s["name"]: design_label(s) for s in protocol_studies}
+    rows: list[tuple[str, float | None, float | None, float | None]] = []
+    level = None
+    names = []
+    for study in studies:
+        for c in study.paired_configs():
+            if c.baseline_arm == c.candidate_arm:
+                continue  # an A/A null check is in its own section
+            level = level or c.level
+            names.append(f"{c.candidate_arm} over {c.baseline_arm}")
+            for clock, ep in (("wall", c.training_time), ("CPU", c.training_cpu_time)):
+                iv = ep.interval if ep is not None else None
+                if iv is not None:
+                    rows.append((f"{study.name} / {c.config}, {clock}", iv.estimate, iv.low, iv.high))
+    svg = forest_svg("answer", "Training-time reduction per study and configuration", rows)
+    if not svg:
+        return []
+    lvl = f"{(level or 0.99) * 100:g}%"
+    kinds = "; ".join(f"{esc(n)}: {esc(d)}" for n, d in design.items())
+    return [
+        f"<figure>{svg}<figcaption>The answer in one figure: the training-time reduction of "
+        f"{esc(', '.join(dict.fromkeys(names)))}, per study and configuration, on the wall clock and the "
+        f"training thread's CPU clock where recorded, with {lvl} paired intervals; right of the dashed line "
+        f"the candidate is faster. How each study's pairs ran: {kinds}.</figcaption></figure>"
+    ]
+
+
+def paired_section(study: StudyResult, n: int, protocol_study: dict[str, Any] | None = None) -> list[str]:
     """A paired study's section: training time (table and forest plot), quality and completion costs,
     peak memory.
 
@@ -26,6 +88,8 @@ def paired_section(study: StudyResult, n: int) -> list[str]:
         A paired study with at least one configuration.
     n : int
         The study's index among the page's paired studies (it makes the plot's element ids unique).
+    protocol_study : dict, optional
+        The study in the protocol summary (its design: lockstep or a process per arm).
 
     Returns
     -------
@@ -38,8 +102,8 @@ def paired_section(study: StudyResult, n: int) -> list[str]:
     lvl = f"{first.level * 100:g}%"
     out = [
         f"<h2>Study {esc(study.name)}: {esc(cand)} versus {esc(base)}</h2>",
-        f"<p>Fixed-budget training time. Intervals are two-sided {lvl} paired Student-t intervals; a positive "
-        "reduction means the candidate was faster.</p>",
+        f"<p>Fixed-budget training time; pairs ran in {esc(design_label(protocol_study))}. Intervals are "
+        f"two-sided {lvl} paired Student-t intervals; a positive reduction means the candidate was faster.</p>",
     ]
     rows: list[list[str]] = []
     forest: list[tuple[str, float | None, float | None, float | None]] = []
@@ -79,6 +143,23 @@ def paired_section(study: StudyResult, n: int) -> list[str]:
         out.append(
             f"<figure>{svg}<figcaption>Training-time reduction per configuration with its {lvl} interval; "
             "right of the dashed line the candidate is faster.</figcaption></figure>"
+        )
+    cpu = [c for c in cfgs if c.training_cpu_time is not None]
+    if cpu:
+        rows = []
+        for c in cpu:
+            ct = c.training_cpu_time
+            assert ct is not None
+            est, rng = interval_cells(ct.interval)
+            rows.append(
+                [c.config, f"{num(ct.baseline_mean, '.3f')} / {num(ct.candidate_mean, '.3f')} s", est, rng]
+            )
+        out.append(
+            html_table(
+                f"Training CPU time (the training thread's, with one thread), {base} / {cand}",
+                ["Configuration", f"{base} / {cand}", "CPU-time reduction", f"{lvl} interval"],
+                rows,
+            )
         )
     out.append(f"<h3>Quality and completion costs ({esc(study.name)})</h3>")
     rows = []

@@ -42,6 +42,23 @@ def paired_study_section(study: StudyResult) -> list[str]:
     out.append("")
     names = f"{first.baseline_arm.capitalize()} / {first.candidate_arm.capitalize()}"
     out += _training_table(configs, lvl, names)
+    cpu = [c for c in configs if c.training_cpu_time is not None]
+    if cpu:
+        out += ["", "Training CPU time (the training thread's, with one thread).", ""]
+        rows = []
+        for c in cpu:
+            ct = c.training_cpu_time
+            assert ct is not None
+            iv = ct.interval
+            rows.append(
+                [
+                    c.config,
+                    f"{num(ct.baseline_mean, '.3f')} / {num(ct.candidate_mean, '.3f')} s",
+                    num(interval_end(iv, "estimate"), ".2f") + "%",
+                    f"{num(interval_end(iv, 'low'), '.2f')}–{num(interval_end(iv, 'high'), '.2f')}%",
+                ]
+            )
+        out += md_table(["Configuration", names, "CPU-time reduction", f"{lvl} interval"], rows)
     out += ["", "Time to the fixed validation target and total completion time.", ""]
     out += _completion_table(configs, lvl)
     out += [

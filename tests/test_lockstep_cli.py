@@ -79,7 +79,11 @@ def test_a_tagged_lockstep_study_runs_reports_and_audits(studies):
     summary = json.loads((lock / RECS / "summary.json").read_text())
     config = summary["studies"][0]["configs"][0]
     assert config["pairs_used"] == 4 and "training_cpu_time" in config
-    assert (lock / RECS / "report.md").is_file() and (lock / RECS / "index.html").is_file()
+    page = (lock / RECS / "index.html").read_text()
+    answer = page.index("The answer in one figure")  # after the decisions' sentences, before the tables
+    assert page.index("</ul>") < answer < page.index("Preregistered decisions")
+    assert "pairs / tiny_gqa, CPU" in page and "alternating blocks of 2 steps" in page
+    assert "Training CPU time" in page and "Training CPU time" in (lock / RECS / "report.md").read_text()
     audit = subprocess.run(
         [sys.executable, "analysis/public_audit.py", RECS],
         cwd=lock,
