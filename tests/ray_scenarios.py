@@ -116,6 +116,12 @@ def main() -> int:
     )
     out["full_log"] = p.communicate(timeout=900)[0]
     out["full_rc"] = p.returncode
+    # 1b. a lockstep study: each pair's process on one node
+    p = harness(
+        work / "lockstep", "run", "protocols/tiny.yaml", "--quiet", "--no-report", "--ray", address, env=env
+    )
+    out["lockstep_log"] = p.communicate(timeout=900)[0]
+    out["lockstep_rc"] = p.returncode
     # 2. the driver killed after its first record, then started again
     p = harness(
         work / "driver", "run", "protocols/tiny.yaml", "--quiet", "--no-report", "--ray", address, env=env

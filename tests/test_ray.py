@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, harness, init_study, pinned_corpus, record_dicts, tiny_protocol
 
+pytestmark = pytest.mark.process  # a Ray cluster and real workers: the process tier
+
 pytest.importorskip("ray", reason="Ray is an optional extra: python -m pip install -e '.[ray]'")
 
 SEEDS = "[1, 2]"  # two units: one on each node at once (each node advertises one harness-cpu)
@@ -27,17 +29,19 @@ KILLS = {"node-during1": 1, "node-between": 1, "node-during2": 2}
 
 def study(base: Path, name: str) -> Path:
     """The tiny protocol on a local corpus (shipped to the nodes through the object store), each node
-    keeping one fork server for its units."""
+    keeping one fork server for its units; ``lockstep``: the same pairs in lockstep."""
     (base / name).mkdir()
     corpus = pinned_corpus(base / name)
     text = tiny_protocol(steps=6, corpus=corpus).replace("seeds: [1, 2]", f"seeds: {SEEDS}")
+    if name == "lockstep":
+        text = text.replace("design: paired", "design: lockstep\n    block_steps: 2")
     return init_study(base / name, protocol=text)
 
 
 @pytest.fixture(scope="module")
 def scenarios(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     work = tmp_path_factory.mktemp("ray")
-    for name in ("full", "driver", *KILLS, "local"):
+    for name in ("full", "lockstep", "driver", *KILLS, "local"):
         study(work, name)
     local = harness(work / "local", "run", "protocols/tiny.yaml", "--quiet", "--no-report")
     assert local.returncode == 0, local.stdout + local.stderr
@@ -111,6 +115,29 @@ def test_every_run_once_on_both_nodes_and_bitwise_as_local(scenarios):
     )
     rep = harness(work / "full", "report", "protocols/tiny.yaml", "--quiet")
     assert rep.returncode == 0 and a.returncode == 0, a.stdout
+
+
+def test_lockstep_pairs_run_one_pair_per_node_bitwise_as_local(scenarios):
+    work, out = scenarios
+    assert out["lockstep_rc"] == 0, out["lockstep_log"]
+    ray_runs, local_runs = ok_by_run(work / "lockstep"), ok_by_run(work / "local")
+    assert len({x["node"]["id"] for x in ray_runs.values()}) == 2  # both nodes ran pairs
+    units: dict[str, set[str]] = {}
+    for rid, x in ray_runs.items():
+        y = local_runs[rid]  # the same run alone, in a process of its own on this machine
+        assert [c[1] for c in x["curve"]] == [c[1] for c in y["curve"]]
+        assert x["test_bpb"] == y["test_bpb"] and x["val_bpb"] == y["val_bpb"]
+        assert x["env"]["lockstep"]["partner"] == x["spec"]["partner"]
+        assert "half of its lockstep pair's process" in x["timings"]["device_s_source"]
+        units.setdefault(x["spec"]["unit"], set()).add(x["node"]["id"])
+    assert all(len(v) == 1 for v in units.values())  # a pair's two arms on one node, in one process
+    a = subprocess.run(
+        [sys.executable, "-I", "-S", str(ROOT / "analysis" / "public_audit.py"), "records/tiny"],
+        cwd=work / "lockstep",
+        capture_output=True,
+        text=True,
+    )
+    assert a.returncode == 0, a.stdout
 
 
 def test_driver_killed_and_restarted_completes(scenarios):
