@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from typing import Any
 
 ANCHOR_REF = "refs/ledger/"  # + protocol-<id>: the anchor commits `harness run --anchor` pushes
 
@@ -19,7 +20,7 @@ SIG_STARTS = {
 }
 
 
-def _isolated_env() -> dict:
+def _isolated_env() -> dict[str, Any]:
     """An environment in which git and ssh-keygen read no system, global or inherited configuration."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     return {
@@ -51,7 +52,7 @@ def _ssh_keygen(args: list[str], stdin: bytes) -> subprocess.CompletedProcess[by
     )
 
 
-def check_signature(root: str, truth: dict, signers: str | None) -> tuple[list[str], str]:
+def check_signature(root: str, truth: dict[str, Any], signers: str | None) -> tuple[list[str], str]:
     """With an allowed-signers file given by the reader, the tag object must carry an SSH signature
     (``-----BEGIN SSH SIGNATURE-----``) that ``ssh-keygen -Y verify`` (namespace ``git``, as git
     signs) accepts for a principal of that file. Neither git nor the audited repository's
@@ -102,7 +103,9 @@ def check_signature(root: str, truth: dict, signers: str | None) -> tuple[list[s
     return [f"tag {tag}: its signature does not verify against {signers} ({why})"], "bad signature"
 
 
-def check_anchor(root: str, truth: dict, records: list[dict], remote: str) -> tuple[list[str], str, int]:
+def check_anchor(
+    root: str, truth: dict[str, Any], records: list[dict[str, Any]], remote: str
+) -> tuple[list[str], str, int]:
     """Every head anchored in ``remote``'s ``refs/ledger/protocol-<id>`` history is in the chain, in
     order. Returns problems, a description and the highest anchored seq."""
     pid = truth.get("summary", {}).get("id") or records[0]["protocol"].get("id")
@@ -110,7 +113,7 @@ def check_anchor(root: str, truth: dict, records: list[dict], remote: str) -> tu
     log, url = fetch_anchor(remote, ref)
     if log is None:
         return [f"anchor {remote}: cannot fetch {ref} from {url}"], "not fetched", 0
-    by_seq: dict = {}
+    by_seq: dict[Any, Any] = {}
     for r in records:
         if "ledger" in r:
             by_seq.setdefault(r["ledger"]["seq"], r["sha256"])

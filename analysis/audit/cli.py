@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from typing import Any
 
 from .folder import audit_dir
 
@@ -81,7 +82,7 @@ def main(argv: list[str]) -> int:
     rows: list[tuple[str, str, str]] = []
     problems: list[str] = []
     notes: list[str] = []
-    anchored: dict = {}
+    anchored: dict[str, Any] = {}
     for d in dirs:
         audit_dir(d, rows, problems, notes, published, anchor=anchor, signers=signers, anchored=anchored)
     w1 = max(len(r[0]) for r in rows)
@@ -110,7 +111,7 @@ def main(argv: list[str]) -> int:
     return 1 if problems else 0
 
 
-def anchor_line(published: tuple[int, str] | None, anchor: str | None, anchored: dict) -> str:
+def anchor_line(published: tuple[int, str] | None, anchor: str | None, anchored: dict[str, Any]) -> str:
     """The last line: how far the chain is anchored outside the records, or that it is not."""
     if published is None and anchor is None:
         return (

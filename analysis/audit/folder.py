@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .anchors import check_anchor, check_signature
 from .attempts import unfinished
@@ -66,7 +67,7 @@ def audit_dir(
     *,
     anchor: str | None = None,
     signers: str | None = None,
-    anchored: dict | None = None,
+    anchored: dict[str, Any] | None = None,
 ) -> None:
     """Audit one records folder, every check in its order: its files against MANIFEST, the study as
     the tag defines it, the plan, corpus, chain and attempts, what the tag froze, the anchors, and the
@@ -124,7 +125,7 @@ def audit_dir(
     _check_summary(out, records, started)
 
 
-def _manifest(out: _Report) -> dict | None:
+def _manifest(out: _Report) -> dict[str, Any] | None:
     """The folder's MANIFEST, or None (a failed row) when it is missing or not one."""
     manifest_path = os.path.join(out.directory, "MANIFEST")
     if not os.path.isfile(manifest_path):
@@ -149,14 +150,14 @@ def _manifest(out: _Report) -> dict | None:
     return manifest
 
 
-def _entries(out: _Report, manifest: dict) -> tuple[list[dict], list[dict]]:
+def _entries(out: _Report, manifest: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The folder's records and started entries that read as such, each checked against its own
     sha256 and MANIFEST's file sha256; MANIFEST's entries that are missing count too."""
     directory, problems = out.directory, out.problems
     listed = {**manifest["records"], **(manifest.get("started") or {})}  # schema 3: started entries apart
     files = sorted(n for n in os.listdir(directory) if n.endswith((RECORD_SUFFIX, STARTED_SUFFIX)))
-    records: list[dict] = []
-    started: list[dict] = []
+    records: list[dict[str, Any]] = []
+    started: list[dict[str, Any]] = []
     bad = 0
     for name in files:
         path = os.path.join(directory, name)
@@ -201,7 +202,7 @@ def _entries(out: _Report, manifest: dict) -> tuple[list[dict], list[dict]]:
     return records, started
 
 
-def _study_root(out: _Report, records: list[dict]) -> str | None:
+def _study_root(out: _Report, records: list[dict[str, Any]]) -> str | None:
     """The study's repository (or, outside git, the folder that holds the records' protocol); None (a
     failed row) when that repository lies inside another one."""
     directory = out.directory
@@ -219,12 +220,16 @@ def _study_root(out: _Report, records: list[dict]) -> str | None:
 
 
 def _protocol_and_plan(
-    out: _Report, truth: dict, records: list[dict], manifest: dict, found: list[str]
-) -> tuple[list[dict] | None, str | None]:
+    out: _Report,
+    truth: dict[str, Any],
+    records: list[dict[str, Any]],
+    manifest: dict[str, Any],
+    found: list[str],
+) -> tuple[list[dict[str, Any]] | None, str | None]:
     """Check the protocol (``found``: what loading it found) and every record's copy of it, then each record
     against the plan recomputed from it; returns the plan and its sha256 (None where there is none)."""
     proto = truth.get("summary")
-    plan: list[dict] | None = None
+    plan: list[dict[str, Any]] | None = None
     plan_sha: str | None = None
     if proto is not None:
         found += check_protocol_copies(truth, records, manifest)
@@ -271,9 +276,9 @@ def _protocol_and_plan(
 def _what_was_frozen(
     out: _Report,
     root: str,
-    truth: dict,
-    records: list[dict],
-    manifest: dict,
+    truth: dict[str, Any],
+    records: list[dict[str, Any]],
+    manifest: dict[str, Any],
     plan_sha: str | None,
     signers: str | None,
     notes: list[str],
@@ -298,7 +303,7 @@ def _what_was_frozen(
         out.problems.extend(check_versions(records)[0])
 
 
-def _check_summary(out: _Report, records: list[dict], started: list[dict]) -> None:
+def _check_summary(out: _Report, records: list[dict[str, Any]], started: list[dict[str, Any]]) -> None:
     """summary.json, if there is one: its own sha256, and every value against the recomputation."""
     spath = os.path.join(out.directory, "summary.json")
     if not os.path.isfile(spath):
@@ -332,8 +337,8 @@ def _check_summary(out: _Report, records: list[dict], started: list[dict]) -> No
 
 def audit_empty(
     directory: str,
-    manifest: dict,
-    started: list[dict],
+    manifest: dict[str, Any],
+    started: list[dict[str, Any]],
     published: tuple[int, str] | None,
     anchor: str | None,
     fail: Callable[[str, list[str], str], None],

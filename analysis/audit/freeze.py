@@ -4,6 +4,7 @@ hash, the frozen trees and code, one installation per study, the phase kernels, 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from .ledger import record_name, sha256
 from .tag import git_bytes, git_out, parse_time
@@ -26,7 +27,7 @@ def _same(a: object, b: object) -> bool:
     return type(a) is type(b) and a == b
 
 
-def field_differences(want: dict, got: dict, prefix: str) -> list[str]:
+def field_differences(want: dict[str, Any], got: dict[str, Any], prefix: str) -> list[str]:
     out = []
     for k in sorted(set(want) | set(got)):
         if k not in got:
@@ -43,7 +44,9 @@ def field_differences(want: dict, got: dict, prefix: str) -> list[str]:
     return out
 
 
-def check_protocol_copies(truth: dict, records: list[dict], manifest: dict) -> list[str]:
+def check_protocol_copies(
+    truth: dict[str, Any], records: list[dict[str, Any]], manifest: dict[str, Any]
+) -> list[str]:
     """Every copy of the protocol inside a record (and MANIFEST) equals the one derived from the
     protocol file: a difference names the record and the field."""
     want = truth["summary"]
@@ -67,7 +70,9 @@ def check_protocol_copies(truth: dict, records: list[dict], manifest: dict) -> l
     return out
 
 
-def check_freeze(root: str, truth: dict, records: list[dict], plan_sha: str | None) -> tuple[list[str], str]:
+def check_freeze(
+    root: str, truth: dict[str, Any], records: list[dict[str, Any]], plan_sha: str | None
+) -> tuple[list[str], str]:
     """The records name the tag's object, commit, creation and freeze hash, and the tag's manifest
     binds the protocol, configurations and plan derived here: returns problems and a description."""
     tag, m, obj, commit = truth["tag"], truth["manifest"], truth["object"], truth["commit"]
@@ -112,7 +117,7 @@ def check_freeze(root: str, truth: dict, records: list[dict], plan_sha: str | No
     return problems, f"{tag} (object {obj[:12]}, commit {commit[:12]}, freeze {truth['freeze'][:12]})"
 
 
-def _tree(root: str, rev: str, exempt: list[str]) -> dict | None:
+def _tree(root: str, rev: str, exempt: list[str]) -> dict[str, Any] | None:
     listing = git_out(root, "ls-tree", rev)
     if listing is None:
         return None
@@ -126,7 +131,7 @@ def _tree(root: str, rev: str, exempt: list[str]) -> dict | None:
 
 
 def check_what_ran(
-    root: str, truth: dict, records: list[dict], manifest: dict
+    root: str, truth: dict[str, Any], records: list[dict[str, Any]], manifest: dict[str, Any]
 ) -> tuple[list[str], list[str], str]:
     """Each record's commit holds the tag's frozen trees and its code hash is the tag's; MANIFEST's
     sources are the tagged files; the packages that compute are one version per study. Returns
@@ -134,7 +139,7 @@ def check_what_ran(
     m = truth["manifest"]
     problems: list[str] = []
     trees, exempt = m.get("trees") or {}, list(m.get("exempt") or [])
-    seen: dict = {}
+    seen: dict[Any, Any] = {}
     for r in records:
         commit = (r.get("git") or {}).get("commit")
         if commit not in seen:
@@ -230,9 +235,9 @@ def check_what_ran(
 VARYING = ("host", "os", "python", "device_name", "threads", "cpu_capability")
 
 
-def check_versions(records: list[dict]) -> tuple[list[str], list[str]]:
+def check_versions(records: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
     """torch and numpy versions are one per study (a failure otherwise); what else varies is named."""
-    by_study: dict = {}
+    by_study: dict[str, Any] = {}
     for r in records:
         if r.get("env"):
             by_study.setdefault(r["spec"]["study"], []).append(r)
@@ -250,7 +255,7 @@ def check_versions(records: list[dict]) -> tuple[list[str], list[str]]:
             vals = sorted({json.dumps(x["env"].get(key), sort_keys=True) for x in rs if key in x["env"]})
             if len(vals) > 1:
                 varied.append(f"{key} ({', '.join(v[:40] for v in vals)})")
-        arms: dict = {}
+        arms: dict[str, Any] = {}
         for x in rs:
             arms.setdefault(x["spec"]["arm"], set()).add(
                 json.dumps((x.get("method_paths") or {}).get("phase_kernel"))
@@ -266,7 +271,7 @@ def check_versions(records: list[dict]) -> tuple[list[str], list[str]]:
     return problems, notes
 
 
-def _kernel_kind(r: dict) -> str | None:
+def _kernel_kind(r: dict[str, Any]) -> str | None:
     """What a record says ran the one-pass phase: ``phase.c``, ``torch kernels`` or None (no PackedAdamW)."""
     k = (r.get("method_paths") or {}).get("phase_kernel")
     if k is None:
@@ -274,13 +279,13 @@ def _kernel_kind(r: dict) -> str | None:
     return next((kind for kind in ("phase.c", "torch kernels") if str(k).startswith(kind)), str(k))
 
 
-def check_phase_kernels(study: str, rs: list[dict]) -> tuple[list[str], str]:
+def check_phase_kernels(study: str, rs: list[dict[str, Any]]) -> tuple[list[str], str]:
     """Every record of one arm names the same phase kernel (phase.c, or torch's kernels), and every
     record that names one names the same phase.c library (``method_paths.phase_so_sha256``): the
     environment (``CC``, ``PATH``) must not switch an arm's code between runs. Returns problems and
     the note naming each arm's kernel."""
     problems: list[str] = []
-    arms: dict[str, dict[str | None, list[dict]]] = {}
+    arms: dict[str, dict[str | None, list[dict[str, Any]]]] = {}
     for r in rs:
         arms.setdefault(r["spec"]["arm"], {}).setdefault(_kernel_kind(r), []).append(r)
     for arm, kinds in sorted(arms.items()):
@@ -293,7 +298,7 @@ def check_phase_kernels(study: str, rs: list[dict]) -> tuple[list[str], str]:
                 f"study {study}: the records of arm {arm} disagree on field "
                 f"method_paths.phase_kernel: {', '.join(parts)}; one arm runs one code path"
             )
-    libs: dict = {}
+    libs: dict[Any, Any] = {}
     for r in rs:
         if _kernel_kind(r) is not None:
             libs.setdefault((r.get("method_paths") or {}).get("phase_so_sha256"), []).append(r)
@@ -325,7 +330,7 @@ def check_phase_kernels(study: str, rs: list[dict]) -> tuple[list[str], str]:
     return problems, f"study {study}: phase kernel: {'; '.join(named)}"
 
 
-def check_time(truth: dict, records: list[dict]) -> tuple[list[str], str]:
+def check_time(truth: dict[str, Any], records: list[dict[str, Any]]) -> tuple[list[str], str]:
     """The tag was created before the first record started; in the ledger, a record starts after the
     one before it unless the two ran at once on different machines; none finishes before it starts."""
     out = []
@@ -368,7 +373,7 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")
 
 
-def _machine(r: dict) -> object:
+def _machine(r: dict[str, Any]) -> object:
     node = r.get("node")
     return (
         (node or {}).get("id")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 RECORD_SUFFIX = ".record.json"
 STARTED_SUFFIX = ".started.json"
@@ -21,7 +22,7 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def self_hash_ok(obj: dict) -> bool:
+def self_hash_ok(obj: dict[str, Any]) -> bool:
     return obj.get("sha256") == sha256(canonical({k: v for k, v in obj.items() if k != "sha256"}))
 
 
@@ -36,7 +37,7 @@ def read_json(path: str, raw: bytes | None = None) -> object:
         return None
 
 
-def record_name(rec: dict) -> str:
+def record_name(rec: dict[str, Any]) -> str:
     if rec.get("kind") == "started":
         return f"{rec['run_id']}.a{rec['attempt']}{STARTED_SUFFIX}"
     return f"{rec['spec']['run_id']}.a{rec['attempt']}{RECORD_SUFFIX}"
@@ -49,7 +50,7 @@ def iso_seconds(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
-def check_attempts(records: list[dict], started: list[dict]) -> list[str]:
+def check_attempts(records: list[dict[str, Any]], started: list[dict[str, Any]]) -> list[str]:
     """Every schema 3 record ends a started entry of the same run and attempt, earlier in the chain;
     an interrupted record charges at most the ledger's time from that start to itself."""
     out: list[str] = []
@@ -93,7 +94,7 @@ def check_attempts(records: list[dict], started: list[dict]) -> list[str]:
 
 
 def check_ledger(
-    records: list[dict], manifest: dict, genesis: str, published: tuple[int, str] | None
+    records: list[dict[str, Any]], manifest: dict[str, Any], genesis: str, published: tuple[int, str] | None
 ) -> list[str]:
     """The records as one hash chain; returns the breaks, the first one first."""
     out: list[str] = []
@@ -103,7 +104,7 @@ def check_ledger(
             f"{len(unlinked)} record(s) have no ledger link (schema 1 records predate the ledger): "
             f"{unlinked[0]}"
         ]
-    by_seq: dict = {}
+    by_seq: dict[Any, Any] = {}
     for r in records:
         by_seq.setdefault(r["ledger"]["seq"], []).append(r)
     prev: str | None = genesis  # None after a gap: the record after it links to what is missing

@@ -3,18 +3,22 @@ summary every record copies, and the tally of planned runs against their records
 
 from __future__ import annotations
 
+from typing import Any
+
 from .attempts import analysed, completeness, latest_unit
 from .factorial import from_yaml, williams
 
 
-def plan_from_protocol(doc: dict, protocol_sha: str, config_sha: dict) -> list[dict]:
+def plan_from_protocol(
+    doc: dict[str, Any], protocol_sha: str, config_sha: dict[str, Any]
+) -> list[dict[str, Any]]:
     """harness.plan.make_plan, re-implemented: balanced pair orders, Williams-balanced blocks."""
     import random
 
     def rng(*parts: object) -> random.Random:
         return random.Random(":".join(str(p) for p in (doc["order_seed"], *parts)))
 
-    runs: list[dict] = []
+    runs: list[dict[str, Any]] = []
     for st in doc["studies"]:
         seeds = st["seeds"]
         if isinstance(seeds, dict):
@@ -98,7 +102,7 @@ def plan_from_protocol(doc: dict, protocol_sha: str, config_sha: dict) -> list[d
     return runs
 
 
-def _resolved_tests(h: dict, studies: list[dict]) -> dict:
+def _resolved_tests(h: dict[str, Any], studies: list[dict[str, Any]]) -> dict[str, Any]:
     if "descriptive" in h:
         return {"descriptive": h["descriptive"]}
     by_name = {s["name"]: s for s in studies}
@@ -131,7 +135,7 @@ def _resolved_tests(h: dict, studies: list[dict]) -> dict:
     }
 
 
-def expected_summary(doc: dict, psha: str, path: str) -> dict:
+def expected_summary(doc: dict[str, Any], psha: str, path: str) -> dict[str, Any]:
     """``harness.protocol.Protocol.summary()``, derived here from the protocol file alone (the
     fields every record's ``protocol`` copies; plug-ins and the tag's fields are checked apart)."""
     top_level = float(doc["interval_level"])
@@ -141,7 +145,7 @@ def expected_summary(doc: dict, psha: str, path: str) -> dict:
         if isinstance(seeds, dict):
             seeds = list(range(seeds["base"], seeds["base"] + seeds["count"]))
         arms = st.get("arms")
-        declared: dict = {}
+        declared: dict[str, Any] = {}
         if st["design"] == "factorial":
             factors, cells, cell_arms, is_declared = from_yaml(st)
             arms = cell_arms if is_declared else (arms or cells)
@@ -164,7 +168,7 @@ def expected_summary(doc: dict, psha: str, path: str) -> dict:
         )
     corpus = doc["corpus"]
     if isinstance(corpus, dict):
-        c: dict = {"name": corpus["name"]}
+        c: dict[str, Any] = {"name": corpus["name"]}
         for k in ("file", "train", "valid", "test"):
             if k in corpus:
                 c[k] = {"path": corpus[k]["path"], "size": corpus[k]["size"], "sha256": corpus[k]["sha256"]}
@@ -192,13 +196,13 @@ def expected_summary(doc: dict, psha: str, path: str) -> dict:
 
 
 def tally(
-    plan: list[dict], records: list[dict], open_: list[dict] | None = None
-) -> tuple[list[dict], int, list[str]]:
+    plan: list[dict[str, Any]], records: list[dict[str, Any]], open_: list[dict[str, Any]] | None = None
+) -> tuple[list[dict[str, Any]], int, list[str]]:
     """Per (study, configuration, arm): planned, ok (in the analysed unit attempt), failed, interrupted
     (recorded, or started with no record), missing, superseded; and out-of-order runs."""
-    by_run: dict = {}
-    interrupted: dict = {}
-    superseded: dict = {}
+    by_run: dict[str, Any] = {}
+    interrupted: dict[str, Any] = {}
+    superseded: dict[str, Any] = {}
     current = {id(r) for r in analysed(records)}
     for r in records:
         rid = r["spec"]["run_id"]
@@ -208,7 +212,7 @@ def tally(
             superseded[rid] = superseded.get(rid, 0) + 1
     for u in open_ or []:
         interrupted[u["run_id"]] = interrupted.get(u["run_id"], 0) + 1
-    rows: dict = {}
+    rows: dict[Any, Any] = {}
     missing_total = 0
     for s in plan:
         row = rows.setdefault(
@@ -249,7 +253,9 @@ def tally(
     return list(rows.values()), missing_total, flagged
 
 
-def plan_notes(directory: str, plan: list[dict], records: list[dict], open_: list[dict]) -> list[str]:
+def plan_notes(
+    directory: str, plan: list[dict[str, Any]], records: list[dict[str, Any]], open_: list[dict[str, Any]]
+) -> list[str]:
     """Per study, configuration and arm: planned, ok, failed, interrupted, missing and superseded runs;
     runs out of plan order; units that ran again whole; whether the study is incomplete."""
     notes = []

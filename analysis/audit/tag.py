@@ -8,13 +8,15 @@ import json
 import os
 import re
 import subprocess
+from typing import Any
 
 from .ledger import canonical, sha256
 from .plan import expected_summary
-from .yamlsub import YamlError, yaml_subset
+from .yamlflow import YamlError
+from .yamlsub import yaml_subset
 
 
-def _git_env() -> dict:
+def _git_env() -> dict[str, Any]:
     """git with replace objects disabled: ``git replace`` cannot substitute a tag, commit or blob."""
     return {**os.environ, "GIT_NO_REPLACE_OBJECTS": "1", "GIT_TERMINAL_PROMPT": "0"}
 
@@ -48,7 +50,7 @@ def git_root(directory: str) -> str | None:
 FREEZE_FORMATS = (1,)
 
 
-def parse_manifest(message: str) -> dict | None:
+def parse_manifest(message: str) -> dict[str, Any] | None:
     """The freeze manifest in a tag message (a signature after it is ignored)."""
     _, sep, body = message.partition("freeze-manifest:")
     if not sep:
@@ -108,7 +110,7 @@ def object_id(root: str, kind: str, raw: bytes) -> str:
 
 def read_tag(
     root: str, tag: str, directory: str | None = None, kept: tuple[str, bytes] | None = None
-) -> tuple[dict | None, list[str]]:
+) -> tuple[dict[str, Any] | None, list[str]]:
     """The tag object, its commit, creation time and freeze manifest, read with replace objects off.
     Without the ref (a clone that did not fetch tags), from the ``TAG`` file the records folder
     keeps: the same bytes, whose object id the records name and whose commit must be in the
@@ -180,7 +182,9 @@ def _configs_at(root: str, rev: str, ppath: str, names: list[str]) -> dict[str, 
         d = os.path.dirname(d)
 
 
-def load_truth(root: str, directory: str, records: list[dict], manifest: dict) -> tuple[dict, list[str]]:
+def load_truth(
+    root: str, directory: str, records: list[dict[str, Any]], manifest: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
     """What the study is, from the tag's protocol file (or, without any tag, the checkout's).
 
     The protocol ids and paths the records, MANIFEST and folder name are only where to look: a
@@ -219,7 +223,7 @@ def load_truth(root: str, directory: str, records: list[dict], manifest: dict) -
             or (kept is not None and kept[0] == f"protocol-{i}")
         )
     )
-    truth: dict = {"tag": None, "tagged": False}
+    truth: dict[str, Any] = {"tag": None, "tagged": False}
     if len(tags) > 1:
         problems.append(f"{directory}: the records name several tagged protocols ({', '.join(tags)})")
     if tags:
@@ -288,7 +292,9 @@ def load_truth(root: str, directory: str, records: list[dict], manifest: dict) -
     return truth, problems
 
 
-def check_sources(root: str, truth: dict, records: list[dict], manifest: dict) -> tuple[list[str], str]:
+def check_sources(
+    root: str, truth: dict[str, Any], records: list[dict[str, Any]], manifest: dict[str, Any]
+) -> tuple[list[str], str]:
     """MANIFEST's source hashes (the code, configurations and protocol a run read) against the tagged
     commit's files for a tagged study, so later work in the repository never unseals it; without a
     tag, against the checkout, or else the one commit every record names (the records' word: an

@@ -4,6 +4,7 @@ escapes, line folding, quoted scalars and flow collections."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 #: YAML's white space (str.strip() would also take NO-BREAK SPACE and other Unicode spaces, which
 #: YAML reads as text).
@@ -181,8 +182,8 @@ def flow_value(s: str, i: int, line: int) -> tuple[object, int]:
     i = _skip(s, i)
     if i < len(s) and s[i] in "[{":
         close = "]" if s[i] == "[" else "}"
-        seq: list = []
-        mp: dict = {}
+        seq: list[Any] = []
+        mp: dict[Any, Any] = {}
         i += 1
         while True:
             i = _skip(s, i)

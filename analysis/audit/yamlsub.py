@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .yamlflow import (
     WS,
     YamlError,
@@ -122,8 +124,8 @@ class _Reader:
             return None
         return self.raw[self.n][ind:]
 
-    def sequence(self, ind: int) -> list:
-        out: list = []
+    def sequence(self, ind: int) -> list[Any]:
+        out: list[Any] = []
         while True:
             s = self._entry(ind)
             if s is None:
@@ -143,8 +145,8 @@ class _Reader:
             else:
                 out.append(self.inline(item, ind, ind + 1 + inner))
 
-    def mapping(self, ind: int) -> dict:
-        out: dict = {}
+    def mapping(self, ind: int) -> dict[Any, Any]:
+        out: dict[Any, Any] = {}
         while True:
             s = self._entry(ind)
             if s is None:
