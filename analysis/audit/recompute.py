@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict
+from typing import Any
 
-from .attempts import analysed, completeness, failed_pairs, flow, peak, run_rows, unfinished
+from .attempts import Rec, analysed, completeness, failed_pairs, flow, peak, run_rows, unfinished
 from .decisions import decide, sensitivity
 from .descriptive import descriptive_interval, endpoint, valid
 from .factorial import design_of, factorial_effects
@@ -19,22 +20,22 @@ REL_TOL = 1e-9
 SUMMARY_SCHEMAS = (4,)
 
 
-def recompute(records: list[dict], started: list[dict] | None = None) -> dict:
+def recompute(records: list[dict[str, Any]], started: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The summary (``summary.json`` without its seal), from the records and the ledger's started
     entries alone, by the rules :mod:`analysis.summary` states (which records count:
     :mod:`.attempts`)."""
     proto = records[0]["protocol"]
-    ok: dict = {}
-    seen: dict = {}
+    ok: dict[tuple[str, str], dict[str, dict[str, Rec]]] = {}
+    seen: dict[tuple[str, str], set[str]] = {}
     for r in sorted(analysed(records), key=lambda x: x["attempt"]):
         s = r["spec"]
         seen.setdefault((s["study"], s["config"]), set()).add(s["unit"])
         if r["status"] == "ok":
             ok.setdefault((s["study"], s["config"]), {}).setdefault(s["unit"], {})[s["role"]] = r
-    exclusions: list = []
+    exclusions: list[dict[str, str]] = []
     done = completeness(records)
     studies = []
-    pairs_of: dict = {}
+    pairs_of: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for st in proto["studies"]:
         entries = []
         level = st["interval_level"]
@@ -93,7 +94,13 @@ def recompute(records: list[dict], started: list[dict] | None = None) -> dict:
     }
 
 
-def _paired(st: dict, config: str, units: dict, level: float, exclusions: list) -> dict:
+def _paired(
+    st: dict[str, Any],
+    config: str,
+    units: dict[str, dict[str, Rec]],
+    level: float,
+    exclusions: list[dict[str, str]],
+) -> dict[str, Any]:
     pairs = []
     for unit in sorted(units):
         arms = units[unit]
@@ -129,7 +136,10 @@ def _paired(st: dict, config: str, units: dict, level: float, exclusions: list) 
                 else None,
             }
         )
-    col = lambda k: [p[k] for p in pairs]  # noqa: E731
+
+    def col(key: str) -> list[Any]:
+        return [p[key] for p in pairs]
+
     training = asdict(
         endpoint(col("baseline_training_s"), col("candidate_training_s"), level, "relative_reduction")
     )
@@ -194,7 +204,13 @@ def _paired(st: dict, config: str, units: dict, level: float, exclusions: list) 
     }
 
 
-def _factorial(st: dict, config: str, units: dict, level: float, exclusions: list) -> dict:
+def _factorial(
+    st: dict[str, Any],
+    config: str,
+    units: dict[str, dict[str, Rec]],
+    level: float,
+    exclusions: list[dict[str, str]],
+) -> dict[str, Any]:
     factors, cells = design_of(st)
     blocks = []
     for unit in sorted(units):
@@ -239,7 +255,7 @@ def _factorial(st: dict, config: str, units: dict, level: float, exclusions: lis
     }
 
 
-def params_of(units: dict) -> int | None:
+def params_of(units: dict[str, dict[str, Rec]]) -> int | None:
     """The first record's parameter count among a configuration's units, or ``None``."""
     for arms in units.values():
         for r in arms.values():
