@@ -20,6 +20,12 @@ Format log (``schema_version``):
   unit an attempt belongs to: a unit that runs again whole starts a new one, and the records of
   earlier ones are superseded (kept, counted, not analysed). Version 2 records are still read
   (no started entries: every attempt of theirs is its record; ``unit_attempt`` 1).
+  Added within version 3, read by every reader of it that knows them, absent from earlier
+  records: a lockstep run's ``spec`` holds ``block_steps``, ``partner`` and ``steps_first``
+  (``design: lockstep``; left out of other runs' specs, so their plans hash as before) and its
+  ``env`` a ``lockstep`` object; every run's ``timings`` hold ``training_cpu_s`` and
+  ``training_cpu_clock`` (the training steps' CPU time and which clock), and a lockstep arm's
+  ``pair_device_s`` (its pair's process; the arm's ``device_s`` is half of it).
 
 Typed objects (frozen dataclasses), with JSON only at the file and process boundaries
 (``to_json`` / ``from_json``, which refuse fields they do not know, naming them): :class:`RunSpec`
