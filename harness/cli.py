@@ -48,10 +48,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "arm": r.arm,
             "seed": r.seed,
             "steps": r.steps,
+            # lockstep: in one process with its partner; "first" takes the first block of block_steps
+            "lockstep": ""
+            if not r.lockstep
+            else f"steps {'first' if r.steps_first else 'second'}, blocks of {r.block_steps}",
         }
         for r in runs
     ]
-    print(table(rows, ["#", "study", "config", "unit", "pos", "role", "arm", "seed", "steps"]))
+    cols = ["#", "study", "config", "unit", "pos", "role", "arm", "seed", "steps"]
+    print(table(rows, cols + (["lockstep"] if any(r.lockstep for r in runs) else [])))
     print(f"\n{len(runs)} runs; protocol {proto.id} sha256 {proto.sha256}; plan sha256 {plan_sha256(runs)}")
     return 0
 
