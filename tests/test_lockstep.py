@@ -322,3 +322,35 @@ def test_the_design_difference_is_welchs_interval_as_scipy_gives_it(a, b, level)
     scale = max(1.0, abs(got.difference), got.se)
     assert got.lo == pytest.approx(want.low, rel=1e-9, abs=1e-9 * scale)
     assert got.hi == pytest.approx(want.high, rel=1e-9, abs=1e-9 * scale)
+
+
+def test_power_plans_a_lockstep_target_from_the_pilots_lockstep_pairs_only():
+    """A pilot with A/A pairs in both designs: harness power's noise for a lockstep study is its
+    lockstep pairs' of the same block size, for a paired study the process-per-arm pairs'."""
+    import math
+    import random
+
+    from conftest import synthetic_record
+
+    from analysis.power import aa_noise
+
+    rng = random.Random(5)
+    recs = []
+    studies = []
+    for name, block, sd in (("solo", None, 0.2), ("lock1", 1, 0.01), ("lock25", 25, 0.05)):
+        studies.append({"name": name, "design": "paired", "arms": ["native", "native"], "configs": ["c"]})
+        for i in range(12):
+            b = math.exp(rng.gauss(0, 0.1))
+            for role, t in (("baseline", b), ("candidate", b * math.exp(rng.gauss(0, sd)))):
+                lock = {"block_steps": block, "partner": f"{name}.u{i}.x", "steps_first": role == "baseline"}
+                recs.append(
+                    synthetic_record(
+                        {"study": name, "unit": f"{name}.u{i}", "role": role, **(lock if block else {})},
+                        protocol={"studies": studies},
+                        test_bpb=3.0,
+                        timings={"training_s": t, "training_cpu_s": t},
+                    )
+                )
+    got = {b: aa_noise(recs, "training_cpu_time", "log_ratio", b)["c"] for b in (None, 1, 25)}
+    assert all(n.pairs == 12 for n in got.values())
+    assert 0.1 < got[None].sd < 0.3 and got[1].sd < 0.02 and 0.02 < got[25].sd < 0.1
