@@ -304,3 +304,17 @@ def test_signed_rank_exact_conditional_equals_enumeration(d, s):
     tot = [sum(r for r, sg in zip(ranks, signs) if sg) for signs in itertools.product((0, 1), repeat=len(nz))]
     assert mine.p_value == pytest.approx(sum(x >= t - 1e-9 for x in tot) / 2 ** len(nz), rel=1e-12)
     assert mine.statistic == pytest.approx(t)
+
+
+def test_the_family_is_typed_once_and_refuses_unknown_keys():
+    from analysis.audit.hypotheses import Family, Hypothesis
+
+    fam = Family.of(spec(H_SPEED, H_QUAL, procedure="holm", alpha=0.05))
+    assert (
+        fam.tests == (Hypothesis.of(H_SPEED), Hypothesis.of(H_QUAL)) and not fam.decide_time_after_budget_stop
+    )
+    pairs = {("s", "c"): make_pairs(12, effect=-0.2, seed=5)}
+    as_dict = D.decide(spec(H_SPEED, H_QUAL, procedure="holm", alpha=0.05), pairs, completeness(COMPLETE))
+    assert D.decide(fam, pairs, completeness(COMPLETE)) == as_dict
+    with pytest.raises(ValueError, match="hypotheses: unknown keys looks"):
+        Family.of({**spec(H_SPEED), "looks": 2})

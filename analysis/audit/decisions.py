@@ -21,7 +21,7 @@ from typing import Any
 
 from .attempts import Completeness
 from .descriptive import reduction
-from .hypotheses import Hypothesis, PairRow, bounds, test_of, values_of
+from .hypotheses import Family, Hypothesis, PairRow, bounds, test_of, values_of
 from .ranks import signed_rank
 from .ttests import TestResult, critical_t, passes, sign
 
@@ -73,17 +73,13 @@ class HypothesisDecision:
         return {**{k: getattr(self.hypothesis, k) for k in DECIDED_FIELDS}, **own}
 
 
-def _gate(h: Hypothesis, spec: Mapping[str, Any], completeness: Completeness) -> str | None:
+def _gate(h: Hypothesis, family: Family, completeness: Completeness) -> str | None:
     if completeness.complete is False and not completeness.budget_stop:
         return (
             f"incomplete: {completeness.missing_runs} of {completeness.planned_runs} planned runs have "
             "no ok record"
         )
-    if (
-        completeness.budget_stop
-        and h.endpoint in TIME_ENDPOINTS
-        and not spec.get("decide_time_after_budget_stop")
-    ):
+    if completeness.budget_stop and h.endpoint in TIME_ENDPOINTS and not family.decide_time_after_budget_stop:
         return (
             "stopped by the budget rule, which depends on run times, this endpoint's outcome; the protocol did not "
             "preregister deciding time endpoints after such a stop (decide_time_after_budget_stop)"
@@ -92,15 +88,18 @@ def _gate(h: Hypothesis, spec: Mapping[str, Any], completeness: Completeness) ->
 
 
 def decide(
-    spec: Mapping[str, Any], pairs_of: Mapping[tuple[str, str], Sequence[PairRow]], completeness: Completeness
+    spec: Family | Mapping[str, Any],
+    pairs_of: Mapping[tuple[str, str], Sequence[PairRow]],
+    completeness: Completeness,
 ) -> list[HypothesisDecision]:
     """Every hypothesis' decision, in the protocol's order.
 
     Parameters
     ----------
     spec
-        The protocol's ``hypotheses`` block as records carry it (``procedure``, ``family_alpha``,
-        ``min_pairs``, ``tests``, optionally ``decide_time_after_budget_stop``).
+        The family (:class:`.hypotheses.Family`), or the protocol's ``hypotheses`` block as records
+        carry it (``procedure``, ``family_alpha``, ``min_pairs``, ``tests``, optionally
+        ``decide_time_after_budget_stop``), which is typed first.
     pairs_of
         The used pairs per (study, configuration), as ``summary.json``'s ``pairs``.
     completeness
@@ -129,9 +128,10 @@ def decide(
     time endpoint: decisions on time endpoints are then made only if the protocol says
     ``decide_time_after_budget_stop: true``, and they say that the stop depended on the outcome.
     """
-    tested = _tested(spec, pairs_of, completeness)
-    procedure = fixed_sequence if spec["procedure"] == "fixed_sequence" else holm
-    verdicts, used = procedure(tested, spec["family_alpha"])
+    family = Family.of(spec)
+    tested = _tested(family, pairs_of, completeness)
+    procedure = fixed_sequence if family.procedure == "fixed_sequence" else holm
+    verdicts, used = procedure(tested, family.family_alpha)
     return [
         _decision(h, t, verdicts[h.id], used[h.id], unreached, completeness)
         for h, t, _why, unreached in tested
@@ -139,15 +139,15 @@ def decide(
 
 
 def _tested(
-    spec: Mapping[str, Any], pairs_of: Mapping[tuple[str, str], Sequence[PairRow]], completeness: Completeness
+    family: Family, pairs_of: Mapping[tuple[str, str], Sequence[PairRow]], completeness: Completeness
 ) -> list[Tested]:
     out: list[Tested] = []
-    for h in map(Hypothesis.of, spec["tests"]):
-        gate = _gate(h, spec, completeness)
+    for h in family.tests:
+        gate = _gate(h, family, completeness)
         if gate is not None:
             out.append((h, None, gate, None))
         else:
-            out.append((h, *test_of(h, pairs_of.get((h.study, h.config), []), spec["min_pairs"])))
+            out.append((h, *test_of(h, pairs_of.get((h.study, h.config), []), family.min_pairs)))
     return out
 
 

@@ -79,6 +79,47 @@ class Hypothesis:
         )
 
 
+@dataclass(frozen=True)
+class Family:
+    """The preregistered family: its hypotheses in the protocol's order and the rule over them.
+
+    Attributes
+    ----------
+    procedure
+        ``fixed_sequence`` or ``holm`` (:func:`.decisions.decide`).
+    family_alpha
+        The family-wise error rate.
+    min_pairs
+        A hypothesis with fewer used pairs is not reached.
+    tests
+        The hypotheses, typed (:meth:`Hypothesis.of`).
+    decide_time_after_budget_stop
+        Whether time endpoints are decided after a budget stop (the stop depends on run times).
+    """
+
+    procedure: str
+    family_alpha: float
+    min_pairs: int
+    tests: tuple[Hypothesis, ...]
+    decide_time_after_budget_stop: bool = False
+
+    @classmethod
+    def of(cls, spec: Family | Mapping[str, Any]) -> Family:
+        """The protocol's ``hypotheses`` block as records carry it, typed; refuses keys it does not know."""
+        if isinstance(spec, Family):
+            return spec
+        unknown = sorted(set(spec) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"hypotheses: unknown keys {', '.join(unknown)}")
+        return cls(
+            procedure=spec["procedure"],
+            family_alpha=float(spec["family_alpha"]),
+            min_pairs=int(spec["min_pairs"]),
+            tests=tuple(map(Hypothesis.of, spec["tests"])),
+            decide_time_after_budget_stop=bool(spec.get("decide_time_after_budget_stop", False)),
+        )
+
+
 def bounds(h: Hypothesis | Mapping[str, Any]) -> tuple[float | None, float | None]:
     """The alternative region of hypothesis ``h`` for the mean on its test scale.
 
