@@ -318,3 +318,17 @@ def test_the_family_is_typed_once_and_refuses_unknown_keys():
     assert D.decide(fam, pairs, completeness(COMPLETE)) == as_dict
     with pytest.raises(ValueError, match="hypotheses: unknown keys looks"):
         Family.of({**spec(H_SPEED), "looks": 2})
+
+
+def test_a_pair_is_typed_and_decides_as_its_row():
+    from analysis.audit.hypotheses import Pair, typed_pairs
+
+    rows = make_pairs(12, effect=-0.2, seed=5)
+    pairs = typed_pairs(rows)
+    assert all(isinstance(p, Pair) for p in pairs) and pairs[0].unit == rows[0]["unit"]
+    assert pairs[0].log_ratio() == math.log(rows[0]["candidate_training_s"] / rows[0]["baseline_training_s"])
+    by_row = D.decide(spec(H_SPEED, H_TTT, H_QUAL), {("s", "c"): rows}, completeness(COMPLETE))
+    assert D.decide(spec(H_SPEED, H_TTT, H_QUAL), {("s", "c"): pairs}, completeness(COMPLETE)) == by_row
+    assert crossover(pairs, 0.95) == crossover(rows, 0.95) and drift(pairs, 0.95) == drift(rows, 0.95)
+    with pytest.raises(ValueError, match="unknown keys baseline_training_seconds"):
+        Pair.of({**rows[0], "baseline_training_seconds": 1.0})

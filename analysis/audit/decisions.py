@@ -21,7 +21,7 @@ from typing import Any
 
 from .attempts import Completeness
 from .descriptive import reduction
-from .hypotheses import Family, Hypothesis, PairRow, bounds, test_of, values_of
+from .hypotheses import Family, Hypothesis, Pair, PairRow, bounds, test_of, values_of
 from .ranks import signed_rank
 from .ttests import TestResult, critical_t, passes, sign
 
@@ -89,7 +89,7 @@ def _gate(h: Hypothesis, family: Family, completeness: Completeness) -> str | No
 
 def decide(
     spec: Family | Mapping[str, Any],
-    pairs_of: Mapping[tuple[str, str], Sequence[PairRow]],
+    pairs_of: Mapping[tuple[str, str], Sequence[Pair | PairRow]],
     completeness: Completeness,
 ) -> list[HypothesisDecision]:
     """Every hypothesis' decision, in the protocol's order.
@@ -139,7 +139,7 @@ def decide(
 
 
 def _tested(
-    family: Family, pairs_of: Mapping[tuple[str, str], Sequence[PairRow]], completeness: Completeness
+    family: Family, pairs_of: Mapping[tuple[str, str], Sequence[Pair | PairRow]], completeness: Completeness
 ) -> list[Tested]:
     out: list[Tested] = []
     for h in family.tests:
@@ -235,7 +235,7 @@ def _text(
 
 
 def sensitivity(
-    h: Hypothesis | Mapping[str, Any], pairs: Sequence[PairRow], failed: Sequence[Mapping[str, Any]]
+    h: Hypothesis | Mapping[str, Any], pairs: Sequence[Pair | PairRow], failed: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any] | None:
     """Pre-specified sensitivity analysis: a pair whose arm failed counts as adverse to that arm.
 

@@ -27,6 +27,71 @@ PairRow = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
+class Pair:
+    """One used pair, typed: what the decisions, the per-pair values and the order diagnostics read.
+
+    Its fields are a row of ``summary.json``'s ``pairs`` (:meth:`of` reads one, refusing a key it
+    does not know; a missing one is ``None``). The endpoint values are as the records hold them
+    (``None`` for a missing or non-finite one); the rules check them (finite, positive for ratios)
+    where they use them, naming the pair (:class:`NotReached`).
+
+    Attributes
+    ----------
+    unit, seed, order, first, device
+        The pair's unit id, seed, plan position of its first run, the arm that ran first
+        (``baseline`` or ``candidate``) and the host and device it ran on.
+    baseline_*, candidate_*
+        Each arm's training time, training CPU time (records since lockstep), time to target
+        (``None``: not reached), total time, test BPB and peak memory.
+    time_reduction_pct, test_bpb_difference
+        ``100 (1 - c / b)`` of the training times and ``c - b`` of the test BPB, where both are valid.
+    """
+
+    unit: str = "?"
+    seed: int | None = None
+    order: int | None = None
+    first: str | None = None
+    device: str | None = None
+    baseline_training_s: float | None = None
+    candidate_training_s: float | None = None
+    baseline_training_cpu_s: float | None = None
+    candidate_training_cpu_s: float | None = None
+    baseline_time_to_target_s: float | None = None
+    candidate_time_to_target_s: float | None = None
+    baseline_total_s: float | None = None
+    candidate_total_s: float | None = None
+    baseline_test_bpb: float | None = None
+    candidate_test_bpb: float | None = None
+    baseline_peak_memory_bytes: float | None = None
+    candidate_peak_memory_bytes: float | None = None
+    time_reduction_pct: float | None = None
+    test_bpb_difference: float | None = None
+
+    @classmethod
+    def of(cls, row: Pair | PairRow) -> Pair:
+        """A pair's row, typed; refuses keys it does not know."""
+        if isinstance(row, Pair):
+            return row
+        unknown = sorted(set(row) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"pair {row.get('unit', '?')}: unknown keys {', '.join(unknown)}")
+        return cls(**row)
+
+    def value(self, role: str, key: str) -> Any:
+        """Arm ``role``'s value of endpoint column ``key`` (``training_s``, ``test_bpb``, ...), unchecked."""
+        return getattr(self, f"{role}_{key}")
+
+    def log_ratio(self, key: str = "training_s") -> float:
+        """``ln(c / b)`` of the two arms' ``key`` (the caller has both checked positive)."""
+        return math.log(self.value("candidate", key) / self.value("baseline", key))
+
+
+def typed_pairs(pairs: Sequence[Pair | PairRow]) -> list[Pair]:
+    """Each pair as a :class:`Pair` (rows read with :meth:`Pair.of`)."""
+    return [Pair.of(p) for p in pairs]
+
+
+@dataclass(frozen=True)
 class Hypothesis:
     """A one-sided test of one endpoint of one (study, configuration)'s pairs.
 
@@ -174,8 +239,8 @@ class NotReached(ValueError):
     """The data cannot decide a hypothesis; the message is the reason."""
 
 
-def _number(p: PairRow, role: str, key: str, positive: bool) -> float:
-    v = p[f"{role}_{key}"]
+def _number(p: Pair, role: str, key: str, positive: bool) -> float:
+    v = p.value(role, key)
     if (
         isinstance(v, bool)
         or not isinstance(v, (int, float))
@@ -183,11 +248,11 @@ def _number(p: PairRow, role: str, key: str, positive: bool) -> float:
         or (positive and v <= 0)
     ):
         what = "null" if v is None else f"{v!r}, not a finite{' positive' if positive else ''} number"
-        raise NotReached(f"pair {p.get('unit', '?')}: the {role}'s {key} is {what} in an ok record")
+        raise NotReached(f"pair {p.unit}: the {role}'s {key} is {what} in an ok record")
     return float(v)
 
 
-def _restricted(h: Hypothesis, pairs: Sequence[PairRow]) -> tuple[list[float], list[float]]:
+def _restricted(h: Hypothesis, pairs: Sequence[Pair]) -> tuple[list[float], list[float]]:
     """Restricted times ``min(T, tau)`` of both arms, one restriction ``tau`` per pair for both arms.
 
     ``tau`` is the hypothesis' ``restriction_s`` or, by default, the shorter of the pair's two
@@ -201,11 +266,11 @@ def _restricted(h: Hypothesis, pairs: Sequence[PairRow]) -> tuple[list[float], l
         train = {r: _number(p, r, "training_s", True) for r in ("baseline", "candidate")}
         tau = h.restriction_s or min(train.values())
         for role, out in (("baseline", b), ("candidate", c)):
-            t = p[f"{role}_time_to_target_s"]
+            t = p.value(role, "time_to_target_s")
             if t is None:
                 if train[role] < tau:
                     raise NotReached(
-                        f"pair {p.get('unit', '?')}: the {role} missed the target after training "
+                        f"pair {p.unit}: the {role} missed the target after training "
                         f"{train[role]:.6g} s, less than the restriction {tau:g} s: its restricted "
                         "time is unknown"
                     )
@@ -216,7 +281,7 @@ def _restricted(h: Hypothesis, pairs: Sequence[PairRow]) -> tuple[list[float], l
 
 
 def values_of(
-    h: Hypothesis | Mapping[str, Any], pairs: Sequence[PairRow]
+    h: Hypothesis | Mapping[str, Any], pairs: Sequence[Pair | PairRow]
 ) -> tuple[list[float], dict[str, int] | None]:
     """Per-pair values on the hypothesis' test scale, and the unreached counts for time to target.
 
@@ -227,7 +292,7 @@ def values_of(
 
 
 def values_and_scales(
-    h: Hypothesis, pairs: Sequence[PairRow]
+    h: Hypothesis, pairs: Sequence[Pair | PairRow]
 ) -> tuple[list[float], list[float] | None, dict[str, int] | None]:
     """:func:`values_of` and, but for worst-rank scores, each value's :func:`rounding_scale`.
 
@@ -235,8 +300,8 @@ def values_and_scales(
     ----------
     h : Hypothesis
         The hypothesis: its endpoint, estimand and censoring rule say which values.
-    pairs : list of dict
-        The used pairs' rows (``summary.json``'s ``pairs``).
+    pairs : sequence of Pair or mapping
+        The used pairs (or their rows in ``summary.json``'s ``pairs``).
 
     Returns
     -------
@@ -257,8 +322,9 @@ def values_and_scales(
     key = ENDPOINT_KEYS[h.endpoint]
     ratio = scale(h.estimand) == "log_ratio"
     unreached = None
+    pairs = typed_pairs(pairs)
     if h.endpoint == "time_to_target":
-        raw = {r: [p[f"{r}_{key}"] for p in pairs] for r in ("baseline", "candidate")}
+        raw = {r: [p.value(r, key) for p in pairs] for r in ("baseline", "candidate")}
         unreached = {
             "baseline": raw["baseline"].count(None),
             "candidate": raw["candidate"].count(None),
@@ -266,7 +332,7 @@ def values_and_scales(
         }
         for p in pairs:
             for role in ("baseline", "candidate"):
-                if p[f"{role}_{key}"] is not None:
+                if p.value(role, key) is not None:
                     _number(p, role, key, True)
         if h.censoring == "worst_rank":
             return worst_rank_differences(raw["baseline"], raw["candidate"]), None, unreached
@@ -280,13 +346,13 @@ def values_and_scales(
     return [y - x for x, y in zip(b, c)], scales, unreached
 
 
-def worst_rank_estimate(pairs: Sequence[PairRow]) -> tuple[float | None, str]:
+def worst_rank_estimate(pairs: Sequence[Pair | PairRow]) -> tuple[float | None, str]:
     """The estimate a worst-rank decision shows: the median log ratio where both arms reached the target.
 
     Parameters
     ----------
-    pairs : list of dict
-        The used pairs' rows.
+    pairs : sequence of Pair or mapping
+        The used pairs.
 
     Returns
     -------
@@ -296,15 +362,15 @@ def worst_rank_estimate(pairs: Sequence[PairRow]) -> tuple[float | None, str]:
         What the estimate is, for the decision's ``estimate_of``.
     """
     both = [
-        math.log(p["candidate_time_to_target_s"]) - math.log(p["baseline_time_to_target_s"])
-        for p in pairs
-        if p["baseline_time_to_target_s"] is not None and p["candidate_time_to_target_s"] is not None
+        math.log(p.candidate_time_to_target_s) - math.log(p.baseline_time_to_target_s)
+        for p in typed_pairs(pairs)
+        if p.baseline_time_to_target_s is not None and p.candidate_time_to_target_s is not None
     ]
     return median(both), f"median ln(c/b) of the {len(both)} pairs where both arms reached the target"
 
 
 def test_of(
-    h: Hypothesis, pairs: Sequence[PairRow], min_pairs: int
+    h: Hypothesis, pairs: Sequence[Pair | PairRow], min_pairs: int
 ) -> tuple[TestResult | None, str | None, dict[str, int] | None]:
     """The test of ``h`` on its (study, configuration)'s used pairs, or why there is none.
 
@@ -341,7 +407,7 @@ def test_of(
             return None, "identical: every pair's difference is exactly 0", unreached
         return None, ZERO_SPREAD, unreached
     if h.period_adjusted:
-        first = [p["first"] for p in pairs]
+        first = [p.first or "" for p in typed_pairs(pairs)]
         if min(first.count("baseline"), len(first) - first.count("baseline")) < 2:
             return None, "the period-adjusted estimand needs at least two pairs in each order", unreached
         groups = [[v for v, f in zip(values, first) if (f == "baseline") == ab] for ab in (True, False)]

@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from .hypotheses import Pair, PairRow, typed_pairs
 from .tdist import f_sf, student_t_ppf, student_t_sf
 
 
@@ -45,7 +46,7 @@ def two_groups(a: Sequence[float], b: Sequence[float], level: float, half: bool)
     }
 
 
-def crossover(pairs: list[dict[str, Any]], level: float) -> dict[str, Any] | None:
+def crossover(pairs: Sequence[Pair | PairRow], level: float) -> dict[str, Any] | None:
     """Period effect and treatment-by-period check of the AB/BA pairs (log training time).
 
     Notes
@@ -56,16 +57,17 @@ def crossover(pairs: list[dict[str, Any]], level: float) -> dict[str, Any] | Non
     the two sequences (Grizzle 1965; Jones & Kenward, 3rd ed., 2.3-2.5). ``None`` unless each
     sequence has at least two pairs.
     """
-    ab = [p for p in pairs if p["first"] == "baseline"]
-    ba = [p for p in pairs if p["first"] != "baseline"]
+    typed = typed_pairs(pairs)
+    ab = [p for p in typed if p.first == "baseline"]
+    ba = [p for p in typed if p.first != "baseline"]
     if len(ab) < 2 or len(ba) < 2:
         return None
 
-    def d(p: dict[str, Any]) -> float:
-        return math.log(p["candidate_training_s"] / p["baseline_training_s"])
+    def d(p: Pair) -> float:
+        return p.log_ratio()
 
-    def s(p: dict[str, Any]) -> float:
-        return math.log(p["candidate_training_s"]) + math.log(p["baseline_training_s"])
+    def s(p: Pair) -> float:
+        return math.log(p.value("candidate", "training_s")) + math.log(p.value("baseline", "training_s"))
 
     return {
         "period": two_groups([d(p) for p in ab], [d(p) for p in ba], level, half=True),
@@ -73,7 +75,7 @@ def crossover(pairs: list[dict[str, Any]], level: float) -> dict[str, Any] | Non
     }
 
 
-def drift(pairs: list[dict[str, Any]], level: float) -> dict[str, Any] | None:
+def drift(pairs: Sequence[Pair | PairRow], level: float) -> dict[str, Any] | None:
     """Least-squares slope of ``ln(c / b)`` against the pair's position in execution order.
 
     Notes
@@ -85,8 +87,9 @@ def drift(pairs: list[dict[str, Any]], level: float) -> dict[str, Any] | None:
     """
     if len(pairs) < 3:
         return None
-    x = [float(p["order"]) for p in pairs]
-    y = [math.log(p["candidate_training_s"] / p["baseline_training_s"]) for p in pairs]
+    typed = typed_pairs(pairs)
+    x = [float(p.order or 0) for p in typed]
+    y = [p.log_ratio() for p in typed]
     mx, sxx = mean_ss(x)
     my = math.fsum(y) / len(y)
     if sxx == 0:
@@ -150,7 +153,7 @@ def positions(
     return out
 
 
-def by_device(pairs: list[dict[str, Any]], level: float) -> dict[str, Any] | None:
+def by_device(pairs: Sequence[Pair | PairRow], level: float) -> dict[str, Any] | None:
     """Per device (host / device name), the mean of ``ln(c / b)`` with its interval, and a
     heterogeneity check when more than one device contributed pairs.
 
@@ -162,10 +165,8 @@ def by_device(pairs: list[dict[str, Any]], level: float) -> dict[str, Any] | Non
     ``(k - 1, N - k)`` degrees of freedom. ``None`` when only one device contributed.
     """
     groups: dict[str, list[float]] = {}
-    for p in pairs:
-        groups.setdefault(p["device"], []).append(
-            math.log(p["candidate_training_s"] / p["baseline_training_s"])
-        )
+    for p in typed_pairs(pairs):
+        groups.setdefault(str(p.device), []).append(p.log_ratio())
     if len(groups) < 2:
         return None
     rows = []
