@@ -33,6 +33,19 @@ if CPU_CAPABILITY is not None:
     del os.environ["ATEN_CPU_CAPABILITY"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_intra_op_thread() -> None:
+    """The in-process tests run torch with one intra-op thread, as every run of a study does (its
+    protocol's ``threads``, which the worker sets): two test processes on two cores, one thread each,
+    instead of each starting a thread per core for tensors of a few kilobytes, which on a busy
+    machine wait on each other (test_kernel's ``native_phase_bitwise_three_calls``: 36 s with the
+    default two threads, 4.9 s with one, on the 2-core Xeon beside other work). The subprocesses
+    the tests start are not touched: their environment is the test's."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def pytest_report_header() -> str | None:
     if CPU_CAPABILITY is None:
         return None
@@ -42,21 +55,45 @@ def pytest_report_header() -> str | None:
 
 
 #: The modules that take longest (their set-up is a whole study, or a Ray cluster), collected first,
-#: so that the two test processes (``-n 2 --dist loadscope`` in pyproject.toml) finish together.
+#: so that the two test processes (``-n 2 --dist loadscope`` in pyproject.toml) finish together:
+#: the process tier's first, then the fast tier's.
 SLOWEST_FIRST = (
     "test_ray.py",
+    "test_demo_e2e.py",
     "test_attempts.py",
     "test_protocol_cli.py",
+    "test_run_endings.py",
     "test_provenance.py",
-    "test_demo_e2e.py",
-    "test_plugins.py",
+    "test_cotangent.py",
     "test_integrity.py",
+    "test_kernel.py",
+    "test_plugins.py",
 )
 
+#: The process tier (``python -m pytest -q -m process``, CI's second command): the scenarios that
+#: need real processes (harness runs whose workers train models, kills and signals, Ray, the
+#: browser, torch.compile, the benchmark scripts). The default command deselects it (pyproject's
+#: addopts) and runs the fast tier, where tests/fake_trainer.py drives the runner's state machine
+#: in process. Every ``long`` scenario is in the process tier.
+PROCESS = "process"
 
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's -m selection reads the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("long") is not None and item.get_closest_marker(PROCESS) is None:
+            item.add_marker(PROCESS)
     order = {name: i for i, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: order.get(item.path.name, len(order)))  # stable: file order otherwise
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    """Say, after the default command, that the process tier did not run and how to run it."""
+    if "not process" in (config.option.markexpr or ""):
+        terminalreporter.write_line(
+            "fast tier only: the process tier (real processes, Ray, the browser) did not run; "
+            "python -m pytest -q -m process runs it (CI runs both)"
+        )
 
 
 #: The ``long`` scenarios run at a reduced size by default (the README's test command, CI);

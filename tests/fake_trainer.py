@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from harness.execute.job import Job
-from harness.execute.training import Partial
+from harness.execute.training import CPU_CLOCK, Partial
 
 
 class Crash(BaseException):
@@ -47,9 +47,23 @@ class FakeTrainer:
         bpb = 5.0 + (spec.seed % 7) / 100
         partial.curve = [[float(s), 5.5 - s / 100, s / 10] for s in range(1, spec.steps + 1)]
         partial.val_curve = [[float(spec.steps), bpb, spec.steps / 10]]
+        train_s = self.device_s / 2
         partial.note(
             status="ok",
-            timings={"device_s": self.device_s, "training_s": self.device_s / 2, "total_s": self.device_s},
+            timings={  # the keys the worker writes (harness.execute.training.finish)
+                "device_s": self.device_s,
+                "setup_s": self.device_s / 8,
+                "compile_s": 0.0,
+                "training_s": train_s,
+                "training_cpu_s": train_s,
+                "training_cpu_clock": CPU_CLOCK["thread"],
+                "time_to_target_s": train_s,  # the target (7.9 bits per byte) met at the one validation
+                "validation_s": self.device_s / 16,
+                "evaluation_s": self.device_s / 16,
+                "checkpoint_s": self.device_s / 32,
+                "rescore_s": self.device_s / 32,
+                "total_s": self.device_s,
+            },
             val_bpb=bpb,
             test_bpb=bpb,
         )

@@ -5,7 +5,10 @@ pair): the runner paused, its worker's outcome looked for and the runner killed,
 file times moved; the runner alone killed with its worker running; a kill between a record and the
 MANIFEST rewrite (``HARNESS_TEST_KILL_AT``, a hook used only by tests); a records folder that is a
 symlink or inside a frozen entry. The full-filesystem scenario is in ``tests/fullfs_scenario.py``.
-"""
+
+The tests that run a study are in the process tier (``-m process``); tests/test_runner_scenarios.py
+drives the cut-off attempt, ``runs/`` deleted, file times moved and MANIFEST behind the chain in
+process."""
 
 from __future__ import annotations
 
@@ -121,6 +124,7 @@ def kill_runner_while_its_worker_runs(repo: Path, *, pause: bool) -> tuple[str, 
     return work.name.rsplit(".a", 1)[0], pid
 
 
+@pytest.mark.process
 def test_peeked_outcome_cannot_be_discarded(tmp_path):
     """Runner paused, its worker's outcome looked for, runner killed, runs/ deleted, study resumed:
     the attempt stays in the ledger and is recorded interrupted with its start time."""
@@ -154,6 +158,7 @@ def test_peeked_outcome_cannot_be_discarded(tmp_path):
     assert "1 interrupted" in md
 
 
+@pytest.mark.process
 def test_file_times_do_not_charge_device_seconds(tmp_path):
     """Every file time moved two hours back before the resume: the interrupted attempt is charged
     the ledger's time from its start to its record, and the budget rule is not triggered."""
@@ -174,6 +179,7 @@ def test_file_times_do_not_charge_device_seconds(tmp_path):
     assert audit(repo).returncode == 0
 
 
+@pytest.mark.process
 def test_runner_killed_alone_leaves_no_worker_running(tmp_path):
     """kill -9 of the runner alone, then an immediate resume: its worker died with it, so the
     resumed runner never times a run beside it."""
@@ -186,6 +192,7 @@ def test_runner_killed_alone_leaves_no_worker_running(tmp_path):
     assert audit(repo).returncode == 0
 
 
+@pytest.mark.process
 def test_runner_ends_a_live_worker_of_an_earlier_runner(tmp_path):
     """A worker an earlier runner left on the device (here one that cannot die with its parent) is
     ended before the new runner times anything."""
@@ -213,6 +220,7 @@ def test_runner_ends_a_live_worker_of_an_earlier_runner(tmp_path):
         orphan.wait()
 
 
+@pytest.mark.process
 def test_kill_between_record_and_manifest_is_repaired(tmp_path):
     """The runner killed after a record is written and before MANIFEST is rewritten: the audit fails
     until harness status (or report, or run) reconciles MANIFEST with the chain."""
@@ -242,6 +250,7 @@ def test_kill_between_record_and_manifest_is_repaired(tmp_path):
     assert seqs == list(range(1, len(seqs) + 1))
 
 
+@pytest.mark.process
 def test_reconcile_leaves_evidence_alone(done_copy):
     """A listed record that changed is not laundered into MANIFEST: the audit still names it."""
     repo = done_copy
@@ -312,6 +321,7 @@ def _tmpfs_possible() -> str | None:
     )
 
 
+@pytest.mark.process
 def test_full_filesystem_stops_cleanly_and_resumes(tmp_path):
     """The records folder's filesystem full (a 1 MiB tmpfs): at the first write, and at the record
     that ends an attempt. Each stops with exit 2, the file and the free space named, no traceback,
@@ -357,6 +367,7 @@ def test_full_filesystem_stops_cleanly_and_resumes(tmp_path):
     assert len(oks) == len(set(oks)) == 4
 
 
+@pytest.mark.process
 def test_one_unit_attempt_per_unit_in_analysis_and_audit(done_study):
     """A unit that ran again whole: the analysis and the audit pair both arms from its latest unit
     attempt only, count the superseded attempts, and never mix arms of two unit attempts."""
@@ -397,6 +408,7 @@ def test_one_unit_attempt_per_unit_in_analysis_and_audit(done_study):
     assert any(e["unit"] == unit for e in s["exclusions"])
 
 
+@pytest.mark.process
 def test_records_written_before_started_entries_still_audit(done_copy):
     """A study whose records are schema 2 (no started entries, no unit attempts, MANIFEST without
     ``started``) audits clean, reports, shows its status and resumes into schema 3."""

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.process
 def test_grad_phase_benchmark_runs(tmp_path):
     out = tmp_path / "bench.json"
     r = subprocess.run(

@@ -67,6 +67,7 @@ def test_corpus_errors_name_file_key_line(repo, corpus, key, message):
     ), r.stderr
 
 
+@pytest.mark.process
 def test_local_corpus_from_pin_to_audit(repo):
     pinned_corpus(repo)
     pin = harness(repo, "data", "pin", "corpus/topics.txt", "--name", "topics")

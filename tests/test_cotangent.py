@@ -409,6 +409,7 @@ def test_only_the_candidate_runs_the_one_pass_phase(monkeypatch):
         assert all(p.grad is None or not p.grad.any() for p in model.parameters())
 
 
+@pytest.mark.process
 def test_verify_cli_cpu():
     import subprocess
     import sys

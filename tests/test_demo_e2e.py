@@ -17,6 +17,8 @@ import pytest
 from conftest import FULL_SIZE, ROOT, git, harness, record_dicts
 from pagecheck import check_page
 
+pytestmark = pytest.mark.process  # the demo's 42 runs in real workers, and the browser
+
 #: the reduced demo's size (see the module's docstring); the shipped demo's where FULL_SIZE
 STEPS = 90 if FULL_SIZE else 30
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import time
 
+import pytest
 from conftest import harness, init_study, record_dicts, tiny_protocol
 
 from harness.execute.inprocess import InProcessExecutor
@@ -15,6 +16,7 @@ from harness.execute.runner import Runner
 from harness.protocol import load_protocol
 
 
+@pytest.mark.process
 def test_in_process_executor_matches_the_local_one(tmp_path):
     repo = init_study(tmp_path / "study", protocol=tiny_protocol(steps=6))
     r = harness(repo, "run", "protocols/tiny.yaml", "--quiet")

@@ -226,6 +226,7 @@ def test_records_dir_outside_the_repository_is_refused(study):
 # -- the ledger: the audit names the first break -------------------------------------------------
 
 
+@pytest.mark.process
 def test_deleted_record_rerun_is_detected(study):
     first = by_seq(study)[0]
     first.unlink()
@@ -310,6 +311,7 @@ def test_stopped_study_is_incomplete_not_broken(study):
     assert "pairs / tiny_conv / native: planned 3, ok 2, failed 0, interrupted 0, missing 1" in a.stdout
 
 
+@pytest.mark.process
 def test_budget_stop_is_explained(tmp_path):
     # any unit spends more than 0.01 device seconds: the rule refuses the second on any machine
     repo = make_study(tmp_path, budget=0.01)

@@ -225,6 +225,7 @@ def test_fetch_refuses_oversized_member(tmp_path, http_server):
         fetch_wikitext2(tmp_path / "d", [f"{base}/good.zip"], pins)
 
 
+@pytest.mark.process
 def test_compile_smoke_cpu():
     cfg = load_config(ROOT / "configs" / "tiny_transformer.yaml")
     model = build_model(cfg.model, 0)

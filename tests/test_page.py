@@ -66,6 +66,7 @@ def test_the_static_checks_can_fail(mutation):
         check_static(mutation(render(SUMMARY, "r")))
 
 
+@pytest.mark.process
 def test_the_browser_check_sees_a_request(tmp_path):
     require_browser()
     page = write_page(SUMMARY, tmp_path, records_rel="r")

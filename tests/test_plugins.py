@@ -20,6 +20,7 @@ def clone(tmp_path: Path) -> Path:
     return init_study(tmp_path / "study", ("configs", "examples", "protocols"))
 
 
+@pytest.mark.process
 @pytest.mark.long
 def test_example_plugin_end_to_end_reduced(clone):
     p = clone / EXAMPLE
@@ -109,6 +110,7 @@ def test_unknown_plugin_is_refused_with_file_key_line(clone):
     )
 
 
+@pytest.mark.process
 def test_compare_arms_exact_and_drifting(clone):
     r = harness(
         clone, "compare-arms", "native", "cotangent", "--config", "tiny_conv", "--steps", "4", "--json"
@@ -214,6 +216,7 @@ def _declared(clone: Path, studies: str, name: str = "paths") -> str:
     return f"protocols/{name}.yaml"
 
 
+@pytest.mark.process
 @pytest.mark.long
 def test_declared_factorial_with_a_plugin_cell_end_to_end(clone):
     """A one-factor factorial (fused against foreach AdamW, the second a plug-in): planned in

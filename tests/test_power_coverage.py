@@ -118,6 +118,7 @@ def test_coverage_simulation_reduced(tmp_path):
     assert "| coverage, period-adjusted interval |" in r.stdout
 
 
+@pytest.mark.process
 def test_harness_power_cli_on_a_real_pilot(repo):
     """A tiny A/A pilot run through the CLI, then ``harness power``: plug-in and upper-limit figures in the
     target's own units, and which one the target's origins cite."""

@@ -1,4 +1,7 @@
-"""The harness as a user drives it: the real CLI in subprocesses, in temporary git repositories."""
+"""The harness as a user drives it: the real CLI in subprocesses, in temporary git repositories.
+
+The tests that run a study are in the process tier (``-m process``); tests/test_runner_states.py
+and tests/test_runner_scenarios.py drive the same runner logic in process."""
 
 from __future__ import annotations
 
@@ -170,6 +173,7 @@ def test_study_protocols_plan_sizes_and_balance():
     assert a.returncode == 0 and a.stdout == b.stdout and len(json.loads(a.stdout)["runs"]) == 128
 
 
+@pytest.mark.process
 def test_tiny_protocol_end_to_end_and_resume_noop(repo):
     p = write(repo, tiny_protocol())
     r = harness(repo, "run", str(p), "--quiet")
@@ -227,6 +231,7 @@ def _wait_for(predicate, timeout: float = 120.0) -> None:
 SLOW = {"HARNESS_TEST_SLOWDOWN": "30"}
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("launcher", ["forkserver", "spawn"])
 def test_resume_after_sigkill_mid_run(repo, launcher):
     p = write(repo, tiny_protocol(steps=10, launcher=launcher))
@@ -256,6 +261,7 @@ def test_resume_after_sigkill_mid_run(repo, launcher):
     assert redo["attempt"] == 2 and "did not finish" in interrupted["reason"]
 
 
+@pytest.mark.process
 def test_worker_killed_is_recorded_failed(repo):
     p = write(repo, tiny_protocol(steps=10))
     proc = subprocess.Popen(
@@ -287,6 +293,7 @@ def failing_arm(repo: Path) -> str:
     return tiny_protocol().replace("arms: [native, cotangent]", 'arms: [native, "boom:build"]')
 
 
+@pytest.mark.process
 def test_failing_runs_are_recorded_not_dropped(repo):
     p = write(repo, failing_arm(repo))
     r = harness(repo, "run", str(p), "--quiet")
@@ -310,6 +317,7 @@ def test_unverified_corpus_refuses_before_any_run(repo):
     assert not (repo / "records" / "tiny").exists() or not record_dicts(repo / "records" / "tiny")
 
 
+@pytest.mark.process
 def test_two_concurrent_runners_execute_each_run_once(repo):
     p = write(repo, tiny_protocol(steps=10).replace("seeds: [1, 2]", "seeds: [1, 2, 3]"))
     cmd = [sys.executable, "-m", "harness.cli", "run", str(p), "--quiet", "--no-report"]
@@ -327,6 +335,7 @@ def test_two_concurrent_runners_execute_each_run_once(repo):
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
 
 
+@pytest.mark.process
 def test_budget_stops_new_runs(repo):
     # the first unit always starts (no ok run yet to predict from); any two runs spend more than
     # 0.01 device seconds, on any machine, so the second unit never does
@@ -337,6 +346,7 @@ def test_budget_stops_new_runs(repo):
     assert len(recs) == 2 and {x["spec"]["unit"] for x in recs} == {"pairs.tiny_conv.pair000"}
 
 
+@pytest.mark.process
 def test_retry_reruns_whole_units_up_to_max_attempts(repo):
     p = write(repo, failing_arm(repo).replace("order_seed: 1", "order_seed: 1\nmax_attempts: 2"))
     assert harness(repo, "run", str(p), "--quiet", "--no-report").returncode == 1

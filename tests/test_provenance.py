@@ -218,6 +218,7 @@ def test_ignored_module_inside_a_frozen_folder_is_refused(study):
     refused(study, "harness/extra_speed.py: ignored by .gitignore but inside a frozen entry")
 
 
+@pytest.mark.process
 def test_stale_unchecked_bytecode_is_never_read_by_a_worker(study):
     """An unchecked-hash .pyc for a module only workers import, whose code would fail the run: the
     worker compiles the frozen source instead, so the runs are ok."""
@@ -244,6 +245,7 @@ def test_stale_unchecked_bytecode_is_never_read_by_a_worker(study):
     )  # interrupted ones carry no env
 
 
+@pytest.mark.process
 def test_planted_phase_library_is_replaced_by_a_fresh_build(study, tmp_path):
     cache = tmp_path / "kernel-cache"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COTANGENT_NATIVE_CACHE": str(cache)}
@@ -441,6 +443,7 @@ def test_head_must_be_a_full_sha256(study):
     )
 
 
+@pytest.mark.process
 def test_anchor_pushes_every_unit_and_the_audit_checks_the_history(tmp_path):
     remote = tmp_path / "anchor.git"
     subprocess.run(["git", "init", "-q", "--bare", str(remote)], check=True)
@@ -522,6 +525,7 @@ def ssh_key(path: Path) -> str:
     return path.with_suffix(".pub").read_text()
 
 
+@pytest.mark.process
 def test_signed_tag_verifies_against_the_reader_s_allowed_signers(tmp_path):
     if shutil.which("ssh-keygen") is None:
         pytest.skip("ssh-keygen is not installed")
@@ -542,6 +546,7 @@ def test_signed_tag_verifies_against_the_reader_s_allowed_signers(tmp_path):
     failed(r, "its signature does not verify against", extra=("--allowed-signers", str(wrong)))
 
 
+@pytest.mark.process
 def test_an_openpgp_signed_tag_does_not_pass_for_the_allowed_signers(tmp_path, monkeypatch):
     """A gpg signature that the reader's keyring accepts is not an SSH signature the reader's
     allowed-signers file names: refused, whatever gpg says."""
@@ -605,6 +610,7 @@ def test_sign_without_a_signing_key_is_refused(tmp_path):
 # -- the audit reads what the harness accepted ----------------------------------------------------
 
 
+@pytest.mark.process
 def test_a_safe_dump_protocol_is_tagged_run_and_audited(tmp_path):
     """The issue's case: a long quoted description folded over three lines by yaml.safe_dump."""
     import yaml
@@ -634,6 +640,7 @@ def test_a_safe_dump_protocol_is_tagged_run_and_audited(tmp_path):
     assert "Integrity: everything matched." in a.stdout
 
 
+@pytest.mark.process
 def test_plug_in_importing_from_an_exempt_folder_is_refused(tmp_path):
     r = tmp_path / "study"
     (r / "protocols").mkdir(parents=True)
@@ -751,6 +758,7 @@ def test_a_tag_file_other_than_the_repository_s_tag_fails(study):
     failed(study, "TAG is not the object of the repository's tag protocol-tiny")
 
 
+@pytest.mark.process
 def test_a_signed_tag_verifies_from_the_tag_file(tmp_path):
     if shutil.which("ssh-keygen") is None:
         pytest.skip("ssh-keygen is not installed")

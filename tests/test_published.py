@@ -95,6 +95,7 @@ def test_the_readme_result_table_is_the_committed_report_s():
     assert chain.returncode == 0, chain.stdout
 
 
+@pytest.mark.process
 @pytest.mark.skipif(not (STUDY / "index.html").is_file(), reason="records/cpu1 is not in this checkout")
 def test_the_committed_study_page_is_valid_and_renders():
     from pagecheck import check_page

@@ -3,7 +3,8 @@ and docs/decisions.md list them: :data:`harness.cliargs.RUN_ENDINGS`), driven th
 
 None of these outcomes depends on the machine's speed: budgets are far below any run's device
 seconds, and a signal that must land mid-run is sent to a run slowed by the test knob
-``HARNESS_TEST_SLOWDOWN`` (the worker sleeps 30x its own run before it reports)."""
+``HARNESS_TEST_SLOWDOWN`` (the worker sleeps 30x its own run before it reports). The scenarios that
+run a study are in the process tier; tests/test_runner_scenarios.py drives each in process."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def write(repo: Path, text: str) -> str:
     return "protocols/tiny.yaml"
 
 
+@pytest.mark.process
 def test_budget_stop_is_a_result_with_its_report(repo):
     p = write(repo, tiny_protocol(budget=0.01, steps=10))
     r = harness(repo, "run", p, "--quiet")
@@ -59,6 +61,7 @@ def test_budget_stop_is_a_result_with_its_report(repo):
     assert a.returncode == 0 and "STOPPED BY THE BUDGET RULE" in a.stdout, a.stdout + a.stderr
 
 
+@pytest.mark.process
 def test_complete_run_shows_progress_and_exits_0(repo):
     p = write(repo, tiny_protocol(steps=6))
     r = harness(repo, "run", p, "--quiet")
@@ -69,6 +72,7 @@ def test_complete_run_shows_progress_and_exits_0(repo):
     assert "all 4 runs finished ok; records in" in r.stdout
 
 
+@pytest.mark.process
 def test_units_another_runner_holds_leave_exit_4(repo):
     p = write(repo, tiny_protocol(steps=6))
     locks = repo / "runs" / "tiny" / "locks"
@@ -82,6 +86,7 @@ def test_units_another_runner_holds_leave_exit_4(repo):
     assert done.returncode == 0 and len(record_dicts(repo / RECS)) == 4
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupted_and_terminated_runs_resume(repo, sig, code):
     p = write(repo, tiny_protocol(steps=6))
