@@ -282,18 +282,18 @@ def every_pair_section(studies: Sequence[StudyResult]) -> list[str]:
         rows, cls, dots = [], [], []
         for c in study.paired_configs():
             dots.append(
-                (c.config, [p["time_reduction_pct"] for p in c.pairs if p["time_reduction_pct"] is not None])
+                (c.config, [p.time_reduction_pct for p in c.pairs if p.time_reduction_pct is not None])
             )
             for p in c.pairs:  # a damaged (null or non-finite) endpoint shows as n/a
-                adverse = (p["time_reduction_pct"] or 0.0) < 0
+                adverse = (p.time_reduction_pct or 0.0) < 0
                 rows.append(
                     [
-                        f"{c.config} seed {p['seed']}",
-                        p["first"],
-                        num(p["baseline_training_s"], ".3f"),
-                        num(p["candidate_training_s"], ".3f"),
-                        "n/a" if p["time_reduction_pct"] is None else f"{p['time_reduction_pct']:.2f}%",
-                        num(p["test_bpb_difference"], "+.5f"),
+                        f"{c.config} seed {p.seed}",
+                        str(p.first),
+                        num(p.baseline_training_s, ".3f"),
+                        num(p.candidate_training_s, ".3f"),
+                        "n/a" if p.time_reduction_pct is None else f"{p.time_reduction_pct:.2f}%",
+                        num(p.test_bpb_difference, "+.5f"),
                         "slower" if adverse else "faster",
                     ]
                 )

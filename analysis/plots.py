@@ -34,7 +34,7 @@ def plots(summary: Summary, records: list[RunRecord], directory: Path) -> list[P
         fig, axes = plt.subplots(1, len(paired), figsize=(3.2 * len(paired) + 1, 3.2), squeeze=False)
         for ax, c in zip(axes[0], paired):
             key = "time_reduction_pct" if kind == "time" else "test_bpb_difference"
-            vals = [p[key] if p[key] is not None else float("nan") for p in c.pairs]
+            vals = [v if (v := getattr(p, key)) is not None else float("nan") for p in c.pairs]
             ax.scatter(range(len(vals)), vals, s=12)
             iv = (c.training_time if kind == "time" else c.test_bpb).interval
             if iv:
@@ -61,7 +61,7 @@ def plots(summary: Summary, records: list[RunRecord], directory: Path) -> list[P
     for ax, c in zip(axes[0], paired):
         for pr in c.pairs:
             for role, color in (("baseline", "tab:blue"), ("candidate", "tab:orange")):
-                rec = by_unit.get(pr["unit"], {}).get(role)
+                rec = by_unit.get(pr.unit, {}).get(role)
                 if rec and rec.val_curve:
                     xs = [v[2] for v in rec.val_curve]
                     ys = [v[1] for v in rec.val_curve]

@@ -87,12 +87,12 @@ def paired_study_section(study: StudyResult) -> list[str]:
             rows.append(
                 [
                     c.config,
-                    str(pr["seed"]),
-                    pr["first"],
-                    num(pr["baseline_training_s"], ".3f"),
-                    num(pr["candidate_training_s"], ".3f"),
-                    num(pr["time_reduction_pct"], ".2f%"),
-                    num(pr["test_bpb_difference"], "+.5f"),
+                    str(pr.seed),
+                    str(pr.first),
+                    num(pr.baseline_training_s, ".3f"),
+                    num(pr.candidate_training_s, ".3f"),
+                    num(pr.time_reduction_pct, ".2f%"),
+                    num(pr.test_bpb_difference, "+.5f"),
                 ]
             )
     out += md_table(

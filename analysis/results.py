@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from analysis.audit.attempts import Completeness
 from analysis.audit.decisions import DECIDED_FIELDS, HypothesisDecision
 from analysis.audit.descriptive import Endpoint, PairedInterval
-from analysis.audit.hypotheses import Hypothesis
+from analysis.audit.hypotheses import Hypothesis, Pair
 from harness.jsonfields import exact_fields, plain
 
 #: summary.json's format (``schema_version``). 2: "completeness"; 3: "hypotheses" (one decision each),
@@ -136,7 +136,7 @@ class PairedResult(_Json):
     counts: Mapping[str, int]  # faster, slower, ties, worse_test_bpb
     order_effects: Mapping[str, Any]  # crossover, drift (analysis.audit.order)
     by_device: Mapping[str, Any] | None
-    pairs: Sequence[Row]
+    pairs: Sequence[Pair]
     # training CPU time, when every pair recorded it (records since lockstep; left out otherwise,
     # so earlier summaries read and write back the same)
     training_cpu_time: TrainingTime | None = field(default=None, metadata={"omit_none": True})

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
+from analysis.audit.hypotheses import Pair
 from analysis.results import SUMMARY_SCHEMA, PairedResult, StudyResult, Summary, SummaryFormatError
 from analysis.summary import derive
 from harness.records import load_records, load_started, seal
@@ -41,6 +42,7 @@ def test_the_typed_summary_of_committed_records_is_their_summary_json(folder: Pa
     assert seal(back.to_json()) == on_disk and close(back.to_json(), summary.to_json())
     assert all(isinstance(s, StudyResult) for s in back.studies)
     assert any(isinstance(c, PairedResult) for s in back.studies for c in s.configs)
+    assert all(isinstance(p, Pair) for s in back.studies for c in s.paired_configs() for p in c.pairs)
 
 
 @pytest.mark.parametrize(

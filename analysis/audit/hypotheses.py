@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .descriptive import magnitude_problem, mean_se, rounding_scale, scale, spread_is_rounding
@@ -54,8 +54,8 @@ class Pair:
     device: str | None = None
     baseline_training_s: float | None = None
     candidate_training_s: float | None = None
-    baseline_training_cpu_s: float | None = None
-    candidate_training_cpu_s: float | None = None
+    baseline_training_cpu_s: float | None = field(default=None, metadata={"omit_none": True})
+    candidate_training_cpu_s: float | None = field(default=None, metadata={"omit_none": True})
     baseline_time_to_target_s: float | None = None
     candidate_time_to_target_s: float | None = None
     baseline_total_s: float | None = None
@@ -76,6 +76,15 @@ class Pair:
         if unknown:
             raise ValueError(f"pair {row.get('unit', '?')}: unknown keys {', '.join(unknown)}")
         return cls(**row)
+
+    def to_json(self) -> dict[str, Any]:
+        """The pair's row (``summary.json``'s ``pairs``): every field, but the CPU time columns only
+        where the records have them (earlier records do not)."""
+        return {
+            f.name: v
+            for f in fields(self)
+            if (v := getattr(self, f.name)) is not None or not f.metadata.get("omit_none")
+        }
 
     def value(self, role: str, key: str) -> Any:
         """Arm ``role``'s value of endpoint column ``key`` (``training_s``, ``test_bpb``, ...), unchecked."""
