@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from analysis.audit.attempts import Completeness
 from analysis.audit.decisions import DECIDED_FIELDS, HypothesisDecision
 from analysis.audit.descriptive import Endpoint, PairedInterval
-from analysis.audit.hypotheses import Hypothesis, Pair
+from analysis.audit.hypotheses import Hypothesis, Pair, present
 from harness.jsonfields import exact_fields, plain
 
 #: summary.json's format (``schema_version``). 2: "completeness"; 3: "hypotheses" (one decision each),
@@ -44,11 +44,7 @@ class _Json:
     unknown or missing fields."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            f.name: plain(v)
-            for f in fields(self)  # type: ignore[arg-type]
-            if (v := getattr(self, f.name)) is not None or not f.metadata.get("omit_none")
-        }
+        return {name: plain(v) for name, v in present(self).items()}
 
     @classmethod
     def from_json(cls: type[T], data: Any, where: str = "summary") -> T:

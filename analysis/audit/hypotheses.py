@@ -80,11 +80,7 @@ class Pair:
     def to_json(self) -> dict[str, Any]:
         """The pair's row (``summary.json``'s ``pairs``): every field, but the CPU time columns only
         where the records have them (earlier records do not)."""
-        return {
-            f.name: v
-            for f in fields(self)
-            if (v := getattr(self, f.name)) is not None or not f.metadata.get("omit_none")
-        }
+        return present(self)
 
     def value(self, role: str, key: str) -> Any:
         """Arm ``role``'s value of endpoint column ``key`` (``training_s``, ``test_bpb``, ...), unchecked."""
@@ -93,6 +89,16 @@ class Pair:
     def log_ratio(self, key: str = "training_s") -> float:
         """``ln(c / b)`` of the two arms' ``key`` (the caller has both checked positive)."""
         return math.log(self.value("candidate", key) / self.value("baseline", key))
+
+
+def present(obj: Any) -> dict[str, Any]:
+    """A dataclass instance's fields by name, as its JSON holds them: a field whose metadata says
+    ``omit_none`` is left out while it is ``None`` (a column that earlier records do not have)."""
+    return {
+        f.name: v
+        for f in fields(obj)
+        if (v := getattr(obj, f.name)) is not None or not f.metadata.get("omit_none")
+    }
 
 
 def typed_pairs(pairs: Sequence[Pair | PairRow]) -> list[Pair]:
