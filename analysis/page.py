@@ -70,14 +70,15 @@ def render(
     ]
     answers = answers_section(summary.hypotheses)  # the sentences, then the answer's figure, then the tables
     cut = answers.index("</ul>") + 1 if "</ul>" in answers else len(answers)
-    body += answers[:cut] + answer_figure(summary.studies, p["studies"]) + answers[cut:]
+    on_cpu = p.get("device") == "cpu"  # CPU time measures a CPU run's work, not a GPU's
+    body += answers[:cut] + answer_figure(summary.studies, p["studies"], on_cpu) + answers[cut:]
     by_name = {s["name"]: s for s in p["studies"]}
     n = 0
     for study in summary.studies:
         if not study.configs:
             continue
         if study.design == "paired":
-            body += paired_section(study, n, by_name.get(study.name))
+            body += paired_section(study, n, by_name.get(study.name), on_cpu)
             n += 1
         else:
             body += factorial_section(study)

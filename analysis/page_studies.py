@@ -35,7 +35,9 @@ def design_label(protocol_study: dict[str, Any] | None) -> str:
     return "a process per arm"
 
 
-def answer_figure(studies: Sequence[StudyResult], protocol_studies: Sequence[dict[str, Any]]) -> list[str]:
+def answer_figure(
+    studies: Sequence[StudyResult], protocol_studies: Sequence[dict[str, Any]], cpu: bool = True
+) -> list[str]:
     """The answer in one figure: every paired study's training-time reduction per configuration, on
     the wall clock and (where recorded) the CPU clock, with its interval, each study's design named.
 
@@ -45,6 +47,9 @@ def answer_figure(studies: Sequence[StudyResult], protocol_studies: Sequence[dic
         The summary's studies (factorial ones are left to their section).
     protocol_studies : sequence of dict
         The protocol summary's studies (their designs).
+    cpu : bool
+        Whether to show the CPU clock (a study on a CPU device; on a GPU the host thread's CPU time
+        does not measure the device's work).
 
     Returns
     -------
@@ -61,7 +66,7 @@ def answer_figure(studies: Sequence[StudyResult], protocol_studies: Sequence[dic
                 continue  # an A/A null check is in its own section
             level = level or c.level
             names.append(f"{c.candidate_arm} over {c.baseline_arm}")
-            for clock, ep in (("wall", c.training_time), ("CPU", c.training_cpu_time)):
+            for clock, ep in (("wall", c.training_time), ("CPU", c.training_cpu_time if cpu else None)):
                 iv = ep.interval if ep is not None else None
                 if iv is not None:
                     rows.append((f"{study.name} / {c.config}, {clock}", iv.estimate, iv.low, iv.high))
@@ -78,7 +83,9 @@ def answer_figure(studies: Sequence[StudyResult], protocol_studies: Sequence[dic
     ]
 
 
-def paired_section(study: StudyResult, n: int, protocol_study: dict[str, Any] | None = None) -> list[str]:
+def paired_section(
+    study: StudyResult, n: int, protocol_study: dict[str, Any] | None = None, cpu: bool = True
+) -> list[str]:
     """A paired study's section: training time (table and forest plot), quality and completion costs,
     peak memory.
 
@@ -90,6 +97,8 @@ def paired_section(study: StudyResult, n: int, protocol_study: dict[str, Any] | 
         The study's index among the page's paired studies (it makes the plot's element ids unique).
     protocol_study : dict, optional
         The study in the protocol summary (its design: lockstep or a process per arm).
+    cpu : bool
+        Whether to show training CPU time (a study on a CPU device).
 
     Returns
     -------
@@ -144,10 +153,10 @@ def paired_section(study: StudyResult, n: int, protocol_study: dict[str, Any] | 
             f"<figure>{svg}<figcaption>Training-time reduction per configuration with its {lvl} interval; "
             "right of the dashed line the candidate is faster.</figcaption></figure>"
         )
-    cpu = [c for c in cfgs if c.training_cpu_time is not None]
-    if cpu:
+    with_cpu = [c for c in cfgs if c.training_cpu_time is not None] if cpu else []
+    if with_cpu:
         rows = []
-        for c in cpu:
+        for c in with_cpu:
             ct = c.training_cpu_time
             assert ct is not None
             est, rng = interval_cells(ct.interval)
@@ -156,13 +165,15 @@ def paired_section(study: StudyResult, n: int, protocol_study: dict[str, Any] | 
             )
         out.append(
             html_table(
-                f"Training CPU time (the training thread's, with one thread), {base} / {cand}",
+                f"Training CPU time (the training thread's with one intra-op thread, the process's with "
+                f"more; both arms of a pair on the same clock), {base} / {cand}",
                 ["Configuration", f"{base} / {cand}", "CPU-time reduction", f"{lvl} interval"],
                 rows,
             )
         )
     out.append(f"<h3>Quality and completion costs ({esc(study.name)})</h3>")
     rows = []
+    lockstep = bool((protocol_study or {}).get("lockstep"))
     for c in cfgs:
         q, tot, ttt = c.test_bpb, c.total_time, c.time_to_target
         qe, qr = interval_cells(q.interval, "+.5f", "")
@@ -174,7 +185,7 @@ def paired_section(study: StudyResult, n: int, protocol_study: dict[str, Any] | 
                 f"{num(q.baseline_mean, '.4f')} / {num(q.candidate_mean, '.4f')}",
                 qe,
                 qr,
-                f"{te} ({tr})",
+                "n/a (lockstep: one process ran both arms)" if lockstep else f"{te} ({tr})",
                 f"{re_} ({rr}); {ttt.pairs} pairs reached, unreached {ttt.unreached['baseline']}"
                 f" / {ttt.unreached['candidate']}",
             ]

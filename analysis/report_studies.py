@@ -44,7 +44,12 @@ def paired_study_section(study: StudyResult) -> list[str]:
     out += _training_table(configs, lvl, names)
     cpu = [c for c in configs if c.training_cpu_time is not None]
     if cpu:
-        out += ["", "Training CPU time (the training thread's, with one thread).", ""]
+        out += [
+            "",
+            "Training CPU time (the training thread's with one intra-op thread, the process's with more; "
+            "both arms of a pair on the same clock).",
+            "",
+        ]
         rows = []
         for c in cpu:
             ct = c.training_cpu_time

@@ -58,6 +58,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     cols = ["#", "study", "config", "unit", "pos", "role", "arm", "seed", "steps"]
     print(table(rows, cols + (["lockstep"] if any(r.lockstep for r in runs) else [])))
     print(f"\n{len(runs)} runs; protocol {proto.id} sha256 {proto.sha256}; plan sha256 {plan_sha256(runs)}")
+    for s in proto.studies:
+        if s.lockstep and len(s.seeds) % 4:
+            print(
+                f"note: lockstep study {s.name} has {len(s.seeds)} pairs per configuration: build order and "
+                f"first block are balanced in each group of four pairs; the last {len(s.seeds) % 4} are a "
+                "seeded draw of the four combinations (a multiple of 4 balances both exactly)"
+            )
     return 0
 
 

@@ -102,6 +102,9 @@ def test_each_record_names_its_partner_order_and_clocks(both):
         t = r["timings"]
         assert 0 < t["training_cpu_s"] and t["training_cpu_clock"].startswith("time.thread_time")
         assert t["device_s"] == pytest.approx(t["pair_device_s"] / 2)
+        pt = partner["timings"]  # one process ran both: its total is the pair's, said so
+        assert t["total_s"] == pt["total_s"] and t["total_s_of"] == "the lockstep pair's process"
+        assert t["total_s"] > t["setup_s"] + pt["setup_s"] + t["evaluation_s"] + pt["evaluation_s"]
         assert "half of its lockstep pair's process" in t["device_s_source"]
         assert "primary" not in r["memory"] and "pair's" in r["memory"]["shared"]
 
@@ -214,14 +217,24 @@ class Meddler:
         self.optimizer = self.inner.optimizer
         SEEN.append(ctx.params)
         self.others = SEEN[-2] if len(SEEN) % 2 == 0 else None  # the partner's, built just before
+        if self.others is not None and "{what}" == "build":
+            with torch.no_grad():
+                self.others[0].add_(1.0)
+        if "{what}" == "threads":
+            torch.set_num_threads(2)
 
     def phase(self):
         out = self.inner.phase()
         if self.others is not None and "{what}" == "partner":
             with torch.no_grad():
                 self.others[0].add_(1.0)
+        if self.others is not None and "{what}" == "data":  # no version counter sees this write
+            self.others[0].data.add_(1.0)
         if "{what}" == "rng":
             torch.rand(1)
+        if "{what}" == "precision" and not hasattr(self, "flipped"):  # once per arm, in every pair
+            self.flipped = "medium" if torch.get_float32_matmul_precision() == "highest" else "highest"
+            torch.set_float32_matmul_precision(self.flipped)
         return out
 
     def set_lr(self, lr):
@@ -236,12 +249,23 @@ def build(ctx):
 '''
 
 
+SHARED = ("partner", "data", "build")  # cases where the arm built second meddles with its partner
+
+
 @pytest.mark.parametrize(
-    "what, says", [("partner", "wrote its partner's tensors"), ("rng", "global random state")]
+    "what, says",
+    [
+        ("partner", "wrote its partner's tensors during its block"),
+        ("data", "wrote its partner's tensors during its block"),
+        ("build", "wrote its partner's tensors while it was built"),
+        ("rng", "global random state"),
+        ("threads", "changed process-wide torch settings while it was built (threads 1 -> 2"),
+        ("precision", "changed process-wide torch settings during its block (float32 matmul precision"),
+    ],
 )
 def test_an_arm_that_leaks_fails_the_pair_named(tmp_path, monkeypatch, what, says):
     module = f"meddle_{what}"  # a module per case: this process imports each once
-    arms = f"[{module}:build, {module}:build]" if what == "partner" else f"[native, {module}:build]"
+    arms = f"[{module}:build, {module}:build]" if what in SHARED else f"[native, {module}:build]"
     text = protocol("lockstep", seeds="[1, 2]").replace("[bucketed, packed]", arms)
     text = text.replace(f"configs: {FAMILIES}", "configs: [tiny_conv]")
     repo = tmp_path / "s"
@@ -254,13 +278,15 @@ def test_an_arm_that_leaks_fails_the_pair_named(tmp_path, monkeypatch, what, say
     others = {rid: r for rid, r in recs.items() if rid.startswith("others.")}
     assert end.failed == len(others) == 4 and {r["status"] for r in others.values()} == {"failed"}
     for rid, r in others.items():
-        meddles = r["spec"]["position"] == 1 if what == "partner" else r["spec"]["arm"] != "native"
+        meddles = r["spec"]["position"] == 1 if what in SHARED else r["spec"]["arm"] != "native"
         culprit = rid if meddles else r["spec"]["partner"]
         if rid == culprit:
             assert says in r["reason"] and f"{module}:build" in r["reason"], r["reason"]
         else:
             assert r["reason"].startswith(f"its lockstep partner {culprit} failed:") and says in r["reason"]
     assert all(r["status"] == "ok" for rid, r in recs.items() if rid.startswith("pairs."))
+    torch.set_num_threads(1)  # as the pair's process found them (this test's process goes on)
+    torch.set_float32_matmul_precision("highest")
 
 
 class Crash(BaseException):
@@ -354,3 +380,44 @@ def test_power_plans_a_lockstep_target_from_the_pilots_lockstep_pairs_only():
     got = {b: aa_noise(recs, "training_cpu_time", "log_ratio", b)["c"] for b in (None, 1, 25)}
     assert all(n.pairs == 12 for n in got.values())
     assert 0.1 < got[None].sd < 0.3 and got[1].sd < 0.02 and 0.02 < got[25].sd < 0.1
+
+
+def test_a_half_recorded_pair_is_pending_and_runs_again_whole(tmp_path, monkeypatch):
+    """The runner dies after one arm's record and before its partner's: that arm is not done
+    (``harness status`` says both are pending), and the pair runs again whole as a new unit attempt."""
+    from harness.execute.state import status_table
+
+    text = protocol("lockstep").replace(f"configs: {FAMILIES}", "configs: [tiny_conv]")
+    repo = init_study(tmp_path / "s", protocol=text)
+    real, calls = Runner.finished, []
+
+    def dies_between_the_arms(self, spec, attempt, outcome, node=None):
+        calls.append(spec.run_id)
+        if len(calls) == 4:  # the second pair's second arm
+            raise Crash
+        return real(self, spec, attempt, outcome, node)
+
+    monkeypatch.setattr(Runner, "finished", dies_between_the_arms)
+    with pytest.raises(Crash):
+        run(repo)
+    monkeypatch.setattr(Runner, "finished", real)
+    proto = load_protocol(repo / "protocols" / "tiny.yaml")
+    rows = {r["study"]: r for r in status_table(proto)[0]}
+    assert (rows["pairs"]["done"], rows["pairs"]["pending"]) == (2, 2), rows
+    end = run(repo)
+    assert end.left == 0
+    mine = [
+        r for r in record_dicts(repo / RECS) if r["spec"]["unit"] == by_run(repo)[calls[3]]["spec"]["unit"]
+    ]
+    assert sorted((r["spec"]["run_id"] == calls[2], r["status"], r["unit_attempt"]) for r in mine) == [
+        (False, "interrupted", 1),
+        (False, "ok", 2),
+        (True, "ok", 1),
+        (True, "ok", 2),
+    ]
+    rows = {r["study"]: r for r in status_table(proto)[0]}
+    assert (rows["pairs"]["done"], rows["pairs"]["pending"], rows["pairs"]["superseded_attempts"]) == (
+        4,
+        0,
+        2,
+    )

@@ -240,10 +240,13 @@ ENDPOINT_KEYS = {
 
 def cpu_time_columns(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> dict[str, Any]:
     """A pair's training CPU time columns (``baseline_training_cpu_s``, ``candidate_training_cpu_s``)
-    from its arms' ``timings``, when both recorded one (records before CPU time have none, and
-    their pairs no such columns)."""
+    from its arms' ``timings``, when both recorded one on the same clock (records before CPU time
+    have none, and their pairs no such columns; a configuration reports CPU time only when every
+    pair has them)."""
     if "training_cpu_s" not in baseline or "training_cpu_s" not in candidate:
         return {}
+    if baseline.get("training_cpu_clock") != candidate.get("training_cpu_clock"):
+        return {}  # a thread's CPU time against a process's: not one endpoint
     return {
         "baseline_training_cpu_s": baseline["training_cpu_s"],
         "candidate_training_cpu_s": candidate["training_cpu_s"],

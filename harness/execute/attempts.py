@@ -223,7 +223,7 @@ def outcome_result(outcome: Outcome) -> tuple[WorkerResult, float]:
         **result.timings,
         "device_s": device_s,
         "device_s_source": source,
-        "launcher_wall_s": outcome.wall_s,
+        "launcher_wall_s": outcome.wall_s * outcome.share,  # the process's, for a lockstep arm too
     }
     return replace(result, status=status, reason=reason, timings=timings), device_s
 

@@ -65,5 +65,5 @@ def split(outcome: Outcome, group: list[RunSpec]) -> list[Outcome]:
                     "device_s": float(own) / len(group),
                     "pair_device_s": float(own),
                 }
-        out.append(replace(outcome, result=r, wall_s=outcome.wall_s / len(group)))
+        out.append(replace(outcome, result=r, wall_s=outcome.wall_s / len(group), share=len(group)))
     return out

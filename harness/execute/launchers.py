@@ -47,6 +47,7 @@ class Outcome:
     finished_at: float = 0.0  # time.time() when the worker process ended
     log_tail: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    share: int = 1  # the runs its process ran (2: a lockstep pair's arm; wall_s is then its share)
 
     def status_reason(self) -> tuple[str, str | None]:
         if self.code == 0 and self.result.get("status") == "ok":
@@ -59,6 +60,8 @@ class Outcome:
         timings = self.result.get("timings") or {}
         own = timings.get("device_s")
         if own is None:
+            if self.share > 1:
+                return self.wall_s, "launcher wall time (worker died), half of its lockstep pair's process"
             return self.wall_s, "launcher wall time (worker died)"
         if "pair_device_s" in timings:
             return float(own), "worker: half of its lockstep pair's process (pair_device_s)"

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 import torch
 
-from harness.execute.job import LockstepJob
+from harness.execute.job import Job, LockstepJob
 from harness.execute.training import Partial, Prepared, RunFailure, failure, finish, prepare
 from harness.records import WorkerResult
 
@@ -74,18 +74,74 @@ class _Slot:
 
 
 def _tensors(p: Prepared) -> list[torch.Tensor]:
-    """An arm's tensors that training writes: parameters, their gradients, the optimizer's state."""
+    """An arm's tensors that training writes: parameters, buffers, gradients, the optimizer's state
+    (and the arm's own tensor attributes, such as a packed optimizer's flat buffers)."""
     params = list(dict.fromkeys(p.model.parameters()))
-    out = params + [q.grad for q in params if q.grad is not None]
+    out = params + list(p.model.buffers()) + [q.grad for q in params if q.grad is not None]
     opt = getattr(p.arm, "optimizer", None)
     for st in getattr(opt, "state", {}).values():
         if isinstance(st, dict):
             out += [v for v in st.values() if isinstance(v, torch.Tensor)]
-    return out
+    for holder in (p.arm, opt):
+        out += (
+            [v for v in vars(holder).values() if isinstance(v, torch.Tensor)]
+            if hasattr(holder, "__dict__")
+            else []
+        )
+    return list({id(t): t for t in out}.values())
 
 
-def _versions(p: Prepared) -> tuple[tuple[int, int], ...]:
-    return tuple((id(t), t._version) for t in _tensors(p))
+#: Integer views of a tensor's bytes by element size, for an exact-enough checksum of its contents.
+_AS_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _fingerprint(p: Prepared) -> tuple[object, ...]:
+    """What the waiting arm must keep while its partner runs: each tensor's identity, version
+    counter (every in-place write bumps it) and a checksum of its bytes (which also sees writes
+    through ``.data``, which bump no counter)."""
+    ts = [
+        t
+        for t in _tensors(p)
+        if t.layout == torch.strided and t.numel() and not t.is_complex() and t.element_size() in _AS_INT
+    ]
+    sums = [
+        t.detach().contiguous().reshape(-1).view(_AS_INT[t.element_size()]).sum(dtype=torch.int64) for t in ts
+    ]
+    values = torch.stack(sums).tolist() if sums else []
+    return tuple((id(t), t._version, v) for t, v in zip(ts, values))
+
+
+def _settings() -> dict[str, object]:
+    """Process-wide torch settings an arm could change for both arms of a pair (there is no getter
+    for ``torch.set_flush_denormal``, so that one is not checked)."""
+    return {
+        "threads": torch.get_num_threads(),
+        "inter-op threads": torch.get_num_interop_threads(),
+        "default dtype": torch.get_default_dtype(),
+        "grad mode": torch.is_grad_enabled(),
+        "anomaly mode": torch.is_anomaly_enabled(),
+        "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+        "float32 matmul precision": torch.get_float32_matmul_precision(),
+        "cuda matmul allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn allow_tf32": torch.backends.cudnn.allow_tf32,
+        "cudnn benchmark": torch.backends.cudnn.benchmark,
+        "cudnn deterministic": torch.backends.cudnn.deterministic,
+        "mkldnn enabled": torch.backends.mkldnn.enabled,
+        "cpu autocast": torch.is_autocast_enabled("cpu"),
+    }
+
+
+def _same_settings(base: dict[str, object], arm: Prepared | Job, when: str) -> None:
+    """RunFailure naming the arm when a process-wide setting differs from the pair's start."""
+    now = _settings()
+    changed = [f"{k} {base[k]} -> {now[k]}" for k in base if now[k] != base[k]]
+    if changed:
+        spec = arm.run.spec if isinstance(arm, Prepared) else arm.spec
+        raise RunFailure(
+            f"arm {spec.arm} ({spec.run_id}) changed process-wide torch settings {when} "
+            f"({'; '.join(changed)}): in lockstep both arms share them, so it would change its "
+            "partner's run too (compare such an arm with design: paired)"
+        )
 
 
 def _disjoint(a: Prepared, b: Prepared) -> None:
@@ -127,11 +183,17 @@ def _pair(
     t_start = time.perf_counter()
     built: list[Prepared] = []
     slots: list[_Slot] = []
+    if job.jobs[0].spec.threads:
+        torch.set_num_threads(job.jobs[0].spec.threads)
+    base = _settings()  # what both arms run with; neither may change it
     for i, (j, partial) in enumerate(zip(job.jobs, partials)):
         active[0] = i
+        before = _fingerprint(built[0]) if built else None
         p = prepare(j, partial)
+        _same_settings(base, j, "while it was built")
         if built:
             _disjoint(built[0], p)
+            _untouched(built[0], before, p, "while it was built")
         built.append(p)
         slots.append(_Slot(p.run.device))  # the state its build left, as in a process of its own
         partial.note(
@@ -152,25 +214,36 @@ def _pair(
     for k, n in blocks(spec.steps, spec.block_steps):
         i = active[0] = order[k]
         me, other = built[i], built[1 - i]
-        idle = _versions(other)
+        idle = _fingerprint(other)
         slots[i].enter()
         for _ in range(n):
             me.trainer.step()
         slots[i].leave()
-        if _versions(other) != idle:
-            raise RunFailure(
-                f"arm {me.run.spec.arm} ({me.run.spec.run_id}) wrote its partner's tensors during its "
-                "block: a lockstep pair's arms must not touch each other's parameters, gradients or "
-                "optimizer state"
-            )
-    results = []
+        _same_settings(base, me, "during its block")
+        _untouched(other, idle, me, "during its block")
     for i, (p, partial, slot) in enumerate(zip(built, partials, slots)):
         active[0] = i
+        idle = _fingerprint(built[1 - i])
         slot.enter()
-        r = finish(p, partial, total_s=time.perf_counter() - t_start)
+        r = finish(p, partial)
         slot.leave()
+        _same_settings(base, p, "while it was evaluated")
+        _untouched(built[1 - i], idle, p, "while it was evaluated")
         memory = {k: v for k, v in (r.memory or {}).items() if k != "primary"}
         memory["shared"] = "both arms of a lockstep pair in one process: the peaks are the pair's"
         partial.note(memory=memory)
-        results.append(partial.result)
-    return results[0], results[1]
+    total = time.perf_counter() - t_start  # the pair's: one process ran both arms
+    for partial in partials:
+        partial.note(
+            timings={**partial.result.timings, "total_s": total, "total_s_of": "the lockstep pair's process"}
+        )
+    return partials[0].result, partials[1].result
+
+
+def _untouched(other: Prepared, before: tuple[object, ...] | None, me: Prepared, when: str) -> None:
+    """RunFailure naming ``me`` when ``other``'s tensors changed since ``before`` (its fingerprint)."""
+    if before is not None and _fingerprint(other) != before:
+        raise RunFailure(
+            f"arm {me.run.spec.arm} ({me.run.spec.run_id}) wrote its partner's tensors {when}: a lockstep "
+            "pair's arms must not touch each other's parameters, buffers, gradients or optimizer state"
+        )

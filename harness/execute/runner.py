@@ -281,8 +281,6 @@ class Runner:
         if not self._done_known:  # first claim, or records this runner did not write came in
             self.progress.done = sum(len(u) - len(self.todo(u, states)) for u in self._units)
             self._done_known = True
-        if todo and unit[0].lockstep and len(todo) < len(unit):
-            todo = list(unit)  # a lockstep pair runs whole, in one process: a new unit attempt
         if todo and widen is not None:
             todo = widen(unit, todo, states)
         if not todo or not self.budget_allows(unit, todo, attempts, reserved):
@@ -402,10 +400,14 @@ class Runner:
         and its runs have ended fewer than the protocol's ``max_attempts`` times; a retry executes
         the whole unit again (every arm, as a new attempt, back to back), so the pair it yields
         shares one machine state. Otherwise the runs without an ok latest attempt (never started,
-        or interrupted) are executed: the resume after a stop.
+        or interrupted) are executed: the resume after a stop; of a lockstep pair, both (its arms
+        run in one process), as a new unit attempt.
         """
         sts = [states.get(s.run_id) for s in unit]
         if any(st is not None and st.last == "failed" for st in sts):
             tries = max(st.tries for st in sts if st is not None)
             return list(unit) if self.retry_failed and tries < self.proto.max_attempts else []
-        return [s for s, st in zip(unit, sts) if st is None or st.last != "ok"]
+        todo = [s for s, st in zip(unit, sts) if st is None or st.last != "ok"]
+        if todo and unit[0].lockstep:
+            return list(unit)  # a lockstep pair runs whole, in one process: a new unit attempt
+        return todo

@@ -143,7 +143,9 @@ def unfinished(proto: Protocol) -> list[dict[str, Any]]:
 
 def status_table(proto: Protocol) -> tuple[list[dict[str, Any]], float]:
     """Per (study, configuration): done, failed, interrupted (recorded, and started with no ending)
-    and pending runs, superseded attempts (of a unit that ran again whole); device seconds spent."""
+    and pending runs, superseded attempts (of a unit that ran again whole); device seconds spent.
+    A lockstep run whose partner has no ok record in their latest unit attempt is pending (the
+    pair runs again whole)."""
     runs = make_plan(proto)
     recs = load_records(proto.records_path)
     unended: dict[str, int] = {}
@@ -177,7 +179,11 @@ def status_table(proto: Protocol) -> tuple[list[dict[str, Any]], float]:
             spec.run_id, 0
         )
         row["superseded_attempts"] += sum(1 for r in rs if r.unit_attempt < latest.get(spec.unit, 1))
-        if any(r.status == "ok" for r in rs):
+        partner = by_run.get(spec.partner or "", []) if spec.lockstep else None
+        partner_ok = partner is None or any(
+            r.status == "ok" and r.unit_attempt == latest.get(spec.unit, 1) for r in partner
+        )  # a lockstep pair runs again whole unless both arms are ok
+        if any(r.status == "ok" for r in rs) and partner_ok:
             row["done"] += 1
         elif any(r.status == "failed" for r in rs):
             row["failed"] += 1
