@@ -20,10 +20,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from analysis.beside import Beside
 from analysis.page_html import esc
 from analysis.page_protocol import answers_section, claims_section, flow_section, verify_section
 from analysis.page_studies import (
     answer_figure,
+    beside_section,
     every_pair_section,
     factorial_section,
     order_section,
@@ -56,6 +58,7 @@ def render(
     records_rel: str,
     manifest: dict[str, Any] | None = None,
     summary_sha256: str | None = None,
+    beside: Beside | None = None,
 ) -> str:
     """The page's HTML for ``summary`` (``analysis.summary.derive``); ``records_rel`` is the records
     folder as the audit command should name it; ``manifest`` the folder's MANIFEST (ledger head);
@@ -71,7 +74,8 @@ def render(
     answers = answers_section(summary.hypotheses)  # the sentences, then the answer's figure, then the tables
     cut = answers.index("</ul>") + 1 if "</ul>" in answers else len(answers)
     on_cpu = p.get("device") == "cpu"  # CPU time measures a CPU run's work, not a GPU's
-    body += answers[:cut] + answer_figure(summary.studies, p["studies"], on_cpu) + answers[cut:]
+    body += answers[:cut] + answer_figure(summary.studies, p["studies"], on_cpu, beside) + answers[cut:]
+    body += beside_section(beside) if beside else []
     by_name = {s["name"]: s for s in p["studies"]}
     n = 0
     for study in summary.studies:
@@ -99,6 +103,7 @@ def write_page(
     out_dir: Path | None = None,
     records_rel: str | None = None,
     summary_sha256: str | None = None,
+    beside: Beside | None = None,
 ) -> Path:
     """Write ``index.html`` for ``summary`` into ``out_dir`` (default: the records folder), atomically;
     ``summary_sha256`` is the sealed ``summary.json``'s hash, which the page shows."""
@@ -112,6 +117,6 @@ def write_page(
     target = Path(out_dir or records_dir)
     target.mkdir(parents=True, exist_ok=True)
     path = target / PAGE_NAME
-    html = render(summary, records_rel or str(records_dir), manifest, summary_sha256)
+    html = render(summary, records_rel or str(records_dir), manifest, summary_sha256, beside)
     atomic_write(path, html.encode("utf-8"), overwrite=True)
     return path

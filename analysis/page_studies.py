@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from analysis.beside import Beside
 from analysis.page_html import esc, html_table, interval_cells, num
 from analysis.results import StudyResult
 from analysis.svg import forest_svg, pairs_svg
@@ -24,6 +25,56 @@ __all__ = [
 MIB = 1024 * 1024
 
 
+def beside_section(beside: Beside) -> list[str]:
+    """This study's training-time reductions beside an earlier study's, per configuration: estimate,
+    interval and its width, so what the designs resolve reads side by side.
+
+    Parameters
+    ----------
+    beside : Beside
+        The earlier study and the configurations both ran with the same arms.
+
+    Returns
+    -------
+    list of str
+        The section's HTML blocks (nothing when no configuration matches).
+    """
+    if not beside.rows:
+        return []
+    rows = []
+    for b in beside.rows:
+        cells = []
+        for name, r in ((b.study, b.result), (f"{beside.protocol_id} {b.earlier_study}", b.earlier)):
+            iv = r.training_time.interval
+            est, rng = interval_cells(iv)
+            width = f"{(iv.high - iv.low) / 2:.2f}" if iv is not None else "n/a"
+            cells += [f"{esc(name)}: {r.pairs_used}", est, rng, f"±{width}"]
+        rows.append([b.config, *cells])
+    lvl = f"{beside.rows[0].result.level * 100:g}%"
+    return [
+        f"<h2>Beside {esc(beside.protocol_id)}</h2>",
+        f"<p>The same configurations and arms in the earlier study {esc(beside.protocol_id)} "
+        f"({esc(beside.rows[0].earlier_design)}; its records: <code>{esc(beside.folder)}</code>, audited on "
+        "their own), read from its sealed summary.json.</p>",
+        html_table(
+            f"Training-time reduction, this study beside {beside.protocol_id} ({lvl} intervals, half-widths in "
+            "percentage points)",
+            [
+                "Configuration",
+                "This study: pairs",
+                "Reduction",
+                "Interval",
+                "Half-width",
+                f"{beside.protocol_id}: pairs",
+                "Reduction",
+                "Interval",
+                "Half-width",
+            ],
+            rows,
+        ),
+    ]
+
+
 def design_label(protocol_study: dict[str, Any] | None) -> str:
     """How a paired study's pairs ran, from its protocol summary: lockstep (its block size) or a
     process per arm."""
@@ -36,7 +87,10 @@ def design_label(protocol_study: dict[str, Any] | None) -> str:
 
 
 def answer_figure(
-    studies: Sequence[StudyResult], protocol_studies: Sequence[dict[str, Any]], cpu: bool = True
+    studies: Sequence[StudyResult],
+    protocol_studies: Sequence[dict[str, Any]],
+    cpu: bool = True,
+    beside: Beside | None = None,
 ) -> list[str]:
     """The answer in one figure: every paired study's training-time reduction per configuration, on
     the wall clock and (where recorded) the CPU clock, with its interval, each study's design named.
@@ -50,6 +104,8 @@ def answer_figure(
     cpu : bool
         Whether to show the CPU clock (a study on a CPU device; on a GPU the host thread's CPU time
         does not measure the device's work).
+    beside : Beside, optional
+        An earlier study whose wall-clock rows of the same configurations follow this study's.
 
     Returns
     -------
@@ -70,11 +126,20 @@ def answer_figure(
                 iv = ep.interval if ep is not None else None
                 if iv is not None:
                     rows.append((f"{study.name} / {c.config}, {clock}", iv.estimate, iv.low, iv.high))
+    for b in beside.rows if beside else ():
+        iv = b.earlier.training_time.interval
+        if iv is not None:
+            label = f"{beside.protocol_id} {b.earlier_study} / {b.config}, wall"  # type: ignore[union-attr]
+            rows.append((label, iv.estimate, iv.low, iv.high))
     svg = forest_svg("answer", "Training-time reduction per study and configuration", rows)
     if not svg:
         return []
     lvl = f"{(level or 0.99) * 100:g}%"
     kinds = "; ".join(f"{esc(n)}: {esc(d)}" for n, d in design.items())
+    if beside and beside.rows:
+        kinds += (
+            f"; beside it, the earlier study {esc(beside.protocol_id)} ({esc(beside.rows[0].earlier_design)})"
+        )
     return [
         f"<figure>{svg}<figcaption>The answer in one figure: the training-time reduction of "
         f"{esc(', '.join(dict.fromkeys(names)))}, per study and configuration, on the wall clock and the "

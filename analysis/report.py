@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from analysis.beside import Beside, read_beside
 from analysis.page import write_page
 from analysis.plots import plots
+from analysis.report_md import md_table
 from analysis.report_protocol import decisions_section, flow_section, header_section, runs_section
 from analysis.report_studies import factorial_study_section, paired_study_section
 from analysis.results import Summary
@@ -20,11 +22,12 @@ from harness.files import atomic_write
 from harness.records import load_started, seal, write_json
 
 
-def markdown(summary: Summary) -> str:
-    """``report.md``: the completeness line, the records, the decisions, the flow of planned runs, each
-    study's tables and every run attempt."""
+def markdown(summary: Summary, beside: Beside | None = None) -> str:
+    """``report.md``: the completeness line, the records, the decisions, the flow of planned runs,
+    the study beside an earlier one (``beside``), each study's tables and every run attempt."""
     out = header_section(summary)
     out += decisions_section(summary.hypotheses) + flow_section(summary.flow)
+    out += _beside(beside) if beside and beside.rows else []
     for study in summary.studies:
         if not study.configs:
             continue
@@ -39,6 +42,38 @@ def markdown(summary: Summary) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def _beside(beside: Beside) -> list[str]:
+    """The training-time reductions of the configurations both studies ran, side by side."""
+    rows = []
+    for b in beside.rows:
+        cells = [b.config]
+        for r in (b.result, b.earlier):
+            iv = r.training_time.interval
+            cells += [
+                str(r.pairs_used),
+                "n/a" if iv is None else f"{iv.estimate:.2f}% ({iv.low:.2f} to {iv.high:.2f}%)",
+            ]
+        rows.append(cells)
+    return [
+        f"## Beside {beside.protocol_id}",
+        "",
+        f"The same configurations and arms in {beside.protocol_id} ({beside.rows[0].earlier_design}; "
+        f"records `{beside.folder}`, read from its sealed summary.json).",
+        "",
+        *md_table(
+            [
+                "Configuration",
+                "Pairs",
+                "Time reduction (interval)",
+                f"{beside.protocol_id} pairs",
+                f"{beside.protocol_id}",
+            ],
+            rows,
+        ),
+        "",
+    ]
+
+
 @dataclass
 class ReportOutput:
     summary_path: Path
@@ -50,10 +85,15 @@ class ReportOutput:
 
 
 def write_report(
-    records_dir: Path, export: str | None = None, records_rel: str | None = None
+    records_dir: Path,
+    export: str | None = None,
+    records_rel: str | None = None,
+    beside: Path | None = None,
+    beside_rel: str | None = None,
 ) -> ReportOutput:
     """Derive the summary from ``records_dir`` and write summary.json, report.md, plots, the study page
-    and the export; ``records_rel`` is how the page's audit command names the folder."""
+    and the export; ``records_rel`` is how the page's audit command names the folder; ``beside`` an
+    earlier study's records folder, shown beside this one (named ``beside_rel``)."""
     records_dir = Path(records_dir)
     records = load_records(records_dir)
     if not records:
@@ -62,13 +102,16 @@ def write_report(
     sealed = seal(summary.to_json())
     summary_path = records_dir / "summary.json"
     write_json(summary_path, sealed, pretty=True)
-    md = markdown(summary)
+    shown = read_beside(summary, beside, beside_rel) if beside is not None else None
+    md = markdown(summary, shown)
     made = plots(summary, records, records_dir)
     if made:
         md += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in made) + "\n"
     report_path = records_dir / "report.md"
     atomic_write(report_path, md.encode("utf-8"), overwrite=True)
-    page_path = write_page(summary, records_dir, records_rel=records_rel, summary_sha256=sealed["sha256"])
+    page_path = write_page(
+        summary, records_dir, records_rel=records_rel, summary_sha256=sealed["sha256"], beside=shown
+    )
     export_path = None
     if export:
         import pandas as pd

@@ -126,7 +126,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     proto = load_protocol(args.protocol)
     _reconciled(proto)
-    return report(proto, args.format, args.quiet)
+    beside = None
+    if args.beside:
+        beside = Path(args.beside)
+        if not (beside / "summary.json").is_file():
+            raise InputError(
+                f"--beside {args.beside}: no summary.json there (an earlier study's records folder)"
+            )
+    return report(proto, args.format, args.quiet, beside)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:

@@ -143,6 +143,12 @@ def parser() -> argparse.ArgumentParser:
         if name == "report":
             s.add_argument("--format", choices=["csv", "parquet"], help="also export the per-run table")
             s.add_argument("--quiet", action="store_true", help="do not print the report")
+            s.add_argument(
+                "--beside",
+                metavar="FOLDER",
+                help="an earlier study's records folder (its summary.json): the page and report show "
+                "the same configurations' results beside this study's",
+            )
     s = sub.add_parser("publish", help="the study page: one self-contained HTML file from the records")
     s.add_argument("protocol", help="the protocol file whose records to publish")
     s.add_argument(

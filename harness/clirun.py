@@ -137,15 +137,22 @@ def run_ending(proto: Any, end: Any) -> tuple[int, str]:
     return RUN_COMPLETE, f"all {end.planned} runs finished ok; {where}"
 
 
-def report(proto: Any, fmt: str | None, quiet: bool) -> int:
-    """Write the study's summary, report, page (and ``fmt`` export) from its records; print the report."""
+def report(proto: Any, fmt: str | None, quiet: bool, beside: Path | None = None) -> int:
+    """Write the study's summary, report, page (and ``fmt`` export) from its records, ``beside`` an
+    earlier study's records folder if given; print the report."""
     from analysis.report import write_report
 
     if not any(proto.records_path.glob("*.record.json")):
         raise HarnessError(
             f"no records in {proto.records_path}; run the study first: harness run {proto.relpath}"
         )
-    out = write_report(proto.records_path, export=fmt, records_rel=records_rel(proto))
+    out = write_report(
+        proto.records_path,
+        export=fmt,
+        records_rel=records_rel(proto),
+        beside=beside,
+        beside_rel=None if beside is None else beside.as_posix(),
+    )
     if not quiet:
         print(out.markdown)
         print(

@@ -1,0 +1,46 @@
+"""A study beside an earlier one (``harness report --beside FOLDER``): the page's answer figure and a
+side-by-side table, and report.md's, hold the earlier study's training-time reductions of the same
+configurations and arms, read from its sealed summary.json; a folder without one is refused."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from conftest import ROOT
+
+from analysis.beside import read_beside
+from analysis.report import write_report
+from analysis.results import Summary
+
+
+def test_the_earlier_study_stands_beside_this_one(tmp_path):
+    here = tmp_path / "cpu1"
+    shutil.copytree(ROOT / "records" / "cpu1", here)
+    out = write_report(here, beside=ROOT / "records" / "cpu1", beside_rel="records/cpu1")
+    import json
+
+    this = Summary.read(json.loads((here / "summary.json").read_text()))
+    beside = read_beside(this, ROOT / "records" / "cpu1", "records/cpu1")
+    configs = {"tiny_transformer", "tiny_medium", "tiny_gqa", "tiny_conv", "small_transformer"}
+    assert {r.config for r in beside.rows} == configs and beside.protocol_id == "cpu1"
+    for r in beside.rows:  # the same study beside itself: derived again, equal to the last digits
+        a, b = r.result.training_time.interval, r.earlier.training_time.interval
+        assert (a.estimate, a.low, a.high) == pytest.approx((b.estimate, b.low, b.high), rel=1e-12)
+        assert r.earlier_design == "a process per arm" and r.result.pairs_used == r.earlier.pairs_used
+    page = out.page_path.read_text()
+    assert "<h2>Beside cpu1</h2>" in page and all(
+        f"cpu1 {r.earlier_study} / {r.config}, wall" in page for r in beside.rows
+    )
+    assert (
+        "## Beside cpu1" in out.markdown
+        and "| tiny_conv | 20 | -3.73% (-17.71 to 8.58%) | 20 |" in out.markdown
+    )
+
+
+@pytest.mark.process  # the real CLI, in a subprocess
+def test_a_folder_without_a_summary_is_refused(tmp_path):
+    from conftest import harness
+
+    r = harness(ROOT, "report", "protocols/cpu1.yaml", "--beside", str(tmp_path), "--quiet")
+    assert r.returncode == 2 and "no summary.json there" in r.stderr and "Traceback" not in r.stderr
