@@ -13,6 +13,7 @@ from .attempts import Rec, analysed, completeness, failed_pairs, flow, peak, run
 from .decisions import decide, sensitivity
 from .descriptive import descriptive_interval, endpoint, valid
 from .factorial import design_of, factorial_effects
+from .hypotheses import cpu_time_columns
 from .order import by_device, crossover, drift, positions
 
 REL_TOL = 1e-9
@@ -120,6 +121,7 @@ def _paired(
                 f"{(b.get('env') or {}).get('device_name', 'unknown device')}",
                 "baseline_training_s": bt["training_s"],
                 "candidate_training_s": ct["training_s"],
+                **cpu_time_columns(bt, ct),
                 "baseline_time_to_target_s": bt["time_to_target_s"],
                 "candidate_time_to_target_s": ct["time_to_target_s"],
                 "baseline_total_s": bt["total_s"],
@@ -151,6 +153,25 @@ def _paired(
         "log_ratio",
     )
     training["log_ratio"] = None if log_ratio is None else log_ratio.as_dict()
+    cpu_time = None  # when every pair recorded its training CPU time (records since lockstep)
+    if pairs and all("baseline_training_cpu_s" in p for p in pairs):
+        cpu_time = asdict(
+            endpoint(
+                col("baseline_training_cpu_s"), col("candidate_training_cpu_s"), level, "relative_reduction"
+            )
+        )
+        cpu_timed = [
+            p
+            for p in pairs
+            if valid(p["baseline_training_cpu_s"], True) and valid(p["candidate_training_cpu_s"], True)
+        ]
+        cpu_log = descriptive_interval(
+            [p["baseline_training_cpu_s"] for p in cpu_timed],
+            [p["candidate_training_cpu_s"] for p in cpu_timed],
+            level,
+            "log_ratio",
+        )
+        cpu_time["log_ratio"] = None if cpu_log is None else cpu_log.as_dict()
     both = [
         p
         for p in pairs
@@ -201,6 +222,7 @@ def _paired(
         "order_effects": {"crossover": crossover(timed, level), "drift": drift(timed, level)},
         "by_device": by_device(timed, level),
         "pairs": pairs,
+        **({"training_cpu_time": cpu_time} if cpu_time is not None else {}),
     }
 
 
