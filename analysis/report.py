@@ -46,7 +46,7 @@ def _beside(beside: Beside) -> list[str]:
     """The training-time reductions of the configurations both studies ran, side by side."""
     rows = []
     for b in beside.rows:
-        cells = [b.config]
+        cells = [b.config, b.study]
         for r in (b.result, b.earlier):
             iv = r.training_time.interval
             cells += [
@@ -63,6 +63,7 @@ def _beside(beside: Beside) -> list[str]:
         *md_table(
             [
                 "Configuration",
+                "Study",
                 "Pairs",
                 "Time reduction (interval)",
                 f"{beside.protocol_id} pairs",

@@ -14,7 +14,7 @@ DEVICE_HELP = "auto (mps, then cuda, then cpu), cpu, cuda or mps"
 
 #: ``harness run``'s exit statuses, each with what it means and what to do (``harness run --help``
 #: lists them; docs/decisions.md "How harness run ends" too; tests/test_run_endings.py checks each).
-RUN_COMPLETE, RUN_FAILED_RUNS, RUN_REFUSED, RUN_BUDGET_STOP, RUN_NOT_DONE = 0, 1, 2, 3, 4
+RUN_COMPLETE, RUN_FAILED_RUNS, RUN_REFUSED, RUN_BUDGET_STOP, RUN_NOT_DONE, RUN_NO_REPORT = 0, 1, 2, 3, 4, 5
 RUN_INTERRUPTED, RUN_TERMINATED = 130, 143
 RUN_ENDINGS: list[tuple[int, str]] = [
     (RUN_COMPLETE, "complete: every planned run ended ok; the report is written and printed"),
@@ -37,6 +37,11 @@ RUN_ENDINGS: list[tuple[int, str]] = [
         RUN_NOT_DONE,
         "runs left that this runner did not start (units another runner holds); run the same "
         "command again when it ends",
+    ),
+    (
+        RUN_NO_REPORT,
+        "the runs ended as the line before says, but the report could not be written (the analysis "
+        "error is named); the records are untouched: write it with harness report after a fix",
     ),
     (
         RUN_INTERRUPTED,

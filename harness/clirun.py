@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.cliargs import RUN_BUDGET_STOP, RUN_COMPLETE, RUN_FAILED_RUNS, RUN_NOT_DONE
+from harness.cliargs import RUN_BUDGET_STOP, RUN_COMPLETE, RUN_FAILED_RUNS, RUN_NO_REPORT, RUN_NOT_DONE
 from harness.errors import HarnessError
 
 #: Installed packages the harness imports; a copy of one inside the study's folder (an ignored
@@ -87,7 +87,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     code, message = run_ending(proto, end)
     report_now = not args.no_report and code in (RUN_COMPLETE, RUN_FAILED_RUNS, RUN_BUDGET_STOP)
     if report_now and any(proto.records_path.glob("*.record.json")):
-        report(proto, fmt=None, quiet=False)
+        try:
+            report(proto, fmt=None, quiet=False)
+        except HarnessError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the runs are recorded; say what failed, no traceback
+            print(message, flush=True)
+            print(
+                f"harness run: the report could not be written ({type(e).__name__}: {e}); the records "
+                f"in {proto.records_path} are untouched: after a fix, write it with: harness report "
+                f"{proto.relpath}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return RUN_NO_REPORT
     print(message, flush=True)
     return code
 

@@ -34,7 +34,7 @@ def test_the_earlier_study_stands_beside_this_one(tmp_path):
     )
     assert (
         "## Beside cpu1" in out.markdown
-        and "| tiny_conv | 20 | -3.73% (-17.71 to 8.58%) | 20 |" in out.markdown
+        and "| tiny_conv | pairs | 20 | -3.73% (-17.71 to 8.58%) | 20 |" in out.markdown
     )
 
 

@@ -137,3 +137,27 @@ def test_every_ending_is_in_the_help_and_the_docs():
     for code, text in RUN_ENDINGS:
         assert f"  {code:<4} {text.split()[0]}" in r.stdout, code
         assert f"| {code} |" in docs, code
+
+
+@pytest.mark.process
+def test_a_report_that_cannot_be_written_exits_5_with_the_records_kept(repo, monkeypatch, capsys):
+    """An error in the analysis after the runs (here injected into write_report) is named, without a
+    traceback; the records stay, and ``harness report`` writes the report once it is fixed."""
+    import analysis.report
+    from harness.cli import main
+
+    p = write(repo, tiny_protocol(steps=5))
+
+    def broken(*args, **kwargs):
+        raise KeyError("baseline_training_cpu_s")
+
+    monkeypatch.chdir(repo)
+    monkeypatch.setattr(analysis.report, "write_report", broken)
+    assert main(["run", p, "--quiet"]) == 5
+    err = capsys.readouterr().err
+    assert "the report could not be written (KeyError: 'baseline_training_cpu_s')" in err
+    assert f"harness report {p}" in err and "Traceback" not in err
+    assert len(record_dicts(repo / RECS)) == 4 and not (repo / RECS / "summary.json").exists()
+    monkeypatch.undo()
+    r = harness(repo, "report", p, "--quiet")
+    assert r.returncode == 0 and (repo / RECS / "summary.json").is_file(), r.stderr
