@@ -1,5 +1,5 @@
-"""The published study as a reader meets it: a fresh clone audits with no argument, and the README's
-result table is the committed report's."""
+"""The published studies as a reader meets them: a fresh clone audits with no argument, and the
+README's result table is the committed reports' (cpu2's, with cpu1's beside it)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from conftest import ROOT
 
 STUDY = ROOT / "records" / "cpu1"
+CPU2 = ROOT / "records" / "cpu2"
 
 
 def _tracked(path: Path) -> bool:
@@ -45,7 +46,7 @@ def test_a_fresh_clone_audits_every_committed_study(tmp_path, tags):
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Integrity: everything matched." in out.stdout
-    assert "records/cpu1" in out.stdout
+    assert "records/cpu1" in out.stdout and "records/cpu2" in out.stdout
     if shutil.which("ssh-keygen") is None:
         pytest.skip("ssh-keygen is not installed: the audit passed; its signature check could not run here")
     signed = subprocess.run(
@@ -65,34 +66,42 @@ def test_a_fresh_clone_audits_every_committed_study(tmp_path, tags):
     assert "good SSH signature" in signed.stdout
 
 
-@pytest.mark.skipif(not (STUDY / "report.md").is_file(), reason="records/cpu1 is not in this checkout")
-def test_the_readme_result_table_is_the_committed_report_s():
+def _cell(text: str) -> tuple[str, str]:
+    """A README cell ``R% (lo to hi%)`` as a report's ``R%`` and ``lo–hi%``."""
+    m = re.fullmatch(r"(-?[\d.]+%) \((-?[\d.]+) to (-?[\d.]+%)\)", text)
+    assert m is not None, text
+    return m.group(1), f"{m.group(2)}–{m.group(3)}"
+
+
+@pytest.mark.skipif(not (CPU2 / "report.md").is_file(), reason="records/cpu2 is not in this checkout")
+def test_the_readme_result_table_is_the_committed_reports():
+    """Each row of the README's result: cpu2's wall and CPU time as records/cpu2/report.md has them,
+    cpu1's as records/cpu1/report.md has them; both published ledger heads verify."""
     readme = (ROOT / "README.md").read_text()
-    report = (STUDY / "report.md").read_text()
+    report2, report1 = (CPU2 / "report.md").read_text(), (STUDY / "report.md").read_text()
     section = readme.split("## The result", 1)[1].split("## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| ") and "Configuration" not in line]
     assert len(rows) == 5
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        times, reduction, interval, faster = cells[3], cells[4], cells[5], cells[6]
-        want = f"| {times} | {reduction} | {interval.replace(' to ', '–')} | {faster} |"
-        assert want in report, f"README row {cells[0]!r}: {want} is not in records/cpu1/report.md"
-    head = re.search(r"--head (\d+):([0-9a-f]{64})", section)
-    assert head is not None
-    chain = subprocess.run(
-        [
-            sys.executable,
-            "analysis/public_audit.py",
-            "records/cpu1",
-            "--head",
-            f"{head.group(1)}:{head.group(2)}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        times, wall, cpu, cpu1 = cells[3], _cell(cells[4]), _cell(cells[5]), _cell(cells[6])
+        assert f"| {times} | {wall[0]} | {wall[1]} |" in report2, f"README row {cells[0]!r}: wall"
+        assert f"| {cpu[0]} | {cpu[1]} |" in report2, f"README row {cells[0]!r}: CPU"
+        assert f"| {cpu1[0]} | {cpu1[1]} |" in report1, f"README row {cells[0]!r}: cpu1"
+    heads = re.findall(
+        r"(records/cpu\d)\s+--allowed-signers\s+protocols/allowed_signers\s+--head\s+(\d+):([0-9a-f]{64})",
+        section,
     )
-    assert chain.returncode == 0, chain.stdout
+    assert {h[0] for h in heads} == {"records/cpu1", "records/cpu2"}, heads
+    for folder, seq, sha in heads:
+        chain = subprocess.run(
+            [sys.executable, "analysis/public_audit.py", folder, "--head", f"{seq}:{sha}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert chain.returncode == 0, chain.stdout
 
 
 @pytest.mark.process
@@ -101,3 +110,4 @@ def test_the_committed_study_page_is_valid_and_renders():
     from pagecheck import check_page
 
     check_page(STUDY / "index.html", ("pairs", "published", "factorial", "null_aa"))
+    check_page(CPU2 / "index.html", ("pairs", "published", "null_aa", "design_paired", "design_block25"))
