@@ -17,7 +17,8 @@ That declaration is also what a factorial study without ``factors`` means (the s
 :data:`DEFAULT_FACTORS`). One to :data:`MAX_FACTORS` factors: 2, 4 or 8 cells. Cells are kept in
 standard order, the first factor alternating fastest: cell ``i`` has factor ``j`` at its second
 level exactly when bit ``j`` of ``i`` is set. Each block runs every cell once, in the order of a
-row of a Williams square (:func:`williams`), so that every cell follows every other equally often.
+row of a Williams square (the plan's, :func:`analysis.audit.factorial.williams`), so that every cell
+follows every other equally often.
 Free of torch (``harness plan`` and ``tag`` start instantly).
 """
 
@@ -74,20 +75,6 @@ class Design:
 
 
 DEFAULT_DESIGN = Design(DEFAULT_FACTORS, DEFAULT_CELLS, DEFAULT_CELLS, declared=False)
-
-
-def williams(n: int) -> tuple[tuple[int, ...], ...]:
-    """Rows of a Williams square of even order ``n``: first row ``0, 1, n-1, 2, n-2, ...``, row ``i``
-    the first plus ``i`` modulo ``n``; each index follows each other exactly once over the rows
-    (for ``n = 4``: 0132, 1203, 2310, 3021)."""
-    first, lo, hi = [0], 1, n - 1
-    while len(first) < n:
-        first.append(lo)
-        lo += 1
-        if len(first) < n:
-            first.append(hi)
-            hi -= 1
-    return tuple(tuple((x + i) % n for x in first) for i in range(n))
 
 
 def parse(raw_factors: Any, raw_cells: Any) -> Design:

@@ -123,12 +123,10 @@ def test_factorial_effects_are_least_squares_effects(k, data):
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])
-def test_williams_squares_are_balanced_and_the_audit_builds_the_same(n):
-    from analysis.audit.factorial import williams as audit_williams
-    from harness.factorial import williams
+def test_williams_squares_are_balanced(n):
+    from analysis.audit.factorial import williams
 
     rows = williams(n)
-    assert [tuple(r) for r in audit_williams(n)] == list(rows)
     assert all(sorted(r) == list(range(n)) for r in rows)
     assert all(sorted(r[c] for r in rows) == list(range(n)) for c in range(n))
     pairs = [(r[c], r[c + 1]) for r in rows for c in range(n - 1)]

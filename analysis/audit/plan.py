@@ -1,5 +1,6 @@
-"""What the protocol file alone implies: the plan (harness.plan.make_plan re-implemented), the protocol
-summary every record copies, and the tally of planned runs against their records."""
+"""What the protocol file alone implies: the plan (the rule's one home: :func:`plan_from_protocol`,
+which ``harness.plan.make_plan`` calls and the audit runs on the tagged file), the protocol summary
+every record copies, and the tally of planned runs against their records."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from .factorial import from_yaml, williams
 def plan_from_protocol(
     doc: dict[str, Any], protocol_sha: str, config_sha: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    """harness.plan.make_plan, re-implemented: balanced pair orders, Williams-balanced blocks."""
+    """The plan: balanced pair orders, lockstep orders (build order crossed with who steps first,
+    all four combinations per group of four pairs), Williams-balanced blocks (harness.plan's
+    docstring says how); each run as the JSON of a ``harness.records.RunSpec``."""
     import random
 
     def rng(*parts: object) -> random.Random:
