@@ -1,8 +1,9 @@
 """The runner's state machine, in process: claims, resume after a crash, the budget rule, failed
 and retried units, units another runner holds, two runners on one folder, and the ledger each
 leaves. The worker is :class:`fake_trainer.FakeTrainer` (no model, no process), so each scenario
-takes a second or so; the same scenarios through the real CLI and real workers are the long tier
-(test_protocol_cli, test_run_endings, test_attempts)."""
+takes a second or so; the same scenarios through the real CLI and real workers are in the process
+tier (``-m process``: test_protocol_cli, test_run_endings, test_attempts), and
+test_runner_scenarios reads how each ends as ``harness run`` says it."""
 
 from __future__ import annotations
 
