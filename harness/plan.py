@@ -22,24 +22,15 @@ the protocol file as read, and the audit recomputes the plan by it from the tagg
 from __future__ import annotations
 
 from analysis.public_audit import plan_from_protocol
-from harness import yamlio
-from harness.errors import InputError
 from harness.protocol import Protocol
 from harness.records import RunSpec, canonical, sha256_bytes
 
 
-class PlanError(InputError):
-    """The protocol file changed since it was loaded: the plan would not be the loaded protocol's."""
-
-
 def make_plan(proto: Protocol) -> list[RunSpec]:
     """The protocol's runs in plan order (:func:`analysis.public_audit.plan_from_protocol` on its
-    file, each run a :class:`~harness.records.RunSpec`)."""
-    doc = yamlio.load(proto.path)
-    if sha256_bytes(doc.raw) != proto.sha256:
-        raise PlanError(f"{proto.path}: the file changed since it was loaded; load it again")
+    file as it was loaded, each run a :class:`~harness.records.RunSpec`)."""
     shas = {name: cfg.sha256 for name, cfg in proto.configs.items()}
-    return [RunSpec.from_json(d, "plan") for d in plan_from_protocol(doc.data, proto.sha256, shas)]
+    return [RunSpec.from_json(d, "plan") for d in plan_from_protocol(proto.document, proto.sha256, shas)]
 
 
 def plan_sha256(runs: list[RunSpec]) -> str:

@@ -73,6 +73,9 @@ class Protocol:
     sha256: str
     configs: dict[str, Config] = field(default_factory=dict)
     plugins: dict[str, str] = field(default_factory=dict)  # plug-in name -> its source file
+    # the file as YAML read it (the hash above is of its bytes): what the plan and the summary,
+    # whose one home is the audit's core, are derived from
+    document: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def corpus_data(self) -> Corpus:
         """The protocol's corpus, every byte verified (DataError otherwise): WikiText-2 under
@@ -107,37 +110,13 @@ class Protocol:
         return self.path.resolve().relative_to(self.root.resolve()).as_posix()
 
     def summary(self) -> dict[str, Any]:
-        """What every record says about its protocol (and the audit reads)."""
+        """What every record says about its protocol (and the audit reads): the audit core's
+        :func:`analysis.public_audit.expected_summary` of the file, and its plug-ins' fingerprints."""
+        from analysis.public_audit import expected_summary
+
         return {
-            "id": self.id,
-            "version": self.version,
-            "sha256": self.sha256,
-            "path": self.relpath,
-            "preregistered": self.preregistered,
-            "tag": self.tag_name if self.preregistered else None,
-            "interval_level": self.interval_level,
-            "hypotheses": self.hypotheses,
-            "max_attempts": self.max_attempts,
-            "launcher": self.launcher,
-            "device": self.device,
-            "compile": self.compile,
-            "corpus": self.corpus.as_dict() if isinstance(self.corpus, LocalCorpus) else self.corpus,
-            "budget_device_seconds": self.budget_device_seconds,
+            **expected_summary(self.document, self.sha256, self.relpath),
             "plugins": self.plugin_fingerprints(),
-            "studies": [
-                {
-                    "name": s.name,
-                    "design": s.design,
-                    "arms": list(s.arms),
-                    "configs": list(s.configs),
-                    "seeds": list(s.seeds),
-                    "interval_level": s.interval_level,
-                    "steps": s.steps,
-                    **({"lockstep": {"block_steps": s.block_steps}} if s.lockstep else {}),
-                    **(s.factorial.summary() if s.factorial is not None and s.factorial.declared else {}),
-                }
-                for s in self.studies
-            ],
         }
 
 
@@ -213,6 +192,7 @@ def load_protocol(path: str | Path) -> Protocol:
         sha256=hashlib.sha256(doc.raw).hexdigest(),
         configs=configs,
         plugins=plugins,
+        document=doc.data,
     )
 
 
