@@ -50,14 +50,20 @@ def audit(repo: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def make_study(base: Path, *, seeds: str = "[1, 2, 3]", budget: float = 600) -> Path:
-    r = base / "study"
+def make_study(
+    base: Path, *, seeds: str = "[1, 2, 3]", budget: float = 600, text: str | None = None, name: str = "study"
+) -> Path:
+    """A tagged study of ``text`` (default: the tiny protocol, preregistered, with ``seeds``), the
+    harness and analysis copied in as a user's repository holds them."""
+    r = base / name
     (r / "protocols").mkdir(parents=True)
     for sub in ("configs", "harness", "analysis"):
         shutil.copytree(ROOT / sub, r / sub, ignore=shutil.ignore_patterns("__pycache__"))
     (r / ".gitignore").write_text("runs/\n__pycache__/\n")
     (r / PROTO).write_text(
-        tiny_protocol(prereg="true", steps=6, budget=budget).replace("seeds: [1, 2]", f"seeds: {seeds}")
+        text
+        if text is not None
+        else tiny_protocol(prereg="true", steps=6, budget=budget).replace("seeds: [1, 2]", f"seeds: {seeds}")
     )
     git(r, "init", "-q", "-b", "main")
     git(r, "config", "user.email", "test@example.invalid")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, git, harness, init_study, record_dicts, tiny_protocol
+from conftest import harness, init_study, record_dicts, tiny_protocol
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.long
@@ -44,22 +44,10 @@ def text(design: str, prereg: bool) -> str:
 def studies(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A tagged lockstep study (harness and analysis copied in, as a user's repository holds them)
     and the same seeds as a paired study, both run to the end through the CLI."""
-    import shutil
+    from test_integrity import make_study
 
     base = tmp_path_factory.mktemp("lockstep-cli")
-    lock = base / "lock"
-    (lock / "protocols").mkdir(parents=True)
-    for sub in ("configs", "harness", "analysis"):
-        shutil.copytree(ROOT / sub, lock / sub, ignore=shutil.ignore_patterns("__pycache__"))
-    (lock / ".gitignore").write_text("runs/\n__pycache__/\n")
-    (lock / PROTO).write_text(text("lockstep", prereg=True))
-    git(lock, "init", "-q", "-b", "main")
-    git(lock, "config", "user.email", "test@example.invalid")
-    git(lock, "config", "user.name", "Test")
-    git(lock, "add", "-A")
-    git(lock, "commit", "-qm", "study")
-    t = harness(lock, "tag", PROTO)
-    assert t.returncode == 0, t.stdout + t.stderr
+    lock = make_study(base, text=text("lockstep", prereg=True), name="lock")
     r = harness(lock, "run", PROTO, "--quiet")
     assert r.returncode == 0, r.stdout + r.stderr
     solo = init_study(base / "solo", protocol=text("paired", prereg=False))
