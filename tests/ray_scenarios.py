@@ -106,7 +106,14 @@ def main() -> int:
             "--address",
             address,
             "--no-block",
-            env={**env, "HARNESS_NODE_DIR": nodes["second"], "HARNESS_TEST_HOLD": str(hold)},
+            # its runs slowed eightfold (the test knob), so a hold "during" a run lands mid-run on any
+            # machine, however fast the run itself is
+            env={
+                **env,
+                "HARNESS_NODE_DIR": nodes["second"],
+                "HARNESS_TEST_HOLD": str(hold),
+                "HARNESS_TEST_SLOWDOWN": "8",
+            },
         ).returncode
 
     out["second"] = second_node()
