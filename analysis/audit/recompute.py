@@ -142,36 +142,11 @@ def _paired(
     def col(key: str) -> list[Any]:
         return [p[key] for p in pairs]
 
-    training = asdict(
-        endpoint(col("baseline_training_s"), col("candidate_training_s"), level, "relative_reduction")
-    )
+    training = _time_endpoint(pairs, "training_s", level)
     timed = [p for p in pairs if p["time_reduction_pct"] is not None]  # both training times finite, positive
-    log_ratio = descriptive_interval(
-        [p["baseline_training_s"] for p in timed],
-        [p["candidate_training_s"] for p in timed],
-        level,
-        "log_ratio",
-    )
-    training["log_ratio"] = None if log_ratio is None else log_ratio.as_dict()
     cpu_time = None  # when every pair recorded its training CPU time (records since lockstep)
     if pairs and all("baseline_training_cpu_s" in p for p in pairs):
-        cpu_time = asdict(
-            endpoint(
-                col("baseline_training_cpu_s"), col("candidate_training_cpu_s"), level, "relative_reduction"
-            )
-        )
-        cpu_timed = [
-            p
-            for p in pairs
-            if valid(p["baseline_training_cpu_s"], True) and valid(p["candidate_training_cpu_s"], True)
-        ]
-        cpu_log = descriptive_interval(
-            [p["baseline_training_cpu_s"] for p in cpu_timed],
-            [p["candidate_training_cpu_s"] for p in cpu_timed],
-            level,
-            "log_ratio",
-        )
-        cpu_time["log_ratio"] = None if cpu_log is None else cpu_log.as_dict()
+        cpu_time = _time_endpoint(pairs, "training_cpu_s", level)
     both = [
         p
         for p in pairs
@@ -224,6 +199,17 @@ def _paired(
         "pairs": pairs,
         **({"training_cpu_time": cpu_time} if cpu_time is not None else {}),
     }
+
+
+def _time_endpoint(pairs: list[dict[str, Any]], key: str, level: float) -> dict[str, Any]:
+    """A time's endpoint over the pairs (``baseline_<key>``, ``candidate_<key>``; relative reduction)
+    with its log-ratio interval over the pairs whose two times are finite and positive."""
+    b, c = f"baseline_{key}", f"candidate_{key}"
+    out = asdict(endpoint([p[b] for p in pairs], [p[c] for p in pairs], level, "relative_reduction"))
+    timed = [p for p in pairs if valid(p[b], True) and valid(p[c], True)]
+    log_ratio = descriptive_interval([p[b] for p in timed], [p[c] for p in timed], level, "log_ratio")
+    out["log_ratio"] = None if log_ratio is None else log_ratio.as_dict()
+    return out
 
 
 def _factorial(
