@@ -7,7 +7,8 @@ Runs as ``python -I -S analysis/public_audit.py`` too.
 
 This file is the entry point. The audit is the standard-library package ``analysis/audit/``: its
 ``__init__.py`` lists every check (the threat model: docs/provenance.md), ``audit/folder.py`` runs
-them in order for each folder that ``audit/cli.py`` (the command line) is given; the names below are re-exported for the tests and ``harness.yamlio``. ``analysis`` imports the
+them in order for each folder that ``audit/cli.py`` (the command line) is given; the names below are re-exported for the tests and for ``harness``, which imports the core
+through this module alone (``harness/records.py``, ``ledger.py``, ``freeze.py``, ``plan.py``, ``yamlio.py``). ``analysis`` imports the
 package's rules as ``analysis.audit`` (the one home of each statistics rule).
 """
 
@@ -24,6 +25,7 @@ _ADDED = _HERE not in sys.path
 if _ADDED:
     sys.path.insert(0, _HERE)
 
+from audit.attempts import open_started, unfinished  # noqa: E402
 from audit.budget import (  # noqa: E402
     Attempt,
     BudgetCheck,
@@ -36,10 +38,20 @@ from audit.cli import main  # noqa: E402
 from audit.decisions import decide, sensitivity  # noqa: E402
 from audit.descriptive import endpoint, mean_interval, paired_values  # noqa: E402
 from audit.freeze import field_differences  # noqa: E402
+from audit.ledger import (  # noqa: E402
+    RECORD_SUFFIX,
+    STARTED_SUFFIX,
+    canonical,
+    check_ledger,
+    record_name,
+    self_hash_ok,
+    sha256,
+)
 from audit.order import by_device, drift  # noqa: E402
 from audit.plan import expected_summary, plan_from_protocol  # noqa: E402
 from audit.ranks import signed_rank, upper_tail_count  # noqa: E402
 from audit.recompute import compare, recompute  # noqa: E402
+from audit.tag import FREEZE_MARKER, frozen_trees, is_exempt, parse_manifest  # noqa: E402
 from audit.tdist import student_t_ppf, t_critical  # noqa: E402
 from audit.yamlsub import YamlError, yaml_subset  # noqa: E402
 
@@ -47,6 +59,19 @@ if _ADDED:
     sys.path.remove(_HERE)
 
 __all__ = [
+    "FREEZE_MARKER",
+    "RECORD_SUFFIX",
+    "STARTED_SUFFIX",
+    "canonical",
+    "check_ledger",
+    "frozen_trees",
+    "is_exempt",
+    "open_started",
+    "parse_manifest",
+    "record_name",
+    "self_hash_ok",
+    "sha256",
+    "unfinished",
     "Attempt",
     "BudgetCheck",
     "YamlError",

@@ -54,4 +54,4 @@ def derive(records: list[RunRecord], started: list[StartedEntry] | None = None) 
     shas = {r.protocol["sha256"] for r in records}
     if len(shas) != 1:
         raise ValueError(f"records name {len(shas)} different protocol files: {sorted(shas)}")
-    return Summary.read(recompute(records_json(records), [dict(e) for e in started or []]), "the summary")
+    return Summary.read(recompute(records_json(records), [e.to_json() for e in started or []]), "the summary")

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from analysis.public_audit import FREEZE_MARKER, frozen_trees, is_exempt, parse_manifest
 from harness import gitutil
 from harness.errors import RefusedError
 from harness.records import canonical, sha256_bytes
 
 FORMAT = 1
-MARKER = "freeze-manifest:"
 
 #: Top-level entries that cannot change an outcome: records are the outcomes, ``protocols/`` holds
 #: later protocols (the frozen one is bound by its own sha256), the rest is documentation, tests
@@ -39,8 +39,13 @@ EXEMPT = frozenset(
 _PACKAGES = ("harness", "analysis")
 
 
+#: The manifest's ``exempt`` list: the names and the ``*.md`` pattern (read by the core's rule).
+EXEMPT_LIST = [*sorted(EXEMPT), "*.md"]
+
+
 def exempt(entry: str) -> bool:
-    return entry in EXEMPT or entry.endswith(".md")
+    """Whether a top-level entry is outside the freeze (the core's rule, on :data:`EXEMPT_LIST`)."""
+    return is_exempt(entry, EXEMPT_LIST)
 
 
 def code_sha256() -> dict[str, str]:
@@ -61,14 +66,12 @@ def code_sha256() -> dict[str, str]:
 
 
 def frozen_entries(repo: Path, rev: str) -> dict[str, str]:
-    """Top-level entries of ``rev``'s tree that are frozen, with their git object ids."""
-    listing = gitutil.git(repo, "ls-tree", rev).stdout
-    out = {}
-    for line in listing.splitlines():
-        meta, _, name = line.partition("\t")
-        if not exempt(name):
-            out[name] = meta.split()[2]
-    return out
+    """Top-level entries of ``rev``'s tree that are frozen, with their git object ids (the core's
+    :func:`analysis.public_audit.frozen_trees`, which the audit compares records' commits with)."""
+    trees = frozen_trees(str(repo), rev, EXEMPT_LIST)
+    if trees is None:
+        raise RefusedError(f"{repo}: {rev!r} is not a commit of this repository (git ls-tree failed)")
+    return trees
 
 
 def manifest(proto: Any, plan_sha: str, runs: int, repo: Path, rev: str = "HEAD") -> dict[str, Any]:
@@ -85,7 +88,7 @@ def manifest(proto: Any, plan_sha: str, runs: int, repo: Path, rev: str = "HEAD"
         "trees": frozen_entries(repo, rev),
         "code": code_sha256(),
         "plugins": {name: fp["sha256"] for name, fp in proto.plugin_fingerprints().items()},
-        "exempt": sorted(EXEMPT) + ["*.md"],
+        "exempt": EXEMPT_LIST,
     }
 
 
@@ -96,20 +99,8 @@ def manifest_sha256(m: dict[str, Any]) -> str:
 def tag_message(proto: Any, m: dict[str, Any]) -> str:
     return (
         f"protocol {proto.id}\nfile {m['protocol']['path']}\nsha256 {proto.sha256}\n"
-        f"freeze {manifest_sha256(m)}\n\n{MARKER}\n{json.dumps(m, sort_keys=True, indent=1)}\n"
+        f"freeze {manifest_sha256(m)}\n\n{FREEZE_MARKER}\n{json.dumps(m, sort_keys=True, indent=1)}\n"
     )
-
-
-def parse_tag_message(message: str) -> dict[str, Any] | None:
-    """The freeze manifest held in a tag message, or ``None`` when it has none."""
-    head, sep, body = message.partition(MARKER)
-    if not sep:
-        return None
-    try:  # a signature may follow the manifest (harness tag --sign)
-        m, _ = json.JSONDecoder().raw_decode(body.lstrip())
-    except json.JSONDecodeError:
-        return None
-    return m if isinstance(m, dict) else None
 
 
 @dataclass(frozen=True)
@@ -261,7 +252,7 @@ def check(proto: Any, plan_sha: str, runs: int) -> Frozen:
             f"{proto.tag_name} is a lightweight tag; only `harness tag` (an annotated tag holding "
             f"the freeze manifest) freezes a protocol: delete it and run: harness tag {proto.path}"
         )
-    tagged = parse_tag_message(info.message)
+    tagged = parse_manifest(info.message)
     if tagged is None:
         raise RefusedError(
             f"{proto.tag_name} holds no freeze manifest (it was not made by this harness's "

@@ -32,17 +32,16 @@ from typing import Any
 
 from filelock import FileLock
 
+from analysis.public_audit import RECORD_SUFFIX, STARTED_SUFFIX, check_ledger, record_name, self_hash_ok
 from harness.files import atomic_write
 from harness.records import (
     MANIFEST,
-    RECORD_SUFFIX,
     SCHEMA_VERSION,
-    STARTED_SUFFIX,
     LedgerHead,
     RunRecord,
+    StartedEntry,
     entry_files,
     read_entry,
-    self_hash_ok,
     sha256_bytes,
     write_json,
     write_record,
@@ -140,7 +139,9 @@ class Ledger:
         self._entries.append(entry)
         run_id = entry.get("run_id") if entry.get("kind") == "started" else entry["spec"]["run_id"]
         self._by_run.setdefault(str(run_id), []).append(entry)
-        if entry.get("kind") != "started":
+        if entry.get("kind") == "started":
+            StartedEntry.from_json(entry, str(self.dir / name))  # refuses one of another shape
+        else:
             self._records.append(RunRecord.from_json(entry, str(self.dir / name)))
         seq = entry.get("ledger", {}).get("seq", 0)
         if "ledger" in entry and seq > self._head["seq"]:
@@ -248,10 +249,10 @@ class Ledger:
         path, head, _ = self._append(record.to_json(), write_record)
         return path, head
 
-    def append_started(self, entry: dict[str, Any]) -> dict[str, Any]:
-        """Append an attempt's started entry (MANIFEST as for :meth:`append`); returns it sealed
-        (its ``ledger`` and ``sha256``)."""
-        return self._append(entry, write_started)[2]
+    def append_started(self, entry: StartedEntry) -> dict[str, Any]:
+        """Append an attempt's started entry (MANIFEST as for :meth:`append`); returns its JSON
+        sealed (with its ``ledger`` and ``sha256``), as :meth:`entries_of` gives it."""
+        return self._append(entry.to_json(), write_started)[2]
 
     def reconcile(self) -> str | None:
         """Bring MANIFEST back to the chain after a crash between an entry's write and the MANIFEST
@@ -280,16 +281,13 @@ class Ledger:
                 return None  # an entry changed or vanished: evidence, left for the audit
             by_seq = {e["ledger"]["seq"]: e for e in entries if "ledger" in e}
             start = int(mhead.get("seq") or 0)
-            prev = self.genesis if start == 0 else (by_seq.get(start) or {}).get("sha256")
-            if start and (prev is None or prev != mhead.get("sha256")):
+            if start and (by_seq.get(start) or {}).get("sha256") != mhead.get("sha256"):
                 return None
-            tail = [by_seq.get(s) for s in range(start + 1, head["seq"] + 1)]
-            for e in tail:
-                if e is None or e["ledger"]["prev"] != prev or not self_hash_ok(e):
-                    return None  # not a clean extension of the chain MANIFEST names
-                prev = e["sha256"]
+            tail = [by_seq[s] for s in range(start + 1, head["seq"] + 1) if s in by_seq]
+            if check_ledger(entries, {}, self.genesis, None) or not all(map(self_hash_ok, tail)):
+                return None  # not one clean chain (the audit's rule) that extends what MANIFEST names
             unlisted = sorted(n for n in files if n not in listed)
-            if unlisted != sorted(entry_name(e) for e in tail if e is not None):
+            if unlisted != sorted(record_name(e) for e in tail):
                 return None
             write_manifest(self.dir, self.root, self.sources, self.protocol, head)
         return (
@@ -346,13 +344,6 @@ def write_manifest(
     path = directory / MANIFEST
     write_json(path, manifest, pretty=True)
     return path
-
-
-def entry_name(entry: dict[str, Any]) -> str:
-    """The file name of a chain entry."""
-    if entry.get("kind") == "started":
-        return f"{entry['run_id']}.a{entry['attempt']}{STARTED_SUFFIX}"
-    return f"{entry['spec']['run_id']}.a{entry['attempt']}{RECORD_SUFFIX}"
 
 
 def head_of(entries: list[Any], genesis: str) -> LedgerHead:

@@ -1,8 +1,10 @@
 """The record format: canonical JSON, self-hash, atomic no-overwrite writes, versioned loading.
 
-This is the one home of the format. It imports the Python standard library only, so the torch-free
-:mod:`analysis` package and the runner share it. ``analysis/public_audit.py`` keeps its own
-independent copy of the hashing rules by design (it must not trust this code).
+This is the harness's home of the format: the typed objects and the files. The rules the audit
+applies too (canonical JSON, the self-hash, the entry file names) have their one home in the
+standard-library core, ``analysis/audit/ledger.py``, imported here through
+:mod:`analysis.public_audit`; this module imports nothing else but the standard library, so the
+torch-free :mod:`analysis` package and the runner share it.
 
 Format log (``schema_version``):
 
@@ -43,14 +45,15 @@ measurement, ``NONFINITE_AS_NULL``, reads back as NaN, so its key stays).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypedDict, cast
+from typing import Any, TypedDict
 
+from analysis.public_audit import RECORD_SUFFIX, STARTED_SUFFIX, canonical
+from analysis.public_audit import sha256 as sha256_bytes
 from harness.files import atomic_write
 from harness.jsonfields import json_fields, plain
 
@@ -59,8 +62,6 @@ READABLE_VERSIONS = (1, 2, 3)
 MANIFEST = "MANIFEST"
 #: The tag object's raw bytes, kept in a preregistered study's records folder (see Runner._keep_tag).
 TAG_FILE = "TAG"
-RECORD_SUFFIX = ".record.json"
-STARTED_SUFFIX = ".started.json"
 
 
 class RecordFormatError(ValueError):
@@ -72,21 +73,34 @@ class LedgerLink(TypedDict):
     prev: str  # sha256 of the record before (the freeze manifest's sha256 for seq 1)
 
 
-class StartedEntry(TypedDict, total=False):
-    """An attempt's start, appended to the chain before its worker starts (schema 3)."""
+@dataclass(frozen=True, kw_only=True)
+class StartedEntry:
+    """An attempt's start, appended to the chain before its worker starts (schema 3). Read from its
+    file by :meth:`from_json`, which refuses unknown or missing fields, values of the wrong JSON type
+    and any ``kind`` but ``"started"``."""
 
     schema_version: int
     kind: str  # "started"
-    protocol: dict[str, Any]  # id, sha256, freeze_sha256
+    protocol: Mapping[str, Any]  # id, sha256, freeze_sha256
     run_id: str
     unit: str
     attempt: int
     unit_attempt: int
     node: str  # where the worker runs: this host, or a Ray node (host/id)
-    runner: dict[str, Any]  # the process that appended it: host, pid
+    runner: Mapping[str, Any]  # the process that appended it: host, pid
     started_at: str
-    ledger: LedgerLink
-    sha256: str
+    ledger: LedgerLink | None = None  # set when the ledger appends it
+    sha256: str | None = None  # set when it is sealed
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: plain(v) for f in fields(self) if (v := getattr(self, f.name)) is not None}
+
+    @classmethod
+    def from_json(cls, data: Any, what: str = "started entry") -> StartedEntry:
+        found = json_fields(cls, data, what, RecordFormatError)
+        if found["kind"] != "started":
+            raise RecordFormatError(f"{what}: field kind = {found['kind']!r}; a started entry's is 'started'")
+        return cls(**found)
 
 
 class LedgerHead(TypedDict):
@@ -267,26 +281,11 @@ def jsonable(obj: Any) -> Any:
     return obj
 
 
-def canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
-        "utf-8"
-    )
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def seal(record: dict[str, Any]) -> dict[str, Any]:
     """Return ``record`` with ``sha256`` set to the hash of its canonical form without that field."""
     body = {k: v for k, v in jsonable(record).items() if k != "sha256"}
     body["sha256"] = sha256_bytes(canonical(body))
     return body
-
-
-def self_hash_ok(record: dict[str, Any]) -> bool:
-    body = {k: v for k, v in record.items() if k != "sha256"}
-    return record.get("sha256") == sha256_bytes(canonical(body))
 
 
 def write_json(path: Path, obj: Any, *, overwrite: bool = True, pretty: bool = False) -> None:
@@ -316,7 +315,7 @@ def started_path(directory: Path, run_id: str, attempt: int) -> Path:
     return directory / f"{run_id}.a{attempt}{STARTED_SUFFIX}"
 
 
-def write_started(directory: Path, entry: StartedEntry | dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+def write_started(directory: Path, entry: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
     """Seal and write one started entry as ``<run_id>.a<attempt>.started.json``; never overwrites."""
     sealed = seal(dict(entry))
     path = started_path(directory, sealed["run_id"], sealed["attempt"])
@@ -361,21 +360,10 @@ def entry_files(directory: Path) -> list[Path]:
 
 
 def load_started(directory: Path) -> list[StartedEntry]:
-    """Every started entry of a folder, in ledger order."""
-    out: list[StartedEntry] = []
-    for p in started_files(directory):
-        entry = read_entry(p)
-        if entry.get("kind") != "started":
-            raise RecordFormatError(f"{p}: a started entry has kind 'started', found {entry.get('kind')!r}")
-        out.append(cast(StartedEntry, entry))  # the JSON of a StartedEntry (write_started)
-    out.sort(key=lambda e: e["ledger"]["seq"])
+    """Every started entry of a folder, validated (:meth:`StartedEntry.from_json`), in ledger order."""
+    out = [StartedEntry.from_json(read_entry(p), str(p)) for p in started_files(directory)]
+    out.sort(key=lambda e: e.ledger["seq"] if e.ledger else 0)
     return out
-
-
-def open_attempts(records: list[RunRecord], started: list[StartedEntry]) -> list[StartedEntry]:
-    """Started entries that no record ends: attempts interrupted with nothing recorded yet."""
-    ended = {(r.spec.run_id, r.attempt) for r in records}
-    return [e for e in started if (e["run_id"], e["attempt"]) not in ended]
 
 
 def budget_attempts(records: list[RunRecord]) -> list[tuple[str, str, int, str, float]]:

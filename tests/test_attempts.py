@@ -138,11 +138,11 @@ def test_peeked_outcome_cannot_be_discarded(tmp_path):
     ]
     assert leaked == []
     started = load_started(repo / RECS)
-    assert [(e["run_id"], e["attempt"]) for e in started] == [(run_id, 1)] and not record_dicts(repo / RECS)
+    assert [(e.run_id, e.attempt) for e in started] == [(run_id, 1)] and not record_dicts(repo / RECS)
     subprocess.run(["rm", "-rf", str(repo / "runs")], check=True)  # every marker and lock under runs/
     st = harness(repo, "status", PROTO)
     assert st.returncode == 0, st.stderr
-    assert f"interrupted: {run_id} attempt 1 started at {started[0]['started_at']}" in st.stdout
+    assert f"interrupted: {run_id} attempt 1 started at {started[0].started_at}" in st.stdout
     r = harness(repo, "run", PROTO, "--quiet")
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"noted interrupted attempt 1 of {run_id}" in r.stdout

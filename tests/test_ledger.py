@@ -10,7 +10,7 @@ import pytest
 
 from harness import ledger as ledger_module
 from harness.ledger import Ledger, load_entries
-from harness.records import MANIFEST, SCHEMA_VERSION
+from harness.records import MANIFEST, SCHEMA_VERSION, StartedEntry
 
 GENESIS = "0" * 64
 
@@ -26,8 +26,19 @@ def make(folder: Path) -> Ledger:
     )
 
 
-def started(run: str) -> dict:
-    return {"schema_version": SCHEMA_VERSION, "kind": "started", "run_id": run, "attempt": 1, "unit": "u"}
+def started(run: str) -> StartedEntry:
+    return StartedEntry(
+        schema_version=SCHEMA_VERSION,
+        kind="started",
+        protocol={"id": "t", "sha256": "0" * 64, "freeze_sha256": None},
+        run_id=run,
+        unit="u",
+        attempt=1,
+        unit_attempt=1,
+        node="here",
+        runner={"host": "here", "pid": 1},
+        started_at="2026-12-02T00:00:00.000+00:00",
+    )
 
 
 def linear(folder: Path) -> list[int]:

@@ -18,9 +18,9 @@ import pytest
 from conftest import ROOT, git, harness, record_dicts, tiny_protocol
 
 from analysis.audit.factorial import williams
+from analysis.public_audit import self_hash_ok
 from harness.plan import make_plan
 from harness.protocol import load_protocol
-from harness.records import self_hash_ok
 
 
 def write(repo: Path, text: str, name: str = "tiny.yaml") -> Path:

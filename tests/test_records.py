@@ -16,13 +16,16 @@ from harness.records import (
     RecordFormatError,
     RunRecord,
     RunSpec,
+    StartedEntry,
     WorkerResult,
     canonical,
     jsonable,
+    load_started,
     read_entry,
     read_record,
     record_files,
     seal,
+    started_files,
 )
 
 COMMITTED = sorted(p for d in (ROOT / "records").iterdir() if d.is_dir() for p in record_files(d))
@@ -38,6 +41,41 @@ def test_every_committed_record_reads_and_writes_back_to_its_own_bytes():
         assert isinstance(rec.spec, RunSpec) and rec.spec.run_id == raw["spec"]["run_id"]
         assert rec.to_json() == raw, path
         assert canonical(seal(rec.to_json())) + b"\n" == path.read_bytes(), path
+
+
+STARTED = sorted(p for d in (ROOT / "records").iterdir() if d.is_dir() for p in started_files(d))
+
+
+def test_every_committed_started_entry_reads_typed_and_writes_back_to_its_own_bytes():
+    assert len(STARTED) > 100
+    for path in STARTED:
+        entry = StartedEntry.from_json(read_entry(path), str(path))
+        assert canonical(entry.to_json()) + b"\n" == path.read_bytes(), path
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda d: d.update(gpu=True), "unknown fields gpu"),
+        (lambda d: d.pop("run_id"), "missing run_id"),
+        (lambda d: d.pop("ledger"), None),  # optional: set when the ledger appends it
+        (lambda d: d.update(attempt="1"), "attempt"),
+        (lambda d: d.update(node=None), "node"),
+        (lambda d: d.update(kind="record"), "field kind = 'record'"),
+    ],
+)
+def test_a_started_entry_of_another_shape_is_refused_naming_the_file_and_field(tmp_path: Path, edit, says):
+    data = read_entry(STARTED[0])
+    edit(data)
+    folder = tmp_path / "records"
+    folder.mkdir()
+    path = folder / STARTED[0].name
+    path.write_text(json.dumps(data))
+    if says is None:
+        assert load_started(folder)[0].ledger is None
+        return
+    with pytest.raises(RecordFormatError, match=f"{path}.*{says}"):
+        load_started(folder)
 
 
 def _one() -> dict:

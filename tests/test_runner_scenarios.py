@@ -24,12 +24,13 @@ from conftest import ROOT, harness, init_study, record_dicts, tiny_protocol
 from fake_trainer import FakeTrainer
 from filelock import FileLock
 
+from analysis.public_audit import open_started, self_hash_ok
 from harness.cliargs import RUN_BUDGET_STOP, RUN_COMPLETE, RUN_FAILED_RUNS, RUN_NOT_DONE
 from harness.clirun import Terminated, report, run_ending
 from harness.execute.inprocess import InProcessExecutor
 from harness.execute.runner import Runner
 from harness.protocol import load_protocol
-from harness.records import load_records, load_started, open_attempts, self_hash_ok
+from harness.records import load_records, load_started
 
 PROTO = "protocols/tiny.yaml"
 RECS = Path("records") / "tiny"
@@ -67,7 +68,8 @@ def audit(repo: Path) -> subprocess.CompletedProcess[str]:
 
 def cut_off(repo: Path) -> list:
     """The started entries that no record ends."""
-    return open_attempts(load_records(repo / RECS), load_started(repo / RECS))
+    ended = {(r.spec.run_id, r.attempt) for r in load_records(repo / RECS)}
+    return open_started(ended, [e.to_json() for e in load_started(repo / RECS)])
 
 
 def test_a_complete_run_shows_progress_exits_0_and_a_resume_runs_nothing(tmp_path):

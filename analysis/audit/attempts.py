@@ -13,7 +13,7 @@ run's path from planned to analysed (:func:`flow`), the pairs with one failed ar
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,6 +120,17 @@ def run_rows(records: Sequence[Rec]) -> list[dict[str, Any]]:
     return rows
 
 
+def open_started(ended: Collection[tuple[str, int]], started: Sequence[Rec]) -> list[Rec]:
+    """The started entries, in ledger order, whose (run id, attempt) is not in ``ended``: attempts no
+    record ends (interrupted, or still running). The one rule ``harness status``, the runner and the
+    audit apply."""
+    return [
+        e
+        for e in sorted(started, key=lambda e: e["ledger"]["seq"])
+        if (e["run_id"], e["attempt"]) not in ended
+    ]
+
+
 def unfinished(records: Sequence[Rec], started: Sequence[Rec]) -> list[dict[str, Any]]:
     """Started entries that no record ends: interrupted attempts, with their start time."""
     ended = {(r["spec"]["run_id"], r["attempt"]) for r in records}
@@ -132,8 +143,7 @@ def unfinished(records: Sequence[Rec], started: Sequence[Rec]) -> list[dict[str,
             "node": e["node"],
             "seq": e["ledger"]["seq"],
         }
-        for e in sorted(started, key=lambda e: e["ledger"]["seq"])
-        if (e["run_id"], e["attempt"]) not in ended
+        for e in open_started(ended, started)
     ]
 
 

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from .ledger import record_name, sha256
-from .tag import git_bytes, git_out, parse_time
+from .tag import frozen_trees, git_bytes, git_out, parse_time
 
 #: Fields a record's ``protocol`` holds beyond those derived from the protocol file (checked
 #: against the tag, the manifest's plug-ins).
@@ -117,19 +117,6 @@ def check_freeze(
     return problems, f"{tag} (object {obj[:12]}, commit {commit[:12]}, freeze {truth['freeze'][:12]})"
 
 
-def _tree(root: str, rev: str, exempt: list[str]) -> dict[str, Any] | None:
-    listing = git_out(root, "ls-tree", rev)
-    if listing is None:
-        return None
-    out = {}
-    for line in listing.splitlines():
-        meta, _, name = line.partition("\t")
-        if name in exempt or any(e.startswith("*") and name.endswith(e[1:]) for e in exempt):
-            continue
-        out[name] = meta.split()[2]
-    return out
-
-
 def check_what_ran(
     root: str, truth: dict[str, Any], records: list[dict[str, Any]], manifest: dict[str, Any]
 ) -> tuple[list[str], list[str], str]:
@@ -143,7 +130,7 @@ def check_what_ran(
     for r in records:
         commit = (r.get("git") or {}).get("commit")
         if commit not in seen:
-            seen[commit] = _tree(root, commit, exempt) if isinstance(commit, str) else None
+            seen[commit] = frozen_trees(root, commit, exempt) if isinstance(commit, str) else None
         got = seen[commit]
         if got is None:
             problems.append(

@@ -46,13 +46,39 @@ def git_root(directory: str) -> str | None:
     return out.strip() if out else None
 
 
+def is_exempt(name: str, exempt: list[str]) -> bool:
+    """Whether the top-level entry ``name`` is exempt from the freeze under the manifest's ``exempt``
+    list (names, and ``*suffix`` patterns such as ``*.md``)."""
+    return name in exempt or any(e.startswith("*") and name.endswith(e[1:]) for e in exempt)
+
+
+def frozen_trees(root: str, rev: str, exempt: list[str]) -> dict[str, str] | None:
+    """The top-level entries of ``rev``'s tree that the freeze binds, with their git object ids
+    (``None`` when ``rev`` is not a commit of ``root``): what ``harness tag`` writes as the manifest's
+    ``trees`` and what the audit compares each record's commit with."""
+    listing = git_out(root, "ls-tree", rev)
+    if listing is None:
+        return None
+    out = {}
+    for line in listing.splitlines():
+        meta, _, name = line.partition("\t")
+        if not is_exempt(name, exempt):
+            out[name] = meta.split()[2]
+    return out
+
+
 #: Freeze manifest formats this audit reads (``harness.freeze.FORMAT``).
 FREEZE_FORMATS = (1,)
 
 
+#: The line of a tag message after which its freeze manifest follows as JSON (``harness tag``).
+FREEZE_MARKER = "freeze-manifest:"
+
+
 def parse_manifest(message: str) -> dict[str, Any] | None:
-    """The freeze manifest in a tag message (a signature after it is ignored)."""
-    _, sep, body = message.partition("freeze-manifest:")
+    """The freeze manifest in a tag message, or ``None`` when it has none (a signature after it is
+    ignored: ``harness tag --sign``). The one reader of it: ``harness`` reads tags with it too."""
+    _, sep, body = message.partition(FREEZE_MARKER)
     if not sep:
         return None
     try:

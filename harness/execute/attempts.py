@@ -20,7 +20,7 @@ from harness.execute.launchers import Outcome
 from harness.freeze import Frozen
 from harness.ledger import Ledger, now_iso
 from harness.protocol import Protocol
-from harness.records import SCHEMA_VERSION, RecordFormatError, RunRecord, RunSpec, WorkerResult
+from harness.records import SCHEMA_VERSION, RecordFormatError, RunRecord, RunSpec, StartedEntry, WorkerResult
 
 __all__ = [
     "attempt_record",
@@ -147,7 +147,7 @@ def started_entry(
     node: str,
     unit_attempt: int,
     host: str,
-) -> dict[str, Any]:
+) -> StartedEntry:
     """The started entry of an attempt whose process is about to start.
 
     Parameters
@@ -169,25 +169,21 @@ def started_entry(
 
     Returns
     -------
-    dict
+    StartedEntry
         The entry, for :meth:`harness.ledger.Ledger.append_started`.
     """
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "started",
-        "protocol": {
-            "id": proto.id,
-            "sha256": proto.sha256,
-            "freeze_sha256": frozen.freeze_sha256,
-        },
-        "run_id": spec.run_id,
-        "unit": spec.unit,
-        "attempt": attempt,
-        "unit_attempt": unit_attempt,
-        "node": node,
-        "runner": {"host": host, "pid": os.getpid()},
-        "started_at": now_iso(),
-    }
+    return StartedEntry(
+        schema_version=SCHEMA_VERSION,
+        kind="started",
+        protocol={"id": proto.id, "sha256": proto.sha256, "freeze_sha256": frozen.freeze_sha256},
+        run_id=spec.run_id,
+        unit=spec.unit,
+        attempt=attempt,
+        unit_attempt=unit_attempt,
+        node=node,
+        runner={"host": host, "pid": os.getpid()},
+        started_at=now_iso(),
+    )
 
 
 def outcome_result(outcome: Outcome) -> tuple[WorkerResult, float]:

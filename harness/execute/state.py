@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from analysis.public_audit import BudgetCheck
+from analysis.public_audit import BudgetCheck, open_started
 from harness.plan import make_plan
 from harness.protocol import Protocol
-from harness.records import RunRecord, load_records, load_started, open_attempts
+from harness.records import RunRecord, load_records, load_started
 
 
 @dataclass
@@ -128,6 +128,8 @@ def claimed(proto: Protocol, unit: str) -> bool:
 def unfinished(proto: Protocol) -> list[dict[str, Any]]:
     """Attempts whose started entry no record ends: ``running`` while a runner holds the unit's
     claim, otherwise interrupted (recorded as such when the study resumes)."""
+    ended = {(r.spec.run_id, r.attempt) for r in load_records(proto.records_path)}
+    started = [e.to_json() for e in load_started(proto.records_path)]
     return [
         {
             "run_id": e["run_id"],
@@ -137,7 +139,7 @@ def unfinished(proto: Protocol) -> list[dict[str, Any]]:
             "seq": e["ledger"]["seq"],
             "running": claimed(proto, e["unit"]),
         }
-        for e in open_attempts(load_records(proto.records_path), load_started(proto.records_path))
+        for e in open_started(ended, started)
     ]
 
 
