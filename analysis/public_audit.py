@@ -43,9 +43,14 @@ from audit.ledger import (  # noqa: E402
     STARTED_SUFFIX,
     canonical,
     check_ledger,
+    is_snapshot_name,
+    protocol_stub,
     record_name,
     self_hash_ok,
     sha256,
+    snapshot_name,
+    snapshot_of,
+    with_snapshot,
 )
 from audit.order import by_device, drift  # noqa: E402
 from audit.plan import expected_summary, plan_from_protocol  # noqa: E402
@@ -62,6 +67,11 @@ __all__ = [
     "FREEZE_MARKER",
     "RECORD_SUFFIX",
     "STARTED_SUFFIX",
+    "is_snapshot_name",
+    "protocol_stub",
+    "snapshot_name",
+    "snapshot_of",
+    "with_snapshot",
     "canonical",
     "check_ledger",
     "frozen_trees",

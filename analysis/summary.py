@@ -30,15 +30,17 @@ from typing import Any
 
 from analysis.audit.recompute import recompute
 from analysis.results import Summary
+from harness.jsonfields import plain
 from harness.records import RunRecord, StartedEntry, jsonable, load_records
 
 __all__ = ["derive", "load_records", "records_json"]
 
 
 def records_json(records: list[RunRecord]) -> list[dict[str, Any]]:
-    """The records as their files hold them (non-finite measurements as ``null``): what the rules'
-    core (:mod:`analysis.audit`) reads, in the summary and the audit alike."""
-    return [jsonable(r.to_json()) for r in records]
+    """The records as their files hold them (non-finite measurements as ``null``), a schema 4
+    record's ``protocol`` read over its folder's snapshot: what the rules' core
+    (:mod:`analysis.audit`) reads, in the summary and the audit alike."""
+    return [jsonable({**r.to_json(), "protocol": plain(r.protocol)}) for r in records]
 
 
 def derive(records: list[RunRecord], started: list[StartedEntry] | None = None) -> Summary:

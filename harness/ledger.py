@@ -32,7 +32,14 @@ from typing import Any
 
 from filelock import FileLock
 
-from analysis.public_audit import RECORD_SUFFIX, STARTED_SUFFIX, check_ledger, record_name, self_hash_ok
+from analysis.public_audit import (
+    RECORD_SUFFIX,
+    STARTED_SUFFIX,
+    check_ledger,
+    is_snapshot_name,
+    record_name,
+    self_hash_ok,
+)
 from harness.files import atomic_write
 from harness.records import (
     MANIFEST,
@@ -42,9 +49,11 @@ from harness.records import (
     StartedEntry,
     entry_files,
     read_entry,
+    read_snapshots,
     sha256_bytes,
     write_json,
     write_record,
+    write_snapshot,
     write_started,
 )
 
@@ -109,6 +118,7 @@ class Ledger:
         self._names_seen: set[str] = set()  # every name in the folder at the last sync
         self._records: list[RunRecord] = []  # the records, typed, in the order the index met them
         self._head: LedgerHead = {"seq": 0, "sha256": genesis}
+        self._snapshots: dict[str, dict[str, Any]] = {}  # the folder's protocol snapshots, by sha256
         self._source_sha: dict[str, str] | None = None
         self.generation = 0  # bumped when the index is read anew (an entry vanished or changed)
         # Every append rewrites this mark (a fresh token) *before* it writes its entry, so a mark
@@ -142,7 +152,10 @@ class Ledger:
         if entry.get("kind") == "started":
             StartedEntry.from_json(entry, str(self.dir / name))  # refuses one of another shape
         else:
-            self._records.append(RunRecord.from_json(entry, str(self.dir / name)))
+            named = entry["protocol"].get("snapshot_sha256") if entry.get("schema_version", 1) >= 4 else None
+            if named is not None and named not in self._snapshots:
+                self._snapshots.update(read_snapshots(self.dir))  # another runner's
+            self._records.append(RunRecord.from_json(entry, str(self.dir / name), self._snapshots))
         seq = entry.get("ledger", {}).get("seq", 0)
         if "ledger" in entry and seq > self._head["seq"]:
             self._head = {"seq": seq, "sha256": entry["sha256"]}
@@ -166,6 +179,7 @@ class Ledger:
         if not set(self._files) <= names:
             self._files, self._entries, self._by_run, self._records = {}, [], {}, []
             self._head = {"seq": 0, "sha256": self.genesis}
+            self._snapshots = {}
             self.generation += 1
         new = []
         for name in sorted(names - set(self._files)):
@@ -207,9 +221,13 @@ class Ledger:
         self.sync()
         return dict(self._head)  # type: ignore[return-value]
 
-    def _append(self, entry: dict[str, Any], write: Any) -> tuple[Path, LedgerHead, dict[str, Any]]:
+    def _append(
+        self, entry: dict[str, Any], write: Any, snapshot: dict[str, Any] | None = None
+    ) -> tuple[Path, LedgerHead, dict[str, Any]]:
         with self.lock:
             head = self.head()
+            if snapshot is not None:  # a schema 4 record: its protocol snapshot, once per folder
+                self._snapshots[write_snapshot(self.dir, snapshot)] = snapshot
             self._token = f"{os.getpid()}.{uuid.uuid4().hex}"
             atomic_write(self._mark, self._token.encode("ascii"), overwrite=True, sync=False)
             entry = dict(entry)
@@ -246,7 +264,8 @@ class Ledger:
     def append(self, record: RunRecord) -> tuple[Path, LedgerHead]:
         """Link ``record`` after the current head, seal and write it; rewrite MANIFEST unless this
         ledger did less than :data:`MANIFEST_EVERY_S` seconds ago."""
-        path, head, _ = self._append(record.to_json(), write_record)
+        snapshot = record.snapshot() if record.schema_version >= 4 else None
+        path, head, _ = self._append(record.to_json(), write_record, snapshot)
         return path, head
 
     def append_started(self, entry: StartedEntry) -> dict[str, Any]:
@@ -341,6 +360,9 @@ def write_manifest(
         "ledger_head": head,
         "sources": source_hashes(root, extra) if sources is None else sources,
     }
+    snapshots = sorted(p for p in directory.glob("protocol.*.json") if is_snapshot_name(p.name))
+    if snapshots:  # schema 4: the protocol snapshots the records name
+        manifest["snapshots"] = {p.name: sha256_bytes(p.read_bytes()) for p in snapshots}
     path = directory / MANIFEST
     write_json(path, manifest, pretty=True)
     return path

@@ -29,6 +29,18 @@ Format log (``schema_version``):
   ``training_cpu_clock`` (the training steps' CPU time and which clock), and a lockstep arm's
   ``pair_device_s`` (its pair's process; the arm's ``device_s`` is half of it).
 
+* 4 - the protocol summary is stored once per records folder, not in every record: a record's
+  ``protocol`` is a stub (``id``, ``sha256``, the tag fields ``tag``, ``tag_commit``,
+  ``tag_object``, ``tag_created``, ``freeze_sha256``, and ``snapshot_sha256``), and the summary
+  the stub leaves out is the file ``protocol.<snapshot_sha256>.json`` (canonical JSON, written once
+  by the ledger before the first record that names it; MANIFEST lists it under ``snapshots``). Each
+  record's seal binds its snapshot through that sha256. Readers give a record's ``protocol`` as
+  before (the stub over the snapshot: :func:`analysis.public_audit.with_snapshot`), so the
+  analysis reads every version alike. Started entries are unchanged (their protocol was a stub
+  already) but say 4. Version 3 records are still read (cpu1 and cpu2 are version 3); their
+  copies of the summary made up about a quarter of their bytes (cpu2: 11.8 MB of records would be
+  8.9 MB as version 4).
+
 Typed objects (frozen dataclasses), with JSON only at the file and process boundaries
 (``to_json`` / ``from_json``, which refuse fields they do not know, naming them): :class:`RunSpec`
 (one planned run), :class:`WorkerResult` (what a worker reports on its pipe) and :class:`RunRecord`
@@ -52,13 +64,22 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypedDict
 
-from analysis.public_audit import RECORD_SUFFIX, STARTED_SUFFIX, canonical
+from analysis.public_audit import (
+    RECORD_SUFFIX,
+    STARTED_SUFFIX,
+    canonical,
+    is_snapshot_name,
+    protocol_stub,
+    snapshot_name,
+    snapshot_of,
+    with_snapshot,
+)
 from analysis.public_audit import sha256 as sha256_bytes
 from harness.files import atomic_write
 from harness.jsonfields import json_fields, plain
 
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 MANIFEST = "MANIFEST"
 #: The tag object's raw bytes, kept in a preregistered study's records folder (see Runner._keep_tag).
 TAG_FILE = "TAG"
@@ -257,15 +278,38 @@ class RunRecord(WorkerResult):
     sha256: str | None = None  # set when it is sealed
 
     def to_json(self) -> dict[str, Any]:
+        """The record's file form: from schema 4 on, ``protocol`` is its stub (id, sha256, the tag
+        fields and the sha256 of the folder's snapshot, which holds the rest once)."""
         out = super().to_json()
         if self.schema_version < 3:
             del out["unit_attempt"]  # records before schema 3 have no unit attempts
+        if self.schema_version >= 4:
+            out["protocol"] = protocol_stub(out["protocol"])
         return out
 
+    def snapshot(self) -> dict[str, Any]:
+        """The protocol snapshot a schema 4 record's stub names (``protocol.<sha256>.json``)."""
+        return snapshot_of(plain(self.protocol))
+
     @classmethod
-    def from_json(cls, data: Any, what: str = "record") -> RunRecord:
+    def from_json(
+        cls, data: Any, what: str = "record", snapshots: Mapping[str, Any] | None = None
+    ) -> RunRecord:
         """Read a record's JSON object, refusing unknown or missing fields (naming them) and values
-        of the wrong JSON type."""
+        of the wrong JSON type. A schema 4 record's ``protocol`` stub is read over the snapshot it
+        names (``snapshots``: its folder's, by sha256; :func:`read_snapshots`)."""
+        version = data.get("schema_version") if isinstance(data, Mapping) else None
+        if isinstance(version, int) and version >= 4:
+            stub = data.get("protocol")
+            full = with_snapshot(stub, dict(snapshots or {})) if isinstance(stub, dict) else None
+            if full is None:
+                named = stub.get("snapshot_sha256") if isinstance(stub, dict) else None
+                raise RecordFormatError(
+                    f"{what}: field protocol.snapshot_sha256 = {named!r} names no protocol snapshot of "
+                    f"its folder ({snapshot_name(str(named))} missing); a schema 4 record's protocol is "
+                    "its stub over that file"
+                )
+            data = {**data, "protocol": full}
         found = json_fields(cls, data, what, RecordFormatError, NONFINITE_AS_NULL)
         return cls(**{**found, "spec": RunSpec.from_json(found["spec"], f"{what}: spec", RecordFormatError)})
 
@@ -341,9 +385,45 @@ def read_entry(path: Path) -> dict[str, Any]:
     return data
 
 
-def read_record(path: Path) -> RunRecord:
-    """Read one record, refusing a format version this code does not know and fields it does not."""
-    return RunRecord.from_json(read_entry(path), str(path))
+def read_snapshots(directory: Path) -> dict[str, dict[str, Any]]:
+    """A records folder's protocol snapshots (``protocol.<sha256>.json``, schema 4 on) by sha256,
+    each checked against its name."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted(directory.glob("protocol.*.json")) if directory.is_dir() else []:
+        if not is_snapshot_name(path.name):
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise RecordFormatError(f"{path}: not a readable JSON protocol snapshot ({e})") from e
+        sha = sha256_bytes(canonical(data)) if isinstance(data, dict) else None
+        if sha is None or snapshot_name(sha) != path.name:
+            raise RecordFormatError(
+                f"{path}: not the protocol snapshot its name says (edited, or another file)"
+            )
+        out[sha] = data
+    return out
+
+
+def write_snapshot(directory: Path, snapshot: Mapping[str, Any]) -> str:
+    """Write a protocol snapshot into a records folder once (``protocol.<sha256>.json``, never
+    overwritten); returns its sha256."""
+    data = canonical(dict(snapshot))
+    sha = sha256_bytes(data)
+    path = directory / snapshot_name(sha)
+    if not path.is_file():
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, data + b"\n", overwrite=False)
+    return sha
+
+
+def read_record(path: Path, snapshots: Mapping[str, Any] | None = None) -> RunRecord:
+    """Read one record, refusing a format version this code does not know and fields it does not
+    (a schema 4 record over ``snapshots``, else its folder's)."""
+    data = read_entry(path)
+    if snapshots is None and data.get("schema_version", 1) >= 4:
+        snapshots = read_snapshots(path.parent)
+    return RunRecord.from_json(data, str(path), snapshots)
 
 
 def record_files(directory: Path) -> list[Path]:
@@ -377,6 +457,7 @@ def budget_attempts(records: list[RunRecord]) -> list[tuple[str, str, int, str, 
 
 def load_records(directory: Path) -> list[RunRecord]:
     """Every record of a folder, in ledger order (then file name, for version 1 records)."""
-    recs = [read_record(p) for p in record_files(directory)]
+    snapshots = read_snapshots(directory)
+    recs = [read_record(p, snapshots) for p in record_files(directory)]
     recs.sort(key=lambda r: (r.ledger["seq"] if r.ledger else 0, r.spec.run_id, r.attempt))
     return recs

@@ -169,20 +169,71 @@ def pinned_corpus(repo: Path, rel: str = "corpus/topics.txt") -> str:
 
 
 def record_dicts(folder: Path) -> list[dict]:
-    """A records folder's record files as the JSON objects they hold, in ledger order (what was
-    written; :func:`harness.records.load_records` reads the same files as typed records)."""
-    from harness.records import read_entry, record_files
+    """A records folder's record files as the JSON objects the analysis reads, in ledger order: what
+    was written, a schema 4 record's ``protocol`` stub read over the folder's snapshot
+    (:func:`harness.records.load_records` reads the same files as typed records)."""
+    from harness.records import read_entry, read_snapshots, record_files
 
-    out = [read_entry(p) for p in record_files(folder)]
+    snapshots = read_snapshots(folder)
+    out = [hydrated(read_entry(p), snapshots) for p in record_files(folder)]
     out.sort(key=lambda r: (r.get("ledger", {}).get("seq", 0), r["spec"]["run_id"], r["attempt"]))
     return out
 
 
+def hydrated(record: dict, snapshots: dict) -> dict:
+    """A record's JSON with a schema 4 ``protocol`` stub read over the snapshot it names (``snapshots``:
+    :func:`harness.records.read_snapshots`); other records unchanged."""
+    from analysis.public_audit import with_snapshot
+
+    if record.get("schema_version", 1) < 4 or "snapshot_sha256" not in (record.get("protocol") or {}):
+        return record
+    full = with_snapshot(record["protocol"], snapshots)
+    assert full is not None, "the folder holds no protocol snapshot the record names"
+    return {**record, "protocol": full}
+
+
 def typed(records: list[dict]) -> list:
-    """Record JSON objects (as written, or edited by a test) as the analysis reads them."""
+    """Record JSON objects (as :func:`record_dicts` gives them, or edited by a test) as the analysis
+    reads them: a schema 4 record's full ``protocol`` split into its stub and its snapshot again."""
+    from analysis.public_audit import protocol_stub, snapshot_of
     from harness.records import RunRecord
 
-    return [RunRecord.from_json(r) for r in records]
+    out = []
+    for r in records:
+        if r.get("schema_version", 1) >= 4 and "snapshot_sha256" not in r["protocol"]:
+            out.append(
+                RunRecord.from_json(
+                    {**r, "protocol": protocol_stub(r["protocol"])},
+                    "record",
+                    {protocol_stub(r["protocol"])["snapshot_sha256"]: snapshot_of(r["protocol"])},
+                )
+            )
+        else:
+            out.append(RunRecord.from_json(r))
+    return out
+
+
+def edit_record(path: Path, edit) -> dict:
+    """A consistent forgery of one record file: ``edit`` applied to the record as the analysis reads it
+    (a schema 4 record's protocol over the folder's snapshot), a snapshot of its own written where the
+    edit changed the protocol, the record resealed (its ``ledger`` as the edit leaves it). Returns the sealed JSON."""
+    import json
+
+    from analysis.public_audit import protocol_stub, snapshot_of
+    from harness.records import canonical, read_snapshots, seal, write_snapshot
+
+    rec = hydrated(json.loads(path.read_text()), read_snapshots(path.parent))
+    edit(rec)
+    if (
+        rec.get("schema_version", 1) >= 4
+        and rec.get("kind") != "started"
+        and isinstance(rec.get("protocol"), dict)
+    ):
+        write_snapshot(path.parent, snapshot_of(rec["protocol"]))  # the forger's own snapshot
+        rec["protocol"] = protocol_stub(rec["protocol"])
+    rec = seal(rec)
+    path.write_text(canonical(rec).decode() + "\n")
+    return rec
 
 
 def synthetic_record(spec: dict, **fields) -> object:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, harness, init_study, private_copy, record_dicts, tiny_protocol, typed
+from conftest import ROOT, harness, hydrated, init_study, private_copy, record_dicts, tiny_protocol, typed
 
 from harness.ledger import load_entries
 from harness.records import load_started
@@ -411,9 +411,9 @@ def test_one_unit_attempt_per_unit_in_analysis_and_audit(done_study):
 @pytest.mark.process
 def test_records_written_before_started_entries_still_audit(done_copy):
     """A study whose records are schema 2 (no started entries, no unit attempts, MANIFEST without
-    ``started``) audits clean, reports, shows its status and resumes into schema 3."""
+    ``started``) audits clean, reports, shows its status and resumes into the current schema."""
     from harness.ledger import write_manifest
-    from harness.records import canonical, seal
+    from harness.records import canonical, read_snapshots, seal
 
     repo = done_copy
     for f in (repo / RECS).glob("*.started.json"):
@@ -423,13 +423,15 @@ def test_records_written_before_started_entries_still_audit(done_copy):
         sorted((repo / RECS).glob("*.record.json"), key=lambda p: json.loads(p.read_text())["ledger"]["seq"]),
         1,
     ):
-        r = json.loads(f.read_text())
+        r = hydrated(json.loads(f.read_text()), read_snapshots(repo / RECS))  # schema 2: the full protocol
         for k in ("start", "unit_attempt"):
             r.pop(k)
         r.update(schema_version=2, ledger={"seq": i, "prev": prev})
         r = seal(r)
         prev = r["sha256"]
         f.write_text(canonical(r).decode() + "\n")
+    for f in (repo / RECS).glob("protocol.*.json"):
+        f.unlink()  # schema 2 folders have no snapshot
     recs = record_dicts(repo / RECS)
     write_manifest(repo / RECS, repo, [repo / PROTO], recs[0]["protocol"], {"seq": 4, "sha256": prev})
     m = json.loads((repo / RECS / "MANIFEST").read_text())

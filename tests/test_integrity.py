@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, git, harness, private_copy, record_dicts, tiny_protocol, typed
+from conftest import ROOT, edit_record, git, harness, private_copy, record_dicts, tiny_protocol, typed
 
 from harness.ledger import head_of, load_entries, write_manifest
 from harness.plan import make_plan, plan_sha256
@@ -88,11 +88,8 @@ def study(done_study: Path, tmp_path: Path) -> Path:
 
 
 def resealed(path: Path, edit) -> dict:
-    rec = json.loads(path.read_text())
-    edit(rec)
-    rec = seal(rec)
-    path.write_text(canonical(rec).decode() + "\n")
-    return rec
+    """One entry edited and resealed consistently (conftest's ``edit_record``)."""
+    return edit_record(path, edit)
 
 
 def rebuild_manifest(repo: Path) -> None:
@@ -148,6 +145,66 @@ def test_intact_study_passes_and_records_bind_the_tag(study):
     st = harness(study, "status", PROTO)
     assert f"ledger head: seq 12 sha256 {recs[-1]['sha256']}" in st.stdout
     assert audit(study, "--head", f"12:{recs[-1]['sha256']}").returncode == 0
+
+
+def test_the_protocol_is_stored_once_per_study_and_bound_by_every_record(study):
+    """Schema 4: each record's ``protocol`` is a stub (id, sha256, the tag fields, the snapshot's
+    sha256); the summary the records share is one file, ``protocol.<sha256>.json``, listed in
+    MANIFEST; the analysis reads the records over it as before."""
+    from analysis.public_audit import snapshot_name
+
+    raw = [read_entry(p) for p in record_files(study / RECS)]
+    (snap,) = sorted((study / RECS).glob("protocol.*.json"))
+    sha = hashlib.sha256(canonical(json.loads(snap.read_text()))).hexdigest()
+    assert snap.name == snapshot_name(sha) and all(r["schema_version"] == 4 for r in raw)
+    assert all(
+        set(r["protocol"])
+        == {
+            "id",
+            "sha256",
+            "tag",
+            "tag_commit",
+            "tag_object",
+            "tag_created",
+            "freeze_sha256",
+            "snapshot_sha256",
+        }
+        and r["protocol"]["snapshot_sha256"] == sha
+        for r in raw
+    )
+    assert json.loads((study / RECS / "MANIFEST").read_text())["snapshots"] == {
+        snap.name: hashlib.sha256(snap.read_bytes()).hexdigest()
+    }
+    full = record_dicts(study / RECS)[0]["protocol"]
+    assert full["hypotheses"]["tests"] and full["tag"] == "protocol-tiny" and "snapshot_sha256" not in full
+
+
+@pytest.mark.parametrize("attack", ["edit the snapshot", "delete the snapshot", "another snapshot, relisted"])
+def test_a_snapshot_edited_or_deleted_is_named_by_the_audit_and_the_reader(study, attack):
+    snap = next((study / RECS).glob("protocol.*.json"))
+    data = json.loads(snap.read_text())
+    data["budget_device_seconds"] = 1.0e6
+    if attack == "edit the snapshot":
+        snap.write_text(json.dumps(data))
+        needle = f"{snap.name}: not the protocol snapshot its name says"
+    elif attack == "delete the snapshot":
+        snap.unlink()
+        needle = "names no protocol snapshot"
+    else:  # a second file named by its own hash and listed: the records' seals still name the first
+        from analysis.public_audit import snapshot_name
+        from harness.records import write_snapshot
+
+        snap.unlink()
+        new = study / RECS / snapshot_name(write_snapshot(study / RECS, data))
+        m = json.loads((study / RECS / "MANIFEST").read_text())
+        m["snapshots"] = {new.name: hashlib.sha256(new.read_bytes()).hexdigest()}
+        (study / RECS / "MANIFEST").write_text(json.dumps(m))
+        needle = "names no protocol snapshot"
+    a = audit(study)
+    assert a.returncode == 1 and needle in a.stdout, a.stdout
+    r = harness(study, "report", PROTO, "--quiet")
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "protocol snapshot" in r.stderr, r.stderr
 
 
 # -- drift: harness run refuses before any worker starts, writing nothing -----------------------

@@ -8,7 +8,9 @@ It checks, for each records folder (the threat model: docs/provenance.md):
 
 1. every record's own sha256 (over its canonical JSON without the ``sha256`` field);
 2. the MANIFEST: every record file listed with its sha256, no file missing or unlisted, and every
-   source file's sha256 against the file in this checkout;
+   source file's sha256 against the file in this checkout; from schema 4 on, each record's
+   ``protocol`` stub names the folder's protocol snapshot (``protocol.<sha256>.json``, listed in
+   MANIFEST) by the sha256 of its canonical JSON, and is read over it;
 3. the study as the tag defines it: for a preregistered protocol (a tag ``protocol-<id>`` exists,
    or the checkout's file says ``preregistered: true``) the protocol is read from the tagged
    commit (the file whose sha256 the tag's freeze manifest names) with the audit's own YAML

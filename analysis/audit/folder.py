@@ -21,10 +21,13 @@ from .ledger import (
     canonical,
     check_attempts,
     check_ledger,
+    is_snapshot_name,
     read_json,
     record_name,
     self_hash_ok,
     sha256,
+    snapshot_name,
+    with_snapshot,
 )
 from .plan import plan_from_protocol, plan_notes
 from .recompute import SUMMARY_SCHEMAS, compare, recompute
@@ -150,6 +153,49 @@ def _manifest(out: _Report) -> dict[str, Any] | None:
     return manifest
 
 
+def _with_snapshot(
+    directory: str, manifest: dict[str, Any], records: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Schema 4 records with their ``protocol`` read over the snapshot their stub names by sha256
+    (``protocol.<sha256>.json``, each listed in MANIFEST with its file sha256); the problems where a
+    snapshot is missing, unlisted or not what its name says."""
+    problems: list[str] = []
+    snapshots: dict[str, Any] = {}
+    listed = manifest.get("snapshots") or {}
+    names = sorted(n for n in os.listdir(directory) if is_snapshot_name(n))
+    for name in names:
+        path = os.path.join(directory, name)
+        with open(path, "rb") as f:
+            raw = f.read()
+        data = read_json(path, raw)
+        if not isinstance(data, dict) or snapshot_name(sha256(canonical(data))) != name:
+            problems.append(f"{path}: not the protocol snapshot its name says (edited, or another file)")
+            continue
+        if not isinstance(listed, dict) or listed.get(name) != sha256(raw):
+            problems.append(
+                f"{path}: protocol snapshot not listed in MANIFEST with its file sha256 {sha256(raw)}"
+            )
+        snapshots[sha256(canonical(data))] = data
+    for name in sorted(set(listed) - set(names)) if isinstance(listed, dict) else []:
+        problems.append(f"{os.path.join(directory, name)}: listed in MANIFEST but missing")
+    out = []
+    for r in records:
+        stub = r.get("protocol")
+        full = (
+            with_snapshot(stub, snapshots)
+            if r.get("schema_version", 1) >= 4 and isinstance(stub, dict)
+            else None
+        )
+        if full is None and r.get("schema_version", 1) >= 4:
+            named = stub.get("snapshot_sha256") if isinstance(stub, dict) else None
+            problems.append(
+                f"{record_name(r)}: field protocol.snapshot_sha256 = {named!r} names no protocol snapshot "
+                f"of the folder ({snapshot_name(str(named))} missing or not what its name says)"
+            )
+        out.append(r if full is None else {**r, "protocol": full})
+    return out, problems
+
+
 def _entries(out: _Report, manifest: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The folder's records and started entries that read as such, each checked against its own
     sha256 and MANIFEST's file sha256; MANIFEST's entries that are missing count too."""
@@ -194,6 +240,9 @@ def _entries(out: _Report, manifest: dict[str, Any]) -> tuple[list[dict[str, Any
     for name in sorted(set(listed) - set(files)):
         problems.append(f"{os.path.join(directory, name)}: listed in MANIFEST but missing")
         bad += 1
+    records, found = _with_snapshot(directory, manifest, records)
+    problems.extend(found)
+    bad += len(found)
     out.row(
         "record hashes + MANIFEST records",
         bad == 0,

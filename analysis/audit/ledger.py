@@ -9,7 +9,15 @@ from typing import Any
 
 RECORD_SUFFIX = ".record.json"
 STARTED_SUFFIX = ".started.json"
-SCHEMAS = (1, 2, 3)
+SCHEMAS = (1, 2, 3, 4)
+#: A records folder's protocol snapshots (schema 4 on): the protocol summary that records share,
+#: written once by the ledger before the first record that names it, instead of a copy in each;
+#: the file ``protocol.<sha256>.json`` is named by the sha256 of its canonical JSON (a study that is
+#: not preregistered may change its protocol between runs: one file for each).
+SNAPSHOT_PREFIX = "protocol."
+SNAPSHOT_SUFFIX = ".json"
+#: The fields of a record's ``protocol`` that say what tag it ran under (not part of the snapshot).
+TAG_FIELDS = ("tag", "tag_commit", "tag_object", "tag_created", "freeze_sha256")
 
 
 def canonical(obj: object) -> bytes:
@@ -24,6 +32,42 @@ def sha256(data: bytes) -> str:
 
 def self_hash_ok(obj: dict[str, Any]) -> bool:
     return obj.get("sha256") == sha256(canonical({k: v for k, v in obj.items() if k != "sha256"}))
+
+
+def snapshot_of(protocol: dict[str, Any]) -> dict[str, Any]:
+    """The protocol summary of a record's full ``protocol`` field: all but :data:`TAG_FIELDS`."""
+    return {k: v for k, v in protocol.items() if k not in TAG_FIELDS}
+
+
+def protocol_stub(protocol: dict[str, Any]) -> dict[str, Any]:
+    """What a schema 4 record writes as ``protocol``: its id and sha256, the tag fields, and
+    ``snapshot_sha256``, the sha256 of the canonical JSON of :func:`snapshot_of` (the folder's
+    :func:`snapshot_name`), so every record's seal binds its snapshot."""
+    return {
+        "id": protocol["id"],
+        "sha256": protocol["sha256"],
+        **{k: protocol.get(k) for k in TAG_FIELDS},
+        "snapshot_sha256": sha256(canonical(snapshot_of(protocol))),
+    }
+
+
+def snapshot_name(sha: str) -> str:
+    """The file name of the snapshot whose canonical JSON has sha256 ``sha``."""
+    return f"{SNAPSHOT_PREFIX}{sha}{SNAPSHOT_SUFFIX}"
+
+
+def is_snapshot_name(name: str) -> bool:
+    return name.startswith(SNAPSHOT_PREFIX) and name.endswith(SNAPSHOT_SUFFIX) and len(name) == 64 + 14
+
+
+def with_snapshot(stub: dict[str, Any], snapshots: dict[str, Any]) -> dict[str, Any] | None:
+    """A schema 4 record's full ``protocol``: its stub over the snapshot it names (``snapshots``: the
+    folder's, by sha256 of their canonical JSON), the inverse of :func:`protocol_stub`; ``None`` when
+    that snapshot is missing or is not an object whose canonical JSON has that sha256."""
+    snapshot = snapshots.get(str(stub.get("snapshot_sha256")))
+    if not isinstance(snapshot, dict) or stub.get("snapshot_sha256") != sha256(canonical(snapshot)):
+        return None
+    return {**snapshot, **{k: v for k, v in stub.items() if k != "snapshot_sha256"}}
 
 
 def read_json(path: str, raw: bytes | None = None) -> object:
