@@ -38,6 +38,7 @@ from audit.cli import main  # noqa: E402
 from audit.decisions import decide, sensitivity  # noqa: E402
 from audit.descriptive import endpoint, mean_interval, paired_values  # noqa: E402
 from audit.freeze import field_differences  # noqa: E402
+from audit.hypotheses import CHOICES, family_problems, rule_problems  # noqa: E402
 from audit.ledger import (  # noqa: E402
     RECORD_SUFFIX,
     STARTED_SUFFIX,
@@ -64,6 +65,9 @@ if _ADDED:
     sys.path.remove(_HERE)
 
 __all__ = [
+    "CHOICES",
+    "family_problems",
+    "rule_problems",
     "FREEZE_MARKER",
     "RECORD_SUFFIX",
     "STARTED_SUFFIX",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from analysis.public_audit import CHOICES, family_problems, rule_problems
 from harness import yamlio
 from harness.names import ID_RE
 from harness.yamlio import Field, one_of
@@ -12,13 +13,19 @@ from harness.yamlio import Field, one_of
 if TYPE_CHECKING:
     from harness.study import Study
 
-ENDPOINTS = ("training_time", "training_cpu_time", "time_to_target", "total_time", "test_bpb", "peak_memory")
+#: A valid family, over which :func:`_family_check` judges one key at a time by the core's rule.
+_VALID_FAMILY = {"procedure": "holm", "family_alpha": 0.05, "min_pairs": 3}
+
+
+def _family_check(key: str) -> Any:
+    """The core's rule (:func:`analysis.public_audit.family_problems`) for one key of the family."""
+    return lambda v: next((m for k, m in family_problems({**_VALID_FAMILY, key: v}) if k == key), None)
+
+
 _FAMILY = {
-    "procedure": Field(str, check=one_of("holm", "fixed_sequence")),
-    "family_alpha": Field(
-        float, check=lambda v: None if 0 < v < 0.5 else "a one-sided family-wise error rate in (0, 0.5)"
-    ),
-    "min_pairs": Field(int, check=lambda v: None if v >= 3 else "at least 3 (an interval needs a spread)"),
+    "procedure": Field(str, check=one_of(*CHOICES["procedure"])),
+    "family_alpha": Field(float, check=_family_check("family_alpha")),
+    "min_pairs": Field(int, check=_family_check("min_pairs")),
     "tests": Field(list),
     # a budget stop depends on run times: decide time endpoints after one only if preregistered
     "decide_time_after_budget_stop": Field(bool, required=False, default=False),
@@ -27,12 +34,12 @@ _TEST = {
     "id": Field(str, check=lambda v: None if ID_RE.match(v) else "letters, digits, - and _ only"),
     "study": Field(str),
     "config": Field(str, required=False, default=None),
-    "endpoint": Field(str, check=one_of(*ENDPOINTS)),
-    "estimand": Field(str, check=one_of("difference", "relative_reduction", "log_ratio")),
-    "type": Field(str, check=one_of("superiority", "non_inferiority", "equivalence")),
+    "endpoint": Field(str, check=one_of(*CHOICES["endpoint"])),
+    "estimand": Field(str, check=one_of(*CHOICES["estimand"])),
+    "type": Field(str, check=one_of(*CHOICES["type"])),
     "margin": Field(float, required=False, default=0.0),
-    "better": Field(str, check=one_of("lower", "higher")),
-    "censoring": Field(str, required=False, default=None, check=one_of("worst_rank", "restricted_mean")),
+    "better": Field(str, check=one_of(*CHOICES["better"])),
+    "censoring": Field(str, required=False, default=None, check=one_of(*CHOICES["censoring"])),
     "period_adjusted": Field(bool, required=False, default=False),
     # restricted mean: the restriction time tau (s) for both arms; default, per pair, the shorter training time
     "restriction_s": Field(
@@ -78,32 +85,9 @@ def parse_hypotheses(doc: yamlio.Document, raw: dict[str, Any], studies: list[St
             h["config"] = st.configs[0]
         elif h["config"] not in st.configs:
             raise doc.error(tk + ("config",), f"{h['config']!r} is not a configuration of study {st.name!r}")
-        if h["type"] == "superiority" and h["margin"] < 0:
-            raise doc.error(tk + ("margin",), "a superiority margin is >= 0")
-        if h["type"] != "superiority" and h["margin"] <= 0:
-            raise doc.error(tk + ("margin",), f"a {h['type']} hypothesis needs a positive margin")
-        if h["endpoint"] == "time_to_target":
-            if h["censoring"] is None:
-                raise doc.error(
-                    tk,
-                    "a time_to_target hypothesis must say how an unreached target counts: "
-                    "censoring: worst_rank or restricted_mean",
-                )
-            if h["censoring"] == "worst_rank" and (
-                h["type"] != "superiority" or h["margin"] != 0 or h["period_adjusted"]
-            ):
-                raise doc.error(
-                    tk + ("censoring",), "worst_rank is a rank test: superiority with margin 0 only"
-                )
-        elif h["censoring"] is not None:
-            raise doc.error(tk + ("censoring",), "censoring applies to time_to_target only")
-        if h["restriction_s"] is not None and h["censoring"] != "restricted_mean":
-            raise doc.error(
-                tk + ("restriction_s",), "restriction_s is the restriction time of censoring: restricted_mean"
-            )
-        if h["estimand"] == "relative_reduction" and h["margin"] >= 100:
-            raise doc.error(tk + ("margin",), "a relative_reduction margin is a percentage below 100")
-        if h["estimand"] != "difference" and h["endpoint"] == "test_bpb":
-            raise doc.error(tk + ("estimand",), "test_bpb is compared as a difference (BPB)")
+        wrong = rule_problems(h)  # the core's rules, which the audit and decide apply to the tag's
+        if wrong:
+            key, message = wrong[0]
+            raise doc.error(tk + ((key,) if key in t else ()), message)
         tests.append(h)
     return {**fam, "tests": tests}

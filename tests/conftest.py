@@ -183,13 +183,15 @@ def record_dicts(folder: Path) -> list[dict]:
 def hydrated(record: dict, snapshots: dict) -> dict:
     """A record's JSON with a schema 4 ``protocol`` stub read over the snapshot it names (``snapshots``:
     :func:`harness.records.read_snapshots`); other records unchanged."""
+    import copy
+
     from analysis.public_audit import with_snapshot
 
     if record.get("schema_version", 1) < 4 or "snapshot_sha256" not in (record.get("protocol") or {}):
         return record
     full = with_snapshot(record["protocol"], snapshots)
     assert full is not None, "the folder holds no protocol snapshot the record names"
-    return {**record, "protocol": full}
+    return {**record, "protocol": copy.deepcopy(full)}  # each its own: a test may edit one record's
 
 
 def typed(records: list[dict]) -> list:

@@ -397,14 +397,15 @@ def test_budget_stop_is_explained(tmp_path):
 def test_budget_stop_decisions_are_made_and_say_so(done_study):
     from analysis.summary import derive
 
-    recs = record_dicts(done_study / RECS)[:4]  # two complete pairs
+    recs = record_dicts(done_study / RECS)  # three complete pairs of a plan made four pairs long
     spent = sum(r["timings"]["device_s"] for r in recs)
     least = min(r["timings"]["device_s"] for r in recs)
     for r in recs:
         # one more pair (2 runs at the mean device seconds) cannot fit, whatever the machine's speed
         r["protocol"]["budget_device_seconds"] = spent + 0.5 * least
+        r["protocol"]["studies"][0]["seeds"] = [*r["protocol"]["studies"][0]["seeds"], 99]
         r["protocol"]["hypotheses"].update(
-            min_pairs=2,
+            min_pairs=3,
             tests=[
                 {  # a speed hypothesis (BPB is bitwise equal)
                     "id": "S",
@@ -443,7 +444,7 @@ def test_budget_stop_decisions_are_made_and_say_so(done_study):
     s = derive(typed(recs)).to_json()
     assert s["completeness"]["budget_stop"] is False
     assert s["hypotheses"]["decisions"][0]["status"] == "not reached"
-    assert s["hypotheses"]["decisions"][0]["reason"].startswith("incomplete: 2 of 6")
+    assert s["hypotheses"]["decisions"][0]["reason"].startswith("incomplete: 2 of 8")
 
 
 # -- the record format and the audit's independent plan ----------------------------------------------

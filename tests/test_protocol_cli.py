@@ -21,6 +21,7 @@ from analysis.audit.factorial import williams
 from analysis.public_audit import self_hash_ok
 from harness.plan import make_plan
 from harness.protocol import load_protocol
+from harness.records import read_entry, record_files
 
 
 def write(repo: Path, text: str, name: str = "tiny.yaml") -> Path:
@@ -182,7 +183,8 @@ def test_tiny_protocol_end_to_end_and_resume_noop(repo):
         "Time reduction" in r.stdout and "## Decisions" in r.stdout and "## Flow of planned runs" in r.stdout
     )
     recs = record_dicts(repo / "records" / "tiny")
-    assert len(recs) == 4 and all(x["status"] == "ok" and self_hash_ok(x) for x in recs)
+    assert len(recs) == 4 and all(x["status"] == "ok" for x in recs)
+    assert all(self_hash_ok(read_entry(f)) for f in record_files(repo / "records" / "tiny"))
     rec = recs[0]
     for key in (
         "protocol",

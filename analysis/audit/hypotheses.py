@@ -106,6 +106,78 @@ def typed_pairs(pairs: Sequence[Pair | PairRow]) -> list[Pair]:
     return [Pair.of(p) for p in pairs]
 
 
+#: The values of each key of a hypothesis and of its family (the protocol's ``hypotheses`` block).
+ENDPOINTS = ("training_time", "training_cpu_time", "time_to_target", "total_time", "test_bpb", "peak_memory")
+CHOICES: dict[str, tuple[str, ...]] = {
+    "endpoint": ENDPOINTS,
+    "estimand": ("difference", "relative_reduction", "log_ratio"),
+    "type": ("superiority", "non_inferiority", "equivalence"),
+    "better": ("lower", "higher"),
+    "censoring": ("worst_rank", "restricted_mean"),
+    "procedure": ("holm", "fixed_sequence"),
+}
+
+
+def rule_problems(h: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """What is wrong with one hypothesis by the protocol's rules, as ``(key, message)`` pairs (empty
+    when nothing is): a key's value outside its choices, a margin of the wrong sign, time to target
+    without its censoring rule, a worst-rank test that is not superiority at margin 0 (it is a rank
+    test of the sign of the difference: it has no margin and no period adjustment), censoring or a
+    restriction time where they do not apply, a relative margin of 100% or more, BPB compared other
+    than as a difference. The one home of these rules: ``harness plan`` (the protocol parser) names
+    the first in the protocol file; the audit reading the tagged protocol and :func:`.decisions.decide`
+    refuse the hypothesis with it."""
+    out: list[tuple[str, str]] = []
+    for key in ("endpoint", "estimand", "type", "better", "censoring"):
+        v = h.get(key)
+        if (v is not None or key != "censoring") and v not in CHOICES[key]:
+            out.append((key, f"{v!r} is not one of {', '.join(CHOICES[key])}"))
+    if out:
+        return out
+    margin, kind, cens = float(h.get("margin") or 0.0), h["type"], h.get("censoring")
+    if kind == "superiority" and margin < 0:
+        out.append(("margin", "a superiority margin is >= 0"))
+    if kind != "superiority" and margin <= 0:
+        out.append(("margin", f"a {kind} hypothesis needs a positive margin"))
+    if h["endpoint"] == "time_to_target":
+        if cens is None:
+            out.append(
+                (
+                    "censoring",
+                    "a time_to_target hypothesis must say how an unreached target counts: "
+                    "censoring: worst_rank or restricted_mean",
+                )
+            )
+        elif cens == "worst_rank" and (kind != "superiority" or margin != 0 or h.get("period_adjusted")):
+            out.append(("censoring", "worst_rank is a rank test: superiority with margin 0 only"))
+    elif cens is not None:
+        out.append(("censoring", "censoring applies to time_to_target only"))
+    if h.get("restriction_s") is not None and cens != "restricted_mean":
+        out.append(("restriction_s", "restriction_s is the restriction time of censoring: restricted_mean"))
+    if h["estimand"] == "relative_reduction" and margin >= 100:
+        out.append(("margin", "a relative_reduction margin is a percentage below 100"))
+    if h["estimand"] != "difference" and h["endpoint"] == "test_bpb":
+        out.append(("estimand", "test_bpb is compared as a difference (BPB)"))
+    return out
+
+
+def family_problems(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """What is wrong with a family's own keys, as ``(key, message)`` pairs: the procedure, a
+    family-wise error rate outside (0, 0.5), fewer than 3 minimum pairs (an interval needs a spread)."""
+    out: list[tuple[str, str]] = []
+    if spec.get("procedure") not in CHOICES["procedure"]:
+        out.append(
+            ("procedure", f"{spec.get('procedure')!r} is not one of {', '.join(CHOICES['procedure'])}")
+        )
+    alpha = spec.get("family_alpha")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 0.5:
+        out.append(("family_alpha", "a one-sided family-wise error rate in (0, 0.5)"))
+    n = spec.get("min_pairs")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 3:
+        out.append(("min_pairs", "at least 3 (an interval needs a spread)"))
+    return out
+
+
 @dataclass(frozen=True)
 class Hypothesis:
     """A one-sided test of one endpoint of one (study, configuration)'s pairs.
@@ -148,6 +220,10 @@ class Hypothesis:
         unknown = sorted(set(h) - known)
         if unknown:
             raise ValueError(f"hypothesis {h.get('id')!r}: unknown keys {', '.join(unknown)}")
+        wrong = rule_problems(h)
+        if wrong:
+            key, message = wrong[0]
+            raise ValueError(f"hypothesis {h.get('id')!r}: {key}: {message}")
         margin, tau = h.get("margin", 0.0), h.get("restriction_s")
         return cls(
             **{
@@ -191,6 +267,9 @@ class Family:
         unknown = sorted(set(spec) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"hypotheses: unknown keys {', '.join(unknown)}")
+        wrong = family_problems(spec)
+        if wrong:
+            raise ValueError(f"hypotheses: {wrong[0][0]}: {wrong[0][1]}")
         return cls(
             procedure=spec["procedure"],
             family_alpha=float(spec["family_alpha"]),

@@ -8,6 +8,7 @@ from typing import Any
 
 from .attempts import analysed, completeness, latest_unit
 from .factorial import from_yaml, williams
+from .hypotheses import Family
 
 
 def plan_from_protocol(
@@ -129,13 +130,15 @@ def _resolved_tests(h: dict[str, Any], studies: list[dict[str, Any]]) -> dict[st
                 "restriction_s": float(t["restriction_s"]) if t.get("restriction_s") is not None else None,
             }
         )
-    return {
+    out = {
         "procedure": h["procedure"],
         "family_alpha": float(h["family_alpha"]),
         "min_pairs": h["min_pairs"],
         "decide_time_after_budget_stop": bool(h.get("decide_time_after_budget_stop", False)),
         "tests": tests,
     }
+    Family.of(out)  # refuses (ValueError, naming the hypothesis and key) what harness plan refuses
+    return out
 
 
 def expected_summary(doc: dict[str, Any], psha: str, path: str) -> dict[str, Any]:
