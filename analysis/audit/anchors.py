@@ -107,7 +107,10 @@ def check_anchor(
     root: str, truth: dict[str, Any], records: list[dict[str, Any]], remote: str
 ) -> tuple[list[str], str, int]:
     """Every head anchored in ``remote``'s ``refs/ledger/protocol-<id>`` history is in the chain, in
-    order. Returns problems, a description and the highest anchored seq."""
+    order: every commit reachable from the ref along any parent is read (none is skipped as a
+    second parent), each must hold a ledger head the records hold at its seq, and none may be a
+    merge (docs/provenance.md, "Anchors"). Returns problems, a description and the highest anchored
+    seq."""
     pid = truth.get("summary", {}).get("id") or records[0]["protocol"].get("id")
     ref = f"{ANCHOR_REF}protocol-{pid}"
     log, url = fetch_anchor(remote, ref)
@@ -121,7 +124,14 @@ def check_anchor(
     for entry in log.split("\x01"):
         if not entry.strip():
             continue
-        commit, when, body = entry.strip("\n").split("\x00", 2)
+        commit, parents, when, body = entry.strip("\n").split("\x00", 3)
+        if len(parents.split()) > 1:
+            out.append(
+                f"anchor {commit[:12]} ({when}): a merge of {len(parents.split())} parents "
+                f"({', '.join(x[:12] for x in parents.split())}); the anchor history is a line of "
+                "single-parent commits (harness run --anchor pushes nothing else), and a merge can put a "
+                "forged history in front of the real one"
+            )
         fields = dict(line.split(" ", 1) for line in body.splitlines() if " " in line)
         try:
             heads.append((int(fields["seq"]), fields["sha256"], fields.get("freeze"), commit, when))
@@ -150,7 +160,8 @@ def check_anchor(
 
 
 def fetch_anchor(remote: str, ref: str) -> tuple[str | None, str]:
-    """The first-parent log of ``ref`` in ``remote`` and the URL it was fetched from.
+    """The log of ``ref`` in ``remote``, every commit reachable along any parent (newest first, with
+    its parents), and the URL it was fetched from.
 
     The ref is fetched into a throwaway bare repository in a temporary folder, with no system,
     global or inherited git configuration, never into (or with the configuration of) the audited
@@ -188,5 +199,5 @@ def fetch_anchor(remote: str, ref: str) -> tuple[str | None, str]:
         ):
             return None, url
         return git_in(
-            bare, "log", "--first-parent", "--format=%H%x00%cI%x00%B%x01", f"refs/audit/{ref[5:]}"
+            bare, "log", "--topo-order", "--format=%H%x00%P%x00%cI%x00%B%x01", f"refs/audit/{ref[5:]}"
         ) or "", url
