@@ -37,7 +37,7 @@ from audit.budget import (  # noqa: E402
 from audit.cli import main  # noqa: E402
 from audit.decisions import decide, sensitivity  # noqa: E402
 from audit.descriptive import endpoint, mean_interval, paired_values  # noqa: E402
-from audit.freeze import field_differences  # noqa: E402
+from audit.freeze import field_differences, torch_matches  # noqa: E402
 from audit.hypotheses import CHOICES, family_problems, rule_problems  # noqa: E402
 from audit.ledger import (  # noqa: E402
     RECORD_SUFFIX,
@@ -65,6 +65,7 @@ if _ADDED:
     sys.path.remove(_HERE)
 
 __all__ = [
+    "torch_matches",
     "CHOICES",
     "family_problems",
     "rule_problems",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -284,7 +286,27 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (poll reports an error or hang-up)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError as e:  # not standard output's (re-raised by _main): a message, exit 2
+        print(f"harness: error: {e.filename or 'a pipe'}: {e.strerror or e}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
@@ -315,6 +337,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return RUN_TERMINATED
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise  # another pipe: the message below says which (main's caller gets exit 2)
+        # the reader of our output went away (``harness plan ... | head -1``): nothing is wrong with
+        # what was done, and nobody is left to tell; exit as a process killed by SIGPIPE would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except OSError as e:  # a file the harness could not write or read: a message, exit 2, no traceback
         print(
             f"harness {args.command}: error: {e.filename or 'a file'}: {e.strerror or e}; fix it and run the same "

@@ -130,17 +130,29 @@ def _lockstep(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath) -> No
         raise doc.error(kp + ("block_steps",), "block_steps exceeds steps")
 
 
+#: The most seeds (pairs or blocks) one study may plan: far above any study these machines can run,
+#: and low enough that a plan is made in well under a second.
+MAX_SEEDS = 10_000
+
+
 def _seeds(doc: yamlio.Document, value: Any, kp: tuple[Any, ...]) -> tuple[int, ...]:
+    too_many = f"at most {MAX_SEEDS} seeds in a study"
     if isinstance(value, dict):
         spec = yamlio.mapping(doc, value, kp, {"count": Field(int, check=positive), "base": Field(int)})
+        if spec["count"] > MAX_SEEDS:
+            raise doc.error(kp + ("count",), too_many)
         return tuple(range(spec["base"], spec["base"] + spec["count"]))
-    seeds = []
+    if len(value) > MAX_SEEDS:
+        raise doc.error(kp, too_many)
+    seeds: list[int] = []
+    seen: set[int] = set()
     for i, s in enumerate(value):
         if not isinstance(s, int) or isinstance(s, bool):
             raise doc.error(kp + (i,), f"seed must be an integer, got {s!r}")
-        if s in seeds:
+        if s in seen:
             raise doc.error(kp + (i,), f"duplicate seed {s}")
         seeds.append(s)
+        seen.add(s)
     if len(seeds) < 2:
         raise doc.error(kp, "a study needs at least two seeds")
     return tuple(seeds)

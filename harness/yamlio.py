@@ -66,15 +66,40 @@ def _walk(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int], doc_path: P
             _walk(item, path + (i,), lines, doc_path)
 
 
+#: The largest protocol or configuration file read (a protocol of the largest study is a few kB).
+MAX_BYTES = 1 << 20
+
+
+def _no_aliases(text: str, p: Path) -> None:
+    """Refuse anchors and aliases (naming the line) from the event stream, before anything is built:
+    the audit's reader does not read them, and an alias bomb or a recursive alias would otherwise
+    take exponential time or end in a RecursionError."""
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise InputError(
+                "anchors (&) and aliases (*) are not allowed: write each value out (the public audit's "
+                "YAML reader reads none)",
+                file=str(p),
+                line=event.start_mark.line + 1,
+            )
+
+
 def load(path: str | Path) -> Document:
-    """Read and parse a YAML file safely, keeping key lines."""
+    """Read and parse a YAML file safely, keeping key lines; refuse one over :data:`MAX_BYTES` and
+    any anchor or alias."""
     p = Path(path)
     try:
+        if p.stat().st_size > MAX_BYTES:
+            raise InputError(
+                f"{p.stat().st_size} bytes: a protocol or configuration file is at most {MAX_BYTES} bytes",
+                file=str(p),
+            )
         raw = p.read_bytes()
     except OSError as e:
         raise InputError(f"cannot read: {e.strerror}", file=str(p)) from e
     try:
         text = raw.decode("utf-8")
+        _no_aliases(text, p)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except UnicodeDecodeError as e:

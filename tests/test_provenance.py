@@ -285,6 +285,38 @@ def test_torch_version_differs_from_the_study_s_earlier_runs(study):
     assert "one study runs on one installation" in stderr
 
 
+@pytest.mark.parametrize(
+    ("declared", "running", "same"),
+    [
+        ("2.14.1", "2.14.1", True),
+        ("2.14.1", "2.14.1+cu130", True),  # a build of 2.14.1
+        ("2.14.1", "2.14.10", False),
+        ("2.14.1+cpu", "2.14.1+cu130", False),  # a declared build is that build
+        ("2.14.1+cpu", "2.14.1+cpu", True),
+        ("2.14", "2.14.1", False),
+    ],
+)
+def test_one_torch_version_rule_for_the_runner_and_the_audit(declared, running, same):
+    from analysis.public_audit import torch_matches
+
+    assert torch_matches(declared, running) is same
+
+
+def test_records_downgraded_to_an_older_schema_are_named(study):
+    """Every record resealed as schema 3 (the protocol copy it then carries, its chain relinked): the
+    tagged harness writes schema 4, so the records are not what it wrote."""
+    reseal_all(study, lambda r: r.update(schema_version=3))
+    failed(study, "field schema_version = 3, but the tagged harness writes schema 4")
+
+
+def test_a_published_head_at_a_started_entry_binds_no_outcome(study):
+    started = [read_entry(p) for p in chain(study) if p.name.endswith(".started.json")][-1]
+    out = failed(
+        study, "is a started entry", extra=("--head", f"{started['ledger']['seq']}:{started['sha256']}")
+    )
+    assert "not a record" in out
+
+
 def test_audit_fails_when_a_study_mixes_package_versions(study):
     def edit(r):
         if r["spec"]["unit"].endswith("pair000"):

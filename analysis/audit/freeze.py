@@ -4,6 +4,7 @@ hash, the frozen trees and code, one installation per study, the phase kernels, 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from .ledger import record_name, sha256
@@ -206,6 +207,7 @@ def check_what_ran(
         problems.append(
             f"MANIFEST: field ledger_head = {manifest.get('ledger_head')!r}; linked records need the head"
         )
+    problems += check_declared(root, truth, records)
     versions, notes = check_versions(records)
     return (
         problems + versions,
@@ -215,6 +217,42 @@ def check_what_ran(
             f"code {str(code)[:12]}; MANIFEST names {len(want)} tagged files"
         ),
     )
+
+
+def torch_matches(declared: str, running: str) -> bool:
+    """Whether the PyTorch a protocol declares (``torch_version``) is the one running: the same
+    string, or, for a declaration without a local part (``2.14.1``), the same public version
+    (``2.14.1+cu130`` is 2.14.1 built for CUDA 13.0). The one rule: ``harness run`` refuses a
+    mismatch before any run and the audit names one in a record."""
+    return running == declared or ("+" not in declared and running.split("+", 1)[0] == declared)
+
+
+def check_declared(root: str, truth: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:
+    """What the tag says each record must be: no older record format than the tagged harness
+    writes (``SCHEMA_VERSION`` in its ``harness/records.py``: a record downgraded to an older
+    schema, without its started entries, is named), and the PyTorch the protocol declares."""
+    problems: list[str] = []
+    text = git_out(root, "show", f"{truth['commit']}:harness/records.py") or ""
+    found = re.search(r"^SCHEMA_VERSION = (\d+)$", text, re.M)
+    if found:
+        writes = int(found.group(1))
+        for r in records:
+            v = r.get("schema_version")
+            if not isinstance(v, int) or v < writes:
+                problems.append(
+                    f"{record_name(r)}: field schema_version = {v!r}, but the tagged harness writes "
+                    f"schema {writes} (an older format is a downgraded record)"
+                )
+    declared = (truth.get("doc") or {}).get("torch_version")
+    if isinstance(declared, str):
+        for r in records:
+            got = (r.get("env") or {}).get("torch")
+            if isinstance(got, str) and not torch_matches(declared, got):
+                problems.append(
+                    f"{record_name(r)}: field env.torch = {got!r}, the tagged protocol declares "
+                    f"torch_version {declared!r}"
+                )
+    return problems
 
 
 #: What a run records about its machine and process that may differ between runs without the

@@ -184,4 +184,10 @@ def check_ledger(
                 f"{got[0]['sha256'][:16] if got else 'no record'} at that position: history was "
                 "rewritten"
             )
+        elif got[0].get("kind") == "started":
+            out.append(
+                f"published head seq {seq} sha256 {sha[:16]} is a started entry "
+                f"({record_name(got[0])}), not a record: it binds no outcome (the record after it "
+                "could be redrawn); publish the head harness status prints once a unit has ended"
+            )
     return out

@@ -35,7 +35,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from analysis.public_audit import Attempt, BudgetCheck
+from analysis.public_audit import Attempt, BudgetCheck, torch_matches
 from analysis.public_audit import check as budget_check
 from harness import freeze, gitutil
 from harness.data.corpora import LocalCorpus
@@ -340,7 +340,7 @@ class Runner:
         if proto.torch_version and not self.allow_torch_mismatch:
             import torch
 
-            if torch.__version__.split("+")[0] != proto.torch_version:
+            if not torch_matches(proto.torch_version, torch.__version__):
                 from harness.errors import RefusedError
 
                 raise RefusedError(

@@ -1,0 +1,93 @@
+"""Bounded input: a YAML alias bomb, a recursive alias, a 13 MB protocol and 10^8 seeds are refused
+by ``harness plan`` with the file (and the key and line where there is one), quickly, and never a
+traceback; a closed pipe is not an error. Real subprocesses of the CLI, as a user runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, tiny_protocol
+
+
+def plan(repo: Path, text: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    p = repo / "protocols" / "tiny.yaml"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "plan", str(p)],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return r, time.monotonic() - t0
+
+
+BOMB = "".join(
+    ["a0: &a0 [x, x, x, x, x, x, x, x, x]\n"]
+    + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9)]
+)
+
+
+@pytest.mark.parametrize(
+    ("case", "says", "line"),
+    [
+        ("alias bomb", "anchors (&) and aliases (*) are not allowed", 1),
+        ("recursive alias", "anchors (&) and aliases (*) are not allowed", 1),
+        ("13 MB protocol", "a protocol or configuration file is at most 1048576 bytes", None),
+        ("10^8 seeds", "at most 10000 seeds in a study", True),
+    ],
+)
+def test_unbounded_input_is_refused_quickly_naming_the_file(tmp_path, case, says, line):
+    import shutil
+
+    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    text = tiny_protocol()
+    if case == "alias bomb":
+        text = BOMB + text
+    elif case == "recursive alias":
+        text = "loop: &loop [*loop]\n" + text
+    elif case == "13 MB protocol":
+        text = text + "# " + "x" * (13 << 20) + "\n"
+    else:
+        assert "seeds: [1, 2]" in text
+        text = text.replace("seeds: [1, 2]", "seeds: {count: 100000000, base: 0}")
+    r, took = plan(tmp_path, text)
+    p = tmp_path / "protocols" / "tiny.yaml"
+    assert r.returncode == 2, r.stdout[-500:] + r.stderr[-2000:]
+    assert says in r.stderr and str(p) in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    if line is True:
+        assert (
+            f"{p}:{next(i + 1 for i, s in enumerate(text.splitlines()) if 'count: 100000000' in s)}"
+            in r.stderr
+        )
+    elif line:
+        assert f"{p}:{line}" in r.stderr
+    assert took < 30, took  # was: past two minutes (a hang), or a RecursionError traceback
+
+
+def test_a_closed_pipe_is_not_an_error(tmp_path):
+    """``harness plan ... | head -1``: the reader went away; nothing more to say, exit 0 as
+    ``head`` leaves it, no "Broken pipe" line."""
+    import shutil
+
+    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    p = tmp_path / "protocols" / "tiny.yaml"
+    p.parent.mkdir(parents=True)
+    p.write_text(tiny_protocol())
+    r = subprocess.run(
+        f"{sys.executable} -m harness.cli plan {p} | head -c 1 >/dev/null; echo rc=${{PIPESTATUS[0]}}",
+        shell=True,
+        executable="/bin/bash",
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "Broken pipe" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "rc=0" in r.stdout or "rc=141" in r.stdout, r.stdout
