@@ -44,6 +44,7 @@ from audit.ledger import (  # noqa: E402
     STARTED_SUFFIX,
     canonical,
     check_ledger,
+    entry_problems,
     is_snapshot_name,
     protocol_stub,
     record_name,
@@ -65,6 +66,7 @@ if _ADDED:
     sys.path.remove(_HERE)
 
 __all__ = [
+    "entry_problems",
     "torch_matches",
     "CHOICES",
     "family_problems",

@@ -31,7 +31,7 @@ from typing import Any
 from analysis.audit.recompute import recompute
 from analysis.results import Summary
 from harness.jsonfields import plain
-from harness.records import RunRecord, StartedEntry, jsonable, load_records
+from harness.records import RecordFormatError, RunRecord, StartedEntry, jsonable, load_records
 
 __all__ = ["derive", "load_records", "records_json"]
 
@@ -52,8 +52,8 @@ def derive(records: list[RunRecord], started: list[StartedEntry] | None = None) 
     and the study page read.
     """
     if not records:
-        raise ValueError("no records")
+        raise RecordFormatError("no records")
     shas = {r.protocol["sha256"] for r in records}
     if len(shas) != 1:
-        raise ValueError(f"records name {len(shas)} different protocol files: {sorted(shas)}")
+        raise RecordFormatError(f"records name {len(shas)} different protocol files: {sorted(shas)}")
     return Summary.read(recompute(records_json(records), [e.to_json() for e in started or []]), "the summary")

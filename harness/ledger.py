@@ -289,6 +289,8 @@ class Ledger:
                     return None  # a newer harness's MANIFEST: not ours to rewrite
                 listed = {**manifest["records"], **manifest.get("started", {})}
                 mhead = manifest.get("ledger_head") or {"seq": 0}
+                if not isinstance(mhead, dict) or not isinstance(mhead.get("seq"), int):
+                    return None  # not ours to judge: the audit reports a broken MANIFEST
             except FileNotFoundError:
                 listed, mhead = {}, {"seq": 0}
             except (OSError, ValueError, KeyError, TypeError, AttributeError):

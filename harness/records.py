@@ -68,6 +68,7 @@ from analysis.public_audit import (
     RECORD_SUFFIX,
     STARTED_SUFFIX,
     canonical,
+    entry_problems,
     is_snapshot_name,
     protocol_stub,
     snapshot_name,
@@ -381,6 +382,13 @@ def read_entry(path: Path) -> dict[str, Any]:
         raise RecordFormatError(
             f"{path}: record schema_version {version!r} is not one this harness reads "
             f"({', '.join(map(str, READABLE_VERSIONS))}); a newer harness wrote it: upgrade to read it"
+        )
+    if path.name.endswith(STARTED_SUFFIX) and data.get("kind") != "started":
+        raise RecordFormatError(f"{path}: field kind = {data.get('kind')!r}; a started entry's is 'started'")
+    shape = entry_problems(data)  # the core's rule: the audit names the same
+    if shape:
+        raise RecordFormatError(
+            f"{path}: {shape[0]}" + (f" (and {len(shape) - 1} more)" if len(shape) > 1 else "")
         )
     return data
 

@@ -437,3 +437,60 @@ def test_harness_report_on_a_damaged_record(study, tmp_path):
     summary = json.loads((recs_dir / "summary.json").read_text())
     entry = summary["studies"][0]["configs"][0]
     assert entry["training_time"]["invalid_pairs"] == 1 and entry["training_time"]["log_ratio"]["n"] == 3
+
+
+IDENTITY_CASES = [
+    # (hypothesis, endpoint key, status under the identity rule)
+    (
+        H(endpoint="test_bpb", estimand="difference", type="non_inferiority", margin=0.01),
+        "test_bpb",
+        "established",
+    ),
+    (
+        H(endpoint="test_bpb", estimand="difference", type="equivalence", margin=0.01),
+        "test_bpb",
+        "established",
+    ),
+    (H(estimand="relative_reduction", type="non_inferiority", margin=2.0), "training_s", "established"),
+    (H(estimand="log_ratio", type="equivalence", margin=0.05, better="higher"), "training_s", "established"),
+    (H(), "training_s", "not established"),  # superiority at 0: a tie favours nobody
+    (H(type="superiority", margin=0.01, estimand="difference"), "training_s", "not established"),
+    (
+        H(endpoint="time_to_target", censoring="worst_rank", estimand="log_ratio"),
+        "time_to_target_s",
+        "not established",
+    ),
+]
+
+
+@pytest.mark.parametrize(("h", "key", "status"), IDENTITY_CASES)
+def test_identical_arms_are_decided_by_identity_from_schema_4_and_not_reached_before(h, key, status):
+    """Every pair's difference exactly 0 (values drawn once, the same in both arms): under the
+    identity rule (records of schema 4 on) 0 lies inside a non-inferiority or equivalence region at a
+    positive margin, so the hypothesis holds ("established: every pair identical", p = 0); no
+    superiority holds (p = 1). Under the rule earlier records were tagged with it is not reached."""
+    values = [3.25, 1.5, 2.75, 4.0, 2.0]
+    pairs = P(values, values, key)
+    sp = {"procedure": "holm", "family_alpha": 0.05, "min_pairs": 3, "tests": [h]}
+    new = D.decide(sp, {("s", "c"): pairs}, completeness(DONE), identity=True)[0].as_dict()
+    assert new["status"] == status and new["test"]["method"] == "identity"
+    assert f"{status}: every pair identical" in new["text"]
+    assert new["test"]["p_value"] == (0.0 if status == "established" else 1.0)
+    old = D.decide(sp, {("s", "c"): pairs}, completeness(DONE))[0].as_dict()
+    assert old["status"] == "not reached" and "identical" in old["reason"]
+    # one pair off by the smallest step: a spread again, tested as before, never by identity
+    nudged = P(values, [*values[:-1], math.nextafter(values[-1], 10.0)], key)
+    other = D.decide(sp, {("s", "c"): nudged}, completeness(DONE), identity=True)[0].as_dict()
+    assert (other["test"] or {}).get("method") != "identity"
+
+
+def test_the_summary_uses_the_identity_rule_for_schema_4_records_only(records):
+    """The tiny study's quality hypothesis (BPB bitwise identical in every pair): schema 4 records
+    establish it by identity; the same records read as schema 3 keep the earlier rule."""
+    from analysis.summary import records_json
+
+    mine = A.recompute(records_json(typed(records)))
+    assert mine["hypotheses"]["decisions"][0]["status"] == "established"
+    assert "every pair identical" in mine["hypotheses"]["decisions"][0]["text"]
+    old = A.recompute([{**r, "schema_version": 3} for r in records_json(typed(records))])
+    assert old["hypotheses"]["decisions"][0]["status"] == "not reached"

@@ -91,6 +91,7 @@ def decide(
     spec: Family | Mapping[str, Any],
     pairs_of: Mapping[tuple[str, str], Sequence[Pair | PairRow]],
     completeness: Completeness,
+    identity: bool = False,
 ) -> list[HypothesisDecision]:
     """Every hypothesis' decision, in the protocol's order.
 
@@ -104,6 +105,10 @@ def decide(
         The used pairs per (study, configuration), as ``summary.json``'s ``pairs``.
     completeness
         :func:`.attempts.completeness` of the records.
+    identity
+        Decide a hypothesis whose pairs are all identical by identity
+        (:func:`.hypotheses.identity_result`): the rule of records of schema 4 on; before, such a
+        hypothesis is not reached.
 
     Raises
     ------
@@ -138,7 +143,7 @@ def decide(
     ``decide_time_after_budget_stop: true``, and they say that the stop depended on the outcome.
     """
     family = Family.of(spec)
-    tested = _tested(family, pairs_of, completeness)
+    tested = _tested(family, pairs_of, completeness, identity)
     procedure = fixed_sequence if family.procedure == "fixed_sequence" else holm
     verdicts, used = procedure(tested, family.family_alpha)
     return [
@@ -148,7 +153,10 @@ def decide(
 
 
 def _tested(
-    family: Family, pairs_of: Mapping[tuple[str, str], Sequence[Pair | PairRow]], completeness: Completeness
+    family: Family,
+    pairs_of: Mapping[tuple[str, str], Sequence[Pair | PairRow]],
+    completeness: Completeness,
+    identity: bool,
 ) -> list[Tested]:
     out: list[Tested] = []
     for h in family.tests:
@@ -156,7 +164,7 @@ def _tested(
         if gate is not None:
             out.append((h, None, gate, None))
         else:
-            out.append((h, *test_of(h, pairs_of.get((h.study, h.config), []), family.min_pairs)))
+            out.append((h, *test_of(h, pairs_of.get((h.study, h.config), []), family.min_pairs, identity)))
     return out
 
 
@@ -229,6 +237,9 @@ def _text(
     head = f"{h.id}: {what} of {h.endpoint} ({h.estimand}, {h.better} is better)"
     if t is None:
         return f"{head}: not reached ({reason})"
+    if t.method == "identity":
+        held = "the interval [0, 0] lies inside" if status == "established" else "0 is not inside"
+        return f"{head}: {status}: every pair identical (the identity rule: {held} the alternative region)"
     stats = f"p = {t.p_value:.3g} against alpha {a:.3g}" if a is not None else f"p = {t.p_value:.3g}"
     if low is not None and a is not None:  # an interval is made only at a level: a is set
         stats += f"; {100 * (1 - 2 * a):.4g}% interval {low:+.5g} to {high:+.5g}"

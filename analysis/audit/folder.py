@@ -21,6 +21,7 @@ from .ledger import (
     canonical,
     check_attempts,
     check_ledger,
+    entry_problems,
     is_snapshot_name,
     read_json,
     record_name,
@@ -143,6 +144,15 @@ def _manifest(out: _Report) -> dict[str, Any] | None:
         )
         out.row("manifest", False, "MANIFEST unreadable")
         return None
+    shapes = {"started": dict, "ledger_head": dict, "sources": dict, "protocol": dict, "snapshots": dict}
+    wrong = [k for k, t in shapes.items() if manifest.get(k) is not None and not isinstance(manifest[k], t)]
+    if wrong or not isinstance(manifest.get("sources"), dict):
+        out.problems.append(
+            f"{manifest_path}: field {wrong[0] if wrong else 'sources'} is not a JSON object; harness "
+            "status or harness report rebuilds MANIFEST from the ledger"
+        )
+        out.row("manifest", False, "MANIFEST malformed")
+        return None
     if manifest.get("schema_version", 1) not in SCHEMAS:  # MANIFESTs before schema 3 do not say
         out.problems.append(
             f"{manifest_path}: schema_version {manifest.get('schema_version')!r} is not one this "
@@ -218,6 +228,11 @@ def _entries(out: _Report, manifest: dict[str, Any]) -> tuple[list[dict[str, Any
             problems.append(f"{path}: schema_version {rec.get('schema_version')!r} is unknown to this audit")
             bad += 1
             continue
+        shape = entry_problems(rec)
+        if shape:  # unreadable: named, and left out of every later check
+            problems.extend(f"{path}: {x}" for x in shape)
+            bad += 1
+            continue
         if not self_hash_ok(rec):
             problems.append(
                 f"{path}: field sha256 = {rec.get('sha256')!r} does not match the record's canonical content"
@@ -239,6 +254,13 @@ def _entries(out: _Report, manifest: dict[str, Any]) -> tuple[list[dict[str, Any
             records.append(rec)
     for name in sorted(set(listed) - set(files)):
         problems.append(f"{os.path.join(directory, name)}: listed in MANIFEST but missing")
+        bad += 1
+    newest = max((e.get("schema_version", 1) for e in records + started), default=1)
+    if manifest.get("schema_version", 1) < newest:  # the harness writes MANIFEST at its own version
+        problems.append(
+            f"{os.path.join(directory, 'MANIFEST')}: field schema_version = "
+            f"{manifest.get('schema_version')!r}, older than its entries' schema {newest}"
+        )
         bad += 1
     records, found = _with_snapshot(directory, manifest, records)
     problems.extend(found)

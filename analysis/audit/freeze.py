@@ -68,6 +68,17 @@ def check_protocol_copies(
     if isinstance(mp, dict):
         got = {k: v for k, v in mp.items() if k not in FROZEN_FIELDS}
         out += [f"MANIFEST: field {d}" for d in field_differences(want, got, "protocol")]
+        if truth["tagged"]:
+            listed = mp.get("plugins")
+            named: object = (
+                {k: (v or {}).get("sha256") if isinstance(v, dict) else v for k, v in listed.items()}
+                if isinstance(listed, dict)
+                else listed
+            )
+            if named != (truth["manifest"].get("plugins") or {}):
+                out.append(f"MANIFEST: field protocol.plugins {named} differs from the tag's manifest")
+    elif manifest.get("schema_version", 1) >= 3:  # every MANIFEST the harness writes names its protocol
+        out.append(f"MANIFEST: field protocol = {mp!r}; MANIFEST names the study's protocol")
     return out
 
 

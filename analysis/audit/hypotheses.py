@@ -466,8 +466,31 @@ def worst_rank_estimate(pairs: Sequence[Pair | PairRow]) -> tuple[float | None, 
     return median(both), f"median ln(c/b) of the {len(both)} pairs where both arms reached the target"
 
 
+#: What an identity decision's estimate is (:func:`identity_result`).
+IDENTICAL = "every pair identical: each pair's difference is exactly 0"
+
+
+def identity_result(h: Hypothesis, n: int) -> TestResult:
+    """The identity rule's decision of ``h`` when every pair's difference is exactly 0.
+
+    Notes
+    -----
+    Every per-pair value is 0, so the mean is 0 and the interval at any level is ``[0, 0]``.
+    Where 0 lies strictly inside the hypothesis' alternative region ``lo < m < hi``
+    (:func:`bounds`: non-inferiority and equivalence at a positive margin) the hypothesis holds by
+    identity: the t statistic ``(0 - lo) / se`` grows without bound as the spread goes to 0, so
+    ``p -> 0``; it is ``p = 0`` here, and established at any alpha. Where 0 is not inside (any
+    superiority hypothesis, worst-rank scores included) nothing favours the candidate: ``p = 1``,
+    not established. Applies to records of schema 4 on (:func:`.recompute.recompute`); earlier
+    records keep the rule they were tagged with (not reached). docs/decisions.md gives the argument.
+    """
+    lo, hi = bounds(h)
+    inside = (lo is None or lo < 0.0) and (hi is None or 0.0 < hi)
+    return TestResult("identity", n, 0.0, None, 0, 0.0, 0.0 if inside else 1.0, IDENTICAL)
+
+
 def test_of(
-    h: Hypothesis, pairs: Sequence[Pair | PairRow], min_pairs: int
+    h: Hypothesis, pairs: Sequence[Pair | PairRow], min_pairs: int, identity: bool = False
 ) -> tuple[TestResult | None, str | None, dict[str, int] | None]:
     """The test of ``h`` on its (study, configuration)'s used pairs, or why there is none.
 
@@ -482,6 +505,9 @@ def test_of(
         squares a double cannot hold (:func:`.descriptive.magnitude_problem`), a zero standard error.
     unreached : dict or None
         For time to target, how many baseline, candidate and both arms missed the target.
+
+    With ``identity`` (records of schema 4 on), every pair's difference exactly 0 is decided by
+    :func:`identity_result` instead of "not reached".
     """
     if len(pairs) < min_pairs:
         return None, f"too few pairs: {len(pairs)} of the protocol's min_pairs {min_pairs}", None
@@ -493,6 +519,8 @@ def test_of(
         return None, str(e), unreached
     except ValueError:
         return None, f"a relative margin of {h.margin:g}% has no ratio", unreached
+    if identity and values and all(v == 0.0 for v in values):
+        return identity_result(h, len(values)), None, unreached
     if scales is None:  # worst-rank scores: the signed-rank test
         if all(v == 0.0 for v in values):
             return None, "identical: every pair's difference is exactly 0", unreached

@@ -70,6 +70,120 @@ def with_snapshot(stub: dict[str, Any], snapshots: dict[str, Any]) -> dict[str, 
     return {**snapshot, **{k: v for k, v in stub.items() if k != "snapshot_sha256"}}
 
 
+_NONE = type(None)
+#: The shape every reader relies on (the JSON types of the fields it reads before anything else),
+#: checked before any other check reads an entry: ``(types, required)``.
+RECORD_SHAPE: dict[str, tuple[tuple[type, ...], bool]] = {
+    "schema_version": ((int,), True),
+    "spec": ((dict,), True),
+    "attempt": ((int,), True),
+    "status": ((str,), True),
+    "protocol": ((dict,), True),
+    "plan_sha256": ((str,), True),
+    "sha256": ((str,), True),
+    "git": ((dict,), True),
+    "timings": ((dict,), True),
+    "ledger": ((dict,), False),
+    "start": ((dict, _NONE), False),
+    "unit_attempt": ((int,), False),
+    "env": ((dict, _NONE), False),
+    "started_at": ((str, _NONE), False),
+    "finished_at": ((str, _NONE), False),
+    "reason": ((str, _NONE), False),
+    "node": ((dict, _NONE), False),
+    "method_paths": ((dict, _NONE), False),
+    "memory": ((dict, _NONE), False),
+    "checkpoint": ((dict, _NONE), False),
+    "eval_bytes": ((dict, _NONE), False),
+    "curve": ((list, _NONE), False),
+    "val_curve": ((list, _NONE), False),
+    "parameters": ((int, _NONE), False),
+    "val_bpb": ((int, float, _NONE), False),
+    "test_bpb": ((int, float, _NONE), False),
+    "rescored_test_bpb": ((int, float, _NONE), False),
+    "rescore_identical": ((bool, _NONE), False),
+}
+SPEC_SHAPE: dict[str, tuple[tuple[type, ...], bool]] = {
+    k: ((str,), True) for k in ("run_id", "protocol_id", "study", "design", "config", "arm", "role", "unit")
+} | {k: ((int,), True) for k in ("seed", "position", "order", "steps", "val_every")}
+STARTED_SHAPE: dict[str, tuple[tuple[type, ...], bool]] = {
+    "schema_version": ((int,), True),
+    "kind": ((str,), True),
+    "protocol": ((dict,), True),
+    "run_id": ((str,), True),
+    "unit": ((str,), True),
+    "attempt": ((int,), True),
+    "unit_attempt": ((int,), True),
+    "node": ((str,), True),
+    "runner": ((dict,), True),
+    "started_at": ((str,), True),
+    "ledger": ((dict,), True),
+    "sha256": ((str,), True),
+}
+LEDGER_SHAPE: dict[str, tuple[tuple[type, ...], bool]] = {
+    "seq": ((int,), True),
+    "prev": ((str,), True),
+    "at": ((str,), False),
+}
+
+
+def _shape(obj: dict[str, Any], shape: dict[str, tuple[tuple[type, ...], bool]], where: str) -> list[str]:
+    out = []
+    for key, (types, required) in shape.items():
+        if key not in obj:
+            if required:
+                out.append(f"field {where}{key} is missing")
+            continue
+        v = obj[key]
+        if (isinstance(v, bool) and bool not in types) or not isinstance(v, types):
+            names = " or ".join(
+                "null" if t is _NONE else {"dict": "object", "list": "array"}.get(t.__name__, t.__name__)
+                for t in types
+            )
+            out.append(f"field {where}{key} = {json.dumps(v)[:40]} is not {names}")
+    return out
+
+
+def entry_problems(e: object) -> list[str]:
+    """What keeps a chain entry from being read at all: not an object, or a field every reader relies
+    on missing or of another JSON type (:data:`RECORD_SHAPE`, :data:`SPEC_SHAPE`,
+    :data:`STARTED_SHAPE`, :data:`LEDGER_SHAPE`; a ledger link from schema 2 on, a positive ``seq``,
+    and ``protocol`` with its ``id`` and ``sha256``). Empty when it can be read; the audit names
+    each problem and leaves the entry out of every later check, and the harness refuses it (one
+    rule: :func:`harness.records.read_entry`)."""
+    if not isinstance(e, dict):
+        return [f"not a JSON object ({type(e).__name__})"]
+    started = e.get("kind") == "started"
+    out = _shape(e, STARTED_SHAPE if started else RECORD_SHAPE, "")
+    if not started and isinstance(e.get("spec"), dict):
+        out += _shape(e["spec"], SPEC_SHAPE, "spec.")
+    v = e.get("schema_version")
+    if not started and isinstance(v, int) and v >= 2 and "ledger" not in e:
+        out.append("field ledger is missing (schema 2 on, every entry is linked into the chain)")
+    if isinstance(e.get("ledger"), dict):
+        out += _shape(e["ledger"], LEDGER_SHAPE, "ledger.")
+        seq = e["ledger"].get("seq")
+        if isinstance(seq, int) and not isinstance(seq, bool) and seq < 1:
+            out.append(f"field ledger.seq = {seq} is not a position (1 on)")
+    if isinstance(e.get("protocol"), dict):
+        out += _shape(e["protocol"], {"id": ((str,), True), "sha256": ((str,), True)}, "protocol.")
+    for key, value in (e.get("timings") or {}).items() if isinstance(e.get("timings"), dict) else ():
+        if key.endswith("_s") and (isinstance(value, bool) or not isinstance(value, (int, float, _NONE))):
+            out.append(f"field timings.{key} = {json.dumps(value)[:40]} is not a number of seconds or null")
+    for key in ("curve", "val_curve"):
+        points = e.get(key)
+        if isinstance(points, list) and not all(
+            isinstance(pt, list)
+            and len(pt) == 3
+            and all(isinstance(x, (int, float, _NONE)) and not isinstance(x, bool) for x in pt)
+            for pt in points
+        ):
+            out.append(f"field {key}: every point is [step, value, seconds], three numbers")
+    if isinstance(e.get("start"), dict):
+        out += _shape(e["start"], {"seq": ((int,), True), "sha256": ((str,), True)}, "start.")
+    return out
+
+
 def read_json(path: str, raw: bytes | None = None) -> object:
     """The JSON value in ``path`` (or ``raw``), or ``None`` where it is not JSON."""
     try:

@@ -60,7 +60,10 @@ def recompute(records: list[dict[str, Any]], started: list[dict[str, Any]] | Non
     else:
         failed = failed_pairs(records)
         decisions = []
-        for decision in decide(spec, pairs_of, done):
+        # identical pairs are decided by identity in records of schema 4 on (the rule they are
+        # written under); earlier records keep the rule they were tagged with: not reached
+        identity = all(r.get("schema_version", 1) >= 4 for r in records)
+        for decision in decide(spec, pairs_of, done, identity):
             h = next(t for t in spec["tests"] if t["id"] == decision.id)
             d = decision.as_dict()
             d["sensitivity"] = sensitivity(
@@ -119,22 +122,22 @@ def _paired(
                 "first": "baseline" if b["spec"]["position"] == 0 else "candidate",
                 "device": f"{(b.get('env') or {}).get('host', 'unknown host')} / "
                 f"{(b.get('env') or {}).get('device_name', 'unknown device')}",
-                "baseline_training_s": bt["training_s"],
-                "candidate_training_s": ct["training_s"],
+                "baseline_training_s": bt.get("training_s"),
+                "candidate_training_s": ct.get("training_s"),
                 **cpu_time_columns(bt, ct),
-                "baseline_time_to_target_s": bt["time_to_target_s"],
-                "candidate_time_to_target_s": ct["time_to_target_s"],
-                "baseline_total_s": bt["total_s"],
-                "candidate_total_s": ct["total_s"],
-                "baseline_test_bpb": b["test_bpb"],
-                "candidate_test_bpb": c["test_bpb"],
+                "baseline_time_to_target_s": bt.get("time_to_target_s"),
+                "candidate_time_to_target_s": ct.get("time_to_target_s"),
+                "baseline_total_s": bt.get("total_s"),
+                "candidate_total_s": ct.get("total_s"),
+                "baseline_test_bpb": b.get("test_bpb"),
+                "candidate_test_bpb": c.get("test_bpb"),
                 "baseline_peak_memory_bytes": peak(b),
                 "candidate_peak_memory_bytes": peak(c),
-                "time_reduction_pct": 100.0 * (1.0 - ct["training_s"] / bt["training_s"])
-                if valid(bt["training_s"], True) and valid(ct["training_s"], True)
+                "time_reduction_pct": 100.0 * (1.0 - float(ct["training_s"]) / float(bt["training_s"]))
+                if valid(bt.get("training_s"), True) and valid(ct.get("training_s"), True)
                 else None,
-                "test_bpb_difference": c["test_bpb"] - b["test_bpb"]
-                if valid(b["test_bpb"], False) and valid(c["test_bpb"], False)
+                "test_bpb_difference": float(c["test_bpb"]) - float(b["test_bpb"])
+                if valid(b.get("test_bpb"), False) and valid(c.get("test_bpb"), False)
                 else None,
             }
         )
@@ -233,8 +236,8 @@ def _factorial(
             "order": sorted(cells, key=lambda c: have[c]["spec"]["position"]),
         }
         for c in cells:
-            blk[f"{c}_training_s"] = have[c]["timings"]["training_s"]
-            blk[f"{c}_test_bpb"] = have[c]["test_bpb"]
+            blk[f"{c}_training_s"] = have[c]["timings"].get("training_s")
+            blk[f"{c}_test_bpb"] = have[c].get("test_bpb")
         blocks.append(blk)
     means = {
         c: (math.fsum(b[f"{c}_training_s"] for b in blocks) / len(blocks) if blocks else None) for c in cells
@@ -306,6 +309,6 @@ def compare(path: str, mine: object, theirs: object, problems: list[str], where:
         ):
             problems.append(f"{where}: field {path} = {theirs!r}, recomputed {mine!r}")
         return 1
-    if mine != theirs:
+    if mine != theirs or isinstance(mine, bool) != isinstance(theirs, bool):  # true is not 1 in JSON
         problems.append(f"{where}: field {path} = {theirs!r}, recomputed {mine!r}")
     return 1
