@@ -16,14 +16,8 @@ from analysis.public_audit import decide, expected_summary, rule_problems, yaml_
 from harness.errors import InputError
 from harness.protocol import load_protocol
 
-HEAD = """    - id: H1
-      study: pairs
-      endpoint: test_bpb
-      estimand: difference
-      type: non_inferiority
-      margin: 0.01
-      better: lower
-"""
+#: The tiny protocol's one hypothesis, as it writes it (replaced by each drawn hypothesis).
+HEAD = tiny_protocol().split("  tests:\n", 1)[1].split("order_seed:", 1)[0]
 
 hypotheses = st.fixed_dictionaries(
     {
