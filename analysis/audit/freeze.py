@@ -45,6 +45,14 @@ def field_differences(want: dict[str, Any], got: dict[str, Any], prefix: str) ->
     return out
 
 
+def _plugin_shas(plugins: object) -> object:
+    """A protocol copy's plug-in fingerprints as the tag's manifest lists them (name: sha256); a
+    value that is not an object, as it is."""
+    if not isinstance(plugins, dict):
+        return plugins
+    return {k: v.get("sha256") if isinstance(v, dict) else v for k, v in plugins.items()}
+
+
 def check_protocol_copies(
     truth: dict[str, Any], records: list[dict[str, Any]], manifest: dict[str, Any]
 ) -> list[str]:
@@ -55,10 +63,9 @@ def check_protocol_copies(
     for r in records:
         got = {k: v for k, v in r["protocol"].items() if k not in FROZEN_FIELDS}
         out += [f"{record_name(r)}: field {d}" for d in field_differences(want, got, "protocol")]
-        plugins = r["protocol"].get("plugins") or {}
         if truth["tagged"]:
             frozen = truth["manifest"].get("plugins") or {}
-            shas = {k: (v or {}).get("sha256") for k, v in plugins.items()}
+            shas = _plugin_shas(r["protocol"].get("plugins") or {})
             if shas != frozen:
                 out.append(
                     f"{record_name(r)}: field protocol.plugins {shas} differs from the tag's manifest "
@@ -69,12 +76,7 @@ def check_protocol_copies(
         got = {k: v for k, v in mp.items() if k not in FROZEN_FIELDS}
         out += [f"MANIFEST: field {d}" for d in field_differences(want, got, "protocol")]
         if truth["tagged"]:
-            listed = mp.get("plugins")
-            named: object = (
-                {k: (v or {}).get("sha256") if isinstance(v, dict) else v for k, v in listed.items()}
-                if isinstance(listed, dict)
-                else listed
-            )
+            named = _plugin_shas(mp.get("plugins"))  # missing: None, never the tag's {}
             if named != (truth["manifest"].get("plugins") or {}):
                 out.append(f"MANIFEST: field protocol.plugins {named} differs from the tag's manifest")
     elif manifest.get("schema_version", 1) >= 3:  # every MANIFEST the harness writes names its protocol
