@@ -475,6 +475,7 @@ def test_identical_arms_are_decided_by_identity_from_schema_4_and_not_reached_be
     new = D.decide(sp, {("s", "c"): pairs}, completeness(DONE), identity=True)[0].as_dict()
     assert new["status"] == status and new["test"]["method"] == "identity"
     assert f"{status}: every pair identical" in new["text"]
+    assert new["reason"] == "every pair identical: the identity rule (records of schema 4 on)"
     assert new["test"]["p_value"] == (0.0 if status == "established" else 1.0)
     old = D.decide(sp, {("s", "c"): pairs}, completeness(DONE))[0].as_dict()
     assert old["status"] == "not reached" and "identical" in old["reason"]

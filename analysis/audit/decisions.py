@@ -195,6 +195,10 @@ def _decision(
     completeness: Completeness,
 ) -> HypothesisDecision:
     st, reason = verdict
+    if (
+        t is not None and t.method == "identity" and reason is None
+    ):  # the report's reason column says which rule
+        reason = "every pair identical: the identity rule (records of schema 4 on)"
     estimate, low, high, level = _in_units(t, a, h.estimand) if t is not None else (None, None, None, None)
     return HypothesisDecision(
         hypothesis=h,
