@@ -18,6 +18,7 @@ The manifest's own sha256 (canonical JSON) is stored in every record and starts 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,18 +50,28 @@ def exempt(entry: str) -> bool:
 
 
 def code_sha256() -> dict[str, str]:
-    """sha256 over the source files (``*.py``, ``*.c``) of the running harness and analysis packages."""
+    """sha256 over the source files (``*.py``, ``*.c``) of the running harness and analysis packages.
+
+    In a worker (``$HARNESS_SOURCES`` set, :func:`harness.execute.launchers.source_hashes`) it is
+    computed from the hashes of the bytes the runner read once and the worker's imports were
+    checked against, not from a second read of the files, which could find other bytes than
+    the ones that ran."""
     import analysis
     import harness
 
+    given = os.environ.get("HARNESS_SOURCES")
+    sources: dict[str, dict[str, str]] = json.loads(given) if given else {}
     out = {}
     for mod in (harness, analysis):
         assert mod.__file__ is not None  # both are regular packages, imported from their files
         base = Path(mod.__file__).resolve().parent
-        lines = []
-        for p in sorted([*base.rglob("*.py"), *base.rglob("*.c")]):
-            if "__pycache__" not in p.parts:
-                lines.append(f"{p.relative_to(base).as_posix()}:{sha256_bytes(p.read_bytes())}")
+        if str(base) in sources:
+            listed = sources[str(base)]
+            hashes = {base / rel: sha for rel, sha in listed.items()}
+        else:
+            files = [*base.rglob("*.py"), *base.rglob("*.c")]
+            hashes = {p: sha256_bytes(p.read_bytes()) for p in files if "__pycache__" not in p.parts}
+        lines = [f"{p.relative_to(base).as_posix()}:{hashes[p]}" for p in sorted(hashes)]
         out[mod.__name__] = sha256_bytes("\n".join(lines).encode())
     return out
 
@@ -207,6 +218,59 @@ def uncommitted(repo: Path) -> list[str]:
     return out
 
 
+def worktree_mismatches(repo: Path, rev: str) -> list[str]:
+    """Every tracked file of the frozen entries whose bytes on disk are not ``rev``'s blob, compared
+    directly (git's blob id of the raw bytes), not through ``git status``: a clean filter, ``ident``
+    or a line-ending conversion in the repository's attributes (``.gitattributes``,
+    ``.git/info/attributes``) or config makes ``git status`` and ``git diff`` call an edited file
+    clean, and the edit would run."""
+    fmt = gitutil.object_format(repo)
+    out = []
+    for path, (mode, oid) in sorted(gitutil.tree_files(repo, rev).items()):
+        if exempt(path.split("/", 1)[0]) or mode == "160000":  # a submodule is a commit, not bytes
+            continue
+        disk = repo / path
+        try:
+            data = os.fsencode(os.readlink(disk)) if mode == "120000" else disk.read_bytes()
+        except OSError:
+            out.append(f"{path}: tracked at {rev[:12]} but not readable in the working tree")
+            continue
+        if gitutil.blob_id(data, fmt) != oid:
+            out.append(
+                f"{path}: its bytes on disk are not the committed blob although git may call it clean "
+                "(a filter, ident or line-ending conversion in the repository's attributes or config "
+                "hides the edit); restore it: git checkout -- " + path
+            )
+    return out
+
+
+def sources_mismatches(repo: Path, rev: str, sources: dict[str, dict[str, str]]) -> list[str]:
+    """The sources a worker may import (:func:`harness.execute.launchers.source_hashes`, read once)
+    that lie in ``repo`` and are not byte for byte ``rev``'s blobs: what the workers are checked
+    against is then what was committed (and, for a preregistered study, tagged)."""
+    tree = gitutil.tree_files(repo, rev)
+    top = repo.resolve()
+    want: dict[str, str] = {}
+    for root, files in sources.items():
+        for rel, sha in files.items():
+            try:
+                want[(Path(root) / rel).relative_to(top).as_posix()] = sha
+            except ValueError:  # outside this repository (an installed harness: its code hash is checked)
+                continue
+    out = [
+        f"{p}: a source file the workers could import is not tracked at {rev[:12]}"
+        for p in want
+        if p not in tree
+    ]
+    got = gitutil.blobs(repo, sorted({tree[p][1] for p in want if p in tree}))
+    for path, sha in sorted(want.items()):
+        if path in tree and sha256_bytes(got.get(tree[path][1], b"")) != sha:
+            out.append(
+                f"{path}: the bytes read for the workers are not the committed blob (changed during the check)"
+            )
+    return out
+
+
 def calibration_step(proto: Any) -> str:
     """The next step for a protocol whose calibration is pending: its pilot and calibration command."""
     from harness.yamlio import load
@@ -277,6 +341,7 @@ def check(proto: Any, plan_sha: str, runs: int) -> Frozen:
     current = manifest(proto, plan_sha, runs, repo)
     problems = drift(repo, tagged, current, info.commit)
     problems += uncommitted(repo)
+    problems += worktree_mismatches(repo, info.commit)
     if problems:
         raise RefusedError(
             f"{proto.path}: the experiment frozen by {proto.tag_name} ({info.commit[:12]}) has drifted; nothing was "
@@ -313,7 +378,7 @@ def tag(proto: Any, sign: bool = False) -> tuple[gitutil.TagInfo, dict[str, Any]
         raise RefusedError(f"records already exist in {proto.records_path}; a tag must precede every outcome")
     runs = make_plan(proto)
     m = manifest(proto, plan_sha256(runs), len(runs), repo)
-    dirty = uncommitted(repo)
+    dirty = uncommitted(repo) + worktree_mismatches(repo, "HEAD")
     if dirty:
         raise RefusedError(
             f"{proto.path}: the frozen folders have changes that are not committed; commit or remove "

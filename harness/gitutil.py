@@ -82,6 +82,63 @@ def blob_at(repo: Path, rev: str, rel: str) -> bytes | None:
     return r.stdout if r.returncode == 0 else None
 
 
+def tree_files(repo: Path, rev: str) -> dict[str, tuple[str, str]]:
+    """Every file of ``rev``'s tree (``git ls-tree -r``): path to (mode, object id)."""
+    r = subprocess.run(
+        ["git", "ls-tree", "-r", "-z", "--full-tree", rev],
+        cwd=repo,
+        capture_output=True,
+        check=False,
+        env=env(),
+    )
+    out: dict[str, tuple[str, str]] = {}
+    for item in r.stdout.split(b"\0") if r.returncode == 0 else []:
+        meta, _, path = item.partition(b"\t")
+        if path:
+            mode, _kind, oid = meta.decode("ascii").split()
+            out[os.fsdecode(path)] = (mode, oid)
+    return out
+
+
+def object_format(repo: Path) -> str:
+    """The repository's object hash (``sha1``, or ``sha256`` for a SHA-256 repository)."""
+    r = git(repo, "rev-parse", "--show-object-format", check=False)
+    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else "sha1"
+
+
+def blob_id(data: bytes, fmt: str = "sha1") -> str:
+    """The object id git gives a blob of these raw bytes (no filter, no conversion)."""
+    import hashlib
+
+    return hashlib.new(fmt, b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def blobs(repo: Path, oids: list[str]) -> dict[str, bytes]:
+    """The raw bytes of blobs ``oids`` (``git cat-file --batch``: no filter, textconv or conversion)."""
+    if not oids:
+        return {}
+    r = subprocess.run(
+        ["git", "cat-file", "--batch"],
+        cwd=repo,
+        input="".join(f"{o}\n" for o in oids).encode(),
+        capture_output=True,
+        check=False,
+        env=env(),
+    )
+    out: dict[str, bytes] = {}
+    data, pos = r.stdout, 0
+    while pos < len(data):
+        nl = data.index(b"\n", pos)
+        head = data[pos:nl].decode("ascii").split()
+        pos = nl + 1
+        if len(head) != 3:  # "<oid> missing"
+            continue
+        size = int(head[2])
+        out[head[0]] = data[pos : pos + size]
+        pos += size + 1
+    return out
+
+
 def is_ancestor(repo: Path, ancestor: str, descendant: str = "HEAD") -> bool:
     return git(repo, "merge-base", "--is-ancestor", ancestor, descendant, check=False).returncode == 0
 

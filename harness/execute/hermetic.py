@@ -95,13 +95,26 @@ def hermetic_env(proto: Protocol, root: Path, records: Path, anchor: str | None)
     import harness
 
     code = str(Path(harness.__file__).resolve().parent.parent)
-    return worker_env(
-        [code],
-        threads=proto.threads,
-        frozen=frozen,
-        exempt=sorted(freeze.EXEMPT),
-        phase_sha256=phase_library(proto),
-    )
+    try:
+        env = worker_env(
+            [code],
+            threads=proto.threads,
+            frozen=frozen,
+            exempt=sorted(freeze.EXEMPT),
+            phase_sha256=phase_library(proto),
+        )
+    except ValueError as e:
+        raise RefusedError(f"{proto.path}: {e}; nothing was run") from e
+    if proto.preregistered and repo:
+        import json
+
+        bad = freeze.sources_mismatches(repo, "HEAD", json.loads(env["HARNESS_SOURCES"]))
+        if bad:
+            raise RefusedError(
+                f"{proto.path}: the sources read for the workers are not the tagged ones; nothing was "
+                "run:\n" + "\n".join(f"  - {b}" for b in bad)
+            )
+    return env
 
 
 def phase_library(proto: Protocol) -> str | None:

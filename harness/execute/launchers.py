@@ -22,6 +22,7 @@ cache, stale or planted), and refuses to import anything from an entry the freez
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import select
@@ -84,17 +85,29 @@ class Launcher(Protocol):
 
 #: The worker's first code, run as ``python -I -c BOOT``: see the module docstring.
 BOOT = r"""
-import os, sys
+import os, sys, json, hashlib
 from importlib.machinery import PathFinder, SourceFileLoader
 _roots = [os.path.realpath(p) for p in os.environ.get("HARNESS_FRESH_ROOTS", "").split(os.pathsep) if p]
 _study = os.path.realpath(os.getcwd())
 _exempt = set(filter(None, os.environ.get("HARNESS_EXEMPT", "").split(",")))
+_sources = os.environ.get("HARNESS_SOURCES")
+_sources = None if _sources is None else {os.path.join(r, f): h for r, fs in json.loads(_sources).items()
+                                          for f, h in fs.items()}
 def _under(p, r):
     return p == r or p.startswith(r + os.sep)
 class _FromSource(SourceFileLoader):
     def get_code(self, fullname):
         path = self.get_filename(fullname)
-        return self.source_to_code(self.get_data(path), path)
+        data = self.get_data(path)  # read once: these bytes are checked, and these are compiled
+        if _sources is not None:
+            want = _sources.get(os.path.realpath(path))
+            if want is None:
+                raise ImportError(f"{fullname} ({path}) is not among the sources the runner verified before "
+                                  "the run (a file added to a frozen folder after the check)")
+            if hashlib.sha256(data).hexdigest() != want:
+                raise ImportError(f"{fullname} ({path}): its bytes are not the ones the runner verified "
+                                  "before the run (the file changed while the run started)")
+        return self.source_to_code(data, path)
 class _Frozen:
     @classmethod
     def find_spec(cls, name, path=None, target=None):
@@ -107,8 +120,12 @@ class _Frozen:
             if top in _exempt or top.endswith(".md"):
                 raise ImportError(f"{name} ({origin}) lies in {top}/, which the freeze exempts: frozen code cannot "
                                   "import it (move the helper into a frozen folder)")
-        if isinstance(spec.loader, SourceFileLoader) and any(_under(origin, r) for r in _roots):
-            spec.loader = _FromSource(spec.loader.name, spec.loader.path)
+        if any(_under(origin, r) for r in _roots):
+            if isinstance(spec.loader, SourceFileLoader):
+                spec.loader = _FromSource(spec.loader.name, spec.loader.path)
+            elif _sources is not None:
+                raise ImportError(f"{name} ({origin}) is compiled code in a frozen folder: its bytes cannot be "
+                                  "checked against the verified sources (import it from an installed package)")
         return spec
     @classmethod
     def invalidate_caches(cls):
@@ -348,6 +365,38 @@ def refused_environment(environ: dict[str, str] | None = None) -> list[str]:
     return [f"{k}={environ[k]}" for k in CODE_PATH if k in environ]
 
 
+#: The most the verified-sources map may take in a worker's environment (Linux limits one
+#: environment string to 128 KiB).
+SOURCES_MAX = 120_000
+
+
+def source_hashes(roots: list[str]) -> dict[str, dict[str, str]]:
+    """Every source file (``*.py``, ``*.c``) under ``roots``, by real root and path within it, with
+    its sha256, each file read once.
+
+    A worker's bootstrap (:data:`BOOT`) compiles a module of these folders only from bytes whose
+    hash is the one here, and ``phase.c`` is compiled only from such bytes, so a file swapped while
+    a worker or the fork server imports it (and restored after) makes the import fail instead
+    of running unseen: what ran is what the runner read, which it compared with the tag's blobs
+    (:func:`harness.freeze.check`) and whose hash the records hold (:func:`harness.freeze.code_sha256`)."""
+    out: dict[str, dict[str, str]] = {}
+    for root in dict.fromkeys(os.path.realpath(r) for r in roots):
+        base = Path(root)
+        if not base.is_dir() or any(root.startswith(r + os.sep) for r in out):
+            continue
+        files = sorted(p for p in [*base.rglob("*.py"), *base.rglob("*.c")] if "__pycache__" not in p.parts)
+        out[root] = {
+            p.relative_to(base).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files
+        }
+    size = len(json.dumps(out))
+    if size > SOURCES_MAX:
+        raise ValueError(
+            f"the frozen folders hold too much source for a worker's environment ({size} bytes of "
+            f"hashes, at most {SOURCES_MAX}): move what the runs do not import to an exempt folder"
+        )
+    return out
+
+
 def worker_env(
     extra_paths: list[str],
     *,
@@ -379,6 +428,7 @@ def worker_env(
     roots = [str(p) for p in pkgs] + [str(Path(e).resolve()) for e in frozen or []]
     roots += [str(Path(p) / "harness") for p in extra_paths]
     env["HARNESS_FRESH_ROOTS"] = os.pathsep.join(roots)
+    env["HARNESS_SOURCES"] = json.dumps(source_hashes(roots), sort_keys=True, separators=(",", ":"))
     env["HARNESS_EXEMPT"] = ",".join(sorted(exempt or []))
     if phase_sha256:
         env["COTANGENT_PHASE_SHA256"] = phase_sha256

@@ -134,16 +134,35 @@ def cache_dir() -> Path:
     return Path(base) / "cotangent-harness"
 
 
+def verified_source() -> bytes:
+    """``phase.c``'s bytes, read once; where the runner verified the worker's sources
+    (``$HARNESS_SOURCES``, :mod:`harness.execute.launchers`), they must be the verified ones."""
+    data = SOURCE.read_bytes()
+    sources = os.environ.get("HARNESS_SOURCES")
+    if sources:
+        import json
+
+        want = json.loads(sources).get(os.path.realpath(SOURCE))
+        if want != hashlib.sha256(data).hexdigest():
+            raise RuntimeError(
+                f"{SOURCE}: its bytes are not the ones the runner verified before the run "
+                "(changed while the run started)"
+            )
+    return data
+
+
 def build(cc: str) -> Path:
     """Compile ``phase.c`` (or reuse the cached build once verified); returns the shared object's path.
 
     The cache is keyed by source, flags and compiler, but a file found there is loaded only when its
     sha256 is the one the runner verified for this run (``$COTANGENT_PHASE_SHA256``), or when a fresh
     compile of the source with this compiler gives the same bytes (the build is reproducible: it
-    runs in the source's folder on the name ``phase.c``); otherwise the fresh build replaces it, so
-    a planted or stale library is never loaded. :func:`loaded_sha256` says what was."""
+    compiles a private copy of the source's bytes, read once, on the name ``phase.c``, and gives
+    the same bytes in any folder); otherwise the fresh build replaces it, so a planted or stale
+    library is never loaded. :func:`loaded_sha256` says what was."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(encoding="utf-8"), " ".join(FLAGS), version]).encode())
+    src = verified_source()
+    key = hashlib.sha256(b"\0".join([src, " ".join(FLAGS).encode(), version.encode()]))
     out_dir = cache_dir()
     target = out_dir / f"phase-{key.hexdigest()[:16]}.so"
     verified = os.environ.get("COTANGENT_PHASE_SHA256")
@@ -153,9 +172,11 @@ def build(cc: str) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=".phase-", suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        proc = subprocess.run(
-            [cc, *FLAGS, SOURCE.name, "-o", tmp, "-lm"], capture_output=True, text=True, cwd=SOURCE.parent
-        )
+        with tempfile.TemporaryDirectory(prefix="cotangent-phase-src-") as private:
+            (Path(private) / SOURCE.name).write_bytes(src)  # the compiler reads these bytes, not the path
+            proc = subprocess.run(
+                [cc, *FLAGS, SOURCE.name, "-o", tmp, "-lm"], capture_output=True, text=True, cwd=private
+            )
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed on {SOURCE.name}: {proc.stderr.strip()[-400:]}")
         fresh = Path(tmp).read_bytes()
@@ -167,9 +188,32 @@ def build(cc: str) -> Path:
     return target
 
 
+def sealed_copy(data: bytes) -> str:
+    """A path from which ``dlopen`` reads exactly ``data``: a sealed memory file (Linux: no process,
+    this one included, can change its bytes once sealed), else a private copy in a fresh folder of
+    mode 0700. Loading from the cache path after hashing it would load whatever lies there by then."""
+    if hasattr(os, "memfd_create") and hasattr(os, "MFD_ALLOW_SEALING"):
+        import fcntl
+
+        fd = os.memfd_create("cotangent-phase.so", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+        _SEALED.append(fd)  # kept open for the process's life, like the library it holds
+        return f"/proc/self/fd/{fd}"
+    folder = tempfile.mkdtemp(prefix="cotangent-phase-")
+    path = os.path.join(folder, "phase.so")
+    with open(path, "xb") as f:
+        f.write(data)
+    os.chmod(path, 0o500)
+    return path
+
+
 def _load(path: Path) -> ctypes.CDLL:
-    data = path.read_bytes()
-    lib = ctypes.CDLL(str(path))
+    data = path.read_bytes()  # read once: hashed, and the very bytes loaded
+    lib = ctypes.CDLL(sealed_copy(data))
     _state["so_sha256"] = hashlib.sha256(data).hexdigest()
     i64, i32, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_float
     lib.cot_row_norms.argtypes = [VP, VP, VP, VP, VP, i64, VP, i32, i32, i32]
@@ -187,6 +231,7 @@ def loaded_sha256() -> str | None:
 
 
 _state: dict[str, object] = {}
+_SEALED: list[int] = []
 
 
 def kernel() -> Kernel | None:
