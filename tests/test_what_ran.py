@@ -32,7 +32,9 @@ def frozen_folder(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     (study / "plugs").mkdir(parents=True)
     (study / "plugs" / "__init__.py").write_text("")
     (study / "plugs" / "helper.py").write_text("VALUE = 'tagged'\n")
-    env = launchers.worker_env([str(Path(launchers.__file__).resolve().parents[2])], frozen=[str(study / "plugs")])
+    env = launchers.worker_env(
+        [str(Path(launchers.__file__).resolve().parents[2])], frozen=[str(study / "plugs")]
+    )
     return study, env
 
 
@@ -121,7 +123,9 @@ def test_the_phase_library_loaded_is_the_one_hashed(monkeypatch):
 def test_phase_c_is_compiled_only_from_verified_bytes(monkeypatch):
     from harness.cotangent import kernel
 
-    monkeypatch.setenv("HARNESS_SOURCES", json.dumps({str(kernel.SOURCE.parent.resolve()): {"phase.c": "0" * 64}}))
+    monkeypatch.setenv(
+        "HARNESS_SOURCES", json.dumps({str(kernel.SOURCE.parent.resolve()): {"phase.c": "0" * 64}})
+    )
     with pytest.raises(RuntimeError, match="not the ones the runner verified"):
         kernel.verified_source()
 
@@ -154,7 +158,9 @@ def test_an_edit_hidden_by_a_clean_filter_is_named(filtered_repo):
     assert git(r, "status", "--porcelain").strip() == ""
     assert git(r, "diff", "HEAD").strip() == ""
     found = freeze.worktree_mismatches(r, "HEAD")
-    assert len(found) == 1 and found[0].startswith("plugs/helper.py: its bytes on disk are not the committed blob")
+    assert len(found) == 1 and found[0].startswith(
+        "plugs/helper.py: its bytes on disk are not the committed blob"
+    )
     assert freeze.uncommitted(r) == []  # what git status alone would have let through
 
 
