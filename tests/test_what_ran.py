@@ -123,6 +123,10 @@ def test_the_phase_library_loaded_is_the_one_hashed(monkeypatch):
 def test_phase_c_is_compiled_only_from_verified_bytes(monkeypatch):
     from harness.cotangent import kernel
 
+    env = launchers.worker_env([str(Path(launchers.__file__).resolve().parents[2])])
+    monkeypatch.setenv("HARNESS_SOURCES", env["HARNESS_SOURCES"])
+    assert kernel.verified_source() == kernel.SOURCE.read_bytes()
+
     monkeypatch.setenv(
         "HARNESS_SOURCES", json.dumps({str(kernel.SOURCE.parent.resolve()): {"phase.c": "0" * 64}})
     )

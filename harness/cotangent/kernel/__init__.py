@@ -142,7 +142,16 @@ def verified_source() -> bytes:
     if sources:
         import json
 
-        want = json.loads(sources).get(os.path.realpath(SOURCE))
+        here = os.path.realpath(SOURCE)
+        want = next(
+            (
+                h
+                for root, files in json.loads(sources).items()
+                for rel, h in files.items()
+                if os.path.join(root, rel) == here
+            ),
+            None,
+        )
         if want != hashlib.sha256(data).hexdigest():
             raise RuntimeError(
                 f"{SOURCE}: its bytes are not the ones the runner verified before the run "
