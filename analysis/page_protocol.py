@@ -148,16 +148,22 @@ def verify_section(
         ["Ledger head", f"{head.get('seq', 'n/a')}:{head.get('sha256', 'n/a')}" if head else "n/a"],
         ["Summary sha256", summary_sha256 or "n/a"],
     ]
-    cmd = f"python analysis/public_audit.py {records_rel}"
-    if head.get("sha256"):
-        cmd += f" --head {head.get('seq')}:{head['sha256']}"
+    cmd = (
+        f"python analysis/public_audit.py {records_rel} --allowed-signers ~/trusted/allowed_signers "
+        "--head SEQ:SHA256"
+    )
     return [
         "<h2>How to verify</h2>",
         "<p>The tag is the source of truth. The standard-library audit checks every record's hash, the "
         "ledger's chain, the freeze against the tag, and recomputes every statistic on this page.</p>",
         html_table("What the records are bound to", ["Item", "Value"], facts),
-        f"<pre><code>git verify-tag {esc(p.get('tag') or 'protocol-ID')}  # where the tag is signed\n"
-        f"{esc(cmd)}</code></pre>",
+        "<p>The two trust roots must come from outside this repository, which a forger would rewrite "
+        "with the records: the maintainers' allowed-signers file and the ledger head as published "
+        "with the study (keep your copies from the first time you verify). The head above is what "
+        "the records say, to compare with yours, not to paste: given a signers file inside the "
+        "repository, or a head that its README or docs print, the audit says TRUST ROOTS FROM THE "
+        "REPOSITORY and exits 3.</p>",
+        f"<pre><code>{esc(cmd)}</code></pre>",
     ]
 
 

@@ -49,21 +49,26 @@ def test_a_fresh_clone_audits_every_committed_study(tmp_path, tags):
     assert "records/cpu1" in out.stdout and "records/cpu2" in out.stdout
     if shutil.which("ssh-keygen") is None:
         pytest.skip("ssh-keygen is not installed: the audit passed; its signature check could not run here")
-    signed = subprocess.run(
-        [
-            sys.executable,
-            "analysis/public_audit.py",
-            "records/cpu1",
-            "--allowed-signers",
-            "protocols/allowed_signers",
-        ],
-        cwd=clone,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert signed.returncode == 0, signed.stdout
-    assert "good SSH signature" in signed.stdout
+    mine = tmp_path / "trusted" / "allowed_signers"  # the reader's own copy, outside the clone
+    mine.parent.mkdir()
+    shutil.copy(ROOT / "protocols" / "allowed_signers", mine)
+
+    def signed(signers: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "analysis/public_audit.py", "records/cpu1", "--allowed-signers", signers],
+            cwd=clone,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    held = signed(str(mine))
+    assert held.returncode == 0, held.stdout
+    assert "good SSH signature" in held.stdout and "TRUST ROOTS FROM THE REPOSITORY" not in held.stdout
+    borrowed = signed("protocols/allowed_signers")  # the repository's own file proves nothing
+    assert borrowed.returncode == 3, borrowed.stdout
+    assert borrowed.stdout.startswith("TRUST ROOTS FROM THE REPOSITORY")
+    assert "--allowed-signers protocols/allowed_signers lies inside" in borrowed.stdout
 
 
 def _cell(text: str) -> tuple[str, str]:
@@ -88,20 +93,13 @@ def test_the_readme_result_table_is_the_committed_reports():
         assert f"| {times} | {wall[0]} | {wall[1]} |" in report2, f"README row {cells[0]!r}: wall"
         assert f"| {cpu[0]} | {cpu[1]} |" in report2, f"README row {cells[0]!r}: CPU"
         assert f"| {cpu1[0]} | {cpu1[1]} |" in report1, f"README row {cells[0]!r}: cpu1"
-    heads = re.findall(
-        r"(records/cpu\d)\s+--allowed-signers\s+protocols/allowed_signers\s+--head\s+(\d+):([0-9a-f]{64})",
-        section,
-    )
-    assert {h[0] for h in heads} == {"records/cpu1", "records/cpu2"}, heads
-    for folder, seq, sha in heads:
-        chain = subprocess.run(
-            [sys.executable, "analysis/public_audit.py", folder, "--head", f"{seq}:{sha}"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert chain.returncode == 0, chain.stdout
+    # the verify command takes its trust roots from outside the repository: no head, no signers file of it
+    assert not re.search(r"[0-9a-f]{64}", readme), "the README prints a ledger head: a reader would copy it"
+    commands = re.findall(r"python analysis/public_audit.py (records/cpu\d) (.*)", section)
+    assert {c[0] for c in commands} == {"records/cpu1", "records/cpu2"}, commands
+    for folder, args in commands:
+        assert "--allowed-signers ~/trusted/allowed_signers" in args and "--head SEQ:SHA256" in args
+        assert "protocols/allowed_signers" not in args
 
 
 @pytest.mark.process

@@ -96,11 +96,111 @@ def check_signature(root: str, truth: dict[str, Any], signers: str | None) -> tu
                     ["-Y", "verify", "-f", allowed, "-I", who, "-n", "git", "-s", sig_path], payload
                 )
                 if r.returncode == 0:
+                    bound = _bound_signers(root, truth, payload, sig_path, tmp)
+                    if bound:
+                        return [
+                            f"tag {tag}: {bound}"
+                        ], f"signed by {who} (yours), not by a key its commit lists"
                     return [], f"good SSH signature by {who}, allowed by {signers}"
                 why = (r.stderr.decode("utf-8", "replace").strip().splitlines() or ["no detail"])[-1]
         except OSError as e:
             return [f"tag {tag}: ssh-keygen could not run to verify its signature ({e})"], "not verified"
     return [f"tag {tag}: its signature does not verify against {signers} ({why})"], "bad signature"
+
+
+#: The repository's allowed-signers file: the copy in the tagged commit is what the tag binds.
+SIGNERS_PATH = "protocols/allowed_signers"
+
+
+def _bound_signers(root: str, truth: dict[str, Any], payload: bytes, sig_path: str, tmp: str) -> str | None:
+    """Why the tag's signature is not by a key that ``protocols/allowed_signers`` *of the tagged
+    commit* lists (None when it is, or when that commit has no such file). The tag names its
+    commit and the commit its tree, so that copy is bound at the tag: a tag re-signed with another
+    key over the same message, with the working tree's file swapped, is named here."""
+    from .tag import git_bytes
+
+    commit = truth.get("tag_commit")
+    data = git_bytes(root, "cat-file", "blob", f"{commit}:{SIGNERS_PATH}") if commit else None
+    if data is None:
+        return None
+    path = os.path.join(tmp, "bound_signers")
+    with open(path, "wb") as f:
+        f.write(data)
+    found = _ssh_keygen(["-Y", "find-principals", "-f", path, "-s", sig_path], b"")
+    for who in found.stdout.decode("utf-8", "replace").split() if found.returncode == 0 else []:
+        r = _ssh_keygen(["-Y", "verify", "-f", path, "-I", who, "-n", "git", "-s", sig_path], payload)
+        if r.returncode == 0:
+            return None
+    return (
+        f"its signature is by a key that {SIGNERS_PATH} of the tagged commit {str(commit)[:12]} does "
+        "not list: the tag was signed again by another key (or the file bound at the tag never named "
+        "the signer)"
+    )
+
+
+def signers_kept(root: str, truth: dict[str, Any]) -> list[str]:
+    """``protocols/allowed_signers`` may gain keys after a tag (it is exempt from the freeze, so a
+    later study can add its key) but must keep every line the tagged commit's copy holds: a key
+    removed or replaced since is named."""
+    from .tag import git_bytes
+
+    commit = truth.get("tag_commit")
+    data = git_bytes(root, "cat-file", "blob", f"{commit}:{SIGNERS_PATH}") if commit else None
+    if data is None:
+        return []
+    try:
+        with open(os.path.join(root, SIGNERS_PATH), "rb") as f:
+            now = set(f.read().splitlines())
+    except OSError:
+        now = set()
+    gone = [line for line in data.splitlines() if line.strip() and line not in now]
+    if not gone:
+        return []
+    return [
+        f"{SIGNERS_PATH}: {len(gone)} line(s) of the copy bound at the tag ({str(commit)[:12]}) are no "
+        "longer in the file (a key removed or replaced after the tag; keys may only be added)"
+    ]
+
+
+def roots_from_repository(
+    dirs: list[str], signers: str | None, published: tuple[int, str] | None
+) -> list[str]:
+    """The trust roots the reader passed that came from the repository being audited, and so prove
+    nothing against whoever rewrote it: an ``--allowed-signers`` file inside it, or a ``--head``
+    that a tracked file outside the records folders prints (the README, a doc). A head the records
+    folder itself holds (its entries, MANIFEST, its report and page) is not counted: it is the
+    value being checked."""
+    from .tag import git_out, git_root
+
+    out: list[str] = []
+    seen: set[str] = set()
+    for d in dirs:
+        top = git_root(d)
+        if top is None or top in seen:
+            continue
+        seen.add(top)
+        real = os.path.realpath(top)
+        if signers is not None:
+            where = os.path.realpath(signers)
+            if where == real or where.startswith(real + os.sep):
+                out.append(
+                    f"--allowed-signers {signers} lies inside {top}, the repository being audited: "
+                    "whoever rewrote the records could rewrite it too"
+                )
+        if published is not None:
+            listed = git_out(top, "grep", "-l", "-F", "-e", published[1]) or ""
+            printed = []
+            for rel in listed.splitlines():
+                folder = os.path.dirname(os.path.join(top, rel))
+                if not os.path.isfile(os.path.join(folder, "MANIFEST")):
+                    printed.append(rel)
+            if printed:
+                out.append(
+                    f"--head {published[0]}:{published[1][:16]}... is printed in {', '.join(printed)} of "
+                    f"{top}, the repository being audited: a head copied from there proves nothing (take "
+                    "it from where it was published outside the repository)"
+                )
+    return out
 
 
 def check_anchor(

@@ -8,6 +8,7 @@ import os
 import re
 from typing import Any
 
+from .anchors import roots_from_repository
 from .folder import audit_dir
 
 
@@ -79,6 +80,15 @@ def main(argv: list[str]) -> int:
         if not dirs:
             print("public audit: no records folders with a MANIFEST under records/ (pass a folder)")
             return 1
+    borrowed = roots_from_repository(dirs, signers, published)
+    if borrowed:
+        print(
+            "TRUST ROOTS FROM THE REPOSITORY: what follows proves only that the repository agrees with "
+            "itself, not that it is the study that was published (exit status 3):"
+        )
+        for b in borrowed:
+            print(f"- {b}")
+        print()
     rows: list[tuple[str, str, str]] = []
     problems: list[str] = []
     notes: list[str] = []
@@ -108,7 +118,12 @@ def main(argv: list[str]) -> int:
             + (" The study was STOPPED BY THE BUDGET RULE (see above)." if stopped else "")
         )
     print(anchor_line(published, anchor, anchored))
-    return 1 if problems else 0
+    if borrowed:
+        print(
+            "TRUST ROOTS FROM THE REPOSITORY (see the first lines): pass an allowed-signers file and a head "
+            "you hold from outside it."
+        )
+    return 1 if problems else 3 if borrowed else 0
 
 
 def anchor_line(published: tuple[int, str] | None, anchor: str | None, anchored: dict[str, Any]) -> str:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .anchors import check_anchor, check_signature
+from .anchors import check_anchor, check_signature, signers_kept
 from .attempts import unfinished
 from .corpora import check_corpus
 from .freeze import check_freeze, check_protocol_copies, check_time, check_versions, check_what_ran
@@ -363,7 +363,9 @@ def _what_was_frozen(
         out.fail("what ran is what was frozen", found, detail)
         notes.extend(f"{out.directory}: {v}" for v in varied)
         out.fail("time order", *check_time(truth, records))
-        out.fail("tag signature", *check_signature(root, truth, signers))
+        found, detail = check_signature(root, truth, signers)
+        kept = signers_kept(root, truth)
+        out.fail("tag signature", found + kept, detail if not kept else f"{detail}; allowed_signers changed")
     else:
         out.row(
             "tag freezes the experiment",
