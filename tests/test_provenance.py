@@ -531,9 +531,12 @@ def test_allowed_signers_on_an_unsigned_tag_fails(study, tmp_path):
     failed(study, "tag protocol-tiny is not signed", extra=("--allowed-signers", str(allowed)))
 
 
-def signed_study(r: Path, config: tuple[tuple[str, str], ...]) -> Path:
-    """A tiny preregistered study at ``r``, tagged by ``harness tag --sign`` under ``config`` and run."""
+def signed_study(r: Path, config: tuple[tuple[str, str], ...], signers: str | None = None) -> Path:
+    """A tiny preregistered study at ``r``, tagged by ``harness tag --sign`` under ``config`` and run
+    (with ``signers`` committed as ``protocols/allowed_signers`` before the tag)."""
     (r / "protocols").mkdir(parents=True)
+    if signers is not None:
+        (r / "protocols" / "allowed_signers").write_text(signers)
     for sub in ("configs", "harness", "analysis"):
         shutil.copytree(ROOT / sub, r / sub, ignore=shutil.ignore_patterns("__pycache__"))
     (r / ".gitignore").write_text("runs/\n__pycache__/\n")
@@ -576,6 +579,65 @@ def test_signed_tag_verifies_against_the_reader_s_allowed_signers(tmp_path):
     # the audited repository's config cannot swap the verifier: ssh-keygen runs, not gpg.ssh.program
     git(r, "config", "gpg.ssh.program", "/bin/true")
     failed(r, "its signature does not verify against", extra=("--allowed-signers", str(wrong)))
+
+
+@pytest.mark.process
+def test_trust_roots_from_the_repository_prove_nothing_and_a_re_signed_tag_is_named(tmp_path):
+    """Issue 35's second attack: a new tag object with the same message, signed by the forger's key,
+    written to the records' TAG, and the repository's signers file swapped. With the repository's
+    own roots the audit says so first and does not pass; with the reader's copy it fails."""
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("ssh-keygen is not installed")
+    from analysis.audit.anchors import split_signature
+
+    key, forger = tmp_path / "key", tmp_path / "forger"
+    pub, forged_pub = ssh_key(key), ssh_key(forger)
+    r = signed_study(
+        tmp_path / "study",
+        (("gpg.format", "ssh"), ("user.signingkey", str(key))),
+        signers=f"test@example.invalid {pub}",
+    )
+    mine = tmp_path / "trusted_signers"  # the reader's own copy, kept outside the repository
+    mine.write_text(f"test@example.invalid {pub}")
+    assert audit(r, "--allowed-signers", str(mine)).returncode == 0
+    borrowed = audit(r, "--allowed-signers", "protocols/allowed_signers")
+    assert borrowed.returncode == 3, borrowed.stdout
+    assert borrowed.stdout.startswith("TRUST ROOTS FROM THE REPOSITORY")
+    # the forgery: same message, tagger and date, signed by another key; the signers file swapped
+    raw = git(r, "cat-file", "tag", "protocol-tiny").encode()
+    payload, _, _ = split_signature(raw)
+    header, _, message = payload.decode().partition("\n\n")
+    when = next(line for line in header.splitlines() if line.startswith("tagger ")).split("> ", 1)[1]
+    commit = next(line for line in header.splitlines() if line.startswith("object ")).split()[1]
+    (tmp_path / "msg").write_text(message)
+    subprocess.run(
+        [
+            "git",
+            "-c",
+            f"user.signingkey={forger}",
+            "tag",
+            "-f",
+            "-s",
+            "-F",
+            str(tmp_path / "msg"),
+            "protocol-tiny",
+            commit,
+        ],
+        cwd=r,
+        check=True,
+        capture_output=True,
+        env={**os.environ, "GIT_COMMITTER_DATE": when},
+    )
+    (r / RECS / "TAG").write_text(git(r, "cat-file", "tag", "protocol-tiny"))
+    (r / "protocols" / "allowed_signers").write_text(f"test@example.invalid {forged_pub}")
+    out = failed(
+        r,
+        "does not list: the tag was signed again by another key",
+        "line(s) of the copy bound at the tag",
+        extra=("--allowed-signers", "protocols/allowed_signers"),
+    )
+    assert out.startswith("TRUST ROOTS FROM THE REPOSITORY")
+    failed(r, "its signature does not verify against", extra=("--allowed-signers", str(mine)))
 
 
 @pytest.mark.process

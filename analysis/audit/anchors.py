@@ -119,7 +119,7 @@ def _bound_signers(root: str, truth: dict[str, Any], payload: bytes, sig_path: s
     key over the same message, with the working tree's file swapped, is named here."""
     from .tag import git_bytes
 
-    commit = truth.get("tag_commit")
+    commit = truth.get("commit")
     data = git_bytes(root, "cat-file", "blob", f"{commit}:{SIGNERS_PATH}") if commit else None
     if data is None:
         return None
@@ -144,7 +144,7 @@ def signers_kept(root: str, truth: dict[str, Any]) -> list[str]:
     removed or replaced since is named."""
     from .tag import git_bytes
 
-    commit = truth.get("tag_commit")
+    commit = truth.get("commit")
     data = git_bytes(root, "cat-file", "blob", f"{commit}:{SIGNERS_PATH}") if commit else None
     if data is None:
         return []
