@@ -148,10 +148,8 @@ def verify_section(
         ["Ledger head", f"{head.get('seq', 'n/a')}:{head.get('sha256', 'n/a')}" if head else "n/a"],
         ["Summary sha256", summary_sha256 or "n/a"],
     ]
-    cmd = (
-        f"python analysis/public_audit.py {records_rel} --allowed-signers ~/trusted/allowed_signers "
-        "--head SEQ:SHA256"
-    )
+    signers = " --allowed-signers ~/trusted/allowed_signers" if p.get("tag") else ""
+    cmd = f"python analysis/public_audit.py {records_rel}{signers} --head SEQ:SHA256"
     return [
         "<h2>How to verify</h2>",
         "<p>The tag is the source of truth. The standard-library audit checks every record's hash, the "
