@@ -155,6 +155,22 @@ def test_record_commit_without_the_frozen_trees_fails(study):
     failed(study, f"field git.commit = {head[:12]} does not hold the frozen trees", "differs in harness")
 
 
+def test_record_commit_off_the_tag_s_history_fails(study):
+    """Records resealed to name another commit than the tag's: one with the very same tree, made
+    off the tag's history (git commit-tree), holds the frozen trees but no run ran there."""
+    tagged = git(study, "rev-parse", "protocol-tiny^{commit}").strip()
+    orphan = git(study, "commit-tree", f"{tagged}^{{tree}}", "-m", "the same tree, another history").strip()
+    later = study / "docs.md"
+    later.write_text("an exempt edit\n")
+    git(study, "add", "docs.md")
+    git(study, "commit", "-qm", "an exempt change after the tag")
+    descendant = git(study, "rev-parse", "HEAD").strip()
+    reseal_all(study, lambda r: r["git"].update(commit=descendant))
+    assert audit(study).returncode == 0  # a later commit with the frozen trees: a run may have run there
+    reseal_all(study, lambda r: r["git"].update(commit=orphan))
+    failed(study, f"field git.commit = {orphan[:12]} does not descend from the tag's commit {tagged[:12]}")
+
+
 def test_record_code_hash_other_than_the_manifest_fails(study):
     reseal_all(study, lambda r: r["env"].update(harness_sha256="0" * 64))
     failed(study, "field env.harness_sha256 = '" + "0" * 64 + "', the tag's manifest says")

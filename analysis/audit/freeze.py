@@ -141,14 +141,27 @@ def check_what_ran(
     problems: list[str] = []
     trees, exempt = m.get("trees") or {}, list(m.get("exempt") or [])
     seen: dict[Any, Any] = {}
+    descends: dict[str, bool] = {}
     for r in records:
         commit = (r.get("git") or {}).get("commit")
         if commit not in seen:
             seen[commit] = frozen_trees(root, commit, exempt) if isinstance(commit, str) else None
+            if seen[commit] is not None:
+                # the runner refuses a tag that is not an ancestor of HEAD: a commit holding the same
+                # frozen trees but off the tag's history is not one a run of this study ran at
+                descends[commit] = commit == truth["commit"] or (
+                    git_bytes(root, "merge-base", "--is-ancestor", truth["commit"], commit) is not None
+                )
         got = seen[commit]
         if got is None:
             problems.append(
                 f"{record_name(r)}: field git.commit = {commit!r} is not a commit of this repository"
+            )
+        elif not descends[commit]:
+            problems.append(
+                f"{record_name(r)}: field git.commit = {str(commit)[:12]} does not descend from the tag's "
+                f"commit {str(truth['commit'])[:12]}: no run of this study ran there (the runner refuses "
+                "a tag that is not an ancestor of HEAD)"
             )
         elif got != trees:
             diff = sorted(k for k in set(got) | set(trees) if got.get(k) != trees.get(k))
