@@ -76,6 +76,20 @@ def analysed(records: Sequence[Rec]) -> list[Rec]:
     return [r for r in records if r.get("unit_attempt", 1) == latest[r["spec"]["unit"]]]
 
 
+def redrawn(records: Sequence[Rec]) -> list[str]:
+    """The runs analysed from a later attempt than their first (``attempt`` > 1, or a unit that ran
+    again whole, ``unit_attempt`` > 1), by run id in ledger order: an earlier attempt of each
+    started, and ended without being the one analysed (interrupted, killed, its unit run again),
+    so its outcome (a checkpoint on disk, a log) could have been read before the run was drawn
+    again. The audit names them in its verdict (exit status 4), since it cannot tell a crash from
+    a peek (docs/provenance.md, "Redraws")."""
+    out = []
+    for rid, r in final_attempts(analysed(records)).items():
+        if r["attempt"] > 1 or r.get("unit_attempt", 1) > 1:
+            out.append(rid)
+    return out
+
+
 def peak(r: Rec) -> float | None:
     """The record's peak memory in bytes, by the key its ``memory`` names ``primary``; ``None`` when
     it names none or the value is missing."""

@@ -95,6 +95,7 @@ def main(argv: list[str]) -> int:
     anchored: dict[str, Any] = {}
     for d in dirs:
         audit_dir(d, rows, problems, notes, published, anchor=anchor, signers=signers, anchored=anchored)
+    redraws = [n for n in notes if "REDRAWN:" in n]
     w1 = max(len(r[0]) for r in rows)
     w2 = max(len(r[1]) for r in rows)
     print(f"{'check'.ljust(w1)}  {'records'.ljust(w2)}  result")
@@ -116,6 +117,12 @@ def main(argv: list[str]) -> int:
             "Integrity: everything matched."
             + (" The study is INCOMPLETE (see above)." if incomplete else "")
             + (" The study was STOPPED BY THE BUDGET RULE (see above)." if stopped else "")
+            + (
+                " Some runs were REDRAWN (see above): the records are intact, but an earlier attempt "
+                "of each could have been seen before it was run again (exit status 4)."
+                if redraws
+                else ""
+            )
         )
     print(anchor_line(published, anchor, anchored))
     if borrowed:
@@ -123,7 +130,7 @@ def main(argv: list[str]) -> int:
             "TRUST ROOTS FROM THE REPOSITORY (see the first lines): pass an allowed-signers file and a head "
             "you hold from outside it."
         )
-    return 1 if problems else 3 if borrowed else 0
+    return 1 if problems else 3 if borrowed else 4 if redraws else 0
 
 
 def anchor_line(published: tuple[int, str] | None, anchor: str | None, anchored: dict[str, Any]) -> str:

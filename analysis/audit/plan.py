@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .attempts import analysed, completeness, latest_unit
+from .attempts import analysed, completeness, latest_unit, redrawn
 from .factorial import from_yaml, williams
 from .hypotheses import Family
 
@@ -279,6 +279,14 @@ def plan_notes(
         notes.append(
             f"{directory}: unit {unit} ran again whole: analysed from its unit attempt "
             f"{latest[unit]}; {n} superseded attempt(s) kept"
+        )
+    again = redrawn(records)
+    if again:
+        shown = ", ".join(again[:3]) + (f" and {len(again) - 3} more" if len(again) > 3 else "")
+        notes.append(
+            f"{directory}: REDRAWN: {len(again)} run(s) analysed from a later attempt ({shown}): an "
+            "earlier attempt of each started and is not the one analysed, so its outcome (the "
+            "checkpoint, the log) could have been seen before the run was drawn again"
         )
     if missing:  # INCOMPLETE, or STOPPED BY THE BUDGET RULE where the rule explains the stop
         done = completeness(records) if records else None
