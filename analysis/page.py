@@ -85,7 +85,7 @@ def render(
             body += paired_section(study, n, by_name.get(study.name), on_cpu)
             n += 1
         else:
-            body += factorial_section(study)
+            body += factorial_section(study, by_name[study.name])
     body += every_pair_section(summary.studies) + flow_section(summary.flow) + order_section(summary.studies)
     body += verify_section(summary, summary_sha256, records_rel, manifest or {}) + claims_section(summary)
     return (
@@ -95,6 +95,14 @@ def render(
         + "\n".join(body)
         + "\n</main></body></html>\n"
     )
+
+
+def page_manifest(raw: Any) -> dict[str, Any]:
+    """The MANIFEST as the page reads it: empty when it is not one this version can read (the page
+    then shows no manifest details)."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("schema_version", 1), int):
+        return {}
+    return raw if raw.get("schema_version", 1) <= SCHEMA_VERSION else {}
 
 
 def write_page(
@@ -109,11 +117,10 @@ def write_page(
     ``summary_sha256`` is the sealed ``summary.json``'s hash, which the page shows."""
     records_dir = Path(records_dir)
     try:
-        manifest: dict[str, Any] = json.loads((records_dir / "MANIFEST").read_text(encoding="utf-8"))
+        raw: Any = json.loads((records_dir / "MANIFEST").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        manifest = {}
-    if not isinstance(manifest, dict) or manifest.get("schema_version", 1) > SCHEMA_VERSION:
-        manifest = {}  # not a MANIFEST this version can read: the page shows no manifest details
+        raw = {}
+    manifest = page_manifest(raw)
     target = Path(out_dir or records_dir)
     target.mkdir(parents=True, exist_ok=True)
     path = target / PAGE_NAME

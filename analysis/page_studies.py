@@ -5,9 +5,10 @@ paired studies, adverse ones marked; and the order diagnostics of the paired stu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from analysis.audit.factorial import design_of, effect_names
 from analysis.beside import Beside
 from analysis.page_html import esc, html_table, interval_cells, num
 from analysis.results import StudyResult
@@ -292,9 +293,9 @@ def paired_section(
     return out
 
 
-def factorial_section(study: StudyResult) -> list[str]:
+def factorial_section(study: StudyResult, declared: Mapping[str, Any]) -> list[str]:
     """A factorial study's section: blocks and cell means per configuration, and the within-block
-    effects with their intervals.
+    effects with their intervals, in the order of the design ``declared`` (the protocol's study).
 
     Parameters
     ----------
@@ -306,17 +307,20 @@ def factorial_section(study: StudyResult) -> list[str]:
     list of str
         The section's HTML blocks.
     """
+    factors, cells = design_of(declared)
     out = [f"<h2>Study {esc(study.name)}: factorial decomposition</h2>"]
     for c in study.factorial_configs():
         lvl = f"{c.level * 100:g}%"
         means = c.cell_mean_training_s or {}
         out.append(
             f"<p>{esc(c.config)}: {c.blocks_used} blocks; mean training time per cell: "
-            + ", ".join(f"{esc(k)} {num(v, '.3f')} s" for k, v in means.items())
+            + ", ".join(f"{esc(k)} {num(means[k], '.3f')} s" for k in _design_order(means, cells))
             + ".</p>"
         )
         rows = []
-        for name, e in (c.effects or {}).items():
+        effects = c.effects or {}
+        for name in _design_order(effects, [n for n, _ in effect_names(factors)]):
+            e = effects[name]
             if e:
                 rows.append(
                     [
@@ -333,6 +337,12 @@ def factorial_section(study: StudyResult) -> list[str]:
             )
         )
     return out
+
+
+def _design_order(values: Any, order: Sequence[str]) -> list[str]:
+    """The keys of ``values`` in the design's order (cells, effects), any others after them: the
+    order of the protocol, not of summary.json's sorted keys."""
+    return [k for k in order if k in values] + sorted(k for k in values if k not in order)
 
 
 def every_pair_section(studies: Sequence[StudyResult]) -> list[str]:

@@ -7,6 +7,7 @@ users' own analysis.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,10 +100,12 @@ def write_report(
     records = load_records(records_dir)
     if not records:
         raise FileNotFoundError(f"no records in {records_dir}")
-    summary = derive(records, load_started(records_dir))
-    sealed = seal(summary.to_json())
+    sealed = seal(derive(records, load_started(records_dir)).to_json())
     summary_path = records_dir / "summary.json"
     write_json(summary_path, sealed, pretty=True)
+    # the texts are rendered from what summary.json holds, as the audit renders them again
+    # (analysis.render): its key order, not the in-memory one
+    summary = Summary.read(json.loads(summary_path.read_text(encoding="utf-8")), str(summary_path))
     shown = read_beside(summary, beside, beside_rel) if beside is not None else None
     md = markdown(summary, shown)
     made = plots(summary, records, records_dir)

@@ -97,7 +97,7 @@ def test_the_readme_result_table_is_the_committed_reports():
     assert not re.search(r"[0-9a-f]{64}", readme), "the README prints a ledger head: a reader would copy it"
     commands = re.findall(r"python analysis/public_audit.py (records/cpu\d) (.*)", section)
     assert {c[0] for c in commands} == {"records/cpu1", "records/cpu2"}, commands
-    for folder, args in commands:
+    for _folder, args in commands:
         assert "--allowed-signers ~/trusted/allowed_signers" in args and "--head SEQ:SHA256" in args
         assert "protocols/allowed_signers" not in args
 

@@ -31,6 +31,7 @@ from .ledger import (
     with_snapshot,
 )
 from .plan import plan_from_protocol, plan_notes
+from .published import check_published
 from .recompute import SUMMARY_SCHEMAS, compare, recompute
 from .tag import check_sources, git_root, load_truth
 
@@ -126,7 +127,14 @@ def audit_dir(
         f"started at {u['started_at']} on {u['node']} (ledger seq {u['seq']})"
         for u in open_
     )
-    _check_summary(out, records, started)
+    if _check_summary(out, records, started):
+        verified = read_json(os.path.join(directory, "summary.json"))
+        assert isinstance(verified, dict)  # _check_summary read it as one
+        out.fail("report.md and index.html", *check_published(directory, root, verified, manifest))
+    else:
+        out.row(
+            "report.md and index.html", True, "not compared: no verified summary.json to render them from"
+        )
 
 
 def _manifest(out: _Report) -> dict[str, Any] | None:
@@ -376,17 +384,18 @@ def _what_was_frozen(
         out.problems.extend(check_versions(records)[0])
 
 
-def _check_summary(out: _Report, records: list[dict[str, Any]], started: list[dict[str, Any]]) -> None:
-    """summary.json, if there is one: its own sha256, and every value against the recomputation."""
+def _check_summary(out: _Report, records: list[dict[str, Any]], started: list[dict[str, Any]]) -> bool:
+    """summary.json, if there is one: its own sha256, and every value against the recomputation.
+    True when there is one and it matched."""
     spath = os.path.join(out.directory, "summary.json")
     if not os.path.isfile(spath):
         out.row("summary.json recomputed", True, "no summary.json (run harness report): nothing to compare")
-        return
+        return False
     summary = read_json(spath)
     if not isinstance(summary, dict):
         out.problems.append(f"{spath}: not a JSON summary (harness report writes it again)")
         out.row("summary.json recomputed", False, "summary.json unreadable")
-        return
+        return False
     problems = out.problems
     before = len(problems)
     if summary.get("schema_version") not in SUMMARY_SCHEMAS:
@@ -395,7 +404,7 @@ def _check_summary(out: _Report, records: list[dict[str, Any]], started: list[di
             f"({', '.join(map(str, SUMMARY_SCHEMAS))}); harness report writes it again"
         )
         out.row("summary.json recomputed", False, "summary.json of an unknown format")
-        return
+        return False
     if not self_hash_ok(summary):
         problems.append(f"{spath}: field sha256 = {summary.get('sha256')!r} does not match its content")
     try:
@@ -403,7 +412,7 @@ def _check_summary(out: _Report, records: list[dict[str, Any]], started: list[di
     except ValueError as e:  # a protocol the rules refuse (decide names the hypothesis and key)
         problems.append(f"{spath}: the summary cannot be recomputed from the records: {e}")
         out.row("summary.json recomputed", False, str(e))
-        return
+        return False
     theirs = {k: v for k, v in summary.items() if k != "sha256"}
     n = compare("summary", mine, theirs, problems, spath)
     out.row(
@@ -411,6 +420,7 @@ def _check_summary(out: _Report, records: list[dict[str, Any]], started: list[di
         len(problems) == before,
         f"{n} values compared, {len(problems) - before} mismatches",
     )
+    return len(problems) == before
 
 
 def audit_empty(

@@ -141,7 +141,7 @@ def check_what_ran(
     problems: list[str] = []
     trees, exempt = m.get("trees") or {}, list(m.get("exempt") or [])
     seen: dict[Any, Any] = {}
-    descends: dict[str, bool] = {}
+    descends: dict[Any, bool] = {}
     for r in records:
         commit = (r.get("git") or {}).get("commit")
         if commit not in seen:
@@ -150,7 +150,7 @@ def check_what_ran(
                 # the runner refuses a tag that is not an ancestor of HEAD: a commit holding the same
                 # frozen trees but off the tag's history is not one a run of this study ran at
                 descends[commit] = commit == truth["commit"] or (
-                    git_bytes(root, "merge-base", "--is-ancestor", truth["commit"], commit) is not None
+                    git_bytes(root, "merge-base", "--is-ancestor", truth["commit"], str(commit)) is not None
                 )
         got = seen[commit]
         if got is None:
