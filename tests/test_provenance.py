@@ -171,6 +171,29 @@ def test_record_commit_off_the_tag_s_history_fails(study):
     failed(study, f"field git.commit = {orphan[:12]} does not descend from the tag's commit {tagged[:12]}")
 
 
+def test_the_report_and_the_page_are_rendered_again_and_compared(study):
+    """Issue 35's fifth attack: a decision edited in report.md and index.html, summary.json intact."""
+    ok = audit(study)
+    assert ok.returncode == 0, ok.stdout
+    assert "index.html and report.md byte for byte as the verified summary renders them" in ok.stdout
+    for name in ("report.md", "index.html"):
+        path = study / RECS / name
+        text = path.read_text()
+        word = next(w for w in ("not established", "not reached", "undecided") if w in text)
+        path.write_text(text.replace(word, "ESTABLISHED", 1))
+    out = failed(study, "report.md: not what the verified summary.json renders (line ", "ESTABLISHED")
+    assert "index.html: not what the verified summary.json renders" in out
+
+
+def test_a_published_text_with_a_line_added_or_cut_is_named(study):
+    report = study / RECS / "report.md"
+    report.write_text(report.read_text() + "\nAll speed hypotheses ESTABLISHED.\n")
+    failed(study, "report.md: not what the verified summary.json renders", "goes on where the rendered one ends")
+    page = study / RECS / "index.html"
+    page.write_text(page.read_text()[:-200])
+    failed(study, "index.html: not what the verified summary.json renders")
+
+
 def test_record_code_hash_other_than_the_manifest_fails(study):
     reseal_all(study, lambda r: r["env"].update(harness_sha256="0" * 64))
     failed(study, "field env.harness_sha256 = '" + "0" * 64 + "', the tag's manifest says")
