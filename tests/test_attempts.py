@@ -152,8 +152,11 @@ def test_peeked_outcome_cannot_be_discarded(tmp_path):
     assert first["start"] == {"seq": started[0].ledger["seq"], "sha256": started[0].sha256}
     assert recs[(run_id, 2)]["status"] == "ok"
     a = audit(repo)
-    assert a.returncode == 0, a.stdout
+    # the redraw after a possible peek is a finding of the verdict, with its own exit status
+    assert a.returncode == 4, a.stdout
     assert "interrupted 1" in a.stdout and "attempts in the ledger" in a.stdout
+    assert f"REDRAWN: 1 run(s) analysed from a later attempt ({run_id})" in a.stdout
+    assert "Some runs were REDRAWN (see above)" in a.stdout
     md = (repo / RECS / "report.md").read_text()
     assert "1 interrupted" in md
 
@@ -176,7 +179,7 @@ def test_file_times_do_not_charge_device_seconds(tmp_path):
     assert x["timings"]["device_s_source"].startswith("ledger: from its started entry")
     md = (repo / RECS / "report.md").read_text()
     assert md.startswith("**complete: all 4 planned runs have an ok record.**"), md[:200]
-    assert audit(repo).returncode == 0
+    assert audit(repo).returncode == 4  # intact, and the interrupted run was drawn again (named)
 
 
 @pytest.mark.process
@@ -189,7 +192,7 @@ def test_runner_killed_alone_leaves_no_worker_running(tmp_path):
     r = harness(repo, "run", PROTO, "--quiet")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "ending a live worker" not in r.stdout  # nothing was left to end
-    assert audit(repo).returncode == 0
+    assert audit(repo).returncode == 4  # intact, and the killed run was drawn again (named)
 
 
 @pytest.mark.process
@@ -363,7 +366,8 @@ def test_full_filesystem_stops_cleanly_and_resumes(tmp_path):
     assert any(n.endswith(".started.json") for n in res["record"]["files"])
     assert res["resumed"]["rc"] == 0, res["resumed"]
     assert "noted interrupted attempt 1" in res["resumed"]["stdout"]
-    assert res["audit"]["rc"] == 0, res["audit"]["stdout"]
+    assert res["audit"]["rc"] == 4, res["audit"]["stdout"]  # intact; the run cut short was drawn again
+    assert "REDRAWN: 1 run(s)" in res["audit"]["stdout"]
     oks = [x["spec"]["run_id"] for x in res["records"] if x["status"] == "ok"]
     assert len(oks) == len(set(oks)) == 4
 

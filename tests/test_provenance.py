@@ -188,7 +188,9 @@ def test_the_report_and_the_page_are_rendered_again_and_compared(study):
 def test_a_published_text_with_a_line_added_or_cut_is_named(study):
     report = study / RECS / "report.md"
     report.write_text(report.read_text() + "\nAll speed hypotheses ESTABLISHED.\n")
-    failed(study, "report.md: not what the verified summary.json renders", "goes on where the rendered one ends")
+    failed(
+        study, "report.md: not what the verified summary.json renders", "goes on where the rendered one ends"
+    )
     page = study / RECS / "index.html"
     page.write_text(page.read_text()[:-200])
     failed(study, "index.html: not what the verified summary.json renders")

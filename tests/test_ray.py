@@ -188,7 +188,8 @@ def test_node_killed_at_a_fixed_point_reruns_its_unit_whole(scenarios, name):
         capture_output=True,
         text=True,
     )
-    assert a.returncode == 0, a.stdout
+    assert a.returncode == 4, a.stdout  # intact; the unit drawn again is named in the verdict
+    assert "REDRAWN:" in a.stdout and unit in a.stdout.split("REDRAWN:", 1)[1]
     assert (
         f"unit {unit} ran again whole: analysed from its unit attempt 2; {KILLS[name]} superseded" in a.stdout
     )

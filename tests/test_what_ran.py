@@ -188,3 +188,21 @@ def test_sources_read_for_the_workers_are_compared_with_the_blobs(filtered_repo)
     assert "plugs/extra.py: a source file the workers could import is not tracked" in " ".join(
         freeze.sources_mismatches(r, "HEAD", launchers.source_hashes([str(r / "plugs")]))
     )
+
+
+def test_a_fork_server_that_cannot_import_verified_code_is_refused_cleanly(tmp_path):
+    """The fork server imports the harness once; a module changed after the runner read it makes
+    the start a refusal naming the module (exit 2 at the command line), before any run starts."""
+    from harness.errors import RefusedError
+
+    code = str(Path(launchers.__file__).resolve().parents[2])
+    env = launchers.worker_env([code])
+    sources = json.loads(env["HARNESS_SOURCES"])
+    root = next(r for r in sources if r.endswith(f"{Path('/').joinpath('harness')}"))
+    sources[root]["execute/worker.py"] = "0" * 64  # as if worker.py had changed since the read
+    env["HARNESS_SOURCES"] = json.dumps(sources)
+    server = launchers.ForkServer()
+    with pytest.raises(RefusedError) as refused:
+        server.start(tmp_path, env)
+    assert "the fork server did not start" in str(refused.value)
+    assert "worker.py): its bytes are not the ones the runner verified" in str(refused.value)

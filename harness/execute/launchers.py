@@ -197,10 +197,16 @@ class ForkServer:
 
     def _start(self, cwd: Path, env: dict[str, str] | None) -> subprocess.Popen[str]:
         if self.proc is None or self.proc.poll() is not None:
+            import tempfile
+
+            from harness.errors import RefusedError
+
+            errors = tempfile.TemporaryFile()  # what the server says if it cannot start (an import refused)
             self.proc = subprocess.Popen(
                 worker_command("--serve"),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
+                stderr=errors,
                 cwd=cwd,
                 env=env,
                 text=True,
@@ -209,7 +215,14 @@ class ForkServer:
             assert self.proc.stdout is not None
             ready = self.proc.stdout.readline().strip()
             if ready != "READY":
-                raise RuntimeError(f"the fork server did not start (said {ready!r}, exit {self.proc.poll()})")
+                code = self.proc.wait()
+                errors.seek(0)
+                said = errors.read().decode("utf-8", "replace").strip().splitlines()
+                errors.close()
+                raise RefusedError(
+                    f"the fork server did not start (exit {code}): {said[-1] if said else 'it said nothing'}; "
+                    "no run of this unit was started"
+                )
         return self.proc
 
     def run(
