@@ -238,8 +238,9 @@ def test_an_attempt_cut_off_survives_runs_deleted_and_file_times_moved(tmp_path)
     md = (repo / RECS / "report.md").read_text()
     assert md.startswith("**complete: all 4 planned runs have an ok record.**") and "1 interrupted" in md
     a = audit(repo)
-    assert a.returncode == 0, a.stdout + a.stderr
+    assert a.returncode == 4, a.stdout + a.stderr  # intact, and the cut-off run drawn again is named
     assert "interrupted 1" in a.stdout and "attempts in the ledger" in a.stdout
+    assert f"REDRAWN: 1 run(s) analysed from a later attempt ({run_id})" in a.stdout
 
 
 def test_a_manifest_behind_the_chain_is_reconciled_and_an_edited_record_is_not(tmp_path):
