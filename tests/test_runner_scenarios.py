@@ -240,7 +240,7 @@ def test_an_attempt_cut_off_survives_runs_deleted_and_file_times_moved(tmp_path)
     a = audit(repo)
     assert a.returncode == 4, a.stdout + a.stderr  # intact, and the cut-off run drawn again is named
     assert "interrupted 1" in a.stdout and "attempts in the ledger" in a.stdout
-    assert f"REDRAWN: 1 run(s) analysed from a later attempt ({run_id})" in a.stdout
+    assert "REDRAWN:" in a.stdout and run_id in a.stdout.split("REDRAWN:", 1)[1]
 
 
 def test_a_manifest_behind_the_chain_is_reconciled_and_an_edited_record_is_not(tmp_path):
