@@ -842,6 +842,21 @@ def test_a_frozen_file_hidden_from_git_status_is_refused(study, mark):
     refused(study, f"configs/tiny_conv.yaml: marked {mark} in git's index")
 
 
+def test_an_edit_hidden_by_a_clean_filter_is_refused(study):
+    """Issue 35's fourth attack: an edit to a frozen file hidden from git status and git diff by a
+    clean filter in .git/info/attributes and repo-local config. The run is refused, naming it,
+    because the working tree's bytes are compared with the blobs directly."""
+    rel = "configs/tiny_gqa.yaml"  # frozen, and named by no manifest field but its tree
+    oid = git(study, "rev-parse", f"HEAD:{rel}").strip()
+    (study / ".git" / "info").mkdir(exist_ok=True)
+    (study / ".git" / "info" / "attributes").write_text(f"{rel} filter=hide\n")
+    git(study, "config", "filter.hide.clean", f"git cat-file blob {oid}")
+    (study / rel).write_text((study / rel).read_text() + "# the payload\n")
+    git(study, "add", rel)  # staged, even: the filter gives the committed blob back
+    assert rel not in git(study, "status", "--porcelain") and git(study, "diff", "HEAD", "--", rel) == ""
+    refused(study, f"{rel}: its bytes on disk are not the committed blob although git may call it clean")
+
+
 def test_a_folder_emptied_of_its_records_fails_against_its_heads(study):
     manifest_path = study / RECS / "MANIFEST"
     manifest = json.loads(manifest_path.read_text())
