@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import subprocess
 import sys
 
@@ -159,3 +160,31 @@ def test_harness_power_cli_on_a_real_pilot(repo):
         and row["estimand"] == "relative_reduction"
     )
     assert row["n80_upper"] is None or row["n80"] is None or row["n80_upper"] >= row["n80"]
+
+
+@pytest.mark.parametrize("n", [3, 4, 6, 10, 30])
+@pytest.mark.parametrize("alpha", [0.05, 0.025, 0.005])
+def test_the_detectable_effect_has_exactly_the_target_power(n, alpha):
+    """The planned-size detectable effect is the noncentral-t root, not the (t_a + t_0.8) shortcut
+    (whose power is 0.784 at n = 4, alpha 0.025): the power at it is 0.8 to 1e-9."""
+    from analysis.power import detectable_shift, power
+
+    d = detectable_shift(n, 0.37, alpha)
+    assert abs(power(n, 0.37, alpha, "superiority", 0.0, d) - 0.8) < 1e-9
+    assert detectable_shift(n, 0.0, alpha) == 0.0
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        ((5, 0.0, 0.05), "positive finite standard deviation"),
+        ((5, float("nan"), 0.05), "positive finite standard deviation"),
+        ((1, 1.0, 0.05), "n >= 2"),
+        ((5, 1.0, 0.6), "alpha in (0, 0.5)"),
+    ],
+)
+def test_power_refuses_what_has_no_power(args, needle):
+    from analysis.power import power
+
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        power(*args, "superiority", 0.0, 0.1)

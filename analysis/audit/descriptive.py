@@ -90,10 +90,24 @@ def paired_values(baseline: Sequence[float], candidate: Sequence[float], estiman
 
 
 def mean_se(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and its standard error ``sd / sqrt(n)`` (denominator ``n - 1``)."""
+    """Mean and its standard error ``sd / sqrt(n)`` (denominator ``n - 1``).
+
+    Values whose squares would overflow (beyond 2^500, about 3e150) or underflow (below 2^-500)
+    a float are first scaled by the power of two ``k`` nearest their largest magnitude, an exact
+    operation, and the results multiplied by ``k`` after: the same formulas, so
+    ``mean_se(k v) = k mean_se(v)``; values in between take the plain formulas, bit for bit."""
     n = len(values)
-    m = math.fsum(values) / n
-    return m, math.sqrt(math.fsum((x - m) ** 2 for x in values) / (n - 1) / n)
+    top = max((abs(x) for x in values), default=0.0)
+    if top == 0.0 or _SMALL <= top <= _LARGE:
+        m = math.fsum(values) / n
+        return m, math.sqrt(math.fsum((x - m) ** 2 for x in values) / (n - 1) / n)
+    k = math.ldexp(1.0, math.frexp(top)[1])
+    u = [x / k for x in values]
+    mu = math.fsum(u) / n
+    return mu * k, k * math.sqrt(math.fsum((x - mu) ** 2 for x in u) / (n - 1) / n)
+
+
+_LARGE, _SMALL = math.ldexp(1.0, 500), math.ldexp(1.0, -500)
 
 
 def mean_interval(values: Sequence[float], level: float = 0.99, estimand: str = "contrast") -> PairedInterval:

@@ -80,6 +80,12 @@ def signed_rank(d: Sequence[float], s: int) -> RankTest:
     scores (51 worst-rank scores, 34 favourable: R gives 0.00877, the exact conditional
     ``pbinom(33, 51, 0.5, lower.tail = FALSE)`` = 0.01204645).
     """
+    bad = [i for i, x in enumerate(d) if not math.isfinite(x)]
+    if bad:
+        raise ValueError(
+            f"the signed-rank test needs finite differences; d[{bad[0]}] = {d[bad[0]]} "
+            f"({len(bad)} not finite): a NaN would be dropped and an infinity would rank every other value 0"
+        )
     top = max((abs(x) for x in d), default=0.0)
     tol = ROUNDING_REL_TOL * top
     nz = [s * x for x in d if abs(x) > tol]
