@@ -51,3 +51,13 @@ def test_the_signed_rank_test_refuses_a_non_finite_difference(bad):
 def test_an_interval_refuses_a_non_finite_value(bad):
     with pytest.raises(ValueError, match="is not finite"):
         analysis.paired_interval([1.0, 2.0, 3.0], [1.0, bad, 3.0])
+
+
+def test_a_p_value_that_underflows_reads_the_same_whatever_the_library_rounds_it_to():
+    """An incomplete beta near the float floor gives a subnormal in one library and 0 in another
+    (scipy): the decision text is a bound, the same for both, so the audit reports no mismatch."""
+    from analysis.audit.decisions import p_text
+
+    texts = {p_text(p) for p in (0.0, 5e-324, 2.2e-308, 1e-310, 9.9e-301)}
+    assert texts == {"p < 1e-300"}
+    assert p_text(0.0123) == "p = 0.0123" and p_text(1e-300) == "p = 1e-300"

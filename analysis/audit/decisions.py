@@ -73,6 +73,17 @@ class HypothesisDecision:
         return {**{k: getattr(self.hypothesis, k) for k in DECIDED_FIELDS}, **own}
 
 
+#: Below this a p-value is shown as a bound: how an incomplete beta rounds there (a subnormal
+#: from one library, 0 from another) is not a difference any reader should see in a decision text.
+P_FLOOR = 1e-300
+
+
+def p_text(p: float) -> str:
+    """``p = 0.0123`` (3 significant digits), or ``p < 1e-300`` where p underflows towards the
+    subnormals (the decision is the same either way: alpha is never that small)."""
+    return f"p < {P_FLOOR:.0e}" if p < P_FLOOR else f"p = {p:.3g}"
+
+
 def _gate(h: Hypothesis, family: Family, completeness: Completeness) -> str | None:
     if completeness.complete is False and not completeness.budget_stop:
         return (
@@ -244,7 +255,7 @@ def _text(
     if t.method == "identity":
         held = "the interval [0, 0] lies inside" if status == "established" else "0 is not inside"
         return f"{head}: {status}: every pair identical (the identity rule: {held} the alternative region)"
-    stats = f"p = {t.p_value:.3g} against alpha {a:.3g}" if a is not None else f"p = {t.p_value:.3g}"
+    stats = f"{p_text(t.p_value)} against alpha {a:.3g}" if a is not None else p_text(t.p_value)
     if low is not None and a is not None:  # an interval is made only at a level: a is set
         stats += f"; {100 * (1 - 2 * a):.4g}% interval {low:+.5g} to {high:+.5g}"
     verdict = status if reason is None else f"{status} ({reason})"
