@@ -278,7 +278,7 @@ def test_unused_parameter_untouched_and_tied_updated_once():
     na = copy.deepcopy(torch.nn.ModuleList([emb, head, unused]))
     nb = copy.deepcopy(na)
     oa = torch.optim.AdamW(list(na.parameters()), lr=0.1, fused=True)
-    ob = PackedAdamW(list(nb.parameters()) + [nb[0].weight], lr=0.1)  # duplicate entry: packed once
+    ob = PackedAdamW(list(nb.parameters()), lr=0.1)  # the tied weight is one parameter
     assert sum(len(g.index) for g in ob.flat_groups) == 3
     before = [p.detach().clone() for p in nb[2].parameters()]
     x = torch.tensor([1, 2, 3])
@@ -291,6 +291,25 @@ def test_unused_parameter_untouched_and_tied_updated_once():
         assert bitwise_equal(p, q)
     assert all(bitwise_equal(p, q) for p, q in zip(nb[2].parameters(), before))
     assert float(ob.state[nb[2].weight]["step"]) == 0.0
+
+
+def test_a_parameter_listed_twice_is_refused_since_native_updates_it_twice():
+    """Native AdamW warns on a duplicate and then updates it twice per step (checked here); a
+    packed parameter is one slot, so PackedAdamW refuses it before anything is modified."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(4))
+    a, b = w.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    with pytest.warns(UserWarning, match="duplicate parameters"):
+        twice = torch.optim.AdamW([a, a], lr=0.1, fused=True)
+    once = torch.optim.AdamW([b], lr=0.1, fused=True)
+    for p, o in ((a, twice), (b, once)):
+        p.grad = torch.ones(4)
+        o.step()
+    assert not bitwise_equal(a, b)  # native's duplicate is not a no-op
+    before = w.detach().clone()
+    with pytest.raises(ValueError, match=r"lists one parameter twice \(entries 0 and 2\)"):
+        PackedAdamW([w, torch.nn.Parameter(torch.randn(2)), w], lr=0.1)
+    assert bitwise_equal(w, before) and w.grad is None
 
 
 def test_requirements_refused():

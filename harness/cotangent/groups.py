@@ -50,16 +50,16 @@ def check_group(group: dict[str, Any], k: int, defaults: dict[str, Any]) -> None
         )
     else:
         plist = list(group["params"])
-        unique = list({id(p): p for p in plist}.values())
-        if len(unique) != len(plist):
-            import warnings
-
-            warnings.warn(
-                "optimizer contains a parameter group with duplicate parameters; each is packed and "
-                "updated once",
-                stacklevel=3,
-            )
-        group["params"] = unique
+        first: dict[int, int] = {}
+        for i, p in enumerate(plist):
+            j = first.setdefault(id(p), i)
+            if j != i:
+                raise ValueError(
+                    f"parameter group {k} lists one parameter twice (entries {j} and {i}): native AdamW "
+                    "warns and then updates it twice per step; PackedAdamW packs each parameter once and "
+                    "cannot, so it refuses: list each parameter once (a tied weight is one parameter)"
+                )
+        group["params"] = plist
     hyper = {
         key: group.get(key, defaults[key])
         for key in ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
