@@ -247,7 +247,9 @@ def test_zero_grad_as_native_and_params_are_views():
     assert all(q.grad is v and not v.any() for q, v in zip(p, views))
     opt.zero_grad(set_to_none=True)
     assert all(q.grad is None for q in p)
-    assert all(q.untyped_storage().data_ptr() == g.param.untyped_storage().data_ptr() for q in p)
+    # each parameter lives in the flat buffer's memory, in a storage of its own (checkpoint writers)
+    base, end = g.param.data_ptr(), g.param.data_ptr() + g.param.numel() * 4
+    assert all(base <= q.data_ptr() < end and q.untyped_storage().nbytes() == q.numel() * 4 for q in p)
     assert torch.equal(g.grad.view(torch.int32), torch.full_like(g.grad, -0.0).view(torch.int32))
 
 
@@ -290,7 +292,7 @@ def test_unused_parameter_untouched_and_tied_updated_once():
     for p, q in zip(na.parameters(), nb.parameters()):
         assert bitwise_equal(p, q)
     assert all(bitwise_equal(p, q) for p, q in zip(nb[2].parameters(), before))
-    assert float(ob.state[nb[2].weight]["step"]) == 0.0
+    assert nb[2].weight not in ob.state and na[2].weight not in oa.state  # no state without a gradient
 
 
 def test_a_parameter_listed_twice_is_refused_since_native_updates_it_twice():

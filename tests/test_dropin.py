@@ -223,12 +223,12 @@ def test_two_parameter_groups_and_add_param_group():
             loss = m(x).sum() + ((e * e).sum() if step >= 3 else 0.0)
             loss.backward()
             if o is oa:
-                # the optimizer's parameters in its order: what clip_step_zero_grad clips
-                torch.nn.utils.clip_grad_norm_([p for g in o.param_groups for p in g["params"]], 1.0)
+                # the loop's own order (model.parameters()), which clip_step_zero_grad is told
+                torch.nn.utils.clip_grad_norm_(list(m.parameters()) + ([e] if step >= 3 else []), 1.0)
                 o.step()
                 o.zero_grad()
             else:
-                o.clip_step_zero_grad(1.0)
+                o.clip_step_zero_grad(1.0, parameters=list(m.parameters()) + ([e] if step >= 3 else []))
         assert same(na.parameters(), nb.parameters()) and bitwise_equal(extra_a, extra_b), f"step {step}"
     sd = ob.state_dict()
     assert len(sd["param_groups"]) == 3

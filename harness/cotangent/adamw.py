@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -131,7 +132,10 @@ class PackedAdamW(OnePass):
             release_grads = platform.system() == "Linux" and grad_bytes >= RELEASE_MIN_BYTES
         self._release = bool(release_grads)
         self._backward_norms = bool(backward_norms)
-        self._phase: tuple[Tensor, Tensor] | None = None  # (total, coef) of a phase routed through step
+        self._phase: tuple[Tensor, Tensor, bool] | None = None  # (total, coef, set_to_none) of a phase
+        self._stated: set[int] = (
+            set()
+        )  # ids of the parameters that have optimizer state (native's lazy state)
         super().__init__(groups, defaults)
         self._requested_update = update
         self.block_bytes = block_bytes
@@ -157,7 +161,7 @@ class PackedAdamW(OnePass):
         each parameter's state and whether it has a gradient."""
         old = self._pack
         assert old is not None
-        saved = {p: saved_state(self.state[p]) for p in old.params if p in self.state}
+        saved = {p: saved_state(self.state[p]) for p in old.params if self.state.get(p)}
         with torch.no_grad():
             for i, p in enumerate(old.params):  # a gradient that exists survives (the new pack copies it in)
                 if p.grad is old.grad_views[i]:
@@ -171,7 +175,7 @@ class PackedAdamW(OnePass):
         assert pack is not None
         with torch.no_grad():
             for p, st in saved.items():
-                for key, view in self.state[p].items():
+                for key, view in self._slots[p].items():
                     if key in st:
                         view.copy_(st[key])
                     elif key == "max_exp_avg_sq":
@@ -204,7 +208,11 @@ class PackedAdamW(OnePass):
         return exact_paths(g.device.type).update
 
     def _build_state(self) -> None:
+        """Every parameter's state views (``_slots``); ``self.state`` holds those of the parameters
+        that have state, as native's: a parameter gets its entry at the first step it has a
+        gradient in (:meth:`_mark`), never before and never without one."""
         pack = self._pack
+        self._slots: dict[Tensor, dict[str, Tensor]] = {}
         for g in pack.groups:
             for j, i in enumerate(g.index):
                 p = pack.params[i]
@@ -215,7 +223,25 @@ class PackedAdamW(OnePass):
                 }
                 if g.max_exp_avg_sq is not None:
                     st["max_exp_avg_sq"] = g.slot(g.max_exp_avg_sq, j, p.shape)
-                self.state[p] = st
+                self._slots[p] = st
+        self.state = defaultdict(dict)
+        for p in pack.params:
+            if id(p) in self._stated:
+                self.state[p] = self._slots[p]
+        self._all_stated = len(self._stated) == pack.n
+
+    def _mark(self, positions: list[int] | None) -> None:
+        """The parameters at ``positions`` (``None``: all) are stepped: each gets its state entry
+        if it has none yet, as native's ``_init_group`` makes it for every parameter with a gradient."""
+        if self._all_stated:
+            return
+        pack = self._pack
+        for i in range(pack.n) if positions is None else positions:
+            p = pack.params[i]
+            if id(p) not in self._stated:
+                self._stated.add(id(p))
+                self.state[p] = self._slots[p]
+        self._all_stated = len(self._stated) == pack.n
 
     def _build_plans(self) -> None:
         pack = self._pack
@@ -273,12 +299,23 @@ class PackedAdamW(OnePass):
         assert self._pack is not None
         self._pack.zero_grads(set_to_none)
 
+    def _check_layout(self) -> None:
+        """Refuse, before anything is modified, a group whose ``amsgrad`` was switched after the
+        buffers were laid out (the maximum buffer exists exactly for amsgrad groups)."""
+        for g in self._pack.groups:
+            if bool(self.param_groups[g.pg]["amsgrad"]) != (g.max_exp_avg_sq is not None):
+                raise RuntimeError(
+                    f"PackedAdamW: parameter group {g.pg} changed amsgrad after the optimizer was built; "
+                    "its buffers were laid out for the other value (build a new optimizer)"
+                )
+
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        self._check_layout()
         if self._phase is not None:  # clip_step_zero_grad's update, called through (a wrapped) step
-            total, coef = self._phase
+            total, coef, set_to_none = self._phase
             self._phase = None
-            self._phase_update(total, coef)
+            self._phase_update(total, coef, set_to_none)
             return None
         loss = None
         if closure is not None:
@@ -298,6 +335,7 @@ class PackedAdamW(OnePass):
         pack = self._pack
         assert pack is not None
         produced = pack.sync_grads()
+        self._mark(produced)
         for gi, g in enumerate(pack.groups):
             kwargs = fused_kwargs(self.param_groups[g.pg], g.pg)
             if produced is None and pack.uniform_steps and not (per_parameter or kwargs["maximize"]):
@@ -336,7 +374,8 @@ class PackedAdamW(OnePass):
             for key, value in {"amsgrad": False, "maximize": False, **NATIVE_GROUP_KEYS}.items():
                 group.setdefault(key, value)
         assert self._pack is not None
-        loaded = {p: to_state_tensors(self.state[p]) for p in self._pack.params if p in self.state}
+        loaded = {p: to_state_tensors(self.state[p]) for p in self._pack.params if self.state.get(p)}
+        self._stated = {id(p) for p in loaded}  # as native's: the entries the state dict holds
         self._repack()
         self._restore(loaded)
 

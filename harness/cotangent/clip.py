@@ -27,8 +27,10 @@ def clip_grad_norm_(
     empty lists and non-finite norms. The total norm and every clipped gradient are bitwise
     native's on the paths listed in :data:`EXACT_PATHS`; every other case takes native's path.
 
-    When the parameters are exactly those of a :class:`PackedAdamW` (same order), the buckets
-    are zero-copy views of its flat gradient buffer and the clip multiply is one call per buffer.
+    When the parameters are those of a :class:`PackedAdamW` (in its order, or in any order that
+    names each once, beside tensors without a gradient), the buckets are zero-copy views of its flat
+    gradient buffer, the norms are summed in ``parameters``' order and the clip multiply is one call
+    per buffer.
     """
     if isinstance(parameters, Tensor):
         parameters = [parameters]
@@ -42,6 +44,15 @@ def clip_grad_norm_(
     norm_type = float(norm_type)
     max_norm = float(max_norm)
     pack = Pack.of(parameters)
+    found = Pack.covering(parameters) if pack is None else None
+    if found is not None and norm_type == 2.0 and foreach is None:
+        # every parameter of a pack, in another order (model.parameters() beside decay groups)
+        other, perm = found
+        if other.sync_grads() is None:
+            total = other.total_norm(other.backward.collect() if other.backward is not None else None, perm)
+            check_finite(total, norm_type, error_if_nonfinite)
+            other.scale_grads(clip_coef(max_norm, total), total)
+            return total
     if pack is not None and norm_type == 2.0 and foreach is None:
         produced = pack.sync_grads()
         if produced is None:

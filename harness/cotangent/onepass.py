@@ -3,6 +3,7 @@ a part of that class kept in its own module (:class:`OnePass`, one of its bases)
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,7 +24,7 @@ class OnePass(torch.optim.Optimizer):
     declared here (so this module never imports the optimizer's)."""
 
     _pack: Pack
-    _phase: tuple[Tensor, Tensor] | None  # (total, coef) of a phase routed through step
+    _phase: tuple[Tensor, Tensor, bool] | None  # (total, coef, set_to_none) of a phase routed through step
     _blocks: list[list[Block]]
 
     def _native_phase(self) -> KernelPhase | None:
@@ -32,20 +33,39 @@ class OnePass(torch.optim.Optimizer):
     def _update(self, per_parameter: bool = False) -> None:
         raise NotImplementedError
 
+    def _mark(self, positions: list[int] | None) -> None:
+        raise NotImplementedError
+
+    def _check_layout(self) -> None:
+        raise NotImplementedError
+
     @torch.no_grad()
     def clip_step_zero_grad(
         self,
         max_norm: float,
         norm_type: float = 2.0,
         error_if_nonfinite: bool = False,
+        *,
+        parameters: Tensor | Iterable[Tensor] | None = None,
+        set_to_none: bool = True,
     ) -> Tensor:
         """The whole gradient phase in one pass over memory; returns the total gradient norm.
 
         Bit for bit the same parameters, optimizer state, gradients and return value as::
 
-            total = clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite)
+            total = clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite)
             optimizer.step()
-            optimizer.zero_grad()
+            optimizer.zero_grad(set_to_none)
+
+        ``parameters`` is what the replaced ``clip_grad_norm_`` call takes (``model.parameters()``
+        in most loops): the total norm sums the per-parameter norms in that order, so it is the
+        same float. ``None``: the optimizer's parameters in the order it was given them, which is
+        only known to be the replaced call's order with one parameter group; with more than one
+        (decay and no-decay groups) ``parameters`` is required and its absence is refused before
+        anything is modified (the groups' order would change the total norm's last bit). A
+        ``parameters`` that names every parameter of the optimizer once, in any order, plus any
+        others that have no gradient, takes the one pass; anything else (a parameter left out,
+        named twice, another tensor with a gradient) makes the three calls.
 
         The per-parameter norms are read first (they decide the clip coefficient), or taken from
         backward (``backward_norms=True``, where still valid); then, block by block
@@ -53,61 +73,77 @@ class OnePass(torch.optim.Optimizer):
         the fused AdamW kernel updates the block, and the block's gradients are zeroed while they are
         still in cache. Every coordinate goes through the same operations as in the three calls; only
         the order in which memory is visited changes. Where :meth:`phase_kernel` names ``phase.c``,
-        the same operations run as two C calls (norms, total and coefficient; then one loop that
-        scales, updates and zeroes each element). The update runs inside ``self.step()``, so whatever
-        wraps ``step`` (an LR scheduler counting steps, a profiler) sees one step, as around the three
-        calls. Cases off the fast path (a gradient missing this step, per-parameter step counts,
-        another norm type, step hooks) make the three calls.
+        the same operations run as two C calls (norms, total and coefficient; then, per parameter
+        group with its own hyperparameters, one loop that scales, updates and zeroes each element).
+        The update runs inside ``self.step()``, so whatever wraps ``step`` (an LR scheduler counting
+        steps, a profiler) sees one step, as around the three calls. Cases off the fast path (a
+        gradient missing this step, per-parameter step counts, another norm type, step hooks) make
+        the three calls.
         """
         pack = self._pack
+        self._check_layout()
+        if parameters is None:
+            spanned = [k for k, g in enumerate(self.param_groups) if g["params"]]
+            if len(spanned) > 1:
+                raise ValueError(
+                    f"clip_step_zero_grad: the parameters span {len(spanned)} parameter groups, so the order "
+                    "in which the clip it replaces sums their norms is not known (it changes the total "
+                    "norm's last bit): pass parameters=model.parameters(), or whatever your "
+                    "clip_grad_norm_ call takes"
+                )
+            clip_list: list[Tensor] = pack.params
+        else:
+            clip_list = [parameters] if isinstance(parameters, Tensor) else list(parameters)
         produced = pack.sync_grads()
+        perm = pack.order_of(clip_list)
         if (
             produced is not None
+            or perm is None
             or not pack.uniform_steps
             or float(norm_type) != 2.0
             or step_hooks_registered(self)
         ):
-            total = clip_grad_norm_(pack.params, max_norm, norm_type, error_if_nonfinite)
+            total = clip_grad_norm_(clip_list, max_norm, norm_type, error_if_nonfinite)
             self.step()
-            self.zero_grad()
+            self.zero_grad(set_to_none)
             return total
         plan = self._native_phase()
         remembered = pack.backward.collect() if pack.backward is not None else None
         if plan is not None:
-            total = plan.total(
-                float(max_norm), error_if_nonfinite, None if remembered is None else remembered[0]
-            )
+            total = plan.total(float(max_norm), error_if_nonfinite, perm, remembered)
             coef = plan.coef
         else:
-            total = pack.total_norm(remembered)
+            total = pack.total_norm(remembered, perm)
             check_finite(total, 2.0, error_if_nonfinite)
             coef = clip_coef(float(max_norm), total)
-        self._phase = (total, coef)
+        self._phase = (total, coef, bool(set_to_none))
         try:
             self.step()
         finally:
             skipped, self._phase = self._phase is not None, None
         if skipped:  # a wrapper of step did not call it: the clip and zero_grad happen all the same
             pack.scale_grads(coef, total)
-            self.zero_grad()
+            self.zero_grad(set_to_none)
         return total
 
-    def _phase_update(self, total: Tensor, coef: Tensor) -> None:
-        """Scale, update and zero every block (or ``phase.c``'s one loop), then every ``.grad`` None."""
-        """Scale, update and zero every block (or ``phase.c``'s one loop), then every ``.grad`` None."""
+    def _phase_update(self, total: Tensor, coef: Tensor, set_to_none: bool = True) -> None:
+        """Scale, update and zero every block (or ``phase.c``'s loops), then every ``.grad`` None
+        (``set_to_none``) or +0.0 (as native's ``zero_grad(set_to_none=False)``)."""
         pack = self._pack
         plan = self._native_phase()
+        self._mark(None)  # the fast path has every gradient: every parameter has state from here on
         cpu = any(g.device.type == "cpu" for g in pack.groups)
         if cpu and not bool(total.isfinite()):
             # A non-finite gradient: native's calls over per-parameter tensors, so that every NaN
             # takes the sign and payload native's loops (vector body or scalar tail) give it.
             pack.scale_grads(coef, total)
             self._update(per_parameter=True)
-            pack.zero_grads(True)
+            pack.zero_grads(set_to_none)
             return
+        zero = set_to_none and not pack.release_mode  # -0.0 written in the pass, while in cache
         if plan is not None:
             scale, inf = amp_tensors(self, torch.device("cpu"))
-            plan.update(self.param_groups[pack.groups[0].pg], not pack.release_mode, scale, inf)
+            plan.update(self.param_groups, zero, scale, inf)
         else:
             for gi, g in enumerate(pack.groups):
                 g.steps.add_(1)
@@ -117,10 +153,13 @@ class OnePass(torch.optim.Optimizer):
                 for block in self._blocks[gi]:
                     block.grad.mul_(c)
                     torch._fused_adamw_(*block.lists, **kw, grad_scale=scale, found_inf=inf)
-                    if not pack.release_mode:
+                    if zero:
                         block.grad.fill_(-0.0)
                 if inf is not None:
                     g.steps.sub_(inf)
+        if not set_to_none:  # every gradient stays, +0.0, as native's grad.zero_()
+            pack.zero_grads(False)
+            return
         if pack.release_mode:
             pack.release_grads()
         pack.consumed()  # every .grad None, as native's zero_grad() leaves it

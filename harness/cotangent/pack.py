@@ -70,6 +70,21 @@ def grad_alias(flat: Tensor, offset: int, shape: torch.Size) -> Tensor:
     return out.set_(flat.untyped_storage(), flat.storage_offset() + offset, shape, strides)
 
 
+def own_storage(view: Tensor) -> Tensor:
+    """A tensor over the same memory as ``view`` whose storage is its own (through DLPack): a
+    parameter made of it lives in the flat buffer, and a checkpoint writer that groups tensors by
+    storage (safetensors' shared-tensor removal, ``torch.save``'s storage sharing) sees one tensor
+    per storage, as natively, not one buffer shared by all. The DLPack capsule keeps the flat
+    buffer alive as long as the parameter. Where a device cannot export DLPack, the view itself."""
+    try:
+        alias = torch.from_dlpack(view)
+    except (RuntimeError, TypeError, BufferError):  # pragma: no cover - a device without DLPack
+        return view
+    if alias.data_ptr() != view.data_ptr() or alias.shape != view.shape:  # pragma: no cover
+        return view
+    return alias
+
+
 class Pack:
     """Flat layout shared by :class:`PackedAdamW` and :func:`clip_grad_norm_`."""
 
@@ -103,20 +118,16 @@ class Pack:
         # from an earlier step) shows a version this class did not see, and is filled with -0.0
         # again before backward accumulates into it.
         self.known = [v._version for v in self.grad_views]
-        # Native clipping's norm order: its grouping (hash order of (device, dtype)) over params.
-        grouped = _group_tensors_by_device_and_dtype([list(params)], with_indices=True)
-        native_positions: list[int] = []
-        for _key, (_lists, indices) in grouped.items():
-            native_positions.extend(indices)
+        # position of each parameter in the concatenated per-parameter norms (groups in order)
+        self.flat_of: dict[int, int] = {}
         base = 0
-        flat_of: dict[int, int] = {}
         for g in self.groups:
             for j, i in enumerate(g.index):
-                flat_of[i] = base + j
+                self.flat_of[i] = base + j
             base += len(g.index)
-        packed_pos = [flat_of[i] for i in native_positions]
-        self.native_perm = torch.tensor(packed_pos, dtype=torch.long)
-        self._perm_on: dict[torch.device, Tensor] = {}
+        self.native_perm = self._perm_for(list(range(self.n)))  # clipping the optimizer's order
+        self._orders: dict[tuple[int, ...], tuple[Tensor, list[Tensor]] | None] = {}
+        self._perm_on: dict[tuple[int, torch.device], Tensor] = {}
         self.first_device = params[0].device
         self.backward: BackwardNorms | None = (
             None  # norms taken in backward (PackedAdamW(backward_norms=True))
@@ -129,6 +140,36 @@ class Pack:
         self._same_device = all(g.device == self.first_device for g in self.groups)
         for p in params:
             Pack._registry[id(p)] = self
+
+    def _perm_for(self, positions: list[int]) -> Tensor:
+        """Native clipping's norm order over the parameters at ``positions`` (in that order): its
+        grouping by (device, dtype), as positions in the concatenated packed norms."""
+        grouped = _group_tensors_by_device_and_dtype([[self.params[i] for i in positions]], with_indices=True)
+        order: list[int] = []
+        for _key, (_lists, indices) in grouped.items():
+            order.extend(self.flat_of[positions[k]] for k in indices)
+        return torch.tensor(order, dtype=torch.long)
+
+    def order_of(self, parameters: list[Tensor]) -> Tensor | None:
+        """The norm order of ``clip_grad_norm_(parameters)`` as positions in the concatenated
+        packed norms, when ``parameters`` names every packed parameter exactly once and nothing
+        else that has a gradient now (native's clip skips tensors whose ``.grad`` is None); else
+        ``None`` (the caller then runs native's clip itself)."""
+        key = tuple(id(p) for p in parameters)
+        if key == self.ids:
+            return self.native_perm
+        if key not in self._orders:
+            where = {id(p): i for i, p in enumerate(self.params)}
+            mine = [where[id(p)] for p in parameters if id(p) in where]
+            others = [p for p in parameters if id(p) not in where]  # held: their ids stay theirs
+            whole = len(mine) == self.n and len(set(mine)) == self.n
+            if len(self._orders) >= 16:
+                self._orders.clear()
+            self._orders[key] = (self._perm_for(mine), others) if whole else None
+        entry = self._orders[key]
+        if entry is None or any(p.grad is not None for p in entry[1]):
+            return None
+        return entry[0]
 
     def _build_group(
         self, gi: int, pg: int, device: torch.device, dtype: torch.dtype, idx: list[int], amsgrad: bool
@@ -167,7 +208,7 @@ class Pack:
                 p = self.params[i]
                 view = group.slot(flat_p, j, p.shape)
                 view.copy_(p)
-                p.data = view  # the parameter now lives in the flat buffer; old storage is freed
+                p.data = own_storage(view)  # the parameter now lives in the flat buffer; old storage is freed
                 gview = grad_alias(flat_g, offsets[j], p.shape)
                 if p.grad is not None:  # a gradient that exists at construction is kept
                     gview.copy_(p.grad)
@@ -243,6 +284,17 @@ class Pack:
             return None
         return pack
 
+    @classmethod
+    def covering(cls, parameters: list[Tensor]) -> tuple[Pack, Tensor] | None:
+        """The pack whose every parameter ``parameters`` names once (in any order, beside tensors
+        without a gradient), with the norm order of that list (:meth:`order_of`), or ``None``."""
+        for p in parameters:
+            pack = cls._registry.get(id(p))
+            if pack is not None:
+                perm = pack.order_of(parameters)
+                return None if perm is None else (pack, perm)
+        return None
+
     def sync_grads(self) -> list[int] | None:
         """Reconcile ``.grad`` attributes with the flat buffer.
 
@@ -286,17 +338,22 @@ class Pack:
             return None
         return [i for i in range(self.n) if self.produced[i]]
 
-    def total_norm(self, norms: list[Tensor] | None = None) -> Tensor:
+    def total_norm(self, norms: list[Tensor] | None = None, perm: Tensor | None = None) -> Tensor:
         """Total 2-norm with every gradient present, from zero-copy bucket views, or from the
-        per-parameter ``norms`` of each group in packed order (:meth:`BackwardNorms.collect`)."""
+        per-parameter ``norms`` of each group in packed order (:meth:`BackwardNorms.collect`),
+        summed in the order ``perm`` (:meth:`order_of`; default the optimizer's parameters')."""
         if norms is None:
             norms = [self.group_norms(g) for g in self.groups]
         pieces = [n.to(self.first_device) for n in norms]
         flat = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
-        perm = self._perm_on.get(flat.device)
-        if perm is None:
-            perm = self._perm_on[flat.device] = self.native_perm.to(flat.device)
-        return torch.linalg.vector_norm(flat.index_select(0, perm), 2.0)
+        order = self.native_perm if perm is None else perm
+        key = (id(order), flat.device)
+        on = self._perm_on.get(key)
+        if on is None or on.numel() != order.numel():
+            if len(self._perm_on) >= 16:
+                self._perm_on.clear()
+            on = self._perm_on[key] = order.to(flat.device)
+        return torch.linalg.vector_norm(flat.index_select(0, on), 2.0)
 
     def group_norms(self, g: FlatGroup) -> Tensor:
         """Per-parameter norms of one group in packed order: a bucket of equal sizes as one batched

@@ -19,6 +19,40 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
 
 
+def state_dict_difference(native: dict[str, Any], ours: dict[str, Any]) -> str | None:
+    """The first difference between two ``Optimizer.state_dict()`` results, or ``None``: the same
+    parameters with state (none before a parameter's first step with a gradient), the same keys,
+    tensors of the same dtype, device and bits, and equal parameter groups."""
+    if set(native["state"]) != set(ours["state"]):
+        return f"state entries: native {sorted(native['state'])}, ours {sorted(ours['state'])}"
+    for k, entry in native["state"].items():
+        mine = ours["state"][k]
+        if set(entry) != set(mine):
+            return f"state[{k}] keys: native {sorted(entry)}, ours {sorted(mine)}"
+        for key, val in entry.items():
+            other = mine[key]
+            if isinstance(val, torch.Tensor) != isinstance(other, torch.Tensor):
+                return f"state[{k}][{key!r}]: native {type(val).__name__}, ours {type(other).__name__}"
+            if isinstance(val, torch.Tensor):
+                if val.device != other.device or not bitwise_equal(val, other):
+                    return f"state[{k}][{key!r}] differs"
+            elif val != other:
+                return f"state[{k}][{key!r}]: native {val!r}, ours {other!r}"
+    if len(native["param_groups"]) != len(ours["param_groups"]):
+        return "number of parameter groups"
+    for k, (a, b) in enumerate(zip(native["param_groups"], ours["param_groups"])):
+        if set(a) != set(b):
+            return f"param_groups[{k}] keys: only native {sorted(set(a) - set(b))}, only ours {sorted(set(b) - set(a))}"
+        for key in a:
+            x, y = a[key], b[key]
+            same = (
+                bitwise_equal(x, y) if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) else x == y
+            )
+            if not same:
+                return f"param_groups[{k}][{key!r}]: native {x!r}, ours {y!r}"
+    return None
+
+
 #: Shapes exercising every path: buckets (even sizes), odd, short, 0-d, one-element, empty, large.
 SHAPES: list[tuple[int, ...]] = [
     (256, 256),
