@@ -39,8 +39,10 @@ class PackedAdamW(OnePass):
     Parameters
     ----------
     params
-        Parameters (or one parameter group). Exactly one group; dense floating-point
-        parameters; shared parameters are packed and updated once.
+        Parameters, or parameter groups as native's (each with its own lr, betas, eps,
+        weight_decay, amsgrad; decay and no-decay groups take ``phase.c`` too); dense
+        floating-point parameters; shared parameters are packed and updated once, a parameter
+        listed twice is refused.
     lr, betas, eps, weight_decay, amsgrad, maximize
         As ``torch.optim.AdamW``. ``lr`` may be a float or a tensor.
     update
@@ -75,10 +77,14 @@ class PackedAdamW(OnePass):
 
     Notes
     -----
-    Requirements, each refused with an error naming it: one parameter group; dense floating-point
-    parameters; no sparse gradients; no ``create_graph`` backward. A parameter whose gradient was
+    Requirements, each refused with an error naming it: dense floating-point parameters, each
+    listed once; no sparse gradients; no ``create_graph`` backward. A parameter whose gradient was
     not produced in a step is left untouched by that step, as native AdamW leaves a ``None``
-    gradient. A ``.grad`` replaced by the user is copied into the flat buffer at the next step
+    gradient; optimizer state exists as native's does (an entry from a parameter's first step
+    with a gradient, none before and none for a parameter that never had one), and
+    ``state_dict()`` equals native's at every step. Each parameter lives in the flat buffer's
+    memory through a storage of its own, so checkpoint writers (safetensors, ``torch.save``,
+    ``torch.distributed.checkpoint``) keep every tensor. A ``.grad`` replaced by the user is copied into the flat buffer at the next step
     and the view restored; a ``.grad`` set to ``None`` counts as no gradient. ``.grad`` is None
     exactly where native's is (after ``zero_grad()``, before backward reaches a parameter).
 
