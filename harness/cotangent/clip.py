@@ -66,8 +66,9 @@ def clip_grad_norm_(
     total = bucketed_total_norm(grads, norm_type, error_if_nonfinite, foreach)
     if grads:
         torch.nn.utils.clip_grads_with_norm_(grads_as_params(grads), max_norm, total, foreach)
-        if pack is not None:
-            pack.settle()  # the clip's own writes into the packed buffer
+        owner = pack if pack is not None else (found[0] if found is not None else None)
+        if owner is not None:
+            owner.settle()  # the clip's own writes into the packed buffer
     return total
 
 

@@ -127,7 +127,7 @@ class Pack:
             base += len(g.index)
         self.native_perm = self._perm_for(list(range(self.n)))  # clipping the optimizer's order
         self._orders: dict[tuple[int, ...], tuple[Tensor, list[Tensor]] | None] = {}
-        self._perm_on: dict[tuple[int, torch.device], Tensor] = {}
+        self._perm_on: dict[tuple[int, torch.device], tuple[Tensor, Tensor]] = {}
         self.first_device = params[0].device
         self.backward: BackwardNorms | None = (
             None  # norms taken in backward (PackedAdamW(backward_norms=True))
@@ -348,12 +348,12 @@ class Pack:
         flat = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
         order = self.native_perm if perm is None else perm
         key = (id(order), flat.device)
-        on = self._perm_on.get(key)
-        if on is None or on.numel() != order.numel():
+        cached = self._perm_on.get(key)
+        if cached is None or cached[0] is not order:  # the entry holds its order: an id is not reused
             if len(self._perm_on) >= 16:
                 self._perm_on.clear()
-            on = self._perm_on[key] = order.to(flat.device)
-        return torch.linalg.vector_norm(flat.index_select(0, on), 2.0)
+            cached = self._perm_on[key] = (order, order.to(flat.device))
+        return torch.linalg.vector_norm(flat.index_select(0, cached[1]), 2.0)
 
     def group_norms(self, g: FlatGroup) -> Tensor:
         """Per-parameter norms of one group in packed order: a bucket of equal sizes as one batched
