@@ -84,8 +84,8 @@ class PackedAdamW(OnePass):
     with a gradient, none before and none for a parameter that never had one), and
     ``state_dict()`` equals native's at every step. Each parameter lives in the flat buffer's
     memory through a storage of its own, so checkpoint writers (safetensors, ``torch.save``,
-    ``torch.distributed.checkpoint``) keep every tensor. A ``.grad`` replaced by the user is copied into the flat buffer at the next step
-    and the view restored; a ``.grad`` set to ``None`` counts as no gradient. ``.grad`` is None
+    ``torch.distributed.checkpoint``) keep every tensor. A ``.grad`` replaced by the user is
+    copied into the flat buffer at the next step and the view restored; a ``.grad`` set to ``None`` counts as no gradient. ``.grad`` is None
     exactly where native's is (after ``zero_grad()``, before backward reaches a parameter).
 
     As native fused AdamW, :meth:`step` takes part in ``GradScaler``'s protocol
@@ -139,9 +139,8 @@ class PackedAdamW(OnePass):
         self._release = bool(release_grads)
         self._backward_norms = bool(backward_norms)
         self._phase: tuple[Tensor, Tensor, bool] | None = None  # (total, coef, set_to_none) of a phase
-        self._stated: set[int] = (
-            set()
-        )  # ids of the parameters that have optimizer state (native's lazy state)
+        # ids of the parameters that have optimizer state (native's lazy state: _mark)
+        self._stated: set[int] = set()
         super().__init__(groups, defaults)
         self._requested_update = update
         self.block_bytes = block_bytes

@@ -43,32 +43,23 @@ def clip_grad_norm_(
             )
     norm_type = float(norm_type)
     max_norm = float(max_norm)
-    pack = Pack.of(parameters)
-    found = Pack.covering(parameters) if pack is None else None
+    found = Pack.covering(parameters)  # every parameter of a pack, in its order or another
+    pack = found[0] if found is not None else None
     if found is not None and norm_type == 2.0 and foreach is None:
-        # every parameter of a pack, in another order (model.parameters() beside decay groups)
-        other, perm = found
-        if other.sync_grads() is None:
-            total = other.total_norm(other.backward.collect() if other.backward is not None else None, perm)
-            check_finite(total, norm_type, error_if_nonfinite)
-            other.scale_grads(clip_coef(max_norm, total), total)
-            return total
-    if pack is not None and norm_type == 2.0 and foreach is None:
-        produced = pack.sync_grads()
-        if produced is None:
-            total = pack.total_norm(pack.backward.collect() if pack.backward is not None else None)
+        perm = found[1]
+        if found[0].sync_grads() is None:
+            pack = found[0]
+            total = pack.total_norm(pack.backward.collect() if pack.backward is not None else None, perm)
             check_finite(total, norm_type, error_if_nonfinite)
             pack.scale_grads(clip_coef(max_norm, total), total)
             return total
-        grads = [pack.grad_views[i] for i in produced]
-    else:
-        grads = [p.grad for p in parameters if p.grad is not None]
+    # after the sync, .grad is a slot's alias exactly where a gradient was produced
+    grads = [p.grad for p in parameters if p.grad is not None]
     total = bucketed_total_norm(grads, norm_type, error_if_nonfinite, foreach)
     if grads:
         torch.nn.utils.clip_grads_with_norm_(grads_as_params(grads), max_norm, total, foreach)
-        owner = pack if pack is not None else (found[0] if found is not None else None)
-        if owner is not None:
-            owner.settle()  # the clip's own writes into the packed buffer
+        if pack is not None:
+            pack.settle()  # the clip's own writes into the packed buffer
     return total
 
 

@@ -36,7 +36,7 @@ class KernelPhase:
 
     Each flat buffer (one per parameter group) has its own norm tasks and its own hyperparameters
     (learning rate, weight decay, betas, eps, amsgrad); the per-tensor norms of every buffer go into
-    one array, whose total is taken in native clipping's order over all of them (``perm``) and gives
+    one array, whose total is taken in the clip's order over all of them (``perm``) and gives
     the one clip coefficient every buffer is scaled by, as ``clip_grad_norm_`` over all parameters.
     """
 
@@ -46,7 +46,6 @@ class KernelPhase:
         self.norms = torch.empty(count)
         self.scratch = torch.empty(count)
         self.coef = torch.empty(())
-        self.perm = pack.native_perm  # native clipping's order, as positions in the concatenated norms
         self.plans: list[_GroupPlan] = []
         base = 0
         for g in pack.groups:
@@ -58,12 +57,12 @@ class KernelPhase:
         self,
         max_norm: float,
         error_if_nonfinite: bool,
-        perm: Tensor | None = None,
+        perm: Tensor,
         norms: list[Tensor] | None = None,
     ) -> Tensor:
         """Per-tensor norms (or the given ones, one tensor per buffer in packed order: taken in
         backward), the total norm (returned) in the order ``perm`` (positions in the concatenated
-        norms; default native clipping's over the optimizer's parameters) and the clip coefficient
+        norms: :meth:`Pack.order_of`) and the clip coefficient
         (kept for :meth:`update`)."""
         k = self.kernel
         if norms is None:
@@ -76,7 +75,7 @@ class KernelPhase:
         else:
             flat = norms[0] if len(norms) == 1 else torch.cat(norms)
         total = torch.empty(())
-        k.total_coef(flat, self.perm if perm is None else perm, self.scratch, max_norm, total, self.coef)
+        k.total_coef(flat, perm, self.scratch, max_norm, total, self.coef)
         check_finite(total, 2.0, error_if_nonfinite)
         return total
 
