@@ -87,7 +87,7 @@ def _arm_options(options: list[str]) -> dict[str, Any]:
     return kw
 
 
-MEMORY_VARIANTS = [*ARMS, "cotangent/torch", "cotangent/keep", "cotangent/backward"]
+MEMORY_VARIANTS = [*ARMS, "cotangent/torch", "cotangent/release", "cotangent/backward"]
 
 
 class Variant:
@@ -95,7 +95,9 @@ class Variant:
         self.name = name
         self.grads = grads
         self.params = [torch.nn.Parameter(t.clone()) for t in init]
-        arm, *options = name.split("/")  # cotangent, cotangent/torch, cotangent/torch/512KiB, cotangent/keep
+        arm, *options = name.split(
+            "/"
+        )  # cotangent, cotangent/torch, cotangent/torch/512KiB, cotangent/release
         if arm in ARMS:
             self.arm = build_arm(
                 arm, self.params, lr=LR, weight_decay=WD, max_norm=MAX_NORM, **_arm_options(options)
@@ -286,7 +288,7 @@ def main() -> int:
     )
     ap.add_argument("--json", help="write the results as JSON to this path")
     args = ap.parse_args()
-    names = [*ARMS, "cotangent/torch", "cotangent/keep", "cotangent/backward", "cotangent/torch/backward"]
+    names = [*ARMS, "cotangent/torch", "cotangent/release", "cotangent/backward", "cotangent/torch/backward"]
     names += [] if args.no_compiled else ["compiled"]
     names += [f"cotangent/torch/{kib}KiB" for kib in args.block_sweep]
     kernel = phase_kernel.kernel()

@@ -101,7 +101,7 @@ def build_arm(
     update: str = "auto",
     block_bytes: int = CPU_BLOCK_BYTES,
     kernel: str = "auto",
-    release_grads: bool | str = "auto",
+    release_grads: bool | str = False,
     backward_norms: bool = False,
 ) -> Arm:
     """Build one arm of the factorial over ``params`` (unique, in order)."""

@@ -56,7 +56,7 @@ def test_grad_phase_benchmark_runs(tmp_path):
         "packed",
         "cotangent",
         "cotangent/torch",
-        "cotangent/keep",
+        "cotangent/release",
         "cotangent/backward",
         "cotangent/torch/backward",
         "cotangent/torch/4KiB",
@@ -77,7 +77,7 @@ def test_grad_phase_benchmark_runs(tmp_path):
         "packed",
         "cotangent",
         "cotangent/torch",
-        "cotangent/keep",
+        "cotangent/release",
         "cotangent/backward",
     }
     assert all(v > 0 for v in res["peak_rss_bytes"].values())

@@ -328,3 +328,136 @@ def test_default_reads_gradients_in_the_phase_so_data_writes_are_exact():
         assert_same(ma, mb, oa, ob, f"step {step}")
     with pytest.raises(ValueError, match="backward_norms must be True or False"):
         PackedAdamW(nn.Linear(2, 2).parameters(), backward_norms="auto")
+
+
+def _escape_and_write(p: torch.Tensor, how: str, step: int) -> None:
+    """Scale ``p.grad`` through a route PyTorch's version counters do not see."""
+    import numpy as np
+
+    c = 0.25 + 0.5 * step
+    if how == "data":
+        p.grad.data.mul_(c)
+    elif how == "data, kept from an earlier step":  # the alias taken before backward, written after
+        p._kept.mul_(c)  # type: ignore[attr-defined]
+    elif how == "data assigned":
+        p.grad.data = p.grad.data * c  # the gradient's memory replaced: the slot is moved back
+    elif how == "numpy":
+        p.grad.numpy()[...] *= c
+    elif how == "np.asarray":
+        np.asarray(p.grad)[...] *= c
+    elif how == "dlpack":
+        torch.from_dlpack(p.grad).mul_(c)
+    elif how == "untyped_storage":
+        t = torch.empty(0, dtype=p.grad.dtype)
+        t.set_(p.grad.untyped_storage(), p.grad.storage_offset(), p.grad.shape, p.grad.stride())
+        t.mul_(c)
+
+
+ESCAPES = [
+    "data",
+    "data assigned",
+    "data, kept from an earlier step",
+    "numpy",
+    "np.asarray",
+    "dlpack",
+    "untyped_storage",
+]
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("how", ESCAPES)
+def test_uncounted_gradient_writes_under_backward_norms_are_detected(kernel, how):
+    """``backward_norms=True``: a write through ``p.grad.data``, NumPy, DLPack or the storage
+    between backward and the phase is invisible to version counters; the slot notices the access
+    (GradSlot), so the phase computes that norm again and gives native's bits on every step."""
+    ma, mb = twins(odd=kernel == "torch")
+    oa = torch.optim.AdamW(ma.parameters(), lr=0.05, fused=True)
+    ob = PackedAdamW(mb.parameters(), lr=0.05, kernel=kernel, backward_norms=True)
+    back = ob._pack.backward
+    assert back is not None and back.why_not is None
+    gen = torch.Generator().manual_seed(6)
+    for step in range(4):
+        x, y = batch(gen)
+        for m in (ma, mb):
+            nn.functional.mse_loss(m(x), y).backward()
+            for p in m.parameters():
+                if how.endswith("earlier step") and not hasattr(p, "_kept"):
+                    p._kept = p.grad.data  # type: ignore[attr-defined]  # the slot's alias, reused
+                _escape_and_write(p, how, step)
+        assert not any(back.fresh(i) for i in range(back.pack.n)), f"{how}: a norm survived the write"
+        na, nb = phase_both(ma, oa, ob, 0.1)
+        assert bitwise_equal(na, nb), f"step {step}: total norm ({how})"
+        assert_same(ma, mb, oa, ob, f"step {step} ({how})")
+        if how.endswith("earlier step"):  # native's .grad is None after zero_grad: a fresh alias next step
+            for m in (ma, mb):
+                for p in m.parameters():
+                    del p._kept  # type: ignore[attr-defined]
+            how = "data"
+
+
+def test_an_unnoticed_data_write_would_use_the_stale_norm(monkeypatch):
+    """The detection is what makes the case above exact: with the slot's notice switched off, the
+    same ``p.grad.data`` write is clipped with backward's norm and the bits differ from native's."""
+    from harness.cotangent.backnorms import GradSlot
+
+    monkeypatch.setattr(GradSlot, "_escape", lambda self: None)
+    ma, mb = twins()
+    oa = torch.optim.AdamW(ma.parameters(), lr=0.05, fused=True)
+    ob = PackedAdamW(mb.parameters(), lr=0.05, backward_norms=True)
+    x, y = batch(torch.Generator().manual_seed(6))
+    for m in (ma, mb):
+        nn.functional.mse_loss(m(x), y).backward()
+        for p in m.parameters():
+            p.grad.data.mul_(3.0)
+    na, nb = phase_both(ma, oa, ob, 0.1)
+    assert not bitwise_equal(na, nb)
+
+
+def test_gradient_slots_are_plain_tensors_unless_norms_are_taken_in_backward():
+    """The watching slot exists only with ``backward_norms=True``; operations on it return plain
+    tensors, and native clipping over it gives native's bits (its per-tensor path on CPU)."""
+    from harness.cotangent.backnorms import GradSlot
+
+    for flag in (False, True):
+        ma, mb = twins()
+        ob = PackedAdamW(mb.parameters(), lr=0.05, backward_norms=flag)
+        oa = torch.optim.AdamW(ma.parameters(), lr=0.05, fused=True)
+        x, y = batch(torch.Generator().manual_seed(8))
+        for m in (ma, mb):
+            nn.functional.mse_loss(m(x), y).backward()
+        g = mb.head.weight.grad
+        assert (
+            (type(g) is GradSlot) is flag and type(g * 2) is torch.Tensor and type(g.detach()) is torch.Tensor
+        )
+        na = nn.utils.clip_grad_norm_(ma.parameters(), 0.1)
+        nb = nn.utils.clip_grad_norm_(mb.parameters(), 0.1)
+        assert bitwise_equal(na, nb)
+        oa.step()
+        ob.step()
+        assert_same(ma, mb, oa, ob, f"backward_norms={flag}")
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_gradient_memory_replaced_through_data_is_moved_back(kernel):
+    """``p.grad.data = t`` gives the gradient other memory; natively ``t`` is then the gradient.
+    The packed optimizer copies it into the flat buffer (every path, norms taken in the phase), and
+    refuses a tensor of another shape before anything moves."""
+    ma, mb = twins(odd=kernel == "torch")
+    oa = torch.optim.AdamW(ma.parameters(), lr=0.05, fused=True)
+    ob = PackedAdamW(mb.parameters(), lr=0.05, kernel=kernel)
+    gen = torch.Generator().manual_seed(9)
+    for step in range(3):
+        x, y = batch(gen)
+        for m in (ma, mb):
+            nn.functional.mse_loss(m(x), y).backward()
+            m.trunk.weight.grad.data = m.trunk.weight.grad.data * (2.0 + step)
+        na, nb = phase_both(ma, oa, ob, 0.1)
+        assert bitwise_equal(na, nb), f"step {step}"
+        assert_same(ma, mb, oa, ob, f"step {step}")
+    x, y = batch(gen)
+    nn.functional.mse_loss(mb(x), y).backward()
+    before = [p.detach().clone() for p in mb.parameters()]
+    mb.head.bias.grad.data = torch.zeros(3)
+    with pytest.raises(RuntimeError, match=r"parameter \d+: .grad.data was set to a tensor of shape \(3,\)"):
+        ob.clip_step_zero_grad(0.1)
+    assert all(torch.equal(a, b) for a, b in zip(before, mb.parameters()))

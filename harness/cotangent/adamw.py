@@ -53,15 +53,16 @@ class PackedAdamW(OnePass):
         Bytes of each flat buffer one block of :meth:`clip_step_zero_grad` covers on CPU
         (default :data:`CPU_BLOCK_BYTES`). Speed only: every block size gives the same bits.
     release_grads
-        ``"auto"`` (default): ``True`` on Linux when the gradients take at least
-        :data:`RELEASE_MIN_BYTES` (below that their memory is a rounding error of the process's
-        and the pages' faults would cost backward time for nothing), else ``False``. ``True``: zeroing gives the
-        gradient buffer's pages back to the OS (``madvise``); when backward reaches a parameter,
-        its gradient is stored as natively and copied into its slot, so gradient memory comes back
-        as backward produces it and peak memory follows native's (the pages' faults cost a little
-        time in backward). ``False``: the buffer stays allocated between steps (zeroed with
-        -0.0) and backward accumulates into it in place, so peak memory exceeds native's by up to
-        the gradients' bytes, which native frees after each step. Same bits either way.
+        ``False`` (default): the gradient buffer stays allocated between steps (zeroed with
+        -0.0) and backward accumulates into it in place: the fast phase, for peak memory above
+        native's by up to the gradients' bytes, which native frees after each step (0.9-3.0% on
+        the benchmark's models, ``docs/benchmark.md``). ``True``: zeroing gives the gradient
+        buffer's pages back to the OS (``madvise``); when backward reaches a parameter, its
+        gradient is stored as natively and copied into its slot, so gradient memory comes back as
+        backward produces it and peak memory follows native's, at the price of the pages' faults
+        in the next backward (the phase's gain is lost on CPU). ``"auto"``: ``True`` on Linux when
+        the gradients take at least :data:`RELEASE_MIN_BYTES`, else ``False``. Same bits in
+        every mode.
     kernel
         ``"auto"``: :meth:`clip_step_zero_grad` runs in C (:mod:`harness.native`) where that is
         verified bitwise (one float32 CPU buffer whose parameters are all multiples of 16
@@ -72,8 +73,10 @@ class PackedAdamW(OnePass):
         (:mod:`~harness.cotangent.backnorms`), and :meth:`clip_step_zero_grad` (and
         :func:`clip_grad_norm_` over these parameters) use it if the gradient's version counters
         are unchanged, so the phase reads the gradients once. Same bits for every write PyTorch
-        counts (accumulation, clipping by the user, in-place ops); writes through ``.data``,
-        ``.numpy()`` or DLPack are not counted, hence ``False`` by default.
+        counts (accumulation, clipping by the user, in-place ops), and for writes through
+        ``p.grad.data``, ``p.grad.numpy()`` or DLPack, which mark the slot so that its norm is
+        computed again (:class:`~harness.cotangent.backnorms.GradSlot`). Not seen: those forms
+        on a view or a detached copy of a gradient, and raw pointers; hence ``False`` by default.
 
     Notes
     -----
@@ -110,7 +113,7 @@ class PackedAdamW(OnePass):
         update: str = "auto",
         block_bytes: int = CPU_BLOCK_BYTES,
         kernel: str = "auto",
-        release_grads: bool | str = "auto",
+        release_grads: bool | str = False,
         backward_norms: bool = False,
     ) -> None:
         if kernel not in ("auto", "torch"):

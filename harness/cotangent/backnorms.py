@@ -13,9 +13,16 @@ otherwise it computes that norm again, so the total norm, the clip coefficient a
 the bits of the two-pass phase in every loop whose writes PyTorch counts.
 
 PyTorch does not count writes through ``.data``, ``.numpy()`` or DLPack (autograd cannot see them
-either), so a loop that changes gradients that way between backward and the phase (for example
-``p.grad.data.mul_(c)``) would be clipped with the norm backward saw. That is why the mode is
-opt-in: ``backward_norms=False`` (default) reads every gradient in the phase, whatever wrote it.
+either). So while the mode is on, each gradient slot is a :class:`GradSlot`: a ``torch.Tensor``
+subclass (PyTorch's ``__torch_function__`` disabled, so every operation on it runs as on a plain
+tensor and returns one) whose ``.data`` (read or assigned), ``.numpy()``, ``__array__``,
+``__dlpack__``, ``untyped_storage()`` and ``storage()`` mark the slot *escaped*: from then on its
+norm is always computed again in the phase, since an alias taken that way may be written at any
+later time. A loop that writes ``p.grad.data.mul_(c)`` between backward and the phase therefore
+gets the two-pass phase's bits (a little slower for those parameters). Not seen: the same forms
+applied to a view or a detached copy of the gradient (``p.grad[0].data``, ``p.grad.detach().numpy()``)
+and raw pointers (``data_ptr()``); for such loops keep ``backward_norms=False`` (default), which
+reads every gradient in the phase, whatever wrote it.
 """
 
 from __future__ import annotations
@@ -28,6 +35,59 @@ from torch import Tensor
 
 from harness.cotangent.exactness import exact_paths
 from harness.cotangent.norms import native_uses_foreach
+
+
+class GradSlot(Tensor):
+    """A gradient slot that notices the ways to reach its memory that PyTorch does not count.
+
+    Created by :meth:`of` over a slot tensor (same memory, same version counter). Every
+    ``.data`` access, ``.numpy()``, ``__array__``, ``__dlpack__``, ``untyped_storage()`` and
+    ``storage()`` sets :attr:`escaped` for good; :class:`BackwardNorms` never trusts a norm
+    remembered for an escaped slot. ``__torch_function__`` is PyTorch's disabled one: operations
+    cost what they cost on a plain tensor and return plain tensors.
+    """
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+    escaped: bool
+
+    @staticmethod
+    def of(slot: Tensor) -> GradSlot:
+        out = torch.Tensor._make_subclass(GradSlot, slot, False)  # detach: same memory and version counter
+        out.escaped = False
+        return out
+
+    def _escape(self) -> None:
+        self.escaped = True
+
+    @property
+    def data(self) -> Tensor:
+        self._escape()
+        return torch._C.TensorBase.data.__get__(self)  # type: ignore[attr-defined]
+
+    @data.setter
+    def data(self, value: Tensor) -> None:
+        self._escape()
+        torch._C.TensorBase.data.__set__(self, value)  # type: ignore[attr-defined]
+
+    def numpy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self._escape()
+        return super().numpy(*args, **kwargs)
+
+    def __array__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self._escape()
+        return super().__array__(*args, **kwargs)
+
+    def __dlpack__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self._escape()
+        return super().__dlpack__(*args, **kwargs)
+
+    def untyped_storage(self):  # type: ignore[no-untyped-def]
+        self._escape()
+        return super().untyped_storage()
+
+    def storage(self):  # type: ignore[no-untyped-def]
+        self._escape()
+        return super().storage()
 
 
 class GroupLayout(Protocol):
@@ -46,6 +106,7 @@ class PackLayout(Protocol):
     n: int
     where: list[tuple[int, int]]
     grad_views: list[Tensor]
+    params: list[Tensor]
 
     @property
     def groups(self) -> Sequence[GroupLayout]: ...
@@ -90,6 +151,12 @@ class BackwardNorms:
             if not engages(g.device, g.dtype):
                 self.why_not = f"{str(g.dtype).replace('torch.', '')} gradients on {g.device.type}: per-tensor norms are not claimed bitwise there"
                 break
+        if self.why_not is None:  # watch the writes PyTorch does not count (GradSlot)
+            for i, view in enumerate(pack.grad_views):
+                slot = GradSlot.of(view)
+                if pack.params[i].grad is view:
+                    pack.params[i].grad = slot
+                pack.grad_views[i] = slot
 
     def record(self, i: int) -> None:
         """Norm of parameter ``i``'s gradient slot now (``vector_norm`` written into its place in the
@@ -106,9 +173,15 @@ class BackwardNorms:
 
     def fresh(self, i: int) -> bool:
         pack = self.pack
-        return self.valid[i] and self.seen[i] == (
-            pack.grad_views[i]._version,
-            pack.groups[pack.where[i][0]].grad._version,
+        view = pack.grad_views[i]
+        return (
+            self.valid[i]
+            and not getattr(view, "escaped", False)
+            and self.seen[i]
+            == (
+                view._version,
+                pack.groups[pack.where[i][0]].grad._version,
+            )
         )
 
     def collect(self) -> list[Tensor] | None:

@@ -113,6 +113,7 @@ class Pack:
         for gi, ((pg, device, dtype), idx) in enumerate(order.items()):
             self.groups.append(self._build_group(gi, pg, device, dtype, idx, amsgrad[pg]))
         self.ptrs = [p.data_ptr() for p in params]
+        self.grad_ptrs = [v.data_ptr() for v in self.grad_views]
         # Each gradient slot is an alias of the flat buffer with a version counter of its own (see
         # grad_alias): a slot without a gradient that was written anyway (through a reference kept
         # from an earlier step) shows a version this class did not see, and is filled with -0.0
@@ -311,6 +312,8 @@ class Pack:
             g = p.grad
             view = self.grad_views[i]
             if g is view:
+                if view.data_ptr() != self.grad_ptrs[i]:  # rebound: p.grad.data = t
+                    self._reattach(i)
                 if not self.produced[i]:  # attached by the hook, nothing accumulated (torch.autograd.grad)
                     p.grad = None
                 continue
@@ -337,6 +340,31 @@ class Pack:
         if all(self.produced):
             return None
         return [i for i in range(self.n) if self.produced[i]]
+
+    def _reattach(self, i: int) -> None:
+        """Parameter ``i``'s gradient slot was given other memory (``p.grad.data = t``, which
+        natively makes ``t`` the gradient's contents): copy ``t`` into the slot's place in the flat
+        buffer and alias the slot there again, or refuse a tensor of another shape, dtype or device
+        before anything moves."""
+        view = self.grad_views[i]
+        gi, j = self.where[i]
+        group = self.groups[gi]
+        shape = self.params[i].shape
+        if view.shape != shape or view.dtype != group.dtype or view.device != group.device:
+            raise RuntimeError(
+                f"parameter {i}: .grad.data was set to a tensor of shape {tuple(view.shape)}, {view.dtype}, "
+                f"{view.device}; PackedAdamW needs {tuple(shape)}, {group.dtype}, {group.device}"
+            )
+        contents = view.detach().clone()
+        flat = group.grad
+        strides = torch.empty(shape, device="meta").stride()
+        with torch.no_grad():
+            torch.Tensor.set_(
+                view, flat.untyped_storage(), flat.storage_offset() + group.offsets[j], shape, strides
+            )
+            view.copy_(contents)
+        if hasattr(view, "escaped"):
+            view.escaped = True  # its norm from backward no longer holds
 
     def total_norm(self, norms: list[Tensor] | None = None, perm: Tensor | None = None) -> Tensor:
         """Total 2-norm with every gradient present, from zero-copy bucket views, or from the
