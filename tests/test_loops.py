@@ -259,7 +259,7 @@ def test_lr_scheduler_sees_the_one_pass_step(kernel):
 def test_norms_taken_in_backward_are_used_and_exact(kernel, release):
     """``backward_norms=True`` in a plain loop: after backward every norm is remembered and valid
     (the phase reads no gradient for its norms), and the phase is native's three calls bit for bit."""
-    ma, mb = twins(odd=kernel == "torch")
+    ma, mb = twins(odd=True)
     oa = torch.optim.AdamW(ma.parameters(), lr=0.05, fused=True)
     ob = PackedAdamW(mb.parameters(), lr=0.05, kernel=kernel, backward_norms=True, release_grads=release)
     back = ob._pack.backward
@@ -370,7 +370,7 @@ def test_uncounted_gradient_writes_under_backward_norms_are_detected(kernel, how
     """``backward_norms=True``: a write through ``p.grad.data``, NumPy, DLPack or the storage
     between backward and the phase is invisible to version counters; the slot notices the access
     (GradSlot), so the phase computes that norm again and gives native's bits on every step."""
-    ma, mb = twins(odd=kernel == "torch")
+    ma, mb = twins(odd=True)
     oa = torch.optim.AdamW(ma.parameters(), lr=0.05, fused=True)
     ob = PackedAdamW(mb.parameters(), lr=0.05, kernel=kernel, backward_norms=True)
     back = ob._pack.backward
@@ -442,7 +442,7 @@ def test_gradient_memory_replaced_through_data_is_moved_back(kernel):
     """``p.grad.data = t`` gives the gradient other memory; natively ``t`` is then the gradient.
     The packed optimizer copies it into the flat buffer (every path, norms taken in the phase), and
     refuses a tensor of another shape before anything moves."""
-    ma, mb = twins(odd=kernel == "torch")
+    ma, mb = twins(odd=True)
     oa = torch.optim.AdamW(ma.parameters(), lr=0.05, fused=True)
     ob = PackedAdamW(mb.parameters(), lr=0.05, kernel=kernel)
     gen = torch.Generator().manual_seed(9)

@@ -64,9 +64,10 @@ class PackedAdamW(OnePass):
         the gradients take at least :data:`RELEASE_MIN_BYTES`, else ``False``. Same bits in
         every mode.
     kernel
-        ``"auto"``: :meth:`clip_step_zero_grad` runs in C (:mod:`harness.native`) where that is
-        verified bitwise (one float32 CPU buffer whose parameters are all multiples of 16
-        elements, a kernel that built and passed its self-check); ``"torch"``: always PyTorch's
+        ``"auto"``: :meth:`clip_step_zero_grad` runs in C (:mod:`harness.cotangent.kernel`) where that is
+        verified bitwise (float32 CPU buffers, one per parameter group, and a kernel that built
+        and passed its self-check; parameters whose sizes are not multiples of 16 elements take
+        PyTorch's kernels inside that phase); ``"torch"``: always PyTorch's
         kernels. Speed only: both give the same bits. :meth:`phase_kernel` says which runs.
     backward_norms
         ``True``: each gradient's norm is computed when backward finishes it, while it is in cache

@@ -174,9 +174,10 @@ def check_fused_phase(
     return True
 
 
-#: Shapes for the C phase: every element count a multiple of 16 (what phase.c covers), equal sizes
-#: (rows reduced together), and buffers longer than one task of its update loop.
-ALIGNED_SHAPES: list[tuple[int, ...]] = [
+#: Shapes for the C phase: element counts that are multiples of 16 (what phase.c's loops cover),
+#: equal sizes (rows reduced together), buffers longer than one task of its update loop, and sizes
+#: of other lengths (a classifier's bias, a stem's channels), which take PyTorch's kernels in the phase.
+PHASE_SHAPES: list[tuple[int, ...]] = [
     (256, 256),
     (256, 256),
     (256, 256),
@@ -189,6 +190,10 @@ ALIGNED_SHAPES: list[tuple[int, ...]] = [
     (16,),
     (70000, 16),
     (384,),
+    (10,),
+    (24,),
+    (648,),
+    (7, 3),
 ]
 
 
@@ -206,7 +211,7 @@ def check_native_phase(steps: int = 40, backward_norms: bool = False) -> bool:
         {"weight_decay": 0.0, "amsgrad": True, "betas": (0.3, 0.99), "release_grads": True},
     ):
         release = kw.pop("release_grads")
-        init = [torch.randn(s, generator=gen) for s in ALIGNED_SHAPES]
+        init = [torch.randn(s, generator=gen) for s in PHASE_SHAPES]
         a = [t.clone().requires_grad_() for t in init]
         b = [t.clone().requires_grad_() for t in init]
         oa = torch.optim.AdamW(a, lr=1e-2, fused=True, **kw)
@@ -214,7 +219,7 @@ def check_native_phase(steps: int = 40, backward_norms: bool = False) -> bool:
         if not ob.phase_kernel().startswith("phase.c"):
             return False
         for step in range(steps):
-            grads = [torch.randn(s, generator=gen) * 3 for s in ALIGNED_SHAPES]
+            grads = [torch.randn(s, generator=gen) * 3 for s in PHASE_SHAPES]
             grads[0][0, :5] = -0.0
             if step == steps // 2:
                 for o in (oa, ob):

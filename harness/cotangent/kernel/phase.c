@@ -1,7 +1,7 @@
 /*
  * The gradient phase of PackedAdamW (clip + AdamW step + zero_grad) on x86-64 CPUs with AVX2 and
- * FMA (AVX-512 CPUs included), float32, for flat buffers whose tensors are all multiples of 16
- * elements.
+ * FMA (AVX-512 CPUs included), float32, for the run of each flat buffer whose tensors are all
+ * multiples of 16 elements (the buffer's other tensors take PyTorch's kernels: kernel/phase.py).
  *
  * The lane width is that of the ATen kernels that run, which is not always the CPU's: ATen
  * registers norm_stub and fused_adam_stub with REGISTER_DISPATCH, which leaves their AVX-512 slot
