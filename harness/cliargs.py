@@ -101,6 +101,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--save", action="store_true", help="record matched paths for this device and torch version"
     )
+    s.add_argument(
+        "--no-clients",
+        action="store_true",
+        help="skip the real clients' loops (Trainer, accelerate, Lightning, timm, torchtune; CPU only)",
+    )
     for name, help_ in (
         ("plan", "print the complete run list"),
         ("tag", "freeze a committed protocol with a git tag"),

@@ -102,7 +102,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from harness.cotangent.verify import run_checks
     from harness.devices import resolve
 
-    return run_checks(resolve(args.device), save=args.save, echo=print)
+    device = resolve(args.device)
+    status = run_checks(device, save=args.save, echo=print)
+    if device.type == "cpu" and not args.no_clients:
+        from harness.cotangent.clients import check_clients
+
+        status = 1 if check_clients(print) else status
+    return status
 
 
 def cmd_node(args: argparse.Namespace) -> int:

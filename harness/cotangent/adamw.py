@@ -326,6 +326,13 @@ class PackedAdamW(OnePass):
             self._phase = None
             self._phase_update(total, coef, set_to_none)
             return None
+        if self._armed is not None and not self._in_armed:  # clip_in_step: the whole phase
+            loss = None
+            if closure is not None:  # forward and backward first, as native's step(closure)
+                with torch.enable_grad():
+                    loss = closure()
+            self._armed_step()
+            return loss
         loss = None
         if closure is not None:
             with torch.enable_grad():

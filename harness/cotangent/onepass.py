@@ -26,6 +26,9 @@ class OnePass(torch.optim.Optimizer):
     _pack: Pack
     _phase: tuple[Tensor, Tensor, bool] | None  # (total, coef, set_to_none) of a phase routed through step
     _blocks: list[list[Block]]
+    _armed: dict | None = None  # clip_in_step's arguments
+    _in_armed = False
+    last_total_norm: Tensor | None = None
 
     def _native_phase(self) -> KernelPhase | None:
         raise NotImplementedError
@@ -125,6 +128,73 @@ class OnePass(torch.optim.Optimizer):
             pack.scale_grads(coef, total)
             self.zero_grad(set_to_none)
         return total
+
+    def clip_in_step(
+        self,
+        max_norm: float | None,
+        parameters: Tensor | Iterable[Tensor] | None = None,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = False,
+    ) -> None:
+        """Make every later ``step()`` the whole phase, for loops one does not own.
+
+        A training framework that calls ``optimizer.step()`` and then ``zero_grad()`` (the Hugging
+        Face ``Trainer``, accelerate, Lightning) takes the one pass of :meth:`clip_step_zero_grad`
+        with its clipping turned off (``max_grad_norm=0``, no ``gradient_clip_val``) and this
+        optimizer told what to clip: each ``step()`` is then bit for bit::
+
+            clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite)
+            step()
+            zero_grad()  # set_to_none, as native's default
+
+        and the total norm is kept in :attr:`last_total_norm`. ``step(closure)`` (Lightning's
+        automatic optimization) runs the closure first, as native's step does. ``parameters`` is the list the
+        replaced clip takes (``model.parameters()``; required with more than one parameter
+        group, as for :meth:`clip_step_zero_grad`); it is read once, here. The framework's own
+        ``zero_grad()`` after the step finds every ``.grad`` None, as natively. A ``GradScaler``
+        step that has not unscaled the gradients first is refused (the clip would see scaled
+        ones); after ``scaler.unscale_(optimizer)`` it is the native order. ``max_norm=None``
+        disarms.
+        """
+        if max_norm is None:
+            self._armed = None
+            return
+        plist = (
+            None
+            if parameters is None
+            else ([parameters] if isinstance(parameters, Tensor) else list(parameters))
+        )
+        if plist is None and sum(1 for g in self.param_groups if g["params"]) > 1:
+            raise ValueError(
+                "clip_in_step: the parameters span more than one parameter group: pass "
+                "parameters=model.parameters(), or whatever the replaced clip_grad_norm_ takes"
+            )
+        self._armed = {
+            "max_norm": float(max_norm),
+            "norm_type": float(norm_type),
+            "error_if_nonfinite": bool(error_if_nonfinite),
+            "parameters": plist,
+        }
+
+    def _armed_step(self) -> None:
+        """``step()`` while :meth:`clip_in_step` is armed: the whole phase."""
+        if getattr(self, "grad_scale", None) is not None:
+            raise RuntimeError(
+                "clip_in_step: GradScaler.step was called on scaled gradients; call "
+                "scaler.unscale_(optimizer) before scaler.step(optimizer), as before a native clip"
+            )
+        armed = self._armed
+        assert armed is not None
+        self._in_armed = True
+        try:
+            self.last_total_norm = self.clip_step_zero_grad(
+                armed["max_norm"],
+                armed["norm_type"],
+                armed["error_if_nonfinite"],
+                parameters=armed["parameters"],
+            )
+        finally:
+            self._in_armed = False
 
     def _phase_update(self, total: Tensor, coef: Tensor, set_to_none: bool = True) -> None:
         """Scale, update and zero every block (or ``phase.c``'s loops), then every ``.grad`` None
