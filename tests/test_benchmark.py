@@ -96,3 +96,35 @@ def test_grad_phase_benchmark_runs(tmp_path):
     assert back["with_norm_work_floor_ratio"] == (back["phase_ms"] + norm_work) / lim["floor_ms"]
     assert "cotangent/backward: phase / floor of its 8 accesses" in r.stdout
     assert step["cotangent/backward"]["backward_ratio"] > 0 and "| cotangent/backward |" in r.stdout
+
+
+@pytest.mark.process
+def test_clients_benchmark_runs(tmp_path):
+    """benchmarks/clients.py as a user runs it: both loops, their table, paired intervals, bits."""
+    out = tmp_path / "clients.json"
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "clients.py"),
+            "--rounds",
+            "4",
+            "--warmup",
+            "1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    for loop in ("nanogpt", "timm"):
+        res = data[loop]
+        assert res["bitwise"] is True and f"| {loop} |" in r.stdout
+        for part in ("iteration", "phase"):
+            c = res[part]
+            assert c["n"] == 4 and c["low"] <= c["ratio"] <= c["high"] and c["native_ms"] > 0
+        assert 0 < res["phase_share"] < 1
+    assert data["cpu_capability"] in r.stdout.splitlines()[0]
