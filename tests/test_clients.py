@@ -52,3 +52,22 @@ def test_clip_in_step_is_refused_where_its_order_is_unknown_or_the_gradients_are
     opt.clip_in_step(None)  # disarmed: step is the plain update again, gradients kept
     opt.step()
     assert m.weight.grad is not None and opt.last_total_norm is None
+
+
+def test_clip_in_step_refuses_step_hooks():
+    """Hooks run around ``step()``; the clip the armed step replaces ran before them and
+    ``zero_grad`` after them, so with hooks registered the armed step refuses before anything moves."""
+    import torch
+
+    m = torch.nn.Linear(16, 16)
+    opt = PackedAdamW(m.parameters())
+    opt.clip_in_step(1.0)
+    handle = opt.register_step_post_hook(lambda o, a, k: None)
+    m(torch.randn(2, 16)).sum().backward()
+    before = [p.detach().clone() for p in m.parameters()]
+    with pytest.raises(RuntimeError, match="step pre/post hooks are registered"):
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, m.parameters())) and m.weight.grad is not None
+    handle.remove()
+    opt.step()
+    assert opt.one_pass_steps == 1 and m.weight.grad is None

@@ -18,11 +18,15 @@ subclass (PyTorch's ``__torch_function__`` disabled, so every operation on it ru
 tensor and returns one) whose ``.data`` (read or assigned), ``.numpy()``, ``__array__``,
 ``__dlpack__``, ``untyped_storage()`` and ``storage()`` mark the slot *escaped*: from then on its
 norm is always computed again in the phase, since an alias taken that way may be written at any
-later time. A loop that writes ``p.grad.data.mul_(c)`` between backward and the phase therefore
-gets the two-pass phase's bits (a little slower for those parameters). Not seen: the same forms
-applied to a view or a detached copy of the gradient (``p.grad[0].data``, ``p.grad.detach().numpy()``)
-and raw pointers (``data_ptr()``); for such loops keep ``backward_norms=False`` (default), which
-reads every gradient in the phase, whatever wrote it.
+later time. So does ``is_sparse``, which ``GradScaler.unscale_`` asks of each gradient just before
+unscaling it with a kernel that does not count the write: with a GradScaler the norms are computed
+in the phase (exact, and no faster than ``backward_norms=False``). A loop that writes
+``p.grad.data.mul_(c)`` between backward and the phase therefore gets the two-pass phase's bits (a
+little slower for those parameters). Not seen: the same forms applied to a view or a detached copy
+of the gradient (``p.grad[0].data``, ``p.grad.detach().numpy()``), the C-level routes that bypass
+Python methods (``torch.utils.dlpack.to_dlpack(p.grad)``, ``torch.Tensor.numpy(p.grad)``,
+``t.set_(p.grad)``) and raw pointers (``data_ptr()``); for such loops keep
+``backward_norms=False`` (default), which reads every gradient in the phase, whatever wrote it.
 """
 
 from __future__ import annotations
@@ -88,6 +92,20 @@ class GradSlot(Tensor):
     def storage(self):  # type: ignore[no-untyped-def]
         self._escape()
         return super().storage()
+
+    @property
+    def is_sparse(self) -> bool:  # type: ignore[override]
+        # GradScaler.unscale_ asks each gradient this just before unscaling it in place with a
+        # kernel that does not count the write (_amp_foreach_non_finite_check_and_unscale_)
+        self._escape()
+        return False
+
+    def __deepcopy__(self, memo: dict) -> Tensor:  # a copy is a plain tensor, as native's gradient
+        return torch.Tensor.clone(self).detach()
+
+    def __reduce_ex__(self, protocol):  # type: ignore[no-untyped-def]
+        # saved and pickled as a plain tensor (torch.load(weights_only=True) reads it back)
+        return torch.Tensor.__reduce_ex__(self.as_subclass(Tensor), protocol)
 
 
 class GroupLayout(Protocol):

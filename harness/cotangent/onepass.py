@@ -29,6 +29,8 @@ class OnePass(torch.optim.Optimizer):
     _armed: dict | None = None  # clip_in_step's arguments
     _in_armed = False
     last_total_norm: Tensor | None = None
+    #: Steps that took the one-pass phase (not native's three calls), since construction.
+    one_pass_steps = 0
 
     def _native_phase(self) -> KernelPhase | None:
         raise NotImplementedError
@@ -153,8 +155,10 @@ class OnePass(torch.optim.Optimizer):
         group, as for :meth:`clip_step_zero_grad`); it is read once, here. The framework's own
         ``zero_grad()`` after the step finds every ``.grad`` None, as natively. A ``GradScaler``
         step that has not unscaled the gradients first is refused (the clip would see scaled
-        ones); after ``scaler.unscale_(optimizer)`` it is the native order. ``max_norm=None``
-        disarms.
+        ones); after ``scaler.unscale_(optimizer)`` it is the native order. Step pre/post hooks
+        are refused at the step (they would run around the whole phase, not between the clip and
+        ``zero_grad``). :attr:`one_pass_steps` counts the steps that took the one pass.
+        ``max_norm=None`` disarms.
         """
         if max_norm is None:
             self._armed = None
@@ -183,6 +187,12 @@ class OnePass(torch.optim.Optimizer):
                 "clip_in_step: GradScaler.step was called on scaled gradients; call "
                 "scaler.unscale_(optimizer) before scaler.step(optimizer), as before a native clip"
             )
+        if step_hooks_registered(self):
+            raise RuntimeError(
+                "clip_in_step: step pre/post hooks are registered; they run around step(), while the clip it "
+                "replaces ran before them and zero_grad after them, so their order would change: call "
+                "clip_step_zero_grad in the loop instead, or remove the hooks"
+            )
         armed = self._armed
         assert armed is not None
         self._in_armed = True
@@ -201,6 +211,7 @@ class OnePass(torch.optim.Optimizer):
         (``set_to_none``) or +0.0 (as native's ``zero_grad(set_to_none=False)``)."""
         pack = self._pack
         plan = self._native_phase()
+        self.one_pass_steps += 1
         self._mark(None)  # the fast path has every gradient: every parameter has state from here on
         cpu = any(g.device.type == "cpu" for g in pack.groups)
         if cpu and not bool(total.isfinite()):

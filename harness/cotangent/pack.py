@@ -59,13 +59,23 @@ class FlatGroup:
 
 
 def grad_alias(flat: Tensor, offset: int, shape: torch.Size) -> Tensor:
-    """A contiguous alias of ``flat[offset : offset + numel]`` with its own version counter.
+    """A contiguous alias of ``flat[offset : offset + numel]`` with its own version counter and,
+    where the device exports DLPack, its own storage.
 
     A view (``flat[a:b].view(shape)``) shares its base's version counter, so it cannot tell which
-    slot was written; a tensor ``set_`` onto the same storage aliases the same memory but counts
-    its own in-place writes (backward's accumulation included).
+    slot was written; an alias made through DLPack (:func:`own_storage`) counts its own in-place
+    writes (backward's accumulation included) and is saved as its own bytes (``torch.save`` of a
+    gradient writes that gradient, not the whole buffer). Elsewhere a tensor ``set_`` onto the
+    same storage, which counts its own writes too.
     """
-    out = torch.empty(0, dtype=flat.dtype, device=flat.device)
+    numel = 1
+    for d in shape:
+        numel *= d
+    view = flat[offset : offset + numel].view(shape)
+    alias = own_storage(view)
+    if alias is not view:
+        return alias
+    out = torch.empty(0, dtype=flat.dtype, device=flat.device)  # pragma: no cover - no DLPack
     strides = torch.empty(shape, device="meta").stride()
     return out.set_(flat.untyped_storage(), flat.storage_offset() + offset, shape, strides)
 
@@ -234,6 +244,8 @@ class Pack:
                 raise RuntimeError("PackedAdamW requires dense gradients (got a sparse gradient)")
             p = self.params[i]
             view = self.grad_views[i]
+            if view.data_ptr() != self.grad_ptrs[i]:
+                self.check_rebound()
             if p.grad is None:
                 # Natively AccumulateGrad stores the new gradient. A slot known to hold -0.0 becomes the
                 # .grad and takes it in place (-0.0 + g is g, bit for bit); any other slot (released
@@ -302,6 +314,7 @@ class Pack:
         Returns ``None`` when every parameter's gradient was produced (the fast path), otherwise
         the sorted positions of the parameters that have a gradient this step.
         """
+        self.check_rebound()
         for i, p in enumerate(self.params):
             if p.data_ptr() != self.ptrs[i]:
                 raise RuntimeError(
@@ -312,8 +325,6 @@ class Pack:
             g = p.grad
             view = self.grad_views[i]
             if g is view:
-                if view.data_ptr() != self.grad_ptrs[i]:  # rebound: p.grad.data = t
-                    self._reattach(i)
                 if not self.produced[i]:  # attached by the hook, nothing accumulated (torch.autograd.grad)
                     p.grad = None
                 continue
@@ -341,30 +352,21 @@ class Pack:
             return None
         return [i for i in range(self.n) if self.produced[i]]
 
-    def _reattach(self, i: int) -> None:
-        """Parameter ``i``'s gradient slot was given other memory (``p.grad.data = t``, which
-        natively makes ``t`` the gradient's contents): copy ``t`` into the slot's place in the flat
-        buffer and alias the slot there again, or refuse a tensor of another shape, dtype or device
-        before anything moves."""
-        view = self.grad_views[i]
-        gi, j = self.where[i]
-        group = self.groups[gi]
-        shape = self.params[i].shape
-        if view.shape != shape or view.dtype != group.dtype or view.device != group.device:
-            raise RuntimeError(
-                f"parameter {i}: .grad.data was set to a tensor of shape {tuple(view.shape)}, {view.dtype}, "
-                f"{view.device}; PackedAdamW needs {tuple(shape)}, {group.dtype}, {group.device}"
-            )
-        contents = view.detach().clone()
-        flat = group.grad
-        strides = torch.empty(shape, device="meta").stride()
-        with torch.no_grad():
-            torch.Tensor.set_(
-                view, flat.untyped_storage(), flat.storage_offset() + group.offsets[j], shape, strides
-            )
-            view.copy_(contents)
-        if hasattr(view, "escaped"):
-            view.escaped = True  # its norm from backward no longer holds
+    def check_rebound(self) -> None:
+        """Refuse a gradient given other memory (``p.grad.data = t``) before anything moves.
+
+        Natively ``t`` then *is* the gradient's memory: clipping and ``zero_()`` write into it and
+        backward accumulates into it. Here every gradient lives in the flat buffer, so no copy
+        could keep both that aliasing and native's bits; the error names the parameter and the
+        two ways that work."""
+        for i, view in enumerate(self.grad_views):
+            if view.data_ptr() != self.grad_ptrs[i]:
+                raise RuntimeError(
+                    f"parameter {i} (shape {tuple(self.params[i].shape)}): its .grad was given other memory "
+                    "(p.grad.data = t); PackedAdamW keeps every gradient in its flat buffer, so that memory "
+                    "would not be the gradient as natively: write into the gradient in place "
+                    "(p.grad.copy_(t)) or assign a new one (p.grad = t)"
+                )
 
     def total_norm(self, norms: list[Tensor] | None = None, perm: Tensor | None = None) -> Tensor:
         """Total 2-norm with every gradient present, from zero-copy bucket views, or from the
@@ -414,6 +416,7 @@ class Pack:
         """``zero_grad``: with ``set_to_none`` every ``.grad`` becomes None, as natively (the buffer
         holds -0.0, the additive identity, for the next backward); without, the gradients that
         exist become +0.0, as native's ``grad.zero_()`` leaves them (and are stepped with it)."""
+        self.check_rebound()
         if not set_to_none:
             for p in self.params:
                 if p.grad is not None:
