@@ -119,6 +119,35 @@ def test_coverage_simulation_reduced(tmp_path):
     assert "| coverage, period-adjusted interval |" in r.stdout
 
 
+@pytest.mark.long
+def test_noise_sweep_shows_the_t_rule_under_skew(tmp_path):
+    """``coverage.py --noise-sweep`` at reduced size: near nominal under normal noise, the
+    "faster" tail inflated and coverage lost under log-normal (skewness about 6) noise."""
+    out = tmp_path / "sweep.json"
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "coverage.py"),
+            "--noise-sweep",
+            "--studies",
+            "800",
+            "--sweep-pairs",
+            "5",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    rows = {row["noise"]: row for row in json.loads(out.read_text())["rows"]}
+    normal, logn = rows["normal"], rows["lognormal (sigma 1)"]
+    assert 0.93 < normal["coverage"] < 0.97 and normal["type_I_lower"] < 0.045
+    assert logn["coverage"] < 0.88 and logn["type_I_lower"] > 0.12 and logn["type_I_upper"] < 0.01
+    assert 5.5 < logn["skewness"] < 6.5 and "| lognormal (sigma 1) |" in r.stdout
+
+
 @pytest.mark.process
 def test_harness_power_cli_on_a_real_pilot(repo):
     """A tiny A/A pilot run through the CLI, then ``harness power``: plug-in and upper-limit figures in the
