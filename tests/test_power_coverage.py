@@ -11,9 +11,11 @@ import sys
 
 import pytest
 from conftest import ROOT, synthetic_record
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
-from analysis.power import aa_noise, pairs_needed, plan, power
+from analysis.power import aa_noise, pairs_needed, plan, power, skewness
 
 
 def records(aa: bool, n: int = 8, sd: float = 0.04, seed: int = 0) -> list:
@@ -54,6 +56,25 @@ def test_noise_comes_from_aa_pairs_only():
     assert q.identical and q.sd == pytest.approx(stats.tstd([3.0 + 0.1 * i for i in range(8)]) * math.sqrt(2))
 
 
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.floats(-1e6, 1e6, allow_nan=False, allow_subnormal=False), min_size=3, max_size=60))
+def test_pilot_skewness_is_scipys_unbiased_skew(v):
+    """``skewness`` against ``scipy.stats.skew(bias=False)`` (adjusted Fisher-Pearson G1)."""
+    mine = skewness(v)
+    spread = max(v) - min(v)
+    if spread <= 1e-6 * max(1.0, max(abs(x) for x in v)):  # (near) constant: no spread to skew
+        return
+    ref = float(stats.skew(v, bias=False))
+    assert mine is not None and math.isclose(mine, ref, rel_tol=1e-7, abs_tol=1e-7)
+
+
+def test_plan_reports_the_pilots_skewness_and_flags_it():
+    noise = aa_noise(records(aa=True), "training_time", "log_ratio")["c"]
+    assert noise.skewness is not None and abs(noise.skewness) < 3
+    assert skewness([1.0, 1.0, 1.0]) is None and skewness([1.0, 2.0]) is None
+    assert aa_noise(records(aa=True), "test_bpb", "difference")["c"].skewness is None  # identical A/A
+
+
 def test_pairs_needed_matches_the_normal_approximation():
     sd, alpha, margin = 0.07, 0.0025, 0.01  # the seed study's quality noise and v5's level and margin
     n = pairs_needed(sd, alpha, "non_inferiority", margin, 0.0, 0.8)
@@ -90,6 +111,10 @@ def test_plan_for_a_target_protocol():
     }
     rows = plan(records(aa=True), target, {"H1": 0.05})
     assert len(rows) == 1 and rows[0].alpha == 0.01 and rows[0].planned_pairs == 12
+    from analysis.power import legend, table_rows
+
+    assert rows[0].skewness is not None and "skew (A/A)" in table_rows(rows)[0]
+    assert "benchmarks/coverage.py --noise-sweep" in legend(rows)
     assert rows[0].n80 is not None and rows[0].n80 <= rows[0].n90
 
 
