@@ -26,8 +26,9 @@ pairs of a records folder). It reports, at the declared levels:
 ``--sweep-pairs``, the coverage of the two-sided interval for the mean and the type-I error of
 each one-sided superiority test at ``tau = 0`` (both directions: a skewed difference makes the
 two tails' errors unequal), with Monte-Carlo standard errors, and each family's skewness
-estimated from 400,000 draws. It measures what a robust rule has to fix (issue 34); it does not
-change any rule.
+estimated from 400,000 draws. Beside the t rule it evaluates two skew-corrected t statistics from
+the literature (:func:`skew_corrected`: Johnson 1978, Hall 1992) as candidates for a robust rule;
+no protocol can declare them, and no rule changes.
 
     python benchmarks/coverage.py --noise-sweep --studies 4000 --json runs/coverage-noise.json
 """
@@ -95,8 +96,35 @@ def _skewness(draw, rng: random.Random, k: int = 400_000) -> float:  # type: ign
     return g1
 
 
+def skew_corrected(d: list[float], mu: float = 0.0) -> dict[str, float] | None:
+    """Two skew-corrected t statistics for the mean ``mu`` (candidates for a robust rule, evaluated
+    here, not declared by any protocol), each compared with Student's t quantile at ``n - 1``:
+
+    * Johnson (1978, *JASA* 73:536), ``t_J = [(m - mu) + g/(6 s^2 n) + g (m - mu)^2/(3 s^4)] / (s/sqrt n)``
+    * Hall (1992, *JRSS B* 54:221), ``t_H = sqrt(n) [u + a u^2/3 + a^2 u^3/27 + a/(6n)]`` with
+      ``u = (m - mu)/s``, ``a = g/s^3``; monotone in ``u``, unlike Johnson's.
+
+    ``m`` the mean, ``s`` the sample sd, ``g = n/((n-1)(n-2)) sum (d_i - m)^3``. ``None`` when
+    every value is equal.
+    """
+    n = len(d)
+    m = math.fsum(d) / n
+    s2 = math.fsum((x - m) ** 2 for x in d) / (n - 1)
+    if s2 == 0:
+        return None
+    s = math.sqrt(s2)
+    g = n / ((n - 1) * (n - 2)) * math.fsum((x - m) ** 3 for x in d)
+    e = m - mu
+    johnson = (e + g / (6 * s2 * n) + g * e * e / (3 * s2 * s2)) / (s / math.sqrt(n))
+    u, a = e / s, g / s**3
+    hall = math.sqrt(n) * (u + a * u * u / 3 + a * a * u**3 / 27 + a / (6 * n))
+    return {"johnson": johnson, "hall": hall}
+
+
 def noise_sweep(args: argparse.Namespace, sd: float) -> dict[str, object]:
-    """Coverage and one-sided type-I errors of the plain t rule per noise family and ``n``."""
+    """Coverage and one-sided type-I errors of the plain t rule per noise family and ``n``, and of
+    the two skew-corrected statistics of :func:`skew_corrected` (coverage: the two-sided test at
+    the interval's level does not reject the true mean 0)."""
     rng = random.Random(args.seed)
     out: dict[str, object] = {"studies": args.studies, "level": args.level, "alpha": args.alpha, "sd": sd}
     rows = []
@@ -104,6 +132,9 @@ def noise_sweep(args: argparse.Namespace, sd: float) -> dict[str, object]:
         skew = _skewness(draw, random.Random(args.seed + 1)) if name != "t2 (heavy tails)" else float("nan")
         for n in args.sweep_pairs:
             cover = up = down = 0
+            corr = {k: {"cover": 0, "up": 0, "down": 0} for k in ("johnson", "hall")}
+            q1 = float(stats.t.ppf(1 - args.alpha, n - 1))
+            q2 = float(stats.t.ppf((1 + args.level) / 2, n - 1))
             for _ in range(args.studies):
                 d = [sd * draw(rng) for _ in range(n)]
                 iv = mean_interval(d, args.level)
@@ -111,19 +142,30 @@ def noise_sweep(args: argparse.Namespace, sd: float) -> dict[str, object]:
                 if iv.low == iv.high:  # every value equal (ties, small n): the limit of the t test
                     up += iv.estimate > 0
                     down += iv.estimate < 0
+                    for c in corr.values():
+                        c["cover"] += iv.estimate == 0
+                        c["up"] += iv.estimate > 0
+                        c["down"] += iv.estimate < 0
                     continue
                 up += t_test(d, 1, "superiority", 0.0).p_value < args.alpha
                 down += t_test(d, -1, "superiority", 0.0).p_value < args.alpha
-            rows.append(
-                {
-                    "noise": name,
-                    "skewness": skew,
-                    "pairs": n,
-                    "coverage": cover / args.studies,
-                    "type_I_upper": up / args.studies,
-                    "type_I_lower": down / args.studies,
-                }
-            )
+                stat = skew_corrected(d)
+                assert stat is not None
+                for k, c in corr.items():
+                    c["cover"] += abs(stat[k]) <= q2
+                    c["up"] += stat[k] > q1
+                    c["down"] += stat[k] < -q1
+            row: dict[str, object] = {
+                "noise": name,
+                "skewness": skew,
+                "pairs": n,
+                "coverage": cover / args.studies,
+                "type_I_upper": up / args.studies,
+                "type_I_lower": down / args.studies,
+            }
+            for k, c in corr.items():
+                row[k] = {key: v / args.studies for key, v in c.items()}
+            rows.append(row)
     out["rows"] = rows
     return out
 
@@ -331,15 +373,18 @@ def print_sweep(args: argparse.Namespace, res: dict[str, object]) -> int:
         f"{args.alpha:g}; mean-zero noise (MC SE in brackets)\n"
     )
     print(
-        "| Noise | Skewness | Pairs | Coverage | Type-I, upper test | Type-I, lower test |\n|---|---|---|---|---|---|"
+        "| Noise | Skewness | Pairs | t: coverage | t: type-I upper | t: type-I lower "
+        "| Johnson: coverage / lower / upper | Hall: coverage / lower / upper |\n|---|---|---|---|---|---|---|---|"
     )
     rows = res["rows"]
     assert isinstance(rows, list)
     for r in rows:
         skew = "undefined" if math.isnan(r["skewness"]) else f"{r['skewness']:.2f}"
+        j, h = r["johnson"], r["hall"]
         print(
             f"| {r['noise']} | {skew} | {r['pairs']} | {se(r['coverage'])} | {se(r['type_I_upper'])} | "
-            f"{se(r['type_I_lower'])} |"
+            f"{se(r['type_I_lower'])} | {j['cover']:.4f} / {j['down']:.4f} / {j['up']:.4f} | "
+            f"{h['cover']:.4f} / {h['down']:.4f} / {h['up']:.4f} |"
         )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
