@@ -78,6 +78,16 @@ def _passes(opt: Any, steps: int, where: str) -> str | None:
     return None if n == steps else f"{where}: {n} of {steps} steps took the one-pass phase"
 
 
+def _phase(model: nn.Module, opt: Any, packed: bool, max_norm: float = 1.0) -> None:
+    """The gradient phase of a loop the user owns: native's three calls, or the one pass."""
+    if packed:
+        opt.clip_step_zero_grad(max_norm, parameters=model.parameters())
+    else:
+        nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        opt.step()
+        opt.zero_grad()
+
+
 def decay_groups(model: nn.Module, wd: float = 0.1) -> list[dict[str, Any]]:
     """The decay / no-decay split these clients make (2-d and more decay; biases and norms do not)."""
     return [
@@ -363,12 +373,7 @@ def check_timm(workdir: Path) -> ClientResult:
 
     def step(m: nn.Module, opt: Any, ema: Any, x: Tensor, y: Tensor, packed: bool) -> None:
         nn.functional.cross_entropy(m(x), y).backward()
-        if packed:
-            opt.clip_step_zero_grad(1.0, parameters=m.parameters())
-        else:
-            nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad()
+        _phase(m, opt, packed)
         ema.update(m)
 
     diff = None
@@ -429,12 +434,7 @@ def check_torchtune(workdir: Path) -> ClientResult:
     def step(m: nn.Module, opt: Any, idx: Tensor, packed: bool) -> None:
         logits = m(idx[:, :-1])
         nn.functional.cross_entropy(logits.reshape(-1, 64), idx[:, 1:].reshape(-1)).backward()
-        if packed:
-            opt.clip_step_zero_grad(1.0, parameters=m.parameters())
-        else:
-            nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad()
+        _phase(m, opt, packed)
 
     diff = None
     with _quiet():
