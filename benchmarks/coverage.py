@@ -331,8 +331,8 @@ def main() -> int:
         f"{args.drift:g}; level {args.level:g}, one-sided alpha {args.alpha:g}\n"
     )
 
-    def se(p: float) -> str:  # Monte Carlo standard error of a simulated proportion
-        return f"{p:.4f} (MC SE {math.sqrt(p * (1 - p) / args.studies):.4f})"
+    def se(p: float) -> str:
+        return with_se(p, args.studies, "MC SE ")
 
     print("| Quantity | Nominal | Simulated |\n|---|---|---|")
     print(
@@ -356,17 +356,26 @@ def main() -> int:
         f"flatters the arm that misses the target more often; misses baseline {args.miss_baseline:g}, candidate "
         f"{args.miss_candidate:g})"
     )
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=1))
+    write_json(args.json, res)
     return 0
+
+
+def with_se(p: float, studies: int, label: str = "") -> str:
+    """A simulated proportion with its Monte Carlo standard error ``sqrt(p (1 - p) / studies)``."""
+    return f"{p:.4f} ({label}{math.sqrt(p * (1 - p) / studies):.4f})"
+
+
+def write_json(path: str | None, res: dict[str, object]) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(res, indent=1))
 
 
 def print_sweep(args: argparse.Namespace, res: dict[str, object]) -> int:
     k = args.studies
 
     def se(p: float) -> str:
-        return f"{p:.4f} ({math.sqrt(p * (1 - p) / k):.4f})"
+        return with_se(p, k)
 
     print(
         f"{k} simulated studies per cell; plain paired t rule; level {args.level:g}, one-sided alpha "
@@ -386,9 +395,7 @@ def print_sweep(args: argparse.Namespace, res: dict[str, object]) -> int:
             f"{se(r['type_I_lower'])} | {j['cover']:.4f} / {j['down']:.4f} / {j['up']:.4f} | "
             f"{h['cover']:.4f} / {h['down']:.4f} / {h['up']:.4f} |"
         )
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=1))
+    write_json(args.json, res)
     return 0
 
 

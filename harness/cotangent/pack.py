@@ -314,8 +314,9 @@ class Pack:
         Returns ``None`` when every parameter's gradient was produced (the fast path), otherwise
         the sorted positions of the parameters that have a gradient this step.
         """
-        self.check_rebound()
         for i, p in enumerate(self.params):
+            if self.grad_views[i].data_ptr() != self.grad_ptrs[i]:  # p.grad.data = t: refused
+                self.check_rebound()
             if p.data_ptr() != self.ptrs[i]:
                 raise RuntimeError(
                     f"parameter {i} (shape {tuple(p.shape)}) was rebound (p.data = ...) after PackedAdamW was "
