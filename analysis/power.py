@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 from scipy import integrate as _integrate
 from scipy import stats as _st
 
-from analysis.audit.descriptive import paired_values, reduction, scale
-from analysis.audit.hypotheses import ENDPOINT_KEYS, bounds
-from analysis.audit.ttests import one_sided, sign
+from analysis.audit.descriptive import reduction, scale
+from analysis.audit.hypotheses import ENDPOINT_KEYS, NotReached, Pair, bounds, values_of
+from analysis.audit.ranks import binomial_upper, median
+from analysis.audit.ttests import one_sided, period_adjusted_mean, sign
 
 if TYPE_CHECKING:
     from harness.records import RunRecord
@@ -49,6 +50,7 @@ class Noise:
     pairs: int
     identical: bool
     skewness: float | None = None  # adjusted Fisher-Pearson G1 of the A/A values (3+ pairs, not all equal)
+    values: tuple[float, ...] = ()  # the A/A per-pair values themselves (the sign rule's plan reads them)
 
 
 #: Pilot skewness above which ``harness power`` says the t rule's error rate is not nominal.
@@ -77,13 +79,11 @@ def skewness(v: list[float]) -> float | None:
     return m3 / m2**1.5 * math.sqrt(n * (n - 1)) / (n - 2)
 
 
-def aa_noise(
-    records: list[RunRecord], endpoint: str, estimand: str, block_steps: int | None = None
-) -> dict[str, Noise]:
-    """Per configuration, the noise of ``endpoint`` from the A/A pairs (both arms the same) in
-    ``records`` of the design a target study has: pairs of a process per arm (``block_steps``
-    None), or lockstep pairs with that ``block_steps`` (each design leaves its own noise)."""
-    key = ENDPOINT_KEYS[endpoint]
+def aa_pairs(records: list[RunRecord], block_steps: int | None = None) -> dict[str, list[Pair]]:
+    """Per configuration, the A/A pairs (both arms the same) in ``records`` of the design a target
+    study has: pairs of a process per arm (``block_steps`` None), or lockstep pairs with that
+    ``block_steps`` (each design leaves its own noise), typed as the decisions read them (each
+    arm's endpoint values, and which arm ran first)."""
     by: dict[str, dict[str, dict[str, RunRecord]]] = {}
     for r in records:
         s = r.spec
@@ -93,23 +93,76 @@ def aa_noise(
         if st["arms"][0] != st["arms"][1]:
             continue  # only A/A pairs: no candidate outcome is ever read
         by.setdefault(s.config, {}).setdefault(s.unit, {})[s.role] = r
-    out = {}
+    out: dict[str, list[Pair]] = {}
     for config, units in by.items():
-        b, c = [], []
-        for arms in units.values():
-            if len(arms) == 2:
-                x, y = (_value(arms[role], key) for role in ("baseline", "candidate"))
-                if x is not None and y is not None:
-                    b.append(x)
-                    c.append(y)
-        if len(b) < 2:
+        rows = []
+        for unit, arms in sorted(units.items()):
+            if len(arms) != 2:
+                continue
+            b, c = arms["baseline"], arms["candidate"]
+            cols: dict[str, Any] = {
+                f"{role}_{key}": _value(rec, key)
+                for role, rec in (("baseline", b), ("candidate", c))
+                for key in ENDPOINT_KEYS.values()
+            }
+            rows.append(Pair(unit=unit, first="baseline" if b.spec.position == 0 else "candidate", **cols))
+        out[config] = rows
+    return out
+
+
+def aa_noise(
+    records: list[RunRecord],
+    endpoint: str,
+    estimand: str,
+    block_steps: int | None = None,
+    hypothesis: dict[str, Any] | None = None,
+) -> dict[str, Noise]:
+    """Per configuration, the noise of ``endpoint`` from the A/A pairs (:func:`aa_pairs`).
+
+    With ``hypothesis``, its per-pair values are the ones its rule decides on
+    (:func:`analysis.audit.hypotheses.values_of`: restricted times or worst-rank scores for time
+    to target, so censoring in the pilot counts), and a period-adjusted hypothesis' ``sd`` is the
+    pooled standard deviation within the two order groups (:func:`analysis.audit.ttests.period_adjusted_mean`:
+    a period effect in the pilot is not noise to that test). Without one, the pairs where both arms
+    have a value, on the estimand's test scale.
+    """
+    h = hypothesis or {
+        "id": "aa",
+        "study": "",
+        "config": "",
+        "endpoint": endpoint,
+        "estimand": estimand,
+        "type": "superiority",
+        "better": "lower",
+        **({"censoring": "restricted_mean"} if endpoint == "time_to_target" else {}),
+    }
+    key = ENDPOINT_KEYS[endpoint]
+    out = {}
+    for config, pairs in aa_pairs(records, block_steps).items():
+        if hypothesis is None:  # only the pairs with both values
+            pairs = [
+                p
+                for p in pairs
+                if p.value("baseline", key) is not None and p.value("candidate", key) is not None
+            ]
+        if len(pairs) < 2:
             continue
-        v = paired_values(b, c, scale(estimand))  # the test scale: ln c - ln b for both ratio estimands
+        try:
+            v = values_of(h, pairs)[0]
+        except NotReached:
+            continue
         sd = _sd(v)
         identical = all(x == 0 for x in v)
         if identical:
+            b = [p.value("baseline", key) for p in pairs]
             sd = _sd(b if scale(estimand) == "difference" else [math.log(x) for x in b]) * math.sqrt(2.0)
-        out[config] = Noise(sd, len(b), identical, None if identical else skewness(v))
+        elif h.get("period_adjusted"):
+            first = [p.first or "" for p in pairs]
+            n1 = first.count("baseline")
+            if min(n1, len(first) - n1) >= 2:
+                _m, se, _df = period_adjusted_mean(v, first)
+                sd = 2.0 * se / math.sqrt(1.0 / n1 + 1.0 / (len(first) - n1))  # the pooled sd
+        out[config] = Noise(sd, len(pairs), identical, None if identical else skewness(v), tuple(v))
     return out
 
 
@@ -165,7 +218,7 @@ def _check_inputs(
 
 
 def power_region(
-    n: int, sd: float, alpha: float, region: tuple[float | None, float | None], mean: float
+    n: int, sd: float, alpha: float, region: tuple[float | None, float | None], mean: float, lost: int = 1
 ) -> float:
     """Power of the test of ``lo < mu < hi`` (:func:`analysis.audit.ttests.t_result`) when the true mean is ``mean``.
 
@@ -180,10 +233,15 @@ def power_region(
     of that window (exact; Phillips 1990, *J. Pharmacokinet. Biopharm.* 18:137), not ``2 P - 1``.
     The integral runs over ``S`` within 40 widths ``sd / sqrt(2 df)`` of the density's peak
     ``sd sqrt((df - 1) / df)`` (the probability beyond them is below ``1e-180`` at any ``df >= 2``;
-    for small ``df`` the range starts at 0), cut at the peak and at 1, 4 and 10 widths.
+    for small ``df`` the range starts at 0), cut at the peak and at 1, 4 and 10 widths. ``lost``:
+    the degrees of freedom the estimate uses (``df = n - lost``: 2 for the period-adjusted mean,
+    whose ``sd`` is the pooled one within the order groups and whose standard error at balanced
+    orders is ``sd / sqrt(n)`` too).
     """
     _check_inputs(n, sd, alpha, region, mean)
-    df = n - 1
+    if n - lost < 1:
+        raise ValueError(f"power needs n > {lost} pairs for {lost} lost degrees of freedom, got {n}")
+    df = n - lost
     crit = float(_st.t.ppf(1 - alpha, df))
     lo, hi = region
     if lo is None or hi is None:
@@ -212,7 +270,7 @@ def power_region(
     )
 
 
-def detectable_shift(n: int, sd: float, alpha: float, target: float = 0.8) -> float:
+def detectable_shift(n: int, sd: float, alpha: float, target: float = 0.8, lost: int = 1) -> float:
     """The distance beyond a one-sided bound at which the one-sided t test with ``n`` pairs has
     power ``target``, exactly.
 
@@ -227,7 +285,7 @@ def detectable_shift(n: int, sd: float, alpha: float, target: float = 0.8) -> fl
     """
     if sd == 0:
         return 0.0
-    df = n - 1
+    df = n - lost
     crit = float(_st.t.ppf(1 - alpha, df))
     from scipy.optimize import brentq
 
@@ -264,15 +322,17 @@ def pairs_needed_region(
     mean: float,
     target: float,
     cap: int = 100_000,
+    lost: int = 1,
 ) -> int | None:
-    """Smallest ``n >= 3`` whose :func:`power_region` reaches ``target`` (``None`` if none up to ``cap``)."""
+    """Smallest ``n >= 3`` (``>= 4`` for ``lost`` 2) whose :func:`power_region` reaches ``target``
+    (``None`` if none up to ``cap``)."""
     if sd == 0:
         return 3
 
     def ok(k: int) -> bool:
-        return power_region(k, sd, alpha, region, mean) >= target
+        return power_region(k, sd, alpha, region, mean, lost) >= target
 
-    lo, hi = 3, 3
+    lo = hi = 2 + lost
     while not ok(hi):
         lo, hi = hi, hi * 2
         if hi > cap:
@@ -284,6 +344,85 @@ def pairs_needed_region(
         else:
             lo = mid + 1
     return lo
+
+
+def sign_critical(n: int, alpha: float) -> int | None:
+    """The fewest favourable values of ``n`` with which the sign test establishes at ``alpha``:
+    the smallest ``k`` with ``P(B >= k) < alpha``, ``B ~ Binomial(n, 1/2)`` (``None``: none does)."""
+    k = n
+    if binomial_upper(n, k) >= alpha:
+        return None
+    while k > 0 and binomial_upper(n, k - 1) < alpha:
+        k -= 1
+    return k
+
+
+def sign_power(
+    n: int, values: tuple[float, ...], alpha: float, region: tuple[float | None, float | None], mean: float
+) -> float:
+    """Power of the sign test (:func:`analysis.audit.ranks.sign_test`) with ``n`` pairs when the
+    per-pair values are distributed as the pilot's ``values`` moved to median ``mean``.
+
+    Notes
+    -----
+    The pilot's A/A values, centred at their median and shifted by ``mean``, smoothed by a Gaussian
+    kernel of bandwidth ``0.9 min(sd, IQR / 1.34) k^(-1/5)`` (Silverman 1986, 3.4.2; ``k`` pilot
+    values), give ``p = P(v > lo)`` (or ``P(v < hi)``); the power is ``P(Binomial(n, p) >= c)``
+    with ``c`` :func:`sign_critical`. The pilot's shape (its skew, its stalls) is kept, not
+    assumed normal. Equivalence: ``max(0, P_lo + P_hi - 1)``, a lower bound on both tests passing.
+    """
+    _check_inputs(n, 1.0, alpha, region, mean)
+    return _sign_power_at(n, alpha, beyond_bounds(values, region, mean))
+
+
+def beyond_bounds(
+    values: tuple[float, ...], region: tuple[float | None, float | None], mean: float
+) -> list[float]:
+    """Per bound of ``region`` (lower, then upper), the probability that a per-pair value lies on its
+    favourable side when the values are the pilot's, moved to median ``mean`` and smoothed by the
+    Gaussian kernel of :func:`sign_power`."""
+    med = median(values)
+    if med is None:
+        raise ValueError("the sign rule's power needs the pilot's per-pair values; there are none")
+    v = sorted(x - med + mean for x in values)
+    k = len(v)
+    iqr = v[(3 * k) // 4] - v[k // 4] if k >= 4 else 0.0
+    sd = _sd(v) if k >= 2 else 0.0
+    spread = min(sd, iqr / 1.34) if iqr > 0 else sd
+    bw = 0.9 * spread * k ** (-0.2)
+
+    def beyond(bound: float, side: int) -> float:
+        if bw == 0:
+            return sum(1 for x in v if side * (x - bound) > 0) / k
+        return math.fsum(float(_st.norm.cdf(side * (x - bound) / bw)) for x in v) / k
+
+    return [beyond(b, side) for b, side in ((region[0], 1), (region[1], -1)) if b is not None]
+
+
+def _sign_power_at(n: int, alpha: float, p: list[float]) -> float:
+    c = sign_critical(n, alpha)
+    if c is None:
+        return 0.0
+    parts = [float(_st.binom.sf(c - 1, n, q)) for q in p]
+    return parts[0] if len(parts) == 1 else max(0.0, parts[0] + parts[1] - 1.0)
+
+
+def sign_pairs_needed(
+    values: tuple[float, ...],
+    alpha: float,
+    region: tuple[float | None, float | None],
+    mean: float,
+    target: float,
+    cap: int = 5000,
+) -> int | None:
+    """Smallest ``n >= 3`` from which :func:`sign_power` stays at ``target`` or more for the next ten
+    ``n`` (the binomial's power is a saw-tooth in ``n``); ``None`` if none up to ``cap``."""
+    p, run = beyond_bounds(values, region, mean), 0
+    for n in range(3, cap + 1):
+        run = run + 1 if _sign_power_at(n, alpha, p) >= target else 0
+        if run == 10:
+            return n - 9
+    return None
 
 
 #: The confidence that a plan at the SD's upper confidence limit reaches its power.
@@ -316,6 +455,8 @@ class Plan:
     n80_upper: int | None
     n90_upper: int | None
     skewness: float | None = None  # of the pilot's A/A per-pair values (:func:`skewness`)
+    rule: str = "t"  # the rule the hypothesis declares (test: t or sign)
+    data_rule: str = "t"  # the rule the pilot's values call for (:func:`data_rule`)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -341,10 +482,16 @@ def plan(
     strictest step). The assumed true effect (estimand units, favourable direction) is the value
     given in ``effects`` by hypothesis id, default 0, for every type: 0 is the edge of superiority's
     null, which no number of pairs can establish (the line then reports the smallest effect 80%
-    power detects at the planned n), and the centre of an equivalence region. Time to target is
-    planned with a t test on the log ratio; the signed-rank test the protocol runs needs about
-    1/0.955 as many pairs (its asymptotic relative efficiency). ``n80_upper``/``n90_upper`` plan at
-    :func:`sd_upper` with ``confidence``.
+    power detects at the planned n), and the centre of an equivalence region. The pilot's values
+    are those the hypothesis' own rule decides on (:func:`aa_noise` with the hypothesis: restricted
+    times or worst-rank scores for time to target, so the pilot's unreached targets count; the
+    pooled within-order sd and ``n - 2`` degrees of freedom for a period-adjusted one). Worst-rank
+    scores are planned with a t test of the scores; the signed-rank test the protocol runs needs
+    about 1/0.955 as many pairs (its asymptotic relative efficiency). A hypothesis declaring
+    ``test: sign`` is planned with the sign test's own power on the pilot's values
+    (:func:`sign_power`). ``n80_upper``/``n90_upper`` plan at :func:`sd_upper` with ``confidence``
+    (for the sign rule: the pilot's values scaled by ``sd_upper / sd``). Each line says which rule
+    the hypothesis declares and which the pilot's skewness calls for (:func:`data_rule`).
     """
     spec = target["hypotheses"]
     if "descriptive" in spec:
@@ -355,49 +502,74 @@ def plan(
     for h in spec["tests"]:
         st = next(s for s in target["studies"] if s["name"] == h["study"])
         block = (st.get("lockstep") or {}).get("block_steps")  # the pilot's pairs of the same design
-        noise = aa_noise(pilot_records, h["endpoint"], h["estimand"], block).get(h["config"])
+        noise = aa_noise(pilot_records, h["endpoint"], h["estimand"], block, h).get(h["config"])
         if noise is None:
             continue
-        n_plan = len(st["seeds"])
-        effect = effects.get(h["id"], 0.0)
-        region, mu = bounds(h), true_mean(h, effect)
-        upper = sd_upper(noise.sd, noise.pairs, confidence)
-        need = [pairs_needed_region(sd, alpha, region, mu, q) for sd in (noise.sd, upper) for q in (0.8, 0.9)]
-        tq = float(_st.t.ppf(1 - alpha, n_plan - 1))
-        hw = tq * noise.sd / math.sqrt(n_plan)
-        mde = None
+        out.append(_plan_one(h, noise, len(st["seeds"]), effects.get(h["id"], 0.0), alpha, confidence))
+    return out
+
+
+def data_rule(skew: float | None) -> str:
+    """Which rule the pilot's A/A values call for: ``sign`` where their skewness exceeds
+    :data:`SKEW_WARN` in size (the t rule's error is not nominal there, ``benchmarks/coverage.py
+    --noise-sweep``), else ``t``."""
+    return "sign" if skew is not None and abs(skew) > SKEW_WARN else "t"
+
+
+def _plan_one(
+    h: dict[str, Any], noise: Noise, n_plan: int, effect: float, alpha: float, confidence: float
+) -> Plan:
+    region, mu = bounds(h), true_mean(h, effect)
+    upper = sd_upper(noise.sd, noise.pairs, confidence)
+    rule = h.get("test") or "t"
+    lost = 2 if h.get("period_adjusted") else 1
+    mde = None
+    if rule == "sign" and noise.values and not noise.identical:
+        scaled = tuple(x * upper / noise.sd for x in noise.values) if noise.sd > 0 else noise.values
+        need = [
+            sign_pairs_needed(v, alpha, region, mu, q) for v in (noise.values, scaled) for q in (0.8, 0.9)
+        ]
+        at_planned = sign_power(n_plan, noise.values, alpha, region, mu)
+        hw = float("nan")  # the median interval's width depends on the values' shape
+    else:
+        need = [
+            pairs_needed_region(sd, alpha, region, mu, q, lost=lost)
+            for sd in (noise.sd, upper)
+            for q in (0.8, 0.9)
+        ]
+        at_planned = power_region(n_plan, noise.sd, alpha, region, mu, lost) if noise.sd > 0 else 1.0
+        hw = float(_st.t.ppf(1 - alpha, n_plan - lost)) * noise.sd / math.sqrt(n_plan)
         if h["type"] != "equivalence":
-            shift = detectable_shift(n_plan, noise.sd, alpha, 0.8)
+            shift = detectable_shift(n_plan, noise.sd, alpha, 0.8, lost)
             bound, k = _one_bound(region)
             m_star = bound + k * shift  # lo + shift, or hi - shift
             s = sign(h["better"])
             mde = -s * reduction(m_star) if h["estimand"] == "relative_reduction" else s * m_star
-        out.append(
-            Plan(
-                h["id"],
-                h["config"],
-                h["endpoint"],
-                h["estimand"],
-                noise.sd,
-                noise.pairs,
-                noise.identical,
-                alpha,
-                h["margin"],
-                effect,
-                n_plan,
-                need[0],
-                need[1],
-                power_region(n_plan, noise.sd, alpha, region, mu) if noise.sd > 0 else 1.0,
-                hw,
-                mde,
-                confidence,
-                upper,
-                need[2],
-                need[3],
-                noise.skewness,
-            )
-        )
-    return out
+    return Plan(
+        h["id"],
+        h["config"],
+        h["endpoint"],
+        h["estimand"],
+        noise.sd,
+        noise.pairs,
+        noise.identical,
+        alpha,
+        h["margin"],
+        effect,
+        n_plan,
+        need[0],
+        need[1],
+        at_planned,
+        hw,
+        mde,
+        confidence,
+        upper,
+        need[2],
+        need[3],
+        noise.skewness,
+        rule,
+        data_rule(noise.skewness),
+    )
 
 
 def table_rows(rows: list[Plan]) -> list[dict[str, Any]]:
@@ -415,6 +587,7 @@ def table_rows(rows: list[Plan]) -> list[dict[str, Any]]:
             "skew (A/A)": "n/a"
             if r.skewness is None
             else f"{r.skewness:.2f}" + (" !" if abs(r.skewness) > SKEW_WARN else ""),
+            "rule (declared / data)": f"{r.rule} / {r.data_rule}" + (" !" if r.rule != r.data_rule else ""),
             "pilot pairs": r.pilot_pairs,
             "alpha": f"{r.alpha:.3g}",
             "margin": f"{r.margin:g}",
@@ -425,7 +598,9 @@ def table_rows(rows: list[Plan]) -> list[dict[str, Any]]:
             f"n 90% at sd {100 * r.confidence:g}% UCL": n(r.n90_upper),
             "planned": r.planned_pairs,
             "power at planned": f"{r.power_at_planned:.2f}",
-            "half-width at planned": f"{r.half_width_at_planned:.3g}",
+            "half-width at planned": "n/a"
+            if math.isnan(r.half_width_at_planned)
+            else f"{r.half_width_at_planned:.3g}",
             "detectable at planned": "n/a"
             if r.detectable_at_planned is None
             else f"{r.detectable_at_planned:.3g}",
@@ -444,9 +619,11 @@ def legend(rows: list[Plan]) -> str:
         f"{conf} UCL: planned at the one-sided {conf} upper confidence limit of the sd (pilot pairs - 1 degrees "
         f"of freedom), so the power is reached with probability {conf} over the pilot's noise. "
         "skew: adjusted skewness G1 of the same values; ! above 1 in size, where the t rule's type-I error "
-        "exceeds nominal (benchmarks/coverage.py --noise-sweep: at skewness 1.65 up to 0.089 for a nominal "
-        "0.025, at 6.1 up to 0.184; docs/decisions.md), so treat its power and its decisions with care. "
-        "rule: analysis/power.py (noncentral t; exact TOST power; Holm at its strictest step)"
+        "exceeds nominal (benchmarks/coverage.py --noise-sweep; docs/decisions.md). rule (declared / data): "
+        "the hypothesis' test and the one the pilot calls for, sign where |skew| > 1 (the exact sign test of "
+        "the median: test: sign, declared before any outcome; ! where they differ). "
+        "rule: analysis/power.py (noncentral t; exact TOST power; the sign test's binomial power on the "
+        "pilot's own values; Holm at its strictest step)"
     )
 
 

@@ -21,14 +21,16 @@ pairs of a records folder). It reports, at the declared levels:
 
     python benchmarks/coverage.py --studies 4000 --pairs 12 --json runs/coverage.json
 
-``--noise-sweep`` instead measures the plain t rule under noise that is not normal (mean 0 and sd
-``--sd`` where the sd exists): for each family of :data:`NOISES` and each ``n`` of
-``--sweep-pairs``, the coverage of the two-sided interval for the mean and the type-I error of
-each one-sided superiority test at ``tau = 0`` (both directions: a skewed difference makes the
-two tails' errors unequal), with Monte-Carlo standard errors, and each family's skewness
-estimated from 400,000 draws. Beside the t rule it evaluates two skew-corrected t statistics from
-the literature (:func:`skew_corrected`: Johnson 1978, Hall 1992) as candidates for a robust rule;
-no protocol can declare them, and no rule changes.
+``--noise-sweep`` instead measures the rules under noise that is not normal: for each family of
+:data:`NOISES` and each ``n`` of ``--sweep-pairs``, the plain t rule at a mean of 0 (the coverage
+of its two-sided interval for the mean and the type-I error of each one-sided superiority test,
+both directions: a skewed difference makes the two tails' errors unequal), the sign rule
+(``test: sign``) at a median of 0 (its order-statistic interval's coverage and its two one-sided
+errors), and each rule's family-wise error over three independent null hypotheses under Holm
+(the "faster" direction), with Monte-Carlo standard errors, and each family's skewness estimated
+from 400,000 draws (each family's median is exact: :data:`MEDIANS`). Beside the t rule it
+evaluates two skew-corrected t statistics from the literature (:func:`skew_corrected`: Johnson
+1978, Hall 1992), which no protocol can declare.
 
     python benchmarks/coverage.py --noise-sweep --studies 4000 --json runs/coverage-noise.json
 """
@@ -45,10 +47,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scipy import stats  # noqa: E402
+from scipy import optimize, stats  # noqa: E402
 
 from analysis.audit.descriptive import mean_interval  # noqa: E402
-from analysis.audit.ranks import signed_rank, worst_rank_differences  # noqa: E402
+from analysis.audit.ranks import median_bounds, sign_test, signed_rank, worst_rank_differences  # noqa: E402
 from analysis.audit.ttests import period_adjusted, t_test  # noqa: E402
 from analysis.power import skewness  # noqa: E402
 
@@ -121,22 +123,81 @@ def skew_corrected(d: list[float], mu: float = 0.0) -> dict[str, float] | None:
     return {"johnson": johnson, "hall": hall}
 
 
+def _stall_median() -> float:
+    """The stall mixture's median, exactly: the root of its CDF minus 1/2 (:func:`_stall`)."""
+    q, size, base = 0.05, 4.0, 0.3
+    scale = math.sqrt(q * (1 - q) * size**2 + base**2)
+
+    def cdf(x: float) -> float:
+        y = x * scale + q * size
+        return float((1 - q) * stats.norm.cdf(y / base) + q * stats.norm.cdf((y - size) / base))
+
+    return float(optimize.brentq(lambda x: cdf(x) - 0.5, -5, 5, xtol=1e-14))
+
+
+CENSOR_AT = float(stats.norm.ppf(0.9))  # the top 10% of a normal censored at its 90th percentile
+CENSORED_MEAN = CENSOR_AT * 0.1 - float(stats.norm.pdf(CENSOR_AT))  # E min(Z, c) = c (1 - Phi(c)) - phi(c)
+
+
+def _censored(rng: random.Random) -> float:
+    # a run that hits its limit is seen at the limit: the top 10% of normal noise censored there
+    return min(rng.gauss(0.0, 1.0), CENSOR_AT) - CENSORED_MEAN
+
+
+#: Each family's median (of its mean-zero draw), exactly: the sign rule's null puts the median at 0.
+MEDIANS = {
+    "normal": 0.0,
+    "ties (normal on a 0.5 grid)": 0.0,
+    "t2 (heavy tails)": 0.0,
+    "censored normal (top 10% at the limit)": -CENSORED_MEAN,
+    "chi-square 3 df": (float(stats.chi2.median(3)) - 3.0) / math.sqrt(6.0),
+    "stall mixture (5% stalls)": _stall_median(),
+    "lognormal (sigma 1)": (1.0 - math.sqrt(math.e)) / math.sqrt((math.e - 1) * math.e),
+}
+NOISES["censored normal (top 10% at the limit)"] = _censored
+NOISES = {k: NOISES[k] for k in MEDIANS}  # the sweep's order
+
+
 def noise_sweep(args: argparse.Namespace, sd: float) -> dict[str, object]:
-    """Coverage and one-sided type-I errors of the plain t rule per noise family and ``n``, and of
-    the two skew-corrected statistics of :func:`skew_corrected` (coverage: the two-sided test at
-    the interval's level does not reject the true mean 0)."""
+    """Per noise family and ``n``: the plain t rule's coverage of the mean and one-sided type-I errors
+    at a mean of 0, the two skew-corrected statistics of :func:`skew_corrected` (coverage: the
+    two-sided test at the interval's level does not reject the true mean 0), the sign rule's
+    (:func:`analysis.audit.ranks.sign_test`, :func:`~analysis.audit.ranks.median_bounds`) at a
+    median of 0, and each rule's family-wise error over three independent null hypotheses under
+    Holm at ``--family-alpha`` (the candidate claimed faster: the lower tail)."""
     rng = random.Random(args.seed)
-    out: dict[str, object] = {"studies": args.studies, "level": args.level, "alpha": args.alpha, "sd": sd}
+    fam = args.family_alpha
+    out: dict[str, object] = {
+        "studies": args.studies,
+        "level": args.level,
+        "alpha": args.alpha,
+        "family_alpha": fam,
+        "sd": sd,
+    }
     rows = []
+    tail = (1 - args.level) / 2
     for name, draw in NOISES.items():
         skew = _skewness(draw, random.Random(args.seed + 1)) if name != "t2 (heavy tails)" else float("nan")
+        med = sd * MEDIANS[name]
         for n in args.sweep_pairs:
             cover = up = down = 0
             corr = {k: {"cover": 0, "up": 0, "down": 0} for k in ("johnson", "hall")}
+            sgn = {"cover": 0, "up": 0, "down": 0}
+            fwer = {"t": 0, "sign": 0}
             q1 = float(stats.t.ppf(1 - args.alpha, n - 1))
             q2 = float(stats.t.ppf((1 + args.level) / 2, n - 1))
             for _ in range(args.studies):
                 d = [sd * draw(rng) for _ in range(n)]
+                m = [x - med for x in d]  # the same draw with its median at 0
+                low, high = median_bounds(m, tail)
+                sgn["cover"] += low is None or (high is not None and low <= 0.0 <= high)
+                sgn["up"] += sign_test(m, 0.0, None)[2] < args.alpha
+                sgn["down"] += sign_test(m, None, 0.0)[2] < args.alpha
+                others = [[sd * draw(rng) for _ in range(n)] for _ in range(2)]
+                fwer["sign"] += (
+                    min(sign_test([x - med for x in v], None, 0.0)[2] for v in [d, *others]) < fam / 3
+                )
+                fwer["t"] += min(_t_lower_p(v) for v in [d, *others]) < fam / 3
                 iv = mean_interval(d, args.level)
                 cover += iv.low <= 0.0 <= iv.high
                 if iv.low == iv.high:  # every value equal (ties, small n): the limit of the t test
@@ -158,16 +219,26 @@ def noise_sweep(args: argparse.Namespace, sd: float) -> dict[str, object]:
             row: dict[str, object] = {
                 "noise": name,
                 "skewness": skew,
+                "median": MEDIANS[name],
                 "pairs": n,
                 "coverage": cover / args.studies,
                 "type_I_upper": up / args.studies,
                 "type_I_lower": down / args.studies,
+                "sign": {key: v / args.studies for key, v in sgn.items()},
+                "fwer_holm3": {key: v / args.studies for key, v in fwer.items()},
             }
             for k, c in corr.items():
                 row[k] = {key: v / args.studies for key, v in c.items()}
             rows.append(row)
     out["rows"] = rows
     return out
+
+
+def _t_lower_p(v: list[float]) -> float:
+    """The t rule's p for "the mean is below 0" (1 where every value is equal and not below 0)."""
+    if min(v) == max(v):
+        return 0.0 if v[0] < 0 else 1.0
+    return t_test(v, -1, "superiority", 0.0).p_value
 
 
 def orders(n: int, rng: random.Random) -> list[str]:
@@ -317,6 +388,7 @@ def main() -> int:
         "--noise-sweep", action="store_true", help="the t rule under non-normal noise (see above)"
     )
     ap.add_argument("--sweep-pairs", type=int, nargs="+", default=[3, 5, 10, 20, 50])
+    ap.add_argument("--family-alpha", type=float, default=0.05, help="the sweep's Holm family of three")
     args = ap.parse_args()
     sd = sd_from_records(Path(args.from_records)) if args.from_records else args.sd
     if args.noise_sweep:
@@ -378,22 +450,26 @@ def print_sweep(args: argparse.Namespace, res: dict[str, object]) -> int:
         return with_se(p, k)
 
     print(
-        f"{k} simulated studies per cell; plain paired t rule; level {args.level:g}, one-sided alpha "
-        f"{args.alpha:g}; mean-zero noise (MC SE in brackets)\n"
+        f"{k} simulated studies per cell; level {args.level:g}, one-sided alpha {args.alpha:g}; the t rule "
+        f"and the skew corrections at a mean of 0, the sign rule at a median of 0; family-wise error of "
+        f"three null hypotheses under Holm at {args.family_alpha:g} (MC SE in brackets)\n"
     )
     print(
         "| Noise | Skewness | Pairs | t: coverage | t: type-I upper | t: type-I lower "
-        "| Johnson: coverage / lower / upper | Hall: coverage / lower / upper |\n|---|---|---|---|---|---|---|---|"
+        "| Johnson: coverage / lower / upper | Hall: coverage / lower / upper "
+        "| sign: coverage | sign: type-I upper | sign: type-I lower | FWER (Holm, 3): t | FWER (Holm, 3): sign |"
+        "\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     rows = res["rows"]
     assert isinstance(rows, list)
     for r in rows:
         skew = "undefined" if math.isnan(r["skewness"]) else f"{r['skewness']:.2f}"
-        j, h = r["johnson"], r["hall"]
+        j, h, g, f = r["johnson"], r["hall"], r["sign"], r["fwer_holm3"]
         print(
             f"| {r['noise']} | {skew} | {r['pairs']} | {se(r['coverage'])} | {se(r['type_I_upper'])} | "
             f"{se(r['type_I_lower'])} | {j['cover']:.4f} / {j['down']:.4f} / {j['up']:.4f} | "
-            f"{h['cover']:.4f} / {h['down']:.4f} / {h['up']:.4f} |"
+            f"{h['cover']:.4f} / {h['down']:.4f} / {h['up']:.4f} | {se(g['cover'])} | {se(g['up'])} | "
+            f"{se(g['down'])} | {se(f['t'])} | {se(f['sign'])} |"
         )
     write_json(args.json, res)
     return 0

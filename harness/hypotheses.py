@@ -41,6 +41,8 @@ _TEST = {
     "better": Field(str, check=one_of(*CHOICES["better"])),
     "censoring": Field(str, required=False, default=None, check=one_of(*CHOICES["censoring"])),
     "period_adjusted": Field(bool, required=False, default=False),
+    # the rule: t (the mean; the default) or sign (the exact sign test of the median, for skewed data)
+    "test": Field(str, required=False, default=None),  # its values: the core's rule_problems
     # restricted mean: the restriction time tau (s) for both arms; default, per pair, the shorter training time
     "restriction_s": Field(
         float,
@@ -89,5 +91,7 @@ def parse_hypotheses(doc: yamlio.Document, raw: dict[str, Any], studies: list[St
         if wrong:
             key, message = wrong[0]
             raise doc.error(tk + ((key,) if key in t else ()), message)
+        if h["test"] is None:
+            del h["test"]  # records of protocols that do not declare it stay as they were
         tests.append(h)
     return {**fam, "tests": tests}

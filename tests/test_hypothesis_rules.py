@@ -31,6 +31,7 @@ hypotheses = st.fixed_dictionaries(
         "censoring": st.sampled_from(["worst_rank", "restricted_mean"]),
         "period_adjusted": st.booleans(),
         "restriction_s": st.sampled_from([1.5]),
+        "test": st.sampled_from(["t", "sign", "wilcoxon"]),
     },
 )
 

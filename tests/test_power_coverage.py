@@ -244,3 +244,135 @@ def test_power_refuses_what_has_no_power(args, needle):
 
     with pytest.raises(ValueError, match=re.escape(needle)):
         power(*args, "superiority", 0.0, 0.1)
+
+
+def _aa_records(values, first=None, ttt=None):
+    """A/A pilot records whose per-pair log ratios are ``values`` (candidate first where ``first`` says)."""
+    proto = {
+        "studies": [
+            {"name": "p", "design": "paired", "arms": ["native", "native"], "configs": ["c"], "seeds": []}
+        ]
+    }
+    out = []
+    for i, v in enumerate(values):
+        cand_first = bool(first and first[i])
+        for role, t in (("baseline", 10.0), ("candidate", 10.0 * math.exp(v))):
+            pos = (role == "candidate") == cand_first
+            timings = {"training_s": t, "time_to_target_s": t * 0.5}
+            if ttt is not None and ttt[i] == role:
+                timings["time_to_target_s"] = None  # this arm missed the target
+            out.append(
+                synthetic_record(
+                    {
+                        "design": "paired",
+                        "study": "p",
+                        "config": "c",
+                        "unit": f"u{i:03d}",
+                        "role": role,
+                        "position": 0 if pos else 1,
+                    },
+                    protocol=proto,
+                    timings=timings,
+                )
+            )
+    return out
+
+
+def test_sign_power_matches_simulation_of_the_sign_test():
+    from analysis.audit.ranks import sign_test
+    from analysis.power import beyond_bounds, sign_critical, sign_power
+
+    rng = random.Random(4)
+    pilot = tuple(math.exp(rng.gauss(0, 1)) - 1.0 for _ in range(30))  # skewed, like stalls
+    region, mean, n, alpha = (None, 0.0), -0.4, 25, 0.025
+    p = beyond_bounds(pilot, region, mean)[0]
+    # the sign test on Bernoulli(p) signs, simulated, against the binomial power
+    hits = sum(
+        sign_test([-1.0 if rng.random() < p else 1.0 for _ in range(n)], None, 0.0)[2] < alpha
+        for _ in range(20000)
+    )
+    assert abs(hits / 20000 - sign_power(n, pilot, alpha, region, mean)) < 4 * math.sqrt(0.25 / 20000)
+    # the critical count against scipy's binomial
+    for m in (3, 5, 12, 40):
+        c = sign_critical(m, alpha)
+        ok = [k for k in range(m + 1) if stats.binom.sf(k - 1, m, 0.5) < alpha]
+        assert c == (min(ok) if ok else None)
+
+
+def test_planning_reads_the_rule_the_hypothesis_declares():
+    from analysis.power import data_rule
+
+    rng = random.Random(2)
+    skewed = [0.3 * (math.exp(rng.gauss(0, 1)) - 1.6) for _ in range(20)]
+    target = {
+        "studies": [{"name": "s", "seeds": list(range(30)), "configs": ["c"]}],
+        "hypotheses": {
+            "procedure": "fixed_sequence",
+            "family_alpha": 0.025,
+            "min_pairs": 3,
+            "tests": [
+                {
+                    "id": h,
+                    "study": "s",
+                    "config": "c",
+                    "endpoint": "training_time",
+                    "estimand": "log_ratio",
+                    "type": "superiority",
+                    "better": "lower",
+                    "margin": 0.0,
+                    **({"test": "sign"} if h == "sign" else {}),
+                }
+                for h in ("t", "sign")
+            ],
+        },
+    }
+    rows = {r.id: r for r in plan(_aa_records(skewed), target, {"t": 0.2, "sign": 0.2})}
+    assert rows["t"].rule == "t" and rows["sign"].rule == "sign"
+    assert rows["t"].data_rule == data_rule(rows["t"].skewness) == "sign"  # |G1| > 1 calls for sign
+    assert rows["sign"].n80 != rows["t"].n80 and math.isnan(rows["sign"].half_width_at_planned)
+    assert data_rule(0.3) == "t" and data_rule(None) == "t" and data_rule(-1.5) == "sign"
+
+
+def test_period_adjusted_planning_uses_the_pooled_within_order_sd():
+    rng = random.Random(6)
+    first = [i % 2 == 1 for i in range(16)]
+    # a period effect of +-0.2: the plain sd carries it, the period-adjusted test does not
+    vals = [(0.2 if f else -0.2) + rng.gauss(0, 0.02) for f in first]
+    recs = _aa_records(vals, first)
+    plain = aa_noise(recs, "training_time", "log_ratio")["c"]
+    h = {
+        "id": "h",
+        "study": "p",
+        "config": "c",
+        "endpoint": "training_time",
+        "estimand": "log_ratio",
+        "type": "superiority",
+        "better": "lower",
+        "period_adjusted": True,
+    }
+    adj = aa_noise(recs, "training_time", "log_ratio", None, h)["c"]
+    groups = [[v for v, f in zip(vals, first) if f == g] for g in (False, True)]
+    pooled = math.sqrt(sum(stats.tvar(g) * (len(g) - 1) for g in groups) / (len(vals) - 2))
+    assert adj.sd == pytest.approx(pooled, rel=1e-12) and plain.sd > 5 * adj.sd
+
+
+def test_censored_planning_counts_the_pilots_unreached_targets():
+    vals = [0.0] * 10
+    missed = [None] * 10
+    missed[2], missed[7] = "candidate", "baseline"
+    recs = _aa_records(vals, ttt=missed)
+    h = {
+        "id": "h",
+        "study": "p",
+        "config": "c",
+        "endpoint": "time_to_target",
+        "estimand": "log_ratio",
+        "type": "superiority",
+        "better": "lower",
+        "censoring": "restricted_mean",
+    }
+    with_censoring = aa_noise(recs, "time_to_target", "log_ratio", None, h)["c"]
+    both_reached = aa_noise(recs, "time_to_target", "log_ratio")["c"]
+    assert with_censoring.pairs == 10 and both_reached.pairs == 8
+    # the two unreached arms count at the restriction (the training time, 2x the reached time)
+    assert sorted(with_censoring.values)[0] == pytest.approx(-math.log(2)) and both_reached.identical

@@ -22,7 +22,7 @@ from typing import Any
 from .attempts import Completeness
 from .descriptive import reduction
 from .hypotheses import Family, Hypothesis, Pair, PairRow, bounds, test_of, values_of
-from .ranks import signed_rank
+from .ranks import median_bounds, signed_rank
 from .ttests import TestResult, critical_t, passes, sign
 
 #: Endpoints measured in run time: the budget rule's stop depends on them (:func:`decide`).
@@ -138,9 +138,11 @@ def decide(
     t test, its statistic exceeds the critical value ``t_{1-alpha, df}`` by a relative ``1e-12``, the
     same doubles in the audit, so a ``p`` within rounding of alpha never splits them; for ranks, the
     exact ``p`` is below alpha): ``P(p <= alpha) <= alpha`` holds for the rank rule when the
-    differences are symmetric about zero under the null, and for the t rule when the per-pair values
-    are close to normal (``benchmarks/coverage.py`` simulates normal noise
-    only; strongly skewed differences inflate the t rule's error), and the strict one
+    differences are symmetric about zero under the null, for the sign rule (``test: sign``) under
+    every distribution (its null is the median's; :func:`.ranks.sign_test`), and for the t rule when
+    the per-pair values are close to normal or symmetric (``benchmarks/coverage.py --noise-sweep``:
+    strongly skewed differences inflate the t rule's family-wise error to 0.16-0.60 at a nominal
+    0.05, the sign rule's stays at 0-0.051 in every family simulated), and the strict one
     never establishes on a p-value that only reaches alpha (an atom of a discrete rank
     distribution, or a rounding of one). A t test whose per-pair values agree to the rounding of the
     endpoint values (:func:`.descriptive.spread_is_rounding`; period-adjusted: within each order
@@ -158,7 +160,9 @@ def decide(
     procedure = fixed_sequence if family.procedure == "fixed_sequence" else holm
     verdicts, used = procedure(tested, family.family_alpha)
     return [
-        _decision(h, t, verdicts[h.id], used[h.id], unreached, completeness)
+        _decision(
+            h, t, verdicts[h.id], used[h.id], unreached, completeness, pairs_of.get((h.study, h.config), [])
+        )
         for h, t, _why, unreached in tested
     ]
 
@@ -180,20 +184,27 @@ def _tested(
 
 
 def _in_units(
-    t: TestResult, a: float | None, estimand: str
+    t: TestResult, a: float | None, h: Hypothesis, pairs: Sequence[Pair | PairRow]
 ) -> tuple[float | None, float | None, float | None, float | None]:
-    """A test's estimate and, for a t test with an alpha, its two-sided ``1 - 2 a`` interval, in the
-    estimand's units: (estimate, low, high, level)."""
-    if t.method == "signed-rank" or t.estimate is None or t.standard_error is None:  # a t test has both
+    """A test's estimate and, for a t or sign test with an alpha, its two-sided ``1 - 2 a`` interval
+    (the sign test's: :func:`.ranks.median_bounds`, ``None`` at an unbounded end), in the estimand's
+    units: (estimate, low, high, level)."""
+    if t.method not in ("t", "t-period-adjusted", "sign") or t.estimate is None:
         return t.estimate, None, None, None
-    rr = estimand == "relative_reduction"
+    rr = h.estimand == "relative_reduction"
     estimate = reduction(t.estimate) if rr else t.estimate
     if a is None:
         return estimate, None, None, None
-    q = critical_t(a, t.df)
-    low, high = t.estimate - q * t.standard_error, t.estimate + q * t.standard_error
+    low: float | None
+    high: float | None
+    if t.method == "sign":
+        low, high = median_bounds(values_of(h, pairs)[0], a)
+    else:
+        assert t.standard_error is not None  # a t test has one
+        q = critical_t(a, t.df)
+        low, high = t.estimate - q * t.standard_error, t.estimate + q * t.standard_error
     if rr:
-        low, high = reduction(high), reduction(low)
+        low, high = (None if high is None else reduction(high)), (None if low is None else reduction(low))
     return estimate, low, high, 1.0 - 2.0 * a
 
 
@@ -204,13 +215,14 @@ def _decision(
     a: float | None,
     unreached: dict[str, int] | None,
     completeness: Completeness,
+    pairs: Sequence[Pair | PairRow],
 ) -> HypothesisDecision:
     st, reason = verdict
     if (
         t is not None and t.method == "identity" and reason is None
     ):  # the report's reason column says which rule
         reason = "every pair identical: the identity rule (records of schema 4 on)"
-    estimate, low, high, level = _in_units(t, a, h.estimand) if t is not None else (None, None, None, None)
+    estimate, low, high, level = _in_units(t, a, h, pairs) if t is not None else (None, None, None, None)
     return HypothesisDecision(
         hypothesis=h,
         status=st,
@@ -218,7 +230,9 @@ def _decision(
         alpha=a,
         test=asdict(t) if t is not None else None,
         estimate=estimate,
-        estimate_of=None if t is None else (t.estimate_of if t.method == "signed-rank" else _label(h)),
+        estimate_of=None
+        if t is None
+        else (t.estimate_of if t.method in ("signed-rank", "sign") else _label(h)),
         low=low,
         high=high,
         level=level,
@@ -256,7 +270,12 @@ def _text(
         held = "the interval [0, 0] lies inside" if status == "established" else "0 is not inside"
         return f"{head}: {status}: every pair identical (the identity rule: {held} the alternative region)"
     stats = f"{p_text(t.p_value)} against alpha {a:.3g}" if a is not None else p_text(t.p_value)
-    if low is not None and a is not None:  # an interval is made only at a level: a is set
+    if t.method == "sign":
+        stats += f"; sign test of the median, {int(t.statistic)} of {t.n} pairs favourable"
+        if a is not None:
+            iv = "unbounded (too few pairs for the level)" if low is None else f"{low:+.5g} to {high:+.5g}"
+            stats += f"; {100 * (1 - 2 * a):.4g}% interval for the median {iv}"
+    elif low is not None and a is not None:  # an interval is made only at a level: a is set
         stats += f"; {100 * (1 - 2 * a):.4g}% interval {low:+.5g} to {high:+.5g}"
     verdict = status if reason is None else f"{status} ({reason})"
     prefix = ""

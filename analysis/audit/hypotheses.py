@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .descriptive import magnitude_problem, mean_se, rounding_scale, scale, spread_is_rounding
-from .ranks import median, signed_rank, worst_rank_differences
+from .ranks import median, sign_test, signed_rank, worst_rank_differences
 from .ttests import TestResult, one_sided, period_adjusted_mean, sign, t_result
 
 #: A used pair's row as the summary holds it (``summary.json``'s ``pairs``): unit, seed, order, first,
@@ -115,6 +115,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "better": ("lower", "higher"),
     "censoring": ("worst_rank", "restricted_mean"),
     "procedure": ("holm", "fixed_sequence"),
+    "test": ("t", "sign"),
 }
 
 
@@ -124,13 +125,13 @@ def rule_problems(h: Mapping[str, Any]) -> list[tuple[str, str]]:
     without its censoring rule, a worst-rank test that is not superiority at margin 0 (it is a rank
     test of the sign of the difference: it has no margin and no period adjustment), censoring or a
     restriction time where they do not apply, a relative margin of 100% or more, BPB compared other
-    than as a difference. The one home of these rules: ``harness plan`` (the protocol parser) names
+    than as a difference, a sign test with a period adjustment. The one home of these rules: ``harness plan`` (the protocol parser) names
     the first in the protocol file; the audit reading the tagged protocol and :func:`.decisions.decide`
     refuse the hypothesis with it."""
     out: list[tuple[str, str]] = []
-    for key in ("endpoint", "estimand", "type", "better", "censoring"):
+    for key in ("endpoint", "estimand", "type", "better", "censoring", "test"):
         v = h.get(key)
-        if (v is not None or key != "censoring") and v not in CHOICES[key]:
+        if (v is not None or key not in ("censoring", "test")) and v not in CHOICES[key]:
             out.append((key, f"{v!r} is not one of {', '.join(CHOICES[key])}"))
     if out:
         return out
@@ -154,6 +155,8 @@ def rule_problems(h: Mapping[str, Any]) -> list[tuple[str, str]]:
         out.append(("censoring", "censoring applies to time_to_target only"))
     if h.get("restriction_s") is not None and cens != "restricted_mean":
         out.append(("restriction_s", "restriction_s is the restriction time of censoring: restricted_mean"))
+    if h.get("test") == "sign" and h.get("period_adjusted"):
+        out.append(("test", "the sign test has no period adjustment: period_adjusted is for the t test"))
     if h["estimand"] == "relative_reduction" and margin >= 100:
         out.append(("margin", "a relative_reduction margin is a percentage below 100"))
     if h["estimand"] != "difference" and h["endpoint"] == "test_bpb":
@@ -198,6 +201,10 @@ class Hypothesis:
         by default each pair's shorter training time).
     period_adjusted
         Test the AB/BA period-adjusted mean instead of the plain mean.
+    test
+        ``None`` or ``t``: the paired t test of the mean (the signed-rank test for worst-rank
+        scores); ``sign``: the exact sign test of the median (:func:`.ranks.sign_test`), the rule
+        for skewed differences, declared before any outcome exists.
     """
 
     id: str
@@ -211,6 +218,7 @@ class Hypothesis:
     censoring: str | None = None
     period_adjusted: bool = False
     restriction_s: float | None = None
+    test: str | None = None
 
     @classmethod
     def of(cls, h: Hypothesis | Mapping[str, Any]) -> Hypothesis:
@@ -489,6 +497,21 @@ def identity_result(h: Hypothesis, n: int) -> TestResult:
     return TestResult("identity", n, 0.0, None, 0, 0.0, 0.0 if inside else 1.0, IDENTICAL)
 
 
+#: What a sign test's estimate is (:func:`sign_result`).
+MEDIAN_OF = "median of the per-pair values"
+
+
+def sign_result(values: Sequence[float], region: tuple[float | None, float | None]) -> TestResult:
+    """The sign test of ``h``'s region for the median of its per-pair values (:func:`.ranks.sign_test`).
+
+    Its estimate is the sample median on the test scale; its statistic the count of values inside
+    the region's bound (for equivalence, on the side with the larger p); no standard error. The
+    interval the decision shows is :func:`.ranks.median_bounds` at the alpha the procedure used.
+    """
+    n, k, p = sign_test(values, *region)
+    return TestResult("sign", n, median(values), None, 0, float(k), p, MEDIAN_OF)
+
+
 def test_of(
     h: Hypothesis, pairs: Sequence[Pair | PairRow], min_pairs: int, identity: bool = False
 ) -> tuple[TestResult | None, str | None, dict[str, int] | None]:
@@ -521,6 +544,8 @@ def test_of(
         return None, f"a relative margin of {h.margin:g}% has no ratio", unreached
     if identity and values and all(v == 0.0 for v in values):
         return identity_result(h, len(values)), None, unreached
+    if h.test == "sign":
+        return sign_result(values, region), None, unreached
     if scales is None:  # worst-rank scores: the signed-rank test
         if all(v == 0.0 for v in values):
             return None, "identical: every pair's difference is exactly 0", unreached

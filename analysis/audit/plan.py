@@ -128,6 +128,7 @@ def _resolved_tests(h: dict[str, Any], studies: list[dict[str, Any]]) -> dict[st
                 "censoring": t.get("censoring"),
                 "period_adjusted": t.get("period_adjusted", False),
                 "restriction_s": float(t["restriction_s"]) if t.get("restriction_s") is not None else None,
+                **({"test": t["test"]} if t.get("test") is not None else {}),
             }
         )
     out = {

@@ -27,7 +27,8 @@ class TestResult:
     ----------
     method : str
         ``t`` (paired Student t on the per-pair values), ``t-period-adjusted`` (two-period crossover)
-        ``signed-rank`` (Wilcoxon signed-rank on worst-rank scores) or ``identity`` (every pair's
+        ``signed-rank`` (Wilcoxon signed-rank on worst-rank scores), ``sign`` (the exact sign test of
+        the median, :func:`.hypotheses.sign_result`) or ``identity`` (every pair's
         difference exactly 0: :func:`.hypotheses.identity_result`, ``p`` 0 or 1).
     n : int
         Pairs in the test (for ``signed-rank``: non-zero scores).
@@ -110,10 +111,10 @@ def passes(t: TestResult, alpha: float) -> bool:
     quantile is accurate to about ``1e-13`` relative for ``df`` up to 5000 (checked against scipy), so
     the rule never establishes on a t statistic below the true critical value.
     Identity (every difference exactly 0): ``p < alpha`` with ``p`` 0 or 1.
-    Signed-rank: ``p < alpha`` strictly, with ``p`` an exact count over ``2^n`` (the same double in
+    Signed-rank and sign: ``p < alpha`` strictly, with ``p`` an exact count over ``2^n`` (the same double in
     both). Strict: a p-value that only reaches alpha (an atom of a discrete distribution) fails.
     """
-    if t.method in ("signed-rank", "identity"):
+    if t.method in ("signed-rank", "identity", "sign"):
         return t.p_value < alpha
     return t.statistic > critical_t(alpha, t.df) * (1.0 + CRITICAL_MARGIN)
 
