@@ -58,6 +58,7 @@ from audit.order import by_device, drift  # noqa: E402
 from audit.plan import expected_summary, plan_from_protocol  # noqa: E402
 from audit.ranks import signed_rank, upper_tail_count  # noqa: E402
 from audit.recompute import compare, recompute  # noqa: E402
+from audit.sequential import looks_problems  # noqa: E402
 from audit.tag import FREEZE_MARKER, frozen_trees, is_exempt, parse_manifest  # noqa: E402
 from audit.tdist import student_t_ppf, t_critical  # noqa: E402
 from audit.yamlsub import YamlError, yaml_subset  # noqa: E402
@@ -71,6 +72,7 @@ __all__ = [
     "CHOICES",
     "family_problems",
     "rule_problems",
+    "looks_problems",
     "FREEZE_MARKER",
     "RECORD_SUFFIX",
     "STARTED_SUFFIX",

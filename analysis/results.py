@@ -209,12 +209,15 @@ class Hypotheses(_Json):
     family_alpha: float
     min_pairs: int
     decisions: Sequence[Decided]
+    # a group-sequential design's looks (analysis.audit.looks): the design, each look, the stop
+    sequential: Mapping[str, Any] | None = field(default=None, metadata={"omit_none": True})
 
     @classmethod
     def read(cls, data: Mapping[str, Any], tests: Sequence[Mapping[str, Any]], where: str) -> Hypotheses:
         if not isinstance(data, Mapping):
             raise SummaryFormatError(f"{where}: expected a JSON object")
-        exact_fields(where, data, [f.name for f in fields(cls)], SummaryFormatError)
+        names = [f.name for f in fields(cls) if f.name in data or not f.metadata.get("omit_none")]
+        exact_fields(where, data, names, SummaryFormatError)
         rows = data["decisions"]
         if not isinstance(rows, list):
             raise SummaryFormatError(f"{where}.decisions: expected a JSON list")
@@ -223,6 +226,7 @@ class Hypotheses(_Json):
             family_alpha=data["family_alpha"],
             min_pairs=data["min_pairs"],
             decisions=[Decided.from_json(d, f"{where}.decisions[{i}]", tests) for i, d in enumerate(rows)],
+            sequential=data.get("sequential"),
         )
 
 

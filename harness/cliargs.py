@@ -17,7 +17,11 @@ DEVICE_HELP = "auto (mps, then cuda, then cpu), cpu, cuda or mps"
 RUN_COMPLETE, RUN_FAILED_RUNS, RUN_REFUSED, RUN_BUDGET_STOP, RUN_NOT_DONE, RUN_NO_REPORT = 0, 1, 2, 3, 4, 5
 RUN_INTERRUPTED, RUN_TERMINATED = 130, 143
 RUN_ENDINGS: list[tuple[int, str]] = [
-    (RUN_COMPLETE, "complete: every planned run ended ok; the report is written and printed"),
+    (
+        RUN_COMPLETE,
+        "complete: every planned run ended ok, or the preregistered sequential rule stopped the study "
+        "at a look; the report is written and printed",
+    ),
     (
         RUN_FAILED_RUNS,
         "complete, with failed runs (recorded with their reasons, counted in the report, which is "

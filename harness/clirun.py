@@ -130,6 +130,13 @@ def run_ending(proto: Any, end: Any) -> tuple[int, str]:
             f"started; {spent}. The report above is the study's result (its banner says so); {where}.\n"
             + then
         )
+    if end.stopped_at_look is not None and end.left:
+        look = end.stopped_at_look
+        return RUN_COMPLETE, (
+            f"STOPPED AT LOOK {look['look']} by the preregistered sequential rule ({look['stop']}, "
+            f"{look['pairs']} pairs): {end.planned - end.left} of {end.planned} runs done, {end.left} not "
+            f"needed. The report above is the study's result; {where}."
+        )
     if end.left:
         held = (
             f"{end.held_elsewhere} of them in units another runner holds (harness status shows what "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from analysis.public_audit import CHOICES, family_problems, rule_problems
+from analysis.public_audit import CHOICES, family_problems, looks_problems, rule_problems
 from harness import yamlio
 from harness.names import ID_RE
 from harness.yamlio import Field, one_of
@@ -29,6 +29,8 @@ _FAMILY = {
     "tests": Field(list),
     # a budget stop depends on run times: decide time endpoints after one only if preregistered
     "decide_time_after_budget_stop": Field(bool, required=False, default=False),
+    # a group-sequential design: {looks: [n_1, ..., n_K], spending: ..., futility_z: ...}
+    "sequential": Field(dict, required=False, default=None),
 }
 _TEST = {
     "id": Field(str, check=lambda v: None if ID_RE.match(v) else "letters, digits, - and _ only"),
@@ -94,4 +96,12 @@ def parse_hypotheses(doc: yamlio.Document, raw: dict[str, Any], studies: list[St
         if h["test"] is None:
             del h["test"]  # records of protocols that do not declare it stay as they were
         tests.append(h)
+    if fam["sequential"] is None:
+        del fam["sequential"]  # records of protocols without one stay as they were
+    else:
+        planned = [len(by_name[h["study"]].seeds) for h in tests]
+        wrong = looks_problems(fam["sequential"], planned)
+        if wrong:
+            key, message = wrong[0]
+            raise doc.error(kp + ("sequential",) + ((key,) if key in fam["sequential"] else ()), message)
     return {**fam, "tests": tests}

@@ -76,6 +76,26 @@ def analysed(records: Sequence[Rec]) -> list[Rec]:
     return [r for r in records if r.get("unit_attempt", 1) == latest[r["spec"]["unit"]]]
 
 
+def final_units(records: Sequence[Rec]) -> set[str]:
+    """The units that are final in the analysed records: every run's latest attempt ok, or one of
+    them failed (nothing is left to run without ``--retry-failed``). A unit counts its runs by the
+    protocol: two for a pair, one per cell for a block."""
+    proto = records[0]["protocol"] if records else {}
+    size = {
+        st["name"]: 2 if st["design"] == "paired" else len(design_of(st)[1])
+        for st in proto.get("studies", [])
+    }
+    latest = final_attempts(analysed(records))
+    by_unit: dict[str, list[str]] = {}
+    for r in latest.values():
+        by_unit.setdefault(r["spec"]["unit"], []).append(r["status"])
+    return {
+        u
+        for u, sts in by_unit.items()
+        if "failed" in sts or sts.count("ok") == size.get(u.split(".", 1)[0], 2)
+    }
+
+
 def redrawn(records: Sequence[Rec]) -> list[str]:
     """The runs analysed from a later attempt than their first (``attempt`` > 1, or a unit that ran
     again whole, ``unit_attempt`` > 1), by run id in ledger order: an earlier attempt of each

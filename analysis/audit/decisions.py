@@ -84,7 +84,9 @@ def p_text(p: float) -> str:
     return f"p < {P_FLOOR:.0e}" if p < P_FLOOR else f"p = {p:.3g}"
 
 
-def _gate(h: Hypothesis, family: Family, completeness: Completeness) -> str | None:
+def gate(h: Hypothesis, family: Family, completeness: Completeness) -> str | None:
+    """Why ``h`` is not decided on these records (incomplete, or a budget stop before a time
+    endpoint's decision that the protocol did not preregister), or ``None``."""
     if completeness.complete is False and not completeness.budget_stop:
         return (
             f"incomplete: {completeness.missing_runs} of {completeness.planned_runs} planned runs have "
@@ -160,7 +162,7 @@ def decide(
     procedure = fixed_sequence if family.procedure == "fixed_sequence" else holm
     verdicts, used = procedure(tested, family.family_alpha)
     return [
-        _decision(
+        decision_of(
             h, t, verdicts[h.id], used[h.id], unreached, completeness, pairs_of.get((h.study, h.config), [])
         )
         for h, t, _why, unreached in tested
@@ -175,9 +177,9 @@ def _tested(
 ) -> list[Tested]:
     out: list[Tested] = []
     for h in family.tests:
-        gate = _gate(h, family, completeness)
-        if gate is not None:
-            out.append((h, None, gate, None))
+        gate_ = gate(h, family, completeness)
+        if gate_ is not None:
+            out.append((h, None, gate_, None))
         else:
             out.append((h, *test_of(h, pairs_of.get((h.study, h.config), []), family.min_pairs, identity)))
     return out
@@ -208,7 +210,7 @@ def _in_units(
     return estimate, low, high, 1.0 - 2.0 * a
 
 
-def _decision(
+def decision_of(
     h: Hypothesis,
     t: TestResult | None,
     verdict: tuple[str, str | None],
@@ -217,6 +219,8 @@ def _decision(
     completeness: Completeness,
     pairs: Sequence[Pair | PairRow],
 ) -> HypothesisDecision:
+    """One hypothesis' decision from its test, its verdict ``(status, reason)`` and the alpha its
+    test used (the interval is two-sided at ``1 - 2 a``), in the estimand's units, with its sentence."""
     st, reason = verdict
     if (
         t is not None and t.method == "identity" and reason is None

@@ -12,6 +12,7 @@ from typing import Any
 
 from .anchors import check_anchor, check_signature, signers_kept
 from .attempts import unfinished
+from .barrier import look_problems
 from .corpora import check_corpus
 from .freeze import check_freeze, check_protocol_copies, check_time, check_versions, check_what_ran
 from .ledger import (
@@ -119,6 +120,8 @@ def audit_dir(
         fail("anchored heads", found, detail)
     # the statistics use the tag's study
     records = [{**r, "protocol": {**r["protocol"], **proto}} for r in records]
+    if "sequential" in (proto.get("hypotheses") or {}):
+        fail("sequential looks", look_problems(records, started), "every look on complete pairs, in order")
     open_ = unfinished(records, started)
     if plan is not None:
         notes.extend(plan_notes(directory, plan, records, open_))

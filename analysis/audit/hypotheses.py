@@ -19,6 +19,7 @@ from typing import Any
 
 from .descriptive import magnitude_problem, mean_se, rounding_scale, scale, spread_is_rounding
 from .ranks import median, sign_test, signed_rank, worst_rank_differences
+from .sequential import looks_problems
 from .ttests import TestResult, one_sided, period_adjusted_mean, sign, t_result
 
 #: A used pair's row as the summary holds it (``summary.json``'s ``pairs``): unit, seed, order, first,
@@ -259,6 +260,8 @@ class Family:
         The hypotheses, typed (:meth:`Hypothesis.of`).
     decide_time_after_budget_stop
         Whether time endpoints are decided after a budget stop (the stop depends on run times).
+    sequential
+        The group-sequential design (:class:`Sequential`), or ``None`` for one analysis at the end.
     """
 
     procedure: str
@@ -266,6 +269,7 @@ class Family:
     min_pairs: int
     tests: tuple[Hypothesis, ...]
     decide_time_after_budget_stop: bool = False
+    sequential: Sequential | None = None
 
     @classmethod
     def of(cls, spec: Family | Mapping[str, Any]) -> Family:
@@ -276,6 +280,11 @@ class Family:
         if unknown:
             raise ValueError(f"hypotheses: unknown keys {', '.join(unknown)}")
         wrong = family_problems(spec)
+        seq = spec.get("sequential")
+        if seq is not None and not wrong:
+            looks = seq.get("looks") if isinstance(seq, dict) else None
+            last = looks[-1] if isinstance(looks, list) and looks else 0
+            wrong = [(f"sequential.{k}", m) for k, m in looks_problems(seq, [last])]
         if wrong:
             raise ValueError(f"hypotheses: {wrong[0][0]}: {wrong[0][1]}")
         return cls(
@@ -284,7 +293,26 @@ class Family:
             min_pairs=int(spec["min_pairs"]),
             tests=tuple(map(Hypothesis.of, spec["tests"])),
             decide_time_after_budget_stop=bool(spec.get("decide_time_after_budget_stop", False)),
+            sequential=None if seq is None else Sequential.of(seq),
         )
+
+
+@dataclass(frozen=True)
+class Sequential:
+    """A group-sequential design (:mod:`.sequential`): the pair counts of its looks (the last is the
+    planned number of pairs), its alpha-spending function and its non-binding futility bound on the
+    Z scale of each test's p-value (``None``: no futility stop)."""
+
+    looks: tuple[int, ...]
+    spending: str
+    futility_z: float | None = None
+
+    @classmethod
+    def of(cls, spec: Sequential | Mapping[str, Any]) -> Sequential:
+        if isinstance(spec, Sequential):
+            return spec
+        fut = spec.get("futility_z")
+        return cls(tuple(spec["looks"]), spec["spending"], None if fut is None else float(fut))
 
 
 def bounds(h: Hypothesis | Mapping[str, Any]) -> tuple[float | None, float | None]:

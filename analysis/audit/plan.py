@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .attempts import analysed, completeness, latest_unit, redrawn
+from .attempts import analysed, latest_unit, redrawn
 from .factorial import from_yaml, williams
 from .hypotheses import Family
+from .sequential import looks_problems
 
 
 def plan_from_protocol(
@@ -137,7 +138,12 @@ def _resolved_tests(h: dict[str, Any], studies: list[dict[str, Any]]) -> dict[st
         "min_pairs": h["min_pairs"],
         "decide_time_after_budget_stop": bool(h.get("decide_time_after_budget_stop", False)),
         "tests": tests,
+        **({"sequential": h["sequential"]} if h.get("sequential") is not None else {}),
     }
+    if h.get("sequential") is not None:
+        wrong = looks_problems(h["sequential"], [len(by_name[t["study"]]["seeds"]) for t in tests])
+        if wrong:
+            raise ValueError(f"hypotheses: sequential.{wrong[0][0]}: {wrong[0][1]}")
     Family.of(out)  # refuses (ValueError, naming the hypothesis and key) what harness plan refuses
     return out
 
@@ -289,9 +295,11 @@ def plan_notes(
             "earlier attempt of each started and is not the one analysed, so its outcome (the "
             "checkpoint, the log) could have been seen before the run was drawn again"
         )
-    if missing:  # INCOMPLETE, or STOPPED BY THE BUDGET RULE where the rule explains the stop
-        done = completeness(records) if records else None
-        text = done.text if done and done.missing_runs == missing else None
+    if missing:  # INCOMPLETE, STOPPED BY THE BUDGET RULE or AT A LOOK where a rule explains the stop
+        from .recompute import recompute  # the completeness the summary states, a sequential stop's too
+
+        done = recompute(records)["completeness"] if records else None
+        text = done["text"] if done and done["missing_runs"] == missing else None
         notes.append(
             f"{directory}: {text or f'INCOMPLETE: {missing} of {len(plan)} planned runs have no ok record'}"
         )

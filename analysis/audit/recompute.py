@@ -9,11 +9,23 @@ import math
 from dataclasses import asdict
 from typing import Any
 
-from .attempts import Rec, analysed, completeness, failed_pairs, flow, peak, run_rows, unfinished
+from .attempts import (
+    Completeness,
+    Rec,
+    analysed,
+    completeness,
+    failed_pairs,
+    final_units,
+    flow,
+    peak,
+    run_rows,
+    unfinished,
+)
 from .decisions import decide, sensitivity
 from .descriptive import descriptive_interval, endpoint, valid
 from .factorial import design_of, factorial_effects
-from .hypotheses import cpu_time_columns
+from .hypotheses import Family, cpu_time_columns
+from .looks import looks_reached, run_looks, sequential_decisions
 from .order import by_device, crossover, drift, positions
 
 REL_TOL = 1e-9
@@ -63,7 +75,15 @@ def recompute(records: list[dict[str, Any]], started: list[dict[str, Any]] | Non
         # identical pairs are decided by identity in records of schema 4 on (the rule they are
         # written under); earlier records keep the rule they were tagged with: not reached
         identity = all(r.get("schema_version", 1) >= 4 for r in records)
-        for decision in decide(spec, pairs_of, done, identity):
+        family = Family.of(spec)
+        sequential = None
+        if family.sequential is not None:
+            looks = run_looks(family, pairs_of, looks_reached(proto, family, final_units(records)), identity)
+            done, sequential = _sequential(family, looks, done)
+            decided = sequential_decisions(family, pairs_of, done, looks)
+        else:
+            decided = decide(family, pairs_of, done, identity)
+        for decision in decided:
             h = next(t for t in spec["tests"] if t["id"] == decision.id)
             d = decision.as_dict()
             d["sensitivity"] = sensitivity(
@@ -75,6 +95,7 @@ def recompute(records: list[dict[str, Any]], started: list[dict[str, Any]] | Non
             "family_alpha": spec["family_alpha"],
             "min_pairs": spec["min_pairs"],
             "decisions": decisions,
+            **({"sequential": sequential} if sequential is not None else {}),
         }
     status = [r["status"] for r in records]
     return {
@@ -96,6 +117,37 @@ def recompute(records: list[dict[str, Any]], started: list[dict[str, Any]] | Non
         "studies": studies,
         "runs": run_rows(records),
     }
+
+
+def _sequential(family: Family, looks: list[Any], done: Completeness) -> tuple[Completeness, dict[str, Any]]:
+    """The summary's ``hypotheses.sequential`` (the design, every look taken, where the rule stopped)
+    and the completeness, whose text says so when the rule stopped the study before its last look."""
+    seq = family.sequential
+    assert seq is not None
+    last = looks[-1] if looks else None
+    stop = last.stop if last is not None else None
+    out = {
+        "looks_planned": list(seq.looks),
+        "spending": seq.spending,
+        "futility_z": seq.futility_z,
+        "looks": [lk.as_dict() for lk in looks],
+        "stopped_at": last.look if stop is not None and last is not None else None,
+        "stop": stop,
+    }
+    if stop in ("efficacy", "futility") and last is not None and done.missing_runs:
+        done = Completeness(
+            planned_runs=done.planned_runs,
+            ok_runs=done.ok_runs,
+            missing_runs=done.missing_runs,
+            complete=done.complete,
+            budget_stop=False,
+            text=(
+                f"STOPPED AT LOOK {last.look} OF {len(seq.looks)} by the preregistered sequential rule "
+                f"({stop}, {last.pairs} pairs): {done.missing_runs} of {done.planned_runs} planned runs "
+                "were not needed"
+            ),
+        )
+    return done, out
 
 
 def _paired(

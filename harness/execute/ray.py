@@ -137,8 +137,10 @@ class RayExecutor:
         placement: dict[str, Any] = {}  # where _widen pins the unit being claimed
         widen = partial(self._widen, runner, ray, placement)
         try:
-            while (waiting and not runner.stopped_for_budget) or inflight:
-                while waiting and not runner.stopped_for_budget and len(inflight) < capacity:
+            while (waiting and not runner.halted) or inflight:
+                while waiting and not runner.halted and len(inflight) < capacity:
+                    if inflight and runner.look_waits(waiting[0]):
+                        break  # a look's pairs are still running: take the look before this unit
                     claim = runner.claim(waiting.pop(0), sum(r[2] for r in inflight.values()), widen)
                     if claim is None:
                         continue

@@ -35,7 +35,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from analysis.public_audit import Attempt, BudgetCheck, torch_matches
+from analysis.public_audit import Attempt, BudgetCheck, recompute, torch_matches
 from analysis.public_audit import check as budget_check
 from harness import freeze, gitutil
 from harness.data.corpora import LocalCorpus
@@ -54,6 +54,7 @@ from harness.execute.job import Job
 from harness.execute.launchers import Outcome
 from harness.execute.local import LocalExecutor
 from harness.execute.state import Progress, RunEnd, RunState, claimed, note_record
+from harness.jsonfields import plain
 from harness.ledger import Ledger, check_records_folder, study_ledger
 from harness.plan import make_plan, plan_sha256, units
 from harness.protocol import Protocol
@@ -63,6 +64,7 @@ from harness.records import (
     RunSpec,
     atomic_write,
     budget_attempts,
+    jsonable,
 )
 
 
@@ -95,6 +97,8 @@ class Runner:
         self.progress = Progress(total=len(self.runs))
         self.stopped_for_budget = False
         self.last_budget: BudgetCheck | None = None  # the budget rule's verdict on the last unit
+        self.stopped_at_look: dict[str, Any] | None = None  # the look where the sequential rule stopped
+        self._looks: tuple[int, dict[str, Any] | None] = (-1, None)  # (records read, the sequential summary)
         self.frozen = freeze.NOT_FROZEN
         self._ledger: Ledger | None = None
         self._starts: dict[tuple[str, int], dict[str, Any]] = {}
@@ -259,6 +263,62 @@ class Runner:
             return False
         return True
 
+    @property
+    def halted(self) -> bool:
+        """Whether no further unit starts: the budget rule, or the sequential rule at a look."""
+        return self.stopped_for_budget or self.stopped_at_look is not None
+
+    def look_allows(self, unit: list[RunSpec]) -> bool:
+        """The group-sequential barrier (:mod:`analysis.audit.looks`): a unit of a hypothesis' study
+        at seed index ``i`` starts only once every look at ``n_k <= i`` pairs is reached (its pairs
+        final) and the preregistered rule went on there. The looks are recomputed from the records
+        by the rules' one home, as the summary and the audit recompute them; where the rule stopped,
+        ``stopped_at_look`` is set and no further unit of the protocol starts."""
+        spec = self.proto.hypotheses
+        seq = spec.get("sequential") if isinstance(spec, dict) else None
+        if seq is None or unit[0].design != "paired":
+            return True
+        if unit[0].study not in {t["study"] for t in spec["tests"]}:
+            return True
+        index = int(unit[0].unit.rsplit(".pair", 1)[1])
+        due = [n for n in seq["looks"] if n <= index]
+        if not due:
+            return True
+        summary = self._sequential_summary()
+        taken = summary["looks"] if summary is not None else []
+        if summary is not None and summary["stop"] is not None:
+            look = taken[-1]
+            self.stopped_at_look = look
+            self.echo(
+                f"sequential: stopped at look {look['look']} of {len(seq['looks'])} ({look['pairs']} pairs, "
+                f"{summary['stop']}): no further run starts"
+            )
+            return False
+        return len(taken) >= len(due)  # a look not reached yet: its pairs are still running
+
+    def look_waits(self, unit: list[RunSpec]) -> bool:
+        """Whether ``unit`` lies past a look that its pairs in flight have not reached yet (a parallel
+        executor holds it back until they end, then claims it: :meth:`look_allows` decides)."""
+        spec = self.proto.hypotheses
+        seq = spec.get("sequential") if isinstance(spec, dict) else None
+        if seq is None or unit[0].design != "paired":
+            return False
+        index = int(unit[0].unit.rsplit(".pair", 1)[1])
+        due = [n for n in seq["looks"] if n <= index]
+        summary = self._sequential_summary() if due else None
+        return bool(due) and len(summary["looks"] if summary else []) < len(due)
+
+    def _sequential_summary(self) -> dict[str, Any] | None:
+        """The summary's ``hypotheses.sequential`` from the records so far (kept while no record came in)."""
+        recs = self.ledger.records()
+        if self._looks[0] != len(recs):
+            if not recs:
+                self._looks = (0, None)
+            else:
+                data = [jsonable({**r.to_json(), "protocol": plain(r.protocol)}) for r in recs]
+                self._looks = (len(recs), recompute(data)["hypotheses"].get("sequential"))
+        return self._looks[1]
+
     def claim(
         self,
         unit: list[RunSpec],
@@ -283,6 +343,9 @@ class Runner:
             self._done_known = True
         if todo and widen is not None:
             todo = widen(unit, todo, states)
+        if todo and not self.look_allows(unit):
+            lock.release()
+            return None
         if not todo or not self.budget_allows(unit, todo, attempts, reserved):
             lock.release()
             return None
@@ -312,7 +375,7 @@ class Runner:
             claim = self.claim(unit)
             if claim is not None:
                 yield claim
-            elif self.stopped_for_budget:
+            elif self.halted:
                 return
 
     def announce(self, spec: RunSpec, attempt: int, where: str = "") -> None:
@@ -370,6 +433,7 @@ class Runner:
             self.echo(note)
         self.progress = Progress(total=len(self.runs))
         self.stopped_for_budget = False
+        self.stopped_at_look = None
         try:
             self.executor.execute(self)
         finally:  # MANIFEST lags appends by seconds; the chain is the truth if this cannot run
@@ -391,6 +455,7 @@ class Runner:
             failed=failed,
             stopped_for_budget=self.stopped_for_budget and left > 0,
             budget=self.last_budget,
+            stopped_at_look=self.stopped_at_look,
         )
 
     def todo(self, unit: list[RunSpec], states: dict[str, RunState]) -> list[RunSpec]:

@@ -34,6 +34,7 @@ class RunEnd:
     stopped_for_budget: bool
     budget: BudgetCheck | None  # the rule's verdict on the unit it refused (or the last one it allowed)
     held_elsewhere: int = 0  # runs left in units whose claim another runner holds now
+    stopped_at_look: dict[str, Any] | None = None  # the look where the sequential rule stopped the study
 
 
 @dataclass
