@@ -9,6 +9,7 @@ from typing import Any
 
 from analysis.audit.attempts import FLOW_COUNTS
 from analysis.page_html import esc, html_table, num
+from analysis.report_protocol import LOOK_HEAD, look_rows, sequential_text
 from analysis.results import Descriptive, Hypotheses, Summary
 
 __all__ = ["answers_section", "claims_section", "flow_section", "verify_section"]
@@ -77,6 +78,9 @@ def answers_section(hyp: Hypotheses | Descriptive) -> list[str]:
             rows,
         )
     )
+    if hyp.sequential is not None:
+        out.append(f"<p>{esc(sequential_text(hyp.sequential))}</p>")
+        out.append(html_table("Sequential looks", LOOK_HEAD, look_rows(hyp.sequential)))
     return out
 
 

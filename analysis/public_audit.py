@@ -25,7 +25,12 @@ _ADDED = _HERE not in sys.path
 if _ADDED:
     sys.path.insert(0, _HERE)
 
-from audit.attempts import open_started, unfinished  # noqa: E402
+from audit.attempts import (  # noqa: E402
+    final_units,  # noqa: E402
+    open_started,
+    unfinished,
+)
+from audit.barrier import look_entry_records  # noqa: E402
 from audit.budget import (  # noqa: E402
     Attempt,
     BudgetCheck,
@@ -38,8 +43,14 @@ from audit.cli import main  # noqa: E402
 from audit.decisions import decide, sensitivity  # noqa: E402
 from audit.descriptive import endpoint, mean_interval, paired_values  # noqa: E402
 from audit.freeze import field_differences, torch_matches  # noqa: E402
-from audit.hypotheses import CHOICES, family_problems, rule_problems  # noqa: E402
+from audit.hypotheses import (  # noqa: E402
+    CHOICES,
+    Family,  # noqa: E402
+    family_problems,
+    rule_problems,
+)
 from audit.ledger import (  # noqa: E402
+    LOOK_SUFFIX,
     RECORD_SUFFIX,
     STARTED_SUFFIX,
     canonical,
@@ -54,6 +65,7 @@ from audit.ledger import (  # noqa: E402
     snapshot_of,
     with_snapshot,
 )
+from audit.looks import look_units  # noqa: E402
 from audit.order import by_device, drift  # noqa: E402
 from audit.plan import expected_summary, plan_from_protocol  # noqa: E402
 from audit.ranks import signed_rank, upper_tail_count  # noqa: E402
@@ -73,8 +85,13 @@ __all__ = [
     "family_problems",
     "rule_problems",
     "looks_problems",
+    "look_units",
+    "Family",
     "FREEZE_MARKER",
     "RECORD_SUFFIX",
+    "LOOK_SUFFIX",
+    "final_units",
+    "look_entry_records",
     "STARTED_SUFFIX",
     "is_snapshot_name",
     "protocol_stub",

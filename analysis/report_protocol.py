@@ -12,7 +12,7 @@ from analysis.audit.attempts import FLOW_COUNTS
 from analysis.report_md import md_table, num
 from analysis.results import Descriptive, Hypotheses, HypothesisDecision, Summary
 
-__all__ = ["decisions_section", "flow_section", "header_section", "runs_section"]
+__all__ = ["decisions_section", "flow_section", "header_section", "look_rows", "runs_section", "LOOK_HEAD"]
 
 
 def header_section(summary: Summary) -> list[str]:
@@ -125,7 +125,78 @@ def decisions_section(hyp: Hypotheses | Descriptive) -> list[str]:
         ],
         rows,
     )
+    if hyp.sequential is not None:
+        out += ["", "### Sequential looks", "", sequential_text(hyp.sequential), ""]
+        out += md_table(LOOK_HEAD, look_rows(hyp.sequential))
+        out += ["", *(f"* {x.decision.text}" for x in hyp.decisions)]
     return out + [""]
+
+
+#: The columns of the looks' table (report and page).
+LOOK_HEAD = [
+    "Look",
+    "Pairs",
+    "Hypothesis",
+    "Test",
+    "n",
+    "p (stage-wise)",
+    "Level",
+    "Nominal",
+    "At this look",
+    "Stop",
+]
+
+
+def sequential_text(seq: Mapping[str, Any]) -> str:
+    """The design in one sentence: its looks, spending, futility bound and where it stopped."""
+    fut = (
+        f", non-binding futility below z = {seq['futility_z']:g}" if seq.get("futility_z") is not None else ""
+    )
+    stop = (
+        f"; the rule stopped the study at look {seq['stopped_at']} ({seq['stop']})"
+        if seq.get("stop") in ("efficacy", "futility")
+        else "; it ran to its last look"
+        if seq.get("stop") == "final"
+        else "; the records stop before its next look"
+    )
+    return (
+        f"Group-sequential design: looks at {', '.join(map(str, seq['looks_planned']))} pairs, "
+        f"Lan-DeMets {seq['spending'].replace('_', '-')} alpha spending{fut}{stop}. Each look tests the "
+        "pairs so far against its boundary's nominal level (the decision's interval is the repeated "
+        "confidence interval at that level)."
+    )
+
+
+def look_rows(seq: Mapping[str, Any]) -> list[list[str]]:
+    """One row per look and hypothesis: its test on the pairs so far, the stage-wise p-value, the
+    hypothesis' level share, its boundary's nominal level, what the look found, and the stop."""
+    rows = []
+    for lk in seq["looks"]:
+        for h in lk["hypotheses"]:
+            found = (
+                f"established (crossed at look {h['crossed_at']})"
+                if h["established"]
+                else "below the futility bound"
+                if h["futile"]
+                else "not reached" + (f" ({h['why']})" if h["why"] else "")
+                if h["p_value"] is None
+                else "not yet"
+            )
+            rows.append(
+                [
+                    str(lk["look"]),
+                    str(lk["pairs"]),
+                    h["id"],
+                    h["method"] or "n/a",
+                    str(h["n"]) if h["n"] is not None else "n/a",
+                    num(h["p_value"], ".3g"),
+                    num(h["level"], ".3g"),
+                    num(h["nominal"], ".3g"),
+                    found,
+                    lk["stop"] or "go on",
+                ]
+            )
+    return rows
 
 
 def _estimate(d: HypothesisDecision) -> str:

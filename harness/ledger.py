@@ -33,6 +33,7 @@ from typing import Any
 from filelock import FileLock
 
 from analysis.public_audit import (
+    LOOK_SUFFIX,
     RECORD_SUFFIX,
     STARTED_SUFFIX,
     check_ledger,
@@ -52,6 +53,7 @@ from harness.records import (
     read_snapshots,
     sha256_bytes,
     write_json,
+    write_look,
     write_record,
     write_snapshot,
     write_started,
@@ -73,11 +75,13 @@ def now_iso() -> str:
 
 
 def _ledger_order(e: dict[str, Any]) -> tuple[int, str, int]:
+    if e.get("kind") == "look":
+        return (e.get("ledger", {}).get("seq", 0), f"look{e['look']}", 0)
     return (e.get("ledger", {}).get("seq", 0), e.get("run_id") or e["spec"]["run_id"], e["attempt"])
 
 
 def load_entries(directory: Path) -> list[dict[str, Any]]:
-    """Every entry of the chain (records and started entries), in ledger order."""
+    """Every entry of the chain (records, started entries, look entries), in ledger order."""
     out = [read_entry(p) for p in entry_files(directory)]
     out.sort(key=_ledger_order)
     return out
@@ -115,6 +119,7 @@ class Ledger:
         self._files: dict[str, str] = {}  # entry file name -> sha256 of its bytes
         self._entries: list[dict[str, Any]] = []  # their JSON objects, in ledger order
         self._by_run: dict[str, list[dict[str, Any]]] = {}  # each run's entries
+        self._looks: list[dict[str, Any]] = []  # a sequential design's look entries
         self._names_seen: set[str] = set()  # every name in the folder at the last sync
         self._records: list[RunRecord] = []  # the records, typed, in the order the index met them
         self._head: LedgerHead = {"seq": 0, "sha256": genesis}
@@ -140,13 +145,21 @@ class Ledger:
         if names == self._names_seen:
             return set(self._files)
         known = set(self._files)
-        fresh = {n for n in names - self._names_seen if n.endswith((RECORD_SUFFIX, STARTED_SUFFIX))}
+        fresh = {
+            n for n in names - self._names_seen if n.endswith((RECORD_SUFFIX, STARTED_SUFFIX, LOOK_SUFFIX))
+        }
         self._names_seen = names
         return (known & names) | fresh
 
     def _add(self, name: str, raw: bytes, entry: dict[str, Any]) -> None:
         self._files[name] = sha256_bytes(raw)
         self._entries.append(entry)
+        seq = entry.get("ledger", {}).get("seq", 0)
+        if entry.get("kind") == "look":  # a sequential design's look: in the chain, of no run
+            self._looks.append(entry)
+            if seq > self._head["seq"]:
+                self._head = {"seq": seq, "sha256": entry["sha256"]}
+            return
         run_id = entry.get("run_id") if entry.get("kind") == "started" else entry["spec"]["run_id"]
         self._by_run.setdefault(str(run_id), []).append(entry)
         if entry.get("kind") == "started":
@@ -178,6 +191,7 @@ class Ledger:
             return
         if not set(self._files) <= names:
             self._files, self._entries, self._by_run, self._records = {}, [], {}, []
+            self._looks = []
             self._head = {"seq": 0, "sha256": self.genesis}
             self._snapshots = {}
             self.generation += 1
@@ -190,7 +204,9 @@ class Ledger:
         for name, raw, entry in new:
             self._add(name, raw, entry)
         self._entries.sort(key=_ledger_order)
-        for run in {str(e.get("run_id") or e["spec"]["run_id"]) for _, _, e in new}:
+        for run in {
+            str(e.get("run_id") or e["spec"]["run_id"]) for _, _, e in new if e.get("kind") != "look"
+        }:
             self._by_run[run].sort(key=_ledger_order)
 
     def entries(self) -> list[dict[str, Any]]:
@@ -268,6 +284,15 @@ class Ledger:
         path, head, _ = self._append(record.to_json(), write_record, snapshot)
         return path, head
 
+    def looks(self) -> list[dict[str, Any]]:
+        """The chain's look entries (a sequential design's), in ledger order."""
+        self.sync()
+        return sorted(self._looks, key=_ledger_order)
+
+    def append_look(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """Append a group-sequential look's entry (MANIFEST as for :meth:`append`); returns its JSON."""
+        return self._append(entry, write_look)[2]
+
     def append_started(self, entry: StartedEntry) -> dict[str, Any]:
         """Append an attempt's started entry (MANIFEST as for :meth:`append`); returns its JSON
         sealed (with its ``ledger`` and ``sha256``), as :meth:`entries_of` gives it."""
@@ -287,7 +312,7 @@ class Ledger:
                 manifest = json.loads(path.read_text(encoding="utf-8"))
                 if manifest.get("schema_version", 1) > SCHEMA_VERSION:
                     return None  # a newer harness's MANIFEST: not ours to rewrite
-                listed = {**manifest["records"], **manifest.get("started", {})}
+                listed = {**manifest["records"], **manifest.get("started", {}), **manifest.get("looks", {})}
                 mhead = manifest.get("ledger_head") or {"seq": 0}
                 if not isinstance(mhead, dict) or not isinstance(mhead.get("seq"), int):
                     return None  # not ours to judge: the audit reports a broken MANIFEST
@@ -359,6 +384,11 @@ def write_manifest(
         "protocol": protocol,
         "records": {n: h for n, h in sorted(files.items()) if n.endswith(RECORD_SUFFIX)},
         "started": {n: h for n, h in sorted(files.items()) if n.endswith(STARTED_SUFFIX)},
+        **(
+            {"looks": looks}
+            if (looks := {n: h for n, h in sorted(files.items()) if n.endswith(LOOK_SUFFIX)})
+            else {}
+        ),
         "ledger_head": head,
         "sources": source_hashes(root, extra) if sources is None else sources,
     }

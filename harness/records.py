@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from analysis.public_audit import (
+    LOOK_SUFFIX,
     RECORD_SUFFIX,
     STARTED_SUFFIX,
     canonical,
@@ -368,6 +369,14 @@ def write_started(directory: Path, entry: Mapping[str, Any]) -> tuple[Path, dict
     return path, sealed
 
 
+def write_look(directory: Path, entry: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """Seal and write a group-sequential look's entry as ``look<k>.look.json``; never overwrites."""
+    sealed = seal(dict(entry))
+    path = directory / f"look{sealed['look']}{LOOK_SUFFIX}"
+    atomic_write(path, canonical(sealed) + b"\n", overwrite=False)
+    return path, sealed
+
+
 def read_entry(path: Path) -> dict[str, Any]:
     """Read one entry of the chain (a record or a started entry) as its JSON object, refusing a format
     version this code does not know."""
@@ -385,6 +394,8 @@ def read_entry(path: Path) -> dict[str, Any]:
         )
     if path.name.endswith(STARTED_SUFFIX) and data.get("kind") != "started":
         raise RecordFormatError(f"{path}: field kind = {data.get('kind')!r}; a started entry's is 'started'")
+    if path.name.endswith(LOOK_SUFFIX) and data.get("kind") != "look":
+        raise RecordFormatError(f"{path}: field kind = {data.get('kind')!r}; a look entry's is 'look'")
     shape = entry_problems(data)  # the core's rule: the audit names the same
     if shape:
         raise RecordFormatError(
@@ -442,9 +453,13 @@ def started_files(directory: Path) -> list[Path]:
     return sorted(directory.glob(f"*{STARTED_SUFFIX}")) if directory.is_dir() else []
 
 
+def look_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob(f"*{LOOK_SUFFIX}")) if directory.is_dir() else []
+
+
 def entry_files(directory: Path) -> list[Path]:
-    """Every file of the chain: records and started entries."""
-    return sorted(record_files(directory) + started_files(directory))
+    """Every file of the chain: records, started entries and a sequential design's look entries."""
+    return sorted(record_files(directory) + started_files(directory) + look_files(directory))
 
 
 def load_started(directory: Path) -> list[StartedEntry]:

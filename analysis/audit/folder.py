@@ -16,6 +16,7 @@ from .barrier import look_problems
 from .corpora import check_corpus
 from .freeze import check_freeze, check_protocol_copies, check_time, check_versions, check_what_ran
 from .ledger import (
+    LOOK_SUFFIX,
     RECORD_SUFFIX,
     SCHEMAS,
     STARTED_SUFFIX,
@@ -84,6 +85,8 @@ def audit_dir(
     if manifest is None:
         return
     records, started = _entries(out, manifest)
+    looks = [e for e in started if e.get("kind") == "look"]  # a sequential design's looks
+    started = [e for e in started if e.get("kind") != "look"]
     if not records:
         audit_empty(directory, manifest, started, published, anchor, out.fail, notes)
         return
@@ -104,8 +107,8 @@ def audit_dir(
     genesis = truth["freeze"] if truth.get("tagged") else proto["sha256"]
     fail(
         "ledger chain",
-        check_ledger(records + started, manifest, genesis, published),
-        f"{len(records) + len(started)} entries linked from "
+        check_ledger(records + started + looks, manifest, genesis, published),
+        f"{len(records) + len(started) + len(looks)} entries linked from "
         f"{'the freeze manifest' if truth.get('tagged') else 'the protocol'}",
     )
     fail(
@@ -116,12 +119,16 @@ def audit_dir(
     )
     _what_was_frozen(out, root, truth, records, manifest, plan_sha, signers, notes)
     if anchor is not None:
-        found, detail, anchored[directory] = check_anchor(root, truth, records + started, anchor)
+        found, detail, anchored[directory] = check_anchor(root, truth, records + started + looks, anchor)
         fail("anchored heads", found, detail)
     # the statistics use the tag's study
     records = [{**r, "protocol": {**r["protocol"], **proto}} for r in records]
     if "sequential" in (proto.get("hypotheses") or {}):
-        fail("sequential looks", look_problems(records, started), "every look on complete pairs, in order")
+        fail(
+            "sequential looks",
+            look_problems(records, started, looks),
+            f"{len(looks)} look entries, each on complete pairs, in order",
+        )
     open_ = unfinished(records, started)
     if plan is not None:
         notes.extend(plan_notes(directory, plan, records, open_))
@@ -221,8 +228,14 @@ def _entries(out: _Report, manifest: dict[str, Any]) -> tuple[list[dict[str, Any
     """The folder's records and started entries that read as such, each checked against its own
     sha256 and MANIFEST's file sha256; MANIFEST's entries that are missing count too."""
     directory, problems = out.directory, out.problems
-    listed = {**manifest["records"], **(manifest.get("started") or {})}  # schema 3: started entries apart
-    files = sorted(n for n in os.listdir(directory) if n.endswith((RECORD_SUFFIX, STARTED_SUFFIX)))
+    listed = {  # schema 3: started entries apart; a sequential design's looks apart too
+        **manifest["records"],
+        **(manifest.get("started") or {}),
+        **(manifest.get("looks") or {}),
+    }
+    files = sorted(
+        n for n in os.listdir(directory) if n.endswith((RECORD_SUFFIX, STARTED_SUFFIX, LOOK_SUFFIX))
+    )
     records: list[dict[str, Any]] = []
     started: list[dict[str, Any]] = []
     bad = 0
@@ -255,7 +268,13 @@ def _entries(out: _Report, manifest: dict[str, Any]) -> tuple[list[dict[str, Any
             else:
                 problems.append(f"{path}: record not listed in MANIFEST")
             bad += 1
-        if name.endswith(STARTED_SUFFIX):
+        if name.endswith(LOOK_SUFFIX):
+            if rec.get("kind") != "look" or name != record_name(rec):
+                problems.append(f"{path}: not the look entry its name says (kind {rec.get('kind')!r})")
+                bad += 1
+                continue
+            started.append(rec)  # in the chain beside the started entries; barrier.py reads them
+        elif name.endswith(STARTED_SUFFIX):
             if rec.get("kind") != "started":
                 problems.append(f"{path}: field kind = {rec.get('kind')!r}, a started entry says 'started'")
                 bad += 1

@@ -9,6 +9,9 @@ from typing import Any
 
 RECORD_SUFFIX = ".record.json"
 STARTED_SUFFIX = ".started.json"
+#: A group-sequential look's entry (``look<k>.look.json``, ``kind: "look"``): appended by ``harness
+#: run`` when look ``k``'s pairs are final, before any statistic of the look is computed.
+LOOK_SUFFIX = ".look.json"
 SCHEMAS = (1, 2, 3, 4)
 #: A records folder's protocol snapshots (schema 4 on): the protocol summary that records share,
 #: written once by the ledger before the first record that names it, instead of a copy in each;
@@ -120,6 +123,18 @@ STARTED_SHAPE: dict[str, tuple[tuple[type, ...], bool]] = {
     "ledger": ((dict,), True),
     "sha256": ((str,), True),
 }
+LOOK_SHAPE: dict[str, tuple[tuple[type, ...], bool]] = {
+    "schema_version": ((int,), True),
+    "kind": ((str,), True),
+    "protocol": ((dict,), True),
+    "look": ((int,), True),
+    "pairs": ((int,), True),
+    "records": ((list,), True),
+    "runner": ((dict,), True),
+    "taken_at": ((str,), True),
+    "ledger": ((dict,), True),
+    "sha256": ((str,), True),
+}
 LEDGER_SHAPE: dict[str, tuple[tuple[type, ...], bool]] = {
     "seq": ((int,), True),
     "prev": ((str,), True),
@@ -147,14 +162,14 @@ def _shape(obj: dict[str, Any], shape: dict[str, tuple[tuple[type, ...], bool]],
 def entry_problems(e: object) -> list[str]:
     """What keeps a chain entry from being read at all: not an object, or a field every reader relies
     on missing or of another JSON type (:data:`RECORD_SHAPE`, :data:`SPEC_SHAPE`,
-    :data:`STARTED_SHAPE`, :data:`LEDGER_SHAPE`; a ledger link from schema 2 on, a positive ``seq``,
+    :data:`STARTED_SHAPE`, :data:`LOOK_SHAPE`, :data:`LEDGER_SHAPE`; a ledger link from schema 2 on, a positive ``seq``,
     and ``protocol`` with its ``id`` and ``sha256``). Empty when it can be read; the audit names
     each problem and leaves the entry out of every later check, and the harness refuses it (one
     rule: :func:`harness.records.read_entry`)."""
     if not isinstance(e, dict):
         return [f"not a JSON object ({type(e).__name__})"]
-    started = e.get("kind") == "started"
-    out = _shape(e, STARTED_SHAPE if started else RECORD_SHAPE, "")
+    started = e.get("kind") in ("started", "look")
+    out = _shape(e, LOOK_SHAPE if e.get("kind") == "look" else STARTED_SHAPE if started else RECORD_SHAPE, "")
     if not started and isinstance(e.get("spec"), dict):
         out += _shape(e["spec"], SPEC_SHAPE, "spec.")
     v = e.get("schema_version")
@@ -196,6 +211,9 @@ def read_json(path: str, raw: bytes | None = None) -> object:
 
 
 def record_name(rec: dict[str, Any]) -> str:
+    """An entry's file name: a record's, a started entry's or a look's."""
+    if rec.get("kind") == "look":
+        return f"look{rec['look']}{LOOK_SUFFIX}"
     if rec.get("kind") == "started":
         return f"{rec['run_id']}.a{rec['attempt']}{STARTED_SUFFIX}"
     return f"{rec['spec']['run_id']}.a{rec['attempt']}{RECORD_SUFFIX}"

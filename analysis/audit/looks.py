@@ -263,7 +263,7 @@ def sequential_decisions(
         else:
             g = gate(h, family, completeness)
             nxt = seq.looks[len(looks)] if len(looks) < len(seq.looks) else seq.looks[-1]
-            reason = g or f"the next look, at {nxt} pairs, was not reached"
+            reason = "; ".join(x for x in (g, f"the next look, at {nxt} pairs, was not reached") if x)
             decision = decision_of(h, None, ("not reached", reason), None, None, completeness, [])
             out.append(replace(decision, text=f"(sequential, {len(seq.looks)} looks) {decision.text}"))
             continue

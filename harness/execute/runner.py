@@ -27,6 +27,7 @@ What an attempt's started entry and record hold is :mod:`harness.execute.attempt
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -35,7 +36,16 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from analysis.public_audit import Attempt, BudgetCheck, recompute, torch_matches
+from analysis.public_audit import (
+    Attempt,
+    BudgetCheck,
+    Family,
+    final_units,
+    look_entry_records,
+    look_units,
+    recompute,
+    torch_matches,
+)
 from analysis.public_audit import check as budget_check
 from harness import freeze, gitutil
 from harness.data.corpora import LocalCorpus
@@ -59,6 +69,7 @@ from harness.ledger import Ledger, check_records_folder, study_ledger
 from harness.plan import make_plan, plan_sha256, units
 from harness.protocol import Protocol
 from harness.records import (
+    SCHEMA_VERSION,
     TAG_FILE,
     RunRecord,
     RunSpec,
@@ -284,6 +295,12 @@ class Runner:
         due = [n for n in seq["looks"] if n <= index]
         if not due:
             return True
+        for k, n in enumerate(due, start=1):  # take each look due, in order, once
+            if any(e["look"] == k for e in self.ledger.looks()):
+                continue
+            if not self._take_look(k, n):
+                return False  # its pairs are still running (another runner's, or in flight)
+            break
         summary = self._sequential_summary()
         taken = summary["looks"] if summary is not None else []
         if summary is not None and summary["stop"] is not None:
@@ -294,7 +311,38 @@ class Runner:
                 f"{summary['stop']}): no further run starts"
             )
             return False
-        return len(taken) >= len(due)  # a look not reached yet: its pairs are still running
+        return len(taken) >= len(due) and all(
+            any(e["look"] == k for e in self.ledger.looks()) for k in range(1, len(due) + 1)
+        )
+
+    def _take_look(self, k: int, n: int) -> bool:
+        """Append look ``k``'s entry (its ``n`` pairs final: the records it binds) before any of its
+        statistics is computed; False when its pairs are not all final yet."""
+        data = self._records_json()
+        units = look_units(data[0]["protocol"], Family.of(self.proto.hypotheses), n) if data else []
+        if not data or not set(units) <= final_units(data):
+            return False
+        head = self.ledger.head()
+        entry = {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "look",
+            "protocol": {
+                "id": self.proto.id,
+                "sha256": self.proto.sha256,
+                "freeze_sha256": self.frozen.freeze_sha256,
+            },
+            "look": k,
+            "pairs": n,
+            "records": look_entry_records(data, units, head["seq"] + 1),
+            "runner": {"host": self.host, "pid": os.getpid()},
+            "taken_at": utc_stamp(time.time()),
+        }
+        self.ledger.append_look(entry)
+        self.echo(f"sequential: look {k} taken on pairs 1..{n} (ledger seq {head['seq'] + 1})")
+        return True
+
+    def _records_json(self) -> list[dict[str, Any]]:
+        return [jsonable({**r.to_json(), "protocol": plain(r.protocol)}) for r in self.ledger.records()]
 
     def look_waits(self, unit: list[RunSpec]) -> bool:
         """Whether ``unit`` lies past a look that its pairs in flight have not reached yet (a parallel
@@ -315,8 +363,7 @@ class Runner:
             if not recs:
                 self._looks = (0, None)
             else:
-                data = [jsonable({**r.to_json(), "protocol": plain(r.protocol)}) for r in recs]
-                self._looks = (len(recs), recompute(data)["hypotheses"].get("sequential"))
+                self._looks = (len(recs), recompute(self._records_json())["hypotheses"].get("sequential"))
         return self._looks[1]
 
     def claim(
