@@ -457,6 +457,7 @@ class Plan:
     skewness: float | None = None  # of the pilot's A/A per-pair values (:func:`skewness`)
     rule: str = "t"  # the rule the hypothesis declares (test: t or sign)
     data_rule: str = "t"  # the rule the pilot's values call for (:func:`data_rule`)
+    sequential: SequentialPlan | None = None  # a group-sequential target's figures
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -505,8 +506,94 @@ def plan(
         noise = aa_noise(pilot_records, h["endpoint"], h["estimand"], block, h).get(h["config"])
         if noise is None:
             continue
-        out.append(_plan_one(h, noise, len(st["seeds"]), effects.get(h["id"], 0.0), alpha, confidence))
+        out.append(
+            _plan_one(
+                h,
+                noise,
+                len(st["seeds"]),
+                effects.get(h["id"], 0.0),
+                alpha,
+                confidence,
+                spec.get("sequential"),
+            )
+        )
     return out
+
+
+@dataclass(frozen=True)
+class SequentialPlan:
+    """A group-sequential design's figures for one hypothesis (normal approximation of its test):
+    the power at the planned looks, the expected pairs at the assumed effect and at no effect, and
+    the maximum pairs (looks at the same fractions) that reach 80% power."""
+
+    power_at_planned: float
+    expected_pairs: float
+    expected_pairs_null: float
+    max_pairs_80: int | None
+
+
+def sequential_figures(
+    sd: float,
+    alpha: float,
+    region: tuple[float | None, float | None],
+    mean: float,
+    looks: tuple[int, ...],
+    spending: str,
+    cap: int = 20_000,
+) -> SequentialPlan | None:
+    """The design's figures (:class:`SequentialPlan`) for a one-sided hypothesis (``None`` for
+    equivalence or no noise).
+
+    Notes
+    -----
+    With the drift ``theta = k (mean - bound) sqrt(n_K) / sd`` at full information, look ``j``'s
+    first-crossing probability is :func:`analysis.audit.sequential.crossing` of the design's
+    efficacy boundaries at ``alpha`` (:func:`analysis.audit.sequential.boundaries`); the power is
+    their sum and the expected pairs ``sum_j P_j n_j + (1 - power) n_K`` (a futility stop, which is
+    non-binding, would only lower it). The maximum pairs for 80% power scale the looks by a common
+    factor (the same information fractions) and take the smallest ``n_K`` whose power reaches 0.8.
+    A normal approximation of the t test: at small ``n`` the exact t power (the fixed design's
+    columns) is lower.
+    """
+    from analysis.audit.sequential import boundaries, crossing
+
+    if sd <= 0 or region[0] is not None and region[1] is not None:
+        return None
+    bound, k = _one_bound(region)
+    times = [n / looks[-1] for n in looks]
+    c = boundaries(times, alpha, spending)
+
+    def run(n_max: float) -> tuple[float, float]:
+        theta = k * (mean - bound) * math.sqrt(n_max) / sd
+        at = crossing(times, c, theta).at
+        power = math.fsum(at)
+        used = math.fsum(p * t * n_max for p, t in zip(at, times)) + (1 - power) * n_max
+        return power, used
+
+    power, used = run(looks[-1])
+    null_used = _null_pairs(times, c, looks[-1])
+    n80 = None
+    if k * (mean - bound) > 0:
+        lo, hi = 3, 3
+        while run(hi)[0] < 0.8 and hi <= cap:
+            lo, hi = hi, hi * 2
+        if hi <= cap:
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if run(mid)[0] >= 0.8:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            n80 = lo
+    return SequentialPlan(power, used, null_used, n80)
+
+
+def _null_pairs(times: list[float], c: list[float], n_max: int) -> float:
+    """Expected pairs at no effect: the null's crossings (which spend alpha) end a study early."""
+    from analysis.audit.sequential import crossing
+
+    at = crossing(times, c, 0.0)
+    return math.fsum(p * t * n_max for p, t in zip(at.at, times)) + (1 - at.total) * n_max
 
 
 def data_rule(skew: float | None) -> str:
@@ -517,7 +604,13 @@ def data_rule(skew: float | None) -> str:
 
 
 def _plan_one(
-    h: dict[str, Any], noise: Noise, n_plan: int, effect: float, alpha: float, confidence: float
+    h: dict[str, Any],
+    noise: Noise,
+    n_plan: int,
+    effect: float,
+    alpha: float,
+    confidence: float,
+    sequential: dict[str, Any] | None = None,
 ) -> Plan:
     region, mu = bounds(h), true_mean(h, effect)
     upper = sd_upper(noise.sd, noise.pairs, confidence)
@@ -569,6 +662,11 @@ def _plan_one(
         noise.skewness,
         rule,
         data_rule(noise.skewness),
+        None
+        if sequential is None
+        else sequential_figures(
+            noise.sd, alpha, region, mu, tuple(sequential["looks"]), sequential["spending"]
+        ),
     )
 
 
@@ -604,6 +702,16 @@ def table_rows(rows: list[Plan]) -> list[dict[str, Any]]:
             "detectable at planned": "n/a"
             if r.detectable_at_planned is None
             else f"{r.detectable_at_planned:.3g}",
+            **(
+                {}
+                if r.sequential is None
+                else {
+                    "seq: power at planned": f"{r.sequential.power_at_planned:.2f}",
+                    "seq: expected pairs (effect / none)": f"{r.sequential.expected_pairs:.1f} / "
+                    f"{r.sequential.expected_pairs_null:.1f}",
+                    "seq: max pairs 80%": n(r.sequential.max_pairs_80),
+                }
+            ),
         }
         for r in rows
     ]

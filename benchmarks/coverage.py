@@ -33,6 +33,12 @@ evaluates two skew-corrected t statistics from the literature (:func:`skew_corre
 1978, Hall 1992), which no protocol can declare.
 
     python benchmarks/coverage.py --noise-sweep --studies 4000 --json runs/coverage-noise.json
+
+``--sequential`` simulates group-sequential designs through the core's own look-by-look rule
+(:func:`sequential_sweep`): type-I error, power and expected pairs for each spending function,
+rule and noise.
+
+    python benchmarks/coverage.py --sequential --studies 4000 --json runs/coverage-sequential.json
 """
 
 from __future__ import annotations
@@ -234,6 +240,93 @@ def noise_sweep(args: argparse.Namespace, sd: float) -> dict[str, object]:
     return out
 
 
+def sequential_sweep(args: argparse.Namespace) -> dict[str, object]:
+    """Group-sequential designs by simulation through the core (:func:`analysis.audit.looks.run_looks`):
+    per spending function, rule (t, sign) and noise (normal; the stall mixture, its median at 0 for
+    the sign rule), the type-I error at no effect and, at an effect of ``--seq-effect`` SDs
+    favouring the candidate, the power, with the expected pairs used (the fixed design uses all)."""
+    from analysis.audit.hypotheses import Family
+    from analysis.audit.looks import run_looks
+
+    looks = args.seq_looks
+    rng = random.Random(args.seed)
+    rows = []
+    for spending in ("obrien_fleming", "pocock"):
+        for rule in ("t", "sign"):
+            fam = Family.of(
+                {
+                    "procedure": "fixed_sequence",
+                    "family_alpha": args.alpha,
+                    "min_pairs": 3,
+                    "sequential": {"looks": looks, "spending": spending},
+                    "tests": [
+                        {
+                            "id": "H",
+                            "study": "s",
+                            "config": "c",
+                            "endpoint": "training_time",
+                            "estimand": "log_ratio",
+                            "type": "superiority",
+                            "better": "lower",
+                            **({"test": "sign"} if rule == "sign" else {}),
+                        }
+                    ],
+                }
+            )
+            for noise in ("normal", "stall mixture (5% stalls)"):
+                draw = NOISES[noise]
+                centre = MEDIANS[noise] if rule == "sign" else 0.0
+                for effect in (0.0, args.seq_effect):
+                    hits = used = early = 0
+                    for _ in range(args.studies):
+                        d = [args.sd * (draw(rng) - centre - effect) for _ in range(looks[-1])]
+                        pairs = [
+                            {
+                                "unit": f"s.c.pair{i:03d}",
+                                "baseline_training_s": 10.0,
+                                "candidate_training_s": 10.0 * math.exp(x),
+                            }
+                            for i, x in enumerate(d)
+                        ]
+                        res = run_looks(fam, {("s", "c"): pairs}, len(looks), True)
+                        hits += bool(res[-1].established)
+                        used += res[-1].pairs
+                        early += res[-1].look < len(looks)
+                    rows.append(
+                        {
+                            "spending": spending,
+                            "rule": rule,
+                            "noise": noise,
+                            "effect_sd": effect,
+                            "established": hits / args.studies,
+                            "expected_pairs": used / args.studies,
+                            "stopped_early": early / args.studies,
+                        }
+                    )
+    return {"studies": args.studies, "alpha": args.alpha, "looks": looks, "rows": rows}
+
+
+def print_sequential(args: argparse.Namespace, res: dict[str, object]) -> int:
+    k = args.studies
+    print(
+        f"{k} simulated studies per cell; looks at {args.seq_looks} pairs; one-sided alpha {args.alpha:g}; "
+        f"effect {args.seq_effect:g} SD (favouring the candidate) or 0; MC SE in brackets\n"
+    )
+    print(
+        "| Spending | Rule | Noise | Effect (SD) | Established | Expected pairs | Stopped early |\n"
+        "|---|---|---|---|---|---|---|"
+    )
+    rows = res["rows"]
+    assert isinstance(rows, list)
+    for r in rows:
+        print(
+            f"| {r['spending']} | {r['rule']} | {r['noise']} | {r['effect_sd']:g} | {with_se(r['established'], k)} | "
+            f"{r['expected_pairs']:.2f} of {args.seq_looks[-1]} | {r['stopped_early']:.3f} |"
+        )
+    write_json(args.json, res)
+    return 0
+
+
 def _t_lower_p(v: list[float]) -> float:
     """The t rule's p for "the mean is below 0" (1 where every value is equal and not below 0)."""
     if min(v) == max(v):
@@ -389,10 +482,15 @@ def main() -> int:
     )
     ap.add_argument("--sweep-pairs", type=int, nargs="+", default=[3, 5, 10, 20, 50])
     ap.add_argument("--family-alpha", type=float, default=0.05, help="the sweep's Holm family of three")
+    ap.add_argument("--sequential", action="store_true", help="group-sequential designs (see above)")
+    ap.add_argument("--seq-looks", type=int, nargs="+", default=[10, 20, 30])
+    ap.add_argument("--seq-effect", type=float, default=0.6, help="the effect, in noise SDs, for power")
     args = ap.parse_args()
     sd = sd_from_records(Path(args.from_records)) if args.from_records else args.sd
     if args.noise_sweep:
         return print_sweep(args, noise_sweep(args, sd))
+    if args.sequential:
+        return print_sequential(args, sequential_sweep(args))
     res = simulate(args, sd)
     t1 = res["type_I_error"]
     assert isinstance(t1, dict)

@@ -376,3 +376,54 @@ def test_censored_planning_counts_the_pilots_unreached_targets():
     assert with_censoring.pairs == 10 and both_reached.pairs == 8
     # the two unreached arms count at the restriction (the training time, 2x the reached time)
     assert sorted(with_censoring.values)[0] == pytest.approx(-math.log(2)) and both_reached.identical
+
+
+def test_a_sequential_target_is_planned_with_its_looks():
+    from analysis.power import sequential_figures
+
+    rng = random.Random(8)
+    vals = [rng.gauss(0, 0.05) for _ in range(12)]
+    h = {
+        "id": "H",
+        "study": "s",
+        "config": "c",
+        "endpoint": "training_time",
+        "estimand": "log_ratio",
+        "type": "superiority",
+        "better": "lower",
+        "margin": 0.0,
+    }
+    target = {
+        "studies": [{"name": "s", "seeds": list(range(30)), "configs": ["c"]}],
+        "hypotheses": {
+            "procedure": "fixed_sequence",
+            "family_alpha": 0.025,
+            "min_pairs": 3,
+            "sequential": {"looks": [10, 20, 30], "spending": "obrien_fleming"},
+            "tests": [h],
+        },
+    }
+    (row,) = plan(_aa_records(vals), target, {"H": 3.0})
+    assert row.sequential is not None
+    seq = row.sequential
+    # the fixed design's exact t power is the ceiling; the sequential design spends some of it
+    assert seq.power_at_planned <= row.power_at_planned + 0.02 and seq.expected_pairs < 30
+    assert 29 < seq.expected_pairs_null <= 30 and seq.max_pairs_80 is not None
+    # the expected pairs against a simulation of the canonical process at the same drift
+    figures = sequential_figures(row.sd, 0.025, (None, 0.0), -0.03, (10, 20, 30), "obrien_fleming")
+    assert figures is not None
+    from analysis.audit.sequential import boundaries
+
+    c = boundaries([1 / 3, 2 / 3, 1.0], 0.025, "obrien_fleming")
+    theta = 0.03 * math.sqrt(30) / row.sd
+    used, n = 0.0, 20000
+    for _ in range(n):
+        s, prev, stop = 0.0, 0.0, 30
+        for t, b, m in zip([1 / 3, 2 / 3, 1.0], c, (10, 20, 30)):
+            s += rng.gauss(theta * (t - prev), math.sqrt(t - prev))
+            prev = t
+            if s / math.sqrt(t) >= b:
+                stop = m
+                break
+        used += stop
+    assert abs(used / n - figures.expected_pairs) < 0.15

@@ -142,6 +142,7 @@ def run_looks(
     weights = _weights(family)
     established: list[str] = []
     crossed: dict[str, tuple[int, float]] = {}
+    share: dict[str, float] = {}  # an established hypothesis' level when it crossed
     history: list[dict[str, TestResult | None]] = []
     levels_cache: dict[float, list[float]] = {}
 
@@ -178,13 +179,12 @@ def run_looks(
                 )
                 if j is not None:
                     crossed[h.id] = (j + 1, levels[j])
+                    share[h.id] = alpha * weights[h.id]
                     established.append(h.id)
                     _pass_on(family, weights, h.id)
                     changed = True
                     break
-        level = {
-            h.id: alpha * weights.get(h.id, 0.0) if h.id not in established else 0.0 for h in family.tests
-        }
+        level = {h.id: share[h.id] if h.id in share else alpha * weights.get(h.id, 0.0) for h in family.tests}
         nom = {
             h.id: crossed[h.id][1]
             if h.id in crossed

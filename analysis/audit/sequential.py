@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from statistics import NormalDist
 from typing import Any
 
@@ -201,9 +202,15 @@ def check_times(times: Sequence[float]) -> None:
 
 
 def nominal_levels(looks: Sequence[int], alpha: float, spending: str) -> list[float]:
-    """Each look's nominal one-sided level ``1 - Phi(c_k)`` for pair counts ``looks`` at ``alpha``."""
+    """Each look's nominal one-sided level ``1 - Phi(c_k)`` for pair counts ``looks`` at ``alpha``
+    (kept per design: a pure function of its arguments)."""
+    return list(_nominal(tuple(looks), alpha, spending))
+
+
+@lru_cache(maxsize=256)
+def _nominal(looks: tuple[int, ...], alpha: float, spending: str) -> tuple[float, ...]:
     n = looks[-1]
-    return [upper_tail(c) for c in boundaries([k / n for k in looks], alpha, spending)]
+    return tuple(upper_tail(c) for c in boundaries([k / n for k in looks], alpha, spending))
 
 
 def looks_problems(spec: object, planned: Sequence[int]) -> list[tuple[str, str]]:
