@@ -303,6 +303,57 @@ def sequential_sweep(args: argparse.Namespace) -> dict[str, object]:
                             "stopped_early": early / args.studies,
                         }
                     )
+    # the family: Holm over two independent null hypotheses (t rule, normal noise), any established
+    for spending in ("obrien_fleming", "pocock"):
+        tests = [
+            {
+                "id": f"H{j}",
+                "study": "s",
+                "config": f"c{j}",
+                "endpoint": "training_time",
+                "estimand": "log_ratio",
+                "type": "superiority",
+                "better": "lower",
+            }
+            for j in (1, 2)
+        ]
+        fam = Family.of(
+            {
+                "procedure": "holm",
+                "family_alpha": args.alpha,
+                "min_pairs": 3,
+                "sequential": {"looks": looks, "spending": spending},
+                "tests": tests,
+            }
+        )
+        hits = used = early = 0
+        for _ in range(args.studies):
+            data = {
+                ("s", f"c{j}"): [
+                    {
+                        "unit": f"s.c{j}.pair{i:03d}",
+                        "baseline_training_s": 10.0,
+                        "candidate_training_s": 10.0 * math.exp(args.sd * rng.gauss(0.0, 1.0)),
+                    }
+                    for i in range(looks[-1])
+                ]
+                for j in (1, 2)
+            }
+            res = run_looks(fam, data, len(looks), True)
+            hits += bool(res[-1].established)
+            used += res[-1].pairs
+            early += res[-1].look < len(looks)
+        rows.append(
+            {
+                "spending": spending,
+                "rule": "t, Holm over 2 nulls",
+                "noise": "normal",
+                "effect_sd": 0.0,
+                "established": hits / args.studies,
+                "expected_pairs": used / args.studies,
+                "stopped_early": early / args.studies,
+            }
+        )
     return {"studies": args.studies, "alpha": args.alpha, "looks": looks, "rows": rows}
 
 
