@@ -552,8 +552,10 @@ def sequential_figures(
     their sum and the expected pairs ``sum_j P_j n_j + (1 - power) n_K`` (a futility stop, which is
     non-binding, would only lower it). The maximum pairs for 80% power scale the looks by a common
     factor (the same information fractions) and take the smallest ``n_K`` whose power reaches 0.8.
-    A normal approximation of the t test: at small ``n`` the exact t power (the fixed design's
-    columns) is lower.
+    A normal approximation of the t test, for every rule the hypothesis declares: at small ``n``
+    the exact t power (the fixed design's columns) is lower, a period-adjusted test loses one more
+    degree of freedom, and the sign rule's power is lower still (about ``2/pi`` as efficient under
+    normal noise), so for these it is an upper bound.
     """
     from analysis.audit.sequential import boundaries, crossing
 

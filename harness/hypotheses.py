@@ -100,7 +100,7 @@ def parse_hypotheses(doc: yamlio.Document, raw: dict[str, Any], studies: list[St
         del fam["sequential"]  # records of protocols without one stay as they were
     else:
         planned = [len(by_name[h["study"]].seeds) for h in tests]
-        wrong = looks_problems(fam["sequential"], planned)
+        wrong = looks_problems(fam["sequential"], planned, fam["min_pairs"], [h["study"] for h in tests])
         if wrong:
             key, message = wrong[0]
             raise doc.error(kp + ("sequential",) + ((key,) if key in fam["sequential"] else ()), message)

@@ -231,3 +231,92 @@ def test_the_sequential_block_is_refused_at_plan_time_and_by_the_audit(repo, blo
     assert "Traceback" not in r.stderr
     with pytest.raises(ValueError, match="sequential"):
         expected_summary(yaml_subset(text), "0" * 64, "protocols/tiny.yaml")
+
+
+def test_identical_pairs_at_a_look_are_decided_by_the_sign_test_not_by_identity():
+    fam = Family.of(
+        {
+            "procedure": "holm",
+            "family_alpha": 0.05,
+            "min_pairs": 3,
+            "sequential": {"looks": [3, 10, 30], "spending": "obrien_fleming"},
+            "tests": [
+                {
+                    "id": "M",
+                    "study": "s",
+                    "config": "c",
+                    "endpoint": "peak_memory",
+                    "estimand": "difference",
+                    "type": "non_inferiority",
+                    "margin": 0.5,
+                    "better": "lower",
+                }
+            ],
+        }
+    )
+    same = [
+        {"unit": f"s.c.pair{i:03d}", "baseline_peak_memory_bytes": 5.0, "candidate_peak_memory_bytes": 5.0}
+        for i in range(30)
+    ]
+    looks = run_looks(fam, {("s", "c"): same}, 3, True)
+    first = looks[0].tests["M"]
+    assert first is not None and first.method == "sign" and first.p_value == 1 / 8
+    assert "M" not in looks[0].established  # identity's p = 0 would have crossed at 3 pairs
+
+
+def test_a_fixed_sequence_hypothesis_no_alpha_reached_is_not_reached():
+    from analysis.audit.attempts import Completeness
+
+    fam = family(("H1", "c"), ("H2", "d"), procedure="fixed_sequence")
+    data = {("s", "c"): pairs(0.0, sd=0.05), ("s", "d"): pairs(-0.3, config="d")}
+    looks = run_looks(fam, data, 3, True)
+    done = Completeness(48, 48, 0, True, False, "complete")
+    d2 = sequential_decisions(fam, data, done, looks)[1]
+    assert d2.status == "not reached" and "no alpha reached it" in (d2.reason or "")
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"min_pairs": 5}, "below the family's min_pairs 5"),
+        ({"two_studies": True}, "a sequential design's hypotheses name one study"),
+    ],
+)
+def test_the_core_refuses_what_a_sequential_family_cannot_do(spec, message):
+    tests = [
+        {
+            "id": f"H{j}",
+            "study": "s" if j == 1 or not spec.get("two_studies") else "t",
+            "config": "c",
+            "endpoint": "training_time",
+            "estimand": "log_ratio",
+            "type": "superiority",
+            "better": "lower",
+        }
+        for j in (1, 2)
+    ]
+    with pytest.raises(ValueError, match=message):
+        Family.of(
+            {
+                "procedure": "holm",
+                "family_alpha": 0.05,
+                "min_pairs": spec.get("min_pairs", 3),
+                "sequential": {"looks": [4, 8], "spending": "pocock"},
+                "tests": tests,
+            }
+        )
+
+
+def test_the_sign_rule_refuses_worst_rank_scores():
+    from analysis.audit.hypotheses import rule_problems
+
+    h = {
+        "id": "T",
+        "endpoint": "time_to_target",
+        "estimand": "log_ratio",
+        "type": "superiority",
+        "better": "lower",
+        "censoring": "worst_rank",
+        "test": "sign",
+    }
+    assert rule_problems(h)[0][0] == "test" and "restricted_mean" in rule_problems(h)[0][1]

@@ -1,5 +1,6 @@
 """A group-sequential study driven through the CLI as a user would (issue 34): two looks, a
-hypothesis established at the first, the study stopped there, reported and audited; then the
+hypothesis (bitwise-identical BPB, decided at a look by the sign test: 2^-6 below Pocock's
+nominal 0.031) established at the first, the study stopped there, reported and audited; then the
 audit's checks of the looks against the chain, each attack a hostile reviewer would try on the
 entries the run wrote (in memory: the chain's own hashes are the ledger check's, not these)."""
 
@@ -20,8 +21,8 @@ pytestmark = pytest.mark.process
 
 PROTOCOL = (
     tiny_protocol(id="seq")
-    .replace("  min_pairs: 3\n", "  min_pairs: 3\n  sequential: {looks: [3, 6], spending: obrien_fleming}\n")
-    .replace("seeds: [1, 2]", "seeds: [1, 2, 3, 4, 5, 6]")
+    .replace("  min_pairs: 3\n", "  min_pairs: 3\n  sequential: {looks: [6, 12], spending: pocock}\n")
+    .replace("seeds: [1, 2]", f"seeds: {list(range(1, 13))}")
 )
 
 
@@ -45,11 +46,11 @@ def test_two_looks_stop_at_the_first_and_are_reported_and_audited(study):
     repo, r = study
     folder = repo / "records" / "seq"
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "sequential: look 1 taken on pairs 1..3" in r.stdout
-    assert "STOPPED AT LOOK 1 by the preregistered sequential rule (efficacy, 3 pairs)" in r.stdout
-    assert len(list(folder.glob("*.record.json"))) == 6 and (folder / "look1.look.json").is_file()
+    assert "sequential: look 1 taken on pairs 1..6" in r.stdout
+    assert "STOPPED AT LOOK 1 by the preregistered sequential rule (efficacy, 6 pairs)" in r.stdout
+    assert len(list(folder.glob("*.record.json"))) == 12 and (folder / "look1.look.json").is_file()
     report = (folder / "report.md").read_text()
-    assert "STOPPED AT LOOK 1 OF 2" in report and "(look 1 of 2, 3 pairs, obrien_fleming spending" in report
+    assert "STOPPED AT LOOK 1 OF 2" in report and "(look 1 of 2, 6 pairs, pocock spending" in report
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["hypotheses"]["sequential"]["stopped_at"] == 1
     a = subprocess.run(
@@ -63,7 +64,7 @@ def test_two_looks_stop_at_the_first_and_are_reported_and_audited(study):
     assert "sequential looks" in a.stdout and "1 look entries, each on complete pairs, in order" in a.stdout
     again = harness(repo, "run", "protocols/seq.yaml", "--quiet")  # stops at once, the same way
     assert again.returncode == 0 and "STOPPED AT LOOK 1" in again.stdout
-    assert len(list(folder.glob("*.record.json"))) == 6
+    assert len(list(folder.glob("*.record.json"))) == 12
 
 
 def test_the_audit_names_each_attack_on_the_looks(study):
@@ -77,19 +78,24 @@ def test_the_audit_names_each_attack_on_the_looks(study):
         found = look_problems(recs, sts, lks)
         assert any(needle in x for x in found), found
 
-    named(records, started, [{**look, "pairs": 4}], "look 1 at 4 pairs; the design's look 1 is at 3 pairs")
+    named(records, started, [{**look, "pairs": 7}], "look 1 at 7 pairs; the design's look 1 is at 6 pairs")
     named(records, started, [{**look, "look": 2}], "look 2 is entry 1 of the chain's looks")
     named(records, started, [], "the records reach it, and the chain has no look entry for it")
     named(
         records,
         started,
         [{**look, "ledger": {**look["ledger"], "seq": at - 2}}],
-        "before its 3 pairs were final",
+        "before its 6 pairs were final",
     )
     named(records, started, [{**look, "records": look["records"][1:]}], "binds other records")
     # a later pair started before the look was taken, and past the stop
     early = copy.deepcopy(started[0])
-    early.update(run_id="pairs.tiny_conv.pair003.baseline", unit="pairs.tiny_conv.pair003")
+    early.update(run_id="pairs.tiny_conv.pair006.baseline", unit="pairs.tiny_conv.pair006")
     early["ledger"] = {**early["ledger"], "seq": at - 1}
     named(records, started + [early], looks, "before the look (seq")
     named(records, started + [early], looks, "started anyway")
+    # a pair of the look ran again after the look was taken (a retry after its outcome was seen)
+    redo = copy.deepcopy(started[0])
+    redo.update(attempt=2)
+    redo["ledger"] = {**redo["ledger"], "seq": at + 1}
+    named(records, started + [redo], looks, "a pair a look was taken on never runs again")

@@ -37,6 +37,8 @@ def look_problems(
       records than the look's (:func:`look_entry_records`);
     * a look the records reach (up to where the rule stopped) without its entry: ``harness run``
       appends it before computing any statistic of the look;
+    * a pair of a look that started again after the look's entry (its statistics would change
+      after the look's outcome was seen);
     * a unit past a look that started before the look's entry (a later pair's outcome could have
       been seen before the look was taken), and a unit past the stopping look that started at all.
     """
@@ -86,6 +88,16 @@ def look_problems(
             out.append(f"{name}: look {k} was taken before its {n} pairs were final in the chain")
         elif list(e["records"]) != look_entry_records(records, need, seq_of(e)):
             out.append(f"{name}: look {k} binds other records than its pairs' records before it")
+        again = [
+            s
+            for s in started
+            if (i := index_of(str(s["unit"]))) is not None and i < n and seq_of(s) > seq_of(e)
+        ]
+        for s in again[:3]:
+            out.append(
+                f"{name}: {s['run_id']} attempt {s['attempt']} (one of look {k}'s {n} pairs) started at ledger "
+                f"seq {seq_of(s)}, after the look (seq {seq_of(e)}): a pair a look was taken on never runs again"
+            )
         later = [
             s
             for s in started

@@ -156,6 +156,13 @@ def rule_problems(h: Mapping[str, Any]) -> list[tuple[str, str]]:
         out.append(("censoring", "censoring applies to time_to_target only"))
     if h.get("restriction_s") is not None and cens != "restricted_mean":
         out.append(("restriction_s", "restriction_s is the restriction time of censoring: restricted_mean"))
+    if h.get("test") == "sign" and cens == "worst_rank":
+        out.append(
+            (
+                "test",
+                "worst_rank scores are decided by the signed-rank test: with test: sign use restricted_mean",
+            )
+        )
     if h.get("test") == "sign" and h.get("period_adjusted"):
         out.append(("test", "the sign test has no period adjustment: period_adjusted is for the t test"))
     if h["estimand"] == "relative_reduction" and margin >= 100:
@@ -284,7 +291,9 @@ class Family:
         if seq is not None and not wrong:
             looks = seq.get("looks") if isinstance(seq, dict) else None
             last = looks[-1] if isinstance(looks, list) and looks else 0
-            wrong = [(f"sequential.{k}", m) for k, m in looks_problems(seq, [last])]
+            names = [str(t.get("study")) for t in spec["tests"]]
+            found = looks_problems(seq, [last], int(spec["min_pairs"]), names)
+            wrong = [(k if k == "sequential" else f"sequential.{k}", m) for k, m in found]
         if wrong:
             raise ValueError(f"hypotheses: {wrong[0][0]}: {wrong[0][1]}")
         return cls(
@@ -570,7 +579,7 @@ def test_of(
         return None, str(e), unreached
     except ValueError:
         return None, f"a relative margin of {h.margin:g}% has no ratio", unreached
-    if identity and values and all(v == 0.0 for v in values):
+    if identity and h.test != "sign" and values and all(v == 0.0 for v in values):
         return identity_result(h, len(values)), None, unreached
     if h.test == "sign":
         return sign_result(values, region), None, unreached

@@ -14,7 +14,7 @@ from typing import Any
 
 from .attempts import Completeness
 from .decisions import HypothesisDecision, decision_of, gate
-from .hypotheses import Family, Pair, PairRow, test_of
+from .hypotheses import MEDIAN_OF, Family, Pair, PairRow, test_of
 from .sequential import nominal_levels
 from .ttests import TestResult, passes
 
@@ -131,7 +131,9 @@ def run_looks(
     p-value at some look ``j <= k`` is below the nominal level of look ``j``'s boundary at level
     ``alpha w`` (:func:`.sequential.nominal_levels`; for t tests: its statistic beyond the t
     quantile at that level, :func:`.ttests.passes`); each one established passes its share on
-    (Holm or fixed sequence, Maurer & Bretz 2013), and the others are tested again. The study stops
+    (Holm or fixed sequence, Maurer & Bretz 2013), and the others are tested again. A hypothesis
+    decided by identity (every pair's difference exactly 0, inside its region) is decided at a look
+    by the sign test instead, whose exact ``p`` is then ``2^-n``, not 0. A hypothesis not reached at a look is never futile there. The study stops
     when every hypothesis is established ("efficacy"), when every one not established is below the
     futility bound ``futility_z`` at an interim look ("futility", non-binding), or at the last look
     ("final").
@@ -160,6 +162,10 @@ def run_looks(
         for h in family.tests:
             pairs = [p for p in pairs_of.get((h.study, h.config), []) if pair_index(Pair.of(p).unit) < n]
             t, w, u = test_of(h, pairs, family.min_pairs, identity)
+            if t is not None and t.method == "identity" and t.p_value == 0.0:
+                # every pair identical: at a look, the sign test's exact p for n favourable values
+                # (2^-n), not 0, so identity alone never crosses a look's boundary on a few pairs
+                t = replace(t, method="sign", p_value=0.5**t.n, statistic=float(t.n), estimate_of=MEDIAN_OF)
             tests[h.id], why[h.id], unreached[h.id] = t, w, u
         history.append(tests)
         changed = True
@@ -195,7 +201,10 @@ def run_looks(
         futile = tuple(
             h.id
             for h in family.tests
-            if h.id not in established and seq.futility_z is not None and _z(p_now[h.id]) < seq.futility_z
+            if h.id not in established
+            and seq.futility_z is not None
+            and tests[h.id] is not None  # a hypothesis not reached at a look is not futile there
+            and _z(p_now[h.id]) < seq.futility_z
         )
         stop = None
         if len(established) == len(family.tests):
@@ -260,6 +269,8 @@ def sequential_decisions(
             note = f"the study stopped at look {last.look} ({last.stop})"
             if last.tests[h.id] is None:
                 status, reason = "not reached", last.why[h.id]
+            elif a is None:  # a fixed sequence whose alpha never reached it
+                status, reason = "not reached", "a failed prerequisite in the hierarchy: no alpha reached it"
         else:
             g = gate(h, family, completeness)
             nxt = seq.looks[len(looks)] if len(looks) < len(seq.looks) else seq.looks[-1]

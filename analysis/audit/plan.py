@@ -141,9 +141,15 @@ def _resolved_tests(h: dict[str, Any], studies: list[dict[str, Any]]) -> dict[st
         **({"sequential": h["sequential"]} if h.get("sequential") is not None else {}),
     }
     if h.get("sequential") is not None:
-        wrong = looks_problems(h["sequential"], [len(by_name[t["study"]]["seeds"]) for t in tests])
+        wrong = looks_problems(
+            h["sequential"],
+            [len(by_name[t["study"]]["seeds"]) for t in tests],
+            int(h["min_pairs"]),
+            [t["study"] for t in tests],
+        )
         if wrong:
-            raise ValueError(f"hypotheses: sequential.{wrong[0][0]}: {wrong[0][1]}")
+            key = wrong[0][0] if wrong[0][0] == "sequential" else f"sequential.{wrong[0][0]}"
+            raise ValueError(f"hypotheses: {key}: {wrong[0][1]}")
     Family.of(out)  # refuses (ValueError, naming the hypothesis and key) what harness plan refuses
     return out
 

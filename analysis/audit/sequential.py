@@ -213,10 +213,14 @@ def _nominal(looks: tuple[int, ...], alpha: float, spending: str) -> tuple[float
     return tuple(upper_tail(c) for c in boundaries([k / n for k in looks], alpha, spending))
 
 
-def looks_problems(spec: object, planned: Sequence[int]) -> list[tuple[str, str]]:
+def looks_problems(
+    spec: object, planned: Sequence[int], min_pairs: int = 3, studies: Sequence[str] = ()
+) -> list[tuple[str, str]]:
     """What is wrong with a ``sequential`` block as ``(key, message)`` pairs, given each
-    hypothesis study's planned pairs: looks that are not increasing whole numbers of at least 3
-    ending at the planned pairs, a spending function not in :data:`SPENDING`, a futility bound that
+    hypothesis study's planned pairs, the family's ``min_pairs`` and the studies its hypotheses
+    name: hypotheses over more than one study (their looks would wait on each other's pairs),
+    looks that are not increasing whole numbers of at least ``min_pairs`` (a look where no
+    hypothesis can be reached spends alpha for nothing) ending at the planned pairs, a spending function not in :data:`SPENDING`, a futility bound that
     is not a finite number, keys it does not know."""
     if not isinstance(spec, dict):
         return [("sequential", "a mapping: {looks: [n_1, ..., n_K], spending: obrien_fleming | pocock}")]
@@ -233,12 +237,24 @@ def looks_problems(spec: object, planned: Sequence[int]) -> list[tuple[str, str]
         or any(b <= a for a, b in zip(looks, looks[1:]))
     ):
         out.append(("looks", "at least two increasing pair counts, the first at least 3"))
+    elif looks[0] < min_pairs:
+        out.append(
+            ("looks", f"the first look, at {looks[0]} pairs, is below the family's min_pairs {min_pairs}")
+        )
     elif any(p != looks[-1] for p in planned):
         out.append(
             (
                 "looks",
                 f"the last look is the planned number of pairs: {looks[-1]} is not the seeds of "
                 f"every hypothesis' study ({', '.join(map(str, sorted(set(planned))))})",
+            )
+        )
+    if len(set(studies)) > 1:
+        out.append(
+            (
+                "sequential",
+                f"a sequential design's hypotheses name one study, not {len(set(studies))} "
+                f"({', '.join(sorted(set(studies)))}): its looks are that study's pairs",
             )
         )
     if spec.get("spending") not in SPENDING:

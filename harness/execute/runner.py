@@ -293,6 +293,13 @@ class Runner:
             return True
         index = int(unit[0].unit.rsplit(".pair", 1)[1])
         due = [n for n in seq["looks"] if n <= index]
+        taken_over = [e for e in self.ledger.looks() if index < e["pairs"]]
+        if taken_over:  # a pair a look was computed on never runs again (--retry-failed included)
+            self.echo(
+                f"sequential: {unit[0].unit} is one of the pairs look {taken_over[0]['look']} was taken on; "
+                "it does not run again"
+            )
+            return False
         if not due:
             return True
         for k, n in enumerate(due, start=1):  # take each look due, in order, once
@@ -349,7 +356,11 @@ class Runner:
         executor holds it back until they end, then claims it: :meth:`look_allows` decides)."""
         spec = self.proto.hypotheses
         seq = spec.get("sequential") if isinstance(spec, dict) else None
-        if seq is None or unit[0].design != "paired":
+        if (
+            seq is None
+            or unit[0].design != "paired"
+            or unit[0].study not in {t["study"] for t in spec["tests"]}
+        ):
             return False
         index = int(unit[0].unit.rsplit(".pair", 1)[1])
         due = [n for n in seq["looks"] if n <= index]
