@@ -35,8 +35,9 @@ def look_problems(
       or after the look where the rule stopped the study;
     * a look entry whose pairs were not all final before it in the chain, or that binds other
       records than the look's (:func:`look_entry_records`);
-    * a look the records reach (up to where the rule stopped) without its entry: ``harness run``
-      appends it before computing any statistic of the look;
+    * a look the records reach without its entry, where a later pair started or the rule stopped
+      there: ``harness run`` appends it before computing any statistic of the look (a run stopped
+      right after the look's pairs, before the entry, is only unfinished);
     * a pair of a look that started again after the look's entry (its statistics would change
       after the look's outcome was seen);
     * a unit past a look that started before the look's entry (a later pair's outcome could have
@@ -111,10 +112,12 @@ def look_problems(
             )
     have = {e["look"] for e in entries}
     for k in range(1, taken + 1):
-        if k not in have and k < len(seq.looks):
-            out.append(
-                f"look {k} ({seq.looks[k - 1]} pairs): the records reach it, and the chain has no look entry for it"
-            )
+        n = seq.looks[k - 1]
+        past = [s for s in started if (i := index_of(str(s["unit"]))) is not None and i >= n]
+        if k not in have and k < len(seq.looks) and (past or (stop_at is not None and k == stop_at)):
+            # a run stopped right after a look's pairs, before its entry, is only unfinished: the
+            # entry is written when it resumes; a later pair started, or a stop there, needs it
+            out.append(f"look {k} ({n} pairs): the records reach it, and the chain has no look entry for it")
     if stop_at is not None:
         n = seq.looks[stop_at - 1]
         past = [s for s in started if (i := index_of(str(s["unit"]))) is not None and i >= n]
