@@ -40,8 +40,17 @@ from audit.budget import (  # noqa: E402
     stop_check,
 )
 from audit.cli import main  # noqa: E402
+from audit.commands import arm_of, is_command_study, metric_of, refs_of  # noqa: E402
 from audit.decisions import decide, sensitivity  # noqa: E402
 from audit.descriptive import endpoint, mean_interval, paired_values  # noqa: E402
+from audit.evidence import (  # noqa: E402
+    EVIDENCE_SUFFIX,
+    MAX_EVIDENCE_BYTES,
+    Derived,
+    EvidenceError,
+    derive,
+    evidence_problems,
+)
 from audit.freeze import field_differences, torch_matches  # noqa: E402
 from audit.hypotheses import (  # noqa: E402
     CHOICES,
@@ -79,6 +88,16 @@ if _ADDED:
     sys.path.remove(_HERE)
 
 __all__ = [
+    "EVIDENCE_SUFFIX",
+    "MAX_EVIDENCE_BYTES",
+    "Derived",
+    "EvidenceError",
+    "derive",
+    "evidence_problems",
+    "arm_of",
+    "is_command_study",
+    "metric_of",
+    "refs_of",
     "entry_problems",
     "torch_matches",
     "CHOICES",

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from analysis.audit.factorial import design_of, effect_names
+from analysis.audit.hypotheses import Pair
 from analysis.report_md import interval_end, level_pct, md_table, num
 from analysis.results import PairedResult, StudyResult
 
@@ -66,12 +67,25 @@ def paired_study_section(study: StudyResult) -> list[str]:
         out += md_table(["Configuration", names, "CPU-time reduction", f"{lvl} interval"], rows)
     out += ["", "Time to the fixed validation target and total completion time.", ""]
     out += _completion_table(configs, lvl)
-    out += [
-        "",
-        "Full-test quality (BPB; lower is better; positive difference means the candidate was worse).",
-        "",
-    ]
-    out += _quality_table(configs, lvl, names)
+    command = first.final_metric is not None  # a study of command arms: its own metric, not BPB
+    if command:
+        fm = first.final_metric
+        assert fm is not None
+        name, better = fm.metric["name"], fm.metric.get("better", "lower")
+        out += [
+            "",
+            f"Quality: {name} at each arm's last evaluation, as its script reported it ({better} is "
+            "better; the difference is candidate minus baseline).",
+            "",
+        ]
+        out += _metric_table(configs, lvl, names, name)
+    else:
+        out += [
+            "",
+            "Full-test quality (BPB; lower is better; positive difference means the candidate was worse).",
+            "",
+        ]
+        out += _quality_table(configs, lvl, names)
     out += ["", "Peak memory.", ""]
     rows = []
     for c in configs:
@@ -97,7 +111,7 @@ def paired_study_section(study: StudyResult) -> list[str]:
                     num(pr.baseline_training_s, ".3f"),
                     num(pr.candidate_training_s, ".3f"),
                     num(pr.time_reduction_pct, ".2f%"),
-                    num(pr.test_bpb_difference, "+.5f"),
+                    num(_metric_difference(pr) if command else pr.test_bpb_difference, "+.5f"),
                 ]
             )
     out += md_table(
@@ -108,7 +122,7 @@ def paired_study_section(study: StudyResult) -> list[str]:
             f"{first.baseline_arm.capitalize()} (s)",
             f"{first.candidate_arm.capitalize()} (s)",
             "Time reduction",
-            "Test Δ BPB",
+            f"Δ {first.final_metric.metric['name']}" if first.final_metric is not None else "Test Δ BPB",
         ],
         rows,
     )
@@ -131,7 +145,7 @@ def _training_table(configs: list[PairedResult], lvl: str, names: str) -> list[s
         rows.append(
             [
                 c.config,
-                num((c.parameters or 0) / 1e6, ".2f") + "M",
+                num(c.parameters / 1e6, ".2f") + "M" if c.parameters else "n/a",
                 f"{num(tt.baseline_mean, '.3f')} / {num(tt.candidate_mean, '.3f')} s",
                 num(interval_end(iv, "estimate"), ".2f") + "%",
                 f"{num(interval_end(iv, 'low'), '.2f')}–{num(interval_end(iv, 'high'), '.2f')}%",
@@ -168,6 +182,29 @@ def _completion_table(configs: list[PairedResult], lvl: str) -> list[str]:
         ],
         rows,
     )
+
+
+def _metric_difference(pr: Pair) -> float | None:
+    b, c = pr.baseline_final_metric, pr.candidate_final_metric
+    return None if b is None or c is None else c - b
+
+
+def _metric_table(configs: list[PairedResult], lvl: str, names: str, name: str) -> list[str]:
+    rows = []
+    for c in configs:
+        q = c.final_metric
+        if q is None:
+            continue
+        iv = q.interval
+        rows.append(
+            [
+                c.config,
+                f"{num(q.baseline_mean, '.4f')} / {num(q.candidate_mean, '.4f')}",
+                num(interval_end(iv, "estimate"), "+.5f"),
+                f"{num(interval_end(iv, 'low'), '+.5f')} to {num(interval_end(iv, 'high'), '+.5f')}",
+            ]
+        )
+    return md_table(["Configuration", f"{names} {name}", "Difference", f"{lvl} interval"], rows)
 
 
 def _quality_table(configs: list[PairedResult], lvl: str, names: str) -> list[str]:

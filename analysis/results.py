@@ -113,6 +113,14 @@ class TimeToTarget(Endpoint):
 
 
 @dataclass(frozen=True)
+class FinalMetric(Endpoint):
+    """A command study's metric at each arm's last evaluation (``metric``: its name, target and
+    which way is better), compared as a difference."""
+
+    metric: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class PairedResult(_Json):
     """One configuration of a paired study."""
 
@@ -136,6 +144,8 @@ class PairedResult(_Json):
     # training CPU time, when every pair recorded it (records since lockstep; left out otherwise,
     # so earlier summaries read and write back the same)
     training_cpu_time: TrainingTime | None = field(default=None, metadata={"omit_none": True})
+    # a study of command arms: its metric at the last evaluation (left out of other studies)
+    final_metric: FinalMetric | None = field(default=None, metadata={"omit_none": True})
 
 
 @dataclass(frozen=True)

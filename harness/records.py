@@ -136,8 +136,8 @@ class GitState(TypedDict):
     dirty: bool | None
 
 
-#: RunSpec's fields of a lockstep run, left out of the JSON of other runs.
-_LOCKSTEP_FIELDS = frozenset({"block_steps", "partner", "steps_first"})
+#: RunSpec's fields of a lockstep run and of a command arm's run, left out of the JSON of other runs.
+_LOCKSTEP_FIELDS = frozenset({"block_steps", "partner", "steps_first", "command", "metric"})
 
 
 @dataclass(frozen=True)
@@ -170,6 +170,10 @@ class RunSpec:
     block_steps: int | None = None  # steps per block
     partner: str | None = None  # the other arm's run id
     steps_first: bool | None = None  # whether this arm takes the first block (``position`` 0 is built first)
+    # a command arm's run (harness.commandarm): its arm (argument list, cwd, env, limit, ref, reporter)
+    # and its study's metric (name, target, better); None otherwise, and then left out of the JSON
+    command: Mapping[str, Any] | None = None
+    metric: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -231,6 +235,12 @@ class WorkerResult:
     checkpoint: Mapping[str, Any] | None = None
     traceback: str | None = None
     log_tail: str | None = None
+    # a command arm's run: the study's metric at its last evaluation, every metric's last value,
+    # the evidence file kept beside the record (kind, file, sha256, bytes) and how the process ran
+    final_metric: float | None = None
+    metrics: Mapping[str, float] | None = None
+    evidence: Mapping[str, Any] | None = None
+    process: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object: every set field (and the ones always written), non-finite floats kept
@@ -254,7 +264,7 @@ class WorkerResult:
 
 #: The measurements a non-finite value turns to ``null`` in a file: read back as NaN, not as
 #: ``None`` (a field the worker never got to), so that the record writes back the same bytes.
-NONFINITE_AS_NULL = ("val_bpb", "test_bpb", "rescored_test_bpb")
+NONFINITE_AS_NULL = ("val_bpb", "test_bpb", "rescored_test_bpb", "final_metric")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import yamlio
+from harness.commandarm import is_command_arms, parse_arms, parse_metric
 from harness.config import Config, config_dir, find_config
 from harness.errors import InputError
 from harness.factorial import DEFAULT_CELLS, DEFAULT_DESIGN, Design, parse
@@ -29,14 +30,16 @@ _STUDY = {
     # lockstep: both arms of a pair in one process, alternating blocks of this many steps (ABBA)
     "block_steps": Field(int, required=False, default=None, check=positive),
     "description": Field(str, required=False, default=""),
-    "arms": Field(list, required=False, default=None),
+    "arms": Field((list, dict), required=False, default=None),  # a mapping: command arms
     "factors": Field(dict, required=False, default=None),
     "cells": Field(dict, required=False, default=None),
     "configs": Field(list),
     "seeds": Field((list, dict)),
     "steps": Field(int, check=positive),
-    "val_every": Field(int, check=positive),
-    "val_target_bpb": Field((float, dict)),
+    "val_every": Field(int, required=False, default=None, check=positive),
+    "val_target_bpb": Field((float, dict), required=False, default=None),
+    # a command study's metric (harness.commandarm): the name its scripts report, target, better
+    "metric": Field(dict, required=False, default=None),
     "interval_level": Field(float, required=False, default=None, check=two_sided_level),
 }
 
@@ -57,6 +60,9 @@ class Study:
     # a lockstep study (``design: lockstep``): its pairs are paired (``design`` "paired"), each pair's
     # two arms trained in one process in alternating blocks of ``block_steps`` steps; None otherwise
     block_steps: int | None = None
+    # a command study (harness.commandarm): each role's command arm, and the metric they report
+    commands: dict[str, dict[str, Any]] | None = None
+    metric: dict[str, Any] | None = None
 
     @property
     def lockstep(self) -> bool:
@@ -86,10 +92,22 @@ def parse_studies(
         if s["name"] in names:
             raise doc.error(kp + ("name",), f"duplicate study name {s['name']!r}")
         names.add(s["name"])
-        arms, design = _arms(doc, s, kp, root, plugins)
-        _configs(doc, s, kp, root, cdir, configs, plugins)
+        commands = metric = None
+        if is_command_arms(s["arms"]):
+            commands, metric = _commands(doc, s, kp, root)
+            arms, design = list(commands), None
+            targets = dict.fromkeys(_labels(doc, s, kp), metric["target"])
+            s["val_every"] = s["steps"]
+        else:
+            arms, design = _arms(doc, s, kp, root, plugins)
+            _configs(doc, s, kp, root, cdir, configs, plugins)
+            for key in ("val_every", "val_target_bpb"):
+                if s[key] is None:
+                    raise doc.error(kp, f"missing required key {key!r}")
+            if s["metric"] is not None:
+                raise doc.error(kp + ("metric",), "metric belongs to a study of command arms")
+            targets = _targets(doc, s, kp)
         seeds = _seeds(doc, s["seeds"], kp + ("seeds",))
-        targets = _targets(doc, s, kp)
         if s["val_every"] > s["steps"]:
             raise doc.error(kp + ("val_every",), "val_every exceeds steps")
         _lockstep(doc, s, kp)
@@ -107,9 +125,43 @@ def parse_studies(
                 interval_level=s["interval_level"] or interval_level,
                 factorial=design,
                 block_steps=s["block_steps"],
+                commands=commands,
+                metric=metric,
             )
         )
     return studies
+
+
+def _commands(
+    doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath, root: Path
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """A command study's arms and metric (:mod:`harness.commandarm`); its ``configs`` are labels
+    passed to ``{config}``, and it has no ``val_every`` or ``val_target_bpb`` (the metric's target)."""
+    if s["design"] == "factorial":
+        raise doc.error(kp + ("arms",), "command arms are a pair: design paired or lockstep")
+    for key in ("val_every", "val_target_bpb", "factors", "cells"):
+        if s[key] is not None:
+            raise doc.error(
+                kp + (key,),
+                f"{key!r} does not belong to a study of command arms (its scripts evaluate when they "
+                "choose; the target is metric.target)",
+            )
+    return parse_arms(doc, s["arms"], kp + ("arms",), root), parse_metric(doc, s["metric"], kp + ("metric",))
+
+
+def _labels(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath) -> list[str]:
+    """A command study's configuration labels (what ``{config}`` says), unique, each a name."""
+    labels = s["configs"]
+    if not labels:
+        raise doc.error(kp + ("configs",), "a study needs at least one configuration")
+    for ci, c in enumerate(labels):
+        if not isinstance(c, str) or not ID_RE.match(c):
+            raise doc.error(
+                kp + ("configs", ci), f"a configuration label is a name (letters, digits, - and _), got {c!r}"
+            )
+    if len(set(labels)) != len(labels):
+        raise doc.error(kp + ("configs",), "duplicate configuration")
+    return list(labels)
 
 
 def _lockstep(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath) -> None:

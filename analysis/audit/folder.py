@@ -14,6 +14,7 @@ from .anchors import check_anchor, check_signature, signers_kept
 from .attempts import unfinished
 from .barrier import look_problems
 from .corpora import check_corpus
+from .evidence import evidence_problems
 from .freeze import check_freeze, check_protocol_copies, check_time, check_versions, check_what_ran
 from .ledger import (
     LOOK_SUFFIX,
@@ -117,6 +118,13 @@ def audit_dir(
         f"{len(started)} started entries, "
         f"{sum(r.get('schema_version', 1) >= 3 for r in records)} records end one",
     )
+    if any("command" in (r.get("spec") or {}) for r in records):
+        found_ev, kept = evidence_problems(directory, records)
+        fail(
+            "command runs' evidence",
+            found_ev,
+            f"{kept} evidence files, each the one its record's sha256 names, every figure derived again from it",
+        )
     _what_was_frozen(out, root, truth, records, manifest, plan_sha, signers, notes)
     if anchor is not None:
         found, detail, anchored[directory] = check_anchor(root, truth, records + started + looks, anchor)

@@ -43,7 +43,8 @@ class Pair:
         (``baseline`` or ``candidate``) and the host and device it ran on.
     baseline_*, candidate_*
         Each arm's training time, training CPU time (records since lockstep), time to target
-        (``None``: not reached), total time, test BPB and peak memory.
+        (``None``: not reached), total time, test BPB, peak memory and, in a study of command arms,
+        the study's metric at the last evaluation (``final_metric``).
     time_reduction_pct, test_bpb_difference
         ``100 (1 - c / b)`` of the training times and ``c - b`` of the test BPB, where both are valid.
     """
@@ -65,6 +66,9 @@ class Pair:
     candidate_test_bpb: float | None = None
     baseline_peak_memory_bytes: float | None = None
     candidate_peak_memory_bytes: float | None = None
+    # a command study's metric at each arm's last evaluation (its pairs only: other rows have none)
+    baseline_final_metric: float | None = field(default=None, metadata={"omit_none": True})
+    candidate_final_metric: float | None = field(default=None, metadata={"omit_none": True})
     time_reduction_pct: float | None = None
     test_bpb_difference: float | None = None
 
@@ -108,7 +112,15 @@ def typed_pairs(pairs: Sequence[Pair | PairRow]) -> list[Pair]:
 
 
 #: The values of each key of a hypothesis and of its family (the protocol's ``hypotheses`` block).
-ENDPOINTS = ("training_time", "training_cpu_time", "time_to_target", "total_time", "test_bpb", "peak_memory")
+ENDPOINTS = (
+    "training_time",
+    "training_cpu_time",
+    "time_to_target",
+    "total_time",
+    "test_bpb",
+    "peak_memory",
+    "final_metric",
+)
 CHOICES: dict[str, tuple[str, ...]] = {
     "endpoint": ENDPOINTS,
     "estimand": ("difference", "relative_reduction", "log_ratio"),
@@ -359,6 +371,7 @@ ENDPOINT_KEYS = {
     "total_time": "total_s",
     "test_bpb": "test_bpb",
     "peak_memory": "peak_memory_bytes",
+    "final_metric": "final_metric",
 }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .attempts import analysed, latest_unit, redrawn
+from .commands import ROLES, commands_of, is_command_study, label_sha256, metric_of
 from .factorial import from_yaml, williams
 from .hypotheses import Family
 from .sequential import looks_problems
@@ -28,9 +29,18 @@ def plan_from_protocol(
         seeds = st["seeds"]
         if isinstance(seeds, dict):
             seeds = list(range(seeds["base"], seeds["base"] + seeds["count"]))
-        target = st["val_target_bpb"]
+        command = is_command_study(st)
+        target = metric_of(st["metric"])["target"] if command else st["val_target_bpb"]
         targets = {c: float(target[c] if isinstance(target, dict) else target) for c in st["configs"]}
-        arms = st.get("arms")
+        arms = list(ROLES) if command else st.get("arms")
+        commands = (
+            {
+                role: {"command": arm, "metric": metric_of(st["metric"])}
+                for role, arm in commands_of(st).items()
+            }
+            if command
+            else {}
+        )
         _, cells, cell_arms, _ = from_yaml(st) if st["design"] == "factorial" else (None, [], [], False)
         orders = {}
         for config in st["configs"]:
@@ -79,13 +89,14 @@ def plan_from_protocol(
                     runs.append(
                         {
                             **lockstep,
+                            **commands.get(role, {}),
                             "run_id": f"{unit}.{role}",
                             "protocol_id": doc["id"],
                             "protocol_sha256": protocol_sha,
                             "study": st["name"],
                             "design": "paired" if st["design"] == "lockstep" else st["design"],
                             "config": config,
-                            "config_sha256": config_sha[config],
+                            "config_sha256": label_sha256(config) if command else config_sha[config],
                             "arm": arm,
                             "role": role,
                             "seed": seed,
@@ -93,7 +104,7 @@ def plan_from_protocol(
                             "position": pos,
                             "order": len(runs),
                             "steps": st["steps"],
-                            "val_every": st["val_every"],
+                            "val_every": st["steps"] if command else st["val_every"],
                             "val_target_bpb": targets[config],
                             "corpus": doc["corpus"]["name"]
                             if isinstance(doc["corpus"], dict)
@@ -163,8 +174,10 @@ def expected_summary(doc: dict[str, Any], psha: str, path: str) -> dict[str, Any
         seeds = st["seeds"]
         if isinstance(seeds, dict):
             seeds = list(range(seeds["base"], seeds["base"] + seeds["count"]))
-        arms = st.get("arms")
+        arms = list(ROLES) if is_command_study(st) else st.get("arms")
         declared: dict[str, Any] = {}
+        if is_command_study(st):
+            declared = {"commands": commands_of(st), "metric": metric_of(st["metric"])}
         if st["design"] == "factorial":
             factors, cells, cell_arms, is_declared = from_yaml(st)
             arms = cell_arms if is_declared else (arms or cells)

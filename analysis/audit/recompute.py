@@ -185,6 +185,7 @@ def _paired(
                 "candidate_test_bpb": c.get("test_bpb"),
                 "baseline_peak_memory_bytes": peak(b),
                 "candidate_peak_memory_bytes": peak(c),
+                **final_metric_columns(b, c),
                 "time_reduction_pct": 100.0 * (1.0 - float(ct["training_s"]) / float(bt["training_s"]))
                 if valid(bt.get("training_s"), True) and valid(ct.get("training_s"), True)
                 else None,
@@ -253,7 +254,25 @@ def _paired(
         "by_device": by_device(timed, level),
         "pairs": pairs,
         **({"training_cpu_time": cpu_time} if cpu_time is not None else {}),
+        **(
+            {
+                "final_metric": asdict(
+                    endpoint(col("baseline_final_metric"), col("candidate_final_metric"), level, "difference")
+                )
+                | {"metric": st["metric"]}
+            }
+            if "metric" in st and pairs
+            else {}
+        ),
     }
+
+
+def final_metric_columns(b: Rec, c: Rec) -> dict[str, Any]:
+    """A command study's pair columns of the study's metric at each arm's last evaluation (none for
+    other studies' pairs, whose rows keep their columns)."""
+    if "command" not in b["spec"]:
+        return {}
+    return {"baseline_final_metric": b.get("final_metric"), "candidate_final_metric": c.get("final_metric")}
 
 
 def _time_endpoint(pairs: list[dict[str, Any]], key: str, level: float) -> dict[str, Any]:

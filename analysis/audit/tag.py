@@ -10,6 +10,7 @@ import re
 import subprocess
 from typing import Any
 
+from .commands import is_command_study
 from .ledger import canonical, sha256
 from .plan import expected_summary
 from .yamlflow import YamlError
@@ -299,7 +300,7 @@ def load_truth(
             if not isinstance(doc, dict):
                 raise ValueError("the protocol is not a mapping")
             truth["doc"] = doc
-            names = sorted({c for st in doc["studies"] for c in st["configs"]})
+            names = sorted({c for st in doc["studies"] if not is_command_study(st) for c in st["configs"]})
             blobs = _configs_at(root, truth.get("commit") or "", truth["path"], names)
             truth["config_sha"] = {c: sha256(b) for c, b in blobs.items()}
             missing = [c for c in names if c not in blobs]

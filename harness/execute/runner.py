@@ -49,7 +49,7 @@ from analysis.public_audit import (
 from analysis.public_audit import check as budget_check
 from harness import freeze, gitutil
 from harness.data.corpora import LocalCorpus
-from harness.errors import HarnessError
+from harness.errors import HarnessError, RefusedError
 from harness.execute.attempts import (
     attempt_record,
     interrupted_result,
@@ -59,6 +59,7 @@ from harness.execute.attempts import (
     utc_stamp,
 )
 from harness.execute.base import Claim, Executor
+from harness.execute.commands import EVIDENCE_TEXT
 from harness.execute.hermetic import SLOWDOWN, hermetic_env
 from harness.execute.job import Job
 from harness.execute.launchers import Outcome
@@ -73,9 +74,11 @@ from harness.records import (
     TAG_FILE,
     RunRecord,
     RunSpec,
+    WorkerResult,
     atomic_write,
     budget_attempts,
     jsonable,
+    sha256_bytes,
 )
 
 
@@ -167,7 +170,11 @@ class Runner:
     def job(self, spec: RunSpec, attempt: int, checkpoint_dir: Path | None = None) -> Job:
         """What the worker needs, with paths relative to the study's root (a node's copy of it)."""
         ckpt = (checkpoint_dir or self.dir / "checkpoints") / f"{spec.run_id}.a{attempt}.safetensors"
-        cfg = Path(self.proto.configs[spec.config].path).resolve().relative_to(self.root.resolve())
+        cfg = (
+            Path(self.proto.configs[spec.config].path).resolve().relative_to(self.root.resolve())
+            if spec.command is None
+            else Path(".")  # a command arm's configuration is a label its arguments carry
+        )
         local = self.proto.corpus.as_dict() if isinstance(self.proto.corpus, LocalCorpus) else None
         return Job(
             spec=spec,
@@ -200,7 +207,9 @@ class Runner:
         if start is None:
             _, starts = self.ledger.entries_of({spec.run_id})
             start = next(e for e in starts if e["attempt"] == attempt)
+        text = outcome.result.pop(EVIDENCE_TEXT, None) if isinstance(outcome.result, dict) else None
         result, device_s = outcome_result(outcome)
+        self._keep_evidence(result, text)
         rec = attempt_record(
             self.proto,
             self.frozen,
@@ -219,6 +228,18 @@ class Runner:
         if spec.run_id in self._unit_ends:
             self.push_anchor()
         return result.status
+
+    def _keep_evidence(self, result: WorkerResult, text: str | None) -> None:
+        """A command run's evidence (its reporter file or output), kept beside its record under the
+        name the record gives it (never overwritten: a second copy of an attempt's is refused)."""
+        ev = result.evidence
+        if text is None or not ev:
+            return
+        data = text.encode("utf-8", "surrogateescape")
+        name = str(ev.get("file"))
+        if Path(name).name != name or sha256_bytes(data) != ev.get("sha256"):
+            raise RefusedError(f"a worker's evidence for {name!r} is not the file its result names")
+        atomic_write(self.ledger.dir / name, data, overwrite=False)
 
     def push_anchor(self) -> None:
         """Push the ledger head to the anchor remote (a failure is said, and the next push carries it)."""

@@ -137,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         report(args[1], probe())
         return 0
     if "lockstep" in data:
-        return _pair(data, args[1])
+        return _pair(data, args[1], job_path.parent)
+    if (data.get("spec") or {}).get("command") is not None:
+        return _command(Job.from_json(data), args[1], job_path.parent)
     partial = Partial()
     try:
         execute(Job.from_json(data), partial)
@@ -162,12 +164,45 @@ def _slowed(results: list[WorkerResult]) -> list[WorkerResult]:
     return [replace(r, env={**(r.env or {}), "test_slowdown": factor}) for r in results]
 
 
-def _pair(data: dict[str, Any], where: str) -> int:
-    """A lockstep pair (:mod:`harness.execute.lockstep`): both arms' results, and this process's
-    device seconds, which the parent splits between them (:func:`harness.execute.lockstep.split`)."""
+def _with_evidence(result: WorkerResult, text: str | None) -> dict[str, Any]:
+    """A command run's result with its evidence's text, which the runner keeps beside the record."""
+    from harness.execute.commands import EVIDENCE_TEXT
+
+    return {**result.to_json(), **({EVIDENCE_TEXT: text} if text is not None else {})}
+
+
+def _command(job: Job, where: str, work: Path) -> int:
+    """A command arm's run (:mod:`harness.execute.commands`): the program runs in a process of its
+    own, in this folder's copy of the study (the node's, under Ray)."""
+    from harness.execute.commands import run_command
+
+    result, text = run_command(job, work, Path.cwd())
+    result = replace(result, timings={**result.timings, "device_s": time.monotonic() - _T0})
+    report(where, _with_evidence(result, text))
+    return 0 if result.status == "ok" else 3
+
+
+def _pair(data: dict[str, Any], where: str, work: Path) -> int:
+    """A lockstep pair (:mod:`harness.execute.lockstep`, or :mod:`harness.execute.commands` for two
+    command arms): both arms' results, and this process's device seconds, which the parent splits
+    between them (:func:`harness.execute.lockstep.split`)."""
     from harness.execute.lockstep import LockstepJob, PairFailed, execute_pair
 
     job = LockstepJob.from_json(data)
+    if job.jobs[0].spec.command is not None:
+        from harness.execute.commands import run_pair
+
+        ran = run_pair(job.jobs, work, Path.cwd())
+        ok = all(r.status == "ok" for r, _ in ran)
+        report(
+            where,
+            {
+                "status": "ok" if ok else "failed",
+                "lockstep": [_with_evidence(r, t) for r, t in ran],
+                "timings": {"device_s": time.monotonic() - _T0},
+            },
+        )
+        return 0 if ok else 3
     partials = (Partial(), Partial())
     try:
         execute_pair(job, partials)

@@ -1,0 +1,289 @@
+"""A command arm's evidence: the reporter file (``harness/reporter.py``) or, for a script that
+cannot be changed, its captured output read with preregistered regular expressions; the endpoints
+a record holds, derived from it. One home: the worker derives a run's figures by
+:func:`derive`, and the audit derives them again from the file kept beside the record
+(:func:`evidence_problems`), so a record's figures are the file's, and the file is the one its
+record's sha256 names.
+
+Endpoints from a reporter file: ``training_s`` and ``training_cpu_s`` (the sums of the steps'
+``dt`` and ``cpu_dt``: the training clock, evaluation and hand-overs off it), ``time_to_target_s``
+(the training clock at the first evaluation whose metric reaches the study's target, None when
+none does), ``final_metric`` (the study's metric at the last evaluation), ``metrics`` (every
+metric's last value), the curves. From captured output: ``final_metric`` and ``metrics`` only
+(the last match of each expression); the whole process's time is the harness's own clock
+(``total_s``), which no file can tell.
+
+A file is refused (the run failed, its reason this module's words) when a line is not a JSON
+object of a known kind, the clock runs backwards, a step's number is not the one after the last
+(a gap), a loss or metric is not finite, the study's metric is never reported, the count of steps
+is not the planned one, ``done`` is missing or not last, or the file's elapsed time exceeds the
+harness's wall clock of the process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+FORMAT = 1
+#: A kept evidence file's name beside its record: ``<run_id>.a<attempt>`` and this.
+EVIDENCE_SUFFIX = {"reporter": ".report.jsonl", "output": ".output.log"}
+#: The most bytes of evidence a run may keep (a line a step: far above any study's).
+MAX_EVIDENCE_BYTES = 16 * 1024 * 1024
+#: How far the file's elapsed time may exceed the harness's clock of the process (seconds): the
+#: two clocks are read a few system calls apart.
+CLOCK_SLACK_S = 0.05
+
+
+class EvidenceError(ValueError):
+    """A reporter file or output that is not evidence of a finished run (the reason is the text)."""
+
+
+@dataclass(frozen=True)
+class Derived:
+    """What a run's evidence says: the record's figures."""
+
+    training_s: float | None = None
+    training_cpu_s: float | None = None
+    time_to_target_s: float | None = None
+    final_metric: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    steps: int | None = None
+    elapsed_s: float | None = None
+    curve: list[list[float]] = field(default_factory=list)  # [step, loss, training clock]
+    val_curve: list[list[float]] = field(default_factory=list)  # [step, metric, training clock]
+
+    def figures(self) -> dict[str, Any]:
+        """The figures a record holds and the audit compares (curves apart)."""
+        return {
+            "training_s": self.training_s,
+            "training_cpu_s": self.training_cpu_s,
+            "time_to_target_s": self.time_to_target_s,
+            "final_metric": self.final_metric,
+            "metrics": self.metrics,
+        }
+
+
+def reached(value: float, target: float, better: str) -> bool:
+    """Whether a metric's value reaches its target (``better`` ``lower``: at or below it)."""
+    return value <= target if better == "lower" else value >= target
+
+
+def _number(v: Any, what: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise EvidenceError(f"{what} = {json.dumps(v)[:40]} is not a number")
+    x = float(v)
+    if not math.isfinite(x):
+        raise EvidenceError(f"{what} is not finite")
+    return x
+
+
+def derive_reporter(text: str, metric: dict[str, Any], steps: int, wall_s: float | None) -> Derived:
+    """The figures of a reporter file's ``text`` (format 1), for the study's ``metric`` (``name``,
+    ``target``, ``better``) and ``steps`` planned; ``wall_s`` the harness's wall clock of the
+    process (None: not checked). Raises :class:`EvidenceError` naming the line."""
+    lines = text.splitlines()
+    if not lines:
+        raise EvidenceError("the reporter file is empty (the script never built a Reporter)")
+    clock = cpu = 0.0
+    last_t: float | None = None
+    last_step: int | None = None
+    start_t: float | None = None
+    count = 0
+    done_t: float | None = None
+    curve: list[list[float]] = []
+    val_curve: list[list[float]] = []
+    finals: dict[str, float] = {}
+    ttt: float | None = None
+    name, target, better = metric["name"], float(metric["target"]), metric.get("better", "lower")
+    for i, line in enumerate(lines, 1):
+        where = f"line {i}"
+        try:
+            e = json.loads(line)
+        except ValueError:
+            raise EvidenceError(f"{where}: not JSON (a torn or edited file)") from None
+        if not isinstance(e, dict) or not isinstance(e.get("kind"), str):
+            raise EvidenceError(f"{where}: not a JSON object with a kind")
+        kind = e["kind"]
+        if done_t is not None:
+            raise EvidenceError(f"{where}: a {kind} line after done")
+        if i == 1:
+            if kind != "start" or e.get("format") != FORMAT:
+                raise EvidenceError(f"{where}: the first line is a start line of format {FORMAT}")
+        elif kind == "start":
+            raise EvidenceError(f"{where}: a second start line (two runs wrote one file)")
+        t = _number(e.get("t"), f"{where}: t")
+        if last_t is not None and t < last_t:
+            raise EvidenceError(f"{where}: the clock runs backwards ({t} after {last_t})")
+        last_t = t
+        if kind == "start":
+            start_t = t
+        elif kind == "step":
+            s = e.get("step")
+            if isinstance(s, bool) or not isinstance(s, int):
+                raise EvidenceError(f"{where}: step is not an integer")
+            if last_step is not None and s != last_step + 1:
+                raise EvidenceError(f"{where}: step {s} after step {last_step} (a gap or a repeat)")
+            loss = e.get("loss")
+            if isinstance(loss, str):
+                raise EvidenceError(f"{where}: step {s}: the loss is {loss} (not finite)")
+            loss = _number(loss, f"{where}: loss")
+            dt = _number(e.get("dt"), f"{where}: dt")
+            cdt = _number(e.get("cpu_dt"), f"{where}: cpu_dt")
+            if dt < 0 or cdt < 0:
+                raise EvidenceError(f"{where}: a negative step time")
+            clock += dt
+            cpu += cdt
+            count += 1
+            last_step = s
+            curve.append([float(s), loss, clock])
+        elif kind == "eval":
+            m = e.get("metrics")
+            if not isinstance(m, dict):
+                raise EvidenceError(f"{where}: metrics is not an object")
+            for k, v in m.items():
+                finals[str(k)] = _number(v, f"{where}: metric {k}")
+            if name in m:
+                v = finals[name]
+                val_curve.append([float(_number(e.get("step"), f"{where}: step")), v, clock])
+                if ttt is None and reached(v, target, better):
+                    ttt = clock
+        elif kind == "wait":
+            _number(e.get("t0"), f"{where}: t0")
+        elif kind == "done":
+            done_t = t
+            if e.get("steps") != count:
+                raise EvidenceError(f"{where}: done says {e.get('steps')} steps, the file reports {count}")
+        else:
+            raise EvidenceError(f"{where}: unknown kind {kind!r}")
+    if done_t is None:
+        raise EvidenceError("no done line: the script did not call Reporter.done() (it stopped early)")
+    if count != steps:
+        raise EvidenceError(f"the file reports {count} steps; the protocol plans {steps}")
+    if name not in finals:
+        raise EvidenceError(f"the study's metric {name!r} was never reported (Reporter.eval)")
+    assert start_t is not None
+    elapsed = done_t - start_t
+    if clock > elapsed + 1e-9:
+        raise EvidenceError(
+            f"the steps' times ({clock:.6f} s) exceed the file's own elapsed time ({elapsed:.6f} s)"
+        )
+    if wall_s is not None and elapsed > wall_s + CLOCK_SLACK_S:
+        raise EvidenceError(
+            f"the file's elapsed time ({elapsed:.3f} s) exceeds the harness's wall clock of the process "
+            f"({wall_s:.3f} s): the file is not this process's"
+        )
+    return Derived(
+        training_s=clock,
+        training_cpu_s=cpu,
+        time_to_target_s=ttt,
+        final_metric=finals[name],
+        metrics=finals,
+        steps=count,
+        elapsed_s=elapsed,
+        curve=curve,
+        val_curve=val_curve,
+    )
+
+
+def derive_output(text: str, metric: dict[str, Any], patterns: dict[str, str]) -> Derived:
+    """The figures of a script's captured output read with its arm's preregistered expressions
+    (``patterns``: metric name to a regular expression whose first group is the number; the last
+    match counts)."""
+    finals: dict[str, float] = {}
+    for name, pattern in sorted(patterns.items()):
+        found = re.findall(pattern, text, flags=re.MULTILINE)
+        if not found:
+            continue
+        last = found[-1]
+        raw = last[0] if isinstance(last, tuple) else last
+        try:
+            finals[name] = _number(float(raw), f"metric {name}")
+        except ValueError:
+            raise EvidenceError(
+                f"metric {name}: {raw!r} (the expression's last match) is not a number"
+            ) from None
+    if metric["name"] not in finals:
+        raise EvidenceError(
+            f"the study's metric {metric['name']!r}: its expression matched nothing in the output"
+        )
+    return Derived(final_metric=finals[metric["name"]], metrics=finals)
+
+
+def derive(kind: str, text: str, spec: dict[str, Any], wall_s: float | None) -> Derived:
+    """A run's figures from its evidence (``kind`` ``reporter`` or ``output``), for its ``spec``
+    (a record's ``spec``: its ``metric``, ``steps`` and ``command``)."""
+    if kind == "reporter":
+        return derive_reporter(text, spec["metric"], int(spec["steps"]), wall_s)
+    return derive_output(text, spec["metric"], dict(spec["command"].get("metrics_regex") or {}))
+
+
+def sha256_file(path: str) -> tuple[str, int]:
+    with open(path, "rb") as f:
+        data = f.read()
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+def _close(a: Any, b: Any) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return set(a) == set(b) and all(_close(a[k], b[k]) for k in a)
+    if a is None or b is None:
+        return a is None and b is None
+    return isinstance(a, (int, float)) and isinstance(b, (int, float)) and float(a) == float(b)
+
+
+def evidence_problems(directory: str, records: list[dict[str, Any]]) -> tuple[list[str], int]:
+    """Every command run's kept evidence against its record: the file named in ``evidence`` is
+    there, its sha256 and size are the record's, and the figures derived from it again are the
+    record's (``timings`` and ``final_metric``, ``metrics``); a command run's ok record with no
+    evidence is named too. Returns the problems and how many files were checked."""
+    out: list[str] = []
+    checked = 0
+    for r in records:
+        spec = r.get("spec") or {}
+        if "command" not in spec:
+            continue
+        name = f"{spec.get('run_id')}.a{r.get('attempt')}"
+        ev = r.get("evidence")
+        if not isinstance(ev, dict):
+            if r.get("status") == "ok":
+                out.append(f"{name}: an ok command run with no evidence file named in its record")
+            continue
+        path = os.path.join(directory, str(ev.get("file")))
+        if os.path.basename(str(ev.get("file"))) != ev.get("file") or not os.path.isfile(path):
+            out.append(f"{path}: the evidence file its record names is missing")
+            continue
+        sha, size = sha256_file(path)
+        checked += 1
+        if sha != ev.get("sha256") or size != ev.get("bytes"):
+            out.append(
+                f"{path}: sha256 {sha[:16]}... ({size} bytes) is not the one its record names (edited after the run)"
+            )
+            continue
+        if r.get("status") != "ok":
+            continue
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        try:
+            got = derive(str(ev.get("kind")), text, spec, None)
+        except (EvidenceError, KeyError, TypeError, ValueError) as e:
+            out.append(f"{path}: the evidence of an ok record is refused: {e}")
+            continue
+        t = r.get("timings") or {}
+        have = {
+            "training_s": t.get("training_s"),
+            "training_cpu_s": t.get("training_cpu_s"),
+            "time_to_target_s": t.get("time_to_target_s"),
+            "final_metric": r.get("final_metric"),
+            "metrics": r.get("metrics") or {},
+        }
+        want = got.figures()
+        for k in want:
+            if not _close(have[k], want[k]):
+                out.append(f"{name}: {k} = {have[k]!r} in the record; its evidence file says {want[k]!r}")
+    return out, checked

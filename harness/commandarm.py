@@ -1,0 +1,160 @@
+"""Command arms: a study whose two arms are programs of their own (a ``train.py``), read from a
+protocol and refused at plan time, naming the file, key and line, when they cannot run as planned.
+
+A command study names its arms as a mapping with the keys ``baseline`` and ``candidate``, each::
+
+    {command: ["python", "train.py", "--seed", "{seed}", "--out", "{out}"],   # an argument list, no shell
+     cwd: ".",                # inside the repository (of the ref's checkout, for a ref arm)
+     env: {KEY: value},       # added to the allow-listed environment; names of :data:`RESERVED` refused
+     timeout_s: 600,          # the wall-clock limit of one run (a run past it is killed and failed)
+     ref: <40 or 64 hex>,     # optional: run in a clean checkout of that commit (a git worktree)
+     reporter: true,          # false: a script that cannot be changed; then metrics_regex
+     metrics_regex: {val_loss: 'val loss ([0-9.]+)'}}
+
+and the study its ``metric`` (``name``, ``target``, ``better``), which its endpoints
+``time_to_target`` and ``final_metric`` read. Placeholders (:data:`PLACEHOLDERS`) in the argument
+list are replaced per run; any other ``{name}`` is refused.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from pathlib import Path
+from typing import Any
+
+from analysis.public_audit import arm_of, metric_of
+from harness import gitutil, yamlio
+from harness.yamlio import Field, one_of, positive
+
+#: What a command's arguments may name: the run's seed, its reporter file, its configuration label,
+#: the protocol's device and threads, the planned steps and the run's id.
+PLACEHOLDERS = ("seed", "out", "config", "device", "threads", "steps", "run_id")
+#: Environment names a command arm may not set: the harness's own, and what changes a code path
+#: without the protocol saying so in its own keys (``threads``, ``device``).
+RESERVED = ("HARNESS_", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT")
+ROLES = ("baseline", "candidate")
+_SHA = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+_ARM = {
+    "command": Field(list),
+    "cwd": Field(str, required=False, default="."),
+    "env": Field(dict, required=False, default=None),
+    "timeout_s": Field((int, float), check=positive),
+    "ref": Field(str, required=False, default=None),
+    "reporter": Field(bool, required=False, default=True),
+    "metrics_regex": Field(dict, required=False, default=None),
+}
+_METRIC = {
+    "name": Field(str),
+    "target": Field((int, float)),
+    "better": Field(str, required=False, default="lower", check=one_of("lower", "higher")),
+}
+
+
+def is_command_arms(value: Any) -> bool:
+    """Whether a study's ``arms`` names command arms (a mapping) rather than built-in or plug-in ones."""
+    return isinstance(value, dict)
+
+
+def parse_arms(
+    doc: yamlio.Document, value: dict[str, Any], kp: yamlio.KeyPath, root: Path
+) -> dict[str, dict[str, Any]]:
+    """A command study's two arms, each checked (the module's text says what is refused)."""
+    if sorted(value) != sorted(ROLES):
+        raise doc.error(kp, "command arms are a mapping of exactly two arms: baseline and candidate")
+    out = {}
+    for role in ROLES:
+        out[role] = _arm(doc, value[role], kp + (role,), root)
+    return out
+
+
+def _arm(doc: yamlio.Document, value: Any, kp: yamlio.KeyPath, root: Path) -> dict[str, Any]:
+    if isinstance(value, str):
+        raise doc.error(
+            kp,
+            "a command arm is a mapping with an argument list (command: [program, arg, ...]); a shell "
+            "string is refused: the harness runs no shell",
+        )
+    a = yamlio.mapping(doc, value, kp, _ARM)
+    argv = a["command"]
+    if not argv:
+        raise doc.error(kp + ("command",), "the argument list is empty")
+    for i, arg in enumerate(argv):
+        if not isinstance(arg, str):
+            raise doc.error(kp + ("command", i), f"each argument is a string, got {arg!r} (quote it)")
+        for name in _placeholders(doc, arg, kp + ("command", i)):
+            if name not in PLACEHOLDERS:
+                raise doc.error(
+                    kp + ("command", i),
+                    f"unknown placeholder {{{name}}} (known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)})",
+                )
+    cwd = a["cwd"]
+    if Path(cwd).is_absolute() or ".." in Path(cwd).parts:
+        raise doc.error(
+            kp + ("cwd",), f"{cwd!r}: the working directory is a relative path inside the repository"
+        )
+    ref = a["ref"]
+    if ref is not None:
+        if not _SHA.match(ref):
+            raise doc.error(
+                kp + ("ref",),
+                f"{ref!r} is not a full commit id (40 or 64 lowercase hex digits): a branch or a short id "
+                "can move after the tag; write the commit's full id (git rev-parse <name>)",
+            )
+        repo = gitutil.toplevel(root)
+        got = gitutil.git(repo, "cat-file", "-t", ref, check=False) if repo else None
+        if got is None or got.returncode != 0 or got.stdout.strip() != "commit":
+            raise doc.error(kp + ("ref",), f"{ref}: not a commit of the repository at {repo or root}")
+    elif not (root / cwd).resolve().is_relative_to(root.resolve()) or not (root / cwd).is_dir():
+        raise doc.error(kp + ("cwd",), f"{cwd!r}: not a folder inside the repository {root}")
+    env = a["env"] or {}
+    for k, v in env.items():
+        if not isinstance(k, str) or not _ENV_NAME.match(k):
+            raise doc.error(kp + ("env",), f"{k!r} is not an environment variable's name")
+        if any(k == r or (r.endswith("_") and k.startswith(r)) for r in RESERVED):
+            raise doc.error(
+                kp + ("env", k), f"{k} is the harness's to set (the protocol's threads and device say it)"
+            )
+        if not isinstance(v, str):
+            raise doc.error(kp + ("env", k), f"environment values are strings, got {v!r} (quote it)")
+    patterns = a["metrics_regex"]
+    if not a["reporter"]:
+        if not patterns:
+            raise doc.error(
+                kp + ("metrics_regex",),
+                "an arm without the reporter (reporter: false) reads its metrics from its output: "
+                "metrics_regex: {metric: 'expression with (one group)'}",
+            )
+    for name, pattern in (patterns or {}).items():
+        try:
+            groups = re.compile(pattern).groups if isinstance(pattern, str) else -1
+        except re.error as e:
+            raise doc.error(kp + ("metrics_regex", name), f"not a regular expression: {e}") from None
+        if groups != 1:
+            raise doc.error(kp + ("metrics_regex", name), "an expression with exactly one group: the number")
+    return arm_of(a)  # the core's normalisation: the plan and the audit read the arm alike
+
+
+def _placeholders(doc: yamlio.Document, arg: str, kp: yamlio.KeyPath) -> list[str]:
+    try:
+        return [f for _, f, _, _ in string.Formatter().parse(arg) if f is not None]
+    except ValueError as e:
+        raise doc.error(kp, f"{arg!r}: {e} (write a literal brace as {{{{ or }}}})") from None
+
+
+def parse_metric(doc: yamlio.Document, value: Any, kp: yamlio.KeyPath) -> dict[str, Any]:
+    """A command study's ``metric``: the name its scripts report, the target and which way is better."""
+    if value is None:
+        raise doc.error(
+            kp[:-1],
+            "a command study names the metric its endpoints read: metric: {name: val_loss, target: 3.0}",
+        )
+    m = yamlio.mapping(doc, value, kp, _METRIC)
+    return metric_of(m)
+
+
+def substitute(arg: str, values: dict[str, str]) -> str:
+    """One argument with its placeholders replaced (``{{`` and ``}}`` are literal braces)."""
+    return arg.format_map(values)

@@ -1,0 +1,349 @@
+"""A command arm's run (``harness/commandarm.py``): the user's program, in a process of its own,
+timed by this worker's clock, its figures derived from its evidence.
+
+The worker process (:mod:`harness.execute.worker`) runs it: a ref arm's clean checkout (a git
+worktree of the commit, made here and removed after), the argument list with its placeholders
+replaced (``python`` and ``python3`` as the program are this interpreter, the one the freeze
+binds), the allow-listed environment (:data:`harness.execute.launchers.ALLOWED`, the protocol's
+threads, the arm's ``env``, ``HARNESS_REPORT``), no shell, its own process group, killed at its
+wall-clock limit. Its CPU time is the kernel's (``wait4``). Its figures are
+:func:`analysis.public_audit.derive`'s from the reporter file or, for ``reporter: false``, from its
+output; the evidence travels to the runner with the result and is kept beside the record.
+
+A lockstep pair (``design: lockstep``) runs both programs at once over a socket pair: each
+reporter hands the turn to the other every ``block_steps`` steps (``harness/reporter.py``), so one
+trains while the other waits. If one fails, the other is stopped and both runs fail.
+
+Every way a command goes wrong is a failed run with its reason: not found, a non-zero exit, past
+its limit, no reporter file, a refused one (torn, gaps, a clock that runs backwards, no ``done``,
+a non-finite loss), or a traceback printed.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from analysis.public_audit import EVIDENCE_SUFFIX, MAX_EVIDENCE_BYTES, EvidenceError, derive
+from harness import gitutil
+from harness.commandarm import substitute
+from harness.execute.job import Job
+from harness.execute.launchers import ALLOWED
+from harness.records import RunSpec, WorkerResult
+from harness.reporter import ENV_BLOCK_STEPS, ENV_LOCKSTEP_FD, ENV_REPORT, ENV_STEPS_FIRST
+
+#: What a printed traceback starts with: a run whose output holds it failed, whatever its exit.
+TRACEBACK = "Traceback (most recent call last):"
+#: Where a result carries its evidence's text to the runner (not a record field: the runner writes
+#: the file beside the record and the record names its sha256).
+EVIDENCE_TEXT = "evidence_text"
+
+
+@dataclass
+class _Proc:
+    """One command's process, as it runs and ends."""
+
+    spec: RunSpec
+    attempt: int
+    argv: list[str]
+    cwd: Path
+    env: dict[str, str]
+    out: Path
+    log: Path
+    pass_fds: tuple[int, ...] = ()
+    popen: subprocess.Popen[bytes] | None = None
+    t0: float = 0.0
+    wall_s: float | None = None
+    status: int | None = None
+    rusage: Any = None
+    killed: str | None = None  # why the harness killed it
+    failed: str | None = None  # why it could not start
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+def _checkout(spec: RunSpec, root: Path, keep: list[Path]) -> Path:
+    """The folder the command's ``cwd`` is relative to: the study's root, or a clean worktree of
+    the arm's ref (appended to ``keep``, removed after the run)."""
+    assert spec.command is not None
+    ref = spec.command.get("ref")
+    if not ref:
+        return root
+    repo = gitutil.toplevel(root)
+    if repo is None:
+        raise EvidenceError(
+            f"ref {ref[:12]}: {root} is not a git repository, so the commit cannot be checked out"
+        )
+    where = Path(tempfile.mkdtemp(prefix=f"harness-ref-{ref[:12]}-"))
+    where.rmdir()
+    got = gitutil.git(repo, "worktree", "add", "--detach", "--quiet", str(where), ref, check=False)
+    if got.returncode != 0:
+        raise EvidenceError(f"ref {ref}: git worktree add failed: {got.stderr.strip()[-300:]}")
+    keep.append(where)
+    return where
+
+
+def _remove(root: Path, where: Path) -> None:
+    repo = gitutil.toplevel(root)
+    if repo is not None:
+        gitutil.git(repo, "worktree", "remove", "--force", str(where), check=False)
+    shutil.rmtree(where, ignore_errors=True)
+
+
+def _environment(spec: RunSpec, out: Path) -> dict[str, str]:
+    assert spec.command is not None
+    env = {k: v for k, v in os.environ.items() if k in ALLOWED or k.startswith("LC_")}
+    if spec.threads is not None:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(spec.threads)
+    env.update(spec.command.get("env") or {})
+    env[ENV_REPORT] = str(out)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _argv(spec: RunSpec, out: Path) -> list[str]:
+    assert spec.command is not None
+    values = {
+        "seed": str(spec.seed),
+        "out": str(out),
+        "config": spec.config,
+        "device": spec.device,
+        "threads": "" if spec.threads is None else str(spec.threads),
+        "steps": str(spec.steps),
+        "run_id": spec.run_id,
+    }
+    argv = [substitute(a, values) for a in spec.command["command"]]
+    if argv[0] in ("python", "python3"):
+        argv[0] = sys.executable  # the interpreter the freeze binds, not whichever is first on PATH
+    return argv
+
+
+def _prepare(job: Job, work: Path, root: Path, keep: list[Path]) -> _Proc:
+    spec = job.spec
+    assert spec.command is not None
+    base = f"{spec.run_id}.a{job.attempt}"
+    out = work / f"{base}{EVIDENCE_SUFFIX['reporter']}"
+    log = work / f"{base}{EVIDENCE_SUFFIX['output']}"
+    for p in (out, log):
+        p.unlink(missing_ok=True)
+    proc = _Proc(spec, job.attempt, [], root, {}, out, log)
+    try:
+        cwd = _checkout(spec, root, keep) / spec.command.get("cwd", ".")
+        if not cwd.is_dir():
+            raise EvidenceError(
+                f"the working directory {spec.command.get('cwd')!r} is not a folder of the checkout"
+            )
+        proc.cwd, proc.argv, proc.env = cwd, _argv(spec, out), _environment(spec, out)
+        if (
+            shutil.which(proc.argv[0], path=proc.env.get("PATH")) is None
+            and not Path(cwd, proc.argv[0]).is_file()
+        ):
+            raise EvidenceError(f"command not found: {proc.argv[0]}")
+    except EvidenceError as e:
+        proc.failed = str(e)
+    return proc
+
+
+def _start(proc: _Proc) -> None:
+    if proc.failed:
+        proc.done.set()
+        return
+    with open(proc.log, "wb") as log:
+        try:
+            proc.t0 = time.monotonic()
+            proc.popen = subprocess.Popen(
+                proc.argv,
+                cwd=proc.cwd,
+                env=proc.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: the limit kills all of it
+                pass_fds=proc.pass_fds,
+            )
+        except OSError as e:
+            proc.failed = f"command could not start: {proc.argv[0]}: {e.strerror or e}"
+            proc.done.set()
+            return
+    threading.Thread(target=_reap, args=(proc,), daemon=True).start()
+
+
+def _reap(proc: _Proc) -> None:
+    assert proc.popen is not None
+    _, status, rusage = os.wait4(proc.popen.pid, 0)
+    proc.wall_s = time.monotonic() - proc.t0
+    proc.popen.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+    proc.status, proc.rusage = proc.popen.returncode, rusage
+    proc.done.set()
+
+
+def _kill(proc: _Proc, why: str) -> None:
+    if proc.popen is not None and not proc.done.is_set():
+        proc.killed = proc.killed or why
+        try:
+            os.killpg(proc.popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _wait(procs: list[_Proc]) -> None:
+    """Wait for every process, killing all at the first's wall-clock limit, and the others when one fails."""
+    limit = min(float(p.spec.command["timeout_s"]) for p in procs if p.spec.command)
+    deadline = time.monotonic() + limit
+    while not all(p.done.is_set() for p in procs):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            for p in procs:
+                _kill(p, f"ran past its wall-clock limit of {limit:g} s (timeout_s) and was killed")
+            deadline = float("inf")
+            continue
+        for p in procs:
+            p.done.wait(min(left, 0.05))
+        bad = [p for p in procs if p.done.is_set() and (p.failed or p.status)]
+        for p in procs:
+            if bad and p not in bad:
+                _kill(p, f"its partner {bad[0].spec.run_id} failed, so the pair was stopped")
+
+
+def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
+    """The run's result and its evidence's text (None: none to keep)."""
+    spec = proc.spec
+    assert spec.command is not None
+    reporter = bool(spec.command.get("reporter", True))
+    kind = "reporter" if reporter else "output"
+    output = proc.log.read_bytes() if proc.log.is_file() else b""
+    text_out = output.decode("utf-8", "replace")
+    evidence_path = proc.out if reporter else proc.log
+    raw = evidence_path.read_bytes() if evidence_path.is_file() else None
+    cpu = proc.rusage.ru_utime + proc.rusage.ru_stime if proc.rusage is not None else None
+    process = {
+        "argv": proc.argv,
+        "cwd": str(proc.cwd),
+        "ref": spec.command.get("ref"),
+        "exit": proc.status,
+        "wall_s": proc.wall_s,
+        "cpu_s": cpu,
+        "max_rss_kib": proc.rusage.ru_maxrss if proc.rusage is not None else None,
+    }
+    env = {
+        "host": socket.gethostname(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "device": spec.device,
+        "device_name": platform.processor() or platform.machine(),
+        "threads": spec.threads,
+    }
+    timings: dict[str, Any] = {} if proc.wall_s is None else {"total_s": proc.wall_s}
+    reason = None
+    derived = None
+    if raw is not None and len(raw) > MAX_EVIDENCE_BYTES:
+        reason, raw = f"its {kind} file holds {len(raw)} bytes, more than the {MAX_EVIDENCE_BYTES} kept", None
+    elif proc.failed:
+        reason = proc.failed
+    elif proc.killed:
+        reason = proc.killed
+    elif proc.status:
+        last = [ln for ln in text_out.strip().splitlines() if ln.strip()][-1:] or [""]
+        reason = f"the command exited with status {proc.status}" + (f": {last[0][-300:]}" if last[0] else "")
+    elif TRACEBACK in text_out:
+        reason = (
+            "the command printed a traceback (exit status 0): " + text_out.split(TRACEBACK)[-1].strip()[-300:]
+        )
+    elif raw is None:
+        reason = "the command wrote no reporter file (it never built Reporter.from_env(), or wrote elsewhere)"
+    else:
+        try:
+            derived = derive(kind, raw.decode("utf-8", "replace"), spec.to_json(), proc.wall_s)
+        except EvidenceError as e:
+            reason = f"its {kind} file is refused: {e}"
+    fields: dict[str, Any] = {}
+    if derived is not None:
+        fields = {"final_metric": derived.final_metric, "metrics": derived.metrics}
+        if reporter:
+            timings.update(
+                training_s=derived.training_s,
+                training_cpu_s=derived.training_cpu_s,
+                training_cpu_clock="process",
+                **(
+                    {"time_to_target_s": derived.time_to_target_s}
+                    if derived.time_to_target_s is not None
+                    else {}
+                ),
+            )
+            fields.update(curve=derived.curve, val_curve=derived.val_curve)
+    evidence = None
+    if raw is not None:
+        import hashlib
+
+        evidence = {
+            "kind": kind,
+            "file": f"{spec.run_id}.a{proc.attempt}{EVIDENCE_SUFFIX[kind]}",
+            "sha256": hashlib.sha256(raw).hexdigest(),
+            "bytes": len(raw),
+        }
+    result = WorkerResult(
+        status="failed" if reason else "ok",
+        reason=reason,
+        timings=timings,
+        env=env,
+        process=process,
+        evidence=evidence,
+        log_tail=text_out[-2000:] if reason else None,
+        **fields,
+    )
+    return result, (raw.decode("utf-8", "surrogateescape") if raw is not None else None)
+
+
+def run_command(job: Job, work: Path, root: Path) -> tuple[WorkerResult, str | None]:
+    """One command arm's run: its result and its evidence's text."""
+    keep: list[Path] = []
+    try:
+        proc = _prepare(job, work, root, keep)
+        _start(proc)
+        _wait([proc])
+        return _result(proc)
+    finally:
+        for where in keep:
+            _remove(root, where)
+
+
+def run_pair(jobs: tuple[Job, Job], work: Path, root: Path) -> list[tuple[WorkerResult, str | None]]:
+    """A lockstep pair of command arms, both at once, handing the turn over a socket pair."""
+    keep: list[Path] = []
+    a, b = socket.socketpair()
+    try:
+        procs = [_prepare(j, work, root, keep) for j in jobs]
+        for proc, sock in zip(procs, (a, b), strict=True):
+            spec = proc.spec
+            proc.pass_fds = (sock.fileno(),)
+            proc.env.update(
+                {
+                    ENV_LOCKSTEP_FD: str(sock.fileno()),
+                    ENV_BLOCK_STEPS: str(spec.block_steps),
+                    ENV_STEPS_FIRST: "1" if spec.steps_first else "0",
+                }
+            )
+        if any(p.failed for p in procs):
+            for p in procs:
+                p.failed = p.failed or "its partner could not start, so the pair did not run"
+        for p in procs:
+            _start(p)
+        a.close()
+        b.close()
+        _wait(procs)
+        return [_result(p) for p in procs]
+    finally:
+        a.close()
+        b.close()
+        for where in keep:
+            _remove(root, where)

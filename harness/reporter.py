@@ -1,0 +1,180 @@
+"""The reporter: what a training script of its own tells the harness, standard library only.
+
+One file, no dependency but Python's standard library: a script imports it
+(``from harness.reporter import Reporter``) or copies this file next to itself. The harness runs the
+script as a *command arm* (``docs/your-change.md``, "Your own script") and derives every endpoint
+from the file the reporter writes::
+
+    from harness.reporter import Reporter
+
+    r = Reporter.from_env()           # just before the training loop
+    for step in range(1, steps + 1):
+        loss = train_step()
+        r.step(step, loss, tokens=batch_tokens)
+        if step % eval_every == 0:
+            with r.untimed():         # evaluation and checkpoints: off the training clock
+                r.eval(step, {"val_loss": evaluate()})
+    r.done()
+
+Outside the harness (``HARNESS_REPORT`` unset) :meth:`Reporter.from_env` gives a reporter that
+writes nothing, so the script runs as before.
+
+The file (format 1) is JSON lines, one object a line, each with ``kind``:
+
+* ``start``: ``format``, ``pid``, ``t`` (:func:`time.monotonic`), ``cpu`` (:func:`time.process_time`);
+* ``step``: ``step``, ``loss``, ``tokens`` (or null), ``t``, ``dt`` and ``cpu_dt``: the step's
+  wall and CPU seconds on the training clock, from the previous step's report (the first: from
+  :meth:`Reporter.from_env`), less the time spent in :meth:`Reporter.untimed` blocks and, in a
+  lockstep pair, waiting for the partner;
+* ``eval``: ``step``, ``metrics`` (name: number), ``t``;
+* ``wait``: a lockstep pair's hand-over: ``t0``, ``t1`` (off the clock);
+* ``done``: ``steps`` (how many steps were reported), ``t``, ``cpu``.
+
+Lockstep (``design: lockstep``): the harness starts both arms of a pair at once and hands each a
+socket (``HARNESS_LOCKSTEP_FD``) to the other; after every ``HARNESS_BLOCK_STEPS`` steps the
+reporter passes the turn to the partner and waits for it back, so only one arm trains at a time
+(``HARNESS_STEPS_FIRST`` says which starts). A partner that has finished (or died) closes its end;
+the other then runs on alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import IO, Any
+
+FORMAT = 1
+#: The environment the harness sets for a command arm's process.
+ENV_REPORT = "HARNESS_REPORT"
+ENV_LOCKSTEP_FD = "HARNESS_LOCKSTEP_FD"
+ENV_BLOCK_STEPS = "HARNESS_BLOCK_STEPS"
+ENV_STEPS_FIRST = "HARNESS_STEPS_FIRST"
+
+
+class Reporter:
+    """Reports a training run's steps, evaluations and end to the harness (see the module's text).
+
+    Build it with :meth:`from_env`; a reporter with no file (``path`` None) accepts every call and
+    writes nothing."""
+
+    def __init__(
+        self,
+        path: str | None,
+        *,
+        lockstep_fd: int | None = None,
+        block_steps: int | None = None,
+        steps_first: bool = True,
+    ) -> None:
+        self._file: IO[str] | None = open(path, "w", encoding="utf-8") if path else None  # noqa: SIM115
+        self._sock: socket.socket | None = None
+        self._block = block_steps
+        self._steps = 0
+        self._done = False
+        self._write({"kind": "start", "format": FORMAT, "pid": os.getpid(), "cpu": time.process_time()})
+        self._mark, self._cpu_mark = time.monotonic(), time.process_time()
+        if lockstep_fd is not None and block_steps:
+            self._sock = socket.socket(fileno=lockstep_fd)
+            if not steps_first:
+                self._wait()
+
+    @classmethod
+    def from_env(cls, path: str | None = None) -> Reporter:
+        """The reporter the harness asked for: its file is ``path`` or ``$HARNESS_REPORT`` (none:
+        a reporter that writes nothing), and in a lockstep pair its hand-over socket."""
+        fd = os.environ.get(ENV_LOCKSTEP_FD)
+        block = os.environ.get(ENV_BLOCK_STEPS)
+        return cls(
+            path or os.environ.get(ENV_REPORT) or None,
+            lockstep_fd=int(fd) if fd else None,
+            block_steps=int(block) if block else None,
+            steps_first=os.environ.get(ENV_STEPS_FIRST, "1") == "1",
+        )
+
+    def _write(self, obj: dict[str, Any]) -> None:
+        if self._file is None:
+            return
+        obj.setdefault("t", time.monotonic())
+        self._file.write(json.dumps(obj, sort_keys=True, allow_nan=True) + "\n")
+        self._file.flush()
+
+    def step(self, step: int, loss: float, tokens: int | None = None) -> None:
+        """One training step has ended: its number, its loss (a float, or a 0-d tensor: read with
+        ``float``, which waits for the device) and, optionally, how many tokens it trained on."""
+        value = float(loss)
+        now, cpu = time.monotonic(), time.process_time()
+        self._write(
+            {
+                "kind": "step",
+                "step": int(step),
+                "loss": value if math.isfinite(value) else str(value),
+                "tokens": None if tokens is None else int(tokens),
+                "t": now,
+                "dt": now - self._mark,
+                "cpu_dt": cpu - self._cpu_mark,
+            }
+        )
+        self._mark, self._cpu_mark = now, cpu
+        self._steps += 1
+        if self._sock is not None and self._block and self._steps % self._block == 0:
+            self._pass()
+            self._wait()
+
+    def eval(self, step: int, metrics: Mapping[str, float]) -> None:
+        """An evaluation after ``step``: each metric a number (call it inside :meth:`untimed`)."""
+        self._write(
+            {"kind": "eval", "step": int(step), "metrics": {str(k): float(v) for k, v in metrics.items()}}
+        )
+
+    @contextmanager
+    def untimed(self) -> Iterator[None]:
+        """Time spent in this block (evaluation, checkpoints, logging) is off the training clock."""
+        t0, c0 = time.monotonic(), time.process_time()
+        try:
+            yield
+        finally:
+            self._mark += time.monotonic() - t0
+            self._cpu_mark += time.process_time() - c0
+
+    def done(self) -> None:
+        """The run has ended well: without this line the harness records a failed run."""
+        if self._done:
+            return
+        self._done = True
+        self._write({"kind": "done", "steps": self._steps, "cpu": time.process_time()})
+        if self._sock is not None:
+            self._pass()  # the partner's turn for good (it then runs on alone)
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _pass(self) -> None:
+        assert self._sock is not None
+        try:
+            self._sock.sendall(b"T")
+        except OSError:  # the partner has gone: run on alone
+            self._sock.close()
+            self._sock = None
+
+    def _wait(self) -> None:
+        if self._sock is None:
+            return
+        t0, c0 = time.monotonic(), time.process_time()
+        try:
+            got = self._sock.recv(1)
+        except OSError:
+            got = b""
+        if not got:  # the partner has finished or gone: run on alone
+            self._sock.close()
+            self._sock = None
+        t1 = time.monotonic()
+        self._write({"kind": "wait", "t0": t0, "t1": t1, "t": t1})
+        self._mark += t1 - t0
+        self._cpu_mark += time.process_time() - c0
