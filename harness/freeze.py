@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from analysis.public_audit import FREEZE_MARKER, frozen_trees, is_exempt, parse_manifest
+from analysis.public_audit import FREEZE_MARKER, frozen_trees, is_exempt, parse_manifest, refs_of
 from harness import gitutil
 from harness.errors import RefusedError
 from harness.records import canonical, sha256_bytes
@@ -100,7 +100,66 @@ def manifest(proto: Any, plan_sha: str, runs: int, repo: Path, rev: str = "HEAD"
         "code": code_sha256(),
         "plugins": {name: fp["sha256"] for name, fp in proto.plugin_fingerprints().items()},
         "exempt": EXEMPT_LIST,
+        **({"commands": command_bindings(proto, repo)} if has_commands(proto) else {}),
     }
+
+
+def has_commands(proto: Any) -> bool:
+    """Whether a protocol has a study of command arms (its manifest then binds what they run)."""
+    return any(st.commands is not None for st in proto.studies)
+
+
+def command_bindings(proto: Any, repo: Path) -> dict[str, Any]:
+    """What a protocol's command arms run besides the frozen trees: each ref's tree (the commit's
+    files), the interpreter (``python`` in an argument list is this one) and every installed
+    distribution's version."""
+    import importlib.metadata as md
+    import platform
+
+    refs = refs_of(proto.document)
+    trees = {}
+    for ref in refs:
+        got = gitutil.git(repo, "rev-parse", "--verify", "-q", f"{ref}^{{tree}}", check=False)
+        trees[ref] = got.stdout.strip() if got.returncode == 0 else None
+    packages: dict[str, str] = {}
+    for dist in md.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name:
+            packages[name] = dist.version
+    return {
+        "refs": trees,
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "packages": dict(sorted(packages.items())),
+    }
+
+
+def command_drift(then: dict[str, Any] | None, now: dict[str, Any] | None) -> list[str]:
+    """What the command arms would run that differs from the tag's: a ref's tree, the interpreter,
+    an installed distribution (added, removed or of another version)."""
+    if then == now:
+        return []
+    if then is None or now is None:
+        return ["command arms: the tag does not bind what they run (tagged before command arms)"]
+    out = []
+    for ref in sorted(set(then.get("refs", {})) | set(now.get("refs", {}))):
+        if then.get("refs", {}).get(ref) != now.get("refs", {}).get(ref):
+            out.append(f"ref {ref[:12]}: its tree differs from the tag's (or the commit is missing)")
+    if then.get("python") != now.get("python"):
+        out.append(f"interpreter: {now.get('python')}, the tag's {then.get('python')}")
+    a, b = then.get("packages", {}), now.get("packages", {})
+    for name in sorted(set(a) | set(b)):
+        if a.get(name) != b.get(name):
+            out.append(
+                f"installed package {name}: "
+                + (
+                    f"{b[name]}, added after the tag"
+                    if name not in a
+                    else "removed after the tag"
+                    if name not in b
+                    else f"{b[name]}, the tag's {a[name]}"
+                )
+            )
+    return out
 
 
 def manifest_sha256(m: dict[str, Any]) -> str:
@@ -168,6 +227,7 @@ def drift(repo: Path, tagged: dict[str, Any], current: dict[str, Any], tag_commi
     for name, sha in current["plugins"].items():
         if tagged.get("plugins", {}).get(name) != sha:
             out.append(f"plug-in {name}: its source differs from the tagged one")
+    out.extend(command_drift(tagged.get("commands"), current.get("commands")))
     for pkg, sha in current["code"].items():
         if tagged.get("code", {}).get(pkg) != sha:
             out.append(f"the running {pkg} package's source (sha256 {sha[:12]}) differs from the tagged code")

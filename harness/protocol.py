@@ -203,6 +203,38 @@ LOCKSTEP_UNMEASURABLE = {
 }
 
 
+#: What a study of command arms measures: its script's reporter gives the training clock, time to
+#: target and the metric; the harness's clock of the process gives the total time.
+COMMAND_ENDPOINTS = ("training_time", "training_cpu_time", "time_to_target", "total_time", "final_metric")
+#: What an arm without the reporter (``reporter: false``) leaves: the process's time and the metric
+#: its output shows.
+OUTPUT_ENDPOINTS = ("total_time", "final_metric")
+
+
+def command_unmeasurable(study: Study, endpoint: str) -> str | None:
+    """Why ``study`` cannot measure ``endpoint`` (None: it can): ``final_metric`` belongs to command
+    studies, ``test_bpb`` and ``peak_memory`` to built-in arms, and the training clock to arms whose
+    script reports its steps."""
+    if study.commands is None:
+        return (
+            "final_metric is a command study's metric (its arms are built in: use test_bpb)"
+            if endpoint == "final_metric"
+            else None
+        )
+    if endpoint not in COMMAND_ENDPOINTS:
+        return (
+            f"a study of command arms cannot measure {endpoint}: its scripts report "
+            f"{', '.join(COMMAND_ENDPOINTS)} (the metric is final_metric)"
+        )
+    plain = [r for r, a in study.commands.items() if not a["reporter"]]
+    if plain and endpoint not in OUTPUT_ENDPOINTS:
+        return (
+            f"arm {plain[0]} has no reporter (reporter: false), so only the process's time and its output's "
+            f"metric are measured ({', '.join(OUTPUT_ENDPOINTS)}), not {endpoint}"
+        )
+    return None
+
+
 def _refuse_unmeasurable(
     doc: yamlio.Document, top: dict[str, Any], studies: list[Study], hypotheses: dict[str, Any]
 ) -> None:
@@ -222,7 +254,11 @@ def _refuse_unmeasurable(
             ("origins",),
             "a preregistered lockstep study states where its block_steps comes from: origins.block_steps",
         )
+    by_name = {s.name: s for s in studies}
     for i, t in enumerate(hypotheses.get("tests", [])):
+        why = command_unmeasurable(by_name[t["study"]], t["endpoint"])
+        if why:
+            raise doc.error(("hypotheses", "tests", i, "endpoint"), f"study {t['study']!r}: {why}")
         why = LOCKSTEP_UNMEASURABLE.get(t["endpoint"]) if t["study"] in lockstep else None
         if why:
             raise doc.error(

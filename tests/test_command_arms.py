@@ -1,0 +1,487 @@
+"""Command arms (a user's own script as an arm): the reporter against an independent account of its
+clock, the evidence rules (``analysis/audit/evidence.py``) on files a hostile script or an edit
+would produce, the plan-time refusals through ``harness plan`` (file, key, line, no traceback), and
+real processes run by :mod:`harness.execute.commands`: every way a command goes wrong is a failed
+run with its reason, and a lockstep pair's two processes never train at the same time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from analysis.audit.evidence import EvidenceError, derive_reporter, evidence_problems
+from harness import reporter as reporter_mod
+from harness.execute.commands import run_command, run_pair
+from harness.execute.job import Job
+from harness.records import RunSpec
+from harness.reporter import Reporter
+
+METRIC = {"name": "val_loss", "target": 2.0, "better": "lower"}
+
+
+class FakeClock:
+    """A wall and a CPU clock the test moves by hand (the reporter reads both)."""
+
+    def __init__(self) -> None:
+        self.t, self.cpu = 1000.0, 5.0
+
+    def advance(self, wall: float, cpu: float) -> None:
+        self.t += wall
+        self.cpu += cpu
+
+
+# one step: (timed wall, timed cpu, untimed wall inside it, an evaluation after it with this value)
+STEP = st.tuples(
+    st.floats(0.0, 2.0),
+    st.floats(0.0, 2.0),
+    st.floats(0.0, 1.0),
+    st.one_of(st.none(), st.floats(0.5, 5.0)),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(setup=st.floats(0.0, 3.0), steps=st.lists(STEP, min_size=1, max_size=30))
+def test_the_training_clock_is_the_timed_work_alone(tmp_path_factory, setup, steps):
+    """The derived training time and CPU time are the sums of what each step spent outside its
+    untimed blocks (the first step's from the reporter's start), and the time to target is that
+    clock at the first evaluation reaching it, on step sequences the test does not choose (an
+    independent sum, not the reporter's own)."""
+    c = FakeClock()
+    path = tmp_path_factory.mktemp("rep") / "r.jsonl"
+    with (
+        mock.patch.object(reporter_mod.time, "monotonic", lambda: c.t),
+        mock.patch.object(reporter_mod.time, "process_time", lambda: c.cpu),
+    ):
+        r = Reporter(str(path))
+        c.advance(setup, setup)  # set-up after from_env counts towards the first step
+        want_wall = want_cpu = 0.0
+        ttt = finals = None
+        for i, (wall, cpu, untimed, ev) in enumerate(steps, 1):
+            c.advance(wall / 2, cpu / 2)
+            with r.untimed():
+                c.advance(untimed, untimed / 2)
+            c.advance(wall / 2, cpu / 2)
+            want_wall += wall + (setup if i == 1 else 0.0)
+            want_cpu += cpu + (setup if i == 1 else 0.0)
+            r.step(i, 3.0)
+            if ev is not None:
+                with r.untimed():
+                    c.advance(0.25, 0.1)
+                    r.eval(i, {"val_loss": ev})
+                finals = ev
+                if ttt is None and ev <= METRIC["target"]:
+                    ttt = want_wall
+        if finals is None:
+            with r.untimed():
+                r.eval(len(steps), {"val_loss": 9.0})
+            finals = 9.0
+        r.done()
+    got = derive_reporter(path.read_text(), METRIC, len(steps), None)
+    assert math.isclose(got.training_s, want_wall, rel_tol=1e-9, abs_tol=1e-9)
+    assert math.isclose(got.training_cpu_s, want_cpu, rel_tol=1e-9, abs_tol=1e-9)
+    assert got.final_metric == finals
+    if ttt is None:
+        assert got.time_to_target_s is None
+    else:
+        assert math.isclose(got.time_to_target_s, ttt, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def _file(lines: list[dict]) -> str:
+    return "".join(json.dumps(x) + "\n" for x in lines)
+
+
+def _good(n: int = 3) -> list[dict]:
+    out = [{"kind": "start", "format": 1, "pid": 1, "t": 0.0, "cpu": 0.0}]
+    for i in range(1, n + 1):
+        out.append(
+            {"kind": "step", "step": i, "loss": 3.0, "tokens": 8, "t": float(i), "dt": 0.5, "cpu_dt": 0.4}
+        )
+    out.append({"kind": "eval", "step": n, "metrics": {"val_loss": 1.5}, "t": n + 0.5})
+    out.append({"kind": "done", "steps": n, "t": n + 0.6, "cpu": 2.0})
+    return out
+
+
+def test_a_good_file_gives_its_figures():
+    got = derive_reporter(_file(_good()), METRIC, 3, 3.7)
+    assert (got.training_s, got.training_cpu_s, got.final_metric, got.time_to_target_s) == (
+        1.5,
+        0.4 * 3,
+        1.5,
+        1.5,
+    )
+
+
+def _edit(fn):
+    lines = _good()
+    fn(lines)
+    return _file(lines)
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda L: L.pop(2), "a gap"),
+        (lambda L: L.__setitem__(2, {**L[2], "step": 1}), "a gap or a repeat"),
+        (lambda L: L.__setitem__(2, {**L[2], "t": 0.5}), "backwards"),
+        (lambda L: L.pop(), "no done line"),
+        (
+            lambda L: L.append({"kind": "step", "step": 4, "loss": 1.0, "t": 9.0, "dt": 0.1, "cpu_dt": 0.1}),
+            "after done",
+        ),
+        (lambda L: L.__setitem__(1, {**L[1], "loss": "nan"}), "not finite"),
+        (lambda L: L.__setitem__(4, {**L[4], "metrics": {"other": 1.0}}), "never reported"),
+        (lambda L: L.__setitem__(2, {**L[2], "dt": 5.0}), "exceed the file's own elapsed"),
+        (lambda L: L.__setitem__(0, {**L[0], "format": 9}), "format 1"),
+        (lambda L: L.__setitem__(5, {**L[5], "steps": 7}), "done says 7"),
+    ],
+)
+def test_a_file_that_is_not_evidence_of_a_finished_run_is_refused(edit, words):
+    with pytest.raises(EvidenceError, match=words):
+        derive_reporter(_edit(edit), METRIC, 3, None)
+
+
+def test_the_planned_step_count_and_the_harness_clock_bind_the_file():
+    with pytest.raises(EvidenceError, match="the protocol plans 4"):
+        derive_reporter(_file(_good()), METRIC, 4, None)
+    with pytest.raises(EvidenceError, match="exceeds the harness's wall clock"):
+        derive_reporter(_file(_good()), METRIC, 3, 1.0)
+    with pytest.raises(EvidenceError, match="not JSON"):
+        derive_reporter(_file(_good())[:-7], METRIC, 3, None)
+
+
+def test_a_reporter_outside_the_harness_writes_nothing(monkeypatch, tmp_path):
+    monkeypatch.delenv("HARNESS_REPORT", raising=False)
+    monkeypatch.chdir(tmp_path)
+    r = Reporter.from_env()
+    r.step(1, 2.0)
+    with r.untimed():
+        r.eval(1, {"val_loss": 1.0})
+    r.done()
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- plan-time refusals -----------------------------------------------------------------------------
+
+PROTOCOL = """\
+id: cmd
+version: 1
+description: command arms
+preregistered: false
+corpus: pydoc-topics
+device: cpu
+compile: false
+threads: 1
+budget_device_seconds: 100
+interval_level: 0.95
+hypotheses:
+  procedure: holm
+  family_alpha: 0.05
+  min_pairs: 3
+  tests:
+    - {{id: H1, study: s, endpoint: {endpoint}, estimand: difference, type: superiority, better: lower}}
+order_seed: 1
+studies:
+  - name: s
+    design: paired
+    arms:
+      baseline: {baseline}
+      candidate: {{command: [python, train.py, --seed, "{{seed}}"], timeout_s: 60}}
+    metric: {{name: val_loss, target: 2.0}}
+    configs: [tiny]
+    seeds: [1, 2, 3]
+    steps: 5
+"""
+GOOD_ARM = '{command: [python, train.py, --seed, "{seed}", --out, "{out}"], timeout_s: 60}'
+
+
+def _plan(
+    tmp_path: Path, baseline: str = GOOD_ARM, endpoint: str = "training_time"
+) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "sub").mkdir(exist_ok=True)
+    p = tmp_path / "p.yaml"
+    p.write_text(PROTOCOL.format(baseline=baseline, endpoint=endpoint))
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", "plan", str(p)], cwd=tmp_path, capture_output=True, text=True
+    )
+
+
+def test_a_good_command_protocol_plans(tmp_path):
+    r = _plan(tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "6 runs" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("baseline", "endpoint", "key", "words"),
+    [
+        ('"python train.py --seed {seed}"', "training_time", "studies[0].arms.baseline", "shell string"),
+        (
+            '{command: [python, train.py, "{sed}"], timeout_s: 9}',
+            "training_time",
+            "arms.baseline.command[2]",
+            "unknown placeholder {sed}",
+        ),
+        (
+            "{command: [python, train.py], timeout_s: 9, ref: main}",
+            "training_time",
+            "arms.baseline.ref",
+            "not a full commit id",
+        ),
+        (
+            "{command: [python, train.py], timeout_s: 9, ref: " + "a" * 40 + "}",
+            "training_time",
+            "arms.baseline.ref",
+            "not a commit",
+        ),
+        (
+            "{command: [python, train.py], timeout_s: 9, cwd: ../elsewhere}",
+            "training_time",
+            "arms.baseline.cwd",
+            "inside the repository",
+        ),
+        (
+            "{command: [python, train.py], timeout_s: 9, cwd: /tmp}",
+            "training_time",
+            "arms.baseline.cwd",
+            "relative path",
+        ),
+        (
+            "{command: [python, train.py], timeout_s: 9, env: {OMP_NUM_THREADS: '4'}}",
+            "training_time",
+            "arms.baseline.env.OMP_NUM_THREADS",
+            "the harness's to set",
+        ),
+        (
+            "{command: [python, train.py], timeout_s: 9, env: {HARNESS_REPORT: x}}",
+            "training_time",
+            "arms.baseline.env.HARNESS_REPORT",
+            "the harness's to set",
+        ),
+        ("{command: [], timeout_s: 9}", "training_time", "arms.baseline.command", "empty"),
+        ("{command: [python, train.py]}", "training_time", "arms.baseline", "timeout_s"),
+        (
+            "{command: [python, train.py], timeout_s: 9, reporter: false}",
+            "training_time",
+            "arms.baseline.metrics_regex",
+            "metrics_regex",
+        ),
+        (
+            "{command: [python, train.py], timeout_s: 9, reporter: false, metrics_regex: {val_loss: 'loss (\\d+) (\\d+)'}}",
+            "training_time",
+            "metrics_regex.val_loss",
+            "exactly one group",
+        ),
+        (
+            "{command: [python, train.py], timeout_s: 9, reporter: false, metrics_regex: {val_loss: 'loss ([0-9.]+)'}}",
+            "training_time",
+            "tests[0].endpoint",
+            "has no reporter",
+        ),
+        (GOOD_ARM, "test_bpb", "tests[0].endpoint", "cannot measure test_bpb"),
+    ],
+)
+def test_what_cannot_run_as_planned_is_refused_at_plan_time(tmp_path, baseline, endpoint, key, words):
+    r = _plan(tmp_path, baseline, endpoint)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr + r.stdout
+    assert "p.yaml" in r.stderr and key in r.stderr and words in r.stderr, r.stderr
+    assert re.search(r"p\.yaml:\d+, key ", r.stderr), r.stderr  # the file, its line, the key
+
+
+def test_an_arm_without_the_reporter_may_decide_on_total_time_and_its_metric(tmp_path):
+    arm = "{command: [python, train.py], timeout_s: 9, reporter: false, metrics_regex: {val_loss: 'loss ([0-9.]+)'}}"
+    assert _plan(tmp_path, arm, "total_time").returncode == 0
+    assert _plan(tmp_path, arm, "final_metric").returncode == 0
+
+
+# -- real processes ----------------------------------------------------------------------------------
+
+SCRIPT = textwrap.dedent(
+    """\
+    import sys, time
+    from harness.reporter import Reporter
+    mode = sys.argv[1]
+    steps = int(sys.argv[2])
+    if mode == "missing-reporter":
+        print("trained, reported nothing"); sys.exit(0)
+    r = Reporter.from_env()
+    for i in range(1, steps + 1):
+        t = time.monotonic()
+        while time.monotonic() - t < 0.01:
+            pass
+        if mode == "nan" and i == 2:
+            r.step(i, float("nan")); continue
+        r.step(i, 3.0 / i)
+        if mode == "crash" and i == 2:
+            raise RuntimeError("boom at step 2")
+        if mode == "hang":
+            time.sleep(60)
+    with r.untimed():
+        r.eval(steps, {"val_loss": 1.0})
+    print("loss 1.25")
+    if mode == "traceback":
+        import traceback
+        try:
+            raise ValueError("caught and printed")
+        except ValueError:
+            traceback.print_exc()
+    if mode != "no-done":
+        r.done()
+    """
+)
+
+
+def _job(
+    tmp_path: Path, argv: list[str], *, steps: int = 4, reporter: bool = True, timeout: float = 30, **extra
+) -> Job:
+    (tmp_path / "s.py").write_text(SCRIPT)
+    spec = RunSpec(
+        run_id=extra.pop("run_id", "s.tiny.pair000.baseline"),
+        protocol_id="cmd",
+        protocol_sha256="0" * 64,
+        study="s",
+        design="paired",
+        config="tiny",
+        config_sha256="0" * 64,
+        arm="baseline",
+        role="baseline",
+        seed=1,
+        unit="s.tiny.pair000",
+        position=extra.pop("position", 0),
+        order=0,
+        steps=steps,
+        val_every=steps,
+        val_target_bpb=2.0,
+        corpus="pydoc-topics",
+        data_dir=None,
+        device="cpu",
+        compile=False,
+        threads=1,
+        command={
+            "command": argv,
+            "cwd": ".",
+            "env": {},
+            "timeout_s": timeout,
+            "ref": None,
+            "reporter": reporter,
+            **({} if reporter else {"metrics_regex": {"val_loss": r"loss ([0-9.]+)"}}),
+        },
+        metric=METRIC,
+        **extra,
+    )
+    return Job(spec, 1, ".", None, None, str(tmp_path / "ckpt"))
+
+
+def _run(tmp_path: Path, *args: str, **kw):
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    return run_command(_job(tmp_path, ["python", "s.py", *args], **kw), work, tmp_path)
+
+
+def test_a_command_that_reports_well_is_ok_with_its_evidence(tmp_path):
+    result, text = _run(tmp_path, "ok", "4")
+    assert result.status == "ok", result.reason
+    assert result.final_metric == 1.0 and result.timings["training_s"] > 0.03
+    assert result.timings["total_s"] >= result.timings["training_s"]
+    assert text is not None and result.evidence and result.evidence["kind"] == "reporter"
+    assert result.process and result.process["exit"] == 0 and result.process["cpu_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "kw", "words"),
+    [
+        (("crash", "4"), {}, "exited with status 1: RuntimeError: boom at step 2"),
+        (("hang", "4"), {"timeout": 1.5}, "wall-clock limit of 1.5 s"),
+        (("missing-reporter", "4"), {}, "wrote no reporter file"),
+        (("no-done", "4"), {}, "no done line"),
+        (("nan", "4"), {}, "not finite"),
+        (("traceback", "4"), {}, "printed a traceback"),
+        (("ok", "3"), {}, "the protocol plans 4"),
+    ],
+)
+def test_every_way_a_command_goes_wrong_is_a_failed_run_with_its_reason(tmp_path, args, kw, words):
+    result, _ = _run(tmp_path, *args, **kw)
+    assert result.status == "failed"
+    assert words in (result.reason or ""), result.reason
+
+
+def test_a_command_that_is_not_found_fails_before_it_starts(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    result, text = run_command(_job(tmp_path, ["no-such-program-here", "x"]), work, tmp_path)
+    assert result.status == "failed" and "command not found: no-such-program-here" in (result.reason or "")
+    assert text is None
+
+
+def test_a_script_that_cannot_be_changed_is_read_from_its_output(tmp_path):
+    result, text = _run(tmp_path, "missing-reporter", "4", reporter=False)
+    assert result.status == "failed" and "matched nothing" in (result.reason or "")
+    result, text = _run(tmp_path, "no-done", "4", reporter=False)
+    assert result.status == "ok", result.reason
+    assert result.final_metric == 1.25 and "training_s" not in result.timings
+    assert result.evidence and result.evidence["kind"] == "output" and "loss 1.25" in (text or "")
+
+
+def test_a_lockstep_pair_of_commands_never_trains_at_once(tmp_path):
+    """Each arm's timed step intervals, on the machine's one monotonic clock, fall between the
+    other's: the hand-over gives one process the turn at a time, whichever steps first."""
+    work = tmp_path / "work"
+    work.mkdir()
+    jobs = []
+    for pos, (role, first) in enumerate((("candidate", False), ("baseline", True))):
+        j = _job(
+            tmp_path,
+            ["python", "s.py", "ok", "12"],
+            steps=12,
+            run_id=f"s.tiny.pair000.{role}",
+            position=pos,
+            block_steps=3,
+            partner=f"s.tiny.pair000.{'baseline' if role == 'candidate' else 'candidate'}",
+            steps_first=first,
+        )
+        jobs.append(j)
+    ran = run_pair((jobs[0], jobs[1]), work, tmp_path)
+    assert all(r.status == "ok" for r, _ in ran), [r.reason for r, _ in ran]
+    spans = []
+    for (_, text), who in zip(ran, ("candidate", "baseline"), strict=True):
+        lines = [json.loads(x) for x in (text or "").splitlines()]
+        assert sum(x["kind"] == "wait" for x in lines) >= 3
+        spans += [(x["t"] - x["dt"], x["t"], who, x["step"]) for x in lines if x["kind"] == "step"]
+    spans.sort()
+    assert spans[0][2] == "baseline"  # the arm that steps first did
+    for (a0, a1, wa, _), (b0, b1, wb, _) in zip(spans, spans[1:]):
+        if wa != wb:
+            assert a1 <= b0 + 1e-6, (a0, a1, wa, b0, b1, wb)
+    blocks = [spans[0][2]]
+    for s in spans[1:]:
+        if s[2] != blocks[-1]:
+            blocks.append(s[2])
+    assert len(blocks) == 8  # four blocks of three steps each, alternating
+
+
+def test_the_audit_names_a_kept_file_that_is_not_its_record_s(tmp_path):
+    result, text = _run(tmp_path, "ok", "4")
+    assert text is not None and result.evidence
+    (tmp_path / result.evidence["file"]).write_text(text)
+    spec = _job(tmp_path, []).spec.to_json()
+    spec["command"] = {**spec["command"]}
+    rec = {"spec": spec, "attempt": 1, "status": "ok", **result.to_json()}
+    assert evidence_problems(str(tmp_path), [rec]) == ([], 1)
+    bad = {**rec, "final_metric": 0.5}
+    found, _ = evidence_problems(str(tmp_path), [bad])
+    assert any("final_metric = 0.5 in the record" in f for f in found)
+    (tmp_path / result.evidence["file"]).write_text(text.replace('"loss": 3.0', '"loss": 2.0'))
+    found, _ = evidence_problems(str(tmp_path), [rec])
+    assert any("edited after the run" in f for f in found)
