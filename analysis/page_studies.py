@@ -240,8 +240,9 @@ def paired_section(
     out.append(f"<h3>Quality and completion costs ({esc(study.name)})</h3>")
     rows = []
     lockstep = bool((protocol_study or {}).get("lockstep"))
+    fm = cfgs[0].final_metric  # a study of command arms: its scripts' own metric, not BPB
     for c in cfgs:
-        q, tot, ttt = c.test_bpb, c.total_time, c.time_to_target
+        q, tot, ttt = c.final_metric or c.test_bpb, c.total_time, c.time_to_target
         qe, qr = interval_cells(q.interval, "+.5f", "")
         te, tr = interval_cells(tot.interval)
         re_, rr = interval_cells(ttt.interval)
@@ -258,11 +259,17 @@ def paired_section(
         )
     out.append(
         html_table(
-            "Full-test bits per byte (lower is better; a positive difference means the candidate was "
-            "worse), total completion time and time to the validation target",
+            (
+                f"{fm.metric['name']} at each arm's last evaluation, as its script reported it "
+                f"({fm.metric.get('better', 'lower')} is better; the difference is candidate minus baseline)"
+                if fm is not None
+                else "Full-test bits per byte (lower is better; a positive difference means the candidate was "
+                "worse)"
+            )
+            + ", total completion time and time to the validation target",
             [
                 "Configuration",
-                f"{base} / {cand} BPB",
+                f"{base} / {cand} {fm.metric['name'] if fm is not None else 'BPB'}",
                 "Difference",
                 f"{lvl} interval",
                 "Total-time reduction",
@@ -379,7 +386,7 @@ def every_pair_section(studies: Sequence[StudyResult]) -> list[str]:
                         num(p.baseline_training_s, ".3f"),
                         num(p.candidate_training_s, ".3f"),
                         "n/a" if p.time_reduction_pct is None else f"{p.time_reduction_pct:.2f}%",
-                        num(p.test_bpb_difference, "+.5f"),
+                        num(p.quality_difference(), "+.5f"),
                         "slower" if adverse else "faster",
                     ]
                 )
@@ -400,7 +407,9 @@ def every_pair_section(studies: Sequence[StudyResult]) -> list[str]:
                     f"{first.baseline_arm} (s)",
                     f"{first.candidate_arm} (s)",
                     "Time reduction",
-                    "Test Δ BPB",
+                    f"Δ {first.final_metric.metric['name']}"
+                    if first.final_metric is not None
+                    else "Test Δ BPB",
                     "Candidate",
                 ],
                 rows,

@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from analysis.audit.factorial import design_of, effect_names
-from analysis.audit.hypotheses import Pair
 from analysis.report_md import interval_end, level_pct, md_table, num
 from analysis.results import PairedResult, StudyResult
 
@@ -111,7 +110,7 @@ def paired_study_section(study: StudyResult) -> list[str]:
                     num(pr.baseline_training_s, ".3f"),
                     num(pr.candidate_training_s, ".3f"),
                     num(pr.time_reduction_pct, ".2f%"),
-                    num(_metric_difference(pr) if command else pr.test_bpb_difference, "+.5f"),
+                    num(pr.quality_difference(), "+.5f"),
                 ]
             )
     out += md_table(
@@ -182,11 +181,6 @@ def _completion_table(configs: list[PairedResult], lvl: str) -> list[str]:
         ],
         rows,
     )
-
-
-def _metric_difference(pr: Pair) -> float | None:
-    b, c = pr.baseline_final_metric, pr.candidate_final_metric
-    return None if b is None or c is None else c - b
 
 
 def _metric_table(configs: list[PairedResult], lvl: str, names: str, name: str) -> list[str]:

@@ -87,6 +87,14 @@ class Pair:
         where the records have them (earlier records do not)."""
         return present(self)
 
+    def quality_difference(self) -> float | None:
+        """Candidate minus baseline of the quality the pair has: a command study's final metric,
+        else the test BPB (``None`` where an arm's is missing)."""
+        b, c = self.baseline_final_metric, self.candidate_final_metric
+        if b is None and c is None:
+            return self.test_bpb_difference
+        return None if b is None or c is None else c - b
+
     def value(self, role: str, key: str) -> Any:
         """Arm ``role``'s value of endpoint column ``key`` (``training_s``, ``test_bpb``, ...), unchecked."""
         return getattr(self, f"{role}_{key}")

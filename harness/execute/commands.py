@@ -38,6 +38,7 @@ from typing import Any
 from analysis.public_audit import EVIDENCE_SUFFIX, MAX_EVIDENCE_BYTES, EvidenceError, derive
 from harness import gitutil
 from harness.commandarm import substitute
+from harness.freeze import code_sha256
 from harness.execute.job import Job
 from harness.execute.launchers import ALLOWED
 from harness.records import RunSpec, WorkerResult
@@ -242,6 +243,7 @@ def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
         "device": spec.device,
         "device_name": platform.processor() or platform.machine(),
         "threads": spec.threads,
+        "harness_sha256": code_sha256()["harness"],  # the worker's: the code that ran the command
     }
     timings: dict[str, Any] = {} if proc.wall_s is None else {"total_s": proc.wall_s}
     reason = None
