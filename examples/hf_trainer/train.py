@@ -21,9 +21,9 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+from pydoc_data.topics import topics
 
 import torch
-from pydoc_data.topics import topics
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 from harness.reporter import Reporter
