@@ -485,3 +485,40 @@ def test_the_audit_names_a_kept_file_that_is_not_its_record_s(tmp_path):
     (tmp_path / result.evidence["file"]).write_text(text.replace('"loss": 3.0', '"loss": 2.0'))
     found, _ = evidence_problems(str(tmp_path), [rec])
     assert any("edited after the run" in f for f in found)
+
+
+def test_a_command_dies_with_its_worker(tmp_path):
+    """A runner killed mid-run takes its worker with it; the worker's command goes too (nothing
+    trains on unseen, and the attempt is an interrupted one the runner records on resume)."""
+    import os
+    import signal
+    import time
+
+    job = _job(
+        tmp_path,
+        ["python", "-c", "import os, time; open('pid', 'w').write(str(os.getpid())); time.sleep(60)"],
+    )
+    (tmp_path / "job.json").write_text(json.dumps(job.to_json()))
+    driver = (
+        "import json, sys; from pathlib import Path; from harness.execute.job import Job; "
+        "from harness.execute.commands import run_command; "
+        "run_command(Job.from_json(json.loads(Path('job.json').read_text())), Path('.'), Path('.'))"
+    )
+    worker = subprocess.Popen([sys.executable, "-c", driver], cwd=tmp_path)
+    pid_file = tmp_path / "pid"
+    deadline = time.monotonic() + 30
+    while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = int(pid_file.read_text())
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("the command outlived its worker")

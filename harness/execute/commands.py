@@ -38,9 +38,9 @@ from typing import Any
 from analysis.public_audit import EVIDENCE_SUFFIX, MAX_EVIDENCE_BYTES, EvidenceError, derive
 from harness import gitutil
 from harness.commandarm import substitute
-from harness.freeze import code_sha256
 from harness.execute.job import Job
 from harness.execute.launchers import ALLOWED
+from harness.freeze import code_sha256
 from harness.records import RunSpec, WorkerResult
 from harness.reporter import ENV_BLOCK_STEPS, ENV_LOCKSTEP_FD, ENV_REPORT, ENV_STEPS_FIRST
 
@@ -171,12 +171,21 @@ def _start(proc: _Proc) -> None:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: the limit kills all of it
                 pass_fds=proc.pass_fds,
+                preexec_fn=_die_with_worker if sys.platform.startswith("linux") else None,
             )
         except OSError as e:
             proc.failed = f"command could not start: {proc.argv[0]}: {e.strerror or e}"
             proc.done.set()
             return
     threading.Thread(target=_reap, args=(proc,), daemon=True).start()
+
+
+def _die_with_worker() -> None:
+    """In the command's process before it starts (Linux): killed when this worker dies, so a runner
+    killed mid-run (its worker with it, ``PR_SET_PDEATHSIG``) leaves no command running on."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
 
 
 def _reap(proc: _Proc) -> None:
