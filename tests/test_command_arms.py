@@ -522,3 +522,51 @@ def test_a_command_dies_with_its_worker(tmp_path):
     else:
         os.kill(pid, signal.SIGKILL)
         pytest.fail("the command outlived its worker")
+
+
+def test_the_freeze_names_a_rebound_ref_and_a_changed_installation(tmp_path):
+    """What the tag binds for command arms, compared by the runner (``command_drift``) and by the
+    audit (``ref_problems``, against the repository's own objects)."""
+    from analysis.audit.freeze import ref_problems
+    from harness.freeze import command_drift
+
+    then = {
+        "refs": {"a" * 40: "t1"},
+        "python": "CPython 3.11.7",
+        "packages": {"torch": "2.14.1", "numpy": "2.0"},
+    }
+    now = {
+        "refs": {"a" * 40: "t2"},
+        "python": "CPython 3.12.1",
+        "packages": {"torch": "2.14.2", "rich": "13"},
+    }
+    found = command_drift(then, now)
+    assert any("ref aaaaaaaaaaaa: its tree differs" in f for f in found)
+    assert "interpreter: CPython 3.12.1, the tag's CPython 3.11.7" in found
+    assert "installed package torch: 2.14.2, the tag's 2.14.1" in found
+    assert "installed package numpy: removed after the tag" in found
+    assert "installed package rich: 13, added after the tag" in found
+    assert command_drift(then, then) == []
+
+    repo = tmp_path / "r"
+    repo.mkdir()
+    for args in (["init", "-q"], ["config", "user.email", "t@e.invalid"], ["config", "user.name", "T"]):
+        subprocess.run(["git", *args], cwd=repo, check=True)
+    (repo / "f").write_text("x")
+    subprocess.run(["git", "add", "f"], cwd=repo, check=True)
+    subprocess.run(["git", "commit", "-qm", "c"], cwd=repo, check=True)
+    sha = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True
+    ).stdout.strip()
+    tree = subprocess.run(
+        ["git", "rev-parse", "HEAD^{tree}"], cwd=repo, capture_output=True, text=True
+    ).stdout.strip()
+    arm = {"command": ["python", "t.py"], "timeout_s": 1, "ref": sha}
+    doc = {"studies": [{"arms": {"baseline": arm, "candidate": {**arm, "ref": "b" * 40}}}]}
+    truth = {"doc": doc, "manifest": {"commands": {"refs": {sha: tree}}}}
+    found = ref_problems(str(repo), truth)
+    assert found == [f"ref {'b' * 12}: named by the tagged protocol, not bound by the tag's manifest"]
+    truth["manifest"]["commands"]["refs"] = {sha: "0" * 40, "b" * 40: "1" * 40}
+    found = ref_problems(str(repo), truth)
+    assert any(f"ref {sha[:12]}: its tree" in f for f in found)
+    assert any("not a commit of this repository" in f for f in found)

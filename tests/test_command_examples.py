@@ -174,6 +174,9 @@ def test_one_script_at_two_commits_tagged_run_audited_and_attacked(tmp_path):
     rc, out = _audit(r, str(records))
     assert rc == 0 and "Integrity: everything matched" in out, out
 
+    # the audit checks each ref's tree against the tag's manifest (a clone missing a commit says so)
+    assert "what ran is what was frozen" in out
+
     # an evidence file edited after the run is named by the audit
     kept = sorted(records.glob("*.report.jsonl"))[0]
     raw = kept.read_text()

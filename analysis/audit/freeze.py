@@ -7,6 +7,7 @@ import json
 import re
 from typing import Any
 
+from .commands import refs_of
 from .ledger import record_name, sha256
 from .tag import frozen_trees, git_bytes, git_out, parse_time
 
@@ -169,6 +170,7 @@ def check_what_ran(
                 f"{record_name(r)}: field git.commit = {str(commit)[:12]} does not hold the frozen "
                 f"trees of the tag's manifest (differs in {', '.join(diff)})"
             )
+    problems += ref_problems(root, truth)
     code = (m.get("code") or {}).get("harness")
     for r in records:
         env = r.get("env")
@@ -431,3 +433,24 @@ def _machine(r: dict[str, Any]) -> object:
         if isinstance(node, dict) and node.get("id")
         else (r.get("env") or {}).get("host")
     )
+
+
+def ref_problems(root: str, truth: dict[str, Any]) -> list[str]:
+    """A protocol's command arms at commits (``ref``): the tag's manifest binds each ref the tagged
+    protocol names, and each ref's tree here is the one it bound (a ref rewritten, or a commit
+    missing from this clone, is named)."""
+    refs = refs_of(truth["doc"]) if isinstance(truth.get("doc"), dict) else []
+    bound = (truth["manifest"].get("commands") or {}).get("refs") or {}
+    out = []
+    for ref in refs:
+        if ref not in bound:
+            out.append(f"ref {ref[:12]}: named by the tagged protocol, not bound by the tag's manifest")
+            continue
+        tree = git_bytes(root, "rev-parse", "--verify", "-q", f"{ref}^{{tree}}")
+        if tree is None:
+            out.append(f"ref {ref[:12]}: not a commit of this repository (fetch it to check the runs' code)")
+        elif tree.decode().strip() != bound[ref]:
+            out.append(
+                f"ref {ref[:12]}: its tree {tree.decode().strip()[:12]} is not the tag's {str(bound[ref])[:12]}"
+            )
+    return out
