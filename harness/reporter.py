@@ -24,8 +24,8 @@ The file (format 1) is JSON lines, one object a line, each with ``kind``:
 * ``start``: ``format``, ``pid``, ``t`` (:func:`time.monotonic`), ``cpu`` (:func:`time.process_time`);
 * ``step``: ``step``, ``loss``, ``tokens`` (or null), ``t``, ``dt`` and ``cpu_dt``: the step's
   wall and CPU seconds on the training clock, from the previous step's report (the first: from
-  :meth:`Reporter.from_env`), less the time spent in :meth:`Reporter.untimed` blocks and, in a
-  lockstep pair, waiting for the partner;
+  :meth:`Reporter.from_env`), less the time spent in :meth:`Reporter.untimed` blocks; in a
+  lockstep pair a step after a hand-over is timed from the moment the turn came back;
 * ``eval``: ``step``, ``metrics`` (name: number), ``t``;
 * ``wait``: a lockstep pair's hand-over: ``t0``, ``t1`` (off the clock);
 * ``done``: ``steps`` (how many steps were reported), ``t``, ``cpu``.
@@ -166,7 +166,7 @@ class Reporter:
     def _wait(self) -> None:
         if self._sock is None:
             return
-        t0, c0 = time.monotonic(), time.process_time()
+        t0 = time.monotonic()
         try:
             got = self._sock.recv(1)
         except OSError:
@@ -176,5 +176,6 @@ class Reporter:
             self._sock = None
         t1 = time.monotonic()
         self._write({"kind": "wait", "t0": t0, "t1": t1, "t": t1})
-        self._mark += t1 - t0
-        self._cpu_mark += time.process_time() - c0
+        # a hand-over comes at a step's end: the next step's clock starts now, after the turn came
+        # back (the line written and the turn passed are off the clock, not the next step's)
+        self._mark, self._cpu_mark = time.monotonic(), time.process_time()
