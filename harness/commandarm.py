@@ -18,14 +18,17 @@ list are replaced per run; any other ``{name}`` is refused.
 
 from __future__ import annotations
 
+import math
 import re
+import shutil
 import string
 from pathlib import Path
 from typing import Any
 
 from analysis.public_audit import arm_of, metric_of
 from harness import gitutil, yamlio
-from harness.yamlio import Field, one_of, positive
+from harness.execute.launchers import CODE_PATH
+from harness.yamlio import Field, one_of
 
 #: What a command's arguments may name: the run's seed, its reporter file, its configuration label,
 #: the protocol's device and threads, the planned steps and the run's id.
@@ -34,6 +37,8 @@ PLACEHOLDERS = ("seed", "out", "config", "device", "threads", "steps", "run_id")
 #: without the protocol saying so in its own keys (``threads``, ``device``).
 RESERVED = ("HARNESS_", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT")
 ROLES = ("baseline", "candidate")
+#: What says which accelerator a process sees: the protocol's ``device`` and the harness's to set.
+DEVICE_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 _SHA = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -41,14 +46,17 @@ _ARM = {
     "command": Field(list),
     "cwd": Field(str, required=False, default="."),
     "env": Field(dict, required=False, default=None),
-    "timeout_s": Field((int, float), check=positive),
+    "timeout_s": Field(
+        (int, float),
+        check=lambda v: None if math.isfinite(v) and v > 0 else "a finite number of seconds above 0",
+    ),
     "ref": Field(str, required=False, default=None),
     "reporter": Field(bool, required=False, default=True),
     "metrics_regex": Field(dict, required=False, default=None),
 }
 _METRIC = {
-    "name": Field(str),
-    "target": Field((int, float)),
+    "name": Field(str, check=lambda v: None if v.strip() else "a metric's name, not empty"),
+    "target": Field((int, float), check=lambda v: None if math.isfinite(v) else "must be a finite number"),
     "better": Field(str, required=False, default="lower", check=one_of("lower", "higher")),
 }
 
@@ -109,11 +117,15 @@ def _arm(doc: yamlio.Document, value: Any, kp: yamlio.KeyPath, root: Path) -> di
             raise doc.error(kp + ("ref",), f"{ref}: not a commit of the repository at {repo or root}")
     elif not (root / cwd).resolve().is_relative_to(root.resolve()) or not (root / cwd).is_dir():
         raise doc.error(kp + ("cwd",), f"{cwd!r}: not a folder inside the repository {root}")
+    if ref is None:
+        _program(doc, argv, kp + ("command",), root / cwd)
     env = a["env"] or {}
     for k, v in env.items():
         if not isinstance(k, str) or not _ENV_NAME.match(k):
             raise doc.error(kp + ("env",), f"{k!r} is not an environment variable's name")
-        if any(k == r or (r.endswith("_") and k.startswith(r)) for r in RESERVED):
+        if any(
+            k == r or (r.endswith("_") and k.startswith(r)) for r in (*RESERVED, *CODE_PATH, *DEVICE_VARS)
+        ):
             raise doc.error(
                 kp + ("env", k), f"{k} is the harness's to set (the protocol's threads and device say it)"
             )
@@ -127,6 +139,10 @@ def _arm(doc: yamlio.Document, value: Any, kp: yamlio.KeyPath, root: Path) -> di
                 "an arm without the reporter (reporter: false) reads its metrics from its output: "
                 "metrics_regex: {metric: 'expression with (one group)'}",
             )
+    if a["reporter"] and patterns:
+        raise doc.error(
+            kp + ("metrics_regex",), "metrics_regex is for an arm without the reporter (reporter: false)"
+        )
     for name, pattern in (patterns or {}).items():
         try:
             groups = re.compile(pattern).groups if isinstance(pattern, str) else -1
@@ -137,11 +153,30 @@ def _arm(doc: yamlio.Document, value: Any, kp: yamlio.KeyPath, root: Path) -> di
     return arm_of(a)  # the core's normalisation: the plan and the audit read the arm alike
 
 
+def _program(doc: yamlio.Document, argv: list[str], kp: yamlio.KeyPath, cwd: Path) -> None:
+    """The program is found (on PATH, or a file in the working directory), and a Python script
+    that ``python`` is given is a file there (a ref arm's are checked in its checkout, at run time)."""
+    prog = argv[0]
+    if "{" in prog:
+        return
+    if prog not in ("python", "python3") and shutil.which(prog) is None and not (cwd / prog).is_file():
+        raise doc.error(kp + (0,), f"command not found: {prog} (not on PATH, nor a file in {cwd})")
+    if prog in ("python", "python3") and len(argv) > 1 and argv[1].endswith(".py") and "{" not in argv[1]:
+        if not (cwd / argv[1]).is_file():
+            raise doc.error(kp + (1,), f"{argv[1]}: no such script in {cwd}")
+
+
 def _placeholders(doc: yamlio.Document, arg: str, kp: yamlio.KeyPath) -> list[str]:
     try:
-        return [f for _, f, _, _ in string.Formatter().parse(arg) if f is not None]
+        parts = list(string.Formatter().parse(arg))
     except ValueError as e:
         raise doc.error(kp, f"{arg!r}: {e} (write a literal brace as {{{{ or }}}})") from None
+    for _, name, spec, conversion in parts:
+        if name is not None and (spec or conversion):
+            raise doc.error(
+                kp, f"{arg!r}: a placeholder is a bare name ({{{name}}}), without a format or conversion"
+            )
+    return [name for _, name, _, _ in parts if name is not None]
 
 
 def parse_metric(doc: yamlio.Document, value: Any, kp: yamlio.KeyPath) -> dict[str, Any]:

@@ -19,22 +19,28 @@ from the file the reporter writes::
 Outside the harness (``HARNESS_REPORT`` unset) :meth:`Reporter.from_env` gives a reporter that
 writes nothing, so the script runs as before.
 
-The file (format 1) is JSON lines, one object a line, each with ``kind``:
+The file (format 1) is JSON lines, one object a line, each with ``kind`` and ``t``
+(:func:`time.monotonic`, the machine's one clock, which the harness checks against its own):
 
-* ``start``: ``format``, ``pid``, ``t`` (:func:`time.monotonic`), ``cpu`` (:func:`time.process_time`);
-* ``step``: ``step``, ``loss``, ``tokens`` (or null), ``t``, ``dt`` and ``cpu_dt``: the step's
-  wall and CPU seconds on the training clock, from the previous step's report (the first: from
-  :meth:`Reporter.from_env`), less the time spent in :meth:`Reporter.untimed` blocks; in a
-  lockstep pair a step after a hand-over is timed from the moment the turn came back;
-* ``eval``: ``step``, ``metrics`` (name: number), ``t``;
-* ``wait``: a lockstep pair's hand-over: ``t0``, ``t1`` (off the clock);
-* ``done``: ``steps`` (how many steps were reported), ``t``, ``cpu``.
+* ``start``: ``format``, ``pid``, ``cpu`` (:func:`time.process_time`): the clock starts here;
+* ``step``: ``step`` (1, 2, ...), ``loss``, ``tokens`` (or null), ``cpu``, and ``dt`` and
+  ``cpu_dt``: the step's wall and CPU seconds on the training clock since the previous step (the
+  first: since the start), less the ``untimed`` blocks between; after a lockstep hand-over, since
+  the turn came back;
+* ``eval``: ``step`` (the last step reported), ``metrics`` (name: number);
+* ``untimed``: an untimed block's ``t0``, ``t1``, ``cpu0``, ``cpu1`` (the outermost block only);
+* ``wait``: a lockstep pair's hand-over (or its start barrier): ``t0``, ``t1``, ``cpu``;
+* ``done``: ``steps`` (how many were reported), ``cpu``.
+
+Every ``dt`` is the difference of the file's own stamps, so the harness and the audit recompute
+the clock from them (``analysis/audit/evidence.py``) and refuse a file whose ``dt`` says otherwise.
 
 Lockstep (``design: lockstep``): the harness starts both arms of a pair at once and hands each a
-socket (``HARNESS_LOCKSTEP_FD``) to the other; after every ``HARNESS_BLOCK_STEPS`` steps the
-reporter passes the turn to the partner and waits for it back, so only one arm trains at a time
-(``HARNESS_STEPS_FIRST`` says which starts). A partner that has finished (or died) closes its end;
-the other then runs on alone.
+socket (``HARNESS_LOCKSTEP_FD``) to the other. :meth:`Reporter.from_env` is a start barrier (the
+arm that steps first, ``HARNESS_STEPS_FIRST``, waits until its partner has built its reporter);
+after every ``HARNESS_BLOCK_STEPS`` steps the reporter passes the turn to the partner and waits
+for it back, so only one arm trains at a time. A partner that has finished (or died) closes its
+end; the other then runs on alone (and the harness fails the pair when one arm failed).
 """
 
 from __future__ import annotations
@@ -74,12 +80,18 @@ class Reporter:
         self._sock: socket.socket | None = None
         self._block = block_steps
         self._steps = 0
+        self._depth = 0  # untimed blocks open (only the outermost is off the clock, once)
         self._done = False
-        self._write({"kind": "start", "format": FORMAT, "pid": os.getpid(), "cpu": time.process_time()})
         self._mark, self._cpu_mark = time.monotonic(), time.process_time()
+        self._write(
+            {"kind": "start", "format": FORMAT, "pid": os.getpid(), "t": self._mark, "cpu": self._cpu_mark}
+        )
         if lockstep_fd is not None and block_steps:
             self._sock = socket.socket(fileno=lockstep_fd)
-            if not steps_first:
+            if steps_first:  # a start barrier: the partner's start-up is not beside this arm's first block
+                self._wait()
+            else:
+                self._send(b"R")
                 self._wait()
 
     @classmethod
@@ -103,8 +115,11 @@ class Reporter:
         self._file.flush()
 
     def step(self, step: int, loss: float, tokens: int | None = None) -> None:
-        """One training step has ended: its number, its loss (a float, or a 0-d tensor: read with
-        ``float``, which waits for the device) and, optionally, how many tokens it trained on."""
+        """One training step has ended: its number (1, 2, ...), its loss (a float, or a 0-d tensor:
+        read with ``float``, which waits for the device) and, optionally, how many tokens it
+        trained on. Not inside :meth:`untimed` (a step is training)."""
+        if self._depth:
+            raise RuntimeError("Reporter.step() inside Reporter.untimed(): a training step is on the clock")
         value = float(loss)
         now, cpu = time.monotonic(), time.process_time()
         self._write(
@@ -114,6 +129,7 @@ class Reporter:
                 "loss": value if math.isfinite(value) else str(value),
                 "tokens": None if tokens is None else int(tokens),
                 "t": now,
+                "cpu": cpu,
                 "dt": now - self._mark,
                 "cpu_dt": cpu - self._cpu_mark,
             }
@@ -121,7 +137,7 @@ class Reporter:
         self._mark, self._cpu_mark = now, cpu
         self._steps += 1
         if self._sock is not None and self._block and self._steps % self._block == 0:
-            self._pass()
+            self._send(b"T")
             self._wait()
 
     def eval(self, step: int, metrics: Mapping[str, float]) -> None:
@@ -132,13 +148,19 @@ class Reporter:
 
     @contextmanager
     def untimed(self) -> Iterator[None]:
-        """Time spent in this block (evaluation, checkpoints, logging) is off the training clock."""
+        """Time spent in this block (evaluation, checkpoints, logging) is off the training clock; the
+        file says how much (an ``untimed`` line). A block inside another counts once."""
+        self._depth += 1
         t0, c0 = time.monotonic(), time.process_time()
         try:
             yield
         finally:
-            self._mark += time.monotonic() - t0
-            self._cpu_mark += time.process_time() - c0
+            self._depth -= 1
+            if self._depth == 0:
+                t1, c1 = time.monotonic(), time.process_time()
+                self._mark += t1 - t0
+                self._cpu_mark += c1 - c0
+                self._write({"kind": "untimed", "t0": t0, "t1": t1, "cpu0": c0, "cpu1": c1, "t": t1})
 
     def done(self) -> None:
         """The run has ended well: without this line the harness records a failed run."""
@@ -147,7 +169,7 @@ class Reporter:
         self._done = True
         self._write({"kind": "done", "steps": self._steps, "cpu": time.process_time()})
         if self._sock is not None:
-            self._pass()  # the partner's turn for good (it then runs on alone)
+            self._send(b"T")  # the partner's turn for good (it then runs on alone)
         if self._sock is not None:
             self._sock.close()
             self._sock = None
@@ -155,15 +177,16 @@ class Reporter:
             self._file.close()
             self._file = None
 
-    def _pass(self) -> None:
+    def _send(self, what: bytes) -> None:
         assert self._sock is not None
         try:
-            self._sock.sendall(b"T")
+            self._sock.sendall(what)
         except OSError:  # the partner has gone: run on alone
             self._sock.close()
             self._sock = None
 
     def _wait(self) -> None:
+        """Wait for the partner's turn (or its ready, at the start); the clock restarts when it comes."""
         if self._sock is None:
             return
         t0 = time.monotonic()
@@ -174,8 +197,5 @@ class Reporter:
         if not got:  # the partner has finished or gone: run on alone
             self._sock.close()
             self._sock = None
-        t1 = time.monotonic()
-        self._write({"kind": "wait", "t0": t0, "t1": t1, "t": t1})
-        # a hand-over comes at a step's end: the next step's clock starts now, after the turn came
-        # back (the line written and the turn passed are off the clock, not the next step's)
         self._mark, self._cpu_mark = time.monotonic(), time.process_time()
+        self._write({"kind": "wait", "t0": t0, "t1": self._mark, "t": self._mark, "cpu": self._cpu_mark})

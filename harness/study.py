@@ -146,7 +146,16 @@ def _commands(
                 f"{key!r} does not belong to a study of command arms (its scripts evaluate when they "
                 "choose; the target is metric.target)",
             )
-    return parse_arms(doc, s["arms"], kp + ("arms",), root), parse_metric(doc, s["metric"], kp + ("metric",))
+    arms = parse_arms(doc, s["arms"], kp + ("arms",), root)
+    if s["design"] == "lockstep":
+        plain = [role for role, a in arms.items() if not a["reporter"]]
+        if plain:
+            raise doc.error(
+                kp + ("arms", plain[0], "reporter"),
+                "a lockstep pair hands the turn over through the reporter: an arm without it "
+                "(reporter: false) would train beside its partner (use design: paired)",
+            )
+    return arms, parse_metric(doc, s["metric"], kp + ("metric",))
 
 
 def _labels(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath) -> list[str]:

@@ -105,21 +105,41 @@ def _good(n: int = 3) -> list[dict]:
     out = [{"kind": "start", "format": 1, "pid": 1, "t": 0.0, "cpu": 0.0}]
     for i in range(1, n + 1):
         out.append(
-            {"kind": "step", "step": i, "loss": 3.0, "tokens": 8, "t": float(i), "dt": 0.5, "cpu_dt": 0.4}
+            {
+                "kind": "step",
+                "step": i,
+                "loss": 3.0,
+                "tokens": 8,
+                "t": float(i),
+                "cpu": 0.5 * i,
+                "dt": 1.0,
+                "cpu_dt": 0.5,
+            }
         )
     out.append({"kind": "eval", "step": n, "metrics": {"val_loss": 1.5}, "t": n + 0.5})
-    out.append({"kind": "done", "steps": n, "t": n + 0.6, "cpu": 2.0})
+    out.append(
+        {
+            "kind": "untimed",
+            "t0": n + 0.1,
+            "t1": n + 0.55,
+            "cpu0": 0.5 * n,
+            "cpu1": 0.5 * n + 0.1,
+            "t": n + 0.55,
+        }
+    )
+    out.append({"kind": "done", "steps": n, "t": n + 0.6, "cpu": 0.5 * n + 0.2})
     return out
 
 
 def test_a_good_file_gives_its_figures():
-    got = derive_reporter(_file(_good()), METRIC, 3, 3.7)
+    got = derive_reporter(_file(_good()), METRIC, 3, 3.7, window=(0.0, 3.7), cpu_s=1.8)
     assert (got.training_s, got.training_cpu_s, got.final_metric, got.time_to_target_s) == (
+        3.0,
         1.5,
-        0.4 * 3,
         1.5,
-        1.5,
+        3.0,
     )
+    assert got.untimed_s == pytest.approx(0.45)
 
 
 def _edit(fn):
@@ -133,7 +153,10 @@ def _edit(fn):
     [
         (lambda L: L.pop(2), "a gap"),
         (lambda L: L.__setitem__(2, {**L[2], "step": 1}), "a gap or a repeat"),
+        (lambda L: L.__setitem__(1, {**L[1], "step": 0}), "steps are 1, 2"),
+        (lambda L: L.__setitem__(2, {**L[2], "step": 10**400}), "a gap"),
         (lambda L: L.__setitem__(2, {**L[2], "t": 0.5}), "backwards"),
+        (lambda L: L.__setitem__(2, {**L[2], "cpu": 0.1}), "CPU clock runs backwards"),
         (lambda L: L.pop(), "no done line"),
         (
             lambda L: L.append({"kind": "step", "step": 4, "loss": 1.0, "t": 9.0, "dt": 0.1, "cpu_dt": 0.1}),
@@ -141,23 +164,65 @@ def _edit(fn):
         ),
         (lambda L: L.__setitem__(1, {**L[1], "loss": "nan"}), "not finite"),
         (lambda L: L.__setitem__(4, {**L[4], "metrics": {"other": 1.0}}), "never reported"),
-        (lambda L: L.__setitem__(2, {**L[2], "dt": 5.0}), "exceed the file's own elapsed"),
+        (lambda L: L.__setitem__(2, {**L[2], "dt": 0.0}), "the clock was edited"),  # a faster step, forged
+        (lambda L: L.__setitem__(2, {**L[2], "cpu_dt": 1e9}), "the clock was edited"),
+        (lambda L: L.__setitem__(4, {**L[4], "step": 999}), "an evaluation says step 999"),
+        (
+            lambda L: L.insert(1, {"kind": "eval", "step": 0, "metrics": {"val_loss": 0.1}, "t": 0.0}),
+            "evaluate after a step",
+        ),
+        (
+            lambda L: L.insert(
+                2, {"kind": "untimed", "t0": 0.5, "t1": 1.5, "cpu0": 0.5, "cpu1": 0.6, "t": 1.5}
+            ),
+            "outside its step",
+        ),
+        (
+            lambda L: L.insert(2, {"kind": "wait", "t0": 1.0, "t1": 1.5, "t": 1.2, "cpu": 0.5}),
+            "not at a step's end",
+        ),
         (lambda L: L.__setitem__(0, {**L[0], "format": 9}), "format 1"),
-        (lambda L: L.__setitem__(5, {**L[5], "steps": 7}), "done says 7"),
+        (lambda L: L.__setitem__(6, {**L[6], "steps": 7}), "done says 7"),
+        (lambda L: L.__setitem__(6, {**L[6], "steps": True}), "done says True"),
     ],
 )
 def test_a_file_that_is_not_evidence_of_a_finished_run_is_refused(edit, words):
-    with pytest.raises(EvidenceError, match=words):
+    with pytest.raises(EvidenceError, match=re.escape(words)):
         derive_reporter(_edit(edit), METRIC, 3, None)
 
 
-def test_the_planned_step_count_and_the_harness_clock_bind_the_file():
+def test_the_planned_step_count_and_the_harness_clocks_bind_the_file():
     with pytest.raises(EvidenceError, match="the protocol plans 4"):
         derive_reporter(_file(_good()), METRIC, 4, None)
     with pytest.raises(EvidenceError, match="exceeds the harness's wall clock"):
         derive_reporter(_file(_good()), METRIC, 3, 1.0)
+    with pytest.raises(EvidenceError, match="outside the process's life"):
+        derive_reporter(_file(_good()), METRIC, 3, None, window=(0.5, 10.0))
+    with pytest.raises(EvidenceError, match="exceeds the kernel's CPU time"):
+        derive_reporter(_file(_good()), METRIC, 3, None, cpu_s=1.0)
     with pytest.raises(EvidenceError, match="not JSON"):
         derive_reporter(_file(_good())[:-7], METRIC, 3, None)
+
+
+def test_a_nested_untimed_block_counts_once_and_a_step_inside_one_is_refused(tmp_path):
+    c = FakeClock()
+    path = tmp_path / "r.jsonl"
+    with (
+        mock.patch.object(reporter_mod.time, "monotonic", lambda: c.t),
+        mock.patch.object(reporter_mod.time, "process_time", lambda: c.cpu),
+    ):
+        r = Reporter(str(path))
+        for i in (1, 2):
+            c.advance(0.2, 0.2)
+            r.step(i, 1.0)
+            with r.untimed(), r.untimed():
+                c.advance(0.1, 0.1)
+                r.eval(i, {"val_loss": 1.0})
+        with pytest.raises(RuntimeError, match="inside Reporter.untimed"), r.untimed():
+            r.step(3, 1.0)
+        r.done()
+    got = derive_reporter(path.read_text(), METRIC, 2, None)
+    assert got.training_s == pytest.approx(0.4) and got.untimed_s == pytest.approx(0.2)
 
 
 def test_a_reporter_outside_the_harness_writes_nothing(monkeypatch, tmp_path):
@@ -290,6 +355,39 @@ def test_a_good_command_protocol_plans(tmp_path):
             "has no reporter",
         ),
         (GOOD_ARM, "test_bpb", "tests[0].endpoint", "cannot measure test_bpb"),
+        (
+            '{command: [python, train.py, "{seed:d}"], timeout_s: 9}',
+            "training_time",
+            "command[2]",
+            "a bare name",
+        ),
+        (
+            '{command: [python, train.py, "{seed!r}"], timeout_s: 9}',
+            "training_time",
+            "command[2]",
+            "a bare name",
+        ),
+        ("{command: [python, train.py], timeout_s: .inf}", "training_time", "timeout_s", "finite"),
+        (
+            "{command: [python, train.py], timeout_s: 9, env: {PYTHONPATH: /x}}",
+            "training_time",
+            "env.PYTHONPATH",
+            "the harness's",
+        ),
+        (
+            "{command: [python, train.py], timeout_s: 9, env: {CUDA_VISIBLE_DEVICES: ''}}",
+            "training_time",
+            "env.CUDA_VISIBLE_DEVICES",
+            "the harness's",
+        ),
+        ("{command: [no-such-program-x], timeout_s: 9}", "training_time", "command[0]", "command not found"),
+        ("{command: [python, nosuch.py], timeout_s: 9}", "training_time", "command[1]", "no such script"),
+        (
+            "{command: [python, train.py], timeout_s: 9, metrics_regex: {val_loss: 'l ([0-9.]+)'}}",
+            "training_time",
+            "arms.baseline.metrics_regex",
+            "reporter: false",
+        ),
     ],
 )
 def test_what_cannot_run_as_planned_is_refused_at_plan_time(tmp_path, baseline, endpoint, key, words):
@@ -298,6 +396,41 @@ def test_what_cannot_run_as_planned_is_refused_at_plan_time(tmp_path, baseline, 
     assert "Traceback" not in r.stderr + r.stdout
     assert "p.yaml" in r.stderr and key in r.stderr and words in r.stderr, r.stderr
     assert re.search(r"p\.yaml:\d+, key ", r.stderr), r.stderr  # the file, its line, the key
+
+
+def test_a_lockstep_pair_without_the_reporter_and_non_finite_numbers_are_refused(tmp_path):
+    arm = "{command: [python, train.py], timeout_s: 9, reporter: false, metrics_regex: {val_loss: 'loss ([0-9.]+)'}}"
+    (tmp_path / "train.py").write_text("")
+    text = PROTOCOL.format(baseline=arm, endpoint="final_metric").replace(
+        "design: paired", "design: lockstep\n    block_steps: 1"
+    )
+    for body, key, words in (
+        (text, "arms.baseline.reporter", "would train beside its partner"),
+        (
+            PROTOCOL.format(baseline=GOOD_ARM, endpoint="training_time").replace(
+                "target: 2.0", "target: .nan"
+            ),
+            "metric.target",
+            "finite",
+        ),
+        (
+            PROTOCOL.format(baseline=GOOD_ARM, endpoint="training_time").replace(
+                "name: val_loss", "name: ' '"
+            ),
+            "metric.name",
+            "not empty",
+        ),
+    ):
+        (tmp_path / "p.yaml").write_text(body)
+        r = subprocess.run(
+            [sys.executable, "-m", "harness.cli", "plan", "p.yaml"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+        )
+        assert r.returncode != 0 and "Traceback" not in r.stderr and key in r.stderr and words in r.stderr, (
+            r.stderr
+        )
 
 
 def test_an_arm_without_the_reporter_may_decide_on_total_time_and_its_metric(tmp_path):
@@ -461,6 +594,10 @@ def test_a_lockstep_pair_of_commands_never_trains_at_once(tmp_path):
         spans += [(x["t"] - x["dt"], x["t"], who, x["step"]) for x in lines if x["kind"] == "step"]
     spans.sort()
     assert spans[0][2] == "baseline"  # the arm that steps first did
+    starts = {
+        who: json.loads((t or "").splitlines()[0])["t"] for (_, t), who in zip(ran, ("candidate", "baseline"))
+    }
+    assert spans[0][0] >= starts["candidate"]  # the start barrier: its partner's start-up came first
     for (a0, a1, wa, _), (b0, b1, wb, _) in zip(spans, spans[1:]):
         if wa != wb:
             assert a1 <= b0 + 1e-6, (a0, a1, wa, b0, b1, wb)
@@ -469,6 +606,29 @@ def test_a_lockstep_pair_of_commands_never_trains_at_once(tmp_path):
         if s[2] != blocks[-1]:
             blocks.append(s[2])
     assert len(blocks) == 8  # four blocks of three steps each, alternating
+
+
+def test_a_lockstep_pair_fails_whole_when_one_arm_fails(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    jobs = [
+        _job(
+            tmp_path,
+            ["python", "s.py", mode, "6"],
+            steps=6,
+            run_id=f"s.tiny.pair000.{role}",
+            position=pos,
+            block_steps=2,
+            partner=f"s.tiny.pair000.{other}",
+            steps_first=pos == 0,
+        )
+        for pos, (role, other, mode) in enumerate(
+            (("baseline", "candidate", "ok"), ("candidate", "baseline", "no-done"))
+        )
+    ]
+    (a, _), (b, _) = run_pair((jobs[0], jobs[1]), work, tmp_path)
+    assert b.status == "failed" and "no done line" in (b.reason or "")
+    assert a.status == "failed" and "its partner s.tiny.pair000.candidate failed" in (a.reason or "")
 
 
 def test_the_audit_names_a_kept_file_that_is_not_its_record_s(tmp_path):

@@ -55,6 +55,7 @@ class Derived:
     metrics: dict[str, float] = field(default_factory=dict)
     steps: int | None = None
     elapsed_s: float | None = None
+    untimed_s: float | None = None  # the untimed blocks' wall seconds (what the script took off the clock)
     curve: list[list[float]] = field(default_factory=list)  # [step, loss, training clock]
     val_curve: list[list[float]] = field(default_factory=list)  # [step, metric, training clock]
 
@@ -63,6 +64,7 @@ class Derived:
         return {
             "training_s": self.training_s,
             "training_cpu_s": self.training_cpu_s,
+            "untimed_s": self.untimed_s,
             "time_to_target_s": self.time_to_target_s,
             "final_metric": self.final_metric,
             "metrics": self.metrics,
@@ -77,25 +79,48 @@ def reached(value: float, target: float, better: str) -> bool:
 def _number(v: Any, what: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise EvidenceError(f"{what} = {json.dumps(v)[:40]} is not a number")
-    x = float(v)
+    try:
+        x = float(v)
+    except OverflowError:
+        raise EvidenceError(f"{what} is too large to be a number of seconds or a metric") from None
     if not math.isfinite(x):
         raise EvidenceError(f"{what} is not finite")
     return x
 
 
-def derive_reporter(text: str, metric: dict[str, Any], steps: int, wall_s: float | None) -> Derived:
+#: How far a step's ``dt`` (or ``cpu_dt``) may differ from the difference of the file's own stamps
+#: (seconds): the two are computed from the same readings, so only rounding parts them.
+STAMP_SLACK_S = 1e-6
+
+
+def derive_reporter(
+    text: str,
+    metric: dict[str, Any],
+    steps: int,
+    wall_s: float | None,
+    *,
+    window: tuple[float, float] | None = None,
+    cpu_s: float | None = None,
+) -> Derived:
     """The figures of a reporter file's ``text`` (format 1), for the study's ``metric`` (``name``,
-    ``target``, ``better``) and ``steps`` planned; ``wall_s`` the harness's wall clock of the
-    process (None: not checked). Raises :class:`EvidenceError` naming the line."""
+    ``target``, ``better``) and ``steps`` planned. The training clock is recomputed from the file's
+    stamps: a step's time is its ``t`` less the previous boundary (the start, the previous step, a
+    hand-over's return) less the untimed blocks between, and its ``dt`` must say the same (likewise
+    the CPU clock). The worker also gives ``wall_s`` (its wall clock of the process), ``window``
+    (the process's start and end on the same monotonic clock: every stamp must fall inside it)
+    and ``cpu_s`` (the kernel's CPU time of the process, which the file's may not exceed). Raises
+    :class:`EvidenceError` naming the line."""
     lines = text.splitlines()
     if not lines:
         raise EvidenceError("the reporter file is empty (the script never built a Reporter)")
     clock = cpu = 0.0
-    last_t: float | None = None
-    last_step: int | None = None
-    start_t: float | None = None
+    last_t = start_t = start_cpu = done_t = done_cpu = None
+    last_cpu: float | None = None
+    base_t = base_cpu = 0.0  # the current step's boundary
+    off_t = off_cpu = 0.0  # untimed since the boundary
+    untimed = 0.0
+    last_step = 0
     count = 0
-    done_t: float | None = None
     curve: list[list[float]] = []
     val_curve: list[list[float]] = []
     finals: dict[str, float] = {}
@@ -105,7 +130,7 @@ def derive_reporter(text: str, metric: dict[str, Any], steps: int, wall_s: float
         where = f"line {i}"
         try:
             e = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise EvidenceError(f"{where}: not JSON (a torn or edited file)") from None
         if not isinstance(e, dict) or not isinstance(e.get("kind"), str):
             raise EvidenceError(f"{where}: not a JSON object with a kind")
@@ -120,45 +145,78 @@ def derive_reporter(text: str, metric: dict[str, Any], steps: int, wall_s: float
         t = _number(e.get("t"), f"{where}: t")
         if last_t is not None and t < last_t:
             raise EvidenceError(f"{where}: the clock runs backwards ({t} after {last_t})")
+        if window is not None and not window[0] - CLOCK_SLACK_S <= t <= window[1] + CLOCK_SLACK_S:
+            raise EvidenceError(f"{where}: t = {t} is outside the process's life on this machine's clock")
         last_t = t
+        c = _number(e["cpu"], f"{where}: cpu") if "cpu" in e else None
+        if c is not None:
+            if last_cpu is not None and c < last_cpu:
+                raise EvidenceError(f"{where}: the CPU clock runs backwards")
+            last_cpu = c
         if kind == "start":
-            start_t = t
+            if c is None:
+                raise EvidenceError(f"{where}: the start line has no cpu")
+            start_t, start_cpu = t, c
+            base_t, base_cpu = t, c
         elif kind == "step":
             s = e.get("step")
-            if isinstance(s, bool) or not isinstance(s, int):
-                raise EvidenceError(f"{where}: step is not an integer")
-            if last_step is not None and s != last_step + 1:
-                raise EvidenceError(f"{where}: step {s} after step {last_step} (a gap or a repeat)")
+            if isinstance(s, bool) or not isinstance(s, int) or s != last_step + 1:
+                raise EvidenceError(
+                    f"{where}: step {s!r} after step {last_step} (steps are 1, 2, ...: a gap or a repeat)"
+                )
             loss = e.get("loss")
             if isinstance(loss, str):
                 raise EvidenceError(f"{where}: step {s}: the loss is {loss} (not finite)")
             loss = _number(loss, f"{where}: loss")
-            dt = _number(e.get("dt"), f"{where}: dt")
-            cdt = _number(e.get("cpu_dt"), f"{where}: cpu_dt")
-            if dt < 0 or cdt < 0:
-                raise EvidenceError(f"{where}: a negative step time")
-            clock += dt
-            cpu += cdt
+            if c is None:
+                raise EvidenceError(f"{where}: the step line has no cpu")
+            dt, cdt = t - base_t - off_t, c - base_cpu - off_cpu
+            said = (_number(e.get("dt"), f"{where}: dt"), _number(e.get("cpu_dt"), f"{where}: cpu_dt"))
+            if abs(said[0] - dt) > STAMP_SLACK_S or abs(said[1] - cdt) > STAMP_SLACK_S or dt < -STAMP_SLACK_S:
+                raise EvidenceError(
+                    f"{where}: step {s}: dt {said[0]!r} and cpu_dt {said[1]!r} are not the file's own "
+                    f"stamps' ({dt!r}, {cdt!r}): the clock was edited"
+                )
+            clock += max(dt, 0.0)
+            cpu += max(cdt, 0.0)
             count += 1
             last_step = s
+            base_t, base_cpu, off_t, off_cpu = t, c, 0.0, 0.0
             curve.append([float(s), loss, clock])
+        elif kind == "untimed":
+            t0, t1 = _number(e.get("t0"), f"{where}: t0"), _number(e.get("t1"), f"{where}: t1")
+            c0, c1 = _number(e.get("cpu0"), f"{where}: cpu0"), _number(e.get("cpu1"), f"{where}: cpu1")
+            if not base_t <= t0 <= t1 <= t or not base_cpu <= c0 <= c1:
+                raise EvidenceError(f"{where}: an untimed block outside its step (or reversed)")
+            off_t += t1 - t0
+            off_cpu += c1 - c0
+            untimed += t1 - t0
+        elif kind == "wait":
+            t0, t1 = _number(e.get("t0"), f"{where}: t0"), _number(e.get("t1"), f"{where}: t1")
+            if c is None or t1 != t or not base_t <= t0 <= t1 or off_t:
+                raise EvidenceError(f"{where}: a hand-over that is not at a step's end")
+            base_t, base_cpu = t, c
         elif kind == "eval":
             m = e.get("metrics")
             if not isinstance(m, dict):
                 raise EvidenceError(f"{where}: metrics is not an object")
+            if count == 0 or e.get("step") != last_step:
+                raise EvidenceError(
+                    f"{where}: an evaluation says step {e.get('step')!r}; it follows step {last_step} "
+                    "(evaluate after a step, naming it)"
+                )
             for k, v in m.items():
                 finals[str(k)] = _number(v, f"{where}: metric {k}")
             if name in m:
                 v = finals[name]
-                val_curve.append([float(_number(e.get("step"), f"{where}: step")), v, clock])
+                val_curve.append([float(last_step), v, clock])
                 if ttt is None and reached(v, target, better):
                     ttt = clock
-        elif kind == "wait":
-            _number(e.get("t0"), f"{where}: t0")
         elif kind == "done":
-            done_t = t
-            if e.get("steps") != count:
-                raise EvidenceError(f"{where}: done says {e.get('steps')} steps, the file reports {count}")
+            done_t, done_cpu = t, c
+            got = e.get("steps")
+            if isinstance(got, bool) or got != count:
+                raise EvidenceError(f"{where}: done says {got!r} steps, the file reports {count}")
         else:
             raise EvidenceError(f"{where}: unknown kind {kind!r}")
     if done_t is None:
@@ -167,16 +225,17 @@ def derive_reporter(text: str, metric: dict[str, Any], steps: int, wall_s: float
         raise EvidenceError(f"the file reports {count} steps; the protocol plans {steps}")
     if name not in finals:
         raise EvidenceError(f"the study's metric {name!r} was never reported (Reporter.eval)")
-    assert start_t is not None
+    assert start_t is not None and start_cpu is not None
     elapsed = done_t - start_t
-    if clock > elapsed + 1e-9:
-        raise EvidenceError(
-            f"the steps' times ({clock:.6f} s) exceed the file's own elapsed time ({elapsed:.6f} s)"
-        )
     if wall_s is not None and elapsed > wall_s + CLOCK_SLACK_S:
         raise EvidenceError(
             f"the file's elapsed time ({elapsed:.3f} s) exceeds the harness's wall clock of the process "
             f"({wall_s:.3f} s): the file is not this process's"
+        )
+    if cpu_s is not None and (done_cpu if done_cpu is not None else last_cpu or 0.0) > cpu_s + CLOCK_SLACK_S:
+        raise EvidenceError(
+            f"the file's CPU time exceeds the kernel's CPU time of the process ({cpu_s:.3f} s): "
+            "the file is not this process's"
         )
     return Derived(
         training_s=clock,
@@ -186,6 +245,7 @@ def derive_reporter(text: str, metric: dict[str, Any], steps: int, wall_s: float
         metrics=finals,
         steps=count,
         elapsed_s=elapsed,
+        untimed_s=untimed,
         curve=curve,
         val_curve=val_curve,
     )
@@ -215,11 +275,20 @@ def derive_output(text: str, metric: dict[str, Any], patterns: dict[str, str]) -
     return Derived(final_metric=finals[metric["name"]], metrics=finals)
 
 
-def derive(kind: str, text: str, spec: dict[str, Any], wall_s: float | None) -> Derived:
+def derive(
+    kind: str,
+    text: str,
+    spec: dict[str, Any],
+    wall_s: float | None,
+    *,
+    window: tuple[float, float] | None = None,
+    cpu_s: float | None = None,
+) -> Derived:
     """A run's figures from its evidence (``kind`` ``reporter`` or ``output``), for its ``spec``
-    (a record's ``spec``: its ``metric``, ``steps`` and ``command``)."""
+    (a record's ``spec``: its ``metric``, ``steps`` and ``command``); the worker's bounds as for
+    :func:`derive_reporter`."""
     if kind == "reporter":
-        return derive_reporter(text, spec["metric"], int(spec["steps"]), wall_s)
+        return derive_reporter(text, spec["metric"], int(spec["steps"]), wall_s, window=window, cpu_s=cpu_s)
     return derive_output(text, spec["metric"], dict(spec["command"].get("metrics_regex") or {}))
 
 
@@ -271,13 +340,14 @@ def evidence_problems(directory: str, records: list[dict[str, Any]]) -> tuple[li
             text = f.read()
         try:
             got = derive(str(ev.get("kind")), text, spec, None)
-        except (EvidenceError, KeyError, TypeError, ValueError) as e:
+        except (EvidenceError, KeyError, TypeError, ValueError, OverflowError) as e:
             out.append(f"{path}: the evidence of an ok record is refused: {e}")
             continue
         t = r.get("timings") or {}
         have = {
             "training_s": t.get("training_s"),
             "training_cpu_s": t.get("training_cpu_s"),
+            "untimed_s": t.get("untimed_s"),
             "time_to_target_s": t.get("time_to_target_s"),
             "final_metric": r.get("final_metric"),
             "metrics": r.get("metrics") or {},

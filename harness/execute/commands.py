@@ -28,10 +28,9 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,9 +72,10 @@ class _Proc:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-def _checkout(spec: RunSpec, root: Path, keep: list[Path]) -> Path:
+def _checkout(spec: RunSpec, root: Path, work: Path, keep: list[Path]) -> Path:
     """The folder the command's ``cwd`` is relative to: the study's root, or a clean worktree of
-    the arm's ref (appended to ``keep``, removed after the run)."""
+    the arm's ref in the run's work folder (appended to ``keep``, removed after the run; one a
+    killed attempt left is removed before the next)."""
     assert spec.command is not None
     ref = spec.command.get("ref")
     if not ref:
@@ -85,8 +85,10 @@ def _checkout(spec: RunSpec, root: Path, keep: list[Path]) -> Path:
         raise EvidenceError(
             f"ref {ref[:12]}: {root} is not a git repository, so the commit cannot be checked out"
         )
-    where = Path(tempfile.mkdtemp(prefix=f"harness-ref-{ref[:12]}-"))
-    where.rmdir()
+    where = work / f"{spec.run_id}.ref-{ref[:12]}"
+    if where.exists():  # left by an attempt whose worker was killed: remove it first
+        _remove(root, where)
+    gitutil.git(repo, "worktree", "prune", check=False)
     got = gitutil.git(repo, "worktree", "add", "--detach", "--quiet", str(where), ref, check=False)
     if got.returncode != 0:
         raise EvidenceError(f"ref {ref}: git worktree add failed: {got.stderr.strip()[-300:]}")
@@ -139,7 +141,7 @@ def _prepare(job: Job, work: Path, root: Path, keep: list[Path]) -> _Proc:
         p.unlink(missing_ok=True)
     proc = _Proc(spec, job.attempt, [], root, {}, out, log)
     try:
-        cwd = _checkout(spec, root, keep) / spec.command.get("cwd", ".")
+        cwd = _checkout(spec, root, work, keep) / spec.command.get("cwd", ".")
         if not cwd.is_dir():
             raise EvidenceError(
                 f"the working directory {spec.command.get('cwd')!r} is not a folder of the checkout"
@@ -150,8 +152,12 @@ def _prepare(job: Job, work: Path, root: Path, keep: list[Path]) -> _Proc:
             and not Path(cwd, proc.argv[0]).is_file()
         ):
             raise EvidenceError(f"command not found: {proc.argv[0]}")
-    except EvidenceError as e:
-        proc.failed = str(e)
+    except (EvidenceError, ValueError, KeyError, IndexError, OSError) as e:  # each a failed run, named
+        proc.failed = (
+            str(e)
+            if isinstance(e, EvidenceError)
+            else f"the command could not be prepared: {type(e).__name__}: {e}"
+        )
     return proc
 
 
@@ -206,9 +212,12 @@ def _kill(proc: _Proc, why: str) -> None:
             pass
 
 
-def _wait(procs: list[_Proc]) -> None:
-    """Wait for every process, killing all at the first's wall-clock limit, and the others when one fails."""
-    limit = min(float(p.spec.command["timeout_s"]) for p in procs if p.spec.command)
+def _wait(procs: list[_Proc], pair: bool = False) -> None:
+    """Wait for every process, killing all at the limit, and the others when one fails. A run's limit
+    is its arm's ``timeout_s``; a lockstep pair's processes each live while both arms train, so
+    the pair's limit is the sum of its two arms'."""
+    limits = [float(p.spec.command["timeout_s"]) for p in procs if p.spec.command]
+    limit = sum(limits) if pair else min(limits)
     deadline = time.monotonic() + limit
     while not all(p.done.is_set() for p in procs):
         left = deadline - time.monotonic()
@@ -231,10 +240,10 @@ def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
     assert spec.command is not None
     reporter = bool(spec.command.get("reporter", True))
     kind = "reporter" if reporter else "output"
-    output = proc.log.read_bytes() if proc.log.is_file() else b""
-    text_out = output.decode("utf-8", "replace")
+    text_out = _tail(proc.log, MAX_EVIDENCE_BYTES).decode("utf-8", "replace")
     evidence_path = proc.out if reporter else proc.log
-    raw = evidence_path.read_bytes() if evidence_path.is_file() else None
+    size = evidence_path.stat().st_size if evidence_path.is_file() else None
+    raw = evidence_path.read_bytes() if size is not None and size <= MAX_EVIDENCE_BYTES else None
     cpu = proc.rusage.ru_utime + proc.rusage.ru_stime if proc.rusage is not None else None
     process = {
         "argv": proc.argv,
@@ -257,8 +266,8 @@ def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
     timings: dict[str, Any] = {} if proc.wall_s is None else {"total_s": proc.wall_s}
     reason = None
     derived = None
-    if raw is not None and len(raw) > MAX_EVIDENCE_BYTES:
-        reason, raw = f"its {kind} file holds {len(raw)} bytes, more than the {MAX_EVIDENCE_BYTES} kept", None
+    if size is not None and size > MAX_EVIDENCE_BYTES:
+        reason = f"its {kind} file holds {size} bytes, more than the {MAX_EVIDENCE_BYTES} a run may keep"
     elif proc.failed:
         reason = proc.failed
     elif proc.killed:
@@ -274,7 +283,10 @@ def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
         reason = "the command wrote no reporter file (it never built Reporter.from_env(), or wrote elsewhere)"
     else:
         try:
-            derived = derive(kind, raw.decode("utf-8", "replace"), spec.to_json(), proc.wall_s)
+            window = (proc.t0, proc.t0 + (proc.wall_s or 0.0))
+            derived = derive(
+                kind, raw.decode("utf-8", "replace"), spec.to_json(), proc.wall_s, window=window, cpu_s=cpu
+            )
         except EvidenceError as e:
             reason = f"its {kind} file is refused: {e}"
     fields: dict[str, Any] = {}
@@ -285,6 +297,7 @@ def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
                 training_s=derived.training_s,
                 training_cpu_s=derived.training_cpu_s,
                 training_cpu_clock="process",
+                untimed_s=derived.untimed_s,
                 **(
                     {"time_to_target_s": derived.time_to_target_s}
                     if derived.time_to_target_s is not None
@@ -313,6 +326,15 @@ def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
         **fields,
     )
     return result, (raw.decode("utf-8", "surrogateescape") if raw is not None else None)
+
+
+def _tail(path: Path, limit: int) -> bytes:
+    """The last ``limit`` bytes of a file (its whole when shorter; nothing when it is missing)."""
+    if not path.is_file():
+        return b""
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - limit))
+        return f.read()
 
 
 def run_command(job: Job, work: Path, root: Path) -> tuple[WorkerResult, str | None]:
@@ -351,8 +373,20 @@ def run_pair(jobs: tuple[Job, Job], work: Path, root: Path) -> list[tuple[Worker
             _start(p)
         a.close()
         b.close()
-        _wait(procs)
-        return [_result(p) for p in procs]
+        _wait(procs, pair=True)
+        ran = [_result(p) for p in procs]
+        for i, (r, text) in enumerate(ran):  # a lockstep pair fails whole: the other ran part alone
+            other = ran[1 - i][0]
+            if r.status == "ok" and other.status != "ok":
+                ran[i] = (
+                    replace(
+                        r,
+                        status="failed",
+                        reason=f"its partner {procs[1 - i].spec.run_id} failed ({other.reason})",
+                    ),
+                    text,
+                )
+        return ran
     finally:
         a.close()
         b.close()
