@@ -77,7 +77,7 @@ def paired_study_section(study: StudyResult) -> list[str]:
             "better; the difference is candidate minus baseline).",
             "",
         ]
-        out += _metric_table(configs, lvl, names, name)
+        out += _quality_table(configs, lvl, names, name)
     else:
         out += [
             "",
@@ -183,10 +183,12 @@ def _completion_table(configs: list[PairedResult], lvl: str) -> list[str]:
     )
 
 
-def _metric_table(configs: list[PairedResult], lvl: str, names: str, name: str) -> list[str]:
+def _quality_table(configs: list[PairedResult], lvl: str, names: str, metric: str | None = None) -> list[str]:
+    """The quality table: each configuration's test BPB, or a command study's final metric
+    (``metric``: its name), as means and the difference's interval."""
     rows = []
     for c in configs:
-        q = c.final_metric
+        q = c.test_bpb if metric is None else c.final_metric
         if q is None:
             continue
         iv = q.interval
@@ -198,23 +200,7 @@ def _metric_table(configs: list[PairedResult], lvl: str, names: str, name: str) 
                 f"{num(interval_end(iv, 'low'), '+.5f')} to {num(interval_end(iv, 'high'), '+.5f')}",
             ]
         )
-    return md_table(["Configuration", f"{names} {name}", "Difference", f"{lvl} interval"], rows)
-
-
-def _quality_table(configs: list[PairedResult], lvl: str, names: str) -> list[str]:
-    rows = []
-    for c in configs:
-        q = c.test_bpb
-        iv = q.interval
-        rows.append(
-            [
-                c.config,
-                f"{num(q.baseline_mean, '.4f')} / {num(q.candidate_mean, '.4f')}",
-                num(interval_end(iv, "estimate"), "+.5f"),
-                f"{num(interval_end(iv, 'low'), '+.5f')} to {num(interval_end(iv, 'high'), '+.5f')}",
-            ]
-        )
-    return md_table(["Configuration", f"{names} BPB", "Difference", f"{lvl} interval"], rows)
+    return md_table(["Configuration", f"{names} {metric or 'BPB'}", "Difference", f"{lvl} interval"], rows)
 
 
 def _order(c: PairedResult) -> list[str]:
