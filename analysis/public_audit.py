@@ -77,6 +77,7 @@ from audit.ledger import (  # noqa: E402
 from audit.looks import look_units  # noqa: E402
 from audit.order import by_device, drift  # noqa: E402
 from audit.plan import expected_summary, plan_from_protocol  # noqa: E402
+from audit.planted import CONTEXT_FREE, KINDS, describe, plant_problems  # noqa: E402
 from audit.ranks import signed_rank, upper_tail_count  # noqa: E402
 from audit.recompute import compare, recompute  # noqa: E402
 from audit.sequential import looks_problems  # noqa: E402
@@ -145,6 +146,10 @@ __all__ = [
     "main",
     "paired_values",
     "plan_from_protocol",
+    "CONTEXT_FREE",
+    "KINDS",
+    "describe",
+    "plant_problems",
     "recompute",
     "sensitivity",
     "signed_rank",

@@ -271,6 +271,8 @@ class Summary(_Json):
     exclusions: Sequence[Row]
     studies: Sequence[StudyResult]
     runs: Sequence[Row]
+    # planted studies' bias against their known effects (analysis.audit.planted.planted_rows)
+    planted: Sequence[Row] | None = field(default=None, metadata={"omit_none": True})
 
     @classmethod
     def read(cls, data: Any, where: str = "summary.json") -> Summary:

@@ -83,6 +83,12 @@ def parse_hypotheses(doc: yamlio.Document, raw: dict[str, Any], studies: list[St
         st = by_name.get(h["study"])
         if st is None or st.design != "paired":
             raise doc.error(tk + ("study",), f"{h['study']!r} is not a paired study of this protocol")
+        if st.planted is not None:
+            raise doc.error(
+                tk + ("study",),
+                f"study {st.name!r} is planted (a known cost added to one arm to measure the design's "
+                "bias): it is reported apart and never decides a hypothesis about a real change",
+            )
         if h["config"] is None:
             if len(st.configs) != 1:
                 raise doc.error(tk, f"study {st.name!r} has several configurations: name one under 'config'")

@@ -44,6 +44,9 @@ _TOP = {
     "origins": Field(dict, required=False, default=None),
     "calibration": Field(dict, required=False, default=None),
     "studies": Field(list),
+    # in_order: each study's units after the one before; interleaved: every study's units in one
+    # seeded random order, so the studies meet the same load (a calibration study's designs)
+    "schedule": Field(str, required=False, default="in_order", check=one_of("in_order", "interleaved")),
 }
 
 

@@ -137,7 +137,9 @@ class GitState(TypedDict):
 
 
 #: RunSpec's fields of a lockstep run and of a command arm's run, left out of the JSON of other runs.
-_LOCKSTEP_FIELDS = frozenset({"block_steps", "partner", "steps_first", "command", "metric"})
+_LOCKSTEP_FIELDS = frozenset(
+    {"block_steps", "partner", "steps_first", "command", "metric", "planted", "warmup_steps"}
+)
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,10 @@ class RunSpec:
     # and its study's metric (name, target, better); None otherwise, and then left out of the JSON
     command: Mapping[str, Any] | None = None
     metric: Mapping[str, Any] | None = None
+    # a planted study's candidate (analysis/audit/planted.py): the plant it runs in each timed step
+    planted: Mapping[str, Any] | None = None
+    # the first steps of the run, timed apart from the training clock (``timings.warmup_s``)
+    warmup_steps: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -241,6 +247,9 @@ class WorkerResult:
     metrics: Mapping[str, float] | None = None
     evidence: Mapping[str, Any] | None = None
     process: Mapping[str, Any] | None = None
+    # every training step's own wall and CPU time in microseconds ({"wall_us": [...], "cpu_us": [...]},
+    # warm-up steps included), for the carry-over and warm-up analyses; built-in arms' runs since planting
+    step_times: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object: every set field (and the ones always written), non-finite floats kept

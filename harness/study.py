@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from analysis.public_audit import plant_problems
 from harness import yamlio
 from harness.commandarm import is_command_arms, parse_arms, parse_metric
 from harness.config import Config, config_dir, find_config
@@ -41,6 +42,10 @@ _STUDY = {
     # a command study's metric (harness.commandarm): the name its scripts report, target, better
     "metric": Field(dict, required=False, default=None),
     "interval_level": Field(float, required=False, default=None, check=two_sided_level),
+    # a planted reference effect on the candidate arm of an A/A study (analysis/audit/planted.py)
+    "planted": Field(dict, required=False, default=None),
+    # the first steps of every run, trained and timed but reported apart from the training clock
+    "warmup_steps": Field(int, required=False, default=None, check=positive),
 }
 
 
@@ -63,6 +68,10 @@ class Study:
     # a command study (harness.commandarm): each role's command arm, and the metric they report
     commands: dict[str, dict[str, Any]] | None = None
     metric: dict[str, Any] | None = None
+    # a planted study (analysis/audit/planted.py): the plant its candidate runs each step; None otherwise
+    planted: dict[str, Any] | None = None
+    # steps at the start of each run reported apart from the training clock (warm-up); None: none
+    warmup_steps: int | None = None
 
     @property
     def lockstep(self) -> bool:
@@ -111,6 +120,11 @@ def parse_studies(
         if s["val_every"] > s["steps"]:
             raise doc.error(kp + ("val_every",), "val_every exceeds steps")
         _lockstep(doc, s, kp)
+        _planted(doc, s, kp, arms, commands)
+        if s["warmup_steps"] is not None and s["warmup_steps"] >= s["steps"]:
+            raise doc.error(
+                kp + ("warmup_steps",), "warmup_steps must leave timed steps: fewer than steps"
+            )
         studies.append(
             Study(
                 name=s["name"],
@@ -127,9 +141,36 @@ def parse_studies(
                 block_steps=s["block_steps"],
                 commands=commands,
                 metric=metric,
+                planted=s["planted"],
+                warmup_steps=s["warmup_steps"],
             )
         )
     return studies
+
+
+def _planted(
+    doc: yamlio.Document,
+    s: dict[str, Any],
+    kp: yamlio.KeyPath,
+    arms: list[str],
+    commands: dict[str, dict[str, Any]] | None,
+) -> None:
+    """A planted study is a pair of one arm against itself, the candidate running the plant: a
+    study that also compares two different arms would mix the plant into a real change."""
+    if s["planted"] is None:
+        return
+    for key, message in plant_problems(s["planted"], commands is not None):
+        raise doc.error(kp + ("planted", *key), message)
+    if s["design"] == "factorial":
+        raise doc.error(kp + ("planted",), "a plant belongs to a pair (design paired or lockstep)")
+    same = commands["baseline"] == commands["candidate"] if commands is not None else arms[0] == arms[1]
+    if not same:
+        raise doc.error(
+            kp + ("planted",),
+            "a planted study measures a design's bias against a known effect: its baseline and candidate "
+            "must be the same arm (the candidate adds only the plant); a study that also claims a real "
+            "change would mix the two (put the real change in a study of its own)",
+        )
 
 
 def _commands(

@@ -69,6 +69,9 @@ class Pair:
     # a command study's metric at each arm's last evaluation (its pairs only: other rows have none)
     baseline_final_metric: float | None = field(default=None, metadata={"omit_none": True})
     candidate_final_metric: float | None = field(default=None, metadata={"omit_none": True})
+    # a planted study's pairs: what the candidate's plant took on each clock (analysis.audit.planted)
+    candidate_planted_s: float | None = field(default=None, metadata={"omit_none": True})
+    candidate_planted_cpu_s: float | None = field(default=None, metadata={"omit_none": True})
     time_reduction_pct: float | None = None
     test_bpb_difference: float | None = None
 

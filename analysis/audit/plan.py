@@ -86,9 +86,14 @@ def plan_from_protocol(
                         if st["design"] == "lockstep"
                         else {}
                     )
+                    extra = {
+                        **({"planted": dict(st["planted"])} if st.get("planted") and role == "candidate" else {}),
+                        **({"warmup_steps": st["warmup_steps"]} if st.get("warmup_steps") else {}),
+                    }
                     runs.append(
                         {
                             **lockstep,
+                            **extra,
                             **commands.get(role, {}),
                             "run_id": f"{unit}.{role}",
                             "protocol_id": doc["id"],
@@ -115,7 +120,22 @@ def plan_from_protocol(
                             "threads": doc.get("threads"),
                         }
                     )
+    if doc.get("schedule", "in_order") == "interleaved":
+        runs = _interleaved(runs, rng("interleaved"))
     return runs
+
+
+def _interleaved(runs: list[dict[str, Any]], r: Any) -> list[dict[str, Any]]:
+    """``schedule: interleaved``: the units of every study in one seeded random order (each unit's
+    runs kept together and in their order), so that the studies meet the machine's load of one time
+    window alike; ``order`` numbered again."""
+    units: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        units.setdefault(run["unit"], []).append(run)
+    order = list(units)
+    r.shuffle(order)
+    out = [run for u in order for run in units[u]]
+    return [{**run, "order": i} for i, run in enumerate(out)]
 
 
 def _resolved_tests(h: dict[str, Any], studies: list[dict[str, Any]]) -> dict[str, Any]:
@@ -195,6 +215,8 @@ def expected_summary(doc: dict[str, Any], psha: str, path: str) -> dict[str, Any
                 "interval_level": float(level) if level else top_level,
                 "steps": st["steps"],
                 **({"lockstep": {"block_steps": st["block_steps"]}} if st["design"] == "lockstep" else {}),
+                **({"planted": dict(st["planted"])} if st.get("planted") else {}),
+                **({"warmup_steps": st["warmup_steps"]} if st.get("warmup_steps") else {}),
                 **declared,
             }
         )
@@ -223,6 +245,7 @@ def expected_summary(doc: dict[str, Any], psha: str, path: str) -> dict[str, Any
         "compile": doc["compile"],
         "corpus": corpus,
         "budget_device_seconds": float(doc["budget_device_seconds"]),
+        **({"schedule": doc["schedule"]} if doc.get("schedule", "in_order") != "in_order" else {}),
         "studies": studies,
     }
 

@@ -27,6 +27,7 @@ from .factorial import design_of, factorial_effects
 from .hypotheses import Family, cpu_time_columns
 from .looks import looks_reached, run_looks, sequential_decisions
 from .order import by_device, crossover, drift, positions
+from .planted import pair_columns, planted_rows
 
 REL_TOL = 1e-9
 #: ``summary.json`` schema versions this audit recomputes (``analysis.summary.SUMMARY_SCHEMA``).
@@ -116,6 +117,11 @@ def recompute(records: list[dict[str, Any]], started: list[dict[str, Any]] | Non
         "exclusions": sorted(exclusions, key=lambda e: e["unit"]),
         "studies": studies,
         "runs": run_rows(records),
+        **(
+            {"planted": planted_rows(proto["studies"], pairs_of)}
+            if any(st.get("planted") for st in proto["studies"])
+            else {}
+        ),
     }
 
 
@@ -186,6 +192,7 @@ def _paired(
                 "baseline_peak_memory_bytes": peak(b),
                 "candidate_peak_memory_bytes": peak(c),
                 **final_metric_columns(b, c),
+                **pair_columns(b, c),
                 "time_reduction_pct": 100.0 * (1.0 - float(ct["training_s"]) / float(bt["training_s"]))
                 if valid(bt.get("training_s"), True) and valid(ct.get("training_s"), True)
                 else None,

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from harness.data import Corpus
     from harness.data.batches import BatchStream
     from harness.devices import MemoryMeter
+    from harness.execute.plant import Plant
     from harness.records import RunSpec
 
 __all__ = [
@@ -154,10 +155,11 @@ def prepare(job: Job, partial: Partial, t_start: float | None = None) -> Prepare
 def finish(p: Prepared, partial: Partial, total_s: float | None = None) -> WorkerResult:
     """Evaluate, checkpoint and re-score a trained run, noting its timings (``total_s``: the run's
     own, from its start, unless given) in ``partial``; the result."""
-    measured, seconds = _evaluate(p.run, p.model, p.checkpoint, p.meter)
     t = p.trainer
+    measured, seconds = _evaluate(p.run, p.model, p.checkpoint, p.meter)
     partial.note(
         **measured,
+        step_times={"wall_us": list(t.wall_us), "cpu_us": list(t.cpu_us)},
         timings={
             "setup_s": p.t_setup - p.t_start,
             "compile_s": p.compile_s,
@@ -166,6 +168,8 @@ def finish(p: Prepared, partial: Partial, total_s: float | None = None) -> Worke
             "training_cpu_clock": CPU_CLOCK[t.cpu_clock],
             "time_to_target_s": t.time_to_target,
             "validation_s": t.validation_s,
+            **({"warmup_s": t.warmup_s, "warmup_cpu_s": t.warmup_cpu_s} if t.warmup else {}),
+            **({"planted_s": t.planted_s, "planted_cpu_s": t.planted_cpu_s} if t.plant is not None else {}),
             **seconds,
             "total_s": time.perf_counter() - p.t_start if total_s is None else total_s,
         },
@@ -312,6 +316,14 @@ class Trainer:
         self.validation_s = 0.0
         self.time_to_target: float | None = None
         self.steps_done = 0
+        # the first ``warmup_steps`` steps: trained and timed, but on clocks of their own
+        self.warmup = run.spec.warmup_steps or 0
+        self.warmup_s = self.warmup_cpu_s = 0.0
+        self.plant = None if run.spec.planted is None else _plant(run)
+        self.planted_s = self.planted_cpu_s = 0.0
+        # each step's own wall and CPU time, microseconds (warm-up included): the carry-over analysis
+        self.wall_us: list[int] = []
+        self.cpu_us: list[int] = []
 
     @property
     def done(self) -> bool:
@@ -335,9 +347,21 @@ class Trainer:
         if step == 0:
             rng = torch.get_rng_state()
         arm.phase()
+        if self.plant is not None:
+            self.plant()
         devices.synchronize(device)
-        self.clock += time.perf_counter() - t0
-        self.cpu += self._cpu_now() - c0
+        wall, cpu = time.perf_counter() - t0, self._cpu_now() - c0
+        self.wall_us.append(round(wall * 1e6))
+        self.cpu_us.append(round(cpu * 1e6))
+        if step < self.warmup:
+            self.warmup_s += wall
+            self.warmup_cpu_s += cpu
+        else:
+            self.clock += wall
+            self.cpu += cpu
+            if self.plant is not None:
+                self.planted_s += self.plant.wall_s
+                self.planted_cpu_s += self.plant.cpu_s
         if step == 0 and not torch.equal(rng, torch.get_rng_state()):
             raise RunFailure(
                 f"arm {spec.arm} drew from the global random state in its gradient phase; an arm "
@@ -359,6 +383,13 @@ class Trainer:
             self.val_curve.append([step + 1, bpb, self.clock])
             if self.time_to_target is None and bpb <= spec.val_target_bpb:
                 self.time_to_target = self.clock
+
+
+def _plant(run: _Run) -> Plant:
+    from harness.execute.plant import Plant
+
+    assert run.spec.planted is not None
+    return Plant(run.spec.planted, run.device)
 
 
 def _evaluate(

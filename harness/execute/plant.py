@@ -1,0 +1,63 @@
+"""A planted reference cost, run inside each timed training step of a planted study's candidate
+(the kinds and the arithmetic of their truth: ``analysis/audit/planted.py``).
+
+The plant draws from no random state and touches nothing of the run (its buffers are its own and
+filled by a formula), so the planted arm's losses, weights and BPB are bitwise its partner's; it
+times itself on the wall clock and the training thread's CPU clock, and the trainer adds what it
+took in the timed steps to ``timings.planted_s`` and ``planted_cpu_s``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["Plant", "gather", "spin"]
+
+
+def spin(us: int) -> None:
+    """Busy-wait until the calling thread has spent ``us`` microseconds of CPU time (its own clock,
+    read each turn: a thread descheduled meanwhile spins on when it runs again)."""
+    end = time.thread_time_ns() + us * 1000
+    while time.thread_time_ns() < end:
+        pass
+
+
+def gather(buf: bytearray) -> None:
+    """Read one byte of every 64-byte line of ``buf`` (a strided copy, discarded)."""
+    buf[::64]  # noqa: B018  (the read is the cost)
+
+
+class Plant:
+    """One run's plant (``spec.planted``): call it once per step; :attr:`wall_s` and :attr:`cpu_s`
+    hold what its last call took."""
+
+    def __init__(self, planted: Mapping[str, Any], device: torch.device) -> None:
+        kind = planted["kind"]
+        self.kind = kind
+        self.wall_s = self.cpu_s = 0.0
+        self._run: Callable[[], object]
+        if kind == "spin":
+            us = int(planted["us"])
+            self._run = lambda: spin(us)
+        elif kind == "matmul":
+            n = int(planted["n"])
+            # buffers of its own, by formula (no random state): values in [-1, 1]
+            a = torch.arange(n * n, dtype=torch.float32, device=device).reshape(n, n).mul_(1e-3).sin_()
+            b = a.t().contiguous().cos_()
+            out = torch.empty(n, n, dtype=torch.float32, device=device)
+            self._run = lambda: torch.mm(a, b, out=out)
+        elif kind == "gather":
+            buf = bytearray(int(planted["bytes"]))
+            self._run = lambda: gather(buf)
+        else:  # the plan refuses any other kind (analysis/audit/planted.py)
+            raise ValueError(f"unknown plant kind {kind!r}")
+
+    def __call__(self) -> None:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        with torch.no_grad():
+            self._run()
+        self.wall_s, self.cpu_s = time.perf_counter() - t0, time.thread_time() - c0
