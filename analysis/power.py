@@ -72,10 +72,12 @@ def skewness(v: list[float]) -> float | None:
     if n < 3:
         return None
     m = math.fsum(v) / n
-    m2 = math.fsum((x - m) ** 2 for x in v) / n
-    if m2 == 0:
+    scale = max(abs(x - m) for x in v)  # G1 is scale-free: deviations over their largest, so
+    if scale == 0:  # tiny spreads neither underflow nor divide by zero
         return None
-    m3 = math.fsum((x - m) ** 3 for x in v) / n
+    dev = [(x - m) / scale for x in v]
+    m2 = math.fsum(x**2 for x in dev) / n
+    m3 = math.fsum(x**3 for x in dev) / n
     return m3 / m2**1.5 * math.sqrt(n * (n - 1)) / (n - 2)
 
 
@@ -90,8 +92,8 @@ def aa_pairs(records: list[RunRecord], block_steps: int | None = None) -> dict[s
         if r.status != "ok" or s.design != "paired" or s.block_steps != block_steps:
             continue
         st = next(x for x in r.protocol["studies"] if x["name"] == s.study)
-        if st["arms"][0] != st["arms"][1]:
-            continue  # only A/A pairs: no candidate outcome is ever read
+        if st["arms"][0] != st["arms"][1] or st.get("planted"):
+            continue  # only A/A pairs (a planted pair's candidate carries a known cost): no outcome is read
         by.setdefault(s.config, {}).setdefault(s.unit, {})[s.role] = r
     out: dict[str, list[Pair]] = {}
     for config, units in by.items():

@@ -18,7 +18,7 @@ from scipy import stats
 from analysis.power import aa_noise, pairs_needed, plan, power, skewness
 
 
-def records(aa: bool, n: int = 8, sd: float = 0.04, seed: int = 0) -> list:
+def records(aa: bool, n: int = 8, sd: float = 0.04, seed: int = 0, planted: dict | None = None) -> list:
     rng = random.Random(seed)
     proto = {
         "studies": [
@@ -28,6 +28,7 @@ def records(aa: bool, n: int = 8, sd: float = 0.04, seed: int = 0) -> list:
                 "arms": ["native", "native" if aa else "cotangent"],
                 "configs": ["c"],
                 "seeds": list(range(n)),
+                **({"planted": planted} if planted else {}),
             }
         ]
     }
@@ -50,6 +51,8 @@ def test_noise_comes_from_aa_pairs_only():
     assert (
         aa_noise(records(aa=False), "training_time", "log_ratio") == {}
     )  # a candidate's outcome is never read
+    # a planted pair has one arm twice too, but its candidate carries a known cost: not A/A
+    assert aa_noise(records(aa=True, planted={"kind": "spin", "us": 50}), "training_time", "log_ratio") == {}
     noise = aa_noise(records(aa=True), "training_time", "log_ratio")["c"]
     assert noise.pairs == 8 and 0.01 < noise.sd < 0.1 and not noise.identical
     q = aa_noise(records(aa=True), "test_bpb", "difference")["c"]  # A/A BPB is bitwise identical
