@@ -76,7 +76,9 @@ def test_a_started_entry_of_another_shape_is_refused_naming_the_file_and_field(t
 
 
 def _one() -> dict:
-    return read_entry(COMMITTED[0])
+    """A committed record that stands alone (a schema 4 record's protocol is a stub over its folder's
+    snapshot, which a copy on its own lacks)."""
+    return next(d for d in map(read_entry, COMMITTED) if d.get("schema_version", 1) < 4)
 
 
 @pytest.mark.parametrize(
