@@ -31,6 +31,7 @@ from analysis.page_studies import (
     order_section,
     paired_section,
 )
+from analysis.planted_report import planted_html, planted_names
 from analysis.results import Summary
 from harness.files import atomic_write
 from harness.records import SCHEMA_VERSION
@@ -74,11 +75,14 @@ def render(
     answers = answers_section(summary.hypotheses)  # the sentences, then the answer's figure, then the tables
     cut = answers.index("</ul>") + 1 if "</ul>" in answers else len(answers)
     on_cpu = p.get("device") == "cpu"  # CPU time measures a CPU run's work, not a GPU's
-    body += answers[:cut] + answer_figure(summary.studies, p["studies"], on_cpu, beside) + answers[cut:]
+    planted = planted_names(summary)
+    studies = [s for s in summary.studies if s.name not in planted]  # planted ones: their own section
+    body += answers[:cut] + answer_figure(studies, p["studies"], on_cpu, beside) + answers[cut:]
     body += beside_section(beside) if beside else []
+    body += planted_html(summary)
     by_name = {s["name"]: s for s in p["studies"]}
     n = 0
-    for study in summary.studies:
+    for study in studies:
         if not study.configs:
             continue
         if study.design == "paired":
@@ -86,7 +90,7 @@ def render(
             n += 1
         else:
             body += factorial_section(study, by_name[study.name])
-    body += every_pair_section(summary.studies) + flow_section(summary.flow) + order_section(summary.studies)
+    body += every_pair_section(studies) + flow_section(summary.flow) + order_section(studies)
     body += verify_section(summary, summary_sha256, records_rel, manifest or {}) + claims_section(summary)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

@@ -39,6 +39,7 @@ from audit.budget import (  # noqa: E402
     plan_units,
     stop_check,
 )
+from audit.carryover import blocks  # noqa: E402
 from audit.cli import main  # noqa: E402
 from audit.commands import arm_of, is_command_study, metric_of, refs_of  # noqa: E402
 from audit.decisions import decide, sensitivity  # noqa: E402
@@ -89,6 +90,7 @@ if _ADDED:
     sys.path.remove(_HERE)
 
 __all__ = [
+    "blocks",
     "EVIDENCE_SUFFIX",
     "MAX_EVIDENCE_BYTES",
     "Derived",

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from analysis.beside import Beside, read_beside
 from analysis.page import write_page
+from analysis.planted_report import planted_md, planted_names
 from analysis.plots import plots
 from analysis.report_md import md_table
 from analysis.report_protocol import decisions_section, flow_section, header_section, runs_section
@@ -29,8 +30,10 @@ def markdown(summary: Summary, beside: Beside | None = None) -> str:
     out = header_section(summary)
     out += decisions_section(summary.hypotheses) + flow_section(summary.flow)
     out += _beside(beside) if beside and beside.rows else []
+    planted = planted_names(summary)
+    out += planted_md(summary)
     for study in summary.studies:
-        if not study.configs:
+        if not study.configs or study.name in planted:
             continue
         out += (
             paired_study_section(study)

@@ -146,6 +146,11 @@ class PairedResult(_Json):
     training_cpu_time: TrainingTime | None = field(default=None, metadata={"omit_none": True})
     # a study of command arms: its metric at the last evaluation (left out of other studies)
     final_metric: FinalMetric | None = field(default=None, metadata={"omit_none": True})
+    # a lockstep study whose records keep their step times (analysis.audit.carryover): the order-cell
+    # model per clock and the carry-over; a study with warm-up steps: the warm-up time apart
+    order_cells: Mapping[str, Any] | None = field(default=None, metadata={"omit_none": True})
+    carry_over: Mapping[str, Any] | None = field(default=None, metadata={"omit_none": True})
+    warmup_time: TrainingTime | None = field(default=None, metadata={"omit_none": True})
 
 
 @dataclass(frozen=True)

@@ -176,6 +176,78 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibration_study(args: argparse.Namespace) -> int:
+    from analysis.calibration_study import CalibrationPlan, pilot_step_cpu_us, protocol_text
+    from harness.files import atomic_write
+    from harness.protocol import load_protocol
+    from harness.records import load_records
+
+    def numbers(flag: str, text: str, kind: Callable[[str], Any]) -> tuple[Any, ...]:
+        try:
+            out = tuple(kind(x) for x in text.split(",") if x.strip())
+        except ValueError as e:
+            raise InputError(f"{flag} {text!r}: a comma-separated list of numbers") from e
+        if not out or any(v < 0 for v in out):
+            raise InputError(f"{flag} {text!r}: a comma-separated list of numbers, none negative")
+        return out
+
+    out = Path(args.out)
+    if out.exists():
+        raise InputError(f"{out} exists; the calibration study is written anew, never over a file")
+    pilot = load_protocol(args.pilot)
+    try:
+        step_us, runs = pilot_step_cpu_us(load_records(pilot.records_path), args.config)
+    except ValueError as e:
+        raise HarnessError(
+            f"{pilot.records_path}: {e} (run the pilot first: harness run {args.pilot})"
+        ) from e
+    designs = numbers("--designs", args.designs, int)
+    for flag, v in (
+        ("--pairs", args.pairs),
+        ("--coverage-pairs", args.coverage_pairs),
+        ("--matmul-pairs", args.matmul_pairs),
+    ):
+        if v < 2:
+            raise InputError(f"{flag} {v}: at least 2 pairs")
+    if args.steps <= args.warmup_steps or max(designs) > args.steps - args.warmup_steps:
+        raise InputError(f"--steps {args.steps}: more than --warmup-steps and at least the longest block")
+    plan = CalibrationPlan(
+        id=args.id,
+        config=args.config,
+        pilot=str(pilot.relpath),
+        pilot_command=f"harness run {pilot.relpath}",
+        step_cpu_us=step_us,
+        pilot_runs=runs,
+        sizes=numbers("--sizes", args.sizes, float),
+        designs=designs,
+        pairs=args.pairs,
+        steps=args.steps,
+        warmup_steps=args.warmup_steps,
+        matmul_n=args.matmul,
+        matmul_pairs=args.matmul_pairs,
+        coverage_size=args.coverage_size,
+        coverage_designs=numbers("--coverage-designs", args.coverage_designs, int),
+        coverage_pairs=args.coverage_pairs,
+        replicate_pairs=args.replicate_pairs,
+        seed_base=args.seed_base,
+        order_seed=args.order_seed,
+        threads=pilot.threads or 1,
+    )
+    text, counts = protocol_text(plan)
+    atomic_write(out, text.encode(), overwrite=False)
+    try:
+        load_protocol(out)
+    except InputError:
+        out.unlink()
+        raise
+    print(
+        f"wrote {out}: {sum(counts.values())} pairs ({', '.join(f'{k} {v}' for k, v in counts.items())}); "
+        f"a step of {args.config} took {step_us:.0f} us of CPU time in the pilot ({runs} baseline runs)"
+    )
+    print(f"run it: harness run {out}")
+    return 0
+
+
 def cmd_power(args: argparse.Namespace) -> int:
     from analysis.power import cited, legend, plan, table_rows
     from harness import yamlio
@@ -279,6 +351,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "status": cmd_status,
     "report": cmd_report,
     "calibrate": cmd_calibrate,
+    "calibration-study": cmd_calibration_study,
     "power": cmd_power,
     "node": cmd_node,
     "compare-arms": cmd_compare_arms,

@@ -202,6 +202,35 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--data-dir", help="data directory for wikitext-2 (default $HARNESS_DATA or runs/data)")
     s.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     s.add_argument("--json", action="store_true", help="print JSON: the summary and every step")
+    s = sub.add_parser(
+        "calibration-study",
+        help="write a calibration study from a pilot: planted effects through every design (their bias)",
+    )
+    s.add_argument("pilot", help="the pilot protocol (already run): its baseline runs give the step time")
+    s.add_argument(
+        "--config", default="tiny_transformer", help="the configuration (default tiny_transformer)"
+    )
+    s.add_argument("--out", required=True, help="the protocol file to write (refused if it exists)")
+    s.add_argument("--id", default="calibration-cpu", help="the study's id (default calibration-cpu)")
+    s.add_argument("--sizes", default="0.5,1,2,5", help="spin sizes, percent of a step (default 0.5,1,2,5)")
+    s.add_argument(
+        "--designs", default="0,1,10,50", help="block sizes, 0 a process per arm (default 0,1,10,50)"
+    )
+    s.add_argument("--pairs", type=int, default=8, help="pairs per design and size (default 8)")
+    s.add_argument("--steps", type=int, default=200, help="steps per run (default 200)")
+    s.add_argument("--warmup-steps", type=int, default=10, help="warm-up steps timed apart (default 10)")
+    s.add_argument("--matmul", type=int, default=288, help="the cache-heavy plant's n (default 288)")
+    s.add_argument("--matmul-pairs", type=int, default=12, help="pairs per design for it (default 12)")
+    s.add_argument(
+        "--coverage-size", type=float, default=2.0, help="the size coverage is counted at (default 2)"
+    )
+    s.add_argument(
+        "--coverage-designs", default="1,10", help="designs whose coverage is counted (default 1,10)"
+    )
+    s.add_argument("--coverage-pairs", type=int, default=80, help="their pairs at that size (default 80)")
+    s.add_argument("--replicate-pairs", type=int, default=4, help="pairs per replicate study (default 4)")
+    s.add_argument("--seed-base", type=int, default=900000, help="the first seed (default 900000)")
+    s.add_argument("--order-seed", type=int, default=20261204, help="the plan's order seed")
     s = sub.add_parser("calibrate", help="preregistration numbers from a pilot's records (targets, budget)")
     s.add_argument("pilot", help="the pilot protocol (already run)")
     s.add_argument("--target", help="the protocol being calibrated (for its run count)")

@@ -122,9 +122,7 @@ def parse_studies(
         _lockstep(doc, s, kp)
         _planted(doc, s, kp, arms, commands)
         if s["warmup_steps"] is not None and s["warmup_steps"] >= s["steps"]:
-            raise doc.error(
-                kp + ("warmup_steps",), "warmup_steps must leave timed steps: fewer than steps"
-            )
+            raise doc.error(kp + ("warmup_steps",), "warmup_steps must leave timed steps: fewer than steps")
         studies.append(
             Study(
                 name=s["name"],

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .carryover import cells_mean
 from .descriptive import magnitude_problem, mean_se, rounding_scale, scale, spread_is_rounding
 from .ranks import median, sign_test, signed_rank, worst_rank_differences
 from .sequential import looks_problems
@@ -72,6 +73,11 @@ class Pair:
     # a planted study's pairs: what the candidate's plant took on each clock (analysis.audit.planted)
     candidate_planted_s: float | None = field(default=None, metadata={"omit_none": True})
     candidate_planted_cpu_s: float | None = field(default=None, metadata={"omit_none": True})
+    # a lockstep pair whose records keep their step times: the arm that took the first block
+    steps_first: str | None = field(default=None, metadata={"omit_none": True})
+    # a study with warm-up steps: each arm's warm-up time, apart from the training clock
+    baseline_warmup_s: float | None = field(default=None, metadata={"omit_none": True})
+    candidate_warmup_s: float | None = field(default=None, metadata={"omit_none": True})
     time_reduction_pct: float | None = None
     test_bpb_difference: float | None = None
 
@@ -617,7 +623,19 @@ def test_of(
         if all(v == 0.0 for v in values):
             return None, "identical: every pair's difference is exactly 0", unreached
         return None, ZERO_SPREAD, unreached
-    if h.period_adjusted:
+    steps_first = [p.steps_first for p in typed_pairs(pairs)]
+    if h.period_adjusted and steps_first and all(x in ("baseline", "candidate") for x in steps_first):
+        # a lockstep study's order cells (build order x first block) as preregistered covariates
+        first = [p.first or "" for p in typed_pairs(pairs)]
+        cells = [
+            (1 if f == "candidate" else -1, 1 if x == "candidate" else -1) for f, x in zip(first, steps_first)
+        ]
+        try:
+            m, se, df = cells_mean(values, cells)
+        except ValueError as e:
+            return None, f"the order-cell adjustment: {e}", unreached
+        method = "t-order-cells"
+    elif h.period_adjusted:
         first = [p.first or "" for p in typed_pairs(pairs)]
         if min(first.count("baseline"), len(first) - first.count("baseline")) < 2:
             return None, "the period-adjusted estimand needs at least two pairs in each order", unreached

@@ -87,7 +87,11 @@ def plan_from_protocol(
                         else {}
                     )
                     extra = {
-                        **({"planted": dict(st["planted"])} if st.get("planted") and role == "candidate" else {}),
+                        **(
+                            {"planted": dict(st["planted"])}
+                            if st.get("planted") and role == "candidate"
+                            else {}
+                        ),
                         **({"warmup_steps": st["warmup_steps"]} if st.get("warmup_steps") else {}),
                     }
                     runs.append(

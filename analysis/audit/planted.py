@@ -67,7 +67,10 @@ def plant_problems(value: Any, command: bool) -> list[tuple[tuple[str, ...], str
     extra = sorted(str(k) for k in value if k not in ("kind", size, "replicate_pairs"))
     if extra:
         return [
-            ((extra[0],), f"unknown key {extra[0]!r} for a {kind} plant (keys: kind, {size}, replicate_pairs)")
+            (
+                (extra[0],),
+                f"unknown key {extra[0]!r} for a {kind} plant (keys: kind, {size}, replicate_pairs)",
+            )
         ]
     group = value.get("replicate_pairs")
     if group is not None and (not isinstance(group, int) or isinstance(group, bool) or group < 2):
@@ -120,9 +123,7 @@ def _mean(x: Sequence[float]) -> float:
     return math.fsum(x) / len(x)
 
 
-def bias_of(
-    estimates: Sequence[float], truths: Sequence[float], level: float
-) -> dict[str, Any]:
+def bias_of(estimates: Sequence[float], truths: Sequence[float], level: float) -> dict[str, Any]:
     """A design's bias on one clock: the mean of ``d_i - t_i`` (log-ratio points, candidate over
     baseline, positive: the design reads the plant as costing more than it does) with its paired t
     interval at ``level``, the mean estimate with its nominal interval, the mean truth, and whether
@@ -181,7 +182,15 @@ def coverage(
         e = mean_interval(d, level, "contrast")
         hits += e.low <= _mean(t) <= e.high
     lo, hi = clopper_pearson(hits, m)
-    return {"studies": m, "pairs_each": group, "covered": hits, "rate": hits / m, "lo": lo, "hi": hi, "level": level}
+    return {
+        "studies": m,
+        "pairs_each": group,
+        "covered": hits,
+        "rate": hits / m,
+        "lo": lo,
+        "hi": hi,
+        "level": level,
+    }
 
 
 def _binom_cdf(k: int, n: int, p: float) -> float:
@@ -229,7 +238,6 @@ def reference_study(candidates: Sequence[Mapping[str, Any]]) -> Mapping[str, Any
     return candidates[0] if candidates else None
 
 
-
 #: The two clocks a planted study's bias is read on: the pair columns' key and the clock's name.
 CLOCKS = (("training_s", "wall"), ("training_cpu_s", "CPU"))
 
@@ -252,7 +260,9 @@ def _logs(pairs: Sequence[Mapping[str, Any]], key: str) -> tuple[list[Mapping[st
     return ok, [math.log(p[c] / p[b]) for p in ok]
 
 
-def planted_rows(studies: Sequence[Mapping[str, Any]], pairs_of: Mapping[tuple[str, str], Any]) -> list[dict[str, Any]]:
+def planted_rows(
+    studies: Sequence[Mapping[str, Any]], pairs_of: Mapping[tuple[str, str], Any]
+) -> list[dict[str, Any]]:
     """Every planted study's bias, per configuration and clock, as the summary's ``planted`` rows.
 
     A spin's truth is its arithmetic (:func:`spin_truth`, pair by pair); a measured plant's is the
@@ -297,7 +307,7 @@ def planted_rows(studies: Sequence[Mapping[str, Any]], pairs_of: Mapping[tuple[s
                     if any(not isinstance(x, (int, float)) for x in cpu + bcpu):
                         rows.append({**row, "bias": None, "why": "a pair without the plant's CPU time"})
                         continue
-                    t = [spin_truth(bc, pc) for bc, pc in zip(bcpu, cpu)]
+                    t = [spin_truth(float(bc), float(pc)) for bc, pc in zip(bcpu, cpu)]  # type: ignore[arg-type]
                     b = bias_of(d, t, st["interval_level"])
                     row.update(
                         truth=100 * b["truth"],
@@ -315,7 +325,9 @@ def planted_rows(studies: Sequence[Mapping[str, Any]], pairs_of: Mapping[tuple[s
                     continue
                 _, dr = _logs(pairs_of.get((ref["name"], config)) or [], key)
                 if len(dr) < 2:
-                    rows.append({**row, "bias": None, "why": f"its reference {ref['name']} has fewer than two pairs"})
+                    rows.append(
+                        {**row, "bias": None, "why": f"its reference {ref['name']} has fewer than two pairs"}
+                    )
                     continue
                 r = mean_interval(dr, st["interval_level"], "contrast")
                 row.update(

@@ -21,6 +21,7 @@ from .attempts import (
     run_rows,
     unfinished,
 )
+from .carryover import carry_over, order_cells
 from .decisions import decide, sensitivity
 from .descriptive import descriptive_interval, endpoint, valid
 from .factorial import design_of, factorial_effects
@@ -193,6 +194,7 @@ def _paired(
                 "candidate_peak_memory_bytes": peak(c),
                 **final_metric_columns(b, c),
                 **pair_columns(b, c),
+                **_step_columns(b, c),
                 "time_reduction_pct": 100.0 * (1.0 - float(ct["training_s"]) / float(bt["training_s"]))
                 if valid(bt.get("training_s"), True) and valid(ct.get("training_s"), True)
                 else None,
@@ -233,6 +235,9 @@ def _paired(
     quality = asdict(endpoint(col("baseline_test_bpb"), col("candidate_test_bpb"), level, "difference"))
     mb, mc = col("baseline_peak_memory_bytes"), col("candidate_peak_memory_bytes")
     memory = asdict(endpoint(mb, mc, level, "relative_reduction")) if None not in mb + mc else None
+    lock = _lockstep_model(st, units, pairs, level)
+    if st.get("warmup_steps") and pairs and all("baseline_warmup_s" in p for p in pairs):
+        lock["warmup_time"] = _time_endpoint(pairs, "warmup_s", level)
     faster = sum(1 for p in timed if p["candidate_training_s"] < p["baseline_training_s"])
     slower = sum(1 for p in timed if p["candidate_training_s"] > p["baseline_training_s"])
     return {
@@ -261,6 +266,7 @@ def _paired(
         "by_device": by_device(timed, level),
         "pairs": pairs,
         **({"training_cpu_time": cpu_time} if cpu_time is not None else {}),
+        **lock,
         **(
             {
                 "final_metric": asdict(
@@ -272,6 +278,41 @@ def _paired(
             else {}
         ),
     }
+
+
+def _step_columns(b: Rec, c: Rec) -> dict[str, Any]:
+    """The columns of a pair whose records keep their step times (built-in arms since planting;
+    absent from earlier records, whose rows keep their columns): a lockstep pair's first-block arm,
+    and each arm's warm-up time where the study has warm-up steps."""
+    if "step_times" not in b or "step_times" not in c:
+        return {}
+    out: dict[str, Any] = {}
+    if b["spec"].get("steps_first") is not None:
+        out["steps_first"] = "baseline" if b["spec"]["steps_first"] else "candidate"
+    if b["spec"].get("warmup_steps"):
+        out["baseline_warmup_s"] = b["timings"].get("warmup_s")
+        out["candidate_warmup_s"] = c["timings"].get("warmup_s")
+    return out
+
+
+def _lockstep_model(
+    st: dict[str, Any], units: dict[str, dict[str, Rec]], pairs: list[dict[str, Any]], level: float
+) -> dict[str, Any]:
+    """A lockstep study's order-cell model and carry-over (:mod:`.carryover`), where its pairs'
+    records keep their step times; nothing otherwise."""
+    block = (st.get("lockstep") or {}).get("block_steps")
+    if block is None or not pairs or not all("steps_first" in p for p in pairs):
+        return {}
+    used = {p["unit"] for p in pairs}
+    cells = {
+        clock: order_cells(pairs, key, level)
+        for key, clock in (("training_s", "wall"), ("training_cpu_s", "CPU"))
+    }
+    out: dict[str, Any] = {"order_cells": cells}
+    carry = carry_over([units[u] for u in sorted(used)], int(block), level)
+    if carry is not None:
+        out["carry_over"] = carry
+    return out
 
 
 def final_metric_columns(b: Rec, c: Rec) -> dict[str, Any]:

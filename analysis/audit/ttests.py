@@ -127,6 +127,7 @@ CRITICAL_MARGIN = 1e-12
 MEAN_OF = {
     "t": "mean of the per-pair values",
     "t-period-adjusted": "period-adjusted mean of the per-pair values",
+    "t-order-cells": "mean of the four order cells' means (build order x first block)",
 }
 
 

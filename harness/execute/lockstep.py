@@ -21,30 +21,15 @@ plan time (:data:`harness.protocol.LOCKSTEP_UNMEASURABLE`); each result's ``memo
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import torch
 
+from analysis.public_audit import blocks
 from harness.execute.job import Job, LockstepJob
 from harness.execute.training import Partial, Prepared, RunFailure, failure, finish, prepare
 from harness.records import WorkerResult
 
 __all__ = ["PairFailed", "blocks", "execute_pair"]
-
-
-def blocks(steps: int, block_steps: int) -> Iterator[tuple[int, int]]:
-    """The pair's blocks in order: ``(arm, steps)``, arm 0 the one that steps first, in ABBA order
-    (0, 1, 1, 0, 0, 1, ...) until each arm has taken ``steps`` steps (the last block of each arm
-    may be shorter)."""
-    done = [0, 0]
-    k = 0
-    while done[0] < steps or done[1] < steps:
-        arm = (0, 1, 1, 0)[k % 4]
-        k += 1
-        n = min(block_steps, steps - done[arm])
-        if n > 0:
-            done[arm] += n
-            yield arm, n
 
 
 class _Slot:

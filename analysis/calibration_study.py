@@ -1,0 +1,157 @@
+"""A calibration study written from a pilot: planted effects of known sizes through every design the
+harness offers, interleaved in one time window (``harness calibration-study``).
+
+The pilot gives one number, the median CPU time of a training step of the configuration's
+baseline arm (each ok baseline run's ``training_cpu_s`` over its timed steps). A spin of
+``size`` percent is ``round(size / 100 x that step)`` microseconds per step; the cache-heavy plant
+is an ``n`` x ``n`` matrix product (its truth is measured: ``analysis/audit/planted.py``). Every
+design runs every plant on fresh seeds; ``schedule: interleaved`` puts all units in one seeded
+order, so each design meets the machine's load of the same minutes. The cells at
+``coverage_size`` run ``coverage_pairs`` pairs in designs named by ``coverage_designs``, cut into
+replicate studies of ``replicate_pairs`` pairs each for the coverage of the nominal interval.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from harness.records import RunRecord
+
+__all__ = ["CalibrationPlan", "pilot_step_cpu_us", "protocol_text"]
+
+
+def pilot_step_cpu_us(records: Sequence[RunRecord], config: str) -> tuple[float, int]:
+    """The median CPU time of one timed training step (microseconds) over the pilot's ok baseline
+    runs of ``config``, and how many runs it is the median of."""
+    per_step = []
+    for r in records:
+        s = r.spec
+        cpu = (r.timings or {}).get("training_cpu_s")
+        if (
+            r.status != "ok"
+            or s.config != config
+            or s.role != "baseline"
+            or not isinstance(cpu, (int, float))
+        ):
+            continue
+        per_step.append(1e6 * float(cpu) / (s.steps - (s.warmup_steps or 0)))
+    if not per_step:
+        raise ValueError(f"the pilot has no ok baseline run of {config} with a training CPU time")
+    return statistics.median(per_step), len(per_step)
+
+
+@dataclass(frozen=True)
+class CalibrationPlan:
+    """What the written protocol runs (the command's options)."""
+
+    id: str
+    config: str
+    pilot: str  # the pilot protocol's path
+    pilot_command: str
+    step_cpu_us: float
+    pilot_runs: int
+    sizes: tuple[float, ...]  # percent of a step
+    designs: tuple[int, ...]  # block sizes; 0 is a process per arm
+    pairs: int
+    steps: int
+    warmup_steps: int
+    matmul_n: int
+    matmul_pairs: int
+    coverage_size: float
+    coverage_designs: tuple[int, ...]
+    coverage_pairs: int
+    replicate_pairs: int
+    seed_base: int
+    order_seed: int
+    threads: int
+
+
+def _design(b: int) -> str:
+    return "paired" if b == 0 else f"lockstep{b}"
+
+
+def _study(name: str, block: int, plant: str, pairs: int, base: int, p: CalibrationPlan) -> list[str]:
+    head = ["  - name: " + name]
+    head += ["    design: paired"] if block == 0 else ["    design: lockstep", f"    block_steps: {block}"]
+    return head + [
+        "    arms: [native, native]",
+        f"    planted: {plant}",
+        f"    configs: [{p.config}]",
+        f"    seeds: {{count: {pairs}, base: {base}}}",
+        f"    steps: {p.steps}",
+        *([f"    warmup_steps: {p.warmup_steps}"] if p.warmup_steps else []),
+        f"    val_every: {p.steps}",
+        "    val_target_bpb: 8.0",
+    ]
+
+
+def spin_us(size: float, step_cpu_us: float) -> int:
+    """The spin of ``size`` percent of a step of ``step_cpu_us`` microseconds (at least 1)."""
+    return max(1, round(size / 100 * step_cpu_us))
+
+
+def protocol_text(p: CalibrationPlan) -> tuple[str, dict[str, Any]]:
+    """The calibration protocol's YAML text, and its studies' count of pairs per design."""
+    lines: list[str] = []
+    base = p.seed_base
+    counts: dict[str, int] = {}
+    for size in p.sizes:
+        us = spin_us(size, p.step_cpu_us)
+        for block in p.designs:
+            cover = size == p.coverage_size and block in p.coverage_designs
+            n = p.coverage_pairs if cover else p.pairs
+            group = f", replicate_pairs: {p.replicate_pairs}" if cover else ""
+            name = f"spin{str(size).replace('.', 'p')}_{_design(block)}"
+            lines += _study(name, block, f"{{kind: spin, us: {us}{group}}}", n, base, p)
+            counts[_design(block)] = counts.get(_design(block), 0) + n
+            base += 1000
+    for block in p.designs:
+        n = p.matmul_pairs
+        lines += _study(
+            f"matmul{p.matmul_n}_{_design(block)}", block, f"{{kind: matmul, n: {p.matmul_n}}}", n, base, p
+        )
+        counts[_design(block)] = counts.get(_design(block), 0) + n
+        base += 1000
+    sizes = ", ".join(f"{s:g}% = {spin_us(s, p.step_cpu_us)} us" for s in p.sizes)
+    designs = ", ".join("a process per arm" if b == 0 else f"lockstep blocks of {b}" for b in p.designs)
+    header = f"""# {p.id}: the bias of every design against planted effects of known size (docs/decisions.md,
+# "The design chosen by its bias"). Written by: harness calibration-study {p.pilot} --config {p.config}
+# (analysis/calibration_study.py); edit the options, not this file, and write it again.
+id: {p.id}
+version: 1
+description: >-
+  Planted effects of known size on {p.config} through every design the harness offers ({designs}),
+  all units interleaved in one seeded order so every design meets the same load. Each study is an
+  A/A pair of the native arm whose candidate also runs the plant in each timed step: a spin of
+  fixed CPU microseconds (true effect by arithmetic) at {sizes} of a step, and a cache-heavy
+  {p.matmul_n}x{p.matmul_n} matrix product (true effect measured by the longest blocks). Descriptive:
+  it decides nothing; its bias table chooses the design.
+preregistered: false
+corpus: pydoc-topics
+device: cpu
+compile: false
+threads: {p.threads}
+launcher: forkserver
+budget_device_seconds: {_budget(p, counts)}
+interval_level: 0.95
+hypotheses: {{descriptive: "a calibration study: the bias and coverage of each design against planted effects"}}
+order_seed: {p.order_seed}
+records_dir: records/{p.id}
+schedule: interleaved
+origins:
+  planted: "the pilot ({p.pilot}: {p.pilot_command}) gave a median training step of {p.step_cpu_us:.0f} us of CPU time on {p.config} over {p.pilot_runs} baseline runs; each spin is that times its size, rounded ({sizes})"
+  matmul: "{p.matmul_n}x{p.matmul_n} float32: the cache-heavy plant of the user report this calibration answers (a 288x288 matmul per step cost 4-5% of a tiny step)"
+  seeds: "{p.pairs} pairs per design and size; {p.coverage_pairs} at {p.coverage_size:g}% in {", ".join(_design(b) for b in p.coverage_designs)}, cut into replicate studies of {p.replicate_pairs} pairs for the coverage of the nominal interval; {p.matmul_pairs} per design for the matmul; fresh seeds from {p.seed_base}, 1000 apart per study"
+  steps: "{p.steps} steps ({p.warmup_steps} warm-up steps timed apart): enough for {p.steps // max(p.designs)} blocks of the longest design"
+  budget_device_seconds: "about 3 s per pair on a 2-core machine, times the pairs, times 2"
+studies:
+"""
+    return header + "\n".join(lines) + "\n", counts
+
+
+def _budget(p: CalibrationPlan, counts: dict[str, int]) -> int:
+    pairs = sum(counts.values())
+    return 60 * (int(pairs * 3 * 2 * max(1, p.steps / 200)) // 60 + 1)

@@ -1,0 +1,403 @@
+"""Planted reference effects (``planted:``, ``analysis/audit/planted.py``): a known cost in the
+candidate's timed steps, and each design's bias against it.
+
+* The plant changes no bit of training: a planted run's losses, BPB and weights are its partner's,
+  in both designs, for every plant kind; it adds its own time to the candidate's clocks and says so.
+* The arithmetic: the bias and its interval against scipy's one-sample t interval of the
+  differences, coverage's exact bounds against scipy's Clopper-Pearson, the measured plant's bias
+  against scipy's Welch interval; a candidate that is its baseline plus exactly the plant has
+  bias 0 on generated data.
+* Refusals, through ``harness plan`` as a user meets them (file, key, line, exit 2): a planted
+  study whose arms differ, a hypothesis about a planted study, unknown kinds and sizes, a torch
+  plant in a command study, warm-up steps that leave nothing timed.
+* ``schedule: interleaved``: every study's units in one seeded order, each unit whole.
+* ``harness calibration-study`` writes a protocol that plans, from a pilot's records.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import scipy.stats as ss
+import torch
+from conftest import harness, init_study, record_dicts, tiny_protocol, typed
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors.torch import load_file
+
+from analysis.audit.planted import (
+    bias_of,
+    clopper_pearson,
+    coverage,
+    plant_problems,
+    planted_rows,
+    reference_study,
+    spin_truth,
+)
+from harness.execute.inprocess import InProcessExecutor
+from harness.execute.plant import Plant, spin
+from harness.execute.runner import Runner
+from harness.plan import make_plan, units
+from harness.protocol import load_protocol
+
+RECS = Path("records") / "tiny"
+
+
+def planted_protocol(*studies: str, schedule: str = "", hypotheses: str | None = None) -> str:
+    """The tiny protocol with its studies replaced by ``studies`` (YAML list entries)."""
+    text = tiny_protocol(steps=6)
+    head = text[: text.index("studies:")]
+    if hypotheses is not None:
+        head = head[: head.index("hypotheses:")] + hypotheses + head[head.index("order_seed:") :]
+    return head + schedule + "studies:\n" + "".join(studies)
+
+
+def study(
+    name: str, design: str = "paired", arms: str = "[native, native]", extra: str = "", seeds: str = "[1, 2]"
+) -> str:
+    lock = "\n    block_steps: 2" if design == "lockstep" else ""
+    return f"""  - name: {name}
+    design: {design}{lock}
+    arms: {arms}
+    configs: [tiny_conv]
+    seeds: {seeds}
+    steps: 6
+    val_every: 3
+    val_target_bpb: 7.9
+{extra}"""
+
+
+DESCRIPTIVE = 'hypotheses: {descriptive: "planted"}\n'
+
+
+@pytest.fixture(scope="module")
+def planted_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """Planted studies of every kind, in both designs, run in process (6 steps, 2 seeds)."""
+    repo = tmp_path_factory.mktemp("planted") / "study"
+    text = planted_protocol(
+        study("spin_p", extra="    planted: {kind: spin, us: 300}\n    warmup_steps: 2\n"),
+        study("spin_l", "lockstep", extra="    planted: {kind: spin, us: 300}\n"),
+        study("mm_l", "lockstep", extra="    planted: {kind: matmul, n: 64}\n"),
+        study("ga_p", extra="    planted: {kind: gather, bytes: 65536}\n"),
+        hypotheses=DESCRIPTIVE,
+    )
+    init_study(repo, protocol=text)
+    proto = load_protocol(repo / "protocols" / "tiny.yaml")
+    assert Runner(proto, echo=lambda _: None, executor=InProcessExecutor()).run().left == 0
+    return {r["spec"]["run_id"]: r for r in record_dicts(repo / RECS)}
+
+
+def test_the_plant_changes_no_bit_of_training(planted_runs):
+    pairs = {}
+    for r in planted_runs.values():
+        pairs.setdefault(r["spec"]["unit"], {})[r["spec"]["role"]] = r
+    assert len(pairs) == 8
+    for unit, p in pairs.items():
+        b, c = p["baseline"], p["candidate"]
+        assert b["status"] == c["status"] == "ok", (unit, b.get("reason"), c.get("reason"))
+        assert [x[:2] for x in b["curve"]] == [x[:2] for x in c["curve"]], unit
+        assert (b["val_bpb"], b["test_bpb"]) == (c["val_bpb"], c["test_bpb"]), unit
+        wb, wc = load_file(b["checkpoint"]["path"]), load_file(c["checkpoint"]["path"])
+        assert wb.keys() == wc.keys() and all(torch.equal(wb[k], wc[k]) for k in wb), unit
+        assert "planted" in c["spec"] and "planted" not in b["spec"]
+        assert "planted_s" in c["timings"] and "planted_s" not in b["timings"]
+
+
+def test_the_plant_times_itself_inside_the_timed_steps(planted_runs):
+    for r in planted_runs.values():
+        t, steps = r["timings"], r["step_times"]
+        assert len(steps["wall_us"]) == len(steps["cpu_us"]) == r["spec"]["steps"]
+        warm = r["spec"].get("warmup_steps") or 0
+        # the training clock is the timed steps' sum (microsecond rounding aside); warm-up apart
+        assert sum(steps["wall_us"][warm:]) / 1e6 == pytest.approx(
+            t["training_s"], abs=1e-5 * r["spec"]["steps"]
+        )
+        if warm:
+            assert sum(steps["wall_us"][:warm]) / 1e6 == pytest.approx(t["warmup_s"], abs=1e-5 * warm)
+        if r["spec"].get("planted", {}).get("kind") == "spin":
+            timed = r["spec"]["steps"] - warm
+            assert t["planted_cpu_s"] >= timed * 300e-6  # clock-checked: at least what was planted
+            assert t["planted_cpu_s"] <= t["training_cpu_s"]
+
+
+def test_a_spin_spends_at_least_its_microseconds():
+    for us in (1, 50, 400):
+        c0 = time.thread_time_ns()
+        spin(us)
+        assert time.thread_time_ns() - c0 >= us * 1000
+
+
+def test_the_plant_draws_no_random_numbers():
+    for planted in (
+        {"kind": "spin", "us": 5},
+        {"kind": "matmul", "n": 16},
+        {"kind": "gather", "bytes": 4096},
+    ):
+        torch.manual_seed(3)
+        before = torch.get_rng_state()
+        plant = Plant(planted, torch.device("cpu"))
+        plant()
+        assert torch.equal(before, torch.get_rng_state()), planted
+        assert plant.cpu_s >= 0 and plant.wall_s >= 0
+
+
+def test_the_summary_and_the_audit_read_the_planted_studies(planted_runs, tmp_path):
+    from analysis.summary import derive
+
+    records = typed(list(planted_runs.values()))
+    rows = derive(records).planted
+    assert rows is not None and {r["study"] for r in rows} == {"spin_p", "spin_l", "mm_l", "ga_p"}
+    by = {(r["study"], r["clock"]): r for r in rows}
+    assert by[("spin_p", "CPU")]["truth_origin"].startswith("arithmetic")
+    assert by[("mm_l", "wall")].get("reference") is True  # the only lockstep study of its plant
+
+
+# -- the arithmetic, against scipy ---------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.floats(-0.2, 0.2), min_size=3, max_size=30),
+    st.floats(0.001, 0.1),
+    st.sampled_from([0.9, 0.95, 0.99]),
+)
+def test_bias_interval_is_scipys_one_sample_t_interval(noise, truth, level):
+    d = [truth + e for e in noise]
+    t = [truth] * len(d)
+    b = bias_of(d, t, level)
+    diffs = [x - y for x, y in zip(d, t)]
+    if len(set(diffs)) == 1:
+        return
+    res = ss.ttest_1samp(diffs, 0.0).confidence_interval(level)
+    assert b["bias_lo"] == pytest.approx(res.low, abs=1e-9)
+    assert b["bias_hi"] == pytest.approx(res.high, abs=1e-9)
+    e = ss.ttest_1samp(d, 0.0).confidence_interval(level)
+    assert b["covered"] == (e.low <= truth <= e.high)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(st.floats(0.5, 3.0), min_size=2, max_size=20),
+    st.floats(0.0, 0.3),
+    st.floats(0.001, 0.05),
+)
+def test_a_candidate_that_is_its_baseline_plus_the_plant_has_no_bias(cpu, share, step):
+    # the plant's CPU seconds, pair by pair, a share of the baseline's that differs from pair to pair
+    # (a constant share gives every pair one log ratio: an interval of width zero, nothing to cover)
+    s = [c * (share + k * step) for k, c in enumerate(cpu)]
+    d = [math.log((c + x) / c) for c, x in zip(cpu, s)]
+    t = [spin_truth(c, x) for c, x in zip(cpu, s)]
+    b = bias_of(d, t, 0.95)
+    assert abs(b["bias"]) < 1e-12 and b["covered"]
+
+
+@pytest.mark.parametrize("k,n", [(0, 20), (1, 20), (19, 20), (20, 20), (37, 40), (5, 9)])
+def test_coverage_bounds_are_clopper_pearson(k, n):
+    lo, hi = clopper_pearson(k, n)
+    ref = ss.binomtest(k, n).proportion_ci(0.95, method="exact")
+    assert lo == pytest.approx(ref.low, abs=1e-9) and hi == pytest.approx(ref.high, abs=1e-9)
+
+
+def test_coverage_counts_consecutive_replicate_studies():
+    d = [0.02, 0.03, 0.01, 0.02] * 5 + [0.5, 0.6, 0.55, 0.52]  # the last group far from the truth
+    t = [0.02] * len(d)
+    cov = coverage(d, t, 4, 0.95)
+    assert cov is not None and cov["studies"] == 6 and cov["covered"] == 5
+    assert coverage(d[:4], t[:4], 4, 0.95) is None  # one group is not a coverage
+
+
+def test_a_measured_plants_bias_is_the_welch_difference_from_the_longest_blocks():
+    def pairs(name, values):
+        return [
+            {
+                "order": i,
+                "baseline_training_s": 1.0,
+                "candidate_training_s": math.exp(v),
+                "baseline_training_cpu_s": 1.0,
+                "candidate_training_cpu_s": math.exp(v),
+            }
+            for i, v in enumerate(values)
+        ]
+
+    plant = {"kind": "matmul", "n": 288}
+    studies = [
+        {
+            "name": "l1",
+            "design": "paired",
+            "lockstep": {"block_steps": 1},
+            "planted": plant,
+            "configs": ["c"],
+            "interval_level": 0.95,
+        },
+        {
+            "name": "l50",
+            "design": "paired",
+            "lockstep": {"block_steps": 50},
+            "planted": plant,
+            "configs": ["c"],
+            "interval_level": 0.95,
+        },
+        {"name": "pp", "design": "paired", "planted": plant, "configs": ["c"], "interval_level": 0.95},
+    ]
+    assert reference_study(studies)["name"] == "l50"
+    a, r, p = (
+        [0.030, 0.036, 0.034, 0.031, 0.033],
+        [0.049, 0.052, 0.050, 0.047, 0.055],
+        [0.02, 0.09, 0.04, 0.07],
+    )
+    rows = planted_rows(
+        studies, {("l1", "c"): pairs("l1", a), ("l50", "c"): pairs("l50", r), ("pp", "c"): pairs("pp", p)}
+    )
+    by = {(x["study"], x["clock"]): x for x in rows}
+    w = ss.ttest_ind(a, r, equal_var=False).confidence_interval(0.95)
+    got = by[("l1", "wall")]
+    assert got["bias"] == pytest.approx(100 * (sum(a) / 5 - sum(r) / 5))
+    assert got["bias_lo"] == pytest.approx(100 * w.low) and got["bias_hi"] == pytest.approx(100 * w.high)
+    assert by[("l50", "CPU")]["reference"] is True and by[("l50", "CPU")]["bias"] == 0.0
+    assert "pp" in {s for s, _ in by}
+
+
+@pytest.mark.parametrize(
+    "value,command,key",
+    [
+        ({"kind": "sleep", "us": 3}, False, ("kind",)),
+        ({"kind": "spin"}, False, ()),
+        ({"kind": "spin", "us": 0}, False, ("us",)),
+        ({"kind": "spin", "us": True}, False, ("us",)),
+        ({"kind": "spin", "n": 3}, False, ("n",)),
+        ({"kind": "matmul", "n": 10**6}, False, ("n",)),
+        ({"kind": "matmul", "n": 64}, True, ("kind",)),
+        ({"kind": "spin", "us": 5, "replicate_pairs": 1}, False, ("replicate_pairs",)),
+        ("spin", False, ()),
+    ],
+)
+def test_plant_problems_name_the_key(value, command, key):
+    problems = plant_problems(value, command)
+    assert problems and problems[0][0] == key
+
+
+# -- refusals through the command line ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "studies,hypotheses,key,words",
+    [
+        (
+            [study("s", arms="[native, cotangent]", extra="    planted: {kind: spin, us: 5}\n")],
+            DESCRIPTIVE,
+            "studies[0].planted",
+            "must be the same arm",
+        ),
+        (
+            [
+                study(
+                    "s",
+                    design="factorial",
+                    arms="[native, bucketed, packed, cotangent]",
+                    extra="    planted: {kind: spin, us: 5}\n",
+                )
+            ],
+            DESCRIPTIVE,
+            "studies[0].planted",
+            "belongs to a pair",
+        ),
+        (
+            [study("s", extra="    planted: {kind: spin, us: 5}\n")],
+            None,
+            "hypotheses.tests[0].study",
+            "is planted",
+        ),
+        (
+            [study("s", extra="    planted: {kind: spin}\n")],
+            DESCRIPTIVE,
+            "studies[0].planted",
+            "names its size",
+        ),
+        (
+            [study("s", extra="    warmup_steps: 6\n")],
+            DESCRIPTIVE,
+            "studies[0].warmup_steps",
+            "fewer than steps",
+        ),
+    ],
+)
+def test_harness_plan_refuses_with_file_key_and_line(repo, studies, hypotheses, key, words):
+    text = planted_protocol(*studies, hypotheses=hypotheses)
+    if hypotheses is None:
+        text = text.replace("study: pairs", "study: s")
+    (repo / "protocols" / "p.yaml").write_text(text)
+    out = harness(repo, "plan", "protocols/p.yaml")
+    assert out.returncode == 2, out.stdout + out.stderr
+    err = out.stderr
+    assert re.search(r"protocols/p\.yaml:\d+, key ", err) and key in err and words in err, err
+    assert "Traceback" not in err
+
+
+def test_an_interleaved_schedule_mixes_the_studies_and_keeps_each_unit_whole(repo):
+    text = planted_protocol(
+        study("a", seeds="[1, 2, 3, 4]"),
+        study("b", "lockstep", seeds="[5, 6, 7, 8]"),
+        schedule="schedule: interleaved\n",
+        hypotheses=DESCRIPTIVE,
+    )
+    (repo / "protocols" / "p.yaml").write_text(text)
+    plan = make_plan(load_protocol(repo / "protocols" / "p.yaml"))
+    assert [r.order for r in plan] == list(range(len(plan)))
+    groups = units(plan)
+    assert len(groups) == 8 and all(len(g) == 2 and g[0].unit == g[1].unit for g in groups)
+    studies = [g[0].study for g in groups]
+    assert studies != sorted(studies)  # not one study after the other
+    (repo / "protocols" / "q.yaml").write_text(text.replace("schedule: interleaved\n", ""))
+    plain = make_plan(load_protocol(repo / "protocols" / "q.yaml"))
+    assert [g[0].study for g in units(plain)] == ["a"] * 4 + ["b"] * 4
+    # the audit's plan is the harness's (one home: analysis/audit/plan.py)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "analysis"))
+    import public_audit
+
+    doc = load_protocol(repo / "protocols" / "p.yaml")
+    shas = {n: c.sha256 for n, c in doc.configs.items()}
+    assert public_audit.plan_from_protocol(doc.document, doc.sha256, shas) == [r.to_json() for r in plan]
+
+
+def test_calibration_study_is_written_from_a_pilot_and_plans(planted_runs, tmp_path):
+    from analysis.calibration_study import CalibrationPlan, pilot_step_cpu_us, protocol_text
+
+    records = typed(list(planted_runs.values()))
+    us, n = pilot_step_cpu_us(records, "tiny_conv")
+    assert us > 0 and n == 8
+    plan = CalibrationPlan(
+        id="cal",
+        config="tiny_conv",
+        pilot="protocols/pilot.yaml",
+        pilot_command="harness run x",
+        step_cpu_us=us,
+        pilot_runs=n,
+        sizes=(0.5, 2.0),
+        designs=(0, 1, 4),
+        pairs=2,
+        steps=8,
+        warmup_steps=2,
+        matmul_n=32,
+        matmul_pairs=2,
+        coverage_size=2.0,
+        coverage_designs=(1,),
+        coverage_pairs=4,
+        replicate_pairs=2,
+        seed_base=100,
+        order_seed=7,
+        threads=1,
+    )
+    text, counts = protocol_text(plan)
+    repo = init_study(tmp_path / "cal")
+    (repo / "protocols" / "cal.yaml").write_text(text)
+    proto = load_protocol(repo / "protocols" / "cal.yaml")
+    assert {s.name for s in proto.studies} >= {"spin0p5_paired", "spin2p0_lockstep1", "matmul32_lockstep4"}
+    assert counts == {"paired": 2 + 2 + 2, "lockstep1": 2 + 4 + 2, "lockstep4": 2 + 2 + 2}
+    assert all(s.planted is not None for s in proto.studies)
+    cover = next(s for s in proto.studies if s.name == "spin2p0_lockstep1")
+    assert cover.planted["replicate_pairs"] == 2 and len(cover.seeds) == 4
