@@ -271,7 +271,7 @@ def test_a_measured_plants_bias_is_the_welch_difference_from_the_longest_blocks(
         ({"kind": "spin", "us": True}, False, ("us",)),
         ({"kind": "spin", "n": 3}, False, ("n",)),
         ({"kind": "matmul", "n": 10**6}, False, ("n",)),
-        ({"kind": "matmul", "n": 64}, True, ("kind",)),
+        ({"kind": "matmul", "n": 64}, True, ()),
         ({"kind": "spin", "us": 5, "replicate_pairs": 1}, False, ("replicate_pairs",)),
         ("spin", False, ()),
     ],
@@ -401,3 +401,13 @@ def test_calibration_study_is_written_from_a_pilot_and_plans(planted_runs, tmp_p
     assert all(s.planted is not None for s in proto.studies)
     cover = next(s for s in proto.studies if s.name == "spin2p0_lockstep1")
     assert cover.planted["replicate_pairs"] == 2 and len(cover.seeds) == 4
+
+
+@pytest.mark.parametrize("planted", [{"kind": "spin", "us": 50}, {"kind": "gather", "bytes": 4096}])
+def test_a_study_of_command_arms_is_refused_a_plant_it_would_not_run(planted):
+    """The reporter runs no plant: a planted command study would read a design's noise as its bias."""
+    from analysis.audit.planted import plant_problems
+
+    assert plant_problems(planted, command=False) == []
+    [(key, message)] = plant_problems(planted, command=True)
+    assert key == () and "command arms cannot be planted" in message
