@@ -13,6 +13,7 @@ Never imports torch.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -674,7 +675,64 @@ def _plan_one(
     )
 
 
-def table_rows(rows: list[Plan]) -> list[dict[str, Any]]:
+#: The clock a time endpoint is measured on, as a calibration's planted rows name it.
+CLOCK_OF = {"training_time": "wall", "training_cpu_time": "CPU"}
+
+
+def calibration_bias(planted: Sequence[Mapping[str, Any]], target: dict[str, Any]) -> dict[str, str]:
+    """Per hypothesis of ``target`` (a protocol summary), its design's measured bias from a
+    calibration study's planted rows (``Summary.planted``: ``analysis/audit/planted.py``), on the
+    hypothesis' clock, in points of the log ratio: the spin plant measured with the most pairs
+    (the narrowest interval), the largest bias over the spin sizes, and each cache-heavy plant.
+
+    A design is its block size (None: a process per arm); a hypothesis on another endpoint, or of a
+    design no planted study ran, says so instead: its bias is not measured."""
+    out: dict[str, str] = {}
+    spec = target["hypotheses"]
+    if "descriptive" in spec:
+        return out
+    for h in spec["tests"]:
+        st = next(s for s in target["studies"] if s["name"] == h["study"])
+        block = (st.get("lockstep") or {}).get("block_steps")
+        clock = CLOCK_OF.get(h["endpoint"])
+        if clock is None:
+            out[h["id"]] = "n/a (not a time endpoint)"
+            continue
+        if st.get("design") == "factorial":
+            out[h["id"]] = "not measured (no planted factorial design)"
+            continue
+        rows = [
+            r
+            for r in planted
+            if r["clock"] == clock
+            and r.get("block_steps") == block
+            and r.get("bias") is not None
+            and not r.get("reference")
+        ]
+        spins = [r for r in rows if r["kind"] == "spin"]
+        if not rows:
+            out[h["id"]] = "not measured (no planted study of this design)"
+            continue
+        parts = []
+        if spins:
+            best = max(spins, key=lambda r: r["pairs"])
+            worst = max(spins, key=lambda r: abs(r["bias"]))
+            parts.append(
+                f"spin of {best['truth']:+.2f}: {best['bias']:+.2f} ({best['bias_lo']:+.2f} to "
+                f"{best['bias_hi']:+.2f}), {best['pairs']} pairs; largest over {len(spins)} sizes "
+                f"{worst['bias']:+.2f}"
+            )
+        for r in rows:
+            if r["kind"] != "spin":
+                parts.append(f"{r['plant']}: {r['bias']:+.2f} ({r['bias_lo']:+.2f} to {r['bias_hi']:+.2f})")
+        configs = sorted({r["config"] for r in rows})
+        if h["config"] not in configs:
+            parts.append(f"measured on {', '.join(configs)}")
+        out[h["id"]] = "; ".join(parts)
+    return out
+
+
+def table_rows(rows: list[Plan], bias: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """``harness power``'s table: one row per hypothesis, plug-in and upper-limit figures side by side."""
 
     def n(v: int | None) -> str:
@@ -706,6 +764,7 @@ def table_rows(rows: list[Plan]) -> list[dict[str, Any]]:
             "detectable at planned": "n/a"
             if r.detectable_at_planned is None
             else f"{r.detectable_at_planned:.3g}",
+            **({} if bias is None else {"design bias, calibration (points)": bias.get(r.id, "")}),
             **(
                 {}
                 if r.sequential is None

@@ -269,19 +269,38 @@ def cmd_power(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise HarnessError(f"--effect takes HYPOTHESIS=VALUE, got {item!r}") from e
     rows = plan(records, target.summary(), effects)
+    bias = None
+    if args.calibration:
+        from analysis.power import calibration_bias
+        from analysis.summary import derive
+
+        cal = load_protocol(args.calibration)
+        planted = derive(load_records(cal.records_path)).planted if cal.records_path.is_dir() else None
+        if not planted:
+            raise HarnessError(
+                f"--calibration {args.calibration}: no planted studies in {cal.records_path}; "
+                f"run it first: harness run {args.calibration}"
+            )
+        bias = calibration_bias(planted, target.summary())
     if "descriptive" in target.hypotheses:
         print(f"{target.path}: descriptive protocol ({target.hypotheses['descriptive']}); nothing to power")
         return 0
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=1))
         return 0
-    shown = table_rows(rows)
+    shown = table_rows(rows, bias)
     if not shown:
         print(f"no A/A pairs in {pilot.records_path} for the target's configurations")
         return 1
     print(table(shown, list(shown[0])))
     origins = yamlio.load(target.path).data.get("origins") or {}  # validated by load_protocol: sentences
     print("\n" + legend(rows))
+    if bias is not None:
+        print(
+            "design bias, calibration: the target design's estimate less the planted truth in "
+            f"{args.calibration}'s records (points of the log ratio, 95%; positive: a cost read larger), "
+            "on the hypothesis' clock (docs/decisions.md, 'The design chosen by its bias')"
+        )
     print(f"{target.path}: origins.seeds cites {cited(str(origins.get('seeds') or ''))}")
     return 0
 

@@ -178,6 +178,12 @@ def parser() -> argparse.ArgumentParser:
         help="assumed true effect of a hypothesis, any type (favourable direction, estimand units; "
         "default 0)",
     )
+    s.add_argument(
+        "--calibration",
+        metavar="PROTOCOL",
+        help="a calibration study already run (harness calibration-study): print each design's measured "
+        "bias beside the detectable effect",
+    )
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s = sub.add_parser("node", help="start a Ray node that offers this machine's timing devices")
     s.add_argument("--device", required=True, choices=DEVICES, help=DEVICE_HELP)

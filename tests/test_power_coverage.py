@@ -430,3 +430,48 @@ def test_a_sequential_target_is_planned_with_its_looks():
                 break
         used += stop
     assert abs(used / n - figures.expected_pairs) < 0.15
+
+
+def test_the_calibration_bias_is_the_target_designs_on_the_hypothesis_clock():
+    """Each hypothesis gets the planted rows of its own design (block size) and clock, never another's."""
+    from analysis.power import calibration_bias
+
+    def row(block, clock, kind, bias, pairs=8, truth=2.0, ref=False):
+        return {
+            "config": "c",
+            "block_steps": block,
+            "clock": clock,
+            "kind": kind,
+            "plant": f"{kind} plant",
+            "pairs": pairs,
+            "truth": truth,
+            "bias": bias,
+            "bias_lo": bias - 0.1,
+            "bias_hi": bias + 0.1,
+            **({"reference": True} if ref else {}),
+        }
+
+    planted = [
+        row(1, "wall", "spin", 0.15, pairs=80),
+        row(1, "wall", "spin", -0.30),
+        row(1, "CPU", "spin", 0.06, pairs=80),
+        row(10, "CPU", "spin", 0.50, pairs=80),
+        row(1, "CPU", "matmul", -0.24),
+        row(50, "CPU", "matmul", 0.0, ref=True),
+    ]
+
+    def target(block, endpoint):
+        return {
+            "studies": [
+                {"name": "s", "design": "paired", **({"lockstep": {"block_steps": block}} if block else {})}
+            ],
+            "hypotheses": {"tests": [{"id": "h", "study": "s", "config": "c", "endpoint": endpoint}]},
+        }
+
+    wall = calibration_bias(planted, target(1, "training_time"))["h"]
+    assert wall.startswith("spin of +2.00: +0.15 (+0.05 to +0.25), 80 pairs") and "-0.30" in wall
+    cpu = calibration_bias(planted, target(1, "training_cpu_time"))["h"]
+    assert "+0.06" in cpu and "+0.50" not in cpu and "matmul plant: -0.24" in cpu
+    assert "not measured" in calibration_bias(planted, target(None, "training_time"))["h"]
+    assert "not measured" in calibration_bias(planted, target(50, "training_time"))["h"]  # a reference only
+    assert "not a time" in calibration_bias(planted, target(1, "test_bpb"))["h"]
