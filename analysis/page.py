@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.beside import Beside
+from analysis.lockstep_report import model_html
 from analysis.page_html import esc
 from analysis.page_protocol import answers_section, claims_section, flow_section, verify_section
 from analysis.page_studies import (
@@ -79,7 +80,7 @@ def render(
     studies = [s for s in summary.studies if s.name not in planted]  # planted ones: their own section
     body += answers[:cut] + answer_figure(studies, p["studies"], on_cpu, beside) + answers[cut:]
     body += beside_section(beside) if beside else []
-    body += planted_html(summary)
+    body += planted_html(summary) + model_html(summary)
     by_name = {s["name"]: s for s in p["studies"]}
     n = 0
     for study in studies:

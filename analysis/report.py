@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis.beside import Beside, read_beside
+from analysis.lockstep_report import model_md
 from analysis.page import write_page
 from analysis.planted_report import planted_md, planted_names
 from analysis.plots import plots
@@ -31,7 +32,7 @@ def markdown(summary: Summary, beside: Beside | None = None) -> str:
     out += decisions_section(summary.hypotheses) + flow_section(summary.flow)
     out += _beside(beside) if beside and beside.rows else []
     planted = planted_names(summary)
-    out += planted_md(summary)
+    out += planted_md(summary) + model_md(summary)
     for study in summary.studies:
         if not study.configs or study.name in planted:
             continue

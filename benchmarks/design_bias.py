@@ -17,32 +17,69 @@ import sys
 from pathlib import Path
 
 
-def _pts(x: float | None) -> str:
-    return "" if x is None else f"{x:+.2f}"
-
-
 def _cell(r: dict | None) -> str:
     if r is None:
         return ""
     if r.get("bias") is None:
         return f"n/a ({r.get('why', '')})"
     if r.get("reference"):
-        return f"reference: {_pts(r['estimate'])} ({_pts(r['estimate_lo'])} to {_pts(r['estimate_hi'])})"
-    return f"{_pts(r['bias'])} ({_pts(r['bias_lo'])} to {_pts(r['bias_hi'])})"
+        return "the reference"
+    return f"{r['bias']:+.2f} ({r['bias_lo']:+.2f} to {r['bias_hi']:+.2f})"
+
+
+def _truth(r: dict) -> str:
+    if r.get("truth") is None:
+        return "n/a"
+    t = f"{r['truth']:+.2f}"
+    if "truth_lo" in r:
+        t += f" ({r['truth_lo']:+.2f} to {r['truth_hi']:+.2f}), measured"
+    return t
 
 
 def _coverage(r: dict | None) -> str:
     c = (r or {}).get("coverage")
     if not c:
         return ""
-    return (
-        f"{c['covered']}/{c['studies']} ({100 * c['lo']:.0f}-{100 * c['hi']:.0f}%) of {c['pairs_each']} pairs"
-    )
+    return f"{c['covered']} of {c['studies']} ({100 * c['lo']:.0f} to {100 * c['hi']:.0f}%)"
+
+
+def table(rows: list[dict]) -> list[str]:
+    """The markdown lines: per configuration and plant (spins by size, then the measured plants),
+    each design (lockstep by block size, then a process per arm), the CPU clock beside the wall."""
+    by: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        by.setdefault((r["config"], r["kind"], r["plant"], r.get("block_steps")), {})[r["clock"]] = r
+    truth: dict[tuple, list[float]] = {}
+    for k, clocks in by.items():
+        t = (clocks.get("CPU") or clocks["wall"]).get("truth")
+        if t is not None:
+            truth.setdefault(k[:3], []).append(t)
+
+    def order(k: tuple) -> tuple:
+        config, kind, plant, block = k
+        t = truth.get(k[:3]) or [0.0]
+        return (config, kind != "spin", sum(t) / len(t), plant, block is None, block or 0)
+
+    configs = {k[0] for k in by}
+    out = [
+        ("| configuration " if len(configs) > 1 else "")
+        + "| plant | design | pairs | true effect, CPU | bias, CPU (95%) | bias, wall (95%) | coverage, CPU |",
+        ("|---" if len(configs) > 1 else "") + "|---|---|---|---|---|---|---|",
+    ]
+    for k in sorted(by, key=order):
+        c, w = by[k].get("CPU"), by[k].get("wall")
+        ref = c or w or {}
+        out.append(
+            (f"| {k[0]} " if len(configs) > 1 else "")
+            + f"| {k[2]} | {ref['design']} | {ref['pairs']} | {_truth(ref)} | {_cell(c)} | {_cell(w)}"
+            f" | {_coverage(c)} |"
+        )
+    return out
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        print("usage: python benchmarks/design_bias.py RECORDS_FOLDER", file=sys.stderr)
         return 2
     path = Path(argv[0]) / "summary.json"
     try:
@@ -53,44 +90,7 @@ def main(argv: list[str]) -> int:
     if not rows:
         print(f"{path}: no planted studies")
         return 1
-    by: dict[tuple, dict[str, dict]] = {}
-    for r in rows:
-        by.setdefault((r["config"], r["kind"], r["plant"], r["design"]), {})[r["clock"]] = r
-
-    truth: dict[tuple, list[float]] = {}
-    for k, clocks in by.items():
-        t = (clocks.get("CPU") or clocks["wall"]).get("truth")
-        if t is not None:
-            truth.setdefault(k[:3], []).append(t)
-
-    def order(k: tuple) -> tuple:
-        config, kind, plant, _ = k
-        t = truth.get(k[:3]) or [0.0]
-        b = (by[k].get("CPU") or by[k]["wall"]).get("block_steps")
-        return (config, kind != "spin", sum(t) / len(t), plant, b is None, b or 0)
-
-    print(
-        "| configuration | plant | design | pairs | true effect (CPU) | bias, wall (95%) | bias, CPU (95%)"
-        " | covered, wall / CPU | coverage, CPU |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for k in sorted(by, key=order):
-        config, _, plant, design = k
-        w, c = by[k].get("wall"), by[k].get("CPU")
-        ref = c or w or {}
-        truth = _pts(ref.get("truth"))
-        if "truth_lo" in ref:
-            truth += f" ({_pts(ref['truth_lo'])} to {_pts(ref['truth_hi'])}), measured"
-        cov = " / ".join(
-            ""
-            if x is None or x.get("reference") or x.get("bias") is None
-            else ("yes" if x["covered"] else "no")
-            for x in (w, c)
-        )
-        print(
-            f"| {config} | {plant} | {design} | {ref.get('pairs', '')} | {truth} | {_cell(w)} | {_cell(c)}"
-            f" | {cov} | {_coverage(c)} |"
-        )
+    print("\n".join(table(rows)))
     return 0
 
 

@@ -40,6 +40,12 @@ Format log (``schema_version``):
   already) but say 4. Version 3 records are still read (cpu1 and cpu2 are version 3); their
   copies of the summary made up about a quarter of their bytes (cpu2: 11.8 MB of records would be
   8.9 MB as version 4).
+  Added within version 4, absent from earlier records and from runs that do not use them: a
+  run's ``step_times`` (every training step's wall and CPU microseconds, ``wall_us`` and
+  ``cpu_us``, warm-up steps included; built-in arms); a planted study candidate's ``spec.planted``
+  (the plant, ``analysis/audit/planted.py``) with ``timings.planted_s`` and ``planted_cpu_s``
+  (the plant's own time over the timed steps); a study's ``spec.warmup_steps`` with
+  ``timings.warmup_s`` and ``warmup_cpu_s`` (those steps, timed apart from ``training_s``).
 
 Typed objects (frozen dataclasses), with JSON only at the file and process boundaries
 (``to_json`` / ``from_json``, which refuse fields they do not know, naming them): :class:`RunSpec`

@@ -411,3 +411,32 @@ def test_a_study_of_command_arms_is_refused_a_plant_it_would_not_run(planted):
     assert plant_problems(planted, command=False) == []
     [(key, message)] = plant_problems(planted, command=True)
     assert key == () and "command arms cannot be planted" in message
+
+
+def test_the_design_bias_table_is_the_committed_calibrations_planted_rows():
+    """``benchmarks/design_bias.py`` (the table docs/decisions.md quotes) on the committed records:
+    one row per plant and design, its figures the summary's, on both clocks."""
+    import json
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    folder = root / "records" / "calibration-cpu"
+    out = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "design_bias.py"), str(folder)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = json.loads((folder / "summary.json").read_text())["planted"]
+    lines = [line for line in out.splitlines() if line.startswith("| ") and "design" not in line]
+    assert len(lines) == len(rows) // 2  # one line per study, the two clocks side by side
+    for r in rows:
+        if r.get("bias") is not None and not r.get("reference"):
+            cell = f"{r['bias']:+.2f} ({r['bias_lo']:+.2f} to {r['bias_hi']:+.2f})"
+            assert any(r["design"] in line and r["plant"] in line and cell in line for line in lines), r
+    assert (
+        subprocess.run(
+            [sys.executable, str(root / "benchmarks" / "design_bias.py")], capture_output=True
+        ).returncode
+        == 2
+    )
