@@ -4,7 +4,7 @@
 report; ``analysis/public_audit.py`` re-checks everything with the standard library alone.
 """
 
-from analysis.audit.descriptive import PairedInterval, mean_interval, paired_interval
-from analysis.audit.factorial import factorial_contrasts
+from prereg.descriptive import PairedInterval, mean_interval, paired_interval
+from prereg.factorial import factorial_contrasts
 
 __all__ = ["PairedInterval", "factorial_contrasts", "mean_interval", "paired_interval"]

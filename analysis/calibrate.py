@@ -17,7 +17,7 @@ import statistics
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.records import RunRecord
+    from prereg.records import RunRecord
 
 
 def calibrate(records: list[RunRecord]) -> dict[str, dict[str, Any]]:

@@ -4,7 +4,7 @@ harness offers, interleaved in one time window (``harness calibration-study``).
 The pilot gives one number, the median CPU time of a training step of the configuration's
 baseline arm (each ok baseline run's ``training_cpu_s`` over its timed steps). A spin of
 ``size`` percent is ``round(size / 100 x that step)`` microseconds per step; the cache-heavy plant
-is an ``n`` x ``n`` matrix product (its truth is measured: ``analysis/audit/planted.py``). Every
+is an ``n`` x ``n`` matrix product (its truth is measured: ``prereg/planted.py``). Every
 design runs every plant on fresh seeds; ``schedule: interleaved`` puts all units in one seeded
 order, so each design meets the machine's load of the same minutes. The cells at
 ``coverage_size`` run ``coverage_pairs`` pairs in designs named by ``coverage_designs``, cut into
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harness.records import RunRecord
+from prereg.records import RunRecord
 
 __all__ = ["CalibrationPlan", "pilot_step_cpu_us", "protocol_text"]
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from analysis.results import Hypotheses, HypothesisDecision, PairedResult, Summary
-from harness.records import RunRecord
+from prereg.decisions import HypothesisDecision
+from prereg.records import RunRecord
+from prereg.results import Hypotheses, PairedResult, Summary
 
 __all__ = ["plots"]
 

@@ -4,7 +4,7 @@ A pilot's A/A pairs (baseline against itself, same seed) measure how much two ru
 differ on a device without showing any candidate outcome. For each hypothesis of a target
 protocol this module prints the pairs needed for 80% and 90% power at the hypothesis' level and
 margin, and the interval's half-width at the planned number of pairs, all on the scale the decision
-is tested on (the log ratio for both ratio estimands, :mod:`analysis.audit.ttests`). A pilot of a few
+is tested on (the log ratio for both ratio estimands, :mod:`prereg.ttests`). A pilot of a few
 pairs estimates the standard deviation loosely, so beside the plug-in figure it gives the pairs
 needed at an upper confidence limit of the SD, which reach the power with that confidence.
 Never imports torch.
@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 from scipy import integrate as _integrate
 from scipy import stats as _st
 
-from analysis.audit.descriptive import reduction, scale
-from analysis.audit.hypotheses import ENDPOINT_KEYS, NotReached, Pair, bounds, values_of
-from analysis.audit.ranks import binomial_upper, median
-from analysis.audit.ttests import one_sided, period_adjusted_mean, sign
+from prereg.descriptive import reduction, scale
+from prereg.hypotheses import ENDPOINT_KEYS, NotReached, Pair, bounds, values_of
+from prereg.ranks import binomial_upper, median
+from prereg.ttests import one_sided, period_adjusted_mean, sign
 
 if TYPE_CHECKING:
-    from harness.records import RunRecord
+    from prereg.records import RunRecord
 
 
 @dataclass(frozen=True)
@@ -123,9 +123,9 @@ def aa_noise(
     """Per configuration, the noise of ``endpoint`` from the A/A pairs (:func:`aa_pairs`).
 
     With ``hypothesis``, its per-pair values are the ones its rule decides on
-    (:func:`analysis.audit.hypotheses.values_of`: restricted times or worst-rank scores for time
+    (:func:`prereg.hypotheses.values_of`: restricted times or worst-rank scores for time
     to target, so censoring in the pilot counts), and a period-adjusted hypothesis' ``sd`` is the
-    pooled standard deviation within the two order groups (:func:`analysis.audit.ttests.period_adjusted_mean`:
+    pooled standard deviation within the two order groups (:func:`prereg.ttests.period_adjusted_mean`:
     a period effect in the pilot is not noise to that test). Without one, the pairs where both arms
     have a value, on the estimand's test scale.
     """
@@ -188,7 +188,7 @@ def power(n: int, sd: float, alpha: float, kind: str, margin: float, effect: flo
     """Power of the one-sided paired t test(s) with ``n`` pairs, margin and effect on the test scale.
 
     ``effect`` is the assumed true mean in the favourable direction (``s * mean``); see
-    :func:`power_region`, which this calls with :func:`analysis.audit.ttests.one_sided` ``(+1, kind, margin)``.
+    :func:`power_region`, which this calls with :func:`prereg.ttests.one_sided` ``(+1, kind, margin)``.
     """
     return power_region(n, sd, alpha, one_sided(1, kind, margin), effect)
 
@@ -223,7 +223,7 @@ def _check_inputs(
 def power_region(
     n: int, sd: float, alpha: float, region: tuple[float | None, float | None], mean: float, lost: int = 1
 ) -> float:
-    """Power of the test of ``lo < mu < hi`` (:func:`analysis.audit.ttests.t_result`) when the true mean is ``mean``.
+    """Power of the test of ``lo < mu < hi`` (:func:`prereg.ttests.t_result`) when the true mean is ``mean``.
 
     Notes
     -----
@@ -363,7 +363,7 @@ def sign_critical(n: int, alpha: float) -> int | None:
 def sign_power(
     n: int, values: tuple[float, ...], alpha: float, region: tuple[float | None, float | None], mean: float
 ) -> float:
-    """Power of the sign test (:func:`analysis.audit.ranks.sign_test`) with ``n`` pairs when the
+    """Power of the sign test (:func:`prereg.ranks.sign_test`) with ``n`` pairs when the
     per-pair values are distributed as the pilot's ``values`` moved to median ``mean``.
 
     Notes
@@ -550,8 +550,8 @@ def sequential_figures(
     Notes
     -----
     With the drift ``theta = k (mean - bound) sqrt(n_K) / sd`` at full information, look ``j``'s
-    first-crossing probability is :func:`analysis.audit.sequential.crossing` of the design's
-    efficacy boundaries at ``alpha`` (:func:`analysis.audit.sequential.boundaries`); the power is
+    first-crossing probability is :func:`prereg.sequential.crossing` of the design's
+    efficacy boundaries at ``alpha`` (:func:`prereg.sequential.boundaries`); the power is
     their sum and the expected pairs ``sum_j P_j n_j + (1 - power) n_K`` (a futility stop, which is
     non-binding, would only lower it). The maximum pairs for 80% power scale the looks by a common
     factor (the same information fractions) and take the smallest ``n_K`` whose power reaches 0.8.
@@ -560,7 +560,7 @@ def sequential_figures(
     degree of freedom, and the sign rule's power is lower still (about ``2/pi`` as efficient under
     normal noise), so for these it is an upper bound.
     """
-    from analysis.audit.sequential import boundaries, crossing
+    from prereg.sequential import boundaries, crossing
 
     if sd <= 0 or region[0] is not None and region[1] is not None:
         return None
@@ -595,7 +595,7 @@ def sequential_figures(
 
 def _null_pairs(times: list[float], c: list[float], n_max: int) -> float:
     """Expected pairs at no effect: the null's crossings (which spend alpha) end a study early."""
-    from analysis.audit.sequential import crossing
+    from prereg.sequential import crossing
 
     at = crossing(times, c, 0.0)
     return math.fsum(p * t * n_max for p, t in zip(at.at, times)) + (1 - at.total) * n_max
@@ -681,7 +681,7 @@ CLOCK_OF = {"training_time": "wall", "training_cpu_time": "CPU"}
 
 def calibration_bias(planted: Sequence[Mapping[str, Any]], target: dict[str, Any]) -> dict[str, str]:
     """Per hypothesis of ``target`` (a protocol summary), its design's measured bias from a
-    calibration study's planted rows (``Summary.planted``: ``analysis/audit/planted.py``), on the
+    calibration study's planted rows (``Summary.planted``: ``prereg/planted.py``), on the
     hypothesis' clock, in points of the log ratio: the spin plant measured with the most pairs
     (the narrowest interval), the largest bias over the spin sizes, and each cache-heavy plant.
 

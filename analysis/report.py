@@ -1,5 +1,5 @@
 """The report: ``summary.json`` (every number shown), ``report.md`` (the study's tables), PNG plots,
-the study page ``index.html`` (:mod:`analysis.page`), and the per-run table as CSV or Parquet for
+the study page ``index.html`` (:mod:`prereg.render.page`), and the per-run table as CSV or Parquet for
 users' own analysis.
 
 ``python -m analysis report records/<id>`` or ``harness report PROTOCOL``.
@@ -11,73 +11,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from analysis.beside import Beside, read_beside
-from analysis.lockstep_report import model_md
-from analysis.page import write_page
-from analysis.planted_report import planted_md, planted_names
 from analysis.plots import plots
-from analysis.report_md import md_table
-from analysis.report_protocol import decisions_section, flow_section, header_section, runs_section
-from analysis.report_studies import factorial_study_section, paired_study_section
-from analysis.results import Summary
-from analysis.summary import derive, load_records
-from harness.files import atomic_write
-from harness.records import load_started, seal, write_json
-
-
-def markdown(summary: Summary, beside: Beside | None = None) -> str:
-    """``report.md``: the completeness line, the records, the decisions, the flow of planned runs,
-    the study beside an earlier one (``beside``), each study's tables and every run attempt."""
-    out = header_section(summary)
-    out += decisions_section(summary.hypotheses) + flow_section(summary.flow)
-    out += _beside(beside) if beside and beside.rows else []
-    planted = planted_names(summary)
-    out += planted_md(summary) + model_md(summary)
-    for study in summary.studies:
-        if not study.configs or study.name in planted:
-            continue
-        out += (
-            paired_study_section(study)
-            if study.design == "paired"
-            else factorial_study_section(
-                study, next(st for st in summary.protocol["studies"] if st["name"] == study.name)
-            )
-        )
-    out += runs_section(summary.runs)
-    return "\n".join(out).rstrip() + "\n"
-
-
-def _beside(beside: Beside) -> list[str]:
-    """The training-time reductions of the configurations both studies ran, side by side."""
-    rows = []
-    for b in beside.rows:
-        cells = [b.config, b.study]
-        for r in (b.result, b.earlier):
-            iv = r.training_time.interval
-            cells += [
-                str(r.pairs_used),
-                "n/a" if iv is None else f"{iv.estimate:.2f}% ({iv.low:.2f} to {iv.high:.2f}%)",
-            ]
-        rows.append(cells)
-    return [
-        f"## Beside {beside.protocol_id}",
-        "",
-        f"The same configurations and arms in {beside.protocol_id} ({beside.rows[0].earlier_design}; "
-        f"records `{beside.folder}`, read from its sealed summary.json).",
-        "",
-        *md_table(
-            [
-                "Configuration",
-                "Study",
-                "Pairs",
-                "Time reduction (interval)",
-                f"{beside.protocol_id} pairs",
-                f"{beside.protocol_id}",
-            ],
-            rows,
-        ),
-        "",
-    ]
+from prereg.files import atomic_write
+from prereg.records import load_started, seal, write_json
+from prereg.render.beside import read_beside
+from prereg.render.page import write_page
+from prereg.render.report import markdown
+from prereg.results import Summary
+from prereg.summary import derive, load_records
 
 
 @dataclass
@@ -108,7 +49,7 @@ def write_report(
     summary_path = records_dir / "summary.json"
     write_json(summary_path, sealed, pretty=True)
     # the texts are rendered from what summary.json holds, as the audit renders them again
-    # (analysis.render): its key order, not the in-memory one
+    # (prereg.render.published): its key order, not the in-memory one
     summary = Summary.read(json.loads(summary_path.read_text(encoding="utf-8")), str(summary_path))
     shown = read_beside(summary, beside, beside_rel) if beside is not None else None
     md = markdown(summary, shown)

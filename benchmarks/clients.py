@@ -5,7 +5,7 @@ with ``PackedAdamW`` taking the one-pass phase (``clip_step_zero_grad``), both i
 batches, alternating which goes first each round (ABBA). Timed per iteration: the whole iteration
 and the gradient phase alone (from the end of backward to the end of ``zero_grad``). Reported: the
 medians, their ratio, and the 95% Student-t interval of the mean per-round log ratio (the
-project's own ``analysis.audit.descriptive.mean_interval``), as a ratio. The bits are checked too:
+project's own ``prereg.descriptive.mean_interval``), as a ratio. The bits are checked too:
 after the timed rounds the two models must be equal bit for bit.
 
 * ``nanogpt``: the loop of nanoGPT's ``train.py`` (gradient accumulation over micro-batches with
@@ -42,12 +42,12 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from analysis.audit.descriptive import mean_interval  # noqa: E402
+from cotangent import PackedAdamW  # noqa: E402
+from cotangent.verify import bitwise_equal  # noqa: E402
 from harness.config import ModelConfig  # noqa: E402
-from harness.cotangent import PackedAdamW  # noqa: E402
-from harness.cotangent.verify import bitwise_equal  # noqa: E402
 from harness.devices import cpu_model  # noqa: E402
 from harness.models import build_model  # noqa: E402
+from prereg.descriptive import mean_interval  # noqa: E402
 
 ARMS = ("native", "cotangent")
 

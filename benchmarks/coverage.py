@@ -11,7 +11,7 @@ pairs of a records folder). It reports, at the declared levels:
 
 * the actual coverage of the plain paired t interval and of the period-adjusted (two-period
   crossover) interval for ``tau``, and their mean widths;
-* the type-I error of each decision rule of :mod:`analysis.audit.decisions` at the edge of its null
+* the type-I error of each decision rule of :mod:`prereg.decisions` at the edge of its null
   (superiority at ``tau = 0``, non-inferiority at ``tau = -margin`` on the favourable scale,
   equivalence at ``tau = margin``), and of the worst-rank signed-rank rule for time to target
   when both arms miss the target equally often;
@@ -55,10 +55,10 @@ sys.path.insert(0, str(ROOT))
 
 from scipy import optimize, stats  # noqa: E402
 
-from analysis.audit.descriptive import mean_interval  # noqa: E402
-from analysis.audit.ranks import median_bounds, sign_test, signed_rank, worst_rank_differences  # noqa: E402
-from analysis.audit.ttests import period_adjusted, t_test  # noqa: E402
 from analysis.power import skewness  # noqa: E402
+from prereg.descriptive import mean_interval  # noqa: E402
+from prereg.ranks import median_bounds, sign_test, signed_rank, worst_rank_differences  # noqa: E402
+from prereg.ttests import period_adjusted, t_test  # noqa: E402
 
 
 def _lognormal(rng: random.Random) -> float:
@@ -168,7 +168,7 @@ def noise_sweep(args: argparse.Namespace, sd: float) -> dict[str, object]:
     """Per noise family and ``n``: the plain t rule's coverage of the mean and one-sided type-I errors
     at a mean of 0, the two skew-corrected statistics of :func:`skew_corrected` (coverage: the
     two-sided test at the interval's level does not reject the true mean 0), the sign rule's
-    (:func:`analysis.audit.ranks.sign_test`, :func:`~analysis.audit.ranks.median_bounds`) at a
+    (:func:`prereg.ranks.sign_test`, :func:`~prereg.ranks.median_bounds`) at a
     median of 0, and each rule's family-wise error over three independent null hypotheses under
     Holm at ``--family-alpha`` (the candidate claimed faster: the lower tail)."""
     rng = random.Random(args.seed)
@@ -241,12 +241,12 @@ def noise_sweep(args: argparse.Namespace, sd: float) -> dict[str, object]:
 
 
 def sequential_sweep(args: argparse.Namespace) -> dict[str, object]:
-    """Group-sequential designs by simulation through the core (:func:`analysis.audit.looks.run_looks`):
+    """Group-sequential designs by simulation through the core (:func:`prereg.looks.run_looks`):
     per spending function, rule (t, sign) and noise (normal; the stall mixture, its median at 0 for
     the sign rule), the type-I error at no effect and, at an effect of ``--seq-effect`` SDs
     favouring the candidate, the power, with the expected pairs used (the fixed design uses all)."""
-    from analysis.audit.hypotheses import Family
-    from analysis.audit.looks import run_looks
+    from prereg.hypotheses import Family
+    from prereg.looks import run_looks
 
     looks = args.seq_looks
     rng = random.Random(args.seed)
@@ -498,7 +498,7 @@ def censoring(args: argparse.Namespace, sd: float, rng: random.Random) -> dict[s
 
 def sd_from_records(directory: Path) -> float:
     from analysis.power import aa_noise
-    from harness.records import load_records
+    from prereg.records import load_records
 
     noise = aa_noise(load_records(directory), "training_time", "log_ratio")
     if not noise:

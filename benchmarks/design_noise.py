@@ -2,7 +2,7 @@
 time (wall clock, ``training_s``) and of training CPU time (``training_cpu_s``), per study and
 configuration, side by side, from a records folder; and, where one configuration's candidate was
 run in several designs, each design's effect and the difference of the designs' effects with its
-99% Welch interval (:func:`analysis.audit.designs.welch_difference`).
+99% Welch interval (:func:`prereg.designs.welch_difference`).
 
     python benchmarks/design_noise.py records/cpu2-pilot
 
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "analysis"))
-from audit.designs import welch_difference  # noqa: E402 - the audit's standard-library core
+from prereg.designs import welch_difference
 
 
 def _records(folder: Path) -> list[dict]:

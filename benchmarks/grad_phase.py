@@ -3,7 +3,7 @@
 For the parameter shapes of real model configurations, in one process, variants interleaved
 round-robin; the median of many repetitions and each variant's ratio to ``native``:
 
-* ``native``, ``bucketed``, ``packed``, ``cotangent``: the study's four arms (harness.cotangent);
+* ``native``, ``bucketed``, ``packed``, ``cotangent``: the study's four arms (cotangent);
 * ``compiled``: the strong peer, native clipping and AdamW step under ``torch.compile``
   (learning rate as a tensor, so changing it does not recompile);
 * ``floor``: the physical limit, not a variant that runs: the bytes the exact phase must move
@@ -19,9 +19,9 @@ optimizer's hooks) that ends a real backward (native: a fresh tensor stored as `
 accumulated in place into the flat buffer). That delivery is timed too and reported separately,
 so a cost moved out of the phase stays visible. ``cotangent/torch`` is the candidate with
 ``kernel="torch"``: the same phase on PyTorch's kernels in cache-sized blocks, where ``cotangent``
-itself runs ``harness/cotangent/kernel/phase.c`` (when its self-check passed; the header says which).
+itself runs ``cotangent/kernel/phase.c`` (when its self-check passed; the header says which).
 ``--block-sweep`` adds ``cotangent/torch`` variants built with other CPU block sizes
-(``block_bytes``; default ``harness.cotangent.CPU_BLOCK_BYTES``), side by side.
+(``block_bytes``; default ``cotangent.CPU_BLOCK_BYTES``), side by side.
 Peak memory: each arm trains the real model in its own process; after two steady-state steps
 (so every arm's optimizer state exists) the peak RSS is reset (Linux ``/proc/self/clear_refs``)
 and the peak of the next steps is reported (median of ``--memory-repeats`` processes per arm,
@@ -53,10 +53,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import harness.cotangent as cot  # noqa: E402
+import cotangent as cot  # noqa: E402
+from cotangent import kernel as phase_kernel  # noqa: E402
 from harness.arms import ARMS, build_arm  # noqa: E402
 from harness.config import load_config  # noqa: E402
-from harness.cotangent import kernel as phase_kernel  # noqa: E402
 from harness.devices import cpu_model  # noqa: E402
 from harness.models import build_model  # noqa: E402
 

@@ -65,7 +65,7 @@ def split_overhead(repo: Path, start: float, end: float) -> tuple[float, float, 
     device, the runs after its first over the time from its first run's end to its last's."""
     from datetime import datetime
 
-    from harness.records import load_records
+    from prereg.records import load_records
 
     by_device: dict[str, list[tuple[float, float]]] = {}
     for r in load_records(repo / "records" / "tiny"):
@@ -81,7 +81,7 @@ def split_overhead(repo: Path, start: float, end: float) -> tuple[float, float, 
 
 
 def launcher_total(repo: Path) -> float:
-    from harness.records import load_records
+    from prereg.records import load_records
 
     return sum(r.timings["launcher_wall_s"] for r in load_records(repo / "records" / "tiny"))
 

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor
 
-from harness.cotangent import PackedAdamW, clip_grad_norm_
-from harness.cotangent.clip import grads_as_params
-from harness.cotangent.pack import CPU_BLOCK_BYTES, Pack
+from cotangent import PackedAdamW, clip_grad_norm_
+from cotangent.clip import grads_as_params
+from cotangent.pack import CPU_BLOCK_BYTES, Pack
 from harness.names import ARMS
 from harness.plugins import is_plugin
 

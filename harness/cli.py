@@ -14,8 +14,8 @@ from typing import Any
 from harness.cliargs import RUN_INTERRUPTED, RUN_TERMINATED, parser
 from harness.clirun import Terminated, cmd_run, records_rel, refuse_shadowing, report
 from harness.clitools import cmd_compare_arms, cmd_configs, cmd_data, cmd_node, cmd_verify, table
-from harness.errors import HarnessError, InputError
-from harness.records import RecordFormatError
+from prereg.errors import HarnessError, InputError
+from prereg.records import RecordFormatError
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -89,10 +89,10 @@ def cmd_tag(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from analysis.page import write_page
-    from analysis.summary import derive, load_records
     from harness.protocol import load_protocol
-    from harness.records import load_started, seal
+    from prereg.records import load_started, seal
+    from prereg.render.page import write_page
+    from prereg.summary import derive, load_records
 
     proto = load_protocol(args.protocol)
     records = load_records(proto.records_path)
@@ -140,9 +140,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from analysis.calibrate import budget, calibrate
-    from analysis.summary import load_records
     from harness.plan import make_plan
     from harness.protocol import load_protocol
+    from prereg.summary import load_records
 
     pilot = load_protocol(args.pilot)
     rows = calibrate(load_records(pilot.records_path))
@@ -178,9 +178,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_calibration_study(args: argparse.Namespace) -> int:
     from analysis.calibration_study import CalibrationPlan, pilot_step_cpu_us, protocol_text
-    from harness.files import atomic_write
     from harness.protocol import load_protocol
-    from harness.records import load_records
+    from prereg.files import atomic_write
+    from prereg.records import load_records
 
     def numbers(flag: str, text: str, kind: Callable[[str], Any]) -> tuple[Any, ...]:
         try:
@@ -252,7 +252,7 @@ def cmd_power(args: argparse.Namespace) -> int:
     from analysis.power import cited, legend, plan, table_rows
     from harness import yamlio
     from harness.protocol import load_protocol
-    from harness.records import load_records
+    from prereg.records import load_records
 
     pilot = load_protocol(args.pilot)
     target = load_protocol(args.target)
@@ -272,7 +272,7 @@ def cmd_power(args: argparse.Namespace) -> int:
     bias = None
     if args.calibration:
         from analysis.power import calibration_bias
-        from analysis.summary import derive
+        from prereg.summary import derive
 
         cal = load_protocol(args.calibration)
         planted = derive(load_records(cal.records_path)).planted if cal.records_path.is_dir() else None

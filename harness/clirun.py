@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cliargs import RUN_BUDGET_STOP, RUN_COMPLETE, RUN_FAILED_RUNS, RUN_NO_REPORT, RUN_NOT_DONE
-from harness.errors import HarnessError
+from prereg.errors import HarnessError
 
 #: Installed packages the harness imports; a copy of one inside the study's folder (an ignored
 #: ``yaml/`` beside the code) would shadow it for a runner started there with ``python -m``.
@@ -20,7 +20,7 @@ def refuse_shadowing() -> None:
     """Refuse, before anything imports them, installed packages shadowed from the working directory."""
     import importlib.util
 
-    from harness.errors import RefusedError
+    from prereg.errors import RefusedError
 
     here = Path.cwd().resolve()
     for name in _INSTALLED:

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness.errors import HarnessError, InputError
+from prereg.errors import HarnessError, InputError
 
 
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
@@ -99,13 +99,13 @@ def _pin(path: Path, name: str | None, split: str) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from harness.cotangent.verify import run_checks
+    from cotangent.verify import run_checks
     from harness.devices import resolve
 
     device = resolve(args.device)
     status = run_checks(device, save=args.save, echo=print)
     if device.type == "cpu" and not args.no_clients:
-        from harness.cotangent.clients import check_clients
+        from cotangent.clients import check_clients
 
         status = 1 if check_clients(print) else status
     return status

@@ -25,10 +25,10 @@ import string
 from pathlib import Path
 from typing import Any
 
-from analysis.public_audit import arm_of, metric_of
 from harness import gitutil, yamlio
 from harness.execute.launchers import CODE_PATH
 from harness.yamlio import Field, one_of
+from prereg.commands import arm_of, metric_of
 
 #: What a command's arguments may name: the run's seed, its reporter file, its configuration label,
 #: the protocol's device and threads, the planned steps and the run's id.

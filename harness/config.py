@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from harness import yamlio
-from harness.errors import InputError
 from harness.plugins import is_plugin
 from harness.yamlio import Field, non_negative, one_of, positive
+from prereg.errors import InputError
 
 
 @dataclass(frozen=True)

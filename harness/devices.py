@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from harness.errors import InputError
+from prereg.errors import InputError
 
 
 def resolve(name: str) -> torch.device:

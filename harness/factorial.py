@@ -17,7 +17,7 @@ That declaration is also what a factorial study without ``factors`` means (the s
 :data:`DEFAULT_FACTORS`). One to :data:`MAX_FACTORS` factors: 2, 4 or 8 cells. Cells are kept in
 standard order, the first factor alternating fastest: cell ``i`` has factor ``j`` at its second
 level exactly when bit ``j`` of ``i`` is set. Each block runs every cell once, in the order of a
-row of a Williams square (the plan's, :func:`analysis.audit.factorial.williams`), so that every cell
+row of a Williams square (the plan's, :func:`prereg.factorial.williams`), so that every cell
 follows every other equally often.
 Free of torch (``harness plan`` and ``tag`` start instantly).
 """

@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from analysis.public_audit import FREEZE_MARKER, frozen_trees, is_exempt, parse_manifest, refs_of
 from harness import gitutil
-from harness.errors import RefusedError
-from harness.records import canonical, sha256_bytes
+from harness.packages import package_dirs
+from prereg.commands import refs_of
+from prereg.errors import RefusedError
+from prereg.records import canonical, sha256_bytes
+from prereg.tag import FREEZE_MARKER, frozen_trees, is_exempt, parse_manifest
 
 FORMAT = 1
 
@@ -36,9 +38,6 @@ FORMAT = 1
 EXEMPT = frozenset(
     {"records", "protocols", "tests", "benchmarks", "docs", ".ci", ".github", ".gitignore", "LICENSE", "runs"}
 )
-
-_PACKAGES = ("harness", "analysis")
-
 
 #: The manifest's ``exempt`` list: the names and the ``*.md`` pattern (read by the core's rule).
 EXEMPT_LIST = [*sorted(EXEMPT), "*.md"]
@@ -50,21 +49,18 @@ def exempt(entry: str) -> bool:
 
 
 def code_sha256() -> dict[str, str]:
-    """sha256 over the source files (``*.py``, ``*.c``) of the running harness and analysis packages.
+    """sha256 over the source files (``*.py``, ``*.c``) of each of the project's packages
+    (:func:`package_dirs`), by package name; ``harness`` is the one a record's
+    ``env.harness_sha256`` holds.
 
     In a worker (``$HARNESS_SOURCES`` set, :func:`harness.execute.launchers.source_hashes`) it is
     computed from the hashes of the bytes the runner read once and the worker's imports were
     checked against, not from a second read of the files, which could find other bytes than
     the ones that ran."""
-    import analysis
-    import harness
-
     given = os.environ.get("HARNESS_SOURCES")
     sources: dict[str, dict[str, str]] = json.loads(given) if given else {}
     out = {}
-    for mod in (harness, analysis):
-        assert mod.__file__ is not None  # both are regular packages, imported from their files
-        base = Path(mod.__file__).resolve().parent
+    for base in package_dirs():
         if str(base) in sources:
             listed = sources[str(base)]
             hashes = {base / rel: sha for rel, sha in listed.items()}
@@ -72,7 +68,7 @@ def code_sha256() -> dict[str, str]:
             files = [*base.rglob("*.py"), *base.rglob("*.c")]
             hashes = {p: sha256_bytes(p.read_bytes()) for p in files if "__pycache__" not in p.parts}
         lines = [f"{p.relative_to(base).as_posix()}:{hashes[p]}" for p in sorted(hashes)]
-        out[mod.__name__] = sha256_bytes("\n".join(lines).encode())
+        out[base.name] = sha256_bytes("\n".join(lines).encode())
     return out
 
 
@@ -418,7 +414,7 @@ def tag(proto: Any, sign: bool = False) -> tuple[gitutil.TagInfo, dict[str, Any]
     files in the frozen entries, an existing tag, and existing records.
     """
     from harness.plan import make_plan, plan_sha256
-    from harness.records import record_files
+    from prereg.records import record_files
 
     repo = gitutil.toplevel(proto.path)
     if repo is None:

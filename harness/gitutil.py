@@ -155,7 +155,7 @@ def create_tag(repo: Path, name: str, message: str, sign: bool = False) -> None:
         git(repo, "tag", "-d", name, check=False)  # git can leave an unsigned tag behind when signing fails
         r = subprocess.CompletedProcess(r.args, 1, r.stdout, r.stderr or "git made no signature")
     if r.returncode != 0:
-        from harness.errors import RefusedError
+        from prereg.errors import RefusedError
 
         raise RefusedError(
             f"git could not {'sign and ' if sign else ''}create tag {name}: "

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from analysis.public_audit import CHOICES, family_problems, looks_problems, rule_problems
 from harness import yamlio
 from harness.names import ID_RE
 from harness.yamlio import Field, one_of
+from prereg.hypotheses import CHOICES, family_problems, rule_problems
+from prereg.sequential import looks_problems
 
 if TYPE_CHECKING:
     from harness.study import Study

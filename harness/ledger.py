@@ -32,17 +32,18 @@ from typing import Any
 
 from filelock import FileLock
 
-from analysis.public_audit import (
+from prereg.files import atomic_write
+from prereg.ledger import (
     LOOK_SUFFIX,
     RECORD_SUFFIX,
+    SOURCE_TREES,
     STARTED_SUFFIX,
     check_ledger,
     is_snapshot_name,
     record_name,
     self_hash_ok,
 )
-from harness.files import atomic_write
-from harness.records import (
+from prereg.records import (
     MANIFEST,
     SCHEMA_VERSION,
     LedgerHead,
@@ -343,19 +344,16 @@ class Ledger:
 
 
 def source_hashes(root: Path, extra: Iterable[Path]) -> dict[str, str]:
-    """sha256 of every source file that produces records: harness/ (Python and C), analysis/,
-    configs/, the tracked verified-paths files, and ``extra`` (the protocol, plug-in sources)."""
+    """sha256 of every source file that produces records (the core's :data:`SOURCE_TREES`: the
+    packages' Python and C files, configs/, the tracked verified-paths files) and ``extra`` (the
+    protocol, plug-in sources)."""
     files: set[Path] = set()
-    for sub, patterns in (
-        ("harness", ("*.py", "*.c")),
-        ("analysis", ("*.py",)),
-        ("configs", ("*.yaml",)),
-        ("verified", ("*.json",)),
-    ):
+    for sub, endings in SOURCE_TREES:
         base = root / sub
         if base.is_dir():
-            for pattern in patterns:
-                files.update(p for p in base.rglob(pattern) if "__pycache__" not in p.parts)
+            files.update(
+                p for p in base.rglob("*") if p.name.endswith(endings) and "__pycache__" not in p.parts
+            )
     files.update(extra)
     out = {}
     for p in sorted(files):
@@ -418,8 +416,8 @@ def check_records_folder(proto: Any) -> None:
     explicit, that resolves outside the repository or inside a frozen entry (its records would be
     untracked files there, and the study could never resume), or that has a symlink anywhere on the
     way from the repository to it."""
-    from harness.errors import InputError
     from harness.freeze import exempt
+    from prereg.errors import InputError
 
     root = Path(proto.root)
     rel = Path(proto.records_dir or f"records/{proto.id}")

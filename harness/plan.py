@@ -15,20 +15,20 @@ seed, configuration by configuration. Orders are decided before any run, from th
   per group.
 
 The rule's one home is the audit's standard-library core (``plan_from_protocol`` in
-``analysis/audit/plan.py``, through :mod:`analysis.public_audit`): the harness plans by it from
+``prereg/plan.py``, through :mod:`analysis.public_audit`): the harness plans by it from
 the protocol file as read, and the audit recomputes the plan by it from the tagged file.
 """
 
 from __future__ import annotations
 
-from analysis.public_audit import plan_from_protocol
 from harness.protocol import Protocol
-from harness.records import RunSpec, canonical, sha256_bytes
+from prereg.plan import plan_from_protocol
+from prereg.records import RunSpec, canonical, sha256_bytes
 
 
 def make_plan(proto: Protocol) -> list[RunSpec]:
     """The protocol's runs in plan order (:func:`analysis.public_audit.plan_from_protocol` on its
-    file as it was loaded, each run a :class:`~harness.records.RunSpec`)."""
+    file as it was loaded, each run a :class:`~prereg.records.RunSpec`)."""
     shas = {name: cfg.sha256 for name, cfg in proto.configs.items()}
     return [RunSpec.from_json(d, "plan") for d in plan_from_protocol(proto.document, proto.sha256, shas)]
 

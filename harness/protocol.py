@@ -115,7 +115,7 @@ class Protocol:
     def summary(self) -> dict[str, Any]:
         """What every record says about its protocol (and the audit reads): the audit core's
         :func:`analysis.public_audit.expected_summary` of the file, and its plug-ins' fingerprints."""
-        from analysis.public_audit import expected_summary
+        from prereg.plan import expected_summary
 
         return {
             **expected_summary(self.document, self.sha256, self.relpath),

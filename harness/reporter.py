@@ -33,7 +33,7 @@ The file (format 1) is JSON lines, one object a line, each with ``kind`` and ``t
 * ``done``: ``steps`` (how many were reported), ``cpu``.
 
 Every ``dt`` is the difference of the file's own stamps, so the harness and the audit recompute
-the clock from them (``analysis/audit/evidence.py``) and refuse a file whose ``dt`` says otherwise.
+the clock from them (``prereg/evidence.py``) and refuse a file whose ``dt`` says otherwise.
 
 Lockstep (``design: lockstep``): the harness starts both arms of a pair at once and hands each a
 socket (``HARNESS_LOCKSTEP_FD``) to the other. :meth:`Reporter.from_env` is a start barrier (the

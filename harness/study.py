@@ -9,15 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from analysis.public_audit import plant_problems
 from harness import yamlio
 from harness.commandarm import is_command_arms, parse_arms, parse_metric
 from harness.config import Config, config_dir, find_config
-from harness.errors import InputError
 from harness.factorial import DEFAULT_CELLS, DEFAULT_DESIGN, Design, parse
 from harness.names import ARMS, ID_RE
 from harness.plugins import is_plugin, source_of
 from harness.yamlio import Field, one_of, positive
+from prereg.errors import InputError
+from prereg.planted import plant_problems
 
 
 def two_sided_level(v: Any) -> str | None:
@@ -42,7 +42,7 @@ _STUDY = {
     # a command study's metric (harness.commandarm): the name its scripts report, target, better
     "metric": Field(dict, required=False, default=None),
     "interval_level": Field(float, required=False, default=None, check=two_sided_level),
-    # a planted reference effect on the candidate arm of an A/A study (analysis/audit/planted.py)
+    # a planted reference effect on the candidate arm of an A/A study (prereg/planted.py)
     "planted": Field(dict, required=False, default=None),
     # the first steps of every run, trained and timed but reported apart from the training clock
     "warmup_steps": Field(int, required=False, default=None, check=positive),
@@ -68,7 +68,7 @@ class Study:
     # a command study (harness.commandarm): each role's command arm, and the metric they report
     commands: dict[str, dict[str, Any]] | None = None
     metric: dict[str, Any] | None = None
-    # a planted study (analysis/audit/planted.py): the plant its candidate runs each step; None otherwise
+    # a planted study (prereg/planted.py): the plant its candidate runs each step; None otherwise
     planted: dict[str, Any] | None = None
     # steps at the start of each run reported apart from the training clock (warm-up); None: none
     warmup_steps: int | None = None

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from harness.errors import InputError
+from prereg.errors import InputError
 
 KeyPath = tuple[Any, ...]
 
@@ -208,7 +208,7 @@ def audit_readable(doc: Document) -> None:
     cannot read, or reads differently from ``yaml.safe_load``, naming the line: the audit reads the
     tagged protocol from its bytes alone, so ``harness plan`` and ``harness tag`` accept only what it
     reads."""
-    from analysis.public_audit import YamlError, yaml_subset
+    from prereg.yamlsub import YamlError, yaml_subset
 
     try:
         theirs = yaml_subset(doc.raw.decode("utf-8"))

@@ -171,8 +171,8 @@ def pinned_corpus(repo: Path, rel: str = "corpus/topics.txt") -> str:
 def record_dicts(folder: Path) -> list[dict]:
     """A records folder's record files as the JSON objects the analysis reads, in ledger order: what
     was written, a schema 4 record's ``protocol`` stub read over the folder's snapshot
-    (:func:`harness.records.load_records` reads the same files as typed records)."""
-    from harness.records import read_entry, read_snapshots, record_files
+    (:func:`prereg.records.load_records` reads the same files as typed records)."""
+    from prereg.records import read_entry, read_snapshots, record_files
 
     snapshots = read_snapshots(folder)
     out = [hydrated(read_entry(p), snapshots) for p in record_files(folder)]
@@ -182,10 +182,10 @@ def record_dicts(folder: Path) -> list[dict]:
 
 def hydrated(record: dict, snapshots: dict) -> dict:
     """A record's JSON with a schema 4 ``protocol`` stub read over the snapshot it names (``snapshots``:
-    :func:`harness.records.read_snapshots`); other records unchanged."""
+    :func:`prereg.records.read_snapshots`); other records unchanged."""
     import copy
 
-    from analysis.public_audit import with_snapshot
+    from prereg.ledger import with_snapshot
 
     if record.get("schema_version", 1) < 4 or "snapshot_sha256" not in (record.get("protocol") or {}):
         return record
@@ -197,8 +197,8 @@ def hydrated(record: dict, snapshots: dict) -> dict:
 def typed(records: list[dict]) -> list:
     """Record JSON objects (as :func:`record_dicts` gives them, or edited by a test) as the analysis
     reads them: a schema 4 record's full ``protocol`` split into its stub and its snapshot again."""
-    from analysis.public_audit import protocol_stub, snapshot_of
-    from harness.records import RunRecord
+    from prereg.ledger import protocol_stub, snapshot_of
+    from prereg.records import RunRecord
 
     out = []
     for r in records:
@@ -221,8 +221,8 @@ def edit_record(path: Path, edit) -> dict:
     edit changed the protocol, the record resealed (its ``ledger`` as the edit leaves it). Returns the sealed JSON."""
     import json
 
-    from analysis.public_audit import protocol_stub, snapshot_of
-    from harness.records import canonical, read_snapshots, seal, write_snapshot
+    from prereg.ledger import protocol_stub, snapshot_of
+    from prereg.records import canonical, read_snapshots, seal, write_snapshot
 
     rec = hydrated(json.loads(path.read_text()), read_snapshots(path.parent))
     edit(rec)
@@ -240,7 +240,7 @@ def edit_record(path: Path, edit) -> dict:
 
 def synthetic_record(spec: dict, **fields) -> object:
     """A record for the analysis with only the fields a test sets (the rest made up, never read)."""
-    from harness.records import SCHEMA_VERSION, RunRecord, RunSpec
+    from prereg.records import SCHEMA_VERSION, RunRecord, RunSpec
 
     full = {
         "run_id": f"{spec.get('study', 'p')}.{spec.get('unit', 'u')}.{spec.get('role', 'r')}",
@@ -281,9 +281,9 @@ def synthetic_record(spec: dict, **fields) -> object:
 
 
 def completeness(d: dict) -> object:
-    """A completeness (analysis.results.Completeness) from the few fields a decision reads, as the
+    """A completeness (prereg.results.Completeness) from the few fields a decision reads, as the
     audit's own decide takes them."""
-    from analysis.results import Completeness
+    from prereg.results import Completeness
 
     return Completeness(
         planned_runs=d.get("planned_runs"),

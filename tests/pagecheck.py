@@ -1,4 +1,4 @@
-"""Checks of a study page (analysis/page.py) as a reader's browser sees it: parsed by a conforming
+"""Checks of a study page (prereg/render/page.py) as a reader's browser sees it: parsed by a conforming
 HTML parser, rendered by headless Chromium with every request and console message watched."""
 
 from __future__ import annotations

@@ -16,11 +16,10 @@ from hypothesis import given, settings
 from scipy import stats
 
 from analysis import paired_interval
-from analysis.audit.descriptive import mean_interval
-from analysis.audit.factorial import factorial_contrasts
-
-sys.path.insert(0, str(ROOT / "analysis"))
-from public_audit import student_t_ppf  # noqa: E402
+from prereg.descriptive import mean_interval
+from prereg.factorial import factorial_contrasts
+from prereg.ledger import PACKAGES
+from prereg.tdist import student_t_ppf
 
 
 def test_student_t_ppf_against_scipy():
@@ -106,7 +105,7 @@ def test_factorial_effects_are_least_squares_effects(k, data):
     2^|S| is the difference of differences averaged over the other factors."""
     import numpy as np
 
-    from analysis.audit.factorial import block_effects, effect_names
+    from prereg.factorial import block_effects, effect_names
 
     logs = data.draw(st.lists(st.floats(-3, 3, allow_nan=False), min_size=2**k, max_size=2**k))
     names = effect_names([(f"f{j}", ("lo", "hi")) for j in range(k)])
@@ -124,7 +123,7 @@ def test_factorial_effects_are_least_squares_effects(k, data):
 
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_williams_squares_are_balanced(n):
-    from analysis.audit.factorial import williams
+    from prereg.factorial import williams
 
     rows = williams(n)
     assert all(sorted(r) == list(range(n)) for r in rows)
@@ -145,8 +144,8 @@ def audited(tmp_path_factory):
     r = base / "study"
     (r / "protocols").mkdir(parents=True)
     shutil.copytree(ROOT / "configs", r / "configs")
-    shutil.copytree(ROOT / "harness", r / "harness", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "analysis", r / "analysis", ignore=shutil.ignore_patterns("__pycache__"))
+    for sub in PACKAGES:
+        shutil.copytree(ROOT / sub, r / sub, ignore=shutil.ignore_patterns("__pycache__"))
     (r / ".gitignore").write_text("runs/\n__pycache__/\n")
     text = tiny_protocol(prereg="true").replace(
         "studies:\n",
@@ -210,7 +209,7 @@ def test_audit_checks_manifest_sources_at_the_tagged_commit(study):
     """A tagged study's MANIFEST source hashes are checked against the tagged commit's files: a
     MANIFEST naming other bytes fails, while later work in the checkout (committed or not) leaves
     the records sealed."""
-    path = study / "harness" / "cotangent" / "kernel" / "phase.c"
+    path = study / "cotangent" / "kernel" / "phase.c"
     path.write_text(path.read_text() + "\n/* changed */\n")
     r = audit(study)
     assert r.returncode == 0, r.stdout
@@ -222,12 +221,12 @@ def test_audit_checks_manifest_sources_at_the_tagged_commit(study):
     assert audit(study).returncode == 0
     manifest_path = study / "records" / "tiny" / "MANIFEST"
     manifest = json.loads(manifest_path.read_text())
-    manifest["sources"]["harness/cotangent/kernel/phase.c"] = "0" * 64
+    manifest["sources"]["cotangent/kernel/phase.c"] = "0" * 64
     manifest_path.write_text(json.dumps(manifest, indent=1))
     r = audit(study)
     assert (
         r.returncode == 1
-        and "harness/cotangent/kernel/phase.c at " in r.stdout
+        and "cotangent/kernel/phase.c at " in r.stdout
         and "differs from MANIFEST's" in r.stdout
     )
 
@@ -238,7 +237,7 @@ def test_untagged_audit_follows_committed_work_but_not_uncommitted_edits(tmp_pat
     r = tmp_path / "study"
     (r / "protocols").mkdir(parents=True)
     shutil.copytree(ROOT / "configs", r / "configs")
-    for sub in ("harness", "analysis"):
+    for sub in PACKAGES:
         shutil.copytree(ROOT / sub, r / sub, ignore=shutil.ignore_patterns("__pycache__"))
     (r / ".gitignore").write_text("runs/\n__pycache__/\n")
     (r / "protocols" / "tiny.yaml").write_text(tiny_protocol(prereg="false", steps=6))
@@ -251,10 +250,10 @@ def test_untagged_audit_follows_committed_work_but_not_uncommitted_edits(tmp_pat
     assert run.returncode == 0, run.stdout + run.stderr
     recs = "records/tiny"
     assert audit(r, recs).returncode == 0
-    path = r / "harness" / "cotangent" / "kernel" / "phase.c"
+    path = r / "cotangent" / "kernel" / "phase.c"
     path.write_text(path.read_text() + "\n/* changed */\n")
     a = audit(r, recs)
-    assert a.returncode == 1 and "harness/cotangent/kernel/phase.c: source sha256" in a.stdout
+    assert a.returncode == 1 and "cotangent/kernel/phase.c: source sha256" in a.stdout
     git(r, "commit", "-qam", "later work")
     a = audit(r, recs)
     assert a.returncode == 0, a.stdout
@@ -317,6 +316,6 @@ def test_report_exports_and_module_entry(study):
 
 
 def test_analysis_never_imports_torch():
-    code = "import sys, analysis, analysis.report, analysis.summary, analysis.calibrate; print('torch' in sys.modules)"
+    code = "import sys, analysis, analysis.report, prereg.summary, analysis.calibrate; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

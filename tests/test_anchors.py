@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.audit.anchors import check_anchor
+from audit.anchors import check_anchor
 
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 FREEZE = "f" * 64

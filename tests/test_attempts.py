@@ -25,7 +25,7 @@ import pytest
 from conftest import ROOT, harness, hydrated, init_study, private_copy, record_dicts, tiny_protocol, typed
 
 from harness.ledger import load_entries
-from harness.records import SCHEMA_VERSION, load_started
+from prereg.records import SCHEMA_VERSION, load_started
 
 PROTO = "protocols/tiny.yaml"
 RECS = "records/tiny"
@@ -376,10 +376,8 @@ def test_full_filesystem_stops_cleanly_and_resumes(tmp_path):
 def test_one_unit_attempt_per_unit_in_analysis_and_audit(done_study):
     """A unit that ran again whole: the analysis and the audit pair both arms from its latest unit
     attempt only, count the superseded attempts, and never mix arms of two unit attempts."""
-    from analysis.summary import derive
-
-    sys.path.insert(0, str(ROOT / "analysis"))
-    import public_audit
+    from prereg.recompute import compare, recompute
+    from prereg.summary import derive
 
     recs = record_dicts(done_study / RECS)  # read only: the variants below live in memory
     unit = recs[0]["spec"]["unit"]
@@ -392,9 +390,9 @@ def test_one_unit_attempt_per_unit_in_analysis_and_audit(done_study):
 
     def check(records, expect_pair: bool) -> dict:
         s = derive(typed(records)).to_json()
-        mine = public_audit.recompute(records)
+        mine = recompute(records)
         problems: list[str] = []
-        public_audit.compare("summary", mine, json.loads(json.dumps(s)), problems, "unit attempts")
+        compare("summary", mine, json.loads(json.dumps(s)), problems, "unit attempts")
         assert not problems, problems
         pairs = {p["unit"]: p for p in s["studies"][0]["configs"][0]["pairs"]}
         assert (unit in pairs) is expect_pair
@@ -418,7 +416,7 @@ def test_records_written_before_started_entries_still_audit(done_copy):
     """A study whose records are schema 2 (no started entries, no unit attempts, MANIFEST without
     ``started``) audits clean, reports, shows its status and resumes into the current schema."""
     from harness.ledger import write_manifest
-    from harness.records import canonical, read_snapshots, seal
+    from prereg.records import canonical, read_snapshots, seal
 
     repo = done_copy
     for f in (repo / RECS).glob("*.started.json"):

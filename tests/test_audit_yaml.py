@@ -10,7 +10,6 @@ options) and by hand (folded and quoted multi-line scalars, flow lists over line
 from __future__ import annotations
 
 import math
-import sys
 
 import pytest
 import yaml
@@ -18,8 +17,9 @@ from conftest import ROOT, harness, init_study, tiny_protocol
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(ROOT / "analysis"))
-import public_audit  # noqa: E402  (the standalone audit script)
+from prereg.plan import expected_summary
+from prereg.tag import field_differences
+from prereg.yamlsub import YamlError, yaml_subset
 
 
 def same(a, b) -> bool:
@@ -102,8 +102,8 @@ def reads_as_pyyaml(doc, flow, width, unicode, style):
         doc, default_flow_style=flow, width=width, allow_unicode=unicode, default_style=style, sort_keys=False
     )
     try:
-        mine = public_audit.yaml_subset(out)
-    except public_audit.YamlError:
+        mine = yaml_subset(out)
+    except YamlError:
         # only what the harness refuses too: explicit tags (default_style on non-strings), complex keys
         # and the line breaks other than \n (NEL, LS, PS, a lone CR) that it refuses
         odd = any(c in out for c in "\r\x85\u2028\u2029")
@@ -150,7 +150,7 @@ HAND_WRITTEN = [
 
 @pytest.mark.parametrize("text", HAND_WRITTEN)
 def test_reader_equals_pyyaml_on_hand_written_protocol_forms(text):
-    assert same(public_audit.yaml_subset(text), yaml.safe_load(text))
+    assert same(yaml_subset(text), yaml.safe_load(text))
 
 
 @pytest.mark.parametrize(
@@ -172,8 +172,8 @@ def test_reader_equals_pyyaml_on_hand_written_protocol_forms(text):
     ],
 )
 def test_reader_refuses_naming_the_line(text, line):
-    with pytest.raises(public_audit.YamlError) as e:
-        public_audit.yaml_subset(text)
+    with pytest.raises(YamlError) as e:
+        yaml_subset(text)
     assert e.value.line == line and str(e.value).startswith(f"line {line}: ")
 
 
@@ -211,10 +211,8 @@ def test_audit_derives_every_shipped_protocol_s_record_copy_as_the_harness_write
 
     proto = load_protocol(path)
     theirs = {k: v for k, v in proto.summary().items() if k != "plugins"}
-    mine = public_audit.expected_summary(
-        public_audit.yaml_subset(path.read_text()), proto.sha256, proto.relpath
-    )
-    assert public_audit.field_differences(mine, theirs, "protocol") == []
+    mine = expected_summary(yaml_subset(path.read_text()), proto.sha256, proto.relpath)
+    assert field_differences(mine, theirs, "protocol") == []
     assert json_types(mine) == json_types(theirs)
 
 
@@ -233,4 +231,4 @@ def json_types(x):
 def test_unicode_spaces_are_text_as_pyyaml_reads_them(text):
     """Only space and tab are YAML's white space: NO-BREAK SPACE and other Unicode spaces are text
     (str.strip() would drop them; found by the generated test above)."""
-    assert same(public_audit.yaml_subset(text), yaml.safe_load(text)), text
+    assert same(yaml_subset(text), yaml.safe_load(text)), text

@@ -9,9 +9,9 @@ import shutil
 import pytest
 from conftest import ROOT
 
-from analysis.beside import read_beside
 from analysis.report import write_report
-from analysis.results import Summary
+from prereg.render.beside import read_beside
+from prereg.results import Summary
 
 
 def test_the_earlier_study_stands_beside_this_one(tmp_path):

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from harness.cotangent import PackedAdamW
-from harness.cotangent.verify import bitwise_equal, state_dict_difference
+from cotangent import PackedAdamW
+from cotangent.verify import bitwise_equal, state_dict_difference
 
 safetensors_torch = pytest.importorskip("safetensors.torch", reason="safetensors is not installed")
 

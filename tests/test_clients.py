@@ -1,15 +1,15 @@
 """The method in real clients' own loops (Hugging Face Trainer, accelerate, Lightning, timm,
 torchtune), bit for bit native ``AdamW(fused=True)`` with the clients' clipping, checkpoint and
-resume included (:mod:`harness.cotangent.clients`, which ``harness verify`` also runs). The
+resume included (:mod:`cotangent.clients`, which ``harness verify`` also runs). The
 clients are the ``clients`` extra, which CI installs (``pip install -e '.[test,ray,clients]'``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from harness.cotangent import PackedAdamW
-from harness.cotangent import kernel as phase_kernel
-from harness.cotangent.clients import CHECKS, installed, run_client
+from cotangent import PackedAdamW
+from cotangent import kernel as phase_kernel
+from cotangent.clients import CHECKS, installed, run_client
 
 
 @pytest.mark.parametrize("client", list(CHECKS))

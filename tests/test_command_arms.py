@@ -1,5 +1,5 @@
 """Command arms (a user's own script as an arm): the reporter against an independent account of its
-clock, the evidence rules (``analysis/audit/evidence.py``) on files a hostile script or an edit
+clock, the evidence rules (``prereg/evidence.py``) on files a hostile script or an edit
 would produce, the plan-time refusals through ``harness plan`` (file, key, line, no traceback), and
 real processes run by :mod:`harness.execute.commands`: every way a command goes wrong is a failed
 run with its reason, and a lockstep pair's two processes never train at the same time.
@@ -20,12 +20,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis.audit.evidence import EvidenceError, derive_reporter, evidence_problems
 from harness import reporter as reporter_mod
 from harness.execute.commands import run_command, run_pair
 from harness.execute.job import Job
-from harness.records import RunSpec
 from harness.reporter import Reporter
+from prereg.evidence import EvidenceError, derive_reporter, evidence_problems
+from prereg.records import RunSpec
 
 METRIC = {"name": "val_loss", "target": 2.0, "better": "lower"}
 
@@ -687,7 +687,7 @@ def test_a_command_dies_with_its_worker(tmp_path):
 def test_the_freeze_names_a_rebound_ref_and_a_changed_installation(tmp_path):
     """What the tag binds for command arms, compared by the runner (``command_drift``) and by the
     audit (``ref_problems``, against the repository's own objects)."""
-    from analysis.audit.freeze import ref_problems
+    from audit.freeze import ref_problems
     from harness.freeze import command_drift
 
     then = {

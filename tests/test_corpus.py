@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT, harness, pinned_corpus, record_dicts, tiny_protocol
 
 from harness.data import LocalCorpus, PinnedFile, load_corpus
-from harness.errors import DataError
+from prereg.errors import DataError
 
 
 def sha(b: bytes) -> str:

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 
+from cotangent import PackedAdamW, clip_grad_norm_
+from cotangent.verify import bitwise_equal
 from harness.arms import ARMS, build_arm
-from harness.cotangent import PackedAdamW, clip_grad_norm_
-from harness.cotangent.verify import bitwise_equal
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 shape_st = st.lists(

@@ -10,7 +10,6 @@ import itertools
 import json
 import math
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -20,13 +19,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from analysis.audit import decisions as D
-from analysis.audit.ranks import EXACT_MAX_N, signed_rank, upper_tail_count
-from analysis.audit.ttests import CRITICAL_MARGIN, critical_t
 from analysis.power import pairs_needed_region, power_region
-
-sys.path.insert(0, str(ROOT / "analysis"))
-import public_audit as A  # noqa: E402
+from prereg import decisions as D
+from prereg.ranks import EXACT_MAX_N, signed_rank, upper_tail_count
+from prereg.recompute import compare, recompute
+from prereg.tdist import t_critical
+from prereg.ttests import CRITICAL_MARGIN, critical_t
 
 CASES = json.loads((ROOT / "tests" / "fixtures" / "r_reference.json").read_text())["cases"]
 DONE = {"complete": True, "budget_stop": False, "missing_runs": 0, "planned_runs": 0}
@@ -246,7 +244,7 @@ def test_critical_value_against_r(alpha, name):
     inp, qs = case(name)
     for df, q in zip(inp["df"], qs):
         mine = critical_t(alpha, df)
-        assert mine == A.t_critical(alpha, df) and mine == pytest.approx(q, rel=1e-14)
+        assert mine == t_critical(alpha, df) and mine == pytest.approx(q, rel=1e-14)
         assert mine * (1 + CRITICAL_MARGIN) > q * (1 + 1e-14)  # the margin covers the quantile's error
     # df 2 in closed form: P(T > t) = (1 - t / sqrt(t^2 + 2)) / 2, so t = sqrt(2 x^2 / (1 - x^2)), x = 1 - 2 alpha
     from fractions import Fraction
@@ -355,7 +353,7 @@ def records(study: Path) -> list[dict]:
 def test_summary_skips_and_names_a_damaged_training_time(records, bad):
     import copy
 
-    from analysis.summary import derive, records_json
+    from prereg.summary import derive, records_json
 
     recs = copy.deepcopy(records)
     for r in recs:
@@ -385,16 +383,16 @@ def test_summary_skips_and_names_a_damaged_training_time(records, bad):
     d = s["hypotheses"]["decisions"][0]
     assert d["status"] == "not reached"
     assert d["reason"].startswith(f"pair {victim['spec']['unit']}: the candidate's training_s is")
-    mine = A.recompute(records_json(typed(recs)))  # as the files hold them: a NaN is written null
+    mine = recompute(records_json(typed(recs)))  # as the files hold them: a NaN is written null
     problems: list[str] = []
     for key in ("hypotheses", "studies"):
-        A.compare(key, mine[key], s[key], problems, "damaged")
+        compare(key, mine[key], s[key], problems, "damaged")
     assert not problems, problems
 
 
 @pytest.mark.parametrize("c", [[1e-200, 2e-200, 3e-200, 5e-200], [1e200, 2e200, 3e200, 5e200]])
 def test_descriptive_interval_of_extreme_magnitudes_is_omitted(c):
-    from analysis.audit.descriptive import endpoint as descriptive_endpoint
+    from prereg.descriptive import endpoint as descriptive_endpoint
 
     mine = descriptive_endpoint(
         [0.0] * 4, c, 0.9, "difference"
@@ -403,7 +401,7 @@ def test_descriptive_interval_of_extreme_magnitudes_is_omitted(c):
 
 
 def test_identical_values_keep_their_degenerate_interval():
-    from analysis.audit.descriptive import endpoint as descriptive_endpoint
+    from prereg.descriptive import endpoint as descriptive_endpoint
 
     mine = descriptive_endpoint(
         [3.0, 3.5, 2.5], [3.0, 3.5, 2.5], 0.9, "difference"
@@ -414,7 +412,7 @@ def test_identical_values_keep_their_degenerate_interval():
 def test_harness_report_on_a_damaged_record(study, tmp_path):
     # a record edited and resealed (the audit's ledger check would flag it; the report must still not crash)
     from harness.ledger import write_manifest
-    from harness.records import canonical, read_entry, record_files, seal
+    from prereg.records import canonical, read_entry, record_files, seal
 
     r = tmp_path / "copy"
     shutil.copytree(study, r, symlinks=True)
@@ -488,10 +486,10 @@ def test_identical_arms_are_decided_by_identity_from_schema_4_and_not_reached_be
 def test_the_summary_uses_the_identity_rule_for_schema_4_records_only(records):
     """The tiny study's quality hypothesis (BPB bitwise identical in every pair): schema 4 records
     establish it by identity; the same records read as schema 3 keep the earlier rule."""
-    from analysis.summary import records_json
+    from prereg.summary import records_json
 
-    mine = A.recompute(records_json(typed(records)))
+    mine = recompute(records_json(typed(records)))
     assert mine["hypotheses"]["decisions"][0]["status"] == "established"
     assert "every pair identical" in mine["hypotheses"]["decisions"][0]["text"]
-    old = A.recompute([{**r, "schema_version": 3} for r in records_json(typed(records))])
+    old = recompute([{**r, "schema_version": 3} for r in records_json(typed(records))])
     assert old["hypotheses"]["decisions"][0]["status"] == "not reached"

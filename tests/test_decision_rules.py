@@ -13,10 +13,10 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from test_decisions import COMPLETE, H_SPEED, H_TTT, make_pairs, spec
 
-from analysis.audit import decisions as D
-from analysis.audit.hypotheses import bounds
-from analysis.audit.ttests import t_test
 from analysis.power import aa_noise, pairs_needed_region, plan, power, power_region, sd_upper
+from prereg import decisions as D
+from prereg.hypotheses import bounds
+from prereg.ttests import t_test
 
 
 def both(sp, pairs_of, done=COMPLETE):
@@ -396,7 +396,7 @@ def test_relabelling_mirrors_time_to_target(seed, censoring, lower, unreached, e
 
 
 def test_descriptive_endpoints_skip_null_values():
-    from analysis.audit.descriptive import endpoint as descriptive_endpoint
+    from prereg.descriptive import endpoint as descriptive_endpoint
 
     b, c = [1.0, 2.0, None, 4.0, float("nan"), 3.0], [1.1, 2.1, 3.0, 3.9, 5.0, 2.8]
     for est in ("difference", "relative_reduction"):

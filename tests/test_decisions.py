@@ -1,4 +1,4 @@
-"""Preregistered decisions (one standard-library implementation, ``analysis/audit/``, which the analysis
+"""Preregistered decisions (one standard-library implementation, ``prereg/``, which the analysis
 and the audit both call): every test against scipy, the multiplicity procedures, censoring,
 degenerate data and the order diagnostics."""
 
@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from analysis.audit import decisions as D
-from analysis.audit.order import crossover, drift
-from analysis.audit.ranks import signed_rank, worst_rank_differences
-from analysis.audit.ttests import period_adjusted, t_test
+from prereg import decisions as D
+from prereg.order import crossover, drift
+from prereg.ranks import signed_rank, worst_rank_differences
+from prereg.ttests import period_adjusted, t_test
 
 
 def make_pairs(n, effect=0.0, noise=0.05, seed=0, period=0.0, bpb_diff=0.0, unreached=()):
@@ -104,8 +104,8 @@ def test_t_tests_against_scipy():
         stats.ttest_1samp(v, 0.1, alternative="less").pvalue,
     )
     assert eq.p_value == pytest.approx(tost, rel=1e-10)
-    from analysis.audit.hypotheses import bounds
-    from analysis.audit.ttests import sign
+    from prereg.hypotheses import bounds
+    from prereg.ttests import sign
 
     assert sign("lower") == -1 and sign("higher") == 1  # on the test scale (c - b or ln c - ln b)
     rr = {"estimand": "relative_reduction", "better": "lower", "type": "superiority", "margin": 10.0}
@@ -268,7 +268,7 @@ def test_drift_slope_against_scipy():
 
 
 def test_per_device_effects_and_heterogeneity():
-    from analysis.audit.order import by_device
+    from prereg.order import by_device
 
     pairs = make_pairs(12, effect=-0.1, seed=12)
     for i, p in enumerate(pairs):
@@ -307,7 +307,7 @@ def test_signed_rank_exact_conditional_equals_enumeration(d, s):
 
 
 def test_the_family_is_typed_once_and_refuses_unknown_keys():
-    from analysis.audit.hypotheses import Family, Hypothesis
+    from prereg.hypotheses import Family, Hypothesis
 
     fam = Family.of(spec(H_SPEED, H_QUAL, procedure="holm", alpha=0.05))
     assert (
@@ -321,7 +321,7 @@ def test_the_family_is_typed_once_and_refuses_unknown_keys():
 
 
 def test_a_pair_is_typed_and_decides_as_its_row():
-    from analysis.audit.hypotheses import Pair, typed_pairs
+    from prereg.hypotheses import Pair, typed_pairs
 
     rows = make_pairs(12, effect=-0.2, seed=5)
     pairs = typed_pairs(rows)

@@ -25,8 +25,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from torch import nn
 
-from harness.cotangent import PackedAdamW, clip_grad_norm_
-from harness.cotangent.verify import bitwise_equal, state_dict_difference
+from cotangent import PackedAdamW, clip_grad_norm_
+from cotangent.verify import bitwise_equal, state_dict_difference
 
 CI_EXAMPLES = 30
 THOROUGH_EXAMPLES = 3000

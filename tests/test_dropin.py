@@ -10,8 +10,8 @@ import copy
 import pytest
 import torch
 
-from harness.cotangent import PackedAdamW, clip_grad_norm_
-from harness.cotangent.verify import bitwise_equal
+from cotangent import PackedAdamW, clip_grad_norm_
+from cotangent.verify import bitwise_equal
 
 SHAPES = [(64, 32), (64, 32), (32,), (7, 3), (5,), (128,)]
 

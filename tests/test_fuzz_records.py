@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_integrity import PROTO, RECS
 
-from analysis.audit.cli import main as audit_main
-from harness.records import canonical, seal
+from audit.cli import main as audit_main
+from prereg.records import canonical, seal
 
 MUTATIONS = ("delete", None, [], "x", -1, 1.5, True, {})
 

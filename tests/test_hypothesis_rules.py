@@ -11,10 +11,13 @@ from conftest import tiny_protocol
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analysis.audit.attempts import Completeness
-from analysis.public_audit import decide, expected_summary, rule_problems, yaml_subset
-from harness.errors import InputError
 from harness.protocol import load_protocol
+from prereg.attempts import Completeness
+from prereg.decisions import decide
+from prereg.errors import InputError
+from prereg.hypotheses import rule_problems
+from prereg.plan import expected_summary
+from prereg.yamlsub import yaml_subset
 
 #: The tiny protocol's one hypothesis, as it writes it (replaced by each drawn hypothesis).
 HEAD = tiny_protocol().split("  tests:\n", 1)[1].split("order_seed:", 1)[0]

@@ -22,7 +22,10 @@ from conftest import ROOT, edit_record, git, harness, private_copy, record_dicts
 from harness.ledger import head_of, load_entries, write_manifest
 from harness.plan import make_plan, plan_sha256
 from harness.protocol import load_protocol
-from harness.records import (
+from prereg.ledger import PACKAGES
+from prereg.plan import plan_from_protocol
+from prereg.recompute import compare, recompute
+from prereg.records import (
     RECORD_SUFFIX,
     RecordFormatError,
     canonical,
@@ -32,9 +35,7 @@ from harness.records import (
     record_files,
     seal,
 )
-
-sys.path.insert(0, str(ROOT / "analysis"))
-import public_audit  # noqa: E402  (the standalone audit script, imported for its functions)
+from prereg.yamlsub import yaml_subset
 
 PROTO = "protocols/tiny.yaml"
 RECS = "records/tiny"
@@ -57,7 +58,7 @@ def make_study(
     harness and analysis copied in as a user's repository holds them."""
     r = base / name
     (r / "protocols").mkdir(parents=True)
-    for sub in ("configs", "harness", "analysis"):
+    for sub in ("configs", *PACKAGES):
         shutil.copytree(ROOT / sub, r / sub, ignore=shutil.ignore_patterns("__pycache__"))
     (r / ".gitignore").write_text("runs/\n__pycache__/\n")
     (r / PROTO).write_text(
@@ -123,7 +124,7 @@ def test_intact_study_passes_and_records_bind_the_tag(study):
         assert any(line.startswith(check) and "ok:" in line for line in r.stdout.splitlines()), check
     msg = git(study, "cat-file", "tag", "protocol-tiny")
     m = json.loads(msg.split("freeze-manifest:", 1)[1])
-    assert set(m["trees"]) == {"analysis", "configs", "harness"}  # every non-exempt entry, by construction
+    assert set(m["trees"]) == {"configs", *PACKAGES}  # every non-exempt entry, by construction
     assert (
         m["plan"]["runs"] == 6
         and m["configs"]["tiny_conv"] == load_protocol(study / PROTO).configs["tiny_conv"].sha256
@@ -151,7 +152,7 @@ def test_the_protocol_is_stored_once_per_study_and_bound_by_every_record(study):
     """Schema 4: each record's ``protocol`` is a stub (id, sha256, the tag fields, the snapshot's
     sha256); the summary the records share is one file, ``protocol.<sha256>.json``, listed in
     MANIFEST; the analysis reads the records over it as before."""
-    from analysis.public_audit import snapshot_name
+    from prereg.ledger import snapshot_name
 
     raw = [read_entry(p) for p in record_files(study / RECS)]
     (snap,) = sorted((study / RECS).glob("protocol.*.json"))
@@ -191,8 +192,8 @@ def test_a_snapshot_edited_or_deleted_is_named_by_the_audit_and_the_reader(study
         snap.unlink()
         needle = "names no protocol snapshot"
     else:  # a second file named by its own hash and listed: the records' seals still name the first
-        from analysis.public_audit import snapshot_name
-        from harness.records import write_snapshot
+        from prereg.ledger import snapshot_name
+        from prereg.records import write_snapshot
 
         snap.unlink()
         new = study / RECS / snapshot_name(write_snapshot(study / RECS, data))
@@ -395,7 +396,7 @@ def test_budget_stop_is_explained(tmp_path):
 
 
 def test_budget_stop_decisions_are_made_and_say_so(done_study):
-    from analysis.summary import derive
+    from prereg.summary import derive
 
     recs = record_dicts(done_study / RECS)  # three complete pairs of a plan made four pairs long
     spent = sum(r["timings"]["device_s"] for r in recs)
@@ -437,7 +438,7 @@ def test_budget_stop_decisions_are_made_and_say_so(done_study):
     )
     assert decision["status"] in ("established", "not established")
     problems: list[str] = []
-    public_audit.compare("h", public_audit.recompute(recs)["hypotheses"], s["hypotheses"], problems, "budget")
+    compare("h", recompute(recs)["hypotheses"], s["hypotheses"], problems, "budget")
     assert not problems, problems
     for r in recs:
         r["protocol"]["budget_device_seconds"] = spent * 100  # room left: the stop is unexplained
@@ -468,8 +469,8 @@ def test_record_versions(tmp_path, done_study):
 def test_audit_plan_equals_harness_plan(name):
     path = ROOT / "protocols" / name
     text = path.read_text()
-    assert public_audit.yaml_subset(text) == yaml.safe_load(text)
+    assert yaml_subset(text) == yaml.safe_load(text)
     proto = load_protocol(path)
     shas = {c: cfg.sha256 for c, cfg in proto.configs.items()}
-    mine = public_audit.plan_from_protocol(public_audit.yaml_subset(text), proto.sha256, shas)
+    mine = plan_from_protocol(yaml_subset(text), proto.sha256, shas)
     assert mine == [r.to_json() for r in make_plan(proto)]

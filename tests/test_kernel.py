@@ -1,4 +1,4 @@
-"""The one-pass gradient phase in C (harness/cotangent/kernel/phase.c): exactness, self-check, build, fallback."""
+"""The one-pass gradient phase in C (cotangent/kernel/phase.c): exactness, self-check, build, fallback."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
+from cotangent import PackedAdamW
+from cotangent import kernel as phase_kernel
+from cotangent.kernel import selfcheck
+from cotangent.verify import bitwise_equal
 from harness.arms import build_arm
-from harness.cotangent import PackedAdamW
-from harness.cotangent import kernel as phase_kernel
-from harness.cotangent.kernel import selfcheck
-from harness.cotangent.verify import bitwise_equal
 
 #: Multiples of 16 elements (what phase.c covers): equal sizes (rows reduced together, more than
 #: MAX_ROWS of them), one buffer longer than two tasks of the update loop, 0-d-free.
@@ -84,7 +84,7 @@ def test_avx512_cpus_run_the_avx2_build_of_the_kernels_phase_c_reproduces():
         assert kinds.get("AVX2") in ("D", "d"), (stub, kinds)
         assert kinds.get("AVX512") in ("B", "b"), (
             f"torch {torch.__version__} registers an AVX-512 kernel for {stub}: on AVX-512 CPUs the 16-lane form "
-            "runs, so harness.cotangent.kernel.lane_widths should try 16 first",
+            "runs, so cotangent.kernel.lane_widths should try 16 first",
             kinds,
         )
     assert phase_kernel.lane_widths("AVX512") == [8, 16]
@@ -106,8 +106,8 @@ ISA_FLAGS = {"avx2": {"avx2", "fma"}, "avx512": {"avx512f", "avx512bw", "avx512v
 
 _ISA_PROBE = (
     "import torch\n"
-    "from harness.cotangent import kernel as phase_kernel\n"
-    "from harness.cotangent.verify import check_fused_phase, check_native_phase\n"
+    "from cotangent import kernel as phase_kernel\n"
+    "from cotangent.verify import check_fused_phase, check_native_phase\n"
     "k = phase_kernel.kernel()\n"
     "print(torch.backends.cpu.get_cpu_capability())\n"
     "print(k.describe() if k else 'unavailable: ' + str(phase_kernel.unavailable_reason()))\n"
@@ -328,8 +328,8 @@ def test_both_kernels_give_the_same_training_bits():
 def _probe(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     code = (
         "import torch\n"
-        "from harness.cotangent import kernel as phase_kernel\n"
-        "from harness.cotangent import PackedAdamW\n"
+        "from cotangent import kernel as phase_kernel\n"
+        "from cotangent import PackedAdamW\n"
         "opt = PackedAdamW([torch.nn.Parameter(torch.randn(64, 64))])\n"
         "print(opt.phase_kernel())\n"
     )
@@ -395,7 +395,7 @@ def test_release_grads_mode_is_bitwise_native(kernel):
             oa.zero_grad()
             nb = ob.clip_step_zero_grad(1.0)
         else:
-            from harness.cotangent import clip_grad_norm_
+            from cotangent import clip_grad_norm_
 
             na = torch.nn.utils.clip_grad_norm_(pa, 1.0)
             nb = clip_grad_norm_(b, 1.0)

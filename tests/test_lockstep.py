@@ -13,7 +13,6 @@ blocks of ``block_steps`` steps in ABBA order.
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -24,15 +23,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "analysis"))
-import public_audit  # noqa: E402
-
-from harness.errors import InputError  # noqa: E402
 from harness.execute.inprocess import InProcessExecutor  # noqa: E402
 from harness.execute.lockstep import blocks  # noqa: E402
 from harness.execute.runner import Runner  # noqa: E402
 from harness.plan import make_plan, units  # noqa: E402
 from harness.protocol import load_protocol  # noqa: E402
+from prereg.errors import InputError
+from prereg.plan import expected_summary, plan_from_protocol
+from prereg.yamlsub import yaml_subset
 
 RECS = Path("records") / "tiny"
 FAMILIES = "[tiny_conv, tiny_transformer, tiny_gqa, tiny_medium]"
@@ -147,17 +145,13 @@ def test_the_plan_crosses_build_order_with_who_steps_first(tmp_path):
                 assert a.design == "paired"
     text = (repo / "protocols" / "tiny.yaml").read_text()
     shas = {c: cfg.sha256 for c, cfg in proto.configs.items()}
-    assert public_audit.plan_from_protocol(public_audit.yaml_subset(text), proto.sha256, shas) == [
-        r.to_json() for r in plan
-    ]
+    assert plan_from_protocol(yaml_subset(text), proto.sha256, shas) == [r.to_json() for r in plan]
     summary = proto.summary()
     assert (
         summary["studies"][0]["lockstep"] == {"block_steps": 2}
         and summary["studies"][0]["design"] == "paired"
     )
-    audit_summary = public_audit.expected_summary(
-        public_audit.yaml_subset(text), proto.sha256, summary["path"]
-    )
+    audit_summary = expected_summary(yaml_subset(text), proto.sha256, summary["path"])
     assert audit_summary["studies"] == summary["studies"]
 
 
@@ -337,7 +331,7 @@ def test_a_runner_that_dies_mid_pair_leaves_both_attempts_and_the_pair_runs_agai
 def test_the_design_difference_is_welchs_interval_as_scipy_gives_it(a, b, level):
     from scipy import stats
 
-    from analysis.audit.designs import welch_difference
+    from prereg.designs import welch_difference
 
     if len(set(a)) == len(set(b)) == 1:  # log ratios to the microunit: spread 0 or at least 1e-6
         with pytest.raises(ValueError):

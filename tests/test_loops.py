@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from harness.cotangent import PackedAdamW, clip_grad_norm_
-from harness.cotangent import kernel as phase_kernel
-from harness.cotangent.verify import bitwise_equal, state_dict_difference
+from cotangent import PackedAdamW, clip_grad_norm_
+from cotangent import kernel as phase_kernel
+from cotangent.verify import bitwise_equal, state_dict_difference
 
 KERNELS = ["auto", "torch"]
 
@@ -395,7 +395,7 @@ def test_uncounted_gradient_writes_under_backward_norms_are_detected(kernel, how
 def test_an_unnoticed_data_write_would_use_the_stale_norm(monkeypatch):
     """The detection is what makes the case above exact: with the slot's notice switched off, the
     same ``p.grad.data`` write is clipped with backward's norm and the bits differ from native's."""
-    from harness.cotangent.backnorms import GradSlot
+    from cotangent.backnorms import GradSlot
 
     monkeypatch.setattr(GradSlot, "_escape", lambda self: None)
     ma, mb = twins()
@@ -413,7 +413,7 @@ def test_an_unnoticed_data_write_would_use_the_stale_norm(monkeypatch):
 def test_gradient_slots_are_plain_tensors_unless_norms_are_taken_in_backward():
     """The watching slot exists only with ``backward_norms=True``; operations on it return plain
     tensors, and native clipping over it gives native's bits (its per-tensor path on CPU)."""
-    from harness.cotangent.backnorms import GradSlot
+    from cotangent.backnorms import GradSlot
 
     for flag in (False, True):
         ma, mb = twins()

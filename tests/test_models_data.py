@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from harness.config import all_configs, config_dir, load_config
 from harness.data import fetch_wikitext2, load_corpus, verify_wikitext2
 from harness.data.batches import BatchStream, bits_per_byte, eval_windows
-from harness.errors import DataError, InputError
 from harness.models import build_model, count_parameters
+from prereg.errors import DataError, InputError
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDY = {

@@ -18,7 +18,7 @@ import statsmodels.formula.api as sm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis.audit.carryover import blocks, carry_over, cells_mean, follows, order_cells
+from prereg.carryover import blocks, carry_over, cells_mean, follows, order_cells
 
 ROLES = ("baseline", "candidate")
 

@@ -1,4 +1,4 @@
-"""The study page (analysis/page.py): escaping, and checks that can fail.
+"""The study page (prereg/render/page.py): escaping, and checks that can fail.
 
 ``tests/fixtures/summary-pagedemo.json`` is the summary of a real run of ``protocols/demo.yaml`` cut to
 3 seeds and 30 steps (id ``pagedemo``); the demo's end-to-end test renders a fresh one in Chromium."""
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from pagecheck import check_page, check_static, require_browser
 
-from analysis.page import render, write_page
-from analysis.results import Summary
+from prereg.render.page import render, write_page
+from prereg.results import Summary
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "summary-pagedemo.json").read_text())
 SUMMARY = Summary.read(FIXTURE)
@@ -84,7 +84,7 @@ def test_written_files_follow_the_umask_so_a_hosted_page_is_readable(tmp_path):
     import os
     import stat
 
-    from harness.files import atomic_write
+    from prereg.files import atomic_write
 
     mask = os.umask(0)
     os.umask(mask)

@@ -14,9 +14,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from torch import nn
 
-from harness.cotangent import PackedAdamW
-from harness.cotangent import kernel as phase_kernel
-from harness.cotangent.verify import bitwise_equal, state_dict_difference
+from cotangent import PackedAdamW
+from cotangent import kernel as phase_kernel
+from cotangent.verify import bitwise_equal, state_dict_difference
 
 CI_EXAMPLES = 12
 

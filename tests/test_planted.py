@@ -1,4 +1,4 @@
-"""Planted reference effects (``planted:``, ``analysis/audit/planted.py``): a known cost in the
+"""Planted reference effects (``planted:``, ``prereg/planted.py``): a known cost in the
 candidate's timed steps, and each design's bias against it.
 
 * The plant changes no bit of training: a planted run's losses, BPB and weights are its partner's,
@@ -30,7 +30,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 
-from analysis.audit.planted import (
+from harness.execute.inprocess import InProcessExecutor
+from harness.execute.plant import Plant, spin
+from harness.execute.runner import Runner
+from harness.plan import make_plan, units
+from harness.protocol import load_protocol
+from prereg.planted import (
     bias_of,
     clopper_pearson,
     coverage,
@@ -39,11 +44,6 @@ from analysis.audit.planted import (
     reference_study,
     spin_truth,
 )
-from harness.execute.inprocess import InProcessExecutor
-from harness.execute.plant import Plant, spin
-from harness.execute.runner import Runner
-from harness.plan import make_plan, units
-from harness.protocol import load_protocol
 
 RECS = Path("records") / "tiny"
 
@@ -147,7 +147,7 @@ def test_the_plant_draws_no_random_numbers():
 
 
 def test_the_summary_and_the_audit_read_the_planted_studies(planted_runs, tmp_path):
-    from analysis.summary import derive
+    from prereg.summary import derive
 
     records = typed(list(planted_runs.values()))
     rows = derive(records).planted
@@ -355,13 +355,12 @@ def test_an_interleaved_schedule_mixes_the_studies_and_keeps_each_unit_whole(rep
     (repo / "protocols" / "q.yaml").write_text(text.replace("schedule: interleaved\n", ""))
     plain = make_plan(load_protocol(repo / "protocols" / "q.yaml"))
     assert [g[0].study for g in units(plain)] == ["a"] * 4 + ["b"] * 4
-    # the audit's plan is the harness's (one home: analysis/audit/plan.py)
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "analysis"))
-    import public_audit
+    # the audit's plan is the harness's (one home: prereg/plan.py)
+    from prereg.plan import plan_from_protocol
 
     doc = load_protocol(repo / "protocols" / "p.yaml")
     shas = {n: c.sha256 for n, c in doc.configs.items()}
-    assert public_audit.plan_from_protocol(doc.document, doc.sha256, shas) == [r.to_json() for r in plan]
+    assert plan_from_protocol(doc.document, doc.sha256, shas) == [r.to_json() for r in plan]
 
 
 def test_calibration_study_is_written_from_a_pilot_and_plans(planted_runs, tmp_path):
@@ -406,7 +405,7 @@ def test_calibration_study_is_written_from_a_pilot_and_plans(planted_runs, tmp_p
 @pytest.mark.parametrize("planted", [{"kind": "spin", "us": 50}, {"kind": "gather", "bytes": 4096}])
 def test_a_study_of_command_arms_is_refused_a_plant_it_would_not_run(planted):
     """The reporter runs no plant: a planted command study would read a design's noise as its bias."""
-    from analysis.audit.planted import plant_problems
+    from prereg.planted import plant_problems
 
     assert plant_problems(planted, command=False) == []
     [(key, message)] = plant_problems(planted, command=True)

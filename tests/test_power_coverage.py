@@ -282,8 +282,8 @@ def _aa_records(values, first=None, ttt=None):
 
 
 def test_sign_power_matches_simulation_of_the_sign_test():
-    from analysis.audit.ranks import sign_test
     from analysis.power import beyond_bounds, sign_critical, sign_power
+    from prereg.ranks import sign_test
 
     rng = random.Random(4)
     pilot = tuple(math.exp(rng.gauss(0, 1)) - 1.0 for _ in range(30))  # skewed, like stalls
@@ -415,7 +415,7 @@ def test_a_sequential_target_is_planned_with_its_looks():
     # the expected pairs against a simulation of the canonical process at the same drift
     figures = sequential_figures(row.sd, 0.025, (None, 0.0), -0.03, (10, 20, 30), "obrien_fleming")
     assert figures is not None
-    from analysis.audit.sequential import boundaries
+    from prereg.sequential import boundaries
 
     c = boundaries([1 / 3, 2 / 3, 1.0], 0.025, "obrien_fleming")
     theta = 0.03 * math.sqrt(30) / row.sd

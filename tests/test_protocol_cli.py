@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, git, harness, record_dicts, tiny_protocol
 
-from analysis.audit.factorial import williams
-from analysis.public_audit import self_hash_ok
 from harness.plan import make_plan
 from harness.protocol import load_protocol
-from harness.records import read_entry, record_files
+from prereg.factorial import williams
+from prereg.ledger import self_hash_ok
+from prereg.records import read_entry, record_files
 
 
 def write(repo: Path, text: str, name: str = "tiny.yaml") -> Path:

@@ -19,7 +19,8 @@ import pytest
 from conftest import ROOT, git, harness, private_copy, record_dicts, tiny_protocol
 from test_integrity import PROTO, RECS, audit, by_seq, chain, make_study, rebuild_manifest, resealed
 
-from harness.records import read_entry
+from prereg.ledger import PACKAGES
+from prereg.records import read_entry
 
 
 @pytest.fixture(scope="module")
@@ -341,7 +342,7 @@ def test_torch_version_differs_from_the_study_s_earlier_runs(study):
     ],
 )
 def test_one_torch_version_rule_for_the_runner_and_the_audit(declared, running, same):
-    from analysis.public_audit import torch_matches
+    from prereg.tag import torch_matches
 
     assert torch_matches(declared, running) is same
 
@@ -581,7 +582,7 @@ def signed_study(r: Path, config: tuple[tuple[str, str], ...], signers: str | No
     (r / "protocols").mkdir(parents=True)
     if signers is not None:
         (r / "protocols" / "allowed_signers").write_text(signers)
-    for sub in ("configs", "harness", "analysis"):
+    for sub in ("configs", *PACKAGES):
         shutil.copytree(ROOT / sub, r / sub, ignore=shutil.ignore_patterns("__pycache__"))
     (r / ".gitignore").write_text("runs/\n__pycache__/\n")
     (r / PROTO).write_text(tiny_protocol(prereg="true", steps=6))
@@ -632,7 +633,7 @@ def test_trust_roots_from_the_repository_prove_nothing_and_a_re_signed_tag_is_na
     own roots the audit says so first and does not pass; with the reader's copy it fails."""
     if shutil.which("ssh-keygen") is None:
         pytest.skip("ssh-keygen is not installed")
-    from analysis.audit.anchors import split_signature
+    from audit.anchors import split_signature
 
     key, forger = tmp_path / "key", tmp_path / "forger"
     pub, forged_pub = ssh_key(key), ssh_key(forger)
@@ -760,7 +761,7 @@ def test_a_safe_dump_protocol_is_tagged_run_and_audited(tmp_path):
     )
     r = tmp_path / "study"
     (r / "protocols").mkdir(parents=True)
-    for sub in ("configs", "harness", "analysis"):
+    for sub in ("configs", *PACKAGES):
         shutil.copytree(ROOT / sub, r / sub, ignore=shutil.ignore_patterns("__pycache__"))
     (r / ".gitignore").write_text("runs/\n__pycache__/\n")
     (r / PROTO).write_text(yaml.safe_dump(doc, width=60))
@@ -782,7 +783,7 @@ def test_a_safe_dump_protocol_is_tagged_run_and_audited(tmp_path):
 def test_plug_in_importing_from_an_exempt_folder_is_refused(tmp_path):
     r = tmp_path / "study"
     (r / "protocols").mkdir(parents=True)
-    for sub in ("configs", "harness", "analysis"):
+    for sub in ("configs", *PACKAGES):
         shutil.copytree(ROOT / sub, r / sub, ignore=shutil.ignore_patterns("__pycache__"))
     (r / ".gitignore").write_text("runs/\n__pycache__/\n")
     (r / "benchmarks").mkdir()

@@ -12,7 +12,7 @@ from conftest import ROOT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.records import (
+from prereg.records import (
     RecordFormatError,
     RunRecord,
     RunSpec,

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from analysis.audit.hypotheses import Pair
-from analysis.results import SUMMARY_SCHEMA, PairedResult, StudyResult, Summary, SummaryFormatError
-from analysis.summary import derive
-from harness.records import load_records, load_started, seal
+from prereg.hypotheses import Pair
+from prereg.records import load_records, load_started, seal
+from prereg.results import SUMMARY_SCHEMA, PairedResult, StudyResult, Summary, SummaryFormatError
+from prereg.summary import derive
 
 STUDIES = [d for d in sorted((ROOT / "records").iterdir()) if (d / "summary.json").exists()]
 FIXTURE = ROOT / "tests" / "fixtures" / "summary-pagedemo.json"
@@ -20,7 +20,7 @@ FIXTURE = ROOT / "tests" / "fixtures" / "summary-pagedemo.json"
 def close(a: object, b: object, rel: float = 1e-13) -> bool:
     """Equal JSON, but floats to ``rel``: the committed summaries were derived with scipy's t
     distribution, the analysis now derives them with the standard-library one it shares with the audit
-    (``analysis/audit/tdist.py``); p-values and interval ends differ in their last digits (at most
+    (``prereg/tdist.py``); p-values and interval ends differ in their last digits (at most
     1.5e-14 relative on the committed studies). Every other value, decisions included, is equal."""
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(close(a[k], b[k], rel) for k in a)

@@ -24,13 +24,14 @@ from conftest import ROOT, harness, init_study, record_dicts, tiny_protocol
 from fake_trainer import FakeTrainer
 from filelock import FileLock
 
-from analysis.public_audit import open_started, self_hash_ok
 from harness.cliargs import RUN_BUDGET_STOP, RUN_COMPLETE, RUN_FAILED_RUNS, RUN_NOT_DONE
 from harness.clirun import Terminated, report, run_ending
 from harness.execute.inprocess import InProcessExecutor
 from harness.execute.runner import Runner
 from harness.protocol import load_protocol
-from harness.records import load_records, load_started, read_entry, record_files
+from prereg.attempts import open_started
+from prereg.ledger import self_hash_ok
+from prereg.records import load_records, load_started, read_entry, record_files
 
 PROTO = "protocols/tiny.yaml"
 RECS = Path("records") / "tiny"

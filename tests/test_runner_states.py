@@ -16,13 +16,13 @@ from conftest import init_study, record_dicts, tiny_protocol
 from fake_trainer import Crash, FakeTrainer
 from filelock import FileLock
 
-from analysis.audit.attempts import completeness
-from analysis.summary import records_json
 from harness.execute.inprocess import InProcessExecutor
 from harness.execute.runner import Runner
 from harness.ledger import load_entries
 from harness.protocol import load_protocol
-from harness.records import MANIFEST, load_records
+from prereg.attempts import completeness
+from prereg.records import MANIFEST, load_records
+from prereg.summary import records_json
 
 RECS = Path("records") / "tiny"
 

@@ -11,10 +11,11 @@ import random
 import pytest
 from conftest import harness, tiny_protocol
 
-from analysis.audit.hypotheses import Family
-from analysis.audit.looks import run_looks, sequential_decisions
-from analysis.audit.sequential import boundaries, crossing, nominal_levels, spent, upper_tail
-from analysis.public_audit import expected_summary, yaml_subset
+from prereg.hypotheses import Family
+from prereg.looks import run_looks, sequential_decisions
+from prereg.plan import expected_summary
+from prereg.sequential import boundaries, crossing, nominal_levels, spent, upper_tail
+from prereg.yamlsub import yaml_subset
 
 
 def _constant(K: int, shape) -> float:  # noqa: ANN001
@@ -186,7 +187,7 @@ def test_fixed_sequence_tests_the_second_only_after_the_first():
 
 
 def test_decisions_say_the_look_and_a_study_cut_between_looks_is_not_reached():
-    from analysis.audit.attempts import Completeness
+    from prereg.attempts import Completeness
 
     fam = family(("H1", "c"))
     done = Completeness(24, 10, 14, False, False, "INCOMPLETE")
@@ -265,7 +266,7 @@ def test_identical_pairs_at_a_look_are_decided_by_the_sign_test_not_by_identity(
 
 
 def test_a_fixed_sequence_hypothesis_no_alpha_reached_is_not_reached():
-    from analysis.audit.attempts import Completeness
+    from prereg.attempts import Completeness
 
     fam = family(("H1", "c"), ("H2", "d"), procedure="fixed_sequence")
     data = {("s", "c"): pairs(0.0, sd=0.05), ("s", "d"): pairs(-0.3, config="d")}
@@ -308,7 +309,7 @@ def test_the_core_refuses_what_a_sequential_family_cannot_do(spec, message):
 
 
 def test_the_sign_rule_refuses_worst_rank_scores():
-    from analysis.audit.hypotheses import rule_problems
+    from prereg.hypotheses import rule_problems
 
     h = {
         "id": "T",

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, harness, init_study, tiny_protocol
 
-from analysis.audit.barrier import look_problems
+from prereg.barrier import look_problems
 
 pytestmark = pytest.mark.process
 

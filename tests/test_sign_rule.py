@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from scipy import stats
 from test_decisions import COMPLETE
 
-from analysis.audit import decisions as D
-from analysis.audit.ranks import binomial_upper, median_bounds, sign_test
+from prereg import decisions as D
+from prereg.ranks import binomial_upper, median_bounds, sign_test
 
 values = st.lists(
     st.one_of(st.floats(-5, 5, allow_nan=False), st.sampled_from([0.0, 0.5, -0.5])), min_size=1, max_size=60

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import analysis
-from analysis.audit.ranks import signed_rank
+from prereg.ranks import signed_rank
 
 values = st.lists(st.floats(min_value=-1e3, max_value=1e3, allow_nan=False), min_size=3, max_size=12)
 
@@ -56,7 +56,7 @@ def test_an_interval_refuses_a_non_finite_value(bad):
 def test_a_p_value_that_underflows_reads_the_same_whatever_the_library_rounds_it_to():
     """An incomplete beta near the float floor gives a subnormal in one library and 0 in another
     (scipy): the decision text is a bound, the same for both, so the audit reports no mismatch."""
-    from analysis.audit.decisions import p_text
+    from prereg.decisions import p_text
 
     texts = {p_text(p) for p in (0.0, 5e-324, 2.2e-308, 1e-310, 9.9e-301)}
     assert texts == {"p < 1e-300"}

@@ -89,7 +89,7 @@ def test_the_record_s_code_hash_is_the_hash_of_the_checked_bytes(monkeypatch):
 def test_the_phase_library_loaded_is_the_one_hashed(monkeypatch):
     """Swapping the cached library between its hash and ``dlopen`` changes nothing: the loaded
     bytes are a sealed copy of the hashed ones."""
-    from harness.cotangent import kernel
+    from cotangent import kernel
 
     cc = kernel.compiler()
     if cc is None or kernel.lane_widths(__import__("torch").backends.cpu.get_cpu_capability()) == []:
@@ -121,7 +121,7 @@ def test_the_phase_library_loaded_is_the_one_hashed(monkeypatch):
 
 
 def test_phase_c_is_compiled_only_from_verified_bytes(monkeypatch):
-    from harness.cotangent import kernel
+    from cotangent import kernel
 
     env = launchers.worker_env([str(Path(launchers.__file__).resolve().parents[2])])
     monkeypatch.setenv("HARNESS_SOURCES", env["HARNESS_SOURCES"])
@@ -193,7 +193,7 @@ def test_sources_read_for_the_workers_are_compared_with_the_blobs(filtered_repo)
 def test_a_fork_server_that_cannot_import_verified_code_is_refused_cleanly(tmp_path):
     """The fork server imports the harness once; a module changed after the runner read it makes
     the start a refusal naming the module (exit 2 at the command line), before any run starts."""
-    from harness.errors import RefusedError
+    from prereg.errors import RefusedError
 
     code = str(Path(launchers.__file__).resolve().parents[2])
     env = launchers.worker_env([code])

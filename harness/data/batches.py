@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from harness.errors import DataError
+from prereg.errors import DataError
 
 
 def as_tensor(data: bytes) -> torch.Tensor:

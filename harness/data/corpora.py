@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from harness import yamlio
-from harness.errors import DataError, InputError
 from harness.names import CORPORA, SPLITS
 from harness.yamlio import Field
+from prereg.errors import DataError, InputError
 
 #: WikiText-2 raw v1 as pinned by several independent public projects.
 WIKITEXT2_PINS: dict[str, Any] = {

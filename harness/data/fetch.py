@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.data.corpora import WIKITEXT2_PINS, fetch_hint, verify_wikitext2
-from harness.errors import DataError, InputError
 from harness.names import SPLITS
+from prereg.errors import DataError, InputError
 
 #: Byte-identical copies of the archive; the original S3 address is listed last.
 WIKITEXT2_MIRRORS = (

@@ -20,7 +20,7 @@ from harness.execute.launchers import Outcome
 from harness.freeze import Frozen
 from harness.ledger import Ledger, now_iso
 from harness.protocol import Protocol
-from harness.records import SCHEMA_VERSION, RecordFormatError, RunRecord, RunSpec, StartedEntry, WorkerResult
+from prereg.records import SCHEMA_VERSION, RecordFormatError, RunRecord, RunSpec, StartedEntry, WorkerResult
 
 __all__ = [
     "attempt_record",

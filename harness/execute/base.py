@@ -18,7 +18,7 @@ from harness.execute.launchers import Outcome
 from harness.execute.state import Progress, RunState
 from harness.ledger import Ledger
 from harness.protocol import Protocol as StudyProtocol
-from harness.records import RunSpec
+from prereg.records import RunSpec
 
 
 @dataclass

@@ -34,14 +34,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from analysis.public_audit import EVIDENCE_SUFFIX, MAX_EVIDENCE_BYTES, EvidenceError, derive
 from harness import gitutil
 from harness.commandarm import substitute
 from harness.execute.job import Job
 from harness.execute.launchers import ALLOWED
 from harness.freeze import code_sha256
-from harness.records import RunSpec, WorkerResult
 from harness.reporter import ENV_BLOCK_STEPS, ENV_LOCKSTEP_FD, ENV_REPORT, ENV_STEPS_FIRST
+from prereg.evidence import EVIDENCE_SUFFIX, MAX_EVIDENCE_BYTES, EvidenceError, derive
+from prereg.records import RunSpec, WorkerResult
 
 #: What a printed traceback starts with: a run whose output holds it failed, whatever its exit.
 TRACEBACK = "Traceback (most recent call last):"

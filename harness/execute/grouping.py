@@ -18,7 +18,7 @@ from typing import Any
 
 from harness.execute.job import Job, LockstepJob
 from harness.execute.launchers import Outcome
-from harness.records import RunSpec
+from prereg.records import RunSpec
 
 __all__ = ["process_groups", "process_job", "split"]
 

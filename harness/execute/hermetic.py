@@ -35,8 +35,8 @@ def hermetic_env(proto: Protocol, root: Path, records: Path, anchor: str | None)
     environment (see :mod:`harness.execute.runner`, "Hermetic workers")."""
     import importlib.metadata as md
 
-    from harness.errors import RefusedError
     from harness.execute.launchers import refused_environment, worker_env
+    from prereg.errors import RefusedError
 
     try:
         factor = slowdown()
@@ -60,7 +60,7 @@ def hermetic_env(proto: Protocol, root: Path, records: Path, anchor: str | None)
             mine[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
             mine[pkg] = None
-    from harness.records import load_records
+    from prereg.records import load_records
 
     for r in load_records(records):
         env = r.env or {}
@@ -124,7 +124,7 @@ def phase_library(proto: Protocol) -> str | None:
         return None
     import hashlib
 
-    from harness.cotangent import kernel
+    from cotangent import kernel
 
     cc = kernel.compiler()
     if cc is None:

@@ -20,7 +20,7 @@ from harness.execute.grouping import process_groups, process_job, split
 from harness.execute.job import Job, LockstepJob
 from harness.execute.launchers import Outcome
 from harness.execute.training import Partial
-from harness.records import jsonable
+from prereg.records import jsonable
 
 
 class InProcessExecutor:

@@ -4,7 +4,7 @@ The runner builds a :class:`Job` (:meth:`harness.execute.runner.Runner.job`); it
 process boundary (and a Ray node's) as JSON, :meth:`Job.to_json` then :meth:`Job.from_json`, which
 refuses a job of another format or with fields it does not know, naming them.
 
-Format log (``format``): 1: ``spec`` (a :class:`~harness.records.RunSpec`), ``attempt``,
+Format log (``format``): 1: ``spec`` (a :class:`~prereg.records.RunSpec`), ``attempt``,
 ``config_path`` (relative to the study's root), ``data_dir``, ``corpus`` (a local corpus's pinned
 files, or ``None`` for a named corpus) and ``checkpoint_path``. A lockstep pair's job
 (:class:`LockstepJob`) is ``lockstep``: its two arms' jobs, in build order.
@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from harness.jsonfields import exact_fields
-from harness.records import RunSpec
+from prereg.jsonfields import exact_fields
+from prereg.records import RunSpec
 
 JOB_FORMAT = 1
 

@@ -35,8 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from harness.files import atomic_write
-from harness.records import canonical
+from harness.packages import package_dirs
+from prereg.files import atomic_write
+from prereg.ledger import PACKAGES
+from prereg.records import canonical
 
 
 @dataclass
@@ -199,7 +201,7 @@ class ForkServer:
         if self.proc is None or self.proc.poll() is not None:
             import tempfile
 
-            from harness.errors import RefusedError
+            from prereg.errors import RefusedError
 
             errors = tempfile.TemporaryFile()  # what the server says if it cannot start (an import refused)
             self.proc = subprocess.Popen(
@@ -424,22 +426,15 @@ def worker_env(
     ``threads`` (the protocol's) sets the OpenMP and MKL pools; ``frozen`` names the study's frozen
     top-level entries (compiled from source) and ``exempt`` the exempt ones (not importable);
     ``phase_sha256`` is the verified ``phase.c`` build the worker may load without rebuilding."""
-    import harness
 
     src = dict(os.environ) if environ is None else environ
     env = {k: v for k, v in src.items() if k in ALLOWED or k.startswith("LC_")}
     if threads is not None:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     env["HARNESS_CODE_PATH"] = os.pathsep.join(extra_paths)
-    pkgs = [Path(harness.__file__).resolve().parent]
-    try:
-        import analysis
-
-        pkgs.append(Path(analysis.__file__).resolve().parent)
-    except ImportError:  # pragma: no cover - shipped together
-        pass
+    pkgs = package_dirs()
     roots = [str(p) for p in pkgs] + [str(Path(e).resolve()) for e in frozen or []]
-    roots += [str(Path(p) / "harness") for p in extra_paths]
+    roots += [str(Path(p) / pkg) for p in extra_paths for pkg in PACKAGES]
     env["HARNESS_FRESH_ROOTS"] = os.pathsep.join(roots)
     env["HARNESS_SOURCES"] = json.dumps(source_hashes(roots), sort_keys=True, separators=(",", ":"))
     env["HARNESS_EXEMPT"] = ",".join(sorted(exempt or []))

@@ -22,9 +22,9 @@ from filelock import FileLock
 from harness.execute.base import RunnerPort
 from harness.execute.grouping import process_groups, process_job, split
 from harness.execute.launchers import LAUNCHERS, Launcher, launch
-from harness.files import atomic_write
 from harness.ledger import describe
-from harness.records import RunSpec, canonical
+from prereg.files import atomic_write
+from prereg.records import RunSpec, canonical
 
 
 class LocalExecutor:

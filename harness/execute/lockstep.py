@@ -24,10 +24,10 @@ import time
 
 import torch
 
-from analysis.public_audit import blocks
 from harness.execute.job import Job, LockstepJob
 from harness.execute.training import Partial, Prepared, RunFailure, failure, finish, prepare
-from harness.records import WorkerResult
+from prereg.carryover import blocks
+from prereg.records import WorkerResult
 
 __all__ = ["PairFailed", "blocks", "execute_pair"]
 

@@ -1,5 +1,5 @@
 """A planted reference cost, run inside each timed training step of a planted study's candidate
-(the kinds and the arithmetic of their truth: ``analysis/audit/planted.py``).
+(the kinds and the arithmetic of their truth: ``prereg/planted.py``).
 
 The plant draws from no random state and touches nothing of the run (its buffers are its own and
 filled by a formula), so the planted arm's losses, weights and BPB are bitwise its partner's; it
@@ -53,7 +53,7 @@ class Plant:
         elif kind == "gather":
             buf = bytearray(int(planted["bytes"]))
             self._run = lambda: gather(buf)
-        else:  # the plan refuses any other kind (analysis/audit/planted.py)
+        else:  # the plan refuses any other kind (prereg/planted.py)
             raise ValueError(f"unknown plant kind {kind!r}")
 
     def __call__(self) -> None:

@@ -41,12 +41,10 @@ from __future__ import annotations
 import logging
 import time
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
-from harness.errors import RefusedError
 from harness.execute.base import RunnerPort
 from harness.execute.grouping import process_groups, process_job
 from harness.execute.launchers import Outcome
@@ -54,7 +52,9 @@ from harness.execute.ray_node import RESOURCE, Gate, node_command, run_unit
 from harness.execute.state import RunState
 from harness.ledger import describe
 from harness.names import SPLITS
+from harness.packages import package_dirs
 from harness.plan import RunSpec, units
+from prereg.errors import RefusedError
 
 __all__ = ["EXCLUDES", "RayExecutor", "node_command"]
 
@@ -77,9 +77,6 @@ class RayExecutor:
             from ray.util.queue import Queue
         except ImportError as e:
             raise RefusedError("--ray needs Ray: python -m pip install -e '.[ray]'") from e
-        import analysis
-        import harness
-
         # a local corpus inside the tree travels once, through the object store, not with the tree
         corpus = runner.proto.corpus
         shipped = (
@@ -94,10 +91,7 @@ class RayExecutor:
         runtime_env = {
             "working_dir": str(runner.root),
             "excludes": EXCLUDES + shipped,
-            "py_modules": [
-                str(Path(harness.__file__).resolve().parent),
-                str(Path(analysis.__file__).resolve().parent),
-            ],
+            "py_modules": [str(p) for p in package_dirs()],
         }
         ray.init(
             address=self.address,

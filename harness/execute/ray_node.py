@@ -18,11 +18,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from harness.errors import RefusedError
 from harness.execute.grouping import process_job, split
 from harness.execute.job import Job, LockstepJob
 from harness.execute.launchers import LAUNCHERS, Launcher, Outcome, launch, worker_env
-from harness.records import canonical
+from prereg.errors import RefusedError
+from prereg.records import canonical
 
 RESOURCE = "harness-{device}"
 

@@ -36,20 +36,8 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from analysis.public_audit import (
-    Attempt,
-    BudgetCheck,
-    Family,
-    final_units,
-    look_entry_records,
-    look_units,
-    recompute,
-    torch_matches,
-)
-from analysis.public_audit import check as budget_check
 from harness import freeze, gitutil
 from harness.data.corpora import LocalCorpus
-from harness.errors import HarnessError, RefusedError
 from harness.execute.attempts import (
     attempt_record,
     interrupted_result,
@@ -65,11 +53,19 @@ from harness.execute.job import Job
 from harness.execute.launchers import Outcome
 from harness.execute.local import LocalExecutor
 from harness.execute.state import Progress, RunEnd, RunState, claimed, note_record
-from harness.jsonfields import plain
 from harness.ledger import Ledger, check_records_folder, study_ledger
 from harness.plan import make_plan, plan_sha256, units
 from harness.protocol import Protocol
-from harness.records import (
+from prereg.attempts import final_units
+from prereg.barrier import look_entry_records
+from prereg.budget import Attempt, BudgetCheck
+from prereg.budget import check as budget_check
+from prereg.errors import HarnessError, RefusedError
+from prereg.hypotheses import Family
+from prereg.jsonfields import plain
+from prereg.looks import look_units
+from prereg.recompute import recompute
+from prereg.records import (
     SCHEMA_VERSION,
     TAG_FILE,
     RunRecord,
@@ -80,6 +76,7 @@ from harness.records import (
     jsonable,
     sha256_bytes,
 )
+from prereg.tag import torch_matches
 
 
 class Runner:
@@ -275,7 +272,7 @@ class Runner:
         attempts: list[Attempt],
         reserved: float = 0.0,
     ) -> bool:
-        """The budget rule, from its one home (:mod:`analysis.audit.budget`, which the summary and
+        """The budget rule, from its one home (:mod:`prereg.budget`, which the summary and
         the audit apply to the records too): no unit starts when the device seconds spent (plus
         those reserved by units in flight) and the unit's runs at the mean device seconds of the ok
         runs so far would exceed the protocol's budget; then ``stopped_for_budget`` is set."""
@@ -301,7 +298,7 @@ class Runner:
         return self.stopped_for_budget or self.stopped_at_look is not None
 
     def look_allows(self, unit: list[RunSpec]) -> bool:
-        """The group-sequential barrier (:mod:`analysis.audit.looks`): a unit of a hypothesis' study
+        """The group-sequential barrier (:mod:`prereg.looks`): a unit of a hypothesis' study
         at seed index ``i`` starts only once every look at ``n_k <= i`` pairs is reached (its pairs
         final) and the preregistered rule went on there. The looks are recomputed from the records
         by the rules' one home, as the summary and the audit recompute them; where the rule stopped,
@@ -483,7 +480,7 @@ class Runner:
             import torch
 
             if not torch_matches(proto.torch_version, torch.__version__):
-                from harness.errors import RefusedError
+                from prereg.errors import RefusedError
 
                 raise RefusedError(
                     f"{proto.path}: protocol {proto.id!r} names PyTorch {proto.torch_version}, this is "
@@ -504,7 +501,7 @@ class Runner:
             self.records.mkdir(parents=True, exist_ok=True)
             self._keep_tag()
         except OSError as e:
-            from harness.errors import WriteError
+            from prereg.errors import WriteError
 
             raise WriteError(f"cannot create the study's folders: {e}") from e
         note = self.ledger.reconcile()  # the chain is the truth: a crash may have left MANIFEST behind it

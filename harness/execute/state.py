@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from analysis.public_audit import BudgetCheck, open_started
 from harness.plan import make_plan
 from harness.protocol import Protocol
-from harness.records import RunRecord, load_records, load_started
+from prereg.attempts import open_started
+from prereg.budget import BudgetCheck
+from prereg.records import RunRecord, load_records, load_started
 
 
 @dataclass

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from harness.execute.job import Job
 from harness.freeze import code_sha256
-from harness.records import WorkerResult, sha256_bytes
+from prereg.records import WorkerResult, sha256_bytes
 
 if TYPE_CHECKING:
     from harness.arms import GradientPhase
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from harness.data.batches import BatchStream
     from harness.devices import MemoryMeter
     from harness.execute.plant import Plant
-    from harness.records import RunSpec
+    from prereg.records import RunSpec
 
 __all__ = [
     "CPU_CLOCK",
@@ -66,7 +66,7 @@ def _version(pkg: str) -> str | None:
 
 
 def _phase_so_sha256() -> str | None:
-    from harness.cotangent.kernel import loaded_sha256
+    from cotangent.kernel import loaded_sha256
 
     return loaded_sha256()
 
@@ -82,7 +82,7 @@ class Partial:
         self.val_curve: list[list[float]] | None = None
 
     def note(self, **measured: Any) -> None:
-        """Add fields of :class:`~harness.records.WorkerResult` (a new frozen result each time)."""
+        """Add fields of :class:`~prereg.records.WorkerResult` (a new frozen result each time)."""
         self._noted = replace(self._noted, **measured)
 
     @property
@@ -193,7 +193,7 @@ def execute(job: Job, partial: Partial) -> WorkerResult:
 
 
 def failure(e: BaseException) -> dict[str, str]:
-    """A failed run's status, reason and traceback (fields of a :class:`~harness.records.WorkerResult`)."""
+    """A failed run's status, reason and traceback (fields of a :class:`~prereg.records.WorkerResult`)."""
     oom = "out of memory" in str(e).lower()
     return {
         "status": "failed",
@@ -227,8 +227,8 @@ def _environment(run: _Run) -> dict[str, Any]:
 
 def _model_and_arm(run: _Run, partial: Partial) -> tuple[torch.nn.Module, GradientPhase]:
     """The seeded model and its arm (which must not touch the global random state), noted in ``partial``."""
+    from cotangent import exact_paths
     from harness.arms import ArmContext, resolve
-    from harness.cotangent import exact_paths
     from harness.models import build_model, count_parameters
 
     spec = run.spec
@@ -396,7 +396,7 @@ def _evaluate(
     run: _Run, model: torch.nn.Module, ckpt: Path, meter: MemoryMeter
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """Full BPB, the checkpoint re-scored by a fresh model, memory peaks (fields of a
-    :class:`~harness.records.WorkerResult`); and the seconds each part took."""
+    :class:`~prereg.records.WorkerResult`); and the seconds each part took."""
     from harness.data.batches import bits_per_byte
     from harness.models import build_model
 

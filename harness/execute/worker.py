@@ -49,8 +49,8 @@ import torch
 from harness.execute.hermetic import slowdown
 from harness.execute.job import Job
 from harness.execute.training import Partial, execute, failure
-from harness.files import atomic_write
-from harness.records import WorkerResult, jsonable
+from prereg.files import atomic_write
+from prereg.records import WorkerResult, jsonable
 
 
 def serve() -> int:

@@ -1,0 +1,303 @@
+"""Trust from outside the records: the tag's SSH signature against the reader's allowed-signers file,
+and the ledger heads anchored in a remote's ``refs/ledger/protocol-<id>``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import Any
+
+ANCHOR_REF = "refs/ledger/"  # + protocol-<id>: the anchor commits `harness run --anchor` pushes
+
+
+#: The lines that open a signature block in a git tag object (git's gpg-interface.c); the last
+#: such line begins the signature, what precedes it is the signed payload.
+SIG_STARTS = {
+    "-----BEGIN SSH SIGNATURE-----": "SSH",
+    "-----BEGIN PGP SIGNATURE-----": "OpenPGP",
+    "-----BEGIN PGP MESSAGE-----": "OpenPGP",
+    "-----BEGIN SIGNED MESSAGE-----": "X.509",
+}
+
+
+def _isolated_env() -> dict[str, Any]:
+    """An environment in which git and ssh-keygen read no system, global or inherited configuration."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    return {
+        **env,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_NO_REPLACE_OBJECTS": "1",
+        "GIT_TERMINAL_PROMPT": "0",
+    }
+
+
+def split_signature(raw: bytes) -> tuple[bytes, bytes, str | None]:
+    """A tag object's signed payload, its signature block and the block's kind (None: unsigned)."""
+    pos, start, kind = 0, len(raw), None
+    while pos < len(raw):
+        nl = raw.find(b"\n", pos)
+        end = len(raw) if nl < 0 else nl + 1
+        line = raw[pos:end].rstrip(b"\r\n").decode("utf-8", "replace")
+        for head, name in SIG_STARTS.items():
+            if line.startswith(head):
+                start, kind = pos, name
+        pos = end
+    return raw[:start], raw[start:], kind
+
+
+def _ssh_keygen(args: list[str], stdin: bytes) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        ["ssh-keygen", *args], input=stdin, capture_output=True, check=False, env=_isolated_env()
+    )
+
+
+def check_signature(root: str, truth: dict[str, Any], signers: str | None) -> tuple[list[str], str]:
+    """With an allowed-signers file given by the reader, the tag object must carry an SSH signature
+    (``-----BEGIN SSH SIGNATURE-----``) that ``ssh-keygen -Y verify`` (namespace ``git``, as git
+    signs) accepts for a principal of that file. Neither git nor the audited repository's
+    configuration takes part, and an OpenPGP or X.509 signature is refused: the reader's keyring
+    is not the reader's allowed-signers file."""
+    if not truth.get("tagged"):
+        return [], "no tag"
+    if signers is None:
+        return [], (
+            "signed, not verified (pass --allowed-signers FILE)" if truth.get("signed") else "not signed"
+        )
+    if not truth.get("signed"):
+        return [
+            f"tag {truth['tag']} is not signed; --allowed-signers needs a tag made by harness tag --sign"
+        ], "unsigned"
+    tag = truth["tag"]
+    payload, sig, kind = split_signature(truth.get("tag_raw") or b"")
+    if kind != "SSH":
+        what = f"an {kind} signature" if kind else "no signature block git recognises"
+        return [
+            f"tag {tag}: the tag object carries {what}, not an SSH signature "
+            f"(-----BEGIN SSH SIGNATURE-----); --allowed-signers {signers} verifies SSH signatures "
+            "only"
+        ], "not an SSH signature"
+    allowed = os.path.abspath(signers)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="audit-sig-") as tmp:
+        sig_path = os.path.join(tmp, "tag.sig")
+        with open(sig_path, "wb") as f:
+            f.write(sig)
+        try:
+            found = _ssh_keygen(["-Y", "find-principals", "-f", allowed, "-s", sig_path], b"")
+            principals = found.stdout.decode("utf-8", "replace").split() if found.returncode == 0 else []
+            why = (
+                found.stderr.decode("utf-8", "replace").strip().splitlines()
+                or ["no principal matches its key"]
+            )[-1]
+            for who in principals:
+                r = _ssh_keygen(
+                    ["-Y", "verify", "-f", allowed, "-I", who, "-n", "git", "-s", sig_path], payload
+                )
+                if r.returncode == 0:
+                    bound = _bound_signers(root, truth, payload, sig_path, tmp)
+                    if bound:
+                        return [
+                            f"tag {tag}: {bound}"
+                        ], f"signed by {who} (yours), not by a key its commit lists"
+                    return [], f"good SSH signature by {who}, allowed by {signers}"
+                why = (r.stderr.decode("utf-8", "replace").strip().splitlines() or ["no detail"])[-1]
+        except OSError as e:
+            return [f"tag {tag}: ssh-keygen could not run to verify its signature ({e})"], "not verified"
+    return [f"tag {tag}: its signature does not verify against {signers} ({why})"], "bad signature"
+
+
+#: The repository's allowed-signers file: the copy in the tagged commit is what the tag binds.
+SIGNERS_PATH = "protocols/allowed_signers"
+
+
+def _bound_signers(root: str, truth: dict[str, Any], payload: bytes, sig_path: str, tmp: str) -> str | None:
+    """Why the tag's signature is not by a key that ``protocols/allowed_signers`` *of the tagged
+    commit* lists (None when it is, or when that commit has no such file). The tag names its
+    commit and the commit its tree, so that copy is bound at the tag: a tag re-signed with another
+    key over the same message, with the working tree's file swapped, is named here."""
+    from prereg.tag import git_bytes
+
+    commit = truth.get("commit")
+    data = git_bytes(root, "cat-file", "blob", f"{commit}:{SIGNERS_PATH}") if commit else None
+    if data is None:
+        return None
+    path = os.path.join(tmp, "bound_signers")
+    with open(path, "wb") as f:
+        f.write(data)
+    found = _ssh_keygen(["-Y", "find-principals", "-f", path, "-s", sig_path], b"")
+    for who in found.stdout.decode("utf-8", "replace").split() if found.returncode == 0 else []:
+        r = _ssh_keygen(["-Y", "verify", "-f", path, "-I", who, "-n", "git", "-s", sig_path], payload)
+        if r.returncode == 0:
+            return None
+    return (
+        f"its signature is by a key that {SIGNERS_PATH} of the tagged commit {str(commit)[:12]} does "
+        "not list: the tag was signed again by another key (or the file bound at the tag never named "
+        "the signer)"
+    )
+
+
+def signers_kept(root: str, truth: dict[str, Any]) -> list[str]:
+    """``protocols/allowed_signers`` may gain keys after a tag (it is exempt from the freeze, so a
+    later study can add its key) but must keep every line the tagged commit's copy holds: a key
+    removed or replaced since is named."""
+    from prereg.tag import git_bytes
+
+    commit = truth.get("commit")
+    data = git_bytes(root, "cat-file", "blob", f"{commit}:{SIGNERS_PATH}") if commit else None
+    if data is None:
+        return []
+    try:
+        with open(os.path.join(root, SIGNERS_PATH), "rb") as f:
+            now = set(f.read().splitlines())
+    except OSError:
+        now = set()
+    gone = [line for line in data.splitlines() if line.strip() and line not in now]
+    if not gone:
+        return []
+    return [
+        f"{SIGNERS_PATH}: {len(gone)} line(s) of the copy bound at the tag ({str(commit)[:12]}) are no "
+        "longer in the file (a key removed or replaced after the tag; keys may only be added)"
+    ]
+
+
+def roots_from_repository(
+    dirs: list[str], signers: str | None, published: tuple[int, str] | None
+) -> list[str]:
+    """The trust roots the reader passed that came from the repository being audited, and so prove
+    nothing against whoever rewrote it: an ``--allowed-signers`` file inside it, or a ``--head``
+    that a tracked file outside the records folders prints (the README, a doc). A head the records
+    folder itself holds (its entries, MANIFEST, its report and page) is not counted: it is the
+    value being checked."""
+    from prereg.tag import git_out, git_root
+
+    out: list[str] = []
+    seen: set[str] = set()
+    for d in dirs:
+        top = git_root(d)
+        if top is None or top in seen:
+            continue
+        seen.add(top)
+        real = os.path.realpath(top)
+        if signers is not None:
+            where = os.path.realpath(signers)
+            if where == real or where.startswith(real + os.sep):
+                out.append(
+                    f"--allowed-signers {signers} lies inside {top}, the repository being audited: "
+                    "whoever rewrote the records could rewrite it too"
+                )
+        if published is not None:
+            listed = git_out(top, "grep", "-l", "-F", "-e", published[1]) or ""
+            printed = []
+            for rel in listed.splitlines():
+                folder = os.path.dirname(os.path.join(top, rel))
+                if not os.path.isfile(os.path.join(folder, "MANIFEST")):
+                    printed.append(rel)
+            if printed:
+                out.append(
+                    f"--head {published[0]}:{published[1][:16]}... is printed in {', '.join(printed)} of "
+                    f"{top}, the repository being audited: a head copied from there proves nothing (take "
+                    "it from where it was published outside the repository)"
+                )
+    return out
+
+
+def check_anchor(
+    root: str, truth: dict[str, Any], records: list[dict[str, Any]], remote: str
+) -> tuple[list[str], str, int]:
+    """Every head anchored in ``remote``'s ``refs/ledger/protocol-<id>`` history is in the chain, in
+    order: every commit reachable from the ref along any parent is read (none is skipped as a
+    second parent), each must hold a ledger head the records hold at its seq, and none may be a
+    merge (docs/provenance.md, "Anchors"). Returns problems, a description and the highest anchored
+    seq."""
+    pid = truth.get("summary", {}).get("id") or records[0]["protocol"].get("id")
+    ref = f"{ANCHOR_REF}protocol-{pid}"
+    log, url = fetch_anchor(remote, ref)
+    if log is None:
+        return [f"anchor {remote}: cannot fetch {ref} from {url}"], "not fetched", 0
+    by_seq: dict[Any, Any] = {}
+    for r in records:
+        if "ledger" in r:
+            by_seq.setdefault(r["ledger"]["seq"], r["sha256"])
+    out, heads = [], []
+    for entry in log.split("\x01"):
+        if not entry.strip():
+            continue
+        commit, parents, when, body = entry.strip("\n").split("\x00", 3)
+        if len(parents.split()) > 1:
+            out.append(
+                f"anchor {commit[:12]} ({when}): a merge of {len(parents.split())} parents "
+                f"({', '.join(x[:12] for x in parents.split())}); the anchor history is a line of "
+                "single-parent commits (harness run --anchor pushes nothing else), and a merge can put a "
+                "forged history in front of the real one"
+            )
+        fields = dict(line.split(" ", 1) for line in body.splitlines() if " " in line)
+        try:
+            heads.append((int(fields["seq"]), fields["sha256"], fields.get("freeze"), commit, when))
+        except (KeyError, ValueError):
+            out.append(f"anchor {commit[:12]}: not a ledger head")
+    heads.reverse()  # oldest first
+    last = 0
+    for seq, sha, freeze, commit, when in heads:
+        if truth.get("freeze") and freeze != truth["freeze"]:
+            out.append(f"anchor {commit[:12]} ({when}): freeze {str(freeze)[:16]} is not the tag's")
+        if seq < last:
+            out.append(
+                f"anchor {commit[:12]} ({when}): seq {seq} after an anchored seq {last}: the chain "
+                "was cut back"
+            )
+        got = by_seq.get(seq)
+        if got != sha:
+            out.append(
+                f"anchored head seq {seq} sha256 {sha[:16]} (anchor {commit[:12]}, {when}): the "
+                f"records hold {got[:16] if got else 'no record'} there: history was rewritten after "
+                "it was anchored"
+            )
+        last = max(last, seq)
+    n = max(by_seq, default=0)
+    return out, f"{len(heads)} anchored heads in {ref} fetched from {url}, up to seq {last} of {n}", last
+
+
+def fetch_anchor(remote: str, ref: str) -> tuple[str | None, str]:
+    """The log of ``ref`` in ``remote``, every commit reachable along any parent (newest first, with
+    its parents), and the URL it was fetched from.
+
+    The ref is fetched into a throwaway bare repository in a temporary folder, with no system,
+    global or inherited git configuration, never into (or with the configuration of) the audited
+    repository: its ``url.*.insteadOf`` cannot redirect the anchor, and no ref is written there."""
+    import tempfile
+
+    env = _isolated_env()
+
+    def git_in(where: str, *args: str) -> str | None:
+        try:
+            r = subprocess.run(
+                ["git", "--no-replace-objects", *args], cwd=where, capture_output=True, check=False, env=env
+            )
+        except OSError:
+            return None
+        return r.stdout.decode("utf-8", "replace") if r.returncode == 0 else None
+
+    with tempfile.TemporaryDirectory(prefix="audit-anchor-") as tmp:
+        bare = os.path.join(tmp, "anchor.git")
+        if git_in(tmp, "init", "--quiet", "--bare", bare) is None:
+            return None, remote
+        url = (git_in(bare, "ls-remote", "--get-url", remote) or remote).strip() or remote
+        if (
+            remote.startswith("-")
+            or git_in(
+                bare,
+                "fetch",
+                "--quiet",
+                "--no-tags",
+                "--no-write-fetch-head",
+                remote,
+                f"+{ref}:refs/audit/{ref[5:]}",
+            )
+            is None
+        ):
+            return None, url
+        return git_in(
+            bare, "log", "--topo-order", "--format=%H%x00%P%x00%cI%x00%B%x01", f"refs/audit/{ref[5:]}"
+        ) or "", url

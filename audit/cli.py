@@ -1,0 +1,165 @@
+"""The command line: its arguments, every records folder audited (:mod:`.folder`), the table of
+checks, the notes and problems, and the last line on how far the chain is anchored."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from typing import Any
+
+from audit.anchors import roots_from_repository
+from audit.folder import audit_dir
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="public_audit.py",
+        description="Verify a study's records with the Python standard library "
+        "alone: hashes, the ledger, the tag and what it froze, and every statistic recomputed "
+        "(docs/provenance.md).",
+    )
+    ap.add_argument(
+        "dirs",
+        nargs="*",
+        metavar="RECORDS_DIR",
+        help="records folders (default: every folder under records/ that holds a MANIFEST)",
+    )
+    ap.add_argument(
+        "--head",
+        metavar="SEQ:SHA256",
+        help="a ledger head you published: its seq and full 64-hex-digit sha256 must be in the chain",
+    )
+    ap.add_argument(
+        "--anchor",
+        metavar="REMOTE",
+        help="a git remote whose refs/ledger/protocol-<id> holds the heads harness run --anchor pushed",
+    )
+    ap.add_argument(
+        "--allowed-signers",
+        metavar="FILE",
+        help="git's allowed-signers file to verify a signed protocol tag against",
+    )
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    published = None
+    args = parse_args(argv)
+    head, anchor, signers = args.head, args.anchor, args.allowed_signers
+    if head is not None:
+        seq, _, sha = head.partition(":")
+        if not seq.isdigit() or not re.fullmatch(r"[0-9a-f]{64}", sha):
+            print(
+                "public audit: --head takes SEQ:SHA256, the full 64-hex-digit sha256 of the ledger head "
+                "you published (a prefix can be matched by a forged chain)"
+            )
+            return 2
+        published = (int(seq), sha)
+    if anchor is not None and os.path.exists(anchor):
+        anchor = os.path.abspath(anchor)
+    if signers is not None and not os.path.isfile(signers):
+        print(f"public audit: --allowed-signers {signers}: no such file")
+        return 2
+    dirs = args.dirs
+    missing = [d for d in dirs if not os.path.isdir(d)]
+    if missing:
+        print(f"public audit: {', '.join(missing)}: no such records folder")
+        return 2
+    if not dirs:
+        base = "records"
+        dirs = (
+            sorted(
+                os.path.join(base, d)
+                for d in os.listdir(base)
+                if os.path.isfile(os.path.join(base, d, "MANIFEST"))
+            )
+            if os.path.isdir(base)
+            else []
+        )
+        if not dirs:
+            print("public audit: no records folders with a MANIFEST under records/ (pass a folder)")
+            return 1
+    borrowed = roots_from_repository(dirs, signers, published)
+    if borrowed:
+        print(
+            "TRUST ROOTS FROM THE REPOSITORY: what follows proves only that the repository agrees with "
+            "itself, not that it is the study that was published (exit status 3):"
+        )
+        for b in borrowed:
+            print(f"- {b}")
+        print()
+    rows: list[tuple[str, str, str]] = []
+    problems: list[str] = []
+    notes: list[str] = []
+    anchored: dict[str, Any] = {}
+    for d in dirs:
+        audit_dir(d, rows, problems, notes, published, anchor=anchor, signers=signers, anchored=anchored)
+    redraws = [n for n in notes if "REDRAWN:" in n]
+    w1 = max(len(r[0]) for r in rows)
+    w2 = max(len(r[1]) for r in rows)
+    print(f"{'check'.ljust(w1)}  {'records'.ljust(w2)}  result")
+    for check, d, result in rows:
+        print(f"{check.ljust(w1)}  {d.ljust(w2)}  {result}")
+    if notes:
+        print("\nPlanned runs and their records:")
+        for n in notes:
+            print(f"  {n}")
+    print("\nThis audit does not run training and does not check weight files (they stay local).")
+    if problems:
+        print(f"\n{len(problems)} problem(s):")
+        for p in problems:
+            print(f"- {p}")
+    else:
+        incomplete = [n for n in notes if "INCOMPLETE:" in n]
+        stopped = [n for n in notes if "STOPPED BY THE BUDGET RULE:" in n]
+        print(
+            "Integrity: everything matched."
+            + (" The study is INCOMPLETE (see above)." if incomplete else "")
+            + (" The study was STOPPED BY THE BUDGET RULE (see above)." if stopped else "")
+            + (
+                " Some runs were REDRAWN (see above): the records are intact, but an earlier attempt "
+                "of each could have been seen before it was run again (exit status 4)."
+                if redraws
+                else ""
+            )
+        )
+    print(anchor_line(published, anchor, anchored))
+    if borrowed:
+        print(
+            "TRUST ROOTS FROM THE REPOSITORY (see the first lines): pass an allowed-signers file and a head "
+            "you hold from outside it."
+        )
+    return 1 if problems else 3 if borrowed else 4 if redraws else 0
+
+
+def anchor_line(published: tuple[int, str] | None, anchor: str | None, anchored: dict[str, Any]) -> str:
+    """The last line: how far the chain is anchored outside the records, or that it is not."""
+    if published is None and anchor is None:
+        return (
+            "NOT ANCHORED: no published head (--head SEQ:SHA256) and no anchor ref (--anchor REMOTE) "
+            "were given, so nothing here shows that the records were not redrawn and resealed after the "
+            "fact."
+        )
+    parts = []
+    if published is not None:
+        parts.append(f"the published head seq {published[0]}")
+    if anchor is not None:
+        parts.append(
+            f"the anchor ref in {anchor} (up to seq {', '.join(str(v) for v in anchored.values()) or 0})"
+        )
+    return (
+        f"Anchored: the chain was checked against {' and '.join(parts)}; records after that are not anchored."
+    )
+
+
+def entry(argv: list[str]) -> int:
+    """:func:`main`, with a reader who closes the pipe (``| head``) answered 141, not a traceback."""
+    try:
+        status = main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader closed the pipe: not an error of the audit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = 141
+    return status

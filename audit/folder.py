@@ -1,0 +1,487 @@
+"""The audit of one records folder, every check in its order: its files against MANIFEST, the study
+as the tag defines it, the protocol and the plan, corpus, chain and attempts, what the tag froze,
+the anchors, and ``summary.json`` against the recomputation; and what a folder with no record can
+still prove. Each check reports a row (``ok:`` or ``FAILED:``) and its problems."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from audit.anchors import check_anchor, check_signature, signers_kept
+from audit.freeze import check_freeze, check_protocol_copies, check_time, check_versions, check_what_ran
+from audit.published import check_published
+from prereg.attempts import unfinished
+from prereg.barrier import look_problems
+from prereg.corpora import check_corpus
+from prereg.evidence import evidence_problems
+from prereg.ledger import (
+    LOOK_SUFFIX,
+    RECORD_SUFFIX,
+    SCHEMAS,
+    STARTED_SUFFIX,
+    canonical,
+    check_attempts,
+    check_ledger,
+    entry_problems,
+    is_snapshot_name,
+    read_json,
+    record_name,
+    self_hash_ok,
+    sha256,
+    snapshot_name,
+    with_snapshot,
+)
+from prereg.plan import plan_from_protocol, plan_notes
+from prereg.recompute import SUMMARY_SCHEMAS, compare, recompute
+from prereg.tag import check_sources, git_root, load_truth
+
+
+def find_root(start: str, protocol_rel: str) -> str:
+    d = os.path.abspath(start)
+    while True:
+        if os.path.isfile(os.path.join(d, protocol_rel)):
+            return d
+        parent = os.path.dirname(d)
+        if parent == d:
+            return os.path.abspath(start)
+        d = parent
+
+
+@dataclass
+class _Report:
+    """Where one folder's checks report: a row per check (``ok:`` or ``FAILED:`` and a detail), problems."""
+
+    directory: str
+    rows: list[tuple[str, str, str]]
+    problems: list[str]
+
+    def row(self, check: str, ok: bool, detail: str) -> None:
+        self.rows.append((check, self.directory, ("ok: " if ok else "FAILED: ") + detail))
+
+    def fail(self, check: str, found: list[str], ok_detail: str) -> None:
+        self.problems.extend(found)
+        self.row(check, not found, found[0] if found else ok_detail)
+
+
+def audit_dir(
+    directory: str,
+    rows: list[tuple[str, str, str]],
+    problems: list[str],
+    notes: list[str],
+    published: tuple[int, str] | None = None,
+    *,
+    anchor: str | None = None,
+    signers: str | None = None,
+    anchored: dict[str, Any] | None = None,
+) -> None:
+    """Audit one records folder, every check in its order: its files against MANIFEST, the study as
+    the tag defines it, the plan, corpus, chain and attempts, what the tag froze, the anchors, and the
+    summary recomputed. ``anchored`` receives the folder's anchored heads."""
+    anchored = {} if anchored is None else anchored
+    out = _Report(directory, rows, problems)
+    manifest = _manifest(out)
+    if manifest is None:
+        return
+    records, started = _entries(out, manifest)
+    looks = [e for e in started if e.get("kind") == "look"]  # a sequential design's looks
+    started = [e for e in started if e.get("kind") != "look"]
+    if not records:
+        audit_empty(directory, manifest, started, published, anchor, out.fail, notes)
+        return
+    root = _study_root(out, records)
+    if root is None:
+        return
+    # the study as the tag (or, without one, the checkout's protocol file) defines it
+    truth, found = load_truth(root, directory, records, manifest)
+    proto = truth.get("summary")
+    source_problems, source_detail = check_sources(root, truth, records, manifest)
+    problems.extend(source_problems)
+    out.row("MANIFEST source files", not source_problems, source_detail)
+    plan, plan_sha = _protocol_and_plan(out, truth, records, manifest, found)
+    if proto is None:
+        return
+    fail = out.fail
+    fail("corpus", *check_corpus(root, proto, records))
+    genesis = truth["freeze"] if truth.get("tagged") else proto["sha256"]
+    fail(
+        "ledger chain",
+        check_ledger(records + started + looks, manifest, genesis, published),
+        f"{len(records) + len(started) + len(looks)} entries linked from "
+        f"{'the freeze manifest' if truth.get('tagged') else 'the protocol'}",
+    )
+    fail(
+        "attempts in the ledger",
+        check_attempts(records, started),
+        f"{len(started)} started entries, "
+        f"{sum(r.get('schema_version', 1) >= 3 for r in records)} records end one",
+    )
+    if any("command" in (r.get("spec") or {}) for r in records):
+        found_ev, kept = evidence_problems(directory, records)
+        fail(
+            "command runs' evidence",
+            found_ev,
+            f"{kept} evidence files, each the one its record's sha256 names, every figure derived again from it",
+        )
+    _what_was_frozen(out, root, truth, records, manifest, plan_sha, signers, notes)
+    if anchor is not None:
+        found, detail, anchored[directory] = check_anchor(root, truth, records + started + looks, anchor)
+        fail("anchored heads", found, detail)
+    # the statistics use the tag's study
+    records = [{**r, "protocol": {**r["protocol"], **proto}} for r in records]
+    if "sequential" in (proto.get("hypotheses") or {}):
+        fail(
+            "sequential looks",
+            look_problems(records, started, looks),
+            f"{len(looks)} look entries, each on complete pairs, in order",
+        )
+    open_ = unfinished(records, started)
+    if plan is not None:
+        notes.extend(plan_notes(directory, plan, records, open_))
+    notes.extend(
+        f"{directory}: interrupted (started, no record): {u['run_id']} attempt {u['attempt']} "
+        f"started at {u['started_at']} on {u['node']} (ledger seq {u['seq']})"
+        for u in open_
+    )
+    if _check_summary(out, records, started):
+        verified = read_json(os.path.join(directory, "summary.json"))
+        assert isinstance(verified, dict)  # _check_summary read it as one
+        out.fail("report.md and index.html", *check_published(directory, root, verified, manifest))
+    else:
+        out.row(
+            "report.md and index.html", True, "not compared: no verified summary.json to render them from"
+        )
+
+
+def _manifest(out: _Report) -> dict[str, Any] | None:
+    """The folder's MANIFEST, or None (a failed row) when it is missing or not one."""
+    manifest_path = os.path.join(out.directory, "MANIFEST")
+    if not os.path.isfile(manifest_path):
+        out.problems.append(f"{manifest_path}: missing")
+        out.row("manifest", False, "MANIFEST missing")
+        return None
+    manifest = read_json(manifest_path)
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("records"), dict):
+        out.problems.append(
+            f"{manifest_path}: not a MANIFEST (a JSON object with a 'records' mapping); "
+            "harness status or harness report rebuilds it from the ledger"
+        )
+        out.row("manifest", False, "MANIFEST unreadable")
+        return None
+    shapes = {"started": dict, "ledger_head": dict, "sources": dict, "protocol": dict, "snapshots": dict}
+    wrong = [k for k, t in shapes.items() if manifest.get(k) is not None and not isinstance(manifest[k], t)]
+    if wrong or not isinstance(manifest.get("sources"), dict):
+        out.problems.append(
+            f"{manifest_path}: field {wrong[0] if wrong else 'sources'} is not a JSON object; harness "
+            "status or harness report rebuilds MANIFEST from the ledger"
+        )
+        out.row("manifest", False, "MANIFEST malformed")
+        return None
+    if manifest.get("schema_version", 1) not in SCHEMAS:  # MANIFESTs before schema 3 do not say
+        out.problems.append(
+            f"{manifest_path}: schema_version {manifest.get('schema_version')!r} is not one this "
+            f"audit reads ({', '.join(map(str, SCHEMAS))})"
+        )
+        out.row("manifest", False, "MANIFEST of an unknown format")
+        return None
+    return manifest
+
+
+def _with_snapshot(
+    directory: str, manifest: dict[str, Any], records: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Schema 4 records with their ``protocol`` read over the snapshot their stub names by sha256
+    (``protocol.<sha256>.json``, each listed in MANIFEST with its file sha256); the problems where a
+    snapshot is missing, unlisted or not what its name says."""
+    problems: list[str] = []
+    snapshots: dict[str, Any] = {}
+    listed = manifest.get("snapshots") or {}
+    names = sorted(n for n in os.listdir(directory) if is_snapshot_name(n))
+    for name in names:
+        path = os.path.join(directory, name)
+        with open(path, "rb") as f:
+            raw = f.read()
+        data = read_json(path, raw)
+        if not isinstance(data, dict) or snapshot_name(sha256(canonical(data))) != name:
+            problems.append(f"{path}: not the protocol snapshot its name says (edited, or another file)")
+            continue
+        if not isinstance(listed, dict) or listed.get(name) != sha256(raw):
+            problems.append(
+                f"{path}: protocol snapshot not listed in MANIFEST with its file sha256 {sha256(raw)}"
+            )
+        snapshots[sha256(canonical(data))] = data
+    for name in sorted(set(listed) - set(names)) if isinstance(listed, dict) else []:
+        problems.append(f"{os.path.join(directory, name)}: listed in MANIFEST but missing")
+    out = []
+    for r in records:
+        stub = r.get("protocol")
+        full = (
+            with_snapshot(stub, snapshots)
+            if r.get("schema_version", 1) >= 4 and isinstance(stub, dict)
+            else None
+        )
+        if full is None and r.get("schema_version", 1) >= 4:
+            named = stub.get("snapshot_sha256") if isinstance(stub, dict) else None
+            problems.append(
+                f"{record_name(r)}: field protocol.snapshot_sha256 = {named!r} names no protocol snapshot "
+                f"of the folder ({snapshot_name(str(named))} missing or not what its name says)"
+            )
+        out.append(r if full is None else {**r, "protocol": full})
+    return out, problems
+
+
+def _entries(out: _Report, manifest: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The folder's records and started entries that read as such, each checked against its own
+    sha256 and MANIFEST's file sha256; MANIFEST's entries that are missing count too."""
+    directory, problems = out.directory, out.problems
+    listed = {  # schema 3: started entries apart; a sequential design's looks apart too
+        **manifest["records"],
+        **(manifest.get("started") or {}),
+        **(manifest.get("looks") or {}),
+    }
+    files = sorted(
+        n for n in os.listdir(directory) if n.endswith((RECORD_SUFFIX, STARTED_SUFFIX, LOOK_SUFFIX))
+    )
+    records: list[dict[str, Any]] = []
+    started: list[dict[str, Any]] = []
+    bad = 0
+    for name in files:
+        path = os.path.join(directory, name)
+        with open(path, "rb") as f:
+            raw = f.read()
+        rec = read_json(path, raw)
+        if not isinstance(rec, dict):
+            problems.append(f"{path}: not a JSON record")
+            bad += 1
+            continue
+        if rec.get("schema_version") not in SCHEMAS:
+            problems.append(f"{path}: schema_version {rec.get('schema_version')!r} is unknown to this audit")
+            bad += 1
+            continue
+        shape = entry_problems(rec)
+        if shape:  # unreadable: named, and left out of every later check
+            problems.extend(f"{path}: {x}" for x in shape)
+            bad += 1
+            continue
+        if not self_hash_ok(rec):
+            problems.append(
+                f"{path}: field sha256 = {rec.get('sha256')!r} does not match the record's canonical content"
+            )
+            bad += 1
+        if listed.get(name) != sha256(raw):
+            if name in listed:
+                problems.append(f"{path}: file sha256 {sha256(raw)} differs from MANIFEST's {listed[name]}")
+            else:
+                problems.append(f"{path}: record not listed in MANIFEST")
+            bad += 1
+        if name.endswith(LOOK_SUFFIX):
+            if rec.get("kind") != "look" or name != record_name(rec):
+                problems.append(f"{path}: not the look entry its name says (kind {rec.get('kind')!r})")
+                bad += 1
+                continue
+            started.append(rec)  # in the chain beside the started entries; barrier.py reads them
+        elif name.endswith(STARTED_SUFFIX):
+            if rec.get("kind") != "started":
+                problems.append(f"{path}: field kind = {rec.get('kind')!r}, a started entry says 'started'")
+                bad += 1
+                continue
+            started.append(rec)
+        else:
+            records.append(rec)
+    for name in sorted(set(listed) - set(files)):
+        problems.append(f"{os.path.join(directory, name)}: listed in MANIFEST but missing")
+        bad += 1
+    newest = max((e.get("schema_version", 1) for e in records + started), default=1)
+    if manifest.get("schema_version", 1) < newest:  # the harness writes MANIFEST at its own version
+        problems.append(
+            f"{os.path.join(directory, 'MANIFEST')}: field schema_version = "
+            f"{manifest.get('schema_version')!r}, older than its entries' schema {newest}"
+        )
+        bad += 1
+    records, found = _with_snapshot(directory, manifest, records)
+    problems.extend(found)
+    bad += len(found)
+    out.row(
+        "record hashes + MANIFEST records",
+        bad == 0,
+        f"{len(records)} records, {len(started)} started entries, {bad} problems",
+    )
+    return records, started
+
+
+def _study_root(out: _Report, records: list[dict[str, Any]]) -> str | None:
+    """The study's repository (or, outside git, the folder that holds the records' protocol); None (a
+    failed row) when that repository lies inside another one."""
+    directory = out.directory
+    root = git_root(directory) or find_root(directory, records[0]["protocol"]["path"])
+    outer = git_root(os.path.dirname(os.path.abspath(root))) if git_root(directory) else None
+    if outer is not None:
+        out.problems.append(
+            f"{directory}: its git repository {root} lies inside another one ({outer}): "
+            "a nested repository's tags are not the study's; audit the records in the "
+            "repository that tagged them"
+        )
+        out.row("records inside the study's repository", False, f"nested repository {root}")
+        return None
+    return root
+
+
+def _protocol_and_plan(
+    out: _Report,
+    truth: dict[str, Any],
+    records: list[dict[str, Any]],
+    manifest: dict[str, Any],
+    found: list[str],
+) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """Check the protocol (``found``: what loading it found) and every record's copy of it, then each record
+    against the plan recomputed from it; returns the plan and its sha256 (None where there is none)."""
+    proto = truth.get("summary")
+    plan: list[dict[str, Any]] | None = None
+    plan_sha: str | None = None
+    if proto is not None:
+        found += check_protocol_copies(truth, records, manifest)
+        try:
+            plan = plan_from_protocol(truth["doc"], truth["sha256"], truth["config_sha"])
+            plan_sha = sha256(canonical(plan))
+        except (ValueError, KeyError, TypeError) as e:
+            found.append(
+                f"{truth['path']}: the plan cannot be recomputed from the protocol ({type(e).__name__}: {e})"
+            )
+    where = (
+        f"{truth['path']} at {truth['tag']}"
+        if truth.get("tagged")
+        else f"{truth.get('path')} in this checkout"
+    )
+    out.fail(
+        "protocol: the tagged file",
+        found,
+        f"{proto['id']} {proto['sha256'][:16]}... from {where}; every record's copy equal" if proto else "",
+    )
+    if plan is not None and plan_sha is not None:
+        found = []
+        by_id = {p["run_id"]: p for p in plan}
+        for r in records:
+            if r.get("plan_sha256") != plan_sha:
+                found.append(
+                    f"{record_name(r)}: field plan_sha256 = {r.get('plan_sha256')} differs from the "
+                    f"plan recomputed from the protocol ({plan_sha})"
+                )
+                break
+        for r in records:
+            want = by_id.get(r["spec"]["run_id"])
+            if want is None:
+                found.append(f"{record_name(r)}: run {r['spec']['run_id']} is not in the plan")
+            elif {k: r["spec"].get(k) for k in want} != want:
+                diff = sorted(k for k in want if r["spec"].get(k) != want[k])
+                found.append(f"{record_name(r)}: spec differs from the plan in {', '.join(diff)}")
+        out.fail(
+            "plan recomputed from the protocol", found, f"{len(plan)} planned runs, sha256 {plan_sha[:16]}..."
+        )
+    return plan, plan_sha
+
+
+def _what_was_frozen(
+    out: _Report,
+    root: str,
+    truth: dict[str, Any],
+    records: list[dict[str, Any]],
+    manifest: dict[str, Any],
+    plan_sha: str | None,
+    signers: str | None,
+    notes: list[str],
+) -> None:
+    """A tagged study: the tag freezes it, what ran is what it froze, time order, its signature. An
+    untagged one is marked not preregistered (its package versions are still compared)."""
+    if truth.get("tagged"):
+        found, detail = check_freeze(root, truth, records, plan_sha)
+        out.fail("tag freezes the experiment", found, detail)
+        found, varied, detail = check_what_ran(root, truth, records, manifest)
+        out.fail("what ran is what was frozen", found, detail)
+        notes.extend(f"{out.directory}: {v}" for v in varied)
+        out.fail("time order", *check_time(truth, records))
+        found, detail = check_signature(root, truth, signers)
+        kept = signers_kept(root, truth)
+        out.fail("tag signature", found + kept, detail if not kept else f"{detail}; allowed_signers changed")
+    else:
+        out.row(
+            "tag freezes the experiment",
+            True,
+            "NOT PREREGISTERED: no tag binds these records (they prove nothing about a frozen experiment)",
+        )
+        notes.extend(f"{out.directory}: {v}" for v in check_versions(records)[1])
+        out.problems.extend(check_versions(records)[0])
+
+
+def _check_summary(out: _Report, records: list[dict[str, Any]], started: list[dict[str, Any]]) -> bool:
+    """summary.json, if there is one: its own sha256, and every value against the recomputation.
+    True when there is one and it matched."""
+    spath = os.path.join(out.directory, "summary.json")
+    if not os.path.isfile(spath):
+        out.row("summary.json recomputed", True, "no summary.json (run harness report): nothing to compare")
+        return False
+    summary = read_json(spath)
+    if not isinstance(summary, dict):
+        out.problems.append(f"{spath}: not a JSON summary (harness report writes it again)")
+        out.row("summary.json recomputed", False, "summary.json unreadable")
+        return False
+    problems = out.problems
+    before = len(problems)
+    if summary.get("schema_version") not in SUMMARY_SCHEMAS:
+        problems.append(
+            f"{spath}: schema_version {summary.get('schema_version')!r} is not one this audit reads "
+            f"({', '.join(map(str, SUMMARY_SCHEMAS))}); harness report writes it again"
+        )
+        out.row("summary.json recomputed", False, "summary.json of an unknown format")
+        return False
+    if not self_hash_ok(summary):
+        problems.append(f"{spath}: field sha256 = {summary.get('sha256')!r} does not match its content")
+    try:
+        mine = recompute(records, started)
+    except ValueError as e:  # a protocol the rules refuse (decide names the hypothesis and key)
+        problems.append(f"{spath}: the summary cannot be recomputed from the records: {e}")
+        out.row("summary.json recomputed", False, str(e))
+        return False
+    theirs = {k: v for k, v in summary.items() if k != "sha256"}
+    n = compare("summary", mine, theirs, problems, spath)
+    out.row(
+        "summary.json recomputed",
+        len(problems) == before,
+        f"{n} values compared, {len(problems) - before} mismatches",
+    )
+    return len(problems) == before
+
+
+def audit_empty(
+    directory: str,
+    manifest: dict[str, Any],
+    started: list[dict[str, Any]],
+    published: tuple[int, str] | None,
+    anchor: str | None,
+    fail: Callable[[str, list[str], str], None],
+    notes: list[str],
+) -> None:
+    """A folder with no record yet: what it can still prove. Started entries with no record are listed
+    as interrupted attempts; a MANIFEST head, a published head or an anchor that promises entries the
+    folder does not hold is a failure (records were removed)."""
+    head = manifest.get("ledger_head") or {}
+    found = []
+    seq = head.get("seq") or 0
+    if seq > len(started):
+        found.append(
+            f"{os.path.join(directory, 'MANIFEST')}: ledger_head seq {seq}, but the folder holds "
+            f"{len(started)} ledger entries and no record: records were removed"
+        )
+    if published is not None:
+        found.append(
+            f"--head {published[0]}:{published[1][:16]}...: the folder holds no record at that position"
+        )
+    if anchor is not None:
+        found.append(f"--anchor {anchor}: the folder holds no record to check the anchored heads against")
+    fail("ledger of a folder with no record", found, f"no record yet; {len(started)} started entries")
+    notes.extend(
+        f"{directory}: interrupted (started, no record): {u['run_id']} attempt {u['attempt']} "
+        f"started at {u['started_at']} on {u['node']} (ledger seq {u['seq']})"
+        for u in unfinished([], started)
+    )

@@ -1,0 +1,96 @@
+"""Every published figure audited: ``report.md`` and ``index.html`` rendered again from the verified
+``summary.json`` and compared byte for byte with the committed files (docs/provenance.md).
+
+The renderer is the core's (:mod:`prereg.render`), the one that ``harness report`` writes with, so
+a change of wording or format happens once; like all of the core it is standard library only. What the published files say about their own inputs (the folder
+named in the page's audit command, the earlier study shown beside this one) is read from them: any
+other value renders other text, and the figures come from verified summaries either way. The PNG
+plots are not checked (images; the page's SVG figures are, as part of the page)."""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+from typing import Any
+
+from prereg.render.published import published_texts
+
+#: ``report.md`` ends with these links when matplotlib made the plots (``harness report``).
+_PLOT_LINKS = re.compile(r"\n(?:!\[[A-Za-z0-9_.-]+\]\([A-Za-z0-9_.-]+\.png\)\n)+")
+_RECORDS_REL = re.compile(r"<pre><code>python analysis/public_audit\.py (\S+)")
+_BESIDE_MD = re.compile(
+    r"^The same configurations and arms in \S+ \(.*; records `([^`]+)`, read from its sealed", re.M
+)
+_BESIDE_HTML = re.compile(r"its records: <code>(.*?)</code>")
+
+
+def _first_difference(published: str, rendered: str) -> str:
+    a, b = published.splitlines(), rendered.splitlines()
+    for i, (x, y) in enumerate(zip(a, b), 1):
+        if x != y:
+            col = next((j for j, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+            at = max(0, col - 30)
+            return f"line {i}, column {col + 1}: published {x[at : at + 100]!r}, rendered {y[at : at + 100]!r}"
+    n = min(len(a), len(b)) + 1
+    return f"line {n}: the published file {'goes on' if len(a) > len(b) else 'ends'} where the rendered one {'ends' if len(a) > len(b) else 'goes on'}"
+
+
+def _beside(directory: str, root: str | None, label: str) -> str:
+    for base in ([root] if root else []) + [os.getcwd(), os.path.dirname(os.path.abspath(directory))]:
+        path = label if os.path.isabs(label) else os.path.join(base, label)
+        if os.path.isfile(os.path.join(path, "summary.json")):
+            return path
+    return label
+
+
+def check_published(
+    directory: str, root: str | None, summary: dict[str, Any], manifest: Any
+) -> tuple[list[str], str]:
+    """``report.md`` and ``index.html`` of ``directory`` against what ``summary`` (already verified)
+    renders; returns problems and a description."""
+    texts = {}
+    for name in ("report.md", "index.html"):
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            try:
+                with open(path, encoding="utf-8", newline="") as f:
+                    texts[name] = f.read()
+            except (OSError, UnicodeDecodeError) as e:
+                return [f"{path}: cannot be read ({e})"], "unreadable"
+    if not texts:
+        return [], "no report.md or index.html: nothing published to compare"
+    page = texts.get("index.html", "")
+    m = _RECORDS_REL.search(page)
+    records_rel = html.unescape(m.group(1)) if m else directory
+    b = _BESIDE_MD.search(texts.get("report.md", "")) or _BESIDE_HTML.search(page)
+    label = html.unescape(b.group(1)) if b else None
+    try:
+        rendered = published_texts(
+            summary,
+            os.path.join(directory, "summary.json"),
+            records_rel,
+            manifest,
+            beside_dir=None if label is None else _beside(directory, root, label),
+            beside_label=label,
+        )
+    except Exception as e:  # noqa: BLE001 - any failure to render is named, never a traceback
+        return [
+            f"{directory}: report.md and index.html cannot be rendered again from summary.json to "
+            f"check them ({type(e).__name__}: {e})"
+        ], "not rendered"
+    problems = []
+    for name, text in texts.items():
+        want = rendered[name]
+        ok = text == want or (
+            name == "report.md" and text.startswith(want) and _PLOT_LINKS.fullmatch(text[len(want) :])
+        )
+        if not ok:
+            problems.append(
+                f"{os.path.join(directory, name)}: not what the verified summary.json renders "
+                f"({_first_difference(text, want)}); harness report writes it again"
+            )
+    shown = " and ".join(sorted(texts))
+    return problems, f"{shown} byte for byte as the verified summary renders them" + (
+        f" (beside {label})" if label else ""
+    )

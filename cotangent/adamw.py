@@ -1,0 +1,394 @@
+"""``PackedAdamW``: AdamW over flat buffers, bitwise ``torch.optim.AdamW(fused=True)``."""
+
+from __future__ import annotations
+
+import platform
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+import cotangent.kernel as kernel
+from cotangent.backnorms import BackwardNorms
+from cotangent.exactness import exact_paths
+from cotangent.groups import NATIVE_GROUP_KEYS, amp_tensors, check_group, fused_kwargs, lr_on, validated
+from cotangent.kernel.phase import KernelPhase, kernel_blocker
+from cotangent.onepass import OnePass
+from cotangent.pack import CPU_BLOCK_BYTES, RELEASE_MIN_BYTES, FlatGroup, Pack
+from cotangent.plans import blocks_for, lists_for, view_lists
+from cotangent.states import check_loadable, saved_state, to_state_tensors
+
+
+class PackedAdamW(OnePass):
+    """AdamW over flat buffers, bitwise equal to ``torch.optim.AdamW(..., fused=True)``.
+
+    On construction every parameter becomes a view of one flat buffer per (device, dtype),
+    equal-size parameters adjacent; gradients are preallocated views of a flat gradient buffer
+    in the same order, so backward accumulates into it in place; both moments live in flat
+    buffers in the same order; the step counters are one float32 buffer.
+
+    Parameters
+    ----------
+    params
+        Parameters, or parameter groups as native's (each with its own lr, betas, eps,
+        weight_decay, amsgrad; decay and no-decay groups take ``phase.c`` too); dense
+        floating-point parameters; shared parameters are packed and updated once, a parameter
+        listed twice is refused.
+    lr, betas, eps, weight_decay, amsgrad, maximize
+        As ``torch.optim.AdamW``. ``lr`` may be a float or a tensor.
+    update
+        ``"auto"`` (the device's verified mode, :func:`exact_paths`), ``"views"``, ``"aligned"``
+        or ``"flat"``. ``"flat"`` on CPU is faster and not bitwise native when a parameter's size
+        is not a multiple of the vector width (a few low bits differ after tens of steps).
+    block_bytes
+        Bytes of each flat buffer one block of :meth:`clip_step_zero_grad` covers on CPU
+        (default :data:`CPU_BLOCK_BYTES`). Speed only: every block size gives the same bits.
+    release_grads
+        ``False`` (default): the gradient buffer stays allocated between steps (zeroed with
+        -0.0) and backward accumulates into it in place: the fast phase, for peak memory above
+        native's by up to the gradients' bytes, which native frees after each step (0.9-3.0% on
+        the benchmark's models, ``docs/benchmark.md``). ``True``: zeroing gives the gradient
+        buffer's pages back to the OS (``madvise``); when backward reaches a parameter, its
+        gradient is stored as natively and copied into its slot, so gradient memory comes back as
+        backward produces it and peak memory follows native's, at the price of the pages' faults
+        in the next backward (the phase's gain is lost on CPU). ``"auto"``: ``True`` on Linux when
+        the gradients take at least :data:`RELEASE_MIN_BYTES`, else ``False``. Same bits in
+        every mode.
+    kernel
+        ``"auto"``: :meth:`clip_step_zero_grad` runs in C (:mod:`cotangent.kernel`) where that is
+        verified bitwise (float32 CPU buffers, one per parameter group, and a kernel that built
+        and passed its self-check; parameters whose sizes are not multiples of 16 elements take
+        PyTorch's kernels inside that phase); ``"torch"``: always PyTorch's
+        kernels. Speed only: both give the same bits. :meth:`phase_kernel` says which runs.
+    backward_norms
+        ``True``: each gradient's norm is computed when backward finishes it, while it is in cache
+        (:mod:`~cotangent.backnorms`), and :meth:`clip_step_zero_grad` (and
+        :func:`clip_grad_norm_` over these parameters) use it if the gradient's version counters
+        are unchanged, so the phase reads the gradients once. Same bits for every write PyTorch
+        counts (accumulation, clipping by the user, in-place ops), and for writes through
+        ``p.grad.data``, ``p.grad.numpy()`` or DLPack, which mark the slot so that its norm is
+        computed again (:class:`~cotangent.backnorms.GradSlot`). Not seen: those forms
+        on a view or a detached copy of a gradient, and raw pointers; hence ``False`` by default.
+
+    Notes
+    -----
+    Requirements, each refused with an error naming it: dense floating-point parameters, each
+    listed once; no sparse gradients; no ``create_graph`` backward. A parameter whose gradient was
+    not produced in a step is left untouched by that step, as native AdamW leaves a ``None``
+    gradient; optimizer state exists as native's does (an entry from a parameter's first step
+    with a gradient, none before and none for a parameter that never had one), and
+    ``state_dict()`` equals native's at every step. Each parameter lives in the flat buffer's
+    memory through a storage of its own, so checkpoint writers (safetensors, ``torch.save``,
+    ``torch.distributed.checkpoint``) keep every tensor. A ``.grad`` replaced by the user is
+    copied into the flat buffer at the next step and the view restored; a ``.grad`` set to ``None`` counts as no gradient. ``.grad`` is None
+    exactly where native's is (after ``zero_grad()``, before backward reaches a parameter).
+
+    As native fused AdamW, :meth:`step` takes part in ``GradScaler``'s protocol
+    (``_step_supports_amp_scaling``): it divides the gradients by ``self.grad_scale`` inside the
+    fused kernel and skips the update where ``self.found_inf`` is 1 (the step counters get + 1,
+    then - ``found_inf``), and :meth:`clip_step_zero_grad` does the same within the phase.
+    """
+
+    _step_supports_amp_scaling = True
+    _pack: Pack  # set by _pack_all once the groups exist (add_param_group during construction sees none)
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float | Tensor = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        *,
+        amsgrad: bool = False,
+        maximize: bool = False,
+        update: str = "auto",
+        block_bytes: int = CPU_BLOCK_BYTES,
+        kernel: str = "auto",
+        release_grads: bool | str = False,
+        backward_norms: bool = False,
+    ) -> None:
+        if kernel not in ("auto", "torch"):
+            raise ValueError(f"kernel must be auto or torch, not {kernel!r}")
+        if update not in ("auto", "views", "aligned", "flat"):
+            raise ValueError(f"update must be auto, views, aligned or flat, not {update!r}")
+        if block_bytes <= 0:
+            raise ValueError(f"block_bytes must be positive, not {block_bytes}")
+        if backward_norms not in (True, False):
+            raise ValueError(f"backward_norms must be True or False, not {backward_norms!r}")
+        if release_grads not in (True, False, "auto"):
+            raise ValueError(f"release_grads must be True, False or 'auto', not {release_grads!r}")
+        defaults = dict(validated(lr, betas, eps, weight_decay, amsgrad, maximize), **NATIVE_GROUP_KEYS)
+        groups = list(params)
+        if not groups:
+            raise ValueError("optimizer got an empty parameter list")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        for k, group in enumerate(groups):  # everything checked before anything is modified
+            check_group(group, k, defaults)
+        if release_grads == "auto":  # the OS can take pages back (madvise): gradient memory as native's
+            grad_bytes = sum(
+                p.numel() * p.element_size() for g in groups for p in {id(q): q for q in g["params"]}.values()
+            )
+            release_grads = platform.system() == "Linux" and grad_bytes >= RELEASE_MIN_BYTES
+        self._release = bool(release_grads)
+        self._backward_norms = bool(backward_norms)
+        self._phase: tuple[Tensor, Tensor, bool] | None = None  # (total, coef, set_to_none) of a phase
+        # ids of the parameters that have optimizer state (native's lazy state: _mark)
+        self._stated: set[int] = set()
+        super().__init__(groups, defaults)
+        self._requested_update = update
+        self.block_bytes = block_bytes
+        self.kernel = kernel
+        self._pack_all()
+
+    def _pack_all(self) -> None:
+        params: list[Tensor] = []
+        group_of: list[int] = []
+        for k, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                params.append(p)
+                group_of.append(k)
+        amsgrad = [bool(g["amsgrad"]) for g in self.param_groups]
+        self._pack = Pack(params, amsgrad, group_of, release=self._release)
+        if self._backward_norms:
+            self._pack.backward = BackwardNorms(self._pack)
+        self._build_state()
+        self._build_plans()
+
+    def _repack(self) -> None:
+        """Lay every group out again (after ``add_param_group`` or loading a state dict), keeping
+        each parameter's state and whether it has a gradient."""
+        old = self._pack
+        assert old is not None
+        saved = {p: saved_state(self.state[p]) for p in old.params if self.state.get(p)}
+        with torch.no_grad():
+            for i, p in enumerate(old.params):  # a gradient that exists survives (the new pack copies it in)
+                if p.grad is old.grad_views[i]:
+                    p.grad = p.grad.clone() if old.produced[i] else None
+        old.release()
+        self._pack_all()
+        self._restore(saved)
+
+    def _restore(self, saved: dict[Tensor, dict[str, Tensor]]) -> None:
+        pack = self._pack
+        assert pack is not None
+        with torch.no_grad():
+            for p, st in saved.items():
+                for key, view in self._slots[p].items():
+                    if key in st:
+                        view.copy_(st[key])
+                    elif key == "max_exp_avg_sq":
+                        view.zero_()
+            pack.uniform_steps = (
+                all(len(set(g.steps.tolist())) <= 1 for g in pack.groups)
+                and len({float(g.steps[0]) for g in pack.groups if len(g.index)}) <= 1
+            )
+        self._build_plans()
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Native's ``add_param_group``, then the new parameters are packed (their own buffers)."""
+        if getattr(self, "_pack", None) is None:  # during construction
+            super().add_param_group(param_group)
+            return
+        check_group(param_group, len(self.param_groups), self.defaults)
+        super().add_param_group(param_group)
+        self._repack()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        raise TypeError(
+            "PackedAdamW cannot be deep-copied: its parameters are views of its flat buffers, which a copy "
+            "would not share; copy the model, build a new PackedAdamW over the copy and load state_dict() into it"
+        )
+
+    # -- layout --------------------------------------------------------------------------
+    def _mode(self, g: FlatGroup) -> str:
+        if self._requested_update != "auto":
+            return self._requested_update
+        return exact_paths(g.device.type).update
+
+    def _build_state(self) -> None:
+        """Every parameter's state views (``_slots``); ``self.state`` holds those of the parameters
+        that have state, as native's: a parameter gets its entry at the first step it has a
+        gradient in (:meth:`_mark`), never before and never without one."""
+        pack = self._pack
+        self._slots: dict[Tensor, dict[str, Tensor]] = {}
+        for g in pack.groups:
+            for j, i in enumerate(g.index):
+                p = pack.params[i]
+                st: dict[str, Tensor] = {
+                    "step": g.steps[j],
+                    "exp_avg": g.slot(g.exp_avg, j, p.shape),
+                    "exp_avg_sq": g.slot(g.exp_avg_sq, j, p.shape),
+                }
+                if g.max_exp_avg_sq is not None:
+                    st["max_exp_avg_sq"] = g.slot(g.max_exp_avg_sq, j, p.shape)
+                self._slots[p] = st
+        self.state = defaultdict(dict)
+        for p in pack.params:
+            if id(p) in self._stated:
+                self.state[p] = self._slots[p]
+        self._all_stated = len(self._stated) == pack.n
+
+    def _mark(self, positions: list[int] | None) -> None:
+        """The parameters at ``positions`` (``None``: all) are stepped: each gets its state entry
+        if it has none yet, as native's ``_init_group`` makes it for every parameter with a gradient."""
+        if self._all_stated:
+            return
+        pack = self._pack
+        for i in range(pack.n) if positions is None else positions:
+            p = pack.params[i]
+            if id(p) not in self._stated:
+                self._stated.add(id(p))
+                self.state[p] = self._slots[p]
+        self._all_stated = len(self._stated) == pack.n
+
+    def _build_plans(self) -> None:
+        pack = self._pack
+        self._fast_lists = [lists_for(pack, g, self._mode(g)) for g in pack.groups]
+        self._blocks = [blocks_for(pack, g, self._mode(g), self.block_bytes) for g in pack.groups]
+        self._native: KernelPhase | None | bool = False  # False: not decided yet
+        self._native_threads = torch.get_num_threads()  # the kernel's forms are verified per thread count
+        self._native_why: str | None = None
+
+    def _native_phase(self) -> KernelPhase | None:
+        if self._native is False or self._native_threads != torch.get_num_threads():
+            self._native_threads = torch.get_num_threads()
+            why = kernel_blocker(self.kernel, self._pack.groups, self.param_groups)
+            k = None if why is not None else kernel.kernel()
+            if why is None and k is None:
+                why = kernel.unavailable_reason()
+            self._native = KernelPhase(k, self._pack) if k is not None else None
+            self._native_why = why
+        return self._native  # type: ignore[return-value]
+
+    def phase_kernel(self) -> str:
+        """Which code runs :meth:`clip_step_zero_grad` when every gradient is present, and why."""
+        plan = self._native_phase()
+        where = (
+            f"phase.c ({plan.kernel.describe()})"
+            if plan is not None
+            else f"torch kernels ({self._native_why})"
+        )
+        back = self._pack.backward
+        if back is not None:
+            where += (
+                "; norms in backward" if back.why_not is None else f"; norms in the phase ({back.why_not})"
+            )
+        return where
+
+    # -- public --------------------------------------------------------------------------
+    @property
+    def flat_groups(self) -> list[FlatGroup]:
+        """The flat buffers, one entry per (device, dtype)."""
+        return self._pack.groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Native's ``zero_grad``, over the flat gradient buffer.
+
+        ``set_to_none=True`` (native's default): every ``.grad`` becomes None, as natively; the
+        buffer is filled with ``-0.0``, the additive identity of IEEE arithmetic (``-0.0 + x == x``
+        bit for bit, ``+0.0`` would turn a ``-0.0`` gradient into ``+0.0``), and each parameter's
+        hook makes its slot the ``.grad`` just before backward accumulates into it, so the
+        accumulation leaves exactly the bits native would store. ``set_to_none=False``: as
+        native's ``grad.zero_()``, every parameter that had a gradient keeps a ``+0.0`` one and is
+        stepped with it (moments and weight decay move it). With ``release_grads=True`` the
+        buffer's pages are given back to the OS instead; the hook fills a slot with ``-0.0``
+        again before backward accumulates into it.
+        """
+        assert self._pack is not None
+        self._pack.zero_grads(set_to_none)
+
+    def _check_layout(self) -> None:
+        """Refuse, before anything is modified, a group whose ``amsgrad`` was switched after the
+        buffers were laid out (the maximum buffer exists exactly for amsgrad groups)."""
+        for g in self._pack.groups:
+            if bool(self.param_groups[g.pg]["amsgrad"]) != (g.max_exp_avg_sq is not None):
+                raise RuntimeError(
+                    f"PackedAdamW: parameter group {g.pg} changed amsgrad after the optimizer was built; "
+                    "its buffers were laid out for the other value (build a new optimizer)"
+                )
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        self._check_layout()
+        if self._phase is not None:  # clip_step_zero_grad's update, called through (a wrapped) step
+            total, coef, set_to_none = self._phase
+            self._phase = None
+            self._phase_update(total, coef, set_to_none)
+            return None
+        if self._armed is not None and not self._in_armed:  # clip_in_step: the whole phase
+            loss = None
+            if closure is not None:  # forward and backward first, as native's step(closure)
+                with torch.enable_grad():
+                    loss = closure()
+            self._armed_step()
+            return loss
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._update()
+        return loss
+
+    def _update(self, per_parameter: bool = False) -> None:
+        """Native's fused step over every parameter that has a gradient.
+
+        With ``maximize`` (or ``per_parameter``) the call takes per-parameter tensors, as native's:
+        the sign a NaN gradient leaves in ``exp_avg_sq`` under ``maximize`` depends on whether ATen
+        ran a tensor's update inline or in its parallel region (the compiler folded the negation
+        differently in each), which depends on the tensor's size, so a flat run would change it.
+        """
+        pack = self._pack
+        assert pack is not None
+        produced = pack.sync_grads()
+        self._mark(produced)
+        for gi, g in enumerate(pack.groups):
+            kwargs = fused_kwargs(self.param_groups[g.pg], g.pg)
+            if produced is None and pack.uniform_steps and not (per_parameter or kwargs["maximize"]):
+                steps = [g.steps]
+                lists = self._fast_lists[gi]
+            else:
+                have = set(produced) if produced is not None else set(range(pack.n))
+                positions = [j for j, i in enumerate(g.index) if i in have]
+                if not positions:
+                    continue
+                lists = view_lists(pack, g, positions)
+                steps = lists[5]
+            torch._foreach_add_(steps, 1)
+            scale, inf = amp_tensors(self, g.device)
+            torch._fused_adamw_(*lists, **lr_on(kwargs, g.device), grad_scale=scale, found_inf=inf)
+            if inf is not None:
+                torch._foreach_sub_(steps, [inf] * len(steps))
+        if produced is not None:
+            pack.uniform_steps = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """Native per-parameter form (clones), loadable by ``torch.optim.AdamW`` and back."""
+        sd = super().state_dict()
+        sd["state"] = {k: {n: t.clone() for n, t in v.items()} for k, v in sd["state"].items()}
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load per-parameter state (ours or native ``AdamW``'s, older versions included: group keys
+        they lack take native's defaults, a Python-number ``step`` becomes a float32 tensor as native
+        fused AdamW makes it) into the flat buffers. A state dict whose groups would take native off
+        its fused path (``fused`` unset or False, ``foreach``, ``capturable``, ``differentiable``) is
+        refused before anything is modified."""
+        check_loadable(state_dict)
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            for key, value in {"amsgrad": False, "maximize": False, **NATIVE_GROUP_KEYS}.items():
+                group.setdefault(key, value)
+        assert self._pack is not None
+        loaded = {p: to_state_tensors(self.state[p]) for p in self._pack.params if self.state.get(p)}
+        self._stated = {id(p) for p in loaded}  # as native's: the entries the state dict holds
+        self._repack()
+        self._restore(loaded)
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        pack = getattr(self, "_pack", None)
+        if pack is not None:
+            pack.release()

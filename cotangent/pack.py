@@ -1,0 +1,470 @@
+"""The flat layout: parameters, gradients and both moments as flat buffers in one coordinate order."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
+
+from cotangent.backnorms import BackwardNorms
+from cotangent.exactness import exact_paths
+from cotangent.kernel import release_pages
+from cotangent.norms import bucket_norm, bucketable, native_norms
+
+CACHE_LINE_BYTES = 64
+
+#: Default cache blocking of the fused gradient phase on CPU (:meth:`PackedAdamW.clip_step_zero_grad`):
+#: bytes of each flat buffer one block covers. ``benchmarks/grad_phase.py --block-sweep`` compares sizes.
+CPU_BLOCK_BYTES = 2 * 2**20
+
+RELEASE_MIN_BYTES = 4 << 20
+"""Gradient bytes from which ``release_grads="auto"`` gives the pages back after each phase: 4 MiB
+(a million float32 parameters). Below it the buffer stays allocated: its memory is well under 1% of
+a PyTorch process's resident set, and refaulting its pages would slow backward (measured on the
+tiny configurations: forward + backward 1.10x native's when released, 1.04x when kept)."""
+
+
+@dataclass
+class Block:
+    """One step of the fused phase: scale ``grad``, one fused AdamW call over ``lists``, zero ``grad``."""
+
+    grad: Tensor
+    lists: tuple[list[Tensor], ...]  # params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps
+
+
+@dataclass
+class FlatGroup:
+    """One (device, dtype) group: flat buffers and the per-parameter views into them."""
+
+    device: torch.device
+    dtype: torch.dtype
+    index: list[int]  # positions in the optimizer's parameter list, in packed order
+    offsets: list[int]
+    numels: list[int]
+    param: Tensor
+    grad: Tensor
+    pg: int  # the optimizer's parameter group (buffers never cross groups)
+    exp_avg: Tensor
+    exp_avg_sq: Tensor
+    max_exp_avg_sq: Tensor | None
+    steps: Tensor  # float32, one counter per parameter, packed order
+    buckets: list[tuple[int, int, int, list[int]]]  # (start, count, numel, packed positions)
+    aligned_end: int  # parameters [0, aligned_end) are cache-line multiples, laid out first
+
+    def slot(self, buf: Tensor, j: int, shape: torch.Size) -> Tensor:
+        return buf[self.offsets[j] : self.offsets[j] + self.numels[j]].view(shape)
+
+
+def grad_alias(flat: Tensor, offset: int, shape: torch.Size) -> Tensor:
+    """A contiguous alias of ``flat[offset : offset + numel]`` with its own version counter and,
+    where the device exports DLPack, its own storage.
+
+    A view (``flat[a:b].view(shape)``) shares its base's version counter, so it cannot tell which
+    slot was written; an alias made through DLPack (:func:`own_storage`) counts its own in-place
+    writes (backward's accumulation included) and is saved as its own bytes (``torch.save`` of a
+    gradient writes that gradient, not the whole buffer). Elsewhere a tensor ``set_`` onto the
+    same storage, which counts its own writes too.
+    """
+    numel = 1
+    for d in shape:
+        numel *= d
+    view = flat[offset : offset + numel].view(shape)
+    alias = own_storage(view)
+    if alias is not view:
+        return alias
+    out = torch.empty(0, dtype=flat.dtype, device=flat.device)  # pragma: no cover - no DLPack
+    strides = torch.empty(shape, device="meta").stride()
+    return out.set_(flat.untyped_storage(), flat.storage_offset() + offset, shape, strides)
+
+
+def own_storage(view: Tensor) -> Tensor:
+    """A tensor over the same memory as ``view`` whose storage is its own (through DLPack): a
+    parameter made of it lives in the flat buffer, and a checkpoint writer that groups tensors by
+    storage (safetensors' shared-tensor removal, ``torch.save``'s storage sharing) sees one tensor
+    per storage, as natively, not one buffer shared by all. The DLPack capsule keeps the flat
+    buffer alive as long as the parameter. Where a device cannot export DLPack, the view itself."""
+    try:
+        alias = torch.from_dlpack(view)
+    except (RuntimeError, TypeError, BufferError):  # pragma: no cover - a device without DLPack
+        return view
+    if alias.data_ptr() != view.data_ptr() or alias.shape != view.shape:  # pragma: no cover
+        return view
+    return alias
+
+
+class Pack:
+    """Flat layout shared by :class:`PackedAdamW` and :func:`clip_grad_norm_`."""
+
+    _registry: dict[int, Pack] = {}
+
+    def __init__(
+        self, params: list[Tensor], amsgrad: list[bool], group_of: list[int], release: bool = False
+    ) -> None:
+        self.params = params
+        self.n = len(params)
+        self.release_mode = release
+        # slots whose memory may not hold -0.0 (released pages read +0.0): filled by the hook
+        self.dirty = [False] * self.n
+        self.ids = tuple(id(p) for p in params)
+        self.grad_views: list[Tensor] = [None] * self.n  # type: ignore[list-item]
+        # produced[i]: parameter i has a gradient, exactly where native's ``.grad`` is not None. Then
+        # ``.grad`` is the slot's alias (or a tensor the user assigned, copied in at the next sync);
+        # otherwise ``.grad`` is None, as natively, and the slot holds -0.0 (or is dirty, see above).
+        self.produced = [False] * self.n
+        self.groups: list[FlatGroup] = []
+        self.where: list[tuple[int, int]] = [(0, 0)] * self.n  # (group, packed position)
+        self.uniform_steps = True
+        order: dict[tuple[int, torch.device, torch.dtype], list[int]] = {}
+        for i, p in enumerate(params):
+            order.setdefault((group_of[i], p.device, p.dtype), []).append(i)
+        for gi, ((pg, device, dtype), idx) in enumerate(order.items()):
+            self.groups.append(self._build_group(gi, pg, device, dtype, idx, amsgrad[pg]))
+        self.ptrs = [p.data_ptr() for p in params]
+        self.grad_ptrs = [v.data_ptr() for v in self.grad_views]
+        # Each gradient slot is an alias of the flat buffer with a version counter of its own (see
+        # grad_alias): a slot without a gradient that was written anyway (through a reference kept
+        # from an earlier step) shows a version this class did not see, and is filled with -0.0
+        # again before backward accumulates into it.
+        self.known = [v._version for v in self.grad_views]
+        # position of each parameter in the concatenated per-parameter norms (groups in order)
+        self.flat_of: dict[int, int] = {}
+        base = 0
+        for g in self.groups:
+            for j, i in enumerate(g.index):
+                self.flat_of[i] = base + j
+            base += len(g.index)
+        self.native_perm = self._perm_for(list(range(self.n)))  # clipping the optimizer's order
+        self._orders: dict[tuple[int, ...], tuple[Tensor, list[Tensor]] | None] = {}
+        self._perm_on: dict[tuple[int, torch.device], tuple[Tensor, Tensor]] = {}
+        self.first_device = params[0].device
+        self.backward: BackwardNorms | None = (
+            None  # norms taken in backward (PackedAdamW(backward_norms=True))
+        )
+        self.hooks = []
+        for i, p in enumerate(params):
+            if p.requires_grad:
+                self.hooks.append(p.register_hook(self._make_hook(i)))
+                self.hooks.append(p.register_post_accumulate_grad_hook(self._make_post_hook(i)))
+        self._same_device = all(g.device == self.first_device for g in self.groups)
+        for p in params:
+            Pack._registry[id(p)] = self
+
+    def _perm_for(self, positions: list[int]) -> Tensor:
+        """Native clipping's norm order over the parameters at ``positions`` (in that order): its
+        grouping by (device, dtype), as positions in the concatenated packed norms."""
+        grouped = _group_tensors_by_device_and_dtype([[self.params[i] for i in positions]], with_indices=True)
+        order: list[int] = []
+        for _key, (_lists, indices) in grouped.items():
+            order.extend(self.flat_of[positions[k]] for k in indices)
+        return torch.tensor(order, dtype=torch.long)
+
+    def order_of(self, parameters: list[Tensor]) -> Tensor | None:
+        """The norm order of ``clip_grad_norm_(parameters)`` as positions in the concatenated
+        packed norms, when ``parameters`` names every packed parameter exactly once and nothing
+        else that has a gradient now (native's clip skips tensors whose ``.grad`` is None); else
+        ``None`` (the caller then runs native's clip itself)."""
+        key = tuple(id(p) for p in parameters)
+        if key == self.ids:
+            return self.native_perm
+        if key not in self._orders:
+            where = {id(p): i for i, p in enumerate(self.params)}
+            mine = [where[id(p)] for p in parameters if id(p) in where]
+            others = [p for p in parameters if id(p) not in where]  # held: their ids stay theirs
+            whole = len(mine) == self.n and len(set(mine)) == self.n
+            if len(self._orders) >= 16:
+                self._orders.clear()
+            self._orders[key] = (self._perm_for(mine), others) if whole else None
+        entry = self._orders[key]
+        if entry is None or any(p.grad is not None for p in entry[1]):
+            return None
+        return entry[0]
+
+    def _build_group(
+        self, gi: int, pg: int, device: torch.device, dtype: torch.dtype, idx: list[int], amsgrad: bool
+    ) -> FlatGroup:
+        unit = CACHE_LINE_BYTES // torch.empty((), dtype=dtype).element_size()
+        numel = {i: self.params[i].numel() for i in idx}
+        # Aligned parameters first, then by size (largest first) so equal sizes are adjacent.
+        ordered = sorted(idx, key=lambda i: (numel[i] % unit != 0, -numel[i], i))
+        offsets, numels = [], []
+        total = 0
+        for i in ordered:
+            offsets.append(total)
+            numels.append(numel[i])
+            total += numel[i]
+        aligned_end = sum(1 for i in ordered if numel[i] % unit == 0)
+        flat_p = torch.empty(total, device=device, dtype=dtype)
+        flat_g = torch.full((total,), -0.0, device=device, dtype=dtype)
+        group = FlatGroup(
+            device=device,
+            dtype=dtype,
+            index=ordered,
+            offsets=offsets,
+            numels=numels,
+            param=flat_p,
+            grad=flat_g,
+            pg=pg,
+            exp_avg=torch.zeros(total, device=device, dtype=dtype),
+            exp_avg_sq=torch.zeros(total, device=device, dtype=dtype),
+            max_exp_avg_sq=torch.zeros(total, device=device, dtype=dtype) if amsgrad else None,
+            steps=torch.zeros(len(ordered), dtype=torch.float32, device=device),
+            buckets=[],
+            aligned_end=aligned_end,
+        )
+        with torch.no_grad():
+            for j, i in enumerate(ordered):
+                p = self.params[i]
+                view = group.slot(flat_p, j, p.shape)
+                view.copy_(p)
+                p.data = own_storage(view)  # the parameter now lives in the flat buffer; old storage is freed
+                gview = grad_alias(flat_g, offsets[j], p.shape)
+                if p.grad is not None:  # a gradient that exists at construction is kept
+                    gview.copy_(p.grad)
+                    self.produced[i] = True
+                    p.grad = gview
+                self.grad_views[i] = gview
+                self.where[i] = (gi, j)
+        j = 0
+        while j < len(ordered):
+            k = j
+            while k < len(ordered) and numels[k] == numels[j]:
+                k += 1
+            group.buckets.append((offsets[j], k - j, numels[j], list(range(j, k))))
+            j = k
+        return group
+
+    def _make_hook(self, i: int) -> Callable[[Tensor], None]:
+        def hook(grad: Tensor) -> None:  # runs before AccumulateGrad adds into the parameter's .grad
+            if grad.requires_grad:
+                raise RuntimeError("PackedAdamW does not support backward with create_graph=True")
+            if grad.layout != torch.strided:
+                raise RuntimeError("PackedAdamW requires dense gradients (got a sparse gradient)")
+            p = self.params[i]
+            view = self.grad_views[i]
+            if view.data_ptr() != self.grad_ptrs[i]:
+                self.check_rebound()
+            if p.grad is None:
+                # Natively AccumulateGrad stores the new gradient. A slot known to hold -0.0 becomes the
+                # .grad and takes it in place (-0.0 + g is g, bit for bit); any other slot (released
+                # pages, an old gradient) is left out: AccumulateGrad stores the gradient as natively,
+                # and the post hook copies it into the slot (one pass, pages touched as backward
+                # produces them, so gradient memory grows as native's does).
+                if not (self.dirty[i] or self.produced[i] or view._version != self.known[i]):
+                    p.grad = view
+            elif self.dirty[i] and p.grad is view:
+                view.fill_(-0.0)
+                self.dirty[i] = False
+
+        return hook
+
+    def _make_post_hook(self, i: int) -> Callable[[Tensor], None]:
+        def post(param: Tensor) -> None:  # after AccumulateGrad wrote into .grad
+            view = self.grad_views[i]
+            g = param.grad
+            if (
+                g is not view
+                and g is not None
+                and g.layout == torch.strided
+                and g.shape == view.shape
+                and g.dtype == view.dtype
+                and g.device == view.device
+            ):
+                view.copy_(g)
+                param.grad = view
+                self.dirty[i] = False
+            self.produced[i] = True
+            self.known[i] = view._version
+            if self.backward is not None and param.grad is view:
+                self.backward.record(i)  # while the gradient is in cache (backward_norms=True)
+
+        return post
+
+    def settle(self) -> None:
+        """Every write into the gradient slots so far was ours or backward's."""
+        self.known = [v._version for v in self.grad_views]
+
+    @classmethod
+    def of(cls, parameters: list[Tensor]) -> Pack | None:
+        if not parameters:
+            return None
+        pack = cls._registry.get(id(parameters[0]))
+        if pack is None or len(parameters) != pack.n:
+            return None
+        if any(a is not b for a, b in zip(parameters, pack.params)):
+            return None
+        return pack
+
+    @classmethod
+    def covering(cls, parameters: list[Tensor]) -> tuple[Pack, Tensor] | None:
+        """The pack whose every parameter ``parameters`` names once (in any order, beside tensors
+        without a gradient), with the norm order of that list (:meth:`order_of`), or ``None``."""
+        for p in parameters:
+            pack = cls._registry.get(id(p))
+            if pack is not None:
+                perm = pack.order_of(parameters)
+                return None if perm is None else (pack, perm)
+        return None
+
+    def sync_grads(self) -> list[int] | None:
+        """Reconcile ``.grad`` attributes with the flat buffer.
+
+        Returns ``None`` when every parameter's gradient was produced (the fast path), otherwise
+        the sorted positions of the parameters that have a gradient this step.
+        """
+        for i, p in enumerate(self.params):
+            if self.grad_views[i].data_ptr() != self.grad_ptrs[i]:  # p.grad.data = t: refused
+                self.check_rebound()
+            if p.data_ptr() != self.ptrs[i]:
+                raise RuntimeError(
+                    f"parameter {i} (shape {tuple(p.shape)}) was rebound (p.data = ...) after PackedAdamW was "
+                    "built; the optimizer updates its flat buffer, not the new tensor: copy into the parameter "
+                    "in place (p.data.copy_(...)) or build the optimizer after changing the parameters"
+                )
+            g = p.grad
+            view = self.grad_views[i]
+            if g is view:
+                if not self.produced[i]:  # attached by the hook, nothing accumulated (torch.autograd.grad)
+                    p.grad = None
+                continue
+            if g is None:
+                if self.produced[i]:  # set to None by the user (model.zero_grad(), p.grad = None)
+                    self.produced[i] = False
+                    self.dirty[i] = True  # the slot holds the old gradient: refilled before backward
+                continue
+            if g.layout != torch.strided:
+                raise RuntimeError("PackedAdamW requires dense gradients (got a sparse gradient)")
+            if g.requires_grad:
+                raise RuntimeError("PackedAdamW does not support backward with create_graph=True")
+            if g.shape != view.shape or g.dtype != view.dtype or g.device != view.device:
+                raise RuntimeError(
+                    f"parameter {i}: .grad was replaced by a tensor of shape {tuple(g.shape)}, "
+                    f"{g.dtype}, {g.device}; PackedAdamW needs {tuple(view.shape)}, {view.dtype}, {view.device}"
+                )
+            with torch.no_grad():
+                view.copy_(g)
+            p.grad = view
+            self.dirty[i] = False
+            self.produced[i] = True
+        self.settle()
+        if all(self.produced):
+            return None
+        return [i for i in range(self.n) if self.produced[i]]
+
+    def check_rebound(self) -> None:
+        """Refuse a gradient given other memory (``p.grad.data = t``) before anything moves.
+
+        Natively ``t`` then *is* the gradient's memory: clipping and ``zero_()`` write into it and
+        backward accumulates into it. Here every gradient lives in the flat buffer, so no copy
+        could keep both that aliasing and native's bits; the error names the parameter and the
+        two ways that work."""
+        for i, view in enumerate(self.grad_views):
+            if view.data_ptr() != self.grad_ptrs[i]:
+                raise RuntimeError(
+                    f"parameter {i} (shape {tuple(self.params[i].shape)}): its .grad was given other memory "
+                    "(p.grad.data = t); PackedAdamW keeps every gradient in its flat buffer, so that memory "
+                    "would not be the gradient as natively: write into the gradient in place "
+                    "(p.grad.copy_(t)) or assign a new one (p.grad = t)"
+                )
+
+    def total_norm(self, norms: list[Tensor] | None = None, perm: Tensor | None = None) -> Tensor:
+        """Total 2-norm with every gradient present, from zero-copy bucket views, or from the
+        per-parameter ``norms`` of each group in packed order (:meth:`BackwardNorms.collect`),
+        summed in the order ``perm`` (:meth:`order_of`; default the optimizer's parameters')."""
+        if norms is None:
+            norms = [self.group_norms(g) for g in self.groups]
+        pieces = [n.to(self.first_device) for n in norms]
+        flat = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+        order = self.native_perm if perm is None else perm
+        key = (id(order), flat.device)
+        cached = self._perm_on.get(key)
+        if cached is None or cached[0] is not order:  # the entry holds its order: an id is not reused
+            if len(self._perm_on) >= 16:
+                self._perm_on.clear()
+            cached = self._perm_on[key] = (order, order.to(flat.device))
+        return torch.linalg.vector_norm(flat.index_select(0, cached[1]), 2.0)
+
+    def group_norms(self, g: FlatGroup) -> Tensor:
+        """Per-parameter norms of one group in packed order: a bucket of equal sizes as one batched
+        reduction over its zero-copy view where that is exact, native's per-tensor norms otherwise."""
+        batched = g.dtype in exact_paths(g.device.type).bucketed_norm_dtypes
+        rows: list[Tensor] = []
+        for start, count, numel, positions in g.buckets:
+            if batched and bucketable(numel, count):
+                rows.append(bucket_norm(g.grad[start : start + count * numel], numel))
+            else:
+                views = [self.grad_views[g.index[j]] for j in positions]
+                rows.append(torch.stack(native_norms(views, g.device, 2.0, None)))
+        return torch.cat(rows)
+
+    def scale_grads(self, coef: Tensor, total: Tensor) -> None:
+        """Clipping's multiply. A finite ``total`` (every gradient finite): one call per buffer,
+        elementwise the same as native's. Otherwise native's own call over the same per-parameter
+        tensors, so that every NaN keeps the sign and payload native's loops give it."""
+        if bool(total.isfinite()):
+            for g in self.groups:
+                g.grad.mul_(coef.to(g.device))
+            return
+        by_device: dict[torch.device, list[Tensor]] = {}
+        for i in range(self.n):
+            by_device.setdefault(self.grad_views[i].device, []).append(self.grad_views[i])
+        for device, views in by_device.items():
+            torch._foreach_mul_(views, coef.to(device))
+
+    def zero_grads(self, set_to_none: bool = True) -> None:
+        """``zero_grad``: with ``set_to_none`` every ``.grad`` becomes None, as natively (the buffer
+        holds -0.0, the additive identity, for the next backward); without, the gradients that
+        exist become +0.0, as native's ``grad.zero_()`` leaves them (and are stepped with it)."""
+        self.check_rebound()
+        if not set_to_none:
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.zero_()  # the slot's alias, or a tensor the user assigned (copied in at the sync)
+            self.settle()
+            return
+        if self.release_mode:
+            self.release_grads()
+        else:
+            for g in self.groups:
+                g.grad.fill_(-0.0)
+            self.dirty = [False] * self.n
+        self.consumed()
+
+    def release_grads(self) -> None:
+        """Zero the gradient buffers by giving their pages back to the OS (``release_grads``
+        mode); backward's gradient for each parameter is then stored as natively and copied into
+        its slot by the post-accumulate hook, so gradient memory comes back as backward produces
+        it, as native's does. A buffer whose pages cannot be released (not Linux, not CPU memory)
+        is filled with -0.0 instead and accumulated into in place."""
+        for g in self.groups:
+            span = release_pages(g.grad)
+            if span is None:
+                g.grad.fill_(-0.0)
+                for i in g.index:
+                    self.dirty[i] = False
+                continue
+            lo, hi = span
+            g.grad[:lo].fill_(-0.0)
+            g.grad[hi:].fill_(-0.0)
+            for i in g.index:
+                self.dirty[i] = True
+
+    def consumed(self) -> None:
+        """No parameter has a gradient (after the buffer was zeroed): every ``.grad`` None, as
+        native's ``zero_grad()`` leaves it."""
+        for i, p in enumerate(self.params):
+            if p.grad is not None:
+                p.grad = None
+            self.produced[i] = False
+        if self.backward is not None:
+            self.backward.clear()
+        self.settle()
+
+    def release(self) -> None:
+        for h in self.hooks:
+            h.remove()
+        for p in self.params:
+            if Pack._registry.get(id(p)) is self:
+                del Pack._registry[id(p)]

@@ -1,0 +1,177 @@
+"""A lockstep study's order cells and carry-over, from the records' own step times (standard
+library; the summary and the audit both call it).
+
+**The order cells.** A lockstep pair has two orders: which arm was built first (its run's
+``position`` 0) and which took the first block (``steps_first``). The plan crosses them, all four
+cells in every group of four pairs. :func:`order_cells` fits the per-pair log ratio on them,
+``d = mu + b_build x_build + b_step x_step + b_both x_build x_step + e`` with each ``x`` coded
+``+1`` when the candidate is first and ``-1`` when the baseline is (R: ``lm(d ~ build * step)``
+with ``contr.sum``); ``mu``, the mean of the four cell means, is the effect with the order
+effects taken out, and its standard error is ``sqrt(s^2 sum_k 1/n_k) / 4`` with ``s^2`` the
+pooled within-cell variance on ``n - 4`` degrees of freedom (:func:`cells_mean`). A hypothesis
+declares this adjustment with ``period_adjusted: true`` on a lockstep study (a preregistered
+covariate; for a process per arm the same key adjusts for the AB/BA period).
+
+**Carry-over.** In ABBA order an arm's step follows either its partner's block or its own step.
+:func:`carry_over` takes, per arm of each pair, the mean log step time of the steps that follow
+the partner less that of the steps that follow its own (warm-up steps and the pair's very first
+step left out), on both clocks; its mean over pairs, per role, with its t interval, is the cost of
+stepping after the partner, and the candidate's less the baseline's is what it does to the
+pair's ratio.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from prereg.descriptive import mean_interval
+from prereg.tdist import student_t_ppf
+
+ROLES = ("baseline", "candidate")
+
+
+def cells_mean(values: Sequence[float], cells: Sequence[tuple[int, int]]) -> tuple[float, float, int]:
+    """The mean of the four cell means ``(estimate, se, df)`` (the module's text). Raises
+    ValueError when a cell is empty or no degree of freedom is left."""
+    groups: dict[tuple[int, int], list[float]] = {}
+    for v, c in zip(values, cells):
+        groups.setdefault(c, []).append(v)
+    if len(groups) != 4:
+        raise ValueError(f"the order cells need all four combinations; {len(groups)} have pairs")
+    n = len(values)
+    if n - 4 < 1:
+        raise ValueError("the order cells need at least five pairs (n - 4 degrees of freedom)")
+    means = {c: math.fsum(g) / len(g) for c, g in groups.items()}
+    ss = math.fsum((v - means[c]) ** 2 for v, c in zip(values, cells))
+    s2 = ss / (n - 4)
+    se = math.sqrt(s2 * math.fsum(1 / len(g) for g in groups.values())) / 4
+    return math.fsum(means.values()) / 4, se, n - 4
+
+
+def _contrast(values: Sequence[float], cells: Sequence[tuple[int, int]], w: Any) -> float:
+    """A contrast of the cell means with coefficients ``w(cell)`` / 4 (the coefficient of the
+    sum-coded model)."""
+    groups: dict[tuple[int, int], list[float]] = {}
+    for v, c in zip(values, cells):
+        groups.setdefault(c, []).append(v)
+    return math.fsum(w(c) * math.fsum(g) / len(g) for c, g in groups.items()) / 4
+
+
+def order_cells(pairs: Sequence[Mapping[str, Any]], key: str, level: float) -> dict[str, Any] | None:
+    """The order-cell model of one clock (``key``: ``training_s`` or ``training_cpu_s``) over a
+    lockstep study's pairs (each with ``first``, ``steps_first`` and both arms' times): each
+    coefficient with its two-sided interval at ``level``, in log-ratio units. None when the pairs
+    do not fill the four cells with a degree of freedom left."""
+    rows = [
+        p
+        for p in pairs
+        if p.get("steps_first") in ROLES
+        and isinstance(p.get(f"baseline_{key}"), (int, float))
+        and isinstance(p.get(f"candidate_{key}"), (int, float))
+        and p[f"baseline_{key}"] > 0
+        and p[f"candidate_{key}"] > 0
+    ]
+    d = [math.log(p[f"candidate_{key}"] / p[f"baseline_{key}"]) for p in rows]
+    cells = [
+        (1 if p["first"] == "candidate" else -1, 1 if p["steps_first"] == "candidate" else -1) for p in rows
+    ]
+    try:
+        mu, se, df = cells_mean(d, cells)
+    except ValueError:
+        return None
+    q = student_t_ppf((1 + level) / 2, df)
+    out: dict[str, Any] = {"pairs": len(d), "df": df, "level": level, "se": se}
+    terms = {
+        "effect": mu,
+        "built_first": _contrast(d, cells, lambda c: c[0]),
+        "steps_first": _contrast(d, cells, lambda c: c[1]),
+        "interaction": _contrast(d, cells, lambda c: c[0] * c[1]),
+    }
+    # every coefficient of the sum-coded model shares the intercept's standard error (balanced or not,
+    # each is a +-1/4 combination of the four cell means)
+    for name, v in terms.items():
+        out[name] = {"estimate": v, "lo": v - q * se, "hi": v + q * se}
+    return out
+
+
+def blocks(steps: int, block_steps: int) -> Iterator[tuple[int, int]]:
+    """A lockstep pair's blocks in order: ``(arm, steps)``, arm 0 the one that steps first, in ABBA
+    order (0, 1, 1, 0, 0, 1, ...) until each arm has taken ``steps`` steps (the last block of each
+    arm may be shorter). The one home of the order: the lockstep worker runs it, the carry-over reads
+    it."""
+    done = [0, 0]
+    k = 0
+    while done[0] < steps or done[1] < steps:
+        arm = (0, 1, 1, 0)[k % 4]
+        k += 1
+        n = min(block_steps, steps - done[arm])
+        if n > 0:
+            done[arm] += n
+            yield arm, n
+
+
+def follows(steps: int, block_steps: int) -> tuple[list[bool | None], list[bool | None]]:
+    """For each step of the arm that steps first (0) and of the other (1), in :func:`blocks` order:
+    True when it follows the partner's block, False when it follows its own step, None for the
+    pair's first step."""
+    out: tuple[list[bool | None], list[bool | None]] = ([], [])
+    last = None
+    for arm, n in blocks(steps, block_steps):
+        for _ in range(n):
+            out[arm].append(None if last is None else last != arm)
+            last = arm
+    return out
+
+
+def carry_over_of(times: Sequence[int], after: Sequence[bool | None], warmup: int) -> float | None:
+    """One arm's ``mean log t | after partner - mean log t | after own`` over its timed steps."""
+    after_partner = [math.log(t) for i, (t, f) in enumerate(zip(times, after)) if i >= warmup and f and t > 0]
+    after_own = [
+        math.log(t) for i, (t, f) in enumerate(zip(times, after)) if i >= warmup and f is False and t > 0
+    ]
+    if not after_partner or not after_own:
+        return None
+    return math.fsum(after_partner) / len(after_partner) - math.fsum(after_own) / len(after_own)
+
+
+def carry_over(
+    arms: Sequence[Mapping[str, Mapping[str, Any]]], block_steps: int, level: float
+) -> dict[str, Any] | None:
+    """The carry-over of a lockstep study (the module's text): ``arms`` one mapping per pair, role
+    to record. Per clock (``wall``, ``CPU``) and role, the mean over pairs of each arm's carry-over
+    with its interval, and the candidate's less the baseline's; None when no pair has step times."""
+    out: dict[str, Any] = {"block_steps": block_steps, "level": level}
+    for clock, field in (("wall", "wall_us"), ("CPU", "cpu_us")):
+        per: dict[str, list[float]] = {r: [] for r in ROLES}
+        diff: list[float] = []
+        for pair in arms:
+            got = {}
+            for role in ROLES:
+                r = pair[role]
+                times = (r.get("step_times") or {}).get(field)
+                spec = r["spec"]
+                if not times:
+                    break
+                after = follows(spec["steps"], block_steps)[0 if spec.get("steps_first") else 1]
+                v = carry_over_of(times, after, spec.get("warmup_steps") or 0)
+                if v is None:
+                    break
+                got[role] = v
+            if len(got) == 2:
+                for role in ROLES:
+                    per[role].append(got[role])
+                diff.append(got["candidate"] - got["baseline"])
+        if len(diff) < 2:
+            return None
+        out[clock] = {role: _iv(per[role], level) for role in ROLES} | {
+            "candidate_less_baseline": _iv(diff, level),
+            "pairs": len(diff),
+        }
+    return out
+
+
+def _iv(values: list[float], level: float) -> dict[str, float]:
+    iv = mean_interval(values, level, "contrast")
+    return {"estimate": iv.estimate, "lo": iv.low, "hi": iv.high}

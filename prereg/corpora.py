@@ -1,0 +1,67 @@
+"""The corpus: every run read the same bytes, and for a local corpus the bytes its pins imply."""
+
+from __future__ import annotations
+
+import json
+import os
+from fractions import Fraction
+from typing import Any
+
+from prereg.ledger import record_name, sha256
+
+
+def corpus_splits(root: str, corpus: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
+    """The split sha256 values a local corpus's pins imply: the pins themselves for one file per
+    split; for one file cut by fractions, recomputed from the file when this checkout has it (the
+    cut as in harness.data: split s is bytes floor(n F_<s) to floor(n F_s), F cumulative)."""
+    if "file" not in corpus:
+        return {s: corpus[s]["sha256"] for s in ("train", "valid", "test")}, []
+    path = os.path.join(root, corpus["file"]["path"])
+    if not os.path.isfile(path):
+        return None, []
+    with open(path, "rb") as f:
+        data = f.read()
+    if sha256(data) != corpus["file"]["sha256"] or len(data) != corpus["file"]["size"]:
+        return None, [
+            f"{path}: {len(data)} bytes, sha256 {sha256(data)}; the protocol pins "
+            f"{corpus['file']['size']} bytes, sha256 {corpus['file']['sha256']}"
+        ]
+    cuts, acc = [0], Fraction(0)
+    for s in ("train", "valid", "test"):
+        acc += Fraction(repr(float(corpus["split"][s])))
+        cuts.append(len(data) * acc.numerator // acc.denominator)
+    return {s: sha256(data[cuts[i] : cuts[i + 1]]) for i, s in enumerate(("train", "valid", "test"))}, []
+
+
+def check_corpus(root: str, proto: dict[str, Any], records: list[dict[str, Any]]) -> tuple[list[str], str]:
+    """Every run read the same bytes; for a local corpus, the bytes its pins imply."""
+    seen: dict[str, list[str]] = {}
+    for r in records:
+        got = (r.get("env") or {}).get("corpus_sha256")
+        if got:
+            seen.setdefault(json.dumps(got, sort_keys=True), []).append(record_name(r))
+    found = []
+    if len(seen) > 1:
+        found.append(
+            f"records read {len(seen)} different corpora: "
+            + "; ".join(f"{v[0]} and {len(v) - 1} more: {k}" for k, v in seen.items())
+        )
+    corpus = proto.get("corpus")
+    name = corpus["name"] if isinstance(corpus, dict) else corpus
+    detail = f"{name}: {sum(map(len, seen.values()))} runs read one set of split hashes"
+    if isinstance(corpus, dict):
+        want, found_pins = corpus_splits(root, corpus)
+        found += found_pins
+        if want is not None:
+            found += [
+                f"{v[0]}: corpus split hashes {k} differ from the protocol's pins "
+                f"{json.dumps(want, sort_keys=True)}"
+                for k, v in seen.items()
+                if json.loads(k) != want
+            ]
+            detail += ", the protocol's pins"
+        else:
+            detail += (
+                f" (the pinned file {corpus['file']['path']} is not in this checkout: pins not recomputed)"
+            )
+    return found, detail

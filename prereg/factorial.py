@@ -1,0 +1,139 @@
+"""Factorial designs with the standard library alone: a study's declared two-level design (from its
+protocol file and from the records' protocol summary), Williams rows, and the factorial effects. The
+effects' one home: the summary and the audit both call :func:`factorial_effects`.
+
+Standard order: cell ``i`` has factor ``j`` at its second level exactly when bit ``j`` of ``i`` is
+set (the first factor alternates fastest). A study's summary (what every record copies) carries
+``factors`` (``[[name, [first, second]], ...]``) and ``cells`` (cell names in standard order) when
+the protocol declared them; otherwise it is the study's 2x2 (:data:`DEFAULT_FACTORS`,
+:data:`DEFAULT_CELLS`: norms ``scalar``/``bucketed`` by AdamW ``native``/``packed``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from itertools import combinations
+from typing import Any
+
+from prereg.descriptive import PairedInterval, mean_interval
+
+DEFAULT_FACTORS: list[tuple[str, tuple[str, str]]] = [
+    ("norms", ("scalar", "bucketed")),
+    ("adamw", ("native", "packed")),
+]
+DEFAULT_CELLS = ("native", "bucketed", "packed", "cotangent")
+
+
+def design_of(study: Mapping[str, Any]) -> tuple[list[tuple[str, tuple[str, str]]], tuple[str, ...]]:
+    """``(factors, cells)`` of a factorial study's summary."""
+    if "factors" not in study:
+        return DEFAULT_FACTORS, DEFAULT_CELLS
+    return [(f, (lv[0], lv[1])) for f, lv in study["factors"]], tuple(study["cells"])
+
+
+def arms_by_cell(study: Mapping[str, Any]) -> dict[str, str]:
+    """Each cell's arm (the default 2x2's cells are its arms)."""
+    _, cells = design_of(study)
+    return dict(zip(cells, study["arms"])) if "factors" in study else {c: c for c in cells}
+
+
+def effect_names(factors: Sequence[tuple[str, tuple[str, str]]]) -> list[tuple[str, tuple[int, ...]]]:
+    """``(name, factor indices)`` of every effect: main effects (``<second level>_<factor>``, e.g.
+    ``bucketed_norms``) in factor order, then interactions by order (``interaction`` in a 2x2,
+    ``interaction_<factor>_<factor>...`` with three factors)."""
+    out: list[tuple[str, tuple[int, ...]]] = [
+        (f"{levels[1]}_{name}", (j,)) for j, (name, levels) in enumerate(factors)
+    ]
+    for size in range(2, len(factors) + 1):
+        for subset in combinations(range(len(factors)), size):
+            label = (
+                "interaction"
+                if len(factors) == 2
+                else "interaction_" + "_".join(factors[j][0] for j in subset)
+            )
+            out.append((label, subset))
+    return out
+
+
+def _difference(logs: Sequence[float], subset: Sequence[int], cell: int) -> float:
+    """The difference of differences over ``subset``'s factors, the other factors as in ``cell``:
+    for one factor ``j``, ``l(j second) - l(j first)``; for more, the last factor's second level's
+    difference of the rest minus its first level's."""
+    if not subset:
+        return logs[cell]
+    j = subset[-1]
+    return _difference(logs, subset[:-1], cell | 1 << j) - _difference(logs, subset[:-1], cell & ~(1 << j))
+
+
+def block_effects(logs: Sequence[float], k: int) -> list[float]:
+    """One block's effects (in :func:`effect_names` order) on log training time ``logs`` (by cell).
+
+    Effect of a set ``S`` of factors: its difference of differences (:func:`_difference`), averaged
+    over the levels of the other factors (``2^(k - |S|)`` combinations, in standard order). In a 2x2
+    with cells ``n, b, p, c`` (``l = ln time``): main effects ``((l_b - l_n) + (l_c - l_p)) / 2`` and
+    ``((l_p - l_n) + (l_c - l_b)) / 2``, interaction ``(l_c - l_p) - (l_b - l_n)``. Negative: the
+    second levels make the step faster.
+    """
+    out = []
+    for _, subset in effect_names([("f", ("a", "b"))] * k):
+        mask = sum(1 << j for j in subset)
+        rest = [c for c in range(2**k) if c & mask == 0]
+        out.append(sum(_difference(logs, subset, c) for c in rest) / len(rest))
+    return out
+
+
+def factorial_effects(
+    blocks: Sequence[dict[str, float]],
+    factors: Sequence[tuple[str, tuple[str, str]]],
+    cells: Sequence[str],
+    level: float,
+) -> dict[str, PairedInterval]:
+    """Within-block effects on log training time (:func:`block_effects`) over blocks ``{cell: time}``,
+    each averaged over blocks with a Student-t interval (:func:`.descriptive.mean_interval`);
+    ``100 (1 - exp(effect))`` is the time reduction in percent."""
+    per: list[list[float]] = [block_effects([math.log(b[c]) for c in cells], len(factors)) for b in blocks]
+    return {
+        name: mean_interval([row[i] for row in per], level, "log_contrast")
+        for i, (name, _) in enumerate(effect_names(factors))
+    }
+
+
+def factorial_contrasts(blocks: Sequence[dict[str, float]], level: float) -> dict[str, PairedInterval]:
+    """Within-block contrasts of log training time over the study's 2x2 blocks.
+
+    For each block with cells ``n`` (native), ``b`` (bucketed norms), ``p`` (packed AdamW) and
+    ``c`` (both), on ``l = ln(time)``:
+
+    * bucketed norms main effect: ``((l_b - l_n) + (l_c - l_p)) / 2``
+    * packed AdamW main effect: ``((l_p - l_n) + (l_c - l_b)) / 2``
+    * interaction: ``(l_c - l_p) - (l_b - l_n)``
+
+    Each is averaged over blocks with a Student-t interval (:func:`.descriptive.mean_interval`). Negative
+    values mean the change makes the step faster; ``100 (1 - exp(effect))`` is the time reduction
+    in percent. Any declared design: :func:`factorial_effects`.
+    """
+    return factorial_effects(blocks, DEFAULT_FACTORS, DEFAULT_CELLS, level)
+
+
+def from_yaml(st: dict[str, Any]) -> tuple[list[Any], list[Any], list[Any], bool]:
+    """``(factors, cells, arms, declared)`` of a study as its protocol file writes it (the summary's
+    form: ``[[name, [first, second]], ...]``)."""
+    if "factors" not in st:
+        factors: list[Any] = [[f, list(levels)] for f, levels in DEFAULT_FACTORS]
+        return factors, list(DEFAULT_CELLS), list(DEFAULT_CELLS), False
+    factors = [[f, list(levels)] for f, levels in st["factors"].items()]
+    n = 2 ** len(factors)
+    cells: list[Any] = [None] * n
+    arms: list[Any] = [None] * n
+    for name, spec in st["cells"].items():
+        i = sum((1 << j) if spec[f] == levels[1] else 0 for j, (f, levels) in enumerate(factors))
+        cells[i], arms[i] = name, spec.get("arm", name)
+    return factors, cells, arms, True
+
+
+def williams(n: int) -> list[tuple[int, ...]]:
+    """Williams square of even order ``n``: row ``r``, column ``c``: ``(r + w_c) mod n`` with
+    ``w = 0, 1, n-1, 2, n-2, ...`` (``w_c = (c + 1) // 2`` for odd ``c``, ``n - c // 2`` for even ``c > 0``)."""
+    w = [0 if c == 0 else ((c + 1) // 2 if c % 2 else n - c // 2) for c in range(n)]
+    return [tuple((r + x) % n for x in w) for r in range(n)]

@@ -1,0 +1,338 @@
+"""Hashes, records and the ledger: canonical JSON, record self-hashes, record names, the hash chain
+and the attempts it announces."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+RECORD_SUFFIX = ".record.json"
+STARTED_SUFFIX = ".started.json"
+#: A group-sequential look's entry (``look<k>.look.json``, ``kind: "look"``): appended by ``harness
+#: run`` when look ``k``'s pairs are final, before any statistic of the look is computed.
+LOOK_SUFFIX = ".look.json"
+SCHEMAS = (1, 2, 3, 4)
+#: A records folder's protocol snapshots (schema 4 on): the protocol summary that records share,
+#: written once by the ledger before the first record that names it, instead of a copy in each;
+#: the file ``protocol.<sha256>.json`` is named by the sha256 of its canonical JSON (a study that is
+#: not preregistered may change its protocol between runs: one file for each).
+SNAPSHOT_PREFIX = "protocol."
+SNAPSHOT_SUFFIX = ".json"
+#: The fields of a record's ``protocol`` that say what tag it ran under (not part of the snapshot).
+TAG_FIELDS = ("tag", "tag_commit", "tag_object", "tag_created", "freeze_sha256")
+
+#: The project's packages, side by side at the repository's root: the core, the audit, the method,
+#: the harness and the report. Their sources (and ``configs``, ``verified``) are what produces
+#: records: MANIFEST lists each file's sha256 and the audit compares them with the tag's.
+PACKAGES = ("prereg", "audit", "cotangent", "harness", "analysis")
+
+#: Each source tree with the file endings that count (a study tagged before the core moved to
+#: ``prereg/`` has only ``harness/`` and ``analysis/``, so the same listing reads it too).
+SOURCE_TREES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    *((pkg, (".py", ".c")) for pkg in PACKAGES),
+    ("configs", (".yaml",)),
+    ("verified", (".json",)),
+)
+
+
+def canonical(obj: object) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
+        "utf-8"
+    )
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def self_hash_ok(obj: dict[str, Any]) -> bool:
+    return obj.get("sha256") == sha256(canonical({k: v for k, v in obj.items() if k != "sha256"}))
+
+
+def snapshot_of(protocol: dict[str, Any]) -> dict[str, Any]:
+    """The protocol summary of a record's full ``protocol`` field: all but :data:`TAG_FIELDS`."""
+    return {k: v for k, v in protocol.items() if k not in TAG_FIELDS}
+
+
+def protocol_stub(protocol: dict[str, Any]) -> dict[str, Any]:
+    """What a schema 4 record writes as ``protocol``: its id and sha256, the tag fields, and
+    ``snapshot_sha256``, the sha256 of the canonical JSON of :func:`snapshot_of` (the folder's
+    :func:`snapshot_name`), so every record's seal binds its snapshot."""
+    return {
+        "id": protocol["id"],
+        "sha256": protocol["sha256"],
+        **{k: protocol.get(k) for k in TAG_FIELDS},
+        "snapshot_sha256": sha256(canonical(snapshot_of(protocol))),
+    }
+
+
+def snapshot_name(sha: str) -> str:
+    """The file name of the snapshot whose canonical JSON has sha256 ``sha``."""
+    return f"{SNAPSHOT_PREFIX}{sha}{SNAPSHOT_SUFFIX}"
+
+
+def is_snapshot_name(name: str) -> bool:
+    return name.startswith(SNAPSHOT_PREFIX) and name.endswith(SNAPSHOT_SUFFIX) and len(name) == 64 + 14
+
+
+def with_snapshot(stub: dict[str, Any], snapshots: dict[str, Any]) -> dict[str, Any] | None:
+    """A schema 4 record's full ``protocol``: its stub over the snapshot it names (``snapshots``: the
+    folder's, by sha256 of their canonical JSON), the inverse of :func:`protocol_stub`; ``None`` when
+    that snapshot is missing or is not an object whose canonical JSON has that sha256."""
+    snapshot = snapshots.get(str(stub.get("snapshot_sha256")))
+    if not isinstance(snapshot, dict) or stub.get("snapshot_sha256") != sha256(canonical(snapshot)):
+        return None
+    return {**snapshot, **{k: v for k, v in stub.items() if k != "snapshot_sha256"}}
+
+
+_NONE = type(None)
+#: The shape every reader relies on (the JSON types of the fields it reads before anything else),
+#: checked before any other check reads an entry: ``(types, required)``.
+RECORD_SHAPE: dict[str, tuple[tuple[type, ...], bool]] = {
+    "schema_version": ((int,), True),
+    "spec": ((dict,), True),
+    "attempt": ((int,), True),
+    "status": ((str,), True),
+    "protocol": ((dict,), True),
+    "plan_sha256": ((str,), True),
+    "sha256": ((str,), True),
+    "git": ((dict,), True),
+    "timings": ((dict,), True),
+    "ledger": ((dict,), False),
+    "start": ((dict, _NONE), False),
+    "unit_attempt": ((int,), False),
+    "env": ((dict, _NONE), False),
+    "started_at": ((str, _NONE), False),
+    "finished_at": ((str, _NONE), False),
+    "reason": ((str, _NONE), False),
+    "node": ((dict, _NONE), False),
+    "method_paths": ((dict, _NONE), False),
+    "memory": ((dict, _NONE), False),
+    "checkpoint": ((dict, _NONE), False),
+    "eval_bytes": ((dict, _NONE), False),
+    "curve": ((list, _NONE), False),
+    "val_curve": ((list, _NONE), False),
+    "parameters": ((int, _NONE), False),
+    "val_bpb": ((int, float, _NONE), False),
+    "test_bpb": ((int, float, _NONE), False),
+    "rescored_test_bpb": ((int, float, _NONE), False),
+    "rescore_identical": ((bool, _NONE), False),
+}
+SPEC_SHAPE: dict[str, tuple[tuple[type, ...], bool]] = {
+    k: ((str,), True) for k in ("run_id", "protocol_id", "study", "design", "config", "arm", "role", "unit")
+} | {k: ((int,), True) for k in ("seed", "position", "order", "steps", "val_every")}
+STARTED_SHAPE: dict[str, tuple[tuple[type, ...], bool]] = {
+    "schema_version": ((int,), True),
+    "kind": ((str,), True),
+    "protocol": ((dict,), True),
+    "run_id": ((str,), True),
+    "unit": ((str,), True),
+    "attempt": ((int,), True),
+    "unit_attempt": ((int,), True),
+    "node": ((str,), True),
+    "runner": ((dict,), True),
+    "started_at": ((str,), True),
+    "ledger": ((dict,), True),
+    "sha256": ((str,), True),
+}
+LOOK_SHAPE: dict[str, tuple[tuple[type, ...], bool]] = {
+    "schema_version": ((int,), True),
+    "kind": ((str,), True),
+    "protocol": ((dict,), True),
+    "look": ((int,), True),
+    "pairs": ((int,), True),
+    "records": ((list,), True),
+    "runner": ((dict,), True),
+    "taken_at": ((str,), True),
+    "ledger": ((dict,), True),
+    "sha256": ((str,), True),
+}
+LEDGER_SHAPE: dict[str, tuple[tuple[type, ...], bool]] = {
+    "seq": ((int,), True),
+    "prev": ((str,), True),
+    "at": ((str,), False),
+}
+
+
+def _shape(obj: dict[str, Any], shape: dict[str, tuple[tuple[type, ...], bool]], where: str) -> list[str]:
+    out = []
+    for key, (types, required) in shape.items():
+        if key not in obj:
+            if required:
+                out.append(f"field {where}{key} is missing")
+            continue
+        v = obj[key]
+        if (isinstance(v, bool) and bool not in types) or not isinstance(v, types):
+            names = " or ".join(
+                "null" if t is _NONE else {"dict": "object", "list": "array"}.get(t.__name__, t.__name__)
+                for t in types
+            )
+            out.append(f"field {where}{key} = {json.dumps(v)[:40]} is not {names}")
+    return out
+
+
+def entry_problems(e: object) -> list[str]:
+    """What keeps a chain entry from being read at all: not an object, or a field every reader relies
+    on missing or of another JSON type (:data:`RECORD_SHAPE`, :data:`SPEC_SHAPE`,
+    :data:`STARTED_SHAPE`, :data:`LOOK_SHAPE`, :data:`LEDGER_SHAPE`; a ledger link from schema 2 on, a positive ``seq``,
+    and ``protocol`` with its ``id`` and ``sha256``). Empty when it can be read; the audit names
+    each problem and leaves the entry out of every later check, and the harness refuses it (one
+    rule: :func:`prereg.records.read_entry`)."""
+    if not isinstance(e, dict):
+        return [f"not a JSON object ({type(e).__name__})"]
+    started = e.get("kind") in ("started", "look")
+    out = _shape(e, LOOK_SHAPE if e.get("kind") == "look" else STARTED_SHAPE if started else RECORD_SHAPE, "")
+    if not started and isinstance(e.get("spec"), dict):
+        out += _shape(e["spec"], SPEC_SHAPE, "spec.")
+    v = e.get("schema_version")
+    if not started and isinstance(v, int) and v >= 2 and "ledger" not in e:
+        out.append("field ledger is missing (schema 2 on, every entry is linked into the chain)")
+    if isinstance(e.get("ledger"), dict):
+        out += _shape(e["ledger"], LEDGER_SHAPE, "ledger.")
+        seq = e["ledger"].get("seq")
+        if isinstance(seq, int) and not isinstance(seq, bool) and seq < 1:
+            out.append(f"field ledger.seq = {seq} is not a position (1 on)")
+    if isinstance(e.get("protocol"), dict):
+        out += _shape(e["protocol"], {"id": ((str,), True), "sha256": ((str,), True)}, "protocol.")
+    for key, value in (e.get("timings") or {}).items() if isinstance(e.get("timings"), dict) else ():
+        if key.endswith("_s") and (isinstance(value, bool) or not isinstance(value, (int, float, _NONE))):
+            out.append(f"field timings.{key} = {json.dumps(value)[:40]} is not a number of seconds or null")
+    for key in ("curve", "val_curve"):
+        points = e.get(key)
+        if isinstance(points, list) and not all(
+            isinstance(pt, list)
+            and len(pt) == 3
+            and all(isinstance(x, (int, float, _NONE)) and not isinstance(x, bool) for x in pt)
+            for pt in points
+        ):
+            out.append(f"field {key}: every point is [step, value, seconds], three numbers")
+    if isinstance(e.get("start"), dict):
+        out += _shape(e["start"], {"seq": ((int,), True), "sha256": ((str,), True)}, "start.")
+    return out
+
+
+def read_json(path: str, raw: bytes | None = None) -> object:
+    """The JSON value in ``path`` (or ``raw``), or ``None`` where it is not JSON."""
+    try:
+        if raw is None:
+            with open(path, "rb") as f:
+                raw = f.read()
+        return json.loads(raw)
+    except (OSError, ValueError):
+        return None
+
+
+def record_name(rec: dict[str, Any]) -> str:
+    """An entry's file name: a record's, a started entry's or a look's."""
+    if rec.get("kind") == "look":
+        return f"look{rec['look']}{LOOK_SUFFIX}"
+    if rec.get("kind") == "started":
+        return f"{rec['run_id']}.a{rec['attempt']}{STARTED_SUFFIX}"
+    return f"{rec['spec']['run_id']}.a{rec['attempt']}{RECORD_SUFFIX}"
+
+
+def iso_seconds(text: str) -> float:
+    """Seconds since the epoch of an ISO 8601 time with an offset (``...+00:00``)."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(text).timestamp()
+
+
+def check_attempts(records: list[dict[str, Any]], started: list[dict[str, Any]]) -> list[str]:
+    """Every schema 3 record ends a started entry of the same run and attempt, earlier in the chain;
+    an interrupted record charges at most the ledger's time from that start to itself."""
+    out: list[str] = []
+    by_key = {(e["run_id"], e["attempt"]): e for e in started}
+    for r in records:
+        if r.get("schema_version", 1) < 3:
+            continue
+        key = (r["spec"]["run_id"], r["attempt"])
+        e = by_key.get(key)
+        link = r.get("start") or {}
+        if e is None:
+            out.append(
+                f"{record_name(r)}: no started entry for run {key[0]} attempt {key[1]} (its start is "
+                "not in the ledger: deleted, or the attempt was never announced)"
+            )
+            continue
+        if link.get("sha256") != e["sha256"] or link.get("seq") != e["ledger"]["seq"]:
+            out.append(
+                f"{record_name(r)}: field start = {link} does not name its started entry "
+                f"(seq {e['ledger']['seq']}, sha256 {e['sha256'][:16]})"
+            )
+        elif e["ledger"]["seq"] >= r["ledger"]["seq"]:
+            out.append(
+                f"{record_name(r)}: its started entry (seq {e['ledger']['seq']}) is not before it in "
+                "the chain"
+            )
+        if r.get("unit_attempt", 1) != e.get("unit_attempt", 1):
+            out.append(
+                f"{record_name(r)}: field unit_attempt = {r.get('unit_attempt')} differs from its "
+                f"started entry's {e.get('unit_attempt')}"
+            )
+        if r["status"] == "interrupted" and "at" in r["ledger"] and "at" in e["ledger"]:
+            span = iso_seconds(r["ledger"]["at"]) - iso_seconds(e["ledger"]["at"])
+            charged = (r.get("timings") or {}).get("device_s") or 0.0
+            if charged > span + 1.0:
+                out.append(
+                    f"{record_name(r)}: an interrupted attempt charged {charged:.1f} device seconds, "
+                    f"more than the ledger's {span:.1f} s from its start to its record"
+                )
+    return out
+
+
+def check_ledger(
+    records: list[dict[str, Any]], manifest: dict[str, Any], genesis: str, published: tuple[int, str] | None
+) -> list[str]:
+    """The records as one hash chain; returns the breaks, the first one first."""
+    out: list[str] = []
+    unlinked = [record_name(r) for r in records if "ledger" not in r]
+    if unlinked:
+        return [
+            f"{len(unlinked)} record(s) have no ledger link (schema 1 records predate the ledger): "
+            f"{unlinked[0]}"
+        ]
+    by_seq: dict[Any, Any] = {}
+    for r in records:
+        by_seq.setdefault(r["ledger"]["seq"], []).append(r)
+    prev: str | None = genesis  # None after a gap: the record after it links to what is missing
+    for seq in range(1, max(by_seq, default=0) + 1):
+        here = by_seq.get(seq, [])
+        if not here:
+            out.append(f"ledger seq {seq}: no record (deleted, or the chain was cut)")
+            prev = None
+            continue
+        if len(here) > 1:
+            out.append(
+                f"ledger seq {seq}: {len(here)} records claim it "
+                f"({', '.join(record_name(r) for r in here)}): inserted"
+            )
+        r = here[0]
+        if prev is not None and r["ledger"]["prev"] != prev:
+            out.append(
+                f"ledger seq {seq} ({record_name(r)}): prev {r['ledger']['prev'][:16]} is not the "
+                f"sha256 of the record before it ({prev[:16]}): a record was edited and resealed, "
+                "inserted, swapped or removed before it"
+            )
+        prev = r["sha256"]
+    n = max(by_seq, default=0)
+    head = manifest.get("ledger_head")
+    if head is not None and (head.get("seq") != n or (n and head.get("sha256") != by_seq[n][0]["sha256"])):
+        out.append(f"MANIFEST ledger_head {head} is not the chain's head (seq {n})")
+    if published is not None:
+        seq, sha = published
+        got = by_seq.get(seq)
+        if not got or not got[0]["sha256"].startswith(sha):
+            out.append(
+                f"published head seq {seq} sha256 {sha[:16]}: the records hold "
+                f"{got[0]['sha256'][:16] if got else 'no record'} at that position: history was "
+                "rewritten"
+            )
+        elif got[0].get("kind") == "started":
+            out.append(
+                f"published head seq {seq} sha256 {sha[:16]} is a started entry "
+                f"({record_name(got[0])}), not a record: it binds no outcome (the record after it "
+                "could be redrawn); publish the head harness status prints once a unit has ended"
+            )
+    return out

@@ -1,0 +1,293 @@
+"""A group-sequential family's decisions, look by look, with the standard library alone: which looks
+the records reach, each look's tests on the pairs so far, the levels the graphical procedure gives
+each hypothesis, the nominal levels of their boundaries (:mod:`.sequential`), who is established
+where, and whether the preregistered rule stops the study. Its one home: ``harness run`` asks it
+whether to stop at a look, and the summary and the audit recompute every look with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
+from statistics import NormalDist
+from typing import Any
+
+from prereg.attempts import Completeness
+from prereg.decisions import HypothesisDecision, decision_of, gate
+from prereg.hypotheses import MEDIAN_OF, Family, Pair, PairRow, test_of
+from prereg.sequential import nominal_levels
+from prereg.ttests import TestResult, passes
+
+_N = NormalDist()
+
+
+def pair_index(unit: str) -> int:
+    """A unit id's seed index (``<study>.<config>.pair<i>``: ``i``)."""
+    return int(unit.rsplit(".pair", 1)[1])
+
+
+def look_units(proto: Mapping[str, Any], family: Family, pairs: int) -> list[str]:
+    """The units look at ``pairs`` needs final: seed indices below ``pairs`` of every configuration
+    of every study a hypothesis names."""
+    names = {h.study for h in family.tests}
+    return [
+        f"{st['name']}.{config}.pair{i:03d}"
+        for st in proto["studies"]
+        if st["name"] in names
+        for i in range(min(pairs, len(st["seeds"])))
+        for config in st["configs"]
+    ]
+
+
+@dataclass(frozen=True)
+class LookResult:
+    """One look: its pair count, each hypothesis' test there (``None``: not reached, ``why``), its
+    level share after the procedure at this look, its boundary's nominal level, and who is
+    established (at this look or before) and who is below the futility bound."""
+
+    look: int  # 1-based
+    pairs: int
+    tests: dict[str, TestResult | None]
+    why: dict[str, str | None]
+    unreached: dict[str, dict[str, int] | None]
+    level: dict[str, float]
+    nominal: dict[str, float]
+    established: tuple[str, ...]
+    futile: tuple[str, ...]
+    stop: str | None  # "efficacy", "futility", "final" or None (the study goes on)
+    crossed: dict[
+        str, tuple[int, float]
+    ]  # established: (the look it crossed at, 1-based; that nominal level)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "look": self.look,
+            "pairs": self.pairs,
+            "stop": self.stop,
+            "hypotheses": [
+                {
+                    "id": h,
+                    "p_value": None if t is None else t.p_value,
+                    "method": None if t is None else t.method,
+                    "n": None if t is None else t.n,
+                    "why": self.why[h],
+                    "level": self.level[h],
+                    "nominal": self.nominal[h],
+                    "established": h in self.established,
+                    "crossed_at": self.crossed[h][0] if h in self.crossed else None,
+                    "futile": h in self.futile,
+                }
+                for h, t in self.tests.items()
+            ],
+        }
+
+
+def _z(p: float) -> float:
+    """The Z value of a one-sided p-value (``Phi^{-1}(1 - p)``, capped at +-40)."""
+    if p <= 0.0:
+        return 40.0
+    if p >= 1.0:
+        return -40.0
+    return max(-40.0, min(40.0, -_N.inv_cdf(p)))
+
+
+def _weights(family: Family) -> dict[str, float]:
+    ids = [h.id for h in family.tests]
+    if family.procedure == "holm":
+        return {h: 1.0 / len(ids) for h in ids}
+    return {h: 1.0 if i == 0 else 0.0 for i, h in enumerate(ids)}
+
+
+def _pass_on(family: Family, weights: dict[str, float], done: str) -> None:
+    """The graphical procedure's update when ``done`` is established: Holm spreads its weight equally
+    over the others not established; a fixed sequence passes it to the next in order."""
+    w = weights.pop(done)
+    rest = [h.id for h in family.tests if h.id in weights]
+    if not rest:
+        return
+    if family.procedure == "holm":
+        for h in rest:
+            weights[h] += w / len(rest)
+    else:
+        order = [h.id for h in family.tests]
+        after = [h for h in rest if order.index(h) > order.index(done)] or rest
+        weights[after[0]] += w
+
+
+def run_looks(
+    family: Family,
+    pairs_of: Mapping[tuple[str, str], Sequence[Pair | PairRow]],
+    reached: int,
+    identity: bool,
+) -> list[LookResult]:
+    """Every look the records reach (the first ``reached`` of the design's looks), in order, until
+    the rule stops the study.
+
+    Notes
+    -----
+    At look ``k`` with ``n_k`` pairs each hypothesis is tested on its configuration's pairs of seed
+    index below ``n_k`` (:func:`.hypotheses.test_of`; a hypothesis not reached there counts as
+    ``p = 1``). A hypothesis with level share ``w`` (of the family's alpha) is established when its
+    p-value at some look ``j <= k`` is below the nominal level of look ``j``'s boundary at level
+    ``alpha w`` (:func:`.sequential.nominal_levels`; for t tests: its statistic beyond the t
+    quantile at that level, :func:`.ttests.passes`); each one established passes its share on
+    (Holm or fixed sequence, Maurer & Bretz 2013), and the others are tested again. A hypothesis
+    decided by identity (every pair's difference exactly 0, inside its region) is decided at a look
+    by the sign test instead, whose exact ``p`` is then ``2^-n``, not 0. A hypothesis not reached at a look is never futile there. The study stops
+    when every hypothesis is established ("efficacy"), when every one not established is below the
+    futility bound ``futility_z`` at an interim look ("futility", non-binding), or at the last look
+    ("final").
+    """
+    seq = family.sequential
+    assert seq is not None
+    alpha = family.family_alpha
+    weights = _weights(family)
+    established: list[str] = []
+    crossed: dict[str, tuple[int, float]] = {}
+    share: dict[str, float] = {}  # an established hypothesis' level when it crossed
+    history: list[dict[str, TestResult | None]] = []
+    levels_cache: dict[float, list[float]] = {}
+
+    def nominal(share: float) -> list[float]:
+        a = alpha * share
+        if a not in levels_cache:
+            levels_cache[a] = nominal_levels(seq.looks, a, seq.spending) if a > 0 else [0.0] * len(seq.looks)
+        return levels_cache[a]
+
+    out: list[LookResult] = []
+    for k, n in enumerate(seq.looks[:reached]):
+        tests: dict[str, TestResult | None] = {}
+        why: dict[str, str | None] = {}
+        unreached: dict[str, dict[str, int] | None] = {}
+        for h in family.tests:
+            pairs = [p for p in pairs_of.get((h.study, h.config), []) if pair_index(Pair.of(p).unit) < n]
+            t, w, u = test_of(h, pairs, family.min_pairs, identity)
+            if t is not None and t.method == "identity" and t.p_value == 0.0:
+                # every pair identical: at a look, the sign test's exact p for n favourable values
+                # (2^-n), not 0, so identity alone never crosses a look's boundary on a few pairs
+                t = replace(t, method="sign", p_value=0.5**t.n, statistic=float(t.n), estimate_of=MEDIAN_OF)
+            tests[h.id], why[h.id], unreached[h.id] = t, w, u
+        history.append(tests)
+        changed = True
+        while changed:
+            changed = False
+            for h in family.tests:
+                if h.id in established or weights.get(h.id, 0.0) <= 0.0:
+                    continue
+                levels = nominal(weights[h.id])
+                j = next(
+                    (
+                        j
+                        for j, hs in enumerate(history)
+                        if (t := hs[h.id]) is not None and passes(t, levels[j])
+                    ),
+                    None,
+                )
+                if j is not None:
+                    crossed[h.id] = (j + 1, levels[j])
+                    share[h.id] = alpha * weights[h.id]
+                    established.append(h.id)
+                    _pass_on(family, weights, h.id)
+                    changed = True
+                    break
+        level = {h.id: share[h.id] if h.id in share else alpha * weights.get(h.id, 0.0) for h in family.tests}
+        nom = {
+            h.id: crossed[h.id][1]
+            if h.id in crossed
+            else (nominal(weights[h.id])[k] if weights.get(h.id, 0.0) > 0 else 0.0)
+            for h in family.tests
+        }
+        p_now = {h: (1.0 if t is None else t.p_value) for h, t in tests.items()}
+        futile = tuple(
+            h.id
+            for h in family.tests
+            if h.id not in established
+            and seq.futility_z is not None
+            and tests[h.id] is not None  # a hypothesis not reached at a look is not futile there
+            and _z(p_now[h.id]) < seq.futility_z
+        )
+        stop = None
+        if len(established) == len(family.tests):
+            stop = "efficacy"
+        elif k == len(seq.looks) - 1:
+            stop = "final"
+        elif seq.futility_z is not None and len(established) + len(futile) == len(family.tests):
+            stop = "futility"
+        out.append(
+            LookResult(
+                k + 1, n, tests, why, unreached, level, nom, tuple(established), futile, stop, dict(crossed)
+            )
+        )
+        if stop is not None:
+            break
+    return out
+
+
+def looks_reached(proto: Mapping[str, Any], family: Family, final_units: Collection[str]) -> int:
+    """How many of the design's looks the records reach: a look is reached when every unit it needs
+    (:func:`look_units`) is final (ok, or a failed latest attempt)."""
+    seq = family.sequential
+    assert seq is not None
+    k = 0
+    for n in seq.looks:
+        if not set(look_units(proto, family, n)) <= set(final_units):
+            break
+        k += 1
+    return k
+
+
+def sequential_decisions(
+    family: Family,
+    pairs_of: Mapping[tuple[str, str], Sequence[Pair | PairRow]],
+    completeness: Completeness,
+    looks: list[LookResult],
+) -> list[HypothesisDecision]:
+    """Each hypothesis' decision from the looks taken: established at the look where it crossed
+    (its interval the repeated confidence interval at that look's nominal level, Jennison &
+    Turnbull 1989), not established at the look the study stopped at, or, where the records stop
+    between looks, not reached (the next look was not reached) unless already established."""
+    seq = family.sequential
+    assert seq is not None
+    last = looks[-1] if looks else None
+    out = []
+    for h in family.tests:
+        where = next((lk for lk in looks if h.id in lk.established), None)
+        pairs_all = pairs_of.get((h.study, h.config), [])
+        if where is not None:
+            j, crossed_at = where.crossed[h.id]
+            a: float | None = crossed_at
+            lk, status, reason = looks[j - 1], "established", None
+            note = f"established at look {where.look}" + (
+                f", crossing at look {j}" if j != where.look else ""
+            )
+        elif last is not None and last.stop is not None:
+            lk, status = last, "not established"
+            a = last.nominal[h.id] or None
+            reason = (
+                "below the futility bound: the study stopped for futility" if h.id in last.futile else None
+            )
+            note = f"the study stopped at look {last.look} ({last.stop})"
+            if last.tests[h.id] is None:
+                status, reason = "not reached", last.why[h.id]
+            elif a is None:  # a fixed sequence whose alpha never reached it
+                status, reason = "not reached", "a failed prerequisite in the hierarchy: no alpha reached it"
+        else:
+            g = gate(h, family, completeness)
+            nxt = seq.looks[len(looks)] if len(looks) < len(seq.looks) else seq.looks[-1]
+            reason = "; ".join(x for x in (g, f"the next look, at {nxt} pairs, was not reached") if x)
+            decision = decision_of(h, None, ("not reached", reason), None, None, completeness, [])
+            out.append(replace(decision, text=f"(sequential, {len(seq.looks)} looks) {decision.text}"))
+            continue
+        t = lk.tests[h.id]
+        pairs = [p for p in pairs_all if pair_index(Pair.of(p).unit) < lk.pairs]
+        decision = decision_of(
+            h, t, (status, reason), a if t is not None else None, lk.unreached[h.id], completeness, pairs
+        )
+        head = (
+            f"(look {lk.look} of {len(seq.looks)}, {lk.pairs} pairs, {seq.spending} spending, "
+            f"nominal level {a:.3g}; {note}) "
+            if a
+            else f"(look {lk.look} of {len(seq.looks)}, {lk.pairs} pairs; {note}) "
+        )
+        out.append(replace(decision, text=head + decision.text))
+    return out

@@ -1,0 +1,191 @@
+"""Order diagnostics in every report: period and carry-over in AB/BA pairs, drift over execution
+order, and the position effect in Williams-balanced factorial blocks.
+
+Standard library alone: the one home of these diagnostics, which the summary and the audit both call
+(``tests/test_decisions.py`` checks them against scipy and statsmodels). All values are on the log scale of training time (``ln(c / b)`` per pair), so effects read as
+ratios; ``exp(x)`` is the factor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from prereg.hypotheses import Pair, PairRow, typed_pairs
+from prereg.tdist import f_sf, student_t_ppf, student_t_sf
+
+
+def mean_ss(x: Sequence[float]) -> tuple[float, float]:
+    """The mean of ``x`` and the sum of squared deviations from it."""
+    m = math.fsum(x) / len(x)
+    return m, math.fsum((v - m) ** 2 for v in x)
+
+
+def two_groups(a: Sequence[float], b: Sequence[float], level: float, half: bool) -> dict[str, Any]:
+    """Pooled two-sample t: estimate ``(mean_a - mean_b)`` (halved when ``half``), interval, two-sided p."""
+    n1, n2 = len(a), len(b)
+    m1, ss1 = mean_ss(a)
+    m2, ss2 = mean_ss(b)
+    df = n1 + n2 - 2
+    sp2 = (ss1 + ss2) / df
+    k = 0.5 if half else 1.0
+    est = k * (m1 - m2)
+    se = k * math.sqrt(sp2 * (1 / n1 + 1 / n2))
+    q = student_t_ppf((1 + level) / 2, df)
+    p = 2 * student_t_sf(abs(est / se), df) if se > 0 else (1.0 if est == 0 else 0.0)
+    return {
+        "estimate": est,
+        "standard_error": se,
+        "low": est - q * se,
+        "high": est + q * se,
+        "df": df,
+        "level": level,
+        "p_value": p,
+        "n": [n1, n2],
+    }
+
+
+def crossover(pairs: Sequence[Pair | PairRow], level: float) -> dict[str, Any] | None:
+    """Period effect and treatment-by-period check of the AB/BA pairs (log training time).
+
+    Notes
+    -----
+    With ``d = ln c - ln b`` per pair, AB the pairs that ran the baseline first and BA the others:
+    period effect (second run minus first) ``(mean d_AB - mean d_BA) / 2``; treatment-by-period
+    (carry-over) check: the pooled two-sample t test of the per-pair sums ``ln b + ln c`` between
+    the two sequences (Grizzle 1965; Jones & Kenward, 3rd ed., 2.3-2.5). ``None`` unless each
+    sequence has at least two pairs.
+    """
+    typed = typed_pairs(pairs)
+    ab = [p for p in typed if p.first == "baseline"]
+    ba = [p for p in typed if p.first != "baseline"]
+    if len(ab) < 2 or len(ba) < 2:
+        return None
+
+    def d(p: Pair) -> float:
+        return p.log_ratio()
+
+    def s(p: Pair) -> float:
+        return math.log(p.value("candidate", "training_s")) + math.log(p.value("baseline", "training_s"))
+
+    return {
+        "period": two_groups([d(p) for p in ab], [d(p) for p in ba], level, half=True),
+        "carryover": two_groups([s(p) for p in ab], [s(p) for p in ba], level, half=False),
+    }
+
+
+def drift(pairs: Sequence[Pair | PairRow], level: float) -> dict[str, Any] | None:
+    """Least-squares slope of ``ln(c / b)`` against the pair's position in execution order.
+
+    Notes
+    -----
+    ``x`` is the pair's plan order (its first run's ``order``), ``y = ln(c/b)``; slope
+    ``b1 = Sxy / Sxx``, residual variance ``s^2 = sum(e^2) / (n - 2)``, ``se = s / sqrt(Sxx)``,
+    Student t with ``n - 2`` df. A non-zero slope means the arms' difference changes as the study
+    runs (a machine warming up affects the arms unequally). ``None`` below three pairs.
+    """
+    if len(pairs) < 3:
+        return None
+    typed = typed_pairs(pairs)
+    x = [float(p.order or 0) for p in typed]
+    y = [p.log_ratio() for p in typed]
+    mx, sxx = mean_ss(x)
+    my = math.fsum(y) / len(y)
+    if sxx == 0:
+        return None
+    sxy = math.fsum((a - mx) * (b - my) for a, b in zip(x, y))
+    b1 = sxy / sxx
+    b0 = my - b1 * mx
+    df = len(x) - 2
+    s2 = math.fsum((b - b0 - b1 * a) ** 2 for a, b in zip(x, y)) / df
+    se = math.sqrt(s2 / sxx)
+    q = student_t_ppf((1 + level) / 2, df)
+    p = 2 * student_t_sf(abs(b1 / se), df) if se > 0 else (1.0 if b1 == 0 else 0.0)
+    return {
+        "slope": b1,
+        "intercept": b0,
+        "standard_error": se,
+        "low": b1 - q * se,
+        "high": b1 + q * se,
+        "df": df,
+        "level": level,
+        "p_value": p,
+        "points": [[a, b] for a, b in zip(x, y)],
+    }
+
+
+def positions(
+    blocks: list[dict[str, Any]], cells: Sequence[str], level: float
+) -> list[dict[str, Any]] | None:
+    """Effect of the position in the Williams square on log training time.
+
+    Notes
+    -----
+    Within each block, a cell's residual is ``ln t - mean over the block's cells of ln t``; for each
+    position (1 to 4) the residuals of the cells that ran there are averaged over blocks with a
+    Student-t interval. Balanced orders make these cancel in the factorial contrasts; a large
+    position effect still says the device changed state within a block. ``None`` below two blocks.
+    """
+    if len(blocks) < 2:
+        return None
+    out = []
+    for pos in range(len(cells)):
+        res = []
+        for b in blocks:
+            logs = {c: math.log(b[f"{c}_training_s"]) for c in cells}
+            centre = math.fsum(logs.values()) / len(cells)
+            res.append(logs[b["order"][pos]] - centre)
+        m, ss = mean_ss(res)
+        se = math.sqrt(ss / (len(res) - 1) / len(res))
+        q = student_t_ppf((1 + level) / 2, len(res) - 1)
+        out.append(
+            {
+                "position": pos + 1,
+                "estimate": m,
+                "standard_error": se,
+                "low": m - q * se,
+                "high": m + q * se,
+                "df": len(res) - 1,
+                "level": level,
+            }
+        )
+    return out
+
+
+def by_device(pairs: Sequence[Pair | PairRow], level: float) -> dict[str, Any] | None:
+    """Per device (host / device name), the mean of ``ln(c / b)`` with its interval, and a
+    heterogeneity check when more than one device contributed pairs.
+
+    Notes
+    -----
+    Every pair runs within one device, so the pooled estimate averages within-device differences.
+    Heterogeneity: one-way analysis of variance of the per-pair ``ln(c/b)`` across devices,
+    ``F = (SS_between / (k - 1)) / (SS_within / (N - k))``, p from the F distribution with
+    ``(k - 1, N - k)`` degrees of freedom. ``None`` when only one device contributed.
+    """
+    groups: dict[str, list[float]] = {}
+    for p in typed_pairs(pairs):
+        groups.setdefault(str(p.device), []).append(p.log_ratio())
+    if len(groups) < 2:
+        return None
+    rows = []
+    for dev in sorted(groups):
+        v = groups[dev]
+        m, ss = mean_ss(v)
+        row: dict[str, Any] = {"device": dev, "pairs": len(v), "estimate": m, "low": None, "high": None}
+        if len(v) >= 2:
+            se = math.sqrt(ss / (len(v) - 1) / len(v))
+            q = student_t_ppf((1 + level) / 2, len(v) - 1)
+            row.update(low=m - q * se, high=m + q * se)
+        rows.append(row)
+    allv = [x for v in groups.values() for x in v]
+    grand = math.fsum(allv) / len(allv)
+    k, n = len(groups), len(allv)
+    ssb = math.fsum(len(v) * (math.fsum(v) / len(v) - grand) ** 2 for v in groups.values())
+    ssw = math.fsum(mean_ss(v)[1] for v in groups.values())
+    het = None
+    if n > k and ssw > 0:
+        f = (ssb / (k - 1)) / (ssw / (n - k))
+        het = {"F": f, "df": [k - 1, n - k], "p_value": f_sf(f, k - 1, n - k)}
+    return {"devices": rows, "heterogeneity": het}

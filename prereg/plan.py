@@ -1,0 +1,352 @@
+"""What the protocol file alone implies: the plan (the rule's one home: :func:`plan_from_protocol`,
+which ``harness.plan.make_plan`` calls and the audit runs on the tagged file), the protocol summary
+every record copies, and the tally of planned runs against their records."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prereg.attempts import analysed, latest_unit, redrawn
+from prereg.commands import ROLES, commands_of, is_command_study, label_sha256, metric_of
+from prereg.factorial import from_yaml, williams
+from prereg.hypotheses import Family
+from prereg.sequential import looks_problems
+
+
+def plan_from_protocol(
+    doc: dict[str, Any], protocol_sha: str, config_sha: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The plan: balanced pair orders, lockstep orders (build order crossed with who steps first,
+    all four combinations per group of four pairs), Williams-balanced blocks (harness.plan's
+    docstring says how); each run as the JSON of a ``prereg.records.RunSpec``."""
+    import random
+
+    def rng(*parts: object) -> random.Random:
+        return random.Random(":".join(str(p) for p in (doc["order_seed"], *parts)))
+
+    runs: list[dict[str, Any]] = []
+    for st in doc["studies"]:
+        seeds = st["seeds"]
+        if isinstance(seeds, dict):
+            seeds = list(range(seeds["base"], seeds["base"] + seeds["count"]))
+        command = is_command_study(st)
+        target = metric_of(st["metric"])["target"] if command else st["val_target_bpb"]
+        targets = {c: float(target[c] if isinstance(target, dict) else target) for c in st["configs"]}
+        arms = list(ROLES) if command else st.get("arms")
+        commands = (
+            {
+                role: {"command": arm, "metric": metric_of(st["metric"])}
+                for role, arm in commands_of(st).items()
+            }
+            if command
+            else {}
+        )
+        _, cells, cell_arms, _ = from_yaml(st) if st["design"] == "factorial" else (None, [], [], False)
+        orders = {}
+        for config in st["configs"]:
+            n = len(seeds)
+            seq: list[tuple[str, ...]]  # one order of the unit's roles per seed
+            ab: tuple[str, ...] = ("baseline", "candidate")
+            ba: tuple[str, ...] = ("candidate", "baseline")
+            if st["design"] == "lockstep":  # both orders crossed with who steps first, per group of four
+                combos = [ab, ab + ("steps-second",), ba, ba + ("steps-second",)]
+                seq = []
+                for g in range(0, n, 4):
+                    group = list(combos)
+                    rng(st["name"], config, "lockstep", g).shuffle(group)
+                    seq.extend(group[: min(4, n - g)])
+            elif st["design"] == "paired":
+                seq = [ab] * ((n + 1) // 2) + [ba] * (n // 2)
+                rng(st["name"], config).shuffle(seq)
+            else:
+                seq = []
+                for g in range(0, n, len(cells)):
+                    rows = williams(len(cells))
+                    rng(st["name"], config, g).shuffle(rows)
+                    seq.extend(tuple(cells[i] for i in row) for row in rows[: min(len(cells), n - g)])
+            orders[config] = seq
+        for si, seed in enumerate(seeds):
+            for config in st["configs"]:
+                kind = "block" if st["design"] == "factorial" else "pair"
+                unit = f"{st['name']}.{config}.{kind}{si:03d}"
+                roles = [r for r in orders[config][si] if r != "steps-second"]
+                second = "steps-second" in orders[config][si]
+                for pos, role in enumerate(roles):
+                    arm = (
+                        cell_arms[cells.index(role)]
+                        if st["design"] == "factorial"
+                        else arms[0 if role == "baseline" else 1]
+                    )
+                    lockstep = (
+                        {
+                            "block_steps": st["block_steps"],
+                            "partner": f"{unit}.{roles[1 - pos]}",
+                            "steps_first": pos == (1 if second else 0),
+                        }
+                        if st["design"] == "lockstep"
+                        else {}
+                    )
+                    extra = {
+                        **(
+                            {"planted": dict(st["planted"])}
+                            if st.get("planted") and role == "candidate"
+                            else {}
+                        ),
+                        **({"warmup_steps": st["warmup_steps"]} if st.get("warmup_steps") else {}),
+                    }
+                    runs.append(
+                        {
+                            **lockstep,
+                            **extra,
+                            **commands.get(role, {}),
+                            "run_id": f"{unit}.{role}",
+                            "protocol_id": doc["id"],
+                            "protocol_sha256": protocol_sha,
+                            "study": st["name"],
+                            "design": "paired" if st["design"] == "lockstep" else st["design"],
+                            "config": config,
+                            "config_sha256": label_sha256(config) if command else config_sha[config],
+                            "arm": arm,
+                            "role": role,
+                            "seed": seed,
+                            "unit": unit,
+                            "position": pos,
+                            "order": len(runs),
+                            "steps": st["steps"],
+                            "val_every": st["steps"] if command else st["val_every"],
+                            "val_target_bpb": targets[config],
+                            "corpus": doc["corpus"]["name"]
+                            if isinstance(doc["corpus"], dict)
+                            else doc["corpus"],
+                            "data_dir": doc.get("data_dir"),
+                            "device": doc["device"],
+                            "compile": doc["compile"],
+                            "threads": doc.get("threads"),
+                        }
+                    )
+    if doc.get("schedule", "in_order") == "interleaved":
+        runs = _interleaved(runs, rng("interleaved"))
+    return runs
+
+
+def _interleaved(runs: list[dict[str, Any]], r: Any) -> list[dict[str, Any]]:
+    """``schedule: interleaved``: the units of every study in one seeded random order (each unit's
+    runs kept together and in their order), so that the studies meet the machine's load of one time
+    window alike; ``order`` numbered again."""
+    units: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        units.setdefault(run["unit"], []).append(run)
+    order = list(units)
+    r.shuffle(order)
+    out = [run for u in order for run in units[u]]
+    return [{**run, "order": i} for i, run in enumerate(out)]
+
+
+def _resolved_tests(h: dict[str, Any], studies: list[dict[str, Any]]) -> dict[str, Any]:
+    if "descriptive" in h:
+        return {"descriptive": h["descriptive"]}
+    by_name = {s["name"]: s for s in studies}
+    tests = []
+    for t in h["tests"]:
+        cfg = t.get("config")
+        if cfg is None:
+            cfg = by_name[t["study"]]["configs"][0]
+        tests.append(
+            {
+                "id": t["id"],
+                "study": t["study"],
+                "config": cfg,
+                "endpoint": t["endpoint"],
+                "estimand": t["estimand"],
+                "type": t["type"],
+                "margin": float(t.get("margin", 0.0)),
+                "better": t["better"],
+                "censoring": t.get("censoring"),
+                "period_adjusted": t.get("period_adjusted", False),
+                "restriction_s": float(t["restriction_s"]) if t.get("restriction_s") is not None else None,
+                **({"test": t["test"]} if t.get("test") is not None else {}),
+            }
+        )
+    out = {
+        "procedure": h["procedure"],
+        "family_alpha": float(h["family_alpha"]),
+        "min_pairs": h["min_pairs"],
+        "decide_time_after_budget_stop": bool(h.get("decide_time_after_budget_stop", False)),
+        "tests": tests,
+        **({"sequential": h["sequential"]} if h.get("sequential") is not None else {}),
+    }
+    if h.get("sequential") is not None:
+        wrong = looks_problems(
+            h["sequential"],
+            [len(by_name[t["study"]]["seeds"]) for t in tests],
+            int(h["min_pairs"]),
+            [t["study"] for t in tests],
+        )
+        if wrong:
+            key = wrong[0][0] if wrong[0][0] == "sequential" else f"sequential.{wrong[0][0]}"
+            raise ValueError(f"hypotheses: {key}: {wrong[0][1]}")
+    Family.of(out)  # refuses (ValueError, naming the hypothesis and key) what harness plan refuses
+    return out
+
+
+def expected_summary(doc: dict[str, Any], psha: str, path: str) -> dict[str, Any]:
+    """``harness.protocol.Protocol.summary()``, derived here from the protocol file alone (the
+    fields every record's ``protocol`` copies; plug-ins and the tag's fields are checked apart)."""
+    top_level = float(doc["interval_level"])
+    studies = []
+    for st in doc["studies"]:
+        seeds = st["seeds"]
+        if isinstance(seeds, dict):
+            seeds = list(range(seeds["base"], seeds["base"] + seeds["count"]))
+        arms = list(ROLES) if is_command_study(st) else st.get("arms")
+        declared: dict[str, Any] = {}
+        if is_command_study(st):
+            declared = {"commands": commands_of(st), "metric": metric_of(st["metric"])}
+        if st["design"] == "factorial":
+            factors, cells, cell_arms, is_declared = from_yaml(st)
+            arms = cell_arms if is_declared else (arms or cells)
+            declared = {"factors": factors, "cells": cells} if is_declared else {}
+        if arms is None:
+            raise ValueError(f"study {st['name']}: a paired study names its two arms (arms)")
+        level = st.get("interval_level")
+        studies.append(
+            {
+                "name": st["name"],
+                "design": "paired" if st["design"] == "lockstep" else st["design"],
+                "arms": list(arms),
+                "configs": list(st["configs"]),
+                "seeds": list(seeds),
+                "interval_level": float(level) if level else top_level,
+                "steps": st["steps"],
+                **({"lockstep": {"block_steps": st["block_steps"]}} if st["design"] == "lockstep" else {}),
+                **({"planted": dict(st["planted"])} if st.get("planted") else {}),
+                **({"warmup_steps": st["warmup_steps"]} if st.get("warmup_steps") else {}),
+                **declared,
+            }
+        )
+    corpus = doc["corpus"]
+    if isinstance(corpus, dict):
+        c: dict[str, Any] = {"name": corpus["name"]}
+        for k in ("file", "train", "valid", "test"):
+            if k in corpus:
+                c[k] = {"path": corpus[k]["path"], "size": corpus[k]["size"], "sha256": corpus[k]["sha256"]}
+        if "split" in corpus:
+            c["split"] = {s: float(corpus["split"][s]) for s in ("train", "valid", "test")}
+        corpus = c
+    prereg = doc["preregistered"]
+    return {
+        "id": doc["id"],
+        "version": doc["version"],
+        "sha256": psha,
+        "path": path,
+        "preregistered": prereg,
+        "tag": f"protocol-{doc['id']}" if prereg else None,
+        "interval_level": top_level,
+        "hypotheses": _resolved_tests(doc["hypotheses"], studies),
+        "max_attempts": doc.get("max_attempts", 1),
+        "launcher": doc.get("launcher", "spawn"),
+        "device": doc["device"],
+        "compile": doc["compile"],
+        "corpus": corpus,
+        "budget_device_seconds": float(doc["budget_device_seconds"]),
+        **({"schedule": doc["schedule"]} if doc.get("schedule", "in_order") != "in_order" else {}),
+        "studies": studies,
+    }
+
+
+def tally(
+    plan: list[dict[str, Any]], records: list[dict[str, Any]], open_: list[dict[str, Any]] | None = None
+) -> tuple[list[dict[str, Any]], int, list[str]]:
+    """Per (study, configuration, arm): planned, ok (in the analysed unit attempt), failed, interrupted
+    (recorded, or started with no record), missing, superseded; and out-of-order runs."""
+    by_run: dict[str, Any] = {}
+    interrupted: dict[str, Any] = {}
+    superseded: dict[str, Any] = {}
+    current = {id(r) for r in analysed(records)}
+    for r in records:
+        rid = r["spec"]["run_id"]
+        by_run.setdefault(rid, []).append(r["status"] if id(r) in current else "superseded")
+        interrupted[rid] = interrupted.get(rid, 0) + (r["status"] == "interrupted")
+        if id(r) not in current:
+            superseded[rid] = superseded.get(rid, 0) + 1
+    for u in open_ or []:
+        interrupted[u["run_id"]] = interrupted.get(u["run_id"], 0) + 1
+    rows: dict[Any, Any] = {}
+    missing_total = 0
+    for s in plan:
+        row = rows.setdefault(
+            (s["study"], s["config"], s["arm"]),
+            {
+                "study": s["study"],
+                "config": s["config"],
+                "arm": s["arm"],
+                "planned": 0,
+                "ok": 0,
+                "failed": 0,
+                "interrupted": 0,
+                "missing": 0,
+                "superseded": 0,
+            },
+        )
+        st = by_run.get(s["run_id"], [])
+        row["planned"] += 1
+        row["interrupted"] += interrupted.get(s["run_id"], 0)
+        row["superseded"] += superseded.get(s["run_id"], 0)
+        if "ok" in st:
+            row["ok"] += 1
+        elif "failed" in st:
+            row["failed"] += 1
+        if "ok" not in st:
+            row["missing"] += 1
+            missing_total += 1
+    order = {s["run_id"]: s["order"] for s in plan}
+    flagged, highest = [], -1
+    linked = sorted(
+        (r for r in records if "ledger" in r and r["attempt"] == 1), key=lambda r: r["ledger"]["seq"]
+    )
+    for r in linked:
+        o = order.get(r["spec"]["run_id"], -1)
+        if o < highest:
+            flagged.append(f"{r['spec']['run_id']} (plan position {o}) ran after plan position {highest}")
+        highest = max(highest, o)
+    return list(rows.values()), missing_total, flagged
+
+
+def plan_notes(
+    directory: str, plan: list[dict[str, Any]], records: list[dict[str, Any]], open_: list[dict[str, Any]]
+) -> list[str]:
+    """Per study, configuration and arm: planned, ok, failed, interrupted, missing and superseded runs;
+    runs out of plan order; units that ran again whole; whether the study is incomplete."""
+    notes = []
+    table, missing, flagged = tally(plan, records, open_)
+    for t in table:
+        notes.append(
+            f"{directory}: {t['study']} / {t['config']} / {t['arm']}: planned {t['planned']}, "
+            f"ok {t['ok']}, failed {t['failed']}, interrupted {t['interrupted']}, "
+            f"missing {t['missing']}, superseded {t['superseded']}"
+        )
+    notes.extend(f"{directory}: out of plan order: {x}" for x in flagged)
+    latest = latest_unit(records)
+    for unit in sorted(u for u, k in latest.items() if k > 1):
+        n = sum(1 for r in records if r["spec"]["unit"] == unit and r.get("unit_attempt", 1) < latest[unit])
+        notes.append(
+            f"{directory}: unit {unit} ran again whole: analysed from its unit attempt "
+            f"{latest[unit]}; {n} superseded attempt(s) kept"
+        )
+    again = redrawn(records)
+    if again:
+        shown = ", ".join(again[:3]) + (f" and {len(again) - 3} more" if len(again) > 3 else "")
+        notes.append(
+            f"{directory}: REDRAWN: {len(again)} run(s) analysed from a later attempt ({shown}): an "
+            "earlier attempt of each started and is not the one analysed, so its outcome (the "
+            "checkpoint, the log) could have been seen before the run was drawn again"
+        )
+    if missing:  # INCOMPLETE, STOPPED BY THE BUDGET RULE or AT A LOOK where a rule explains the stop
+        from prereg.recompute import recompute  # the completeness the summary states, a sequential stop's too
+
+        done = recompute(records)["completeness"] if records else None
+        text = done["text"] if done and done["missing_runs"] == missing else None
+        notes.append(
+            f"{directory}: {text or f'INCOMPLETE: {missing} of {len(plan)} planned runs have no ok record'}"
+        )
+    return notes

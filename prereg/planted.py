@@ -1,0 +1,345 @@
+"""Planted reference effects: a known cost added to a study's candidate arm, and what a design
+recovers of it (the one home of the rule and the arithmetic; the harness's plan and parser, the
+summary and the audit all call it).
+
+A *planted* study is an A/A study (both arms the same) whose candidate also runs a plant inside
+every timed training step, after the gradient phase:
+
+* ``spin`` (``us``): a busy loop of ``us`` microseconds of the training thread's CPU time per
+  step, clock-checked (it reads the thread's CPU clock until that much has passed). It touches
+  no memory, so its cost does not depend on what the caches hold: its true effect is known by
+  arithmetic (:func:`spin_truth`).
+* ``matmul`` (``n``): one ``n`` x ``n`` float32 matrix product per step over buffers of the
+  plant's own, the result discarded (built-in arms: torch). Its cost depends on the caches its
+  buffers find, so its true effect is what it costs where nothing interleaves with it, measured
+  (:func:`reference_study`).
+* ``gather`` (``bytes``): a strided read of one byte per 64-byte cache line over a buffer of
+  ``bytes`` bytes (standard library). Built-in arms only: a study of command arms is refused, since
+  the reporter runs no plant.
+
+The plant never draws from a random state and never touches the model, so the planted arm's
+losses, weights and BPB are bitwise its partner's. Each run's ``timings`` hold ``planted_s`` and
+``planted_cpu_s``: the plant's own time on the wall and CPU clocks, summed over the timed steps.
+
+**The truth of a spin.** A spin adds ``S`` seconds of CPU work (``planted_cpu_s``, what the run
+measured of its own plant) to an arm whose other work is its partner's. On the CPU clock the
+planted arm's time is then ``C_b + S`` in expectation, so the pair's true log ratio is
+``log(1 + S / C_b)``, with ``C_b`` the baseline's training CPU time in that pair. On the wall
+clock the same holds when the spin runs at the speed of the rest of the step (a machine that
+slows everything by one factor slows both alike): ``log(1 + S W_b / (C_b W_b)) = log(1 + S /
+C_b)``. The bias of a design is the mean of ``d_i - t_i``, its estimate less that truth, pair by
+pair, with its paired t interval; coverage is whether the study's nominal interval of the mean
+log ratio holds the mean truth.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from prereg.descriptive import mean_interval, reduction
+
+#: Each plant kind and its one size key (a positive integer), and what the size means.
+KINDS: dict[str, tuple[str, str]] = {
+    "spin": ("us", "microseconds of the training thread's CPU time per step"),
+    "matmul": ("n", "the side of the n x n float32 matrices multiplied once per step"),
+    "gather": ("bytes", "the size of the buffer read once per step, one byte per 64-byte line"),
+}
+#: Plants whose true effect is known by arithmetic; the others' is measured (:func:`reference_study`).
+CONTEXT_FREE = ("spin",)
+#: The largest size of each kind a protocol may plant (a spin of a second per step, a 4096-wide
+#: matrix, a buffer of 1 GiB): far above any calibration, below a plant that would stall a run.
+MAX_SIZE = {"spin": 1_000_000, "matmul": 4096, "gather": 1 << 30}
+
+
+def plant_problems(value: Any, command: bool) -> list[tuple[tuple[str, ...], str]]:
+    """What is wrong with a study's ``planted`` mapping (key path below ``planted``, message); none
+    for a valid one. ``command``: the study's arms are command arms."""
+    if not isinstance(value, Mapping):
+        return [((), f"expected a mapping {{kind: spin, us: N}}, got {type(value).__name__}")]
+    kind = value.get("kind")
+    if kind not in KINDS:
+        return [(("kind",), f"planted kind must be one of {', '.join(KINDS)}, got {kind!r}")]
+    size = KINDS[kind][0]
+    extra = sorted(str(k) for k in value if k not in ("kind", size, "replicate_pairs"))
+    if extra:
+        return [
+            (
+                (extra[0],),
+                f"unknown key {extra[0]!r} for a {kind} plant (keys: kind, {size}, replicate_pairs)",
+            )
+        ]
+    group = value.get("replicate_pairs")
+    if group is not None and (not isinstance(group, int) or isinstance(group, bool) or group < 2):
+        return [
+            (
+                ("replicate_pairs",),
+                "replicate_pairs (the pairs of each replicate study the coverage is counted over) is an "
+                f"integer of at least 2, got {group!r}",
+            )
+        ]
+    n = value.get(size)
+    if n is None:
+        return [((), f"a {kind} plant names its size: {size} ({KINDS[kind][1]})")]
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= MAX_SIZE[kind]:
+        return [((size,), f"{size} must be an integer from 1 to {MAX_SIZE[kind]}, got {n!r}")]
+    if command:
+        return [
+            (
+                (),
+                "a study of command arms cannot be planted yet: the reporter runs no plant, so the "
+                "candidate would carry none and the table would read a design's noise as its bias "
+                "(calibrate the design with the built-in arms: harness calibration-study)",
+            )
+        ]
+    return []
+
+
+def describe(plant: Mapping[str, Any]) -> str:
+    """A plant in words: ``spin 150 us/step``, ``matmul 288x288/step``, ``gather 4 MiB/step``."""
+    kind = plant["kind"]
+    if kind == "spin":
+        return f"spin {plant['us']} us/step"
+    if kind == "matmul":
+        return f"matmul {plant['n']}x{plant['n']}/step"
+    b = int(plant["bytes"])
+    return f"gather {b / (1 << 20):g} MiB/step" if b >= 1 << 20 else f"gather {b / 1024:g} KiB/step"
+
+
+def plant_key(plant: Mapping[str, Any]) -> tuple[str, int]:
+    """What makes two studies' plants the same plant: its kind and size."""
+    kind = plant["kind"]
+    return kind, int(plant[KINDS[kind][0]])
+
+
+def spin_truth(baseline_cpu_s: float, planted_cpu_s: float) -> float:
+    """A pair's true log ratio of a spin: ``log(1 + S / C_b)`` (the module's text)."""
+    return math.log1p(planted_cpu_s / baseline_cpu_s)
+
+
+def _mean(x: Sequence[float]) -> float:
+    return math.fsum(x) / len(x)
+
+
+def bias_of(estimates: Sequence[float], truths: Sequence[float], level: float) -> dict[str, Any]:
+    """A design's bias on one clock: the mean of ``d_i - t_i`` (log-ratio points, candidate over
+    baseline, positive: the design reads the plant as costing more than it does) with its paired t
+    interval at ``level``, the mean estimate with its nominal interval, the mean truth, and whether
+    that interval covers it.
+
+    Notes
+    -----
+    ``d_i = log(T_candidate / T_baseline)`` of pair ``i``, ``t_i`` its true log ratio. The bias
+    ``mean(d - t)`` has the paired Student-t interval ``mean +- t(1 - a/2, n - 1) s / sqrt(n)``;
+    ``covered`` is ``lo <= mean(t) <= hi`` for the nominal interval ``(lo, hi)`` of ``mean(d)``.
+    With fewer than two pairs there is no interval (None).
+    """
+    n = len(estimates)
+    if n < 2 or len(truths) != n:
+        return {"pairs": n, "bias": None}
+    diffs = [d - t for d, t in zip(estimates, truths)]
+    b = mean_interval(diffs, level, "contrast")
+    e = mean_interval(list(estimates), level, "contrast")
+    truth = _mean(truths)
+    return {
+        "pairs": n,
+        "truth": truth,
+        "truth_pct": -reduction(truth),
+        "estimate": e.estimate,
+        "estimate_lo": e.low,
+        "estimate_hi": e.high,
+        "estimate_pct": -reduction(e.estimate),
+        "bias": b.estimate,
+        "bias_lo": b.low,
+        "bias_hi": b.high,
+        "covered": e.low <= truth <= e.high,
+    }
+
+
+def coverage(
+    estimates: Sequence[float], truths: Sequence[float], group: int, level: float
+) -> dict[str, Any] | None:
+    """Coverage of the nominal interval over replicate studies: the pairs, in plan order, cut into
+    consecutive groups of ``group`` pairs, each group a study of its own; the share of groups
+    whose nominal interval of the mean log ratio holds the group's mean truth, with its exact
+    (Clopper-Pearson) 95% interval. None with fewer than two whole groups.
+
+    Notes
+    -----
+    Each group's interval is the paired t interval at ``level`` over its ``group`` pairs. The
+    Clopper-Pearson bounds are the ``0.025`` and ``0.975`` quantiles of Beta(k, m - k + 1) and
+    Beta(k + 1, m - k), found by bisection of the binomial tail.
+    """
+    m = len(estimates) // group
+    if group < 2 or m < 2:
+        return None
+    hits = 0
+    for g in range(m):
+        d = list(estimates[g * group : (g + 1) * group])
+        t = truths[g * group : (g + 1) * group]
+        e = mean_interval(d, level, "contrast")
+        hits += e.low <= _mean(t) <= e.high
+    lo, hi = clopper_pearson(hits, m)
+    return {
+        "studies": m,
+        "pairs_each": group,
+        "covered": hits,
+        "rate": hits / m,
+        "lo": lo,
+        "hi": hi,
+        "level": level,
+    }
+
+
+def _binom_cdf(k: int, n: int, p: float) -> float:
+    """P(X <= k) for X ~ Binomial(n, p)."""
+    if k < 0:
+        return 0.0
+    if k >= n:
+        return 1.0
+    return math.fsum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k + 1))
+
+
+def clopper_pearson(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
+    """The exact two-sided ``conf`` interval of a binomial proportion ``k / n``."""
+    a = (1 - conf) / 2
+
+    def solve(f: Any) -> float:
+        lo, hi = 0.0, 1.0
+        for _ in range(80):
+            mid = (lo + hi) / 2
+            if f(mid):
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2
+
+    lower = 0.0 if k == 0 else solve(lambda p: 1 - _binom_cdf(k - 1, n, p) < a)
+    upper = 1.0 if k == n else solve(lambda p: _binom_cdf(k, n, p) > a)
+    return lower, upper
+
+
+def design_label(design: str, block_steps: int | None) -> str:
+    """A design in words: ``a process per arm``, ``lockstep, blocks of 10``."""
+    return "a process per arm" if block_steps is None else f"lockstep, blocks of {block_steps}"
+
+
+def reference_study(candidates: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """Of the studies that plant one measured (cache-heavy) plant, the one whose estimate is taken
+    as its true effect: the lockstep study with the longest blocks (its blocks interleave least, so
+    the plant runs nearest to how it runs alone, and its noise is a lockstep pair's); a process per
+    arm only when no lockstep study plants it. Each candidate is a study's protocol entry (with
+    ``lockstep.block_steps`` for lockstep)."""
+    lock = [s for s in candidates if s.get("lockstep")]
+    if lock:
+        return max(lock, key=lambda s: int(s["lockstep"]["block_steps"]))
+    return candidates[0] if candidates else None
+
+
+#: The two clocks a planted study's bias is read on: the pair columns' key and the clock's name.
+CLOCKS = (("training_s", "wall"), ("training_cpu_s", "CPU"))
+
+
+def pair_columns(b: Mapping[str, Any], c: Mapping[str, Any]) -> dict[str, Any]:
+    """A planted study's pair columns: what the candidate's plant took on each clock."""
+    ct = c.get("timings") or {}
+    if "planted" not in c["spec"]:
+        return {}
+    return {"candidate_planted_s": ct.get("planted_s"), "candidate_planted_cpu_s": ct.get("planted_cpu_s")}
+
+
+def _logs(pairs: Sequence[Mapping[str, Any]], key: str) -> tuple[list[Mapping[str, Any]], list[float]]:
+    b, c = f"baseline_{key}", f"candidate_{key}"
+    ok = [
+        p
+        for p in sorted(pairs, key=lambda p: p["order"])
+        if isinstance(p.get(b), (int, float)) and isinstance(p.get(c), (int, float)) and p[b] > 0 and p[c] > 0
+    ]
+    return ok, [math.log(p[c] / p[b]) for p in ok]
+
+
+def planted_rows(
+    studies: Sequence[Mapping[str, Any]], pairs_of: Mapping[tuple[str, str], Any]
+) -> list[dict[str, Any]]:
+    """Every planted study's bias, per configuration and clock, as the summary's ``planted`` rows.
+
+    A spin's truth is its arithmetic (:func:`spin_truth`, pair by pair); a measured plant's is the
+    mean log ratio of its reference study (:func:`reference_study`) on the same configuration and
+    clock, and the bias of another design is the Welch difference of its mean from the
+    reference's (``designs.welch_difference``: two independent groups of pairs), so the truth's
+    own uncertainty is in the interval. Bias, truth and estimate are in points of the log ratio
+    (100 x ``ln(T_candidate / T_baseline)``, positive: the plant read as costing more); at these
+    sizes a point of the log ratio is a percentage point of the time within 0.05."""
+    from prereg.designs import welch_difference
+
+    planted = [s for s in studies if s.get("planted")]
+    rows: list[dict[str, Any]] = []
+    for st in planted:
+        plant = st["planted"]
+        same = [s for s in planted if plant_key(s["planted"]) == plant_key(plant)]
+        ref = None if plant["kind"] in CONTEXT_FREE else reference_study(same)
+        block = (st.get("lockstep") or {}).get("block_steps")
+        for config in st["configs"]:
+            pairs = pairs_of.get((st["name"], config)) or []
+            for key, clock in CLOCKS:
+                timed, d = _logs(pairs, key)
+                row: dict[str, Any] = {
+                    "study": st["name"],
+                    "config": config,
+                    "design": design_label(st["design"], block),
+                    "block_steps": block,
+                    "plant": describe(plant),
+                    "kind": plant["kind"],
+                    "clock": clock,
+                    "pairs": len(d),
+                    "level": st["interval_level"],
+                }
+                if len(d) < 2:
+                    rows.append({**row, "bias": None, "why": "fewer than two timed pairs"})
+                    continue
+                e = mean_interval(d, st["interval_level"], "contrast")
+                row.update(estimate=100 * e.estimate, estimate_lo=100 * e.low, estimate_hi=100 * e.high)
+                if ref is None:
+                    cpu = [p.get("candidate_planted_cpu_s") for p in timed]
+                    bcpu = [p.get("baseline_training_cpu_s") for p in timed]
+                    if any(not isinstance(x, (int, float)) for x in cpu + bcpu):
+                        rows.append({**row, "bias": None, "why": "a pair without the plant's CPU time"})
+                        continue
+                    t = [spin_truth(float(bc), float(pc)) for bc, pc in zip(bcpu, cpu)]  # type: ignore[arg-type]
+                    b = bias_of(d, t, st["interval_level"])
+                    row.update(
+                        truth=100 * b["truth"],
+                        truth_origin="arithmetic: ln(1 + S / C_b) per pair (S the plant's CPU time)",
+                        bias=100 * b["bias"],
+                        bias_lo=100 * b["bias_lo"],
+                        bias_hi=100 * b["bias_hi"],
+                        covered=b["covered"],
+                    )
+                    group = plant.get("replicate_pairs")
+                    cov = coverage(d, t, int(group), st["interval_level"]) if group else None
+                    if cov is not None:
+                        row["coverage"] = cov
+                    rows.append(row)
+                    continue
+                _, dr = _logs(pairs_of.get((ref["name"], config)) or [], key)
+                if len(dr) < 2:
+                    rows.append(
+                        {**row, "bias": None, "why": f"its reference {ref['name']} has fewer than two pairs"}
+                    )
+                    continue
+                r = mean_interval(dr, st["interval_level"], "contrast")
+                row.update(
+                    truth=100 * r.estimate,
+                    truth_lo=100 * r.low,
+                    truth_hi=100 * r.high,
+                    truth_origin=f"measured: the mean of {ref['name']} ({design_label(ref['design'], (ref.get('lockstep') or {}).get('block_steps'))}, {len(dr)} pairs)",
+                )
+                if ref["name"] == st["name"]:
+                    row.update(bias=0.0, reference=True)
+                else:
+                    w = welch_difference(d, dr, st["interval_level"])
+                    row.update(bias=100 * w.difference, bias_lo=100 * w.lo, bias_hi=100 * w.hi)
+                    row["covered"] = e.low <= r.estimate <= e.high
+                rows.append(row)
+    return rows

@@ -1,0 +1,433 @@
+"""The summary from the records as their files hold them, with the standard library alone: the one
+home of the pairs, blocks, endpoints and counts that ``summary.json`` holds (``prereg.summary.derive``
+calls :func:`recompute` and reads its result into typed objects; the audit calls it on the raw
+records of a folder), and its comparison with a stored ``summary.json`` (:func:`compare`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Any
+
+from prereg.attempts import (
+    Completeness,
+    Rec,
+    analysed,
+    completeness,
+    failed_pairs,
+    final_units,
+    flow,
+    peak,
+    run_rows,
+    unfinished,
+)
+from prereg.carryover import carry_over, order_cells
+from prereg.decisions import decide, sensitivity
+from prereg.descriptive import descriptive_interval, endpoint, valid
+from prereg.factorial import design_of, factorial_effects
+from prereg.hypotheses import Family, cpu_time_columns
+from prereg.looks import looks_reached, run_looks, sequential_decisions
+from prereg.order import by_device, crossover, drift, positions
+from prereg.planted import pair_columns, planted_rows
+
+REL_TOL = 1e-9
+#: ``summary.json`` schema versions this audit recomputes (``prereg.summary.SUMMARY_SCHEMA``).
+SUMMARY_SCHEMAS = (4,)
+
+
+def recompute(records: list[dict[str, Any]], started: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The summary (``summary.json`` without its seal), from the records and the ledger's started
+    entries alone, by the rules :mod:`prereg.summary` states (which records count:
+    :mod:`.attempts`)."""
+    proto = records[0]["protocol"]
+    ok: dict[tuple[str, str], dict[str, dict[str, Rec]]] = {}
+    seen: dict[tuple[str, str], set[str]] = {}
+    for r in sorted(analysed(records), key=lambda x: x["attempt"]):
+        s = r["spec"]
+        seen.setdefault((s["study"], s["config"]), set()).add(s["unit"])
+        if r["status"] == "ok":
+            ok.setdefault((s["study"], s["config"]), {}).setdefault(s["unit"], {})[s["role"]] = r
+    exclusions: list[dict[str, str]] = []
+    done = completeness(records)
+    studies = []
+    pairs_of: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for st in proto["studies"]:
+        entries = []
+        level = st["interval_level"]
+        for config in st["configs"]:
+            units = {
+                u: ok.get((st["name"], config), {}).get(u, {})
+                for u in sorted(seen.get((st["name"], config), set()))
+            }
+            if not units:
+                continue
+            if st["design"] == "paired":
+                entry = _paired(st, config, units, level, exclusions)
+                pairs_of[(st["name"], config)] = entry["pairs"]
+            else:
+                entry = _factorial(st, config, units, level, exclusions)
+            entries.append(entry)
+        studies.append({"name": st["name"], "design": st["design"], "configs": entries})
+    spec = proto.get("hypotheses") or {"descriptive": "these records predate preregistered hypotheses"}
+    if "descriptive" in spec:
+        hyp = {"descriptive": spec["descriptive"]}
+    else:
+        failed = failed_pairs(records)
+        decisions = []
+        # identical pairs are decided by identity in records of schema 4 on (the rule they are
+        # written under); earlier records keep the rule they were tagged with: not reached
+        identity = all(r.get("schema_version", 1) >= 4 for r in records)
+        family = Family.of(spec)
+        sequential = None
+        if family.sequential is not None:
+            looks = run_looks(family, pairs_of, looks_reached(proto, family, final_units(records)), identity)
+            done, sequential = _sequential(family, looks, done)
+            decided = sequential_decisions(family, pairs_of, done, looks)
+        else:
+            decided = decide(family, pairs_of, done, identity)
+        for decision in decided:
+            h = next(t for t in spec["tests"] if t["id"] == decision.id)
+            d = decision.as_dict()
+            d["sensitivity"] = sensitivity(
+                h, pairs_of.get((d["study"], d["config"]), []), failed.get((d["study"], d["config"]), [])
+            )
+            decisions.append(d)
+        hyp = {
+            "procedure": spec["procedure"],
+            "family_alpha": spec["family_alpha"],
+            "min_pairs": spec["min_pairs"],
+            "decisions": decisions,
+            **({"sequential": sequential} if sequential is not None else {}),
+        }
+    status = [r["status"] for r in records]
+    return {
+        "schema_version": SUMMARY_SCHEMAS[-1],
+        "protocol": proto,
+        "completeness": asdict(done),
+        "hypotheses": hyp,
+        "flow": flow(records, studies, proto),
+        "records": {
+            "files": len(records),
+            "ok": status.count("ok"),
+            "failed": status.count("failed"),
+            "interrupted": status.count("interrupted"),
+            "superseded": len(records) - len(analysed(records)),
+            "unfinished": unfinished(records, started or []),
+            "device_seconds": math.fsum((r.get("timings") or {}).get("device_s") or 0.0 for r in records),
+        },
+        "exclusions": sorted(exclusions, key=lambda e: e["unit"]),
+        "studies": studies,
+        "runs": run_rows(records),
+        **(
+            {"planted": planted_rows(proto["studies"], pairs_of)}
+            if any(st.get("planted") for st in proto["studies"])
+            else {}
+        ),
+    }
+
+
+def _sequential(family: Family, looks: list[Any], done: Completeness) -> tuple[Completeness, dict[str, Any]]:
+    """The summary's ``hypotheses.sequential`` (the design, every look taken, where the rule stopped)
+    and the completeness, whose text says so when the rule stopped the study before its last look."""
+    seq = family.sequential
+    assert seq is not None
+    last = looks[-1] if looks else None
+    stop = last.stop if last is not None else None
+    out = {
+        "looks_planned": list(seq.looks),
+        "spending": seq.spending,
+        "futility_z": seq.futility_z,
+        "looks": [lk.as_dict() for lk in looks],
+        "stopped_at": last.look if stop is not None and last is not None else None,
+        "stop": stop,
+    }
+    if stop in ("efficacy", "futility") and last is not None and done.missing_runs:
+        done = Completeness(
+            planned_runs=done.planned_runs,
+            ok_runs=done.ok_runs,
+            missing_runs=done.missing_runs,
+            complete=done.complete,
+            budget_stop=False,
+            text=(
+                f"STOPPED AT LOOK {last.look} OF {len(seq.looks)} by the preregistered sequential rule "
+                f"({stop}, {last.pairs} pairs): {done.missing_runs} of {done.planned_runs} planned runs "
+                "were not needed"
+            ),
+        )
+    return done, out
+
+
+def _paired(
+    st: dict[str, Any],
+    config: str,
+    units: dict[str, dict[str, Rec]],
+    level: float,
+    exclusions: list[dict[str, str]],
+) -> dict[str, Any]:
+    pairs = []
+    for unit in sorted(units):
+        arms = units[unit]
+        missing = [x for x in ("baseline", "candidate") if x not in arms]
+        if missing:
+            exclusions.append({"unit": unit, "reason": f"no ok record for {', '.join(missing)}"})
+            continue
+        b, c = arms["baseline"], arms["candidate"]
+        bt, ct = b["timings"], c["timings"]
+        pairs.append(
+            {
+                "unit": unit,
+                "seed": b["spec"]["seed"],
+                "order": min(b["spec"]["order"], c["spec"]["order"]),
+                "first": "baseline" if b["spec"]["position"] == 0 else "candidate",
+                "device": f"{(b.get('env') or {}).get('host', 'unknown host')} / "
+                f"{(b.get('env') or {}).get('device_name', 'unknown device')}",
+                "baseline_training_s": bt.get("training_s"),
+                "candidate_training_s": ct.get("training_s"),
+                **cpu_time_columns(bt, ct),
+                "baseline_time_to_target_s": bt.get("time_to_target_s"),
+                "candidate_time_to_target_s": ct.get("time_to_target_s"),
+                "baseline_total_s": bt.get("total_s"),
+                "candidate_total_s": ct.get("total_s"),
+                "baseline_test_bpb": b.get("test_bpb"),
+                "candidate_test_bpb": c.get("test_bpb"),
+                "baseline_peak_memory_bytes": peak(b),
+                "candidate_peak_memory_bytes": peak(c),
+                **final_metric_columns(b, c),
+                **pair_columns(b, c),
+                **_step_columns(b, c),
+                "time_reduction_pct": 100.0 * (1.0 - float(ct["training_s"]) / float(bt["training_s"]))
+                if valid(bt.get("training_s"), True) and valid(ct.get("training_s"), True)
+                else None,
+                "test_bpb_difference": float(c["test_bpb"]) - float(b["test_bpb"])
+                if valid(b.get("test_bpb"), False) and valid(c.get("test_bpb"), False)
+                else None,
+            }
+        )
+
+    def col(key: str) -> list[Any]:
+        return [p[key] for p in pairs]
+
+    training = _time_endpoint(pairs, "training_s", level)
+    timed = [p for p in pairs if p["time_reduction_pct"] is not None]  # both training times finite, positive
+    cpu_time = None  # when every pair recorded its training CPU time (records since lockstep)
+    if pairs and all("baseline_training_cpu_s" in p for p in pairs):
+        cpu_time = _time_endpoint(pairs, "training_cpu_s", level)
+    both = [
+        p
+        for p in pairs
+        if p["baseline_time_to_target_s"] is not None and p["candidate_time_to_target_s"] is not None
+    ]
+    ttt = asdict(
+        endpoint(
+            [p["baseline_time_to_target_s"] for p in both],
+            [p["candidate_time_to_target_s"] for p in both],
+            level,
+            "relative_reduction",
+        )
+    )
+    ttt.update(
+        rule="pairs where both arms reached the target",
+        unreached={
+            "baseline": sum(p["baseline_time_to_target_s"] is None for p in pairs),
+            "candidate": sum(p["candidate_time_to_target_s"] is None for p in pairs),
+        },
+    )
+    quality = asdict(endpoint(col("baseline_test_bpb"), col("candidate_test_bpb"), level, "difference"))
+    mb, mc = col("baseline_peak_memory_bytes"), col("candidate_peak_memory_bytes")
+    memory = asdict(endpoint(mb, mc, level, "relative_reduction")) if None not in mb + mc else None
+    lock = _lockstep_model(st, units, pairs, level)
+    if st.get("warmup_steps") and pairs and all("baseline_warmup_s" in p for p in pairs):
+        lock["warmup_time"] = _time_endpoint(pairs, "warmup_s", level)
+    faster = sum(1 for p in timed if p["candidate_training_s"] < p["baseline_training_s"])
+    slower = sum(1 for p in timed if p["candidate_training_s"] > p["baseline_training_s"])
+    return {
+        "config": config,
+        "design": "paired",
+        "level": level,
+        "parameters": params_of(units),
+        "baseline_arm": st["arms"][0],
+        "candidate_arm": st["arms"][1],
+        "units_seen": len(units),
+        "pairs_used": len(pairs),
+        "training_time": training,
+        "time_to_target": ttt,
+        "total_time": asdict(
+            endpoint(col("baseline_total_s"), col("candidate_total_s"), level, "relative_reduction")
+        ),
+        "test_bpb": quality,
+        "peak_memory": memory,
+        "counts": {
+            "faster": faster,
+            "slower": slower,
+            "ties": len(timed) - faster - slower,
+            "worse_test_bpb": sum(1 for p in pairs if (p["test_bpb_difference"] or 0.0) > 0),
+        },
+        "order_effects": {"crossover": crossover(timed, level), "drift": drift(timed, level)},
+        "by_device": by_device(timed, level),
+        "pairs": pairs,
+        **({"training_cpu_time": cpu_time} if cpu_time is not None else {}),
+        **lock,
+        **(
+            {
+                "final_metric": asdict(
+                    endpoint(col("baseline_final_metric"), col("candidate_final_metric"), level, "difference")
+                )
+                | {"metric": st["metric"]}
+            }
+            if "metric" in st and pairs
+            else {}
+        ),
+    }
+
+
+def _step_columns(b: Rec, c: Rec) -> dict[str, Any]:
+    """The columns of a pair whose records keep their step times (built-in arms since planting;
+    absent from earlier records, whose rows keep their columns): a lockstep pair's first-block arm,
+    and each arm's warm-up time where the study has warm-up steps."""
+    if "step_times" not in b or "step_times" not in c:
+        return {}
+    out: dict[str, Any] = {}
+    if b["spec"].get("steps_first") is not None:
+        out["steps_first"] = "baseline" if b["spec"]["steps_first"] else "candidate"
+    if b["spec"].get("warmup_steps"):
+        out["baseline_warmup_s"] = b["timings"].get("warmup_s")
+        out["candidate_warmup_s"] = c["timings"].get("warmup_s")
+    return out
+
+
+def _lockstep_model(
+    st: dict[str, Any], units: dict[str, dict[str, Rec]], pairs: list[dict[str, Any]], level: float
+) -> dict[str, Any]:
+    """A lockstep study's order-cell model and carry-over (:mod:`.carryover`), where its pairs'
+    records keep their step times; nothing otherwise."""
+    block = (st.get("lockstep") or {}).get("block_steps")
+    if block is None or not pairs or not all("steps_first" in p for p in pairs):
+        return {}
+    used = {p["unit"] for p in pairs}
+    cells = {
+        clock: order_cells(pairs, key, level)
+        for key, clock in (("training_s", "wall"), ("training_cpu_s", "CPU"))
+    }
+    out: dict[str, Any] = {"order_cells": cells}
+    carry = carry_over([units[u] for u in sorted(used)], int(block), level)
+    if carry is not None:
+        out["carry_over"] = carry
+    return out
+
+
+def final_metric_columns(b: Rec, c: Rec) -> dict[str, Any]:
+    """A command study's pair columns of the study's metric at each arm's last evaluation (none for
+    other studies' pairs, whose rows keep their columns)."""
+    if "command" not in b["spec"]:
+        return {}
+    return {"baseline_final_metric": b.get("final_metric"), "candidate_final_metric": c.get("final_metric")}
+
+
+def _time_endpoint(pairs: list[dict[str, Any]], key: str, level: float) -> dict[str, Any]:
+    """A time's endpoint over the pairs (``baseline_<key>``, ``candidate_<key>``; relative reduction)
+    with its log-ratio interval over the pairs whose two times are finite and positive."""
+    b, c = f"baseline_{key}", f"candidate_{key}"
+    out = asdict(endpoint([p[b] for p in pairs], [p[c] for p in pairs], level, "relative_reduction"))
+    timed = [p for p in pairs if valid(p[b], True) and valid(p[c], True)]
+    log_ratio = descriptive_interval([p[b] for p in timed], [p[c] for p in timed], level, "log_ratio")
+    out["log_ratio"] = None if log_ratio is None else log_ratio.as_dict()
+    return out
+
+
+def _factorial(
+    st: dict[str, Any],
+    config: str,
+    units: dict[str, dict[str, Rec]],
+    level: float,
+    exclusions: list[dict[str, str]],
+) -> dict[str, Any]:
+    factors, cells = design_of(st)
+    blocks = []
+    for unit in sorted(units):
+        have = units[unit]
+        missing = [c for c in cells if c not in have]
+        if missing:
+            exclusions.append({"unit": unit, "reason": f"no ok record for {', '.join(missing)}"})
+            continue
+        blk = {
+            "unit": unit,
+            "seed": have[cells[0]]["spec"]["seed"],
+            "order": sorted(cells, key=lambda c: have[c]["spec"]["position"]),
+        }
+        for c in cells:
+            blk[f"{c}_training_s"] = have[c]["timings"].get("training_s")
+            blk[f"{c}_test_bpb"] = have[c].get("test_bpb")
+        blocks.append(blk)
+    means = {
+        c: (math.fsum(b[f"{c}_training_s"] for b in blocks) / len(blocks) if blocks else None) for c in cells
+    }
+    found = {}
+    if len(blocks) >= 2:
+        times = [{c: b[f"{c}_training_s"] for c in cells} for b in blocks]
+        for name, effect in factorial_effects(times, factors, cells, level).items():
+            found[name] = {
+                **effect.as_dict(),
+                "reduction_pct": 100.0 * (1.0 - math.exp(effect.estimate)),
+                "reduction_low_pct": 100.0 * (1.0 - math.exp(effect.high)),
+                "reduction_high_pct": 100.0 * (1.0 - math.exp(effect.low)),
+            }
+    return {
+        "config": config,
+        "design": "factorial",
+        "level": level,
+        "units_seen": len(units),
+        "parameters": params_of(units),
+        "positions": positions(blocks, cells, level),
+        "blocks_used": len(blocks),
+        "cell_mean_training_s": means,
+        "effects": found,
+        "blocks": blocks,
+    }
+
+
+def params_of(units: dict[str, dict[str, Rec]]) -> int | None:
+    """The first record's parameter count among a configuration's units, or ``None``."""
+    for arms in units.values():
+        for r in arms.values():
+            if r.get("parameters") is not None:
+                return int(r["parameters"])
+    return None
+
+
+def compare(path: str, mine: object, theirs: object, problems: list[str], where: str) -> int:
+    """Compare recomputed (mine) with stored (theirs); return the number of values compared."""
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        n = 0
+        for k in sorted(set(mine) | set(theirs)):
+            if k not in theirs:
+                problems.append(f"{where}: field {path}.{k} missing (recomputed {mine[k]!r})")
+            elif k not in mine:
+                problems.append(
+                    f"{where}: field {path}.{k} = {theirs[k]!r} is not derivable from the records"
+                )
+            else:
+                n += compare(f"{path}.{k}", mine[k], theirs[k], problems, where)
+        return n
+    if isinstance(mine, list) and isinstance(theirs, list):
+        if len(mine) != len(theirs):
+            problems.append(f"{where}: field {path} has {len(theirs)} entries, recomputed {len(mine)}")
+            return 1
+        return sum(
+            compare(f"{path}[{i}]", a, b, problems, where) for i, (a, b) in enumerate(zip(mine, theirs))
+        )
+    num = (int, float)
+    if (
+        isinstance(mine, num)
+        and isinstance(theirs, num)
+        and not isinstance(mine, bool)
+        and not isinstance(theirs, bool)
+    ):
+        if not (
+            math.isclose(mine, theirs, rel_tol=REL_TOL, abs_tol=1e-12)
+            or (math.isnan(mine) and math.isnan(theirs))
+        ):
+            problems.append(f"{where}: field {path} = {theirs!r}, recomputed {mine!r}")
+        return 1
+    if mine != theirs or isinstance(mine, bool) != isinstance(theirs, bool):  # true is not 1 in JSON
+        problems.append(f"{where}: field {path} = {theirs!r}, recomputed {mine!r}")
+    return 1

@@ -1,0 +1,511 @@
+"""The record format: canonical JSON, self-hash, atomic no-overwrite writes, versioned loading.
+
+This is the harness's home of the format: the typed objects and the files. The rules the audit
+applies too (canonical JSON, the self-hash, the entry file names) have their one home in the
+standard-library core, ``prereg/ledger.py``, imported here through
+:mod:`analysis.public_audit`; this module imports nothing else but the standard library, so the
+torch-free :mod:`analysis` package and the runner share it.
+
+Format log (``schema_version``):
+
+* 1 - first version: one JSON file per run attempt, ``sha256`` over the canonical JSON of the
+  record without that field; MANIFEST lists record and source hashes.
+* 2 - ``ledger`` (``seq``: 1-based position in the protocol's append-only chain, ``prev``: the
+  ``sha256`` of the record before it, or the freeze manifest's sha256 for the first record) and
+  ``protocol.freeze_sha256`` (the hash of the manifest that ``harness tag`` wrote into the tag).
+  Version 1 records are still read; they have no ledger, which the audit reports.
+* 3 - attempts are ledger entries. Before a worker starts, the runner appends a *started entry*
+  (``<run_id>.a<attempt>.started.json``: ``kind: "started"``, run id, attempt, ``unit_attempt``,
+  node, runner, ``started_at``) to the chain; the record that ends the attempt links to it
+  (``start``: the started entry's ``seq`` and ``sha256``). Every entry's ``ledger`` also holds ``at``,
+  the time it was sealed (under the ledger lock). ``unit_attempt`` (1-based) says which run of its
+  unit an attempt belongs to: a unit that runs again whole starts a new one, and the records of
+  earlier ones are superseded (kept, counted, not analysed). Version 2 records are still read
+  (no started entries: every attempt of theirs is its record; ``unit_attempt`` 1).
+  Added within version 3, read by every reader of it that knows them, absent from earlier
+  records: a lockstep run's ``spec`` holds ``block_steps``, ``partner`` and ``steps_first``
+  (``design: lockstep``; left out of other runs' specs, so their plans hash as before) and its
+  ``env`` a ``lockstep`` object; every run's ``timings`` hold ``training_cpu_s`` and
+  ``training_cpu_clock`` (the training steps' CPU time and which clock), and a lockstep arm's
+  ``pair_device_s`` (its pair's process; the arm's ``device_s`` is half of it).
+
+* 4 - the protocol summary is stored once per records folder, not in every record: a record's
+  ``protocol`` is a stub (``id``, ``sha256``, the tag fields ``tag``, ``tag_commit``,
+  ``tag_object``, ``tag_created``, ``freeze_sha256``, and ``snapshot_sha256``), and the summary
+  the stub leaves out is the file ``protocol.<snapshot_sha256>.json`` (canonical JSON, written once
+  by the ledger before the first record that names it; MANIFEST lists it under ``snapshots``). Each
+  record's seal binds its snapshot through that sha256. Readers give a record's ``protocol`` as
+  before (the stub over the snapshot: :func:`analysis.public_audit.with_snapshot`), so the
+  analysis reads every version alike. Started entries are unchanged (their protocol was a stub
+  already) but say 4. Version 3 records are still read (cpu1 and cpu2 are version 3); their
+  copies of the summary made up about a quarter of their bytes (cpu2: 11.8 MB of records would be
+  8.9 MB as version 4).
+  Added within version 4, absent from earlier records and from runs that do not use them: a
+  run's ``step_times`` (every training step's wall and CPU microseconds, ``wall_us`` and
+  ``cpu_us``, warm-up steps included; built-in arms); a planted study candidate's ``spec.planted``
+  (the plant, ``prereg/planted.py``) with ``timings.planted_s`` and ``planted_cpu_s``
+  (the plant's own time over the timed steps); a study's ``spec.warmup_steps`` with
+  ``timings.warmup_s`` and ``warmup_cpu_s`` (those steps, timed apart from ``training_s``).
+
+Typed objects (frozen dataclasses), with JSON only at the file and process boundaries
+(``to_json`` / ``from_json``, which refuse fields they do not know, naming them): :class:`RunSpec`
+(one planned run), :class:`WorkerResult` (what a worker reports on its pipe) and :class:`RunRecord`
+(a worker result and the runner's fields; what the analysis reads). A field that is ``None`` is
+left out of the JSON, except the ones every record has (``reason``, ``started_at``, ...), which are
+written as ``null``; so records written before these types read into them and write back to the
+same bytes (``tests/test_records.py`` checks every committed record). The ledger and the audit read
+the files themselves, as JSON objects.
+
+Canonical JSON: ``json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+allow_nan=False)`` encoded as UTF-8. Non-finite floats are stored as ``null`` (and a non-finite
+measurement, ``NONFINITE_AS_NULL``, reads back as NaN, so its key stays).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, TypedDict
+
+from prereg.files import atomic_write
+from prereg.jsonfields import json_fields, plain
+from prereg.ledger import (
+    LOOK_SUFFIX,
+    RECORD_SUFFIX,
+    STARTED_SUFFIX,
+    canonical,
+    entry_problems,
+    is_snapshot_name,
+    protocol_stub,
+    snapshot_name,
+    snapshot_of,
+    with_snapshot,
+)
+from prereg.ledger import sha256 as sha256_bytes
+
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
+MANIFEST = "MANIFEST"
+#: The tag object's raw bytes, kept in a preregistered study's records folder (see Runner._keep_tag).
+TAG_FILE = "TAG"
+
+
+class RecordFormatError(ValueError):
+    """A record file that cannot be read as a record of a known format version."""
+
+
+class LedgerLink(TypedDict):
+    seq: int  # 1-based position in the protocol's chain
+    prev: str  # sha256 of the record before (the freeze manifest's sha256 for seq 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StartedEntry:
+    """An attempt's start, appended to the chain before its worker starts (schema 3). Read from its
+    file by :meth:`from_json`, which refuses unknown or missing fields, values of the wrong JSON type
+    and any ``kind`` but ``"started"``."""
+
+    schema_version: int
+    kind: str  # "started"
+    protocol: Mapping[str, Any]  # id, sha256, freeze_sha256
+    run_id: str
+    unit: str
+    attempt: int
+    unit_attempt: int
+    node: str  # where the worker runs: this host, or a Ray node (host/id)
+    runner: Mapping[str, Any]  # the process that appended it: host, pid
+    started_at: str
+    ledger: LedgerLink | None = None  # set when the ledger appends it
+    sha256: str | None = None  # set when it is sealed
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: plain(v) for f in fields(self) if (v := getattr(self, f.name)) is not None}
+
+    @classmethod
+    def from_json(cls, data: Any, what: str = "started entry") -> StartedEntry:
+        found = json_fields(cls, data, what, RecordFormatError)
+        if found["kind"] != "started":
+            raise RecordFormatError(f"{what}: field kind = {found['kind']!r}; a started entry's is 'started'")
+        return cls(**found)
+
+
+class LedgerHead(TypedDict):
+    seq: int  # records in the chain
+    sha256: str  # the last record's sha256 (or the freeze manifest's sha256 when empty)
+
+
+class GitState(TypedDict):
+    commit: str | None
+    dirty: bool | None
+
+
+#: RunSpec's fields of a lockstep run and of a command arm's run, left out of the JSON of other runs.
+_LOCKSTEP_FIELDS = frozenset(
+    {"block_steps", "partner", "steps_first", "command", "metric", "planted", "warmup_steps"}
+)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one run needs; produced by the plan, claimed, executed and recorded."""
+
+    run_id: str
+    protocol_id: str
+    protocol_sha256: str
+    study: str
+    design: str
+    config: str
+    config_sha256: str
+    arm: str
+    role: str  # paired: "baseline" or "candidate"; factorial: the cell
+    seed: int
+    unit: str  # pair or block id
+    position: int  # place within the unit
+    order: int  # place in the whole plan
+    steps: int
+    val_every: int
+    val_target_bpb: float
+    corpus: str
+    data_dir: str | None
+    device: str
+    compile: bool
+    threads: int | None
+    # lockstep (both arms of a pair in one process, alternating blocks of steps): None otherwise,
+    # and then left out of the JSON, so the plans of studies of other designs hash as before
+    block_steps: int | None = None  # steps per block
+    partner: str | None = None  # the other arm's run id
+    steps_first: bool | None = None  # whether this arm takes the first block (``position`` 0 is built first)
+    # a command arm's run (harness.commandarm): its arm (argument list, cwd, env, limit, ref, reporter)
+    # and its study's metric (name, target, better); None otherwise, and then left out of the JSON
+    command: Mapping[str, Any] | None = None
+    metric: Mapping[str, Any] | None = None
+    # a planted study's candidate (prereg/planted.py): the plant it runs in each timed step
+    planted: Mapping[str, Any] | None = None
+    # the first steps of the run, timed apart from the training clock (``timings.warmup_s``)
+    warmup_steps: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            f.name: v
+            for f in fields(self)
+            if (v := getattr(self, f.name)) is not None or f.name not in _LOCKSTEP_FIELDS
+        }
+
+    @property
+    def lockstep(self) -> bool:
+        """Whether this run shares its process with its partner (``design: lockstep``)."""
+        return self.block_steps is not None
+
+    @classmethod
+    def from_json(cls, data: Any, what: str = "spec", error: type[ValueError] = ValueError) -> RunSpec:
+        """Read a spec, refusing one that is not a JSON object of exactly this class's fields, each of
+        its JSON type."""
+        return cls(**json_fields(cls, data, what, error))
+
+
+#: WorkerResult's and RunRecord's fields written even when ``None``; the others only when set.
+_ALWAYS = frozenset(
+    {
+        "status",
+        "reason",
+        "timings",
+        "schema_version",
+        "protocol",
+        "plan_sha256",
+        "spec",
+        "attempt",
+        "git",
+        "started_at",
+        "finished_at",
+    }
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerResult:
+    """What a worker process reports (one line of JSON on its pipe): its status and what it measured,
+    as far as it got. The runner turns it into the run's :class:`RunRecord`. A field is ``None`` where
+    the worker did not get that far (and is then left out of the JSON)."""
+
+    status: str  # "ok", "failed" or "interrupted" ("running" while the worker is at it)
+    reason: str | None = None
+    timings: Mapping[str, Any] = field(default_factory=dict)  # device_s always; the worker's clocks
+    env: Mapping[str, Any] | None = None  # where and with what it ran
+    parameters: int | None = None
+    method_paths: Mapping[str, Any] | None = None  # which code paths the arm took
+    curve: Sequence[Sequence[float]] | None = None  # [step, loss, seconds]
+    val_curve: Sequence[Sequence[float]] | None = None  # [step, bpb, seconds]
+    val_bpb: float | None = None
+    test_bpb: float | None = None
+    rescored_test_bpb: float | None = None
+    rescore_identical: bool | None = None
+    eval_bytes: Mapping[str, int] | None = None
+    memory: Mapping[str, Any] | None = None
+    checkpoint: Mapping[str, Any] | None = None
+    traceback: str | None = None
+    log_tail: str | None = None
+    # a command arm's run: the study's metric at its last evaluation, every metric's last value,
+    # the evidence file kept beside the record (kind, file, sha256, bytes) and how the process ran
+    final_metric: float | None = None
+    metrics: Mapping[str, float] | None = None
+    evidence: Mapping[str, Any] | None = None
+    process: Mapping[str, Any] | None = None
+    # every training step's own wall and CPU time in microseconds ({"wall_us": [...], "cpu_us": [...]},
+    # warm-up steps included), for the carry-over and warm-up analyses; built-in arms' runs since planting
+    step_times: Mapping[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object: every set field (and the ones always written), non-finite floats kept
+        (:func:`seal` writes them as ``null``)."""
+        return {
+            f.name: plain(v)
+            for f in fields(self)
+            if (v := getattr(self, f.name)) is not None or f.name in _ALWAYS
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, what: str = "worker result") -> WorkerResult:
+        """Read a worker's result, refusing fields this class does not know or values of the wrong
+        JSON type."""
+        return cls(**json_fields(cls, data, what, RecordFormatError, NONFINITE_AS_NULL))
+
+    def worker_fields(self) -> dict[str, Any]:
+        """This result's own fields, as keyword arguments (to build a record from it)."""
+        return {f.name: getattr(self, f.name) for f in fields(WorkerResult)}
+
+
+#: The measurements a non-finite value turns to ``null`` in a file: read back as NaN, not as
+#: ``None`` (a field the worker never got to), so that the record writes back the same bytes.
+NONFINITE_AS_NULL = ("val_bpb", "test_bpb", "rescored_test_bpb", "final_metric")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRecord(WorkerResult):
+    """One run attempt: the worker's result and the runner's fields. Written by the runner (through
+    the ledger, which adds ``ledger`` and ``sha256``); read by the analysis. ``to_json`` and
+    ``from_json`` are its file boundary; the audit reads the files on its own."""
+
+    schema_version: int
+    protocol: Mapping[str, Any]  # Protocol.summary() plus the tag facts and freeze_sha256
+    plan_sha256: str
+    spec: RunSpec
+    attempt: int  # 1-based attempt number of this run
+    git: GitState
+    unit_attempt: int = 1  # which run of its unit this attempt belongs to (schema 3; 1 before, unwritten)
+    start: Mapping[str, Any] | None = (
+        None  # the started entry this record ends: its seq and sha256 (schema 3)
+    )
+    started_at: str | None = None
+    finished_at: str | None = None
+    node: Mapping[str, Any] | None = None  # the Ray node that ran it (id, host, pid); Ray runs only
+    ledger: LedgerLink | None = None  # set when the ledger appends it (schema 2 on)
+    sha256: str | None = None  # set when it is sealed
+
+    def to_json(self) -> dict[str, Any]:
+        """The record's file form: from schema 4 on, ``protocol`` is its stub (id, sha256, the tag
+        fields and the sha256 of the folder's snapshot, which holds the rest once)."""
+        out = super().to_json()
+        if self.schema_version < 3:
+            del out["unit_attempt"]  # records before schema 3 have no unit attempts
+        if self.schema_version >= 4:
+            out["protocol"] = protocol_stub(out["protocol"])
+        return out
+
+    def snapshot(self) -> dict[str, Any]:
+        """The protocol snapshot a schema 4 record's stub names (``protocol.<sha256>.json``)."""
+        return snapshot_of(plain(self.protocol))
+
+    @classmethod
+    def from_json(
+        cls, data: Any, what: str = "record", snapshots: Mapping[str, Any] | None = None
+    ) -> RunRecord:
+        """Read a record's JSON object, refusing unknown or missing fields (naming them) and values
+        of the wrong JSON type. A schema 4 record's ``protocol`` stub is read over the snapshot it
+        names (``snapshots``: its folder's, by sha256; :func:`read_snapshots`)."""
+        version = data.get("schema_version") if isinstance(data, Mapping) else None
+        if isinstance(version, int) and version >= 4:
+            stub = data.get("protocol")
+            full = with_snapshot(stub, dict(snapshots or {})) if isinstance(stub, dict) else None
+            if full is None:
+                named = stub.get("snapshot_sha256") if isinstance(stub, dict) else None
+                raise RecordFormatError(
+                    f"{what}: field protocol.snapshot_sha256 = {named!r} names no protocol snapshot of "
+                    f"its folder ({snapshot_name(str(named))} missing); a schema 4 record's protocol is "
+                    "its stub over that file"
+                )
+            data = {**data, "protocol": full}
+        found = json_fields(cls, data, what, RecordFormatError, NONFINITE_AS_NULL)
+        return cls(**{**found, "spec": RunSpec.from_json(found["spec"], f"{what}: spec", RecordFormatError)})
+
+
+def jsonable(obj: Any) -> Any:
+    """Replace non-finite floats by ``None`` (JSON has no NaN) recursively."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    return obj
+
+
+def seal(record: dict[str, Any]) -> dict[str, Any]:
+    """Return ``record`` with ``sha256`` set to the hash of its canonical form without that field."""
+    body = {k: v for k, v in jsonable(record).items() if k != "sha256"}
+    body["sha256"] = sha256_bytes(canonical(body))
+    return body
+
+
+def write_json(path: Path, obj: Any, *, overwrite: bool = True, pretty: bool = False) -> None:
+    """Atomically write ``obj`` as JSON (canonical, or sorted and indented when ``pretty``)."""
+    data = (
+        json.dumps(obj, sort_keys=True, indent=1, allow_nan=False).encode("utf-8")
+        if pretty
+        else canonical(obj)
+    )
+    atomic_write(path, data + b"\n", overwrite=overwrite)
+
+
+def record_path(directory: Path, run_id: str, attempt: int) -> Path:
+    return directory / f"{run_id}.a{attempt}{RECORD_SUFFIX}"
+
+
+def write_record(directory: Path, record: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """Seal and write one record's JSON object (:meth:`RunRecord.to_json`, linked by the ledger) as
+    ``<run_id>.a<attempt>.record.json``; never overwrites."""
+    sealed = seal(dict(record))
+    path = record_path(directory, sealed["spec"]["run_id"], sealed["attempt"])
+    atomic_write(path, canonical(sealed) + b"\n", overwrite=False)
+    return path, sealed
+
+
+def started_path(directory: Path, run_id: str, attempt: int) -> Path:
+    return directory / f"{run_id}.a{attempt}{STARTED_SUFFIX}"
+
+
+def write_started(directory: Path, entry: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """Seal and write one started entry as ``<run_id>.a<attempt>.started.json``; never overwrites."""
+    sealed = seal(dict(entry))
+    path = started_path(directory, sealed["run_id"], sealed["attempt"])
+    atomic_write(path, canonical(sealed) + b"\n", overwrite=False)
+    return path, sealed
+
+
+def write_look(directory: Path, entry: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """Seal and write a group-sequential look's entry as ``look<k>.look.json``; never overwrites."""
+    sealed = seal(dict(entry))
+    path = directory / f"look{sealed['look']}{LOOK_SUFFIX}"
+    atomic_write(path, canonical(sealed) + b"\n", overwrite=False)
+    return path, sealed
+
+
+def read_entry(path: Path) -> dict[str, Any]:
+    """Read one entry of the chain (a record or a started entry) as its JSON object, refusing a format
+    version this code does not know."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RecordFormatError(f"{path}: not a readable JSON record ({e})") from e
+    if not isinstance(data, dict):
+        raise RecordFormatError(f"{path}: a record is a JSON object, found {type(data).__name__}")
+    version = data.get("schema_version")
+    if version not in READABLE_VERSIONS:
+        raise RecordFormatError(
+            f"{path}: record schema_version {version!r} is not one this harness reads "
+            f"({', '.join(map(str, READABLE_VERSIONS))}); a newer harness wrote it: upgrade to read it"
+        )
+    if path.name.endswith(STARTED_SUFFIX) and data.get("kind") != "started":
+        raise RecordFormatError(f"{path}: field kind = {data.get('kind')!r}; a started entry's is 'started'")
+    if path.name.endswith(LOOK_SUFFIX) and data.get("kind") != "look":
+        raise RecordFormatError(f"{path}: field kind = {data.get('kind')!r}; a look entry's is 'look'")
+    shape = entry_problems(data)  # the core's rule: the audit names the same
+    if shape:
+        raise RecordFormatError(
+            f"{path}: {shape[0]}" + (f" (and {len(shape) - 1} more)" if len(shape) > 1 else "")
+        )
+    return data
+
+
+def read_snapshots(directory: Path) -> dict[str, dict[str, Any]]:
+    """A records folder's protocol snapshots (``protocol.<sha256>.json``, schema 4 on) by sha256,
+    each checked against its name."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted(directory.glob("protocol.*.json")) if directory.is_dir() else []:
+        if not is_snapshot_name(path.name):
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise RecordFormatError(f"{path}: not a readable JSON protocol snapshot ({e})") from e
+        sha = sha256_bytes(canonical(data)) if isinstance(data, dict) else None
+        if sha is None or snapshot_name(sha) != path.name:
+            raise RecordFormatError(
+                f"{path}: not the protocol snapshot its name says (edited, or another file)"
+            )
+        out[sha] = data
+    return out
+
+
+def write_snapshot(directory: Path, snapshot: Mapping[str, Any]) -> str:
+    """Write a protocol snapshot into a records folder once (``protocol.<sha256>.json``, never
+    overwritten); returns its sha256."""
+    data = canonical(dict(snapshot))
+    sha = sha256_bytes(data)
+    path = directory / snapshot_name(sha)
+    if not path.is_file():
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, data + b"\n", overwrite=False)
+    return sha
+
+
+def read_record(path: Path, snapshots: Mapping[str, Any] | None = None) -> RunRecord:
+    """Read one record, refusing a format version this code does not know and fields it does not
+    (a schema 4 record over ``snapshots``, else its folder's)."""
+    data = read_entry(path)
+    if snapshots is None and data.get("schema_version", 1) >= 4:
+        snapshots = read_snapshots(path.parent)
+    return RunRecord.from_json(data, str(path), snapshots)
+
+
+def record_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob(f"*{RECORD_SUFFIX}")) if directory.is_dir() else []
+
+
+def started_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob(f"*{STARTED_SUFFIX}")) if directory.is_dir() else []
+
+
+def look_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob(f"*{LOOK_SUFFIX}")) if directory.is_dir() else []
+
+
+def entry_files(directory: Path) -> list[Path]:
+    """Every file of the chain: records, started entries and a sequential design's look entries."""
+    return sorted(record_files(directory) + started_files(directory) + look_files(directory))
+
+
+def load_started(directory: Path) -> list[StartedEntry]:
+    """Every started entry of a folder, validated (:meth:`StartedEntry.from_json`), in ledger order."""
+    out = [StartedEntry.from_json(read_entry(p), str(p)) for p in started_files(directory)]
+    out.sort(key=lambda e: e.ledger["seq"] if e.ledger else 0)
+    return out
+
+
+def budget_attempts(records: list[RunRecord]) -> list[tuple[str, str, int, str, float]]:
+    """Every attempt as the budget rule reads it (``prereg/budget.py``, its one home):
+    run id, unit, attempt, status, device seconds."""
+    return [
+        (r.spec.run_id, r.spec.unit, r.attempt, r.status, (r.timings or {}).get("device_s") or 0.0)
+        for r in records
+    ]
+
+
+def load_records(directory: Path) -> list[RunRecord]:
+    """Every record of a folder, in ledger order (then file name, for version 1 records)."""
+    snapshots = read_snapshots(directory)
+    recs = [read_record(p, snapshots) for p in record_files(directory)]
+    recs.sort(key=lambda r: (r.ledger["seq"] if r.ledger else 0, r.spec.run_id, r.attempt))
+    return recs

@@ -1,0 +1,73 @@
+"""A study beside an earlier one: the same configurations' training-time reductions from an earlier
+study's ``summary.json`` (``harness report --beside FOLDER``), for the page and the report, so a
+reader sees what a new design resolves that the earlier one could not (cpu2 beside cpu1).
+
+The earlier study is read from its sealed ``summary.json`` (:meth:`prereg.results.Summary.read`),
+never recomputed here; its own audit checks it. A configuration is matched when the earlier study
+has a paired study of the same configuration with the same two arms.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from prereg.results import PairedResult, Summary
+
+__all__ = ["Beside", "BesideRow", "read_beside"]
+
+
+@dataclass(frozen=True)
+class BesideRow:
+    """One configuration in both studies: each study's name, design and result."""
+
+    config: str
+    study: str
+    result: PairedResult
+    earlier_study: str
+    earlier_design: str
+    earlier: PairedResult
+
+
+@dataclass(frozen=True)
+class Beside:
+    """An earlier study (its protocol id and records folder) and the configurations both have."""
+
+    protocol_id: str
+    folder: str
+    rows: tuple[BesideRow, ...]
+
+
+def _design(protocol_study: dict[str, object]) -> str:
+    lock = protocol_study.get("lockstep")
+    return f"lockstep, blocks of {lock['block_steps']}" if isinstance(lock, dict) else "a process per arm"
+
+
+def read_beside(this: Summary, folder: Path, label: str | None = None) -> Beside:
+    """The configurations of ``this`` (its paired studies of two different arms) that the study whose
+    records are in ``folder`` also ran with the same arms, from that folder's ``summary.json``.
+
+    Raises ``FileNotFoundError`` or :class:`prereg.results.SummaryFormatError` (naming the file)
+    when the folder holds no readable summary."""
+    path = Path(folder) / "summary.json"
+    earlier = Summary.read(json.loads(path.read_text(encoding="utf-8")), str(path))
+    designs = {s["name"]: _design(s) for s in earlier.protocol["studies"]}
+    rows = []
+    for study in this.studies:
+        for c in study.paired_configs():
+            if c.baseline_arm == c.candidate_arm:
+                continue
+            match = next(
+                (
+                    (s.name, e)
+                    for s in earlier.studies
+                    for e in s.paired_configs()
+                    if (e.config, e.baseline_arm, e.candidate_arm)
+                    == (c.config, c.baseline_arm, c.candidate_arm)
+                ),
+                None,
+            )
+            if match is not None:
+                rows.append(BesideRow(c.config, study.name, c, match[0], designs.get(match[0], ""), match[1]))
+    return Beside(str(earlier.protocol["id"]), label or str(folder), tuple(rows))

@@ -1,0 +1,313 @@
+"""The summary's results, typed: what :func:`prereg.summary.derive` returns and the report, the
+plots and the study page read. ``to_json`` gives ``summary.json`` (its keys are these fields' names);
+the audit recomputes that JSON on its own.
+
+Tables (a pair's or block's row, every run attempt, the flow of planned runs, exclusions) stay rows
+of JSON objects, as they are written and as the order diagnostics and decisions read them.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, TypeVar
+
+from prereg.attempts import Completeness
+from prereg.decisions import DECIDED_FIELDS, HypothesisDecision
+from prereg.descriptive import Endpoint, PairedInterval
+from prereg.hypotheses import Hypothesis, Pair, present
+from prereg.jsonfields import exact_fields, plain
+
+#: summary.json's format (``schema_version``). 2: "completeness"; 3: "hypotheses" (one decision each),
+#: "flow", order diagnostics, failed-arm sensitivity; 4: ratio estimands on the log ratio
+#: (relative_reduction = 100 (1 - exp) of its interval), a decision's "estimate" / "estimate_of" in the
+#: estimand's units, an endpoint's "invalid_pairs"; one unit attempt per unit ("records.superseded",
+#: "runs[].unit_attempt/superseded", "flow[].superseded_attempts") and started attempts with no record
+#: ("records.unfinished")
+SUMMARY_SCHEMA = 4
+
+
+class SummaryFormatError(ValueError):
+    """A summary.json this code cannot read: another format version, or fields it does not know."""
+
+
+Row = Mapping[str, Any]
+
+
+T = TypeVar("T")
+
+
+class _Json:
+    """``to_json``: every field by name, as JSON holds it; ``from_json``: the reverse, refusing
+    unknown or missing fields."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: plain(v) for name, v in present(self).items()}
+
+    @classmethod
+    def from_json(cls: type[T], data: Any, where: str = "summary") -> T:
+        built: T = _build(cls, data, where)
+        return built
+
+
+def _build(cls: Any, data: Any, where: str) -> Any:
+    """``data`` (JSON) as an instance of ``cls``: a field typed as a result (or a union of results,
+    told apart by their fields, or a sequence of them) is built in turn; any other field is kept."""
+    if not isinstance(data, Mapping):
+        raise SummaryFormatError(f"{where}: expected a JSON object for {cls.__name__}")
+    names = [f.name for f in fields(cls) if f.name in data or not f.metadata.get("omit_none")]
+    exact_fields(f"{where}: {cls.__name__}", data, names, SummaryFormatError)
+    hints = typing.get_type_hints(cls)
+    return cls(**{n: _value(hints[n], data[n], f"{where}.{n}") for n in names})
+
+
+def _fits(cls: Any, value: Mapping[str, Any]) -> bool:
+    """Whether ``value`` has the fields of ``cls``: all of them, a field left out when ``None`` aside."""
+    names = {f.name for f in fields(cls)}
+    optional = {f.name for f in fields(cls) if f.metadata.get("omit_none")}
+    return names - optional <= set(value) <= names
+
+
+def _value(hint: Any, value: Any, where: str) -> Any:
+    args = typing.get_args(hint)
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    if value is None:
+        if union and type(None) in args:
+            return None
+        raise SummaryFormatError(f"{where} is null")
+    if union and any(isinstance(a, type) and is_dataclass(a) and isinstance(value, a) for a in args):
+        return value  # already read (Summary.read reads the hypotheses first)
+    if union:
+        built: list[type] = [a for a in args if isinstance(a, type) and is_dataclass(a)]
+        if not built:
+            return value
+        fit = [a for a in built if isinstance(value, Mapping) and _fits(a, value)]
+        if not fit:
+            raise SummaryFormatError(
+                f"{where}: its fields are those of none of {', '.join(a.__name__ for a in built)}"
+            )
+        return _value(fit[0], value, where)
+    if is_dataclass(hint):
+        return hint.from_json(value, where) if hasattr(hint, "from_json") else _build(hint, value, where)
+    if typing.get_origin(hint) is Sequence and args and (is_dataclass(args[0]) or typing.get_args(args[0])):
+        if not isinstance(value, list):
+            raise SummaryFormatError(f"{where}: expected a JSON list")
+        return [_value(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+@dataclass(frozen=True)
+class TrainingTime(Endpoint):
+    """Fixed-budget training time, also on the log ratio (over the pairs with both times positive)."""
+
+    log_ratio: PairedInterval | None
+
+
+@dataclass(frozen=True)
+class TimeToTarget(Endpoint):
+    """Time to the validation target over the pairs where both arms reached it."""
+
+    rule: str
+    unreached: Mapping[str, int]  # per role: pairs where that arm never reached the target
+
+
+@dataclass(frozen=True)
+class FinalMetric(Endpoint):
+    """A command study's metric at each arm's last evaluation (``metric``: its name, target and
+    which way is better), compared as a difference."""
+
+    metric: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class PairedResult(_Json):
+    """One configuration of a paired study."""
+
+    config: str
+    design: str  # "paired"
+    level: float
+    parameters: int | None
+    baseline_arm: str
+    candidate_arm: str
+    units_seen: int
+    pairs_used: int
+    training_time: TrainingTime
+    time_to_target: TimeToTarget
+    total_time: Endpoint
+    test_bpb: Endpoint
+    peak_memory: Endpoint | None  # None when a pair lacks a memory figure
+    counts: Mapping[str, int]  # faster, slower, ties, worse_test_bpb
+    order_effects: Mapping[str, Any]  # crossover, drift (prereg.order)
+    by_device: Mapping[str, Any] | None
+    pairs: Sequence[Pair]
+    # training CPU time, when every pair recorded it (records since lockstep; left out otherwise,
+    # so earlier summaries read and write back the same)
+    training_cpu_time: TrainingTime | None = field(default=None, metadata={"omit_none": True})
+    # a study of command arms: its metric at the last evaluation (left out of other studies)
+    final_metric: FinalMetric | None = field(default=None, metadata={"omit_none": True})
+    # a lockstep study whose records keep their step times (prereg.carryover): the order-cell
+    # model per clock and the carry-over; a study with warm-up steps: the warm-up time apart
+    order_cells: Mapping[str, Any] | None = field(default=None, metadata={"omit_none": True})
+    carry_over: Mapping[str, Any] | None = field(default=None, metadata={"omit_none": True})
+    warmup_time: TrainingTime | None = field(default=None, metadata={"omit_none": True})
+
+
+@dataclass(frozen=True)
+class FactorialResult(_Json):
+    """One configuration of a factorial study."""
+
+    config: str
+    design: str  # "factorial"
+    level: float
+    units_seen: int
+    parameters: int | None
+    positions: Sequence[Row] | None
+    blocks_used: int
+    cell_mean_training_s: Mapping[str, float | None]
+    effects: Mapping[str, Row]  # per effect: its interval on log time and the reductions in percent
+    blocks: Sequence[Row]
+
+
+@dataclass(frozen=True)
+class StudyResult(_Json):
+    name: str
+    design: str  # "paired": every configuration a PairedResult; "factorial": a FactorialResult
+    configs: Sequence[PairedResult | FactorialResult]
+
+    def paired_configs(self) -> list[PairedResult]:
+        """A paired study's configurations."""
+        return [c for c in self.configs if isinstance(c, PairedResult)]
+
+    def factorial_configs(self) -> list[FactorialResult]:
+        """A factorial study's configurations."""
+        return [c for c in self.configs if isinstance(c, FactorialResult)]
+
+
+@dataclass(frozen=True)
+class Decided:
+    """A preregistered hypothesis' decision and its sensitivity analysis (a failed arm as adverse)."""
+
+    decision: HypothesisDecision
+    sensitivity: Mapping[str, Any] | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**plain(self.decision.as_dict()), "sensitivity": plain(self.sensitivity)}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str, tests: Sequence[Mapping[str, Any]] = ()) -> Decided:
+        """A decision row of summary.json, its hypothesis taken whole from the protocol's ``tests``."""
+        own = {f.name for f in fields(HypothesisDecision)} - {"hypothesis"}
+        if not isinstance(data, Mapping):
+            raise SummaryFormatError(f"{where}: expected a JSON object for a decision")
+        exact_fields(
+            f"{where}: decision", data, own | set(DECIDED_FIELDS) | {"sensitivity"}, SummaryFormatError
+        )
+        test = next((t for t in tests if t.get("id") == data["id"]), None)
+        if test is None:
+            raise SummaryFormatError(f"{where}: decision {data['id']!r} is not a hypothesis of the protocol")
+        decision = HypothesisDecision(hypothesis=Hypothesis.of(test), **{k: data[k] for k in own})
+        differ = [k for k in DECIDED_FIELDS if decision.as_dict()[k] != data[k]]
+        if differ:
+            raise SummaryFormatError(
+                f"{where}: decision {data['id']!r} differs from the protocol's hypothesis in "
+                f"{', '.join(differ)}"
+            )
+        return cls(decision=decision, sensitivity=data["sensitivity"])
+
+
+@dataclass(frozen=True)
+class Hypotheses(_Json):
+    """The preregistered decisions, in the protocol's order."""
+
+    procedure: str
+    family_alpha: float
+    min_pairs: int
+    decisions: Sequence[Decided]
+    # a group-sequential design's looks (prereg.looks): the design, each look, the stop
+    sequential: Mapping[str, Any] | None = field(default=None, metadata={"omit_none": True})
+
+    @classmethod
+    def read(cls, data: Mapping[str, Any], tests: Sequence[Mapping[str, Any]], where: str) -> Hypotheses:
+        if not isinstance(data, Mapping):
+            raise SummaryFormatError(f"{where}: expected a JSON object")
+        names = [f.name for f in fields(cls) if f.name in data or not f.metadata.get("omit_none")]
+        exact_fields(where, data, names, SummaryFormatError)
+        rows = data["decisions"]
+        if not isinstance(rows, list):
+            raise SummaryFormatError(f"{where}.decisions: expected a JSON list")
+        return cls(
+            procedure=data["procedure"],
+            family_alpha=data["family_alpha"],
+            min_pairs=data["min_pairs"],
+            decisions=[Decided.from_json(d, f"{where}.decisions[{i}]", tests) for i, d in enumerate(rows)],
+            sequential=data.get("sequential"),
+        )
+
+
+@dataclass(frozen=True)
+class Descriptive(_Json):
+    """A protocol without hypotheses: nothing is decided."""
+
+    descriptive: str
+
+
+@dataclass(frozen=True)
+class RecordCounts(_Json):
+    files: int
+    ok: int
+    failed: int
+    interrupted: int
+    superseded: int  # attempts of units that ran again whole (kept, not analysed)
+    unfinished: Sequence[Row]  # started attempts with no record
+    device_seconds: float
+
+
+@dataclass(frozen=True)
+class Summary(_Json):
+    """Every number of the report (``summary.json``; ``schema_version`` is its format's)."""
+
+    schema_version: int
+    protocol: Mapping[str, Any]
+    records: RecordCounts
+    completeness: Completeness
+    hypotheses: Hypotheses | Descriptive
+    flow: Sequence[Row]
+    exclusions: Sequence[Row]
+    studies: Sequence[StudyResult]
+    runs: Sequence[Row]
+    # planted studies' bias against their known effects (prereg.planted.planted_rows)
+    planted: Sequence[Row] | None = field(default=None, metadata={"omit_none": True})
+
+    @classmethod
+    def read(cls, data: Any, where: str = "summary.json") -> Summary:
+        """A ``summary.json`` (sealed or not), refusing a format version this code does not read."""
+        if not isinstance(data, Mapping):
+            raise SummaryFormatError(f"{where}: a summary is a JSON object")
+        if data.get("schema_version") != SUMMARY_SCHEMA:
+            raise SummaryFormatError(
+                f"{where}: summary schema_version {data.get('schema_version')!r} is not one this "
+                f"code reads ({SUMMARY_SCHEMA})"
+            )
+        body = {k: v for k, v in data.items() if k != "sha256"}
+        if not isinstance(body.get("protocol"), Mapping):
+            raise SummaryFormatError(f"{where}: protocol: missing, or not a JSON object")
+        hyp = body.get("hypotheses")
+        if not isinstance(hyp, Mapping):
+            raise SummaryFormatError(f"{where}: hypotheses: missing, or not a JSON object")
+        tests = (body["protocol"].get("hypotheses") or {}).get("tests") or []
+        typed = (
+            Descriptive.from_json(hyp, f"{where}: hypotheses")
+            if "descriptive" in hyp
+            else Hypotheses.read(hyp, tests, f"{where}: hypotheses")
+        )
+        out: Summary = _build(cls, {**body, "hypotheses": typed}, where)
+        for study in out.studies:
+            kind = PairedResult if study.design == "paired" else FactorialResult
+            if any(not isinstance(c, kind) for c in study.configs):
+                raise SummaryFormatError(
+                    f"{where}: study {study.name}: a {study.design} study's configurations "
+                    f"are {kind.__name__}s"
+                )
+        return out

@@ -1,0 +1,418 @@
+"""The study as the tag defines it: git with replace objects disabled, the tag object (from the ref or
+the records folder's ``TAG``), its freeze manifest, and the protocol file and configurations it names."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+from typing import Any
+
+from prereg.commands import is_command_study
+from prereg.ledger import canonical, sha256
+from prereg.plan import expected_summary
+from prereg.yamlflow import YamlError
+from prereg.yamlsub import yaml_subset
+
+
+def _git_env() -> dict[str, Any]:
+    """git with replace objects disabled: ``git replace`` cannot substitute a tag, commit or blob."""
+    return {**os.environ, "GIT_NO_REPLACE_OBJECTS": "1", "GIT_TERMINAL_PROMPT": "0"}
+
+
+def git_bytes(root: str, *args: str, stdin: bytes | None = None) -> bytes | None:
+    try:
+        r = subprocess.run(
+            ["git", "--no-replace-objects", *args],
+            cwd=root,
+            capture_output=True,
+            check=False,
+            env=_git_env(),
+            input=stdin,
+        )
+    except OSError:
+        return None
+    return r.stdout if r.returncode == 0 else None
+
+
+def git_out(root: str, *args: str) -> str | None:
+    out = git_bytes(root, *args)
+    return None if out is None else out.decode("utf-8", "replace")
+
+
+def git_root(directory: str) -> str | None:
+    out = git_out(directory if os.path.isdir(directory) else ".", "rev-parse", "--show-toplevel")
+    return out.strip() if out else None
+
+
+def is_exempt(name: str, exempt: list[str]) -> bool:
+    """Whether the top-level entry ``name`` is exempt from the freeze under the manifest's ``exempt``
+    list (names, and ``*suffix`` patterns such as ``*.md``)."""
+    return name in exempt or any(e.startswith("*") and name.endswith(e[1:]) for e in exempt)
+
+
+def frozen_trees(root: str, rev: str, exempt: list[str]) -> dict[str, str] | None:
+    """The top-level entries of ``rev``'s tree that the freeze binds, with their git object ids
+    (``None`` when ``rev`` is not a commit of ``root``): what ``harness tag`` writes as the manifest's
+    ``trees`` and what the audit compares each record's commit with."""
+    listing = git_out(root, "ls-tree", rev)
+    if listing is None:
+        return None
+    out = {}
+    for line in listing.splitlines():
+        meta, _, name = line.partition("\t")
+        if not is_exempt(name, exempt):
+            out[name] = meta.split()[2]
+    return out
+
+
+#: Freeze manifest formats this audit reads (``harness.freeze.FORMAT``).
+FREEZE_FORMATS = (1,)
+
+
+#: The line of a tag message after which its freeze manifest follows as JSON (``harness tag``).
+FREEZE_MARKER = "freeze-manifest:"
+
+
+def parse_manifest(message: str) -> dict[str, Any] | None:
+    """The freeze manifest in a tag message, or ``None`` when it has none (a signature after it is
+    ignored: ``harness tag --sign``). The one reader of it: ``harness`` reads tags with it too."""
+    _, sep, body = message.partition(FREEZE_MARKER)
+    if not sep:
+        return None
+    try:
+        m, _ = json.JSONDecoder().raw_decode(body.lstrip())
+    except json.JSONDecodeError:
+        return None
+    return m if isinstance(m, dict) else None
+
+
+def _tagger_time(message: str) -> float | None:
+    """Seconds since the epoch from a tag object's ``tagger`` header."""
+    for line in message.splitlines():
+        if not line:
+            return None
+        if line.startswith("tagger "):
+            parts = line.rsplit(" ", 2)
+            try:
+                return float(parts[1])
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def parse_time(stamp: object) -> float | None:
+    from datetime import datetime
+
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+TAG_FILE = "TAG"
+
+
+def stored_tag(directory: str | None) -> tuple[str, bytes] | None:
+    """The tag object ``harness run`` keeps as ``TAG`` in the records folder (read once): the tag's
+    name and the object's bytes, or ``None`` when there is none or it is not a tag of a commit."""
+    path = os.path.join(directory, TAG_FILE) if directory else ""
+    if not path or not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        raw = f.read()
+    m = re.match(rb"object [0-9a-f]{40,64}\ntype commit\ntag (\S+)\n", raw)
+    return (m.group(1).decode("utf-8", "replace"), raw) if m else None
+
+
+def object_id(root: str, kind: str, raw: bytes) -> str:
+    """Git's object id of ``raw`` as a ``kind`` object (SHA-1, or SHA-256 in such a repository)."""
+    algo = (git_out(root, "rev-parse", "--show-object-format") or "sha1").strip() or "sha1"
+    return hashlib.new(algo, b"%s %d\x00" % (kind.encode(), len(raw)) + raw).hexdigest()
+
+
+def read_tag(
+    root: str, tag: str, directory: str | None = None, kept: tuple[str, bytes] | None = None
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """The tag object, its commit, creation time and freeze manifest, read with replace objects off.
+    Without the ref (a clone that did not fetch tags), from the ``TAG`` file the records folder
+    keeps: the same bytes, whose object id the records name and whose commit must be in the
+    repository. With both, they must be the same object."""
+    kind = git_out(root, "cat-file", "-t", f"refs/tags/{tag}")
+    stored = kept[1] if kept is not None and kept[0] == tag else None
+    if kind is None and stored is None:
+        return None, [
+            f"tag {tag} not found in the git repository at {root} (nor as {TAG_FILE} in {directory})"
+        ]
+    if kind is not None and kind.strip() != "tag":
+        return None, [
+            f"tag {tag} is a lightweight tag (no tag object, no freeze manifest): not made by harness tag"
+        ]
+    if kind is None:
+        raw = stored or b""
+        obj = object_id(root, "tag", raw)
+        commit = raw.split(b"\n", 1)[0].split(b" ")[1].decode()
+        if (git_out(root, "cat-file", "-t", commit) or "").strip() != "commit":
+            return None, [
+                f"{directory}/{TAG_FILE}: tag {tag}'s commit {commit[:12]} is not in the git repository"
+            ]
+    else:
+        obj = (git_out(root, "rev-parse", f"refs/tags/{tag}") or "").strip()
+        commit = (git_out(root, "rev-parse", f"{obj}^{{commit}}") or "").strip()
+        raw = git_bytes(root, "cat-file", "tag", obj) or b""
+        if stored is not None and stored != raw:
+            return None, [
+                f"{directory}/{TAG_FILE} is not the object of the repository's tag {tag} ({obj[:12]})"
+            ]
+    message = raw.decode("utf-8", "replace")
+    m = parse_manifest(message)
+    if m is None:
+        return None, [f"tag {tag}: its message holds no readable freeze manifest"]
+    if m.get("format") not in FREEZE_FORMATS:
+        return None, [
+            f"tag {tag}: freeze manifest format {m.get('format')!r} is not one this audit reads "
+            f"({', '.join(map(str, FREEZE_FORMATS))})"
+        ]
+    return {
+        "tag": tag,
+        "object": obj,
+        "commit": commit,
+        "created": _tagger_time(message),
+        "manifest": m,
+        "freeze": sha256(canonical(m)),
+        "signed": "-----BEGIN " in message,
+        "tag_raw": raw,
+    }, []
+
+
+def _configs_at(root: str, rev: str, ppath: str, names: list[str]) -> dict[str, bytes]:
+    """The configuration files a protocol names, as ``harness.config`` finds them: ``configs/`` in
+    the nearest folder at or above the protocol's that has one (at ``rev``, or in the checkout)."""
+    d = os.path.dirname(ppath)
+    while True:
+        base = f"{d}/configs" if d else "configs"
+        out = {}
+        for c in names:
+            if rev:
+                blob = git_bytes(root, "cat-file", "blob", f"{rev}:{base}/{c}.yaml")
+            else:
+                full = os.path.join(root, base, f"{c}.yaml")
+                blob = open(full, "rb").read() if os.path.isfile(full) else None
+            if blob is not None:
+                out[c] = blob
+        if out or not d:
+            return out
+        d = os.path.dirname(d)
+
+
+def load_truth(
+    root: str, directory: str, records: list[dict[str, Any]], manifest: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """What the study is, from the tag's protocol file (or, without any tag, the checkout's).
+
+    The protocol ids and paths the records, MANIFEST and folder name are only where to look: a
+    tag ``protocol-<id>`` for any of them, or a checkout protocol file that says ``preregistered:
+    true``, makes the study preregistered, and then only the tag's manifest and the file it names
+    (``git show TAG_COMMIT:PATH``, sha256 as the manifest says) define it."""
+    problems: list[str] = []
+    mp = manifest.get("protocol")
+    if not isinstance(mp, dict):
+        mp = {}
+    ids = {r["protocol"].get("id") for r in records} | {r["spec"].get("protocol_id") for r in records}
+    ids |= {mp.get("id"), os.path.basename(os.path.normpath(directory))}
+    paths = sorted(
+        {p for p in {r["protocol"].get("path") for r in records} | {mp.get("path")} if isinstance(p, str)}
+    )
+    claims = sorted({str(r["protocol"].get("id")) for r in records if r["protocol"].get("preregistered")})
+    in_checkout = []
+    for p in paths:
+        full = os.path.join(root, p)
+        if os.path.isfile(full):
+            try:
+                d = yaml_subset(open(full, "rb").read().decode("utf-8"))
+            except (YamlError, UnicodeDecodeError):
+                continue
+            if isinstance(d, dict) and d.get("preregistered") is True:
+                in_checkout.append((p, d.get("id")))
+                ids.add(d.get("id"))
+    kept = stored_tag(directory)
+    tags = sorted(
+        f"protocol-{i}"
+        for i in ids
+        if isinstance(i, str)
+        and i
+        and (
+            git_out(root, "rev-parse", "-q", "--verify", f"refs/tags/protocol-{i}") is not None
+            or (kept is not None and kept[0] == f"protocol-{i}")
+        )
+    )
+    truth: dict[str, Any] = {"tag": None, "tagged": False}
+    if len(tags) > 1:
+        problems.append(f"{directory}: the records name several tagged protocols ({', '.join(tags)})")
+    if tags:
+        info, found = read_tag(root, tags[0], directory, kept)
+        problems += found
+        if info is not None:
+            truth.update(info, tagged=True)
+            mprot = info["manifest"].get("protocol") or {}
+            path, want = mprot.get("path"), mprot.get("sha256")
+            blob = (
+                git_bytes(root, "cat-file", "blob", f"{info['commit']}:{path}")
+                if isinstance(path, str)
+                else None
+            )
+            if blob is None or sha256(blob) != want:
+                problems.append(
+                    f"tag {tags[0]}: the file its manifest names ({path}) is not at the tagged "
+                    f"commit {info['commit'][:12]} with sha256 {str(want)[:16]}"
+                )
+            else:
+                truth.update(path=path, raw=blob, sha256=want)
+        else:
+            truth["tag"] = tags[0]
+    elif in_checkout or claims:
+        why = (
+            f"{in_checkout[0][0]} in this checkout says preregistered: true"
+            if in_checkout
+            else "the records say preregistered: true"
+        )
+        pid = in_checkout[0][1] if in_checkout else claims[0]
+        problems.append(
+            f"{directory}: {why}, but there is no tag protocol-{pid} in {root}: nothing binds "
+            "these records to a frozen experiment"
+        )
+    # not preregistered: the checkout's file, as the records name it
+    if "raw" not in truth and not truth["tagged"]:
+        path = records[0]["protocol"].get("path")
+        full = os.path.join(root, str(path))
+        if isinstance(path, str) and os.path.isfile(full):
+            raw = open(full, "rb").read()
+            truth.update(path=path, raw=raw, sha256=sha256(raw))
+        else:
+            problems.append(f"{full}: protocol file missing")
+    if "raw" in truth:
+        try:
+            doc = yaml_subset(truth["raw"].decode("utf-8"))
+            if not isinstance(doc, dict):
+                raise ValueError("the protocol is not a mapping")
+            truth["doc"] = doc
+            names = sorted({c for st in doc["studies"] if not is_command_study(st) for c in st["configs"]})
+            blobs = _configs_at(root, truth.get("commit") or "", truth["path"], names)
+            truth["config_sha"] = {c: sha256(b) for c, b in blobs.items()}
+            missing = [c for c in names if c not in blobs]
+            if missing:
+                raise ValueError(
+                    f"configuration file(s) {', '.join(missing)} not found"
+                    + (f" at the tagged commit {truth['commit'][:12]}" if truth.get("commit") else "")
+                )
+            truth["summary"] = expected_summary(doc, truth["sha256"], truth["path"])
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+            problems.append(
+                f"{truth['path']}{' at ' + truth['tag'] if truth['tag'] else ''}: the study "
+                f"cannot be derived from the protocol ({type(e).__name__}: {e})"
+            )
+            truth.pop("doc", None)
+    return truth, problems
+
+
+def check_sources(
+    root: str, truth: dict[str, Any], records: list[dict[str, Any]], manifest: dict[str, Any]
+) -> tuple[list[str], str]:
+    """MANIFEST's source hashes (the code, configurations and protocol a run read) against the tagged
+    commit's files for a tagged study, so later work in the repository never unseals it; without a
+    tag, against the checkout, or else the one commit every record names (the records' word: an
+    untagged study proves nothing about a frozen experiment)."""
+    sources = sorted(manifest["sources"].items())
+
+    def problems_at(rev: str | None, against: str | None = None) -> list[str]:
+        """Files at ``rev`` (None: the checkout) whose sha256 is not MANIFEST's, or with ``against``,
+        checkout files that differ from that commit's."""
+        out = []
+        for rel, digest in sources:
+            if against is not None:
+                path = os.path.join(root, rel)
+                here = open(path, "rb").read() if os.path.isfile(path) else None
+                if here != git_bytes(root, "cat-file", "blob", f"{against}:{rel}"):
+                    out.append(rel)
+                continue
+            if rev:
+                raw = git_bytes(root, "cat-file", "blob", f"{rev}:{rel}")
+                where = f"{rel} at {rev[:12]}"
+            else:
+                path = os.path.join(root, rel)
+                raw = open(path, "rb").read() if os.path.isfile(path) else None
+                where = path
+            if raw is None:
+                out.append(
+                    f"{where}: source file listed in MANIFEST is missing"
+                    + ("" if rev else " from the checkout")
+                )
+            elif sha256(raw) != digest:
+                out.append(f"{where}: source sha256 {sha256(raw)} differs from MANIFEST's {digest}")
+        return out
+
+    if truth.get("tagged"):
+        found = problems_at(truth["commit"])
+        return found, (
+            f"{len(sources)} files, {len(found)} problems, at the tagged commit {truth['commit'][:12]}"
+        )
+    found = problems_at(None)
+    commits = {(r.get("git") or {}).get("commit") for r in records}
+    head = (git_out(root, "rev-parse", "-q", "--verify", "HEAD") or "").strip()
+    commit = next(iter(commits)) if len(commits) == 1 else None
+    if found and head and isinstance(commit, str) and not problems_at(None, head):
+        # later committed work, no uncommitted edit: the records' own commit
+        if (
+            (git_out(root, "cat-file", "-t", commit) or "").strip() == "commit"
+            and not problems_at(commit)
+            and git_out(root, "merge-base", "--is-ancestor", commit, "HEAD") is not None
+        ):
+            return [], (
+                f"{len(sources)} files, 0 problems, at commit {commit[:12]}, which every record "
+                "names (the checkout has changed since)"
+            )
+    return found, f"{len(sources)} files, {len(found)} problems, in this checkout"
+
+
+def same_json(a: object, b: object) -> bool:
+    """Equal as JSON values: numbers by value (1 == 1.0), booleans only to booleans."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def field_differences(want: dict[str, Any], got: dict[str, Any], prefix: str) -> list[str]:
+    """Every difference of ``got`` from ``want`` (the tagged protocol's fields), each named by its
+    dotted path under ``prefix``: missing, not in the tag, or another value."""
+    out = []
+    for k in sorted(set(want) | set(got)):
+        if k not in got:
+            out.append(f"{prefix}.{k} is missing (the tagged protocol's is {want[k]!r})")
+        elif k not in want:
+            out.append(f"{prefix}.{k} = {got[k]!r} is not in the tagged protocol")
+        elif isinstance(want[k], dict) and isinstance(got[k], dict):
+            out += field_differences(want[k], got[k], f"{prefix}.{k}")
+        elif not same_json(want[k], got[k]):
+            out.append(
+                f"{prefix}.{k} = {json.dumps(got[k], sort_keys=True)[:120]}, the tagged protocol's is "
+                f"{json.dumps(want[k], sort_keys=True)[:120]}"
+            )
+    return out
+
+
+def torch_matches(declared: str, running: str) -> bool:
+    """Whether the PyTorch a protocol declares (``torch_version``) is the one running: the same
+    string, or, for a declaration without a local part (``2.14.1``), the same public version
+    (``2.14.1+cu130`` is 2.14.1 built for CUDA 13.0). The one rule: ``harness run`` refuses a
+    mismatch before any run and the audit names one in a record."""
+    return running == declared or ("+" not in declared and running.split("+", 1)[0] == declared)
