@@ -31,7 +31,9 @@ def _first_difference(published: str, rendered: str) -> str:
         if x != y:
             col = next((j for j, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
             at = max(0, col - 30)
-            return f"line {i}, column {col + 1}: published {x[at : at + 100]!r}, rendered {y[at : at + 100]!r}"
+            return (
+                f"line {i}, column {col + 1}: published {x[at : at + 100]!r}, rendered {y[at : at + 100]!r}"
+            )
     n = min(len(a), len(b)) + 1
     return f"line {n}: the published file {'goes on' if len(a) > len(b) else 'ends'} where the rendered one {'ends' if len(a) > len(b) else 'goes on'}"
 
