@@ -415,8 +415,8 @@ def _main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         if args.command == "run":
             print(
-                "harness run: interrupted: the attempt in progress is recorded as interrupted when the "
-                "study resumes; run the same command again to continue",
+                "harness run: interrupted: the attempt in progress is recorded as interrupted, charged "
+                "its time until the stop (never the pause); run the same command again to continue",
                 file=sys.stderr,
             )
             return RUN_INTERRUPTED
@@ -424,8 +424,8 @@ def _main(argv: list[str] | None = None) -> int:
         return 130
     except Terminated:
         print(
-            "harness run: terminated (SIGTERM): the attempt in progress is recorded as interrupted when "
-            "the study resumes; run the same command again to continue",
+            "harness run: terminated (SIGTERM): the attempt in progress is recorded as interrupted, "
+            "charged its time until the stop; run the same command again to continue",
             file=sys.stderr,
         )
         return RUN_TERMINATED

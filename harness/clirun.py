@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cliargs import RUN_BUDGET_STOP, RUN_COMPLETE, RUN_FAILED_RUNS, RUN_NO_REPORT, RUN_NOT_DONE
-from prereg.errors import HarnessError
+from prereg.errors import HarnessError, Terminated
 
 #: Installed packages the harness imports; a copy of one inside the study's folder (an ignored
 #: ``yaml/`` beside the code) would shadow it for a runner started there with ``python -m``.
@@ -36,10 +36,6 @@ def refuse_shadowing() -> None:
                 f"{origin}: a module {name!r} in the study's folder shadows the installed package; "
                 "nothing was run: remove it (a frozen study imports only its tracked code)"
             )
-
-
-class Terminated(BaseException):
-    """SIGTERM during ``harness run``: unwinds like Ctrl-C (claims released, workers ended)."""
 
 
 def _on_sigterm(signum: int, frame: object) -> None:

@@ -339,6 +339,41 @@ def calibration_step(proto: Any) -> str:
     )
 
 
+def restore_tag(proto: Any) -> str | None:
+    """A published study's tag, restored in a clone (which fetches no tags) from the tag object its
+    records folder keeps (``TAG``), when that object names this protocol's tag, a commit of this
+    repository, and is the object every record names; returns what was done, or None. The restored
+    tag is the original, byte for byte (same object id, same signature): no new tag is made."""
+    if not proto.preregistered:
+        return None
+    repo = gitutil.toplevel(proto.path)
+    kept = proto.records_path / "TAG"
+    if repo is None or not kept.is_file() or gitutil.tag_info(repo, proto.tag_name) is not None:
+        return None
+    raw = kept.read_bytes()
+    head = raw.split(b"\n\n", 1)[0].decode("utf-8", "replace").splitlines()
+    fields = dict(line.split(" ", 1) for line in head if " " in line)
+    if fields.get("tag") != proto.tag_name or fields.get("type") != "commit":
+        return None
+    if gitutil.git(repo, "cat-file", "-e", f"{fields.get('object', '')}^{{commit}}", check=False).returncode:
+        return None
+    named = set()
+    for f in proto.records_path.glob("*.record.json"):
+        try:
+            named.add(json.loads(f.read_text(encoding="utf-8"))["protocol"].get("tag_object"))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    made = gitutil.git_bytes_in(repo, ["mktag"], raw)
+    if made is None or named != {made}:
+        return None
+    gitutil.git(repo, "update-ref", f"refs/tags/{proto.tag_name}", made, "")
+    rel = proto.records_path.relative_to(proto.root).as_posix()
+    return (
+        f"restored tag {proto.tag_name} from {rel}/TAG (object {made[:12]}, the one its records name): "
+        f"this study is published; its records are in {rel}, audited by: python analysis/public_audit.py {rel}"
+    )
+
+
 def check(proto: Any, plan_sha: str, runs: int) -> Frozen:
     """For a preregistered protocol: refuse unless everything frozen at the tag is unchanged.
 

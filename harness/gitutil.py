@@ -71,6 +71,12 @@ def tag_info(repo: Path, name: str) -> TagInfo | None:
     return TagInfo(name, commit, obj, created.strip(), message.strip(), kind == "tag")
 
 
+def git_bytes_in(repo: Path, args: list[str], stdin: bytes) -> str | None:
+    """``git ARGS`` fed ``stdin``; its first line of output (an object id), or None on failure."""
+    r = subprocess.run(["git", *args], cwd=repo, input=stdin, capture_output=True, check=False, env=env())
+    return r.stdout.decode().strip() if r.returncode == 0 else None
+
+
 def tag_object(repo: Path, obj: str) -> bytes | None:
     """The raw bytes of tag object ``obj`` (``git cat-file tag``): what its object id hashes."""
     r = subprocess.run(["git", "cat-file", "tag", obj], cwd=repo, capture_output=True, check=False, env=env())

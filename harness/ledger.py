@@ -451,6 +451,38 @@ def check_records_folder(proto: Any) -> None:
         )
 
 
+def check_same_protocol(proto: Any) -> None:
+    """Refuse (InputError naming the protocol and ``records_dir``) a records folder that holds
+    entries of another version of the protocol (another sha256: the file was edited after runs were
+    recorded), before anything is written: an edited protocol gets its own records folder, never a
+    mix with the old one's runs (the audit would then find the chain broken)."""
+    from prereg.errors import InputError
+
+    if not proto.records_path.is_dir():
+        return
+    others: dict[str, int] = {}
+    for p in entry_files(proto.records_path):
+        try:
+            sha = read_entry(p)["protocol"]["sha256"]
+        except (KeyError, TypeError):
+            continue  # not an entry of this format: the reader names it elsewhere
+        if sha != proto.sha256:
+            others[sha] = others.get(sha, 0) + 1
+    if not others:
+        return
+    rel = Path(proto.records_dir or f"records/{proto.id}").as_posix()
+    sha, n = max(others.items(), key=lambda kv: kv[1])
+    raise InputError(
+        f"{rel} holds {sum(others.values())} entries of another version of protocol {proto.id!r} "
+        f"(sha256 {sha[:12]}..., this file's is {proto.sha256[:12]}...): the file was edited after "
+        f"runs were recorded. An edited protocol gets its own records folder, never a mix: give it a "
+        f"new id (or a records_dir: of its own), or, to start this study over, move {rel} and "
+        f"runs/{proto.id} away; nothing was written",
+        file=str(proto.path),
+        key="records_dir" if proto.records_dir else "id",
+    )
+
+
 def study_ledger(proto: Any, genesis: str) -> Ledger:
     """The ledger of ``proto``'s records folder (its lock under ``runs/<id>/locks``)."""
     plugins = [

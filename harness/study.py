@@ -337,6 +337,15 @@ def _configs(
         if not isinstance(c, str):
             raise doc.error(kp + ("configs", ci), f"configuration names are strings, got {c!r}")
         if c not in configs:
+            if not cdir.resolve().is_relative_to(root.resolve()):
+                raise doc.error(
+                    kp + ("configs", ci),
+                    f"configuration {c!r}: the protocol's folder has no configs/ above it inside its "
+                    f"repository (its root is {root}); a study runs inside the repository that "
+                    "holds its configurations, so the tag binds both: put the protocol under that "
+                    "repository's protocols/ (for this harness's configurations, its own checkout), "
+                    "or add a configs/ folder at your repository's root; nothing was written",
+                )
             try:
                 configs[c] = find_config(c, cdir)
                 fam = configs[c].model.family

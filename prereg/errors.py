@@ -45,3 +45,9 @@ class WriteError(HarnessError, OSError):
     """A file of the study could not be written (a full disk, a failing filesystem). Exit code 2."""
 
     exit_code = 2
+
+
+class Terminated(BaseException):
+    """SIGTERM during ``harness run`` (:mod:`harness.clirun` raises it from its handler): unwinds
+    like Ctrl-C's KeyboardInterrupt (the attempt in progress recorded, claims released, workers
+    ended), and like it is not an ``Exception``."""

@@ -106,14 +106,26 @@ def test_interrupted_and_terminated_runs_resume(repo, sig, code):
     while not (work.is_dir() and any(work.glob("*/worker.pid"))):
         assert time.monotonic() < end and proc.poll() is None, "no run started"
         time.sleep(0.05)
+    seen = time.monotonic()
+    time.sleep(1.0)
     proc.send_signal(sig)  # the slowed worker lives on for 30x its run: this lands mid-run
     out, err = proc.communicate(timeout=300)
+    ended = time.monotonic()
     assert proc.returncode == code, out + err
     assert "run the same command again to continue" in err and "Traceback" not in err
+    # recorded before the runner exited, charged the attempt's own time (at least the second it ran
+    # before the signal, at most until the runner ended), whatever the pause before the resume
+    (stopped,) = [x for x in record_dicts(repo / RECS) if x["status"] == "interrupted"]
+    assert 1.0 <= stopped["timings"]["device_s"] <= ended - seen + 1.0, stopped["timings"]
+    assert f"stopped by {signal.Signals(sig).name}" in stopped["reason"]
+    time.sleep(5.0)
     r = harness(repo, "run", p, "--quiet")
-    assert r.returncode == 0 and "noted interrupted attempt 1" in r.stdout, r.stdout + r.stderr
-    statuses = Counter(x["status"] for x in record_dicts(repo / RECS))
-    assert statuses == {"ok": 4, "interrupted": 1}
+    assert r.returncode == 0 and "noted interrupted attempt" not in r.stdout, r.stdout + r.stderr
+    recs = record_dicts(repo / RECS)
+    assert Counter(x["status"] for x in recs) == {"ok": 4, "interrupted": 1}
+    assert [x["timings"]["device_s"] for x in recs if x["status"] == "interrupted"] == [
+        stopped["timings"]["device_s"]
+    ]
 
 
 def test_the_slowdown_knob_is_refused_for_preregistered_studies_and_bad_values(repo):

@@ -173,27 +173,41 @@ def test_retry_reruns_whole_units_in_plan_order_up_to_max_attempts(tmp_path):
 
 
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, Terminated], ids=["SIGINT", "SIGTERM"])
-def test_a_run_cut_off_mid_run_is_recorded_interrupted_and_resumed(tmp_path, stop):
+def test_a_run_cut_off_mid_run_is_recorded_interrupted_at_once_and_resumed(tmp_path, stop):
     """As test_run_endings' SIGINT and SIGTERM (``harness run`` turns SIGTERM into
-    :class:`~harness.clirun.Terminated`): the exception leaves the runner mid-run, the attempt's
-    started entry stays, and the same command then records it interrupted and runs it again."""
+    :class:`~prereg.errors.Terminated`): the exception leaves the runner mid-run; the attempt is
+    recorded interrupted before the runner exits, charged its own time until the stop (measured
+    here at about 0.3 s), not the pause before the resume (1 s here), and the same command then runs
+    it again."""
     repo = study(tmp_path)
 
     class Cut(FakeTrainer):
         def __call__(self, job, partial):
             if len(self.calls) == 1:  # the second run, in progress
                 self.calls.append((job.spec.run_id, job.attempt))
+                time.sleep(0.3)
                 raise stop()
             return super().__call__(job, partial)
 
+    t0 = time.monotonic()
     with pytest.raises(stop):
         run(repo, Cut())
-    started = cut_off(repo)
-    assert len(started) == 1 and len(record_dicts(repo / RECS)) == 1
+    ran = time.monotonic() - t0
+    assert cut_off(repo) == []  # nothing left open: the stop was recorded at once
+    stopped = [r for r in record_dicts(repo / RECS) if r["status"] == "interrupted"]
+    assert len(stopped) == 1 and len(record_dicts(repo / RECS)) == 2
+    name = "SIGINT" if stop is KeyboardInterrupt else "SIGTERM"
+    assert f"was stopped by {name} after" in stopped[0]["reason"]
+    assert 0.3 <= stopped[0]["timings"]["device_s"] <= ran
+    time.sleep(1.0)  # the pause before the resume is charged nothing
     lines: list[str] = []
     assert run(repo, FakeTrainer(), lines)[0] == RUN_COMPLETE
-    assert any(x.startswith(f"noted interrupted attempt 1 of {started[0]['run_id']}") for x in lines), lines
-    assert Counter(x["status"] for x in record_dicts(repo / RECS)) == {"ok": 4, "interrupted": 1}
+    assert not any(x.startswith("noted interrupted attempt") for x in lines), lines
+    recs = record_dicts(repo / RECS)
+    assert Counter(x["status"] for x in recs) == {"ok": 4, "interrupted": 1}
+    assert [x["timings"]["device_s"] for x in recs if x["status"] == "interrupted"] == [
+        stopped[0]["timings"]["device_s"]
+    ]
 
 
 def test_an_attempt_cut_off_survives_runs_deleted_and_file_times_moved(tmp_path):

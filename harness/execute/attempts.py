@@ -138,6 +138,44 @@ def interrupted_result(e: Mapping[str, Any]) -> WorkerResult:
     )
 
 
+def stopped_result(e: Mapping[str, Any], seconds: float, signal_name: str, runs: int) -> WorkerResult:
+    """The result of an attempt the runner stopped on a signal it caught (``signal_name``: SIGINT
+    from Ctrl-C, SIGTERM): interrupted, charged the runner's own measure of its worker process's
+    time, from the process's start to the stop, shared equally among the ``runs`` it held (a
+    lockstep pair's two). So a resume, however much later, charges nothing for the pause.
+
+    Parameters
+    ----------
+    e : mapping
+        The attempt's started entry, as the ledger holds it.
+    seconds : float
+        The worker process's time until the stop (the runner's monotonic clock).
+    signal_name : str
+        ``SIGINT`` or ``SIGTERM``.
+    runs : int
+        How many runs the process held.
+
+    Returns
+    -------
+    WorkerResult
+        Status ``interrupted``, the reason naming the signal, and its device seconds.
+    """
+    share = max(0.0, seconds) / max(1, runs)
+    held = f", shared by the {runs} runs it held" if runs > 1 else ""
+    return WorkerResult(
+        status="interrupted",
+        reason=(
+            f"attempt started at {e['started_at']} on {e['node']} was stopped by {signal_name} after "
+            f"{seconds:.1f} s (runner pid {e['runner']['pid']} on {e['runner']['host']}); it runs again "
+            "when the study resumes"
+        ),
+        timings={
+            "device_s": share,
+            "device_s_source": f"runner: its worker process's time from start to the {signal_name} stop{held}",
+        },
+    )
+
+
 def started_entry(
     proto: Protocol,
     frozen: Frozen,

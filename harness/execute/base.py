@@ -18,7 +18,16 @@ from harness.execute.launchers import Outcome
 from harness.execute.state import Progress, RunState
 from harness.ledger import Ledger
 from harness.protocol import Protocol as StudyProtocol
-from prereg.records import RunSpec
+from prereg.errors import Terminated
+from prereg.records import RunRecord, RunSpec
+
+#: The signals a runner stops on and records at once: what unwinds an executor, by name.
+STOPS: tuple[type[BaseException], ...] = (KeyboardInterrupt, Terminated)
+
+
+def stop_name(e: BaseException) -> str:
+    """The signal behind a stop in :data:`STOPS`."""
+    return "SIGINT" if isinstance(e, KeyboardInterrupt) else "SIGTERM"
 
 
 @dataclass
@@ -80,7 +89,11 @@ class RunnerPort(Protocol):
 
     def finished(
         self, spec: RunSpec, attempt: int, outcome: Outcome, node: dict[str, Any] | None = None
-    ) -> str: ...
+    ) -> RunRecord: ...
+
+    def stopped(
+        self, group: list[RunSpec], attempts: list[int], seconds: float, signal_name: str
+    ) -> None: ...
 
     def announce(self, spec: RunSpec, attempt: int, where: str = "") -> None: ...
 

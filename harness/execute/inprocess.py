@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from harness.execute.base import RunnerPort
+from harness.execute.base import STOPS, RunnerPort, stop_name
 from harness.execute.grouping import process_groups, process_job, split
 from harness.execute.job import Job, LockstepJob
 from harness.execute.launchers import Outcome
@@ -42,9 +42,14 @@ class InProcessExecutor:
                         runner.announce(spec, attempt)
                         runner.started(spec, attempt, unit_attempt=claim.unit_attempt)
                     jobs = [runner.job(s, a) for s, a in zip(group, attempts)]
-                    outcome = self._run(json.loads(json.dumps(process_job(jobs))))
+                    t0 = time.monotonic()
+                    try:
+                        outcome = self._run(json.loads(json.dumps(process_job(jobs))))
+                    except STOPS as e:  # as the local executor: recorded now, charged what it ran
+                        runner.stopped(group, attempts, time.monotonic() - t0, stop_name(e))
+                        raise
                     for spec, attempt, out in zip(group, attempts, split(outcome, group)):
-                        runner.echo(f"  {runner.finished(spec, attempt, out)}")
+                        runner.echo(f"  {runner.finished(spec, attempt, out).status}")
             finally:
                 claim.release()
 

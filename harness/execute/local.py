@@ -19,7 +19,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from harness.execute.base import RunnerPort
+from harness.execute.base import STOPS, RunnerPort, stop_name
 from harness.execute.grouping import process_groups, process_job, split
 from harness.execute.launchers import LAUNCHERS, Launcher, launch
 from harness.ledger import describe
@@ -74,11 +74,27 @@ class LocalExecutor:
                     runner.echo(f"\r  running {name} {time.monotonic() - t0:6.1f}s")
 
             job = process_job([runner.job(s, a) for s, a in zip(group, attempts)])
-            outcome = launch(launcher, job, work, runner.root, runner.env, beat)
+            try:
+                outcome = launch(launcher, job, work, runner.root, runner.env, beat)
+            except STOPS as e:  # Ctrl-C or SIGTERM mid-run: charged what it ran, recorded now
+                runner.stopped(group, attempts, time.monotonic() - t0, stop_name(e))
+                raise
         for s, a, out in zip(group, attempts, split(outcome, group)):
-            status = runner.finished(s, a, out)
+            rec = runner.finished(s, a, out)
             who = f"{s.run_id}: " if len(group) > 1 else ""
-            runner.echo(f"  {who}{status} ({runner.progress.executed_s[-1]:.1f} s)")
+            runner.echo(f"  {who}{rec.status} ({runner.progress.executed_s[-1]:.1f} s)")
+            if rec.status != "ok":
+                runner.echo(failure_lines(rec.reason, work, runner.root))
+
+
+def failure_lines(reason: str | None, work: Path, root: Path) -> str:
+    """What a user needs to see of a failed run at once: its whole reason and where its logs are
+    (the worker's log, a command's output), relative to the study's root."""
+    logs = sorted(work.rglob("*.log")) if work.is_dir() else []
+    where = [p.relative_to(root).as_posix() if p.is_relative_to(root) else str(p) for p in logs]
+    lines = [f"    reason: {reason or '(none recorded)'}"]
+    lines += [f"    log: {w}" for w in where] or [f"    work folder: {work}"]
+    return "\n".join(lines)
 
 
 def _alive_worker(pid: int) -> bool:

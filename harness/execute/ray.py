@@ -291,10 +291,12 @@ class RayExecutor:
                     started_of[rid][rid] = node
             else:
                 _, rid, attempt, node, out = msg
-                status = runner.finished(by_id[rid], attempt, Outcome(**out), node)
+                rec = runner.finished(by_id[rid], attempt, Outcome(**out), node)
                 runner.echo(
-                    f"  {status} ({runner.progress.executed_s[-1]:.1f} s) on {node['host']}/{node['id'][:8]}"
+                    f"  {rec.status} ({runner.progress.executed_s[-1]:.1f} s) on {node['host']}/{node['id'][:8]}"
                 )
+                if rec.status != "ok":
+                    runner.echo(f"    reason: {rec.reason or '(none recorded)'} (logs on that node)")
                 for started in started_of.values():
                     started.pop(rid, None)
 

@@ -43,6 +43,7 @@ from harness.execute.attempts import (
     interrupted_result,
     outcome_result,
     started_entry,
+    stopped_result,
     unit_attempt_of,
     utc_stamp,
 )
@@ -53,7 +54,7 @@ from harness.execute.job import Job
 from harness.execute.launchers import Outcome
 from harness.execute.local import LocalExecutor
 from harness.execute.state import Progress, RunEnd, RunState, claimed, note_record
-from harness.ledger import Ledger, check_records_folder, study_ledger
+from harness.ledger import Ledger, check_records_folder, check_same_protocol, study_ledger
 from harness.plan import make_plan, plan_sha256, units
 from harness.protocol import Protocol
 from prereg.attempts import final_units
@@ -198,8 +199,8 @@ class Runner:
 
     def finished(
         self, spec: RunSpec, attempt: int, outcome: Outcome, node: dict[str, Any] | None = None
-    ) -> str:
-        """Turn a run's outcome into its record (the ledger appends it); returns the status."""
+    ) -> RunRecord:
+        """Turn a run's outcome into its record (the ledger appends it); returns the record."""
         start = self._starts.pop((spec.run_id, attempt), None)
         if start is None:
             _, starts = self.ledger.entries_of({spec.run_id})
@@ -224,7 +225,33 @@ class Runner:
         self.progress.ran(device_s)
         if spec.run_id in self._unit_ends:
             self.push_anchor()
-        return result.status
+        return rec
+
+    def stopped(self, group: list[RunSpec], attempts: list[int], seconds: float, signal_name: str) -> None:
+        """Record each attempt of a worker process stopped by a signal the runner caught, at once:
+        interrupted, charged the process's own time until the stop (:func:`stopped_result`), never
+        the pause before a resume."""
+        for spec, attempt in zip(group, attempts):
+            start = self._starts.pop((spec.run_id, attempt), None)
+            if start is None:
+                _, starts = self.ledger.entries_of({spec.run_id})
+                start = next((e for e in starts if e["attempt"] == attempt), None)
+            if start is None:  # stopped before its started entry: nothing to record
+                continue
+            rec = attempt_record(
+                self.proto,
+                self.frozen,
+                self.plan_sha,
+                spec,
+                attempt,
+                stopped_result(start, seconds, signal_name, len(group)),
+                unit_attempt=start.get("unit_attempt", 1),
+                start={"seq": start["ledger"]["seq"], "sha256": start["sha256"]},
+                started_at=start["started_at"],
+                finished_at=utc_stamp(time.time()),
+            )
+            self._write(rec)
+            self.progress.ran(seconds / len(group))
 
     def _keep_evidence(self, result: WorkerResult, text: str | None) -> None:
         """A command run's evidence (its reporter file or output), kept beside its record under the
@@ -475,6 +502,10 @@ class Runner:
         """Work through the plan; returns how it ended."""
         proto = self.proto
         check_records_folder(proto)
+        check_same_protocol(proto)
+        restored = freeze.restore_tag(proto)
+        if restored:
+            self.echo(restored)
         self.frozen = freeze.check(proto, self.plan_sha, len(self.runs))
         if proto.torch_version and not self.allow_torch_mismatch:
             import torch

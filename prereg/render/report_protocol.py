@@ -277,7 +277,7 @@ def runs_section(runs: Sequence[Mapping[str, Any]]) -> list[str]:
             str(r["seed"]),
             num(r["training_s"], ".3f"),
             num(r["test_bpb"], ".4f"),
-            (r["reason"] or "")[:80],
+            r["reason"] or "",
         ]
         for r in runs
     ]
