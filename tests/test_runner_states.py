@@ -116,14 +116,14 @@ def test_a_budget_that_still_fits_is_not_a_budget_stop(tmp_path):
 
 def test_a_failed_unit_is_final_until_retried_whole(tmp_path):
     repo = study(tmp_path)
+    proto = repo / "protocols" / "tiny.yaml"  # max_attempts: 2, before any run
+    proto.write_text(proto.read_text().replace("order_seed: 1", "order_seed: 1\nmax_attempts: 2"))
     victim = "pairs.tiny_conv.pair001.candidate"
     end = run(repo, FakeTrainer(fail={victim}))
     assert end.failed == 1 and end.left == 0  # the unit with a failure is final: nothing left to do
     failed = [r for r in record_dicts(repo / RECS) if r["status"] == "failed"]
     assert [r["spec"]["run_id"] for r in failed] == [victim]
     assert f"deliberate failure of {victim}" in failed[0]["reason"]
-    proto = repo / "protocols" / "tiny.yaml"
-    proto.write_text(proto.read_text().replace("order_seed: 1", "order_seed: 1\nmax_attempts: 2"))
     fake = FakeTrainer()
     end = run(repo, fake, retry_failed=True)
     assert end.failed == 0 and end.left == 0

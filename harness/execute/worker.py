@@ -66,8 +66,8 @@ def serve() -> int:
     """
     import torch._dynamo  # noqa: F401 - optimizers import it on first use; pay it once here
 
-    import harness.data.batches  # noqa: F401 - preload
     import cotangent  # noqa: F401 - preload
+    import harness.data.batches  # noqa: F401 - preload
     from harness import devices, models  # noqa: F401 - preload
 
     sys.stdout.write("READY\n")
