@@ -10,10 +10,22 @@ from prereg.ledger import PACKAGES
 
 
 def package_dirs() -> list[Path]:
-    """The folders of the project's packages (the core's :data:`PACKAGES`), beside this harness at
-    the root it runs from; a package not there (an installed harness without the report) is left out."""
+    """The folders of the project's packages (the core's :data:`PACKAGES`): beside this harness at
+    the root it runs from, else where the import system would find the package without loading it
+    (a Ray node unpacks each package into a folder of its own); a package found nowhere (an
+    installed harness without the report) is left out."""
+    import importlib.util
+
     import harness
 
     assert harness.__file__ is not None  # a regular package, imported from its files
     top = Path(harness.__file__).resolve().parent.parent
-    return [top / pkg for pkg in PACKAGES if (top / pkg / "__init__.py").is_file()]
+    out = []
+    for pkg in PACKAGES:
+        if (top / pkg / "__init__.py").is_file():
+            out.append(top / pkg)
+            continue
+        spec = importlib.util.find_spec(pkg)
+        if spec is not None and spec.origin and Path(spec.origin).name == "__init__.py":
+            out.append(Path(spec.origin).resolve().parent)
+    return out
