@@ -205,7 +205,10 @@ def check_declared(root: str, truth: dict[str, Any], records: list[dict[str, Any
     schema, without its started entries, is named), and the PyTorch the protocol declares."""
     problems: list[str] = []
     text = ""
-    for where in ("prereg/records.py", "harness/records.py"):  # the format's home, before and after the move
+    for where in (
+        "prereg/records.py",
+        "harness/records.py",
+    ):  # the format's home since the core moved, and before
         text = git_out(root, "show", f"{truth['commit']}:{where}") or ""
         if text:
             break

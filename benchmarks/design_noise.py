@@ -21,8 +21,8 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "analysis"))
-from prereg.designs import welch_difference
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from a checkout
+from prereg.designs import welch_difference  # noqa: E402
 
 
 def _records(folder: Path) -> list[dict]:

@@ -416,7 +416,8 @@ def _main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             print(
                 "harness run: interrupted: the attempt in progress is recorded as interrupted, charged "
-                "its time until the stop (never the pause); run the same command again to continue",
+                "its time until the stop (never the pause; under --ray, when the study resumes); run the same "
+                "command again to continue",
                 file=sys.stderr,
             )
             return RUN_INTERRUPTED

@@ -49,8 +49,8 @@ RUN_ENDINGS: list[tuple[int, str]] = [
     ),
     (
         RUN_INTERRUPTED,
-        "interrupted (Ctrl-C): the attempt in progress is recorded as interrupted when the study "
-        "resumes; run the same command again to continue",
+        "interrupted (Ctrl-C): the attempt in progress is recorded as interrupted, charged its time "
+        "until the stop (under --ray: when the study resumes); run the same command again to continue",
     ),
     (RUN_TERMINATED, "terminated (SIGTERM): as for an interruption"),
 ]

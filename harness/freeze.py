@@ -9,7 +9,7 @@ message. It binds everything that defines the experiment:
   the few listed in** :data:`EXEMPT` (records, other protocols, tests, benchmarks, docs, CI). A new
   folder (a plug-in package, a verified-paths folder) joins the freeze set by construction: only
   an explicit exemption keeps something out, and the manifest lists the exemptions;
-* the sha256 of the running harness and analysis sources (:func:`code_sha256`), so the code that
+* the sha256 of the running packages' sources (:func:`code_sha256`), so the code that
   executes is the tagged code even when the package is installed outside the repository.
 
 The manifest's own sha256 (canonical JSON) is stored in every record and starts the ledger.
@@ -366,7 +366,8 @@ def restore_tag(proto: Any) -> str | None:
     made = gitutil.git_bytes_in(repo, ["mktag"], raw)
     if made is None or named != {made}:
         return None
-    gitutil.git(repo, "update-ref", f"refs/tags/{proto.tag_name}", made, "")
+    if gitutil.git(repo, "update-ref", f"refs/tags/{proto.tag_name}", made, "", check=False).returncode:
+        return None  # the ref could not be written: the freeze check then names the missing tag
     rel = proto.records_path.relative_to(proto.root).as_posix()
     return (
         f"restored tag {proto.tag_name} from {rel}/TAG (object {made[:12]}, the one its records name): "

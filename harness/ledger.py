@@ -47,6 +47,7 @@ from prereg.records import (
     MANIFEST,
     SCHEMA_VERSION,
     LedgerHead,
+    RecordFormatError,
     RunRecord,
     StartedEntry,
     entry_files,
@@ -458,14 +459,14 @@ def check_same_protocol(proto: Any) -> None:
     mix with the old one's runs (the audit would then find the chain broken)."""
     from prereg.errors import InputError
 
-    if not proto.records_path.is_dir():
-        return
+    if proto.preregistered or not proto.records_path.is_dir():
+        return  # a preregistered protocol's file is bound by its tag: the freeze check names the edit
     others: dict[str, int] = {}
     for p in entry_files(proto.records_path):
         try:
             sha = read_entry(p)["protocol"]["sha256"]
-        except (KeyError, TypeError):
-            continue  # not an entry of this format: the reader names it elsewhere
+        except (KeyError, TypeError, RecordFormatError):
+            continue  # not an entry of this format: the ledger's reader refuses it, naming the file
         if sha != proto.sha256:
             others[sha] = others.get(sha, 0) + 1
     if not others:

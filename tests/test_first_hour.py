@@ -85,3 +85,21 @@ def test_a_clone_restores_a_published_tag_from_its_records_not_a_new_one(tmp_pat
     kept.write_bytes(kept.read_bytes().replace(b"protocol-cpu2", b"protocol-cpu3", 1))
     assert freeze.restore_tag(proto) is None
     assert subprocess.run(["git", "tag", "-l"], cwd=c, capture_output=True, text=True).stdout == ""
+
+
+def test_the_methods_old_import_path_still_works_and_says_where_it_moved():
+    """A user's script written against ``harness.cotangent`` gets the same objects and a warning."""
+    import importlib
+    import sys
+    import warnings
+
+    import cotangent
+
+    sys.modules.pop("harness.cotangent", None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = importlib.import_module("harness.cotangent")
+    assert old.PackedAdamW is cotangent.PackedAdamW and old.clip_grad_norm_ is cotangent.clip_grad_norm_
+    assert any(
+        issubclass(w.category, DeprecationWarning) and "import cotangent" in str(w.message) for w in caught
+    )

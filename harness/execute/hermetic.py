@@ -92,12 +92,11 @@ def hermetic_env(proto: Protocol, root: Path, records: Path, anchor: str | None)
             )
     repo = gitutil.toplevel(root)
     frozen = [str(root / e) for e in freeze.frozen_entries(repo, "HEAD")] if repo else []
-    import harness
+    from harness.packages import package_dirs
 
-    code = str(Path(harness.__file__).resolve().parent.parent)
     try:
         env = worker_env(
-            [code],
+            sorted({str(p.parent) for p in package_dirs()}),
             threads=proto.threads,
             frozen=frozen,
             exempt=sorted(freeze.EXEMPT),

@@ -65,18 +65,18 @@ class LocalExecutor:
                 ),
                 overwrite=True,
             )
-            for s, a in zip(group, attempts):
-                runner.started(s, a, unit_attempt=unit_attempt)
             t0 = time.monotonic()
 
             def beat() -> None:
                 if runner.live:
                     runner.echo(f"\r  running {name} {time.monotonic() - t0:6.1f}s")
 
-            job = process_job([runner.job(s, a) for s, a in zip(group, attempts)])
-            try:
+            try:  # from the first started entry: a stop anywhere after it is recorded now
+                for s, a in zip(group, attempts):
+                    runner.started(s, a, unit_attempt=unit_attempt)
+                job = process_job([runner.job(s, a) for s, a in zip(group, attempts)])
                 outcome = launch(launcher, job, work, runner.root, runner.env, beat)
-            except STOPS as e:  # Ctrl-C or SIGTERM mid-run: charged what it ran, recorded now
+            except STOPS as e:  # Ctrl-C or SIGTERM: charged what it ran, recorded now
                 runner.stopped(group, attempts, time.monotonic() - t0, stop_name(e))
                 raise
         for s, a, out in zip(group, attempts, split(outcome, group)):

@@ -138,7 +138,7 @@ def run_unit(
     ctx = ray.get_runtime_context()
     node: dict[str, Any] = {"id": ctx.get_node_id(), "host": socket.gethostname(), "pid": os.getpid()}
     label = f"{node['host']}/{node['id'][:8]}"
-    import harness
+    from harness.packages import package_dirs
 
     base = node_dir() / expect["protocol"]
     cwd = Path.cwd()
@@ -147,7 +147,7 @@ def run_unit(
         _LAUNCHERS[lkey] = LAUNCHERS[expect["launcher"]]()
     launcher = _LAUNCHERS[lkey]
     env = worker_env(
-        [str(Path(harness.__file__).resolve().parent.parent)],
+        sorted({str(p.parent) for p in package_dirs()}),  # where Ray unpacked each package
         threads=expect.get("threads"),
         phase_sha256=expect.get("phase_sha256"),
     )  # the driver's verified phase.c build, if this is it

@@ -277,7 +277,7 @@ def runs_section(runs: Sequence[Mapping[str, Any]]) -> list[str]:
             str(r["seed"]),
             num(r["training_s"], ".3f"),
             num(r["test_bpb"], ".4f"),
-            r["reason"] or "",
+            (r["reason"] or "").replace("|", "\\|").replace("\n", " "),  # whole, one table cell
         ]
         for r in runs
     ]
