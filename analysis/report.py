@@ -15,8 +15,7 @@ from analysis.plots import plots
 from prereg.files import atomic_write
 from prereg.records import load_started, seal, write_json
 from prereg.render.beside import read_beside
-from prereg.render.page import write_page
-from prereg.render.report import markdown
+from prereg.render.page import markdown, write_page
 from prereg.results import Summary
 from prereg.summary import derive, load_records
 

@@ -109,3 +109,33 @@ def test_the_committed_study_page_is_valid_and_renders():
 
     check_page(STUDY / "index.html", ("pairs", "published", "factorial", "null_aa"))
     check_page(CPU2 / "index.html", ("pairs", "published", "null_aa", "design_paired", "design_block25"))
+
+
+COMMITTED = sorted(p.parent for p in (ROOT / "records").glob("*/summary.json"))
+
+
+@pytest.mark.skipif(not COMMITTED, reason="no committed records folder in this checkout")
+@pytest.mark.parametrize("folder", COMMITTED, ids=[p.name for p in COMMITTED])
+def test_each_committed_study_renders_byte_for_byte_as_committed(folder):
+    """Every committed report.md (before its plot links) and index.html is what the one section
+    model renders from the folder's sealed summary.json: the renderers' refactors change no byte
+    unless the change is named and the texts are rendered again."""
+    import json
+
+    from prereg.render.published import published_texts
+
+    report = (folder / "report.md").read_text(encoding="utf-8")
+    page = (folder / "index.html").read_text(encoding="utf-8")
+    beside = re.search(r"^The same configurations and arms in \S+ \(.*; records `([^`]+)`", report, re.M)
+    rendered = published_texts(
+        json.loads((folder / "summary.json").read_text(encoding="utf-8")),
+        str(folder / "summary.json"),
+        re.search(r"<pre><code>python analysis/public_audit\.py (\S+)", page).group(1),
+        json.loads((folder / "MANIFEST").read_text(encoding="utf-8")),
+        beside_dir=str(ROOT / beside.group(1)) if beside else None,
+        beside_label=beside.group(1) if beside else None,
+    )
+    assert page == rendered["index.html"]
+    md = rendered["report.md"]
+    links = report[len(md) :]
+    assert report.startswith(md) and re.fullmatch(r"(\n(!\[\w+\]\(\w+\.png\)\n)+)?", links), links[:200]

@@ -1,17 +1,10 @@
-"""The study page: one self-contained static HTML file, generated from the summary and the records alone.
+"""The published texts of a study: ``report.md`` (before its plot links) and the study page
+``index.html``, both written from one list of sections (:mod:`prereg.render.sections`, written by
+:mod:`prereg.render.model`).
 
-Its sections follow the original study's public page: the question and one sentence of answer per
-hypothesis, a table per study (baseline / candidate time, reduction, interval, faster / slower pairs),
-quality and total-time costs, peak memory, the factorial decomposition, every pair including adverse
-ones, the flow of planned runs, order diagnostics, how to verify, and what is and is not claimed.
-Here the page is put together and written; the per-study sections are :mod:`prereg.render.page_studies`,
-the protocol-wide ones :mod:`prereg.render.page_protocol`, their HTML helpers :mod:`prereg.render.page_html`.
-
-The file makes no request: no script, no external stylesheet, font or image; plots are inline SVG with
-text alternatives; every table has a caption and header cells. It reads without JavaScript.
-
-``harness publish PROTOCOL [--out DIR]``; ``harness run`` and ``harness report`` write ``index.html``
-beside ``report.md``.
+The page is one self-contained static HTML file: no script, no external stylesheet, font or image;
+plots are inline SVG with text alternatives; every table has a caption and header cells. ``harness
+publish PROTOCOL [--out DIR]``; ``harness run`` and ``harness report`` write both.
 """
 
 from __future__ import annotations
@@ -23,18 +16,8 @@ from typing import Any
 from prereg.files import atomic_write
 from prereg.records import SCHEMA_VERSION
 from prereg.render.beside import Beside
-from prereg.render.lockstep_report import model_html
-from prereg.render.page_html import esc
-from prereg.render.page_protocol import answers_section, claims_section, flow_section, verify_section
-from prereg.render.page_studies import (
-    answer_figure,
-    beside_section,
-    every_pair_section,
-    factorial_section,
-    order_section,
-    paired_section,
-)
-from prereg.render.planted_report import planted_html, planted_names
+from prereg.render.model import Section, esc, to_html, to_md
+from prereg.render.sections import sections
 from prereg.results import Summary
 
 PAGE_NAME = "index.html"
@@ -55,6 +38,11 @@ figure{margin:1rem 0}figcaption{font-size:.88rem;color:#444}
 """
 
 
+def markdown(summary: Summary, beside: Beside | None = None) -> str:
+    """``report.md`` before its plot links, for ``summary`` and the study ``beside`` it."""
+    return to_md(sections(summary, beside))
+
+
 def render(
     summary: Summary,
     records_rel: str,
@@ -65,39 +53,17 @@ def render(
     """The page's HTML for ``summary`` (``prereg.summary.derive``); ``records_rel`` is the records
     folder as the audit command should name it; ``manifest`` the folder's MANIFEST (ledger head);
     ``summary_sha256`` the sealed ``summary.json``'s hash."""
-    p = summary.protocol
-    done = summary.completeness
-    title = f"Protocol {p['id']} (version {p['version']})"
-    body = [
-        f"<h1>{esc(title)}</h1>",
-        f"<p class=lede>{esc(p.get('description') or '')}</p>",
-        f'<p class="status">{esc(done.text)}.</p>',
-    ]
-    answers = answers_section(summary.hypotheses)  # the sentences, then the answer's figure, then the tables
-    cut = answers.index("</ul>") + 1 if "</ul>" in answers else len(answers)
-    on_cpu = p.get("device") == "cpu"  # CPU time measures a CPU run's work, not a GPU's
-    planted = planted_names(summary)
-    studies = [s for s in summary.studies if s.name not in planted]  # planted ones: their own section
-    body += answers[:cut] + answer_figure(studies, p["studies"], on_cpu, beside) + answers[cut:]
-    body += beside_section(beside) if beside else []
-    body += planted_html(summary) + model_html(summary)
-    by_name = {s["name"]: s for s in p["studies"]}
-    n = 0
-    for study in studies:
-        if not study.configs:
-            continue
-        if study.design == "paired":
-            body += paired_section(study, n, by_name.get(study.name), on_cpu)
-            n += 1
-        else:
-            body += factorial_section(study, by_name[study.name])
-    body += every_pair_section(studies) + flow_section(summary.flow) + order_section(studies)
-    body += verify_section(summary, summary_sha256, records_rel, manifest or {}) + claims_section(summary)
+    return document(summary, sections(summary, beside, records_rel, manifest, summary_sha256))
+
+
+def document(summary: Summary, parts: list[Section]) -> str:
+    """The page around the sections' HTML: its title, style and main element."""
+    title = f"Protocol {summary.protocol['id']} (version {summary.protocol['version']})"
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{esc(title)}</title><style>{STYLE}</style></head>\n<body><main>\n"
-        + "\n".join(body)
+        + "\n".join(to_html(parts))
         + "\n</main></body></html>\n"
     )
 

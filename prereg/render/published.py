@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from prereg.render.beside import read_beside
-from prereg.render.page import page_manifest, render
-from prereg.render.report import markdown
+from prereg.render.model import to_md
+from prereg.render.page import document, page_manifest
+from prereg.render.sections import sections
 from prereg.results import Summary
 
 __all__ = ["published_texts"]
@@ -32,12 +33,8 @@ def published_texts(
     """``report.md`` (without the plot links) and ``index.html`` as ``harness report`` renders them
     from the sealed summary ``summary_json`` (read from ``where``), the folder named ``records_rel``
     in the page's audit command, its ``manifest`` and, with ``beside_dir``, the earlier study shown
-    beside it under ``beside_label``."""
+    beside it under ``beside_label``: one list of sections, written both ways."""
     summary = Summary.read(summary_json, where)
     shown = read_beside(summary, Path(beside_dir), beside_label) if beside_dir is not None else None
-    return {
-        "report.md": markdown(summary, shown),
-        "index.html": render(
-            summary, records_rel, page_manifest(manifest), summary_json.get("sha256"), shown
-        ),
-    }
+    parts = sections(summary, shown, records_rel, page_manifest(manifest), summary_json.get("sha256"))
+    return {"report.md": to_md(parts), "index.html": document(summary, parts)}

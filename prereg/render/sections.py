@@ -1,0 +1,467 @@
+"""The published texts' sections, built once from the summary (:func:`sections`): the protocol and its
+records, the decisions, the flow of planned runs, the study beside an earlier one, the planted
+studies' bias, the lockstep model, each study (:mod:`prereg.render.studies`), every run attempt, how
+to verify and what is claimed. :mod:`prereg.render.model` writes them as report.md and index.html."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from prereg.attempts import FLOW_COUNTS
+from prereg.decisions import HypothesisDecision
+from prereg.render.beside import Beside
+from prereg.render.model import Section, Table, Text, cells, cols, esc, num, para, raw
+from prereg.render.studies import answer_figure, every_pair, factorial, order_html, paired
+from prereg.results import Descriptive, Hypotheses, Summary
+
+__all__ = ["LOOK_HEAD", "look_rows", "planted_names", "sections", "sequential_text"]
+
+#: The columns of the looks' table.
+LOOK_HEAD = cols(
+    "Look | Pairs | Hypothesis | Test | n | p (stage-wise) | Level | Nominal | At this look | Stop"
+)
+DECISION_HEAD = cols(
+    "Hypothesis | Study / configuration | Endpoint | Type | n | Estimate | Interval | p | alpha | Decision"
+)
+
+
+def sections(
+    summary: Summary,
+    beside: Beside | None = None,
+    records_rel: str = "",
+    manifest: Mapping[str, Any] | None = None,
+    summary_sha256: str | None = None,
+) -> list[Section]:
+    """Both texts' sections, in order (each output skips the other's): ``beside`` an earlier study
+    shown beside this one; ``records_rel``, ``manifest`` and ``summary_sha256`` what the page's
+    verification names (the folder as the audit command should name it, its MANIFEST, the sealed
+    summary's hash)."""
+    p, done = summary.protocol, summary.completeness
+    out = [Section(None, [Text(f"**{done.text}.**")], only="md")]
+    out.append(
+        Section(
+            f"Protocol {p['id']} (version {p['version']})",
+            [
+                Text("\n".join(_header(summary))),
+                raw(f"<p class=lede>{esc(p.get('description') or '')}</p>"),
+                raw(f'<p class="status">{esc(done.text)}.</p>'),
+            ],
+            level=1,
+        )
+    )
+    planted = planted_names(summary)
+    studies = [s for s in summary.studies if s.name not in planted]  # planted ones: their own section
+    figure = answer_figure(studies, p["studies"], p.get("device") == "cpu", beside)
+    out += [*_decisions(summary.hypotheses, figure), _flow(summary.flow, True), *_beside(beside)]
+    out += [_planted(summary), _model(summary)]
+    by_name = {s["name"]: s for s in p["studies"]}
+    n = 0
+    for study in (s for s in studies if s.configs):
+        if study.design == "paired":  # a CPU run's CPU time measures its work, not a GPU's
+            out += paired(study, n, by_name.get(study.name), p.get("device") == "cpu")
+            n += 1
+        else:
+            out += factorial(study, by_name[study.name])
+    out += [every_pair(studies), _flow(summary.flow, False), order_html(studies), _runs(summary.runs)]
+    return out + [_verify(summary, summary_sha256, records_rel, manifest or {}), _claims(summary)]
+
+
+def _header(summary: Summary) -> list[str]:
+    """report.md's lines on the protocol and its tag, the records (superseded, unfinished), exclusions."""
+    p, rec = summary.protocol, summary.records
+    out = [
+        f"Protocol sha256 `{p['sha256']}`"
+        + (f", tag `{p['tag']}`" if p.get("tag") else ", not preregistered")
+        + ".",
+        f"Records: {rec.files} run attempts ({rec.ok} ok, {rec.failed} failed, "
+        f"{rec.interrupted} interrupted); {rec.device_seconds:.1f} device seconds in all.",
+    ]
+    if rec.superseded:
+        out.append(
+            f"Superseded: {rec.superseded} attempts of units that ran again whole (kept, not analysed; "
+            "each unit is analysed from its latest unit attempt)."
+        )
+    for u in rec.unfinished:
+        out.append(
+            f"Interrupted, no record yet: {u['run_id']} attempt {u['attempt']} started at {u['started_at']} "
+            f"on {u['node']} (ledger seq {u['seq']})."
+        )
+    if summary.exclusions:
+        out.append(
+            "Excluded units: " + "; ".join(f"{e['unit']} ({e['reason']})" for e in summary.exclusions) + "."
+        )
+    return out
+
+
+def _decisions(hyp: Hypotheses | Descriptive, figure: list[Text]) -> list[Section]:
+    """The preregistered decisions: report.md's table (with each failed-arm sensitivity analysis) and
+    the page's answer (one sentence per decision, the answer's figure, the table), or a descriptive
+    protocol's statement; a group-sequential family's looks."""
+    if isinstance(hyp, Descriptive):
+        said = raw(f"<p>This protocol is descriptive: no hypothesis is decided. {esc(hyp.descriptive)}</p>")
+        return [
+            Section(
+                "Decisions",
+                [para(f"Descriptive protocol: no hypothesis is decided. {hyp.descriptive}")],
+                only="md",
+            ),
+            Section("The question and the answer", [said, *figure], only="html"),
+        ]
+    fam = (
+        f"{len(hyp.decisions)} preregistered hypotheses, {hyp.procedure.replace('_', ' ')} procedure at a "
+        f"one-sided family-wise error rate of {hyp.family_alpha:g}"
+    )
+    md_rows, html_rows = [], []
+    for x in hyp.decisions:
+        d, sens = x.decision, x.sensitivity
+        t = d.test or {}
+        iv = "n/a" if d.low is None or d.high is None else f"{d.low:+.4g} to {d.high:+.4g}"
+        common = [
+            f"{d.endpoint} ({d.estimand})",
+            d.type.replace("_", "-") + (f", margin {d.margin:g}" if d.margin else ""),
+            str(t.get("n", "n/a")),
+        ]
+        status = d.status + (f" ({d.reason})" if d.reason else "")
+        tail = [num(t.get("p_value"), ".3g"), num(d.alpha, ".3g"), status]
+        md_iv = iv if iv == "n/a" else f"{iv} ({100 * (d.level or 0):.4g}%)"
+        failed = (
+            f"p = {sens['p_value']:.3g} ({sens['pairs_with_a_failed_arm']} failed pairs)" if sens else "none"
+        )
+        md_rows.append([d.id, f"{d.study} / {d.config}", *common, _estimate(d), md_iv, *tail, failed])
+        est = num(t.get("estimate"), "+.4g")
+        html_rows.append([d.id, f"{d.study} / {d.config or 'all'}", *common, est, iv, *tail])
+    md: list[Text | Table] = [
+        para(f"{fam}; a decision needs at least {hyp.min_pairs} pairs.", "md"),
+        Table("", [*DECISION_HEAD, "Failed arm as adverse"], md_rows),
+    ]
+    html: list[Text | Table] = [raw(f"<p>{esc(fam)}.</p><ul>")]
+    html += [
+        raw(f'<li><span class="status">{esc(x.decision.status)}</span>: {esc(x.decision.text)}</li>')
+        for x in hyp.decisions
+    ]
+    html += [raw("</ul>"), *figure, Table("Preregistered decisions", DECISION_HEAD, html_rows)]
+    out = [Section("Decisions", md, only="md")]
+    if hyp.sequential is not None:
+        looks = Table("Sequential looks", LOOK_HEAD, look_rows(hyp.sequential))
+        bullets = Text("\n".join(f"* {x.decision.text}" for x in hyp.decisions))
+        out.append(
+            Section(
+                "Sequential looks", [para(sequential_text(hyp.sequential), "md"), looks, bullets], 3, "md"
+            )
+        )
+        html += [para(sequential_text(hyp.sequential), "html"), looks]
+    return [*out, Section("The question and the answer", html, only="html")]
+
+
+def sequential_text(seq: Mapping[str, Any]) -> str:
+    """The design in one sentence: its looks, spending, futility bound and where it stopped."""
+    fut = (
+        f", non-binding futility below z = {seq['futility_z']:g}" if seq.get("futility_z") is not None else ""
+    )
+    stop = (
+        f"; the rule stopped the study at look {seq['stopped_at']} ({seq['stop']})"
+        if seq.get("stop") in ("efficacy", "futility")
+        else "; it ran to its last look"
+        if seq.get("stop") == "final"
+        else "; the records stop before its next look"
+    )
+    return (
+        f"Group-sequential design: looks at {', '.join(map(str, seq['looks_planned']))} pairs, "
+        f"Lan-DeMets {seq['spending'].replace('_', '-')} alpha spending{fut}{stop}. Each look tests the "
+        "pairs so far against its boundary's nominal level (the decision's interval is the repeated "
+        "confidence interval at that level)."
+    )
+
+
+def look_rows(seq: Mapping[str, Any]) -> list[list[str]]:
+    """One row per look and hypothesis: its test on the pairs so far, the stage-wise p-value, the
+    hypothesis' level share, its boundary's nominal level, what the look found, and the stop."""
+    rows = []
+    for lk in seq["looks"]:
+        for h in lk["hypotheses"]:
+            found = (
+                f"established (crossed at look {h['crossed_at']})"
+                if h["established"]
+                else "below the futility bound"
+                if h["futile"]
+                else "not reached" + (f" ({h['why']})" if h["why"] else "")
+                if h["p_value"] is None
+                else "not yet"
+            )
+            n = str(h["n"]) if h["n"] is not None else "n/a"
+            p, level, nominal = (num(h[k], ".3g") for k in ("p_value", "level", "nominal"))
+            look = [str(lk["look"]), str(lk["pairs"]), h["id"], h["method"] or "n/a", n]
+            rows.append([*look, p, level, nominal, found, lk["stop"] or "go on"])
+    return rows
+
+
+def _estimate(d: HypothesisDecision) -> str:
+    """The decision's estimate in its estimand's units; a worst-rank one says what it is."""
+    if d.estimate_of and d.estimate_of != d.estimand:
+        return f"{num(d.estimate, '+.4g')} ({d.estimate_of})"
+    return num(d.estimate, "+.4g")
+
+
+def _flow(rows: Sequence[Mapping[str, Any]], md: bool) -> Section:
+    """The flow of planned runs: per study, configuration and arm, planned to analysed and excluded
+    (report.md's, ``md``, or the page's)."""
+    heads = [heading for _, heading in FLOW_COUNTS]
+    title = "Flow of planned runs"
+    if md:
+        arm = [[r["study"], r["config"], f"{r['role']} ({r['arm']})"] for r in rows]
+        table = [[*a, *(str(r.get(k, 0)) for k, _ in FLOW_COUNTS)] for a, r in zip(arm, rows)]
+        return Section(
+            title,
+            [
+                para(
+                    "Per arm: planned, started, ok, failed, interrupted attempts, superseded attempts (of a unit that "
+                    "ran again whole), missing (no ok record), analysed (in a complete pair or block) and excluded (ok, "
+                    "but its partner was not).",
+                ),
+                Table("", ["Study", "Configuration", "Arm", *heads], table),
+            ],
+            only="md",
+        )
+    page_arm = [f"{r['study']} / {r['config']} / {r['role']} ({r['arm']})" for r in rows]
+    table = [[a, *(str(r.get(k, "n/a")) for k, _ in FLOW_COUNTS)] for a, r in zip(page_arm, rows)]
+    caption = (
+        "Per arm: planned, started, ok, failed, interrupted attempts, attempts superseded by a re-run "
+        "of their unit, missing, analysed, excluded"
+    )
+    return Section(title, [Table(caption, ["Study / configuration / arm", *heads], table)], only="html")
+
+
+def _beside(beside: Beside | None) -> list[Section]:
+    """The training-time reductions of the configurations both studies ran, side by side (estimate,
+    interval and, on the page, its half-width), so what the designs resolve reads side by side."""
+    if beside is None or not beside.rows:
+        return []
+    bid, design = beside.protocol_id, beside.rows[0].earlier_design
+    md_rows, html_rows = [], []
+    for b in beside.rows:
+        md_rows.append([b.config, b.study])
+        html_rows.append([b.config])
+        for name, r in ((b.study, b.result), (f"{bid} {b.earlier_study}", b.earlier)):
+            iv = r.training_time.interval
+            est, rng = cells(iv)
+            md_rows[-1] += [str(r.pairs_used), "n/a" if iv is None else f"{est} ({rng})"]
+            width = f"{(iv.high - iv.low) / 2:.2f}" if iv is not None else "n/a"
+            html_rows[-1] += [f"{esc(name)}: {r.pairs_used}", est, rng, f"±{width}"]
+    lvl = f"{beside.rows[0].result.level * 100:g}%"
+    caption = f"Training-time reduction, this study beside {bid} ({lvl} intervals, half-widths in percentage points)"
+    return [
+        Section(
+            f"Beside {bid}",
+            [
+                para(
+                    f"The same configurations and arms in {bid} ({design}; records `{beside.folder}`, read from its sealed summary.json).",
+                    "md",
+                ),
+                Table(
+                    "",
+                    [*cols("Configuration | Study | Pairs | Time reduction (interval)"), f"{bid} pairs", bid],
+                    md_rows,
+                    only="md",
+                ),
+                raw(
+                    f"<p>The same configurations and arms in the earlier study {esc(bid)} ({esc(design)}; its records: "
+                    f"<code>{esc(beside.folder)}</code>, audited on their own), read from its sealed summary.json.</p>",
+                ),
+                Table(caption, ["Configuration", *_half("This study"), *_half(bid)], html_rows, only="html"),
+            ],
+        )
+    ]
+
+
+def _half(who: str) -> list[str]:
+    """The page's beside-table columns of one study."""
+    return [f"{who}: pairs", "Reduction", "Interval", "Half-width"]
+
+
+def planted_names(summary: Summary) -> set[str]:
+    """The planted studies' names (the protocol's studies with ``planted``): their A/A pairs measure
+    the designs, not a change, so only the planted section shows them."""
+    return {s["name"] for s in summary.protocol["studies"] if s.get("planted")}
+
+
+PLANTED = "Planted reference effects: each design's bias"
+PLANTED_HEAD = cols(
+    "Study | Design | Plant | Clock | Pairs | True effect | Estimate (interval) | Bias (interval)"
+)
+
+
+def _planted(summary: Summary) -> Section:
+    """Each design's bias against the effects planted in it (``summary.planted``: prereg/planted.py),
+    the planted studies' only section (none when the protocol plants nothing)."""
+    rows = summary.planted or []
+    if not rows:
+        return Section(None)
+    level = rows[0]["level"] if rows else 0.95
+    sentence = (
+        "A known cost planted in the candidate of an A/A pair, run through each design. Effects, "
+        "estimates and biases in points of the log ratio (100 x ln(candidate / baseline) time; "
+        "positive: the plant read as costing more; a point is about a percentage point here). A "
+        "spin's true effect is arithmetic, pair by pair; a cache-heavy plant's is measured by the "
+        "design with the longest blocks (its interval shown), the others' bias the Welch difference "
+        f"from it. Intervals at {100 * level:g}%; Covered: the nominal interval holds the true effect."
+    )
+    head = [*PLANTED_HEAD, "Covered", "Coverage over replicate studies"]
+    return Section(
+        PLANTED, [para(sentence), Table(PLANTED, head, [_planted_row(r) for r in rows])], anchor="planted"
+    )
+
+
+def _pts(x: float | None, *ends: float | None) -> str:
+    """Points with a sign; with ``ends``, the interval after them."""
+    text = "n/a" if x is None else f"{x:+.2f}"
+    return text + (f" ({_pts(ends[0])} to {_pts(ends[1])})" if ends else "")
+
+
+def _planted_row(r: Mapping[str, Any]) -> list[str]:
+    first = [r["study"], r["design"], r["plant"], r["clock"], str(r["pairs"])]
+    if r.get("bias") is None:
+        return [*first, "n/a", "n/a", r.get("why", "n/a"), "", ""]
+    truth = _pts(r["truth"]) + (
+        f" ({_pts(r['truth_lo'])} to {_pts(r['truth_hi'])}), measured" if "truth_lo" in r else ", arithmetic"
+    )
+    bias = "0 (the reference)" if r.get("reference") else _pts(r["bias"], r["bias_lo"], r["bias_hi"])
+    cov = r.get("coverage")
+    cov_text = (
+        f"{cov['covered']} of {cov['studies']} studies of {cov['pairs_each']} pairs "
+        f"({100 * cov['rate']:.0f}%; 95% {100 * cov['lo']:.0f} to {100 * cov['hi']:.0f}%)"
+        if cov
+        else ""
+    )
+    covered = "" if r.get("reference") else ("yes" if r.get("covered") else "no")
+    return [*first, truth, _pts(r["estimate"], r["estimate_lo"], r["estimate_hi"]), bias, covered, cov_text]
+
+
+MODEL = "Lockstep order cells and carry-over"
+MODEL_HEAD = cols(
+    "Study | Configuration | Clock | Pairs | Effect, mean of the four cells | Built first | Steps first"
+)
+CARRY = ("baseline", "candidate", "candidate_less_baseline")
+
+
+def _model(summary: Summary) -> Section:
+    """Each lockstep study's four order cells and carry-over, on both clocks (``order_cells`` and
+    ``carry_over`` of its configurations: prereg/carryover.py), when its records hold what the model
+    needs; planted studies too, since their order effects are those of the design they measure."""
+
+    def iv(v: Mapping[str, Any] | None) -> str:
+        return (
+            "n/a" if not v else f"{100 * v['estimate']:+.2f} ({100 * v['lo']:+.2f} to {100 * v['hi']:+.2f})"
+        )
+
+    rows = []
+    for study in summary.studies:
+        for r in study.configs:
+            cells_ = getattr(r, "order_cells", None) or {}  # a paired result's (factorial results have none)
+            carry = getattr(r, "carry_over", None) or {}
+            for clock in ("wall", "CPU"):
+                m, c = cells_.get(clock) or {}, carry.get(clock) or {}
+                if m or c:
+                    fit = [iv(m.get(k)) for k in ("effect", "built_first", "steps_first", "interaction")]
+                    pairs = str(m.get("pairs") or c.get("pairs") or "")
+                    rows.append([study.name, r.config, clock, pairs, *fit, *(iv(c.get(k)) for k in CARRY)])
+    if not rows:
+        return Section(None)
+    sentence = (
+        "Per lockstep study, the per-pair log ratio fitted on the four order cells (which arm was built "
+        "first, which stepped first; sum coding, +1 when the candidate is first): the effect with the "
+        "order effects taken out and each coefficient, in points of the log ratio (100 x ln(candidate / "
+        "baseline)); and the carry-over, an arm's mean log step time after its partner's block less "
+        "after its own step (warm-up steps and the first step left out). Intervals at the study's level; "
+        "prereg/carryover.py."
+    )
+    head = [*MODEL_HEAD, "Interaction", *(f"Carry-over: {k.replace('_', ' ')}" for k in CARRY)]
+    return Section(MODEL, [para(sentence), Table(MODEL, head, rows)], anchor="lockstep-model")
+
+
+def _runs(runs: Sequence[Mapping[str, Any]]) -> Section:
+    """Every run attempt, failures and interruptions included, in plan order (report.md's)."""
+    rows = [
+        [r["run_id"], str(r["attempt"]), r["status"], r["arm"], str(r["seed"]), num(r["training_s"], ".3f")]
+        + [
+            num(r["test_bpb"], ".4f"),
+            (r["reason"] or "").replace("|", "\\|").replace("\n", " "),
+        ]  # whole, one cell
+        for r in runs
+    ]
+    head = ["Run", "Attempt", "Status", "Arm", "Seed", "Training (s)", "Test BPB", "Reason"]
+    return Section(
+        "Every run attempt",
+        [para(f"{len(runs)} attempts, failures and interruptions included."), Table("", head, rows)],
+        only="md",
+    )
+
+
+def _verify(
+    summary: Summary, summary_sha256: str | None, records_rel: str, manifest: Mapping[str, Any]
+) -> Section:
+    """How to verify (the page's): what the records are bound to (protocol, tag, freeze, ledger head,
+    summary) and the audit command."""
+    p = summary.protocol
+    head = manifest.get("ledger_head") or {}
+    facts = [
+        ["Protocol file", p.get("path") or "n/a"],
+        ["Protocol sha256", p["sha256"]],
+        ["Tag", p.get("tag") or "none (not preregistered)"],
+        ["Tag commit", p.get("tag_commit") or "n/a"],
+        ["Tag created", p.get("tag_created") or "n/a"],
+        ["Freeze manifest sha256", p.get("freeze_sha256") or "n/a"],
+        ["Ledger head", f"{head.get('seq', 'n/a')}:{head.get('sha256', 'n/a')}" if head else "n/a"],
+        ["Summary sha256", summary_sha256 or "n/a"],
+    ]
+    signers = " --allowed-signers ~/trusted/allowed_signers" if p.get("tag") else ""
+    cmd = f"python analysis/public_audit.py {records_rel}{signers} --head SEQ:SHA256"
+    return Section(
+        "How to verify",
+        [
+            raw(
+                "<p>The tag is the source of truth. The standard-library audit checks every record's hash, the "
+                "ledger's chain, the freeze against the tag, and recomputes every statistic on this page.</p>",
+            ),
+            Table("What the records are bound to", ["Item", "Value"], facts),
+            raw(
+                "<p>The two trust roots must come from outside this repository, which a forger would rewrite "
+                "with the records: the maintainers' allowed-signers file and the ledger head as published "
+                "with the study (keep your copies from the first time you verify). The head above is what "
+                "the records say, to compare with yours, not to paste: given a signers file inside the "
+                "repository, or a head that its README or docs print, the audit says TRUST ROOTS FROM THE "
+                "REPOSITORY and exits 3.</p>",
+            ),
+            raw(f"<pre><code>{esc(cmd)}</code></pre>"),
+        ],
+        only="html",
+    )
+
+
+def _claims(summary: Summary) -> Section:
+    """What is and is not claimed (the page's): the decisions only, on the devices and settings the
+    records name; every attempt kept."""
+    devices = sorted({r.get("device") or "unknown" for r in summary.runs if r.get("device")})
+    p, rec = summary.protocol, summary.records
+    how = (
+        "tagged before its first run"
+        if p.get("preregistered")
+        else "run without preregistration (descriptive)"
+    )
+    items = [
+        "<h2>What is and is not claimed</h2><ul>",
+        f"<li>Claimed: only the decisions listed above, at the stated error rate, for protocol "
+        f"{esc(p['id'])} as {how}; other intervals are descriptive.</li>",
+        f"<li>Measured on: {esc(', '.join(devices) or 'the devices named in the records')}, device "
+        f"{esc(p.get('device'))}, {'compiled' if p.get('compile') else 'eager'} training, corpus {esc(p.get('corpus'))}."
+        "</li>",
+        "<li>Not claimed: a CPU result does not predict MPS or CUDA. There the gradient phase is a different share "
+        "of the step and runs other kernels; the method's exactness there is checked by <code>harness verify "
+        "--device cuda|mps</code>, and its speed only by a study on that device.</li>",
+        "<li>Not claimed: other model sizes, batch sizes, thread counts, PyTorch versions or CPUs than those in "
+        "the records; distributed training.</li>",
+        f"<li>Every attempt stays in the record set: {rec.files} attempts ({rec.ok} ok, {rec.failed} "
+        f"failed, {rec.interrupted} interrupted, {rec.superseded} superseded by a re-run of their "
+        f"unit); {len(rec.unfinished or [])} started attempt(s) have no record yet.</li></ul>",
+    ]
+    return Section(None, [raw(x) for x in items], only="html")
