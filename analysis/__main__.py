@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"analysis report: error: {e}", file=sys.stderr)
         return 2
     print(out.markdown)
+    print(out.answer)  # the answer last: each configuration's effect in percent and its decisions
     return 0
 
 

@@ -135,7 +135,7 @@ def _forest(summary: Summary, directory: Path) -> list[Path]:
     ax.set_xlabel("estimate (estimand units) with its interval; red ticks: margins")
     fig.tight_layout()
     path = directory / "plot_forest.png"
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # the figure grows to its longest label: none clipped
     plt.close(fig)
     return [path]
 

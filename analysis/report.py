@@ -14,6 +14,7 @@ from pathlib import Path
 from analysis.plots import plots
 from prereg.files import atomic_write
 from prereg.records import load_started, seal, write_json
+from prereg.render.answer import terminal_answer
 from prereg.render.beside import read_beside
 from prereg.render.page import markdown, write_page
 from prereg.results import Summary
@@ -28,6 +29,7 @@ class ReportOutput:
     plots: list[Path]
     markdown: str
     page_path: Path | None = None
+    answer: str = ""  # the terminal's last lines: each configuration's effect and decisions
 
 
 def write_report(
@@ -70,4 +72,5 @@ def write_report(
             frame.to_csv(export_path, index=False)
         else:
             frame.to_parquet(export_path, index=False)
-    return ReportOutput(summary_path, report_path, export_path, made, md, page_path)
+    answer = terminal_answer(summary, {"report": report_path, "page": page_path})
+    return ReportOutput(summary_path, report_path, export_path, made, md, page_path, answer)

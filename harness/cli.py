@@ -135,7 +135,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise InputError(
                 f"--beside {args.beside}: no summary.json there (an earlier study's records folder)"
             )
-    return report(proto, args.format, args.quiet, beside)
+    report(proto, args.format, args.quiet, beside)
+    return 0
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:

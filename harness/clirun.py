@@ -82,9 +82,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     end = runner.run()
     code, message = run_ending(proto, end)
     report_now = not args.no_report and code in (RUN_COMPLETE, RUN_FAILED_RUNS, RUN_BUDGET_STOP)
+    answer = ""
     if report_now and any(proto.records_path.glob("*.record.json")):
         try:
-            report(proto, fmt=None, quiet=False)
+            answer = report(proto, fmt=None, quiet=False, answer_after=True)
         except HarnessError:
             raise
         except Exception as e:  # noqa: BLE001 - the runs are recorded; say what failed, no traceback
@@ -98,6 +99,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
             return RUN_NO_REPORT
     print(message, flush=True)
+    if answer:
+        print(answer, flush=True)  # the answer last: each configuration's effect and decisions
     return code
 
 
@@ -153,9 +156,13 @@ def run_ending(proto: Any, end: Any) -> tuple[int, str]:
     return RUN_COMPLETE, f"all {end.planned} runs finished ok; {where}"
 
 
-def report(proto: Any, fmt: str | None, quiet: bool, beside: Path | None = None) -> int:
+def report(
+    proto: Any, fmt: str | None, quiet: bool, beside: Path | None = None, answer_after: bool = False
+) -> str:
     """Write the study's summary, report, page (and ``fmt`` export) from its records, ``beside`` an
-    earlier study's records folder if given; print the report."""
+    earlier study's records folder if given; print the report, then the answer (each configuration's
+    effect in percent and its decisions) last, unless the caller prints it after its own last line
+    (``answer_after``). Returns the answer's lines."""
     from analysis.report import write_report
 
     if not any(proto.records_path.glob("*.record.json")):
@@ -175,7 +182,9 @@ def report(proto: Any, fmt: str | None, quiet: bool, beside: Path | None = None)
             f"wrote {out.summary_path}, {out.report_path}, {out.page_path}"
             + (f", {out.export_path}" if out.export_path else "")
         )
-    return 0
+        if not answer_after:
+            print(out.answer)
+    return out.answer
 
 
 def records_rel(proto: Any) -> str:

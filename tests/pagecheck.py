@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -74,6 +75,32 @@ def check_static(html: str) -> None:
             assert not e.get(attr), (e.tag, attr, e.get(attr))
 
 
+def check_labels(page) -> None:
+    """Every text of every plot is drawn whole inside its plot: a label that runs past the SVG's
+    edge is clipped by the browser (the forest plot's long study / configuration labels were)."""
+    for svg in page.locator("svg[role=img]").all():
+        box = svg.bounding_box()
+        for text in svg.locator("text").all():
+            t = text.bounding_box()
+            inside = box["x"] - 0.5 <= t["x"] and t["x"] + t["width"] <= box["x"] + box["width"] + 0.5
+            assert inside, (text.text_content(), t, box)
+
+
+def check_answer_first(page, height: int) -> None:
+    """The answer, each configuration's effect in percent with its interval and decisions, is on the
+    first screen (``height`` pixels), before any table or plot."""
+    items = page.locator("ul.answer li").all()
+    assert items, "no answer list on the page"
+    for li in items:
+        box = li.bounding_box()
+        assert box["y"] + box["height"] <= height, (li.text_content(), box)
+        assert re.search(
+            r"-?\d+\.\d\d% \(\d+(\.\d+)?% interval -?\d+\.\d\d to -?\d+\.\d\d%\)", li.text_content()
+        )
+    first_table = page.locator("main table").first.bounding_box()
+    assert first_table is None or first_table["y"] > items[-1].bounding_box()["y"]
+
+
 def check_page(path: Path, expect_studies: tuple[str, ...]) -> None:
     html = path.read_text(encoding="utf-8")
     check_static(html)
@@ -115,6 +142,8 @@ def check_page(path: Path, expect_studies: tuple[str, ...]) -> None:
             assert page.locator("main table caption").count() == page.locator("main table").count()
             assert page.locator("svg[role=img]").count() >= 2
             assert page.locator("svg circle").count() > 0  # the plots drew their points
+            check_labels(page)
+            check_answer_first(page, 900)
             shot = page.screenshot(full_page=True)
         finally:
             browser.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -162,6 +163,7 @@ def audited(tmp_path_factory):
     assert harness(r, "tag", "protocols/tiny.yaml").returncode == 0
     run = harness(r, "run", "protocols/tiny.yaml", "--quiet")
     assert run.returncode == 0, run.stdout + run.stderr
+    (base / "run.stdout").write_text(run.stdout)
     return r
 
 
@@ -190,6 +192,38 @@ def test_audit_passes_on_real_records(study):
     summary = json.loads((study / "records" / "tiny" / "summary.json").read_text())
     by_name = {st["name"]: st for st in summary["studies"]}
     assert by_name["cells"]["configs"][0]["effects"]["interaction"]["n"] == 2
+
+
+def test_the_terminal_ends_with_the_answer_in_percent(audited, study):
+    """``harness run`` and ``harness report`` print, last, each configuration's effect in percent with
+    its interval and its decisions (the report's tables scroll away above them); the reduction is
+    recomputed here from the records' own training times."""
+    import numpy as np
+
+    from prereg.render.answer import answer_lines
+    from prereg.results import Summary
+
+    summary = Summary.read(json.loads((study / "records" / "tiny" / "summary.json").read_text()))
+    answer = [f"- {line}" for line in answer_lines(summary)]
+    reported = harness(study, "report", "protocols/tiny.yaml")
+    assert reported.returncode == 0, reported.stderr
+    for out in ((audited.parent / "run.stdout").read_text(), reported.stdout):
+        last = out.rstrip("\n").splitlines()[-len(answer) - 2 :]
+        assert last[0].startswith("The answer. Each effect is a reduction in percent")
+        assert last[1:-1] == answer and last[-1].startswith("Details: report ")
+    records = [json.loads(p.read_text()) for p in (study / "records" / "tiny").glob("pairs.*.record.json")]
+    checked = 0
+    for c in (c for sr in summary.studies if sr.name == "pairs" for c in sr.configs):
+        line = next(x for x in answer if x.startswith(f"- pairs / {c.config} ("))
+        times: dict[str, dict[str, float]] = {}
+        for r in (r for r in records if r["spec"]["config"] == c.config):
+            times.setdefault(r["spec"]["unit"], {})[r["spec"]["role"]] = r["timings"]["training_s"]
+        logs = [np.log(t["candidate"] / t["baseline"]) for t in times.values() if len(t) == 2]
+        assert f"training-time reduction {100 * (1 - np.exp(np.mean(logs))):.2f}% (" in line
+        assert re.search(r"% interval -?\d+\.\d\d to -?\d+\.\d\d%\) on the wall clock", line)
+        assert "decisions: " in line or "no preregistered decision" in line
+        checked += 1
+    assert checked >= 1
 
 
 def _first_record(study: Path) -> Path:

@@ -91,3 +91,109 @@ def test_written_files_follow_the_umask_so_a_hosted_page_is_readable(tmp_path):
     path = tmp_path / "site" / "index.html"
     atomic_write(path, b"<!DOCTYPE html>", overwrite=True)
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask
+
+
+def _paired_configs(fixture):
+    return [
+        (s["name"], c)
+        for s in fixture["studies"]
+        if s["design"] == "paired"
+        for c in s["configs"]
+        if c["training_time"]["interval"]
+    ]
+
+
+def _reduction_from_pairs(c):
+    """The geometric reduction in percent, 100 (1 - exp(mean ln(c / b))), from the pairs' own times:
+    computed here with numpy, not by the renderer's code."""
+    import numpy as np
+
+    b = np.array([p["baseline_training_s"] for p in c["pairs"]])
+    k = np.array([p["candidate_training_s"] for p in c["pairs"]])
+    return 100 * (1 - np.exp(np.mean(np.log(k / b)))), b, k
+
+
+def test_report_md_opens_with_each_configurations_effect_in_percent_and_its_decisions():
+    from prereg.render.page import markdown
+
+    lines = markdown(SUMMARY).splitlines()
+    assert lines[2].startswith("# Protocol pagedemo") and lines[4] == "## The answer"
+    bullets = [line for line in lines[5:20] if line.startswith("* ")]
+    for study, c in _paired_configs(FIXTURE):
+        line = next(b for b in bullets if b.startswith(f"* {study} / {c['config']} ("))
+        est, _, _ = _reduction_from_pairs(c)
+        iv = c["training_time"]["interval"]
+        assert (
+            f"reduction {est:.2f}% ({iv['level'] * 100:g}% interval {iv['low']:.2f} to {iv['high']:.2f}%)"
+            in line
+        )
+        for d in FIXTURE["hypotheses"]["decisions"]:
+            if (d["study"], d["config"]) == (study, c["config"]):
+                assert f"{d['id']} {d['status']}" in line
+    # the details (protocol hash, tables) come after the answer
+    assert min(i for i, x in enumerate(lines) if x.startswith("Protocol sha256")) > max(
+        i for i, x in enumerate(lines) if x in bullets
+    )
+
+
+def test_the_page_opens_with_the_same_answer_before_any_table_or_plot():
+    import html as h
+
+    page = render(SUMMARY, "r")
+    start, end = page.index("<ul class=answer>"), page.index("</ul>", page.index("<ul class=answer>"))
+    assert start < page.index("<table") and start < page.index("<svg")
+    items = [h.unescape(x) for x in page[start:end].split("<li>")[1:]]
+    from prereg.render.page import markdown
+
+    bullets = [line[2:] for line in markdown(SUMMARY).splitlines() if line.startswith("* ")]
+    assert [x.strip().removesuffix("</li>") for x in items] == bullets[: len(items)] and len(items) >= 5
+
+
+def test_times_beside_a_reduction_are_geometric_means_and_decisions_read_as_reductions():
+    """1 - candidate / baseline of the means shown is the reduction shown (an arithmetic mean's ratio
+    is not), and a log-ratio decision reads as the same reduction in percent, its interval's ends
+    swapped (computed here from the decision's own log ratio)."""
+    import math
+
+    from scipy.stats import gmean
+
+    page = render(SUMMARY, "r")
+    for _study, c in _paired_configs(FIXTURE):
+        est, b, k = _reduction_from_pairs(c)
+        assert abs(100 * (1 - gmean(k) / gmean(b)) - est) < 1e-9
+        assert f"{gmean(b):.3f} / {gmean(k):.3f} s" in page
+    for d in FIXTURE["hypotheses"]["decisions"]:
+        if d["estimand"] == "log_ratio" and d["low"] is not None:
+            red = [100 * (1 - math.exp(d[x])) for x in ("estimate", "high", "low")]
+            assert f"<td>{red[0]:.2f}% reduction</td><td>{red[1]:.2f} to {red[2]:.2f}%</td>" in page
+
+
+@pytest.mark.process
+def test_the_browser_check_sees_a_clipped_label_and_an_answer_below_the_first_screen(tmp_path, monkeypatch):
+    """The rendered labels are measured: with the label column sized as the plots once were (190 px
+    whatever the label), the long labels run past the plot's edge and the check says which; an answer
+    pushed below the first screen fails too."""
+    import prereg.render.svg as svg
+
+    require_browser()
+    import re
+
+    named = re.sub(
+        r'("(?:study|name)": )"pairs"',
+        r'\1"a_study_with_a_long_name_like_design_block25"',
+        json.dumps(FIXTURE),
+    )
+    s = json.loads(named)
+    long = write_page(Summary.read(s), tmp_path, records_rel="r")
+    check_page(long, expect_studies=("a_study_with", "factorial"))  # drawn whole: passes
+    monkeypatch.setattr(svg, "label_width", lambda labels: svg.LEFT)
+    clipped = write_page(Summary.read(s), tmp_path / "clipped", records_rel="r")
+    with pytest.raises(AssertionError, match="a_study_with_a_long_name"):
+        check_page(clipped, expect_studies=())
+    monkeypatch.undo()
+    low = tmp_path / "low.html"
+    low.write_text(
+        long.read_text().replace("<p class=lede>", '<div style="height:900px"></div><p class=lede>')
+    )
+    with pytest.raises(AssertionError, match="reduction"):
+        check_page(low, expect_studies=())

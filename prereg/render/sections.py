@@ -9,13 +9,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prereg.attempts import FLOW_COUNTS
-from prereg.decisions import HypothesisDecision
+from prereg.render.answer import CONVENTION, answer_lines, decision_cells, planted_names
 from prereg.render.beside import Beside
 from prereg.render.model import Section, Table, Text, cells, cols, esc, num, para, raw
 from prereg.render.studies import answer_figure, every_pair, factorial, order_html, paired
-from prereg.results import Descriptive, Hypotheses, Summary
+from prereg.results import Descriptive, Summary
 
-__all__ = ["LOOK_HEAD", "look_rows", "planted_names", "sections", "sequential_text"]
+__all__ = ["LOOK_HEAD", "look_rows", "sections", "sequential_text"]
 
 #: The columns of the looks' table.
 LOOK_HEAD = cols(
@@ -43,17 +43,24 @@ def sections(
         Section(
             f"Protocol {p['id']} (version {p['version']})",
             [
-                Text("\n".join(_header(summary))),
                 raw(f"<p class=lede>{esc(p.get('description') or '')}</p>"),
                 raw(f'<p class="status">{esc(done.text)}.</p>'),
             ],
             level=1,
         )
     )
+    answer: list[Text | Table] = [
+        para(CONVENTION, "md"),
+        Text("\n".join(f"* {line}" for line in answer_lines(summary))),
+    ]
+    out += [
+        Section("The answer", answer, only="md"),
+        Section(None, [Text("\n".join(_header(summary)))], only="md"),
+    ]
     planted = planted_names(summary)
     studies = [s for s in summary.studies if s.name not in planted]  # planted ones: their own section
     figure = answer_figure(studies, p["studies"], p.get("device") == "cpu", beside)
-    out += [*_decisions(summary.hypotheses, figure), _flow(summary.flow, True), *_beside(beside)]
+    out += [*_decisions(summary, figure), _flow(summary.flow, True), *_beside(beside)]
     out += [_planted(summary), _model(summary)]
     by_name = {s["name"]: s for s in p["studies"]}
     n = 0
@@ -94,19 +101,28 @@ def _header(summary: Summary) -> list[str]:
     return out
 
 
-def _decisions(hyp: Hypotheses | Descriptive, figure: list[Text]) -> list[Section]:
+def _decisions(summary: Summary, figure: list[Text]) -> list[Section]:
     """The preregistered decisions: report.md's table (with each failed-arm sensitivity analysis) and
-    the page's answer (one sentence per decision, the answer's figure, the table), or a descriptive
-    protocol's statement; a group-sequential family's looks."""
+    the page's answer (one sentence per configuration, the answer's figure, the table), or a
+    descriptive protocol's statement; a group-sequential family's looks."""
+    hyp = summary.hypotheses
+    answer: list[Text | Table] = [
+        raw("<ul class=answer>"),
+        *(raw(f"<li>{esc(line)}</li>") for line in answer_lines(summary)),
+        raw("</ul>"),
+    ]
     if isinstance(hyp, Descriptive):
-        said = raw(f"<p>This protocol is descriptive: no hypothesis is decided. {esc(hyp.descriptive)}</p>")
+        said = raw(
+            f"<p>This protocol is descriptive: no hypothesis is decided. {esc(hyp.descriptive)} "
+            f"{esc(CONVENTION)}</p>"
+        )
         return [
             Section(
                 "Decisions",
                 [para(f"Descriptive protocol: no hypothesis is decided. {hyp.descriptive}")],
                 only="md",
             ),
-            Section("The question and the answer", [said, *figure], only="html"),
+            Section("The question and the answer", [said, *answer, *figure], only="html"),
         ]
     fam = (
         f"{len(hyp.decisions)} preregistered hypotheses, {hyp.procedure.replace('_', ' ')} procedure at a "
@@ -116,7 +132,6 @@ def _decisions(hyp: Hypotheses | Descriptive, figure: list[Text]) -> list[Sectio
     for x in hyp.decisions:
         d, sens = x.decision, x.sensitivity
         t = d.test or {}
-        iv = "n/a" if d.low is None or d.high is None else f"{d.low:+.4g} to {d.high:+.4g}"
         common = [
             f"{d.endpoint} ({d.estimand})",
             d.type.replace("_", "-") + (f", margin {d.margin:g}" if d.margin else ""),
@@ -124,23 +139,21 @@ def _decisions(hyp: Hypotheses | Descriptive, figure: list[Text]) -> list[Sectio
         ]
         status = d.status + (f" ({d.reason})" if d.reason else "")
         tail = [num(t.get("p_value"), ".3g"), num(d.alpha, ".3g"), status]
-        md_iv = iv if iv == "n/a" else f"{iv} ({100 * (d.level or 0):.4g}%)"
         failed = (
             f"p = {sens['p_value']:.3g} ({sens['pairs_with_a_failed_arm']} failed pairs)" if sens else "none"
         )
-        md_rows.append([d.id, f"{d.study} / {d.config}", *common, _estimate(d), md_iv, *tail, failed])
-        est = num(t.get("estimate"), "+.4g")
-        html_rows.append([d.id, f"{d.study} / {d.config or 'all'}", *common, est, iv, *tail])
+        md_rows.append(
+            [d.id, f"{d.study} / {d.config or 'all'}", *common, *decision_cells(d, True), *tail, failed]
+        )
+        html_rows.append(
+            [d.id, f"{d.study} / {d.config or 'all'}", *common, *decision_cells(d, False), *tail]
+        )
     md: list[Text | Table] = [
         para(f"{fam}; a decision needs at least {hyp.min_pairs} pairs.", "md"),
         Table("", [*DECISION_HEAD, "Failed arm as adverse"], md_rows),
     ]
-    html: list[Text | Table] = [raw(f"<p>{esc(fam)}.</p><ul>")]
-    html += [
-        raw(f'<li><span class="status">{esc(x.decision.status)}</span>: {esc(x.decision.text)}</li>')
-        for x in hyp.decisions
-    ]
-    html += [raw("</ul>"), *figure, Table("Preregistered decisions", DECISION_HEAD, html_rows)]
+    html: list[Text | Table] = [raw(f"<p>{esc(fam)}. {esc(CONVENTION)}</p>"), *answer, *figure]
+    html.append(Table("Preregistered decisions", DECISION_HEAD, html_rows))
     out = [Section("Decisions", md, only="md")]
     if hyp.sequential is not None:
         looks = Table("Sequential looks", LOOK_HEAD, look_rows(hyp.sequential))
@@ -194,13 +207,6 @@ def look_rows(seq: Mapping[str, Any]) -> list[list[str]]:
             look = [str(lk["look"]), str(lk["pairs"]), h["id"], h["method"] or "n/a", n]
             rows.append([*look, p, level, nominal, found, lk["stop"] or "go on"])
     return rows
-
-
-def _estimate(d: HypothesisDecision) -> str:
-    """The decision's estimate in its estimand's units; a worst-rank one says what it is."""
-    if d.estimate_of and d.estimate_of != d.estimand:
-        return f"{num(d.estimate, '+.4g')} ({d.estimate_of})"
-    return num(d.estimate, "+.4g")
 
 
 def _flow(rows: Sequence[Mapping[str, Any]], md: bool) -> Section:
@@ -277,12 +283,6 @@ def _beside(beside: Beside | None) -> list[Section]:
 def _half(who: str) -> list[str]:
     """The page's beside-table columns of one study."""
     return [f"{who}: pairs", "Reduction", "Interval", "Half-width"]
-
-
-def planted_names(summary: Summary) -> set[str]:
-    """The planted studies' names (the protocol's studies with ``planted``): their A/A pairs measure
-    the designs, not a change, so only the planted section shows them."""
-    return {s["name"] for s in summary.protocol["studies"] if s.get("planted")}
 
 
 PLANTED = "Planted reference effects: each design's bias"

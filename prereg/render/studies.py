@@ -4,8 +4,9 @@ study's cell means and within-block effects; and the answer in one figure (the p
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from prereg.factorial import design_of, effect_names
 from prereg.render.beside import Beside
@@ -24,14 +25,68 @@ CPU_CLOCK = (
 
 
 def design_label(protocol_study: Mapping[str, Any] | None) -> str:
-    """How a paired study's pairs ran: lockstep (its block size) or a process per arm."""
-    lock = (protocol_study or {}).get("lockstep")
-    if lock:
-        steps = lock["block_steps"]
-        return f"lockstep, both arms in one process, alternating blocks of {steps} step" + (
-            "s" if steps != 1 else ""
-        )
+    """How a paired study's pairs ran: lockstep (its block size; built-in arms in one process, a
+    command study's two processes taking turns) or a process per arm."""
+    st = protocol_study or {}
+    if st.get("lockstep"):
+        n = st["lockstep"]["block_steps"]
+        steps = f"{n} step" + ("s" if n != 1 else "")
+        if "commands" in st:
+            return f"lockstep, two processes (one per arm) taking turns in blocks of {steps}"
+        return f"lockstep, both arms in one process, alternating blocks of {steps}"
     return "a process per arm"
+
+
+def _no_total(protocol_study: Mapping[str, Any] | None) -> str | None:
+    """Why a lockstep study compares no total time (``None``: it does)."""
+    st = protocol_study or {}
+    if not st.get("lockstep"):
+        return None
+    if "commands" in st:
+        return "n/a (lockstep: two processes took turns, so each one's total time holds the other's turns)"
+    return "n/a (lockstep: one process ran both arms)"
+
+
+def _no_memory(protocol_study: Mapping[str, Any] | None) -> str:
+    """Why a study's peak-memory table has no row."""
+    st = protocol_study or {}
+    if st.get("lockstep") and "commands" not in st:
+        return (
+            "No peak memory per arm: in lockstep one process ran both arms, so its peak resident memory "
+            "is neither arm's alone."
+        )
+    return (
+        "No peak memory per arm: a pair's records hold no memory figure (none was measured for these runs)."
+    )
+
+
+def _cpu_clock(protocol_study: Mapping[str, Any] | None) -> str:
+    """The CPU clock of the study's records, as they name it."""
+    if "commands" in (protocol_study or {}):
+        return (
+            "Training CPU time (each script process's CPU time, time.process_time, over its timed steps; "
+            "both arms on the same clock)"
+        )
+    return CPU_CLOCK
+
+
+def geometric_means(c: PairedResult, key: str) -> tuple[float | None, float | None]:
+    """Both arms' geometric mean ``key`` (``training_s``, ``training_cpu_s``) over the pairs where
+    both are positive: 1 - candidate / baseline of these is the reduction from the mean log ratio
+    shown beside them (an arithmetic mean's ratio is not)."""
+    both = []
+    for p in c.pairs:
+        b, k = getattr(p, f"baseline_{key}", None), getattr(p, f"candidate_{key}", None)
+        if _positive(b) and _positive(k):
+            both.append((b, k))
+    if not both:
+        return None, None
+    logs = [math.fsum(math.log(x[i]) for x in both) / len(both) for i in (0, 1)]
+    return math.exp(logs[0]), math.exp(logs[1])
+
+
+def _positive(x: Any) -> TypeGuard[float]:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
 
 def answer_figure(
@@ -79,11 +134,18 @@ def answer_figure(
     ]
 
 
-def _times(ep: Any, md: bool, fmt: str = ".3f", unit: str = " s") -> tuple[str, str, str]:
-    """An endpoint's baseline / candidate means, its reduction and interval: report.md's cells
-    (``md``: an en dash, ``n/a`` per number) or the page's."""
+def _times(
+    ep: Any,
+    md: bool,
+    fmt: str = ".3f",
+    unit: str = " s",
+    means: tuple[float | None, float | None] | None = None,
+) -> tuple[str, str, str]:
+    """An endpoint's baseline / candidate means (``means``, else the endpoint's arithmetic ones), its
+    reduction and interval: report.md's cells (``md``: an en dash, ``n/a`` per number) or the page's."""
     est, rng = cells(ep.interval, sep="–" if md else " to ", whole=not md)
-    return f"{num(ep.baseline_mean, fmt)} / {num(ep.candidate_mean, fmt)}{unit}", est, rng
+    b, k = means or (ep.baseline_mean, ep.candidate_mean)
+    return f"{num(b, fmt)} / {num(k, fmt)}{unit}", est, rng
 
 
 def paired(study: StudyResult, n: int, protocol_study: Mapping[str, Any] | None, cpu: bool) -> list[Section]:
@@ -93,38 +155,29 @@ def paired(study: StudyResult, n: int, protocol_study: Mapping[str, Any] | None,
     cfgs = study.paired_configs()
     first = cfgs[0]
     base, cand, lvl = first.baseline_arm, first.candidate_arm, level_pct(first.level)
-    names = f"{base.capitalize()} / {cand.capitalize()}"
     blocks: list[Text | Table] = [
         para(
-            f"Fixed-budget training time. Intervals are two-sided {lvl} paired Student-t intervals; "
-            "positive reduction means the candidate was faster.",
-            "md",
-        ),
-        para(
-            f"Fixed-budget training time; pairs ran in {design_label(protocol_study)}. Intervals are two-sided "
-            f"{lvl} paired Student-t intervals; a positive reduction means the candidate was faster.",
-            "html",
-        ),
+            f"Fixed-budget training time; pairs ran in {design_label(protocol_study)}. Times are geometric "
+            "means over the pairs (1 - candidate / baseline of them is the reduction shown). Intervals are "
+            f"two-sided {lvl} paired Student-t intervals; a positive reduction means the candidate was faster."
+        )
     ]
-    head = [
-        "Configuration",
-        "Parameters",
-        names,
-        "Time reduction",
-        f"{lvl} interval",
-        "faster / slower pairs",
-    ]
+    geo = f"{base} / {cand} (geometric mean)"
+    head = ["Configuration", "Parameters", geo, "Time reduction", f"{lvl} interval", "Faster / slower pairs"]
     for md in (True, False):
         rows = []
         for c in cfgs:
             params = "n/a" if md and not c.parameters else num((c.parameters or 0) / 1e6, ".2f") + "M"
             counts = f"{c.counts['faster']} / {c.counts['slower']}"
-            rows.append([c.config, params, *_times(c.training_time, md), counts])
-        if md:
-            blocks.append(Table("", head, rows, only="md"))
-        else:
-            page_head = [*head[:2], f"{base} / {cand}", *head[3:5], "Faster / slower pairs"]
-            blocks.append(Table(f"Training time, {base} / {cand}", page_head, rows, only="html"))
+            rows.append(
+                [
+                    c.config,
+                    params,
+                    *_times(c.training_time, md, means=geometric_means(c, "training_s")),
+                    counts,
+                ]
+            )
+        blocks.append(Table(f"Training time, {base} / {cand}", head, rows, only="md" if md else "html"))
     forest = [(c.config, *_ends(c.training_time.interval)) for c in cfgs]
     svg = forest_svg(f"forest{n}", f"Training-time reduction of {cand} over {base}, {lvl} intervals", forest)
     if svg:
@@ -134,23 +187,26 @@ def paired(study: StudyResult, n: int, protocol_study: Mapping[str, Any] | None,
                 "right of the dashed line the candidate is faster.</figcaption></figure>",
             )
         )
-    with_cpu = [c for c in cfgs if c.training_cpu_time is not None]
+    with_cpu = [c for c in cfgs if c.training_cpu_time is not None] if cpu else []
+    clock = _cpu_clock(protocol_study)
+    if with_cpu:
+        blocks.append(para(f"{clock}.", "md"))
     for md in (True, False) if with_cpu else ():
-        rows = [[c.config, *_times(c.training_cpu_time, md)] for c in with_cpu]
-        if md:
-            blocks.append(para(f"{CPU_CLOCK}.", "md"))
-            blocks.append(
-                Table("", ["Configuration", names, "CPU-time reduction", f"{lvl} interval"], rows, only="md")
-            )
-        elif cpu:
-            cpu_head = ["Configuration", f"{base} / {cand}", "CPU-time reduction", f"{lvl} interval"]
-            blocks.append(Table(f"{CPU_CLOCK}, {base} / {cand}", cpu_head, rows, only="html"))
-    blocks += _md_costs(cfgs, lvl, names)
-    memory_head = ["Configuration", f"{base} / {cand}", "Reduction"]
+        rows = [
+            [c.config, *_times(c.training_cpu_time, md, means=geometric_means(c, "training_cpu_s"))]
+            for c in with_cpu
+        ]
+        cpu_head = ["Configuration", geo, "CPU-time reduction", f"{lvl} interval"]
+        blocks.append(Table(f"{clock}, {base} / {cand}", cpu_head, rows, only="md" if md else "html"))
+    blocks += _md_costs(cfgs, lvl, f"{base} / {cand}", protocol_study)
+    memory = _memory(cfgs, False)
+    page_memory: list[Text | Table] = [para(_no_memory(protocol_study), "html")]
+    if memory:
+        page_memory = [Table(MEMORY, ["Configuration", f"{base} / {cand}", "Reduction"], memory)]
     return [
         Section(f"Study {study.name}: {cand} versus {base}", blocks),
-        _page_costs(study, cfgs, lvl, bool((protocol_study or {}).get("lockstep"))),
-        Section(f"Peak memory ({study.name})", [Table(MEMORY, memory_head, _memory(cfgs, False))], 3, "html"),
+        _page_costs(study, cfgs, lvl, _no_total(protocol_study)),
+        Section(f"Peak memory ({study.name})", page_memory, 3, "html"),
     ]
 
 
@@ -169,7 +225,9 @@ def _memory(cfgs: Sequence[PairedResult], md: bool) -> list[list[str]]:
     return rows
 
 
-def _md_costs(cfgs: Sequence[PairedResult], lvl: str, names: str) -> list[Text | Table]:
+def _md_costs(
+    cfgs: Sequence[PairedResult], lvl: str, names: str, protocol_study: Mapping[str, Any] | None
+) -> list[Text | Table]:
     """report.md's completion, quality, memory, every-pair and order blocks of a paired study."""
     first = cfgs[0]
     rows = []
@@ -178,7 +236,7 @@ def _md_costs(cfgs: Sequence[PairedResult], lvl: str, names: str) -> list[Text |
         reached = (
             f"{t.pairs} (unreached: baseline {t.unreached['baseline']}, candidate {t.unreached['candidate']})"
         )
-        total = cells(c.total_time.interval, whole=False)[0]
+        total = _no_total(protocol_study) or cells(c.total_time.interval, whole=False)[0]
         rows.append([c.config, reached, *cells(t.interval, sep="–", whole=False), total])
     head = [
         "Configuration",
@@ -216,7 +274,11 @@ def _md_costs(cfgs: Sequence[PairedResult], lvl: str, names: str) -> list[Text |
             )
     head = ["Configuration", f"{names} {metric or 'BPB'}", "Difference", f"{lvl} interval"]
     out += [Table("", head, rows, only="md"), para("Peak memory.", "md")]
-    out.append(Table("", ["Configuration", f"{names} peak", "Reduction"], _memory(cfgs, True), only="md"))
+    memory = _memory(cfgs, True)
+    if memory:
+        out.append(Table("", ["Configuration", f"{names} peak", "Reduction"], memory, only="md"))
+    else:
+        out.append(para(_no_memory(protocol_study), "md"))
     rows = [
         [
             c.config,
@@ -248,7 +310,7 @@ def _md_costs(cfgs: Sequence[PairedResult], lvl: str, names: str) -> list[Text |
     return [*out, Text("\n".join(lines))]
 
 
-def _page_costs(study: StudyResult, cfgs: Sequence[PairedResult], lvl: str, lockstep: bool) -> Section:
+def _page_costs(study: StudyResult, cfgs: Sequence[PairedResult], lvl: str, no_total: str | None) -> Section:
     """The page's quality and completion costs: the quality endpoint, total time, time to target."""
     base, cand, fm = cfgs[0].baseline_arm, cfgs[0].candidate_arm, cfgs[0].final_metric
     rows = []
@@ -256,7 +318,7 @@ def _page_costs(study: StudyResult, cfgs: Sequence[PairedResult], lvl: str, lock
         q, ttt = c.final_metric or c.test_bpb, c.time_to_target
         te, tr = cells(c.total_time.interval)
         re_, rr = cells(ttt.interval)
-        total = "n/a (lockstep: one process ran both arms)" if lockstep else f"{te} ({tr})"
+        total = no_total or f"{te} ({tr})"
         unreached = f"unreached {ttt.unreached['baseline']} / {ttt.unreached['candidate']}"
         ttt_text = f"{re_} ({rr}); {ttt.pairs} pairs reached, {unreached}"
         rows.append(

@@ -30,22 +30,33 @@ def _axis(values: list[float]) -> tuple[float, float]:
 
 
 WIDTH, LEFT, RIGHT, ROW_H = 720, 190, 30, 30
+#: A generous width per character of a 12 px sans-serif label (wider than any such font's average),
+#: so the label column fits its longest label (the browser test measures the drawn labels).
+CHAR_W = 7.4
+
+
+def label_width(labels: list[str]) -> int:
+    """The label column's width: the default, or wide enough for the longest label."""
+    return max(LEFT, int(CHAR_W * max((len(t) for t in labels), default=0)) + 20)
 
 
 def _frame(
-    ident: str, title: str, desc: str, values: list[float], n_rows: int, top: int, unit: str
-) -> tuple[list[str], Callable[[float], float], int]:
-    """An SVG plot's opening, title and description, grid ticks and dashed zero line over ``values``;
-    returns the parts, the x scale and the height."""
-    height = top + ROW_H * n_rows + 30
+    ident: str, title: str, desc: str, values: list[float], labels: list[str], top: int, unit: str
+) -> tuple[list[str], Callable[[float], float], int, int]:
+    """An SVG plot's opening, title and description, grid ticks and dashed zero line over ``values``,
+    a row per label, the label column as wide as its longest label needs (the plot's width grows
+    with it); returns the parts, the x scale, the height and the label column's width."""
+    height = top + ROW_H * len(labels) + 30
     lo, hi = _axis(values)
+    left = label_width(labels)
+    width = WIDTH - LEFT + left
 
     def x(v: float) -> float:
-        return LEFT + (v - lo) / (hi - lo) * (WIDTH - LEFT - RIGHT)
+        return left + (v - lo) / (hi - lo) * (width - left - RIGHT)
 
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" role="img" aria-labelledby="{ident}-t {ident}-d" '
-        f'width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-size="12">',
+        f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-size="12">',
         f'<title id="{ident}-t">{_e(title)}</title>',
         f'<desc id="{ident}-d">{_e(desc)}</desc>',
     ]
@@ -58,7 +69,7 @@ def _frame(
         f'<line x1="{x(0):.1f}" y1="{top - 12}" x2="{x(0):.1f}" y2="{height - 24}" stroke="#555" '
         'stroke-dasharray="4 3"/>'
     )
-    return parts, x, height
+    return parts, x, height, left
 
 
 def forest_svg(
@@ -70,12 +81,13 @@ def forest_svg(
         return ""
     top = 34
     desc = "; ".join(f"{r[0]}: {r[1]:.2f}{unit} ({r[2]:.2f} to {r[3]:.2f}{unit})" for r in shown)
-    parts, x, _ = _frame(ident, title, desc, [v for r in shown for v in r[1:]], len(shown), top, unit)
+    values = [v for r in shown for v in r[1:]]
+    parts, x, _, left = _frame(ident, title, desc, values, [r[0] for r in shown], top, unit)
     for i, (label, est, low, high) in enumerate(shown):
         y = top + ROW_H * i + ROW_H / 2
         color = "#1f5fa8" if low > 0 else ("#b3361f" if high < 0 else "#555")
         parts.append(
-            f'<text x="{LEFT - 10}" y="{y + 4:.1f}" text-anchor="end">{_e(label)}</text>'
+            f'<text x="{left - 10}" y="{y + 4:.1f}" text-anchor="end">{_e(label)}</text>'
             f'<line x1="{x(low):.1f}" y1="{y:.1f}" x2="{x(high):.1f}" y2="{y:.1f}" stroke="{color}" '
             f'stroke-width="2"/><circle cx="{x(est):.1f}" cy="{y:.1f}" r="4.5" fill="{color}"/>'
         )
@@ -92,10 +104,11 @@ def pairs_svg(ident: str, title: str, rows: list[tuple[str, list[float]]]) -> st
     adverse = sum(v < 0 for _, vals in rows for v in vals)
     total = sum(len(vals) for _, vals in rows)
     desc = f"{total} pairs, {adverse} adverse (candidate slower); every value is in the table below."
-    parts, x, _ = _frame(ident, title, desc, [v for _, vals in rows for v in vals], len(rows), top, "%")
+    values = [v for _, vals in rows for v in vals]
+    parts, x, _, left = _frame(ident, title, desc, values, [label for label, _ in rows], top, "%")
     for i, (label, vals) in enumerate(rows):
         y = top + ROW_H * i + ROW_H / 2
-        parts.append(f'<text x="{LEFT - 10}" y="{y + 4:.1f}" text-anchor="end">{_e(label)}</text>')
+        parts.append(f'<text x="{left - 10}" y="{y + 4:.1f}" text-anchor="end">{_e(label)}</text>')
         for v in vals:
             if v < 0:
                 parts.append(

@@ -1,0 +1,123 @@
+"""The answer first: each configuration's effect as a reduction in percent with its interval, and the
+preregistered decisions on it, one sentence per configuration. report.md opens with these sentences,
+the page's first screen shows them, and ``harness run`` and ``harness report`` print them last.
+
+One sign convention everywhere: a reduction in percent of the baseline's time, ``100 x (1 -
+candidate / baseline)`` (the geometric one for a log ratio: ``100 x (1 - exp(mean log ratio))``);
+positive means the candidate was faster."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from prereg.decisions import HypothesisDecision
+from prereg.results import Descriptive, Summary
+
+__all__ = ["CONVENTION", "answer_lines", "decision_cells", "planted_names", "reduction", "terminal_answer"]
+
+CONVENTION = (
+    "Each effect is a reduction in percent of the baseline's training time (positive: the candidate was "
+    "faster) with its two-sided interval at the study's level, then the preregistered decisions on it."
+)
+
+
+def reduction(log_ratio: float) -> float:
+    """A log ratio ``ln(candidate / baseline)`` as a reduction in percent."""
+    return 100.0 * -math.expm1(log_ratio)
+
+
+def planted_names(summary: Summary) -> set[str]:
+    """The planted studies' names (the protocol's studies with ``planted``): their A/A pairs measure
+    the designs, not a change, so only the planted section shows them."""
+    return {s["name"] for s in summary.protocol["studies"] if s.get("planted")}
+
+
+def decision_cells(d: HypothesisDecision, with_level: bool) -> tuple[str, str]:
+    """A decision's estimate and interval cells: a log ratio as a reduction in percent (its interval's
+    ends swap), a difference in its own units; ``with_level`` names the interval's level."""
+    level = f" ({100 * (d.level or 0):.4g}%)" if with_level else ""
+    if d.estimand == "log_ratio" and d.estimate_of in (None, d.estimand):
+        est = "n/a" if d.estimate is None else f"{reduction(d.estimate):.2f}% reduction"
+        if d.low is None or d.high is None:
+            return est, "n/a"
+        return est, f"{reduction(d.high):.2f} to {reduction(d.low):.2f}%{level}"
+    est = "n/a" if d.estimate is None else f"{d.estimate:+.4g}"
+    if d.estimate_of and d.estimate_of != d.estimand:
+        est += f" ({d.estimate_of})"
+    return est, "n/a" if d.low is None or d.high is None else f"{d.low:+.4g} to {d.high:+.4g}{level}"
+
+
+def _effect(est: float, low: float, high: float, level: float) -> str:
+    return f"{est:.2f}% ({100 * level:.4g}% interval {low:.2f} to {high:.2f}%)"
+
+
+def _decided(d: HypothesisDecision) -> str:
+    return f"{d.id} {d.status}" + (f" ({d.reason})" if d.reason else "")
+
+
+def _factorial_effects(c: Any) -> str:
+    shown = [
+        f"{name.replace('_', ' ')} {_effect(e['reduction_pct'], e['reduction_low_pct'], e['reduction_high_pct'], c.level)}"
+        for name, e in sorted((c.effects or {}).items())
+        if e
+    ]
+    return "within-block training-time reduction " + ("; ".join(shown) or "n/a (no interval yet)")
+
+
+def _paired_effects(c: Any, cpu: bool) -> str:
+    shown = [
+        f"{_effect(iv.estimate, iv.low, iv.high, c.level)} on the {clock}"
+        for clock, ep in (
+            ("wall clock", c.training_time),
+            ("CPU clock", c.training_cpu_time if cpu else None),
+        )
+        if ep is not None and (iv := ep.interval) is not None
+    ]
+    return "training-time reduction " + (", ".join(shown) or "n/a (no interval yet)")
+
+
+def answer_lines(summary: Summary) -> list[str]:
+    """One sentence per configuration of each (not planted) study: its effect in percent with its
+    interval and the decisions on it; then any decision on no single configuration shown."""
+    hyp = summary.hypotheses
+    decisions: Sequence[HypothesisDecision] = (
+        [] if isinstance(hyp, Descriptive) else [x.decision for x in hyp.decisions]
+    )
+    none = "no preregistered decision (descriptive protocol)" if isinstance(hyp, Descriptive) else None
+    planted, cpu = planted_names(summary), summary.protocol.get("device") == "cpu"
+    lines, said = [], set()
+    for study in (s for s in summary.studies if s.configs and s.name not in planted):
+        for c in study.configs:
+            if study.design == "paired":
+                base, cand = c.baseline_arm, c.candidate_arm  # type: ignore[union-attr]
+                what = f"A/A null check, {base} against itself" if base == cand else f"{cand} over {base}"
+                effects = _paired_effects(c, cpu)
+            else:
+                what, effects = "factorial", _factorial_effects(c)
+            mine = [d for d in decisions if d.study == study.name and d.config == c.config]
+            said |= {d.id for d in mine}
+            verdict = (
+                "decisions: " + ", ".join(map(_decided, mine))
+                if mine
+                else none or "no preregistered decision"
+            )
+            lines.append(f"{study.name} / {c.config} ({what}): {effects}; {verdict}.")
+    for d in (d for d in decisions if d.id not in said):
+        if d.estimate is None or d.low is None or d.high is None:
+            effect = "no estimate"
+        elif d.estimand == "log_ratio":
+            red = [reduction(x) for x in (d.estimate, d.high, d.low)]
+            effect = f"{d.endpoint} reduction {_effect(red[0], red[1], red[2], d.level or 0)}"
+        else:
+            effect = f"{d.endpoint} {d.estimand} {d.estimate:+.4g} ({100 * (d.level or 0):.4g}% interval {d.low:+.4g} to {d.high:+.4g})"
+        lines.append(f"{d.study} / {d.config or 'all'}: {effect}; decision: {_decided(d)}.")
+    return lines
+
+
+def terminal_answer(summary: Summary, where: Mapping[str, Any]) -> str:
+    """The terminal's last lines: the answer, then where the details are (``where``: report, page)."""
+    body = "\n".join(f"- {line}" for line in answer_lines(summary))
+    details = ", ".join(f"{k} {v}" for k, v in where.items())
+    return f"The answer. {CONVENTION}\n{body}\nDetails: {details}."
