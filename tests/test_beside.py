@@ -44,3 +44,21 @@ def test_a_folder_without_a_summary_is_refused(tmp_path):
 
     r = harness(ROOT, "report", "protocols/cpu1.yaml", "--beside", str(tmp_path), "--quiet")
     assert r.returncode == 2 and "no summary.json there" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_an_earlier_result_beside_several_studies_is_drawn_once():
+    """cpu2 runs tiny_transformer in three studies (pairs, design_paired, design_block25); cpu1's one
+    result of it stands beside all three in the table but is one row of the answer's figure."""
+    import json
+    import re
+
+    from prereg.render.page import render
+
+    folder = ROOT / "records" / "cpu2"
+    this = Summary.read(json.loads((folder / "summary.json").read_text()))
+    beside = read_beside(this, ROOT / "records" / "cpu1", "records/cpu1")
+    assert sum(r.config == "tiny_transformer" for r in beside.rows) == 3
+    figure = render(this, "records/cpu2", None, None, beside).split('id="answer-t"', 1)[1].split("</svg>")[0]
+    labels = re.findall(r'text-anchor="end">([^<]+)</text>', figure)
+    assert labels.count("cpu1 pairs / tiny_transformer, wall") == 1
+    assert len(labels) == len(set(labels))

@@ -115,7 +115,8 @@ def answer_figure(
         iv = b.earlier.training_time.interval
         if iv is not None:
             label = f"{beside.protocol_id} {b.earlier_study} / {b.config}, wall"  # type: ignore[union-attr]
-            rows.append((label, iv.estimate, iv.low, iv.high))
+            if all(r[0] != label for r in rows):  # one earlier result beside several studies: once
+                rows.append((label, iv.estimate, iv.low, iv.high))
     svg = forest_svg("answer", "Training-time reduction per study and configuration", rows)
     if not svg:
         return []
