@@ -197,3 +197,19 @@ def test_the_browser_check_sees_a_clipped_label_and_an_answer_below_the_first_sc
     )
     with pytest.raises(AssertionError, match="reduction"):
         check_page(low, expect_studies=())
+
+
+def test_a_protocol_of_planted_studies_says_where_its_answer_is():
+    """A calibration protocol plants a known cost in every study: no configuration's effect is an
+    answer (its planted section is), and report.md says so rather than printing an empty list."""
+    from prereg.render.answer import CONVENTION, answer_lines
+
+    folder = Path(__file__).parent.parent / "records" / "calibration-cpu"
+    if not (folder / "summary.json").is_file():
+        pytest.skip("records/calibration-cpu is not in this checkout")
+    summary = Summary.read(json.loads((folder / "summary.json").read_text()))
+    assert all(st.get("planted") for st in summary.protocol["studies"])
+    (line,) = answer_lines(summary)
+    assert line.startswith("Every study of this protocol plants a known cost")
+    report = (folder / "report.md").read_text()
+    assert f"## The answer\n\n{CONVENTION}\n\n* {line}\n" in report

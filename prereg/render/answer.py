@@ -113,7 +113,12 @@ def answer_lines(summary: Summary) -> list[str]:
         else:
             effect = f"{d.endpoint} {d.estimand} {d.estimate:+.4g} ({100 * (d.level or 0):.4g}% interval {d.low:+.4g} to {d.high:+.4g})"
         lines.append(f"{d.study} / {d.config or 'all'}: {effect}; decision: {_decided(d)}.")
-    return lines
+    if not lines and planted:
+        lines.append(
+            "Every study of this protocol plants a known cost in an A/A pair: its answer is each design's "
+            "bias against the planted effect (Planted reference effects: each design's bias)."
+        )
+    return lines or ["No configuration has a result yet."]
 
 
 def terminal_answer(summary: Summary, where: Mapping[str, Any]) -> str:
