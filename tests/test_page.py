@@ -213,3 +213,36 @@ def test_a_protocol_of_planted_studies_says_where_its_answer_is():
     assert line.startswith("Every study of this protocol plants a known cost")
     report = (folder / "report.md").read_text()
     assert f"## The answer\n\n{CONVENTION}\n\n* {line}\n" in report
+
+
+@pytest.mark.parametrize("command", [False, True], ids=["built-in-arms", "command-arms"])
+def test_a_lockstep_study_says_how_its_arms_took_turns_and_compares_no_total_time(command):
+    """Lockstep of built-in arms is one process; of command arms, two processes taking turns (each
+    one's total time holds the other's turns); neither compares total time, and a peak-memory table
+    with no row says why instead of showing an empty table."""
+    from prereg.render.page import markdown
+
+    s = copy.deepcopy(FIXTURE)
+    study = s["protocol"]["studies"][0]
+    study["lockstep"] = {"block_steps": 10}
+    if command:
+        study["commands"] = {"baseline": ["python", "a.py"], "candidate": ["python", "b.py"]}
+    for c in s["studies"][0]["configs"]:
+        c["peak_memory"] = None
+    summary = Summary.read(s)
+    page, md = render(summary, "r"), markdown(summary)
+    how = (
+        "lockstep, two processes (one per arm) taking turns in blocks of 10 steps"
+        if command
+        else "lockstep, both arms in one process, alternating blocks of 10 steps"
+    )
+    assert f"pairs ran in {how}." in page and f"pairs ran in {how}." in md
+    total = "two processes took turns" if command else "one process ran both arms"
+    assert md.count(f"n/a (lockstep: {total}") == page.count(f"n/a (lockstep: {total}") == 4
+    study_md = md.split("## Study pairs", 1)[1].split("## Study", 1)[0]
+    assert (
+        "| Total-time reduction |" in study_md
+        and "%" not in study_md.split("Total-time reduction |")[1].split("\n")[2].split("|")[-2]
+    )
+    assert "No peak memory per arm" in study_md and "peak |" not in study_md
+    assert "No peak memory per arm" in page.split("Peak memory (pairs)", 1)[1].split("<h2", 1)[0]
