@@ -162,6 +162,10 @@ def test_times_beside_a_reduction_are_geometric_means_and_decisions_read_as_redu
         est, b, k = _reduction_from_pairs(c)
         assert abs(100 * (1 - gmean(k) / gmean(b)) - est) < 1e-9
         assert f"{gmean(b):.3f} / {gmean(k):.3f} s" in page
+        mb, mk = (
+            [p[f"{r}_peak_memory_bytes"] / 2**20 for p in c["pairs"]] for r in ("baseline", "candidate")
+        )
+        assert f"{gmean(mb):.1f} / {gmean(mk):.1f} MiB" in page
     for d in FIXTURE["hypotheses"]["decisions"]:
         if d["estimand"] == "log_ratio" and d["low"] is not None:
             red = [100 * (1 - math.exp(d[x])) for x in ("estimate", "high", "low")]

@@ -203,7 +203,9 @@ def paired(study: StudyResult, n: int, protocol_study: Mapping[str, Any] | None,
     memory = _memory(cfgs, False)
     page_memory: list[Text | Table] = [para(_no_memory(protocol_study), "html")]
     if memory:
-        page_memory = [Table(MEMORY, ["Configuration", f"{base} / {cand}", "Reduction"], memory)]
+        page_memory = [
+            Table(MEMORY, ["Configuration", f"{base} / {cand} (geometric mean)", "Reduction"], memory)
+        ]
     return [
         Section(f"Study {study.name}: {cand} versus {base}", blocks),
         _page_costs(study, cfgs, lvl, _no_total(protocol_study)),
@@ -216,13 +218,15 @@ def _ends(iv: Any) -> tuple[float | None, float | None, float | None]:
 
 
 def _memory(cfgs: Sequence[PairedResult], md: bool) -> list[list[str]]:
-    """Peak memory rows: the configurations where both arms' means were recorded."""
+    """Peak memory rows: the configurations where both arms' means were recorded, as geometric means
+    (the reduction beside them is their ratio's)."""
     rows = []
     for c in cfgs:
         m = c.peak_memory
         if m and m.baseline_mean is not None and m.candidate_mean is not None:
             est = cells(m.interval, whole=not md)[0]
-            rows.append([c.config, f"{m.baseline_mean / MIB:.1f} / {m.candidate_mean / MIB:.1f} MiB", est])
+            b, k = geometric_means(c, "peak_memory_bytes")
+            rows.append([c.config, f"{num(b and b / MIB, '.1f')} / {num(k and k / MIB, '.1f')} MiB", est])
     return rows
 
 
@@ -277,7 +281,9 @@ def _md_costs(
     out += [Table("", head, rows, only="md"), para("Peak memory.", "md")]
     memory = _memory(cfgs, True)
     if memory:
-        out.append(Table("", ["Configuration", f"{names} peak", "Reduction"], memory, only="md"))
+        out.append(
+            Table("", ["Configuration", f"{names} peak (geometric mean)", "Reduction"], memory, only="md")
+        )
     else:
         out.append(para(_no_memory(protocol_study), "md"))
     rows = [
