@@ -25,7 +25,7 @@ from prereg.carryover import carry_over, order_cells
 from prereg.decisions import decide, sensitivity
 from prereg.descriptive import descriptive_interval, endpoint, valid
 from prereg.factorial import design_of, factorial_effects
-from prereg.hypotheses import Family, cpu_time_columns
+from prereg.hypotheses import Family, cpu_time_columns, identity_rule
 from prereg.looks import looks_reached, run_looks, sequential_decisions
 from prereg.order import by_device, crossover, drift, positions
 from prereg.planted import pair_columns, planted_rows
@@ -74,9 +74,9 @@ def recompute(records: list[dict[str, Any]], started: list[dict[str, Any]] | Non
     else:
         failed = failed_pairs(records)
         decisions = []
-        # identical pairs are decided by identity in records of schema 4 on (the rule they are
-        # written under); earlier records keep the rule they were tagged with: not reached
-        identity = all(r.get("schema_version", 1) >= 4 for r in records)
+        # identical pairs are decided by the rule their records were written under: the exact
+        # sign test from schema 5, identity (p = 0) in schema 4, not reached before
+        identity = identity_rule([r.get("schema_version", 1) for r in records])
         family = Family.of(spec)
         sequential = None
         if family.sequential is not None:
