@@ -78,6 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         allow_torch_mismatch=args.allow_torch_mismatch,
         executor=executor,
         anchor=args.anchor,
+        replicate=args.replicate,
     )
     end = runner.run()
     code, message = run_ending(proto, end)

@@ -22,6 +22,7 @@ from harness.names import ID_RE
 from harness.plugins import fingerprint
 from harness.study import Study, parse_studies, two_sided_level
 from harness.yamlio import Field, one_of, positive
+from prereg.replicates import replicates_problems
 
 _TOP = {
     "id": Field(str, check=lambda v: None if ID_RE.match(v) else "letters, digits, - and _ only"),
@@ -47,6 +48,8 @@ _TOP = {
     # in_order: each study's units after the one before; interleaved: every study's units in one
     # seeded random order, so the studies meet the same load (a calibration study's designs)
     "schedule": Field(str, required=False, default="in_order", check=one_of("in_order", "interleaved")),
+    # separate runs of the runner at different times or on different machines (prereg/replicates.py)
+    "replicates": Field(dict, required=False, default=None),
 }
 
 
@@ -79,6 +82,8 @@ class Protocol:
     # the file as YAML read it (the hash above is of its bytes): what the plan and the summary,
     # whose one home is the audit's core, are derived from
     document: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # ``replicates: {count, min_gap_s}`` (prereg/replicates.py); None: one run of the runner does all
+    replicates: dict[str, int] | None = None
 
     def corpus_data(self) -> Corpus:
         """The protocol's corpus, every byte verified (DataError otherwise): WikiText-2 under
@@ -164,6 +169,10 @@ def load_protocol(path: str | Path) -> Protocol:
     hypotheses = parse_hypotheses(doc, top["hypotheses"], studies)
     _refuse_unmeasurable(doc, top, studies, hypotheses)
     pending = _calibration_pending(doc, top["calibration"])
+    if top["replicates"] is not None:
+        counts = {s.name: len(s.seeds) for s in studies}
+        for where, message in replicates_problems(top["replicates"], counts):
+            raise doc.error(("replicates", *where), message)
     if top["origins"] is not None:
         for k, v in top["origins"].items():
             if not isinstance(v, str):
@@ -196,6 +205,7 @@ def load_protocol(path: str | Path) -> Protocol:
         configs=configs,
         plugins=plugins,
         document=doc.data,
+        replicates=dict(top["replicates"]) if top["replicates"] is not None else None,
     )
 
 

@@ -78,6 +78,8 @@ class Pair:
     # a study with warm-up steps: each arm's warm-up time, apart from the training clock
     baseline_warmup_s: float | None = field(default=None, metadata={"omit_none": True})
     candidate_warmup_s: float | None = field(default=None, metadata={"omit_none": True})
+    # a replicated protocol's pairs: the replicate (1-based) the pair ran in (prereg.replicates)
+    replicate: int | None = field(default=None, metadata={"omit_none": True})
     time_reduction_pct: float | None = None
     test_bpb_difference: float | None = None
 

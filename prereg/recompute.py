@@ -29,6 +29,7 @@ from prereg.hypotheses import Family, cpu_time_columns, identity_rule
 from prereg.looks import looks_reached, run_looks, sequential_decisions
 from prereg.order import by_device, crossover, drift, positions
 from prereg.planted import pair_columns, planted_rows
+from prereg.replicates import replicate_rows
 
 REL_TOL = 1e-9
 #: ``summary.json`` schema versions this audit recomputes (``prereg.summary.SUMMARY_SCHEMA``).
@@ -123,6 +124,11 @@ def recompute(records: list[dict[str, Any]], started: list[dict[str, Any]] | Non
             if any(st.get("planted") for st in proto["studies"])
             else {}
         ),
+        **(
+            {"replicates": replicate_rows(proto["studies"], pairs_of, proto["interval_level"])}
+            if proto.get("replicates")
+            else {}
+        ),
     }
 
 
@@ -195,6 +201,7 @@ def _paired(
                 **final_metric_columns(b, c),
                 **pair_columns(b, c),
                 **_step_columns(b, c),
+                **({"replicate": b["spec"]["replicate"]} if b["spec"].get("replicate") else {}),
                 "time_reduction_pct": 100.0 * (1.0 - float(ct["training_s"]) / float(bt["training_s"]))
                 if valid(bt.get("training_s"), True) and valid(ct.get("training_s"), True)
                 else None,

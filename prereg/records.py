@@ -52,7 +52,9 @@ Format log (``schema_version``):
   whose every pair's difference is exactly 0 is decided by the exact sign test, ``p = 2^-n``
   (:func:`prereg.hypotheses.identical_sign_result`), not by identity's ``p = 0``, which
   established non-inferiority on 3 agreeing pairs (docs/decisions.md, "The identity rule").
-  Version 4 records keep identity, version 3 and earlier "not reached".
+  Version 4 records keep identity, version 3 and earlier "not reached". Added within version 5:
+  a replicated protocol's run ``spec.replicate`` (1-based, ``prereg/replicates.py``; left out of
+  other runs' specs, so their plans hash as before).
 
 Typed objects (frozen dataclasses), with JSON only at the file and process boundaries
 (``to_json`` / ``from_json``, which refuse fields they do not know, naming them): :class:`RunSpec`
@@ -152,7 +154,7 @@ class GitState(TypedDict):
 
 #: RunSpec's fields of a lockstep run and of a command arm's run, left out of the JSON of other runs.
 _LOCKSTEP_FIELDS = frozenset(
-    {"block_steps", "partner", "steps_first", "command", "metric", "planted", "warmup_steps"}
+    {"block_steps", "partner", "steps_first", "command", "metric", "planted", "warmup_steps", "replicate"}
 )
 
 
@@ -194,6 +196,8 @@ class RunSpec:
     planted: Mapping[str, Any] | None = None
     # the first steps of the run, timed apart from the training clock (``timings.warmup_s``)
     warmup_steps: int | None = None
+    # a replicated protocol's run (prereg/replicates.py): which replicate (1-based) its unit is in
+    replicate: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {

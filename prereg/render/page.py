@@ -35,6 +35,7 @@ from prereg.render.page_studies import (
     paired_section,
 )
 from prereg.render.planted_report import planted_html, planted_names
+from prereg.render.replicates_report import replicates_html
 from prereg.results import Summary
 
 PAGE_NAME = "index.html"
@@ -80,7 +81,7 @@ def render(
     studies = [s for s in summary.studies if s.name not in planted]  # planted ones: their own section
     body += answers[:cut] + answer_figure(studies, p["studies"], on_cpu, beside) + answers[cut:]
     body += beside_section(beside) if beside else []
-    body += planted_html(summary) + model_html(summary)
+    body += planted_html(summary) + model_html(summary) + replicates_html(summary)
     by_name = {s["name"]: s for s in p["studies"]}
     n = 0
     for study in studies:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from prereg.render.beside import Beside
 from prereg.render.lockstep_report import model_md
 from prereg.render.planted_report import planted_md, planted_names
+from prereg.render.replicates_report import replicates_md
 from prereg.render.report_md import md_table
 from prereg.render.report_protocol import decisions_section, flow_section, header_section, runs_section
 from prereg.render.report_studies import factorial_study_section, paired_study_section
@@ -20,7 +21,7 @@ def markdown(summary: Summary, beside: Beside | None = None) -> str:
     out += decisions_section(summary.hypotheses) + flow_section(summary.flow)
     out += _beside(beside) if beside and beside.rows else []
     planted = planted_names(summary)
-    out += planted_md(summary) + model_md(summary)
+    out += planted_md(summary) + model_md(summary) + replicates_md(summary)
     for study in summary.studies:
         if not study.configs or study.name in planted:
             continue
