@@ -225,6 +225,32 @@ def design_label(design: str, block_steps: int | None) -> str:
     return "a process per arm" if block_steps is None else f"lockstep, blocks of {block_steps}"
 
 
+def calibrated_designs(calibration: Mapping[str, Any]) -> set[int | None]:
+    """The designs a calibration study (a protocol document, as YAML read it) measured the bias of:
+    each planted study's lockstep ``block_steps``, or ``None`` for a process per arm."""
+    out: set[int | None] = set()
+    for st in calibration.get("studies") or []:
+        if isinstance(st, Mapping) and st.get("planted") and st.get("design") in ("paired", "lockstep"):
+            block = st.get("block_steps") if st.get("design") == "lockstep" else None
+            out.add(block if isinstance(block, int) and not isinstance(block, bool) else None)
+    return out
+
+
+def uncalibrated(block_steps: int | None, covered: set[int | None], where: str) -> str | None:
+    """Why a study's design (lockstep ``block_steps``, ``None``: a process per arm) is not one the
+    calibration at ``where`` measured, or ``None`` when it is: its bias would be unknown."""
+    if block_steps in covered:
+        return None
+    have = ", ".join(
+        design_label("lockstep" if b else "paired", b) for b in sorted(covered, key=lambda b: b or 0)
+    )
+    return (
+        f"{design_label('lockstep' if block_steps else 'paired', block_steps)} is not a design the calibration "
+        f"{where} measured (its planted studies cover: {have or 'nothing'}), so its bias is unknown: use "
+        "a covered design, or add it to the calibration and run that first"
+    )
+
+
 def reference_study(candidates: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """Of the studies that plant one measured (cache-heavy) plant, the one whose estimate is taken
     as its true effect: the lockstep study with the longest blocks (its blocks interleave least, so
