@@ -29,7 +29,7 @@ from prereg.hypotheses import Family, cpu_time_columns, identity_rule
 from prereg.looks import looks_reached, run_looks, sequential_decisions
 from prereg.order import by_device, crossover, drift, positions
 from prereg.planted import pair_columns, planted_rows
-from prereg.replicates import replicate_rows
+from prereg.replicates import replicate_rows, replicate_times
 
 REL_TOL = 1e-9
 #: ``summary.json`` schema versions this audit recomputes (``prereg.summary.SUMMARY_SCHEMA``).
@@ -125,7 +125,11 @@ def recompute(records: list[dict[str, Any]], started: list[dict[str, Any]] | Non
             else {}
         ),
         **(
-            {"replicates": replicate_rows(proto["studies"], pairs_of, proto["interval_level"])}
+            {
+                "replicates": replicate_rows(
+                    proto["studies"], pairs_of, proto["interval_level"], replicate_times(records)
+                )
+            }
             if proto.get("replicates")
             else {}
         ),

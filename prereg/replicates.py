@@ -238,14 +238,40 @@ def replicate_estimates(
     return reps, ys, vs
 
 
+def replicate_times(records: Sequence[Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
+    """When and where each replicate ran, from its records (:func:`spans_of`): ``from`` and ``to``
+    (the first and last record's ``ledger.at``, UTC), ``hosts``, and ``gap_s``, the seconds from the
+    previous replicate's last record to this one's first (``None`` for the first)."""
+    of_run = {
+        str(r["spec"]["run_id"]): int(r["spec"]["replicate"])
+        for r in records
+        if isinstance((r.get("spec") or {}).get("replicate"), int)
+    }
+    spans = spans_of(records, of_run)
+    out: dict[int, dict[str, Any]] = {}
+    last: float | None = None
+    for r in sorted(spans):
+        lo, hi = min(s[0] for s in spans[r]), max(s[1] for s in spans[r])
+        out[r] = {
+            "from": _utc(lo),
+            "to": _utc(hi),
+            "hosts": sorted({s[2] for s in spans[r]}),
+            "gap_s": None if last is None else round(lo - last, 3),
+        }
+        last = hi
+    return out
+
+
 def replicate_rows(
     studies: Sequence[Mapping[str, Any]],
     pairs_of: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]],
     level: float,
+    times: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """The summary's ``replicates`` rows: per paired study, configuration and clock (wall and, where
-    the pairs carry it, CPU), each replicate's estimate and the random-effects mean, in points of
-    the log ratio (``100 ln(T_c / T_b)``), with the between-replicate spread ``tau``."""
+    the pairs carry it, CPU), each replicate's estimate (with when and where it ran: ``times``,
+    :func:`replicate_times`) and the random-effects mean, in points of the log ratio
+    (``100 ln(T_c / T_b)``), with the between-replicate spread ``tau``."""
     rows: list[dict[str, Any]] = []
     for st in studies:
         for config in st.get("configs") or []:
@@ -267,7 +293,13 @@ def replicate_rows(
                     "config": config,
                     "clock": clock,
                     "replicates": [
-                        {"replicate": r, "pairs": len(values_of[r]), "estimate": y, "se": math.sqrt(v)}
+                        {
+                            "replicate": r,
+                            "pairs": len(values_of[r]),
+                            "estimate": y,
+                            "se": math.sqrt(v),
+                            **dict((times or {}).get(r, {})),
+                        }
                         for r, y, v in zip(reps, ys, vs)
                     ],
                 }

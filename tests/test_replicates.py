@@ -308,3 +308,47 @@ def test_harness_plan_refuses_bad_replicates_with_file_key_and_line(tmp_path, bl
     assert out.returncode == 2, out.stdout + out.stderr
     assert re.search(r"protocols/tiny\.yaml:\d+, key ", out.stderr) and key in out.stderr, out.stderr
     assert words in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_report_shows_each_replicate_its_mean_and_when_it_ran(tmp_path):
+    """Two replicates run in process with times that vary by seed and arm: ``harness report``
+    writes the section, its estimates the random-effects mean of the replicates' own, and the
+    time of each replicate from its records."""
+    from conftest import harness
+    from fake_trainer import FakeTrainer
+
+    from harness.execute.inprocess import InProcessExecutor
+    from harness.execute.runner import Runner
+    from harness.protocol import load_protocol
+
+    class Varied(FakeTrainer):
+        def __call__(self, job, partial):
+            self.device_s = 1.0 + ((job.spec.seed * 7 + 3 * (job.spec.role == "candidate")) % 5) / 10
+            super().__call__(job, partial)
+
+    repo = replicated_study(tmp_path)
+    for k in (1, 2):
+        Runner(
+            load_protocol(repo / "protocols" / "tiny.yaml"),
+            echo=lambda _: None,
+            executor=InProcessExecutor(train=Varied()),
+            replicate=k,
+        ).run()
+    out = harness(repo, "report", "protocols/tiny.yaml", "--quiet")
+    assert out.returncode == 0, out.stdout + out.stderr
+    import json
+
+    summary = json.loads((repo / "records" / "tiny" / "summary.json").read_text())
+    wall = next(r for r in summary["replicates"] if r["clock"] == "wall")
+    reps = wall["replicates"]
+    assert [x["replicate"] for x in reps] == [1, 2] and reps[1]["gap_s"] >= 0 and reps[0]["gap_s"] is None
+    want = random_effects([x["estimate"] for x in reps], [x["se"] ** 2 for x in reps], 0.9)
+    assert wall["mean"] == pytest.approx(want["mean"]) and wall["hi"] == pytest.approx(want["hi"])
+    md = (repo / "records" / "tiny" / "report.md").read_text()
+    assert "## Replicates: the effect across times and machines" in md
+    assert f"{wall['mean']:+.2f} ({wall['lo']:+.2f} to {wall['hi']:+.2f})" in md
+    assert reps[0]["from"] in md and "Since the previous one" in md
+    pub = harness(repo, "publish", "protocols/tiny.yaml")
+    assert pub.returncode == 0, pub.stdout + pub.stderr
+    page = (repo / "records" / "tiny" / "index.html").read_text()
+    assert "<h2 id=replicates>" in page and "When and where each replicate ran" in page

@@ -42,6 +42,28 @@ def _row(r: Mapping[str, Any]) -> list[str]:
     ]
 
 
+TIMES_HEADER = ["Replicate", "First record (UTC)", "Last record (UTC)", "Machines", "Since the previous one"]
+
+
+def _times(rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """When and where each replicate ran (the same for every row: one run of the runner each)."""
+    seen: dict[int, Mapping[str, Any]] = {}
+    for r in rows:
+        for x in r["replicates"]:
+            if "from" in x:
+                seen.setdefault(x["replicate"], x)
+    return [
+        [
+            str(k),
+            x["from"],
+            x["to"],
+            ", ".join(x["hosts"]),
+            "" if x["gap_s"] is None else f"{x['gap_s'] / 3600:.2f} h",
+        ]
+        for k, x in sorted(seen.items())
+    ]
+
+
 def _sentence(rows: Sequence[Mapping[str, Any]]) -> str:
     level = next((r["level"] for r in rows if "level" in r), None)
     at = f" at {100 * level:g}%" if level is not None else ""
@@ -61,7 +83,16 @@ def replicates_md(summary: Summary) -> list[str]:
     rows = summary.replicates or []
     if not rows:
         return []
-    return [f"## {TITLE}", "", _sentence(rows), "", *md_table(HEADER, [_row(r) for r in rows]), ""]
+    times = _times(rows)
+    return [
+        f"## {TITLE}",
+        "",
+        _sentence(rows),
+        "",
+        *md_table(HEADER, [_row(r) for r in rows]),
+        "",
+        *([*md_table(TIMES_HEADER, times), ""] if times else []),
+    ]
 
 
 def replicates_html(summary: Summary) -> list[str]:
@@ -73,4 +104,9 @@ def replicates_html(summary: Summary) -> list[str]:
         f"<h2 id=replicates>{esc(TITLE)}</h2>",
         f"<p>{esc(_sentence(rows))}</p>",
         html_table(TITLE, HEADER, [_row(r) for r in rows]),
+        *(
+            [html_table("When and where each replicate ran", TIMES_HEADER, times)]
+            if (times := _times(rows))
+            else []
+        ),
     ]
