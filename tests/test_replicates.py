@@ -352,3 +352,19 @@ def test_the_report_shows_each_replicate_its_mean_and_when_it_ran(tmp_path):
     assert pub.returncode == 0, pub.stdout + pub.stderr
     page = (repo / "records" / "tiny" / "index.html").read_text()
     assert "<h2 id=replicates>" in page and "When and where each replicate ran" in page
+
+
+@pytest.mark.process
+def test_harness_run_of_a_replicate_says_which_and_what_comes_next(tmp_path):
+    """Through the command line, real workers: replicate 1 of 2 ends with its own runs counted and
+    the next command; replicate 2, the last, names none."""
+    from conftest import harness
+
+    repo = replicated_study(tmp_path, seeds="[1, 2, 3, 4]")
+    one = harness(repo, "run", "protocols/tiny.yaml", "--quiet", "--replicate", "1", "--no-report")
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert "replicate 1 of 2: all 4 runs finished ok" in one.stdout, one.stdout
+    assert "Next: harness run protocols/tiny.yaml --replicate 2, at least 0 s after" in one.stdout
+    two = harness(repo, "run", "protocols/tiny.yaml", "--quiet", "--replicate", "2", "--no-report")
+    assert two.returncode == 0 and "replicate 2 of 2: all 4 runs finished ok" in two.stdout, two.stdout
+    assert "Next:" not in two.stdout

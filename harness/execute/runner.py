@@ -543,7 +543,7 @@ class Runner:
         if note:
             self.echo(note)
         self._select_replicate()
-        self.progress = Progress(total=len(self.runs))
+        self.progress = Progress(total=sum(len(u) for u in self._units))
         self.stopped_for_budget = False
         self.stopped_at_look = None
         try:
@@ -562,12 +562,15 @@ class Runner:
         held = sum(n for unit, n in todos if n and claimed(proto, unit))
         return RunEnd(
             held_elsewhere=held,
-            planned=len(self.runs),
+            planned=sum(len(u) for u in self._units),
             left=left,
             failed=failed,
             stopped_for_budget=self.stopped_for_budget and left > 0,
             budget=self.last_budget,
             stopped_at_look=self.stopped_at_look,
+            replicate=None
+            if self.proto.replicates is None or self.replicate is None
+            else (self.replicate, self.proto.replicates["count"]),
         )
 
     def _check_replicate_named(self) -> None:
