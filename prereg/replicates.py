@@ -122,6 +122,30 @@ def spans_of(
     return spans
 
 
+def time_problems(entries: Sequence[Mapping[str, Any]], min_gap_s: int) -> list[str]:
+    """What the chain shows against the replicates' separation in time (the audit's check of the
+    rule ``harness run --replicate`` applies when each replicate starts): on one machine, a
+    replicate whose first entry is fewer than ``min_gap_s`` seconds after an earlier replicate's last
+    entry there (negative: they overlap). Replicates on different machines may run at once."""
+    of_run = {
+        str((e.get("spec") or {}).get("run_id")): int(e["spec"]["replicate"])
+        for e in entries
+        if isinstance((e.get("spec") or {}).get("replicate"), int)
+    }
+    spans = spans_of(entries, of_run)
+    out = []
+    for r in sorted(spans):
+        for j in sorted(x for x in spans if x < r):
+            for _f, last, host in spans[j]:
+                for first, _l, where in spans[r]:
+                    if where == host and first - last < min_gap_s:
+                        out.append(
+                            f"replicate {r} started on {host} at {_utc(first)}, {first - last:.0f} s after "
+                            f"replicate {j}'s last entry there ({_utc(last)}): min_gap_s is {min_gap_s}"
+                        )
+    return out
+
+
 def _epoch(iso: str) -> float:
     from datetime import datetime
 

@@ -368,3 +368,51 @@ def test_harness_run_of_a_replicate_says_which_and_what_comes_next(tmp_path):
     two = harness(repo, "run", "protocols/tiny.yaml", "--quiet", "--replicate", "2", "--no-report")
     assert two.returncode == 0 and "replicate 2 of 2: all 4 runs finished ok" in two.stdout, two.stdout
     assert "Next:" not in two.stdout
+
+
+def _entry(run, at, host, replicate):
+    return {"spec": {"run_id": run, "replicate": replicate}, "ledger": {"at": at}, "env": {"host": host}}
+
+
+def test_the_audit_names_replicates_too_close_on_one_machine():
+    from prereg.replicates import time_problems
+
+    entries = [
+        _entry("a", "2026-12-01T10:00:00.000+00:00", "h1", 1),
+        _entry("b", "2026-12-01T10:30:00.000+00:00", "h1", 1),
+        _entry("c", "2026-12-01T11:00:00.000+00:00", "h1", 2),  # 30 min after replicate 1 on h1
+        _entry("d", "2026-12-01T10:10:00.000+00:00", "h2", 3),  # another machine: at once is allowed
+    ]
+    found = time_problems(entries, 3600)
+    assert found == [
+        "replicate 2 started on h1 at 2026-12-01T11:00:00Z, 1800 s after replicate 1's last entry there "
+        "(2026-12-01T10:30:00Z): min_gap_s is 3600"
+    ]
+    assert time_problems(entries, 1800) == []
+
+
+def test_the_audit_checks_a_replicated_folder(tmp_path):
+    """The public audit (standard library, ``python -I -S``) on a replicated study run in process:
+    its row for the replicates' separation, ok."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    repo = replicated_study(tmp_path)
+    run_replicate(repo, 1)
+    run_replicate(repo, 2)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            str(ROOT / "analysis" / "public_audit.py"),
+            str(repo / "records" / "tiny"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    row = next((line for line in out.stdout.splitlines() if line.startswith("replicates apart in time")), "")
+    assert "ok: 2 replicates, each on a machine at least 0 s after the one before it there" in row, out.stdout
