@@ -521,3 +521,26 @@ def test_the_summary_uses_the_identity_rule_of_the_records_schema(records):
     assert mixed["hypotheses"]["decisions"][0]["test"]["method"] == "identity"
     old = recompute([{**r, "schema_version": 3} for r in rows])
     assert old["hypotheses"]["decisions"][0]["status"] == "not reached"
+
+
+def test_the_identity_simulation_shows_p0_erring_and_the_sign_test_at_its_level():
+    """benchmarks/coverage.py --identity, small: test-BPB non-inferiority (margin 0.01, alpha 0.01)
+    with 2% of pairs diverging by +0.5 BPB (a mean at the margin) is established at 3 pairs by
+    identity's p = 0 whenever the pairs agree (0.98^3 = 94%), by the sign test never; with half the
+    pairs diverging (the sign test's null) the sign test errs at most at its level, 2^-7 at 7 pairs."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("coverage_bench", ROOT / "benchmarks" / "coverage.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    args = argparse.Namespace(
+        studies=400, sweep_pairs=[3, 7], alpha=0.01, margin=0.01, diverge=0.02, jump=0.5, seed=3
+    )
+    rows = {(r["diverge"], r["pairs"]): r for r in mod.identity_sweep(args)["rows"]}
+    three = rows[(0.02, 3)]
+    assert three["established_identity_p0"] == three["all_identical"] > 0.88
+    assert three["established_sign"] == 0.0
+    assert rows[(0.5, 3)]["established_sign"] == 0.0 and rows[(0.5, 3)]["established_identity_p0"] > 0.05
+    assert rows[(0.5, 7)]["established_sign"] <= 0.01 + 3 * math.sqrt(0.01 * 0.99 / 400)
