@@ -271,7 +271,7 @@ def test_a_measured_plants_bias_is_the_welch_difference_from_the_longest_blocks(
         ({"kind": "spin", "us": True}, False, ("us",)),
         ({"kind": "spin", "n": 3}, False, ("n",)),
         ({"kind": "matmul", "n": 10**6}, False, ("n",)),
-        ({"kind": "matmul", "n": 64}, True, ()),
+        ({"kind": "matmul", "n": 64}, True, ("kind",)),
         ({"kind": "spin", "us": 5, "replicate_pairs": 1}, False, ("replicate_pairs",)),
         ("spin", False, ()),
     ],
@@ -403,13 +403,14 @@ def test_calibration_study_is_written_from_a_pilot_and_plans(planted_runs, tmp_p
 
 
 @pytest.mark.parametrize("planted", [{"kind": "spin", "us": 50}, {"kind": "gather", "bytes": 4096}])
-def test_a_study_of_command_arms_is_refused_a_plant_it_would_not_run(planted):
-    """The reporter runs no plant: a planted command study would read a design's noise as its bias."""
+def test_a_study_of_command_arms_may_plant_what_its_reporter_runs(planted):
+    """The reporter (standard library) runs spin and gather plants; a matmul needs torch."""
     from prereg.planted import plant_problems
 
     assert plant_problems(planted, command=False) == []
-    [(key, message)] = plant_problems(planted, command=True)
-    assert key == () and "command arms cannot be planted" in message
+    assert plant_problems(planted, command=True) == []
+    [(key, message)] = plant_problems({"kind": "matmul", "n": 64}, command=True)
+    assert key == ("kind",) and "needs torch" in message
 
 
 def test_the_design_bias_table_is_the_committed_calibrations_planted_rows():
