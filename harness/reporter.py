@@ -80,7 +80,7 @@ def gather(buf: bytearray) -> None:
     buf[::64]  # noqa: B018  (the read is the cost)
 
 
-def _plant(planted: Mapping[str, Any] | None) -> Any:
+def plant_of(planted: Mapping[str, Any] | None) -> Any:
     """The plant a reporter runs each step (the standard-library kinds), or None."""
     if not planted:
         return None
@@ -108,7 +108,7 @@ class Reporter:
         steps_first: bool = True,
         planted: Mapping[str, Any] | None = None,
     ) -> None:
-        self._plant = _plant(planted)
+        self._plant = plant_of(planted)
         self._file: IO[str] | None = open(path, "w", encoding="utf-8") if path else None  # noqa: SIM115
         self._sock: socket.socket | None = None
         self._block = block_steps

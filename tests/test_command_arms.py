@@ -762,11 +762,11 @@ def test_a_planted_command_candidate_runs_its_plant_in_every_timed_step(tmp_path
 
 
 def test_a_gather_plant_runs_in_the_reporter_and_a_matmul_is_refused_there():
-    from harness.reporter import _plant
+    from harness.reporter import plant_of
 
-    assert _plant({"kind": "gather", "bytes": 4096}) is not None and _plant(None) is None
+    assert plant_of({"kind": "gather", "bytes": 4096}) is not None and plant_of(None) is None
     with pytest.raises(ValueError, match="spin and gather plants, not 'matmul'"):
-        _plant({"kind": "matmul", "n": 8})
+        plant_of({"kind": "matmul", "n": 8})
 
 
 def test_an_unplanted_run_writes_no_plant_line(tmp_path):
