@@ -36,6 +36,7 @@ from prereg.ledger import (
 )
 from prereg.plan import plan_from_protocol, plan_notes
 from prereg.recompute import SUMMARY_SCHEMAS, compare, recompute
+from prereg.replicates import time_problems
 from prereg.tag import check_sources, git_root, load_truth
 
 
@@ -118,6 +119,14 @@ def audit_dir(
         f"{len(started)} started entries, "
         f"{sum(r.get('schema_version', 1) >= 3 for r in records)} records end one",
     )
+    if isinstance(proto.get("replicates"), dict):
+        gap = int(proto["replicates"].get("min_gap_s", 0))
+        fail(
+            "replicates apart in time",
+            time_problems(records + started, gap),
+            f"{proto['replicates'].get('count')} replicates, each on a machine at least {gap} s after the "
+            "one before it there",
+        )
     if any("command" in (r.get("spec") or {}) for r in records):
         found_ev, kept = evidence_problems(directory, records)
         fail(

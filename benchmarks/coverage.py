@@ -39,6 +39,16 @@ evaluates two skew-corrected t statistics from the literature (:func:`skew_corre
 rule and noise.
 
     python benchmarks/coverage.py --sequential --studies 4000 --json runs/coverage-sequential.json
+
+``--identity`` measures the rule for a family whose every pair is identical (:func:`identity_sweep`):
+a test-BPB non-inferiority hypothesis (margin ``--margin``, one-sided level ``--alpha``) on pairs
+that agree bitwise except that a share ``--diverge`` of them diverge by ``--jump`` BPB (the default
+2% by +0.5: a mean of exactly the margin, the edge of the null), decided by the core itself
+(:func:`prereg.decisions.decide`) under identity's ``p = 0`` (records of schema 4) and the exact
+sign test's ``p = 2^-n`` (schema 5 on), for each ``n`` of ``--sweep-pairs``; and, for the sign
+test's own null, with half the pairs diverging.
+
+    python benchmarks/coverage.py --identity --studies 4000 --alpha 0.01 --margin 0.01 --sweep-pairs 3 5 7 10
 """
 
 from __future__ import annotations
@@ -288,7 +298,7 @@ def sequential_sweep(args: argparse.Namespace) -> dict[str, object]:
                             }
                             for i, x in enumerate(d)
                         ]
-                        res = run_looks(fam, {("s", "c"): pairs}, len(looks), True)
+                        res = run_looks(fam, {("s", "c"): pairs}, len(looks), "sign")
                         hits += bool(res[-1].established)
                         used += res[-1].pairs
                         early += res[-1].look < len(looks)
@@ -339,7 +349,7 @@ def sequential_sweep(args: argparse.Namespace) -> dict[str, object]:
                 ]
                 for j in (1, 2)
             }
-            res = run_looks(fam, data, len(looks), True)
+            res = run_looks(fam, data, len(looks), "sign")
             hits += bool(res[-1].established)
             used += res[-1].pairs
             early += res[-1].look < len(looks)
@@ -536,7 +546,12 @@ def main() -> int:
     ap.add_argument("--sequential", action="store_true", help="group-sequential designs (see above)")
     ap.add_argument("--seq-looks", type=int, nargs="+", default=[10, 20, 30])
     ap.add_argument("--seq-effect", type=float, default=0.6, help="the effect, in noise SDs, for power")
+    ap.add_argument("--identity", action="store_true", help="the all-identical rule (see above)")
+    ap.add_argument("--diverge", type=float, default=0.02, help="--identity: share of pairs that diverge")
+    ap.add_argument("--jump", type=float, default=0.5, help="--identity: how far they diverge, BPB")
     args = ap.parse_args()
+    if args.identity:
+        return print_identity(args, identity_sweep(args))
     sd = sd_from_records(Path(args.from_records)) if args.from_records else args.sd
     if args.noise_sweep:
         return print_sweep(args, noise_sweep(args, sd))
@@ -577,6 +592,96 @@ def main() -> int:
         f"flatters the arm that misses the target more often; misses baseline {args.miss_baseline:g}, candidate "
         f"{args.miss_candidate:g})"
     )
+    write_json(args.json, res)
+    return 0
+
+
+def identity_sweep(args: argparse.Namespace) -> dict[str, object]:
+    """How often each identity rule establishes test-BPB non-inferiority when its null holds.
+
+    Each study has ``n`` pairs; a pair's baseline BPB is drawn once and its candidate's is the same
+    double, except that with probability ``diverge`` it is ``jump`` higher. The mean difference is
+    then ``diverge * jump`` (with the defaults the margin itself: the edge of non-inferiority's
+    null, where an error is counted). The rules are the core's (:func:`prereg.decisions.decide`
+    with ``identity`` ``"zero"`` and ``"sign"``); a study not all identical is t-tested by both alike.
+    Also at ``diverge = 0.5``, the edge of the sign test's null for the median.
+    """
+    from prereg.attempts import Completeness
+    from prereg.decisions import decide
+
+    done = Completeness(
+        planned_runs=None, ok_runs=0, missing_runs=0, complete=True, budget_stop=False, text=""
+    )
+    spec = {
+        "procedure": "holm",
+        "family_alpha": args.alpha,
+        "min_pairs": 3,
+        "tests": [
+            {
+                "id": "Q",
+                "study": "s",
+                "config": "c",
+                "endpoint": "test_bpb",
+                "estimand": "difference",
+                "type": "non_inferiority",
+                "margin": args.margin,
+                "better": "lower",
+            }
+        ],
+    }
+    rng = random.Random(args.seed)
+    rows = []
+    for share in (args.diverge, 0.5):
+        for n in args.sweep_pairs:
+            hits = {"zero": 0, "sign": 0}
+            identical = 0
+            for _ in range(args.studies):
+                pairs = []
+                for i in range(n):
+                    b = 2.0 + rng.random()
+                    c = b + args.jump if rng.random() < share else b
+                    pairs.append(
+                        {"unit": f"s.c.pair{i:03d}", "baseline_test_bpb": b, "candidate_test_bpb": c}
+                    )
+                identical += all(p["baseline_test_bpb"] == p["candidate_test_bpb"] for p in pairs)
+                for rule in hits:
+                    d = decide(spec, {("s", "c"): pairs}, done, rule)[0]
+                    hits[rule] += d.status == "established"
+            rows.append(
+                {
+                    "diverge": share,
+                    "pairs": n,
+                    "all_identical": identical / args.studies,
+                    "established_identity_p0": hits["zero"] / args.studies,
+                    "established_sign": hits["sign"] / args.studies,
+                }
+            )
+    return {
+        "studies": args.studies,
+        "alpha": args.alpha,
+        "margin": args.margin,
+        "jump": args.jump,
+        "rows": rows,
+    }
+
+
+def print_identity(args: argparse.Namespace, res: dict[str, object]) -> int:
+    rows = res["rows"]
+    assert isinstance(rows, list)
+    print(
+        f"{args.studies} simulated studies per row: test-BPB non-inferiority, margin {args.margin:g}, "
+        f"one-sided alpha {args.alpha:g}; a share of the pairs diverges by +{args.jump:g} BPB, the others are "
+        "bitwise identical. The share of studies that establish non-inferiority (Monte Carlo SE):\n"
+    )
+    print(
+        "| pairs diverging | pairs | all identical | identity, p = 0 (schema 4) | exact sign test, p = 2^-n (schema 5) |"
+    )
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {100 * r['diverge']:g}% | {r['pairs']} | {r['all_identical']:.3f} | "
+            f"{with_se(r['established_identity_p0'], args.studies)} | {with_se(r['established_sign'], args.studies)} |"
+        )
     write_json(args.json, res)
     return 0
 

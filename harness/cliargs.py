@@ -153,6 +153,12 @@ def parser() -> argparse.ArgumentParser:
                 help="run although the installed torch differs from the protocol's torch_version",
             )
             s.add_argument("--no-report", action="store_true", help="do not write the report after the run")
+            s.add_argument(
+                "--replicate",
+                type=int,
+                metavar="K",
+                help="a replicated protocol (replicates: {count, min_gap_s}): run replicate K's units only",
+            )
             s.add_argument("--ray", metavar="ADDRESS", help="execute on a Ray cluster (auto, or host:port)")
         if name == "report":
             s.add_argument("--format", choices=["csv", "parquet"], help="also export the per-run table")

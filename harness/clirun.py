@@ -78,6 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         allow_torch_mismatch=args.allow_torch_mismatch,
         executor=executor,
         anchor=args.anchor,
+        replicate=args.replicate,
     )
     end = runner.run()
     code, message = run_ending(proto, end)
@@ -105,7 +106,23 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def run_ending(proto: Any, end: Any) -> tuple[int, str]:
-    """The exit status and closing message of ``harness run`` (:data:`harness.cliargs.RUN_ENDINGS`)."""
+    """The exit status and closing message of ``harness run`` (:data:`harness.cliargs.RUN_ENDINGS`);
+    of a replicated protocol's ``--replicate K``, for that replicate's runs, and what comes next."""
+    code, message = _ending(proto, end)
+    if end.replicate is None:
+        return code, message
+    k, count = end.replicate
+    message = f"replicate {k} of {count}: {message}"
+    if k < count and not end.left:
+        message += (
+            f"\nNext: harness run {proto.relpath} --replicate {k + 1}, at least "
+            f"{proto.replicates['min_gap_s']} s after this replicate's last entry on this machine "
+            "(or at once on another machine)"
+        )
+    return code, message
+
+
+def _ending(proto: Any, end: Any) -> tuple[int, str]:
     where = f"records in {proto.records_path}"
     if end.stopped_for_budget:
         b = end.budget

@@ -22,6 +22,8 @@ from harness.names import ID_RE
 from harness.plugins import fingerprint
 from harness.study import Study, parse_studies, two_sided_level
 from harness.yamlio import Field, one_of, positive
+from prereg.planted import calibrated_designs, uncalibrated
+from prereg.replicates import replicates_problems
 
 _TOP = {
     "id": Field(str, check=lambda v: None if ID_RE.match(v) else "letters, digits, - and _ only"),
@@ -47,6 +49,10 @@ _TOP = {
     # in_order: each study's units after the one before; interleaved: every study's units in one
     # seeded random order, so the studies meet the same load (a calibration study's designs)
     "schedule": Field(str, required=False, default="in_order", check=one_of("in_order", "interleaved")),
+    # the calibration study whose planted effects measured the bias of this protocol's designs
+    "design_calibration": Field(str, required=False, default=None),
+    # separate runs of the runner at different times or on different machines (prereg/replicates.py)
+    "replicates": Field(dict, required=False, default=None),
 }
 
 
@@ -79,6 +85,8 @@ class Protocol:
     # the file as YAML read it (the hash above is of its bytes): what the plan and the summary,
     # whose one home is the audit's core, are derived from
     document: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # ``replicates: {count, min_gap_s}`` (prereg/replicates.py); None: one run of the runner does all
+    replicates: dict[str, int] | None = None
 
     def corpus_data(self) -> Corpus:
         """The protocol's corpus, every byte verified (DataError otherwise): WikiText-2 under
@@ -164,6 +172,12 @@ def load_protocol(path: str | Path) -> Protocol:
     hypotheses = parse_hypotheses(doc, top["hypotheses"], studies)
     _refuse_unmeasurable(doc, top, studies, hypotheses)
     pending = _calibration_pending(doc, top["calibration"])
+    if top["design_calibration"] is not None:
+        _refuse_uncalibrated(doc, top["design_calibration"], root, studies)
+    if top["replicates"] is not None:
+        counts = {s.name: len(s.seeds) for s in studies}
+        for where, message in replicates_problems(top["replicates"], counts):
+            raise doc.error(("replicates", *where), message)
     if top["origins"] is not None:
         for k, v in top["origins"].items():
             if not isinstance(v, str):
@@ -196,6 +210,7 @@ def load_protocol(path: str | Path) -> Protocol:
         configs=configs,
         plugins=plugins,
         document=doc.data,
+        replicates=dict(top["replicates"]) if top["replicates"] is not None else None,
     )
 
 
@@ -274,6 +289,32 @@ def _refuse_unmeasurable(
                 f"training_cpu_time on device {top['device']!r}: the host thread's CPU time does not "
                 "measure work a GPU does asynchronously (waiting for it costs none); use training_time",
             )
+
+
+def _refuse_uncalibrated(doc: yamlio.Document, value: str, root: Path, studies: list[Study]) -> None:
+    """``design_calibration``: the calibration study (a protocol file inside the repository) whose
+    planted effects measured each design's bias; every study of this protocol that is not itself
+    planted must use a design it covers (:func:`prereg.planted.uncalibrated`), named at its key."""
+    where = (root / value).resolve()
+    if not where.is_relative_to(root.resolve()) or not where.is_file():
+        raise doc.error(
+            ("design_calibration",),
+            f"{value!r} is not a protocol file inside the repository {root} (the calibration study, "
+            "e.g. protocols/calibration-cpu.yaml)",
+        )
+    cal = yamlio.load(where).data
+    covered = calibrated_designs(cal if isinstance(cal, dict) else {})
+    if not covered:
+        raise doc.error(
+            ("design_calibration",),
+            f"{value} plants nothing in a paired or lockstep study: it measured no design's bias",
+        )
+    for si, st in enumerate(studies):
+        if st.planted is not None or st.design != "paired":
+            continue
+        why = uncalibrated(st.block_steps, covered, value)
+        if why:
+            raise doc.error(("studies", si, "block_steps" if st.block_steps is not None else "design"), why)
 
 
 def _refuse_schema_1(doc: yamlio.Document) -> None:

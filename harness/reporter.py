@@ -30,6 +30,8 @@ The file (format 1) is JSON lines, one object a line, each with ``kind`` and ``t
 * ``eval``: ``step`` (the last step reported), ``metrics`` (name: number);
 * ``untimed``: an untimed block's ``t0``, ``t1``, ``cpu0``, ``cpu1`` (the outermost block only);
 * ``wait``: a lockstep pair's hand-over (or its start barrier): ``t0``, ``t1``, ``cpu``;
+* ``plant``: a planted study's candidate (``HARNESS_PLANT``): the plant's ``t0``, ``t1``, ``cpu0``,
+  ``cpu1``, run at the end of each step, before its ``step`` line (so on the training clock);
 * ``done``: ``steps`` (how many were reported), ``cpu``.
 
 Every ``dt`` is the difference of the file's own stamps, so the harness and the audit recompute
@@ -60,6 +62,35 @@ ENV_REPORT = "HARNESS_REPORT"
 ENV_LOCKSTEP_FD = "HARNESS_LOCKSTEP_FD"
 ENV_BLOCK_STEPS = "HARNESS_BLOCK_STEPS"
 ENV_STEPS_FIRST = "HARNESS_STEPS_FIRST"
+#: A planted study's candidate: its plant as JSON (``{"kind": "spin", "us": N}`` or
+#: ``{"kind": "gather", "bytes": N}``: ``prereg/planted.py``), which :meth:`Reporter.step` runs.
+ENV_PLANT = "HARNESS_PLANT"
+
+
+def spin(us: int) -> None:
+    """Busy-wait until the calling thread has spent ``us`` microseconds of CPU time (its own clock,
+    read each turn: a thread descheduled meanwhile spins on when it runs again)."""
+    end = time.thread_time_ns() + us * 1000
+    while time.thread_time_ns() < end:
+        pass
+
+
+def gather(buf: bytearray) -> None:
+    """Read one byte of every 64-byte line of ``buf`` (a strided copy, discarded)."""
+    buf[::64]  # noqa: B018  (the read is the cost)
+
+
+def plant_of(planted: Mapping[str, Any] | None) -> Any:
+    """The plant a reporter runs each step (the standard-library kinds), or None."""
+    if not planted:
+        return None
+    if planted.get("kind") == "spin":
+        us = int(planted["us"])
+        return lambda: spin(us)
+    if planted.get("kind") == "gather":
+        buf = bytearray(int(planted["bytes"]))
+        return lambda: gather(buf)
+    raise ValueError(f"{ENV_PLANT}: a reporter runs spin and gather plants, not {planted.get('kind')!r}")
 
 
 class Reporter:
@@ -75,7 +106,9 @@ class Reporter:
         lockstep_fd: int | None = None,
         block_steps: int | None = None,
         steps_first: bool = True,
+        planted: Mapping[str, Any] | None = None,
     ) -> None:
+        self._plant = plant_of(planted)
         self._file: IO[str] | None = open(path, "w", encoding="utf-8") if path else None  # noqa: SIM115
         self._sock: socket.socket | None = None
         self._block = block_steps
@@ -105,6 +138,7 @@ class Reporter:
             lockstep_fd=int(fd) if fd else None,
             block_steps=int(block) if block else None,
             steps_first=os.environ.get(ENV_STEPS_FIRST, "1") == "1",
+            planted=json.loads(os.environ[ENV_PLANT]) if os.environ.get(ENV_PLANT) else None,
         )
 
     def _write(self, obj: dict[str, Any]) -> None:
@@ -121,6 +155,11 @@ class Reporter:
         if self._depth:
             raise RuntimeError("Reporter.step() inside Reporter.untimed(): a training step is on the clock")
         value = float(loss)
+        if self._plant is not None:  # a planted candidate: the known cost, on the training clock
+            t0, c0 = time.monotonic(), time.process_time()
+            self._plant()
+            t1, c1 = time.monotonic(), time.process_time()
+            self._write({"kind": "plant", "t0": t0, "t1": t1, "cpu0": c0, "cpu1": c1, "t": t1})
         now, cpu = time.monotonic(), time.process_time()
         self._write(
             {

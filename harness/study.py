@@ -161,6 +161,11 @@ def _planted(
         raise doc.error(kp + ("planted", *key), message)
     if s["design"] == "factorial":
         raise doc.error(kp + ("planted",), "a plant belongs to a pair (design paired or lockstep)")
+    if commands is not None and not commands["candidate"]["reporter"]:
+        raise doc.error(
+            kp + ("planted",),
+            "a planted command arm runs its plant in its reporter: the candidate has none (reporter: false)",
+        )
     same = commands["baseline"] == commands["candidate"] if commands is not None else arms[0] == arms[1]
     if not same:
         raise doc.error(

@@ -25,6 +25,11 @@ from prereg.hypotheses import Family, Hypothesis, Pair, PairRow, bounds, test_of
 from prereg.ranks import median_bounds, signed_rank
 from prereg.ttests import TestResult, critical_t, passes, sign
 
+#: The reason a decision gives when every pair was identical and the exact sign test decided it
+#: (:func:`.hypotheses.identical_sign_result`: records of schema 5 on, and every sequential look).
+IDENTICAL_BY_SIGN = (
+    "every pair identical: the exact sign test, p = 2^-n (records of schema 5 on, and at looks)"
+)
 #: Endpoints measured in run time: the budget rule's stop depends on them (:func:`decide`).
 TIME_ENDPOINTS = ("training_time", "training_cpu_time", "time_to_target", "total_time")
 
@@ -104,7 +109,7 @@ def decide(
     spec: Family | Mapping[str, Any],
     pairs_of: Mapping[tuple[str, str], Sequence[Pair | PairRow]],
     completeness: Completeness,
-    identity: bool = False,
+    identity: str | None = None,
 ) -> list[HypothesisDecision]:
     """Every hypothesis' decision, in the protocol's order.
 
@@ -119,9 +124,10 @@ def decide(
     completeness
         :func:`.attempts.completeness` of the records.
     identity
-        Decide a hypothesis whose pairs are all identical by identity
-        (:func:`.hypotheses.identity_result`): the rule of records of schema 4 on; before, such a
-        hypothesis is not reached.
+        The identity rule (:data:`.hypotheses.IDENTITY_RULES`) deciding a hypothesis whose pairs
+        are all identical: ``"zero"`` (records of schema 4, :func:`.hypotheses.identity_result`),
+        ``"sign"`` (schema 5 on, the exact sign test's ``p = 2^-n``); ``None`` (before schema 4):
+        such a hypothesis is not reached.
 
     Raises
     ------
@@ -173,7 +179,7 @@ def _tested(
     family: Family,
     pairs_of: Mapping[tuple[str, str], Sequence[Pair | PairRow]],
     completeness: Completeness,
-    identity: bool,
+    identity: str | None,
 ) -> list[Tested]:
     out: list[Tested] = []
     for h in family.tests:
@@ -225,7 +231,9 @@ def decision_of(
     if (
         t is not None and t.method == "identity" and reason is None
     ):  # the report's reason column says which rule
-        reason = "every pair identical: the identity rule (records of schema 4 on)"
+        reason = "every pair identical: the identity rule (records of schema 4)"
+    elif t is not None and t.method == "sign" and h.test != "sign" and reason is None:
+        reason = IDENTICAL_BY_SIGN
     estimate, low, high, level = _in_units(t, a, h, pairs) if t is not None else (None, None, None, None)
     return HypothesisDecision(
         hypothesis=h,

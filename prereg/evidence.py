@@ -56,6 +56,9 @@ class Derived:
     steps: int | None = None
     elapsed_s: float | None = None
     untimed_s: float | None = None  # the untimed blocks' wall seconds (what the script took off the clock)
+    # a planted candidate's plant (``plant`` lines): its wall and CPU seconds on the training clock
+    planted_s: float | None = None
+    planted_cpu_s: float | None = None
     curve: list[list[float]] = field(default_factory=list)  # [step, loss, training clock]
     val_curve: list[list[float]] = field(default_factory=list)  # [step, metric, training clock]
 
@@ -65,6 +68,8 @@ class Derived:
             "training_s": self.training_s,
             "training_cpu_s": self.training_cpu_s,
             "untimed_s": self.untimed_s,
+            "planted_s": self.planted_s,
+            "planted_cpu_s": self.planted_cpu_s,
             "time_to_target_s": self.time_to_target_s,
             "final_metric": self.final_metric,
             "metrics": self.metrics,
@@ -101,6 +106,7 @@ def derive_reporter(
     *,
     window: tuple[float, float] | None = None,
     cpu_s: float | None = None,
+    planted: bool = False,
 ) -> Derived:
     """The figures of a reporter file's ``text`` (format 1), for the study's ``metric`` (``name``,
     ``target``, ``better``) and ``steps`` planned. The training clock is recomputed from the file's
@@ -108,8 +114,10 @@ def derive_reporter(
     hand-over's return) less the untimed blocks between, and its ``dt`` must say the same (likewise
     the CPU clock). The worker also gives ``wall_s`` (its wall clock of the process), ``window``
     (the process's start and end on the same monotonic clock: every stamp must fall inside it)
-    and ``cpu_s`` (the kernel's CPU time of the process, which the file's may not exceed). Raises
-    :class:`EvidenceError` naming the line."""
+    and ``cpu_s`` (the kernel's CPU time of the process, which the file's may not exceed).
+    ``planted``: the run is a planted candidate, whose every step holds one ``plant`` line (inside
+    the step, on its clock: summed into ``planted_s`` and ``planted_cpu_s``); any other run's file
+    may hold none. Raises :class:`EvidenceError` naming the line."""
     lines = text.splitlines()
     if not lines:
         raise EvidenceError("the reporter file is empty (the script never built a Reporter)")
@@ -119,6 +127,9 @@ def derive_reporter(
     base_t = base_cpu = 0.0  # the current step's boundary
     off_t = off_cpu = 0.0  # untimed since the boundary
     untimed = 0.0
+    plant_s = plant_cpu = 0.0
+    plants = 0
+    plant_in_step = False
     last_step = 0
     count = 0
     curve: list[list[float]] = []
@@ -177,6 +188,9 @@ def derive_reporter(
                     f"{where}: step {s}: dt {said[0]!r} and cpu_dt {said[1]!r} are not the file's own "
                     f"stamps' ({dt!r}, {cdt!r}): the clock was edited"
                 )
+            if planted and not plant_in_step:
+                raise EvidenceError(f"{where}: step {s} of a planted candidate ran no plant (no plant line)")
+            plant_in_step = False
             clock += max(dt, 0.0)
             cpu += max(cdt, 0.0)
             count += 1
@@ -191,6 +205,17 @@ def derive_reporter(
             off_t += t1 - t0
             off_cpu += c1 - c0
             untimed += t1 - t0
+        elif kind == "plant":
+            if not planted:
+                raise EvidenceError(f"{where}: a plant line in a run that is not a planted candidate")
+            t0, t1 = _number(e.get("t0"), f"{where}: t0"), _number(e.get("t1"), f"{where}: t1")
+            c0, c1 = _number(e.get("cpu0"), f"{where}: cpu0"), _number(e.get("cpu1"), f"{where}: cpu1")
+            if plant_in_step or t1 != t or not base_t <= t0 <= t1 or not base_cpu <= c0 <= c1:
+                raise EvidenceError(f"{where}: a plant outside its step (or a second one, or reversed)")
+            plant_in_step = True
+            plant_s += t1 - t0
+            plant_cpu += c1 - c0
+            plants += 1
         elif kind == "wait":
             t0, t1 = _number(e.get("t0"), f"{where}: t0"), _number(e.get("t1"), f"{where}: t1")
             if c is None or t1 != t or not base_t <= t0 <= t1 or off_t:
@@ -246,6 +271,8 @@ def derive_reporter(
         steps=count,
         elapsed_s=elapsed,
         untimed_s=untimed,
+        planted_s=plant_s if planted else None,
+        planted_cpu_s=plant_cpu if planted else None,
         curve=curve,
         val_curve=val_curve,
     )
@@ -288,7 +315,15 @@ def derive(
     (a record's ``spec``: its ``metric``, ``steps`` and ``command``); the worker's bounds as for
     :func:`derive_reporter`."""
     if kind == "reporter":
-        return derive_reporter(text, spec["metric"], int(spec["steps"]), wall_s, window=window, cpu_s=cpu_s)
+        return derive_reporter(
+            text,
+            spec["metric"],
+            int(spec["steps"]),
+            wall_s,
+            window=window,
+            cpu_s=cpu_s,
+            planted=bool(spec.get("planted")),
+        )
     return derive_output(text, spec["metric"], dict(spec["command"].get("metrics_regex") or {}))
 
 
@@ -348,6 +383,8 @@ def evidence_problems(directory: str, records: list[dict[str, Any]]) -> tuple[li
             "training_s": t.get("training_s"),
             "training_cpu_s": t.get("training_cpu_s"),
             "untimed_s": t.get("untimed_s"),
+            "planted_s": t.get("planted_s"),
+            "planted_cpu_s": t.get("planted_cpu_s"),
             "time_to_target_s": t.get("time_to_target_s"),
             "final_metric": r.get("final_metric"),
             "metrics": r.get("metrics") or {},

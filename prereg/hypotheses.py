@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from prereg.carryover import cells_mean
@@ -78,6 +78,8 @@ class Pair:
     # a study with warm-up steps: each arm's warm-up time, apart from the training clock
     baseline_warmup_s: float | None = field(default=None, metadata={"omit_none": True})
     candidate_warmup_s: float | None = field(default=None, metadata={"omit_none": True})
+    # a replicated protocol's pairs: the replicate (1-based) the pair ran in (prereg.replicates)
+    replicate: int | None = field(default=None, metadata={"omit_none": True})
     time_reduction_pct: float | None = None
     test_bpb_difference: float | None = None
 
@@ -564,6 +566,41 @@ def identity_result(h: Hypothesis, n: int) -> TestResult:
     return TestResult("identity", n, 0.0, None, 0, 0.0, 0.0 if inside else 1.0, IDENTICAL)
 
 
+#: The identity rules: how a hypothesis whose every pair's difference is exactly 0 is decided,
+#: by the records' schema (:func:`identity_rule`). ``None`` (before schema 4): not reached;
+#: ``"zero"`` (schema 4): :func:`identity_result`, ``p = 0``; ``"sign"`` (schema 5 on), and at
+#: every look of a sequential design: :func:`identical_sign_result`, ``p = 2^-n``.
+IDENTITY_RULES = (None, "zero", "sign")
+
+
+def identity_rule(schema_versions: Sequence[int]) -> str | None:
+    """The identity rule of a records set, from its records' ``schema_version`` (the oldest one
+    decides: a set is analysed under the rule all its records were written under)."""
+    oldest = min(schema_versions, default=1)
+    return "sign" if oldest >= 5 else "zero" if oldest >= 4 else None
+
+
+def identical_sign_result(h: Hypothesis, n: int) -> TestResult:
+    """An all-identical hypothesis (every pair's difference exactly 0) decided by the exact sign test.
+
+    Notes
+    -----
+    Each of the ``n`` values (0) lies inside the alternative region where 0 does, so the sign test
+    (:func:`.ranks.sign_test`) counts ``n`` of ``n`` favourable: ``p = P(Bin(n, 1/2) >= n) = 2^-n``.
+    That ``p`` is exact for the median: if at most half the pairs' true differences lie inside the
+    region, ``n`` identical pairs occur with probability at most ``2^-n``. The identity rule's
+    ``p = 0`` (:func:`identity_result`) establishes non-inferiority at 3 pairs whenever they happen
+    to agree, which in a study where 2% of pairs diverge by +0.5 BPB is 94% of studies at a nominal
+    1% (``0.98^3``; ``python benchmarks/coverage.py --identity``); here 3 identical pairs give
+    ``p = 1/8`` and at alpha 0.01 it takes 7. Where 0 is not inside the region (superiority)
+    nothing favours the candidate: ``p = 1``, as under identity.
+    """
+    t = identity_result(h, n)
+    if t.p_value != 0.0:
+        return t
+    return replace(t, method="sign", p_value=0.5**n, statistic=float(n), estimate_of=MEDIAN_OF)
+
+
 #: What a sign test's estimate is (:func:`sign_result`).
 MEDIAN_OF = "median of the per-pair values"
 
@@ -580,7 +617,7 @@ def sign_result(values: Sequence[float], region: tuple[float | None, float | Non
 
 
 def test_of(
-    h: Hypothesis, pairs: Sequence[Pair | PairRow], min_pairs: int, identity: bool = False
+    h: Hypothesis, pairs: Sequence[Pair | PairRow], min_pairs: int, identity: str | None = None
 ) -> tuple[TestResult | None, str | None, dict[str, int] | None]:
     """The test of ``h`` on its (study, configuration)'s used pairs, or why there is none.
 
@@ -596,8 +633,9 @@ def test_of(
     unreached : dict or None
         For time to target, how many baseline, candidate and both arms missed the target.
 
-    With ``identity`` (records of schema 4 on), every pair's difference exactly 0 is decided by
-    :func:`identity_result` instead of "not reached".
+    With an ``identity`` rule (:data:`IDENTITY_RULES`: records of schema 4 on), every pair's
+    difference exactly 0 is decided by :func:`identity_result` (``"zero"``) or
+    :func:`identical_sign_result` (``"sign"``) instead of "not reached".
     """
     if len(pairs) < min_pairs:
         return None, f"too few pairs: {len(pairs)} of the protocol's min_pairs {min_pairs}", None
@@ -609,8 +647,11 @@ def test_of(
         return None, str(e), unreached
     except ValueError:
         return None, f"a relative margin of {h.margin:g}% has no ratio", unreached
-    if identity and h.test != "sign" and values and all(v == 0.0 for v in values):
-        return identity_result(h, len(values)), None, unreached
+    if identity is not None and h.test != "sign" and values and all(v == 0.0 for v in values):
+        if identity not in IDENTITY_RULES:
+            raise ValueError(f"identity rule {identity!r} is not one of {IDENTITY_RULES[1:]}")
+        decided = identity_result if identity == "zero" else identical_sign_result
+        return decided(h, len(values)), None, unreached
     if h.test == "sign":
         return sign_result(values, region), None, unreached
     if scales is None:  # worst-rank scores: the signed-rank test

@@ -12,7 +12,7 @@ STARTED_SUFFIX = ".started.json"
 #: A group-sequential look's entry (``look<k>.look.json``, ``kind: "look"``): appended by ``harness
 #: run`` when look ``k``'s pairs are final, before any statistic of the look is computed.
 LOOK_SUFFIX = ".look.json"
-SCHEMAS = (1, 2, 3, 4)
+SCHEMAS = (1, 2, 3, 4, 5)
 #: A records folder's protocol snapshots (schema 4 on): the protocol summary that records share,
 #: written once by the ledger before the first record that names it, instead of a copy in each;
 #: the file ``protocol.<sha256>.json`` is named by the sha256 of its canonical JSON (a study that is

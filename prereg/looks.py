@@ -14,7 +14,7 @@ from typing import Any
 
 from prereg.attempts import Completeness
 from prereg.decisions import HypothesisDecision, decision_of, gate
-from prereg.hypotheses import MEDIAN_OF, Family, Pair, PairRow, test_of
+from prereg.hypotheses import Family, Pair, PairRow, test_of
 from prereg.sequential import nominal_levels
 from prereg.ttests import TestResult, passes
 
@@ -118,7 +118,7 @@ def run_looks(
     family: Family,
     pairs_of: Mapping[tuple[str, str], Sequence[Pair | PairRow]],
     reached: int,
-    identity: bool,
+    identity: str | None,
 ) -> list[LookResult]:
     """Every look the records reach (the first ``reached`` of the design's looks), in order, until
     the rule stops the study.
@@ -161,11 +161,9 @@ def run_looks(
         unreached: dict[str, dict[str, int] | None] = {}
         for h in family.tests:
             pairs = [p for p in pairs_of.get((h.study, h.config), []) if pair_index(Pair.of(p).unit) < n]
-            t, w, u = test_of(h, pairs, family.min_pairs, identity)
-            if t is not None and t.method == "identity" and t.p_value == 0.0:
-                # every pair identical: at a look, the sign test's exact p for n favourable values
-                # (2^-n), not 0, so identity alone never crosses a look's boundary on a few pairs
-                t = replace(t, method="sign", p_value=0.5**t.n, statistic=float(t.n), estimate_of=MEDIAN_OF)
+            # every pair identical: at a look, the sign test's exact p for n favourable values
+            # (2^-n), not 0, so identity alone never crosses a look's boundary on a few pairs
+            t, w, u = test_of(h, pairs, family.min_pairs, "sign" if identity is not None else None)
             tests[h.id], why[h.id], unreached[h.id] = t, w, u
         history.append(tests)
         changed = True

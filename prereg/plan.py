@@ -10,6 +10,7 @@ from prereg.attempts import analysed, latest_unit, redrawn
 from prereg.commands import ROLES, commands_of, is_command_study, label_sha256, metric_of
 from prereg.factorial import from_yaml, williams
 from prereg.hypotheses import Family
+from prereg.replicates import replicate_of
 from prereg.sequential import looks_problems
 
 
@@ -93,6 +94,11 @@ def plan_from_protocol(
                             else {}
                         ),
                         **({"warmup_steps": st["warmup_steps"]} if st.get("warmup_steps") else {}),
+                        **(
+                            {"replicate": replicate_of(si, len(seeds), doc["replicates"]["count"])}
+                            if doc.get("replicates")
+                            else {}
+                        ),
                     }
                     runs.append(
                         {
@@ -250,6 +256,7 @@ def expected_summary(doc: dict[str, Any], psha: str, path: str) -> dict[str, Any
         "corpus": corpus,
         "budget_device_seconds": float(doc["budget_device_seconds"]),
         **({"schedule": doc["schedule"]} if doc.get("schedule", "in_order") != "in_order" else {}),
+        **({"replicates": dict(doc["replicates"])} if doc.get("replicates") else {}),
         "studies": studies,
     }
 

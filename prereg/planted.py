@@ -14,8 +14,14 @@ every timed training step, after the gradient phase:
   buffers find, so its true effect is what it costs where nothing interleaves with it, measured
   (:func:`reference_study`).
 * ``gather`` (``bytes``): a strided read of one byte per 64-byte cache line over a buffer of
-  ``bytes`` bytes (standard library). Built-in arms only: a study of command arms is refused, since
-  the reporter runs no plant.
+  ``bytes`` bytes (standard library).
+
+A study of command arms may plant ``spin`` or ``gather``: the harness hands the candidate's
+process the plant (``HARNESS_PLANT``), and its reporter (``harness/reporter.py``, standard
+library) runs it at the end of each step, before the step's stamp, and writes a ``plant`` line
+that the evidence check (``prereg/evidence.py``) sums into ``planted_s`` and ``planted_cpu_s``
+(every step of a planted candidate must hold one). A ``matmul`` needs torch, and an arm without
+the reporter runs no plant: both are refused at plan time.
 
 The plant never draws from a random state and never touches the model, so the planted arm's
 losses, weights and BPB are bitwise its partner's. Each run's ``timings`` hold ``planted_s`` and
@@ -46,6 +52,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "matmul": ("n", "the side of the n x n float32 matrices multiplied once per step"),
     "gather": ("bytes", "the size of the buffer read once per step, one byte per 64-byte line"),
 }
+#: Plants a command arm's reporter can run (standard library: ``harness/reporter.py``).
+COMMAND_KINDS = ("spin", "gather")
 #: Plants whose true effect is known by arithmetic; the others' is measured (:func:`reference_study`).
 CONTEXT_FREE = ("spin",)
 #: The largest size of each kind a protocol may plant (a spin of a second per step, a 4096-wide
@@ -84,13 +92,12 @@ def plant_problems(value: Any, command: bool) -> list[tuple[tuple[str, ...], str
         return [((), f"a {kind} plant names its size: {size} ({KINDS[kind][1]})")]
     if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= MAX_SIZE[kind]:
         return [((size,), f"{size} must be an integer from 1 to {MAX_SIZE[kind]}, got {n!r}")]
-    if command:
+    if command and kind not in COMMAND_KINDS:
         return [
             (
-                (),
-                "a study of command arms cannot be planted yet: the reporter runs no plant, so the "
-                "candidate would carry none and the table would read a design's noise as its bias "
-                "(calibrate the design with the built-in arms: harness calibration-study)",
+                ("kind",),
+                f"a study of command arms plants {' or '.join(COMMAND_KINDS)}: its script's reporter "
+                f"(standard library) runs the plant, and a {kind} plant needs torch",
             )
         ]
     return []
@@ -223,6 +230,32 @@ def clopper_pearson(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
 def design_label(design: str, block_steps: int | None) -> str:
     """A design in words: ``a process per arm``, ``lockstep, blocks of 10``."""
     return "a process per arm" if block_steps is None else f"lockstep, blocks of {block_steps}"
+
+
+def calibrated_designs(calibration: Mapping[str, Any]) -> set[int | None]:
+    """The designs a calibration study (a protocol document, as YAML read it) measured the bias of:
+    each planted study's lockstep ``block_steps``, or ``None`` for a process per arm."""
+    out: set[int | None] = set()
+    for st in calibration.get("studies") or []:
+        if isinstance(st, Mapping) and st.get("planted") and st.get("design") in ("paired", "lockstep"):
+            block = st.get("block_steps") if st.get("design") == "lockstep" else None
+            out.add(block if isinstance(block, int) and not isinstance(block, bool) else None)
+    return out
+
+
+def uncalibrated(block_steps: int | None, covered: set[int | None], where: str) -> str | None:
+    """Why a study's design (lockstep ``block_steps``, ``None``: a process per arm) is not one the
+    calibration at ``where`` measured, or ``None`` when it is: its bias would be unknown."""
+    if block_steps in covered:
+        return None
+    have = ", ".join(
+        design_label("lockstep" if b else "paired", b) for b in sorted(covered, key=lambda b: b or 0)
+    )
+    return (
+        f"{design_label('lockstep' if block_steps else 'paired', block_steps)} is not a design the calibration "
+        f"{where} measured (its planted studies cover: {have or 'nothing'}), so its bias is unknown: use "
+        "a covered design, or add it to the calibration and run that first"
+    )
 
 
 def reference_study(candidates: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:

@@ -25,10 +25,11 @@ from prereg.carryover import carry_over, order_cells
 from prereg.decisions import decide, sensitivity
 from prereg.descriptive import descriptive_interval, endpoint, valid
 from prereg.factorial import design_of, factorial_effects
-from prereg.hypotheses import Family, cpu_time_columns
+from prereg.hypotheses import Family, cpu_time_columns, identity_rule
 from prereg.looks import looks_reached, run_looks, sequential_decisions
 from prereg.order import by_device, crossover, drift, positions
 from prereg.planted import pair_columns, planted_rows
+from prereg.replicates import replicate_rows, replicate_times
 
 REL_TOL = 1e-9
 #: ``summary.json`` schema versions this audit recomputes (``prereg.summary.SUMMARY_SCHEMA``).
@@ -74,9 +75,9 @@ def recompute(records: list[dict[str, Any]], started: list[dict[str, Any]] | Non
     else:
         failed = failed_pairs(records)
         decisions = []
-        # identical pairs are decided by identity in records of schema 4 on (the rule they are
-        # written under); earlier records keep the rule they were tagged with: not reached
-        identity = all(r.get("schema_version", 1) >= 4 for r in records)
+        # identical pairs are decided by the rule their records were written under: the exact
+        # sign test from schema 5, identity (p = 0) in schema 4, not reached before
+        identity = identity_rule([r.get("schema_version", 1) for r in records])
         family = Family.of(spec)
         sequential = None
         if family.sequential is not None:
@@ -121,6 +122,15 @@ def recompute(records: list[dict[str, Any]], started: list[dict[str, Any]] | Non
         **(
             {"planted": planted_rows(proto["studies"], pairs_of)}
             if any(st.get("planted") for st in proto["studies"])
+            else {}
+        ),
+        **(
+            {
+                "replicates": replicate_rows(
+                    proto["studies"], pairs_of, proto["interval_level"], replicate_times(records)
+                )
+            }
+            if proto.get("replicates")
             else {}
         ),
     }
@@ -195,6 +205,7 @@ def _paired(
                 **final_metric_columns(b, c),
                 **pair_columns(b, c),
                 **_step_columns(b, c),
+                **({"replicate": b["spec"]["replicate"]} if b["spec"].get("replicate") else {}),
                 "time_reduction_pct": 100.0 * (1.0 - float(ct["training_s"]) / float(bt["training_s"]))
                 if valid(bt.get("training_s"), True) and valid(ct.get("training_s"), True)
                 else None,

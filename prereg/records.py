@@ -47,6 +47,15 @@ Format log (``schema_version``):
   (the plant's own time over the timed steps); a study's ``spec.warmup_steps`` with
   ``timings.warmup_s`` and ``warmup_cpu_s`` (those steps, timed apart from ``training_s``).
 
+* 5 - the file format is version 4's; what changes is a rule the analysis applies to the records
+  (records carry the version they were written under, so old studies keep theirs): a hypothesis
+  whose every pair's difference is exactly 0 is decided by the exact sign test, ``p = 2^-n``
+  (:func:`prereg.hypotheses.identical_sign_result`), not by identity's ``p = 0``, which
+  established non-inferiority on 3 agreeing pairs (docs/decisions.md, "The identity rule").
+  Version 4 records keep identity, version 3 and earlier "not reached". Added within version 5:
+  a replicated protocol's run ``spec.replicate`` (1-based, ``prereg/replicates.py``; left out of
+  other runs' specs, so their plans hash as before).
+
 Typed objects (frozen dataclasses), with JSON only at the file and process boundaries
 (``to_json`` / ``from_json``, which refuse fields they do not know, naming them): :class:`RunSpec`
 (one planned run), :class:`WorkerResult` (what a worker reports on its pipe) and :class:`RunRecord`
@@ -75,6 +84,7 @@ from prereg.jsonfields import json_fields, plain
 from prereg.ledger import (
     LOOK_SUFFIX,
     RECORD_SUFFIX,
+    SCHEMAS,
     STARTED_SUFFIX,
     canonical,
     entry_problems,
@@ -86,8 +96,8 @@ from prereg.ledger import (
 )
 from prereg.ledger import sha256 as sha256_bytes
 
-SCHEMA_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+SCHEMA_VERSION = 5
+READABLE_VERSIONS = SCHEMAS  # the versions the audit reads too (prereg/ledger.py)
 MANIFEST = "MANIFEST"
 #: The tag object's raw bytes, kept in a preregistered study's records folder (see Runner._keep_tag).
 TAG_FILE = "TAG"
@@ -144,7 +154,7 @@ class GitState(TypedDict):
 
 #: RunSpec's fields of a lockstep run and of a command arm's run, left out of the JSON of other runs.
 _LOCKSTEP_FIELDS = frozenset(
-    {"block_steps", "partner", "steps_first", "command", "metric", "planted", "warmup_steps"}
+    {"block_steps", "partner", "steps_first", "command", "metric", "planted", "warmup_steps", "replicate"}
 )
 
 
@@ -186,6 +196,8 @@ class RunSpec:
     planted: Mapping[str, Any] | None = None
     # the first steps of the run, timed apart from the training clock (``timings.warmup_s``)
     warmup_steps: int | None = None
+    # a replicated protocol's run (prereg/replicates.py): which replicate (1-based) its unit is in
+    replicate: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {

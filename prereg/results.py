@@ -279,6 +279,9 @@ class Summary(_Json):
     runs: Sequence[Row]
     # planted studies' bias against their known effects (prereg.planted.planted_rows)
     planted: Sequence[Row] | None = field(default=None, metadata={"omit_none": True})
+    # a replicated protocol's per-replicate estimates and their random-effects mean
+    # (prereg.replicates.replicate_rows)
+    replicates: Sequence[Row] | None = field(default=None, metadata={"omit_none": True})
 
     @classmethod
     def read(cls, data: Any, where: str = "summary.json") -> Summary:

@@ -730,3 +730,104 @@ def test_the_freeze_names_a_rebound_ref_and_a_changed_installation(tmp_path):
     found = ref_problems(str(repo), truth)
     assert any(f"ref {sha[:12]}: its tree" in f for f in found)
     assert any("not a commit of this repository" in f for f in found)
+
+
+def test_a_planted_command_candidate_runs_its_plant_in_every_timed_step(tmp_path):
+    """A planted study's candidate (``HARNESS_PLANT``): the reporter spins in each step, before its
+    stamp, and says so in a plant line; the figures sum the plant's own time, on the training
+    clock; the same file read as a run that is not planted, or with a step's plant line removed, is
+    refused."""
+    spin_us = 20_000
+    result, text = _run(
+        tmp_path, "ok", "4", run_id="s.tiny.pair000.candidate", planted={"kind": "spin", "us": spin_us}
+    )
+    assert result.status == "ok", result.reason
+    t = result.timings
+    assert t["planted_cpu_s"] >= 4 * spin_us / 1e6 and t["planted_s"] >= t["planted_cpu_s"] * 0.5
+    assert t["training_cpu_s"] >= t["planted_cpu_s"] and t["training_s"] >= t["planted_s"]
+    assert text is not None
+    again = derive_reporter(text, METRIC, 4, None, planted=True)
+    assert (again.planted_s, again.planted_cpu_s) == (t["planted_s"], t["planted_cpu_s"])
+    with pytest.raises(EvidenceError, match="a plant line in a run that is not a planted candidate"):
+        derive_reporter(text, METRIC, 4, None)
+    lines = text.splitlines()
+    first_plant = next(i for i, line in enumerate(lines) if json.loads(line)["kind"] == "plant")
+    with pytest.raises(EvidenceError, match="step 1 of a planted candidate ran no plant"):
+        derive_reporter(
+            "\n".join(lines[:first_plant] + lines[first_plant + 1 :]), METRIC, 4, None, planted=True
+        )
+    twice = lines[: first_plant + 1] + lines[first_plant:]
+    with pytest.raises(EvidenceError, match="a plant outside its step"):
+        derive_reporter("\n".join(twice), METRIC, 4, None, planted=True)
+
+
+def test_a_gather_plant_runs_in_the_reporter_and_a_matmul_is_refused_there():
+    from harness.reporter import plant_of
+
+    assert plant_of({"kind": "gather", "bytes": 4096}) is not None and plant_of(None) is None
+    with pytest.raises(ValueError, match="spin and gather plants, not 'matmul'"):
+        plant_of({"kind": "matmul", "n": 8})
+
+
+def test_an_unplanted_run_writes_no_plant_line(tmp_path):
+    """A baseline (no ``HARNESS_PLANT``) writes no plant line, and its figures have no plant."""
+    result, text = _run(tmp_path, "ok", "3", steps=3)
+    assert result.status == "ok" and "planted_s" not in result.timings
+    assert text is not None and '"plant"' not in text
+
+
+PLANTED_PROTOCOL = """\
+id: cmd
+version: 1
+description: a planted command study
+preregistered: false
+corpus: pydoc-topics
+device: cpu
+compile: false
+threads: 1
+budget_device_seconds: 100
+interval_level: 0.95
+hypotheses: {{descriptive: "a planted study"}}
+order_seed: 1
+studies:
+  - name: s
+    design: paired
+    arms:
+      baseline: {arm}
+      candidate: {arm}
+    metric: {{name: val_loss, target: 2.0}}
+    configs: [tiny]
+    seeds: [1, 2, 3]
+    steps: 5
+    planted: {planted}
+"""
+
+
+@pytest.mark.parametrize(
+    ("arm", "planted", "key", "words"),
+    [
+        (GOOD_ARM, "{kind: spin, us: 50}", None, None),
+        (GOOD_ARM, "{kind: gather, bytes: 65536}", None, None),
+        (GOOD_ARM, "{kind: matmul, n: 64}", "studies[0].planted.kind", "needs torch"),
+        (
+            "{command: [python, train.py], timeout_s: 9, reporter: false, metrics_regex: {val_loss: 'l ([0-9.]+)'}}",
+            "{kind: spin, us: 50}",
+            "studies[0].planted",
+            "the candidate has none (reporter: false)",
+        ),
+    ],
+)
+def test_a_planted_command_study_plans_or_is_refused_with_file_key_and_line(
+    tmp_path, arm, planted, key, words
+):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    p = tmp_path / "p.yaml"
+    p.write_text(PLANTED_PROTOCOL.format(arm=arm, planted=planted))
+    r = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "plan", str(p)], cwd=tmp_path, capture_output=True, text=True
+    )
+    if key is None:
+        assert r.returncode == 0 and "6 runs" in r.stdout, r.stdout + r.stderr
+        return
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert re.search(r"p\.yaml:\d+, key ", r.stderr) and key in r.stderr and words in r.stderr, r.stderr

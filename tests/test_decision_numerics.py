@@ -462,34 +462,85 @@ IDENTITY_CASES = [
 
 
 @pytest.mark.parametrize(("h", "key", "status"), IDENTITY_CASES)
-def test_identical_arms_are_decided_by_identity_from_schema_4_and_not_reached_before(h, key, status):
+def test_identical_arms_are_decided_by_identity_in_schema_4_and_not_reached_before(h, key, status):
     """Every pair's difference exactly 0 (values drawn once, the same in both arms): under the
-    identity rule (records of schema 4 on) 0 lies inside a non-inferiority or equivalence region at a
+    identity rule (records of schema 4) 0 lies inside a non-inferiority or equivalence region at a
     positive margin, so the hypothesis holds ("established: every pair identical", p = 0); no
     superiority holds (p = 1). Under the rule earlier records were tagged with it is not reached."""
     values = [3.25, 1.5, 2.75, 4.0, 2.0]
     pairs = P(values, values, key)
     sp = {"procedure": "holm", "family_alpha": 0.05, "min_pairs": 3, "tests": [h]}
-    new = D.decide(sp, {("s", "c"): pairs}, completeness(DONE), identity=True)[0].as_dict()
+    new = D.decide(sp, {("s", "c"): pairs}, completeness(DONE), identity="zero")[0].as_dict()
     assert new["status"] == status and new["test"]["method"] == "identity"
     assert f"{status}: every pair identical" in new["text"]
-    assert new["reason"] == "every pair identical: the identity rule (records of schema 4 on)"
+    assert new["reason"] == "every pair identical: the identity rule (records of schema 4)"
     assert new["test"]["p_value"] == (0.0 if status == "established" else 1.0)
     old = D.decide(sp, {("s", "c"): pairs}, completeness(DONE))[0].as_dict()
     assert old["status"] == "not reached" and "identical" in old["reason"]
     # one pair off by the smallest step: a spread again, tested as before, never by identity
     nudged = P(values, [*values[:-1], math.nextafter(values[-1], 10.0)], key)
-    other = D.decide(sp, {("s", "c"): nudged}, completeness(DONE), identity=True)[0].as_dict()
+    other = D.decide(sp, {("s", "c"): nudged}, completeness(DONE), identity="zero")[0].as_dict()
     assert (other["test"] or {}).get("method") != "identity"
 
 
-def test_the_summary_uses_the_identity_rule_for_schema_4_records_only(records):
-    """The tiny study's quality hypothesis (BPB bitwise identical in every pair): schema 4 records
-    establish it by identity; the same records read as schema 3 keep the earlier rule."""
+@pytest.mark.parametrize(("h", "key", "status"), IDENTITY_CASES)
+@pytest.mark.parametrize("n", [3, 5, 6, 7, 10])
+def test_identical_arms_are_decided_by_the_exact_sign_test_from_schema_5(h, key, status, n):
+    """Schema 5 on: every pair identical inside the region is the sign test's n of n favourable,
+    p = 2^-n (scipy's exact binomial test, one-sided), established only when that is below alpha
+    (0.05: from 5 pairs); outside the region (superiority) p = 1 as under identity."""
+    values = [3.25, 1.5, 2.75, 4.0, 2.0, 1.25, 5.5, 0.75, 2.5, 3.0][:n]
+    pairs = P(values, values, key)
+    sp = {"procedure": "holm", "family_alpha": 0.05, "min_pairs": 3, "tests": [h]}
+    got = D.decide(sp, {("s", "c"): pairs}, completeness(DONE), identity="sign")[0].as_dict()
+    if status == "established":
+        p = stats.binomtest(n, n, 0.5, alternative="greater").pvalue
+        assert got["test"]["method"] == "sign" and got["test"]["p_value"] == p == 2.0**-n
+        assert got["status"] == ("established" if p < 0.05 else "not established")
+        assert got["reason"] == D.IDENTICAL_BY_SIGN and f"{n} of {n} pairs favourable" in got["text"]
+    else:
+        assert got["status"] == "not established" and got["test"]["p_value"] == 1.0
+
+
+def test_the_summary_uses_the_identity_rule_of_the_records_schema(records):
+    """The tiny study's quality hypothesis (BPB bitwise identical in every pair): schema 5 records
+    decide it by the exact sign test (p = 2^-n); the same records read as schema 4 establish it by
+    identity (p = 0), and as schema 3 keep the rule before it (not reached); a set mixing 4 and 5
+    is analysed under its oldest record's rule."""
     from prereg.summary import records_json
 
-    mine = recompute(records_json(typed(records)))
-    assert mine["hypotheses"]["decisions"][0]["status"] == "established"
-    assert "every pair identical" in mine["hypotheses"]["decisions"][0]["text"]
-    old = recompute([{**r, "schema_version": 3} for r in records_json(typed(records))])
+    rows = records_json(typed(records))
+    mine = recompute(rows)["hypotheses"]["decisions"][0]
+    assert {r["schema_version"] for r in rows} == {5}, mine
+    assert mine["test"]["method"] == "sign" and mine["reason"] == D.IDENTICAL_BY_SIGN
+    assert mine["test"]["p_value"] == 2.0 ** -mine["test"]["n"]
+    four = recompute([{**r, "schema_version": 4} for r in rows])["hypotheses"]["decisions"][0]
+    assert four["status"] == "established" and four["test"]["p_value"] == 0.0
+    assert "every pair identical" in four["text"]
+    mixed = recompute([{**r, "schema_version": 4 if i == 0 else 5} for i, r in enumerate(rows)])
+    assert mixed["hypotheses"]["decisions"][0]["test"]["method"] == "identity"
+    old = recompute([{**r, "schema_version": 3} for r in rows])
     assert old["hypotheses"]["decisions"][0]["status"] == "not reached"
+
+
+def test_the_identity_simulation_shows_p0_erring_and_the_sign_test_at_its_level():
+    """benchmarks/coverage.py --identity, small: test-BPB non-inferiority (margin 0.01, alpha 0.01)
+    with 2% of pairs diverging by +0.5 BPB (a mean at the margin) is established at 3 pairs by
+    identity's p = 0 whenever the pairs agree (0.98^3 = 94%), by the sign test never; with half the
+    pairs diverging (the sign test's null) the sign test errs at most at its level, 2^-7 at 7 pairs."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("coverage_bench", ROOT / "benchmarks" / "coverage.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    args = argparse.Namespace(
+        studies=400, sweep_pairs=[3, 7], alpha=0.01, margin=0.01, diverge=0.02, jump=0.5, seed=3
+    )
+    rows = {(r["diverge"], r["pairs"]): r for r in mod.identity_sweep(args)["rows"]}
+    three = rows[(0.02, 3)]
+    assert three["established_identity_p0"] == three["all_identical"] > 0.88
+    assert three["established_sign"] == 0.0
+    assert rows[(0.5, 3)]["established_sign"] == 0.0 and rows[(0.5, 3)]["established_identity_p0"] > 0.05
+    assert rows[(0.5, 7)]["established_sign"] <= 0.01 + 3 * math.sqrt(0.01 * 0.99 / 400)

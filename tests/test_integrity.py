@@ -149,15 +149,16 @@ def test_intact_study_passes_and_records_bind_the_tag(study):
 
 
 def test_the_protocol_is_stored_once_per_study_and_bound_by_every_record(study):
-    """Schema 4: each record's ``protocol`` is a stub (id, sha256, the tag fields, the snapshot's
+    """Schema 4 on: each record's ``protocol`` is a stub (id, sha256, the tag fields, the snapshot's
     sha256); the summary the records share is one file, ``protocol.<sha256>.json``, listed in
     MANIFEST; the analysis reads the records over it as before."""
     from prereg.ledger import snapshot_name
+    from prereg.records import SCHEMA_VERSION
 
     raw = [read_entry(p) for p in record_files(study / RECS)]
     (snap,) = sorted((study / RECS).glob("protocol.*.json"))
     sha = hashlib.sha256(canonical(json.loads(snap.read_text()))).hexdigest()
-    assert snap.name == snapshot_name(sha) and all(r["schema_version"] == 4 for r in raw)
+    assert snap.name == snapshot_name(sha) and all(r["schema_version"] == SCHEMA_VERSION for r in raw)
     assert all(
         set(r["protocol"])
         == {

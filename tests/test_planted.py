@@ -271,7 +271,7 @@ def test_a_measured_plants_bias_is_the_welch_difference_from_the_longest_blocks(
         ({"kind": "spin", "us": True}, False, ("us",)),
         ({"kind": "spin", "n": 3}, False, ("n",)),
         ({"kind": "matmul", "n": 10**6}, False, ("n",)),
-        ({"kind": "matmul", "n": 64}, True, ()),
+        ({"kind": "matmul", "n": 64}, True, ("kind",)),
         ({"kind": "spin", "us": 5, "replicate_pairs": 1}, False, ("replicate_pairs",)),
         ("spin", False, ()),
     ],
@@ -403,13 +403,14 @@ def test_calibration_study_is_written_from_a_pilot_and_plans(planted_runs, tmp_p
 
 
 @pytest.mark.parametrize("planted", [{"kind": "spin", "us": 50}, {"kind": "gather", "bytes": 4096}])
-def test_a_study_of_command_arms_is_refused_a_plant_it_would_not_run(planted):
-    """The reporter runs no plant: a planted command study would read a design's noise as its bias."""
+def test_a_study_of_command_arms_may_plant_what_its_reporter_runs(planted):
+    """The reporter (standard library) runs spin and gather plants; a matmul needs torch."""
     from prereg.planted import plant_problems
 
     assert plant_problems(planted, command=False) == []
-    [(key, message)] = plant_problems(planted, command=True)
-    assert key == () and "command arms cannot be planted" in message
+    assert plant_problems(planted, command=True) == []
+    [(key, message)] = plant_problems({"kind": "matmul", "n": 64}, command=True)
+    assert key == ("kind",) and "needs torch" in message
 
 
 def test_the_design_bias_table_is_the_committed_calibrations_planted_rows():
@@ -439,3 +440,66 @@ def test_the_design_bias_table_is_the_committed_calibrations_planted_rows():
         ).returncode
         == 2
     )
+
+
+def _with_calibration(text: str, path: str = "protocols/cal.yaml") -> str:
+    return text.replace("order_seed:", f"design_calibration: {path}\norder_seed:", 1)
+
+
+@pytest.mark.parametrize(
+    "cal_studies, studies, key, words",
+    [
+        # the calibration planted lockstep blocks of 2 and a process per arm: blocks of 3 are not covered
+        (
+            [
+                study("c2", "lockstep", extra="    planted: {kind: spin, us: 5}\n"),
+                study("cp", extra="    planted: {kind: spin, us: 5}\n"),
+            ],
+            [study("s", "lockstep").replace("block_steps: 2", "block_steps: 3")],
+            "studies[0].block_steps",
+            "lockstep, blocks of 3 is not a design the calibration protocols/cal.yaml measured (its planted "
+            "studies cover: a process per arm, lockstep, blocks of 2)",
+        ),
+        # only lockstep calibrated: a process per arm is not covered
+        (
+            [study("c2", "lockstep", extra="    planted: {kind: spin, us: 5}\n")],
+            [study("s")],
+            "studies[0].design",
+            "a process per arm is not a design the calibration",
+        ),
+        # a calibration that plants nothing measured nothing
+        ([study("c2", "lockstep")], [study("s", "lockstep")], "design_calibration", "plants nothing"),
+    ],
+)
+def test_a_design_no_calibration_covers_is_refused_with_file_key_and_line(
+    repo, cal_studies, studies, key, words
+):
+    (repo / "protocols" / "cal.yaml").write_text(planted_protocol(*cal_studies, hypotheses=DESCRIPTIVE))
+    (repo / "protocols" / "p.yaml").write_text(
+        _with_calibration(planted_protocol(*studies, hypotheses=DESCRIPTIVE))
+    )
+    out = harness(repo, "plan", "protocols/p.yaml")
+    assert out.returncode == 2, out.stdout + out.stderr
+    err = out.stderr
+    assert re.search(r"protocols/p\.yaml:\d+, key ", err) and key in err and words in err, err
+    assert "Traceback" not in err
+
+
+def test_a_covered_design_plans_and_a_planted_study_beside_it_needs_no_cover(repo):
+    (repo / "protocols" / "cal.yaml").write_text(
+        planted_protocol(
+            study("c2", "lockstep", extra="    planted: {kind: spin, us: 5}\n"), hypotheses=DESCRIPTIVE
+        )
+    )
+    text = planted_protocol(
+        study("s", "lockstep"),
+        study("ref", extra="    planted: {kind: spin, us: 5}\n"),  # a process per arm, but planted
+        hypotheses=DESCRIPTIVE,
+    )
+    (repo / "protocols" / "p.yaml").write_text(_with_calibration(text))
+    out = harness(repo, "plan", "protocols/p.yaml")
+    assert out.returncode == 0, out.stdout + out.stderr
+    (repo / "protocols" / "q.yaml").write_text(_with_calibration(text, "protocols/none.yaml"))
+    missing = harness(repo, "plan", "protocols/q.yaml")
+    assert missing.returncode == 2 and "key design_calibration" in missing.stderr, missing.stderr
+    assert "is not a protocol file inside the repository" in missing.stderr

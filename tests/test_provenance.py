@@ -349,9 +349,11 @@ def test_one_torch_version_rule_for_the_runner_and_the_audit(declared, running, 
 
 def test_records_downgraded_to_an_older_schema_are_named(study):
     """Every record resealed as schema 3 (the protocol copy it then carries, its chain relinked): the
-    tagged harness writes schema 4, so the records are not what it wrote."""
+    tagged harness writes the current schema, so the records are not what it wrote."""
+    from prereg.records import SCHEMA_VERSION
+
     reseal_all(study, lambda r: r.update(schema_version=3))
-    failed(study, "field schema_version = 3, but the tagged harness writes schema 4")
+    failed(study, f"field schema_version = 3, but the tagged harness writes schema {SCHEMA_VERSION}")
 
 
 def test_a_published_head_at_a_started_entry_binds_no_outcome(study):

@@ -148,7 +148,7 @@ def pairs(effect: float, n: int = 12, sd: float = 0.02, seed: int = 0, config: s
 
 def test_a_clear_effect_stops_at_the_first_look():
     fam = family(("H1", "c"))
-    looks = run_looks(fam, {("s", "c"): pairs(-0.2)}, 3, True)
+    looks = run_looks(fam, {("s", "c"): pairs(-0.2)}, 3, "sign")
     assert len(looks) == 1 and looks[0].stop == "efficacy" and looks[0].established == ("H1",)
     # the nominal level of look 1 of 3 at the family's alpha
     assert looks[0].nominal["H1"] == pytest.approx(nominal_levels([4, 8, 12], 0.05, "obrien_fleming")[0])
@@ -156,13 +156,13 @@ def test_a_clear_effect_stops_at_the_first_look():
 
 def test_no_effect_runs_to_the_last_look_and_is_not_established():
     fam = family(("H1", "c"))
-    looks = run_looks(fam, {("s", "c"): pairs(0.0, sd=0.05)}, 3, True)
+    looks = run_looks(fam, {("s", "c"): pairs(0.0, sd=0.05)}, 3, "sign")
     assert [lk.stop for lk in looks] == [None, None, "final"] and not looks[-1].established
 
 
 def test_futility_stops_early_without_changing_the_efficacy_levels():
-    with_fut = run_looks(family(("H1", "c"), futility_z=0.0), {("s", "c"): pairs(0.1)}, 3, True)
-    without = run_looks(family(("H1", "c")), {("s", "c"): pairs(0.1)}, 3, True)
+    with_fut = run_looks(family(("H1", "c"), futility_z=0.0), {("s", "c"): pairs(0.1)}, 3, "sign")
+    without = run_looks(family(("H1", "c")), {("s", "c"): pairs(0.1)}, 3, "sign")
     assert with_fut[-1].stop == "futility" and with_fut[-1].look == 1
     assert with_fut[0].nominal == without[0].nominal  # non-binding: the boundaries ignore futility
 
@@ -170,7 +170,7 @@ def test_futility_stops_early_without_changing_the_efficacy_levels():
 def test_holm_passes_an_established_hypothesis_level_on():
     fam = family(("H1", "c"), ("H2", "d"))
     data = {("s", "c"): pairs(-0.3), ("s", "d"): pairs(-0.004, sd=0.01, seed=4, config="d")}
-    looks = run_looks(fam, data, 3, True)
+    looks = run_looks(fam, data, 3, "sign")
     assert "H1" in looks[0].established
     first = nominal_levels([4, 8, 12], 0.025, "obrien_fleming")
     full = nominal_levels([4, 8, 12], 0.05, "obrien_fleming")
@@ -182,7 +182,7 @@ def test_holm_passes_an_established_hypothesis_level_on():
 def test_fixed_sequence_tests_the_second_only_after_the_first():
     fam = family(("H1", "c"), ("H2", "d"), procedure="fixed_sequence")
     data = {("s", "c"): pairs(0.0, sd=0.05), ("s", "d"): pairs(-0.3, config="d")}
-    looks = run_looks(fam, data, 3, True)
+    looks = run_looks(fam, data, 3, "sign")
     assert all(lk.nominal["H2"] == 0.0 for lk in looks) and not looks[-1].established
 
 
@@ -191,10 +191,10 @@ def test_decisions_say_the_look_and_a_study_cut_between_looks_is_not_reached():
 
     fam = family(("H1", "c"))
     done = Completeness(24, 10, 14, False, False, "INCOMPLETE")
-    looks = run_looks(fam, {("s", "c"): pairs(0.0, sd=0.05)}, 1, True)
+    looks = run_looks(fam, {("s", "c"): pairs(0.0, sd=0.05)}, 1, "sign")
     d = sequential_decisions(fam, {("s", "c"): pairs(0.0, sd=0.05)}, done, looks)[0]
     assert d.status == "not reached" and "the next look, at 8 pairs, was not reached" in d.text
-    looks = run_looks(fam, {("s", "c"): pairs(-0.2)}, 3, True)
+    looks = run_looks(fam, {("s", "c"): pairs(-0.2)}, 3, "sign")
     d = sequential_decisions(fam, {("s", "c"): pairs(-0.2)}, done, looks)[0]
     assert d.status == "established" and d.text.startswith("(look 1 of 3, 4 pairs, obrien_fleming spending")
     assert d.level == pytest.approx(1 - 2 * looks[0].nominal["H1"])  # the repeated confidence interval's
@@ -259,7 +259,7 @@ def test_identical_pairs_at_a_look_are_decided_by_the_sign_test_not_by_identity(
         {"unit": f"s.c.pair{i:03d}", "baseline_peak_memory_bytes": 5.0, "candidate_peak_memory_bytes": 5.0}
         for i in range(30)
     ]
-    looks = run_looks(fam, {("s", "c"): same}, 3, True)
+    looks = run_looks(fam, {("s", "c"): same}, 3, "zero")
     first = looks[0].tests["M"]
     assert first is not None and first.method == "sign" and first.p_value == 1 / 8
     assert "M" not in looks[0].established  # identity's p = 0 would have crossed at 3 pairs
@@ -270,7 +270,7 @@ def test_a_fixed_sequence_hypothesis_no_alpha_reached_is_not_reached():
 
     fam = family(("H1", "c"), ("H2", "d"), procedure="fixed_sequence")
     data = {("s", "c"): pairs(0.0, sd=0.05), ("s", "d"): pairs(-0.3, config="d")}
-    looks = run_looks(fam, data, 3, True)
+    looks = run_looks(fam, data, 3, "sign")
     done = Completeness(48, 48, 0, True, False, "complete")
     d2 = sequential_decisions(fam, data, done, looks)[1]
     assert d2.status == "not reached" and "no alpha reached it" in (d2.reason or "")

@@ -21,6 +21,7 @@ a non-finite loss), or a traceback printed.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -39,7 +40,7 @@ from harness.commandarm import substitute
 from harness.execute.job import Job
 from harness.execute.launchers import ALLOWED
 from harness.freeze import code_sha256
-from harness.reporter import ENV_BLOCK_STEPS, ENV_LOCKSTEP_FD, ENV_REPORT, ENV_STEPS_FIRST
+from harness.reporter import ENV_BLOCK_STEPS, ENV_LOCKSTEP_FD, ENV_PLANT, ENV_REPORT, ENV_STEPS_FIRST
 from prereg.evidence import EVIDENCE_SUFFIX, MAX_EVIDENCE_BYTES, EvidenceError, derive
 from prereg.records import RunSpec, WorkerResult
 
@@ -110,6 +111,8 @@ def _environment(spec: RunSpec, out: Path) -> dict[str, str]:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(spec.threads)
     env.update(spec.command.get("env") or {})
     env[ENV_REPORT] = str(out)
+    if spec.planted:  # a planted candidate: its reporter runs the plant in each step
+        env[ENV_PLANT] = json.dumps(dict(spec.planted), sort_keys=True)
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -298,6 +301,11 @@ def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
                 training_cpu_s=derived.training_cpu_s,
                 training_cpu_clock="process",
                 untimed_s=derived.untimed_s,
+                **(
+                    {"planted_s": derived.planted_s, "planted_cpu_s": derived.planted_cpu_s}
+                    if derived.planted_s is not None
+                    else {}
+                ),
                 **(
                     {"time_to_target_s": derived.time_to_target_s}
                     if derived.time_to_target_s is not None

@@ -15,20 +15,9 @@ from typing import Any
 
 import torch
 
+from harness.reporter import gather, spin
+
 __all__ = ["Plant", "gather", "spin"]
-
-
-def spin(us: int) -> None:
-    """Busy-wait until the calling thread has spent ``us`` microseconds of CPU time (its own clock,
-    read each turn: a thread descheduled meanwhile spins on when it runs again)."""
-    end = time.thread_time_ns() + us * 1000
-    while time.thread_time_ns() < end:
-        pass
-
-
-def gather(buf: bytearray) -> None:
-    """Read one byte of every 64-byte line of ``buf`` (a strided copy, discarded)."""
-    buf[::64]  # noqa: B018  (the read is the cost)
 
 
 class Plant:

@@ -77,6 +77,7 @@ from prereg.records import (
     jsonable,
     sha256_bytes,
 )
+from prereg.replicates import overlap_problem, spans_of
 from prereg.tag import torch_matches
 
 
@@ -93,8 +94,10 @@ class Runner:
         allow_torch_mismatch: bool = False,
         executor: Executor | None = None,
         anchor: str | None = None,
+        replicate: int | None = None,
     ) -> None:
         self.proto = proto
+        self.replicate = replicate
         self.echo = echo
         self.live = live
         self.retry_failed = retry_failed
@@ -501,6 +504,7 @@ class Runner:
     def run(self) -> RunEnd:
         """Work through the plan; returns how it ended."""
         proto = self.proto
+        self._check_replicate_named()
         check_records_folder(proto)
         check_same_protocol(proto)
         restored = freeze.restore_tag(proto)
@@ -538,7 +542,8 @@ class Runner:
         note = self.ledger.reconcile()  # the chain is the truth: a crash may have left MANIFEST behind it
         if note:
             self.echo(note)
-        self.progress = Progress(total=len(self.runs))
+        self._select_replicate()
+        self.progress = Progress(total=sum(len(u) for u in self._units))
         self.stopped_for_budget = False
         self.stopped_at_look = None
         try:
@@ -557,13 +562,46 @@ class Runner:
         held = sum(n for unit, n in todos if n and claimed(proto, unit))
         return RunEnd(
             held_elsewhere=held,
-            planned=len(self.runs),
+            planned=sum(len(u) for u in self._units),
             left=left,
             failed=failed,
             stopped_for_budget=self.stopped_for_budget and left > 0,
             budget=self.last_budget,
             stopped_at_look=self.stopped_at_look,
+            replicate=None
+            if self.proto.replicates is None or self.replicate is None
+            else (self.replicate, self.proto.replicates["count"]),
         )
+
+    def _check_replicate_named(self) -> None:
+        """``--replicate K`` goes with a replicated protocol, and names one of its replicates."""
+        reps, k = self.proto.replicates, self.replicate
+        if reps is None:
+            if k is not None:
+                raise RefusedError(
+                    f"{self.proto.path}: --replicate {k}, but the protocol declares no replicates; nothing was run"
+                )
+            return
+        if k is None or not 1 <= k <= reps["count"]:
+            raise RefusedError(
+                f"{self.proto.path}: key replicates declares {reps['count']} replicates: name the one to run "
+                f"with --replicate K (1 to {reps['count']}), got {k}; nothing was run"
+            )
+
+    def _select_replicate(self) -> None:
+        """A replicated protocol runs one replicate per ``harness run --replicate K``: only its units
+        are claimed, and only when no later replicate has begun and every earlier one's last entry
+        on this machine is ``min_gap_s`` old (:func:`prereg.replicates.overlap_problem`)."""
+        reps, k = self.proto.replicates, self.replicate
+        if reps is None or k is None:
+            return
+        of_run = {s.run_id: s.replicate for s in self.runs if s.replicate is not None}
+        spans = spans_of(self.ledger.entries(), of_run)
+        why = overlap_problem(k, spans, time.time(), self.host, reps["min_gap_s"])
+        if why is not None:
+            raise RefusedError(f"{self.proto.path}: key replicates: {why}; nothing was run")
+        self._units = [u for u in self._units if u[0].replicate == k]
+        self.echo(f"replicate {k} of {reps['count']}: {sum(len(u) for u in self._units)} runs")
 
     def todo(self, unit: list[RunSpec], states: dict[str, RunState]) -> list[RunSpec]:
         """The unit's runs still to execute, in plan order.

@@ -36,6 +36,8 @@ class RunEnd:
     budget: BudgetCheck | None  # the rule's verdict on the unit it refused (or the last one it allowed)
     held_elsewhere: int = 0  # runs left in units whose claim another runner holds now
     stopped_at_look: dict[str, Any] | None = None  # the look where the sequential rule stopped the study
+    # a replicated protocol's run (``--replicate K``): (K, count); planned and left are its runs only
+    replicate: tuple[int, int] | None = None
 
 
 @dataclass

@@ -1,0 +1,418 @@
+"""The replicate model (prereg/replicates.py): its random-effects mean and interval against
+statsmodels on fixed and generated data, the protocol key's rules, and the order of replicates in
+time.
+
+Reference: statsmodels 0.15 ``combine_effects(y, v, method_re="chi2", use_t=True, alpha=a)``:
+``mean_effect_re``, ``tau2`` and ``conf_int(alpha=a)[3]`` (the random-effects interval with the
+HKSJ variance; where statsmodels' moment estimate of ``tau2`` is negative, which DerSimonian and
+Laird truncate at 0, its fixed-effect mean and WLS interval ``conf_int(alpha=a)[2]``), e.g.
+
+    python -c "from statsmodels.stats.meta_analysis import combine_effects as c; \
+import numpy as n; r = c(n.array([1.2, 0.4, 2.1]), n.array([0.04, 0.09, 0.05]), method_re='chi2', use_t=True); \
+print(r.mean_effect_re, r.tau2, r.conf_int(alpha=0.01)[3])"
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prereg.replicates import (
+    overlap_problem,
+    random_effects,
+    replicate_estimates,
+    replicate_of,
+    replicate_rows,
+    replicates_problems,
+)
+
+combine_effects = pytest.importorskip("statsmodels.stats.meta_analysis").combine_effects
+
+
+def reference(y, v, level):
+    r = combine_effects(np.asarray(y), np.asarray(v), method_re="chi2", use_t=True, alpha=1 - level)
+    if r.tau2 > 0:
+        lo, hi = r.conf_int(alpha=1 - level)[3]
+        return r.mean_effect_re, math.sqrt(r.tau2), lo, hi, r.q, r.mean_effect_fe
+    # statsmodels 0.15 leaves DL's moment estimate negative; DerSimonian & Laird truncate it at 0,
+    # where the random-effects mean is the fixed one and HKSJ's interval its WLS one (conf_int()[2])
+    lo, hi = r.conf_int(alpha=1 - level)[2]
+    return r.mean_effect_fe, 0.0, lo, hi, r.q, r.mean_effect_fe
+
+
+@pytest.mark.parametrize(
+    "y, v, level",
+    [
+        ([1.2, 0.4, 2.1], [0.04, 0.09, 0.05], 0.99),  # spread beyond the within variances: tau > 0
+        ([1.0, 1.05, 0.98], [0.04, 0.09, 0.05], 0.95),  # agreement within noise: tau = 0
+        ([-0.3, 0.5], [0.01, 0.02], 0.95),  # two replicates: t with 1 degree of freedom
+        ([3.1, 2.9, 3.6, 2.2, 3.0], [0.2, 0.1, 0.3, 0.15, 0.05], 0.99),
+    ],
+)
+def test_random_effects_is_statsmodels_dl_with_hksj(y, v, level):
+    got = random_effects(y, v, level)
+    mu, tau, lo, hi, q, fe = reference(y, v, level)
+    assert got["mean"] == pytest.approx(mu, rel=1e-10, abs=1e-12)
+    assert got["tau"] == pytest.approx(tau, rel=1e-9, abs=1e-12)
+    assert got["lo"] == pytest.approx(lo, rel=1e-9, abs=1e-12)
+    assert got["hi"] == pytest.approx(hi, rel=1e-9, abs=1e-12)
+    assert got["q"] == pytest.approx(q, rel=1e-10)
+    assert got["fixed"] == pytest.approx(fe, rel=1e-10, abs=1e-12)
+    assert got["df"] == len(y) - 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(-5, 5), st.floats(1e-3, 2.0)),
+        min_size=2,
+        max_size=8,
+    ),
+    st.sampled_from([0.9, 0.95, 0.99]),
+)
+def test_random_effects_matches_statsmodels_on_generated_replicates(rows, level):
+    y = [a for a, _ in rows]
+    v = [b for _, b in rows]
+    got = random_effects(y, v, level)
+    mu, tau, lo, hi, _, _ = reference(y, v, level)
+    scale = 1 + max(abs(x) for x in y)
+    assert abs(got["mean"] - mu) <= 1e-9 * scale
+    assert abs(got["tau"] - tau) <= 1e-7 * scale
+    assert abs(got["lo"] - lo) <= 1e-7 * scale and abs(got["hi"] - hi) <= 1e-7 * scale
+
+
+def test_random_effects_refuses_what_has_no_variance():
+    with pytest.raises(ValueError, match="at least 2"):
+        random_effects([1.0], [0.1], 0.95)
+    with pytest.raises(ValueError, match="positive"):
+        random_effects([1.0, 2.0], [0.1, 0.0], 0.95)
+
+
+def test_replicate_estimates_are_each_slices_mean_and_squared_se():
+    reps, ys, vs = replicate_estimates({1: [1.0, 3.0], 2: [2.0, 2.0], 3: [0.0, 1.0, 2.0], 4: [5.0]})
+    assert reps == [1, 3]  # replicate 2 has no spread, 4 one pair: neither has a variance
+    assert ys == [2.0, 1.0]
+    assert vs == [pytest.approx(2.0 / 2), pytest.approx(1.0 / 3)]
+
+
+def test_replicate_rows_read_the_pairs_replicates_in_points():
+    pairs = []
+    for r, ratios in ((1, [1.01, 1.03]), (2, [1.05, 1.06]), (3, [1.02, 1.0])):
+        for x in ratios:
+            pairs.append({"replicate": r, "baseline_training_s": 10.0, "candidate_training_s": 10.0 * x})
+    rows = replicate_rows([{"name": "s", "configs": ["c"]}], {("s", "c"): pairs}, 0.95)
+    assert len(rows) == 1 and rows[0]["clock"] == "wall"  # no CPU columns: no CPU row
+    want = random_effects(
+        [
+            100 * (math.log(1.01) + math.log(1.03)) / 2,
+            100 * (math.log(1.05) + math.log(1.06)) / 2,
+            100 * math.log(1.02) / 2,
+        ],
+        [row["se"] ** 2 for row in rows[0]["replicates"]],
+        0.95,
+    )
+    assert rows[0]["mean"] == pytest.approx(want["mean"]) and rows[0]["k"] == 3
+
+
+def test_a_study_without_replicates_has_no_rows():
+    pairs = [{"baseline_training_s": 1.0, "candidate_training_s": 1.1}]
+    assert replicate_rows([{"name": "s", "configs": ["c"]}], {("s", "c"): pairs}, 0.95) == []
+
+
+def test_replicates_cut_each_study_into_consecutive_slices():
+    assert [replicate_of(i, 9, 3) for i in range(9)] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+
+
+@pytest.mark.parametrize(
+    "value, counts, key, words",
+    [
+        ([3], {}, (), "expected a mapping"),
+        ({"count": 3}, {}, (), "names 'min_gap_s'"),
+        ({"count": 1, "min_gap_s": 0}, {}, ("count",), "from 2"),
+        ({"count": 3, "min_gap_s": -1}, {}, ("min_gap_s",), "0 or more"),
+        ({"count": 3, "min_gap_s": 60, "when": 1}, {}, ("when",), "unknown key"),
+        ({"count": 3, "min_gap_s": 60}, {"s": 8}, ("count",), "multiple of 3"),
+        ({"count": 3, "min_gap_s": 60}, {"s": 3}, ("count",), "at least 2"),
+    ],
+)
+def test_replicates_problems_name_the_key(value, counts, key, words):
+    got = replicates_problems(value, counts)
+    assert got and got[0][0] == key and words in got[0][1]
+
+
+def test_valid_replicates_have_no_problems():
+    assert replicates_problems({"count": 3, "min_gap_s": 3600}, {"a": 6, "b": 9}) == []
+
+
+def test_a_replicate_waits_its_gap_on_the_same_machine_only():
+    spans = {1: [(1000.0, 2000.0, "h1")]}
+    why = overlap_problem(2, spans, 2500.0, "h1", 3600)
+    assert why and "replicate 1 ran on h1 until" in why and "min_gap_s 3600" in why
+    assert overlap_problem(2, spans, 5600.0, "h1", 3600) is None  # an hour after its last entry
+    assert overlap_problem(2, spans, 2500.0, "h2", 3600) is None  # another machine: at once
+
+
+def test_an_earlier_replicate_cannot_run_after_a_later_one():
+    spans = {1: [(1000.0, 2000.0, "h1")], 3: [(9000.0, 9100.0, "h2")]}
+    why = overlap_problem(2, spans, 20000.0, "h1", 60)
+    assert why and why.startswith("replicate 3 started at 1970-01-01T02:30:00Z")
+    assert overlap_problem(3, spans, 20000.0, "h2", 60) is None  # replicate 3 resumes
+
+
+def test_the_replicate_simulation_shows_the_pooled_interval_undercovering():
+    """benchmarks/replicates.py's simulation, small: with a between-replicate SD of 4 standard
+    errors the pooled t interval misses far more often than its level, the replicate model's not."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "replicates.py"
+    spec = importlib.util.spec_from_file_location("replicates_bench", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    got = mod.simulate(400, 3, 8, 1.0, 4 / math.sqrt(8), 0.95, 1)
+    assert got["hksj_coverage"] > 0.9 and got["pooled_coverage"] < 0.75, got
+
+
+# --- the harness: the protocol key, the plan, `harness run --replicate K` --------------------------
+
+REPLICATED = "replicates: {count: 2, min_gap_s: GAP}\n"
+
+
+def replicated_study(tmp_path, gap: int = 0, seeds: str = "[1, 2, 3, 4]", replicates: str | None = None):
+    from conftest import init_study, tiny_protocol
+
+    text = tiny_protocol(steps=5).replace("arms: [native, cotangent]", "arms: [native, native]")
+    text = text.replace("seeds: [1, 2]", f"seeds: {seeds}")
+    block = REPLICATED.replace("GAP", str(gap)) if replicates is None else replicates
+    text = text.replace("order_seed:", block + "order_seed:", 1)
+    return init_study(tmp_path / "study", protocol=text)
+
+
+def run_replicate(repo, k, lines=None, **kw):
+    from fake_trainer import FakeTrainer
+
+    from harness.execute.inprocess import InProcessExecutor
+    from harness.execute.runner import Runner
+    from harness.protocol import load_protocol
+
+    return Runner(
+        load_protocol(repo / "protocols" / "tiny.yaml"),
+        echo=(lines if lines is not None else []).append,
+        executor=InProcessExecutor(train=FakeTrainer()),
+        replicate=k,
+        **kw,
+    ).run()
+
+
+def recorded(repo):
+    from conftest import record_dicts
+
+    folder = repo / "records" / "tiny"
+    return record_dicts(folder) if folder.exists() else []
+
+
+def test_the_plan_gives_each_unit_its_replicate_and_leaves_other_plans_alone(tmp_path):
+    from conftest import init_study, tiny_protocol
+
+    from harness.plan import make_plan
+    from harness.protocol import load_protocol
+
+    repo = replicated_study(tmp_path)
+    runs = make_plan(load_protocol(repo / "protocols" / "tiny.yaml"))
+    by_seed = {(r.seed, r.config): r.replicate for r in runs}
+    assert {s: r for (s, _), r in by_seed.items()} == {1: 1, 2: 1, 3: 2, 4: 2}
+    plain = init_study(tmp_path / "plain", protocol=tiny_protocol(steps=5))
+    assert all(
+        "replicate" not in r.to_json() for r in make_plan(load_protocol(plain / "protocols" / "tiny.yaml"))
+    )
+
+
+def test_each_replicate_runs_its_own_units_and_the_summary_reads_them(tmp_path):
+    from prereg.summary import records_json
+
+    repo = replicated_study(tmp_path)
+    lines: list[str] = []
+    end = run_replicate(repo, 1, lines)
+    recs = recorded(repo)
+    assert {r["spec"]["replicate"] for r in recs} == {1} and {r["spec"]["seed"] for r in recs} == {1, 2}
+    assert "replicate 1 of 2" in "\n".join(lines) and end.left == 0
+    run_replicate(repo, 2)
+    recs = recorded(repo)
+    assert sorted(r["spec"]["seed"] for r in recs) == sorted([1, 2, 3, 4] * 2)
+    from prereg.recompute import recompute
+
+    summary = recompute(records_json(__import__("conftest").typed(recs)))
+    pairs = summary["studies"][0]["configs"][0]["pairs"]
+    assert sorted(p["replicate"] for p in pairs) == [1, 1, 2, 2]
+    rows = summary["replicates"]
+    assert rows and {r["clock"] for r in rows} == {"wall", "CPU"}
+    assert summary["protocol"]["replicates"] == {"count": 2, "min_gap_s": 0}
+
+
+def test_a_replicate_that_would_overlap_the_last_is_refused_naming_both(tmp_path):
+    from prereg.errors import RefusedError
+
+    repo = replicated_study(tmp_path, gap=3600)
+    run_replicate(repo, 1)
+    before = recorded(repo)
+    with pytest.raises(RefusedError) as e:
+        run_replicate(repo, 2)
+    msg = str(e.value)
+    assert "key replicates: replicate 1 ran on" in msg and "replicate 2 may start there from" in msg
+    assert "min_gap_s 3600" in msg and "nothing was run" in msg
+    assert recorded(repo) == before  # nothing written
+
+
+def test_an_earlier_replicate_after_a_later_one_is_refused(tmp_path):
+    from prereg.errors import RefusedError
+
+    repo = replicated_study(tmp_path)
+    run_replicate(repo, 2)
+    with pytest.raises(RefusedError, match="replicate 2 started at .*: replicate 1 cannot run after it"):
+        run_replicate(repo, 1)
+
+
+def test_harness_run_names_the_replicate_it_needs(tmp_path):
+    from conftest import harness
+
+    repo = replicated_study(tmp_path)
+    out = harness(repo, "run", "protocols/tiny.yaml", "--quiet")
+    assert out.returncode == 2 and "key replicates declares 2 replicates" in out.stderr, out.stderr
+    assert "--replicate K (1 to 2)" in out.stderr and "Traceback" not in out.stderr
+    assert not (repo / "records" / "tiny").exists()  # nothing written
+    plain = harness(repo, "run", "protocols/tiny.yaml", "--quiet", "--replicate", "3")
+    assert plain.returncode == 2 and "got 3" in plain.stderr
+
+
+@pytest.mark.parametrize(
+    "block, key, words",
+    [
+        ("replicates: {count: 3, min_gap_s: 0}\n", "replicates.count", "multiple of 3"),
+        ("replicates: {count: 2, min_gap_s: -5}\n", "replicates.min_gap_s", "0 or more"),
+        ("replicates: {count: 2, gap: 5}\n", "replicates.gap", "unknown key"),
+        ("replicates: [2]\n", "replicates", "must be dict"),
+    ],
+)
+def test_harness_plan_refuses_bad_replicates_with_file_key_and_line(tmp_path, block, key, words):
+    import re
+
+    from conftest import harness
+
+    repo = replicated_study(tmp_path, replicates=block)
+    out = harness(repo, "plan", "protocols/tiny.yaml")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert re.search(r"protocols/tiny\.yaml:\d+, key ", out.stderr) and key in out.stderr, out.stderr
+    assert words in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_report_shows_each_replicate_its_mean_and_when_it_ran(tmp_path):
+    """Two replicates run in process with times that vary by seed and arm: ``harness report``
+    writes the section, its estimates the random-effects mean of the replicates' own, and the
+    time of each replicate from its records."""
+    from conftest import harness
+    from fake_trainer import FakeTrainer
+
+    from harness.execute.inprocess import InProcessExecutor
+    from harness.execute.runner import Runner
+    from harness.protocol import load_protocol
+
+    class Varied(FakeTrainer):
+        def __call__(self, job, partial):
+            self.device_s = 1.0 + ((job.spec.seed * 7 + 3 * (job.spec.role == "candidate")) % 5) / 10
+            super().__call__(job, partial)
+
+    repo = replicated_study(tmp_path)
+    for k in (1, 2):
+        Runner(
+            load_protocol(repo / "protocols" / "tiny.yaml"),
+            echo=lambda _: None,
+            executor=InProcessExecutor(train=Varied()),
+            replicate=k,
+        ).run()
+    out = harness(repo, "report", "protocols/tiny.yaml", "--quiet")
+    assert out.returncode == 0, out.stdout + out.stderr
+    import json
+
+    summary = json.loads((repo / "records" / "tiny" / "summary.json").read_text())
+    wall = next(r for r in summary["replicates"] if r["clock"] == "wall")
+    reps = wall["replicates"]
+    assert [x["replicate"] for x in reps] == [1, 2] and reps[1]["gap_s"] >= 0 and reps[0]["gap_s"] is None
+    want = random_effects([x["estimate"] for x in reps], [x["se"] ** 2 for x in reps], 0.9)
+    assert wall["mean"] == pytest.approx(want["mean"]) and wall["hi"] == pytest.approx(want["hi"])
+    md = (repo / "records" / "tiny" / "report.md").read_text()
+    assert "## Replicates: the effect across times and machines" in md
+    assert f"{wall['mean']:+.2f} ({wall['lo']:+.2f} to {wall['hi']:+.2f})" in md
+    assert reps[0]["from"] in md and "Since the previous one" in md
+    pub = harness(repo, "publish", "protocols/tiny.yaml")
+    assert pub.returncode == 0, pub.stdout + pub.stderr
+    page = (repo / "records" / "tiny" / "index.html").read_text()
+    assert "<h2 id=replicates>" in page and "When and where each replicate ran" in page
+
+
+@pytest.mark.process
+def test_harness_run_of_a_replicate_says_which_and_what_comes_next(tmp_path):
+    """Through the command line, real workers: replicate 1 of 2 ends with its own runs counted and
+    the next command; replicate 2, the last, names none."""
+    from conftest import harness
+
+    repo = replicated_study(tmp_path, seeds="[1, 2, 3, 4]")
+    one = harness(repo, "run", "protocols/tiny.yaml", "--quiet", "--replicate", "1", "--no-report")
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert "replicate 1 of 2: all 4 runs finished ok" in one.stdout, one.stdout
+    assert "Next: harness run protocols/tiny.yaml --replicate 2, at least 0 s after" in one.stdout
+    two = harness(repo, "run", "protocols/tiny.yaml", "--quiet", "--replicate", "2", "--no-report")
+    assert two.returncode == 0 and "replicate 2 of 2: all 4 runs finished ok" in two.stdout, two.stdout
+    assert "Next:" not in two.stdout
+
+
+def _entry(run, at, host, replicate):
+    return {"spec": {"run_id": run, "replicate": replicate}, "ledger": {"at": at}, "env": {"host": host}}
+
+
+def test_the_audit_names_replicates_too_close_on_one_machine():
+    from prereg.replicates import time_problems
+
+    entries = [
+        _entry("a", "2026-12-01T10:00:00.000+00:00", "h1", 1),
+        _entry("b", "2026-12-01T10:30:00.000+00:00", "h1", 1),
+        _entry("c", "2026-12-01T11:00:00.000+00:00", "h1", 2),  # 30 min after replicate 1 on h1
+        _entry("d", "2026-12-01T10:10:00.000+00:00", "h2", 3),  # another machine: at once is allowed
+    ]
+    found = time_problems(entries, 3600)
+    assert found == [
+        "replicate 2 started on h1 at 2026-12-01T11:00:00Z, 1800 s after replicate 1's last entry there "
+        "(2026-12-01T10:30:00Z): min_gap_s is 3600"
+    ]
+    assert time_problems(entries, 1800) == []
+
+
+def test_the_audit_checks_a_replicated_folder(tmp_path):
+    """The public audit (standard library, ``python -I -S``) on a replicated study run in process:
+    its row for the replicates' separation, ok."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    repo = replicated_study(tmp_path)
+    run_replicate(repo, 1)
+    run_replicate(repo, 2)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            str(ROOT / "analysis" / "public_audit.py"),
+            str(repo / "records" / "tiny"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    row = next((line for line in out.stdout.splitlines() if line.startswith("replicates apart in time")), "")
+    assert "ok: 2 replicates, each on a machine at least 0 s after the one before it there" in row, out.stdout
