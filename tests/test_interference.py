@@ -110,3 +110,213 @@ def test_a_child_rewriting_the_reporter_file_as_the_command_exits_fails_the_run(
         assert result.status == "failed", "the rewriting child went unnoticed"
         assert "outlived it" in (result.reason or ""), result.reason
         time.sleep(0.05)
+
+
+STOPPER = textwrap.dedent(
+    """\
+    import os, signal, sys, threading, time
+    from harness.reporter import Reporter
+    mode, steps = sys.argv[1], int(sys.argv[2])
+    halt = threading.Event()
+
+    def victim():
+        for name in os.listdir("/proc"):
+            if name.isdigit() and int(name) != os.getpid():
+                try:
+                    argv = open(f"/proc/{name}/cmdline", "rb").read().split(b"\\0")
+                except OSError:
+                    continue
+                if b"stopper.py" in argv[1:2] and b"victim" in argv:
+                    return int(name)
+
+    def stop_the_partner():  # keeps the partner stopped most of the time, its timed blocks included
+        pid = None
+        while pid is None and not halt.is_set():
+            pid = victim()
+            time.sleep(0.001)
+        while pid is not None and not halt.is_set():
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.02)
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.002)
+
+    if mode == "stopper":
+        thread = threading.Thread(target=stop_the_partner, daemon=True)
+        thread.start()
+    r = Reporter.from_env()
+    for i in range(1, steps + 1):
+        t = time.process_time()
+        while time.process_time() - t < 0.01:  # 10 ms of the process's own CPU time a step
+            pass
+        r.step(i, 3.0 / i)
+    with r.untimed():
+        r.eval(steps, {"val_loss": 1.0})
+    halt.set()
+    if mode == "stopper":
+        thread.join()
+    r.done()
+    """
+)
+
+
+def _pair(tmp_path, modes: tuple[str, str], steps: int = 12, block: int = 3):
+    from harness.execute.commands import run_pair
+
+    (tmp_path / "stopper.py").write_text(STOPPER)
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    jobs = [
+        _job(
+            tmp_path,
+            ["python", "stopper.py", mode, str(steps)],
+            steps=steps,
+            run_id=f"s.tiny.pair000.{role}",
+            position=pos,
+            block_steps=block,
+            partner=f"s.tiny.pair000.{other}",
+            steps_first=pos == 0,
+        )
+        for pos, (role, other, mode) in enumerate(
+            (("baseline", "candidate", modes[0]), ("candidate", "baseline", modes[1]))
+        )
+    ]
+    return run_pair((jobs[0], jobs[1]), work, tmp_path)
+
+
+def _judged(ran):
+    from prereg.interference import flagged_pairs
+
+    (b, _), (c, _) = ran
+    assert b.status == "ok" and c.status == "ok", (b.reason, c.reason)
+    return flagged_pairs([("s.tiny.pair000", b.timings, c.timings)])
+
+
+def test_an_arm_that_stops_its_partner_while_timed_gets_the_pair_flagged(tmp_path):
+    """The candidate's thread SIGSTOPs the baseline over and over: the baseline's steps take wall
+    time its CPU clock does not see, and the pair is flagged, its fractions named."""
+    ran = _pair(tmp_path, ("victim", "stopper"))
+    judged = _judged(ran)
+    assert judged is not None and judged["pairs_judged"] == 1
+    assert [f["unit"] for f in judged["flagged"]] == ["s.tiny.pair000"], judged
+    f = judged["flagged"][0]
+    assert f["baseline_stall_fraction"] > f["candidate_stall_fraction"], f
+    assert f["log_share_difference"] > 0.3, f  # the baseline's share of CPU is the smaller
+    # the figure is the evidence's: the audit derives the same stall from the kept file
+    from prereg.evidence import derive
+
+    (b, text), _ = ran
+    spec = _job(tmp_path, [], steps=12, block_steps=3).spec.to_json()
+    assert derive("reporter", text or "", spec, None).stall_s == b.timings["stall_s"]
+
+
+def test_an_honest_lockstep_pair_of_commands_is_not_flagged(tmp_path):
+    judged = _judged(_pair(tmp_path, ("victim", "honest")))
+    assert judged is not None and judged["flagged"] == [], judged
+
+
+GIL_HOG = '''
+import threading, time
+from harness.arms import ArmContext, resolve
+
+SEEN = []
+STOP = threading.Event()  # the test's, when it is done: no thread of this module outlives it
+THREADS = []
+
+
+class Hog:
+    """Native, and (built second) a thread that holds the interpreter's lock in long C calls
+    whenever its partner trains: only during the partner's blocks."""
+
+    def __init__(self, ctx: ArmContext) -> None:
+        self.inner = resolve("native")(ctx)
+        self.optimizer = self.inner.optimizer
+        self.mine = threading.Event()
+        SEEN.append(ctx.params)
+        if len(SEEN) % 2 == 0:
+            THREADS.append(threading.Thread(target=self.hog, args=(SEEN[-2][0],), daemon=True))
+            THREADS[-1].start()
+
+    @staticmethod
+    def moved(partner):
+        """What changes at each of the partner's steps (its gradient, renewed or written in place;
+        a fused optimizer's step bumps no version counter of the weights themselves)."""
+        g = partner.grad
+        return id(g), None if g is None else g._version
+
+    def hog(self, partner) -> None:
+        seen, quiet, wait = self.moved(partner), time.monotonic(), 60.0  # until training starts
+        while time.monotonic() - quiet < wait and not STOP.is_set():  # gone once the pair has ended
+            if self.moved(partner) == seen:
+                time.sleep(0.0002)
+                continue
+            self.mine.clear()  # the partner has stepped: its block, until this arm's next step
+            wait = 2.0
+            while not self.mine.is_set() and time.monotonic() - quiet < wait and not STOP.is_set():
+                sum(range(100_000))  # one C call: the lock is not let go until it returns
+                if self.moved(partner) != seen:
+                    seen, quiet = self.moved(partner), time.monotonic()
+
+    def phase(self):
+        return self.inner.phase()
+
+    def set_lr(self, lr):  # the first thing a training step does: this arm's turn has come
+        self.mine.set()
+        self.inner.set_lr(lr)
+
+    def zero_grad(self):
+        self.inner.zero_grad()
+
+
+def build(ctx):
+    return Hog(ctx)
+'''
+
+
+def test_a_plugin_thread_holding_the_gil_in_its_partners_blocks_gets_the_pair_flagged(tmp_path, monkeypatch):
+    """Built-in lockstep, one process: the arm built second starts a thread that holds the GIL
+    while its partner trains. The partner's training thread waits for the lock off its CPU clock
+    (the thread's), so its blocks' wall time parts from its CPU time; its record holds the stall,
+    the audit derives it again from the step times, and the report names the pair."""
+    from conftest import init_study, record_dicts
+    from test_lockstep import FAMILIES, RECS, protocol, run
+
+    from prereg.evidence import stall_problems
+    from prereg.records import load_records
+    from prereg.render.report import markdown
+    from prereg.summary import derive
+
+    text = protocol("lockstep", steps=16, block=4, seeds="[1, 2]").replace(
+        "[bucketed, packed]", "[gilhog:build, gilhog:build]"
+    )
+    text = text.replace(f"configs: {FAMILIES}", "configs: [tiny_conv]")
+    repo = tmp_path / "s"
+    repo.mkdir()
+    (repo / "gilhog.py").write_text(GIL_HOG)
+    init_study(repo, protocol=text)
+    monkeypatch.syspath_prepend(str(repo))
+    try:
+        assert run(repo).left == 0
+    finally:
+        hog = sys.modules.get("gilhog")
+        if hog is not None:
+            hog.STOP.set()
+            for t in hog.THREADS:
+                t.join()
+    recs = record_dicts(repo / RECS)
+    assert all(r["status"] == "ok" for r in recs), [r.get("reason") for r in recs]
+    assert all("stall_s" in r["timings"] for r in recs)
+    assert stall_problems(recs) == ([], len(recs))
+    summary = derive(load_records(repo / RECS))
+    studies = {s.name: s for s in summary.studies}
+    hogged = studies["others"].configs[0].interference
+    honest = studies["pairs"].configs[0].interference
+    assert hogged and hogged["pairs_judged"] == 2 and len(hogged["flagged"]) == 2, hogged
+    assert (
+        honest and honest["pairs_judged"] == 2
+    )  # judged; tiny runs on a shared machine vary too much to assert more
+    report = markdown(summary)
+    assert "Interference: lockstep arms' wall against CPU time" in report
+    assert all(f["unit"] in report for f in hogged["flagged"])
+    edited = [dict(r, timings={**r["timings"], "stall_s": 0.0}) if i == 0 else r for i, r in enumerate(recs)]
+    found, _ = stall_problems(edited)
+    assert len(found) == 1 and "its step times say" in found[0]

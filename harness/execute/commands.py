@@ -322,6 +322,7 @@ def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
                 training_cpu_s=derived.training_cpu_s,
                 training_cpu_clock="process",
                 untimed_s=derived.untimed_s,
+                **({"stall_s": derived.stall_s} if derived.stall_s is not None else {}),
                 **(
                     {"time_to_target_s": derived.time_to_target_s}
                     if derived.time_to_target_s is not None

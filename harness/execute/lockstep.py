@@ -27,6 +27,7 @@ import torch
 from harness.execute.job import Job, LockstepJob
 from harness.execute.training import Partial, Prepared, RunFailure, failure, finish, prepare
 from prereg.carryover import blocks
+from prereg.interference import stall_s
 from prereg.records import WorkerResult
 
 __all__ = ["PairFailed", "blocks", "execute_pair"]
@@ -218,9 +219,18 @@ def _pair(
         memory["shared"] = "both arms of a lockstep pair in one process: the peaks are the pair's"
         partial.note(memory=memory)
     total = time.perf_counter() - t_start  # the pair's: one process ran both arms
-    for partial in partials:
+    for p, partial in zip(built, partials):
+        t = (
+            p.trainer
+        )  # its blocks' wall less CPU time: a partner that stalls it shows (prereg/interference.py)
+        stall = stall_s(t.wall_us, t.cpu_us, spec.block_steps, t.warmup)
         partial.note(
-            timings={**partial.result.timings, "total_s": total, "total_s_of": "the lockstep pair's process"}
+            timings={
+                **partial.result.timings,
+                "total_s": total,
+                "total_s_of": "the lockstep pair's process",
+                "stall_s": stall,
+            }
         )
     return partials[0].result, partials[1].result
 

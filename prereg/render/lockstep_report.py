@@ -3,7 +3,10 @@ study's four order cells and carry-over, on both clocks (``order_cells`` and ``c
 configurations' results: ``prereg/carryover.py``).
 
 A study appears when its records hold what the model needs (lockstep pairs whose runs kept their
-step times); planted studies too, since their order effects are those of the design they measure."""
+step times); planted studies too, since their order effects are those of the design they measure.
+
+Then the pairs the stall rule flags (``interference``: :mod:`prereg.interference`), each named, for
+the studies whose records hold each arm's stall (none written before the rule)."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from prereg.render.page_html import esc, html_table
 from prereg.render.report_md import md_table
 from prereg.results import Summary
 
-__all__ = ["model_html", "model_md"]
+__all__ = ["interference_html", "interference_md", "model_html", "model_md"]
 
 TITLE = "Lockstep order cells and carry-over"
 HEADER = [
@@ -95,4 +98,69 @@ def model_html(summary: Summary) -> list[str]:
         f"<h2 id=lockstep-model>{esc(TITLE)}</h2>",
         f"<p>{esc(SENTENCE)}</p>",
         html_table(TITLE, HEADER, rows),
+    ]
+
+
+STALL_TITLE = "Interference: lockstep arms' wall against CPU time"
+STALL_HEADER = [
+    "Study",
+    "Configuration",
+    "Pairs judged",
+    "Flagged",
+    "Flagged pairs (stall fractions: baseline, candidate; difference of ln CPU share)",
+]
+
+
+def _frac(v: Any) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
+
+
+def stall_rows(summary: Summary) -> tuple[list[list[str]], float | None]:
+    """One row per lockstep study and configuration judged by the stall rule, and the rule's limit."""
+    out = []
+    limit = None
+    for study in summary.studies:
+        for r in study.configs:
+            s = getattr(r, "interference", None)
+            if not s:
+                continue
+            limit = s["limit"]
+            named = "; ".join(
+                f"{f['unit']} ({_frac(f['baseline_stall_fraction'])}, {_frac(f['candidate_stall_fraction'])}; "
+                f"{_frac(f['log_share_difference'])})"
+                for f in s["flagged"]
+            )
+            out.append(
+                [study.name, r.config, str(s["pairs_judged"]), str(len(s["flagged"])), named or "none"]
+            )
+    return out, limit
+
+
+def _stall_sentence(limit: float) -> str:
+    return (
+        "Each arm's stall is its timed blocks' wall time less its own CPU time, where positive; its "
+        "stall fraction, that over its training time; its CPU share, one less that. A pair whose two "
+        f"arms' CPU shares differ by more than {limit:g} on the log scale is flagged: one arm was kept "
+        "off the processor while timed (stopped, starved) more than the machine's other work explains. "
+        "A flagged pair stays in the analysis as preregistered; prereg/interference.py."
+    )
+
+
+def interference_md(summary: Summary) -> list[str]:
+    """report.md's section on the stall rule (nothing when no study was judged by it)."""
+    rows, limit = stall_rows(summary)
+    if not rows or limit is None:
+        return []
+    return [f"## {STALL_TITLE}", "", _stall_sentence(limit), "", *md_table(STALL_HEADER, rows), ""]
+
+
+def interference_html(summary: Summary) -> list[str]:
+    """The study page's section on the stall rule (nothing when no study was judged by it)."""
+    rows, limit = stall_rows(summary)
+    if not rows or limit is None:
+        return []
+    return [
+        f"<h2 id=interference>{esc(STALL_TITLE)}</h2>",
+        f"<p>{esc(_stall_sentence(limit))}</p>",
+        html_table(STALL_TITLE, STALL_HEADER, rows),
     ]

@@ -23,7 +23,7 @@ from typing import Any
 from prereg.files import atomic_write
 from prereg.records import SCHEMA_VERSION
 from prereg.render.beside import Beside
-from prereg.render.lockstep_report import model_html
+from prereg.render.lockstep_report import interference_html, model_html
 from prereg.render.page_html import esc
 from prereg.render.page_protocol import answers_section, claims_section, flow_section, verify_section
 from prereg.render.page_studies import (
@@ -80,7 +80,7 @@ def render(
     studies = [s for s in summary.studies if s.name not in planted]  # planted ones: their own section
     body += answers[:cut] + answer_figure(studies, p["studies"], on_cpu, beside) + answers[cut:]
     body += beside_section(beside) if beside else []
-    body += planted_html(summary) + model_html(summary)
+    body += planted_html(summary) + model_html(summary) + interference_html(summary)
     by_name = {s["name"]: s for s in p["studies"]}
     n = 0
     for study in studies:

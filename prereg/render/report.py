@@ -5,7 +5,7 @@ study's tables and every run attempt (the page, :mod:`prereg.render.page`, rende
 from __future__ import annotations
 
 from prereg.render.beside import Beside
-from prereg.render.lockstep_report import model_md
+from prereg.render.lockstep_report import interference_md, model_md
 from prereg.render.planted_report import planted_md, planted_names
 from prereg.render.report_md import md_table
 from prereg.render.report_protocol import decisions_section, flow_section, header_section, runs_section
@@ -20,7 +20,7 @@ def markdown(summary: Summary, beside: Beside | None = None) -> str:
     out += decisions_section(summary.hypotheses) + flow_section(summary.flow)
     out += _beside(beside) if beside and beside.rows else []
     planted = planted_names(summary)
-    out += planted_md(summary) + model_md(summary)
+    out += planted_md(summary) + model_md(summary) + interference_md(summary)
     for study in summary.studies:
         if not study.configs or study.name in planted:
             continue
