@@ -46,6 +46,11 @@ Format log (``schema_version``):
   (the plant, ``prereg/planted.py``) with ``timings.planted_s`` and ``planted_cpu_s``
   (the plant's own time over the timed steps); a study's ``spec.warmup_steps`` with
   ``timings.warmup_s`` and ``warmup_cpu_s`` (those steps, timed apart from ``training_s``).
+  Also within version 4, absent from earlier records: a lockstep arm's ``timings.stall_s`` (its
+  timed blocks' wall less CPU time, where positive, summed: ``prereg/interference.py``; derived
+  again by the audit from the arm's ``step_times`` or its command's reporter file), and a command
+  run's ``process.survivors`` (the processes it left, killed by the harness, which fail the run).
+  A summary's paired result holds ``interference`` only where its records hold ``stall_s``.
 
 Typed objects (frozen dataclasses), with JSON only at the file and process boundaries
 (``to_json`` / ``from_json``, which refuse fields they do not know, naming them): :class:`RunSpec`
