@@ -41,6 +41,9 @@ ATTACKS = textwrap.dedent(
             [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
         )
         open("survivor.pid", "w").write(str(p.pid))
+    if mode == "leave":  # as "setsid", noting the grandchild's pid in a folder of the test's
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+        open(os.path.join(sys.argv[4], f"{sys.argv[3]}.{os.getpid()}.pid"), "w").write(str(p.pid))
     if mode == "joined":  # an honest helper: started, waited for
         subprocess.run([sys.executable, "-c", "pass"], check=True)
     if mode == "rewrite":  # a child that rewrites the reporter file once its parent has gone
@@ -322,70 +325,22 @@ def test_a_plugin_thread_holding_the_gil_in_its_partners_blocks_gets_the_pair_fl
     assert len(found) == 1 and "its step times say" in found[0]
 
 
-LEAVER = textwrap.dedent(
-    """\
-    import os, subprocess, sys, time
-    from harness.reporter import Reporter
-    seed, steps, notes = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    r = Reporter.from_env()
-    for i in range(1, steps + 1):
-        t = time.monotonic()
-        while time.monotonic() - t < 0.005:
-            pass
-        r.step(i, 3.0 / i)
-    with r.untimed():
-        r.eval(steps, {"val_loss": 1.0})
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
-    with open(os.path.join(notes, f"{seed}.{os.getpid()}.pid"), "w") as f:
-        f.write(str(p.pid))
-    r.done()
-    """
-)
-
-
 def test_no_process_of_a_run_is_alive_after_harness_run_exits(tmp_path):
     """Through the CLI: every run's command leaves a setsid grandchild sleeping on; each is killed
     before its run's record is written, each run fails naming it, and none is alive after."""
     from conftest import harness, init_study, record_dicts
+    from test_command_arms import PROTOCOL
 
     repo = init_study(tmp_path / "s", copy=())
     notes = tmp_path / "notes"
     notes.mkdir()
-    (repo / "leave.py").write_text(LEAVER)
-    arm = f'{{command: [python, leave.py, "{{seed}}", "{{steps}}", "{notes}"], timeout_s: 60}}'
-    (repo / "protocols" / "leave.yaml").write_text(
-        textwrap.dedent(
-            f"""\
-            id: leave
-            version: 1
-            description: commands that leave a process behind
-            preregistered: false
-            corpus: pydoc-topics
-            device: cpu
-            compile: false
-            threads: 1
-            budget_device_seconds: 600
-            interval_level: 0.95
-            hypotheses:
-              procedure: holm
-              family_alpha: 0.05
-              min_pairs: 3
-              tests:
-                - {{id: H1, study: s, endpoint: training_time, estimand: log_ratio, type: superiority, better: lower}}
-            order_seed: 1
-            studies:
-              - name: s
-                design: paired
-                arms:
-                  baseline: {arm}
-                  candidate: {arm}
-                metric: {{name: val_loss, target: 2.0}}
-                configs: [tiny]
-                seeds: [1, 2, 3]
-                steps: 4
-            """
-        )
-    )
+    (repo / "attack.py").write_text(ATTACKS)
+    arm = f'{{command: [python, attack.py, leave, "{{steps}}", "{{seed}}", "{notes}"], timeout_s: 60}}'
+    candidate = 'candidate: {command: [python, train.py, --seed, "{seed}"], timeout_s: 60}'
+    text = PROTOCOL.format(baseline=arm, endpoint="training_time")
+    assert candidate in text
+    text = text.replace(candidate, f"candidate: {arm}")
+    (repo / "protocols" / "leave.yaml").write_text(text)
     run = harness(repo, "run", "protocols/leave.yaml", "--quiet")
     pids = {p.name: int(p.read_text()) for p in notes.glob("*.pid")}
     try:
