@@ -288,14 +288,14 @@ def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
         reason = f"its {kind} file holds {size} bytes, more than the {MAX_EVIDENCE_BYTES} a run may keep"
     elif proc.failed:
         reason = proc.failed
+    elif proc.killed:
+        reason = proc.killed  # what it left is in process.survivors
     elif proc.survivors:
         reason = (
             f"{len(proc.survivors)} process(es) the command started outlived it and were killed by the "
             f"harness: {'; '.join(s.describe() for s in proc.survivors[:3])} (a run's processes end with "
             "its command: one left running could stall the runs after it or rewrite its reporter file)"
         )
-    elif proc.killed:
-        reason = proc.killed
     elif proc.status:
         last = [ln for ln in text_out.strip().splitlines() if ln.strip()][-1:] or [""]
         reason = f"the command exited with status {proc.status}" + (f": {last[0][-300:]}" if last[0] else "")
