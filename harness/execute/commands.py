@@ -14,7 +14,9 @@ output; the evidence travels to the runner with the result and is kept beside th
 
 A lockstep pair (``design: lockstep``) runs both programs at once over a socket pair: each
 reporter hands the turn to the other every ``block_steps`` steps (``harness/reporter.py``), so one
-trains while the other waits. If one fails, the other is stopped and both runs fail.
+trains while the other waits. If one fails, the other is stopped and both runs fail. Each arm's
+stall (its blocks' wall less CPU time, from its reporter file: ``prereg/interference.py``) is in
+its record, so a pair one of whose arms was stopped or starved while timed is flagged.
 
 Every way a command goes wrong is a failed run with its reason: not found, a non-zero exit, past
 its limit, no reporter file, a refused one (torn, gaps, a clock that runs backwards, no ``done``,

@@ -13,6 +13,10 @@ optimizer state, which every in-place write bumps); otherwise the pair fails, th
 failing fails the pair: both results say why. Then each arm is evaluated, checkpointed and re-scored
 in build order.
 
+Each arm's stall (its blocks' wall less CPU time, from its step times: ``prereg/interference.py``)
+is in its record: a thread of one arm that holds the interpreter's lock, or otherwise keeps the
+training thread off the processor, while its partner is timed shows there, and the pair is flagged.
+
 What a lockstep pair cannot measure per arm (its memory peak, its whole-process times) is refused at
 plan time (:data:`harness.protocol.LOCKSTEP_UNMEASURABLE`); each result's ``memory`` names no
 ``primary`` peak, and its ``lockstep`` environment says with whom and in which order it ran.
