@@ -16,7 +16,7 @@ from audit.published import check_published
 from prereg.attempts import unfinished
 from prereg.barrier import look_problems
 from prereg.corpora import check_corpus
-from prereg.evidence import evidence_problems
+from prereg.evidence import evidence_problems, stall_problems
 from prereg.ledger import (
     LOOK_SUFFIX,
     RECORD_SUFFIX,
@@ -134,6 +134,9 @@ def audit_dir(
             found_ev,
             f"{kept} evidence files, each the one its record's sha256 names, every figure derived again from it",
         )
+    found_stall, stalls = stall_problems(records)
+    if stalls:  # lockstep arms since the stall rule (prereg/interference.py); none in earlier records
+        fail("lockstep stall times", found_stall, f"{stalls} arms' stall derived again from their step times")
     _what_was_frozen(out, root, truth, records, manifest, plan_sha, signers, notes)
     if anchor is not None:
         found, detail, anchored[directory] = check_anchor(root, truth, records + started + looks, anchor)

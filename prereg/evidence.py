@@ -30,6 +30,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from prereg.interference import stall_s
+
 FORMAT = 1
 #: A kept evidence file's name beside its record: ``<run_id>.a<attempt>`` and this.
 EVIDENCE_SUFFIX = {"reporter": ".report.jsonl", "output": ".output.log"}
@@ -61,6 +63,8 @@ class Derived:
     planted_cpu_s: float | None = None
     curve: list[list[float]] = field(default_factory=list)  # [step, loss, training clock]
     val_curve: list[list[float]] = field(default_factory=list)  # [step, metric, training clock]
+    # a lockstep arm's stall (prereg/interference.py): its blocks' wall less CPU time; None elsewhere
+    stall_s: float | None = None
 
     def figures(self) -> dict[str, Any]:
         """The figures a record holds and the audit compares (curves apart)."""
@@ -107,6 +111,7 @@ def derive_reporter(
     window: tuple[float, float] | None = None,
     cpu_s: float | None = None,
     planted: bool = False,
+    block_steps: int | None = None,
 ) -> Derived:
     """The figures of a reporter file's ``text`` (format 1), for the study's ``metric`` (``name``,
     ``target``, ``better``) and ``steps`` planned. The training clock is recomputed from the file's
@@ -117,7 +122,9 @@ def derive_reporter(
     and ``cpu_s`` (the kernel's CPU time of the process, which the file's may not exceed).
     ``planted``: the run is a planted candidate, whose every step holds one ``plant`` line (inside
     the step, on its clock: summed into ``planted_s`` and ``planted_cpu_s``); any other run's file
-    may hold none. Raises :class:`EvidenceError` naming the line."""
+    may hold none. A lockstep arm's ``block_steps`` gives its stall
+    (:func:`prereg.interference.stall_s`, from the steps' own ``dt`` and ``cpu_dt``). Raises
+    :class:`EvidenceError` naming the line."""
     lines = text.splitlines()
     if not lines:
         raise EvidenceError("the reporter file is empty (the script never built a Reporter)")
@@ -134,6 +141,7 @@ def derive_reporter(
     count = 0
     curve: list[list[float]] = []
     val_curve: list[list[float]] = []
+    step_us: tuple[list[int], list[int]] = ([], [])  # each step's wall and CPU microseconds
     finals: dict[str, float] = {}
     ttt: float | None = None
     name, target, better = metric["name"], float(metric["target"]), metric.get("better", "lower")
@@ -193,6 +201,8 @@ def derive_reporter(
             plant_in_step = False
             clock += max(dt, 0.0)
             cpu += max(cdt, 0.0)
+            step_us[0].append(round(max(dt, 0.0) * 1e6))
+            step_us[1].append(round(max(cdt, 0.0) * 1e6))
             count += 1
             last_step = s
             base_t, base_cpu, off_t, off_cpu = t, c, 0.0, 0.0
@@ -275,6 +285,7 @@ def derive_reporter(
         planted_cpu_s=plant_cpu if planted else None,
         curve=curve,
         val_curve=val_curve,
+        stall_s=None if not block_steps else stall_s(step_us[0], step_us[1], block_steps),
     )
 
 
@@ -315,6 +326,7 @@ def derive(
     (a record's ``spec``: its ``metric``, ``steps`` and ``command``); the worker's bounds as for
     :func:`derive_reporter`."""
     if kind == "reporter":
+        block = spec.get("block_steps")
         return derive_reporter(
             text,
             spec["metric"],
@@ -323,6 +335,7 @@ def derive(
             window=window,
             cpu_s=cpu_s,
             planted=bool(spec.get("planted")),
+            block_steps=int(block) if block else None,
         )
     return derive_output(text, spec["metric"], dict(spec["command"].get("metrics_regex") or {}))
 
@@ -344,8 +357,9 @@ def _close(a: Any, b: Any) -> bool:
 def evidence_problems(directory: str, records: list[dict[str, Any]]) -> tuple[list[str], int]:
     """Every command run's kept evidence against its record: the file named in ``evidence`` is
     there, its sha256 and size are the record's, and the figures derived from it again are the
-    record's (``timings`` and ``final_metric``, ``metrics``); a command run's ok record with no
-    evidence is named too. Returns the problems and how many files were checked."""
+    record's (``timings`` and ``final_metric``, ``metrics``, and a lockstep arm's ``stall_s`` where
+    its record holds one); a command run's ok record with no evidence is named too. Returns the
+    problems and how many files were checked."""
     out: list[str] = []
     checked = 0
     for r in records:
@@ -390,7 +404,33 @@ def evidence_problems(directory: str, records: list[dict[str, Any]]) -> tuple[li
             "metrics": r.get("metrics") or {},
         }
         want = got.figures()
+        if "stall_s" in t:  # a lockstep arm's, since the stall rule (absent from earlier records)
+            have["stall_s"], want["stall_s"] = t["stall_s"], got.stall_s
         for k in want:
             if not _close(have[k], want[k]):
                 out.append(f"{name}: {k} = {have[k]!r} in the record; its evidence file says {want[k]!r}")
+    return out, checked
+
+
+def stall_problems(records: list[dict[str, Any]]) -> tuple[list[str], int]:
+    """Each built-in lockstep arm's ``stall_s`` against the one its own ``step_times`` give
+    (:func:`prereg.interference.stall_s`; a command arm's is its evidence's, checked by
+    :func:`evidence_problems`). Returns the problems and how many records hold one."""
+    out: list[str] = []
+    checked = 0
+    for r in records:
+        spec, t = r.get("spec") or {}, r.get("timings") or {}
+        if "command" in spec or not isinstance(t, dict) or "stall_s" not in t:
+            continue
+        checked += 1
+        name = f"{spec.get('run_id')}.a{r.get('attempt')}"
+        st = r.get("step_times") or {}
+        try:
+            warm = int(spec.get("warmup_steps") or 0)
+            want = stall_s(st["wall_us"], st["cpu_us"], int(spec["block_steps"]), warm)
+        except (KeyError, TypeError, ValueError):
+            out.append(f"{name}: stall_s without the step times and block_steps it is derived from")
+            continue
+        if not _close(t["stall_s"], want):
+            out.append(f"{name}: stall_s = {t['stall_s']!r} in the record; its step times say {want!r}")
     return out, checked

@@ -26,6 +26,7 @@ from prereg.decisions import decide, sensitivity
 from prereg.descriptive import descriptive_interval, endpoint, valid
 from prereg.factorial import design_of, factorial_effects
 from prereg.hypotheses import Family, cpu_time_columns, identity_rule
+from prereg.interference import flagged_pairs
 from prereg.looks import looks_reached, run_looks, sequential_decisions
 from prereg.order import by_device, crossover, drift, positions
 from prereg.planted import pair_columns, planted_rows
@@ -175,6 +176,7 @@ def _paired(
     exclusions: list[dict[str, str]],
 ) -> dict[str, Any]:
     pairs = []
+    arm_timings: list[tuple[str, Any, Any]] = []  # each pair's arms' timings, for the stall rule
     for unit in sorted(units):
         arms = units[unit]
         missing = [x for x in ("baseline", "candidate") if x not in arms]
@@ -183,6 +185,7 @@ def _paired(
             continue
         b, c = arms["baseline"], arms["candidate"]
         bt, ct = b["timings"], c["timings"]
+        arm_timings.append((unit, bt, ct))
         pairs.append(
             {
                 "unit": unit,
@@ -247,6 +250,9 @@ def _paired(
     mb, mc = col("baseline_peak_memory_bytes"), col("candidate_peak_memory_bytes")
     memory = asdict(endpoint(mb, mc, level, "relative_reduction")) if None not in mb + mc else None
     lock = _lockstep_model(st, units, pairs, level)
+    stalls = flagged_pairs(arm_timings)  # None for records from before the stall rule
+    if stalls is not None:
+        lock["interference"] = stalls
     if st.get("warmup_steps") and pairs and all("baseline_warmup_s" in p for p in pairs):
         lock["warmup_time"] = _time_endpoint(pairs, "warmup_s", level)
     faster = sum(1 for p in timed if p["candidate_training_s"] < p["baseline_training_s"])

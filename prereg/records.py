@@ -46,6 +46,12 @@ Format log (``schema_version``):
   (the plant, ``prereg/planted.py``) with ``timings.planted_s`` and ``planted_cpu_s``
   (the plant's own time over the timed steps); a study's ``spec.warmup_steps`` with
   ``timings.warmup_s`` and ``warmup_cpu_s`` (those steps, timed apart from ``training_s``).
+  Also from the end of version 4 on (written under version 5), absent from earlier records: a
+  lockstep arm's ``timings.stall_s`` (its
+  timed blocks' wall less CPU time, where positive, summed: ``prereg/interference.py``; derived
+  again by the audit from the arm's ``step_times`` or its command's reporter file), and a command
+  run's ``process.survivors`` (the processes it left, killed by the harness, which fail the run).
+  A summary's paired result holds ``interference`` only where its records hold ``stall_s``.
 
 * 5 - the file format is version 4's; what changes is a rule the analysis applies to the records
   (records carry the version they were written under, so old studies keep theirs): a hypothesis

@@ -152,6 +152,9 @@ class PairedResult(_Json):
     order_cells: Mapping[str, Any] | None = field(default=None, metadata={"omit_none": True})
     carry_over: Mapping[str, Any] | None = field(default=None, metadata={"omit_none": True})
     warmup_time: TrainingTime | None = field(default=None, metadata={"omit_none": True})
+    # a lockstep study whose records hold each arm's stall (prereg/interference.py): the pairs
+    # judged and those flagged (left out of summaries of records from before the rule)
+    interference: Mapping[str, Any] | None = field(default=None, metadata={"omit_none": True})
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,17 @@ worktree of the commit, made here and removed after), the argument list with its
 replaced (``python`` and ``python3`` as the program are this interpreter, the one the freeze
 binds), the allow-listed environment (:data:`harness.execute.launchers.ALLOWED`, the protocol's
 threads, the arm's ``env``, ``HARNESS_REPORT``), no shell, its own process group, killed at its
-wall-clock limit. Its CPU time is the kernel's (``wait4``). Its figures are
+wall-clock limit. Its CPU time is the kernel's (``wait4``). When it has ended, every process it
+left (one that left its group too: ``setsid``) is killed and named, and the run fails
+(:mod:`harness.execute.reaper`); only then is its reporter file read and hashed. Its figures are
 :func:`analysis.public_audit.derive`'s from the reporter file or, for ``reporter: false``, from its
 output; the evidence travels to the runner with the result and is kept beside the record.
 
 A lockstep pair (``design: lockstep``) runs both programs at once over a socket pair: each
 reporter hands the turn to the other every ``block_steps`` steps (``harness/reporter.py``), so one
-trains while the other waits. If one fails, the other is stopped and both runs fail.
+trains while the other waits. If one fails, the other is stopped and both runs fail. Each arm's
+stall (its blocks' wall less CPU time, from its reporter file: ``prereg/interference.py``) is in
+its record, so a pair one of whose arms was stopped or starved while timed is flagged.
 
 Every way a command goes wrong is a failed run with its reason: not found, a non-zero exit, past
 its limit, no reporter file, a refused one (torn, gaps, a clock that runs backwards, no ``done``,
@@ -39,6 +43,7 @@ from harness import gitutil
 from harness.commandarm import substitute
 from harness.execute.job import Job
 from harness.execute.launchers import ALLOWED
+from harness.execute.reaper import Reaper, Survivor
 from harness.freeze import code_sha256
 from harness.reporter import ENV_BLOCK_STEPS, ENV_LOCKSTEP_FD, ENV_PLANT, ENV_REPORT, ENV_STEPS_FIRST
 from prereg.evidence import EVIDENCE_SUFFIX, MAX_EVIDENCE_BYTES, EvidenceError, derive
@@ -69,6 +74,7 @@ class _Proc:
     status: int | None = None
     rusage: Any = None
     killed: str | None = None  # why the harness killed it
+    survivors: list[Survivor] = field(default_factory=list)  # processes of it left at its end
     failed: str | None = None  # why it could not start
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -164,7 +170,7 @@ def _prepare(job: Job, work: Path, root: Path, keep: list[Path]) -> _Proc:
     return proc
 
 
-def _start(proc: _Proc) -> None:
+def _start(proc: _Proc, reaper: Reaper) -> None:
     if proc.failed:
         proc.done.set()
         return
@@ -186,6 +192,7 @@ def _start(proc: _Proc) -> None:
             proc.failed = f"command could not start: {proc.argv[0]}: {e.strerror or e}"
             proc.done.set()
             return
+    reaper.started(proc.popen.pid)
     threading.Thread(target=_reap, args=(proc,), daemon=True).start()
 
 
@@ -215,14 +222,23 @@ def _kill(proc: _Proc, why: str) -> None:
             pass
 
 
-def _wait(procs: list[_Proc], pair: bool = False) -> None:
-    """Wait for every process, killing all at the limit, and the others when one fails. A run's limit
-    is its arm's ``timeout_s``; a lockstep pair's processes each live while both arms train, so
-    the pair's limit is the sum of its two arms'."""
+#: How often the worker reaps the orphans that exited while the commands run (seconds).
+REAP_EVERY_S = 0.5
+
+
+def _wait(procs: list[_Proc], reaper: Reaper, pair: bool = False) -> None:
+    """Wait for every process, killing all at the limit, and the others when one fails; then end
+    every process the commands left (:class:`~harness.execute.reaper.Reaper`), each run naming its
+    survivors. A run's limit is its arm's ``timeout_s``; a lockstep pair's processes each live
+    while both arms train, so the pair's limit is the sum of its two arms'."""
     limits = [float(p.spec.command["timeout_s"]) for p in procs if p.spec.command]
     limit = sum(limits) if pair else min(limits)
     deadline = time.monotonic() + limit
+    reaped = time.monotonic()
     while not all(p.done.is_set() for p in procs):
+        if time.monotonic() - reaped > REAP_EVERY_S:
+            reaper.reap_exited()
+            reaped = time.monotonic()
         left = deadline - time.monotonic()
         if left <= 0:
             for p in procs:
@@ -235,6 +251,9 @@ def _wait(procs: list[_Proc], pair: bool = False) -> None:
         for p in procs:
             if bad and p not in bad:
                 _kill(p, f"its partner {bad[0].spec.run_id} failed, so the pair was stopped")
+    survivors = reaper.end()  # before any reporter file is read: nothing of the run is left to write it
+    for p in procs:
+        p.survivors = survivors
 
 
 def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
@@ -256,6 +275,7 @@ def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
         "wall_s": proc.wall_s,
         "cpu_s": cpu,
         "max_rss_kib": proc.rusage.ru_maxrss if proc.rusage is not None else None,
+        **({"survivors": [s.describe() for s in proc.survivors]} if proc.survivors else {}),
     }
     env = {
         "host": socket.gethostname(),
@@ -274,7 +294,13 @@ def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
     elif proc.failed:
         reason = proc.failed
     elif proc.killed:
-        reason = proc.killed
+        reason = proc.killed  # what it left is in process.survivors
+    elif proc.survivors:
+        reason = (
+            f"{len(proc.survivors)} process(es) the command started outlived it and were killed by the "
+            f"harness: {'; '.join(s.describe() for s in proc.survivors[:3])} (a run's processes end with "
+            "its command: one left running could stall the runs after it or rewrite its reporter file)"
+        )
     elif proc.status:
         last = [ln for ln in text_out.strip().splitlines() if ln.strip()][-1:] or [""]
         reason = f"the command exited with status {proc.status}" + (f": {last[0][-300:]}" if last[0] else "")
@@ -301,6 +327,7 @@ def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
                 training_cpu_s=derived.training_cpu_s,
                 training_cpu_clock="process",
                 untimed_s=derived.untimed_s,
+                **({"stall_s": derived.stall_s} if derived.stall_s is not None else {}),
                 **(
                     {"planted_s": derived.planted_s, "planted_cpu_s": derived.planted_cpu_s}
                     if derived.planted_s is not None
@@ -348,12 +375,14 @@ def _tail(path: Path, limit: int) -> bytes:
 def run_command(job: Job, work: Path, root: Path) -> tuple[WorkerResult, str | None]:
     """One command arm's run: its result and its evidence's text."""
     keep: list[Path] = []
+    reaper = Reaper()
     try:
         proc = _prepare(job, work, root, keep)
-        _start(proc)
-        _wait([proc])
+        _start(proc, reaper)
+        _wait([proc], reaper)
         return _result(proc)
     finally:
+        reaper.close()
         for where in keep:
             _remove(root, where)
 
@@ -362,6 +391,7 @@ def run_pair(jobs: tuple[Job, Job], work: Path, root: Path) -> list[tuple[Worker
     """A lockstep pair of command arms, both at once, handing the turn over a socket pair."""
     keep: list[Path] = []
     a, b = socket.socketpair()
+    reaper = Reaper()
     try:
         procs = [_prepare(j, work, root, keep) for j in jobs]
         for proc, sock in zip(procs, (a, b), strict=True):
@@ -378,10 +408,10 @@ def run_pair(jobs: tuple[Job, Job], work: Path, root: Path) -> list[tuple[Worker
             for p in procs:
                 p.failed = p.failed or "its partner could not start, so the pair did not run"
         for p in procs:
-            _start(p)
+            _start(p, reaper)
         a.close()
         b.close()
-        _wait(procs, pair=True)
+        _wait(procs, reaper, pair=True)
         ran = [_result(p) for p in procs]
         for i, (r, text) in enumerate(ran):  # a lockstep pair fails whole: the other ran part alone
             other = ran[1 - i][0]
@@ -396,6 +426,7 @@ def run_pair(jobs: tuple[Job, Job], work: Path, root: Path) -> list[tuple[Worker
                 )
         return ran
     finally:
+        reaper.close()
         a.close()
         b.close()
         for where in keep:

@@ -13,6 +13,10 @@ optimizer state, which every in-place write bumps); otherwise the pair fails, th
 failing fails the pair: both results say why. Then each arm is evaluated, checkpointed and re-scored
 in build order.
 
+Each arm's stall (its blocks' wall less CPU time, from its step times: ``prereg/interference.py``)
+is in its record: a thread of one arm that holds the interpreter's lock, or otherwise keeps the
+training thread off the processor, while its partner is timed shows there, and the pair is flagged.
+
 What a lockstep pair cannot measure per arm (its memory peak, its whole-process times) is refused at
 plan time (:data:`harness.protocol.LOCKSTEP_UNMEASURABLE`); each result's ``memory`` names no
 ``primary`` peak, and its ``lockstep`` environment says with whom and in which order it ran.
@@ -27,6 +31,7 @@ import torch
 from harness.execute.job import Job, LockstepJob
 from harness.execute.training import Partial, Prepared, RunFailure, failure, finish, prepare
 from prereg.carryover import blocks
+from prereg.interference import stall_s
 from prereg.records import WorkerResult
 
 __all__ = ["PairFailed", "blocks", "execute_pair"]
@@ -218,9 +223,18 @@ def _pair(
         memory["shared"] = "both arms of a lockstep pair in one process: the peaks are the pair's"
         partial.note(memory=memory)
     total = time.perf_counter() - t_start  # the pair's: one process ran both arms
-    for partial in partials:
+    for p, partial in zip(built, partials):
+        t = (
+            p.trainer
+        )  # its blocks' wall less CPU time: a partner that stalls it shows (prereg/interference.py)
+        stall = stall_s(t.wall_us, t.cpu_us, spec.block_steps, t.warmup)
         partial.note(
-            timings={**partial.result.timings, "total_s": total, "total_s_of": "the lockstep pair's process"}
+            timings={
+                **partial.result.timings,
+                "total_s": total,
+                "total_s_of": "the lockstep pair's process",
+                "stall_s": stall,
+            }
         )
     return partials[0].result, partials[1].result
 

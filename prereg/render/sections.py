@@ -11,6 +11,7 @@ from typing import Any
 from prereg.attempts import FLOW_COUNTS
 from prereg.render.answer import CONVENTION, answer_lines, decision_cells, planted_names
 from prereg.render.beside import Beside
+from prereg.render.interference_report import interference_section
 from prereg.render.model import Section, Table, Text, cells, cols, esc, num, para, raw
 from prereg.render.replicates_report import replicates_section
 from prereg.render.studies import answer_figure, every_pair, factorial, order_html, paired
@@ -62,7 +63,7 @@ def sections(
     studies = [s for s in summary.studies if s.name not in planted]  # planted ones: their own section
     figure = answer_figure(studies, p["studies"], p.get("device") == "cpu", beside)
     out += [*_decisions(summary, figure), _flow(summary.flow, True), *_beside(beside)]
-    out += [_planted(summary), _model(summary), replicates_section(summary)]
+    out += [_planted(summary), _model(summary), interference_section(summary), replicates_section(summary)]
     by_name = {s["name"]: s for s in p["studies"]}
     n = 0
     for study in (s for s in studies if s.configs):

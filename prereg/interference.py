@@ -1,0 +1,139 @@
+"""Interference between a lockstep pair's arms, as each arm's wall time against its own CPU time.
+
+In a lockstep pair one arm trains while the other waits, so an arm that stops its partner
+(``SIGSTOP``), starves it (a thread that holds the partner's lock or core) or otherwise keeps it
+off the processor while the partner is timed adds wall time to the partner's clock that the
+partner's CPU clock does not see. Each arm's *stall* is that gap, block by block: over each of its
+blocks of ``block_steps`` timed steps, the block's wall time less its CPU time (the arm's own
+clock: the training thread's, or the process's when it runs more than one thread; a command's
+process, as its reporter reads it), counted where positive, summed. Its *stall fraction* is that
+sum over its training time, and its *CPU share* one less that fraction: the share of its timed
+wall time its own CPU clock saw. The record of a lockstep arm written since this rule holds its
+stall (``timings.stall_s``; ``prereg/records.py``'s format log) beside the per-step times it is
+derived from (a built-in arm's ``step_times``, a command's kept reporter file), from which the
+audit derives it again.
+
+A pair is **flagged** when its two arms' CPU shares differ by more than :data:`STALL_LIMIT` on the
+log scale: ``|ln share(candidate) - ln share(baseline)|``, the wall-time log ratio of the pair less
+its CPU-time log ratio. The two arms of an honest pair share the machine block by block, so what
+the machine's other work takes from one it takes from the other: the difference, not the level, is
+the rule, and on the log scale it does not saturate on a loaded machine, where an honest arm's own
+share can be a fifth. Where the limit comes from, on the committed lockstep pairs (their records'
+whole-run ``training_cpu_s`` over ``training_s``, the training thread's CPU time, one thread,
+2-core CPU machines; :func:`spread`, the command in ``docs/provenance.md``): the largest difference
+between an honest pair's arms was 0.118 in ``records/cpu2`` (252 lockstep pairs; there one arm's
+own stall fraction reached 0.80), 0.142 in ``records/cpu2-pilot`` (67 A/A pairs) and 0.005 in
+``records/calibration-cpu`` (276 pairs); the limit, 0.30, is twice the largest, rounded up. A
+flagged pair is kept and analysed as preregistered; the report names it, so a reader weighs it.
+What the limit leaves: a stall that moves one arm's share by less than that (about 26% of its
+wall time) is not told apart from the machine's own load by this rule; the study's CPU-time
+endpoint (``training_cpu_time``), beside the wall-time one, is where a reader sees the rest.
+
+Records without ``stall_s`` (every record written before the rule, and other designs') are not
+judged by it: their summaries and reports stay as they were.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+__all__ = ["STALL_LIMIT", "flagged_pairs", "share_gap", "spread", "stall_s"]
+
+#: The most two arms of a lockstep pair's CPU shares may differ, on the log scale, before the pair
+#: is flagged (twice the largest difference among the committed honest pairs: the module's text).
+STALL_LIMIT = 0.30
+
+
+def block_times(
+    wall_us: Sequence[int], cpu_us: Sequence[int], block_steps: int, warmup: int = 0
+) -> list[tuple[int, int]]:
+    """An arm's timed blocks, ``(wall_us, cpu_us)`` each: its steps from ``warmup`` on, in runs of
+    ``block_steps`` (the arm's own blocks, as :func:`prereg.carryover.blocks` hands them out; the
+    last may be shorter; warm-up steps are off the training clock and left out)."""
+    if block_steps < 1:
+        raise ValueError(f"block_steps = {block_steps}: a lockstep block is at least one step")
+    out = []
+    for i in range(0, len(wall_us), block_steps):
+        k = range(max(i, warmup), min(i + block_steps, len(wall_us)))
+        if len(k):
+            out.append((sum(wall_us[j] for j in k), sum(cpu_us[j] for j in k)))
+    return out
+
+
+def stall_s(wall_us: Sequence[int], cpu_us: Sequence[int], block_steps: int, warmup: int = 0) -> float:
+    """The arm's stall: over its timed blocks, wall less CPU time where positive, summed (seconds)."""
+    return sum(max(0, w - c) for w, c in block_times(wall_us, cpu_us, block_steps, warmup)) / 1e6
+
+
+def _fraction(stall: Any, training: Any) -> float | None:
+    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (stall, training))
+    return float(stall) / float(training) if ok and float(training) > 0 else None
+
+
+def _log_share(fraction: float | None) -> float | None:
+    """ln of the CPU share (one less the stall fraction); None when none is left to take a log of."""
+    return math.log(1.0 - fraction) if fraction is not None and fraction < 1.0 else None
+
+
+def share_gap(fb: float | None, fc: float | None) -> float | None:
+    """``ln share(candidate) - ln share(baseline)`` of the two arms' stall fractions (None when
+    either is not a share's: an arm with no training time, or one stalled throughout)."""
+    lb, lc = _log_share(fb), _log_share(fc)
+    return None if lb is None or lc is None else lc - lb
+
+
+def flagged_pairs(pairs: Iterable[tuple[str, Mapping[str, Any], Mapping[str, Any]]]) -> dict[str, Any] | None:
+    """The rule over a study's pairs, each ``(unit, baseline timings, candidate timings)``: how many
+    were judged (both arms hold ``stall_s``) and each flagged pair with both fractions; None when
+    no pair was judged (records from before the rule)."""
+    judged = 0
+    flagged = []
+    for unit, bt, ct in pairs:
+        if "stall_s" not in bt or "stall_s" not in ct:
+            continue
+        judged += 1
+        fb, fc = (
+            _fraction(bt["stall_s"], bt.get("training_s")),
+            _fraction(ct["stall_s"], ct.get("training_s")),
+        )
+        gap = share_gap(fb, fc)
+        if gap is None or abs(gap) > STALL_LIMIT:
+            flagged.append(
+                {
+                    "unit": unit,
+                    "baseline_stall_fraction": fb,
+                    "candidate_stall_fraction": fc,
+                    "log_share_difference": gap,
+                }
+            )
+    if not judged:
+        return None
+    return {"limit": STALL_LIMIT, "pairs_judged": judged, "flagged": flagged}
+
+
+def spread(records: Iterable[Mapping[str, Any]]) -> tuple[int, float]:
+    """Where :data:`STALL_LIMIT` comes from: over a folder's ok lockstep pairs (records whose spec
+    names ``block_steps``), how many pairs there are and the largest :func:`share_gap` between
+    their arms, each share the whole run's ``training_cpu_s / training_s`` (records from before
+    ``stall_s`` hold no blocks' figures: their whole run's, unclipped)."""
+    arms: dict[tuple[str, int], dict[str, Mapping[str, Any]]] = {}
+    for r in records:
+        spec = r.get("spec") or {}
+        if r.get("status") == "ok" and spec.get("block_steps") is not None:
+            arms.setdefault((spec["unit"], int(r.get("unit_attempt") or 1)), {})[spec["role"]] = r["timings"]
+    worst = 0.0
+    n = 0
+    for both in arms.values():
+        if set(both) != {"baseline", "candidate"}:
+            continue
+        f = [
+            _fraction(t["training_s"] - t["training_cpu_s"], t["training_s"])
+            for t in (both["baseline"], both["candidate"])
+        ]
+        gap = share_gap(f[0], f[1])
+        if gap is not None:
+            n += 1
+            worst = max(worst, abs(gap))
+    return n, worst

@@ -1,0 +1,357 @@
+"""Interference between the arms of a study, as a hostile arm would try it through real processes:
+a process the command leaves behind (``setsid``, so its process group's kill misses it) that
+could stall the runs after it, a child that rewrites the reporter file as the command exits, and
+an arm that stops its lockstep partner (SIGSTOP) while the partner is timed. The harness ends and
+names every process a command leaves (``harness/execute/reaper.py``), reads the reporter file only
+after, and flags a lockstep pair whose arms' wall against CPU time part (``prereg/interference.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import time
+
+import pytest
+from test_command_arms import _job
+
+from harness.execute.commands import run_command
+
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and the subreaper are Linux's"),
+]
+
+ATTACKS = textwrap.dedent(
+    """\
+    import os, subprocess, sys, time
+    from harness.reporter import Reporter
+    mode, steps = sys.argv[1], int(sys.argv[2])
+    r = Reporter.from_env()
+    for i in range(1, steps + 1):
+        t = time.monotonic()
+        while time.monotonic() - t < 0.01:
+            pass
+        r.step(i, 3.0 / i)
+    with r.untimed():
+        r.eval(steps, {"val_loss": 1.0})
+    if mode == "setsid":  # a grandchild in a session of its own, sleeping on after the command
+        p = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+        )
+        open("survivor.pid", "w").write(str(p.pid))
+    if mode == "leave":  # as "setsid", noting the grandchild's pid in a folder of the test's
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+        open(os.path.join(sys.argv[4], f"{sys.argv[3]}.{os.getpid()}.pid"), "w").write(str(p.pid))
+    if mode == "joined":  # an honest helper: started, waited for
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+    if mode == "rewrite":  # a child that rewrites the reporter file once its parent has gone
+        out = os.environ["HARNESS_REPORT"]
+        rfd, wfd = os.pipe()
+        if os.fork() == 0:
+            os.close(wfd)
+            os.setsid()
+            os.read(rfd, 1)  # returns when the parent has exited (its end of the pipe closes)
+            r_text = open(out).read().replace('"loss": 3.0', '"loss": 0.5')
+            open(out, "w").write(r_text)
+            open("rewritten", "w").write("1")
+            time.sleep(0.5)
+            os._exit(0)
+        os.close(rfd)
+    r.done()
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _command(tmp_path, mode: str, steps: int = 4):
+    (tmp_path / "attack.py").write_text(ATTACKS)
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    job = _job(tmp_path, ["python", "attack.py", mode, str(steps)], steps=steps)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)  # the script writes its notes (a pid, a flag) where it runs
+    try:
+        return run_command(job, work, tmp_path)
+    finally:
+        os.chdir(cwd)
+
+
+def test_a_setsid_grandchild_that_outlives_its_command_is_killed_and_fails_the_run(tmp_path):
+    result, _ = _command(tmp_path, "setsid")
+    pid = int((tmp_path / "survivor.pid").read_text())
+    try:
+        assert not _alive(pid), "the grandchild outlived the run"
+        assert result.status == "failed"
+        assert f"pid {pid}" in (result.reason or "") and "outlived it" in (result.reason or ""), result.reason
+        assert result.process and any(f"pid {pid}" in s for s in result.process["survivors"])
+    finally:
+        if _alive(pid):
+            os.kill(pid, 9)
+
+
+def test_a_helper_the_command_waits_for_is_not_a_survivor(tmp_path):
+    result, _ = _command(tmp_path, "joined")
+    assert result.status == "ok", result.reason
+    assert result.process and "survivors" not in result.process
+
+
+def test_a_child_rewriting_the_reporter_file_as_the_command_exits_fails_the_run(tmp_path):
+    """The child waits for its parent's exit and rewrites the file at once: the harness counts it
+    (running or exited) before it reads the file, so the run fails, naming it, whichever wins."""
+    for _ in range(3):
+        (tmp_path / "rewritten").unlink(missing_ok=True)
+        result, text = _command(tmp_path, "rewrite")
+        assert result.status == "failed", "the rewriting child went unnoticed"
+        assert "outlived it" in (result.reason or ""), result.reason
+        time.sleep(0.05)
+
+
+STOPPER = textwrap.dedent(
+    """\
+    import os, signal, sys, threading, time
+    from harness.reporter import Reporter
+    mode, steps = sys.argv[1], int(sys.argv[2])
+    halt = threading.Event()
+
+    def victim():
+        for name in os.listdir("/proc"):
+            if name.isdigit() and int(name) != os.getpid():
+                try:
+                    argv = open(f"/proc/{name}/cmdline", "rb").read().split(b"\\0")
+                except OSError:
+                    continue
+                if b"stopper.py" in argv[1:2] and b"victim" in argv:
+                    return int(name)
+
+    def stop_the_partner():  # keeps the partner stopped most of the time, its timed blocks included
+        pid = None
+        while pid is None and not halt.is_set():
+            pid = victim()
+            time.sleep(0.001)
+        while pid is not None and not halt.is_set():
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.02)
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.002)
+
+    if mode == "stopper":
+        thread = threading.Thread(target=stop_the_partner, daemon=True)
+        thread.start()
+    r = Reporter.from_env()
+    for i in range(1, steps + 1):
+        t = time.process_time()
+        while time.process_time() - t < 0.01:  # 10 ms of the process's own CPU time a step
+            pass
+        r.step(i, 3.0 / i)
+    with r.untimed():
+        r.eval(steps, {"val_loss": 1.0})
+    halt.set()
+    if mode == "stopper":
+        thread.join()
+    r.done()
+    """
+)
+
+
+def _pair(tmp_path, modes: tuple[str, str], steps: int = 12, block: int = 3):
+    from harness.execute.commands import run_pair
+
+    (tmp_path / "stopper.py").write_text(STOPPER)
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    jobs = [
+        _job(
+            tmp_path,
+            ["python", "stopper.py", mode, str(steps)],
+            steps=steps,
+            run_id=f"s.tiny.pair000.{role}",
+            position=pos,
+            block_steps=block,
+            partner=f"s.tiny.pair000.{other}",
+            steps_first=pos == 0,
+        )
+        for pos, (role, other, mode) in enumerate(
+            (("baseline", "candidate", modes[0]), ("candidate", "baseline", modes[1]))
+        )
+    ]
+    return run_pair((jobs[0], jobs[1]), work, tmp_path)
+
+
+def _judged(ran):
+    from prereg.interference import flagged_pairs
+
+    (b, _), (c, _) = ran
+    assert b.status == "ok" and c.status == "ok", (b.reason, c.reason)
+    return flagged_pairs([("s.tiny.pair000", b.timings, c.timings)])
+
+
+def test_an_arm_that_stops_its_partner_while_timed_gets_the_pair_flagged(tmp_path):
+    """The candidate's thread SIGSTOPs the baseline over and over: the baseline's steps take wall
+    time its CPU clock does not see, and the pair is flagged, its fractions named."""
+    ran = _pair(tmp_path, ("victim", "stopper"))
+    judged = _judged(ran)
+    assert judged is not None and judged["pairs_judged"] == 1
+    assert [f["unit"] for f in judged["flagged"]] == ["s.tiny.pair000"], judged
+    f = judged["flagged"][0]
+    assert f["baseline_stall_fraction"] > f["candidate_stall_fraction"], f
+    assert f["log_share_difference"] > 0.3, f  # the baseline's share of CPU is the smaller
+    # the figure is the evidence's: the audit derives the same stall from the kept file
+    from prereg.evidence import derive
+
+    (b, text), _ = ran
+    spec = _job(tmp_path, [], steps=12, block_steps=3).spec.to_json()
+    assert derive("reporter", text or "", spec, None).stall_s == b.timings["stall_s"]
+
+
+def test_an_honest_lockstep_pair_of_commands_is_not_flagged(tmp_path):
+    judged = _judged(_pair(tmp_path, ("victim", "honest")))
+    assert judged is not None and judged["flagged"] == [], judged
+
+
+GIL_HOG = '''
+import threading, time
+from harness.arms import ArmContext, resolve
+
+SEEN = []
+STOP = threading.Event()  # the test's, when it is done: no thread of this module outlives it
+THREADS = []
+
+
+class Hog:
+    """Native, and (built second) a thread that holds the interpreter's lock in long C calls
+    whenever its partner trains: only during the partner's blocks."""
+
+    def __init__(self, ctx: ArmContext) -> None:
+        self.inner = resolve("native")(ctx)
+        self.optimizer = self.inner.optimizer
+        self.mine = threading.Event()
+        SEEN.append(ctx.params)
+        if len(SEEN) % 2 == 0:
+            THREADS.append(threading.Thread(target=self.hog, args=(SEEN[-2][0],), daemon=True))
+            THREADS[-1].start()
+
+    @staticmethod
+    def moved(partner):
+        """What changes at each of the partner's steps (its gradient, renewed or written in place;
+        a fused optimizer's step bumps no version counter of the weights themselves)."""
+        g = partner.grad
+        return id(g), None if g is None else g._version
+
+    def hog(self, partner) -> None:
+        seen, quiet, wait = self.moved(partner), time.monotonic(), 60.0  # until training starts
+        while time.monotonic() - quiet < wait and not STOP.is_set():  # gone once the pair has ended
+            if self.moved(partner) == seen:
+                time.sleep(0.0002)
+                continue
+            self.mine.clear()  # the partner has stepped: its block, until this arm's next step
+            wait = 2.0
+            while not self.mine.is_set() and time.monotonic() - quiet < wait and not STOP.is_set():
+                sum(range(100_000))  # one C call: the lock is not let go until it returns
+                if self.moved(partner) != seen:
+                    seen, quiet = self.moved(partner), time.monotonic()
+
+    def phase(self):
+        return self.inner.phase()
+
+    def set_lr(self, lr):  # the first thing a training step does: this arm's turn has come
+        self.mine.set()
+        self.inner.set_lr(lr)
+
+    def zero_grad(self):
+        self.inner.zero_grad()
+
+
+def build(ctx):
+    return Hog(ctx)
+'''
+
+
+def test_a_plugin_thread_holding_the_gil_in_its_partners_blocks_gets_the_pair_flagged(tmp_path, monkeypatch):
+    """Built-in lockstep, one process: the arm built second starts a thread that holds the GIL
+    while its partner trains. The partner's training thread waits for the lock off its CPU clock
+    (the thread's), so its blocks' wall time parts from its CPU time; its record holds the stall,
+    the audit derives it again from the step times, and the report names the pair."""
+    from conftest import init_study, record_dicts
+    from test_lockstep import FAMILIES, RECS, protocol, run
+
+    from prereg.evidence import stall_problems
+    from prereg.records import load_records
+    from prereg.render.page import markdown
+    from prereg.summary import derive
+
+    text = protocol("lockstep", steps=16, block=4, seeds="[1, 2]").replace(
+        "[bucketed, packed]", "[gilhog:build, gilhog:build]"
+    )
+    text = text.replace(f"configs: {FAMILIES}", "configs: [tiny_conv]")
+    repo = tmp_path / "s"
+    repo.mkdir()
+    (repo / "gilhog.py").write_text(GIL_HOG)
+    init_study(repo, protocol=text)
+    monkeypatch.syspath_prepend(str(repo))
+    try:
+        assert run(repo).left == 0
+    finally:
+        hog = sys.modules.get("gilhog")
+        if hog is not None:
+            hog.STOP.set()
+            for t in hog.THREADS:
+                t.join()
+    recs = record_dicts(repo / RECS)
+    assert all(r["status"] == "ok" for r in recs), [r.get("reason") for r in recs]
+    assert all("stall_s" in r["timings"] for r in recs)
+    assert stall_problems(recs) == ([], len(recs))
+    summary = derive(load_records(repo / RECS))
+    studies = {s.name: s for s in summary.studies}
+    hogged = studies["others"].configs[0].interference
+    honest = studies["pairs"].configs[0].interference
+    assert hogged and hogged["pairs_judged"] == 2 and len(hogged["flagged"]) == 2, hogged
+    assert (
+        honest and honest["pairs_judged"] == 2
+    )  # judged; tiny runs on a shared machine vary too much to assert more
+    report = markdown(summary)
+    assert "Interference: lockstep arms' wall against CPU time" in report
+    assert all(f["unit"] in report for f in hogged["flagged"])
+    edited = [dict(r, timings={**r["timings"], "stall_s": 0.0}) if i == 0 else r for i, r in enumerate(recs)]
+    found, _ = stall_problems(edited)
+    assert len(found) == 1 and "its step times say" in found[0]
+
+
+def test_no_process_of_a_run_is_alive_after_harness_run_exits(tmp_path):
+    """Through the CLI: every run's command leaves a setsid grandchild sleeping on; each is killed
+    before its run's record is written, each run fails naming it, and none is alive after."""
+    from conftest import harness, init_study, record_dicts
+    from test_command_arms import PROTOCOL
+
+    repo = init_study(tmp_path / "s", copy=())
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (repo / "attack.py").write_text(ATTACKS)
+    arm = f'{{command: [python, attack.py, leave, "{{steps}}", "{{seed}}", "{notes}"], timeout_s: 60}}'
+    candidate = 'candidate: {command: [python, train.py, --seed, "{seed}"], timeout_s: 60}'
+    text = PROTOCOL.format(baseline=arm, endpoint="training_time")
+    assert candidate in text
+    text = text.replace(candidate, f"candidate: {arm}")
+    (repo / "protocols" / "leave.yaml").write_text(text)
+    run = harness(repo, "run", "protocols/leave.yaml", "--quiet")
+    pids = {p.name: int(p.read_text()) for p in notes.glob("*.pid")}
+    try:
+        assert len(pids) == 6, (pids, run.stdout + run.stderr)
+        assert [n for n, pid in pids.items() if _alive(pid)] == []
+        recs = record_dicts(next(p.parent for p in repo.rglob("MANIFEST")))
+        assert len(recs) == 6 and all(r["status"] == "failed" for r in recs)
+        for r in recs:
+            named = [pid for pid in pids.values() if f"pid {pid} " in r["reason"]]
+            assert len(named) == 1 and "outlived it" in r["reason"], r["reason"]
+    finally:
+        for pid in pids.values():
+            if _alive(pid):
+                os.kill(pid, 9)
