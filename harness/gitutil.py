@@ -106,6 +106,32 @@ def tree_files(repo: Path, rev: str) -> dict[str, tuple[str, str]]:
     return out
 
 
+def checkout_mismatches(repo: Path, where: Path, rev: str) -> list[str]:
+    """Every way the files of the checkout ``where`` differ from ``rev``'s tree, compared as git's
+    blob ids of their raw bytes (no filter, no conversion): a file changed, missing or added."""
+    fmt = object_format(repo)
+    tree = tree_files(repo, rev)
+    out = []
+    for path, (mode, oid) in sorted(tree.items()):
+        if mode == "160000":  # a submodule is a commit, not bytes
+            continue
+        disk = where / path
+        try:
+            data = os.fsencode(os.readlink(disk)) if mode == "120000" else disk.read_bytes()
+        except OSError:
+            out.append(f"{path} missing")
+            continue
+        if blob_id(data, fmt) != oid:
+            out.append(f"{path} is not the committed blob")
+    for top, dirs, files in os.walk(where):
+        dirs[:] = [d for d in dirs if not (top == str(where) and d == ".git")]
+        for name in files:
+            rel = os.path.relpath(os.path.join(top, name), where).replace(os.sep, "/")
+            if rel != ".git" and rel not in tree:
+                out.append(f"{rel} is not in the commit")
+    return out
+
+
 def object_format(repo: Path) -> str:
     """The repository's object hash (``sha1``, or ``sha256`` for a SHA-256 repository)."""
     r = git(repo, "rev-parse", "--show-object-format", check=False)
@@ -149,10 +175,23 @@ def is_ancestor(repo: Path, ancestor: str, descendant: str = "HEAD") -> bool:
     return git(repo, "merge-base", "--is-ancestor", ancestor, descendant, check=False).returncode == 0
 
 
-def create_tag(repo: Path, name: str, message: str, sign: bool = False) -> None:
-    """An annotated tag on HEAD; with ``sign``, signed by git itself (``gpg.format`` ssh or openpgp,
-    ``user.signingkey``), so a reader verifies it against their own allowed signers."""
-    r = git(repo, "tag", "-s" if sign else "-a", name, "-m", message, "HEAD", check=False)
+def create_tag(
+    repo: Path, name: str, message: str, sign: bool = False, target: str = "HEAD", force: bool = False
+) -> None:
+    """An annotated tag on ``target`` (HEAD); with ``sign``, signed by git itself (``gpg.format`` ssh
+    or openpgp, ``user.signingkey``), so a reader verifies it against their own allowed signers;
+    with ``force``, replacing a tag of that name."""
+    r = git(
+        repo,
+        "tag",
+        "-s" if sign else "-a",
+        *(["-f"] if force else []),
+        name,
+        "-m",
+        message,
+        target,
+        check=False,
+    )
     if (
         r.returncode == 0
         and sign

@@ -89,10 +89,29 @@ def _checkout(spec: RunSpec, root: Path, work: Path, keep: list[Path]) -> Path:
     if where.exists():  # left by an attempt whose worker was killed: remove it first
         _remove(root, where)
     gitutil.git(repo, "worktree", "prune", check=False)
-    got = gitutil.git(repo, "worktree", "add", "--detach", "--quiet", str(where), ref, check=False)
+    # no hook runs (a post-checkout hook could edit the checkout after git wrote it)
+    got = gitutil.git(
+        repo,
+        "-c",
+        "core.hooksPath=/dev/null",
+        "worktree",
+        "add",
+        "--detach",
+        "--quiet",
+        str(where),
+        ref,
+        check=False,
+    )
     if got.returncode != 0:
         raise EvidenceError(f"ref {ref}: git worktree add failed: {got.stderr.strip()[-300:]}")
     keep.append(where)
+    wrong = gitutil.checkout_mismatches(repo, where, ref)
+    if wrong:
+        raise EvidenceError(
+            f"ref {ref[:12]}: the checkout in {where} is not the commit's tree ({'; '.join(wrong[:3])}"
+            f"{'; ...' if len(wrong) > 3 else ''}): a hook, filter or another process changed it, so the "
+            "command did not run"
+        )
     return where
 
 
@@ -111,6 +130,7 @@ def _environment(spec: RunSpec, out: Path) -> dict[str, str]:
     env.update(spec.command.get("env") or {})
     env[ENV_REPORT] = str(out)
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # a command writes no bytecode the next run could read
     return env
 
 
