@@ -355,9 +355,9 @@ def test_a_deleted_unfinished_attempt_is_named_under_anchor(tmp_path):
 
     remote = tmp_path / "anchor.git"
     subprocess.run(["git", "init", "-q", "--bare", str(remote)], check=True)
-    from conftest import init_study
+    from test_integrity import make_study
 
-    repo = init_study(tmp_path / "study", protocol=tiny_protocol(steps=100))
+    repo = make_study(tmp_path, text=tiny_protocol(prereg="true", steps=100))
     p = subprocess.Popen(
         [
             sys.executable,
