@@ -534,13 +534,13 @@ def test_anchor_pushes_every_unit_and_the_audit_checks_the_history(tmp_path):
     assert bad.returncode == 2 and "not a reachable git remote" in bad.stderr and not (repo / RECS).exists()
     r = harness(repo, "run", PROTO, "--quiet", "--anchor", str(remote))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.count("anchored seq") == 3  # after every unit
+    assert r.stdout.count("anchored seq") == 9  # at every start, before its worker, and after every unit
     log = git(remote, "log", "--format=%s", "refs/ledger/protocol-tiny").splitlines()
-    assert log == [f"ledger head of protocol-tiny: seq {n}" for n in (12, 8, 4)]
+    assert log == [f"ledger head of protocol-tiny: seq {n}" for n in (12, 11, 9, 8, 7, 5, 4, 3, 1)]
     a = audit(repo, "--anchor", str(remote))
     assert a.returncode == NOT_VERIFIED, a.stdout
     assert (
-        f"3 anchored heads in refs/ledger/protocol-tiny fetched from {remote}, up to seq 12 of 12" in a.stdout
+        f"9 anchored heads in refs/ledger/protocol-tiny fetched from {remote}, up to seq 12 of 12" in a.stdout
     )
     assert a.stdout.rstrip().splitlines()[-1].startswith("Anchored:")
     # the audited repository's git config redirects the anchor to forged heads: not honoured
@@ -647,8 +647,8 @@ def test_trust_roots_from_the_repository_prove_nothing_and_a_re_signed_tag_is_na
         (("gpg.format", "ssh"), ("user.signingkey", str(key))),
         signers=f"test@example.invalid {pub}",
     )
-    mine = tmp_path / "trusted_signers"  # the reader's own copy, kept outside the repository
-    mine.write_text(f"test@example.invalid {pub}")
+    mine = tmp_path / "trusted_signers"  # the reader's own file, kept outside the repository
+    mine.write_text(f"reader {pub}")
     assert audit(r, "--allowed-signers", str(mine)).returncode == 0
     borrowed = audit(r, "--allowed-signers", "protocols/allowed_signers")
     assert borrowed.returncode == 3, borrowed.stdout
