@@ -43,9 +43,9 @@ class _SourceOnly:
     @classmethod
     def find_spec(cls, name, path=None, target=None):  # type: ignore[no-untyped-def]
         spec = PathFinder.find_spec(name, path, target)
-        origin = os.path.realpath(spec.origin) if spec is not None and spec.origin else ""
-        if not origin.startswith(ROOT + os.sep):
+        if spec is None or not spec.origin or not os.path.realpath(spec.origin).startswith(ROOT + os.sep):
             return spec
+        origin = os.path.realpath(spec.origin)
         if type(spec.loader) is not SourceFileLoader:
             raise ImportError(f"{origin}: not Python source; the audit imports nothing else from {ROOT}")
         spec.loader = _Source(spec.loader.name, spec.loader.path)

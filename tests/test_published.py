@@ -55,7 +55,9 @@ def test_a_fresh_clone_audits_every_committed_study(tmp_path, tags):
     mine.parent.mkdir()
     # the reader's own file: the maintainers' keys under the reader's principal name (a byte copy of
     # the repository's file counts as taken from the repository)
-    keys = [line.split(" ", 1)[1] for line in (ROOT / "protocols" / "allowed_signers").read_text().splitlines()]
+    keys = [
+        line.split(" ", 1)[1] for line in (ROOT / "protocols" / "allowed_signers").read_text().splitlines()
+    ]
     mine.write_text("".join(f"release-keys {k}\n" for k in keys if k.strip()))
 
     def signed(signers: str) -> subprocess.CompletedProcess[str]:
@@ -69,7 +71,10 @@ def test_a_fresh_clone_audits_every_committed_study(tmp_path, tags):
 
     held = signed(str(mine))
     assert held.returncode == NOT_VERIFIED, held.stdout
-    assert "good SSH signature by release-keys" in held.stdout and "TRUST ROOTS FROM THE REPOSITORY" not in held.stdout
+    assert (
+        "good SSH signature by release-keys" in held.stdout
+        and "TRUST ROOTS FROM THE REPOSITORY" not in held.stdout
+    )
     assert "records/cpu1: no signed result head" in held.stdout  # signed heads came later
     borrowed = signed("protocols/allowed_signers")  # the repository's own file proves nothing
     assert borrowed.returncode == 3, borrowed.stdout

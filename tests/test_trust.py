@@ -296,12 +296,12 @@ def test_tracked_bytecode_is_refused_before_tag(study):
 
 
 def test_workers_and_commands_write_no_bytecode():
-    from harness.execute.commands import _environment
+    from harness.execute.commands import command_environment
     from harness.execute.launchers import worker_command
 
     assert worker_command()[1:3] == ["-I", "-B"]
     spec = SimpleNamespace(command={"command": ["python", "x.py"]}, threads=None)
-    assert _environment(spec, Path("out.json"))["PYTHONDONTWRITEBYTECODE"] == "1"  # type: ignore[arg-type]
+    assert command_environment(spec, Path("out.json"))["PYTHONDONTWRITEBYTECODE"] == "1"  # type: ignore[arg-type]
     import harness  # noqa: F401 - the CLI's package
 
     assert sys.dont_write_bytecode
@@ -322,7 +322,7 @@ def test_a_post_checkout_hook_does_not_rewrite_a_ref_checkout(tmp_path):
     """Issue 50, case 5: an untracked ``.git/hooks/post-checkout`` that edits the candidate's
     script after ``git worktree add`` never runs; a smudge filter that changes it is caught by the
     blob-by-blob comparison and fails the run with its reason."""
-    from harness.execute.commands import _checkout
+    from harness.execute.commands import ref_checkout
     from prereg.evidence import EvidenceError
 
     repo = tmp_path / "repo"
@@ -332,13 +332,13 @@ def test_a_post_checkout_hook_does_not_rewrite_a_ref_checkout(tmp_path):
     hook.chmod(0o755)
     spec = SimpleNamespace(command={"ref": ref}, run_id="r1")
     keep: list[Path] = []
-    where = _checkout(spec, repo, tmp_path / "work", keep)  # type: ignore[arg-type]
+    where = ref_checkout(spec, repo, tmp_path / "work", keep)  # type: ignore[arg-type]
     assert (where / "train.py").read_text() == "print('baseline')\n"
     (repo / ".git" / "info").mkdir(exist_ok=True)
     (repo / ".git" / "info" / "attributes").write_text("*.py filter=evil\n")
     git(repo, "config", "filter.evil.smudge", "sed s/baseline/candidate/")
     with pytest.raises(EvidenceError, match="train.py is not the committed blob"):
-        _checkout(spec, repo, tmp_path / "work", keep)  # type: ignore[arg-type]
+        ref_checkout(spec, repo, tmp_path / "work", keep)  # type: ignore[arg-type]
 
 
 # -- 5. the started entry anchored before its worker starts --------------------------------------------
