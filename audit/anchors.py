@@ -77,38 +77,41 @@ def check_signature(root: str, truth: dict[str, Any], signers: str | None) -> tu
             f"(-----BEGIN SSH SIGNATURE-----); --allowed-signers {signers} verifies SSH signatures "
             "only"
         ], "not an SSH signature"
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="audit-sig-") as tmp:
-        sig_path = os.path.join(tmp, "tag.sig")
-        with open(sig_path, "wb") as f:
-            f.write(sig)
-        try:
-            who, why = _signer(signers, payload, sig_path)
-            if who is not None:
-                bound = _bound_signers(root, truth, payload, sig_path, tmp)
-                if bound:
-                    return [f"tag {tag}: {bound}"], f"signed by {who} (yours), not by a key its commit lists"
-                return [], f"good SSH signature by {who}, allowed by {signers}"
-        except OSError as e:
-            return [f"tag {tag}: ssh-keygen could not run to verify its signature ({e})"], "not verified"
+    who, why = _signer(signers, payload, sig)
+    if who is not None:
+        bound = _bound_signers(root, truth, payload, sig)
+        if bound:
+            return [f"tag {tag}: {bound}"], f"signed by {who} (yours), not by a key its commit lists"
+        return [], f"good SSH signature by {who}, allowed by {signers}"
     return [f"tag {tag}: its signature does not verify against {signers} ({why})"], "bad signature"
 
 
-def _signer(signers: str, payload: bytes, sig_path: str) -> tuple[str | None, str]:
-    """The principal of the allowed-signers file ``signers`` whose key made the SSH signature at
-    ``sig_path`` over ``payload`` (namespace ``git``, as git signs), or None and why not."""
+def _signer(signers: str, payload: bytes, sig: bytes) -> tuple[str | None, str]:
+    """The principal of the allowed-signers file ``signers`` whose key made the SSH signature
+    ``sig`` over ``payload`` (namespace ``git``, as git signs), or None and why not."""
+    import tempfile
+
     allowed = os.path.abspath(signers)
-    found = _ssh_keygen(["-Y", "find-principals", "-f", allowed, "-s", sig_path], b"")
-    principals = found.stdout.decode("utf-8", "replace").split() if found.returncode == 0 else []
-    why = (found.stderr.decode("utf-8", "replace").strip().splitlines() or ["no principal matches its key"])[
-        -1
-    ]
-    for who in principals:
-        r = _ssh_keygen(["-Y", "verify", "-f", allowed, "-I", who, "-n", "git", "-s", sig_path], payload)
-        if r.returncode == 0:
-            return who, ""
-        why = (r.stderr.decode("utf-8", "replace").strip().splitlines() or ["no detail"])[-1]
+    with tempfile.TemporaryDirectory(prefix="audit-sig-") as tmp:
+        sig_path = os.path.join(tmp, "object.sig")
+        with open(sig_path, "wb") as f:
+            f.write(sig)
+        try:
+            found = _ssh_keygen(["-Y", "find-principals", "-f", allowed, "-s", sig_path], b"")
+            principals = found.stdout.decode("utf-8", "replace").split() if found.returncode == 0 else []
+            why = (
+                found.stderr.decode("utf-8", "replace").strip().splitlines()
+                or ["no principal matches its key"]
+            )[-1]
+            for who in principals:
+                r = _ssh_keygen(
+                    ["-Y", "verify", "-f", allowed, "-I", who, "-n", "git", "-s", sig_path], payload
+                )
+                if r.returncode == 0:
+                    return who, ""
+                why = (r.stderr.decode("utf-8", "replace").strip().splitlines() or ["no detail"])[-1]
+        except OSError as e:
+            return None, f"ssh-keygen could not run to verify it: {e}"
     return None, why
 
 
@@ -168,16 +171,7 @@ def check_result(
         )
     if kind != "SSH":
         return problems + [f"{where}: carries no SSH signature"], what, "the result head is not signed"
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="audit-sig-") as tmp:
-        sig_path = os.path.join(tmp, "result.sig")
-        with open(sig_path, "wb") as f:
-            f.write(sig)
-        try:
-            who, why = _signer(signers, payload, sig_path)
-        except OSError as e:
-            who, why = None, f"ssh-keygen could not run: {e}"
+    who, why = _signer(signers, payload, sig)
     if who is None:
         return (
             problems + [f"{where}: its signature does not verify against {signers} ({why})"],
@@ -200,7 +194,7 @@ def check_result(
 SIGNERS_PATH = "protocols/allowed_signers"
 
 
-def _bound_signers(root: str, truth: dict[str, Any], payload: bytes, sig_path: str, tmp: str) -> str | None:
+def _bound_signers(root: str, truth: dict[str, Any], payload: bytes, sig: bytes) -> str | None:
     """Why the tag's signature is not by a key that ``protocols/allowed_signers`` *of the tagged
     commit* lists (None when it is, or when that commit has no such file). The tag names its
     commit and the commit its tree, so that copy is bound at the tag: a tag re-signed with another
@@ -211,13 +205,13 @@ def _bound_signers(root: str, truth: dict[str, Any], payload: bytes, sig_path: s
     data = git_bytes(root, "cat-file", "blob", f"{commit}:{SIGNERS_PATH}") if commit else None
     if data is None:
         return None
-    path = os.path.join(tmp, "bound_signers")
-    with open(path, "wb") as f:
-        f.write(data)
-    found = _ssh_keygen(["-Y", "find-principals", "-f", path, "-s", sig_path], b"")
-    for who in found.stdout.decode("utf-8", "replace").split() if found.returncode == 0 else []:
-        r = _ssh_keygen(["-Y", "verify", "-f", path, "-I", who, "-n", "git", "-s", sig_path], payload)
-        if r.returncode == 0:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="audit-bound-") as tmp:
+        path = os.path.join(tmp, "bound_signers")
+        with open(path, "wb") as f:
+            f.write(data)
+        if _signer(path, payload, sig)[0] is not None:
             return None
     return (
         f"its signature is by a key that {SIGNERS_PATH} of the tagged commit {str(commit)[:12]} does "

@@ -360,13 +360,10 @@ def worktree_mismatches(repo: Path, rev: str) -> list[str]:
     for path, (mode, oid) in sorted(gitutil.tree_files(repo, rev).items()):
         if exempt(path.split("/", 1)[0]) or mode == "160000":  # a submodule is a commit, not bytes
             continue
-        disk = repo / path
-        try:
-            data = os.fsencode(os.readlink(disk)) if mode == "120000" else disk.read_bytes()
-        except OSError:
+        got = gitutil.disk_blob_id(repo / path, mode, fmt)
+        if got is None:
             out.append(f"{path}: tracked at {rev[:12]} but not readable in the working tree")
-            continue
-        if gitutil.blob_id(data, fmt) != oid:
+        elif got != oid:
             out.append(
                 f"{path}: its bytes on disk are not the committed blob although git may call it clean "
                 "(a filter, ident or line-ending conversion in the repository's attributes or config "

@@ -115,14 +115,9 @@ def checkout_mismatches(repo: Path, where: Path, rev: str) -> list[str]:
     for path, (mode, oid) in sorted(tree.items()):
         if mode == "160000":  # a submodule is a commit, not bytes
             continue
-        disk = where / path
-        try:
-            data = os.fsencode(os.readlink(disk)) if mode == "120000" else disk.read_bytes()
-        except OSError:
-            out.append(f"{path} missing")
-            continue
-        if blob_id(data, fmt) != oid:
-            out.append(f"{path} is not the committed blob")
+        got = disk_blob_id(where / path, mode, fmt)
+        if got != oid:
+            out.append(f"{path} missing" if got is None else f"{path} is not the committed blob")
     for top, dirs, files in os.walk(where):
         dirs[:] = [d for d in dirs if not (top == str(where) and d == ".git")]
         for name in files:
@@ -130,6 +125,16 @@ def checkout_mismatches(repo: Path, where: Path, rev: str) -> list[str]:
             if rel != ".git" and rel not in tree:
                 out.append(f"{rel} is not in the commit")
     return out
+
+
+def disk_blob_id(disk: Path, mode: str, fmt: str) -> str | None:
+    """Git's blob id of the raw bytes at ``disk`` (a symbolic link's target for mode 120000), as
+    git would store them with no filter or conversion; None when it cannot be read."""
+    try:
+        data = os.fsencode(os.readlink(disk)) if mode == "120000" else disk.read_bytes()
+    except OSError:
+        return None
+    return blob_id(data, fmt)
 
 
 def object_format(repo: Path) -> str:

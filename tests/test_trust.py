@@ -106,15 +106,7 @@ def test_doctored_audit_bytecode_is_never_read_and_refused_when_tracked(study, t
 def test_an_extracted_audit_refuses_any_file_that_is_not_source(study, tmp_path):
     """The audit taken with ``git archive`` (no git checkout around it) refuses bytecode inside its
     own packages, whether or not git tracked it."""
-    fresh = tmp_path / "fresh"
-    fresh.mkdir()
-    data = subprocess.run(
-        ["git", "archive", "protocol-tiny", "prereg", "audit", "analysis/public_audit.py"],
-        cwd=study,
-        capture_output=True,
-        check=True,
-    ).stdout
-    tarfile.open(fileobj=BytesIO(data)).extractall(fresh)
+    fresh = extract(study, "protocol-tiny", tmp_path / "fresh")
     ok = own_audit(study, where=fresh)
     assert ok.returncode == NOT_VERIFIED and "Integrity: everything matched." in ok.stdout, ok.stdout[-2000:]
     assert not list(fresh.rglob("__pycache__"))  # -B: the audit wrote no bytecode
@@ -126,28 +118,40 @@ def test_an_extracted_audit_refuses_any_file_that_is_not_source(study, tmp_path)
 # -- 2. signed result heads; exit 0 only with the reader's own keys -----------------------------------
 
 
-def _verify(clone: Path, fresh: Path, signers: Path | str | None) -> subprocess.CompletedProcess[str]:
-    """docs/provenance.md, "Verifying a study": the tags' signatures with the reader's keys, the audit
-    extracted from the signed tag, run with those keys."""
-    if signers is not None:
-        for tag in ("protocol-tiny", "result-tiny"):
-            v = subprocess.run(
-                ["git", "-c", f"gpg.ssh.allowedSignersFile={signers}", "tag", "-v", tag],
-                cwd=clone,
-                capture_output=True,
-                text=True,
-            )
-            if v.returncode != 0:
-                return v
+def extract(repo: Path, rev: str, fresh: Path) -> Path:
+    """``git archive REV | tar -x -C FRESH``: the tree of ``rev``, outside the repository."""
     shutil.rmtree(fresh, ignore_errors=True)
     fresh.mkdir()
-    archive = subprocess.run(
-        ["git", "archive", "protocol-tiny", "prereg", "audit", "analysis/public_audit.py"],
-        cwd=clone,
-        capture_output=True,
-        check=True,
+    archive = subprocess.run(["git", "archive", rev], cwd=repo, capture_output=True, check=True)
+    tarfile.open(fileobj=BytesIO(archive.stdout)).extractall(fresh)
+    return fresh
+
+
+def _verify(clone: Path, fresh: Path, signers: Path | str | None) -> subprocess.CompletedProcess[str]:
+    """docs/provenance.md, "Verifying a study", command by command: the protocol tag kept with the
+    records made an object again, its signature verified with the reader's keys, the audit taken
+    from its tree and run with those keys."""
+    obj = (
+        subprocess.run(
+            ["git", "mktag"],
+            cwd=clone,
+            input=(clone / RECS / "TAG").read_bytes(),
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .strip()
     )
-    subprocess.run(["tar", "-x", "-C", str(fresh)], input=archive.stdout, check=True)
+    if signers is not None:
+        v = subprocess.run(
+            ["git", "-c", f"gpg.ssh.allowedSignersFile={signers}", "verify-tag", obj],
+            cwd=clone,
+            capture_output=True,
+            text=True,
+        )
+        if v.returncode != 0:
+            return v
+    extract(clone, obj, fresh)
     return subprocess.run(
         [
             sys.executable,
@@ -171,8 +175,8 @@ def test_the_verification_recipe_from_a_fresh_clone_passes_only_with_outside_key
     the recipe (the tags' signatures, then the audit from the signed tag) and exits 0 only with the
     reader's own keys. No roots, the repository's signers file, or a byte copy of it: exit 3, the
     same status. A forgery resealed and signed again by another key: exit 1."""
-    if shutil.which("ssh-keygen") is None or shutil.which("tar") is None:
-        pytest.skip("ssh-keygen or tar is not installed")
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("ssh-keygen is not installed")
     key, forger = tmp_path / "key", tmp_path / "forger"
     pub, forged_pub = ssh_key(key), ssh_key(forger)
     r = signed_study(
