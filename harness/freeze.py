@@ -254,8 +254,9 @@ def faithful_cache(pyc: Path) -> bool:
     """Whether ``pyc`` is what this interpreter compiles from its own source file: a cache Python
     wrote, compared code object to code object (``marshal`` of the file against ``compile`` of the
     source), whatever its header says. A cache for another interpreter (another ``cache_tag``) is
-    never read by this one and counts as faithful; a file that is not a cache named for a source
-    file beside its folder (a sourceless ``.pyc``, anything else in ``__pycache__``) does not."""
+    never read by this one and counts as faithful, and so does a stale cache Python would not read
+    (:func:`_stale`); a file that is not a cache named for a source file beside its folder (a
+    sourceless ``.pyc``, anything else in ``__pycache__``) does not."""
     import importlib.util
     import marshal
     import sys
@@ -275,11 +276,30 @@ def faithful_cache(pyc: Path) -> bool:
         data = pyc.read_bytes()
         if data[:4] != importlib.util.MAGIC_NUMBER:
             return False
+        if _stale(data, source):
+            return True  # Python compiles the source instead of reading this file
         code = marshal.loads(data[16:])
         fresh = compile(source.read_bytes(), str(source), "exec", dont_inherit=True, optimize=int(opt or 0))
     except (OSError, ValueError, EOFError, TypeError, SyntaxError):
         return False
     return bool(code == fresh)
+
+
+def _stale(data: bytes, source: Path) -> bool:
+    """Whether Python, importing ``source``, would not read the cache ``data`` of it: a timestamp
+    cache whose recorded mtime or size is not the source's, or a checked-hash cache whose recorded
+    hash is not the source's (an unchecked-hash cache is read whatever it records)."""
+    import importlib.util
+
+    flags = int.from_bytes(data[4:8], "little")
+    if flags == 0:
+        st = source.stat()
+        return data[8:12] != (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") or data[12:16] != (
+            st.st_size & 0xFFFFFFFF
+        ).to_bytes(4, "little")
+    if flags == 3:
+        return data[8:16] != importlib.util.source_hash(source.read_bytes())
+    return False
 
 
 def bytecode_problems(repo: Path) -> list[str]:

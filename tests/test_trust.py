@@ -286,6 +286,26 @@ def test_planted_runner_bytecode_is_refused_before_a_run_and_a_faithful_cache_is
     assert any(p.startswith("harness/ledger.pyc: bytecode") for p in bytecode_problems(study))
 
 
+@pytest.mark.parametrize("mode", list(py_compile.PycInvalidationMode), ids=lambda m: m.name)
+def test_a_cache_is_judged_by_its_code_not_its_header(tmp_path, mode):
+    """Each kind of ``.pyc`` Python writes passes when it is the source's compilation, and fails
+    with its header kept and another source's code behind it; a stale cache that Python would not
+    read (the source edited since) passes."""
+    source = tmp_path / "m.py"
+    source.write_text("x = 1\n")
+    cache = tmp_path / "__pycache__" / f"m.{sys.implementation.cache_tag}.pyc"
+    py_compile.compile(str(source), cfile=str(cache), invalidation_mode=mode, doraise=True)
+    assert faithful_cache(cache)
+    other = tmp_path / "other.py"
+    other.write_text("x = 2\n")
+    py_compile.compile(str(other), cfile=str(tmp_path / "o.pyc"), invalidation_mode=mode, doraise=True)
+    cache.write_bytes(cache.read_bytes()[:16] + (tmp_path / "o.pyc").read_bytes()[16:])
+    assert not faithful_cache(cache)
+    if mode is not py_compile.PycInvalidationMode.UNCHECKED_HASH:
+        source.write_text("x = 3  # edited since\n")
+        assert faithful_cache(cache)  # stale: Python compiles the source instead
+
+
 def test_tracked_bytecode_is_refused_before_tag(study):
     """A ``.pyc`` committed with ``git add -f`` inside a frozen folder: ``harness tag`` of a new
     protocol refuses, naming it."""
