@@ -77,11 +77,23 @@ def check_signature(root: str, truth: dict[str, Any], signers: str | None) -> tu
             f"(-----BEGIN SSH SIGNATURE-----); --allowed-signers {signers} verifies SSH signatures "
             "only"
         ], "not an SSH signature"
-    allowed = os.path.abspath(signers)
+    who, why = _signer(signers, payload, sig)
+    if who is not None:
+        bound = _bound_signers(root, truth, payload, sig)
+        if bound:
+            return [f"tag {tag}: {bound}"], f"signed by {who} (yours), not by a key its commit lists"
+        return [], f"good SSH signature by {who}, allowed by {signers}"
+    return [f"tag {tag}: its signature does not verify against {signers} ({why})"], "bad signature"
+
+
+def _signer(signers: str, payload: bytes, sig: bytes) -> tuple[str | None, str]:
+    """The principal of the allowed-signers file ``signers`` whose key made the SSH signature
+    ``sig`` over ``payload`` (namespace ``git``, as git signs), or None and why not."""
     import tempfile
 
+    allowed = os.path.abspath(signers)
     with tempfile.TemporaryDirectory(prefix="audit-sig-") as tmp:
-        sig_path = os.path.join(tmp, "tag.sig")
+        sig_path = os.path.join(tmp, "object.sig")
         with open(sig_path, "wb") as f:
             f.write(sig)
         try:
@@ -96,23 +108,93 @@ def check_signature(root: str, truth: dict[str, Any], signers: str | None) -> tu
                     ["-Y", "verify", "-f", allowed, "-I", who, "-n", "git", "-s", sig_path], payload
                 )
                 if r.returncode == 0:
-                    bound = _bound_signers(root, truth, payload, sig_path, tmp)
-                    if bound:
-                        return [
-                            f"tag {tag}: {bound}"
-                        ], f"signed by {who} (yours), not by a key its commit lists"
-                    return [], f"good SSH signature by {who}, allowed by {signers}"
+                    return who, ""
                 why = (r.stderr.decode("utf-8", "replace").strip().splitlines() or ["no detail"])[-1]
         except OSError as e:
-            return [f"tag {tag}: ssh-keygen could not run to verify its signature ({e})"], "not verified"
-    return [f"tag {tag}: its signature does not verify against {signers} ({why})"], "bad signature"
+            return None, f"ssh-keygen could not run to verify it: {e}"
+    return None, why
+
+
+def check_result(
+    root: str, directory: str, truth: dict[str, Any], entries: list[dict[str, Any]], signers: str | None
+) -> tuple[list[str], str, str | None]:
+    """The signed result head (``harness.freeze.sign_result``): the tag object ``result-<id>``
+    kept as ``RESULT`` in the records folder (or, without the file, the ref). It must name this
+    protocol, the tag's freeze manifest and a head the chain holds at its seq; with the reader's
+    ``--allowed-signers`` its SSH signature must verify. Returns problems, a description, and why
+    the chain's head is *not* vouched for by the reader's keys (None: it is)."""
+    from prereg.tag import RESULT_FILE, git_bytes, parse_result
+
+    pid = truth.get("summary", {}).get("id")
+    path = os.path.join(directory, RESULT_FILE)
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            raw: bytes | None = f.read()
+        where = path
+    else:
+        raw = git_bytes(root, "cat-file", "tag", f"refs/tags/result-{pid}")
+        where = f"tag result-{pid}"
+    if raw is None:
+        return (
+            [],
+            "no signed result head",
+            (
+                "no signed result head (harness report --sign); a head published elsewhere can be checked "
+                "with --head, but only the maintainers' signature vouches for it"
+            ),
+        )
+    payload, sig, kind = split_signature(raw)
+    got = parse_result(payload)
+    if got is None or got["protocol"] != pid or got["tag"] != f"result-{pid}":
+        return (
+            [f"{where}: not a result tag of protocol-{pid} (harness report --sign writes one)"],
+            ("unreadable"),
+            "its signed result head is unreadable",
+        )
+    seq, sha = got["seq"], got["sha256"]
+    problems = []
+    if got["freeze"] != truth.get("freeze"):
+        problems.append(f"{where}: freeze {str(got['freeze'])[:16]} is not the tag's freeze manifest")
+    held = {e["ledger"]["seq"]: e["sha256"] for e in entries if isinstance(e.get("ledger"), dict)}
+    if held.get(seq) != sha:
+        problems.append(
+            f"{where}: the signed result head seq {seq} sha256 {sha[:16]}: the records hold "
+            f"{str(held.get(seq, 'no entry'))[:16]} there: history was rewritten after it was signed"
+        )
+    last = max(held, default=0)
+    what = f"seq {seq} of {last}"
+    if signers is None:
+        return (
+            problems,
+            f"{what}, signed, not verified (pass --allowed-signers FILE)",
+            ("the signed result head is not verified (pass --allowed-signers FILE)"),
+        )
+    if kind != "SSH":
+        return problems + [f"{where}: carries no SSH signature"], what, "the result head is not signed"
+    who, why = _signer(signers, payload, sig)
+    if who is None:
+        return (
+            problems + [f"{where}: its signature does not verify against {signers} ({why})"],
+            what,
+            ("the result head's signature does not verify"),
+        )
+    if seq != last:
+        return (
+            problems,
+            f"{what}, good SSH signature by {who}",
+            (
+                f"the signed result head is seq {seq}, but the chain goes on to seq {last}: the entries after "
+                "it are vouched for by nobody"
+            ),
+        )
+    return problems, f"{what} (the chain's head), good SSH signature by {who}, allowed by {signers}", None
 
 
 #: The repository's allowed-signers file: the copy in the tagged commit is what the tag binds.
 SIGNERS_PATH = "protocols/allowed_signers"
 
 
-def _bound_signers(root: str, truth: dict[str, Any], payload: bytes, sig_path: str, tmp: str) -> str | None:
+def _bound_signers(root: str, truth: dict[str, Any], payload: bytes, sig: bytes) -> str | None:
     """Why the tag's signature is not by a key that ``protocols/allowed_signers`` *of the tagged
     commit* lists (None when it is, or when that commit has no such file). The tag names its
     commit and the commit its tree, so that copy is bound at the tag: a tag re-signed with another
@@ -123,13 +205,13 @@ def _bound_signers(root: str, truth: dict[str, Any], payload: bytes, sig_path: s
     data = git_bytes(root, "cat-file", "blob", f"{commit}:{SIGNERS_PATH}") if commit else None
     if data is None:
         return None
-    path = os.path.join(tmp, "bound_signers")
-    with open(path, "wb") as f:
-        f.write(data)
-    found = _ssh_keygen(["-Y", "find-principals", "-f", path, "-s", sig_path], b"")
-    for who in found.stdout.decode("utf-8", "replace").split() if found.returncode == 0 else []:
-        r = _ssh_keygen(["-Y", "verify", "-f", path, "-I", who, "-n", "git", "-s", sig_path], payload)
-        if r.returncode == 0:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="audit-bound-") as tmp:
+        path = os.path.join(tmp, "bound_signers")
+        with open(path, "wb") as f:
+            f.write(data)
+        if _signer(path, payload, sig)[0] is not None:
             return None
     return (
         f"its signature is by a key that {SIGNERS_PATH} of the tagged commit {str(commit)[:12]} does "
@@ -187,6 +269,14 @@ def roots_from_repository(
                     f"--allowed-signers {signers} lies inside {top}, the repository being audited: "
                     "whoever rewrote the records could rewrite it too"
                 )
+            else:
+                copy = _copied_from(top, signers)
+                if copy:
+                    out.append(
+                        f"--allowed-signers {signers} holds the same bytes as {copy} of {top}, the "
+                        "repository being audited: a copy of its file proves nothing (use the keys you "
+                        "hold from the maintainers)"
+                    )
         if published is not None:
             listed = git_out(top, "grep", "-l", "-F", "-e", published[1]) or ""
             printed = []
@@ -201,6 +291,33 @@ def roots_from_repository(
                     "it from where it was published outside the repository)"
                 )
     return out
+
+
+def _copied_from(top: str, signers: str) -> str | None:
+    """Where the repository at ``top`` holds the bytes of the file ``signers``: an object of its
+    object store (a tracked file on any branch or commit, a staged one) or a file of its work tree
+    (untracked or ignored ones too); None when it holds them nowhere."""
+    from prereg.tag import git_out, object_id
+
+    try:
+        with open(signers, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    if git_out(top, "cat-file", "-e", object_id(top, "blob", data)) is not None:
+        return "an object in its git history (a tracked file on some branch or commit)"
+    for base, dirs, files in os.walk(top):
+        dirs[:] = [d for d in dirs if d != ".git"]
+        for name in files:
+            full = os.path.join(base, name)
+            try:
+                if os.path.isfile(full) and not os.path.islink(full) and os.path.getsize(full) == len(data):
+                    with open(full, "rb") as f:
+                        if f.read() == data:
+                            return os.path.relpath(full, top)
+            except OSError:
+                continue
+    return None
 
 
 def check_anchor(

@@ -94,8 +94,19 @@ def main(argv: list[str]) -> int:
     problems: list[str] = []
     notes: list[str] = []
     anchored: dict[str, Any] = {}
+    unverified: dict[str, list[str]] = {}
     for d in dirs:
-        audit_dir(d, rows, problems, notes, published, anchor=anchor, signers=signers, anchored=anchored)
+        audit_dir(
+            d,
+            rows,
+            problems,
+            notes,
+            published,
+            anchor=anchor,
+            signers=signers,
+            anchored=anchored,
+            unverified=unverified,
+        )
     redraws = [n for n in notes if "REDRAWN:" in n]
     w1 = max(len(r[0]) for r in rows)
     w2 = max(len(r[1]) for r in rows)
@@ -125,13 +136,37 @@ def main(argv: list[str]) -> int:
                 else ""
             )
         )
+    reasons = [f"{d}: {w}" for d, ws in unverified.items() for w in ws]
+    if borrowed:
+        reasons.insert(0, "the trust roots came from the repository itself (see the first lines)")
+    print(verified_line(reasons, signers))
     print(anchor_line(published, anchor, anchored))
     if borrowed:
         print(
-            "TRUST ROOTS FROM THE REPOSITORY (see the first lines): pass an allowed-signers file and a head "
-            "you hold from outside it."
+            "TRUST ROOTS FROM THE REPOSITORY (see the first lines): pass the allowed-signers file you hold "
+            "from the maintainers, from outside the repository."
         )
-    return 1 if problems else 3 if borrowed else 4 if redraws else 0
+    return 1 if problems else 4 if redraws else NOT_VERIFIED if reasons else 0
+
+
+#: Exit status of an audit whose records matched but whose study the reader's own keys do not vouch
+#: for: no roots, roots from the repository, an unsigned tag or head, or a head short of the chain's.
+NOT_VERIFIED = 3
+
+
+def verified_line(reasons: list[str], signers: str | None) -> str:
+    """Whether the reader's keys vouch for every study audited: its protocol tag and its ledger
+    head both signed by a key of the allowed-signers file the reader passed (exit status 0), or
+    why not (``NOT VERIFIED``, exit status 3 when nothing else failed)."""
+    if not reasons:
+        return (
+            f"Verified: each study's protocol tag and ledger head are signed by keys of {signers}, which "
+            "you passed from outside the repository."
+        )
+    return (
+        f"NOT VERIFIED (exit status {NOT_VERIFIED} when nothing failed): the records agree with "
+        "themselves, but nothing you hold vouches for them: " + "; ".join(reasons) + "."
+    )
 
 
 def anchor_line(published: tuple[int, str] | None, anchor: str | None, anchored: dict[str, Any]) -> str:

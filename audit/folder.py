@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from audit.anchors import check_anchor, check_signature, signers_kept
+from audit.anchors import check_anchor, check_result, check_signature, signers_kept
 from audit.freeze import check_freeze, check_protocol_copies, check_time, check_versions, check_what_ran
 from audit.published import check_published
 from prereg.attempts import unfinished
@@ -77,11 +77,14 @@ def audit_dir(
     anchor: str | None = None,
     signers: str | None = None,
     anchored: dict[str, Any] | None = None,
+    unverified: dict[str, list[str]] | None = None,
 ) -> None:
     """Audit one records folder, every check in its order: its files against MANIFEST, the study as
     the tag defines it, the plan, corpus, chain and attempts, what the tag froze, the anchors, and the
     summary recomputed. ``anchored`` receives the folder's anchored heads."""
     anchored = {} if anchored is None else anchored
+    # why the folder's study is not vouched for by the reader's keys (docs/provenance.md, "Exit statuses")
+    why = (unverified if unverified is not None else {}).setdefault(directory, [])
     out = _Report(directory, rows, problems)
     manifest = _manifest(out)
     if manifest is None:
@@ -90,6 +93,7 @@ def audit_dir(
     looks = [e for e in started if e.get("kind") == "look"]  # a sequential design's looks
     started = [e for e in started if e.get("kind") != "look"]
     if not records:
+        why.append("the folder holds no record")
         audit_empty(directory, manifest, started, published, anchor, out.fail, notes)
         return
     root = _study_root(out, records)
@@ -141,6 +145,20 @@ def audit_dir(
     if anchor is not None:
         found, detail, anchored[directory] = check_anchor(root, truth, records + started + looks, anchor)
         fail("anchored heads", found, detail)
+    if truth.get("tagged"):
+        found, detail, head_why = check_result(root, directory, truth, records + started + looks, signers)
+        fail("signed result head", found, detail)
+        why.extend([head_why] if head_why else [])
+        if signers is None or not truth.get("signed"):
+            why.insert(
+                0,
+                "the protocol tag's signature is not verified (pass --allowed-signers FILE, the "
+                "maintainers' keys as you hold them)"
+                if truth.get("signed")
+                else "the protocol tag is not signed",
+            )
+    else:
+        why.append("NOT PREREGISTERED: no tag binds the records")
     # the statistics use the tag's study
     records = [{**r, "protocol": {**r["protocol"], **proto}} for r in records]
     if "sequential" in (proto.get("hypotheses") or {}):

@@ -136,6 +136,15 @@ def cmd_report(args: argparse.Namespace) -> int:
                 f"--beside {args.beside}: no summary.json there (an earlier study's records folder)"
             )
     report(proto, args.format, args.quiet, beside)
+    if args.sign:
+        from harness.freeze import sign_result
+        from harness.ledger import head_of, load_entries
+
+        entries = load_entries(proto.records_path)
+        if not entries:
+            raise InputError(f"{proto.records_path}: no ledger entries: nothing to sign")
+        head = head_of(entries, "")
+        print(sign_result(proto, head["seq"], head["sha256"]))
     return 0
 
 

@@ -164,6 +164,12 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--format", choices=["csv", "parquet"], help="also export the per-run table")
             s.add_argument("--quiet", action="store_true", help="do not print the report")
             s.add_argument(
+                "--sign",
+                action="store_true",
+                help="sign the ledger head as tag result-<id> (kept as RESULT in the records folder) with "
+                "git's signing, as harness tag --sign signs; the audit verifies it with --allowed-signers",
+            )
+            s.add_argument(
                 "--beside",
                 metavar="FOLDER",
                 help="an earlier study's records folder (its summary.json): the page and report show "

@@ -28,7 +28,15 @@ from harness.packages import package_dirs
 from prereg.commands import refs_of
 from prereg.errors import RefusedError
 from prereg.records import canonical, sha256_bytes
-from prereg.tag import FREEZE_MARKER, frozen_trees, is_exempt, parse_manifest
+from prereg.tag import (
+    FREEZE_MARKER,
+    RESULT_FILE,
+    frozen_trees,
+    is_exempt,
+    parse_manifest,
+    parse_result,
+    result_message,
+)
 
 FORMAT = 1
 
@@ -231,11 +239,98 @@ def drift(repo: Path, tagged: dict[str, Any], current: dict[str, Any], tag_commi
 
 
 def _ignorable(path: str) -> bool:
-    """An ignored file that cannot change what runs: bytecode caches (a worker never reads the
-    repository's bytecode, see :mod:`harness.execute.launchers`) and top-level entries whose names
-    cannot be imported (``.venv``, ``.pytest_cache``, ``*.egg-info``)."""
+    """An ignored entry that cannot change what runs by itself: bytecode caches (each file is
+    checked by :func:`bytecode_problems`) and top-level entries whose names cannot be imported
+    (``.venv``, ``.pytest_cache``, ``*.egg-info``)."""
     parts = path.rstrip("/").split("/")
     return "__pycache__" in parts or not parts[0].isidentifier()
+
+
+def _is_bytecode(path: str) -> bool:
+    return "__pycache__" in path.split("/") or path.endswith((".pyc", ".pyo"))
+
+
+def faithful_cache(pyc: Path) -> bool:
+    """Whether ``pyc`` is what this interpreter compiles from its own source file: a cache Python
+    wrote, compared code object to code object (``marshal`` of the file against ``compile`` of the
+    source), whatever its header says. A cache for another interpreter (another ``cache_tag``) is
+    never read by this one and counts as faithful, and so does a stale cache Python would not read
+    (:func:`_stale`); a file that is not a cache named for a source file beside its folder (a
+    sourceless ``.pyc``, anything else in ``__pycache__``) does not."""
+    import importlib.util
+    import marshal
+    import sys
+
+    parts = pyc.name.split(".")
+    if pyc.parent.name != "__pycache__" or len(parts) not in (3, 4) or parts[-1] != "pyc":
+        return False
+    if parts[1] != sys.implementation.cache_tag:
+        return True
+    opt = (
+        parts[2][4:] if len(parts) == 4 and parts[2].startswith("opt-") else ("" if len(parts) == 3 else None)
+    )
+    if opt is None or (opt and not opt.isdigit()):
+        return False
+    source = pyc.parent.parent / f"{parts[0]}.py"
+    try:
+        data = pyc.read_bytes()
+        if data[:4] != importlib.util.MAGIC_NUMBER:
+            return False
+        if _stale(data, source):
+            return True  # Python compiles the source instead of reading this file
+        code = marshal.loads(data[16:])
+        fresh = compile(source.read_bytes(), str(source), "exec", dont_inherit=True, optimize=int(opt or 0))
+    except (OSError, ValueError, EOFError, TypeError, SyntaxError):
+        return False
+    return bool(code == fresh)
+
+
+def _stale(data: bytes, source: Path) -> bool:
+    """Whether Python, importing ``source``, would not read the cache ``data`` of it: a timestamp
+    cache whose recorded mtime or size is not the source's, or a checked-hash cache whose recorded
+    hash is not the source's (an unchecked-hash cache is read whatever it records)."""
+    import importlib.util
+
+    flags = int.from_bytes(data[4:8], "little")
+    if flags == 0:
+        st = source.stat()
+        return data[8:12] != (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") or data[12:16] != (
+            st.st_size & 0xFFFFFFFF
+        ).to_bytes(4, "little")
+    if flags == 3:
+        return data[8:16] != importlib.util.source_hash(source.read_bytes())
+    return False
+
+
+def bytecode_problems(repo: Path) -> list[str]:
+    """Bytecode inside the frozen entries that could run instead of the tagged source, each named:
+    any tracked ``.pyc`` or file under ``__pycache__`` (the freeze binds source, never bytecode),
+    and any untracked or ignored one that is not a faithful cache of its own source file
+    (:func:`faithful_cache`): an unchecked-hash or timestamp ``.pyc`` whose header matches the
+    source while its code does not is imported by Python without looking at the source. The
+    harness writes none (``sys.dont_write_bytecode``, ``python -B``, ``PYTHONDONTWRITEBYTECODE``)."""
+    out = []
+    tracked = set(gitutil.git(repo, "ls-files", "-z", check=False).stdout.split("\0"))
+    for path in sorted(p for p in tracked if p and not exempt(p.split("/", 1)[0]) and _is_bytecode(p)):
+        out.append(
+            f"{path}: bytecode tracked in a frozen folder (the freeze binds source, and Python can import "
+            f"this file instead of it): git rm --cached {path}, then commit"
+        )
+    for entry in sorted(os.listdir(repo)):
+        if exempt(entry) or not entry.isidentifier() or not (repo / entry).is_dir():
+            continue
+        for top, dirs, files in os.walk(repo / entry):
+            dirs.sort()
+            for name in sorted(files):
+                full = Path(top) / name
+                rel = full.relative_to(repo).as_posix()
+                if _is_bytecode(rel) and rel not in tracked and not faithful_cache(full):
+                    out.append(
+                        f"{rel}: bytecode in a frozen folder that is not the compilation of its own "
+                        f"source (planted, or left by another tool); Python could run it instead of the "
+                        f"source: remove it (rm {rel})"
+                    )
+    return out
 
 
 def uncommitted(repo: Path) -> list[str]:
@@ -285,13 +380,10 @@ def worktree_mismatches(repo: Path, rev: str) -> list[str]:
     for path, (mode, oid) in sorted(gitutil.tree_files(repo, rev).items()):
         if exempt(path.split("/", 1)[0]) or mode == "160000":  # a submodule is a commit, not bytes
             continue
-        disk = repo / path
-        try:
-            data = os.fsencode(os.readlink(disk)) if mode == "120000" else disk.read_bytes()
-        except OSError:
+        got = gitutil.disk_blob_id(repo / path, mode, fmt)
+        if got is None:
             out.append(f"{path}: tracked at {rev[:12]} but not readable in the working tree")
-            continue
-        if gitutil.blob_id(data, fmt) != oid:
+        elif got != oid:
             out.append(
                 f"{path}: its bytes on disk are not the committed blob although git may call it clean "
                 "(a filter, ident or line-ending conversion in the repository's attributes or config "
@@ -434,6 +526,7 @@ def check(proto: Any, plan_sha: str, runs: int) -> Frozen:
     problems = drift(repo, tagged, current, info.commit)
     problems += uncommitted(repo)
     problems += worktree_mismatches(repo, info.commit)
+    problems += bytecode_problems(repo)
     if problems:
         raise RefusedError(
             f"{proto.path}: the experiment frozen by {proto.tag_name} ({info.commit[:12]}) has drifted; nothing was "
@@ -470,7 +563,7 @@ def tag(proto: Any, sign: bool = False) -> tuple[gitutil.TagInfo, dict[str, Any]
         raise RefusedError(f"records already exist in {proto.records_path}; a tag must precede every outcome")
     runs = make_plan(proto)
     m = manifest(proto, plan_sha256(runs), len(runs), repo)
-    dirty = uncommitted(repo) + worktree_mismatches(repo, "HEAD")
+    dirty = uncommitted(repo) + worktree_mismatches(repo, "HEAD") + bytecode_problems(repo)
     if dirty:
         raise RefusedError(
             f"{proto.path}: the frozen folders have changes that are not committed; commit or remove "
@@ -513,3 +606,35 @@ def exempt_imports(root: Path, sources: list[Path]) -> list[str]:
                         f"{rel}:{node.lineno}: imports {name}, which lies in {top}/, exempt from the freeze"
                     )
     return out
+
+
+def sign_result(proto: Any, seq: int, sha: str) -> str:
+    """Sign the study's ledger head: a signed annotated tag ``result-<id>`` on the protocol tag's
+    commit whose message names the protocol, the freeze manifest's sha256 and the head
+    (:func:`prereg.tag.result_message`), made by git's own signing as ``harness tag --sign`` makes
+    the protocol tag (``gpg.format ssh``, ``user.signingkey``); its raw bytes are kept as
+    ``RESULT`` in the records folder, so a clone without tags carries it. A later head (a resumed
+    study) replaces both. The audit verifies it with the reader's ``--allowed-signers``, so the
+    reader needs no head published elsewhere. Returns what was done."""
+    repo = gitutil.toplevel(proto.path)
+    info = gitutil.tag_info(repo, proto.tag_name) if repo is not None else None
+    m = parse_manifest(info.message) if info is not None else None
+    if repo is None or info is None or m is None:
+        raise RefusedError(f"{proto.path}: no protocol tag {proto.tag_name} to sign a result of")
+    name = f"result-{proto.id}"
+    kept = proto.records_path / RESULT_FILE
+    old = parse_result(kept.read_bytes()) if kept.is_file() else None
+    if old is not None and (old["seq"], old["sha256"]) == (seq, sha) and gitutil.tag_info(repo, name):
+        return f"the ledger head seq {seq} is already signed as tag {name} ({kept})"
+    message = result_message(proto.id, manifest_sha256(m), seq, sha)
+    gitutil.create_tag(repo, name, message, sign=True, target=info.commit, force=True)
+    raw = gitutil.tag_object(repo, f"refs/tags/{name}")
+    if raw is None:  # pragma: no cover - git just created it
+        raise RefusedError(f"git did not create {name}")
+    from prereg.files import atomic_write
+
+    atomic_write(kept, raw, overwrite=True)
+    return (
+        f"signed the ledger head seq {seq} sha256 {sha} as tag {name} (kept as "
+        f"{proto.records_path / RESULT_FILE}; commit it with the records and push the tag)"
+    )

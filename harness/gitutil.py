@@ -106,6 +106,37 @@ def tree_files(repo: Path, rev: str) -> dict[str, tuple[str, str]]:
     return out
 
 
+def checkout_mismatches(repo: Path, where: Path, rev: str) -> list[str]:
+    """Every way the files of the checkout ``where`` differ from ``rev``'s tree, compared as git's
+    blob ids of their raw bytes (no filter, no conversion): a file changed, missing or added."""
+    fmt = object_format(repo)
+    tree = tree_files(repo, rev)
+    out = []
+    for path, (mode, oid) in sorted(tree.items()):
+        if mode == "160000":  # a submodule is a commit, not bytes
+            continue
+        got = disk_blob_id(where / path, mode, fmt)
+        if got != oid:
+            out.append(f"{path} missing" if got is None else f"{path} is not the committed blob")
+    for top, dirs, files in os.walk(where):
+        dirs[:] = [d for d in dirs if not (top == str(where) and d == ".git")]
+        for name in files:
+            rel = os.path.relpath(os.path.join(top, name), where).replace(os.sep, "/")
+            if rel != ".git" and rel not in tree:
+                out.append(f"{rel} is not in the commit")
+    return out
+
+
+def disk_blob_id(disk: Path, mode: str, fmt: str) -> str | None:
+    """Git's blob id of the raw bytes at ``disk`` (a symbolic link's target for mode 120000), as
+    git would store them with no filter or conversion; None when it cannot be read."""
+    try:
+        data = os.fsencode(os.readlink(disk)) if mode == "120000" else disk.read_bytes()
+    except OSError:
+        return None
+    return blob_id(data, fmt)
+
+
 def object_format(repo: Path) -> str:
     """The repository's object hash (``sha1``, or ``sha256`` for a SHA-256 repository)."""
     r = git(repo, "rev-parse", "--show-object-format", check=False)
@@ -149,10 +180,23 @@ def is_ancestor(repo: Path, ancestor: str, descendant: str = "HEAD") -> bool:
     return git(repo, "merge-base", "--is-ancestor", ancestor, descendant, check=False).returncode == 0
 
 
-def create_tag(repo: Path, name: str, message: str, sign: bool = False) -> None:
-    """An annotated tag on HEAD; with ``sign``, signed by git itself (``gpg.format`` ssh or openpgp,
-    ``user.signingkey``), so a reader verifies it against their own allowed signers."""
-    r = git(repo, "tag", "-s" if sign else "-a", name, "-m", message, "HEAD", check=False)
+def create_tag(
+    repo: Path, name: str, message: str, sign: bool = False, target: str = "HEAD", force: bool = False
+) -> None:
+    """An annotated tag on ``target`` (HEAD); with ``sign``, signed by git itself (``gpg.format`` ssh
+    or openpgp, ``user.signingkey``), so a reader verifies it against their own allowed signers;
+    with ``force``, replacing a tag of that name."""
+    r = git(
+        repo,
+        "tag",
+        "-s" if sign else "-a",
+        *(["-f"] if force else []),
+        name,
+        "-m",
+        message,
+        target,
+        check=False,
+    )
     if (
         r.returncode == 0
         and sign

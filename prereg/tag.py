@@ -115,6 +115,40 @@ def parse_time(stamp: object) -> float | None:
 
 
 TAG_FILE = "TAG"
+#: The signed result tag's raw bytes, kept in the records folder (``harness.freeze.sign_result``).
+RESULT_FILE = "RESULT"
+#: The first line of a result tag's message; the fields follow, one ``key value`` a line.
+RESULT_TITLE = "ledger head of protocol-"
+
+
+def result_message(pid: str, freeze: str, seq: int, sha: str) -> str:
+    """A signed result tag's message: the protocol, its freeze manifest's sha256 and the head."""
+    return f"{RESULT_TITLE}{pid}: seq {seq}\n\nprotocol {pid}\nfreeze {freeze}\nseq {seq}\nsha256 {sha}\n"
+
+
+def parse_result(raw: bytes) -> dict[str, Any] | None:
+    """A result tag object's fields (``protocol``, ``freeze``, ``seq``, ``sha256``, and ``tag``, its
+    name), or None when it is not one."""
+    header, _, body = raw.decode("utf-8", "replace").partition("\n\n")
+    if not re.match(r"object [0-9a-f]{40,64}\ntype commit\ntag result-\S+\n", header + "\n"):
+        return None
+    fields = dict(
+        line.split(" ", 1) for line in body.splitlines() if " " in line and not line.startswith("-")
+    )
+    tag = header.split("\n")[2][4:]
+    try:
+        seq = int(fields["seq"])
+    except (KeyError, ValueError):
+        return None
+    if not re.fullmatch(r"[0-9a-f]{64}", fields.get("sha256", "")) or not body.startswith(RESULT_TITLE):
+        return None
+    return {
+        "tag": tag,
+        "protocol": fields.get("protocol"),
+        "freeze": fields.get("freeze"),
+        "seq": seq,
+        "sha256": fields["sha256"],
+    }
 
 
 def stored_tag(directory: str | None) -> tuple[str, bytes] | None:

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, harness, hydrated, init_study, private_copy, record_dicts, tiny_protocol, typed
 
+from audit.cli import NOT_VERIFIED
 from harness.ledger import load_entries
 from prereg.records import SCHEMA_VERSION, load_started
 
@@ -239,16 +240,16 @@ def test_kill_between_record_and_manifest_is_repaired(tmp_path):
         st.stderr
     )
     a = audit(repo)
-    assert a.returncode == 0, a.stdout
+    assert a.returncode == NOT_VERIFIED, a.stdout
     p = start(repo, HARNESS_TEST_KILL_AT="manifest:6")  # a later record, written by the resumed runner
     p.communicate(timeout=600)
     assert audit(repo).returncode == 1
     rep = harness(repo, "report", PROTO, "--quiet")
     assert rep.returncode == 0 and "MANIFEST reconciled" in rep.stderr, rep.stderr
-    assert audit(repo).returncode == 0
+    assert audit(repo).returncode == NOT_VERIFIED
     r = harness(repo, "run", PROTO, "--quiet")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert audit(repo).returncode == 0
+    assert audit(repo).returncode == NOT_VERIFIED
     seqs = [e["ledger"]["seq"] for e in load_entries(repo / RECS)]
     assert seqs == list(range(1, len(seqs) + 1))
 
@@ -443,7 +444,7 @@ def test_records_written_before_started_entries_still_audit(done_copy):
     (repo / RECS / "MANIFEST").write_text(json.dumps(m))
     assert harness(repo, "report", PROTO, "--quiet").returncode == 0
     a = audit(repo)
-    assert a.returncode == 0, a.stdout
+    assert a.returncode == NOT_VERIFIED, a.stdout
     assert "0 started entries" in a.stdout
     st = harness(repo, "status", PROTO)
     assert st.returncode == 0 and "ledger head: seq 4" in st.stdout and "MANIFEST reconciled" not in st.stderr

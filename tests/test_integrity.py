@@ -19,6 +19,7 @@ import pytest
 import yaml
 from conftest import ROOT, edit_record, git, harness, private_copy, record_dicts, tiny_protocol, typed
 
+from audit.cli import NOT_VERIFIED
 from harness.ledger import head_of, load_entries, write_manifest
 from harness.plan import make_plan, plan_sha256
 from harness.protocol import load_protocol
@@ -118,7 +119,7 @@ def seq_of(path: Path) -> int:
 
 def test_intact_study_passes_and_records_bind_the_tag(study):
     r = audit(study)
-    assert r.returncode == 0, r.stdout
+    assert r.returncode == NOT_VERIFIED, r.stdout
     assert "Integrity: everything matched." in r.stdout and "INCOMPLETE" not in r.stdout
     for check in ("ledger chain", "plan recomputed from the protocol", "tag freezes the experiment"):
         assert any(line.startswith(check) and "ok:" in line for line in r.stdout.splitlines()), check
@@ -145,7 +146,7 @@ def test_intact_study_passes_and_records_bind_the_tag(study):
     assert all(x["protocol"]["freeze_sha256"] == freeze for x in entries)
     st = harness(study, "status", PROTO)
     assert f"ledger head: seq 12 sha256 {recs[-1]['sha256']}" in st.stdout
-    assert audit(study, "--head", f"12:{recs[-1]['sha256']}").returncode == 0
+    assert audit(study, "--head", f"12:{recs[-1]['sha256']}").returncode == NOT_VERIFIED
 
 
 def test_the_protocol_is_stored_once_per_study_and_bound_by_every_record(study):
@@ -371,7 +372,7 @@ def test_stopped_study_is_incomplete_not_broken(study):
     assert md.splitlines()[0] == "**INCOMPLETE: 2 of 6 planned runs have no ok record.**"
     assert "not reached (incomplete: 2 of 6 planned runs have no ok record)" in md
     a = audit(study)
-    assert a.returncode == 0, a.stdout
+    assert a.returncode == NOT_VERIFIED, a.stdout
     assert "INCOMPLETE: 2 of 6 planned runs have no ok record" in a.stdout
     assert "pairs / tiny_conv / native: planned 3, ok 2, failed 0, interrupted 0, missing 1" in a.stdout
 
@@ -393,7 +394,7 @@ def test_budget_stop_is_explained(tmp_path):
     assert again.returncode == 3 and "This is the preregistered study's result" in again.stdout
     assert len(list((repo / RECS).glob("*.record.json"))) == 2
     a = audit(repo)
-    assert a.returncode == 0 and "STOPPED BY THE BUDGET RULE" in a.stdout, a.stdout
+    assert a.returncode == NOT_VERIFIED and "STOPPED BY THE BUDGET RULE" in a.stdout, a.stdout
 
 
 def test_budget_stop_decisions_are_made_and_say_so(done_study):

@@ -22,6 +22,8 @@ import torch
 from conftest import harness, init_study, record_dicts, tiny_protocol
 from safetensors.torch import load_file
 
+from audit.cli import NOT_VERIFIED
+
 pytestmark = pytest.mark.long
 
 PROTO = "protocols/tiny.yaml"
@@ -79,7 +81,7 @@ def test_a_tagged_lockstep_study_runs_reports_and_audits(studies):
         text=True,
         timeout=600,
     )
-    assert audit.returncode == 0, audit.stdout + audit.stderr
+    assert audit.returncode == NOT_VERIFIED, audit.stdout + audit.stderr
     assert "plan recomputed from the protocol" in audit.stdout and "summary.json recomputed" in audit.stdout
 
 

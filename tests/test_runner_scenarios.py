@@ -24,6 +24,7 @@ from conftest import ROOT, harness, init_study, record_dicts, tiny_protocol
 from fake_trainer import FakeTrainer
 from filelock import FileLock
 
+from audit.cli import NOT_VERIFIED
 from harness.cliargs import RUN_BUDGET_STOP, RUN_COMPLETE, RUN_FAILED_RUNS, RUN_NOT_DONE
 from harness.clirun import Terminated, report, run_ending
 from harness.execute.inprocess import InProcessExecutor
@@ -99,7 +100,7 @@ def test_a_complete_run_shows_progress_exits_0_and_a_resume_runs_nothing(tmp_pat
     row = json.loads(st.stdout)["rows"][0]
     assert row["done"] == 4 and row["pending"] == 0
     a = audit(repo)
-    assert a.returncode == 0, a.stdout + a.stderr
+    assert a.returncode == NOT_VERIFIED, a.stdout + a.stderr
 
 
 def test_a_budget_stop_is_a_result_with_its_report_and_stops_again_the_same_way(tmp_path):
@@ -121,7 +122,7 @@ def test_a_budget_stop_is_a_result_with_its_report_and_stops_again_the_same_way(
     code, message = run(repo, fake)
     assert code == RUN_BUDGET_STOP and "2 of 4 runs done, 2 not started" in message and not fake.calls
     a = audit(repo)
-    assert a.returncode == 0 and "STOPPED BY THE BUDGET RULE" in a.stdout, a.stdout + a.stderr
+    assert a.returncode == NOT_VERIFIED and "STOPPED BY THE BUDGET RULE" in a.stdout, a.stdout + a.stderr
 
 
 def test_units_another_runner_holds_end_not_done_without_a_report(tmp_path):
@@ -149,7 +150,7 @@ def test_failing_runs_are_recorded_and_counted_not_dropped(tmp_path):
     assert all(f"deliberate failure of {x['spec']['run_id']}" in x["reason"] for x in failed)
     summary = json.loads((repo / RECS / "summary.json").read_text())
     assert summary["records"]["failed"] == 2 and len(summary["runs"]) == 4 and len(summary["exclusions"]) == 2
-    assert audit(repo).returncode == 0
+    assert audit(repo).returncode == NOT_VERIFIED
 
 
 def test_retry_reruns_whole_units_in_plan_order_up_to_max_attempts(tmp_path):
@@ -278,7 +279,7 @@ def test_a_manifest_behind_the_chain_is_reconciled_and_an_edited_record_is_not(t
         st.stderr
     )
     a = audit(repo)
-    assert a.returncode == 0, a.stdout
+    assert a.returncode == NOT_VERIFIED, a.stdout
     rec = sorted((repo / RECS).glob("*.record.json"))[0]
     rec.write_text(rec.read_text().replace('"status":"ok"', '"status":"failed"'))
     st = harness(repo, "status", PROTO)

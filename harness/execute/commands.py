@@ -79,7 +79,7 @@ class _Proc:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-def _checkout(spec: RunSpec, root: Path, work: Path, keep: list[Path]) -> Path:
+def ref_checkout(spec: RunSpec, root: Path, work: Path, keep: list[Path]) -> Path:
     """The folder the command's ``cwd`` is relative to: the study's root, or a clean worktree of
     the arm's ref in the run's work folder (appended to ``keep``, removed after the run; one a
     killed attempt left is removed before the next)."""
@@ -96,10 +96,29 @@ def _checkout(spec: RunSpec, root: Path, work: Path, keep: list[Path]) -> Path:
     if where.exists():  # left by an attempt whose worker was killed: remove it first
         _remove(root, where)
     gitutil.git(repo, "worktree", "prune", check=False)
-    got = gitutil.git(repo, "worktree", "add", "--detach", "--quiet", str(where), ref, check=False)
+    # no hook runs (a post-checkout hook could edit the checkout after git wrote it)
+    got = gitutil.git(
+        repo,
+        "-c",
+        "core.hooksPath=/dev/null",
+        "worktree",
+        "add",
+        "--detach",
+        "--quiet",
+        str(where),
+        ref,
+        check=False,
+    )
     if got.returncode != 0:
         raise EvidenceError(f"ref {ref}: git worktree add failed: {got.stderr.strip()[-300:]}")
     keep.append(where)
+    wrong = gitutil.checkout_mismatches(repo, where, ref)
+    if wrong:
+        raise EvidenceError(
+            f"ref {ref[:12]}: the checkout in {where} is not the commit's tree ({'; '.join(wrong[:3])}"
+            f"{'; ...' if len(wrong) > 3 else ''}): a hook, filter or another process changed it, so the "
+            "command did not run"
+        )
     return where
 
 
@@ -110,7 +129,9 @@ def _remove(root: Path, where: Path) -> None:
     shutil.rmtree(where, ignore_errors=True)
 
 
-def _environment(spec: RunSpec, out: Path) -> dict[str, str]:
+def command_environment(spec: RunSpec, out: Path) -> dict[str, str]:
+    """The command's environment: the allow-listed variables, the protocol's threads, the arm's
+    ``env``, the reporter file, unbuffered output and no bytecode written."""
     assert spec.command is not None
     env = {k: v for k, v in os.environ.items() if k in ALLOWED or k.startswith("LC_")}
     if spec.threads is not None:
@@ -120,6 +141,7 @@ def _environment(spec: RunSpec, out: Path) -> dict[str, str]:
     if spec.planted:  # a planted candidate: its reporter runs the plant in each step
         env[ENV_PLANT] = json.dumps(dict(spec.planted), sort_keys=True)
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # a command writes no bytecode the next run could read
     return env
 
 
@@ -150,12 +172,12 @@ def _prepare(job: Job, work: Path, root: Path, keep: list[Path]) -> _Proc:
         p.unlink(missing_ok=True)
     proc = _Proc(spec, job.attempt, [], root, {}, out, log)
     try:
-        cwd = _checkout(spec, root, work, keep) / spec.command.get("cwd", ".")
+        cwd = ref_checkout(spec, root, work, keep) / spec.command.get("cwd", ".")
         if not cwd.is_dir():
             raise EvidenceError(
                 f"the working directory {spec.command.get('cwd')!r} is not a folder of the checkout"
             )
-        proc.cwd, proc.argv, proc.env = cwd, _argv(spec, out), _environment(spec, out)
+        proc.cwd, proc.argv, proc.env = cwd, _argv(spec, out), command_environment(spec, out)
         if (
             shutil.which(proc.argv[0], path=proc.env.get("PATH")) is None
             and not Path(cwd, proc.argv[0]).is_file()

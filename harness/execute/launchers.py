@@ -141,8 +141,9 @@ runpy.run_module("harness.execute.worker", run_name="__main__", alter_sys=True)
 
 
 def worker_command(*args: str) -> list[str]:
-    """``python -I`` with hash-based bytecode always checked, running :data:`BOOT`."""
-    return [sys.executable, "-I", "--check-hash-based-pycs", "always", "-c", BOOT, *args]
+    """``python -I -B`` (no bytecode written) with hash-based bytecode always checked, running
+    :data:`BOOT`."""
+    return [sys.executable, "-I", "-B", "--check-hash-based-pycs", "always", "-c", BOOT, *args]
 
 
 class Spawn:

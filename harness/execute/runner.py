@@ -199,6 +199,8 @@ class Runner:
             host=self.host,
         )
         self._starts[(spec.run_id, attempt)] = self.ledger.append_started(entry)
+        # anchored before its worker starts: deleting an unfinished attempt's entry is then named
+        self.push_anchor()
 
     def finished(
         self, spec: RunSpec, attempt: int, outcome: Outcome, node: dict[str, Any] | None = None
@@ -501,6 +503,19 @@ class Runner:
         if raw is not None and (not path.exists() or path.read_bytes() != raw):
             atomic_write(path, raw, overwrite=True)
 
+    def _sign_result(self) -> None:
+        """Every unit done, under a signed protocol tag: sign the ledger head the same way
+        (:func:`harness.freeze.sign_result`); a failure is said, and ``harness report --sign``
+        signs it later."""
+        raw = gitutil.tag_object(self.root, self.frozen.tag_object) if self.frozen.tag_object else None
+        if raw is None or b"-----BEGIN " not in raw:
+            return
+        head = self.ledger.head()
+        try:
+            self.echo(freeze.sign_result(self.proto, head["seq"], head["sha256"]))
+        except HarnessError as e:
+            self.echo(f"  result: WARNING: the ledger head was not signed: {e}")
+
     def run(self) -> RunEnd:
         """Work through the plan; returns how it ended."""
         proto = self.proto
@@ -560,6 +575,8 @@ class Runner:
         left = sum(n for _, n in todos)
         failed = sum(1 for s in self.runs if (st := states.get(s.run_id)) is not None and st.last == "failed")
         held = sum(n for unit, n in todos if n and claimed(proto, unit))
+        if not left and not held:
+            self._sign_result()
         return RunEnd(
             held_elsewhere=held,
             planned=sum(len(u) for u in self._units),

@@ -1,0 +1,418 @@
+"""The reader holds only the maintainers' keys (issue 50): the auditor taken from the signed tag and
+never from bytecode, signed result heads and one NOT VERIFIED status, no planted bytecode in the
+runner, ref checkouts made without hooks and checked against the ref's tree, and the started entry
+anchored before its worker starts. Each attack is driven as an attacker would, through the CLI and
+the public audit, in a scratch repository (a copy of a tagged, complete study, or a fresh one)."""
+
+from __future__ import annotations
+
+import os
+import py_compile
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+from io import BytesIO
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import git, harness, private_copy, tiny_protocol
+from test_integrity import PROTO, RECS, audit, chain
+from test_provenance import refused, reseal_all, signed_study, ssh_key
+
+from audit.cli import NOT_VERIFIED
+from harness.freeze import bytecode_problems, faithful_cache
+from prereg.records import read_entry
+
+CACHE = f"cli.{sys.implementation.cache_tag}.pyc"
+
+
+@pytest.fixture
+def study(tagged_done_study: Path, tmp_path: Path) -> Path:
+    return private_copy(tagged_done_study, tmp_path / "copy")
+
+
+def own_audit(repo: Path, *args: str, where: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """The audit program the repository holds (or ``where`` holds), run as the README runs it."""
+    script = (where or repo) / "analysis" / "public_audit.py"
+    return subprocess.run(
+        [sys.executable, "-I", "-S", "-B", str(script), RECS, *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def plant(source: Path, cache: Path, edit) -> None:
+    """An unchecked-hash ``.pyc`` at ``cache`` of ``source`` doctored by ``edit`` (Python loads it
+    without looking at the source)."""
+    doctored = cache.parent / "doctored.py"
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    doctored.write_text(edit(source.read_text()))
+    py_compile.compile(
+        str(doctored),
+        cfile=str(cache),
+        dfile=str(source),
+        doraise=True,
+        invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+    )
+    doctored.unlink()
+
+
+def passing_main(text: str) -> str:
+    """audit/cli.py whose main says everything matched and exits 0."""
+    return text.replace(
+        "def main(argv: list[str]) -> int:\n",
+        "def main(argv: list[str]) -> int:\n    print('Integrity: everything matched.')\n    return 0\n",
+        1,
+    )
+
+
+def halve_training(r: dict) -> None:
+    if r.get("status") == "ok":
+        r["timings"]["training_s"] /= 2
+
+
+# -- 1. the auditor is source, from the signed tag -----------------------------------------------------
+
+
+def test_doctored_audit_bytecode_is_never_read_and_refused_when_tracked(study, tmp_path):
+    """Issue 50, case 1: a forged, resealed study fails; a doctored ``audit/cli.py`` planted as an
+    unchecked-hash ``.pyc`` (every ``.py`` byte-identical) is never read in a checkout, and once
+    tracked (``git add -f``), a fresh clone's audit refuses to run, naming it."""
+    last = read_entry(chain(study)[-1])
+    genuine = f"{last['ledger']['seq']}:{last['sha256']}"
+    reseal_all(study, halve_training)
+    assert own_audit(study, "--head", genuine).returncode == 1
+    cache = study / "audit" / "__pycache__" / CACHE
+    plant(study / "audit" / "cli.py", cache, passing_main)
+    a = own_audit(study, "--head", genuine)
+    assert a.returncode == 1 and "problem(s)" in a.stdout, a.stdout[-2000:]  # compiled from source
+    git(study, "add", "-A")
+    git(study, "add", "-f", str(cache.relative_to(study)))
+    git(study, "commit", "-qm", "records")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(study), str(clone)], check=True)
+    assert (clone / "audit" / "__pycache__" / CACHE).is_file()
+    a = own_audit(clone, "--head", genuine)
+    assert a.returncode == 1, a.stdout
+    assert f"audit/__pycache__/{CACHE}" in a.stdout and "not Python source" in a.stdout
+    assert "everything matched" not in a.stdout
+
+
+def test_an_extracted_audit_refuses_any_file_that_is_not_source(study, tmp_path):
+    """The audit taken with ``git archive`` (no git checkout around it) refuses bytecode inside its
+    own packages, whether or not git tracked it."""
+    fresh = extract(study, "protocol-tiny", tmp_path / "fresh")
+    ok = own_audit(study, where=fresh)
+    assert ok.returncode == NOT_VERIFIED and "Integrity: everything matched." in ok.stdout, ok.stdout[-2000:]
+    assert not list(fresh.rglob("__pycache__"))  # -B: the audit wrote no bytecode
+    plant(fresh / "audit" / "cli.py", fresh / "audit" / "__pycache__" / CACHE, passing_main)
+    a = own_audit(study, where=fresh)
+    assert a.returncode == 1 and f"audit/__pycache__/{CACHE}" in a.stdout, a.stdout
+
+
+# -- 2. signed result heads; exit 0 only with the reader's own keys -----------------------------------
+
+
+def extract(repo: Path, rev: str, fresh: Path) -> Path:
+    """``git archive REV | tar -x -C FRESH``: the tree of ``rev``, outside the repository."""
+    shutil.rmtree(fresh, ignore_errors=True)
+    fresh.mkdir()
+    archive = subprocess.run(["git", "archive", rev], cwd=repo, capture_output=True, check=True)
+    tarfile.open(fileobj=BytesIO(archive.stdout)).extractall(fresh)
+    return fresh
+
+
+def _verify(clone: Path, fresh: Path, signers: Path | str | None) -> subprocess.CompletedProcess[str]:
+    """docs/provenance.md, "Verifying a study", command by command: the protocol tag kept with the
+    records made an object again, its signature verified with the reader's keys, the audit taken
+    from its tree and run with those keys."""
+    obj = (
+        subprocess.run(
+            ["git", "mktag"],
+            cwd=clone,
+            input=(clone / RECS / "TAG").read_bytes(),
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .strip()
+    )
+    if signers is not None:
+        v = subprocess.run(
+            ["git", "-c", f"gpg.ssh.allowedSignersFile={signers}", "verify-tag", obj],
+            cwd=clone,
+            capture_output=True,
+            text=True,
+        )
+        if v.returncode != 0:
+            return v
+    extract(clone, obj, fresh)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            "-B",
+            str(fresh / "analysis" / "public_audit.py"),
+            RECS,
+            *(["--allowed-signers", str(signers)] if signers is not None else []),
+        ],
+        cwd=clone,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.process
+def test_the_verification_recipe_from_a_fresh_clone_passes_only_with_outside_keys(tmp_path):
+    """Issue 50, cases 1 and 7: the study's run signs its ledger head; a fresh clone verifies with
+    the recipe (the tags' signatures, then the audit from the signed tag) and exits 0 only with the
+    reader's own keys. No roots, the repository's signers file, or a byte copy of it: exit 3, the
+    same status. A forgery resealed and signed again by another key: exit 1."""
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("ssh-keygen is not installed")
+    key, forger = tmp_path / "key", tmp_path / "forger"
+    pub, forged_pub = ssh_key(key), ssh_key(forger)
+    r = signed_study(
+        tmp_path / "study",
+        (("gpg.format", "ssh"), ("user.signingkey", str(key))),
+        signers=f'maintainers@example.invalid namespaces="git" {pub}',
+    )
+    assert (r / RECS / "RESULT").is_file() and "result-tiny" in git(r, "tag", "-l")
+    git(r, "add", "-A")
+    git(r, "commit", "-qm", "records")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(r), str(clone)], check=True)
+    mine = tmp_path / "trusted" / "allowed_signers"  # the reader's own file: their own principal name
+    mine.parent.mkdir()
+    mine.write_text(f"release-keys {pub}")
+    fresh = tmp_path / "fresh"
+    ok = _verify(clone, fresh, mine)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "Verified: each study's protocol tag and ledger head are signed by keys of" in ok.stdout
+    assert "good SSH signature by release-keys" in ok.stdout
+    none = _verify(clone, fresh, None)
+    assert none.returncode == NOT_VERIFIED and "NOT VERIFIED" in none.stdout, none.stdout[-2000:]
+    assert "the protocol tag's signature is not verified" in none.stdout
+    inside = _verify(clone, fresh, "protocols/allowed_signers")
+    assert inside.returncode == NOT_VERIFIED and inside.stdout.startswith("TRUST ROOTS FROM THE REPOSITORY")
+    copy = tmp_path / "copied_signers"
+    shutil.copy(clone / "protocols" / "allowed_signers", copy)
+    copied = _verify(clone, fresh, copy)
+    assert copied.returncode == NOT_VERIFIED and "holds the same bytes as" in copied.stdout, copied.stdout
+    git(clone, "rm", "-q", "protocols/allowed_signers")  # a copy of a file on another branch or commit
+    git(clone, "commit", "-qm", "drop")
+    elsewhere = _verify(clone, fresh, copy)
+    assert elsewhere.returncode in (1, NOT_VERIFIED) and "an object in its git history" in elsewhere.stdout
+    git(clone, "reset", "-q", "--hard", "HEAD~1")
+    # the forgery: training_s halved, resealed, the head signed again by the forger's key
+    reseal_all(clone, halve_training)
+    git(clone, "config", "gpg.format", "ssh")
+    git(clone, "config", "user.signingkey", str(forger))
+    assert harness(clone, "report", PROTO, "--quiet", "--sign").returncode == 0
+    forged = _verify(clone, fresh, None)  # without keys: the forgery agrees with itself, not verified
+    assert forged.returncode == NOT_VERIFIED, forged.stdout[-2000:]
+    bad = subprocess.run(
+        [sys.executable, "-I", "-S", "-B", str(fresh / "analysis" / "public_audit.py"), RECS]
+        + ["--allowed-signers", str(mine)],
+        cwd=clone,
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 1 and "RESULT: its signature does not verify against" in bad.stdout, bad.stdout
+    assert forged_pub not in mine.read_text()
+
+
+@pytest.mark.process
+def test_a_head_short_of_the_chain_is_not_vouched(tmp_path):
+    """A signed head that the chain has grown past (a later run appended) vouches for nothing after
+    it; an edited RESULT naming another head is named."""
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("ssh-keygen is not installed")
+    key = tmp_path / "key"
+    pub = ssh_key(key)
+    r = signed_study(tmp_path / "study", (("gpg.format", "ssh"), ("user.signingkey", str(key))))
+    mine = tmp_path / "mine"
+    mine.write_text(f"reader {pub}")
+    assert audit(r, "--allowed-signers", str(mine)).returncode == 0
+    kept = (r / RECS / "RESULT").read_bytes()
+    last = read_entry(chain(r)[-1])
+    n, head = last["ledger"]["seq"], last["sha256"]
+    (r / RECS / "RESULT").write_bytes(kept.replace(head.encode(), b"0" * 64))
+    a = audit(r, "--allowed-signers", str(mine))
+    assert a.returncode == 1 and "history was rewritten after it was signed" in a.stdout, a.stdout
+    (r / RECS / "RESULT").write_bytes(kept)
+    prev = read_entry(chain(r)[-2])
+    (r / RECS / "RESULT").unlink()
+    git(r, "tag", "-d", "result-tiny")
+    from harness.freeze import sign_result
+    from harness.protocol import load_protocol
+
+    cwd = os.getcwd()
+    os.chdir(r)
+    try:
+        sign_result(load_protocol(r / PROTO), prev["ledger"]["seq"], prev["sha256"])
+    finally:
+        os.chdir(cwd)
+    short = audit(r, "--allowed-signers", str(mine))
+    assert short.returncode == NOT_VERIFIED, short.stdout
+    assert f"the signed result head is seq {n - 1}, but the chain goes on to seq {n}" in short.stdout
+
+
+# -- 3. no bytecode in the runner, no hooks in ref checkouts -----------------------------------------
+
+
+def test_planted_runner_bytecode_is_refused_before_a_run_and_a_faithful_cache_is_not(study):
+    """Issue 50, case 3: an unchecked-hash ``.pyc`` of ``harness/ledger.py`` that halves
+    ``training_s`` before sealing (``git status`` clean: ``__pycache__`` is ignored) is refused by
+    ``harness run``, naming it; the cache Python itself writes of the same source is not."""
+    source = study / "harness" / "ledger.py"
+    cache = study / "harness" / "__pycache__" / f"ledger.{sys.implementation.cache_tag}.pyc"
+    py_compile.compile(str(source), cfile=str(cache), dfile=str(source), doraise=True)
+    assert faithful_cache(cache) and bytecode_problems(study) == []
+    plant(source, cache, lambda t: t + "\n\ndef _doctored():\n    return 0.5\n")
+    assert not faithful_cache(cache)
+    assert git(study, "status", "--porcelain", "--untracked-files=all", "--", "harness") == ""
+    refused(study, f"harness/__pycache__/{cache.name}: bytecode in a frozen folder that is not")
+    sourceless = study / "harness" / "ledger.pyc"  # imported when ledger.py is gone
+    cache.unlink()
+    py_compile.compile(str(source), cfile=str(sourceless), doraise=True)
+    assert any(p.startswith("harness/ledger.pyc: bytecode") for p in bytecode_problems(study))
+
+
+@pytest.mark.parametrize("mode", list(py_compile.PycInvalidationMode), ids=lambda m: m.name)
+def test_a_cache_is_judged_by_its_code_not_its_header(tmp_path, mode):
+    """Each kind of ``.pyc`` Python writes passes when it is the source's compilation, and fails
+    with its header kept and another source's code behind it; a stale cache that Python would not
+    read (the source edited since) passes."""
+    source = tmp_path / "m.py"
+    source.write_text("x = 1\n")
+    cache = tmp_path / "__pycache__" / f"m.{sys.implementation.cache_tag}.pyc"
+    py_compile.compile(str(source), cfile=str(cache), invalidation_mode=mode, doraise=True)
+    assert faithful_cache(cache)
+    other = tmp_path / "other.py"
+    other.write_text("x = 2\n")
+    py_compile.compile(str(other), cfile=str(tmp_path / "o.pyc"), invalidation_mode=mode, doraise=True)
+    cache.write_bytes(cache.read_bytes()[:16] + (tmp_path / "o.pyc").read_bytes()[16:])
+    assert not faithful_cache(cache)
+    if mode is not py_compile.PycInvalidationMode.UNCHECKED_HASH:
+        source.write_text("x = 3  # edited since\n")
+        assert faithful_cache(cache)  # stale: Python compiles the source instead
+
+
+def test_tracked_bytecode_is_refused_before_tag(study):
+    """A ``.pyc`` committed with ``git add -f`` inside a frozen folder: ``harness tag`` of a new
+    protocol refuses, naming it."""
+    cache = study / "harness" / "__pycache__" / f"ledger.{sys.implementation.cache_tag}.pyc"
+    py_compile.compile(str(study / "harness" / "ledger.py"), cfile=str(cache), doraise=True)
+    (study / "protocols" / "tiny2.yaml").write_text(tiny_protocol(id="tiny2", prereg="true", steps=6))
+    git(study, "add", "-f", "protocols/tiny2.yaml", str(cache.relative_to(study)))
+    git(study, "commit", "-qm", "bytecode")
+    t = harness(study, "tag", "protocols/tiny2.yaml")
+    assert t.returncode == 2, t.stdout + t.stderr
+    assert f"harness/__pycache__/{cache.name}: bytecode tracked in a frozen folder" in t.stderr
+
+
+def test_workers_and_commands_write_no_bytecode():
+    from harness.execute.commands import command_environment
+    from harness.execute.launchers import worker_command
+
+    assert worker_command()[1:3] == ["-I", "-B"]
+    spec = SimpleNamespace(command={"command": ["python", "x.py"]}, threads=None)
+    assert command_environment(spec, Path("out.json"))["PYTHONDONTWRITEBYTECODE"] == "1"  # type: ignore[arg-type]
+    import harness  # noqa: F401 - the CLI's package
+
+    assert sys.dont_write_bytecode
+
+
+def _two_commits(repo: Path) -> str:
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "user.email", "t@example.invalid")
+    git(repo, "config", "user.name", "T")
+    (repo / "train.py").write_text("print('baseline')\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "one")
+    return git(repo, "rev-parse", "HEAD").strip()
+
+
+def test_a_post_checkout_hook_does_not_rewrite_a_ref_checkout(tmp_path):
+    """Issue 50, case 5: an untracked ``.git/hooks/post-checkout`` that edits the candidate's
+    script after ``git worktree add`` never runs; a smudge filter that changes it is caught by the
+    blob-by-blob comparison and fails the run with its reason."""
+    from harness.execute.commands import ref_checkout
+    from prereg.evidence import EvidenceError
+
+    repo = tmp_path / "repo"
+    ref = _two_commits(repo)
+    hook = repo / ".git" / "hooks" / "post-checkout"
+    hook.write_text("#!/bin/sh\necho 'import time; time.sleep = lambda s: None' >> train.py\n")
+    hook.chmod(0o755)
+    spec = SimpleNamespace(command={"ref": ref}, run_id="r1")
+    keep: list[Path] = []
+    where = ref_checkout(spec, repo, tmp_path / "work", keep)  # type: ignore[arg-type]
+    assert (where / "train.py").read_text() == "print('baseline')\n"
+    (repo / ".git" / "info").mkdir(exist_ok=True)
+    (repo / ".git" / "info" / "attributes").write_text("*.py filter=evil\n")
+    git(repo, "config", "filter.evil.smudge", "sed s/baseline/candidate/")
+    with pytest.raises(EvidenceError, match="train.py is not the committed blob"):
+        ref_checkout(spec, repo, tmp_path / "work", keep)  # type: ignore[arg-type]
+
+
+# -- 5. the started entry anchored before its worker starts --------------------------------------------
+
+
+@pytest.mark.process
+def test_a_deleted_unfinished_attempt_is_named_under_anchor(tmp_path):
+    """Issue 50, case 6: ``harness run --anchor`` killed while its first worker runs; its started
+    entry (the chain's tail, no reseal needed) deleted and the study resumed: the audit with
+    ``--anchor`` names the anchored head the records no longer hold."""
+    from test_attempts import alive, running_worker, wait_for
+
+    from prereg.records import entry_files
+
+    remote = tmp_path / "anchor.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(remote)], check=True)
+    from test_integrity import make_study
+
+    repo = make_study(tmp_path, text=tiny_protocol(prereg="true", steps=100))
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "run",
+            PROTO,
+            "--quiet",
+            "--no-report",
+            "--anchor",
+            str(remote),
+        ],
+        cwd=repo,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    _, pid = wait_for(lambda: running_worker(repo), what="a running worker")
+    assert alive(pid)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    wait_for(lambda: not alive(pid), timeout=30, what="the worker to die with its runner")
+    (tail,) = entry_files(repo / RECS)
+    assert tail.name.endswith(".started.json")
+    assert "seq 1" in git(remote, "log", "--format=%s", "refs/ledger/protocol-tiny")
+    tail.unlink()
+    (repo / RECS / "MANIFEST").unlink(missing_ok=True)
+    shutil.rmtree(repo / "runs")
+    r = harness(repo, "run", PROTO, "--quiet", "--no-report", "--anchor", str(remote))
+    assert r.returncode == 0, r.stdout + r.stderr
+    a = audit(repo, "--anchor", str(remote))
+    assert a.returncode == 1, a.stdout
+    assert "anchored head seq 1" in a.stdout and "history was rewritten after it was anchored" in a.stdout
