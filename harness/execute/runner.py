@@ -506,6 +506,8 @@ class Runner:
         restored = freeze.restore_tag(proto)
         if restored:
             self.echo(restored)
+        if proto.defaults_note():
+            self.echo(str(proto.defaults_note()))
         self.frozen = freeze.check(proto, self.plan_sha, len(self.runs))
         if proto.torch_version and not self.allow_torch_mismatch:
             import torch
