@@ -21,7 +21,16 @@ from typing import Any
 
 from prereg.attempts import Completeness
 from prereg.descriptive import reduction
-from prereg.hypotheses import Family, Hypothesis, Pair, PairRow, bounds, test_of, values_of
+from prereg.hypotheses import (
+    Family,
+    Hypothesis,
+    Pair,
+    PairRow,
+    bounds,
+    identical_shown,
+    test_of,
+    values_of,
+)
 from prereg.ranks import median_bounds, signed_rank
 from prereg.ttests import TestResult, critical_t, passes, sign
 
@@ -225,7 +234,7 @@ def decision_of(
     if (
         t is not None and t.method == "identity" and reason is None
     ):  # the report's reason column says which rule
-        reason = "every pair identical: the identity rule (records of schema 4 on)"
+        reason = f"{identical_shown(h, t.n)}: the identity rule (records of schema 4 on)"
     estimate, low, high, level = _in_units(t, a, h, pairs) if t is not None else (None, None, None, None)
     return HypothesisDecision(
         hypothesis=h,
@@ -272,7 +281,9 @@ def _text(
         return f"{head}: not reached ({reason})"
     if t.method == "identity":
         held = "the interval [0, 0] lies inside" if status == "established" else "0 is not inside"
-        return f"{head}: {status}: every pair identical (the identity rule: {held} the alternative region)"
+        return (
+            f"{head}: {status}: {identical_shown(h, t.n)} (the identity rule: {held} the alternative region)"
+        )
     stats = f"{p_text(t.p_value)} against alpha {a:.3g}" if a is not None else p_text(t.p_value)
     if t.method == "sign":
         stats += f"; sign test of the median, {int(t.statistic)} of {t.n} pairs favourable"

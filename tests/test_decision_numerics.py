@@ -473,10 +473,13 @@ def test_identical_arms_are_decided_by_identity_from_schema_4_and_not_reached_be
     new = D.decide(sp, {("s", "c"): pairs}, completeness(DONE), identity=True)[0].as_dict()
     assert new["status"] == status and new["test"]["method"] == "identity"
     assert f"{status}: every pair identical" in new["text"]
-    assert new["reason"] == "every pair identical: the identity rule (records of schema 4 on)"
+    shown = f"every pair identical: in all 5 pairs the two arms gave the same {h['endpoint']}, bit for bit"
+    assert new["reason"] == f"{shown}: the identity rule (records of schema 4 on)"
     assert new["test"]["p_value"] == (0.0 if status == "established" else 1.0)
     old = D.decide(sp, {("s", "c"): pairs}, completeness(DONE))[0].as_dict()
-    assert old["status"] == "not reached" and "identical" in old["reason"]
+    # the same words say what was shown under the earlier rule, which decides nothing (no failure)
+    assert old["status"] == "not reached" and old["reason"].startswith(f"{shown}; records before schema 4")
+    assert "shown, not tested" in old["reason"] and shown in new["text"] and shown in old["text"]
     # one pair off by the smallest step: a spread again, tested as before, never by identity
     nudged = P(values, [*values[:-1], math.nextafter(values[-1], 10.0)], key)
     other = D.decide(sp, {("s", "c"): nudged}, completeness(DONE), identity=True)[0].as_dict()
