@@ -27,7 +27,8 @@ RUN_ENDINGS: list[tuple[int, str]] = [
     (
         RUN_FAILED_RUNS,
         "complete, with failed runs (recorded with their reasons, counted in the report, which is "
-        "written); --retry-failed runs their units again whole, up to max_attempts",
+        "written), or stopped by the failure rule (every run of an arm failed before its first step: "
+        "the reason and logs are printed); --retry-failed runs their units again whole, up to max_attempts",
     ),
     (
         RUN_REFUSED,

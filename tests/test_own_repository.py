@@ -196,3 +196,96 @@ def test_the_readme_protocol_and_init_run_and_audit_in_ones_own_repository(tmp_p
     assert run.returncode == 0 and "defaults (" not in run.stdout, run.stdout + run.stderr
     for a in _audits(r, "records/init"):
         assert a.returncode == 0 and "Integrity: everything matched" in a.stdout, a.stdout + a.stderr
+
+
+def test_the_failure_rule_reads_only_early_failures_of_an_arm_with_no_ok_run():
+    """prereg.failstop: an arm stops the study only while every record of it failed before its
+    first training step; an ok run, or a failure after training began, clears it; an interrupted
+    attempt counts neither way; each arm of each study on its own."""
+    from prereg.failstop import attempt_of, failing_arms
+
+    def rec(arm: str, status: str, curve: list | None, study: str = "s") -> dict:
+        return {
+            "spec": {"study": study, "arm": arm, "run_id": f"{study}.{arm}.{len(curve or [])}"},
+            "status": status,
+            "curve": curve,
+            "reason": f"{arm} {status}",
+        }
+
+    early = rec("cand", "failed", None)
+    assert [a for _, a, _ in failing_arms([attempt_of(early)])] == ["cand"]
+    assert failing_arms([attempt_of(early), attempt_of(rec("cand", "ok", [[1, 2.0, 0.1]]))]) == []
+    late = rec("cand", "failed", [[1, 2.0, 0.1]])
+    assert (
+        failing_arms([attempt_of(late)]) == [] and failing_arms([attempt_of(early), attempt_of(late)]) == []
+    )
+    assert failing_arms([attempt_of(rec("cand", "interrupted", None))]) == []
+    both = [
+        attempt_of(early),
+        attempt_of(rec("base", "ok", [[1, 2.0, 0.1]])),
+        attempt_of(rec("cand", "failed", None, "t")),
+    ]
+    assert [(s, a) for s, a, _ in failing_arms(both)] == [("s", "cand"), ("t", "cand")]
+
+
+FAILING = """\
+id: broken
+budget_device_seconds: 600
+studies:
+  - name: mine
+    design: paired
+    arms:
+      baseline:  {command: [python, train.py, --seed, "{seed}", --steps, "{steps}"], timeout_s: 120}
+      candidate: {command: [python, train.py, --seed, "{seed}", --steps, "{steps}", --needs-package], timeout_s: 120}
+    metric: {name: val_loss, target: 3.0}
+    configs: [small]
+    seeds: {count: 4, base: 1}
+    steps: 5
+"""
+
+
+@pytest.mark.process
+def test_an_arm_that_fails_at_start_up_stops_the_study_after_its_first_pair(tmp_path):
+    """The candidate needs a package that is not installed (as the Hugging Face example without
+    transformers): the study stops after the first failed run, never runs a baseline whose partner
+    already failed the pair, prints the reason and the log's path, exits 1; the audit recomputes
+    the stop; a rerun stops at once; after the fix, --retry-failed runs everything."""
+    r = own_repo(tmp_path, FAILING)
+    (r / "train.py").write_text(
+        "import sys\nif '--needs-package' in sys.argv:\n    import needed_package_xyz  # noqa\n" + SCRIPT
+    )
+    git(r, "commit", "-qam", "the candidate needs a package")
+    run = harness(r, "run", "protocols/mine.yaml", "--quiet")
+    out = run.stdout + run.stderr
+    assert run.returncode == 1 and "Traceback (most recent call last)" not in run.stderr, out
+    assert "STOPPED BY THE FAILURE RULE" in out and "needed_package_xyz" in out, out
+    assert re.search(r"log: runs/broken/work/\S+\.log", out), out
+    records = r / "records" / "broken"
+    recs = [json.loads(p.read_text()) for p in sorted(records.glob("*.record.json"))]
+    assert {x["spec"]["unit"] for x in recs} == {"mine.small.pair000"}
+    failed = [x for x in recs if x["status"] == "failed"]
+    assert [x["spec"]["role"] for x in failed] == ["candidate"] and not failed[0].get("curve")
+    first = min(recs, key=lambda x: x["spec"]["position"])
+    assert len(recs) == (
+        2 if first["spec"]["role"] == "baseline" else 1
+    )  # no baseline after its partner failed
+    for a in _audits(r, "records/broken"):
+        assert a.returncode == 0 and "STOPPED BY THE FAILURE RULE" in a.stdout, a.stdout + a.stderr
+    summary = json.loads((records / "summary.json").read_text())
+    assert summary["completeness"]["text"].startswith("STOPPED BY THE FAILURE RULE: ")
+
+    # run again without the fix: one more pair, stopped the same way
+    again = harness(r, "run", "protocols/mine.yaml", "--quiet")
+    assert again.returncode == 1 and "STOPPED BY THE FAILURE RULE" in again.stdout + again.stderr
+    units = {json.loads(p.read_text())["spec"]["unit"] for p in records.glob("*.record.json")}
+    assert units == {"mine.small.pair000", "mine.small.pair001"}
+
+    # after the fix the same command goes on; the two failed pairs stay failed (recorded)
+    (r / "needed_package_xyz.py").write_text("")
+    git(r, "add", "-A")
+    git(r, "commit", "-qm", "the package")
+    fixed = harness(r, "run", "protocols/mine.yaml", "--quiet")
+    assert fixed.returncode == 1 and "FAILURE RULE" not in fixed.stdout, fixed.stdout + fixed.stderr
+    assert "2 failed" in fixed.stdout
+    for a in _audits(r, "records/broken"):
+        assert a.returncode == 0 and "FAILURE RULE" not in a.stdout, a.stdout + a.stderr

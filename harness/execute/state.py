@@ -36,6 +36,7 @@ class RunEnd:
     budget: BudgetCheck | None  # the rule's verdict on the unit it refused (or the last one it allowed)
     held_elsewhere: int = 0  # runs left in units whose claim another runner holds now
     stopped_at_look: dict[str, Any] | None = None  # the look where the sequential rule stopped the study
+    stopped_for_failure: str | None = None  # what the failure rule found (prereg/failstop.py), if it stopped
 
 
 @dataclass
