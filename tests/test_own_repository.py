@@ -289,3 +289,12 @@ def test_an_arm_that_fails_at_start_up_stops_the_study_after_its_first_pair(tmp_
     assert "2 failed" in fixed.stdout
     for a in _audits(r, "records/broken"):
         assert a.returncode == 0 and "FAILURE RULE" not in a.stdout, a.stdout + a.stderr
+
+
+def test_the_readme_is_short_and_quotes_no_figure_that_drifts():
+    """At most 150 lines (the rest is in docs/), and no test count or suite time, which change with
+    every commit: the README points at the command instead."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 150
+    assert not re.search(r"\b\d+ (tests|passed|process tests)\b", text), "a test count in the README"
+    assert "pytest's last line gives the count" in text
