@@ -23,7 +23,7 @@ from harness.plugins import fingerprint
 from harness.study import Study, parse_studies, two_sided_level
 from harness.yamlio import Field, one_of, positive
 from prereg.plan import PROTOCOL_DEFAULTS as DEFAULTS
-from prereg.plan import with_defaults
+from prereg.plan import defaults_text, with_defaults
 
 #: Each key with a safe default takes it from the core's one home (prereg.plan.PROTOCOL_DEFAULTS),
 #: which the audit's reader of the tagged file applies too.
@@ -108,11 +108,7 @@ class Protocol:
         keys = self.document.get("defaults") or []
         if not keys:
             return None
-        shown = ", ".join(
-            f"{k} {self.document[k]!r}" if k != "hypotheses" else "hypotheses descriptive (no decision)"
-            for k in keys
-        )
-        return f"defaults (keys this protocol leaves out; every record names them): {shown}"
+        return f"defaults (keys this protocol leaves out; every record names them): {defaults_text(keys)}"
 
     @property
     def tag_name(self) -> str:

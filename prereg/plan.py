@@ -47,6 +47,21 @@ def with_defaults(doc: dict[str, Any]) -> dict[str, Any]:
     return {**doc, **{k: copy.deepcopy(PROTOCOL_DEFAULTS[k]) for k in missing}, "defaults": missing}
 
 
+def defaults_text(keys: list[str]) -> str:
+    """The left-out keys and the defaults they took, as harness plan, harness run and report.md
+    state them: ``device cpu, compile false, ...`` (hypotheses: descriptive)."""
+
+    def shown(k: str) -> str:
+        v = PROTOCOL_DEFAULTS[k]
+        if k == "hypotheses":
+            return "descriptive (no decision)"
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return '""' if v == "" else str(v)
+
+    return ", ".join(f"{k} {shown(k)}" for k in keys)
+
+
 def plan_from_protocol(
     doc: dict[str, Any], protocol_sha: str, config_sha: dict[str, Any]
 ) -> list[dict[str, Any]]:

@@ -86,7 +86,7 @@ def test_the_documented_minimal_protocol_plans_as_printed(tmp_path, source):
     note = next(line for line in plan.stdout.splitlines() if line.startswith("defaults ("))
     for key in PROTOCOL_DEFAULTS:
         assert key in note, (key, note)
-    assert "device 'cpu'" in note and "preregistered False" in note
+    assert "device cpu" in note and "preregistered false" in note and "order_seed 0" in note
     assert sorted(p.name for p in r.iterdir()) == [".git", ".gitignore", "protocols", "train.py"]
 
 
@@ -183,6 +183,8 @@ def test_the_readme_protocol_and_init_run_and_audit_in_ones_own_repository(tmp_p
     assert "defaults (keys this protocol leaves out" in run.stdout
     snapshot = json.loads(next((r / "records" / "mine").glob("protocol.*.json")).read_text())
     assert snapshot["defaults"] == sorted(PROTOCOL_DEFAULTS) and snapshot["device"] == "cpu"
+    report = (r / "records" / "mine" / "report.md").read_text()
+    assert "not preregistered. Defaults for the keys it leaves out: compile false, corpus pydoc-topics" in report
     for a in _audits(r, "records/mine"):
         assert a.returncode == 0 and "Integrity: everything matched" in a.stdout, a.stdout + a.stderr
         assert "command runs' evidence" in a.stdout

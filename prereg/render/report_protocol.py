@@ -10,6 +10,7 @@ from typing import Any
 
 from prereg.attempts import FLOW_COUNTS
 from prereg.decisions import HypothesisDecision
+from prereg.plan import defaults_text
 from prereg.render.report_md import md_table, num
 from prereg.results import Descriptive, Hypotheses, Summary
 
@@ -37,6 +38,11 @@ def header_section(summary: Summary) -> list[str]:
         f"Protocol sha256 `{p['sha256']}`"
         + (f", tag `{p['tag']}`" if p.get("tag") else ", not preregistered")
         + "."
+        + (
+            f" Defaults for the keys it leaves out: {defaults_text(p['defaults'])}."
+            if p.get("defaults")
+            else ""
+        )
     )
     out.append(
         f"Records: {rec.files} run attempts ({rec.ok} ok, {rec.failed} failed, "
