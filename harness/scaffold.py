@@ -163,7 +163,10 @@ def write(path: Path, s: Scaffold) -> str:
     atomic_write(path, text.encode(), overwrite=False)
     try:
         load_protocol(path)
-    except InputError:
+    except InputError as e:
         path.unlink()
-        raise
+        raise InputError(
+            f"{e}; so {path} was not written (init writes only a protocol harness plan accepts: fix the "
+            "flag, or write the script first)"
+        ) from None
     return text

@@ -156,7 +156,7 @@ def test_harness_init_writes_a_complete_protocol_and_never_overwrites(tmp_path):
     bad = harness(r, "init", "protocols/bad.yaml", "--command", 'python "train.py')
     assert bad.returncode == 2 and "--command" in bad.stderr and "Traceback" not in bad.stderr
     missing = harness(r, "init", "protocols/gone.yaml", "--command", "python nowhere.py --seed {seed}")
-    assert missing.returncode == 2 and "nowhere.py" in missing.stderr, missing.stderr
+    assert missing.returncode == 2 and "nowhere.py" in missing.stderr and "was not written" in missing.stderr
     assert not (r / "protocols" / "bad.yaml").exists() and not (r / "protocols" / "gone.yaml").exists()
 
 
@@ -184,7 +184,9 @@ def test_the_readme_protocol_and_init_run_and_audit_in_ones_own_repository(tmp_p
     snapshot = json.loads(next((r / "records" / "mine").glob("protocol.*.json")).read_text())
     assert snapshot["defaults"] == sorted(PROTOCOL_DEFAULTS) and snapshot["device"] == "cpu"
     report = (r / "records" / "mine" / "report.md").read_text()
-    assert "not preregistered. Defaults for the keys it leaves out: compile false, corpus pydoc-topics" in report
+    assert (
+        "not preregistered. Defaults for the keys it leaves out: compile false, corpus pydoc-topics" in report
+    )
     for a in _audits(r, "records/mine"):
         assert a.returncode == 0 and "Integrity: everything matched" in a.stdout, a.stdout + a.stderr
         assert "command runs' evidence" in a.stdout
