@@ -68,7 +68,9 @@ def main() -> int:
             for line, mod in imports(p):
                 if mod.startswith("."):
                     if top in STDLIB_ONLY or top in OURS:
-                        bad.append(f"{rel}:{line}: relative import {mod} (name the package: one name, one load)")
+                        bad.append(
+                            f"{rel}:{line}: relative import {mod} (name the package: one name, one load)"
+                        )
                     continue
                 head = mod.split(".")[0]
                 if rel == ENTRY:
@@ -79,7 +81,11 @@ def main() -> int:
                     bad.append(f"{rel}:{line}: imports the entry script (import from audit or prereg)")
                 elif head in OURS and head != top and head not in MAY.get(top, set()):
                     bad.append(f"{rel}:{line}: {top} imports {mod} (allowed: {sorted(MAY.get(top, set()))})")
-                elif top in STDLIB_ONLY and head not in sys.stdlib_module_names and head not in (top, *MAY[top]):
+                elif (
+                    top in STDLIB_ONLY
+                    and head not in sys.stdlib_module_names
+                    and head not in (top, *MAY[top])
+                ):
                     bad.append(f"{rel}:{line}: {mod} is not in the standard library")
             if top in OURS and "sys.path" in text and rel not in SYS_PATH:
                 bad.append(f"{rel}: edits or reads sys.path (allowed only in {', '.join(SYS_PATH)})")

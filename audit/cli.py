@@ -125,10 +125,12 @@ def main(argv: list[str]) -> int:
     else:
         incomplete = [n for n in notes if "INCOMPLETE:" in n]
         stopped = [n for n in notes if "STOPPED BY THE BUDGET RULE:" in n]
+        failstop = [n for n in notes if "STOPPED BY THE FAILURE RULE:" in n]
         print(
             "Integrity: everything matched."
             + (" The study is INCOMPLETE (see above)." if incomplete else "")
             + (" The study was STOPPED BY THE BUDGET RULE (see above)." if stopped else "")
+            + (" The study was STOPPED BY THE FAILURE RULE (see above)." if failstop else "")
             + (
                 " Some runs were REDRAWN (see above): the records are intact, but an earlier attempt "
                 "of each could have been seen before it was run again (exit status 4)."

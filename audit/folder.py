@@ -109,7 +109,8 @@ def audit_dir(
     if proto is None:
         return
     fail = out.fail
-    fail("corpus", *check_corpus(root, proto, records))
+    if not all(r["spec"].get("command") for r in records):  # a command arm's script reads its own data
+        fail("corpus", *check_corpus(root, proto, records))
     genesis = truth["freeze"] if truth.get("tagged") else proto["sha256"]
     fail(
         "ledger chain",

@@ -271,7 +271,8 @@ def check_versions(records: list[dict[str, Any]]) -> tuple[list[str], list[str]]
             notes.append(f"study {study}: varies between runs: {'; '.join(varied)}")
         found, named = check_phase_kernels(study, rs)
         problems += found
-        notes.append(named)
+        if any(_kernel_kind(r) is not None for r in rs):  # a study without PackedAdamW: nothing to name
+            notes.append(named)
     return problems, notes
 
 

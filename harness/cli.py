@@ -60,6 +60,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     cols = ["#", "study", "config", "unit", "pos", "role", "arm", "seed", "steps"]
     print(table(rows, cols + (["lockstep"] if any(r.lockstep for r in runs) else [])))
     print(f"\n{len(runs)} runs; protocol {proto.id} sha256 {proto.sha256}; plan sha256 {plan_sha256(runs)}")
+    if proto.defaults_note():
+        print(proto.defaults_note())
     for s in proto.studies:
         if s.lockstep and len(s.seeds) % 4:
             print(
@@ -370,6 +372,67 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    from harness.scaffold import Scaffold, write
+    from prereg.errors import InputError
+
+    path = Path(args.protocol)
+    if path.suffix not in (".yaml", ".yml"):
+        raise InputError(f"{path}: a protocol file ends in .yaml")
+    for flag, v in (("--pairs", args.pairs), ("--steps", args.steps), ("--block-steps", args.block_steps)):
+        if v < 1:
+            raise InputError(f"{flag} {v}: must be at least 1")
+    if not args.timeout > 0:
+        raise InputError(f"--timeout {args.timeout}: must be positive")
+    s = Scaffold(
+        id=args.id or path.stem,
+        baseline=args.arm_command,
+        candidate=args.candidate_command or args.arm_command,
+        baseline_ref=args.baseline_ref,
+        candidate_ref=args.candidate_ref,
+        metric=args.metric,
+        target=args.target,
+        better=args.better,
+        margin=args.margin,
+        design=args.design,
+        block_steps=args.block_steps,
+        configs=tuple(args.config or ["small"]),
+        pairs=args.pairs,
+        steps=args.steps,
+        timeout_s=args.timeout,
+        device=args.device,
+    )
+    write(path, s)
+    print(
+        f"wrote {path}: a complete protocol (not preregistered), checked as harness plan checks it.\n"
+        f"next: harness plan {path}; commit it; harness run {path}; harness audit <its records folder>"
+    )
+    if s.baseline == s.candidate and s.baseline_ref == s.candidate_ref:
+        print(
+            "note: both arms run the same command at the same commit (an A/A study): give "
+            "--candidate-command or --baseline-ref/--candidate-ref to compare a change"
+        )
+    return 0
+
+
+def cmd_audit(argv: list[str]) -> int:
+    """``harness audit ...``: the public audit with its own arguments, from any folder (a user's own
+    repository too): its entry point ``analysis/public_audit.py``, found beside this harness, run
+    as ``python -I -S`` on the standard library alone, as a reader runs it (``python -m audit``
+    runs the same command line)."""
+    import subprocess
+
+    from harness.packages import package_dirs
+
+    script = next((d / "public_audit.py" for d in package_dirs() if d.name == "analysis"), None)
+    if script is None or not script.is_file():
+        from prereg.errors import InputError
+
+        raise InputError("the audit's entry point (analysis/public_audit.py) is not beside this harness")
+    args = argv[1:] if argv[:1] == ["--"] else argv
+    return subprocess.run([sys.executable, "-I", "-S", str(script), *args]).returncode
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "configs": cmd_configs,
     "data": cmd_data,
@@ -385,6 +448,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "node": cmd_node,
     "compare-arms": cmd_compare_arms,
     "publish": cmd_publish,
+    "init": cmd_init,
 }
 
 
@@ -409,6 +473,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["audit"]:  # its arguments are the audit's own (harness audit --help lists them)
+        return cmd_audit(argv[1:])
     args = parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)

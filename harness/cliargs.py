@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from harness.scaffold import DEFAULT_COMMAND
+
 #: The --device choices of every subcommand that takes one.
 DEVICES = ["auto", "cpu", "cuda", "mps"]
 DEVICE_HELP = "auto (mps, then cuda, then cpu), cpu, cuda or mps"
@@ -25,7 +27,8 @@ RUN_ENDINGS: list[tuple[int, str]] = [
     (
         RUN_FAILED_RUNS,
         "complete, with failed runs (recorded with their reasons, counted in the report, which is "
-        "written); --retry-failed runs their units again whole, up to max_attempts",
+        "written), or stopped by the failure rule (every run of an arm failed before its first step: "
+        "the reason and logs are printed); --retry-failed runs their units again whole, up to max_attempts",
     ),
     (
         RUN_REFUSED,
@@ -249,6 +252,42 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--replicate-pairs", type=int, default=4, help="pairs per replicate study (default 4)")
     s.add_argument("--seed-base", type=int, default=900000, help="the first seed (default 900000)")
     s.add_argument("--order-seed", type=int, default=20261204, help="the plan's order seed")
+    s = sub.add_parser(
+        "init",
+        help="write a complete, commented protocol for your own training script (never over a file)",
+    )
+    s.add_argument("protocol", help="the protocol file to write (protocols/<id>.yaml; refused if it exists)")
+    s.add_argument("--id", help="the study's id (default: the file's name without .yaml)")
+    s.add_argument(
+        "--command",
+        dest="arm_command",
+        default=DEFAULT_COMMAND,
+        help=f"both arms' command line, split as a shell would (default: {DEFAULT_COMMAND!r})".replace(
+            "%", "%%"
+        ),
+    )
+    s.add_argument("--candidate-command", help="the candidate's command line (default: --command's)")
+    s.add_argument("--baseline-ref", help="run the baseline at this full commit id (a git worktree)")
+    s.add_argument("--candidate-ref", help="run the candidate at this full commit id (a git worktree)")
+    s.add_argument("--metric", default="val_loss", help="the metric your script reports (default val_loss)")
+    s.add_argument("--target", type=float, default=3.0, help="the metric's target (default 3.0)")
+    s.add_argument("--better", default="lower", choices=["lower", "higher"], help="default lower")
+    s.add_argument(
+        "--margin", type=float, help="add a quality test: the metric may be worse by at most this much"
+    )
+    s.add_argument("--design", default="paired", choices=["paired", "lockstep"], help="default paired")
+    s.add_argument("--block-steps", type=int, default=1, help="lockstep: steps per turn (default 1)")
+    s.add_argument("--config", action="append", help="a configuration label, {config} (default: small)")
+    s.add_argument("--pairs", type=int, default=12, help="pairs (seeds) per configuration (default 12)")
+    s.add_argument("--steps", type=int, default=200, help="steps your script reports (default 200)")
+    s.add_argument("--timeout", type=float, default=600, help="one run's limit in seconds (default 600)")
+    s.add_argument("--device", default="cpu", choices=DEVICES, help="what {device} says (default: cpu)")
+    s = sub.add_parser(
+        "audit",
+        help="the public audit of records folders (standard library only; as python -m audit)",
+        add_help=False,
+    )
+    s.add_argument("args", nargs=argparse.REMAINDER, help="python -m audit --help lists them")
     s = sub.add_parser("calibrate", help="preregistration numbers from a pilot's records (targets, budget)")
     s.add_argument("pilot", help="the pilot protocol (already run)")
     s.add_argument("--target", help="the protocol being calibrated (for its run count)")

@@ -153,6 +153,14 @@ def _ending(proto: Any, end: Any) -> tuple[int, str]:
             f"{look['pairs']} pairs): {end.planned - end.left} of {end.planned} runs done, {end.left} not "
             f"needed. The report above is the study's result; {where}."
         )
+    if end.stopped_for_failure is not None:
+        return RUN_FAILED_RUNS, (
+            f"STOPPED BY THE FAILURE RULE: {end.planned - end.left} of {end.planned} runs done, {end.failed} "
+            f"failed, {end.left} not started: every run of an arm failed before its first training step "
+            f"({end.stopped_for_failure}); each failed run's reason and logs are printed above. Fix what "
+            "is missing, then run the same command again: it goes on with the next unit (the failed "
+            f"one stays failed; --retry-failed runs it again where max_attempts allows); {where}"
+        )
     if end.left:
         held = (
             f"{end.held_elsewhere} of them in units another runner holds (harness status shows what "

@@ -22,26 +22,32 @@ from harness.names import ID_RE
 from harness.plugins import fingerprint
 from harness.study import Study, parse_studies, two_sided_level
 from harness.yamlio import Field, one_of, positive
+from prereg.plan import PROTOCOL_DEFAULTS as DEFAULTS
+from prereg.plan import defaults_text, with_defaults
 from prereg.planted import calibrated_designs, uncalibrated
 from prereg.replicates import replicates_problems
 
+#: Each key with a safe default takes it from the core's one home (prereg.plan.PROTOCOL_DEFAULTS),
+#: which the audit's reader of the tagged file applies too.
 _TOP = {
     "id": Field(str, check=lambda v: None if ID_RE.match(v) else "letters, digits, - and _ only"),
-    "version": Field(int, check=positive),
-    "description": Field(str),
-    "preregistered": Field(bool),
-    "corpus": Field((str, dict)),
+    "version": Field(int, required=False, default=DEFAULTS["version"], check=positive),
+    "description": Field(str, required=False, default=DEFAULTS["description"]),
+    "preregistered": Field(bool, required=False, default=DEFAULTS["preregistered"]),
+    "corpus": Field((str, dict), required=False, default=DEFAULTS["corpus"]),
     "data_dir": Field(str, required=False, default=None),
-    "device": Field(str, check=one_of("auto", "cpu", "cuda", "mps")),
-    "compile": Field(bool),
+    "device": Field(
+        str, required=False, default=DEFAULTS["device"], check=one_of("auto", "cpu", "cuda", "mps")
+    ),
+    "compile": Field(bool, required=False, default=DEFAULTS["compile"]),
     "torch_version": Field(str, required=False, default=None),
     "threads": Field(int, required=False, default=None, check=positive),
     "launcher": Field(str, required=False, default="spawn", check=one_of("spawn", "forkserver")),
     "budget_device_seconds": Field(float, check=positive),
-    "interval_level": Field(float, check=two_sided_level),
-    "hypotheses": Field(dict),
+    "interval_level": Field(float, required=False, default=DEFAULTS["interval_level"], check=two_sided_level),
+    "hypotheses": Field(dict, required=False, default=DEFAULTS["hypotheses"]),
     "max_attempts": Field(int, required=False, default=1, check=positive),
-    "order_seed": Field(int),
+    "order_seed": Field(int, required=False, default=DEFAULTS["order_seed"]),
     "records_dir": Field(str, required=False, default=None),
     "origins": Field(dict, required=False, default=None),
     "calibration": Field(dict, required=False, default=None),
@@ -103,6 +109,14 @@ class Protocol:
                 fp["path"] = path.relative_to(self.root.resolve()).as_posix()
             out[name] = fp
         return out
+
+    def defaults_note(self) -> str | None:
+        """The keys the file leaves out and the defaults they took (``prereg.plan.PROTOCOL_DEFAULTS``,
+        which every record names under ``protocol.defaults``); None when it leaves none out."""
+        keys = self.document.get("defaults") or []
+        if not keys:
+            return None
+        return f"defaults (keys this protocol leaves out; every record names them): {defaults_text(keys)}"
 
     @property
     def tag_name(self) -> str:
@@ -209,7 +223,7 @@ def load_protocol(path: str | Path) -> Protocol:
         sha256=hashlib.sha256(doc.raw).hexdigest(),
         configs=configs,
         plugins=plugins,
-        document=doc.data,
+        document=with_defaults(doc.data),
         replicates=dict(top["replicates"]) if top["replicates"] is not None else None,
     )
 

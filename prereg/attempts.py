@@ -19,6 +19,8 @@ from typing import Any
 
 from prereg.budget import completeness_text, plan_units, stop_check
 from prereg.factorial import arms_by_cell, design_of
+from prereg.failstop import attempt_of, failing_arms
+from prereg.failstop import stop_text as failure_stop_text
 
 #: A record as its file holds it (non-finite measurements are ``null``).
 Rec = Mapping[str, Any]
@@ -289,11 +291,15 @@ def completeness(records: Sequence[Rec]) -> Completeness:
     stop = (
         stop_check(plan_units(proto["studies"]), attempts, budget) if missing and budget is not None else None
     )
+    text = completeness_text(planned, missing, stop)
+    failing = failing_arms([attempt_of(r) for r in records]) if missing else []
+    if failing and not (stop is not None and stop.refuses):
+        text = failure_stop_text(planned, missing, failing)
     return Completeness(
         planned_runs=planned,
         ok_runs=len(ok_ids),
         missing_runs=missing,
         complete=missing == 0,
         budget_stop=bool(stop is not None and stop.refuses),
-        text=completeness_text(planned, missing, stop),
+        text=text,
     )

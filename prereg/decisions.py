@@ -21,15 +21,22 @@ from typing import Any
 
 from prereg.attempts import Completeness
 from prereg.descriptive import reduction
-from prereg.hypotheses import Family, Hypothesis, Pair, PairRow, bounds, test_of, values_of
+from prereg.hypotheses import (
+    Family,
+    Hypothesis,
+    Pair,
+    PairRow,
+    bounds,
+    identical_shown,
+    test_of,
+    values_of,
+)
 from prereg.ranks import median_bounds, signed_rank
 from prereg.ttests import TestResult, critical_t, passes, sign
 
 #: The reason a decision gives when every pair was identical and the exact sign test decided it
 #: (:func:`.hypotheses.identical_sign_result`: records of schema 5 on, and every sequential look).
-IDENTICAL_BY_SIGN = (
-    "every pair identical: the exact sign test, p = 2^-n (records of schema 5 on, and at looks)"
-)
+IDENTICAL_BY_SIGN = "the exact sign test, p = 2^-n (records of schema 5 on, and at looks)"
 #: Endpoints measured in run time: the budget rule's stop depends on them (:func:`decide`).
 TIME_ENDPOINTS = ("training_time", "training_cpu_time", "time_to_target", "total_time")
 
@@ -231,9 +238,9 @@ def decision_of(
     if (
         t is not None and t.method == "identity" and reason is None
     ):  # the report's reason column says which rule
-        reason = "every pair identical: the identity rule (records of schema 4)"
+        reason = f"{identical_shown(h, t.n)}: the identity rule (records of schema 4)"
     elif t is not None and t.method == "sign" and h.test != "sign" and reason is None:
-        reason = IDENTICAL_BY_SIGN
+        reason = f"{identical_shown(h, t.n)}: {IDENTICAL_BY_SIGN}"
     estimate, low, high, level = _in_units(t, a, h, pairs) if t is not None else (None, None, None, None)
     return HypothesisDecision(
         hypothesis=h,
@@ -280,7 +287,9 @@ def _text(
         return f"{head}: not reached ({reason})"
     if t.method == "identity":
         held = "the interval [0, 0] lies inside" if status == "established" else "0 is not inside"
-        return f"{head}: {status}: every pair identical (the identity rule: {held} the alternative region)"
+        return (
+            f"{head}: {status}: {identical_shown(h, t.n)} (the identity rule: {held} the alternative region)"
+        )
     stats = f"{p_text(t.p_value)} against alpha {a:.3g}" if a is not None else p_text(t.p_value)
     if t.method == "sign":
         stats += f"; sign test of the median, {int(t.statistic)} of {t.n} pairs favourable"

@@ -547,6 +547,18 @@ def worst_rank_estimate(pairs: Sequence[Pair | PairRow]) -> tuple[float | None, 
 IDENTICAL = "every pair identical: each pair's difference is exactly 0"
 
 
+def identical_shown(h: Hypothesis, n: int) -> str:
+    """What ``n`` pairs whose differences are all exactly 0 showed, in the same words whichever
+    rule decides them (the identity rule of schema 4, the exact sign test of schema 5 on, or none
+    before)."""
+    return f"every pair identical: in all {n} pairs the two arms gave the same {h.endpoint}, bit for bit"
+
+
+def identical_unreached(h: Hypothesis, n: int) -> str:
+    """Why such pairs are not reached in records before schema 4: no rule failed, none applied."""
+    return f"{identical_shown(h, n)}; shown, not tested: records before schema 4 have no rule for pairs without spread"
+
+
 def identity_result(h: Hypothesis, n: int) -> TestResult:
     """The identity rule's decision of ``h`` when every pair's difference is exactly 0.
 
@@ -558,8 +570,8 @@ def identity_result(h: Hypothesis, n: int) -> TestResult:
     identity: the t statistic ``(0 - lo) / se`` grows without bound as the spread goes to 0, so
     ``p -> 0``; it is ``p = 0`` here, and established at any alpha. Where 0 is not inside (any
     superiority hypothesis, worst-rank scores included) nothing favours the candidate: ``p = 1``,
-    not established. Applies to records of schema 4 on (:func:`.recompute.recompute`); earlier
-    records keep the rule they were tagged with (not reached). docs/decisions.md gives the argument.
+    not established. Applies to records of schema 4 (:func:`.recompute.recompute`); later records
+    are decided by the exact sign test, earlier ones keep the rule they were tagged with (not reached). docs/decisions.md gives the argument.
     """
     lo, hi = bounds(h)
     inside = (lo is None or lo < 0.0) and (hi is None or 0.0 < hi)
@@ -656,13 +668,13 @@ def test_of(
         return sign_result(values, region), None, unreached
     if scales is None:  # worst-rank scores: the signed-rank test
         if all(v == 0.0 for v in values):
-            return None, "identical: every pair's difference is exactly 0", unreached
+            return None, identical_unreached(h, len(values)), unreached
         r = signed_rank(values, sign(h.better))
         est, what = worst_rank_estimate(pairs)
         return TestResult("signed-rank", r.n, est, None, 0, r.statistic, r.p_value, what), None, unreached
     if spread_is_rounding(values, scales):
         if all(v == 0.0 for v in values):
-            return None, "identical: every pair's difference is exactly 0", unreached
+            return None, identical_unreached(h, len(values)), unreached
         return None, ZERO_SPREAD, unreached
     steps_first = [p.steps_first for p in typed_pairs(pairs)]
     if h.period_adjusted and steps_first and all(x in ("baseline", "candidate") for x in steps_first):

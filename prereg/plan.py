@@ -13,6 +13,55 @@ from prereg.hypotheses import Family
 from prereg.replicates import replicate_of
 from prereg.sequential import looks_problems
 
+#: The top-level protocol keys that may be left out, and what each then is (docs/your-change.md,
+#: "A minimal protocol"). The one home of these defaults: ``harness plan`` and ``harness run``
+#: (:func:`harness.protocol.load_protocol`) and the audit's reader of the tagged file
+#: (:func:`with_defaults`, in :func:`plan_from_protocol`, :func:`expected_summary` and
+#: ``prereg.tag.load_truth``) fill in the same values, and every record names the keys that took
+#: them (``protocol.defaults``). Each claims nothing a user did not write: no preregistration, no
+#: hypothesis tested, the CPU, eager mode, the embedded corpus (no download; read only by built-in
+#: arms). The budget has no safe default (it is the study's stop) and stays required.
+PROTOCOL_DEFAULTS: dict[str, Any] = {
+    "version": 1,
+    "description": "",
+    "preregistered": False,
+    "corpus": "pydoc-topics",
+    "device": "cpu",
+    "compile": False,
+    "interval_level": 0.95,
+    "hypotheses": {"descriptive": "no hypotheses declared: intervals only, no decision (the default)"},
+    "order_seed": 0,
+}
+
+
+def with_defaults(doc: dict[str, Any]) -> dict[str, Any]:
+    """The protocol document with each left-out key of :data:`PROTOCOL_DEFAULTS` filled in, and
+    ``defaults`` listing those keys (sorted; absent when none was left out). Applying it twice
+    gives the same document."""
+    if "defaults" in doc:
+        return doc
+    missing = sorted(k for k in PROTOCOL_DEFAULTS if k not in doc)
+    if not missing:
+        return doc
+    import copy
+
+    return {**doc, **{k: copy.deepcopy(PROTOCOL_DEFAULTS[k]) for k in missing}, "defaults": missing}
+
+
+def defaults_text(keys: list[str]) -> str:
+    """The left-out keys and the defaults they took, as harness plan, harness run and report.md
+    state them: ``device cpu, compile false, ...`` (hypotheses: descriptive)."""
+
+    def shown(k: str) -> str:
+        v = PROTOCOL_DEFAULTS[k]
+        if k == "hypotheses":
+            return "descriptive (no decision)"
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return '""' if v == "" else str(v)
+
+    return ", ".join(f"{k} {shown(k)}" for k in keys)
+
 
 def plan_from_protocol(
     doc: dict[str, Any], protocol_sha: str, config_sha: dict[str, Any]
@@ -21,6 +70,8 @@ def plan_from_protocol(
     all four combinations per group of four pairs), Williams-balanced blocks (harness.plan's
     docstring says how); each run as the JSON of a ``prereg.records.RunSpec``."""
     import random
+
+    doc = with_defaults(doc)
 
     def rng(*parts: object) -> random.Random:
         return random.Random(":".join(str(p) for p in (doc["order_seed"], *parts)))
@@ -197,7 +248,9 @@ def _resolved_tests(h: dict[str, Any], studies: list[dict[str, Any]]) -> dict[st
 
 def expected_summary(doc: dict[str, Any], psha: str, path: str) -> dict[str, Any]:
     """``harness.protocol.Protocol.summary()``, derived here from the protocol file alone (the
-    fields every record's ``protocol`` copies; plug-ins and the tag's fields are checked apart)."""
+    fields every record's ``protocol`` copies; plug-ins and the tag's fields are checked apart).
+    Left-out keys take :data:`PROTOCOL_DEFAULTS`, named under ``defaults``."""
+    doc = with_defaults(doc)
     top_level = float(doc["interval_level"])
     studies = []
     for st in doc["studies"]:
@@ -257,6 +310,7 @@ def expected_summary(doc: dict[str, Any], psha: str, path: str) -> dict[str, Any
         "budget_device_seconds": float(doc["budget_device_seconds"]),
         **({"schedule": doc["schedule"]} if doc.get("schedule", "in_order") != "in_order" else {}),
         **({"replicates": dict(doc["replicates"])} if doc.get("replicates") else {}),
+        **({"defaults": list(doc["defaults"])} if doc.get("defaults") else {}),
         "studies": studies,
     }
 

@@ -521,6 +521,24 @@ def budget_attempts(records: list[RunRecord]) -> list[tuple[str, str, int, str, 
     ]
 
 
+def failure_attempts(records: list[RunRecord]) -> list[tuple[str, str, str, str, bool, str]]:
+    """Every attempt as the failure rule reads it (``prereg/failstop.py``, its one home): study,
+    arm, run id, status, whether it failed by itself before its first training step, reason."""
+    from prereg.failstop import failed_early
+
+    return [
+        (
+            r.spec.study,
+            r.spec.arm,
+            r.spec.run_id,
+            r.status,
+            failed_early(r.status, r.curve, r.reason),
+            r.reason or "",
+        )
+        for r in records
+    ]
+
+
 def load_records(directory: Path) -> list[RunRecord]:
     """Every record of a folder, in ledger order (then file name, for version 1 records)."""
     snapshots = read_snapshots(directory)

@@ -12,7 +12,7 @@ from typing import Any
 
 from prereg.commands import is_command_study
 from prereg.ledger import canonical, sha256
-from prereg.plan import expected_summary
+from prereg.plan import expected_summary, with_defaults
 from prereg.yamlflow import YamlError
 from prereg.yamlsub import yaml_subset
 
@@ -333,7 +333,7 @@ def load_truth(
             doc = yaml_subset(truth["raw"].decode("utf-8"))
             if not isinstance(doc, dict):
                 raise ValueError("the protocol is not a mapping")
-            truth["doc"] = doc
+            truth["doc"] = doc = with_defaults(doc)
             names = sorted({c for st in doc["studies"] if not is_command_study(st) for c in st["configs"]})
             blobs = _configs_at(root, truth.get("commit") or "", truth["path"], names)
             truth["config_sha"] = {c: sha256(b) for c, b in blobs.items()}

@@ -3,7 +3,8 @@ ledger, interruptions) driven in milliseconds per run, with no model, no torch s
 
 ``FakeTrainer(device_s=1.0, fail={run_id}, crash_at=k)`` ends each run ``ok`` with ``device_s``
 device seconds (so a budget test is exact), a deterministic test BPB, and the curves a record
-holds; a run in ``fail`` raises (a failed run, recorded); the ``crash_at``-th call raises
+holds; a run in ``fail`` raises after its training steps (a failed run, recorded with its curve),
+one in ``fail_early`` before its first step (as a missing package fails it); the ``crash_at``-th call raises
 :class:`Crash`, a ``BaseException`` that no executor catches, as if the machine switched off
 while the run was in progress (its started entry stays without a record). ``before`` is called
 with each job first (a test may start another runner there)."""
@@ -26,11 +27,13 @@ class FakeTrainer:
         *,
         device_s: float = 1.0,
         fail: frozenset[str] | set[str] = frozenset(),
+        fail_early: frozenset[str] | set[str] = frozenset(),
         crash_at: int | None = None,
         before: Callable[[Job], None] | None = None,
     ) -> None:
         self.device_s = device_s
         self.fail = set(fail)
+        self.fail_early = set(fail_early)
         self.crash_at = crash_at
         self.before = before
         self.calls: list[tuple[str, int]] = []
@@ -42,11 +45,13 @@ class FakeTrainer:
             self.before(job)
         if self.crash_at is not None and len(self.calls) == self.crash_at:
             raise Crash(spec.run_id)
-        if spec.run_id in self.fail:
-            raise RuntimeError(f"deliberate failure of {spec.run_id}")
+        if spec.run_id in self.fail_early:
+            raise RuntimeError(f"deliberate failure of {spec.run_id} at start-up")
         bpb = 5.0 + (spec.seed % 7) / 100
         partial.curve = [[float(s), 5.5 - s / 100, s / 10] for s in range(1, spec.steps + 1)]
         partial.val_curve = [[float(spec.steps), bpb, spec.steps / 10]]
+        if spec.run_id in self.fail:
+            raise RuntimeError(f"deliberate failure of {spec.run_id}")
         train_s = self.device_s / 2
         partial.note(
             status="ok",

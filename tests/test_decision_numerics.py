@@ -128,7 +128,7 @@ def test_any_proportional_data_are_zero_spread(b, k):
     c = [x * k for x in b]
     r = both(H(), P(b, c, "training_s"))
     assert r["status"] == "not reached" and (
-        r["reason"].startswith("zero spread") or r["reason"].startswith("identical")
+        r["reason"].startswith("zero spread") or r["reason"].startswith("every pair identical")
     ), r
 
 
@@ -473,10 +473,13 @@ def test_identical_arms_are_decided_by_identity_in_schema_4_and_not_reached_befo
     new = D.decide(sp, {("s", "c"): pairs}, completeness(DONE), identity="zero")[0].as_dict()
     assert new["status"] == status and new["test"]["method"] == "identity"
     assert f"{status}: every pair identical" in new["text"]
-    assert new["reason"] == "every pair identical: the identity rule (records of schema 4)"
+    shown = f"every pair identical: in all 5 pairs the two arms gave the same {h['endpoint']}, bit for bit"
+    assert new["reason"] == f"{shown}: the identity rule (records of schema 4)"
     assert new["test"]["p_value"] == (0.0 if status == "established" else 1.0)
     old = D.decide(sp, {("s", "c"): pairs}, completeness(DONE))[0].as_dict()
-    assert old["status"] == "not reached" and "identical" in old["reason"]
+    # the same words say what was shown under the earlier rule, which decides nothing (no failure)
+    assert old["status"] == "not reached" and old["reason"].startswith(f"{shown}; shown, not tested")
+    assert "shown, not tested" in old["reason"] and shown in new["text"] and shown in old["text"]
     # one pair off by the smallest step: a spread again, tested as before, never by identity
     nudged = P(values, [*values[:-1], math.nextafter(values[-1], 10.0)], key)
     other = D.decide(sp, {("s", "c"): nudged}, completeness(DONE), identity="zero")[0].as_dict()
@@ -497,7 +500,11 @@ def test_identical_arms_are_decided_by_the_exact_sign_test_from_schema_5(h, key,
         p = stats.binomtest(n, n, 0.5, alternative="greater").pvalue
         assert got["test"]["method"] == "sign" and got["test"]["p_value"] == p == 2.0**-n
         assert got["status"] == ("established" if p < 0.05 else "not established")
-        assert got["reason"] == D.IDENTICAL_BY_SIGN and f"{n} of {n} pairs favourable" in got["text"]
+        assert (
+            got["reason"].endswith(D.IDENTICAL_BY_SIGN)
+            and got["reason"].startswith("every pair identical: in all")
+            and f"{n} of {n} pairs favourable" in got["text"]
+        )
     else:
         assert got["status"] == "not established" and got["test"]["p_value"] == 1.0
 
@@ -512,7 +519,7 @@ def test_the_summary_uses_the_identity_rule_of_the_records_schema(records):
     rows = records_json(typed(records))
     mine = recompute(rows)["hypotheses"]["decisions"][0]
     assert {r["schema_version"] for r in rows} == {5}, mine
-    assert mine["test"]["method"] == "sign" and mine["reason"] == D.IDENTICAL_BY_SIGN
+    assert mine["test"]["method"] == "sign" and mine["reason"].endswith(D.IDENTICAL_BY_SIGN)
     assert mine["test"]["p_value"] == 2.0 ** -mine["test"]["n"]
     four = recompute([{**r, "schema_version": 4} for r in rows])["hypotheses"]["decisions"][0]
     assert four["status"] == "established" and four["test"]["p_value"] == 0.0

@@ -205,7 +205,7 @@ def test_degenerate_and_incomplete_are_not_reached():
     for p in pairs:
         p["candidate_test_bpb"] = p["baseline_test_bpb"]  # bitwise-identical arms
     r = D.decide(spec(H_QUAL), {("s", "c"): pairs}, completeness(COMPLETE))[0]
-    assert r.status == "not reached" and r.reason.startswith("identical") and r.low is None
+    assert r.status == "not reached" and r.reason.startswith("every pair identical: in all") and r.low is None
     r = D.decide(spec(H_SPEED, min_pairs=10), {("s", "c"): make_pairs(4)}, completeness(COMPLETE))[0]
     assert r.status == "not reached" and "too few pairs: 4" in r.reason
     inc = {"complete": False, "budget_stop": False, "missing_runs": 2, "planned_runs": 10}

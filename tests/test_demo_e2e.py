@@ -2,7 +2,7 @@
 
 By default (``long``: CI runs it at reduced size) the copy's ``protocols/demo.yaml`` is shrunk
 before the run: every study and configuration stays, with 3 seeds (the hypotheses' ``min_pairs``)
-instead of 4 and 30 steps (validation every 10) instead of 90, 42 runs instead of 56.
+instead of 4 and 30 steps (validation every 10) instead of 90, 48 runs instead of 64.
 ``HARNESS_TEST_FULL_SIZE=1`` runs the demo exactly as shipped."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pagecheck import check_page
 
 from audit.cli import NOT_VERIFIED
 
-pytestmark = pytest.mark.process  # the demo's 42 runs in real workers, and the browser
+pytestmark = pytest.mark.process  # the demo's 48 runs in real workers, and the browser
 
 #: the reduced demo's size (see the module's docstring); the shipped demo's where FULL_SIZE
 STEPS = 90 if FULL_SIZE else 30
@@ -28,9 +28,9 @@ STEPS = 90 if FULL_SIZE else 30
 def reduced(text: str) -> str:
     """``protocols/demo.yaml`` at the reduced size: each replacement must apply (the demo's shape)."""
     for old, new, n in (
-        ("seeds: {count: 4, ", "seeds: {count: 3, ", 3),
-        ("    steps: 90\n", f"    steps: {STEPS}\n", 3),
-        ("    val_every: 15\n", "    val_every: 10\n", 3),
+        ("seeds: {count: 4, ", "seeds: {count: 3, ", 4),
+        ("    steps: 90\n", f"    steps: {STEPS}\n", 4),
+        ("    val_every: 15\n", "    val_every: 10\n", 4),
     ):
         assert text.count(old) == n, (old, text.count(old))
         text = text.replace(old, new)
@@ -78,7 +78,7 @@ def test_demo_writes_a_study_page_that_a_browser_renders(demo):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     page = clone / "runs" / "demo" / "records" / "index.html"
     assert page.is_file() and str(page.relative_to(clone)) in r.stdout
-    check_page(page, expect_studies=("pairs", "factorial", "null_aa"))
+    check_page(page, expect_studies=("pairs", "per_process", "factorial", "null_aa"))
 
 
 @pytest.mark.long
@@ -96,6 +96,12 @@ def test_demo_runs_reports_audits_and_detects_tampering(demo):
     print(f"demo took {elapsed:.1f} s")
     records = clone / "runs" / "demo" / "records"
     assert not (clone / "records" / "demo").exists()  # a demo never touches records/
+    # the design the calibration chose: lockstep at blocks of 1, decided on the CPU clock; the
+    # per-process study beside it for contrast
+    recs = record_dicts(records)
+    designs = {(x["spec"]["study"], x["spec"].get("block_steps")) for x in recs}
+    assert designs == {("pairs", 1), ("null_aa", 1), ("per_process", None), ("factorial", None)}
+    assert "H1-speed | pairs / tiny_transformer | training_cpu_time" in (records / "report.md").read_text()
     audit = [sys.executable, "-I", "-S", "analysis/public_audit.py", "runs/demo/records"]
     ok = subprocess.run(audit, cwd=clone, capture_output=True, text=True)
     assert ok.returncode == NOT_VERIFIED, ok.stdout
@@ -125,7 +131,7 @@ def test_edited_tagged_protocol_is_refused(clone):
 
 @pytest.mark.long
 def test_the_demo_finishes_with_its_runs_slowed_threefold(tmp_path):
-    """The demo as shipped (56 runs, full size) with every run taking three times its device time
+    """The demo as shipped (64 runs, full size) with every run taking three times its device time
     (the test knob ``HARNESS_TEST_SLOWDOWN=3``: the worker sleeps the difference), as on a machine
     three times slower than this one: it finishes within its budget, which ``harness calibrate
     --slower 3`` sized for that (protocols/demo.yaml's origins)."""
@@ -135,9 +141,9 @@ def test_the_demo_finishes_with_its_runs_slowed_threefold(tmp_path):
     env = {**os.environ, "HARNESS_TEST_SLOWDOWN": "3"}
     r = harness(dest, "run", "protocols/demo.yaml", "--quiet", "--no-report", timeout=3000, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "all 56 runs finished ok" in r.stdout and "HARNESS_TEST_SLOWDOWN=3" in r.stdout
+    assert "all 64 runs finished ok" in r.stdout and "HARNESS_TEST_SLOWDOWN=3" in r.stdout
     recs = record_dicts(dest / "runs" / "demo" / "records")
-    assert len(recs) == 56 and all(x["status"] == "ok" and x["env"]["test_slowdown"] == 3.0 for x in recs)
+    assert len(recs) == 64 and all(x["status"] == "ok" and x["env"]["test_slowdown"] == 3.0 for x in recs)
     spent = sum(x["timings"]["device_s"] for x in recs)
     budget = yaml.safe_load((dest / "protocols" / "demo.yaml").read_text())["budget_device_seconds"]
     print(f"the demo slowed threefold spent {spent:.1f} of its {budget} device seconds")

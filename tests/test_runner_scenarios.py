@@ -153,6 +153,28 @@ def test_failing_runs_are_recorded_and_counted_not_dropped(tmp_path):
     assert audit(repo).returncode == NOT_VERIFIED
 
 
+def test_an_arm_failing_at_start_up_stops_after_its_first_pair_in_process(tmp_path):
+    """The failure rule (prereg/failstop.py) in process: every candidate fails before its first
+    step; the first failure stops the study (its partner runs only if it ran first), the message and
+    the summary name the rule and the reason, and the audit recomputes the stop. Failures after
+    training began (test_failing_runs_...) never stop a study."""
+    repo = study(tmp_path)
+    lines: list[str] = []
+    code, message = run(repo, FakeTrainer(fail_early=CANDIDATES), lines)
+    assert code == RUN_FAILED_RUNS and message.startswith("STOPPED BY THE FAILURE RULE: "), message
+    assert "deliberate failure of pairs.tiny_conv.pair000.candidate at start-up" in message
+    recs = record_dicts(repo / RECS)
+    assert {x["spec"]["unit"] for x in recs} == {"pairs.tiny_conv.pair000"}
+    first = min(recs, key=lambda x: x["spec"]["position"])["spec"]["role"]
+    assert len(recs) == (2 if first == "baseline" else 1)
+    assert any(line.startswith("failure rule: ") for line in lines)
+    summary = json.loads((repo / RECS / "summary.json").read_text())
+    missing = 4 - sum(x["status"] == "ok" for x in recs)
+    assert summary["completeness"]["text"].startswith(f"STOPPED BY THE FAILURE RULE: {missing} of 4")
+    a = audit(repo)
+    assert a.returncode == 0 and "The study was STOPPED BY THE FAILURE RULE" in a.stdout, a.stdout
+
+
 def test_retry_reruns_whole_units_in_plan_order_up_to_max_attempts(tmp_path):
     """As test_protocol_cli's retry: every candidate fails every time; --retry-failed runs each unit
     again whole (both arms, back to back, in plan order) until max_attempts, then nothing."""

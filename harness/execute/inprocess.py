@@ -48,8 +48,14 @@ class InProcessExecutor:
                     except STOPS as e:  # as the local executor: recorded now, charged what it ran
                         runner.stopped(group, attempts, time.monotonic() - t0, stop_name(e))
                         raise
-                    for spec, attempt, out in zip(group, attempts, split(outcome, group)):
-                        runner.echo(f"  {runner.finished(spec, attempt, out).status}")
+                    statuses = [
+                        runner.finished(s, a, out).status
+                        for s, a, out in zip(group, attempts, split(outcome, group))
+                    ]
+                    for status in statuses:
+                        runner.echo(f"  {status}")
+                    if "failed" in statuses and runner.failure_stops():
+                        break  # the failure rule: the unit's further runs do not start
             finally:
                 claim.release()
 

@@ -36,7 +36,8 @@ class LocalExecutor:
             for claim in runner.claims():
                 try:
                     for group in process_groups(claim.todo):
-                        self._process(runner, launcher, group, claim.unit_attempt)
+                        if not self._process(runner, launcher, group, claim.unit_attempt):
+                            break  # the failure rule: the unit's further runs do not start
                     runner.echo(f"  {describe(runner.ledger.head())}")
                 finally:
                     claim.release()
@@ -44,8 +45,9 @@ class LocalExecutor:
             launcher.close()
 
     @staticmethod
-    def _process(runner: RunnerPort, launcher: Launcher, group: list[RunSpec], unit_attempt: int) -> None:
-        """One worker process: its runs' attempts, started entries, the process, their records."""
+    def _process(runner: RunnerPort, launcher: Launcher, group: list[RunSpec], unit_attempt: int) -> bool:
+        """One worker process: its runs' attempts, started entries, the process, their records.
+        False when a run failed and the failure rule (:mod:`prereg.failstop`) stops the study."""
         attempts = [runner.next_attempt(spec) for spec in group]
         for spec, attempt in zip(group, attempts):
             runner.announce(spec, attempt)
@@ -79,12 +81,15 @@ class LocalExecutor:
             except STOPS as e:  # Ctrl-C or SIGTERM: charged what it ran, recorded now
                 runner.stopped(group, attempts, time.monotonic() - t0, stop_name(e))
                 raise
+        failed = False
         for s, a, out in zip(group, attempts, split(outcome, group)):
             rec = runner.finished(s, a, out)
             who = f"{s.run_id}: " if len(group) > 1 else ""
             runner.echo(f"  {who}{rec.status} ({runner.progress.executed_s[-1]:.1f} s)")
             if rec.status != "ok":
                 runner.echo(failure_lines(rec.reason, work, runner.root))
+                failed = failed or rec.status == "failed"
+        return not (failed and runner.failure_stops())
 
 
 def failure_lines(reason: str | None, work: Path, root: Path) -> str:

@@ -62,6 +62,8 @@ from prereg.barrier import look_entry_records
 from prereg.budget import Attempt, BudgetCheck
 from prereg.budget import check as budget_check
 from prereg.errors import HarnessError, RefusedError
+from prereg.failstop import FailAttempt, failing_arms
+from prereg.failstop import describe as describe_failing
 from prereg.hypotheses import Family
 from prereg.jsonfields import plain
 from prereg.looks import look_units
@@ -74,6 +76,7 @@ from prereg.records import (
     WorkerResult,
     atomic_write,
     budget_attempts,
+    failure_attempts,
     jsonable,
     sha256_bytes,
 )
@@ -125,6 +128,9 @@ class Runner:
         # the run states and the budget rule's attempts, kept current from the ledger's index
         self._states: dict[str, RunState] = {}
         self._attempts: list[Attempt] = []
+        self._fail_attempts: list[FailAttempt] = []  # the failure rule's (prereg/failstop.py)
+        self.stopped_for_failure: str | None = None  # what the failure rule found, where it stopped
+        self._failed_here: set[str] = set()  # runs whose failed record this runner wrote
         self._seen = (-1, 0)  # (the index's generation, records read)
         self._written = 0  # records this runner appended
         self._written_seen = 0  # ... as of the last read of the states
@@ -227,6 +233,8 @@ class Runner:
             node=node,
         )
         self._write(rec)
+        if rec.status == "failed":
+            self._failed_here.add(spec.run_id)
         self.progress.ran(device_s)
         if spec.run_id in self._unit_ends:
             self.push_anchor()
@@ -326,8 +334,33 @@ class Runner:
 
     @property
     def halted(self) -> bool:
-        """Whether no further unit starts: the budget rule, or the sequential rule at a look."""
-        return self.stopped_for_budget or self.stopped_at_look is not None
+        """Whether no further unit starts: the budget rule, the failure rule, or the sequential rule
+        at a look."""
+        return (
+            self.stopped_for_budget
+            or self.stopped_for_failure is not None
+            or self.stopped_at_look is not None
+        )
+
+    def failure_stops(self) -> bool:
+        """The failure rule, from its one home (:mod:`prereg.failstop`, which the summary and the
+        audit apply to the records too): once every record of some arm failed before its first
+        training step, one of them in this run of the command, no unit that has not started starts,
+        and no further run of a unit in progress; then ``stopped_for_failure`` says what failed. The
+        local and in-process executors ask it after each failed run."""
+        self.current()
+        failing = [
+            f for f in failing_arms(self._fail_attempts) if any(a[2] in self._failed_here for a in f[2])
+        ]
+        if not failing:
+            return False
+        if self.stopped_for_failure is None:
+            self.stopped_for_failure = describe_failing(failing)
+            self.echo(
+                "failure rule: every run of an arm so far failed before its first training step, so no "
+                f"further run starts ({self.stopped_for_failure})"
+            )
+        return True
 
     def look_allows(self, unit: list[RunSpec]) -> bool:
         """The group-sequential barrier (:mod:`prereg.looks`): a unit of a hypothesis' study
@@ -454,6 +487,9 @@ class Runner:
         if todo and not self.look_allows(unit):
             lock.release()
             return None
+        if todo and all(states.get(s.run_id) is None for s in unit) and self.failure_stops():
+            lock.release()
+            return None
         if not todo or not self.budget_allows(unit, todo, attempts, reserved):
             lock.release()
             return None
@@ -466,6 +502,7 @@ class Runner:
         recs = self.ledger.records()
         if self._seen[0] != self.ledger.generation:
             self._states, self._attempts, self._seen = {}, [], (self.ledger.generation, 0)
+            self._fail_attempts = []
             self._done_known = False
         fresh = recs[self._seen[1] :]
         if len(fresh) != self._written - self._written_seen:
@@ -474,6 +511,7 @@ class Runner:
         for r in fresh:
             note_record(self._states, r)
         self._attempts.extend(budget_attempts(fresh))
+        self._fail_attempts.extend(failure_attempts(fresh))
         self._seen = (self.ledger.generation, len(recs))
         return self._states, self._attempts
 
@@ -525,6 +563,8 @@ class Runner:
         restored = freeze.restore_tag(proto)
         if restored:
             self.echo(restored)
+        if proto.defaults_note():
+            self.echo(str(proto.defaults_note()))
         self.frozen = freeze.check(proto, self.plan_sha, len(self.runs))
         if proto.torch_version and not self.allow_torch_mismatch:
             import torch
@@ -561,6 +601,7 @@ class Runner:
         self.progress = Progress(total=sum(len(u) for u in self._units))
         self.stopped_for_budget = False
         self.stopped_at_look = None
+        self.stopped_for_failure = None
         try:
             self.executor.execute(self)
         finally:  # MANIFEST lags appends by seconds; the chain is the truth if this cannot run
@@ -588,6 +629,7 @@ class Runner:
             replicate=None
             if self.proto.replicates is None or self.replicate is None
             else (self.replicate, self.proto.replicates["count"]),
+            stopped_for_failure=self.stopped_for_failure if left else None,
         )
 
     def _check_replicate_named(self) -> None:

@@ -38,6 +38,7 @@ class RunEnd:
     stopped_at_look: dict[str, Any] | None = None  # the look where the sequential rule stopped the study
     # a replicated protocol's run (``--replicate K``): (K, count); planned and left are its runs only
     replicate: tuple[int, int] | None = None
+    stopped_for_failure: str | None = None  # what the failure rule found (prereg/failstop.py), if it stopped
 
 
 @dataclass

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prereg.attempts import FLOW_COUNTS
+from prereg.plan import defaults_text
 from prereg.render.answer import CONVENTION, answer_lines, decision_cells, planted_names
 from prereg.render.beside import Beside
 from prereg.render.interference_report import interference_section
@@ -82,7 +83,12 @@ def _header(summary: Summary) -> list[str]:
     out = [
         f"Protocol sha256 `{p['sha256']}`"
         + (f", tag `{p['tag']}`" if p.get("tag") else ", not preregistered")
-        + ".",
+        + "."
+        + (
+            f" Defaults for the keys it leaves out: {defaults_text(p['defaults'])}."
+            if p.get("defaults")
+            else ""
+        ),
         f"Records: {rec.files} run attempts ({rec.ok} ok, {rec.failed} failed, "
         f"{rec.interrupted} interrupted); {rec.device_seconds:.1f} device seconds in all.",
     ]
