@@ -177,7 +177,9 @@ class PackedAdamW(OnePass):
                 params.append(p)
                 group_of.append(k)
         amsgrad = [bool(g["amsgrad"]) for g in self.param_groups]
-        self._pack = Pack(params, amsgrad, group_of, release=self._release)
+        self._pack = Pack(
+            params, amsgrad, group_of, release=self._release, reuse=getattr(self, "_pack", None)
+        )
         if self._backward_norms:
             self._pack.backward = BackwardNorms(self._pack)
             self._pack.base_refs = self._pack.refs()  # its slots are new tensors

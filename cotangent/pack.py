@@ -102,9 +102,20 @@ class Pack:
     _registry: dict[int, Pack] = {}
 
     def __init__(
-        self, params: list[Tensor], amsgrad: list[bool], group_of: list[int], release: bool = False
+        self,
+        params: list[Tensor],
+        amsgrad: list[bool],
+        group_of: list[int],
+        release: bool = False,
+        reuse: Pack | None = None,
     ) -> None:
         self.params = params
+        # the parameter buffers of an earlier layout, by (group, device, dtype) and the parameters in
+        # packed order: a group laid out the same again keeps its memory (views of it stay valid)
+        self._reusable = {
+            (g.pg, g.device, g.dtype): ([id(reuse.params[i]) for i in g.index], g.param)
+            for g in (reuse.groups if reuse is not None else [])
+        }
         self.n = len(params)
         self.release_mode = release
         # slots whose memory may not hold -0.0 (released pages read +0.0): filled by the hook
@@ -205,7 +216,9 @@ class Pack:
             numels.append(numel[i])
             total += numel[i]
         aligned_end = sum(1 for i in ordered if numel[i] % unit == 0)
-        flat_p = torch.empty(total, device=device, dtype=dtype)
+        old = self._reusable.get((pg, device, dtype))
+        same = old is not None and old[0] == [id(self.params[i]) for i in ordered]
+        flat_p = old[1] if old is not None and same else torch.empty(total, device=device, dtype=dtype)
         flat_g = torch.full((total,), -0.0, device=device, dtype=dtype)
         group = FlatGroup(
             device=device,
@@ -226,9 +239,12 @@ class Pack:
         with torch.no_grad():
             for j, i in enumerate(ordered):
                 p = self.params[i]
-                view = group.slot(flat_p, j, p.shape)
-                view.copy_(p)
-                p.data = own_storage(view)  # the parameter now lives in the flat buffer; old storage is freed
+                if not same:
+                    view = group.slot(flat_p, j, p.shape)
+                    view.copy_(p)
+                    p.data = own_storage(
+                        view
+                    )  # the parameter now lives in the flat buffer; old storage is freed
                 gview = grad_alias(flat_g, offsets[j], p.shape)
                 if p.grad is not None:  # a gradient that exists at construction is kept
                     gview.copy_(p.grad)

@@ -97,12 +97,8 @@ class WatchedState(_watching(defaultdict)):  # type: ignore[misc]
 
     changes: Changes
 
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        return (_plain_state, (dict(self),))
-
-
-def _plain_state(items: dict[Any, Any]) -> defaultdict[Any, Any]:
-    return defaultdict(dict, items)
+    def __reduce_ex__(self, protocol: Any) -> Any:  # pickled as the plain defaultdict native keeps
+        return (defaultdict, (dict,), None, None, iter(dict(self).items()))
 
 
 def watched_state(entries: dict[Tensor, dict[str, Any]], changes: Changes) -> WatchedState:

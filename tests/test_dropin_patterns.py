@@ -404,3 +404,37 @@ def test_compiled_phase_runs_as_the_three_calls():
         oa.zero_grad()
         assert bitwise_equal(na, phase(1.0))
         check(a, b, oa, ob, f"step {step}")
+
+
+@pytest.mark.parametrize("relayout", ["add_param_group", "load_state_dict"])
+def test_view_taken_after_packing_survives_a_new_layout(relayout):
+    """``add_param_group`` and ``load_state_dict`` lay the groups out again; a group laid out the same
+    keeps its memory, so a handle taken after construction still follows every step."""
+    s = {
+        "shapes": [(16, 8), (7, 3), (32,)],
+        "two_groups": True,
+        "mode": "kept",
+        "seed": 1,
+        "set_to_none": True,
+    }
+    a, b, oa, ob, gen = build(s)
+    va, vb = [x.detach() for x in a], [y.detach().t() if y.dim() == 2 else y.detach() for y in b]
+    extra = torch.randn(5, generator=gen)
+    xa, xb = extra.clone().requires_grad_(), extra.clone().requires_grad_()
+    for step in range(3):
+        if step == 1 and relayout == "add_param_group":
+            oa.add_param_group({"params": [xa], "lr": 0.05})
+            ob.add_param_group({"params": [xb], "lr": 0.05})
+        if step == 1 and relayout == "load_state_dict":
+            oa.load_state_dict(oa.state_dict())
+            ob.load_state_dict(ob.state_dict())
+        gs = grads_for(a, gen)
+        torch.autograd.backward(a, gs)
+        torch.autograd.backward(b, gs)
+        xa.grad, xb.grad = extra.clone(), extra.clone()
+        for opt in (oa, ob):
+            opt.step()
+            opt.zero_grad()
+        check(a + [xa], b + [xb], oa, ob, f"step {step}")
+        for x, y in zip(va, vb):
+            assert bitwise_equal(x, y.t() if y.dim() == 2 else y), f"step {step}: the handle kept old weights"
