@@ -87,6 +87,11 @@ class PackedAdamW(OnePass):
         ``p.grad.data``, ``p.grad.numpy()`` or DLPack, which mark the slot so that its norm is
         computed again (:class:`~cotangent.backnorms.GradSlot`). Not seen: those forms
         on a view or a detached copy of a gradient, and raw pointers; hence ``False`` by default.
+    foreach, capturable, differentiable, fused
+        As ``torch.optim.AdamW``, at the values that keep native on its fused kernel (``fused``
+        None or True, ``foreach`` None or False, the others False); any other value is refused,
+        naming it. ``params`` may be ``named_parameters()``, as natively (names go to each
+        group's ``param_names``).
 
     Notes
     -----
@@ -100,6 +105,11 @@ class PackedAdamW(OnePass):
     ``torch.distributed.checkpoint``) keep every tensor. A ``.grad`` replaced by the user is
     copied into the flat buffer at the next step and the view restored; a ``.grad`` set to ``None`` counts as no gradient. ``.grad`` is None
     exactly where native's is (after ``zero_grad()``, before backward reaches a parameter).
+
+    Training-code patterns (``torch.autograd.grad`` over the parameters, an optimizer stepped in
+    backward, ``optimizer.state`` reset or its tensors replaced, ``param_groups`` changed in place,
+    a ``.grad`` kept across ``zero_grad()``, views of parameters) give native's bits or are
+    refused by name before anything moves; ``docs/method.md`` lists each.
 
     As native fused AdamW, :meth:`step` takes part in ``GradScaler``'s protocol
     (``_step_supports_amp_scaling``): it divides the gradients by ``self.grad_scale`` inside the
