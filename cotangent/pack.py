@@ -112,8 +112,9 @@ class Pack:
         self.params = params
         # the parameter buffers of an earlier layout, by (group, device, dtype) and the parameters in
         # packed order: a group laid out the same again keeps its memory (views of it stay valid)
+        old = reuse.params if reuse is not None else []
         self._reusable = {
-            (g.pg, g.device, g.dtype): ([id(reuse.params[i]) for i in g.index], g.param)
+            (g.pg, g.device, g.dtype): ([id(old[i]) for i in g.index], g.param)
             for g in (reuse.groups if reuse is not None else [])
         }
         self.n = len(params)
