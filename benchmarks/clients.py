@@ -235,11 +235,14 @@ def main() -> int:
         builders["timm"] = timm_run
     print()
     print(
-        "| Loop | Parameters | Phase share of native iteration | Phase: native ms | cotangent / native (95% CI) | Iteration: native ms | cotangent / native (95% CI) | Bitwise | One pass on |"
+        "| Loop | Parameters | Threads | torch dispatches | Phase share of native iteration | Phase: native ms | cotangent / native (95% CI) | Iteration: native ms | cotangent / native (95% CI) | Bitwise | One pass on |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, build in builders.items():
         r = build()
+        # the thread count each figure ran with, beside it (ratios differ between 1 and 2 threads)
+        r["threads"] = torch.get_num_threads()
+        r["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
         results[name] = r
         it = r["iteration"]
         ph = r["phase"]
@@ -247,7 +250,7 @@ def main() -> int:
         phs = f"{ph['native_ms']:.2f} | {ph['ratio']:.3f} ({ph['low']:.3f}-{ph['high']:.3f})"
         kern = "phase.c" if r["phase_kernel"].startswith("phase.c") else "torch kernels"
         print(
-            f"| {name} | {r['parameters'] / 1e6:.2f}M | {share} | {phs} | {it['native_ms']:.1f} | "
+            f"| {name} | {r['parameters'] / 1e6:.2f}M | {r['threads']} | {r['cpu_capability']} | {share} | {phs} | {it['native_ms']:.1f} | "
             f"{it['ratio']:.3f} ({it['low']:.3f}-{it['high']:.3f}) | {r['bitwise']} | {kern} |",
             flush=True,
         )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import platform
-from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -13,12 +12,29 @@ from torch import Tensor
 import cotangent.kernel as kernel
 from cotangent.backnorms import BackwardNorms
 from cotangent.exactness import exact_paths
-from cotangent.groups import NATIVE_GROUP_KEYS, amp_tensors, check_group, fused_kwargs, lr_on, validated
+from cotangent.groups import (
+    NATIVE_GROUP_KEYS,
+    amp_tensors,
+    check_group,
+    check_native_kwargs,
+    check_unshared,
+    fused_kwargs,
+    lr_on,
+    validated,
+)
 from cotangent.kernel.phase import KernelPhase, kernel_blocker
 from cotangent.onepass import OnePass
 from cotangent.pack import CPU_BLOCK_BYTES, RELEASE_MIN_BYTES, FlatGroup, Pack
 from cotangent.plans import blocks_for, lists_for, view_lists
-from cotangent.states import check_loadable, saved_state, to_state_tensors
+from cotangent.states import (
+    Changes,
+    check_loadable,
+    planned_state,
+    saved_state,
+    to_state_tensors,
+    watched_entry,
+    watched_state,
+)
 
 
 class PackedAdamW(OnePass):
@@ -71,6 +87,11 @@ class PackedAdamW(OnePass):
         ``p.grad.data``, ``p.grad.numpy()`` or DLPack, which mark the slot so that its norm is
         computed again (:class:`~cotangent.backnorms.GradSlot`). Not seen: those forms
         on a view or a detached copy of a gradient, and raw pointers; hence ``False`` by default.
+    foreach, capturable, differentiable, fused
+        As ``torch.optim.AdamW``, at the values that keep native on its fused kernel (``fused``
+        None or True, ``foreach`` None or False, the others False); any other value is refused,
+        naming it. ``params`` may be ``named_parameters()``, as natively (names go to each
+        group's ``param_names``).
 
     Notes
     -----
@@ -84,6 +105,11 @@ class PackedAdamW(OnePass):
     ``torch.distributed.checkpoint``) keep every tensor. A ``.grad`` replaced by the user is
     copied into the flat buffer at the next step and the view restored; a ``.grad`` set to ``None`` counts as no gradient. ``.grad`` is None
     exactly where native's is (after ``zero_grad()``, before backward reaches a parameter).
+
+    Training-code patterns (``torch.autograd.grad`` over the parameters, an optimizer stepped in
+    backward, ``optimizer.state`` reset or its tensors replaced, ``param_groups`` changed in place,
+    a ``.grad`` kept across ``zero_grad()``, views of parameters) give native's bits or are
+    refused by name before anything moves; ``docs/method.md`` lists each.
 
     As native fused AdamW, :meth:`step` takes part in ``GradScaler``'s protocol
     (``_step_supports_amp_scaling``): it divides the gradients by ``self.grad_scale`` inside the
@@ -109,7 +135,14 @@ class PackedAdamW(OnePass):
         kernel: str = "auto",
         release_grads: bool | str = False,
         backward_norms: bool = False,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
     ) -> None:
+        check_native_kwargs(
+            foreach=foreach, capturable=capturable, differentiable=differentiable, fused=fused
+        )
         if kernel not in ("auto", "torch"):
             raise ValueError(f"kernel must be auto or torch, not {kernel!r}")
         if update not in ("auto", "views", "aligned", "flat"):
@@ -128,6 +161,7 @@ class PackedAdamW(OnePass):
             groups = [{"params": groups}]
         for k, group in enumerate(groups):  # everything checked before anything is modified
             check_group(group, k, defaults)
+        check_unshared([p for g in groups for p in g["params"]])
         if release_grads == "auto":  # the OS can take pages back (madvise): gradient memory as native's
             grad_bytes = sum(
                 p.numel() * p.element_size() for g in groups for p in {id(q): q for q in g["params"]}.values()
@@ -138,6 +172,7 @@ class PackedAdamW(OnePass):
         self._phase: tuple[Tensor, Tensor, bool] | None = None  # (total, coef, set_to_none) of a phase
         # ids of the parameters that have optimizer state (native's lazy state: _mark)
         self._stated: set[int] = set()
+        self._changes = Changes()  # raised by any write into self.state or an entry (_sync_state)
         super().__init__(groups, defaults)
         self._requested_update = update
         self.block_bytes = block_bytes
@@ -152,11 +187,16 @@ class PackedAdamW(OnePass):
                 params.append(p)
                 group_of.append(k)
         amsgrad = [bool(g["amsgrad"]) for g in self.param_groups]
-        self._pack = Pack(params, amsgrad, group_of, release=self._release)
+        self._pack = Pack(
+            params, amsgrad, group_of, release=self._release, reuse=getattr(self, "_pack", None)
+        )
         if self._backward_norms:
             self._pack.backward = BackwardNorms(self._pack)
+            self._pack.base_refs = self._pack.refs()  # its slots are new tensors
         self._build_state()
         self._build_plans()
+        # the groups as laid out: a group or a parameter list changed in place is seen (_sync_groups)
+        self._laid_out = [(g, list(map(id, g["params"]))) for g in self.param_groups]
 
     def _repack(self) -> None:
         """Lay every group out again (after ``add_param_group`` or loading a state dict), keeping
@@ -177,25 +217,41 @@ class PackedAdamW(OnePass):
         assert pack is not None
         with torch.no_grad():
             for p, st in saved.items():
+                if p not in self._slots:  # taken out of param_groups: native keeps its entry
+                    dict.__setitem__(self.state, p, st)
+                    continue
                 for key, view in self._slots[p].items():
                     if key in st:
                         view.copy_(st[key])
                     elif key == "max_exp_avg_sq":
                         view.zero_()
-            pack.uniform_steps = (
-                all(len(set(g.steps.tolist())) <= 1 for g in pack.groups)
-                and len({float(g.steps[0]) for g in pack.groups if len(g.index)}) <= 1
-            )
+        self._uniform_steps()
         self._build_plans()
+
+    def _uniform_steps(self) -> None:
+        pack = self._pack
+        pack.uniform_steps = (
+            all(len(set(g.steps.tolist())) <= 1 for g in pack.groups)
+            and len({float(g.steps[0]) for g in pack.groups if len(g.index)}) <= 1
+        )
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Native's ``add_param_group``, then the new parameters are packed (their own buffers)."""
         if getattr(self, "_pack", None) is None:  # during construction
             super().add_param_group(param_group)
             return
+        self._check_layout()
         check_group(param_group, len(self.param_groups), self.defaults)
+        check_unshared(param_group["params"])
         super().add_param_group(param_group)
         self._repack()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(
+            "PackedAdamW cannot be pickled (pickle, torch.save(optimizer)): its parameters are views of its flat "
+            "buffers, which an unpickled copy would not share with the model; save optimizer.state_dict() "
+            "instead and load it into a PackedAdamW (or torch.optim.AdamW(fused=True)) built over the model"
+        )
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         raise TypeError(
@@ -214,6 +270,7 @@ class PackedAdamW(OnePass):
         that have state, as native's: a parameter gets its entry at the first step it has a
         gradient in (:meth:`_mark`), never before and never without one."""
         pack = self._pack
+        # every parameter's state views, as laid out: what self.state's entries are compared with
         self._slots: dict[Tensor, dict[str, Tensor]] = {}
         for g in pack.groups:
             for j, i in enumerate(g.index):
@@ -226,10 +283,10 @@ class PackedAdamW(OnePass):
                 if g.max_exp_avg_sq is not None:
                     st["max_exp_avg_sq"] = g.slot(g.max_exp_avg_sq, j, p.shape)
                 self._slots[p] = st
-        self.state = defaultdict(dict)
-        for p in pack.params:
-            if id(p) in self._stated:
-                self.state[p] = self._slots[p]
+        self._changes.seen = False
+        self.state = self._watched = watched_state(
+            {p: self._slots[p] for p in pack.params if id(p) in self._stated}, self._changes
+        )
         self._all_stated = len(self._stated) == pack.n
 
     def _mark(self, positions: list[int] | None) -> None:
@@ -242,16 +299,25 @@ class PackedAdamW(OnePass):
             p = pack.params[i]
             if id(p) not in self._stated:
                 self._stated.add(id(p))
-                self.state[p] = self._slots[p]
+                dict.__setitem__(self.state, p, watched_entry(self._slots[p], self._changes))
         self._all_stated = len(self._stated) == pack.n
 
     def _build_plans(self) -> None:
         pack = self._pack
+        before = pack.refs()
         self._fast_lists = [lists_for(pack, g, self._mode(g)) for g in pack.groups]
         self._blocks = [blocks_for(pack, g, self._mode(g), self.block_bytes) for g in pack.groups]
         self._native: KernelPhase | None | bool = False  # False: not decided yet
         self._native_threads = torch.get_num_threads()  # the kernel's forms are verified per thread count
         self._native_why: str | None = None
+        self._count_own_refs(before)
+        pack.relaid = False
+
+    def _count_own_refs(self, before: list[int]) -> None:
+        """The references to the gradient slots that the lists just built (or dropped) hold are
+        ours: :meth:`Pack.kept` counts only the others."""
+        pack = self._pack
+        pack.base_refs = [b + now - was for b, now, was in zip(pack.base_refs, pack.refs(), before)]
 
     def _native_phase(self) -> KernelPhase | None:
         if self._native is False or self._native_threads != torch.get_num_threads():
@@ -260,8 +326,10 @@ class PackedAdamW(OnePass):
             k = None if why is not None else kernel.kernel()
             if why is None and k is None:
                 why = kernel.unavailable_reason()
+            before = self._pack.refs()
             self._native = KernelPhase(k, self._pack) if k is not None else None
             self._native_why = why
+            self._count_own_refs(before)
         return self._native  # type: ignore[return-value]
 
     def phase_kernel(self) -> str:
@@ -299,17 +367,92 @@ class PackedAdamW(OnePass):
         again before backward accumulates into it.
         """
         assert self._pack is not None
+        self._sync_groups()
         self._pack.zero_grads(set_to_none)
+        if self._pack.relaid:
+            self._build_plans()
 
     def _check_layout(self) -> None:
-        """Refuse, before anything is modified, a group whose ``amsgrad`` was switched after the
-        buffers were laid out (the maximum buffer exists exactly for amsgrad groups)."""
+        """What the user changed since the last step, before anything is modified: the state
+        (:meth:`_sync_state`), the groups (:meth:`_sync_groups`), a gradient slot given back to
+        the user (:meth:`Pack.detach_kept`); and refused, a group whose ``amsgrad`` was switched
+        after the buffers were laid out (the maximum buffer exists exactly for amsgrad groups)."""
+        self._sync_state()
+        self._sync_groups()
+        if self._pack.relaid:
+            self._build_plans()
         for g in self._pack.groups:
             if bool(self.param_groups[g.pg]["amsgrad"]) != (g.max_exp_avg_sq is not None):
                 raise RuntimeError(
                     f"PackedAdamW: parameter group {g.pg} changed amsgrad after the optimizer was built; "
                     "its buffers were laid out for the other value (build a new optimizer)"
                 )
+
+    def _sync_state(self) -> None:
+        """``self.state`` as the user left it, applied as native's next step would read it: an
+        entry removed (``state.clear()``, ``del state[p]``, ``state = defaultdict(dict)``) starts that
+        parameter again from zero moments and step 0 at its next step with a gradient; a state
+        tensor replaced (``state[p]["exp_avg"] = torch.zeros_like(p)``, ``state[p]["step"] =
+        torch.tensor(0.)``) is copied into the flat buffers, which the entry then views again. O(1)
+        when nothing was written (a flag the watched containers raise)."""
+        if self.state is self._watched and not self._changes.seen:
+            return
+        pack = self._pack
+        state = self.state
+        reset, copies, extra = planned_state(state, self._slots, self._stated)  # checked first
+        ours = {id(p) for p in pack.params}
+        others = {k: v for k, v in state.items() if id(k) not in ours}
+        with torch.no_grad():
+            for p in reset:
+                for view in self._slots[p].values():
+                    view.zero_()
+                self._stated.discard(id(p))
+            for p, values in copies.items():
+                for key, value in values.items():
+                    self._slots[p][key].copy_(value)
+        self._build_state()
+        for p, keys in extra.items():
+            dict.update(self.state[p], keys)
+        for k, v in others.items():
+            dict.__setitem__(self.state, k, v)
+        if reset or copies:
+            self._uniform_steps()
+
+    def _sync_groups(self) -> None:
+        """``param_groups`` as the user left it: a group's parameter list changed in place (a
+        parameter appended, removed or replaced) or the groups reordered, appended or replaced
+        are checked as ``add_param_group`` checks them and laid out again, each parameter's state
+        kept, so that every parameter is stepped with its group's hyperparameters as natively.
+        O(parameters) identity comparisons."""
+        groups = self.param_groups
+        laid = self._laid_out
+        if len(groups) == len(laid) and all(
+            g is was and list(map(id, g["params"])) == ids for g, (was, ids) in zip(groups, laid)
+        ):
+            return
+        seen: dict[int, int] = {}
+        packed = {id(p) for p in self._pack.params}
+        new: list[Tensor] = []
+        for k, g in enumerate(groups):
+            if isinstance(g, dict):
+                missing = [key for key in self.defaults if key not in g]
+                if missing:
+                    raise KeyError(
+                        f"PackedAdamW: parameter group {k} lacks {missing} (a dict put into param_groups "
+                        "directly; native's step would raise KeyError): use add_param_group(), which fills them"
+                    )
+            check_group(g, k, self.defaults)
+            for p in g["params"]:
+                if seen.setdefault(id(p), k) != k:
+                    raise ValueError(
+                        f"PackedAdamW: a parameter of shape {tuple(p.shape)} is in parameter groups {seen[id(p)]} "
+                        f"and {k} (param_groups changed in place); native's add_param_group refuses that: "
+                        "keep each parameter in one group"
+                    )
+                if id(p) not in packed:
+                    new.append(p)
+        check_unshared(new)
+        self._repack()
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:

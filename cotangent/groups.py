@@ -37,6 +37,75 @@ def validated(
     return {k: g[k] for k in ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")}
 
 
+def check_native_kwargs(**given: Any) -> None:
+    """Native ``AdamW``'s path keywords: the values that keep native on its fused kernel are taken
+    (PackedAdamW is that path); any other is refused by name, before anything is modified."""
+    fine = {
+        "foreach": (None, False),
+        "capturable": (False,),
+        "differentiable": (False,),
+        "fused": (None, True),
+    }
+    why = {
+        "foreach": "native refuses fused=True with foreach=True; the foreach path computes other bits",
+        "capturable": "the capturable (CUDA graph) form of the step is not packed",
+        "differentiable": "native's fused path does not support differentiable=True",
+        "fused": "native's for-loop path computes other bits than the fused kernel PackedAdamW reproduces",
+    }
+    for key, value in given.items():
+        if value not in fine[key] or (value is not None and not isinstance(value, bool)):
+            raise ValueError(
+                f"PackedAdamW: {key}={value!r} cannot give native fused AdamW's bits ({why[key]}); "
+                f"PackedAdamW is torch.optim.AdamW(fused=True): leave {key} at {fine[key][0]!r}, or use "
+                f"torch.optim.AdamW({key}={value!r}) itself"
+            )
+
+
+def unnamed(group: dict[str, Any], k: int) -> list[Any]:
+    """The group's parameters, with ``named_parameters()`` pairs taken apart as native's
+    ``add_param_group`` does (the names go to ``param_names``)."""
+    plist = list(group["params"])
+    names = [q[0] for q in plist if isinstance(q, tuple)]
+    if not names:
+        return plist
+    if len(names) != len(plist):
+        raise ValueError("all optimizer params should be with/without names. Some param names are missing")
+    bad = [i for i, q in enumerate(plist) if len(q) != 2]
+    if bad:
+        raise TypeError(
+            f"parameter {bad[0]} of group {k} is a tuple of {len(plist[bad[0]])}, not (name, parameter)"
+        )
+    group["param_names"] = names
+    return [q[1] for q in plist]
+
+
+def check_unshared(params: list[Tensor]) -> None:
+    """Refuse, before anything is modified, a parameter whose memory another tensor shares (a view
+    such as ``p.t()`` cached in ``__init__``, a ``p.detach()`` handle kept by an EMA or a logger,
+    the tensor an ``nn.Parameter`` was made from): packing moves each parameter into the flat
+    buffer, so that tensor would keep the initial weights while natively it follows every step.
+    One storage use count per parameter, compared with the parameters that share it."""
+    sharing: dict[int, set[int]] = {}
+    for p in params:
+        if p.numel():
+            sharing.setdefault(p.untyped_storage().data_ptr(), set()).add(id(p))
+    for i, p in enumerate(params):
+        if not p.numel():
+            continue
+        storage = p.untyped_storage()
+        # holders: the parameters on this storage, and ``storage`` here
+        extra = torch._C._storage_Use_Count(storage._cdata) - len(sharing[storage.data_ptr()]) - 1
+        if extra > 0:
+            raise ValueError(
+                f"PackedAdamW: parameter {i} (shape {tuple(p.shape)}) shares its memory with {extra} other "
+                "tensor(s): a view taken before the optimizer was built (p.t() cached in __init__, a p.detach() "
+                "handle kept by an EMA or a logger, the tensor an nn.Parameter was made from). Packing moves the "
+                "parameter into a flat buffer and that tensor would keep the initial weights, where natively it "
+                "follows every step: build PackedAdamW first and take views after, or drop the handle "
+                "(a copy, p.detach().clone(), is fine)"
+            )
+
+
 def check_group(group: dict[str, Any], k: int, defaults: dict[str, Any]) -> None:
     """Refuse, before anything is modified, what PackedAdamW cannot do as native does."""
     if not isinstance(group, dict) or "params" not in group:
@@ -49,7 +118,7 @@ def check_group(group: dict[str, Any], k: int, defaults: dict[str, Any]) -> None
             "of tensors in sets will change between runs. Please use a list instead."
         )
     else:
-        plist = list(group["params"])
+        plist = unnamed(group, k)
         first: dict[int, int] = {}
         for i, p in enumerate(plist):
             j = first.setdefault(id(p), i)

@@ -44,6 +44,7 @@ class OnePass(torch.optim.Optimizer):
     def _check_layout(self) -> None:
         raise NotImplementedError
 
+    @torch.compiler.disable  # traced by Dynamo its self-checks would be compiled; it runs eagerly
     @torch.no_grad()
     def clip_step_zero_grad(
         self,
@@ -85,8 +86,8 @@ class OnePass(torch.optim.Optimizer):
         gradient missing this step, per-parameter step counts, another norm type, step hooks) make
         the three calls.
         """
-        pack = self._pack
         self._check_layout()
+        pack = self._pack
         if parameters is None:
             spanned = [k for k, g in enumerate(self.param_groups) if g["params"]]
             if len(spanned) > 1:
@@ -107,6 +108,7 @@ class OnePass(torch.optim.Optimizer):
             or not pack.uniform_steps
             or float(norm_type) != 2.0
             or step_hooks_registered(self)
+            or (set_to_none and bool(pack.kept()))  # a kept .grad: zero_grad gives it its own memory first
         ):
             total = clip_grad_norm_(clip_list, max_norm, norm_type, error_if_nonfinite)
             self.step()

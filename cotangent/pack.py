@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -9,7 +10,7 @@ import torch
 from torch import Tensor
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 
-from cotangent.backnorms import BackwardNorms
+from cotangent.backnorms import BackwardNorms, GradSlot
 from cotangent.exactness import exact_paths
 from cotangent.kernel import release_pages
 from cotangent.norms import bucket_norm, bucketable, native_norms
@@ -101,9 +102,21 @@ class Pack:
     _registry: dict[int, Pack] = {}
 
     def __init__(
-        self, params: list[Tensor], amsgrad: list[bool], group_of: list[int], release: bool = False
+        self,
+        params: list[Tensor],
+        amsgrad: list[bool],
+        group_of: list[int],
+        release: bool = False,
+        reuse: Pack | None = None,
     ) -> None:
         self.params = params
+        # the parameter buffers of an earlier layout, by (group, device, dtype) and the parameters in
+        # packed order: a group laid out the same again keeps its memory (views of it stay valid)
+        old = reuse.params if reuse is not None else []
+        self._reusable = {
+            (g.pg, g.device, g.dtype): ([id(old[i]) for i in g.index], g.param)
+            for g in (reuse.groups if reuse is not None else [])
+        }
         self.n = len(params)
         self.release_mode = release
         # slots whose memory may not hold -0.0 (released pages read +0.0): filled by the hook
@@ -151,6 +164,14 @@ class Pack:
         self._same_device = all(g.device == self.first_device for g in self.groups)
         for p in params:
             Pack._registry[id(p)] = self
+        # slots the hook made a .grad in the running backward (or torch.autograd.grad), checked when it
+        # ends (after_backward), and whether that check is queued
+        self.attached: list[int] = []
+        self.queued = False
+        # Python references to each gradient slot that are ours (lists of the fused calls, p.grad):
+        # one more means the user kept the tensor (g = p.grad), see kept()
+        self.base_refs = self.refs()
+        self.relaid = False  # a slot was given a new tensor (detach_kept): the calls' lists are stale
 
     def _perm_for(self, positions: list[int]) -> Tensor:
         """Native clipping's norm order over the parameters at ``positions`` (in that order): its
@@ -196,7 +217,9 @@ class Pack:
             numels.append(numel[i])
             total += numel[i]
         aligned_end = sum(1 for i in ordered if numel[i] % unit == 0)
-        flat_p = torch.empty(total, device=device, dtype=dtype)
+        old = self._reusable.get((pg, device, dtype))
+        same = old is not None and old[0] == [id(self.params[i]) for i in ordered]
+        flat_p = old[1] if old is not None and same else torch.empty(total, device=device, dtype=dtype)
         flat_g = torch.full((total,), -0.0, device=device, dtype=dtype)
         group = FlatGroup(
             device=device,
@@ -217,9 +240,12 @@ class Pack:
         with torch.no_grad():
             for j, i in enumerate(ordered):
                 p = self.params[i]
-                view = group.slot(flat_p, j, p.shape)
-                view.copy_(p)
-                p.data = own_storage(view)  # the parameter now lives in the flat buffer; old storage is freed
+                if not same:
+                    view = group.slot(flat_p, j, p.shape)
+                    view.copy_(p)
+                    p.data = own_storage(
+                        view
+                    )  # the parameter now lives in the flat buffer; old storage is freed
                 gview = grad_alias(flat_g, offsets[j], p.shape)
                 if p.grad is not None:  # a gradient that exists at construction is kept
                     gview.copy_(p.grad)
@@ -243,6 +269,8 @@ class Pack:
             if grad.layout != torch.strided:
                 raise RuntimeError("PackedAdamW requires dense gradients (got a sparse gradient)")
             p = self.params[i]
+            if p.data_ptr() != self.ptrs[i]:
+                self.check_params()
             view = self.grad_views[i]
             if view.data_ptr() != self.grad_ptrs[i]:
                 self.check_rebound()
@@ -254,6 +282,12 @@ class Pack:
                 # produces them, so gradient memory grows as native's does).
                 if not (self.dirty[i] or self.produced[i] or view._version != self.known[i]):
                     p.grad = view
+                    # torch.autograd.grad runs this hook but never accumulates: when the graph task
+                    # ends, a slot nothing was accumulated into is no .grad again (after_backward)
+                    self.attached.append(i)
+                    if not self.queued:
+                        self.queued = True
+                        torch.autograd.Variable._execution_engine.queue_callback(self.after_backward)
             elif self.dirty[i] and p.grad is view:
                 view.fill_(-0.0)
                 self.dirty[i] = False
@@ -262,11 +296,14 @@ class Pack:
 
     def _make_post_hook(self, i: int) -> Callable[[Tensor], None]:
         def post(param: Tensor) -> None:  # after AccumulateGrad wrote into .grad
-            view = self.grad_views[i]
             g = param.grad
+            if g is None:  # a hook that ran before this one stepped and zeroed it (optimizer in backward)
+                return
+            if g is not self.grad_views[i] and self.kept_slot(i):  # the slot's tensor is the user's
+                self.detach_kept([i])
+            view = self.grad_views[i]
             if (
                 g is not view
-                and g is not None
                 and g.layout == torch.strided
                 and g.shape == view.shape
                 and g.dtype == view.dtype
@@ -281,6 +318,79 @@ class Pack:
                 self.backward.record(i)  # while the gradient is in cache (backward_norms=True)
 
         return post
+
+    def after_backward(self) -> None:
+        """The end of a backward or ``torch.autograd.grad`` in which the hook made slots ``.grad``:
+        a slot nothing accumulated into (``autograd.grad`` computes gradients without accumulating)
+        is no ``.grad`` again, as natively ``p.grad`` stays None."""
+        self.queued = False
+        attached, self.attached = self.attached, []
+        for i in attached:
+            view = self.grad_views[i]
+            if not self.produced[i] and self.params[i].grad is view and view._version == self.known[i]:
+                self.params[i].grad = None
+
+    def ref_count(self, i: int) -> int:
+        """Python references to slot ``i``'s tensor, less the one ``p.grad`` holds."""
+        view = self.grad_views[i]
+        return sys.getrefcount(view) - (self.params[i].grad is view)
+
+    def refs(self) -> list[int]:
+        return [self.ref_count(i) for i in range(self.n)]
+
+    def kept_slot(self, i: int) -> bool:
+        """Does someone besides this layout hold slot ``i``'s tensor (``g = p.grad`` kept)?"""
+        return self.ref_count(i) > self.base_refs[i]
+
+    def kept(self) -> list[int]:
+        """The slots whose tensor the user holds (a ``.grad`` kept without a clone, for logging).
+        O(parameters) reference counts: no tensor is read."""
+        return [i for i in range(self.n) if self.ref_count(i) > self.base_refs[i]]
+
+    def detach_kept(self, kept: list[int]) -> None:
+        """Natively a ``.grad`` kept across ``zero_grad()`` is the user's: it keeps its values and
+        the next backward makes a new one. So each kept slot tensor takes a copy of its values as
+        its own memory, and the slot a new tensor over the flat buffer (:attr:`relaid`: the fused
+        calls' lists are built again)."""
+        with torch.no_grad():
+            for i in kept:
+                old = self.grad_views[i]
+                own = old.detach().clone()
+                old.set_(own.untyped_storage(), 0, own.shape, own.stride())
+                gi, j = self.where[i]
+                g = self.groups[gi]
+                fresh = grad_alias(g.grad, g.offsets[j], own.shape)
+                if isinstance(old, GradSlot):
+                    fresh = GradSlot.of(fresh)
+                if self.params[i].grad is old:
+                    self.params[i].grad = None
+                    self.produced[i] = False
+                    self.dirty[i] = True  # the slot's memory still holds the old values
+                self.grad_views[i] = fresh
+                self.known[i] = fresh._version
+                del old, own, fresh
+                self.base_refs[i] = self.ref_count(i)
+        self.relaid = True
+
+    def check_params(self) -> None:
+        """Refuse a parameter rebound or converted after packing (``p.data = t``, ``model.double()``,
+        ``.half()``, ``.to(dtype)``) before anything moves, naming it."""
+        for i, p in enumerate(self.params):
+            if p.data_ptr() == self.ptrs[i]:
+                continue
+            shape = tuple(p.shape)
+            packed = self.groups[self.where[i][0]].dtype
+            if p.dtype != packed or p.device != self.groups[self.where[i][0]].device:
+                raise RuntimeError(
+                    f"parameter {i} (shape {shape}) was converted to {p.dtype} on {p.device} after PackedAdamW "
+                    f"was built (model.double(), .half(), .to(...)); its packed buffers are {packed}: convert "
+                    "the model first, then build the optimizer (or build a new one and load_state_dict into it)"
+                )
+            raise RuntimeError(
+                f"parameter {i} (shape {shape}) was rebound (p.data = ...) after PackedAdamW was "
+                "built; the optimizer updates its flat buffer, not the new tensor: copy into the parameter "
+                "in place (p.data.copy_(...)) or build the optimizer after changing the parameters"
+            )
 
     def settle(self) -> None:
         """Every write into the gradient slots so far was ours or backward's."""
@@ -318,16 +428,17 @@ class Pack:
             if self.grad_views[i].data_ptr() != self.grad_ptrs[i]:  # p.grad.data = t: refused
                 self.check_rebound()
             if p.data_ptr() != self.ptrs[i]:
-                raise RuntimeError(
-                    f"parameter {i} (shape {tuple(p.shape)}) was rebound (p.data = ...) after PackedAdamW was "
-                    "built; the optimizer updates its flat buffer, not the new tensor: copy into the parameter "
-                    "in place (p.data.copy_(...)) or build the optimizer after changing the parameters"
-                )
+                self.check_params()
             g = p.grad
             view = self.grad_views[i]
             if g is view:
-                if not self.produced[i]:  # attached by the hook, nothing accumulated (torch.autograd.grad)
-                    p.grad = None
+                if not self.produced[i]:
+                    if view._version != self.known[i]:
+                        # attached by the hook and accumulated into, before the post-accumulate hook
+                        # ran: a user's hook registered first (an optimizer stepped in backward)
+                        self.produced[i] = True
+                    else:  # attached by the hook, nothing accumulated (torch.autograd.grad)
+                        p.grad = None
                 continue
             if g is None:
                 if self.produced[i]:  # set to None by the user (model.zero_grad(), p.grad = None)
@@ -349,6 +460,7 @@ class Pack:
             self.dirty[i] = False
             self.produced[i] = True
         self.settle()
+        self.queued, self.attached = False, []  # a backward that raised may have left its check queued
         if all(self.produced):
             return None
         return [i for i in range(self.n) if self.produced[i]]
@@ -418,6 +530,10 @@ class Pack:
         holds -0.0, the additive identity, for the next backward); without, the gradients that
         exist become +0.0, as native's ``grad.zero_()`` leaves them (and are stepped with it)."""
         self.check_rebound()
+        if set_to_none:
+            kept = self.kept()
+            if kept:
+                self.detach_kept(kept)
         if not set_to_none:
             for p in self.params:
                 if p.grad is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
 import torch
@@ -51,3 +52,131 @@ def to_state_tensors(state: dict[str, Any]) -> dict[str, Any]:
 def saved_state(state: dict[str, Any]) -> dict[str, Any]:
     """A copy of one parameter's state that outlives the buffers it views."""
     return {k: v.clone() if isinstance(v, Tensor) else v for k, v in to_state_tensors(state).items()}
+
+
+class Changes:
+    """A flag the watched state containers raise on any write (:class:`WatchedState`)."""
+
+    __slots__ = ("seen",)
+
+    def __init__(self) -> None:
+        self.seen = False
+
+
+def _watching(base: type) -> type:
+    """``base`` (a dict type) with every mutating method raising ``self.changes.seen`` first."""
+
+    def wrap(name: str) -> Any:
+        method = getattr(base, name)
+
+        def mutate(self: Any, *args: Any, **kwargs: Any) -> Any:
+            self.changes.seen = True
+            return method(self, *args, **kwargs)
+
+        mutate.__name__ = name
+        return mutate
+
+    names = ("__setitem__", "__delitem__", "clear", "pop", "popitem", "setdefault", "update", "__ior__")
+    return type(f"Watched{base.__name__.capitalize()}", (base,), {n: wrap(n) for n in names})
+
+
+class WatchedEntry(_watching(dict)):  # type: ignore[misc]
+    """One parameter's state entry, as native's (a dict), telling its owner when it is written
+    (``state[p]["step"] = torch.tensor(0.)``, ``del state[p]["exp_avg"]``): an O(1) flag the step
+    reads, instead of comparing every entry at every step."""
+
+    changes: Changes
+
+    def __reduce_ex__(self, protocol: Any) -> Any:  # pickled as the plain dict native keeps
+        return (dict, (dict(self),))
+
+
+class WatchedState(_watching(defaultdict)):  # type: ignore[misc]
+    """``optimizer.state``, as native's (a ``defaultdict(dict)``), telling its owner when it is
+    written (``clear()``, ``del state[p]``, an entry replaced)."""
+
+    changes: Changes
+
+    def __reduce_ex__(self, protocol: Any) -> Any:  # pickled as the plain defaultdict native keeps
+        return (defaultdict, (dict,), None, None, iter(dict(self).items()))
+
+
+def watched_state(entries: dict[Tensor, dict[str, Any]], changes: Changes) -> WatchedState:
+    """A watched ``optimizer.state`` holding a watched copy of each entry, all reporting to ``changes``."""
+    state = WatchedState(dict)
+    state.changes = changes
+    for p, entry in entries.items():
+        dict.__setitem__(state, p, watched_entry(entry, changes))
+    return state
+
+
+def watched_entry(entry: dict[str, Any], changes: Changes) -> WatchedEntry:
+    out = WatchedEntry(entry)
+    out.changes = changes
+    return out
+
+
+def planned_state(
+    state: Any, slots: dict[Tensor, dict[str, Tensor]], stated: set[int]
+) -> tuple[list[Tensor], dict[Tensor, dict[str, Tensor]], dict[Tensor, dict[str, Any]]]:
+    """What the user did to ``optimizer.state`` since the step before, checked before anything is
+    modified: the parameters whose entry was removed (``clear()``, ``del state[p]``, a new
+    ``state``), which native's next step starts again from zero moments and step 0; the state
+    tensors replaced in an entry (``state[p]["exp_avg"] = torch.zeros_like(p)``), which native's
+    step then uses, to copy into the flat buffers; and the keys the user added beside them."""
+    if not isinstance(state, dict):
+        raise TypeError(
+            f"PackedAdamW: optimizer.state was replaced by a {type(state).__name__}; native's is a "
+            "dict from parameter to its state (defaultdict(dict))"
+        )
+    reset: list[Tensor] = []
+    copies: dict[Tensor, dict[str, Tensor]] = {}
+    extra: dict[Tensor, dict[str, Any]] = {}
+    for p, mine in slots.items():
+        entry = state.get(p)
+        if not entry:
+            if id(p) in stated:
+                reset.append(p)
+            continue
+        if not isinstance(entry, dict):
+            raise TypeError(f"PackedAdamW: optimizer.state[p] is a {type(entry).__name__}, not a dict")
+        if id(p) not in stated:  # an entry written before the parameter's first step
+            raise RuntimeError(
+                f"PackedAdamW: optimizer.state holds an entry for a parameter of shape {tuple(p.shape)} "
+                "before its first step; native would read it as its state, PackedAdamW lays state out "
+                "itself: load it with load_state_dict() instead"
+            )
+        missing = [k for k in mine if k not in entry]
+        if missing:
+            raise RuntimeError(
+                f"PackedAdamW: the state of a parameter of shape {tuple(p.shape)} lacks {missing} (deleted "
+                "from optimizer.state[p]); native's step would raise KeyError: delete the whole entry "
+                "(del optimizer.state[p]) to start it again, or assign new tensors"
+            )
+        for key, value in entry.items():
+            if key not in mine:
+                extra.setdefault(p, {})[key] = value
+                continue
+            if value is mine[key]:
+                continue
+            want = mine[key]
+            if isinstance(value, (int, float)) and key == "step":
+                value = torch.tensor(float(value), dtype=torch.float32)
+            if (
+                not isinstance(value, Tensor)
+                or value.shape != want.shape
+                or (value.dtype != want.dtype)
+                or value.device != want.device
+            ):
+                got = (
+                    f"{tuple(value.shape)} {value.dtype}"
+                    if isinstance(value, Tensor)
+                    else type(value).__name__
+                )
+                raise RuntimeError(
+                    f"PackedAdamW: optimizer.state[p][{key!r}] of a parameter of shape {tuple(p.shape)} was "
+                    f"replaced by {got}; the flat buffer holds {tuple(want.shape)} {want.dtype} on {want.device}: "
+                    "assign a tensor of that shape, dtype and device (torch.zeros_like(p)), or write in place"
+                )
+            copies.setdefault(p, {})[key] = value
+    return reset, copies, extra

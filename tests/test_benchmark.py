@@ -123,6 +123,9 @@ def test_clients_benchmark_runs(tmp_path):
     for loop in ("nanogpt", "timm"):
         res = data[loop]
         assert res["bitwise"] is True and f"| {loop} |" in r.stdout
+        assert f", {res['threads']} threads;" in r.stdout.splitlines()[0]  # beside each figure, as run
+        row = next(line for line in r.stdout.splitlines() if line.startswith(f"| {loop} |"))
+        assert row.split(" | ")[2:4] == [str(res["threads"]), res["cpu_capability"]]
         for part in ("iteration", "phase"):
             c = res[part]
             assert c["n"] == 4 and c["low"] <= c["ratio"] <= c["high"] and c["native_ms"] > 0
