@@ -324,7 +324,7 @@ def test_workers_and_commands_write_no_bytecode():
     from harness.execute.launchers import worker_command
 
     assert worker_command()[1:3] == ["-I", "-B"]
-    spec = SimpleNamespace(command={"command": ["python", "x.py"]}, threads=None)
+    spec = SimpleNamespace(command={"command": ["python", "x.py"]}, threads=None, planted=None)
     assert command_environment(spec, Path("out.json"))["PYTHONDONTWRITEBYTECODE"] == "1"  # type: ignore[arg-type]
     import harness  # noqa: F401 - the CLI's package
 
