@@ -14,6 +14,7 @@ import os
 import re
 from typing import Any
 
+from prereg.bounded import InputLimitError, read_regular
 from prereg.render.published import published_texts
 
 #: ``report.md`` ends with these links when matplotlib made the plots (``harness report``).
@@ -54,11 +55,12 @@ def check_published(
     texts = {}
     for name in ("report.md", "index.html"):
         path = os.path.join(directory, name)
-        if os.path.isfile(path):
+        if os.path.lexists(path):
             try:
-                with open(path, encoding="utf-8", newline="") as f:
-                    texts[name] = f.read()
-            except (OSError, UnicodeDecodeError) as e:
+                texts[name] = read_regular(path).decode("utf-8")
+            except InputLimitError as e:  # a link, a FIFO, a device: named, never opened
+                return [str(e)], "unreadable"
+            except UnicodeDecodeError as e:
                 return [f"{path}: cannot be read ({e})"], "unreadable"
     if not texts:
         return [], "no report.md or index.html: nothing published to compare"

@@ -10,6 +10,7 @@ import re
 import subprocess
 from typing import Any
 
+from prereg.bounded import InputLimitError, file_problem, read_regular
 from prereg.commands import is_command_study
 from prereg.ledger import canonical, sha256
 from prereg.plan import expected_summary
@@ -121,10 +122,12 @@ def stored_tag(directory: str | None) -> tuple[str, bytes] | None:
     """The tag object ``harness run`` keeps as ``TAG`` in the records folder (read once): the tag's
     name and the object's bytes, or ``None`` when there is none or it is not a tag of a commit."""
     path = os.path.join(directory, TAG_FILE) if directory else ""
-    if not path or not os.path.isfile(path):
+    if not path or not os.path.lexists(path):
         return None
-    with open(path, "rb") as f:
-        raw = f.read()
+    try:
+        raw = read_regular(path, 1 << 20)  # a link, a FIFO, a device: not read (the audit names it)
+    except InputLimitError:
+        return None
     m = re.match(rb"object [0-9a-f]{40,64}\ntype commit\ntag (\S+)\n", raw)
     return (m.group(1).decode("utf-8", "replace"), raw) if m else None
 
@@ -209,6 +212,27 @@ def _configs_at(root: str, rev: str, ppath: str, names: list[str]) -> dict[str, 
         d = os.path.dirname(d)
 
 
+def kept_tag_problems(directory: str, kept: tuple[str, bytes] | None, tags: list[str]) -> list[str]:
+    """The records folder's ``TAG`` against the study's tag: a file there must be a tag object of a
+    commit (what ``harness run`` keeps), and of this study's tag (``tags``: the ones the records,
+    MANIFEST and the folder name), not another protocol's, even while that protocol's ref exists."""
+    path = os.path.join(directory, TAG_FILE)
+    if kept is None:
+        if os.path.lexists(path):
+            return [
+                f"{path}: not a tag object of a commit ({file_problem(path, 1 << 20) or 'another file'}); "
+                "harness run keeps the study's tag object there"
+            ]
+        return []
+    if kept[0] not in tags:
+        return [
+            f"{path} holds tag {kept[0]}, not this study's"
+            + (f" {tags[0]}" if tags else " (no tag of the protocol the records name)")
+            + ": another protocol's tag object put in its place"
+        ]
+    return []
+
+
 def load_truth(
     root: str, directory: str, records: list[dict[str, Any]], manifest: dict[str, Any]
 ) -> tuple[dict[str, Any], list[str]]:
@@ -251,6 +275,7 @@ def load_truth(
         )
     )
     truth: dict[str, Any] = {"tag": None, "tagged": False}
+    problems += kept_tag_problems(directory, kept, tags)
     if len(tags) > 1:
         problems.append(f"{directory}: the records name several tagged protocols ({', '.join(tags)})")
     if tags:
