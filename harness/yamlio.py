@@ -5,6 +5,7 @@ Every problem raises :class:`InputError` naming the file, the key path and the l
 
 from __future__ import annotations
 
+import math
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -177,7 +178,14 @@ def mapping(doc: Document, value: Any, keypath: KeyPath, schema: dict[str, Field
         ok = isinstance(v, types) and not (isinstance(v, bool) and bool not in types)
         if float in types and isinstance(v, int) and not isinstance(v, bool):
             ok = True
-            v = float(v)
+            try:
+                v = float(v)
+            except OverflowError:
+                raise doc.error(
+                    keypath + (key,), f"{key!r} must be a finite number, got {str(v)[:24]}..."
+                ) from None
+        if float in types and isinstance(v, float) and not math.isfinite(v):
+            raise doc.error(keypath + (key,), f"{key!r} must be a finite number, got {v!r}")
         if not ok:
             raise doc.error(
                 keypath + (key,), f"{key!r} must be {_type_name(field.types)}, got {type(v).__name__} {v!r}"

@@ -23,6 +23,37 @@ def _git_env() -> dict[str, Any]:
     return {**os.environ, "GIT_NO_REPLACE_OBJECTS": "1", "GIT_TERMINAL_PROMPT": "0"}
 
 
+#: The transports an anchor remote may use: what git fetches and pushes itself, without a remote
+#: helper (``fd::5`` waits on a file descriptor, ``ext::CMD`` runs a command, ``foo::`` and
+#: ``foo://`` run ``git-remote-foo``). Also git's ``GIT_ALLOW_PROTOCOL`` for every anchor command.
+ANCHOR_PROTOCOLS = ("file", "git", "http", "https", "ssh")
+_HELPER = re.compile(r"[A-Za-z0-9][A-Za-z0-9+.-]*::")
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def remote_problem(remote: str) -> str | None:
+    """Why ``remote`` (``--anchor``) is not a remote git reaches by itself, or None: an option, a
+    remote helper (``<transport>::<address>``), a URL of another scheme than
+    :data:`ANCHOR_PROTOCOLS` (``git+ssh`` and ``ssh+git`` are ssh), a control character. A path,
+    a URL of those schemes, ``host:path`` and a remote's name are taken."""
+    if not remote or remote.startswith("-"):
+        return "not a git remote (a name, a path or a URL; it may not start with '-')"
+    if any(ord(c) < 32 or ord(c) == 127 for c in remote):
+        return "holds a control character"
+    if _HELPER.match(remote):
+        return (
+            f"{remote.split('::', 1)[0]}:: runs a git remote helper (fd:: waits on a file descriptor, "
+            f"ext:: runs a command); an anchor is a remote git reaches itself: {', '.join(ANCHOR_PROTOCOLS)}"
+        )
+    m = _SCHEME.match(remote)
+    if m and m.group(1).lower() not in (*ANCHOR_PROTOCOLS, "git+ssh", "ssh+git"):
+        return (
+            f"{m.group(1)}:// is not a transport git has itself (it would run git-remote-{m.group(1)}); "
+            f"an anchor is reached by {', '.join(ANCHOR_PROTOCOLS)}"
+        )
+    return None
+
+
 def git_bytes(root: str, *args: str, stdin: bytes | None = None) -> bytes | None:
     try:
         r = subprocess.run(
