@@ -172,7 +172,9 @@ def _check_published(
     """report.md and index.html rendered again: from the verified summary.json, or, where there is
     none (missing, not a regular file, or not matching the records), from the audit's own
     recomputation, sealed as ``harness report`` seals it."""
+    source = "the verified summary.json"
     if verified is None and mine is not None:
+        source = "the audit's recomputation from the records"
         try:
             verified = resealed(mine)
         except (ValueError, KeyError, TypeError) as e:
@@ -189,7 +191,7 @@ def _check_published(
             "not compared: no summary could be recomputed to render them from",
         )
         return
-    out.fail("report.md and index.html", *check_published(out.directory, root, verified, manifest))
+    out.fail("report.md and index.html", *check_published(out.directory, root, verified, manifest, source))
 
 
 def resealed(summary: dict[str, Any]) -> dict[str, Any]:
