@@ -16,11 +16,11 @@ beside ``report.md``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from prereg.files import atomic_write
+from prereg.ledger import read_json
 from prereg.records import SCHEMA_VERSION
 from prereg.render.beside import Beside
 from prereg.render.lockstep_report import model_html
@@ -121,10 +121,7 @@ def write_page(
     """Write ``index.html`` for ``summary`` into ``out_dir`` (default: the records folder), atomically;
     ``summary_sha256`` is the sealed ``summary.json``'s hash, which the page shows."""
     records_dir = Path(records_dir)
-    try:
-        raw: Any = json.loads((records_dir / "MANIFEST").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        raw = {}
+    raw: Any = read_json(str(records_dir / "MANIFEST")) or {}  # bounded; none read: no MANIFEST facts
     manifest = page_manifest(raw)
     target = Path(out_dir or records_dir)
     target.mkdir(parents=True, exist_ok=True)
