@@ -71,17 +71,22 @@ def read_regular(path: str, limit: int = MAX_FILE_BYTES) -> bytes:
     return data
 
 
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+#: A JSON string, or an unterminated one to the end of the text: possessive, so every match is
+#: linear and a text of unclosed quotes (``"\\"\\"...``) is one match, not one scan per quote.
+_STRING = re.compile(r'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', re.S)
 _BRACKETS = re.compile(r"[\[\]{}]")
 
 
 def json_depth(text: str) -> int:
     """The deepest nesting of arrays and objects in JSON ``text`` (brackets inside strings aside),
-    counted without parsing it (a parser recurses)."""
+    counted without parsing it (a parser recurses), up to the first level past :data:`MAX_DEPTH`."""
     depth = deepest = 0
     for m in _BRACKETS.finditer(_STRING.sub("", text)):
         depth += 1 if m.group() in "[{" else -1
-        deepest = max(deepest, depth)
+        if depth > deepest:
+            deepest = depth
+            if deepest > MAX_DEPTH:  # past the limit: the rest need not be counted
+                break
     return deepest
 
 
@@ -120,9 +125,8 @@ def parse_json(raw: bytes | str) -> Any:
     than :data:`MAX_DEPTH` and a number over :data:`MAX_MAGNITUDE` in magnitude, ``NaN`` or
     ``Infinity``; ``ValueError`` where it is not JSON (or not UTF-8)."""
     text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-    deepest = json_depth(text)
-    if deepest > MAX_DEPTH:
-        raise InputLimitError(f"nested {deepest} deep: JSON is read at most {MAX_DEPTH} deep")
+    if json_depth(text) > MAX_DEPTH:
+        raise InputLimitError(f"nested deeper than {MAX_DEPTH} levels: JSON is read at most {MAX_DEPTH} deep")
     value = json.loads(
         text,
         parse_int=lambda s: _number(s, int),

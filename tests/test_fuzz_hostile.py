@@ -56,8 +56,19 @@ def nested(depth: int, style: str, leaf: str = "0") -> str:
 )
 def test_json_nested_past_the_limit_is_refused_quickly(depth, style):
     t0 = time.monotonic()
-    with pytest.raises(InputLimitError, match=f"nested {depth} deep"):
+    with pytest.raises(InputLimitError, match=f"nested deeper than {MAX_DEPTH} levels"):
         parse_json(nested(depth, style))
+    assert time.monotonic() - t0 < 5
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(min_value=1, max_value=2_000_000), opener=st.sampled_from(["", "[", '{"k":']))
+def test_unclosed_strings_are_refused_in_linear_time(n, opener):
+    """``"\\"\\"...`` never closes: the depth count skips it in one pass (a pattern that started
+    again at every quote took time quadratic in their count: a hang for a few megabytes)."""
+    t0 = time.monotonic()
+    with pytest.raises(ValueError):
+        parse_json(opener + '"' + '\\"' * n)
     assert time.monotonic() - t0 < 5
 
 
@@ -237,7 +248,7 @@ def test_the_audit_names_a_deep_value_or_a_huge_number_anywhere_in_a_record(scra
             depth = data.draw(st.integers(MAX_DEPTH + 1, 3000), label="depth")
             value["deep"] = "@@"
             path.write_text(json.dumps(value).replace('"@@"', nested(depth, "mixed")))
-            needle = "deep: JSON is read at most 64 deep"
+            needle = "nested deeper than 64 levels: JSON is read at most 64 deep"
         else:
             where = data.draw(st.sampled_from(_numeric_paths(value)), label="key")
             literal = data.draw(HUGE, label="literal")
