@@ -13,6 +13,9 @@ metric's last value), the curves. From captured output: ``final_metric`` and ``m
 (the last match of each expression); the whole process's time is the harness's own clock
 (``total_s``), which no file can tell.
 
+A built-in arm's record is its own evidence: its ``training_s`` and CPU and warm-up clocks are
+checked against the per-step times it keeps (:func:`clock_problems`).
+
 A file is refused (the run failed, its reason this module's words) when a line is not a JSON
 object of a known kind, the clock runs backwards, a step's number is not the one after the last
 (a gap), a loss or metric is not finite, the study's metric is never reported, the count of steps
