@@ -7,6 +7,8 @@ import os
 import subprocess
 from typing import Any
 
+from prereg.tag import ANCHOR_PROTOCOLS
+
 ANCHOR_REF = "refs/ledger/"  # + protocol-<id>: the anchor commits `harness run --anchor` pushes
 
 
@@ -29,6 +31,7 @@ def _isolated_env() -> dict[str, Any]:
         "GIT_CONFIG_GLOBAL": "/dev/null",
         "GIT_NO_REPLACE_OBJECTS": "1",
         "GIT_TERMINAL_PROMPT": "0",
+        "GIT_ALLOW_PROTOCOL": ":".join(ANCHOR_PROTOCOLS),  # no remote helper (fd::, ext::, ...)
     }
 
 

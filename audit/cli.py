@@ -11,6 +11,7 @@ from typing import Any
 
 from audit.anchors import roots_from_repository
 from audit.folder import audit_dir
+from prereg.tag import remote_problem
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -57,6 +58,9 @@ def main(argv: list[str]) -> int:
             )
             return 2
         published = (int(seq), sha)
+    if anchor is not None and remote_problem(anchor) is not None:
+        print(f"public audit: --anchor {anchor}: {remote_problem(anchor)}")
+        return 2
     if anchor is not None and os.path.exists(anchor):
         anchor = os.path.abspath(anchor)
     if signers is not None and not os.path.isfile(signers):

@@ -5,6 +5,7 @@ still prove. Each check reports a row (``ok:`` or ``FAILED:``) and its problems.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,8 +16,9 @@ from audit.freeze import check_freeze, check_protocol_copies, check_time, check_
 from audit.published import check_published
 from prereg.attempts import unfinished
 from prereg.barrier import look_problems
+from prereg.bounded import InputLimitError, file_problem, read_regular
 from prereg.corpora import check_corpus
-from prereg.evidence import evidence_problems, stall_problems
+from prereg.evidence import clock_problems, evidence_problems, stall_problems
 from prereg.ledger import (
     LOOK_SUFFIX,
     RECORD_SUFFIX,
@@ -27,7 +29,7 @@ from prereg.ledger import (
     check_ledger,
     entry_problems,
     is_snapshot_name,
-    read_json,
+    json_problem,
     record_name,
     self_hash_ok,
     sha256,
@@ -37,6 +39,8 @@ from prereg.ledger import (
 from prereg.plan import plan_from_protocol, plan_notes
 from prereg.recompute import SUMMARY_SCHEMAS, compare, recompute
 from prereg.replicates import time_problems
+from prereg.records import seal
+from prereg.results import Summary
 from prereg.tag import check_sources, git_root, load_truth
 
 
@@ -86,6 +90,9 @@ def audit_dir(
     # why the folder's study is not vouched for by the reader's keys (docs/provenance.md, "Exit statuses")
     why = (unverified if unverified is not None else {}).setdefault(directory, [])
     out = _Report(directory, rows, problems)
+    odd = irregular_files(directory)
+    if odd:  # each named, none opened (a FIFO would hang a reader, /dev/zero fill its memory)
+        out.fail("regular files only", odd, "")
     manifest = _manifest(out)
     if manifest is None:
         return
@@ -142,6 +149,12 @@ def audit_dir(
     found_stall, stalls = stall_problems(records)
     if stalls:  # lockstep arms since the stall rule (prereg/interference.py); none in earlier records
         fail("lockstep stall times", found_stall, f"{stalls} arms' stall derived again from their step times")
+    clocks, timed = clock_problems(records)
+    fail(
+        "training clocks against their steps",
+        clocks,
+        f"{timed} records' training_s summed again from their per-step times; every curve ends at its clock",
+    )
     _what_was_frozen(out, root, truth, records, manifest, plan_sha, signers, notes)
     if anchor is not None:
         found, detail, anchored[directory] = check_anchor(root, truth, records + started + looks, anchor)
@@ -176,14 +189,62 @@ def audit_dir(
         f"started at {u['started_at']} on {u['node']} (ledger seq {u['seq']})"
         for u in open_
     )
-    if _check_summary(out, records, started):
-        verified = read_json(os.path.join(directory, "summary.json"))
-        assert isinstance(verified, dict)  # _check_summary read it as one
-        out.fail("report.md and index.html", *check_published(directory, root, verified, manifest))
-    else:
+    verified, mine = _check_summary(out, records, started)
+    _check_published(out, root, manifest, verified, mine)
+
+
+def _check_published(
+    out: _Report,
+    root: str,
+    manifest: dict[str, Any],
+    verified: dict[str, Any] | None,
+    mine: dict[str, Any] | None,
+) -> None:
+    """report.md and index.html rendered again: from the verified summary.json, or, where there is
+    none (missing, not a regular file, or not matching the records), from the audit's own
+    recomputation, sealed as ``harness report`` seals it."""
+    source = "the verified summary.json"
+    if verified is None and mine is not None:
+        source = "the audit's recomputation from the records"
+        try:
+            verified = resealed(mine)
+        except (ValueError, KeyError, TypeError) as e:
+            out.fail(
+                "report.md and index.html",
+                [f"{out.directory}: the recomputed summary cannot be read ({e})"],
+                "",
+            )
+            return
+    if verified is None:
         out.row(
-            "report.md and index.html", True, "not compared: no verified summary.json to render them from"
+            "report.md and index.html",
+            True,
+            "not compared: no summary could be recomputed to render them from",
         )
+        return
+    out.fail("report.md and index.html", *check_published(out.directory, root, verified, manifest, source))
+
+
+def resealed(summary: dict[str, Any]) -> dict[str, Any]:
+    """A recomputed summary as ``harness report`` writes it to summary.json: read as the typed
+    summary, written back, sealed, its keys sorted (the texts render from its key order)."""
+    body = Summary.read(summary, "the recomputed summary").to_json()
+    sealed = seal(body)
+    return dict(json.loads(json.dumps(sealed, sort_keys=True)))
+
+
+def irregular_files(directory: str) -> list[str]:
+    """Every entry of a records folder that is a symbolic link or not a regular file or folder (a
+    FIFO, a device, a socket), named; only ``lstat`` is called on them."""
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except OSError as e:
+        return [f"{directory}: cannot be listed ({e.strerror})"]
+    return [
+        f"{e.path}: {file_problem(e.path)}"
+        for e in entries
+        if e.is_symlink() or not (e.is_file(follow_symlinks=False) or e.is_dir(follow_symlinks=False))
+    ]
 
 
 def _manifest(out: _Report) -> dict[str, Any] | None:
@@ -193,10 +254,11 @@ def _manifest(out: _Report) -> dict[str, Any] | None:
         out.problems.append(f"{manifest_path}: missing")
         out.row("manifest", False, "MANIFEST missing")
         return None
-    manifest = read_json(manifest_path)
+    manifest, unread = json_problem(manifest_path)
     if not isinstance(manifest, dict) or not isinstance(manifest.get("records"), dict):
         out.problems.append(
-            f"{manifest_path}: not a MANIFEST (a JSON object with a 'records' mapping); "
+            (f"{unread}; " if unread else f"{manifest_path}: ")
+            + "not a MANIFEST (a JSON object with a 'records' mapping); "
             "harness status or harness report rebuilds it from the ledger"
         )
         out.row("manifest", False, "MANIFEST unreadable")
@@ -232,11 +294,16 @@ def _with_snapshot(
     names = sorted(n for n in os.listdir(directory) if is_snapshot_name(n))
     for name in names:
         path = os.path.join(directory, name)
-        with open(path, "rb") as f:
-            raw = f.read()
-        data = read_json(path, raw)
+        try:
+            raw = read_regular(path)
+        except InputLimitError as e:
+            problems.append(str(e))
+            continue
+        data, unread = json_problem(path, raw)
         if not isinstance(data, dict) or snapshot_name(sha256(canonical(data))) != name:
-            problems.append(f"{path}: not the protocol snapshot its name says (edited, or another file)")
+            problems.append(
+                unread or f"{path}: not the protocol snapshot its name says (edited, or another file)"
+            )
             continue
         if not isinstance(listed, dict) or listed.get(name) != sha256(raw):
             problems.append(
@@ -280,11 +347,15 @@ def _entries(out: _Report, manifest: dict[str, Any]) -> tuple[list[dict[str, Any
     bad = 0
     for name in files:
         path = os.path.join(directory, name)
-        with open(path, "rb") as f:
-            raw = f.read()
-        rec = read_json(path, raw)
+        try:
+            raw = read_regular(path)
+        except InputLimitError as e:  # a link, a FIFO, a device: named, never opened
+            problems.append(str(e))
+            bad += 1
+            continue
+        rec, unread = json_problem(path, raw)
         if not isinstance(rec, dict):
-            problems.append(f"{path}: not a JSON record")
+            problems.append(f"{unread}: not a JSON record" if unread else f"{path}: not a JSON record")
             bad += 1
             continue
         if rec.get("schema_version") not in SCHEMAS:
@@ -445,19 +516,43 @@ def _what_was_frozen(
         out.problems.extend(check_versions(records)[0])
 
 
-def _check_summary(out: _Report, records: list[dict[str, Any]], started: list[dict[str, Any]]) -> bool:
+def _check_summary(
+    out: _Report, records: list[dict[str, Any]], started: list[dict[str, Any]]
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """summary.json, if there is one: its own sha256, and every value against the recomputation.
-    True when there is one and it matched."""
+    Returns summary.json when it matched (else None) and the recomputation (None where the rules
+    refuse the protocol). A summary.json that is missing while report.md or index.html is
+    published, or is not a regular file, is named: the published texts are then checked against
+    the recomputation alone."""
     spath = os.path.join(out.directory, "summary.json")
-    if not os.path.isfile(spath):
-        out.row("summary.json recomputed", True, "no summary.json (run harness report): nothing to compare")
-        return False
-    summary = read_json(spath)
-    if not isinstance(summary, dict):
-        out.problems.append(f"{spath}: not a JSON summary (harness report writes it again)")
-        out.row("summary.json recomputed", False, "summary.json unreadable")
-        return False
     problems = out.problems
+    try:
+        mine: dict[str, Any] | None = recompute(records, started)
+    except ValueError as e:  # a protocol the rules refuse (decide names the hypothesis and key)
+        problems.append(f"{spath}: the summary cannot be recomputed from the records: {e}")
+        out.row("summary.json recomputed", False, str(e))
+        return None, None
+    published = [n for n in ("report.md", "index.html") if os.path.lexists(os.path.join(out.directory, n))]
+    if not os.path.lexists(spath):
+        if published:
+            found = [
+                f"{spath}: missing, while {' and '.join(published)} are published: they are checked "
+                "against the audit's own recomputation (harness report writes all three)"
+            ]
+            out.fail("summary.json recomputed", found, "")
+        else:
+            out.row(
+                "summary.json recomputed", True, "no summary.json and nothing published (run harness report)"
+            )
+        return None, mine
+    summary, unread = json_problem(spath)
+    if not isinstance(summary, dict):
+        problems.append(
+            (unread if unread else f"{spath}: not a JSON summary")
+            + "; harness report writes it again (the published texts are checked against the recomputation)"
+        )
+        out.row("summary.json recomputed", False, "summary.json unreadable")
+        return None, mine
     before = len(problems)
     if summary.get("schema_version") not in SUMMARY_SCHEMAS:
         problems.append(
@@ -465,15 +560,9 @@ def _check_summary(out: _Report, records: list[dict[str, Any]], started: list[di
             f"({', '.join(map(str, SUMMARY_SCHEMAS))}); harness report writes it again"
         )
         out.row("summary.json recomputed", False, "summary.json of an unknown format")
-        return False
+        return None, mine
     if not self_hash_ok(summary):
         problems.append(f"{spath}: field sha256 = {summary.get('sha256')!r} does not match its content")
-    try:
-        mine = recompute(records, started)
-    except ValueError as e:  # a protocol the rules refuse (decide names the hypothesis and key)
-        problems.append(f"{spath}: the summary cannot be recomputed from the records: {e}")
-        out.row("summary.json recomputed", False, str(e))
-        return False
     theirs = {k: v for k, v in summary.items() if k != "sha256"}
     n = compare("summary", mine, theirs, problems, spath)
     out.row(
@@ -481,7 +570,7 @@ def _check_summary(out: _Report, records: list[dict[str, Any]], started: list[di
         len(problems) == before,
         f"{n} values compared, {len(problems) - before} mismatches",
     )
-    return len(problems) == before
+    return (summary if len(problems) == before else None), mine
 
 
 def audit_empty(

@@ -189,14 +189,40 @@ def check_what_ran(
         )
     problems += check_declared(root, truth, records)
     versions, notes = check_versions(records)
+    found, said = dirty_worktrees(records, exempt)
     return (
-        problems + versions,
-        notes,
+        problems + versions + found,
+        notes + said,
         (
             f"{len(seen)} commit(s) hold the tag's {len(trees)} frozen trees; "
             f"code {str(code)[:12]}; MANIFEST names {len(want)} tagged files"
         ),
     )
+
+
+def dirty_worktrees(records: list[dict[str, Any]], exempt: list[str]) -> tuple[list[str], list[str]]:
+    """``git.dirty`` of a tagged study's records: a bool (its runs ran in its repository), and
+    every ``true`` named in a note. A run of a tagged study starts only when nothing outside the
+    tag's exempt entries differs from the commit (``harness run`` refuses), so ``true`` says an
+    exempt file (a record, a page) was changed: said, since the audit cannot tell which."""
+    problems = [
+        f"{record_name(r)}: field git.dirty = {json.dumps((r.get('git') or {}).get('dirty'))}: a tagged "
+        "study's run says whether its repository's tracked files differed from its commit (true or false)"
+        for r in records
+        if not isinstance((r.get("git") or {}).get("dirty"), bool)
+    ]
+    dirty = [record_name(r) for r in records if (r.get("git") or {}).get("dirty") is True]
+    notes = (
+        [
+            f"DIRTY WORKTREE: {len(dirty)} record(s) say git.dirty = true ({', '.join(dirty[:3])}"
+            f"{', ...' if len(dirty) > 3 else ''}): tracked files differed from the record's commit when "
+            "it ran; harness run refuses any difference outside the tag's exempt entries "
+            f"({', '.join(exempt) or 'none'}), so only those could have differed"
+        ]
+        if dirty
+        else []
+    )
+    return problems, notes
 
 
 def check_declared(root: str, truth: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:

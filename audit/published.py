@@ -14,6 +14,7 @@ import os
 import re
 from typing import Any
 
+from prereg.bounded import InputLimitError, read_regular
 from prereg.render.published import published_texts
 
 #: ``report.md`` ends with these links when matplotlib made the plots (``harness report``).
@@ -47,18 +48,24 @@ def _beside(directory: str, root: str | None, label: str) -> str:
 
 
 def check_published(
-    directory: str, root: str | None, summary: dict[str, Any], manifest: Any
+    directory: str,
+    root: str | None,
+    summary: dict[str, Any],
+    manifest: Any,
+    source: str = "the verified summary.json",
 ) -> tuple[list[str], str]:
-    """``report.md`` and ``index.html`` of ``directory`` against what ``summary`` (already verified)
-    renders; returns problems and a description."""
+    """``report.md`` and ``index.html`` of ``directory`` against what ``summary`` (already verified,
+    or the audit's own recomputation: ``source`` says which) renders; returns problems and a
+    description."""
     texts = {}
     for name in ("report.md", "index.html"):
         path = os.path.join(directory, name)
-        if os.path.isfile(path):
+        if os.path.lexists(path):
             try:
-                with open(path, encoding="utf-8", newline="") as f:
-                    texts[name] = f.read()
-            except (OSError, UnicodeDecodeError) as e:
+                texts[name] = read_regular(path).decode("utf-8")
+            except InputLimitError as e:  # a link, a FIFO, a device: named, never opened
+                return [str(e)], "unreadable"
+            except UnicodeDecodeError as e:
                 return [f"{path}: cannot be read ({e})"], "unreadable"
     if not texts:
         return [], "no report.md or index.html: nothing published to compare"
@@ -89,10 +96,10 @@ def check_published(
         )
         if not ok:
             problems.append(
-                f"{os.path.join(directory, name)}: not what the verified summary.json renders "
+                f"{os.path.join(directory, name)}: not what {source} renders "
                 f"({_first_difference(text, want)}); harness report writes it again"
             )
     shown = " and ".join(sorted(texts))
-    return problems, f"{shown} byte for byte as the verified summary renders them" + (
+    return problems, f"{shown} byte for byte as {source} renders them" + (
         f" (beside {label})" if label else ""
     )

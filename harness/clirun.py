@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.cliargs import RUN_BUDGET_STOP, RUN_COMPLETE, RUN_FAILED_RUNS, RUN_NO_REPORT, RUN_NOT_DONE
-from prereg.errors import HarnessError, Terminated
+from prereg.errors import HarnessError, InputError, Terminated
+from prereg.tag import remote_problem
 
 #: Installed packages the harness imports; a copy of one inside the study's folder (an ignored
 #: ``yaml/`` beside the code) would shadow it for a runner started there with ``python -m``.
@@ -70,6 +71,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from harness.execute.ray import RayExecutor
 
         executor = RayExecutor(args.ray)
+    if args.anchor is not None and remote_problem(args.anchor) is not None:
+        raise InputError(f"--anchor {args.anchor}: {remote_problem(args.anchor)}; nothing was run")
     runner = Runner(
         proto,
         echo=echo,

@@ -5,7 +5,7 @@ A command study names its arms as a mapping with the keys ``baseline`` and ``can
 
     {command: ["python", "train.py", "--seed", "{seed}", "--out", "{out}"],   # an argument list, no shell
      cwd: ".",                # inside the repository (of the ref's checkout, for a ref arm)
-     env: {KEY: value},       # added to the allow-listed environment; names of :data:`RESERVED` refused
+     env: {ARM_KEY: value},   # added to the allow-listed environment: prereg.commands.env_problem
      timeout_s: 600,          # the wall-clock limit of one run (a run past it is killed and failed)
      ref: <40 or 64 hex>,     # optional: run in a clean checkout of that commit (a git worktree)
      reporter: true,          # false: a script that cannot be changed; then metrics_regex
@@ -28,7 +28,7 @@ from typing import Any
 from harness import gitutil, yamlio
 from harness.execute.launchers import CODE_PATH
 from harness.yamlio import Field, one_of
-from prereg.commands import arm_of, metric_of
+from prereg.commands import arm_of, env_problem, metric_of
 
 #: What a command's arguments may name: the run's seed, its reporter file, its configuration label,
 #: the protocol's device and threads, the planned steps and the run's id.
@@ -129,6 +129,8 @@ def _arm(doc: yamlio.Document, value: Any, kp: yamlio.KeyPath, root: Path) -> di
             raise doc.error(
                 kp + ("env", k), f"{k} is the harness's to set (the protocol's threads and device say it)"
             )
+        if env_problem(k) is not None:
+            raise doc.error(kp + ("env", k), str(env_problem(k)))
         if not isinstance(v, str):
             raise doc.error(kp + ("env", k), f"environment values are strings, got {v!r} (quote it)")
     patterns = a["metrics_regex"]

@@ -25,8 +25,10 @@ from typing import Any
 
 from harness import gitutil
 from harness.packages import package_dirs
+from prereg.bounded import file_problem, read_regular
 from prereg.commands import refs_of
 from prereg.errors import RefusedError
+from prereg.ledger import read_json
 from prereg.records import canonical, sha256_bytes
 from prereg.tag import (
     FREEZE_MARKER,
@@ -440,9 +442,9 @@ def restore_tag(proto: Any) -> str | None:
         return None
     repo = gitutil.toplevel(proto.path)
     kept = proto.records_path / "TAG"
-    if repo is None or not kept.is_file() or gitutil.tag_info(repo, proto.tag_name) is not None:
+    if repo is None or file_problem(str(kept), 1 << 20) or gitutil.tag_info(repo, proto.tag_name) is not None:
         return None
-    raw = kept.read_bytes()
+    raw = read_regular(str(kept), 1 << 20)
     head = raw.split(b"\n\n", 1)[0].decode("utf-8", "replace").splitlines()
     fields = dict(line.split(" ", 1) for line in head if " " in line)
     if fields.get("tag") != proto.tag_name or fields.get("type") != "commit":
@@ -451,9 +453,9 @@ def restore_tag(proto: Any) -> str | None:
         return None
     named = set()
     for f in proto.records_path.glob("*.record.json"):
-        try:
-            named.add(json.loads(f.read_text(encoding="utf-8"))["protocol"].get("tag_object"))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        try:  # bounded: a link or a FIFO named as a record is not opened
+            named.add(read_json(str(f))["protocol"].get("tag_object"))  # type: ignore[index]
+        except (KeyError, TypeError, AttributeError):
             continue
     made = gitutil.git_bytes_in(repo, ["mktag"], raw)
     if made is None or named != {made}:

@@ -20,7 +20,6 @@ every later hash, so it cannot match the published head.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -32,6 +31,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from prereg.bounded import parse_json, read_regular
 from prereg.files import atomic_write
 from prereg.ledger import (
     LOOK_SUFFIX,
@@ -200,8 +200,8 @@ class Ledger:
         new = []
         for name in sorted(names - set(self._files)):
             path = self.dir / name
-            raw = path.read_bytes()
-            new.append((name, raw, read_entry(path)))
+            entry = read_entry(path)  # first: a link, a FIFO or a device is refused, never opened
+            new.append((name, read_regular(str(path)), entry))
         new.sort(key=lambda t: (t[2].get("ledger", {}).get("seq", 0), t[0]))
         for name, raw, entry in new:
             self._add(name, raw, entry)
@@ -311,7 +311,9 @@ class Ledger:
             path = self.dir / MANIFEST
             head = head_of(entries, self.genesis)
             try:
-                manifest = json.loads(path.read_text(encoding="utf-8"))
+                if not os.path.lexists(path):
+                    raise FileNotFoundError(path)
+                manifest = parse_json(read_regular(str(path)))
                 if manifest.get("schema_version", 1) > SCHEMA_VERSION:
                     return None  # a newer harness's MANIFEST: not ours to rewrite
                 listed = {**manifest["records"], **manifest.get("started", {}), **manifest.get("looks", {})}
@@ -325,7 +327,9 @@ class Ledger:
             files = {p.name: p for p in entry_files(self.dir)}
             if mhead.get("seq") == head["seq"] and set(listed) == set(files):
                 return None
-            if any(n not in files or sha256_bytes(files[n].read_bytes()) != h for n, h in listed.items()):
+            if any(
+                n not in files or sha256_bytes(read_regular(str(files[n]))) != h for n, h in listed.items()
+            ):
                 return None  # an entry changed or vanished: evidence, left for the audit
             by_seq = {e["ledger"]["seq"]: e for e in entries if "ledger" in e}
             start = int(mhead.get("seq") or 0)
@@ -377,7 +381,7 @@ def write_manifest(
     head, every source's sha256. ``files`` and ``sources``: those hashes already known (the
     ledger's index), instead of reading every file again."""
     if files is None:
-        files = {p.name: sha256_bytes(p.read_bytes()) for p in entry_files(directory)}
+        files = {p.name: sha256_bytes(read_regular(str(p))) for p in entry_files(directory)}
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "protocol": protocol,
@@ -393,7 +397,7 @@ def write_manifest(
     }
     snapshots = sorted(p for p in directory.glob("protocol.*.json") if is_snapshot_name(p.name))
     if snapshots:  # schema 4: the protocol snapshots the records name
-        manifest["snapshots"] = {p.name: sha256_bytes(p.read_bytes()) for p in snapshots}
+        manifest["snapshots"] = {p.name: sha256_bytes(read_regular(str(p))) for p in snapshots}
     path = directory / MANIFEST
     write_json(path, manifest, pretty=True)
     return path

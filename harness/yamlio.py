@@ -5,6 +5,8 @@ Every problem raises :class:`InputError` naming the file, the key path and the l
 
 from __future__ import annotations
 
+import math
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from prereg.bounded import MAX_DEPTH
 from prereg.errors import InputError
 
 KeyPath = tuple[Any, ...]
@@ -71,9 +74,11 @@ MAX_BYTES = 1 << 20
 
 
 def _no_aliases(text: str, p: Path) -> None:
-    """Refuse anchors and aliases (naming the line) from the event stream, before anything is built:
-    the audit's reader does not read them, and an alias bomb or a recursive alias would otherwise
-    take exponential time or end in a RecursionError."""
+    """Refuse anchors and aliases, and nesting deeper than :data:`prereg.bounded.MAX_DEPTH` (naming
+    the line), from the event stream, before anything is built: the audit's reader does not read
+    them, and an alias bomb, a recursive alias or a 5000-deep nest would otherwise take exponential
+    time or end in a RecursionError (the event parser keeps its own stack; the composer recurses)."""
+    depth = 0
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
             raise InputError(
@@ -82,6 +87,17 @@ def _no_aliases(text: str, p: Path) -> None:
                 file=str(p),
                 line=event.start_mark.line + 1,
             )
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise InputError(
+                    f"nested deeper than {MAX_DEPTH} levels: a protocol or configuration is read at "
+                    f"most {MAX_DEPTH} deep",
+                    file=str(p),
+                    line=event.start_mark.line + 1,
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
 
 
 def load(path: str | Path) -> Document:
@@ -89,6 +105,8 @@ def load(path: str | Path) -> Document:
     any anchor or alias."""
     p = Path(path)
     try:
+        if not stat.S_ISREG(p.stat().st_mode):
+            raise InputError("not a regular file (a FIFO, a device or a folder)", file=str(p))
         if p.stat().st_size > MAX_BYTES:
             raise InputError(
                 f"{p.stat().st_size} bytes: a protocol or configuration file is at most {MAX_BYTES} bytes",
@@ -97,6 +115,13 @@ def load(path: str | Path) -> Document:
         raw = p.read_bytes()
     except OSError as e:
         raise InputError(f"cannot read: {e.strerror}", file=str(p)) from e
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raise InputError(
+            "the file starts with a UTF-8 byte order mark: save it without one (the protocol's sha256 "
+            "is of its bytes, and the mark is invisible in most editors)",
+            file=str(p),
+            line=1,
+        )
     try:
         text = raw.decode("utf-8")
         _no_aliases(text, p)
@@ -153,7 +178,14 @@ def mapping(doc: Document, value: Any, keypath: KeyPath, schema: dict[str, Field
         ok = isinstance(v, types) and not (isinstance(v, bool) and bool not in types)
         if float in types and isinstance(v, int) and not isinstance(v, bool):
             ok = True
-            v = float(v)
+            try:
+                v = float(v)
+            except OverflowError:
+                raise doc.error(
+                    keypath + (key,), f"{key!r} must be a finite number, got {str(v)[:24]}..."
+                ) from None
+        if float in types and isinstance(v, float) and not math.isfinite(v):
+            raise doc.error(keypath + (key,), f"{key!r} must be a finite number, got {v!r}")
         if not ok:
             raise doc.error(
                 keypath + (key,), f"{key!r} must be {_type_name(field.types)}, got {type(v).__name__} {v!r}"

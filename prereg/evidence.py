@@ -13,6 +13,9 @@ metric's last value), the curves. From captured output: ``final_metric`` and ``m
 (the last match of each expression); the whole process's time is the harness's own clock
 (``total_s``), which no file can tell.
 
+A built-in arm's record is its own evidence: its ``training_s`` and CPU and warm-up clocks are
+checked against the per-step times it keeps (:func:`clock_problems`).
+
 A file is refused (the run failed, its reason this module's words) when a line is not a JSON
 object of a known kind, the clock runs backwards, a step's number is not the one after the last
 (a gap), a loss or metric is not finite, the study's metric is never reported, the count of steps
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prereg.interference import stall_s
+from prereg.bounded import InputLimitError, read_regular
 
 FORMAT = 1
 #: A kept evidence file's name beside its record: ``<run_id>.a<attempt>`` and this.
@@ -340,12 +344,6 @@ def derive(
     return derive_output(text, spec["metric"], dict(spec["command"].get("metrics_regex") or {}))
 
 
-def sha256_file(path: str) -> tuple[str, int]:
-    with open(path, "rb") as f:
-        data = f.read()
-    return hashlib.sha256(data).hexdigest(), len(data)
-
-
 def _close(a: Any, b: Any) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return set(a) == set(b) and all(_close(a[k], b[k]) for k in a)
@@ -373,10 +371,15 @@ def evidence_problems(directory: str, records: list[dict[str, Any]]) -> tuple[li
                 out.append(f"{name}: an ok command run with no evidence file named in its record")
             continue
         path = os.path.join(directory, str(ev.get("file")))
-        if os.path.basename(str(ev.get("file"))) != ev.get("file") or not os.path.isfile(path):
+        if os.path.basename(str(ev.get("file"))) != ev.get("file") or not os.path.lexists(path):
             out.append(f"{path}: the evidence file its record names is missing")
             continue
-        sha, size = sha256_file(path)
+        try:  # a link, a FIFO, a device: named, never opened
+            data = read_regular(path, MAX_EVIDENCE_BYTES)
+        except InputLimitError as e:
+            out.append(str(e))
+            continue
+        sha, size = hashlib.sha256(data).hexdigest(), len(data)
         checked += 1
         if sha != ev.get("sha256") or size != ev.get("bytes"):
             out.append(
@@ -385,10 +388,8 @@ def evidence_problems(directory: str, records: list[dict[str, Any]]) -> tuple[li
             continue
         if r.get("status") != "ok":
             continue
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
         try:
-            got = derive(str(ev.get("kind")), text, spec, None)
+            got = derive(str(ev.get("kind")), data.decode("utf-8", "replace"), spec, None)
         except (EvidenceError, KeyError, TypeError, ValueError, OverflowError) as e:
             out.append(f"{path}: the evidence of an ok record is refused: {e}")
             continue
@@ -433,4 +434,65 @@ def stall_problems(records: list[dict[str, Any]]) -> tuple[list[str], int]:
             continue
         if not _close(t["stall_s"], want):
             out.append(f"{name}: stall_s = {t['stall_s']!r} in the record; its step times say {want!r}")
+    return out, checked
+
+
+#: Each step's time is kept in whole microseconds (``round(seconds * 1e6)``), so the kept steps of
+#: ``n`` timed steps sum to the clock within half a microsecond each (and the float sum's rounding).
+STEP_ROUNDING_S = 0.5e-6
+
+
+def _sum_differs(us: list[int], clock: float) -> bool:
+    return abs(sum(us) / 1e6 - clock) > STEP_ROUNDING_S * len(us) + 1e-9 * (1.0 + abs(clock))
+
+
+def clock_problems(records: list[dict[str, Any]]) -> tuple[list[str], int]:
+    """A built-in arm's ok record against its own per-step figures, as the trainer
+    (``harness/execute/training.py``) computes both from the same readings: ``training_s`` is the
+    sum of the timed steps' wall times (the steps after ``spec.warmup_steps``) and
+    ``training_cpu_s`` of their CPU times, ``warmup_s`` and ``warmup_cpu_s`` those of the warm-up
+    steps, each to within :data:`STEP_ROUNDING_S` a step (``step_times`` keeps whole
+    microseconds); and the training curve's last point holds the training clock itself, exactly. A
+    command arm's figures are its evidence file's (:func:`evidence_problems`). Returns the
+    problems and how many records had per-step times to check."""
+    out: list[str] = []
+    checked = 0
+    for r in records:
+        spec, t = r.get("spec") or {}, r.get("timings") or {}
+        if r.get("status") != "ok" or "command" in spec or not isinstance(t.get("training_s"), (int, float)):
+            continue
+        name = f"{spec.get('run_id')}.a{r.get('attempt')}"
+        curve = r.get("curve")
+        if isinstance(curve, list) and curve and curve[-1][2] != t["training_s"]:
+            out.append(
+                f"{name}: timings.training_s = {t['training_s']!r}, but its training curve ends at "
+                f"{curve[-1][2]!r} seconds (the same clock)"
+            )
+        steps = r.get("step_times")
+        if not isinstance(steps, dict):
+            continue
+        wall, cpu = steps.get("wall_us"), steps.get("cpu_us")
+        wall, cpu = (wall if isinstance(wall, list) else []), (cpu if isinstance(cpu, list) else [])
+        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in wall + cpu)
+        if not ints or len(wall) != len(cpu) or len(wall) != spec.get("steps"):
+            out.append(
+                f"{name}: step_times is not one wall and one CPU time in whole microseconds for each "
+                f"of its {spec.get('steps')} steps"
+            )
+            continue
+        checked += 1
+        w = spec.get("warmup_steps") or 0
+        for key, us in (
+            ("training_s", wall[w:]),
+            ("training_cpu_s", cpu[w:]),
+            ("warmup_s", wall[:w]),
+            ("warmup_cpu_s", cpu[:w]),
+        ):
+            clock = t.get(key)
+            if isinstance(clock, (int, float)) and not isinstance(clock, bool) and _sum_differs(us, clock):
+                out.append(
+                    f"{name}: timings.{key} = {clock!r}, but the {len(us)} steps it times sum to "
+                    f"{sum(us) / 1e6!r} seconds in its own step_times (within {STEP_ROUNDING_S * 1e6} "
+                    "microseconds a step)"
+                )
     return out, checked

@@ -151,6 +151,14 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+def _finite(x: float) -> bool:
+    """Whether ``x`` is a finite float (an int too big for one, ``10**400``, is not)."""
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
+
+
 def rule_problems(h: Mapping[str, Any]) -> list[tuple[str, str]]:
     """What is wrong with one hypothesis by the protocol's rules, as ``(key, message)`` pairs (empty
     when nothing is): a key's value outside its choices, a margin of the wrong sign, time to target
@@ -167,7 +175,10 @@ def rule_problems(h: Mapping[str, Any]) -> list[tuple[str, str]]:
             out.append((key, f"{v!r} is not one of {', '.join(CHOICES[key])}"))
     if out:
         return out
-    margin, kind, cens = float(h.get("margin") or 0.0), h["type"], h.get("censoring")
+    raw = h.get("margin") or 0.0
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not _finite(raw):
+        return out + [("margin", f"{str(raw)[:24]!r}: the margin is a finite number")]
+    margin, kind, cens = float(raw), h["type"], h.get("censoring")
     if kind == "superiority" and margin < 0:
         out.append(("margin", "a superiority margin is >= 0"))
     if kind != "superiority" and margin <= 0:

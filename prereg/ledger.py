@@ -7,6 +7,8 @@ import hashlib
 import json
 from typing import Any
 
+from prereg.bounded import InputLimitError, parse_json, read_regular
+
 RECORD_SUFFIX = ".record.json"
 STARTED_SUFFIX = ".started.json"
 #: A group-sequential look's entry (``look<k>.look.json``, ``kind: "look"``): appended by ``harness
@@ -213,14 +215,21 @@ def entry_problems(e: object) -> list[str]:
 
 
 def read_json(path: str, raw: bytes | None = None) -> object:
-    """The JSON value in ``path`` (or ``raw``), or ``None`` where it is not JSON."""
+    """The JSON value in ``path`` (or ``raw``), or ``None`` where it is not JSON, not a regular file
+    or over a limit (:mod:`prereg.bounded`: :func:`json_problem` says which)."""
+    return json_problem(path, raw)[0]
+
+
+def json_problem(path: str, raw: bytes | None = None) -> tuple[object, str | None]:
+    """The JSON value in the regular file ``path`` (or in ``raw``) and ``None``; or ``None`` and why
+    it cannot be read (naming the file): not a regular file, over a size, depth or number limit,
+    not JSON."""
     try:
-        if raw is None:
-            with open(path, "rb") as f:
-                raw = f.read()
-        return json.loads(raw)
-    except (OSError, ValueError):
-        return None
+        return parse_json(read_regular(path) if raw is None else raw), None
+    except InputLimitError as e:
+        return None, str(e) if raw is None and str(e).startswith(path) else f"{path}: {e}"
+    except (OSError, ValueError) as e:
+        return None, f"{path}: not JSON ({e})"
 
 
 def record_name(rec: dict[str, Any]) -> str:

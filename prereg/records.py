@@ -85,6 +85,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypedDict
 
+from prereg.bounded import InputLimitError, parse_json, read_regular
 from prereg.files import atomic_write
 from prereg.jsonfields import json_fields, plain
 from prereg.ledger import (
@@ -424,8 +425,10 @@ def read_entry(path: Path) -> dict[str, Any]:
     """Read one entry of the chain (a record or a started entry) as its JSON object, refusing a format
     version this code does not know."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        data = parse_json(read_regular(str(path)))
+    except InputLimitError as e:  # a link, a FIFO, a device, over a limit: named, never opened
+        raise RecordFormatError(f"{path}: {str(e).removeprefix(f'{path}: ')}") from e
+    except (OSError, ValueError) as e:
         raise RecordFormatError(f"{path}: not a readable JSON record ({e})") from e
     if not isinstance(data, dict):
         raise RecordFormatError(f"{path}: a record is a JSON object, found {type(data).__name__}")
@@ -455,8 +458,10 @@ def read_snapshots(directory: Path) -> dict[str, dict[str, Any]]:
         if not is_snapshot_name(path.name):
             continue
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            data = parse_json(read_regular(str(path)))
+        except InputLimitError as e:
+            raise RecordFormatError(f"{path}: {str(e).removeprefix(f'{path}: ')}") from e
+        except (OSError, ValueError) as e:
             raise RecordFormatError(f"{path}: not a readable JSON protocol snapshot ({e})") from e
         sha = sha256_bytes(canonical(data)) if isinstance(data, dict) else None
         if sha is None or snapshot_name(sha) != path.name:

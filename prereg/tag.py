@@ -10,6 +10,7 @@ import re
 import subprocess
 from typing import Any
 
+from prereg.bounded import InputLimitError, file_problem, read_regular
 from prereg.commands import is_command_study
 from prereg.ledger import canonical, sha256
 from prereg.plan import expected_summary, with_defaults
@@ -20,6 +21,37 @@ from prereg.yamlsub import yaml_subset
 def _git_env() -> dict[str, Any]:
     """git with replace objects disabled: ``git replace`` cannot substitute a tag, commit or blob."""
     return {**os.environ, "GIT_NO_REPLACE_OBJECTS": "1", "GIT_TERMINAL_PROMPT": "0"}
+
+
+#: The transports an anchor remote may use: what git fetches and pushes itself, without a remote
+#: helper (``fd::5`` waits on a file descriptor, ``ext::CMD`` runs a command, ``foo::`` and
+#: ``foo://`` run ``git-remote-foo``). Also git's ``GIT_ALLOW_PROTOCOL`` for every anchor command.
+ANCHOR_PROTOCOLS = ("file", "git", "http", "https", "ssh")
+_HELPER = re.compile(r"[A-Za-z0-9][A-Za-z0-9+.-]*::")
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def remote_problem(remote: str) -> str | None:
+    """Why ``remote`` (``--anchor``) is not a remote git reaches by itself, or None: an option, a
+    remote helper (``<transport>::<address>``), a URL of another scheme than
+    :data:`ANCHOR_PROTOCOLS` (``git+ssh`` and ``ssh+git`` are ssh), a control character. A path,
+    a URL of those schemes, ``host:path`` and a remote's name are taken."""
+    if not remote or remote.startswith("-"):
+        return "not a git remote (a name, a path or a URL; it may not start with '-')"
+    if any(ord(c) < 32 or ord(c) == 127 for c in remote):
+        return "holds a control character"
+    if _HELPER.match(remote):
+        return (
+            f"{remote.split('::', 1)[0]}:: runs a git remote helper (fd:: waits on a file descriptor, "
+            f"ext:: runs a command); an anchor is a remote git reaches itself: {', '.join(ANCHOR_PROTOCOLS)}"
+        )
+    m = _SCHEME.match(remote)
+    if m and m.group(1).lower() not in (*ANCHOR_PROTOCOLS, "git+ssh", "ssh+git"):
+        return (
+            f"{m.group(1)}:// is not a transport git has itself (it would run git-remote-{m.group(1)}); "
+            f"an anchor is reached by {', '.join(ANCHOR_PROTOCOLS)}"
+        )
+    return None
 
 
 def git_bytes(root: str, *args: str, stdin: bytes | None = None) -> bytes | None:
@@ -155,10 +187,12 @@ def stored_tag(directory: str | None) -> tuple[str, bytes] | None:
     """The tag object ``harness run`` keeps as ``TAG`` in the records folder (read once): the tag's
     name and the object's bytes, or ``None`` when there is none or it is not a tag of a commit."""
     path = os.path.join(directory, TAG_FILE) if directory else ""
-    if not path or not os.path.isfile(path):
+    if not path or not os.path.lexists(path):
         return None
-    with open(path, "rb") as f:
-        raw = f.read()
+    try:
+        raw = read_regular(path, 1 << 20)  # a link, a FIFO, a device: not read (the audit names it)
+    except InputLimitError:
+        return None
     m = re.match(rb"object [0-9a-f]{40,64}\ntype commit\ntag (\S+)\n", raw)
     return (m.group(1).decode("utf-8", "replace"), raw) if m else None
 
@@ -243,6 +277,27 @@ def _configs_at(root: str, rev: str, ppath: str, names: list[str]) -> dict[str, 
         d = os.path.dirname(d)
 
 
+def kept_tag_problems(directory: str, kept: tuple[str, bytes] | None, tags: list[str]) -> list[str]:
+    """The records folder's ``TAG`` against the study's tag: a file there must be a tag object of a
+    commit (what ``harness run`` keeps), and of this study's tag (``tags``: the ones the records,
+    MANIFEST and the folder name), not another protocol's, even while that protocol's ref exists."""
+    path = os.path.join(directory, TAG_FILE)
+    if kept is None:
+        if os.path.lexists(path):
+            return [
+                f"{path}: not a tag object of a commit ({file_problem(path, 1 << 20) or 'another file'}); "
+                "harness run keeps the study's tag object there"
+            ]
+        return []
+    if kept[0] not in tags:
+        return [
+            f"{path} holds tag {kept[0]}, not this study's"
+            + (f" {tags[0]}" if tags else " (no tag of the protocol the records name)")
+            + ": another protocol's tag object put in its place"
+        ]
+    return []
+
+
 def load_truth(
     root: str, directory: str, records: list[dict[str, Any]], manifest: dict[str, Any]
 ) -> tuple[dict[str, Any], list[str]]:
@@ -285,6 +340,7 @@ def load_truth(
         )
     )
     truth: dict[str, Any] = {"tag": None, "tagged": False}
+    problems += kept_tag_problems(directory, kept, tags)
     if len(tags) > 1:
         problems.append(f"{directory}: the records name several tagged protocols ({', '.join(tags)})")
     if tags:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from prereg.bounded import MAX_DEPTH
+
 #: YAML's white space (str.strip() would also take NO-BREAK SPACE and other Unicode spaces, which
 #: YAML reads as text).
 WS = " \t"
@@ -177,10 +179,15 @@ def join_quoted(parts: list[str], q: str, line: int) -> str:
     return out
 
 
-def flow_value(s: str, i: int, line: int) -> tuple[object, int]:
-    """One flow node of ``s`` from ``i``: a list, a mapping, a quoted or a plain scalar."""
+def flow_value(s: str, i: int, line: int, depth: int = 1) -> tuple[object, int]:
+    """One flow node of ``s`` from ``i``: a list, a mapping, a quoted or a plain scalar (``depth``:
+    the collections it lies in, this one's included; deeper than :data:`MAX_DEPTH` is refused)."""
     i = _skip(s, i)
     if i < len(s) and s[i] in "[{":
+        if depth > MAX_DEPTH:
+            raise YamlError(
+                line, f"nested deeper than {MAX_DEPTH} levels: a protocol is read at most {MAX_DEPTH} deep"
+            )
         close = "]" if s[i] == "[" else "}"
         seq: list[Any] = []
         mp: dict[Any, Any] = {}
@@ -191,10 +198,10 @@ def flow_value(s: str, i: int, line: int) -> tuple[object, int]:
                 raise YamlError(line, "unterminated flow collection")
             if s[i] == close:
                 return (seq if close == "]" else mp), i + 1
-            key, i = flow_value(s, i, line)
+            key, i = flow_value(s, i, line, depth + 1)
             i = _skip(s, i)
             if i < len(s) and s[i] == ":":
-                val, i = flow_value(s, i + 1, line)
+                val, i = flow_value(s, i + 1, line, depth + 1)
                 if close == "]":
                     seq.append({key: val})
                 else:

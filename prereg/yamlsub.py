@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from prereg.bounded import MAX_DEPTH, MAX_YAML_CHARS
 from prereg.yamlflow import (
     WS,
     YamlError,
@@ -29,7 +30,11 @@ def _marker(line: str) -> bool:
 class _Reader:
     def __init__(self, text: str) -> None:
         if text.startswith("\ufeff"):
-            text = text[1:]
+            raise YamlError(
+                1, "the file starts with a byte order mark (U+FEFF): save it as UTF-8 without one"
+            )
+        if len(text) > MAX_YAML_CHARS:
+            raise YamlError(1, f"{len(text)} characters: a protocol is read up to {MAX_YAML_CHARS}")
         self.raw = text.split("\n")
         if self.raw and self.raw[-1] == "":
             self.raw.pop()
@@ -44,6 +49,7 @@ class _Reader:
                 )
         self.n = 0  # the current raw line
         self.started = False
+        self.depth = 0  # the block collections the current node lies in
 
     # -- lines -------------------------------------------------------------------------------
     def significant(self) -> int | None:
@@ -107,6 +113,20 @@ class _Reader:
         return self.block(ind)
 
     def block(self, ind: int) -> object:
+        """The node at column ``ind`` of the current line, one level deeper (refused past
+        :data:`MAX_DEPTH`, before the reader's recursion could reach Python's limit)."""
+        if self.depth >= MAX_DEPTH:
+            raise YamlError(
+                self.n + 1,
+                f"nested deeper than {MAX_DEPTH} levels: a protocol is read at most {MAX_DEPTH} deep",
+            )
+        self.depth += 1
+        try:
+            return self._block(ind)
+        finally:
+            self.depth -= 1
+
+    def _block(self, ind: int) -> object:
         s = self.raw[self.n][ind:]
         if s.startswith("- ") or s.rstrip(WS) == "-":
             return self.sequence(ind)
@@ -342,7 +362,7 @@ class _Reader:
             self.n += 1
             if done:
                 break
-        value, end = flow_value("\n".join(chunks), 0, line)
+        value, end = flow_value("\n".join(chunks), 0, line, self.depth + 1)
         return value
 
     def block_scalar(self, header: str, parent: int) -> str:

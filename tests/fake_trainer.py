@@ -48,11 +48,15 @@ class FakeTrainer:
         if spec.run_id in self.fail_early:
             raise RuntimeError(f"deliberate failure of {spec.run_id} at start-up")
         bpb = 5.0 + (spec.seed % 7) / 100
-        partial.curve = [[float(s), 5.5 - s / 100, s / 10] for s in range(1, spec.steps + 1)]
-        partial.val_curve = [[float(spec.steps), bpb, spec.steps / 10]]
+        train_s = self.device_s / 2
+        # the training clock after each step, ending at training_s as the trainer's does (the audit
+        # checks a curve's last point against it)
+        partial.curve = [
+            [float(s), 5.5 - s / 100, train_s * s / spec.steps] for s in range(1, spec.steps + 1)
+        ]
+        partial.val_curve = [[float(spec.steps), bpb, train_s]]
         if spec.run_id in self.fail:
             raise RuntimeError(f"deliberate failure of {spec.run_id}")
-        train_s = self.device_s / 2
         partial.note(
             status="ok",
             timings={  # the keys the worker writes (harness.execute.training.finish)

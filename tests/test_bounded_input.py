@@ -1,4 +1,5 @@
-"""Bounded input: a YAML alias bomb, a recursive alias, a 13 MB protocol and 10^8 seeds are refused
+"""Bounded input: a YAML alias bomb, a recursive alias, a 13 MB protocol, 10^8 seeds, 5000-deep
+nesting (block and flow), a byte order mark and a margin that is not a finite number are refused
 by ``harness plan`` with the file (and the key and line where there is one), quickly, and never a
 traceback; a closed pipe is not an error. Real subprocesses of the CLI, as a user runs it."""
 
@@ -41,6 +42,13 @@ BOMB = "".join(
         ("recursive alias", "anchors (&) and aliases (*) are not allowed", 1),
         ("13 MB protocol", "a protocol or configuration file is at most 1048576 bytes", None),
         ("10^8 seeds", "at most 10000 seeds in a study", True),
+        # was: a RecursionError traceback after 14.8 s (PyYAML's composer recurses)
+        ("5000-deep nesting", "nested deeper than 64 levels", "- - - -"),
+        ("5000-deep flow nesting", "nested deeper than 64 levels", "flow:"),
+        ("byte order mark", "starts with a UTF-8 byte order mark", 1),
+        ("infinite margin", "'margin' must be a finite number, got inf", "margin:"),
+        ("NaN margin", "'margin' must be a finite number, got nan", "margin:"),
+        ("10^400 margin", "'margin' must be a finite number", "margin:"),
     ],
 )
 def test_unbounded_input_is_refused_quickly_naming_the_file(tmp_path, case, says, line):
@@ -54,6 +62,15 @@ def test_unbounded_input_is_refused_quickly_naming_the_file(tmp_path, case, says
         text = "loop: &loop [*loop]\n" + text
     elif case == "13 MB protocol":
         text = text + "# " + "x" * (13 << 20) + "\n"
+    elif case == "5000-deep nesting":
+        text = text + "notes:\n  " + "- " * 5000 + "x\n"
+    elif case == "5000-deep flow nesting":
+        text = text + "flow: " + "[" * 5000 + "]" * 5000 + "\n"
+    elif case == "byte order mark":
+        text = "\ufeff" + text
+    elif case.endswith("margin"):
+        value = {"infinite margin": ".inf", "NaN margin": ".nan", "10^400 margin": "1" + "0" * 400}[case]
+        text = text.replace("margin: 0.01", f"margin: {value}")
     else:
         assert "seeds: [1, 2]" in text
         text = text.replace("seeds: [1, 2]", "seeds: {count: 100000000, base: 0}")
@@ -61,11 +78,9 @@ def test_unbounded_input_is_refused_quickly_naming_the_file(tmp_path, case, says
     p = tmp_path / "protocols" / "tiny.yaml"
     assert r.returncode == 2, r.stdout[-500:] + r.stderr[-2000:]
     assert says in r.stderr and str(p) in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
-    if line is True:
-        assert (
-            f"{p}:{next(i + 1 for i, s in enumerate(text.splitlines()) if 'count: 100000000' in s)}"
-            in r.stderr
-        )
+    if line is True or isinstance(line, str):
+        needle = "count: 100000000" if line is True else line
+        assert f"{p}:{next(i + 1 for i, s in enumerate(text.splitlines()) if needle in s)}" in r.stderr
     elif line:
         assert f"{p}:{line}" in r.stderr
     assert took < 30, took  # was: past two minutes (a hang), or a RecursionError traceback

@@ -288,6 +288,20 @@ def test_a_good_command_protocol_plans(tmp_path):
     assert "6 runs" in r.stdout
 
 
+def test_an_arm_env_of_allowed_names_plans(tmp_path):
+    """The allow-list's names and the script's own (``ARM_``) plan, and the audit's plan (the core's
+    normaliser) refuses a name the harness refuses, so a protocol tagged by another harness is named."""
+    from prereg.commands import ENV_ALLOWED, arm_of
+
+    env = "{ARM_DATA_DIR: /data, ARM_LR: '3e-4', HF_HUB_OFFLINE: '1', TOKENIZERS_PARALLELISM: 'false', WANDB_MODE: offline}"
+    r = _plan(tmp_path, GOOD_ARM[:-1] + f", env: {env}}}")
+    assert r.returncode == 0, r.stderr
+    assert {"HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "WANDB_MODE"} <= set(ENV_ALLOWED)
+    arm = {"command": ["python", "train.py"], "timeout_s": 9, "env": {"PYTHONPYCACHEPREFIX": "/tmp/x"}}
+    with pytest.raises(ValueError, match="PYTHONPYCACHEPREFIX is an interpreter control"):
+        arm_of(arm)
+
+
 @pytest.mark.parametrize(
     ("baseline", "endpoint", "key", "words"),
     [
@@ -379,6 +393,28 @@ def test_a_good_command_protocol_plans(tmp_path):
             "training_time",
             "env.CUDA_VISIBLE_DEVICES",
             "the harness's",
+        ),
+        # an arm's env is an allow-list (prereg.commands.env_problem): these were accepted
+        *(
+            (
+                "{command: [python, train.py], timeout_s: 9, env: {" + name + ": '1'}}",
+                "training_time",
+                f"arms.baseline.env.{name}",
+                words,
+            )
+            for name, words in (
+                ("PYTHONMALLOC", "is an interpreter control"),
+                ("PYTHONTRACEMALLOC", "is an interpreter control"),
+                ("PYTHONUSERBASE", "is an interpreter control"),
+                ("PYTHONPYCACHEPREFIX", "is an interpreter control"),
+                ("GLIBC_TUNABLES", "is a C library control"),
+                ("MALLOC_ARENA_MAX", "is a C library allocator control"),
+                ("LD_DEBUG", "is a dynamic loader control"),
+                ("PATH", "is not on the allow-list"),
+                ("HOME", "is not on the allow-list"),
+                ("HF_HOME", "is not on the allow-list"),
+                ("arm_lower", "is not on the allow-list"),
+            )
         ),
         ("{command: [no-such-program-x], timeout_s: 9}", "training_time", "command[0]", "command not found"),
         ("{command: [python, nosuch.py], timeout_s: 9}", "training_time", "command[1]", "no such script"),

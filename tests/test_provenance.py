@@ -179,7 +179,7 @@ def test_the_report_and_the_page_are_rendered_again_and_compared(study):
     """Issue 35's fifth attack: a decision edited in report.md and index.html, summary.json intact."""
     ok = audit(study)
     assert ok.returncode == NOT_VERIFIED, ok.stdout
-    assert "index.html and report.md byte for byte as the verified summary renders them" in ok.stdout
+    assert "index.html and report.md byte for byte as the verified summary.json renders them" in ok.stdout
     for name in ("report.md", "index.html"):
         path = study / RECS / name
         text = path.read_text()

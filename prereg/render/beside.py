@@ -9,11 +9,11 @@ has a paired study of the same configuration with the same two arms.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from prereg.results import PairedResult, Summary
+from prereg.bounded import parse_json, read_regular
+from prereg.results import PairedResult, Summary, SummaryFormatError
 
 __all__ = ["Beside", "BesideRow", "read_beside"]
 
@@ -51,7 +51,13 @@ def read_beside(this: Summary, folder: Path, label: str | None = None) -> Beside
     Raises ``FileNotFoundError`` or :class:`prereg.results.SummaryFormatError` (naming the file)
     when the folder holds no readable summary."""
     path = Path(folder) / "summary.json"
-    earlier = Summary.read(json.loads(path.read_text(encoding="utf-8")), str(path))
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    try:  # bounded: a link, a FIFO, a deep or huge value is named, never read without end
+        data = parse_json(read_regular(str(path)))
+    except ValueError as e:
+        raise SummaryFormatError(f"{path}: {str(e).removeprefix(f'{path}: ')}") from e
+    earlier = Summary.read(data, str(path))
     designs = {s["name"]: _design(s) for s in earlier.protocol["studies"]}
     rows = []
     for study in this.studies:

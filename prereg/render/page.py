@@ -9,11 +9,11 @@ publish PROTOCOL [--out DIR]``; ``harness run`` and ``harness report`` write bot
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from prereg.files import atomic_write
+from prereg.ledger import read_json
 from prereg.records import SCHEMA_VERSION
 from prereg.render.beside import Beside
 from prereg.render.model import Section, esc, to_html, to_md
@@ -87,10 +87,7 @@ def write_page(
     """Write ``index.html`` for ``summary`` into ``out_dir`` (default: the records folder), atomically;
     ``summary_sha256`` is the sealed ``summary.json``'s hash, which the page shows."""
     records_dir = Path(records_dir)
-    try:
-        raw: Any = json.loads((records_dir / "MANIFEST").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        raw = {}
+    raw: Any = read_json(str(records_dir / "MANIFEST")) or {}  # bounded; none read: no MANIFEST facts
     manifest = page_manifest(raw)
     target = Path(out_dir or records_dir)
     target.mkdir(parents=True, exist_ok=True)

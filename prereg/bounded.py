@@ -1,0 +1,154 @@
+"""Bounded input: every file of a records folder and every JSON value the harness and the audit read
+go through here. A file is read only when it is a regular file (not a symlink, a FIFO or a device:
+refused by name, without opening it) of at most a given size; a JSON value is refused when it nests
+deeper than :data:`MAX_DEPTH`, holds a number of magnitude over :data:`MAX_MAGNITUDE` (or ``NaN``,
+``Infinity``), so no reader ends in a RecursionError, an OverflowError, an unbounded read or a hang.
+
+Standard library only (the audit reads with it)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+from typing import Any
+
+#: The deepest nesting of JSON (objects and arrays) or YAML (mappings, sequences, flow collections)
+#: read: the committed records nest 9 deep at most (a summary), protocols 6.
+MAX_DEPTH = 64
+#: The most characters of a protocol read (``harness plan`` refuses a file over 1 MiB first).
+MAX_YAML_CHARS = 1 << 20
+#: The largest magnitude of a number read from JSON: 2**53, the largest integer a float holds
+#: exactly (the committed records' largest value is 1.5e9 bytes; a microsecond count reaches it
+#: after 285 years). A larger one is refused: ``10**400`` would end in an OverflowError where it is
+#: turned into a float, ``1e400`` reads as infinity.
+MAX_MAGNITUDE = 2**53
+#: The most bytes of one file of a records folder read (the committed records' largest file is
+#: 1.0 MB, a study's summary of the largest design a few MB).
+MAX_FILE_BYTES = 64 << 20
+
+
+class InputLimitError(ValueError):
+    """A file or value over a limit, or a file that is not a regular file (the reason is the text)."""
+
+
+def file_problem(path: str, limit: int = MAX_FILE_BYTES) -> str | None:
+    """Why ``path`` may not be read (a symlink, not a regular file, over ``limit`` bytes), or None;
+    only ``lstat``: a FIFO or a device is never opened."""
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link: a records folder holds regular files only (git carries links; replace it by the file)"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file (a FIFO, a device or a folder): a records folder holds regular files only"
+    if st.st_size > limit:
+        return f"{st.st_size} bytes: over the {limit} bytes read from one file"
+    return None
+
+
+def read_regular(path: str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of the regular file ``path`` (at most ``limit``), else :class:`InputLimitError`
+    naming the file: a symlink, a FIFO or a device is refused without being opened, and the file
+    is opened without following a link and without blocking, so one swapped in after the check is
+    refused too."""
+    problem = file_problem(path, limit)
+    if problem is not None:
+        raise InputLimitError(f"{path}: {problem}")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise InputLimitError(f"{path}: cannot be read ({e.strerror})") from e
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise InputLimitError(f"{path}: not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise InputLimitError(f"{path}: over the {limit} bytes read from one file")
+    return data
+
+
+#: A JSON string, or an unterminated one to the end of the text: possessive, so every match is
+#: linear and a text of unclosed quotes (``"\\"\\"...``) is one match, not one scan per quote.
+_STRING = re.compile(r'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', re.S)
+_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in JSON ``text`` (brackets inside strings aside),
+    counted without parsing it (a parser recurses), up to the first level past :data:`MAX_DEPTH`."""
+    depth = deepest = 0
+    for m in _BRACKETS.finditer(_STRING.sub("", text)):
+        depth += 1 if m.group() in "[{" else -1
+        if depth > deepest:
+            deepest = depth
+            if deepest > MAX_DEPTH:  # past the limit: the rest need not be counted
+                break
+    return deepest
+
+
+class _Huge:
+    """A number over the limit, kept where it stood so that its key can be named."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _number(text: str, kind: type) -> object:
+    if kind is int and len(text.lstrip("-")) > 16:
+        return _Huge(text)
+    value = kind(text)
+    return value if math.isfinite(value) and abs(value) <= MAX_MAGNITUDE else _Huge(text)
+
+
+def _refuse_constant(text: str) -> object:
+    return _Huge(text)
+
+
+def _huge_at(value: Any, path: str = "") -> tuple[str, str] | None:
+    """The key path and text of the first number over the limit in ``value``, or None."""
+    if isinstance(value, _Huge):
+        return path or "<top level>", value.text
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        found = _huge_at(v, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else str(k))
+        if found is not None:
+            return found
+    return None
+
+
+def parse_json(raw: bytes | str) -> Any:
+    """The JSON value of ``raw``, refusing (:class:`InputLimitError`, naming the key) nesting deeper
+    than :data:`MAX_DEPTH` and a number over :data:`MAX_MAGNITUDE` in magnitude, ``NaN`` or
+    ``Infinity``; ``ValueError`` where it is not JSON (or not UTF-8)."""
+    text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    if json_depth(text) > MAX_DEPTH:
+        raise InputLimitError(f"nested deeper than {MAX_DEPTH} levels: JSON is read at most {MAX_DEPTH} deep")
+    value = json.loads(
+        text,
+        parse_int=lambda s: _number(s, int),
+        parse_float=lambda s: _number(s, float),
+        parse_constant=_refuse_constant,
+    )
+    huge = _huge_at(value)
+    if huge is not None:
+        raise InputLimitError(
+            f"field {huge[0]} = {huge[1][:24]}{'...' if len(huge[1]) > 24 else ''}: a number out of "
+            f"range (at most 2**53 in magnitude, finite)"
+        )
+    return value
+
+
+def read_json_file(path: str, limit: int = MAX_FILE_BYTES) -> Any:
+    """The JSON value of the regular file ``path``: :func:`read_regular` then :func:`parse_json`;
+    every refusal an :class:`InputLimitError` or ``ValueError`` naming the file."""
+    raw = read_regular(path, limit)
+    try:
+        return parse_json(raw)
+    except InputLimitError as e:
+        raise InputLimitError(f"{path}: {e}") from e
+    except ValueError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from e
