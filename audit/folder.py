@@ -38,8 +38,8 @@ from prereg.ledger import (
 )
 from prereg.plan import plan_from_protocol, plan_notes
 from prereg.recompute import SUMMARY_SCHEMAS, compare, recompute
-from prereg.replicates import time_problems
 from prereg.records import seal
+from prereg.replicates import time_problems
 from prereg.results import Summary
 from prereg.tag import check_sources, git_root, load_truth
 

@@ -33,8 +33,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from prereg.interference import stall_s
 from prereg.bounded import InputLimitError, read_regular
+from prereg.interference import stall_s
 
 FORMAT = 1
 #: A kept evidence file's name beside its record: ``<run_id>.a<attempt>`` and this.

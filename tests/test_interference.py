@@ -228,42 +228,34 @@ THREADS = []
 
 class Hog:
     """Native, and (built second) a thread that holds the interpreter's lock in long C calls
-    whenever its partner trains: only during the partner's blocks."""
+    whenever its partner trains: only during the partner's blocks. It learns whose turn it is from
+    the arms' own calls (``set_lr`` starts each step), never by reading a tensor the training thread
+    may be writing with the lock released (a backward's gradients)."""
 
     def __init__(self, ctx: ArmContext) -> None:
         self.inner = resolve("native")(ctx)
         self.optimizer = self.inner.optimizer
-        self.mine = threading.Event()
-        SEEN.append(ctx.params)
+        self.turn = threading.Event()  # set as each of this arm's steps starts
+        SEEN.append(self)
         if len(SEEN) % 2 == 0:
-            THREADS.append(threading.Thread(target=self.hog, args=(SEEN[-2][0],), daemon=True))
+            THREADS.append(threading.Thread(target=self.hog, args=(SEEN[-2],), daemon=True))
             THREADS[-1].start()
 
-    @staticmethod
-    def moved(partner):
-        """What changes at each of the partner's steps (its gradient, renewed or written in place;
-        a fused optimizer's step bumps no version counter of the weights themselves)."""
-        g = partner.grad
-        return id(g), None if g is None else g._version
-
     def hog(self, partner) -> None:
-        seen, quiet, wait = self.moved(partner), time.monotonic(), 60.0  # until training starts
-        while time.monotonic() - quiet < wait and not STOP.is_set():  # gone once the pair has ended
-            if self.moved(partner) == seen:
-                time.sleep(0.0002)
+        while not STOP.is_set():  # the test's, once the pair has ended
+            if not partner.turn.wait(0.05):
                 continue
-            self.mine.clear()  # the partner has stepped: its block, until this arm's next step
-            wait = 2.0
-            while not self.mine.is_set() and time.monotonic() - quiet < wait and not STOP.is_set():
+            self.turn.clear()  # the partner's block: hold the lock until this arm's next step
+            deadline = time.monotonic() + 2.0
+            while not self.turn.is_set() and time.monotonic() < deadline and not STOP.is_set():
                 sum(range(100_000))  # one C call: the lock is not let go until it returns
-                if self.moved(partner) != seen:
-                    seen, quiet = self.moved(partner), time.monotonic()
+            partner.turn.clear()  # its block is over: wait for its next one
 
     def phase(self):
         return self.inner.phase()
 
     def set_lr(self, lr):  # the first thing a training step does: this arm's turn has come
-        self.mine.set()
+        self.turn.set()
         self.inner.set_lr(lr)
 
     def zero_grad(self):
