@@ -9,13 +9,17 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.cliargs import RUN_INTERRUPTED, RUN_TERMINATED, parser
 from harness.clirun import Terminated, cmd_run, records_rel, refuse_shadowing, report
 from harness.clitools import cmd_compare_arms, cmd_configs, cmd_data, cmd_node, cmd_verify, table
 from prereg.errors import HarnessError, InputError
 from prereg.records import RecordFormatError
+
+if TYPE_CHECKING:
+    from analysis.calibration_study import CalibrationPlan
+    from harness.protocol import Protocol
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -189,19 +193,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_calibration_study(args: argparse.Namespace) -> int:
-    from analysis.calibration_study import CalibrationPlan, pilot_step_cpu_us, protocol_text
+    from analysis.calibration_study import pilot_step_cpu_us, protocol_text
     from harness.protocol import load_protocol
     from prereg.files import atomic_write
     from prereg.records import load_records
-
-    def numbers(flag: str, text: str, kind: Callable[[str], Any]) -> tuple[Any, ...]:
-        try:
-            out = tuple(kind(x) for x in text.split(",") if x.strip())
-        except ValueError as e:
-            raise InputError(f"{flag} {text!r}: a comma-separated list of numbers") from e
-        if not out or any(v < 0 for v in out):
-            raise InputError(f"{flag} {text!r}: a comma-separated list of numbers, none negative")
-        return out
 
     out = Path(args.out)
     if out.exists():
@@ -213,39 +208,9 @@ def cmd_calibration_study(args: argparse.Namespace) -> int:
         raise HarnessError(
             f"{pilot.records_path}: {e} (run the pilot first: harness run {args.pilot})"
         ) from e
-    designs = numbers("--designs", args.designs, int)
-    for flag, v in (
-        ("--pairs", args.pairs),
-        ("--coverage-pairs", args.coverage_pairs),
-        ("--matmul-pairs", args.matmul_pairs),
-    ):
-        if v < 2:
-            raise InputError(f"{flag} {v}: at least 2 pairs")
-    if args.steps <= args.warmup_steps or max(designs) > args.steps - args.warmup_steps:
-        raise InputError(f"--steps {args.steps}: more than --warmup-steps and at least the longest block")
-    plan = CalibrationPlan(
-        id=args.id,
-        config=args.config,
-        pilot=str(pilot.relpath),
-        pilot_command=f"harness run {pilot.relpath}",
-        step_cpu_us=step_us,
-        pilot_runs=runs,
-        sizes=numbers("--sizes", args.sizes, float),
-        designs=designs,
-        pairs=args.pairs,
-        steps=args.steps,
-        warmup_steps=args.warmup_steps,
-        matmul_n=args.matmul,
-        matmul_pairs=args.matmul_pairs,
-        coverage_size=args.coverage_size,
-        coverage_designs=numbers("--coverage-designs", args.coverage_designs, int),
-        coverage_pairs=args.coverage_pairs,
-        replicate_pairs=args.replicate_pairs,
-        seed_base=args.seed_base,
-        order_seed=args.order_seed,
-        threads=pilot.threads or 1,
-    )
-    text, counts = protocol_text(plan)
+    designs = _numbers("--designs", args.designs, int)
+    _check_calibration_counts(args, designs)
+    text, counts = protocol_text(_calibration_plan(args, pilot, step_us, runs, designs))
     atomic_write(out, text.encode(), overwrite=False)
     try:
         load_protocol(out)
@@ -258,6 +223,61 @@ def cmd_calibration_study(args: argparse.Namespace) -> int:
     )
     print(f"run it: harness run {out}")
     return 0
+
+
+def _numbers(flag: str, text: str, kind: Callable[[str], Any]) -> tuple[Any, ...]:
+    """A flag's comma-separated numbers, none negative (else InputError naming the flag)."""
+    try:
+        out = tuple(kind(x) for x in text.split(",") if x.strip())
+    except ValueError as e:
+        raise InputError(f"{flag} {text!r}: a comma-separated list of numbers") from e
+    if not out or any(v < 0 for v in out):
+        raise InputError(f"{flag} {text!r}: a comma-separated list of numbers, none negative")
+    return out
+
+
+def _check_calibration_counts(args: argparse.Namespace, designs: tuple[int, ...]) -> None:
+    """InputError unless every design has at least 2 pairs and the steps outlast the warm-up by
+    the longest block."""
+    for flag, v in (
+        ("--pairs", args.pairs),
+        ("--coverage-pairs", args.coverage_pairs),
+        ("--matmul-pairs", args.matmul_pairs),
+    ):
+        if v < 2:
+            raise InputError(f"{flag} {v}: at least 2 pairs")
+    if args.steps <= args.warmup_steps or max(designs) > args.steps - args.warmup_steps:
+        raise InputError(f"--steps {args.steps}: more than --warmup-steps and at least the longest block")
+
+
+def _calibration_plan(
+    args: argparse.Namespace, pilot: Protocol, step_us: float, runs: int, designs: tuple[int, ...]
+) -> CalibrationPlan:
+    """The calibration study's plan from the flags and the pilot's step time."""
+    from analysis.calibration_study import CalibrationPlan
+
+    return CalibrationPlan(
+        id=args.id,
+        config=args.config,
+        pilot=str(pilot.relpath),
+        pilot_command=f"harness run {pilot.relpath}",
+        step_cpu_us=step_us,
+        pilot_runs=runs,
+        sizes=_numbers("--sizes", args.sizes, float),
+        designs=designs,
+        pairs=args.pairs,
+        steps=args.steps,
+        warmup_steps=args.warmup_steps,
+        matmul_n=args.matmul,
+        matmul_pairs=args.matmul_pairs,
+        coverage_size=args.coverage_size,
+        coverage_designs=_numbers("--coverage-designs", args.coverage_designs, int),
+        coverage_pairs=args.coverage_pairs,
+        replicate_pairs=args.replicate_pairs,
+        seed_base=args.seed_base,
+        order_seed=args.order_seed,
+        threads=pilot.threads or 1,
+    )
 
 
 def cmd_power(args: argparse.Namespace) -> int:

@@ -83,6 +83,18 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"harness {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
+    _data_commands(sub)
+    _protocol_commands(sub)
+    _planning_commands(sub)
+    _compare_arms_command(sub)
+    _calibration_study_command(sub)
+    _init_command(sub)
+    _audit_commands(sub)
+    return p
+
+
+def _data_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``configs``, ``data`` and ``verify``: the configurations, corpora and the method's checks."""
     s = sub.add_parser("configs", help="list configurations with parameter counts")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s = sub.add_parser("data", help="fetch or verify a corpus; pin a local corpus file")
@@ -113,6 +125,10 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip the real clients' loops (Trainer, accelerate, Lightning, timm, torchtune; CPU only)",
     )
+
+
+def _protocol_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``plan``, ``tag``, ``run``, ``status`` and ``report``: each takes a protocol file."""
     for name, help_ in (
         ("plan", "print the complete run list"),
         ("tag", "freeze a committed protocol with a git tag"),
@@ -138,46 +154,60 @@ def parser() -> argparse.ArgumentParser:
                 "--allowed-signers",
             )
         if name == "run":
-            s.add_argument("--quiet", action="store_true", help="plain log lines, no live display")
-            s.add_argument(
-                "--anchor",
-                metavar="REMOTE",
-                help="push the ledger head to REMOTE's refs/ledger/protocol-"
-                "<id> after every unit (a git remote name or URL)",
-            )
-            s.add_argument(
-                "--retry-failed",
-                action="store_true",
-                help="execute units with a failed run again, whole and in plan order, up to the protocol's max_attempts",
-            )
-            s.add_argument(
-                "--allow-torch-mismatch",
-                action="store_true",
-                help="run although the installed torch differs from the protocol's torch_version",
-            )
-            s.add_argument("--no-report", action="store_true", help="do not write the report after the run")
-            s.add_argument(
-                "--replicate",
-                type=int,
-                metavar="K",
-                help="a replicated protocol (replicates: {count, min_gap_s}): run replicate K's units only",
-            )
-            s.add_argument("--ray", metavar="ADDRESS", help="execute on a Ray cluster (auto, or host:port)")
+            _run_arguments(s)
         if name == "report":
-            s.add_argument("--format", choices=["csv", "parquet"], help="also export the per-run table")
-            s.add_argument("--quiet", action="store_true", help="do not print the report")
-            s.add_argument(
-                "--sign",
-                action="store_true",
-                help="sign the ledger head as tag result-<id> (kept as RESULT in the records folder) with "
-                "git's signing, as harness tag --sign signs; the audit verifies it with --allowed-signers",
-            )
-            s.add_argument(
-                "--beside",
-                metavar="FOLDER",
-                help="an earlier study's records folder (its summary.json): the page and report show "
-                "the same configurations' results beside this study's",
-            )
+            _report_arguments(s)
+
+
+def _run_arguments(s: argparse.ArgumentParser) -> None:
+    """``harness run``'s own flags."""
+    s.add_argument("--quiet", action="store_true", help="plain log lines, no live display")
+    s.add_argument(
+        "--anchor",
+        metavar="REMOTE",
+        help="push the ledger head to REMOTE's refs/ledger/protocol-"
+        "<id> after every unit (a git remote name or URL)",
+    )
+    s.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="execute units with a failed run again, whole and in plan order, up to the protocol's max_attempts",
+    )
+    s.add_argument(
+        "--allow-torch-mismatch",
+        action="store_true",
+        help="run although the installed torch differs from the protocol's torch_version",
+    )
+    s.add_argument("--no-report", action="store_true", help="do not write the report after the run")
+    s.add_argument(
+        "--replicate",
+        type=int,
+        metavar="K",
+        help="a replicated protocol (replicates: {count, min_gap_s}): run replicate K's units only",
+    )
+    s.add_argument("--ray", metavar="ADDRESS", help="execute on a Ray cluster (auto, or host:port)")
+
+
+def _report_arguments(s: argparse.ArgumentParser) -> None:
+    """``harness report``'s own flags."""
+    s.add_argument("--format", choices=["csv", "parquet"], help="also export the per-run table")
+    s.add_argument("--quiet", action="store_true", help="do not print the report")
+    s.add_argument(
+        "--sign",
+        action="store_true",
+        help="sign the ledger head as tag result-<id> (kept as RESULT in the records folder) with "
+        "git's signing, as harness tag --sign signs; the audit verifies it with --allowed-signers",
+    )
+    s.add_argument(
+        "--beside",
+        metavar="FOLDER",
+        help="an earlier study's records folder (its summary.json): the page and report show "
+        "the same configurations' results beside this study's",
+    )
+
+
+def _planning_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``publish``, ``power`` and ``node``: the study page, the pairs needed, a Ray node."""
     s = sub.add_parser("publish", help="the study page: one self-contained HTML file from the records")
     s.add_argument("protocol", help="the protocol file whose records to publish")
     s.add_argument(
@@ -208,6 +238,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--no-block", action="store_true", help="return once the node runs (ray start without --block)"
     )
+
+
+def _compare_arms_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``compare-arms``: two arms in lockstep on one seed."""
     s = sub.add_parser("compare-arms", help="two arms in lockstep on one seed: where their bits part")
     s.add_argument("baseline", help="a built-in arm or a plug-in module:function")
     s.add_argument("candidate", help="a built-in arm or a plug-in module:function")
@@ -223,6 +257,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--data-dir", help="data directory for wikitext-2 (default $HARNESS_DATA or runs/data)")
     s.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     s.add_argument("--json", action="store_true", help="print JSON: the summary and every step")
+
+
+def _calibration_study_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``calibration-study``: planted effects through every design."""
     s = sub.add_parser(
         "calibration-study",
         help="write a calibration study from a pilot: planted effects through every design (their bias)",
@@ -252,6 +290,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--replicate-pairs", type=int, default=4, help="pairs per replicate study (default 4)")
     s.add_argument("--seed-base", type=int, default=900000, help="the first seed (default 900000)")
     s.add_argument("--order-seed", type=int, default=20261204, help="the plan's order seed")
+
+
+def _init_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``init``: a commented protocol for the user's own training script."""
     s = sub.add_parser(
         "init",
         help="write a complete, commented protocol for your own training script (never over a file)",
@@ -282,6 +324,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", type=int, default=200, help="steps your script reports (default 200)")
     s.add_argument("--timeout", type=float, default=600, help="one run's limit in seconds (default 600)")
     s.add_argument("--device", default="cpu", choices=DEVICES, help="what {device} says (default: cpu)")
+
+
+def _audit_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``audit`` and ``calibrate``: the public audit and a pilot's preregistration numbers."""
     s = sub.add_parser(
         "audit",
         help="the public audit of records folders (standard library only; as python -m audit)",
@@ -299,4 +345,3 @@ def parser() -> argparse.ArgumentParser:
         help="size the budget for a machine FACTOR times slower than the pilot's (default 1; the demo "
         "uses 3, so it finishes on slow or busy machines)",
     )
-    return p

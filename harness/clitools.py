@@ -6,9 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prereg.errors import HarnessError, InputError
+
+if TYPE_CHECKING:
+    from harness.compare import StepRow
 
 
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
@@ -141,19 +144,7 @@ def cmd_compare_arms(args: argparse.Namespace) -> int:
     from harness.devices import resolve
 
     _sys.path.insert(0, str(Path.cwd()))  # plug-ins are imported from the study's root, as the worker does
-    from harness.arms import ARMS
-    from harness.arms import resolve as resolve_arm
-
-    for which, name in (("baseline", args.baseline), ("candidate", args.candidate)):
-        try:
-            resolve_arm(name)
-        except ImportError as e:
-            raise InputError(
-                f"{which} arm {name!r}: cannot import it ({e}); a plug-in is module:function "
-                f"importable from {Path.cwd()}, a built-in arm one of {', '.join(ARMS)}"
-            ) from e
-        except ValueError as e:
-            raise InputError(f"{which} arm: {e}") from e
+    _check_arms(args.baseline, args.candidate)
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = find_config(args.config, config_dir())
@@ -172,6 +163,29 @@ def cmd_compare_arms(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"summary": s, "steps": [r.as_dict() for r in rows]}, indent=1))
         return 0
+    _print_comparison(args.baseline, args.candidate, rows, s)
+    return 0
+
+
+def _check_arms(baseline: str, candidate: str) -> None:
+    """InputError naming the arm that cannot be imported (a plug-in) or is not one (a built-in)."""
+    from harness.arms import ARMS
+    from harness.arms import resolve as resolve_arm
+
+    for which, name in (("baseline", baseline), ("candidate", candidate)):
+        try:
+            resolve_arm(name)
+        except ImportError as e:
+            raise InputError(
+                f"{which} arm {name!r}: cannot import it ({e}); a plug-in is module:function "
+                f"importable from {Path.cwd()}, a built-in arm one of {', '.join(ARMS)}"
+            ) from e
+        except ValueError as e:
+            raise InputError(f"{which} arm: {e}") from e
+
+
+def _print_comparison(baseline: str, candidate: str, rows: list[StepRow], s: dict[str, Any]) -> None:
+    """The comparison's table, one row a step, and its one-line verdict."""
     shown = [
         {
             "step": r.step,
@@ -187,12 +201,9 @@ def cmd_compare_arms(args: argparse.Namespace) -> int:
     ]
     print(table(shown, list(shown[0])))
     if s["bitwise_equal"]:
-        print(
-            f"\n{args.candidate} is bitwise {args.baseline} over {s['steps']} steps: losses, gradients and weights"
-        )
+        print(f"\n{candidate} is bitwise {baseline} over {s['steps']} steps: losses, gradients and weights")
     else:
         print(
             f"\nfirst divergent step {s['first_divergent_step']}; largest weight distance {s['max_ulp']} ULP "
             f"({s['max_abs']:.3g} absolute); final loss difference {s['final_loss_difference']:+.3g}"
         )
-    return 0

@@ -174,15 +174,7 @@ def load_protocol(path: str | Path) -> Protocol:
     configs: dict[str, Config] = {}
     plugins: dict[str, str] = {}
     studies = parse_studies(doc, top["studies"], top["interval_level"], root, configs, plugins)
-    for key in ("records_dir", "data_dir"):
-        if top[key] is not None:
-            where = (root / top[key]).resolve()
-            if not where.is_relative_to(root.resolve()):
-                raise doc.error(
-                    (key,),
-                    f"{top[key]!r} resolves to {where}, outside the study's repository {root}; "
-                    "records and data must stay inside it",
-                )
+    _refuse_outside_root(doc, top, root)
     hypotheses = parse_hypotheses(doc, top["hypotheses"], studies)
     _refuse_unmeasurable(doc, top, studies, hypotheses)
     pending = _calibration_pending(doc, top["calibration"])
@@ -193,11 +185,7 @@ def load_protocol(path: str | Path) -> Protocol:
         for where, message in replicates_problems(top["replicates"], counts):
             raise doc.error(("replicates", *where), message)
     if top["origins"] is not None:
-        for k, v in top["origins"].items():
-            if not isinstance(v, str):
-                raise doc.error(
-                    ("origins", k), "each origin is a sentence saying where the number comes from"
-                )
+        _refuse_bad_origins(doc, top["origins"])
     return Protocol(
         id=top["id"],
         version=top["version"],
@@ -226,6 +214,26 @@ def load_protocol(path: str | Path) -> Protocol:
         document=with_defaults(doc.data),
         replicates=dict(top["replicates"]) if top["replicates"] is not None else None,
     )
+
+
+def _refuse_outside_root(doc: yamlio.Document, top: dict[str, Any], root: Path) -> None:
+    """Refuse a ``records_dir`` or ``data_dir`` that resolves outside the study's repository."""
+    for key in ("records_dir", "data_dir"):
+        if top[key] is not None:
+            where = (root / top[key]).resolve()
+            if not where.is_relative_to(root.resolve()):
+                raise doc.error(
+                    (key,),
+                    f"{top[key]!r} resolves to {where}, outside the study's repository {root}; "
+                    "records and data must stay inside it",
+                )
+
+
+def _refuse_bad_origins(doc: yamlio.Document, origins: dict[str, Any]) -> None:
+    """Refuse an ``origins`` entry that is not a sentence."""
+    for k, v in origins.items():
+        if not isinstance(v, str):
+            raise doc.error(("origins", k), "each origin is a sentence saying where the number comes from")
 
 
 #: What a lockstep pair cannot measure per arm, and why (docs/decisions.md, "Lockstep pairs").

@@ -66,6 +66,12 @@ def render(s: Scaffold) -> str:
     runs = 2 * s.pairs * len(s.configs)
     budget = runs * s.timeout_s
     lockstep = s.design == "lockstep"
+    lines = _head(s, budget, _tests(s)) + _origins(s, runs, lockstep) + _study(s, lockstep)
+    return "\n".join(lines) + "\n"
+
+
+def _tests(s: Scaffold) -> list[str]:
+    """The hypotheses' tests: speed for each configuration, quality when a margin is given."""
     tests = []
     for c in s.configs:
         at = f", config: {c}" if len(s.configs) > 1 else ""
@@ -85,8 +91,13 @@ def render(s: Scaffold) -> str:
             "    # - {id: H2-quality, study: mine, endpoint: final_metric, estimand: difference,",
             f"    #    type: non_inferiority, margin: 0.01, better: {s.better}}}",
         ]
+    return tests
+
+
+def _head(s: Scaffold, budget: float, tests: list[str]) -> list[str]:
+    """The opening comments and the study-wide keys, through the hypotheses."""
     d = PROTOCOL_DEFAULTS
-    lines = [
+    return [
         "# A study of your own training script: baseline against candidate, same seeds, balanced order.",
         "# Written by `harness init`; edit freely, then `harness plan` checks it and lists every run.",
         '# Your script reports its steps through harness/reporter.py (docs/your-change.md, "Your own script").',
@@ -113,6 +124,12 @@ def render(s: Scaffold) -> str:
         "  min_pairs: 3",
         "  tests:",
         *tests,
+    ]
+
+
+def _origins(s: Scaffold, runs: int, lockstep: bool) -> list[str]:
+    """Where each number comes from."""
+    lines = [
         _line("origins:", "where each number comes from"),
         f'  seeds: "{s.pairs} pairs: harness init\'s default; harness power on a pilot says how many a study needs"',
         f'  steps: "{s.steps} steps a run: the script must report exactly this many"',
@@ -126,7 +143,12 @@ def render(s: Scaffold) -> str:
             f'  block_steps: "{s.block_steps}: each arm trains this many steps before the other '
             '(docs/decisions.md, Lockstep pairs)"'
         )
-    lines += [
+    return lines
+
+
+def _study(s: Scaffold, lockstep: bool) -> list[str]:
+    """The one study: its design, arms, metric, configurations, seeds and steps."""
+    return [
         "studies:",
         "  - name: mine",
         _line(f"    design: {s.design}", "paired: a process per run; lockstep: the two take turns"),
@@ -139,7 +161,6 @@ def render(s: Scaffold) -> str:
         f"    seeds: {{count: {s.pairs}, base: 1}}",
         f"    steps: {s.steps}",
     ]
-    return "\n".join(lines) + "\n"
 
 
 def _line(text: str, comment: str) -> str:

@@ -110,12 +110,7 @@ def parse_studies(
         else:
             arms, design = _arms(doc, s, kp, root, plugins)
             _configs(doc, s, kp, root, cdir, configs, plugins)
-            for key in ("val_every", "val_target_bpb"):
-                if s[key] is None:
-                    raise doc.error(kp, f"missing required key {key!r}")
-            if s["metric"] is not None:
-                raise doc.error(kp + ("metric",), "metric belongs to a study of command arms")
-            targets = _targets(doc, s, kp)
+            targets = _training_targets(doc, s, kp)
         seeds = _seeds(doc, s["seeds"], kp + ("seeds",))
         if s["val_every"] > s["steps"]:
             raise doc.error(kp + ("val_every",), "val_every exceeds steps")
@@ -123,27 +118,50 @@ def parse_studies(
         _planted(doc, s, kp, arms, commands)
         if s["warmup_steps"] is not None and s["warmup_steps"] >= s["steps"]:
             raise doc.error(kp + ("warmup_steps",), "warmup_steps must leave timed steps: fewer than steps")
-        studies.append(
-            Study(
-                name=s["name"],
-                design="paired" if s["design"] == "lockstep" else s["design"],
-                description=s["description"],
-                arms=tuple(arms),
-                configs=tuple(s["configs"]),
-                seeds=seeds,
-                steps=s["steps"],
-                val_every=s["val_every"],
-                val_target_bpb=targets,
-                interval_level=s["interval_level"] or interval_level,
-                factorial=design,
-                block_steps=s["block_steps"],
-                commands=commands,
-                metric=metric,
-                planted=s["planted"],
-                warmup_steps=s["warmup_steps"],
-            )
-        )
+        studies.append(_study(s, arms, seeds, targets, interval_level, design, commands, metric))
     return studies
+
+
+def _training_targets(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath) -> dict[str, float]:
+    """A study of training arms (not command arms): its required validation keys, no ``metric``,
+    and its validation targets."""
+    for key in ("val_every", "val_target_bpb"):
+        if s[key] is None:
+            raise doc.error(kp, f"missing required key {key!r}")
+    if s["metric"] is not None:
+        raise doc.error(kp + ("metric",), "metric belongs to a study of command arms")
+    return _targets(doc, s, kp)
+
+
+def _study(
+    s: dict[str, Any],
+    arms: list[str],
+    seeds: tuple[int, ...],
+    targets: dict[str, float],
+    interval_level: float,
+    design: Design | None,
+    commands: dict[str, dict[str, Any]] | None,
+    metric: dict[str, Any] | None,
+) -> Study:
+    """The :class:`Study` of a checked entry (a lockstep study's pairs are paired)."""
+    return Study(
+        name=s["name"],
+        design="paired" if s["design"] == "lockstep" else s["design"],
+        description=s["description"],
+        arms=tuple(arms),
+        configs=tuple(s["configs"]),
+        seeds=seeds,
+        steps=s["steps"],
+        val_every=s["val_every"],
+        val_target_bpb=targets,
+        interval_level=s["interval_level"] or interval_level,
+        factorial=design,
+        block_steps=s["block_steps"],
+        commands=commands,
+        metric=metric,
+        planted=s["planted"],
+        warmup_steps=s["warmup_steps"],
+    )
 
 
 def _planted(

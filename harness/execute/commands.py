@@ -46,7 +46,7 @@ from harness.execute.launchers import ALLOWED
 from harness.execute.reaper import Reaper, Survivor
 from harness.freeze import code_sha256
 from harness.reporter import ENV_BLOCK_STEPS, ENV_LOCKSTEP_FD, ENV_PLANT, ENV_REPORT, ENV_STEPS_FIRST
-from prereg.evidence import EVIDENCE_SUFFIX, MAX_EVIDENCE_BYTES, EvidenceError, derive
+from prereg.evidence import EVIDENCE_SUFFIX, MAX_EVIDENCE_BYTES, Derived, EvidenceError, derive
 from prereg.records import RunSpec, WorkerResult
 
 #: What a printed traceback starts with: a run whose output holds it failed, whatever its exit.
@@ -289,50 +289,13 @@ def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
     size = evidence_path.stat().st_size if evidence_path.is_file() else None
     raw = evidence_path.read_bytes() if size is not None and size <= MAX_EVIDENCE_BYTES else None
     cpu = proc.rusage.ru_utime + proc.rusage.ru_stime if proc.rusage is not None else None
-    process = {
-        "argv": proc.argv,
-        "cwd": str(proc.cwd),
-        "ref": spec.command.get("ref"),
-        "exit": proc.status,
-        "wall_s": proc.wall_s,
-        "cpu_s": cpu,
-        "max_rss_kib": proc.rusage.ru_maxrss if proc.rusage is not None else None,
-        **({"survivors": [s.describe() for s in proc.survivors]} if proc.survivors else {}),
-    }
-    env = {
-        "host": socket.gethostname(),
-        "os": platform.platform(),
-        "python": platform.python_version(),
-        "device": spec.device,
-        "device_name": platform.processor() or platform.machine(),
-        "threads": spec.threads,
-        "harness_sha256": code_sha256()["harness"],  # the worker's: the code that ran the command
-    }
+    process = _process_facts(proc, cpu)
+    env = _env_facts(spec)
     timings: dict[str, Any] = {} if proc.wall_s is None else {"total_s": proc.wall_s}
-    reason = None
+    reason = _failure(proc, kind, size, text_out, raw)
     derived = None
-    if size is not None and size > MAX_EVIDENCE_BYTES:
-        reason = f"its {kind} file holds {size} bytes, more than the {MAX_EVIDENCE_BYTES} a run may keep"
-    elif proc.failed:
-        reason = proc.failed
-    elif proc.killed:
-        reason = proc.killed  # what it left is in process.survivors
-    elif proc.survivors:
-        reason = (
-            f"{len(proc.survivors)} process(es) the command started outlived it and were killed by the "
-            f"harness: {'; '.join(s.describe() for s in proc.survivors[:3])} (a run's processes end with "
-            "its command: one left running could stall the runs after it or rewrite its reporter file)"
-        )
-    elif proc.status:
-        last = [ln for ln in text_out.strip().splitlines() if ln.strip()][-1:] or [""]
-        reason = f"the command exited with status {proc.status}" + (f": {last[0][-300:]}" if last[0] else "")
-    elif TRACEBACK in text_out:
-        reason = (
-            "the command printed a traceback (exit status 0): " + text_out.split(TRACEBACK)[-1].strip()[-300:]
-        )
-    elif raw is None:
-        reason = "the command wrote no reporter file (it never built Reporter.from_env(), or wrote elsewhere)"
-    else:
+    if reason is None:
+        assert raw is not None  # _failure names a missing file
         try:
             window = (proc.t0, proc.t0 + (proc.wall_s or 0.0))
             derived = derive(
@@ -340,38 +303,8 @@ def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
             )
         except EvidenceError as e:
             reason = f"its {kind} file is refused: {e}"
-    fields: dict[str, Any] = {}
-    if derived is not None:
-        fields = {"final_metric": derived.final_metric, "metrics": derived.metrics}
-        if reporter:
-            timings.update(
-                training_s=derived.training_s,
-                training_cpu_s=derived.training_cpu_s,
-                training_cpu_clock="process",
-                untimed_s=derived.untimed_s,
-                **({"stall_s": derived.stall_s} if derived.stall_s is not None else {}),
-                **(
-                    {"planted_s": derived.planted_s, "planted_cpu_s": derived.planted_cpu_s}
-                    if derived.planted_s is not None
-                    else {}
-                ),
-                **(
-                    {"time_to_target_s": derived.time_to_target_s}
-                    if derived.time_to_target_s is not None
-                    else {}
-                ),
-            )
-            fields.update(curve=derived.curve, val_curve=derived.val_curve)
-    evidence = None
-    if raw is not None:
-        import hashlib
-
-        evidence = {
-            "kind": kind,
-            "file": f"{spec.run_id}.a{proc.attempt}{EVIDENCE_SUFFIX[kind]}",
-            "sha256": hashlib.sha256(raw).hexdigest(),
-            "bytes": len(raw),
-        }
+    fields = _derived_fields(derived, reporter, timings) if derived is not None else {}
+    evidence = _evidence(proc, kind, raw) if raw is not None else None
     result = WorkerResult(
         status="failed" if reason else "ok",
         reason=reason,
@@ -383,6 +316,95 @@ def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
         **fields,
     )
     return result, (raw.decode("utf-8", "surrogateescape") if raw is not None else None)
+
+
+def _process_facts(proc: _Proc, cpu: float | None) -> dict[str, Any]:
+    """The record's ``process``: what ran, where, how it ended and what it used."""
+    assert proc.spec.command is not None
+    return {
+        "argv": proc.argv,
+        "cwd": str(proc.cwd),
+        "ref": proc.spec.command.get("ref"),
+        "exit": proc.status,
+        "wall_s": proc.wall_s,
+        "cpu_s": cpu,
+        "max_rss_kib": proc.rusage.ru_maxrss if proc.rusage is not None else None,
+        **({"survivors": [s.describe() for s in proc.survivors]} if proc.survivors else {}),
+    }
+
+
+def _env_facts(spec: RunSpec) -> dict[str, Any]:
+    """The record's ``env``: the machine and the worker's code that ran the command."""
+    return {
+        "host": socket.gethostname(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "device": spec.device,
+        "device_name": platform.processor() or platform.machine(),
+        "threads": spec.threads,
+        "harness_sha256": code_sha256()["harness"],  # the worker's: the code that ran the command
+    }
+
+
+def _failure(proc: _Proc, kind: str, size: int | None, text_out: str, raw: bytes | None) -> str | None:
+    """Why the run failed before its evidence is read (None: its evidence is there to derive)."""
+    if size is not None and size > MAX_EVIDENCE_BYTES:
+        return f"its {kind} file holds {size} bytes, more than the {MAX_EVIDENCE_BYTES} a run may keep"
+    if proc.failed:
+        return proc.failed
+    if proc.killed:
+        return proc.killed  # what it left is in process.survivors
+    if proc.survivors:
+        return (
+            f"{len(proc.survivors)} process(es) the command started outlived it and were killed by the "
+            f"harness: {'; '.join(s.describe() for s in proc.survivors[:3])} (a run's processes end with "
+            "its command: one left running could stall the runs after it or rewrite its reporter file)"
+        )
+    if proc.status:
+        last = [ln for ln in text_out.strip().splitlines() if ln.strip()][-1:] or [""]
+        return f"the command exited with status {proc.status}" + (f": {last[0][-300:]}" if last[0] else "")
+    if TRACEBACK in text_out:
+        return (
+            "the command printed a traceback (exit status 0): " + text_out.split(TRACEBACK)[-1].strip()[-300:]
+        )
+    if raw is None:
+        return "the command wrote no reporter file (it never built Reporter.from_env(), or wrote elsewhere)"
+    return None
+
+
+def _derived_fields(derived: Derived, reporter: bool, timings: dict[str, Any]) -> dict[str, Any]:
+    """The result's figures from its evidence; a reporter file's timings are added to ``timings``."""
+    fields: dict[str, Any] = {"final_metric": derived.final_metric, "metrics": derived.metrics}
+    if reporter:
+        timings.update(
+            training_s=derived.training_s,
+            training_cpu_s=derived.training_cpu_s,
+            training_cpu_clock="process",
+            untimed_s=derived.untimed_s,
+            **({"stall_s": derived.stall_s} if derived.stall_s is not None else {}),
+            **(
+                {"planted_s": derived.planted_s, "planted_cpu_s": derived.planted_cpu_s}
+                if derived.planted_s is not None
+                else {}
+            ),
+            **(
+                {"time_to_target_s": derived.time_to_target_s} if derived.time_to_target_s is not None else {}
+            ),
+        )
+        fields.update(curve=derived.curve, val_curve=derived.val_curve)
+    return fields
+
+
+def _evidence(proc: _Proc, kind: str, raw: bytes) -> dict[str, Any]:
+    """The record's ``evidence``: the kept file's name, sha256 and size."""
+    import hashlib
+
+    return {
+        "kind": kind,
+        "file": f"{proc.spec.run_id}.a{proc.attempt}{EVIDENCE_SUFFIX[kind]}",
+        "sha256": hashlib.sha256(raw).hexdigest(),
+        "bytes": len(raw),
+    }
 
 
 def _tail(path: Path, limit: int) -> bytes:

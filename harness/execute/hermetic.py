@@ -33,9 +33,18 @@ def slowdown(environ: Mapping[str, str] | None = None) -> float:
 def hermetic_env(proto: Protocol, root: Path, records: Path, anchor: str | None) -> dict[str, str]:
     """Refuse what would make the workers run other code than the protocol names; return their
     environment (see :mod:`harness.execute.runner`, "Hermetic workers")."""
-    import importlib.metadata as md
+    _refuse_knobs(proto)
+    _refuse_other_installation(proto, records)
+    _refuse_unbound_imports(proto, root)
+    if anchor:
+        _refuse_unreachable_anchor(root, anchor)
+    return _worker_environment(proto, root)
 
-    from harness.execute.launchers import refused_environment, worker_env
+
+def _refuse_knobs(proto: Protocol) -> None:
+    """Refuse the slowdown test knob (a bad one, or any for a preregistered study) and an
+    environment that changes a run's code path."""
+    from harness.execute.launchers import refused_environment
     from prereg.errors import RefusedError
 
     try:
@@ -54,14 +63,21 @@ def hermetic_env(proto: Protocol, root: Path, records: Path, anchor: str | None)
             f"run: {', '.join(bad)}. Unset it (a protocol says threads:, torch_version: and the "
             "arms; run the variation as a protocol of its own)"
         )
+
+
+def _refuse_other_installation(proto: Protocol, records: Path) -> None:
+    """Refuse a torch or numpy other than the one the study's earlier runs used."""
+    import importlib.metadata as md
+
+    from prereg.errors import RefusedError
+    from prereg.records import load_records
+
     mine: dict[str, str | None] = {}
     for pkg in ("torch", "numpy"):
         try:
             mine[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
             mine[pkg] = None
-    from prereg.records import load_records
-
     for r in load_records(records):
         env = r.env or {}
         for pkg, have in mine.items():
@@ -72,6 +88,12 @@ def hermetic_env(proto: Protocol, root: Path, records: Path, anchor: str | None)
                     f"({r.spec.run_id}), this installation has {have}; one study runs on one "
                     "installation: install that version, or copy the protocol to a new id"
                 )
+
+
+def _refuse_unbound_imports(proto: Protocol, root: Path) -> None:
+    """Refuse a frozen plug-in that imports code the freeze does not bind."""
+    from prereg.errors import RefusedError
+
     plugins = [
         Path(fp["path"]) if Path(fp["path"]).is_absolute() else root / fp["path"]
         for fp in proto.plugin_fingerprints().values()
@@ -83,17 +105,28 @@ def hermetic_env(proto: Protocol, root: Path, records: Path, anchor: str | None)
             "run:\n" + "\n".join(f"  - {h}" for h in helpers) + "\nmove the helper into a frozen "
             "folder (beside the plug-in)"
         )
-    if anchor:
-        reach = gitutil.git(root, "ls-remote", anchor, check=False)
-        if reach.returncode != 0:
-            raise RefusedError(
-                f"--anchor {anchor}: not a reachable git remote ({reach.stderr.strip()[-200:]}); "
-                "nothing was run"
-            )
+
+
+def _refuse_unreachable_anchor(root: Path, anchor: str) -> None:
+    """Refuse an ``--anchor`` that is not a reachable git remote."""
+    from prereg.errors import RefusedError
+
+    reach = gitutil.git(root, "ls-remote", anchor, check=False)
+    if reach.returncode != 0:
+        raise RefusedError(
+            f"--anchor {anchor}: not a reachable git remote ({reach.stderr.strip()[-200:]}); nothing was run"
+        )
+
+
+def _worker_environment(proto: Protocol, root: Path) -> dict[str, str]:
+    """The workers' allow-listed environment; for a preregistered study, refused unless the sources
+    it names are the tagged ones."""
+    from harness.execute.launchers import worker_env
+    from harness.packages import package_dirs
+    from prereg.errors import RefusedError
+
     repo = gitutil.toplevel(root)
     frozen = [str(root / e) for e in freeze.frozen_entries(repo, "HEAD")] if repo else []
-    from harness.packages import package_dirs
-
     try:
         env = worker_env(
             sorted({str(p.parent) for p in package_dirs()}),

@@ -171,11 +171,38 @@ def _pair(
     job: LockstepJob, partials: tuple[Partial, Partial], active: list[int | None]
 ) -> tuple[WorkerResult, WorkerResult]:
     t_start = time.perf_counter()
-    built: list[Prepared] = []
-    slots: list[_Slot] = []
     if job.jobs[0].spec.threads:
         torch.set_num_threads(job.jobs[0].spec.threads)
     base = _settings()  # what both arms run with; neither may change it
+    built, slots = _build(job, partials, active, base)
+    spec = job.jobs[0].spec
+    assert spec.block_steps is not None
+    _train(job, built, slots, active, base)
+    _evaluate(built, partials, slots, active, base)
+    total = time.perf_counter() - t_start  # the pair's: one process ran both arms
+    for p, partial in zip(built, partials):
+        t = (
+            p.trainer
+        )  # its blocks' wall less CPU time: a partner that stalls it shows (prereg/interference.py)
+        stall = stall_s(t.wall_us, t.cpu_us, spec.block_steps, t.warmup)
+        partial.note(
+            timings={
+                **partial.result.timings,
+                "total_s": total,
+                "total_s_of": "the lockstep pair's process",
+                "stall_s": stall,
+            }
+        )
+    return partials[0].result, partials[1].result
+
+
+def _build(
+    job: LockstepJob, partials: tuple[Partial, Partial], active: list[int | None], base: dict[str, object]
+) -> tuple[list[Prepared], list[_Slot]]:
+    """Build both arms in job order, each checked against the pair's settings and its partner's
+    tensors; each arm's ``env`` notes its place in the pair."""
+    built: list[Prepared] = []
+    slots: list[_Slot] = []
     for i, (j, partial) in enumerate(zip(job.jobs, partials)):
         active[0] = i
         before = _fingerprint(built[0]) if built else None
@@ -197,6 +224,18 @@ def _pair(
                 },
             }
         )
+    return built, slots
+
+
+def _train(
+    job: LockstepJob,
+    built: list[Prepared],
+    slots: list[_Slot],
+    active: list[int | None],
+    base: dict[str, object],
+) -> None:
+    """The arms' blocks of steps in turn, each block checked against the pair's settings and its
+    partner's tensors."""
     first = 0 if job.jobs[0].spec.steps_first else 1
     order = (first, 1 - first)  # arm 0 of blocks() is the one that steps first
     spec = job.jobs[0].spec
@@ -211,6 +250,17 @@ def _pair(
         slots[i].leave()
         _same_settings(base, me, "during its block")
         _untouched(other, idle, me, "during its block")
+
+
+def _evaluate(
+    built: list[Prepared],
+    partials: tuple[Partial, Partial],
+    slots: list[_Slot],
+    active: list[int | None],
+    base: dict[str, object],
+) -> None:
+    """Evaluate each arm in its slot, checked as its blocks were; its ``memory`` notes the peaks are
+    the pair's."""
     for i, (p, partial, slot) in enumerate(zip(built, partials, slots)):
         active[0] = i
         idle = _fingerprint(built[1 - i])
@@ -222,21 +272,6 @@ def _pair(
         memory = {k: v for k, v in (r.memory or {}).items() if k != "primary"}
         memory["shared"] = "both arms of a lockstep pair in one process: the peaks are the pair's"
         partial.note(memory=memory)
-    total = time.perf_counter() - t_start  # the pair's: one process ran both arms
-    for p, partial in zip(built, partials):
-        t = (
-            p.trainer
-        )  # its blocks' wall less CPU time: a partner that stalls it shows (prereg/interference.py)
-        stall = stall_s(t.wall_us, t.cpu_us, spec.block_steps, t.warmup)
-        partial.note(
-            timings={
-                **partial.result.timings,
-                "total_s": total,
-                "total_s_of": "the lockstep pair's process",
-                "stall_s": stall,
-            }
-        )
-    return partials[0].result, partials[1].result
 
 
 def _untouched(other: Prepared, before: tuple[object, ...] | None, me: Prepared, when: str) -> None:

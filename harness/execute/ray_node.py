@@ -142,44 +142,15 @@ def run_unit(
 
     base = node_dir() / expect["protocol"]
     cwd = Path.cwd()
-    lkey = (expect["launcher"], str(cwd), os.environ.get("CUDA_VISIBLE_DEVICES", ""))
-    if lkey not in _LAUNCHERS:
-        _LAUNCHERS[lkey] = LAUNCHERS[expect["launcher"]]()
-    launcher = _LAUNCHERS[lkey]
+    launcher = _launcher(expect["launcher"], cwd)
     env = worker_env(
         sorted({str(p.parent) for p in package_dirs()}),  # where Ray unpacked each package
         threads=expect.get("threads"),
         phase_sha256=expect.get("phase_sha256"),
     )  # the driver's verified phase.c build, if this is it
-    key = canonical(expect).decode()
-    if key not in _CHECKED:
-        probe_dir = base / "work" / f"probe-{os.getpid()}"
-        try:
-            _CHECKED[key] = (
-                label,
-                _check_node(
-                    expect,
-                    corpus,
-                    label,
-                    lambda: launch(launcher, {"probe": True}, probe_dir, cwd, env, lambda: None),
-                ),
-            )
-        except RefusedError:
-            raise
-        except Exception as e:  # a node that cannot even be checked refuses (it would fail every unit)
-            raise RefusedError(f"node {label} could not be checked: {type(e).__name__}: {e}") from e
-    local = _CHECKED[key][1]
+    local = _checked_corpus(expect, corpus, label, launcher, base / "work" / f"probe-{os.getpid()}", cwd, env)
     for k, shipped in enumerate(jobs, 1):  # one worker process each: a run, or a lockstep pair
-        each = [
-            replace(
-                job,
-                checkpoint_path=str(base / "checkpoints" / Path(job.checkpoint_path).name),
-                corpus=local if local is not None else job.corpus,
-            )
-            for job in (
-                LockstepJob.from_json(shipped).jobs if "lockstep" in shipped else [Job.from_json(shipped)]
-            )
-        ]
+        each = _node_jobs(shipped, base, local)
         for job in each:
             queue.put(("start", job.spec.run_id, job.attempt, node))
         for job in each:
@@ -201,6 +172,59 @@ def run_unit(
         _test_hold(f"between:{k}")
     queue.put(("end", label))  # the driver stops waiting on messages and collects this task at once
     return label
+
+
+def _launcher(name: str, cwd: Path) -> Launcher:
+    """This Ray worker process's launcher of that name, started once per working directory and
+    visible CUDA devices."""
+    lkey = (name, str(cwd), os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    if lkey not in _LAUNCHERS:
+        _LAUNCHERS[lkey] = LAUNCHERS[name]()
+    return _LAUNCHERS[lkey]
+
+
+def _checked_corpus(
+    expect: dict[str, Any],
+    corpus: dict[str, bytes] | None,
+    label: str,
+    launcher: Launcher,
+    probe_dir: Path,
+    cwd: Path,
+    env: dict[str, str],
+) -> dict[str, Any] | None:
+    """Check this node once per Ray worker process (:func:`_check_node`; RefusedError, also for a
+    node that cannot be checked); return the local corpus the workers read."""
+    key = canonical(expect).decode()
+    if key not in _CHECKED:
+        try:
+            _CHECKED[key] = (
+                label,
+                _check_node(
+                    expect,
+                    corpus,
+                    label,
+                    lambda: launch(launcher, {"probe": True}, probe_dir, cwd, env, lambda: None),
+                ),
+            )
+        except RefusedError:
+            raise
+        except Exception as e:  # a node that cannot even be checked refuses (it would fail every unit)
+            raise RefusedError(f"node {label} could not be checked: {type(e).__name__}: {e}") from e
+    return _CHECKED[key][1]
+
+
+def _node_jobs(shipped: dict[str, Any], base: Path, local: dict[str, Any] | None) -> list[Job]:
+    """A shipped job (a run, or a lockstep pair's two) with this node's checkpoint path and corpus."""
+    return [
+        replace(
+            job,
+            checkpoint_path=str(base / "checkpoints" / Path(job.checkpoint_path).name),
+            corpus=local if local is not None else job.corpus,
+        )
+        for job in (
+            LockstepJob.from_json(shipped).jobs if "lockstep" in shipped else [Job.from_json(shipped)]
+        )
+    ]
 
 
 def node_command(

@@ -567,15 +567,7 @@ class Runner:
             self.echo(str(proto.defaults_note()))
         self.frozen = freeze.check(proto, self.plan_sha, len(self.runs))
         if proto.torch_version and not self.allow_torch_mismatch:
-            import torch
-
-            if not torch_matches(proto.torch_version, torch.__version__):
-                from prereg.errors import RefusedError
-
-                raise RefusedError(
-                    f"{proto.path}: protocol {proto.id!r} names PyTorch {proto.torch_version}, this is "
-                    f"{torch.__version__}; copy it into a new protocol id for this environment"
-                )
+            self._check_torch(proto.torch_version)
         self.env = hermetic_env(self.proto, self.root, self.records, self.anchor)
         if SLOWDOWN in self.env:
             self.echo(
@@ -584,16 +576,7 @@ class Runner:
             )
         # every byte of the corpus verifies before any run starts (DataError, exit 2, otherwise)
         self.corpus = proto.corpus_data()
-        try:
-            for d in ("locks", "work", "checkpoints"):
-                (self.dir / d).mkdir(parents=True, exist_ok=True)
-            (self.root / "runs" / "locks").mkdir(parents=True, exist_ok=True)
-            self.records.mkdir(parents=True, exist_ok=True)
-            self._keep_tag()
-        except OSError as e:
-            from prereg.errors import WriteError
-
-            raise WriteError(f"cannot create the study's folders: {e}") from e
+        self._make_folders()
         note = self.ledger.reconcile()  # the chain is the truth: a crash may have left MANIFEST behind it
         if note:
             self.echo(note)
@@ -611,11 +594,42 @@ class Runner:
                 except (OSError, HarnessError):
                     pass
         self.push_anchor()
+        return self._ending()
+
+    def _check_torch(self, version: str) -> None:
+        """Refuse a PyTorch other than the protocol's ``torch_version``."""
+        import torch
+
+        proto = self.proto
+        if not torch_matches(version, torch.__version__):
+            from prereg.errors import RefusedError
+
+            raise RefusedError(
+                f"{proto.path}: protocol {proto.id!r} names PyTorch {proto.torch_version}, this is "
+                f"{torch.__version__}; copy it into a new protocol id for this environment"
+            )
+
+    def _make_folders(self) -> None:
+        """The study's work, lock, checkpoint and records folders (WriteError if one cannot be made),
+        and the tag's bytes kept beside the records."""
+        try:
+            for d in ("locks", "work", "checkpoints"):
+                (self.dir / d).mkdir(parents=True, exist_ok=True)
+            (self.root / "runs" / "locks").mkdir(parents=True, exist_ok=True)
+            self.records.mkdir(parents=True, exist_ok=True)
+            self._keep_tag()
+        except OSError as e:
+            from prereg.errors import WriteError
+
+            raise WriteError(f"cannot create the study's folders: {e}") from e
+
+    def _ending(self) -> RunEnd:
+        """How the run ended, from the ledger; every unit done (here or elsewhere): the result signed."""
         states, _ = self.current()
         todos = [(u[0].unit, len(self.todo(u, states))) for u in self._units]
         left = sum(n for _, n in todos)
         failed = sum(1 for s in self.runs if (st := states.get(s.run_id)) is not None and st.last == "failed")
-        held = sum(n for unit, n in todos if n and claimed(proto, unit))
+        held = sum(n for unit, n in todos if n and claimed(self.proto, unit))
         if not left and not held:
             self._sign_result()
         return RunEnd(

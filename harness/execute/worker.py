@@ -42,7 +42,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -80,40 +80,50 @@ def serve() -> int:
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # child: output to the run's log, never to the control pipe
-            die_with_parent(server)
-            global _T0
-            _T0 = time.monotonic()
-            code = 1
-            os.close(r)
-            log = os.open(Path(parts[0]).parent / "worker.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(log, 1)
-            os.dup2(log, 2)
-            try:
-                code = main([parts[0], f"fd:{w}"])
-            finally:
-                sys.stdout.flush()
-                os._exit(code)
+            _child(parts[0], server, r, w)
         os.close(w)
         sys.stdout.write(f"{pid} START\n")
         sys.stdout.flush()
-        from harness.execute.launchers import read_pipe
-
-        reaped: list[int] = []
-
-        def ended(pid: int = pid, reaped: list[int] = reaped) -> bool:
-            if not reaped:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    reaped.append(status)
-            return bool(reaped)
-
-        data = read_pipe(r, lambda: None, ended)
-        os.close(r)
-        status = reaped[0] if reaped else os.waitpid(pid, 0)[1]
-        # the child's result travels on this pipe, one ASCII line, never through a file
-        sys.stdout.write(f"{pid} {os.waitstatus_to_exitcode(status)} {data.decode('ascii').strip()}\n")
-        sys.stdout.flush()
+        _report_child(pid, r)
     return 0
+
+
+def _child(job: str, server: int, r: int, w: int) -> NoReturn:
+    """The forked child: run the job with its output in the run's log, its result on the pipe ``w``."""
+    die_with_parent(server)
+    global _T0
+    _T0 = time.monotonic()
+    code = 1
+    os.close(r)
+    log = os.open(Path(job).parent / "worker.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    try:
+        code = main([job, f"fd:{w}"])
+    finally:
+        sys.stdout.flush()
+        os._exit(code)
+
+
+def _report_child(pid: int, r: int) -> None:
+    """Read the child's result from the pipe ``r`` until it ends, reap it and write ``PID STATUS RESULT``."""
+    from harness.execute.launchers import read_pipe
+
+    reaped: list[int] = []
+
+    def ended(pid: int = pid, reaped: list[int] = reaped) -> bool:
+        if not reaped:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                reaped.append(status)
+        return bool(reaped)
+
+    data = read_pipe(r, lambda: None, ended)
+    os.close(r)
+    status = reaped[0] if reaped else os.waitpid(pid, 0)[1]
+    # the child's result travels on this pipe, one ASCII line, never through a file
+    sys.stdout.write(f"{pid} {os.waitstatus_to_exitcode(status)} {data.decode('ascii').strip()}\n")
+    sys.stdout.flush()
 
 
 def probe() -> dict[str, Any]:
