@@ -353,9 +353,28 @@ def test_budget_stops_new_runs(repo):
     assert len(recs) == 2 and {x["spec"]["unit"] for x in recs} == {"pairs.tiny_conv.pair000"}
 
 
+def failing_late_arm(repo: Path) -> str:
+    """A tiny protocol whose candidate fails at its second training step: after training began,
+    so the failure rule (prereg/failstop.py) lets the study go on and every unit runs."""
+    (repo / "late.py").write_text(
+        "from harness.arms import resolve\n\n\n"
+        "def build(ctx):\n"
+        "    arm = resolve('native')(ctx)\n"
+        "    plain, calls = arm.phase, []\n\n"
+        "    def phase():\n"
+        "        calls.append(1)\n"
+        "        if len(calls) > 1:\n"
+        "            raise RuntimeError('deliberate failure of this arm at its second step')\n"
+        "        return plain()\n\n"
+        "    arm.phase = phase\n"
+        "    return arm\n"
+    )
+    return tiny_protocol().replace("arms: [native, cotangent]", 'arms: [native, "late:build"]')
+
+
 @pytest.mark.process
 def test_retry_reruns_whole_units_up_to_max_attempts(repo):
-    p = write(repo, failing_arm(repo).replace("order_seed: 1", "order_seed: 1\nmax_attempts: 2"))
+    p = write(repo, failing_late_arm(repo).replace("order_seed: 1", "order_seed: 1\nmax_attempts: 2"))
     assert harness(repo, "run", str(p), "--quiet", "--no-report").returncode == 1
     assert len(record_dicts(repo / "records" / "tiny")) == 4
     r = harness(repo, "run", str(p), "--quiet", "--no-report", "--retry-failed")
