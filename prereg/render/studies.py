@@ -5,7 +5,7 @@ study's cell means and within-block effects; and the answer in one figure (the p
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeGuard
 
 from prereg.factorial import design_of, effect_names
@@ -18,6 +18,8 @@ __all__ = ["answer_figure", "design_label", "every_pair", "factorial", "order_ht
 
 MIB = 1024 * 1024
 MEMORY = "Peak resident memory of the run's process"
+#: A row of one of a paired study's tables, for report.md (``True``) or the page.
+Row = Callable[[PairedResult, bool], list[str]]
 CPU_CLOCK = (
     "Training CPU time (the training thread's with one intra-op thread, the process's with more; "
     "both arms of a pair on the same clock)"
@@ -154,8 +156,8 @@ def paired(study: StudyResult, n: int, protocol_study: Mapping[str, Any] | None,
     with ``cpu``, a CPU device), quality and completion costs, peak memory; report.md's every pair
     and order diagnostics. ``n`` numbers the page's plots; ``protocol_study`` names the design."""
     cfgs = study.paired_configs()
-    first = cfgs[0]
-    base, cand, lvl = first.baseline_arm, first.candidate_arm, level_pct(first.level)
+    base, cand, lvl = cfgs[0].baseline_arm, cfgs[0].candidate_arm, level_pct(cfgs[0].level)
+    arms, geo = f"{base} / {cand}", f"{base} / {cand} (geometric mean)"
     blocks: list[Text | Table] = [
         para(
             f"Fixed-budget training time; pairs ran in {design_label(protocol_study)}. Times are geometric "
@@ -163,22 +165,8 @@ def paired(study: StudyResult, n: int, protocol_study: Mapping[str, Any] | None,
             f"two-sided {lvl} paired Student-t intervals; a positive reduction means the candidate was faster."
         )
     ]
-    geo = f"{base} / {cand} (geometric mean)"
     head = ["Configuration", "Parameters", geo, "Time reduction", f"{lvl} interval", "Faster / slower pairs"]
-    for md in (True, False):
-        rows = []
-        for c in cfgs:
-            params = "n/a" if md and not c.parameters else num((c.parameters or 0) / 1e6, ".2f") + "M"
-            counts = f"{c.counts['faster']} / {c.counts['slower']}"
-            rows.append(
-                [
-                    c.config,
-                    params,
-                    *_times(c.training_time, md, means=geometric_means(c, "training_s")),
-                    counts,
-                ]
-            )
-        blocks.append(Table(f"Training time, {base} / {cand}", head, rows, only="md" if md else "html"))
+    blocks += _both(f"Training time, {arms}", head, _time_row, cfgs)
     forest = [(c.config, *_ends(c.training_time.interval)) for c in cfgs]
     svg = forest_svg(f"forest{n}", f"Training-time reduction of {cand} over {base}, {lvl} intervals", forest)
     if svg:
@@ -189,28 +177,42 @@ def paired(study: StudyResult, n: int, protocol_study: Mapping[str, Any] | None,
             )
         )
     with_cpu = [c for c in cfgs if c.training_cpu_time is not None] if cpu else []
-    clock = _cpu_clock(protocol_study)
     if with_cpu:
-        blocks.append(para(f"{clock}.", "md"))
-    for md in (True, False) if with_cpu else ():
-        rows = [
-            [c.config, *_times(c.training_cpu_time, md, means=geometric_means(c, "training_cpu_s"))]
-            for c in with_cpu
-        ]
+        clock = _cpu_clock(protocol_study)
         cpu_head = ["Configuration", geo, "CPU-time reduction", f"{lvl} interval"]
-        blocks.append(Table(f"{clock}, {base} / {cand}", cpu_head, rows, only="md" if md else "html"))
-    blocks += _md_costs(cfgs, lvl, f"{base} / {cand}", protocol_study)
+        blocks += [para(f"{clock}.", "md"), *_both(f"{clock}, {arms}", cpu_head, _cpu_row, with_cpu)]
+    blocks += [*_md_completion(cfgs, lvl, protocol_study), *_md_quality(cfgs, lvl, arms)]
+    blocks += [*_md_memory(cfgs, arms, protocol_study), *_md_pairs(cfgs, lvl)]
     memory = _memory(cfgs, False)
-    page_memory: list[Text | Table] = [para(_no_memory(protocol_study), "html")]
-    if memory:
-        page_memory = [
-            Table(MEMORY, ["Configuration", f"{base} / {cand} (geometric mean)", "Reduction"], memory)
-        ]
+    page_memory = Table(MEMORY, ["Configuration", geo, "Reduction"], memory)
     return [
         Section(f"Study {study.name}: {cand} versus {base}", blocks),
         _page_costs(study, cfgs, lvl, _no_total(protocol_study)),
-        Section(f"Peak memory ({study.name})", page_memory, 3, "html"),
+        Section(
+            f"Peak memory ({study.name})",
+            [page_memory if memory else para(_no_memory(protocol_study), "html")],
+            3,
+            "html",
+        ),
     ]
+
+
+def _both(caption: str, head: list[str], row: Row, cfgs: Sequence[PairedResult]) -> list[Table]:
+    """One table twice, report.md's and the page's: the same columns, each row built by ``row`` for
+    each output (``md``: report.md's cells)."""
+    return [
+        Table(caption, head, [row(c, md) for c in cfgs], only="md" if md else "html") for md in (True, False)
+    ]
+
+
+def _time_row(c: PairedResult, md: bool) -> list[str]:
+    params = "n/a" if md and not c.parameters else num((c.parameters or 0) / 1e6, ".2f") + "M"
+    times = _times(c.training_time, md, means=geometric_means(c, "training_s"))
+    return [c.config, params, *times, f"{c.counts['faster']} / {c.counts['slower']}"]
+
+
+def _cpu_row(c: PairedResult, md: bool) -> list[str]:
+    return [c.config, *_times(c.training_cpu_time, md, means=geometric_means(c, "training_cpu_s"))]
 
 
 def _ends(iv: Any) -> tuple[float | None, float | None, float | None]:
@@ -230,11 +232,10 @@ def _memory(cfgs: Sequence[PairedResult], md: bool) -> list[list[str]]:
     return rows
 
 
-def _md_costs(
-    cfgs: Sequence[PairedResult], lvl: str, names: str, protocol_study: Mapping[str, Any] | None
+def _md_completion(
+    cfgs: Sequence[PairedResult], lvl: str, protocol_study: Mapping[str, Any] | None
 ) -> list[Text | Table]:
-    """report.md's completion, quality, memory, every-pair and order blocks of a paired study."""
-    first = cfgs[0]
+    """report.md's time to the target and total time of a paired study."""
     rows = []
     for c in cfgs:
         t = c.time_to_target
@@ -243,78 +244,82 @@ def _md_costs(
         )
         total = _no_total(protocol_study) or cells(c.total_time.interval, whole=False)[0]
         rows.append([c.config, reached, *cells(t.interval, sep="–", whole=False), total])
-    head = [
-        "Configuration",
-        "Pairs where both reached the target",
-        "Time-to-target reduction",
-        f"{lvl} interval",
-    ]
-    out: list[Text | Table] = [
+    head = ["Configuration", "Pairs where both reached the target", "Time-to-target reduction"]
+    return [
         para("Time to the fixed validation target and total completion time.", "md"),
-        Table("", [*head, "Total-time reduction"], rows, only="md"),
+        Table("", [*head, f"{lvl} interval", "Total-time reduction"], rows, only="md"),
     ]
-    if first.final_metric is not None:
-        metric, better = first.final_metric.metric["name"], first.final_metric.metric.get("better", "lower")
-        out.append(
-            para(
-                f"Quality: {metric} at each arm's last evaluation, as its script reported it ({better} is "
-                "better; the difference is candidate minus baseline).",
-                "md",
-            )
-        )
-    else:
-        metric = None
-        out.append(
-            para(
-                "Full-test quality (BPB; lower is better; positive difference means the candidate was worse).",
-                "md",
-            )
-        )
-    rows = []
-    for c in cfgs:
-        q = c.test_bpb if metric is None else c.final_metric
-        if q is not None:
-            rows.append(
-                [c.config, _times(q, True, ".4f", "")[0], *cells(q.interval, "+.5f", "", whole=False)]
-            )
-    head = ["Configuration", f"{names} {metric or 'BPB'}", "Difference", f"{lvl} interval"]
-    out += [Table("", head, rows, only="md"), para("Peak memory.", "md")]
+
+
+def _metric(c: PairedResult) -> str | None:
+    """The quality metric the script reported (``None``: full-test BPB)."""
+    return None if c.final_metric is None else str(c.final_metric.metric["name"])
+
+
+def _quality_words(fm: Any) -> str:
+    """What a script-reported quality metric is, as both texts say it."""
+    return (
+        f"{fm.metric['name']} at each arm's last evaluation, as its script reported it "
+        f"({fm.metric.get('better', 'lower')} is better; the difference is candidate minus baseline)"
+    )
+
+
+def _quality(q: Any, md: bool) -> list[str]:
+    """A quality endpoint's arms' means, difference and interval cells."""
+    return [_times(q, True, ".4f", "")[0], *cells(q.interval, "+.5f", "", whole=not md)]
+
+
+def _md_quality(cfgs: Sequence[PairedResult], lvl: str, arms: str) -> list[Text | Table]:
+    """report.md's quality endpoint of a paired study."""
+    metric = _metric(cfgs[0])
+    words = (
+        f"Quality: {_quality_words(cfgs[0].final_metric)}."
+        if metric is not None
+        else "Full-test quality (BPB; lower is better; positive difference means the candidate was worse)."
+    )
+    qs = [(c.config, c.test_bpb if metric is None else c.final_metric) for c in cfgs]
+    rows = [[config, *_quality(q, True)] for config, q in qs if q is not None]
+    head = ["Configuration", f"{arms} {metric or 'BPB'}", "Difference", f"{lvl} interval"]
+    return [para(words, "md"), Table("", head, rows, only="md")]
+
+
+def _md_memory(
+    cfgs: Sequence[PairedResult], arms: str, protocol_study: Mapping[str, Any] | None
+) -> list[Text | Table]:
+    """report.md's peak memory of a paired study, or why it has none."""
     memory = _memory(cfgs, True)
-    if memory:
-        out.append(
-            Table("", ["Configuration", f"{names} peak (geometric mean)", "Reduction"], memory, only="md")
-        )
-    else:
-        out.append(para(_no_memory(protocol_study), "md"))
-    rows = [
-        [
-            c.config,
-            str(p.seed),
-            str(p.first),
-            num(p.baseline_training_s, ".3f"),
-            num(p.candidate_training_s, ".3f"),
-        ]
-        + [num(p.time_reduction_pct, ".2f%"), num(p.quality_difference(), "+.5f")]
-        for c in cfgs
-        for p in c.pairs
-    ]
-    delta = f"Δ {metric}" if metric is not None else "Test Δ BPB"
-    head = ["Configuration", "Seed", "First", f"{first.baseline_arm.capitalize()} (s)"]
-    out += [para("Every pair, including adverse ones.", "md")]
-    out.append(
-        Table(
-            "", [*head, f"{first.candidate_arm.capitalize()} (s)", "Time reduction", delta], rows, only="md"
-        )
-    )
-    out.append(
-        para(
-            f"Order diagnostics ({lvl} intervals): AB/BA period effect, treatment-by-period check, drift "
-            "over execution order.",
-            "md",
-        )
-    )
+    table = Table("", ["Configuration", f"{arms} peak (geometric mean)", "Reduction"], memory, only="md")
+    return [para("Peak memory.", "md"), table if memory else para(_no_memory(protocol_study), "md")]
+
+
+def _delta(c: PairedResult) -> str:
+    """The column of a pair's quality difference."""
+    metric = _metric(c)
+    return f"Δ {metric}" if metric is not None else "Test Δ BPB"
+
+
+def _pair_cells(p: Any) -> list[str]:
+    """A pair's two training times, its time reduction and its quality difference."""
+    times = [num(p.baseline_training_s, ".3f"), num(p.candidate_training_s, ".3f")]
+    return [*times, num(p.time_reduction_pct, ".2f%"), num(p.quality_difference(), "+.5f")]
+
+
+def _md_pairs(cfgs: Sequence[PairedResult], lvl: str) -> list[Text | Table]:
+    """report.md's every pair and order diagnostics of a paired study."""
+    rows = [[c.config, str(p.seed), str(p.first), *_pair_cells(p)] for c in cfgs for p in c.pairs]
+    base, cand = (f"{arm.capitalize()} (s)" for arm in (cfgs[0].baseline_arm, cfgs[0].candidate_arm))
+    head = ["Configuration", "Seed", "First", base, cand, "Time reduction", _delta(cfgs[0])]
     lines = [line for c in cfgs for line in _order_md(c)] or ["Too few pairs for order diagnostics."]
-    return [*out, Text("\n".join(lines))]
+    order = (
+        f"Order diagnostics ({lvl} intervals): AB/BA period effect, treatment-by-period check, drift "
+        "over execution order."
+    )
+    return [
+        para("Every pair, including adverse ones.", "md"),
+        Table("", head, rows, only="md"),
+        para(order, "md"),
+        Text("\n".join(lines)),
+    ]
 
 
 def _page_costs(study: StudyResult, cfgs: Sequence[PairedResult], lvl: str, no_total: str | None) -> Section:
@@ -327,22 +332,16 @@ def _page_costs(study: StudyResult, cfgs: Sequence[PairedResult], lvl: str, no_t
         re_, rr = cells(ttt.interval)
         total = no_total or f"{te} ({tr})"
         unreached = f"unreached {ttt.unreached['baseline']} / {ttt.unreached['candidate']}"
-        ttt_text = f"{re_} ({rr}); {ttt.pairs} pairs reached, {unreached}"
         rows.append(
-            [c.config, _times(q, True, ".4f", "")[0], *cells(q.interval, "+.5f", ""), total, ttt_text]
+            [c.config, *_quality(q, False), total, f"{re_} ({rr}); {ttt.pairs} pairs reached, {unreached}"]
         )
     caption = (
-        f"{fm.metric['name']} at each arm's last evaluation, as its script reported it "
-        f"({fm.metric.get('better', 'lower')} is better; the difference is candidate minus baseline)"
+        _quality_words(fm)
         if fm is not None
         else "Full-test bits per byte (lower is better; a positive difference means the candidate was worse)"
     )
-    head = [
-        "Configuration",
-        f"{base} / {cand} {fm.metric['name'] if fm is not None else 'BPB'}",
-        "Difference",
-    ]
-    head += [f"{lvl} interval", "Total-time reduction", "Time-to-target reduction"]
+    head = ["Configuration", f"{base} / {cand} {_metric(cfgs[0]) or 'BPB'}", "Difference", f"{lvl} interval"]
+    head += ["Total-time reduction", "Time-to-target reduction"]
     table = Table(caption + ", total completion time and time to the validation target", head, rows)
     return Section(f"Quality and completion costs ({study.name})", [table], level=3, only="html")
 
@@ -467,11 +466,8 @@ def every_pair(studies: Sequence[StudyResult]) -> Section:
             )
             for p in c.pairs:  # a damaged (null or non-finite) endpoint shows as n/a
                 adverse = (p.time_reduction_pct or 0.0) < 0
-                red = "n/a" if p.time_reduction_pct is None else f"{p.time_reduction_pct:.2f}%"
-                times = [num(p.baseline_training_s, ".3f"), num(p.candidate_training_s, ".3f")]
-                quality = num(p.quality_difference(), "+.5f")
                 verdict = "slower" if adverse else "faster"
-                rows.append([f"{c.config} seed {p.seed}", str(p.first), *times, red, quality, verdict])
+                rows.append([f"{c.config} seed {p.seed}", str(p.first), *_pair_cells(p), verdict])
                 cls.append("adverse" if adverse else "")
         svg = pairs_svg(f"pairs{n}", f"Every pair's training-time reduction, study {study.name}", dots)
         if svg:
@@ -481,9 +477,10 @@ def every_pair(studies: Sequence[StudyResult]) -> Section:
                 )
             )
         first = study.paired_configs()[0]
-        delta = f"Δ {first.final_metric.metric['name']}" if first.final_metric is not None else "Test Δ BPB"
         head = ["Pair", "First", f"{first.baseline_arm} (s)", f"{first.candidate_arm} (s)", "Time reduction"]
-        blocks.append(Table(f"Study {study.name}: every pair", [*head, delta, "Candidate"], rows, cls))
+        blocks.append(
+            Table(f"Study {study.name}: every pair", [*head, _delta(first), "Candidate"], rows, cls)
+        )
     return Section("Every pair, including adverse ones", blocks, only="html")
 
 
