@@ -1,7 +1,7 @@
 """The published texts' sections, built once from the summary (:func:`sections`): the protocol and its
-records, the decisions, the flow of planned runs, the study beside an earlier one, the planted
-studies' bias, the lockstep model, each study (:mod:`prereg.render.studies`), every run attempt, how
-to verify and what is claimed. :mod:`prereg.render.model` writes them as report.md and index.html."""
+records, the decisions, the flow of planned runs, the study beside an earlier one, the findings of one
+table each (:mod:`prereg.render.findings`), each study (:mod:`prereg.render.studies`), every run
+attempt, how to verify and what is claimed. :mod:`prereg.render.model` writes them as report.md and index.html."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from prereg.attempts import FLOW_COUNTS
 from prereg.plan import defaults_text
 from prereg.render.answer import CONVENTION, answer_lines, decision_cells, planted_names
 from prereg.render.beside import Beside
-from prereg.render.interference_report import interference_section
+from prereg.render.findings import interference_section, model_section, planted_section, replicates_section
 from prereg.render.model import Section, Table, Text, cells, cols, esc, num, para, raw
-from prereg.render.replicates_report import replicates_section
 from prereg.render.studies import answer_figure, every_pair, factorial, order_html, paired
 from prereg.results import Descriptive, Summary
 
@@ -64,7 +63,8 @@ def sections(
     studies = [s for s in summary.studies if s.name not in planted]  # planted ones: their own section
     figure = answer_figure(studies, p["studies"], p.get("device") == "cpu", beside)
     out += [*_decisions(summary, figure), _flow(summary.flow, True), *_beside(beside)]
-    out += [_planted(summary), _model(summary), interference_section(summary), replicates_section(summary)]
+    out += [planted_section(summary), model_section(summary), interference_section(summary)]
+    out.append(replicates_section(summary))
     by_name = {s["name"]: s for s in p["studies"]}
     n = 0
     for study in (s for s in studies if s.configs):
@@ -291,100 +291,6 @@ def _beside(beside: Beside | None) -> list[Section]:
 def _half(who: str) -> list[str]:
     """The page's beside-table columns of one study."""
     return [f"{who}: pairs", "Reduction", "Interval", "Half-width"]
-
-
-PLANTED = "Planted reference effects: each design's bias"
-PLANTED_HEAD = cols(
-    "Study | Design | Plant | Clock | Pairs | True effect | Estimate (interval) | Bias (interval)"
-)
-
-
-def _planted(summary: Summary) -> Section:
-    """Each design's bias against the effects planted in it (``summary.planted``: prereg/planted.py),
-    the planted studies' only section (none when the protocol plants nothing)."""
-    rows = summary.planted or []
-    if not rows:
-        return Section(None)
-    level = rows[0]["level"] if rows else 0.95
-    sentence = (
-        "A known cost planted in the candidate of an A/A pair, run through each design. Effects, "
-        "estimates and biases in points of the log ratio (100 x ln(candidate / baseline) time; "
-        "positive: the plant read as costing more; a point is about a percentage point here). A "
-        "spin's true effect is arithmetic, pair by pair; a cache-heavy plant's is measured by the "
-        "design with the longest blocks (its interval shown), the others' bias the Welch difference "
-        f"from it. Intervals at {100 * level:g}%; Covered: the nominal interval holds the true effect."
-    )
-    head = [*PLANTED_HEAD, "Covered", "Coverage over replicate studies"]
-    return Section(
-        PLANTED, [para(sentence), Table(PLANTED, head, [_planted_row(r) for r in rows])], anchor="planted"
-    )
-
-
-def _pts(x: float | None, *ends: float | None) -> str:
-    """Points with a sign; with ``ends``, the interval after them."""
-    text = "n/a" if x is None else f"{x:+.2f}"
-    return text + (f" ({_pts(ends[0])} to {_pts(ends[1])})" if ends else "")
-
-
-def _planted_row(r: Mapping[str, Any]) -> list[str]:
-    first = [r["study"], r["design"], r["plant"], r["clock"], str(r["pairs"])]
-    if r.get("bias") is None:
-        return [*first, "n/a", "n/a", r.get("why", "n/a"), "", ""]
-    truth = _pts(r["truth"]) + (
-        f" ({_pts(r['truth_lo'])} to {_pts(r['truth_hi'])}), measured" if "truth_lo" in r else ", arithmetic"
-    )
-    bias = "0 (the reference)" if r.get("reference") else _pts(r["bias"], r["bias_lo"], r["bias_hi"])
-    cov = r.get("coverage")
-    cov_text = (
-        f"{cov['covered']} of {cov['studies']} studies of {cov['pairs_each']} pairs "
-        f"({100 * cov['rate']:.0f}%; 95% {100 * cov['lo']:.0f} to {100 * cov['hi']:.0f}%)"
-        if cov
-        else ""
-    )
-    covered = "" if r.get("reference") else ("yes" if r.get("covered") else "no")
-    return [*first, truth, _pts(r["estimate"], r["estimate_lo"], r["estimate_hi"]), bias, covered, cov_text]
-
-
-MODEL = "Lockstep order cells and carry-over"
-MODEL_HEAD = cols(
-    "Study | Configuration | Clock | Pairs | Effect, mean of the four cells | Built first | Steps first"
-)
-CARRY = ("baseline", "candidate", "candidate_less_baseline")
-
-
-def _model(summary: Summary) -> Section:
-    """Each lockstep study's four order cells and carry-over, on both clocks (``order_cells`` and
-    ``carry_over`` of its configurations: prereg/carryover.py), when its records hold what the model
-    needs; planted studies too, since their order effects are those of the design they measure."""
-
-    def iv(v: Mapping[str, Any] | None) -> str:
-        return (
-            "n/a" if not v else f"{100 * v['estimate']:+.2f} ({100 * v['lo']:+.2f} to {100 * v['hi']:+.2f})"
-        )
-
-    rows = []
-    for study in summary.studies:
-        for r in study.configs:
-            cells_ = getattr(r, "order_cells", None) or {}  # a paired result's (factorial results have none)
-            carry = getattr(r, "carry_over", None) or {}
-            for clock in ("wall", "CPU"):
-                m, c = cells_.get(clock) or {}, carry.get(clock) or {}
-                if m or c:
-                    fit = [iv(m.get(k)) for k in ("effect", "built_first", "steps_first", "interaction")]
-                    pairs = str(m.get("pairs") or c.get("pairs") or "")
-                    rows.append([study.name, r.config, clock, pairs, *fit, *(iv(c.get(k)) for k in CARRY)])
-    if not rows:
-        return Section(None)
-    sentence = (
-        "Per lockstep study, the per-pair log ratio fitted on the four order cells (which arm was built "
-        "first, which stepped first; sum coding, +1 when the candidate is first): the effect with the "
-        "order effects taken out and each coefficient, in points of the log ratio (100 x ln(candidate / "
-        "baseline)); and the carry-over, an arm's mean log step time after its partner's block less "
-        "after its own step (warm-up steps and the first step left out). Intervals at the study's level; "
-        "prereg/carryover.py."
-    )
-    head = [*MODEL_HEAD, "Interaction", *(f"Carry-over: {k.replace('_', ' ')}" for k in CARRY)]
-    return Section(MODEL, [para(sentence), Table(MODEL, head, rows)], anchor="lockstep-model")
 
 
 def _runs(runs: Sequence[Mapping[str, Any]]) -> Section:
