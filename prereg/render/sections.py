@@ -23,6 +23,7 @@ __all__ = ["LOOK_HEAD", "look_rows", "sections", "sequential_text"]
 LOOK_HEAD = cols(
     "Look | Pairs | Hypothesis | Test | n | p (stage-wise) | Level | Nominal | At this look | Stop"
 )
+ANSWER = "The question and the answer"
 DECISION_HEAD = cols(
     "Hypothesis | Study / configuration | Endpoint | Type | n | Estimate | Interval | p | alpha | Decision"
 )
@@ -114,65 +115,48 @@ def _decisions(summary: Summary, figure: list[Text]) -> list[Section]:
     the page's answer (one sentence per configuration, the answer's figure, the table), or a
     descriptive protocol's statement; a group-sequential family's looks."""
     hyp = summary.hypotheses
-    answer: list[Text | Table] = [
-        raw("<ul class=answer>"),
-        *(raw(f"<li>{esc(line)}</li>") for line in answer_lines(summary)),
-        raw("</ul>"),
-    ]
+    lines = (raw(f"<li>{esc(line)}</li>") for line in answer_lines(summary))
+    answer = [raw("<ul class=answer>"), *lines, raw("</ul>"), *figure]
     if isinstance(hyp, Descriptive):
         said = raw(
             f"<p>This protocol is descriptive: no hypothesis is decided. {esc(hyp.descriptive)} "
             f"{esc(CONVENTION)}</p>"
         )
-        return [
-            Section(
-                "Decisions",
-                [para(f"Descriptive protocol: no hypothesis is decided. {hyp.descriptive}")],
-                only="md",
-            ),
-            Section("The question and the answer", [said, *answer, *figure], only="html"),
-        ]
+        none = para(f"Descriptive protocol: no hypothesis is decided. {hyp.descriptive}")
+        return [Section("Decisions", [none], only="md"), Section(ANSWER, [said, *answer], only="html")]
     fam = (
         f"{len(hyp.decisions)} preregistered hypotheses, {hyp.procedure.replace('_', ' ')} procedure at a "
         f"one-sided family-wise error rate of {hyp.family_alpha:g}"
     )
-    md_rows, html_rows = [], []
-    for x in hyp.decisions:
-        d, sens = x.decision, x.sensitivity
-        t = d.test or {}
-        common = [
-            f"{d.endpoint} ({d.estimand})",
-            d.type.replace("_", "-") + (f", margin {d.margin:g}" if d.margin else ""),
-            str(t.get("n", "n/a")),
-        ]
-        status = d.status + (f" ({d.reason})" if d.reason else "")
-        tail = [num(t.get("p_value"), ".3g"), num(d.alpha, ".3g"), status]
-        failed = (
-            f"p = {sens['p_value']:.3g} ({sens['pairs_with_a_failed_arm']} failed pairs)" if sens else "none"
-        )
-        md_rows.append(
-            [d.id, f"{d.study} / {d.config or 'all'}", *common, *decision_cells(d, True), *tail, failed]
-        )
-        html_rows.append(
-            [d.id, f"{d.study} / {d.config or 'all'}", *common, *decision_cells(d, False), *tail]
-        )
+    md_rows, html_rows = ([_decision_row(x, md) for x in hyp.decisions] for md in (True, False))
+    md_table = Table("", [*DECISION_HEAD, "Failed arm as adverse"], md_rows)
     md: list[Text | Table] = [
         para(f"{fam}; a decision needs at least {hyp.min_pairs} pairs.", "md"),
-        Table("", [*DECISION_HEAD, "Failed arm as adverse"], md_rows),
+        md_table,
     ]
-    html: list[Text | Table] = [raw(f"<p>{esc(fam)}. {esc(CONVENTION)}</p>"), *answer, *figure]
-    html.append(Table("Preregistered decisions", DECISION_HEAD, html_rows))
     out = [Section("Decisions", md, only="md")]
+    decided = Table("Preregistered decisions", DECISION_HEAD, html_rows)
+    html: list[Text | Table] = [raw(f"<p>{esc(fam)}. {esc(CONVENTION)}</p>"), *answer, decided]
     if hyp.sequential is not None:
         looks = Table("Sequential looks", LOOK_HEAD, look_rows(hyp.sequential))
         bullets = Text("\n".join(f"* {x.decision.text}" for x in hyp.decisions))
-        out.append(
-            Section(
-                "Sequential looks", [para(sequential_text(hyp.sequential), "md"), looks, bullets], 3, "md"
-            )
-        )
-        html += [para(sequential_text(hyp.sequential), "html"), looks]
-    return [*out, Section("The question and the answer", html, only="html")]
+        design = sequential_text(hyp.sequential)
+        out.append(Section("Sequential looks", [para(design, "md"), looks, bullets], 3, "md"))
+        html += [para(design, "html"), looks]
+    return [*out, Section(ANSWER, html, only="html")]
+
+
+def _decision_row(x: Any, md: bool) -> list[str]:
+    """A decision's row: report.md's (``md``) names its interval's level and the failed-arm
+    sensitivity analysis."""
+    d, sens, t = x.decision, x.sensitivity, x.decision.test or {}
+    kind = d.type.replace("_", "-") + (f", margin {d.margin:g}" if d.margin else "")
+    where = [d.id, f"{d.study} / {d.config or 'all'}", f"{d.endpoint} ({d.estimand})"]
+    status = d.status + (f" ({d.reason})" if d.reason else "")
+    row = [*where, kind, str(t.get("n", "n/a")), *decision_cells(d, md)]
+    row += [num(t.get("p_value"), ".3g"), num(d.alpha, ".3g"), status]
+    failed = f"p = {sens['p_value']:.3g} ({sens['pairs_with_a_failed_arm']} failed pairs)" if sens else "none"
+    return [*row, failed] if md else row
 
 
 def sequential_text(seq: Mapping[str, Any]) -> str:
