@@ -201,33 +201,32 @@ def look_rows(seq: Mapping[str, Any]) -> list[list[str]]:
     return rows
 
 
+FLOW_MD = (
+    "Per arm: planned, started, ok, failed, interrupted attempts, superseded attempts (of a unit that "
+    "ran again whole), missing (no ok record), analysed (in a complete pair or block) and excluded (ok, "
+    "but its partner was not)."
+)
+FLOW_CAPTION = (
+    "Per arm: planned, started, ok, failed, interrupted attempts, attempts superseded by a re-run "
+    "of their unit, missing, analysed, excluded"
+)
+
+
 def _flow(rows: Sequence[Mapping[str, Any]], md: bool) -> Section:
     """The flow of planned runs: per study, configuration and arm, planned to analysed and excluded
     (report.md's, ``md``, or the page's)."""
     heads = [heading for _, heading in FLOW_COUNTS]
-    title = "Flow of planned runs"
+    arms = [[r["study"], r["config"], f"{r['role']} ({r['arm']})"] for r in rows]
+    counts = [[str(r.get(k, 0 if md else "n/a")) for k, _ in FLOW_COUNTS] for r in rows]
     if md:
-        arm = [[r["study"], r["config"], f"{r['role']} ({r['arm']})"] for r in rows]
-        table = [[*a, *(str(r.get(k, 0)) for k, _ in FLOW_COUNTS)] for a, r in zip(arm, rows)]
-        return Section(
-            title,
-            [
-                para(
-                    "Per arm: planned, started, ok, failed, interrupted attempts, superseded attempts (of a unit that "
-                    "ran again whole), missing (no ok record), analysed (in a complete pair or block) and excluded (ok, "
-                    "but its partner was not).",
-                ),
-                Table("", ["Study", "Configuration", "Arm", *heads], table),
-            ],
-            only="md",
-        )
-    page_arm = [f"{r['study']} / {r['config']} / {r['role']} ({r['arm']})" for r in rows]
-    table = [[a, *(str(r.get(k, "n/a")) for k, _ in FLOW_COUNTS)] for a, r in zip(page_arm, rows)]
-    caption = (
-        "Per arm: planned, started, ok, failed, interrupted attempts, attempts superseded by a re-run "
-        "of their unit, missing, analysed, excluded"
+        table = Table("", ["Study", "Configuration", "Arm", *heads], [[*a, *c] for a, c in zip(arms, counts)])
+        return Section("Flow of planned runs", [para(FLOW_MD), table], only="md")
+    table = Table(
+        FLOW_CAPTION,
+        ["Study / configuration / arm", *heads],
+        [[" / ".join(a), *c] for a, c in zip(arms, counts)],
     )
-    return Section(title, [Table(caption, ["Study / configuration / arm", *heads], table)], only="html")
+    return Section("Flow of planned runs", [table], only="html")
 
 
 def _beside(beside: Beside | None) -> list[Section]:

@@ -348,7 +348,7 @@ def _page_costs(study: StudyResult, cfgs: Sequence[PairedResult], lvl: str, no_t
 
 def _order_md(c: PairedResult) -> list[str]:
     """report.md's order lines of one configuration: devices, the AB/BA period effect, drift."""
-    oe, dev, out = c.order_effects, c.by_device, []
+    dev, out = c.by_device, []
     if dev:
         het = dev["heterogeneity"]
         out.append(
@@ -365,20 +365,27 @@ def _order_md(c: PairedResult) -> list[str]:
                 else "."
             )
         )
-    if oe["crossover"]:
+    return out + _order(c, c.config, True)
+
+
+def _order(c: PairedResult, at: str, md: bool) -> list[str]:
+    """A configuration's AB/BA period effect and treatment-by-period check, and its drift over
+    execution order, as report.md (``md``) or the page words them."""
+    oe, out = c.order_effects or {}, []
+    if oe.get("crossover"):
         p, k = oe["crossover"]["period"], oe["crossover"]["carryover"]
-        out.append(
-            f"{c.config}: period effect (second run vs first, log time) {p['estimate']:+.4f} "
-            f"[{p['low']:+.4f}, {p['high']:+.4f}], p = {p['p_value']:.3g}; treatment-by-period check "
-            f"p = {k['p_value']:.3g}."
-        )
-    if oe["drift"]:
-        d = oe["drift"]
-        out.append(
-            f"{c.config}: drift of ln(candidate/baseline) per plan position {d['slope']:+.3g} "
-            f"[{d['low']:+.3g}, {d['high']:+.3g}], p = {d['p_value']:.3g}."
-        )
+        period = "period effect (second run vs first, log time)" if md else "period effect"
+        check = "treatment-by-period check" if md else "treatment-by-period"
+        out.append(f"{at}: {period} {_fit(p['estimate'], p, '+.4f')}; {check} p = {k['p_value']:.3g}.")
+    if oe.get("drift"):
+        d, drift = oe["drift"], "drift of ln(candidate/baseline)" if md else "drift"
+        out.append(f"{at}: {drift} per plan position {_fit(d['slope'], d, '+.3g')}.")
     return out
+
+
+def _fit(x: float, iv: Mapping[str, float], fmt: str) -> str:
+    """An estimate, its interval in brackets and its p-value."""
+    return f"{x:{fmt}} [{iv['low']:{fmt}}, {iv['high']:{fmt}}], p = {iv['p_value']:.3g}"
 
 
 def factorial(study: StudyResult, declared: Mapping[str, Any]) -> list[Section]:
@@ -487,22 +494,13 @@ def every_pair(studies: Sequence[StudyResult]) -> Section:
 def order_html(studies: Sequence[StudyResult]) -> Section:
     """The page's order diagnostics of the paired studies: the AB/BA period effect and
     treatment-by-period check, and the drift of the log ratio over execution order."""
-    items = []
-    for study in (s for s in studies if s.design == "paired"):
-        for c in study.paired_configs():
-            oe, at = c.order_effects or {}, f"{esc(study.name)} / {esc(c.config)}"
-            if oe.get("crossover"):
-                p, k = oe["crossover"]["period"], oe["crossover"]["carryover"]
-                items.append(
-                    f"<li>{at}: period effect {p['estimate']:+.4f} [{p['low']:+.4f}, {p['high']:+.4f}], "
-                    f"p = {p['p_value']:.3g}; treatment-by-period p = {k['p_value']:.3g}.</li>"
-                )
-            if oe.get("drift"):
-                d = oe["drift"]
-                items.append(
-                    f"<li>{at}: drift per plan position {d['slope']:+.3g} [{d['low']:+.3g}, {d['high']:+.3g}], "
-                    f"p = {d['p_value']:.3g}.</li>"
-                )
+    items = [
+        f"<li>{line}</li>"
+        for study in studies
+        if study.design == "paired"
+        for c in study.paired_configs()
+        for line in _order(c, f"{esc(study.name)} / {esc(c.config)}", False)
+    ]
     intro = (
         "<p>AB/BA period effect and treatment-by-period check (log time), and "
         "drift of the log ratio over execution order.</p><ul>"
