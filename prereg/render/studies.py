@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeGuard
 
 from prereg.factorial import design_of, effect_names
+from prereg.render.answer import clock_intervals
 from prereg.render.beside import Beside
 from prereg.render.model import Section, Table, Text, cells, esc, level_pct, num, para, raw
 from prereg.render.svg import forest_svg, pairs_svg
@@ -109,10 +110,9 @@ def answer_figure(
                 continue  # an A/A null check is in its own section
             level = level or c.level
             names.append(f"{c.candidate_arm} over {c.baseline_arm}")
-            for clock, ep in (("wall", c.training_time), ("CPU", c.training_cpu_time if cpu else None)):
-                iv = ep.interval if ep is not None else None
-                if iv is not None:
-                    rows.append((f"{study.name} / {c.config}, {clock}", iv.estimate, iv.low, iv.high))
+            rows += [
+                (f"{study.name} / {c.config}, {clock}", *_ends(iv)) for clock, iv in clock_intervals(c, cpu)
+            ]
     for b in beside.rows if beside else ():
         iv = b.earlier.training_time.interval
         if iv is not None:
@@ -383,9 +383,9 @@ def _order(c: PairedResult, at: str, md: bool) -> list[str]:
     return out
 
 
-def _fit(x: float, iv: Mapping[str, float], fmt: str) -> str:
-    """An estimate, its interval in brackets and its p-value."""
-    return f"{x:{fmt}} [{iv['low']:{fmt}}, {iv['high']:{fmt}}], p = {iv['p_value']:.3g}"
+def _fit(x: float, iv: Mapping[str, Any], fmt: str, p: bool = True) -> str:
+    """An estimate, its interval in brackets and (``p``) its p-value."""
+    return f"{x:{fmt}} [{iv['low']:{fmt}}, {iv['high']:{fmt}}]" + (f", p = {iv['p_value']:.3g}" if p else "")
 
 
 def factorial(study: StudyResult, declared: Mapping[str, Any]) -> list[Section]:
@@ -408,28 +408,16 @@ def factorial(study: StudyResult, declared: Mapping[str, Any]) -> list[Section]:
     html: list[Text | Table] = []
     for c in study.factorial_configs():
         lvl, means, effects = level_pct(c.level), c.cell_mean_training_s or {}, c.effects or {}
-        md.append(
-            Text(
-                f"{c.config}: {c.blocks_used} blocks; mean training time "
-                + ", ".join(f"{k} {num(means[k], '.3f')} s" for k in cells_)
-                + "."
-            )
-        )
+        each = ", ".join(f"{k} {num(means[k], '.3f')} s" for k in cells_)
+        md.append(Text(f"{c.config}: {c.blocks_used} blocks; mean training time {each}."))
         rows = [_effect(label, e, "–") for name, label in labels.items() if (e := effects.get(name))]
         md.append(Table("", ["Effect (within-block, log time)", "Time reduction", f"{lvl} interval"], rows))
         if c.positions:
-            md.append(
-                Text(
-                    "Position in the Williams square (log time relative to the block mean): "
-                    + "; ".join(
-                        f"{q['position']}: {q['estimate']:+.4f} [{q['low']:+.4f}, {q['high']:+.4f}]"
-                        for q in c.positions
-                    )
-                )
-            )
-        shown = ", ".join(f"{esc(k)} {num(means[k], '.3f')} s" for k in _design_order(means, cells_))
+            at = "; ".join(f"{q['position']}: {_fit(q['estimate'], q, '+.4f', False)}" for q in c.positions)
+            md.append(Text(f"Position in the Williams square (log time relative to the block mean): {at}"))
+        each = ", ".join(f"{esc(k)} {num(means[k], '.3f')} s" for k in _design_order(means, cells_))
         html.append(
-            raw(f"<p>{esc(c.config)}: {c.blocks_used} blocks; mean training time per cell: {shown}.</p>")
+            raw(f"<p>{esc(c.config)}: {c.blocks_used} blocks; mean training time per cell: {each}.</p>")
         )
         order = _design_order(effects, [n for n, _ in effect_names(factors)])
         rows = [_effect(name.replace("_", " "), e, " to ") for name in order if (e := effects[name])]
@@ -443,11 +431,8 @@ def factorial(study: StudyResult, declared: Mapping[str, Any]) -> list[Section]:
 
 
 def _effect(label: str, e: Mapping[str, float], sep: str) -> list[str]:
-    return [
-        label,
-        f"{e['reduction_pct']:.2f}%",
-        f"{e['reduction_low_pct']:.2f}{sep}{e['reduction_high_pct']:.2f}%",
-    ]
+    low, high = e["reduction_low_pct"], e["reduction_high_pct"]
+    return [label, f"{e['reduction_pct']:.2f}%", f"{low:.2f}{sep}{high:.2f}%"]
 
 
 def _design_order(values: Any, order: Sequence[str]) -> list[str]:
