@@ -15,8 +15,8 @@ __all__ = ["interference_section", "model_section", "planted_section", "replicat
 
 PLANTED = "Planted reference effects: each design's bias"
 PLANTED_HEAD = cols(
-    "Study | Design | Plant | Clock | Pairs | True effect | Estimate (interval) | Bias (interval) | Covered | "
-    "Coverage over replicate studies"
+    "Study | Design | Plant | Clock | Pairs | True effect | Estimate (interval) | Bias (interval) | "
+    "Covered | Coverage over replicate studies"
 )
 MODEL = "Lockstep order cells and carry-over"
 CARRY = ("baseline", "candidate", "candidate_less_baseline")
@@ -127,8 +127,8 @@ def stall_rows(summary: Summary) -> tuple[list[list[str]], float | None]:
             if s := getattr(r, "interference", None):
                 limit = s["limit"]
                 named = "; ".join(
-                    f"{f['unit']} ({_frac(f['baseline_stall_fraction'])}, {_frac(f['candidate_stall_fraction'])}; "
-                    f"{_frac(f['log_share_difference'])})"
+                    f"{f['unit']} ({_frac(f['baseline_stall_fraction'])}, "
+                    f"{_frac(f['candidate_stall_fraction'])}; {_frac(f['log_share_difference'])})"
                     for f in s["flagged"]
                 )
                 flagged = [str(s["pairs_judged"]), str(len(s["flagged"])), named or "none"]

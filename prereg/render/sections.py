@@ -1,7 +1,8 @@
 """The published texts' sections, built once from the summary (:func:`sections`): the protocol and its
 records, the decisions, the flow of planned runs, the study beside an earlier one, the findings of one
 table each (:mod:`prereg.render.findings`), each study (:mod:`prereg.render.studies`), every run
-attempt, how to verify and what is claimed. :mod:`prereg.render.model` writes them as report.md and index.html."""
+attempt, how to verify and what is claimed. :mod:`prereg.render.model` writes them as report.md and
+index.html."""
 
 from __future__ import annotations
 
@@ -41,22 +42,17 @@ def sections(
     verification names (the folder as the audit command should name it, its MANIFEST, the sealed
     summary's hash)."""
     p, done = summary.protocol, summary.completeness
-    out = [Section(None, [Text(f"**{done.text}.**")], only="md")]
-    out.append(
-        Section(
-            f"Protocol {p['id']} (version {p['version']})",
-            [
-                raw(f"<p class=lede>{esc(p.get('description') or '')}</p>"),
-                raw(f'<p class="status">{esc(done.text)}.</p>'),
-            ],
-            level=1,
-        )
-    )
+    lede: list[Text | Table] = [
+        raw(f"<p class=lede>{esc(p.get('description') or '')}</p>"),
+        raw(f'<p class="status">{esc(done.text)}.</p>'),
+    ]
     answer: list[Text | Table] = [
         para(CONVENTION, "md"),
         Text("\n".join(f"* {line}" for line in answer_lines(summary))),
     ]
-    out += [
+    out = [
+        Section(None, [Text(f"**{done.text}.**")], only="md"),
+        Section(f"Protocol {p['id']} (version {p['version']})", lede, level=1),
         Section("The answer", answer, only="md"),
         Section(None, [Text("\n".join(_header(summary)))], only="md"),
     ]
@@ -64,8 +60,7 @@ def sections(
     studies = [s for s in summary.studies if s.name not in planted]  # planted ones: their own section
     figure = answer_figure(studies, p["studies"], p.get("device") == "cpu", beside)
     out += [*_decisions(summary, figure), _flow(summary.flow, True), *_beside(beside)]
-    out += [planted_section(summary), model_section(summary), interference_section(summary)]
-    out.append(replicates_section(summary))
+    out += [f(summary) for f in (planted_section, model_section, interference_section, replicates_section)]
     by_name = {s["name"]: s for s in p["studies"]}
     n = 0
     for study in (s for s in studies if s.configs):
@@ -234,7 +229,7 @@ def _beside(beside: Beside | None) -> list[Section]:
     interval and, on the page, its half-width), so what the designs resolve reads side by side."""
     if beside is None or not beside.rows:
         return []
-    bid, design = beside.protocol_id, beside.rows[0].earlier_design
+    bid, design, folder = beside.protocol_id, beside.rows[0].earlier_design, beside.folder
     md_rows, html_rows = [], []
     for b in beside.rows:
         md_rows.append([b.config, b.study])
@@ -246,29 +241,22 @@ def _beside(beside: Beside | None) -> list[Section]:
             width = f"{(iv.high - iv.low) / 2:.2f}" if iv is not None else "n/a"
             html_rows[-1] += [f"{esc(name)}: {r.pairs_used}", est, rng, f"±{width}"]
     lvl = f"{beside.rows[0].result.level * 100:g}%"
-    caption = f"Training-time reduction, this study beside {bid} ({lvl} intervals, half-widths in percentage points)"
-    return [
-        Section(
-            f"Beside {bid}",
-            [
-                para(
-                    f"The same configurations and arms in {bid} ({design}; records `{beside.folder}`, read from its sealed summary.json).",
-                    "md",
-                ),
-                Table(
-                    "",
-                    [*cols("Configuration | Study | Pairs | Time reduction (interval)"), f"{bid} pairs", bid],
-                    md_rows,
-                    only="md",
-                ),
-                raw(
-                    f"<p>The same configurations and arms in the earlier study {esc(bid)} ({esc(design)}; its records: "
-                    f"<code>{esc(beside.folder)}</code>, audited on their own), read from its sealed summary.json.</p>",
-                ),
-                Table(caption, ["Configuration", *_half("This study"), *_half(bid)], html_rows, only="html"),
-            ],
-        )
-    ]
+    caption = (
+        f"Training-time reduction, this study beside {bid} ({lvl} intervals, half-widths in percentage "
+        "points)"
+    )
+    md_head = [*cols("Configuration | Study | Pairs | Time reduction (interval)"), f"{bid} pairs", bid]
+    md = (
+        f"The same configurations and arms in {bid} ({design}; records `{folder}`, read from its sealed "
+        "summary.json)."
+    )
+    html = raw(
+        f"<p>The same configurations and arms in the earlier study {esc(bid)} ({esc(design)}; its records: "
+        f"<code>{esc(folder)}</code>, audited on their own), read from its sealed summary.json.</p>",
+    )
+    html_head = ["Configuration", *_half("This study"), *_half(bid)]
+    blocks: list[Text | Table] = [para(md, "md"), Table("", md_head, md_rows, only="md"), html]
+    return [Section(f"Beside {bid}", [*blocks, Table(caption, html_head, html_rows, only="html")])]
 
 
 def _half(who: str) -> list[str]:
@@ -280,18 +268,12 @@ def _runs(runs: Sequence[Mapping[str, Any]]) -> Section:
     """Every run attempt, failures and interruptions included, in plan order (report.md's)."""
     rows = [
         [r["run_id"], str(r["attempt"]), r["status"], r["arm"], str(r["seed"]), num(r["training_s"], ".3f")]
-        + [
-            num(r["test_bpb"], ".4f"),
-            (r["reason"] or "").replace("|", "\\|").replace("\n", " "),
-        ]  # whole, one cell
+        + [num(r["test_bpb"], ".4f"), (r["reason"] or "").replace("|", "\\|").replace("\n", " ")]  # one cell
         for r in runs
     ]
-    head = ["Run", "Attempt", "Status", "Arm", "Seed", "Training (s)", "Test BPB", "Reason"]
-    return Section(
-        "Every run attempt",
-        [para(f"{len(runs)} attempts, failures and interruptions included."), Table("", head, rows)],
-        only="md",
-    )
+    head = cols("Run | Attempt | Status | Arm | Seed | Training (s) | Test BPB | Reason")
+    said = para(f"{len(runs)} attempts, failures and interruptions included.")
+    return Section("Every run attempt", [said, Table("", head, rows)], only="md")
 
 
 def _verify(
