@@ -120,21 +120,23 @@ def answer_figure(
             if all(r[0] != label for r in rows):  # one earlier result beside several studies: once
                 rows.append((label, iv.estimate, iv.low, iv.high))
     svg = forest_svg("answer", "Training-time reduction per study and configuration", rows)
-    if not svg:
-        return []
     kinds = "; ".join(f"{esc(n)}: {esc(d)}" for n, d in design.items())
     if beside and beside.rows:
         kinds += (
             f"; beside it, the earlier study {esc(beside.protocol_id)} ({esc(beside.rows[0].earlier_design)})"
         )
-    return [
-        raw(
-            f"<figure>{svg}<figcaption>The answer in one figure: the training-time reduction of "
-            f"{esc(', '.join(dict.fromkeys(names)))}, per study and configuration, on the wall clock and the "
-            f"training thread's CPU clock where recorded, with {level_pct(level or 0.99)} paired intervals; right "
-            f"of the dashed line the candidate is faster. How each study's pairs ran: {kinds}.</figcaption></figure>",
-        )
-    ]
+    return figure(
+        svg,
+        f"The answer in one figure: the training-time reduction of {esc(', '.join(dict.fromkeys(names)))}, "
+        "per study and configuration, on the wall clock and the training thread's CPU clock where recorded, "
+        f"with {level_pct(level or 0.99)} paired intervals; right of the dashed line the candidate is faster. "
+        f"How each study's pairs ran: {kinds}.",
+    )
+
+
+def figure(svg: str, caption: str) -> list[Text]:
+    """A plot with its caption (the page's markup); nothing without a plot."""
+    return [raw(f"<figure>{svg}<figcaption>{caption}</figcaption></figure>")] if svg else []
 
 
 def _times(
@@ -169,13 +171,8 @@ def paired(study: StudyResult, n: int, protocol_study: Mapping[str, Any] | None,
     blocks += _both(f"Training time, {arms}", head, _time_row, cfgs)
     forest = [(c.config, *_ends(c.training_time.interval)) for c in cfgs]
     svg = forest_svg(f"forest{n}", f"Training-time reduction of {cand} over {base}, {lvl} intervals", forest)
-    if svg:
-        blocks.append(
-            raw(
-                f"<figure>{svg}<figcaption>Training-time reduction per configuration with its {lvl} interval; "
-                "right of the dashed line the candidate is faster.</figcaption></figure>",
-            )
-        )
+    said = f"Training-time reduction per configuration with its {lvl} interval; right of the dashed line "
+    blocks += figure(svg, said + "the candidate is faster.")
     with_cpu = [c for c in cfgs if c.training_cpu_time is not None] if cpu else []
     if with_cpu:
         clock = _cpu_clock(protocol_study)
@@ -462,12 +459,7 @@ def every_pair(studies: Sequence[StudyResult]) -> Section:
                 rows.append([f"{c.config} seed {p.seed}", str(p.first), *_pair_cells(p), verdict])
                 cls.append("adverse" if adverse else "")
         svg = pairs_svg(f"pairs{n}", f"Every pair's training-time reduction, study {study.name}", dots)
-        if svg:
-            blocks.append(
-                raw(
-                    f"<figure>{svg}<figcaption>Each mark is one pair; red squares are adverse pairs.</figcaption></figure>",
-                )
-            )
+        blocks += figure(svg, "Each mark is one pair; red squares are adverse pairs.")
         first = study.paired_configs()[0]
         head = ["Pair", "First", f"{first.baseline_arm} (s)", f"{first.candidate_arm} (s)", "Time reduction"]
         blocks.append(
