@@ -139,18 +139,12 @@ def figure(svg: str, caption: str) -> list[Text]:
     return [raw(f"<figure>{svg}<figcaption>{caption}</figcaption></figure>")] if svg else []
 
 
-def _times(
-    ep: Any,
-    md: bool,
-    fmt: str = ".3f",
-    unit: str = " s",
-    means: tuple[float | None, float | None] | None = None,
-) -> tuple[str, str, str]:
-    """An endpoint's baseline / candidate means (``means``, else the endpoint's arithmetic ones), its
-    reduction and interval: report.md's cells (``md``: an en dash, ``n/a`` per number) or the page's."""
+def _times(c: PairedResult, ep: Any, key: str, md: bool) -> tuple[str, str, str]:
+    """An endpoint's arms' geometric mean ``key`` (seconds), its reduction and interval: report.md's
+    cells (``md``: an en dash, ``n/a`` per number) or the page's."""
     est, rng = cells(ep.interval, sep="–" if md else " to ", whole=not md)
-    b, k = means or (ep.baseline_mean, ep.candidate_mean)
-    return f"{num(b, fmt)} / {num(k, fmt)}{unit}", est, rng
+    b, k = geometric_means(c, key)
+    return f"{num(b, '.3f')} / {num(k, '.3f')} s", est, rng
 
 
 def paired(study: StudyResult, n: int, protocol_study: Mapping[str, Any] | None, cpu: bool) -> list[Section]:
@@ -204,12 +198,12 @@ def _both(caption: str, head: list[str], row: Row, cfgs: Sequence[PairedResult])
 
 def _time_row(c: PairedResult, md: bool) -> list[str]:
     params = "n/a" if md and not c.parameters else num((c.parameters or 0) / 1e6, ".2f") + "M"
-    times = _times(c.training_time, md, means=geometric_means(c, "training_s"))
+    times = _times(c, c.training_time, "training_s", md)
     return [c.config, params, *times, f"{c.counts['faster']} / {c.counts['slower']}"]
 
 
 def _cpu_row(c: PairedResult, md: bool) -> list[str]:
-    return [c.config, *_times(c.training_cpu_time, md, means=geometric_means(c, "training_cpu_s"))]
+    return [c.config, *_times(c, c.training_cpu_time, "training_cpu_s", md)]
 
 
 def _ends(iv: Any) -> tuple[float | None, float | None, float | None]:
@@ -263,7 +257,8 @@ def _quality_words(fm: Any) -> str:
 
 def _quality(q: Any, md: bool) -> list[str]:
     """A quality endpoint's arms' means, difference and interval cells."""
-    return [_times(q, True, ".4f", "")[0], *cells(q.interval, "+.5f", "", whole=not md)]
+    means = f"{num(q.baseline_mean, '.4f')} / {num(q.candidate_mean, '.4f')}"
+    return [means, *cells(q.interval, "+.5f", "", whole=not md)]
 
 
 def _md_quality(cfgs: Sequence[PairedResult], lvl: str, arms: str) -> list[Text | Table]:
