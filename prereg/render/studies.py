@@ -40,37 +40,26 @@ def design_label(protocol_study: Mapping[str, Any] | None) -> str:
     return "a process per arm"
 
 
-def _no_total(protocol_study: Mapping[str, Any] | None) -> str | None:
-    """Why a lockstep study compares no total time (``None``: it does)."""
-    st = protocol_study or {}
-    if not st.get("lockstep"):
-        return None
-    if "commands" in st:
-        return "n/a (lockstep: two processes took turns, so each one's total time holds the other's turns)"
-    return "n/a (lockstep: one process ran both arms)"
-
-
-def _no_memory(protocol_study: Mapping[str, Any] | None) -> str:
-    """Why a study's peak-memory table has no row."""
-    st = protocol_study or {}
-    if st.get("lockstep") and "commands" not in st:
-        return (
-            "No peak memory per arm: in lockstep one process ran both arms, so its peak resident memory "
-            "is neither arm's alone."
-        )
-    return (
-        "No peak memory per arm: a pair's records hold no memory figure (none was measured for these runs)."
-    )
-
-
-def _cpu_clock(protocol_study: Mapping[str, Any] | None) -> str:
-    """The CPU clock of the study's records, as they name it."""
-    if "commands" in (protocol_study or {}):
-        return (
-            "Training CPU time (each script process's CPU time, time.process_time, over its timed steps; "
-            "both arms on the same clock)"
-        )
-    return CPU_CLOCK
+NO_MEMORY = (
+    "No peak memory per arm: a pair's records hold no memory figure (none was measured for these runs)."
+)
+ONE_PROCESS = (
+    "No peak memory per arm: in lockstep one process ran both arms, so its peak resident memory is "
+    "neither arm's alone."
+)
+SCRIPT_CLOCK = (
+    "Training CPU time (each script process's CPU time, time.process_time, over its timed steps; both "
+    "arms on the same clock)"
+)
+TURNS = "n/a (lockstep: two processes took turns, so each one's total time holds the other's turns)"
+#: What a paired study's texts say of how its arms ran, by (lockstep, command arms): why it compares
+#: no total time (``None``: it does), why its peak-memory table has no row, its records' CPU clock.
+RAN: dict[tuple[bool, bool], tuple[str | None, str, str]] = {
+    (True, True): (TURNS, NO_MEMORY, SCRIPT_CLOCK),
+    (True, False): ("n/a (lockstep: one process ran both arms)", ONE_PROCESS, CPU_CLOCK),
+    (False, True): (None, NO_MEMORY, SCRIPT_CLOCK),
+    (False, False): (None, NO_MEMORY, CPU_CLOCK),
+}
 
 
 def geometric_means(c: PairedResult, key: str) -> tuple[float | None, float | None]:
@@ -129,8 +118,8 @@ def answer_figure(
         svg,
         f"The answer in one figure: the training-time reduction of {esc(', '.join(dict.fromkeys(names)))}, "
         "per study and configuration, on the wall clock and the training thread's CPU clock where recorded, "
-        f"with {level_pct(level or 0.99)} paired intervals; right of the dashed line the candidate is faster. "
-        f"How each study's pairs ran: {kinds}.",
+        f"with {level_pct(level or 0.99)} paired intervals; right of the dashed line the candidate is "
+        f"faster. How each study's pairs ran: {kinds}.",
     )
 
 
@@ -167,21 +156,22 @@ def paired(study: StudyResult, n: int, protocol_study: Mapping[str, Any] | None,
     svg = forest_svg(f"forest{n}", f"Training-time reduction of {cand} over {base}, {lvl} intervals", forest)
     said = f"Training-time reduction per configuration with its {lvl} interval; right of the dashed line "
     blocks += figure(svg, said + "the candidate is faster.")
+    st = protocol_study or {}
+    no_total, no_memory, clock = RAN[bool(st.get("lockstep")), "commands" in st]
     with_cpu = [c for c in cfgs if c.training_cpu_time is not None] if cpu else []
     if with_cpu:
-        clock = _cpu_clock(protocol_study)
         cpu_head = ["Configuration", geo, "CPU-time reduction", f"{lvl} interval"]
         blocks += [para(f"{clock}.", "md"), *_both(f"{clock}, {arms}", cpu_head, _cpu_row, with_cpu)]
-    blocks += [*_md_completion(cfgs, lvl, protocol_study), *_md_quality(cfgs, lvl, arms)]
-    blocks += [*_md_memory(cfgs, arms, protocol_study), *_md_pairs(cfgs, lvl)]
+    blocks += [*_md_completion(cfgs, lvl, no_total), *_md_quality(cfgs, lvl, arms)]
+    blocks += [*_md_memory(cfgs, arms, no_memory), *_md_pairs(cfgs, lvl)]
     memory = _memory(cfgs, False)
     page_memory = Table(MEMORY, ["Configuration", geo, "Reduction"], memory)
     return [
         Section(f"Study {study.name}: {cand} versus {base}", blocks),
-        _page_costs(study, cfgs, lvl, _no_total(protocol_study)),
+        _page_costs(study, cfgs, lvl, no_total),
         Section(
             f"Peak memory ({study.name})",
-            [page_memory if memory else para(_no_memory(protocol_study), "html")],
+            [page_memory if memory else para(no_memory, "html")],
             3,
             "html",
         ),
@@ -223,9 +213,7 @@ def _memory(cfgs: Sequence[PairedResult], md: bool) -> list[list[str]]:
     return rows
 
 
-def _md_completion(
-    cfgs: Sequence[PairedResult], lvl: str, protocol_study: Mapping[str, Any] | None
-) -> list[Text | Table]:
+def _md_completion(cfgs: Sequence[PairedResult], lvl: str, no_total: str | None) -> list[Text | Table]:
     """report.md's time to the target and total time of a paired study."""
     rows = []
     for c in cfgs:
@@ -233,7 +221,7 @@ def _md_completion(
         reached = (
             f"{t.pairs} (unreached: baseline {t.unreached['baseline']}, candidate {t.unreached['candidate']})"
         )
-        total = _no_total(protocol_study) or cells(c.total_time.interval, whole=False)[0]
+        total = no_total or cells(c.total_time.interval, whole=False)[0]
         rows.append([c.config, reached, *cells(t.interval, sep="–", whole=False), total])
     head = ["Configuration", "Pairs where both reached the target", "Time-to-target reduction"]
     return [
@@ -275,13 +263,11 @@ def _md_quality(cfgs: Sequence[PairedResult], lvl: str, arms: str) -> list[Text 
     return [para(words, "md"), Table("", head, rows, only="md")]
 
 
-def _md_memory(
-    cfgs: Sequence[PairedResult], arms: str, protocol_study: Mapping[str, Any] | None
-) -> list[Text | Table]:
+def _md_memory(cfgs: Sequence[PairedResult], arms: str, no_memory: str) -> list[Text | Table]:
     """report.md's peak memory of a paired study, or why it has none."""
     memory = _memory(cfgs, True)
     table = Table("", ["Configuration", f"{arms} peak (geometric mean)", "Reduction"], memory, only="md")
-    return [para("Peak memory.", "md"), table if memory else para(_no_memory(protocol_study), "md")]
+    return [para("Peak memory.", "md"), table if memory else para(no_memory, "md")]
 
 
 def _delta(c: PairedResult) -> str:
