@@ -66,14 +66,17 @@ def _factorial_effects(c: Any) -> str:
     return "within-block training-time reduction " + ("; ".join(shown) or "n/a (no interval yet)")
 
 
+def clock_intervals(c: Any, cpu: bool) -> list[tuple[str, Any]]:
+    """A paired result's training-time intervals per clock: the wall clock's and, with ``cpu`` (a CPU
+    device), the CPU clock's, each where it has one."""
+    eps = (("wall", c.training_time), ("CPU", c.training_cpu_time if cpu else None))
+    return [(clock, ep.interval) for clock, ep in eps if ep is not None and ep.interval is not None]
+
+
 def _paired_effects(c: Any, cpu: bool) -> str:
     shown = [
-        f"{_effect(iv.estimate, iv.low, iv.high, c.level)} on the {clock}"
-        for clock, ep in (
-            ("wall clock", c.training_time),
-            ("CPU clock", c.training_cpu_time if cpu else None),
-        )
-        if ep is not None and (iv := ep.interval) is not None
+        f"{_effect(iv.estimate, iv.low, iv.high, c.level)} on the {clock} clock"
+        for clock, iv in clock_intervals(c, cpu)
     ]
     return "training-time reduction " + (", ".join(shown) or "n/a (no interval yet)")
 

@@ -1,7 +1,8 @@
 """The published texts' sections, built once from the summary (:func:`sections`): the protocol and its
-records, the decisions, the flow of planned runs, the study beside an earlier one, the planted
-studies' bias, the lockstep model, each study (:mod:`prereg.render.studies`), every run attempt, how
-to verify and what is claimed. :mod:`prereg.render.model` writes them as report.md and index.html."""
+records, the decisions, the flow of planned runs, the study beside an earlier one, the findings of one
+table each (:mod:`prereg.render.findings`), each study (:mod:`prereg.render.studies`), every run
+attempt, how to verify and what is claimed. :mod:`prereg.render.model` writes them as report.md and
+index.html."""
 
 from __future__ import annotations
 
@@ -12,9 +13,8 @@ from prereg.attempts import FLOW_COUNTS
 from prereg.plan import defaults_text
 from prereg.render.answer import CONVENTION, answer_lines, decision_cells, planted_names
 from prereg.render.beside import Beside
-from prereg.render.interference_report import interference_section
+from prereg.render.findings import interference_section, model_section, planted_section, replicates_section
 from prereg.render.model import Section, Table, Text, cells, cols, esc, num, para, raw
-from prereg.render.replicates_report import replicates_section
 from prereg.render.studies import answer_figure, every_pair, factorial, order_html, paired
 from prereg.results import Descriptive, Summary
 
@@ -24,6 +24,7 @@ __all__ = ["LOOK_HEAD", "look_rows", "sections", "sequential_text"]
 LOOK_HEAD = cols(
     "Look | Pairs | Hypothesis | Test | n | p (stage-wise) | Level | Nominal | At this look | Stop"
 )
+ANSWER = "The question and the answer"
 DECISION_HEAD = cols(
     "Hypothesis | Study / configuration | Endpoint | Type | n | Estimate | Interval | p | alpha | Decision"
 )
@@ -41,22 +42,17 @@ def sections(
     verification names (the folder as the audit command should name it, its MANIFEST, the sealed
     summary's hash)."""
     p, done = summary.protocol, summary.completeness
-    out = [Section(None, [Text(f"**{done.text}.**")], only="md")]
-    out.append(
-        Section(
-            f"Protocol {p['id']} (version {p['version']})",
-            [
-                raw(f"<p class=lede>{esc(p.get('description') or '')}</p>"),
-                raw(f'<p class="status">{esc(done.text)}.</p>'),
-            ],
-            level=1,
-        )
-    )
+    lede: list[Text | Table] = [
+        raw(f"<p class=lede>{esc(p.get('description') or '')}</p>"),
+        raw(f'<p class="status">{esc(done.text)}.</p>'),
+    ]
     answer: list[Text | Table] = [
         para(CONVENTION, "md"),
         Text("\n".join(f"* {line}" for line in answer_lines(summary))),
     ]
-    out += [
+    out = [
+        Section(None, [Text(f"**{done.text}.**")], only="md"),
+        Section(f"Protocol {p['id']} (version {p['version']})", lede, level=1),
         Section("The answer", answer, only="md"),
         Section(None, [Text("\n".join(_header(summary)))], only="md"),
     ]
@@ -64,7 +60,7 @@ def sections(
     studies = [s for s in summary.studies if s.name not in planted]  # planted ones: their own section
     figure = answer_figure(studies, p["studies"], p.get("device") == "cpu", beside)
     out += [*_decisions(summary, figure), _flow(summary.flow, True), *_beside(beside)]
-    out += [_planted(summary), _model(summary), interference_section(summary), replicates_section(summary)]
+    out += [f(summary) for f in (planted_section, model_section, interference_section, replicates_section)]
     by_name = {s["name"]: s for s in p["studies"]}
     n = 0
     for study in (s for s in studies if s.configs):
@@ -114,65 +110,48 @@ def _decisions(summary: Summary, figure: list[Text]) -> list[Section]:
     the page's answer (one sentence per configuration, the answer's figure, the table), or a
     descriptive protocol's statement; a group-sequential family's looks."""
     hyp = summary.hypotheses
-    answer: list[Text | Table] = [
-        raw("<ul class=answer>"),
-        *(raw(f"<li>{esc(line)}</li>") for line in answer_lines(summary)),
-        raw("</ul>"),
-    ]
+    lines = (raw(f"<li>{esc(line)}</li>") for line in answer_lines(summary))
+    answer = [raw("<ul class=answer>"), *lines, raw("</ul>"), *figure]
     if isinstance(hyp, Descriptive):
         said = raw(
             f"<p>This protocol is descriptive: no hypothesis is decided. {esc(hyp.descriptive)} "
             f"{esc(CONVENTION)}</p>"
         )
-        return [
-            Section(
-                "Decisions",
-                [para(f"Descriptive protocol: no hypothesis is decided. {hyp.descriptive}")],
-                only="md",
-            ),
-            Section("The question and the answer", [said, *answer, *figure], only="html"),
-        ]
+        none = para(f"Descriptive protocol: no hypothesis is decided. {hyp.descriptive}")
+        return [Section("Decisions", [none], only="md"), Section(ANSWER, [said, *answer], only="html")]
     fam = (
         f"{len(hyp.decisions)} preregistered hypotheses, {hyp.procedure.replace('_', ' ')} procedure at a "
         f"one-sided family-wise error rate of {hyp.family_alpha:g}"
     )
-    md_rows, html_rows = [], []
-    for x in hyp.decisions:
-        d, sens = x.decision, x.sensitivity
-        t = d.test or {}
-        common = [
-            f"{d.endpoint} ({d.estimand})",
-            d.type.replace("_", "-") + (f", margin {d.margin:g}" if d.margin else ""),
-            str(t.get("n", "n/a")),
-        ]
-        status = d.status + (f" ({d.reason})" if d.reason else "")
-        tail = [num(t.get("p_value"), ".3g"), num(d.alpha, ".3g"), status]
-        failed = (
-            f"p = {sens['p_value']:.3g} ({sens['pairs_with_a_failed_arm']} failed pairs)" if sens else "none"
-        )
-        md_rows.append(
-            [d.id, f"{d.study} / {d.config or 'all'}", *common, *decision_cells(d, True), *tail, failed]
-        )
-        html_rows.append(
-            [d.id, f"{d.study} / {d.config or 'all'}", *common, *decision_cells(d, False), *tail]
-        )
+    md_rows, html_rows = ([_decision_row(x, md) for x in hyp.decisions] for md in (True, False))
+    md_table = Table("", [*DECISION_HEAD, "Failed arm as adverse"], md_rows)
     md: list[Text | Table] = [
         para(f"{fam}; a decision needs at least {hyp.min_pairs} pairs.", "md"),
-        Table("", [*DECISION_HEAD, "Failed arm as adverse"], md_rows),
+        md_table,
     ]
-    html: list[Text | Table] = [raw(f"<p>{esc(fam)}. {esc(CONVENTION)}</p>"), *answer, *figure]
-    html.append(Table("Preregistered decisions", DECISION_HEAD, html_rows))
     out = [Section("Decisions", md, only="md")]
+    decided = Table("Preregistered decisions", DECISION_HEAD, html_rows)
+    html: list[Text | Table] = [raw(f"<p>{esc(fam)}. {esc(CONVENTION)}</p>"), *answer, decided]
     if hyp.sequential is not None:
         looks = Table("Sequential looks", LOOK_HEAD, look_rows(hyp.sequential))
         bullets = Text("\n".join(f"* {x.decision.text}" for x in hyp.decisions))
-        out.append(
-            Section(
-                "Sequential looks", [para(sequential_text(hyp.sequential), "md"), looks, bullets], 3, "md"
-            )
-        )
-        html += [para(sequential_text(hyp.sequential), "html"), looks]
-    return [*out, Section("The question and the answer", html, only="html")]
+        design = sequential_text(hyp.sequential)
+        out.append(Section("Sequential looks", [para(design, "md"), looks, bullets], 3, "md"))
+        html += [para(design, "html"), looks]
+    return [*out, Section(ANSWER, html, only="html")]
+
+
+def _decision_row(x: Any, md: bool) -> list[str]:
+    """A decision's row: report.md's (``md``) names its interval's level and the failed-arm
+    sensitivity analysis."""
+    d, sens, t = x.decision, x.sensitivity, x.decision.test or {}
+    kind = d.type.replace("_", "-") + (f", margin {d.margin:g}" if d.margin else "")
+    where = [d.id, f"{d.study} / {d.config or 'all'}", f"{d.endpoint} ({d.estimand})"]
+    status = d.status + (f" ({d.reason})" if d.reason else "")
+    row = [*where, kind, str(t.get("n", "n/a")), *decision_cells(d, md)]
+    row += [num(t.get("p_value"), ".3g"), num(d.alpha, ".3g"), status]
+    failed = f"p = {sens['p_value']:.3g} ({sens['pairs_with_a_failed_arm']} failed pairs)" if sens else "none"
+    return [*row, failed] if md else row
 
 
 def sequential_text(seq: Mapping[str, Any]) -> str:
@@ -217,33 +196,32 @@ def look_rows(seq: Mapping[str, Any]) -> list[list[str]]:
     return rows
 
 
+FLOW_MD = (
+    "Per arm: planned, started, ok, failed, interrupted attempts, superseded attempts (of a unit that "
+    "ran again whole), missing (no ok record), analysed (in a complete pair or block) and excluded (ok, "
+    "but its partner was not)."
+)
+FLOW_CAPTION = (
+    "Per arm: planned, started, ok, failed, interrupted attempts, attempts superseded by a re-run "
+    "of their unit, missing, analysed, excluded"
+)
+
+
 def _flow(rows: Sequence[Mapping[str, Any]], md: bool) -> Section:
     """The flow of planned runs: per study, configuration and arm, planned to analysed and excluded
     (report.md's, ``md``, or the page's)."""
     heads = [heading for _, heading in FLOW_COUNTS]
-    title = "Flow of planned runs"
+    arms = [[r["study"], r["config"], f"{r['role']} ({r['arm']})"] for r in rows]
+    counts = [[str(r.get(k, 0 if md else "n/a")) for k, _ in FLOW_COUNTS] for r in rows]
     if md:
-        arm = [[r["study"], r["config"], f"{r['role']} ({r['arm']})"] for r in rows]
-        table = [[*a, *(str(r.get(k, 0)) for k, _ in FLOW_COUNTS)] for a, r in zip(arm, rows)]
-        return Section(
-            title,
-            [
-                para(
-                    "Per arm: planned, started, ok, failed, interrupted attempts, superseded attempts (of a unit that "
-                    "ran again whole), missing (no ok record), analysed (in a complete pair or block) and excluded (ok, "
-                    "but its partner was not).",
-                ),
-                Table("", ["Study", "Configuration", "Arm", *heads], table),
-            ],
-            only="md",
-        )
-    page_arm = [f"{r['study']} / {r['config']} / {r['role']} ({r['arm']})" for r in rows]
-    table = [[a, *(str(r.get(k, "n/a")) for k, _ in FLOW_COUNTS)] for a, r in zip(page_arm, rows)]
-    caption = (
-        "Per arm: planned, started, ok, failed, interrupted attempts, attempts superseded by a re-run "
-        "of their unit, missing, analysed, excluded"
+        table = Table("", ["Study", "Configuration", "Arm", *heads], [[*a, *c] for a, c in zip(arms, counts)])
+        return Section("Flow of planned runs", [para(FLOW_MD), table], only="md")
+    table = Table(
+        FLOW_CAPTION,
+        ["Study / configuration / arm", *heads],
+        [[" / ".join(a), *c] for a, c in zip(arms, counts)],
     )
-    return Section(title, [Table(caption, ["Study / configuration / arm", *heads], table)], only="html")
+    return Section("Flow of planned runs", [table], only="html")
 
 
 def _beside(beside: Beside | None) -> list[Section]:
@@ -251,7 +229,7 @@ def _beside(beside: Beside | None) -> list[Section]:
     interval and, on the page, its half-width), so what the designs resolve reads side by side."""
     if beside is None or not beside.rows:
         return []
-    bid, design = beside.protocol_id, beside.rows[0].earlier_design
+    bid, design, folder = beside.protocol_id, beside.rows[0].earlier_design, beside.folder
     md_rows, html_rows = [], []
     for b in beside.rows:
         md_rows.append([b.config, b.study])
@@ -263,29 +241,22 @@ def _beside(beside: Beside | None) -> list[Section]:
             width = f"{(iv.high - iv.low) / 2:.2f}" if iv is not None else "n/a"
             html_rows[-1] += [f"{esc(name)}: {r.pairs_used}", est, rng, f"±{width}"]
     lvl = f"{beside.rows[0].result.level * 100:g}%"
-    caption = f"Training-time reduction, this study beside {bid} ({lvl} intervals, half-widths in percentage points)"
-    return [
-        Section(
-            f"Beside {bid}",
-            [
-                para(
-                    f"The same configurations and arms in {bid} ({design}; records `{beside.folder}`, read from its sealed summary.json).",
-                    "md",
-                ),
-                Table(
-                    "",
-                    [*cols("Configuration | Study | Pairs | Time reduction (interval)"), f"{bid} pairs", bid],
-                    md_rows,
-                    only="md",
-                ),
-                raw(
-                    f"<p>The same configurations and arms in the earlier study {esc(bid)} ({esc(design)}; its records: "
-                    f"<code>{esc(beside.folder)}</code>, audited on their own), read from its sealed summary.json.</p>",
-                ),
-                Table(caption, ["Configuration", *_half("This study"), *_half(bid)], html_rows, only="html"),
-            ],
-        )
-    ]
+    caption = (
+        f"Training-time reduction, this study beside {bid} ({lvl} intervals, half-widths in percentage "
+        "points)"
+    )
+    md_head = [*cols("Configuration | Study | Pairs | Time reduction (interval)"), f"{bid} pairs", bid]
+    md = (
+        f"The same configurations and arms in {bid} ({design}; records `{folder}`, read from its sealed "
+        "summary.json)."
+    )
+    html = raw(
+        f"<p>The same configurations and arms in the earlier study {esc(bid)} ({esc(design)}; its records: "
+        f"<code>{esc(folder)}</code>, audited on their own), read from its sealed summary.json.</p>",
+    )
+    html_head = ["Configuration", *_half("This study"), *_half(bid)]
+    blocks: list[Text | Table] = [para(md, "md"), Table("", md_head, md_rows, only="md"), html]
+    return [Section(f"Beside {bid}", [*blocks, Table(caption, html_head, html_rows, only="html")])]
 
 
 def _half(who: str) -> list[str]:
@@ -293,116 +264,16 @@ def _half(who: str) -> list[str]:
     return [f"{who}: pairs", "Reduction", "Interval", "Half-width"]
 
 
-PLANTED = "Planted reference effects: each design's bias"
-PLANTED_HEAD = cols(
-    "Study | Design | Plant | Clock | Pairs | True effect | Estimate (interval) | Bias (interval)"
-)
-
-
-def _planted(summary: Summary) -> Section:
-    """Each design's bias against the effects planted in it (``summary.planted``: prereg/planted.py),
-    the planted studies' only section (none when the protocol plants nothing)."""
-    rows = summary.planted or []
-    if not rows:
-        return Section(None)
-    level = rows[0]["level"] if rows else 0.95
-    sentence = (
-        "A known cost planted in the candidate of an A/A pair, run through each design. Effects, "
-        "estimates and biases in points of the log ratio (100 x ln(candidate / baseline) time; "
-        "positive: the plant read as costing more; a point is about a percentage point here). A "
-        "spin's true effect is arithmetic, pair by pair; a cache-heavy plant's is measured by the "
-        "design with the longest blocks (its interval shown), the others' bias the Welch difference "
-        f"from it. Intervals at {100 * level:g}%; Covered: the nominal interval holds the true effect."
-    )
-    head = [*PLANTED_HEAD, "Covered", "Coverage over replicate studies"]
-    return Section(
-        PLANTED, [para(sentence), Table(PLANTED, head, [_planted_row(r) for r in rows])], anchor="planted"
-    )
-
-
-def _pts(x: float | None, *ends: float | None) -> str:
-    """Points with a sign; with ``ends``, the interval after them."""
-    text = "n/a" if x is None else f"{x:+.2f}"
-    return text + (f" ({_pts(ends[0])} to {_pts(ends[1])})" if ends else "")
-
-
-def _planted_row(r: Mapping[str, Any]) -> list[str]:
-    first = [r["study"], r["design"], r["plant"], r["clock"], str(r["pairs"])]
-    if r.get("bias") is None:
-        return [*first, "n/a", "n/a", r.get("why", "n/a"), "", ""]
-    truth = _pts(r["truth"]) + (
-        f" ({_pts(r['truth_lo'])} to {_pts(r['truth_hi'])}), measured" if "truth_lo" in r else ", arithmetic"
-    )
-    bias = "0 (the reference)" if r.get("reference") else _pts(r["bias"], r["bias_lo"], r["bias_hi"])
-    cov = r.get("coverage")
-    cov_text = (
-        f"{cov['covered']} of {cov['studies']} studies of {cov['pairs_each']} pairs "
-        f"({100 * cov['rate']:.0f}%; 95% {100 * cov['lo']:.0f} to {100 * cov['hi']:.0f}%)"
-        if cov
-        else ""
-    )
-    covered = "" if r.get("reference") else ("yes" if r.get("covered") else "no")
-    return [*first, truth, _pts(r["estimate"], r["estimate_lo"], r["estimate_hi"]), bias, covered, cov_text]
-
-
-MODEL = "Lockstep order cells and carry-over"
-MODEL_HEAD = cols(
-    "Study | Configuration | Clock | Pairs | Effect, mean of the four cells | Built first | Steps first"
-)
-CARRY = ("baseline", "candidate", "candidate_less_baseline")
-
-
-def _model(summary: Summary) -> Section:
-    """Each lockstep study's four order cells and carry-over, on both clocks (``order_cells`` and
-    ``carry_over`` of its configurations: prereg/carryover.py), when its records hold what the model
-    needs; planted studies too, since their order effects are those of the design they measure."""
-
-    def iv(v: Mapping[str, Any] | None) -> str:
-        return (
-            "n/a" if not v else f"{100 * v['estimate']:+.2f} ({100 * v['lo']:+.2f} to {100 * v['hi']:+.2f})"
-        )
-
-    rows = []
-    for study in summary.studies:
-        for r in study.configs:
-            cells_ = getattr(r, "order_cells", None) or {}  # a paired result's (factorial results have none)
-            carry = getattr(r, "carry_over", None) or {}
-            for clock in ("wall", "CPU"):
-                m, c = cells_.get(clock) or {}, carry.get(clock) or {}
-                if m or c:
-                    fit = [iv(m.get(k)) for k in ("effect", "built_first", "steps_first", "interaction")]
-                    pairs = str(m.get("pairs") or c.get("pairs") or "")
-                    rows.append([study.name, r.config, clock, pairs, *fit, *(iv(c.get(k)) for k in CARRY)])
-    if not rows:
-        return Section(None)
-    sentence = (
-        "Per lockstep study, the per-pair log ratio fitted on the four order cells (which arm was built "
-        "first, which stepped first; sum coding, +1 when the candidate is first): the effect with the "
-        "order effects taken out and each coefficient, in points of the log ratio (100 x ln(candidate / "
-        "baseline)); and the carry-over, an arm's mean log step time after its partner's block less "
-        "after its own step (warm-up steps and the first step left out). Intervals at the study's level; "
-        "prereg/carryover.py."
-    )
-    head = [*MODEL_HEAD, "Interaction", *(f"Carry-over: {k.replace('_', ' ')}" for k in CARRY)]
-    return Section(MODEL, [para(sentence), Table(MODEL, head, rows)], anchor="lockstep-model")
-
-
 def _runs(runs: Sequence[Mapping[str, Any]]) -> Section:
     """Every run attempt, failures and interruptions included, in plan order (report.md's)."""
     rows = [
         [r["run_id"], str(r["attempt"]), r["status"], r["arm"], str(r["seed"]), num(r["training_s"], ".3f")]
-        + [
-            num(r["test_bpb"], ".4f"),
-            (r["reason"] or "").replace("|", "\\|").replace("\n", " "),
-        ]  # whole, one cell
+        + [num(r["test_bpb"], ".4f"), (r["reason"] or "").replace("|", "\\|").replace("\n", " ")]  # one cell
         for r in runs
     ]
-    head = ["Run", "Attempt", "Status", "Arm", "Seed", "Training (s)", "Test BPB", "Reason"]
-    return Section(
-        "Every run attempt",
-        [para(f"{len(runs)} attempts, failures and interruptions included."), Table("", head, rows)],
-        only="md",
-    )
+    head = cols("Run | Attempt | Status | Arm | Seed | Training (s) | Test BPB | Reason")
+    said = para(f"{len(runs)} attempts, failures and interruptions included.")
+    return Section("Every run attempt", [said, Table("", head, rows)], only="md")
 
 
 def _verify(

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from html import escape
 
-
-def _e(x: object) -> str:
-    return escape(str(x), quote=True)
+from prereg.render.model import esc as _e
 
 
 def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:

@@ -1,0 +1,192 @@
+"""The sections of one sentence and one table from the summary's rows, in both texts: the planted
+studies' bias (``summary.planted``: prereg/planted.py), the lockstep model's order cells and
+carry-over (prereg/carryover.py), the stall rule's flagged pairs (prereg/interference.py) and the
+replicates' random-effects mean (prereg/replicates.py); each none when its rows are."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from prereg.render.model import Section, Table, cols, para
+from prereg.results import Summary
+
+__all__ = ["interference_section", "model_section", "planted_section", "replicates_section"]
+
+PLANTED = "Planted reference effects: each design's bias"
+PLANTED_HEAD = cols(
+    "Study | Design | Plant | Clock | Pairs | True effect | Estimate (interval) | Bias (interval) | "
+    "Covered | Coverage over replicate studies"
+)
+MODEL = "Lockstep order cells and carry-over"
+CARRY = ("baseline", "candidate", "candidate_less_baseline")
+MODEL_HEAD = cols(
+    "Study | Configuration | Clock | Pairs | Effect, mean of the four cells | Built first | Steps first | "
+    "Interaction"
+) + [f"Carry-over: {k.replace('_', ' ')}" for k in CARRY]
+STALL = "Interference: lockstep arms' wall against CPU time"
+STALL_HEAD = cols(
+    "Study | Configuration | Pairs judged | Flagged | "
+    "Flagged pairs (stall fractions: baseline, candidate; difference of ln CPU share)"
+)
+REPLICATES = "Replicates: the effect across times and machines"
+REPLICATES_HEAD = cols(
+    "Study | Configuration | Clock | Each replicate: pairs, estimate (SE) | Random-effects mean (interval) | "
+    "Between-replicate SD | I²"
+)
+TIMES_HEAD = cols("Replicate | First record (UTC) | Last record (UTC) | Machines | Since the previous one")
+
+
+def _section(title: str, anchor: str, sentence: str, head: list[str], rows: list[list[str]]) -> Section:
+    """A section of one sentence and one table captioned as titled (none without rows)."""
+    return (
+        Section(title, [para(sentence), Table(title, head, rows)], anchor=anchor) if rows else Section(None)
+    )
+
+
+def _pts(x: float | None, *ends: float | None) -> str:
+    """Points with a sign; with ``ends``, the interval after them."""
+    text = "n/a" if x is None else f"{x:+.2f}"
+    return text + (f" ({_pts(ends[0])} to {_pts(ends[1])})" if ends else "")
+
+
+def planted_section(summary: Summary) -> Section:
+    """Each design's bias against the effects planted in it, the planted studies' only section."""
+    rows = summary.planted or []
+    level = rows[0]["level"] if rows else 0.95
+    sentence = (
+        "A known cost planted in the candidate of an A/A pair, run through each design. Effects, "
+        "estimates and biases in points of the log ratio (100 x ln(candidate / baseline) time; "
+        "positive: the plant read as costing more; a point is about a percentage point here). A "
+        "spin's true effect is arithmetic, pair by pair; a cache-heavy plant's is measured by the "
+        "design with the longest blocks (its interval shown), the others' bias the Welch difference "
+        f"from it. Intervals at {100 * level:g}%; Covered: the nominal interval holds the true effect."
+    )
+    return _section(PLANTED, "planted", sentence, PLANTED_HEAD, [_planted_row(r) for r in rows])
+
+
+def _planted_row(r: Mapping[str, Any]) -> list[str]:
+    first = [r["study"], r["design"], r["plant"], r["clock"], str(r["pairs"])]
+    if r.get("bias") is None:
+        return [*first, "n/a", "n/a", r.get("why", "n/a"), "", ""]
+    truth = _pts(r["truth"]) + (
+        f" ({_pts(r['truth_lo'])} to {_pts(r['truth_hi'])}), measured" if "truth_lo" in r else ", arithmetic"
+    )
+    bias = "0 (the reference)" if r.get("reference") else _pts(r["bias"], r["bias_lo"], r["bias_hi"])
+    cov = r.get("coverage")
+    cov_text = (
+        f"{cov['covered']} of {cov['studies']} studies of {cov['pairs_each']} pairs "
+        f"({100 * cov['rate']:.0f}%; 95% {100 * cov['lo']:.0f} to {100 * cov['hi']:.0f}%)"
+        if cov
+        else ""
+    )
+    covered = "" if r.get("reference") else ("yes" if r.get("covered") else "no")
+    return [*first, truth, _pts(r["estimate"], r["estimate_lo"], r["estimate_hi"]), bias, covered, cov_text]
+
+
+def _iv(v: Mapping[str, Any] | None) -> str:
+    """A model coefficient in points with its interval."""
+    return "n/a" if not v else f"{100 * v['estimate']:+.2f} ({100 * v['lo']:+.2f} to {100 * v['hi']:+.2f})"
+
+
+def model_section(summary: Summary) -> Section:
+    """Each lockstep study's four order cells and carry-over, on both clocks (``order_cells`` and
+    ``carry_over`` of its configurations), when its records hold what the model needs; planted
+    studies too, since their order effects are those of the design they measure."""
+    rows = []
+    for study in summary.studies:
+        for r in study.configs:
+            cells_ = getattr(r, "order_cells", None) or {}  # a paired result's (factorial results have none)
+            carry = getattr(r, "carry_over", None) or {}
+            for clock in ("wall", "CPU"):
+                m, c = cells_.get(clock) or {}, carry.get(clock) or {}
+                if m or c:
+                    fit = [_iv(m.get(k)) for k in ("effect", "built_first", "steps_first", "interaction")]
+                    pairs = str(m.get("pairs") or c.get("pairs") or "")
+                    rows.append([study.name, r.config, clock, pairs, *fit, *(_iv(c.get(k)) for k in CARRY)])
+    sentence = (
+        "Per lockstep study, the per-pair log ratio fitted on the four order cells (which arm was built "
+        "first, which stepped first; sum coding, +1 when the candidate is first): the effect with the "
+        "order effects taken out and each coefficient, in points of the log ratio (100 x ln(candidate / "
+        "baseline)); and the carry-over, an arm's mean log step time after its partner's block less "
+        "after its own step (warm-up steps and the first step left out). Intervals at the study's level; "
+        "prereg/carryover.py."
+    )
+    return _section(MODEL, "lockstep-model", sentence, MODEL_HEAD, rows)
+
+
+def _frac(v: Any) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
+
+
+def stall_rows(summary: Summary) -> tuple[list[list[str]], float | None]:
+    """One row per lockstep study and configuration judged by the stall rule, and the rule's limit."""
+    out, limit = [], None
+    for study in summary.studies:
+        for r in study.configs:
+            if s := getattr(r, "interference", None):
+                limit = s["limit"]
+                named = "; ".join(
+                    f"{f['unit']} ({_frac(f['baseline_stall_fraction'])}, "
+                    f"{_frac(f['candidate_stall_fraction'])}; {_frac(f['log_share_difference'])})"
+                    for f in s["flagged"]
+                )
+                flagged = [str(s["pairs_judged"]), str(len(s["flagged"])), named or "none"]
+                out.append([study.name, r.config, *flagged])
+    return out, limit
+
+
+def interference_section(summary: Summary) -> Section:
+    """The stall rule's section: the lockstep pairs whose arms' CPU shares part, each named."""
+    rows, limit = stall_rows(summary)
+    sentence = (
+        "Each arm's stall is its timed blocks' wall time less its own CPU time, where positive; its "
+        "stall fraction, that over its training time; its CPU share, one less that. A pair whose two "
+        f"arms' CPU shares differ by more than {limit or 0:g} on the log scale is flagged: one arm was kept "
+        "off the processor while timed (stopped, starved) more than the machine's other work explains. "
+        "A flagged pair stays in the analysis as preregistered; prereg/interference.py."
+    )
+    return _section(STALL, "interference", sentence, STALL_HEAD, rows if limit is not None else [])
+
+
+def _replicate_row(r: Mapping[str, Any]) -> list[str]:
+    each = "; ".join(
+        f"{x['replicate']}: {x['pairs']}, {x['estimate']:+.2f} ({x['se']:.2f})" for x in r["replicates"]
+    )
+    if "mean" not in r:
+        return [r["study"], r["config"], r["clock"], each, r.get("why", "n/a"), "", ""]
+    mean = f"{r['mean']:+.2f} ({r['lo']:+.2f} to {r['hi']:+.2f})"
+    return [r["study"], r["config"], r["clock"], each, mean, f"{r['tau']:.2f}", f"{100 * r['i2']:.0f}%"]
+
+
+def _times(rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """When and where each replicate ran (the same for every row: one run of the runner each)."""
+    seen: dict[int, Mapping[str, Any]] = {}
+    for x in (x for r in rows for x in r["replicates"] if "from" in x):
+        seen.setdefault(x["replicate"], x)
+    return [
+        [str(k), x["from"], x["to"], ", ".join(x["hosts"])]
+        + ["" if x["gap_s"] is None else f"{x['gap_s'] / 3600:.2f} h"]
+        for k, x in sorted(seen.items())
+    ]
+
+
+def replicates_section(summary: Summary) -> Section:
+    """Each replicate's estimate and their random-effects mean with the between-replicate spread, and
+    when and where each ran (none when the protocol declares no replicates)."""
+    rows = summary.replicates or []
+    level = next((r["level"] for r in rows if "level" in r), None)
+    at = f" at {100 * level:g}%" if level is not None else ""
+    sentence = (
+        "Each replicate is a separate run of the runner, at another time or on another machine. "
+        "Estimates in points of the log ratio (100 x ln(candidate / baseline) training time; positive: "
+        "the candidate takes longer), each replicate's the mean of its pairs with its standard error; "
+        "the mean over replicates is DerSimonian-Laird's random-effects mean with the "
+        f"Hartung-Knapp-Sidik-Jonkman interval{at} (t with replicates - 1 degrees of freedom), so the "
+        "interval widens by as much as the effect varies between replicates; the between-replicate SD "
+        "is that variation (tau), I² its share of the spread of the replicates' estimates."
+    )
+    out = _section(REPLICATES, "replicates", sentence, REPLICATES_HEAD, [_replicate_row(r) for r in rows])
+    if times := _times(rows):
+        out.blocks.append(Table("When and where each replicate ran", TIMES_HEAD, times))
+    return out
