@@ -17,8 +17,7 @@ __all__ = ["plots"]
 def plots(summary: Summary, records: list[RunRecord], directory: Path) -> list[Path]:
     import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    matplotlib.use("Agg")  # before any pyplot import (the helpers import it)
 
     made: list[Path] = []
     paired = [c for s in summary.studies for c in s.paired_configs() if c.pairs]
@@ -32,28 +31,51 @@ def plots(summary: Summary, records: list[RunRecord], directory: Path) -> list[P
         if d.endpoint == "test_bpb" and d.type != "superiority"
     }
     for kind in ("time", "quality"):
-        fig, axes = plt.subplots(1, len(paired), figsize=(3.2 * len(paired) + 1, 3.2), squeeze=False)
-        for ax, c in zip(axes[0], paired):
-            key = "time_reduction_pct" if kind == "time" else "test_bpb_difference"
-            vals = [v if (v := getattr(p, key)) is not None else float("nan") for p in c.pairs]
-            ax.scatter(range(len(vals)), vals, s=12)
-            iv = (c.training_time if kind == "time" else c.test_bpb).interval
-            if iv:
-                ax.axhspan(iv.low, iv.high, alpha=0.25, label=f"{iv.level * 100:g}% interval")
-                ax.axhline(iv.estimate, lw=1)
-            tol = margins.get((study_of[id(c)], c.config))
-            if kind == "quality" and tol is not None:
-                ax.axhline(tol, color="red", ls="--", lw=1, label=f"margin {tol:g}")
-            ax.axhline(0, color="black", lw=0.5)
-            ax.set_title(c.config, fontsize=9)
-            ax.set_xlabel("pair")
-        axes[0][0].set_ylabel("time reduction (%)" if kind == "time" else "test Δ BPB (cand − base)")
-        axes[0][0].legend(fontsize=7)
-        fig.tight_layout()
-        path = directory / f"plot_{kind}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        made.append(path)
+        made.append(_pairs_plot(kind, paired, study_of, margins, directory))
+    made.append(_validation_plot(paired, records, directory))
+    return made
+
+
+def _pairs_plot(
+    kind: str,
+    paired: list[PairedResult],
+    study_of: dict[int, str],
+    margins: dict[tuple[str, str], Any],
+    directory: Path,
+) -> Path:
+    """Every pair's time reduction (``kind`` "time") or test BPB difference ("quality"), one panel
+    per paired configuration, with its interval and (quality) its margin: ``plot_<kind>.png``."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(paired), figsize=(3.2 * len(paired) + 1, 3.2), squeeze=False)
+    for ax, c in zip(axes[0], paired):
+        key = "time_reduction_pct" if kind == "time" else "test_bpb_difference"
+        vals = [v if (v := getattr(p, key)) is not None else float("nan") for p in c.pairs]
+        ax.scatter(range(len(vals)), vals, s=12)
+        iv = (c.training_time if kind == "time" else c.test_bpb).interval
+        if iv:
+            ax.axhspan(iv.low, iv.high, alpha=0.25, label=f"{iv.level * 100:g}% interval")
+            ax.axhline(iv.estimate, lw=1)
+        tol = margins.get((study_of[id(c)], c.config))
+        if kind == "quality" and tol is not None:
+            ax.axhline(tol, color="red", ls="--", lw=1, label=f"margin {tol:g}")
+        ax.axhline(0, color="black", lw=0.5)
+        ax.set_title(c.config, fontsize=9)
+        ax.set_xlabel("pair")
+    axes[0][0].set_ylabel("time reduction (%)" if kind == "time" else "test Δ BPB (cand − base)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    path = directory / f"plot_{kind}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _validation_plot(paired: list[PairedResult], records: list[RunRecord], directory: Path) -> Path:
+    """Every pair's validation curves, baseline and candidate, one panel per paired
+    configuration: ``plot_validation.png``."""
+    import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, len(paired), figsize=(3.2 * len(paired) + 1, 3.2), squeeze=False)
     by_unit: dict[str, dict[str, RunRecord]] = {}
     for r in records:
@@ -77,8 +99,7 @@ def plots(summary: Summary, records: list[RunRecord], directory: Path) -> list[P
     path = directory / "plot_validation.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    made.append(path)
-    return made
+    return path
 
 
 def _decisions(summary: Summary) -> list[HypothesisDecision]:

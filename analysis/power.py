@@ -621,28 +621,10 @@ def _plan_one(
     upper = sd_upper(noise.sd, noise.pairs, confidence)
     rule = h.get("test") or "t"
     lost = 2 if h.get("period_adjusted") else 1
-    mde = None
     if rule == "sign" and noise.values and not noise.identical:
-        scaled = tuple(x * upper / noise.sd for x in noise.values) if noise.sd > 0 else noise.values
-        need = [
-            sign_pairs_needed(v, alpha, region, mu, q) for v in (noise.values, scaled) for q in (0.8, 0.9)
-        ]
-        at_planned = sign_power(n_plan, noise.values, alpha, region, mu)
-        hw = float("nan")  # the median interval's width depends on the values' shape
+        need, at_planned, hw, mde = _sign_figures(noise, n_plan, alpha, region, mu, upper)
     else:
-        need = [
-            pairs_needed_region(sd, alpha, region, mu, q, lost=lost)
-            for sd in (noise.sd, upper)
-            for q in (0.8, 0.9)
-        ]
-        at_planned = power_region(n_plan, noise.sd, alpha, region, mu, lost) if noise.sd > 0 else 1.0
-        hw = float(_st.t.ppf(1 - alpha, n_plan - lost)) * noise.sd / math.sqrt(n_plan)
-        if h["type"] != "equivalence":
-            shift = detectable_shift(n_plan, noise.sd, alpha, 0.8, lost)
-            bound, k = _one_bound(region)
-            m_star = bound + k * shift  # lo + shift, or hi - shift
-            s = sign(h["better"])
-            mde = -s * reduction(m_star) if h["estimand"] == "relative_reduction" else s * m_star
+        need, at_planned, hw, mde = _t_figures(h, noise, n_plan, alpha, region, mu, upper, lost)
     return Plan(
         h["id"],
         h["config"],
@@ -673,6 +655,56 @@ def _plan_one(
             noise.sd, alpha, region, mu, tuple(sequential["looks"]), sequential["spending"]
         ),
     )
+
+
+_Figures = tuple[list[int | None], float, float, float | None]  # pairs needed, power, half-width, MDE
+
+
+def _sign_figures(
+    noise: Noise,
+    n_plan: int,
+    alpha: float,
+    region: tuple[float | None, float | None],
+    mu: float,
+    upper: float,
+) -> _Figures:
+    """:func:`_plan_one`'s figures under the sign rule: pairs needed at 80% and 90% power (the
+    pilot's values, then scaled to the ``upper`` sd), power at ``n_plan``; no half-width, no MDE."""
+    scaled = tuple(x * upper / noise.sd for x in noise.values) if noise.sd > 0 else noise.values
+    need = [sign_pairs_needed(v, alpha, region, mu, q) for v in (noise.values, scaled) for q in (0.8, 0.9)]
+    at_planned = sign_power(n_plan, noise.values, alpha, region, mu)
+    hw = float("nan")  # the median interval's width depends on the values' shape
+    return need, at_planned, hw, None
+
+
+def _t_figures(
+    h: dict[str, Any],
+    noise: Noise,
+    n_plan: int,
+    alpha: float,
+    region: tuple[float | None, float | None],
+    mu: float,
+    upper: float,
+    lost: int,
+) -> _Figures:
+    """:func:`_plan_one`'s figures under the t rule: pairs needed at 80% and 90% power (the
+    pilot's sd, then ``upper``), power and interval half-width at ``n_plan``, and the minimum
+    detectable effect (none for an equivalence hypothesis)."""
+    mde: float | None = None
+    need = [
+        pairs_needed_region(sd, alpha, region, mu, q, lost=lost)
+        for sd in (noise.sd, upper)
+        for q in (0.8, 0.9)
+    ]
+    at_planned = power_region(n_plan, noise.sd, alpha, region, mu, lost) if noise.sd > 0 else 1.0
+    hw = float(_st.t.ppf(1 - alpha, n_plan - lost)) * noise.sd / math.sqrt(n_plan)
+    if h["type"] != "equivalence":
+        shift = detectable_shift(n_plan, noise.sd, alpha, 0.8, lost)
+        bound, k = _one_bound(region)
+        m_star = bound + k * shift  # lo + shift, or hi - shift
+        s = sign(h["better"])
+        mde = -s * reduction(m_star) if h["estimand"] == "relative_reduction" else s * m_star
+    return need, at_planned, hw, mde
 
 
 #: The clock a time endpoint is measured on, as a calibration's planted rows name it.

@@ -136,68 +136,82 @@ class _TokenData(torch.utils.data.Dataset):
         return {"input_ids": self.x[i], "labels": self.x[i]}
 
 
+def _gpt2() -> nn.Module:
+    """A tiny GPT-2 (tied embeddings, dropout off), the same weights at each call."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(
+        n_embd=32, n_layer=2, n_head=2, vocab_size=64, n_positions=32, bos_token_id=0, eos_token_id=0
+    )
+    cfg.resid_pdrop = cfg.embd_pdrop = cfg.attn_pdrop = 0.0
+    return GPT2LMHeadModel(cfg)
+
+
+def _hf_groups(m: nn.Module) -> list[dict[str, Any]]:
+    """The decay and no-decay groups as ``transformers.Trainer`` makes them."""
+    from transformers.trainer_pt_utils import get_parameter_names
+
+    decay = {n for n in get_parameter_names(m, [nn.LayerNorm]) if "bias" not in n}
+    named = list(m.named_parameters())
+    return [
+        {"params": [p for n, p in named if n in decay], "weight_decay": 0.1},
+        {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
+    ]
+
+
+def _hf_run(packed: bool, out: Path, resume: Path | None = None) -> tuple[nn.Module, Any]:
+    """4 steps of ``transformers.Trainer`` on :func:`_gpt2`, native or packed, checkpoints in
+    ``out`` every 2 steps (resumed from ``resume`` where given)."""
+    from transformers import Trainer, TrainingArguments
+
+    m = _gpt2()
+    opt: Any
+    if packed:
+        opt = PackedAdamW(_hf_groups(m), lr=1e-3)
+        opt.clip_in_step(1.0, m.parameters())
+    else:
+        opt = torch.optim.AdamW(_hf_groups(m), lr=1e-3, fused=True)
+    args = TrainingArguments(
+        output_dir=str(out),
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_steps=4,
+        max_grad_norm=0.0 if packed else 1.0,
+        learning_rate=1e-3,
+        lr_scheduler_type="linear",
+        save_strategy="steps",
+        save_steps=2,
+        report_to=[],
+        use_cpu=True,
+        logging_strategy="no",
+        seed=0,
+        disable_tqdm=True,
+    )
+    Trainer(model=m, args=args, train_dataset=_TokenData(), optimizers=(opt, None)).train(
+        resume_from_checkpoint=str(resume) if resume else None
+    )
+    return m, opt
+
+
 def check_transformers(workdir: Path) -> ClientResult:
     """``transformers.Trainer`` on a tiny GPT-2 (tied embeddings, dropout off): decay groups as the
     Trainer makes them, accumulation over 2 micro-batches, a linear schedule, clipping at 1.0
     (native: ``max_grad_norm=1.0``; packed: ``max_grad_norm=0`` and ``clip_in_step``), checkpoints
     in safetensors every 2 steps, and a run resumed from the first checkpoint."""
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
-    from transformers.trainer_pt_utils import get_parameter_names
-
-    def model() -> nn.Module:
-        torch.manual_seed(0)
-        cfg = GPT2Config(
-            n_embd=32, n_layer=2, n_head=2, vocab_size=64, n_positions=32, bos_token_id=0, eos_token_id=0
-        )
-        cfg.resid_pdrop = cfg.embd_pdrop = cfg.attn_pdrop = 0.0
-        return GPT2LMHeadModel(cfg)
-
-    def groups(m: nn.Module) -> list[dict[str, Any]]:
-        decay = {n for n in get_parameter_names(m, [nn.LayerNorm]) if "bias" not in n}
-        named = list(m.named_parameters())
-        return [
-            {"params": [p for n, p in named if n in decay], "weight_decay": 0.1},
-            {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
-        ]
-
-    def run(packed: bool, out: Path, resume: Path | None = None) -> tuple[nn.Module, Any]:
-        m = model()
-        opt: Any
-        if packed:
-            opt = PackedAdamW(groups(m), lr=1e-3)
-            opt.clip_in_step(1.0, m.parameters())
-        else:
-            opt = torch.optim.AdamW(groups(m), lr=1e-3, fused=True)
-        args = TrainingArguments(
-            output_dir=str(out),
-            per_device_train_batch_size=4,
-            gradient_accumulation_steps=2,
-            max_steps=4,
-            max_grad_norm=0.0 if packed else 1.0,
-            learning_rate=1e-3,
-            lr_scheduler_type="linear",
-            save_strategy="steps",
-            save_steps=2,
-            report_to=[],
-            use_cpu=True,
-            logging_strategy="no",
-            seed=0,
-            disable_tqdm=True,
-        )
-        Trainer(model=m, args=args, train_dataset=_TokenData(), optimizers=(opt, None)).train(
-            resume_from_checkpoint=str(resume) if resume else None
-        )
-        return m, opt
+    # imported here, before _quiet(), so that transformers sets its loggers up outside it
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: F401
+    from transformers.trainer_pt_utils import get_parameter_names  # noqa: F401
 
     with _quiet():
-        ma, oa = run(False, workdir / "native")
-        mb, ob = run(True, workdir / "packed")
+        ma, oa = _hf_run(False, workdir / "native")
+        mb, ob = _hf_run(True, workdir / "packed")
         diff = _differ(ma, mb, oa, ob, "after 4 steps") or _passes(ob, 4, "after 4 steps")
         ckpt = workdir / "packed" / "checkpoint-2"
         if diff is None and not (ckpt / "model.safetensors").is_file():
             diff = "no safetensors checkpoint was written"
         if diff is None:
-            mc, oc = run(True, workdir / "packed", resume=ckpt)
+            mc, oc = _hf_run(True, workdir / "packed", resume=ckpt)
             diff = _differ(ma, mc, oa, oc, "resumed from checkpoint-2") or _passes(oc, 2, "resumed")
     return ClientResult(
         "transformers",
@@ -284,6 +298,32 @@ def check_accelerate(workdir: Path) -> ClientResult:
 # -- Lightning ----------------------------------------------------------------------------
 
 
+def _lightning_fit(
+    module: Any, workdir: Path, batches: list, steps: int, ckpt: Path | None, save: Path | None
+) -> tuple[Any, Any]:
+    """Fit ``module`` for ``steps`` optimizer steps (from ``ckpt`` where given; a checkpoint to
+    ``save`` after, where given); returns the module and its optimizer."""
+    import lightning as L
+
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        accumulate_grad_batches=2,
+        gradient_clip_val=None if module.packed else 0.5,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        logger=False,
+        default_root_dir=str(workdir),
+    )
+    loader: Any = torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False)  # type: ignore[arg-type]
+    trainer.fit(module, loader, ckpt_path=str(ckpt) if ckpt else None)
+    if save is not None:
+        trainer.save_checkpoint(str(save))
+    return module, trainer.optimizers[0]
+
+
 def check_lightning(workdir: Path) -> ClientResult:
     """A LightningModule trained by ``lightning.Trainer`` on CPU: decay groups, accumulation over
     2 batches, clipping by norm (native: ``gradient_clip_val``; packed: ``clip_in_step``, which
@@ -314,24 +354,7 @@ def check_lightning(workdir: Path) -> ClientResult:
             return torch.optim.AdamW(decay_groups(self.net), lr=1e-2, fused=True)
 
     def fit(packed: bool, steps: int, ckpt: Path | None = None, save: Path | None = None) -> Any:
-        module = Module(packed)
-        trainer = L.Trainer(
-            accelerator="cpu",
-            devices=1,
-            max_steps=steps,
-            accumulate_grad_batches=2,
-            gradient_clip_val=None if packed else 0.5,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            enable_checkpointing=False,
-            logger=False,
-            default_root_dir=str(workdir),
-        )
-        loader: Any = torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False)  # type: ignore[arg-type]
-        trainer.fit(module, loader, ckpt_path=str(ckpt) if ckpt else None)
-        if save is not None:
-            trainer.save_checkpoint(str(save))
-        return module, trainer.optimizers[0]
+        return _lightning_fit(Module(packed), workdir, batches, steps, ckpt, save)
 
     with _quiet():  # a resumed fit restarts the epoch's batches (natively too): resumed against resumed
         ma, oa = fit(False, 4)

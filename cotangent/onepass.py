@@ -87,7 +87,21 @@ class OnePass(torch.optim.Optimizer):
         the three calls.
         """
         self._check_layout()
-        pack = self._pack
+        clip_list = self._clip_list(parameters)
+        produced = self._pack.sync_grads()
+        perm = self._pack.order_of(clip_list)
+        if self._off_fast_path(produced, perm, norm_type, set_to_none):
+            total = clip_grad_norm_(clip_list, max_norm, norm_type, error_if_nonfinite)
+            self.step()
+            self.zero_grad(set_to_none)
+            return total
+        total, coef = self._total_and_coef(max_norm, error_if_nonfinite, perm)
+        self._step_in_phase(total, coef, set_to_none)
+        return total
+
+    def _clip_list(self, parameters: Tensor | Iterable[Tensor] | None) -> list[Tensor]:
+        """The tensors the replaced clip takes: ``parameters`` as a list, or the optimizer's own
+        (refused, before anything is modified, when they span more than one parameter group)."""
         if parameters is None:
             spanned = [k for k, g in enumerate(self.param_groups) if g["params"]]
             if len(spanned) > 1:
@@ -97,41 +111,50 @@ class OnePass(torch.optim.Optimizer):
                     "norm's last bit): pass parameters=model.parameters(), or whatever your "
                     "clip_grad_norm_ call takes"
                 )
-            clip_list: list[Tensor] = pack.params
-        else:
-            clip_list = [parameters] if isinstance(parameters, Tensor) else list(parameters)
-        produced = pack.sync_grads()
-        perm = pack.order_of(clip_list)
-        if (
+            return self._pack.params
+        return [parameters] if isinstance(parameters, Tensor) else list(parameters)
+
+    def _off_fast_path(
+        self, produced: list[int] | None, perm: Tensor | None, norm_type: float, set_to_none: bool
+    ) -> bool:
+        """Whether this phase makes native's three calls instead of the one pass."""
+        pack = self._pack
+        return (
             produced is not None
             or perm is None
             or not pack.uniform_steps
             or float(norm_type) != 2.0
             or step_hooks_registered(self)
             or (set_to_none and bool(pack.kept()))  # a kept .grad: zero_grad gives it its own memory first
-        ):
-            total = clip_grad_norm_(clip_list, max_norm, norm_type, error_if_nonfinite)
-            self.step()
-            self.zero_grad(set_to_none)
-            return total
+        )
+
+    def _total_and_coef(
+        self, max_norm: float, error_if_nonfinite: bool, perm: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """The total norm (in the replaced clip's order ``perm``) and the clip coefficient."""
+        assert perm is not None  # off the fast path without it
+        pack = self._pack
         plan = self._native_phase()
         remembered = pack.backward.collect() if pack.backward is not None else None
         if plan is not None:
             total = plan.total(float(max_norm), error_if_nonfinite, perm, remembered)
-            coef = plan.coef
-        else:
-            total = pack.total_norm(remembered, perm)
-            check_finite(total, 2.0, error_if_nonfinite)
-            coef = clip_coef(float(max_norm), total)
+            return total, plan.coef
+        total = pack.total_norm(remembered, perm)
+        check_finite(total, 2.0, error_if_nonfinite)
+        return total, clip_coef(float(max_norm), total)
+
+    def _step_in_phase(self, total: Tensor, coef: Tensor, set_to_none: bool) -> None:
+        """``self.step()`` carrying the phase, so whatever wraps ``step`` sees one step; a wrapper
+        that did not call it leaves the clip and ``zero_grad`` to be done here all the same."""
+        pack = self._pack  # the layout the total was taken on
         self._phase = (total, coef, bool(set_to_none))
         try:
             self.step()
         finally:
             skipped, self._phase = self._phase is not None, None
-        if skipped:  # a wrapper of step did not call it: the clip and zero_grad happen all the same
+        if skipped:
             pack.scale_grads(coef, total)
             self.zero_grad(set_to_none)
-        return total
 
     def clip_in_step(
         self,

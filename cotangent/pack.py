@@ -130,11 +130,7 @@ class Pack:
         self.groups: list[FlatGroup] = []
         self.where: list[tuple[int, int]] = [(0, 0)] * self.n  # (group, packed position)
         self.uniform_steps = True
-        order: dict[tuple[int, torch.device, torch.dtype], list[int]] = {}
-        for i, p in enumerate(params):
-            order.setdefault((group_of[i], p.device, p.dtype), []).append(i)
-        for gi, ((pg, device, dtype), idx) in enumerate(order.items()):
-            self.groups.append(self._build_group(gi, pg, device, dtype, idx, amsgrad[pg]))
+        self._lay_out_groups(group_of, amsgrad)
         self.ptrs = [p.data_ptr() for p in params]
         self.grad_ptrs = [v.data_ptr() for v in self.grad_views]
         # Each gradient slot is an alias of the flat buffer with a version counter of its own (see
@@ -143,12 +139,7 @@ class Pack:
         # again before backward accumulates into it.
         self.known = [v._version for v in self.grad_views]
         # position of each parameter in the concatenated per-parameter norms (groups in order)
-        self.flat_of: dict[int, int] = {}
-        base = 0
-        for g in self.groups:
-            for j, i in enumerate(g.index):
-                self.flat_of[i] = base + j
-            base += len(g.index)
+        self.flat_of = self._flat_positions()
         self.native_perm = self._perm_for(list(range(self.n)))  # clipping the optimizer's order
         self._orders: dict[tuple[int, ...], tuple[Tensor, list[Tensor]] | None] = {}
         self._perm_on: dict[tuple[int, torch.device], tuple[Tensor, Tensor]] = {}
@@ -156,11 +147,7 @@ class Pack:
         self.backward: BackwardNorms | None = (
             None  # norms taken in backward (PackedAdamW(backward_norms=True))
         )
-        self.hooks = []
-        for i, p in enumerate(params):
-            if p.requires_grad:
-                self.hooks.append(p.register_hook(self._make_hook(i)))
-                self.hooks.append(p.register_post_accumulate_grad_hook(self._make_post_hook(i)))
+        self.hooks = self._register_hooks()
         self._same_device = all(g.device == self.first_device for g in self.groups)
         for p in params:
             Pack._registry[id(p)] = self
@@ -172,6 +159,33 @@ class Pack:
         # one more means the user kept the tensor (g = p.grad), see kept()
         self.base_refs = self.refs()
         self.relaid = False  # a slot was given a new tensor (detach_kept): the calls' lists are stale
+
+    def _lay_out_groups(self, group_of: list[int], amsgrad: list[bool]) -> None:
+        """One flat group per (parameter group, device, dtype), in the order first met."""
+        order: dict[tuple[int, torch.device, torch.dtype], list[int]] = {}
+        for i, p in enumerate(self.params):
+            order.setdefault((group_of[i], p.device, p.dtype), []).append(i)
+        for gi, ((pg, device, dtype), idx) in enumerate(order.items()):
+            self.groups.append(self._build_group(gi, pg, device, dtype, idx, amsgrad[pg]))
+
+    def _flat_positions(self) -> dict[int, int]:
+        """Each parameter's position in the concatenated per-parameter norms (groups in order)."""
+        flat_of: dict[int, int] = {}
+        base = 0
+        for g in self.groups:
+            for j, i in enumerate(g.index):
+                flat_of[i] = base + j
+            base += len(g.index)
+        return flat_of
+
+    def _register_hooks(self) -> list:
+        """The gradient and post-accumulate hooks of every parameter that requires a gradient."""
+        hooks = []
+        for i, p in enumerate(self.params):
+            if p.requires_grad:
+                hooks.append(p.register_hook(self._make_hook(i)))
+                hooks.append(p.register_post_accumulate_grad_hook(self._make_post_hook(i)))
+        return hooks
 
     def _perm_for(self, positions: list[int]) -> Tensor:
         """Native clipping's norm order over the parameters at ``positions`` (in that order): its

@@ -138,45 +138,52 @@ def planned_state(
             if id(p) in stated:
                 reset.append(p)
             continue
-        if not isinstance(entry, dict):
-            raise TypeError(f"PackedAdamW: optimizer.state[p] is a {type(entry).__name__}, not a dict")
-        if id(p) not in stated:  # an entry written before the parameter's first step
-            raise RuntimeError(
-                f"PackedAdamW: optimizer.state holds an entry for a parameter of shape {tuple(p.shape)} "
-                "before its first step; native would read it as its state, PackedAdamW lays state out "
-                "itself: load it with load_state_dict() instead"
-            )
-        missing = [k for k in mine if k not in entry]
-        if missing:
-            raise RuntimeError(
-                f"PackedAdamW: the state of a parameter of shape {tuple(p.shape)} lacks {missing} (deleted "
-                "from optimizer.state[p]); native's step would raise KeyError: delete the whole entry "
-                "(del optimizer.state[p]) to start it again, or assign new tensors"
-            )
+        _check_entry(p, entry, mine, stated)
         for key, value in entry.items():
             if key not in mine:
                 extra.setdefault(p, {})[key] = value
                 continue
             if value is mine[key]:
                 continue
-            want = mine[key]
-            if isinstance(value, (int, float)) and key == "step":
-                value = torch.tensor(float(value), dtype=torch.float32)
-            if (
-                not isinstance(value, Tensor)
-                or value.shape != want.shape
-                or (value.dtype != want.dtype)
-                or value.device != want.device
-            ):
-                got = (
-                    f"{tuple(value.shape)} {value.dtype}"
-                    if isinstance(value, Tensor)
-                    else type(value).__name__
-                )
-                raise RuntimeError(
-                    f"PackedAdamW: optimizer.state[p][{key!r}] of a parameter of shape {tuple(p.shape)} was "
-                    f"replaced by {got}; the flat buffer holds {tuple(want.shape)} {want.dtype} on {want.device}: "
-                    "assign a tensor of that shape, dtype and device (torch.zeros_like(p)), or write in place"
-                )
-            copies.setdefault(p, {})[key] = value
+            copies.setdefault(p, {})[key] = _replacement(p, key, value, mine[key])
     return reset, copies, extra
+
+
+def _check_entry(p: Tensor, entry: Any, mine: dict[str, Tensor], stated: set[int]) -> None:
+    """Refuse a non-empty ``optimizer.state[p]`` native's step would not read as ``p``'s state:
+    not a dict, written before ``p``'s first step, or lacking one of the keys ``mine`` holds."""
+    if not isinstance(entry, dict):
+        raise TypeError(f"PackedAdamW: optimizer.state[p] is a {type(entry).__name__}, not a dict")
+    if id(p) not in stated:  # an entry written before the parameter's first step
+        raise RuntimeError(
+            f"PackedAdamW: optimizer.state holds an entry for a parameter of shape {tuple(p.shape)} "
+            "before its first step; native would read it as its state, PackedAdamW lays state out "
+            "itself: load it with load_state_dict() instead"
+        )
+    missing = [k for k in mine if k not in entry]
+    if missing:
+        raise RuntimeError(
+            f"PackedAdamW: the state of a parameter of shape {tuple(p.shape)} lacks {missing} (deleted "
+            "from optimizer.state[p]); native's step would raise KeyError: delete the whole entry "
+            "(del optimizer.state[p]) to start it again, or assign new tensors"
+        )
+
+
+def _replacement(p: Tensor, key: str, value: Any, want: Tensor) -> Tensor:
+    """The tensor the user put at ``optimizer.state[p][key]`` in place of ``want`` (a number
+    for ``"step"`` as its float32 tensor), refused unless it has ``want``'s shape, dtype and device."""
+    if isinstance(value, (int, float)) and key == "step":
+        value = torch.tensor(float(value), dtype=torch.float32)
+    if (
+        not isinstance(value, Tensor)
+        or value.shape != want.shape
+        or (value.dtype != want.dtype)
+        or value.device != want.device
+    ):
+        got = f"{tuple(value.shape)} {value.dtype}" if isinstance(value, Tensor) else type(value).__name__
+        raise RuntimeError(
+            f"PackedAdamW: optimizer.state[p][{key!r}] of a parameter of shape {tuple(p.shape)} was "
+            f"replaced by {got}; the flat buffer holds {tuple(want.shape)} {want.dtype} on {want.device}: "
+            "assign a tensor of that shape, dtype and device (torch.zeros_like(p)), or write in place"
+        )
+    return value

@@ -255,15 +255,96 @@ def _safe(check: Any, *args: Any) -> bool | None:
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 MODES = ("views", "aligned", "flat")
+_Row = tuple[str, str, str, bool | None]  # check, dtype, by method, result
+
+
+def _dtype_checks(
+    device: torch.device, dtype: torch.dtype, paths: Any, rows: list[_Row], matched_modes: dict[str, bool]
+) -> tuple[int, bool]:
+    """The checks of one supported ``dtype``, appended to ``rows``; returns the failures of used
+    paths and whether the bucketed norm matched (``matched_modes`` is updated in place)."""
+    from cotangent.backnorms import engages
+
+    name = str(dtype).replace("torch.", "")
+    failures = 0
+    used = dtype in paths.bucketed_norm_dtypes
+    norm_ok = _safe(check_bucketed_norm, device, dtype)
+    rows.append(
+        ("bucketed norm B x (K/2) x 2", name, "used" if used else "not used (native scalar)", norm_ok)
+    )
+    failures += int(used and not norm_ok)
+    ok = _safe(check_clip, device, dtype)
+    rows.append(("clip_grad_norm_ vs native", name, "used", ok))
+    failures += int(ok is False)
+    ok = _safe(check_fused_phase, device, dtype)
+    rows.append(("fused clip + step + zero_grad (blocks)", name, "used", ok))
+    failures += int(ok is False)
+    ok = _safe(check_fused_phase, device, dtype, 12, True)
+    rows.append(("... with backward_norms=True", name, "used" if engages(device, dtype) else "not used", ok))
+    failures += int(ok is False)
+    for mode in MODES:
+        ok = _safe(check_update, device, dtype, mode)
+        used_mode = mode == paths.update
+        rows.append(
+            (f"PackedAdamW update={mode} + packed clip", name, "used" if used_mode else "not used", ok)
+        )
+        failures += int(used_mode and not ok)
+        matched_modes[mode] = matched_modes[mode] and bool(ok)
+    return failures, bool(norm_ok)
+
+
+def _kernel_checks(rows: list[_Row]) -> tuple[int, str]:
+    """The checks of ``phase.c`` on the CPU, appended to ``rows``; returns the failures and a note."""
+    from cotangent import kernel as phase_kernel
+
+    kernel = phase_kernel.kernel()
+    if kernel is None:
+        rows.append(("one-pass phase in C (phase.c)", "float32", "not used", None))
+        return 0, f"phase.c not used: {phase_kernel.unavailable_reason()}"
+    failures = 0
+    ok = check_native_phase()
+    rows.append(("one-pass phase in C (phase.c)", "float32", "used", ok))
+    failures += int(not ok)
+    ok = check_native_phase(steps=12, backward_norms=True)
+    rows.append(("... with backward_norms=True", "float32", "used", ok))
+    failures += int(not ok)
+    return failures, f"phase.c: {kernel.describe()}"
+
+
+def _echo_table(rows: list[_Row], echo: Any) -> None:
+    """Print the checks' table through ``echo``."""
+    w = max(len(r[0]) for r in rows)
+    echo(f"{'check'.ljust(w)}  dtype     by method                 result")
+    for check, dtype_name, used_s, ok in rows:
+        result = "bitwise" if ok else ("n/a" if ok is None else "DIFFERS")
+        echo(f"{check.ljust(w)}  {dtype_name.ljust(8)}  {used_s.ljust(24)}  {result}")
+
+
+def _save_matched(
+    device: torch.device, matched_norms: list[str], matched_modes: dict[str, bool], echo: Any
+) -> None:
+    """Write the matched paths to the file :func:`~cotangent.exactness.saved_path` names."""
+    from cotangent.exactness import saved_path
+
+    best = next((m for m in ("flat", "aligned", "views") if matched_modes[m]), "views")
+    path = saved_path(device.type)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {
+        "device_type": device.type,
+        "torch": torch.__version__,
+        "bucketed_norm_dtypes": matched_norms,
+        "update": best,
+    }
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    echo(f"saved matched paths to {path}")
 
 
 def run_checks(device: torch.device, *, save: bool, echo: Any) -> int:
     """Run every check on ``device``, print a table, return 0 only if no used path mismatched."""
-    from cotangent.backnorms import engages
-    from cotangent.exactness import exact_paths, saved_path
+    from cotangent.exactness import exact_paths
 
     paths = exact_paths(device.type)
-    rows: list[tuple[str, str, str, bool | None]] = []
+    rows: list[_Row] = []
     failures = 0
     matched_norms: list[str] = []
     matched_modes: dict[str, bool] = dict.fromkeys(MODES, True)
@@ -274,66 +355,19 @@ def run_checks(device: torch.device, *, save: bool, echo: Any) -> int:
         except (RuntimeError, TypeError):
             rows.append(("(dtype not supported on this device)", name, "not used", None))
             continue
-        used = dtype in paths.bucketed_norm_dtypes
-        ok = _safe(check_bucketed_norm, device, dtype)
-        rows.append(("bucketed norm B x (K/2) x 2", name, "used" if used else "not used (native scalar)", ok))
-        if ok:
+        failed, norm_matched = _dtype_checks(device, dtype, paths, rows, matched_modes)
+        failures += failed
+        if norm_matched:
             matched_norms.append(name)
-        failures += int(used and not ok)
-        ok = _safe(check_clip, device, dtype)
-        rows.append(("clip_grad_norm_ vs native", name, "used", ok))
-        failures += int(ok is False)
-        ok = _safe(check_fused_phase, device, dtype)
-        rows.append(("fused clip + step + zero_grad (blocks)", name, "used", ok))
-        failures += int(ok is False)
-        ok = _safe(check_fused_phase, device, dtype, 12, True)
-        rows.append(
-            ("... with backward_norms=True", name, "used" if engages(device, dtype) else "not used", ok)
-        )
-        failures += int(ok is False)
-        for mode in MODES:
-            ok = _safe(check_update, device, dtype, mode)
-            used_mode = mode == paths.update
-            rows.append(
-                (f"PackedAdamW update={mode} + packed clip", name, "used" if used_mode else "not used", ok)
-            )
-            failures += int(used_mode and not ok)
-            matched_modes[mode] = matched_modes[mode] and bool(ok)
     if device.type == "cpu":
-        from cotangent import kernel as phase_kernel
-
-        kernel = phase_kernel.kernel()
-        if kernel is None:
-            rows.append(("one-pass phase in C (phase.c)", "float32", "not used", None))
-            note = f"phase.c not used: {phase_kernel.unavailable_reason()}"
-        else:
-            ok = check_native_phase()
-            rows.append(("one-pass phase in C (phase.c)", "float32", "used", ok))
-            failures += int(not ok)
-            ok = check_native_phase(steps=12, backward_norms=True)
-            rows.append(("... with backward_norms=True", "float32", "used", ok))
-            failures += int(not ok)
-            note = f"phase.c: {kernel.describe()}"
+        failed, note = _kernel_checks(rows)
+        failures += failed
     echo(f"device {device} ({torch.__version__}); method paths: {paths.origin}")
     if device.type == "cpu":
         echo(note)
-    w = max(len(r[0]) for r in rows)
-    echo(f"{'check'.ljust(w)}  dtype     by method                 result")
-    for check, dtype_name, used_s, ok in rows:
-        result = "bitwise" if ok else ("n/a" if ok is None else "DIFFERS")
-        echo(f"{check.ljust(w)}  {dtype_name.ljust(8)}  {used_s.ljust(24)}  {result}")
+    _echo_table(rows, echo)
     if save:
-        best = next((m for m in ("flat", "aligned", "views") if matched_modes[m]), "views")
-        path = saved_path(device.type)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = {
-            "device_type": device.type,
-            "torch": torch.__version__,
-            "bucketed_norm_dtypes": matched_norms,
-            "update": best,
-        }
-        path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-        echo(f"saved matched paths to {path}")
+        _save_matched(device, matched_norms, matched_modes, echo)
     echo(
         "all paths the method uses are bitwise native" if failures == 0 else f"{failures} used path(s) DIFFER"
     )

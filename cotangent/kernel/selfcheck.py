@@ -14,6 +14,7 @@ import ctypes
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 import cotangent.kernel.binding as kernel
 from cotangent.norms import clip_coef
@@ -116,28 +117,7 @@ def check_update(k: kernel.Kernel, sq_form: int) -> bool:
                 grad[7], grad[8], grad[9] = float("inf"), float("-inf"), float("nan")
             coef.fill_(1.0 if t % 2 else 0.37)
             g = grad.clone()
-            g.mul_(coef)
-            ref[4].add_(1)
-            torch._fused_adamw_(
-                [ref[0]],
-                [g],
-                [ref[1]],
-                [ref[2]],
-                [ref[3]] if amsgrad else [],
-                [ref[4][0]],
-                lr=lr,
-                beta1=b1,
-                beta2=b2,
-                weight_decay=wd,
-                eps=eps,
-                amsgrad=amsgrad,
-                maximize=maximize,
-                grad_scale=grad_scale,
-                found_inf=found_inf,
-            )
-            if found_inf is not None:
-                ref[4].sub_(found_inf)
-            g.fill_(-0.0)
+            _reference_update(ref, g, coef, (lr, b1, b2, wd, eps, amsgrad, maximize), grad_scale, found_inf)
             g2 = grad.clone()
             hyper = kernel.Hyper(
                 coef.data_ptr(),
@@ -161,6 +141,42 @@ def check_update(k: kernel.Kernel, sq_form: int) -> bool:
             if not all(_same(a, b) for a, b in zip(ref, mine)) or not _same(g, g2):
                 return False
     return True
+
+
+def _reference_update(
+    ref: list[Tensor],
+    g: Tensor,
+    coef: Tensor,
+    case: tuple,
+    grad_scale: Tensor | None,
+    found_inf: Tensor | None,
+) -> None:
+    """One step of ``ref`` (param, exp_avg, exp_avg_sq, max_exp_avg_sq, step) as the packed phase
+    runs it natively: ``g.mul_(coef)``, ``torch._fused_adamw_`` with the step counter handled as
+    ``torch.optim.adamw._fused_adamw`` does, then ``g.fill_(-0.0)``."""
+    lr, b1, b2, wd, eps, amsgrad, maximize = case
+    g.mul_(coef)
+    ref[4].add_(1)
+    torch._fused_adamw_(
+        [ref[0]],
+        [g],
+        [ref[1]],
+        [ref[2]],
+        [ref[3]] if amsgrad else [],
+        [ref[4][0]],
+        lr=lr,
+        beta1=b1,
+        beta2=b2,
+        weight_decay=wd,
+        eps=eps,
+        amsgrad=amsgrad,
+        maximize=maximize,
+        grad_scale=grad_scale,
+        found_inf=found_inf,
+    )
+    if found_inf is not None:
+        ref[4].sub_(found_inf)
+    g.fill_(-0.0)
 
 
 def find_forms(lib: ctypes.CDLL, path: Path, widths: list[int], capability: str = "") -> kernel.Kernel | str:
