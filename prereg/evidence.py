@@ -106,6 +106,192 @@ def _number(v: Any, what: str) -> float:
 STAMP_SLACK_S = 1e-6
 
 
+@dataclass
+class _Scan:
+    """The running state of one reporter file's reading (:func:`derive_reporter`)."""
+
+    name: str
+    target: float
+    better: str
+    planted: bool
+    window: tuple[float, float] | None
+    clock: float = 0.0
+    cpu: float = 0.0
+    last_t: float | None = None
+    last_cpu: float | None = None
+    start_t: float | None = None
+    start_cpu: float | None = None
+    done_t: float | None = None
+    done_cpu: float | None = None
+    base_t: float = 0.0  # the current step's boundary
+    base_cpu: float = 0.0
+    off_t: float = 0.0  # untimed since the boundary
+    off_cpu: float = 0.0
+    untimed: float = 0.0
+    plant_s: float = 0.0
+    plant_cpu: float = 0.0
+    plant_in_step: bool = False
+    last_step: int = 0
+    count: int = 0
+    curve: list[list[float]] = field(default_factory=list)
+    val_curve: list[list[float]] = field(default_factory=list)
+    # each step's wall and CPU microseconds
+    step_us: tuple[list[int], list[int]] = field(default_factory=lambda: ([], []))
+    finals: dict[str, float] = field(default_factory=dict)
+    ttt: float | None = None
+
+    def stamps(self, e: dict[str, Any], i: int, kind: str, where: str) -> tuple[float, float | None]:
+        """Check a line's place and clocks (``t``, ``cpu``); return them."""
+        if self.done_t is not None:
+            raise EvidenceError(f"{where}: a {kind} line after done")
+        if i == 1:
+            if kind != "start" or e.get("format") != FORMAT:
+                raise EvidenceError(f"{where}: the first line is a start line of format {FORMAT}")
+        elif kind == "start":
+            raise EvidenceError(f"{where}: a second start line (two runs wrote one file)")
+        t = _number(e.get("t"), f"{where}: t")
+        if self.last_t is not None and t < self.last_t:
+            raise EvidenceError(f"{where}: the clock runs backwards ({t} after {self.last_t})")
+        w = self.window
+        if w is not None and not w[0] - CLOCK_SLACK_S <= t <= w[1] + CLOCK_SLACK_S:
+            raise EvidenceError(f"{where}: t = {t} is outside the process's life on this machine's clock")
+        self.last_t = t
+        c = _number(e["cpu"], f"{where}: cpu") if "cpu" in e else None
+        if c is not None:
+            if self.last_cpu is not None and c < self.last_cpu:
+                raise EvidenceError(f"{where}: the CPU clock runs backwards")
+            self.last_cpu = c
+        return t, c
+
+    def step(self, e: dict[str, Any], where: str, t: float, c: float | None) -> None:
+        """A step line: its number, loss and clocks, checked against the file's own stamps."""
+        s = e.get("step")
+        if isinstance(s, bool) or not isinstance(s, int) or s != self.last_step + 1:
+            raise EvidenceError(
+                f"{where}: step {s!r} after step {self.last_step} (steps are 1, 2, ...: a gap or a repeat)"
+            )
+        loss = e.get("loss")
+        if isinstance(loss, str):
+            raise EvidenceError(f"{where}: step {s}: the loss is {loss} (not finite)")
+        loss = _number(loss, f"{where}: loss")
+        if c is None:
+            raise EvidenceError(f"{where}: the step line has no cpu")
+        dt, cdt = t - self.base_t - self.off_t, c - self.base_cpu - self.off_cpu
+        said = (_number(e.get("dt"), f"{where}: dt"), _number(e.get("cpu_dt"), f"{where}: cpu_dt"))
+        if abs(said[0] - dt) > STAMP_SLACK_S or abs(said[1] - cdt) > STAMP_SLACK_S or dt < -STAMP_SLACK_S:
+            raise EvidenceError(
+                f"{where}: step {s}: dt {said[0]!r} and cpu_dt {said[1]!r} are not the file's own "
+                f"stamps' ({dt!r}, {cdt!r}): the clock was edited"
+            )
+        if self.planted and not self.plant_in_step:
+            raise EvidenceError(f"{where}: step {s} of a planted candidate ran no plant (no plant line)")
+        self.plant_in_step = False
+        self.clock += max(dt, 0.0)
+        self.cpu += max(cdt, 0.0)
+        self.step_us[0].append(round(max(dt, 0.0) * 1e6))
+        self.step_us[1].append(round(max(cdt, 0.0) * 1e6))
+        self.count += 1
+        self.last_step = s
+        self.base_t, self.base_cpu, self.off_t, self.off_cpu = t, c, 0.0, 0.0
+        self.curve.append([float(s), loss, self.clock])
+
+    def block(self, e: dict[str, Any], kind: str, where: str, t: float, c: float | None) -> None:
+        """An ``untimed``, ``plant`` or ``wait`` line: a block inside a step, or a hand-over."""
+        if kind == "plant" and not self.planted:
+            raise EvidenceError(f"{where}: a plant line in a run that is not a planted candidate")
+        t0, t1 = _number(e.get("t0"), f"{where}: t0"), _number(e.get("t1"), f"{where}: t1")
+        if kind == "wait":
+            if c is None or t1 != t or not self.base_t <= t0 <= t1 or self.off_t:
+                raise EvidenceError(f"{where}: a hand-over that is not at a step's end")
+            self.base_t, self.base_cpu = t, c
+            return
+        c0, c1 = _number(e.get("cpu0"), f"{where}: cpu0"), _number(e.get("cpu1"), f"{where}: cpu1")
+        if kind == "untimed":
+            if not self.base_t <= t0 <= t1 <= t or not self.base_cpu <= c0 <= c1:
+                raise EvidenceError(f"{where}: an untimed block outside its step (or reversed)")
+            self.off_t += t1 - t0
+            self.off_cpu += c1 - c0
+            self.untimed += t1 - t0
+            return
+        if self.plant_in_step or t1 != t or not self.base_t <= t0 <= t1 or not self.base_cpu <= c0 <= c1:
+            raise EvidenceError(f"{where}: a plant outside its step (or a second one, or reversed)")
+        self.plant_in_step = True
+        self.plant_s += t1 - t0
+        self.plant_cpu += c1 - c0
+
+    def evaluation(self, e: dict[str, Any], where: str) -> None:
+        """An eval line: every metric's value, and the study's metric on the curve."""
+        m = e.get("metrics")
+        if not isinstance(m, dict):
+            raise EvidenceError(f"{where}: metrics is not an object")
+        if self.count == 0 or e.get("step") != self.last_step:
+            raise EvidenceError(
+                f"{where}: an evaluation says step {e.get('step')!r}; it follows step {self.last_step} "
+                "(evaluate after a step, naming it)"
+            )
+        for k, v in m.items():
+            self.finals[str(k)] = _number(v, f"{where}: metric {k}")
+        if self.name in m:
+            v = self.finals[self.name]
+            self.val_curve.append([float(self.last_step), v, self.clock])
+            if self.ttt is None and reached(v, self.target, self.better):
+                self.ttt = self.clock
+
+    def line(self, i: int, line: str) -> None:
+        """Read line ``i`` of the file."""
+        where = f"line {i}"
+        try:
+            e = json.loads(line)
+        except (ValueError, RecursionError):
+            raise EvidenceError(f"{where}: not JSON (a torn or edited file)") from None
+        if not isinstance(e, dict) or not isinstance(e.get("kind"), str):
+            raise EvidenceError(f"{where}: not a JSON object with a kind")
+        kind = e["kind"]
+        t, c = self.stamps(e, i, kind, where)
+        if kind == "start":
+            if c is None:
+                raise EvidenceError(f"{where}: the start line has no cpu")
+            self.start_t, self.start_cpu = t, c
+            self.base_t, self.base_cpu = t, c
+        elif kind == "step":
+            self.step(e, where, t, c)
+        elif kind in ("untimed", "plant", "wait"):
+            self.block(e, kind, where, t, c)
+        elif kind == "eval":
+            self.evaluation(e, where)
+        elif kind == "done":
+            self.done_t, self.done_cpu = t, c
+            got = e.get("steps")
+            if isinstance(got, bool) or got != self.count:
+                raise EvidenceError(f"{where}: done says {got!r} steps, the file reports {self.count}")
+        else:
+            raise EvidenceError(f"{where}: unknown kind {kind!r}")
+
+
+def _finished(r: _Scan, steps: int, wall_s: float | None, cpu_s: float | None) -> float:
+    """Check the whole file's reading (done, steps, metric, clocks); return its elapsed seconds."""
+    if r.done_t is None:
+        raise EvidenceError("no done line: the script did not call Reporter.done() (it stopped early)")
+    if r.count != steps:
+        raise EvidenceError(f"the file reports {r.count} steps; the protocol plans {steps}")
+    if r.name not in r.finals:
+        raise EvidenceError(f"the study's metric {r.name!r} was never reported (Reporter.eval)")
+    assert r.start_t is not None and r.start_cpu is not None
+    elapsed = r.done_t - r.start_t
+    if wall_s is not None and elapsed > wall_s + CLOCK_SLACK_S:
+        raise EvidenceError(
+            f"the file's elapsed time ({elapsed:.3f} s) exceeds the harness's wall clock of the process "
+            f"({wall_s:.3f} s): the file is not this process's"
+        )
+    used = r.done_cpu if r.done_cpu is not None else r.last_cpu or 0.0
+    if cpu_s is not None and used > cpu_s + CLOCK_SLACK_S:
+        raise EvidenceError(
+            f"the file's CPU time exceeds the kernel's CPU time of the process ({cpu_s:.3f} s): "
+            "the file is not this process's"
+        )
+    return elapsed
+
+
 def derive_reporter(
     text: str,
     metric: dict[str, Any],
@@ -132,164 +318,25 @@ def derive_reporter(
     lines = text.splitlines()
     if not lines:
         raise EvidenceError("the reporter file is empty (the script never built a Reporter)")
-    clock = cpu = 0.0
-    last_t = start_t = start_cpu = done_t = done_cpu = None
-    last_cpu: float | None = None
-    base_t = base_cpu = 0.0  # the current step's boundary
-    off_t = off_cpu = 0.0  # untimed since the boundary
-    untimed = 0.0
-    plant_s = plant_cpu = 0.0
-    plants = 0
-    plant_in_step = False
-    last_step = 0
-    count = 0
-    curve: list[list[float]] = []
-    val_curve: list[list[float]] = []
-    step_us: tuple[list[int], list[int]] = ([], [])  # each step's wall and CPU microseconds
-    finals: dict[str, float] = {}
-    ttt: float | None = None
     name, target, better = metric["name"], float(metric["target"]), metric.get("better", "lower")
+    r = _Scan(name, target, better, planted, window)
     for i, line in enumerate(lines, 1):
-        where = f"line {i}"
-        try:
-            e = json.loads(line)
-        except (ValueError, RecursionError):
-            raise EvidenceError(f"{where}: not JSON (a torn or edited file)") from None
-        if not isinstance(e, dict) or not isinstance(e.get("kind"), str):
-            raise EvidenceError(f"{where}: not a JSON object with a kind")
-        kind = e["kind"]
-        if done_t is not None:
-            raise EvidenceError(f"{where}: a {kind} line after done")
-        if i == 1:
-            if kind != "start" or e.get("format") != FORMAT:
-                raise EvidenceError(f"{where}: the first line is a start line of format {FORMAT}")
-        elif kind == "start":
-            raise EvidenceError(f"{where}: a second start line (two runs wrote one file)")
-        t = _number(e.get("t"), f"{where}: t")
-        if last_t is not None and t < last_t:
-            raise EvidenceError(f"{where}: the clock runs backwards ({t} after {last_t})")
-        if window is not None and not window[0] - CLOCK_SLACK_S <= t <= window[1] + CLOCK_SLACK_S:
-            raise EvidenceError(f"{where}: t = {t} is outside the process's life on this machine's clock")
-        last_t = t
-        c = _number(e["cpu"], f"{where}: cpu") if "cpu" in e else None
-        if c is not None:
-            if last_cpu is not None and c < last_cpu:
-                raise EvidenceError(f"{where}: the CPU clock runs backwards")
-            last_cpu = c
-        if kind == "start":
-            if c is None:
-                raise EvidenceError(f"{where}: the start line has no cpu")
-            start_t, start_cpu = t, c
-            base_t, base_cpu = t, c
-        elif kind == "step":
-            s = e.get("step")
-            if isinstance(s, bool) or not isinstance(s, int) or s != last_step + 1:
-                raise EvidenceError(
-                    f"{where}: step {s!r} after step {last_step} (steps are 1, 2, ...: a gap or a repeat)"
-                )
-            loss = e.get("loss")
-            if isinstance(loss, str):
-                raise EvidenceError(f"{where}: step {s}: the loss is {loss} (not finite)")
-            loss = _number(loss, f"{where}: loss")
-            if c is None:
-                raise EvidenceError(f"{where}: the step line has no cpu")
-            dt, cdt = t - base_t - off_t, c - base_cpu - off_cpu
-            said = (_number(e.get("dt"), f"{where}: dt"), _number(e.get("cpu_dt"), f"{where}: cpu_dt"))
-            if abs(said[0] - dt) > STAMP_SLACK_S or abs(said[1] - cdt) > STAMP_SLACK_S or dt < -STAMP_SLACK_S:
-                raise EvidenceError(
-                    f"{where}: step {s}: dt {said[0]!r} and cpu_dt {said[1]!r} are not the file's own "
-                    f"stamps' ({dt!r}, {cdt!r}): the clock was edited"
-                )
-            if planted and not plant_in_step:
-                raise EvidenceError(f"{where}: step {s} of a planted candidate ran no plant (no plant line)")
-            plant_in_step = False
-            clock += max(dt, 0.0)
-            cpu += max(cdt, 0.0)
-            step_us[0].append(round(max(dt, 0.0) * 1e6))
-            step_us[1].append(round(max(cdt, 0.0) * 1e6))
-            count += 1
-            last_step = s
-            base_t, base_cpu, off_t, off_cpu = t, c, 0.0, 0.0
-            curve.append([float(s), loss, clock])
-        elif kind == "untimed":
-            t0, t1 = _number(e.get("t0"), f"{where}: t0"), _number(e.get("t1"), f"{where}: t1")
-            c0, c1 = _number(e.get("cpu0"), f"{where}: cpu0"), _number(e.get("cpu1"), f"{where}: cpu1")
-            if not base_t <= t0 <= t1 <= t or not base_cpu <= c0 <= c1:
-                raise EvidenceError(f"{where}: an untimed block outside its step (or reversed)")
-            off_t += t1 - t0
-            off_cpu += c1 - c0
-            untimed += t1 - t0
-        elif kind == "plant":
-            if not planted:
-                raise EvidenceError(f"{where}: a plant line in a run that is not a planted candidate")
-            t0, t1 = _number(e.get("t0"), f"{where}: t0"), _number(e.get("t1"), f"{where}: t1")
-            c0, c1 = _number(e.get("cpu0"), f"{where}: cpu0"), _number(e.get("cpu1"), f"{where}: cpu1")
-            if plant_in_step or t1 != t or not base_t <= t0 <= t1 or not base_cpu <= c0 <= c1:
-                raise EvidenceError(f"{where}: a plant outside its step (or a second one, or reversed)")
-            plant_in_step = True
-            plant_s += t1 - t0
-            plant_cpu += c1 - c0
-            plants += 1
-        elif kind == "wait":
-            t0, t1 = _number(e.get("t0"), f"{where}: t0"), _number(e.get("t1"), f"{where}: t1")
-            if c is None or t1 != t or not base_t <= t0 <= t1 or off_t:
-                raise EvidenceError(f"{where}: a hand-over that is not at a step's end")
-            base_t, base_cpu = t, c
-        elif kind == "eval":
-            m = e.get("metrics")
-            if not isinstance(m, dict):
-                raise EvidenceError(f"{where}: metrics is not an object")
-            if count == 0 or e.get("step") != last_step:
-                raise EvidenceError(
-                    f"{where}: an evaluation says step {e.get('step')!r}; it follows step {last_step} "
-                    "(evaluate after a step, naming it)"
-                )
-            for k, v in m.items():
-                finals[str(k)] = _number(v, f"{where}: metric {k}")
-            if name in m:
-                v = finals[name]
-                val_curve.append([float(last_step), v, clock])
-                if ttt is None and reached(v, target, better):
-                    ttt = clock
-        elif kind == "done":
-            done_t, done_cpu = t, c
-            got = e.get("steps")
-            if isinstance(got, bool) or got != count:
-                raise EvidenceError(f"{where}: done says {got!r} steps, the file reports {count}")
-        else:
-            raise EvidenceError(f"{where}: unknown kind {kind!r}")
-    if done_t is None:
-        raise EvidenceError("no done line: the script did not call Reporter.done() (it stopped early)")
-    if count != steps:
-        raise EvidenceError(f"the file reports {count} steps; the protocol plans {steps}")
-    if name not in finals:
-        raise EvidenceError(f"the study's metric {name!r} was never reported (Reporter.eval)")
-    assert start_t is not None and start_cpu is not None
-    elapsed = done_t - start_t
-    if wall_s is not None and elapsed > wall_s + CLOCK_SLACK_S:
-        raise EvidenceError(
-            f"the file's elapsed time ({elapsed:.3f} s) exceeds the harness's wall clock of the process "
-            f"({wall_s:.3f} s): the file is not this process's"
-        )
-    if cpu_s is not None and (done_cpu if done_cpu is not None else last_cpu or 0.0) > cpu_s + CLOCK_SLACK_S:
-        raise EvidenceError(
-            f"the file's CPU time exceeds the kernel's CPU time of the process ({cpu_s:.3f} s): "
-            "the file is not this process's"
-        )
+        r.line(i, line)
+    elapsed = _finished(r, steps, wall_s, cpu_s)
     return Derived(
-        training_s=clock,
-        training_cpu_s=cpu,
-        time_to_target_s=ttt,
-        final_metric=finals[name],
-        metrics=finals,
-        steps=count,
+        training_s=r.clock,
+        training_cpu_s=r.cpu,
+        time_to_target_s=r.ttt,
+        final_metric=r.finals[r.name],
+        metrics=r.finals,
+        steps=r.count,
         elapsed_s=elapsed,
-        untimed_s=untimed,
-        planted_s=plant_s if planted else None,
-        planted_cpu_s=plant_cpu if planted else None,
-        curve=curve,
-        val_curve=val_curve,
-        stall_s=None if not block_steps else stall_s(step_us[0], step_us[1], block_steps),
+        untimed_s=r.untimed,
+        planted_s=r.plant_s if planted else None,
+        planted_cpu_s=r.plant_cpu if planted else None,
+        curve=r.curve,
+        val_curve=r.val_curve,
+        stall_s=None if not block_steps else stall_s(r.step_us[0], r.step_us[1], block_steps),
     )
 
 

@@ -4,6 +4,7 @@ every record copies, and the tally of planned runs against their records."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from prereg.attempts import analysed, latest_unit, redrawn
@@ -78,112 +79,142 @@ def plan_from_protocol(
 
     runs: list[dict[str, Any]] = []
     for st in doc["studies"]:
-        seeds = st["seeds"]
-        if isinstance(seeds, dict):
-            seeds = list(range(seeds["base"], seeds["base"] + seeds["count"]))
-        command = is_command_study(st)
-        target = metric_of(st["metric"])["target"] if command else st["val_target_bpb"]
-        targets = {c: float(target[c] if isinstance(target, dict) else target) for c in st["configs"]}
-        arms = list(ROLES) if command else st.get("arms")
-        commands = (
-            {
-                role: {"command": arm, "metric": metric_of(st["metric"])}
-                for role, arm in commands_of(st).items()
-            }
-            if command
-            else {}
-        )
-        _, cells, cell_arms, _ = from_yaml(st) if st["design"] == "factorial" else (None, [], [], False)
-        orders = {}
-        for config in st["configs"]:
-            n = len(seeds)
-            seq: list[tuple[str, ...]]  # one order of the unit's roles per seed
-            ab: tuple[str, ...] = ("baseline", "candidate")
-            ba: tuple[str, ...] = ("candidate", "baseline")
-            if st["design"] == "lockstep":  # both orders crossed with who steps first, per group of four
-                combos = [ab, ab + ("steps-second",), ba, ba + ("steps-second",)]
-                seq = []
-                for g in range(0, n, 4):
-                    group = list(combos)
-                    rng(st["name"], config, "lockstep", g).shuffle(group)
-                    seq.extend(group[: min(4, n - g)])
-            elif st["design"] == "paired":
-                seq = [ab] * ((n + 1) // 2) + [ba] * (n // 2)
-                rng(st["name"], config).shuffle(seq)
-            else:
-                seq = []
-                for g in range(0, n, len(cells)):
-                    rows = williams(len(cells))
-                    rng(st["name"], config, g).shuffle(rows)
-                    seq.extend(tuple(cells[i] for i in row) for row in rows[: min(len(cells), n - g)])
-            orders[config] = seq
-        for si, seed in enumerate(seeds):
-            for config in st["configs"]:
-                kind = "block" if st["design"] == "factorial" else "pair"
-                unit = f"{st['name']}.{config}.{kind}{si:03d}"
-                roles = [r for r in orders[config][si] if r != "steps-second"]
-                second = "steps-second" in orders[config][si]
-                for pos, role in enumerate(roles):
-                    arm = (
-                        cell_arms[cells.index(role)]
-                        if st["design"] == "factorial"
-                        else arms[0 if role == "baseline" else 1]
-                    )
-                    lockstep = (
-                        {
-                            "block_steps": st["block_steps"],
-                            "partner": f"{unit}.{roles[1 - pos]}",
-                            "steps_first": pos == (1 if second else 0),
-                        }
-                        if st["design"] == "lockstep"
-                        else {}
-                    )
-                    extra = {
-                        **(
-                            {"planted": dict(st["planted"])}
-                            if st.get("planted") and role == "candidate"
-                            else {}
-                        ),
-                        **({"warmup_steps": st["warmup_steps"]} if st.get("warmup_steps") else {}),
-                        **(
-                            {"replicate": replicate_of(si, len(seeds), doc["replicates"]["count"])}
-                            if doc.get("replicates")
-                            else {}
-                        ),
-                    }
-                    runs.append(
-                        {
-                            **lockstep,
-                            **extra,
-                            **commands.get(role, {}),
-                            "run_id": f"{unit}.{role}",
-                            "protocol_id": doc["id"],
-                            "protocol_sha256": protocol_sha,
-                            "study": st["name"],
-                            "design": "paired" if st["design"] == "lockstep" else st["design"],
-                            "config": config,
-                            "config_sha256": label_sha256(config) if command else config_sha[config],
-                            "arm": arm,
-                            "role": role,
-                            "seed": seed,
-                            "unit": unit,
-                            "position": pos,
-                            "order": len(runs),
-                            "steps": st["steps"],
-                            "val_every": st["steps"] if command else st["val_every"],
-                            "val_target_bpb": targets[config],
-                            "corpus": doc["corpus"]["name"]
-                            if isinstance(doc["corpus"], dict)
-                            else doc["corpus"],
-                            "data_dir": doc.get("data_dir"),
-                            "device": doc["device"],
-                            "compile": doc["compile"],
-                            "threads": doc.get("threads"),
-                        }
-                    )
+        _study_runs(doc, st, rng, protocol_sha, config_sha, runs)
     if doc.get("schedule", "in_order") == "interleaved":
         runs = _interleaved(runs, rng("interleaved"))
     return runs
+
+
+def _seeds(st: dict[str, Any]) -> list[Any]:
+    """A study's seeds: its list, or ``count`` seeds from ``base``."""
+    seeds = st["seeds"]
+    if isinstance(seeds, dict):
+        return list(range(seeds["base"], seeds["base"] + seeds["count"]))
+    return list(seeds)
+
+
+def _orders(
+    st: dict[str, Any], config: str, n: int, cells: list[str], rng: Callable[..., Any]
+) -> list[tuple[str, ...]]:
+    """One order of the unit's roles per seed, for one study's config (see :func:`plan_from_protocol`)."""
+    seq: list[tuple[str, ...]]
+    ab: tuple[str, ...] = ("baseline", "candidate")
+    ba: tuple[str, ...] = ("candidate", "baseline")
+    if st["design"] == "lockstep":  # both orders crossed with who steps first, per group of four
+        combos = [ab, ab + ("steps-second",), ba, ba + ("steps-second",)]
+        seq = []
+        for g in range(0, n, 4):
+            group = list(combos)
+            rng(st["name"], config, "lockstep", g).shuffle(group)
+            seq.extend(group[: min(4, n - g)])
+    elif st["design"] == "paired":
+        seq = [ab] * ((n + 1) // 2) + [ba] * (n // 2)
+        rng(st["name"], config).shuffle(seq)
+    else:
+        seq = []
+        for g in range(0, n, len(cells)):
+            rows = williams(len(cells))
+            rng(st["name"], config, g).shuffle(rows)
+            seq.extend(tuple(cells[i] for i in row) for row in rows[: min(len(cells), n - g)])
+    return seq
+
+
+def _study_runs(
+    doc: dict[str, Any],
+    st: dict[str, Any],
+    rng: Callable[..., Any],
+    protocol_sha: str,
+    config_sha: dict[str, Any],
+    runs: list[dict[str, Any]],
+) -> None:
+    """Append one study's runs to ``runs`` (seed by seed, config by config, in each unit's order)."""
+    seeds = _seeds(st)
+    command = is_command_study(st)
+    target = metric_of(st["metric"])["target"] if command else st["val_target_bpb"]
+    targets = {c: float(target[c] if isinstance(target, dict) else target) for c in st["configs"]}
+    arms: Any = list(ROLES) if command else st.get("arms")
+    commands = (
+        {role: {"command": arm, "metric": metric_of(st["metric"])} for role, arm in commands_of(st).items()}
+        if command
+        else {}
+    )
+    _, cells, cell_arms, _ = from_yaml(st) if st["design"] == "factorial" else (None, [], [], False)
+    orders = {config: _orders(st, config, len(seeds), cells, rng) for config in st["configs"]}
+    for si, seed in enumerate(seeds):
+        for config in st["configs"]:
+            kind = "block" if st["design"] == "factorial" else "pair"
+            unit = f"{st['name']}.{config}.{kind}{si:03d}"
+            roles = [r for r in orders[config][si] if r != "steps-second"]
+            second = "steps-second" in orders[config][si]
+            for pos, role in enumerate(roles):
+                arm = (
+                    cell_arms[cells.index(role)]
+                    if st["design"] == "factorial"
+                    else arms[0 if role == "baseline" else 1]
+                )
+                runs.append(
+                    {
+                        **_lockstep_fields(st, unit, roles, pos, second),
+                        **_run_extra(doc, st, role, si, len(seeds)),
+                        **commands.get(role, {}),
+                        "run_id": f"{unit}.{role}",
+                        "protocol_id": doc["id"],
+                        "protocol_sha256": protocol_sha,
+                        "study": st["name"],
+                        "design": "paired" if st["design"] == "lockstep" else st["design"],
+                        "config": config,
+                        "config_sha256": label_sha256(config) if command else config_sha[config],
+                        "arm": arm,
+                        "role": role,
+                        "seed": seed,
+                        "unit": unit,
+                        "position": pos,
+                        "order": len(runs),
+                        **_run_common(doc, st, command, targets[config]),
+                    }
+                )
+
+
+def _lockstep_fields(
+    st: dict[str, Any], unit: str, roles: list[str], pos: int, second: bool
+) -> dict[str, Any]:
+    """A lockstep run's fields (its block, its partner, whether it steps first); none elsewhere."""
+    return (
+        {
+            "block_steps": st["block_steps"],
+            "partner": f"{unit}.{roles[1 - pos]}",
+            "steps_first": pos == (1 if second else 0),
+        }
+        if st["design"] == "lockstep"
+        else {}
+    )
+
+
+def _run_extra(doc: dict[str, Any], st: dict[str, Any], role: str, si: int, n_seeds: int) -> dict[str, Any]:
+    """A run's optional fields: the candidate's plant, the warm-up steps, the replicate."""
+    return {
+        **({"planted": dict(st["planted"])} if st.get("planted") and role == "candidate" else {}),
+        **({"warmup_steps": st["warmup_steps"]} if st.get("warmup_steps") else {}),
+        **(
+            {"replicate": replicate_of(si, n_seeds, doc["replicates"]["count"])}
+            if doc.get("replicates")
+            else {}
+        ),
+    }
+
+
+def _run_common(doc: dict[str, Any], st: dict[str, Any], command: bool, target: float) -> dict[str, Any]:
+    """A run's fields that every run of the study shares (its steps, target, corpus, machine)."""
+    return {
+        "steps": st["steps"],
+        "val_every": st["steps"] if command else st["val_every"],
+        "val_target_bpb": target,
+        "corpus": doc["corpus"]["name"] if isinstance(doc["corpus"], dict) else doc["corpus"],
+        "data_dir": doc.get("data_dir"),
+        "device": doc["device"],
+        "compile": doc["compile"],
+        "threads": doc.get("threads"),
+    }
 
 
 def _interleaved(runs: list[dict[str, Any]], r: Any) -> list[dict[str, Any]]:
@@ -252,46 +283,8 @@ def expected_summary(doc: dict[str, Any], psha: str, path: str) -> dict[str, Any
     Left-out keys take :data:`PROTOCOL_DEFAULTS`, named under ``defaults``."""
     doc = with_defaults(doc)
     top_level = float(doc["interval_level"])
-    studies = []
-    for st in doc["studies"]:
-        seeds = st["seeds"]
-        if isinstance(seeds, dict):
-            seeds = list(range(seeds["base"], seeds["base"] + seeds["count"]))
-        arms = list(ROLES) if is_command_study(st) else st.get("arms")
-        declared: dict[str, Any] = {}
-        if is_command_study(st):
-            declared = {"commands": commands_of(st), "metric": metric_of(st["metric"])}
-        if st["design"] == "factorial":
-            factors, cells, cell_arms, is_declared = from_yaml(st)
-            arms = cell_arms if is_declared else (arms or cells)
-            declared = {"factors": factors, "cells": cells} if is_declared else {}
-        if arms is None:
-            raise ValueError(f"study {st['name']}: a paired study names its two arms (arms)")
-        level = st.get("interval_level")
-        studies.append(
-            {
-                "name": st["name"],
-                "design": "paired" if st["design"] == "lockstep" else st["design"],
-                "arms": list(arms),
-                "configs": list(st["configs"]),
-                "seeds": list(seeds),
-                "interval_level": float(level) if level else top_level,
-                "steps": st["steps"],
-                **({"lockstep": {"block_steps": st["block_steps"]}} if st["design"] == "lockstep" else {}),
-                **({"planted": dict(st["planted"])} if st.get("planted") else {}),
-                **({"warmup_steps": st["warmup_steps"]} if st.get("warmup_steps") else {}),
-                **declared,
-            }
-        )
-    corpus = doc["corpus"]
-    if isinstance(corpus, dict):
-        c: dict[str, Any] = {"name": corpus["name"]}
-        for k in ("file", "train", "valid", "test"):
-            if k in corpus:
-                c[k] = {"path": corpus[k]["path"], "size": corpus[k]["size"], "sha256": corpus[k]["sha256"]}
-        if "split" in corpus:
-            c["split"] = {s: float(corpus["split"][s]) for s in ("train", "valid", "test")}
-        corpus = c
+    studies = [_study_summary(st, top_level) for st in doc["studies"]]
+    corpus = _corpus_summary(doc["corpus"])
     prereg = doc["preregistered"]
     return {
         "id": doc["id"],
@@ -313,6 +306,48 @@ def expected_summary(doc: dict[str, Any], psha: str, path: str) -> dict[str, Any
         **({"defaults": list(doc["defaults"])} if doc.get("defaults") else {}),
         "studies": studies,
     }
+
+
+def _study_summary(st: dict[str, Any], top_level: float) -> dict[str, Any]:
+    """One study's entry of the protocol summary (:func:`expected_summary`)."""
+    seeds = _seeds(st)
+    arms = list(ROLES) if is_command_study(st) else st.get("arms")
+    declared: dict[str, Any] = {}
+    if is_command_study(st):
+        declared = {"commands": commands_of(st), "metric": metric_of(st["metric"])}
+    if st["design"] == "factorial":
+        factors, cells, cell_arms, is_declared = from_yaml(st)
+        arms = cell_arms if is_declared else (arms or cells)
+        declared = {"factors": factors, "cells": cells} if is_declared else {}
+    if arms is None:
+        raise ValueError(f"study {st['name']}: a paired study names its two arms (arms)")
+    level = st.get("interval_level")
+    return {
+        "name": st["name"],
+        "design": "paired" if st["design"] == "lockstep" else st["design"],
+        "arms": list(arms),
+        "configs": list(st["configs"]),
+        "seeds": list(seeds),
+        "interval_level": float(level) if level else top_level,
+        "steps": st["steps"],
+        **({"lockstep": {"block_steps": st["block_steps"]}} if st["design"] == "lockstep" else {}),
+        **({"planted": dict(st["planted"])} if st.get("planted") else {}),
+        **({"warmup_steps": st["warmup_steps"]} if st.get("warmup_steps") else {}),
+        **declared,
+    }
+
+
+def _corpus_summary(corpus: Any) -> Any:
+    """The protocol summary's ``corpus``: its name, or its name, files and split."""
+    if isinstance(corpus, dict):
+        c: dict[str, Any] = {"name": corpus["name"]}
+        for k in ("file", "train", "valid", "test"):
+            if k in corpus:
+                c[k] = {"path": corpus[k]["path"], "size": corpus[k]["size"], "sha256": corpus[k]["sha256"]}
+        if "split" in corpus:
+            c["split"] = {s: float(corpus["split"][s]) for s in ("train", "valid", "test")}
+        corpus = c
+    return corpus
 
 
 def tally(

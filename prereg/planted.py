@@ -44,7 +44,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from prereg.descriptive import mean_interval, reduction
+from prereg.descriptive import PairedInterval, mean_interval, reduction
 
 #: Each plant kind and its one size key (a positive integer), and what the size means.
 KINDS: dict[str, tuple[str, str]] = {
@@ -304,8 +304,6 @@ def planted_rows(
     own uncertainty is in the interval. Bias, truth and estimate are in points of the log ratio
     (100 x ``ln(T_candidate / T_baseline)``, positive: the plant read as costing more); at these
     sizes a point of the log ratio is a percentage point of the time within 0.05."""
-    from prereg.designs import welch_difference
-
     planted = [s for s in studies if s.get("planted")]
     rows: list[dict[str, Any]] = []
     for st in planted:
@@ -334,45 +332,69 @@ def planted_rows(
                 e = mean_interval(d, st["interval_level"], "contrast")
                 row.update(estimate=100 * e.estimate, estimate_lo=100 * e.low, estimate_hi=100 * e.high)
                 if ref is None:
-                    cpu = [p.get("candidate_planted_cpu_s") for p in timed]
-                    bcpu = [p.get("baseline_training_cpu_s") for p in timed]
-                    if any(not isinstance(x, (int, float)) for x in cpu + bcpu):
-                        rows.append({**row, "bias": None, "why": "a pair without the plant's CPU time"})
-                        continue
-                    t = [spin_truth(float(bc), float(pc)) for bc, pc in zip(bcpu, cpu)]  # type: ignore[arg-type]
-                    b = bias_of(d, t, st["interval_level"])
-                    row.update(
-                        truth=100 * b["truth"],
-                        truth_origin="arithmetic: ln(1 + S / C_b) per pair (S the plant's CPU time)",
-                        bias=100 * b["bias"],
-                        bias_lo=100 * b["bias_lo"],
-                        bias_hi=100 * b["bias_hi"],
-                        covered=b["covered"],
-                    )
-                    group = plant.get("replicate_pairs")
-                    cov = coverage(d, t, int(group), st["interval_level"]) if group else None
-                    if cov is not None:
-                        row["coverage"] = cov
-                    rows.append(row)
-                    continue
-                _, dr = _logs(pairs_of.get((ref["name"], config)) or [], key)
-                if len(dr) < 2:
-                    rows.append(
-                        {**row, "bias": None, "why": f"its reference {ref['name']} has fewer than two pairs"}
-                    )
-                    continue
-                r = mean_interval(dr, st["interval_level"], "contrast")
-                row.update(
-                    truth=100 * r.estimate,
-                    truth_lo=100 * r.low,
-                    truth_hi=100 * r.high,
-                    truth_origin=f"measured: the mean of {ref['name']} ({design_label(ref['design'], (ref.get('lockstep') or {}).get('block_steps'))}, {len(dr)} pairs)",
-                )
-                if ref["name"] == st["name"]:
-                    row.update(bias=0.0, reference=True)
+                    rows.append(_spin_row(row, timed, d, plant, st["interval_level"]))
                 else:
-                    w = welch_difference(d, dr, st["interval_level"])
-                    row.update(bias=100 * w.difference, bias_lo=100 * w.lo, bias_hi=100 * w.hi)
-                    row["covered"] = e.low <= r.estimate <= e.high
-                rows.append(row)
+                    rows.append(_measured_row(row, d, e, pairs_of, ref, st, config, key))
     return rows
+
+
+def _spin_row(
+    row: dict[str, Any],
+    timed: list[Mapping[str, Any]],
+    d: list[float],
+    plant: Mapping[str, Any],
+    level: float,
+) -> dict[str, Any]:
+    """A spin's row: its bias against its arithmetic truth, pair by pair, and its coverage."""
+    cpu = [p.get("candidate_planted_cpu_s") for p in timed]
+    bcpu = [p.get("baseline_training_cpu_s") for p in timed]
+    if any(not isinstance(x, (int, float)) for x in cpu + bcpu):
+        return {**row, "bias": None, "why": "a pair without the plant's CPU time"}
+    t = [spin_truth(float(bc), float(pc)) for bc, pc in zip(bcpu, cpu)]  # type: ignore[arg-type]
+    b = bias_of(d, t, level)
+    row.update(
+        truth=100 * b["truth"],
+        truth_origin="arithmetic: ln(1 + S / C_b) per pair (S the plant's CPU time)",
+        bias=100 * b["bias"],
+        bias_lo=100 * b["bias_lo"],
+        bias_hi=100 * b["bias_hi"],
+        covered=b["covered"],
+    )
+    group = plant.get("replicate_pairs")
+    cov = coverage(d, t, int(group), level) if group else None
+    if cov is not None:
+        row["coverage"] = cov
+    return row
+
+
+def _measured_row(
+    row: dict[str, Any],
+    d: list[float],
+    e: PairedInterval,
+    pairs_of: Mapping[tuple[str, str], Any],
+    ref: Mapping[str, Any],
+    st: Mapping[str, Any],
+    config: str,
+    key: str,
+) -> dict[str, Any]:
+    """A measured plant's row: its bias against the mean of its reference study (``e``: its own
+    mean's interval), the Welch difference of the two groups of pairs."""
+    from prereg.designs import welch_difference
+
+    _, dr = _logs(pairs_of.get((ref["name"], config)) or [], key)
+    if len(dr) < 2:
+        return {**row, "bias": None, "why": f"its reference {ref['name']} has fewer than two pairs"}
+    r = mean_interval(dr, st["interval_level"], "contrast")
+    row.update(
+        truth=100 * r.estimate,
+        truth_lo=100 * r.low,
+        truth_hi=100 * r.high,
+        truth_origin=f"measured: the mean of {ref['name']} ({design_label(ref['design'], (ref.get('lockstep') or {}).get('block_steps'))}, {len(dr)} pairs)",
+    )
+    if ref["name"] == st["name"]:
+        row.update(bias=0.0, reference=True)
+    else:
+        w = welch_difference(d, dr, st["interval_level"])
+        row.update(bias=100 * w.difference, bias_lo=100 * w.lo, bias_hi=100 * w.hi)
+        row["covered"] = e.low <= r.estimate <= e.high
+    return row

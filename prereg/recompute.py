@@ -42,81 +42,18 @@ def recompute(records: list[dict[str, Any]], started: list[dict[str, Any]] | Non
     entries alone, by the rules :mod:`prereg.summary` states (which records count:
     :mod:`.attempts`)."""
     proto = records[0]["protocol"]
-    ok: dict[tuple[str, str], dict[str, dict[str, Rec]]] = {}
-    seen: dict[tuple[str, str], set[str]] = {}
-    for r in sorted(analysed(records), key=lambda x: x["attempt"]):
-        s = r["spec"]
-        seen.setdefault((s["study"], s["config"]), set()).add(s["unit"])
-        if r["status"] == "ok":
-            ok.setdefault((s["study"], s["config"]), {}).setdefault(s["unit"], {})[s["role"]] = r
+    ok, seen = _ok_units(records)
     exclusions: list[dict[str, str]] = []
     done = completeness(records)
-    studies = []
-    pairs_of: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for st in proto["studies"]:
-        entries = []
-        level = st["interval_level"]
-        for config in st["configs"]:
-            units = {
-                u: ok.get((st["name"], config), {}).get(u, {})
-                for u in sorted(seen.get((st["name"], config), set()))
-            }
-            if not units:
-                continue
-            if st["design"] == "paired":
-                entry = _paired(st, config, units, level, exclusions)
-                pairs_of[(st["name"], config)] = entry["pairs"]
-            else:
-                entry = _factorial(st, config, units, level, exclusions)
-            entries.append(entry)
-        studies.append({"name": st["name"], "design": st["design"], "configs": entries})
-    spec = proto.get("hypotheses") or {"descriptive": "these records predate preregistered hypotheses"}
-    if "descriptive" in spec:
-        hyp = {"descriptive": spec["descriptive"]}
-    else:
-        failed = failed_pairs(records)
-        decisions = []
-        # identical pairs are decided by the rule their records were written under: the exact
-        # sign test from schema 5, identity (p = 0) in schema 4, not reached before
-        identity = identity_rule([r.get("schema_version", 1) for r in records])
-        family = Family.of(spec)
-        sequential = None
-        if family.sequential is not None:
-            looks = run_looks(family, pairs_of, looks_reached(proto, family, final_units(records)), identity)
-            done, sequential = _sequential(family, looks, done)
-            decided = sequential_decisions(family, pairs_of, done, looks)
-        else:
-            decided = decide(family, pairs_of, done, identity)
-        for decision in decided:
-            h = next(t for t in spec["tests"] if t["id"] == decision.id)
-            d = decision.as_dict()
-            d["sensitivity"] = sensitivity(
-                h, pairs_of.get((d["study"], d["config"]), []), failed.get((d["study"], d["config"]), [])
-            )
-            decisions.append(d)
-        hyp = {
-            "procedure": spec["procedure"],
-            "family_alpha": spec["family_alpha"],
-            "min_pairs": spec["min_pairs"],
-            "decisions": decisions,
-            **({"sequential": sequential} if sequential is not None else {}),
-        }
-    status = [r["status"] for r in records]
+    studies, pairs_of = _studies(proto, ok, seen, exclusions)
+    hyp, done = _hypotheses(records, proto, pairs_of, done)
     return {
         "schema_version": SUMMARY_SCHEMAS[-1],
         "protocol": proto,
         "completeness": asdict(done),
         "hypotheses": hyp,
         "flow": flow(records, studies, proto),
-        "records": {
-            "files": len(records),
-            "ok": status.count("ok"),
-            "failed": status.count("failed"),
-            "interrupted": status.count("interrupted"),
-            "superseded": len(records) - len(analysed(records)),
-            "unfinished": unfinished(records, started or []),
-            "device_seconds": math.fsum((r.get("timings") or {}).get("device_s") or 0.0 for r in records),
-        },
+        "records": _record_counts(records, started),
         "exclusions": sorted(exclusions, key=lambda e: e["unit"]),
         "studies": studies,
         "runs": run_rows(records),
@@ -134,6 +71,99 @@ def recompute(records: list[dict[str, Any]], started: list[dict[str, Any]] | Non
             if proto.get("replicates")
             else {}
         ),
+    }
+
+
+_Units = dict[tuple[str, str], dict[str, dict[str, Rec]]]
+_Pairs = dict[tuple[str, str], list[dict[str, Any]]]
+
+
+def _ok_units(records: list[dict[str, Any]]) -> tuple[_Units, dict[tuple[str, str], set[str]]]:
+    """The analysed ok records by (study, config), unit and role, and every unit seen per (study, config)."""
+    ok: _Units = {}
+    seen: dict[tuple[str, str], set[str]] = {}
+    for r in sorted(analysed(records), key=lambda x: x["attempt"]):
+        s = r["spec"]
+        seen.setdefault((s["study"], s["config"]), set()).add(s["unit"])
+        if r["status"] == "ok":
+            ok.setdefault((s["study"], s["config"]), {}).setdefault(s["unit"], {})[s["role"]] = r
+    return ok, seen
+
+
+def _studies(
+    proto: dict[str, Any], ok: _Units, seen: dict[tuple[str, str], set[str]], exclusions: list[dict[str, str]]
+) -> tuple[list[dict[str, Any]], _Pairs]:
+    """The summary's ``studies`` (one entry a config with units) and each paired config's pairs."""
+    studies = []
+    pairs_of: _Pairs = {}
+    for st in proto["studies"]:
+        entries = []
+        level = st["interval_level"]
+        for config in st["configs"]:
+            units = {
+                u: ok.get((st["name"], config), {}).get(u, {})
+                for u in sorted(seen.get((st["name"], config), set()))
+            }
+            if not units:
+                continue
+            if st["design"] == "paired":
+                entry = _paired(st, config, units, level, exclusions)
+                pairs_of[(st["name"], config)] = entry["pairs"]
+            else:
+                entry = _factorial(st, config, units, level, exclusions)
+            entries.append(entry)
+        studies.append({"name": st["name"], "design": st["design"], "configs": entries})
+    return studies, pairs_of
+
+
+def _hypotheses(
+    records: list[dict[str, Any]], proto: dict[str, Any], pairs_of: _Pairs, done: Completeness
+) -> tuple[dict[str, Any], Completeness]:
+    """The summary's ``hypotheses`` and the completeness (which a sequential stop rewrites)."""
+    spec = proto.get("hypotheses") or {"descriptive": "these records predate preregistered hypotheses"}
+    if "descriptive" in spec:
+        return {"descriptive": spec["descriptive"]}, done
+    failed = failed_pairs(records)
+    decisions = []
+    # identical pairs are decided by the rule their records were written under: the exact
+    # sign test from schema 5, identity (p = 0) in schema 4, not reached before
+    identity = identity_rule([r.get("schema_version", 1) for r in records])
+    family = Family.of(spec)
+    sequential = None
+    if family.sequential is not None:
+        looks = run_looks(family, pairs_of, looks_reached(proto, family, final_units(records)), identity)
+        done, sequential = _sequential(family, looks, done)
+        decided = sequential_decisions(family, pairs_of, done, looks)
+    else:
+        decided = decide(family, pairs_of, done, identity)
+    for decision in decided:
+        h = next(t for t in spec["tests"] if t["id"] == decision.id)
+        d = decision.as_dict()
+        d["sensitivity"] = sensitivity(
+            h, pairs_of.get((d["study"], d["config"]), []), failed.get((d["study"], d["config"]), [])
+        )
+        decisions.append(d)
+    hyp = {
+        "procedure": spec["procedure"],
+        "family_alpha": spec["family_alpha"],
+        "min_pairs": spec["min_pairs"],
+        "decisions": decisions,
+        **({"sequential": sequential} if sequential is not None else {}),
+    }
+    return hyp, done
+
+
+def _record_counts(records: list[dict[str, Any]], started: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The summary's ``records``: the files by status, the unfinished runs, the device seconds."""
+    status = [r["status"] for r in records]
+    return {
+        "files": len(records),
+        "ok": status.count("ok"),
+        "failed": status.count("failed"),
+        "interrupted": status.count("interrupted"),
+        "superseded": len(records) - len(analysed(records)),
+        "unfinished": unfinished(records, started or []),
+        "device_seconds": math.fsum((r.get("timings") or {}).get("device_s") or 0.0 for r in records),
     }
 
 
@@ -175,48 +205,7 @@ def _paired(
     level: float,
     exclusions: list[dict[str, str]],
 ) -> dict[str, Any]:
-    pairs = []
-    arm_timings: list[tuple[str, Any, Any]] = []  # each pair's arms' timings, for the stall rule
-    for unit in sorted(units):
-        arms = units[unit]
-        missing = [x for x in ("baseline", "candidate") if x not in arms]
-        if missing:
-            exclusions.append({"unit": unit, "reason": f"no ok record for {', '.join(missing)}"})
-            continue
-        b, c = arms["baseline"], arms["candidate"]
-        bt, ct = b["timings"], c["timings"]
-        arm_timings.append((unit, bt, ct))
-        pairs.append(
-            {
-                "unit": unit,
-                "seed": b["spec"]["seed"],
-                "order": min(b["spec"]["order"], c["spec"]["order"]),
-                "first": "baseline" if b["spec"]["position"] == 0 else "candidate",
-                "device": f"{(b.get('env') or {}).get('host', 'unknown host')} / "
-                f"{(b.get('env') or {}).get('device_name', 'unknown device')}",
-                "baseline_training_s": bt.get("training_s"),
-                "candidate_training_s": ct.get("training_s"),
-                **cpu_time_columns(bt, ct),
-                "baseline_time_to_target_s": bt.get("time_to_target_s"),
-                "candidate_time_to_target_s": ct.get("time_to_target_s"),
-                "baseline_total_s": bt.get("total_s"),
-                "candidate_total_s": ct.get("total_s"),
-                "baseline_test_bpb": b.get("test_bpb"),
-                "candidate_test_bpb": c.get("test_bpb"),
-                "baseline_peak_memory_bytes": peak(b),
-                "candidate_peak_memory_bytes": peak(c),
-                **final_metric_columns(b, c),
-                **pair_columns(b, c),
-                **_step_columns(b, c),
-                **({"replicate": b["spec"]["replicate"]} if b["spec"].get("replicate") else {}),
-                "time_reduction_pct": 100.0 * (1.0 - float(ct["training_s"]) / float(bt["training_s"]))
-                if valid(bt.get("training_s"), True) and valid(ct.get("training_s"), True)
-                else None,
-                "test_bpb_difference": float(c["test_bpb"]) - float(b["test_bpb"])
-                if valid(b.get("test_bpb"), False) and valid(c.get("test_bpb"), False)
-                else None,
-            }
-        )
+    pairs, arm_timings = _pairs(units, exclusions)
 
     def col(key: str) -> list[Any]:
         return [p[key] for p in pairs]
@@ -226,6 +215,107 @@ def _paired(
     cpu_time = None  # when every pair recorded its training CPU time (records since lockstep)
     if pairs and all("baseline_training_cpu_s" in p for p in pairs):
         cpu_time = _time_endpoint(pairs, "training_cpu_s", level)
+    ttt = _time_to_target(pairs, level)
+    quality = asdict(endpoint(col("baseline_test_bpb"), col("candidate_test_bpb"), level, "difference"))
+    mb, mc = col("baseline_peak_memory_bytes"), col("candidate_peak_memory_bytes")
+    memory = asdict(endpoint(mb, mc, level, "relative_reduction")) if None not in mb + mc else None
+    lock = _lockstep_model(st, units, pairs, level)
+    stalls = flagged_pairs(arm_timings)  # None for records from before the stall rule
+    if stalls is not None:
+        lock["interference"] = stalls
+    if st.get("warmup_steps") and pairs and all("baseline_warmup_s" in p for p in pairs):
+        lock["warmup_time"] = _time_endpoint(pairs, "warmup_s", level)
+    return {
+        "config": config,
+        "design": "paired",
+        "level": level,
+        "parameters": params_of(units),
+        "baseline_arm": st["arms"][0],
+        "candidate_arm": st["arms"][1],
+        "units_seen": len(units),
+        "pairs_used": len(pairs),
+        "training_time": training,
+        "time_to_target": ttt,
+        "total_time": asdict(
+            endpoint(col("baseline_total_s"), col("candidate_total_s"), level, "relative_reduction")
+        ),
+        "test_bpb": quality,
+        "peak_memory": memory,
+        "counts": _counts(pairs, timed),
+        "order_effects": {"crossover": crossover(timed, level), "drift": drift(timed, level)},
+        "by_device": by_device(timed, level),
+        "pairs": pairs,
+        **({"training_cpu_time": cpu_time} if cpu_time is not None else {}),
+        **lock,
+        **(
+            {
+                "final_metric": asdict(
+                    endpoint(col("baseline_final_metric"), col("candidate_final_metric"), level, "difference")
+                )
+                | {"metric": st["metric"]}
+            }
+            if "metric" in st and pairs
+            else {}
+        ),
+    }
+
+
+def _pairs(
+    units: dict[str, dict[str, Rec]], exclusions: list[dict[str, str]]
+) -> tuple[list[dict[str, Any]], list[tuple[str, Any, Any]]]:
+    """The pairs of the units whose both arms have an ok record (the others go to ``exclusions``),
+    and each pair's arms' timings, for the stall rule."""
+    pairs = []
+    arm_timings: list[tuple[str, Any, Any]] = []
+    for unit in sorted(units):
+        arms = units[unit]
+        missing = [x for x in ("baseline", "candidate") if x not in arms]
+        if missing:
+            exclusions.append({"unit": unit, "reason": f"no ok record for {', '.join(missing)}"})
+            continue
+        b, c = arms["baseline"], arms["candidate"]
+        arm_timings.append((unit, b["timings"], c["timings"]))
+        pairs.append(_pair_row(unit, b, c))
+    return pairs, arm_timings
+
+
+def _pair_row(unit: str, b: Rec, c: Rec) -> dict[str, Any]:
+    """One pair's row of the summary: both arms' figures and the pair's differences."""
+    bt, ct = b["timings"], c["timings"]
+    return {
+        "unit": unit,
+        "seed": b["spec"]["seed"],
+        "order": min(b["spec"]["order"], c["spec"]["order"]),
+        "first": "baseline" if b["spec"]["position"] == 0 else "candidate",
+        "device": f"{(b.get('env') or {}).get('host', 'unknown host')} / "
+        f"{(b.get('env') or {}).get('device_name', 'unknown device')}",
+        "baseline_training_s": bt.get("training_s"),
+        "candidate_training_s": ct.get("training_s"),
+        **cpu_time_columns(bt, ct),
+        "baseline_time_to_target_s": bt.get("time_to_target_s"),
+        "candidate_time_to_target_s": ct.get("time_to_target_s"),
+        "baseline_total_s": bt.get("total_s"),
+        "candidate_total_s": ct.get("total_s"),
+        "baseline_test_bpb": b.get("test_bpb"),
+        "candidate_test_bpb": c.get("test_bpb"),
+        "baseline_peak_memory_bytes": peak(b),
+        "candidate_peak_memory_bytes": peak(c),
+        **final_metric_columns(b, c),
+        **pair_columns(b, c),
+        **_step_columns(b, c),
+        **({"replicate": b["spec"]["replicate"]} if b["spec"].get("replicate") else {}),
+        "time_reduction_pct": 100.0 * (1.0 - float(ct["training_s"]) / float(bt["training_s"]))
+        if valid(bt.get("training_s"), True) and valid(ct.get("training_s"), True)
+        else None,
+        "test_bpb_difference": float(c["test_bpb"]) - float(b["test_bpb"])
+        if valid(b.get("test_bpb"), False) and valid(c.get("test_bpb"), False)
+        else None,
+    }
+
+
+def _time_to_target(pairs: list[dict[str, Any]], level: float) -> dict[str, Any]:
+    """The time-to-target endpoint over the pairs where both arms reached the target, with the
+    count of pairs where each arm did not."""
     both = [
         p
         for p in pairs
@@ -246,54 +336,18 @@ def _paired(
             "candidate": sum(p["candidate_time_to_target_s"] is None for p in pairs),
         },
     )
-    quality = asdict(endpoint(col("baseline_test_bpb"), col("candidate_test_bpb"), level, "difference"))
-    mb, mc = col("baseline_peak_memory_bytes"), col("candidate_peak_memory_bytes")
-    memory = asdict(endpoint(mb, mc, level, "relative_reduction")) if None not in mb + mc else None
-    lock = _lockstep_model(st, units, pairs, level)
-    stalls = flagged_pairs(arm_timings)  # None for records from before the stall rule
-    if stalls is not None:
-        lock["interference"] = stalls
-    if st.get("warmup_steps") and pairs and all("baseline_warmup_s" in p for p in pairs):
-        lock["warmup_time"] = _time_endpoint(pairs, "warmup_s", level)
+    return ttt
+
+
+def _counts(pairs: list[dict[str, Any]], timed: list[dict[str, Any]]) -> dict[str, int]:
+    """The paired entry's ``counts``: faster, slower and tied timed pairs, pairs with worse test bpb."""
     faster = sum(1 for p in timed if p["candidate_training_s"] < p["baseline_training_s"])
     slower = sum(1 for p in timed if p["candidate_training_s"] > p["baseline_training_s"])
     return {
-        "config": config,
-        "design": "paired",
-        "level": level,
-        "parameters": params_of(units),
-        "baseline_arm": st["arms"][0],
-        "candidate_arm": st["arms"][1],
-        "units_seen": len(units),
-        "pairs_used": len(pairs),
-        "training_time": training,
-        "time_to_target": ttt,
-        "total_time": asdict(
-            endpoint(col("baseline_total_s"), col("candidate_total_s"), level, "relative_reduction")
-        ),
-        "test_bpb": quality,
-        "peak_memory": memory,
-        "counts": {
-            "faster": faster,
-            "slower": slower,
-            "ties": len(timed) - faster - slower,
-            "worse_test_bpb": sum(1 for p in pairs if (p["test_bpb_difference"] or 0.0) > 0),
-        },
-        "order_effects": {"crossover": crossover(timed, level), "drift": drift(timed, level)},
-        "by_device": by_device(timed, level),
-        "pairs": pairs,
-        **({"training_cpu_time": cpu_time} if cpu_time is not None else {}),
-        **lock,
-        **(
-            {
-                "final_metric": asdict(
-                    endpoint(col("baseline_final_metric"), col("candidate_final_metric"), level, "difference")
-                )
-                | {"metric": st["metric"]}
-            }
-            if "metric" in st and pairs
-            else {}
-        ),
+        "faster": faster,
+        "slower": slower,
+        "ties": len(timed) - faster - slower,
+        "worse_test_bpb": sum(1 for p in pairs if (p["test_bpb_difference"] or 0.0) > 0),
     }
 
 

@@ -187,46 +187,18 @@ def random_effects(estimates: Sequence[float], variances: Sequence[float], level
 
     Notes
     -----
-    With weights ``w_r = 1 / v_r``, the fixed mean ``y_F = sum w_r y_r / sum w_r`` and Cochran's
-    ``Q = sum w_r (y_r - y_F)^2``, DerSimonian & Laird (1986) estimate
-
-    ``tau^2 = max(0, (Q - (k - 1)) / (sum w_r - sum w_r^2 / sum w_r))``.
-
-    The random-effects weights ``w*_r = 1 / (v_r + tau^2)`` give ``mu = sum w*_r y_r / sum w*_r``;
-    Hartung & Knapp (2001) and Sidik & Jonkman (2002) take its variance from the weighted spread
-    of the replicates themselves,
-
-    ``Var_HK(mu) = sum w*_r (y_r - mu)^2 / ((k - 1) sum w*_r)``,
-
-    and the interval ``mu -/+ t_{k-1, (1 + level)/2} sqrt(Var_HK)``. statsmodels'
-    ``combine_effects(method_re="chi2", use_t=True)`` computes the same (its ``conf_int()[3]``;
-    ``tests/test_replicates.py`` compares on fixed data).
-
-    Why HKSJ and not DerSimonian-Laird's own interval ``mu -/+ z sqrt(1 / sum w*_r)``: with the 3 to
-    5 replicates a study affords, ``tau^2`` is estimated from 2 to 4 degrees of freedom and often
-    as 0, so the DL interval treats an estimated variance as known and misses the mean far more
-    often than its level says when replicates do differ (IntHout, Ioannidis & Borm 2014, BMC Med.
-    Res. Methodol. 14:25). ``benchmarks/replicates.py`` simulates studies of 3 replicates whose
-    true effects vary between replicates: the HKSJ interval holds its level within Monte-Carlo
-    error while DL's falls short (docs/decisions.md, "Replicates: the between-replicate
-    spread"). With no between-replicate variance both keep their level.
+    The between-replicate variance is DerSimonian & Laird's (:func:`_dersimonian_laird`); the
+    interval is Hartung-Knapp-Sidik-Jonkman's (:func:`_hksj`, which says why not DL's own).
+    statsmodels' ``combine_effects(method_re="chi2", use_t=True)`` computes the same (its
+    ``conf_int()[3]``; ``tests/test_replicates.py`` compares on fixed data).
     """
     k = len(estimates)
     if k < 2 or len(variances) != k:
         raise ValueError(f"a random-effects mean needs at least 2 replicates with a variance each, got {k}")
     if not all(math.isfinite(v) and v > 0 for v in variances) or not all(map(math.isfinite, estimates)):
         raise ValueError("each replicate needs a finite estimate and a positive, finite variance")
-    w = [1.0 / v for v in variances]
-    sw = math.fsum(w)
-    fixed = math.fsum(wi * y for wi, y in zip(w, estimates)) / sw
-    q = math.fsum(wi * (y - fixed) ** 2 for wi, y in zip(w, estimates))
-    c = sw - math.fsum(wi * wi for wi in w) / sw
-    tau2 = max(0.0, (q - (k - 1)) / c) if c > 0 else 0.0
-    ws = [1.0 / (v + tau2) for v in variances]
-    sws = math.fsum(ws)
-    mu = math.fsum(wi * y for wi, y in zip(ws, estimates)) / sws
-    var_hk = math.fsum(wi * (y - mu) ** 2 for wi, y in zip(ws, estimates)) / ((k - 1) * sws)
-    se = math.sqrt(var_hk)
+    fixed, q, tau2 = _dersimonian_laird(estimates, variances)
+    mu, se = _hksj(estimates, variances, tau2)
     crit = t_critical((1.0 - level) / 2.0, k - 1)
     return {
         "k": k,
@@ -241,6 +213,52 @@ def random_effects(estimates: Sequence[float], variances: Sequence[float], level
         "i2": max(0.0, (q - (k - 1)) / q) if q > 0 else 0.0,
         "fixed": fixed,
     }
+
+
+def _dersimonian_laird(estimates: Sequence[float], variances: Sequence[float]) -> tuple[float, float, float]:
+    """The fixed (inverse-variance) mean, Cochran's Q and DerSimonian-Laird's ``tau^2``.
+
+    With weights ``w_r = 1 / v_r``, the fixed mean ``y_F = sum w_r y_r / sum w_r`` and Cochran's
+    ``Q = sum w_r (y_r - y_F)^2``, DerSimonian & Laird (1986) estimate
+
+    ``tau^2 = max(0, (Q - (k - 1)) / (sum w_r - sum w_r^2 / sum w_r))``.
+    """
+    k = len(estimates)
+    w = [1.0 / v for v in variances]
+    sw = math.fsum(w)
+    fixed = math.fsum(wi * y for wi, y in zip(w, estimates)) / sw
+    q = math.fsum(wi * (y - fixed) ** 2 for wi, y in zip(w, estimates))
+    c = sw - math.fsum(wi * wi for wi in w) / sw
+    tau2 = max(0.0, (q - (k - 1)) / c) if c > 0 else 0.0
+    return fixed, q, tau2
+
+
+def _hksj(estimates: Sequence[float], variances: Sequence[float], tau2: float) -> tuple[float, float]:
+    """The random-effects mean ``mu`` and its Hartung-Knapp-Sidik-Jonkman standard error.
+
+    The random-effects weights ``w*_r = 1 / (v_r + tau^2)`` give ``mu = sum w*_r y_r / sum w*_r``;
+    Hartung & Knapp (2001) and Sidik & Jonkman (2002) take its variance from the weighted spread
+    of the replicates themselves,
+
+    ``Var_HK(mu) = sum w*_r (y_r - mu)^2 / ((k - 1) sum w*_r)``,
+
+    and the interval ``mu -/+ t_{k-1, (1 + level)/2} sqrt(Var_HK)``.
+
+    Why HKSJ and not DerSimonian-Laird's own interval ``mu -/+ z sqrt(1 / sum w*_r)``: with the 3 to
+    5 replicates a study affords, ``tau^2`` is estimated from 2 to 4 degrees of freedom and often
+    as 0, so the DL interval treats an estimated variance as known and misses the mean far more
+    often than its level says when replicates do differ (IntHout, Ioannidis & Borm 2014, BMC Med.
+    Res. Methodol. 14:25). ``benchmarks/replicates.py`` simulates studies of 3 replicates whose
+    true effects vary between replicates: the HKSJ interval holds its level within Monte-Carlo
+    error while DL's falls short (docs/decisions.md, "Replicates: the between-replicate
+    spread"). With no between-replicate variance both keep their level.
+    """
+    k = len(estimates)
+    ws = [1.0 / (v + tau2) for v in variances]
+    sws = math.fsum(ws)
+    mu = math.fsum(wi * y for wi, y in zip(ws, estimates)) / sws
+    var_hk = math.fsum(wi * (y - mu) ** 2 for wi, y in zip(ws, estimates)) / ((k - 1) * sws)
+    return mu, math.sqrt(var_hk)
 
 
 def replicate_estimates(

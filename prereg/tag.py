@@ -308,62 +308,15 @@ def load_truth(
     true``, makes the study preregistered, and then only the tag's manifest and the file it names
     (``git show TAG_COMMIT:PATH``, sha256 as the manifest says) define it."""
     problems: list[str] = []
-    mp = manifest.get("protocol")
-    if not isinstance(mp, dict):
-        mp = {}
-    ids = {r["protocol"].get("id") for r in records} | {r["spec"].get("protocol_id") for r in records}
-    ids |= {mp.get("id"), os.path.basename(os.path.normpath(directory))}
-    paths = sorted(
-        {p for p in {r["protocol"].get("path") for r in records} | {mp.get("path")} if isinstance(p, str)}
-    )
-    claims = sorted({str(r["protocol"].get("id")) for r in records if r["protocol"].get("preregistered")})
-    in_checkout = []
-    for p in paths:
-        full = os.path.join(root, p)
-        if os.path.isfile(full):
-            try:
-                d = yaml_subset(open(full, "rb").read().decode("utf-8"))
-            except (YamlError, UnicodeDecodeError):
-                continue
-            if isinstance(d, dict) and d.get("preregistered") is True:
-                in_checkout.append((p, d.get("id")))
-                ids.add(d.get("id"))
+    ids, in_checkout, claims = _where_to_look(root, directory, records, manifest)
     kept = stored_tag(directory)
-    tags = sorted(
-        f"protocol-{i}"
-        for i in ids
-        if isinstance(i, str)
-        and i
-        and (
-            git_out(root, "rev-parse", "-q", "--verify", f"refs/tags/protocol-{i}") is not None
-            or (kept is not None and kept[0] == f"protocol-{i}")
-        )
-    )
+    tags = _existing_tags(root, ids, kept)
     truth: dict[str, Any] = {"tag": None, "tagged": False}
     problems += kept_tag_problems(directory, kept, tags)
     if len(tags) > 1:
         problems.append(f"{directory}: the records name several tagged protocols ({', '.join(tags)})")
     if tags:
-        info, found = read_tag(root, tags[0], directory, kept)
-        problems += found
-        if info is not None:
-            truth.update(info, tagged=True)
-            mprot = info["manifest"].get("protocol") or {}
-            path, want = mprot.get("path"), mprot.get("sha256")
-            blob = (
-                git_bytes(root, "cat-file", "blob", f"{info['commit']}:{path}")
-                if isinstance(path, str)
-                else None
-            )
-            if blob is None or sha256(blob) != want:
-                problems.append(
-                    f"tag {tags[0]}: the file its manifest names ({path}) is not at the tagged "
-                    f"commit {info['commit'][:12]} with sha256 {str(want)[:16]}"
-                )
-            else:
-                truth.update(path=path, raw=blob, sha256=want)
-        else:
-            truth["tag"] = tags[0]
+        problems += _from_tag(root, directory, tags[0], kept, truth)
     elif in_checkout or claims:
         why = (
             f"{in_checkout[0][0]} in this checkout says preregistered: true"
@@ -385,28 +338,100 @@ def load_truth(
         else:
             problems.append(f"{full}: protocol file missing")
     if "raw" in truth:
-        try:
-            doc = yaml_subset(truth["raw"].decode("utf-8"))
-            if not isinstance(doc, dict):
-                raise ValueError("the protocol is not a mapping")
-            truth["doc"] = doc = with_defaults(doc)
-            names = sorted({c for st in doc["studies"] if not is_command_study(st) for c in st["configs"]})
-            blobs = _configs_at(root, truth.get("commit") or "", truth["path"], names)
-            truth["config_sha"] = {c: sha256(b) for c, b in blobs.items()}
-            missing = [c for c in names if c not in blobs]
-            if missing:
-                raise ValueError(
-                    f"configuration file(s) {', '.join(missing)} not found"
-                    + (f" at the tagged commit {truth['commit'][:12]}" if truth.get("commit") else "")
-                )
-            truth["summary"] = expected_summary(doc, truth["sha256"], truth["path"])
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-            problems.append(
-                f"{truth['path']}{' at ' + truth['tag'] if truth['tag'] else ''}: the study "
-                f"cannot be derived from the protocol ({type(e).__name__}: {e})"
-            )
-            truth.pop("doc", None)
+        problems += _derive_study(root, truth)
     return truth, problems
+
+
+def _where_to_look(
+    root: str, directory: str, records: list[dict[str, Any]], manifest: dict[str, Any]
+) -> tuple[set[Any], list[tuple[str, Any]], list[str]]:
+    """The protocol ids the records, MANIFEST, folder name and checkout files name; the checkout's
+    protocol files that say ``preregistered: true`` (path, id); the ids the records claim preregistered."""
+    mp = manifest.get("protocol")
+    if not isinstance(mp, dict):
+        mp = {}
+    ids = {r["protocol"].get("id") for r in records} | {r["spec"].get("protocol_id") for r in records}
+    ids |= {mp.get("id"), os.path.basename(os.path.normpath(directory))}
+    paths = sorted(
+        {p for p in {r["protocol"].get("path") for r in records} | {mp.get("path")} if isinstance(p, str)}
+    )
+    claims = sorted({str(r["protocol"].get("id")) for r in records if r["protocol"].get("preregistered")})
+    in_checkout = []
+    for p in paths:
+        full = os.path.join(root, p)
+        if os.path.isfile(full):
+            try:
+                d = yaml_subset(open(full, "rb").read().decode("utf-8"))
+            except (YamlError, UnicodeDecodeError):
+                continue
+            if isinstance(d, dict) and d.get("preregistered") is True:
+                in_checkout.append((p, d.get("id")))
+                ids.add(d.get("id"))
+    return ids, in_checkout, claims
+
+
+def _existing_tags(root: str, ids: set[Any], kept: tuple[str, bytes] | None) -> list[str]:
+    """The tags ``protocol-<id>`` of those ids that the repository (or the folder's kept tag) holds, sorted."""
+    return sorted(
+        f"protocol-{i}"
+        for i in ids
+        if isinstance(i, str)
+        and i
+        and (
+            git_out(root, "rev-parse", "-q", "--verify", f"refs/tags/protocol-{i}") is not None
+            or (kept is not None and kept[0] == f"protocol-{i}")
+        )
+    )
+
+
+def _from_tag(
+    root: str, directory: str, tag: str, kept: tuple[str, bytes] | None, truth: dict[str, Any]
+) -> list[str]:
+    """Fill ``truth`` from the tag and the protocol file its manifest names; return the problems."""
+    info, found = read_tag(root, tag, directory, kept)
+    problems = list(found)
+    if info is None:
+        truth["tag"] = tag
+        return problems
+    truth.update(info, tagged=True)
+    mprot = info["manifest"].get("protocol") or {}
+    path, want = mprot.get("path"), mprot.get("sha256")
+    blob = git_bytes(root, "cat-file", "blob", f"{info['commit']}:{path}") if isinstance(path, str) else None
+    if blob is None or sha256(blob) != want:
+        problems.append(
+            f"tag {tag}: the file its manifest names ({path}) is not at the tagged "
+            f"commit {info['commit'][:12]} with sha256 {str(want)[:16]}"
+        )
+    else:
+        truth.update(path=path, raw=blob, sha256=want)
+    return problems
+
+
+def _derive_study(root: str, truth: dict[str, Any]) -> list[str]:
+    """Fill ``truth`` with the protocol document, its configurations' hashes and its summary; the
+    problem when the study cannot be derived from the protocol."""
+    try:
+        doc = yaml_subset(truth["raw"].decode("utf-8"))
+        if not isinstance(doc, dict):
+            raise ValueError("the protocol is not a mapping")
+        truth["doc"] = doc = with_defaults(doc)
+        names = sorted({c for st in doc["studies"] if not is_command_study(st) for c in st["configs"]})
+        blobs = _configs_at(root, truth.get("commit") or "", truth["path"], names)
+        truth["config_sha"] = {c: sha256(b) for c, b in blobs.items()}
+        missing = [c for c in names if c not in blobs]
+        if missing:
+            raise ValueError(
+                f"configuration file(s) {', '.join(missing)} not found"
+                + (f" at the tagged commit {truth['commit'][:12]}" if truth.get("commit") else "")
+            )
+        truth["summary"] = expected_summary(doc, truth["sha256"], truth["path"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        truth.pop("doc", None)
+        return [
+            f"{truth['path']}{' at ' + truth['tag'] if truth['tag'] else ''}: the study "
+            f"cannot be derived from the protocol ({type(e).__name__}: {e})"
+        ]
+    return []
 
 
 def check_sources(

@@ -27,6 +27,16 @@ def _marker(line: str) -> bool:
     return line.startswith(("---", "...")) and line[3:4] in ("", " ", "\t")
 
 
+class _FlowState:
+    """Where a flow collection's scan stands between its lines (:meth:`_Reader.flow_collection`)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.quote: str | None = None
+        self.opens = True  # whether a quote here would begin a scalar (a quote inside a plain one is text)
+        self.closed = False  # whether the last character outside quotes (spaces aside) closed a quoted scalar
+
+
 class _Reader:
     def __init__(self, text: str) -> None:
         if text.startswith("\ufeff"):
@@ -306,10 +316,7 @@ class _Reader:
     def flow_collection(self, col: int) -> object:
         line = self.n + 1
         chunks: list[str] = []
-        depth = 0
-        quote = None
-        opens = True  # whether a quote here would begin a scalar (a quote inside a plain one is text)
-        closed = False  # whether the last character outside quotes (spaces aside) closed a quoted scalar
+        st = _FlowState()
         first = True
         while True:
             if self.n >= len(self.raw):
@@ -318,52 +325,58 @@ class _Reader:
             if not first and _marker(s):
                 raise YamlError(self.n + 1, "a document marker inside a flow collection")
             first = False
-            kept = []
-            i = 0
-            done = False
-            while i < len(s):
-                ch = s[i]
-                if quote:
-                    kept.append(ch)
-                    if quote == "'" and ch == "'" and s[i + 1 : i + 2] == "'":
-                        kept.append("'")
-                        i += 2
-                        continue
-                    if quote == '"' and ch == "\\":
-                        kept.append(s[i + 1 : i + 2])
-                        i += 2
-                        continue
-                    if ch == quote:
-                        quote, opens, closed = None, False, True
-                elif ch in "\"'" and opens:
-                    quote = ch
-                    kept.append(ch)
-                elif self._comment_at(s, i):
-                    break
-                else:
-                    if ch not in WS:
-                        # after [ { , a scalar begins; after ":" too when a space follows it or a
-                        # quoted key precedes it (``{"a":"b"}``)
-                        opens = ch in "[{," or (ch == ":" and (s[i + 1 : i + 2] in ("", " ", "\t") or closed))
-                        closed = False
-                    if ch in "[{":
-                        depth += 1
-                    elif ch in "]}":
-                        depth -= 1
-                    kept.append(ch)
-                    if depth == 0:
-                        rest = s[i + 1 :].strip(WS)
-                        if rest and not rest.startswith("#"):
-                            raise YamlError(self.n + 1, f"text after a flow collection: {rest!r}")
-                        done = True
-                        break
-                i += 1
-            chunks.append("".join(kept) if quote else "".join(kept).rstrip(WS))
+            kept: list[str] = []
+            done = self._flow_line(s, st, kept)
+            chunks.append("".join(kept) if st.quote else "".join(kept).rstrip(WS))
             self.n += 1
             if done:
                 break
         value, end = flow_value("\n".join(chunks), 0, line, self.depth + 1)
         return value
+
+    def _flow_line(self, s: str, st: _FlowState, kept: list[str]) -> bool:
+        """Scan one line of a flow collection into ``kept`` (quotes, brackets and comments
+        followed across lines in ``st``); whether the collection closed on it."""
+        i = 0
+        while i < len(s):
+            ch = s[i]
+            if st.quote:
+                kept.append(ch)
+                if st.quote == "'" and ch == "'" and s[i + 1 : i + 2] == "'":
+                    kept.append("'")
+                    i += 2
+                    continue
+                if st.quote == '"' and ch == "\\":
+                    kept.append(s[i + 1 : i + 2])
+                    i += 2
+                    continue
+                if ch == st.quote:
+                    st.quote, st.opens, st.closed = None, False, True
+            elif ch in "\"'" and st.opens:
+                st.quote = ch
+                kept.append(ch)
+            elif self._comment_at(s, i):
+                break
+            else:
+                if ch not in WS:
+                    # after [ { , a scalar begins; after ":" too when a space follows it or a
+                    # quoted key precedes it (``{"a":"b"}``)
+                    st.opens = ch in "[{," or (
+                        ch == ":" and (s[i + 1 : i + 2] in ("", " ", "\t") or st.closed)
+                    )
+                    st.closed = False
+                if ch in "[{":
+                    st.depth += 1
+                elif ch in "]}":
+                    st.depth -= 1
+                kept.append(ch)
+                if st.depth == 0:
+                    rest = s[i + 1 :].strip(WS)
+                    if rest and not rest.startswith("#"):
+                        raise YamlError(self.n + 1, f"text after a flow collection: {rest!r}")
+                    return True
+            i += 1
+        return False
 
     def block_scalar(self, header: str, parent: int) -> str:
         line = self.n + 1
