@@ -126,17 +126,10 @@ def check_result(
     protocol, the tag's freeze manifest and a head the chain holds at its seq; with the reader's
     ``--allowed-signers`` its SSH signature must verify. Returns problems, a description, and why
     the chain's head is *not* vouched for by the reader's keys (None: it is)."""
-    from prereg.tag import RESULT_FILE, git_bytes, parse_result
+    from prereg.tag import parse_result
 
     pid = truth.get("summary", {}).get("id")
-    path = os.path.join(directory, RESULT_FILE)
-    if os.path.isfile(path):
-        with open(path, "rb") as f:
-            raw: bytes | None = f.read()
-        where = path
-    else:
-        raw = git_bytes(root, "cat-file", "tag", f"refs/tags/result-{pid}")
-        where = f"tag result-{pid}"
+    raw, where = _result_tag(root, directory, pid)
     if raw is None:
         return (
             [],
@@ -164,7 +157,33 @@ def check_result(
             f"{where}: the signed result head seq {seq} sha256 {sha[:16]}: the records hold "
             f"{str(held.get(seq, 'no entry'))[:16]} there: history was rewritten after it was signed"
         )
-    last = max(held, default=0)
+    return _result_signature(problems, where, seq, max(held, default=0), signers, payload, sig, kind)
+
+
+def _result_tag(root: str, directory: str, pid: Any) -> tuple[bytes | None, str]:
+    """The result tag's bytes (None where there is none) and where they were read: the records
+    folder's ``RESULT`` file or, without it, the ref ``result-<id>``."""
+    from prereg.tag import RESULT_FILE, git_bytes
+
+    path = os.path.join(directory, RESULT_FILE)
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            return f.read(), path
+    return git_bytes(root, "cat-file", "tag", f"refs/tags/result-{pid}"), f"tag result-{pid}"
+
+
+def _result_signature(
+    problems: list[str],
+    where: str,
+    seq: Any,
+    last: Any,
+    signers: str | None,
+    payload: bytes,
+    sig: bytes,
+    kind: str | None,
+) -> tuple[list[str], str, str | None]:
+    """:func:`check_result`'s verdict on the result head at ``seq`` of a chain ending at ``last``,
+    from its signature checked against the reader's ``signers`` (``problems``: those found so far)."""
     what = f"seq {seq} of {last}"
     if signers is None:
         return (

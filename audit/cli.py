@@ -45,46 +45,64 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def main(argv: list[str]) -> int:
+class _Refused(Exception):
+    """A command line the audit refuses: the line it prints and its exit status."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.message, self.status = message, status
+
+
+def _options(args: argparse.Namespace) -> tuple[tuple[int, str] | None, str | None, str | None, list[str]]:
+    """The published head, the anchor remote, the allowed-signers file and the records folders the
+    arguments name; raises :class:`_Refused` for a malformed head, a missing file or folder."""
     published = None
-    args = parse_args(argv)
     head, anchor, signers = args.head, args.anchor, args.allowed_signers
     if head is not None:
         seq, _, sha = head.partition(":")
         if not seq.isdigit() or not re.fullmatch(r"[0-9a-f]{64}", sha):
-            print(
+            raise _Refused(
                 "public audit: --head takes SEQ:SHA256, the full 64-hex-digit sha256 of the ledger head "
-                "you published (a prefix can be matched by a forged chain)"
+                "you published (a prefix can be matched by a forged chain)",
+                2,
             )
-            return 2
         published = (int(seq), sha)
     if anchor is not None and remote_problem(anchor) is not None:
-        print(f"public audit: --anchor {anchor}: {remote_problem(anchor)}")
-        return 2
+        raise _Refused(f"public audit: --anchor {anchor}: {remote_problem(anchor)}", 2)
     if anchor is not None and os.path.exists(anchor):
         anchor = os.path.abspath(anchor)
     if signers is not None and not os.path.isfile(signers):
-        print(f"public audit: --allowed-signers {signers}: no such file")
-        return 2
+        raise _Refused(f"public audit: --allowed-signers {signers}: no such file", 2)
     dirs = args.dirs
     missing = [d for d in dirs if not os.path.isdir(d)]
     if missing:
-        print(f"public audit: {', '.join(missing)}: no such records folder")
-        return 2
-    if not dirs:
-        base = "records"
-        dirs = (
-            sorted(
-                os.path.join(base, d)
-                for d in os.listdir(base)
-                if os.path.isfile(os.path.join(base, d, "MANIFEST"))
-            )
-            if os.path.isdir(base)
-            else []
+        raise _Refused(f"public audit: {', '.join(missing)}: no such records folder", 2)
+    return published, anchor, signers, dirs or _default_dirs()
+
+
+def _default_dirs() -> list[str]:
+    """Every folder under records/ that holds a MANIFEST; raises :class:`_Refused` where none does."""
+    base = "records"
+    dirs = (
+        sorted(
+            os.path.join(base, d)
+            for d in os.listdir(base)
+            if os.path.isfile(os.path.join(base, d, "MANIFEST"))
         )
-        if not dirs:
-            print("public audit: no records folders with a MANIFEST under records/ (pass a folder)")
-            return 1
+        if os.path.isdir(base)
+        else []
+    )
+    if not dirs:
+        raise _Refused("public audit: no records folders with a MANIFEST under records/ (pass a folder)", 1)
+    return dirs
+
+
+def main(argv: list[str]) -> int:
+    try:
+        published, anchor, signers, dirs = _options(parse_args(argv))
+    except _Refused as e:
+        print(e.message)
+        return e.status
     borrowed = roots_from_repository(dirs, signers, published)
     if borrowed:
         print(
@@ -112,6 +130,22 @@ def main(argv: list[str]) -> int:
             unverified=unverified,
         )
     redraws = [n for n in notes if "REDRAWN:" in n]
+    _print_findings(rows, notes, problems)
+    reasons = [f"{d}: {w}" for d, ws in unverified.items() for w in ws]
+    if borrowed:
+        reasons.insert(0, "the trust roots came from the repository itself (see the first lines)")
+    print(verified_line(reasons, signers))
+    print(anchor_line(published, anchor, anchored))
+    if borrowed:
+        print(
+            "TRUST ROOTS FROM THE REPOSITORY (see the first lines): pass the allowed-signers file you hold "
+            "from the maintainers, from outside the repository."
+        )
+    return 1 if problems else 4 if redraws else NOT_VERIFIED if reasons else 0
+
+
+def _print_findings(rows: list[tuple[str, str, str]], notes: list[str], problems: list[str]) -> None:
+    """The table of checks, the notes, and the problems or the line that everything matched."""
     w1 = max(len(r[0]) for r in rows)
     w2 = max(len(r[1]) for r in rows)
     print(f"{'check'.ljust(w1)}  {'records'.ljust(w2)}  result")
@@ -126,33 +160,23 @@ def main(argv: list[str]) -> int:
         print(f"\n{len(problems)} problem(s):")
         for p in problems:
             print(f"- {p}")
-    else:
-        incomplete = [n for n in notes if "INCOMPLETE:" in n]
-        stopped = [n for n in notes if "STOPPED BY THE BUDGET RULE:" in n]
-        failstop = [n for n in notes if "STOPPED BY THE FAILURE RULE:" in n]
-        print(
-            "Integrity: everything matched."
-            + (" The study is INCOMPLETE (see above)." if incomplete else "")
-            + (" The study was STOPPED BY THE BUDGET RULE (see above)." if stopped else "")
-            + (" The study was STOPPED BY THE FAILURE RULE (see above)." if failstop else "")
-            + (
-                " Some runs were REDRAWN (see above): the records are intact, but an earlier attempt "
-                "of each could have been seen before it was run again (exit status 4)."
-                if redraws
-                else ""
-            )
+        return
+    incomplete = [n for n in notes if "INCOMPLETE:" in n]
+    stopped = [n for n in notes if "STOPPED BY THE BUDGET RULE:" in n]
+    failstop = [n for n in notes if "STOPPED BY THE FAILURE RULE:" in n]
+    redraws = [n for n in notes if "REDRAWN:" in n]
+    print(
+        "Integrity: everything matched."
+        + (" The study is INCOMPLETE (see above)." if incomplete else "")
+        + (" The study was STOPPED BY THE BUDGET RULE (see above)." if stopped else "")
+        + (" The study was STOPPED BY THE FAILURE RULE (see above)." if failstop else "")
+        + (
+            " Some runs were REDRAWN (see above): the records are intact, but an earlier attempt "
+            "of each could have been seen before it was run again (exit status 4)."
+            if redraws
+            else ""
         )
-    reasons = [f"{d}: {w}" for d, ws in unverified.items() for w in ws]
-    if borrowed:
-        reasons.insert(0, "the trust roots came from the repository itself (see the first lines)")
-    print(verified_line(reasons, signers))
-    print(anchor_line(published, anchor, anchored))
-    if borrowed:
-        print(
-            "TRUST ROOTS FROM THE REPOSITORY (see the first lines): pass the allowed-signers file you hold "
-            "from the maintainers, from outside the repository."
-        )
-    return 1 if problems else 4 if redraws else NOT_VERIFIED if reasons else 0
+    )
 
 
 #: Exit status of an audit whose records matched but whose study the reader's own keys do not vouch

@@ -115,7 +115,53 @@ def audit_dir(
     plan, plan_sha = _protocol_and_plan(out, truth, records, manifest, found)
     if proto is None:
         return
-    fail = out.fail
+    _chain_and_runs(out, root, truth, records, started, looks, manifest, published)
+    _what_was_frozen(out, root, truth, records, manifest, plan_sha, signers, notes)
+    if anchor is not None:
+        found, detail, anchored[directory] = check_anchor(root, truth, records + started + looks, anchor)
+        out.fail("anchored heads", found, detail)
+    _vouched(out, root, truth, records + started + looks, signers, why)
+    _statistics(out, root, manifest, plan, proto, records, started, looks, notes)
+
+
+def _statistics(
+    out: _Report,
+    root: str,
+    manifest: dict[str, Any],
+    plan: list[dict[str, Any]] | None,
+    proto: dict[str, Any],
+    records: list[dict[str, Any]],
+    started: list[dict[str, Any]],
+    looks: list[dict[str, Any]],
+    notes: list[str],
+) -> None:
+    """The checks on the tag's study (``proto``): the sequential looks, the plan's and the interrupted
+    attempts' notes, summary.json recomputed, and report.md and index.html rendered again."""
+    records = [{**r, "protocol": {**r["protocol"], **proto}} for r in records]  # the tag's study
+    if "sequential" in (proto.get("hypotheses") or {}):
+        out.fail(
+            "sequential looks",
+            look_problems(records, started, looks),
+            f"{len(looks)} look entries, each on complete pairs, in order",
+        )
+    _interrupted_notes(out.directory, plan, records, started, notes)
+    verified, mine = _check_summary(out, records, started)
+    _check_published(out, root, manifest, verified, mine)
+
+
+def _chain_and_runs(
+    out: _Report,
+    root: str,
+    truth: dict[str, Any],
+    records: list[dict[str, Any]],
+    started: list[dict[str, Any]],
+    looks: list[dict[str, Any]],
+    manifest: dict[str, Any],
+    published: tuple[int, str] | None,
+) -> None:
+    """The corpus, the ledger chain, the attempts, the replicates' times, the command runs' evidence,
+    the lockstep stall times and the training clocks, each a row in that order."""
+    proto, fail = truth["summary"], out.fail
     if not all(r["spec"].get("command") for r in records):  # a command arm's script reads its own data
         fail("corpus", *check_corpus(root, proto, records))
     genesis = truth["freeze"] if truth.get("tagged") else proto["sha256"]
@@ -139,8 +185,15 @@ def audit_dir(
             f"{proto['replicates'].get('count')} replicates, each on a machine at least {gap} s after the "
             "one before it there",
         )
+    _run_evidence(out, records)
+
+
+def _run_evidence(out: _Report, records: list[dict[str, Any]]) -> None:
+    """The command runs' evidence, the lockstep stall times and the training clocks derived again
+    from what the records hold, each a row."""
+    fail = out.fail
     if any("command" in (r.get("spec") or {}) for r in records):
-        found_ev, kept = evidence_problems(directory, records)
+        found_ev, kept = evidence_problems(out.directory, records)
         fail(
             "command runs' evidence",
             found_ev,
@@ -155,32 +208,42 @@ def audit_dir(
         clocks,
         f"{timed} records' training_s summed again from their per-step times; every curve ends at its clock",
     )
-    _what_was_frozen(out, root, truth, records, manifest, plan_sha, signers, notes)
-    if anchor is not None:
-        found, detail, anchored[directory] = check_anchor(root, truth, records + started + looks, anchor)
-        fail("anchored heads", found, detail)
-    if truth.get("tagged"):
-        found, detail, head_why = check_result(root, directory, truth, records + started + looks, signers)
-        fail("signed result head", found, detail)
-        why.extend([head_why] if head_why else [])
-        if signers is None or not truth.get("signed"):
-            why.insert(
-                0,
-                "the protocol tag's signature is not verified (pass --allowed-signers FILE, the "
-                "maintainers' keys as you hold them)"
-                if truth.get("signed")
-                else "the protocol tag is not signed",
-            )
-    else:
+
+
+def _vouched(
+    out: _Report,
+    root: str,
+    truth: dict[str, Any],
+    entries: list[dict[str, Any]],
+    signers: str | None,
+    why: list[str],
+) -> None:
+    """The signed result head's row, where a tag binds the study; and in ``why`` what leaves the
+    study not vouched for by the reader's keys."""
+    if not truth.get("tagged"):
         why.append("NOT PREREGISTERED: no tag binds the records")
-    # the statistics use the tag's study
-    records = [{**r, "protocol": {**r["protocol"], **proto}} for r in records]
-    if "sequential" in (proto.get("hypotheses") or {}):
-        fail(
-            "sequential looks",
-            look_problems(records, started, looks),
-            f"{len(looks)} look entries, each on complete pairs, in order",
+        return
+    found, detail, head_why = check_result(root, out.directory, truth, entries, signers)
+    out.fail("signed result head", found, detail)
+    why.extend([head_why] if head_why else [])
+    if signers is None or not truth.get("signed"):
+        why.insert(
+            0,
+            "the protocol tag's signature is not verified (pass --allowed-signers FILE, the "
+            "maintainers' keys as you hold them)"
+            if truth.get("signed")
+            else "the protocol tag is not signed",
         )
+
+
+def _interrupted_notes(
+    directory: str,
+    plan: list[dict[str, Any]] | None,
+    records: list[dict[str, Any]],
+    started: list[dict[str, Any]],
+    notes: list[str],
+) -> None:
+    """The plan's notes and one note per interrupted attempt (started, no record)."""
     open_ = unfinished(records, started)
     if plan is not None:
         notes.extend(plan_notes(directory, plan, records, open_))
@@ -189,8 +252,6 @@ def audit_dir(
         f"started at {u['started_at']} on {u['node']} (ledger seq {u['seq']})"
         for u in open_
     )
-    verified, mine = _check_summary(out, records, started)
-    _check_published(out, root, manifest, verified, mine)
 
 
 def _check_published(
@@ -330,6 +391,53 @@ def _with_snapshot(
     return out, problems
 
 
+def _read_entry(
+    path: str, name: str, listed: dict[str, Any], problems: list[str]
+) -> tuple[dict[str, Any] | None, int]:
+    """One entry file read and checked against its own sha256 and MANIFEST's file sha256: the entry,
+    or None where it is left out of every later check, and how many problems it counted."""
+    try:
+        raw = read_regular(path)
+    except InputLimitError as e:  # a link, a FIFO, a device: named, never opened
+        problems.append(str(e))
+        return None, 1
+    rec, unread = json_problem(path, raw)
+    if not isinstance(rec, dict):
+        problems.append(f"{unread}: not a JSON record" if unread else f"{path}: not a JSON record")
+        return None, 1
+    if rec.get("schema_version") not in SCHEMAS:
+        problems.append(f"{path}: schema_version {rec.get('schema_version')!r} is unknown to this audit")
+        return None, 1
+    shape = entry_problems(rec)
+    if shape:  # unreadable: named, and left out of every later check
+        problems.extend(f"{path}: {x}" for x in shape)
+        return None, 1
+    bad = 0
+    if not self_hash_ok(rec):
+        problems.append(
+            f"{path}: field sha256 = {rec.get('sha256')!r} does not match the record's canonical content"
+        )
+        bad += 1
+    if listed.get(name) != sha256(raw):
+        if name in listed:
+            problems.append(f"{path}: file sha256 {sha256(raw)} differs from MANIFEST's {listed[name]}")
+        else:
+            problems.append(f"{path}: record not listed in MANIFEST")
+        bad += 1
+    return rec, bad
+
+
+def _kind_problem(path: str, name: str, rec: dict[str, Any]) -> str | None:
+    """Why a look or started entry is not the kind its file name says, or None."""
+    if name.endswith(LOOK_SUFFIX):
+        if rec.get("kind") != "look" or name != record_name(rec):
+            return f"{path}: not the look entry its name says (kind {rec.get('kind')!r})"
+    elif name.endswith(STARTED_SUFFIX):
+        if rec.get("kind") != "started":
+            return f"{path}: field kind = {rec.get('kind')!r}, a started entry says 'started'"
+    return None
+
+
 def _entries(out: _Report, manifest: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The folder's records and started entries that read as such, each checked against its own
     sha256 and MANIFEST's file sha256; MANIFEST's entries that are missing count too."""
@@ -343,55 +451,20 @@ def _entries(out: _Report, manifest: dict[str, Any]) -> tuple[list[dict[str, Any
         n for n in os.listdir(directory) if n.endswith((RECORD_SUFFIX, STARTED_SUFFIX, LOOK_SUFFIX))
     )
     records: list[dict[str, Any]] = []
-    started: list[dict[str, Any]] = []
+    started: list[dict[str, Any]] = []  # looks sit in the chain beside them; barrier.py reads them
     bad = 0
     for name in files:
         path = os.path.join(directory, name)
-        try:
-            raw = read_regular(path)
-        except InputLimitError as e:  # a link, a FIFO, a device: named, never opened
-            problems.append(str(e))
+        rec, counted = _read_entry(path, name, listed, problems)
+        bad += counted
+        if rec is None:
+            continue
+        wrong_kind = _kind_problem(path, name, rec)
+        if wrong_kind is not None:
+            problems.append(wrong_kind)
             bad += 1
             continue
-        rec, unread = json_problem(path, raw)
-        if not isinstance(rec, dict):
-            problems.append(f"{unread}: not a JSON record" if unread else f"{path}: not a JSON record")
-            bad += 1
-            continue
-        if rec.get("schema_version") not in SCHEMAS:
-            problems.append(f"{path}: schema_version {rec.get('schema_version')!r} is unknown to this audit")
-            bad += 1
-            continue
-        shape = entry_problems(rec)
-        if shape:  # unreadable: named, and left out of every later check
-            problems.extend(f"{path}: {x}" for x in shape)
-            bad += 1
-            continue
-        if not self_hash_ok(rec):
-            problems.append(
-                f"{path}: field sha256 = {rec.get('sha256')!r} does not match the record's canonical content"
-            )
-            bad += 1
-        if listed.get(name) != sha256(raw):
-            if name in listed:
-                problems.append(f"{path}: file sha256 {sha256(raw)} differs from MANIFEST's {listed[name]}")
-            else:
-                problems.append(f"{path}: record not listed in MANIFEST")
-            bad += 1
-        if name.endswith(LOOK_SUFFIX):
-            if rec.get("kind") != "look" or name != record_name(rec):
-                problems.append(f"{path}: not the look entry its name says (kind {rec.get('kind')!r})")
-                bad += 1
-                continue
-            started.append(rec)  # in the chain beside the started entries; barrier.py reads them
-        elif name.endswith(STARTED_SUFFIX):
-            if rec.get("kind") != "started":
-                problems.append(f"{path}: field kind = {rec.get('kind')!r}, a started entry says 'started'")
-                bad += 1
-                continue
-            started.append(rec)
-        else:
-            records.append(rec)
+        (started if name.endswith((LOOK_SUFFIX, STARTED_SUFFIX)) else records).append(rec)
     for name in sorted(set(listed) - set(files)):
         problems.append(f"{os.path.join(directory, name)}: listed in MANIFEST but missing")
         bad += 1

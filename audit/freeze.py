@@ -109,8 +109,54 @@ def check_what_ran(
     sources are the tagged files; the packages that compute are one version per study. Returns
     problems, notes (what varies between runs of one study anyway) and a description."""
     m = truth["manifest"]
-    problems: list[str] = []
     trees, exempt = m.get("trees") or {}, list(m.get("exempt") or [])
+    problems, commits = _commit_problems(root, truth, records, trees, exempt)
+    problems += ref_problems(root, truth)
+    code = (m.get("code") or {}).get("harness")
+    for r in records:
+        env = r.get("env")
+        if env is None and r.get("status") != "ok":
+            continue
+        if (env or {}).get("harness_sha256") != code:
+            problems.append(
+                f"{record_name(r)}: field env.harness_sha256 = "
+                f"{(env or {}).get('harness_sha256')!r}, the tag's manifest says the harness "
+                f"code is {code}"
+            )
+    # MANIFEST: its sources are the tagged files, its head is given
+    sources = manifest.get("sources")
+    if not isinstance(sources, dict):
+        sources = {}
+    want = _tagged_sources(root, truth)
+    bad = sorted(n for n, s in want.items() if sources.get(n) != s)
+    if bad:
+        problems.append(
+            f"MANIFEST: sources {'lack' if any(n not in sources for n in bad) else 'differ in'} "
+            f"{len(bad)} tagged file(s) ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})"
+        )
+    if any("ledger" in r for r in records) and not isinstance(manifest.get("ledger_head"), dict):
+        problems.append(
+            f"MANIFEST: field ledger_head = {manifest.get('ledger_head')!r}; linked records need the head"
+        )
+    problems += check_declared(root, truth, records)
+    versions, notes = check_versions(records)
+    found, said = dirty_worktrees(records, exempt)
+    return (
+        problems + versions + found,
+        notes + said,
+        (
+            f"{commits} commit(s) hold the tag's {len(trees)} frozen trees; "
+            f"code {str(code)[:12]}; MANIFEST names {len(want)} tagged files"
+        ),
+    )
+
+
+def _commit_problems(
+    root: str, truth: dict[str, Any], records: list[dict[str, Any]], trees: dict[str, Any], exempt: list[str]
+) -> tuple[list[str], int]:
+    """Each record's commit: one of this repository, descending from the tag's commit, holding the
+    tag's frozen trees. Returns the problems and how many distinct commits the records name."""
+    problems: list[str] = []
     seen: dict[Any, Any] = {}
     descends: dict[Any, bool] = {}
     for r in records:
@@ -140,22 +186,12 @@ def check_what_ran(
                 f"{record_name(r)}: field git.commit = {str(commit)[:12]} does not hold the frozen "
                 f"trees of the tag's manifest (differs in {', '.join(diff)})"
             )
-    problems += ref_problems(root, truth)
-    code = (m.get("code") or {}).get("harness")
-    for r in records:
-        env = r.get("env")
-        if env is None and r.get("status") != "ok":
-            continue
-        if (env or {}).get("harness_sha256") != code:
-            problems.append(
-                f"{record_name(r)}: field env.harness_sha256 = "
-                f"{(env or {}).get('harness_sha256')!r}, the tag's manifest says the harness "
-                f"code is {code}"
-            )
-    # MANIFEST: its sources are the tagged files, its head is given
-    sources = manifest.get("sources")
-    if not isinstance(sources, dict):
-        sources = {}
+    return problems, len(seen)
+
+
+def _tagged_sources(root: str, truth: dict[str, Any]) -> dict[str, str]:
+    """The sha256 of each file MANIFEST's sources must name: the protocol file and every source file
+    of the tag's commit, read in one ``git cat-file --batch``."""
     want = {truth["path"]: truth["sha256"]}
     listing = git_out(root, "ls-tree", "-r", "--name-only", truth["commit"], "--", *dict(SOURCE_TREES)) or ""
     endings = dict(SOURCE_TREES)
@@ -177,27 +213,7 @@ def check_what_ran(
             size = int(header[2]) if len(header) == 3 else 0
             want[n] = sha256(batch[nl + 1 : nl + 1 + size])
             pos = nl + 1 + size + 1
-    bad = sorted(n for n, s in want.items() if sources.get(n) != s)
-    if bad:
-        problems.append(
-            f"MANIFEST: sources {'lack' if any(n not in sources for n in bad) else 'differ in'} "
-            f"{len(bad)} tagged file(s) ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})"
-        )
-    if any("ledger" in r for r in records) and not isinstance(manifest.get("ledger_head"), dict):
-        problems.append(
-            f"MANIFEST: field ledger_head = {manifest.get('ledger_head')!r}; linked records need the head"
-        )
-    problems += check_declared(root, truth, records)
-    versions, notes = check_versions(records)
-    found, said = dirty_worktrees(records, exempt)
-    return (
-        problems + versions + found,
-        notes + said,
-        (
-            f"{len(seen)} commit(s) hold the tag's {len(trees)} frozen trees; "
-            f"code {str(code)[:12]}; MANIFEST names {len(want)} tagged files"
-        ),
-    )
+    return want
 
 
 def dirty_worktrees(records: list[dict[str, Any]], exempt: list[str]) -> tuple[list[str], list[str]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,17 +56,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     proto = load_protocol(args.protocol)
     live = sys.stdout.isatty() and not args.quiet
-
-    def echo(msg: str) -> None:
-        if msg.startswith("\r"):
-            if live:
-                sys.stdout.write(msg)
-                sys.stdout.flush()
-            return
-        if live:
-            sys.stdout.write("\r\033[K")
-        print(msg, flush=True)
-
+    echo = _echo(live)
     executor = None
     if args.ray:
         from harness.execute.ray import RayExecutor
@@ -85,6 +76,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     end = runner.run()
     code, message = run_ending(proto, end)
+    return _report_after_run(args, proto, code, message)
+
+
+def _echo(live: bool) -> Callable[[str], None]:
+    """The runner's echo: a line starting with a carriage return is a live status line, written
+    in place on a terminal and dropped elsewhere; any other line clears it first."""
+
+    def echo(msg: str) -> None:
+        if msg.startswith("\r"):
+            if live:
+                sys.stdout.write(msg)
+                sys.stdout.flush()
+            return
+        if live:
+            sys.stdout.write("\r\033[K")
+        print(msg, flush=True)
+
+    return echo
+
+
+def _report_after_run(args: argparse.Namespace, proto: Any, code: int, message: str) -> int:
+    """The report written after the runs (unless ``--no-report`` or the run did not end with
+    records to report), the closing message and the answer; the exit status."""
     report_now = not args.no_report and code in (RUN_COMPLETE, RUN_FAILED_RUNS, RUN_BUDGET_STOP)
     answer = ""
     if report_now and any(proto.records_path.glob("*.record.json")):

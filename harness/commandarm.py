@@ -79,6 +79,8 @@ def parse_arms(
 
 
 def _arm(doc: yamlio.Document, value: Any, kp: yamlio.KeyPath, root: Path) -> dict[str, Any]:
+    """One command arm checked in order: its argument list and placeholders, its working directory
+    and commit, its environment, its metrics; normalised by the core."""
     if isinstance(value, str):
         raise doc.error(
             kp,
@@ -89,6 +91,15 @@ def _arm(doc: yamlio.Document, value: Any, kp: yamlio.KeyPath, root: Path) -> di
     argv = a["command"]
     if not argv:
         raise doc.error(kp + ("command",), "the argument list is empty")
+    _check_arguments(doc, argv, kp)
+    _check_where(doc, a, kp, root)
+    _check_env(doc, a["env"] or {}, kp)
+    _check_metrics(doc, a, kp)
+    return arm_of(a)  # the core's normalisation: the plan and the audit read the arm alike
+
+
+def _check_arguments(doc: yamlio.Document, argv: list[Any], kp: yamlio.KeyPath) -> None:
+    """Each argument a string whose placeholders are known ones."""
     for i, arg in enumerate(argv):
         if not isinstance(arg, str):
             raise doc.error(kp + ("command", i), f"each argument is a string, got {arg!r} (quote it)")
@@ -98,6 +109,12 @@ def _arm(doc: yamlio.Document, value: Any, kp: yamlio.KeyPath, root: Path) -> di
                     kp + ("command", i),
                     f"unknown placeholder {{{name}}} (known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)})",
                 )
+
+
+def _check_where(doc: yamlio.Document, a: dict[str, Any], kp: yamlio.KeyPath, root: Path) -> None:
+    """The arm's working directory a relative folder inside the repository, its ``ref`` (if any) a
+    full commit id of the repository, and (without a ref) its program found."""
+    argv = a["command"]
     cwd = a["cwd"]
     if Path(cwd).is_absolute() or ".." in Path(cwd).parts:
         raise doc.error(
@@ -119,7 +136,10 @@ def _arm(doc: yamlio.Document, value: Any, kp: yamlio.KeyPath, root: Path) -> di
         raise doc.error(kp + ("cwd",), f"{cwd!r}: not a folder inside the repository {root}")
     if ref is None:
         _program(doc, argv, kp + ("command",), root / cwd)
-    env = a["env"] or {}
+
+
+def _check_env(doc: yamlio.Document, env: dict[Any, Any], kp: yamlio.KeyPath) -> None:
+    """Each environment variable a valid name, not one the harness sets, with a string value."""
     for k, v in env.items():
         if not isinstance(k, str) or not _ENV_NAME.match(k):
             raise doc.error(kp + ("env",), f"{k!r} is not an environment variable's name")
@@ -133,6 +153,10 @@ def _arm(doc: yamlio.Document, value: Any, kp: yamlio.KeyPath, root: Path) -> di
             raise doc.error(kp + ("env", k), str(env_problem(k)))
         if not isinstance(v, str):
             raise doc.error(kp + ("env", k), f"environment values are strings, got {v!r} (quote it)")
+
+
+def _check_metrics(doc: yamlio.Document, a: dict[str, Any], kp: yamlio.KeyPath) -> None:
+    """``metrics_regex`` exactly where the arm has no reporter, each an expression with one group."""
     patterns = a["metrics_regex"]
     if not a["reporter"]:
         if not patterns:
@@ -152,7 +176,6 @@ def _arm(doc: yamlio.Document, value: Any, kp: yamlio.KeyPath, root: Path) -> di
             raise doc.error(kp + ("metrics_regex", name), f"not a regular expression: {e}") from None
         if groups != 1:
             raise doc.error(kp + ("metrics_regex", name), "an expression with exactly one group: the number")
-    return arm_of(a)  # the core's normalisation: the plan and the audit read the arm alike
 
 
 def _program(doc: yamlio.Document, argv: list[str], kp: yamlio.KeyPath, cwd: Path) -> None:

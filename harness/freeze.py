@@ -485,8 +485,36 @@ def check(proto: Any, plan_sha: str, runs: int) -> Frozen:
             f"{proto.path}: not inside a git repository; a preregistered protocol must be committed "
             "and tagged"
         )
-    info = gitutil.tag_info(repo, proto.tag_name)
     how = f"to run a changed experiment, copy {proto.relpath} to a new protocol id, commit it and run: harness tag"
+    info, tagged = _tag_and_manifest(proto, repo, how)
+    rel = proto.relpath
+    blob = gitutil.blob_at(repo, info.commit, rel)
+    if blob is None or sha256_bytes(blob) != proto.sha256:
+        raise RefusedError(
+            f"{proto.path}: the file's bytes differ from the tagged protocol ({proto.tag_name} at "
+            f"{info.commit[:12]}); a frozen protocol cannot change: {how}"
+        )
+    if not gitutil.is_ancestor(repo, info.commit):
+        raise RefusedError(
+            f"{proto.tag_name} ({info.commit[:12]}) is not an ancestor of HEAD; check out the study's history"
+        )
+    current = manifest(proto, plan_sha, runs, repo)
+    problems = drift(repo, tagged, current, info.commit)
+    problems += uncommitted(repo)
+    problems += worktree_mismatches(repo, info.commit)
+    problems += bytecode_problems(repo)
+    if problems:
+        raise RefusedError(
+            f"{proto.path}: the experiment frozen by {proto.tag_name} ({info.commit[:12]}) has drifted; nothing was "
+            "run:\n" + "\n".join(f"  - {p}" for p in problems) + f"\n{how}"
+        )
+    return Frozen(info.name, info.commit, info.object, info.created, manifest_sha256(tagged))
+
+
+def _tag_and_manifest(proto: Any, repo: Path, how: str) -> tuple[gitutil.TagInfo, dict[str, Any]]:
+    """The study's tag and the freeze manifest it holds; refuses a missing or lightweight tag, one
+    holding no freeze manifest, or one of another format (``how``: how to run a changed experiment)."""
+    info = gitutil.tag_info(repo, proto.tag_name)
     if info is None:
         if proto.calibration_pending:
             raise RefusedError(
@@ -513,28 +541,7 @@ def check(proto: Any, plan_sha: str, runs: int) -> Frozen:
             f"{proto.tag_name}: freeze manifest format {tagged.get('format')!r}; this harness reads "
             f"format {FORMAT} (run the harness version that tagged it, or {how})"
         )
-    rel = proto.relpath
-    blob = gitutil.blob_at(repo, info.commit, rel)
-    if blob is None or sha256_bytes(blob) != proto.sha256:
-        raise RefusedError(
-            f"{proto.path}: the file's bytes differ from the tagged protocol ({proto.tag_name} at "
-            f"{info.commit[:12]}); a frozen protocol cannot change: {how}"
-        )
-    if not gitutil.is_ancestor(repo, info.commit):
-        raise RefusedError(
-            f"{proto.tag_name} ({info.commit[:12]}) is not an ancestor of HEAD; check out the study's history"
-        )
-    current = manifest(proto, plan_sha, runs, repo)
-    problems = drift(repo, tagged, current, info.commit)
-    problems += uncommitted(repo)
-    problems += worktree_mismatches(repo, info.commit)
-    problems += bytecode_problems(repo)
-    if problems:
-        raise RefusedError(
-            f"{proto.path}: the experiment frozen by {proto.tag_name} ({info.commit[:12]}) has drifted; nothing was "
-            "run:\n" + "\n".join(f"  - {p}" for p in problems) + f"\n{how}"
-        )
-    return Frozen(info.name, info.commit, info.object, info.created, manifest_sha256(tagged))
+    return info, tagged
 
 
 def tag(proto: Any, sign: bool = False) -> tuple[gitutil.TagInfo, dict[str, Any]]:

@@ -11,6 +11,14 @@ tested on the log ratio (:mod:`.ttests`), so no decision depends on which of the
 estimands the protocol names or on which arm it calls the baseline (swap the arms and flip
 ``better``: the same decision, bit for bit). Intervals are shown in the estimand's units. Each
 hypothesis' per-pair values and test are :mod:`.hypotheses`.
+
+Error control (:func:`decide`): ``P(p <= alpha) <= alpha`` holds for the rank rule when the
+differences are symmetric about zero under the null, for the sign rule (``test: sign``) under every
+distribution (its null is the median's; :func:`.ranks.sign_test`), and for the t rule when the
+per-pair values are close to normal or symmetric (``benchmarks/coverage.py --noise-sweep``: strongly
+skewed differences inflate the t rule's family-wise error to 0.16-0.60 at a nominal 0.05, the sign
+rule's stays at 0-0.051 in every family simulated), and the strict ``p < alpha`` never establishes
+on a p-value that only reaches alpha (an atom of a discrete rank distribution, or a rounding of one).
 """
 
 from __future__ import annotations
@@ -98,7 +106,11 @@ def p_text(p: float) -> str:
 
 def gate(h: Hypothesis, family: Family, completeness: Completeness) -> str | None:
     """Why ``h`` is not decided on these records (incomplete, or a budget stop before a time
-    endpoint's decision that the protocol did not preregister), or ``None``."""
+    endpoint's decision that the protocol did not preregister), or ``None``.
+
+    A budget stop ends a study at a point that depends on run times, which are the outcome of a
+    time endpoint: decisions on time endpoints are then made only if the protocol says
+    ``decide_time_after_budget_stop: true``, and they say that the stop depended on the outcome."""
     if completeness.complete is False and not completeness.budget_stop:
         return (
             f"incomplete: {completeness.missing_runs} of {completeness.planned_runs} planned runs have "
@@ -152,23 +164,14 @@ def decide(
     A hypothesis is established when ``p < alpha``, strictly (:func:`.ttests.passes`: for a
     t test, its statistic exceeds the critical value ``t_{1-alpha, df}`` by a relative ``1e-12``, the
     same doubles in the audit, so a ``p`` within rounding of alpha never splits them; for ranks, the
-    exact ``p`` is below alpha): ``P(p <= alpha) <= alpha`` holds for the rank rule when the
-    differences are symmetric about zero under the null, for the sign rule (``test: sign``) under
-    every distribution (its null is the median's; :func:`.ranks.sign_test`), and for the t rule when
-    the per-pair values are close to normal or symmetric (``benchmarks/coverage.py --noise-sweep``:
-    strongly skewed differences inflate the t rule's family-wise error to 0.16-0.60 at a nominal
-    0.05, the sign rule's stays at 0-0.051 in every family simulated), and the strict one
-    never establishes on a p-value that only reaches alpha (an atom of a discrete rank
-    distribution, or a rounding of one). A t test whose per-pair values agree to the rounding of the
+    exact ``p`` is below alpha; when each rule keeps ``P(p <= alpha) <= alpha``: the module's notes).
+    A t test whose per-pair values agree to the rounding of the
     endpoint values (:func:`.descriptive.spread_is_rounding`; period-adjusted: within each order
     group), whose squares would underflow or overflow (:func:`.descriptive.magnitude_problem`), or
     whose standard error is 0, is "not reached" with that reason. The interval shown is two-sided at
     ``1 - 2 alpha_used`` (its favourable end is the one-sided bound the test compares), computed on
     the test scale and mapped to the estimand's units.
-
-    A budget stop ends a study at a point that depends on run times, which are the outcome of a
-    time endpoint: decisions on time endpoints are then made only if the protocol says
-    ``decide_time_after_budget_stop: true``, and they say that the stop depended on the outcome.
+    A budget stop before a time endpoint's decision: :func:`gate`.
     """
     family = Family.of(spec)
     tested = _tested(family, pairs_of, completeness, identity)

@@ -687,6 +687,20 @@ def test_of(
         if all(v == 0.0 for v in values):
             return None, identical_unreached(h, len(values)), unreached
         return None, ZERO_SPREAD, unreached
+    estimate, why = _t_estimate(h, pairs, values, scales)
+    if estimate is None:
+        return None, why, unreached
+    method, m, se, df = estimate
+    if not (se > 0 and math.isfinite(se)):
+        return None, f"the standard error is {se!r}: no t statistic", unreached
+    return t_result(method, len(values), m, se, df, region), None, unreached
+
+
+def _t_estimate(
+    h: Hypothesis, pairs: Sequence[Pair | PairRow], values: list[float], scales: list[float]
+) -> tuple[tuple[str, float, float, int] | None, str | None]:
+    """The t test's method, mean, standard error and degrees of freedom for ``h``'s per-pair values
+    (period-adjusted, by order cells for a lockstep study, where ``h`` says so), or why there is none."""
     steps_first = [p.steps_first for p in typed_pairs(pairs)]
     if h.period_adjusted and steps_first and all(x in ("baseline", "candidate") for x in steps_first):
         # a lockstep study's order cells (build order x first block) as preregistered covariates
@@ -697,29 +711,27 @@ def test_of(
         try:
             m, se, df = cells_mean(values, cells)
         except ValueError as e:
-            return None, f"the order-cell adjustment: {e}", unreached
+            return None, f"the order-cell adjustment: {e}"
         method = "t-order-cells"
     elif h.period_adjusted:
         first = [p.first or "" for p in typed_pairs(pairs)]
         if min(first.count("baseline"), len(first) - first.count("baseline")) < 2:
-            return None, "the period-adjusted estimand needs at least two pairs in each order", unreached
+            return None, "the period-adjusted estimand needs at least two pairs in each order"
         groups = [[v for v, f in zip(values, first) if (f == "baseline") == ab] for ab in (True, False)]
         if all(spread_is_rounding(g, scales) for g in groups):
-            return None, ZERO_SPREAD_WITHIN, unreached
+            return None, ZERO_SPREAD_WITHIN
         why = magnitude_problem(groups)
         if why is not None:
-            return None, why, unreached
+            return None, why
         m, se, df = period_adjusted_mean(values, first)
         method = "t-period-adjusted"
     else:
         why = magnitude_problem([values])
         if why is not None:
-            return None, why, unreached
+            return None, why
         m, se = mean_se(values)
         method, df = "t", len(values) - 1
-    if not (se > 0 and math.isfinite(se)):
-        return None, f"the standard error is {se!r}: no t statistic", unreached
-    return t_result(method, len(values), m, se, df, region), None, unreached
+    return (method, m, se, df), None
 
 
 #: The zero-spread guard's reasons (:func:`.descriptive.spread_is_rounding`).

@@ -8,7 +8,7 @@ whether to stop at a look, and the summary and the audit recompute every look wi
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 from typing import Any
 
@@ -114,6 +114,59 @@ def _pass_on(family: Family, weights: dict[str, float], done: str) -> None:
         weights[after[0]] += w
 
 
+@dataclass
+class _Crossings:
+    """What the looks so far have established, under the graphical procedure's weights: the
+    hypotheses established in order, the look and nominal level each crossed at, its level then,
+    and every look's tests."""
+
+    family: Family
+    weights: dict[str, float]
+    established: list[str] = field(default_factory=list)
+    crossed: dict[str, tuple[int, float]] = field(default_factory=dict)
+    share: dict[str, float] = field(default_factory=dict)  # an established hypothesis' level when it crossed
+    history: list[dict[str, TestResult | None]] = field(default_factory=list)
+    levels_cache: dict[float, list[float]] = field(default_factory=dict)
+
+    def nominal(self, share: float) -> list[float]:
+        """Each look's nominal level of the boundary at level ``alpha * share``."""
+        seq = self.family.sequential
+        assert seq is not None
+        a = self.family.family_alpha * share
+        if a not in self.levels_cache:
+            self.levels_cache[a] = (
+                nominal_levels(seq.looks, a, seq.spending) if a > 0 else [0.0] * len(seq.looks)
+            )
+        return self.levels_cache[a]
+
+    def establish(self) -> None:
+        """Establish every hypothesis whose p-value at some look so far crossed its boundary at its
+        current weight, passing its weight on and testing the others again."""
+        alpha, family = self.family.family_alpha, self.family
+        changed = True
+        while changed:
+            changed = False
+            for h in family.tests:
+                if h.id in self.established or self.weights.get(h.id, 0.0) <= 0.0:
+                    continue
+                levels = self.nominal(self.weights[h.id])
+                j = next(
+                    (
+                        j
+                        for j, hs in enumerate(self.history)
+                        if (t := hs[h.id]) is not None and passes(t, levels[j])
+                    ),
+                    None,
+                )
+                if j is not None:
+                    self.crossed[h.id] = (j + 1, levels[j])
+                    self.share[h.id] = alpha * self.weights[h.id]
+                    self.established.append(h.id)
+                    _pass_on(family, self.weights, h.id)
+                    changed = True
+                    break
+
+
 def run_looks(
     family: Family,
     pairs_of: Mapping[tuple[str, str], Sequence[Pair | PairRow]],
@@ -140,20 +193,7 @@ def run_looks(
     """
     seq = family.sequential
     assert seq is not None
-    alpha = family.family_alpha
-    weights = _weights(family)
-    established: list[str] = []
-    crossed: dict[str, tuple[int, float]] = {}
-    share: dict[str, float] = {}  # an established hypothesis' level when it crossed
-    history: list[dict[str, TestResult | None]] = []
-    levels_cache: dict[float, list[float]] = {}
-
-    def nominal(share: float) -> list[float]:
-        a = alpha * share
-        if a not in levels_cache:
-            levels_cache[a] = nominal_levels(seq.looks, a, seq.spending) if a > 0 else [0.0] * len(seq.looks)
-        return levels_cache[a]
-
+    state = _Crossings(family, _weights(family))
     out: list[LookResult] = []
     for k, n in enumerate(seq.looks[:reached]):
         tests: dict[str, TestResult | None] = {}
@@ -165,60 +205,59 @@ def run_looks(
             # (2^-n), not 0, so identity alone never crosses a look's boundary on a few pairs
             t, w, u = test_of(h, pairs, family.min_pairs, "sign" if identity is not None else None)
             tests[h.id], why[h.id], unreached[h.id] = t, w, u
-        history.append(tests)
-        changed = True
-        while changed:
-            changed = False
-            for h in family.tests:
-                if h.id in established or weights.get(h.id, 0.0) <= 0.0:
-                    continue
-                levels = nominal(weights[h.id])
-                j = next(
-                    (
-                        j
-                        for j, hs in enumerate(history)
-                        if (t := hs[h.id]) is not None and passes(t, levels[j])
-                    ),
-                    None,
-                )
-                if j is not None:
-                    crossed[h.id] = (j + 1, levels[j])
-                    share[h.id] = alpha * weights[h.id]
-                    established.append(h.id)
-                    _pass_on(family, weights, h.id)
-                    changed = True
-                    break
-        level = {h.id: share[h.id] if h.id in share else alpha * weights.get(h.id, 0.0) for h in family.tests}
-        nom = {
-            h.id: crossed[h.id][1]
-            if h.id in crossed
-            else (nominal(weights[h.id])[k] if weights.get(h.id, 0.0) > 0 else 0.0)
-            for h in family.tests
-        }
-        p_now = {h: (1.0 if t is None else t.p_value) for h, t in tests.items()}
-        futile = tuple(
-            h.id
-            for h in family.tests
-            if h.id not in established
-            and seq.futility_z is not None
-            and tests[h.id] is not None  # a hypothesis not reached at a look is not futile there
-            and _z(p_now[h.id]) < seq.futility_z
-        )
-        stop = None
-        if len(established) == len(family.tests):
-            stop = "efficacy"
-        elif k == len(seq.looks) - 1:
-            stop = "final"
-        elif seq.futility_z is not None and len(established) + len(futile) == len(family.tests):
-            stop = "futility"
-        out.append(
-            LookResult(
-                k + 1, n, tests, why, unreached, level, nom, tuple(established), futile, stop, dict(crossed)
-            )
-        )
-        if stop is not None:
+        state.history.append(tests)
+        state.establish()
+        out.append(_look_result(state, k, n, tests, why, unreached))
+        if out[-1].stop is not None:
             break
     return out
+
+
+def _look_result(
+    state: _Crossings,
+    k: int,
+    n: int,
+    tests: dict[str, TestResult | None],
+    why: dict[str, str | None],
+    unreached: dict[str, dict[str, int] | None],
+) -> LookResult:
+    """Look ``k`` (0-based) on ``n`` pairs once its crossings are established: each hypothesis' level
+    and nominal level, those futile, and whether the rule stops the study there."""
+    family, alpha, established, crossed = (
+        state.family,
+        state.family.family_alpha,
+        state.established,
+        state.crossed,
+    )
+    seq = family.sequential
+    assert seq is not None
+    weights, share = state.weights, state.share
+    level = {h.id: share[h.id] if h.id in share else alpha * weights.get(h.id, 0.0) for h in family.tests}
+    nom = {
+        h.id: crossed[h.id][1]
+        if h.id in crossed
+        else (state.nominal(weights[h.id])[k] if weights.get(h.id, 0.0) > 0 else 0.0)
+        for h in family.tests
+    }
+    p_now = {h: (1.0 if t is None else t.p_value) for h, t in tests.items()}
+    futile = tuple(
+        h.id
+        for h in family.tests
+        if h.id not in established
+        and seq.futility_z is not None
+        and tests[h.id] is not None  # a hypothesis not reached at a look is not futile there
+        and _z(p_now[h.id]) < seq.futility_z
+    )
+    stop = None
+    if len(established) == len(family.tests):
+        stop = "efficacy"
+    elif k == len(seq.looks) - 1:
+        stop = "final"
+    elif seq.futility_z is not None and len(established) + len(futile) == len(family.tests):
+        stop = "futility"
+    return LookResult(
+        k + 1, n, tests, why, unreached, level, nom, tuple(established), futile, stop, dict(crossed)
+    )
 
 
 def looks_reached(proto: Mapping[str, Any], family: Family, final_units: Collection[str]) -> int:
