@@ -183,6 +183,18 @@ def rule_problems(h: Mapping[str, Any]) -> list[tuple[str, str]]:
         out.append(("margin", "a superiority margin is >= 0"))
     if kind != "superiority" and margin <= 0:
         out.append(("margin", f"a {kind} hypothesis needs a positive margin"))
+    out += _censoring_problems(h, kind, margin, cens)
+    if h["estimand"] == "relative_reduction" and margin >= 100:
+        out.append(("margin", "a relative_reduction margin is a percentage below 100"))
+    if h["estimand"] != "difference" and h["endpoint"] == "test_bpb":
+        out.append(("estimand", "test_bpb is compared as a difference (BPB)"))
+    return out
+
+
+def _censoring_problems(h: Mapping[str, Any], kind: str, margin: float, cens: Any) -> list[tuple[str, str]]:
+    """:func:`rule_problems`' rules on time to target's censoring, its restriction time and the
+    sign test's pairing with them."""
+    out: list[tuple[str, str]] = []
     if h["endpoint"] == "time_to_target":
         if cens is None:
             out.append(
@@ -207,10 +219,6 @@ def rule_problems(h: Mapping[str, Any]) -> list[tuple[str, str]]:
         )
     if h.get("test") == "sign" and h.get("period_adjusted"):
         out.append(("test", "the sign test has no period adjustment: period_adjusted is for the t test"))
-    if h["estimand"] == "relative_reduction" and margin >= 100:
-        out.append(("margin", "a relative_reduction margin is a percentage below 100"))
-    if h["estimand"] != "difference" and h["endpoint"] == "test_bpb":
-        out.append(("estimand", "test_bpb is compared as a difference (BPB)"))
     return out
 
 

@@ -184,41 +184,7 @@ def flow_value(s: str, i: int, line: int, depth: int = 1) -> tuple[object, int]:
     the collections it lies in, this one's included; deeper than :data:`MAX_DEPTH` is refused)."""
     i = _skip(s, i)
     if i < len(s) and s[i] in "[{":
-        if depth > MAX_DEPTH:
-            raise YamlError(
-                line, f"nested deeper than {MAX_DEPTH} levels: a protocol is read at most {MAX_DEPTH} deep"
-            )
-        close = "]" if s[i] == "[" else "}"
-        seq: list[Any] = []
-        mp: dict[Any, Any] = {}
-        i += 1
-        while True:
-            i = _skip(s, i)
-            if i >= len(s):
-                raise YamlError(line, "unterminated flow collection")
-            if s[i] == close:
-                return (seq if close == "]" else mp), i + 1
-            key, i = flow_value(s, i, line, depth + 1)
-            i = _skip(s, i)
-            if i < len(s) and s[i] == ":":
-                val, i = flow_value(s, i + 1, line, depth + 1)
-                if close == "]":
-                    seq.append({key: val})
-                else:
-                    if key in mp:
-                        raise YamlError(line, f"duplicate key {key!r}")
-                    mp[key] = val
-            elif close == "]":
-                seq.append(key)
-            else:
-                mp[key] = None
-            i = _skip(s, i)
-            if i < len(s) and s[i] == ",":
-                i += 1
-            elif i < len(s) and s[i] == close:
-                continue
-            else:
-                raise YamlError(line, f"expected ',' or {close!r} in a flow collection at {s[i : i + 20]!r}")
+        return _flow_collection(s, i, line, depth)
     if i < len(s) and s[i] in "\"'":
         q = s[i]
         j = quote_end(s, i)
@@ -238,6 +204,45 @@ def flow_value(s: str, i: int, line: int, depth: int = 1) -> tuple[object, int]:
     while parts and parts[-1] == "":
         parts.pop()
     return (plain_scalar(parts[0], line) if len(parts) <= 1 else fold_lines(parts)) if parts else None, j
+
+
+def _flow_collection(s: str, i: int, line: int, depth: int) -> tuple[object, int]:
+    """:func:`flow_value`'s list or mapping, from its opening bracket at ``i``."""
+    if depth > MAX_DEPTH:
+        raise YamlError(
+            line, f"nested deeper than {MAX_DEPTH} levels: a protocol is read at most {MAX_DEPTH} deep"
+        )
+    close = "]" if s[i] == "[" else "}"
+    seq: list[Any] = []
+    mp: dict[Any, Any] = {}
+    i += 1
+    while True:
+        i = _skip(s, i)
+        if i >= len(s):
+            raise YamlError(line, "unterminated flow collection")
+        if s[i] == close:
+            return (seq if close == "]" else mp), i + 1
+        key, i = flow_value(s, i, line, depth + 1)
+        i = _skip(s, i)
+        if i < len(s) and s[i] == ":":
+            val, i = flow_value(s, i + 1, line, depth + 1)
+            if close == "]":
+                seq.append({key: val})
+            else:
+                if key in mp:
+                    raise YamlError(line, f"duplicate key {key!r}")
+                mp[key] = val
+        elif close == "]":
+            seq.append(key)
+        else:
+            mp[key] = None
+        i = _skip(s, i)
+        if i < len(s) and s[i] == ",":
+            i += 1
+        elif i < len(s) and s[i] == close:
+            continue
+        else:
+            raise YamlError(line, f"expected ',' or {close!r} in a flow collection at {s[i : i + 20]!r}")
 
 
 def _skip(s: str, i: int) -> int:
