@@ -76,6 +76,25 @@ def halve_training(r: dict) -> None:
         r["timings"]["training_s"] /= 2
 
 
+def halve_training_consistently(r: dict) -> None:
+    """A careful forger's halving: the timed steps' own times, the curve's clock and training_s
+    together, so the record agrees with itself (the audit's clock check passes) and only a key
+    can tell."""
+    if r.get("status") != "ok":
+        return
+    t, steps, w = r["timings"], r.get("step_times"), r["spec"].get("warmup_steps") or 0
+    old = t["training_s"]
+    if steps:
+        steps["wall_us"] = [*steps["wall_us"][:w], *(v // 2 for v in steps["wall_us"][w:])]
+        t["training_s"] = sum(steps["wall_us"][w:]) / 1e6
+    else:
+        t["training_s"] = old / 2
+    for point in r.get("curve") or []:
+        point[2] *= t["training_s"] / old
+    if r.get("curve"):
+        r["curve"][-1][2] = t["training_s"]
+
+
 # -- 1. the auditor is source, from the signed tag -----------------------------------------------------
 
 
@@ -211,8 +230,8 @@ def test_the_verification_recipe_from_a_fresh_clone_passes_only_with_outside_key
     elsewhere = _verify(clone, fresh, copy)
     assert elsewhere.returncode in (1, NOT_VERIFIED) and "an object in its git history" in elsewhere.stdout
     git(clone, "reset", "-q", "--hard", "HEAD~1")
-    # the forgery: training_s halved, resealed, the head signed again by the forger's key
-    reseal_all(clone, halve_training)
+    # the forgery: training_s halved with its steps, resealed, the head signed again by the forger's key
+    reseal_all(clone, halve_training_consistently)
     git(clone, "config", "gpg.format", "ssh")
     git(clone, "config", "user.signingkey", str(forger))
     assert harness(clone, "report", PROTO, "--quiet", "--sign").returncode == 0

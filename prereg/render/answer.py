@@ -54,7 +54,10 @@ def _effect(est: float, low: float, high: float, level: float) -> str:
 
 
 def _decided(d: HypothesisDecision) -> str:
-    return f"{d.id} {d.status}" + (f" ({d.reason})" if d.reason else "")
+    """A decision in the answer: its status and the head of its reason (up to a ``:`` or ``;``);
+    the whole reason stands in the decisions table."""
+    head = (d.reason or "").split(":")[0].split(";")[0].strip()
+    return f"{d.id} {d.status}" + (f" ({head})" if head else "")
 
 
 def _factorial_effects(c: Any) -> str:
