@@ -7,8 +7,9 @@ baseline arm (each ok baseline run's ``training_cpu_s`` over its timed steps). A
 is an ``n`` x ``n`` matrix product (its truth is measured: ``prereg/planted.py``). Every
 design runs every plant on fresh seeds; ``schedule: interleaved`` puts all units in one seeded
 order, so each design meets the machine's load of the same minutes. The cells at
-``coverage_size`` run ``coverage_pairs`` pairs in designs named by ``coverage_designs``, cut into
-replicate studies of ``replicate_pairs`` pairs each for the coverage of the nominal interval.
+``coverage_sizes`` run ``coverage_pairs`` pairs in designs named by ``coverage_designs``, cut into
+replicate studies of ``replicate_pairs`` pairs each for the coverage of the nominal interval. With
+``matmul_pairs`` 0 the study plants spins only.
 """
 
 from __future__ import annotations
@@ -60,13 +61,14 @@ class CalibrationPlan:
     warmup_steps: int
     matmul_n: int
     matmul_pairs: int
-    coverage_size: float
+    coverage_sizes: tuple[float, ...]
     coverage_designs: tuple[int, ...]
     coverage_pairs: int
     replicate_pairs: int
     seed_base: int
     order_seed: int
     threads: int
+    flags: str = ""  # the command's other flags, as given, for the header (" --designs 1 ...")
 
 
 def _design(b: int) -> str:
@@ -101,14 +103,14 @@ def protocol_text(p: CalibrationPlan) -> tuple[str, dict[str, Any]]:
     for size in p.sizes:
         us = spin_us(size, p.step_cpu_us)
         for block in p.designs:
-            cover = size == p.coverage_size and block in p.coverage_designs
+            cover = size in p.coverage_sizes and block in p.coverage_designs
             n = p.coverage_pairs if cover else p.pairs
             group = f", replicate_pairs: {p.replicate_pairs}" if cover else ""
             name = f"spin{str(size).replace('.', 'p')}_{_design(block)}"
             lines += _study(name, block, f"{{kind: spin, us: {us}{group}}}", n, base, p)
             counts[_design(block)] = counts.get(_design(block), 0) + n
             base += 1000
-    for block in p.designs:
+    for block in p.designs if p.matmul_pairs else ():
         n = p.matmul_pairs
         lines += _study(
             f"matmul{p.matmul_n}_{_design(block)}", block, f"{{kind: matmul, n: {p.matmul_n}}}", n, base, p
@@ -117,17 +119,29 @@ def protocol_text(p: CalibrationPlan) -> tuple[str, dict[str, Any]]:
         base += 1000
     sizes = ", ".join(f"{s:g}% = {spin_us(s, p.step_cpu_us)} us" for s in p.sizes)
     designs = ", ".join("a process per arm" if b == 0 else f"lockstep blocks of {b}" for b in p.designs)
+    through = f"every design the harness offers ({designs})" if len(p.designs) > 1 else designs
+    coverage = ", ".join(f"{s:g}" for s in p.coverage_sizes)
+    matmul_text, matmul_origin, matmul_seeds = "", "", ""
+    if p.matmul_pairs:
+        matmul_text = (
+            f", and a cache-heavy\n  {p.matmul_n}x{p.matmul_n} matrix product (true effect measured"
+            " by the longest blocks)"
+        )
+        matmul_origin = (
+            f'  matmul: "{p.matmul_n}x{p.matmul_n} float32: the cache-heavy plant of the user report this'
+            ' calibration answers (a 288x288 matmul per step cost 4-5% of a tiny step)"\n'
+        )
+        matmul_seeds = f"{p.matmul_pairs} per design for the matmul; "
     header = f"""# {p.id}: the bias of every design against planted effects of known size (docs/decisions.md,
-# "The design chosen by its bias"). Written by: harness calibration-study {p.pilot} --config {p.config}
+# "The design chosen by its bias"). Written by: harness calibration-study {p.pilot} --config {p.config}{p.flags}
 # (analysis/calibration_study.py); edit the options, not this file, and write it again.
 id: {p.id}
 version: 1
 description: >-
-  Planted effects of known size on {p.config} through every design the harness offers ({designs}),
+  Planted effects of known size on {p.config} through {through},
   all units interleaved in one seeded order so every design meets the same load. Each study is an
   A/A pair of the native arm whose candidate also runs the plant in each timed step: a spin of
-  fixed CPU microseconds (true effect by arithmetic) at {sizes} of a step, and a cache-heavy
-  {p.matmul_n}x{p.matmul_n} matrix product (true effect measured by the longest blocks). Descriptive:
+  fixed CPU microseconds (true effect by arithmetic) at {sizes} of a step{matmul_text}. Descriptive:
   it decides nothing; its bias table chooses the design.
 preregistered: false
 corpus: pydoc-topics
@@ -143,8 +157,7 @@ records_dir: records/{p.id}
 schedule: interleaved
 origins:
   planted: "the pilot ({p.pilot}: {p.pilot_command}) gave a median training step of {p.step_cpu_us:.0f} us of CPU time on {p.config} over {p.pilot_runs} baseline runs; each spin is that times its size, rounded ({sizes})"
-  matmul: "{p.matmul_n}x{p.matmul_n} float32: the cache-heavy plant of the user report this calibration answers (a 288x288 matmul per step cost 4-5% of a tiny step)"
-  seeds: "{p.pairs} pairs per design and size; {p.coverage_pairs} at {p.coverage_size:g}% in {", ".join(_design(b) for b in p.coverage_designs)}, cut into replicate studies of {p.replicate_pairs} pairs for the coverage of the nominal interval; {p.matmul_pairs} per design for the matmul; fresh seeds from {p.seed_base}, 1000 apart per study"
+{matmul_origin}  seeds: "{p.pairs} pairs per design and size; {p.coverage_pairs} at {coverage}% in {", ".join(_design(b) for b in p.coverage_designs)}, cut into replicate studies of {p.replicate_pairs} pairs for the coverage of the nominal interval; {matmul_seeds}fresh seeds from {p.seed_base}, 1000 apart per study"
   steps: "{p.steps} steps ({p.warmup_steps} warm-up steps timed apart): enough for {p.steps // max(p.designs)} blocks of the longest design"
   budget_device_seconds: "about 3 s per pair on a 2-core machine, times the pairs, times 2"
 studies:

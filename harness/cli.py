@@ -242,10 +242,11 @@ def _check_calibration_counts(args: argparse.Namespace, designs: tuple[int, ...]
     for flag, v in (
         ("--pairs", args.pairs),
         ("--coverage-pairs", args.coverage_pairs),
-        ("--matmul-pairs", args.matmul_pairs),
     ):
         if v < 2:
             raise InputError(f"{flag} {v}: at least 2 pairs")
+    if args.matmul_pairs == 1 or args.matmul_pairs < 0:
+        raise InputError(f"--matmul-pairs {args.matmul_pairs}: 0 (no matmul plant) or at least 2 pairs")
     if args.steps <= args.warmup_steps or max(designs) > args.steps - args.warmup_steps:
         raise InputError(f"--steps {args.steps}: more than --warmup-steps and at least the longest block")
 
@@ -270,13 +271,44 @@ def _calibration_plan(
         warmup_steps=args.warmup_steps,
         matmul_n=args.matmul,
         matmul_pairs=args.matmul_pairs,
-        coverage_size=args.coverage_size,
+        coverage_sizes=_numbers("--coverage-sizes", args.coverage_sizes, float),
         coverage_designs=_numbers("--coverage-designs", args.coverage_designs, int),
         coverage_pairs=args.coverage_pairs,
         replicate_pairs=args.replicate_pairs,
         seed_base=args.seed_base,
         order_seed=args.order_seed,
         threads=pilot.threads or 1,
+        flags=_given_flags(args),
+    )
+
+
+_CALIBRATION_FLAGS = (
+    "id",
+    "sizes",
+    "designs",
+    "pairs",
+    "steps",
+    "warmup_steps",
+    "matmul",
+    "matmul_pairs",
+    "coverage_sizes",
+    "coverage_designs",
+    "coverage_pairs",
+    "replicate_pairs",
+    "seed_base",
+    "order_seed",
+)
+
+
+def _given_flags(args: argparse.Namespace) -> str:
+    """The calibration command's flags that differ from their defaults, as a user would type them."""
+    from harness.cliargs import parser
+
+    defaults = parser().parse_args(["calibration-study", "p", "--out", "o"])
+    return "".join(
+        f" --{k.replace('_', '-')} {getattr(args, k)}"
+        for k in _CALIBRATION_FLAGS
+        if getattr(args, k) != getattr(defaults, k)
     )
 
 

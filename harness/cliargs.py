@@ -279,9 +279,14 @@ def _calibration_study_command(sub: argparse._SubParsersAction[argparse.Argument
     s.add_argument("--steps", type=int, default=200, help="steps per run (default 200)")
     s.add_argument("--warmup-steps", type=int, default=10, help="warm-up steps timed apart (default 10)")
     s.add_argument("--matmul", type=int, default=288, help="the cache-heavy plant's n (default 288)")
-    s.add_argument("--matmul-pairs", type=int, default=12, help="pairs per design for it (default 12)")
     s.add_argument(
-        "--coverage-size", type=float, default=2.0, help="the size coverage is counted at (default 2)"
+        "--matmul-pairs", type=int, default=12, help="pairs per design for it, 0 for none (default 12)"
+    )
+    s.add_argument(
+        "--coverage-sizes",
+        "--coverage-size",
+        default="2",
+        help="the sizes coverage is counted at, comma-separated (default 2)",
     )
     s.add_argument(
         "--coverage-designs", default="1,10", help="designs whose coverage is counted (default 1,10)"

@@ -383,7 +383,7 @@ def test_calibration_study_is_written_from_a_pilot_and_plans(planted_runs, tmp_p
         warmup_steps=2,
         matmul_n=32,
         matmul_pairs=2,
-        coverage_size=2.0,
+        coverage_sizes=(2.0,),
         coverage_designs=(1,),
         coverage_pairs=4,
         replicate_pairs=2,
@@ -503,3 +503,80 @@ def test_a_covered_design_plans_and_a_planted_study_beside_it_needs_no_cover(rep
     missing = harness(repo, "plan", "protocols/q.yaml")
     assert missing.returncode == 2 and "key design_calibration" in missing.stderr, missing.stderr
     assert "is not a protocol file inside the repository" in missing.stderr
+
+
+def test_the_committed_calibration_protocols_are_what_the_command_writes(tmp_path):
+    """``harness calibration-study`` from the committed pilot writes each committed calibration
+    protocol byte for byte (its header names the command), so its sizes keep their origin."""
+    root = Path(__file__).resolve().parent.parent
+    commands = {
+        "calibration-cpu.yaml": [],
+        "calibration-cpu-coverage.yaml": [
+            "--id",
+            "calibration-cpu-coverage",
+            "--designs",
+            "1",
+            "--matmul-pairs",
+            "0",
+            "--coverage-sizes",
+            "0.5,1,2,5",
+            "--coverage-designs",
+            "1",
+            "--seed-base",
+            "1100000",
+            "--order-seed",
+            "20261205",
+        ],
+    }
+    for name, extra in commands.items():
+        committed = root / "protocols" / name
+        if not committed.exists():
+            continue
+        # the command reads configs/ above its output: write beside the committed file, then remove
+        out = root / "protocols" / f".regen-{tmp_path.name}-{name}"
+        try:
+            done = harness(
+                root, "calibration-study", "protocols/calibration-cpu-pilot.yaml", "--out", str(out), *extra
+            )
+            assert done.returncode == 0, done.stderr
+            assert out.read_text() == committed.read_text(), name
+        finally:
+            out.unlink(missing_ok=True)
+
+
+def test_a_spin_only_calibration_counts_coverage_at_every_size(tmp_path):
+    from analysis.calibration_study import CalibrationPlan, protocol_text
+
+    plan = CalibrationPlan(
+        id="cal",
+        config="tiny_conv",
+        pilot="protocols/pilot.yaml",
+        pilot_command="harness run x",
+        step_cpu_us=3000.0,
+        pilot_runs=8,
+        sizes=(0.5, 1.0, 5.0),
+        designs=(1,),
+        pairs=2,
+        steps=8,
+        warmup_steps=2,
+        matmul_n=32,
+        matmul_pairs=0,
+        coverage_sizes=(0.5, 1.0, 5.0),
+        coverage_designs=(1,),
+        coverage_pairs=8,
+        replicate_pairs=4,
+        seed_base=100,
+        order_seed=7,
+        threads=1,
+    )
+    text, counts = protocol_text(plan)
+    repo = init_study(tmp_path / "cal")
+    (repo / "protocols" / "cal.yaml").write_text(text)
+    proto = load_protocol(repo / "protocols" / "cal.yaml")
+    assert counts == {"lockstep1": 24}
+    assert "matmul" not in text
+    assert [(s.planted["us"], s.planted["replicate_pairs"], len(s.seeds)) for s in proto.studies] == [
+        (15, 4, 8),
+        (30, 4, 8),
+        (150, 4, 8),
+    ]
