@@ -469,6 +469,29 @@ def restore_tag(proto: Any) -> str | None:
     )
 
 
+def _preregistered_at(proto: Any) -> str:
+    """Where the protocol says it is not preregistered: its file, key and line (or the default)."""
+    from harness.yamlio import load
+
+    line = load(proto.path).lines.get(("preregistered",))
+    if line is None:
+        return f"{proto.path}: key preregistered is not set (default false)"
+    return f"{proto.path}:{line}, key preregistered: false"
+
+
+def _refuse_tag_of_unpreregistered(proto: Any, doing: str) -> None:
+    """Refuse a protocol that is not preregistered while a tag of its id exists: the audit reads any
+    tag ``protocol-<id>`` as the study's definition, so records run untagged would all fail it."""
+    repo = gitutil.toplevel(proto.path)
+    if repo is None or gitutil.tag_info(repo, proto.tag_name) is None:
+        return
+    raise RefusedError(
+        f"{_preregistered_at(proto)}, but tag {proto.tag_name} exists, and the audit binds records to "
+        f"any tag of the id; to {doing}, either set preregistered: true (the tag then binds it), or "
+        f"delete the tag (git tag -d {proto.tag_name}); nothing was run"
+    )
+
+
 def check(proto: Any, plan_sha: str, runs: int) -> Frozen:
     """For a preregistered protocol: refuse unless everything frozen at the tag is unchanged.
 
@@ -478,6 +501,7 @@ def check(proto: Any, plan_sha: str, runs: int) -> Frozen:
     changes or untracked files. Returns what the records say about the freeze.
     """
     if not proto.preregistered:
+        _refuse_tag_of_unpreregistered(proto, "run it")
         return NOT_FROZEN
     repo = gitutil.toplevel(proto.path)
     if repo is None:
@@ -557,6 +581,12 @@ def tag(proto: Any, sign: bool = False) -> tuple[gitutil.TagInfo, dict[str, Any]
     repo = gitutil.toplevel(proto.path)
     if repo is None:
         raise RefusedError(f"{proto.path}: not inside a git repository; commit the protocol, then tag it")
+    if not proto.preregistered:
+        raise RefusedError(
+            f"{_preregistered_at(proto)}: a tag freezes a preregistered protocol, and the audit binds "
+            f"records to any tag {proto.tag_name}; set preregistered: true, commit, and tag it (or run "
+            "it untagged: a protocol that is not preregistered needs no tag); nothing was tagged"
+        )
     rel = proto.relpath
     if proto.calibration_pending:
         raise RefusedError(f"{proto.path}: calibration is pending; {calibration_step(proto)}")

@@ -419,3 +419,28 @@ def test_every_flag_has_help_and_device_choices_agree():
             assert action.help, f"harness {name}: {action.dest} has no help"
             if action.dest == "device":
                 assert list(action.choices) == DEVICES, name
+
+
+def test_a_protocol_that_is_not_preregistered_is_never_tagged_nor_run_beside_a_tag(repo):
+    """The audit reads any tag ``protocol-<id>`` as the study's definition, so the records of a
+    protocol run untagged beside such a tag would all fail it: ``harness tag`` refuses a protocol
+    that is not preregistered (naming file, key and line), and ``harness run`` refuses one whose
+    id has a tag (made by git directly), before anything is written."""
+    p = write(repo, tiny_protocol(prereg="false"))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "protocol")
+    r = harness(repo, "tag", str(p))
+    assert r.returncode == 2, r.stderr
+    assert f"{p}:{line_of(p, 'preregistered: false')}, key preregistered: false" in r.stderr
+    assert "nothing was tagged" in r.stderr and "Traceback" not in r.stderr
+    assert git(repo, "tag", "-l") == ""
+    git(repo, "tag", "-a", "protocol-tiny", "-m", "made by hand")
+    r = harness(repo, "run", str(p))
+    assert r.returncode == 2, r.stderr
+    assert "but tag protocol-tiny exists" in r.stderr and "git tag -d protocol-tiny" in r.stderr
+    assert not (repo / "records").exists()
+    git(repo, "tag", "-d", "protocol-tiny")
+    p.write_text(p.read_text().replace("preregistered: false\n", ""))
+    git(repo, "commit", "-qam", "the default")
+    r = harness(repo, "tag", str(p))
+    assert r.returncode == 2 and "key preregistered is not set (default false)" in r.stderr
