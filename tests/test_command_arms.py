@@ -238,7 +238,7 @@ def test_a_reporter_outside_the_harness_writes_nothing(monkeypatch, tmp_path):
 
 # -- plan-time refusals -----------------------------------------------------------------------------
 
-PROTOCOL = """\
+HEADER = """\
 id: cmd
 version: 1
 description: command arms
@@ -249,6 +249,10 @@ compile: false
 threads: 1
 budget_device_seconds: 100
 interval_level: 0.95
+"""  # the top-level keys every plan-time protocol of this file shares
+PROTOCOL = (
+    HEADER
+    + """\
 hypotheses:
   procedure: holm
   family_alpha: 0.05
@@ -267,6 +271,7 @@ studies:
     seeds: [1, 2, 3]
     steps: 5
 """
+)
 GOOD_ARM = '{command: [python, train.py, --seed, "{seed}", --out, "{out}"], timeout_s: 60}'
 
 
@@ -812,17 +817,9 @@ def test_an_unplanted_run_writes_no_plant_line(tmp_path):
     assert text is not None and '"plant"' not in text
 
 
-PLANTED_PROTOCOL = """\
-id: cmd
-version: 1
-description: a planted command study
-preregistered: false
-corpus: pydoc-topics
-device: cpu
-compile: false
-threads: 1
-budget_device_seconds: 100
-interval_level: 0.95
+PLANTED_PROTOCOL = (
+    HEADER
+    + """\
 hypotheses: {{descriptive: "a planted study"}}
 order_seed: 1
 studies:
@@ -837,6 +834,7 @@ studies:
     steps: 5
     planted: {planted}
 """
+)
 
 
 @pytest.mark.parametrize(

@@ -612,6 +612,20 @@ def ssh_key(path: Path) -> str:
     return path.with_suffix(".pub").read_text()
 
 
+def ssh_signed_study(tmp_path: Path, principal: str) -> tuple[Path, Path, str, Path, str]:
+    """A study tagged with a fresh ssh key whose line, after ``principal``, is the committed signers
+    file, and a second key (the forger's): the study, the key, its public line, the forger's key and
+    its line. Skips where ssh-keygen is not installed."""
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("ssh-keygen is not installed")
+    key, forger = tmp_path / "key", tmp_path / "forger"
+    pub, forged_pub = ssh_key(key), ssh_key(forger)
+    r = signed_study(
+        tmp_path / "study", (("gpg.format", "ssh"), ("user.signingkey", str(key))), f"{principal} {pub}"
+    )
+    return r, key, pub, forger, forged_pub
+
+
 @pytest.mark.process
 def test_signed_tag_verifies_against_the_reader_s_allowed_signers(tmp_path):
     if shutil.which("ssh-keygen") is None:
@@ -638,17 +652,9 @@ def test_trust_roots_from_the_repository_prove_nothing_and_a_re_signed_tag_is_na
     """Issue 35's second attack: a new tag object with the same message, signed by the forger's key,
     written to the records' TAG, and the repository's signers file swapped. With the repository's
     own roots the audit says so first and does not pass; with the reader's copy it fails."""
-    if shutil.which("ssh-keygen") is None:
-        pytest.skip("ssh-keygen is not installed")
     from audit.anchors import split_signature
 
-    key, forger = tmp_path / "key", tmp_path / "forger"
-    pub, forged_pub = ssh_key(key), ssh_key(forger)
-    r = signed_study(
-        tmp_path / "study",
-        (("gpg.format", "ssh"), ("user.signingkey", str(key))),
-        signers=f"test@example.invalid {pub}",
-    )
+    r, _, pub, forger, forged_pub = ssh_signed_study(tmp_path, "test@example.invalid")
     mine = tmp_path / "trusted_signers"  # the reader's own file, kept outside the repository
     mine.write_text(f"reader {pub}")
     assert audit(r, "--allowed-signers", str(mine)).returncode == 0

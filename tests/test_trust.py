@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import git, harness, private_copy, tiny_protocol
 from test_integrity import PROTO, RECS, audit, chain
-from test_provenance import refused, reseal_all, signed_study, ssh_key
+from test_provenance import refused, reseal_all, signed_study, ssh_key, ssh_signed_study
 
 from audit.cli import NOT_VERIFIED
 from harness.freeze import bytecode_problems, faithful_cache
@@ -194,15 +194,7 @@ def test_the_verification_recipe_from_a_fresh_clone_passes_only_with_outside_key
     the recipe (the tags' signatures, then the audit from the signed tag) and exits 0 only with the
     reader's own keys. No roots, the repository's signers file, or a byte copy of it: exit 3, the
     same status. A forgery resealed and signed again by another key: exit 1."""
-    if shutil.which("ssh-keygen") is None:
-        pytest.skip("ssh-keygen is not installed")
-    key, forger = tmp_path / "key", tmp_path / "forger"
-    pub, forged_pub = ssh_key(key), ssh_key(forger)
-    r = signed_study(
-        tmp_path / "study",
-        (("gpg.format", "ssh"), ("user.signingkey", str(key))),
-        signers=f'maintainers@example.invalid namespaces="git" {pub}',
-    )
+    r, _, pub, forger, forged_pub = ssh_signed_study(tmp_path, 'maintainers@example.invalid namespaces="git"')
     assert (r / RECS / "RESULT").is_file() and "result-tiny" in git(r, "tag", "-l")
     git(r, "add", "-A")
     git(r, "commit", "-qm", "records")
