@@ -95,8 +95,8 @@ def spin_us(size: float, step_cpu_us: float) -> int:
     return max(1, round(size / 100 * step_cpu_us))
 
 
-def protocol_text(p: CalibrationPlan) -> tuple[str, dict[str, Any]]:
-    """The calibration protocol's YAML text, and its studies' count of pairs per design."""
+def _studies(p: CalibrationPlan) -> tuple[list[str], dict[str, int]]:
+    """Every study's YAML lines (spins, then the matmul), and the pairs per design."""
     lines: list[str] = []
     base = p.seed_base
     counts: dict[str, int] = {}
@@ -117,21 +117,31 @@ def protocol_text(p: CalibrationPlan) -> tuple[str, dict[str, Any]]:
         )
         counts[_design(block)] = counts.get(_design(block), 0) + n
         base += 1000
+    return lines, counts
+
+
+def _matmul_parts(p: CalibrationPlan) -> tuple[str, str, str]:
+    """The cache-heavy plant's words in the description, its origin line and its seeds' clause
+    (all empty when the study plants spins only)."""
+    if not p.matmul_pairs:
+        return "", "", ""
+    return (
+        f", and a cache-heavy\n  {p.matmul_n}x{p.matmul_n} matrix product (true effect measured"
+        " by the longest blocks)",
+        f'  matmul: "{p.matmul_n}x{p.matmul_n} float32: the cache-heavy plant of the user report this'
+        ' calibration answers (a 288x288 matmul per step cost 4-5% of a tiny step)"\n',
+        f"{p.matmul_pairs} per design for the matmul; ",
+    )
+
+
+def protocol_text(p: CalibrationPlan) -> tuple[str, dict[str, Any]]:
+    """The calibration protocol's YAML text, and its studies' count of pairs per design."""
+    lines, counts = _studies(p)
     sizes = ", ".join(f"{s:g}% = {spin_us(s, p.step_cpu_us)} us" for s in p.sizes)
     designs = ", ".join("a process per arm" if b == 0 else f"lockstep blocks of {b}" for b in p.designs)
     through = f"every design the harness offers ({designs})" if len(p.designs) > 1 else designs
     coverage = ", ".join(f"{s:g}" for s in p.coverage_sizes)
-    matmul_text, matmul_origin, matmul_seeds = "", "", ""
-    if p.matmul_pairs:
-        matmul_text = (
-            f", and a cache-heavy\n  {p.matmul_n}x{p.matmul_n} matrix product (true effect measured"
-            " by the longest blocks)"
-        )
-        matmul_origin = (
-            f'  matmul: "{p.matmul_n}x{p.matmul_n} float32: the cache-heavy plant of the user report this'
-            ' calibration answers (a 288x288 matmul per step cost 4-5% of a tiny step)"\n'
-        )
-        matmul_seeds = f"{p.matmul_pairs} per design for the matmul; "
+    matmul_text, matmul_origin, matmul_seeds = _matmul_parts(p)
     header = f"""# {p.id}: the bias of every design against planted effects of known size (docs/decisions.md,
 # "The design chosen by its bias"). Written by: harness calibration-study {p.pilot} --config {p.config}{p.flags}
 # (analysis/calibration_study.py); edit the options, not this file, and write it again.
