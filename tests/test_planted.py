@@ -363,33 +363,30 @@ def test_an_interleaved_schedule_mixes_the_studies_and_keeps_each_unit_whole(rep
     assert plan_from_protocol(doc.document, doc.sha256, shas) == [r.to_json() for r in plan]
 
 
+def _calibration_plan(**given):
+    """A small calibration plan on tiny_conv: 2 pairs a cell, 8 steps, one thread."""
+    from analysis.calibration_study import CalibrationPlan
+
+    fixed = dict(id="cal", config="tiny_conv", pilot="protocols/pilot.yaml", pilot_command="harness run x")
+    small = dict(pairs=2, steps=8, warmup_steps=2, matmul_n=32, coverage_designs=(1,))
+    return CalibrationPlan(**fixed, **small, seed_base=100, order_seed=7, threads=1, **given)
+
+
 def test_calibration_study_is_written_from_a_pilot_and_plans(planted_runs, tmp_path):
-    from analysis.calibration_study import CalibrationPlan, pilot_step_cpu_us, protocol_text
+    from analysis.calibration_study import pilot_step_cpu_us, protocol_text
 
     records = typed(list(planted_runs.values()))
     us, n = pilot_step_cpu_us(records, "tiny_conv")
     assert us > 0 and n == 8
-    plan = CalibrationPlan(
-        id="cal",
-        config="tiny_conv",
-        pilot="protocols/pilot.yaml",
-        pilot_command="harness run x",
+    plan = _calibration_plan(
         step_cpu_us=us,
         pilot_runs=n,
         sizes=(0.5, 2.0),
         designs=(0, 1, 4),
-        pairs=2,
-        steps=8,
-        warmup_steps=2,
-        matmul_n=32,
-        matmul_pairs=2,
         coverage_sizes=(2.0,),
-        coverage_designs=(1,),
         coverage_pairs=4,
         replicate_pairs=2,
-        seed_base=100,
-        order_seed=7,
-        threads=1,
+        matmul_pairs=2,
     )
     text, counts = protocol_text(plan)
     repo = init_study(tmp_path / "cal")
@@ -545,29 +542,17 @@ def test_the_committed_calibration_protocols_are_what_the_command_writes(tmp_pat
 
 
 def test_a_spin_only_calibration_counts_coverage_at_every_size(tmp_path):
-    from analysis.calibration_study import CalibrationPlan, protocol_text
+    from analysis.calibration_study import protocol_text
 
-    plan = CalibrationPlan(
-        id="cal",
-        config="tiny_conv",
-        pilot="protocols/pilot.yaml",
-        pilot_command="harness run x",
+    plan = _calibration_plan(
         step_cpu_us=3000.0,
         pilot_runs=8,
         sizes=(0.5, 1.0, 5.0),
         designs=(1,),
-        pairs=2,
-        steps=8,
-        warmup_steps=2,
-        matmul_n=32,
         matmul_pairs=0,
         coverage_sizes=(0.5, 1.0, 5.0),
-        coverage_designs=(1,),
         coverage_pairs=8,
         replicate_pairs=4,
-        seed_base=100,
-        order_seed=7,
-        threads=1,
     )
     text, counts = protocol_text(plan)
     repo = init_study(tmp_path / "cal")
