@@ -20,6 +20,7 @@ from typing import Any
 from prereg.carryover import cells_mean
 from prereg.descriptive import magnitude_problem, mean_se, rounding_scale, scale, spread_is_rounding
 from prereg.ranks import median, sign_test, signed_rank, worst_rank_differences
+from prereg.replicates import random_effects
 from prereg.sequential import looks_problems
 from prereg.ttests import TestResult, one_sided, period_adjusted_mean, sign, t_result
 
@@ -708,7 +709,49 @@ def _t_estimate(
     h: Hypothesis, pairs: Sequence[Pair | PairRow], values: list[float], scales: list[float]
 ) -> tuple[tuple[str, float, float, int] | None, str | None]:
     """The t test's method, mean, standard error and degrees of freedom for ``h``'s per-pair values
-    (period-adjusted, by order cells for a lockstep study, where ``h`` says so), or why there is none."""
+    (period-adjusted, by order cells for a lockstep study, where ``h`` says so; in a replicated
+    protocol, the random-effects mean of the replicates' estimates: :func:`_replicates_estimate`),
+    or why there is none."""
+    replicates = [p.replicate for p in typed_pairs(pairs)]
+    if replicates and all(r is not None for r in replicates) and len(set(replicates)) > 1:
+        return _replicates_estimate(h, pairs, values, scales)
+    return _pairs_estimate(h, pairs, values, scales)
+
+
+def _replicates_estimate(
+    h: Hypothesis, pairs: Sequence[Pair | PairRow], values: list[float], scales: list[float]
+) -> tuple[tuple[str, float, float, int] | None, str | None]:
+    """A replicated protocol's estimate: each replicate's pairs give the estimate ``y_r`` and standard
+    error ``s_r`` the hypothesis would have on them alone (:func:`_pairs_estimate`: the plain,
+    period-adjusted or order-cell mean), and the test is on their random-effects mean with its
+    Hartung-Knapp-Sidik-Jonkman standard error and ``k - 1`` degrees of freedom
+    (:func:`.replicates.random_effects`, with ``v_r = s_r^2``). So a claim over replicates is
+    widened by as much as the replicates disagree, and its degrees of freedom are the replicates',
+    not the pairs'."""
+    typed = typed_pairs(pairs)
+    ys, vs = [], []
+    for r in sorted({p.replicate for p in typed if p.replicate is not None}):
+        at = [i for i, p in enumerate(typed) if p.replicate == r]
+        if spread_is_rounding([values[i] for i in at], [scales[i] for i in at]):
+            return None, f"replicate {r}: {ZERO_SPREAD}"
+        est, why = _pairs_estimate(
+            h, [typed[i] for i in at], [values[i] for i in at], [scales[i] for i in at]
+        )
+        if est is None:
+            return None, f"replicate {r}: {why}"
+        ys.append(est[1])
+        vs.append(est[2] ** 2)
+    try:
+        re = random_effects(ys, vs, 0.95)  # the level only sets the interval, which is not used here
+    except ValueError as e:
+        return None, f"the replicates' random-effects mean: {e}"
+    return ("t-replicates", re["mean"], re["se"], re["df"]), None
+
+
+def _pairs_estimate(
+    h: Hypothesis, pairs: Sequence[Pair | PairRow], values: list[float], scales: list[float]
+) -> tuple[tuple[str, float, float, int] | None, str | None]:
+    """The t test's method, mean, standard error and degrees of freedom from the pairs alone."""
     steps_first = [p.steps_first for p in typed_pairs(pairs)]
     if h.period_adjusted and steps_first and all(x in ("baseline", "candidate") for x in steps_first):
         # a lockstep study's order cells (build order x first block) as preregistered covariates

@@ -416,3 +416,99 @@ def test_the_audit_checks_a_replicated_folder(tmp_path):
     )
     row = next((line for line in out.stdout.splitlines() if line.startswith("replicates apart in time")), "")
     assert "ok: 2 replicates, each on a machine at least 0 s after the one before it there" in row, out.stdout
+
+
+def _replicated_pairs(effects, n, rng):
+    """Pairs of a replicated study: replicate ``r`` (1-based) has ``n`` pairs whose log ratio of
+    training time is ``effects[r-1]`` plus noise of SD 0.01, each arm's time around 2 s."""
+    from prereg.hypotheses import Pair
+
+    out = []
+    for r, e in enumerate(effects, start=1):
+        for i in range(n):
+            b = 2.0 * math.exp(rng.normal(0, 0.05))
+            c = b * math.exp(e + rng.normal(0, 0.01))
+            out.append(
+                Pair(
+                    unit=f"p{r}.{i}",
+                    seed=i,
+                    first="baseline",
+                    baseline_training_s=b,
+                    candidate_training_s=c,
+                    replicate=r,
+                )
+            )
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    effects=st.lists(st.floats(-0.05, 0.02), min_size=2, max_size=6),
+    n=st.integers(2, 9),
+    seed=st.integers(0, 2**31 - 1),
+    kind=st.sampled_from(["superiority", "non_inferiority", "equivalence"]),
+)
+def test_a_replicated_study_is_decided_on_the_replicates_random_effects_mean(effects, n, seed, kind):
+    """A replicated protocol's t-tested hypothesis: the estimate, standard error and degrees of
+    freedom are statsmodels' DL mean with the HKSJ interval over the replicates' own means and
+    squared standard errors, and the p-value is scipy's t with k - 1 degrees of freedom (not the
+    pooled pairs' n - 1)."""
+    from scipy import stats
+
+    from prereg.hypotheses import Hypothesis, bounds, test_of
+
+    pairs = _replicated_pairs(effects, n, np.random.default_rng(seed))
+    margin = {"superiority": 0.0, "non_inferiority": 0.01, "equivalence": 0.02}[kind]
+    h = Hypothesis.of(
+        {
+            "id": "H",
+            "study": "s",
+            "config": "tiny",
+            "endpoint": "training_time",
+            "estimand": "log_ratio",
+            "type": kind,
+            "better": "lower",
+            "margin": margin,
+        }
+    )
+    got, why, _ = test_of(h, pairs, 2)
+    assert why is None and got is not None
+    assert got.method == "t-replicates" and got.df == len(effects) - 1 and got.n == len(pairs)
+    y = [
+        np.log([p.candidate_training_s / p.baseline_training_s for p in pairs if p.replicate == r])
+        for r in range(1, len(effects) + 1)
+    ]
+    ys, vs = np.array([a.mean() for a in y]), np.array([a.var(ddof=1) / len(a) for a in y])
+    mu, _, lo, hi, _, _ = reference(ys, vs, 0.95)
+    se = (hi - lo) / (2 * stats.t.ppf(0.975, len(effects) - 1))
+    assert math.isclose(got.estimate, mu, rel_tol=1e-9, abs_tol=1e-12)
+    assert math.isclose(got.standard_error, se, rel_tol=1e-7, abs_tol=1e-12)
+    lower, upper = bounds(h)  # the region's mapping is tested in test_decision_rules.py
+    ts = ([(mu - lower) / se] if lower is not None else []) + (
+        [(upper - mu) / se] if upper is not None else []
+    )
+    ps = [stats.t.sf(t, len(effects) - 1) for t in ts]
+    assert math.isclose(got.p_value, max(ps), rel_tol=1e-6, abs_tol=1e-12)
+
+
+def test_a_replicate_without_spread_leaves_the_hypothesis_unreached():
+    from prereg.hypotheses import Hypothesis, Pair, test_of
+
+    pairs = _replicated_pairs([0.0, -0.01], 3, np.random.default_rng(1))
+    pairs = [
+        p if p.replicate == 1 else Pair(**{**p.__dict__, "candidate_training_s": p.baseline_training_s})
+        for p in pairs
+    ]
+    h = Hypothesis.of(
+        {
+            "id": "H",
+            "study": "s",
+            "config": "tiny",
+            "endpoint": "training_time",
+            "estimand": "log_ratio",
+            "type": "superiority",
+            "better": "lower",
+        }
+    )
+    got, why, _ = test_of(h, pairs, 2)
+    assert got is None and why.startswith("replicate 2: zero spread")
