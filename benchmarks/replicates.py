@@ -19,6 +19,13 @@ coverage of three intervals of ``mu`` at ``--level``, with Monte-Carlo standard 
 
     python benchmarks/replicates.py --studies 2000 --replicates 3 --pairs 8
 
+``--split FOLDER`` instead cuts a committed study's pairs (each paired study and configuration of
+its ``summary.json``), in run order, into ``--replicates`` consecutive slices, as a replicated
+protocol would have run them, and prints per clock the pooled interval's half-width beside the
+replicate model's (what a replicated protocol now decides on), at ``--level``:
+
+    python benchmarks/replicates.py --split records/cpu2 --replicates 3 --level 0.99
+
 Figures are proportions, not timings: a loaded machine changes only how long it takes.
 """
 
@@ -77,6 +84,38 @@ def cell(got: dict[str, float], m: str, studies: int) -> str:
     return f"{100 * p:.1f}% ({100 * math.sqrt(p * (1 - p) / studies):.1f}), width {got[m + '_width']:.2f}"
 
 
+def split(folder: Path, k: int, level: float) -> int:
+    """Each paired study and configuration of ``folder``'s summary.json, its pairs in run order cut
+    into ``k`` consecutive slices: the pooled and the replicate model's half-widths, in points."""
+    summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    print(f"{folder}: pairs in run order cut into {k} replicates; half-widths at {level:.0%}, points")
+    print(
+        "| study | configuration | clock | pairs | pooled half-width | replicate means | tau | replicate model half-width |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for study in summary["studies"]:
+        for cfg in study["configs"]:
+            pairs = sorted(cfg.get("pairs") or [], key=lambda p: p["order"])
+            for clock, key in (("wall", "training_s"), ("CPU", "training_cpu_s")):
+                d = [
+                    100 * math.log(p[f"candidate_{key}"] / p[f"baseline_{key}"])
+                    for p in pairs
+                    if p.get(f"candidate_{key}") and p.get(f"baseline_{key}")
+                ]
+                if len(d) < 2 * k:
+                    continue
+                pooled = mean_interval(d, level)
+                n = len(d)
+                _, ys, vs = replicate_estimates({r: d[r * n // k : (r + 1) * n // k] for r in range(k)})
+                re = random_effects(ys, vs, level)
+                means = ", ".join(f"{y:+.2f}" for y in ys)
+                print(
+                    f"| {study['name']} | {cfg['config']} | {clock} | {n} | {(pooled.high - pooled.low) / 2:.2f} "
+                    f"| {means} | {re['tau']:.2f} | {(re['hi'] - re['lo']) / 2:.2f} |"
+                )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--studies", type=int, default=2000)
@@ -89,7 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--level", type=float, default=0.95)
     ap.add_argument("--seed", type=int, default=47)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--split", type=Path, help="a records folder: its pairs cut into replicates")
     a = ap.parse_args(argv)
+    if a.split:
+        return split(a.split, a.replicates, a.level)
     se = a.sd / math.sqrt(a.pairs)
     rows = []
     print(
