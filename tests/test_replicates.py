@@ -512,3 +512,35 @@ def test_a_replicate_without_spread_leaves_the_hypothesis_unreached():
     )
     got, why, _ = test_of(h, pairs, 2)
     assert got is None and why.startswith("replicate 2: zero spread")
+
+
+def test_the_split_benchmark_cuts_a_committed_study_into_replicates(capsys):
+    """``benchmarks/replicates.py --split``: each slice's mean is the mean of its consecutive pairs,
+    and the replicate model's half-width is the summary's HKSJ one (statsmodels, as above)."""
+    import json
+    import runpy
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent.parent / "records" / "cpu2"
+    if not (folder / "summary.json").is_file():
+        pytest.skip("records/cpu2 is not in this checkout")
+    mod = runpy.run_path(str(folder.parent.parent / "benchmarks" / "replicates.py"))
+    assert mod["main"](["--split", str(folder), "--replicates", "3", "--level", "0.99"]) == 0
+    row = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| pairs | tiny_gqa | CPU |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    cfg = next(
+        c
+        for s in json.loads((folder / "summary.json").read_text())["studies"]
+        if s["name"] == "pairs"
+        for c in s["configs"]
+        if c["config"] == "tiny_gqa"
+    )
+    d = [
+        100 * math.log(p["candidate_training_cpu_s"] / p["baseline_training_cpu_s"])
+        for p in sorted(cfg["pairs"], key=lambda p: p["order"])
+    ]
+    parts = [np.array(d[r * len(d) // 3 : (r + 1) * len(d) // 3]) for r in range(3)]
+    ys, vs = [a.mean() for a in parts], [a.var(ddof=1) / len(a) for a in parts]
+    _, _, lo, hi, _, _ = reference(ys, vs, 0.99)
+    assert cells[3] == "56" and cells[5] == ", ".join(f"{y:+.2f}" for y in ys)
+    assert cells[7] == f"{(hi - lo) / 2:.2f}"
