@@ -151,6 +151,16 @@ def tiny_protocol(**kw) -> str:
     return TINY_PROTOCOL.format(**args)
 
 
+def failing_arm(repo: Path, **kw) -> str:
+    """A tiny protocol (``kw`` as :func:`tiny_protocol`'s) whose candidate is a plug-in arm that
+    raises when the worker builds it, before its first training step; under ``order_seed: 1`` the
+    first pair runs its candidate first."""
+    (repo / "boom.py").write_text(
+        "def build(ctx):\n    raise RuntimeError('deliberate failure of this arm')\n"
+    )
+    return tiny_protocol(**kw).replace("arms: [native, cotangent]", 'arms: [native, "boom:build"]')
+
+
 def pinned_corpus(repo: Path, rel: str = "corpus/topics.txt") -> str:
     """Write a local corpus file into ``repo`` (the embedded corpus's bytes, in one file) and return
     the protocol's ``corpus`` value pinning it, as one flow mapping."""

@@ -5,6 +5,8 @@
 this PID namespace, so it ends with this script and nothing outside it is touched. Starts a
 two-node cluster (each node one ``harness-cpu``) with ``harness node``, then:
 
+0. ``failing``: while only the head node is up, a study whose candidate fails at start-up (the
+   failure rule, :mod:`prereg.failstop`);
 1. ``full``: a protocol run with ``--ray``;
 2. ``driver``: the driver killed after its first record, then started again;
 3. ``node-during1``, ``node-between``, ``node-during2``: the second node killed (its processes, by
@@ -116,6 +118,13 @@ def main() -> int:
             },
         ).returncode
 
+    # 0. while the head node is the only one (one unit at a time, as locally): a study whose candidate
+    # fails at start-up, stopped by the failure rule
+    p = harness(
+        work / "failing", "run", "protocols/tiny.yaml", "--quiet", "--no-report", "--ray", address, env=env
+    )
+    out["failing_log"] = p.communicate(timeout=900)[0]
+    out["failing_rc"] = p.returncode
     out["second"] = second_node()
     # 1. a full run
     p = harness(

@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, git, harness, record_dicts, tiny_protocol
+from conftest import ROOT, failing_arm, git, harness, record_dicts, tiny_protocol
 
 from harness.plan import make_plan
 from harness.protocol import load_protocol
@@ -285,14 +285,6 @@ def test_worker_killed_is_recorded_failed(repo):
     failed = [x for x in recs if x["status"] == "failed"]
     assert len(failed) == 1 and "SIGKILL" in failed[0]["reason"] and len(recs) == 4
     assert all(x["env"]["test_slowdown"] == 8.0 for x in recs if x["status"] == "ok")
-
-
-def failing_arm(repo: Path) -> str:
-    """A tiny protocol whose candidate is a plug-in arm that raises when the worker builds it."""
-    (repo / "boom.py").write_text(
-        "def build(ctx):\n    raise RuntimeError('deliberate failure of this arm')\n"
-    )
-    return tiny_protocol().replace("arms: [native, cotangent]", 'arms: [native, "boom:build"]')
 
 
 @pytest.mark.process

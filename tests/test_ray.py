@@ -14,9 +14,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, harness, init_study, pinned_corpus, record_dicts, tiny_protocol
+from conftest import ROOT, failing_arm, harness, init_study, pinned_corpus, record_dicts, tiny_protocol
 
 from audit.cli import NOT_VERIFIED
+from harness.plan import make_plan
+from harness.protocol import load_protocol
 
 pytestmark = pytest.mark.process  # a Ray cluster and real workers: the process tier
 
@@ -31,8 +33,13 @@ KILLS = {"node-during1": 1, "node-between": 1, "node-during2": 2}
 
 def study(base: Path, name: str) -> Path:
     """The tiny protocol on a local corpus (shipped to the nodes through the object store), each node
-    keeping one fork server for its units; ``lockstep``: the same pairs in lockstep."""
+    keeping one fork server for its units; ``lockstep``: the same pairs in lockstep; ``failing``:
+    a candidate that fails at start-up (:func:`conftest.failing_arm`), its first pair candidate first."""
     (base / name).mkdir()
+    if name.startswith("failing"):  # the plug-in and the protocol uncommitted, as a user tries a change
+        init_study(base / name)
+        (base / name / "protocols" / "tiny.yaml").write_text(failing_arm(base / name, steps=6))
+        return base / name
     corpus = pinned_corpus(base / name)
     text = tiny_protocol(steps=6, corpus=corpus).replace("seeds: [1, 2]", f"seeds: {SEEDS}")
     if name == "lockstep":
@@ -43,10 +50,11 @@ def study(base: Path, name: str) -> Path:
 @pytest.fixture(scope="module")
 def scenarios(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     work = tmp_path_factory.mktemp("ray")
-    for name in ("full", "lockstep", "driver", *KILLS, "local"):
+    for name in ("full", "lockstep", "driver", *KILLS, "local", "failing", "failing-local"):
         study(work, name)
     local = harness(work / "local", "run", "protocols/tiny.yaml", "--quiet", "--no-report")
     assert local.returncode == 0, local.stdout + local.stderr
+    failing = harness(work / "failing-local", "run", "protocols/tiny.yaml", "--quiet", "--no-report")
     r = subprocess.run(
         [
             "unshare",
@@ -63,7 +71,12 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
         timeout=2400,
     )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    return work, json.loads((work / "scenarios.json").read_text())
+    out = json.loads((work / "scenarios.json").read_text())
+    return work, {
+        **out,
+        "failing_local_rc": failing.returncode,
+        "failing_local_log": failing.stdout + failing.stderr,
+    }
 
 
 def analysed(recs: list[dict]) -> list[dict]:
@@ -195,3 +208,43 @@ def test_node_killed_at_a_fixed_point_reruns_its_unit_whole(scenarios, name):
     assert (
         f"unit {unit} ran again whole: analysed from its unit attempt 2; {KILLS[name]} superseded" in a.stdout
     )
+
+
+def entries_of(repo: Path) -> tuple[list[str], list[tuple[str, int, str, bool]]]:
+    """A study's started entries (file names) and records (run id, attempt, status, whether it
+    trained), in ledger order."""
+    folder = repo / "records" / "tiny"
+    started = sorted(p.name for p in folder.glob("*.started.json"))
+    recs = [
+        (x["spec"]["run_id"], x["attempt"], x["status"], bool(x.get("curve"))) for x in record_dicts(folder)
+    ]
+    return started, recs
+
+
+def test_the_failure_rule_stops_a_pair_after_its_first_run_as_locally(scenarios):
+    """The first pair's candidate fails before its first training step (a plug-in arm that raises):
+    under Ray, as under the local executor, the pair's baseline never starts (no started entry, no
+    record), no further unit starts, the failure rule's line is printed, the exit status is the
+    local one, and both leave the same started entries and records; the summary's completeness
+    (what --retry-failed and a resume read) says the same stop."""
+    work, out = scenarios
+    ray_log, local_log = out["failing_log"], out["failing_local_log"]
+    assert out["failing_rc"] == out["failing_local_rc"] == 1, ray_log + local_log
+    for log in (ray_log, local_log):
+        assert "failure rule: every run of an arm so far failed before its first training step" in log, log
+        assert "deliberate failure of this arm" in log, log
+    plan = make_plan(load_protocol(work / "failing" / "protocols" / "tiny.yaml"))
+    first, second = plan[0], plan[1]
+    assert first.unit == second.unit and (first.role, second.role) == ("candidate", "baseline")
+    started, recs = entries_of(work / "failing")
+    assert recs == [(first.run_id, 1, "failed", False)], recs
+    assert not any(name.startswith(f"{second.run_id}.") for name in started), started  # never started
+    assert (started, recs) == entries_of(work / "failing-local")
+    reasons = [x["reason"] for x in record_dicts(work / "failing" / "records" / "tiny")]
+    assert "deliberate failure of this arm" in reasons[0], reasons
+    texts = []
+    for name in ("failing", "failing-local"):
+        harness(work / name, "report", "protocols/tiny.yaml", "--quiet")
+        summary = json.loads((work / name / "records" / "tiny" / "summary.json").read_text())
+        texts.append(summary["completeness"]["text"])
+    assert texts[0] == texts[1] and texts[0].startswith("STOPPED BY THE FAILURE RULE: 4 of 4"), texts

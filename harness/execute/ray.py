@@ -27,6 +27,11 @@
 * Attempts: a node announces each run before its worker starts and waits until the driver has
   appended the run's started entry to the ledger (a gate actor on the driver's node opens it), so
   every attempt that ever started is in the chain.
+* The failure rule (:mod:`prereg.failstop`): the driver applies it after each failed record, as the
+  local executor does, and refuses at the gate every run announced after it stopped the study,
+  writing nothing: a paired unit's second run, whose partner failed early, does not start (no
+  started entry, no record, as locally), nor do the unit's further runs; nor does a unit shipped
+  before the stop that has not started. A lockstep pair's one process runs as before.
 * Faults: a node or worker that dies mid-unit leaves the runs it started without an outcome; they
   are recorded ``interrupted`` with the node named and the unit runs again, whole, as a new unit
   attempt (the earlier one's records are superseded). A driver killed and started again finds the
@@ -277,18 +282,7 @@ class RayExecutor:
             if msg[0] == "end":
                 ended += 1
             elif msg[0] == "start":
-                _, rid, attempt, node = msg
-                spec = by_id[rid]
-                runner.started(
-                    spec,
-                    attempt,
-                    f"{node['host']}/{node['id'][:8]}",
-                    unit_attempt=self.unit_attempts.get((rid, attempt), 1),
-                )
-                self.gate.open.remote(f"{rid}.a{attempt}")
-                runner.announce(spec, attempt, f" on {node['host']}/{node['id'][:8]}")
-                if rid in started_of:
-                    started_of[rid][rid] = node
+                self._start(runner, by_id[msg[1]], msg[2], msg[3], started_of)
             else:
                 _, rid, attempt, node, out = msg
                 rec = runner.finished(by_id[rid], attempt, Outcome(**out), node)
@@ -299,6 +293,31 @@ class RayExecutor:
                     runner.echo(f"    reason: {rec.reason or '(none recorded)'} (logs on that node)")
                 for started in started_of.values():
                     started.pop(rid, None)
+                if rec.status == "failed":
+                    runner.failure_stops()  # says so once, where it stops the study
+
+    def _start(
+        self,
+        runner: RunnerPort,
+        spec: RunSpec,
+        attempt: int,
+        node: dict[str, Any],
+        started_of: dict[str, dict[str, dict[str, Any]]],
+    ) -> None:
+        """A node is about to start a run: append its started entry and open the run's gate; or,
+        once the failure rule (:mod:`prereg.failstop`) stops the study, refuse it with nothing
+        written, as the local executor never starts it (a lockstep pair's process, which runs both
+        arms at once, is never refused: its two runs are announced together)."""
+        key = f"{spec.run_id}.a{attempt}"
+        if not spec.lockstep and runner.failure_stops():
+            self.gate.open.remote(key, False)  # the node starts neither this run nor its unit's further ones
+            return
+        where = f"{node['host']}/{node['id'][:8]}"
+        runner.started(spec, attempt, where, unit_attempt=self.unit_attempts.get((spec.run_id, attempt), 1))
+        self.gate.open.remote(key)
+        runner.announce(spec, attempt, f" on {where}")
+        if spec.run_id in started_of:
+            started_of[spec.run_id][spec.run_id] = node
 
     @staticmethod
     def _lost(

@@ -4,7 +4,9 @@
 A unit's task (:func:`run_unit`) checks the node once per Ray worker process (its code, corpus,
 torch and device against the driver's), announces each run and waits at the driver's :class:`Gate`
 until its started entry is in the ledger, runs it as a fresh worker process through the protocol's
-launcher and sends its outcome back through the driver's queue.
+launcher and sends its outcome back through the driver's queue. A run the driver refuses at the
+gate (the failure rule stopped the study after an earlier run's record) does not start, and
+neither do the unit's further runs.
 """
 
 from __future__ import annotations
@@ -90,10 +92,12 @@ def _check_node(
 
 
 class Gate:
-    """Opens each run for its node once the driver has written its started entry (an async actor)."""
+    """Opens each run for its node once the driver has written its started entry, or refuses it
+    (the failure rule stopped the study: the run does not start; an async actor)."""
 
     def __init__(self) -> None:
         self.events: dict[str, Any] = {}
+        self.verdicts: dict[str, bool] = {}
 
     def _event(self, key: str) -> Any:
         import asyncio
@@ -101,10 +105,12 @@ class Gate:
         return self.events.setdefault(key, asyncio.Event())
 
     async def wait(self, key: str) -> bool:
+        """Whether the run may start, once the driver has said so."""
         await self._event(key).wait()
-        return True
+        return self.verdicts.get(key, True)
 
-    async def open(self, key: str) -> None:
+    async def open(self, key: str, go: bool = True) -> None:
+        self.verdicts[key] = go
         self._event(key).set()
 
 
@@ -153,9 +159,8 @@ def run_unit(
         each = _node_jobs(shipped, base, local)
         for job in each:
             queue.put(("start", job.spec.run_id, job.attempt, node))
-        for job in each:
-            if gate is not None:  # the started entries are in the ledger before the worker starts
-                ray.get(gate.wait.remote(f"{job.spec.run_id}.a{job.attempt}"), timeout=600)
+        if not _admitted(ray, gate, each):
+            break  # the failure rule stopped the study: the unit's further runs do not start
         first = each[0]
         work = f"{first.spec.run_id if len(each) == 1 else first.spec.unit}.a{first.attempt}"
         outcome = launch(
@@ -172,6 +177,15 @@ def run_unit(
         _test_hold(f"between:{k}")
     queue.put(("end", label))  # the driver stops waiting on messages and collects this task at once
     return label
+
+
+def _admitted(ray: Any, gate: Any, each: list[Job]) -> bool:
+    """Wait at the driver's gate until it has appended each run's started entry (True) or refused
+    the runs, writing nothing (False: the failure rule, :mod:`prereg.failstop`, stopped the study)."""
+    if gate is None:
+        return True
+    verdicts = [ray.get(gate.wait.remote(f"{job.spec.run_id}.a{job.attempt}"), timeout=600) for job in each]
+    return all(verdicts)
 
 
 def _launcher(name: str, cwd: Path) -> Launcher:

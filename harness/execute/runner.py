@@ -346,8 +346,8 @@ class Runner:
         """The failure rule, from its one home (:mod:`prereg.failstop`, which the summary and the
         audit apply to the records too): once every record of some arm failed before its first
         training step, one of them in this run of the command, no unit that has not started starts,
-        and no further run of a unit in progress; then ``stopped_for_failure`` says what failed. The
-        local and in-process executors ask it after each failed run."""
+        and no further run of a unit in progress; then ``stopped_for_failure`` says what failed. Every
+        executor asks it after each failed run; the Ray driver also before each run a node announces."""
         self.current()
         failing = [
             f for f in failing_arms(self._fail_attempts) if any(a[2] in self._failed_here for a in f[2])
