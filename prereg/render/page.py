@@ -16,7 +16,7 @@ from prereg.files import atomic_write
 from prereg.ledger import read_json
 from prereg.records import SCHEMA_VERSION
 from prereg.render.beside import Beside
-from prereg.render.model import Section, esc, to_html, to_md
+from prereg.render.model import Section, esc, to_md, write
 from prereg.render.sections import sections
 from prereg.results import Summary
 
@@ -63,7 +63,7 @@ def document(summary: Summary, parts: list[Section]) -> str:
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{esc(title)}</title><style>{STYLE}</style></head>\n<body><main>\n"
-        + "\n".join(to_html(parts))
+        + "\n".join(write(parts, False))
         + "\n</main></body></html>\n"
     )
 
