@@ -15,8 +15,6 @@ from prereg.decisions import HypothesisDecision
 from prereg.descriptive import reduction
 from prereg.results import Descriptive, Summary
 
-__all__ = ["CONVENTION", "answer_lines", "decision_cells", "planted_names", "terminal_answer"]
-
 CONVENTION = (
     "Each effect is a reduction in percent of the baseline's training time (positive: the candidate was "
     "faster) with its two-sided interval at the study's level, then the preregistered decisions on it."

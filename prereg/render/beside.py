@@ -16,8 +16,6 @@ from prereg.bounded import parse_json, read_regular
 from prereg.planted import design_label
 from prereg.results import PairedResult, Summary, SummaryFormatError
 
-__all__ = ["Beside", "BesideRow", "read_beside"]
-
 
 @dataclass(frozen=True)
 class BesideRow:

@@ -11,8 +11,6 @@ from typing import Any
 from prereg.render.model import Section, Table, cols, level_pct, num, para
 from prereg.results import Summary
 
-__all__ = ["interference_section", "model_section", "planted_section", "replicates_section"]
-
 PLANTED = "Planted reference effects: each design's bias"
 PLANTED_HEAD = cols(
     "Study | Design | Plant | Clock | Pairs | True effect | Estimate (interval) | Bias (interval) | "

@@ -13,22 +13,6 @@ from typing import Any
 
 from prereg.descriptive import PairedInterval
 
-__all__ = [
-    "Section",
-    "Table",
-    "Text",
-    "cells",
-    "cols",
-    "ends",
-    "esc",
-    "level_pct",
-    "num",
-    "para",
-    "raw",
-    "to_md",
-    "write",
-]
-
 
 def esc(x: Any) -> str:
     """``x`` as text, HTML-escaped for element content and attribute values."""

@@ -18,8 +18,6 @@ from prereg.render.model import Section, Table, Text, cells, cols, esc, level_pc
 from prereg.render.studies import answer_figure, every_pair, factorial, order_html, paired
 from prereg.results import Descriptive, Summary
 
-__all__ = ["LOOK_HEAD", "look_rows", "sections", "sequential_text"]
-
 #: The columns of the looks' table.
 LOOK_HEAD = cols(
     "Look | Pairs | Hypothesis | Test | n | p (stage-wise) | Level | Nominal | At this look | Stop"

@@ -16,8 +16,6 @@ from prereg.render.model import Section, Table, Text, cells, cols, ends, esc, le
 from prereg.render.svg import forest_svg, pairs_svg
 from prereg.results import PairedResult, StudyResult
 
-__all__ = ["answer_figure", "design_label", "every_pair", "factorial", "order_html", "paired"]
-
 MIB = 1024 * 1024
 NO_ORDER = "Too few pairs for order diagnostics."
 DONE_HEAD = "Configuration | Pairs where both reached the target | Time-to-target reduction"
