@@ -8,7 +8,7 @@ candidate / baseline)`` (the geometric one for a log ratio: ``100 x (1 - exp(mea
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from prereg.decisions import HypothesisDecision
@@ -81,9 +81,7 @@ def answer_lines(summary: Summary) -> list[str]:
     """One sentence per configuration of each (not planted) study: its effect in percent with its
     interval and the decisions on it; then any decision on no single configuration shown."""
     hyp = summary.hypotheses
-    decisions: Sequence[HypothesisDecision] = (
-        [] if isinstance(hyp, Descriptive) else [x.decision for x in hyp.decisions]
-    )
+    decisions = [] if isinstance(hyp, Descriptive) else [x.decision for x in hyp.decisions]
     none = "no preregistered decision" + (" (descriptive protocol)" if isinstance(hyp, Descriptive) else "")
     planted, cpu = planted_names(summary), summary.protocol.get("device") == "cpu"
     lines, said = [], set()

@@ -52,9 +52,9 @@ def read_beside(this: Summary, folder: Path, label: str | None = None) -> Beside
     except ValueError as e:
         raise SummaryFormatError(f"{path}: {str(e).removeprefix(f'{path}: ')}") from e
     earlier = Summary.read(data, str(path))
-    locks = {s["name"]: s.get("lockstep") for s in earlier.protocol["studies"]}
+    lock = {s["name"]: s.get("lockstep") for s in earlier.protocol["studies"]}
     designs = {
-        k: design_label("", v["block_steps"] if isinstance(v, dict) else None) for k, v in locks.items()
+        k: design_label("", v["block_steps"] if isinstance(v, dict) else None) for k, v in lock.items()
     }
     found: dict[tuple[str, str, str], tuple[str, PairedResult]] = {}
     for s in earlier.studies:

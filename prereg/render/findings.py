@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from prereg.render.model import Section, Table, cols, level_pct, num, para
+from prereg.render.model import Section, Table, Text, cols, level_pct, num, para
 from prereg.results import Summary
 
 PLANTED = "Planted reference effects: each design's bias"
@@ -37,9 +37,8 @@ TIMES_HEAD = cols("Replicate | First record (UTC) | Last record (UTC) | Machines
 
 def _section(title: str, anchor: str, sentence: str, head: list[str], rows: list[list[str]]) -> Section:
     """A section of one sentence and one table captioned as titled (none without rows)."""
-    return (
-        Section(title, [para(sentence), Table(title, head, rows)], anchor=anchor) if rows else Section(None)
-    )
+    blocks: list[Text | Table] = [para(sentence), Table(title, head, rows)]
+    return Section(title, blocks, anchor=anchor) if rows else Section(None)
 
 
 def _pts(x: float | None, *ends: float | None, scale: float = 1) -> str:
@@ -73,13 +72,12 @@ def _planted_row(r: Mapping[str, Any]) -> list[str]:
         else _pts(r["truth"]) + ", arithmetic"
     )
     bias = "0 (the reference)" if r.get("reference") else _pts(r["bias"], r["bias_lo"], r["bias_hi"])
-    cov = r.get("coverage")
-    cov_text = (
-        f"{cov['covered']} of {cov['studies']} studies of {cov['pairs_each']} pairs "
-        f"({100 * cov['rate']:.0f}%; 95% {100 * cov['lo']:.0f} to {100 * cov['hi']:.0f}%)"
-        if cov
-        else ""
-    )
+    cov_text = ""
+    if cov := r.get("coverage"):
+        cov_text = (
+            f"{cov['covered']} of {cov['studies']} studies of {cov['pairs_each']} pairs "
+            f"({100 * cov['rate']:.0f}%; 95% {100 * cov['lo']:.0f} to {100 * cov['hi']:.0f}%)"
+        )
     covered = "" if r.get("reference") else ("yes" if r.get("covered") else "no")
     return [*first, truth, _pts(r["estimate"], r["estimate_lo"], r["estimate_hi"]), bias, covered, cov_text]
 
@@ -108,9 +106,10 @@ def model_section(summary: Summary) -> Section:
     return _section(MODEL, "lockstep-model", sentence, MODEL_HEAD, rows)
 
 
-def stall_rows(summary: Summary) -> tuple[list[list[str]], float | None]:
-    """One row per lockstep study and configuration judged by the stall rule, and the rule's limit."""
-    out, limit = [], None
+def interference_section(summary: Summary) -> Section:
+    """The stall rule's section: one row per lockstep study and configuration it judged, the pairs
+    whose arms' CPU shares part each named."""
+    rows, limit = [], None
     for study, r in ((s, r) for s in summary.studies for r in s.configs):
         if s := getattr(r, "interference", None):
             limit = s["limit"]
@@ -120,13 +119,7 @@ def stall_rows(summary: Summary) -> tuple[list[list[str]], float | None]:
                 for f in s["flagged"]
             ]
             flagged = [str(s["pairs_judged"]), str(len(s["flagged"])), "; ".join(shown) or "none"]
-            out.append([study.name, r.config, *flagged])
-    return out, limit
-
-
-def interference_section(summary: Summary) -> Section:
-    """The stall rule's section: the lockstep pairs whose arms' CPU shares part, each named."""
-    rows, limit = stall_rows(summary)
+            rows.append([study.name, r.config, *flagged])
     sentence = (
         "Each arm's stall is its timed blocks' wall time less its own CPU time, where positive; its "
         "stall fraction, that over its training time; its CPU share, one less that. A pair whose two "

@@ -122,13 +122,12 @@ def paired(study: StudyResult, n: int, protocol_study: Mapping[str, Any] | None,
     arms, geo = f"{base} / {cand}", f"{base} / {cand} (geometric mean)"
     st = protocol_study or {}
     no_total, no_memory, clock = RAN[bool(st.get("lockstep")), "commands" in st]
-    blocks: list[Text | Table] = [
-        para(
-            f"Fixed-budget training time; pairs ran in {design_label(protocol_study)}. Times are geometric "
-            "means over the pairs (1 - candidate / baseline of them is the reduction shown). Intervals are "
-            f"two-sided {lvl} paired Student-t intervals; a positive reduction means the candidate was faster."
-        )
-    ]
+    said = (
+        f"Fixed-budget training time; pairs ran in {design_label(protocol_study)}. Times are geometric "
+        "means over the pairs (1 - candidate / baseline of them is the reduction shown). Intervals are "
+        f"two-sided {lvl} paired Student-t intervals; a positive reduction means the candidate was faster."
+    )
+    blocks: list[Text | Table] = [para(said)]
     head = ["Configuration", "Parameters", geo, "Time reduction", f"{lvl} interval", "Faster / slower pairs"]
     blocks += _clock(f"Training time, {arms}", head, cfgs, "training_time", "training_s")
     forest = [(c.config, *ends(c.training_time.interval)) for c in cfgs]
@@ -295,22 +294,17 @@ def factorial(study: StudyResult, declared: Mapping[str, Any]) -> list[Section]:
     in the order of the design ``declared`` (the protocol's study)."""
     factors, cells_ = design_of(declared)
     title = "norms x optimizer" if "factors" not in declared else " x ".join(f for f, _ in factors)
-    labels = {}
+    labels = {} if "factors" in declared else {"packed_adamw": "Packed AdamW"}
     for name, subset in effect_names(factors):
-        words = (
-            f"{factors[subset[0]][1][1]} {factors[subset[0]][0]}"
-            if len(subset) == 1
-            else "interaction"
-            + ("" if len(factors) == 2 else " " + " x ".join(factors[j][0] for j in subset))
-        )
-        labels[name] = words[0].upper() + words[1:]
-    if "factors" not in declared:
-        labels["packed_adamw"] = "Packed AdamW"
+        named = " x ".join(factors[j][0] for j in subset)  # an interaction of two factors: the one
+        words = f"{factors[subset[0]][1][1]} {named}" if len(subset) == 1 else "interaction"
+        words += f" {named}" if len(subset) > 1 and len(factors) > 2 else ""
+        labels.setdefault(name, words[0].upper() + words[1:])
     md: list[Text | Table] = []
     html: list[Text | Table] = []
     for c in study.factorial_configs():
         lvl, means, effects = level_pct(c.level), c.cell_mean_training_s or {}, c.effects or {}
-        shown = [k for k in _design_order(effects, list(labels)) if effects[k]]
+        shown = [k for k in _design_order(effects, [n for n, _ in effect_names(factors)]) if effects[k]]
         each = ", ".join(f"{k} {num(means[k], '.3f')} s" for k in cells_)
         md.append(Text(f"{c.config}: {c.blocks_used} blocks; mean training time {each}."))
         rows = [[labels[k], *_effect(effects[k], "–")] for k in shown if k in labels]

@@ -32,7 +32,7 @@ def label_width(labels: list[str]) -> int:
     return max(LEFT, int(CHAR_W * max((len(t) for t in labels), default=0)) + 20)
 
 
-def _plot(ident: str, title: str, desc: str, rows: Rows, top: int, mark: Mark, unit: str) -> str:
+def _plot(ident: str, title: str, desc: str, rows: Rows, top: int, mark: Mark) -> str:
     """An SVG plot: its opening, title and description, grid ticks and a dashed zero line over the
     rows' values, then each row's label and ``mark``'s drawing of its values; the label column as
     wide as its longest label needs (the plot's width grows with it)."""
@@ -56,7 +56,7 @@ def _plot(ident: str, title: str, desc: str, rows: Rows, top: int, mark: Mark, u
     for t in _ticks(lo, hi):
         parts.append(
             f'<line x1="{x(t):.1f}" y1="{top - 8}" x2="{x(t):.1f}" y2="{height - 24}" stroke="#e4e4e4"/>'
-            f'<text x="{x(t):.1f}" y="{height - 8}" text-anchor="middle">{t:g}{unit}</text>'
+            f'<text x="{x(t):.1f}" y="{height - 8}" text-anchor="middle">{t:g}%</text>'
         )
     parts.append(
         f'<line x1="{x(0):.1f}" y1="{top - 12}" x2="{x(0):.1f}" y2="{height - 24}" stroke="#555" '
@@ -71,11 +71,11 @@ def _plot(ident: str, title: str, desc: str, rows: Rows, top: int, mark: Mark, u
 
 
 def forest_svg(
-    ident: str, title: str, rows: list[tuple[str, float | None, float | None, float | None]], unit: str = "%"
+    ident: str, title: str, rows: list[tuple[str, float | None, float | None, float | None]]
 ) -> str:
     """Estimates with intervals, a line at zero: ``rows`` (label, estimate, low, high); a None drops a row."""
     shown = [(t, (e, lo, hi)) for t, e, lo, hi in rows if e is not None and lo is not None and hi is not None]
-    desc = "; ".join(f"{t}: {e:.2f}{unit} ({lo:.2f} to {hi:.2f}{unit})" for t, (e, lo, hi) in shown)
+    desc = "; ".join(f"{t}: {e:.2f}% ({lo:.2f} to {hi:.2f}%)" for t, (e, lo, hi) in shown)
 
     def mark(x: Callable[[float], float], y: float, v: Sequence[float]) -> str:
         color = "#1f5fa8" if v[1] > 0 else ("#b3361f" if v[2] < 0 else "#555")
@@ -84,7 +84,7 @@ def forest_svg(
             f'stroke-width="2"/><circle cx="{x(v[0]):.1f}" cy="{y:.1f}" r="4.5" fill="{color}"/>'
         )
 
-    return _plot(ident, title, desc, shown, 34, mark, unit) if shown else ""
+    return _plot(ident, title, desc, shown, 34, mark) if shown else ""
 
 
 def pairs_svg(ident: str, title: str, rows: list[tuple[str, list[float]]]) -> str:
@@ -101,4 +101,4 @@ def pairs_svg(ident: str, title: str, rows: list[tuple[str, list[float]]]) -> st
             for v in vals
         )
 
-    return _plot(ident, title, desc, rows, 20, mark, "%") if rows else ""
+    return _plot(ident, title, desc, rows, 20, mark) if rows else ""
