@@ -119,10 +119,8 @@ def write(sections: Sequence[Section], md: bool) -> list[str]:
     out: list[str] = []
     for s in (s for s in sections if s.only != ("html" if md else "md")):
         anchor = f" id={s.anchor}" if s.anchor else ""
-        if s.title is not None:
-            out.append(
-                "#" * s.level + f" {s.title}" if md else f"<h{s.level}{anchor}>{esc(s.title)}</h{s.level}>"
-            )
+        heading = "#" * s.level + f" {s.title}" if md else f"<h{s.level}{anchor}>{esc(s.title)}</h{s.level}>"
+        out += [heading] if s.title is not None else []
         out += [x for b in s.blocks if (x := b.text(md)) is not None]
     return out
 

@@ -209,11 +209,8 @@ def _costs(
         para("Peak memory."),
         Table("", ["Configuration", f"{arms} peak (geometric mean)", "Reduction"], mem_md),
     ]
-    costs = Table(
-        f"{NO_METRIC if fm is None else words}, total completion time and time to the validation target",
-        [*head, "Total-time reduction", "Time-to-target reduction"],
-        page,
-    )
+    caption = f"{NO_METRIC if fm is None else words}, total completion time and time to the validation target"
+    costs = Table(caption, [*head, "Total-time reduction", "Time-to-target reduction"], page)
     memory = Table(MEMORY, ["Configuration", f"{arms} (geometric mean)", "Reduction"], mem_page)
     return [
         Section(None, md if mem_md else [*md[:-1], para(no_memory)], only="md"),
@@ -243,12 +240,8 @@ def _md_pairs(cfgs: Sequence[PairedResult], lvl: str) -> Section:
         f"Order diagnostics ({lvl} intervals): AB/BA period effect, treatment-by-period check, drift "
         "over execution order."
     )
-    blocks: list[Text | Table] = [
-        para("Every pair, including adverse ones."),
-        Table("", head, rows),
-        para(order),
-    ]
-    return Section(None, [*blocks, Text("\n".join(lines))], only="md")
+    blocks: list[Text | Table] = [para("Every pair, including adverse ones."), Table("", head, rows)]
+    return Section(None, [*blocks, para(order), Text("\n".join(lines))], only="md")
 
 
 def _order(c: PairedResult, at: str, md: bool) -> list[str]:
@@ -262,15 +255,12 @@ def _order(c: PairedResult, at: str, md: bool) -> list[str]:
             + (f", [{d['low']:+.4f}, {d['high']:+.4f}])" if d["low"] is not None else ")")
             for d in dev["devices"]
         )
-        het = dev["heterogeneity"]
+        h = dev["heterogeneity"]
+        het = f". Heterogeneity across devices: F = {h['F']:.3g}, p = {h['p_value']:.3g}." if h else "."
         out.append(
             f"{c.config}: pairs ran on {len(dev['devices'])} devices; every pair within one device, so the "
-            f"pooled interval averages within-device differences. Per device, ln(candidate/baseline time): {each}"
-            + (
-                f". Heterogeneity across devices: F = {het['F']:.3g}, p = {het['p_value']:.3g}."
-                if het
-                else "."
-            )
+            "pooled interval averages within-device differences. Per device, ln(candidate/baseline time): "
+            f"{each}{het}"
         )
     if oe.get("crossover"):
         p, k = oe["crossover"]["period"], oe["crossover"]["carryover"]

@@ -64,9 +64,8 @@ def _plot(ident: str, title: str, desc: str, rows: Rows, top: int, mark: Mark) -
     )
     for i, (label, vals) in enumerate(rows):
         y = top + ROW_H * i + ROW_H / 2
-        parts.append(
-            f'<text x="{left - 10}" y="{y + 4:.1f}" text-anchor="end">{esc(label)}</text>' + mark(x, y, vals)
-        )
+        name = f'<text x="{left - 10}" y="{y + 4:.1f}" text-anchor="end">{esc(label)}</text>'
+        parts.append(name + mark(x, y, vals))
     return "".join(parts) + "</svg>"
 
 
