@@ -95,7 +95,7 @@ def main() -> int:
                         bad.append(f"{rel}:{line}: importlib loads a module of ours by name")
     # what a real import of the audit loads, on a bare Python
     probe = (
-        "import sys; sys.path.insert(0, '.'); import audit.cli, prereg.render.published; "
+        "import sys; sys.path.insert(0, '.'); import audit.cli, prereg.render.page; "
         "ours = ('prereg', 'audit'); "
         "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] not in sys.stdlib_module_names "
         "and m.split('.')[0] not in ours and m != '__main__')))"

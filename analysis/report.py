@@ -50,7 +50,7 @@ def write_report(
     summary_path = records_dir / "summary.json"
     write_json(summary_path, sealed, pretty=True)
     # the texts are rendered from what summary.json holds, as the audit renders them again
-    # (prereg.render.published): its key order, not the in-memory one
+    # (prereg.render.page): its key order, not the in-memory one
     summary = Summary.read(json.loads(summary_path.read_text(encoding="utf-8")), str(summary_path))
     shown = read_beside(summary, beside, beside_rel) if beside is not None else None
     md = markdown(summary, shown)

@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from prereg.bounded import InputLimitError, read_regular
-from prereg.render.published import published_texts
+from prereg.render.page import published_texts
 
 #: ``report.md`` ends with these links when matplotlib made the plots (``harness report``).
 _PLOT_LINKS = re.compile(r"\n(?:!\[[A-Za-z0-9_.-]+\]\([A-Za-z0-9_.-]+\.png\)\n)+")

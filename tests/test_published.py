@@ -133,7 +133,7 @@ def test_each_committed_study_renders_byte_for_byte_as_committed(folder):
     unless the change is named and the texts are rendered again."""
     import json
 
-    from prereg.render.published import published_texts
+    from prereg.render.page import published_texts
 
     report = (folder / "report.md").read_text(encoding="utf-8")
     page = (folder / "index.html").read_text(encoding="utf-8")

@@ -1,3 +1,3 @@
-"""The published texts: ``report.md`` (:mod:`.report`) and ``index.html`` (:mod:`.page`) rendered
-from a study's :class:`prereg.results.Summary`, standard library only, so the public audit renders
-them again with the same code (:mod:`.published`)."""
+"""The published texts: ``report.md`` and ``index.html`` (:mod:`.page`) rendered from a study's
+:class:`prereg.results.Summary` through one list of sections (:mod:`.model`), standard library only,
+so the public audit renders them again with the same code (:func:`.page.published_texts`)."""

@@ -3,29 +3,22 @@ preregistered decisions on it, one sentence per configuration. report.md opens w
 the page's first screen shows them, and ``harness run`` and ``harness report`` print them last.
 
 One sign convention everywhere: a reduction in percent of the baseline's time, ``100 x (1 -
-candidate / baseline)`` (the geometric one for a log ratio: ``100 x (1 - exp(mean log ratio))``);
-positive means the candidate was faster."""
+candidate / baseline)`` (the geometric one for a log ratio: ``100 x (1 - exp(mean log ratio))``,
+:func:`prereg.descriptive.reduction`); positive means the candidate was faster."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from prereg.decisions import HypothesisDecision
+from prereg.descriptive import reduction
 from prereg.results import Descriptive, Summary
-
-__all__ = ["CONVENTION", "answer_lines", "decision_cells", "planted_names", "reduction", "terminal_answer"]
 
 CONVENTION = (
     "Each effect is a reduction in percent of the baseline's training time (positive: the candidate was "
     "faster) with its two-sided interval at the study's level, then the preregistered decisions on it."
 )
-
-
-def reduction(log_ratio: float) -> float:
-    """A log ratio ``ln(candidate / baseline)`` as a reduction in percent."""
-    return 100.0 * -math.expm1(log_ratio)
 
 
 def planted_names(summary: Summary) -> set[str]:
@@ -88,10 +81,8 @@ def answer_lines(summary: Summary) -> list[str]:
     """One sentence per configuration of each (not planted) study: its effect in percent with its
     interval and the decisions on it; then any decision on no single configuration shown."""
     hyp = summary.hypotheses
-    decisions: Sequence[HypothesisDecision] = (
-        [] if isinstance(hyp, Descriptive) else [x.decision for x in hyp.decisions]
-    )
-    none = "no preregistered decision (descriptive protocol)" if isinstance(hyp, Descriptive) else None
+    decisions = [] if isinstance(hyp, Descriptive) else [x.decision for x in hyp.decisions]
+    none = "no preregistered decision" + (" (descriptive protocol)" if isinstance(hyp, Descriptive) else "")
     planted, cpu = planted_names(summary), summary.protocol.get("device") == "cpu"
     lines, said = [], set()
     for study in (s for s in summary.studies if s.configs and s.name not in planted):
@@ -104,11 +95,7 @@ def answer_lines(summary: Summary) -> list[str]:
                 what, effects = "factorial", _factorial_effects(c)
             mine = [d for d in decisions if d.study == study.name and d.config == c.config]
             said |= {d.id for d in mine}
-            verdict = (
-                "decisions: " + ", ".join(map(_decided, mine))
-                if mine
-                else none or "no preregistered decision"
-            )
+            verdict = "decisions: " + ", ".join(map(_decided, mine)) if mine else none
             lines.append(f"{study.name} / {c.config} ({what}): {effects}; {verdict}.")
     for d in (d for d in decisions if d.id not in said):
         if d.estimate is None or d.low is None or d.high is None:

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prereg.bounded import parse_json, read_regular
+from prereg.planted import design_label
 from prereg.results import PairedResult, Summary, SummaryFormatError
-
-__all__ = ["Beside", "BesideRow", "read_beside"]
 
 
 @dataclass(frozen=True)
@@ -39,11 +38,6 @@ class Beside:
     rows: tuple[BesideRow, ...]
 
 
-def _design(protocol_study: dict[str, object]) -> str:
-    lock = protocol_study.get("lockstep")
-    return f"lockstep, blocks of {lock['block_steps']}" if isinstance(lock, dict) else "a process per arm"
-
-
 def read_beside(this: Summary, folder: Path, label: str | None = None) -> Beside:
     """The configurations of ``this`` (its paired studies of two different arms) that the study whose
     records are in ``folder`` also ran with the same arms, from that folder's ``summary.json``.
@@ -58,22 +52,18 @@ def read_beside(this: Summary, folder: Path, label: str | None = None) -> Beside
     except ValueError as e:
         raise SummaryFormatError(f"{path}: {str(e).removeprefix(f'{path}: ')}") from e
     earlier = Summary.read(data, str(path))
-    designs = {s["name"]: _design(s) for s in earlier.protocol["studies"]}
-    rows = []
-    for study in this.studies:
-        for c in study.paired_configs():
-            if c.baseline_arm == c.candidate_arm:
-                continue
-            match = next(
-                (
-                    (s.name, e)
-                    for s in earlier.studies
-                    for e in s.paired_configs()
-                    if (e.config, e.baseline_arm, e.candidate_arm)
-                    == (c.config, c.baseline_arm, c.candidate_arm)
-                ),
-                None,
-            )
-            if match is not None:
-                rows.append(BesideRow(c.config, study.name, c, match[0], designs.get(match[0], ""), match[1]))
+    lock = {s["name"]: s.get("lockstep") for s in earlier.protocol["studies"]}
+    designs = {
+        k: design_label("", v["block_steps"] if isinstance(v, dict) else None) for k, v in lock.items()
+    }
+    found: dict[tuple[str, str, str], tuple[str, PairedResult]] = {}
+    for s in earlier.studies:
+        for r in s.paired_configs():
+            found.setdefault((r.config, r.baseline_arm, r.candidate_arm), (s.name, r))
+    rows = [
+        BesideRow(c.config, study.name, c, m[0], designs.get(m[0], ""), m[1])
+        for study in this.studies
+        for c in study.paired_configs()
+        if c.baseline_arm != c.candidate_arm and (m := found.get((c.config, c.baseline_arm, c.candidate_arm)))
+    ]
     return Beside(str(earlier.protocol["id"]), label or str(folder), tuple(rows))

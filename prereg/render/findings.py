@@ -8,10 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from prereg.render.model import Section, Table, cols, para
+from prereg.render.model import Section, Table, Text, cols, level_pct, num, para
 from prereg.results import Summary
-
-__all__ = ["interference_section", "model_section", "planted_section", "replicates_section"]
 
 PLANTED = "Planted reference effects: each design's bias"
 PLANTED_HEAD = cols(
@@ -39,15 +37,14 @@ TIMES_HEAD = cols("Replicate | First record (UTC) | Last record (UTC) | Machines
 
 def _section(title: str, anchor: str, sentence: str, head: list[str], rows: list[list[str]]) -> Section:
     """A section of one sentence and one table captioned as titled (none without rows)."""
-    return (
-        Section(title, [para(sentence), Table(title, head, rows)], anchor=anchor) if rows else Section(None)
-    )
+    blocks: list[Text | Table] = [para(sentence), Table(title, head, rows)]
+    return Section(title, blocks, anchor=anchor) if rows else Section(None)
 
 
-def _pts(x: float | None, *ends: float | None) -> str:
-    """Points with a sign; with ``ends``, the interval after them."""
-    text = "n/a" if x is None else f"{x:+.2f}"
-    return text + (f" ({_pts(ends[0])} to {_pts(ends[1])})" if ends else "")
+def _pts(x: float | None, *ends: float | None, scale: float = 1) -> str:
+    """Points with a sign (``x`` times ``scale``); with ``ends``, the interval after them."""
+    text = "n/a" if x is None else f"{scale * x:+.2f}"
+    return text + (f" ({_pts(ends[0], scale=scale)} to {_pts(ends[1], scale=scale)})" if ends else "")
 
 
 def planted_section(summary: Summary) -> Section:
@@ -60,7 +57,7 @@ def planted_section(summary: Summary) -> Section:
         "positive: the plant read as costing more; a point is about a percentage point here). A "
         "spin's true effect is arithmetic, pair by pair; a cache-heavy plant's is measured by the "
         "design with the longest blocks (its interval shown), the others' bias the Welch difference "
-        f"from it. Intervals at {100 * level:g}%; Covered: the nominal interval holds the true effect."
+        f"from it. Intervals at {level_pct(level)}; Covered: the nominal interval holds the true effect."
     )
     return _section(PLANTED, "planted", sentence, PLANTED_HEAD, [_planted_row(r) for r in rows])
 
@@ -69,24 +66,20 @@ def _planted_row(r: Mapping[str, Any]) -> list[str]:
     first = [r["study"], r["design"], r["plant"], r["clock"], str(r["pairs"])]
     if r.get("bias") is None:
         return [*first, "n/a", "n/a", r.get("why", "n/a"), "", ""]
-    truth = _pts(r["truth"]) + (
-        f" ({_pts(r['truth_lo'])} to {_pts(r['truth_hi'])}), measured" if "truth_lo" in r else ", arithmetic"
+    truth = (
+        _pts(r["truth"], r["truth_lo"], r["truth_hi"]) + ", measured"
+        if "truth_lo" in r
+        else _pts(r["truth"]) + ", arithmetic"
     )
     bias = "0 (the reference)" if r.get("reference") else _pts(r["bias"], r["bias_lo"], r["bias_hi"])
-    cov = r.get("coverage")
-    cov_text = (
-        f"{cov['covered']} of {cov['studies']} studies of {cov['pairs_each']} pairs "
-        f"({100 * cov['rate']:.0f}%; 95% {100 * cov['lo']:.0f} to {100 * cov['hi']:.0f}%)"
-        if cov
-        else ""
-    )
+    cov_text = ""
+    if cov := r.get("coverage"):
+        cov_text = (
+            f"{cov['covered']} of {cov['studies']} studies of {cov['pairs_each']} pairs "
+            f"({100 * cov['rate']:.0f}%; 95% {100 * cov['lo']:.0f} to {100 * cov['hi']:.0f}%)"
+        )
     covered = "" if r.get("reference") else ("yes" if r.get("covered") else "no")
     return [*first, truth, _pts(r["estimate"], r["estimate_lo"], r["estimate_hi"]), bias, covered, cov_text]
-
-
-def _iv(v: Mapping[str, Any] | None) -> str:
-    """A model coefficient in points with its interval."""
-    return "n/a" if not v else f"{100 * v['estimate']:+.2f} ({100 * v['lo']:+.2f} to {100 * v['hi']:+.2f})"
 
 
 def model_section(summary: Summary) -> Section:
@@ -94,16 +87,14 @@ def model_section(summary: Summary) -> Section:
     ``carry_over`` of its configurations), when its records hold what the model needs; planted
     studies too, since their order effects are those of the design they measure."""
     rows = []
-    for study in summary.studies:
-        for r in study.configs:
-            cells_ = getattr(r, "order_cells", None) or {}  # a paired result's (factorial results have none)
-            carry = getattr(r, "carry_over", None) or {}
-            for clock in ("wall", "CPU"):
-                m, c = cells_.get(clock) or {}, carry.get(clock) or {}
-                if m or c:
-                    fit = [_iv(m.get(k)) for k in ("effect", "built_first", "steps_first", "interaction")]
-                    pairs = str(m.get("pairs") or c.get("pairs") or "")
-                    rows.append([study.name, r.config, clock, pairs, *fit, *(_iv(c.get(k)) for k in CARRY)])
+    for study, r, clock in ((s, r, k) for s in summary.studies for r in s.configs for k in ("wall", "CPU")):
+        m = (getattr(r, "order_cells", None) or {}).get(clock) or {}  # a paired result's (factorial: none)
+        c = (getattr(r, "carry_over", None) or {}).get(clock) or {}
+        fit = [m.get(k) for k in ("effect", "built_first", "steps_first", "interaction")]
+        fit += [c.get(k) for k in CARRY]  # coefficients in points, each with its interval
+        shown = [_pts(v["estimate"], v["lo"], v["hi"], scale=100) if v else "n/a" for v in fit]
+        if m or c:
+            rows.append([study.name, r.config, clock, str(m.get("pairs") or c.get("pairs") or ""), *shown])
     sentence = (
         "Per lockstep study, the per-pair log ratio fitted on the four order cells (which arm was built "
         "first, which stepped first; sum coding, +1 when the candidate is first): the effect with the "
@@ -115,30 +106,20 @@ def model_section(summary: Summary) -> Section:
     return _section(MODEL, "lockstep-model", sentence, MODEL_HEAD, rows)
 
 
-def _frac(v: Any) -> str:
-    return "n/a" if v is None else f"{v:.3f}"
-
-
-def stall_rows(summary: Summary) -> tuple[list[list[str]], float | None]:
-    """One row per lockstep study and configuration judged by the stall rule, and the rule's limit."""
-    out, limit = [], None
-    for study in summary.studies:
-        for r in study.configs:
-            if s := getattr(r, "interference", None):
-                limit = s["limit"]
-                named = "; ".join(
-                    f"{f['unit']} ({_frac(f['baseline_stall_fraction'])}, "
-                    f"{_frac(f['candidate_stall_fraction'])}; {_frac(f['log_share_difference'])})"
-                    for f in s["flagged"]
-                )
-                flagged = [str(s["pairs_judged"]), str(len(s["flagged"])), named or "none"]
-                out.append([study.name, r.config, *flagged])
-    return out, limit
-
-
 def interference_section(summary: Summary) -> Section:
-    """The stall rule's section: the lockstep pairs whose arms' CPU shares part, each named."""
-    rows, limit = stall_rows(summary)
+    """The stall rule's section: one row per lockstep study and configuration it judged, the pairs
+    whose arms' CPU shares part each named."""
+    rows, limit = [], None
+    for study, r in ((s, r) for s in summary.studies for r in s.configs):
+        if s := getattr(r, "interference", None):
+            limit = s["limit"]
+            fractions = ("baseline_stall_fraction", "candidate_stall_fraction", "log_share_difference")
+            shown = [
+                "{} ({}, {}; {})".format(f["unit"], *(num(f[k], ".3f") for k in fractions))
+                for f in s["flagged"]
+            ]
+            flagged = [str(s["pairs_judged"]), str(len(s["flagged"])), "; ".join(shown) or "none"]
+            rows.append([study.name, r.config, *flagged])
     sentence = (
         "Each arm's stall is its timed blocks' wall time less its own CPU time, where positive; its "
         "stall fraction, that over its training time; its CPU share, one less that. A pair whose two "
@@ -155,7 +136,7 @@ def _replicate_row(r: Mapping[str, Any]) -> list[str]:
     )
     if "mean" not in r:
         return [r["study"], r["config"], r["clock"], each, r.get("why", "n/a"), "", ""]
-    mean = f"{r['mean']:+.2f} ({r['lo']:+.2f} to {r['hi']:+.2f})"
+    mean = _pts(r["mean"], r["lo"], r["hi"])
     return [r["study"], r["config"], r["clock"], each, mean, f"{r['tau']:.2f}", f"{100 * r['i2']:.0f}%"]
 
 
@@ -176,7 +157,7 @@ def replicates_section(summary: Summary) -> Section:
     when and where each ran (none when the protocol declares no replicates)."""
     rows = summary.replicates or []
     level = next((r["level"] for r in rows if "level" in r), None)
-    at = f" at {100 * level:g}%" if level is not None else ""
+    at = f" at {level_pct(level)}" if level is not None else ""
     sentence = (
         "Each replicate is a separate run of the runner, at another time or on another machine. "
         "Estimates in points of the log ratio (100 x ln(candidate / baseline) training time; positive: "

@@ -1,8 +1,8 @@
-"""The section model of the published texts and its two writers: a study's ``report.md`` and its
-page ``index.html`` are one list of :class:`Section` (a title, then blocks: sentences, tables,
-figures), built once from the summary (:mod:`prereg.render.sections`), written by :func:`to_md` and
-:func:`to_html`. A block that one output leaves out says so (``only``); the number formats and the
-cells that both show are made here, once."""
+"""The section model of the published texts: a study's ``report.md`` and its page ``index.html``
+are one list of :class:`Section` (a title, then blocks: sentences, tables, figures), built once from
+the summary (:mod:`prereg.render.sections`) and written by one walk, :func:`write`, for either
+output (:func:`to_md` joins report.md's). A block that one output leaves out says so (``only``); the
+number formats and the cells that both show are made here, once."""
 
 from __future__ import annotations
 
@@ -12,21 +12,6 @@ from html import escape
 from typing import Any
 
 from prereg.descriptive import PairedInterval
-
-__all__ = [
-    "Section",
-    "Table",
-    "Text",
-    "cells",
-    "cols",
-    "esc",
-    "level_pct",
-    "num",
-    "para",
-    "raw",
-    "to_html",
-    "to_md",
-]
 
 
 def esc(x: Any) -> str:
@@ -44,6 +29,11 @@ def level_pct(level: float) -> str:
     return f"{level * 100:g}%"
 
 
+def ends(iv: PairedInterval | None) -> tuple[float | None, float | None, float | None]:
+    """An interval's estimate, low and high end (``None`` each without one)."""
+    return (None, None, None) if iv is None else (iv.estimate, iv.low, iv.high)
+
+
 def cells(
     iv: PairedInterval | None, fmt: str = ".2f", unit: str = "%", sep: str = " to ", whole: bool = True
 ) -> tuple[str, str]:
@@ -51,7 +41,7 @@ def cells(
     ``n/a`` for each cell (``whole``) or for each number, the unit kept (report.md's tables)."""
     if iv is None and whole:
         return "n/a", "n/a"
-    e, lo, hi = (None, None, None) if iv is None else (iv.estimate, iv.low, iv.high)
+    e, lo, hi = ends(iv)
     return num(e, fmt) + unit, f"{num(lo, fmt)}{sep}{num(hi, fmt)}{unit}"
 
 
@@ -61,6 +51,10 @@ class Text:
 
     md: str | None
     html: str | None = None
+
+    def text(self, md: bool) -> str | None:
+        """What report.md (``md``) or the page shows of it."""
+        return self.md if md else self.html
 
 
 def raw(markup: str) -> Text:
@@ -89,6 +83,24 @@ class Table:
     row_class: list[str] | None = None
     only: str | None = None
 
+    def text(self, md: bool) -> str | None:
+        """report.md's table (``md``: the header row, its rule, a line per row) or the page's: its
+        caption, column header cells, each row's first cell its row header (no rows: one "none"
+        row), everything escaped here."""
+        if self.only == ("html" if md else "md"):
+            return None
+        if md:
+            rows = ["| " + " | ".join(r) + " |" for r in (self.header, *self.rows)]
+            return "\n".join([rows[0], "|" + "---|" * len(self.header), *rows[1:]])
+        head = "".join(
+            f'<th scope="col"{" class=l" * (i == 0)}>{esc(h)}</th>' for i, h in enumerate(self.header)
+        )
+        body = [] if self.rows else [f'<tr><td class="l" colspan="{len(self.header)}">none</td></tr>']
+        for r, kind in zip(self.rows, self.row_class or [""] * len(self.rows)):
+            cls, cells = f' class="{kind}"' if kind else "", "".join(f"<td>{esc(c)}</td>" for c in r[1:])
+            body.append(f'<tr{cls}><th scope="row">{esc(r[0])}</th>{cells}</tr>')
+        return f"<table><caption>{esc(self.caption)}</caption><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
 
 @dataclass
 class Section:
@@ -101,56 +113,18 @@ class Section:
     anchor: str | None = None
 
 
-def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    """A markdown table: the header row, its rule, and one line per row."""
-    return [
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
-        *("| " + " | ".join(r) + " |" for r in rows),
-    ]
-
-
-def html_table(t: Table) -> str:
-    """A table with its caption, column header cells and each row's first cell as its row header;
-    no rows shows one "none" row. Everything is escaped here."""
-    head = "".join(
-        f'<th scope="col"{" class=l" if i == 0 else ""}>{esc(h)}</th>' for i, h in enumerate(t.header)
-    )
-    body = []
-    for i, r in enumerate(t.rows):
-        cls = f' class="{t.row_class[i]}"' if t.row_class and t.row_class[i] else ""
-        body.append(
-            f'<tr{cls}><th scope="row">{esc(r[0])}</th>'
-            + "".join(f"<td>{esc(c)}</td>" for c in r[1:])
-            + "</tr>"
-        )
-    if not t.rows:
-        body.append(f'<tr><td class="l" colspan="{len(t.header)}">none</td></tr>')
-    return f"<table><caption>{esc(t.caption)}</caption><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+def write(sections: Sequence[Section], md: bool) -> list[str]:
+    """One walk for both outputs: each section's heading (report.md's ``#``, ``md``, or the page's
+    ``<hN>``), then its blocks as that output shows them; what it leaves out (``only``) skipped."""
+    out: list[str] = []
+    for s in (s for s in sections if s.only != ("html" if md else "md")):
+        anchor = f" id={s.anchor}" if s.anchor else ""
+        heading = "#" * s.level + f" {s.title}" if md else f"<h{s.level}{anchor}>{esc(s.title)}</h{s.level}>"
+        out += [heading] if s.title is not None else []
+        out += [x for b in s.blocks if (x := b.text(md)) is not None]
+    return out
 
 
 def to_md(sections: Sequence[Section]) -> str:
-    """report.md: each section's ``#`` heading, then its blocks, a blank line after each."""
-    out: list[str] = []
-    for s in (s for s in sections if s.only != "html"):
-        out += [] if s.title is None else ["#" * s.level + " " + s.title, ""]
-        for b in s.blocks:
-            if isinstance(b, Table) and b.only != "html":
-                out += [*md_table(b.header, b.rows), ""]
-            elif isinstance(b, Text) and b.md is not None:
-                out += [b.md, ""]
-    return "\n".join(out).rstrip() + "\n"
-
-
-def to_html(sections: Sequence[Section]) -> list[str]:
-    """The page's body: each section's heading, then its blocks' markup, one line each."""
-    out: list[str] = []
-    for s in (s for s in sections if s.only != "md"):
-        anchor = f" id={s.anchor}" if s.anchor else ""
-        out += [] if s.title is None else [f"<h{s.level}{anchor}>{esc(s.title)}</h{s.level}>"]
-        for b in s.blocks:
-            if isinstance(b, Table) and b.only != "md":
-                out.append(html_table(b))
-            elif isinstance(b, Text) and b.html is not None:
-                out.append(b.html)
-    return out
+    """report.md: each section's heading, then its blocks, a blank line after each."""
+    return "\n\n".join(write(sections, True)).rstrip() + "\n"

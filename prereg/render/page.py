@@ -1,6 +1,7 @@
 """The published texts of a study: ``report.md`` (before its plot links) and the study page
 ``index.html``, both written from one list of sections (:mod:`prereg.render.sections`, written by
-:mod:`prereg.render.model`).
+:mod:`prereg.render.model`); :func:`published_texts` renders both from a sealed ``summary.json``, as
+the public audit does again (:mod:`audit.published`) to compare them with the committed files.
 
 The page is one self-contained static HTML file: no script, no external stylesheet, font or image;
 plots are inline SVG with text alternatives; every table has a caption and header cells. ``harness
@@ -15,8 +16,8 @@ from typing import Any
 from prereg.files import atomic_write
 from prereg.ledger import read_json
 from prereg.records import SCHEMA_VERSION
-from prereg.render.beside import Beside
-from prereg.render.model import Section, esc, to_html, to_md
+from prereg.render.beside import Beside, read_beside
+from prereg.render.model import Section, esc, to_md, write
 from prereg.render.sections import sections
 from prereg.results import Summary
 
@@ -63,7 +64,7 @@ def document(summary: Summary, parts: list[Section]) -> str:
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{esc(title)}</title><style>{STYLE}</style></head>\n<body><main>\n"
-        + "\n".join(to_html(parts))
+        + "\n".join(write(parts, False))
         + "\n</main></body></html>\n"
     )
 
@@ -71,9 +72,8 @@ def document(summary: Summary, parts: list[Section]) -> str:
 def page_manifest(raw: Any) -> dict[str, Any]:
     """The MANIFEST as the page reads it: empty when it is not one this version can read (the page
     then shows no manifest details)."""
-    if not isinstance(raw, dict) or not isinstance(raw.get("schema_version", 1), int):
-        return {}
-    return raw if raw.get("schema_version", 1) <= SCHEMA_VERSION else {}
+    version = raw.get("schema_version", 1) if isinstance(raw, dict) else None
+    return raw if isinstance(version, int) and version <= SCHEMA_VERSION else {}
 
 
 def write_page(
@@ -86,12 +86,27 @@ def write_page(
 ) -> Path:
     """Write ``index.html`` for ``summary`` into ``out_dir`` (default: the records folder), atomically;
     ``summary_sha256`` is the sealed ``summary.json``'s hash, which the page shows."""
-    records_dir = Path(records_dir)
-    raw: Any = read_json(str(records_dir / "MANIFEST")) or {}  # bounded; none read: no MANIFEST facts
-    manifest = page_manifest(raw)
-    target = Path(out_dir or records_dir)
-    target.mkdir(parents=True, exist_ok=True)
-    path = target / PAGE_NAME
-    html = render(summary, records_rel or str(records_dir), manifest, summary_sha256, beside)
+    raw = read_json(str(Path(records_dir) / "MANIFEST"))  # bounded; none read: no MANIFEST facts
+    html = render(summary, records_rel or str(records_dir), page_manifest(raw), summary_sha256, beside)
+    path = Path(out_dir or records_dir) / PAGE_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, html.encode("utf-8"), overwrite=True)
     return path
+
+
+def published_texts(
+    summary_json: dict[str, Any],
+    where: str,
+    records_rel: str,
+    manifest: Any,
+    beside_dir: str | None = None,
+    beside_label: str | None = None,
+) -> dict[str, str]:
+    """``report.md`` (without the plot links) and ``index.html`` as ``harness report`` renders them
+    from the sealed summary ``summary_json`` (read from ``where``), the folder named ``records_rel``
+    in the page's audit command, its ``manifest`` and, with ``beside_dir``, the earlier study shown
+    beside it under ``beside_label``: one list of sections, written both ways."""
+    summary = Summary.read(summary_json, where)
+    shown = read_beside(summary, Path(beside_dir), beside_label) if beside_dir is not None else None
+    parts = sections(summary, shown, records_rel, page_manifest(manifest), summary_json.get("sha256"))
+    return {"report.md": to_md(parts), "index.html": document(summary, parts)}

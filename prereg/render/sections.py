@@ -14,11 +14,9 @@ from prereg.plan import defaults_text
 from prereg.render.answer import CONVENTION, answer_lines, decision_cells, planted_names
 from prereg.render.beside import Beside
 from prereg.render.findings import interference_section, model_section, planted_section, replicates_section
-from prereg.render.model import Section, Table, Text, cells, cols, esc, num, para, raw
+from prereg.render.model import Section, Table, Text, cells, cols, esc, level_pct, num, para, raw
 from prereg.render.studies import answer_figure, every_pair, factorial, order_html, paired
 from prereg.results import Descriptive, Summary
-
-__all__ = ["LOOK_HEAD", "look_rows", "sections", "sequential_text"]
 
 #: The columns of the looks' table.
 LOOK_HEAD = cols(
@@ -46,19 +44,16 @@ def sections(
         raw(f"<p class=lede>{esc(p.get('description') or '')}</p>"),
         raw(f'<p class="status">{esc(done.text)}.</p>'),
     ]
-    answer: list[Text | Table] = [
-        para(CONVENTION, "md"),
-        Text("\n".join(f"* {line}" for line in answer_lines(summary))),
-    ]
+    bullets = Text("\n".join(f"* {line}" for line in answer_lines(summary)))
     out = [
         Section(None, [Text(f"**{done.text}.**")], only="md"),
-        Section(f"Protocol {p['id']} (version {p['version']})", lede, level=1),
-        Section("The answer", answer, only="md"),
+        Section(f"Protocol {p['id']} (version {p['version']})", lede, 1),
+        Section("The answer", [para(CONVENTION), bullets], only="md"),
         Section(None, [Text("\n".join(_header(summary)))], only="md"),
     ]
     planted = planted_names(summary)
     studies = [s for s in summary.studies if s.name not in planted]  # planted ones: their own section
-    figure = answer_figure(studies, p["studies"], p.get("device") == "cpu", beside)
+    figure = answer_figure(studies, p, beside)
     out += [*_decisions(summary, figure), _flow(summary.flow, True), *_beside(beside)]
     out += [f(summary) for f in (planted_section, model_section, interference_section, replicates_section)]
     by_name = {s["name"]: s for s in p["studies"]}
@@ -76,15 +71,12 @@ def sections(
 def _header(summary: Summary) -> list[str]:
     """report.md's lines on the protocol and its tag, the records (superseded, unfinished), exclusions."""
     p, rec = summary.protocol, summary.records
+    tag = f", tag `{p['tag']}`" if p.get("tag") else ", not preregistered"
+    left = (
+        f" Defaults for the keys it leaves out: {defaults_text(p['defaults'])}." if p.get("defaults") else ""
+    )
     out = [
-        f"Protocol sha256 `{p['sha256']}`"
-        + (f", tag `{p['tag']}`" if p.get("tag") else ", not preregistered")
-        + "."
-        + (
-            f" Defaults for the keys it leaves out: {defaults_text(p['defaults'])}."
-            if p.get("defaults")
-            else ""
-        ),
+        f"Protocol sha256 `{p['sha256']}`{tag}.{left}",
         f"Records: {rec.files} run attempts ({rec.ok} ok, {rec.failed} failed, "
         f"{rec.interrupted} interrupted); {rec.device_seconds:.1f} device seconds in all.",
     ]
@@ -93,11 +85,11 @@ def _header(summary: Summary) -> list[str]:
             f"Superseded: {rec.superseded} attempts of units that ran again whole (kept, not analysed; "
             "each unit is analysed from its latest unit attempt)."
         )
-    for u in rec.unfinished:
-        out.append(
-            f"Interrupted, no record yet: {u['run_id']} attempt {u['attempt']} started at {u['started_at']} "
-            f"on {u['node']} (ledger seq {u['seq']})."
-        )
+    out += [
+        f"Interrupted, no record yet: {u['run_id']} attempt {u['attempt']} started at {u['started_at']} "
+        f"on {u['node']} (ledger seq {u['seq']})."
+        for u in rec.unfinished
+    ]
     if summary.exclusions:
         out.append(
             "Excluded units: " + "; ".join(f"{e['unit']} ({e['reason']})" for e in summary.exclusions) + "."
@@ -124,10 +116,9 @@ def _decisions(summary: Summary, figure: list[Text]) -> list[Section]:
         f"one-sided family-wise error rate of {hyp.family_alpha:g}"
     )
     md_rows, html_rows = ([_decision_row(x, md) for x in hyp.decisions] for md in (True, False))
-    md_table = Table("", [*DECISION_HEAD, "Failed arm as adverse"], md_rows)
     md: list[Text | Table] = [
-        para(f"{fam}; a decision needs at least {hyp.min_pairs} pairs.", "md"),
-        md_table,
+        para(f"{fam}; a decision needs at least {hyp.min_pairs} pairs."),
+        Table("", [*DECISION_HEAD, "Failed arm as adverse"], md_rows),
     ]
     out = [Section("Decisions", md, only="md")]
     decided = Table("Preregistered decisions", DECISION_HEAD, html_rows)
@@ -136,8 +127,8 @@ def _decisions(summary: Summary, figure: list[Text]) -> list[Section]:
         looks = Table("Sequential looks", LOOK_HEAD, look_rows(hyp.sequential))
         bullets = Text("\n".join(f"* {x.decision.text}" for x in hyp.decisions))
         design = sequential_text(hyp.sequential)
-        out.append(Section("Sequential looks", [para(design, "md"), looks, bullets], 3, "md"))
-        html += [para(design, "html"), looks]
+        out.append(Section("Sequential looks", [para(design), looks, bullets], 3, "md"))
+        html += [para(design), looks]
     return [*out, Section(ANSWER, html, only="html")]
 
 
@@ -159,13 +150,11 @@ def sequential_text(seq: Mapping[str, Any]) -> str:
     fut = (
         f", non-binding futility below z = {seq['futility_z']:g}" if seq.get("futility_z") is not None else ""
     )
-    stop = (
-        f"; the rule stopped the study at look {seq['stopped_at']} ({seq['stop']})"
-        if seq.get("stop") in ("efficacy", "futility")
-        else "; it ran to its last look"
-        if seq.get("stop") == "final"
-        else "; the records stop before its next look"
-    )
+    stop = "; the records stop before its next look"
+    if seq.get("stop") in ("efficacy", "futility"):
+        stop = f"; the rule stopped the study at look {seq['stopped_at']} ({seq['stop']})"
+    elif seq.get("stop") == "final":
+        stop = "; it ran to its last look"
     return (
         f"Group-sequential design: looks at {', '.join(map(str, seq['looks_planned']))} pairs, "
         f"Lan-DeMets {seq['spending'].replace('_', '-')} alpha spending{fut}{stop}. Each look tests the "
@@ -178,24 +167,24 @@ def look_rows(seq: Mapping[str, Any]) -> list[list[str]]:
     """One row per look and hypothesis: its test on the pairs so far, the stage-wise p-value, the
     hypothesis' level share, its boundary's nominal level, what the look found, and the stop."""
     rows = []
-    for lk in seq["looks"]:
-        for h in lk["hypotheses"]:
-            found = (
-                f"established (crossed at look {h['crossed_at']})"
-                if h["established"]
-                else "below the futility bound"
-                if h["futile"]
-                else "not reached" + (f" ({h['why']})" if h["why"] else "")
-                if h["p_value"] is None
-                else "not yet"
-            )
-            n = str(h["n"]) if h["n"] is not None else "n/a"
-            p, level, nominal = (num(h[k], ".3g") for k in ("p_value", "level", "nominal"))
-            look = [str(lk["look"]), str(lk["pairs"]), h["id"], h["method"] or "n/a", n]
-            rows.append([*look, p, level, nominal, found, lk["stop"] or "go on"])
+    for lk, h in ((x, y) for x in seq["looks"] for y in x["hypotheses"]):
+        found = (
+            f"established (crossed at look {h['crossed_at']})"
+            if h["established"]
+            else "below the futility bound"
+            if h["futile"]
+            else "not reached" + (f" ({h['why']})" if h["why"] else "")
+            if h["p_value"] is None
+            else "not yet"
+        )
+        test = [h["id"], h["method"] or "n/a", "n/a" if h["n"] is None else str(h["n"])]
+        test += [num(h[k], ".3g") for k in ("p_value", "level", "nominal")]
+        rows.append([str(lk["look"]), str(lk["pairs"]), *test, found, lk["stop"] or "go on"])
     return rows
 
 
+#: The page's beside-table columns of each study, after its pairs.
+HALF = cols("Reduction | Interval | Half-width")
 FLOW_MD = (
     "Per arm: planned, started, ok, failed, interrupted attempts, superseded attempts (of a unit that "
     "ran again whole), missing (no ok record), analysed (in a complete pair or block) and excluded (ok, "
@@ -207,21 +196,15 @@ FLOW_CAPTION = (
 )
 
 
-def _flow(rows: Sequence[Mapping[str, Any]], md: bool) -> Section:
+def _flow(flow: Sequence[Mapping[str, Any]], md: bool) -> Section:
     """The flow of planned runs: per study, configuration and arm, planned to analysed and excluded
     (report.md's, ``md``, or the page's)."""
-    heads = [heading for _, heading in FLOW_COUNTS]
-    arms = [[r["study"], r["config"], f"{r['role']} ({r['arm']})"] for r in rows]
-    counts = [[str(r.get(k, 0 if md else "n/a")) for k, _ in FLOW_COUNTS] for r in rows]
-    if md:
-        table = Table("", ["Study", "Configuration", "Arm", *heads], [[*a, *c] for a, c in zip(arms, counts)])
-        return Section("Flow of planned runs", [para(FLOW_MD), table], only="md")
-    table = Table(
-        FLOW_CAPTION,
-        ["Study / configuration / arm", *heads],
-        [[" / ".join(a), *c] for a, c in zip(arms, counts)],
-    )
-    return Section("Flow of planned runs", [table], only="html")
+    arms = [[r["study"], r["config"], f"{r['role']} ({r['arm']})"] for r in flow]
+    counts = [[str(r.get(k, 0 if md else "n/a")) for k, _ in FLOW_COUNTS] for r in flow]
+    rows = [[*a, *c] if md else [" / ".join(a), *c] for a, c in zip(arms, counts)]
+    head = cols("Study | Configuration | Arm") if md else ["Study / configuration / arm"]
+    table = Table(FLOW_CAPTION, [*head, *(h for _, h in FLOW_COUNTS)], rows)
+    return Section("Flow of planned runs", [para(FLOW_MD, "md"), table], only="md" if md else "html")
 
 
 def _beside(beside: Beside | None) -> list[Section]:
@@ -240,7 +223,7 @@ def _beside(beside: Beside | None) -> list[Section]:
             md_rows[-1] += [str(r.pairs_used), "n/a" if iv is None else f"{est} ({rng})"]
             width = f"{(iv.high - iv.low) / 2:.2f}" if iv is not None else "n/a"
             html_rows[-1] += [f"{esc(name)}: {r.pairs_used}", est, rng, f"±{width}"]
-    lvl = f"{beside.rows[0].result.level * 100:g}%"
+    lvl = level_pct(beside.rows[0].result.level)
     caption = (
         f"Training-time reduction, this study beside {bid} ({lvl} intervals, half-widths in percentage "
         "points)"
@@ -254,14 +237,9 @@ def _beside(beside: Beside | None) -> list[Section]:
         f"<p>The same configurations and arms in the earlier study {esc(bid)} ({esc(design)}; its records: "
         f"<code>{esc(folder)}</code>, audited on their own), read from its sealed summary.json.</p>",
     )
-    html_head = ["Configuration", *_half("This study"), *_half(bid)]
+    html_head = ["Configuration", *(h for w in ("This study", bid) for h in (f"{w}: pairs", *HALF))]
     blocks: list[Text | Table] = [para(md, "md"), Table("", md_head, md_rows, only="md"), html]
     return [Section(f"Beside {bid}", [*blocks, Table(caption, html_head, html_rows, only="html")])]
-
-
-def _half(who: str) -> list[str]:
-    """The page's beside-table columns of one study."""
-    return [f"{who}: pairs", "Reduction", "Interval", "Half-width"]
 
 
 def _runs(runs: Sequence[Mapping[str, Any]]) -> Section:
@@ -295,26 +273,19 @@ def _verify(
     ]
     signers = " --allowed-signers ~/trusted/allowed_signers" if p.get("tag") else ""
     cmd = f"python analysis/public_audit.py {records_rel}{signers} --head SEQ:SHA256"
-    return Section(
-        "How to verify",
-        [
-            raw(
-                "<p>The tag is the source of truth. The standard-library audit checks every record's hash, the "
-                "ledger's chain, the freeze against the tag, and recomputes every statistic on this page.</p>",
-            ),
-            Table("What the records are bound to", ["Item", "Value"], facts),
-            raw(
-                "<p>The two trust roots must come from outside this repository, which a forger would rewrite "
-                "with the records: the maintainers' allowed-signers file and the ledger head as published "
-                "with the study (keep your copies from the first time you verify). The head above is what "
-                "the records say, to compare with yours, not to paste: given a signers file inside the "
-                "repository, or a head that its README or docs print, the audit says TRUST ROOTS FROM THE "
-                "REPOSITORY and exits 3.</p>",
-            ),
-            raw(f"<pre><code>{esc(cmd)}</code></pre>"),
-        ],
-        only="html",
+    truth, roots = (
+        "<p>The tag is the source of truth. The standard-library audit checks every record's hash, the "
+        "ledger's chain, the freeze against the tag, and recomputes every statistic on this page.</p>",
+        "<p>The two trust roots must come from outside this repository, which a forger would rewrite "
+        "with the records: the maintainers' allowed-signers file and the ledger head as published "
+        "with the study (keep your copies from the first time you verify). The head above is what "
+        "the records say, to compare with yours, not to paste: given a signers file inside the "
+        "repository, or a head that its README or docs print, the audit says TRUST ROOTS FROM THE "
+        "REPOSITORY and exits 3.</p>",
     )
+    bound = Table("What the records are bound to", ["Item", "Value"], facts)
+    blocks: list[Text | Table] = [raw(truth), bound, raw(roots), raw(f"<pre><code>{esc(cmd)}</code></pre>")]
+    return Section("How to verify", blocks, only="html")
 
 
 def _claims(summary: Summary) -> Section:

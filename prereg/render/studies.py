@@ -5,22 +5,23 @@ study's cell means and within-block effects; and the answer in one figure (the p
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeGuard
+from collections.abc import Mapping, Sequence
+from statistics import geometric_mean
+from typing import Any
 
 from prereg.factorial import design_of, effect_names
 from prereg.render.answer import clock_intervals
 from prereg.render.beside import Beside
-from prereg.render.model import Section, Table, Text, cells, esc, level_pct, num, para, raw
+from prereg.render.model import Section, Table, Text, cells, cols, ends, esc, level_pct, num, para, raw
 from prereg.render.svg import forest_svg, pairs_svg
 from prereg.results import PairedResult, StudyResult
 
-__all__ = ["answer_figure", "design_label", "every_pair", "factorial", "order_html", "paired"]
-
 MIB = 1024 * 1024
+NO_ORDER = "Too few pairs for order diagnostics."
+DONE_HEAD = "Configuration | Pairs where both reached the target | Time-to-target reduction"
+NO_METRIC_MD = "BPB; lower is better; positive difference means the candidate was worse"
+NO_METRIC = "Full-test bits per byte (lower is better; a positive difference means the candidate was worse)"
 MEMORY = "Peak resident memory of the run's process"
-#: A row of one of a paired study's tables, for report.md (``True``) or the page.
-Row = Callable[[PairedResult, bool], list[str]]
 CPU_CLOCK = (
     "Training CPU time (the training thread's with one intra-op thread, the process's with more; "
     "both arms of a pair on the same clock)"
@@ -66,59 +67,43 @@ def geometric_means(c: PairedResult, key: str) -> tuple[float | None, float | No
     """Both arms' geometric mean ``key`` (``training_s``, ``training_cpu_s``) over the pairs where
     both are positive: 1 - candidate / baseline of these is the reduction from the mean log ratio
     shown beside them (an arithmetic mean's ratio is not)."""
-    both = []
-    for p in c.pairs:
-        b, k = getattr(p, f"baseline_{key}", None), getattr(p, f"candidate_{key}", None)
-        if _positive(b) and _positive(k):
-            both.append((b, k))
+    arms = ((getattr(p, f"baseline_{key}", 0), getattr(p, f"candidate_{key}", 0)) for p in c.pairs)
+    both = [x for x in arms if all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in x)]
     if not both:
         return None, None
-    logs = [math.fsum(math.log(x[i]) for x in both) / len(both) for i in (0, 1)]
-    return math.exp(logs[0]), math.exp(logs[1])
-
-
-def _positive(x: Any) -> TypeGuard[float]:
-    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+    return geometric_mean(b for b, _ in both), geometric_mean(k for _, k in both)
 
 
 def answer_figure(
-    studies: Sequence[StudyResult],
-    protocol_studies: Sequence[Mapping[str, Any]],
-    cpu: bool = True,
-    beside: Beside | None = None,
+    studies: Sequence[StudyResult], protocol: Mapping[str, Any], beside: Beside | None
 ) -> list[Text]:
     """The answer in one figure (the page's): every paired study's training-time reduction per
-    configuration, on the wall clock and, with ``cpu`` (a CPU device), the CPU clock where recorded,
-    each study's design named; ``beside``'s wall-clock rows after them. Nothing without an interval."""
-    design = {s["name"]: design_label(s) for s in protocol_studies}
-    rows: list[tuple[str, float | None, float | None, float | None]] = []
-    level, names = None, []
-    for study in studies:
-        for c in study.paired_configs():
-            if c.baseline_arm == c.candidate_arm:
-                continue  # an A/A null check is in its own section
-            level = level or c.level
-            names.append(f"{c.candidate_arm} over {c.baseline_arm}")
-            rows += [
-                (f"{study.name} / {c.config}, {clock}", *_ends(iv)) for clock, iv in clock_intervals(c, cpu)
-            ]
+    configuration, on the wall clock and, on a CPU device, the CPU clock where recorded, each study's
+    design (``protocol``'s) named; ``beside``'s wall-clock rows after them. Nothing without an interval."""
+    cpu = protocol.get("device") == "cpu"  # an A/A null check is in its own section, not here
+    shown = [(s, c) for s in studies for c in s.paired_configs() if c.baseline_arm != c.candidate_arm]
+    rows = [
+        (f"{s.name} / {c.config}, {clock}", *ends(iv))
+        for s, c in shown
+        for clock, iv in clock_intervals(c, cpu)
+    ]
+    names = dict.fromkeys(f"{c.candidate_arm} over {c.baseline_arm}" for _, c in shown)
+    level = next((c.level for _, c in shown if c.level), 0.99)
     for b in beside.rows if beside else ():
-        iv = b.earlier.training_time.interval
-        if iv is not None:
-            label = f"{beside.protocol_id} {b.earlier_study} / {b.config}, wall"  # type: ignore[union-attr]
-            if all(r[0] != label for r in rows):  # one earlier result beside several studies: once
-                rows.append((label, iv.estimate, iv.low, iv.high))
+        label = f"{beside.protocol_id} {b.earlier_study} / {b.config}, wall"  # type: ignore[union-attr]
+        if all(r[0] != label for r in rows):  # one earlier result beside several studies: once
+            rows.append((label, *ends(b.earlier.training_time.interval)))
     svg = forest_svg("answer", "Training-time reduction per study and configuration", rows)
-    kinds = "; ".join(f"{esc(n)}: {esc(d)}" for n, d in design.items())
+    kinds = "; ".join(f"{esc(s['name'])}: {esc(design_label(s))}" for s in protocol["studies"])
     if beside and beside.rows:
         kinds += (
             f"; beside it, the earlier study {esc(beside.protocol_id)} ({esc(beside.rows[0].earlier_design)})"
         )
     return figure(
         svg,
-        f"The answer in one figure: the training-time reduction of {esc(', '.join(dict.fromkeys(names)))}, "
+        f"The answer in one figure: the training-time reduction of {esc(', '.join(names))}, "
         "per study and configuration, on the wall clock and the training thread's CPU clock where recorded, "
-        f"with {level_pct(level or 0.99)} paired intervals; right of the dashed line the candidate is "
+        f"with {level_pct(level)} paired intervals; right of the dashed line the candidate is "
         f"faster. How each study's pairs ran: {kinds}.",
     )
 
@@ -128,14 +113,6 @@ def figure(svg: str, caption: str) -> list[Text]:
     return [raw(f"<figure>{svg}<figcaption>{caption}</figcaption></figure>")] if svg else []
 
 
-def _times(c: PairedResult, ep: Any, key: str, md: bool) -> tuple[str, str, str]:
-    """An endpoint's arms' geometric mean ``key`` (seconds), its reduction and interval: report.md's
-    cells (``md``: an en dash, ``n/a`` per number) or the page's."""
-    est, rng = cells(ep.interval, sep="–" if md else " to ", whole=not md)
-    b, k = geometric_means(c, key)
-    return f"{num(b, '.3f')} / {num(k, '.3f')} s", est, rng
-
-
 def paired(study: StudyResult, n: int, protocol_study: Mapping[str, Any] | None, cpu: bool) -> list[Section]:
     """A paired study's sections: training time (and the page's forest plot), CPU time (the page's
     with ``cpu``, a CPU device), quality and completion costs, peak memory; report.md's every pair
@@ -143,104 +120,49 @@ def paired(study: StudyResult, n: int, protocol_study: Mapping[str, Any] | None,
     cfgs = study.paired_configs()
     base, cand, lvl = cfgs[0].baseline_arm, cfgs[0].candidate_arm, level_pct(cfgs[0].level)
     arms, geo = f"{base} / {cand}", f"{base} / {cand} (geometric mean)"
-    blocks: list[Text | Table] = [
-        para(
-            f"Fixed-budget training time; pairs ran in {design_label(protocol_study)}. Times are geometric "
-            "means over the pairs (1 - candidate / baseline of them is the reduction shown). Intervals are "
-            f"two-sided {lvl} paired Student-t intervals; a positive reduction means the candidate was faster."
-        )
-    ]
+    st = protocol_study or {}
+    no_total, no_memory, clock = RAN[bool(st.get("lockstep")), "commands" in st]
+    said = (
+        f"Fixed-budget training time; pairs ran in {design_label(protocol_study)}. Times are geometric "
+        "means over the pairs (1 - candidate / baseline of them is the reduction shown). Intervals are "
+        f"two-sided {lvl} paired Student-t intervals; a positive reduction means the candidate was faster."
+    )
+    blocks: list[Text | Table] = [para(said)]
     head = ["Configuration", "Parameters", geo, "Time reduction", f"{lvl} interval", "Faster / slower pairs"]
-    blocks += _both(f"Training time, {arms}", head, _time_row, cfgs)
-    forest = [(c.config, *_ends(c.training_time.interval)) for c in cfgs]
+    blocks += _clock(f"Training time, {arms}", head, cfgs, "training_time", "training_s")
+    forest = [(c.config, *ends(c.training_time.interval)) for c in cfgs]
     svg = forest_svg(f"forest{n}", f"Training-time reduction of {cand} over {base}, {lvl} intervals", forest)
     said = f"Training-time reduction per configuration with its {lvl} interval; right of the dashed line "
     blocks += figure(svg, said + "the candidate is faster.")
-    st = protocol_study or {}
-    no_total, no_memory, clock = RAN[bool(st.get("lockstep")), "commands" in st]
     with_cpu = [c for c in cfgs if c.training_cpu_time is not None] if cpu else []
     if with_cpu:
         cpu_head = ["Configuration", geo, "CPU-time reduction", f"{lvl} interval"]
-        blocks += [para(f"{clock}.", "md"), *_both(f"{clock}, {arms}", cpu_head, _cpu_row, with_cpu)]
-    blocks += [*_md_completion(cfgs, lvl, no_total), *_md_quality(cfgs, lvl, arms)]
-    blocks += [*_md_memory(cfgs, arms, no_memory), *_md_pairs(cfgs, lvl)]
-    memory = _memory(cfgs, False)
-    page_memory = Table(MEMORY, ["Configuration", geo, "Reduction"], memory)
+        blocks += [para(f"{clock}.", "md")]
+        blocks += _clock(f"{clock}, {arms}", cpu_head, with_cpu, "training_cpu_time", "training_cpu_s")
     return [
         Section(f"Study {study.name}: {cand} versus {base}", blocks),
-        _page_costs(study, cfgs, lvl, no_total),
-        Section(
-            f"Peak memory ({study.name})",
-            [page_memory if memory else para(no_memory, "html")],
-            3,
-            "html",
-        ),
+        *_costs(study.name, cfgs, lvl, arms, no_total, no_memory),
+        _md_pairs(cfgs, lvl),
     ]
 
 
-def _both(caption: str, head: list[str], row: Row, cfgs: Sequence[PairedResult]) -> list[Table]:
-    """One table twice, report.md's and the page's: the same columns, each row built by ``row`` for
-    each output (``md``: report.md's cells)."""
-    return [
-        Table(caption, head, [row(c, md) for c in cfgs], only="md" if md else "html") for md in (True, False)
-    ]
-
-
-def _time_row(c: PairedResult, md: bool) -> list[str]:
-    params = "n/a" if md and not c.parameters else num((c.parameters or 0) / 1e6, ".2f") + "M"
-    times = _times(c, c.training_time, "training_s", md)
-    return [c.config, params, *times, f"{c.counts['faster']} / {c.counts['slower']}"]
-
-
-def _cpu_row(c: PairedResult, md: bool) -> list[str]:
-    return [c.config, *_times(c, c.training_cpu_time, "training_cpu_s", md)]
-
-
-def _ends(iv: Any) -> tuple[float | None, float | None, float | None]:
-    return (None, None, None) if iv is None else (iv.estimate, iv.low, iv.high)
-
-
-def _memory(cfgs: Sequence[PairedResult], md: bool) -> list[list[str]]:
-    """Peak memory rows: the configurations where both arms' means were recorded, as geometric means
-    (the reduction beside them is their ratio's)."""
-    rows = []
-    for c in cfgs:
-        m = c.peak_memory
-        if m and m.baseline_mean is not None and m.candidate_mean is not None:
-            est = cells(m.interval, whole=not md)[0]
-            b, k = geometric_means(c, "peak_memory_bytes")
-            rows.append([c.config, f"{num(b and b / MIB, '.1f')} / {num(k and k / MIB, '.1f')} MiB", est])
-    return rows
-
-
-def _md_completion(cfgs: Sequence[PairedResult], lvl: str, no_total: str | None) -> list[Text | Table]:
-    """report.md's time to the target and total time of a paired study."""
-    rows = []
-    for c in cfgs:
-        t = c.time_to_target
-        reached = (
-            f"{t.pairs} (unreached: baseline {t.unreached['baseline']}, candidate {t.unreached['candidate']})"
-        )
-        total = no_total or cells(c.total_time.interval, whole=False)[0]
-        rows.append([c.config, reached, *cells(t.interval, sep="–", whole=False), total])
-    head = ["Configuration", "Pairs where both reached the target", "Time-to-target reduction"]
-    return [
-        para("Time to the fixed validation target and total completion time.", "md"),
-        Table("", [*head, f"{lvl} interval", "Total-time reduction"], rows, only="md"),
-    ]
-
-
-def _metric(c: PairedResult) -> str | None:
-    """The quality metric the script reported (``None``: full-test BPB)."""
-    return None if c.final_metric is None else str(c.final_metric.metric["name"])
-
-
-def _quality_words(fm: Any) -> str:
-    """What a script-reported quality metric is, as both texts say it."""
-    return (
-        f"{fm.metric['name']} at each arm's last evaluation, as its script reported it "
-        f"({fm.metric.get('better', 'lower')} is better; the difference is candidate minus baseline)"
-    )
+def _clock(caption: str, head: list[str], cfgs: Sequence[PairedResult], ep: str, key: str) -> list[Table]:
+    """One clock's table twice, report.md's (an en dash, ``n/a`` per number) and the page's: each
+    configuration's arms' geometric mean ``key`` (seconds), the reduction of endpoint ``ep`` and its
+    interval; the wall clock's with the parameters and the faster / slower pairs."""
+    out = []
+    for md in (True, False):
+        rows = []
+        for c in cfgs:
+            b, k = geometric_means(c, key)
+            est = cells(getattr(c, ep).interval, sep="–" if md else " to ", whole=not md)
+            row = [f"{num(b, '.3f')} / {num(k, '.3f')} s", *est]
+            if ep == "training_time":
+                params = "n/a" if md and not c.parameters else num((c.parameters or 0) / 1e6, ".2f") + "M"
+                row = [params, *row, f"{c.counts['faster']} / {c.counts['slower']}"]
+            rows.append([c.config, *row])
+        out.append(Table(caption, head, rows, only="md" if md else "html"))
+    return out
 
 
 def _quality(q: Any, md: bool) -> list[str]:
@@ -249,31 +171,57 @@ def _quality(q: Any, md: bool) -> list[str]:
     return [means, *cells(q.interval, "+.5f", "", whole=not md)]
 
 
-def _md_quality(cfgs: Sequence[PairedResult], lvl: str, arms: str) -> list[Text | Table]:
-    """report.md's quality endpoint of a paired study."""
-    metric = _metric(cfgs[0])
-    words = (
-        f"Quality: {_quality_words(cfgs[0].final_metric)}."
-        if metric is not None
-        else "Full-test quality (BPB; lower is better; positive difference means the candidate was worse)."
+def _costs(
+    name: str, cfgs: Sequence[PairedResult], lvl: str, arms: str, no_total: str | None, no_memory: str
+) -> list[Section]:
+    """A paired study's costs: report.md's time to the target and total time, quality endpoint and
+    peak memory (or why it has none); the page's quality and completion costs in one table, then its
+    peak memory (``no_total``, ``no_memory``: the design's :data:`RAN` words)."""
+    done, page, mem_md, mem_page, fm = [], [], [], [], cfgs[0].final_metric
+    for c in cfgs:
+        t = c.time_to_target
+        (te, tr), (re_, rr) = cells(c.total_time.interval), cells(t.interval)
+        base, cand = t.unreached["baseline"], t.unreached["candidate"]
+        reached = f"{t.pairs} (unreached: baseline {base}, candidate {cand})"
+        total = no_total or cells(c.total_time.interval, whole=False)[0]
+        done.append([c.config, reached, *cells(t.interval, sep="–", whole=False), total])
+        reached = f"{re_} ({rr}); {t.pairs} pairs reached, unreached {base} / {cand}"
+        q = _quality(c.final_metric or c.test_bpb, False)
+        page.append([c.config, *q, no_total or f"{te} ({tr})", reached])
+        if (m := c.peak_memory) and m.baseline_mean is not None and m.candidate_mean is not None:
+            b, k = geometric_means(c, "peak_memory_bytes")  # both arms' means recorded: their geometric means
+            mib = f"{num(b and b / MIB, '.1f')} / {num(k and k / MIB, '.1f')} MiB"
+            mem_md.append([c.config, mib, cells(m.interval, whole=False)[0]])
+            mem_page.append([c.config, mib, cells(m.interval)[0]])
+    qs = [(c.config, c.test_bpb if fm is None else c.final_metric) for c in cfgs]
+    quality = [[config, *_quality(q, True)] for config, q in qs if q is not None]
+    metric, better = ("BPB", "") if fm is None else (fm.metric["name"], fm.metric.get("better", "lower"))
+    words = (  # a script-reported metric's, as both texts say it
+        f"{metric} at each arm's last evaluation, as its script reported it ({better} is better; the "
+        "difference is candidate minus baseline)"
     )
-    qs = [(c.config, c.test_bpb if metric is None else c.final_metric) for c in cfgs]
-    rows = [[config, *_quality(q, True)] for config, q in qs if q is not None]
-    head = ["Configuration", f"{arms} {metric or 'BPB'}", "Difference", f"{lvl} interval"]
-    return [para(words, "md"), Table("", head, rows, only="md")]
-
-
-def _md_memory(cfgs: Sequence[PairedResult], arms: str, no_memory: str) -> list[Text | Table]:
-    """report.md's peak memory of a paired study, or why it has none."""
-    memory = _memory(cfgs, True)
-    table = Table("", ["Configuration", f"{arms} peak (geometric mean)", "Reduction"], memory, only="md")
-    return [para("Peak memory.", "md"), table if memory else para(no_memory, "md")]
+    head = ["Configuration", f"{arms} {metric}", "Difference", f"{lvl} interval"]
+    md: list[Text | Table] = [
+        para("Time to the fixed validation target and total completion time."),
+        Table("", [*cols(DONE_HEAD), f"{lvl} interval", "Total-time reduction"], done),
+        para(f"Full-test quality ({NO_METRIC_MD})." if fm is None else f"Quality: {words}."),
+        Table("", head, quality),
+        para("Peak memory."),
+        Table("", ["Configuration", f"{arms} peak (geometric mean)", "Reduction"], mem_md),
+    ]
+    caption = f"{NO_METRIC if fm is None else words}, total completion time and time to the validation target"
+    costs = Table(caption, [*head, "Total-time reduction", "Time-to-target reduction"], page)
+    memory = Table(MEMORY, ["Configuration", f"{arms} (geometric mean)", "Reduction"], mem_page)
+    return [
+        Section(None, md if mem_md else [*md[:-1], para(no_memory)], only="md"),
+        Section(f"Quality and completion costs ({name})", [costs], 3, "html"),
+        Section(f"Peak memory ({name})", [memory if mem_page else para(no_memory)], 3, "html"),
+    ]
 
 
 def _delta(c: PairedResult) -> str:
-    """The column of a pair's quality difference."""
-    metric = _metric(c)
-    return f"Δ {metric}" if metric is not None else "Test Δ BPB"
+    """The column of a pair's quality difference: the script's metric's or full-test BPB's."""
+    return "Test Δ BPB" if c.final_metric is None else f"Δ {c.final_metric.metric['name']}"
 
 
 def _pair_cells(p: Any) -> list[str]:
@@ -282,74 +230,38 @@ def _pair_cells(p: Any) -> list[str]:
     return [*times, num(p.time_reduction_pct, ".2f%"), num(p.quality_difference(), "+.5f")]
 
 
-def _md_pairs(cfgs: Sequence[PairedResult], lvl: str) -> list[Text | Table]:
+def _md_pairs(cfgs: Sequence[PairedResult], lvl: str) -> Section:
     """report.md's every pair and order diagnostics of a paired study."""
     rows = [[c.config, str(p.seed), str(p.first), *_pair_cells(p)] for c in cfgs for p in c.pairs]
     base, cand = (f"{arm.capitalize()} (s)" for arm in (cfgs[0].baseline_arm, cfgs[0].candidate_arm))
     head = ["Configuration", "Seed", "First", base, cand, "Time reduction", _delta(cfgs[0])]
-    lines = [line for c in cfgs for line in _order_md(c)] or ["Too few pairs for order diagnostics."]
+    lines = [line for c in cfgs for line in _order(c, c.config, True)] or [NO_ORDER]
     order = (
         f"Order diagnostics ({lvl} intervals): AB/BA period effect, treatment-by-period check, drift "
         "over execution order."
     )
-    return [
-        para("Every pair, including adverse ones.", "md"),
-        Table("", head, rows, only="md"),
-        para(order, "md"),
-        Text("\n".join(lines)),
-    ]
-
-
-def _page_costs(study: StudyResult, cfgs: Sequence[PairedResult], lvl: str, no_total: str | None) -> Section:
-    """The page's quality and completion costs: the quality endpoint, total time, time to target."""
-    base, cand, fm = cfgs[0].baseline_arm, cfgs[0].candidate_arm, cfgs[0].final_metric
-    rows = []
-    for c in cfgs:
-        q, ttt = c.final_metric or c.test_bpb, c.time_to_target
-        te, tr = cells(c.total_time.interval)
-        re_, rr = cells(ttt.interval)
-        total = no_total or f"{te} ({tr})"
-        unreached = f"unreached {ttt.unreached['baseline']} / {ttt.unreached['candidate']}"
-        rows.append(
-            [c.config, *_quality(q, False), total, f"{re_} ({rr}); {ttt.pairs} pairs reached, {unreached}"]
-        )
-    caption = (
-        _quality_words(fm)
-        if fm is not None
-        else "Full-test bits per byte (lower is better; a positive difference means the candidate was worse)"
-    )
-    head = ["Configuration", f"{base} / {cand} {_metric(cfgs[0]) or 'BPB'}", "Difference", f"{lvl} interval"]
-    head += ["Total-time reduction", "Time-to-target reduction"]
-    table = Table(caption + ", total completion time and time to the validation target", head, rows)
-    return Section(f"Quality and completion costs ({study.name})", [table], level=3, only="html")
-
-
-def _order_md(c: PairedResult) -> list[str]:
-    """report.md's order lines of one configuration: devices, the AB/BA period effect, drift."""
-    dev, out = c.by_device, []
-    if dev:
-        het = dev["heterogeneity"]
-        out.append(
-            f"{c.config}: pairs ran on {len(dev['devices'])} devices; every pair within one device, so the "
-            "pooled interval averages within-device differences. Per device, ln(candidate/baseline time): "
-            + "; ".join(
-                f"{d['device']}: {d['estimate']:+.4f} ({d['pairs']} pairs"
-                + (f", [{d['low']:+.4f}, {d['high']:+.4f}])" if d["low"] is not None else ")")
-                for d in dev["devices"]
-            )
-            + (
-                f". Heterogeneity across devices: F = {het['F']:.3g}, p = {het['p_value']:.3g}."
-                if het
-                else "."
-            )
-        )
-    return out + _order(c, c.config, True)
+    blocks: list[Text | Table] = [para("Every pair, including adverse ones."), Table("", head, rows)]
+    return Section(None, [*blocks, para(order), Text("\n".join(lines))], only="md")
 
 
 def _order(c: PairedResult, at: str, md: bool) -> list[str]:
-    """A configuration's AB/BA period effect and treatment-by-period check, and its drift over
-    execution order, as report.md (``md``) or the page words them."""
-    oe, out = c.order_effects or {}, []
+    """A configuration's order lines as report.md (``md``) or the page words them: report.md's first
+    its devices (each one's log ratio, their heterogeneity); the AB/BA period effect and
+    treatment-by-period check; the drift over execution order."""
+    oe, dev, out = c.order_effects or {}, c.by_device if md else None, []
+    if dev:
+        each = "; ".join(
+            f"{d['device']}: {d['estimate']:+.4f} ({d['pairs']} pairs"
+            + (f", [{d['low']:+.4f}, {d['high']:+.4f}])" if d["low"] is not None else ")")
+            for d in dev["devices"]
+        )
+        h = dev["heterogeneity"]
+        het = f". Heterogeneity across devices: F = {h['F']:.3g}, p = {h['p_value']:.3g}." if h else "."
+        out.append(
+            f"{c.config}: pairs ran on {len(dev['devices'])} devices; every pair within one device, so the "
+            "pooled interval averages within-device differences. Per device, ln(candidate/baseline time): "
+            f"{each}{het}"
+        )
     if oe.get("crossover"):
         p, k = oe["crossover"]["period"], oe["crossover"]["carryover"]
         period = "period effect (second run vs first, log time)" if md else "period effect"
@@ -368,27 +280,24 @@ def _fit(x: float, iv: Mapping[str, Any], fmt: str, p: bool = True) -> str:
 
 def factorial(study: StudyResult, declared: Mapping[str, Any]) -> list[Section]:
     """A factorial study's sections: per configuration its blocks, cell means and within-block
-    effects with their intervals, in the order of the design ``declared`` (the protocol's study)."""
+    effects with their intervals (report.md's of the design's effects, labelled; the page's by name),
+    in the order of the design ``declared`` (the protocol's study)."""
     factors, cells_ = design_of(declared)
     title = "norms x optimizer" if "factors" not in declared else " x ".join(f for f, _ in factors)
-    labels = {}
+    labels = {} if "factors" in declared else {"packed_adamw": "Packed AdamW"}
     for name, subset in effect_names(factors):
-        words = (
-            f"{factors[subset[0]][1][1]} {factors[subset[0]][0]}"
-            if len(subset) == 1
-            else "interaction"
-            + ("" if len(factors) == 2 else " " + " x ".join(factors[j][0] for j in subset))
-        )
-        labels[name] = words[0].upper() + words[1:]
-    if "factors" not in declared:
-        labels["packed_adamw"] = "Packed AdamW"
+        named = " x ".join(factors[j][0] for j in subset)  # an interaction of two factors: the one
+        words = f"{factors[subset[0]][1][1]} {named}" if len(subset) == 1 else "interaction"
+        words += f" {named}" if len(subset) > 1 and len(factors) > 2 else ""
+        labels.setdefault(name, words[0].upper() + words[1:])
     md: list[Text | Table] = []
     html: list[Text | Table] = []
     for c in study.factorial_configs():
         lvl, means, effects = level_pct(c.level), c.cell_mean_training_s or {}, c.effects or {}
+        shown = [k for k in _design_order(effects, [n for n, _ in effect_names(factors)]) if effects[k]]
         each = ", ".join(f"{k} {num(means[k], '.3f')} s" for k in cells_)
         md.append(Text(f"{c.config}: {c.blocks_used} blocks; mean training time {each}."))
-        rows = [_effect(label, e, "–") for name, label in labels.items() if (e := effects.get(name))]
+        rows = [[labels[k], *_effect(effects[k], "–")] for k in shown if k in labels]
         md.append(Table("", ["Effect (within-block, log time)", "Time reduction", f"{lvl} interval"], rows))
         if c.positions:
             at = "; ".join(f"{q['position']}: {_fit(q['estimate'], q, '+.4f', False)}" for q in c.positions)
@@ -397,8 +306,7 @@ def factorial(study: StudyResult, declared: Mapping[str, Any]) -> list[Section]:
         html.append(
             raw(f"<p>{esc(c.config)}: {c.blocks_used} blocks; mean training time per cell: {each}.</p>")
         )
-        order = _design_order(effects, [n for n, _ in effect_names(factors)])
-        rows = [_effect(name.replace("_", " "), e, " to ") for name in order if (e := effects[name])]
+        rows = [[k.replace("_", " "), *_effect(effects[k], " to ")] for k in shown]
         caption = f"Within-block effects on log training time, {c.config}"
         html.append(Table(caption, ["Effect", "Time reduction", f"{lvl} interval"], rows))
     shape = "x".join("2" for _ in factors)
@@ -408,9 +316,10 @@ def factorial(study: StudyResult, declared: Mapping[str, Any]) -> list[Section]:
     ]
 
 
-def _effect(label: str, e: Mapping[str, float], sep: str) -> list[str]:
+def _effect(e: Mapping[str, float], sep: str) -> list[str]:
+    """A within-block effect's time reduction and interval cells."""
     low, high = e["reduction_low_pct"], e["reduction_high_pct"]
-    return [label, f"{e['reduction_pct']:.2f}%", f"{low:.2f}{sep}{high:.2f}%"]
+    return [f"{e['reduction_pct']:.2f}%", f"{low:.2f}{sep}{high:.2f}%"]
 
 
 def _design_order(values: Any, order: Sequence[str]) -> list[str]:
@@ -422,30 +331,21 @@ def _design_order(values: Any, order: Sequence[str]) -> list[str]:
 def every_pair(studies: Sequence[StudyResult]) -> Section:
     """The page's every pair of every paired study, adverse ones (the candidate was slower) marked,
     with a dot plot per study."""
-    blocks: list[Text | Table] = [
-        para(
-            "Adverse pairs (the candidate was slower) are marked. A positive quality difference means the "
-            "candidate was worse."
-        )
-    ]
+    said = "Adverse pairs (the candidate was slower) are marked. A positive quality difference means the "
+    blocks: list[Text | Table] = [para(said + "candidate was worse.")]
     for n, study in enumerate(s for s in studies if s.design == "paired" and s.configs):
-        rows, cls, dots = [], [], []
-        for c in study.paired_configs():
-            dots.append(
-                (c.config, [p.time_reduction_pct for p in c.pairs if p.time_reduction_pct is not None])
-            )
+        cfgs, rows, cls = study.paired_configs(), [], []
+        for c in cfgs:
             for p in c.pairs:  # a damaged (null or non-finite) endpoint shows as n/a
-                adverse = (p.time_reduction_pct or 0.0) < 0
-                verdict = "slower" if adverse else "faster"
+                verdict, kind = ("slower", "adverse") if (p.time_reduction_pct or 0.0) < 0 else ("faster", "")
                 rows.append([f"{c.config} seed {p.seed}", str(p.first), *_pair_cells(p), verdict])
-                cls.append("adverse" if adverse else "")
+                cls.append(kind)
+        dots = [(c.config, [x for p in c.pairs if (x := p.time_reduction_pct) is not None]) for c in cfgs]
         svg = pairs_svg(f"pairs{n}", f"Every pair's training-time reduction, study {study.name}", dots)
         blocks += figure(svg, "Each mark is one pair; red squares are adverse pairs.")
-        first = study.paired_configs()[0]
-        head = ["Pair", "First", f"{first.baseline_arm} (s)", f"{first.candidate_arm} (s)", "Time reduction"]
-        blocks.append(
-            Table(f"Study {study.name}: every pair", [*head, _delta(first), "Candidate"], rows, cls)
-        )
+        base, cand = cfgs[0].baseline_arm, cfgs[0].candidate_arm
+        head = ["Pair", "First", f"{base} (s)", f"{cand} (s)", "Time reduction", _delta(cfgs[0]), "Candidate"]
+        blocks.append(Table(f"Study {study.name}: every pair", head, rows, cls))
     return Section("Every pair, including adverse ones", blocks, only="html")
 
 
@@ -463,5 +363,5 @@ def order_html(studies: Sequence[StudyResult]) -> Section:
         "<p>AB/BA period effect and treatment-by-period check (log time), and "
         "drift of the log ratio over execution order.</p><ul>"
     )
-    items = items or ["<li>Too few pairs for order diagnostics.</li>"]
+    items = items or [f"<li>{NO_ORDER}</li>"]
     return Section("Order diagnostics", [raw(x) for x in (intro, *items, "</ul>")], only="html")
