@@ -330,3 +330,24 @@ def test_bad_factorial_declarations_name_file_key_and_line(clone, bad, says, key
     r = harness(clone, "plan", path)
     assert r.returncode == 2 and says in r.stderr and f"key {key}:" in r.stderr, r.stderr
     assert re.search(r"protocols/bad\.yaml:\d+, key ", r.stderr) and "Traceback" not in r.stderr
+
+
+@pytest.mark.process
+def test_a_committed_plug_in_at_the_repository_root_runs(tmp_path):
+    """A plug-in module committed at the repository's top level is a frozen entry of its own: the
+    worker compiles it from the bytes the runner read and hashed, as a module of a frozen folder
+    (it used to fail every run with "not among the sources the runner verified", because only
+    folders were hashed)."""
+    from conftest import tiny_protocol
+
+    arm = (ROOT / "examples" / "foreach_arm.py").read_text()
+    r = tmp_path / "study"
+    r.mkdir()
+    (r / "mine_arm.py").write_text(arm)
+    protocol = tiny_protocol(steps=6).replace("arms: [native, cotangent]", 'arms: [native, "mine_arm:build"]')
+    init_study(r, ("configs",), protocol=protocol)
+    run = harness(r, "run", "protocols/tiny.yaml", "--quiet", "--no-report")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    records = record_dicts(r / "records" / "tiny")
+    assert records and all(x["status"] == "ok" for x in records)
+    assert {x["spec"]["arm"] for x in records} == {"native", "mine_arm:build"}

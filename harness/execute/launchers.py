@@ -93,8 +93,8 @@ _roots = [os.path.realpath(p) for p in os.environ.get("HARNESS_FRESH_ROOTS", "")
 _study = os.path.realpath(os.getcwd())
 _exempt = set(filter(None, os.environ.get("HARNESS_EXEMPT", "").split(",")))
 _sources = os.environ.get("HARNESS_SOURCES")
-_sources = None if _sources is None else {os.path.join(r, f): h for r, fs in json.loads(_sources).items()
-                                          for f, h in fs.items()}
+_sources = None if _sources is None else {(os.path.join(r, f) if f else r): h
+                                          for r, fs in json.loads(_sources).items() for f, h in fs.items()}
 def _under(p, r):
     return p == r or p.startswith(r + os.sep)
 class _FromSource(SourceFileLoader):
@@ -388,7 +388,9 @@ SOURCES_MAX = 120_000
 
 def source_hashes(roots: list[str]) -> dict[str, dict[str, str]]:
     """Every source file (``*.py``, ``*.c``) under ``roots``, by real root and path within it, with
-    its sha256, each file read once.
+    its sha256, each file read once. A root that is itself a source file (a frozen top-level
+    module, such as a plug-in at the repository's root) is listed under its own path with the
+    empty relative path.
 
     A worker's bootstrap (:data:`BOOT`) compiles a module of these folders only from bytes whose
     hash is the one here, and ``phase.c`` is compiled only from such bytes, so a file swapped while
@@ -398,6 +400,9 @@ def source_hashes(roots: list[str]) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
     for root in dict.fromkeys(os.path.realpath(r) for r in roots):
         base = Path(root)
+        if base.is_file() and base.suffix in (".py", ".c"):
+            out[root] = {"": hashlib.sha256(base.read_bytes()).hexdigest()}
+            continue
         if not base.is_dir() or any(root.startswith(r + os.sep) for r in out):
             continue
         files = sorted(p for p in [*base.rglob("*.py"), *base.rglob("*.c")] if "__pycache__" not in p.parts)
