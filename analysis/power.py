@@ -221,7 +221,13 @@ def _check_inputs(
 
 
 def power_region(
-    n: int, sd: float, alpha: float, region: tuple[float | None, float | None], mean: float, lost: int = 1
+    n: int,
+    sd: float,
+    alpha: float,
+    region: tuple[float | None, float | None],
+    mean: float,
+    lost: int = 1,
+    df: int | None = None,
 ) -> float:
     """Power of the test of ``lo < mu < hi`` (:func:`prereg.ttests.t_result`) when the true mean is ``mean``.
 
@@ -239,12 +245,14 @@ def power_region(
     for small ``df`` the range starts at 0), cut at the peak and at 1, 4 and 10 widths. ``lost``:
     the degrees of freedom the estimate uses (``df = n - lost``: 2 for the period-adjusted mean,
     whose ``sd`` is the pooled one within the order groups and whose standard error at balanced
-    orders is ``sd / sqrt(n)`` too).
+    orders is ``sd / sqrt(n)`` too). ``df``: fixed degrees of freedom, a replicated protocol's
+    ``k - 1`` (its t of the replicates' means, :func:`prereg.hypotheses._replicates_estimate`, is
+    noncentral t with ``k - 1`` df and this noncentrality at no spread between equal replicates).
     """
     _check_inputs(n, sd, alpha, region, mean)
-    if n - lost < 1:
+    if df is None and n - lost < 1:
         raise ValueError(f"power needs n > {lost} pairs for {lost} lost degrees of freedom, got {n}")
-    df = n - lost
+    df = n - lost if df is None else df
     crit = float(_st.t.ppf(1 - alpha, df))
     lo, hi = region
     if lo is None or hi is None:
@@ -273,7 +281,9 @@ def power_region(
     )
 
 
-def detectable_shift(n: int, sd: float, alpha: float, target: float = 0.8, lost: int = 1) -> float:
+def detectable_shift(
+    n: int, sd: float, alpha: float, target: float = 0.8, lost: int = 1, df: int | None = None
+) -> float:
     """The distance beyond a one-sided bound at which the one-sided t test with ``n`` pairs has
     power ``target``, exactly.
 
@@ -288,7 +298,7 @@ def detectable_shift(n: int, sd: float, alpha: float, target: float = 0.8, lost:
     """
     if sd == 0:
         return 0.0
-    df = n - lost
+    df = n - lost if df is None else df  # a replicated protocol's k - 1 (:func:`power_region`)
     crit = float(_st.t.ppf(1 - alpha, df))
     from scipy.optimize import brentq
 
@@ -326,14 +336,15 @@ def pairs_needed_region(
     target: float,
     cap: int = 100_000,
     lost: int = 1,
+    df: int | None = None,
 ) -> int | None:
     """Smallest ``n >= 3`` (``>= 4`` for ``lost`` 2) whose :func:`power_region` reaches ``target``
-    (``None`` if none up to ``cap``)."""
+    (``None`` if none up to ``cap``); ``df`` as there (fixed degrees of freedom)."""
     if sd == 0:
         return 3
 
     def ok(k: int) -> bool:
-        return power_region(k, sd, alpha, region, mean, lost) >= target
+        return power_region(k, sd, alpha, region, mean, lost, df) >= target
 
     lo = hi = 2 + lost
     while not ok(hi):
@@ -518,6 +529,7 @@ def plan(
                 alpha,
                 confidence,
                 spec.get("sequential"),
+                (target.get("replicates") or {}).get("count"),
             )
         )
     return out
@@ -616,6 +628,7 @@ def _plan_one(
     alpha: float,
     confidence: float,
     sequential: dict[str, Any] | None = None,
+    replicates: int | None = None,
 ) -> Plan:
     region, mu = bounds(h), true_mean(h, effect)
     upper = sd_upper(noise.sd, noise.pairs, confidence)
@@ -624,7 +637,8 @@ def _plan_one(
     if rule == "sign" and noise.values and not noise.identical:
         need, at_planned, hw, mde = _sign_figures(noise, n_plan, alpha, region, mu, upper)
     else:
-        need, at_planned, hw, mde = _t_figures(h, noise, n_plan, alpha, region, mu, upper, lost)
+        df = replicates - 1 if replicates else None  # the replicate model's t (:func:`power_region`)
+        need, at_planned, hw, mde = _t_figures(h, noise, n_plan, alpha, region, mu, upper, lost, df)
     return Plan(
         h["id"],
         h["config"],
@@ -686,20 +700,22 @@ def _t_figures(
     mu: float,
     upper: float,
     lost: int,
+    df: int | None = None,
 ) -> _Figures:
     """:func:`_plan_one`'s figures under the t rule: pairs needed at 80% and 90% power (the
     pilot's sd, then ``upper``), power and interval half-width at ``n_plan``, and the minimum
-    detectable effect (none for an equivalence hypothesis)."""
+    detectable effect (none for an equivalence hypothesis); ``df``: a replicated protocol's
+    ``k - 1`` (:func:`power_region`)."""
     mde: float | None = None
     need = [
-        pairs_needed_region(sd, alpha, region, mu, q, lost=lost)
+        pairs_needed_region(sd, alpha, region, mu, q, lost=lost, df=df)
         for sd in (noise.sd, upper)
         for q in (0.8, 0.9)
     ]
-    at_planned = power_region(n_plan, noise.sd, alpha, region, mu, lost) if noise.sd > 0 else 1.0
-    hw = float(_st.t.ppf(1 - alpha, n_plan - lost)) * noise.sd / math.sqrt(n_plan)
+    at_planned = power_region(n_plan, noise.sd, alpha, region, mu, lost, df) if noise.sd > 0 else 1.0
+    hw = float(_st.t.ppf(1 - alpha, n_plan - lost if df is None else df)) * noise.sd / math.sqrt(n_plan)
     if h["type"] != "equivalence":
-        shift = detectable_shift(n_plan, noise.sd, alpha, 0.8, lost)
+        shift = detectable_shift(n_plan, noise.sd, alpha, 0.8, lost, df)
         bound, k = _one_bound(region)
         m_star = bound + k * shift  # lo + shift, or hi - shift
         s = sign(h["better"])

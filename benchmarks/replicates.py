@@ -22,9 +22,17 @@ coverage of three intervals of ``mu`` at ``--level``, with Monte-Carlo standard 
 ``--split FOLDER`` instead cuts a committed study's pairs (each paired study and configuration of
 its ``summary.json``), in run order, into ``--replicates`` consecutive slices, as a replicated
 protocol would have run them, and prints per clock the pooled interval's half-width beside the
-replicate model's (what a replicated protocol now decides on), at ``--level``:
+replicates' table's (HKSJ) and the decision's (the equal-weight t of the replicates' means), at
+``--level``:
 
     python benchmarks/replicates.py --split records/cpu2 --replicates 3 --level 0.99
+
+``--decision`` prints the one-sided type-I error (nominal ``--alpha``) of the two tests a
+replicated protocol could decide with, at no spread and at a spread between replicates: the
+HKSJ t (the replicates' table's precision-weighted mean) and the equal-weight t of the
+replicates' estimates, ``k - 1`` degrees of freedom (what ``prereg.hypotheses`` decides with):
+
+    python benchmarks/replicates.py --decision --studies 20000
 
 Figures are proportions, not timings: a loaded machine changes only how long it takes.
 """
@@ -41,8 +49,9 @@ from statistics import NormalDist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prereg.descriptive import mean_interval  # noqa: E402
+from prereg.descriptive import mean_interval, mean_se  # noqa: E402
 from prereg.replicates import random_effects, replicate_estimates  # noqa: E402
+from prereg.tdist import student_t_sf_signed  # noqa: E402
 
 
 def simulate(
@@ -86,13 +95,15 @@ def cell(got: dict[str, float], m: str, studies: int) -> str:
 
 def split(folder: Path, k: int, level: float) -> int:
     """Each paired study and configuration of ``folder``'s summary.json, its pairs in run order cut
-    into ``k`` consecutive slices: the pooled and the replicate model's half-widths, in points."""
+    into ``k`` consecutive slices: the pooled, the replicates' table's (HKSJ) and the decision's
+    (equal-weight t) half-widths, in points."""
     summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
     print(f"{folder}: pairs in run order cut into {k} replicates; half-widths at {level:.0%}, points")
     print(
-        "| study | configuration | clock | pairs | pooled half-width | replicate means | tau | replicate model half-width |"
+        "| study | configuration | clock | pairs | pooled half-width | replicate means | tau "
+        "| HKSJ half-width (the table) | equal-weight t half-width (the decision) |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for study in summary["studies"]:
         for cfg in study["configs"]:
             pairs = sorted(cfg.get("pairs") or [], key=lambda p: p["order"])
@@ -108,11 +119,41 @@ def split(folder: Path, k: int, level: float) -> int:
                 n = len(d)
                 _, ys, vs = replicate_estimates({r: d[r * n // k : (r + 1) * n // k] for r in range(k)})
                 re = random_effects(ys, vs, level)
+                equal = mean_interval(ys, level)
                 means = ", ".join(f"{y:+.2f}" for y in ys)
                 print(
                     f"| {study['name']} | {cfg['config']} | {clock} | {n} | {(pooled.high - pooled.low) / 2:.2f} "
-                    f"| {means} | {re['tau']:.2f} | {(re['hi'] - re['lo']) / 2:.2f} |"
+                    f"| {means} | {re['tau']:.2f} | {(re['hi'] - re['lo']) / 2:.2f} "
+                    f"| {(equal.high - equal.low) / 2:.2f} |"
                 )
+    return 0
+
+
+def type_one(studies: int, k: int, n: int, tau: float, alpha: float, seed: int) -> dict[str, float]:
+    """How often each one-sided test rejects ``mu <= 0`` when ``mu = 0`` (within-pair SD 1)."""
+    rng = random.Random(seed)
+    hits = {"hksj": 0, "equal": 0}
+    for _ in range(studies):
+        values = {r: [u + rng.gauss(0, 1.0) for _ in range(n)] for r in range(k) for u in [rng.gauss(0, tau)]}
+        _, ys, vs = replicate_estimates(values)
+        re = random_effects(ys, vs, 0.95)
+        m, se = mean_se(ys)
+        hits["hksj"] += re["se"] > 0 and student_t_sf_signed(re["mean"] / re["se"], k - 1) < alpha
+        hits["equal"] += se > 0 and student_t_sf_signed(m / se, k - 1) < alpha
+    return {name: h / studies for name, h in hits.items()}
+
+
+def decision(studies: int, alpha: float, seed: int) -> int:
+    """The type-I error table of ``--decision``."""
+    mc = math.sqrt(alpha * (1 - alpha) / studies)
+    print(f"{studies} studies a row, one-sided alpha {alpha:g} (Monte-Carlo SE {mc:.4f}), within-pair SD 1")
+    print("| replicates | pairs each | tau | HKSJ t (precision-weighted) | equal-weight t (the decision) |")
+    print("|---|---|---|---|---|")
+    for i, (k, n, tau) in enumerate(
+        [(3, 4, 0.0), (3, 6, 0.0), (3, 20, 0.0), (6, 4, 0.0), (6, 20, 0.0), (3, 6, 0.5), (6, 20, 0.2)]
+    ):
+        got = type_one(studies, k, n, tau, alpha, seed + i)
+        print(f"| {k} | {n} | {tau:g} | {got['hksj']:.4f} | {got['equal']:.4f} |")
     return 0
 
 
@@ -129,9 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=47)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--split", type=Path, help="a records folder: its pairs cut into replicates")
+    ap.add_argument("--decision", action="store_true", help="the type-I error of the two tests")
+    ap.add_argument("--alpha", type=float, default=0.025)
     a = ap.parse_args(argv)
     if a.split:
         return split(a.split, a.replicates, a.level)
+    if a.decision:
+        return decision(a.studies, a.alpha, a.seed)
     se = a.sd / math.sqrt(a.pairs)
     rows = []
     print(

@@ -365,8 +365,20 @@ def cmd_power(args: argparse.Namespace) -> int:
             f"{args.calibration}'s records (points of the log ratio, 95%; positive: a cost read larger), "
             "on the hypothesis' clock (docs/decisions.md, 'The design chosen by its bias')"
         )
+    _replicates_note(target.summary())
     print(f"{target.path}: origins.seeds cites {cited(str(origins.get('seeds') or ''))}")
     return 0
+
+
+def _replicates_note(target: dict[str, Any]) -> None:
+    """How ``harness power`` planned a replicated target's t rules."""
+    replicates = (target.get("replicates") or {}).get("count")
+    if replicates:
+        print(
+            f"replicates: {replicates}: each t rule is planned as a replicated protocol decides it, a t "
+            f"with {replicates - 1} degrees of freedom on the replicates' means, at no spread between "
+            "them (a spread widens the interval and lowers the power; docs/decisions.md, 'Replicates')"
+        )
 
 
 def cmd_status(args: argparse.Namespace) -> int:

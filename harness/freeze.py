@@ -487,8 +487,9 @@ def _refuse_tag_of_unpreregistered(proto: Any, doing: str) -> None:
         return
     raise RefusedError(
         f"{_preregistered_at(proto)}, but tag {proto.tag_name} exists, and the audit binds records to "
-        f"any tag of the id; to {doing}, either set preregistered: true (the tag then binds it), or "
-        f"delete the tag (git tag -d {proto.tag_name}); nothing was run"
+        f"any tag of the id; to {doing}, either set preregistered: true (the tag then binds it), or, "
+        f"if that tag is not a published preregistration, delete it (git tag -d {proto.tag_name}), or "
+        "give this protocol a new id; nothing was run"
     )
 
 

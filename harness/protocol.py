@@ -184,6 +184,7 @@ def load_protocol(path: str | Path) -> Protocol:
         counts = {s.name: len(s.seeds) for s in studies}
         for where, message in replicates_problems(top["replicates"], counts):
             raise doc.error(("replicates", *where), message)
+        _refuse_unreplicable(doc, top, studies)
     if top["origins"] is not None:
         _refuse_bad_origins(doc, top["origins"])
     return Protocol(
@@ -214,6 +215,29 @@ def load_protocol(path: str | Path) -> Protocol:
         document=with_defaults(doc.data),
         replicates=dict(top["replicates"]) if top["replicates"] is not None else None,
     )
+
+
+def _refuse_unreplicable(doc: Any, top: dict[str, Any], studies: list[Any]) -> None:
+    """A replicated protocol's decisions are made over its replicates: refuse sequential looks
+    (they would decide on pooled pairs before later replicates exist) and an order-cell hypothesis
+    whose replicates are too small for its estimate (4 cells and at least 1 degree of freedom)."""
+    spec = top["hypotheses"] if isinstance(top["hypotheses"], dict) else {}
+    if "sequential" in spec:
+        raise doc.error(
+            ("replicates",),
+            "replicates with sequential looks: the looks decide on the pooled pairs, before later "
+            "replicates exist; declare one or the other",
+        )
+    count = top["replicates"]["count"]
+    lockstep = {s.name: len(s.seeds) for s in studies if s.block_steps is not None}
+    for i, h in enumerate(spec.get("tests") or []):
+        seeds = lockstep.get(h.get("study"))
+        if h.get("period_adjusted") and seeds is not None and seeds // count < 5:
+            raise doc.error(
+                ("hypotheses", "tests", i, "period_adjusted"),
+                f"each replicate of study {h.get('study')!r} has {seeds // count} pairs; its order-cell "
+                "estimate needs at least 5 in every replicate (more seeds or fewer replicates)",
+            )
 
 
 def _refuse_outside_root(doc: yamlio.Document, top: dict[str, Any], root: Path) -> None:

@@ -129,6 +129,7 @@ def decide(
     pairs_of: Mapping[tuple[str, str], Sequence[Pair | PairRow]],
     completeness: Completeness,
     identity: str | None = None,
+    replicated: bool = False,
 ) -> list[HypothesisDecision]:
     """Every hypothesis' decision, in the protocol's order.
 
@@ -147,6 +148,8 @@ def decide(
         are all identical: ``"zero"`` (records of schema 4, :func:`.hypotheses.identity_result`),
         ``"sign"`` (schema 5 on, the exact sign test's ``p = 2^-n``); ``None`` (before schema 4):
         such a hypothesis is not reached.
+    replicated
+        Whether the protocol declares ``replicates`` (:func:`.hypotheses.test_of`).
 
     Raises
     ------
@@ -165,16 +168,14 @@ def decide(
     t test, its statistic exceeds the critical value ``t_{1-alpha, df}`` by a relative ``1e-12``, the
     same doubles in the audit, so a ``p`` within rounding of alpha never splits them; for ranks, the
     exact ``p`` is below alpha; when each rule keeps ``P(p <= alpha) <= alpha``: the module's notes).
-    A t test whose per-pair values agree to the rounding of the
-    endpoint values (:func:`.descriptive.spread_is_rounding`; period-adjusted: within each order
-    group), whose squares would underflow or overflow (:func:`.descriptive.magnitude_problem`), or
+    A t test whose per-pair values agree to the rounding of the endpoint values
+    (:func:`.descriptive.spread_is_rounding`; period-adjusted: within each order group), whose squares would underflow or overflow (:func:`.descriptive.magnitude_problem`), or
     whose standard error is 0, is "not reached" with that reason. The interval shown is two-sided at
     ``1 - 2 alpha_used`` (its favourable end is the one-sided bound the test compares), computed on
-    the test scale and mapped to the estimand's units.
-    A budget stop before a time endpoint's decision: :func:`gate`.
+    the test scale and mapped to the estimand's units. A budget stop: :func:`gate`.
     """
     family = Family.of(spec)
-    tested = _tested(family, pairs_of, completeness, identity)
+    tested = _tested(family, pairs_of, completeness, identity, replicated)
     procedure = fixed_sequence if family.procedure == "fixed_sequence" else holm
     verdicts, used = procedure(tested, family.family_alpha)
     return [
@@ -190,6 +191,7 @@ def _tested(
     pairs_of: Mapping[tuple[str, str], Sequence[Pair | PairRow]],
     completeness: Completeness,
     identity: str | None,
+    replicated: bool = False,
 ) -> list[Tested]:
     out: list[Tested] = []
     for h in family.tests:
@@ -197,7 +199,8 @@ def _tested(
         if gate_ is not None:
             out.append((h, None, gate_, None))
         else:
-            out.append((h, *test_of(h, pairs_of.get((h.study, h.config), []), family.min_pairs, identity)))
+            pairs = pairs_of.get((h.study, h.config), [])
+            out.append((h, *test_of(h, pairs, family.min_pairs, identity, replicated)))
     return out
 
 
@@ -207,7 +210,10 @@ def _in_units(
     """A test's estimate and, for a t or sign test with an alpha, its two-sided ``1 - 2 a`` interval
     (the sign test's: :func:`.ranks.median_bounds`, ``None`` at an unbounded end), in the estimand's
     units: (estimate, low, high, level)."""
-    if t.method not in ("t", "t-period-adjusted", "sign") or t.estimate is None:
+    if (
+        t.method not in ("t", "t-period-adjusted", "t-order-cells", "t-replicates", "sign")
+        or t.estimate is None
+    ):
         return t.estimate, None, None, None
     rr = h.estimand == "relative_reduction"
     estimate = reduction(t.estimate) if rr else t.estimate

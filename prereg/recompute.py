@@ -135,7 +135,7 @@ def _hypotheses(
         done, sequential = _sequential(family, looks, done)
         decided = sequential_decisions(family, pairs_of, done, looks)
     else:
-        decided = decide(family, pairs_of, done, identity)
+        decided = decide(family, pairs_of, done, identity, replicated=bool(proto.get("replicates")))
     for decision in decided:
         h = next(t for t in spec["tests"] if t["id"] == decision.id)
         d = decision.as_dict()

@@ -30,8 +30,8 @@ class TestResult:
         ``signed-rank`` (Wilcoxon signed-rank on worst-rank scores), ``sign`` (the exact sign test of
         the median, :func:`.hypotheses.sign_result`), ``identity`` (every pair's
         difference exactly 0: :func:`.hypotheses.identity_result`, ``p`` 0 or 1), ``t-order-cells``
-        (a lockstep study's four order cells) or ``t-replicates`` (a replicated protocol: the
-        random-effects mean of its replicates' estimates, ``k - 1`` degrees of freedom).
+        (a lockstep study's four order cells) or ``t-replicates`` (a replicated protocol: the mean of
+        its replicates' estimates, ``k - 1`` degrees of freedom).
     n : int
         Pairs in the test (for ``signed-rank``: non-zero scores).
     estimate, standard_error : float
@@ -130,7 +130,7 @@ MEAN_OF = {
     "t": "mean of the per-pair values",
     "t-period-adjusted": "period-adjusted mean of the per-pair values",
     "t-order-cells": "mean of the four order cells' means (build order x first block)",
-    "t-replicates": "random-effects mean of the replicates' estimates (HKSJ standard error, k - 1 df)",
+    "t-replicates": "mean of the replicates' estimates (t with k - 1 degrees of freedom)",
 }
 
 

@@ -475,3 +475,49 @@ def test_the_calibration_bias_is_the_target_designs_on_the_hypothesis_clock():
     assert "not measured" in calibration_bias(planted, target(None, "training_time"))["h"]
     assert "not measured" in calibration_bias(planted, target(50, "training_time"))["h"]  # a reference only
     assert "not a time" in calibration_bias(planted, target(1, "test_bpb"))["h"]
+
+
+@pytest.mark.parametrize(
+    ("k", "per", "shift", "kind"), [(3, 6, 0.45, "superiority"), (6, 4, 0.25, "equivalence")]
+)
+def test_a_replicated_target_is_planned_as_the_replicate_model_decides(k, per, shift, kind):
+    """With ``df = k - 1``, the planned power is the rejection rate of the core's own decision
+    (``prereg.hypotheses.test_of``, method t-replicates) on simulated replicated studies with no
+    spread between replicates: within 3 Monte-Carlo standard errors (4000 studies)."""
+    import numpy as np
+
+    from analysis.power import power_region
+    from prereg.hypotheses import Hypothesis, Pair, bounds, test_of
+
+    sd, alpha, n = 1.0, 0.025, k * per
+    margin = 0.0 if kind == "superiority" else 0.6
+    h = Hypothesis.of(
+        {
+            "id": "H",
+            "study": "s",
+            "config": "c",
+            "endpoint": "training_time",
+            "estimand": "difference",
+            "type": kind,
+            "better": "lower",
+            "margin": margin,
+        }
+    )
+    mean = -shift if kind == "superiority" else 0.0
+    planned = power_region(n, sd, alpha, bounds(h), mean, df=k - 1)
+    rng = np.random.default_rng(47)
+    hits, studies = 0, 4000
+    for _ in range(studies):
+        d = rng.normal(mean, sd, n)
+        pairs = [
+            Pair(
+                unit=f"u{i}", baseline_training_s=10.0, candidate_training_s=10.0 + x, replicate=1 + i // per
+            )
+            for i, x in enumerate(d)
+        ]
+        got, why, _ = test_of(h, pairs, 2, replicated=True)
+        assert why is None and got.method == "t-replicates" and got.df == k - 1
+        hits += got.p_value < alpha
+    se = math.sqrt(planned * (1 - planned) / studies)
+    assert abs(hits / studies - planned) < 3 * se, (hits / studies, planned)
+    assert planned < power_region(n, sd, alpha, bounds(h), mean)  # fewer df than the pooled pairs'

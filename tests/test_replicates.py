@@ -448,11 +448,10 @@ def _replicated_pairs(effects, n, rng):
     seed=st.integers(0, 2**31 - 1),
     kind=st.sampled_from(["superiority", "non_inferiority", "equivalence"]),
 )
-def test_a_replicated_study_is_decided_on_the_replicates_random_effects_mean(effects, n, seed, kind):
-    """A replicated protocol's t-tested hypothesis: the estimate, standard error and degrees of
-    freedom are statsmodels' DL mean with the HKSJ interval over the replicates' own means and
-    squared standard errors, and the p-value is scipy's t with k - 1 degrees of freedom (not the
-    pooled pairs' n - 1)."""
+def test_a_replicated_study_is_decided_on_the_mean_of_its_replicates(effects, n, seed, kind):
+    """A replicated protocol's t-tested hypothesis is scipy's one-sample t test of the replicates'
+    own estimates (each replicate's mean log ratio) against each bound of the region, with k - 1
+    degrees of freedom (not the pooled pairs' n - 1), the larger p-value for equivalence (TOST)."""
     from scipy import stats
 
     from prereg.hypotheses import Hypothesis, bounds, test_of
@@ -471,24 +470,35 @@ def test_a_replicated_study_is_decided_on_the_replicates_random_effects_mean(eff
             "margin": margin,
         }
     )
-    got, why, _ = test_of(h, pairs, 2)
+    got, why, _ = test_of(h, pairs, 2, replicated=True)
     assert why is None and got is not None
     assert got.method == "t-replicates" and got.df == len(effects) - 1 and got.n == len(pairs)
-    y = [
-        np.log([p.candidate_training_s / p.baseline_training_s for p in pairs if p.replicate == r])
+    ys = [
+        np.log([p.candidate_training_s / p.baseline_training_s for p in pairs if p.replicate == r]).mean()
         for r in range(1, len(effects) + 1)
     ]
-    ys, vs = np.array([a.mean() for a in y]), np.array([a.var(ddof=1) / len(a) for a in y])
-    mu, _, lo, hi, _, _ = reference(ys, vs, 0.95)
-    se = (hi - lo) / (2 * stats.t.ppf(0.975, len(effects) - 1))
-    assert math.isclose(got.estimate, mu, rel_tol=1e-9, abs_tol=1e-12)
-    assert math.isclose(got.standard_error, se, rel_tol=1e-7, abs_tol=1e-12)
+    assert math.isclose(got.estimate, float(np.mean(ys)), rel_tol=1e-9, abs_tol=1e-12)
+    assert math.isclose(got.standard_error, float(stats.sem(ys)), rel_tol=1e-9, abs_tol=1e-12)
     lower, upper = bounds(h)  # the region's mapping is tested in test_decision_rules.py
-    ts = ([(mu - lower) / se] if lower is not None else []) + (
-        [(upper - mu) / se] if upper is not None else []
+    ps = ([stats.ttest_1samp(ys, lower, alternative="greater").pvalue] if lower is not None else []) + (
+        [stats.ttest_1samp(ys, upper, alternative="less").pvalue] if upper is not None else []
     )
-    ps = [stats.t.sf(t, len(effects) - 1) for t in ts]
     assert math.isclose(got.p_value, max(ps), rel_tol=1e-6, abs_tol=1e-12)
+
+
+@pytest.mark.parametrize(("k", "n"), [(3, 4), (6, 4)])
+def test_the_decision_holds_its_level_where_precision_weights_do_not(k, n):
+    """At a true null with no spread between replicates, the decision's equal-weight t rejects at
+    the nominal one-sided 2.5% (within 3 Monte-Carlo SEs, 6000 studies), while the HKSJ t of the
+    replicates' table, its weights estimated from n pairs each, rejects well above it."""
+    import runpy
+    from pathlib import Path
+
+    bench = runpy.run_path(str(Path(__file__).resolve().parent.parent / "benchmarks" / "replicates.py"))
+    got = bench["type_one"](6000, k, n, 0.0, 0.025, 11)
+    mc = math.sqrt(0.025 * 0.975 / 6000)
+    assert abs(got["equal"] - 0.025) < 3 * mc, got
+    assert got["hksj"] > 0.025 + 3 * mc, got
 
 
 def test_a_replicate_without_spread_leaves_the_hypothesis_unreached():
@@ -510,13 +520,14 @@ def test_a_replicate_without_spread_leaves_the_hypothesis_unreached():
             "better": "lower",
         }
     )
-    got, why, _ = test_of(h, pairs, 2)
+    got, why, _ = test_of(h, pairs, 2, replicated=True)
     assert got is None and why.startswith("replicate 2: zero spread")
 
 
 def test_the_split_benchmark_cuts_a_committed_study_into_replicates(capsys):
     """``benchmarks/replicates.py --split``: each slice's mean is the mean of its consecutive pairs,
-    and the replicate model's half-width is the summary's HKSJ one (statsmodels, as above)."""
+    the table's half-width is the HKSJ one (statsmodels, as above) and the decision's is scipy's t
+    interval of the replicates' means."""
     import json
     import runpy
     from pathlib import Path
@@ -544,3 +555,64 @@ def test_the_split_benchmark_cuts_a_committed_study_into_replicates(capsys):
     _, _, lo, hi, _, _ = reference(ys, vs, 0.99)
     assert cells[3] == "56" and cells[5] == ", ".join(f"{y:+.2f}" for y in ys)
     assert cells[7] == f"{(hi - lo) / 2:.2f}"
+    from scipy import stats
+
+    assert cells[8] == f"{stats.t.ppf(0.995, 2) * stats.sem(ys):.2f}"  # the decision's t interval
+
+
+def test_the_protocol_not_the_data_chooses_the_replicate_model():
+    """A replicated protocol whose complete pairs lie in one replicate (a budget stop, failures) is
+    not decided on the pooled pairs: not reached, saying why; a protocol without replicates is
+    decided on its pairs whatever ``replicate`` they carry."""
+    from prereg.hypotheses import Hypothesis, test_of
+
+    h = Hypothesis.of(
+        {
+            "id": "H",
+            "study": "s",
+            "config": "tiny",
+            "endpoint": "training_time",
+            "estimand": "log_ratio",
+            "type": "superiority",
+            "better": "lower",
+        }
+    )
+    both = _replicated_pairs([-0.02, -0.01], 4, np.random.default_rng(3))
+    one = [p for p in both if p.replicate == 1]
+    got, why, _ = test_of(h, one, 2, replicated=True)
+    assert got is None and why.endswith("only replicate 1 has complete pairs")
+    pooled, why, _ = test_of(h, both, 2, replicated=False)
+    assert why is None and pooled.method == "t" and pooled.df == len(both) - 1
+
+
+def test_replicates_with_sequential_looks_are_refused(tmp_path):
+    from conftest import harness
+
+    repo = replicated_study(tmp_path, seeds="[1, 2, 3, 4, 5, 6]")
+    p = repo / "protocols" / "tiny.yaml"
+    text = p.read_text()
+    assert "  min_pairs: 3\n" in text
+    p.write_text(
+        text.replace(
+            "  min_pairs: 3\n", "  min_pairs: 3\n  sequential: {looks: [3, 6], spending: pocock}\n", 1
+        )
+    )
+    out = harness(repo, "plan", "protocols/tiny.yaml")
+    assert out.returncode == 2 and "replicates with sequential looks" in out.stderr, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_an_order_cell_hypothesis_needs_five_pairs_in_every_replicate(tmp_path):
+    """A lockstep study's period-adjusted hypothesis is estimated on the order cells of each
+    replicate: with 4 pairs a replicate it could never be reached, so harness plan refuses it at
+    its ``period_adjusted`` key and line."""
+    from conftest import harness
+
+    repo = replicated_study(tmp_path, seeds="[1, 2, 3, 4, 5, 6, 7, 8]")
+    p = repo / "protocols" / "tiny.yaml"
+    text = p.read_text().replace("    design: paired\n", "    design: lockstep\n    block_steps: 1\n")
+    text = text.replace("      better: lower\n", "      better: lower\n      period_adjusted: true\n", 1)
+    p.write_text(text)
+    out = harness(repo, "plan", "protocols/tiny.yaml")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "period_adjusted" in out.stderr and "has 4 pairs" in out.stderr and "Traceback" not in out.stderr
