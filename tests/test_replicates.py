@@ -418,6 +418,24 @@ def test_the_audit_checks_a_replicated_folder(tmp_path):
     assert "ok: 2 replicates, each on a machine at least 0 s after the one before it there" in row, out.stdout
 
 
+def _speed(kind, margin):
+    """A training-time hypothesis on the log ratio of the study ``s`` (lower is better)."""
+    from prereg.hypotheses import Hypothesis
+
+    return Hypothesis.of(
+        {
+            "id": "H",
+            "study": "s",
+            "config": "tiny",
+            "endpoint": "training_time",
+            "estimand": "log_ratio",
+            "type": kind,
+            "better": "lower",
+            "margin": margin,
+        }
+    )
+
+
 def _replicated_pairs(effects, n, rng):
     """Pairs of a replicated study: replicate ``r`` (1-based) has ``n`` pairs whose log ratio of
     training time is ``effects[r-1]`` plus noise of SD 0.01, each arm's time around 2 s."""
@@ -454,22 +472,10 @@ def test_a_replicated_study_is_decided_on_the_mean_of_its_replicates(effects, n,
     degrees of freedom (not the pooled pairs' n - 1), the larger p-value for equivalence (TOST)."""
     from scipy import stats
 
-    from prereg.hypotheses import Hypothesis, bounds, test_of
+    from prereg.hypotheses import bounds, test_of
 
     pairs = _replicated_pairs(effects, n, np.random.default_rng(seed))
-    margin = {"superiority": 0.0, "non_inferiority": 0.01, "equivalence": 0.02}[kind]
-    h = Hypothesis.of(
-        {
-            "id": "H",
-            "study": "s",
-            "config": "tiny",
-            "endpoint": "training_time",
-            "estimand": "log_ratio",
-            "type": kind,
-            "better": "lower",
-            "margin": margin,
-        }
-    )
+    h = _speed(kind, {"superiority": 0.0, "non_inferiority": 0.01, "equivalence": 0.02}[kind])
     got, why, _ = test_of(h, pairs, 2, replicated=True)
     assert why is None and got is not None
     assert got.method == "t-replicates" and got.df == len(effects) - 1 and got.n == len(pairs)
@@ -502,24 +508,14 @@ def test_the_decision_holds_its_level_where_precision_weights_do_not(k, n):
 
 
 def test_a_replicate_without_spread_leaves_the_hypothesis_unreached():
-    from prereg.hypotheses import Hypothesis, Pair, test_of
+    from prereg.hypotheses import Pair, test_of
 
     pairs = _replicated_pairs([0.0, -0.01], 3, np.random.default_rng(1))
     pairs = [
         p if p.replicate == 1 else Pair(**{**p.__dict__, "candidate_training_s": p.baseline_training_s})
         for p in pairs
     ]
-    h = Hypothesis.of(
-        {
-            "id": "H",
-            "study": "s",
-            "config": "tiny",
-            "endpoint": "training_time",
-            "estimand": "log_ratio",
-            "type": "superiority",
-            "better": "lower",
-        }
-    )
+    h = _speed("superiority", 0.0)
     got, why, _ = test_of(h, pairs, 2, replicated=True)
     assert got is None and why.startswith("replicate 2: zero spread")
 
@@ -564,19 +560,9 @@ def test_the_protocol_not_the_data_chooses_the_replicate_model():
     """A replicated protocol whose complete pairs lie in one replicate (a budget stop, failures) is
     not decided on the pooled pairs: not reached, saying why; a protocol without replicates is
     decided on its pairs whatever ``replicate`` they carry."""
-    from prereg.hypotheses import Hypothesis, test_of
+    from prereg.hypotheses import test_of
 
-    h = Hypothesis.of(
-        {
-            "id": "H",
-            "study": "s",
-            "config": "tiny",
-            "endpoint": "training_time",
-            "estimand": "log_ratio",
-            "type": "superiority",
-            "better": "lower",
-        }
-    )
+    h = _speed("superiority", 0.0)
     both = _replicated_pairs([-0.02, -0.01], 4, np.random.default_rng(3))
     one = [p for p in both if p.replicate == 1]
     got, why, _ = test_of(h, one, 2, replicated=True)
