@@ -36,7 +36,7 @@ from prereg.ledger import (
     snapshot_name,
     with_snapshot,
 )
-from prereg.plan import plan_from_protocol, plan_notes
+from prereg.plan import OPTIONAL_SPEC, plan_from_protocol, plan_notes
 from prereg.recompute import SUMMARY_SCHEMAS, compare, recompute
 from prereg.records import seal
 from prereg.replicates import time_problems
@@ -548,8 +548,13 @@ def _protocol_and_plan(
             want = by_id.get(r["spec"]["run_id"])
             if want is None:
                 found.append(f"{record_name(r)}: run {r['spec']['run_id']} is not in the plan")
-            elif {k: r["spec"].get(k) for k in want} != want:
-                diff = sorted(k for k in want if r["spec"].get(k) != want[k])
+            elif {k: r["spec"].get(k) for k in want} != want or any(
+                k in r["spec"] and k not in want for k in OPTIONAL_SPEC
+            ):
+                diff = sorted(
+                    {k for k in want if r["spec"].get(k) != want[k]}
+                    | {k for k in OPTIONAL_SPEC if k in r["spec"] and k not in want}
+                )
                 found.append(f"{record_name(r)}: spec differs from the plan in {', '.join(diff)}")
         out.fail(
             "plan recomputed from the protocol", found, f"{len(plan)} planned runs, sha256 {plan_sha[:16]}..."

@@ -190,8 +190,13 @@ def _lockstep_fields(
     )
 
 
+#: A planned run's optional fields (:func:`_run_extra`): a record may hold one only where its plan does.
+OPTIONAL_SPEC = ("planted", "warmup_steps", "replicate")
+
+
 def _run_extra(doc: dict[str, Any], st: dict[str, Any], role: str, si: int, n_seeds: int) -> dict[str, Any]:
-    """A run's optional fields: the candidate's plant, the warm-up steps, the replicate."""
+    """A run's optional fields (:data:`OPTIONAL_SPEC`): the candidate's plant, the warm-up steps,
+    the replicate."""
     return {
         **({"planted": dict(st["planted"])} if st.get("planted") and role == "candidate" else {}),
         **({"warmup_steps": st["warmup_steps"]} if st.get("warmup_steps") else {}),

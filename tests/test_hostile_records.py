@@ -253,3 +253,16 @@ def test_an_anchor_through_a_remote_helper_is_refused(study, remote):
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"--anchor {remote}:" in r.stderr and "nothing was run" in r.stderr, r.stderr
     assert sorted(p.name for p in (study / RECS).iterdir()) == before
+
+
+def test_a_replicate_written_into_an_unreplicated_study_is_named(study):
+    """``spec.replicate`` resealed into the records of a protocol without replicates (where it could
+    change how the decisions read the pairs) is named against the plan recomputed from the tag."""
+    target = candidate(study).name
+
+    def replicated(r):
+        if f"{r['spec']['run_id']}.a{r['attempt']}.record.json" == target:
+            r["spec"]["replicate"] = 2
+
+    reseal_all(study, replicated)
+    named(study, "spec differs from the plan in replicate", target)
