@@ -372,8 +372,18 @@ def _calibration_plan(**given):
     return CalibrationPlan(**fixed, **small, seed_base=100, order_seed=7, threads=1, **given)
 
 
+def _written(plan, tmp_path):
+    """The plan's protocol text, its pairs per design, and the protocol as harness loads it."""
+    from analysis.calibration_study import protocol_text
+
+    text, counts = protocol_text(plan)
+    repo = init_study(tmp_path / "cal")
+    (repo / "protocols" / "cal.yaml").write_text(text)
+    return text, counts, load_protocol(repo / "protocols" / "cal.yaml")
+
+
 def test_calibration_study_is_written_from_a_pilot_and_plans(planted_runs, tmp_path):
-    from analysis.calibration_study import pilot_step_cpu_us, protocol_text
+    from analysis.calibration_study import pilot_step_cpu_us
 
     records = typed(list(planted_runs.values()))
     us, n = pilot_step_cpu_us(records, "tiny_conv")
@@ -388,10 +398,7 @@ def test_calibration_study_is_written_from_a_pilot_and_plans(planted_runs, tmp_p
         replicate_pairs=2,
         matmul_pairs=2,
     )
-    text, counts = protocol_text(plan)
-    repo = init_study(tmp_path / "cal")
-    (repo / "protocols" / "cal.yaml").write_text(text)
-    proto = load_protocol(repo / "protocols" / "cal.yaml")
+    text, counts, proto = _written(plan, tmp_path)
     assert {s.name for s in proto.studies} >= {"spin0p5_paired", "spin2p0_lockstep1", "matmul32_lockstep4"}
     assert counts == {"paired": 2 + 2 + 2, "lockstep1": 2 + 4 + 2, "lockstep4": 2 + 2 + 2}
     assert all(s.planted is not None for s in proto.studies)
@@ -542,8 +549,6 @@ def test_the_committed_calibration_protocols_are_what_the_command_writes(tmp_pat
 
 
 def test_a_spin_only_calibration_counts_coverage_at_every_size(tmp_path):
-    from analysis.calibration_study import protocol_text
-
     plan = _calibration_plan(
         step_cpu_us=3000.0,
         pilot_runs=8,
@@ -554,10 +559,7 @@ def test_a_spin_only_calibration_counts_coverage_at_every_size(tmp_path):
         coverage_pairs=8,
         replicate_pairs=4,
     )
-    text, counts = protocol_text(plan)
-    repo = init_study(tmp_path / "cal")
-    (repo / "protocols" / "cal.yaml").write_text(text)
-    proto = load_protocol(repo / "protocols" / "cal.yaml")
+    text, counts, proto = _written(plan, tmp_path)
     assert counts == {"lockstep1": 24}
     assert "matmul" not in text
     assert [(s.planted["us"], s.planted["replicate_pairs"], len(s.seeds)) for s in proto.studies] == [
