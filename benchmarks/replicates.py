@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prereg.descriptive import mean_interval, mean_se  # noqa: E402
 from prereg.replicates import random_effects, replicate_estimates  # noqa: E402
 from prereg.tdist import student_t_sf_signed  # noqa: E402
+from prereg.ttests import t_result  # noqa: E402
 
 
 def simulate(
@@ -137,9 +138,9 @@ def type_one(studies: int, k: int, n: int, tau: float, alpha: float, seed: int) 
         values = {r: [u + rng.gauss(0, 1.0) for _ in range(n)] for r in range(k) for u in [rng.gauss(0, tau)]}
         _, ys, vs = replicate_estimates(values)
         re = random_effects(ys, vs, 0.95)
-        m, se = mean_se(ys)
+        m, se = mean_se(ys)  # the decision's own rule: prereg.hypotheses._replicates_estimate
         hits["hksj"] += re["se"] > 0 and student_t_sf_signed(re["mean"] / re["se"], k - 1) < alpha
-        hits["equal"] += se > 0 and student_t_sf_signed(m / se, k - 1) < alpha
+        hits["equal"] += se > 0 and t_result("t-replicates", k * n, m, se, k - 1, (0.0, None)).p_value < alpha
     return {name: h / studies for name, h in hits.items()}
 
 

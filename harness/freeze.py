@@ -479,7 +479,7 @@ def _preregistered_at(proto: Any) -> str:
     return f"{proto.path}:{line}, key preregistered: false"
 
 
-def _refuse_tag_of_unpreregistered(proto: Any, doing: str) -> None:
+def _refuse_tag_of_unpreregistered(proto: Any) -> None:
     """Refuse a protocol that is not preregistered while a tag of its id exists: the audit reads any
     tag ``protocol-<id>`` as the study's definition, so records run untagged would all fail it."""
     repo = gitutil.toplevel(proto.path)
@@ -487,7 +487,7 @@ def _refuse_tag_of_unpreregistered(proto: Any, doing: str) -> None:
         return
     raise RefusedError(
         f"{_preregistered_at(proto)}, but tag {proto.tag_name} exists, and the audit binds records to "
-        f"any tag of the id; to {doing}, either set preregistered: true (the tag then binds it), or, "
+        "any tag of the id; to run it, either set preregistered: true (the tag then binds it), or, "
         f"if that tag is not a published preregistration, delete it (git tag -d {proto.tag_name}), or "
         "give this protocol a new id; nothing was run"
     )
@@ -502,7 +502,7 @@ def check(proto: Any, plan_sha: str, runs: int) -> Frozen:
     changes or untracked files. Returns what the records say about the freeze.
     """
     if not proto.preregistered:
-        _refuse_tag_of_unpreregistered(proto, "run it")
+        _refuse_tag_of_unpreregistered(proto)
         return NOT_FROZEN
     repo = gitutil.toplevel(proto.path)
     if repo is None:

@@ -718,19 +718,22 @@ def _t_estimate(
     none."""
     if not replicated:
         return _pairs_estimate(h, pairs, values, scales)
-    replicates = [p.replicate for p in typed_pairs(pairs)]
-    if any(r is None for r in replicates):
-        return None, "a replicated protocol's pair names no replicate (spec.replicate)"
-    if len(set(replicates)) < 2:
+    typed = typed_pairs(pairs)
+    at: dict[int, list[int]] = {}  # each replicate's pairs, by index
+    for i, p in enumerate(typed):
+        if p.replicate is None:
+            return None, "a replicated protocol's pair names no replicate (spec.replicate)"
+        at.setdefault(p.replicate, []).append(i)
+    if len(at) < 2:
         return None, (
-            f"a replicated protocol is decided over its replicates, and only replicate {replicates[0]} has "
-            "complete pairs"
+            f"a replicated protocol is decided over its replicates, and only replicate {next(iter(at), None)} "
+            "has complete pairs"
         )
-    return _replicates_estimate(h, pairs, values, scales)
+    return _replicates_estimate(h, typed, values, scales, at)
 
 
 def _replicates_estimate(
-    h: Hypothesis, pairs: Sequence[Pair | PairRow], values: list[float], scales: list[float]
+    h: Hypothesis, typed: list[Pair], values: list[float], scales: list[float], at: dict[int, list[int]]
 ) -> tuple[tuple[str, float, float, int] | None, str | None]:
     """A replicated protocol's estimate: each replicate's pairs give the estimate ``y_r`` the
     hypothesis would have on them alone (:func:`_pairs_estimate`: the plain, period-adjusted or
@@ -747,17 +750,15 @@ def _replicates_estimate(
     replicate's variance estimated from a few pairs, its weights are noisy and its one-sided test
     rejected a true null in 2.6 to 5.2% of simulated studies at a nominal 2.5% (3 to 6 replicates
     of 4 to 20 pairs; ``python benchmarks/replicates.py --decision --studies 20000``), where this
-    one gave 2.4 to 2.7% (Monte-Carlo SE 0.1%). So a claim over replicates is widened by as much as the replicates disagree, and its
-    degrees of freedom are the replicates', not the pairs'."""
-    typed = typed_pairs(pairs)
+    one gave 2.4 to 2.7% (Monte-Carlo SE 0.1%). So a claim over replicates is widened by as much as
+    the replicates disagree, and its degrees of freedom are the replicates', not the pairs'.
+    ``at``: each replicate's pairs, by their index in ``typed``."""
     ys = []
-    for r in sorted({p.replicate for p in typed if p.replicate is not None}):
-        at = [i for i, p in enumerate(typed) if p.replicate == r]
-        if spread_is_rounding([values[i] for i in at], [scales[i] for i in at]):
+    for r in sorted(at):
+        v, sc = [values[i] for i in at[r]], [scales[i] for i in at[r]]
+        if spread_is_rounding(v, sc):
             return None, f"replicate {r}: {ZERO_SPREAD}"
-        est, why = _pairs_estimate(
-            h, [typed[i] for i in at], [values[i] for i in at], [scales[i] for i in at]
-        )
+        est, why = _pairs_estimate(h, [typed[i] for i in at[r]], v, sc)
         if est is None:
             return None, f"replicate {r}: {why}"
         ys.append(est[1])
