@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from prereg.planted import CLASSES, KINDS
 from prereg.records import RunRecord
 
 __all__ = ["CalibrationPlan", "pilot_step_cpu_us", "protocol_text"]
@@ -69,6 +70,10 @@ class CalibrationPlan:
     order_seed: int
     threads: int
     flags: str = ""  # the command's other flags, as given, for the header (" --designs 1 ...")
+    plants: tuple[tuple[str, int], ...] = ()  # other plants (kind, size), one of each effect class
+    plant_pairs: int = 12  # pairs per design for each of them
+    truth_runs: int = 0  # runs of each plant's truth study (0: none)
+    toggle_steps: int = 10  # a truth study's blocks with and without the plant
 
 
 def _design(b: int) -> str:
@@ -110,6 +115,22 @@ def _studies(p: CalibrationPlan) -> tuple[list[str], dict[str, int]]:
             lines += _study(name, block, f"{{kind: spin, us: {us}{group}}}", n, base, p)
             counts[_design(block)] = counts.get(_design(block), 0) + n
             base += 1000
+    for kind, size in p.plants:
+        for block in p.designs:
+            lines += _study(
+                f"{_plant_name(kind, size)}_{_design(block)}",
+                block,
+                _plant(kind, size),
+                p.plant_pairs,
+                base,
+                p,
+            )
+            counts[_design(block)] = counts.get(_design(block), 0) + p.plant_pairs
+            base += 1000
+    for name, plant in _truths(p) if p.truth_runs else ():
+        lines += _study(name, 0, plant, p.truth_runs, base, p)
+        counts["truth"] = counts.get("truth", 0) + p.truth_runs
+        base += 1000
     for block in p.designs if p.matmul_pairs else ():
         n = p.matmul_pairs
         lines += _study(
@@ -118,6 +139,31 @@ def _studies(p: CalibrationPlan) -> tuple[list[str], dict[str, int]]:
         counts[_design(block)] = counts.get(_design(block), 0) + n
         base += 1000
     return lines, counts
+
+
+def _plant_name(kind: str, size: int) -> str:
+    """A plant in a study's name: ``gather4m``, ``copy512k``, ``sleep50us``, ``matmul200``."""
+    if KINDS[kind][0] == "bytes":
+        return f"{kind}{size >> 20}m" if size % (1 << 20) == 0 else f"{kind}{size >> 10}k"
+    return f"{kind}{size}us" if KINDS[kind][0] == "us" else f"{kind}{size}"
+
+
+def _plant(kind: str, size: int, toggle: int | None = None) -> str:
+    """A plant's flow mapping in the protocol."""
+    tail = f", toggle_steps: {toggle}" if toggle else ""
+    return f"{{kind: {kind}, {KINDS[kind][0]}: {size}{tail}}}"
+
+
+def _truths(p: CalibrationPlan) -> list[tuple[str, str]]:
+    """Each plant's truth study (its name and plant): the spins, the matmul and the other plants,
+    each on and off in blocks of ``toggle_steps`` in a process of its own."""
+    plants = [("spin", spin_us(s, p.step_cpu_us)) for s in p.sizes]
+    plants += [("matmul", p.matmul_n)] if p.matmul_pairs else []
+    named = {("spin", spin_us(s, p.step_cpu_us)): f"spin{str(s).replace('.', 'p')}" for s in p.sizes}
+    return [
+        (f"{named.get((k, n)) or _plant_name(k, n)}_truth", _plant(k, n, p.toggle_steps))
+        for k, n in plants + list(p.plants)
+    ]
 
 
 def _matmul_parts(p: CalibrationPlan) -> tuple[str, str, str]:
@@ -172,7 +218,26 @@ origins:
   budget_device_seconds: "about 3 s per pair on a 2-core machine, times the pairs, times 2"
 studies:
 """
-    return header + "\n".join(lines) + "\n", counts
+    head, _, _ = header.rpartition("studies:\n")
+    return head + _plant_origins(p) + "studies:\n" + "\n".join(lines) + "\n", counts
+
+
+def _plant_origins(p: CalibrationPlan) -> str:
+    """The origins of the other plants and of the truth studies (empty without them)."""
+    out = ""
+    if p.plants:
+        listed = ", ".join(f"{_plant_name(k, n)} ({CLASSES[k]})" for k, n in p.plants)
+        out += (
+            f"  plants: \"one plant of each effect class ({listed}), each sized near 2-5% of the pilot's "
+            f'step by timing it alone on this machine; {p.plant_pairs} pairs per design"\n'
+        )
+    if p.truth_runs:
+        out += (
+            f"  truth: \"each plant's truth study: {p.truth_runs} runs in a process of their own whose "
+            f"candidate runs the plant in ABBA blocks of {p.toggle_steps} steps (prereg/planted.py, "
+            'toggle_truth): its cost with no partner anywhere"\n'
+        )
+    return out
 
 
 def _budget(p: CalibrationPlan, counts: dict[str, int]) -> int:

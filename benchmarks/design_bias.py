@@ -48,7 +48,9 @@ def table(rows: list[dict]) -> list[str]:
     each design (lockstep by block size, then a process per arm), the CPU clock beside the wall."""
     by: dict[tuple, dict[str, dict]] = {}
     for r in rows:
-        by.setdefault((r["config"], r["kind"], r["plant"], r.get("block_steps")), {})[r["clock"]] = r
+        by.setdefault((r["config"], r["kind"], r["plant"], r.get("block_steps"), r["design"]), {})[
+            r["clock"]
+        ] = r
     truth: dict[tuple, list[float]] = {}
     for k, clocks in by.items():
         t = (clocks.get("CPU") or clocks["wall"]).get("truth")
@@ -56,9 +58,20 @@ def table(rows: list[dict]) -> list[str]:
             truth.setdefault(k[:3], []).append(t)
 
     def order(k: tuple) -> tuple:
-        config, kind, plant, block = k
+        config, kind, plant, block, design = k
         t = truth.get(k[:3]) or [0.0]
-        return (config, kind != "spin", sum(t) / len(t), plant, block is None, block or 0)
+        own = by[k].get("CPU", by[k].get("wall", {}))
+        return (
+            config,
+            kind != "spin",
+            kind,
+            sum(t) / len(t),
+            plant,
+            own.get("reference") is not True,
+            block is None,
+            block or 0,
+            design,
+        )
 
     configs = {k[0] for k in by}
     out = [

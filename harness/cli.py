@@ -279,7 +279,27 @@ def _calibration_plan(
         order_seed=args.order_seed,
         threads=pilot.threads or 1,
         flags=_given_flags(args),
+        plants=_plants(args.plants),
+        plant_pairs=args.plant_pairs,
+        truth_runs=args.truth_runs,
+        toggle_steps=args.toggle_steps,
     )
+
+
+def _plants(text: str) -> tuple[tuple[str, int], ...]:
+    """``--plants``: KIND:SIZE pairs, each a valid plant (else InputError naming it)."""
+    from prereg.planted import KINDS, plant_problems
+
+    out = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        kind, _, size = item.partition(":")
+        if kind not in KINDS or not size.isdigit():
+            raise InputError(f"--plants {item!r}: KIND:SIZE with KIND one of {', '.join(KINDS)}")
+        problems = plant_problems({"kind": kind, KINDS[kind][0]: int(size)}, command=False)
+        if problems:
+            raise InputError(f"--plants {item!r}: {problems[0][1]}")
+        out.append((kind, int(size)))
+    return tuple(out)
 
 
 _CALIBRATION_FLAGS = (
@@ -297,6 +317,10 @@ _CALIBRATION_FLAGS = (
     "replicate_pairs",
     "seed_base",
     "order_seed",
+    "plants",
+    "plant_pairs",
+    "truth_runs",
+    "toggle_steps",
 )
 
 

@@ -295,6 +295,20 @@ def _calibration_study_command(sub: argparse._SubParsersAction[argparse.Argument
     s.add_argument("--replicate-pairs", type=int, default=4, help="pairs per replicate study (default 4)")
     s.add_argument("--seed-base", type=int, default=900000, help="the first seed (default 900000)")
     s.add_argument("--order-seed", type=int, default=20261204, help="the plan's order seed")
+    s.add_argument(
+        "--plants",
+        default="",
+        help="other plants, KIND:SIZE comma-separated (gather:4194304, copy:1048576, alloc:4194304, "
+        "sleep:50, matmul:200; prereg/planted.py), each through every design",
+    )
+    s.add_argument("--plant-pairs", type=int, default=12, help="pairs per design for each (default 12)")
+    s.add_argument(
+        "--truth-runs",
+        type=int,
+        default=0,
+        help="runs of each plant's truth study: the plant on and off in its own process (default 0: none)",
+    )
+    s.add_argument("--toggle-steps", type=int, default=10, help="a truth study's blocks (default 10)")
 
 
 def _init_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -24,7 +24,7 @@ from harness.study import Study, parse_studies, two_sided_level
 from harness.yamlio import Field, one_of, positive
 from prereg.plan import PROTOCOL_DEFAULTS as DEFAULTS
 from prereg.plan import defaults_text, with_defaults
-from prereg.planted import calibrated_designs, uncalibrated
+from prereg.planted import CLASSES, DEFAULT_CLASS, calibrated_designs, uncalibrated
 from prereg.replicates import replicates_problems
 
 #: Each key with a safe default takes it from the core's one home (prereg.plan.PROTOCOL_DEFAULTS),
@@ -57,6 +57,9 @@ _TOP = {
     "schedule": Field(str, required=False, default="in_order", check=one_of("in_order", "interleaved")),
     # the calibration study whose planted effects measured the bias of this protocol's designs
     "design_calibration": Field(str, required=False, default=None),
+    # the class of change the protocol measures, whose bias the calibration must know
+    # (prereg/planted.py CLASSES; default cache-heavy: an optimizer or kernel change)
+    "effect_class": Field(str, required=False, default=None, check=one_of(*sorted(set(CLASSES.values())))),
     # separate runs of the runner at different times or on different machines (prereg/replicates.py)
     "replicates": Field(dict, required=False, default=None),
 }
@@ -179,7 +182,15 @@ def load_protocol(path: str | Path) -> Protocol:
     _refuse_unmeasurable(doc, top, studies, hypotheses)
     pending = _calibration_pending(doc, top["calibration"])
     if top["design_calibration"] is not None:
-        _refuse_uncalibrated(doc, top["design_calibration"], root, studies)
+        _refuse_uncalibrated(
+            doc, top["design_calibration"], root, studies, top["effect_class"] or DEFAULT_CLASS
+        )
+    elif top["effect_class"] is not None:
+        raise doc.error(
+            ("effect_class",),
+            "effect_class names the class whose bias the calibration measured; name that calibration "
+            "(design_calibration: protocols/<calibration>.yaml, run with harness calibration-study)",
+        )
     if top["replicates"] is not None:
         counts = {s.name: len(s.seeds) for s in studies}
         for where, message in replicates_problems(top["replicates"], counts):
@@ -337,7 +348,9 @@ def _refuse_unmeasurable(
             )
 
 
-def _refuse_uncalibrated(doc: yamlio.Document, value: str, root: Path, studies: list[Study]) -> None:
+def _refuse_uncalibrated(
+    doc: yamlio.Document, value: str, root: Path, studies: list[Study], effect_class: str
+) -> None:
     """``design_calibration``: the calibration study (a protocol file inside the repository) whose
     planted effects measured each design's bias; every study of this protocol that is not itself
     planted must use a design it covers (:func:`prereg.planted.uncalibrated`), named at its key."""
@@ -358,9 +371,10 @@ def _refuse_uncalibrated(doc: yamlio.Document, value: str, root: Path, studies: 
     for si, st in enumerate(studies):
         if st.planted is not None or st.design != "paired":
             continue
-        why = uncalibrated(st.block_steps, covered, value)
+        why = uncalibrated(st.block_steps, covered, value, effect_class)
         if why:
-            raise doc.error(("studies", si, "block_steps" if st.block_steps is not None else "design"), why)
+            key = "block_steps" if st.block_steps is not None else "design"
+            raise doc.error(("effect_class",) if "effect_class" in doc.data else ("studies", si, key), why)
 
 
 def _refuse_schema_1(doc: yamlio.Document) -> None:

@@ -80,17 +80,39 @@ def gather(buf: bytearray) -> None:
     buf[::64]  # noqa: B018  (the read is the cost)
 
 
+def copy(src: bytearray, dst: bytearray) -> None:
+    """Copy ``src`` into ``dst`` (one ``memmove`` of the whole buffer: memory bandwidth)."""
+    dst[:] = src
+
+
+def alloc(n: int) -> None:
+    """A fresh zeroed buffer of ``n`` bytes, dropped at once (the allocator's churn)."""
+    bytearray(n)
+
+
+def sleep(us: int) -> None:
+    """``us`` microseconds of wall time asleep (a wall-only cost: no CPU clock sees it)."""
+    time.sleep(us / 1e6)
+
+
 def plant_of(planted: Mapping[str, Any] | None) -> Any:
     """The plant a reporter runs each step (the standard-library kinds), or None."""
     if not planted:
         return None
-    if planted.get("kind") == "spin":
+    kind = planted.get("kind")
+    if kind in ("spin", "sleep"):
         us = int(planted["us"])
-        return lambda: spin(us)
-    if planted.get("kind") == "gather":
-        buf = bytearray(int(planted["bytes"]))
-        return lambda: gather(buf)
-    raise ValueError(f"{ENV_PLANT}: a reporter runs spin and gather plants, not {planted.get('kind')!r}")
+        return (lambda: spin(us)) if kind == "spin" else (lambda: sleep(us))
+    if kind in ("gather", "copy", "alloc"):
+        n = int(planted["bytes"])
+        if kind == "alloc":
+            return lambda: alloc(n)
+        buf = bytearray(b"\x01" * n)  # written once, so its pages exist before the first step
+        if kind == "gather":
+            return lambda: gather(buf)
+        dst = bytearray(n)
+        return lambda: copy(buf, dst)
+    raise ValueError(f"{ENV_PLANT}: a reporter runs spin, gather, copy, alloc and sleep plants, not {kind!r}")
 
 
 class Reporter:

@@ -112,6 +112,59 @@ def blocks(steps: int, block_steps: int) -> Iterator[tuple[int, int]]:
             yield arm, n
 
 
+def turns(steps: int, block_steps: int) -> Iterator[tuple[int, int]]:
+    """:func:`blocks` with an arm's consecutive blocks joined into one turn: ``(arm, steps)``. At
+    blocks of 1 the ABBA order is the steps ``A, B, B, A, A, B, ...``: each arm's second step of a
+    turn follows its own step with nothing of its partner's run between (the lockstep worker checks
+    the waiting arm once a turn, not once a block), which is what :func:`own_step_means` reads."""
+    last, n = None, 0
+    for arm, k in blocks(steps, block_steps):
+        if arm == last:
+            n += k
+            continue
+        if last is not None:
+            yield last, n
+        last, n = arm, k
+    if last is not None:
+        yield last, n
+
+
+def own_step_means(times: Sequence[int], after: Sequence[bool | None], warmup: int) -> float | None:
+    """An arm's mean step time over its timed steps that follow its own step (the steps a run of
+    its own would take; :func:`follows`), or None when it has none.
+
+    Notes
+    -----
+    The *after-own* estimand: with ``m_c`` and ``m_b`` the candidate's and the baseline's means, the
+    pair's log ratio is ``ln(m_c / m_b)``, the ratio of the training times each arm would take
+    running alone if a step's cost depends on the step before it and no earlier one (first-order
+    carry-over, as crossover designs assume). The ABBA order at blocks of 1 makes half of each
+    arm's steps follow its own, so the partner's carry-over, which the ratio of whole training
+    times mixes in, is left out rather than balanced."""
+    own = [t for i, (t, f) in enumerate(zip(times, after)) if i >= warmup and f is False and t > 0]
+    return math.fsum(own) / len(own) if own else None
+
+
+def own_step_columns(b: Mapping[str, Any], c: Mapping[str, Any]) -> dict[str, Any]:
+    """A lockstep pair's after-own columns (:func:`own_step_means`: ``baseline_own_step_us``,
+    ``candidate_own_step_cpu_us``, ...), where its worker kept each step's time and ran an arm's
+    consecutive blocks as one turn (``env.lockstep.turns``); none otherwise (records before the
+    rule, other designs, command arms)."""
+    out: dict[str, Any] = {}
+    for role, r in (("baseline", b), ("candidate", c)):
+        lock = (r.get("env") or {}).get("lockstep") or {}
+        times = r.get("step_times") or {}
+        spec = r["spec"]
+        if lock.get("turns") != "joined" or not times.get("cpu_us") or not spec.get("block_steps"):
+            return {}
+        after = follows(spec["steps"], spec["block_steps"])[0 if spec.get("steps_first") else 1]
+        for clock, field in (("", "wall_us"), ("_cpu", "cpu_us")):
+            out[f"{role}_own_step{clock}_us"] = own_step_means(
+                times[field], after, spec.get("warmup_steps") or 0
+            )
+    return out
+
+
 def follows(steps: int, block_steps: int) -> tuple[list[bool | None], list[bool | None]]:
     """For each step of the arm that steps first (0) and of the other (1), in :func:`blocks` order:
     True when it follows the partner's block, False when it follows its own step, None for the

@@ -73,6 +73,16 @@ class Pair:
     # a planted study's pairs: what the candidate's plant took on each clock (prereg.planted)
     candidate_planted_s: float | None = field(default=None, metadata={"omit_none": True})
     candidate_planted_cpu_s: float | None = field(default=None, metadata={"omit_none": True})
+    # a truth study's candidate: its mean step time with and without its plant (prereg.planted)
+    candidate_on_us: float | None = field(default=None, metadata={"omit_none": True})
+    candidate_off_us: float | None = field(default=None, metadata={"omit_none": True})
+    candidate_on_cpu_us: float | None = field(default=None, metadata={"omit_none": True})
+    candidate_off_cpu_us: float | None = field(default=None, metadata={"omit_none": True})
+    # a lockstep pair's mean step times after the arm's own step (prereg.carryover.own_step_means)
+    baseline_own_step_us: float | None = field(default=None, metadata={"omit_none": True})
+    candidate_own_step_us: float | None = field(default=None, metadata={"omit_none": True})
+    baseline_own_step_cpu_us: float | None = field(default=None, metadata={"omit_none": True})
+    candidate_own_step_cpu_us: float | None = field(default=None, metadata={"omit_none": True})
     # a lockstep pair whose records keep their step times: the arm that took the first block
     steps_first: str | None = field(default=None, metadata={"omit_none": True})
     # a study with warm-up steps: each arm's warm-up time, apart from the training clock

@@ -14,7 +14,24 @@ every timed training step, after the gradient phase:
   buffers find, so its true effect is what it costs where nothing interleaves with it, measured
   (:func:`reference_study`).
 * ``gather`` (``bytes``): a strided read of one byte per 64-byte cache line over a buffer of
-  ``bytes`` bytes (standard library).
+  ``bytes`` bytes (standard library): over a buffer larger than the caches it evicts what they
+  held, the partner's working set included.
+* ``copy`` (``bytes``): a copy of a buffer of ``bytes`` bytes into another (standard library,
+  one ``memmove``): memory bandwidth.
+* ``alloc`` (``bytes``): a fresh zeroed buffer of ``bytes`` bytes each step, dropped at once
+  (standard library): the allocator's churn (above the allocator's mapping threshold, a mapping
+  and its page faults each step).
+* ``sleep`` (``us``): ``us`` microseconds of wall time asleep (standard library): a wall-only cost,
+  as I/O or a wait for data would be, which no CPU clock sees.
+
+Each kind belongs to one *effect class* (:data:`CLASSES`), the class of training-speed change it
+stands for: ``context-free`` (spin), ``cache-heavy`` (matmul, gather), ``bandwidth`` (copy),
+``allocation`` (alloc) and ``wall-only`` (sleep). A design's bias is known per class.
+
+``toggle_steps: K`` (built-in arms only) runs the plant in alternating blocks of ``K`` steps in
+ABBA order (steps ``0..K-1`` without it, then ``2K`` with it, ``2K`` without, ...; :func:`toggled`):
+a *truth study*. In a process per arm, the candidate's own steps with and without the plant give
+the plant's cost in that arm alone, with no partner anywhere (:func:`toggle_truth`).
 
 A study of command arms may plant ``spin`` or ``gather``: the harness hands the candidate's
 process the plant (``HARNESS_PLANT``), and its reporter (``harness/reporter.py``, standard
@@ -51,14 +68,43 @@ KINDS: dict[str, tuple[str, str]] = {
     "spin": ("us", "microseconds of the training thread's CPU time per step"),
     "matmul": ("n", "the side of the n x n float32 matrices multiplied once per step"),
     "gather": ("bytes", "the size of the buffer read once per step, one byte per 64-byte line"),
+    "copy": ("bytes", "the size of the buffer copied into another once per step"),
+    "alloc": ("bytes", "the size of the zeroed buffer allocated and dropped once per step"),
+    "sleep": ("us", "microseconds of wall time asleep per step"),
+}
+#: The effect class each kind stands for (the module's text).
+CLASSES: dict[str, str] = {
+    "spin": "context-free",
+    "matmul": "cache-heavy",
+    "gather": "cache-heavy",
+    "copy": "bandwidth",
+    "alloc": "allocation",
+    "sleep": "wall-only",
 }
 #: Plants a command arm's reporter can run (standard library: ``harness/reporter.py``).
-COMMAND_KINDS = ("spin", "gather")
+COMMAND_KINDS = ("spin", "gather", "copy", "alloc", "sleep")
 #: Plants whose true effect is known by arithmetic; the others' is measured (:func:`reference_study`).
 CONTEXT_FREE = ("spin",)
-#: The largest size of each kind a protocol may plant (a spin of a second per step, a 4096-wide
-#: matrix, a buffer of 1 GiB): far above any calibration, below a plant that would stall a run.
-MAX_SIZE = {"spin": 1_000_000, "matmul": 4096, "gather": 1 << 30}
+#: The largest size of each kind a protocol may plant (a spin or sleep of a second per step, a
+#: 4096-wide matrix, a buffer of 1 GiB): far above any calibration, below a plant that would stall a run.
+MAX_SIZE = {
+    "spin": 1_000_000,
+    "matmul": 4096,
+    "gather": 1 << 30,
+    "copy": 1 << 30,
+    "alloc": 1 << 30,
+    "sleep": 1_000_000,
+}
+#: The optional keys of a plant besides its kind and size.
+OPTIONAL = ("replicate_pairs", "toggle_steps")
+
+
+def toggled(step: int, toggle_steps: int | None) -> bool:
+    """Whether the plant runs in ``step`` (0-based): always without ``toggle_steps``; with it, in
+    ABBA blocks of ``toggle_steps`` steps, the first block without the plant."""
+    if not toggle_steps:
+        return True
+    return (0, 1, 1, 0)[(step // toggle_steps) % 4] == 1
 
 
 def plant_problems(value: Any, command: bool) -> list[tuple[tuple[str, ...], str]]:
@@ -70,12 +116,31 @@ def plant_problems(value: Any, command: bool) -> list[tuple[tuple[str, ...], str
     if kind not in KINDS:
         return [(("kind",), f"planted kind must be one of {', '.join(KINDS)}, got {kind!r}")]
     size = KINDS[kind][0]
-    extra = sorted(str(k) for k in value if k not in ("kind", size, "replicate_pairs"))
+    extra = sorted(str(k) for k in value if k not in ("kind", size, *OPTIONAL))
     if extra:
         return [
             (
                 (extra[0],),
-                f"unknown key {extra[0]!r} for a {kind} plant (keys: kind, {size}, replicate_pairs)",
+                f"unknown key {extra[0]!r} for a {kind} plant (keys: kind, {size}, {', '.join(OPTIONAL)})",
+            )
+        ]
+    toggle = value.get("toggle_steps")
+    if toggle is not None and (
+        not isinstance(toggle, int) or isinstance(toggle, bool) or not 2 <= toggle <= 1000
+    ):
+        return [
+            (
+                ("toggle_steps",),
+                "toggle_steps (the plant on and off in ABBA blocks of this many steps: a truth study) is an "
+                f"integer from 2 to 1000, got {toggle!r}",
+            )
+        ]
+    if toggle is not None and command:
+        return [
+            (
+                ("toggle_steps",),
+                "toggle_steps is for built-in arms (the harness's trainer toggles the plant); a command "
+                "arm's reporter runs its plant in every step",
             )
         ]
     group = value.get("replicate_pairs")
@@ -108,10 +173,12 @@ def describe(plant: Mapping[str, Any]) -> str:
     kind = plant["kind"]
     if kind == "spin":
         return f"spin {plant['us']} us/step"
+    if kind == "sleep":
+        return f"sleep {plant['us']} us/step"
     if kind == "matmul":
         return f"matmul {plant['n']}x{plant['n']}/step"
     b = int(plant["bytes"])
-    return f"gather {b / (1 << 20):g} MiB/step" if b >= 1 << 20 else f"gather {b / 1024:g} KiB/step"
+    return f"{kind} {b / (1 << 20):g} MiB/step" if b >= 1 << 20 else f"{kind} {b / 1024:g} KiB/step"
 
 
 def plant_key(plant: Mapping[str, Any]) -> tuple[str, int]:
@@ -232,29 +299,50 @@ def design_label(design: str, block_steps: int | None) -> str:
     return "a process per arm" if block_steps is None else f"lockstep, blocks of {block_steps}"
 
 
-def calibrated_designs(calibration: Mapping[str, Any]) -> set[int | None]:
-    """The designs a calibration study (a protocol document, as YAML read it) measured the bias of:
-    each planted study's lockstep ``block_steps``, or ``None`` for a process per arm."""
-    out: set[int | None] = set()
+def calibrated_designs(calibration: Mapping[str, Any]) -> dict[int | None, set[str]]:
+    """The designs a calibration study (a protocol document, as YAML read it) measured the bias of,
+    each with the effect classes (:data:`CLASSES`) of the plants it measured: each planted study's
+    lockstep ``block_steps``, or ``None`` for a process per arm. A truth study (``toggle_steps``)
+    measures the truth, not a design, and counts for none."""
+    out: dict[int | None, set[str]] = {}
     for st in calibration.get("studies") or []:
-        if isinstance(st, Mapping) and st.get("planted") and st.get("design") in ("paired", "lockstep"):
-            block = st.get("block_steps") if st.get("design") == "lockstep" else None
-            out.add(block if isinstance(block, int) and not isinstance(block, bool) else None)
+        if not isinstance(st, Mapping) or st.get("design") not in ("paired", "lockstep"):
+            continue
+        plant = st.get("planted")
+        if not isinstance(plant, Mapping) or plant.get("kind") not in CLASSES or plant.get("toggle_steps"):
+            continue
+        block = st.get("block_steps") if st.get("design") == "lockstep" else None
+        key = block if isinstance(block, int) and not isinstance(block, bool) else None
+        out.setdefault(key, set()).add(CLASSES[plant["kind"]])
     return out
 
 
-def uncalibrated(block_steps: int | None, covered: set[int | None], where: str) -> str | None:
+#: The effect class a protocol's change is taken to be when it declares none: an optimizer or
+#: kernel change moves memory traffic (docs/decisions.md, "Effect classes").
+DEFAULT_CLASS = "cache-heavy"
+
+
+def uncalibrated(
+    block_steps: int | None,
+    covered: Mapping[int | None, set[str]],
+    where: str,
+    effect_class: str = DEFAULT_CLASS,
+) -> str | None:
     """Why a study's design (lockstep ``block_steps``, ``None``: a process per arm) is not one the
-    calibration at ``where`` measured, or ``None`` when it is: its bias would be unknown."""
-    if block_steps in covered:
+    calibration at ``where`` measured for ``effect_class``, or ``None`` when it is: its bias for
+    that class would be unknown."""
+    if effect_class in covered.get(block_steps, set()):
         return None
-    have = ", ".join(
-        design_label("lockstep" if b else "paired", b) for b in sorted(covered, key=lambda b: b or 0)
+    have = "; ".join(
+        f"{design_label('lockstep' if b else 'paired', b)} ({', '.join(sorted(covered[b]))})"
+        for b in sorted(covered, key=lambda b: b or 0)
     )
     return (
         f"{design_label('lockstep' if block_steps else 'paired', block_steps)} is not a design the calibration "
-        f"{where} measured (its planted studies cover: {have or 'nothing'}), so its bias is unknown: use "
-        "a covered design, or add it to the calibration and run that first"
+        f"{where} measured for the effect class {effect_class} (its planted studies cover: {have or 'nothing'}), "
+        f"so its bias for such a change is unknown: use a covered design, or plant a {effect_class} cost "
+        f"({', '.join(k for k, c in CLASSES.items() if c == effect_class)}) through this design in the "
+        "calibration and run that first"
     )
 
 
@@ -274,12 +362,48 @@ def reference_study(candidates: Sequence[Mapping[str, Any]]) -> Mapping[str, Any
 CLOCKS = (("training_s", "wall"), ("training_cpu_s", "CPU"))
 
 
+def toggle_means(times: Sequence[int], warmup: int, toggle_steps: int) -> tuple[float, float] | None:
+    """A truth study's candidate: its mean step time with the plant and without (:func:`toggled`),
+    over its timed steps, each block's first step left out (it follows the other kind of step), or
+    None when either kind has none."""
+    on: list[int] = []
+    off: list[int] = []
+    for i, t in enumerate(times):
+        if i < warmup or i % toggle_steps == 0 or t <= 0:
+            continue
+        (on if toggled(i, toggle_steps) else off).append(t)
+    if not on or not off:
+        return None
+    return math.fsum(on) / len(on), math.fsum(off) / len(off)
+
+
+def toggle_truth(on_off: tuple[float, float]) -> float:
+    """A truth study run's log ratio, ``ln(m_on / m_off)``: the plant's cost to that arm alone.
+
+    Notes
+    -----
+    ``m_on`` and ``m_off`` are the run's mean step times with and without the plant
+    (:func:`toggle_means`). The run has no partner: the plant's cost, cache effects on the steps
+    after it included, is measured where nothing of another run interleaves, the estimand a
+    user's own training run has. Each run is one value; the truth is their mean with its t
+    interval, and a design's bias the Welch difference of its pairs' values from these."""
+    return math.log(on_off[0] / on_off[1])
+
+
 def pair_columns(b: Mapping[str, Any], c: Mapping[str, Any]) -> dict[str, Any]:
-    """A planted study's pair columns: what the candidate's plant took on each clock."""
+    """A planted study's pair columns: what the candidate's plant took on each clock, and a truth
+    study's candidate's means with and without its plant."""
     ct = c.get("timings") or {}
-    if "planted" not in c["spec"]:
+    plant = c["spec"].get("planted")
+    if not plant:
         return {}
-    return {"candidate_planted_s": ct.get("planted_s"), "candidate_planted_cpu_s": ct.get("planted_cpu_s")}
+    out = {"candidate_planted_s": ct.get("planted_s"), "candidate_planted_cpu_s": ct.get("planted_cpu_s")}
+    times = c.get("step_times") or {}
+    if plant.get("toggle_steps") and times.get("cpu_us"):
+        for clock, field in (("", "wall_us"), ("_cpu", "cpu_us")):
+            m = toggle_means(times[field], c["spec"].get("warmup_steps") or 0, int(plant["toggle_steps"]))
+            out[f"candidate_on{clock}_us"], out[f"candidate_off{clock}_us"] = m if m else (None, None)
+    return out
 
 
 def _logs(pairs: Sequence[Mapping[str, Any]], key: str) -> tuple[list[Mapping[str, Any]], list[float]]:
@@ -297,22 +421,28 @@ def planted_rows(
 ) -> list[dict[str, Any]]:
     """Every planted study's bias, per configuration and clock, as the summary's ``planted`` rows.
 
-    A spin's truth is its arithmetic (:func:`spin_truth`, pair by pair); a measured plant's is the
-    mean log ratio of its reference study (:func:`reference_study`) on the same configuration and
-    clock, and the bias of another design is the Welch difference of its mean from the
-    reference's (``designs.welch_difference``: two independent groups of pairs), so the truth's
-    own uncertainty is in the interval. Bias, truth and estimate are in points of the log ratio
-    (100 x ``ln(T_candidate / T_baseline)``, positive: the plant read as costing more); at these
-    sizes a point of the log ratio is a percentage point of the time within 0.05."""
+    A plant with a truth study (``toggle_steps``: :func:`toggle_truth`) takes its truth from it, on
+    every design and clock, and each design's bias is the Welch difference of its pairs' log
+    ratios from the truth study's runs' (``designs.welch_difference``: two independent groups), so
+    the truth's own uncertainty is in the interval; a lockstep study whose worker kept each step's
+    time and ran an arm's consecutive blocks as one turn has a second row, its after-own estimate
+    (:func:`prereg.carryover.own_step_means`). Without a truth study, a spin's truth is its
+    arithmetic (:func:`spin_truth`, pair by pair) and a measured plant's the mean log ratio of its
+    reference study (:func:`reference_study`) on the same configuration and clock, as before. Bias,
+    truth and estimate are in points of the log ratio (100 x ``ln(T_candidate / T_baseline)``,
+    positive: the plant read as costing more); at these sizes a point of the log ratio is a
+    percentage point of the time within 0.05."""
     planted = [s for s in studies if s.get("planted")]
     rows: list[dict[str, Any]] = []
     for st in planted:
         plant = st["planted"]
         same = [s for s in planted if plant_key(s["planted"]) == plant_key(plant)]
-        ref = None if plant["kind"] in CONTEXT_FREE else reference_study(same)
+        truth = next((s for s in same if s["planted"].get("toggle_steps")), None)
+        ref = None if plant["kind"] in CONTEXT_FREE or truth else reference_study(same)
         block = (st.get("lockstep") or {}).get("block_steps")
         for config in st["configs"]:
             pairs = pairs_of.get((st["name"], config)) or []
+            tv = _truth_values(pairs_of.get((truth["name"], config)) or []) if truth else None
             for key, clock in CLOCKS:
                 timed, d = _logs(pairs, key)
                 row: dict[str, Any] = {
@@ -326,16 +456,125 @@ def planted_rows(
                     "pairs": len(d),
                     "level": st["interval_level"],
                 }
+                if st is truth and tv is not None:
+                    rows.append(_truth_row(row, tv[clock], truth))
+                    continue
                 if len(d) < 2:
                     rows.append({**row, "bias": None, "why": "fewer than two timed pairs"})
                     continue
-                e = mean_interval(d, st["interval_level"], "contrast")
-                row.update(estimate=100 * e.estimate, estimate_lo=100 * e.low, estimate_hi=100 * e.high)
-                if ref is None:
-                    rows.append(_spin_row(row, timed, d, plant, st["interval_level"]))
-                else:
-                    rows.append(_measured_row(row, d, e, pairs_of, ref, st, config, key))
+                rows += _design_rows(
+                    row, timed, d, plant, st, tv[clock] if tv else None, (pairs_of, ref, key)
+                )
     return rows
+
+
+def _truth_values(pairs: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
+    """A truth study's runs' log ratios (:func:`toggle_truth`), per clock, in plan order."""
+    out: dict[str, list[float]] = {}
+    for clock, suffix in (("wall", ""), ("CPU", "_cpu")):
+        on, off = f"candidate_on{suffix}_us", f"candidate_off{suffix}_us"
+        ok = [p for p in sorted(pairs, key=lambda p: p["order"]) if p.get(on) and p.get(off)]
+        out[clock] = [toggle_truth((float(p[on]), float(p[off]))) for p in ok]
+    return out
+
+
+def _truth_row(row: dict[str, Any], t: list[float], truth: Mapping[str, Any]) -> dict[str, Any]:
+    """A truth study's row: the mean of its runs' log ratios with its interval (the reference)."""
+    row.update(design=f"its own process, plant on and off in blocks of {truth['planted']['toggle_steps']}")
+    row["pairs"] = len(t)
+    if len(t) < 2:
+        return {**row, "bias": None, "why": "fewer than two runs with and without the plant"}
+    r = mean_interval(t, row["level"], "contrast")
+    return {
+        **row,
+        "estimate": 100 * r.estimate,
+        "estimate_lo": 100 * r.low,
+        "estimate_hi": 100 * r.high,
+        "truth": 100 * r.estimate,
+        "truth_lo": 100 * r.low,
+        "truth_hi": 100 * r.high,
+        "truth_origin": f"measured: {truth['name']}, each run's steps with the plant against its steps without",
+        "bias": 0.0,
+        "reference": True,
+    }
+
+
+def _design_rows(
+    row: dict[str, Any],
+    timed: list[Mapping[str, Any]],
+    d: list[float],
+    plant: Mapping[str, Any],
+    st: Mapping[str, Any],
+    truth: list[float] | None,
+    measured: tuple[Mapping[tuple[str, str], Any], Mapping[str, Any] | None, str],
+) -> list[dict[str, Any]]:
+    """A design's row on one clock (against the truth study's runs, the spin's arithmetic or the
+    reference study), and its after-own row where its pairs have one."""
+    level = st["interval_level"]
+    e = mean_interval(d, level, "contrast")
+    first = {**row, "estimate": 100 * e.estimate, "estimate_lo": 100 * e.low, "estimate_hi": 100 * e.high}
+    if truth is not None:
+        out = [_against_truth(first, d, truth, st)]
+        own = _own_logs(timed, row["clock"])
+        if len(own) >= 2:
+            eo = mean_interval(own, level, "contrast")
+            out.append(
+                _against_truth(
+                    {
+                        **row,
+                        "design": row["design"] + ", steps after its own",
+                        "estimator": "after-own",
+                        "pairs": len(own),
+                        "estimate": 100 * eo.estimate,
+                        "estimate_lo": 100 * eo.low,
+                        "estimate_hi": 100 * eo.high,
+                    },
+                    own,
+                    truth,
+                    st,
+                )
+            )
+        return out
+    pairs_of, ref, key = measured
+    if ref is None:
+        return [_spin_row(first, list(timed), d, plant, level)]
+    return [_measured_row(first, d, e, pairs_of, ref, st, row["config"], key)]
+
+
+def _own_logs(timed: Sequence[Mapping[str, Any]], clock: str) -> list[float]:
+    """Each pair's after-own log ratio on ``clock``, where both arms have one."""
+    suffix = "_cpu" if clock == "CPU" else ""
+    b, c = f"baseline_own_step{suffix}_us", f"candidate_own_step{suffix}_us"
+    return [math.log(p[c] / p[b]) for p in timed if p.get(b) and p.get(c)]
+
+
+def _against_truth(
+    row: dict[str, Any], d: list[float], truth: list[float], st: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A row's bias against a truth study's runs: the Welch difference of the two groups, whether
+    the row's nominal interval covers the truth's mean, and its coverage over replicate studies."""
+    from prereg.designs import welch_difference
+
+    level = st["interval_level"]
+    if len(truth) < 2:
+        return {**row, "bias": None, "why": "its truth study has fewer than two runs"}
+    r = mean_interval(truth, level, "contrast")
+    w = welch_difference(d, truth, level)
+    row.update(
+        truth=100 * r.estimate,
+        truth_lo=100 * r.low,
+        truth_hi=100 * r.high,
+        truth_origin="measured: the plant on and off in its own process (its truth study)",
+        bias=100 * w.difference,
+        bias_lo=100 * w.lo,
+        bias_hi=100 * w.hi,
+        covered=row["estimate_lo"] <= 100 * r.estimate <= row["estimate_hi"],
+    )
+    group = st["planted"].get("replicate_pairs")
+    cov = coverage(d, [r.estimate] * len(d), int(group), level) if group else None
+    if cov is not None:
+        row["coverage"] = cov
+    return row
 
 
 def _spin_row(

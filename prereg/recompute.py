@@ -21,7 +21,7 @@ from prereg.attempts import (
     run_rows,
     unfinished,
 )
-from prereg.carryover import carry_over, order_cells
+from prereg.carryover import carry_over, order_cells, own_step_columns
 from prereg.decisions import decide, sensitivity
 from prereg.descriptive import descriptive_interval, endpoint, valid
 from prereg.factorial import design_of, factorial_effects
@@ -303,6 +303,7 @@ def _pair_row(unit: str, b: Rec, c: Rec) -> dict[str, Any]:
         **final_metric_columns(b, c),
         **pair_columns(b, c),
         **_step_columns(b, c),
+        **own_step_columns(b, c),
         **({"replicate": b["spec"]["replicate"]} if b["spec"].get("replicate") else {}),
         "time_reduction_pct": 100.0 * (1.0 - float(ct["training_s"]) / float(bt["training_s"]))
         if valid(bt.get("training_s"), True) and valid(ct.get("training_s"), True)

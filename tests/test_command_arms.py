@@ -806,7 +806,7 @@ def test_a_gather_plant_runs_in_the_reporter_and_a_matmul_is_refused_there():
     from harness.reporter import plant_of
 
     assert plant_of({"kind": "gather", "bytes": 4096}) is not None and plant_of(None) is None
-    with pytest.raises(ValueError, match="spin and gather plants, not 'matmul'"):
+    with pytest.raises(ValueError, match="sleep plants, not 'matmul'"):
         plant_of({"kind": "matmul", "n": 8})
 
 

@@ -128,3 +128,91 @@ def test_a_planted_carry_over_is_recovered(block_steps):
             assert got[role]["estimate"] == pytest.approx(c[role], abs=0.002)
         diff = got["candidate_less_baseline"]
         assert diff["lo"] <= 0.02 <= diff["hi"]
+
+
+# -- turns, the balanced order and the after-own estimand --------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 80), st.integers(1, 20))
+def test_turns_join_an_arms_consecutive_blocks_and_keep_the_order(steps, block_steps):
+    """:func:`turns` runs the same steps in the same order as :func:`blocks`, an arm never taking
+    two turns in a row."""
+    from prereg.carryover import turns
+
+    got = list(turns(steps, block_steps))
+    assert [a for a, n in got for _ in range(n)] == [
+        a for a, n in blocks(steps, block_steps) for _ in range(n)
+    ]
+    assert all(a != b for (a, _), (b, _) in zip(got, got[1:]))
+
+
+@pytest.mark.parametrize("steps", [40, 41, 200, 201])
+def test_abba_at_blocks_of_one_is_balanced_for_first_order_carry_over(steps):
+    """Each arm's step follows its own step and its partner's equally often (to one step at the
+    end), as a Williams-type crossover sequence does: the after-own estimand has half the steps."""
+    for arm in (0, 1):
+        after = [f for f in follows(steps, 1)[arm] if f is not None]
+        assert abs(after.count(True) - after.count(False)) <= 1, (steps, arm)
+
+
+def _carry_pair(rng: random.Random, steps: int, lam: dict, tau: float, steps_first: str) -> dict:
+    """One lockstep pair's step times: a base step of 3 ms, the candidate ``exp(tau)`` longer, and
+    a step after the partner's ``exp(lam[role])`` longer (first-order carry-over)."""
+    pair = {}
+    for role in ROLES:
+        arm = 0 if role == steps_first else 1
+        after = follows(steps, 1)[arm]
+        t = [
+            round(
+                3000
+                * math.exp(
+                    (tau if role == "candidate" else 0) + (lam[role] if f else 0) + rng.gauss(0, 0.003)
+                )
+            )
+            for f in after
+        ]
+        pair[role] = (t, after)
+    return pair
+
+
+def test_the_after_own_estimand_removes_a_carry_over_the_whole_ratio_keeps():
+    """A cache-heavy candidate's step evicts what its partner's next step needs: the baseline's
+    steps after the candidate's cost ``lam_b`` more. The ratio of whole times reads the direct effect
+    less about half of ``lam_b - lam_c``; the after-own means read the direct effect ``tau``."""
+    from prereg.carryover import own_step_means
+
+    rng = random.Random(7)
+    tau, lam = 0.06, {"baseline": 0.04, "candidate": 0.005}
+    whole, own = [], []
+    for i in range(40):
+        pair = _carry_pair(rng, 200, lam, tau, ROLES[i % 2])
+        (tb, ab), (tc, ac) = pair["baseline"], pair["candidate"]
+        whole.append(math.log(sum(tc[10:]) / sum(tb[10:])))
+        own.append(math.log(own_step_means(tc, ac, 10) / own_step_means(tb, ab, 10)))
+    mean = lambda x: sum(x) / len(x)  # noqa: E731
+    assert mean(own) == pytest.approx(tau, abs=0.002)
+    assert mean(whole) == pytest.approx(tau - (lam["baseline"] - lam["candidate"]) / 2, abs=0.003)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_after_own_ratio_is_statsmodels_per_step_fixed_effects_fit(seed):
+    """The after-own log ratio of a pair is the model's: statsmodels' OLS of the step times on arm,
+    the previous step's arm and their interaction (``t ~ C(role) * C(after)``, each pair on its own,
+    timed steps after the first), its fitted means for each arm after its own step."""
+    from prereg.carryover import own_step_means
+
+    rng = random.Random(seed)
+    for i in range(4):
+        pair = _carry_pair(rng, 120, {"baseline": 0.03, "candidate": 0.01}, 0.05, ROLES[i % 2])
+        rows = [
+            {"t": t, "role": role, "after": "partner" if f else "own"}
+            for role in ROLES
+            for k, (t, f) in enumerate(zip(*pair[role]))
+            if k >= 10 and f is not None
+        ]
+        fit = sm.ols("t ~ C(role) * C(after)", data=pd.DataFrame(rows)).fit()
+        cell = pd.DataFrame({"role": list(ROLES), "after": ["own", "own"]})
+        mb, mc = fit.predict(cell)
+        got = math.log(own_step_means(*pair["candidate"], 10) / own_step_means(*pair["baseline"], 10))
+        assert got == pytest.approx(math.log(mc / mb), rel=1e-9)

@@ -17,6 +17,7 @@ candidate's timed steps, and each design's bias against it.
 from __future__ import annotations
 
 import math
+import random
 import re
 import sys
 import time
@@ -31,10 +32,11 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from harness.execute.inprocess import InProcessExecutor
-from harness.execute.plant import Plant, spin
+from harness.execute.plant import Plant
 from harness.execute.runner import Runner
 from harness.plan import make_plan, units
 from harness.protocol import load_protocol
+from harness.reporter import spin
 from prereg.planted import (
     bias_of,
     clopper_pearson,
@@ -265,7 +267,12 @@ def test_a_measured_plants_bias_is_the_welch_difference_from_the_longest_blocks(
 @pytest.mark.parametrize(
     "value,command,key",
     [
-        ({"kind": "sleep", "us": 3}, False, ("kind",)),
+        ({"kind": "nap", "us": 3}, False, ("kind",)),
+        ({"kind": "sleep", "bytes": 3}, False, ("bytes",)),
+        ({"kind": "copy", "bytes": 0}, False, ("bytes",)),
+        ({"kind": "alloc", "bytes": 1 << 31}, False, ("bytes",)),
+        ({"kind": "gather", "bytes": 64, "toggle_steps": 1}, False, ("toggle_steps",)),
+        ({"kind": "gather", "bytes": 64, "toggle_steps": 10}, True, ("toggle_steps",)),
         ({"kind": "spin"}, False, ()),
         ({"kind": "spin", "us": 0}, False, ("us",)),
         ({"kind": "spin", "us": True}, False, ("us",)),
@@ -406,7 +413,16 @@ def test_calibration_study_is_written_from_a_pilot_and_plans(planted_runs, tmp_p
     assert cover.planted["replicate_pairs"] == 2 and len(cover.seeds) == 4
 
 
-@pytest.mark.parametrize("planted", [{"kind": "spin", "us": 50}, {"kind": "gather", "bytes": 4096}])
+@pytest.mark.parametrize(
+    "planted",
+    [
+        {"kind": "spin", "us": 50},
+        {"kind": "gather", "bytes": 4096},
+        {"kind": "copy", "bytes": 4096},
+        {"kind": "alloc", "bytes": 4096},
+        {"kind": "sleep", "us": 50},
+    ],
+)
 def test_a_study_of_command_arms_may_plant_what_its_reporter_runs(planted):
     """The reporter (standard library) runs spin and gather plants; a matmul needs torch."""
     from prereg.planted import plant_problems
@@ -450,23 +466,42 @@ def _with_calibration(text: str, path: str = "protocols/cal.yaml") -> str:
     return text.replace("order_seed:", f"design_calibration: {path}\norder_seed:", 1)
 
 
+GATHER = "    planted: {kind: gather, bytes: 4096}\n"  # a cache-heavy plant: the default class's cover
+SPIN = "    planted: {kind: spin, us: 5}\n"
+
+
 @pytest.mark.parametrize(
     "cal_studies, studies, key, words",
     [
         # the calibration planted lockstep blocks of 2 and a process per arm: blocks of 3 are not covered
         (
-            [
-                study("c2", "lockstep", extra="    planted: {kind: spin, us: 5}\n"),
-                study("cp", extra="    planted: {kind: spin, us: 5}\n"),
-            ],
+            [study("c2", "lockstep", extra=GATHER), study("cp", extra=GATHER)],
             [study("s", "lockstep").replace("block_steps: 2", "block_steps: 3")],
             "studies[0].block_steps",
-            "lockstep, blocks of 3 is not a design the calibration protocols/cal.yaml measured (its planted "
-            "studies cover: a process per arm, lockstep, blocks of 2)",
+            "lockstep, blocks of 3 is not a design the calibration protocols/cal.yaml measured for the effect "
+            "class cache-heavy (its planted studies cover: a process per arm (cache-heavy); lockstep, blocks "
+            "of 2 (cache-heavy))",
         ),
         # only lockstep calibrated: a process per arm is not covered
         (
-            [study("c2", "lockstep", extra="    planted: {kind: spin, us: 5}\n")],
+            [study("c2", "lockstep", extra=GATHER)],
+            [study("s")],
+            "studies[0].design",
+            "a process per arm is not a design the calibration",
+        ),
+        # a spin measures the context-free class only: a change of the default class is not covered
+        (
+            [study("c2", "lockstep", extra=SPIN)],
+            [study("s", "lockstep")],
+            "studies[0].block_steps",
+            "for the effect class cache-heavy (its planted studies cover: lockstep, blocks of 2 (context-free))",
+        ),
+        # a truth study measures the truth, not a design
+        (
+            [
+                study("c2", "lockstep", extra=SPIN),
+                study("t", extra="    planted: {kind: gather, bytes: 64, toggle_steps: 2}\n"),
+            ],
             [study("s")],
             "studies[0].design",
             "a process per arm is not a design the calibration",
@@ -489,15 +524,44 @@ def test_a_design_no_calibration_covers_is_refused_with_file_key_and_line(
     assert "Traceback" not in err
 
 
+def test_the_declared_effect_class_chooses_what_the_calibration_must_cover(repo):
+    """``effect_class`` names the class of the change: a spin-only calibration covers a
+    context-free change and refuses a cache-heavy one at the key; an unknown class, or a class
+    without a calibration to answer for it, is refused with file, key and line, nothing written."""
+    (repo / "protocols" / "cal.yaml").write_text(
+        planted_protocol(study("c2", "lockstep", extra=SPIN), hypotheses=DESCRIPTIVE)
+    )
+    text = _with_calibration(planted_protocol(study("s", "lockstep"), hypotheses=DESCRIPTIVE))
+    for name, cls, code, words in (
+        ("a", "context-free", 0, ""),
+        ("b", "cache-heavy", 2, "key effect_class: lockstep, blocks of 2 is not a design"),
+        ("c", "bandwidth", 2, "plant a bandwidth cost (copy)"),
+        ("d", "cache-hot", 2, "key effect_class"),
+    ):
+        (repo / "protocols" / f"{name}.yaml").write_text(
+            text.replace("order_seed:", f"effect_class: {cls}\norder_seed:", 1)
+        )
+        out = harness(repo, "plan", f"protocols/{name}.yaml")
+        assert out.returncode == code and words in out.stderr, (name, out.stdout + out.stderr)
+        assert "Traceback" not in out.stderr
+    bare = planted_protocol(study("s", "lockstep"), hypotheses=DESCRIPTIVE)
+    (repo / "protocols" / "e.yaml").write_text(
+        bare.replace("order_seed:", "effect_class: context-free\norder_seed:", 1)
+    )
+    out = harness(repo, "plan", "protocols/e.yaml")
+    assert out.returncode == 2 and "key effect_class" in out.stderr and "design_calibration" in out.stderr, (
+        out.stderr
+    )
+    assert not (repo / "records").exists()
+
+
 def test_a_covered_design_plans_and_a_planted_study_beside_it_needs_no_cover(repo):
     (repo / "protocols" / "cal.yaml").write_text(
-        planted_protocol(
-            study("c2", "lockstep", extra="    planted: {kind: spin, us: 5}\n"), hypotheses=DESCRIPTIVE
-        )
+        planted_protocol(study("c2", "lockstep", extra=GATHER), hypotheses=DESCRIPTIVE)
     )
     text = planted_protocol(
         study("s", "lockstep"),
-        study("ref", extra="    planted: {kind: spin, us: 5}\n"),  # a process per arm, but planted
+        study("ref", extra=SPIN),  # a process per arm, but planted
         hypotheses=DESCRIPTIVE,
     )
     (repo / "protocols" / "p.yaml").write_text(_with_calibration(text))
@@ -567,3 +631,64 @@ def test_a_spin_only_calibration_counts_coverage_at_every_size(tmp_path):
         (30, 4, 8),
         (150, 4, 8),
     ]
+
+
+# -- truth studies: the plant on and off in one process ---------------------------------------------
+
+
+def test_toggled_runs_the_plant_in_abba_blocks():
+    from prereg.planted import toggled
+
+    assert [toggled(i, 2) for i in range(10)] == [
+        False,
+        False,
+        True,
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+        False,
+    ]
+    assert all(toggled(i, None) for i in range(5))
+
+
+@pytest.mark.parametrize("cost", [0.0, 0.02, 0.08])
+def test_a_truth_study_reads_a_plant_of_known_cost(cost):
+    """Step times whose planted steps cost ``exp(cost)`` more, and whose first step after a change
+    pays a transition: :func:`toggle_truth` leaves each block's first step out and reads ``cost``."""
+    from prereg.planted import toggle_means, toggle_truth, toggled
+
+    rng = random.Random(3)
+    times = []
+    for i in range(400):
+        on = toggled(i, 10)
+        jump = 0.5 if i % 10 == 0 else 0.0  # a block's first step: whatever the change costs
+        times.append(round(3000 * math.exp((cost if on else 0.0) + jump + rng.gauss(0, 0.01))))
+    m = toggle_means(times, 10, 10)
+    assert m is not None
+    assert toggle_truth(m) == pytest.approx(cost, abs=0.004)
+    assert toggle_means(times[:15], 10, 10) is None  # no planted step left once warm-up is out
+
+
+def test_the_standard_library_plants_run_as_the_harness_plants_them():
+    """copy, alloc and sleep from a reporter (command arms) and from the trainer's plant: the
+    sleep's wall time is its length and its CPU time a small part of it; a copy writes its target."""
+    import time as _time
+
+    from harness.reporter import copy, plant_of
+
+    src, dst = bytearray(b"\x07" * 4096), bytearray(4096)
+    copy(src, dst)
+    assert dst == src
+    nap = plant_of({"kind": "sleep", "us": 20000})
+    t0, c0 = _time.perf_counter(), _time.process_time()
+    nap()
+    wall, cpu = _time.perf_counter() - t0, _time.process_time() - c0
+    assert wall >= 0.02 and cpu < 0.01
+    for planted in ({"kind": "alloc", "bytes": 1 << 20}, {"kind": "copy", "bytes": 1 << 20}):
+        p = Plant(planted, torch.device("cpu"))
+        p()
+        assert p.wall_s > 0 and p.runs_in(0)
+    assert not Plant({"kind": "spin", "us": 1, "toggle_steps": 3}, torch.device("cpu")).runs_in(0)

@@ -3,7 +3,8 @@
 The two arms are built in plan order (the run at ``position`` 0 first), each exactly as a process
 of its own builds it (seeded, its own model, arm, batch stream and clocks), and then trained in
 alternating blocks of ``block_steps`` steps in ABBA order, the arm whose spec says ``steps_first``
-taking the first block. Each arm's trajectory is bitwise the one its seed gives in a process of its
+taking the first block; an arm's two consecutive blocks (the BB of ABBA) run as one turn, nothing of its
+partner's run between them. Each arm's trajectory is bitwise the one its seed gives in a process of its
 own: each arm keeps its own global random state (swapped in and out at block boundaries, outside
 the clocks), and nothing else is shared but the corpus bytes, which nothing writes.
 
@@ -30,7 +31,7 @@ import torch
 
 from harness.execute.job import Job, LockstepJob
 from harness.execute.training import Partial, Prepared, RunFailure, failure, finish, prepare
-from prereg.carryover import blocks
+from prereg.carryover import blocks, turns
 from prereg.interference import stall_s
 from prereg.records import WorkerResult
 
@@ -221,6 +222,9 @@ def _build(
                     "block_steps": j.spec.block_steps,
                     "built": "first" if j.spec.position == 0 else "second",
                     "steps": "first" if j.spec.steps_first else "second",
+                    # an arm's consecutive blocks run as one turn, its partner checked around the
+                    # turn: a step after its own has nothing of the partner's between (carryover.turns)
+                    "turns": "joined",
                 },
             }
         )
@@ -240,7 +244,7 @@ def _train(
     order = (first, 1 - first)  # arm 0 of blocks() is the one that steps first
     spec = job.jobs[0].spec
     assert spec.block_steps is not None
-    for k, n in blocks(spec.steps, spec.block_steps):
+    for k, n in turns(spec.steps, spec.block_steps):  # an arm's consecutive blocks are one turn
         i = active[0] = order[k]
         me, other = built[i], built[1 - i]
         idle = _fingerprint(other)

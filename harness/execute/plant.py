@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
-from harness.reporter import gather, spin
+from harness.reporter import plant_of
+from prereg.planted import toggled
 
-__all__ = ["Plant", "gather", "spin"]
+__all__ = ["Plant"]
 
 
 class Plant:
@@ -29,21 +30,20 @@ class Plant:
         self.kind = kind
         self.wall_s = self.cpu_s = 0.0
         self._run: Callable[[], object]
-        if kind == "spin":
-            us = int(planted["us"])
-            self._run = lambda: spin(us)
-        elif kind == "matmul":
+        self.toggle_steps: int | None = planted.get("toggle_steps")
+        if kind != "matmul":  # the standard-library kinds, as a command arm's reporter runs them
+            self._run = plant_of(planted)
+        else:
             n = int(planted["n"])
             # buffers of its own, by formula (no random state): values in [-1, 1]
             a = torch.arange(n * n, dtype=torch.float32, device=device).reshape(n, n).mul_(1e-3).sin_()
             b = a.t().contiguous().cos_()
             out = torch.empty(n, n, dtype=torch.float32, device=device)
             self._run = lambda: torch.mm(a, b, out=out)
-        elif kind == "gather":
-            buf = bytearray(int(planted["bytes"]))
-            self._run = lambda: gather(buf)
-        else:  # the plan refuses any other kind (prereg/planted.py)
-            raise ValueError(f"unknown plant kind {kind!r}")
+
+    def runs_in(self, step: int) -> bool:
+        """Whether the plant runs in ``step`` (0-based): every step, or its toggled blocks."""
+        return toggled(step, self.toggle_steps)
 
     def __call__(self) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()

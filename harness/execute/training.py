@@ -347,8 +347,9 @@ class Trainer:
         if step == 0:
             rng = torch.get_rng_state()
         arm.phase()
-        if self.plant is not None:
-            self.plant()
+        plant = self.plant if self.plant is not None and self.plant.runs_in(step) else None
+        if plant is not None:
+            plant()
         devices.synchronize(device)
         wall, cpu = time.perf_counter() - t0, self._cpu_now() - c0
         self.wall_us.append(round(wall * 1e6))
@@ -359,9 +360,9 @@ class Trainer:
         else:
             self.clock += wall
             self.cpu += cpu
-            if self.plant is not None:
-                self.planted_s += self.plant.wall_s
-                self.planted_cpu_s += self.plant.cpu_s
+            if plant is not None:
+                self.planted_s += plant.wall_s
+                self.planted_cpu_s += plant.cpu_s
         if step == 0 and not torch.equal(rng, torch.get_rng_state()):
             raise RunFailure(
                 f"arm {spec.arm} drew from the global random state in its gradient phase; an arm "
