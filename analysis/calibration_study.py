@@ -73,14 +73,17 @@ class CalibrationPlan:
     plants: tuple[tuple[str, int], ...] = ()  # other plants (kind, size), one of each effect class
     plant_pairs: int = 12  # pairs per design for each of them
     truth_runs: int = 0  # runs of each plant's truth study (0: none)
-    toggle_steps: int = 10  # a truth study's blocks with and without the plant
+    toggle_steps: int = 2  # a truth study's blocks with and without the plant
+    truth_steps: int = 600  # a truth study's steps
 
 
 def _design(b: int) -> str:
     return "paired" if b == 0 else f"lockstep{b}"
 
 
-def _study(name: str, block: int, plant: str, pairs: int, base: int, p: CalibrationPlan) -> list[str]:
+def _study(
+    name: str, block: int, plant: str, pairs: int, base: int, p: CalibrationPlan, steps: int = 0
+) -> list[str]:
     head = ["  - name: " + name]
     head += ["    design: paired"] if block == 0 else ["    design: lockstep", f"    block_steps: {block}"]
     return head + [
@@ -88,9 +91,9 @@ def _study(name: str, block: int, plant: str, pairs: int, base: int, p: Calibrat
         f"    planted: {plant}",
         f"    configs: [{p.config}]",
         f"    seeds: {{count: {pairs}, base: {base}}}",
-        f"    steps: {p.steps}",
+        f"    steps: {steps or p.steps}",
         *([f"    warmup_steps: {p.warmup_steps}"] if p.warmup_steps else []),
-        f"    val_every: {p.steps}",
+        f"    val_every: {steps or p.steps}",
         "    val_target_bpb: 8.0",
     ]
 
@@ -128,7 +131,7 @@ def _studies(p: CalibrationPlan) -> tuple[list[str], dict[str, int]]:
             counts[_design(block)] = counts.get(_design(block), 0) + p.plant_pairs
             base += 1000
     for name, plant in _truths(p) if p.truth_runs else ():
-        lines += _study(name, 0, plant, p.truth_runs, base, p)
+        lines += _study(name, 0, plant, p.truth_runs, base, p, p.truth_steps)
         counts["truth"] = counts.get("truth", 0) + p.truth_runs
         base += 1000
     for block in p.designs if p.matmul_pairs else ():
@@ -233,9 +236,10 @@ def _plant_origins(p: CalibrationPlan) -> str:
         )
     if p.truth_runs:
         out += (
-            f"  truth: \"each plant's truth study: {p.truth_runs} runs in a process of their own whose "
-            f"candidate runs the plant in ABBA blocks of {p.toggle_steps} steps (prereg/planted.py, "
-            'toggle_truth): its cost with no partner anywhere"\n'
+            f"  truth: \"each plant's truth study: {p.truth_runs} runs of {p.truth_steps} steps in a process "
+            f"of their own whose candidate runs the plant in ABBA blocks of {p.toggle_steps} steps "
+            "(prereg/planted.py, toggle_truth): its cost with no partner anywhere, the first step after "
+            'each change left out"\n'
         )
     return out
 

@@ -22,6 +22,7 @@ from scipy import stats as _st
 
 from prereg.descriptive import reduction, scale
 from prereg.hypotheses import ENDPOINT_KEYS, NotReached, Pair, bounds, values_of
+from prereg.planted import CLASSES
 from prereg.ranks import binomial_upper, median
 from prereg.ttests import one_sided, period_adjusted_mean, sign
 
@@ -724,7 +725,14 @@ def _t_figures(
 
 
 #: The clock a time endpoint is measured on, as a calibration's planted rows name it.
-CLOCK_OF = {"training_time": "wall", "training_cpu_time": "CPU"}
+CLOCK_OF = {
+    "training_time": "wall",
+    "training_cpu_time": "CPU",
+    "own_step_time": "wall",
+    "own_step_cpu_time": "CPU",
+}
+#: The endpoints read by the after-own estimator (the planted rows' ``estimator``).
+AFTER_OWN = ("own_step_time", "own_step_cpu_time")
 
 
 def calibration_bias(planted: Sequence[Mapping[str, Any]], target: dict[str, Any]) -> dict[str, str]:
@@ -749,6 +757,7 @@ def calibration_bias(planted: Sequence[Mapping[str, Any]], target: dict[str, Any
         if st.get("design") == "factorial":
             out[h["id"]] = "not measured (no planted factorial design)"
             continue
+        own = h["endpoint"] in AFTER_OWN
         rows = [
             r
             for r in planted
@@ -756,6 +765,7 @@ def calibration_bias(planted: Sequence[Mapping[str, Any]], target: dict[str, Any
             and r.get("block_steps") == block
             and r.get("bias") is not None
             and not r.get("reference")
+            and (r.get("estimator") == "after-own") == own
         ]
         spins = [r for r in rows if r["kind"] == "spin"]
         if not rows:
@@ -772,7 +782,9 @@ def calibration_bias(planted: Sequence[Mapping[str, Any]], target: dict[str, Any
             )
         for r in rows:
             if r["kind"] != "spin":
-                parts.append(f"{r['plant']}: {r['bias']:+.2f} ({r['bias_lo']:+.2f} to {r['bias_hi']:+.2f})")
+                parts.append(
+                    f"{r['plant']} ({CLASSES[r['kind']]}): {r['bias']:+.2f} ({r['bias_lo']:+.2f} to {r['bias_hi']:+.2f})"
+                )
         configs = sorted({r["config"] for r in rows})
         if h["config"] not in configs:
             parts.append(f"measured on {', '.join(configs)}")

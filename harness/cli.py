@@ -249,6 +249,13 @@ def _check_calibration_counts(args: argparse.Namespace, designs: tuple[int, ...]
         raise InputError(f"--matmul-pairs {args.matmul_pairs}: 0 (no matmul plant) or at least 2 pairs")
     if args.steps <= args.warmup_steps or max(designs) > args.steps - args.warmup_steps:
         raise InputError(f"--steps {args.steps}: more than --warmup-steps and at least the longest block")
+    if args.truth_runs and (args.truth_runs < 2 or args.plant_pairs < 2):
+        raise InputError("--truth-runs and --plant-pairs: 0 (none) or at least 2")
+    if args.truth_runs and args.truth_steps < args.warmup_steps + 4 * args.toggle_steps:
+        raise InputError(
+            f"--truth-steps {args.truth_steps}: at least the warm-up and two rounds of --toggle-steps "
+            f"blocks ({args.warmup_steps + 4 * args.toggle_steps}), so both kinds of step are timed"
+        )
 
 
 def _calibration_plan(
@@ -283,6 +290,7 @@ def _calibration_plan(
         plant_pairs=args.plant_pairs,
         truth_runs=args.truth_runs,
         toggle_steps=args.toggle_steps,
+        truth_steps=args.truth_steps,
     )
 
 
@@ -321,6 +329,7 @@ _CALIBRATION_FLAGS = (
     "plant_pairs",
     "truth_runs",
     "toggle_steps",
+    "truth_steps",
 )
 
 

@@ -308,7 +308,8 @@ def _calibration_study_command(sub: argparse._SubParsersAction[argparse.Argument
         default=0,
         help="runs of each plant's truth study: the plant on and off in its own process (default 0: none)",
     )
-    s.add_argument("--toggle-steps", type=int, default=10, help="a truth study's blocks (default 10)")
+    s.add_argument("--toggle-steps", type=int, default=2, help="a truth study's blocks (default 2)")
+    s.add_argument("--truth-steps", type=int, default=600, help="a truth study's steps (default 600)")
 
 
 def _init_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

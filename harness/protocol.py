@@ -280,6 +280,8 @@ LOCKSTEP_UNMEASURABLE = {
 
 #: What a study of command arms measures: its script's reporter gives the training clock, time to
 #: target and the metric; the harness's clock of the process gives the total time.
+#: The endpoints of a lockstep study's after-own steps (prereg/carryover.own_step_means).
+AFTER_OWN = ("own_step_time", "own_step_cpu_time")
 COMMAND_ENDPOINTS = ("training_time", "training_cpu_time", "time_to_target", "total_time", "final_metric")
 #: What an arm without the reporter (``reporter: false``) leaves: the process's time and the metric
 #: its output shows.
@@ -340,10 +342,18 @@ def _refuse_unmeasurable(
                 ("hypotheses", "tests", i, "endpoint"),
                 f"study {t['study']!r} is a lockstep study, which cannot measure {t['endpoint']} per arm: {why}",
             )
-        if t["endpoint"] == "training_cpu_time" and top["device"] != "cpu":
+        if t["endpoint"] in AFTER_OWN and (
+            t["study"] not in lockstep or by_name[t["study"]].commands is not None
+        ):
             raise doc.error(
                 ("hypotheses", "tests", i, "endpoint"),
-                f"training_cpu_time on device {top['device']!r}: the host thread's CPU time does not "
+                f"{t['endpoint']} is the mean step time after the arm's own step, which a lockstep study of "
+                f'built-in arms keeps (docs/decisions.md, "Effect classes"); study {t["study"]!r} is not one',
+            )
+        if t["endpoint"] in ("training_cpu_time", "own_step_cpu_time") and top["device"] != "cpu":
+            raise doc.error(
+                ("hypotheses", "tests", i, "endpoint"),
+                f"{t['endpoint']} on device {top['device']!r}: the host thread's CPU time does not "
                 "measure work a GPU does asynchronously (waiting for it costs none); use training_time",
             )
 

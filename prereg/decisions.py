@@ -46,7 +46,14 @@ from prereg.ttests import TestResult, critical_t, passes, sign
 #: (:func:`.hypotheses.identical_sign_result`: records of schema 5 on, and every sequential look).
 IDENTICAL_BY_SIGN = "the exact sign test, p = 2^-n (records of schema 5 on, and at looks)"
 #: Endpoints measured in run time: the budget rule's stop depends on them (:func:`decide`).
-TIME_ENDPOINTS = ("training_time", "training_cpu_time", "time_to_target", "total_time")
+TIME_ENDPOINTS = (
+    "training_time",
+    "training_cpu_time",
+    "own_step_time",
+    "own_step_cpu_time",
+    "time_to_target",
+    "total_time",
+)
 
 #: A hypothesis, its test (None where it is not reached), why not, and the unreached counts.
 Tested = tuple[Hypothesis, TestResult | None, str | None, dict[str, int] | None]

@@ -144,6 +144,8 @@ def typed_pairs(pairs: Sequence[Pair | PairRow]) -> list[Pair]:
 ENDPOINTS = (
     "training_time",
     "training_cpu_time",
+    "own_step_time",
+    "own_step_cpu_time",
     "time_to_target",
     "total_time",
     "test_bpb",
@@ -415,6 +417,9 @@ def bounds(h: Hypothesis | Mapping[str, Any]) -> tuple[float | None, float | Non
 ENDPOINT_KEYS = {
     "training_time": "training_s",
     "training_cpu_time": "training_cpu_s",
+    # a lockstep pair's mean step time after the arm's own step (prereg/carryover.own_step_means)
+    "own_step_time": "own_step_us",
+    "own_step_cpu_time": "own_step_cpu_us",
     "time_to_target": "time_to_target_s",
     "total_time": "total_s",
     "test_bpb": "test_bpb",

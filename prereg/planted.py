@@ -364,14 +364,16 @@ CLOCKS = (("training_s", "wall"), ("training_cpu_s", "CPU"))
 
 def toggle_means(times: Sequence[int], warmup: int, toggle_steps: int) -> tuple[float, float] | None:
     """A truth study's candidate: its mean step time with the plant and without (:func:`toggled`),
-    over its timed steps, each block's first step left out (it follows the other kind of step), or
-    None when either kind has none."""
+    over its timed steps, the first step after each change left out (it follows the other kind of
+    step: every step kept follows a step of its own kind, as in a run that always or never plants),
+    or None when either kind has none."""
     on: list[int] = []
     off: list[int] = []
     for i, t in enumerate(times):
-        if i < warmup or i % toggle_steps == 0 or t <= 0:
+        now = toggled(i, toggle_steps)
+        if i < warmup or i == 0 or now != toggled(i - 1, toggle_steps) or t <= 0:
             continue
-        (on if toggled(i, toggle_steps) else off).append(t)
+        (on if now else off).append(t)
     if not on or not off:
         return None
     return math.fsum(on) / len(on), math.fsum(off) / len(off)

@@ -418,3 +418,56 @@ def test_a_half_recorded_pair_is_pending_and_runs_again_whole(tmp_path, monkeypa
         0,
         2,
     )
+
+
+def _after_own(text: str, design: str = "lockstep") -> str:
+    """The tiny protocol's H1 on the after-own CPU time of a study in ``design`` (blocks of 1)."""
+    text = text.replace(
+        "endpoint: test_bpb\n      estimand: difference\n      type: non_inferiority\n      margin: 0.01",
+        "endpoint: own_step_cpu_time\n      estimand: relative_reduction\n      type: superiority\n      margin: 0",
+    )
+    if design == "lockstep":
+        text = text.replace("design: paired", "design: lockstep\n    block_steps: 1")
+    return text.replace("seeds: [1, 2]", "seeds: [1, 2, 3, 4]")
+
+
+def test_a_lockstep_study_decides_on_its_arms_steps_after_their_own(tmp_path):
+    """``own_step_cpu_time``: each arm's mean CPU step time over its steps after its own step (the
+    worker joins an arm's consecutive blocks into one turn, and says so); its hypothesis is decided
+    on ``ln(m_c / m_b)`` of those means, which the summary's pair columns hold and the audit's plan
+    recomputes."""
+    import math
+
+    from prereg.carryover import follows, own_step_means
+    from prereg.records import load_records
+    from prereg.summary import derive
+
+    repo = init_study(tmp_path / "s", protocol=_after_own(tiny_protocol(steps=12)))
+    assert run(repo).left == 0
+    recs = by_run(repo)
+    for r in recs.values():
+        assert r["env"]["lockstep"]["turns"] == "joined"
+    summary = derive(load_records(repo / RECS))
+    [pairs] = [c.pairs for s in summary.studies for c in s.configs]
+    assert len(pairs) == 4
+    for p in pairs:
+        b, c = recs[f"{p.unit}.baseline"], recs[f"{p.unit}.candidate"]
+        for role, r in (("baseline", b), ("candidate", c)):
+            after = follows(12, 1)[0 if r["spec"]["steps_first"] else 1]
+            want = own_step_means(r["step_times"]["cpu_us"], after, r["spec"].get("warmup_steps") or 0)
+            assert p.value(role, "own_step_cpu_us") == want
+    [d] = summary.hypotheses.decisions
+    values = [math.log(p.candidate_own_step_cpu_us / p.baseline_own_step_cpu_us) for p in pairs]
+    mean = sum(values) / len(values)
+    assert d.decision.test is not None and d.decision.status != "not reached", d.decision.reason
+    assert d.decision.estimate == pytest.approx(100 * (1 - math.exp(mean)))  # the reduction, percent
+
+
+def test_the_after_own_endpoint_is_refused_off_lockstep(tmp_path):
+    from conftest import harness
+
+    repo = init_study(tmp_path / "s", protocol=_after_own(tiny_protocol(steps=12), design="paired"))
+    out = harness(repo, "plan", "protocols/tiny.yaml")
+    assert out.returncode == 2 and "key hypotheses.tests[0].endpoint" in out.stderr, out.stderr
+    assert "own_step_cpu_time is the mean step time after the arm's own step" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -664,7 +664,7 @@ def test_a_truth_study_reads_a_plant_of_known_cost(cost):
     times = []
     for i in range(400):
         on = toggled(i, 10)
-        jump = 0.5 if i % 10 == 0 else 0.0  # a block's first step: whatever the change costs
+        jump = 0.5 if i and on != toggled(i - 1, 10) else 0.0  # the first step after a change: its cost
         times.append(round(3000 * math.exp((cost if on else 0.0) + jump + rng.gauss(0, 0.01))))
     m = toggle_means(times, 10, 10)
     assert m is not None
