@@ -282,7 +282,14 @@ LOCKSTEP_UNMEASURABLE = {
 #: target and the metric; the harness's clock of the process gives the total time.
 #: The endpoints of a lockstep study's after-own steps (prereg/carryover.own_step_means).
 AFTER_OWN = ("own_step_time", "own_step_cpu_time")
-COMMAND_ENDPOINTS = ("training_time", "training_cpu_time", "time_to_target", "total_time", "final_metric")
+COMMAND_ENDPOINTS = (
+    "training_time",
+    "training_cpu_time",
+    *AFTER_OWN,
+    "time_to_target",
+    "total_time",
+    "final_metric",
+)
 #: What an arm without the reporter (``reporter: false``) leaves: the process's time and the metric
 #: its output shows.
 OUTPUT_ENDPOINTS = ("total_time", "final_metric")
@@ -342,13 +349,11 @@ def _refuse_unmeasurable(
                 ("hypotheses", "tests", i, "endpoint"),
                 f"study {t['study']!r} is a lockstep study, which cannot measure {t['endpoint']} per arm: {why}",
             )
-        if t["endpoint"] in AFTER_OWN and (
-            t["study"] not in lockstep or by_name[t["study"]].commands is not None
-        ):
+        if t["endpoint"] in AFTER_OWN and t["study"] not in lockstep:
             raise doc.error(
                 ("hypotheses", "tests", i, "endpoint"),
-                f"{t['endpoint']} is the mean step time after the arm's own step, which a lockstep study of "
-                f'built-in arms keeps (docs/decisions.md, "Effect classes"); study {t["study"]!r} is not one',
+                f"{t['endpoint']} is the mean step time after the arm's own step, which a lockstep study "
+                f'keeps (docs/decisions.md, "Effect classes"); study {t["study"]!r} is not one',
             )
         if t["endpoint"] in ("training_cpu_time", "own_step_cpu_time") and top["device"] != "cpu":
             raise doc.error(

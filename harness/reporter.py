@@ -40,8 +40,10 @@ the clock from them (``prereg/evidence.py``) and refuse a file whose ``dt`` says
 Lockstep (``design: lockstep``): the harness starts both arms of a pair at once and hands each a
 socket (``HARNESS_LOCKSTEP_FD``) to the other. :meth:`Reporter.from_env` is a start barrier (the
 arm that steps first, ``HARNESS_STEPS_FIRST``, waits until its partner has built its reporter);
-after every ``HARNESS_BLOCK_STEPS`` steps the reporter passes the turn to the partner and waits
-for it back, so only one arm trains at a time. A partner that has finished (or died) closes its
+the blocks of ``HARNESS_BLOCK_STEPS`` steps go in ABBA order, an arm's two consecutive blocks one
+turn, and at the end of each turn the reporter passes it to the partner and waits for it back, so
+only one arm trains at a time and half of each arm's blocks follow its own step (its start line
+says ``turns: joined``). A partner that has finished (or died) closes its
 end; the other then runs on alone (and the harness fails the pair when one arm failed).
 """
 
@@ -134,13 +136,21 @@ class Reporter:
         self._file: IO[str] | None = open(path, "w", encoding="utf-8") if path else None  # noqa: SIM115
         self._sock: socket.socket | None = None
         self._block = block_steps
+        self._first = steps_first
         self._steps = 0
         self._depth = 0  # untimed blocks open (only the outermost is off the clock, once)
         self._done = False
         self._mark, self._cpu_mark = time.monotonic(), time.process_time()
-        self._write(
-            {"kind": "start", "format": FORMAT, "pid": os.getpid(), "t": self._mark, "cpu": self._cpu_mark}
-        )
+        start = {
+            "kind": "start",
+            "format": FORMAT,
+            "pid": os.getpid(),
+            "t": self._mark,
+            "cpu": self._cpu_mark,
+        }
+        if lockstep_fd is not None and block_steps:
+            start["turns"] = "joined"  # it hands over at the end of a turn (:meth:`_turn_ends`)
+        self._write(start)
         if lockstep_fd is not None and block_steps:
             self._sock = socket.socket(fileno=lockstep_fd)
             if steps_first:  # a start barrier: the partner's start-up is not beside this arm's first block
@@ -197,9 +207,20 @@ class Reporter:
         )
         self._mark, self._cpu_mark = now, cpu
         self._steps += 1
-        if self._sock is not None and self._block and self._steps % self._block == 0:
+        if self._sock is not None and self._turn_ends():
             self._send(b"T")
             self._wait()
+
+    def _turn_ends(self) -> bool:
+        """Whether this arm's turn ends with the step just reported. The blocks of ``block_steps``
+        steps go in ABBA order (``prereg/carryover.py``, ``blocks``) and an arm's consecutive blocks
+        are one turn: the arm that steps first hands over after ``b``, ``3b``, ``5b``, ... steps,
+        the other after ``2b``, ``4b``, ...: each arm's second block of a turn follows its own
+        step with nothing of its partner's between (the after-own steps)."""
+        b = self._block or 0
+        if not b:
+            return False
+        return (self._steps - b) % (2 * b) == 0 if self._first else self._steps % (2 * b) == 0
 
     def eval(self, step: int, metrics: Mapping[str, float]) -> None:
         """An evaluation after ``step``: each metric a number (call it inside :meth:`untimed`)."""

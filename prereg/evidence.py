@@ -69,6 +69,10 @@ class Derived:
     val_curve: list[list[float]] = field(default_factory=list)  # [step, metric, training clock]
     # a lockstep arm's stall (prereg/interference.py): its blocks' wall less CPU time; None elsewhere
     stall_s: float | None = None
+    # a lockstep arm's steps' wall and CPU microseconds, and how its reporter handed over ("joined":
+    # at the end of each turn, prereg/carryover.turns); None elsewhere
+    step_us: tuple[list[int], list[int]] | None = None
+    turns: str | None = None
 
     def figures(self) -> dict[str, Any]:
         """The figures a record holds and the audit compares (curves apart)."""
@@ -137,6 +141,7 @@ class _Scan:
     val_curve: list[list[float]] = field(default_factory=list)
     # each step's wall and CPU microseconds
     step_us: tuple[list[int], list[int]] = field(default_factory=lambda: ([], []))
+    turns: str | None = None  # the start line's hand-over rule (a lockstep reporter's)
     finals: dict[str, float] = field(default_factory=dict)
     ttt: float | None = None
 
@@ -253,6 +258,7 @@ class _Scan:
                 raise EvidenceError(f"{where}: the start line has no cpu")
             self.start_t, self.start_cpu = t, c
             self.base_t, self.base_cpu = t, c
+            self.turns = e["turns"] if e.get("turns") == "joined" else None
         elif kind == "step":
             self.step(e, where, t, c)
         elif kind in ("untimed", "plant", "wait"):
@@ -337,6 +343,8 @@ def derive_reporter(
         curve=r.curve,
         val_curve=r.val_curve,
         stall_s=None if not block_steps else stall_s(r.step_us[0], r.step_us[1], block_steps),
+        step_us=r.step_us if block_steps else None,
+        turns=r.turns if block_steps else None,
     )
 
 
@@ -452,12 +460,31 @@ def evidence_problems(directory: str, records: list[dict[str, Any]]) -> tuple[li
             "metrics": r.get("metrics") or {},
         }
         want = got.figures()
+        out += _turn_problems(name, r, got)
         if "stall_s" in t:  # a lockstep arm's, since the stall rule (absent from earlier records)
             have["stall_s"], want["stall_s"] = t["stall_s"], got.stall_s
         for k in want:
             if not _close(have[k], want[k]):
                 out.append(f"{name}: {k} = {have[k]!r} in the record; its evidence file says {want[k]!r}")
     return out, checked
+
+
+def _turn_problems(name: str, r: dict[str, Any], got: Derived) -> list[str]:
+    """A lockstep command arm's kept step times and hand-over rule against its evidence's (records
+    before the after-own rule hold neither)."""
+    out = []
+    lock = (r.get("env") or {}).get("lockstep") or {}
+    if "step_times" in r and got.step_us is not None:
+        want = {"wall_us": got.step_us[0], "cpu_us": got.step_us[1]}
+        if r["step_times"] != want:
+            out.append(f"{name}: step_times in the record are not the steps its evidence file times")
+    elif "step_times" in r:
+        out.append(f"{name}: step_times in the record of a command arm that is not a lockstep arm")
+    if lock.get("turns") != got.turns and ("turns" in lock or got.turns is not None and "step_times" in r):
+        out.append(
+            f"{name}: env.lockstep.turns = {lock.get('turns')!r}; its evidence file says {got.turns!r}"
+        )
+    return out
 
 
 def stall_problems(records: list[dict[str, Any]]) -> tuple[list[str], int]:

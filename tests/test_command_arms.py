@@ -642,11 +642,18 @@ def test_a_lockstep_pair_of_commands_never_trains_at_once(tmp_path):
     for (a0, a1, wa, _), (b0, b1, wb, _) in zip(spans, spans[1:]):
         if wa != wb:
             assert a1 <= b0 + 1e-6, (a0, a1, wa, b0, b1, wb)
-    blocks = [spans[0][2]]
-    for s in spans[1:]:
-        if s[2] != blocks[-1]:
-            blocks.append(s[2])
-    assert len(blocks) == 8  # four blocks of three steps each, alternating
+    runs: list[list] = [[spans[0][2], 0]]
+    for s in spans:
+        if s[2] != runs[-1][0]:
+            runs.append([s[2], 0])
+        runs[-1][1] += 1
+    # the ABBA blocks of three with an arm's consecutive blocks one turn (prereg.carryover.turns)
+    from prereg.carryover import turns
+
+    who = ("baseline", "candidate")
+    assert [(w, n) for w, n in runs] == [(who[a], n) for a, n in turns(12, 3)]
+    for r, _ in ran:  # each arm keeps its steps' times and says how it handed over
+        assert r.env["lockstep"]["turns"] == "joined" and len(r.step_times["cpu_us"]) == 12
 
 
 def test_a_lockstep_pair_fails_whole_when_one_arm_fails(tmp_path):
@@ -686,6 +693,41 @@ def test_the_audit_names_a_kept_file_that_is_not_its_record_s(tmp_path):
     (tmp_path / result.evidence["file"]).write_text(text.replace('"loss": 3.0', '"loss": 2.0'))
     found, _ = evidence_problems(str(tmp_path), [rec])
     assert any("edited after the run" in f for f in found)
+
+
+def test_the_audit_names_a_lockstep_arms_step_times_its_file_does_not_hold(tmp_path):
+    """A lockstep command arm's ``step_times`` and ``env.lockstep.turns`` are its reporter file's:
+    the audit derives them again and names a record whose steps or hand-over rule differ."""
+    work = tmp_path / "work"
+    work.mkdir()
+    jobs = [
+        _job(
+            tmp_path,
+            ["python", "s.py", "ok", "6"],
+            steps=6,
+            run_id=f"s.tiny.pair000.{role}",
+            position=pos,
+            block_steps=1,
+            partner=f"s.tiny.pair000.{other}",
+            steps_first=first,
+        )
+        for pos, (role, other, first) in enumerate(
+            (("baseline", "candidate", True), ("candidate", "baseline", False))
+        )
+    ]
+    ran = run_pair((jobs[0], jobs[1]), work, tmp_path)
+    result, text = ran[0]
+    assert result.status == "ok" and text is not None and result.evidence
+    (tmp_path / result.evidence["file"]).write_text(text)
+    rec = {"spec": jobs[0].spec.to_json(), "attempt": 1, "status": "ok", **result.to_json()}
+    assert evidence_problems(str(tmp_path), [rec]) == ([], 1)
+    cpu = list(rec["step_times"]["cpu_us"])
+    cpu[3] //= 2
+    found, _ = evidence_problems(str(tmp_path), [{**rec, "step_times": {**rec["step_times"], "cpu_us": cpu}}])
+    assert any("step_times in the record are not the steps its evidence file times" in f for f in found)
+    env = {**rec["env"], "lockstep": {**rec["env"]["lockstep"], "turns": "split"}}
+    found, _ = evidence_problems(str(tmp_path), [{**rec, "env": env}])
+    assert any("env.lockstep.turns = 'split'; its evidence file says 'joined'" in f for f in found)
 
 
 def test_a_command_dies_with_its_worker(tmp_path):

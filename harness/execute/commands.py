@@ -13,8 +13,10 @@ left (one that left its group too: ``setsid``) is killed and named, and the run 
 output; the evidence travels to the runner with the result and is kept beside the record.
 
 A lockstep pair (``design: lockstep``) runs both programs at once over a socket pair: each
-reporter hands the turn to the other every ``block_steps`` steps (``harness/reporter.py``), so one
-trains while the other waits. If one fails, the other is stopped and both runs fail. Each arm's
+reporter hands the turn to the other at the end of each turn (blocks of ``block_steps`` steps in
+ABBA order, an arm's consecutive blocks one turn: ``harness/reporter.py``), so one trains while
+the other waits; each arm's record keeps its steps' times (``step_times``, from its reporter file,
+which the audit derives again) for the after-own endpoints. If one fails, the other is stopped and both runs fail. Each arm's
 stall (its blocks' wall less CPU time, from its reporter file: ``prereg/interference.py``) is in
 its record, so a pair one of whose arms was stopped or starved while timed is flagged.
 
@@ -304,6 +306,12 @@ def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
         except EvidenceError as e:
             reason = f"its {kind} file is refused: {e}"
     fields = _derived_fields(derived, reporter, timings) if derived is not None else {}
+    if derived is not None and derived.turns is not None:
+        env["lockstep"] = {
+            "block_steps": spec.block_steps,
+            "steps": "first" if spec.steps_first else "second",
+            "turns": derived.turns,
+        }
     evidence = _evidence(proc, kind, raw) if raw is not None else None
     result = WorkerResult(
         status="failed" if reason else "ok",
@@ -392,6 +400,8 @@ def _derived_fields(derived: Derived, reporter: bool, timings: dict[str, Any]) -
             ),
         )
         fields.update(curve=derived.curve, val_curve=derived.val_curve)
+        if derived.step_us is not None and derived.turns is not None:  # a lockstep arm's after-own steps
+            fields["step_times"] = {"wall_us": derived.step_us[0], "cpu_us": derived.step_us[1]}
     return fields
 
 
