@@ -22,7 +22,7 @@ from typing import Any
 from prereg.planted import CLASSES, KINDS
 from prereg.records import RunRecord
 
-__all__ = ["CalibrationPlan", "pilot_step_cpu_us", "protocol_text"]
+__all__ = ["CalibrationPlan", "Verdict", "pilot_step_cpu_us", "protocol_text", "verdict_lines", "verdicts"]
 
 
 def pilot_step_cpu_us(records: Sequence[RunRecord], config: str) -> tuple[float, int]:
@@ -247,3 +247,78 @@ def _plant_origins(p: CalibrationPlan) -> str:
 def _budget(p: CalibrationPlan, counts: dict[str, int]) -> int:
     pairs = sum(counts.values())
     return 60 * (int(pairs * 3 * 2 * max(1, p.steps / 200)) // 60 + 1)
+
+
+#: The clock each effect class is read on: a wall-only cost is what no CPU clock sees.
+CLASS_CLOCK = {c: ("wall" if c == "wall-only" else "CPU") for c in sorted(set(CLASSES.values()))}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One effect class's best design in a calibration: the design (and estimator) whose bias
+    interval, over the class's plants, lies nearest zero at its far end."""
+
+    effect_class: str
+    clock: str
+    design: str
+    worst: float  # the largest |bound| of the bias intervals over the class's plants, points
+    rows: tuple[dict[str, Any], ...]  # each plant's row of that design on that clock
+
+
+def verdicts(rows: Sequence[dict[str, Any]]) -> list[Verdict]:
+    """Per effect class the calibration planted, its designs ranked by the worst bound of their bias
+    intervals over the class's plants (:data:`CLASS_CLOCK`'s clock), best first.
+
+    A design counts for a class only where it has a bias interval for every plant of that class;
+    a truth or reference row is not a design."""
+    out: list[Verdict] = []
+    for cls, clock in CLASS_CLOCK.items():
+        mine = [
+            r
+            for r in rows
+            if CLASSES.get(r["kind"]) == cls and r["clock"] == clock and not r.get("reference")
+        ]
+        plants = {r["plant"] for r in mine}
+        by: dict[str, list[dict[str, Any]]] = {}
+        for r in mine:
+            by.setdefault(r["design"], []).append(r)
+        for design, rs in by.items():
+            if {r["plant"] for r in rs} != plants or any(r.get("bias_lo") is None for r in rs):
+                continue
+            worst = max(max(abs(r["bias_lo"]), abs(r["bias_hi"])) for r in rs)
+            out.append(Verdict(cls, clock, design, worst, tuple(sorted(rs, key=lambda r: r["plant"]))))
+    return sorted(out, key=lambda v: (v.effect_class, v.worst))
+
+
+def verdict_lines(rows: Sequence[dict[str, Any]], loads: Sequence[float], cores: int) -> list[str]:
+    """The one-screen verdict of a calibration: per class its best design with each plant's bias,
+    the runner-up, and the machine's load as the runs started (quiet or loaded)."""
+    vs = verdicts(rows)
+    lines = []
+    if loads:
+        med = statistics.median(loads)
+        state = "quiet" if med < 0.5 * cores else "loaded"
+        lines.append(
+            f"Machine: {state} as it ran (1-minute load average as each run started: median {med:.2f}, "
+            f"{min(loads):.2f} to {max(loads):.2f}, on {cores} cores)"
+        )
+    else:
+        lines.append("Machine: its load is not in these records (records before env.loadavg)")
+    for cls in CLASS_CLOCK:
+        ranked = [v for v in vs if v.effect_class == cls]
+        if not ranked:
+            continue
+        best = ranked[0]
+        each = "; ".join(
+            f"{r['plant']} {r['bias']:+.2f} ({r['bias_lo']:+.2f} to {r['bias_hi']:+.2f})" for r in best.rows
+        )
+        lines.append(
+            f"{cls} ({best.clock} clock): use {best.design}: bias {each}, within +-{best.worst:.2f} points"
+        )
+        if len(ranked) > 1:
+            lines.append(f"  next: {ranked[1].design}, within +-{ranked[1].worst:.2f}")
+    lines.append(
+        "Bias: the design's estimate less the truth, points of 100 x ln(T_candidate / T_baseline) (positive: "
+        "read as costing more); 'within' is the far end of its 95% interval over the class's plants."
+    )
+    return lines

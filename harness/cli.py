@@ -192,6 +192,29 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibration_verdict(args: argparse.Namespace) -> int:
+    """``harness calibration-verdict RECORDS``: which design to use here, per effect class."""
+    from analysis.calibration_study import verdict_lines
+    from prereg.summary import derive, load_records
+
+    folder = Path(args.records)
+    if not (folder / "MANIFEST").is_file() and not any(folder.glob("*.record.json")):
+        raise InputError(f"{folder}: not a records folder (run the calibration first: harness run PROTOCOL)")
+    records = load_records(folder)
+    rows = [r if isinstance(r, dict) else dict(r) for r in (derive(records).planted or [])]
+    if not rows:
+        raise InputError(
+            f"{folder}: no planted studies: not a calibration (harness calibration-study writes one)"
+        )
+    loads = [
+        float(r.env["loadavg"][0])
+        for r in records
+        if isinstance(r.env, dict) and isinstance(r.env.get("loadavg"), list) and r.env["loadavg"]
+    ]
+    print("\n".join(verdict_lines(rows, loads, os.cpu_count() or 1)))
+    return 0
+
+
 def cmd_calibration_study(args: argparse.Namespace) -> int:
     from analysis.calibration_study import pilot_step_cpu_us, protocol_text
     from harness.protocol import load_protocol
@@ -541,6 +564,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "report": cmd_report,
     "calibrate": cmd_calibrate,
     "calibration-study": cmd_calibration_study,
+    "calibration-verdict": cmd_calibration_verdict,
     "power": cmd_power,
     "node": cmd_node,
     "compare-arms": cmd_compare_arms,

@@ -88,6 +88,11 @@ def parser() -> argparse.ArgumentParser:
     _planning_commands(sub)
     _compare_arms_command(sub)
     _calibration_study_command(sub)
+    v = sub.add_parser(
+        "calibration-verdict",
+        help="a calibration's one-screen verdict: per effect class, the design to use here and its bias",
+    )
+    v.add_argument("records", help="the calibration's records folder (records/<id>)")
     _init_command(sub)
     _audit_commands(sub)
     return p

@@ -692,3 +692,102 @@ def test_the_standard_library_plants_run_as_the_harness_plants_them():
         p()
         assert p.wall_s > 0 and p.runs_in(0)
     assert not Plant({"kind": "spin", "us": 1, "toggle_steps": 3}, torch.device("cpu")).runs_in(0)
+
+
+def test_the_calibration_verdict_names_the_design_with_the_nearest_bias_per_class(tmp_path):
+    """``harness calibration-verdict`` on the committed calibration: per class, the design whose bias
+    interval's far end lies nearest zero over the class's plants, its figures the summary's."""
+    import json
+
+    from analysis.calibration_study import verdicts
+
+    root = Path(__file__).resolve().parent.parent
+    folder = root / "records" / "calibration-cpu"
+    rows = json.loads((folder / "summary.json").read_text())["planted"]
+    vs = verdicts(rows)
+    for cls in ("cache-heavy", "context-free"):
+        ranked = [v for v in vs if v.effect_class == cls]
+        assert ranked and [v.worst for v in ranked] == sorted(v.worst for v in ranked)
+        for v in ranked:  # the far end of the worst plant's interval
+            assert v.worst == max(max(abs(r["bias_lo"]), abs(r["bias_hi"])) for r in v.rows)
+    out = harness(root, "calibration-verdict", str(folder))
+    assert out.returncode == 0, out.stderr
+    best = next(v for v in vs if v.effect_class == "cache-heavy")
+    assert f"cache-heavy (CPU clock): use {best.design}:" in out.stdout
+    assert "Machine: its load is not in these records" in out.stdout
+    bad = harness(root, "calibration-verdict", str(tmp_path))
+    assert bad.returncode == 2 and "not a records folder" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize(
+    "plants,words",
+    [
+        ("gather:0", "bytes must be an integer from 1"),
+        ("teleport:5", "KIND:SIZE with KIND one of"),
+        ("copy", "KIND:SIZE"),
+    ],
+)
+def test_a_calibration_study_refuses_a_plant_it_cannot_run(tmp_path, plants, words):
+    root = Path(__file__).resolve().parent.parent
+    out = harness(
+        root,
+        "calibration-study",
+        "protocols/calibration-cpu-pilot.yaml",
+        "--out",
+        str(tmp_path / "c.yaml"),
+        "--plants",
+        plants,
+        "--truth-runs",
+        "4",
+    )
+    assert out.returncode == 2 and words in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert not (tmp_path / "c.yaml").exists()
+
+
+def test_a_calibration_study_with_every_class_plans_a_truth_study_for_each_plant(tmp_path):
+    """``--plants`` and ``--truth-runs``: each plant through every design and a truth study of its
+    own (a process per arm, the plant toggled), which covers no design."""
+    from harness.protocol import load_protocol
+    from prereg.planted import calibrated_designs
+    from prereg.yamlsub import yaml_subset
+
+    root = Path(__file__).resolve().parent.parent
+    repo = init_study(tmp_path / "s", copy=("configs", "protocols", "records/calibration-cpu-pilot"))
+    out = harness(
+        repo,
+        "calibration-study",
+        "protocols/calibration-cpu-pilot.yaml",
+        "--out",
+        "protocols/c.yaml",
+        "--id",
+        "c",
+        "--sizes",
+        "2",
+        "--designs",
+        "0,1",
+        "--matmul-pairs",
+        "0",
+        "--coverage-designs",
+        "1",
+        "--coverage-pairs",
+        "4",
+        "--plants",
+        "gather:4194304,copy:1048576,alloc:4194304,sleep:50",
+        "--plant-pairs",
+        "4",
+        "--truth-runs",
+        "3",
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    proto = load_protocol(repo / "protocols" / "c.yaml")
+    truths = [s for s in proto.studies if s.name.endswith("_truth")]
+    assert sorted(s.name for s in truths) == sorted(
+        ["spin2p0_truth", "gather4m_truth", "copy1m_truth", "alloc4m_truth", "sleep50us_truth"]
+    )
+    assert all(s.planted["toggle_steps"] == 2 and s.steps == 600 and len(s.seeds) == 3 for s in truths)
+    doc = yaml_subset((repo / "protocols" / "c.yaml").read_text())
+    assert calibrated_designs(doc) == {
+        None: {"context-free", "cache-heavy", "bandwidth", "allocation", "wall-only"},
+        1: {"context-free", "cache-heavy", "bandwidth", "allocation", "wall-only"},
+    }
+    assert root.exists()

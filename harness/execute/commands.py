@@ -351,6 +351,7 @@ def _env_facts(spec: RunSpec) -> dict[str, Any]:
         "device_name": platform.processor() or platform.machine(),
         "threads": spec.threads,
         "harness_sha256": code_sha256()["harness"],  # the worker's: the code that ran the command
+        "loadavg": [round(x, 2) for x in os.getloadavg()],  # the machine's load as the run started
     }
 
 

@@ -222,6 +222,8 @@ def _environment(run: _Run) -> dict[str, Any]:
         "isolated": bool(sys.flags.isolated),  # python -I: no PYTHONPATH, user site or current directory
         "config_sha256": run.cfg.sha256,
         "corpus_sha256": run.corpus.sha256(),
+        # the machine's load (1, 5 and 15 minutes) as the run started: quiet or loaded, as it ran
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
     }
 
 
