@@ -75,6 +75,7 @@ class CalibrationPlan:
     truth_runs: int = 0  # runs of each plant's truth study (0: none)
     toggle_steps: int = 2  # a truth study's blocks with and without the plant
     truth_steps: int = 600  # a truth study's steps
+    load: str = ""  # the load the machine is kept under while it runs (a command), or "" (quiet)
 
 
 def _design(b: int) -> str:
@@ -200,7 +201,7 @@ description: >-
   Planted effects of known size on {p.config} through {through},
   all units interleaved in one seeded order so every design meets the same load. Each study is an
   A/A pair of the native arm whose candidate also runs the plant in each timed step: a spin of
-  fixed CPU microseconds (true effect by arithmetic) at {sizes} of a step{matmul_text}. Descriptive:
+  fixed CPU microseconds (true effect by arithmetic) at {sizes} of a step{matmul_text}.{_classes_text(p)} Descriptive:
   it decides nothing; its bias table chooses the design.
 preregistered: false
 corpus: pydoc-topics
@@ -218,11 +219,31 @@ origins:
   planted: "the pilot ({p.pilot}: {p.pilot_command}) gave a median training step of {p.step_cpu_us:.0f} us of CPU time on {p.config} over {p.pilot_runs} baseline runs; each spin is that times its size, rounded ({sizes})"
 {matmul_origin}  seeds: "{p.pairs} pairs per design and size; {p.coverage_pairs} at {coverage}% in {", ".join(_design(b) for b in p.coverage_designs)}, cut into replicate studies of {p.replicate_pairs} pairs for the coverage of the nominal interval; {matmul_seeds}fresh seeds from {p.seed_base}, 1000 apart per study"
   steps: "{p.steps} steps ({p.warmup_steps} warm-up steps timed apart): enough for {p.steps // max(p.designs)} blocks of the longest design"
-  budget_device_seconds: "about 3 s per pair on a 2-core machine, times the pairs, times 2"
+  budget_device_seconds: "about 3 s per pair on a 2-core machine, times the pairs{" (a truth study's by its steps)" if p.truth_runs else ""}, times 2{", times 2 again under load" if p.load else ""}"
 studies:
 """
     head, _, _ = header.rpartition("studies:\n")
     return head + _plant_origins(p) + "studies:\n" + "\n".join(lines) + "\n", counts
+
+
+def _classes_text(p: CalibrationPlan) -> str:
+    """The description's words for the other plants, the truth studies and the load (empty
+    without them)."""
+    out = ""
+    if p.plants:
+        out += (
+            " Then one plant of each effect class: "
+            + ", ".join(f"{_plant_name(k, n)} ({CLASSES[k]})" for k, n in p.plants)
+            + "."
+        )
+    if p.truth_runs:
+        out += (
+            " Each plant's true effect is measured outside the designs: a truth study toggles it in a"
+            " process of its own."
+        )
+    if p.load:
+        out += f" Run under a known load: {p.load}."
+    return out
 
 
 def _plant_origins(p: CalibrationPlan) -> str:
@@ -232,8 +253,10 @@ def _plant_origins(p: CalibrationPlan) -> str:
         listed = ", ".join(f"{_plant_name(k, n)} ({CLASSES[k]})" for k, n in p.plants)
         out += (
             f"  plants: \"one plant of each effect class ({listed}), each sized near 2-5% of the pilot's "
-            f'step by timing it alone on this machine; {p.plant_pairs} pairs per design"\n'
+            f'step by timing it alone, python benchmarks/plant_cost.py; {p.plant_pairs} pairs per design"\n'
         )
+    if p.load:
+        out += f'  load: "the machine kept busy while it ran: {p.load}"\n'
     if p.truth_runs:
         out += (
             f"  truth: \"each plant's truth study: {p.truth_runs} runs of {p.truth_steps} steps in a process "
@@ -245,8 +268,10 @@ def _plant_origins(p: CalibrationPlan) -> str:
 
 
 def _budget(p: CalibrationPlan, counts: dict[str, int]) -> int:
-    pairs = sum(counts.values())
-    return 60 * (int(pairs * 3 * 2 * max(1, p.steps / 200)) // 60 + 1)
+    pairs = sum(v for k, v in counts.items() if k != "truth")
+    truth = counts.get("truth", 0) * p.truth_steps / p.steps  # a truth run is truth_steps long
+    slower = 2 if p.load else 1  # a loaded machine's runs take longer
+    return 60 * (int((pairs + truth) * 3 * 2 * slower * max(1, p.steps / 200)) // 60 + 1)
 
 
 #: The clock each effect class is read on: a wall-only cost is what no CPU clock sees.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Callable
@@ -314,6 +315,7 @@ def _calibration_plan(
         truth_runs=args.truth_runs,
         toggle_steps=args.toggle_steps,
         truth_steps=args.truth_steps,
+        load=args.load,
     )
 
 
@@ -353,6 +355,7 @@ _CALIBRATION_FLAGS = (
     "truth_runs",
     "toggle_steps",
     "truth_steps",
+    "load",
 )
 
 
@@ -362,7 +365,7 @@ def _given_flags(args: argparse.Namespace) -> str:
 
     defaults = parser().parse_args(["calibration-study", "p", "--out", "o"])
     return "".join(
-        f" --{k.replace('_', '-')} {getattr(args, k)}"
+        f" --{k.replace('_', '-')} {shlex.quote(str(getattr(args, k)))}"
         for k in _CALIBRATION_FLAGS
         if getattr(args, k) != getattr(defaults, k)
     )

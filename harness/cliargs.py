@@ -315,6 +315,12 @@ def _calibration_study_command(sub: argparse._SubParsersAction[argparse.Argument
     )
     s.add_argument("--toggle-steps", type=int, default=2, help="a truth study's blocks (default 2)")
     s.add_argument("--truth-steps", type=int, default=600, help="a truth study's steps (default 600)")
+    s.add_argument(
+        "--load",
+        default="",
+        help="the load the machine will be kept under while it runs, as a command (written into the "
+        "protocol; e.g. 'python benchmarks/load.py --busy 1 --memory-mib 256'); default: none, quiet",
+    )
 
 
 def _init_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

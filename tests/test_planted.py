@@ -573,6 +573,34 @@ def test_a_covered_design_plans_and_a_planted_study_beside_it_needs_no_cover(rep
     assert "is not a protocol file inside the repository" in missing.stderr
 
 
+CLASSES_FLAGS = [
+    "--sizes",
+    "2,5",
+    "--designs",
+    "0,1,10,50",
+    "--pairs",
+    "8",
+    "--matmul",
+    "200",
+    "--matmul-pairs",
+    "8",
+    "--coverage-sizes",
+    "2",
+    "--coverage-designs",
+    "1",
+    "--coverage-pairs",
+    "8",
+    "--replicate-pairs",
+    "4",
+    "--plants",
+    "gather:2097152,copy:1048576,alloc:4194304,sleep:50",
+    "--plant-pairs",
+    "8",
+    "--truth-runs",
+    "8",
+]
+
+
 def test_the_committed_calibration_protocols_are_what_the_command_writes(tmp_path):
     """``harness calibration-study`` from the committed pilot writes each committed calibration
     protocol byte for byte (its header names the command), so its sizes keep their origin."""
@@ -594,6 +622,27 @@ def test_the_committed_calibration_protocols_are_what_the_command_writes(tmp_pat
             "1100000",
             "--order-seed",
             "20261205",
+        ],
+        # the effect classes with their truth studies, quiet and under a known load (docs/decisions.md)
+        "calibration-classes.yaml": [
+            "--id",
+            "calibration-classes",
+            *CLASSES_FLAGS,
+            "--seed-base",
+            "1200000",
+            "--order-seed",
+            "20261206",
+        ],
+        "calibration-classes-loaded.yaml": [
+            "--id",
+            "calibration-classes-loaded",
+            *CLASSES_FLAGS,
+            "--seed-base",
+            "1300000",
+            "--order-seed",
+            "2026120602",
+            "--load",
+            "python benchmarks/load.py --busy 1 --memory-mib 256",
         ],
     }
     for name, extra in commands.items():
