@@ -28,6 +28,7 @@ from cotangent.pack import CPU_BLOCK_BYTES, RELEASE_MIN_BYTES, FlatGroup, Pack
 from cotangent.plans import blocks_for, lists_for, view_lists
 from cotangent.states import (
     Changes,
+    check_fits,
     check_loadable,
     planned_state,
     saved_state,
@@ -161,6 +162,7 @@ class PackedAdamW(OnePass):
             groups = [{"params": groups}]
         for k, group in enumerate(groups):  # everything checked before anything is modified
             check_group(group, k, defaults)
+        Pack.check_unheld([p for g in groups for p in g["params"]])
         check_unshared([p for g in groups for p in g["params"]])
         if release_grads == "auto":  # the OS can take pages back (madvise): gradient memory as native's
             grad_bytes = sum(
@@ -242,6 +244,7 @@ class PackedAdamW(OnePass):
             return
         self._check_layout()
         check_group(param_group, len(self.param_groups), self.defaults)
+        Pack.check_unheld(param_group["params"], self._pack)
         check_unshared(param_group["params"])
         super().add_param_group(param_group)
         self._repack()
@@ -451,6 +454,7 @@ class PackedAdamW(OnePass):
                     )
                 if id(p) not in packed:
                     new.append(p)
+        Pack.check_unheld(new, self._pack)
         check_unshared(new)
         self._repack()
 
@@ -519,8 +523,11 @@ class PackedAdamW(OnePass):
         they lack take native's defaults, a Python-number ``step`` becomes a float32 tensor as native
         fused AdamW makes it) into the flat buffers. A state dict whose groups would take native off
         its fused path (``fused`` unset or False, ``foreach``, ``capturable``, ``differentiable``) is
-        refused before anything is modified."""
+        refused before anything is modified, as is one that does not fit the parameters position by
+        position (:func:`~cotangent.states.check_fits` names the first mismatch): a failed load
+        leaves the optimizer exactly as it was."""
         check_loadable(state_dict)
+        check_fits(state_dict, self.param_groups)
         super().load_state_dict(state_dict)
         for group in self.param_groups:
             for key, value in {"amsgrad": False, "maximize": False, **NATIVE_GROUP_KEYS}.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -132,6 +133,7 @@ class Pack:
         self.uniform_steps = True
         self._lay_out_groups(group_of, amsgrad)
         self.ptrs = [p.data_ptr() for p in params]
+        self.strides = [p.stride() for p in params]  # each parameter's memory order, as packed
         self.grad_ptrs = [v.data_ptr() for v in self.grad_views]
         # Each gradient slot is an alias of the flat buffer with a version counter of its own (see
         # grad_alias): a slot without a gradient that was written anyway (through a reference kept
@@ -400,6 +402,14 @@ class Pack:
                     f"was built (model.double(), .half(), .to(...)); its packed buffers are {packed}: convert "
                     "the model first, then build the optimizer (or build a new one and load_state_dict into it)"
                 )
+            if p.stride() != self.strides[i]:
+                raise RuntimeError(
+                    f"parameter {i} (shape {shape}) was converted to another memory format (strides "
+                    f"{p.stride()}, packed with {self.strides[i]}: model.to(memory_format=torch.channels_last) "
+                    "or .contiguous()) after PackedAdamW was built; its packed buffers keep the memory order it "
+                    "had: convert the model first, then build the optimizer (or build a new one and "
+                    "load_state_dict into it)"
+                )
             raise RuntimeError(
                 f"parameter {i} (shape {shape}) was rebound (p.data = ...) after PackedAdamW was "
                 "built; the optimizer updates its flat buffer, not the new tensor: copy into the parameter "
@@ -409,6 +419,28 @@ class Pack:
     def settle(self) -> None:
         """Every write into the gradient slots so far was ours or backward's."""
         self.known = [v._version for v in self.grad_views]
+
+    @classmethod
+    def check_unheld(cls, params: list[Tensor], mine: Pack | None = None) -> None:
+        """Refuse, before anything is modified, parameters another live :class:`PackedAdamW` has
+        packed (a scheduler or callback still holding the first optimizer, a notebook cell run
+        again): packing them again would move them out of the first one's buffers while it still
+        hooks their backward. An optimizer no longer referenced, kept only by a reference cycle, is
+        collected first (its layout is then released)."""
+        for attempt in range(2):
+            held = [(i, p) for i, p in enumerate(params) if cls._registry.get(id(p)) not in (None, mine)]
+            if not held:
+                return
+            if attempt == 0:
+                gc.collect()
+        i, p = held[0]
+        raise RuntimeError(
+            f"PackedAdamW: another PackedAdamW already holds these parameters (parameter {i}, shape "
+            f"{tuple(p.shape)}, and {len(held) - 1} more) and is still alive (a scheduler, a callback or "
+            "a variable holding the first optimizer, a notebook cell run again); its parameters live in "
+            "its flat buffers and its hooks deliver their gradients there: keep using the first one, or "
+            "drop every reference to it (del optimizer, scheduler) before building the new one"
+        )
 
     @classmethod
     def of(cls, parameters: list[Tensor]) -> Pack | None:
