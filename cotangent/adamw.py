@@ -356,6 +356,7 @@ class PackedAdamW(OnePass):
         """The flat buffers, one entry per (device, dtype)."""
         return self._pack.groups
 
+    @torch.compiler.disable  # the layout's bookkeeping runs eagerly inside a compiled train step
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Native's ``zero_grad``, over the flat gradient buffer.
 
@@ -458,8 +459,25 @@ class PackedAdamW(OnePass):
         check_unshared(new)
         self._repack()
 
-    @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Native's ``step``. Traced by Dynamo (a ``torch.compile``-d train step) as compiled native's
+        is: the closure traced, a :meth:`clip_in_step` clip as native's traced clip, the update
+        eagerly (:meth:`_step`: the fused kernel compiled native calls too)."""
+        if not torch.compiler.is_compiling():
+            return self._step(closure)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._armed is not None and not self._in_armed:
+            self._armed_step()
+        else:
+            self._step()
+        return loss
+
+    @torch.compiler.disable  # the layout's bookkeeping and the fused kernel run eagerly under compile
+    @torch.no_grad()
+    def _step(self, closure: Callable[[], Any] | None = None) -> Any:
         self._check_layout()
         if self._phase is not None:  # clip_step_zero_grad's update, called through (a wrapped) step
             total, coef, set_to_none = self._phase

@@ -175,3 +175,66 @@ def test_memory_format_conversion_after_construction_named():
     with pytest.raises(RuntimeError, match="converted to another memory format"):
         opt.step()
     assert all(bitwise_equal(x, y.detach()) for x, y in zip(before, m.parameters()))
+
+
+# -- torch.compile: the whole train step -------------------------------------------------------
+def compiled_step(m: torch.nn.Module, opt, how: str):
+    """One ``torch.compile``-d train step: forward, backward, clip, step, zero_grad."""
+    from cotangent import clip_grad_norm_
+
+    if how == "armed":
+        opt.clip_in_step(1.0, parameters=list(m.parameters()))
+
+    @torch.compile
+    def step(x, y):
+        def closure():
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            loss.backward()
+            return loss
+
+        if how == "closure":  # the step runs the closure (forward and backward), then the update
+            loss = opt.step(closure)
+            opt.zero_grad()
+            return loss.detach(), loss.detach()
+        loss = closure()
+        if how == "phase":
+            total = opt.clip_step_zero_grad(1.0, parameters=m.parameters())
+        elif how == "armed":
+            opt.step()
+            opt.zero_grad()
+            total = opt.last_total_norm
+        else:
+            clip = torch.nn.utils.clip_grad_norm_ if how == "native_clip" or opt is None else clip_grad_norm_
+            total = clip(m.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+        return loss.detach(), total
+
+    return step
+
+
+def net(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(12, 33), torch.nn.GELU(), torch.nn.Linear(33, 5))
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("how", ["three", "native_clip", "phase", "armed", "closure"])
+def test_compiled_train_step_gives_compiled_natives_bits(how):
+    """The whole train step under ``torch.compile``: compiled native's bits (the total norm from
+    Inductor's kernels, not eager ones), parameters, gradients and state, step by step."""
+    torch._dynamo.reset()
+    ma, mb = net(0), net(0)
+    oa = torch.optim.AdamW(ma.parameters(), lr=0.01, fused=True)
+    ob = PackedAdamW(mb.parameters(), lr=0.01)
+    native = compiled_step(ma, oa, "closure" if how == "closure" else "native_clip")
+    packed = compiled_step(mb, ob, how)
+    gen = torch.Generator().manual_seed(1)
+    for s in range(6):
+        x, y = torch.randn(16, 12, generator=gen), torch.randn(16, 5, generator=gen)
+        (la, na), (lb, nb) = native(x, y), packed(x, y)
+        assert bitwise_equal(la, lb) and bitwise_equal(na, nb), f"step {s}: norm {float(na)!r} {float(nb)!r}"
+        for i, (p, q) in enumerate(zip(ma.parameters(), mb.parameters())):
+            assert bitwise_equal(p.detach(), q.detach()), f"step {s}: parameter {i}"
+            assert p.grad is None and q.grad is None, f"step {s}: parameter {i} .grad"
+        assert state_dict_difference(oa.state_dict(), ob.state_dict()) is None, f"step {s}"
