@@ -370,25 +370,34 @@ def default_id() -> str:
     return "compare-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
 
 
-def write_protocol(repo: Path, c: Compare) -> Path:
+def write_protocol(repo: Path, c: Compare) -> tuple[Path, list[Path]]:
     """Write the compare study's protocol under :data:`RUNS` and check it as ``harness plan`` does;
-    a protocol the checks refuse is removed with its folder (nothing half-written)."""
+    a protocol the checks refuse is removed with every folder made for it (nothing half-written).
+    Returns its path and the folders made for it, outermost first."""
     from harness.protocol import load_protocol
     from prereg.files import atomic_write
 
     folder = repo / RUNS / c.id
     if folder.exists():
         raise InputError(f"{folder}: already exists; give another --id (nothing was written)")
+    made = [d for d in (repo / "runs", repo / RUNS, folder) if not d.exists()]
     folder.mkdir(parents=True)
     path = folder / "protocol.yaml"
-    atomic_write(path, protocol_text(c).encode(), overwrite=False)
     try:
+        atomic_write(path, protocol_text(c).encode(), overwrite=False)
         load_protocol(path)
     except InputError as e:
-        path.unlink()
-        folder.rmdir()
+        remove_made(made)
         raise InputError(f"{e}; nothing was written") from None
-    return path
+    return path, made
+
+
+def remove_made(made: list[Path], *also: Path) -> None:
+    """Remove ``also`` and the folders in ``made`` (outermost first), which harness compare made."""
+    import shutil
+
+    for f in (*also, *reversed(made)):
+        shutil.rmtree(f, ignore_errors=True)
 
 
 def echo_to(stream: Any) -> Callable[[str], None]:
@@ -414,13 +423,13 @@ def run_compare(repo: Path, c: Compare, markdown_path: Path | None) -> int:
     from harness.protocol import load_protocol
 
     refuse_shadowing()
-    path = write_protocol(repo, c)
+    path, made = write_protocol(repo, c)
     proto = load_protocol(path)
     runner = Runner(proto, echo=echo_to(sys.stderr), live=sys.stderr.isatty())
     end = runner.run()
     code, message = run_ending(proto, end)
     if end.stopped_for_failure is not None and end.planned - end.left == end.failed:
-        _remove(path.parent, runner.dir)
+        remove_made(made or [path.parent], runner.dir)
         raise HarnessError(
             f"a command failed before its first step ({end.stopped_for_failure}); nothing was kept "
             "(run it by hand to see why)"
@@ -455,13 +464,6 @@ def atomic_write_text(path: Path, text: str) -> None:
     from prereg.files import atomic_write
 
     atomic_write(path, text.encode(), overwrite=True)
-
-
-def _remove(*folders: Path) -> None:
-    import shutil
-
-    for f in folders:
-        shutil.rmtree(f, ignore_errors=True)
 
 
 def from_args(repo: Path, args: Any) -> Compare:
