@@ -468,6 +468,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def from_args(repo: Path, args: Any) -> Compare:
     """The flags resolved and checked, before anything is written (InputError naming the flag)."""
+    from harness.scaffold import warmup_steps
     argv = list(args.command_argv or [])
     if argv[:1] == ["--"]:
         argv = argv[1:]
@@ -505,7 +506,7 @@ def from_args(repo: Path, args: Any) -> Compare:
         head_ref=head_ref,
         label=label,
         steps=steps,
-        warmup_steps=max(1, min(10, steps // 10)),
+        warmup_steps=warmup_steps(steps),
         pairs=args.pairs,
         looks=looks_for(args.pairs),
         effect_class=args.effect_class,

@@ -372,3 +372,43 @@ def test_an_aa_change_passes_the_gate(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.splitlines()[0].startswith("HEAD against HEAD~1: ")
     assert "established" not in out.stdout.splitlines()[0].replace("is not established", "")
+
+
+@pytest.mark.parametrize("design", ["lockstep", "paired"])
+def test_init_lockstep_writes_a_cpu_clock_hypothesis_with_warmup(tmp_path, design):
+    """harness init --design lockstep: the speed hypothesis on the CPU clock (training_cpu_time),
+    the calibrated design's, with warm-up steps and their origin; a process per arm keeps the wall
+    clock and no warm-up."""
+    from harness.protocol import load_protocol
+
+    r = two_commits(tmp_path, change=None)
+    out = cli(r, "init", "protocols/x.yaml", "--design", design, "--steps", "40", "--pairs", "4")
+    assert out.returncode == 0, out.stdout + out.stderr
+    s = load_protocol(r / "protocols" / "x.yaml").summary()
+    (h,) = s["hypotheses"]["tests"]
+    (study,) = s["studies"]
+    if design == "lockstep":
+        assert h["endpoint"] == "training_cpu_time" and study["warmup_steps"] == 4
+        assert "warmup_steps:" in (r / "protocols" / "x.yaml").read_text().split("studies:")[0]  # its origin
+    else:
+        assert h["endpoint"] == "training_time" and "warmup_steps" not in study
+
+
+def test_the_example_workflow_runs_the_gate_this_parser_accepts():
+    """examples/compare-workflow.yml: a pull-request workflow whose harness compare line is one
+    this command line accepts, with the gate and the comment, at the pull request's base."""
+    import shlex
+
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "examples" / "compare-workflow.yml").read_text())
+    assert doc[True] == "pull_request"  # YAML 1.1 reads the key `on` as true
+    steps = doc["jobs"]["compare"]["steps"]
+    assert steps[0]["with"]["fetch-depth"] == 0
+    (line,) = [s["run"] for s in steps if "harness compare" in s.get("run", "")]
+    argv = shlex.split(line.replace("${{ github.base_ref }}", "main"))
+    a = parser().parse_args(argv[1:])
+    assert a.command == "compare" and a.base == "origin/main" and a.head == "HEAD"
+    assert parse_percent(a.fail_above) == 1.0 and a.markdown == "comment.md"
+    assert steps_of(a.command_argv[1:], a.steps) == 300
+    assert any("--body-file comment.md" in s.get("run", "") for s in steps)
