@@ -304,25 +304,14 @@ def answer_of(summary: Any, c: Compare) -> Answer:
 
 
 def clocks_disagree(config: Any, endpoint: str) -> str | None:
-    """A warning when the CPU and the wall clock's intervals (log ratios) do not overlap, with the
-    likely reason: a wall clock reading more than the CPU clock is a wall-only cost (sleep, I/O,
-    waiting on a lock or a child process) or contention for the CPU."""
-    wall = getattr(getattr(config, "training_time", None), "log_ratio", None)
-    cpu = getattr(getattr(config, "training_cpu_time", None), "log_ratio", None)
-    if wall is None or cpu is None or (wall.low <= cpu.high and cpu.low <= wall.high):
-        return None
-    more = "larger" if wall.estimate > cpu.estimate else "smaller"
-    return (
-        f"the clocks disagree: wall {100 * wall.estimate:+.2f} ({100 * wall.low:+.2f} to "
-        f"{100 * wall.high:+.2f}) against CPU {100 * cpu.estimate:+.2f} ({100 * cpu.low:+.2f} to "
-        f"{100 * cpu.high:+.2f}) points; the wall clock reads the change {more}: likely a wall-only cost "
-        "(sleep, I/O, waiting) the CPU clock cannot see, or contention for the CPU"
-        + (
-            "; if the change is wall-only, run again with --effect-class wall-only"
-            if endpoint.endswith("cpu_time")
-            else ""
-        )
-    )
+    """The report's warning when the CPU and the wall clock disagree
+    (:func:`prereg.render.answer.clock_disagreement`), with what to do about a wall-only cost."""
+    from prereg.render.answer import clock_disagreement
+
+    said = clock_disagreement(config)
+    if said is None or not endpoint.endswith("cpu_time"):
+        return said
+    return said + "; if the change is wall-only, run again with --effect-class wall-only"
 
 
 def headline(a: Answer, c: Compare) -> list[str]:
@@ -469,6 +458,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 def from_args(repo: Path, args: Any) -> Compare:
     """The flags resolved and checked, before anything is written (InputError naming the flag)."""
     from harness.scaffold import warmup_steps
+
     argv = list(args.command_argv or [])
     if argv[:1] == ["--"]:
         argv = argv[1:]

@@ -234,6 +234,7 @@ def _summary(cpu: tuple, wall: tuple, decided: dict[str, str]) -> SimpleNamespac
     config = SimpleNamespace(
         training_cpu_time=SimpleNamespace(log_ratio=_iv(*cpu)),
         training_time=SimpleNamespace(log_ratio=_iv(*wall)),
+        final_metric=object(),
     )
     decisions = [SimpleNamespace(decision=SimpleNamespace(id=k, status=v)) for k, v in decided.items()]
     proto = {"hypotheses": {"descriptive": "x"}, "studies": []}
@@ -412,3 +413,19 @@ def test_the_example_workflow_runs_the_gate_this_parser_accepts():
     assert parse_percent(a.fail_above) == 1.0 and a.markdown == "comment.md"
     assert steps_of(a.command_argv[1:], a.steps) == 300
     assert any("--body-file comment.md" in s.get("run", "") for s in steps)
+
+
+@pytest.mark.process
+def test_a_wall_only_cost_is_flagged_in_the_answer_and_the_report(tmp_path):
+    """The head commit sleeps 2 ms a step (a wall-only cost, as I/O or a data-loader wait would be):
+    decided on the CPU clock, which cannot see it, and flagged, with the likely reason, in the
+    answer and in report.md's answer."""
+    r = ci_clone(tmp_path, ("SLEEP = 0.0\n", "SLEEP = 0.002\n"))
+    out = cli(r, "compare", "--base", "HEAD~1", "--pairs", "8", "--timeout", "120", *COMMAND)
+    assert out.returncode == 0, out.stdout + out.stderr
+    warning = next(
+        line for line in out.stdout.splitlines() if line.startswith("warning: the clocks disagree")
+    )
+    assert "wall-only cost (sleep, I/O, waiting)" in warning and "--effect-class wall-only" in warning
+    (records,) = (r / "runs" / "compare").glob("*/records")
+    assert "warning: the clocks disagree" in (records / "report.md").read_text()
