@@ -429,3 +429,42 @@ def test_a_wall_only_cost_is_flagged_in_the_answer_and_the_report(tmp_path):
     assert "wall-only cost (sleep, I/O, waiting)" in warning and "--effect-class wall-only" in warning
     (records,) = (r / "runs" / "compare").glob("*/records")
     assert "warning: the clocks disagree" in (records / "report.md").read_text()
+
+
+def test_a_run_with_no_step_for_a_few_step_times_shows_as_stalled():
+    """StallWatch: steps every 0.5 s (the reporter file growing), then none: stalled after 5 step
+    times, at least 30 s; before its first step, after 3 times an earlier run's whole time."""
+    from harness.execute.state import StallWatch, first_step_limit
+
+    w = StallWatch(first_step_limit([4.0, 5.0, 6.0]))
+    assert w.first_step_s == 30.0 and first_step_limit([20.0]) == 60.0 and first_step_limit([]) == 120.0
+    assert all(w.see(t, 100 * (i + 1)) is None for i, t in enumerate([2.0, 2.5, 3.0, 3.5]))
+    assert w.see(33.0, 400) is None
+    said = w.see(34.0, 400)
+    assert said is not None and said.startswith("STALLED: no step for 30 s (a step took about 0.50 s)")
+    assert w.see(35.0, 500) is None  # a step came: no longer stalled
+    fresh = StallWatch(60.0)  # the issue's case: a process stopped from outside before its first step
+    assert fresh.see(59.0, 0) is None
+    assert fresh.see(61.0, 0) == "STALLED: no step in 61 s (earlier runs took about 20 s whole)"
+
+
+def test_the_heartbeat_says_stalled_once_and_on_the_live_line(tmp_path, monkeypatch):
+    """The launcher's beat for a command arm: STALLED on the live line, and once as a line of its
+    own; a built-in arm (no reporter file) is never called stalled."""
+    import harness.execute.local as local
+
+    lines: list[str] = []
+    runner = SimpleNamespace(live=True, echo=lines.append, progress=SimpleNamespace(executed_s=[]))
+    clock = [0.0]
+    monkeypatch.setattr(local.time, "monotonic", lambda: clock[0])
+    (tmp_path / "x.a1.report.jsonl").write_text("{}\n")
+    beat = local._heartbeat(runner, "u.pair000", tmp_path, 0.0, True)
+    builtin = local._heartbeat(runner, "u.pair001", tmp_path / "none", 0.0, False)
+    for t in (1.0, 50.0, 200.0, 201.0):
+        clock[0] = t
+        beat()
+        builtin()
+    own = [line for line in lines if not line.startswith("\r")]
+    assert len(own) == 1 and own[0].startswith("  u.pair000: STALLED: no step for")
+    assert lines[-2].startswith("\r  running u.pair000  201.0s  STALLED")
+    assert not any("u.pair001" in line and "STALLED" in line for line in lines)
