@@ -265,22 +265,33 @@ def test_a_wall_only_cost_is_flagged_and_the_gate_reads_the_slower_decision():
     assert clocks_disagree(SimpleNamespace(), "training_cpu_time") is None
 
 
-def test_the_comment_renders_with_its_table_and_verdict(tmp_path):
-    """The pull-request comment, rendered as GitHub renders markdown (CommonMark with tables,
-    markdown-it-py), shows the verdict in bold and one table row with the change, interval and bias;
-    in the browser (Chromium) the table and the verdict are on the page."""
+def _comment_html() -> str:
+    """The pull-request comment of a planted slowdown, rendered as GitHub renders markdown
+    (CommonMark with tables: markdown-it-py)."""
     from markdown_it import MarkdownIt
-    from pagecheck import CHROMIUM, require_browser
 
     s = _summary((0.03, 0.025, 0.035), (0.03, 0.02, 0.04), {"H2-slower": "established"})
     c = _compare(fail_above=1.0, label=("main", "HEAD"))
     text = markdown(answer_of(s, c), c, "ledger head: seq 9 sha256 ab", "runs/compare/x/records/report.md")
-    html = MarkdownIt("commonmark").enable("table").render(text)
+    return MarkdownIt("commonmark").enable("table").render(text)
+
+
+def test_the_comment_has_its_table_and_verdict():
+    """The verdict in bold, one table row with the change, interval and bias, the ledger head."""
+    html = _comment_html()
     assert "<table>" in html and html.count("<tr>") == 2 and "<strong>slower by 3.0%" in html
     assert "+3.00" in html and "+2.50 to +3.50" in html and "ledger head: seq 9 sha256 ab" in html
+
+
+@pytest.mark.process
+def test_the_comment_renders_in_a_browser(tmp_path):
+    """In Chromium the rendered comment shows the verdict and the table's cells."""
+    from pagecheck import CHROMIUM, require_browser
+
     page = tmp_path / "comment.html"
+    body = _comment_html()
     page.write_text(
-        f'<!DOCTYPE html><html lang="en"><meta charset="utf-8"><title>c</title><body>{html}</body></html>'
+        f'<!DOCTYPE html><html lang="en"><meta charset="utf-8"><title>c</title><body>{body}</body></html>'
     )
     require_browser()
     from playwright.sync_api import sync_playwright
