@@ -479,3 +479,37 @@ def test_the_heartbeat_says_stalled_once_and_on_the_live_line(tmp_path, monkeypa
     assert len(own) == 1 and own[0].startswith("  u.pair000: STALLED: no step for")
     assert lines[-2].startswith("\r  running u.pair000  201.0s  STALLED")
     assert not any("u.pair001" in line and "STALLED" in line for line in lines)
+
+
+@pytest.mark.process
+def test_two_commands_and_a_declared_wall_only_class(tmp_path):
+    """Two commands (--base-cmd, --head-cmd), the head's script sleeping 2 ms a step, declared
+    --effect-class wall-only: decided on the wall clock, slower established, its bias said to be
+    uncalibrated for the class; the study audits."""
+    r = two_commits(tmp_path, change=None)
+    (r / "slow.py").write_text(SCRIPT.replace("SLEEP = 0.0\n", "SLEEP = 0.002\n"))
+    git(r, "add", "slow.py")
+    git(r, "commit", "-qm", "a slow copy")
+    out = cli(
+        r,
+        "compare",
+        "--base-cmd",
+        "python train.py --seed {seed} --steps 30",
+        "--head-cmd",
+        "python slow.py --seed {seed} --steps 30",
+        "--effect-class",
+        "wall-only",
+        "--pairs",
+        "8",
+        "--timeout",
+        "120",
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("python slow.py --seed {seed} --steps 30 against python train.py")
+    assert ": slower by " in lines[0] and lines[0].endswith(", established")
+    assert "wall clock, lockstep at blocks of 1" in lines[1]
+    assert lines[2].startswith("bias: not calibrated for this class")
+    (records,) = (r / "runs" / "compare").glob("*/records")
+    audit = cli(r, "audit", str(records.relative_to(r)))
+    assert audit.returncode == 3 and "Integrity: everything matched." in audit.stdout, audit.stdout
