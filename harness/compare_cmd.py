@@ -488,6 +488,8 @@ def from_args(repo: Path, args: Any) -> Compare:
         raise InputError(f"--pairs {args.pairs}: at least 4 (a look needs more than 3 pairs)")
     if not args.timeout > 0:
         raise InputError(f"--timeout {args.timeout}: must be positive")
+    if args.id is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,79}", args.id):
+        raise InputError(f"--id {args.id!r}: letters, digits, '.', '_' and '-' (a folder under {RUNS})")
     return Compare(
         id=args.id or default_id(),
         base=base,

@@ -106,6 +106,7 @@ def test_refs_that_do_not_exist_and_a_dirty_head_are_refused_before_anything_is_
         (("--base-cmd", "python train.py", "--head-cmd", "python train.py"), "how many steps"),
         (("--base-cmd", 'python "train.py', "--head-cmd", "python train.py"), "--base-cmd"),
         (("--base-cmd", "python t.py --steps 5", "--head-cmd", "python t.py", "--pairs", "3"), "--pairs 3"),
+        (("--base-cmd", "python t.py --steps 5", "--head-cmd", "python t.py", "--id", "../x"), "--id"),
         (
             ("--base-cmd", "python t.py --steps 5", "--head-cmd", "python t.py", "--fail-above", "x"),
             "--fail-above",
