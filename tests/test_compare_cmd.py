@@ -133,6 +133,11 @@ def test_cli_errors_are_one_line_and_write_nothing(tmp_path):
         assert needle in out.stderr and "Traceback" not in out.stderr, out.stderr
         assert len(out.stderr.strip().splitlines()) == 1 and out.stdout == ""
         assert not (r / "runs").exists()
+    bare = tmp_path / "not-a-repository"
+    bare.mkdir()
+    out = cli(bare, "compare", "--base-cmd", "python t.py --steps 5", "--head-cmd", "python t.py --steps 5")
+    assert out.returncode == 2 and "not in a git repository" in out.stderr and "Traceback" not in out.stderr
+    assert list(bare.iterdir()) == []
 
 
 def test_steps_and_percent_and_looks():
