@@ -662,7 +662,13 @@ def identity_sweep(args: argparse.Namespace) -> dict[str, object]:
                     "established_median_claim": hits["median"] / args.studies,
                 }
             )
-    return {"studies": args.studies, "alpha": args.alpha, "margin": args.margin, "jump": args.jump, "rows": rows}
+    return {
+        "studies": args.studies,
+        "alpha": args.alpha,
+        "margin": args.margin,
+        "jump": args.jump,
+        "rows": rows,
+    }
 
 
 def print_identity(args: argparse.Namespace, res: dict[str, object]) -> int:

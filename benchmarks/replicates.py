@@ -205,12 +205,29 @@ def spread(folders: list[Path], plant: tuple[str, str] = PLANT) -> dict[str, flo
     tau = math.sqrt(max(0.0, ((ya - yb) ** 2 - sa**2 - sb**2) / 2))
     raw = abs(ya - yb) / math.sqrt(2)
     mean = (ya + yb) / 2
-    return {"y_a": ya, "se_a": sa, "truth_a": ta, "y_b": yb, "se_b": sb, "truth_b": tb,
-            "sd_raw": raw, "tau": tau, "share": tau / mean, "share_raw": raw / mean}
+    return {
+        "y_a": ya,
+        "se_a": sa,
+        "truth_a": ta,
+        "y_b": yb,
+        "se_b": sb,
+        "truth_b": tb,
+        "sd_raw": raw,
+        "tau": tau,
+        "share": tau / mean,
+        "share_raw": raw / mean,
+    }
 
 
 def reach(
-    d_of: dict[str, list[float]], k: int, m: int, share: float, level: float, target: float, studies: int, seed: int
+    d_of: dict[str, list[float]],
+    k: int,
+    m: int,
+    share: float,
+    level: float,
+    target: float,
+    studies: int,
+    seed: int,
 ) -> float:
     """The share of ``studies`` simulated studies in which every configuration's decision
     half-width is at most ``target`` (``--reach``; ``d_of``: each configuration's per-pair values)."""
@@ -221,7 +238,9 @@ def reach(
     for _ in range(studies):
         every = True
         for c, d in d_of.items():
-            ys = [math.fsum(rng.choices(d, k=m)) / m + rng.gauss(0.0, share * abs(effect[c])) for _ in range(k)]
+            ys = [
+                math.fsum(rng.choices(d, k=m)) / m + rng.gauss(0.0, share * abs(effect[c])) for _ in range(k)
+            ]
             _, se = mean_se(ys)
             every = every and t * se <= target
         ok += every
@@ -279,7 +298,9 @@ def skew_table(studies: int, alpha: float, seed: int) -> int:
     print("|---|---|" + "---|" * len(kinds))
     for i, (k, mult) in enumerate((k, mult) for k in (3, 4, 5, 6, 10) for mult in (1.0, 2.0, 4.0)):
         tau = mult / math.sqrt(20)
-        cells = [skew_error(studies, k, 20, tau, kind, alpha, seed + 10 * i + j) for j, kind in enumerate(kinds)]
+        cells = [
+            skew_error(studies, k, 20, tau, kind, alpha, seed + 10 * i + j) for j, kind in enumerate(kinds)
+        ]
         print(f"| {k} | {mult:g} | " + " | ".join(f"{c:.4f}" for c in cells) + " |")
     return 0
 
@@ -296,7 +317,10 @@ def reach_table(a: argparse.Namespace) -> int:
     print("| spread (share of the effect) | " + " | ".join(f"{k} x {m}" for k, m in designs) + " |")
     print("|---|" + "---|" * len(designs))
     for i, share in enumerate(float(x) for x in a.shares.split(",")):
-        got = [reach(d_of, k, m, share, a.level, a.target, a.studies, a.seed + 100 * i + j) for j, (k, m) in enumerate(designs)]
+        got = [
+            reach(d_of, k, m, share, a.level, a.target, a.studies, a.seed + 100 * i + j)
+            for j, (k, m) in enumerate(designs)
+        ]
         print(f"| {share:g} | " + " | ".join(f"{g:.3f}" for g in got) + " |")
     return 0
 
@@ -321,9 +345,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decision", action="store_true", help="the type-I error of the two tests")
     ap.add_argument("--alpha", type=float, default=0.025)
     ap.add_argument("--spread", type=Path, nargs=2, help="two calibrations' records folders")
-    ap.add_argument("--reach", type=Path, help="a records folder: the chance all configurations reach --target")
+    ap.add_argument(
+        "--reach", type=Path, help="a records folder: the chance all configurations reach --target"
+    )
     ap.add_argument("--target", type=float, default=0.5, help="--reach: the half-width, points")
-    ap.add_argument("--shares", default="0.05,0.073,0.1,0.15,0.2", help="--reach: spreads, shares of the effect")
+    ap.add_argument(
+        "--shares", default="0.05,0.073,0.1,0.15,0.2", help="--reach: spreads, shares of the effect"
+    )
     ap.add_argument("--designs", default="3x40,6x20,8x16,10x12", help="--reach: replicates x pairs")
     ap.add_argument("--skew", action="store_true", help="the decision's error under skewed replicate shifts")
     a = ap.parse_args(argv)

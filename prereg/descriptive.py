@@ -164,7 +164,9 @@ def paired_interval(
     """
     if estimand == "difference":
         return mean_interval(paired_values(baseline, candidate, estimand), level, estimand)
-    return on_log_scale(mean_interval(paired_values(baseline, candidate, "log_ratio"), level, estimand), estimand)
+    return on_log_scale(
+        mean_interval(paired_values(baseline, candidate, "log_ratio"), level, estimand), estimand
+    )
 
 
 def on_log_scale(res: PairedInterval, estimand: str) -> PairedInterval:

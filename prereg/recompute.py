@@ -211,7 +211,6 @@ def _paired(
     def col(key: str) -> list[Any]:
         return [p[key] for p in pairs]
 
-    training = _time_endpoint(pairs, "training_s", level, replicated)
     timed = [p for p in pairs if p["time_reduction_pct"] is not None]  # both training times finite, positive
     cpu_time = None  # when every pair recorded its training CPU time (records since lockstep)
     if pairs and all("baseline_training_cpu_s" in p for p in pairs):
@@ -235,7 +234,7 @@ def _paired(
         "candidate_arm": st["arms"][1],
         "units_seen": len(units),
         "pairs_used": len(pairs),
-        "training_time": training,
+        "training_time": _time_endpoint(pairs, "training_s", level, replicated),
         "time_to_target": ttt,
         "total_time": asdict(
             endpoint(col("baseline_total_s"), col("candidate_total_s"), level, "relative_reduction")
@@ -395,7 +394,9 @@ def final_metric_columns(b: Rec, c: Rec) -> dict[str, Any]:
     return {"baseline_final_metric": b.get("final_metric"), "candidate_final_metric": c.get("final_metric")}
 
 
-def _time_endpoint(pairs: list[dict[str, Any]], key: str, level: float, replicated: bool = False) -> dict[str, Any]:
+def _time_endpoint(
+    pairs: list[dict[str, Any]], key: str, level: float, replicated: bool = False
+) -> dict[str, Any]:
     """A time's endpoint over the pairs (``baseline_<key>``, ``candidate_<key>``; relative reduction)
     with its log-ratio interval over the pairs whose two times are finite and positive. In a
     ``replicated`` protocol both intervals are the decision's, over the replicates' estimates

@@ -164,7 +164,9 @@ def _fingerprint(blob_b64: str) -> str:
 def test_every_maintainers_key_is_listed_by_fingerprint_where_readers_take_it():
     """Each key of protocols/allowed_signers (the one the issue names among them) has its fingerprint
     in the README and docs/provenance.md; and the stdlib fingerprint is ssh-keygen's."""
-    lines = [ln.split() for ln in (ROOT / "protocols" / "allowed_signers").read_text().splitlines() if ln.strip()]
+    lines = [
+        ln.split() for ln in (ROOT / "protocols" / "allowed_signers").read_text().splitlines() if ln.strip()
+    ]
     prints = [_fingerprint(parts[3]) for parts in lines]
     assert "SHA256:ctxsbj0QCaU43OQWRqg67wUwDLxI5n9sOAZm7BArmAM" in prints
     assert len(set(prints)) == len(prints) >= 3  # added, none replaced

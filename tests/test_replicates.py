@@ -314,7 +314,6 @@ def test_the_report_shows_each_replicate_its_mean_and_when_it_ran(tmp_path, monk
     """Two replicates run in process with times that vary by seed and arm: ``harness report``
     writes the section, its estimates the random-effects mean of the replicates' own, and the
     time of each replicate from its records."""
-    from conftest import harness
     from fake_trainer import FakeTrainer
 
     from harness.execute.inprocess import InProcessExecutor
@@ -352,7 +351,13 @@ def test_the_report_shows_each_replicate_its_mean_and_when_it_ran(tmp_path, monk
 
     cfg = summary["studies"][0]["configs"][0]
     ys = [
-        np.mean([math.log(p["candidate_training_s"] / p["baseline_training_s"]) for p in cfg["pairs"] if p["replicate"] == r])
+        np.mean(
+            [
+                math.log(p["candidate_training_s"] / p["baseline_training_s"])
+                for p in cfg["pairs"]
+                if p["replicate"] == r
+            ]
+        )
         for r in (1, 2)
     ]
     lo, hi = stats.t.interval(cfg["level"], 1, loc=np.mean(ys), scale=stats.sem(ys))
@@ -644,13 +649,22 @@ def test_order_cells_do_nothing_for_balanced_replicates():
             b = 2.0 * math.exp(rng.normal(0, 0.05))
             c = b * math.exp(-0.02 + rng.normal(0, 0.01) + (0.004 if first == "candidate" else 0.0))
             pairs.append(
-                Pair(unit=f"p{r}.{i}", seed=i, first=first, steps_first=steps_first, replicate=r,
-                     baseline_training_s=b, candidate_training_s=c)
+                Pair(
+                    unit=f"p{r}.{i}",
+                    seed=i,
+                    first=first,
+                    steps_first=steps_first,
+                    replicate=r,
+                    baseline_training_s=b,
+                    candidate_training_s=c,
+                )
             )
     for r in range(1, 7):
         mine = [p for p in pairs if p.replicate == r]
         v = [math.log(p.candidate_training_s) - math.log(p.baseline_training_s) for p in mine]
-        cells = [(1 if p.first == "candidate" else -1, 1 if p.steps_first == "candidate" else -1) for p in mine]
+        cells = [
+            (1 if p.first == "candidate" else -1, 1 if p.steps_first == "candidate" else -1) for p in mine
+        ]
         m, _, df = cells_mean(v, cells)
         assert df == 16 and abs(m - math.fsum(v) / len(v)) <= 1e-15
     plain, _, _ = test_of(_speed("superiority", 0.0), pairs, 3, replicated=True)
@@ -661,7 +675,9 @@ def test_order_cells_do_nothing_for_balanced_replicates():
     assert math.isclose(plain.estimate, adjusted.estimate, rel_tol=0, abs_tol=1e-15)
     assert math.isclose(plain.standard_error, adjusted.standard_error, rel_tol=1e-12)
     assert math.isclose(plain.p_value, adjusted.p_value, rel_tol=1e-9)
-    unbalanced = [p for p in pairs if not (p.replicate == 1 and p.first == "candidate" and p.unit[-1] in "26")]
+    unbalanced = [
+        p for p in pairs if not (p.replicate == 1 and p.first == "candidate" and p.unit[-1] in "26")
+    ]
     a, _, _ = test_of(cells_h, unbalanced, 3, replicated=True)
     b, _, _ = test_of(_speed("superiority", 0.0), unbalanced, 3, replicated=True)
     assert a is not None and b is not None and abs(a.estimate - b.estimate) > 1e-6
@@ -736,7 +752,6 @@ def test_the_planned_cpu3_claims_what_it_tests():
     from pathlib import Path
 
     import yaml
-
     from conftest import harness
 
     root = Path(__file__).resolve().parent.parent
