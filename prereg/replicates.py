@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from prereg.descriptive import valid
+from prereg.descriptive import PairedInterval, mean_interval, on_log_scale, valid
 from prereg.tdist import t_critical
 
 #: The keys of the ``replicates`` block, and what each means.
@@ -278,6 +278,39 @@ def replicate_estimates(
             ys.append(m)
             vs.append(var)
     return reps, ys, vs
+
+
+def replicates_interval(
+    values_of: Mapping[int, Sequence[float]], level: float, estimand: str
+) -> PairedInterval | None:
+    """The interval a replicated protocol decides by, at ``level``: the two-sided Student-t interval
+    of the mean of the replicates' estimates (each the mean log ratio of its pairs,
+    :func:`replicate_estimates`), ``k - 1`` degrees of freedom, in ``estimand``'s terms
+    (``log_ratio`` or ``relative_reduction``: :func:`.descriptive.on_log_scale`).
+
+    Parameters
+    ----------
+    values_of : mapping of int to sequence of float
+        Each replicate's per-pair log ratios ``ln(T_c / T_b)``.
+    level : float
+        Two-sided confidence level.
+    estimand : {"log_ratio", "relative_reduction"}
+
+    Returns
+    -------
+    PairedInterval or None
+        Its ``n`` counts replicates, not pairs; ``None`` under two replicates with a variance.
+
+    Notes
+    -----
+    The equal-weight t of the decision (:func:`.hypotheses.test_of`, method ``t-replicates``): with
+    ``k`` estimates ``y_r`` it is ``mean(y) -/+ t_{k-1, (1+level)/2} sd(y) / sqrt(k)``, which holds
+    the spread between replicates, as the pooled paired interval over all pairs does not.
+    """
+    _, ys, _ = replicate_estimates(values_of)
+    if len(ys) < 2:
+        return None
+    return on_log_scale(mean_interval(ys, level, estimand), estimand)
 
 
 def replicate_times(records: Sequence[Mapping[str, Any]]) -> dict[int, dict[str, Any]]:

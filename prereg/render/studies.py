@@ -125,7 +125,7 @@ def paired(study: StudyResult, n: int, protocol_study: Mapping[str, Any] | None,
     said = (
         f"Fixed-budget training time; pairs ran in {design_label(protocol_study)}. Times are geometric "
         "means over the pairs (1 - candidate / baseline of them is the reduction shown). Intervals are "
-        f"two-sided {lvl} paired Student-t intervals; a positive reduction means the candidate was faster."
+        f"{_intervals_are(cfgs[0], lvl)}; a positive reduction means the candidate was faster."
     )
     blocks: list[Text | Table] = [para(said)]
     commands = "commands" in st  # a script's own model: no parameter count to show
@@ -146,6 +146,21 @@ def paired(study: StudyResult, n: int, protocol_study: Mapping[str, Any] | None,
         *_costs(study.name, cfgs, lvl, arms, no_total, no_memory),
         _md_pairs(cfgs, lvl),
     ]
+
+
+def _intervals_are(c: PairedResult, lvl: str) -> str:
+    """What the time tables' intervals are: the paired t over the pairs, or in a replicated protocol
+    the decision's, the t over the replicates' estimates (the pooled pairs' interval, which holds no
+    spread between replicates, is not shown)."""
+    k = c.training_time.replicates
+    if k is None:
+        return f"two-sided {lvl} paired Student-t intervals"
+    return (
+        f"the decision's: two-sided {lvl} Student-t intervals over the {k} replicates' estimates "
+        f"(each replicate's mean log ratio, {k - 1} degrees of freedom), so they widen by as much as the "
+        "replicates disagree; an interval pooling all pairs as one sample holds no spread between "
+        "replicates and is not shown"
+    )
 
 
 def _clock(
