@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 from typing import Any
 
+from prereg.bounded import InputLimitError, file_problem, read_present, read_regular
+from prereg.files import atomic_write
 from prereg.tag import ANCHOR_PROTOCOLS
 
 ANCHOR_REF = "refs/ledger/"  # + protocol-<id>: the anchor commits `harness run --anchor` pushes
@@ -97,8 +100,7 @@ def _signer(signers: str, payload: bytes, sig: bytes) -> tuple[str | None, str]:
     allowed = os.path.abspath(signers)
     with tempfile.TemporaryDirectory(prefix="audit-sig-") as tmp:
         sig_path = os.path.join(tmp, "object.sig")
-        with open(sig_path, "wb") as f:
-            f.write(sig)
+        atomic_write(Path(sig_path), sig, overwrite=True, sync=False)
         try:
             found = _ssh_keygen(["-Y", "find-principals", "-f", allowed, "-s", sig_path], b"")
             principals = found.stdout.decode("utf-8", "replace").split() if found.returncode == 0 else []
@@ -129,7 +131,10 @@ def check_result(
     from prereg.tag import parse_result
 
     pid = truth.get("summary", {}).get("id")
-    raw, where = _result_tag(root, directory, pid)
+    try:
+        raw, where = _result_tag(root, directory, pid)
+    except InputLimitError as e:
+        return [f"{e}"], "unreadable", "its signed result head is unreadable"
     if raw is None:
         return (
             [],
@@ -166,9 +171,9 @@ def _result_tag(root: str, directory: str, pid: Any) -> tuple[bytes | None, str]
     from prereg.tag import RESULT_FILE, git_bytes
 
     path = os.path.join(directory, RESULT_FILE)
-    if os.path.isfile(path):
-        with open(path, "rb") as f:
-            return f.read(), path
+    raw = read_present(path, 1 << 20)  # a link, a FIFO, a pseudo-file: InputLimitError, never read
+    if raw is not None:
+        return raw, path
     return git_bytes(root, "cat-file", "tag", f"refs/tags/result-{pid}"), f"tag result-{pid}"
 
 
@@ -214,6 +219,15 @@ def _result_signature(
 
 #: The repository's allowed-signers file: the copy in the tagged commit is what the tag binds.
 SIGNERS_PATH = "protocols/allowed_signers"
+#: The most bytes of an allowed-signers file read (a line per key: a few hundred bytes each).
+SIGNERS_LIMIT = 1 << 20
+
+
+def signers_problem(signers: str) -> str | None:
+    """Why the reader's allowed-signers file ``signers`` is not given to ``ssh-keygen`` (its target,
+    where it is a link, is not a regular file of at most :data:`SIGNERS_LIMIT` bytes: a FIFO would
+    hang it, ``/dev/zero`` never end), or None."""
+    return file_problem(os.path.realpath(signers), SIGNERS_LIMIT)
 
 
 def _bound_signers(root: str, truth: dict[str, Any], payload: bytes, sig: bytes) -> str | None:
@@ -231,8 +245,7 @@ def _bound_signers(root: str, truth: dict[str, Any], payload: bytes, sig: bytes)
 
     with tempfile.TemporaryDirectory(prefix="audit-bound-") as tmp:
         path = os.path.join(tmp, "bound_signers")
-        with open(path, "wb") as f:
-            f.write(data)
+        atomic_write(Path(path), data, overwrite=True, sync=False)
         if _signer(path, payload, sig)[0] is not None:
             return None
     return (
@@ -253,10 +266,9 @@ def signers_kept(root: str, truth: dict[str, Any]) -> list[str]:
     if data is None:
         return []
     try:
-        with open(os.path.join(root, SIGNERS_PATH), "rb") as f:
-            now = set(f.read().splitlines())
-    except OSError:
-        now = set()
+        now = set((read_present(os.path.join(root, SIGNERS_PATH), SIGNERS_LIMIT) or b"").splitlines())
+    except InputLimitError as e:
+        return [f"{e} (the signers file bound at the tag {str(commit)[:12]} is a regular file)"]
     gone = [line for line in data.splitlines() if line.strip() and line not in now]
     if not gone:
         return []
@@ -322,9 +334,8 @@ def _copied_from(top: str, signers: str) -> str | None:
     from prereg.tag import git_out, object_id
 
     try:
-        with open(signers, "rb") as f:
-            data = f.read()
-    except OSError:
+        data = read_regular(os.path.realpath(signers), SIGNERS_LIMIT)
+    except InputLimitError:
         return None
     if git_out(top, "cat-file", "-e", object_id(top, "blob", data)) is not None:
         return "an object in its git history (a tracked file on some branch or commit)"
@@ -334,10 +345,9 @@ def _copied_from(top: str, signers: str) -> str | None:
             full = os.path.join(base, name)
             try:
                 if os.path.isfile(full) and not os.path.islink(full) and os.path.getsize(full) == len(data):
-                    with open(full, "rb") as f:
-                        if f.read() == data:
-                            return os.path.relpath(full, top)
-            except OSError:
+                    if read_regular(full, SIGNERS_LIMIT) == data:
+                        return os.path.relpath(full, top)
+            except (OSError, InputLimitError):
                 continue
     return None
 

@@ -9,7 +9,7 @@ import re
 import sys
 from typing import Any
 
-from audit.anchors import roots_from_repository
+from audit.anchors import roots_from_repository, signers_problem
 from audit.folder import audit_dir
 from prereg.tag import remote_problem
 
@@ -71,8 +71,10 @@ def _options(args: argparse.Namespace) -> tuple[tuple[int, str] | None, str | No
         raise _Refused(f"public audit: --anchor {anchor}: {remote_problem(anchor)}", 2)
     if anchor is not None and os.path.exists(anchor):
         anchor = os.path.abspath(anchor)
-    if signers is not None and not os.path.isfile(signers):
+    if signers is not None and not os.path.lexists(signers):
         raise _Refused(f"public audit: --allowed-signers {signers}: no such file", 2)
+    if signers is not None and signers_problem(signers) is not None:
+        raise _Refused(f"public audit: --allowed-signers {signers}: {signers_problem(signers)}", 2)
     dirs = args.dirs
     missing = [d for d in dirs if not os.path.isdir(d)]
     if missing:
