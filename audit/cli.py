@@ -136,14 +136,15 @@ def main(argv: list[str]) -> int:
     reasons = [f"{d}: {w}" for d, ws in unverified.items() for w in ws]
     if borrowed:
         reasons.insert(0, "the trust roots came from the repository itself (see the first lines)")
-    print(verified_line(reasons, signers))
+    status = 1 if problems else 4 if redraws else NOT_VERIFIED if reasons else 0
+    print(verified_line(reasons, signers, status, anchored=published is not None or anchor is not None))
     print(anchor_line(published, anchor, anchored))
     if borrowed:
         print(
             "TRUST ROOTS FROM THE REPOSITORY (see the first lines): pass the allowed-signers file you hold "
             "from the maintainers, from outside the repository."
         )
-    return 1 if problems else 4 if redraws else NOT_VERIFIED if reasons else 0
+    return status
 
 
 def _print_findings(rows: list[tuple[str, str, str]], notes: list[str], problems: list[str]) -> None:
@@ -186,14 +187,27 @@ def _print_findings(rows: list[tuple[str, str, str]], notes: list[str], problems
 NOT_VERIFIED = 3
 
 
-def verified_line(reasons: list[str], signers: str | None) -> str:
+def verified_line(reasons: list[str], signers: str | None, status: int = 0, *, anchored: bool = True) -> str:
     """Whether the reader's keys vouch for every study audited: its protocol tag and its ledger
-    head both signed by a key of the allowed-signers file the reader passed (exit status 0), or
-    why not (``NOT VERIFIED``, exit status 3 when nothing else failed)."""
+    head both signed by a key of the allowed-signers file the reader passed, and nothing failed
+    (exit status 0, the only status this line says "Verified" under; without an anchor or a
+    published head it adds that a key holder's redraw cannot be excluded), or why not
+    (``NOT VERIFIED``: the records failed, runs were redrawn, or ``reasons``)."""
+    if status == 1:
+        return "NOT VERIFIED (exit status 1): the records failed the checks above (see the problems)."
+    if status == 4:
+        return "NOT VERIFIED (exit status 4): some runs were REDRAWN (see above)."
     if not reasons:
         return (
             f"Verified: each study's protocol tag and ledger head are signed by keys of {signers}, which "
             "you passed from outside the repository."
+            + (
+                ""
+                if anchored
+                else " Keys alone cannot show what their holder did before signing: without an anchor "
+                "(--anchor) or a head published at the time (--head), a key holder's redraw (a run killed, "
+                "its started entry deleted, the study resumed and signed again) cannot be excluded."
+            )
         )
     return (
         f"NOT VERIFIED (exit status {NOT_VERIFIED} when nothing failed): the records agree with "

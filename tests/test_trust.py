@@ -251,7 +251,19 @@ def test_a_head_short_of_the_chain_is_not_vouched(tmp_path):
     r = signed_study(tmp_path / "study", (("gpg.format", "ssh"), ("user.signingkey", str(key))))
     mine = tmp_path / "mine"
     mine.write_text(f"reader {pub}")
-    assert audit(r, "--allowed-signers", str(mine)).returncode == 0
+    ok = audit(r, "--allowed-signers", str(mine))
+    assert ok.returncode == 0 and "\nVerified: " in ok.stdout, ok.stdout[-2000:]
+    # issue 59, case 12: keys alone: a key holder's redraw is named as not excluded
+    assert "a key holder's redraw (a run killed, its started entry deleted" in ok.stdout
+    middle = chain(r)[3]
+    entry = middle.read_bytes()
+    middle.unlink()  # an entry of the chain removed: the records fail, the signatures still verify
+    failed = audit(r, "--allowed-signers", str(mine))  # was: "Verified: ..." above exit 1
+    assert failed.returncode == 1 and "Verified" not in failed.stdout.replace("NOT VERIFIED", ""), (
+        failed.stdout
+    )
+    assert "NOT VERIFIED (exit status 1)" in failed.stdout
+    middle.write_bytes(entry)
     kept = (r / RECS / "RESULT").read_bytes()
     last = read_entry(chain(r)[-1])
     n, head = last["ledger"]["seq"], last["sha256"]
