@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from prereg.bounded import InputLimitError, file_problem, read_present, read_regular
+from prereg.bounded import InputLimitError, file_problem, read_present
 from prereg.files import atomic_write
 from prereg.tag import ANCHOR_PROTOCOLS
 
@@ -88,8 +88,29 @@ def check_signature(root: str, truth: dict[str, Any], signers: str | None) -> tu
         bound = _bound_signers(root, truth, payload, sig)
         if bound:
             return [f"tag {tag}: {bound}"], f"signed by {who} (yours), not by a key its commit lists"
-        return [], f"good SSH signature by {who}, allowed by {signers}"
+        return [], f"good SSH signature by {who} (key {key_fingerprint(sig)}), allowed by {signers}"
     return [f"tag {tag}: its signature does not verify against {signers} ({why})"], "bad signature"
+
+
+def key_fingerprint(sig: bytes) -> str:
+    """The fingerprint (``SHA256:...``, as ``ssh-keygen -l`` prints it) of the public key an armored
+    SSH signature ``sig`` carries (PROTOCOL.sshsig: ``SSHSIG``, a version, then the key as a
+    string), or ``"an unreadable key"``: what the reader compares with the fingerprint of the
+    maintainers' key they hold from outside (their README, a key server, a code host's keys)."""
+    import base64
+    import binascii
+    import hashlib
+
+    lines = sig.decode("ascii", "replace").strip().splitlines()
+    try:
+        blob = base64.b64decode("".join(x for x in lines if not x.startswith("-----")), validate=True)
+    except (binascii.Error, ValueError):
+        return "an unreadable key"
+    n = int.from_bytes(blob[10:14], "big") if blob[:6] == b"SSHSIG" and len(blob) >= 14 else -1
+    if n <= 0 or len(blob) < 14 + n:
+        return "an unreadable key"
+    digest = base64.b64encode(hashlib.sha256(blob[14 : 14 + n]).digest()).decode("ascii")
+    return "SHA256:" + digest.rstrip("=")
 
 
 def _signer(signers: str, payload: bytes, sig: bytes) -> tuple[str | None, str]:
@@ -208,13 +229,17 @@ def _result_signature(
     if seq != last:
         return (
             problems,
-            f"{what}, good SSH signature by {who}",
+            f"{what}, good SSH signature by {who} (key {key_fingerprint(sig)})",
             (
                 f"the signed result head is seq {seq}, but the chain goes on to seq {last}: the entries after "
                 "it are vouched for by nobody"
             ),
         )
-    return problems, f"{what} (the chain's head), good SSH signature by {who}, allowed by {signers}", None
+    return (
+        problems,
+        f"{what} (the chain's head), good SSH signature by {who} (key {key_fingerprint(sig)}), allowed by {signers}",
+        None,
+    )
 
 
 #: The repository's allowed-signers file: the copy in the tagged commit is what the tag binds.
@@ -282,10 +307,12 @@ def roots_from_repository(
     dirs: list[str], signers: str | None, published: tuple[int, str] | None
 ) -> list[str]:
     """The trust roots the reader passed that came from the repository being audited, and so prove
-    nothing against whoever rewrote it: an ``--allowed-signers`` file inside it, or a ``--head``
-    that a tracked file outside the records folders prints (the README, a doc). A head the records
-    folder itself holds (its entries, MANIFEST, its report and page) is not counted: it is the
-    value being checked."""
+    nothing against whoever rewrote it: an ``--allowed-signers`` file inside its work tree, or a
+    ``--head`` that a tracked file outside the records folders prints (the README, a doc). A head
+    the records folder itself holds (its entries, MANIFEST, its report and page) is not counted: it
+    is the value being checked. A signers file outside it is not judged by its bytes (a copy of the
+    maintainers' published file is what an honest reader holds): the fingerprint of each key that
+    verified is printed (:func:`key_fingerprint`) for the reader to compare with the one they hold."""
     from prereg.tag import git_out, git_root
 
     out: list[str] = []
@@ -303,14 +330,6 @@ def roots_from_repository(
                     f"--allowed-signers {signers} lies inside {top}, the repository being audited: "
                     "whoever rewrote the records could rewrite it too"
                 )
-            else:
-                copy = _copied_from(top, signers)
-                if copy:
-                    out.append(
-                        f"--allowed-signers {signers} holds the same bytes as {copy} of {top}, the "
-                        "repository being audited: a copy of its file proves nothing (use the keys you "
-                        "hold from the maintainers)"
-                    )
         if published is not None:
             listed = git_out(top, "grep", "-l", "-F", "-e", published[1]) or ""
             printed = []
@@ -325,31 +344,6 @@ def roots_from_repository(
                     "it from where it was published outside the repository)"
                 )
     return out
-
-
-def _copied_from(top: str, signers: str) -> str | None:
-    """Where the repository at ``top`` holds the bytes of the file ``signers``: an object of its
-    object store (a tracked file on any branch or commit, a staged one) or a file of its work tree
-    (untracked or ignored ones too); None when it holds them nowhere."""
-    from prereg.tag import git_out, object_id
-
-    try:
-        data = read_regular(os.path.realpath(signers), SIGNERS_LIMIT)
-    except InputLimitError:
-        return None
-    if git_out(top, "cat-file", "-e", object_id(top, "blob", data)) is not None:
-        return "an object in its git history (a tracked file on some branch or commit)"
-    for base, dirs, files in os.walk(top):
-        dirs[:] = [d for d in dirs if d != ".git"]
-        for name in files:
-            full = os.path.join(base, name)
-            try:
-                if os.path.isfile(full) and not os.path.islink(full) and os.path.getsize(full) == len(data):
-                    if read_regular(full, SIGNERS_LIMIT) == data:
-                        return os.path.relpath(full, top)
-            except (OSError, InputLimitError):
-                continue
-    return None
 
 
 def check_anchor(

@@ -137,7 +137,12 @@ def main(argv: list[str]) -> int:
     if borrowed:
         reasons.insert(0, "the trust roots came from the repository itself (see the first lines)")
     status = 1 if problems else 4 if redraws else NOT_VERIFIED if reasons else 0
-    print(verified_line(reasons, signers, status, anchored=published is not None or anchor is not None))
+    keys = sorted({k for row in rows for k in re.findall(r"key (SHA256:[A-Za-z0-9+/]+)", row[2])})
+    print(
+        verified_line(
+            reasons, signers, status, anchored=published is not None or anchor is not None, keys=keys
+        )
+    )
     print(anchor_line(published, anchor, anchored))
     if borrowed:
         print(
@@ -187,12 +192,20 @@ def _print_findings(rows: list[tuple[str, str, str]], notes: list[str], problems
 NOT_VERIFIED = 3
 
 
-def verified_line(reasons: list[str], signers: str | None, status: int = 0, *, anchored: bool = True) -> str:
+def verified_line(
+    reasons: list[str],
+    signers: str | None,
+    status: int = 0,
+    *,
+    anchored: bool = True,
+    keys: list[str] | None = None,
+) -> str:
     """Whether the reader's keys vouch for every study audited: its protocol tag and its ledger
     head both signed by a key of the allowed-signers file the reader passed, and nothing failed
     (exit status 0, the only status this line says "Verified" under; without an anchor or a
     published head it adds that a key holder's redraw cannot be excluded), or why not
-    (``NOT VERIFIED``: the records failed, runs were redrawn, or ``reasons``)."""
+    (``NOT VERIFIED``: the records failed, runs were redrawn, or ``reasons``). ``keys``: the
+    fingerprints of the keys that verified, which the reader compares with those they hold."""
     if status == 1:
         return "NOT VERIFIED (exit status 1): the records failed the checks above (see the problems)."
     if status == 4:
@@ -200,7 +213,9 @@ def verified_line(reasons: list[str], signers: str | None, status: int = 0, *, a
     if not reasons:
         return (
             f"Verified: each study's protocol tag and ledger head are signed by keys of {signers}, which "
-            "you passed from outside the repository."
+            f"you passed from outside the repository: {', '.join(keys or ['(no key named)'])}. Compare each "
+            "fingerprint with the maintainers' as you hold it from outside (their site, a key server, a "
+            "code host's published keys): the file is only as good as where its keys came from."
             + (
                 ""
                 if anchored
