@@ -119,7 +119,12 @@ def main(argv: list[str]) -> int:
     notes: list[str] = []
     anchored: dict[str, Any] = {}
     unverified: dict[str, list[str]] = {}
-    for d in dirs:
+    todo = list(dirs)  # grows by the earlier studies the pages show beside their own, each audited too
+    done: set[str] = set()
+    for d in todo:
+        if os.path.realpath(d) in done:
+            continue
+        done.add(os.path.realpath(d))
         audit_dir(
             d,
             rows,
@@ -130,6 +135,7 @@ def main(argv: list[str]) -> int:
             signers=signers,
             anchored=anchored,
             unverified=unverified,
+            besides=todo,
         )
     redraws = [n for n in notes if "REDRAWN:" in n]
     _print_findings(rows, notes, problems)

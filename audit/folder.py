@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from audit.anchors import check_anchor, check_result, check_signature, signers_kept
@@ -62,6 +62,8 @@ class _Report:
     directory: str
     rows: list[tuple[str, str, str]]
     problems: list[str]
+    #: the folders of earlier studies this folder's page shows beside it, each audited in turn
+    besides: list[str] = field(default_factory=list)
 
     def row(self, check: str, ok: bool, detail: str) -> None:
         self.rows.append((check, self.directory, ("ok: " if ok else "FAILED: ") + detail))
@@ -82,17 +84,28 @@ def audit_dir(
     signers: str | None = None,
     anchored: dict[str, Any] | None = None,
     unverified: dict[str, list[str]] | None = None,
+    besides: list[str] | None = None,
 ) -> None:
     """Audit one records folder, every check in its order: its files against MANIFEST, the study as
     the tag defines it, the plan, corpus, chain and attempts, what the tag froze, the anchors, and the
-    summary recomputed. ``anchored`` receives the folder's anchored heads."""
+    summary recomputed. ``anchored`` receives the folder's anchored heads, ``besides`` the folders
+    of the earlier studies its page shows beside it (each to be audited as its own folder)."""
     anchored = {} if anchored is None else anchored
     # why the folder's study is not vouched for by the reader's keys (docs/provenance.md, "Exit statuses")
     why = (unverified if unverified is not None else {}).setdefault(directory, [])
-    out = _Report(directory, rows, problems)
+    out = _Report(directory, rows, problems, besides if besides is not None else [])
     odd = irregular_files(directory)
     if odd:  # each named, none opened (a FIFO would hang a reader, /dev/zero fill its memory)
         out.fail("regular files only", odd, "")
+    out.fail("files the study wrote", foreign_files(directory), "no other file in the folder")
+    plots = sorted(n for n in _names(directory) if n in PLOT_FILES)
+    if plots:  # named, not verified: the audit renders the page's inline SVG plots, not these
+        out.row(
+            "PNG plots (not verified)",
+            True,
+            f"{len(plots)} named, not verified: the audit renders report.md and index.html (their plots "
+            "inline SVG) again, not matplotlib's PNGs; harness report draws them again from summary.json",
+        )
     manifest = _manifest(out)
     if manifest is None:
         return
@@ -283,7 +296,10 @@ def _check_published(
             "not compared: no summary could be recomputed to render them from",
         )
         return
-    out.fail("report.md and index.html", *check_published(out.directory, root, verified, manifest, source))
+    out.fail(
+        "report.md and index.html",
+        *check_published(out.directory, root, verified, manifest, source, out.besides),
+    )
 
 
 def resealed(summary: dict[str, Any]) -> dict[str, Any]:
@@ -305,6 +321,46 @@ def irregular_files(directory: str) -> list[str]:
         f"{e.path}: {file_problem(e.path)}"
         for e in entries
         if e.is_symlink() or not (e.is_file(follow_symlinks=False) or e.is_dir(follow_symlinks=False))
+    ]
+
+
+#: The names a study writes in its records folder besides its entries and snapshots: its MANIFEST,
+#: kept tag and signed head, the summary, the texts, the plots (``analysis/plots.py``) and the export.
+STUDY_FILES = {
+    "MANIFEST",
+    "TAG",
+    "RESULT",
+    "summary.json",
+    "report.md",
+    "index.html",
+    "runs.csv",
+    "runs.parquet",
+}
+PLOT_FILES = {f"plot_{k}.png" for k in ("time", "quality", "forest", "drift", "validation")}
+
+
+def _names(directory: str) -> list[str]:
+    try:
+        return sorted(os.listdir(directory))
+    except OSError:
+        return []
+
+
+def foreign_files(directory: str) -> list[str]:
+    """Every entry of a records folder that the study did not write (a README.md or report.html a
+    code host renders, an extra plot, a folder), named: the audit vouches for none of them."""
+    from prereg.evidence import EVIDENCE_SUFFIX
+
+    kept = (RECORD_SUFFIX, STARTED_SUFFIX, LOOK_SUFFIX, *EVIDENCE_SUFFIX.values())
+    return [
+        f"{os.path.join(directory, n)}: a file the study did not write (harness run and harness report "
+        "write none of this name); nothing in it is verified: remove it, or keep it outside the records"
+        for n in _names(directory)
+        if n not in STUDY_FILES
+        and n not in PLOT_FILES
+        and not n.endswith(kept)
+        and not is_snapshot_name(n)
+        and not n.startswith(".")
     ]
 
 

@@ -53,10 +53,12 @@ def check_published(
     summary: dict[str, Any],
     manifest: Any,
     source: str = "the verified summary.json",
+    besides: list[str] | None = None,
 ) -> tuple[list[str], str]:
     """``report.md`` and ``index.html`` of ``directory`` against what ``summary`` (already verified,
     or the audit's own recomputation: ``source`` says which) renders; returns problems and a
-    description."""
+    description. An earlier study the texts show beside this one must be a sealed, tagged records
+    folder (a MANIFEST and a kept TAG); its folder is added to ``besides``, to be audited as its own."""
     texts = {}
     for name in ("report.md", "index.html"):
         path = os.path.join(directory, name)
@@ -74,13 +76,23 @@ def check_published(
     records_rel = html.unescape(m.group(1)) if m else directory
     b = _BESIDE_MD.search(texts.get("report.md", "")) or _BESIDE_HTML.search(page)
     label = html.unescape(b.group(1)) if b else None
+    beside_dir = None if label is None else _beside(directory, root, label)
+    if beside_dir is not None:
+        missing = [n for n in ("MANIFEST", "TAG") if not os.path.isfile(os.path.join(beside_dir, n))]
+        if missing:
+            return [
+                f"{directory}: its texts show the study in {label} beside it, which is not a sealed, tagged "
+                f"study's records folder (no {' and no '.join(missing)} there): its figures are not verified"
+            ], "an unverified study beside it"
+        if besides is not None:
+            besides.append(beside_dir)
     try:
         rendered = published_texts(
             summary,
             os.path.join(directory, "summary.json"),
             records_rel,
             manifest,
-            beside_dir=None if label is None else _beside(directory, root, label),
+            beside_dir=beside_dir,
             beside_label=label,
         )
     except Exception as e:  # noqa: BLE001 - any failure to render is named, never a traceback
