@@ -237,6 +237,10 @@ def _vouched(
         why.append("NOT PREREGISTERED: no tag binds the records")
         return
     found, detail, head_why = check_result(root, out.directory, truth, entries, signers)
+    part = replicate_part(truth.get("summary") or {}, entries)
+    if part and not head_why:
+        detail += f"; {part}"
+        head_why = f"the signed result head {part}"
     out.fail("signed result head", found, detail)
     why.extend([head_why] if head_why else [])
     if signers is None or not truth.get("signed"):
@@ -247,6 +251,27 @@ def _vouched(
             if truth.get("signed")
             else "the protocol tag is not signed",
         )
+
+
+def replicate_part(proto: dict[str, Any], entries: list[dict[str, Any]]) -> str | None:
+    """Where a replicated study's chain ends short of its last replicate: "closes replicate k of n
+    ..." (a signed head there vouches for those replicates, never for the study: later ones could be
+    hidden behind it); None for a study without replicates or with entries of every replicate."""
+    reps = proto.get("replicates")
+    if not isinstance(reps, dict) or not isinstance(reps.get("count"), int):
+        return None
+    seen = {
+        e["spec"]["replicate"]
+        for e in entries
+        if isinstance(e.get("spec"), dict) and isinstance(e["spec"].get("replicate"), int)
+    }
+    n = reps["count"]
+    if seen and max(seen) < n:
+        return (
+            f"closes replicate {max(seen)} of {n}: it vouches for the replicates up to it, not for the "
+            "study (later replicates could be hidden behind it)"
+        )
+    return None
 
 
 def _interrupted_notes(

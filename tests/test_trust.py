@@ -450,3 +450,43 @@ def test_a_deleted_unfinished_attempt_is_named_under_anchor(tmp_path):
     a = audit(repo, "--anchor", str(remote))
     assert a.returncode == 1, a.stdout
     assert "anchored head seq 1" in a.stdout and "history was rewritten after it was anchored" in a.stdout
+
+
+@pytest.mark.process
+def test_a_signed_head_of_one_replicate_never_verifies_the_study(tmp_path):
+    """Issue 59, case 10: replicate 1 of 2 run and its head signed (``harness report --sign``) verified
+    as the study (exit 0, INCOMPLETE), so later replicates could be hidden behind a valid signature.
+    Now the head is "replicate 1 of 2" and the study is NOT VERIFIED (exit 3)."""
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("ssh-keygen is not installed")
+    from conftest import ROOT
+    from test_provenance import PACKAGES
+
+    key = tmp_path / "key"
+    pub = ssh_key(key)
+    r = tmp_path / "study"
+    (r / "protocols").mkdir(parents=True)
+    for sub in ("configs", *PACKAGES):
+        shutil.copytree(ROOT / sub, r / sub, ignore=shutil.ignore_patterns("__pycache__"))
+    (r / ".gitignore").write_text("runs/\n__pycache__/\n")
+    text = tiny_protocol(prereg="true", steps=5).replace("seeds: [1, 2]", "seeds: [1, 2, 3, 4]")
+    (r / PROTO).write_text(
+        text.replace("order_seed:", "replicates: {count: 2, min_gap_s: 0}\norder_seed:", 1)
+    )
+    git(r, "init", "-q", "-b", "main")
+    for k, v in (("user.email", "t@example.invalid"), ("user.name", "T"), ("gpg.format", "ssh")):
+        git(r, "config", k, v)
+    git(r, "config", "user.signingkey", str(key))
+    git(r, "add", "-A")
+    git(r, "commit", "-qm", "study")
+    assert harness(r, "tag", PROTO, "--sign").returncode == 0
+    one = harness(r, "run", PROTO, "--quiet", "--replicate", "1", "--no-report")
+    assert one.returncode == 0, one.stdout + one.stderr
+    signed = harness(r, "report", PROTO, "--quiet", "--sign")
+    assert signed.returncode == 0, signed.stdout + signed.stderr
+    mine = tmp_path / "mine"
+    mine.write_text(f"reader {pub}")
+    a = audit(r, "--allowed-signers", str(mine))
+    assert a.returncode == NOT_VERIFIED, a.stdout[-3000:]
+    assert "closes replicate 1 of 2: it vouches for the replicates up to it, not for the study" in a.stdout
+    assert "\nVerified" not in a.stdout
