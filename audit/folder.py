@@ -39,7 +39,7 @@ from prereg.ledger import (
 from prereg.plan import OPTIONAL_SPEC, plan_from_protocol, plan_notes
 from prereg.recompute import SUMMARY_SCHEMAS, compare, recompute
 from prereg.records import seal
-from prereg.replicates import time_problems
+from prereg.replicates import time_problems, unwitnessed
 from prereg.results import Summary
 from prereg.tag import check_sources, git_root, load_truth
 
@@ -196,7 +196,13 @@ def _chain_and_runs(
             "replicates apart in time",
             time_problems(records + started, gap),
             f"{proto['replicates'].get('count')} replicates, each on a machine at least {gap} s after the "
-            "one before it there",
+            "one before it there"
+            + (
+                "; UNWITNESSED: the machines are told apart by hostname alone (started entries without a "
+                "boot id), which the runner's owner sets at will"
+                if unwitnessed(started)
+                else "; machines told apart by boot id, not hostname alone"
+            ),
         )
     _run_evidence(out, records)
 
