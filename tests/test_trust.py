@@ -320,6 +320,26 @@ def test_planted_runner_bytecode_is_refused_before_a_run_and_a_faithful_cache_is
     assert any(p.startswith("harness/ledger.pyc: bytecode") for p in bytecode_problems(study))
 
 
+def test_the_runner_bytecode_check_cannot_be_switched_off_by_its_own_cache(study):
+    """Issue 59, case 5: unchecked-hash caches of ``harness/freeze.py`` (whose bytecode check then
+    finds nothing) and of ``harness/ledger.py`` (doctored) in the ignored ``__pycache__`` let a run
+    go on. The project's modules are now compiled from source, never read from a cache, so the
+    check runs as its source says and names the planted caches; nothing is run."""
+    tag = sys.implementation.cache_tag
+    freeze_cache = study / "harness" / "__pycache__" / f"freeze.{tag}.pyc"
+    plant(
+        study / "harness" / "freeze.py",
+        freeze_cache,
+        lambda t: t + "\n\ndef bytecode_problems(root):\n    return []\n",
+    )
+    ledger_cache = study / "harness" / "__pycache__" / f"ledger.{tag}.pyc"
+    plant(
+        study / "harness" / "ledger.py", ledger_cache, lambda t: t + "\n\ndef _doctored():\n    return 0.5\n"
+    )
+    assert git(study, "status", "--porcelain", "--untracked-files=all", "--", "harness") == ""
+    refused(study, f"harness/__pycache__/{freeze_cache.name}: bytecode in a frozen folder that is not")
+
+
 @pytest.mark.parametrize("mode", list(py_compile.PycInvalidationMode), ids=lambda m: m.name)
 def test_a_cache_is_judged_by_its_code_not_its_header(tmp_path, mode):
     """Each kind of ``.pyc`` Python writes passes when it is the source's compilation, and fails
