@@ -94,18 +94,7 @@ def audit_dir(
     # why the folder's study is not vouched for by the reader's keys (docs/provenance.md, "Exit statuses")
     why = (unverified if unverified is not None else {}).setdefault(directory, [])
     out = _Report(directory, rows, problems, besides if besides is not None else [])
-    odd = irregular_files(directory)
-    if odd:  # each named, none opened (a FIFO would hang a reader, /dev/zero fill its memory)
-        out.fail("regular files only", odd, "")
-    out.fail("files the study wrote", foreign_files(directory), "no other file in the folder")
-    plots = sorted(n for n in _names(directory) if n in PLOT_FILES)
-    if plots:  # named, not verified: the audit renders the page's inline SVG plots, not these
-        out.row(
-            "PNG plots (not verified)",
-            True,
-            f"{len(plots)} named, not verified: the audit renders report.md and index.html (their plots "
-            "inline SVG) again, not matplotlib's PNGs; harness report draws them again from summary.json",
-        )
+    _folder_files(out)
     manifest = _manifest(out)
     if manifest is None:
         return
@@ -368,6 +357,23 @@ STUDY_FILES = {
     "runs.parquet",
 }
 PLOT_FILES = {f"plot_{k}.png" for k in ("time", "quality", "forest", "drift", "validation")}
+
+
+def _folder_files(out: _Report) -> None:
+    """The folder's entries: links, FIFOs and devices (each named, none opened: a FIFO would hang a
+    reader, /dev/zero fill its memory), files the study did not write, and its PNG plots, named."""
+    odd = irregular_files(out.directory)
+    if odd:
+        out.fail("regular files only", odd, "")
+    out.fail("files the study wrote", foreign_files(out.directory), "no other file in the folder")
+    plots = sorted(n for n in _names(out.directory) if n in PLOT_FILES)
+    if plots:  # named, not verified: the audit renders the page's inline SVG plots, not these
+        out.row(
+            "PNG plots (not verified)",
+            True,
+            f"{len(plots)} named, not verified: the audit renders report.md and index.html (their plots "
+            "inline SVG) again, not matplotlib's PNGs; harness report draws them again from summary.json",
+        )
 
 
 def _names(directory: str) -> list[str]:
