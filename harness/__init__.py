@@ -43,6 +43,9 @@ class SourceOnlyFinder(importlib.abc.MetaPathFinder):
 
 
 if not any(isinstance(f, SourceOnlyFinder) for f in sys.meta_path):
-    sys.meta_path.insert(0, SourceOnlyFinder())
+    # just before the path finder: a finder placed ahead of it (a worker's bootstrap, which checks
+    # each source's sha256 too, harness.execute.launchers.BOOT) keeps its place and its checks
+    _at = next((i for i, f in enumerate(sys.meta_path) if f is importlib.machinery.PathFinder), 0)
+    sys.meta_path.insert(_at, SourceOnlyFinder())
 
 __version__ = "0.1.0"
