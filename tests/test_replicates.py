@@ -183,14 +183,16 @@ def test_the_replicate_simulation_shows_the_pooled_interval_undercovering():
 REPLICATED = "replicates: {count: 2, min_gap_s: GAP}\n"
 
 
-def replicated_study(tmp_path, gap: int = 0, seeds: str = "[1, 2, 3, 4]", replicates: str | None = None):
+def replicated_study(
+    tmp_path, gap: int = 0, seeds: str = "[1, 2, 3, 4]", replicates: str | None = None, copy=("configs",)
+):
     from conftest import init_study, tiny_protocol
 
     text = tiny_protocol(steps=5).replace("arms: [native, cotangent]", "arms: [native, native]")
     text = text.replace("seeds: [1, 2]", f"seeds: {seeds}")
     block = REPLICATED.replace("GAP", str(gap)) if replicates is None else replicates
     text = text.replace("order_seed:", block + "order_seed:", 1)
-    return init_study(tmp_path / "study", protocol=text)
+    return init_study(tmp_path / "study", copy=copy, protocol=text)
 
 
 def run_replicate(repo, k, lines=None, **kw):
@@ -767,3 +769,75 @@ def test_the_planned_cpu3_claims_what_it_tests():
     assert "16 degrees" not in origins and "0.98 with 10 replicates of 12 pairs" in origins
     out = harness(root, "plan", "protocols/cpu3.yaml")
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.process
+def test_a_replicate_under_another_hostname_is_the_same_machine(tmp_path):
+    """Issue 59, case 7: replicate 2 started at once under another hostname (``unshare --uts``) was
+    accepted and the audit's row said ok. The started entries now carry the kernel's boot id, which
+    a UTS namespace does not change: ``harness run`` refuses replicate 2 there until min_gap_s has
+    passed, and the audit's row says the machines are told apart by boot id (entries without one:
+    UNWITNESSED, and the gap by boot id is checked in the test below)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import ROOT, harness
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "--uts", "true"]).returncode != 0:
+        pytest.skip("unshare --uts is not permitted here")
+    from test_provenance import PACKAGES
+
+    repo = replicated_study(tmp_path, gap=3600, copy=("configs", *PACKAGES))  # this checkout's runner
+    one = harness(repo, "run", "protocols/tiny.yaml", "--quiet", "--replicate", "1", "--no-report")
+    assert one.returncode == 0, one.stdout + one.stderr
+    two = subprocess.run(
+        ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', "another-host"]
+        + [sys.executable, "-m", "harness.cli", "run", "protocols/tiny.yaml", "--quiet", "--replicate", "2"]
+        + ["--no-report"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert two.returncode != 0, two.stdout + two.stderr  # was: accepted, replicate 2 ran at once
+    assert "replicate 1 ran on" in two.stdout + two.stderr and "min_gap_s 3600" in two.stdout + two.stderr
+    from prereg.records import read_entry
+
+    started = [read_entry(p) for p in sorted((repo / "records" / "tiny").glob("*.started.json"))]
+    assert started and all(len(e["runner"].get("boot_id", "")) >= 32 for e in started)
+    audit = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            str(ROOT / "analysis" / "public_audit.py"),
+            str(repo / "records" / "tiny"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    row = next((x for x in audit.stdout.splitlines() if x.startswith("replicates apart in time")), "")
+    assert "machines told apart by boot id" in row, audit.stdout
+
+
+def test_the_audit_tells_machines_by_boot_id_not_hostname():
+    """Entries of one boot id under two hostnames are one machine (the gap applies); entries without
+    a boot id are told apart by hostname, as before."""
+    from prereg.replicates import time_problems, unwitnessed
+
+    def started(run, at, host, replicate, boot):
+        e = _entry(run, at, host, replicate)
+        e["runner"] = {"host": host, "pid": 1, **({"boot_id": boot} if boot else {})}
+        e["kind"] = "started"
+        return e
+
+    entries = [
+        started("a", "2026-12-01T10:00:00.000+00:00", "h1", 1, "b" * 36),
+        started("b", "2026-12-01T10:01:00.000+00:00", "other", 2, "b" * 36),
+    ]
+    assert time_problems(entries, 3600) and not unwitnessed(entries)
+    old = [started("a", "2026-12-01T10:00:00.000+00:00", "h1", 1, None)]
+    old.append(started("b", "2026-12-01T10:01:00.000+00:00", "other", 2, None))
+    assert time_problems(old, 3600) == [] and unwitnessed(old)
