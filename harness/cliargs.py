@@ -372,9 +372,11 @@ def _compare_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     s.add_argument("--pairs", type=int, default=12, help="pairs at most (default 12; looks at thirds)")
     s.add_argument(
         "--effect-class",
-        default="cpu",
-        choices=["cpu", "wall-only"],
-        help="cpu (default: decided on the CPU clock) or wall-only (sleep, I/O, waiting: the wall clock)",
+        default="cache-heavy",
+        choices=["allocation", "bandwidth", "cache-heavy", "context-free", "wall-only"],
+        help="the class of the change (docs/decisions.md, 'Effect classes'): cache-heavy (default: an "
+        "optimizer or kernel change), bandwidth, allocation, context-free (CPU work only), or wall-only "
+        "(sleep, I/O, waiting: decided on the wall clock); the calibration's best estimator for it is used",
     )
     s.add_argument(
         "--fail-above", metavar="PCT", help="exit 6 when a slowdown beyond PCT (e.g. 1%%) is established"

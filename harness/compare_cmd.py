@@ -12,12 +12,12 @@ One sign convention: the change is in points of ``100 x ln(T_head / T_base)``, t
 (docs/decisions.md, "Planted effects"): positive means the head is slower. The verdict says it in
 words, with the change as a percentage of the base's time (``100 x (T_head / T_base - 1)``).
 
-The design, by effect class: a ``cpu`` change (the default: compute, memory traffic, anything on
-the process's CPU clock) is decided in lockstep at blocks of 1 step on the CPU clock
-(``training_cpu_time``) with warm-up steps, the design ``records/calibration-cpu`` measured with
-the least bias; a ``wall-only`` change (sleep, I/O, waiting: nothing the CPU clock sees) on the
-wall clock (``training_time``) in the same design, whose bias for such a cost no calibration has
-measured (:func:`calibrated_bias` says so).
+The design, by effect class (``prereg/planted.py``'s ``CLASSES``; default ``cache-heavy``, an
+optimizer or kernel change): lockstep at blocks of 1 step with warm-up steps, decided on the CPU
+clock, or for a ``wall-only`` change (sleep, I/O, waiting: nothing the CPU clock sees) on the
+wall clock, by whichever of the design's two estimators (the whole training times, or each arm's
+steps after its own) the calibration beside the harness (:data:`CALIBRATION`) found nearest to
+the truth for that class (:func:`calibrated_choice`), whose bias the headline shows.
 """
 
 from __future__ import annotations
@@ -34,13 +34,20 @@ from pathlib import Path
 from typing import Any
 
 from prereg.errors import HarnessError, InputError
+from prereg.planted import CLASSES
 
-#: The effect classes a user may declare, each with its design's clock (endpoint).
-EFFECT_CLASSES = {"cpu": "training_cpu_time", "wall-only": "training_time"}
+#: The effect classes a user may declare (``prereg/planted.py``'s ``CLASSES``), default cache-heavy.
+EFFECT_CLASSES = tuple(sorted(set(CLASSES.values())))
 #: The calibrated design: lockstep, this many steps a turn.
 BLOCK_STEPS = 1
 #: The calibration study whose planted rows give a design's bias, beside the harness.
-CALIBRATION = "records/calibration-cpu"
+CALIBRATION = "records/calibration-classes"
+#: The design's two estimators a calibration reads (``prereg/planted.py`` rows' designs): the ratio
+#: of whole training times, and each arm's steps after its own (the after-own endpoints).
+WHOLE, AFTER_OWN = (
+    f"lockstep, blocks of {BLOCK_STEPS}",
+    f"lockstep, blocks of {BLOCK_STEPS}, steps after its own",
+)
 #: ``harness compare``'s exit status when ``--fail-above`` fires (a slowdown beyond it established).
 SLOWER_THAN_ALLOWED = 6
 #: Where a compare study's protocol and records go, under the repository.
@@ -63,13 +70,11 @@ class Compare:
     pairs: int
     looks: tuple[int, ...]
     effect_class: str
+    endpoint: str  # the hypotheses' endpoint: the estimator the calibration chose for the class
+    bias: str  # the headline's bias line
     fail_above: float | None  # percent
     timeout_s: float
     metric: str
-
-    @property
-    def endpoint(self) -> str:
-        return EFFECT_CLASSES[self.effect_class]
 
 
 def parse_percent(text: str | None, flag: str = "--fail-above") -> float | None:
@@ -222,30 +227,33 @@ def _beyond(c: Compare) -> str:
     return f" (slower by more than {c.fail_above:g}%)" if c.fail_above else ""
 
 
-def calibrated_bias(effect_class: str, protocol: dict[str, Any]) -> str:
-    """The design's calibrated bias for the effect class, as the headline shows it: "bias: <points>
-    (<interval>) from <calibration> (<what was planted>)", or "bias: not calibrated for this class".
+def calibrated_choice(effect_class: str) -> tuple[str, str]:
+    """The endpoint and the bias line for a change of ``effect_class``: of lockstep at blocks of
+    :data:`BLOCK_STEPS`'s two estimators (the whole times, :data:`WHOLE`, or the steps after each
+    arm's own, :data:`AFTER_OWN`), the one whose bias interval the calibration beside this harness
+    (:data:`CALIBRATION`, its sealed ``summary.json``) found nearest zero for the class
+    (:func:`analysis.calibration_study.verdicts`, the one home of that choice), on the class's
+    clock; with no calibration of the class, the whole times and "bias: not calibrated".
 
-    The one place ``harness compare`` asks for a bias (``protocol``: its study's summary). Today it
-    is what ``harness power --calibration`` reports (:func:`analysis.power.calibration_bias`, the
-    one home of the choice of planted row) from the planted studies of :data:`CALIBRATION` beside
-    the harness (their sealed ``summary.json``); a spin is a CPU cost, so a ``wall-only`` class
-    has no calibration."""
-    from analysis.power import calibration_bias
+    The one place ``harness compare`` asks for a design's bias."""
+    from analysis.calibration_study import CLASS_CLOCK, verdicts
     from harness.packages import package_dirs
 
-    if effect_class != "cpu":
-        return "bias: not calibrated for this class (the calibration's plants are CPU costs)"
+    wall = CLASS_CLOCK[effect_class] == "wall"
+    whole, own = ("training_time", "own_step_time") if wall else ("training_cpu_time", "own_step_cpu_time")
     path = next(iter(package_dirs())).parent / CALIBRATION / "summary.json"
     try:
-        planted = json.loads(path.read_text()).get("planted") or []
+        rows = json.loads(path.read_text()).get("planted") or []
     except (OSError, ValueError):
-        return f"bias: not calibrated for this class ({CALIBRATION} is not beside this harness)"
-    text = calibration_bias(planted, protocol).get("H1-faster", "")
-    m = re.match(r"spin of ([^:]+): (\S+ \([^)]*\)), (\d+ pairs)", text)
-    if m is None:
-        return "bias: not calibrated for this class" + (f" ({text})" if text else "")
-    return f"bias: {m.group(2)} from {CALIBRATION} (a planted {m.group(1)}, {m.group(3)})"
+        return whole, f"bias: not calibrated for this class ({CALIBRATION} is not beside this harness)"
+    ranked = [v for v in verdicts(rows) if v.effect_class == effect_class and v.design in (WHOLE, AFTER_OWN)]
+    if not ranked:
+        return whole, f"bias: not calibrated for this class ({CALIBRATION} planted no {effect_class} cost)"
+    best = ranked[0]
+    each = "; ".join(
+        f"{r['plant']} {r['bias']:+.2f} ({r['bias_lo']:+.2f} to {r['bias_hi']:+.2f})" for r in best.rows
+    )
+    return (own if best.design == AFTER_OWN else whole), f"bias: {each} from {CALIBRATION} ({best.design})"
 
 
 @dataclass(frozen=True)
@@ -286,10 +294,9 @@ def answer_of(summary: Any, c: Compare) -> Answer:
     decided = {x.decision.id: x.decision for x in getattr(summary.hypotheses, "decisions", [])}
     slower = decided.get("H2-slower")
     faster = decided.get("H1-faster")
-    clock = "CPU" if c.endpoint == "training_cpu_time" else "wall"
-    bias = calibrated_bias(c.effect_class, summary.protocol)
-    ep = getattr(config, c.endpoint, None) if config is not None else None
-    iv = ep.log_ratio if ep is not None else None
+    clock = "CPU" if "cpu" in c.endpoint else "wall"
+    bias = c.bias
+    iv = _interval(summary, c, config)
     if iv is None:
         return Answer(None, None, None, 0, clock, "no answer: no complete pair", False, bias, None)
     p, lo, hi = 100 * iv.estimate, 100 * iv.low, 100 * iv.high
@@ -301,6 +308,26 @@ def answer_of(summary: Any, c: Compare) -> Answer:
     elif c.fail_above and p > 0:
         text = f"{text.split(',')[0]}; a slowdown beyond {c.fail_above:g}% is not established"
     return Answer(p, lo, hi, iv.n, clock, text, est_s, bias, clocks_disagree(config, c.endpoint))
+
+
+def _interval(summary: Any, c: Compare, config: Any) -> Any:
+    """The change's log-ratio interval on the decided endpoint: the configuration's endpoint, or for
+    an after-own endpoint the mean of the pairs' values (:func:`prereg.hypotheses.values_of`) with
+    its paired t interval at the study's level; None without two complete pairs."""
+    from prereg.descriptive import mean_interval
+    from prereg.hypotheses import NotReached, values_of
+
+    if config is None:
+        return None
+    ep = getattr(config, c.endpoint, None)
+    if ep is not None:
+        return ep.log_ratio
+    tests = summary.protocol["hypotheses"]["tests"]
+    try:
+        values, _ = values_of(next(t for t in tests if t["id"] == "H1-faster"), config.pairs)
+    except (NotReached, StopIteration):
+        return None
+    return mean_interval(values, 0.95, "contrast") if len(values) >= 2 else None
 
 
 def clocks_disagree(config: Any, endpoint: str) -> str | None:
@@ -320,7 +347,8 @@ def headline(a: Answer, c: Compare) -> list[str]:
     change = "n/a" if a.points is None else f"{a.points:+.2f} (95% interval {a.low:+.2f} to {a.high:+.2f})"
     lines = [
         f"{c.label[1]} against {c.label[0]}: {a.verdict}",
-        f"change: {change} {SIGN}; {a.pairs} pairs, {a.clock} clock, lockstep at blocks of {BLOCK_STEPS}",
+        f"change: {change} {SIGN}; {a.pairs} pairs, {a.clock} clock, lockstep at blocks of {BLOCK_STEPS}"
+        + (", the steps after each arm's own" if c.endpoint.startswith("own_step") else ""),
         a.bias,
     ]
     if a.other_clock:
@@ -490,6 +518,7 @@ def from_args(repo: Path, args: Any) -> Compare:
         raise InputError(f"--timeout {args.timeout}: must be positive")
     if args.id is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,79}", args.id):
         raise InputError(f"--id {args.id!r}: letters, digits, '.', '_' and '-' (a folder under {RUNS})")
+    endpoint, bias = calibrated_choice(args.effect_class)
     return Compare(
         id=args.id or default_id(),
         base=base,
@@ -502,6 +531,8 @@ def from_args(repo: Path, args: Any) -> Compare:
         pairs=args.pairs,
         looks=looks_for(args.pairs),
         effect_class=args.effect_class,
+        endpoint=endpoint,
+        bias=bias,
         fail_above=parse_percent(args.fail_above),
         timeout_s=args.timeout,
         metric=args.metric,

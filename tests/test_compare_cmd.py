@@ -25,7 +25,6 @@ from harness.compare_cmd import (
     SLOWER_THAN_ALLOWED,
     Compare,
     answer_of,
-    calibrated_bias,
     clocks_disagree,
     from_args,
     headline,
@@ -166,7 +165,9 @@ def _compare(**kw) -> Compare:
         warmup_steps=2,
         pairs=12,
         looks=(4, 8, 12),
-        effect_class="cpu",
+        effect_class="cache-heavy",
+        endpoint="training_cpu_time",
+        bias="bias: (a test's)",
         fail_above=None,
         timeout_s=60.0,
         metric="val_loss",
@@ -174,7 +175,15 @@ def _compare(**kw) -> Compare:
     return Compare(**{**base, **kw})
 
 
-@pytest.mark.parametrize("effect_class,clock", [("cpu", "training_cpu_time"), ("wall-only", "training_time")])
+@pytest.mark.parametrize(
+    "effect_class,clock",
+    [
+        ("cache-heavy", "training_cpu_time"),
+        ("cache-heavy", "own_step_cpu_time"),
+        ("wall-only", "training_time"),
+        ("wall-only", "own_step_time"),
+    ],
+)
 def test_the_protocol_plans_as_the_calibrated_design(tmp_path, effect_class, clock):
     """The written protocol is one ``harness plan`` accepts: lockstep at blocks of 1 with warm-up
     steps, both hypotheses on the effect class's clock, the --fail-above threshold as the slower
@@ -183,7 +192,7 @@ def test_the_protocol_plans_as_the_calibrated_design(tmp_path, effect_class, clo
     from harness.protocol import load_protocol
 
     r = two_commits(tmp_path, change=None)
-    c = _compare(effect_class=effect_class, fail_above=1.0)
+    c = _compare(effect_class=effect_class, endpoint=clock, fail_above=1.0)
     (r / "p.yaml").write_text(protocol_text(c))
     proto = load_protocol(r / "p.yaml")
     s = proto.summary()
@@ -199,27 +208,30 @@ def test_the_protocol_plans_as_the_calibrated_design(tmp_path, effect_class, clo
     assert "defaults" not in s  # every key written out
 
 
-def test_the_bias_is_the_calibrations_planted_spin_of_this_design():
-    """The headline's bias is the calibration study's spin row with the most pairs, lockstep at
-    blocks of 1, CPU clock (read here straight from its sealed summary.json), and a wall-only class
-    is not calibrated."""
+def test_the_estimator_and_bias_are_the_calibrations_verdict_for_the_class():
+    """``calibrated_choice``: of lockstep at blocks of 1's two estimators, the one the committed
+    calibration's verdict ranks first for the class (its bias rows, read here straight from the
+    sealed summary.json), with each plant's bias; a class it did not plant is not calibrated."""
+    from analysis.calibration_study import verdicts
+    from harness.compare_cmd import AFTER_OWN, WHOLE, calibrated_choice
+
     planted = json.loads((ROOT / CALIBRATION / "summary.json").read_text())["planted"]
-    row = max(
-        (p for p in planted if p["kind"] == "spin" and p["clock"] == "CPU" and p["block_steps"] == 1),
-        key=lambda p: p["pairs"],
-    )
-    proto = {
-        "hypotheses": {
-            "tests": [{"id": "H1-faster", "study": "compare", "config": "c", "endpoint": "training_cpu_time"}]
-        },
-        "studies": [{"name": "compare", "design": "lockstep", "lockstep": {"block_steps": 1}}],
-    }
-    text = calibrated_bias("cpu", proto)
-    assert text.startswith(
-        f"bias: {row['bias']:+.2f} ({row['bias_lo']:+.2f} to {row['bias_hi']:+.2f}) from {CALIBRATION}"
-    )
-    assert f"{row['pairs']} pairs" in text
-    assert calibrated_bias("wall-only", proto).startswith("bias: not calibrated for this class")
+    for cls in ("cache-heavy", "wall-only"):
+        best = next(v for v in verdicts(planted) if v.effect_class == cls and v.design in (WHOLE, AFTER_OWN))
+        endpoint, text = calibrated_choice(cls)
+        own = best.design == AFTER_OWN
+        assert (
+            endpoint
+            == {
+                ("cache-heavy", False): "training_cpu_time",
+                ("cache-heavy", True): "own_step_cpu_time",
+                ("wall-only", False): "training_time",
+                ("wall-only", True): "own_step_time",
+            }[cls, own]
+        )
+        for r in best.rows:
+            assert f"{r['plant']} {r['bias']:+.2f} ({r['bias_lo']:+.2f} to {r['bias_hi']:+.2f})" in text
+        assert text.endswith(f"from {CALIBRATION} ({best.design})")
 
 
 def test_verdicts_and_the_sign_convention():
@@ -490,8 +502,8 @@ def test_the_heartbeat_says_stalled_once_and_on_the_live_line(tmp_path, monkeypa
 @pytest.mark.process
 def test_two_commands_and_a_declared_wall_only_class(tmp_path):
     """Two commands (--base-cmd, --head-cmd), the head's script sleeping 2 ms a step, declared
-    --effect-class wall-only: decided on the wall clock, slower established, its bias said to be
-    uncalibrated for the class; the study audits."""
+    --effect-class wall-only: decided on the wall clock, slower established, its bias the
+    calibration's sleep plant's; the study audits."""
     r = two_commits(tmp_path, change=None)
     (r / "slow.py").write_text(SCRIPT.replace("SLEEP = 0.0\n", "SLEEP = 0.002\n"))
     git(r, "add", "slow.py")
@@ -515,7 +527,7 @@ def test_two_commands_and_a_declared_wall_only_class(tmp_path):
     assert lines[0].startswith("python slow.py --seed {seed} --steps 30 against python train.py")
     assert ": slower by " in lines[0] and lines[0].endswith(", established")
     assert "wall clock, lockstep at blocks of 1" in lines[1]
-    assert lines[2].startswith("bias: not calibrated for this class")
+    assert lines[2].startswith("bias: sleep 50 us/step ") and CALIBRATION in lines[2]  # the wall-only plant
     (records,) = (r / "runs" / "compare").glob("*/records")
     audit = cli(r, "audit", str(records.relative_to(r)))
     assert audit.returncode == 3 and "Integrity: everything matched." in audit.stdout, audit.stdout
