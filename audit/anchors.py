@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 from typing import Any
 
+from prereg.bounded import InputLimitError, file_problem, read_present
+from prereg.files import atomic_write
 from prereg.tag import ANCHOR_PROTOCOLS
 
 ANCHOR_REF = "refs/ledger/"  # + protocol-<id>: the anchor commits `harness run --anchor` pushes
@@ -85,8 +88,29 @@ def check_signature(root: str, truth: dict[str, Any], signers: str | None) -> tu
         bound = _bound_signers(root, truth, payload, sig)
         if bound:
             return [f"tag {tag}: {bound}"], f"signed by {who} (yours), not by a key its commit lists"
-        return [], f"good SSH signature by {who}, allowed by {signers}"
+        return [], f"good SSH signature by {who} (key {key_fingerprint(sig)}), allowed by {signers}"
     return [f"tag {tag}: its signature does not verify against {signers} ({why})"], "bad signature"
+
+
+def key_fingerprint(sig: bytes) -> str:
+    """The fingerprint (``SHA256:...``, as ``ssh-keygen -l`` prints it) of the public key an armored
+    SSH signature ``sig`` carries (PROTOCOL.sshsig: ``SSHSIG``, a version, then the key as a
+    string), or ``"an unreadable key"``: what the reader compares with the fingerprint of the
+    maintainers' key they hold from outside (their README, a key server, a code host's keys)."""
+    import base64
+    import binascii
+    import hashlib
+
+    lines = sig.decode("ascii", "replace").strip().splitlines()
+    try:
+        blob = base64.b64decode("".join(x for x in lines if not x.startswith("-----")), validate=True)
+    except (binascii.Error, ValueError):
+        return "an unreadable key"
+    n = int.from_bytes(blob[10:14], "big") if blob[:6] == b"SSHSIG" and len(blob) >= 14 else -1
+    if n <= 0 or len(blob) < 14 + n:
+        return "an unreadable key"
+    digest = base64.b64encode(hashlib.sha256(blob[14 : 14 + n]).digest()).decode("ascii")
+    return "SHA256:" + digest.rstrip("=")
 
 
 def _signer(signers: str, payload: bytes, sig: bytes) -> tuple[str | None, str]:
@@ -97,8 +121,7 @@ def _signer(signers: str, payload: bytes, sig: bytes) -> tuple[str | None, str]:
     allowed = os.path.abspath(signers)
     with tempfile.TemporaryDirectory(prefix="audit-sig-") as tmp:
         sig_path = os.path.join(tmp, "object.sig")
-        with open(sig_path, "wb") as f:
-            f.write(sig)
+        atomic_write(Path(sig_path), sig, overwrite=True, sync=False)
         try:
             found = _ssh_keygen(["-Y", "find-principals", "-f", allowed, "-s", sig_path], b"")
             principals = found.stdout.decode("utf-8", "replace").split() if found.returncode == 0 else []
@@ -129,7 +152,10 @@ def check_result(
     from prereg.tag import parse_result
 
     pid = truth.get("summary", {}).get("id")
-    raw, where = _result_tag(root, directory, pid)
+    try:
+        raw, where = _result_tag(root, directory, pid)
+    except InputLimitError as e:
+        return [f"{e}"], "unreadable", "its signed result head is unreadable"
     if raw is None:
         return (
             [],
@@ -166,9 +192,9 @@ def _result_tag(root: str, directory: str, pid: Any) -> tuple[bytes | None, str]
     from prereg.tag import RESULT_FILE, git_bytes
 
     path = os.path.join(directory, RESULT_FILE)
-    if os.path.isfile(path):
-        with open(path, "rb") as f:
-            return f.read(), path
+    raw = read_present(path, 1 << 20)  # a link, a FIFO, a pseudo-file: InputLimitError, never read
+    if raw is not None:
+        return raw, path
     return git_bytes(root, "cat-file", "tag", f"refs/tags/result-{pid}"), f"tag result-{pid}"
 
 
@@ -203,17 +229,30 @@ def _result_signature(
     if seq != last:
         return (
             problems,
-            f"{what}, good SSH signature by {who}",
+            f"{what}, good SSH signature by {who} (key {key_fingerprint(sig)})",
             (
                 f"the signed result head is seq {seq}, but the chain goes on to seq {last}: the entries after "
                 "it are vouched for by nobody"
             ),
         )
-    return problems, f"{what} (the chain's head), good SSH signature by {who}, allowed by {signers}", None
+    return (
+        problems,
+        f"{what} (the chain's head), good SSH signature by {who} (key {key_fingerprint(sig)}), allowed by {signers}",
+        None,
+    )
 
 
 #: The repository's allowed-signers file: the copy in the tagged commit is what the tag binds.
 SIGNERS_PATH = "protocols/allowed_signers"
+#: The most bytes of an allowed-signers file read (a line per key: a few hundred bytes each).
+SIGNERS_LIMIT = 1 << 20
+
+
+def signers_problem(signers: str) -> str | None:
+    """Why the reader's allowed-signers file ``signers`` is not given to ``ssh-keygen`` (its target,
+    where it is a link, is not a regular file of at most :data:`SIGNERS_LIMIT` bytes: a FIFO would
+    hang it, ``/dev/zero`` never end), or None."""
+    return file_problem(os.path.realpath(signers), SIGNERS_LIMIT)
 
 
 def _bound_signers(root: str, truth: dict[str, Any], payload: bytes, sig: bytes) -> str | None:
@@ -231,8 +270,7 @@ def _bound_signers(root: str, truth: dict[str, Any], payload: bytes, sig: bytes)
 
     with tempfile.TemporaryDirectory(prefix="audit-bound-") as tmp:
         path = os.path.join(tmp, "bound_signers")
-        with open(path, "wb") as f:
-            f.write(data)
+        atomic_write(Path(path), data, overwrite=True, sync=False)
         if _signer(path, payload, sig)[0] is not None:
             return None
     return (
@@ -253,10 +291,9 @@ def signers_kept(root: str, truth: dict[str, Any]) -> list[str]:
     if data is None:
         return []
     try:
-        with open(os.path.join(root, SIGNERS_PATH), "rb") as f:
-            now = set(f.read().splitlines())
-    except OSError:
-        now = set()
+        now = set((read_present(os.path.join(root, SIGNERS_PATH), SIGNERS_LIMIT) or b"").splitlines())
+    except InputLimitError as e:
+        return [f"{e} (the signers file bound at the tag {str(commit)[:12]} is a regular file)"]
     gone = [line for line in data.splitlines() if line.strip() and line not in now]
     if not gone:
         return []
@@ -270,10 +307,12 @@ def roots_from_repository(
     dirs: list[str], signers: str | None, published: tuple[int, str] | None
 ) -> list[str]:
     """The trust roots the reader passed that came from the repository being audited, and so prove
-    nothing against whoever rewrote it: an ``--allowed-signers`` file inside it, or a ``--head``
-    that a tracked file outside the records folders prints (the README, a doc). A head the records
-    folder itself holds (its entries, MANIFEST, its report and page) is not counted: it is the
-    value being checked."""
+    nothing against whoever rewrote it: an ``--allowed-signers`` file inside its work tree, or a
+    ``--head`` that a tracked file outside the records folders prints (the README, a doc). A head
+    the records folder itself holds (its entries, MANIFEST, its report and page) is not counted: it
+    is the value being checked. A signers file outside it is not judged by its bytes (a copy of the
+    maintainers' published file is what an honest reader holds): the fingerprint of each key that
+    verified is printed (:func:`key_fingerprint`) for the reader to compare with the one they hold."""
     from prereg.tag import git_out, git_root
 
     out: list[str] = []
@@ -291,14 +330,6 @@ def roots_from_repository(
                     f"--allowed-signers {signers} lies inside {top}, the repository being audited: "
                     "whoever rewrote the records could rewrite it too"
                 )
-            else:
-                copy = _copied_from(top, signers)
-                if copy:
-                    out.append(
-                        f"--allowed-signers {signers} holds the same bytes as {copy} of {top}, the "
-                        "repository being audited: a copy of its file proves nothing (use the keys you "
-                        "hold from the maintainers)"
-                    )
         if published is not None:
             listed = git_out(top, "grep", "-l", "-F", "-e", published[1]) or ""
             printed = []
@@ -313,33 +344,6 @@ def roots_from_repository(
                     "it from where it was published outside the repository)"
                 )
     return out
-
-
-def _copied_from(top: str, signers: str) -> str | None:
-    """Where the repository at ``top`` holds the bytes of the file ``signers``: an object of its
-    object store (a tracked file on any branch or commit, a staged one) or a file of its work tree
-    (untracked or ignored ones too); None when it holds them nowhere."""
-    from prereg.tag import git_out, object_id
-
-    try:
-        with open(signers, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    if git_out(top, "cat-file", "-e", object_id(top, "blob", data)) is not None:
-        return "an object in its git history (a tracked file on some branch or commit)"
-    for base, dirs, files in os.walk(top):
-        dirs[:] = [d for d in dirs if d != ".git"]
-        for name in files:
-            full = os.path.join(base, name)
-            try:
-                if os.path.isfile(full) and not os.path.islink(full) and os.path.getsize(full) == len(data):
-                    with open(full, "rb") as f:
-                        if f.read() == data:
-                            return os.path.relpath(full, top)
-            except OSError:
-                continue
-    return None
 
 
 def check_anchor(

@@ -9,7 +9,7 @@ import re
 import sys
 from typing import Any
 
-from audit.anchors import roots_from_repository
+from audit.anchors import roots_from_repository, signers_problem
 from audit.folder import audit_dir
 from prereg.tag import remote_problem
 
@@ -71,8 +71,10 @@ def _options(args: argparse.Namespace) -> tuple[tuple[int, str] | None, str | No
         raise _Refused(f"public audit: --anchor {anchor}: {remote_problem(anchor)}", 2)
     if anchor is not None and os.path.exists(anchor):
         anchor = os.path.abspath(anchor)
-    if signers is not None and not os.path.isfile(signers):
+    if signers is not None and not os.path.lexists(signers):
         raise _Refused(f"public audit: --allowed-signers {signers}: no such file", 2)
+    if signers is not None and signers_problem(signers) is not None:
+        raise _Refused(f"public audit: --allowed-signers {signers}: {signers_problem(signers)}", 2)
     dirs = args.dirs
     missing = [d for d in dirs if not os.path.isdir(d)]
     if missing:
@@ -117,7 +119,12 @@ def main(argv: list[str]) -> int:
     notes: list[str] = []
     anchored: dict[str, Any] = {}
     unverified: dict[str, list[str]] = {}
-    for d in dirs:
+    todo = list(dirs)  # grows by the earlier studies the pages show beside their own, each audited too
+    done: set[str] = set()
+    for d in todo:
+        if os.path.realpath(d) in done:
+            continue
+        done.add(os.path.realpath(d))
         audit_dir(
             d,
             rows,
@@ -128,20 +135,27 @@ def main(argv: list[str]) -> int:
             signers=signers,
             anchored=anchored,
             unverified=unverified,
+            besides=todo,
         )
     redraws = [n for n in notes if "REDRAWN:" in n]
     _print_findings(rows, notes, problems)
     reasons = [f"{d}: {w}" for d, ws in unverified.items() for w in ws]
     if borrowed:
         reasons.insert(0, "the trust roots came from the repository itself (see the first lines)")
-    print(verified_line(reasons, signers))
+    status = 1 if problems else 4 if redraws else NOT_VERIFIED if reasons else 0
+    keys = sorted({k for row in rows for k in re.findall(r"key (SHA256:[A-Za-z0-9+/]+)", row[2])})
+    print(
+        verified_line(
+            reasons, signers, status, anchored=published is not None or anchor is not None, keys=keys
+        )
+    )
     print(anchor_line(published, anchor, anchored))
     if borrowed:
         print(
             "TRUST ROOTS FROM THE REPOSITORY (see the first lines): pass the allowed-signers file you hold "
             "from the maintainers, from outside the repository."
         )
-    return 1 if problems else 4 if redraws else NOT_VERIFIED if reasons else 0
+    return status
 
 
 def _print_findings(rows: list[tuple[str, str, str]], notes: list[str], problems: list[str]) -> None:
@@ -184,14 +198,37 @@ def _print_findings(rows: list[tuple[str, str, str]], notes: list[str], problems
 NOT_VERIFIED = 3
 
 
-def verified_line(reasons: list[str], signers: str | None) -> str:
+def verified_line(
+    reasons: list[str],
+    signers: str | None,
+    status: int = 0,
+    *,
+    anchored: bool = True,
+    keys: list[str] | None = None,
+) -> str:
     """Whether the reader's keys vouch for every study audited: its protocol tag and its ledger
-    head both signed by a key of the allowed-signers file the reader passed (exit status 0), or
-    why not (``NOT VERIFIED``, exit status 3 when nothing else failed)."""
+    head both signed by a key of the allowed-signers file the reader passed, and nothing failed
+    (exit status 0, the only status this line says "Verified" under; without an anchor or a
+    published head it adds that a key holder's redraw cannot be excluded), or why not
+    (``NOT VERIFIED``: the records failed, runs were redrawn, or ``reasons``). ``keys``: the
+    fingerprints of the keys that verified, which the reader compares with those they hold."""
+    if status == 1:
+        return "NOT VERIFIED (exit status 1): the records failed the checks above (see the problems)."
+    if status == 4:
+        return "NOT VERIFIED (exit status 4): some runs were REDRAWN (see above)."
     if not reasons:
         return (
             f"Verified: each study's protocol tag and ledger head are signed by keys of {signers}, which "
-            "you passed from outside the repository."
+            f"you passed from outside the repository: {', '.join(keys or ['(no key named)'])}. Compare each "
+            "fingerprint with the maintainers' as you hold it from outside (their site, a key server, a "
+            "code host's published keys): the file is only as good as where its keys came from."
+            + (
+                ""
+                if anchored
+                else " Keys alone cannot show what their holder did before signing: without an anchor "
+                "(--anchor) or a head published at the time (--head), a key holder's redraw (a run killed, "
+                "its started entry deleted, the study resumed and signed again) cannot be excluded."
+            )
         )
     return (
         f"NOT VERIFIED (exit status {NOT_VERIFIED} when nothing failed): the records agree with "

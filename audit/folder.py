@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from audit.anchors import check_anchor, check_result, check_signature, signers_kept
@@ -39,7 +39,7 @@ from prereg.ledger import (
 from prereg.plan import OPTIONAL_SPEC, plan_from_protocol, plan_notes
 from prereg.recompute import SUMMARY_SCHEMAS, compare, recompute
 from prereg.records import seal
-from prereg.replicates import time_problems
+from prereg.replicates import time_problems, unwitnessed
 from prereg.results import Summary
 from prereg.tag import check_sources, git_root, load_truth
 
@@ -62,6 +62,8 @@ class _Report:
     directory: str
     rows: list[tuple[str, str, str]]
     problems: list[str]
+    #: the folders of earlier studies this folder's page shows beside it, each audited in turn
+    besides: list[str] = field(default_factory=list)
 
     def row(self, check: str, ok: bool, detail: str) -> None:
         self.rows.append((check, self.directory, ("ok: " if ok else "FAILED: ") + detail))
@@ -82,17 +84,17 @@ def audit_dir(
     signers: str | None = None,
     anchored: dict[str, Any] | None = None,
     unverified: dict[str, list[str]] | None = None,
+    besides: list[str] | None = None,
 ) -> None:
     """Audit one records folder, every check in its order: its files against MANIFEST, the study as
     the tag defines it, the plan, corpus, chain and attempts, what the tag froze, the anchors, and the
-    summary recomputed. ``anchored`` receives the folder's anchored heads."""
+    summary recomputed. ``anchored`` receives the folder's anchored heads, ``besides`` the folders
+    of the earlier studies its page shows beside it (each to be audited as its own folder)."""
     anchored = {} if anchored is None else anchored
     # why the folder's study is not vouched for by the reader's keys (docs/provenance.md, "Exit statuses")
     why = (unverified if unverified is not None else {}).setdefault(directory, [])
-    out = _Report(directory, rows, problems)
-    odd = irregular_files(directory)
-    if odd:  # each named, none opened (a FIFO would hang a reader, /dev/zero fill its memory)
-        out.fail("regular files only", odd, "")
+    out = _Report(directory, rows, problems, besides if besides is not None else [])
+    _folder_files(out)
     manifest = _manifest(out)
     if manifest is None:
         return
@@ -183,7 +185,13 @@ def _chain_and_runs(
             "replicates apart in time",
             time_problems(records + started, gap),
             f"{proto['replicates'].get('count')} replicates, each on a machine at least {gap} s after the "
-            "one before it there",
+            "one before it there"
+            + (
+                "; UNWITNESSED: the machines are told apart by hostname alone (started entries without a "
+                "boot id), which the runner's owner sets at will"
+                if unwitnessed(started)
+                else "; machines told apart by boot id, not hostname alone"
+            ),
         )
     _run_evidence(out, records)
 
@@ -224,6 +232,10 @@ def _vouched(
         why.append("NOT PREREGISTERED: no tag binds the records")
         return
     found, detail, head_why = check_result(root, out.directory, truth, entries, signers)
+    part = replicate_part(truth.get("summary") or {}, entries)
+    if part and not head_why:
+        detail += f"; {part}"
+        head_why = f"the signed result head {part}"
     out.fail("signed result head", found, detail)
     why.extend([head_why] if head_why else [])
     if signers is None or not truth.get("signed"):
@@ -234,6 +246,27 @@ def _vouched(
             if truth.get("signed")
             else "the protocol tag is not signed",
         )
+
+
+def replicate_part(proto: dict[str, Any], entries: list[dict[str, Any]]) -> str | None:
+    """Where a replicated study's chain ends short of its last replicate: "closes replicate k of n
+    ..." (a signed head there vouches for those replicates, never for the study: later ones could be
+    hidden behind it); None for a study without replicates or with entries of every replicate."""
+    reps = proto.get("replicates")
+    if not isinstance(reps, dict) or not isinstance(reps.get("count"), int):
+        return None
+    seen = {
+        e["spec"]["replicate"]
+        for e in entries
+        if isinstance(e.get("spec"), dict) and isinstance(e["spec"].get("replicate"), int)
+    }
+    n = reps["count"]
+    if seen and max(seen) < n:
+        return (
+            f"closes replicate {max(seen)} of {n}: it vouches for the replicates up to it, not for the "
+            "study (later replicates could be hidden behind it)"
+        )
+    return None
 
 
 def _interrupted_notes(
@@ -283,7 +316,10 @@ def _check_published(
             "not compared: no summary could be recomputed to render them from",
         )
         return
-    out.fail("report.md and index.html", *check_published(out.directory, root, verified, manifest, source))
+    out.fail(
+        "report.md and index.html",
+        *check_published(out.directory, root, verified, manifest, source, out.besides),
+    )
 
 
 def resealed(summary: dict[str, Any]) -> dict[str, Any]:
@@ -305,6 +341,63 @@ def irregular_files(directory: str) -> list[str]:
         f"{e.path}: {file_problem(e.path)}"
         for e in entries
         if e.is_symlink() or not (e.is_file(follow_symlinks=False) or e.is_dir(follow_symlinks=False))
+    ]
+
+
+#: The names a study writes in its records folder besides its entries and snapshots: its MANIFEST,
+#: kept tag and signed head, the summary, the texts, the plots (``analysis/plots.py``) and the export.
+STUDY_FILES = {
+    "MANIFEST",
+    "TAG",
+    "RESULT",
+    "summary.json",
+    "report.md",
+    "index.html",
+    "runs.csv",
+    "runs.parquet",
+}
+PLOT_FILES = {f"plot_{k}.png" for k in ("time", "quality", "forest", "drift", "validation")}
+
+
+def _folder_files(out: _Report) -> None:
+    """The folder's entries: links, FIFOs and devices (each named, none opened: a FIFO would hang a
+    reader, /dev/zero fill its memory), files the study did not write, and its PNG plots, named."""
+    odd = irregular_files(out.directory)
+    if odd:
+        out.fail("regular files only", odd, "")
+    out.fail("files the study wrote", foreign_files(out.directory), "no other file in the folder")
+    plots = sorted(n for n in _names(out.directory) if n in PLOT_FILES)
+    if plots:  # named, not verified: the audit renders the page's inline SVG plots, not these
+        out.row(
+            "PNG plots (not verified)",
+            True,
+            f"{len(plots)} named, not verified: the audit renders report.md and index.html (their plots "
+            "inline SVG) again, not matplotlib's PNGs; harness report draws them again from summary.json",
+        )
+
+
+def _names(directory: str) -> list[str]:
+    try:
+        return sorted(os.listdir(directory))
+    except OSError:
+        return []
+
+
+def foreign_files(directory: str) -> list[str]:
+    """Every entry of a records folder that the study did not write (a README.md or report.html a
+    code host renders, an extra plot, a folder), named: the audit vouches for none of them."""
+    from prereg.evidence import EVIDENCE_SUFFIX
+
+    kept = (RECORD_SUFFIX, STARTED_SUFFIX, LOOK_SUFFIX, *EVIDENCE_SUFFIX.values())
+    return [
+        f"{os.path.join(directory, n)}: a file the study did not write (harness run and harness report "
+        "write none of this name); nothing in it is verified: remove it, or keep it outside the records"
+        for n in _names(directory)
+        if n not in STUDY_FILES
+        and n not in PLOT_FILES
+        and not n.endswith(kept)
+        and not is_snapshot_name(n)
+        and not n.startswith(".")
     ]
 
 

@@ -47,26 +47,51 @@ def _beside(directory: str, root: str | None, label: str) -> str:
     return label
 
 
-def check_published(
-    directory: str,
-    root: str | None,
-    summary: dict[str, Any],
-    manifest: Any,
-    source: str = "the verified summary.json",
-) -> tuple[list[str], str]:
-    """``report.md`` and ``index.html`` of ``directory`` against what ``summary`` (already verified,
-    or the audit's own recomputation: ``source`` says which) renders; returns problems and a
-    description."""
+def _published_texts(directory: str) -> tuple[dict[str, str], str | None]:
+    """The folder's ``report.md`` and ``index.html`` (those present), or why one cannot be read (a
+    link, a FIFO, a device: named, never opened; not UTF-8)."""
     texts = {}
     for name in ("report.md", "index.html"):
         path = os.path.join(directory, name)
         if os.path.lexists(path):
             try:
                 texts[name] = read_regular(path).decode("utf-8")
-            except InputLimitError as e:  # a link, a FIFO, a device: named, never opened
-                return [str(e)], "unreadable"
+            except InputLimitError as e:
+                return {}, str(e)
             except UnicodeDecodeError as e:
-                return [f"{path}: cannot be read ({e})"], "unreadable"
+                return {}, f"{path}: cannot be read ({e})"
+    return texts, None
+
+
+def _beside_refused(directory: str, beside_dir: str | None, label: str | None) -> str | None:
+    """Why the study the texts show beside this one is not a sealed, tagged study's records folder
+    (no MANIFEST, no kept TAG: a bare summary.json), or None."""
+    if beside_dir is None:
+        return None
+    missing = [n for n in ("MANIFEST", "TAG") if not os.path.isfile(os.path.join(beside_dir, n))]
+    if not missing:
+        return None
+    return (
+        f"{directory}: its texts show the study in {label} beside it, which is not a sealed, tagged "
+        f"study's records folder (no {' and no '.join(missing)} there): its figures are not verified"
+    )
+
+
+def check_published(
+    directory: str,
+    root: str | None,
+    summary: dict[str, Any],
+    manifest: Any,
+    source: str = "the verified summary.json",
+    besides: list[str] | None = None,
+) -> tuple[list[str], str]:
+    """``report.md`` and ``index.html`` of ``directory`` against what ``summary`` (already verified,
+    or the audit's own recomputation: ``source`` says which) renders; returns problems and a
+    description. An earlier study the texts show beside this one must be a sealed, tagged records
+    folder (a MANIFEST and a kept TAG); its folder is added to ``besides``, to be audited as its own."""
+    texts, unreadable = _published_texts(directory)
+    if unreadable:
+        return [unreadable], "unreadable"
     if not texts:
         return [], "no report.md or index.html: nothing published to compare"
     page = texts.get("index.html", "")
@@ -74,13 +99,19 @@ def check_published(
     records_rel = html.unescape(m.group(1)) if m else directory
     b = _BESIDE_MD.search(texts.get("report.md", "")) or _BESIDE_HTML.search(page)
     label = html.unescape(b.group(1)) if b else None
+    beside_dir = None if label is None else _beside(directory, root, label)
+    refused = _beside_refused(directory, beside_dir, label)
+    if refused:
+        return [refused], "an unverified study beside it"
+    if beside_dir is not None and besides is not None:
+        besides.append(beside_dir)
     try:
         rendered = published_texts(
             summary,
             os.path.join(directory, "summary.json"),
             records_rel,
             manifest,
-            beside_dir=None if label is None else _beside(directory, root, label),
+            beside_dir=beside_dir,
             beside_label=label,
         )
     except Exception as e:  # noqa: BLE001 - any failure to render is named, never a traceback

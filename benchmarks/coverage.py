@@ -596,15 +596,34 @@ def main() -> int:
     return 0
 
 
+def _quality_spec(alpha: float, margin: float, test: str | None) -> dict[str, object]:
+    """A one-hypothesis family: test-BPB non-inferiority at ``margin``, declared with ``test``."""
+    h = {
+        "id": "Q",
+        "study": "s",
+        "config": "c",
+        "endpoint": "test_bpb",
+        "estimand": "difference",
+        "type": "non_inferiority",
+        "margin": margin,
+        "better": "lower",
+    }
+    if test is not None:
+        h["test"] = test
+    return {"procedure": "holm", "family_alpha": alpha, "min_pairs": 3, "tests": [h]}
+
+
 def identity_sweep(args: argparse.Namespace) -> dict[str, object]:
-    """How often each identity rule establishes test-BPB non-inferiority when its null holds.
+    """How often each quality rule establishes test-BPB non-inferiority.
 
     Each study has ``n`` pairs; a pair's baseline BPB is drawn once and its candidate's is the same
     double, except that with probability ``diverge`` it is ``jump`` higher. The mean difference is
-    then ``diverge * jump`` (with the defaults the margin itself: the edge of non-inferiority's
-    null, where an error is counted). The rules are the core's (:func:`prereg.decisions.decide`
-    with ``identity`` ``"zero"`` and ``"sign"``); a study not all identical is t-tested by both alike.
-    Also at ``diverge = 0.5``, the edge of the sign test's null for the median.
+    then ``diverge * jump`` (with the defaults the margin itself: the edge of the mean's
+    non-inferiority null, where an establishment is an error of a mean claim). The rules are the
+    core's (:func:`prereg.decisions.decide`): the mean claim with ``identity`` ``"zero"`` and
+    ``"sign"`` (a study not all identical is t-tested by both alike), and the median claim
+    (``test: sign`` declared), whose median is 0 at ``diverge < 0.5``: its establishment there is
+    no error. At ``diverge = 0.5`` the median is at the edge of its own null, where it is.
     """
     from prereg.attempts import Completeness
     from prereg.decisions import decide
@@ -612,28 +631,13 @@ def identity_sweep(args: argparse.Namespace) -> dict[str, object]:
     done = Completeness(
         planned_runs=None, ok_runs=0, missing_runs=0, complete=True, budget_stop=False, text=""
     )
-    spec = {
-        "procedure": "holm",
-        "family_alpha": args.alpha,
-        "min_pairs": 3,
-        "tests": [
-            {
-                "id": "Q",
-                "study": "s",
-                "config": "c",
-                "endpoint": "test_bpb",
-                "estimand": "difference",
-                "type": "non_inferiority",
-                "margin": args.margin,
-                "better": "lower",
-            }
-        ],
-    }
+    mean_spec = _quality_spec(args.alpha, args.margin, None)
+    median_spec = _quality_spec(args.alpha, args.margin, "sign")
     rng = random.Random(args.seed)
     rows = []
     for share in (args.diverge, 0.5):
         for n in args.sweep_pairs:
-            hits = {"zero": 0, "sign": 0}
+            hits = {"zero": 0, "sign": 0, "median": 0}
             identical = 0
             for _ in range(args.studies):
                 pairs = []
@@ -644,9 +648,10 @@ def identity_sweep(args: argparse.Namespace) -> dict[str, object]:
                         {"unit": f"s.c.pair{i:03d}", "baseline_test_bpb": b, "candidate_test_bpb": c}
                     )
                 identical += all(p["baseline_test_bpb"] == p["candidate_test_bpb"] for p in pairs)
-                for rule in hits:
-                    d = decide(spec, {("s", "c"): pairs}, done, rule)[0]
-                    hits[rule] += d.status == "established"
+                by = {("s", "c"): pairs}
+                for rule in ("zero", "sign"):
+                    hits[rule] += decide(mean_spec, by, done, rule)[0].status == "established"
+                hits["median"] += decide(median_spec, by, done, "sign")[0].status == "established"
             rows.append(
                 {
                     "diverge": share,
@@ -654,6 +659,7 @@ def identity_sweep(args: argparse.Namespace) -> dict[str, object]:
                     "all_identical": identical / args.studies,
                     "established_identity_p0": hits["zero"] / args.studies,
                     "established_sign": hits["sign"] / args.studies,
+                    "established_median_claim": hits["median"] / args.studies,
                 }
             )
     return {
@@ -674,13 +680,15 @@ def print_identity(args: argparse.Namespace, res: dict[str, object]) -> int:
         "bitwise identical. The share of studies that establish non-inferiority (Monte Carlo SE):\n"
     )
     print(
-        "| pairs diverging | pairs | all identical | identity, p = 0 (schema 4) | exact sign test, p = 2^-n (schema 5) |"
+        "| pairs diverging | pairs | all identical | mean claim, identity p = 0 (schema 4) "
+        "| mean claim, exact sign test p = 2^-n (schema 5) | median claim (test: sign) |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {100 * r['diverge']:g}% | {r['pairs']} | {r['all_identical']:.3f} | "
-            f"{with_se(r['established_identity_p0'], args.studies)} | {with_se(r['established_sign'], args.studies)} |"
+            f"{with_se(r['established_identity_p0'], args.studies)} | {with_se(r['established_sign'], args.studies)} | "
+            f"{with_se(r['established_median_claim'], args.studies)} |"
         )
     write_json(args.json, res)
     return 0

@@ -34,6 +34,30 @@ replicates' estimates, ``k - 1`` degrees of freedom (what ``prereg.hypotheses`` 
 
     python benchmarks/replicates.py --decision --studies 20000
 
+``--spread A B`` estimates the spread of one planted effect between two machines (or sessions)
+from two calibrations that planted the same spin (``--plant``, default the 2% spin of lockstep at
+blocks of 1, CPU clock): the two estimates' difference less their own sampling variance,
+``tau^2 = ((y_A - y_B)^2 - se_A^2 - se_B^2) / 2`` (one degree of freedom), and ``tau`` over the
+estimates' mean, the spread as a share of the effect:
+
+    python benchmarks/replicates.py --spread records/calibration-cpu records/calibration-cpu-coverage
+
+``--reach FOLDER`` gives the chance that every configuration of a committed study reaches a
+decision half-width of at most ``--target`` points at ``--level`` with ``--replicates`` replicates
+of ``--pairs`` pairs each: each simulated replicate's estimate is the mean of ``--pairs`` pairs drawn
+with replacement from the study's own CPU-clock log ratios plus a shift ``N(0, (s |e|)^2)``, ``e`` the
+configuration's effect and ``s`` each share of ``--shares`` (``--spread``'s), and the half-width is
+the decision's, ``t_{k-1} sd(y) / sqrt(k)`` (seeded; ``--studies`` a cell):
+
+    python benchmarks/replicates.py --reach records/cpu2 --level 0.99 --shares 0.05,0.073,0.1,0.15,0.2 --designs 3x40,6x20,8x16,10x12 --studies 4000
+
+``--skew`` gives the one-sided type-I error of the decision's t over ``k`` replicates (3 to 6, and 10) when
+the replicates' shifts are skewed: standardized exponential or lognormal (sigma 1) shifts, in
+both directions, with SD ``tau`` (a multiple of the within-replicate SE), against normal shifts,
+each at a nominal ``--alpha`` (the decision is one-sided: the candidate faster):
+
+    python benchmarks/replicates.py --skew --studies 40000 --alpha 0.025
+
 Figures are proportions, not timings: a loaded machine changes only how long it takes.
 """
 
@@ -51,7 +75,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prereg.descriptive import mean_interval, mean_se  # noqa: E402
 from prereg.replicates import random_effects, replicate_estimates  # noqa: E402
-from prereg.tdist import student_t_sf_signed  # noqa: E402
+from prereg.tdist import student_t_ppf, student_t_sf_signed  # noqa: E402
 from prereg.ttests import t_result  # noqa: E402
 
 
@@ -158,6 +182,153 @@ def decision(studies: int, alpha: float, seed: int) -> int:
     return 0
 
 
+PLANT = ("spin2p0_lockstep1", "CPU")
+
+
+def spread(folders: list[Path], plant: tuple[str, str] = PLANT) -> dict[str, float]:
+    """The between-machine spread of one planted effect read by two calibrations (``--spread``).
+
+    Each calibration's ``planted`` row of study ``plant[0]`` and clock ``plant[1]`` gives its
+    estimate ``y`` (points) and its 95% interval over ``pairs`` pairs, whose half-width over
+    ``t_{pairs-1}`` is its standard error. The spread is the method of moments on the two
+    estimates, ``tau^2 = max(0, ((y_A - y_B)^2 - se_A^2 - se_B^2) / 2)``, one degree of freedom.
+    """
+    rows = []
+    for folder in folders:
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+        row = next(r for r in summary["planted"] if (r["study"], r["clock"]) == plant)
+        cov = row.get("coverage") or {}
+        n = int(cov.get("pairs_each", 0)) * int(cov.get("studies", 0))
+        t = student_t_ppf((1 + row["level"]) / 2, n - 1)
+        rows.append((row["estimate"], (row["estimate_hi"] - row["estimate_lo"]) / (2 * t), row["truth"]))
+    (ya, sa, ta), (yb, sb, tb) = rows
+    tau = math.sqrt(max(0.0, ((ya - yb) ** 2 - sa**2 - sb**2) / 2))
+    raw = abs(ya - yb) / math.sqrt(2)
+    mean = (ya + yb) / 2
+    return {
+        "y_a": ya,
+        "se_a": sa,
+        "truth_a": ta,
+        "y_b": yb,
+        "se_b": sb,
+        "truth_b": tb,
+        "sd_raw": raw,
+        "tau": tau,
+        "share": tau / mean,
+        "share_raw": raw / mean,
+    }
+
+
+def reach(
+    d_of: dict[str, list[float]],
+    k: int,
+    m: int,
+    share: float,
+    level: float,
+    target: float,
+    studies: int,
+    seed: int,
+) -> float:
+    """The share of ``studies`` simulated studies in which every configuration's decision
+    half-width is at most ``target`` (``--reach``; ``d_of``: each configuration's per-pair values)."""
+    rng = random.Random(seed)
+    t = student_t_ppf((1 + level) / 2, k - 1)
+    effect = {c: math.fsum(d) / len(d) for c, d in d_of.items()}
+    ok = 0
+    for _ in range(studies):
+        every = True
+        for c, d in d_of.items():
+            ys = [
+                math.fsum(rng.choices(d, k=m)) / m + rng.gauss(0.0, share * abs(effect[c])) for _ in range(k)
+            ]
+            _, se = mean_se(ys)
+            every = every and t * se <= target
+        ok += every
+    return ok / studies
+
+
+def study_values(folder: Path, study: str = "pairs", key: str = "training_cpu_s") -> dict[str, list[float]]:
+    """Each configuration's per-pair log ratios (points) of ``study`` in ``folder``'s summary.json."""
+    summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    out = {}
+    for st in (s for s in summary["studies"] if s["name"] == study):
+        for cfg in st["configs"]:
+            out[cfg["config"]] = [
+                100 * math.log(p[f"candidate_{key}"] / p[f"baseline_{key}"])
+                for p in cfg["pairs"]
+                if p.get(f"candidate_{key}") and p.get(f"baseline_{key}")
+            ]
+    return out
+
+
+def skewed(kind: str, rng: random.Random) -> float:
+    """A standardized (mean 0, SD 1) draw: ``normal``, ``exp`` / ``-exp`` (exponential, skewness
+    +2 / -2), ``lognormal`` / ``-lognormal`` (sigma 1, skewness about +6.2 / -6.2)."""
+    sign = -1.0 if kind.startswith("-") else 1.0
+    base = kind.lstrip("-")
+    if base == "normal":
+        return rng.gauss(0.0, 1.0)
+    if base == "exp":
+        return sign * (rng.expovariate(1.0) - 1.0)
+    mean, sd = math.exp(0.5), math.sqrt((math.e - 1) * math.e)
+    return sign * (rng.lognormvariate(0.0, 1.0) - mean) / sd
+
+
+def skew_error(studies: int, k: int, n: int, tau: float, kind: str, alpha: float, seed: int) -> float:
+    """The decision's one-sided type-I error (candidate faster: the mean below 0) at a true mean 0,
+    replicate shifts ``tau * skewed(kind)``, within-pair SD 1, ``n`` pairs a replicate."""
+    rng = random.Random(seed)
+    hits = 0
+    for _ in range(studies):
+        ys = [tau * skewed(kind, rng) + rng.gauss(0.0, 1.0 / math.sqrt(n)) for _ in range(k)]
+        m, se = mean_se(ys)
+        hits += se > 0 and t_result("t-replicates", k * n, m, se, k - 1, (None, 0.0)).p_value < alpha
+    return hits / studies
+
+
+def skew_table(studies: int, alpha: float, seed: int) -> int:
+    """The table of ``--skew``: rows of replicates and spread, columns the shifts' distributions."""
+    kinds = ("normal", "exp", "-exp", "lognormal", "-lognormal")
+    mc = math.sqrt(alpha * (1 - alpha) / studies)
+    print(
+        f"{studies} studies a cell, one-sided alpha {alpha:g} (Monte-Carlo SE {mc:.4f}); 20 pairs a replicate, "
+        "within-pair SD 1; tau in within-replicate SEs; '-' shifts skewed towards the candidate's side"
+    )
+    print("| replicates | tau / SE | " + " | ".join(kinds) + " |")
+    print("|---|---|" + "---|" * len(kinds))
+    for i, (k, mult) in enumerate((k, mult) for k in (3, 4, 5, 6, 10) for mult in (1.0, 2.0, 4.0)):
+        tau = mult / math.sqrt(20)
+        cells = [
+            skew_error(studies, k, 20, tau, kind, alpha, seed + 10 * i + j) for j, kind in enumerate(kinds)
+        ]
+        print(f"| {k} | {mult:g} | " + " | ".join(f"{c:.4f}" for c in cells) + " |")
+    return 0
+
+
+def reach_table(a: argparse.Namespace) -> int:
+    """The table of ``--reach``."""
+    d_of = {c: d for c, d in study_values(a.reach).items() if len(d) >= 20}
+    print(
+        f"{a.reach}: {', '.join(f'{c} {math.fsum(d) / len(d):+.2f} ({len(d)} pairs)' for c, d in d_of.items())}; "
+        f"the chance that all reach a {level_pct(a.level)} decision half-width of at most {a.target:g} points "
+        f"({a.studies} studies a cell)"
+    )
+    designs = [tuple(int(x) for x in s.split("x")) for s in a.designs.split(",")]
+    print("| spread (share of the effect) | " + " | ".join(f"{k} x {m}" for k, m in designs) + " |")
+    print("|---|" + "---|" * len(designs))
+    for i, share in enumerate(float(x) for x in a.shares.split(",")):
+        got = [
+            reach(d_of, k, m, share, a.level, a.target, a.studies, a.seed + 100 * i + j)
+            for j, (k, m) in enumerate(designs)
+        ]
+        print(f"| {share:g} | " + " | ".join(f"{g:.3f}" for g in got) + " |")
+    return 0
+
+
+def level_pct(level: float) -> str:
+    return f"{100 * level:g}%"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--studies", type=int, default=2000)
@@ -173,7 +344,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--split", type=Path, help="a records folder: its pairs cut into replicates")
     ap.add_argument("--decision", action="store_true", help="the type-I error of the two tests")
     ap.add_argument("--alpha", type=float, default=0.025)
+    ap.add_argument("--spread", type=Path, nargs=2, help="two calibrations' records folders")
+    ap.add_argument(
+        "--reach", type=Path, help="a records folder: the chance all configurations reach --target"
+    )
+    ap.add_argument("--target", type=float, default=0.5, help="--reach: the half-width, points")
+    ap.add_argument(
+        "--shares", default="0.05,0.073,0.1,0.15,0.2", help="--reach: spreads, shares of the effect"
+    )
+    ap.add_argument("--designs", default="3x40,6x20,8x16,10x12", help="--reach: replicates x pairs")
+    ap.add_argument("--skew", action="store_true", help="the decision's error under skewed replicate shifts")
     a = ap.parse_args(argv)
+    if a.spread:
+        print(json.dumps(spread(list(a.spread)), indent=1))
+        return 0
+    if a.reach:
+        return reach_table(a)
+    if a.skew:
+        return skew_table(a.studies, a.alpha, a.seed)
     if a.split:
         return split(a.split, a.replicates, a.level)
     if a.decision:

@@ -28,6 +28,7 @@ from cotangent.pack import CPU_BLOCK_BYTES, RELEASE_MIN_BYTES, FlatGroup, Pack
 from cotangent.plans import blocks_for, lists_for, view_lists
 from cotangent.states import (
     Changes,
+    check_fits,
     check_loadable,
     planned_state,
     saved_state,
@@ -161,6 +162,7 @@ class PackedAdamW(OnePass):
             groups = [{"params": groups}]
         for k, group in enumerate(groups):  # everything checked before anything is modified
             check_group(group, k, defaults)
+        Pack.check_unheld([p for g in groups for p in g["params"]])
         check_unshared([p for g in groups for p in g["params"]])
         if release_grads == "auto":  # the OS can take pages back (madvise): gradient memory as native's
             grad_bytes = sum(
@@ -242,6 +244,7 @@ class PackedAdamW(OnePass):
             return
         self._check_layout()
         check_group(param_group, len(self.param_groups), self.defaults)
+        Pack.check_unheld(param_group["params"], self._pack)
         check_unshared(param_group["params"])
         super().add_param_group(param_group)
         self._repack()
@@ -353,6 +356,7 @@ class PackedAdamW(OnePass):
         """The flat buffers, one entry per (device, dtype)."""
         return self._pack.groups
 
+    @torch.compiler.disable  # the layout's bookkeeping runs eagerly inside a compiled train step
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Native's ``zero_grad``, over the flat gradient buffer.
 
@@ -451,11 +455,29 @@ class PackedAdamW(OnePass):
                     )
                 if id(p) not in packed:
                     new.append(p)
+        Pack.check_unheld(new, self._pack)
         check_unshared(new)
         self._repack()
 
-    @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Native's ``step``. Traced by Dynamo (a ``torch.compile``-d train step) as compiled native's
+        is: the closure traced, a :meth:`clip_in_step` clip as native's traced clip, the update
+        eagerly (:meth:`_step`: the fused kernel compiled native calls too)."""
+        if not torch.compiler.is_compiling():
+            return self._step(closure)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._armed is not None and not self._in_armed:
+            self._armed_step()
+        else:
+            self._step()
+        return loss
+
+    @torch.compiler.disable  # the layout's bookkeeping and the fused kernel run eagerly under compile
+    @torch.no_grad()
+    def _step(self, closure: Callable[[], Any] | None = None) -> Any:
         self._check_layout()
         if self._phase is not None:  # clip_step_zero_grad's update, called through (a wrapped) step
             total, coef, set_to_none = self._phase
@@ -519,8 +541,11 @@ class PackedAdamW(OnePass):
         they lack take native's defaults, a Python-number ``step`` becomes a float32 tensor as native
         fused AdamW makes it) into the flat buffers. A state dict whose groups would take native off
         its fused path (``fused`` unset or False, ``foreach``, ``capturable``, ``differentiable``) is
-        refused before anything is modified."""
+        refused before anything is modified, as is one that does not fit the parameters position by
+        position (:func:`~cotangent.states.check_fits` names the first mismatch): a failed load
+        leaves the optimizer exactly as it was."""
         check_loadable(state_dict)
+        check_fits(state_dict, self.param_groups)
         super().load_state_dict(state_dict)
         for group in self.param_groups:
             for key, value in {"amsgrad": False, "maximize": False, **NATIVE_GROUP_KEYS}.items():

@@ -31,7 +31,12 @@ def clip_grad_norm_(
     names each once, beside tensors without a gradient), the buckets are zero-copy views of its flat
     gradient buffer, the norms are summed in ``parameters``' order and the clip multiply is one call
     per buffer.
+
+    Traced by Dynamo (inside ``torch.compile``) it is native's call, so the compiled graph and its
+    bits are compiled native's.
     """
+    if torch.compiler.is_compiling():  # traced by Dynamo: native's clip, compiled as native's is
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite, foreach)
     if isinstance(parameters, Tensor):
         parameters = [parameters]
     else:

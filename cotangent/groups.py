@@ -7,6 +7,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from cotangent.pack import dense
+
 #: Keys native ``AdamW`` keeps in a parameter group; kept so state dicts load both ways with
 #: native's fused path intact.
 NATIVE_GROUP_KEYS: dict[str, Any] = {
@@ -149,14 +151,14 @@ def check_group(group: dict[str, Any], k: int, defaults: dict[str, Any]) -> None
             raise ValueError(f"PackedAdamW requires floating-point parameters; {where} is {p.dtype}")
         if not p.is_leaf:
             raise ValueError(f"optimizer can only optimize leaf Tensors; {where} is not a leaf")
-        if not p.is_contiguous():
+        if not dense(p):
             raise ValueError(
-                f"PackedAdamW packs parameters contiguously; {where} has strides {p.stride()} (channels_last or "
-                "a transposed view): packing it would change its memory format and the bits native computes. "
-                "Make it contiguous first, or optimize it with torch.optim.AdamW(fused=True)"
+                f"PackedAdamW packs each parameter in its own memory order, which needs its elements to be "
+                f"one block without gaps or overlaps; {where} has strides {p.stride()} (a strided slice or an "
+                "expanded tensor): make it contiguous first, or optimize it with torch.optim.AdamW(fused=True)"
             )
-        if p.grad is not None and (p.grad.layout != torch.strided or not p.grad.is_contiguous()):
-            raise ValueError(f"PackedAdamW requires dense contiguous gradients; {where} has another layout")
+        if p.grad is not None and p.grad.layout != torch.strided:
+            raise ValueError(f"PackedAdamW requires dense gradients; {where} has a {p.grad.layout} one")
 
 
 def lr_on(kwargs: dict[str, Any], device: torch.device) -> dict[str, Any]:

@@ -44,7 +44,6 @@ class OnePass(torch.optim.Optimizer):
     def _check_layout(self) -> None:
         raise NotImplementedError
 
-    @torch.compiler.disable  # traced by Dynamo its self-checks would be compiled; it runs eagerly
     @torch.no_grad()
     def clip_step_zero_grad(
         self,
@@ -85,7 +84,30 @@ class OnePass(torch.optim.Optimizer):
         steps, a profiler) sees one step, as around the three calls. Cases off the fast path (a
         gradient missing this step, per-parameter step counts, another norm type, step hooks) make
         the three calls.
+
+        Traced by Dynamo (inside a ``torch.compile``-d train step, or compiled alone) it is the
+        three calls as compiled native runs them: native's ``clip_grad_norm_`` traced into the
+        graph (Inductor's norms, not eager ones), then :meth:`step` and :meth:`zero_grad`, which
+        run eagerly (the fused kernel the compiled native step calls too).
         """
+        if torch.compiler.is_compiling():
+            total = torch.nn.utils.clip_grad_norm_(
+                self._clip_list(parameters), max_norm, norm_type, error_if_nonfinite
+            )
+            self.step()
+            self.zero_grad(set_to_none)
+            return total
+        return self._one_pass(max_norm, norm_type, error_if_nonfinite, parameters, set_to_none)
+
+    @torch.compiler.disable  # traced by Dynamo its self-checks would be compiled; it runs eagerly
+    def _one_pass(
+        self,
+        max_norm: float,
+        norm_type: float,
+        error_if_nonfinite: bool,
+        parameters: Tensor | Iterable[Tensor] | None,
+        set_to_none: bool,
+    ) -> Tensor:
         self._check_layout()
         clip_list = self._clip_list(parameters)
         produced = self._pack.sync_grads()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,13 +55,31 @@ class FlatGroup:
     steps: Tensor  # float32, one counter per parameter, packed order
     buckets: list[tuple[int, int, int, list[int]]]  # (start, count, numel, packed positions)
     aligned_end: int  # parameters [0, aligned_end) are cache-line multiples, laid out first
+    strides: list[tuple[int, ...]]  # each parameter's own strides (its memory order), packed order
 
     def slot(self, buf: Tensor, j: int, shape: torch.Size) -> Tensor:
-        return buf[self.offsets[j] : self.offsets[j] + self.numels[j]].view(shape)
+        """Packed position ``j`` of ``buf`` as its parameter is laid out: its bytes in the
+        parameter's own memory order (channels_last included), viewed with its strides."""
+        return torch.as_strided(buf, shape, self.strides[j], buf.storage_offset() + self.offsets[j])
 
 
-def grad_alias(flat: Tensor, offset: int, shape: torch.Size) -> Tensor:
-    """A contiguous alias of ``flat[offset : offset + numel]`` with its own version counter and,
+def dense(t: Tensor) -> bool:
+    """Does ``t`` cover exactly ``t.numel()`` consecutive elements (no gaps, no overlaps), in
+    whatever order its strides give (contiguous, channels_last, a transposed leaf)? Then it can
+    be packed in its own memory order."""
+    if t.numel() == 0:
+        return True
+    expected = 1
+    for stride, size in sorted((st, n) for st, n in zip(t.stride(), t.shape) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def grad_alias(flat: Tensor, offset: int, shape: torch.Size, strides: tuple[int, ...]) -> Tensor:
+    """An alias of ``flat[offset : offset + numel]`` laid out with ``strides`` (its parameter's
+    memory order, as native's gradient follows its parameter's) with its own version counter and,
     where the device exports DLPack, its own storage.
 
     A view (``flat[a:b].view(shape)``) shares its base's version counter, so it cannot tell which
@@ -69,15 +88,11 @@ def grad_alias(flat: Tensor, offset: int, shape: torch.Size) -> Tensor:
     gradient writes that gradient, not the whole buffer). Elsewhere a tensor ``set_`` onto the
     same storage, which counts its own writes too.
     """
-    numel = 1
-    for d in shape:
-        numel *= d
-    view = flat[offset : offset + numel].view(shape)
+    view = torch.as_strided(flat, shape, strides, flat.storage_offset() + offset)
     alias = own_storage(view)
     if alias is not view:
         return alias
     out = torch.empty(0, dtype=flat.dtype, device=flat.device)  # pragma: no cover - no DLPack
-    strides = torch.empty(shape, device="meta").stride()
     return out.set_(flat.untyped_storage(), flat.storage_offset() + offset, shape, strides)
 
 
@@ -91,7 +106,9 @@ def own_storage(view: Tensor) -> Tensor:
         alias = torch.from_dlpack(view)
     except (RuntimeError, TypeError, BufferError):  # pragma: no cover - a device without DLPack
         return view
-    if alias.data_ptr() != view.data_ptr() or alias.shape != view.shape:  # pragma: no cover
+    if (
+        alias.data_ptr() != view.data_ptr() or alias.shape != view.shape or alias.stride() != view.stride()
+    ):  # pragma: no cover
         return view
     return alias
 
@@ -132,6 +149,7 @@ class Pack:
         self.uniform_steps = True
         self._lay_out_groups(group_of, amsgrad)
         self.ptrs = [p.data_ptr() for p in params]
+        self.strides = [p.stride() for p in params]  # each parameter's memory order, as packed
         self.grad_ptrs = [v.data_ptr() for v in self.grad_views]
         # Each gradient slot is an alias of the flat buffer with a version counter of its own (see
         # grad_alias): a slot without a gradient that was written anyway (through a reference kept
@@ -250,6 +268,7 @@ class Pack:
             steps=torch.zeros(len(ordered), dtype=torch.float32, device=device),
             buckets=[],
             aligned_end=aligned_end,
+            strides=[self.params[i].stride() for i in ordered],
         )
         with torch.no_grad():
             for j, i in enumerate(ordered):
@@ -260,7 +279,7 @@ class Pack:
                     p.data = own_storage(
                         view
                     )  # the parameter now lives in the flat buffer; old storage is freed
-                gview = grad_alias(flat_g, offsets[j], p.shape)
+                gview = grad_alias(flat_g, offsets[j], p.shape, group.strides[j])
                 if p.grad is not None:  # a gradient that exists at construction is kept
                     gview.copy_(p.grad)
                     self.produced[i] = True
@@ -373,7 +392,7 @@ class Pack:
                 old.set_(own.untyped_storage(), 0, own.shape, own.stride())
                 gi, j = self.where[i]
                 g = self.groups[gi]
-                fresh = grad_alias(g.grad, g.offsets[j], own.shape)
+                fresh = grad_alias(g.grad, g.offsets[j], own.shape, g.strides[j])
                 if isinstance(old, GradSlot):
                     fresh = GradSlot.of(fresh)
                 if self.params[i].grad is old:
@@ -400,6 +419,14 @@ class Pack:
                     f"was built (model.double(), .half(), .to(...)); its packed buffers are {packed}: convert "
                     "the model first, then build the optimizer (or build a new one and load_state_dict into it)"
                 )
+            if p.stride() != self.strides[i]:
+                raise RuntimeError(
+                    f"parameter {i} (shape {shape}) was converted to another memory format (strides "
+                    f"{p.stride()}, packed with {self.strides[i]}: model.to(memory_format=torch.channels_last) "
+                    "or .contiguous()) after PackedAdamW was built; its packed buffers keep the memory order it "
+                    "had: convert the model first, then build the optimizer (or build a new one and "
+                    "load_state_dict into it)"
+                )
             raise RuntimeError(
                 f"parameter {i} (shape {shape}) was rebound (p.data = ...) after PackedAdamW was "
                 "built; the optimizer updates its flat buffer, not the new tensor: copy into the parameter "
@@ -409,6 +436,28 @@ class Pack:
     def settle(self) -> None:
         """Every write into the gradient slots so far was ours or backward's."""
         self.known = [v._version for v in self.grad_views]
+
+    @classmethod
+    def check_unheld(cls, params: list[Tensor], mine: Pack | None = None) -> None:
+        """Refuse, before anything is modified, parameters another live :class:`PackedAdamW` has
+        packed (a scheduler or callback still holding the first optimizer, a notebook cell run
+        again): packing them again would move them out of the first one's buffers while it still
+        hooks their backward. An optimizer no longer referenced, kept only by a reference cycle, is
+        collected first (its layout is then released)."""
+        for attempt in range(2):
+            held = [(i, p) for i, p in enumerate(params) if cls._registry.get(id(p)) not in (None, mine)]
+            if not held:
+                return
+            if attempt == 0:
+                gc.collect()
+        i, p = held[0]
+        raise RuntimeError(
+            f"PackedAdamW: another PackedAdamW already holds these parameters (parameter {i}, shape "
+            f"{tuple(p.shape)}, and {len(held) - 1} more) and is still alive (a scheduler, a callback or "
+            "a variable holding the first optimizer, a notebook cell run again); its parameters live in "
+            "its flat buffers and its hooks deliver their gradients there: keep using the first one, or "
+            "drop every reference to it (del optimizer, scheduler) before building the new one"
+        )
 
     @classmethod
     def of(cls, parameters: list[Tensor]) -> Pack | None:

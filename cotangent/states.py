@@ -39,6 +39,60 @@ def check_loadable(state_dict: dict[str, Any]) -> None:
                 )
 
 
+def check_fits(state_dict: dict[str, Any], groups: list[dict[str, Any]]) -> None:
+    """Refuse, before anything is modified, a state dict that does not fit the optimizer's
+    parameters position by position, naming the first mismatch: the number of groups, of
+    parameters in a group, and for each parameter's saved state its keys, each moment's shape and
+    dtype (a floating-point tensor of the parameter's shape, which native casts to the parameter's
+    dtype) and its ``step`` (a number or a 0-dim tensor). Native loads such a state dict and
+    fails at its next step (or steps the wrong moments); a partial load would leave the optimizer
+    half-loaded."""
+    saved = state_dict["param_groups"]
+    if len(saved) != len(groups):
+        raise ValueError(
+            f"state_dict has {len(saved)} parameter groups, the optimizer {len(groups)}; nothing was loaded"
+        )
+    state = state_dict.get("state")
+    if not isinstance(state, dict):
+        raise ValueError(f"state_dict['state'] is {type(state).__name__}, not a dict; nothing was loaded")
+    for k, (was, group) in enumerate(zip(saved, groups)):
+        keys = was.get("params")
+        if not isinstance(keys, list) or len(keys) != len(group["params"]):
+            n = len(keys) if isinstance(keys, list) else type(keys).__name__
+            raise ValueError(
+                f"state_dict['param_groups'][{k}] has {n} parameters, the optimizer's group {k} "
+                f"{len(group['params'])}; nothing was loaded"
+            )
+        needed = ["step", "exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if was.get("amsgrad") else [])
+        for i, (key, p) in enumerate(zip(keys, group["params"])):
+            entry = state.get(key)
+            if entry:
+                _check_loaded(f"group {k}, parameter {i} (state_dict['state'][{key!r}])", entry, p, needed)
+
+
+def _check_loaded(where: str, entry: Any, p: Tensor, needed: list[str]) -> None:
+    """One parameter's saved state against the parameter it would be loaded into."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: the state is {type(entry).__name__}, not a dict; nothing was loaded")
+    missing = [key for key in needed if key not in entry]
+    if missing:
+        raise ValueError(f"{where}: the state lacks {missing}; nothing was loaded")
+    step = entry["step"]
+    if isinstance(step, Tensor) and step.dim() != 0 or not isinstance(step, (Tensor, int, float)):
+        got = f"a tensor of shape {tuple(step.shape)}" if isinstance(step, Tensor) else type(step).__name__
+        raise ValueError(f"{where}: step is {got}, not a number or a 0-dim tensor; nothing was loaded")
+    for key in needed[1:]:
+        value = entry[key]
+        if not isinstance(value, Tensor):
+            raise ValueError(f"{where}: {key} is {type(value).__name__}, not a tensor; nothing was loaded")
+        if value.shape != p.shape or not value.is_floating_point():
+            raise ValueError(
+                f"{where}: {key} has shape {tuple(value.shape)} and dtype {value.dtype}, the parameter shape "
+                f"{tuple(p.shape)} and dtype {p.dtype} (parameters in another order, or another model's state "
+                "dict); nothing was loaded"
+            )
+
+
 def to_state_tensors(state: dict[str, Any]) -> dict[str, Any]:
     """One parameter's loaded state with a Python-number ``step`` as the float32 tensor native
     fused AdamW makes of it (``AdamW.__setstate__``)."""

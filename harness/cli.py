@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from harness.cliargs import RUN_INTERRUPTED, RUN_TERMINATED, parser
 from harness.clirun import Terminated, cmd_run, records_rel, refuse_shadowing, report
 from harness.clitools import cmd_compare_arms, cmd_configs, cmd_data, cmd_node, cmd_verify, table
+from harness.compare_cmd import cmd_compare
 from prereg.errors import HarnessError, InputError
 from prereg.records import RecordFormatError
 
@@ -573,6 +574,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "compare-arms": cmd_compare_arms,
     "publish": cmd_publish,
     "init": cmd_init,
+    "compare": cmd_compare,
 }
 
 

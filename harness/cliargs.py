@@ -94,6 +94,7 @@ def parser() -> argparse.ArgumentParser:
     )
     v.add_argument("records", help="the calibration's records folder (records/<id>)")
     _init_command(sub)
+    _compare_command(sub)
     _audit_commands(sub)
     return p
 
@@ -355,6 +356,38 @@ def _init_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     s.add_argument("--steps", type=int, default=200, help="steps your script reports (default 200)")
     s.add_argument("--timeout", type=float, default=600, help="one run's limit in seconds (default 600)")
     s.add_argument("--device", default="cpu", choices=DEVICES, help="what {device} says (default: cpu)")
+
+
+def _compare_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``compare``: two commands, or one command at two commits, from question to answer."""
+    s = sub.add_parser(
+        "compare",
+        help="is my change faster? two commands, or one at two commits: a study written, run and reported",
+    )
+    s.add_argument("--base-cmd", help="the baseline's command line (with --head-cmd)")
+    s.add_argument("--head-cmd", help="the candidate's command line (with --base-cmd)")
+    s.add_argument("--base", help="the baseline's commit (a ref; with --head and a command after --)")
+    s.add_argument("--head", help="the candidate's commit (default HEAD; the tree must be clean)")
+    s.add_argument("--steps", type=int, help="steps the command reports (default: its own --steps N)")
+    s.add_argument("--pairs", type=int, default=12, help="pairs at most (default 12; looks at thirds)")
+    s.add_argument(
+        "--effect-class",
+        default="cache-heavy",
+        choices=["allocation", "bandwidth", "cache-heavy", "context-free", "wall-only"],
+        help="the class of the change (docs/decisions.md, 'Effect classes'): cache-heavy (default: an "
+        "optimizer or kernel change), bandwidth, allocation, context-free (CPU work only), or wall-only "
+        "(sleep, I/O, waiting: decided on the wall clock); the calibration's best estimator for it is used",
+    )
+    s.add_argument(
+        "--fail-above", metavar="PCT", help="exit 6 when a slowdown beyond PCT (e.g. 1%%) is established"
+    )
+    s.add_argument("--markdown", metavar="FILE", help="also write the answer as a pull-request comment")
+    s.add_argument("--metric", default="val_loss", help="the metric the script reports (default val_loss)")
+    s.add_argument("--timeout", type=float, default=600, help="one run's limit in seconds (default 600)")
+    s.add_argument("--id", help="the study's id (default compare-<UTC time>)")
+    s.add_argument(
+        "command_argv", nargs=argparse.REMAINDER, help="-- COMMAND: the command, at --base and --head"
+    )
 
 
 def _audit_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

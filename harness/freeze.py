@@ -25,7 +25,7 @@ from typing import Any
 
 from harness import gitutil
 from harness.packages import package_dirs
-from prereg.bounded import file_problem, read_regular
+from prereg.bounded import InputLimitError, file_problem, read_present, read_regular, read_target
 from prereg.commands import refs_of
 from prereg.errors import RefusedError
 from prereg.ledger import read_json
@@ -76,7 +76,7 @@ def code_sha256() -> dict[str, str]:
             hashes = {base / rel: sha for rel, sha in listed.items()}
         else:
             files = [*base.rglob("*.py"), *base.rglob("*.c")]
-            hashes = {p: sha256_bytes(p.read_bytes()) for p in files if "__pycache__" not in p.parts}
+            hashes = {p: sha256_bytes(read_target(str(p))) for p in files if "__pycache__" not in p.parts}
         lines = [f"{p.relative_to(base).as_posix()}:{hashes[p]}" for p in sorted(hashes)]
         out[base.name] = sha256_bytes("\n".join(lines).encode())
     return out
@@ -275,13 +275,15 @@ def faithful_cache(pyc: Path) -> bool:
         return False
     source = pyc.parent.parent / f"{parts[0]}.py"
     try:
-        data = pyc.read_bytes()
+        data = read_target(str(pyc))
         if data[:4] != importlib.util.MAGIC_NUMBER:
             return False
         if _stale(data, source):
             return True  # Python compiles the source instead of reading this file
         code = marshal.loads(data[16:])
-        fresh = compile(source.read_bytes(), str(source), "exec", dont_inherit=True, optimize=int(opt or 0))
+        fresh = compile(
+            read_target(str(source)), str(source), "exec", dont_inherit=True, optimize=int(opt or 0)
+        )
     except (OSError, ValueError, EOFError, TypeError, SyntaxError):
         return False
     return bool(code == fresh)
@@ -300,7 +302,7 @@ def _stale(data: bytes, source: Path) -> bool:
             st.st_size & 0xFFFFFFFF
         ).to_bytes(4, "little")
     if flags == 3:
-        return data[8:16] != importlib.util.source_hash(source.read_bytes())
+        return data[8:16] != importlib.util.source_hash(read_target(str(source)))
     return False
 
 
@@ -624,7 +626,7 @@ def exempt_imports(root: Path, sources: list[Path]) -> list[str]:
     out = []
     for src in sources:
         try:
-            tree = ast.parse(src.read_bytes(), filename=str(src))
+            tree = ast.parse(read_target(str(src)), filename=str(src))
         except (OSError, SyntaxError, ValueError):
             continue
         for node in ast.walk(tree):
@@ -663,7 +665,11 @@ def sign_result(proto: Any, seq: int, sha: str) -> str:
         raise RefusedError(f"{proto.path}: no protocol tag {proto.tag_name} to sign a result of")
     name = f"result-{proto.id}"
     kept = proto.records_path / RESULT_FILE
-    old = parse_result(kept.read_bytes()) if kept.is_file() else None
+    try:
+        kept_raw = read_present(str(kept), 1 << 20)
+    except InputLimitError as e:
+        raise RefusedError(f"{e}: harness report --sign keeps the signed head there as a regular file") from e
+    old = parse_result(kept_raw) if kept_raw is not None else None
     if old is not None and (old["seq"], old["sha256"]) == (seq, sha) and gitutil.tag_info(repo, name):
         return f"the ledger head seq {seq} is already signed as tag {name} ({kept})"
     message = result_message(proto.id, manifest_sha256(m), seq, sha)

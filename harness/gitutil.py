@@ -11,6 +11,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from prereg.bounded import InputLimitError, read_regular
+
 
 def env() -> dict[str, str]:
     return {**os.environ, "GIT_NO_REPLACE_OBJECTS": "1", "GIT_TERMINAL_PROMPT": "0"}
@@ -131,8 +133,8 @@ def disk_blob_id(disk: Path, mode: str, fmt: str) -> str | None:
     """Git's blob id of the raw bytes at ``disk`` (a symbolic link's target for mode 120000), as
     git would store them with no filter or conversion; None when it cannot be read."""
     try:
-        data = os.fsencode(os.readlink(disk)) if mode == "120000" else disk.read_bytes()
-    except OSError:
+        data = os.fsencode(os.readlink(disk)) if mode == "120000" else read_regular(str(disk))
+    except (OSError, InputLimitError):
         return None
     return blob_id(data, fmt)
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from prereg.bounded import parse_json, read_regular
+from prereg.bounded import parse_json, read_regular, read_target
 from prereg.files import atomic_write
 from prereg.ledger import (
     LOOK_SUFFIX,
@@ -363,7 +363,7 @@ def source_hashes(root: Path, extra: Iterable[Path]) -> dict[str, str]:
     out = {}
     for p in sorted(files):
         rel = p.resolve().relative_to(root.resolve()).as_posix()
-        out[rel] = sha256_bytes(p.read_bytes())
+        out[rel] = sha256_bytes(read_target(str(p)))
     return out
 
 

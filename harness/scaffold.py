@@ -70,14 +70,21 @@ def render(s: Scaffold) -> str:
     return "\n".join(lines) + "\n"
 
 
+def warmup_steps(steps: int) -> int:
+    """A lockstep study's warm-up: a tenth of the steps, at least 1, at most 10 (0 for one step)."""
+    return 0 if steps < 2 else max(1, min(10, steps // 10))
+
+
 def _tests(s: Scaffold) -> list[str]:
-    """The hypotheses' tests: speed for each configuration, quality when a margin is given."""
+    """The hypotheses' tests: speed for each configuration (lockstep: on the CPU clock, the one the
+    calibration found accurate; a process per arm: the wall clock), quality when a margin is given."""
+    endpoint = "training_cpu_time" if s.design == "lockstep" else "training_time"
     tests = []
     for c in s.configs:
         at = f", config: {c}" if len(s.configs) > 1 else ""
         suffix = f"-{c}" if len(s.configs) > 1 else ""
         tests.append(
-            f"    - {{id: H1-speed{suffix}, study: mine{at}, endpoint: training_time, estimand: log_ratio, "
+            f"    - {{id: H1-speed{suffix}, study: mine{at}, endpoint: {endpoint}, estimand: log_ratio, "
             "type: superiority, better: lower}"
         )
         if s.margin is not None:
@@ -143,6 +150,15 @@ def _origins(s: Scaffold, runs: int, lockstep: bool) -> list[str]:
             f'  block_steps: "{s.block_steps}: each arm trains this many steps before the other '
             '(docs/decisions.md, Lockstep pairs)"'
         )
+        if warmup_steps(s.steps):
+            lines.append(
+                f'  warmup_steps: "{warmup_steps(s.steps)}: the first steps, timed apart (a tenth of the steps, '
+                'at most 10), as in records/calibration-cpu"'
+            )
+        lines.append(
+            '  clock: "speed on the CPU clock (training_cpu_time): the one records/calibration-cpu found '
+            'accurate in lockstep; a wall-only change (sleep, I/O, waiting) needs training_time"'
+        )
     return lines
 
 
@@ -153,6 +169,7 @@ def _study(s: Scaffold, lockstep: bool) -> list[str]:
         "  - name: mine",
         _line(f"    design: {s.design}", "paired: a process per run; lockstep: the two take turns"),
         *([f"    block_steps: {s.block_steps}"] if lockstep else []),
+        *([f"    warmup_steps: {warmup_steps(s.steps)}"] if lockstep and warmup_steps(s.steps) else []),
         _line("    arms:", "argument lists, never a shell; ref: run that commit in a worktree"),
         f"      baseline:  {_arm(s.baseline, s.baseline_ref, s.timeout_s, '--command')}",
         f"      candidate: {_arm(s.candidate, s.candidate_ref, s.timeout_s, '--candidate-command')}",

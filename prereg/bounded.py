@@ -34,17 +34,34 @@ class InputLimitError(ValueError):
     """A file or value over a limit, or a file that is not a regular file (the reason is the text)."""
 
 
+#: Folders of kernel pseudo-files: a file there reports a size it does not hold (``/proc/self/pagemap``
+#: is "0 bytes" and fails or never ends when read); none is read (a device is refused as not regular).
+PSEUDO_ROOTS = ("/proc", "/sys")
+
+
+def _pseudo(path: str) -> str | None:
+    """The pseudo-file folder ``path`` resolves into (``/proc``, ``/sys``), or None."""
+    real = os.path.realpath(path)
+    return next((r for r in PSEUDO_ROOTS if real == r or real.startswith(r + "/")), None)
+
+
 def file_problem(path: str, limit: int = MAX_FILE_BYTES) -> str | None:
-    """Why ``path`` may not be read (a symlink, not a regular file, over ``limit`` bytes), or None;
-    only ``lstat``: a FIFO or a device is never opened."""
+    """Why ``path`` may not be read (a symlink, not a regular file, a kernel pseudo-file of /proc or
+    /sys, over ``limit`` bytes), or None; only ``lstat``: a FIFO or a device is never opened."""
     try:
         st = os.lstat(path)
     except OSError as e:
         return f"cannot be read ({e.strerror})"
     if stat.S_ISLNK(st.st_mode):
-        return "a symbolic link: a records folder holds regular files only (git carries links; replace it by the file)"
+        return (
+            "a symbolic link: only regular files are read, and a records folder holds regular files only "
+            "(git carries links; replace it by the file)"
+        )
     if not stat.S_ISREG(st.st_mode):
-        return "not a regular file (a FIFO, a device or a folder): a records folder holds regular files only"
+        return "not a regular file (a FIFO, a device or a folder): only regular files are read (regular files only)"
+    pseudo = _pseudo(path)
+    if pseudo is not None:
+        return f"a kernel pseudo-file of {pseudo}, not a regular file: only regular files are read"
     if st.st_size > limit:
         return f"{st.st_size} bytes: over the {limit} bytes read from one file"
     return None
@@ -52,9 +69,9 @@ def file_problem(path: str, limit: int = MAX_FILE_BYTES) -> str | None:
 
 def read_regular(path: str, limit: int = MAX_FILE_BYTES) -> bytes:
     """The bytes of the regular file ``path`` (at most ``limit``), else :class:`InputLimitError`
-    naming the file: a symlink, a FIFO or a device is refused without being opened, and the file
-    is opened without following a link and without blocking, so one swapped in after the check is
-    refused too."""
+    naming the file: a symlink, a FIFO, a device or a pseudo-file of /proc or /sys is refused
+    without being opened, and the file is opened without following a link and without blocking,
+    so one swapped in after the check is refused too; a failing read is refused, never raised."""
     problem = file_problem(path, limit)
     if problem is not None:
         raise InputLimitError(f"{path}: {problem}")
@@ -62,13 +79,37 @@ def read_regular(path: str, limit: int = MAX_FILE_BYTES) -> bytes:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
         raise InputLimitError(f"{path}: cannot be read ({e.strerror})") from e
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise InputLimitError(f"{path}: not a regular file")
-        data = f.read(limit + 1)
+    try:
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise InputLimitError(f"{path}: not a regular file")
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise InputLimitError(f"{path}: cannot be read ({e.strerror or e})") from e
     if len(data) > limit:
         raise InputLimitError(f"{path}: over the {limit} bytes read from one file")
+    if st.st_size == 0 and data:  # a pseudo-file: "0 bytes", then content
+        raise InputLimitError(
+            f"{path}: a pseudo-file (0 bytes by its size, more when read), not a regular file"
+        )
     return data
+
+
+def read_target(path: str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """:func:`read_regular` of what ``path`` names, a link followed (a source tree or a corpus may
+    link to its files): the target must be a regular file all the same."""
+    try:
+        return read_regular(os.path.realpath(path), limit)
+    except InputLimitError as e:
+        raise InputLimitError(f"{path}: {e}") from e
+
+
+def read_present(path: str, limit: int = MAX_FILE_BYTES) -> bytes | None:
+    """:func:`read_regular`, or None where nothing is at ``path`` (not even a dangling link)."""
+    if not os.path.lexists(path):
+        return None
+    return read_regular(path, limit)
 
 
 #: A JSON string, or an unterminated one to the end of the text: possessive, so every match is

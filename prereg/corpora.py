@@ -7,6 +7,7 @@ import os
 from fractions import Fraction
 from typing import Any
 
+from prereg.bounded import InputLimitError, read_regular
 from prereg.ledger import record_name, sha256
 
 
@@ -17,10 +18,15 @@ def corpus_splits(root: str, corpus: dict[str, Any]) -> tuple[dict[str, Any] | N
     if "file" not in corpus:
         return {s: corpus[s]["sha256"] for s in ("train", "valid", "test")}, []
     path = os.path.join(root, corpus["file"]["path"])
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         return None, []
-    with open(path, "rb") as f:
-        data = f.read()
+    try:
+        # a corpus may be a link to the data elsewhere: its target is read, as a regular file
+        data = read_regular(os.path.realpath(path), max(int(corpus["file"]["size"]), 0))
+    except InputLimitError as e:
+        return None, [
+            f"{e}; the protocol pins {corpus['file']['size']} bytes, sha256 {corpus['file']['sha256']}"
+        ]
     if sha256(data) != corpus["file"]["sha256"] or len(data) != corpus["file"]["size"]:
         return None, [
             f"{path}: {len(data)} bytes, sha256 {sha256(data)}; the protocol pins "

@@ -164,7 +164,15 @@ def paired_interval(
     """
     if estimand == "difference":
         return mean_interval(paired_values(baseline, candidate, estimand), level, estimand)
-    res = mean_interval(paired_values(baseline, candidate, "log_ratio"), level, estimand)
+    return on_log_scale(
+        mean_interval(paired_values(baseline, candidate, "log_ratio"), level, estimand), estimand
+    )
+
+
+def on_log_scale(res: PairedInterval, estimand: str) -> PairedInterval:
+    """A Student-t interval of mean log ratios (:func:`mean_interval`) in ``estimand``'s terms:
+    ``log_ratio`` with the geometric-mean ratio and its ends (``exp``), ``relative_reduction`` as
+    ``100 (1 - exp(.))`` of the estimate and ends (:func:`paired_interval`'s Notes)."""
     res = replace(
         res, ratio=math.exp(res.estimate), ratio_low=math.exp(res.low), ratio_high=math.exp(res.high)
     )

@@ -28,12 +28,16 @@ def exact_fields(what: str, have: Iterable[str], want: Iterable[str], error: typ
 
 
 def plain(value: Any) -> Any:
-    """A value as JSON holds it: objects with ``to_json`` by it, other dataclasses by their fields,
-    mappings as dicts, sequences as lists."""
+    """A value as JSON holds it: objects with ``to_json`` by it, other dataclasses by their fields
+    (one whose metadata says ``omit_none`` left out while ``None``), mappings as dicts, sequences as lists."""
     if hasattr(value, "to_json") and not isinstance(value, type):
         return value.to_json()
-    if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: plain(getattr(value, f.name)) for f in fields(value)}
+    if is_dataclass(value) and not isinstance(value, type):  # a field marked omit_none is left out while None
+        return {
+            f.name: plain(v)
+            for f in fields(value)
+            if (v := getattr(value, f.name)) is not None or not f.metadata.get("omit_none")
+        }
     if isinstance(value, Mapping):
         return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

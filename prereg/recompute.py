@@ -30,7 +30,7 @@ from prereg.interference import flagged_pairs
 from prereg.looks import looks_reached, run_looks, sequential_decisions
 from prereg.order import by_device, crossover, drift, positions
 from prereg.planted import pair_columns, planted_rows
-from prereg.replicates import replicate_rows, replicate_times
+from prereg.replicates import replicate_rows, replicate_times, replicates_interval
 
 REL_TOL = 1e-9
 #: ``summary.json`` schema versions this audit recomputes (``prereg.summary.SUMMARY_SCHEMA``).
@@ -107,7 +107,7 @@ def _studies(
             if not units:
                 continue
             if st["design"] == "paired":
-                entry = _paired(st, config, units, level, exclusions)
+                entry = _paired(st, config, units, level, exclusions, bool(proto.get("replicates")))
                 pairs_of[(st["name"], config)] = entry["pairs"]
             else:
                 entry = _factorial(st, config, units, level, exclusions)
@@ -204,17 +204,17 @@ def _paired(
     units: dict[str, dict[str, Rec]],
     level: float,
     exclusions: list[dict[str, str]],
+    replicated: bool = False,
 ) -> dict[str, Any]:
     pairs, arm_timings = _pairs(units, exclusions)
 
     def col(key: str) -> list[Any]:
         return [p[key] for p in pairs]
 
-    training = _time_endpoint(pairs, "training_s", level)
     timed = [p for p in pairs if p["time_reduction_pct"] is not None]  # both training times finite, positive
     cpu_time = None  # when every pair recorded its training CPU time (records since lockstep)
     if pairs and all("baseline_training_cpu_s" in p for p in pairs):
-        cpu_time = _time_endpoint(pairs, "training_cpu_s", level)
+        cpu_time = _time_endpoint(pairs, "training_cpu_s", level, replicated)
     ttt = _time_to_target(pairs, level)
     quality = asdict(endpoint(col("baseline_test_bpb"), col("candidate_test_bpb"), level, "difference"))
     mb, mc = col("baseline_peak_memory_bytes"), col("candidate_peak_memory_bytes")
@@ -234,7 +234,7 @@ def _paired(
         "candidate_arm": st["arms"][1],
         "units_seen": len(units),
         "pairs_used": len(pairs),
-        "training_time": training,
+        "training_time": _time_endpoint(pairs, "training_s", level, replicated),
         "time_to_target": ttt,
         "total_time": asdict(
             endpoint(col("baseline_total_s"), col("candidate_total_s"), level, "relative_reduction")
@@ -395,13 +395,28 @@ def final_metric_columns(b: Rec, c: Rec) -> dict[str, Any]:
     return {"baseline_final_metric": b.get("final_metric"), "candidate_final_metric": c.get("final_metric")}
 
 
-def _time_endpoint(pairs: list[dict[str, Any]], key: str, level: float) -> dict[str, Any]:
+def _time_endpoint(
+    pairs: list[dict[str, Any]], key: str, level: float, replicated: bool = False
+) -> dict[str, Any]:
     """A time's endpoint over the pairs (``baseline_<key>``, ``candidate_<key>``; relative reduction)
-    with its log-ratio interval over the pairs whose two times are finite and positive."""
+    with its log-ratio interval over the pairs whose two times are finite and positive. In a
+    ``replicated`` protocol both intervals are the decision's, over the replicates' estimates
+    (:func:`.replicates.replicates_interval`; ``replicates`` says over how many), never the pooled
+    pairs' (which hold no spread between replicates)."""
     b, c = f"baseline_{key}", f"candidate_{key}"
     out = asdict(endpoint([p[b] for p in pairs], [p[c] for p in pairs], level, "relative_reduction"))
     timed = [p for p in pairs if valid(p[b], True) and valid(p[c], True)]
-    log_ratio = descriptive_interval([p[b] for p in timed], [p[c] for p in timed], level, "log_ratio")
+    if replicated:
+        values_of: dict[int, list[float]] = {}
+        for p in timed:
+            if isinstance(p.get("replicate"), int):
+                values_of.setdefault(p["replicate"], []).append(math.log(p[c]) - math.log(p[b]))
+        over = replicates_interval(values_of, level, "relative_reduction")
+        out["interval"] = None if over is None else over.as_dict()
+        log_ratio = replicates_interval(values_of, level, "log_ratio")
+        out["replicates"] = len(values_of)
+    else:
+        log_ratio = descriptive_interval([p[b] for p in timed], [p[c] for p in timed], level, "log_ratio")
     out["log_ratio"] = None if log_ratio is None else log_ratio.as_dict()
     return out
 

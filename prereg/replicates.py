@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from prereg.descriptive import valid
+from prereg.descriptive import PairedInterval, mean_interval, on_log_scale, valid
 from prereg.tdist import t_critical
 
 #: The keys of the ``replicates`` block, and what each means.
@@ -90,7 +90,7 @@ def overlap_problem(
         if r >= replicate:
             continue
         for _first, last, where in spans[r]:
-            if where == host and now - last < min_gap_s:
+            if _same_machine(where, host) and now - last < min_gap_s:
                 return (
                     f"replicate {r} ran on {host} until {_utc(last)}: replicate {replicate} may start there "
                     f"from {_utc(last + min_gap_s)} (min_gap_s {min_gap_s}), not at {_utc(now)}"
@@ -112,21 +112,48 @@ def spans_of(
         at = (e.get("ledger") or {}).get("at")
         if r is None or not isinstance(at, str):
             continue
-        host = str((e.get("runner") or {}).get("host") or (e.get("env") or {}).get("host") or "unknown host")
         t = _epoch(at)
-        lo, hi = out.get((r, host), (t, t))
-        out[(r, host)] = (min(lo, t), max(hi, t))
+        where = machine_of(e)
+        lo, hi = out.get((r, where), (t, t))
+        out[(r, where)] = (min(lo, t), max(hi, t))
     spans: dict[int, list[tuple[float, float, str]]] = {}
-    for (r, host), (lo, hi) in sorted(out.items()):
-        spans.setdefault(r, []).append((lo, hi, host))
+    for (r, where), (lo, hi) in sorted(out.items()):
+        spans.setdefault(r, []).append((lo, hi, where))
     return spans
+
+
+def machine_of(entry: Mapping[str, Any]) -> str:
+    """The machine an entry names: its host, and where the runner recorded it (started entries since
+    issue 59), the boot id, which ``unshare --uts`` does not change: ``host (boot 1a2b3c4d)``."""
+    runner = entry.get("runner") or {}
+    host = str(runner.get("host") or (entry.get("env") or {}).get("host") or "unknown host")
+    boot = runner.get("boot_id")
+    return f"{host} (boot {str(boot)[:8]})" if isinstance(boot, str) and boot else host
+
+
+def _same_machine(a: str, b: str) -> bool:
+    """Whether two :func:`machine_of` labels are one machine: one boot id, or one host where either
+    has no boot id."""
+    ba, bb = a.rpartition(" (boot ")[2], b.rpartition(" (boot ")[2]
+    if " (boot " in a and " (boot " in b:
+        return ba == bb
+    return a.split(" (boot ")[0] == b.split(" (boot ")[0]
+
+
+def unwitnessed(entries: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the machines of a replicated study's runs are told apart by hostname alone: a started
+    entry without the runner's boot id (``harness.execute.attempts.machine_witness``; entries
+    written before it, or on a system without ``/proc``)."""
+    return any(e.get("kind") == "started" and not (e.get("runner") or {}).get("boot_id") for e in entries)
 
 
 def time_problems(entries: Sequence[Mapping[str, Any]], min_gap_s: int) -> list[str]:
     """What the chain shows against the replicates' separation in time (the audit's check of the
     rule ``harness run --replicate`` applies when each replicate starts): on one machine, a
     replicate whose first entry is fewer than ``min_gap_s`` seconds after an earlier replicate's last
-    entry there (negative: they overlap). Replicates on different machines may run at once."""
+    entry there (negative: they overlap). Replicates on different machines may run at once; one
+    machine is one boot id where the entries hold one (a hostname changed under ``unshare --uts``
+    is the same machine), else one hostname."""
     of_run = {
         str((e.get("spec") or {}).get("run_id")): int(e["spec"]["replicate"])
         for e in entries
@@ -138,7 +165,7 @@ def time_problems(entries: Sequence[Mapping[str, Any]], min_gap_s: int) -> list[
         for j in sorted(x for x in spans if x < r):
             for _f, last, host in spans[j]:
                 for first, _l, where in spans[r]:
-                    if where == host and first - last < min_gap_s:
+                    if _same_machine(where, host) and first - last < min_gap_s:
                         out.append(
                             f"replicate {r} started on {host} at {_utc(first)}, {first - last:.0f} s after "
                             f"replicate {j}'s last entry there ({_utc(last)}): min_gap_s is {min_gap_s}"
@@ -278,6 +305,39 @@ def replicate_estimates(
             ys.append(m)
             vs.append(var)
     return reps, ys, vs
+
+
+def replicates_interval(
+    values_of: Mapping[int, Sequence[float]], level: float, estimand: str
+) -> PairedInterval | None:
+    """The interval a replicated protocol decides by, at ``level``: the two-sided Student-t interval
+    of the mean of the replicates' estimates (each the mean log ratio of its pairs,
+    :func:`replicate_estimates`), ``k - 1`` degrees of freedom, in ``estimand``'s terms
+    (``log_ratio`` or ``relative_reduction``: :func:`.descriptive.on_log_scale`).
+
+    Parameters
+    ----------
+    values_of : mapping of int to sequence of float
+        Each replicate's per-pair log ratios ``ln(T_c / T_b)``.
+    level : float
+        Two-sided confidence level.
+    estimand : {"log_ratio", "relative_reduction"}
+
+    Returns
+    -------
+    PairedInterval or None
+        Its ``n`` counts replicates, not pairs; ``None`` under two replicates with a variance.
+
+    Notes
+    -----
+    The equal-weight t of the decision (:func:`.hypotheses.test_of`, method ``t-replicates``): with
+    ``k`` estimates ``y_r`` it is ``mean(y) -/+ t_{k-1, (1+level)/2} sd(y) / sqrt(k)``, which holds
+    the spread between replicates, as the pooled paired interval over all pairs does not.
+    """
+    _, ys, _ = replicate_estimates(values_of)
+    if len(ys) < 2:
+        return None
+    return on_log_scale(mean_interval(ys, level, estimand), estimand)
 
 
 def replicate_times(records: Sequence[Mapping[str, Any]]) -> dict[int, dict[str, Any]]:

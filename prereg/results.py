@@ -100,9 +100,12 @@ def _value(hint: Any, value: Any, where: str) -> Any:
 
 @dataclass(frozen=True)
 class TrainingTime(Endpoint):
-    """Fixed-budget training time, also on the log ratio (over the pairs with both times positive)."""
+    """Fixed-budget training time, also on the log ratio (over the pairs with both times positive);
+    in a replicated protocol both intervals are over the replicates' estimates (``replicates``: how
+    many replicates have pairs; left out otherwise, so earlier summaries read and write back the same)."""
 
     log_ratio: PairedInterval | None
+    replicates: int | None = field(default=None, metadata={"omit_none": True})
 
 
 @dataclass(frozen=True)

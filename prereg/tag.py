@@ -10,7 +10,7 @@ import re
 import subprocess
 from typing import Any
 
-from prereg.bounded import InputLimitError, file_problem, read_regular
+from prereg.bounded import InputLimitError, file_problem, read_present, read_regular
 from prereg.commands import is_command_study
 from prereg.ledger import canonical, sha256
 from prereg.plan import expected_summary, with_defaults
@@ -257,6 +257,16 @@ def read_tag(
     }, []
 
 
+def checkout_bytes(path: str) -> bytes | None:
+    """The bytes of the checkout's regular file ``path``, or None where there is none or it may not
+    be read (a link, a FIFO, a device, a pseudo-file of /proc, over the size limit): what the
+    caller then names as missing or different, never a crash or a hang."""
+    try:
+        return read_present(path)
+    except InputLimitError:
+        return None
+
+
 def _configs_at(root: str, rev: str, ppath: str, names: list[str]) -> dict[str, bytes]:
     """The configuration files a protocol names, as ``harness.config`` finds them: ``configs/`` in
     the nearest folder at or above the protocol's that has one (at ``rev``, or in the checkout)."""
@@ -268,8 +278,7 @@ def _configs_at(root: str, rev: str, ppath: str, names: list[str]) -> dict[str, 
             if rev:
                 blob = git_bytes(root, "cat-file", "blob", f"{rev}:{base}/{c}.yaml")
             else:
-                full = os.path.join(root, base, f"{c}.yaml")
-                blob = open(full, "rb").read() if os.path.isfile(full) else None
+                blob = checkout_bytes(os.path.join(root, base, f"{c}.yaml"))
             if blob is not None:
                 out[c] = blob
         if out or not d:
@@ -332,11 +341,15 @@ def load_truth(
     if "raw" not in truth and not truth["tagged"]:
         path = records[0]["protocol"].get("path")
         full = os.path.join(root, str(path))
-        if isinstance(path, str) and os.path.isfile(full):
-            raw = open(full, "rb").read()
-            truth.update(path=path, raw=raw, sha256=sha256(raw))
+        try:
+            raw = read_present(full) if isinstance(path, str) else None
+        except InputLimitError as e:
+            problems.append(f"the protocol file the records name: {e}")
         else:
-            problems.append(f"{full}: protocol file missing")
+            if raw is None:
+                problems.append(f"{full}: protocol file missing")
+            else:
+                truth.update(path=path, raw=raw, sha256=sha256(raw))
     if "raw" in truth:
         problems += _derive_study(root, truth)
     return truth, problems
@@ -358,10 +371,10 @@ def _where_to_look(
     claims = sorted({str(r["protocol"].get("id")) for r in records if r["protocol"].get("preregistered")})
     in_checkout = []
     for p in paths:
-        full = os.path.join(root, p)
-        if os.path.isfile(full):
+        raw = checkout_bytes(os.path.join(root, p))
+        if raw is not None:
             try:
-                d = yaml_subset(open(full, "rb").read().decode("utf-8"))
+                d = yaml_subset(raw.decode("utf-8"))
             except (YamlError, UnicodeDecodeError):
                 continue
             if isinstance(d, dict) and d.get("preregistered") is True:
@@ -449,8 +462,7 @@ def check_sources(
         out = []
         for rel, digest in sources:
             if against is not None:
-                path = os.path.join(root, rel)
-                here = open(path, "rb").read() if os.path.isfile(path) else None
+                here = checkout_bytes(os.path.join(root, rel))
                 if here != git_bytes(root, "cat-file", "blob", f"{against}:{rel}"):
                     out.append(rel)
                 continue
@@ -458,9 +470,8 @@ def check_sources(
                 raw = git_bytes(root, "cat-file", "blob", f"{rev}:{rel}")
                 where = f"{rel} at {rev[:12]}"
             else:
-                path = os.path.join(root, rel)
-                raw = open(path, "rb").read() if os.path.isfile(path) else None
-                where = path
+                where = os.path.join(root, rel)
+                raw = checkout_bytes(where)
             if raw is None:
                 out.append(
                     f"{where}: source file listed in MANIFEST is missing"

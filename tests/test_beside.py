@@ -62,3 +62,35 @@ def test_an_earlier_result_beside_several_studies_is_drawn_once():
     labels = re.findall(r'text-anchor="end">([^<]+)</text>', figure)
     assert labels.count("cpu1 pairs / tiny_transformer, wall") == 1
     assert len(labels) == len(set(labels))
+
+
+@pytest.mark.process
+def test_a_forged_beside_study_and_files_the_study_did_not_write_are_named(tagged_done_study, tmp_path):
+    """Issue 59, cases 4 and 8: a page written beside a bare ``summary.json`` (no records, no
+    MANIFEST, no tag) was re-rendered from it and passed; a README.md or an extra plot added to a
+    records folder was not named. Each is now a problem (exit 1) naming the file or the folder; the
+    untouched study audits as before (exit 3: not signed)."""
+    from conftest import harness, private_copy
+    from test_integrity import PROTO, RECS, audit
+
+    r = private_copy(tagged_done_study, tmp_path / "copy")
+    assert audit(r).returncode == 3
+    fake = r / "fake"
+    fake.mkdir()
+    shutil.copy(r / RECS / "summary.json", fake / "summary.json")
+    written = harness(r, "report", PROTO, "--beside", "fake", "--quiet")
+    assert written.returncode == 0, written.stderr
+    forged = audit(r)
+    assert forged.returncode == 1, forged.stdout[-3000:]
+    assert (
+        "which is not a sealed, tagged study's records folder (no MANIFEST and no TAG there)" in forged.stdout
+    )
+    assert harness(r, "report", PROTO, "--quiet").returncode == 0  # the page as it was
+    assert audit(r).returncode == 3
+    for name, data in (("README.md", b"# The method halves training time\n"), ("plot_extra.png", b"\x89PNG")):
+        (r / RECS / name).write_bytes(data)
+        added = audit(r)
+        assert added.returncode == 1, added.stdout[-3000:]
+        assert f"{RECS}/{name}: a file the study did not write" in added.stdout
+        (r / RECS / name).unlink()
+    assert "PNG plots (not verified)" in audit(r).stdout or not list((r / RECS).glob("plot_*.png"))

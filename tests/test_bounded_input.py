@@ -106,3 +106,70 @@ def test_a_closed_pipe_is_not_an_error(tmp_path):
     )
     assert "Broken pipe" not in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert "rc=0" in r.stdout or "rc=141" in r.stdout, r.stdout
+
+
+def _attack_reads(r: Path, mine: Path, tmp_path: Path) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Each read the review drove past the bounded reader, set up in the study ``r`` and undone:
+    the public audit's answer to each (a FIFO would hang an unbounded read: the timeout says so)."""
+    import json
+    import os
+
+    from test_integrity import RECS, audit
+
+    out = {}
+    manifest = r / RECS / "MANIFEST"
+    kept = manifest.read_bytes()
+    m = json.loads(kept)
+    m["protocol"]["path"] = "/proc/self/pagemap"
+    manifest.write_text(json.dumps(m))
+    out["MANIFEST protocol.path /proc/self/pagemap"] = audit(r, "--allowed-signers", str(mine))
+    manifest.write_bytes(kept)
+    signers = r / "protocols" / "allowed_signers"
+    bound = signers.read_bytes()
+    signers.unlink()
+    signers.symlink_to("/dev/zero")
+    out["protocols/allowed_signers -> /dev/zero"] = audit(r, "--allowed-signers", str(mine))
+    signers.unlink()
+    os.mkfifo(signers)
+    out["protocols/allowed_signers a FIFO"] = audit(r, "--allowed-signers", str(mine))
+    signers.unlink()
+    signers.write_bytes(bound)
+    result = r / RECS / "RESULT"
+    head = result.read_bytes()
+    result.unlink()
+    result.symlink_to("/proc/self/pagemap")
+    out["RESULT -> /proc/self/pagemap"] = audit(r, "--allowed-signers", str(mine))
+    result.unlink()
+    result.write_bytes(head)
+    fifo = tmp_path / "reader_fifo"
+    os.mkfifo(fifo)
+    out["--allowed-signers a FIFO"] = audit(r, "--allowed-signers", str(fifo))
+    return out
+
+
+@pytest.mark.process
+def test_every_read_of_the_audit_is_bounded_and_named(tmp_path):
+    """Issue 59, case 9: MANIFEST's protocol path set to ``/proc/self/pagemap`` (was an OSError
+    traceback from prereg/tag.py), ``protocols/allowed_signers`` a link to ``/dev/zero`` (was a
+    MemoryError in audit/anchors.py) or a FIFO (was a hang), ``RESULT`` a link to
+    ``/proc/self/pagemap`` (was an OSError): each named in one line, no traceback, not exit 0; the
+    reader's own signers file a FIFO is refused (exit 2). The untouched study verifies (exit 0)."""
+    from test_integrity import audit
+    from test_provenance import ssh_signed_study
+
+    r, _, pub, _, _ = ssh_signed_study(tmp_path, 'maintainers@example.invalid namespaces="git"')
+    mine = tmp_path / "mine"
+    mine.write_text(f"reader {pub}")
+    assert audit(r, "--allowed-signers", str(mine)).returncode == 0
+    says = {
+        "MANIFEST protocol.path /proc/self/pagemap": "",
+        "protocols/allowed_signers -> /dev/zero": "protocols/allowed_signers: a symbolic link",
+        "protocols/allowed_signers a FIFO": "protocols/allowed_signers: not a regular file",
+        "RESULT -> /proc/self/pagemap": "RESULT: a symbolic link",
+        "--allowed-signers a FIFO": "reader_fifo: not a regular file",
+    }
+    for case, got in _attack_reads(r, mine, tmp_path).items():
+        assert "Traceback" not in got.stdout + got.stderr, (case, got.stderr[-2000:])
+        assert got.returncode in (1, 2), (case, got.returncode, got.stdout[-2000:])
+        assert says[case] in got.stdout, (case, got.stdout[-3000:])
+    assert audit(r, "--allowed-signers", str(mine)).returncode == 0

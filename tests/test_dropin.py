@@ -150,13 +150,17 @@ def test_frozen_parameters_are_kept_and_untouched():
     assert same(na.parameters(), nb.parameters()) and nb[0].weight.grad is None
 
 
-def test_channels_last_refused_before_anything_changes():
+def test_channels_last_packed_in_its_own_order_gappy_refused_before_anything_changes():
     conv = torch.nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
     w = conv.weight
-    ptr, stride = w.data_ptr(), w.stride()
-    with pytest.raises(ValueError, match="channels_last"):
-        PackedAdamW(conv.parameters())
-    assert w.data_ptr() == ptr and w.stride() == stride and w.grad is None
+    stride = w.stride()
+    PackedAdamW(conv.parameters())  # packed in its own memory order (tests/test_channels_last.py)
+    assert w.stride() == stride and w.is_contiguous(memory_format=torch.channels_last)
+    gappy = torch.randn(8, 6)[:, ::2].requires_grad_()
+    ptr, stride = gappy.data_ptr(), gappy.stride()
+    with pytest.raises(ValueError, match="without gaps or overlaps"):
+        PackedAdamW([gappy])
+    assert gappy.data_ptr() == ptr and gappy.stride() == stride and gappy.grad is None
 
 
 def test_clip_non_contiguous_gradients_in_memory_order():

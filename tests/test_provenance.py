@@ -639,7 +639,8 @@ def test_signed_tag_verifies_against_the_reader_s_allowed_signers(tmp_path):
     wrong.write_text(f"test@example.invalid {other_pub}")
     ok = audit(r, "--allowed-signers", str(good))
     assert ok.returncode == 0, ok.stdout
-    assert f"good SSH signature by test@example.invalid, allowed by {good}" in ok.stdout
+    assert "good SSH signature by test@example.invalid (key SHA256:" in ok.stdout  # issue 59: its fingerprint
+    assert f"), allowed by {good}" in ok.stdout
     assert "signed, not verified (pass --allowed-signers FILE)" in audit(r).stdout
     failed(r, "its signature does not verify against", extra=("--allowed-signers", str(wrong)))
     # the audited repository's config cannot swap the verifier: ssh-keygen runs, not gpg.ssh.program

@@ -150,3 +150,33 @@ def test_each_committed_study_renders_byte_for_byte_as_committed(folder):
     md = rendered["report.md"]
     links = report[len(md) :]
     assert report.startswith(md) and re.fullmatch(r"(\n(!\[\w+\]\(\w+\.png\)\n)+)?", links), links[:200]
+
+
+def _fingerprint(blob_b64: str) -> str:
+    """OpenSSH's ``SHA256:`` fingerprint of a public key blob (unpadded base64 of its SHA-256)."""
+    import base64
+    import hashlib
+
+    digest = hashlib.sha256(base64.b64decode(blob_b64)).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def test_every_maintainers_key_is_listed_by_fingerprint_where_readers_take_it():
+    """Each key of protocols/allowed_signers (the one the issue names among them) has its fingerprint
+    in the README and docs/provenance.md; and the stdlib fingerprint is ssh-keygen's."""
+    lines = [
+        ln.split() for ln in (ROOT / "protocols" / "allowed_signers").read_text().splitlines() if ln.strip()
+    ]
+    prints = [_fingerprint(parts[3]) for parts in lines]
+    assert "SHA256:ctxsbj0QCaU43OQWRqg67wUwDLxI5n9sOAZm7BArmAM" in prints
+    assert len(set(prints)) == len(prints) >= 3  # added, none replaced
+    for doc in ("README.md", "docs/provenance.md"):
+        text = (ROOT / doc).read_text()
+        assert [f for f in prints if f not in text] == [], doc
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("ssh-keygen is not installed: the fingerprints were checked against the documents only")
+    for parts in lines:
+        out = subprocess.run(
+            ["ssh-keygen", "-lf", "-"], input=" ".join(parts[2:4]), capture_output=True, text=True, check=True
+        )
+        assert out.stdout.split()[1] == _fingerprint(parts[3])

@@ -183,14 +183,16 @@ def test_the_replicate_simulation_shows_the_pooled_interval_undercovering():
 REPLICATED = "replicates: {count: 2, min_gap_s: GAP}\n"
 
 
-def replicated_study(tmp_path, gap: int = 0, seeds: str = "[1, 2, 3, 4]", replicates: str | None = None):
+def replicated_study(
+    tmp_path, gap: int = 0, seeds: str = "[1, 2, 3, 4]", replicates: str | None = None, copy=("configs",)
+):
     from conftest import init_study, tiny_protocol
 
     text = tiny_protocol(steps=5).replace("arms: [native, cotangent]", "arms: [native, native]")
     text = text.replace("seeds: [1, 2]", f"seeds: {seeds}")
     block = REPLICATED.replace("GAP", str(gap)) if replicates is None else replicates
     text = text.replace("order_seed:", block + "order_seed:", 1)
-    return init_study(tmp_path / "study", protocol=text)
+    return init_study(tmp_path / "study", copy=copy, protocol=text)
 
 
 def run_replicate(repo, k, lines=None, **kw):
@@ -310,11 +312,10 @@ def test_harness_plan_refuses_bad_replicates_with_file_key_and_line(tmp_path, bl
     assert words in out.stderr and "Traceback" not in out.stderr
 
 
-def test_the_report_shows_each_replicate_its_mean_and_when_it_ran(tmp_path):
+def test_the_report_shows_each_replicate_its_mean_and_when_it_ran(tmp_path, monkeypatch):
     """Two replicates run in process with times that vary by seed and arm: ``harness report``
     writes the section, its estimates the random-effects mean of the replicates' own, and the
     time of each replicate from its records."""
-    from conftest import harness
     from fake_trainer import FakeTrainer
 
     from harness.execute.inprocess import InProcessExecutor
@@ -334,8 +335,10 @@ def test_the_report_shows_each_replicate_its_mean_and_when_it_ran(tmp_path):
             executor=InProcessExecutor(train=Varied()),
             replicate=k,
         ).run()
-    out = harness(repo, "report", "protocols/tiny.yaml", "--quiet")
-    assert out.returncode == 0, out.stdout + out.stderr
+    from harness.cli import main
+
+    monkeypatch.chdir(repo)  # in process: this checkout's harness, whatever is installed
+    assert main(["report", "protocols/tiny.yaml", "--quiet"]) == 0
     import json
 
     summary = json.loads((repo / "records" / "tiny" / "summary.json").read_text())
@@ -344,12 +347,36 @@ def test_the_report_shows_each_replicate_its_mean_and_when_it_ran(tmp_path):
     assert [x["replicate"] for x in reps] == [1, 2] and reps[1]["gap_s"] >= 0 and reps[0]["gap_s"] is None
     want = random_effects([x["estimate"] for x in reps], [x["se"] ** 2 for x in reps], 0.9)
     assert wall["mean"] == pytest.approx(want["mean"]) and wall["hi"] == pytest.approx(want["hi"])
+    # one interval per effect: the time table's is the decision's, the t over the replicates'
+    # estimates (scipy's), not the pooled pairs'; the precision-weighted mean is labelled apart
+    from scipy import stats
+
+    cfg = summary["studies"][0]["configs"][0]
+    ys = [
+        np.mean(
+            [
+                math.log(p["candidate_training_s"] / p["baseline_training_s"])
+                for p in cfg["pairs"]
+                if p["replicate"] == r
+            ]
+        )
+        for r in (1, 2)
+    ]
+    lo, hi = stats.t.interval(cfg["level"], 1, loc=np.mean(ys), scale=stats.sem(ys))
+    tt = cfg["training_time"]
+    assert tt["replicates"] == 2 and tt["log_ratio"]["df"] == 1 and tt["interval"]["n"] == 2
+    assert tt["log_ratio"]["low"] == pytest.approx(lo) and tt["log_ratio"]["high"] == pytest.approx(hi)
+    assert tt["interval"]["low"] == pytest.approx(-100 * math.expm1(hi))
+    d = [math.log(p["candidate_training_s"] / p["baseline_training_s"]) for p in cfg["pairs"]]
+    pooled = stats.t.interval(cfg["level"], len(d) - 1, loc=np.mean(d), scale=stats.sem(d))
+    assert abs(pooled[0] - tt["log_ratio"]["low"]) > 1e-6  # the pooled pairs' interval is not shown
     md = (repo / "records" / "tiny" / "report.md").read_text()
+    assert "intervals over the 2 replicates' estimates (each replicate's mean log ratio, 1 degrees" in md
+    assert "Precision-weighted mean (interval; descriptive, not the decision)" in md
     assert "## Replicates: the effect across times and machines" in md
     assert f"{wall['mean']:+.2f} ({wall['lo']:+.2f} to {wall['hi']:+.2f})" in md
     assert reps[0]["from"] in md and "Since the previous one" in md
-    pub = harness(repo, "publish", "protocols/tiny.yaml")
-    assert pub.returncode == 0, pub.stdout + pub.stderr
+    assert main(["publish", "protocols/tiny.yaml"]) == 0
     page = (repo / "records" / "tiny" / "index.html").read_text()
     assert "<h2 id=replicates>" in page and "When and where each replicate ran" in page
 
@@ -602,3 +629,215 @@ def test_an_order_cell_hypothesis_needs_five_pairs_in_every_replicate(tmp_path):
     out = harness(repo, "plan", "protocols/tiny.yaml")
     assert out.returncode == 2, out.stdout + out.stderr
     assert "period_adjusted" in out.stderr and "has 4 pairs" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_order_cells_do_nothing_for_balanced_replicates():
+    """docs/decisions.md ("Order cells in balanced replicates"): with five pairs in each of the four
+    order cells of every replicate, the mean of the cell means is the plain mean (to 1e-15 of
+    the values' scale), so the replicated decision (which keeps each replicate's estimate, never
+    its order-cell standard error or degrees of freedom) is the same with and without
+    period_adjusted; an unbalanced replicate is where the two differ."""
+    from dataclasses import replace
+
+    from prereg.carryover import cells_mean
+    from prereg.hypotheses import Pair, test_of
+
+    rng = np.random.default_rng(20261206)
+    order = [(f, x) for f in ("baseline", "candidate") for x in ("baseline", "candidate")]
+    pairs = []
+    for r in range(1, 7):
+        for i in range(20):
+            first, steps_first = order[i % 4]
+            b = 2.0 * math.exp(rng.normal(0, 0.05))
+            c = b * math.exp(-0.02 + rng.normal(0, 0.01) + (0.004 if first == "candidate" else 0.0))
+            pairs.append(
+                Pair(
+                    unit=f"p{r}.{i}",
+                    seed=i,
+                    first=first,
+                    steps_first=steps_first,
+                    replicate=r,
+                    baseline_training_s=b,
+                    candidate_training_s=c,
+                )
+            )
+    for r in range(1, 7):
+        mine = [p for p in pairs if p.replicate == r]
+        v = [math.log(p.candidate_training_s) - math.log(p.baseline_training_s) for p in mine]
+        cells = [
+            (1 if p.first == "candidate" else -1, 1 if p.steps_first == "candidate" else -1) for p in mine
+        ]
+        m, _, df = cells_mean(v, cells)
+        assert df == 16 and abs(m - math.fsum(v) / len(v)) <= 1e-15
+    plain, _, _ = test_of(_speed("superiority", 0.0), pairs, 3, replicated=True)
+    cells_h = replace(_speed("superiority", 0.0), period_adjusted=True)
+    adjusted, why, _ = test_of(cells_h, pairs, 3, replicated=True)
+    assert why is None and plain is not None and adjusted is not None
+    assert plain.df == adjusted.df == 5
+    assert math.isclose(plain.estimate, adjusted.estimate, rel_tol=0, abs_tol=1e-15)
+    assert math.isclose(plain.standard_error, adjusted.standard_error, rel_tol=1e-12)
+    assert math.isclose(plain.p_value, adjusted.p_value, rel_tol=1e-9)
+    unbalanced = [
+        p for p in pairs if not (p.replicate == 1 and p.first == "candidate" and p.unit[-1] in "26")
+    ]
+    a, _, _ = test_of(cells_h, unbalanced, 3, replicated=True)
+    b, _, _ = test_of(_speed("superiority", 0.0), unbalanced, 3, replicated=True)
+    assert a is not None and b is not None and abs(a.estimate - b.estimate) > 1e-6
+
+
+def _bench():
+    import runpy
+    from pathlib import Path
+
+    return runpy.run_path(str(Path(__file__).resolve().parent.parent / "benchmarks" / "replicates.py"))
+
+
+def test_the_spread_between_the_calibrations_is_their_difference_less_their_noise():
+    """benchmarks/replicates.py --spread on the two committed calibrations: the same 2% spin read on
+    two machines; tau^2 = ((y_A - y_B)^2 - se_A^2 - se_B^2) / 2, each se from its 95% interval over
+    80 pairs (scipy's t quantile), the figure cpu3's origins size the replicates from."""
+    import json
+    from pathlib import Path
+
+    from scipy import stats
+
+    root = Path(__file__).resolve().parent.parent / "records"
+    folders = [root / "calibration-cpu", root / "calibration-cpu-coverage"]
+    if not all((f / "summary.json").is_file() for f in folders):
+        pytest.skip("the calibrations are not in this checkout")
+    got = _bench()["spread"](folders)
+    ys, ses = [], []
+    for f in folders:
+        row = next(
+            r
+            for r in json.loads((f / "summary.json").read_text())["planted"]
+            if r["study"] == "spin2p0_lockstep1" and r["clock"] == "CPU"
+        )
+        ys.append(row["estimate"])
+        ses.append((row["estimate_hi"] - row["estimate_lo"]) / (2 * stats.t.ppf(0.975, 79)))
+    tau = math.sqrt(((ys[0] - ys[1]) ** 2 - ses[0] ** 2 - ses[1] ** 2) / 2)
+    assert got["tau"] == pytest.approx(tau, rel=1e-9) and got["share"] == pytest.approx(tau / np.mean(ys))
+    assert round(got["tau"], 3) == 0.164 and round(got["share"], 3) == 0.073  # as cpu3's origins say
+
+
+def test_the_reach_chance_is_the_decision_half_width_against_the_target():
+    """--reach: with no spread and replicates of identical pairs every study reaches any positive
+    target; with pairs of SD 1 point, 3 replicates of 4 and a 99% level (t_2 = 9.92) the expected
+    half-width is about 2.9 points, reached only where the three means happen to agree (chi-square,
+    2 df: about 3%); and a larger spread lowers the chance."""
+    reach = _bench()["reach"]
+    flat = {"a": [1.0] * 10, "b": [-2.0] * 10}
+    assert reach(flat, 3, 4, 0.0, 0.99, 0.01, 200, 1) == 1.0
+    noisy = {"a": list(np.random.default_rng(2).normal(0.0, 1.0, 30))}
+    assert reach(noisy, 3, 4, 0.0, 0.99, 0.5, 400, 1) < 0.06  # only where 3 means happen to agree
+    d = {"a": list(np.random.default_rng(5).normal(-2.0, 0.7, 56))}
+    chances = [reach(d, 10, 12, s, 0.99, 0.5, 400, 7) for s in (0.0, 0.1, 0.3)]
+    assert chances[0] >= chances[1] >= chances[2] and chances[0] > 0.9 > chances[2]
+
+
+def test_right_skewed_replicate_shifts_inflate_the_decision_s_error():
+    """--skew: normal shifts keep the decision's one-sided error at its nominal 2.5% (within 3
+    Monte-Carlo SEs of 6000 studies); right-skewed (exponential) shifts of 4 within-replicate SEs
+    raise it well above, the mirror lowers it."""
+    skew_error = _bench()["skew_error"]
+    mc = math.sqrt(0.025 * 0.975 / 6000)
+    tau = 4 / math.sqrt(20)
+    assert abs(skew_error(6000, 4, 20, tau, "normal", 0.025, 3) - 0.025) < 3 * mc
+    assert skew_error(6000, 4, 20, tau, "exp", 0.025, 4) > 0.025 + 6 * mc
+    assert skew_error(6000, 4, 20, tau, "-exp", 0.025, 5) < 0.025 - 3 * mc
+
+
+def test_the_planned_cpu3_claims_what_it_tests():
+    """protocols/cpu3.yaml: quality claims of the median (test: sign), no order-cell covariate in a
+    replicated decision (and no claim of its degrees of freedom), ten replicates of 12 pairs, as its
+    origins size them; harness plan accepts it."""
+    from pathlib import Path
+
+    import yaml
+    from conftest import harness
+
+    root = Path(__file__).resolve().parent.parent
+    proto = yaml.safe_load((root / "protocols" / "cpu3.yaml").read_text())
+    tests = proto["hypotheses"]["tests"]
+    assert all(t.get("test") == "sign" for t in tests if t["endpoint"] == "test_bpb")
+    assert not any(t.get("period_adjusted") for t in tests)
+    assert proto["replicates"]["count"] == 10
+    pairs = next(s for s in proto["studies"] if s["name"] == "pairs")
+    assert pairs["seeds"]["count"] // proto["replicates"]["count"] == 12
+    assert all(s["seeds"]["count"] % (4 * proto["replicates"]["count"]) == 0 for s in proto["studies"])
+    origins = " ".join(proto["origins"].values())
+    assert "16 degrees" not in origins and "0.98 with 10 replicates of 12 pairs" in origins
+    out = harness(root, "plan", "protocols/cpu3.yaml")
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.process
+def test_a_replicate_under_another_hostname_is_the_same_machine(tmp_path):
+    """Issue 59, case 7: replicate 2 started at once under another hostname (``unshare --uts``) was
+    accepted and the audit's row said ok. The started entries now carry the kernel's boot id, which
+    a UTS namespace does not change: ``harness run`` refuses replicate 2 there until min_gap_s has
+    passed, and the audit's row says the machines are told apart by boot id (entries without one:
+    UNWITNESSED, and the gap by boot id is checked in the test below)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import ROOT, harness
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "--uts", "true"]).returncode != 0:
+        pytest.skip("unshare --uts is not permitted here")
+    from test_provenance import PACKAGES
+
+    repo = replicated_study(tmp_path, gap=3600, copy=("configs", *PACKAGES))  # this checkout's runner
+    one = harness(repo, "run", "protocols/tiny.yaml", "--quiet", "--replicate", "1", "--no-report")
+    assert one.returncode == 0, one.stdout + one.stderr
+    two = subprocess.run(
+        ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', "another-host"]
+        + [sys.executable, "-m", "harness.cli", "run", "protocols/tiny.yaml", "--quiet", "--replicate", "2"]
+        + ["--no-report"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert two.returncode != 0, two.stdout + two.stderr  # was: accepted, replicate 2 ran at once
+    assert "replicate 1 ran on" in two.stdout + two.stderr and "min_gap_s 3600" in two.stdout + two.stderr
+    from prereg.records import read_entry
+
+    started = [read_entry(p) for p in sorted((repo / "records" / "tiny").glob("*.started.json"))]
+    assert started and all(len(e["runner"].get("boot_id", "")) >= 32 for e in started)
+    audit = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            str(ROOT / "analysis" / "public_audit.py"),
+            str(repo / "records" / "tiny"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    row = next((x for x in audit.stdout.splitlines() if x.startswith("replicates apart in time")), "")
+    assert "machines told apart by boot id" in row, audit.stdout
+
+
+def test_the_audit_tells_machines_by_boot_id_not_hostname():
+    """Entries of one boot id under two hostnames are one machine (the gap applies); entries without
+    a boot id are told apart by hostname, as before."""
+    from prereg.replicates import time_problems, unwitnessed
+
+    def started(run, at, host, replicate, boot):
+        e = _entry(run, at, host, replicate)
+        e["runner"] = {"host": host, "pid": 1, **({"boot_id": boot} if boot else {})}
+        e["kind"] = "started"
+        return e
+
+    entries = [
+        started("a", "2026-12-01T10:00:00.000+00:00", "h1", 1, "b" * 36),
+        started("b", "2026-12-01T10:01:00.000+00:00", "other", 2, "b" * 36),
+    ]
+    assert time_problems(entries, 3600) and not unwitnessed(entries)
+    old = [started("a", "2026-12-01T10:00:00.000+00:00", "h1", 1, None)]
+    old.append(started("b", "2026-12-01T10:01:00.000+00:00", "other", 2, None))
+    assert time_problems(old, 3600) == [] and unwitnessed(old)

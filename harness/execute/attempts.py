@@ -219,9 +219,30 @@ def started_entry(
         attempt=attempt,
         unit_attempt=unit_attempt,
         node=node,
-        runner={"host": host, "pid": os.getpid()},
+        runner={"host": host, "pid": os.getpid(), **machine_witness()},
         started_at=now_iso(),
     )
+
+
+def machine_witness() -> dict[str, str]:
+    """What tells this machine from another beside its hostname (which ``unshare --uts`` changes at
+    will): the kernel's boot id (``/proc/sys/kernel/random/boot_id``, new at every boot, the same in
+    every UTS namespace) and the CPU model (``/proc/cpuinfo``); each left out where unreadable."""
+    out = {}
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            out["boot_id"] = f.read(64).strip()
+    except (OSError, UnicodeDecodeError):
+        pass
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f.read(1 << 16).splitlines():
+                if line.startswith("model name"):
+                    out["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return out
 
 
 def outcome_result(outcome: Outcome) -> tuple[WorkerResult, float]:

@@ -68,10 +68,7 @@ class LocalExecutor:
                 overwrite=True,
             )
             t0 = time.monotonic()
-
-            def beat() -> None:
-                if runner.live:
-                    runner.echo(f"\r  running {name} {time.monotonic() - t0:6.1f}s")
+            beat = _heartbeat(runner, name, work, t0, spec.command is not None)
 
             try:  # from the first started entry: a stop anywhere after it is recorded now
                 for s, a in zip(group, attempts):
@@ -90,6 +87,30 @@ class LocalExecutor:
                 runner.echo(failure_lines(rec.reason, work, runner.root))
                 failed = failed or rec.status == "failed"
         return not (failed and runner.failure_stops())
+
+
+def _heartbeat(runner: RunnerPort, name: str, work: Path, t0: float, command: bool) -> Callable[[], None]:
+    """The launcher's beat (each second): the live line with the run's time, and, for a command arm
+    whose reporter files stop growing, STALLED on it (:class:`harness.execute.state.StallWatch`),
+    said once as a line of its own too, so a log without the live line shows it."""
+    from harness.execute.state import StallWatch, first_step_limit
+
+    watch = StallWatch(first_step_limit(list(runner.progress.executed_s))) if command else None
+    said: list[bool] = []
+
+    def beat() -> None:
+        elapsed = time.monotonic() - t0
+        stalled = None
+        if watch is not None:
+            size = sum(p.stat().st_size for p in work.glob("*.report.jsonl")) if work.is_dir() else 0
+            stalled = watch.see(elapsed, size)
+        if stalled and not said:
+            said.append(True)
+            runner.echo(f"  {name}: {stalled}; its timeout_s still ends it (harness status shows it)")
+        if runner.live:
+            runner.echo(f"\r  running {name} {elapsed:6.1f}s" + (f"  {stalled}" if stalled else ""))
+
+    return beat
 
 
 def failure_lines(reason: str | None, work: Path, root: Path) -> str:

@@ -41,6 +41,7 @@ from harness.data.corpora import LocalCorpus
 from harness.execute.attempts import (
     attempt_record,
     interrupted_result,
+    machine_witness,
     outcome_result,
     started_entry,
     stopped_result,
@@ -80,7 +81,7 @@ from prereg.records import (
     jsonable,
     sha256_bytes,
 )
-from prereg.replicates import overlap_problem, spans_of
+from prereg.replicates import machine_of, overlap_problem, spans_of
 from prereg.tag import torch_matches
 
 
@@ -670,7 +671,8 @@ class Runner:
             return
         of_run = {s.run_id: s.replicate for s in self.runs if s.replicate is not None}
         spans = spans_of(self.ledger.entries(), of_run)
-        why = overlap_problem(k, spans, time.time(), self.host, reps["min_gap_s"])
+        here = machine_of({"runner": {"host": self.host, **machine_witness()}})
+        why = overlap_problem(k, spans, time.time(), here, reps["min_gap_s"])
         if why is not None:
             raise RefusedError(f"{self.proto.path}: key replicates: {why}; nothing was run")
         self._units = [u for u in self._units if u[0].replicate == k]

@@ -198,3 +198,51 @@ def status_table(proto: Protocol) -> tuple[list[dict[str, Any]], float]:
             row["pending"] += 1
     spent = sum((r.timings.get("device_s") or 0.0) for r in recs)
     return list(rows.values()), spent
+
+
+#: A command run shows as stalled when no step has come for this many times its step time ...
+STALL_STEP_TIMES = 5
+#: ... and for at least this many seconds (a step time read at the beat's one-second grain).
+STALL_FLOOR_S = 30.0
+#: Before its first step: this many times an earlier run's whole time (start-up included).
+STALL_RUN_TIMES = 3
+
+
+def first_step_limit(executed_s: list[float]) -> float:
+    """How long a run may go without its first step before it shows as stalled: a few times the
+    median earlier run's whole time, at least :data:`STALL_FLOOR_S` (4 x that with none yet)."""
+    if not executed_s:
+        return 4 * STALL_FLOOR_S
+    mid = sorted(executed_s)[len(executed_s) // 2]
+    return max(STALL_FLOOR_S, STALL_RUN_TIMES * mid)
+
+
+@dataclass
+class StallWatch:
+    """Whether a running command arm (or lockstep pair) has stalled, from its reporter files'
+    growth (a line a step): no growth for longer than :data:`STALL_STEP_TIMES` times its step time
+    (the mean time between growths so far) and :data:`STALL_FLOOR_S`; before the first step, for
+    longer than ``first_step_s``. Fed each heartbeat (:meth:`see`); says nothing of the run's
+    outcome (its ``timeout_s`` still ends it)."""
+
+    first_step_s: float
+    size: int = 0
+    first: float | None = None  # when the files first grew (seconds since the start)
+    last: float = 0.0  # when they last grew
+    growths: int = 0
+
+    def see(self, elapsed: float, size: int) -> str | None:
+        """The stall's description at ``elapsed`` seconds with the files at ``size`` bytes, or None."""
+        if size != self.size:
+            self.size, self.last, self.growths = size, elapsed, self.growths + 1
+            self.first = elapsed if self.first is None else self.first
+            return None
+        quiet = elapsed - self.last
+        if self.first is None:
+            if elapsed <= self.first_step_s:
+                return None
+            return f"STALLED: no step in {elapsed:.0f} s (earlier runs took about {self.first_step_s / STALL_RUN_TIMES:.0f} s whole)"
+        step = (self.last - self.first) / (self.growths - 1) if self.growths > 1 else self.last
+        if quiet <= max(STALL_FLOOR_S, STALL_STEP_TIMES * step):
+            return None
+        return f"STALLED: no step for {quiet:.0f} s (a step took about {step:.2f} s)"

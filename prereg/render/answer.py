@@ -77,6 +77,28 @@ def _paired_effects(c: Any, cpu: bool) -> str:
     return "training-time reduction " + (", ".join(shown) or "n/a (no interval yet)")
 
 
+def clock_disagreement(c: Any) -> str | None:
+    """A warning when a paired result's CPU and wall clock intervals (log ratios) do not overlap,
+    with the likely reason: a wall clock that reads the change larger than the CPU clock does
+    carries a wall-only cost (sleep, I/O, waiting on a lock or a child process) that the process's
+    CPU clock cannot see, or contention for the processor. In points of ``100 x ln(T_candidate /
+    T_baseline)``, positive: the candidate slower (the calibration's convention)."""
+    wall = getattr(getattr(c, "training_time", None), "log_ratio", None)
+    cpu = getattr(getattr(c, "training_cpu_time", None), "log_ratio", None)
+    if wall is None or cpu is None or (wall.low <= cpu.high and cpu.low <= wall.high):
+        return None
+
+    def pts(iv: Any) -> str:
+        return f"{100 * iv.estimate:+.2f} ({100 * iv.low:+.2f} to {100 * iv.high:+.2f})"
+
+    more = "larger" if wall.estimate > cpu.estimate else "smaller"
+    return (
+        f"the clocks disagree: wall {pts(wall)} against CPU {pts(cpu)} points of 100 x ln(T_candidate / "
+        f"T_baseline) (positive: the candidate slower); the wall clock reads the change {more}: likely "
+        "a wall-only cost (sleep, I/O, waiting) the CPU clock cannot see, or contention for the CPU"
+    )
+
+
 def answer_lines(summary: Summary) -> list[str]:
     """One sentence per configuration of each (not planted) study: its effect in percent with its
     interval and the decisions on it; then any decision on no single configuration shown."""
@@ -97,6 +119,9 @@ def answer_lines(summary: Summary) -> list[str]:
             said |= {d.id for d in mine}
             verdict = "decisions: " + ", ".join(map(_decided, mine)) if mine else none
             lines.append(f"{study.name} / {c.config} ({what}): {effects}; {verdict}.")
+            warn = clock_disagreement(c) if getattr(c, "final_metric", None) is not None else None
+            if warn:  # a study of command arms (new summaries only): the scripts' clocks compared
+                lines.append(f"{study.name} / {c.config}: warning: {warn}.")
     for d in (d for d in decisions if d.id not in said):
         if d.estimate is None or d.low is None or d.high is None:
             effect = "no estimate"

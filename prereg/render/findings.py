@@ -29,7 +29,8 @@ STALL_HEAD = cols(
 )
 REPLICATES = "Replicates: the effect across times and machines"
 REPLICATES_HEAD = cols(
-    "Study | Configuration | Clock | Each replicate: pairs, estimate (SE) | Random-effects mean (interval) | "
+    "Study | Configuration | Clock | Each replicate: pairs, estimate (SE) | "
+    "Precision-weighted mean (interval; descriptive, not the decision) | "
     "Between-replicate SD | I²"
 )
 TIMES_HEAD = cols("Replicate | First record (UTC) | Last record (UTC) | Machines | Since the previous one")
@@ -161,11 +162,14 @@ def replicates_section(summary: Summary) -> Section:
     sentence = (
         "Each replicate is a separate run of the runner, at another time or on another machine. "
         "Estimates in points of the log ratio (100 x ln(candidate / baseline) training time; positive: "
-        "the candidate takes longer), each replicate's the mean of its pairs with its standard error; "
-        "the mean over replicates is DerSimonian-Laird's random-effects mean with the "
-        f"Hartung-Knapp-Sidik-Jonkman interval{at} (t with replicates - 1 degrees of freedom), so the "
-        "interval widens by as much as the effect varies between replicates; the between-replicate SD "
-        "is that variation (tau), I² its share of the spread of the replicates' estimates."
+        "the candidate takes longer), each replicate's the mean of its pairs with its standard error. "
+        "The effect, its interval and the decision are the equal-weight t over these estimates (the "
+        "study's time tables and the decisions). Shown beside it, descriptive only: the "
+        "precision-weighted mean, DerSimonian-Laird's random-effects mean with the "
+        f"Hartung-Knapp-Sidik-Jonkman interval{at} (t with replicates - 1 degrees of freedom), whose "
+        "weights are estimated from each replicate's few pairs (not a test at this size: "
+        "docs/decisions.md); the between-replicate SD is the effect's variation (tau), I² its share of "
+        "the spread of the replicates' estimates."
     )
     out = _section(REPLICATES, "replicates", sentence, REPLICATES_HEAD, [_replicate_row(r) for r in rows])
     if times := _times(rows):

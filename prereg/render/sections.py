@@ -64,7 +64,12 @@ def sections(
             n += 1
         else:
             out += factorial(study, by_name[study.name])
-    out += [every_pair(studies), _flow(summary.flow, False), order_html(studies), _runs(summary.runs)]
+    out += [
+        every_pair(studies),
+        _flow(summary.flow, False),
+        order_html(studies),
+        _runs(summary.runs, _all_commands(summary)),
+    ]
     return out + [_verify(summary, summary_sha256, records_rel, manifest or {}), _claims(summary)]
 
 
@@ -242,14 +247,26 @@ def _beside(beside: Beside | None) -> list[Section]:
     return [Section(f"Beside {bid}", [*blocks, Table(caption, html_head, html_rows, only="html")])]
 
 
-def _runs(runs: Sequence[Mapping[str, Any]]) -> Section:
-    """Every run attempt, failures and interruptions included, in plan order (report.md's)."""
+def _all_commands(summary: Summary) -> bool:
+    """Whether every study of the protocol runs command arms (no test BPB: the scripts' own metric)."""
+    studies = summary.protocol.get("studies") or []
+    return bool(studies) and all("commands" in s for s in studies)
+
+
+def _runs(runs: Sequence[Mapping[str, Any]], commands: bool = False) -> Section:
+    """Every run attempt, failures and interruptions included, in plan order (report.md's); the test
+    BPB column only where a study's arms are built in (not ``commands``)."""
     rows = [
         [r["run_id"], str(r["attempt"]), r["status"], r["arm"], str(r["seed"]), num(r["training_s"], ".3f")]
-        + [num(r["test_bpb"], ".4f"), (r["reason"] or "").replace("|", "\\|").replace("\n", " ")]  # one cell
+        + ([] if commands else [num(r["test_bpb"], ".4f")])
+        + [(r["reason"] or "").replace("|", "\\|").replace("\n", " ")]  # one cell
         for r in runs
     ]
-    head = cols("Run | Attempt | Status | Arm | Seed | Training (s) | Test BPB | Reason")
+    head = cols(
+        "Run | Attempt | Status | Arm | Seed | Training (s) | "
+        + ("" if commands else "Test BPB | ")
+        + "Reason"
+    )
     said = para(f"{len(runs)} attempts, failures and interruptions included.")
     return Section("Every run attempt", [said, Table("", head, rows)], only="md")
 

@@ -125,11 +125,13 @@ def paired(study: StudyResult, n: int, protocol_study: Mapping[str, Any] | None,
     said = (
         f"Fixed-budget training time; pairs ran in {design_label(protocol_study)}. Times are geometric "
         "means over the pairs (1 - candidate / baseline of them is the reduction shown). Intervals are "
-        f"two-sided {lvl} paired Student-t intervals; a positive reduction means the candidate was faster."
+        f"{_intervals_are(cfgs[0], lvl)}; a positive reduction means the candidate was faster."
     )
     blocks: list[Text | Table] = [para(said)]
+    commands = "commands" in st  # a script's own model: no parameter count to show
     head = ["Configuration", "Parameters", geo, "Time reduction", f"{lvl} interval", "Faster / slower pairs"]
-    blocks += _clock(f"Training time, {arms}", head, cfgs, "training_time", "training_s")
+    head = [h for h in head if not (commands and h == "Parameters")]
+    blocks += _clock(f"Training time, {arms}", head, cfgs, "training_time", "training_s", commands)
     forest = [(c.config, *ends(c.training_time.interval)) for c in cfgs]
     svg = forest_svg(f"forest{n}", f"Training-time reduction of {cand} over {base}, {lvl} intervals", forest)
     said = f"Training-time reduction per configuration with its {lvl} interval; right of the dashed line "
@@ -146,10 +148,28 @@ def paired(study: StudyResult, n: int, protocol_study: Mapping[str, Any] | None,
     ]
 
 
-def _clock(caption: str, head: list[str], cfgs: Sequence[PairedResult], ep: str, key: str) -> list[Table]:
+def _intervals_are(c: PairedResult, lvl: str) -> str:
+    """What the time tables' intervals are: the paired t over the pairs, or in a replicated protocol
+    the decision's, the t over the replicates' estimates (the pooled pairs' interval, which holds no
+    spread between replicates, is not shown)."""
+    k = c.training_time.replicates
+    if k is None:
+        return f"two-sided {lvl} paired Student-t intervals"
+    return (
+        f"the decision's: two-sided {lvl} Student-t intervals over the {k} replicates' estimates "
+        f"(each replicate's mean log ratio, {k - 1} degrees of freedom), so they widen by as much as the "
+        "replicates disagree; an interval pooling all pairs as one sample holds no spread between "
+        "replicates and is not shown"
+    )
+
+
+def _clock(
+    caption: str, head: list[str], cfgs: Sequence[PairedResult], ep: str, key: str, commands: bool = False
+) -> list[Table]:
     """One clock's table twice, report.md's (an en dash, ``n/a`` per number) and the page's: each
     configuration's arms' geometric mean ``key`` (seconds), the reduction of endpoint ``ep`` and its
-    interval; the wall clock's with the parameters and the faster / slower pairs."""
+    interval; the wall clock's with the parameters (not for ``commands``, a study of command arms:
+    their models are the scripts' own) and the faster / slower pairs."""
     out = []
     for md in (True, False):
         rows = []
@@ -159,7 +179,7 @@ def _clock(caption: str, head: list[str], cfgs: Sequence[PairedResult], ep: str,
             row = [f"{num(b, '.3f')} / {num(k, '.3f')} s", *est]
             if ep == "training_time":
                 params = "n/a" if md and not c.parameters else num((c.parameters or 0) / 1e6, ".2f") + "M"
-                row = [params, *row, f"{c.counts['faster']} / {c.counts['slower']}"]
+                row = [*([] if commands else [params]), *row, f"{c.counts['faster']} / {c.counts['slower']}"]
             rows.append([c.config, *row])
         out.append(Table(caption, head, rows, only="md" if md else "html"))
     return out
@@ -184,7 +204,11 @@ def _costs(
         base, cand = t.unreached["baseline"], t.unreached["candidate"]
         reached = f"{t.pairs} (unreached: baseline {base}, candidate {cand})"
         total = no_total or cells(c.total_time.interval, whole=False)[0]
-        done.append([c.config, reached, *cells(t.interval, sep="–", whole=False), total])
+        ttt = cells(t.interval, sep="–", whole=False)
+        if fm is not None and t.interval is None:  # a command study: a cell says why, not "n/a%"
+            ttt, rr = ("none: no pair where both reached the target", ""), "no interval"
+            re_ = "none"
+        done.append([c.config, reached, *ttt, total])
         reached = f"{re_} ({rr}); {t.pairs} pairs reached, unreached {base} / {cand}"
         q = _quality(c.final_metric or c.test_bpb, False)
         page.append([c.config, *q, no_total or f"{te} ({tr})", reached])
