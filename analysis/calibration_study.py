@@ -315,27 +315,42 @@ def verdicts(rows: Sequence[dict[str, Any]]) -> list[Verdict]:
     return sorted(out, key=lambda v: (v.effect_class, v.worst))
 
 
-def verdict_lines(rows: Sequence[dict[str, Any]], loads: Sequence[float], cores: int) -> list[str]:
-    """The one-screen verdict of a calibration: per class its best design with each plant's bias,
-    the runner-up, and the machine's load as the runs started (quiet or loaded)."""
+def _state(loads: Sequence[float], cores: int) -> str:
+    """``quiet`` when the median 1-minute load as the runs started left a core free beyond the run
+    itself (below the core count), else ``loaded``; ``load unknown`` without loads."""
+    if not loads:
+        return "load unknown"
+    return "quiet" if statistics.median(loads) < cores else "loaded"
+
+
+def verdict_lines(
+    runs: Sequence[tuple[str, Sequence[dict[str, Any]], Sequence[float]]], cores: int
+) -> list[str]:
+    """The one-screen verdict of one calibration or several (``runs``: each folder's name, planted
+    rows and load averages; the same plants quiet and loaded, say): per class its best design over
+    all of them (a design's worst bound over every condition), with each plant's bias, the
+    runner-up, and each machine's load as the runs started (quiet or loaded)."""
+    rows = [{**r, "condition": _state(loads, cores)} for _, rs, loads in runs for r in rs]
     vs = verdicts(rows)
     lines = []
-    if loads:
-        med = statistics.median(loads)
-        state = "quiet" if med < 0.5 * cores else "loaded"
-        lines.append(
-            f"Machine: {state} as it ran (1-minute load average as each run started: median {med:.2f}, "
-            f"{min(loads):.2f} to {max(loads):.2f}, on {cores} cores)"
-        )
-    else:
-        lines.append("Machine: its load is not in these records (records before env.loadavg)")
+    for name, _, loads in runs:
+        if loads:
+            med = statistics.median(loads)
+            state = _state(loads, cores)
+            lines.append(
+                f"{name}: {state} as it ran (1-minute load average as each run started: median {med:.2f}, "
+                f"{min(loads):.2f} to {max(loads):.2f}, on {cores} cores)"
+            )
+        else:
+            lines.append(f"{name}: its load is not in these records (records before env.loadavg)")
     for cls in CLASS_CLOCK:
         ranked = [v for v in vs if v.effect_class == cls]
         if not ranked:
             continue
         best = ranked[0]
         each = "; ".join(
-            f"{r['plant']} {r['bias']:+.2f} ({r['bias_lo']:+.2f} to {r['bias_hi']:+.2f})" for r in best.rows
+            f"{r['plant']} {r['condition']} {r['bias']:+.2f} ({r['bias_lo']:+.2f} to {r['bias_hi']:+.2f})"
+            for r in best.rows
         )
         lines.append(
             f"{cls} ({best.clock} clock): use {best.design}: bias {each}, within +-{best.worst:.2f} points"

@@ -76,15 +76,15 @@ def table(rows: list[dict]) -> list[str]:
     configs = {k[0] for k in by}
     out = [
         ("| configuration " if len(configs) > 1 else "")
-        + "| plant | design | pairs | true effect, CPU | bias, CPU (95%) | bias, wall (95%) | coverage, CPU |",
-        ("|---" if len(configs) > 1 else "") + "|---|---|---|---|---|---|---|",
+        + "| plant | design | pairs | true effect, CPU | bias, CPU (95%) | true effect, wall | bias, wall (95%) | coverage, CPU |",
+        ("|---" if len(configs) > 1 else "") + "|---|---|---|---|---|---|---|---|",
     ]
     for k in sorted(by, key=order):
         c, w = by[k].get("CPU"), by[k].get("wall")
         ref = c or w or {}
         out.append(
             (f"| {k[0]} " if len(configs) > 1 else "")
-            + f"| {k[2]} | {ref['design']} | {ref['pairs']} | {_truth(ref)} | {_cell(c)} | {_cell(w)}"
+            + f"| {k[2]} | {ref['design']} | {ref['pairs']} | {_truth(c or ref)} | {_cell(c)} | {_truth(w or ref)} | {_cell(w)}"
             f" | {_coverage(c)} |"
         )
     return out

@@ -199,21 +199,26 @@ def cmd_calibration_verdict(args: argparse.Namespace) -> int:
     from analysis.calibration_study import verdict_lines
     from prereg.summary import derive, load_records
 
-    folder = Path(args.records)
-    if not (folder / "MANIFEST").is_file() and not any(folder.glob("*.record.json")):
-        raise InputError(f"{folder}: not a records folder (run the calibration first: harness run PROTOCOL)")
-    records = load_records(folder)
-    rows = [r if isinstance(r, dict) else dict(r) for r in (derive(records).planted or [])]
-    if not rows:
-        raise InputError(
-            f"{folder}: no planted studies: not a calibration (harness calibration-study writes one)"
-        )
-    loads = [
-        float(r.env["loadavg"][0])
-        for r in records
-        if isinstance(r.env, dict) and isinstance(r.env.get("loadavg"), list) and r.env["loadavg"]
-    ]
-    print("\n".join(verdict_lines(rows, loads, os.cpu_count() or 1)))
+    runs = []
+    for name in args.records:
+        folder = Path(name)
+        if not (folder / "MANIFEST").is_file() and not any(folder.glob("*.record.json")):
+            raise InputError(
+                f"{folder}: not a records folder (run the calibration first: harness run PROTOCOL)"
+            )
+        records = load_records(folder)
+        rows = [r if isinstance(r, dict) else dict(r) for r in (derive(records).planted or [])]
+        if not rows:
+            raise InputError(
+                f"{folder}: no planted studies: not a calibration (harness calibration-study writes one)"
+            )
+        loads = [
+            float(r.env["loadavg"][0])
+            for r in records
+            if isinstance(r.env, dict) and isinstance(r.env.get("loadavg"), list) and r.env["loadavg"]
+        ]
+        runs.append((name, rows, loads))
+    print("\n".join(verdict_lines(runs, os.cpu_count() or 1)))
     return 0
 
 

@@ -92,7 +92,12 @@ def parser() -> argparse.ArgumentParser:
         "calibration-verdict",
         help="a calibration's one-screen verdict: per effect class, the design to use here and its bias",
     )
-    v.add_argument("records", help="the calibration's records folder (records/<id>)")
+    v.add_argument(
+        "records",
+        nargs="+",
+        help="the calibration's records folder (records/<id>); several (quiet and loaded): the design "
+        "whose worst bound over all of them is nearest zero",
+    )
     _init_command(sub)
     _compare_command(sub)
     _audit_commands(sub)

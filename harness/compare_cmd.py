@@ -42,6 +42,8 @@ EFFECT_CLASSES = tuple(sorted(set(CLASSES.values())))
 BLOCK_STEPS = 1
 #: The calibration study whose planted rows give a design's bias, beside the harness.
 CALIBRATION = "records/calibration-classes"
+#: Every calibration the choice is made over: the quiet one and the same plants under load.
+CALIBRATIONS = (CALIBRATION, "records/calibration-classes-loaded")
 #: The design's two estimators a calibration reads (``prereg/planted.py`` rows' designs): the ratio
 #: of whole training times, and each arm's steps after its own (the after-own endpoints).
 WHOLE, AFTER_OWN = (
@@ -241,19 +243,24 @@ def calibrated_choice(effect_class: str) -> tuple[str, str]:
 
     wall = CLASS_CLOCK[effect_class] == "wall"
     whole, own = ("training_time", "own_step_time") if wall else ("training_cpu_time", "own_step_cpu_time")
-    path = next(iter(package_dirs())).parent / CALIBRATION / "summary.json"
-    try:
-        rows = json.loads(path.read_text()).get("planted") or []
-    except (OSError, ValueError):
-        return whole, f"bias: not calibrated for this class ({CALIBRATION} is not beside this harness)"
+    rows: list[dict[str, Any]] = []
+    for name, condition in zip(CALIBRATIONS, ("quiet", "loaded")):
+        path = next(iter(package_dirs())).parent / name / "summary.json"
+        try:
+            rows += [{**r, "condition": condition} for r in json.loads(path.read_text()).get("planted") or []]
+        except (OSError, ValueError):
+            return whole, f"bias: not calibrated for this class ({name} is not beside this harness)"
     ranked = [v for v in verdicts(rows) if v.effect_class == effect_class and v.design in (WHOLE, AFTER_OWN)]
     if not ranked:
         return whole, f"bias: not calibrated for this class ({CALIBRATION} planted no {effect_class} cost)"
     best = ranked[0]
     each = "; ".join(
-        f"{r['plant']} {r['bias']:+.2f} ({r['bias_lo']:+.2f} to {r['bias_hi']:+.2f})" for r in best.rows
+        f"{r['plant']} {r['condition']} {r['bias']:+.2f} ({r['bias_lo']:+.2f} to {r['bias_hi']:+.2f})"
+        for r in best.rows
     )
-    return (own if best.design == AFTER_OWN else whole), f"bias: {each} from {CALIBRATION} ({best.design})"
+    return (own if best.design == AFTER_OWN else whole), (
+        f"bias: {each} from {CALIBRATION} and its loaded twin ({best.design}, the worse of quiet and loaded)"
+    )
 
 
 @dataclass(frozen=True)

@@ -361,7 +361,7 @@ def _step_columns(b: Rec, c: Rec) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if b["spec"].get("steps_first") is not None:
         out["steps_first"] = "baseline" if b["spec"]["steps_first"] else "candidate"
-    if b["spec"].get("warmup_steps"):
+    if b["spec"].get("warmup_steps") and "warmup_s" in b["timings"]:  # a command arm's clock has none
         out["baseline_warmup_s"] = b["timings"].get("warmup_s")
         out["candidate_warmup_s"] = c["timings"].get("warmup_s")
     return out

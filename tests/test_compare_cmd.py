@@ -213,9 +213,13 @@ def test_the_estimator_and_bias_are_the_calibrations_verdict_for_the_class():
     calibration's verdict ranks first for the class (its bias rows, read here straight from the
     sealed summary.json), with each plant's bias; a class it did not plant is not calibrated."""
     from analysis.calibration_study import verdicts
-    from harness.compare_cmd import AFTER_OWN, WHOLE, calibrated_choice
+    from harness.compare_cmd import AFTER_OWN, CALIBRATIONS, WHOLE, calibrated_choice
 
-    planted = json.loads((ROOT / CALIBRATION / "summary.json").read_text())["planted"]
+    planted = [
+        {**r, "condition": cond}
+        for c, cond in zip(CALIBRATIONS, ("quiet", "loaded"))
+        for r in json.loads((ROOT / c / "summary.json").read_text())["planted"]
+    ]
     for cls in ("cache-heavy", "wall-only"):
         best = next(v for v in verdicts(planted) if v.effect_class == cls and v.design in (WHOLE, AFTER_OWN))
         endpoint, text = calibrated_choice(cls)
@@ -230,8 +234,11 @@ def test_the_estimator_and_bias_are_the_calibrations_verdict_for_the_class():
             }[cls, own]
         )
         for r in best.rows:
-            assert f"{r['plant']} {r['bias']:+.2f} ({r['bias_lo']:+.2f} to {r['bias_hi']:+.2f})" in text
-        assert text.endswith(f"from {CALIBRATION} ({best.design})")
+            assert (
+                f"{r['plant']} {r['condition']} {r['bias']:+.2f} ({r['bias_lo']:+.2f} to {r['bias_hi']:+.2f})"
+                in text
+            )
+        assert f"from {CALIBRATION} and its loaded twin ({best.design}" in text
 
 
 def test_verdicts_and_the_sign_convention():

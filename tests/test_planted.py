@@ -763,7 +763,7 @@ def test_the_calibration_verdict_names_the_design_with_the_nearest_bias_per_clas
     assert out.returncode == 0, out.stderr
     best = next(v for v in vs if v.effect_class == "cache-heavy")
     assert f"cache-heavy (CPU clock): use {best.design}:" in out.stdout
-    assert "Machine: its load is not in these records" in out.stdout
+    assert f"{folder}: its load is not in these records" in out.stdout
     bad = harness(root, "calibration-verdict", str(tmp_path))
     assert bad.returncode == 2 and "not a records folder" in bad.stderr and "Traceback" not in bad.stderr
 
