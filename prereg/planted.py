@@ -353,9 +353,9 @@ def reference_study(candidates: Sequence[Mapping[str, Any]]) -> Mapping[str, Any
     the plant runs nearest to how it runs alone, and its noise is a lockstep pair's); a process per
     arm only when no lockstep study plants it. Each candidate is a study's protocol entry (with
     ``lockstep.block_steps`` for lockstep)."""
-    lock = [s for s in candidates if s.get("lockstep")]
+    lock = [(block, s) for s in candidates if (block := study_design(s).block_steps(s)) is not None]
     if lock:
-        return max(lock, key=lambda s: int(s["lockstep"]["block_steps"]))
+        return max(lock, key=lambda bs: bs[0])[1]
     return candidates[0] if candidates else None
 
 
