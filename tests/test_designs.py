@@ -211,3 +211,12 @@ def test_an_unregistered_design_is_refused_naming_the_key_and_line(tmp_path: Pat
         load_protocol(repo / "protocols" / "tiny.yaml")
     with pytest.raises(DesignError, match="unknown design 'baseline-first'"):
         plan_from_protocol(_doc("baseline-first"), "0" * 64, {"c": "1" * 64})
+
+
+def test_a_summary_whose_study_names_no_design_is_refused_naming_it():
+    from prereg.results import SummaryFormatError
+
+    data = json.loads((Path(__file__).parent / "fixtures" / "summary-pagedemo.json").read_text())
+    data["studies"][0]["design"] = "crossed"
+    with pytest.raises(SummaryFormatError, match=r"x\.json: study \S+: unknown design 'crossed'"):
+        Summary.read(data, "x.json")
