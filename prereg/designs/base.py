@@ -9,6 +9,7 @@ to the protocol summary, and its label on the page. Code asks the design
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -25,8 +26,9 @@ CANDIDATE_FIRST: tuple[str, ...] = ("candidate", "baseline")
 STEPS_SECOND = "steps-second"
 
 
-class Design:
-    """A design: how a study's units are planned, run and analysed.
+class Design(ABC):
+    """A design: how a study's units are planned, run and analysed (a subclass gives ``roles`` and
+    ``orders``, sets the attributes, and overrides what differs from a pair in its own process).
 
     Attributes
     ----------
@@ -65,6 +67,7 @@ class Design:
         """
         return len(self.roles(study))
 
+    @abstractmethod
     def roles(self, study: Mapping[str, Any], arms: Sequence[str] | None = None) -> list[tuple[str, str]]:
         """``(role, arm)`` of each run of a unit, in the design's standard order.
 
@@ -82,6 +85,7 @@ class Design:
         """
         raise NotImplementedError
 
+    @abstractmethod
     def orders(self, study: Mapping[str, Any], config: str, n: int, rng: Rng) -> list[tuple[str, ...]]:
         """The schedule: one order of a unit's roles per seed, for one configuration.
 
