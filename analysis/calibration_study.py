@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from prereg.designs import LOCKSTEP, PAIRED
 from prereg.planted import CLASSES, KINDS
 from prereg.records import RunRecord
 
@@ -79,14 +80,18 @@ class CalibrationPlan:
 
 
 def _design(b: int) -> str:
-    return "paired" if b == 0 else f"lockstep{b}"
+    return PAIRED.name if b == 0 else f"{LOCKSTEP.name}{b}"
 
 
 def _study(
     name: str, block: int, plant: str, pairs: int, base: int, p: CalibrationPlan, steps: int = 0
 ) -> list[str]:
     head = ["  - name: " + name]
-    head += ["    design: paired"] if block == 0 else ["    design: lockstep", f"    block_steps: {block}"]
+    head += (
+        [f"    design: {PAIRED.name}"]
+        if block == 0
+        else [f"    design: {LOCKSTEP.name}", f"    block_steps: {block}"]
+    )
     return head + [
         "    arms: [native, native]",
         f"    planted: {plant}",

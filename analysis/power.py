@@ -21,6 +21,7 @@ from scipy import integrate as _integrate
 from scipy import stats as _st
 
 from prereg.descriptive import reduction, scale
+from prereg.designs import design_named, study_design
 from prereg.hypotheses import ENDPOINT_KEYS, NotReached, Pair, bounds, values_of
 from prereg.planted import CLASSES
 from prereg.ranks import binomial_upper, median
@@ -91,7 +92,7 @@ def aa_pairs(records: list[RunRecord], block_steps: int | None = None) -> dict[s
     by: dict[str, dict[str, dict[str, RunRecord]]] = {}
     for r in records:
         s = r.spec
-        if r.status != "ok" or s.design != "paired" or s.block_steps != block_steps:
+        if r.status != "ok" or not design_named(s.design).pairwise or s.block_steps != block_steps:
             continue
         st = next(x for x in r.protocol["studies"] if x["name"] == s.study)
         if st["arms"][0] != st["arms"][1] or st.get("planted"):
@@ -517,7 +518,7 @@ def plan(
     out = []
     for h in spec["tests"]:
         st = next(s for s in target["studies"] if s["name"] == h["study"])
-        block = (st.get("lockstep") or {}).get("block_steps")  # the pilot's pairs of the same design
+        block = study_design(st).block_steps(st)  # the pilot's pairs of the same design
         noise = aa_noise(pilot_records, h["endpoint"], h["estimand"], block, h).get(h["config"])
         if noise is None:
             continue
@@ -749,13 +750,14 @@ def calibration_bias(planted: Sequence[Mapping[str, Any]], target: dict[str, Any
         return out
     for h in spec["tests"]:
         st = next(s for s in target["studies"] if s["name"] == h["study"])
-        block = (st.get("lockstep") or {}).get("block_steps")
+        design = study_design(st)
+        block = design.block_steps(st)
         clock = CLOCK_OF.get(h["endpoint"])
         if clock is None:
             out[h["id"]] = "n/a (not a time endpoint)"
             continue
-        if st.get("design") == "factorial":
-            out[h["id"]] = "not measured (no planted factorial design)"
+        if not design.pairwise:
+            out[h["id"]] = f"not measured (no planted {design.name} design)"
             continue
         own = h["endpoint"] in AFTER_OWN
         rows = [

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from harness.scaffold import DEFAULT_COMMAND
+from prereg.designs import PAIRED, design_named, design_names
 
 #: The --device choices of every subcommand that takes one.
 DEVICES = ["auto", "cpu", "cuda", "mps"]
@@ -354,7 +355,8 @@ def _init_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     s.add_argument(
         "--margin", type=float, help="add a quality test: the metric may be worse by at most this much"
     )
-    s.add_argument("--design", default="paired", choices=["paired", "lockstep"], help="default paired")
+    pair_designs = [n for n in design_names() if design_named(n).pairwise]  # a command study is a pair
+    s.add_argument("--design", default=PAIRED.name, choices=pair_designs, help=f"default {PAIRED.name}")
     s.add_argument("--block-steps", type=int, default=1, help="lockstep: steps per turn (default 1)")
     s.add_argument("--config", action="append", help="a configuration label, {config} (default: small)")
     s.add_argument("--pairs", type=int, default=12, help="pairs (seeds) per configuration (default 12)")

@@ -33,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from prereg.designs import LOCKSTEP
 from prereg.errors import HarnessError, InputError
 from prereg.planted import CLASSES
 
@@ -205,7 +206,7 @@ def protocol_text(c: Compare) -> str:
         f'  hypotheses: "head faster or slower{_beyond(c)}, Holm at 5% (2.5% each way), Pocock looks"',
         "studies:",
         "  - name: compare",
-        "    design: lockstep",
+        f"    design: {LOCKSTEP.name}",
         f"    block_steps: {BLOCK_STEPS}",
         f"    warmup_steps: {c.warmup_steps}",
         "    arms:",

@@ -82,7 +82,7 @@ def parse_hypotheses(doc: yamlio.Document, raw: dict[str, Any], studies: list[St
             raise doc.error(tk + ("id",), f"duplicate hypothesis id {h['id']!r}")
         ids.add(h["id"])
         st = by_name.get(h["study"])
-        if st is None or st.design != "paired":
+        if st is None or not st.kind.pairwise:
             raise doc.error(tk + ("study",), f"{h['study']!r} is not a paired study of this protocol")
         if st.planted is not None:
             raise doc.error(

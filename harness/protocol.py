@@ -384,7 +384,7 @@ def _refuse_uncalibrated(
             f"{value} plants nothing in a paired or lockstep study: it measured no design's bias",
         )
     for si, st in enumerate(studies):
-        if st.planted is not None or st.design != "paired":
+        if st.planted is not None or not st.kind.pairwise:
             continue
         why = uncalibrated(st.block_steps, covered, value, effect_class)
         if why:

@@ -14,6 +14,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from prereg.designs import design_named
 from prereg.errors import InputError
 from prereg.files import atomic_write
 from prereg.plan import PROTOCOL_DEFAULTS
@@ -65,7 +66,7 @@ def render(s: Scaffold) -> str:
     """The protocol's text: every key, each with a comment saying what it does."""
     runs = 2 * s.pairs * len(s.configs)
     budget = runs * s.timeout_s
-    lockstep = s.design == "lockstep"
+    lockstep = design_named(s.design).shares_process
     lines = _head(s, budget, _tests(s)) + _origins(s, runs, lockstep) + _study(s, lockstep)
     return "\n".join(lines) + "\n"
 
@@ -78,7 +79,7 @@ def warmup_steps(steps: int) -> int:
 def _tests(s: Scaffold) -> list[str]:
     """The hypotheses' tests: speed for each configuration (lockstep: on the CPU clock, the one the
     calibration found accurate; a process per arm: the wall clock), quality when a margin is given."""
-    endpoint = "training_cpu_time" if s.design == "lockstep" else "training_time"
+    endpoint = "training_cpu_time" if design_named(s.design).shares_process else "training_time"
     tests = []
     for c in s.configs:
         at = f", config: {c}" if len(s.configs) > 1 else ""

@@ -15,7 +15,9 @@ from harness.config import Config, config_dir, find_config
 from harness.factorial import DEFAULT_CELLS, DEFAULT_DESIGN, Design, parse
 from harness.names import ARMS, ID_RE
 from harness.plugins import is_plugin, source_of
-from harness.yamlio import Field, one_of, positive
+from harness.yamlio import Field, positive
+from prereg.designs import PAIRED, design_named, design_names, find_design
+from prereg.designs import Design as StudyDesign
 from prereg.errors import InputError
 from prereg.planted import plant_problems
 
@@ -27,7 +29,9 @@ def two_sided_level(v: Any) -> str | None:
 
 _STUDY = {
     "name": Field(str, check=lambda v: None if ID_RE.match(v) else "letters, digits, - and _ only"),
-    "design": Field(str, check=one_of("paired", "lockstep", "factorial")),
+    "design": Field(
+        str, check=lambda v: None if find_design(v) else f"must be one of {', '.join(design_names())}"
+    ),
     # lockstep: both arms of a pair in one process, alternating blocks of this many steps (ABBA)
     "block_steps": Field(int, required=False, default=None, check=positive),
     "description": Field(str, required=False, default=""),
@@ -62,8 +66,9 @@ class Study:
     val_target_bpb: dict[str, float]
     interval_level: float
     factorial: Design | None = None  # a factorial study's factors and cells (harness.factorial)
-    # a lockstep study (``design: lockstep``): its pairs are paired (``design`` "paired"), each pair's
-    # two arms trained in one process in alternating blocks of ``block_steps`` steps; None otherwise
+    # a lockstep study (``design: lockstep``): its pairs are analysed as pairs (``design`` is what
+    # it is analysed as: ``kind.analysed_as``), each pair's two arms trained in one process in
+    # alternating blocks of ``block_steps`` steps; None otherwise
     block_steps: int | None = None
     # a command study (harness.commandarm): each role's command arm, and the metric they report
     commands: dict[str, dict[str, Any]] | None = None
@@ -73,9 +78,14 @@ class Study:
     # steps at the start of each run reported apart from the training clock (warm-up); None: none
     warmup_steps: int | None = None
 
+    # the study's design as its protocol names it (prereg.designs), looked up once: what code asks
+    # instead of comparing ``design``
+    kind: StudyDesign = PAIRED
+
     @property
     def lockstep(self) -> bool:
-        return self.block_steps is not None
+        """Whether a unit's two runs take turns (``block_steps`` each)."""
+        return self.kind.shares_process
 
 
 def parse_studies(
@@ -101,24 +111,25 @@ def parse_studies(
         if s["name"] in names:
             raise doc.error(kp + ("name",), f"duplicate study name {s['name']!r}")
         names.add(s["name"])
+        kind = design_named(s["design"])
         commands = metric = None
         if is_command_arms(s["arms"]):
-            commands, metric = _commands(doc, s, kp, root)
+            commands, metric = _commands(doc, s, kind, kp, root)
             arms, design = list(commands), None
             targets = dict.fromkeys(_labels(doc, s, kp), metric["target"])
             s["val_every"] = s["steps"]
         else:
-            arms, design = _arms(doc, s, kp, root, plugins)
+            arms, design = _arms(doc, s, kind, kp, root, plugins)
             _configs(doc, s, kp, root, cdir, configs, plugins)
             targets = _training_targets(doc, s, kp)
         seeds = _seeds(doc, s["seeds"], kp + ("seeds",))
         if s["val_every"] > s["steps"]:
             raise doc.error(kp + ("val_every",), "val_every exceeds steps")
-        _lockstep(doc, s, kp)
-        _planted(doc, s, kp, arms, commands)
+        _lockstep(doc, s, kind, kp)
+        _planted(doc, s, kind, kp, arms, commands)
         if s["warmup_steps"] is not None and s["warmup_steps"] >= s["steps"]:
             raise doc.error(kp + ("warmup_steps",), "warmup_steps must leave timed steps: fewer than steps")
-        studies.append(_study(s, arms, seeds, targets, interval_level, design, commands, metric))
+        studies.append(_study(s, kind, arms, seeds, targets, interval_level, design, commands, metric))
     return studies
 
 
@@ -135,6 +146,7 @@ def _training_targets(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPat
 
 def _study(
     s: dict[str, Any],
+    kind: StudyDesign,
     arms: list[str],
     seeds: tuple[int, ...],
     targets: dict[str, float],
@@ -146,7 +158,7 @@ def _study(
     """The :class:`Study` of a checked entry (a lockstep study's pairs are paired)."""
     return Study(
         name=s["name"],
-        design="paired" if s["design"] == "lockstep" else s["design"],
+        design=kind.analysed_as,
         description=s["description"],
         arms=tuple(arms),
         configs=tuple(s["configs"]),
@@ -161,12 +173,14 @@ def _study(
         metric=metric,
         planted=s["planted"],
         warmup_steps=s["warmup_steps"],
+        kind=kind,
     )
 
 
 def _planted(
     doc: yamlio.Document,
     s: dict[str, Any],
+    kind: StudyDesign,
     kp: yamlio.KeyPath,
     arms: list[str],
     commands: dict[str, dict[str, Any]] | None,
@@ -177,7 +191,7 @@ def _planted(
         return
     for key, message in plant_problems(s["planted"], commands is not None):
         raise doc.error(kp + ("planted", *key), message)
-    if s["design"] == "factorial":
+    if not kind.pairwise:
         raise doc.error(kp + ("planted",), "a plant belongs to a pair (design paired or lockstep)")
     if commands is not None and not commands["candidate"]["reporter"]:
         raise doc.error(
@@ -195,11 +209,11 @@ def _planted(
 
 
 def _commands(
-    doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath, root: Path
+    doc: yamlio.Document, s: dict[str, Any], kind: StudyDesign, kp: yamlio.KeyPath, root: Path
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """A command study's arms and metric (:mod:`harness.commandarm`); its ``configs`` are labels
     passed to ``{config}``, and it has no ``val_every`` or ``val_target_bpb`` (the metric's target)."""
-    if s["design"] == "factorial":
+    if not kind.pairwise:
         raise doc.error(kp + ("arms",), "command arms are a pair: design paired or lockstep")
     for key in ("val_every", "val_target_bpb", "factors", "cells"):
         if s[key] is not None:
@@ -209,7 +223,7 @@ def _commands(
                 "choose; the target is metric.target)",
             )
     arms = parse_arms(doc, s["arms"], kp + ("arms",), root)
-    if s["design"] == "lockstep":
+    if kind.shares_process:
         plain = [role for role, a in arms.items() if not a["reporter"]]
         if plain:
             raise doc.error(
@@ -235,9 +249,9 @@ def _labels(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath) -> list
     return list(labels)
 
 
-def _lockstep(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath) -> None:
+def _lockstep(doc: yamlio.Document, s: dict[str, Any], kind: StudyDesign, kp: yamlio.KeyPath) -> None:
     """A lockstep study names its ``block_steps`` (at most its ``steps``); no other study does."""
-    if s["design"] != "lockstep":
+    if not kind.shares_process:
         if s["block_steps"] is not None:
             raise doc.error(
                 kp + ("block_steps",), "block_steps belongs to a lockstep study (design: lockstep)"
@@ -282,13 +296,18 @@ def _seeds(doc: yamlio.Document, value: Any, kp: tuple[Any, ...]) -> tuple[int, 
 
 
 def _arms(
-    doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath, root: Path, plugins: dict[str, str]
+    doc: yamlio.Document,
+    s: dict[str, Any],
+    kind: StudyDesign,
+    kp: yamlio.KeyPath,
+    root: Path,
+    plugins: dict[str, str],
 ) -> tuple[list[str], Design | None]:
     """A study's arms and, for a factorial, its design: two arms for a pair; one per cell of a
     factorial (:func:`_factorial`); each built in or a plug-in whose source is found, recorded in
     ``plugins``."""
     design = None
-    if s["design"] in ("paired", "lockstep"):
+    if kind.pairwise:
         for key in ("factors", "cells"):
             if s[key] is not None:
                 raise doc.error(kp + (key,), f"{key!r} belongs to a factorial study (design: factorial)")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prereg.budget import completeness_text, plan_units, stop_check
-from prereg.factorial import arms_by_cell, design_of
+from prereg.designs import find_design, study_design
 from prereg.failstop import attempt_of, failing_arms
 from prereg.failstop import stop_text as failure_stop_text
 
@@ -83,10 +83,7 @@ def final_units(records: Sequence[Rec]) -> set[str]:
     them failed (nothing is left to run without ``--retry-failed``). A unit counts its runs by the
     protocol: two for a pair, one per cell for a block."""
     proto = records[0]["protocol"] if records else {}
-    size = {
-        st["name"]: 2 if st["design"] == "paired" else len(design_of(st)[1])
-        for st in proto.get("studies", [])
-    }
+    size = {st["name"]: study_design(st).runs_per_unit(st) for st in proto.get("studies", [])}
     latest = final_attempts(analysed(records))
     by_unit: dict[str, list[str]] = {}
     for r in latest.values():
@@ -192,11 +189,7 @@ def flow(
     attempt in its unit's analysed unit attempt."""
     rows: dict[tuple[str, str, str], dict[str, Any]] = {}
     for st in proto["studies"]:
-        roles = (
-            (("baseline", st["arms"][0]), ("candidate", st["arms"][1]))
-            if st["design"] == "paired"
-            else tuple(arms_by_cell(st).items())
-        )
+        roles = study_design(st).roles(st)
         for config in st["configs"]:
             for role, arm in roles:
                 rows[(st["name"], config, role)] = {
@@ -239,7 +232,7 @@ def failed_pairs(records: Sequence[Rec]) -> dict[tuple[str, str], list[dict[str,
     (study, configuration)."""
     by_unit: dict[str, dict[str, Rec]] = {}
     for r in final_attempts(analysed(records)).values():
-        if r["spec"]["design"] == "paired":
+        if getattr(find_design(r["spec"]["design"]), "pairwise", False):
             by_unit.setdefault(r["spec"]["unit"], {})[r["spec"]["role"]] = r
     out: dict[tuple[str, str], list[dict[str, str]]] = {}
     for unit in sorted(by_unit):
@@ -274,7 +267,7 @@ def completeness(records: Sequence[Rec]) -> Completeness:
                 budget_stop=None,
                 text="completeness unknown: these records do not list the planned seeds",
             )
-        size = 2 if st["design"] == "paired" else len(design_of(st)[1])  # runs per unit
+        size = study_design(st).runs_per_unit(st)
         planned += len(st["seeds"]) * len(st["configs"]) * size
     missing = planned - len(ok_ids)
     budget = proto.get("budget_device_seconds")

@@ -87,13 +87,12 @@ def plan_units(studies: Sequence[Mapping[str, Any]]) -> list[tuple[str, int]]:
     """``(unit id, runs per unit)`` in plan order, from the protocol summary's studies (each with
     ``name``, ``design``, ``configs``, ``seeds`` and, for a factorial, its ``cells``). The ids are
     the plan's (``<study>.<config>.pair<i>`` or ``.block<i>``, ``i`` the seed's index, 3 digits)."""
-    from prereg.factorial import design_of
+    from prereg.designs import study_design
 
     out: list[tuple[str, int]] = []
     for st in studies:
-        paired = st["design"] != "factorial"
-        size = 2 if paired else len(design_of(st)[1])
-        kind = "pair" if paired else "block"
+        design = study_design(st)
+        size, kind = design.runs_per_unit(st), design.unit
         for si in range(len(st["seeds"])):
             for config in st["configs"]:
                 out.append((f"{st['name']}.{config}.{kind}{si:03d}", size))

@@ -9,7 +9,8 @@ from typing import Any
 
 from prereg.attempts import analysed, latest_unit, redrawn
 from prereg.commands import ROLES, commands_of, is_command_study, label_sha256, metric_of
-from prereg.factorial import from_yaml, williams
+from prereg.designs import study_design
+from prereg.designs.base import STEPS_SECOND
 from prereg.hypotheses import Family
 from prereg.replicates import replicate_of
 from prereg.sequential import looks_problems
@@ -93,32 +94,6 @@ def _seeds(st: dict[str, Any]) -> list[Any]:
     return list(seeds)
 
 
-def _orders(
-    st: dict[str, Any], config: str, n: int, cells: list[str], rng: Callable[..., Any]
-) -> list[tuple[str, ...]]:
-    """One order of the unit's roles per seed, for one study's config (see :func:`plan_from_protocol`)."""
-    seq: list[tuple[str, ...]]
-    ab: tuple[str, ...] = ("baseline", "candidate")
-    ba: tuple[str, ...] = ("candidate", "baseline")
-    if st["design"] == "lockstep":  # both orders crossed with who steps first, per group of four
-        combos = [ab, ab + ("steps-second",), ba, ba + ("steps-second",)]
-        seq = []
-        for g in range(0, n, 4):
-            group = list(combos)
-            rng(st["name"], config, "lockstep", g).shuffle(group)
-            seq.extend(group[: min(4, n - g)])
-    elif st["design"] == "paired":
-        seq = [ab] * ((n + 1) // 2) + [ba] * (n // 2)
-        rng(st["name"], config).shuffle(seq)
-    else:
-        seq = []
-        for g in range(0, n, len(cells)):
-            rows = williams(len(cells))
-            rng(st["name"], config, g).shuffle(rows)
-            seq.extend(tuple(cells[i] for i in row) for row in rows[: min(len(cells), n - g)])
-    return seq
-
-
 def _study_runs(
     doc: dict[str, Any],
     st: dict[str, Any],
@@ -138,30 +113,25 @@ def _study_runs(
         if command
         else {}
     )
-    _, cells, cell_arms, _ = from_yaml(st) if st["design"] == "factorial" else (None, [], [], False)
-    orders = {config: _orders(st, config, len(seeds), cells, rng) for config in st["configs"]}
+    design = study_design(st)
+    orders = {config: design.orders(st, config, len(seeds), rng) for config in st["configs"]}
     for si, seed in enumerate(seeds):
         for config in st["configs"]:
-            kind = "block" if st["design"] == "factorial" else "pair"
-            unit = f"{st['name']}.{config}.{kind}{si:03d}"
-            roles = [r for r in orders[config][si] if r != "steps-second"]
-            second = "steps-second" in orders[config][si]
+            unit = f"{st['name']}.{config}.{design.unit}{si:03d}"
+            roles = [r for r in orders[config][si] if r != STEPS_SECOND]
+            second = STEPS_SECOND in orders[config][si]
             for pos, role in enumerate(roles):
-                arm = (
-                    cell_arms[cells.index(role)]
-                    if st["design"] == "factorial"
-                    else arms[0 if role == "baseline" else 1]
-                )
+                arm = design.arm_of(st, role, arms)
                 runs.append(
                     {
-                        **_lockstep_fields(st, unit, roles, pos, second),
+                        **design.run_fields(st, unit, roles, pos, second),
                         **_run_extra(doc, st, role, si, len(seeds)),
                         **commands.get(role, {}),
                         "run_id": f"{unit}.{role}",
                         "protocol_id": doc["id"],
                         "protocol_sha256": protocol_sha,
                         "study": st["name"],
-                        "design": "paired" if st["design"] == "lockstep" else st["design"],
+                        "design": design.analysed_as,
                         "config": config,
                         "config_sha256": label_sha256(config) if command else config_sha[config],
                         "arm": arm,
@@ -173,21 +143,6 @@ def _study_runs(
                         **_run_common(doc, st, command, targets[config]),
                     }
                 )
-
-
-def _lockstep_fields(
-    st: dict[str, Any], unit: str, roles: list[str], pos: int, second: bool
-) -> dict[str, Any]:
-    """A lockstep run's fields (its block, its partner, whether it steps first); none elsewhere."""
-    return (
-        {
-            "block_steps": st["block_steps"],
-            "partner": f"{unit}.{roles[1 - pos]}",
-            "steps_first": pos == (1 if second else 0),
-        }
-        if st["design"] == "lockstep"
-        else {}
-    )
 
 
 #: A planned run's optional fields (:func:`_run_extra`): a record may hold one only where its plan does.
@@ -320,22 +275,20 @@ def _study_summary(st: dict[str, Any], top_level: float) -> dict[str, Any]:
     declared: dict[str, Any] = {}
     if is_command_study(st):
         declared = {"commands": commands_of(st), "metric": metric_of(st["metric"])}
-    if st["design"] == "factorial":
-        factors, cells, cell_arms, is_declared = from_yaml(st)
-        arms = cell_arms if is_declared else (arms or cells)
-        declared = {"factors": factors, "cells": cells} if is_declared else {}
+    design = study_design(st)
+    arms = design.summary_arms(st, arms)
     if arms is None:
         raise ValueError(f"study {st['name']}: a paired study names its two arms (arms)")
     level = st.get("interval_level")
     return {
         "name": st["name"],
-        "design": "paired" if st["design"] == "lockstep" else st["design"],
+        "design": design.analysed_as,
         "arms": list(arms),
         "configs": list(st["configs"]),
         "seeds": list(seeds),
         "interval_level": float(level) if level else top_level,
         "steps": st["steps"],
-        **({"lockstep": {"block_steps": st["block_steps"]}} if st["design"] == "lockstep" else {}),
+        **design.summary_fields(st),
         **({"planted": dict(st["planted"])} if st.get("planted") else {}),
         **({"warmup_steps": st["warmup_steps"]} if st.get("warmup_steps") else {}),
         **declared,

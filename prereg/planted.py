@@ -62,6 +62,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prereg.descriptive import PairedInterval, mean_interval, reduction
+from prereg.designs import LOCKSTEP, PAIRED, design_label, find_design, study_design
 
 #: Each plant kind and its one size key (a positive integer), and what the size means.
 KINDS: dict[str, tuple[str, str]] = {
@@ -294,11 +295,6 @@ def clopper_pearson(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
     return lower, upper
 
 
-def design_label(design: str, block_steps: int | None) -> str:
-    """A design in words: ``a process per arm``, ``lockstep, blocks of 10``."""
-    return "a process per arm" if block_steps is None else f"lockstep, blocks of {block_steps}"
-
-
 def calibrated_designs(calibration: Mapping[str, Any]) -> dict[int | None, set[str]]:
     """The designs a calibration study (a protocol document, as YAML read it) measured the bias of,
     each with the effect classes (:data:`CLASSES`) of the plants it measured: each planted study's
@@ -306,12 +302,13 @@ def calibrated_designs(calibration: Mapping[str, Any]) -> dict[int | None, set[s
     measures the truth, not a design, and counts for none."""
     out: dict[int | None, set[str]] = {}
     for st in calibration.get("studies") or []:
-        if not isinstance(st, Mapping) or st.get("design") not in ("paired", "lockstep"):
+        design = find_design(st.get("design")) if isinstance(st, Mapping) else None
+        if design is None or not design.pairwise:
             continue
         plant = st.get("planted")
         if not isinstance(plant, Mapping) or plant.get("kind") not in CLASSES or plant.get("toggle_steps"):
             continue
-        block = st.get("block_steps") if st.get("design") == "lockstep" else None
+        block = design.block_steps(st)
         key = block if isinstance(block, int) and not isinstance(block, bool) else None
         out.setdefault(key, set()).add(CLASSES[plant["kind"]])
     return out
@@ -320,6 +317,11 @@ def calibrated_designs(calibration: Mapping[str, Any]) -> dict[int | None, set[s
 #: The effect class a protocol's change is taken to be when it declares none: an optimizer or
 #: kernel change moves memory traffic (docs/decisions.md, "Effect classes").
 DEFAULT_CLASS = "cache-heavy"
+
+
+def _block_label(block_steps: int | None) -> str:
+    """A calibrated design by its block size (None: a process per arm), in words."""
+    return PAIRED.label() if block_steps is None else LOCKSTEP.label(block_steps, brief=True)
 
 
 def uncalibrated(
@@ -334,11 +336,10 @@ def uncalibrated(
     if effect_class in covered.get(block_steps, set()):
         return None
     have = "; ".join(
-        f"{design_label('lockstep' if b else 'paired', b)} ({', '.join(sorted(covered[b]))})"
-        for b in sorted(covered, key=lambda b: b or 0)
+        f"{_block_label(b)} ({', '.join(sorted(covered[b]))})" for b in sorted(covered, key=lambda b: b or 0)
     )
     return (
-        f"{design_label('lockstep' if block_steps else 'paired', block_steps)} is not a design the calibration "
+        f"{_block_label(block_steps)} is not a design the calibration "
         f"{where} measured for the effect class {effect_class} (its planted studies cover: {have or 'nothing'}), "
         f"so its bias for such a change is unknown: use a covered design, or plant a {effect_class} cost "
         f"({', '.join(k for k, c in CLASSES.items() if c == effect_class)}) through this design in the "
@@ -352,9 +353,9 @@ def reference_study(candidates: Sequence[Mapping[str, Any]]) -> Mapping[str, Any
     the plant runs nearest to how it runs alone, and its noise is a lockstep pair's); a process per
     arm only when no lockstep study plants it. Each candidate is a study's protocol entry (with
     ``lockstep.block_steps`` for lockstep)."""
-    lock = [s for s in candidates if s.get("lockstep")]
+    lock = [(block, s) for s in candidates if (block := study_design(s).block_steps(s)) is not None]
     if lock:
-        return max(lock, key=lambda s: int(s["lockstep"]["block_steps"]))
+        return max(lock, key=lambda bs: bs[0])[1]
     return candidates[0] if candidates else None
 
 
@@ -441,7 +442,7 @@ def planted_rows(
         same = [s for s in planted if plant_key(s["planted"]) == plant_key(plant)]
         truth = next((s for s in same if s["planted"].get("toggle_steps")), None)
         ref = None if plant["kind"] in CONTEXT_FREE or truth else reference_study(same)
-        block = (st.get("lockstep") or {}).get("block_steps")
+        block = study_design(st).block_steps(st)
         for config in st["configs"]:
             pairs = pairs_of.get((st["name"], config)) or []
             tv = _truth_values(pairs_of.get((truth["name"], config)) or []) if truth else None
@@ -450,7 +451,7 @@ def planted_rows(
                 row: dict[str, Any] = {
                     "study": st["name"],
                     "config": config,
-                    "design": design_label(st["design"], block),
+                    "design": design_label(st, brief=True),
                     "block_steps": block,
                     "plant": describe(plant),
                     "kind": plant["kind"],
@@ -630,7 +631,7 @@ def _measured_row(
         truth=100 * r.estimate,
         truth_lo=100 * r.low,
         truth_hi=100 * r.high,
-        truth_origin=f"measured: the mean of {ref['name']} ({design_label(ref['design'], (ref.get('lockstep') or {}).get('block_steps'))}, {len(dr)} pairs)",
+        truth_origin=f"measured: the mean of {ref['name']} ({design_label(ref, brief=True)}, {len(dr)} pairs)",
     )
     if ref["name"] == st["name"]:
         row.update(bias=0.0, reference=True)

@@ -24,6 +24,7 @@ from prereg.attempts import (
 from prereg.carryover import carry_over, order_cells, own_step_columns
 from prereg.decisions import decide, sensitivity
 from prereg.descriptive import descriptive_interval, endpoint, valid
+from prereg.designs import study_design
 from prereg.factorial import design_of, factorial_effects
 from prereg.hypotheses import Family, cpu_time_columns, identity_rule
 from prereg.interference import flagged_pairs
@@ -106,7 +107,7 @@ def _studies(
             }
             if not units:
                 continue
-            if st["design"] == "paired":
+            if study_design(st).pairwise:
                 entry = _paired(st, config, units, level, exclusions, bool(proto.get("replicates")))
                 pairs_of[(st["name"], config)] = entry["pairs"]
             else:
@@ -227,7 +228,7 @@ def _paired(
         lock["warmup_time"] = _time_endpoint(pairs, "warmup_s", level)
     return {
         "config": config,
-        "design": "paired",
+        "design": st["design"],
         "level": level,
         "parameters": params_of(units),
         "baseline_arm": st["arms"][0],
@@ -372,7 +373,7 @@ def _lockstep_model(
 ) -> dict[str, Any]:
     """A lockstep study's order-cell model and carry-over (:mod:`.carryover`), where its pairs'
     records keep their step times; nothing otherwise."""
-    block = (st.get("lockstep") or {}).get("block_steps")
+    block = study_design(st).block_steps(st)
     if block is None or not pairs or not all("steps_first" in p for p in pairs):
         return {}
     used = {p["unit"] for p in pairs}
@@ -460,7 +461,7 @@ def _factorial(
             }
     return {
         "config": config,
-        "design": "factorial",
+        "design": st["design"],
         "level": level,
         "units_seen": len(units),
         "parameters": params_of(units),

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from prereg.attempts import Completeness
 from prereg.decisions import DECIDED_FIELDS, HypothesisDecision
 from prereg.descriptive import Endpoint, PairedInterval
+from prereg.designs import find_design
 from prereg.hypotheses import Hypothesis, Pair, present
 from prereg.jsonfields import exact_fields, plain
 
@@ -313,7 +314,10 @@ class Summary(_Json):
         )
         out: Summary = _build(cls, {**body, "hypotheses": typed}, where)
         for study in out.studies:
-            kind = PairedResult if study.design == "paired" else FactorialResult
+            design = find_design(study.design)
+            if design is None:
+                raise SummaryFormatError(f"{where}: study {study.name}: unknown design {study.design!r}")
+            kind = PairedResult if design.pairwise else FactorialResult
             if any(not isinstance(c, kind) for c in study.configs):
                 raise SummaryFormatError(
                     f"{where}: study {study.name}: a {study.design} study's configurations "

@@ -62,6 +62,7 @@ from prereg.attempts import final_units
 from prereg.barrier import look_entry_records
 from prereg.budget import Attempt, BudgetCheck
 from prereg.budget import check as budget_check
+from prereg.designs import design_named
 from prereg.errors import HarnessError, RefusedError
 from prereg.failstop import FailAttempt, failing_arms
 from prereg.failstop import describe as describe_failing
@@ -371,7 +372,7 @@ class Runner:
         ``stopped_at_look`` is set and no further unit of the protocol starts."""
         spec = self.proto.hypotheses
         seq = spec.get("sequential") if isinstance(spec, dict) else None
-        if seq is None or unit[0].design != "paired":
+        if seq is None or not design_named(unit[0].design).pairwise:
             return True
         if unit[0].study not in {t["study"] for t in spec["tests"]}:
             return True
@@ -442,7 +443,7 @@ class Runner:
         seq = spec.get("sequential") if isinstance(spec, dict) else None
         if (
             seq is None
-            or unit[0].design != "paired"
+            or not design_named(unit[0].design).pairwise
             or unit[0].study not in {t["study"] for t in spec["tests"]}
         ):
             return False

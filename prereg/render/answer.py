@@ -13,7 +13,7 @@ from typing import Any
 
 from prereg.decisions import HypothesisDecision
 from prereg.descriptive import reduction
-from prereg.results import Descriptive, Summary
+from prereg.results import Descriptive, PairedResult, Summary
 
 CONVENTION = (
     "Each effect is a reduction in percent of the baseline's training time (positive: the candidate was "
@@ -109,8 +109,8 @@ def answer_lines(summary: Summary) -> list[str]:
     lines, said = [], set()
     for study in (s for s in summary.studies if s.configs and s.name not in planted):
         for c in study.configs:
-            if study.design == "paired":
-                base, cand = c.baseline_arm, c.candidate_arm  # type: ignore[union-attr]
+            if isinstance(c, PairedResult):  # the study's design is analysed as pairs
+                base, cand = c.baseline_arm, c.candidate_arm
                 what = f"A/A null check, {base} against itself" if base == cand else f"{cand} over {base}"
                 effects = _paired_effects(c, cpu)
             else:

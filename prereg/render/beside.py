@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prereg.bounded import parse_json, read_regular
-from prereg.planted import design_label
+from prereg.designs import design_label
 from prereg.results import PairedResult, Summary, SummaryFormatError
 
 
@@ -52,10 +52,7 @@ def read_beside(this: Summary, folder: Path, label: str | None = None) -> Beside
     except ValueError as e:
         raise SummaryFormatError(f"{path}: {str(e).removeprefix(f'{path}: ')}") from e
     earlier = Summary.read(data, str(path))
-    lock = {s["name"]: s.get("lockstep") for s in earlier.protocol["studies"]}
-    designs = {
-        k: design_label("", v["block_steps"] if isinstance(v, dict) else None) for k, v in lock.items()
-    }
+    designs = {s["name"]: design_label(s, brief=True) for s in earlier.protocol["studies"]}
     found: dict[tuple[str, str, str], tuple[str, PairedResult]] = {}
     for s in earlier.studies:
         for r in s.paired_configs():

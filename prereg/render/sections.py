@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prereg.attempts import FLOW_COUNTS
+from prereg.designs import design_named
 from prereg.plan import defaults_text
 from prereg.render.answer import CONVENTION, answer_lines, decision_cells, planted_names
 from prereg.render.beside import Beside
@@ -59,7 +60,7 @@ def sections(
     by_name = {s["name"]: s for s in p["studies"]}
     n = 0
     for study in (s for s in studies if s.configs):
-        if study.design == "paired":  # a CPU run's CPU time measures its work, not a GPU's
+        if design_named(study.design).pairwise:  # a CPU run's CPU time measures its work, not a GPU's
             out += paired(study, n, by_name.get(study.name), p.get("device") == "cpu")
             n += 1
         else:

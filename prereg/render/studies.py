@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from statistics import geometric_mean
 from typing import Any
 
+from prereg.designs import design_label, design_named, study_design
 from prereg.factorial import design_of, effect_names
 from prereg.render.answer import clock_intervals
 from prereg.render.beside import Beside
@@ -26,19 +27,6 @@ CPU_CLOCK = (
     "Training CPU time (the training thread's with one intra-op thread, the process's with more; "
     "both arms of a pair on the same clock)"
 )
-
-
-def design_label(protocol_study: Mapping[str, Any] | None) -> str:
-    """How a paired study's pairs ran: lockstep (its block size; built-in arms in one process, a
-    command study's two processes taking turns) or a process per arm."""
-    st = protocol_study or {}
-    if st.get("lockstep"):
-        n = st["lockstep"]["block_steps"]
-        steps = f"{n} step" + ("s" if n != 1 else "")
-        if "commands" in st:
-            return f"lockstep, two processes (one per arm) taking turns in blocks of {steps}"
-        return f"lockstep, both arms in one process, alternating blocks of {steps}"
-    return "a process per arm"
 
 
 NO_MEMORY = (
@@ -121,7 +109,7 @@ def paired(study: StudyResult, n: int, protocol_study: Mapping[str, Any] | None,
     base, cand, lvl = cfgs[0].baseline_arm, cfgs[0].candidate_arm, level_pct(cfgs[0].level)
     arms, geo = f"{base} / {cand}", f"{base} / {cand} (geometric mean)"
     st = protocol_study or {}
-    no_total, no_memory, clock = RAN[bool(st.get("lockstep")), "commands" in st]
+    no_total, no_memory, clock = RAN[bool(st) and study_design(st).shares_process, "commands" in st]
     said = (
         f"Fixed-budget training time; pairs ran in {design_label(protocol_study)}. Times are geometric "
         "means over the pairs (1 - candidate / baseline of them is the reduction shown). Intervals are "
@@ -357,7 +345,7 @@ def every_pair(studies: Sequence[StudyResult]) -> Section:
     with a dot plot per study."""
     said = "Adverse pairs (the candidate was slower) are marked. A positive quality difference means the "
     blocks: list[Text | Table] = [para(said + "candidate was worse.")]
-    for n, study in enumerate(s for s in studies if s.design == "paired" and s.configs):
+    for n, study in enumerate(s for s in studies if design_named(s.design).pairwise and s.configs):
         cfgs, rows, cls = study.paired_configs(), [], []
         for c in cfgs:
             for p in c.pairs:  # a damaged (null or non-finite) endpoint shows as n/a
@@ -379,7 +367,7 @@ def order_html(studies: Sequence[StudyResult]) -> Section:
     items = [
         f"<li>{line}</li>"
         for study in studies
-        if study.design == "paired"
+        if design_named(study.design).pairwise
         for c in study.paired_configs()
         for line in _order(c, f"{esc(study.name)} / {esc(c.config)}", False)
     ]

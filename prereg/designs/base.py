@@ -1,0 +1,152 @@
+"""What a design is: the :class:`Design` interface every design implements (standard library only).
+
+A design says how a study's units are made and analysed: the runs of one unit and their roles, the
+order of each unit's runs (its schedule), the word in a unit's id, what it is analysed as (the name
+its records' ``spec.design`` and the summary's study carry), the fields it adds to a run's spec and
+to the protocol summary, and its label on the page. Code asks the design
+(:func:`prereg.designs.registry.study_design`) instead of comparing its name.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+__all__ = ["BASELINE_FIRST", "CANDIDATE_FIRST", "STEPS_SECOND", "Design", "Rng"]
+
+#: A seeded random source for one unit's order: ``rng(*parts)`` is a ``random.Random`` seeded by
+#: the protocol's ``order_seed`` and ``parts`` (``prereg.plan``).
+Rng = Callable[..., Any]
+
+#: A pair's two orders of roles.
+BASELINE_FIRST: tuple[str, ...] = ("baseline", "candidate")
+CANDIDATE_FIRST: tuple[str, ...] = ("candidate", "baseline")
+#: A schedule's marker of an order whose second run steps first (a design whose runs take turns).
+STEPS_SECOND = "steps-second"
+
+
+class Design(ABC):
+    """A design: how a study's units are planned, run and analysed (a subclass gives ``roles`` and
+    ``orders``, sets the attributes, and overrides what differs from a pair in its own process).
+
+    Attributes
+    ----------
+    name : str
+        The name a protocol's ``design`` key gives it (the registry's key).
+    analysed_as : str
+        The design its units are analysed as: the name its records' ``spec.design`` and the
+        summary's study ``design`` carry (a lockstep pair is analysed as a pair: ``paired``).
+    unit : str
+        The word in a unit's id (``<study>.<config>.<unit><i>``): ``pair`` or ``block``.
+    pairwise : bool
+        Whether a unit is a pair of a baseline and a candidate run, analysed by the paired
+        statistics (per-pair log ratios); otherwise a block of cells (the factorial effects).
+    shares_process : bool
+        Whether a unit's runs train together, taking turns in blocks of ``block_steps``.
+    """
+
+    name: str = ""
+    analysed_as: str = ""
+    unit: str = "pair"
+    pairwise: bool = True
+    shares_process: bool = False
+
+    def runs_per_unit(self, study: Mapping[str, Any]) -> int:
+        """The runs of one unit of ``study`` (a protocol's study or the summary's).
+
+        Parameters
+        ----------
+        study : Mapping
+            The study's entry, as the protocol file or the protocol summary holds it.
+
+        Returns
+        -------
+        int
+            Two for a pair; one per cell for a block.
+        """
+        return len(self.roles(study))
+
+    @abstractmethod
+    def roles(self, study: Mapping[str, Any], arms: Sequence[str] | None = None) -> list[tuple[str, str]]:
+        """``(role, arm)`` of each run of a unit, in the design's standard order.
+
+        Parameters
+        ----------
+        study : Mapping
+            The study's entry (the summary's form for a factorial's declared cells).
+        arms : Sequence of str, optional
+            The arms in role order, in place of the study's ``arms`` (a command study's roles).
+
+        Returns
+        -------
+        list of (str, str)
+            Each role and the arm that runs it.
+        """
+        raise NotImplementedError
+
+    @abstractmethod
+    def orders(self, study: Mapping[str, Any], config: str, n: int, rng: Rng) -> list[tuple[str, ...]]:
+        """The schedule: one order of a unit's roles per seed, for one configuration.
+
+        Parameters
+        ----------
+        study : Mapping
+            The study, as its protocol file writes it.
+        config : str
+            The configuration.
+        n : int
+            The number of seeds (units).
+        rng : callable
+            The plan's seeded random source (:data:`Rng`).
+
+        Returns
+        -------
+        list of tuple of str
+            ``n`` orders of roles; a design may add a marker the plan reads
+            (``steps-second``: the second run of a lockstep pair steps first).
+        """
+        raise NotImplementedError
+
+    def arm_of(self, study: Mapping[str, Any], role: str, arms: Sequence[str]) -> str:
+        """The arm that runs ``role`` in a unit of ``study`` as its protocol file writes it."""
+        return dict(self.roles(study, arms))[role]
+
+    def run_fields(
+        self, study: Mapping[str, Any], unit: str, roles: Sequence[str], pos: int, second: bool
+    ) -> dict[str, Any]:
+        """The fields this design adds to a planned run's spec (none by default)."""
+        return {}
+
+    def summary_fields(self, study: Mapping[str, Any]) -> dict[str, Any]:
+        """The fields this design adds to the protocol summary's study (none by default)."""
+        return {}
+
+    def summary_arms(self, study: Mapping[str, Any], arms: list[Any] | None) -> list[Any] | None:
+        """The protocol summary's ``arms`` of ``study`` (the protocol file's, or a command study's
+        roles, as ``arms``)."""
+        return arms
+
+    def block_steps(self, study: Mapping[str, Any]) -> int | None:
+        """The steps of each turn when a unit's runs share a process, in either form a study is
+        held (the protocol file's ``block_steps``, the summary's ``lockstep.block_steps``); else None."""
+        return None
+
+    def label(self, block_steps: int | None = None, commands: bool = False, brief: bool = False) -> str:
+        """The design in words, for the page.
+
+        Parameters
+        ----------
+        block_steps : int, optional
+            The steps of each turn (a design whose runs share a process).
+        commands : bool
+            Whether the study's arms are commands (two processes taking turns).
+        brief : bool
+            The short form of the planted studies' rows (``lockstep, blocks of 10``).
+
+        Returns
+        -------
+        str
+            E.g. ``a process per arm``.
+        """
+        return "a process per arm"
