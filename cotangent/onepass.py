@@ -44,6 +44,12 @@ class OnePass(torch.optim.Optimizer):
     def _check_layout(self) -> None:
         raise NotImplementedError
 
+    mode: str
+    _quiet: int
+
+    def _tick(self) -> None:
+        raise NotImplementedError
+
     @torch.no_grad()
     def clip_step_zero_grad(
         self,
@@ -97,7 +103,21 @@ class OnePass(torch.optim.Optimizer):
             self.step()
             self.zero_grad(set_to_none)
             return total
-        return self._one_pass(max_norm, norm_type, error_if_nonfinite, parameters, set_to_none)
+        self._quiet += 1  # the zero_grad inside is not the phase's end: this call's end is
+        try:
+            if self.mode == "native":  # native's three calls, the optimizer stepping natively
+                total = torch.nn.utils.clip_grad_norm_(
+                    self._clip_list(parameters), max_norm, norm_type, error_if_nonfinite
+                )
+                self.step()
+                self.zero_grad(set_to_none)
+            else:
+                total = self._one_pass(max_norm, norm_type, error_if_nonfinite, parameters, set_to_none)
+        finally:
+            self._quiet -= 1
+        if not self._quiet:
+            self._tick()
+        return total
 
     @torch.compiler.disable  # traced by Dynamo its self-checks would be compiled; it runs eagerly
     def _one_pass(
