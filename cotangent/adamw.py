@@ -25,7 +25,7 @@ from cotangent.groups import (
     validated,
 )
 from cotangent.kernel.phase import KernelPhase, kernel_blocker
-from cotangent.modes import Chooser, resolve
+from cotangent.modes import Chooser, resolve, user_stacklevel
 from cotangent.onepass import OnePass
 from cotangent.pack import CPU_BLOCK_BYTES, RELEASE_MIN_BYTES, FlatGroup, Pack
 from cotangent.plans import blocks_for, lists_for, view_lists
@@ -168,7 +168,6 @@ class PackedAdamW(OnePass):
             raise ValueError(f"backward_norms must be True or False, not {backward_norms!r}")
         if release_grads not in (True, False, "auto"):
             raise ValueError(f"release_grads must be True, False or 'auto', not {release_grads!r}")
-        asked = resolve(mode)
         defaults = dict(validated(lr, betas, eps, weight_decay, amsgrad, maximize), **NATIVE_GROUP_KEYS)
         groups = list(params)
         if not groups:
@@ -187,9 +186,16 @@ class PackedAdamW(OnePass):
         self._release = bool(release_grads)
         self._backward_norms = bool(backward_norms)
         self._phase: tuple[Tensor, Tensor, bool] | None = None  # (total, coef, set_to_none) of a phase
-        # ids of the parameters that have optimizer state (native's lazy state: _mark)
-        self._stated: set[int] = set()
+        self._stated: set[int] = set()  # ids of the parameters with state (native's lazy state: _mark)
         self._changes = Changes()  # raised by any write into self.state or an entry (_sync_state)
+        self._init_mode(resolve(mode))  # checked (ValueError) before anything is modified
+        super().__init__(groups, defaults)
+        self._requested_update = update
+        self.block_bytes = block_bytes
+        self.kernel = kernel
+        self._pack_all()
+
+    def _init_mode(self, asked: str) -> None:
         #: ``"packed"`` or ``"native"``: how the optimizer steps now (:meth:`set_mode`).
         self.mode = "native" if asked == "native" else "packed"
         self._chooser = Chooser() if asked == "auto" else None
@@ -197,11 +203,6 @@ class PackedAdamW(OnePass):
         self.mode_report: str | None = None
         self._stepped = False  # a step ran since the last end of a phase (_tick)
         self._quiet = 0  # inside clip_step_zero_grad: its own zero_grad is not the phase's end
-        super().__init__(groups, defaults)
-        self._requested_update = update
-        self.block_bytes = block_bytes
-        self.kernel = kernel
-        self._pack_all()
 
     def _pack_all(self) -> None:
         params: list[Tensor] = []
@@ -409,7 +410,7 @@ class PackedAdamW(OnePass):
             self._chooser = None
             self.mode_report = chooser.report
             if chooser.decided == "native":
-                warnings.warn(chooser.report or "", UserWarning, stacklevel=3)
+                warnings.warn(chooser.report or "", UserWarning, stacklevel=user_stacklevel())
             else:
                 logging.getLogger("cotangent").info(chooser.report)
 
@@ -435,11 +436,13 @@ class PackedAdamW(OnePass):
             if not positions:
                 continue
             ps, ms, vs, xs, steps = ([t[j] for j in positions] if t else t for t in lists)
-            gs = [pack.params[g.index[j]].grad for j in positions]
+            gs = [t for t in (pack.params[g.index[j]].grad for j in positions) if t is not None]
             kwargs = fused_kwargs(self.param_groups[g.pg], g.pg)
             torch._foreach_add_(steps, 1)
             scale, inf = amp_tensors(self, g.device)
-            torch._fused_adamw_(ps, gs, ms, vs, xs, steps, **lr_on(kwargs, g.device), grad_scale=scale, found_inf=inf)
+            torch._fused_adamw_(
+                ps, gs, ms, vs, xs, steps, **lr_on(kwargs, g.device), grad_scale=scale, found_inf=inf
+            )
             if inf is not None:
                 torch._foreach_sub_(steps, [inf] * len(steps))
         if len(have) < pack.n:

@@ -19,8 +19,12 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+import torch
 
 MODES = ("auto", "packed", "native")
 
@@ -32,6 +36,20 @@ WARMUP = 3
 #: Blocks of four measured iterations (packed, native, native, packed).
 ROUNDS = 4
 PATTERN = ("packed", "native", "native", "packed")
+
+
+_INSIDE = (str(Path(__file__).resolve().parent), str(Path(torch.__file__).resolve().parent))
+
+
+def user_stacklevel() -> int:
+    """``warnings.warn``'s ``stacklevel`` (called from the function that warns) that names the first
+    frame outside this package and torch: the user's line that ended the iteration."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_INSIDE):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 def resolve(mode: str | None) -> str:

@@ -103,7 +103,18 @@ class OnePass(torch.optim.Optimizer):
             self.step()
             self.zero_grad(set_to_none)
             return total
-        self._quiet += 1  # the zero_grad inside is not the phase's end: this call's end is
+        return self._phase_then_tick(max_norm, norm_type, error_if_nonfinite, parameters, set_to_none)
+
+    def _phase_then_tick(
+        self,
+        max_norm: float,
+        norm_type: float,
+        error_if_nonfinite: bool,
+        parameters: Tensor | Iterable[Tensor] | None,
+        set_to_none: bool,
+    ) -> Tensor:
+        """The eager phase in the optimizer's mode; its end (not its own ``zero_grad``) ends the iteration."""
+        self._quiet += 1
         try:
             if self.mode == "native":  # native's three calls, the optimizer stepping natively
                 total = torch.nn.utils.clip_grad_norm_(

@@ -177,8 +177,7 @@ class Pack:
         # one more means the user kept the tensor (g = p.grad), see kept()
         self.base_refs = self.refs()
         self.relaid = False  # a slot was given a new tensor (detach_kept): the calls' lists are stale
-        # stepping natively (PackedAdamW's mode "native"): no hooks, backward stores its own gradients
-        self.native = False
+        self.native = False  # stepping natively (mode "native"): no hooks, backward's own gradients
 
     def _lay_out_groups(self, group_of: list[int], amsgrad: list[bool]) -> None:
         """One flat group per (parameter group, device, dtype), in the order first met."""

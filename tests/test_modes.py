@@ -79,7 +79,9 @@ def grads_equal(a, b):
     skip=st.integers(-1, 3),
     seed=st.integers(0, 2**16),
 )
-def test_every_mode_and_switch_is_bitwise_native(shapes, dtype, hyper, schedule, phase, reload_at, skip, seed):
+def test_every_mode_and_switch_is_bitwise_native(
+    shapes, dtype, hyper, schedule, phase, reload_at, skip, seed
+):
     """Random shapes, dtypes and hyperparameters; the mode switched between steps as ``schedule``
     says (a switch mid-run), a parameter without a gradient at some steps, a state dict round trip
     into a new optimizer of either mode: native's bits at every step."""
@@ -203,6 +205,7 @@ def test_auto_steps_natively_where_packed_is_slower_and_says_so_once(slower):
     assert len(fallbacks) == (1 if expect == "native" else 0)
     if fallbacks:
         assert "11.000 ms native" in str(fallbacks[0].message)
+        assert fallbacks[0].filename == __file__  # it names the user's line, not the package's
 
 
 def test_chooser_schedule_and_decision():
