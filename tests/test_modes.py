@@ -258,3 +258,33 @@ def test_native_mode_refuses_what_packed_refuses():
         opt.step()
     assert not opt.state
     assert bitwise_equal(before, opt.flat_groups[0].param.view(6, 2))  # the packed weights unmoved
+
+
+@pytest.mark.parametrize("switch_at", [None, 2])
+def test_clip_in_step_and_closures_natively(switch_at):
+    """A loop a framework owns (``clip_in_step``: ``step(closure)`` then ``zero_grad``) stepping
+    natively, switched to packed mid-run or not: native's clip, step and zero_grad, bit for bit."""
+    a, b, gen = twins([(12, 6), (6,), (5, 3)], torch.float32, 11)
+    oa = torch.optim.AdamW(a, fused=True, weight_decay=0.1, lr=0.05)
+    ob = PackedAdamW(b, weight_decay=0.1, lr=0.05, mode="native")
+    ob.clip_in_step(0.5)
+    for step in range(5):
+        if step == switch_at:
+            ob.set_mode("packed")
+        grads = [torch.randn(x.shape, generator=gen) for x in a]
+
+        def closure(ps=b, grads=grads, step=step):
+            for y, g in zip(ps, grads):
+                torch.autograd.backward(y * 1.0, g)
+            return torch.tensor(float(step))
+
+        for x, g in zip(a, grads):
+            torch.autograd.backward(x * 1.0, g)
+        na = torch.nn.utils.clip_grad_norm_(a, 0.5)
+        oa.step()
+        oa.zero_grad()
+        assert ob.step(closure) == step
+        ob.zero_grad()
+        assert bitwise_equal(na, ob.last_total_norm) and same(a, b), step
+        same_state(oa, ob, a, b)
+        grads_equal(a, b)
