@@ -288,3 +288,26 @@ def test_clip_in_step_and_closures_natively(switch_at):
         assert bitwise_equal(na, ob.last_total_norm) and same(a, b), step
         same_state(oa, ob, a, b)
         grads_equal(a, b)
+
+
+def test_grad_scaler_steps_natively_and_across_a_switch():
+    """``GradScaler`` (enabled: scaled losses, an inf step skipped) with the optimizer stepping
+    natively, then packed, then natively: native's bits, the skipped step included."""
+    a, b, gen = twins([(10, 4), (4,)], torch.float32, 17)
+    oa = torch.optim.AdamW(a, fused=True, weight_decay=0.1)
+    ob = PackedAdamW(b, weight_decay=0.1, mode="native")
+    sa = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    sb = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    for step, mode in enumerate(["native", "native", "packed", "native", "packed", "native"]):
+        ob.set_mode(mode)
+        grads = [torch.randn(x.shape, generator=gen) for x in a]
+        if step == 3:
+            grads[0][0, 0] = float("inf")  # this step is skipped and the scale backs off
+        for ps, opt, sc in ((a, oa, sa), (b, ob, sb)):
+            for x, g in zip(ps, grads):
+                torch.autograd.backward(sc.scale(x * 1.0), g)
+            sc.step(opt)
+            sc.update()
+            opt.zero_grad()
+        assert same(a, b) and sa.get_scale() == sb.get_scale(), step
+        same_state(oa, ob, a, b)
