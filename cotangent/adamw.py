@@ -219,7 +219,7 @@ class PackedAdamW(OnePass):
             self._pack.backward = BackwardNorms(self._pack)
             self._pack.base_refs = self._pack.refs()  # its slots are new tensors
         if self.mode == "native":
-            self._pack.to_native()
+            self._pack.to_native(release=self._chooser is None)
         self._build_state()
         self._build_plans()
         # the groups as laid out: a group or a parameter list changed in place is seen (_sync_groups)
@@ -386,13 +386,19 @@ class PackedAdamW(OnePass):
         The state stays where it is, so the switch carries ``exp_avg``, ``exp_avg_sq`` and ``step``
         over exactly; a gradient that exists keeps its bits (packed to native: it becomes a tensor
         of its own, as backward would have stored it; native to packed: it is copied into its slot
-        at the next step). ``mode="auto"`` switches through this too."""
+        at the next step). Stepping natively, the gradient buffer's pages are given back to the OS
+        (Linux), so gradient memory is native's; while ``mode="auto"`` measures they stay."""
+        self._switch(mode, release=True)
+
+    def _switch(self, mode: str, release: bool) -> None:
         if mode not in ("packed", "native"):
             raise ValueError(f"set_mode: mode must be 'packed' or 'native', not {mode!r}")
         if mode == self.mode:
+            if release and mode == "native":
+                self._pack.release_grads()
             return
         if mode == "native":
-            self._pack.to_native()
+            self._pack.to_native(release)
         else:
             self._pack.to_packed()
             self._uniform_steps()
@@ -405,7 +411,8 @@ class PackedAdamW(OnePass):
             return
         self._stepped = False
         chooser = self._chooser
-        self.set_mode(chooser.tick(self.mode))
+        upcoming = chooser.tick(self.mode)
+        self._switch(upcoming, release=chooser.decided is not None)  # pages kept while it measures
         if chooser.decided is not None:
             self._chooser = None
             self.mode_report = chooser.report

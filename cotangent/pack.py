@@ -206,11 +206,12 @@ class Pack:
                 hooks.append(p.register_post_accumulate_grad_hook(self._make_post_hook(i)))
         return hooks
 
-    def to_native(self) -> None:
+    def to_native(self, release: bool = False) -> None:
         """Deliver no more gradients into the slots (the optimizer steps natively): the hooks are
         removed, and each gradient that lives in a slot becomes a tensor of its own with the same
         bits and strides, as backward would have stored it; its slot is then dirty (refilled with
-        -0.0 before a packed backward accumulates into it again)."""
+        -0.0 before a packed backward accumulates into it again). ``release``: the gradient buffer's
+        pages go back to the OS (:meth:`release_grads`), so that gradient memory is native's."""
         for h in self.hooks:
             h.remove()
         self.hooks = []
@@ -229,6 +230,8 @@ class Pack:
             self.backward.clear()
         self.queued, self.attached = False, []
         self.native = True
+        if release:
+            self.release_grads()
 
     def to_packed(self) -> None:
         """Deliver gradients into the slots again: the hooks are back; a gradient backward stored
