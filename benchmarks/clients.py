@@ -52,6 +52,18 @@ from prereg.descriptive import mean_interval  # noqa: E402
 ARMS = ("native", "cotangent")
 
 
+def optimizer(arm: str, groups: list[dict[str, Any]], **kw: Any) -> Any:
+    """The arm's optimizer: ``native`` fused AdamW; ``cotangent`` (or ``packed``) the packed method
+    (``mode="packed"``); ``auto`` PackedAdamW's default, which measures and may step natively."""
+    if arm == "native":
+        return torch.optim.AdamW(groups, fused=True, **kw)
+    if arm in ("cotangent", "packed"):
+        return PackedAdamW(groups, mode="packed", **kw)
+    if arm == "auto":
+        return PackedAdamW(groups, mode="auto", **kw)
+    raise ValueError(f"unknown arm {arm!r}")
+
+
 def nanogpt_groups(model: nn.Module, wd: float) -> list[dict[str, Any]]:
     """nanoGPT's ``configure_optimizers``: every 2-d tensor decays, the rest do not."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -86,11 +98,7 @@ class NanoGPT(Loop):
         self.model = build_model(cfg, 0)
         self.cfg, self.batch, self.accum, self.arm = cfg, batch, accum, arm
         groups = nanogpt_groups(self.model, 0.1)
-        self.opt: Any = (
-            torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), fused=True)
-            if arm == "native"
-            else PackedAdamW(groups, lr=6e-4, betas=(0.9, 0.95))
-        )
+        self.opt: Any = optimizer(arm, groups, lr=6e-4, betas=(0.9, 0.95))
         self.scaler = torch.amp.GradScaler("cpu", enabled=False)
 
     def iteration(self, k: int) -> tuple[float, float]:
@@ -123,11 +131,7 @@ class Timm(Loop):
         self.model = copy.deepcopy(init)
         self.batch, self.size, self.arm = batch, size, arm
         groups = param_groups_weight_decay(self.model, 0.05)
-        self.opt: Any = (
-            torch.optim.AdamW(groups, lr=1e-3, fused=True)
-            if arm == "native"
-            else PackedAdamW(groups, lr=1e-3)
-        )
+        self.opt: Any = optimizer(arm, groups, lr=1e-3)
 
     def iteration(self, k: int) -> tuple[float, float]:
         g = torch.Generator().manual_seed(k)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import platform
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -23,6 +25,7 @@ from cotangent.groups import (
     validated,
 )
 from cotangent.kernel.phase import KernelPhase, kernel_blocker
+from cotangent.modes import Chooser, resolve, user_stacklevel
 from cotangent.onepass import OnePass
 from cotangent.pack import CPU_BLOCK_BYTES, RELEASE_MIN_BYTES, FlatGroup, Pack
 from cotangent.plans import blocks_for, lists_for, view_lists
@@ -88,6 +91,16 @@ class PackedAdamW(OnePass):
         ``p.grad.data``, ``p.grad.numpy()`` or DLPack, which mark the slot so that its norm is
         computed again (:class:`~cotangent.backnorms.GradSlot`). Not seen: those forms
         on a view or a detached copy of a gradient, and raw pointers; hence ``False`` by default.
+    mode
+        ``"packed"``: gradients are delivered into the flat buffer and the phase is packed (all of
+        the above). ``"native"``: backward stores its own gradients, :meth:`clip_step_zero_grad`
+        is ``torch.nn.utils.clip_grad_norm_``, then native's fused AdamW call over per-parameter
+        tensors and native's ``zero_grad``; the state stays in the flat buffers. ``"auto"``:
+        packed, then measured over the first iterations (:mod:`cotangent.modes`): where packed
+        iterations are slower than native ones, it steps natively from then on and says so once
+        (a ``UserWarning`` naming the measurement; :attr:`mode_report`). ``None`` (default): the
+        environment variable ``COTANGENT_MODE``, else ``"auto"``. Every mode, and every switch
+        between them (:meth:`set_mode`), gives native's bits: the state is carried over exactly.
     foreach, capturable, differentiable, fused
         As ``torch.optim.AdamW``, at the values that keep native on its fused kernel (``fused``
         None or True, ``foreach`` None or False, the others False); any other value is refused,
@@ -136,6 +149,7 @@ class PackedAdamW(OnePass):
         kernel: str = "auto",
         release_grads: bool | str = False,
         backward_norms: bool = False,
+        mode: str | None = None,
         foreach: bool | None = None,
         capturable: bool = False,
         differentiable: bool = False,
@@ -172,14 +186,23 @@ class PackedAdamW(OnePass):
         self._release = bool(release_grads)
         self._backward_norms = bool(backward_norms)
         self._phase: tuple[Tensor, Tensor, bool] | None = None  # (total, coef, set_to_none) of a phase
-        # ids of the parameters that have optimizer state (native's lazy state: _mark)
-        self._stated: set[int] = set()
+        self._stated: set[int] = set()  # ids of the parameters with state (native's lazy state: _mark)
         self._changes = Changes()  # raised by any write into self.state or an entry (_sync_state)
+        self._init_mode(resolve(mode))  # checked (ValueError) before anything is modified
         super().__init__(groups, defaults)
         self._requested_update = update
         self.block_bytes = block_bytes
         self.kernel = kernel
         self._pack_all()
+
+    def _init_mode(self, asked: str) -> None:
+        #: ``"packed"`` or ``"native"``: how the optimizer steps now (:meth:`set_mode`).
+        self.mode = "native" if asked == "native" else "packed"
+        self._chooser = Chooser() if asked == "auto" else None
+        #: What ``mode="auto"`` measured and chose, once it has (else None).
+        self.mode_report: str | None = None
+        self._stepped = False  # a step ran since the last end of a phase (_tick)
+        self._quiet = 0  # inside clip_step_zero_grad: its own zero_grad is not the phase's end
 
     def _pack_all(self) -> None:
         params: list[Tensor] = []
@@ -195,6 +218,8 @@ class PackedAdamW(OnePass):
         if self._backward_norms:
             self._pack.backward = BackwardNorms(self._pack)
             self._pack.base_refs = self._pack.refs()  # its slots are new tensors
+        if self.mode == "native":
+            self._pack.to_native(release=self._chooser is None)
         self._build_state()
         self._build_plans()
         # the groups as laid out: a group or a parameter list changed in place is seen (_sync_groups)
@@ -313,6 +338,7 @@ class PackedAdamW(OnePass):
         self._native: KernelPhase | None | bool = False  # False: not decided yet
         self._native_threads = torch.get_num_threads()  # the kernel's forms are verified per thread count
         self._native_why: str | None = None
+        self._state_lists: list[tuple[list[Tensor], ...]] | None = None  # mode "native"'s (_native_update)
         self._count_own_refs(before)
         pack.relaid = False
 
@@ -337,6 +363,9 @@ class PackedAdamW(OnePass):
 
     def phase_kernel(self) -> str:
         """Which code runs :meth:`clip_step_zero_grad` when every gradient is present, and why."""
+        if self.mode == "native":
+            why = self.mode_report if self.mode_report is not None else "mode='native'"
+            return f"native (clip_grad_norm_ and the fused AdamW call; {why})"
         plan = self._native_phase()
         where = (
             f"phase.c ({plan.kernel.describe()})"
@@ -349,6 +378,82 @@ class PackedAdamW(OnePass):
                 "; norms in backward" if back.why_not is None else f"; norms in the phase ({back.why_not})"
             )
         return where
+
+    # -- packed or native ----------------------------------------------------------------
+    def set_mode(self, mode: str) -> None:
+        """Step ``"packed"`` or ``"native"`` from now on (between steps, not during a backward).
+
+        The state stays where it is, so the switch carries ``exp_avg``, ``exp_avg_sq`` and ``step``
+        over exactly; a gradient that exists keeps its bits (packed to native: it becomes a tensor
+        of its own, as backward would have stored it; native to packed: it is copied into its slot
+        at the next step). Stepping natively, the gradient buffer's pages are given back to the OS
+        (Linux), so gradient memory is native's; while ``mode="auto"`` measures they stay."""
+        self._switch(mode, release=True)
+
+    def _switch(self, mode: str, release: bool) -> None:
+        if mode not in ("packed", "native"):
+            raise ValueError(f"set_mode: mode must be 'packed' or 'native', not {mode!r}")
+        if mode == self.mode:
+            if release and mode == "native":
+                self._pack.release_grads()
+            return
+        if mode == "native":
+            self._pack.to_native(release)
+        else:
+            self._pack.to_packed()
+            self._uniform_steps()
+        self.mode = mode
+
+    def _tick(self) -> None:
+        """The end of a gradient phase (after a step): ``mode="auto"`` times the iteration and
+        picks the next one's mode; once it has decided, it says so once if it steps natively."""
+        if not self._stepped or self._chooser is None:
+            return
+        self._stepped = False
+        chooser = self._chooser
+        upcoming = chooser.tick(self.mode)
+        self._switch(upcoming, release=chooser.decided is not None)  # pages kept while it measures
+        if chooser.decided is not None:
+            self._chooser = None
+            self.mode_report = chooser.report
+            if chooser.decided == "native":
+                warnings.warn(chooser.report or "", UserWarning, stacklevel=user_stacklevel())
+            else:
+                logging.getLogger("cotangent").info(chooser.report)
+
+    def _native_update(self) -> None:
+        """Native's fused step (mode ``"native"``): ``torch._fused_adamw_`` over each parameter that
+        has a gradient, with backward's own gradient and its state's views, per flat group
+        (native's grouping by parameter group, device and dtype)."""
+        pack = self._pack
+        for i, p in enumerate(pack.params):  # refused before anything moves, as in the packed mode
+            if p.data_ptr() != pack.ptrs[i]:
+                pack.check_params()
+            if p.grad is not None and p.grad.layout != torch.strided:
+                raise RuntimeError("PackedAdamW requires dense gradients (got a sparse gradient)")
+        have = [i for i, p in enumerate(pack.params) if p.grad is not None]
+        self._mark(have)
+        if self._state_lists is None:  # every parameter and its state's views, per group
+            self._state_lists = []
+            for g in pack.groups:
+                ps, _, ms, vs, xs, steps = view_lists(pack, g, list(range(len(g.index))))
+                self._state_lists.append((ps, ms, vs, xs, steps))  # no slot kept: see Pack.kept
+        for g, lists in zip(pack.groups, self._state_lists):
+            positions = [j for j, i in enumerate(g.index) if pack.params[i].grad is not None]
+            if not positions:
+                continue
+            ps, ms, vs, xs, steps = ([t[j] for j in positions] if t else t for t in lists)
+            gs = [t for t in (pack.params[g.index[j]].grad for j in positions) if t is not None]
+            kwargs = fused_kwargs(self.param_groups[g.pg], g.pg)
+            torch._foreach_add_(steps, 1)
+            scale, inf = amp_tensors(self, g.device)
+            torch._fused_adamw_(
+                ps, gs, ms, vs, xs, steps, **lr_on(kwargs, g.device), grad_scale=scale, found_inf=inf
+            )
+            if inf is not None:
+                torch._foreach_sub_(steps, [inf] * len(steps))
+        if len(have) < pack.n:
+            pack.uniform_steps = False
 
     # -- public --------------------------------------------------------------------------
     @property
@@ -372,9 +477,14 @@ class PackedAdamW(OnePass):
         """
         assert self._pack is not None
         self._sync_groups()
-        self._pack.zero_grads(set_to_none)
-        if self._pack.relaid:
-            self._build_plans()
+        if self.mode == "native":
+            super().zero_grad(set_to_none)
+        else:
+            self._pack.zero_grads(set_to_none)
+            if self._pack.relaid:
+                self._build_plans()
+        if not self._quiet:
+            self._tick()
 
     def _check_layout(self) -> None:
         """What the user changed since the last step, before anything is modified: the state
@@ -479,6 +589,7 @@ class PackedAdamW(OnePass):
     @torch.no_grad()
     def _step(self, closure: Callable[[], Any] | None = None) -> Any:
         self._check_layout()
+        self._stepped = True  # the end of this phase is an iteration's end (_tick)
         if self._phase is not None:  # clip_step_zero_grad's update, called through (a wrapped) step
             total, coef, set_to_none = self._phase
             self._phase = None
@@ -495,7 +606,10 @@ class PackedAdamW(OnePass):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._update()
+        if self.mode == "native":
+            self._native_update()
+        else:
+            self._update()
         return loss
 
     def _update(self, per_parameter: bool = False) -> None:

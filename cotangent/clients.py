@@ -168,7 +168,7 @@ def _hf_run(packed: bool, out: Path, resume: Path | None = None) -> tuple[nn.Mod
     m = _gpt2()
     opt: Any
     if packed:
-        opt = PackedAdamW(_hf_groups(m), lr=1e-3)
+        opt = PackedAdamW(_hf_groups(m), lr=1e-3, mode="packed")
         opt.clip_in_step(1.0, m.parameters())
     else:
         opt = torch.optim.AdamW(_hf_groups(m), lr=1e-3, fused=True)
@@ -257,7 +257,7 @@ def check_accelerate(workdir: Path) -> ClientResult:
         torch.manual_seed(0)
         m = _Net()
         if packed:
-            opt: Any = PackedAdamW(decay_groups(m), lr=1e-2)
+            opt: Any = PackedAdamW(decay_groups(m), lr=1e-2, mode="packed")
             opt.clip_in_step(0.5, m.parameters())
         else:
             opt = torch.optim.AdamW(decay_groups(m), lr=1e-2, fused=True)
@@ -347,7 +347,7 @@ def check_lightning(workdir: Path) -> ClientResult:
 
         def configure_optimizers(self) -> Any:
             if self.packed:
-                opt = PackedAdamW(decay_groups(self.net), lr=1e-2)
+                opt = PackedAdamW(decay_groups(self.net), lr=1e-2, mode="packed")
                 # Lightning clips the optimizer's parameters in its groups' order (main_params)
                 opt.clip_in_step(0.5, [p for g in opt.param_groups for p in g["params"]])
                 return opt
@@ -391,7 +391,7 @@ def check_timm(workdir: Path) -> ClientResult:
     ma = timm.create_model("resnet10t", num_classes=10)
     mb, mc = copy.deepcopy(ma), copy.deepcopy(ma)
     oa = torch.optim.AdamW(param_groups_weight_decay(ma, 0.05), lr=1e-3, fused=True)
-    ob = PackedAdamW(param_groups_weight_decay(mb, 0.05), lr=1e-3)
+    ob = PackedAdamW(param_groups_weight_decay(mb, 0.05), lr=1e-3, mode="packed")
     ea, eb = ModelEmaV3(ma, decay=0.9), ModelEmaV3(mb, decay=0.9)
 
     def step(m: nn.Module, opt: Any, ema: Any, x: Tensor, y: Tensor, packed: bool) -> None:
@@ -413,7 +413,7 @@ def check_timm(workdir: Path) -> ClientResult:
                 )
         if diff is None:  # restore the half-way checkpoint into a fresh copy and train on
             timm.models.load_checkpoint(mc, str(workdir / "half.pth"))
-            oc = PackedAdamW(param_groups_weight_decay(mc, 0.05), lr=1e-3)
+            oc = PackedAdamW(param_groups_weight_decay(mc, 0.05), lr=1e-3, mode="packed")
             oc.load_state_dict(torch.load(workdir / "half.pth", weights_only=True)["optimizer"])
             ec = ModelEmaV3(mc, decay=0.9)
             for x, y in batches[2:]:
@@ -450,7 +450,7 @@ def check_torchtune(workdir: Path) -> ClientResult:
     set_activation_checkpointing(ma, auto_wrap_policy={TransformerSelfAttentionLayer})
     mb, mc = copy.deepcopy(ma), copy.deepcopy(ma)
     oa = torch.optim.AdamW(ma.parameters(), lr=1e-3, fused=True)
-    ob = PackedAdamW(mb.parameters(), lr=1e-3)
+    ob = PackedAdamW(mb.parameters(), lr=1e-3, mode="packed")
     g = torch.Generator().manual_seed(4)
     batches = [torch.randint(0, 64, (2, 12), generator=g) for _ in range(4)]
 
@@ -472,7 +472,7 @@ def check_torchtune(workdir: Path) -> ClientResult:
                 torch.save(ob.state_dict(), workdir / "half-opt.pt")
         if diff is None:
             mc.load_state_dict(load_file(str(workdir / "half.safetensors")))
-            oc = PackedAdamW(mc.parameters(), lr=1e-3)
+            oc = PackedAdamW(mc.parameters(), lr=1e-3, mode="packed")
             oc.load_state_dict(torch.load(workdir / "half-opt.pt", weights_only=True))
             for idx in batches[2:]:
                 step(mc, oc, idx, True)

@@ -44,6 +44,12 @@ class OnePass(torch.optim.Optimizer):
     def _check_layout(self) -> None:
         raise NotImplementedError
 
+    mode: str
+    _quiet: int
+
+    def _tick(self) -> None:
+        raise NotImplementedError
+
     @torch.no_grad()
     def clip_step_zero_grad(
         self,
@@ -97,7 +103,32 @@ class OnePass(torch.optim.Optimizer):
             self.step()
             self.zero_grad(set_to_none)
             return total
-        return self._one_pass(max_norm, norm_type, error_if_nonfinite, parameters, set_to_none)
+        return self._phase_then_tick(max_norm, norm_type, error_if_nonfinite, parameters, set_to_none)
+
+    def _phase_then_tick(
+        self,
+        max_norm: float,
+        norm_type: float,
+        error_if_nonfinite: bool,
+        parameters: Tensor | Iterable[Tensor] | None,
+        set_to_none: bool,
+    ) -> Tensor:
+        """The eager phase in the optimizer's mode; its end (not its own ``zero_grad``) ends the iteration."""
+        self._quiet += 1
+        try:
+            if self.mode == "native":  # native's three calls, the optimizer stepping natively
+                total = torch.nn.utils.clip_grad_norm_(
+                    self._clip_list(parameters), max_norm, norm_type, error_if_nonfinite
+                )
+                self.step()
+                self.zero_grad(set_to_none)
+            else:
+                total = self._one_pass(max_norm, norm_type, error_if_nonfinite, parameters, set_to_none)
+        finally:
+            self._quiet -= 1
+        if not self._quiet:
+            self._tick()
+        return total
 
     @torch.compiler.disable  # traced by Dynamo its self-checks would be compiled; it runs eagerly
     def _one_pass(

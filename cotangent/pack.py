@@ -177,6 +177,7 @@ class Pack:
         # one more means the user kept the tensor (g = p.grad), see kept()
         self.base_refs = self.refs()
         self.relaid = False  # a slot was given a new tensor (detach_kept): the calls' lists are stale
+        self.native = False  # stepping natively (mode "native"): no hooks, backward's own gradients
 
     def _lay_out_groups(self, group_of: list[int], amsgrad: list[bool]) -> None:
         """One flat group per (parameter group, device, dtype), in the order first met."""
@@ -204,6 +205,42 @@ class Pack:
                 hooks.append(p.register_hook(self._make_hook(i)))
                 hooks.append(p.register_post_accumulate_grad_hook(self._make_post_hook(i)))
         return hooks
+
+    def to_native(self, release: bool = False) -> None:
+        """Deliver no more gradients into the slots (the optimizer steps natively): the hooks are
+        removed, and each gradient that lives in a slot becomes a tensor of its own with the same
+        bits and strides, as backward would have stored it; its slot is then dirty (refilled with
+        -0.0 before a packed backward accumulates into it again). ``release``: the gradient buffer's
+        pages go back to the OS (:meth:`release_grads`), so that gradient memory is native's."""
+        for h in self.hooks:
+            h.remove()
+        self.hooks = []
+        with torch.no_grad():
+            for i, p in enumerate(self.params):
+                view = self.grad_views[i]
+                if p.grad is view:
+                    own = torch.empty_strided(view.shape, view.stride(), dtype=view.dtype, device=view.device)
+                    own.copy_(view)
+                    p.grad = own
+                    self.dirty[i] = True
+                elif self.produced[i]:
+                    self.dirty[i] = True
+                self.produced[i] = False
+        if self.backward is not None:
+            self.backward.clear()
+        self.queued, self.attached = False, []
+        self.native = True
+        if release:
+            self.release_grads()
+
+    def to_packed(self) -> None:
+        """Deliver gradients into the slots again: the hooks are back; a gradient backward stored
+        natively meanwhile is copied into its slot at the next sync (or by the post hook when
+        backward accumulates into it), as a ``.grad`` the user assigned."""
+        if not self.hooks:
+            self.hooks = self._register_hooks()
+        self.settle()
+        self.native = False
 
     def _perm_for(self, positions: list[int]) -> Tensor:
         """Native clipping's norm order over the parameters at ``positions`` (in that order): its
@@ -476,6 +513,8 @@ class Pack:
         without a gradient), with the norm order of that list (:meth:`order_of`), or ``None``."""
         for p in parameters:
             pack = cls._registry.get(id(p))
+            if pack is not None and pack.native:  # its gradients are backward's own: native's clip
+                return None
             if pack is not None:
                 perm = pack.order_of(parameters)
                 return None if perm is None else (pack, perm)

@@ -126,7 +126,7 @@ def check_update(device: torch.device, dtype: torch.dtype, mode: str, steps: int
     a = [t.clone().requires_grad_() for t in init]
     b = [t.clone().requires_grad_() for t in init]
     oa = torch.optim.AdamW(a, lr=1e-2, weight_decay=0.1, fused=True)
-    ob = PackedAdamW(b, lr=1e-2, weight_decay=0.1, update=mode)
+    ob = PackedAdamW(b, lr=1e-2, weight_decay=0.1, update=mode, mode="packed")
     for step in range(steps):
         grads = _grads(device, dtype, gen)
         if step == steps // 2:
@@ -160,7 +160,9 @@ def check_fused_phase(
     a = [t.clone().requires_grad_() for t in init]
     b = [t.clone().requires_grad_() for t in init]
     oa = torch.optim.AdamW(a, lr=1e-2, weight_decay=0.1, fused=True)
-    ob = PackedAdamW(b, lr=1e-2, weight_decay=0.1, block_bytes=4096, backward_norms=backward_norms)
+    ob = PackedAdamW(
+        b, lr=1e-2, weight_decay=0.1, block_bytes=4096, backward_norms=backward_norms, mode="packed"
+    )
     for _ in range(steps):
         grads = _grads(device, dtype, gen)
         torch.autograd.backward(a, grads)  # the end of a backward: AccumulateGrad (and hooks)
@@ -215,7 +217,14 @@ def check_native_phase(steps: int = 40, backward_norms: bool = False) -> bool:
         a = [t.clone().requires_grad_() for t in init]
         b = [t.clone().requires_grad_() for t in init]
         oa = torch.optim.AdamW(a, lr=1e-2, fused=True, **kw)
-        ob = PackedAdamW(b, lr=1e-2, release_grads=release, backward_norms=backward_norms, **kw)  # type: ignore[arg-type]
+        ob = PackedAdamW(
+            b,
+            lr=1e-2,
+            release_grads=release,  # type: ignore[arg-type]
+            backward_norms=backward_norms,
+            mode="packed",
+            **kw,
+        )
         if not ob.phase_kernel().startswith("phase.c"):
             return False
         for step in range(steps):

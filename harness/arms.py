@@ -127,6 +127,7 @@ def build_arm(
             kernel=kernel,
             release_grads=release_grads,
             backward_norms=backward_norms,
+            mode="packed",  # a study's arm is the packed method; mode="auto" would measure and may switch
         )
     else:
         optimizer = torch.optim.AdamW(

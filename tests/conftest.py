@@ -33,6 +33,12 @@ if CPU_CAPABILITY is not None:
     del os.environ["ATEN_CPU_CAPABILITY"]
 
 
+#: PackedAdamW's mode where a test leaves it unset: packed, so that a test's path is the same every run
+#: (``mode="auto"`` times the first iterations and may then step natively: the same bits, another path).
+#: tests/test_modes.py covers "auto" and "native" by naming them; subprocesses inherit this too.
+os.environ.setdefault("COTANGENT_MODE", "packed")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def one_intra_op_thread() -> None:
     """The in-process tests run torch with one intra-op thread, as every run of a study does (its

@@ -131,3 +131,42 @@ def test_clients_benchmark_runs(tmp_path):
             assert c["n"] == 4 and c["low"] <= c["ratio"] <= c["high"] and c["native_ms"] > 0
         assert 0 < res["phase_share"] < 1
     assert data["cpu_capability"] in r.stdout.splitlines()[0]
+
+
+@pytest.mark.process
+def test_never_slower_benchmark_runs(tmp_path):
+    """benchmarks/never_slower.py at CI size: the design check first, then each loop at each thread
+    count with both ratios and their intervals, auto's choice, the bits, the command and the CPU."""
+    out = tmp_path / "never.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "never_slower.py"), "--quick", "--rounds", "3"]
+    cmd += ["--threads", "1", "2", "--loops", "nanogpt", "small_cnn", "tiny_conv", "--json", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("command: ") and "never_slower.py --quick --rounds 3" in lines[0]
+    assert lines[1].startswith("CPU: ") and "dispatches" in lines[1] and "ATEN_CPU_CAPABILITY=" in lines[1]
+    assert "PackedAdamW(mode='auto') measured" not in r.stderr  # the table says it
+    data = json.loads(out.read_text())
+    plant = [i for i, line in enumerate(lines) if line.startswith("| A/A, 2% of an iteration planted")]
+    rows = [
+        i
+        for i, line in enumerate(lines)
+        if line.startswith(("| nanogpt (", "| small_cnn (", "| tiny_conv ("))
+    ]
+    assert len(plant) == 2 and len(rows) == 6 and max(plant) < min(rows)  # the design's check comes first
+    for threads in (1, 2):
+        p = data[f"planted/{threads}"]
+        assert (
+            p["truth"] > 1
+            and p["read"]["n"] == 3
+            and p["read"]["low"] <= p["read"]["ratio"] <= p["read"]["high"]
+        )
+        assert p["covered"] == (p["read"]["low"] <= p["truth"] <= p["read"]["high"])
+        for loop in ("nanogpt", "small_cnn", "tiny_conv"):
+            res = data[f"{loop}/{threads}"]
+            assert res["bitwise"] is True
+            for arm in ("packed", "auto"):
+                assert res[arm]["n"] == 3 and res[arm]["low"] <= res[arm]["ratio"] <= res[arm]["high"]
+            assert res["auto_mode"] in ("packed", "native")  # decided in the solo warm-up (24 > 20)
+            assert res["auto_report"].startswith("PackedAdamW(mode='auto') measured 16 iterations")
+    assert data["table"][-1] in r.stdout

@@ -1,0 +1,360 @@
+"""Never slower than native: clients' whole iterations, packed and PackedAdamW's default against native.
+
+Each client loop is built three times in one process from the same weights and fed the same batches:
+
+* ``native``: the client's ``clip_grad_norm_``, ``AdamW(fused=True).step()``, ``zero_grad``;
+* ``packed``: ``PackedAdamW(mode="packed")`` taking the one-pass phase (``clip_step_zero_grad``);
+* ``auto``: ``PackedAdamW``'s default (``mode="auto"``), which measures packed against native over
+  its first iterations and steps natively where packing is slower (``cotangent/modes.py``).
+
+Each arm first runs ``--warmup`` iterations alone (so ``auto`` decides on the loop by itself, as in
+a user's run: it needs 20), then the arms take turns for ``--rounds`` rounds, the order within a
+round cycling through the six orders of three (each arm as often first, second and third). An
+iteration is timed whole, from the batch to the end of the phase. Reported per loop: native's
+median iteration, and each arm's ratio to native as the geometric mean of the per-round ratios
+with its 95% Student-t interval (``prereg.descriptive.mean_interval``, via ``clients.paired``).
+After the timed rounds the three models must be equal bit for bit.
+
+First, the design's own check (one row per thread count): an A/A of nanoGPT's loop, native in
+both arms, with a busy spin of ``--plant`` (default 2%) of native's median warm-up iteration added
+to one arm's every iteration. Its truth is known by arithmetic: the geometric mean over rounds of
+(A's iteration + the spin it ran) / A's iteration, from the spins as measured. The design reads
+the plant correctly when the truth lies inside the interval.
+
+Loops: nanoGPT's ``train.py`` loop and timm's ``resnet10t`` (``benchmarks/clients.py``), a small
+convolutional net with batch norm (images, 3 conv+BN+ReLU, pooling, a linear head), and the study's
+four tiny configurations (``configs/tiny_*.yaml``: their model, batch, lr, weight decay and clip).
+
+    python benchmarks/never_slower.py --threads 1 2            # the full table
+    python benchmarks/never_slower.py --quick --threads 1      # CI size
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from clients import NanoGPT, Timm, optimizer, paired  # noqa: E402
+
+from cotangent.modes import ROUNDS as AUTO_ROUNDS  # noqa: E402
+from cotangent.modes import WARMUP as AUTO_WARMUP  # noqa: E402
+from cotangent.verify import bitwise_equal  # noqa: E402
+from harness.config import load_config  # noqa: E402
+from harness.devices import cpu_model  # noqa: E402
+from harness.models import build_model  # noqa: E402
+from prereg.descriptive import mean_interval  # noqa: E402
+
+ARMS = ("native", "packed", "auto")
+ORDERS = ((0, 1, 2), (1, 2, 0), (2, 0, 1), (0, 2, 1), (2, 1, 0), (1, 0, 2))
+TINY = ("tiny_transformer", "tiny_medium", "tiny_gqa", "tiny_conv")
+LOOPS = ("nanogpt", "timm", "small_cnn", *TINY)
+#: Iterations ``mode="auto"`` runs before it has decided.
+AUTO_DECIDES_AFTER = AUTO_WARMUP + 4 * AUTO_ROUNDS + 1
+
+
+def phase(model: nn.Module, opt: Any, arm: str, max_norm: float) -> None:
+    """The gradient phase: native's three calls, or the one pass (which steps natively in mode native)."""
+    if arm == "native":
+        nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        opt.step()
+        opt.zero_grad()
+    else:
+        opt.clip_step_zero_grad(max_norm, parameters=model.parameters())
+
+
+class SmallCNN:
+    """A conv+BN net on small images: the review's "small conv+BN net"."""
+
+    def __init__(self, arm: str, init: nn.Module, batch: int, size: int) -> None:
+        self.model = copy.deepcopy(init)
+        self.arm, self.batch, self.size = arm, batch, size
+        self.opt = optimizer(arm, [{"params": list(self.model.parameters())}], lr=1e-3, weight_decay=0.05)
+
+    @staticmethod
+    def net(width: int) -> nn.Module:
+        def block(cin: int, cout: int, stride: int) -> list[nn.Module]:
+            return [nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
+
+        return nn.Sequential(
+            *block(3, width, 1),
+            *block(width, 2 * width, 2),
+            *block(2 * width, 2 * width, 2),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(2 * width, 10),
+        )
+
+    def iteration(self, k: int) -> None:
+        g = torch.Generator().manual_seed(k)
+        x = torch.randn(self.batch, 3, self.size, self.size, generator=g)
+        y = torch.randint(0, 10, (self.batch,), generator=g)
+        F.cross_entropy(self.model(x), y).backward()
+        phase(self.model, self.opt, self.arm, 1.0)
+
+
+class Study:
+    """One of the study's configurations (``configs/<name>.yaml``): its model, batch and training settings."""
+
+    def __init__(self, arm: str, name: str) -> None:
+        cfg = load_config(ROOT / "configs" / f"{name}.yaml")
+        self.cfg, self.arm = cfg, arm
+        self.model = build_model(cfg.model, 0)
+        t = cfg.train
+        self.opt = optimizer(
+            arm,
+            [{"params": list(self.model.parameters())}],
+            lr=t.lr,
+            betas=(t.beta1, t.beta2),
+            eps=t.eps,
+            weight_decay=t.weight_decay,
+        )
+
+    def iteration(self, k: int) -> None:
+        g = torch.Generator().manual_seed(k)
+        m, batch = self.cfg.model, self.cfg.train.batch_size
+        x = torch.randint(0, m.vocab, (batch, m.context + 1), generator=g)
+        logits = self.model(x[:, :-1])
+        F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()).backward()
+        phase(self.model, self.opt, self.arm, self.cfg.train.clip_norm)
+
+
+def builders(args: argparse.Namespace, loops: list[str]) -> dict[str, Callable[[str], Any]]:
+    """Each loop's builder: arm -> an object with ``model``, ``opt`` and ``iteration(k)``."""
+    out: dict[str, Callable[[str], Any]] = {}
+    n = args
+    if "nanogpt" in loops:
+        out["nanogpt"] = lambda arm: NanoGPT(
+            arm, n.nanogpt_layers, n.nanogpt_width, n.nanogpt_batch, n.nanogpt_context, n.nanogpt_accum
+        )
+    if "timm" in loops:
+        import timm
+
+        torch.manual_seed(0)
+        resnet = timm.create_model("resnet10t", num_classes=10)
+        out["timm"] = lambda arm: Timm(arm, n.timm_batch, n.timm_size, resnet)
+    if "small_cnn" in loops:
+        torch.manual_seed(0)
+        cnn = SmallCNN.net(n.cnn_width)
+        out["small_cnn"] = lambda arm: SmallCNN(arm, cnn, n.cnn_batch, n.cnn_size)
+    for name in TINY:
+        if name in loops:
+            out[name] = functools.partial(Study, name=name)
+    return out
+
+
+def timed(loop: Any, k: int) -> float:
+    t0 = time.perf_counter()
+    loop.iteration(k)
+    return time.perf_counter() - t0
+
+
+def spin(seconds: float) -> float:
+    """Busy-wait ``seconds``; returns the time it took (the plant as run)."""
+    t0 = time.perf_counter()
+    end = t0 + seconds
+    while time.perf_counter() < end:
+        pass
+    return time.perf_counter() - t0
+
+
+def run_loop(build: Callable[[str], Any], rounds: int, warmup: int) -> dict[str, Any]:
+    """The three arms: solo warm-up, then rounds in cycling orders; ratios to native and the bits."""
+    loops = {arm: build(arm) for arm in ARMS}
+    for arm in ARMS:  # alone, so that auto measures the loop by itself
+        for k in range(warmup):
+            loops[arm].iteration(k)
+    times: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    for r in range(rounds):
+        for a in ORDERS[r % len(ORDERS)]:
+            times[ARMS[a]].append(timed(loops[ARMS[a]], warmup + r))
+    states = [loops[a].model.state_dict() for a in ARMS]
+    bitwise = all(bitwise_equal(states[0][key], s[key]) for s in states[1:] for key in states[0])
+    auto = loops["auto"].opt
+    return {
+        "native_ms": statistics.median(times["native"]) * 1e3,
+        "packed": paired(times["native"], times["packed"]),
+        "auto": paired(times["native"], times["auto"]),
+        "auto_mode": auto.mode if auto.mode_report is not None else f"undecided ({auto.mode} now)",
+        "auto_report": auto.mode_report,
+        "packed_kernel": loops["packed"].opt.phase_kernel(),
+        "bitwise": bitwise,
+        "parameters": sum(p.numel() for p in loops["native"].model.parameters()),
+    }
+
+
+def planted(build: Callable[[str], Any], rounds: int, warmup: int, share: float) -> dict[str, Any]:
+    """A/A of native against native with a spin of ``share`` of native's median warm-up iteration."""
+    a, b = build("native"), build("native")
+    warm = [timed(a, k) for k in range(warmup)]
+    for k in range(warmup):
+        b.iteration(k)
+    cost = share * statistics.median(warm)
+    ta: list[float] = []
+    tb: list[float] = []
+    spun: list[float] = []
+    for r in range(rounds):
+        k = warmup + r
+        for first in (True, False) if r % 4 in (0, 3) else (False, True):  # ABBA
+            if first:
+                ta.append(timed(a, k))
+            else:
+                t0 = time.perf_counter()
+                b.iteration(k)
+                spun.append(spin(cost))
+                tb.append(time.perf_counter() - t0)
+    truth = math.exp(statistics.fmean(math.log((x + s) / x) for x, s in zip(ta, spun)))
+    read = paired(ta, tb)
+    ci = mean_interval([math.log(y / x) for x, y in zip(ta, tb)], level=0.95, estimand="log_ratio")
+    assert math.isclose(math.exp(ci.estimate), read["ratio"])
+    return {
+        "cost_ms": cost * 1e3,
+        "truth": truth,
+        "read": read,
+        "covered": read["low"] <= truth <= read["high"],
+    }
+
+
+def ratio_cell(r: dict[str, float]) -> str:
+    return f"{r['ratio']:.3f} ({r['low']:.3f}-{r['high']:.3f})"
+
+
+def header(args: argparse.Namespace) -> list[str]:
+    env = " ".join(
+        f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS") if k in os.environ
+    )
+    command = " ".join(shlex.quote(x) for x in ["python", *sys.argv])
+    return [
+        f"command: {(env + ' ') if env else ''}{command}",
+        f"CPU: {cpu_model()} ({platform.machine()}, {os.cpu_count()} logical CPUs); torch {torch.__version__} "
+        f"dispatches {torch.backends.cpu.get_cpu_capability()} (ATEN_CPU_CAPABILITY="
+        f"{os.environ.get('ATEN_CPU_CAPABILITY', 'unset')})",
+        f"{args.rounds} timed rounds per row after {args.warmup} warm-up iterations per arm (auto decides "
+        f"after {AUTO_DECIDES_AFTER}); ratios: geometric mean of per-round ratios, 95% Student-t interval",
+    ]
+
+
+PLANT_HEAD = [
+    "| Design check | Threads | torch dispatches | A's iteration (ms) | Planted spin (ms) | Truth | Read (95% CI) | Truth inside |",
+    "|---|---|---|---|---|---|---|---|",
+]
+LOOP_HEAD = [
+    "| Loop | Threads | torch dispatches | Native iteration (ms) | packed / native (95% CI) "
+    "| default (auto) / native (95% CI) | auto chose | auto at most native (upper <= 1.01) | Bitwise, one pass on |",
+    "|---|---|---|---|---|---|---|---|---|",
+]
+
+
+def plant_rows(args: argparse.Namespace, results: dict[str, Any]) -> list[str]:
+    """The design check at each thread count (nanoGPT's loop, native in both arms, a spin in one)."""
+    rows = []
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        p = planted(builders(args, ["nanogpt"])["nanogpt"], args.rounds, args.warmup, args.plant)
+        results[f"planted/{threads}"] = p
+        rows.append(
+            f"| A/A, {args.plant:.0%} of an iteration planted in B (nanogpt) | {threads} "
+            f"| {torch.backends.cpu.get_cpu_capability()} | {p['read']['native_ms']:.2f} | {p['cost_ms']:.3f} "
+            f"| {p['truth']:.4f} | {ratio_cell(p['read'])} | {'yes' if p['covered'] else 'NO'} |"
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
+def table_rows(args: argparse.Namespace, threads: int, results: dict[str, Any]) -> list[str]:
+    """The loops' rows at ``threads``."""
+    rows = []
+    cap = torch.backends.cpu.get_cpu_capability()
+    for name, build in builders(args, args.loops).items():
+        r = run_loop(build, args.rounds, args.warmup)
+        results[f"{name}/{threads}"] = r
+        at_most = "yes" if r["auto"]["ratio"] <= 1.0 and r["auto"]["high"] <= 1.01 else "no"
+        kern = "phase.c" if r["packed_kernel"].startswith("phase.c") else "torch kernels"
+        rows.append(
+            f"| {name} ({r['parameters'] / 1e6:.2f}M) | {threads} | {cap} | {r['native_ms']:.2f} "
+            f"| {ratio_cell(r['packed'])} | {ratio_cell(r['auto'])} | {r['auto_mode']} | {at_most} "
+            f"| {r['bitwise']}, {kern} |"
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="CI size: 12 rounds, smaller models and batches")
+    ap.add_argument("--rounds", type=int, help="timed rounds per row (default 360; --quick 12)")
+    ap.add_argument(
+        "--warmup", type=int, default=AUTO_DECIDES_AFTER + 4, help="solo warm-up iterations per arm"
+    )
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--loops", nargs="+", default=list(LOOPS), choices=LOOPS)
+    ap.add_argument(
+        "--plant", type=float, default=0.02, help="the A/A's planted cost, a share of an iteration"
+    )
+    ap.add_argument("--nanogpt-layers", type=int, default=4)
+    ap.add_argument("--nanogpt-width", type=int, default=128)
+    ap.add_argument("--nanogpt-batch", type=int, default=2)
+    ap.add_argument("--nanogpt-context", type=int, default=64)
+    ap.add_argument("--nanogpt-accum", type=int, default=2)
+    ap.add_argument("--timm-batch", type=int, default=2)
+    ap.add_argument("--timm-size", type=int, default=32)
+    ap.add_argument("--cnn-width", type=int, default=32)
+    ap.add_argument("--cnn-batch", type=int, default=16)
+    ap.add_argument("--cnn-size", type=int, default=32)
+    ap.add_argument("--json", help="write the results as JSON to this path")
+    args = ap.parse_args(argv)
+    if args.rounds is None:
+        args.rounds = 12 if args.quick else 360
+    if args.quick:
+        args.nanogpt_layers, args.nanogpt_width, args.timm_size = 2, 64, 16
+        args.cnn_width, args.cnn_batch, args.cnn_size = 8, 4, 16
+    if args.rounds < 2 or args.warmup < 1:
+        ap.error("--rounds must be at least 2 (an interval needs two) and --warmup at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    # auto's own report (a UserWarning where it steps natively) is the table's "auto chose" and the JSON's
+    warnings.filterwarnings("ignore", message=r"PackedAdamW\(mode='auto'\) measured")
+    lines = header(args)
+    print("\n".join(lines), flush=True)
+    results: dict[str, Any] = {"header": lines}
+    table: list[str] = []
+    if args.plant > 0:  # the design's own check first: a known cost must read as itself
+        print("\n" + "\n".join(PLANT_HEAD), flush=True)
+        table += ["", *PLANT_HEAD, *plant_rows(args, results)]
+    print("\n" + "\n".join(LOOP_HEAD), flush=True)
+    table += ["", *LOOP_HEAD]
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        table += table_rows(args, threads, results)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        results["table"] = table
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

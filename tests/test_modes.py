@@ -1,0 +1,313 @@
+"""PackedAdamW's modes (cotangent/modes.py): packed, native, and auto, which measures the first
+iterations and may step natively from then on. Every mode and every switch between them must give
+the bits of native ``AdamW(fused=True)`` + ``clip_grad_norm_``: parameters, gradients, state
+(``exp_avg``, ``exp_avg_sq``, ``step``) and the norm, step by step, and state dicts loaded either way."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import warnings
+
+import hypothesis.strategies as st
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+from cotangent import PackedAdamW, clip_grad_norm_
+from cotangent.modes import ENV, PATTERN, ROUNDS, WARMUP, Chooser
+from cotangent.verify import bitwise_equal
+
+FEW = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+shape_st = st.lists(st.integers(1, 24), min_size=1, max_size=3).map(tuple)
+hyper_st = st.fixed_dictionaries(
+    {
+        "lr": st.sampled_from([1e-3, 1e-2, 0.3]),
+        "betas": st.sampled_from([(0.9, 0.999), (0.5, 0.9), (0.9, 0.95)]),
+        "eps": st.sampled_from([1e-8, 1e-6]),
+        "weight_decay": st.sampled_from([0.0, 1e-2, 0.1]),
+        "amsgrad": st.booleans(),
+        "maximize": st.booleans(),
+    }
+)
+
+
+def same(xs, ys):
+    return all(bitwise_equal(x.detach(), y.detach()) for x, y in zip(xs, ys))
+
+
+def same_state(oa, ob, a, b):
+    for x, y in zip(a, b):
+        assert set(oa.state[x]) == set(ob.state[y])
+        for k in oa.state[x]:
+            assert bitwise_equal(oa.state[x][k], ob.state[y][k]), k
+            assert oa.state[x][k].stride() == ob.state[y][k].stride(), k
+
+
+def twins(shapes, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    init = [torch.randn(s, generator=gen).to(dtype) for s in shapes]
+    return [t.clone().requires_grad_() for t in init], [t.clone().requires_grad_() for t in init], gen
+
+
+def backward_both(a, b, gen, missing):
+    """The same gradients into both, through backward (a parameter in ``missing`` gets none)."""
+    for k, (x, y) in enumerate(zip(a, b)):
+        if k in missing:
+            continue
+        g = torch.randn(x.shape, generator=gen).to(x.dtype)
+        torch.autograd.backward(x * 1.0, g)
+        torch.autograd.backward(y * 1.0, g)
+
+
+def grads_equal(a, b):
+    for x, y in zip(a, b):
+        assert (x.grad is None) == (y.grad is None)
+        if x.grad is not None:
+            assert bitwise_equal(x.grad, y.grad) and x.grad.stride() == y.grad.stride()
+
+
+@FEW
+@given(
+    shapes=st.lists(shape_st, min_size=1, max_size=4),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    hyper=hyper_st,
+    schedule=st.lists(st.sampled_from(["packed", "native"]), min_size=2, max_size=7),
+    phase=st.sampled_from(["one_pass", "three_calls"]),
+    reload_at=st.integers(-1, 6),
+    skip=st.integers(-1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_every_mode_and_switch_is_bitwise_native(
+    shapes, dtype, hyper, schedule, phase, reload_at, skip, seed
+):
+    """Random shapes, dtypes and hyperparameters; the mode switched between steps as ``schedule``
+    says (a switch mid-run), a parameter without a gradient at some steps, a state dict round trip
+    into a new optimizer of either mode: native's bits at every step."""
+    a, b, gen = twins(shapes, dtype, seed)
+    oa = torch.optim.AdamW(a, fused=True, **hyper)
+    ob = PackedAdamW(b, **hyper, mode=schedule[0])
+    for step, mode in enumerate(schedule):
+        ob.set_mode(mode)
+        assert ob.mode == mode
+        missing = {skip} if step % 3 == 1 else set()
+        backward_both(a, b, gen, missing)
+        grads_equal(a, b)
+        na = torch.nn.utils.clip_grad_norm_(a, 1.0)
+        oa.step()
+        oa.zero_grad()
+        if phase == "one_pass":
+            nb = ob.clip_step_zero_grad(1.0)
+        else:
+            nb = clip_grad_norm_(b, 1.0)
+            ob.step()
+            ob.zero_grad()
+        assert bitwise_equal(na, nb), f"norm at step {step} ({mode})"
+        assert same(a, b), f"parameters at step {step} ({mode})"
+        same_state(oa, ob, a, b)
+        grads_equal(a, b)
+        if step == reload_at:  # round trip into a new optimizer of the next step's mode, the old one dropped
+            sd = ob.state_dict()
+            del ob
+            gc.collect()
+            ob = PackedAdamW(b, **hyper, mode=schedule[(step + 1) % len(schedule)])
+            ob.load_state_dict(sd)
+            same_state(oa, ob, a, b)
+    sa, sb = oa.state_dict(), ob.state_dict()
+    assert sa["param_groups"] == sb["param_groups"]
+    for k in sa["state"]:
+        assert all(bitwise_equal(sa["state"][k][n], sb["state"][k][n]) for n in sa["state"][k])
+
+
+@pytest.mark.parametrize("first", ["packed", "native"])
+def test_switch_with_gradients_present_keeps_their_bits(first):
+    """A switch while gradients exist (``zero_grad(set_to_none=False)``, or between two backwards
+    that accumulate): each keeps its bits, and the accumulation is native's."""
+    a, b, gen = twins([(16, 8), (8,), (3, 5)], torch.float32, 3)
+    oa = torch.optim.AdamW(a, fused=True, weight_decay=0.1)
+    ob = PackedAdamW(b, weight_decay=0.1, mode=first)
+    modes = itertools.cycle(["native", "packed"] if first == "packed" else ["packed", "native"])
+    for step in range(6):
+        backward_both(a, b, gen, set())
+        ob.set_mode(next(modes))  # between two backwards: the second accumulates
+        backward_both(a, b, gen, set())
+        grads_equal(a, b)
+        oa.step()
+        ob.step()
+        oa.zero_grad(set_to_none=step % 2 == 0)
+        ob.zero_grad(set_to_none=step % 2 == 0)
+        ob.set_mode(next(modes))  # gradients of +0.0 present after zero_grad(set_to_none=False)
+        grads_equal(a, b)
+        assert same(a, b), step
+        same_state(oa, ob, a, b)
+
+
+def test_native_mode_delivers_no_gradient_into_the_flat_buffer():
+    """Natively stepping, backward stores its own gradient (outside the flat buffer), as native's."""
+    b = [torch.randn(32, 4, requires_grad=True), torch.randn(4, requires_grad=True)]
+    ob = PackedAdamW(b, mode="native")
+    (b[0].sum() + b[1].sum()).backward()
+    flat = ob.flat_groups[0].grad
+    lo, hi = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()
+    assert all(not lo <= p.grad.data_ptr() < hi for p in b)
+    assert ob.phase_kernel().startswith("native")
+    ob.set_mode("packed")
+    ob.zero_grad()
+    (b[0].sum() + b[1].sum()).backward()
+    assert all(lo <= p.grad.data_ptr() < hi for p in b)
+
+
+class FakeClock:
+    """Iteration times chosen by the test: ``packed`` and ``native`` seconds per iteration."""
+
+    def __init__(self, opt, packed, native):
+        self.opt, self.cost, self.now = opt, {"packed": packed, "native": native}, 0.0
+
+    def __call__(self):
+        self.now += self.cost[self.opt.mode]
+        return self.now
+
+
+@pytest.mark.parametrize("slower", ["packed", "native"])
+def test_auto_steps_natively_where_packed_is_slower_and_says_so_once(slower):
+    """``mode="auto"``: warm-up packed, ABBA-alternated iterations, then the faster mode for good;
+    native's bits throughout, and one warning naming the measurement where it falls back."""
+    a, b, gen = twins([(24, 8), (8,)], torch.float32, 5)
+    oa = torch.optim.AdamW(a, fused=True, weight_decay=0.1)
+    ob = PackedAdamW(b, weight_decay=0.1, mode="auto")
+    ob._chooser.clock = FakeClock(ob, 0.012 if slower == "packed" else 0.010, 0.011)
+    seen = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(WARMUP + 4 * ROUNDS + 6):
+            seen.append(ob.mode)
+            backward_both(a, b, gen, set())
+            na = torch.nn.utils.clip_grad_norm_(a, 1.0)
+            oa.step()
+            oa.zero_grad()
+            if step % 2:
+                nb = ob.clip_step_zero_grad(1.0)
+            else:  # the three calls: the zero_grad after a step ends the iteration
+                nb = clip_grad_norm_(b, 1.0)
+                ob.step()
+                ob.zero_grad()
+                ob.zero_grad()  # a second one, with no step between, is no iteration
+            assert bitwise_equal(na, nb) and same(a, b), step
+            same_state(oa, ob, a, b)
+    assert seen[:WARMUP] == ["packed"] * WARMUP
+    assert seen[WARMUP : WARMUP + 4 * ROUNDS] == list(PATTERN) * ROUNDS
+    expect = "native" if slower == "packed" else "packed"
+    assert set(seen[WARMUP + 4 * ROUNDS :]) == {expect}
+    packed_ms = "12.000" if slower == "packed" else "10.000"
+    assert ob.mode_report is not None and f"{packed_ms} ms packed, 11.000 ms native" in ob.mode_report
+    fallbacks = [w for w in caught if "PackedAdamW(mode='auto') measured" in str(w.message)]
+    assert len(fallbacks) == (1 if expect == "native" else 0)
+    if fallbacks:
+        assert "11.000 ms native" in str(fallbacks[0].message)
+        assert fallbacks[0].filename == __file__  # it names the user's line, not the package's
+
+
+def test_chooser_schedule_and_decision():
+    """The schedule by itself: WARMUP packed, then ROUNDS blocks of PATTERN, then the decision."""
+    times = iter(range(100))
+    c = Chooser(clock=lambda: float(next(times)) * 0.001)
+    modes, mode = [], "packed"
+    for _ in range(WARMUP + 4 * ROUNDS + 2):
+        mode = c.tick(mode)
+        modes.append(mode)
+    assert modes[: WARMUP - 1] == ["packed"] * (WARMUP - 1)
+    assert modes[WARMUP - 1 : WARMUP - 1 + 4 * ROUNDS] == list(PATTERN) * ROUNDS
+    assert c.decided == "packed"  # equal times: packed is not slower, so it stays
+    assert len(c.times["packed"]) == len(c.times["native"]) == 2 * ROUNDS
+
+
+def test_mode_from_the_environment_and_refused_values(monkeypatch):
+    """``mode=None`` takes COTANGENT_MODE; a bad value is refused, naming it, before any parameter moves."""
+    p = torch.randn(4, 3, requires_grad=True)
+    ptr = p.data_ptr()
+    monkeypatch.setenv(ENV, "fast")
+    with pytest.raises(ValueError, match="COTANGENT_MODE='fast'"):
+        PackedAdamW([p])
+    with pytest.raises(ValueError, match="mode must be one of auto, packed, native"):
+        PackedAdamW([p], mode="quick")
+    assert p.data_ptr() == ptr  # not packed: nothing was modified
+    monkeypatch.setenv(ENV, "native")
+    opt = PackedAdamW([p])
+    assert opt.mode == "native" and opt._chooser is None
+    with pytest.raises(ValueError, match="set_mode: mode must be 'packed' or 'native'"):
+        opt.set_mode("auto")
+    del opt
+    gc.collect()
+    monkeypatch.delenv(ENV)
+    opt = PackedAdamW([p])
+    assert opt.mode == "packed" and opt._chooser is not None
+
+
+def test_native_mode_refuses_what_packed_refuses():
+    """Rebinding a parameter and a second optimizer over the same parameters: the same errors,
+    before anything moves."""
+    p = torch.randn(6, 2, requires_grad=True)
+    opt = PackedAdamW([p], mode="native")
+    with pytest.raises(RuntimeError, match="another PackedAdamW already holds these parameters"):
+        PackedAdamW([p], mode="native")
+    p.sum().backward()
+    before = p.detach().clone()
+    p.data = torch.zeros(6, 2)
+    with pytest.raises(RuntimeError, match="was rebound"):
+        opt.step()
+    assert not opt.state
+    assert bitwise_equal(before, opt.flat_groups[0].param.view(6, 2))  # the packed weights unmoved
+
+
+@pytest.mark.parametrize("switch_at", [None, 2])
+def test_clip_in_step_and_closures_natively(switch_at):
+    """A loop a framework owns (``clip_in_step``: ``step(closure)`` then ``zero_grad``) stepping
+    natively, switched to packed mid-run or not: native's clip, step and zero_grad, bit for bit."""
+    a, b, gen = twins([(12, 6), (6,), (5, 3)], torch.float32, 11)
+    oa = torch.optim.AdamW(a, fused=True, weight_decay=0.1, lr=0.05)
+    ob = PackedAdamW(b, weight_decay=0.1, lr=0.05, mode="native")
+    ob.clip_in_step(0.5)
+    for step in range(5):
+        if step == switch_at:
+            ob.set_mode("packed")
+        grads = [torch.randn(x.shape, generator=gen) for x in a]
+
+        def closure(ps=b, grads=grads, step=step):
+            for y, g in zip(ps, grads):
+                torch.autograd.backward(y * 1.0, g)
+            return torch.tensor(float(step))
+
+        for x, g in zip(a, grads):
+            torch.autograd.backward(x * 1.0, g)
+        na = torch.nn.utils.clip_grad_norm_(a, 0.5)
+        oa.step()
+        oa.zero_grad()
+        assert ob.step(closure) == step
+        ob.zero_grad()
+        assert bitwise_equal(na, ob.last_total_norm) and same(a, b), step
+        same_state(oa, ob, a, b)
+        grads_equal(a, b)
+
+
+def test_grad_scaler_steps_natively_and_across_a_switch():
+    """``GradScaler`` (enabled: scaled losses, an inf step skipped) with the optimizer stepping
+    natively, then packed, then natively: native's bits, the skipped step included."""
+    a, b, gen = twins([(10, 4), (4,)], torch.float32, 17)
+    oa = torch.optim.AdamW(a, fused=True, weight_decay=0.1)
+    ob = PackedAdamW(b, weight_decay=0.1, mode="native")
+    sa = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    sb = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    for step, mode in enumerate(["native", "native", "packed", "native", "packed", "native"]):
+        ob.set_mode(mode)
+        grads = [torch.randn(x.shape, generator=gen) for x in a]
+        if step == 3:
+            grads[0][0, 0] = float("inf")  # this step is skipped and the scale backs off
+        for ps, opt, sc in ((a, oa, sa), (b, ob, sb)):
+            for x, g in zip(ps, grads):
+                torch.autograd.backward(sc.scale(x * 1.0), g)
+            sc.step(opt)
+            sc.update()
+            opt.zero_grad()
+        assert same(a, b) and sa.get_scale() == sb.get_scale(), step
+        same_state(oa, ob, a, b)
