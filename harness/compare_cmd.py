@@ -234,12 +234,12 @@ def calibrated_choice(effect_class: str) -> tuple[str, str]:
     :data:`BLOCK_STEPS`'s two estimators (the whole times, :data:`WHOLE`, or the steps after each
     arm's own, :data:`AFTER_OWN`), the one whose bias interval the calibration beside this harness
     (:data:`CALIBRATION`, its sealed ``summary.json``) found nearest zero for the class
-    (:func:`analysis.calibration_study.verdicts`, the one home of that choice), on the class's
+    (:func:`prereg.planted.verdicts`, the one home of that choice), on the class's
     clock; with no calibration of the class, the whole times and "bias: not calibrated".
 
     The one place ``harness compare`` asks for a design's bias."""
-    from analysis.calibration_study import CLASS_CLOCK, verdicts
     from harness.packages import package_dirs
+    from prereg.planted import CLASS_CLOCK, verdicts
 
     wall = CLASS_CLOCK[effect_class] == "wall"
     whole, own = ("training_time", "own_step_time") if wall else ("training_cpu_time", "own_step_cpu_time")
