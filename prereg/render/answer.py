@@ -15,7 +15,7 @@ from prereg.calibrated import Calibration
 from prereg.decisions import HypothesisDecision
 from prereg.descriptive import reduction
 from prereg.render.result import CONVENTION as CAL_CONVENTION
-from prereg.render.result import block_steps, calibrated_effects, points, words
+from prereg.render.result import block_steps, calibrated_effects, points, sentence, words
 from prereg.results import Descriptive, Summary
 
 CONVENTION = (
@@ -139,8 +139,7 @@ def answer_lines(summary: Summary, cal: Calibration | None = None) -> list[str]:
         if d.estimate is None or d.low is None or d.high is None:
             effect = "no estimate"
         elif d.estimand == "log_ratio" and cal is not None:
-            est, rng = points(d.estimate, d.low, d.high, d.level)
-            effect = f"{d.endpoint} change {est} points ({rng}, {words(100 * d.estimate)})"
+            effect = f"{d.endpoint} change {sentence(d.estimate, d.low, d.high, d.level)}"
         elif d.estimand == "log_ratio":
             red = [reduction(x) for x in (d.estimate, d.high, d.low)]
             effect = f"{d.endpoint} reduction {_effect(red[0], red[1], red[2], d.level or 0)}"

@@ -61,6 +61,13 @@ def points(
     return f"{100 * estimate:+.2f}", shown
 
 
+def sentence(estimate: float, low: float | None, high: float | None, level: float | None) -> str:
+    """A log ratio in a sentence: ``-2.31 points (99% interval -2.90 to -1.70; faster by 2.28%)``."""
+    at = f"{100 * level:.4g}% interval " if level else "interval "
+    rng = "no interval" if low is None or high is None else f"{at}{100 * low:+.2f} to {100 * high:+.2f}"
+    return f"{100 * estimate:+.2f} points ({rng}; {words(100 * estimate)})"
+
+
 def block_steps(summary: Summary, study: str) -> int | None:
     """A study's lockstep block size (None: a process per arm)."""
     st: Mapping[str, Any] = next((s for s in summary.protocol["studies"] if s["name"] == study), {})
@@ -142,9 +149,8 @@ def calibrated_effects(c: Any, cpu: bool, cal: Calibration, block: int | None) -
         iv = getattr(ep, "log_ratio", None)
         if iv is None:
             continue
-        est, rng = points(iv.estimate, iv.low, iv.high, c.level)
         shown.append(
-            f"{est} points ({rng}, {words(100 * iv.estimate)}) on the {clock} clock, "
+            f"{sentence(iv.estimate, iv.low, iv.high, c.level)} on the {clock} clock, "
             f"calibrated bias {bias_text(cal, block, endpoint)}"
         )
     return "training-time change " + (", ".join(shown) or "n/a (no interval yet)")
