@@ -197,8 +197,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_calibration_verdict(args: argparse.Namespace) -> int:
     """``harness calibration-verdict RECORDS``: which design to use here, per effect class."""
     from analysis.calibration_study import verdict_lines
+    from prereg.calibrated import refuse_other_machine
     from prereg.summary import derive, load_records
 
+    refuse_other_machine(list(args.records), None)  # one machine's calibrations, never a mix
     runs = []
     for name in args.records:
         folder = Path(name)
@@ -401,9 +403,13 @@ def cmd_power(args: argparse.Namespace) -> int:
     bias = None
     if args.calibration:
         from analysis.power import calibration_bias
+        from harness.devices import cpu_model
+        from prereg.calibrated import refuse_other_machine
         from prereg.summary import derive
 
         cal = load_protocol(args.calibration)
+        if cal.records_path.is_dir():  # its bias is this machine's only if it was measured here
+            refuse_other_machine([str(cal.records_path)], cpu_model())
         planted = derive(load_records(cal.records_path)).planted if cal.records_path.is_dir() else None
         if not planted:
             raise HarnessError(

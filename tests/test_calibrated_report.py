@@ -220,3 +220,85 @@ def test_the_bias_is_the_rows_calibration_verdict_ranks(tmp_path):
     )
     assert bias_text(wall_only, 1, "own_step_time").startswith("bias not calibrated for this class")
     assert find_calibration(str(tmp_path), {"path": "none.yaml", "sha256": "0" * 64}) is None
+
+
+# --- a calibration from another machine, applied to this one: refused by name ---------------------
+
+
+def _machine_folder(folder: Path, machine: str) -> Path:
+    """A records folder with two run records naming ``machine`` as their CPU model."""
+    folder.mkdir(parents=True)
+    for k in (0, 1):
+        (folder / f"s.c.pair00{k}.baseline.a1.record.json").write_text(
+            json.dumps({"spec": {"run_id": "x"}, "env": {"host": "h", "device_name": machine}}, indent=1)
+        )
+    return folder
+
+
+def test_a_calibration_from_another_cpu_model_is_refused_naming_file_key_and_line(tmp_path):
+    from prereg.calibrated import refuse_other_machine
+    from prereg.errors import InputError
+
+    folder = _machine_folder(tmp_path / "cal", EPYC)
+    refuse_other_machine([str(folder)], EPYC)  # its own machine: nothing to say
+    with pytest.raises(InputError) as e:
+        refuse_other_machine([str(folder)], XEON)
+    first = sorted(folder.glob("*.record.json"))[0]
+    line = (
+        first.read_text()
+        .splitlines()
+        .index(next(x for x in first.read_text().splitlines() if "device_name" in x))
+        + 1
+    )
+    assert e.value.file == str(first) and e.value.key == "env.device_name" and e.value.line == line
+    assert str(e.value).startswith(f"{first}:{line}, key env.device_name: 'AMD EPYC 7B13'")
+    assert "\n" not in str(e.value)
+    xeon = _machine_folder(tmp_path / "cal2", XEON)
+    refuse_other_machine([str(xeon), str(xeon)], None)  # one machine's calibrations
+    with pytest.raises(InputError, match="made on different CPU models"):
+        refuse_other_machine([str(xeon), str(folder)], None)
+
+
+def test_calibration_verdict_refuses_two_machines_mixed_and_writes_nothing(tmp_path, capsys):
+    from harness.cli import main
+
+    a = tmp_path / "a"
+    shutil.copytree(QUIET, a, ignore=shutil.ignore_patterns("*.png", "index.html", "report.md"))
+    b = tmp_path / "b"
+    shutil.copytree(LOADED, b, ignore=shutil.ignore_patterns("*.png", "index.html", "report.md"))
+    rec = sorted(b.glob("*.record.json"))[0]
+    rec.write_text(rec.read_text().replace(XEON, EPYC))
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert main(["calibration-verdict", str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{rec}:" in err and "env.device_name" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_power_and_compare_refuse_the_committed_calibration_on_another_cpu_model(monkeypatch, capsys):
+    """The committed calibrations ran on an Intel Xeon: on a machine that says it is an AMD EPYC,
+    ``harness power --calibration`` and ``harness compare``'s bias refuse them by name."""
+    import harness.devices
+    from harness.cli import main
+    from harness.compare_cmd import calibrated_choice
+    from prereg.errors import InputError
+
+    assert calibrated_choice("cache-heavy")[1].startswith("bias: ")  # this machine's own: used
+    monkeypatch.setattr(harness.devices, "cpu_model", lambda: EPYC)
+    with pytest.raises(InputError, match="records were made on another CPU model") as e:
+        calibrated_choice("cache-heavy")
+    assert e.value.key == "env.device_name" and "records/calibration-classes" in str(e.value.file)
+    monkeypatch.chdir(ROOT)
+    code = main(
+        [
+            "power",
+            "protocols/cpu2-pilot.yaml",
+            "--target",
+            "protocols/cpu3.yaml",
+            "--calibration",
+            "protocols/calibration-classes.yaml",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "records/calibration-classes/" in err and "key env.device_name" in err, err
+    assert err.count("\n") == 1
