@@ -19,6 +19,7 @@ from prereg.render.answer import terminal_answer
 from prereg.render.beside import read_beside
 from prereg.render.page import markdown, write_page
 from prereg.results import Summary
+from prereg.stalls import folder_stalls
 from prereg.summary import derive, load_records
 
 
@@ -55,7 +56,7 @@ def write_report(
     summary = Summary.read(json.loads(summary_path.read_text(encoding="utf-8")), str(summary_path))
     shown = read_beside(summary, beside, beside_rel) if beside is not None else None
     cal = find_calibration(str(records_dir), summary.protocol)  # as the audit finds it again
-    md = markdown(summary, shown, cal)
+    md = markdown(summary, shown, cal, folder_stalls(str(records_dir)))
     made = plots(summary, records, records_dir)
     if made:
         md += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in made) + "\n"

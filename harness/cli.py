@@ -404,7 +404,7 @@ def cmd_power(args: argparse.Namespace) -> int:
     if args.calibration:
         from analysis.power import calibration_bias
         from harness.devices import cpu_model
-        from prereg.calibrated import refuse_other_machine
+        from prereg.calibrated import SIGN, refuse_other_machine
         from prereg.summary import derive
 
         cal = load_protocol(args.calibration)
@@ -433,8 +433,8 @@ def cmd_power(args: argparse.Namespace) -> int:
     if bias is not None:
         print(
             "design bias, calibration: the target design's estimate less the planted truth in "
-            f"{args.calibration}'s records (points of the log ratio, 95%; positive: a cost read larger), "
-            "on the hypothesis' clock (docs/decisions.md, 'The design chosen by its bias')"
+            f"{args.calibration}'s records (95%; {SIGN}: a bias reads the change as costing more), "
+            "on the hypothesis' clock (docs/decisions.md, 'The design chosen by its bias', 'One sign convention')"
         )
     _replicates_note(target.summary())
     print(f"{target.path}: origins.seeds cites {cited(str(origins.get('seeds') or ''))}")

@@ -41,7 +41,9 @@ def _calibration_copy(repo: Path, machine: str) -> None:
         )
 
 
-def calibrated_study(tmp_path: Path, machine: str = XEON, calibrated: bool = True) -> Path:
+def calibrated_study(
+    tmp_path: Path, machine: str = XEON, calibrated: bool = True, stall: bool = False
+) -> Path:
     """A tiny replicated study (native against cotangent, a process per arm, a CPU-clock speed
     hypothesis) whose protocol names the committed class calibration, run in process over two
     replicates with times that vary by seed and arm, then reported with ``harness report``."""
@@ -74,6 +76,10 @@ def calibrated_study(tmp_path: Path, machine: str = XEON, calibrated: bool = Tru
             )
             super().__call__(job, partial)
             partial.note(env={"device_name": XEON}, parameters=3_350_000)
+            if stall and job.spec.seed == 2 and cand:  # stopped from outside for 40 s before step 3
+                partial.curve = [[s, v, t + (40.0 if s >= 3 else 0.0)] for s, v, t in partial.curve]
+            if stall and job.spec.seed == 3 and not cand:  # 500 s before its first step
+                partial.note(timings={**partial.result.timings, "setup_s": 500.0})
 
     for k in (1, 2):
         Runner(
@@ -177,8 +183,39 @@ def test_a_study_run_on_another_machine_than_its_calibration_names_both(tmp_path
 def test_a_study_without_a_calibration_renders_as_before(tmp_path, monkeypatch):
     repo = calibrated_study(tmp_path, calibrated=False)
     md, page, _ = _report(repo, monkeypatch)
-    assert "## The result" not in md and "Calibrated bias" not in md
+    assert "## The result" not in md and "Calibrated bias" not in md and "## Stalls" not in md
     assert "reduction in percent of the baseline's training time (positive: the candidate was faster)" in md
+
+
+def test_a_run_that_stalled_is_named_in_the_report_and_the_audit_renders_it_again(tmp_path, monkeypatch):
+    """A step 40 s late (a step takes about 0.1 s) and a first step 500 s after the start (runs take
+    about 1 s whole): each run named, by the progress line's rule (prereg/stalls.py)."""
+    from audit.published import check_published
+
+    repo = calibrated_study(tmp_path, calibrated=False, stall=True)
+    md, page, summary = _report(repo, monkeypatch)
+    stalls = md.split("## Stalls")[1].split("\n## ")[0]
+    runs = {x.split(" (attempt")[0].lstrip("* ") for x in stalls.splitlines() if x.startswith("* ")}
+    assert runs == {"pairs.tiny_conv.pair001.candidate", "pairs.tiny_conv.pair002.baseline"}, stalls
+    assert (
+        "no step for 40 s before step 3" in stalls and "its first step came 500 s after its start" in stalls
+    )
+    assert "id=stalls" in page and "no step for 40 s before step 3" in page
+    folder = str(repo / "records" / "tiny")
+    manifest = json.loads((repo / "records" / "tiny" / "MANIFEST").read_text())
+    assert check_published(folder, str(repo), summary, manifest)[0] == []
+
+
+def test_the_stall_rule_is_the_progress_lines(tmp_path):
+    from harness.execute.state import STALL_FLOOR_S, first_step_limit
+    from prereg.stalls import step_stall
+
+    assert first_step_limit([4.0, 5.0, 6.0]) == STALL_FLOOR_S == 30.0
+    assert step_stall([0.1 * k for k in range(1, 20)]) is None
+    assert step_stall([1.0, 2.0, 3.0, 34.0, 35.0]) == (4, 31.0, 1.0)
+    assert step_stall([1.0, 2.0, 3.0, 7.5, 8.5]) is None  # 4.5 steps: under five, and under 30 s
+    assert step_stall([10.0, 20.0, 30.0, 75.0]) is None  # 45 s: over 30 s, under five 10 s steps
+    assert step_stall([10.0, 20.0, 30.0, 40.0, 95.0]) == (5, 55.0, 10.0)
 
 
 def test_a_protocol_file_changed_after_its_records_renders_without_a_calibration(tmp_path):

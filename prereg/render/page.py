@@ -11,6 +11,7 @@ publish PROTOCOL [--out DIR]``; ``harness run`` and ``harness report`` write bot
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from prereg.render.beside import Beside, read_beside
 from prereg.render.model import Section, esc, to_md, write
 from prereg.render.sections import sections
 from prereg.results import Summary
+from prereg.stalls import folder_stalls
 
 PAGE_NAME = "index.html"
 
@@ -41,10 +43,12 @@ figure{margin:1rem 0}figcaption{font-size:.88rem;color:#444}
 """
 
 
-def markdown(summary: Summary, beside: Beside | None = None, cal: Calibration | None = None) -> str:
-    """``report.md`` before its plot links, for ``summary``, the study ``beside`` it and its
-    calibration ``cal``."""
-    return to_md(sections(summary, beside, cal=cal))
+def markdown(
+    summary: Summary, beside: Beside | None = None, cal: Calibration | None = None, stalls: Sequence[str] = ()
+) -> str:
+    """``report.md`` before its plot links, for ``summary``, the study ``beside`` it, its
+    calibration ``cal`` and the runs that stalled (:func:`prereg.stalls.folder_stalls`)."""
+    return to_md(sections(summary, beside, cal=cal, stalls=stalls))
 
 
 def render(
@@ -54,11 +58,13 @@ def render(
     summary_sha256: str | None = None,
     beside: Beside | None = None,
     cal: Calibration | None = None,
+    stalls: Sequence[str] = (),
 ) -> str:
     """The page's HTML for ``summary`` (``prereg.summary.derive``); ``records_rel`` is the records
     folder as the audit command should name it; ``manifest`` the folder's MANIFEST (ledger head);
-    ``summary_sha256`` the sealed ``summary.json``'s hash; ``cal`` the study's calibration."""
-    return document(summary, sections(summary, beside, records_rel, manifest, summary_sha256, cal))
+    ``summary_sha256`` the sealed ``summary.json``'s hash; ``cal`` the study's calibration; ``stalls``
+    the runs that stalled."""
+    return document(summary, sections(summary, beside, records_rel, manifest, summary_sha256, cal, stalls))
 
 
 def document(summary: Summary, parts: list[Section]) -> str:
@@ -93,7 +99,9 @@ def write_page(
     calibration is found from its own protocol (:func:`prereg.calibrated.find_calibration`)."""
     raw = read_json(str(Path(records_dir) / "MANIFEST"))  # bounded; none read: no MANIFEST facts
     cal = find_calibration(str(records_dir), summary.protocol)
-    html = render(summary, records_rel or str(records_dir), page_manifest(raw), summary_sha256, beside, cal)
+    stalls = folder_stalls(str(records_dir))
+    rel = records_rel or str(records_dir)
+    html = render(summary, rel, page_manifest(raw), summary_sha256, beside, cal, stalls)
     path = Path(out_dir or records_dir) / PAGE_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, html.encode("utf-8"), overwrite=True)
@@ -116,7 +124,8 @@ def published_texts(
     sections, written both ways."""
     summary = Summary.read(summary_json, where)
     shown = read_beside(summary, Path(beside_dir), beside_label) if beside_dir is not None else None
-    cal = find_calibration(os.path.dirname(where) or ".", summary.protocol)
+    folder = os.path.dirname(where) or "."
+    cal, stalls = find_calibration(folder, summary.protocol), folder_stalls(folder)
     sha = summary_json.get("sha256")
-    parts = sections(summary, shown, records_rel, page_manifest(manifest), sha, cal)
+    parts = sections(summary, shown, records_rel, page_manifest(manifest), sha, cal, stalls)
     return {"report.md": to_md(parts), "index.html": document(summary, parts)}

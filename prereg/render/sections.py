@@ -20,6 +20,7 @@ from prereg.render.result import CLOCKS, block_steps, result_section
 from prereg.render.result import CONVENTION as CAL_CONVENTION
 from prereg.render.studies import answer_figure, every_pair, factorial, order_html, paired
 from prereg.results import Descriptive, Summary
+from prereg.stalls import STALL_FLOOR_S, STALL_RUN_TIMES, STALL_STEP_TIMES
 
 #: The columns of the looks' table.
 LOOK_HEAD = cols(
@@ -38,13 +39,15 @@ def sections(
     manifest: Mapping[str, Any] | None = None,
     summary_sha256: str | None = None,
     cal: Calibration | None = None,
+    stalls: Sequence[str] = (),
 ) -> list[Section]:
     """Both texts' sections, in order (each output skips the other's): ``beside`` an earlier study
     shown beside this one; ``records_rel``, ``manifest`` and ``summary_sha256`` what the page's
     verification names (the folder as the audit command should name it, its MANIFEST, the sealed
     summary's hash); ``cal`` the study's calibration (:func:`prereg.calibrated.find_calibration`):
     with it, the first screen is the result table with the calibrated bias, every change in points
-    (:mod:`prereg.render.result`)."""
+    (:mod:`prereg.render.result`); ``stalls`` the runs whose steps show a stall
+    (:func:`prereg.stalls.folder_stalls`), named in a section of their own when there are any."""
     p, done = summary.protocol, summary.completeness
     lede: list[Text | Table] = [
         raw(f"<p class=lede>{esc(p.get('description') or '')}</p>"),
@@ -63,6 +66,7 @@ def sections(
     figure = answer_figure(studies, p, beside)
     out += [*_decisions(summary, figure, cal), _flow(summary.flow, True), *_beside(beside)]
     out += [f(summary) for f in (planted_section, model_section, interference_section, replicates_section)]
+    out += [_stalls(stalls)] if stalls else []
     by_name = {s["name"]: s for s in p["studies"]}
     n = 0
     for study in (s for s in studies if s.configs):
@@ -107,6 +111,18 @@ def _header(summary: Summary) -> list[str]:
             "Excluded units: " + "; ".join(f"{e['unit']} ({e['reason']})" for e in summary.exclusions) + "."
         )
     return out
+
+
+def _stalls(stalls: Sequence[str]) -> Section:
+    """The runs whose first step, or a later step, came later than the stall rule allows."""
+    rule = (
+        f"A run stalled where no step came for more than {STALL_STEP_TIMES} times its median step time "
+        f"(and {STALL_FLOOR_S:g} s), or its first step came later than {STALL_RUN_TIMES} times the median "
+        "run's whole time (and that floor), as the progress line shows it live (prereg/stalls.py). Its "
+        "times count as measured; a stall from outside (a stopped process, a busy machine) slows the arm "
+        "that stalled."
+    )
+    return Section("Stalls", [para(rule), Text("\n".join(f"* {line}" for line in stalls))], anchor="stalls")
 
 
 def _decisions(summary: Summary, figure: list[Text], cal: Calibration | None = None) -> list[Section]:
