@@ -129,7 +129,8 @@ def test_the_first_screen_is_the_seed_pages_table_with_the_calibrated_bias(tmp_p
     md, page, summary = _report(repo, monkeypatch)
     head = md.split("## The answer")[0]
     assert (
-        "## The result" in head and "| Configuration | Parameters | Clock | Time (s) | Change, points" in head
+        "## The result" in head
+        and "| Configuration | Parameters | Clock | Training time (s) | Change, points" in head
     )
     bias = _expected_bias("CPU", "a process per arm")
     assert f"{bias} (calibrated on {XEON})" in head

@@ -28,7 +28,7 @@ HEAD = [
     "Configuration",
     "Parameters",
     "Clock",
-    "Time (s)",
+    "Training time (s)",
     "Change, points",
     "Interval",
     "In words",
@@ -68,6 +68,13 @@ def sentence(estimate: float, low: float | None, high: float | None, level: floa
     return f"{100 * estimate:+.2f} points ({rng}; {words(100 * estimate)})"
 
 
+def parameters(n: int | None) -> str:
+    """A parameter count as the seed page gives it: ``3.35M``, or ``43.3K`` under a million."""
+    if n is None:
+        return "n/a"
+    return f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.3g}K"
+
+
 def block_steps(summary: Summary, study: str) -> int | None:
     """A study's lockstep block size (None: a process per arm)."""
     st: Mapping[str, Any] = next((s for s in summary.protocol["studies"] if s["name"] == study), {})
@@ -100,7 +107,7 @@ def result_rows(summary: Summary, cal: Calibration) -> list[list[str]]:
             times = f"{c.baseline_arm} {ep.baseline_mean:.2f} / {c.candidate_arm} {ep.candidate_mean:.2f}"
         est, iv = points(d.estimate, d.low, d.high, d.level)
         said = "n/a" if d.estimate is None else words(100 * d.estimate)
-        params = "n/a" if c.parameters is None else f"{c.parameters / 1e6:.3g}M"
+        params = parameters(c.parameters)
         bias = bias_text(cal, block_steps(summary, d.study), d.endpoint)
         rows.append([c.config, params, clock, times, est, iv, said, bias])
     return rows
