@@ -122,7 +122,11 @@ def _stalls(stalls: Sequence[str]) -> Section:
         "times count as measured; a stall from outside (a stopped process, a busy machine) slows the arm "
         "that stalled."
     )
-    return Section("Stalls", [para(rule), Text("\n".join(f"* {line}" for line in stalls))], anchor="stalls")
+    items = Text(
+        "\n".join(f"* {line}" for line in stalls),
+        "<ul>" + "".join(f"<li>{esc(line)}</li>" for line in stalls) + "</ul>",
+    )
+    return Section("Stalls", [para(rule), items], anchor="stalls")
 
 
 def _decisions(summary: Summary, figure: list[Text], cal: Calibration | None = None) -> list[Section]:
