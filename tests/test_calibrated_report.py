@@ -340,3 +340,58 @@ def test_power_and_compare_refuse_the_committed_calibration_on_another_cpu_model
     err = capsys.readouterr().err
     assert code == 2 and "records/calibration-classes/" in err and "key env.device_name" in err, err
     assert err.count("\n") == 1
+
+
+def test_cpu2_with_a_calibration_opens_with_the_seed_pages_table():
+    """cpu2's sealed summary (no design_calibration: it renders as committed) rendered with the class
+    calibration beside it: one row per configuration and speed decision, the decision's figures in
+    points and in words, the whole-times design's bias (lockstep, blocks of 1), a valid page."""
+    from pagecheck import check_static
+
+    from prereg.calibrated import Calibration, Condition
+    from prereg.render.page import document
+    from prereg.render.sections import sections
+    from prereg.results import Summary
+
+    data = json.loads((ROOT / "records" / "cpu2" / "summary.json").read_text())
+    summary = Summary.read(data, "records/cpu2/summary.json")
+    conds = tuple(
+        Condition(
+            str(src.relative_to(ROOT)),
+            cond,
+            tuple(json.loads((src / "summary.json").read_text())["planted"]),
+            (XEON,),
+        )
+        for cond, src in (("quiet", QUIET), ("loaded", LOADED))
+    )
+    cal = Calibration("cache-heavy", "protocols/calibration-classes.yaml", conds, (XEON,))
+    parts = sections(summary, cal=cal)
+    page = document(summary, parts)
+    check_static(page)
+    from prereg.render.model import to_md
+
+    md = to_md(parts)
+    head = md.split("## The answer")[0]
+    rows = [x for x in head.splitlines() if x.startswith("| ") and not x.startswith("| Configuration")]
+    speed = [
+        d
+        for d in data["hypotheses"]["decisions"]
+        if d["endpoint"] in ("training_time", "training_cpu_time") and d["study"] != "null_aa"  # A/A: no row
+    ]
+    assert len(rows) == len(speed) == 10
+    whole_cpu = _expected_bias("CPU", "lockstep, blocks of 1")
+    for d in speed:
+        pts = 100 * d["estimate"]
+        pct = abs(100 * math.expm1(d["estimate"]))
+        row = next(
+            r
+            for r in rows
+            if r.startswith(f"| {d['config']} |") and ("| CPU |" in r) == ("cpu" in d["endpoint"])
+        )
+        assert f"| {pts:+.2f} | {100 * d['low']:+.2f} to {100 * d['high']:+.2f}" in row
+        assert f"{'faster' if pts < 0 else 'slower'} by {pct:.2f}%" in row
+        if "cpu" in d["endpoint"]:
+            assert whole_cpu in row
+    assert "| small_transformer | 3.35M |" in head  # the seed page's published-size model
+    assert md.index("## The result") < md.index("## The answer") < md.index("## Decisions")
+    assert page.index(">The result</h2>") < page.index("<ul class=answer>")
