@@ -210,6 +210,8 @@ def bias_text(cal: Calibration, block_steps: int | None, endpoint: str) -> str:
             f"{r['plant']} {r['bias']:+.2f} ({r['bias_lo']:+.2f} to {r['bias_hi']:+.2f})" for r in v.rows
         )
         parts.append(f"{c.condition} {each}")
+    if not cal.conditions:
+        return f"bias not calibrated for this class (no records of {cal.protocol} here: harness run {cal.protocol})"
     if not parts:
         return f"bias not calibrated for this class ({cal.effect_class}: {cal.protocol} measured none)"
     on = ", ".join(cal.machines()) or "an unrecorded machine"

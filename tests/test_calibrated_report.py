@@ -258,6 +258,10 @@ def test_the_bias_is_the_rows_calibration_verdict_ranks(tmp_path):
     )
     assert bias_text(wall_only, 1, "own_step_time").startswith("bias not calibrated for this class")
     assert find_calibration(str(tmp_path), {"path": "none.yaml", "sha256": "0" * 64}) is None
+    unrun = Calibration("cache-heavy", "p.yaml", ())
+    assert bias_text(unrun, 1, "own_step_cpu_time") == (
+        "bias not calibrated for this class (no records of p.yaml here: harness run p.yaml)"
+    )
 
 
 # --- a calibration from another machine, applied to this one: refused by name ---------------------
