@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prereg.designs import LOCKSTEP, PAIRED
-from prereg.planted import CLASSES, KINDS
+from prereg.planted import CLASS_CLOCK, CLASSES, KINDS, Verdict, verdicts
 from prereg.records import RunRecord
 
 __all__ = ["CalibrationPlan", "Verdict", "pilot_step_cpu_us", "protocol_text", "verdict_lines", "verdicts"]
@@ -277,47 +277,6 @@ def _budget(p: CalibrationPlan, counts: dict[str, int]) -> int:
     truth = counts.get("truth", 0) * p.truth_steps / p.steps  # a truth run is truth_steps long
     slower = 2 if p.load else 1  # a loaded machine's runs take longer
     return 60 * (int((pairs + truth) * 3 * 2 * slower * max(1, p.steps / 200)) // 60 + 1)
-
-
-#: The clock each effect class is read on: a wall-only cost is what no CPU clock sees.
-CLASS_CLOCK = {c: ("wall" if c == "wall-only" else "CPU") for c in sorted(set(CLASSES.values()))}
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """One effect class's best design in a calibration: the design (and estimator) whose bias
-    interval, over the class's plants, lies nearest zero at its far end."""
-
-    effect_class: str
-    clock: str
-    design: str
-    worst: float  # the largest |bound| of the bias intervals over the class's plants, points
-    rows: tuple[dict[str, Any], ...]  # each plant's row of that design on that clock
-
-
-def verdicts(rows: Sequence[dict[str, Any]]) -> list[Verdict]:
-    """Per effect class the calibration planted, its designs ranked by the worst bound of their bias
-    intervals over the class's plants (:data:`CLASS_CLOCK`'s clock), best first.
-
-    A design counts for a class only where it has a bias interval for every plant of that class;
-    a truth or reference row is not a design."""
-    out: list[Verdict] = []
-    for cls, clock in CLASS_CLOCK.items():
-        mine = [
-            r
-            for r in rows
-            if CLASSES.get(r["kind"]) == cls and r["clock"] == clock and not r.get("reference")
-        ]
-        plants = {r["plant"] for r in mine}
-        by: dict[str, list[dict[str, Any]]] = {}
-        for r in mine:
-            by.setdefault(r["design"], []).append(r)
-        for design, rs in by.items():
-            if {r["plant"] for r in rs} != plants or any(r.get("bias_lo") is None for r in rs):
-                continue
-            worst = max(max(abs(r["bias_lo"]), abs(r["bias_hi"])) for r in rs)
-            out.append(Verdict(cls, clock, design, worst, tuple(sorted(rs, key=lambda r: r["plant"]))))
-    return sorted(out, key=lambda v: (v.effect_class, v.worst))
 
 
 def _state(loads: Sequence[float], cores: int) -> str:

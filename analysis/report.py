@@ -12,12 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis.plots import plots
+from prereg.calibrated import find_calibration
 from prereg.files import atomic_write
 from prereg.records import load_started, seal, write_json
 from prereg.render.answer import terminal_answer
 from prereg.render.beside import read_beside
 from prereg.render.page import markdown, write_page
 from prereg.results import Summary
+from prereg.stalls import folder_stalls
 from prereg.summary import derive, load_records
 
 
@@ -53,7 +55,8 @@ def write_report(
     # (prereg.render.page): its key order, not the in-memory one
     summary = Summary.read(json.loads(summary_path.read_text(encoding="utf-8")), str(summary_path))
     shown = read_beside(summary, beside, beside_rel) if beside is not None else None
-    md = markdown(summary, shown)
+    cal = find_calibration(str(records_dir), summary.protocol)  # as the audit finds it again
+    md = markdown(summary, shown, cal, folder_stalls(str(records_dir)))
     made = plots(summary, records, records_dir)
     if made:
         md += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in made) + "\n"
@@ -72,5 +75,5 @@ def write_report(
             frame.to_csv(export_path, index=False)
         else:
             frame.to_parquet(export_path, index=False)
-    answer = terminal_answer(summary, {"report": report_path, "page": page_path})
+    answer = terminal_answer(summary, {"report": report_path, "page": page_path}, cal)
     return ReportOutput(summary_path, report_path, export_path, made, md, page_path, answer)

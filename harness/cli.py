@@ -197,8 +197,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_calibration_verdict(args: argparse.Namespace) -> int:
     """``harness calibration-verdict RECORDS``: which design to use here, per effect class."""
     from analysis.calibration_study import verdict_lines
+    from prereg.calibrated import refuse_other_machine
     from prereg.summary import derive, load_records
 
+    refuse_other_machine(list(args.records), None)  # one machine's calibrations, never a mix
     runs = []
     for name in args.records:
         folder = Path(name)
@@ -401,9 +403,13 @@ def cmd_power(args: argparse.Namespace) -> int:
     bias = None
     if args.calibration:
         from analysis.power import calibration_bias
+        from harness.devices import cpu_model
+        from prereg.calibrated import SIGN, refuse_other_machine
         from prereg.summary import derive
 
         cal = load_protocol(args.calibration)
+        if cal.records_path.is_dir():  # its bias is this machine's only if it was measured here
+            refuse_other_machine([str(cal.records_path)], cpu_model())
         planted = derive(load_records(cal.records_path)).planted if cal.records_path.is_dir() else None
         if not planted:
             raise HarnessError(
@@ -427,8 +433,8 @@ def cmd_power(args: argparse.Namespace) -> int:
     if bias is not None:
         print(
             "design bias, calibration: the target design's estimate less the planted truth in "
-            f"{args.calibration}'s records (points of the log ratio, 95%; positive: a cost read larger), "
-            "on the hypothesis' clock (docs/decisions.md, 'The design chosen by its bias')"
+            f"{args.calibration}'s records (95%; {SIGN}: a bias reads the change as costing more), "
+            "on the hypothesis' clock (docs/decisions.md, 'The design chosen by its bias', 'One sign convention')"
         )
     _replicates_note(target.summary())
     print(f"{target.path}: origins.seeds cites {cited(str(origins.get('seeds') or ''))}")

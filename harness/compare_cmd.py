@@ -235,18 +235,24 @@ def calibrated_choice(effect_class: str) -> tuple[str, str]:
     :data:`BLOCK_STEPS`'s two estimators (the whole times, :data:`WHOLE`, or the steps after each
     arm's own, :data:`AFTER_OWN`), the one whose bias interval the calibration beside this harness
     (:data:`CALIBRATION`, its sealed ``summary.json``) found nearest zero for the class
-    (:func:`analysis.calibration_study.verdicts`, the one home of that choice), on the class's
-    clock; with no calibration of the class, the whole times and "bias: not calibrated".
+    (:func:`prereg.planted.verdicts`, the one home of that choice), on the class's
+    clock; with no calibration of the class, the whole times and "bias: not calibrated". A
+    calibration made on another CPU model than this machine's is refused, naming its record file,
+    key and line (:func:`prereg.calibrated.refuse_other_machine`).
 
     The one place ``harness compare`` asks for a design's bias."""
-    from analysis.calibration_study import CLASS_CLOCK, verdicts
+    from harness.devices import cpu_model
     from harness.packages import package_dirs
+    from prereg.calibrated import refuse_other_machine
+    from prereg.planted import CLASS_CLOCK, verdicts
 
     wall = CLASS_CLOCK[effect_class] == "wall"
     whole, own = ("training_time", "own_step_time") if wall else ("training_cpu_time", "own_step_cpu_time")
     rows: list[dict[str, Any]] = []
+    root = next(iter(package_dirs())).parent
+    refuse_other_machine([str(root / name) for name in CALIBRATIONS], cpu_model())
     for name, condition in zip(CALIBRATIONS, ("quiet", "loaded")):
-        path = next(iter(package_dirs())).parent / name / "summary.json"
+        path = root / name / "summary.json"
         try:
             rows += [{**r, "condition": condition} for r in json.loads(path.read_text()).get("planted") or []]
         except (OSError, ValueError):

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prereg.descriptive import PairedInterval, mean_interval, reduction
@@ -640,3 +641,56 @@ def _measured_row(
         row.update(bias=100 * w.difference, bias_lo=100 * w.lo, bias_hi=100 * w.hi)
         row["covered"] = e.low <= r.estimate <= e.high
     return row
+
+
+#: The clock each effect class is read on: a wall-only cost is what no CPU clock sees.
+CLASS_CLOCK = {c: ("wall" if c == "wall-only" else "CPU") for c in sorted(set(CLASSES.values()))}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One effect class's best design in a calibration: the design (and estimator) whose bias
+    interval, over the class's plants, lies nearest zero at its far end."""
+
+    effect_class: str
+    clock: str
+    design: str
+    worst: float  # the largest |bound| of the bias intervals over the class's plants, points
+    rows: tuple[Mapping[str, Any], ...]  # each plant's row of that design on that clock
+
+
+def _class_verdicts(rows: Sequence[Mapping[str, Any]], cls: str, clock: str) -> list[Verdict]:
+    """The designs of ``rows`` with a bias interval, on ``clock``, for every plant of class ``cls``."""
+    mine = [
+        r for r in rows if CLASSES.get(r["kind"]) == cls and r["clock"] == clock and not r.get("reference")
+    ]
+    plants = {r["plant"] for r in mine}
+    by: dict[str, list[Mapping[str, Any]]] = {}
+    for r in mine:
+        by.setdefault(r["design"], []).append(r)
+    out = []
+    for design, rs in by.items():
+        if {r["plant"] for r in rs} != plants or any(r.get("bias_lo") is None for r in rs):
+            continue
+        worst = max(max(abs(r["bias_lo"]), abs(r["bias_hi"])) for r in rs)
+        out.append(Verdict(cls, clock, design, worst, tuple(sorted(rs, key=lambda r: r["plant"]))))
+    return out
+
+
+def verdicts(rows: Sequence[Mapping[str, Any]]) -> list[Verdict]:
+    """Per effect class the calibration planted, its designs ranked by the worst bound of their bias
+    intervals over the class's plants (:data:`CLASS_CLOCK`'s clock), best first.
+
+    A design counts for a class only where it has a bias interval for every plant of that class;
+    a truth or reference row is not a design."""
+    out = [v for cls, clock in CLASS_CLOCK.items() for v in _class_verdicts(rows, cls, clock)]
+    return sorted(out, key=lambda v: (v.effect_class, v.worst))
+
+
+def design_verdict(
+    rows: Sequence[Mapping[str, Any]], effect_class: str, design: str, clock: str
+) -> Verdict | None:
+    """The bias of one ``design`` (a row's ``design`` label) on ``clock`` for ``effect_class``, over
+    the class's plants, as :func:`verdicts` measures it (the one home of that choice of rows);
+    ``None`` when the calibration has no bias interval of that design for every such plant."""
+    return next((v for v in _class_verdicts(rows, effect_class, clock) if v.design == design), None)

@@ -12,6 +12,12 @@ from prereg.attempts import open_started
 from prereg.budget import BudgetCheck
 from prereg.records import RunRecord, load_records, load_started
 
+# the stall rule's one home (the report names stalls from the records with it)
+from prereg.stalls import STALL_FLOOR_S as STALL_FLOOR_S
+from prereg.stalls import STALL_RUN_TIMES as STALL_RUN_TIMES
+from prereg.stalls import STALL_STEP_TIMES as STALL_STEP_TIMES
+from prereg.stalls import first_step_limit as first_step_limit
+
 
 @dataclass
 class RunState:
@@ -198,23 +204,6 @@ def status_table(proto: Protocol) -> tuple[list[dict[str, Any]], float]:
             row["pending"] += 1
     spent = sum((r.timings.get("device_s") or 0.0) for r in recs)
     return list(rows.values()), spent
-
-
-#: A command run shows as stalled when no step has come for this many times its step time ...
-STALL_STEP_TIMES = 5
-#: ... and for at least this many seconds (a step time read at the beat's one-second grain).
-STALL_FLOOR_S = 30.0
-#: Before its first step: this many times an earlier run's whole time (start-up included).
-STALL_RUN_TIMES = 3
-
-
-def first_step_limit(executed_s: list[float]) -> float:
-    """How long a run may go without its first step before it shows as stalled: a few times the
-    median earlier run's whole time, at least :data:`STALL_FLOOR_S` (4 x that with none yet)."""
-    if not executed_s:
-        return 4 * STALL_FLOOR_S
-    mid = sorted(executed_s)[len(executed_s) // 2]
-    return max(STALL_FLOOR_S, STALL_RUN_TIMES * mid)
 
 
 @dataclass

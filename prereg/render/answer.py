@@ -11,8 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from prereg.calibrated import Calibration
 from prereg.decisions import HypothesisDecision
 from prereg.descriptive import reduction
+from prereg.render.result import CONVENTION as CAL_CONVENTION
+from prereg.render.result import block_steps, calibrated_effects, points, sentence, words
 from prereg.results import Descriptive, PairedResult, Summary
 
 CONVENTION = (
@@ -27,10 +30,14 @@ def planted_names(summary: Summary) -> set[str]:
     return {s["name"] for s in summary.protocol["studies"] if s.get("planted")}
 
 
-def decision_cells(d: HypothesisDecision, with_level: bool) -> tuple[str, str]:
+def decision_cells(d: HypothesisDecision, with_level: bool, in_points: bool = False) -> tuple[str, str]:
     """A decision's estimate and interval cells: a log ratio as a reduction in percent (its interval's
-    ends swap), a difference in its own units; ``with_level`` names the interval's level."""
+    ends swap), or ``in_points`` (a calibrated study: :data:`prereg.calibrated.SIGN`) as points, a
+    difference in its own units; ``with_level`` names the interval's level."""
     level = f" ({100 * (d.level or 0):.4g}%)" if with_level else ""
+    if in_points and d.estimand == "log_ratio" and d.estimate_of in (None, d.estimand):
+        est, rng = points(d.estimate, d.low, d.high, d.level if with_level else None)
+        return (est if d.estimate is None else f"{est} points ({words(100 * d.estimate)})"), rng
     if d.estimand == "log_ratio" and d.estimate_of in (None, d.estimand):
         est = "n/a" if d.estimate is None else f"{reduction(d.estimate):.2f}% reduction"
         if d.low is None or d.high is None:
@@ -99,9 +106,11 @@ def clock_disagreement(c: Any) -> str | None:
     )
 
 
-def answer_lines(summary: Summary) -> list[str]:
+def answer_lines(summary: Summary, cal: Calibration | None = None) -> list[str]:
     """One sentence per configuration of each (not planted) study: its effect in percent with its
-    interval and the decisions on it; then any decision on no single configuration shown."""
+    interval and the decisions on it; then any decision on no single configuration shown. With the
+    study's calibration ``cal``: each change in points, in words, and the design's calibrated bias
+    beside it (:func:`prereg.render.result.calibrated_effects`)."""
     hyp = summary.hypotheses
     decisions = [] if isinstance(hyp, Descriptive) else [x.decision for x in hyp.decisions]
     none = "no preregistered decision" + (" (descriptive protocol)" if isinstance(hyp, Descriptive) else "")
@@ -112,7 +121,11 @@ def answer_lines(summary: Summary) -> list[str]:
             if isinstance(c, PairedResult):  # the study's design is analysed as pairs
                 base, cand = c.baseline_arm, c.candidate_arm
                 what = f"A/A null check, {base} against itself" if base == cand else f"{cand} over {base}"
-                effects = _paired_effects(c, cpu)
+                effects = (
+                    _paired_effects(c, cpu)
+                    if cal is None
+                    else calibrated_effects(c, cpu, cal, block_steps(summary, study.name))
+                )
             else:
                 what, effects = "factorial", _factorial_effects(c)
             mine = [d for d in decisions if d.study == study.name and d.config == c.config]
@@ -125,6 +138,8 @@ def answer_lines(summary: Summary) -> list[str]:
     for d in (d for d in decisions if d.id not in said):
         if d.estimate is None or d.low is None or d.high is None:
             effect = "no estimate"
+        elif d.estimand == "log_ratio" and cal is not None:
+            effect = f"{d.endpoint} change {sentence(d.estimate, d.low, d.high, d.level)}"
         elif d.estimand == "log_ratio":
             red = [reduction(x) for x in (d.estimate, d.high, d.low)]
             effect = f"{d.endpoint} reduction {_effect(red[0], red[1], red[2], d.level or 0)}"
@@ -139,8 +154,8 @@ def answer_lines(summary: Summary) -> list[str]:
     return lines or ["No configuration has a result yet."]
 
 
-def terminal_answer(summary: Summary, where: Mapping[str, Any]) -> str:
+def terminal_answer(summary: Summary, where: Mapping[str, Any], cal: Calibration | None = None) -> str:
     """The terminal's last lines: the answer, then where the details are (``where``: report, page)."""
-    body = "\n".join(f"- {line}" for line in answer_lines(summary))
+    body = "\n".join(f"- {line}" for line in answer_lines(summary, cal))
     details = ", ".join(f"{k} {v}" for k, v in where.items())
-    return f"The answer. {CONVENTION}\n{body}\nDetails: {details}."
+    return f"The answer. {CONVENTION if cal is None else CAL_CONVENTION}\n{body}\nDetails: {details}."

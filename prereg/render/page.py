@@ -10,9 +10,12 @@ publish PROTOCOL [--out DIR]``; ``harness run`` and ``harness report`` write bot
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from prereg.calibrated import Calibration, find_calibration
 from prereg.files import atomic_write
 from prereg.ledger import read_json
 from prereg.records import SCHEMA_VERSION
@@ -20,6 +23,7 @@ from prereg.render.beside import Beside, read_beside
 from prereg.render.model import Section, esc, to_md, write
 from prereg.render.sections import sections
 from prereg.results import Summary
+from prereg.stalls import folder_stalls
 
 PAGE_NAME = "index.html"
 
@@ -39,9 +43,12 @@ figure{margin:1rem 0}figcaption{font-size:.88rem;color:#444}
 """
 
 
-def markdown(summary: Summary, beside: Beside | None = None) -> str:
-    """``report.md`` before its plot links, for ``summary`` and the study ``beside`` it."""
-    return to_md(sections(summary, beside))
+def markdown(
+    summary: Summary, beside: Beside | None = None, cal: Calibration | None = None, stalls: Sequence[str] = ()
+) -> str:
+    """``report.md`` before its plot links, for ``summary``, the study ``beside`` it, its
+    calibration ``cal`` and the runs that stalled (:func:`prereg.stalls.folder_stalls`)."""
+    return to_md(sections(summary, beside, cal=cal, stalls=stalls))
 
 
 def render(
@@ -50,11 +57,14 @@ def render(
     manifest: dict[str, Any] | None = None,
     summary_sha256: str | None = None,
     beside: Beside | None = None,
+    cal: Calibration | None = None,
+    stalls: Sequence[str] = (),
 ) -> str:
     """The page's HTML for ``summary`` (``prereg.summary.derive``); ``records_rel`` is the records
     folder as the audit command should name it; ``manifest`` the folder's MANIFEST (ledger head);
-    ``summary_sha256`` the sealed ``summary.json``'s hash."""
-    return document(summary, sections(summary, beside, records_rel, manifest, summary_sha256))
+    ``summary_sha256`` the sealed ``summary.json``'s hash; ``cal`` the study's calibration; ``stalls``
+    the runs that stalled."""
+    return document(summary, sections(summary, beside, records_rel, manifest, summary_sha256, cal, stalls))
 
 
 def document(summary: Summary, parts: list[Section]) -> str:
@@ -85,9 +95,13 @@ def write_page(
     beside: Beside | None = None,
 ) -> Path:
     """Write ``index.html`` for ``summary`` into ``out_dir`` (default: the records folder), atomically;
-    ``summary_sha256`` is the sealed ``summary.json``'s hash, which the page shows."""
+    ``summary_sha256`` is the sealed ``summary.json``'s hash, which the page shows. The study's
+    calibration is found from its own protocol (:func:`prereg.calibrated.find_calibration`)."""
     raw = read_json(str(Path(records_dir) / "MANIFEST"))  # bounded; none read: no MANIFEST facts
-    html = render(summary, records_rel or str(records_dir), page_manifest(raw), summary_sha256, beside)
+    cal = find_calibration(str(records_dir), summary.protocol)
+    stalls = folder_stalls(str(records_dir))
+    rel = records_rel or str(records_dir)
+    html = render(summary, rel, page_manifest(raw), summary_sha256, beside, cal, stalls)
     path = Path(out_dir or records_dir) / PAGE_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, html.encode("utf-8"), overwrite=True)
@@ -105,8 +119,13 @@ def published_texts(
     """``report.md`` (without the plot links) and ``index.html`` as ``harness report`` renders them
     from the sealed summary ``summary_json`` (read from ``where``), the folder named ``records_rel``
     in the page's audit command, its ``manifest`` and, with ``beside_dir``, the earlier study shown
-    beside it under ``beside_label``: one list of sections, written both ways."""
+    beside it under ``beside_label``, and the calibration its own protocol names
+    (:func:`prereg.calibrated.find_calibration`, from the folder of ``where``): one list of
+    sections, written both ways."""
     summary = Summary.read(summary_json, where)
     shown = read_beside(summary, Path(beside_dir), beside_label) if beside_dir is not None else None
-    parts = sections(summary, shown, records_rel, page_manifest(manifest), summary_json.get("sha256"))
+    folder = os.path.dirname(where) or "."
+    cal, stalls = find_calibration(folder, summary.protocol), folder_stalls(folder)
+    sha = summary_json.get("sha256")
+    parts = sections(summary, shown, records_rel, page_manifest(manifest), sha, cal, stalls)
     return {"report.md": to_md(parts), "index.html": document(summary, parts)}

@@ -10,14 +10,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prereg.attempts import FLOW_COUNTS
+from prereg.calibrated import Calibration, bias_text
 from prereg.designs import design_named
 from prereg.plan import defaults_text
 from prereg.render.answer import CONVENTION, answer_lines, decision_cells, planted_names
 from prereg.render.beside import Beside
 from prereg.render.findings import interference_section, model_section, planted_section, replicates_section
 from prereg.render.model import Section, Table, Text, cells, cols, esc, level_pct, num, para, raw
+from prereg.render.result import CLOCKS, block_steps, result_section
+from prereg.render.result import CONVENTION as CAL_CONVENTION
 from prereg.render.studies import answer_figure, every_pair, factorial, order_html, paired
 from prereg.results import Descriptive, Summary
+from prereg.stalls import STALL_FLOOR_S, STALL_RUN_TIMES, STALL_STEP_TIMES
 
 #: The columns of the looks' table.
 LOOK_HEAD = cols(
@@ -35,28 +39,35 @@ def sections(
     records_rel: str = "",
     manifest: Mapping[str, Any] | None = None,
     summary_sha256: str | None = None,
+    cal: Calibration | None = None,
+    stalls: Sequence[str] = (),
 ) -> list[Section]:
     """Both texts' sections, in order (each output skips the other's): ``beside`` an earlier study
     shown beside this one; ``records_rel``, ``manifest`` and ``summary_sha256`` what the page's
     verification names (the folder as the audit command should name it, its MANIFEST, the sealed
-    summary's hash)."""
+    summary's hash); ``cal`` the study's calibration (:func:`prereg.calibrated.find_calibration`):
+    with it, the first screen is the result table with the calibrated bias, every change in points
+    (:mod:`prereg.render.result`); ``stalls`` the runs whose steps show a stall
+    (:func:`prereg.stalls.folder_stalls`), named in a section of their own when there are any."""
     p, done = summary.protocol, summary.completeness
     lede: list[Text | Table] = [
         raw(f"<p class=lede>{esc(p.get('description') or '')}</p>"),
         raw(f'<p class="status">{esc(done.text)}.</p>'),
     ]
-    bullets = Text("\n".join(f"* {line}" for line in answer_lines(summary)))
+    bullets = Text("\n".join(f"* {line}" for line in answer_lines(summary, cal)))
     out = [
         Section(None, [Text(f"**{done.text}.**")], only="md"),
         Section(f"Protocol {p['id']} (version {p['version']})", lede, 1),
-        Section("The answer", [para(CONVENTION), bullets], only="md"),
+        *([] if cal is None else [result_section(summary, cal)]),
+        Section("The answer", [para(CONVENTION if cal is None else CAL_CONVENTION), bullets], only="md"),
         Section(None, [Text("\n".join(_header(summary)))], only="md"),
     ]
     planted = planted_names(summary)
     studies = [s for s in summary.studies if s.name not in planted]  # planted ones: their own section
     figure = answer_figure(studies, p, beside)
-    out += [*_decisions(summary, figure), _flow(summary.flow, True), *_beside(beside)]
+    out += [*_decisions(summary, figure, cal), _flow(summary.flow, True), *_beside(beside)]
     out += [f(summary) for f in (planted_section, model_section, interference_section, replicates_section)]
+    out += [_stalls(stalls)] if stalls else []
     by_name = {s["name"]: s for s in p["studies"]}
     n = 0
     for study in (s for s in studies if s.configs):
@@ -103,17 +114,34 @@ def _header(summary: Summary) -> list[str]:
     return out
 
 
-def _decisions(summary: Summary, figure: list[Text]) -> list[Section]:
+def _stalls(stalls: Sequence[str]) -> Section:
+    """The runs whose first step, or a later step, came later than the stall rule allows."""
+    rule = (
+        f"A run stalled where no step came for more than {STALL_STEP_TIMES} times its median step time "
+        f"(and {STALL_FLOOR_S:g} s), or its first step came later than {STALL_RUN_TIMES} times the median "
+        "run's whole time (and that floor), as the progress line shows it live (prereg/stalls.py). Its "
+        "times count as measured; a stall from outside (a stopped process, a busy machine) slows the arm "
+        "that stalled."
+    )
+    items = Text(
+        "\n".join(f"* {line}" for line in stalls),
+        "<ul>" + "".join(f"<li>{esc(line)}</li>" for line in stalls) + "</ul>",
+    )
+    return Section("Stalls", [para(rule), items], anchor="stalls")
+
+
+def _decisions(summary: Summary, figure: list[Text], cal: Calibration | None = None) -> list[Section]:
     """The preregistered decisions: report.md's table (with each failed-arm sensitivity analysis) and
     the page's answer (one sentence per configuration, the answer's figure, the table), or a
     descriptive protocol's statement; a group-sequential family's looks."""
     hyp = summary.hypotheses
-    lines = (raw(f"<li>{esc(line)}</li>") for line in answer_lines(summary))
+    lines = (raw(f"<li>{esc(line)}</li>") for line in answer_lines(summary, cal))
+    conv = CONVENTION if cal is None else CAL_CONVENTION
     answer = [raw("<ul class=answer>"), *lines, raw("</ul>"), *figure]
     if isinstance(hyp, Descriptive):
         said = raw(
             f"<p>This protocol is descriptive: no hypothesis is decided. {esc(hyp.descriptive)} "
-            f"{esc(CONVENTION)}</p>"
+            f"{esc(conv)}</p>"
         )
         none = para(f"Descriptive protocol: no hypothesis is decided. {hyp.descriptive}")
         return [Section("Decisions", [none], only="md"), Section(ANSWER, [said, *answer], only="html")]
@@ -121,14 +149,15 @@ def _decisions(summary: Summary, figure: list[Text]) -> list[Section]:
         f"{len(hyp.decisions)} preregistered hypotheses, {hyp.procedure.replace('_', ' ')} procedure at a "
         f"one-sided family-wise error rate of {hyp.family_alpha:g}"
     )
-    md_rows, html_rows = ([_decision_row(x, md) for x in hyp.decisions] for md in (True, False))
+    md_rows, html_rows = ([_decision_row(x, md, summary, cal) for x in hyp.decisions] for md in (True, False))
+    head = DECISION_HEAD + ([] if cal is None else ["Calibrated bias, points (95%)"])
     md: list[Text | Table] = [
         para(f"{fam}; a decision needs at least {hyp.min_pairs} pairs."),
-        Table("", [*DECISION_HEAD, "Failed arm as adverse"], md_rows),
+        Table("", [*head, "Failed arm as adverse"], md_rows),
     ]
     out = [Section("Decisions", md, only="md")]
-    decided = Table("Preregistered decisions", DECISION_HEAD, html_rows)
-    html: list[Text | Table] = [raw(f"<p>{esc(fam)}. {esc(CONVENTION)}</p>"), *answer, decided]
+    decided = Table("Preregistered decisions", head, html_rows)
+    html: list[Text | Table] = [raw(f"<p>{esc(fam)}. {esc(conv)}</p>"), *answer, decided]
     if hyp.sequential is not None:
         looks = Table("Sequential looks", LOOK_HEAD, look_rows(hyp.sequential))
         bullets = Text("\n".join(f"* {x.decision.text}" for x in hyp.decisions))
@@ -138,15 +167,19 @@ def _decisions(summary: Summary, figure: list[Text]) -> list[Section]:
     return [*out, Section(ANSWER, html, only="html")]
 
 
-def _decision_row(x: Any, md: bool) -> list[str]:
+def _decision_row(x: Any, md: bool, summary: Summary, cal: Calibration | None = None) -> list[str]:
     """A decision's row: report.md's (``md``) names its interval's level and the failed-arm
-    sensitivity analysis."""
+    sensitivity analysis; with the study's calibration ``cal``, the change in points and the
+    design's calibrated bias beside it."""
     d, sens, t = x.decision, x.sensitivity, x.decision.test or {}
     kind = d.type.replace("_", "-") + (f", margin {d.margin:g}" if d.margin else "")
     where = [d.id, f"{d.study} / {d.config or 'all'}", f"{d.endpoint} ({d.estimand})"]
     status = d.status + (f" ({d.reason})" if d.reason else "")
-    row = [*where, kind, str(t.get("n", "n/a")), *decision_cells(d, md)]
+    row = [*where, kind, str(t.get("n", "n/a")), *decision_cells(d, md, cal is not None)]
     row += [num(t.get("p_value"), ".3g"), num(d.alpha, ".3g"), status]
+    if cal is not None:
+        timed = d.endpoint in CLOCKS and d.estimand == "log_ratio"
+        row.append(bias_text(cal, block_steps(summary, d.study), d.endpoint) if timed else "n/a (not a time)")
     failed = f"p = {sens['p_value']:.3g} ({sens['pairs_with_a_failed_arm']} failed pairs)" if sens else "none"
     return [*row, failed] if md else row
 

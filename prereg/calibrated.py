@@ -1,0 +1,218 @@
+"""A study's calibration: the calibration records a protocol names (``design_calibration``, quiet,
+and its loaded twin where it ran), the machine they were made on, the bias they measured for the
+study's design and ``effect_class`` (:func:`prereg.planted.design_verdict`, the rows
+``harness calibration-verdict`` and ``harness compare`` read), and the refusal of a calibration made
+on another CPU model than the one it is applied to.
+
+The report and page of a protocol that names a ``design_calibration`` show that bias beside every
+speed result, with the calibration's machine; ``harness report`` and the public audit find the
+calibration the same way (:func:`find_calibration`): from the study's own protocol file, checked
+against the sha256 its records hold, so a study rendered before this existed (or with no
+calibration) renders as it did.
+
+One sign convention (docs/decisions.md, "One sign convention"): points of ``100 x ln(T_candidate /
+T_baseline)``, positive: the candidate slower; a bias is the design's reading less the truth in
+the same points (positive: it reads the change as costing more than it does).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prereg.bounded import InputLimitError, parse_json, read_regular
+from prereg.errors import InputError
+from prereg.planted import DEFAULT_CLASS, Verdict, design_verdict
+from prereg.yamlsub import yaml_subset
+
+#: The convention, in words, as every output that prints a signed change or bias states it.
+SIGN = "points of 100 x ln(T_candidate / T_baseline); positive: the candidate slower"
+#: A calibration's loaded twin: the same plants under a known load, in ``<records>-loaded``.
+LOADED_SUFFIX = "-loaded"
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One calibration run: its records folder (as named), quiet or loaded, its planted rows
+    (``summary.json``'s ``planted``) and the CPU models its records ran on."""
+
+    folder: str
+    condition: str
+    rows: tuple[Mapping[str, Any], ...]
+    machines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A study's calibration: the class of its change, the calibration protocol, its conditions."""
+
+    effect_class: str
+    protocol: str
+    conditions: tuple[Condition, ...]
+    study_machines: tuple[str, ...] = ()  # the CPU models the study's own records ran on
+
+    def machines(self) -> tuple[str, ...]:
+        """The CPU models every condition's records ran on, in order, once each."""
+        return tuple(dict.fromkeys(m for c in self.conditions for m in c.machines))
+
+
+def machines(folder: str) -> dict[str, tuple[str, int]]:
+    """The CPU models (each record's ``env.device_name``) of the run records in ``folder``, each with
+    the first record file and line that names it. Unreadable records are the audit's to name."""
+    out: dict[str, tuple[str, int]] = {}
+    for path in sorted(glob.glob(os.path.join(glob.escape(folder), "*.record.json"))):
+        try:
+            raw = read_regular(path)
+            env = (parse_json(raw) or {}).get("env")
+        except (InputLimitError, ValueError, AttributeError):
+            continue
+        name = env.get("device_name") if isinstance(env, dict) else None
+        if isinstance(name, str) and name not in out:
+            text = raw.decode("utf-8", "replace")
+            at = text.find('"device_name"')
+            out[name] = (path, text.count("\n", 0, at) + 1 if at >= 0 else 1)
+    return out
+
+
+def refuse_other_machine(folders: Sequence[str], here: str | None) -> None:
+    """InputError, naming the record file, key and line, when a calibration's records in ``folders``
+    were made on another CPU model than ``here`` (this machine's), or, with ``here`` None, on more
+    than one model (calibrations of different machines mixed in one verdict)."""
+    seen: dict[str, tuple[str, int]] = {}
+    for folder in folders:
+        for name, (path, line) in machines(folder).items():
+            seen.setdefault(name, (path, line))
+            if here is not None and name != here:
+                raise InputError(
+                    f"{name!r}: this calibration's records were made on another CPU model than this "
+                    f"machine's ({here!r}); its bias does not carry over: run the calibration here "
+                    "(harness calibration-study, then harness run)",
+                    file=path,
+                    key="env.device_name",
+                    line=line,
+                )
+            if here is None and len(seen) > 1:
+                first = next(iter(seen))
+                raise InputError(
+                    f"{name!r}: these calibrations were made on different CPU models ({first!r} in "
+                    f"{seen[first][0]}); a verdict over both mixes machines: give one machine's "
+                    "calibrations",
+                    file=path,
+                    key="env.device_name",
+                    line=line,
+                )
+
+
+def _planted_rows(folder: str) -> tuple[Mapping[str, Any], ...] | None:
+    """The planted rows of ``folder``'s sealed ``summary.json`` (None when it has none)."""
+    path = os.path.join(folder, "summary.json")
+    try:
+        data = parse_json(read_regular(path))
+    except (InputLimitError, ValueError, OSError):
+        return None
+    rows = data.get("planted") if isinstance(data, dict) else None
+    return tuple(r for r in rows if isinstance(r, dict)) if isinstance(rows, list) and rows else None
+
+
+def _yaml(path: str) -> tuple[dict[str, Any], str] | None:
+    try:
+        raw = read_regular(path)
+        doc = yaml_subset(raw.decode("utf-8"))
+    except (InputLimitError, ValueError, OSError, UnicodeDecodeError):
+        return None
+    return (doc, hashlib.sha256(raw).hexdigest()) if isinstance(doc, dict) else None
+
+
+def _root(records_dir: str, protocol_rel: str, sha: str) -> tuple[str, dict[str, Any]] | None:
+    """The repository root above ``records_dir`` holding the study's protocol file at
+    ``protocol_rel`` with the sha256 its records hold, and that file's document."""
+    d = os.path.abspath(records_dir)
+    while True:
+        found = _yaml(os.path.join(d, protocol_rel))
+        if found is not None and found[1] == sha:
+            return d, found[0]
+        parent = os.path.dirname(d)
+        if parent == d:
+            return None
+        d = parent
+
+
+def calibration_folders(root: str, calibration_protocol: str) -> list[tuple[str, str]]:
+    """The records folders (relative to ``root``) of a calibration protocol, each with its condition:
+    its own ``records_dir`` (quiet) and, where it exists, its loaded twin (:data:`LOADED_SUFFIX`)."""
+    found = _yaml(os.path.join(root, calibration_protocol))
+    if found is None:
+        return []
+    doc = found[0]
+    quiet = str(doc.get("records_dir") or f"records/{doc.get('id')}")
+    out = [(quiet, "quiet")]
+    if os.path.isdir(os.path.join(root, quiet + LOADED_SUFFIX)):
+        out.append((quiet + LOADED_SUFFIX, "loaded"))
+    return out
+
+
+def find_calibration(records_dir: str, protocol: Mapping[str, Any]) -> Calibration | None:
+    """The calibration of the study whose records are in ``records_dir`` and whose protocol summary
+    is ``protocol`` (``summary.json``'s): from its protocol file (found above the records by its
+    ``path``, and only if its sha256 is the records'), its ``design_calibration`` and
+    ``effect_class`` (default cache-heavy); None when it names none (it renders as before)."""
+    path, sha = protocol.get("path"), protocol.get("sha256")
+    found = _root(records_dir, path, sha) if isinstance(path, str) and isinstance(sha, str) else None
+    if found is None or not isinstance(found[1].get("design_calibration"), str):
+        return None
+    root, doc = found
+    cls = doc.get("effect_class") or DEFAULT_CLASS
+    conditions = []
+    for folder, condition in calibration_folders(root, doc["design_calibration"]):
+        rows = _planted_rows(os.path.join(root, folder))
+        if rows is not None:
+            ms = tuple(machines(os.path.join(root, folder)))
+            conditions.append(Condition(folder, condition, rows, ms))
+    here = tuple(machines(records_dir))
+    return Calibration(str(cls), doc["design_calibration"], tuple(conditions), here)
+
+
+def endpoint_design(block_steps: int | None, endpoint: str) -> tuple[str, str] | None:
+    """A speed endpoint's design label and clock as a calibration's rows name them (a lockstep
+    study's block size, the after-own estimator), or None for an endpoint that is not a time."""
+    clock = {"training_time": "wall", "own_step_time": "wall"}.get(endpoint)
+    clock = clock or {"training_cpu_time": "CPU", "own_step_cpu_time": "CPU"}.get(endpoint)
+    if clock is None:
+        return None
+    design = "a process per arm" if block_steps is None else f"lockstep, blocks of {block_steps}"
+    return (design + ", steps after its own" if endpoint.startswith("own_") else design), clock
+
+
+def bias_of(
+    cal: Calibration, block_steps: int | None, endpoint: str
+) -> list[tuple[Condition, Verdict | None]]:
+    """Per condition, the design's measured bias for the calibration's class on the endpoint's
+    clock (:func:`prereg.planted.design_verdict`), or None where it measured none."""
+    shown = endpoint_design(block_steps, endpoint)
+    return [
+        (c, None if shown is None else design_verdict(c.rows, cal.effect_class, *shown))
+        for c in cal.conditions
+    ]
+
+
+def bias_text(cal: Calibration, block_steps: int | None, endpoint: str) -> str:
+    """The bias beside a speed result: each condition's bias per plant with its 95% interval and
+    the calibration's machine, or "bias not calibrated for this class" where it measured none."""
+    parts = []
+    for c, v in bias_of(cal, block_steps, endpoint):
+        if v is None:
+            continue
+        each = "; ".join(
+            f"{r['plant']} {r['bias']:+.2f} ({r['bias_lo']:+.2f} to {r['bias_hi']:+.2f})" for r in v.rows
+        )
+        parts.append(f"{c.condition} {each}")
+    if not cal.conditions:
+        return f"bias not calibrated for this class (no records of {cal.protocol} here: harness run {cal.protocol})"
+    if not parts:
+        return f"bias not calibrated for this class ({cal.effect_class}: {cal.protocol} measured none)"
+    on = ", ".join(cal.machines()) or "an unrecorded machine"
+    return f"{', '.join(parts)} (calibrated on {on})"

@@ -1,0 +1,163 @@
+"""The first screen of a calibrated study (a protocol that names its ``design_calibration``): a table
+in the seed page's form, one row per configuration and speed hypothesis: parameters, each arm's
+time, the change with the decision's interval, and the design's calibrated bias beside it, quiet
+and loaded, with the calibration's machine (:mod:`prereg.calibrated`).
+
+One sign convention (:data:`prereg.calibrated.SIGN`): a change and a bias are points of ``100 x
+ln(T_candidate / T_baseline)``, positive: the candidate slower; in words, "faster by" or "slower
+by" a percentage of the baseline's time (``harness compare``'s verdict says it the same way). A
+study with no calibration renders as before (its reduction in percent, positive: faster).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from prereg.calibrated import SIGN, Calibration, bias_text
+from prereg.render.model import Section, Table, para
+from prereg.results import Descriptive, Summary
+
+CONVENTION = (
+    f"Each change is in {SIGN} (a bias the same: positive, the design reads the change as costing more "
+    "than it does); in words, faster or slower by a percentage of the baseline's time, with its "
+    "two-sided interval at the decision's level, then the preregistered decisions on it."
+)
+HEAD = [
+    "Configuration",
+    "Parameters",
+    "Clock",
+    "Training time (s)",
+    "Change, points",
+    "Interval",
+    "In words",
+    "Calibrated bias, points (95%)",
+]
+
+#: The clock of each speed endpoint, and the summary's training time on that clock.
+CLOCKS = {
+    "own_step_cpu_time": ("CPU, steps after its own", "training_cpu_time"),
+    "training_cpu_time": ("CPU", "training_cpu_time"),
+    "own_step_time": ("wall, steps after its own", "training_time"),
+    "training_time": ("wall", "training_time"),
+}
+
+
+def words(points: float) -> str:
+    """A change in points as ``faster by 2.31%`` or ``slower by 0.40%`` of the baseline's time."""
+    pct = 100 * math.expm1(points / 100)
+    return f"{'faster' if pct < 0 else 'slower'} by {abs(pct):.2f}%"
+
+
+def points(
+    estimate: float | None, low: float | None, high: float | None, level: float | None
+) -> tuple[str, str]:
+    """A log ratio's estimate and interval as points (signed), the interval naming its level."""
+    if estimate is None:
+        return "n/a", "n/a"
+    at = f" ({100 * level:.4g}%)" if level else ""
+    shown = "n/a" if low is None or high is None else f"{100 * low:+.2f} to {100 * high:+.2f}{at}"
+    return f"{100 * estimate:+.2f}", shown
+
+
+def sentence(estimate: float, low: float | None, high: float | None, level: float | None) -> str:
+    """A log ratio in a sentence: ``-2.31 points (99% interval -2.90 to -1.70; faster by 2.28%)``."""
+    at = f"{100 * level:.4g}% interval " if level else "interval "
+    rng = "no interval" if low is None or high is None else f"{at}{100 * low:+.2f} to {100 * high:+.2f}"
+    return f"{100 * estimate:+.2f} points ({rng}; {words(100 * estimate)})"
+
+
+def parameters(n: int | None) -> str:
+    """A parameter count as the seed page gives it: ``3.35M``, or ``43.3K`` under a million."""
+    if n is None:
+        return "n/a"
+    return f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.3g}K"
+
+
+def block_steps(summary: Summary, study: str) -> int | None:
+    """A study's lockstep block size (None: a process per arm)."""
+    st: Mapping[str, Any] = next((s for s in summary.protocol["studies"] if s["name"] == study), {})
+    return (st.get("lockstep") or {}).get("block_steps")
+
+
+def _speed_decisions(summary: Summary) -> list[Any]:
+    hyp = summary.hypotheses
+    decided = [] if isinstance(hyp, Descriptive) else [x.decision for x in hyp.decisions]
+    return [d for d in decided if d.endpoint in CLOCKS and d.estimand == "log_ratio"]
+
+
+def result_rows(summary: Summary, cal: Calibration) -> list[list[str]]:
+    """One row per speed decision on a configuration of two different arms, primary first."""
+    configs: dict[tuple[str, str], Any] = {
+        (s.name, c.config): c
+        for s in summary.studies
+        for c in s.paired_configs()
+        if c.baseline_arm != c.candidate_arm
+    }
+    rows = []
+    for d in _speed_decisions(summary):
+        c = configs.get((d.study, d.config or ""))
+        if c is None:
+            continue
+        clock, field = CLOCKS[d.endpoint]
+        ep = getattr(c, field, None)
+        times = "n/a"
+        if ep is not None and ep.baseline_mean is not None and ep.candidate_mean is not None:
+            times = f"{c.baseline_arm} {ep.baseline_mean:.2f} / {c.candidate_arm} {ep.candidate_mean:.2f}"
+        est, iv = points(d.estimate, d.low, d.high, d.level)
+        said = "n/a" if d.estimate is None else words(100 * d.estimate)
+        params = parameters(c.parameters)
+        bias = bias_text(cal, block_steps(summary, d.study), d.endpoint)
+        rows.append([c.config, params, clock, times, est, iv, said, bias])
+    return rows
+
+
+def machines_line(cal: Calibration, study_machines: tuple[str, ...]) -> str:
+    """Where the study ran and where its calibration was made: named, and a difference said."""
+    here = ", ".join(study_machines) or "not recorded"
+    there = ", ".join(cal.machines()) or "not recorded"
+    conds = ", ".join(f"{c.folder} ({c.condition})" for c in cal.conditions) or "no records yet"
+    differ = bool(study_machines) and bool(cal.machines()) and set(study_machines) != set(cal.machines())
+    note = (
+        " The study ran on a CPU model its calibration was not made on: the bias is the calibration "
+        "machine's, measured, not this machine's."
+        if differ
+        else ""
+    )
+    return (
+        f"Calibrated bias: the design's estimate less the truth for a {cal.effect_class} change, from "
+        f"{cal.protocol} ({conds}), per plant with its 95% interval; calibrated on {there}; this study "
+        f"ran on {here}.{note}"
+    )
+
+
+def result_section(summary: Summary, cal: Calibration) -> Section:
+    """The first screen: the convention, the table, and the machines."""
+    rows = result_rows(summary, cal)
+    blocks: list[Any] = [para(CONVENTION)]
+    if rows:
+        blocks.append(Table("Each configuration's speed, with the design's calibrated bias", HEAD, rows))
+    else:
+        blocks.append(para("No speed decision on a configuration of two different arms yet."))
+    blocks.append(para(machines_line(cal, cal.study_machines)))
+    return Section("The result", blocks)
+
+
+def calibrated_effects(c: Any, cpu: bool, cal: Calibration, block: int | None) -> str:
+    """A configuration's training-time change on each clock in points with its interval, in words,
+    and the design's calibrated bias beside each (the whole times' estimator)."""
+    shown = []
+    for clock, field, endpoint in (
+        ("wall", "training_time", "training_time"),
+        ("CPU", "training_cpu_time", "training_cpu_time"),
+    ):
+        ep = getattr(c, field, None) if clock == "wall" or cpu else None
+        iv = getattr(ep, "log_ratio", None)
+        if iv is None:
+            continue
+        shown.append(
+            f"{sentence(iv.estimate, iv.low, iv.high, c.level)} on the {clock} clock, "
+            f"calibrated bias {bias_text(cal, block, endpoint)}"
+        )
+    return "training-time change " + (", ".join(shown) or "n/a (no interval yet)")

@@ -1,0 +1,401 @@
+"""A calibrated study's report and page (a protocol that names ``design_calibration``): the first
+screen's table in the seed page's form with the design's calibrated bias beside each change, one
+sign convention, the calibration's machine named, and the audit rendering the same texts again;
+a calibration from another machine refused where a user applies it to theirs."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+QUIET = ROOT / "records" / "calibration-classes"
+LOADED = ROOT / "records" / "calibration-classes-loaded"
+XEON = "Intel(R) Xeon(R) Processor @ 2.80GHz"
+EPYC = "AMD EPYC 7B13"
+
+CALIBRATED = """\
+design_calibration: protocols/calibration-classes.yaml
+effect_class: cache-heavy
+replicates: {count: 2, min_gap_s: 0}
+"""
+SPEED = """\
+    - {id: H0-cpu, study: pairs, endpoint: training_cpu_time, estimand: log_ratio, type: superiority, better: lower}
+"""
+
+
+def _calibration_copy(repo: Path, machine: str) -> None:
+    """The committed class calibration's protocol and sealed summaries, with one record each naming
+    ``machine`` as its CPU model (the field the harness writes: ``env.device_name``)."""
+    shutil.copy(ROOT / "protocols" / "calibration-classes.yaml", repo / "protocols")
+    for src in (QUIET, LOADED):
+        dst = repo / "records" / src.name
+        dst.mkdir(parents=True)
+        shutil.copy(src / "summary.json", dst)
+        (dst / "x.pair000.baseline.a1.record.json").write_text(
+            json.dumps({"env": {"host": "h", "device_name": machine}}, indent=1)
+        )
+
+
+def calibrated_study(
+    tmp_path: Path, machine: str = XEON, calibrated: bool = True, stall: bool = False
+) -> Path:
+    """A tiny replicated study (native against cotangent, a process per arm, a CPU-clock speed
+    hypothesis) whose protocol names the committed class calibration, run in process over two
+    replicates with times that vary by seed and arm, then reported with ``harness report``."""
+    from conftest import git, init_study, tiny_protocol
+    from fake_trainer import FakeTrainer
+
+    from harness.execute.inprocess import InProcessExecutor
+    from harness.execute.runner import Runner
+    from harness.protocol import load_protocol
+
+    text = tiny_protocol(steps=5).replace("seeds: [1, 2]", "seeds: [1, 2, 3, 4, 5, 6, 7, 8]")
+    text = text.replace("  tests:\n", "  tests:\n" + SPEED, 1).replace(
+        "procedure: fixed_sequence", "procedure: holm"
+    )
+    if calibrated:
+        text = text.replace("order_seed:", CALIBRATED + "order_seed:", 1)
+    else:
+        text = text.replace("order_seed:", "replicates: {count: 2, min_gap_s: 0}\norder_seed:", 1)
+    repo = tmp_path / "study"
+    repo.mkdir()
+    (repo / "protocols").mkdir()
+    _calibration_copy(repo, machine)
+    init_study(repo, protocol=text)
+
+    class Varied(FakeTrainer):
+        def __call__(self, job, partial):
+            cand = job.spec.role == "candidate"
+            self.device_s = (1.0 + (job.spec.seed % 3) / 10) * (
+                (0.97 - job.spec.seed / 1000) if cand else 1.0
+            )
+            super().__call__(job, partial)
+            partial.note(env={"device_name": XEON}, parameters=3_350_000)
+            if stall and job.spec.seed == 2 and cand:  # stopped from outside for 40 s before step 3
+                partial.curve = [[s, v, t + (40.0 if s >= 3 else 0.0)] for s, v, t in partial.curve]
+            if stall and job.spec.seed == 3 and not cand:  # 500 s before its first step
+                partial.note(timings={**partial.result.timings, "setup_s": 500.0})
+
+    for k in (1, 2):
+        Runner(
+            load_protocol(repo / "protocols" / "tiny.yaml"),
+            echo=lambda _: None,
+            executor=InProcessExecutor(train=Varied()),
+            replicate=k,
+        ).run()
+    git(repo, "add", "-A")
+    return repo
+
+
+def _report(repo: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str, dict]:
+    from harness.cli import main
+
+    monkeypatch.chdir(repo)  # in process: this checkout's harness, whatever is installed
+    assert main(["report", "protocols/tiny.yaml", "--quiet"]) == 0
+    folder = repo / "records" / "tiny"
+    summary = json.loads((folder / "summary.json").read_text())
+    return (folder / "report.md").read_text(), (folder / "index.html").read_text(), summary
+
+
+def _expected_bias(endpoint_clock: str, design: str) -> str:
+    """The bias text computed here from the sealed summaries' rows, not by the code under test:
+    every cache-heavy plant (matmul, gather) of ``design`` on the clock, quiet then loaded."""
+    parts = []
+    for cond, src in (("quiet", QUIET), ("loaded", LOADED)):
+        rows = [
+            r
+            for r in json.loads((src / "summary.json").read_text())["planted"]
+            if r["kind"] in ("matmul", "gather")
+            and r["clock"] == endpoint_clock
+            and r["design"] == design
+            and not r.get("reference")
+        ]
+        assert rows, (cond, design)
+        each = "; ".join(
+            f"{r['plant']} {r['bias']:+.2f} ({r['bias_lo']:+.2f} to {r['bias_hi']:+.2f})"
+            for r in sorted(rows, key=lambda r: r["plant"])
+        )
+        parts.append(f"{cond} {each}")
+    return ", ".join(parts)
+
+
+def test_the_first_screen_is_the_seed_pages_table_with_the_calibrated_bias(tmp_path, monkeypatch):
+    repo = calibrated_study(tmp_path)
+    md, page, summary = _report(repo, monkeypatch)
+    head = md.split("## The answer")[0]
+    assert (
+        "## The result" in head
+        and "| Configuration | Parameters | Clock | Training time (s) | Change, points" in head
+    )
+    bias = _expected_bias("CPU", "a process per arm")
+    assert f"{bias} (calibrated on {XEON})" in head
+    # the change is the decision's (over the replicates), in points, and in words the same way
+    d = next(x for x in summary["hypotheses"]["decisions"] if x["id"] == "H0-cpu")
+    pts = 100 * d["estimate"]
+    words = f"{'faster' if pts < 0 else 'slower'} by {abs(100 * math.expm1(d['estimate'])):.2f}%"
+    row = f"| tiny_conv | 3.35M | CPU | native {{}} / cotangent {{}} | {pts:+.2f} | {100 * d['low']:+.2f} to {100 * d['high']:+.2f} (90%) | {words} |"
+    tt = summary["studies"][0]["configs"][0]["training_cpu_time"]
+    assert row.format(f"{tt['baseline_mean']:.2f}", f"{tt['candidate_mean']:.2f}") in head
+    assert pts < 0 and words.startswith("faster")  # the candidate was planted 3% faster
+    assert "positive: the candidate slower" in head
+    # the page's first screen: the same table before the answer
+    first = page.split("<h2")[1]
+    assert first.startswith(">The result") or "The result" in first.split("</h2>")[0]
+    assert "Calibrated bias, points (95%)" in first and bias.split(";")[0] in first
+    # every speed result printed beside its bias: the answer's sentence and the decisions' table
+    answer = md.split("## The answer")[1].split("##")[0]
+    assert "calibrated bias" in answer and "reduction" not in answer
+    decisions = md.split("## Decisions")[1].split("##")[0]
+    assert "Calibrated bias, points (95%)" in decisions and bias in decisions
+
+
+def test_the_audit_renders_the_calibrated_texts_again_and_a_changed_bias_fails(tmp_path, monkeypatch):
+    from audit.published import check_published
+
+    repo = calibrated_study(tmp_path)
+    _report(repo, monkeypatch)
+    folder = str(repo / "records" / "tiny")
+    summary = json.loads((repo / "records" / "tiny" / "summary.json").read_text())
+    manifest = json.loads((repo / "records" / "tiny" / "MANIFEST").read_text())
+    problems, said = check_published(folder, str(repo), summary, manifest)
+    assert problems == [], problems
+    md = repo / "records" / "tiny" / "report.md"
+    first = _expected_bias("CPU", "a process per arm").split(" ")[3]  # the first plant's bias
+    md.write_text(md.read_text().replace(first, "+0.00", 1))
+    problems, _ = check_published(folder, str(repo), summary, manifest)
+    assert problems and "report.md: not what" in problems[0]
+
+
+def test_a_study_run_on_another_machine_than_its_calibration_names_both(tmp_path, monkeypatch):
+    repo = calibrated_study(tmp_path, machine=EPYC)
+    md, page, _ = _report(repo, monkeypatch)
+    head = md.split("## The answer")[0]
+    assert f"(calibrated on {EPYC})" in head
+    assert f"calibrated on {EPYC}; this study ran on {XEON}" in head
+    assert "The study ran on a CPU model its calibration was not made on" in head
+    assert "AMD EPYC 7B13" in page
+
+
+def test_a_study_without_a_calibration_renders_as_before(tmp_path, monkeypatch):
+    repo = calibrated_study(tmp_path, calibrated=False)
+    md, page, _ = _report(repo, monkeypatch)
+    assert "## The result" not in md and "Calibrated bias" not in md and "## Stalls" not in md
+    assert "reduction in percent of the baseline's training time (positive: the candidate was faster)" in md
+
+
+def test_a_run_that_stalled_is_named_in_the_report_and_the_audit_renders_it_again(tmp_path, monkeypatch):
+    """A step 40 s late (a step takes about 0.1 s) and a first step 500 s after the start (runs take
+    about 1 s whole): each run named, by the progress line's rule (prereg/stalls.py)."""
+    from audit.published import check_published
+
+    repo = calibrated_study(tmp_path, calibrated=False, stall=True)
+    md, page, summary = _report(repo, monkeypatch)
+    stalls = md.split("## Stalls")[1].split("\n## ")[0]
+    runs = {x.split(" (attempt")[0].lstrip("* ") for x in stalls.splitlines() if x.startswith("* ")}
+    assert runs == {"pairs.tiny_conv.pair001.candidate", "pairs.tiny_conv.pair002.baseline"}, stalls
+    assert (
+        "no step for 40 s before step 3" in stalls and "its first step came 500 s after its start" in stalls
+    )
+    assert "id=stalls" in page and "no step for 40 s before step 3" in page
+    folder = str(repo / "records" / "tiny")
+    manifest = json.loads((repo / "records" / "tiny" / "MANIFEST").read_text())
+    assert check_published(folder, str(repo), summary, manifest)[0] == []
+
+
+def test_the_stall_rule_is_the_progress_lines(tmp_path):
+    from harness.execute.state import STALL_FLOOR_S, first_step_limit
+    from prereg.stalls import step_stall
+
+    assert first_step_limit([4.0, 5.0, 6.0]) == STALL_FLOOR_S == 30.0
+    assert step_stall([0.1 * k for k in range(1, 20)]) is None
+    assert step_stall([1.0, 2.0, 3.0, 34.0, 35.0]) == (4, 31.0, 1.0)
+    assert step_stall([1.0, 2.0, 3.0, 7.5, 8.5]) is None  # 4.5 steps: under five, and under 30 s
+    assert step_stall([10.0, 20.0, 30.0, 75.0]) is None  # 45 s: over 30 s, under five 10 s steps
+    assert step_stall([10.0, 20.0, 30.0, 40.0, 95.0]) == (5, 55.0, 10.0)
+
+
+def test_a_protocol_file_changed_after_its_records_renders_without_a_calibration(tmp_path):
+    """The calibration is read from the study's own protocol only when its sha256 is the records':
+    an edited file (a design_calibration added afterwards) changes nothing the audit renders."""
+    from prereg.calibrated import find_calibration
+
+    repo = calibrated_study(tmp_path)
+    summary = json.loads((repo / "records" / "tiny" / "MANIFEST").read_text())
+    proto = json.loads(next((repo / "records" / "tiny").glob("*.record.json")).read_text())["protocol"]
+    assert find_calibration(str(repo / "records" / "tiny"), {**proto, "path": "protocols/tiny.yaml"})
+    p = repo / "protocols" / "tiny.yaml"
+    p.write_text(p.read_text() + "\n")
+    assert find_calibration(str(repo / "records" / "tiny"), {**proto, "path": "protocols/tiny.yaml"}) is None
+    assert summary  # the MANIFEST is there: the folder is a sealed one
+
+
+def test_the_bias_is_the_rows_calibration_verdict_ranks(tmp_path):
+    """One home: the design's bias the report shows is the row set ``harness calibration-verdict``
+    ranks (``prereg.planted.verdicts``) for the class, design and clock."""
+    from prereg.calibrated import bias_text, find_calibration
+    from prereg.planted import verdicts
+
+    rows = json.loads((QUIET / "summary.json").read_text())["planted"]
+    v = next(
+        x
+        for x in verdicts(rows)
+        if x.effect_class == "cache-heavy" and x.design == "lockstep, blocks of 1, steps after its own"
+    )
+    from prereg.calibrated import Calibration, Condition
+
+    cal = Calibration("cache-heavy", "p.yaml", (Condition("q", "quiet", tuple(rows), (XEON,)),))
+    text = bias_text(cal, 1, "own_step_cpu_time")
+    for r in v.rows:
+        assert f"{r['plant']} {r['bias']:+.2f} ({r['bias_lo']:+.2f} to {r['bias_hi']:+.2f})" in text
+    assert bias_text(cal, 1, "training_cpu_time") != text  # the whole times' estimator: other rows
+    wall_only = Calibration(
+        "wall-only", "p.yaml", (Condition("q", "quiet", tuple(r for r in rows if r["kind"] != "sleep"), ()),)
+    )
+    assert bias_text(wall_only, 1, "own_step_time").startswith("bias not calibrated for this class")
+    assert find_calibration(str(tmp_path), {"path": "none.yaml", "sha256": "0" * 64}) is None
+    unrun = Calibration("cache-heavy", "p.yaml", ())
+    assert bias_text(unrun, 1, "own_step_cpu_time") == (
+        "bias not calibrated for this class (no records of p.yaml here: harness run p.yaml)"
+    )
+
+
+# --- a calibration from another machine, applied to this one: refused by name ---------------------
+
+
+def _machine_folder(folder: Path, machine: str) -> Path:
+    """A records folder with two run records naming ``machine`` as their CPU model."""
+    folder.mkdir(parents=True)
+    for k in (0, 1):
+        (folder / f"s.c.pair00{k}.baseline.a1.record.json").write_text(
+            json.dumps({"spec": {"run_id": "x"}, "env": {"host": "h", "device_name": machine}}, indent=1)
+        )
+    return folder
+
+
+def test_a_calibration_from_another_cpu_model_is_refused_naming_file_key_and_line(tmp_path):
+    from prereg.calibrated import refuse_other_machine
+    from prereg.errors import InputError
+
+    folder = _machine_folder(tmp_path / "cal", EPYC)
+    refuse_other_machine([str(folder)], EPYC)  # its own machine: nothing to say
+    with pytest.raises(InputError) as e:
+        refuse_other_machine([str(folder)], XEON)
+    first = sorted(folder.glob("*.record.json"))[0]
+    line = (
+        first.read_text()
+        .splitlines()
+        .index(next(x for x in first.read_text().splitlines() if "device_name" in x))
+        + 1
+    )
+    assert e.value.file == str(first) and e.value.key == "env.device_name" and e.value.line == line
+    assert str(e.value).startswith(f"{first}:{line}, key env.device_name: 'AMD EPYC 7B13'")
+    assert "\n" not in str(e.value)
+    xeon = _machine_folder(tmp_path / "cal2", XEON)
+    refuse_other_machine([str(xeon), str(xeon)], None)  # one machine's calibrations
+    with pytest.raises(InputError, match="made on different CPU models"):
+        refuse_other_machine([str(xeon), str(folder)], None)
+
+
+def test_calibration_verdict_refuses_two_machines_mixed_and_writes_nothing(tmp_path, capsys):
+    from harness.cli import main
+
+    a = tmp_path / "a"
+    shutil.copytree(QUIET, a, ignore=shutil.ignore_patterns("*.png", "index.html", "report.md"))
+    b = tmp_path / "b"
+    shutil.copytree(LOADED, b, ignore=shutil.ignore_patterns("*.png", "index.html", "report.md"))
+    rec = sorted(b.glob("*.record.json"))[0]
+    rec.write_text(rec.read_text().replace(XEON, EPYC))
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert main(["calibration-verdict", str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{rec}:" in err and "env.device_name" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_power_and_compare_refuse_the_committed_calibration_on_another_cpu_model(monkeypatch, capsys):
+    """The committed calibrations ran on an Intel Xeon: on a machine that says it is an AMD EPYC,
+    ``harness power --calibration`` and ``harness compare``'s bias refuse them by name."""
+    import harness.devices
+    from harness.cli import main
+    from harness.compare_cmd import calibrated_choice
+    from prereg.errors import InputError
+
+    assert calibrated_choice("cache-heavy")[1].startswith("bias: ")  # this machine's own: used
+    monkeypatch.setattr(harness.devices, "cpu_model", lambda: EPYC)
+    with pytest.raises(InputError, match="records were made on another CPU model") as e:
+        calibrated_choice("cache-heavy")
+    assert e.value.key == "env.device_name" and "records/calibration-classes" in str(e.value.file)
+    monkeypatch.chdir(ROOT)
+    code = main(
+        [
+            "power",
+            "protocols/cpu2-pilot.yaml",
+            "--target",
+            "protocols/cpu3.yaml",
+            "--calibration",
+            "protocols/calibration-classes.yaml",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "records/calibration-classes/" in err and "key env.device_name" in err, err
+    assert err.count("\n") == 1
+
+
+def test_cpu2_with_a_calibration_opens_with_the_seed_pages_table():
+    """cpu2's sealed summary (no design_calibration: it renders as committed) rendered with the class
+    calibration beside it: one row per configuration and speed decision, the decision's figures in
+    points and in words, the whole-times design's bias (lockstep, blocks of 1), a valid page."""
+    from pagecheck import check_static
+
+    from prereg.calibrated import Calibration, Condition
+    from prereg.render.page import document
+    from prereg.render.sections import sections
+    from prereg.results import Summary
+
+    data = json.loads((ROOT / "records" / "cpu2" / "summary.json").read_text())
+    summary = Summary.read(data, "records/cpu2/summary.json")
+    conds = tuple(
+        Condition(
+            str(src.relative_to(ROOT)),
+            cond,
+            tuple(json.loads((src / "summary.json").read_text())["planted"]),
+            (XEON,),
+        )
+        for cond, src in (("quiet", QUIET), ("loaded", LOADED))
+    )
+    cal = Calibration("cache-heavy", "protocols/calibration-classes.yaml", conds, (XEON,))
+    parts = sections(summary, cal=cal)
+    page = document(summary, parts)
+    check_static(page)
+    from prereg.render.model import to_md
+
+    md = to_md(parts)
+    head = md.split("## The answer")[0]
+    rows = [x for x in head.splitlines() if x.startswith("| ") and not x.startswith("| Configuration")]
+    speed = [
+        d
+        for d in data["hypotheses"]["decisions"]
+        if d["endpoint"] in ("training_time", "training_cpu_time") and d["study"] != "null_aa"  # A/A: no row
+    ]
+    assert len(rows) == len(speed) == 10
+    whole_cpu = _expected_bias("CPU", "lockstep, blocks of 1")
+    for d in speed:
+        pts = 100 * d["estimate"]
+        pct = abs(100 * math.expm1(d["estimate"]))
+        row = next(
+            r
+            for r in rows
+            if r.startswith(f"| {d['config']} |") and ("| CPU |" in r) == ("cpu" in d["endpoint"])
+        )
+        assert f"| {pts:+.2f} | {100 * d['low']:+.2f} to {100 * d['high']:+.2f}" in row
+        assert f"{'faster' if pts < 0 else 'slower'} by {pct:.2f}%" in row
+        if "cpu" in d["endpoint"]:
+            assert whole_cpu in row
+    assert "| small_transformer | 3.35M |" in head  # the seed page's published-size model
+    assert md.index("## The result") < md.index("## The answer") < md.index("## Decisions")
+    assert page.index(">The result</h2>") < page.index("<ul class=answer>")
