@@ -18,7 +18,7 @@ What an attempt's started entry and record hold is :mod:`harness.execute.attempt
 * Budget: the inclusive device seconds of every attempt are in the records; no unit starts when
   the spent time plus the unit's expected time would exceed the protocol's budget.
 * Hermetic workers: nothing starts while a variable that changes a code path is set
-  (:data:`harness.execute.launchers.CODE_PATH`); workers get an allow-listed environment, the
+  (:data:`harness.codepath.CODE_PATH`); workers get an allow-listed environment, the
   protocol's thread count and the sha256 of the ``phase.c`` build verified here; the torch and
   numpy versions must be those of the study's earlier runs.
 * Anchoring: with ``anchor``, the ledger head is pushed to ``refs/ledger/protocol-<id>`` of that
