@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.names import ID_RE as NAME_RE
+from prereg.factorial import cell_index
 
 MAX_FACTORS = 3
 
@@ -108,13 +109,12 @@ def parse(raw_factors: Any, raw_cells: Any) -> Design:
             raise ValueError(
                 (where, f"the cell's level of each factor ({', '.join(names)}), and optionally its arm")
             )
-        i = 0
-        for j, (f, levels) in enumerate(factors):
+        for f, levels in factors:
             if spec[f] not in levels:
                 raise ValueError(
                     (where + (f,), f"{spec[f]!r} is not a level of {f} ({levels[0]}, {levels[1]})")
                 )
-            i |= levels.index(spec[f]) << j
+        i = cell_index(spec, factors)
         if i in by_index:
             raise ValueError((where, f"cells {by_index[i][0]} and {cell} have the same levels"))
         arm = spec.get("arm", cell)

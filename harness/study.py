@@ -17,6 +17,7 @@ from harness.names import ARMS, ID_RE
 from harness.plugins import is_plugin, source_of
 from harness.yamlio import Field, one_of, positive
 from prereg.errors import InputError
+from prereg.plan import study_level
 from prereg.planted import plant_problems
 
 
@@ -154,7 +155,7 @@ def _study(
         steps=s["steps"],
         val_every=s["val_every"],
         val_target_bpb=targets,
-        interval_level=s["interval_level"] or interval_level,
+        interval_level=study_level(s["interval_level"], interval_level),
         factorial=design,
         block_steps=s["block_steps"],
         commands=commands,
