@@ -31,14 +31,14 @@ class LocalExecutor:
     name = "local"
 
     def execute(self, runner: RunnerPort) -> None:
-        launcher = LAUNCHERS[runner.proto.launcher]()
+        launcher = LAUNCHERS[runner.context.proto.launcher]()
         try:
             for claim in runner.claims():
                 try:
                     for group in process_groups(claim.todo):
                         if not self._process(runner, launcher, group, claim.unit_attempt):
                             break  # the failure rule: the unit's further runs do not start
-                    runner.echo(f"  {describe(runner.ledger.head())}")
+                    runner.context.echo(f"  {describe(runner.context.ledger.head())}")
                 finally:
                     claim.release()
         finally:
@@ -53,13 +53,19 @@ class LocalExecutor:
             runner.announce(spec, attempt)
         spec = group[0]
         name = " + ".join(s.run_id for s in group)
-        locks = runner.root / "runs" / "locks"
-        device_lock = FileLock(str(locks / f"device-{runner.host}-{spec.device}.lock"))
+        locks = runner.context.root / "runs" / "locks"
+        device_lock = FileLock(str(locks / f"device-{runner.context.host}-{spec.device}.lock"))
         with device_lock:
-            held = locks / f"device-{runner.host}-{spec.device}.json"
-            end_orphans(held, runner.echo)
-            launcher.start(runner.root, runner.env)  # a fork server's start-up is outside the run
-            work = runner.dir / "work" / f"{spec.run_id if len(group) == 1 else spec.unit}.a{attempts[0]}"
+            held = locks / f"device-{runner.context.host}-{spec.device}.json"
+            end_orphans(held, runner.context.echo)
+            launcher.start(
+                runner.context.root, runner.context.env
+            )  # a fork server's start-up is outside the run
+            work = (
+                runner.context.dir
+                / "work"
+                / f"{spec.run_id if len(group) == 1 else spec.unit}.a{attempts[0]}"
+            )
             atomic_write(
                 held,
                 canonical(
@@ -74,7 +80,7 @@ class LocalExecutor:
                 for s, a in zip(group, attempts):
                     runner.started(s, a, unit_attempt=unit_attempt)
                 job = process_job([runner.job(s, a) for s, a in zip(group, attempts)])
-                outcome = launch(launcher, job, work, runner.root, runner.env, beat)
+                outcome = launch(launcher, job, work, runner.context.root, runner.context.env, beat)
             except STOPS as e:  # Ctrl-C or SIGTERM: charged what it ran, recorded now
                 runner.stopped(group, attempts, time.monotonic() - t0, stop_name(e))
                 raise
@@ -82,9 +88,9 @@ class LocalExecutor:
         for s, a, out in zip(group, attempts, split(outcome, group)):
             rec = runner.finished(s, a, out)
             who = f"{s.run_id}: " if len(group) > 1 else ""
-            runner.echo(f"  {who}{rec.status} ({runner.progress.executed_s[-1]:.1f} s)")
+            runner.context.echo(f"  {who}{rec.status} ({runner.context.progress.executed_s[-1]:.1f} s)")
             if rec.status != "ok":
-                runner.echo(failure_lines(rec.reason, work, runner.root))
+                runner.context.echo(failure_lines(rec.reason, work, runner.context.root))
                 failed = failed or rec.status == "failed"
         return not (failed and runner.failure_stops())
 
@@ -95,7 +101,7 @@ def _heartbeat(runner: RunnerPort, name: str, work: Path, t0: float, command: bo
     said once as a line of its own too, so a log without the live line shows it."""
     from harness.execute.state import StallWatch, first_step_limit
 
-    watch = StallWatch(first_step_limit(list(runner.progress.executed_s))) if command else None
+    watch = StallWatch(first_step_limit(list(runner.context.progress.executed_s))) if command else None
     said: list[bool] = []
 
     def beat() -> None:
@@ -106,9 +112,9 @@ def _heartbeat(runner: RunnerPort, name: str, work: Path, t0: float, command: bo
             stalled = watch.see(elapsed, size)
         if stalled and not said:
             said.append(True)
-            runner.echo(f"  {name}: {stalled}; its timeout_s still ends it (harness status shows it)")
-        if runner.live:
-            runner.echo(f"\r  running {name} {elapsed:6.1f}s" + (f"  {stalled}" if stalled else ""))
+            runner.context.echo(f"  {name}: {stalled}; its timeout_s still ends it (harness status shows it)")
+        if runner.context.live:
+            runner.context.echo(f"\r  running {name} {elapsed:6.1f}s" + (f"  {stalled}" if stalled else ""))
 
     return beat
 
