@@ -22,6 +22,7 @@ the truth for that class (:func:`calibrated_choice`), whose bias the headline sh
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -229,6 +230,23 @@ def _beyond(c: Compare) -> str:
     return f" (slower by more than {c.fail_above:g}%)" if c.fail_above else ""
 
 
+@functools.lru_cache(maxsize=1)
+def calibration_rows() -> tuple[tuple[dict[str, Any], ...], str | None]:
+    """The planted rows of every calibration (:data:`CALIBRATIONS`, their sealed ``summary.json``
+    beside this harness), each with its condition (quiet, loaded), read once per process; or no
+    rows and the first calibration that could not be read."""
+    from harness.packages import package_dirs
+
+    rows: list[dict[str, Any]] = []
+    for name, condition in zip(CALIBRATIONS, ("quiet", "loaded")):
+        path = next(iter(package_dirs())).parent / name / "summary.json"
+        try:
+            rows += [{**r, "condition": condition} for r in json.loads(path.read_text()).get("planted") or []]
+        except (OSError, ValueError):
+            return (), name
+    return tuple(rows), None
+
+
 def calibrated_choice(effect_class: str) -> tuple[str, str]:
     """The endpoint and the bias line for a change of ``effect_class``: of lockstep at blocks of
     :data:`BLOCK_STEPS`'s two estimators (the whole times, :data:`WHOLE`, or the steps after each
@@ -239,17 +257,12 @@ def calibrated_choice(effect_class: str) -> tuple[str, str]:
 
     The one place ``harness compare`` asks for a design's bias."""
     from analysis.calibration_study import CLASS_CLOCK, verdicts
-    from harness.packages import package_dirs
 
     wall = CLASS_CLOCK[effect_class] == "wall"
     whole, own = ("training_time", "own_step_time") if wall else ("training_cpu_time", "own_step_cpu_time")
-    rows: list[dict[str, Any]] = []
-    for name, condition in zip(CALIBRATIONS, ("quiet", "loaded")):
-        path = next(iter(package_dirs())).parent / name / "summary.json"
-        try:
-            rows += [{**r, "condition": condition} for r in json.loads(path.read_text()).get("planted") or []]
-        except (OSError, ValueError):
-            return whole, f"bias: not calibrated for this class ({name} is not beside this harness)"
+    rows, missing = calibration_rows()
+    if missing is not None:
+        return whole, f"bias: not calibrated for this class ({missing} is not beside this harness)"
     ranked = [v for v in verdicts(rows) if v.effect_class == effect_class and v.design in (WHOLE, AFTER_OWN)]
     if not ranked:
         return whole, f"bias: not calibrated for this class ({CALIBRATION} planted no {effect_class} cost)"
