@@ -503,13 +503,12 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, text.encode(), overwrite=True)
 
 
-def from_args(repo: Path, args: Any) -> Compare:
-    """The flags resolved and checked, before anything is written (InputError naming the flag)."""
-    from harness.scaffold import warmup_steps
-
-    argv = list(args.command_argv or [])
-    if argv[:1] == ["--"]:
-        argv = argv[1:]
+def _arms_of(
+    repo: Path, args: Any, argv: list[str]
+) -> tuple[list[str], list[str], str | None, str | None, tuple[str, str]]:
+    """The base's and head's commands, their commits (None for two commands) and their labels,
+    from ``--base-cmd``/``--head-cmd`` or ``--base``/``--head`` and the command after ``--``
+    (``argv``)."""
     refs = args.base is not None or args.head is not None
     cmds = args.base_cmd is not None or args.head_cmd is not None
     if refs == cmds:
@@ -521,23 +520,35 @@ def from_args(repo: Path, args: Any) -> Compare:
         if args.base_cmd is None or args.head_cmd is None or argv:
             raise InputError("--base-cmd and --head-cmd go together, with no command after --")
         base, head = split_command(args.base_cmd, "--base-cmd"), split_command(args.head_cmd, "--head-cmd")
-        base_ref = head_ref = None
-        label = (args.base_cmd, args.head_cmd)
-    else:
-        if not argv:
-            raise InputError("--base/--head: give the command after --, e.g. -- python train.py --steps 300")
-        base_ref = resolve_ref(repo, args.base or "main", "--base")
-        head_ref = resolve_ref(repo, args.head or "HEAD", "--head")
-        refuse_dirty_head(repo, args.head or "HEAD", head_ref)
-        base = head = argv
-        label = (args.base or "main", args.head or "HEAD")
-    steps = steps_of(head if args.steps or "--steps" in " ".join(head) else base, args.steps)
+        return base, head, None, None, (args.base_cmd, args.head_cmd)
+    if not argv:
+        raise InputError("--base/--head: give the command after --, e.g. -- python train.py --steps 300")
+    base_ref = resolve_ref(repo, args.base or "main", "--base")
+    head_ref = resolve_ref(repo, args.head or "HEAD", "--head")
+    refuse_dirty_head(repo, args.head or "HEAD", head_ref)
+    return argv, argv, base_ref, head_ref, (args.base or "main", args.head or "HEAD")
+
+
+def _check_numbers(args: Any) -> None:
+    """``--pairs``, ``--timeout`` and ``--id`` checked (InputError naming the flag)."""
     if args.pairs < 4:
         raise InputError(f"--pairs {args.pairs}: at least 4 (a look needs more than 3 pairs)")
     if not args.timeout > 0:
         raise InputError(f"--timeout {args.timeout}: must be positive")
     if args.id is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,79}", args.id):
         raise InputError(f"--id {args.id!r}: letters, digits, '.', '_' and '-' (a folder under {RUNS})")
+
+
+def from_args(repo: Path, args: Any) -> Compare:
+    """The flags resolved and checked, before anything is written (InputError naming the flag)."""
+    from harness.scaffold import warmup_steps
+
+    argv = list(args.command_argv or [])
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    base, head, base_ref, head_ref, label = _arms_of(repo, args, argv)
+    steps = steps_of(head if args.steps or "--steps" in " ".join(head) else base, args.steps)
+    _check_numbers(args)
     endpoint, bias = calibrated_choice(args.effect_class)
     return Compare(
         id=args.id or default_id(),

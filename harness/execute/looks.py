@@ -44,14 +44,11 @@ class SequentialLooks:
     def allows(self, unit: list[RunSpec], ledger: Ledger, freeze_sha256: str | None) -> bool:
         """Whether ``unit`` may start: every look due before it taken, and the rule went on at each;
         a pair a look was computed on never runs again (``--retry-failed`` included)."""
-        spec = self.proto.hypotheses
-        seq = spec.get("sequential") if isinstance(spec, dict) else None
-        if seq is None or unit[0].design != "paired":
-            return True
-        if unit[0].study not in {t["study"] for t in spec["tests"]}:
+        looks = self._looks_over(unit)
+        if looks is None:
             return True
         index = int(unit[0].unit.rsplit(".pair", 1)[1])
-        due = [n for n in seq["looks"] if n <= index]
+        due = [n for n in looks if n <= index]
         taken_over = [e for e in ledger.looks() if index < e["pairs"]]
         if taken_over:
             self.echo(
@@ -67,7 +64,18 @@ class SequentialLooks:
             if not self._take(k, n, ledger, freeze_sha256):
                 return False  # its pairs are still running (another runner's, or in flight)
             break
-        return self._went_on(len(seq["looks"]), len(due), ledger)
+        return self._went_on(len(looks), len(due), ledger)
+
+    def _looks_over(self, unit: list[RunSpec]) -> list[int] | None:
+        """The pairs at each look of the sequential rule over ``unit``, or None where no look
+        applies (no ``sequential`` block, a unit that is not a pair, a study no hypothesis tests)."""
+        spec = self.proto.hypotheses
+        seq = spec.get("sequential") if isinstance(spec, dict) else None
+        if seq is None or unit[0].design != "paired":
+            return None
+        if unit[0].study not in {t["study"] for t in spec["tests"]}:
+            return None
+        return list(seq["looks"])
 
     def _went_on(self, looks: int, due: int, ledger: Ledger) -> bool:
         """After the looks due were taken: whether the rule went on at each (False, with
@@ -111,16 +119,11 @@ class SequentialLooks:
     def waits(self, unit: list[RunSpec], ledger: Ledger) -> bool:
         """Whether ``unit`` lies past a look that its pairs in flight have not reached yet (a parallel
         executor holds it back until they end, then claims it: :meth:`allows` decides)."""
-        spec = self.proto.hypotheses
-        seq = spec.get("sequential") if isinstance(spec, dict) else None
-        if (
-            seq is None
-            or unit[0].design != "paired"
-            or unit[0].study not in {t["study"] for t in spec["tests"]}
-        ):
+        looks = self._looks_over(unit)
+        if looks is None:
             return False
         index = int(unit[0].unit.rsplit(".pair", 1)[1])
-        due = [n for n in seq["looks"] if n <= index]
+        due = [n for n in looks if n <= index]
         summary = self.summary(ledger) if due else None
         return bool(due) and len(summary["looks"] if summary else []) < len(due)
 

@@ -521,11 +521,15 @@ class Runner:
             stopped_for_budget=self.stopped_for_budget and left > 0,
             budget=self.last_budget,
             stopped_at_look=self.looks.stopped_at,
-            replicate=None
-            if self.proto.replicates is None or self.replicate is None
-            else (self.replicate, self.proto.replicates["count"]),
+            replicate=self._replicate_run(),
             stopped_for_failure=self.stopped_for_failure if left else None,
         )
+
+    def _replicate_run(self) -> tuple[int, int] | None:
+        """``(K, count)`` of a replicated protocol run with ``--replicate K``; None otherwise."""
+        if self.proto.replicates is None or self.replicate is None:
+            return None
+        return self.replicate, self.proto.replicates["count"]
 
     def _check_replicate_named(self) -> None:
         """``--replicate K`` goes with a replicated protocol, and names one of its replicates."""
