@@ -79,7 +79,6 @@ def test_a_worker_result_the_runner_cannot_read_is_recorded_as_failed_naming_it(
     "args, said",
     [
         (("--executor", "nosuch"), "--executor nosuch: no executor of that name (one of: local, ray)"),
-        (("--executor", "inprocess"), "--executor inprocess: no executor of that name (one of: local, ray)"),
         (
             ("--executor", "local", "--ray", "auto"),
             "--executor local and --ray auto: --ray is --executor ray; name one",
