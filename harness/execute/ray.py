@@ -83,22 +83,18 @@ class RayExecutor:
         except ImportError as e:
             raise RefusedError("--ray needs Ray: python -m pip install -e '.[ray]'") from e
         # a local corpus inside the tree travels once, through the object store, not with the tree
-        corpus = runner.context.proto.corpus
+        corpus, root = runner.context.proto.corpus, runner.context.root
         shipped = (
             []
             if isinstance(corpus, str)
             else [
-                "/"
-                + (runner.context.root / f.path)
-                .resolve()
-                .relative_to(runner.context.root.resolve())
-                .as_posix()
+                "/" + (root / f.path).resolve().relative_to(root.resolve()).as_posix()
                 for f in corpus.files.values()
-                if (runner.context.root / f.path).resolve().is_relative_to(runner.context.root.resolve())
+                if (root / f.path).resolve().is_relative_to(root.resolve())
             ]
         )
         runtime_env = {
-            "working_dir": str(runner.context.root),
+            "working_dir": str(root),
             "excludes": EXCLUDES + shipped,
             "py_modules": [str(p) for p in package_dirs()],
         }
