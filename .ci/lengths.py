@@ -1,7 +1,7 @@
-"""Gate: functions fit a screen. A function of the packages over :data:`LIMIT` lines needs a
-comment ``# long: <reason>`` on its ``def`` line or the line above (a table of cases is a reason;
-a long procedure is not), and at most :data:`MOST` such functions may stand. Complexity is ruff's
-``C901`` at ``[tool.ruff.lint.mccabe] max-complexity`` (pyproject.toml), run by ``.ci/gates``.
+"""Gate: functions fit a screen. A function of the packages or of benchmarks/ over :data:`LIMIT`
+lines needs a comment ``# long: <reason>`` on its ``def`` line or the line above (a table of cases
+is a reason; a long procedure is not), and at most :data:`MOST` such functions may stand. Complexity is
+``.ci/complexity.py``'s (radon's count), run by ``.ci/gates``.
 
 Standard library only: ``python .ci/lengths.py`` from the repository's root; exits 1 naming each
 function over the limit without its reason, or every long one when there are more than MOST."""
@@ -12,7 +12,8 @@ import ast
 import pathlib
 import sys
 
-PACKAGES = ("prereg", "audit", "cotangent", "harness", "analysis")
+#: The packages and the benchmark scripts: every function of them fits a screen or says why.
+PACKAGES = ("prereg", "audit", "cotangent", "harness", "analysis", "benchmarks")
 LIMIT = 60  # lines from ``def`` to the function's last line, its docstring included
 MOST = 10
 MARK = "# long:"

@@ -29,7 +29,6 @@ import json
 import math
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,7 +39,6 @@ import torch.nn.functional as F
 from torch import nn
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from cotangent import PackedAdamW  # noqa: E402
 from cotangent.verify import bitwise_equal  # noqa: E402
@@ -187,6 +185,7 @@ def interleave(loops: dict[str, Loop], rounds: int, warmup: int) -> dict[str, An
     return out
 
 
+# long: the script's table: each client loop's arms measured in turn, then their figures printed side by side
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=30)

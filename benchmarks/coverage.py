@@ -61,7 +61,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from scipy import optimize, stats  # noqa: E402
 
@@ -174,6 +173,7 @@ NOISES["censored normal (top 10% at the limit)"] = _censored
 NOISES = {k: NOISES[k] for k in MEDIANS}  # the sweep's order
 
 
+# long: one simulation's table of cases: each design at each noise level, its coverage and width
 def noise_sweep(args: argparse.Namespace, sd: float) -> dict[str, object]:
     """Per noise family and ``n``: the plain t rule's coverage of the mean and one-sided type-I errors
     at a mean of 0, the two skew-corrected statistics of :func:`skew_corrected` (coverage: the
@@ -250,6 +250,7 @@ def noise_sweep(args: argparse.Namespace, sd: float) -> dict[str, object]:
     return out
 
 
+# long: one simulation's table of cases: each spending rule at each true effect, its stops and errors
 def sequential_sweep(args: argparse.Namespace) -> dict[str, object]:
     """Group-sequential designs by simulation through the core (:func:`prereg.looks.run_looks`):
     per spending function, rule (t, sign) and noise (normal; the stall mixture, its median at 0 for
@@ -516,6 +517,7 @@ def sd_from_records(directory: Path) -> float:
     return max(v.sd for v in noise.values())
 
 
+# long: the script's command line: each mode (identity, noise sweep, sequential) and its printed table
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--studies", type=int, default=4000)

@@ -21,7 +21,6 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from a checkout
 from prereg.designs import welch_difference  # noqa: E402
 
 

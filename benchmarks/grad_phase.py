@@ -51,7 +51,6 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 import cotangent as cot  # noqa: E402
 from cotangent import kernel as phase_kernel  # noqa: E402
@@ -225,11 +224,11 @@ def peak_memory(config: str, steps: int, repeats: int) -> dict[str, int]:
 def _peak_once(config: str, arm: str, steps: int) -> int:
     cfg_path = ROOT / "configs" / f"{config}.yaml"
     code = (
-        f"import sys, torch, torch.nn.functional as F; sys.path.insert(0, {str(ROOT)!r})\n"
+        "import torch, torch.nn.functional as F\n"
         "from harness.devices import peak_rss_bytes\n"
         "from harness.config import load_config; from harness.models import build_model\n"
         "from harness.arms import build_arm\n"
-        f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); from grad_phase import _arm_options\n"
+        "from grad_phase import _arm_options  # this script: the child runs in its folder\n"
         f"cfg = load_config({str(cfg_path)!r}); m = build_model(cfg.model, 0); t = cfg.train\n"
         f"a = build_arm({arm.split('/')[0]!r}, m.parameters(), lr=t.lr, weight_decay=t.weight_decay, max_norm=t.clip_norm, "
         f"**_arm_options({arm.split('/')[1:]!r}))\n"
@@ -249,10 +248,18 @@ def _peak_once(config: str, arm: str, steps: int) -> int:
     # glibc: tensors of 64 KiB and more get their own mappings, returned to the OS when freed, so
     # the RSS peak follows live memory instead of what the allocator happened to keep cached.
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        cwd=ROOT / "benchmarks",
+    )
     return int(out.stdout.strip().splitlines()[-1])
 
 
+# long: the script's table: each arm's phase timed in turn, then the figures printed side by side as ratios
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", nargs="+", default=["small_transformer"])

@@ -30,20 +30,61 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 
 PORT = 6579
 
 
-def make_study(base: Path, name: str, seeds: int, steps: int, launcher: str) -> Path:
-    from conftest import init_study, tiny_protocol
+#: The study both executors run: the tiny convolution model, native against cotangent, one thread
+#: per run (the test suite's tiny protocol, with the pairs and steps asked for).
+PROTOCOL = """\
+id: tiny
+version: 1
+description: tiny throughput protocol
+preregistered: false
+corpus: pydoc-topics
+device: cpu
+compile: false
+threads: 1
+launcher: {launcher}
+budget_device_seconds: 100000
+interval_level: 0.9
+hypotheses:
+  procedure: fixed_sequence
+  family_alpha: 0.05
+  min_pairs: 3
+  tests:
+    - id: H1
+      study: pairs
+      endpoint: test_bpb
+      estimand: difference
+      type: non_inferiority
+      margin: 0.01
+      better: lower
+order_seed: 1
+studies:
+  - name: pairs
+    design: paired
+    arms: [native, cotangent]
+    configs: [tiny_conv]
+    seeds: {seeds}
+    steps: {steps}
+    val_every: {steps}
+    val_target_bpb: 7.9
+"""
 
-    text = (
-        tiny_protocol(steps=steps, launcher=launcher, budget=100000)
-        .replace("seeds: [1, 2]", f"seeds: {list(range(1, seeds + 1))}")
-        .replace("val_every: 5", f"val_every: {steps}")
-    )
-    return init_study(base / name, protocol=text)
+
+def make_study(base: Path, name: str, seeds: int, steps: int, launcher: str) -> Path:
+    """A git repository at ``base / name`` holding the project's configs and protocols/tiny.yaml."""
+    repo = base / name
+    (repo / "protocols").mkdir(parents=True)
+    shutil.copytree(ROOT / "configs", repo / "configs", ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / ".gitignore").write_text("runs/\n__pycache__/\n")
+    text = PROTOCOL.format(launcher=launcher, seeds=list(range(1, seeds + 1)), steps=steps)
+    (repo / "protocols" / "tiny.yaml").write_text(text)
+    who = ["-c", "user.email=b@example.invalid", "-c", "user.name=B"]
+    for cmd in (["init", "-q", "-b", "main"], [*who, "add", "-A"], [*who, "commit", "-qm", "init"]):
+        subprocess.run(["git", *cmd], cwd=repo, check=True)
+    return repo
 
 
 def run(repo: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[float, float, float]:
@@ -106,6 +147,7 @@ def inside(work: Path) -> None:
     )
 
 
+# long: the script's two runs (local, then Ray in its namespaces) and the table of their timings
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=6)

@@ -67,11 +67,8 @@ import argparse
 import json
 import math
 import random
-import sys
 from pathlib import Path
 from statistics import NormalDist
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prereg.descriptive import mean_interval, mean_se  # noqa: E402
 from prereg.replicates import random_effects, replicate_estimates  # noqa: E402

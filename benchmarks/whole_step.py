@@ -29,7 +29,6 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from harness.arms import build_arm  # noqa: E402
 from harness.config import ModelConfig, load_config  # noqa: E402

@@ -197,7 +197,15 @@ def _run_arguments(s: argparse.ArgumentParser) -> None:
         metavar="K",
         help="a replicated protocol (replicates: {count, min_gap_s}): run replicate K's units only",
     )
-    s.add_argument("--ray", metavar="ADDRESS", help="execute on a Ray cluster (auto, or host:port)")
+    s.add_argument(
+        "--executor",
+        metavar="NAME",
+        help="where the units run: local (this machine, the default) or ray (a Ray cluster: --ray's "
+        "address, else auto)",
+    )
+    s.add_argument(
+        "--ray", metavar="ADDRESS", help="execute on a Ray cluster (auto, or host:port): --executor ray there"
+    )
 
 
 def _report_arguments(s: argparse.ArgumentParser) -> None:

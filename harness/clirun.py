@@ -51,17 +51,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
+    from harness.execute.registry import executor_named
     from harness.execute.runner import Runner
     from harness.protocol import load_protocol
 
     proto = load_protocol(args.protocol)
     live = sys.stdout.isatty() and not args.quiet
     echo = _echo(live)
-    executor = None
-    if args.ray:
-        from harness.execute.ray import RayExecutor
-
-        executor = RayExecutor(args.ray)
+    executor = executor_named(args.executor, args.ray)
     if args.anchor is not None and remote_problem(args.anchor) is not None:
         raise InputError(f"--anchor {args.anchor}: {remote_problem(args.anchor)}; nothing was run")
     runner = Runner(

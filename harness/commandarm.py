@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import gitutil, yamlio
-from harness.execute.launchers import CODE_PATH
+from harness.codepath import CODE_PATH
 from harness.yamlio import Field, one_of
 from prereg.commands import arm_of, env_problem, metric_of
 

@@ -22,6 +22,7 @@ the truth for that class (:func:`calibrated_choice`), whose bias the headline sh
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -230,6 +231,23 @@ def _beyond(c: Compare) -> str:
     return f" (slower by more than {c.fail_above:g}%)" if c.fail_above else ""
 
 
+@functools.lru_cache(maxsize=1)
+def calibration_rows() -> tuple[tuple[dict[str, Any], ...], str | None]:
+    """The planted rows of every calibration (:data:`CALIBRATIONS`, their sealed ``summary.json``
+    beside this harness), each with its condition (quiet, loaded), read once per process; or no
+    rows and the first calibration that could not be read."""
+    from harness.packages import package_dirs
+
+    rows: list[dict[str, Any]] = []
+    for name, condition in zip(CALIBRATIONS, ("quiet", "loaded")):
+        path = next(iter(package_dirs())).parent / name / "summary.json"
+        try:
+            rows += [{**r, "condition": condition} for r in json.loads(path.read_text()).get("planted") or []]
+        except (OSError, ValueError):
+            return (), name
+    return tuple(rows), None
+
+
 def calibrated_choice(effect_class: str) -> tuple[str, str]:
     """The endpoint and the bias line for a change of ``effect_class``: of lockstep at blocks of
     :data:`BLOCK_STEPS`'s two estimators (the whole times, :data:`WHOLE`, or the steps after each
@@ -248,15 +266,11 @@ def calibrated_choice(effect_class: str) -> tuple[str, str]:
 
     wall = CLASS_CLOCK[effect_class] == "wall"
     whole, own = ("training_time", "own_step_time") if wall else ("training_cpu_time", "own_step_cpu_time")
-    rows: list[dict[str, Any]] = []
     root = next(iter(package_dirs())).parent
     refuse_other_machine([str(root / name) for name in CALIBRATIONS], cpu_model())
-    for name, condition in zip(CALIBRATIONS, ("quiet", "loaded")):
-        path = root / name / "summary.json"
-        try:
-            rows += [{**r, "condition": condition} for r in json.loads(path.read_text()).get("planted") or []]
-        except (OSError, ValueError):
-            return whole, f"bias: not calibrated for this class ({name} is not beside this harness)"
+    rows, missing = calibration_rows()
+    if missing is not None:
+        return whole, f"bias: not calibrated for this class ({missing} is not beside this harness)"
     ranked = [v for v in verdicts(rows) if v.effect_class == effect_class and v.design in (WHOLE, AFTER_OWN)]
     if not ranked:
         return whole, f"bias: not calibrated for this class ({CALIBRATION} planted no {effect_class} cost)"
@@ -497,13 +511,12 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, text.encode(), overwrite=True)
 
 
-def from_args(repo: Path, args: Any) -> Compare:
-    """The flags resolved and checked, before anything is written (InputError naming the flag)."""
-    from harness.scaffold import warmup_steps
-
-    argv = list(args.command_argv or [])
-    if argv[:1] == ["--"]:
-        argv = argv[1:]
+def _arms_of(
+    repo: Path, args: Any, argv: list[str]
+) -> tuple[list[str], list[str], str | None, str | None, tuple[str, str]]:
+    """The base's and head's commands, their commits (None for two commands) and their labels,
+    from ``--base-cmd``/``--head-cmd`` or ``--base``/``--head`` and the command after ``--``
+    (``argv``)."""
     refs = args.base is not None or args.head is not None
     cmds = args.base_cmd is not None or args.head_cmd is not None
     if refs == cmds:
@@ -515,23 +528,35 @@ def from_args(repo: Path, args: Any) -> Compare:
         if args.base_cmd is None or args.head_cmd is None or argv:
             raise InputError("--base-cmd and --head-cmd go together, with no command after --")
         base, head = split_command(args.base_cmd, "--base-cmd"), split_command(args.head_cmd, "--head-cmd")
-        base_ref = head_ref = None
-        label = (args.base_cmd, args.head_cmd)
-    else:
-        if not argv:
-            raise InputError("--base/--head: give the command after --, e.g. -- python train.py --steps 300")
-        base_ref = resolve_ref(repo, args.base or "main", "--base")
-        head_ref = resolve_ref(repo, args.head or "HEAD", "--head")
-        refuse_dirty_head(repo, args.head or "HEAD", head_ref)
-        base = head = argv
-        label = (args.base or "main", args.head or "HEAD")
-    steps = steps_of(head if args.steps or "--steps" in " ".join(head) else base, args.steps)
+        return base, head, None, None, (args.base_cmd, args.head_cmd)
+    if not argv:
+        raise InputError("--base/--head: give the command after --, e.g. -- python train.py --steps 300")
+    base_ref = resolve_ref(repo, args.base or "main", "--base")
+    head_ref = resolve_ref(repo, args.head or "HEAD", "--head")
+    refuse_dirty_head(repo, args.head or "HEAD", head_ref)
+    return argv, argv, base_ref, head_ref, (args.base or "main", args.head or "HEAD")
+
+
+def _check_numbers(args: Any) -> None:
+    """``--pairs``, ``--timeout`` and ``--id`` checked (InputError naming the flag)."""
     if args.pairs < 4:
         raise InputError(f"--pairs {args.pairs}: at least 4 (a look needs more than 3 pairs)")
     if not args.timeout > 0:
         raise InputError(f"--timeout {args.timeout}: must be positive")
     if args.id is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,79}", args.id):
         raise InputError(f"--id {args.id!r}: letters, digits, '.', '_' and '-' (a folder under {RUNS})")
+
+
+def from_args(repo: Path, args: Any) -> Compare:
+    """The flags resolved and checked, before anything is written (InputError naming the flag)."""
+    from harness.scaffold import warmup_steps
+
+    argv = list(args.command_argv or [])
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    base, head, base_ref, head_ref, label = _arms_of(repo, args, argv)
+    steps = steps_of(head if args.steps or "--steps" in " ".join(head) else base, args.steps)
+    _check_numbers(args)
     endpoint, bias = calibrated_choice(args.effect_class)
     return Compare(
         id=args.id or default_id(),

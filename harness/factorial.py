@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.names import ID_RE as NAME_RE
+from prereg.factorial import cell_index
 
 MAX_FACTORS = 3
 
@@ -79,6 +80,33 @@ DEFAULT_DESIGN = Design(DEFAULT_FACTORS, DEFAULT_CELLS, DEFAULT_CELLS, declared=
 
 def parse(raw_factors: Any, raw_cells: Any) -> Design:
     """The declared design, or ``ValueError((key path, message))`` naming what is wrong."""
+    factors = _factors(raw_factors)
+    n = 2 ** len(factors)
+    if not isinstance(raw_cells, dict) or len(raw_cells) != n:
+        raise ValueError(
+            (("cells",), f"{n} cells, one per combination of levels, each {{factor: level, ...}}")
+        )
+    by_index: dict[int, tuple[str, str]] = {}
+    for cell, spec in raw_cells.items():
+        i = _cell_index(cell, spec, factors)
+        if i in by_index:
+            raise ValueError((("cells", cell), f"cells {by_index[i][0]} and {cell} have the same levels"))
+        arm = spec.get("arm", cell)
+        if not isinstance(arm, str):
+            raise ValueError(
+                (("cells", cell, "arm"), "an arm's name (built-in, or a plug-in module:function)")
+            )
+        by_index[i] = (cell, arm)
+    return Design(
+        tuple(factors),
+        tuple(by_index[i][0] for i in range(n)),
+        tuple(by_index[i][1] for i in range(n)),
+        declared=True,
+    )
+
+
+def _factors(raw_factors: Any) -> list[tuple[str, tuple[str, str]]]:
+    """The declared factors and their two levels, in order (ValueError as :func:`parse`'s)."""
     if not isinstance(raw_factors, dict) or not 1 <= len(raw_factors) <= MAX_FACTORS:
         raise ValueError(((), f"factors: a mapping of 1 to {MAX_FACTORS} factor names to their two levels"))
     factors: list[tuple[str, tuple[str, str]]] = []
@@ -93,37 +121,21 @@ def parse(raw_factors: Any, raw_cells: Any) -> Design:
         ):
             raise ValueError(((name,), "two different level names: [first (the baseline's), second]"))
         factors.append((name, (levels[0], levels[1])))
-    n = 2 ** len(factors)
-    if not isinstance(raw_cells, dict) or len(raw_cells) != n:
-        raise ValueError(
-            (("cells",), f"{n} cells, one per combination of levels, each {{factor: level, ...}}")
-        )
-    by_index: dict[int, tuple[str, str]] = {}
+    return factors
+
+
+def _cell_index(cell: Any, spec: Any, factors: list[tuple[str, tuple[str, str]]]) -> int:
+    """One declared cell's name and levels checked, and its index in standard order (ValueError as
+    :func:`parse`'s)."""
     names = [f for f, _ in factors]
-    for cell, spec in raw_cells.items():
-        where = ("cells", cell)
-        if not isinstance(cell, str) or not NAME_RE.match(cell):
-            raise ValueError((where, "a cell's name: letters, digits, - and _ only"))
-        if not isinstance(spec, dict) or set(spec) - {"arm"} != set(names):
-            raise ValueError(
-                (where, f"the cell's level of each factor ({', '.join(names)}), and optionally its arm")
-            )
-        i = 0
-        for j, (f, levels) in enumerate(factors):
-            if spec[f] not in levels:
-                raise ValueError(
-                    (where + (f,), f"{spec[f]!r} is not a level of {f} ({levels[0]}, {levels[1]})")
-                )
-            i |= levels.index(spec[f]) << j
-        if i in by_index:
-            raise ValueError((where, f"cells {by_index[i][0]} and {cell} have the same levels"))
-        arm = spec.get("arm", cell)
-        if not isinstance(arm, str):
-            raise ValueError((where + ("arm",), "an arm's name (built-in, or a plug-in module:function)"))
-        by_index[i] = (cell, arm)
-    return Design(
-        tuple(factors),
-        tuple(by_index[i][0] for i in range(n)),
-        tuple(by_index[i][1] for i in range(n)),
-        declared=True,
-    )
+    where = ("cells", cell)
+    if not isinstance(cell, str) or not NAME_RE.match(cell):
+        raise ValueError((where, "a cell's name: letters, digits, - and _ only"))
+    if not isinstance(spec, dict) or set(spec) - {"arm"} != set(names):
+        raise ValueError(
+            (where, f"the cell's level of each factor ({', '.join(names)}), and optionally its arm")
+        )
+    for f, levels in factors:
+        if spec[f] not in levels:
+            raise ValueError((where + (f,), f"{spec[f]!r} is not a level of {f} ({levels[0]}, {levels[1]})"))
+    return cell_index(spec, factors)

@@ -84,7 +84,7 @@ def code_sha256() -> dict[str, str]:
 
 def frozen_entries(repo: Path, rev: str) -> dict[str, str]:
     """Top-level entries of ``rev``'s tree that are frozen, with their git object ids (the core's
-    :func:`analysis.public_audit.frozen_trees`, which the audit compares records' commits with)."""
+    :func:`prereg.tag.frozen_trees`, which the audit compares records' commits with)."""
     trees = frozen_trees(str(repo), rev, EXEMPT_LIST)
     if trees is None:
         raise RefusedError(f"{repo}: {rev!r} is not a commit of this repository (git ls-tree failed)")

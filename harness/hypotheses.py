@@ -19,7 +19,7 @@ _VALID_FAMILY = {"procedure": "holm", "family_alpha": 0.05, "min_pairs": 3}
 
 
 def _family_check(key: str) -> Any:
-    """The core's rule (:func:`analysis.public_audit.family_problems`) for one key of the family."""
+    """The core's rule (:func:`prereg.hypotheses.family_problems`) for one key of the family."""
     return lambda v: next((m for k, m in family_problems({**_VALID_FAMILY, key: v}) if k == key), None)
 
 

@@ -27,7 +27,7 @@ from prereg.records import RunSpec, canonical, sha256_bytes
 
 
 def make_plan(proto: Protocol) -> list[RunSpec]:
-    """The protocol's runs in plan order (:func:`analysis.public_audit.plan_from_protocol` on its
+    """The protocol's runs in plan order (:func:`prereg.plan.plan_from_protocol` on its
     file as it was loaded, each run a :class:`~prereg.records.RunSpec`)."""
     shas = {name: cfg.sha256 for name, cfg in proto.configs.items()}
     return [RunSpec.from_json(d, "plan") for d in plan_from_protocol(proto.document, proto.sha256, shas)]

@@ -138,8 +138,8 @@ class Protocol:
         return self.path.resolve().relative_to(self.root.resolve()).as_posix()
 
     def summary(self) -> dict[str, Any]:
-        """What every record says about its protocol (and the audit reads): the audit core's
-        :func:`analysis.public_audit.expected_summary` of the file, and its plug-ins' fingerprints."""
+        """What every record says about its protocol (and the audit reads): the core's
+        :func:`prereg.plan.expected_summary` of the file, and its plug-ins' fingerprints."""
         from prereg.plan import expected_summary
 
         return {

@@ -19,6 +19,7 @@ from harness.yamlio import Field, positive
 from prereg.designs import PAIRED, design_named, design_names, find_design
 from prereg.designs import Design as StudyDesign
 from prereg.errors import InputError
+from prereg.plan import study_level
 from prereg.planted import plant_problems
 
 
@@ -166,7 +167,7 @@ def _study(
         steps=s["steps"],
         val_every=s["val_every"],
         val_target_bpb=targets,
-        interval_level=s["interval_level"] or interval_level,
+        interval_level=study_level(s["interval_level"], interval_level),
         factorial=design,
         block_steps=s["block_steps"],
         commands=commands,

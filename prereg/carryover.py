@@ -141,8 +141,18 @@ def own_step_means(times: Sequence[int], after: Sequence[bool | None], warmup: i
     carry-over, as crossover designs assume). The ABBA order at blocks of 1 makes half of each
     arm's steps follow its own, so the partner's carry-over, which the ratio of whole training
     times mixes in, is left out rather than balanced."""
-    own = [t for i, (t, f) in enumerate(zip(times, after)) if i >= warmup and f is False and t > 0]
+    own = timed_steps(times, after, warmup, after_partner=False)
     return math.fsum(own) / len(own) if own else None
+
+
+def timed_steps(
+    times: Sequence[int], after: Sequence[bool | None], warmup: int, *, after_partner: bool
+) -> list[int]:
+    """An arm's step times past its ``warmup`` steps (a time recorded, above 0) of the steps that
+    follow the partner's block (``after_partner``) or the arm's own step (:func:`follows`); the
+    pair's first step follows neither. The one filter of :func:`own_step_means` and
+    :func:`carry_over_of`."""
+    return [t for i, (t, f) in enumerate(zip(times, after)) if i >= warmup and f is after_partner and t > 0]
 
 
 def own_step_columns(b: Mapping[str, Any], c: Mapping[str, Any]) -> dict[str, Any]:
@@ -157,7 +167,7 @@ def own_step_columns(b: Mapping[str, Any], c: Mapping[str, Any]) -> dict[str, An
         spec = r["spec"]
         if lock.get("turns") != "joined" or not times.get("cpu_us") or not spec.get("block_steps"):
             return {}
-        after = follows(spec["steps"], spec["block_steps"])[0 if spec.get("steps_first") else 1]
+        after = arm_follows(spec, spec["block_steps"])
         for clock, field in (("", "wall_us"), ("_cpu", "cpu_us")):
             out[f"{role}_own_step{clock}_us"] = own_step_means(
                 times[field], after, spec.get("warmup_steps") or 0
@@ -178,12 +188,16 @@ def follows(steps: int, block_steps: int) -> tuple[list[bool | None], list[bool 
     return out
 
 
+def arm_follows(spec: Mapping[str, Any], block_steps: int) -> list[bool | None]:
+    """:func:`follows` for the arm whose run ``spec`` is: the first list when it stepped first
+    (``steps_first``), the second otherwise."""
+    return follows(spec["steps"], block_steps)[0 if spec.get("steps_first") else 1]
+
+
 def carry_over_of(times: Sequence[int], after: Sequence[bool | None], warmup: int) -> float | None:
     """One arm's ``mean log t | after partner - mean log t | after own`` over its timed steps."""
-    after_partner = [math.log(t) for i, (t, f) in enumerate(zip(times, after)) if i >= warmup and f and t > 0]
-    after_own = [
-        math.log(t) for i, (t, f) in enumerate(zip(times, after)) if i >= warmup and f is False and t > 0
-    ]
+    after_partner = [math.log(t) for t in timed_steps(times, after, warmup, after_partner=True)]
+    after_own = [math.log(t) for t in timed_steps(times, after, warmup, after_partner=False)]
     if not after_partner or not after_own:
         return None
     return math.fsum(after_partner) / len(after_partner) - math.fsum(after_own) / len(after_own)
@@ -207,7 +221,7 @@ def carry_over(
                 spec = r["spec"]
                 if not times:
                     break
-                after = follows(spec["steps"], block_steps)[0 if spec.get("steps_first") else 1]
+                after = arm_follows(spec, block_steps)
                 v = carry_over_of(times, after, spec.get("warmup_steps") or 0)
                 if v is None:
                     break

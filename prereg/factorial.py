@@ -116,6 +116,13 @@ def factorial_contrasts(blocks: Sequence[dict[str, float]], level: float) -> dic
     return factorial_effects(blocks, DEFAULT_FACTORS, DEFAULT_CELLS, level)
 
 
+def cell_index(spec: Mapping[str, Any], factors: Sequence[Sequence[Any]]) -> int:
+    """A cell's place in standard order (the rule's one home): bit ``j`` is set where the cell takes
+    the second level of factor ``j``. ``spec`` maps each factor's name to the cell's level (its
+    levels already checked); ``factors`` is ``[(name, (first, second)), ...]`` in declared order."""
+    return sum(1 << j for j, (f, levels) in enumerate(factors) if spec[f] == levels[1])
+
+
 def from_yaml(st: dict[str, Any]) -> tuple[list[Any], list[Any], list[Any], bool]:
     """``(factors, cells, arms, declared)`` of a study as its protocol file writes it (the summary's
     form: ``[[name, [first, second]], ...]``)."""
@@ -127,7 +134,7 @@ def from_yaml(st: dict[str, Any]) -> tuple[list[Any], list[Any], list[Any], bool
     cells: list[Any] = [None] * n
     arms: list[Any] = [None] * n
     for name, spec in st["cells"].items():
-        i = sum((1 << j) if spec[f] == levels[1] else 0 for j, (f, levels) in enumerate(factors))
+        i = cell_index(spec, factors)
         cells[i], arms[i] = name, spec.get("arm", name)
     return factors, cells, arms, True
 

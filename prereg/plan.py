@@ -50,6 +50,12 @@ def with_defaults(doc: dict[str, Any]) -> dict[str, Any]:
     return {**doc, **{k: copy.deepcopy(PROTOCOL_DEFAULTS[k]) for k in missing}, "defaults": missing}
 
 
+def study_level(own: float | None, top_level: float) -> float:
+    """A study's interval level (the rule's one home): its own ``interval_level`` where it sets
+    one, else the protocol's (which itself defaults to :data:`PROTOCOL_DEFAULTS`'s)."""
+    return float(own) if own else top_level
+
+
 def defaults_text(keys: list[str]) -> str:
     """The left-out keys and the defaults they took, as harness plan, harness run and report.md
     state them: ``device cpu, compile false, ...`` (hypotheses: descriptive)."""
@@ -279,14 +285,13 @@ def _study_summary(st: dict[str, Any], top_level: float) -> dict[str, Any]:
     arms = design.summary_arms(st, arms)
     if arms is None:
         raise ValueError(f"study {st['name']}: a paired study names its two arms (arms)")
-    level = st.get("interval_level")
     return {
         "name": st["name"],
         "design": design.analysed_as,
         "arms": list(arms),
         "configs": list(st["configs"]),
         "seeds": list(seeds),
-        "interval_level": float(level) if level else top_level,
+        "interval_level": study_level(st.get("interval_level"), top_level),
         "steps": st["steps"],
         **design.summary_fields(st),
         **({"planted": dict(st["planted"])} if st.get("planted") else {}),

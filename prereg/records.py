@@ -35,7 +35,7 @@ Format log (``schema_version``):
   the stub leaves out is the file ``protocol.<snapshot_sha256>.json`` (canonical JSON, written once
   by the ledger before the first record that names it; MANIFEST lists it under ``snapshots``). Each
   record's seal binds its snapshot through that sha256. Readers give a record's ``protocol`` as
-  before (the stub over the snapshot: :func:`analysis.public_audit.with_snapshot`), so the
+  before (the stub over the snapshot: :func:`prereg.ledger.with_snapshot`), so the
   analysis reads every version alike. Started entries are unchanged (their protocol was a stub
   already) but say 4. Version 3 records are still read (cpu1 and cpu2 are version 3); their
   copies of the summary made up about a quarter of their bytes (cpu2: 11.8 MB of records would be

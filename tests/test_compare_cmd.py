@@ -208,6 +208,27 @@ def test_the_protocol_plans_as_the_calibrated_design(tmp_path, effect_class, clo
     assert "defaults" not in s  # every key written out
 
 
+def test_the_calibrations_are_read_once_per_process(monkeypatch):
+    """Every ``harness compare`` resolution asks for the calibrated choice; the two calibrations'
+    summary.json files are read once, then kept (a class asked again reads nothing)."""
+    from harness import compare_cmd
+
+    reads: list[str] = []
+    real = Path.read_text
+
+    def counting(self: Path, *a, **kw) -> str:
+        if self.name == "summary.json":
+            reads.append(self.parent.name)
+        return real(self, *a, **kw)
+
+    compare_cmd.calibration_rows.cache_clear()
+    monkeypatch.setattr(Path, "read_text", counting)
+    first = [compare_cmd.calibrated_choice(cls) for cls in ("cache-heavy", "wall-only", "cache-heavy")]
+    assert sorted(reads) == ["calibration-classes", "calibration-classes-loaded"]
+    assert first[0] == first[2] and compare_cmd.calibrated_choice("wall-only") == first[1]
+    assert len(reads) == 2
+
+
 def test_the_estimator_and_bias_are_the_calibrations_verdict_for_the_class():
     """``calibrated_choice``: of lockstep at blocks of 1's two estimators, the one the committed
     calibration's verdict ranks first for the class (its bias rows, read here straight from the

@@ -1,7 +1,8 @@
 """The executor interface: place a protocol's units on devices, report each run to the runner.
 
-:class:`RunnerPort` is what an executor may use of the runner (:class:`harness.execute.runner.Runner`
-implements it), so the executors depend on this interface, never on the runner's module."""
+:class:`RunnerPort` is what an executor may use of the runner to claim units and report runs
+(:class:`harness.execute.runner.Runner` implements it), and :class:`RunContext` what it reads of the
+run, so the executors depend on this interface, never on the runner's module."""
 
 from __future__ import annotations
 
@@ -16,10 +17,9 @@ from harness.data.corpora import Corpus
 from harness.execute.job import Job
 from harness.execute.launchers import Outcome
 from harness.execute.state import Progress, RunState
-from harness.ledger import Ledger
 from harness.protocol import Protocol as StudyProtocol
 from prereg.errors import Terminated
-from prereg.records import RunRecord, RunSpec
+from prereg.records import LedgerHead, RunRecord, RunSpec
 
 #: The signals a runner stops on and records at once: what unwinds an executor, by name.
 STOPS: tuple[type[BaseException], ...] = (KeyboardInterrupt, Terminated)
@@ -45,9 +45,20 @@ class Claim:
         self.lock.release()
 
 
-class RunnerPort(Protocol):
-    """What an executor uses of the runner: the study, its folders and workers' environment, the
-    claims, the attempt bookkeeping and the progress display."""
+class LedgerView(Protocol):
+    """What an executor reads of the ledger: its head and its records (only the runner writes it)."""
+
+    def head(self) -> LedgerHead: ...
+
+    def records(self) -> list[RunRecord]: ...
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What an executor reads of the run, fixed before the first claim: the study, its folders and
+    plan, this machine's name, whether the terminal shows a live line, the workers' environment,
+    the verified corpus, the progress display (the runner keeps it current) and the ledger, read
+    only. ``echo`` shows a line as the command line decides."""
 
     proto: StudyProtocol
     root: Path
@@ -59,11 +70,17 @@ class RunnerPort(Protocol):
     corpus: Corpus
     runs: list[RunSpec]
     progress: Progress
-    stopped_for_budget: bool
     echo: Callable[[str], None]
+    ledger: LedgerView
+
+
+class RunnerPort(Protocol):
+    """What an executor uses of the runner to claim units and report runs: the claims, the stop
+    rules, the attempt bookkeeping, the started entries and records, the progress lines; and the
+    run's read-only :class:`RunContext`."""
 
     @property
-    def ledger(self) -> Ledger: ...
+    def context(self) -> RunContext: ...
 
     @property
     def halted(self) -> bool: ...

@@ -9,7 +9,7 @@ threads, the arm's ``env``, ``HARNESS_REPORT``), no shell, its own process group
 wall-clock limit. Its CPU time is the kernel's (``wait4``). When it has ended, every process it
 left (one that left its group too: ``setsid``) is killed and named, and the run fails
 (:mod:`harness.execute.reaper`); only then is its reporter file read and hashed. Its figures are
-:func:`analysis.public_audit.derive`'s from the reporter file or, for ``reporter: false``, from its
+:func:`prereg.evidence.derive`'s from the reporter file or, for ``reporter: false``, from its
 output; the evidence travels to the runner with the result and is kept beside the record.
 
 A lockstep pair (``design: lockstep``) runs both programs at once over a socket pair: each

@@ -44,7 +44,7 @@ def hermetic_env(proto: Protocol, root: Path, records: Path, anchor: str | None)
 def _refuse_knobs(proto: Protocol) -> None:
     """Refuse the slowdown test knob (a bad one, or any for a preregistered study) and an
     environment that changes a run's code path."""
-    from harness.execute.launchers import refused_environment
+    from harness.codepath import refused_environment
     from prereg.errors import RefusedError
 
     try:

@@ -53,7 +53,7 @@ class InProcessExecutor:
                         for s, a, out in zip(group, attempts, split(outcome, group))
                     ]
                     for status in statuses:
-                        runner.echo(f"  {status}")
+                        runner.context.echo(f"  {status}")
                     if "failed" in statuses and runner.failure_stops():
                         break  # the failure rule: the unit's further runs do not start
             finally:

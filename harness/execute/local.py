@@ -19,7 +19,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from harness.execute.base import STOPS, RunnerPort, stop_name
+from harness.execute.base import STOPS, RunContext, RunnerPort, stop_name
 from harness.execute.grouping import process_groups, process_job, split
 from harness.execute.launchers import LAUNCHERS, Launcher, launch
 from harness.ledger import describe
@@ -31,14 +31,14 @@ class LocalExecutor:
     name = "local"
 
     def execute(self, runner: RunnerPort) -> None:
-        launcher = LAUNCHERS[runner.proto.launcher]()
+        launcher = LAUNCHERS[runner.context.proto.launcher]()
         try:
             for claim in runner.claims():
                 try:
                     for group in process_groups(claim.todo):
                         if not self._process(runner, launcher, group, claim.unit_attempt):
                             break  # the failure rule: the unit's further runs do not start
-                    runner.echo(f"  {describe(runner.ledger.head())}")
+                    runner.context.echo(f"  {describe(runner.context.ledger.head())}")
                 finally:
                     claim.release()
         finally:
@@ -48,18 +48,19 @@ class LocalExecutor:
     def _process(runner: RunnerPort, launcher: Launcher, group: list[RunSpec], unit_attempt: int) -> bool:
         """One worker process: its runs' attempts, started entries, the process, their records.
         False when a run failed and the failure rule (:mod:`prereg.failstop`) stops the study."""
+        ctx = runner.context
         attempts = [runner.next_attempt(spec) for spec in group]
         for spec, attempt in zip(group, attempts):
             runner.announce(spec, attempt)
         spec = group[0]
         name = " + ".join(s.run_id for s in group)
-        locks = runner.root / "runs" / "locks"
-        device_lock = FileLock(str(locks / f"device-{runner.host}-{spec.device}.lock"))
+        locks = ctx.root / "runs" / "locks"
+        device_lock = FileLock(str(locks / f"device-{ctx.host}-{spec.device}.lock"))
         with device_lock:
-            held = locks / f"device-{runner.host}-{spec.device}.json"
-            end_orphans(held, runner.echo)
-            launcher.start(runner.root, runner.env)  # a fork server's start-up is outside the run
-            work = runner.dir / "work" / f"{spec.run_id if len(group) == 1 else spec.unit}.a{attempts[0]}"
+            held = locks / f"device-{ctx.host}-{spec.device}.json"
+            end_orphans(held, ctx.echo)
+            launcher.start(ctx.root, ctx.env)  # a fork server's start-up is outside the run
+            work = ctx.dir / "work" / f"{spec.run_id if len(group) == 1 else spec.unit}.a{attempts[0]}"
             atomic_write(
                 held,
                 canonical(
@@ -68,13 +69,13 @@ class LocalExecutor:
                 overwrite=True,
             )
             t0 = time.monotonic()
-            beat = _heartbeat(runner, name, work, t0, spec.command is not None)
+            beat = _heartbeat(ctx, name, work, t0, spec.command is not None)
 
             try:  # from the first started entry: a stop anywhere after it is recorded now
                 for s, a in zip(group, attempts):
                     runner.started(s, a, unit_attempt=unit_attempt)
                 job = process_job([runner.job(s, a) for s, a in zip(group, attempts)])
-                outcome = launch(launcher, job, work, runner.root, runner.env, beat)
+                outcome = launch(launcher, job, work, ctx.root, ctx.env, beat)
             except STOPS as e:  # Ctrl-C or SIGTERM: charged what it ran, recorded now
                 runner.stopped(group, attempts, time.monotonic() - t0, stop_name(e))
                 raise
@@ -82,20 +83,20 @@ class LocalExecutor:
         for s, a, out in zip(group, attempts, split(outcome, group)):
             rec = runner.finished(s, a, out)
             who = f"{s.run_id}: " if len(group) > 1 else ""
-            runner.echo(f"  {who}{rec.status} ({runner.progress.executed_s[-1]:.1f} s)")
+            ctx.echo(f"  {who}{rec.status} ({ctx.progress.executed_s[-1]:.1f} s)")
             if rec.status != "ok":
-                runner.echo(failure_lines(rec.reason, work, runner.root))
+                ctx.echo(failure_lines(rec.reason, work, ctx.root))
                 failed = failed or rec.status == "failed"
         return not (failed and runner.failure_stops())
 
 
-def _heartbeat(runner: RunnerPort, name: str, work: Path, t0: float, command: bool) -> Callable[[], None]:
+def _heartbeat(context: RunContext, name: str, work: Path, t0: float, command: bool) -> Callable[[], None]:
     """The launcher's beat (each second): the live line with the run's time, and, for a command arm
     whose reporter files stop growing, STALLED on it (:class:`harness.execute.state.StallWatch`),
     said once as a line of its own too, so a log without the live line shows it."""
     from harness.execute.state import StallWatch, first_step_limit
 
-    watch = StallWatch(first_step_limit(list(runner.progress.executed_s))) if command else None
+    watch = StallWatch(first_step_limit(list(context.progress.executed_s))) if command else None
     said: list[bool] = []
 
     def beat() -> None:
@@ -106,9 +107,9 @@ def _heartbeat(runner: RunnerPort, name: str, work: Path, t0: float, command: bo
             stalled = watch.see(elapsed, size)
         if stalled and not said:
             said.append(True)
-            runner.echo(f"  {name}: {stalled}; its timeout_s still ends it (harness status shows it)")
-        if runner.live:
-            runner.echo(f"\r  running {name} {elapsed:6.1f}s" + (f"  {stalled}" if stalled else ""))
+            context.echo(f"  {name}: {stalled}; its timeout_s still ends it (harness status shows it)")
+        if context.live:
+            context.echo(f"\r  running {name} {elapsed:6.1f}s" + (f"  {stalled}" if stalled else ""))
 
     return beat
 

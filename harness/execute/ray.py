@@ -83,18 +83,18 @@ class RayExecutor:
         except ImportError as e:
             raise RefusedError("--ray needs Ray: python -m pip install -e '.[ray]'") from e
         # a local corpus inside the tree travels once, through the object store, not with the tree
-        corpus = runner.proto.corpus
+        corpus, root = runner.context.proto.corpus, runner.context.root
         shipped = (
             []
             if isinstance(corpus, str)
             else [
-                "/" + (runner.root / f.path).resolve().relative_to(runner.root.resolve()).as_posix()
+                "/" + (root / f.path).resolve().relative_to(root.resolve()).as_posix()
                 for f in corpus.files.values()
-                if (runner.root / f.path).resolve().is_relative_to(runner.root.resolve())
+                if (root / f.path).resolve().is_relative_to(root.resolve())
             ]
         )
         runtime_env = {
-            "working_dir": str(runner.root),
+            "working_dir": str(root),
             "excludes": EXCLUDES + shipped,
             "py_modules": [str(p) for p in package_dirs()],
         }
@@ -114,7 +114,7 @@ class RayExecutor:
 
     def execute(self, runner: RunnerPort) -> None:
         ray, queue = self._init(runner)
-        proto = runner.proto
+        proto = runner.context.proto
         device = proto.device if proto.device != "auto" else "cpu"
         resource = RESOURCE.format(device=device)
         capacity = int(ray.cluster_resources().get(resource, 0))
@@ -129,9 +129,9 @@ class RayExecutor:
         task = ray.remote(max_calls=0)(
             run_unit
         )  # the node worker (and its fork server) serves unit after unit
-        waiting = list(units(runner.runs))
+        waiting = list(units(runner.context.runs))
         inflight: dict[Any, tuple[list[RunSpec], FileLock, float, dict[str, dict[str, Any]]]] = {}
-        by_id = {s.run_id: s for s in runner.runs}
+        by_id = {s.run_id: s for s in runner.context.runs}
         ended = 0  # units whose task said it ended and that are not collected yet
         placement: dict[str, Any] = {}  # where _widen pins the unit being claimed
         widen = partial(self._widen, runner, ray, placement)
@@ -177,8 +177,8 @@ class RayExecutor:
         which every node has)."""
         from harness.freeze import code_sha256
 
-        proto = runner.proto
-        corpus = runner.corpus  # verified by the runner before any run
+        proto = runner.context.proto
+        corpus = runner.context.corpus  # verified by the runner before any run
         expect = {
             "code": code_sha256(),
             "torch": proto.torch_version,
@@ -188,7 +188,7 @@ class RayExecutor:
             "launcher": proto.launcher,
             "corpus_sha256": corpus.sha256(),
             "threads": proto.threads,
-            "phase_sha256": (runner.env or {}).get("COTANGENT_PHASE_SHA256"),
+            "phase_sha256": (runner.context.env or {}).get("COTANGENT_PHASE_SHA256"),
         }
         shipped = {s: corpus.split(s) for s in SPLITS} if corpus.name != "pydoc-topics" else None
         return expect, (ray.put(shipped) if shipped is not None else None)
@@ -231,7 +231,9 @@ class RayExecutor:
         ended = self._drain(runner, queue, {ref: (unit, lock, 0.0, started)}, by_id)
         try:
             label = ray.get(ref)
-            runner.echo(f"  unit {unit[0].unit} done on {label}; {describe(runner.ledger.head())}")
+            runner.context.echo(
+                f"  unit {unit[0].unit} done on {label}; {describe(runner.context.ledger.head())}"
+            )
         except RefusedError:
             lock.release()
             raise
@@ -251,7 +253,7 @@ class RayExecutor:
     def _node_of(runner: RunnerPort, unit: list[RunSpec]) -> str | None:
         """The Ray node that ran the unit's ok runs (their latest attempts)."""
         ids = {s.run_id for s in unit}
-        recs = [r for r in runner.ledger.records() if r.spec.run_id in ids]
+        recs = [r for r in runner.context.ledger.records() if r.spec.run_id in ids]
         latest = max([1, *(r.unit_attempt for r in recs)])  # the unit attempt being resumed
         nodes = {r.node["id"] for r in recs if r.unit_attempt == latest and r.status == "ok" and r.node}
         return nodes.pop() if len(nodes) == 1 else None
@@ -286,11 +288,11 @@ class RayExecutor:
             else:
                 _, rid, attempt, node, out = msg
                 rec = runner.finished(by_id[rid], attempt, Outcome(**out), node)
-                runner.echo(
-                    f"  {rec.status} ({runner.progress.executed_s[-1]:.1f} s) on {node['host']}/{node['id'][:8]}"
+                runner.context.echo(
+                    f"  {rec.status} ({runner.context.progress.executed_s[-1]:.1f} s) on {node['host']}/{node['id'][:8]}"
                 )
                 if rec.status != "ok":
-                    runner.echo(f"    reason: {rec.reason or '(none recorded)'} (logs on that node)")
+                    runner.context.echo(f"    reason: {rec.reason or '(none recorded)'} (logs on that node)")
                 for started in started_of.values():
                     started.pop(rid, None)
                 if rec.status == "failed":
@@ -324,7 +326,9 @@ class RayExecutor:
         runner: RunnerPort, unit: list[RunSpec], started: dict[str, dict[str, Any]], err: Exception
     ) -> None:
         where = ", ".join(sorted({f"{n['host']}/{n['id'][:8]}" for n in started.values()})) or "its node"
-        runner.echo(f"  unit {unit[0].unit} lost on {where} ({type(err).__name__}); it runs again, whole")
+        runner.context.echo(
+            f"  unit {unit[0].unit} lost on {where} ({type(err).__name__}); it runs again, whole"
+        )
         for spec in unit:
             runner.next_attempt(spec)  # records its interrupted attempts
         time.sleep(0.5)

@@ -18,16 +18,18 @@ What an attempt's started entry and record hold is :mod:`harness.execute.attempt
 * Budget: the inclusive device seconds of every attempt are in the records; no unit starts when
   the spent time plus the unit's expected time would exceed the protocol's budget.
 * Hermetic workers: nothing starts while a variable that changes a code path is set
-  (:data:`harness.execute.launchers.CODE_PATH`); workers get an allow-listed environment, the
+  (:data:`harness.codepath.CODE_PATH`); workers get an allow-listed environment, the
   protocol's thread count and the sha256 of the ``phase.c`` build verified here; the torch and
   numpy versions must be those of the study's earlier runs.
+* Sequential looks: a unit past a look starts once the look is taken and its rule went on
+  (:class:`harness.execute.looks.SequentialLooks`).
 * Anchoring: with ``anchor``, the ledger head is pushed to ``refs/ledger/protocol-<id>`` of that
-  git remote after every unit (:func:`harness.gitutil.anchor`).
+  git remote after every unit; every unit done under a signed tag, the head is signed
+  (:class:`harness.execute.anchoring.Anchoring`).
 """
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -36,8 +38,9 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from harness import freeze, gitutil
+from harness import freeze
 from harness.data.corpora import LocalCorpus
+from harness.execute.anchoring import Anchoring
 from harness.execute.attempts import (
     attempt_record,
     interrupted_result,
@@ -48,38 +51,29 @@ from harness.execute.attempts import (
     unit_attempt_of,
     utc_stamp,
 )
-from harness.execute.base import Claim, Executor
+from harness.execute.base import Claim, Executor, RunContext
 from harness.execute.commands import EVIDENCE_TEXT
 from harness.execute.hermetic import SLOWDOWN, hermetic_env
 from harness.execute.job import Job
 from harness.execute.launchers import Outcome
-from harness.execute.local import LocalExecutor
+from harness.execute.looks import SequentialLooks
+from harness.execute.registry import DEFAULT, executor_named
 from harness.execute.state import Progress, RunEnd, RunState, claimed, note_record
 from harness.ledger import Ledger, check_records_folder, check_same_protocol, study_ledger
 from harness.plan import make_plan, plan_sha256, units
 from harness.protocol import Protocol
-from prereg.attempts import final_units
-from prereg.barrier import look_entry_records
 from prereg.budget import Attempt, BudgetCheck
 from prereg.budget import check as budget_check
-from prereg.designs import design_named
 from prereg.errors import HarnessError, RefusedError
 from prereg.failstop import FailAttempt, failing_arms
 from prereg.failstop import describe as describe_failing
-from prereg.hypotheses import Family
-from prereg.jsonfields import plain
-from prereg.looks import look_units
-from prereg.recompute import recompute
 from prereg.records import (
-    SCHEMA_VERSION,
-    TAG_FILE,
     RunRecord,
     RunSpec,
     WorkerResult,
     atomic_write,
     budget_attempts,
     failure_attempts,
-    jsonable,
     sha256_bytes,
 )
 from prereg.replicates import machine_of, overlap_problem, spans_of
@@ -113,18 +107,17 @@ class Runner:
         self.dir = proto.runs_path
         self.records = proto.records_path
         self.host = socket.gethostname()
-        self.executor: Executor = executor if executor is not None else LocalExecutor()
+        self.executor: Executor = executor if executor is not None else executor_named(DEFAULT)
         self.progress = Progress(total=len(self.runs))
         self.stopped_for_budget = False
         self.last_budget: BudgetCheck | None = None  # the budget rule's verdict on the last unit
-        self.stopped_at_look: dict[str, Any] | None = None  # the look where the sequential rule stopped
-        self._looks: tuple[int, dict[str, Any] | None] = (-1, None)  # (records read, the sequential summary)
+        self.looks = SequentialLooks(proto, self.host, echo)  # the sequential rule's looks
         self.frozen = freeze.NOT_FROZEN
         self._ledger: Ledger | None = None
         self._starts: dict[tuple[str, int], dict[str, Any]] = {}
-        self.anchor = anchor
-        self._anchored = 0  # the last seq this runner anchored
+        self.anchoring = Anchoring(proto, anchor, echo)  # the ledger's anchors, the result's signature
         self.env: dict[str, str] | None = None  # the workers' environment, set by run()
+        self._context: RunContext | None = None  # what the executor reads, set by run()
         self._units = units(self.runs)
         self._unit_ends = {u[-1].run_id for u in self._units}
         # the run states and the budget rule's attempts, kept current from the ledger's index
@@ -137,6 +130,14 @@ class Runner:
         self._written = 0  # records this runner appended
         self._written_seen = 0  # ... as of the last read of the states
         self._done_known = False  # progress.done counted from the states, kept by progress.ran since
+
+    @property
+    def context(self) -> RunContext:
+        """What an executor reads of the run (:class:`harness.execute.base.RunContext`), from
+        :meth:`run` on."""
+        if self._context is None:
+            raise RuntimeError("a runner's context is made by run(), before its executor starts")
+        return self._context
 
     @property
     def ledger(self) -> Ledger:
@@ -208,7 +209,7 @@ class Runner:
         )
         self._starts[(spec.run_id, attempt)] = self.ledger.append_started(entry)
         # anchored before its worker starts: deleting an unfinished attempt's entry is then named
-        self.push_anchor()
+        self.anchoring.push(self.ledger, self.frozen)
 
     def finished(
         self, spec: RunSpec, attempt: int, outcome: Outcome, node: dict[str, Any] | None = None
@@ -239,7 +240,7 @@ class Runner:
             self._failed_here.add(spec.run_id)
         self.progress.ran(device_s)
         if spec.run_id in self._unit_ends:
-            self.push_anchor()
+            self.anchoring.push(self.ledger, self.frozen)
         return rec
 
     def stopped(self, group: list[RunSpec], attempts: list[int], seconds: float, signal_name: str) -> None:
@@ -280,28 +281,6 @@ class Runner:
             raise RefusedError(f"a worker's evidence for {name!r} is not the file its result names")
         atomic_write(self.ledger.dir / name, data, overwrite=False)
 
-    def push_anchor(self) -> None:
-        """Push the ledger head to the anchor remote (a failure is said, and the next push carries it)."""
-        if not self.anchor:
-            return
-        head = self.ledger.head()
-        if head["seq"] in (0, self._anchored):
-            return
-        self._anchored = head["seq"]
-        problem = gitutil.anchor(
-            self.root,
-            self.anchor,
-            f"refs/ledger/{self.proto.tag_name}",
-            self.proto.id,
-            self.frozen.freeze_sha256 or self.proto.sha256,
-            head["seq"],
-            head["sha256"],
-        )
-        if problem:
-            self.echo(f"  anchor: WARNING: {problem}")
-        else:
-            self.echo(f"  anchored seq {head['seq']} in {self.anchor}")
-
     def next_attempt(self, spec: RunSpec) -> int:
         """Record the run's interrupted attempts (started, never ended: a node, worker or runner died);
         the next attempt's number."""
@@ -341,7 +320,7 @@ class Runner:
         return (
             self.stopped_for_budget
             or self.stopped_for_failure is not None
-            or self.stopped_at_look is not None
+            or self.looks.stopped_at is not None
         )
 
     def failure_stops(self) -> bool:
@@ -365,102 +344,12 @@ class Runner:
         return True
 
     def look_allows(self, unit: list[RunSpec]) -> bool:
-        """The group-sequential barrier (:mod:`prereg.looks`): a unit of a hypothesis' study
-        at seed index ``i`` starts only once every look at ``n_k <= i`` pairs is reached (its pairs
-        final) and the preregistered rule went on there. The looks are recomputed from the records
-        by the rules' one home, as the summary and the audit recompute them; where the rule stopped,
-        ``stopped_at_look`` is set and no further unit of the protocol starts."""
-        spec = self.proto.hypotheses
-        seq = spec.get("sequential") if isinstance(spec, dict) else None
-        if seq is None or not design_named(unit[0].design).pairwise:
-            return True
-        if unit[0].study not in {t["study"] for t in spec["tests"]}:
-            return True
-        index = int(unit[0].unit.rsplit(".pair", 1)[1])
-        due = [n for n in seq["looks"] if n <= index]
-        taken_over = [e for e in self.ledger.looks() if index < e["pairs"]]
-        if taken_over:  # a pair a look was computed on never runs again (--retry-failed included)
-            self.echo(
-                f"sequential: {unit[0].unit} is one of the pairs look {taken_over[0]['look']} was taken on; "
-                "it does not run again"
-            )
-            return False
-        if not due:
-            return True
-        for k, n in enumerate(due, start=1):  # take each look due, in order, once
-            if any(e["look"] == k for e in self.ledger.looks()):
-                continue
-            if not self._take_look(k, n):
-                return False  # its pairs are still running (another runner's, or in flight)
-            break
-        summary = self._sequential_summary()
-        taken = summary["looks"] if summary is not None else []
-        if summary is not None and summary["stop"] is not None:
-            look = taken[-1]
-            self.stopped_at_look = look
-            self.echo(
-                f"sequential: stopped at look {look['look']} of {len(seq['looks'])} ({look['pairs']} pairs, "
-                f"{summary['stop']}): no further run starts"
-            )
-            return False
-        return len(taken) >= len(due) and all(
-            any(e["look"] == k for e in self.ledger.looks()) for k in range(1, len(due) + 1)
-        )
-
-    def _take_look(self, k: int, n: int) -> bool:
-        """Append look ``k``'s entry (its ``n`` pairs final: the records it binds) before any of its
-        statistics is computed; False when its pairs are not all final yet."""
-        data = self._records_json()
-        units = look_units(data[0]["protocol"], Family.of(self.proto.hypotheses), n) if data else []
-        if not data or not set(units) <= final_units(data):
-            return False
-        head = self.ledger.head()
-        entry = {
-            "schema_version": SCHEMA_VERSION,
-            "kind": "look",
-            "protocol": {
-                "id": self.proto.id,
-                "sha256": self.proto.sha256,
-                "freeze_sha256": self.frozen.freeze_sha256,
-            },
-            "look": k,
-            "pairs": n,
-            "records": look_entry_records(data, units, head["seq"] + 1),
-            "runner": {"host": self.host, "pid": os.getpid()},
-            "taken_at": utc_stamp(time.time()),
-        }
-        self.ledger.append_look(entry)
-        self.echo(f"sequential: look {k} taken on pairs 1..{n} (ledger seq {head['seq'] + 1})")
-        return True
-
-    def _records_json(self) -> list[dict[str, Any]]:
-        return [jsonable({**r.to_json(), "protocol": plain(r.protocol)}) for r in self.ledger.records()]
+        """The group-sequential barrier (:class:`harness.execute.looks.SequentialLooks`)."""
+        return self.looks.allows(unit, self.ledger, self.frozen.freeze_sha256)
 
     def look_waits(self, unit: list[RunSpec]) -> bool:
-        """Whether ``unit`` lies past a look that its pairs in flight have not reached yet (a parallel
-        executor holds it back until they end, then claims it: :meth:`look_allows` decides)."""
-        spec = self.proto.hypotheses
-        seq = spec.get("sequential") if isinstance(spec, dict) else None
-        if (
-            seq is None
-            or not design_named(unit[0].design).pairwise
-            or unit[0].study not in {t["study"] for t in spec["tests"]}
-        ):
-            return False
-        index = int(unit[0].unit.rsplit(".pair", 1)[1])
-        due = [n for n in seq["looks"] if n <= index]
-        summary = self._sequential_summary() if due else None
-        return bool(due) and len(summary["looks"] if summary else []) < len(due)
-
-    def _sequential_summary(self) -> dict[str, Any] | None:
-        """The summary's ``hypotheses.sequential`` from the records so far (kept while no record came in)."""
-        recs = self.ledger.records()
-        if self._looks[0] != len(recs):
-            if not recs:
-                self._looks = (0, None)
-            else:
-                self._looks = (len(recs), recompute(self._records_json())["hypotheses"].get("sequential"))
-        return self._looks[1]
+        """Whether ``unit`` lies past a look its pairs in flight have not reached yet."""
+        return self.looks.waits(unit, self.ledger)
 
     def claim(
         self,
@@ -532,30 +421,6 @@ class Runner:
             f"attempt {attempt}{where} ... {self.progress.line()}"
         )
 
-    def _keep_tag(self) -> None:
-        """Keep the tag object's raw bytes as ``TAG`` in the records folder: a clone or copy that
-        lost the tag ref (a branch pushed without tags) still carries the tag, and the audit checks
-        those bytes against the object id the records name and the commit in the repository."""
-        if self.frozen.tag_object is None:
-            return
-        raw = gitutil.tag_object(self.root, self.frozen.tag_object)
-        path = self.records / TAG_FILE
-        if raw is not None and (not path.exists() or path.read_bytes() != raw):
-            atomic_write(path, raw, overwrite=True)
-
-    def _sign_result(self) -> None:
-        """Every unit done, under a signed protocol tag: sign the ledger head the same way
-        (:func:`harness.freeze.sign_result`); a failure is said, and ``harness report --sign``
-        signs it later."""
-        raw = gitutil.tag_object(self.root, self.frozen.tag_object) if self.frozen.tag_object else None
-        if raw is None or b"-----BEGIN " not in raw:
-            return
-        head = self.ledger.head()
-        try:
-            self.echo(freeze.sign_result(self.proto, head["seq"], head["sha256"]))
-        except HarnessError as e:
-            self.echo(f"  result: WARNING: the ledger head was not signed: {e}")
-
     def run(self) -> RunEnd:
         """Work through the plan; returns how it ended."""
         proto = self.proto
@@ -570,7 +435,7 @@ class Runner:
         self.frozen = freeze.check(proto, self.plan_sha, len(self.runs))
         if proto.torch_version and not self.allow_torch_mismatch:
             self._check_torch(proto.torch_version)
-        self.env = hermetic_env(self.proto, self.root, self.records, self.anchor)
+        self.env = hermetic_env(self.proto, self.root, self.records, self.anchoring.remote)
         if SLOWDOWN in self.env:
             self.echo(
                 f"{SLOWDOWN}={self.env[SLOWDOWN]}: every run is slowed as on a machine that many times "
@@ -585,8 +450,22 @@ class Runner:
         self._select_replicate()
         self.progress = Progress(total=sum(len(u) for u in self._units))
         self.stopped_for_budget = False
-        self.stopped_at_look = None
+        self.looks.stopped_at = None
         self.stopped_for_failure = None
+        self._context = RunContext(
+            proto=proto,
+            root=self.root,
+            dir=self.dir,
+            records=self.records,
+            host=self.host,
+            live=self.live,
+            env=self.env,
+            corpus=self.corpus,
+            runs=self.runs,
+            progress=self.progress,
+            echo=self.echo,
+            ledger=self.ledger,
+        )
         try:
             self.executor.execute(self)
         finally:  # MANIFEST lags appends by seconds; the chain is the truth if this cannot run
@@ -595,7 +474,7 @@ class Runner:
                     self.ledger.write_manifest()
                 except (OSError, HarnessError):
                     pass
-        self.push_anchor()
+        self.anchoring.push(self.ledger, self.frozen)
         return self._ending()
 
     def _check_torch(self, version: str) -> None:
@@ -619,7 +498,7 @@ class Runner:
                 (self.dir / d).mkdir(parents=True, exist_ok=True)
             (self.root / "runs" / "locks").mkdir(parents=True, exist_ok=True)
             self.records.mkdir(parents=True, exist_ok=True)
-            self._keep_tag()
+            self.anchoring.keep_tag(self.records, self.frozen)
         except OSError as e:
             from prereg.errors import WriteError
 
@@ -633,7 +512,7 @@ class Runner:
         failed = sum(1 for s in self.runs if (st := states.get(s.run_id)) is not None and st.last == "failed")
         held = sum(n for unit, n in todos if n and claimed(self.proto, unit))
         if not left and not held:
-            self._sign_result()
+            self.anchoring.sign(self.ledger, self.frozen)
         return RunEnd(
             held_elsewhere=held,
             planned=sum(len(u) for u in self._units),
@@ -641,12 +520,16 @@ class Runner:
             failed=failed,
             stopped_for_budget=self.stopped_for_budget and left > 0,
             budget=self.last_budget,
-            stopped_at_look=self.stopped_at_look,
-            replicate=None
-            if self.proto.replicates is None or self.replicate is None
-            else (self.replicate, self.proto.replicates["count"]),
+            stopped_at_look=self.looks.stopped_at,
+            replicate=self._replicate_run(),
             stopped_for_failure=self.stopped_for_failure if left else None,
         )
+
+    def _replicate_run(self) -> tuple[int, int] | None:
+        """``(K, count)`` of a replicated protocol run with ``--replicate K``; None otherwise."""
+        if self.proto.replicates is None or self.replicate is None:
+            return None
+        return self.replicate, self.proto.replicates["count"]
 
     def _check_replicate_named(self) -> None:
         """``--replicate K`` goes with a replicated protocol, and names one of its replicates."""
