@@ -92,7 +92,6 @@ REASONS: dict[str, str] = {
     "harness/execute/commands.py:_result": DESIGNS,
     "harness/hypotheses.py:parse_hypotheses": DESIGNS,
     "prereg/attempts.py:completeness": DESIGNS,
-    "prereg/plan.py:_study_runs": DESIGNS,
     "prereg/planted.py:planted_rows": DESIGNS,
     "analysis/power.py:aa_noise": PENDING,
     "audit/cli.py:_print_findings": PENDING,

@@ -49,22 +49,18 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from clients import NanoGPT, Timm, optimizer, paired  # benchmarks/, the script's own folder
 from torch import nn
 
+from cotangent.modes import ROUNDS as AUTO_ROUNDS
+from cotangent.modes import WARMUP as AUTO_WARMUP
+from cotangent.verify import bitwise_equal
+from harness.config import load_config
+from harness.devices import cpu_model
+from harness.models import build_model
+from prereg.descriptive import mean_interval
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from clients import NanoGPT, Timm, optimizer, paired  # noqa: E402
-
-from cotangent.modes import ROUNDS as AUTO_ROUNDS  # noqa: E402
-from cotangent.modes import WARMUP as AUTO_WARMUP  # noqa: E402
-from cotangent.verify import bitwise_equal  # noqa: E402
-from harness.config import load_config  # noqa: E402
-from harness.devices import cpu_model  # noqa: E402
-from harness.models import build_model  # noqa: E402
-from prereg.descriptive import mean_interval  # noqa: E402
-
 ARMS = ("native", "packed", "auto")
 ORDERS = ((0, 1, 2), (1, 2, 0), (2, 0, 1), (0, 2, 1), (2, 1, 0), (1, 0, 2))
 TINY = ("tiny_transformer", "tiny_medium", "tiny_gqa", "tiny_conv")

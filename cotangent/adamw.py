@@ -421,16 +421,22 @@ class PackedAdamW(OnePass):
             else:
                 logging.getLogger("cotangent").info(chooser.report)
 
+    def _native_refusals(self) -> None:
+        """What the native mode refuses before anything moves, as the packed mode does: a rebound
+        parameter, a sparse gradient."""
+        pack = self._pack
+        for i, p in enumerate(pack.params):
+            if p.data_ptr() != pack.ptrs[i]:
+                pack.check_params()
+            if p.grad is not None and p.grad.layout != torch.strided:
+                raise RuntimeError("PackedAdamW requires dense gradients (got a sparse gradient)")
+
     def _native_update(self) -> None:
         """Native's fused step (mode ``"native"``): ``torch._fused_adamw_`` over each parameter that
         has a gradient, with backward's own gradient and its state's views, per flat group
         (native's grouping by parameter group, device and dtype)."""
         pack = self._pack
-        for i, p in enumerate(pack.params):  # refused before anything moves, as in the packed mode
-            if p.data_ptr() != pack.ptrs[i]:
-                pack.check_params()
-            if p.grad is not None and p.grad.layout != torch.strided:
-                raise RuntimeError("PackedAdamW requires dense gradients (got a sparse gradient)")
+        self._native_refusals()
         have = [i for i, p in enumerate(pack.params) if p.grad is not None]
         self._mark(have)
         if self._state_lists is None:  # every parameter and its state's views, per group
@@ -439,21 +445,26 @@ class PackedAdamW(OnePass):
                 ps, _, ms, vs, xs, steps = view_lists(pack, g, list(range(len(g.index))))
                 self._state_lists.append((ps, ms, vs, xs, steps))  # no slot kept: see Pack.kept
         for g, lists in zip(pack.groups, self._state_lists):
-            positions = [j for j, i in enumerate(g.index) if pack.params[i].grad is not None]
-            if not positions:
-                continue
-            ps, ms, vs, xs, steps = ([t[j] for j in positions] if t else t for t in lists)
-            gs = [t for t in (pack.params[g.index[j]].grad for j in positions) if t is not None]
-            kwargs = fused_kwargs(self.param_groups[g.pg], g.pg)
-            torch._foreach_add_(steps, 1)
-            scale, inf = amp_tensors(self, g.device)
-            torch._fused_adamw_(
-                ps, gs, ms, vs, xs, steps, **lr_on(kwargs, g.device), grad_scale=scale, found_inf=inf
-            )
-            if inf is not None:
-                torch._foreach_sub_(steps, [inf] * len(steps))
+            self._native_group(g, lists)
         if len(have) < pack.n:
             pack.uniform_steps = False
+
+    def _native_group(self, g: FlatGroup, lists: Any) -> None:
+        """One flat group's native fused step over its parameters that have a gradient."""
+        pack = self._pack
+        positions = [j for j, i in enumerate(g.index) if pack.params[i].grad is not None]
+        if not positions:
+            return
+        ps, ms, vs, xs, steps = ([t[j] for j in positions] if t else t for t in lists)
+        gs = [t for t in (pack.params[g.index[j]].grad for j in positions) if t is not None]
+        kwargs = fused_kwargs(self.param_groups[g.pg], g.pg)
+        torch._foreach_add_(steps, 1)
+        scale, inf = amp_tensors(self, g.device)
+        torch._fused_adamw_(
+            ps, gs, ms, vs, xs, steps, **lr_on(kwargs, g.device), grad_scale=scale, found_inf=inf
+        )
+        if inf is not None:
+            torch._foreach_sub_(steps, [inf] * len(steps))
 
     # -- public --------------------------------------------------------------------------
     @property

@@ -379,6 +379,28 @@ def _given_flags(args: argparse.Namespace) -> str:
     )
 
 
+def _calibration_bias(calibration: str, target: Any) -> Any:
+    """``harness power --calibration``: the target design's bias from the calibration's records,
+    refused where they were measured on another CPU model than this machine's, or are missing."""
+    from analysis.power import calibration_bias
+    from harness.devices import cpu_model
+    from harness.protocol import load_protocol
+    from prereg.calibrated import refuse_other_machine
+    from prereg.records import load_records
+    from prereg.summary import derive
+
+    cal = load_protocol(calibration)
+    if cal.records_path.is_dir():  # its bias is this machine's only if it was measured here
+        refuse_other_machine([str(cal.records_path)], cpu_model())
+    planted = derive(load_records(cal.records_path)).planted if cal.records_path.is_dir() else None
+    if not planted:
+        raise HarnessError(
+            f"--calibration {calibration}: no planted studies in {cal.records_path}; "
+            f"run it first: harness run {calibration}"
+        )
+    return calibration_bias(planted, target.summary())
+
+
 def cmd_power(args: argparse.Namespace) -> int:
     from analysis.power import cited, legend, plan, table_rows
     from harness import yamlio
@@ -400,23 +422,7 @@ def cmd_power(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise HarnessError(f"--effect takes HYPOTHESIS=VALUE, got {item!r}") from e
     rows = plan(records, target.summary(), effects)
-    bias = None
-    if args.calibration:
-        from analysis.power import calibration_bias
-        from harness.devices import cpu_model
-        from prereg.calibrated import SIGN, refuse_other_machine
-        from prereg.summary import derive
-
-        cal = load_protocol(args.calibration)
-        if cal.records_path.is_dir():  # its bias is this machine's only if it was measured here
-            refuse_other_machine([str(cal.records_path)], cpu_model())
-        planted = derive(load_records(cal.records_path)).planted if cal.records_path.is_dir() else None
-        if not planted:
-            raise HarnessError(
-                f"--calibration {args.calibration}: no planted studies in {cal.records_path}; "
-                f"run it first: harness run {args.calibration}"
-            )
-        bias = calibration_bias(planted, target.summary())
+    bias = _calibration_bias(args.calibration, target) if args.calibration else None
     if "descriptive" in target.hypotheses:
         print(f"{target.path}: descriptive protocol ({target.hypotheses['descriptive']}); nothing to power")
         return 0
@@ -431,6 +437,8 @@ def cmd_power(args: argparse.Namespace) -> int:
     origins = yamlio.load(target.path).data.get("origins") or {}  # validated by load_protocol: sentences
     print("\n" + legend(rows))
     if bias is not None:
+        from prereg.calibrated import SIGN
+
         print(
             "design bias, calibration: the target design's estimate less the planted truth in "
             f"{args.calibration}'s records (95%; {SIGN}: a bias reads the change as costing more), "

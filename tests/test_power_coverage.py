@@ -110,7 +110,7 @@ def test_plan_for_a_target_protocol():
                 }
             ],
         },
-        "studies": [{"name": "p", "seeds": list(range(12))}],
+        "studies": [{"name": "p", "design": "paired", "seeds": list(range(12))}],
     }
     rows = plan(records(aa=True), target, {"H1": 0.05})
     assert len(rows) == 1 and rows[0].alpha == 0.01 and rows[0].planned_pairs == 12
@@ -308,7 +308,7 @@ def test_planning_reads_the_rule_the_hypothesis_declares():
     rng = random.Random(2)
     skewed = [0.3 * (math.exp(rng.gauss(0, 1)) - 1.6) for _ in range(20)]
     target = {
-        "studies": [{"name": "s", "seeds": list(range(30)), "configs": ["c"]}],
+        "studies": [{"name": "s", "design": "paired", "seeds": list(range(30)), "configs": ["c"]}],
         "hypotheses": {
             "procedure": "fixed_sequence",
             "family_alpha": 0.025,
@@ -397,7 +397,7 @@ def test_a_sequential_target_is_planned_with_its_looks():
         "margin": 0.0,
     }
     target = {
-        "studies": [{"name": "s", "seeds": list(range(30)), "configs": ["c"]}],
+        "studies": [{"name": "s", "design": "paired", "seeds": list(range(30)), "configs": ["c"]}],
         "hypotheses": {
             "procedure": "fixed_sequence",
             "family_alpha": 0.025,

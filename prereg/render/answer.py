@@ -35,18 +35,23 @@ def decision_cells(d: HypothesisDecision, with_level: bool, in_points: bool = Fa
     ends swap), or ``in_points`` (a calibrated study: :data:`prereg.calibrated.SIGN`) as points, a
     difference in its own units; ``with_level`` names the interval's level."""
     level = f" ({100 * (d.level or 0):.4g}%)" if with_level else ""
-    if in_points and d.estimand == "log_ratio" and d.estimate_of in (None, d.estimand):
-        est, rng = points(d.estimate, d.low, d.high, d.level if with_level else None)
-        return (est if d.estimate is None else f"{est} points ({words(100 * d.estimate)})"), rng
     if d.estimand == "log_ratio" and d.estimate_of in (None, d.estimand):
-        est = "n/a" if d.estimate is None else f"{reduction(d.estimate):.2f}% reduction"
-        if d.low is None or d.high is None:
-            return est, "n/a"
-        return est, f"{reduction(d.high):.2f} to {reduction(d.low):.2f}%{level}"
+        return _ratio_cells(d, with_level, in_points, level)
     est = "n/a" if d.estimate is None else f"{d.estimate:+.4g}"
     if d.estimate_of and d.estimate_of != d.estimand:
         est += f" ({d.estimate_of})"
     return est, "n/a" if d.low is None or d.high is None else f"{d.low:+.4g} to {d.high:+.4g}{level}"
+
+
+def _ratio_cells(d: HypothesisDecision, with_level: bool, in_points: bool, level: str) -> tuple[str, str]:
+    """:func:`decision_cells` of a log ratio: points (a calibrated study) or a reduction in percent."""
+    if in_points:
+        est, rng = points(d.estimate, d.low, d.high, d.level if with_level else None)
+        return (est if d.estimate is None else f"{est} points ({words(100 * d.estimate)})"), rng
+    est = "n/a" if d.estimate is None else f"{reduction(d.estimate):.2f}% reduction"
+    if d.low is None or d.high is None:
+        return est, "n/a"
+    return est, f"{reduction(d.high):.2f} to {reduction(d.low):.2f}%{level}"
 
 
 def _effect(est: float, low: float, high: float, level: float) -> str:
