@@ -19,6 +19,7 @@ from prereg.barrier import look_problems
 from prereg.bounded import InputLimitError, file_problem, read_regular
 from prereg.corpora import check_corpus
 from prereg.evidence import clock_problems, evidence_problems, stall_problems
+from prereg.interference import kernel_problems
 from prereg.ledger import (
     LOOK_SUFFIX,
     RECORD_SUFFIX,
@@ -210,6 +211,9 @@ def _run_evidence(out: _Report, records: list[dict[str, Any]]) -> None:
     found_stall, stalls = stall_problems(records)
     if stalls:  # lockstep arms since the stall rule (prereg/interference.py); none in earlier records
         fail("lockstep stall times", found_stall, f"{stalls} arms' stall derived again from their step times")
+    found_kernel, viewed = kernel_problems(records)
+    if viewed:  # lockstep command arms since the kernel's view (prereg/interference.py); none before
+        fail("lockstep arms, the kernel's view", found_kernel, f"{viewed} arms neither stopped nor starved")
     clocks, timed = clock_problems(records)
     fail(
         "training clocks against their steps",
