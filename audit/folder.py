@@ -95,6 +95,11 @@ def audit_dir(
     # why the folder's study is not vouched for by the reader's keys (docs/provenance.md, "Exit statuses")
     why = (unverified if unverified is not None else {}).setdefault(directory, [])
     out = _Report(directory, rows, problems, besides if besides is not None else [])
+    newer = newer_schema(directory)
+    if newer is not None:  # not certified, not failed: this auditor cannot read what a newer one wrote
+        why.append(newer)
+        out.row("records schema", False, newer)
+        return
     _folder_files(out)
     manifest = _manifest(out)
     if manifest is None:
@@ -405,6 +410,21 @@ def foreign_files(directory: str) -> list[str]:
     ]
 
 
+def newer_schema(directory: str) -> str | None:
+    """Why this audit cannot certify the folder when its MANIFEST says a records schema newer than
+    any it knows (None: one it knows, or none it can read, which the checks name): exit status 3,
+    never "Verified", so the reader runs a newer auditor (README, "Verifying a study")."""
+    manifest, _ = json_problem(os.path.join(directory, "MANIFEST"))
+    version = manifest.get("schema_version") if isinstance(manifest, dict) else None
+    if not isinstance(version, int) or isinstance(version, bool) or version <= max(SCHEMAS):
+        return None
+    return (
+        f"NEWER THAN THIS AUDITOR: MANIFEST says records schema {version}, and this auditor knows "
+        f"{', '.join(map(str, SCHEMAS))}: it cannot certify them; run the auditor of the newest signed "
+        'release (README, "Verifying a study")'
+    )
+
+
 def _manifest(out: _Report) -> dict[str, Any] | None:
     """The folder's MANIFEST, or None (a failed row) when it is missing or not one."""
     manifest_path = os.path.join(out.directory, "MANIFEST")
@@ -503,7 +523,10 @@ def _read_entry(
         problems.append(f"{unread}: not a JSON record" if unread else f"{path}: not a JSON record")
         return None, 1
     if rec.get("schema_version") not in SCHEMAS:
-        problems.append(f"{path}: schema_version {rec.get('schema_version')!r} is unknown to this audit")
+        problems.append(
+            f"{path}: schema_version {rec.get('schema_version')!r} is unknown to this audit (a newer "
+            'harness\'s records are read by a newer auditor: README, "Verifying a study")'
+        )
         return None, 1
     shape = entry_problems(rec)
     if shape:  # unreadable: named, and left out of every later check
