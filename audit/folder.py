@@ -16,7 +16,7 @@ from audit.freeze import check_freeze, check_protocol_copies, check_time, check_
 from audit.published import check_published
 from prereg.attempts import unfinished
 from prereg.barrier import look_problems
-from prereg.bounded import InputLimitError, file_problem, read_regular
+from prereg.bounded import InputLimitError, file_problem, read_present, read_regular
 from prereg.corpora import check_corpus
 from prereg.evidence import clock_problems, evidence_problems, stall_problems
 from prereg.interference import kernel_problems
@@ -42,7 +42,7 @@ from prereg.recompute import SUMMARY_SCHEMAS, compare, recompute
 from prereg.records import seal
 from prereg.replicates import time_problems, unwitnessed
 from prereg.results import Summary
-from prereg.tag import check_sources, git_root, load_truth
+from prereg.tag import PLOT_FILES, check_sources, git_root, load_truth
 
 
 def find_root(start: str, protocol_rel: str) -> str:
@@ -365,7 +365,6 @@ STUDY_FILES = {
     "runs.csv",
     "runs.parquet",
 }
-PLOT_FILES = {f"plot_{k}.png" for k in ("time", "quality", "forest", "drift", "validation")}
 
 
 def _folder_files(out: _Report) -> None:
@@ -376,13 +375,26 @@ def _folder_files(out: _Report) -> None:
         out.fail("regular files only", odd, "")
     out.fail("files the study wrote", foreign_files(out.directory), "no other file in the folder")
     plots = sorted(n for n in _names(out.directory) if n in PLOT_FILES)
-    if plots:  # named, not verified: the audit renders the page's inline SVG plots, not these
+    if plots and not _plots_sealed(out.directory):  # the signed result head's row checks sealed ones
         out.row(
             "PNG plots (not verified)",
             True,
             f"{len(plots)} named, not verified: the audit renders report.md and index.html (their plots "
-            "inline SVG) again, not matplotlib's PNGs; harness report draws them again from summary.json",
+            "inline SVG) again, not matplotlib's PNGs, and no signed result head seals them (harness "
+            "report --sign does, since issue 59); harness report draws them again from summary.json",
         )
+
+
+def _plots_sealed(directory: str) -> bool:
+    """Whether the folder's RESULT seals its PNG plots (:func:`audit.anchors.plot_problems` checks them)."""
+    from prereg.tag import RESULT_FILE, parse_result
+
+    try:
+        raw = read_present(os.path.join(directory, RESULT_FILE), 1 << 20)
+    except InputLimitError:
+        return False
+    got = parse_result(raw) if raw is not None else None
+    return got is not None and got["plots"] is not None
 
 
 def _names(directory: str) -> list[str]:

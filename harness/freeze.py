@@ -32,6 +32,7 @@ from prereg.ledger import read_json
 from prereg.records import canonical, sha256_bytes
 from prereg.tag import (
     FREEZE_MARKER,
+    PLOT_FILES,
     RESULT_FILE,
     frozen_trees,
     is_exempt,
@@ -732,13 +733,24 @@ def exempt_imports(root: Path, sources: list[Path]) -> list[str]:
     return out
 
 
-def sign_result(proto: Any, seq: int, sha: str) -> str:
+def sealed_plots(directory: Path) -> dict[str, str]:
+    """The records folder's PNG plots (:data:`prereg.tag.PLOT_FILES`) by name, each file's sha256:
+    what the signed result head seals, so a replaced plot fails the audit."""
+    return {
+        n: sha256_bytes(read_regular(str(directory / n)))
+        for n in sorted(PLOT_FILES)
+        if (directory / n).is_file()
+    }
+
+
+def sign_result(proto: Any, seq: int, sha: str, seal_plots: bool = False) -> str:
     """Sign the study's ledger head: a signed annotated tag ``result-<id>`` on the protocol tag's
     commit whose message names the protocol, the freeze manifest's sha256 and the head
     (:func:`prereg.tag.result_message`), made by git's own signing as ``harness tag --sign`` makes
     the protocol tag (``gpg.format ssh``, ``user.signingkey``); its raw bytes are kept as
     ``RESULT`` in the records folder, so a clone without tags carries it. A later head (a resumed
-    study) replaces both. The audit verifies it with the reader's ``--allowed-signers``, so the
+    study) replaces both. With ``seal_plots`` (once the report has drawn them) the head also seals
+    the folder's PNG plots (:func:`sealed_plots`), and a head signed without them is signed again. The audit verifies it with the reader's ``--allowed-signers``, so the
     reader needs no head published elsewhere. Returns what was done."""
     repo = gitutil.toplevel(proto.path)
     info = gitutil.tag_info(repo, proto.tag_name) if repo is not None else None
@@ -752,9 +764,14 @@ def sign_result(proto: Any, seq: int, sha: str) -> str:
     except InputLimitError as e:
         raise RefusedError(f"{e}: harness report --sign keeps the signed head there as a regular file") from e
     old = parse_result(kept_raw) if kept_raw is not None else None
-    if old is not None and (old["seq"], old["sha256"]) == (seq, sha) and gitutil.tag_info(repo, name):
+    plots = sealed_plots(proto.records_path) if seal_plots else None  # after the report drew them
+    if (
+        old is not None
+        and (old["seq"], old["sha256"], old["plots"]) == (seq, sha, plots)
+        and gitutil.tag_info(repo, name)
+    ):
         return f"the ledger head seq {seq} is already signed as tag {name} ({kept})"
-    message = result_message(proto.id, manifest_sha256(m), seq, sha)
+    message = result_message(proto.id, manifest_sha256(m), seq, sha, plots)
     gitutil.create_tag(repo, name, message, sign=True, target=info.commit, force=True)
     raw = gitutil.tag_object(repo, f"refs/tags/{name}")
     if raw is None:  # pragma: no cover - git just created it

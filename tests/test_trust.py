@@ -610,3 +610,30 @@ def test_an_auditor_refuses_to_certify_a_records_schema_newer_than_it_knows(tmp_
         timeout=120,
     )
     assert "NEWER THAN THIS AUDITOR" not in known.stdout
+
+
+@pytest.mark.process
+def test_a_replaced_plot_fails_against_the_signed_head_that_seals_it(tmp_path):
+    """Issue 59, case 8: ``harness report --sign`` seals the PNG plots in the signed result head, so
+    a plot replaced, removed or added afterwards fails the audit (exit 1, named); the folder no
+    longer says "not verified" of them. A head signed without plots checks none (committed studies)."""
+    r, _, pub, _, _ = ssh_signed_study(tmp_path, "maintainers@example.invalid")
+    keys = tmp_path / "keys"
+    keys.write_text(f"release-keys {pub}")
+    unsealed = audit(r, "--allowed-signers", str(keys))
+    assert unsealed.returncode == 0, unsealed.stdout[-2000:]
+    assert harness(r, "report", PROTO, "--quiet", "--sign").returncode == 0
+    plots = sorted((r / RECS).glob("plot_*.png"))
+    assert plots, "the report drew no plot"
+    assert "\nplots " in (r / RECS / "RESULT").read_text()
+    ok = audit(r, "--allowed-signers", str(keys))
+    assert ok.returncode == 0 and "PNG plots (not verified)" not in ok.stdout, ok.stdout[-2000:]
+    original = plots[0].read_bytes()
+    plots[0].write_bytes(original[:-8] + b"forged!!")
+    bad = audit(r, "--allowed-signers", str(keys))
+    assert bad.returncode == 1 and "the plot was replaced after the head was signed" in bad.stdout
+    plots[0].unlink()
+    gone = audit(r, "--allowed-signers", str(keys))
+    assert gone.returncode == 1 and f"{plots[0].name}: missing; " in gone.stdout
+    plots[0].write_bytes(original)
+    assert audit(r, "--allowed-signers", str(keys)).returncode == 0
