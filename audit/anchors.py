@@ -378,13 +378,17 @@ def roots_from_repository(
 
 
 def check_anchor(
-    root: str, truth: dict[str, Any], records: list[dict[str, Any]], remote: str
+    root: str,
+    truth: dict[str, Any],
+    records: list[dict[str, Any]],
+    remote: str,
+    times: list[tuple[int, str]] | None = None,
 ) -> tuple[list[str], str, int]:
     """Every head anchored in ``remote``'s ``refs/ledger/protocol-<id>`` history is in the chain, in
     order: every commit reachable from the ref along any parent is read (none is skipped as a
     second parent), each must hold a ledger head the records hold at its seq, and none may be a
     merge (docs/provenance.md, "Anchors"). Returns problems, a description and the highest anchored
-    seq."""
+    seq; ``times``, when given, receives each anchored head's seq and its anchor commit's time."""
     pid = truth.get("summary", {}).get("id") or records[0]["protocol"].get("id")
     ref = f"{ANCHOR_REF}protocol-{pid}"
     log, url = fetch_anchor(remote, ref)
@@ -412,6 +416,8 @@ def check_anchor(
         except (KeyError, ValueError):
             out.append(f"anchor {commit[:12]}: not a ledger head")
     heads.reverse()  # oldest first
+    if times is not None:
+        times.extend((seq, when) for seq, _s, _f, _c, when in heads)
     last = 0
     for seq, sha, freeze, commit, when in heads:
         if truth.get("freeze") and freeze != truth["freeze"]:

@@ -40,7 +40,7 @@ from prereg.ledger import (
 from prereg.plan import OPTIONAL_SPEC, plan_from_protocol, plan_notes
 from prereg.recompute import SUMMARY_SCHEMAS, compare, recompute
 from prereg.records import seal
-from prereg.replicates import time_problems, unwitnessed
+from prereg.replicates import anchored_gap_problems, time_problems, unwitnessed
 from prereg.results import Summary
 from prereg.tag import PLOT_FILES, check_sources, git_root, load_truth
 
@@ -125,9 +125,13 @@ def audit_dir(
         return
     _chain_and_runs(out, root, truth, records, started, looks, manifest, published)
     _what_was_frozen(out, root, truth, records, manifest, plan_sha, signers, notes)
+    times: list[tuple[int, str]] | None = None if anchor is None else []
     if anchor is not None:
-        found, detail, anchored[directory] = check_anchor(root, truth, records + started + looks, anchor)
+        found, detail, anchored[directory] = check_anchor(
+            root, truth, records + started + looks, anchor, times
+        )
         out.fail("anchored heads", found, detail)
+    _replicates_anchored(out, proto, records + started, times)
     _vouched(out, root, truth, records + started + looks, signers, why)
     _statistics(out, root, manifest, plan, proto, records, started, looks, notes)
 
@@ -200,6 +204,37 @@ def _chain_and_runs(
             ),
         )
     _run_evidence(out, records)
+
+
+def _replicates_anchored(
+    out: _Report, proto: dict[str, Any], entries: list[dict[str, Any]], times: list[tuple[int, str]] | None
+) -> None:
+    """A replicated study's separation in time as the anchor witnesses it (each replicate's first
+    entry at its anchored time: :func:`prereg.replicates.anchored_gap_problems`); without an anchor,
+    named UNWITNESSED: the times are the runner's own."""
+    if not isinstance(proto.get("replicates"), dict):
+        return
+    if times is None:
+        out.row(
+            "replicates' times, witnessed",
+            True,
+            "UNWITNESSED: no anchor (--anchor REMOTE), so each replicate's time is the runner's own "
+            "(ledger.at), which a key holder writes at will",
+        )
+        return
+    gap = int(proto["replicates"].get("min_gap_s", 0))
+    found, notes = anchored_gap_problems(entries, gap, times)
+    detail = f"each replicate's first entry anchored at least {gap} s after the one before it on its machine"
+    out.fail(
+        "replicates' times, witnessed",
+        found,
+        detail
+        + (
+            f"; UNWITNESSED: {notes[0]}" + (f" (and {len(notes) - 1} more)" if len(notes) > 1 else "")
+            if notes
+            else ""
+        ),
+    )
 
 
 def _run_evidence(out: _Report, records: list[dict[str, Any]]) -> None:
