@@ -468,7 +468,7 @@ def _kernel_judged(
             watch.samples.get(proc.popen.pid, []),
             watch.samples.get(other.popen.pid, []),
             proc.stops,
-            text,
+            (text, ran[1 - i][1]),
             proc.t0 + (proc.wall_s or 0.0),
         )
         why = kernel_reason(view)

@@ -12,14 +12,17 @@ processor. The worker, each arm's parent, asks the kernel instead:
   or ``t`` (``/proc/PID/stat``).
 * **run and wait**: :class:`Watch` samples each arm's ``/proc/PID/task/*/schedstat`` (the time its
   threads ran and waited on a run queue, nanoseconds) every :data:`EVERY_S`; over the arm's timed
-  turns (its reporter file's ``start`` to ``done``, less its ``wait`` hand-overs and ``untimed``
-  blocks) the sample intervals that lie wholly inside a turn give the arm's own run and run-queue
-  time and its partner's run time there.
+  turns (each step's time on its training clock, from its reporter file: from the start, the step
+  before or the hand-over that gave it the turn, to the step's stamp, less ``untimed`` blocks)
+  the sample intervals that lie wholly inside one give the arm's own run and run-queue time and
+  its partner's run time there, the partner's counted from its start to its last step (its
+  imports before and its evaluation and exit after are not part of the turns).
 
 Each arm's record keeps the figures (``process.kernel``), and the rule
 (:func:`prereg.interference.kernel_reason`) fails the pair with the reason. What this does not
-reach: a stop of a process the command started (not the arm's own), and a stop or a partner's run
-shorter than a sample interval inside a turn (the kernel's stop report still names the first).
+reach: a stop of a process the command started (not the arm's own), a partner's run shorter than
+a sample interval inside a turn, and what a partner runs after its own last step (its exit, or a
+thread it leaves spinning then).
 """
 
 from __future__ import annotations
@@ -97,32 +100,54 @@ class Watch:
             self._thread.join()
 
 
-def timed_windows(reporter: str | None) -> list[tuple[float, float]]:
-    """The arm's timed turns from its reporter file's stamps: ``start`` to ``done``, less its
-    ``wait`` and ``untimed`` blocks (none when the file does not say)."""
-    start = done = None
-    gaps: list[tuple[float, float]] = []
+def _lines(reporter: str | None) -> list[dict[str, Any]]:
+    """The reporter file's lines (none when one is not a JSON object with a kind)."""
+    out = []
     for line in (reporter or "").splitlines():
         try:
             e = json.loads(line)
-            if e["kind"] == "start":
-                start = float(e["t"])
-            elif e["kind"] == "done":
-                done = float(e["t"])
-            elif e["kind"] in ("wait", "untimed"):
-                gaps.append((float(e["t0"]), float(e["t1"])))
-        except (ValueError, KeyError, TypeError):
+        except ValueError:
             return []
-    if start is None or done is None or done < start:
-        return []
-    out, at = [], start
-    for g0, g1 in sorted(gaps):
-        if g0 > at:
-            out.append((at, min(g0, done)))
-        at = max(at, g1)
-    if done > at:
-        out.append((at, done))
+        if not isinstance(e, dict) or not isinstance(e.get("kind"), str):
+            return []
+        out.append(e)
     return out
+
+
+def timed_windows(reporter: str | None) -> list[tuple[float, float]]:
+    """The arm's timed turns from its reporter file's stamps: each step's time on the training
+    clock (from the start, the step before, or the hand-over that gave it the turn, to the step's
+    stamp), less the ``untimed`` blocks (none when the file does not say)."""
+    out: list[tuple[float, float]] = []
+    base = None
+    try:
+        for e in _lines(reporter):
+            kind = e["kind"]
+            if kind == "start":
+                base = float(e["t"])
+            elif kind == "wait":
+                base = float(e["t1"])
+            elif kind == "untimed" and base is not None:
+                out.append((base, float(e["t0"])))
+                base = float(e["t1"])
+            elif kind == "step" and base is not None:
+                out.append((base, float(e["t"])))
+                base = float(e["t"])
+    except (KeyError, TypeError, ValueError):
+        return []
+    return [(a, b) for a, b in out if b > a]
+
+
+def active_span(reporter: str | None) -> tuple[float, float] | None:
+    """From the arm's reporter start to its last step: while it takes part in the turns (its
+    imports before and its evaluation and exit after are its own, not its partner's interference)."""
+    try:
+        lines = _lines(reporter)
+        starts = [float(e["t"]) for e in lines if e["kind"] == "start"]
+        steps = [float(e["t"]) for e in lines if e["kind"] == "step"]
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (starts[0], steps[-1]) if starts and steps else None
 
 
 def _within(samples: list[Sample], windows: list[tuple[float, float]]) -> tuple[int, int, float]:
@@ -156,18 +181,19 @@ def kernel_view(
     own: list[Sample],
     partner: list[Sample],
     events: list[tuple[float, str]],
-    reporter: str | None,
+    reporters: tuple[str | None, str | None],
     end: float,
 ) -> dict[str, Any]:
     """One arm's ``process.kernel``: its stops and, over its timed turns, its own run and run-queue
-    time and its partner's run time (seconds), from the samples of both (:class:`Watch`), the stops
-    and continues the kernel reported (``events``) and its reporter file."""
-    windows = timed_windows(reporter)
+    time and its partner's run time while the partner takes part in the turns (seconds), from the
+    samples of both (:class:`Watch`), the stops and continues the kernel reported (``events``) and
+    both reporter files (its own, its partner's)."""
+    windows = timed_windows(reporters[0])
     run, wait, span = _within(own, windows)
-    partner_run = sum(
-        b[1] - a[1]
-        for a, b in zip(partner, partner[1:])
-        if any(w0 <= a[0] and b[0] <= w1 for w0, w1 in windows)
+    active = active_span(reporters[1])
+    partner_run, _, _ = _within(
+        partner,
+        [(max(w0, active[0]), min(w1, active[1])) for w0, w1 in windows if active is not None],
     )
     stops, stopped = _stopped(events, own, end)
     return {
