@@ -3,6 +3,7 @@ and the ledger heads anchored in a remote's ``refs/ledger/protocol-<id>``."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 from pathlib import Path
@@ -183,7 +184,37 @@ def check_result(
             f"{where}: the signed result head seq {seq} sha256 {sha[:16]}: the records hold "
             f"{str(held.get(seq, 'no entry'))[:16]} there: history was rewritten after it was signed"
         )
+    problems += plot_problems(directory, got["plots"], where)
     return _result_signature(problems, where, seq, max(held, default=0), signers, payload, sig, kind)
+
+
+def plot_problems(directory: str, plots: dict[str, str] | None, where: str) -> list[str]:
+    """Each PNG plot of the folder against the signed result head that seals them (``plot NAME
+    SHA256`` lines, :func:`prereg.tag.result_message`): one replaced, added or removed is named.
+    A head signed before plots were sealed (``plots`` None) checks none (the folder's row names
+    them, not verified)."""
+    from prereg.tag import PLOT_FILES
+
+    if plots is None:
+        return []
+    out = []
+    for name in sorted(PLOT_FILES | set(plots)):
+        path = os.path.join(directory, name)
+        try:
+            raw = read_present(path, 64 << 20)
+        except InputLimitError as e:
+            out.append(f"{e}")
+            continue
+        if raw is None and name in plots:
+            out.append(f"{path}: missing; {where} seals it (sha256 {plots[name][:16]})")
+        elif raw is not None and name not in plots:
+            out.append(f"{path}: a plot {where} does not seal (drawn or added after the head was signed)")
+        elif raw is not None and hashlib.sha256(raw).hexdigest() != plots[name]:
+            out.append(
+                f"{path}: sha256 {hashlib.sha256(raw).hexdigest()[:16]}; {where} seals {plots[name][:16]}: "
+                "the plot was replaced after the head was signed"
+            )
+    return out
 
 
 def _result_tag(root: str, directory: str, pid: Any) -> tuple[bytes | None, str]:
@@ -347,13 +378,17 @@ def roots_from_repository(
 
 
 def check_anchor(
-    root: str, truth: dict[str, Any], records: list[dict[str, Any]], remote: str
+    root: str,
+    truth: dict[str, Any],
+    records: list[dict[str, Any]],
+    remote: str,
+    times: list[tuple[int, str]] | None = None,
 ) -> tuple[list[str], str, int]:
     """Every head anchored in ``remote``'s ``refs/ledger/protocol-<id>`` history is in the chain, in
     order: every commit reachable from the ref along any parent is read (none is skipped as a
     second parent), each must hold a ledger head the records hold at its seq, and none may be a
     merge (docs/provenance.md, "Anchors"). Returns problems, a description and the highest anchored
-    seq."""
+    seq; ``times``, when given, receives each anchored head's seq and its anchor commit's time."""
     pid = truth.get("summary", {}).get("id") or records[0]["protocol"].get("id")
     ref = f"{ANCHOR_REF}protocol-{pid}"
     log, url = fetch_anchor(remote, ref)
@@ -381,6 +416,8 @@ def check_anchor(
         except (KeyError, ValueError):
             out.append(f"anchor {commit[:12]}: not a ledger head")
     heads.reverse()  # oldest first
+    if times is not None:
+        times.extend((seq, when) for seq, _s, _f, _c, when in heads)
     last = 0
     for seq, sha, freeze, commit, when in heads:
         if truth.get("freeze") and freeze != truth["freeze"]:

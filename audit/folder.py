@@ -16,9 +16,10 @@ from audit.freeze import check_freeze, check_protocol_copies, check_time, check_
 from audit.published import check_published
 from prereg.attempts import unfinished
 from prereg.barrier import look_problems
-from prereg.bounded import InputLimitError, file_problem, read_regular
+from prereg.bounded import InputLimitError, file_problem, read_present, read_regular
 from prereg.corpora import check_corpus
 from prereg.evidence import clock_problems, evidence_problems, stall_problems
+from prereg.interference import kernel_problems
 from prereg.ledger import (
     LOOK_SUFFIX,
     RECORD_SUFFIX,
@@ -39,9 +40,9 @@ from prereg.ledger import (
 from prereg.plan import OPTIONAL_SPEC, plan_from_protocol, plan_notes
 from prereg.recompute import SUMMARY_SCHEMAS, compare, recompute
 from prereg.records import seal
-from prereg.replicates import time_problems, unwitnessed
+from prereg.replicates import anchored_gap_problems, time_problems, unwitnessed
 from prereg.results import Summary
-from prereg.tag import check_sources, git_root, load_truth
+from prereg.tag import PLOT_FILES, check_sources, git_root, load_truth
 
 
 def find_root(start: str, protocol_rel: str) -> str:
@@ -94,6 +95,11 @@ def audit_dir(
     # why the folder's study is not vouched for by the reader's keys (docs/provenance.md, "Exit statuses")
     why = (unverified if unverified is not None else {}).setdefault(directory, [])
     out = _Report(directory, rows, problems, besides if besides is not None else [])
+    newer = newer_schema(directory)
+    if newer is not None:  # not certified, not failed: this auditor cannot read what a newer one wrote
+        why.append(newer)
+        out.row("records schema", False, newer)
+        return
     _folder_files(out)
     manifest = _manifest(out)
     if manifest is None:
@@ -119,9 +125,13 @@ def audit_dir(
         return
     _chain_and_runs(out, root, truth, records, started, looks, manifest, published)
     _what_was_frozen(out, root, truth, records, manifest, plan_sha, signers, notes)
+    times: list[tuple[int, str]] | None = None if anchor is None else []
     if anchor is not None:
-        found, detail, anchored[directory] = check_anchor(root, truth, records + started + looks, anchor)
+        found, detail, anchored[directory] = check_anchor(
+            root, truth, records + started + looks, anchor, times
+        )
         out.fail("anchored heads", found, detail)
+    _replicates_anchored(out, proto, records + started, times)
     _vouched(out, root, truth, records + started + looks, signers, why)
     _statistics(out, root, manifest, plan, proto, records, started, looks, notes)
 
@@ -196,6 +206,37 @@ def _chain_and_runs(
     _run_evidence(out, records)
 
 
+def _replicates_anchored(
+    out: _Report, proto: dict[str, Any], entries: list[dict[str, Any]], times: list[tuple[int, str]] | None
+) -> None:
+    """A replicated study's separation in time as the anchor witnesses it (each replicate's first
+    entry at its anchored time: :func:`prereg.replicates.anchored_gap_problems`); without an anchor,
+    named UNWITNESSED: the times are the runner's own."""
+    if not isinstance(proto.get("replicates"), dict):
+        return
+    if times is None:
+        out.row(
+            "replicates' times, witnessed",
+            True,
+            "UNWITNESSED: no anchor (--anchor REMOTE), so each replicate's time is the runner's own "
+            "(ledger.at), which a key holder writes at will",
+        )
+        return
+    gap = int(proto["replicates"].get("min_gap_s", 0))
+    found, notes = anchored_gap_problems(entries, gap, times)
+    detail = f"each replicate's first entry anchored at least {gap} s after the one before it on its machine"
+    out.fail(
+        "replicates' times, witnessed",
+        found,
+        detail
+        + (
+            f"; UNWITNESSED: {notes[0]}" + (f" (and {len(notes) - 1} more)" if len(notes) > 1 else "")
+            if notes
+            else ""
+        ),
+    )
+
+
 def _run_evidence(out: _Report, records: list[dict[str, Any]]) -> None:
     """The command runs' evidence, the lockstep stall times and the training clocks derived again
     from what the records hold, each a row."""
@@ -210,6 +251,9 @@ def _run_evidence(out: _Report, records: list[dict[str, Any]]) -> None:
     found_stall, stalls = stall_problems(records)
     if stalls:  # lockstep arms since the stall rule (prereg/interference.py); none in earlier records
         fail("lockstep stall times", found_stall, f"{stalls} arms' stall derived again from their step times")
+    found_kernel, viewed = kernel_problems(records)
+    if viewed:  # lockstep command arms since the kernel's view (prereg/interference.py); none before
+        fail("lockstep arms, the kernel's view", found_kernel, f"{viewed} arms neither stopped nor starved")
     clocks, timed = clock_problems(records)
     fail(
         "training clocks against their steps",
@@ -356,7 +400,6 @@ STUDY_FILES = {
     "runs.csv",
     "runs.parquet",
 }
-PLOT_FILES = {f"plot_{k}.png" for k in ("time", "quality", "forest", "drift", "validation")}
 
 
 def _folder_files(out: _Report) -> None:
@@ -367,13 +410,26 @@ def _folder_files(out: _Report) -> None:
         out.fail("regular files only", odd, "")
     out.fail("files the study wrote", foreign_files(out.directory), "no other file in the folder")
     plots = sorted(n for n in _names(out.directory) if n in PLOT_FILES)
-    if plots:  # named, not verified: the audit renders the page's inline SVG plots, not these
+    if plots and not _plots_sealed(out.directory):  # the signed result head's row checks sealed ones
         out.row(
             "PNG plots (not verified)",
             True,
             f"{len(plots)} named, not verified: the audit renders report.md and index.html (their plots "
-            "inline SVG) again, not matplotlib's PNGs; harness report draws them again from summary.json",
+            "inline SVG) again, not matplotlib's PNGs, and no signed result head seals them (harness "
+            "report --sign does, since issue 59); harness report draws them again from summary.json",
         )
+
+
+def _plots_sealed(directory: str) -> bool:
+    """Whether the folder's RESULT seals its PNG plots (:func:`audit.anchors.plot_problems` checks them)."""
+    from prereg.tag import RESULT_FILE, parse_result
+
+    try:
+        raw = read_present(os.path.join(directory, RESULT_FILE), 1 << 20)
+    except InputLimitError:
+        return False
+    got = parse_result(raw) if raw is not None else None
+    return got is not None and got["plots"] is not None
 
 
 def _names(directory: str) -> list[str]:
@@ -399,6 +455,21 @@ def foreign_files(directory: str) -> list[str]:
         and not is_snapshot_name(n)
         and not n.startswith(".")
     ]
+
+
+def newer_schema(directory: str) -> str | None:
+    """Why this audit cannot certify the folder when its MANIFEST says a records schema newer than
+    any it knows (None: one it knows, or none it can read, which the checks name): exit status 3,
+    never "Verified", so the reader runs a newer auditor (README, "Verifying a study")."""
+    manifest, _ = json_problem(os.path.join(directory, "MANIFEST"))
+    version = manifest.get("schema_version") if isinstance(manifest, dict) else None
+    if not isinstance(version, int) or isinstance(version, bool) or version <= max(SCHEMAS):
+        return None
+    return (
+        f"NEWER THAN THIS AUDITOR: MANIFEST says records schema {version}, and this auditor knows "
+        f"{', '.join(map(str, SCHEMAS))}: it cannot certify them; run the auditor of the newest signed "
+        'release (README, "Verifying a study")'
+    )
 
 
 def _manifest(out: _Report) -> dict[str, Any] | None:
@@ -499,7 +570,10 @@ def _read_entry(
         problems.append(f"{unread}: not a JSON record" if unread else f"{path}: not a JSON record")
         return None, 1
     if rec.get("schema_version") not in SCHEMAS:
-        problems.append(f"{path}: schema_version {rec.get('schema_version')!r} is unknown to this audit")
+        problems.append(
+            f"{path}: schema_version {rec.get('schema_version')!r} is unknown to this audit (a newer "
+            'harness\'s records are read by a newer auditor: README, "Verifying a study")'
+        )
         return None, 1
     shape = entry_problems(rec)
     if shape:  # unreadable: named, and left out of every later check

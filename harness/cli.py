@@ -152,7 +152,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         if not entries:
             raise InputError(f"{proto.records_path}: no ledger entries: nothing to sign")
         head = head_of(entries, "")
-        print(sign_result(proto, head["seq"], head["sha256"]))
+        print(sign_result(proto, head["seq"], head["sha256"], seal_plots=True))
     return 0
 
 

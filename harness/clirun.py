@@ -113,10 +113,29 @@ def _report_after_run(args: argparse.Namespace, proto: Any, code: int, message: 
                 flush=True,
             )
             return RUN_NO_REPORT
+        seal_plots(proto)
     print(message, flush=True)
     if answer:
         print(answer, flush=True)  # the answer last: each configuration's effect and decisions
     return code
+
+
+def seal_plots(proto: Any) -> None:
+    """Where the run signed its ledger head (``RESULT``), sign it again sealing the PNG plots the
+    report has just drawn (:func:`harness.freeze.sign_result`), so a replaced plot fails the audit."""
+    from harness.freeze import sign_result
+    from harness.ledger import head_of, load_entries
+    from prereg.tag import RESULT_FILE, parse_result
+
+    kept = proto.records_path / RESULT_FILE
+    old = parse_result(kept.read_bytes()) if kept.is_file() and not kept.is_symlink() else None
+    head = head_of(load_entries(proto.records_path), "")
+    if old is None or (old["seq"], old["sha256"]) != (head["seq"], head["sha256"]):
+        return  # the run signed no head, or another one: harness report --sign signs it
+    try:
+        print(sign_result(proto, head["seq"], head["sha256"], seal_plots=True), flush=True)
+    except HarnessError as e:
+        print(f"  result: WARNING: the plots were not sealed: {e}", flush=True)
 
 
 def run_ending(proto: Any, end: Any) -> tuple[int, str]:

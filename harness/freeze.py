@@ -26,12 +26,13 @@ from typing import Any
 from harness import gitutil
 from harness.packages import package_dirs
 from prereg.bounded import InputLimitError, file_problem, read_present, read_regular, read_target
-from prereg.commands import refs_of
+from prereg.commands import commands_of, is_command_study, refs_of
 from prereg.errors import RefusedError
 from prereg.ledger import read_json
 from prereg.records import canonical, sha256_bytes
 from prereg.tag import (
     FREEZE_MARKER,
+    PLOT_FILES,
     RESULT_FILE,
     frozen_trees,
     is_exempt,
@@ -139,9 +140,87 @@ def command_bindings(proto: Any, repo: Path) -> dict[str, Any]:
     }
 
 
-def command_drift(then: dict[str, Any] | None, now: dict[str, Any] | None) -> list[str]:
+def _python_files(repo: Path, arm: dict[str, Any]) -> list[str] | None:
+    """The text of the Python files in a command arm's working directory (its ref's tree, else the
+    checkout's tracked files), or None when its program is not this interpreter (what it imports
+    cannot be read from its files)."""
+    import sys
+
+    if not arm["command"] or arm["command"][0] not in ("python", "python3", sys.executable):
+        return None
+    cwd = str(arm.get("cwd") or ".")
+    ref = arm.get("ref")
+    listed = gitutil.git(
+        repo, *(["ls-tree", "-r", "--name-only", ref] if ref else ["ls-files"]), "--", cwd, check=False
+    ).stdout.split("\n")
+    out = []
+    for name in (n for n in listed if n.endswith(".py")):
+        if ref:
+            out.append(gitutil.git(repo, "show", f"{ref}:{name}", check=False).stdout)
+        elif (repo / name).is_file():
+            out.append((repo / name).read_text(encoding="utf-8", errors="replace"))
+    return out
+
+
+def _top_modules(texts: list[str], argv: list[str]) -> set[str]:
+    """The top-level module names the files import (and a ``-m`` module of the command)."""
+    import ast
+
+    names = {argv[i + 1].split(".")[0] for i, a in enumerate(argv[:-1]) if a == "-m"}
+    for text in texts:
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.add(node.module.split(".")[0])
+    return names
+
+
+def imported_distributions(proto: Any, repo: Path) -> set[str] | None:
+    """The installed distributions a protocol's command arms import: the top-level modules the
+    Python files of each arm's working directory import, the distributions that provide them, and
+    theirs requirements, closed (names as :func:`command_bindings` writes them). None: an arm whose
+    program is not this interpreter, so every distribution counts."""
+    import importlib.metadata as md
+    import re
+
+    modules: set[str] = set()
+    for st in proto.document["studies"]:
+        if not is_command_study(st):
+            continue
+        for arm in commands_of(st).values():
+            texts = _python_files(repo, arm)
+            if texts is None:
+                return None
+            modules |= _top_modules(texts, arm["command"])
+    provides = md.packages_distributions()
+    todo = [d for m in sorted(modules) for d in provides.get(m, [])]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop().lower().replace("_", "-")
+        if name in seen:
+            continue
+        try:
+            requires = md.requires(name) or []
+        except md.PackageNotFoundError:  # a requirement not installed (another platform's, say)
+            continue
+        seen.add(name)
+        todo += [
+            m.group(0) for r in requires if "extra ==" not in r and (m := re.match(r"[A-Za-z0-9._-]+", r))
+        ]
+    return seen
+
+
+def command_drift(
+    then: dict[str, Any] | None, now: dict[str, Any] | None, only: set[str] | None = None
+) -> list[str]:
     """What the command arms would run that differs from the tag's: a ref's tree, the interpreter,
-    an installed distribution (added, removed or of another version)."""
+    an installed distribution (added, removed or of another version; of the distributions in
+    ``only`` when given: those the study imports, :func:`imported_distributions`)."""
     if then == now:
         return []
     if then is None or now is None:
@@ -153,7 +232,7 @@ def command_drift(then: dict[str, Any] | None, now: dict[str, Any] | None) -> li
     if then.get("python") != now.get("python"):
         out.append(f"interpreter: {now.get('python')}, the tag's {then.get('python')}")
     a, b = then.get("packages", {}), now.get("packages", {})
-    for name in sorted(set(a) | set(b)):
+    for name in sorted((set(a) | set(b)) & (only if only is not None else set(a) | set(b))):
         if a.get(name) != b.get(name):
             out.append(
                 f"installed package {name}: "
@@ -202,8 +281,11 @@ class Frozen:
 NOT_FROZEN = Frozen(None, None, None, None, None)
 
 
-def drift(repo: Path, tagged: dict[str, Any], current: dict[str, Any], tag_commit: str) -> list[str]:
-    """Every frozen item that differs between the tag's manifest and now, naming paths."""
+def drift(
+    repo: Path, tagged: dict[str, Any], current: dict[str, Any], tag_commit: str, only: set[str] | None = None
+) -> list[str]:
+    """Every frozen item that differs between the tag's manifest and now, naming paths (of the
+    installed distributions, those in ``only`` when given: :func:`imported_distributions`)."""
     out: list[str] = []
     if tagged.get("protocol", {}).get("sha256") != current["protocol"]["sha256"]:
         out.append(f"{current['protocol']['path']}: protocol bytes differ from the tagged file")
@@ -233,7 +315,7 @@ def drift(repo: Path, tagged: dict[str, Any], current: dict[str, Any], tag_commi
     for name, sha in current["plugins"].items():
         if tagged.get("plugins", {}).get(name) != sha:
             out.append(f"plug-in {name}: its source differs from the tagged one")
-    out.extend(command_drift(tagged.get("commands"), current.get("commands")))
+    out.extend(command_drift(tagged.get("commands"), current.get("commands"), only))
     for pkg, sha in current["code"].items():
         if tagged.get("code", {}).get(pkg) != sha:
             out.append(f"the running {pkg} package's source (sha256 {sha[:12]}) differs from the tagged code")
@@ -526,7 +608,8 @@ def check(proto: Any, plan_sha: str, runs: int) -> Frozen:
             f"{proto.tag_name} ({info.commit[:12]}) is not an ancestor of HEAD; check out the study's history"
         )
     current = manifest(proto, plan_sha, runs, repo)
-    problems = drift(repo, tagged, current, info.commit)
+    only = imported_distributions(proto, repo) if has_commands(proto) else None
+    problems = drift(repo, tagged, current, info.commit, only)
     problems += uncommitted(repo)
     problems += worktree_mismatches(repo, info.commit)
     problems += bytecode_problems(repo)
@@ -650,13 +733,24 @@ def exempt_imports(root: Path, sources: list[Path]) -> list[str]:
     return out
 
 
-def sign_result(proto: Any, seq: int, sha: str) -> str:
+def sealed_plots(directory: Path) -> dict[str, str]:
+    """The records folder's PNG plots (:data:`prereg.tag.PLOT_FILES`) by name, each file's sha256:
+    what the signed result head seals, so a replaced plot fails the audit."""
+    return {
+        n: sha256_bytes(read_regular(str(directory / n)))
+        for n in sorted(PLOT_FILES)
+        if (directory / n).is_file()
+    }
+
+
+def sign_result(proto: Any, seq: int, sha: str, seal_plots: bool = False) -> str:
     """Sign the study's ledger head: a signed annotated tag ``result-<id>`` on the protocol tag's
     commit whose message names the protocol, the freeze manifest's sha256 and the head
     (:func:`prereg.tag.result_message`), made by git's own signing as ``harness tag --sign`` makes
     the protocol tag (``gpg.format ssh``, ``user.signingkey``); its raw bytes are kept as
     ``RESULT`` in the records folder, so a clone without tags carries it. A later head (a resumed
-    study) replaces both. The audit verifies it with the reader's ``--allowed-signers``, so the
+    study) replaces both. With ``seal_plots`` (once the report has drawn them) the head also seals
+    the folder's PNG plots (:func:`sealed_plots`), and a head signed without them is signed again. The audit verifies it with the reader's ``--allowed-signers``, so the
     reader needs no head published elsewhere. Returns what was done."""
     repo = gitutil.toplevel(proto.path)
     info = gitutil.tag_info(repo, proto.tag_name) if repo is not None else None
@@ -670,9 +764,14 @@ def sign_result(proto: Any, seq: int, sha: str) -> str:
     except InputLimitError as e:
         raise RefusedError(f"{e}: harness report --sign keeps the signed head there as a regular file") from e
     old = parse_result(kept_raw) if kept_raw is not None else None
-    if old is not None and (old["seq"], old["sha256"]) == (seq, sha) and gitutil.tag_info(repo, name):
+    plots = sealed_plots(proto.records_path) if seal_plots else None  # after the report drew them
+    if (
+        old is not None
+        and (old["seq"], old["sha256"], old["plots"]) == (seq, sha, plots)
+        and gitutil.tag_info(repo, name)
+    ):
         return f"the ledger head seq {seq} is already signed as tag {name} ({kept})"
-    message = result_message(proto.id, manifest_sha256(m), seq, sha)
+    message = result_message(proto.id, manifest_sha256(m), seq, sha, plots)
     gitutil.create_tag(repo, name, message, sign=True, target=info.commit, force=True)
     raw = gitutil.tag_object(repo, f"refs/tags/{name}")
     if raw is None:  # pragma: no cover - git just created it

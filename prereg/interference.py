@@ -29,6 +29,16 @@ What the limit leaves: a stall that moves one arm's share by less than that (abo
 wall time) is not told apart from the machine's own load by this rule; the study's CPU-time
 endpoint (``training_cpu_time``), beside the wall-time one, is where a reader sees the rest.
 
+The kernel's view of a lockstep command pair (``harness/execute/watch.py``), beside the arms' own
+clocks, does not depend on the machine's load: the kernel reports each stop of an arm to its
+parent, the worker, and samples of each arm's scheduler times give its partner's CPU time within
+its timed turns. An arm stopped while the pair ran, or whose partner ran more than
+:data:`PARTNER_RUN_LIMIT` of the arm's own CPU time within its timed turns, fails the pair
+(:func:`kernel_reason`; the record's ``process.kernel`` keeps the figures, and the audit names an
+ok record they fail). A built-in
+lockstep pair's arms share one process, so neither can stop the other alone: the stall rule is
+theirs.
+
 Records without ``stall_s`` (every record written before the rule, and other designs') are not
 judged by it: their summaries and reports stay as they were.
 """
@@ -39,7 +49,16 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["STALL_LIMIT", "flagged_pairs", "share_gap", "spread", "stall_s"]
+__all__ = [
+    "PARTNER_RUN_LIMIT",
+    "STALL_LIMIT",
+    "flagged_pairs",
+    "kernel_problems",
+    "kernel_reason",
+    "share_gap",
+    "spread",
+    "stall_s",
+]
 
 #: The most two arms of a lockstep pair's CPU shares may differ, on the log scale, before the pair
 #: is flagged (twice the largest difference among the committed honest pairs: the module's text).
@@ -137,3 +156,60 @@ def spread(records: Iterable[Mapping[str, Any]]) -> tuple[int, float]:
             n += 1
             worst = max(worst, abs(gap))
     return n, worst
+
+
+#: The most CPU time a lockstep arm's partner may run within the arm's timed turns, as a share of
+#: the arm's own CPU time there, in the kernel's view (``harness/execute/watch.py``): the share the
+#: stall rule leaves (``1 - exp(-STALL_LIMIT)``, about 26%). A waiting arm sleeps in its hand-over
+#: read, so an honest partner runs only its hand-over there; the machine's other work takes from
+#: both run times alike, so the ratio does not fall with load as a share of wall time would.
+PARTNER_RUN_LIMIT = 1.0 - math.exp(-STALL_LIMIT)
+
+
+def kernel_reason(kernel: Mapping[str, Any]) -> str | None:
+    """Why a lockstep command arm's run fails in the kernel's view of it (its record's
+    ``process.kernel``; None: nothing to say): the kernel saw it stopped (``SIGSTOP``, a tracer) while
+    the pair ran, or its partner ran more than :data:`PARTNER_RUN_LIMIT` of its own CPU time
+    within its timed turns."""
+    stops = kernel.get("stops")
+    if isinstance(stops, int) and not isinstance(stops, bool) and stops > 0:
+        return (
+            f"the kernel saw it stopped {stops} time(s) ({_seconds(kernel.get('stopped_s'))} in all) "
+            "while the pair ran (SIGSTOP or a tracer; nothing of the harness stops an arm): a stopped "
+            "arm's clock counts its partner's doing, so the pair fails"
+        )
+    own, partner = _number(kernel.get("run_s")), _number(kernel.get("partner_run_s"))
+    if own is not None and partner is not None and partner > PARTNER_RUN_LIMIT * max(own, 0.0):
+        return (
+            f"its partner ran {partner:.3f} s of CPU time within its timed turns, where it ran {own:.3f} s "
+            f"(more than {PARTNER_RUN_LIMIT:.0%} of its own, in the kernel's view): a waiting arm sleeps in "
+            "its hand-over, so this one was starved by its partner and the pair fails"
+        )
+    return None
+
+
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _seconds(v: Any) -> str:
+    n = _number(v)
+    return "an unknown time" if n is None else f"{n:.3f} s"
+
+
+def kernel_problems(records: Iterable[Mapping[str, Any]]) -> tuple[list[str], int]:
+    """Each ok record whose kernel's view (``process.kernel``, lockstep command arms since the
+    rule) says it fails (:func:`kernel_reason`): the problems, and how many records hold a view."""
+    out: list[str] = []
+    held = 0
+    for r in records:
+        process = r.get("process")
+        kernel = process.get("kernel") if isinstance(process, Mapping) else None
+        if not isinstance(kernel, Mapping):
+            continue
+        held += 1
+        why = kernel_reason(kernel)
+        if why is not None and r.get("status") == "ok":
+            spec = r.get("spec") or {}
+            out.append(f"{spec.get('run_id')}.a{r.get('attempt')}: status ok, yet {why}")
+    return out, held

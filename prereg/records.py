@@ -60,7 +60,11 @@ Format log (``schema_version``):
   established non-inferiority on 3 agreeing pairs (docs/decisions.md, "The identity rule").
   Version 4 records keep identity, version 3 and earlier "not reached". Added within version 5:
   a replicated protocol's run ``spec.replicate`` (1-based, ``prereg/replicates.py``; left out of
-  other runs' specs, so their plans hash as before).
+  other runs' specs, so their plans hash as before). A lockstep command arm's
+  ``process.kernel`` (the kernel's view of it: ``stops``, ``stopped_s``, and over its timed turns
+  ``timed_s``, ``run_s``, ``runqueue_s``, ``partner_run_s``, ``samples``;
+  ``harness/execute/watch.py``), absent from earlier records; a run it fails is failed, its reason
+  said (:func:`prereg.interference.kernel_reason`), and the audit names an ok run it fails.
 
 Typed objects (frozen dataclasses), with JSON only at the file and process boundaries
 (``to_json`` / ``from_json``, which refuse fields they do not know, naming them): :class:`RunSpec`

@@ -173,6 +173,51 @@ def time_problems(entries: Sequence[Mapping[str, Any]], min_gap_s: int) -> list[
     return out
 
 
+def anchored_gap_problems(
+    entries: Sequence[Mapping[str, Any]], min_gap_s: int, anchored: Sequence[tuple[int, str]]
+) -> tuple[list[str], list[str]]:
+    """The replicates' separation witnessed by an anchor (``harness run --anchor``): each replicate's
+    first and last entry on each machine, by ``ledger.seq``, at the time of the first anchored head
+    that holds it (seq at or after the entry's: the anchor commit's time, which the remote's history
+    keeps); on one machine a replicate's first entry anchored fewer than ``min_gap_s`` seconds after
+    an earlier replicate's last is a problem. Returns the problems and, for an entry no anchored
+    head holds, a note that its time is unwitnessed."""
+    of_run = {
+        str((e.get("spec") or {}).get("run_id")): int(e["spec"]["replicate"])
+        for e in entries
+        if isinstance((e.get("spec") or {}).get("replicate"), int)
+    }
+    seqs: dict[tuple[int, str], list[int]] = {}
+    for e in entries:
+        r = of_run.get(str(e.get("run_id") or (e.get("spec") or {}).get("run_id")))
+        seq = (e.get("ledger") or {}).get("seq")
+        if r is not None and isinstance(seq, int):
+            seqs.setdefault((r, machine_of(e)), []).append(seq)
+    times = sorted((seq, _epoch(when)) for seq, when in anchored)
+
+    def witness(seq: int) -> float | None:
+        return min((t for s, t in times if s >= seq), default=None)
+
+    problems, unwitnessed_ = [], []
+    for (r, where), got in sorted(seqs.items()):
+        for (j, there), before in sorted(seqs.items()):
+            if j >= r or not _same_machine(where, there):
+                continue
+            first, last = witness(min(got)), witness(max(before))
+            if first is None or last is None:
+                unwitnessed_.append(
+                    f"replicate {r} on {where}: its first entry (seq {min(got)}) or replicate {j}'s last "
+                    f"(seq {max(before)}) is in no anchored head: their times are the runner's own"
+                )
+            elif first - last < min_gap_s:
+                problems.append(
+                    f"replicate {r}'s first entry (seq {min(got)}) was anchored at {_utc(first)}, "
+                    f"{first - last:.0f} s after replicate {j}'s last (seq {max(before)}, {_utc(last)}) on "
+                    f"{where}: min_gap_s is {min_gap_s}"
+                )
+    return problems, unwitnessed_
+
+
 def _epoch(iso: str) -> float:
     from datetime import datetime
 

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import subprocess
+from collections.abc import Mapping
 from typing import Any
 
 from prereg.bounded import InputLimitError, file_problem, read_present, read_regular
@@ -153,19 +154,31 @@ RESULT_FILE = "RESULT"
 RESULT_TITLE = "ledger head of protocol-"
 
 
-def result_message(pid: str, freeze: str, seq: int, sha: str) -> str:
-    """A signed result tag's message: the protocol, its freeze manifest's sha256 and the head."""
-    return f"{RESULT_TITLE}{pid}: seq {seq}\n\nprotocol {pid}\nfreeze {freeze}\nseq {seq}\nsha256 {sha}\n"
+#: The plot PNGs ``harness report`` draws in a records folder (``analysis/plots.py``).
+PLOT_FILES = frozenset(f"plot_{k}.png" for k in ("time", "quality", "forest", "drift", "validation"))
+
+
+def result_message(pid: str, freeze: str, seq: int, sha: str, plots: Mapping[str, str] | None = None) -> str:
+    """A signed result tag's message: the protocol, its freeze manifest's sha256 and the head; and
+    since the PNG plots are sealed there, a ``plot NAME SHA256`` line for each (none: the study
+    has none), after a ``plots`` line saying how many, so a reader tells "none" from "not sealed"."""
+    text = f"{RESULT_TITLE}{pid}: seq {seq}\n\nprotocol {pid}\nfreeze {freeze}\nseq {seq}\nsha256 {sha}\n"
+    if plots is None:
+        return text
+    return text + f"plots {len(plots)}\n" + "".join(f"plot {n} {h}\n" for n, h in sorted(plots.items()))
 
 
 def parse_result(raw: bytes) -> dict[str, Any] | None:
-    """A result tag object's fields (``protocol``, ``freeze``, ``seq``, ``sha256``, and ``tag``, its
-    name), or None when it is not one."""
+    """A result tag object's fields (``protocol``, ``freeze``, ``seq``, ``sha256``, ``tag``, its
+    name, and ``plots``, the sealed PNG plots by name, None in a head signed before they were), or
+    None when it is not one."""
     header, _, body = raw.decode("utf-8", "replace").partition("\n\n")
     if not re.match(r"object [0-9a-f]{40,64}\ntype commit\ntag result-\S+\n", header + "\n"):
         return None
-    fields = dict(
-        line.split(" ", 1) for line in body.splitlines() if " " in line and not line.startswith("-")
+    lines = [line for line in body.splitlines() if " " in line and not line.startswith("-")]
+    fields = dict(line.split(" ", 1) for line in lines if not line.startswith("plot "))
+    plots = dict(
+        line.split(" ", 2)[1:] for line in lines if line.startswith("plot ") and line.count(" ") == 2
     )
     tag = header.split("\n")[2][4:]
     try:
@@ -180,6 +193,9 @@ def parse_result(raw: bytes) -> dict[str, Any] | None:
         "freeze": fields.get("freeze"),
         "seq": seq,
         "sha256": fields["sha256"],
+        # the sealed PNG plots (None: a head signed before they were sealed)
+        "plots": plots if "plots" in fields else None,
+        "plots_said": fields.get("plots"),
     }
 
 

@@ -907,3 +907,40 @@ def test_a_planted_command_study_plans_or_is_refused_with_file_key_and_line(
         return
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert re.search(r"p\.yaml:\d+, key ", r.stderr) and key in r.stderr and words in r.stderr, r.stderr
+
+
+def test_the_tags_package_check_is_limited_to_what_the_study_imports(tmp_path):
+    """Issue 59, case 12: installing a package the study does not import after the tag must not make
+    ``harness run`` refuse it; one the study imports (or one of its requirements) still does. A
+    command whose program is not this interpreter keeps every package bound."""
+    from types import SimpleNamespace
+
+    from harness.freeze import command_bindings, command_drift, imported_distributions
+
+    repo = tmp_path / "r"
+    (repo / "job").mkdir(parents=True)
+    (repo / "job" / "train.py").write_text(
+        "import json\nimport yaml\nfrom harness.reporter import Reporter\n"
+    )
+    (repo / "job" / "util.py").write_text("from numpy import linalg\nfrom . import train\n")
+    for args in (["init", "-q"], ["config", "user.email", "t@e.invalid"], ["config", "user.name", "T"]):
+        subprocess.run(["git", *args], cwd=repo, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+    subprocess.run(["git", "commit", "-qm", "c"], cwd=repo, check=True)
+
+    def arms(program: str) -> SimpleNamespace:
+        arm = {"command": [program, "train.py", "{seed}"], "cwd": "job", "timeout_s": 60}
+        return SimpleNamespace(
+            document={"studies": [{"arms": {"baseline": arm, "candidate": arm}}]}, studies=[], path=repo
+        )
+
+    only = imported_distributions(arms("python"), repo)
+    assert only is not None and {"pyyaml", "numpy"} <= only and "hypothesis" not in only
+    then = {"refs": {}, "python": "CPython 3.11.7", "packages": {"pyyaml": "6.0", "numpy": "2.0"}}
+    added = {**then, "packages": {**then["packages"], "hypothesis": "6.0"}}
+    assert command_drift(then, added, only) == []  # an unrelated package installed after the tag
+    assert command_drift(then, added) == ["installed package hypothesis: 6.0, added after the tag"]
+    bumped = {**then, "packages": {"pyyaml": "6.1", "numpy": "2.0"}}
+    assert command_drift(then, bumped, only) == ["installed package pyyaml: 6.1, the tag's 6.0"]
+    assert imported_distributions(arms("bash"), repo) is None  # cannot be read: every package counts
+    assert set(command_bindings(SimpleNamespace(document={"studies": []}), repo)["packages"]) >= only

@@ -841,3 +841,36 @@ def test_the_audit_tells_machines_by_boot_id_not_hostname():
     old = [started("a", "2026-12-01T10:00:00.000+00:00", "h1", 1, None)]
     old.append(started("b", "2026-12-01T10:01:00.000+00:00", "other", 2, None))
     assert time_problems(old, 3600) == [] and unwitnessed(old)
+
+
+def test_the_anchor_witnesses_the_replicates_separation_where_the_runners_times_do_not():
+    """Issue 59, case 7: a key holder writes ``ledger.at`` at will (here 2 hours apart), but the
+    anchor's history says when each head was anchored: replicate 2's first entry anchored a minute
+    after replicate 1's last is a problem; 2 hours after is not; an entry no anchored head holds is
+    named unwitnessed."""
+    from prereg.replicates import anchored_gap_problems, time_problems
+
+    def entry(run, seq, at, replicate):
+        e = _entry(run, at, "h1", replicate)
+        e["ledger"]["seq"] = seq
+        e["runner"] = {"host": "h1", "pid": 1, "boot_id": "b" * 36}
+        return e
+
+    entries = [
+        entry("a", 1, "2026-12-01T08:00:00+00:00", 1),
+        entry("b", 2, "2026-12-01T08:30:00+00:00", 1),
+        entry("c", 3, "2026-12-01T10:30:00+00:00", 2),  # the runner's own time: 2 hours after
+    ]
+    assert time_problems(entries, 3600) == []
+    back_to_back = [(1, "2026-12-01T08:00:05+00:00"), (2, "2026-12-01T08:30:05+00:00")]
+    back_to_back.append((3, "2026-12-01T08:31:05+00:00"))
+    found, notes = anchored_gap_problems(entries, 3600, back_to_back)
+    assert (
+        len(found) == 1
+        and "replicate 2's first entry (seq 3) was anchored at 2026-12-01T08:31:05Z" in found[0]
+    )
+    assert "60 s after replicate 1's last (seq 2" in found[0] and notes == []
+    apart = [(2, "2026-12-01T08:30:05+00:00"), (3, "2026-12-01T10:30:05+00:00")]
+    assert anchored_gap_problems(entries, 3600, apart) == ([], [])
+    found, notes = anchored_gap_problems(entries, 3600, [(2, "2026-12-01T08:30:05+00:00")])
+    assert found == [] and len(notes) == 1 and "is in no anchored head" in notes[0]

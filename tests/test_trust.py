@@ -6,6 +6,7 @@ the public audit, in a scratch repository (a copy of a tagged, complete study, o
 
 from __future__ import annotations
 
+import json
 import os
 import py_compile
 import shutil
@@ -510,3 +511,129 @@ def test_a_signed_head_of_one_replicate_never_verifies_the_study(tmp_path):
     assert a.returncode == NOT_VERIFIED, a.stdout[-3000:]
     assert "closes replicate 1 of 2: it vouches for the replicates up to it, not for the study" in a.stdout
     assert "\nVerified" not in a.stdout
+
+
+def _recipe(clone: Path, keys: Path) -> subprocess.CompletedProcess[str]:
+    """docs/provenance.md's "Verifying a study" block, run as bash in ``clone`` as written there,
+    ``RECORDS`` the study's folder and ``$HOME/trusted/allowed_signers`` the reader's ``keys``."""
+    text = (Path(__file__).parents[1] / "docs" / "provenance.md").read_text()
+    block = text.split("## Verifying a study", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    home = keys.parent.parent
+    assert keys == home / "trusted" / "allowed_signers"
+    return subprocess.run(
+        ["bash", "-e", "-c", block.replace("RECORDS", RECS)],
+        cwd=clone,
+        env={**os.environ, "HOME": str(home), "PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _release(r: Path, name: str, marker: str, key: Path, *, apart: bool = False, date: str) -> None:
+    """A release tag ``name`` signed by ``key``, on a new commit whose auditor prints ``marker``
+    first: on main, or (``apart``) on a history of its own that does not hold the study's tag."""
+    if apart:
+        git(r, "checkout", "-q", "--orphan", f"apart-{name}")
+    cli = r / "audit" / "cli.py"
+    cli.write_text(
+        cli.read_text().replace(
+            "def main(argv: list[str]) -> int:\n",
+            f"def main(argv: list[str]) -> int:\n    print({marker!r})\n",
+            1,
+        )
+    )
+    git(r, "commit", "-qam", f"release {name}")
+    env = {**os.environ, "GIT_COMMITTER_DATE": date}
+    subprocess.run(
+        ["git", "-c", f"user.signingkey={key}", "tag", "-s", "-m", name, name],
+        cwd=r,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    git(r, "checkout", "-q", "main")
+
+
+@pytest.mark.process
+def test_the_recipe_runs_the_newest_signed_auditor_that_holds_the_study(tmp_path):
+    """Issue 59, case 2: the docs' recipe, run as written, takes the auditor of the newest release
+    signed by the reader's keys whose history holds the study's tag: not the study's own tag's, not
+    an older release tagged later, not a newer one signed by another key."""
+    r, key, pub, forger, _ = ssh_signed_study(tmp_path, 'maintainers@example.invalid namespaces="git"')
+    git(r, "add", "-A")
+    git(r, "commit", "-qm", "records")
+    _release(r, "audit-2", "AUDITOR OF RELEASE audit-2", key, date="2030-01-01T00:00:00")
+    _release(r, "audit-1", "AUDITOR OLDER THAN THE STUDY", key, apart=True, date="2031-01-01T00:00:00")
+    _release(r, "audit-9", "AUDITOR SIGNED BY ANOTHER KEY", forger, date="2032-01-01T00:00:00")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(r), str(clone)], check=True)
+    keys = tmp_path / "home" / "trusted" / "allowed_signers"
+    keys.parent.mkdir(parents=True)
+    keys.write_text(f"release-keys {pub}")
+    got = _recipe(clone, keys)
+    assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-2000:]
+    assert got.stdout.startswith("AUDITOR OF RELEASE audit-2"), got.stdout[:500]
+    assert "OLDER THAN" not in got.stdout and "ANOTHER KEY" not in got.stdout
+    assert "Verified:" in got.stdout
+    # without a release, the study's own tag's auditor (the first print is the audit's own)
+    for t in ("audit-1", "audit-2", "audit-9"):
+        git(clone, "tag", "-d", t)
+    plain = _recipe(clone, keys)
+    assert plain.returncode == 0 and "AUDITOR" not in plain.stdout, plain.stdout[-2000:]
+
+
+def test_an_auditor_refuses_to_certify_a_records_schema_newer_than_it_knows(tmp_path):
+    """Issue 59, case 2: records a newer harness wrote (MANIFEST's schema_version past every one
+    this auditor knows) are not certified and not failed: exit 3, the schema named, no Verified."""
+    from prereg.ledger import SCHEMAS
+
+    folder = tmp_path / "records"
+    folder.mkdir()
+    (folder / "MANIFEST").write_text(json.dumps({"schema_version": max(SCHEMAS) + 1, "records": {}}))
+    got = subprocess.run(
+        [sys.executable, "-I", "-S", "-B", str(Path(__file__).parents[1] / "analysis" / "public_audit.py")]
+        + [str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert got.returncode == NOT_VERIFIED, got.stdout
+    assert f"NEWER THAN THIS AUDITOR: MANIFEST says records schema {max(SCHEMAS) + 1}" in got.stdout
+    assert "Verified:" not in got.stdout and "NOT VERIFIED" in got.stdout
+    (folder / "MANIFEST").write_text(json.dumps({"schema_version": max(SCHEMAS), "records": {}}))
+    known = subprocess.run(
+        [sys.executable, "-I", "-S", "-B", str(Path(__file__).parents[1] / "analysis" / "public_audit.py")]
+        + [str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "NEWER THAN THIS AUDITOR" not in known.stdout
+
+
+@pytest.mark.process
+def test_a_replaced_plot_fails_against_the_signed_head_that_seals_it(tmp_path):
+    """Issue 59, case 8: ``harness report --sign`` seals the PNG plots in the signed result head, so
+    a plot replaced, removed or added afterwards fails the audit (exit 1, named); the folder no
+    longer says "not verified" of them. A head signed without plots checks none (committed studies)."""
+    r, _, pub, _, _ = ssh_signed_study(tmp_path, "maintainers@example.invalid")
+    keys = tmp_path / "keys"
+    keys.write_text(f"release-keys {pub}")
+    unsealed = audit(r, "--allowed-signers", str(keys))
+    assert unsealed.returncode == 0, unsealed.stdout[-2000:]
+    assert harness(r, "report", PROTO, "--quiet", "--sign").returncode == 0
+    plots = sorted((r / RECS).glob("plot_*.png"))
+    assert plots, "the report drew no plot"
+    assert "\nplots " in (r / RECS / "RESULT").read_text()
+    ok = audit(r, "--allowed-signers", str(keys))
+    assert ok.returncode == 0 and "PNG plots (not verified)" not in ok.stdout, ok.stdout[-2000:]
+    original = plots[0].read_bytes()
+    plots[0].write_bytes(original[:-8] + b"forged!!")
+    bad = audit(r, "--allowed-signers", str(keys))
+    assert bad.returncode == 1 and "the plot was replaced after the head was signed" in bad.stdout
+    plots[0].unlink()
+    gone = audit(r, "--allowed-signers", str(keys))
+    assert gone.returncode == 1 and f"{plots[0].name}: missing; " in gone.stdout
+    plots[0].write_bytes(original)
+    assert audit(r, "--allowed-signers", str(keys)).returncode == 0

@@ -18,7 +18,9 @@ ABBA order, an arm's consecutive blocks one turn: ``harness/reporter.py``), so o
 the other waits; each arm's record keeps its steps' times (``step_times``, from its reporter file,
 which the audit derives again) for the after-own endpoints. If one fails, the other is stopped and both runs fail. Each arm's
 stall (its blocks' wall less CPU time, from its reporter file: ``prereg/interference.py``) is in
-its record, so a pair one of whose arms was stopped or starved while timed is flagged.
+its record, so a pair one of whose arms was stopped or starved while timed is flagged; the kernel's
+view of each arm (:mod:`harness.execute.watch`: a stop the kernel reported, its partner's CPU time
+within its timed turns) fails the pair, whatever the machine's load.
 
 Every way a command goes wrong is a failed run with its reason: not found, a non-zero exit, past
 its limit, no reporter file, a refused one (torn, gaps, a clock that runs backwards, no ``done``,
@@ -46,9 +48,11 @@ from harness.commandarm import substitute
 from harness.execute.job import Job
 from harness.execute.launchers import ALLOWED
 from harness.execute.reaper import Reaper, Survivor
+from harness.execute.watch import Watch, kernel_view
 from harness.freeze import code_sha256
 from harness.reporter import ENV_BLOCK_STEPS, ENV_LOCKSTEP_FD, ENV_PLANT, ENV_REPORT, ENV_STEPS_FIRST
 from prereg.evidence import EVIDENCE_SUFFIX, MAX_EVIDENCE_BYTES, Derived, EvidenceError, derive
+from prereg.interference import kernel_reason
 from prereg.records import RunSpec, WorkerResult
 
 #: What a printed traceback starts with: a run whose output holds it failed, whatever its exit.
@@ -79,6 +83,7 @@ class _Proc:
     survivors: list[Survivor] = field(default_factory=list)  # processes of it left at its end
     failed: str | None = None  # why it could not start
     done: threading.Event = field(default_factory=threading.Event)
+    stops: list[tuple[float, str]] = field(default_factory=list)  # the kernel's stop/continue reports
 
 
 def ref_checkout(spec: RunSpec, root: Path, work: Path, keep: list[Path]) -> Path:
@@ -230,7 +235,12 @@ def _die_with_worker() -> None:
 
 def _reap(proc: _Proc) -> None:
     assert proc.popen is not None
-    _, status, rusage = os.wait4(proc.popen.pid, 0)
+    while True:  # each stop and continue the kernel reports to the parent is noted (watch.py)
+        _, status, rusage = os.wait4(proc.popen.pid, os.WUNTRACED | os.WCONTINUED)
+        if os.WIFSTOPPED(status) or os.WIFCONTINUED(status):
+            proc.stops.append((time.monotonic(), "stopped" if os.WIFSTOPPED(status) else "continued"))
+            continue
+        break
     proc.wall_s = time.monotonic() - proc.t0
     proc.popen.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
     proc.status, proc.rusage = proc.popen.returncode, rusage
@@ -442,6 +452,33 @@ def run_command(job: Job, work: Path, root: Path) -> tuple[WorkerResult, str | N
             _remove(root, where)
 
 
+def _kernel_judged(
+    procs: list[_Proc], watch: Watch, ran: list[tuple[WorkerResult, str | None]]
+) -> list[tuple[WorkerResult, str | None]]:
+    """Each arm's result with the kernel's view of it (``process.kernel``: stops, and its partner's
+    run within its timed turns, :mod:`harness.execute.watch`); an arm the rule refuses
+    (:func:`prereg.interference.kernel_reason`) fails with the reason."""
+    out = []
+    for i, (proc, (r, text)) in enumerate(zip(procs, ran, strict=True)):
+        other = procs[1 - i]
+        if proc.popen is None or other.popen is None:
+            out.append((r, text))
+            continue
+        view = kernel_view(
+            watch.samples.get(proc.popen.pid, []),
+            watch.samples.get(other.popen.pid, []),
+            proc.stops,
+            (text, ran[1 - i][1]),
+            proc.t0 + (proc.wall_s or 0.0),
+        )
+        why = kernel_reason(view)
+        r = replace(r, process={**(r.process or {}), "kernel": view})
+        if why is not None and r.status == "ok":
+            r = replace(r, status="failed", reason=why)
+        out.append((r, text))
+    return out
+
+
 def run_pair(jobs: tuple[Job, Job], work: Path, root: Path) -> list[tuple[WorkerResult, str | None]]:
     """A lockstep pair of command arms, both at once, handing the turn over a socket pair."""
     keep: list[Path] = []
@@ -466,8 +503,13 @@ def run_pair(jobs: tuple[Job, Job], work: Path, root: Path) -> list[tuple[Worker
             _start(p, reaper)
         a.close()
         b.close()
-        _wait(procs, reaper, pair=True)
-        ran = [_result(p) for p in procs]
+        watch = Watch()
+        watch.start([p.popen.pid for p in procs if p.popen is not None])
+        try:
+            _wait(procs, reaper, pair=True)
+        finally:
+            watch.close()
+        ran = _kernel_judged(procs, watch, [_result(p) for p in procs])
         for i, (r, text) in enumerate(ran):  # a lockstep pair fails whole: the other ran part alone
             other = ran[1 - i][0]
             if r.status == "ok" and other.status != "ok":

@@ -53,7 +53,7 @@ from filelock import FileLock
 from harness.execute.base import RunnerPort
 from harness.execute.grouping import process_groups, process_job
 from harness.execute.launchers import Outcome
-from harness.execute.ray_node import RESOURCE, Gate, node_command, run_unit
+from harness.execute.ray_node import RESOURCE, Gate, driver_tree, node_command, run_unit
 from harness.execute.state import RunState
 from harness.ledger import describe
 from harness.names import SPLITS
@@ -64,6 +64,19 @@ from prereg.errors import RefusedError
 __all__ = ["EXCLUDES", "RayExecutor", "node_command"]
 
 EXCLUDES = ["runs/", "records/", ".git/", "__pycache__/", "*.safetensors", ".whl/", ".gl/"]
+
+
+def _corpus_paths(runner: RunnerPort) -> list[str]:
+    """A local corpus's files inside the tree (``/``-rooted, as Ray's ``excludes`` name them): they
+    travel once, through the object store, not with the working directory."""
+    corpus, root = runner.context.proto.corpus, runner.context.root
+    if isinstance(corpus, str):
+        return []
+    return [
+        "/" + (root / f.path).resolve().relative_to(root.resolve()).as_posix()
+        for f in corpus.files.values()
+        if (root / f.path).resolve().is_relative_to(root.resolve())
+    ]
 
 
 class RayExecutor:
@@ -83,16 +96,8 @@ class RayExecutor:
         except ImportError as e:
             raise RefusedError("--ray needs Ray: python -m pip install -e '.[ray]'") from e
         # a local corpus inside the tree travels once, through the object store, not with the tree
-        corpus, root = runner.context.proto.corpus, runner.context.root
-        shipped = (
-            []
-            if isinstance(corpus, str)
-            else [
-                "/" + (root / f.path).resolve().relative_to(root.resolve()).as_posix()
-                for f in corpus.files.values()
-                if (root / f.path).resolve().is_relative_to(root.resolve())
-            ]
-        )
+        root = runner.context.root
+        shipped = _corpus_paths(runner)
         runtime_env = {
             "working_dir": str(root),
             "excludes": EXCLUDES + shipped,
@@ -189,6 +194,8 @@ class RayExecutor:
             "corpus_sha256": corpus.sha256(),
             "threads": proto.threads,
             "phase_sha256": (runner.context.env or {}).get("COTANGENT_PHASE_SHA256"),
+            # the shipped working directory every node must hold (ray_node.shipped_problems)
+            "tree": driver_tree(runner.context.root, EXCLUDES + _corpus_paths(runner)),
         }
         shipped = {s: corpus.split(s) for s in SPLITS} if corpus.name != "pydoc-topics" else None
         return expect, (ray.put(shipped) if shipped is not None else None)

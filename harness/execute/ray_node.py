@@ -29,6 +29,78 @@ from prereg.records import canonical
 RESOURCE = "harness-{device}"
 
 
+def driver_tree(root: Path, excluded: list[str]) -> dict[str, str]:
+    """What every node's shipped working directory must hold: each file of the study's root that
+    git does not ignore (tracked, or new and not ignored: what Ray ships) under a top-level entry
+    the freeze does not exempt (:func:`harness.freeze.exempt`: plug-ins, ``arms/``, ``configs/``,
+    the packages), by path under ``root``, with its sha256; files Ray does not ship (``excluded``:
+    :data:`harness.execute.ray.EXCLUDES` and the corpus sent apart) left out. Empty outside a git
+    repository's top level (nothing to compare with there)."""
+    import hashlib
+
+    from harness import gitutil
+    from harness.freeze import exempt
+
+    repo = gitutil.toplevel(root)
+    if repo is None or repo.resolve() != root.resolve():
+        return {}
+    listed = gitutil.git(repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard", check=False)
+    out = {}
+    for rel in sorted(set(listed.stdout.split("\0"))):
+        if not rel or exempt(rel.split("/", 1)[0]) or _excluded(rel, excluded):
+            continue
+        path = root / rel
+        if path.is_file() and not path.is_symlink():
+            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def _excluded(rel: str, excluded: list[str]) -> bool:
+    """Whether Ray leaves ``rel`` out of the working directory it ships (its ``excludes``)."""
+    import fnmatch
+
+    parts = rel.split("/")
+    for pat in excluded:
+        if pat.startswith("/"):
+            if rel == pat[1:] or rel.startswith(pat[1:].rstrip("/") + "/"):
+                return True
+        elif pat.endswith("/"):
+            if pat[:-1] in parts[:-1]:
+                return True
+        elif any(fnmatch.fnmatch(p, pat) for p in parts):
+            return True
+    return False
+
+
+def shipped_problems(expect: dict[str, str], cwd: Path, label: str) -> list[str]:
+    """The node's shipped working directory against the driver's (:func:`driver_tree`): each file
+    missing or different, and each source file (``*.py``, ``*.c``) under a frozen entry the driver
+    does not have, named; the node then runs nothing (as a local worker's sources are checked
+    against the tag's before any run)."""
+    import hashlib
+
+    out = []
+    for rel, sha in sorted(expect.items()):
+        path = cwd / rel
+        if not path.is_file() or path.is_symlink():
+            out.append(f"node {label}: {rel} is missing from the shipped working directory")
+        elif hashlib.sha256(path.read_bytes()).hexdigest() != sha:
+            out.append(f"node {label}: {rel} differs from the driver's (its sha256 is not the frozen file's)")
+    for top in sorted({rel.split("/", 1)[0] for rel in expect}):
+        base = cwd / top
+        extra = (
+            [p for p in [*base.rglob("*.py"), *base.rglob("*.c")] if "__pycache__" not in p.parts]
+            if base.is_dir()
+            else []
+        )
+        out += [
+            f"node {label}: {p.relative_to(cwd).as_posix()} is a source the driver did not ship"
+            for p in sorted(extra)
+            if p.relative_to(cwd).as_posix() not in expect
+        ]
+    return out
+
+
 def node_dir() -> Path:
     return Path(os.environ.get("HARNESS_NODE_DIR", Path.home() / "cotangent-harness-node"))
 
@@ -144,16 +216,10 @@ def run_unit(
     ctx = ray.get_runtime_context()
     node: dict[str, Any] = {"id": ctx.get_node_id(), "host": socket.gethostname(), "pid": os.getpid()}
     label = f"{node['host']}/{node['id'][:8]}"
-    from harness.packages import package_dirs
-
     base = node_dir() / expect["protocol"]
     cwd = Path.cwd()
     launcher = _launcher(expect["launcher"], cwd)
-    env = worker_env(
-        sorted({str(p.parent) for p in package_dirs()}),  # where Ray unpacked each package
-        threads=expect.get("threads"),
-        phase_sha256=expect.get("phase_sha256"),
-    )  # the driver's verified phase.c build, if this is it
+    env = node_env(expect, cwd, label)
     local = _checked_corpus(expect, corpus, label, launcher, base / "work" / f"probe-{os.getpid()}", cwd, env)
     for k, shipped in enumerate(jobs, 1):  # one worker process each: a run, or a lockstep pair
         each = _node_jobs(shipped, base, local)
@@ -177,6 +243,29 @@ def run_unit(
         _test_hold(f"between:{k}")
     queue.put(("end", label))  # the driver stops waiting on messages and collects this task at once
     return label
+
+
+def node_env(expect: dict[str, Any], cwd: Path, label: str) -> dict[str, str]:
+    """The workers' environment on this node, for each unit: refused (RefusedError) unless the
+    shipped working directory is the driver's (:func:`shipped_problems`); its frozen entries'
+    sources are among those a worker verifies each import against (``HARNESS_SOURCES``), as a
+    local worker's are."""
+    from harness.freeze import EXEMPT
+    from harness.packages import package_dirs
+
+    tree = expect.get("tree") or {}
+    problems = shipped_problems(tree, cwd, label)
+    if problems:
+        raise RefusedError(
+            "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        )
+    return worker_env(
+        sorted({str(p.parent) for p in package_dirs()}),  # where Ray unpacked each package
+        threads=expect.get("threads"),
+        frozen=[str(cwd / top) for top in sorted({rel.split("/", 1)[0] for rel in tree})],
+        exempt=sorted(EXEMPT),
+        phase_sha256=expect.get("phase_sha256"),  # the driver's verified phase.c build, if this is it
+    )
 
 
 def _admitted(ray: Any, gate: Any, each: list[Job]) -> bool:

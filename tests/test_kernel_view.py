@@ -1,0 +1,68 @@
+"""The kernel's view of a lockstep pair's arms (``harness/execute/watch.py``) and its rule
+(``prereg/interference.py``), from hand-made samples and records; the real processes are
+``tests/test_interference.py``'s."""
+
+from __future__ import annotations
+
+import json
+
+from harness.execute.watch import active_span, kernel_view, timed_windows
+from prereg.interference import PARTNER_RUN_LIMIT, kernel_problems, kernel_reason
+
+
+def _reporter(*lines):
+    return "\n".join(json.dumps(e) for e in lines)
+
+
+REPORTER = _reporter(
+    {"kind": "start", "t": 10.0},
+    {"kind": "step", "t": 11.0},
+    {"kind": "wait", "t0": 11.0, "t1": 12.0, "t": 12.0},
+    {"kind": "untimed", "t0": 12.5, "t1": 12.6, "t": 12.6},
+    {"kind": "step", "t": 14.0},
+    {"kind": "untimed", "t0": 14.0, "t1": 14.4, "t": 14.4},
+    {"kind": "done", "t": 14.5},
+)
+
+
+def test_the_timed_turns_are_the_reporters_steps_on_the_clock_less_its_waits_and_untimed_blocks():
+    assert timed_windows(REPORTER) == [(10.0, 11.0), (12.0, 12.5), (12.6, 14.0)]
+    assert timed_windows("not json") == [] and timed_windows(None) == []
+    assert active_span(REPORTER) == (10.0, 14.0)  # the partner's part in the turns: start to last step
+
+
+def test_a_continue_the_kernel_reported_without_its_stop_counts_as_a_stop():
+    samples = [(10.0 + i / 10, 0, 0, False) for i in range(40)]
+    view = kernel_view(samples, samples, [(10.2, "continued")], (REPORTER, REPORTER), 14.0)
+    assert view["stops"] == 1 and "stopped 1 time" in (kernel_reason(view) or "")
+    view = kernel_view(samples, samples, [(10.2, "stopped"), (10.5, "continued")], (REPORTER, REPORTER), 14.0)
+    assert view["stops"] == 1 and abs(view["stopped_s"] - 0.3) < 1e-9
+    seen_stopped = [(s[0], 0, 0, s[0] == 10.5) for s in samples]
+    assert kernel_view(seen_stopped, samples, [], (REPORTER, REPORTER), 14.0)["stops"] == 1
+
+
+def test_a_partner_that_runs_in_the_arms_turns_fails_it_and_one_that_sleeps_does_not():
+    own = [(10.0 + i / 10, i * 50_000_000, 0, False) for i in range(45)]
+    sleeping = [(t, 1_000_000, 0, False) for t, *_ in own]
+    busy = [(t, i * 50_000_000, 0, False) for i, (t, *_) in enumerate(own)]
+    quiet = kernel_view(own, sleeping, [], (REPORTER, REPORTER), 14.0)
+    assert quiet["stops"] == 0 and quiet["partner_run_s"] == 0 and kernel_reason(quiet) is None
+    starved = kernel_view(own, busy, [], (REPORTER, REPORTER), 14.0)
+    assert starved["partner_run_s"] > PARTNER_RUN_LIMIT * starved["run_s"]
+    assert "starved by its partner" in (kernel_reason(starved) or "")
+    # after its last step the partner's evaluation and exit are its own: not counted
+    done = [(t, 0 if t <= 14.0 else int((t - 14.0) * 1e9), 0, False) for t, *_ in own]
+    assert kernel_view(own, done, [], (REPORTER, REPORTER), 14.5)["partner_run_s"] == 0
+
+
+def test_the_audit_names_an_ok_record_whose_kernel_view_fails_it():
+    ok = {"stops": 0, "stopped_s": 0.0, "timed_s": 1.0, "run_s": 0.5, "partner_run_s": 0.01}
+    stopped = {**ok, "stops": 3, "stopped_s": 0.4}
+    records = [
+        {"spec": {"run_id": "a"}, "attempt": 1, "status": "ok", "process": {"kernel": ok}},
+        {"spec": {"run_id": "b"}, "attempt": 1, "status": "ok", "process": {"kernel": stopped}},
+        {"spec": {"run_id": "c"}, "attempt": 1, "status": "failed", "process": {"kernel": stopped}},
+        {"spec": {"run_id": "d"}, "attempt": 1, "status": "ok", "process": {"exit": 0}},
+    ]
+    problems, held = kernel_problems(records)
+    assert held == 3 and len(problems) == 1 and problems[0].startswith("b.a1: status ok, yet the kernel saw")
