@@ -173,15 +173,8 @@ def time_problems(entries: Sequence[Mapping[str, Any]], min_gap_s: int) -> list[
     return out
 
 
-def anchored_gap_problems(
-    entries: Sequence[Mapping[str, Any]], min_gap_s: int, anchored: Sequence[tuple[int, str]]
-) -> tuple[list[str], list[str]]:
-    """The replicates' separation witnessed by an anchor (``harness run --anchor``): each replicate's
-    first and last entry on each machine, by ``ledger.seq``, at the time of the first anchored head
-    that holds it (seq at or after the entry's: the anchor commit's time, which the remote's history
-    keeps); on one machine a replicate's first entry anchored fewer than ``min_gap_s`` seconds after
-    an earlier replicate's last is a problem. Returns the problems and, for an entry no anchored
-    head holds, a note that its time is unwitnessed."""
+def _replicate_seqs(entries: Sequence[Mapping[str, Any]]) -> dict[tuple[int, str], list[int]]:
+    """Each (replicate, machine)'s ledger seqs, the replicate read from its run's spec."""
     of_run = {
         str((e.get("spec") or {}).get("run_id")): int(e["spec"]["replicate"])
         for e in entries
@@ -193,6 +186,19 @@ def anchored_gap_problems(
         seq = (e.get("ledger") or {}).get("seq")
         if r is not None and isinstance(seq, int):
             seqs.setdefault((r, machine_of(e)), []).append(seq)
+    return seqs
+
+
+def anchored_gap_problems(
+    entries: Sequence[Mapping[str, Any]], min_gap_s: int, anchored: Sequence[tuple[int, str]]
+) -> tuple[list[str], list[str]]:
+    """The replicates' separation witnessed by an anchor (``harness run --anchor``): each replicate's
+    first and last entry on each machine, by ``ledger.seq``, at the time of the first anchored head
+    that holds it (seq at or after the entry's: the anchor commit's time, which the remote's history
+    keeps); on one machine a replicate's first entry anchored fewer than ``min_gap_s`` seconds after
+    an earlier replicate's last is a problem. Returns the problems and, for an entry no anchored
+    head holds, a note that its time is unwitnessed."""
+    seqs = _replicate_seqs(entries)
     times = sorted((seq, _epoch(when)) for seq, when in anchored)
 
     def witness(seq: int) -> float | None:

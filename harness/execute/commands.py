@@ -479,6 +479,18 @@ def _kernel_judged(
     return out
 
 
+def _fail_whole(
+    procs: list[Any], ran: list[tuple[WorkerResult, str | None]]
+) -> list[tuple[WorkerResult, str | None]]:
+    """A lockstep pair fails whole: an ok arm whose partner failed ran part of its run alone."""
+    for i, (r, text) in enumerate(ran):
+        other = ran[1 - i][0]
+        if r.status == "ok" and other.status != "ok":
+            reason = f"its partner {procs[1 - i].spec.run_id} failed ({other.reason})"
+            ran[i] = (replace(r, status="failed", reason=reason), text)
+    return ran
+
+
 def run_pair(jobs: tuple[Job, Job], work: Path, root: Path) -> list[tuple[WorkerResult, str | None]]:
     """A lockstep pair of command arms, both at once, handing the turn over a socket pair."""
     keep: list[Path] = []
@@ -509,19 +521,7 @@ def run_pair(jobs: tuple[Job, Job], work: Path, root: Path) -> list[tuple[Worker
             _wait(procs, reaper, pair=True)
         finally:
             watch.close()
-        ran = _kernel_judged(procs, watch, [_result(p) for p in procs])
-        for i, (r, text) in enumerate(ran):  # a lockstep pair fails whole: the other ran part alone
-            other = ran[1 - i][0]
-            if r.status == "ok" and other.status != "ok":
-                ran[i] = (
-                    replace(
-                        r,
-                        status="failed",
-                        reason=f"its partner {procs[1 - i].spec.run_id} failed ({other.reason})",
-                    ),
-                    text,
-                )
-        return ran
+        return _fail_whole(procs, _kernel_judged(procs, watch, [_result(p) for p in procs]))
     finally:
         reaper.close()
         a.close()
