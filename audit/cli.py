@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from audit.anchors import roots_from_repository, signers_problem
-from audit.folder import audit_dir
+from audit.folder import UNCHECKED, audit_dir
 from prereg.tag import remote_problem
 
 
@@ -174,6 +174,10 @@ def _print_findings(rows: list[tuple[str, str, str]], notes: list[str], problems
         print(f"\n{len(problems)} problem(s):")
         for p in problems:
             print(f"- {p}")
+        return
+    unchecked = sorted({d for _, d, result in rows if result.startswith(UNCHECKED)})
+    if unchecked:  # nothing of theirs was read: no line may say that it matched
+        print(f"Integrity: NOT CHECKED: {', '.join(unchecked)} (a records schema newer than this auditor).")
         return
     incomplete = [n for n in notes if "INCOMPLETE:" in n]
     stopped = [n for n in notes if "STOPPED BY THE BUDGET RULE:" in n]

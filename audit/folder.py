@@ -98,7 +98,7 @@ def audit_dir(
     newer = newer_schema(directory)
     if newer is not None:  # not certified, not failed: this auditor cannot read what a newer one wrote
         why.append(newer)
-        out.row("records schema", False, newer)
+        out.rows.append(("records schema", directory, f"{UNCHECKED} {newer}"))
         return
     _folder_files(out)
     manifest = _manifest(out)
@@ -455,6 +455,10 @@ def foreign_files(directory: str) -> list[str]:
         and not is_snapshot_name(n)
         and not n.startswith(".")
     ]
+
+
+#: A row's result where this auditor checked nothing (a records schema newer than it knows).
+UNCHECKED = "NOT CHECKED:"
 
 
 def newer_schema(directory: str) -> str | None:

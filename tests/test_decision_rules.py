@@ -313,7 +313,7 @@ def test_power_in_the_estimands_own_units(identical):
                 }
             ],
         },
-        "studies": [{"name": "p", "seeds": [0] * 50}],
+        "studies": [{"name": "p", "design": "paired", "seeds": [0] * 50}],
     }
     rr = plan(recs, tgt("relative_reduction", 2.0), {})[0]
     lr = plan(recs, tgt("log_ratio", math.log1p(0.02)), {})[0]
