@@ -52,8 +52,7 @@ import torch.nn.functional as F
 from clients import NanoGPT, Timm, optimizer, paired  # benchmarks/, the script's own folder
 from torch import nn
 
-from cotangent.modes import ROUNDS as AUTO_ROUNDS
-from cotangent.modes import WARMUP as AUTO_WARMUP
+from cotangent.modes import DECIDES_AFTER
 from cotangent.verify import bitwise_equal
 from harness.config import load_config
 from harness.devices import cpu_model
@@ -65,8 +64,6 @@ ARMS = ("native", "packed", "auto")
 ORDERS = ((0, 1, 2), (1, 2, 0), (2, 0, 1), (0, 2, 1), (2, 1, 0), (1, 0, 2))
 TINY = ("tiny_transformer", "tiny_medium", "tiny_gqa", "tiny_conv")
 LOOPS = ("nanogpt", "timm", "small_cnn", *TINY)
-#: Iterations ``mode="auto"`` runs before it has decided.
-AUTO_DECIDES_AFTER = AUTO_WARMUP + 4 * AUTO_ROUNDS + 1
 
 
 def phase(model: nn.Module, opt: Any, arm: str, max_norm: float) -> None:
@@ -246,7 +243,7 @@ def header(args: argparse.Namespace) -> list[str]:
         f"dispatches {torch.backends.cpu.get_cpu_capability()} (ATEN_CPU_CAPABILITY="
         f"{os.environ.get('ATEN_CPU_CAPABILITY', 'unset')})",
         f"{args.rounds} timed rounds per row after {args.warmup} warm-up iterations per arm (auto decides "
-        f"after {AUTO_DECIDES_AFTER}); ratios: geometric mean of per-round ratios, 95% Student-t interval",
+        f"after {DECIDES_AFTER}); ratios: geometric mean of per-round ratios, 95% Student-t interval",
     ]
 
 
@@ -299,9 +296,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="CI size: 12 rounds, smaller models and batches")
     ap.add_argument("--rounds", type=int, help="timed rounds per row (default 360; --quick 12)")
-    ap.add_argument(
-        "--warmup", type=int, default=AUTO_DECIDES_AFTER + 4, help="solo warm-up iterations per arm"
-    )
+    ap.add_argument("--warmup", type=int, default=DECIDES_AFTER + 4, help="solo warm-up iterations per arm")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--loops", nargs="+", default=list(LOOPS), choices=LOOPS)
     ap.add_argument(

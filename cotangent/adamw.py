@@ -194,6 +194,8 @@ class PackedAdamW(OnePass):
         self.block_bytes = block_bytes
         self.kernel = kernel
         self._pack_all()
+        if self._chooser is not None and any(g.device.type == "cuda" for g in self._pack.groups):
+            self._chooser.sync = torch.cuda.synchronize  # CUDA kernels run asynchronously: time them done
 
     def _init_mode(self, asked: str) -> None:
         #: ``"packed"`` or ``"native"``: how the optimizer steps now (:meth:`set_mode`).
