@@ -447,3 +447,36 @@ def test_auto_deciding_native_gives_the_gradient_pages_back():
     assert resident(flat) <= 2  # given back (at most the partial pages at its ends)
     (p * 1.0).sum().backward()
     assert p.grad.data_ptr() != flat.data_ptr() and resident(flat) <= 2
+
+
+def python_calls(fn):
+    """How many Python-level calls ``fn()`` makes (cProfile's count, builtins included)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    prof.disable()
+    return pstats.Stats(prof).total_calls
+
+
+@pytest.mark.filterwarnings(r"ignore:PackedAdamW\(mode='auto'\) measured")
+def test_native_for_good_is_native_s_work():
+    """Once auto has chosen native: no hook left on any parameter, no clock read, and
+    ``zero_grad`` is native's own call (one Python call more than native's: the method itself)."""
+    a, b, gen = twins([(16, 8), (8,), (4, 4)], torch.float32, 23)
+    oa = torch.optim.AdamW(a, fused=True)
+    ob = PackedAdamW(b, mode="auto")
+    ob._chooser.clock = FakeClock(ob, 0.012, 0.010)
+    for _ in range(WARMUP + 4 * BLOCKS + 1):
+        backward_both(a, b, gen, set())
+        torch.nn.utils.clip_grad_norm_(a, 1.0)
+        oa.step()
+        oa.zero_grad()
+        ob.clip_step_zero_grad(1.0)
+    assert ob.mode == "native" and ob._chooser is None and ob._pack.hooks == []
+    assert all(not p._backward_hooks and not getattr(p, "_post_accumulate_grad_hooks", None) for p in b)
+    backward_both(a, b, gen, set())
+    assert python_calls(lambda: ob.zero_grad()) <= python_calls(lambda: oa.zero_grad()) + 1
+    assert all(p.grad is None for p in b) and same(a, b)
