@@ -194,8 +194,6 @@ class PackedAdamW(OnePass):
         self.block_bytes = block_bytes
         self.kernel = kernel
         self._pack_all()
-        if self._chooser is not None and any(g.device.type == "cuda" for g in self._pack.groups):
-            self._chooser.sync = torch.cuda.synchronize  # CUDA kernels run asynchronously: time them done
 
     def _init_mode(self, asked: str) -> None:
         #: ``"packed"`` or ``"native"``: how the optimizer steps now (:meth:`set_mode`).
@@ -226,6 +224,9 @@ class PackedAdamW(OnePass):
         self._build_plans()
         # the groups as laid out: a group or a parameter list changed in place is seen (_sync_groups)
         self._laid_out = [(g, list(map(id, g["params"]))) for g in self.param_groups]
+        if self._chooser is not None:  # CUDA kernels run asynchronously: auto times them done
+            cuda = any(g.device.type == "cuda" for g in self._pack.groups)
+            self._chooser.sync = torch.cuda.synchronize if cuda else None
 
     def _repack(self) -> None:
         """Lay every group out again (after ``add_param_group`` or loading a state dict), keeping

@@ -364,7 +364,11 @@ def _env_facts(spec: RunSpec) -> dict[str, Any]:
         "harness_sha256": code_sha256()["harness"],  # the worker's: the code that ran the command
         "loadavg": [round(x, 2) for x in os.getloadavg()],  # the machine's load as the run started
         # COTANGENT_MODE and the like as the arm's env sets them (the runner passes none of its own)
-        **({"code_path_env": seen} if (seen := recorded_environment(spec.command.get("env") or {})) else {}),
+        **(
+            {"code_path_env": seen}
+            if (seen := recorded_environment((spec.command or {}).get("env") or {}))
+            else {}
+        ),
     }
 
 
