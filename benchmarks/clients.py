@@ -25,6 +25,7 @@ another Trainer's one by one; its bits are checked by ``harness verify``.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import platform
@@ -42,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from cotangent import PackedAdamW  # noqa: E402
 from cotangent.verify import bitwise_equal  # noqa: E402
-from harness.config import ModelConfig  # noqa: E402
+from harness.config import ModelConfig, load_config  # noqa: E402
 from harness.devices import cpu_model  # noqa: E402
 from harness.models import build_model  # noqa: E402
 from prereg.descriptive import mean_interval  # noqa: E402
@@ -69,6 +70,17 @@ def nanogpt_groups(model: nn.Module, wd: float) -> list[dict[str, Any]]:
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": wd},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
+
+
+def phase(model: nn.Module, opt: Any, arm: str, max_norm: float) -> None:
+    """A client loop's gradient phase: native's three calls (``clip_grad_norm_``, ``step``, ``zero_grad``),
+    or ``PackedAdamW``'s one pass (which takes the three calls where it steps natively)."""
+    if arm == "native":
+        nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        opt.step()
+        opt.zero_grad()
+    else:
+        opt.clip_step_zero_grad(max_norm, parameters=model.parameters())
 
 
 class Loop:
@@ -122,8 +134,6 @@ class NanoGPT(Loop):
 
 class Timm(Loop):
     def __init__(self, arm: str, batch: int, size: int, init: nn.Module) -> None:
-        import copy
-
         from timm.optim import param_groups_weight_decay
 
         self.model = copy.deepcopy(init)
@@ -138,12 +148,71 @@ class Timm(Loop):
         t0 = time.perf_counter()
         F.cross_entropy(self.model(x), y).backward()
         t1 = time.perf_counter()
-        if self.arm == "native":
-            nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-            self.opt.step()
-            self.opt.zero_grad()
-        else:
-            self.opt.clip_step_zero_grad(1.0, parameters=self.model.parameters())
+        phase(self.model, self.opt, self.arm, 1.0)
+        t2 = time.perf_counter()
+        return t2 - t0, t2 - t1
+
+
+class SmallCNN(Loop):
+    """A conv+BN net on small images: the review's "small conv+BN net"."""
+
+    def __init__(self, arm: str, init: nn.Module, batch: int, size: int) -> None:
+        self.model = copy.deepcopy(init)
+        self.arm, self.batch, self.size = arm, batch, size
+        self.opt = optimizer(arm, [{"params": list(self.model.parameters())}], lr=1e-3, weight_decay=0.05)
+
+    @staticmethod
+    def net(width: int) -> nn.Module:
+        def block(cin: int, cout: int, stride: int) -> list[nn.Module]:
+            return [nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
+
+        return nn.Sequential(
+            *block(3, width, 1),
+            *block(width, 2 * width, 2),
+            *block(2 * width, 2 * width, 2),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(2 * width, 10),
+        )
+
+    def iteration(self, k: int) -> tuple[float, float]:
+        g = torch.Generator().manual_seed(k)
+        x = torch.randn(self.batch, 3, self.size, self.size, generator=g)
+        y = torch.randint(0, 10, (self.batch,), generator=g)
+        t0 = time.perf_counter()
+        F.cross_entropy(self.model(x), y).backward()
+        t1 = time.perf_counter()
+        phase(self.model, self.opt, self.arm, 1.0)
+        t2 = time.perf_counter()
+        return t2 - t0, t2 - t1
+
+
+class Study(Loop):
+    """One of the study's configurations (``configs/<name>.yaml``): its model, batch and training settings."""
+
+    def __init__(self, arm: str, name: str) -> None:
+        cfg = load_config(ROOT / "configs" / f"{name}.yaml")
+        self.cfg, self.arm = cfg, arm
+        self.model = build_model(cfg.model, 0)
+        t = cfg.train
+        self.opt = optimizer(
+            arm,
+            [{"params": list(self.model.parameters())}],
+            lr=t.lr,
+            betas=(t.beta1, t.beta2),
+            eps=t.eps,
+            weight_decay=t.weight_decay,
+        )
+
+    def iteration(self, k: int) -> tuple[float, float]:
+        g = torch.Generator().manual_seed(k)
+        m, batch = self.cfg.model, self.cfg.train.batch_size
+        x = torch.randint(0, m.vocab, (batch, m.context + 1), generator=g)
+        t0 = time.perf_counter()
+        logits = self.model(x[:, :-1])
+        F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()).backward()
+        t1 = time.perf_counter()
+        phase(self.model, self.opt, self.arm, self.cfg.train.clip_norm)
         t2 = time.perf_counter()
         return t2 - t0, t2 - t1
 

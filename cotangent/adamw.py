@@ -224,6 +224,9 @@ class PackedAdamW(OnePass):
         self._build_plans()
         # the groups as laid out: a group or a parameter list changed in place is seen (_sync_groups)
         self._laid_out = [(g, list(map(id, g["params"]))) for g in self.param_groups]
+        if self._chooser is not None:  # CUDA kernels run asynchronously: auto times them done
+            cuda = any(g.device.type == "cuda" for g in self._pack.groups)
+            self._chooser.sync = torch.cuda.synchronize if cuda else None
 
     def _repack(self) -> None:
         """Lay every group out again (after ``add_param_group`` or loading a state dict), keeping
@@ -472,7 +475,6 @@ class PackedAdamW(OnePass):
         """The flat buffers, one entry per (device, dtype)."""
         return self._pack.groups
 
-    @torch.compiler.disable  # the layout's bookkeeping runs eagerly inside a compiled train step
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Native's ``zero_grad``, over the flat gradient buffer.
 
@@ -484,13 +486,21 @@ class PackedAdamW(OnePass):
         native's ``grad.zero_()``, every parameter that had a gradient keeps a ``+0.0`` one and is
         stepped with it (moments and weight decay move it). With ``release_grads=True`` the
         buffer's pages are given back to the OS instead; the hook fills a slot with ``-0.0``
-        again before backward accumulates into it.
+        again before backward accumulates into it. Stepping natively (``mode="native"``, or
+        ``"auto"`` once it has chosen native), it is native's own ``torch.optim.Optimizer.zero_grad`` and
+        nothing else (no hook, no clock, no bookkeeping: the gradients are backward's own).
         """
+        if self.mode == "native" and self._chooser is None:  # native's, as native's costs
+            return torch.optim.Optimizer.zero_grad(self, set_to_none)
+        self._zero_grad(set_to_none)
+
+    @torch.compiler.disable  # the layout's bookkeeping runs eagerly inside a compiled train step
+    def _zero_grad(self, set_to_none: bool) -> None:
         assert self._pack is not None
-        self._sync_groups()
         if self.mode == "native":
             super().zero_grad(set_to_none)
         else:
+            self._sync_groups()
             self._pack.zero_grads(set_to_none)
             if self._pack.relaid:
                 self._build_plans()

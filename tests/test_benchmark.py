@@ -167,6 +167,20 @@ def test_never_slower_benchmark_runs(tmp_path):
             assert res["bitwise"] is True
             for arm in ("packed", "auto"):
                 assert res[arm]["n"] == 3 and res[arm]["low"] <= res[arm]["ratio"] <= res[arm]["high"]
-            assert res["auto_mode"] in ("packed", "native")  # decided in the solo warm-up (24 > 20)
-            assert res["auto_report"].startswith("PackedAdamW(mode='auto') measured 16 iterations")
+            assert res["auto_mode"] in ("packed", "native")  # decided in the solo warm-up (56 > 52)
+            assert res["auto_report"].startswith("PackedAdamW(mode='auto') measured 48 iterations")
+            # the promise's criterion, unrounded, in the JSON and the row
+            met = res["auto"]["ratio"] <= 1.0 and res["auto"]["high"] <= 1.01
+            assert res["at_most_native"] is met
+            row = next(
+                lines[i] for i in rows if lines[i].startswith(f"| {loop} (") and f"| {threads} |" in lines[i]
+            )
+            assert row.split(" | ")[7] == ("yes" if met else "NO")
+    assert "auto at most native (ratio <= 1.00, upper <= 1.01)" in lines[plant[-1] + 2]
+    met = sum(
+        data[f"{loop}/{t}"]["at_most_native"]
+        for loop in ("nanogpt", "small_cnn", "tiny_conv")
+        for t in (1, 2)
+    )
+    assert data["table"][-1] == f"auto at most native (ratio <= 1.00, upper <= 1.01): {met} of 6 rows"
     assert data["table"][-1] in r.stdout

@@ -5,8 +5,13 @@ the bits of native ``AdamW(fused=True)`` + ``clip_grad_norm_``: parameters, grad
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import itertools
+import math
+import os
+import random
+import sys
 import warnings
 
 import hypothesis.strategies as st
@@ -15,7 +20,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 from cotangent import PackedAdamW, clip_grad_norm_
-from cotangent.modes import ENV, PATTERN, ROUNDS, WARMUP, Chooser
+from cotangent.modes import BLOCKS, COVERAGE, ENV, LEVEL, PATTERN, RANK, WARMUP, Chooser, bound, order_rank
 from cotangent.verify import bitwise_equal
 
 FEW = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -180,7 +185,7 @@ def test_auto_steps_natively_where_packed_is_slower_and_says_so_once(slower):
     seen = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for step in range(WARMUP + 4 * ROUNDS + 6):
+        for step in range(WARMUP + 4 * BLOCKS + 6):
             seen.append(ob.mode)
             backward_both(a, b, gen, set())
             na = torch.nn.utils.clip_grad_norm_(a, 1.0)
@@ -196,9 +201,9 @@ def test_auto_steps_natively_where_packed_is_slower_and_says_so_once(slower):
             assert bitwise_equal(na, nb) and same(a, b), step
             same_state(oa, ob, a, b)
     assert seen[:WARMUP] == ["packed"] * WARMUP
-    assert seen[WARMUP : WARMUP + 4 * ROUNDS] == list(PATTERN) * ROUNDS
+    assert seen[WARMUP : WARMUP + 4 * BLOCKS] == list(PATTERN) * BLOCKS
     expect = "native" if slower == "packed" else "packed"
-    assert set(seen[WARMUP + 4 * ROUNDS :]) == {expect}
+    assert set(seen[WARMUP + 4 * BLOCKS :]) == {expect}
     packed_ms = "12.000" if slower == "packed" else "10.000"
     assert ob.mode_report is not None and f"{packed_ms} ms packed, 11.000 ms native" in ob.mode_report
     fallbacks = [w for w in caught if "PackedAdamW(mode='auto') measured" in str(w.message)]
@@ -209,17 +214,19 @@ def test_auto_steps_natively_where_packed_is_slower_and_says_so_once(slower):
 
 
 def test_chooser_schedule_and_decision():
-    """The schedule by itself: WARMUP packed, then ROUNDS blocks of PATTERN, then the decision."""
+    """The schedule by itself: WARMUP packed, then BLOCKS blocks of PATTERN, then the decision."""
     times = iter(range(100))
-    c = Chooser(clock=lambda: float(next(times)) * 0.001)
+    c = Chooser(clock=lambda: float(next(times)))  # whole seconds: every iteration exactly 1.0
     modes, mode = [], "packed"
-    for _ in range(WARMUP + 4 * ROUNDS + 2):
+    for _ in range(WARMUP + 4 * BLOCKS + 2):
         mode = c.tick(mode)
         modes.append(mode)
     assert modes[: WARMUP - 1] == ["packed"] * (WARMUP - 1)
-    assert modes[WARMUP - 1 : WARMUP - 1 + 4 * ROUNDS] == list(PATTERN) * ROUNDS
-    assert c.decided == "packed"  # equal times: packed is not slower, so it stays
-    assert len(c.times["packed"]) == len(c.times["native"]) == 2 * ROUNDS
+    assert modes[WARMUP - 1 : WARMUP - 1 + 4 * BLOCKS] == list(PATTERN) * BLOCKS
+    assert c.decided == "native"  # equal times: packed is not clearly faster, so it steps natively
+    assert c.ratio == 1.0 and c.upper == 1.0
+    assert c.tick("native") == "native" and c.ticks == WARMUP + 4 * BLOCKS  # decided: no more clock
+    assert len(c.times["packed"]) == len(c.times["native"]) == 2 * BLOCKS
 
 
 def test_mode_from_the_environment_and_refused_values(monkeypatch):
@@ -311,3 +318,165 @@ def test_grad_scaler_steps_natively_and_across_a_switch():
             opt.zero_grad()
         assert same(a, b) and sa.get_scale() == sb.get_scale(), step
         same_state(oa, ob, a, b)
+
+
+def test_order_statistic_bound_against_scipy():
+    """The bound's rank and confidence are the sign test's: checked against scipy's binomial, and
+    against the order statistic's coverage simulated from skewed, heavy-tailed values."""
+    binom = pytest.importorskip("scipy.stats").binom
+    assert (BLOCKS, RANK) == (12, 10)
+    assert COVERAGE == pytest.approx(binom.cdf(RANK - 1, BLOCKS, 0.5), rel=1e-12) and COVERAGE >= LEVEL
+    assert binom.cdf(RANK - 2, BLOCKS, 0.5) < LEVEL  # the smallest rank that reaches LEVEL
+    for n, level in [(5, 0.9), (20, 0.95), (30, 0.99)]:
+        j = order_rank(n, level)
+        assert binom.cdf(j - 1, n, 0.5) >= level > binom.cdf(j - 2, n, 0.5)
+    rng = random.Random(3)
+    below = 0
+    for _ in range(4000):  # exp(N(0, 1)) - 1: skewed, heavy-tailed, median 0
+        logs = [math.exp(rng.gauss(0, 1)) - 1.0 for _ in range(BLOCKS)]
+        _, upper = bound(logs)
+        below += math.log(upper) < 0.0
+    assert below / 4000 == pytest.approx(1 - COVERAGE, abs=0.008)
+    assert bound([0.0] * (BLOCKS - 1))[1] == math.inf  # too few blocks: not clearly faster
+
+
+class SimClock:
+    """Simulated iteration times for :class:`Chooser`: lognormal noise ``sigma`` per iteration, a
+    slow random-walk drift, and with probability ``spikes`` an outlier 1.5-3x long (a GC pause,
+    another process); packed's iterations ``ratio`` times native's."""
+
+    def __init__(self, rng, ratio, sigma=0.03, drift=0.003, spikes=0.02):
+        self.rng, self.ratio, self.sigma, self.drift, self.spikes = rng, ratio, sigma, drift, spikes
+        self.now, self.level, self.mode = 0.0, 0.0, "packed"
+
+    def __call__(self):
+        self.level += self.rng.gauss(0.0, self.drift)
+        t = (
+            0.01
+            * (self.ratio if self.mode == "packed" else 1.0)
+            * math.exp(self.level + self.rng.gauss(0.0, self.sigma))
+        )
+        if self.rng.random() < self.spikes:
+            t *= self.rng.uniform(1.5, 3.0)
+        self.now += t
+        return self.now
+
+
+def packed_rate(ratio, n, seed, **noise):
+    """How often the rule keeps packed, over ``n`` simulated loops whose packed / native is ``ratio``."""
+    rng = random.Random(seed)
+    kept = 0
+    for _ in range(n):
+        clock = SimClock(rng, ratio, **noise)
+        c = Chooser(clock=clock)
+        while c.decided is None:
+            clock.mode = c.tick(clock.mode)
+        kept += c.decided == "packed"
+    return kept / n
+
+
+#: (packed / native, noise, the most (or least) often the rule may keep packed): the error rate
+#: where packed is no faster (at most 1 - LEVEL at a tie, far less where packed is slower) and the
+#: power where it is clearly faster. Printed with ``pytest -s``; docs/method.md quotes them.
+SIMULATED = [
+    (1.0, {}, "at most", 0.025),
+    (1.0, {"sigma": 0.08, "spikes": 0.05}, "at most", 0.025),
+    (1.01, {}, "at most", 0.01),
+    (1.035, {}, "at most", 0.001),
+    (1.056, {"sigma": 0.08, "spikes": 0.05}, "at most", 0.01),
+    (0.96, {}, "at least", 0.8),
+    (0.985, {}, "at least", 0.1),
+]
+
+
+@pytest.mark.parametrize("ratio,noise,side,rate", SIMULATED)
+def test_decision_error_rate_by_simulation(ratio, noise, side, rate):
+    """The rule's error rate, simulated (2000 loops, fixed seed; the whole Chooser, not a copy of
+    its arithmetic): a wrong "packed" (packed kept where it is no faster) is rare, and packed is
+    kept where it is clearly faster."""
+    got = packed_rate(ratio, 2000, seed=int(ratio * 1e4) + len(noise), **noise)
+    print(
+        f"packed / native {ratio}, noise {noise or 'sigma 0.03, drift 0.003, spikes 0.02'}: packed kept {got:.4f}"
+    )
+    assert got <= rate if side == "at most" else got >= rate
+
+
+def test_chooser_synchronises_only_while_measuring():
+    """``sync`` (``torch.cuda.synchronize`` for CUDA tensors) runs before each clock reading while
+    measuring and never after the decision; an optimizer over CPU tensors has none."""
+    calls = []
+    times = iter(range(1000))
+    c = Chooser(clock=lambda: float(next(times)), sync=lambda: calls.append(1))
+    mode = "packed"
+    for _ in range(WARMUP + 4 * BLOCKS + 10):
+        mode = c.tick(mode)
+    assert len(calls) == WARMUP + 4 * BLOCKS and c.decided is not None
+    opt = PackedAdamW([torch.randn(3, requires_grad=True)], mode="auto")
+    assert opt._chooser.sync is None
+
+
+def resident(t):
+    """How many of the pages under ``t``'s storage are resident (Linux ``mincore``)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = t.data_ptr() // page * page
+    length = t.data_ptr() + t.numel() * t.element_size() - start
+    n = (length + page - 1) // page
+    vec = (ctypes.c_ubyte * n)()
+    assert libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(length), vec) == 0
+    return sum(v & 1 for v in vec)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore, madvise: Linux")
+@pytest.mark.filterwarnings(r"ignore:PackedAdamW\(mode='auto'\) measured")
+def test_auto_deciding_native_gives_the_gradient_pages_back():
+    """Auto adds no memory once it steps natively: the flat gradient buffer's pages (kept while it
+    measures) are given back at the decision, and backward stores its own gradients from then on."""
+    p = torch.randn(256, 1024, requires_grad=True)  # 1 MiB of gradients
+    opt = PackedAdamW([p], mode="auto")
+    opt._chooser.clock = FakeClock(opt, 0.012, 0.010)
+    flat = opt.flat_groups[0].grad
+    for _ in range(WARMUP + 4 * BLOCKS + 2):
+        (p * 1.0).sum().backward()
+        opt.clip_step_zero_grad(1.0)
+        if opt._chooser is not None:
+            assert (
+                resident(flat) > flat.numel() * 4 // os.sysconf("SC_PAGE_SIZE") // 2
+            )  # kept while measuring
+    assert opt.mode == "native" and opt._chooser is None
+    assert resident(flat) <= 2  # given back (at most the partial pages at its ends)
+    (p * 1.0).sum().backward()
+    assert p.grad.data_ptr() != flat.data_ptr() and resident(flat) <= 2
+
+
+def python_calls(fn):
+    """How many Python-level calls ``fn()`` makes (cProfile's count, builtins included)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    prof.disable()
+    return pstats.Stats(prof).total_calls
+
+
+@pytest.mark.filterwarnings(r"ignore:PackedAdamW\(mode='auto'\) measured")
+def test_native_for_good_is_native_s_work():
+    """Once auto has chosen native: no hook left on any parameter, no clock read, and
+    ``zero_grad`` is native's own call (one Python call more than native's: the method itself)."""
+    a, b, gen = twins([(16, 8), (8,), (4, 4)], torch.float32, 23)
+    oa = torch.optim.AdamW(a, fused=True)
+    ob = PackedAdamW(b, mode="auto")
+    ob._chooser.clock = FakeClock(ob, 0.012, 0.010)
+    for _ in range(WARMUP + 4 * BLOCKS + 1):
+        backward_both(a, b, gen, set())
+        torch.nn.utils.clip_grad_norm_(a, 1.0)
+        oa.step()
+        oa.zero_grad()
+        ob.clip_step_zero_grad(1.0)
+    assert ob.mode == "native" and ob._chooser is None and ob._pack.hooks == []
+    assert all(not p._backward_hooks and not getattr(p, "_post_accumulate_grad_hooks", None) for p in b)
+    backward_both(a, b, gen, set())
+    assert python_calls(lambda: ob.zero_grad()) <= python_calls(lambda: oa.zero_grad()) + 1
+    assert all(p.grad is None for p in b) and same(a, b)

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import gitutil
+from harness.codepath import recorded_environment
 from harness.commandarm import substitute
 from harness.execute.job import Job
 from harness.execute.launchers import ALLOWED
@@ -362,6 +363,12 @@ def _env_facts(spec: RunSpec) -> dict[str, Any]:
         "threads": spec.threads,
         "harness_sha256": code_sha256()["harness"],  # the worker's: the code that ran the command
         "loadavg": [round(x, 2) for x in os.getloadavg()],  # the machine's load as the run started
+        # COTANGENT_MODE and the like as the arm's env sets them (the runner passes none of its own)
+        **(
+            {"code_path_env": seen}
+            if (seen := recorded_environment((spec.command or {}).get("env") or {}))
+            else {}
+        ),
     }
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from harness.codepath import recorded_environment
 from harness.execute.job import Job
 from harness.freeze import code_sha256
 from prereg.records import WorkerResult, sha256_bytes
@@ -224,6 +225,8 @@ def _environment(run: _Run) -> dict[str, Any]:
         "corpus_sha256": run.corpus.sha256(),
         # the machine's load (1, 5 and 15 minutes) as the run started: quiet or loaded, as it ran
         "loadavg": [round(x, 2) for x in os.getloadavg()],
+        # a variable that chooses the method's path where a caller leaves it open (COTANGENT_MODE), if set
+        **({"code_path_env": seen} if (seen := recorded_environment()) else {}),
     }
 
 
