@@ -40,7 +40,7 @@ from prereg.ledger import (
 from prereg.plan import OPTIONAL_SPEC, plan_from_protocol, plan_notes
 from prereg.recompute import SUMMARY_SCHEMAS, compare, recompute
 from prereg.records import seal
-from prereg.replicates import anchored_gap_problems, time_problems, unwitnessed
+from prereg.replicates import anchored_gap_problems, replicate_times, time_problems, unwitnessed
 from prereg.results import Summary
 from prereg.tag import PLOT_FILES, check_sources, git_root, load_truth
 
@@ -194,8 +194,8 @@ def _chain_and_runs(
         fail(
             "replicates apart in time",
             time_problems(records + started, gap),
-            f"{proto['replicates'].get('count')} replicates, each on a machine at least {gap} s after the "
-            "one before it there"
+            f"{len(replicate_times(records))} of {proto['replicates'].get('count')} replicates run, each on a "
+            f"machine at least {gap} s after the one before it there"
             + (
                 "; UNWITNESSED: the machines are told apart by hostname alone (started entries without a "
                 "boot id), which the runner's owner sets at will"
