@@ -97,6 +97,7 @@ def test_every_key_is_declared_once_with_its_default_and_origin():
         ("note: !!str 5\n", "not read"),
         ("note: 2001-01-01\n", "not read"),
         ('origins: {a: &n "x", b: *n}\n', "anchors (&) and aliases (*) are not allowed"),
+        ("order_seed: 2\n", "duplicate key 'order_seed': write each key once"),
     ],
 )
 def test_what_the_reader_does_not_read_is_refused_naming_file_and_line(tmp_path: Path, line: str, says: str):

@@ -114,6 +114,8 @@ def _refusal(problem: str) -> str:
             "anchors (&) and aliases (*) are not allowed: write each value out (the public audit's "
             "YAML reader reads none)"
         )
+    if problem.startswith("duplicate key"):
+        return f"{problem}: write each key once"
     return (
         f"not read: {problem} (the protocol's reader, the public audit's, reads plain YAML); "
         "write that line in a plainer form"
