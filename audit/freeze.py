@@ -264,7 +264,7 @@ def check_declared(root: str, truth: dict[str, Any], records: list[dict[str, Any
                     f"{record_name(r)}: field schema_version = {v!r}, but the tagged harness writes "
                     f"schema {writes} (an older format is a downgraded record)"
                 )
-    declared = (truth.get("doc") or {}).get("torch_version")
+    declared = truth["spec"].torch_version if truth.get("spec") is not None else None
     if isinstance(declared, str):
         for r in records:
             got = (r.get("env") or {}).get("torch")
@@ -433,7 +433,7 @@ def ref_problems(root: str, truth: dict[str, Any]) -> list[str]:
     """A protocol's command arms at commits (``ref``): the tag's manifest binds each ref the tagged
     protocol names, and each ref's tree here is the one it bound (a ref rewritten, or a commit
     missing from this clone, is named)."""
-    refs = refs_of(truth["doc"]) if isinstance(truth.get("doc"), dict) else []
+    refs = refs_of(truth["spec"]) if truth.get("spec") is not None else []
     bound = (truth["manifest"].get("commands") or {}).get("refs") or {}
     out = []
     for ref in refs:

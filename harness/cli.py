@@ -27,10 +27,8 @@ if TYPE_CHECKING:
 def cmd_plan(args: argparse.Namespace) -> int:
     from harness.plan import make_plan, plan_sha256
     from harness.protocol import load_protocol
-    from harness.yamlio import audit_readable, load
 
-    proto = load_protocol(args.protocol)
-    audit_readable(load(proto.path))  # what the harness accepts, the public audit reads
+    proto = load_protocol(args.protocol)  # read by the core's reader, the public audit's
     runs = make_plan(proto)
     if args.json:
         print(
@@ -123,7 +121,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return 0
 
 
-def _reconciled(proto: Any) -> None:
+def _reconciled(proto: Protocol) -> None:
     from harness.ledger import reconcile_study
 
     note = reconcile_study(proto)  # the chain is the truth: a crash may have left MANIFEST behind it
@@ -403,8 +401,8 @@ def _calibration_bias(calibration: str, target: Any) -> Any:
 
 def cmd_power(args: argparse.Namespace) -> int:
     from analysis.power import cited, legend, plan, table_rows
-    from harness import yamlio
     from harness.protocol import load_protocol
+    from prereg.protocol.read import read_document
     from prereg.records import load_records
 
     pilot = load_protocol(args.pilot)
@@ -434,7 +432,7 @@ def cmd_power(args: argparse.Namespace) -> int:
         print(f"no A/A pairs in {pilot.records_path} for the target's configurations")
         return 1
     print(table(shown, list(shown[0])))
-    origins = yamlio.load(target.path).data.get("origins") or {}  # validated by load_protocol: sentences
+    origins = read_document(target.path).data.get("origins") or {}  # validated by load_protocol: sentences
     print("\n" + legend(rows))
     if bias is not None:
         from prereg.calibrated import SIGN

@@ -7,11 +7,14 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.cliargs import RUN_BUDGET_STOP, RUN_COMPLETE, RUN_FAILED_RUNS, RUN_NO_REPORT, RUN_NOT_DONE
 from prereg.errors import HarnessError, InputError, Terminated
 from prereg.tag import remote_problem
+
+if TYPE_CHECKING:
+    from harness.protocol import Protocol
 
 #: Installed packages the harness imports; a copy of one inside the study's folder (an ignored
 #: ``yaml/`` beside the code) would shadow it for a runner started there with ``python -m``.
@@ -93,7 +96,7 @@ def _echo(live: bool) -> Callable[[str], None]:
     return echo
 
 
-def _report_after_run(args: argparse.Namespace, proto: Any, code: int, message: str) -> int:
+def _report_after_run(args: argparse.Namespace, proto: Protocol, code: int, message: str) -> int:
     """The report written after the runs (unless ``--no-report`` or the run did not end with
     records to report), the closing message and the answer; the exit status."""
     report_now = not args.no_report and code in (RUN_COMPLETE, RUN_FAILED_RUNS, RUN_BUDGET_STOP)
@@ -120,7 +123,7 @@ def _report_after_run(args: argparse.Namespace, proto: Any, code: int, message: 
     return code
 
 
-def seal_plots(proto: Any) -> None:
+def seal_plots(proto: Protocol) -> None:
     """Where the run signed its ledger head (``RESULT``), sign it again sealing the PNG plots the
     report has just drawn (:func:`harness.freeze.sign_result`), so a replaced plot fails the audit."""
     from harness.freeze import sign_result
@@ -138,7 +141,7 @@ def seal_plots(proto: Any) -> None:
         print(f"  result: WARNING: the plots were not sealed: {e}", flush=True)
 
 
-def run_ending(proto: Any, end: Any) -> tuple[int, str]:
+def run_ending(proto: Protocol, end: Any) -> tuple[int, str]:
     """The exit status and closing message of ``harness run`` (:data:`harness.cliargs.RUN_ENDINGS`);
     of a replicated protocol's ``--replicate K``, for that replicate's runs, and what comes next."""
     code, message = _ending(proto, end)
@@ -149,13 +152,13 @@ def run_ending(proto: Any, end: Any) -> tuple[int, str]:
     if k < count and not end.left:
         message += (
             f"\nNext: harness run {proto.relpath} --replicate {k + 1}, at least "
-            f"{proto.replicates['min_gap_s']} s after this replicate's last entry on this machine "
+            f"{(proto.replicates or {}).get('min_gap_s')} s after this replicate's last entry on this machine "
             "(or at once on another machine)"
         )
     return code, message
 
 
-def _ending(proto: Any, end: Any) -> tuple[int, str]:
+def _ending(proto: Protocol, end: Any) -> tuple[int, str]:
     where = f"records in {proto.records_path}"
     if end.stopped_for_budget:
         b = end.budget
@@ -215,7 +218,7 @@ def _ending(proto: Any, end: Any) -> tuple[int, str]:
 
 
 def report(
-    proto: Any, fmt: str | None, quiet: bool, beside: Path | None = None, answer_after: bool = False
+    proto: Protocol, fmt: str | None, quiet: bool, beside: Path | None = None, answer_after: bool = False
 ) -> str:
     """Write the study's summary, report, page (and ``fmt`` export) from its records, ``beside`` an
     earlier study's records folder if given; print the report, then the answer (each configuration's
@@ -245,7 +248,7 @@ def report(
     return out.answer
 
 
-def records_rel(proto: Any) -> str:
+def records_rel(proto: Protocol) -> str:
     """The records folder as a command run from the study's root names it."""
     path = proto.records_path.resolve()
     root = proto.root.resolve()

@@ -25,10 +25,10 @@ import string
 from pathlib import Path
 from typing import Any
 
-from harness import gitutil, yamlio
+from harness import gitutil
 from harness.codepath import CODE_PATH
-from harness.yamlio import Field, one_of
 from prereg.commands import arm_of, env_problem, metric_of
+from prereg.protocol.schema import Document, Field, KeyPath, mapping, one_of
 
 #: What a command's arguments may name: the run's seed, its reporter file, its configuration label,
 #: the protocol's device and threads, the planned steps and the run's id.
@@ -66,9 +66,7 @@ def is_command_arms(value: Any) -> bool:
     return isinstance(value, dict)
 
 
-def parse_arms(
-    doc: yamlio.Document, value: dict[str, Any], kp: yamlio.KeyPath, root: Path
-) -> dict[str, dict[str, Any]]:
+def parse_arms(doc: Document, value: dict[str, Any], kp: KeyPath, root: Path) -> dict[str, dict[str, Any]]:
     """A command study's two arms, each checked (the module's text says what is refused)."""
     if sorted(value) != sorted(ROLES):
         raise doc.error(kp, "command arms are a mapping of exactly two arms: baseline and candidate")
@@ -78,7 +76,7 @@ def parse_arms(
     return out
 
 
-def _arm(doc: yamlio.Document, value: Any, kp: yamlio.KeyPath, root: Path) -> dict[str, Any]:
+def _arm(doc: Document, value: Any, kp: KeyPath, root: Path) -> dict[str, Any]:
     """One command arm checked in order: its argument list and placeholders, its working directory
     and commit, its environment, its metrics; normalised by the core."""
     if isinstance(value, str):
@@ -87,7 +85,7 @@ def _arm(doc: yamlio.Document, value: Any, kp: yamlio.KeyPath, root: Path) -> di
             "a command arm is a mapping with an argument list (command: [program, arg, ...]); a shell "
             "string is refused: the harness runs no shell",
         )
-    a = yamlio.mapping(doc, value, kp, _ARM)
+    a = mapping(doc, value, kp, _ARM)
     argv = a["command"]
     if not argv:
         raise doc.error(kp + ("command",), "the argument list is empty")
@@ -98,7 +96,7 @@ def _arm(doc: yamlio.Document, value: Any, kp: yamlio.KeyPath, root: Path) -> di
     return arm_of(a)  # the core's normalisation: the plan and the audit read the arm alike
 
 
-def _check_arguments(doc: yamlio.Document, argv: list[Any], kp: yamlio.KeyPath) -> None:
+def _check_arguments(doc: Document, argv: list[Any], kp: KeyPath) -> None:
     """Each argument a string whose placeholders are known ones."""
     for i, arg in enumerate(argv):
         if not isinstance(arg, str):
@@ -111,7 +109,7 @@ def _check_arguments(doc: yamlio.Document, argv: list[Any], kp: yamlio.KeyPath) 
                 )
 
 
-def _check_where(doc: yamlio.Document, a: dict[str, Any], kp: yamlio.KeyPath, root: Path) -> None:
+def _check_where(doc: Document, a: dict[str, Any], kp: KeyPath, root: Path) -> None:
     """The arm's working directory a relative folder inside the repository, its ``ref`` (if any) a
     full commit id of the repository, and (without a ref) its program found."""
     argv = a["command"]
@@ -138,7 +136,7 @@ def _check_where(doc: yamlio.Document, a: dict[str, Any], kp: yamlio.KeyPath, ro
         _program(doc, argv, kp + ("command",), root / cwd)
 
 
-def _check_env(doc: yamlio.Document, env: dict[Any, Any], kp: yamlio.KeyPath) -> None:
+def _check_env(doc: Document, env: dict[Any, Any], kp: KeyPath) -> None:
     """Each environment variable a valid name, not one the harness sets, with a string value."""
     for k, v in env.items():
         if not isinstance(k, str) or not _ENV_NAME.match(k):
@@ -155,7 +153,7 @@ def _check_env(doc: yamlio.Document, env: dict[Any, Any], kp: yamlio.KeyPath) ->
             raise doc.error(kp + ("env", k), f"environment values are strings, got {v!r} (quote it)")
 
 
-def _check_metrics(doc: yamlio.Document, a: dict[str, Any], kp: yamlio.KeyPath) -> None:
+def _check_metrics(doc: Document, a: dict[str, Any], kp: KeyPath) -> None:
     """``metrics_regex`` exactly where the arm has no reporter, each an expression with one group."""
     patterns = a["metrics_regex"]
     if not a["reporter"]:
@@ -178,7 +176,7 @@ def _check_metrics(doc: yamlio.Document, a: dict[str, Any], kp: yamlio.KeyPath) 
             raise doc.error(kp + ("metrics_regex", name), "an expression with exactly one group: the number")
 
 
-def _program(doc: yamlio.Document, argv: list[str], kp: yamlio.KeyPath, cwd: Path) -> None:
+def _program(doc: Document, argv: list[str], kp: KeyPath, cwd: Path) -> None:
     """The program is found (on PATH, or a file in the working directory), and a Python script
     that ``python`` is given is a file there (a ref arm's are checked in its checkout, at run time)."""
     prog = argv[0]
@@ -191,7 +189,7 @@ def _program(doc: yamlio.Document, argv: list[str], kp: yamlio.KeyPath, cwd: Pat
             raise doc.error(kp + (1,), f"{argv[1]}: no such script in {cwd}")
 
 
-def _placeholders(doc: yamlio.Document, arg: str, kp: yamlio.KeyPath) -> list[str]:
+def _placeholders(doc: Document, arg: str, kp: KeyPath) -> list[str]:
     try:
         parts = list(string.Formatter().parse(arg))
     except ValueError as e:
@@ -204,14 +202,10 @@ def _placeholders(doc: yamlio.Document, arg: str, kp: yamlio.KeyPath) -> list[st
     return [name for _, name, _, _ in parts if name is not None]
 
 
-def parse_metric(doc: yamlio.Document, value: Any, kp: yamlio.KeyPath) -> dict[str, Any]:
-    """A command study's ``metric``: the name its scripts report, the target and which way is better."""
-    if value is None:
-        raise doc.error(
-            kp[:-1],
-            "a command study names the metric its endpoints read: metric: {name: val_loss, target: 3.0}",
-        )
-    m = yamlio.mapping(doc, value, kp, _METRIC)
+def parse_metric(doc: Document, value: Any, kp: KeyPath) -> dict[str, Any]:
+    """A command study's ``metric`` (the core's reader made sure it has one): the name its scripts
+    report, the target and which way is better."""
+    m = mapping(doc, value, kp, _METRIC)
     return metric_of(m)
 
 

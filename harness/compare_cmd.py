@@ -32,11 +32,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prereg.designs import LOCKSTEP
 from prereg.errors import HarnessError, InputError
 from prereg.planted import CLASSES
+
+if TYPE_CHECKING:
+    from harness.protocol import Protocol
 
 #: The effect classes a user may declare (``prereg/planted.py``'s ``CLASSES``), default cache-heavy.
 EFFECT_CLASSES = tuple(sorted(set(CLASSES.values())))
@@ -503,7 +506,7 @@ def run_compare(repo: Path, c: Compare, markdown_path: Path | None) -> int:
     return SLOWER_THAN_ALLOWED if c.fail_above and a.slower_established else 0
 
 
-def _answer(proto: Any, c: Compare) -> tuple[Answer, str]:
+def _answer(proto: Protocol, c: Compare) -> tuple[Answer, str]:
     """The answer from the study's sealed summary, and its ledger head's line."""
     from harness.ledger import describe, head_of, load_entries
     from prereg.results import Summary

@@ -16,8 +16,8 @@ from typing import Any
 
 from harness import yamlio
 from harness.plugins import is_plugin
-from harness.yamlio import Field, non_negative, one_of, positive
 from prereg.errors import InputError
+from prereg.protocol.schema import Field, mapping, non_negative, one_of, positive
 
 
 @dataclass(frozen=True)
@@ -157,16 +157,16 @@ _TOP = {
 def load_config(path: str | Path) -> Config:
     """Load and validate one configuration file."""
     doc = yamlio.load(path)
-    top = yamlio.mapping(doc, doc.data, (), _TOP)
-    m = yamlio.mapping(doc, top["model"], ("model",), _MODEL)
+    top = mapping(doc, doc.data, (), _TOP)
+    m = mapping(doc, top["model"], ("model",), _MODEL)
     model = ModelConfig(**m)
     check = FAMILY_CHECKS.get(model.family)
     if check is not None:  # a plug-in family validates itself when it is built (harness.models)
         problem = check(model)
         if problem is not None:
             raise doc.error(("model", problem[0]), problem[1])
-    train = TrainConfig(**yamlio.mapping(doc, top["train"], ("train",), _TRAIN))
-    ev = EvalConfig(**yamlio.mapping(doc, top["eval"], ("eval",), _EVAL))
+    train = TrainConfig(**mapping(doc, top["train"], ("train",), _TRAIN))
+    ev = EvalConfig(**mapping(doc, top["eval"], ("eval",), _EVAL))
     if top["name"] != Path(path).stem:
         raise doc.error(("name",), f"name {top['name']!r} must match the file name {Path(path).stem!r}")
     return Config(

@@ -21,12 +21,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness import gitutil
 from harness.packages import package_dirs
 from prereg.bounded import InputLimitError, file_problem, read_present, read_regular, read_target
-from prereg.commands import commands_of, is_command_study, refs_of
+from prereg.commands import commands_of, refs_of
 from prereg.errors import RefusedError
 from prereg.ledger import read_json
 from prereg.records import canonical, sha256_bytes
@@ -40,6 +40,9 @@ from prereg.tag import (
     parse_result,
     result_message,
 )
+
+if TYPE_CHECKING:
+    from harness.protocol import Protocol
 
 FORMAT = 1
 
@@ -92,7 +95,7 @@ def frozen_entries(repo: Path, rev: str) -> dict[str, str]:
     return trees
 
 
-def manifest(proto: Any, plan_sha: str, runs: int, repo: Path, rev: str = "HEAD") -> dict[str, Any]:
+def manifest(proto: Protocol, plan_sha: str, runs: int, repo: Path, rev: str = "HEAD") -> dict[str, Any]:
     """The freeze manifest of ``proto`` at ``rev`` (the code part is the running code's)."""
     return {
         "format": FORMAT,
@@ -111,19 +114,19 @@ def manifest(proto: Any, plan_sha: str, runs: int, repo: Path, rev: str = "HEAD"
     }
 
 
-def has_commands(proto: Any) -> bool:
+def has_commands(proto: Protocol) -> bool:
     """Whether a protocol has a study of command arms (its manifest then binds what they run)."""
     return any(st.commands is not None for st in proto.studies)
 
 
-def command_bindings(proto: Any, repo: Path) -> dict[str, Any]:
+def command_bindings(proto: Protocol, repo: Path) -> dict[str, Any]:
     """What a protocol's command arms run besides the frozen trees: each ref's tree (the commit's
     files), the interpreter (``python`` in an argument list is this one) and every installed
     distribution's version."""
     import importlib.metadata as md
     import platform
 
-    refs = refs_of(proto.document)
+    refs = refs_of(proto.spec)
     trees = {}
     for ref in refs:
         got = gitutil.git(repo, "rev-parse", "--verify", "-q", f"{ref}^{{tree}}", check=False)
@@ -180,7 +183,7 @@ def _top_modules(texts: list[str], argv: list[str]) -> set[str]:
     return names
 
 
-def imported_distributions(proto: Any, repo: Path) -> set[str] | None:
+def imported_distributions(proto: Protocol, repo: Path) -> set[str] | None:
     """The installed distributions a protocol's command arms import: the top-level modules the
     Python files of each arm's working directory import, the distributions that provide them, and
     theirs requirements, closed (names as :func:`command_bindings` writes them). None: an arm whose
@@ -189,10 +192,10 @@ def imported_distributions(proto: Any, repo: Path) -> set[str] | None:
     import re
 
     modules: set[str] = set()
-    for st in proto.document["studies"]:
-        if not is_command_study(st):
+    for st in proto.spec.studies:
+        if not st.commands:
             continue
-        for arm in commands_of(st).values():
+        for arm in commands_of(st.arms).values():
             texts = _python_files(repo, arm)
             if texts is None:
                 return None
@@ -251,7 +254,7 @@ def manifest_sha256(m: dict[str, Any]) -> str:
     return sha256_bytes(canonical(m))
 
 
-def tag_message(proto: Any, m: dict[str, Any]) -> str:
+def tag_message(proto: Protocol, m: dict[str, Any]) -> str:
     return (
         f"protocol {proto.id}\nfile {m['protocol']['path']}\nsha256 {proto.sha256}\n"
         f"freeze {manifest_sha256(m)}\n\n{FREEZE_MARKER}\n{json.dumps(m, sort_keys=True, indent=1)}\n"
@@ -505,11 +508,11 @@ def sources_mismatches(repo: Path, rev: str, sources: dict[str, dict[str, str]])
     return out
 
 
-def calibration_step(proto: Any) -> str:
+def calibration_step(proto: Protocol) -> str:
     """The next step for a protocol whose calibration is pending: its pilot and calibration command."""
-    from harness.yamlio import load
+    from prereg.protocol.read import read_document
 
-    cal = load(proto.path).data.get("calibration") or {}
+    cal = read_document(proto.path).data.get("calibration") or {}
     return (
         f"first run its pilot and calibration: {cal.get('command') or 'harness run ' + str(cal.get('pilot'))}; "
         f"then write the numbers into {proto.relpath}, set calibration status: done, commit, and run: "
@@ -517,7 +520,7 @@ def calibration_step(proto: Any) -> str:
     )
 
 
-def restore_tag(proto: Any) -> str | None:
+def restore_tag(proto: Protocol) -> str | None:
     """A published study's tag, restored in a clone (which fetches no tags) from the tag object its
     records folder keeps (``TAG``), when that object names this protocol's tag, a commit of this
     repository, and is the object every record names; returns what was done, or None. The restored
@@ -553,17 +556,17 @@ def restore_tag(proto: Any) -> str | None:
     )
 
 
-def _preregistered_at(proto: Any) -> str:
+def _preregistered_at(proto: Protocol) -> str:
     """Where the protocol says it is not preregistered: its file, key and line (or the default)."""
-    from harness.yamlio import load
+    from prereg.protocol.read import read_document
 
-    line = load(proto.path).lines.get(("preregistered",))
+    line = read_document(proto.path).lines.get(("preregistered",))
     if line is None:
         return f"{proto.path}: key preregistered is not set (default false)"
     return f"{proto.path}:{line}, key preregistered: false"
 
 
-def _refuse_tag_of_unpreregistered(proto: Any) -> None:
+def _refuse_tag_of_unpreregistered(proto: Protocol) -> None:
     """Refuse a protocol that is not preregistered while a tag of its id exists: the audit reads any
     tag ``protocol-<id>`` as the study's definition, so records run untagged would all fail it."""
     repo = gitutil.toplevel(proto.path)
@@ -577,7 +580,7 @@ def _refuse_tag_of_unpreregistered(proto: Any) -> None:
     )
 
 
-def check(proto: Any, plan_sha: str, runs: int) -> Frozen:
+def check(proto: Protocol, plan_sha: str, runs: int) -> Frozen:
     """For a preregistered protocol: refuse unless everything frozen at the tag is unchanged.
 
     Refuses (naming every differing path) when the tag is missing or lightweight, holds no freeze
@@ -621,7 +624,7 @@ def check(proto: Any, plan_sha: str, runs: int) -> Frozen:
     return Frozen(info.name, info.commit, info.object, info.created, manifest_sha256(tagged))
 
 
-def _tag_and_manifest(proto: Any, repo: Path, how: str) -> tuple[gitutil.TagInfo, dict[str, Any]]:
+def _tag_and_manifest(proto: Protocol, repo: Path, how: str) -> tuple[gitutil.TagInfo, dict[str, Any]]:
     """The study's tag and the freeze manifest it holds; refuses a missing or lightweight tag, one
     holding no freeze manifest, or one of another format (``how``: how to run a changed experiment)."""
     info = gitutil.tag_info(repo, proto.tag_name)
@@ -654,7 +657,7 @@ def _tag_and_manifest(proto: Any, repo: Path, how: str) -> tuple[gitutil.TagInfo
     return info, tagged
 
 
-def tag(proto: Any, sign: bool = False) -> tuple[gitutil.TagInfo, dict[str, Any]]:
+def tag(proto: Protocol, sign: bool = False) -> tuple[gitutil.TagInfo, dict[str, Any]]:
     """Create the annotated tag ``protocol-<id>`` on HEAD, holding the freeze manifest (signed by
     git with ``sign``).
 
@@ -676,9 +679,6 @@ def tag(proto: Any, sign: bool = False) -> tuple[gitutil.TagInfo, dict[str, Any]
     rel = proto.relpath
     if proto.calibration_pending:
         raise RefusedError(f"{proto.path}: calibration is pending; {calibration_step(proto)}")
-    from harness.yamlio import audit_readable, load
-
-    audit_readable(load(proto.path))  # the audit reads the tagged protocol from its bytes alone
     state = gitutil.file_state(repo, rel)
     if state != "clean":
         raise RefusedError(f"{proto.path}: the protocol file is {state}; commit it before tagging")
@@ -743,7 +743,7 @@ def sealed_plots(directory: Path) -> dict[str, str]:
     }
 
 
-def sign_result(proto: Any, seq: int, sha: str, seal_plots: bool = False) -> str:
+def sign_result(proto: Protocol, seq: int, sha: str, seal_plots: bool = False) -> str:
     """Sign the study's ledger head: a signed annotated tag ``result-<id>`` on the protocol tag's
     commit whose message names the protocol, the freeze manifest's sha256 and the head
     (:func:`prereg.tag.result_message`), made by git's own signing as ``harness tag --sign`` makes

@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock
 
@@ -60,6 +60,9 @@ from prereg.records import (
     write_snapshot,
     write_started,
 )
+
+if TYPE_CHECKING:
+    from harness.protocol import Protocol
 
 #: MANIFEST is rewritten by an append at most once in this many seconds (its size grows with the
 #: chain, so rewriting it on every append made each append cost more as a study grew; the first
@@ -416,7 +419,7 @@ def describe(head: LedgerHead) -> str:
     return f"ledger head: seq {head['seq']} sha256 {head['sha256']}"
 
 
-def check_records_folder(proto: Any) -> None:
+def check_records_folder(proto: Protocol) -> None:
     """Refuse (InputError naming the protocol and ``records_dir``) a records folder, default or
     explicit, that resolves outside the repository or inside a frozen entry (its records would be
     untracked files there, and the study could never resume), or that has a symlink anywhere on the
@@ -456,7 +459,7 @@ def check_records_folder(proto: Any) -> None:
         )
 
 
-def check_same_protocol(proto: Any) -> None:
+def check_same_protocol(proto: Protocol) -> None:
     """Refuse (InputError naming the protocol and ``records_dir``) a records folder that holds
     entries of another version of the protocol (another sha256: the file was edited after runs were
     recorded), before anything is written: an edited protocol gets its own records folder, never a
@@ -488,7 +491,7 @@ def check_same_protocol(proto: Any) -> None:
     )
 
 
-def study_ledger(proto: Any, genesis: str) -> Ledger:
+def study_ledger(proto: Protocol, genesis: str) -> Ledger:
     """The ledger of ``proto``'s records folder (its lock under ``runs/<id>/locks``)."""
     plugins = [
         proto.root / fp["path"]
@@ -505,7 +508,7 @@ def study_ledger(proto: Any, genesis: str) -> Ledger:
     )
 
 
-def reconcile_study(proto: Any) -> str | None:
+def reconcile_study(proto: Protocol) -> str | None:
     """What ``harness report`` and ``status`` do on start: check the records folder's path, then
     bring MANIFEST back to the chain (genesis: the freeze hash the entries name, else the protocol's)."""
     check_records_folder(proto)

@@ -1,11 +1,9 @@
 """Names shared by the protocol schema and the code that runs them; free of torch so that
 ``harness plan``, ``tag`` and ``status`` start instantly."""
 
-import re
+from prereg.protocol.schema import ID_RE
 
-#: Protocol, study and hypothesis ids: letters, digits, - and _ (\Z: "$" would also match before a
-#: final newline).
-ID_RE = re.compile(r"^[A-Za-z0-9_-]+\Z")
+__all__ = ["ARMS", "CORPORA", "ID_RE", "SPLITS"]
 
 #: The 2x2 factorial: (norms, optimizer) for each arm. ``native`` is the baseline, ``cotangent``
 #: the candidate.

@@ -15,8 +15,9 @@ seed, configuration by configuration. Orders are decided before any run, from th
   per group.
 
 The rule's one home is the audit's standard-library core (``plan_from_protocol`` in
-``prereg/plan.py``, through :mod:`analysis.public_audit`): the harness plans by it from
-the protocol file as read, and the audit recomputes the plan by it from the tagged file.
+``prereg/plan.py``, through :mod:`analysis.public_audit`): the harness plans by it from the
+typed protocol the core's reader gives (:mod:`prereg.protocol`), and the audit recomputes the
+plan by it from the tagged file, read by the same reader.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from prereg.records import RunSpec, canonical, sha256_bytes
 
 
 def make_plan(proto: Protocol) -> list[RunSpec]:
-    """The protocol's runs in plan order (:func:`prereg.plan.plan_from_protocol` on its
-    file as it was loaded, each run a :class:`~prereg.records.RunSpec`)."""
+    """The protocol's runs in plan order (:func:`prereg.plan.plan_from_protocol` on its typed
+    protocol, ``proto.spec``, each run a :class:`~prereg.records.RunSpec`)."""
     shas = {name: cfg.sha256 for name, cfg in proto.configs.items()}
-    return [RunSpec.from_json(d, "plan") for d in plan_from_protocol(proto.document, proto.sha256, shas)]
+    return [RunSpec.from_json(d, "plan") for d in plan_from_protocol(proto.spec, proto.sha256, shas)]
 
 
 def plan_sha256(runs: list[RunSpec]) -> str:

@@ -1,10 +1,11 @@
-"""Protocols: strict YAML schema and identity by sha256.
+"""Protocols, resolved: the core reads and types the file (:mod:`prereg.protocol`: every key
+declared once, with its type, default and origin; the public audit's reader), and this module
+resolves on top what needs the file system or torch, into :class:`Protocol`.
 
 A protocol is validated completely before anything runs; every error names the file, the key
-and the line. Its identity is the sha256 of the file's bytes. This module holds the top-level
-keys and :class:`Protocol`; each study's keys are validated in :mod:`harness.study`, the
-``hypotheses`` block in :mod:`harness.hypotheses`. Freezing (the tag and what it binds) lives in
-:mod:`harness.freeze`.
+and the line. Its identity is the sha256 of the file's bytes. Each study's arms, configurations
+and command arms are resolved in :mod:`harness.study`. Freezing (the tag and what it binds) lives
+in :mod:`harness.freeze`.
 """
 
 from __future__ import annotations
@@ -14,76 +15,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import gitutil, yamlio
+from harness import gitutil
 from harness.config import Config
 from harness.data.corpora import Corpus, LocalCorpus, load_corpus, parse_corpus
-from harness.hypotheses import parse_hypotheses
-from harness.names import ID_RE
 from harness.plugins import fingerprint
-from harness.study import Study, parse_studies, two_sided_level
-from harness.yamlio import Field, one_of, positive
-from prereg.plan import PROTOCOL_DEFAULTS as DEFAULTS
-from prereg.plan import defaults_text, with_defaults
-from prereg.planted import CLASSES, DEFAULT_CLASS, calibrated_designs, uncalibrated
+from harness.study import Study, parse_studies
+from prereg.plan import defaults_text
+from prereg.planted import DEFAULT_CLASS, calibrated_designs, uncalibrated
+from prereg.protocol.model import Protocol as ProtocolSpec
+from prereg.protocol.read import protocol_of, read_document
+from prereg.protocol.schema import CALIBRATION, Document, KeyPath, mapping
 from prereg.replicates import replicates_problems
-
-#: Each key with a safe default takes it from the core's one home (prereg.plan.PROTOCOL_DEFAULTS),
-#: which the audit's reader of the tagged file applies too.
-_TOP = {
-    "id": Field(str, check=lambda v: None if ID_RE.match(v) else "letters, digits, - and _ only"),
-    "version": Field(int, required=False, default=DEFAULTS["version"], check=positive),
-    "description": Field(str, required=False, default=DEFAULTS["description"]),
-    "preregistered": Field(bool, required=False, default=DEFAULTS["preregistered"]),
-    "corpus": Field((str, dict), required=False, default=DEFAULTS["corpus"]),
-    "data_dir": Field(str, required=False, default=None),
-    "device": Field(
-        str, required=False, default=DEFAULTS["device"], check=one_of("auto", "cpu", "cuda", "mps")
-    ),
-    "compile": Field(bool, required=False, default=DEFAULTS["compile"]),
-    "torch_version": Field(str, required=False, default=None),
-    "threads": Field(int, required=False, default=None, check=positive),
-    "launcher": Field(str, required=False, default="spawn", check=one_of("spawn", "forkserver")),
-    "budget_device_seconds": Field(float, check=positive),
-    "interval_level": Field(float, required=False, default=DEFAULTS["interval_level"], check=two_sided_level),
-    "hypotheses": Field(dict, required=False, default=DEFAULTS["hypotheses"]),
-    "max_attempts": Field(int, required=False, default=1, check=positive),
-    "order_seed": Field(int, required=False, default=DEFAULTS["order_seed"]),
-    "records_dir": Field(str, required=False, default=None),
-    "origins": Field(dict, required=False, default=None),
-    "calibration": Field(dict, required=False, default=None),
-    "studies": Field(list),
-    # in_order: each study's units after the one before; interleaved: every study's units in one
-    # seeded random order, so the studies meet the same load (a calibration study's designs)
-    "schedule": Field(str, required=False, default="in_order", check=one_of("in_order", "interleaved")),
-    # the calibration study whose planted effects measured the bias of this protocol's designs
-    "design_calibration": Field(str, required=False, default=None),
-    # the class of change the protocol measures, whose bias the calibration must know
-    # (prereg/planted.py CLASSES; default cache-heavy: an optimizer or kernel change)
-    "effect_class": Field(str, required=False, default=None, check=one_of(*sorted(set(CLASSES.values())))),
-    # separate runs of the runner at different times or on different machines (prereg/replicates.py)
-    "replicates": Field(dict, required=False, default=None),
-}
 
 
 @dataclass(frozen=True)
 class Protocol:
-    id: str
-    version: int
-    description: str
-    preregistered: bool
+    """A protocol, resolved: the core's typed protocol (``spec``, every key the file declares, read
+    by the public audit's reader) and, on top, what needs the file system or torch: the corpus, each
+    study's arms, configurations and command arms, the plug-ins' sources, the file's identity."""
+
+    spec: ProtocolSpec
     corpus: str | LocalCorpus
-    data_dir: str | None
-    device: str
-    compile: bool
-    torch_version: str | None
-    threads: int | None
-    launcher: str
-    budget_device_seconds: float
-    interval_level: float
-    hypotheses: dict[str, Any]  # resolved: {"descriptive": str} or procedure, family_alpha, min_pairs, tests
-    max_attempts: int
-    order_seed: int
-    records_dir: str | None
     studies: tuple[Study, ...]
     calibration_pending: bool
     path: Path
@@ -91,11 +43,75 @@ class Protocol:
     sha256: str
     configs: dict[str, Config] = field(default_factory=dict)
     plugins: dict[str, str] = field(default_factory=dict)  # plug-in name -> its source file
-    # the file as YAML read it (the hash above is of its bytes): what the plan and the summary,
-    # whose one home is the audit's core, are derived from
-    document: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-    # ``replicates: {count, min_gap_s}`` (prereg/replicates.py); None: one run of the runner does all
-    replicates: dict[str, int] | None = None
+
+    # the keys of the file, as the core read them (prereg/protocol/schema.py declares each once)
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def version(self) -> int:
+        return self.spec.version
+
+    @property
+    def description(self) -> str:
+        return self.spec.description
+
+    @property
+    def preregistered(self) -> bool:
+        return self.spec.preregistered
+
+    @property
+    def data_dir(self) -> str | None:
+        return self.spec.data_dir
+
+    @property
+    def device(self) -> str:
+        return self.spec.device
+
+    @property
+    def compile(self) -> bool:
+        return self.spec.compile
+
+    @property
+    def torch_version(self) -> str | None:
+        return self.spec.torch_version
+
+    @property
+    def threads(self) -> int | None:
+        return self.spec.threads
+
+    @property
+    def launcher(self) -> str:
+        return self.spec.launcher
+
+    @property
+    def budget_device_seconds(self) -> float:
+        return self.spec.budget_device_seconds
+
+    @property
+    def interval_level(self) -> float:
+        return self.spec.interval_level
+
+    @property
+    def hypotheses(self) -> dict[str, Any]:
+        return self.spec.hypotheses
+
+    @property
+    def max_attempts(self) -> int:
+        return self.spec.max_attempts
+
+    @property
+    def order_seed(self) -> int:
+        return self.spec.order_seed
+
+    @property
+    def records_dir(self) -> str | None:
+        return self.spec.records_dir
+
+    @property
+    def replicates(self) -> dict[str, Any] | None:
+        return self.spec.replicates
 
     def corpus_data(self) -> Corpus:
         """The protocol's corpus, every byte verified (DataError otherwise): WikiText-2 under
@@ -116,14 +132,16 @@ class Protocol:
     def defaults_note(self) -> str | None:
         """The keys the file leaves out and the defaults they took (``prereg.plan.PROTOCOL_DEFAULTS``,
         which every record names under ``protocol.defaults``); None when it leaves none out."""
-        keys = self.document.get("defaults") or []
-        if not keys:
+        if not self.spec.defaults:
             return None
-        return f"defaults (keys this protocol leaves out; every record names them): {defaults_text(keys)}"
+        return (
+            "defaults (keys this protocol leaves out; every record names them): "
+            f"{defaults_text(list(self.spec.defaults))}"
+        )
 
     @property
     def tag_name(self) -> str:
-        return f"protocol-{self.id}"
+        return self.spec.tag_name
 
     @property
     def records_path(self) -> Path:
@@ -143,7 +161,7 @@ class Protocol:
         from prereg.plan import expected_summary
 
         return {
-            **expected_summary(self.document, self.sha256, self.relpath),
+            **expected_summary(self.spec, self.sha256, self.relpath),
             "plugins": self.plugin_fingerprints(),
         }
 
@@ -168,54 +186,39 @@ REPLACED = {
 
 
 def load_protocol(path: str | Path) -> Protocol:
-    """Load and validate a protocol completely (configurations included)."""
+    """Load and validate a protocol completely: read and typed by the core
+    (:func:`prereg.protocol.read.protocol_of`, the public audit's reader), then what needs the file
+    system or torch resolved on top (configurations, corpora, arms and plug-ins, command arms, the
+    calibration it names)."""
     p = Path(path)
-    doc = yamlio.load(p)
+    doc = read_document(p)
     _refuse_schema_1(doc)
-    top = yamlio.mapping(doc, doc.data, (), _TOP)
+    spec = protocol_of(doc)
     root = project_root(p)
     configs: dict[str, Config] = {}
     plugins: dict[str, str] = {}
-    studies = parse_studies(doc, top["studies"], top["interval_level"], root, configs, plugins)
-    _refuse_outside_root(doc, top, root)
-    hypotheses = parse_hypotheses(doc, top["hypotheses"], studies)
-    _refuse_unmeasurable(doc, top, studies, hypotheses)
-    pending = _calibration_pending(doc, top["calibration"])
-    if top["design_calibration"] is not None:
-        _refuse_uncalibrated(
-            doc, top["design_calibration"], root, studies, top["effect_class"] or DEFAULT_CLASS
-        )
-    elif top["effect_class"] is not None:
+    studies = parse_studies(doc, spec.studies, root, configs, plugins)
+    _refuse_outside_root(doc, spec, root)
+    _refuse_unmeasurable(doc, spec, studies)
+    pending = _calibration_pending(doc, spec.calibration)
+    if spec.design_calibration is not None:
+        _refuse_uncalibrated(doc, spec.design_calibration, root, studies, spec.effect_class or DEFAULT_CLASS)
+    elif spec.effect_class is not None:
         raise doc.error(
             ("effect_class",),
             "effect_class names the class whose bias the calibration measured; name that calibration "
             "(design_calibration: protocols/<calibration>.yaml, run with harness calibration-study)",
         )
-    if top["replicates"] is not None:
+    if spec.replicates is not None:
         counts = {s.name: len(s.seeds) for s in studies}
-        for where, message in replicates_problems(top["replicates"], counts):
+        for where, message in replicates_problems(spec.replicates, counts):
             raise doc.error(("replicates", *where), message)
-        _refuse_unreplicable(doc, top, studies)
-    if top["origins"] is not None:
-        _refuse_bad_origins(doc, top["origins"])
+        _refuse_unreplicable(doc, spec, studies)
+    if spec.origins is not None:
+        _refuse_bad_origins(doc, spec.origins)
     return Protocol(
-        id=top["id"],
-        version=top["version"],
-        description=top["description"],
-        preregistered=top["preregistered"],
-        corpus=parse_corpus(doc, top["corpus"]),
-        data_dir=top["data_dir"],
-        device=top["device"],
-        compile=top["compile"],
-        torch_version=top["torch_version"],
-        threads=top["threads"],
-        launcher=top["launcher"],
-        budget_device_seconds=top["budget_device_seconds"],
-        interval_level=top["interval_level"],
-        hypotheses=hypotheses,
-        max_attempts=top["max_attempts"],
-        order_seed=top["order_seed"],
-        records_dir=top["records_dir"],
+        spec=spec,
+        corpus=parse_corpus(doc, spec.corpus),
         studies=tuple(studies),
         calibration_pending=pending,
         path=p,
@@ -223,25 +226,23 @@ def load_protocol(path: str | Path) -> Protocol:
         sha256=hashlib.sha256(doc.raw).hexdigest(),
         configs=configs,
         plugins=plugins,
-        document=with_defaults(doc.data),
-        replicates=dict(top["replicates"]) if top["replicates"] is not None else None,
     )
 
 
-def _refuse_unreplicable(doc: Any, top: dict[str, Any], studies: list[Any]) -> None:
+def _refuse_unreplicable(doc: Document, spec: ProtocolSpec, studies: list[Study]) -> None:
     """A replicated protocol's decisions are made over its replicates: refuse sequential looks
     (they would decide on pooled pairs before later replicates exist) and an order-cell hypothesis
     whose replicates are too small for its estimate (4 cells and at least 1 degree of freedom)."""
-    spec = top["hypotheses"] if isinstance(top["hypotheses"], dict) else {}
-    if "sequential" in spec:
+    declared = spec.hypotheses
+    if "sequential" in declared:
         raise doc.error(
             ("replicates",),
             "replicates with sequential looks: the looks decide on the pooled pairs, before later "
             "replicates exist; declare one or the other",
         )
-    count = top["replicates"]["count"]
+    count = spec.replicates["count"] if spec.replicates else 1
     lockstep = {s.name: len(s.seeds) for s in studies if s.block_steps is not None}
-    for i, h in enumerate(spec.get("tests") or []):
+    for i, h in enumerate(declared.get("tests") or []):
         seeds = lockstep.get(h.get("study"))
         if h.get("period_adjusted") and seeds is not None and seeds // count < 5:
             raise doc.error(
@@ -251,20 +252,20 @@ def _refuse_unreplicable(doc: Any, top: dict[str, Any], studies: list[Any]) -> N
             )
 
 
-def _refuse_outside_root(doc: yamlio.Document, top: dict[str, Any], root: Path) -> None:
+def _refuse_outside_root(doc: Document, spec: ProtocolSpec, root: Path) -> None:
     """Refuse a ``records_dir`` or ``data_dir`` that resolves outside the study's repository."""
-    for key in ("records_dir", "data_dir"):
-        if top[key] is not None:
-            where = (root / top[key]).resolve()
+    for key, value in (("records_dir", spec.records_dir), ("data_dir", spec.data_dir)):
+        if value is not None:
+            where = (root / value).resolve()
             if not where.is_relative_to(root.resolve()):
                 raise doc.error(
                     (key,),
-                    f"{top[key]!r} resolves to {where}, outside the study's repository {root}; "
+                    f"{value!r} resolves to {where}, outside the study's repository {root}; "
                     "records and data must stay inside it",
                 )
 
 
-def _refuse_bad_origins(doc: yamlio.Document, origins: dict[str, Any]) -> None:
+def _refuse_bad_origins(doc: Document, origins: dict[str, Any]) -> None:
     """Refuse an ``origins`` entry that is not a sentence."""
     for k, v in origins.items():
         if not isinstance(v, str):
@@ -319,27 +320,25 @@ def command_unmeasurable(study: Study, endpoint: str) -> str | None:
     return None
 
 
-def _refuse_unmeasurable(
-    doc: yamlio.Document, top: dict[str, Any], studies: list[Study], hypotheses: dict[str, Any]
-) -> None:
+def _refuse_unmeasurable(doc: Document, spec: ProtocolSpec, studies: list[Study]) -> None:
     """Refuse, naming the key, what a study's design or the device cannot measure: a lockstep study's
     per-arm memory and whole-process times, a compiled lockstep study, an undeclared origin of a
     preregistered ``block_steps``, and CPU time on a GPU."""
     lockstep = {s.name for s in studies if s.lockstep}
-    if lockstep and top["compile"]:
+    if lockstep and spec.compile:
         raise doc.error(
             ("compile",),
             "a lockstep study runs eagerly: two compiled models in one process share dynamo's and "
             "inductor's caches, so the second arm's compile and first steps are not those of a process "
             "of its own (use design: paired to compare compiled arms)",
         )
-    if lockstep and top["preregistered"] and not (top["origins"] or {}).get("block_steps"):
+    if lockstep and spec.preregistered and not (spec.origins or {}).get("block_steps"):
         raise doc.error(
             ("origins",),
             "a preregistered lockstep study states where its block_steps comes from: origins.block_steps",
         )
     by_name = {s.name: s for s in studies}
-    for i, t in enumerate(hypotheses.get("tests", [])):
+    for i, t in enumerate(spec.hypotheses.get("tests", [])):
         why = command_unmeasurable(by_name[t["study"]], t["endpoint"])
         if why:
             raise doc.error(("hypotheses", "tests", i, "endpoint"), f"study {t['study']!r}: {why}")
@@ -355,16 +354,16 @@ def _refuse_unmeasurable(
                 f"{t['endpoint']} is the mean step time after the arm's own step, which a lockstep study "
                 f'keeps (docs/decisions.md, "Effect classes"); study {t["study"]!r} is not one',
             )
-        if t["endpoint"] in ("training_cpu_time", "own_step_cpu_time") and top["device"] != "cpu":
+        if t["endpoint"] in ("training_cpu_time", "own_step_cpu_time") and spec.device != "cpu":
             raise doc.error(
                 ("hypotheses", "tests", i, "endpoint"),
-                f"{t['endpoint']} on device {top['device']!r}: the host thread's CPU time does not "
+                f"{t['endpoint']} on device {spec.device!r}: the host thread's CPU time does not "
                 "measure work a GPU does asynchronously (waiting for it costs none); use training_time",
             )
 
 
 def _refuse_uncalibrated(
-    doc: yamlio.Document, value: str, root: Path, studies: list[Study], effect_class: str
+    doc: Document, value: str, root: Path, studies: list[Study], effect_class: str
 ) -> None:
     """``design_calibration``: the calibration study (a protocol file inside the repository) whose
     planted effects measured each design's bias; every study of this protocol that is not itself
@@ -376,7 +375,7 @@ def _refuse_uncalibrated(
             f"{value!r} is not a protocol file inside the repository {root} (the calibration study, "
             "e.g. protocols/calibration-cpu.yaml)",
         )
-    cal = yamlio.load(where).data
+    cal = read_document(where).data
     covered = calibrated_designs(cal if isinstance(cal, dict) else {})
     if not covered:
         raise doc.error(
@@ -392,11 +391,11 @@ def _refuse_uncalibrated(
             raise doc.error(("effect_class",) if "effect_class" in doc.data else ("studies", si, key), why)
 
 
-def _refuse_schema_1(doc: yamlio.Document) -> None:
+def _refuse_schema_1(doc: Document) -> None:
     """Refuse, naming the first one, a key of protocol schema 1 at the top or in a study."""
     if not isinstance(doc.data, dict):
         return
-    old: list[tuple[str, yamlio.KeyPath]] = [(k, ()) for k in REPLACED if k in doc.data]
+    old: list[tuple[str, KeyPath]] = [(k, ()) for k in REPLACED if k in doc.data]
     for i, st in enumerate(doc.data.get("studies") or []):
         if isinstance(st, dict):
             old += [(k, ("studies", i)) for k in REPLACED if k in st]
@@ -409,18 +408,9 @@ def _refuse_schema_1(doc: yamlio.Document) -> None:
         )
 
 
-def _calibration_pending(doc: yamlio.Document, raw: Any) -> bool:
+def _calibration_pending(doc: Document, raw: Any) -> bool:
     """Whether the protocol's ``calibration`` block (if any) says its calibration is still pending."""
     if raw is None:
         return False
-    cal = yamlio.mapping(
-        doc,
-        raw,
-        ("calibration",),
-        {
-            "status": Field(str, check=one_of("pending", "done")),
-            "pilot": Field(str),
-            "command": Field(str),
-        },
-    )
+    cal = mapping(doc, raw, ("calibration",), CALIBRATION)
     return cal["status"] == "pending"

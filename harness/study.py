@@ -9,49 +9,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import yamlio
-from harness.commandarm import is_command_arms, parse_arms, parse_metric
+from harness.commandarm import parse_arms, parse_metric
 from harness.config import Config, config_dir, find_config
 from harness.factorial import DEFAULT_CELLS, DEFAULT_DESIGN, Design, parse
 from harness.names import ARMS, ID_RE
 from harness.plugins import is_plugin, source_of
-from harness.yamlio import Field, positive
-from prereg.designs import PAIRED, design_named, design_names, find_design
+from prereg.designs import PAIRED
 from prereg.designs import Design as StudyDesign
 from prereg.errors import InputError
-from prereg.plan import study_level
 from prereg.planted import plant_problems
-
-
-def two_sided_level(v: Any) -> str | None:
-    """The check of an ``interval_level`` key (the protocol's and a study's)."""
-    return None if 0.5 < v < 1 else "must be a two-sided level between 0.5 and 1 (e.g. 0.99)"
-
-
-_STUDY = {
-    "name": Field(str, check=lambda v: None if ID_RE.match(v) else "letters, digits, - and _ only"),
-    "design": Field(
-        str, check=lambda v: None if find_design(v) else f"must be one of {', '.join(design_names())}"
-    ),
-    # lockstep: both arms of a pair in one process, alternating blocks of this many steps (ABBA)
-    "block_steps": Field(int, required=False, default=None, check=positive),
-    "description": Field(str, required=False, default=""),
-    "arms": Field((list, dict), required=False, default=None),  # a mapping: command arms
-    "factors": Field(dict, required=False, default=None),
-    "cells": Field(dict, required=False, default=None),
-    "configs": Field(list),
-    "seeds": Field((list, dict)),
-    "steps": Field(int, check=positive),
-    "val_every": Field(int, required=False, default=None, check=positive),
-    "val_target_bpb": Field((float, dict), required=False, default=None),
-    # a command study's metric (harness.commandarm): the name its scripts report, target, better
-    "metric": Field(dict, required=False, default=None),
-    "interval_level": Field(float, required=False, default=None, check=two_sided_level),
-    # a planted reference effect on the candidate arm of an A/A study (prereg/planted.py)
-    "planted": Field(dict, required=False, default=None),
-    # the first steps of every run, trained and timed but reported apart from the training clock
-    "warmup_steps": Field(int, required=False, default=None, check=positive),
-}
+from prereg.protocol.model import Study as Declared
+from prereg.protocol.schema import Document, KeyPath
 
 
 @dataclass(frozen=True)
@@ -90,109 +58,74 @@ class Study:
 
 
 def parse_studies(
-    doc: yamlio.Document,
-    raw: list[Any],
-    interval_level: float,
+    doc: Document,
+    declared: tuple[Declared, ...],
     root: Path,
     configs: dict[str, Config],
     plugins: dict[str, str],
 ) -> list[Study]:
-    """The protocol's studies, in order, from its ``studies`` list: at least one, names unique, a
-    study's ``interval_level`` defaulting to the protocol's (``interval_level``). Each study's
-    configurations are found under ``root``'s ``configs/`` (into ``configs``, each once), and its
-    plug-in arms and model families recorded in ``plugins``."""
+    """The protocol's studies, in order, resolved from the core's typed studies (``declared``, whose
+    keys, seeds, steps and design rules :func:`prereg.protocol.read.protocol_of` checked): each
+    study's configurations are found under ``root``'s ``configs/`` (into ``configs``, each once),
+    its plug-in arms and model families recorded in ``plugins``, its command arms checked."""
     cdir = config_dir(root)
     studies: list[Study] = []
-    names: set[str] = set()
-    if not raw:
-        raise doc.error(("studies",), "a protocol needs at least one study")
-    for si, entry in enumerate(raw):
-        kp: tuple[Any, ...] = ("studies", si)
-        s = yamlio.mapping(doc, entry, kp, _STUDY)
-        if s["name"] in names:
-            raise doc.error(kp + ("name",), f"duplicate study name {s['name']!r}")
-        names.add(s["name"])
-        kind = design_named(s["design"])
+    for si, s in enumerate(declared):
+        kp: KeyPath = ("studies", si)
         commands = metric = None
-        if is_command_arms(s["arms"]):
-            commands, metric = _commands(doc, s, kind, kp, root)
+        if s.commands:
+            commands, metric = _commands(doc, s, kp, root)
             arms, design = list(commands), None
             targets = dict.fromkeys(_labels(doc, s, kp), metric["target"])
-            s["val_every"] = s["steps"]
         else:
-            arms, design = _arms(doc, s, kind, kp, root, plugins)
+            arms, design = _arms(doc, s, kp, root, plugins)
             _configs(doc, s, kp, root, cdir, configs, plugins)
-            targets = _training_targets(doc, s, kp)
-        seeds = _seeds(doc, s["seeds"], kp + ("seeds",))
-        if s["val_every"] > s["steps"]:
-            raise doc.error(kp + ("val_every",), "val_every exceeds steps")
-        _lockstep(doc, s, kind, kp)
-        _planted(doc, s, kind, kp, arms, commands)
-        if s["warmup_steps"] is not None and s["warmup_steps"] >= s["steps"]:
-            raise doc.error(kp + ("warmup_steps",), "warmup_steps must leave timed steps: fewer than steps")
-        studies.append(_study(s, kind, arms, seeds, targets, interval_level, design, commands, metric))
+            targets = _targets(doc, s, kp)
+        _planted(doc, s, kp, arms, commands)
+        studies.append(_study(s, arms, targets, design, commands, metric))
     return studies
 
 
-def _training_targets(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath) -> dict[str, float]:
-    """A study of training arms (not command arms): its required validation keys, no ``metric``,
-    and its validation targets."""
-    for key in ("val_every", "val_target_bpb"):
-        if s[key] is None:
-            raise doc.error(kp, f"missing required key {key!r}")
-    if s["metric"] is not None:
-        raise doc.error(kp + ("metric",), "metric belongs to a study of command arms")
-    return _targets(doc, s, kp)
-
-
 def _study(
-    s: dict[str, Any],
-    kind: StudyDesign,
+    s: Declared,
     arms: list[str],
-    seeds: tuple[int, ...],
     targets: dict[str, float],
-    interval_level: float,
     design: Design | None,
     commands: dict[str, dict[str, Any]] | None,
     metric: dict[str, Any] | None,
 ) -> Study:
-    """The :class:`Study` of a checked entry (a lockstep study's pairs are paired)."""
+    """The :class:`Study` of a typed study, resolved (a lockstep study's pairs are paired)."""
     return Study(
-        name=s["name"],
-        design=kind.analysed_as,
-        description=s["description"],
+        name=s.name,
+        design=s.design.analysed_as,
+        description=s.description,
         arms=tuple(arms),
-        configs=tuple(s["configs"]),
-        seeds=seeds,
-        steps=s["steps"],
-        val_every=s["val_every"],
+        configs=tuple(s.configs),
+        seeds=s.seeds,
+        steps=s.steps,
+        val_every=s.val_every,
         val_target_bpb=targets,
-        interval_level=study_level(s["interval_level"], interval_level),
+        interval_level=s.interval_level,
         factorial=design,
-        block_steps=s["block_steps"],
+        block_steps=s.block_steps,
         commands=commands,
         metric=metric,
-        planted=s["planted"],
-        warmup_steps=s["warmup_steps"],
-        kind=kind,
+        planted=s.planted,
+        warmup_steps=s.warmup_steps,
+        kind=s.design,
     )
 
 
 def _planted(
-    doc: yamlio.Document,
-    s: dict[str, Any],
-    kind: StudyDesign,
-    kp: yamlio.KeyPath,
-    arms: list[str],
-    commands: dict[str, dict[str, Any]] | None,
+    doc: Document, s: Declared, kp: KeyPath, arms: list[str], commands: dict[str, dict[str, Any]] | None
 ) -> None:
     """A planted study is a pair of one arm against itself, the candidate running the plant: a
     study that also compares two different arms would mix the plant into a real change."""
-    if s["planted"] is None:
+    if s.planted is None:
         return
-    for key, message in plant_problems(s["planted"], commands is not None):
+    for key, message in plant_problems(s.planted, commands is not None):
         raise doc.error(kp + ("planted", *key), message)
-    if not kind.pairwise:
+    if not s.design.pairwise:
         raise doc.error(kp + ("planted",), "a plant belongs to a pair (design paired or lockstep)")
     if commands is not None and not commands["candidate"]["reporter"]:
         raise doc.error(
@@ -210,21 +143,13 @@ def _planted(
 
 
 def _commands(
-    doc: yamlio.Document, s: dict[str, Any], kind: StudyDesign, kp: yamlio.KeyPath, root: Path
+    doc: Document, s: Declared, kp: KeyPath, root: Path
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """A command study's arms and metric (:mod:`harness.commandarm`); its ``configs`` are labels
-    passed to ``{config}``, and it has no ``val_every`` or ``val_target_bpb`` (the metric's target)."""
-    if not kind.pairwise:
-        raise doc.error(kp + ("arms",), "command arms are a pair: design paired or lockstep")
-    for key in ("val_every", "val_target_bpb", "factors", "cells"):
-        if s[key] is not None:
-            raise doc.error(
-                kp + (key,),
-                f"{key!r} does not belong to a study of command arms (its scripts evaluate when they "
-                "choose; the target is metric.target)",
-            )
-    arms = parse_arms(doc, s["arms"], kp + ("arms",), root)
-    if kind.shares_process:
+    passed to ``{config}`` (the core refused its ``val_every``, ``val_target_bpb``, ``factors`` and
+    ``cells``: the metric's target is its target)."""
+    arms = parse_arms(doc, s.arms, kp + ("arms",), root)
+    if s.design.shares_process:
         plain = [role for role, a in arms.items() if not a["reporter"]]
         if plain:
             raise doc.error(
@@ -232,12 +157,12 @@ def _commands(
                 "a lockstep pair hands the turn over through the reporter: an arm without it "
                 "(reporter: false) would train beside its partner (use design: paired)",
             )
-    return arms, parse_metric(doc, s["metric"], kp + ("metric",))
+    return arms, parse_metric(doc, s.metric, kp + ("metric",))
 
 
-def _labels(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath) -> list[str]:
+def _labels(doc: Document, s: Declared, kp: KeyPath) -> list[str]:
     """A command study's configuration labels (what ``{config}`` says), unique, each a name."""
-    labels = s["configs"]
+    labels = s.configs
     if not labels:
         raise doc.error(kp + ("configs",), "a study needs at least one configuration")
     for ci, c in enumerate(labels):
@@ -250,76 +175,25 @@ def _labels(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath) -> list
     return list(labels)
 
 
-def _lockstep(doc: yamlio.Document, s: dict[str, Any], kind: StudyDesign, kp: yamlio.KeyPath) -> None:
-    """A lockstep study names its ``block_steps`` (at most its ``steps``); no other study does."""
-    if not kind.shares_process:
-        if s["block_steps"] is not None:
-            raise doc.error(
-                kp + ("block_steps",), "block_steps belongs to a lockstep study (design: lockstep)"
-            )
-        return
-    if s["block_steps"] is None:
-        raise doc.error(
-            kp,
-            "a lockstep study says how many steps each arm takes before the other: block_steps "
-            "(a preregistered number; state its origin under origins.block_steps)",
-        )
-    if s["block_steps"] > s["steps"]:
-        raise doc.error(kp + ("block_steps",), "block_steps exceeds steps")
-
-
-#: The most seeds (pairs or blocks) one study may plan: far above any study these machines can run,
-#: and low enough that a plan is made in well under a second.
-MAX_SEEDS = 10_000
-
-
-def _seeds(doc: yamlio.Document, value: Any, kp: tuple[Any, ...]) -> tuple[int, ...]:
-    too_many = f"at most {MAX_SEEDS} seeds in a study"
-    if isinstance(value, dict):
-        spec = yamlio.mapping(doc, value, kp, {"count": Field(int, check=positive), "base": Field(int)})
-        if spec["count"] > MAX_SEEDS:
-            raise doc.error(kp + ("count",), too_many)
-        return tuple(range(spec["base"], spec["base"] + spec["count"]))
-    if len(value) > MAX_SEEDS:
-        raise doc.error(kp, too_many)
-    seeds: list[int] = []
-    seen: set[int] = set()
-    for i, s in enumerate(value):
-        if not isinstance(s, int) or isinstance(s, bool):
-            raise doc.error(kp + (i,), f"seed must be an integer, got {s!r}")
-        if s in seen:
-            raise doc.error(kp + (i,), f"duplicate seed {s}")
-        seeds.append(s)
-        seen.add(s)
-    if len(seeds) < 2:
-        raise doc.error(kp, "a study needs at least two seeds")
-    return tuple(seeds)
-
-
 def _arms(
-    doc: yamlio.Document,
-    s: dict[str, Any],
-    kind: StudyDesign,
-    kp: yamlio.KeyPath,
-    root: Path,
-    plugins: dict[str, str],
+    doc: Document, s: Declared, kp: KeyPath, root: Path, plugins: dict[str, str]
 ) -> tuple[list[str], Design | None]:
     """A study's arms and, for a factorial, its design: two arms for a pair; one per cell of a
     factorial (:func:`_factorial`); each built in or a plug-in whose source is found, recorded in
     ``plugins``."""
     design = None
-    if kind.pairwise:
-        for key in ("factors", "cells"):
-            if s[key] is not None:
+    if s.design.pairwise:
+        for key, value in (("factors", s.factors), ("cells", s.cells)):
+            if value is not None:
                 raise doc.error(kp + (key,), f"{key!r} belongs to a factorial study (design: factorial)")
-        arms = s["arms"]
+        arms = s.arms
         if not isinstance(arms, list) or len(arms) != 2:
             raise doc.error(
-                kp + ("arms",), f"a {s['design']} study needs exactly two arms: [baseline, candidate]"
+                kp + ("arms",), f"a {s.design.name} study needs exactly two arms: [baseline, candidate]"
             )
     else:
         design = _factorial(doc, s, kp)
-        arms = list(design.arms) if design.declared else s["arms"] or list(DEFAULT_CELLS)
+        arms = list(design.arms) if design.declared else s.arms or list(DEFAULT_CELLS)
     for ai, a in enumerate(arms):
         where = kp + (("arms", ai) if design is None or not design.declared else ("cells", design.cells[ai]))
         if a not in ARMS and not is_plugin(a):
@@ -337,15 +211,15 @@ def _arms(
     return arms, design
 
 
-def _factorial(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath) -> Design:
+def _factorial(doc: Document, s: Declared, kp: KeyPath) -> Design:
     """A factorial study's design: declared (``factors`` and ``cells``), or the default 2x2 of the
     four built-in arms (``arms`` optional, then exactly those four)."""
-    if s["factors"] is None:
-        if s["cells"] is not None:
+    if s.factors is None:
+        if s.cells is not None:
             raise doc.error(
                 kp + ("cells",), "cells need their factors: declare 'factors' (docs/decisions.md)"
             )
-        arms = s["arms"] if s["arms"] is not None else list(DEFAULT_CELLS)
+        arms = s.arms if s.arms is not None else list(DEFAULT_CELLS)
         if not isinstance(arms, list) or sorted(map(str, arms)) != sorted(DEFAULT_CELLS):
             raise doc.error(
                 kp + ("arms",),
@@ -353,10 +227,10 @@ def _factorial(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath) -> D
                 f"{', '.join(DEFAULT_CELLS)} (or declare 'factors' and 'cells')",
             )
         return DEFAULT_DESIGN
-    if s["arms"] is not None:
+    if s.arms is not None:
         raise doc.error(kp + ("arms",), "a study with declared factors names each cell's arm under 'cells'")
     try:
-        return parse(s["factors"], s["cells"])
+        return parse(s.factors, s.cells)
     except ValueError as e:
         path, message = e.args[0]
         base = kp + (() if path[:1] == ("cells",) else ("factors",))
@@ -364,9 +238,9 @@ def _factorial(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath) -> D
 
 
 def _configs(
-    doc: yamlio.Document,
-    s: dict[str, Any],
-    kp: yamlio.KeyPath,
+    doc: Document,
+    s: Declared,
+    kp: KeyPath,
     root: Path,
     cdir: Path,
     configs: dict[str, Config],
@@ -374,9 +248,9 @@ def _configs(
 ) -> None:
     """Find a study's configurations (into ``configs``, each once) and their plug-in model families
     (into ``plugins``); a configuration that names no file is an error at the study's key."""
-    if not s["configs"]:
+    if not s.configs:
         raise doc.error(kp + ("configs",), "a study needs at least one configuration")
-    for ci, c in enumerate(s["configs"]):
+    for ci, c in enumerate(s.configs):
         if not isinstance(c, str):
             raise doc.error(kp + ("configs", ci), f"configuration names are strings, got {c!r}")
         if c not in configs:
@@ -405,23 +279,23 @@ def _configs(
                 if e.file and e.file.endswith(f"{c}.yaml") and not Path(e.file).is_file():
                     raise doc.error(kp + ("configs", ci), e.message) from e
                 raise
-    if len(set(s["configs"])) != len(s["configs"]):
+    if len(set(s.configs)) != len(s.configs):
         raise doc.error(kp + ("configs",), "duplicate configuration")
 
 
-def _targets(doc: yamlio.Document, s: dict[str, Any], kp: yamlio.KeyPath) -> dict[str, float]:
+def _targets(doc: Document, s: Declared, kp: KeyPath) -> dict[str, float]:
     """A study's validation target per configuration: one number for all, or one per configuration."""
-    target = s["val_target_bpb"]
+    target = s.val_target_bpb
     if isinstance(target, dict):
-        for c in s["configs"]:
+        for c in s.configs:
             if c not in target:
                 raise doc.error(kp + ("val_target_bpb",), f"no target for configuration {c!r}")
         for c, v in target.items():
-            if c not in s["configs"]:
+            if c not in s.configs:
                 raise doc.error(kp + ("val_target_bpb", c), f"{c!r} is not a configuration of this study")
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
                 raise doc.error(kp + ("val_target_bpb", c), f"target must be a positive number, got {v!r}")
-        return {c: float(target[c]) for c in s["configs"]}
-    if target <= 0:
+        return {c: float(target[c]) for c in s.configs}
+    if target is None or target <= 0:  # the core's reader requires it of a study of built-in arms
         raise doc.error(kp + ("val_target_bpb",), "target must be positive")
-    return dict.fromkeys(s["configs"], float(target))
+    return dict.fromkeys(s.configs, float(target))

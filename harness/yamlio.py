@@ -1,14 +1,14 @@
-"""Strict YAML input: ``yaml.safe_load`` values plus the line of every key, and a small schema.
+"""A configuration file (``configs/*.yaml``: a model and its training, not a protocol) read with
+``yaml.safe_load``, keeping the line of every key, into the core's
+:class:`~prereg.protocol.schema.Document`, which :func:`prereg.protocol.schema.mapping` checks.
 
-Every problem raises :class:`InputError` naming the file, the key path and the line.
+Protocols are not read here: the core's one reader (:mod:`prereg.protocol.read`, the public audit's)
+reads them. Every problem raises :class:`InputError` naming the file, the key path and the line.
 """
 
 from __future__ import annotations
 
-import math
 import stat
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,35 +16,8 @@ import yaml
 
 from prereg.bounded import MAX_DEPTH
 from prereg.errors import InputError
-
-KeyPath = tuple[Any, ...]
-
-
-@dataclass
-class Document:
-    """A parsed YAML file: its data, the line of each key path, its bytes."""
-
-    path: Path
-    data: Any
-    lines: dict[KeyPath, int]
-    raw: bytes
-
-    def line(self, keypath: KeyPath) -> int | None:
-        while keypath:
-            if keypath in self.lines:
-                return self.lines[keypath]
-            keypath = keypath[:-1]
-        return self.lines.get((), 1)
-
-    def error(self, keypath: KeyPath, message: str) -> InputError:
-        return InputError(message, file=str(self.path), key=dotted(keypath), line=self.line(keypath))
-
-
-def dotted(keypath: KeyPath) -> str:
-    out = ""
-    for k in keypath:
-        out += f"[{k}]" if isinstance(k, int) else (f".{k}" if out else str(k))
-    return out or "<top level>"
+from prereg.protocol.read import MAX_BYTES
+from prereg.protocol.schema import Document, KeyPath, dotted
 
 
 def _walk(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int], doc_path: Path) -> None:
@@ -69,13 +42,9 @@ def _walk(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int], doc_path: P
             _walk(item, path + (i,), lines, doc_path)
 
 
-#: The largest protocol or configuration file read (a protocol of the largest study is a few kB).
-MAX_BYTES = 1 << 20
-
-
 def _no_aliases(text: str, p: Path) -> None:
     """Refuse anchors and aliases, and nesting deeper than :data:`prereg.bounded.MAX_DEPTH` (naming
-    the line), from the event stream, before anything is built: the audit's reader does not read
+    the line), from the event stream, before anything is built: the protocol's reader does not read
     them, and an alias bomb, a recursive alias or a 5000-deep nest would otherwise take exponential
     time or end in a RecursionError (the event parser keeps its own stack; the composer recurses)."""
     depth = 0
@@ -101,8 +70,8 @@ def _no_aliases(text: str, p: Path) -> None:
 
 
 def load(path: str | Path) -> Document:
-    """Read and parse a YAML file safely, keeping key lines; refuse one over :data:`MAX_BYTES` and
-    any anchor or alias."""
+    """Read and parse a configuration file safely, keeping key lines; refuse one over
+    :data:`~prereg.protocol.read.MAX_BYTES` and any anchor or alias."""
     p = Path(path)
     try:
         if not stat.S_ISREG(p.stat().st_mode):
@@ -140,130 +109,3 @@ def load(path: str | Path) -> Document:
     if node is not None:
         _walk(node, (), lines, p)
     return Document(p, data, lines, raw)
-
-
-@dataclass(frozen=True)
-class Field:
-    """One key of a mapping: its expected type(s), whether required, a default, a check."""
-
-    types: type | tuple[type, ...]
-    required: bool = True
-    default: Any = None
-    check: Callable[[Any], str | None] | None = None
-
-
-def _type_name(t: type | tuple[type, ...]) -> str:
-    if isinstance(t, tuple):
-        return " or ".join(x.__name__ for x in t)
-    return t.__name__
-
-
-def mapping(doc: Document, value: Any, keypath: KeyPath, schema: dict[str, Field]) -> dict[str, Any]:
-    """Validate ``value`` as a mapping against ``schema``; unknown keys are errors."""
-    if not isinstance(value, dict):
-        raise doc.error(keypath, f"expected a mapping, got {type(value).__name__}")
-    out: dict[str, Any] = {}
-    for key in value:
-        if key not in schema:
-            known = ", ".join(sorted(schema))
-            raise doc.error(keypath + (key,), f"unknown key {key!r} (known keys: {known})")
-    for key, field in schema.items():
-        if key not in value:
-            if field.required:
-                raise doc.error(keypath, f"missing required key {key!r}")
-            out[key] = field.default
-            continue
-        v = value[key]
-        types = field.types if isinstance(field.types, tuple) else (field.types,)
-        ok = isinstance(v, types) and not (isinstance(v, bool) and bool not in types)
-        if float in types and isinstance(v, int) and not isinstance(v, bool):
-            ok = True
-            try:
-                v = float(v)
-            except OverflowError:
-                raise doc.error(
-                    keypath + (key,), f"{key!r} must be a finite number, got {str(v)[:24]}..."
-                ) from None
-        if float in types and isinstance(v, float) and not math.isfinite(v):
-            raise doc.error(keypath + (key,), f"{key!r} must be a finite number, got {v!r}")
-        if not ok:
-            raise doc.error(
-                keypath + (key,), f"{key!r} must be {_type_name(field.types)}, got {type(v).__name__} {v!r}"
-            )
-        if field.check is not None:
-            problem = field.check(v)
-            if problem:
-                raise doc.error(keypath + (key,), f"{key!r}: {problem}")
-        out[key] = v
-    return out
-
-
-def positive(v: Any) -> str | None:
-    return None if v > 0 else "must be positive"
-
-
-def non_negative(v: Any) -> str | None:
-    return None if v >= 0 else "must be non-negative"
-
-
-def one_of(*choices: Any) -> Callable[[Any], str | None]:
-    def check(v: Any) -> str | None:
-        return None if v in choices else f"must be one of {', '.join(map(str, choices))}"
-
-    return check
-
-
-def _first_difference(a: Any, b: Any, path: KeyPath = ()) -> KeyPath | None:
-    """The first key path where ``a`` and ``b`` differ in value or type (None when equal)."""
-    if type(a) is not type(b):
-        return path
-    if isinstance(a, dict):
-        for k in list(a) + [k for k in b if k not in a]:
-            if k not in a or k not in b:
-                return path + (k,)
-            d = _first_difference(a[k], b[k], path + (k,))
-            if d is not None:
-                return d
-        return None
-    if isinstance(a, list):
-        for i, (x, y) in enumerate(zip(a, b)):
-            d = _first_difference(x, y, path + (i,))
-            if d is not None:
-                return d
-        return None if len(a) == len(b) else path + (min(len(a), len(b)),)
-    same = a == b or (isinstance(a, float) and a != a and b != b)
-    return None if same else path
-
-
-def audit_readable(doc: Document) -> None:
-    """Refuse a file that the public audit's standard-library reader (``analysis/public_audit.py``)
-    cannot read, or reads differently from ``yaml.safe_load``, naming the line: the audit reads the
-    tagged protocol from its bytes alone, so ``harness plan`` and ``harness tag`` accept only what it
-    reads."""
-    from prereg.yamlsub import YamlError, yaml_subset
-
-    try:
-        theirs = yaml_subset(doc.raw.decode("utf-8"))
-    except YamlError as e:
-        raise InputError(
-            f"the public audit's YAML reader cannot read this file ({str(e).partition(': ')[2]}); "
-            "write that line in a plainer form",
-            file=str(doc.path),
-            line=e.line,
-        ) from e
-    where = _first_difference(doc.data, theirs)
-    if where is not None:
-        raise doc.error(
-            where,
-            "the public audit's YAML reader reads this value differently from yaml.safe_load "
-            f"(audit: {_get(theirs, where)!r}); write it in a plainer form",
-        )
-
-
-def _get(data: Any, path: KeyPath) -> Any:
-    for k in path:
-        try:
-            data = data[k]
-        except (KeyError, IndexError, TypeError):
-            return "<absent>"
-    return data

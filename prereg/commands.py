@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prereg.protocol.model import Protocol
 
 ROLES = ("baseline", "candidate")
 
@@ -94,9 +97,9 @@ def metric_of(raw: dict[str, Any]) -> dict[str, Any]:
     return {"name": str(raw["name"]), "target": float(raw["target"]), "better": raw.get("better", "lower")}
 
 
-def commands_of(st: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """A command study's arms by role, in role order."""
-    return {role: arm_of(st["arms"][role]) for role in ROLES}
+def commands_of(arms: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A command study's arms (its ``arms`` mapping) by role, in role order."""
+    return {role: arm_of(arms[role]) for role in ROLES}
 
 
 def label_sha256(label: str) -> str:
@@ -104,14 +107,8 @@ def label_sha256(label: str) -> str:
     return hashlib.sha256(label.encode("utf-8")).hexdigest()
 
 
-def refs_of(doc: dict[str, Any]) -> list[str]:
-    """Every commit a protocol's command arms name (``ref``), once each, sorted."""
+def refs_of(spec: Protocol) -> list[str]:
+    """Every commit the typed protocol's command arms name (``ref``), once each, sorted."""
     return sorted(
-        {
-            a["ref"]
-            for st in doc["studies"]
-            if is_command_study(st)
-            for a in commands_of(st).values()
-            if a["ref"]
-        }
+        {a["ref"] for st in spec.studies if st.commands for a in commands_of(st.arms).values() if a["ref"]}
     )

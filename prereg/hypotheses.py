@@ -5,7 +5,7 @@ pair; restricted mean times and worst-rank scores for time to target; the unreac
 test that decides it. Their one home: the analysis' summary and the audit both call these.
 
 Records carry the protocol's resolved ``hypotheses`` block as JSON (``tests``: one mapping per
-hypothesis, :func:`harness.hypotheses.parse_hypotheses`); :meth:`Hypothesis.of` turns one into the
+hypothesis, :func:`prereg.protocol.read.protocol_of`); :meth:`Hypothesis.of` turns one into the
 frozen :class:`Hypothesis` at that boundary, refusing keys it does not know. The sign convention is
 :mod:`.descriptive`'s; ratio estimands are tested on the log ratio (:mod:`.ttests`).
 """

@@ -8,46 +8,20 @@ from collections.abc import Callable
 from typing import Any
 
 from prereg.attempts import analysed, latest_unit, redrawn
-from prereg.commands import ROLES, commands_of, is_command_study, label_sha256, metric_of
-from prereg.designs import study_design
+from prereg.commands import ROLES, commands_of, label_sha256, metric_of
 from prereg.designs.base import STEPS_SECOND
 from prereg.hypotheses import Family
+from prereg.protocol.model import Protocol, Study
+from prereg.protocol.schema import named_defaults
 from prereg.replicates import replicate_of
-from prereg.sequential import looks_problems
 
-#: The top-level protocol keys that may be left out, and what each then is (docs/your-change.md,
-#: "A minimal protocol"). The one home of these defaults: ``harness plan`` and ``harness run``
-#: (:func:`harness.protocol.load_protocol`) and the audit's reader of the tagged file
-#: (:func:`with_defaults`, in :func:`plan_from_protocol`, :func:`expected_summary` and
-#: ``prereg.tag.load_truth``) fill in the same values, and every record names the keys that took
-#: them (``protocol.defaults``). Each claims nothing a user did not write: no preregistration, no
-#: hypothesis tested, the CPU, eager mode, the embedded corpus (no download; read only by built-in
-#: arms). The budget has no safe default (it is the study's stop) and stays required.
-PROTOCOL_DEFAULTS: dict[str, Any] = {
-    "version": 1,
-    "description": "",
-    "preregistered": False,
-    "corpus": "pydoc-topics",
-    "device": "cpu",
-    "compile": False,
-    "interval_level": 0.95,
-    "hypotheses": {"descriptive": "no hypotheses declared: intervals only, no decision (the default)"},
-    "order_seed": 0,
-}
-
-
-def with_defaults(doc: dict[str, Any]) -> dict[str, Any]:
-    """The protocol document with each left-out key of :data:`PROTOCOL_DEFAULTS` filled in, and
-    ``defaults`` listing those keys (sorted; absent when none was left out). Applying it twice
-    gives the same document."""
-    if "defaults" in doc:
-        return doc
-    missing = sorted(k for k in PROTOCOL_DEFAULTS if k not in doc)
-    if not missing:
-        return doc
-    import copy
-
-    return {**doc, **{k: copy.deepcopy(PROTOCOL_DEFAULTS[k]) for k in missing}, "defaults": missing}
+#: The top-level protocol keys that may be left out and that every record names when they are, and
+#: what each then is (docs/your-change.md, "A minimal protocol"): the keys whose origin is
+#: :data:`prereg.protocol.schema.NAMED` in :data:`prereg.protocol.schema.TOP`, where each key is
+#: declared once. ``harness plan`` and ``harness run`` and the audit read a protocol with the same
+#: reader (:func:`prereg.protocol.read.protocol_of`), which fills in these values, and every record
+#: names the keys that took them (``protocol.defaults``).
+PROTOCOL_DEFAULTS: dict[str, Any] = named_defaults()
 
 
 def study_level(own: float | None, top_level: float) -> float:
@@ -71,115 +45,113 @@ def defaults_text(keys: list[str]) -> str:
     return ", ".join(f"{k} {shown(k)}" for k in keys)
 
 
-def plan_from_protocol(
-    doc: dict[str, Any], protocol_sha: str, config_sha: dict[str, Any]
-) -> list[dict[str, Any]]:
-    """The plan: balanced pair orders, lockstep orders (build order crossed with who steps first,
-    all four combinations per group of four pairs), Williams-balanced blocks (harness.plan's
-    docstring says how); each run as the JSON of a ``prereg.records.RunSpec``."""
+def plan_from_protocol(spec: Protocol, protocol_sha: str, config_sha: dict[str, Any]) -> list[dict[str, Any]]:
+    """The plan of the typed protocol ``spec`` (:func:`prereg.protocol.read.protocol_of`): balanced
+    pair orders, lockstep orders (build order crossed with who steps first, all four combinations per
+    group of four pairs), Williams-balanced blocks (harness.plan's docstring says how); each run as the
+    JSON of a ``prereg.records.RunSpec``."""
     import random
 
-    doc = with_defaults(doc)
-
     def rng(*parts: object) -> random.Random:
-        return random.Random(":".join(str(p) for p in (doc["order_seed"], *parts)))
+        return random.Random(":".join(str(p) for p in (spec.order_seed, *parts)))
 
     runs: list[dict[str, Any]] = []
-    for st in doc["studies"]:
-        _study_runs(doc, st, rng, protocol_sha, config_sha, runs)
-    if doc.get("schedule", "in_order") == "interleaved":
+    for st in spec.studies:
+        _study_runs(spec, st, rng, protocol_sha, config_sha, runs)
+    if spec.schedule == "interleaved":
         runs = _interleaved(runs, rng("interleaved"))
     return runs
 
 
-def _seeds(st: dict[str, Any]) -> list[Any]:
-    """A study's seeds: its list, or ``count`` seeds from ``base``."""
-    seeds = st["seeds"]
-    if isinstance(seeds, dict):
-        return list(range(seeds["base"], seeds["base"] + seeds["count"]))
-    return list(seeds)
-
-
 def _study_runs(
-    doc: dict[str, Any],
-    st: dict[str, Any],
+    spec: Protocol,
+    st: Study,
     rng: Callable[..., Any],
     protocol_sha: str,
     config_sha: dict[str, Any],
     runs: list[dict[str, Any]],
 ) -> None:
     """Append one study's runs to ``runs`` (seed by seed, config by config, in each unit's order)."""
-    seeds = _seeds(st)
-    command = is_command_study(st)
-    target = metric_of(st["metric"])["target"] if command else st["val_target_bpb"]
-    targets = {c: float(target[c] if isinstance(target, dict) else target) for c in st["configs"]}
-    arms: Any = list(ROLES) if command else st.get("arms")
-    commands = (
-        {role: {"command": arm, "metric": metric_of(st["metric"])} for role, arm in commands_of(st).items()}
-        if command
-        else {}
-    )
-    design = study_design(st)
-    orders = {config: design.orders(st, config, len(seeds), rng) for config in st["configs"]}
-    for si, seed in enumerate(seeds):
-        for config in st["configs"]:
-            unit = f"{st['name']}.{config}.{design.unit}{si:03d}"
+    targets, commands = _targets_and_commands(st)
+    arms = list(ROLES) if st.commands else st.arms
+    design = st.design
+    orders = {config: design.orders(st, config, len(st.seeds), rng) for config in st.configs}
+    for si, seed in enumerate(st.seeds):
+        for config in st.configs:
+            unit = f"{st.name}.{config}.{design.unit}{si:03d}"
             roles = [r for r in orders[config][si] if r != STEPS_SECOND]
             second = STEPS_SECOND in orders[config][si]
             for pos, role in enumerate(roles):
-                arm = design.arm_of(st, role, arms)
                 runs.append(
                     {
                         **design.run_fields(st, unit, roles, pos, second),
-                        **_run_extra(doc, st, role, si, len(seeds)),
+                        **_run_extra(spec, st, role, si),
                         **commands.get(role, {}),
                         "run_id": f"{unit}.{role}",
-                        "protocol_id": doc["id"],
+                        "protocol_id": spec.id,
                         "protocol_sha256": protocol_sha,
-                        "study": st["name"],
+                        "study": st.name,
                         "design": design.analysed_as,
                         "config": config,
-                        "config_sha256": label_sha256(config) if command else config_sha[config],
-                        "arm": arm,
+                        "config_sha256": label_sha256(config) if st.commands else config_sha[config],
+                        "arm": design.arm_of(st, role, arms),
                         "role": role,
                         "seed": seed,
                         "unit": unit,
                         "position": pos,
                         "order": len(runs),
-                        **_run_common(doc, st, command, targets[config]),
+                        **_run_common(spec, st, targets[config]),
                     }
                 )
+
+
+def _targets_and_commands(st: Study) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
+    """A study's target per configuration (a command study's: its metric's), and a command study's
+    arm and metric by role (none for built-in arms)."""
+    metric = metric_of(st.metric) if st.commands and st.metric is not None else None
+    target = metric["target"] if metric is not None else st.val_target_bpb
+    targets = {c: _number(target[c] if isinstance(target, dict) else target) for c in st.configs}
+    if metric is None:
+        return targets, {}
+    return targets, {role: {"command": arm, "metric": metric} for role, arm in commands_of(st.arms).items()}
+
+
+def _number(value: Any) -> float:
+    """A validation target as a float (TypeError naming it where it is not a number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"a validation target is a number, got {value!r}")
+    return float(value)
 
 
 #: A planned run's optional fields (:func:`_run_extra`): a record may hold one only where its plan does.
 OPTIONAL_SPEC = ("planted", "warmup_steps", "replicate")
 
 
-def _run_extra(doc: dict[str, Any], st: dict[str, Any], role: str, si: int, n_seeds: int) -> dict[str, Any]:
+def _run_extra(spec: Protocol, st: Study, role: str, si: int) -> dict[str, Any]:
     """A run's optional fields (:data:`OPTIONAL_SPEC`): the candidate's plant, the warm-up steps,
     the replicate."""
     return {
-        **({"planted": dict(st["planted"])} if st.get("planted") and role == "candidate" else {}),
-        **({"warmup_steps": st["warmup_steps"]} if st.get("warmup_steps") else {}),
+        **({"planted": dict(st.planted)} if st.planted and role == "candidate" else {}),
+        **({"warmup_steps": st.warmup_steps} if st.warmup_steps else {}),
         **(
-            {"replicate": replicate_of(si, n_seeds, doc["replicates"]["count"])}
-            if doc.get("replicates")
+            {"replicate": replicate_of(si, len(st.seeds), spec.replicates["count"])}
+            if spec.replicates
             else {}
         ),
     }
 
 
-def _run_common(doc: dict[str, Any], st: dict[str, Any], command: bool, target: float) -> dict[str, Any]:
+def _run_common(spec: Protocol, st: Study, target: float) -> dict[str, Any]:
     """A run's fields that every run of the study shares (its steps, target, corpus, machine)."""
     return {
-        "steps": st["steps"],
-        "val_every": st["steps"] if command else st["val_every"],
+        "steps": st.steps,
+        "val_every": st.val_every,
         "val_target_bpb": target,
-        "corpus": doc["corpus"]["name"] if isinstance(doc["corpus"], dict) else doc["corpus"],
-        "data_dir": doc.get("data_dir"),
-        "device": doc["device"],
-        "compile": doc["compile"],
-        "threads": doc.get("threads"),
+        "corpus": spec.corpus["name"] if isinstance(spec.corpus, dict) else spec.corpus,
+        "data_dir": spec.data_dir,
+        "device": spec.device,
+        "compile": spec.compile,
+        "threads": spec.threads,
     }
 
 
@@ -196,106 +168,78 @@ def _interleaved(runs: list[dict[str, Any]], r: Any) -> list[dict[str, Any]]:
     return [{**run, "order": i} for i, run in enumerate(out)]
 
 
-def _resolved_tests(h: dict[str, Any], studies: list[dict[str, Any]]) -> dict[str, Any]:
+def _resolved_tests(h: dict[str, Any]) -> dict[str, Any]:
+    """The protocol summary's ``hypotheses``: the typed protocol's resolved block, in the order of
+    the keys every record holds, typed once more by :meth:`prereg.hypotheses.Family.of`."""
     if "descriptive" in h:
         return {"descriptive": h["descriptive"]}
-    by_name = {s["name"]: s for s in studies}
-    tests = []
-    for t in h["tests"]:
-        cfg = t.get("config")
-        if cfg is None:
-            cfg = by_name[t["study"]]["configs"][0]
-        tests.append(
-            {
-                "id": t["id"],
-                "study": t["study"],
-                "config": cfg,
-                "endpoint": t["endpoint"],
-                "estimand": t["estimand"],
-                "type": t["type"],
-                "margin": float(t.get("margin", 0.0)),
-                "better": t["better"],
-                "censoring": t.get("censoring"),
-                "period_adjusted": t.get("period_adjusted", False),
-                "restriction_s": float(t["restriction_s"]) if t.get("restriction_s") is not None else None,
-                **({"test": t["test"]} if t.get("test") is not None else {}),
-            }
-        )
+    tests = [
+        {
+            **{
+                k: t[k] for k in ("id", "study", "config", "endpoint", "estimand", "type", "margin", "better")
+            },
+            **{k: t[k] for k in ("censoring", "period_adjusted", "restriction_s")},
+            **({"test": t["test"]} if t.get("test") is not None else {}),
+        }
+        for t in h["tests"]
+    ]
     out = {
         "procedure": h["procedure"],
-        "family_alpha": float(h["family_alpha"]),
+        "family_alpha": h["family_alpha"],
         "min_pairs": h["min_pairs"],
-        "decide_time_after_budget_stop": bool(h.get("decide_time_after_budget_stop", False)),
+        "decide_time_after_budget_stop": h["decide_time_after_budget_stop"],
         "tests": tests,
         **({"sequential": h["sequential"]} if h.get("sequential") is not None else {}),
     }
-    if h.get("sequential") is not None:
-        wrong = looks_problems(
-            h["sequential"],
-            [len(by_name[t["study"]]["seeds"]) for t in tests],
-            int(h["min_pairs"]),
-            [t["study"] for t in tests],
-        )
-        if wrong:
-            key = wrong[0][0] if wrong[0][0] == "sequential" else f"sequential.{wrong[0][0]}"
-            raise ValueError(f"hypotheses: {key}: {wrong[0][1]}")
     Family.of(out)  # refuses (ValueError, naming the hypothesis and key) what harness plan refuses
     return out
 
 
-def expected_summary(doc: dict[str, Any], psha: str, path: str) -> dict[str, Any]:
-    """``harness.protocol.Protocol.summary()``, derived here from the protocol file alone (the
+def expected_summary(spec: Protocol, psha: str, path: str) -> dict[str, Any]:
+    """``harness.protocol.Protocol.summary()``, derived here from the typed protocol alone (the
     fields every record's ``protocol`` copies; plug-ins and the tag's fields are checked apart).
-    Left-out keys take :data:`PROTOCOL_DEFAULTS`, named under ``defaults``."""
-    doc = with_defaults(doc)
-    top_level = float(doc["interval_level"])
-    studies = [_study_summary(st, top_level) for st in doc["studies"]]
-    corpus = _corpus_summary(doc["corpus"])
-    prereg = doc["preregistered"]
+    Left-out keys took their defaults (:data:`PROTOCOL_DEFAULTS`), named under ``defaults``."""
     return {
-        "id": doc["id"],
-        "version": doc["version"],
+        "id": spec.id,
+        "version": spec.version,
         "sha256": psha,
         "path": path,
-        "preregistered": prereg,
-        "tag": f"protocol-{doc['id']}" if prereg else None,
-        "interval_level": top_level,
-        "hypotheses": _resolved_tests(doc["hypotheses"], studies),
-        "max_attempts": doc.get("max_attempts", 1),
-        "launcher": doc.get("launcher", "spawn"),
-        "device": doc["device"],
-        "compile": doc["compile"],
-        "corpus": corpus,
-        "budget_device_seconds": float(doc["budget_device_seconds"]),
-        **({"schedule": doc["schedule"]} if doc.get("schedule", "in_order") != "in_order" else {}),
-        **({"replicates": dict(doc["replicates"])} if doc.get("replicates") else {}),
-        **({"defaults": list(doc["defaults"])} if doc.get("defaults") else {}),
-        "studies": studies,
+        "preregistered": spec.preregistered,
+        "tag": spec.tag_name if spec.preregistered else None,
+        "interval_level": spec.interval_level,
+        "hypotheses": _resolved_tests(spec.hypotheses),
+        "max_attempts": spec.max_attempts,
+        "launcher": spec.launcher,
+        "device": spec.device,
+        "compile": spec.compile,
+        "corpus": _corpus_summary(spec.corpus),
+        "budget_device_seconds": spec.budget_device_seconds,
+        **({"schedule": spec.schedule} if spec.schedule != "in_order" else {}),
+        **({"replicates": dict(spec.replicates)} if spec.replicates else {}),
+        **({"defaults": list(spec.defaults)} if spec.defaults else {}),
+        "studies": [_study_summary(st) for st in spec.studies],
     }
 
 
-def _study_summary(st: dict[str, Any], top_level: float) -> dict[str, Any]:
+def _study_summary(st: Study) -> dict[str, Any]:
     """One study's entry of the protocol summary (:func:`expected_summary`)."""
-    seeds = _seeds(st)
-    arms = list(ROLES) if is_command_study(st) else st.get("arms")
     declared: dict[str, Any] = {}
-    if is_command_study(st):
-        declared = {"commands": commands_of(st), "metric": metric_of(st["metric"])}
-    design = study_design(st)
-    arms = design.summary_arms(st, arms)
+    if st.commands and st.metric is not None:  # the reader made sure a command study has one
+        declared = {"commands": commands_of(st.arms), "metric": metric_of(st.metric)}
+    arms = st.design.summary_arms(st, list(ROLES) if st.commands else st.arms)
     if arms is None:
-        raise ValueError(f"study {st['name']}: a paired study names its two arms (arms)")
+        raise ValueError(f"study {st.name}: a paired study names its two arms (arms)")
     return {
-        "name": st["name"],
-        "design": design.analysed_as,
+        "name": st.name,
+        "design": st.design.analysed_as,
         "arms": list(arms),
-        "configs": list(st["configs"]),
-        "seeds": list(seeds),
-        "interval_level": study_level(st.get("interval_level"), top_level),
-        "steps": st["steps"],
-        **design.summary_fields(st),
-        **({"planted": dict(st["planted"])} if st.get("planted") else {}),
-        **({"warmup_steps": st["warmup_steps"]} if st.get("warmup_steps") else {}),
+        "configs": list(st.configs),
+        "seeds": list(st.seeds),
+        "interval_level": st.interval_level,
+        "steps": st.steps,
+        **st.design.summary_fields(st),
+        **({"planted": dict(st.planted)} if st.planted else {}),
+        **({"warmup_steps": st.warmup_steps} if st.warmup_steps else {}),
         **declared,
     }
 

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from prereg.bounded import InputLimitError, file_problem, read_present, read_regular
-from prereg.commands import is_command_study
 from prereg.ledger import canonical, sha256
-from prereg.plan import expected_summary, with_defaults
+from prereg.plan import expected_summary
+from prereg.protocol.read import protocol_from_text
 from prereg.yamlflow import YamlError
 from prereg.yamlsub import yaml_subset
 
@@ -440,11 +440,8 @@ def _derive_study(root: str, truth: dict[str, Any]) -> list[str]:
     """Fill ``truth`` with the protocol document, its configurations' hashes and its summary; the
     problem when the study cannot be derived from the protocol."""
     try:
-        doc = yaml_subset(truth["raw"].decode("utf-8"))
-        if not isinstance(doc, dict):
-            raise ValueError("the protocol is not a mapping")
-        truth["doc"] = doc = with_defaults(doc)
-        names = sorted({c for st in doc["studies"] if not is_command_study(st) for c in st["configs"]})
+        truth["spec"] = spec = protocol_from_text(truth["raw"], truth["path"])
+        names = sorted({c for st in spec.studies if not st.commands for c in st.configs})
         blobs = _configs_at(root, truth.get("commit") or "", truth["path"], names)
         truth["config_sha"] = {c: sha256(b) for c, b in blobs.items()}
         missing = [c for c in names if c not in blobs]
@@ -453,9 +450,9 @@ def _derive_study(root: str, truth: dict[str, Any]) -> list[str]:
                 f"configuration file(s) {', '.join(missing)} not found"
                 + (f" at the tagged commit {truth['commit'][:12]}" if truth.get("commit") else "")
             )
-        truth["summary"] = expected_summary(doc, truth["sha256"], truth["path"])
+        truth["summary"] = expected_summary(spec, truth["sha256"], truth["path"])
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-        truth.pop("doc", None)
+        truth.pop("spec", None)
         return [
             f"{truth['path']}{' at ' + truth['tag'] if truth['tag'] else ''}: the study "
             f"cannot be derived from the protocol ({type(e).__name__}: {e})"

@@ -179,12 +179,17 @@ def join_quoted(parts: list[str], q: str, line: int) -> str:
     return out
 
 
-def flow_value(s: str, i: int, line: int, depth: int = 1) -> tuple[object, int]:
+#: Where a flow node's lines are kept: the reader's line of each key path, and this node's key path.
+Marks = tuple[dict[tuple[Any, ...], int], tuple[Any, ...]]
+
+
+def flow_value(s: str, i: int, line: int, depth: int = 1, marks: Marks | None = None) -> tuple[object, int]:
     """One flow node of ``s`` from ``i``: a list, a mapping, a quoted or a plain scalar (``depth``:
-    the collections it lies in, this one's included; deeper than :data:`MAX_DEPTH` is refused)."""
+    the collections it lies in, this one's included; deeper than :data:`MAX_DEPTH` is refused;
+    ``marks``: where to keep each key path's line, ``s`` starting on line ``line``)."""
     i = _skip(s, i)
     if i < len(s) and s[i] in "[{":
-        return _flow_collection(s, i, line, depth)
+        return _flow_collection(s, i, line, depth, marks)
     if i < len(s) and s[i] in "\"'":
         q = s[i]
         j = quote_end(s, i)
@@ -206,7 +211,16 @@ def flow_value(s: str, i: int, line: int, depth: int = 1) -> tuple[object, int]:
     return (plain_scalar(parts[0], line) if len(parts) <= 1 else fold_lines(parts)) if parts else None, j
 
 
-def _flow_collection(s: str, i: int, line: int, depth: int) -> tuple[object, int]:
+def _mark(marks: Marks | None, s: str, i: int, line: int, key: Any) -> Marks | None:
+    """Keep the line of the element ``key`` that starts at ``i`` of ``s``; its own marks."""
+    if marks is None:
+        return None
+    lines, path = marks
+    lines[path + (key,)] = line + s.count("\n", 0, i)
+    return lines, path + (key,)
+
+
+def _flow_collection(s: str, i: int, line: int, depth: int, marks: Marks | None = None) -> tuple[object, int]:
     """:func:`flow_value`'s list or mapping, from its opening bracket at ``i``."""
     if depth > MAX_DEPTH:
         raise YamlError(
@@ -222,10 +236,13 @@ def _flow_collection(s: str, i: int, line: int, depth: int) -> tuple[object, int
             raise YamlError(line, "unterminated flow collection")
         if s[i] == close:
             return (seq if close == "]" else mp), i + 1
-        key, i = flow_value(s, i, line, depth + 1)
+        start = i
+        inner = _mark(marks, s, i, line, len(seq)) if close == "]" else None
+        key, i = flow_value(s, i, line, depth + 1, inner)
         i = _skip(s, i)
         if i < len(s) and s[i] == ":":
-            val, i = flow_value(s, i + 1, line, depth + 1)
+            own = _mark(inner, s, start, line, key) if close == "]" else _mark(marks, s, start, line, key)
+            val, i = flow_value(s, i + 1, line, depth + 1, own)
             if close == "]":
                 seq.append({key: val})
             else:
@@ -235,6 +252,7 @@ def _flow_collection(s: str, i: int, line: int, depth: int) -> tuple[object, int
         elif close == "]":
             seq.append(key)
         else:
+            _mark(marks, s, start, line, key)
             mp[key] = None
         i = _skip(s, i)
         if i < len(s) and s[i] == ",":

@@ -60,6 +60,8 @@ class _Reader:
         self.n = 0  # the current raw line
         self.started = False
         self.depth = 0  # the block collections the current node lies in
+        self.lines: dict[tuple[Any, ...], int] = {}  # each key path's line (1-based)
+        self.path: list[Any] = []  # the key path of the node being read
 
     # -- lines -------------------------------------------------------------------------------
     def significant(self) -> int | None:
@@ -162,18 +164,26 @@ class _Reader:
                 return out
             if not (s.startswith("- ") or s.rstrip(WS) == "-"):
                 return out
-            item = s[1:]
-            inner = len(item) - len(item.lstrip(" "))
-            item = item.lstrip(" ")
-            if not item or item.startswith("#"):
-                self.n += 1
-                out.append(self.node(ind))
-            elif item.startswith("- ") or item.rstrip(WS) == "-" or self._key_split(item) is not None:
-                # a compact nested node: re-read this line as if it started at the item's column
-                self.raw[self.n] = " " * (ind + 1 + inner) + item
-                out.append(self.block(ind + 1 + inner))
-            else:
-                out.append(self.inline(item, ind, ind + 1 + inner))
+            self.lines[tuple(self.path) + (len(out),)] = self.n + 1
+            self.path.append(len(out))
+            try:
+                out.append(self._item(s, ind))
+            finally:
+                self.path.pop()
+
+    def _item(self, s: str, ind: int) -> object:
+        """One item of a block sequence at column ``ind`` (``s``: its line from the dash)."""
+        item = s[1:]
+        inner = len(item) - len(item.lstrip(" "))
+        item = item.lstrip(" ")
+        if not item or item.startswith("#"):
+            self.n += 1
+            return self.node(ind)
+        if item.startswith("- ") or item.rstrip(WS) == "-" or self._key_split(item) is not None:
+            # a compact nested node: re-read this line as if it started at the item's column
+            self.raw[self.n] = " " * (ind + 1 + inner) + item
+            return self.block(ind + 1 + inner)
+        return self.inline(item, ind, ind + 1 + inner)
 
     def mapping(self, ind: int) -> dict[Any, Any]:
         out: dict[Any, Any] = {}
@@ -193,17 +203,24 @@ class _Reader:
                 raise YamlError(line, "a collection as a key is not read")
             if key in out:
                 raise YamlError(line, f"duplicate key {key!r}")
-            body = rest.strip(WS)
-            if not body or body.startswith("#"):
-                self.n += 1
-                nxt = self.significant()
-                if nxt == ind and self._dash(self.raw[self.n][ind:]):
-                    out[key] = self.sequence(ind)
-                else:
-                    out[key] = self.node(ind)
-            else:
-                col = len(self.raw[self.n]) - len(rest.lstrip(" "))
-                out[key] = self.inline(rest.lstrip(" "), ind, col)
+            self.lines[tuple(self.path) + (key,)] = line
+            self.path.append(key)
+            try:
+                out[key] = self._value(rest, ind)
+            finally:
+                self.path.pop()
+
+    def _value(self, rest: str, ind: int) -> object:
+        """A block mapping's value after its key's colon (``rest``), its key at column ``ind``."""
+        body = rest.strip(WS)
+        if not body or body.startswith("#"):
+            self.n += 1
+            nxt = self.significant()
+            if nxt == ind and self._dash(self.raw[self.n][ind:]):
+                return self.sequence(ind)
+            return self.node(ind)
+        col = len(self.raw[self.n]) - len(rest.lstrip(" "))
+        return self.inline(rest.lstrip(" "), ind, col)
 
     def inline_one(self, text: str, line: int) -> object:
         t = text.strip(WS)
@@ -331,7 +348,7 @@ class _Reader:
             self.n += 1
             if done:
                 break
-        value, end = flow_value("\n".join(chunks), 0, line, self.depth + 1)
+        value, end = flow_value("\n".join(chunks), 0, line, self.depth + 1, (self.lines, tuple(self.path)))
         return value
 
     def _flow_line(self, s: str, st: _FlowState, kept: list[str]) -> bool:
@@ -423,11 +440,19 @@ def yaml_subset(text: str) -> object:
     dates, sexagesimal numbers and several documents raise :class:`YamlError` naming the line
     (``harness plan`` and ``harness tag`` refuse such a protocol, so the audit reads every one
     they accept)."""
+    return yaml_lines(text)[0]
+
+
+def yaml_lines(text: str) -> tuple[object, dict[tuple[Any, ...], int]]:
+    """:func:`yaml_subset`'s value and the line (1-based) of every key path in it: a mapping's key
+    path ends with the key (its line is the key's), a sequence item's with its index; ``()`` is the
+    document's first line. Errors as :func:`yaml_subset`'s."""
     r = _Reader(text)
     ind = r.significant()
     if ind is None:
-        return None
+        return None, {}
+    r.lines[()] = r.n + 1
     doc = r.block(ind)
     if r.significant() is not None:
         raise YamlError(r.n + 1, "unexpected indentation")
-    return doc
+    return doc, r.lines

@@ -805,8 +805,10 @@ def test_the_freeze_names_a_rebound_ref_and_a_changed_installation(tmp_path):
         ["git", "rev-parse", "HEAD^{tree}"], cwd=repo, capture_output=True, text=True
     ).stdout.strip()
     arm = {"command": ["python", "t.py"], "timeout_s": 1, "ref": sha}
-    doc = {"studies": [{"arms": {"baseline": arm, "candidate": {**arm, "ref": "b" * 40}}}]}
-    truth = {"doc": doc, "manifest": {"commands": {"refs": {sha: tree}}}}
+    from types import SimpleNamespace
+
+    study = SimpleNamespace(commands=True, arms={"baseline": arm, "candidate": {**arm, "ref": "b" * 40}})
+    truth = {"spec": SimpleNamespace(studies=[study]), "manifest": {"commands": {"refs": {sha: tree}}}}
     found = ref_problems(str(repo), truth)
     assert found == [f"ref {'b' * 12}: named by the tagged protocol, not bound by the tag's manifest"]
     truth["manifest"]["commands"]["refs"] = {sha: "0" * 40, "b" * 40: "1" * 40}
@@ -930,9 +932,8 @@ def test_the_tags_package_check_is_limited_to_what_the_study_imports(tmp_path):
 
     def arms(program: str) -> SimpleNamespace:
         arm = {"command": [program, "train.py", "{seed}"], "cwd": "job", "timeout_s": 60}
-        return SimpleNamespace(
-            document={"studies": [{"arms": {"baseline": arm, "candidate": arm}}]}, studies=[], path=repo
-        )
+        study = SimpleNamespace(commands=True, arms={"baseline": arm, "candidate": arm})
+        return SimpleNamespace(spec=SimpleNamespace(studies=[study]), studies=[], path=repo)
 
     only = imported_distributions(arms("python"), repo)
     assert only is not None and {"pyyaml", "numpy"} <= only and "hypothesis" not in only
@@ -943,4 +944,4 @@ def test_the_tags_package_check_is_limited_to_what_the_study_imports(tmp_path):
     bumped = {**then, "packages": {"pyyaml": "6.1", "numpy": "2.0"}}
     assert command_drift(then, bumped, only) == ["installed package pyyaml: 6.1, the tag's 6.0"]
     assert imported_distributions(arms("bash"), repo) is None  # cannot be read: every package counts
-    assert set(command_bindings(SimpleNamespace(document={"studies": []}), repo)["packages"]) >= only
+    assert set(command_bindings(SimpleNamespace(spec=SimpleNamespace(studies=[])), repo)["packages"]) >= only

@@ -17,7 +17,7 @@ from prereg.decisions import decide
 from prereg.errors import InputError
 from prereg.hypotheses import rule_problems
 from prereg.plan import expected_summary
-from prereg.yamlsub import yaml_subset
+from prereg.protocol.read import protocol_from_text
 
 #: The tiny protocol's one hypothesis, as it writes it (replaced by each drawn hypothesis).
 HEAD = tiny_protocol().split("  tests:\n", 1)[1].split("order_seed:", 1)[0]
@@ -71,18 +71,19 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_parser_the_audit_and_decide_refuse_the_same_hypotheses(folder, h):
     wrong = rule_problems({"id": "H1", **h})
     p = written(folder, h)
-    doc = yaml_subset(p.read_text())
+    raw = p.read_bytes()
     if not wrong:
         load_protocol(p)  # accepted
-        summary = expected_summary(doc, "0" * 64, "protocols/tiny.yaml")
+        summary = expected_summary(protocol_from_text(raw, p), "0" * 64, "protocols/tiny.yaml")
         assert summary["hypotheses"]["tests"][0]["type"] == h["type"]
         return
     key, message = wrong[0]
     with pytest.raises(InputError) as e:
         load_protocol(p)
     assert message in str(e.value) and str(p) in str(e.value)
-    with pytest.raises(ValueError, match=f"hypothesis 'H1': {key}: "):
-        expected_summary(doc, "0" * 64, "protocols/tiny.yaml")
+    with pytest.raises(InputError) as audit:  # the audit reads the tagged file with the one reader
+        protocol_from_text(raw, p)
+    assert str(audit.value) == str(e.value) and "hypotheses.tests[0]" in str(e.value)
     family = {
         "procedure": "holm",
         "family_alpha": 0.05,
@@ -132,4 +133,4 @@ def test_the_reviewers_invalid_hypotheses_are_refused_by_decide_and_the_audit(fo
     with pytest.raises(ValueError, match=says):
         decide(family, {}, Completeness(4, 4, 0, True, False, "complete"))
     with pytest.raises(ValueError, match=says):
-        expected_summary(yaml_subset(written(folder, full).read_text()), "0" * 64, "protocols/tiny.yaml")
+        protocol_from_text(written(folder, full).read_bytes(), "protocols/tiny.yaml")

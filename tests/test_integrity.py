@@ -25,6 +25,7 @@ from harness.plan import make_plan, plan_sha256
 from harness.protocol import load_protocol
 from prereg.ledger import PACKAGES
 from prereg.plan import plan_from_protocol
+from prereg.protocol.read import protocol_from_text
 from prereg.recompute import compare, recompute
 from prereg.records import (
     RECORD_SUFFIX,
@@ -474,5 +475,5 @@ def test_audit_plan_equals_harness_plan(name):
     assert yaml_subset(text) == yaml.safe_load(text)
     proto = load_protocol(path)
     shas = {c: cfg.sha256 for c, cfg in proto.configs.items()}
-    mine = plan_from_protocol(yaml_subset(text), proto.sha256, shas)
+    mine = plan_from_protocol(protocol_from_text(text.encode(), name), proto.sha256, shas)
     assert mine == [r.to_json() for r in make_plan(proto)]

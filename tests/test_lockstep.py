@@ -30,7 +30,7 @@ from harness.plan import make_plan, units  # noqa: E402
 from harness.protocol import load_protocol  # noqa: E402
 from prereg.errors import InputError
 from prereg.plan import expected_summary, plan_from_protocol
-from prereg.yamlsub import yaml_subset
+from prereg.protocol.read import protocol_from_text
 
 RECS = Path("records") / "tiny"
 FAMILIES = "[tiny_conv, tiny_transformer, tiny_gqa, tiny_medium]"
@@ -145,13 +145,17 @@ def test_the_plan_crosses_build_order_with_who_steps_first(tmp_path):
                 assert a.design == "paired"
     text = (repo / "protocols" / "tiny.yaml").read_text()
     shas = {c: cfg.sha256 for c, cfg in proto.configs.items()}
-    assert plan_from_protocol(yaml_subset(text), proto.sha256, shas) == [r.to_json() for r in plan]
+    assert plan_from_protocol(protocol_from_text(text.encode(), "tiny.yaml"), proto.sha256, shas) == [
+        r.to_json() for r in plan
+    ]
     summary = proto.summary()
     assert (
         summary["studies"][0]["lockstep"] == {"block_steps": 2}
         and summary["studies"][0]["design"] == "paired"
     )
-    audit_summary = expected_summary(yaml_subset(text), proto.sha256, summary["path"])
+    audit_summary = expected_summary(
+        protocol_from_text(text.encode(), "tiny.yaml"), proto.sha256, summary["path"]
+    )
     assert audit_summary["studies"] == summary["studies"]
 
 

@@ -74,6 +74,6 @@ def test_harness_study_and_summary_read_the_same_level(repo, own):
     path = repo / "protocols" / "tiny.yaml"
     path.write_text(text)
     proto = load_protocol(path)
-    summary = expected_summary(proto.document, proto.sha256, "protocols/tiny.yaml")
+    summary = expected_summary(proto.spec, proto.sha256, "protocols/tiny.yaml")
     (study,) = proto.studies
     assert study.interval_level == summary["studies"][0]["interval_level"] == (own or 0.9)

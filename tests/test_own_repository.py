@@ -19,7 +19,7 @@ from conftest import ROOT, git, harness, init_study
 
 from audit.cli import NOT_VERIFIED
 from harness.protocol import load_protocol
-from prereg.plan import PROTOCOL_DEFAULTS, expected_summary, plan_from_protocol, with_defaults
+from prereg.plan import PROTOCOL_DEFAULTS, expected_summary, plan_from_protocol
 
 #: A training script of the user's own: the reporter's four calls, any extra flag accepted (the
 #: candidate's change), a little work a step so the steps take time.
@@ -97,18 +97,18 @@ def test_defaults_have_one_home_the_harness_and_the_audit_read_alike(tmp_path):
     named under ``defaults``; a protocol that writes every default out has no ``defaults``, and a
     key written with another value than the default is that value, not the default."""
     from harness.plan import make_plan
-    from prereg.yamlsub import yaml_subset
+    from prereg.protocol.read import protocol_from_text
 
     r = own_repo(tmp_path, docs_protocol())
     proto = load_protocol(r / "protocols" / "mine.yaml")
-    bare = yaml_subset((r / "protocols" / "mine.yaml").read_text())
+    bare = protocol_from_text((r / "protocols" / "mine.yaml").read_bytes(), "protocols/mine.yaml")
     audit_view = expected_summary(bare, proto.sha256, "protocols/mine.yaml")
     assert proto.summary() == {**audit_view, "plugins": {}}
     assert audit_view["defaults"] == sorted(PROTOCOL_DEFAULTS)
     assert audit_view["device"] == "cpu" and audit_view["preregistered"] is False
     assert audit_view["hypotheses"] == {"descriptive": PROTOCOL_DEFAULTS["hypotheses"]["descriptive"]}
     assert [s.to_json() for s in make_plan(proto)] == plan_from_protocol(bare, proto.sha256, {})
-    assert with_defaults(with_defaults(bare)) == with_defaults(bare)
+    assert bare.defaults == tuple(sorted(PROTOCOL_DEFAULTS)) and bare == proto.spec
 
     written = {k: v for k, v in PROTOCOL_DEFAULTS.items() if k != "hypotheses"}
     full = "".join(f"{k}: {json.dumps(v)}\n" for k, v in written.items())
@@ -141,7 +141,7 @@ def test_harness_init_writes_a_complete_protocol_and_never_overwrites(tmp_path):
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stdout + out.stderr
     text = (r / "protocols" / "mine.yaml").read_text()
     proto = load_protocol(r / "protocols" / "mine.yaml")
-    assert "defaults" not in proto.document  # every key written out
+    assert proto.spec.defaults == ()  # every key written out
     for key in PROTOCOL_DEFAULTS:
         assert re.search(rf"^{key}:", text, re.M), key
     assert all("#" in line for line in text.splitlines() if line.startswith(("version", "device", "budget")))

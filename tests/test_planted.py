@@ -367,7 +367,7 @@ def test_an_interleaved_schedule_mixes_the_studies_and_keeps_each_unit_whole(rep
 
     doc = load_protocol(repo / "protocols" / "p.yaml")
     shas = {n: c.sha256 for n, c in doc.configs.items()}
-    assert plan_from_protocol(doc.document, doc.sha256, shas) == [r.to_json() for r in plan]
+    assert plan_from_protocol(doc.spec, doc.sha256, shas) == [r.to_json() for r in plan]
 
 
 def _calibration_plan(**given):

@@ -13,9 +13,8 @@ from conftest import harness, tiny_protocol
 
 from prereg.hypotheses import Family
 from prereg.looks import run_looks, sequential_decisions
-from prereg.plan import expected_summary
+from prereg.protocol.read import protocol_from_text
 from prereg.sequential import boundaries, crossing, nominal_levels, spent, upper_tail
-from prereg.yamlsub import yaml_subset
 
 
 def _constant(K: int, shape) -> float:  # noqa: ANN001
@@ -231,7 +230,7 @@ def test_the_sequential_block_is_refused_at_plan_time_and_by_the_audit(repo, blo
     assert r.returncode == 2 and message in r.stderr and f"{p}:{line}" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
     with pytest.raises(ValueError, match="sequential"):
-        expected_summary(yaml_subset(text), "0" * 64, "protocols/tiny.yaml")
+        protocol_from_text(text.encode(), "protocols/tiny.yaml")
 
 
 def test_identical_pairs_at_a_look_are_decided_by_the_sign_test_not_by_identity():

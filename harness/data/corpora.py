@@ -22,10 +22,9 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from harness import yamlio
 from harness.names import CORPORA, SPLITS
-from harness.yamlio import Field
 from prereg.errors import DataError, InputError
+from prereg.protocol.schema import Document, Field, mapping
 
 #: WikiText-2 raw v1 as pinned by several independent public projects.
 WIKITEXT2_PINS: dict[str, Any] = {
@@ -217,7 +216,7 @@ _PIN = {
 }
 
 
-def parse_corpus(doc: yamlio.Document, value: Any) -> str | LocalCorpus:
+def parse_corpus(doc: Document, value: Any) -> str | LocalCorpus:
     """A built-in corpus name, or a local corpus: ``{name, file: PIN, split: {train, valid, test}}``
     or ``{name, train: PIN, valid: PIN, test: PIN}``, each PIN ``{path, size, sha256}``."""
     kp: tuple[Any, ...] = ("corpus",)
@@ -241,13 +240,11 @@ def parse_corpus(doc: yamlio.Document, value: Any) -> str | LocalCorpus:
         )
     }
     schema.update({"file": Field(dict), "split": Field(dict)} if one else {s: Field(dict) for s in SPLITS})
-    top = yamlio.mapping(doc, value, kp, schema)
-    files = {
-        k: PinnedFile(**yamlio.mapping(doc, top[k], kp + (k,), _PIN)) for k in (["file"] if one else SPLITS)
-    }
+    top = mapping(doc, value, kp, schema)
+    files = {k: PinnedFile(**mapping(doc, top[k], kp + (k,), _PIN)) for k in (["file"] if one else SPLITS)}
     split = None
     if one:
-        fr = yamlio.mapping(
+        fr = mapping(
             doc,
             top["split"],
             kp + ("split",),

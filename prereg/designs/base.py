@@ -11,13 +11,34 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["BASELINE_FIRST", "CANDIDATE_FIRST", "STEPS_SECOND", "Design", "Rng"]
+__all__ = ["BASELINE_FIRST", "CANDIDATE_FIRST", "STEPS_SECOND", "Design", "Planned", "Rng"]
 
 #: A seeded random source for one unit's order: ``rng(*parts)`` is a ``random.Random`` seeded by
 #: the protocol's ``order_seed`` and ``parts`` (``prereg.plan``).
 Rng = Callable[..., Any]
+
+
+class Planned(Protocol):
+    """What a design reads of a study it plans: the typed study of the protocol file
+    (:class:`prereg.protocol.model.Study`)."""
+
+    @property
+    def name(self) -> str: ...  # noqa: D102
+
+    @property
+    def arms(self) -> Any: ...  # noqa: D102
+
+    @property
+    def factors(self) -> dict[str, Any] | None: ...  # noqa: D102
+
+    @property
+    def cells(self) -> dict[str, Any] | None: ...  # noqa: D102
+
+    @property
+    def block_steps(self) -> int | None: ...  # noqa: D102
+
 
 #: A pair's two orders of roles.
 BASELINE_FIRST: tuple[str, ...] = ("baseline", "candidate")
@@ -86,13 +107,13 @@ class Design(ABC):
         raise NotImplementedError
 
     @abstractmethod
-    def orders(self, study: Mapping[str, Any], config: str, n: int, rng: Rng) -> list[tuple[str, ...]]:
+    def orders(self, study: Planned, config: str, n: int, rng: Rng) -> list[tuple[str, ...]]:
         """The schedule: one order of a unit's roles per seed, for one configuration.
 
         Parameters
         ----------
-        study : Mapping
-            The study, as its protocol file writes it.
+        study : Planned
+            The typed study of the protocol file.
         config : str
             The configuration.
         n : int
@@ -108,21 +129,21 @@ class Design(ABC):
         """
         raise NotImplementedError
 
-    def arm_of(self, study: Mapping[str, Any], role: str, arms: Sequence[str]) -> str:
-        """The arm that runs ``role`` in a unit of ``study`` as its protocol file writes it."""
-        return dict(self.roles(study, arms))[role]
+    def arm_of(self, study: Planned, role: str, arms: Sequence[str]) -> str:
+        """The arm that runs ``role`` (of ``arms``, in role order) in a unit of the typed ``study``."""
+        return dict(self.roles({}, arms))[role]
 
     def run_fields(
-        self, study: Mapping[str, Any], unit: str, roles: Sequence[str], pos: int, second: bool
+        self, study: Planned, unit: str, roles: Sequence[str], pos: int, second: bool
     ) -> dict[str, Any]:
         """The fields this design adds to a planned run's spec (none by default)."""
         return {}
 
-    def summary_fields(self, study: Mapping[str, Any]) -> dict[str, Any]:
+    def summary_fields(self, study: Planned) -> dict[str, Any]:
         """The fields this design adds to the protocol summary's study (none by default)."""
         return {}
 
-    def summary_arms(self, study: Mapping[str, Any], arms: list[Any] | None) -> list[Any] | None:
+    def summary_arms(self, study: Planned, arms: list[Any] | None) -> list[Any] | None:
         """The protocol summary's ``arms`` of ``study`` (the protocol file's, or a command study's
         roles, as ``arms``)."""
         return arms

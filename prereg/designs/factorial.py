@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from prereg.designs.base import Design, Rng
+from prereg.designs.base import Design, Planned, Rng
 from prereg.factorial import arms_by_cell, design_of, from_yaml, williams
 
 __all__ = ["FACTORIAL", "Factorial"]
@@ -29,31 +29,37 @@ class Factorial(Design):
         """One run per cell."""
         return len(design_of(study)[1])
 
-    def arm_of(self, study: Mapping[str, Any], role: str, arms: Sequence[str]) -> str:
+    def arm_of(self, study: Planned, role: str, arms: Sequence[str]) -> str:
         """The arm of cell ``role``, as the protocol file declares it."""
-        _, cells, cell_arms, _ = from_yaml(dict(study))
+        _, cells, cell_arms, _ = from_yaml(_declared(study))
         return str(cell_arms[cells.index(role)])
 
-    def orders(self, study: Mapping[str, Any], config: str, n: int, rng: Rng) -> list[tuple[str, ...]]:
+    def orders(self, study: Planned, config: str, n: int, rng: Rng) -> list[tuple[str, ...]]:
         """Rows of a Williams square of the cells, shuffled per group of as many blocks as cells by
         ``rng(study, config, g)``."""
-        _, cells, _, _ = from_yaml(dict(study))
+        _, cells, _, _ = from_yaml(_declared(study))
         seq: list[tuple[str, ...]] = []
         for g in range(0, n, len(cells)):
             rows = williams(len(cells))
-            rng(study["name"], config, g).shuffle(rows)
+            rng(study.name, config, g).shuffle(rows)
             seq.extend(tuple(cells[i] for i in row) for row in rows[: min(len(cells), n - g)])
         return seq
 
-    def summary_fields(self, study: Mapping[str, Any]) -> dict[str, Any]:
+    def summary_fields(self, study: Planned) -> dict[str, Any]:
         """A declared factorial's ``factors`` and ``cells`` (none for the default 2x2)."""
-        factors, cells, _, declared = from_yaml(dict(study))
+        factors, cells, _, declared = from_yaml(_declared(study))
         return {"factors": factors, "cells": cells} if declared else {}
 
-    def summary_arms(self, study: Mapping[str, Any], arms: list[Any] | None) -> list[Any] | None:
+    def summary_arms(self, study: Planned, arms: list[Any] | None) -> list[Any] | None:
         """A declared factorial's arms by cell; else the study's arms, or the default cells."""
-        _, cells, cell_arms, declared = from_yaml(dict(study))
+        _, cells, cell_arms, declared = from_yaml(_declared(study))
         return cell_arms if declared else (arms or cells)
+
+
+def _declared(study: Planned) -> dict[str, Any]:
+    """A typed study's declared ``factors`` and ``cells`` (none for the default 2x2), as
+    :func:`prereg.factorial.from_yaml` reads them."""
+    return {} if study.factors is None else {"factors": study.factors, "cells": study.cells or {}}
 
 
 #: The factorial design.

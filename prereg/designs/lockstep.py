@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from prereg.designs.base import BASELINE_FIRST, CANDIDATE_FIRST, STEPS_SECOND, Rng
+from prereg.designs.base import BASELINE_FIRST, CANDIDATE_FIRST, STEPS_SECOND, Planned, Rng
 from prereg.designs.paired import Paired
 
 __all__ = ["LOCKSTEP", "Lockstep"]
@@ -20,7 +20,7 @@ class Lockstep(Paired):
     analysed_as = "paired"
     shares_process = True
 
-    def orders(self, study: Mapping[str, Any], config: str, n: int, rng: Rng) -> list[tuple[str, ...]]:
+    def orders(self, study: Planned, config: str, n: int, rng: Rng) -> list[tuple[str, ...]]:
         """Both build orders crossed with who steps first, each group of four shuffled by
         ``rng(study, config, "lockstep", g)``."""
         combos = [
@@ -32,23 +32,23 @@ class Lockstep(Paired):
         seq: list[tuple[str, ...]] = []
         for g in range(0, n, 4):
             group = list(combos)
-            rng(study["name"], config, "lockstep", g).shuffle(group)
+            rng(study.name, config, "lockstep", g).shuffle(group)
             seq.extend(group[: min(4, n - g)])
         return seq
 
     def run_fields(
-        self, study: Mapping[str, Any], unit: str, roles: Sequence[str], pos: int, second: bool
+        self, study: Planned, unit: str, roles: Sequence[str], pos: int, second: bool
     ) -> dict[str, Any]:
         """A lockstep run's block, its partner and whether it steps first."""
         return {
-            "block_steps": study["block_steps"],
+            "block_steps": study.block_steps,
             "partner": f"{unit}.{roles[1 - pos]}",
             "steps_first": pos == (1 if second else 0),
         }
 
-    def summary_fields(self, study: Mapping[str, Any]) -> dict[str, Any]:
+    def summary_fields(self, study: Planned) -> dict[str, Any]:
         """``lockstep: {block_steps: N}``, which tells a lockstep study's summary from a pair's."""
-        return {"lockstep": {"block_steps": study["block_steps"]}}
+        return {"lockstep": {"block_steps": study.block_steps}}
 
     def block_steps(self, study: Mapping[str, Any]) -> int | None:
         """The protocol file's ``block_steps``, or the summary's ``lockstep.block_steps``."""

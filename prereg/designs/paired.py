@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from prereg.designs.base import BASELINE_FIRST, CANDIDATE_FIRST, Design, Rng
+from prereg.designs.base import BASELINE_FIRST, CANDIDATE_FIRST, Design, Planned, Rng
 
 __all__ = ["PAIRED", "Paired"]
 
@@ -28,11 +28,11 @@ class Paired(Design):
         """Two runs a pair."""
         return 2
 
-    def orders(self, study: Mapping[str, Any], config: str, n: int, rng: Rng) -> list[tuple[str, ...]]:
+    def orders(self, study: Planned, config: str, n: int, rng: Rng) -> list[tuple[str, ...]]:
         """Half the pairs (rounded up) baseline first, the rest candidate first, shuffled by
         ``rng(study, config)``."""
         seq = [BASELINE_FIRST] * ((n + 1) // 2) + [CANDIDATE_FIRST] * (n // 2)
-        rng(study["name"], config).shuffle(seq)
+        rng(study.name, config).shuffle(seq)
         return seq
 
 
