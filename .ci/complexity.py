@@ -93,22 +93,11 @@ REASONS: dict[str, str] = {
     "harness/hypotheses.py:parse_hypotheses": DESIGNS,
     "prereg/attempts.py:completeness": DESIGNS,
     "prereg/planted.py:planted_rows": DESIGNS,
-    "analysis/power.py:aa_noise": PENDING,
-    "audit/cli.py:_print_findings": PENDING,
-    "audit/cli.py:main": PENDING,
-    "harness/execute/commands.py:_wait": PENDING,
-    "harness/execute/ray.py:RayExecutor.execute": PENDING,
-    "harness/execute/state.py:status_table": PENDING,
-    "harness/ledger.py:Ledger.reconcile": PENDING,
     "harness/yamlio.py:_first_difference": PENDING,
     "prereg/hypotheses.py:_pairs_estimate": PENDING,
     "prereg/hypotheses.py:test_of": PENDING,
-    "prereg/jsonfields.py:_admitted": PENDING,
-    "prereg/looks.py:_look_result": PENDING,
-    "prereg/looks.py:sequential_decisions": PENDING,
     "prereg/plan.py:plan_notes": PENDING,
     "prereg/plan.py:tally": PENDING,
-    "prereg/results.py:_value": PENDING,
 }
 
 _OWN_SCOPE = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)

@@ -48,18 +48,29 @@ def plain(value: Any) -> Any:
 def _admitted(hint: Any) -> tuple[type, ...] | None:
     """The JSON types a resolved annotation admits (``None`` aside); ``None`` for any (``Any``)."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        parts = [_admitted(a) for a in typing.get_args(hint) if a is not type(None)]
-        return None if any(p is None for p in parts) else tuple(t for p in parts if p for t in p)
+        return _union_admits(hint)
     base = typing.get_origin(hint) or hint
     if base is float:
         return (int, float)
     if base in (str, int, bool):
         return (base,)
-    if isinstance(base, type) and (
-        issubclass(base, Mapping) or is_dataclass(base) or typing.is_typeddict(base)
-    ):
+    return _container_admits(base)
+
+
+def _union_admits(hint: Any) -> tuple[type, ...] | None:
+    """The JSON types a union admits: those of each member (``None`` aside), or any when one admits any."""
+    parts = [_admitted(a) for a in typing.get_args(hint) if a is not type(None)]
+    return None if any(p is None for p in parts) else tuple(t for p in parts if p for t in p)
+
+
+def _container_admits(base: Any) -> tuple[type, ...] | None:
+    """The JSON type of a mapping, dataclass or typed dict (an object) or a sequence (an array);
+    ``None`` (any) for another annotation."""
+    if not isinstance(base, type):
+        return None
+    if issubclass(base, Mapping) or is_dataclass(base) or typing.is_typeddict(base):
         return (dict,)
-    if isinstance(base, type) and issubclass(base, Sequence):
+    if issubclass(base, Sequence):
         return (list,)
     return None
 
