@@ -66,7 +66,7 @@ REASONS: dict[str, str] = {
     "prereg/hypotheses.py:rule_problems": CHECKS,
     "prereg/ledger.py:check_attempts": CHECKS,
     "prereg/ledger.py:check_ledger": CHECKS,
-    "prereg/ledger.py:entry_problems": CHECKS,
+    "prereg/records.py:entry_problems": CHECKS,
     "prereg/planted.py:plant_problems": CHECKS,
     "prereg/recompute.py:compare": CHECKS,
     "prereg/replicates.py:replicates_problems": CHECKS,

@@ -45,8 +45,10 @@ def plain(value: Any) -> Any:
     return value
 
 
-def _admitted(hint: Any) -> tuple[type, ...] | None:
-    """The JSON types a resolved annotation admits (``None`` aside); ``None`` for any (``Any``)."""
+def json_types(hint: Any) -> tuple[type, ...] | None:
+    """The JSON types a resolved annotation admits (``None`` aside): ``(int, float)`` for a float,
+    ``(dict,)`` for a mapping, dataclass or typed dict, ``(list,)`` for a sequence; ``None`` for any
+    (``Any``)."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         return _union_admits(hint)
     base = typing.get_origin(hint) or hint
@@ -59,7 +61,7 @@ def _admitted(hint: Any) -> tuple[type, ...] | None:
 
 def _union_admits(hint: Any) -> tuple[type, ...] | None:
     """The JSON types a union admits: those of each member (``None`` aside), or any when one admits any."""
-    parts = [_admitted(a) for a in typing.get_args(hint) if a is not type(None)]
+    parts = [json_types(a) for a in typing.get_args(hint) if a is not type(None)]
     return None if any(p is None for p in parts) else tuple(t for p in parts if p for t in p)
 
 
@@ -76,7 +78,7 @@ def _container_admits(base: Any) -> tuple[type, ...] | None:
 
 
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
+def hints(cls: type) -> dict[str, Any]:
     """A class's resolved field annotations (computed once per class: they never change)."""
     return typing.get_type_hints(cls)
 
@@ -93,16 +95,16 @@ def json_fields(
     known = {f.name: f for f in fields(cls)}
     required = {n for n, f in known.items() if f.default is MISSING and f.default_factory is MISSING}
     exact_fields(what, set(data), set(known) & (set(data) | required), error)
-    hints = _hints(cls)
+    hint_of = hints(cls)
     out = dict(data)
     for name, value in data.items():
-        hint = hints[name]
+        hint = hint_of[name]
         if value is None:
             if type(None) not in typing.get_args(hint):
                 raise error(f"{what}: {name} is null")
             out[name] = math.nan if name in nan else None
             continue
-        admitted = _admitted(hint)
+        admitted = json_types(hint)
         if admitted is not None and (
             not isinstance(value, admitted) or (isinstance(value, bool) and bool not in admitted)
         ):
