@@ -308,6 +308,11 @@ class Summary(_Json):
     # (prereg.replicates.replicate_rows)
     replicates: Sequence[Row] | None = field(default=None, metadata={"omit_none": True})
 
+    @property
+    def sequential(self) -> Mapping[str, Any] | None:
+        """A group-sequential design's looks (``hypotheses.sequential``); ``None`` for other designs."""
+        return self.hypotheses.sequential if isinstance(self.hypotheses, Hypotheses) else None
+
     @classmethod
     def read(cls, data: Any, where: str = "summary.json") -> Summary:
         """A ``summary.json`` (sealed or not), refusing a format version this code does not read."""
