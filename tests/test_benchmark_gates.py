@@ -66,10 +66,15 @@ def test_the_ray_benchmark_runs_the_test_suite_s_tiny_study(tmp_path):
     repo = bench.make_study(tmp_path, "local", 3, 7, "spawn")
     written = (repo / "protocols" / "tiny.yaml").read_text()
     ours = tiny_protocol(steps=7, launcher="spawn")
-    assert re.sub(r"(?m)^(description|budget_device_seconds|seeds|val_every): .*$", "", written) == re.sub(
-        r"(?m)^(description|budget_device_seconds|seeds|val_every): .*$", "", ours
-    )
-    assert "seeds: [1, 2, 3]\n" in written and "val_every: 7\n" in written
+    own = r"(?m)^ *(description|budget_device_seconds|seeds|val_every): .*$"  # what the benchmark asks for
+    assert re.sub(own, "", written) == re.sub(own, "", ours)
+    for line in (
+        "description: tiny throughput protocol",
+        "budget_device_seconds: 100000",
+        "seeds: [1, 2, 3]",
+    ):
+        assert f"\n{line}\n" in written or f"\n    {line}\n" in written, line
+    assert "\n    val_every: 7\n" in written
     assert not hasattr(bench, "PROTOCOL")  # no copy of its own
 
     from harness.plan import make_plan
