@@ -149,7 +149,7 @@ def aa_noise(
     return out
 
 
-def _aa_hypothesis(endpoint: str, estimand: str) -> dict[str, Any]:
+def _aa_hypothesis(endpoint: str, estimand: str) -> dict[str, object]:
     """The hypothesis whose per-pair values stand for ``endpoint``'s noise where none is given: a
     superiority test of lower values (restricted means for time to target)."""
     return {
@@ -176,7 +176,7 @@ def _identical_sd(pairs: list[Pair], key: str, estimand: str) -> float:
     return _sd(b if scale(estimand) == "difference" else [math.log(x) for x in b]) * math.sqrt(2.0)
 
 
-def _noise_sd(h: Mapping[str, Any], v: list[float], pairs: list[Pair]) -> float:
+def _noise_sd(h: Mapping[str, object], v: list[float], pairs: list[Pair]) -> float:
     """The per-pair values' standard deviation; a period-adjusted hypothesis' the pooled one within
     its two order groups, where each has two pairs."""
     if h.get("period_adjusted"):

@@ -59,13 +59,13 @@ def json_types(hint: Any) -> tuple[type, ...] | None:
     return _container_admits(base)
 
 
-def _union_admits(hint: Any) -> tuple[type, ...] | None:
+def _union_admits(hint: object) -> tuple[type, ...] | None:
     """The JSON types a union admits: those of each member (``None`` aside), or any when one admits any."""
     parts = [json_types(a) for a in typing.get_args(hint) if a is not type(None)]
     return None if any(p is None for p in parts) else tuple(t for p in parts if p for t in p)
 
 
-def _container_admits(base: Any) -> tuple[type, ...] | None:
+def _container_admits(base: object) -> tuple[type, ...] | None:
     """The JSON type of a mapping, dataclass or typed dict (an object) or a sequence (an array);
     ``None`` (any) for another annotation."""
     if not isinstance(base, type):

@@ -29,7 +29,7 @@ from prereg.designs import study_design
 from prereg.factorial import design_of, factorial_effects
 from prereg.hypotheses import Family, Pair, cpu_time_columns, identity_rule
 from prereg.interference import flagged_pairs
-from prereg.looks import looks_reached, run_looks, sequential_decisions
+from prereg.looks import LookResult, looks_reached, run_looks, sequential_decisions
 from prereg.order import by_device, crossover, drift, positions
 from prereg.planted import pair_columns, planted_rows
 from prereg.replicates import replicate_rows, replicate_times, replicates_interval
@@ -92,6 +92,8 @@ def recompute(records: Sequence[Rec], started: Sequence[Row] | None = None) -> d
 
 _Units = dict[tuple[str, str], dict[str, dict[str, Rec]]]
 _Pairs = dict[tuple[str, str], list[dict[str, Any]]]
+#: A pair's unit and its two arms' ``timings`` (what the stall rule reads).
+_ArmTimings = tuple[str, Rec, Rec]
 #: A row of JSON (a started entry, as its file holds it).
 Row = Mapping[str, Any]
 
@@ -197,14 +199,16 @@ def _record_counts(records: Sequence[Rec], started: Sequence[Row] | None) -> Rec
     )
 
 
-def _sequential(family: Family, looks: list[Any], done: Completeness) -> tuple[Completeness, dict[str, Any]]:
+def _sequential(
+    family: Family, looks: list[LookResult], done: Completeness
+) -> tuple[Completeness, dict[str, object]]:
     """The summary's ``hypotheses.sequential`` (the design, every look taken, where the rule stopped)
     and the completeness, whose text says so when the rule stopped the study before its last look."""
     seq = family.sequential
     assert seq is not None
     last = looks[-1] if looks else None
     stop = last.stop if last is not None else None
-    out = {
+    out: dict[str, object] = {
         "looks_planned": list(seq.looks),
         "spending": seq.spending,
         "futility_z": seq.futility_z,
@@ -239,7 +243,7 @@ def _paired(
     """A paired configuration's result, and its pairs' rows (what the decisions read)."""
     pairs, arm_timings = _pairs(units, exclusions)
 
-    def col(key: str) -> list[Any]:
+    def col(key: str) -> list[object]:
         return [p[key] for p in pairs]
 
     timed = [p for p in pairs if p["time_reduction_pct"] is not None]  # both training times finite, positive
@@ -247,7 +251,7 @@ def _paired(
     if pairs and all("baseline_training_cpu_s" in p for p in pairs):
         cpu_time = _time_endpoint(pairs, "training_cpu_s", level, replicated)
     mb, mc = col("baseline_peak_memory_bytes"), col("candidate_peak_memory_bytes")
-    lock = _lockstep_model(st, units, pairs, level)
+    cells, carry = _lockstep_model(st, units, pairs, level)
     warmup = None
     if st.get("warmup_steps") and pairs and all("baseline_warmup_s" in p for p in pairs):
         warmup = _time_endpoint(pairs, "warmup_s", level)
@@ -271,8 +275,8 @@ def _paired(
         pairs=[Pair.of(p) for p in pairs],
         training_cpu_time=cpu_time,
         final_metric=_final_metric(st, pairs, level),
-        order_cells=lock.get("order_cells"),
-        carry_over=lock.get("carry_over"),
+        order_cells=cells,
+        carry_over=carry,
         warmup_time=warmup,
         interference=flagged_pairs(arm_timings),  # None for records from before the stall rule
     )
@@ -300,11 +304,11 @@ def _own(ep: Endpoint) -> dict[str, Any]:
 
 def _pairs(
     units: dict[str, dict[str, Rec]], exclusions: list[dict[str, str]]
-) -> tuple[list[dict[str, Any]], list[tuple[str, Any, Any]]]:
+) -> tuple[list[dict[str, Any]], list[_ArmTimings]]:
     """The pairs of the units whose both arms have an ok record (the others go to ``exclusions``),
     and each pair's arms' timings, for the stall rule."""
     pairs = []
-    arm_timings: list[tuple[str, Any, Any]] = []
+    arm_timings: list[_ArmTimings] = []
     for unit in sorted(units):
         arms = units[unit]
         missing = [x for x in ("baseline", "candidate") if x not in arms]
@@ -405,22 +409,18 @@ def _step_columns(b: Rec, c: Rec) -> dict[str, Any]:
 
 def _lockstep_model(
     st: Mapping[str, Any], units: dict[str, dict[str, Rec]], pairs: list[dict[str, Any]], level: float
-) -> dict[str, Any]:
-    """A lockstep study's order-cell model and carry-over (:mod:`.carryover`), where its pairs'
-    records keep their step times; nothing otherwise."""
+) -> tuple[dict[str, dict[str, object] | None] | None, dict[str, object] | None]:
+    """A lockstep study's order-cell model per clock and its carry-over (:mod:`.carryover`), where
+    its pairs' records keep their step times; ``None`` otherwise."""
     block = study_design(st).block_steps(st)
     if block is None or not pairs or not all("steps_first" in p for p in pairs):
-        return {}
+        return None, None
     used = {p["unit"] for p in pairs}
     cells = {
         clock: order_cells(pairs, key, level)
         for key, clock in (("training_s", "wall"), ("training_cpu_s", "CPU"))
     }
-    out: dict[str, Any] = {"order_cells": cells}
-    carry = carry_over([units[u] for u in sorted(used)], int(block), level)
-    if carry is not None:
-        out["carry_over"] = carry
-    return out
+    return cells, carry_over([units[u] for u in sorted(used)], int(block), level)
 
 
 def final_metric_columns(b: Rec, c: Rec) -> dict[str, Any]:

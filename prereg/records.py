@@ -155,7 +155,7 @@ class StartedEntry:
         return {f.name: plain(v) for f in fields(self) if (v := getattr(self, f.name)) is not None}
 
     @classmethod
-    def from_json(cls, data: Any, what: str = "started entry") -> StartedEntry:
+    def from_json(cls, data: object, what: str = "started entry") -> StartedEntry:
         found = json_fields(cls, data, what, RecordFormatError)
         if found["kind"] != "started":
             raise RecordFormatError(f"{what}: field kind = {found['kind']!r}; a started entry's is 'started'")
@@ -232,7 +232,7 @@ class RunSpec:
         return self.block_steps is not None
 
     @classmethod
-    def from_json(cls, data: Any, what: str = "spec", error: type[ValueError] = ValueError) -> RunSpec:
+    def from_json(cls, data: object, what: str = "spec", error: type[ValueError] = ValueError) -> RunSpec:
         """Read a spec, refusing one that is not a JSON object of exactly this class's fields, each of
         its JSON type."""
         return cls(**json_fields(cls, data, what, error))
@@ -301,7 +301,7 @@ class WorkerResult:
         }
 
     @classmethod
-    def from_json(cls, data: Any, what: str = "worker result") -> WorkerResult:
+    def from_json(cls, data: object, what: str = "worker result") -> WorkerResult:
         """Read a worker's result, refusing fields this class does not know or values of the wrong
         JSON type."""
         return cls(**json_fields(cls, data, what, RecordFormatError, NONFINITE_AS_NULL))
@@ -356,13 +356,13 @@ class RunRecord(WorkerResult):
 
     @classmethod
     def from_json(
-        cls, data: Any, what: str = "record", snapshots: Mapping[str, Any] | None = None
+        cls, data: object, what: str = "record", snapshots: Mapping[str, object] | None = None
     ) -> RunRecord:
         """Read a record's JSON object, refusing unknown or missing fields (naming them) and values
         of the wrong JSON type. A schema 4 record's ``protocol`` stub is read over the snapshot it
         names (``snapshots``: its folder's, by sha256; :func:`read_snapshots`)."""
         version = data.get("schema_version") if isinstance(data, Mapping) else None
-        if isinstance(version, int) and version >= 4:
+        if isinstance(data, Mapping) and isinstance(version, int) and version >= 4:
             stub = data.get("protocol")
             full = with_snapshot(stub, dict(snapshots or {})) if isinstance(stub, dict) else None
             if full is None:

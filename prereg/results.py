@@ -48,7 +48,7 @@ class _Json:
         return {name: plain(v) for name, v in present(self).items()}
 
     @classmethod
-    def from_json(cls: type[T], data: Any, where: str = "summary") -> T:
+    def from_json(cls: type[T], data: object, where: str = "summary") -> T:
         built: T = _build(cls, data, where)
         return built
 
@@ -91,7 +91,7 @@ def _value(hint: Any, value: Any, where: str) -> Any:
     return value
 
 
-def _sequence_of_results(hint: Any) -> bool:
+def _sequence_of_results(hint: object) -> bool:
     """Whether ``hint`` is a sequence of results (or of a union of them)."""
     args = typing.get_args(hint)
     return (
@@ -101,7 +101,7 @@ def _sequence_of_results(hint: Any) -> bool:
     )
 
 
-def _union_value(hint: Any, value: Any, where: str) -> Any:
+def _union_value(hint: object, value: object, where: str) -> object:
     """A value of a union: kept when already read or when no member is a result, else read as the
     first member whose fields it has."""
     built: list[type] = [a for a in typing.get_args(hint) if isinstance(a, type) and is_dataclass(a)]
@@ -221,7 +221,7 @@ class Decided:
         return {**plain(self.decision.as_dict()), "sensitivity": plain(self.sensitivity)}
 
     @classmethod
-    def from_json(cls, data: Any, where: str, tests: Sequence[Mapping[str, Any]] = ()) -> Decided:
+    def from_json(cls, data: object, where: str, tests: Sequence[Mapping[str, Any]] = ()) -> Decided:
         """A decision row of summary.json, its hypothesis taken whole from the protocol's ``tests``."""
         own = {f.name for f in fields(HypothesisDecision)} - {"hypothesis"}
         if not isinstance(data, Mapping):
@@ -314,7 +314,7 @@ class Summary(_Json):
         return self.hypotheses.sequential if isinstance(self.hypotheses, Hypotheses) else None
 
     @classmethod
-    def read(cls, data: Any, where: str = "summary.json") -> Summary:
+    def read(cls, data: object, where: str = "summary.json") -> Summary:
         """A ``summary.json`` (sealed or not), refusing a format version this code does not read."""
         if not isinstance(data, Mapping):
             raise SummaryFormatError(f"{where}: a summary is a JSON object")

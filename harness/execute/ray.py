@@ -83,6 +83,8 @@ def _corpus_paths(runner: RunnerPort) -> list[str]:
 #: The units running on the cluster: by task, the unit, its claim's lock, its expected device
 #: seconds and each run's messages so far.
 _Inflight = dict[Any, tuple[list[RunSpec], FileLock, float, dict[str, dict[str, Any]]]]
+#: A worker process's job file (:func:`harness.execute.grouping.process_job`).
+_JobFile = dict[str, Any]
 
 
 class RayExecutor:
@@ -147,7 +149,7 @@ class RayExecutor:
         placement: dict[str, Any] = {}  # where _widen pins the unit being claimed
         widen = partial(self._widen, runner, ray, placement)
 
-        def launch(jobs: list[Any]) -> Any:
+        def launch(jobs: list[_JobFile]) -> object:
             """The unit's task, on the node _widen pinned it to (if any)."""
             return task.options(**base_options, **placement).remote(
                 jobs, expect, corpus_ref, queue, self.gate
@@ -170,8 +172,8 @@ class RayExecutor:
         waiting: list[list[RunSpec]],
         inflight: _Inflight,
         capacity: int,
-        widen: Any,
-        launch: Callable[[list[Any]], Any],
+        widen: Callable[[list[RunSpec], list[RunSpec], dict[str, RunState]], list[RunSpec]],
+        launch: Callable[[list[_JobFile]], object],
     ) -> None:
         """Claim and launch units while the cluster has a free slot, unless a look's pairs are still
         running (the look is taken before the next unit)."""
@@ -184,7 +186,7 @@ class RayExecutor:
             ref = launch(self._jobs(runner, claim))
             inflight[ref] = (claim.unit, claim.lock, claim.expected_s, {})
 
-    def _jobs(self, runner: RunnerPort, claim: Claim) -> list[Any]:
+    def _jobs(self, runner: RunnerPort, claim: Claim) -> list[_JobFile]:
         """A claimed unit's jobs, one per worker process: a run, or a lockstep pair
         (:mod:`harness.execute.grouping`); each attempt's unit attempt noted."""
         jobs = []
