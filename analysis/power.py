@@ -131,7 +131,28 @@ def aa_noise(
     a period effect in the pilot is not noise to that test). Without one, the pairs where both arms
     have a value, on the estimand's test scale.
     """
-    h = hypothesis or {
+    h = hypothesis or _aa_hypothesis(endpoint, estimand)
+    key = ENDPOINT_KEYS[endpoint]
+    out = {}
+    for config, pairs in aa_pairs(records, block_steps).items():
+        if hypothesis is None:  # only the pairs with both values
+            pairs = [p for p in pairs if _both_values(p, key)]
+        if len(pairs) < 2:
+            continue
+        try:
+            v = values_of(h, pairs)[0]
+        except NotReached:
+            continue
+        identical = all(x == 0 for x in v)
+        sd = _identical_sd(pairs, key, estimand) if identical else _noise_sd(h, v, pairs)
+        out[config] = Noise(sd, len(pairs), identical, None if identical else skewness(v), tuple(v))
+    return out
+
+
+def _aa_hypothesis(endpoint: str, estimand: str) -> dict[str, object]:
+    """The hypothesis whose per-pair values stand for ``endpoint``'s noise where none is given: a
+    superiority test of lower values (restricted means for time to target)."""
+    return {
         "id": "aa",
         "study": "",
         "config": "",
@@ -141,34 +162,30 @@ def aa_noise(
         "better": "lower",
         **({"censoring": "restricted_mean"} if endpoint == "time_to_target" else {}),
     }
-    key = ENDPOINT_KEYS[endpoint]
-    out = {}
-    for config, pairs in aa_pairs(records, block_steps).items():
-        if hypothesis is None:  # only the pairs with both values
-            pairs = [
-                p
-                for p in pairs
-                if p.value("baseline", key) is not None and p.value("candidate", key) is not None
-            ]
-        if len(pairs) < 2:
-            continue
-        try:
-            v = values_of(h, pairs)[0]
-        except NotReached:
-            continue
-        sd = _sd(v)
-        identical = all(x == 0 for x in v)
-        if identical:
-            b = [p.value("baseline", key) for p in pairs]
-            sd = _sd(b if scale(estimand) == "difference" else [math.log(x) for x in b]) * math.sqrt(2.0)
-        elif h.get("period_adjusted"):
-            first = [p.first or "" for p in pairs]
-            n1 = first.count("baseline")
-            if min(n1, len(first) - n1) >= 2:
-                _m, se, _df = period_adjusted_mean(v, first)
-                sd = 2.0 * se / math.sqrt(1.0 / n1 + 1.0 / (len(first) - n1))  # the pooled sd
-        out[config] = Noise(sd, len(pairs), identical, None if identical else skewness(v), tuple(v))
-    return out
+
+
+def _both_values(pair: Pair, key: str) -> bool:
+    """Whether both arms of ``pair`` have a value of ``key``."""
+    return pair.value("baseline", key) is not None and pair.value("candidate", key) is not None
+
+
+def _identical_sd(pairs: list[Pair], key: str, estimand: str) -> float:
+    """The noise of pairs whose every difference is 0 (one run shared by both arms): the spread of
+    the baseline's values, on the estimand's scale, times sqrt 2 (that of a difference)."""
+    b = [p.value("baseline", key) for p in pairs]
+    return _sd(b if scale(estimand) == "difference" else [math.log(x) for x in b]) * math.sqrt(2.0)
+
+
+def _noise_sd(h: Mapping[str, object], v: list[float], pairs: list[Pair]) -> float:
+    """The per-pair values' standard deviation; a period-adjusted hypothesis' the pooled one within
+    its two order groups, where each has two pairs."""
+    if h.get("period_adjusted"):
+        first = [p.first or "" for p in pairs]
+        n1 = first.count("baseline")
+        if min(n1, len(first) - n1) >= 2:
+            _m, se, _df = period_adjusted_mean(v, first)
+            return 2.0 * se / math.sqrt(1.0 / n1 + 1.0 / (len(first) - n1))  # the pooled sd
+    return _sd(v)
 
 
 def _value(rec: RunRecord, key: str) -> float | None:

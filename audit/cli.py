@@ -106,14 +106,7 @@ def main(argv: list[str]) -> int:
         print(e.message)
         return e.status
     borrowed = roots_from_repository(dirs, signers, published)
-    if borrowed:
-        print(
-            "TRUST ROOTS FROM THE REPOSITORY: what follows proves only that the repository agrees with "
-            "itself, not that it is the study that was published (exit status 3):"
-        )
-        for b in borrowed:
-            print(f"- {b}")
-        print()
+    _print_borrowed(borrowed)
     rows: list[tuple[str, str, str]] = []
     problems: list[str] = []
     notes: list[str] = []
@@ -137,12 +130,11 @@ def main(argv: list[str]) -> int:
             unverified=unverified,
             besides=todo,
         )
-    redraws = [n for n in notes if "REDRAWN:" in n]
     _print_findings(rows, notes, problems)
     reasons = [f"{d}: {w}" for d, ws in unverified.items() for w in ws]
     if borrowed:
         reasons.insert(0, "the trust roots came from the repository itself (see the first lines)")
-    status = 1 if problems else 4 if redraws else NOT_VERIFIED if reasons else 0
+    status = _status(problems, notes, reasons)
     keys = sorted({k for row in rows for k in re.findall(r"key (SHA256:[A-Za-z0-9+/]+)", row[2])})
     print(
         verified_line(
@@ -156,6 +148,29 @@ def main(argv: list[str]) -> int:
             "from the maintainers, from outside the repository."
         )
     return status
+
+
+def _print_borrowed(borrowed: list[str]) -> None:
+    """The warning first, where the trust roots came from the repository itself."""
+    if not borrowed:
+        return
+    print(
+        "TRUST ROOTS FROM THE REPOSITORY: what follows proves only that the repository agrees with "
+        "itself, not that it is the study that was published (exit status 3):"
+    )
+    for b in borrowed:
+        print(f"- {b}")
+    print()
+
+
+def _status(problems: list[str], notes: list[str], reasons: list[str]) -> int:
+    """The exit status: 1 for a problem, 4 for a redrawn run, :data:`NOT_VERIFIED` for a reason the
+    reader's keys do not vouch, else 0."""
+    if problems:
+        return 1
+    if any("REDRAWN:" in n for n in notes):
+        return 4
+    return NOT_VERIFIED if reasons else 0
 
 
 def _print_findings(rows: list[tuple[str, str, str]], notes: list[str], problems: list[str]) -> None:
@@ -179,22 +194,25 @@ def _print_findings(rows: list[tuple[str, str, str]], notes: list[str], problems
     if unchecked:  # nothing of theirs was read: no line may say that it matched
         print(f"Integrity: NOT CHECKED: {', '.join(unchecked)} (a records schema newer than this auditor).")
         return
-    incomplete = [n for n in notes if "INCOMPLETE:" in n]
-    stopped = [n for n in notes if "STOPPED BY THE BUDGET RULE:" in n]
-    failstop = [n for n in notes if "STOPPED BY THE FAILURE RULE:" in n]
-    redraws = [n for n in notes if "REDRAWN:" in n]
-    print(
-        "Integrity: everything matched."
-        + (" The study is INCOMPLETE (see above)." if incomplete else "")
-        + (" The study was STOPPED BY THE BUDGET RULE (see above)." if stopped else "")
-        + (" The study was STOPPED BY THE FAILURE RULE (see above)." if failstop else "")
-        + (
-            " Some runs were REDRAWN (see above): the records are intact, but an earlier attempt "
-            "of each could have been seen before it was run again (exit status 4)."
-            if redraws
-            else ""
-        )
-    )
+    print("Integrity: everything matched." + _matched_but(notes))
+
+
+#: What a note's marker adds to the line that everything matched, in the order the line says it.
+_MATCHED_BUT = (
+    ("INCOMPLETE:", " The study is INCOMPLETE (see above)."),
+    ("STOPPED BY THE BUDGET RULE:", " The study was STOPPED BY THE BUDGET RULE (see above)."),
+    ("STOPPED BY THE FAILURE RULE:", " The study was STOPPED BY THE FAILURE RULE (see above)."),
+    (
+        "REDRAWN:",
+        " Some runs were REDRAWN (see above): the records are intact, but an earlier attempt "
+        "of each could have been seen before it was run again (exit status 4).",
+    ),
+)
+
+
+def _matched_but(notes: list[str]) -> str:
+    """What the line that everything matched adds for the notes: incomplete, a stop, a redraw."""
+    return "".join(text for marker, text in _MATCHED_BUT if any(marker in n for n in notes))
 
 
 #: Exit status of an audit whose records matched but whose study the reader's own keys do not vouch

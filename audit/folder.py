@@ -28,7 +28,6 @@ from prereg.ledger import (
     canonical,
     check_attempts,
     check_ledger,
-    entry_problems,
     is_snapshot_name,
     json_problem,
     record_name,
@@ -39,7 +38,7 @@ from prereg.ledger import (
 )
 from prereg.plan import OPTIONAL_SPEC, plan_from_protocol, plan_notes
 from prereg.recompute import SUMMARY_SCHEMAS, compare, recompute
-from prereg.records import seal
+from prereg.records import entry_problems, seal
 from prereg.replicates import anchored_gap_problems, replicate_times, time_problems, unwitnessed
 from prereg.results import Summary
 from prereg.tag import PLOT_FILES, check_sources, git_root, load_truth

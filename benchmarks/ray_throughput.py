@@ -29,48 +29,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness.tiny import tiny_protocol
+
 ROOT = Path(__file__).resolve().parent.parent
 
 PORT = 6579
-
-
-#: The study both executors run: the tiny convolution model, native against cotangent, one thread
-#: per run (the test suite's tiny protocol, with the pairs and steps asked for).
-PROTOCOL = """\
-id: tiny
-version: 1
-description: tiny throughput protocol
-preregistered: false
-corpus: pydoc-topics
-device: cpu
-compile: false
-threads: 1
-launcher: {launcher}
-budget_device_seconds: 100000
-interval_level: 0.9
-hypotheses:
-  procedure: fixed_sequence
-  family_alpha: 0.05
-  min_pairs: 3
-  tests:
-    - id: H1
-      study: pairs
-      endpoint: test_bpb
-      estimand: difference
-      type: non_inferiority
-      margin: 0.01
-      better: lower
-order_seed: 1
-studies:
-  - name: pairs
-    design: paired
-    arms: [native, cotangent]
-    configs: [tiny_conv]
-    seeds: {seeds}
-    steps: {steps}
-    val_every: {steps}
-    val_target_bpb: 7.9
-"""
 
 
 def make_study(base: Path, name: str, seeds: int, steps: int, launcher: str) -> Path:
@@ -79,7 +42,14 @@ def make_study(base: Path, name: str, seeds: int, steps: int, launcher: str) -> 
     (repo / "protocols").mkdir(parents=True)
     shutil.copytree(ROOT / "configs", repo / "configs", ignore=shutil.ignore_patterns("__pycache__"))
     (repo / ".gitignore").write_text("runs/\n__pycache__/\n")
-    text = PROTOCOL.format(launcher=launcher, seeds=list(range(1, seeds + 1)), steps=steps)
+    text = tiny_protocol(  # the test suite's tiny study, with the pairs and steps asked for
+        description="tiny throughput protocol",
+        launcher=launcher,
+        budget=100000,
+        seeds=range(1, seeds + 1),
+        steps=steps,
+        val_every=steps,
+    )
     (repo / "protocols" / "tiny.yaml").write_text(text)
     who = ["-c", "user.email=b@example.invalid", "-c", "user.name=B"]
     for cmd in (["init", "-q", "-b", "main"], [*who, "add", "-A"], [*who, "commit", "-qm", "init"]):

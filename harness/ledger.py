@@ -311,44 +311,66 @@ class Ledger:
             entries = load_entries(self.dir)
             if not entries:
                 return None
-            path = self.dir / MANIFEST
             head = head_of(entries, self.genesis)
-            try:
-                if not os.path.lexists(path):
-                    raise FileNotFoundError(path)
-                manifest = parse_json(read_regular(str(path)))
-                if manifest.get("schema_version", 1) > SCHEMA_VERSION:
-                    return None  # a newer harness's MANIFEST: not ours to rewrite
-                listed = {**manifest["records"], **manifest.get("started", {}), **manifest.get("looks", {})}
-                mhead = manifest.get("ledger_head") or {"seq": 0}
-                if not isinstance(mhead, dict) or not isinstance(mhead.get("seq"), int):
-                    return None  # not ours to judge: the audit reports a broken MANIFEST
-            except FileNotFoundError:
-                listed, mhead = {}, {"seq": 0}
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
-                return None  # not ours to judge: the audit reports a broken MANIFEST
+            found = _manifest_listing(self.dir / MANIFEST)
+            if found is None:
+                return None  # not ours to judge (a newer harness's, or broken: the audit reports it)
+            listed, mhead = found
             files = {p.name: p for p in entry_files(self.dir)}
             if mhead.get("seq") == head["seq"] and set(listed) == set(files):
                 return None
-            if any(
-                n not in files or sha256_bytes(read_regular(str(files[n]))) != h for n, h in listed.items()
-            ):
-                return None  # an entry changed or vanished: evidence, left for the audit
-            by_seq = {e["ledger"]["seq"]: e for e in entries if "ledger" in e}
             start = int(mhead.get("seq") or 0)
-            if start and (by_seq.get(start) or {}).get("sha256") != mhead.get("sha256"):
-                return None
-            tail = [by_seq[s] for s in range(start + 1, head["seq"] + 1) if s in by_seq]
-            if check_ledger(entries, {}, self.genesis, None) or not all(map(self_hash_ok, tail)):
-                return None  # not one clean chain (the audit's rule) that extends what MANIFEST names
             unlisted = sorted(n for n in files if n not in listed)
-            if unlisted != sorted(record_name(e) for e in tail):
+            if not self._continues(entries, files, listed, mhead, head, unlisted):
                 return None
             write_manifest(self.dir, self.root, self.sources, self.protocol, head)
         return (
             f"MANIFEST reconciled with the chain: {len(unlisted)} entr{'y' if len(unlisted) == 1 else 'ies'} "
             f"after seq {start} listed again ({', '.join(unlisted)})"
         )
+
+    def _continues(
+        self,
+        entries: list[dict[str, Any]],
+        files: dict[str, Path],
+        listed: dict[str, str],
+        mhead: dict[str, Any],
+        head: LedgerHead,
+        unlisted: list[str],
+    ) -> bool:
+        """Whether the entries MANIFEST misses (``unlisted``) continue, as one clean chain, what it
+        lists (each on disk unchanged) from its head."""
+        if any(n not in files or sha256_bytes(read_regular(str(files[n]))) != h for n, h in listed.items()):
+            return False  # an entry changed or vanished: evidence, left for the audit
+        by_seq = {e["ledger"]["seq"]: e for e in entries if "ledger" in e}
+        start = int(mhead.get("seq") or 0)
+        if start and (by_seq.get(start) or {}).get("sha256") != mhead.get("sha256"):
+            return False
+        tail = [by_seq[s] for s in range(start + 1, head["seq"] + 1) if s in by_seq]
+        if check_ledger(entries, {}, self.genesis, None) or not all(map(self_hash_ok, tail)):
+            return False  # not one clean chain (the audit's rule) that extends what MANIFEST names
+        return unlisted == sorted(record_name(e) for e in tail)
+
+
+def _manifest_listing(path: Path) -> tuple[dict[str, str], dict[str, Any]] | None:
+    """The entries a records folder's MANIFEST lists (name: sha256) and its ledger head; nothing
+    listed where there is no MANIFEST; ``None`` where it is a newer harness's or broken (not ours to
+    judge: the audit reports a broken MANIFEST)."""
+    try:
+        if not os.path.lexists(path):
+            raise FileNotFoundError(path)
+        manifest = parse_json(read_regular(str(path)))
+        if manifest.get("schema_version", 1) > SCHEMA_VERSION:
+            return None  # a newer harness's MANIFEST: not ours to rewrite
+        listed = {**manifest["records"], **manifest.get("started", {}), **manifest.get("looks", {})}
+        mhead = manifest.get("ledger_head") or {"seq": 0}
+        if not isinstance(mhead, dict) or not isinstance(mhead.get("seq"), int):
+            return None
+    except FileNotFoundError:
+        return {}, {"seq": 0}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return listed, mhead
 
 
 def source_hashes(root: Path, extra: Iterable[Path]) -> dict[str, str]:

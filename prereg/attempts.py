@@ -180,12 +180,10 @@ def unfinished(records: Sequence[Rec], started: Sequence[Rec]) -> list[dict[str,
     ]
 
 
-def flow(
-    records: Sequence[Rec], studies: Sequence[Mapping[str, Any]], proto: Mapping[str, Any]
-) -> list[dict[str, Any]]:
+def flow(records: Sequence[Rec], used: Collection[str], proto: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Every planned run per (study, configuration, arm): planned, started, ok, failed,
     interrupted (attempts), superseded (attempts of a unit that ran again whole), missing, analysed
-    (in a used pair or block of ``studies``, the summary's) and excluded; a run's state is its latest
+    (in a ``used`` pair or block: the summary's) and excluded; a run's state is its latest
     attempt in its unit's analysed unit attempt."""
     rows: dict[tuple[str, str, str], dict[str, Any]] = {}
     for st in proto["studies"]:
@@ -212,7 +210,6 @@ def flow(
         s = r["spec"]
         if r.get("unit_attempt", 1) < latest[s["unit"]]:
             rows[(s["study"], s["config"], s["role"])]["superseded_attempts"] += 1
-    used = {x["unit"] for st in studies for c in st["configs"] for x in c.get("pairs", c.get("blocks", []))}
     for r in final_attempts(analysed(records)).values():
         s = r["spec"]
         row = rows[(s["study"], s["config"], s["role"])]

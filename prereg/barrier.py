@@ -11,7 +11,7 @@ from prereg.attempts import analysed, final_units
 from prereg.hypotheses import Family
 from prereg.ledger import record_name
 from prereg.looks import look_units, pair_index
-from prereg.recompute import recompute
+from prereg.recompute import summary_of
 
 
 def look_entry_records(
@@ -65,10 +65,7 @@ def look_problems(
     seq = family.sequential
     assert seq is not None
     studies = {h.study for h in family.tests}
-    summary = (
-        recompute([dict(r) for r in records], [dict(e) for e in started])["hypotheses"].get("sequential")
-        or {}
-    )
+    summary = summary_of(proto, records, started).sequential or {}
     taken = len(summary.get("looks") or [])
     stop_at = summary.get("stopped_at") if summary.get("stop") in ("efficacy", "futility") else None
     out: list[str] = []

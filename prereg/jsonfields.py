@@ -45,27 +45,40 @@ def plain(value: Any) -> Any:
     return value
 
 
-def _admitted(hint: Any) -> tuple[type, ...] | None:
-    """The JSON types a resolved annotation admits (``None`` aside); ``None`` for any (``Any``)."""
+def json_types(hint: Any) -> tuple[type, ...] | None:
+    """The JSON types a resolved annotation admits (``None`` aside): ``(int, float)`` for a float,
+    ``(dict,)`` for a mapping, dataclass or typed dict, ``(list,)`` for a sequence; ``None`` for any
+    (``Any``)."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        parts = [_admitted(a) for a in typing.get_args(hint) if a is not type(None)]
-        return None if any(p is None for p in parts) else tuple(t for p in parts if p for t in p)
+        return _union_admits(hint)
     base = typing.get_origin(hint) or hint
     if base is float:
         return (int, float)
     if base in (str, int, bool):
         return (base,)
-    if isinstance(base, type) and (
-        issubclass(base, Mapping) or is_dataclass(base) or typing.is_typeddict(base)
-    ):
+    return _container_admits(base)
+
+
+def _union_admits(hint: object) -> tuple[type, ...] | None:
+    """The JSON types a union admits: those of each member (``None`` aside), or any when one admits any."""
+    parts = [json_types(a) for a in typing.get_args(hint) if a is not type(None)]
+    return None if any(p is None for p in parts) else tuple(t for p in parts if p for t in p)
+
+
+def _container_admits(base: object) -> tuple[type, ...] | None:
+    """The JSON type of a mapping, dataclass or typed dict (an object) or a sequence (an array);
+    ``None`` (any) for another annotation."""
+    if not isinstance(base, type):
+        return None
+    if issubclass(base, Mapping) or is_dataclass(base) or typing.is_typeddict(base):
         return (dict,)
-    if isinstance(base, type) and issubclass(base, Sequence):
+    if issubclass(base, Sequence):
         return (list,)
     return None
 
 
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
+def hints(cls: type) -> dict[str, Any]:
     """A class's resolved field annotations (computed once per class: they never change)."""
     return typing.get_type_hints(cls)
 
@@ -82,16 +95,16 @@ def json_fields(
     known = {f.name: f for f in fields(cls)}
     required = {n for n, f in known.items() if f.default is MISSING and f.default_factory is MISSING}
     exact_fields(what, set(data), set(known) & (set(data) | required), error)
-    hints = _hints(cls)
+    hint_of = hints(cls)
     out = dict(data)
     for name, value in data.items():
-        hint = hints[name]
+        hint = hint_of[name]
         if value is None:
             if type(None) not in typing.get_args(hint):
                 raise error(f"{what}: {name} is null")
             out[name] = math.nan if name in nan else None
             continue
-        admitted = _admitted(hint)
+        admitted = json_types(hint)
         if admitted is not None and (
             not isinstance(value, admitted) or (isinstance(value, bool) and bool not in admitted)
         ):

@@ -14,7 +14,7 @@ from typing import Any
 
 from prereg.attempts import Completeness
 from prereg.decisions import HypothesisDecision, decision_of, gate
-from prereg.hypotheses import Family, Pair, PairRow, test_of
+from prereg.hypotheses import Family, Hypothesis, Pair, PairRow, test_of
 from prereg.sequential import nominal_levels
 from prereg.ttests import TestResult, passes
 
@@ -223,41 +223,73 @@ def _look_result(
 ) -> LookResult:
     """Look ``k`` (0-based) on ``n`` pairs once its crossings are established: each hypothesis' level
     and nominal level, those futile, and whether the rule stops the study there."""
-    family, alpha, established, crossed = (
-        state.family,
-        state.family.family_alpha,
-        state.established,
-        state.crossed,
-    )
-    seq = family.sequential
-    assert seq is not None
-    weights, share = state.weights, state.share
-    level = {h.id: share[h.id] if h.id in share else alpha * weights.get(h.id, 0.0) for h in family.tests}
-    nom = {
-        h.id: crossed[h.id][1]
-        if h.id in crossed
-        else (state.nominal(weights[h.id])[k] if weights.get(h.id, 0.0) > 0 else 0.0)
-        for h in family.tests
-    }
-    p_now = {h: (1.0 if t is None else t.p_value) for h, t in tests.items()}
-    futile = tuple(
-        h.id
-        for h in family.tests
-        if h.id not in established
-        and seq.futility_z is not None
-        and tests[h.id] is not None  # a hypothesis not reached at a look is not futile there
-        and _z(p_now[h.id]) < seq.futility_z
-    )
-    stop = None
-    if len(established) == len(family.tests):
-        stop = "efficacy"
-    elif k == len(seq.looks) - 1:
-        stop = "final"
-    elif seq.futility_z is not None and len(established) + len(futile) == len(family.tests):
-        stop = "futility"
+    futile = _futile(state, tests)
     return LookResult(
-        k + 1, n, tests, why, unreached, level, nom, tuple(established), futile, stop, dict(crossed)
+        k + 1,
+        n,
+        tests,
+        why,
+        unreached,
+        _levels(state),
+        _nominal_at(state, k),
+        tuple(state.established),
+        futile,
+        _stop_at(state, k, futile),
+        dict(state.crossed),
     )
+
+
+def _levels(state: _Crossings) -> dict[str, float]:
+    """Each hypothesis' level now: its share when it crossed, else alpha times its weight."""
+    alpha = state.family.family_alpha
+    return {
+        h.id: state.share[h.id] if h.id in state.share else alpha * state.weights.get(h.id, 0.0)
+        for h in state.family.tests
+    }
+
+
+def _nominal_at(state: _Crossings, k: int) -> dict[str, float]:
+    """Each hypothesis' nominal level at look ``k``: where it crossed, else its boundary's at its
+    weight (0 without weight)."""
+    out = {}
+    for h in state.family.tests:
+        if h.id in state.crossed:
+            out[h.id] = state.crossed[h.id][1]
+        elif state.weights.get(h.id, 0.0) > 0:
+            out[h.id] = state.nominal(state.weights[h.id])[k]
+        else:
+            out[h.id] = 0.0
+    return out
+
+
+def _futile(state: _Crossings, tests: dict[str, TestResult | None]) -> tuple[str, ...]:
+    """The hypotheses not established whose test at this look lies below the futility bound (a
+    hypothesis not reached at a look is not futile there)."""
+    seq = state.family.sequential
+    assert seq is not None
+    bound = seq.futility_z
+    if bound is None:
+        return ()
+    return tuple(
+        h.id
+        for h in state.family.tests
+        if h.id not in state.established and (t := tests[h.id]) is not None and _z(t.p_value) < bound
+    )
+
+
+def _stop_at(state: _Crossings, k: int, futile: tuple[str, ...]) -> str | None:
+    """Why the rule stops the study at look ``k``: every hypothesis established, the last look, or
+    every one established or futile; ``None`` where it goes on."""
+    seq = state.family.sequential
+    assert seq is not None
+    everyone = len(state.family.tests)
+    if len(state.established) == everyone:
+        return "efficacy"
+    if k == len(seq.looks) - 1:
+        return "final"
+    if seq.futility_z is not None and len(state.established) + len(futile) == everyone:
+        return "futility"
+    return None
 
 
 def looks_reached(proto: Mapping[str, Any], family: Family, final_units: Collection[str]) -> int:
@@ -289,42 +321,84 @@ def sequential_decisions(
     out = []
     for h in family.tests:
         where = next((lk for lk in looks if h.id in lk.established), None)
-        pairs_all = pairs_of.get((h.study, h.config), [])
         if where is not None:
-            j, crossed_at = where.crossed[h.id]
-            a: float | None = crossed_at
-            lk, status, reason = looks[j - 1], "established", None
-            note = f"established at look {where.look}" + (
-                f", crossing at look {j}" if j != where.look else ""
-            )
+            at = _established_at(h, where, looks)
         elif last is not None and last.stop is not None:
-            lk, status = last, "not established"
-            a = last.nominal[h.id] or None
-            reason = (
-                "below the futility bound: the study stopped for futility" if h.id in last.futile else None
-            )
-            note = f"the study stopped at look {last.look} ({last.stop})"
-            if last.tests[h.id] is None:
-                status, reason = "not reached", last.why[h.id]
-            elif a is None:  # a fixed sequence whose alpha never reached it
-                status, reason = "not reached", "a failed prerequisite in the hierarchy: no alpha reached it"
+            at = _stopped_at(h, last)
         else:
-            g = gate(h, family, completeness)
-            nxt = seq.looks[len(looks)] if len(looks) < len(seq.looks) else seq.looks[-1]
-            reason = "; ".join(x for x in (g, f"the next look, at {nxt} pairs, was not reached") if x)
-            decision = decision_of(h, None, ("not reached", reason), None, None, completeness, [])
-            out.append(replace(decision, text=f"(sequential, {len(seq.looks)} looks) {decision.text}"))
+            out.append(_between_looks(h, family, completeness, len(looks)))
             continue
-        t = lk.tests[h.id]
-        pairs = [p for p in pairs_all if pair_index(Pair.of(p).unit) < lk.pairs]
-        decision = decision_of(
-            h, t, (status, reason), a if t is not None else None, lk.unreached[h.id], completeness, pairs
-        )
-        head = (
-            f"(look {lk.look} of {len(seq.looks)}, {lk.pairs} pairs, {seq.spending} spending, "
-            f"nominal level {a:.3g}; {note}) "
-            if a
-            else f"(look {lk.look} of {len(seq.looks)}, {lk.pairs} pairs; {note}) "
-        )
-        out.append(replace(decision, text=head + decision.text))
+        pairs_all = pairs_of.get((h.study, h.config), [])
+        out.append(_decided_at(h, at, completeness, pairs_all, len(seq.looks), seq.spending))
     return out
+
+
+@dataclass(frozen=True)
+class _At:
+    """Where a hypothesis was decided: the look whose test decides it, its status and reason, the
+    nominal level (``None``: none reached it) and the note its sentence starts with."""
+
+    look: LookResult
+    status: str
+    reason: str | None
+    alpha: float | None
+    note: str
+
+
+def _established_at(h: Hypothesis, where: LookResult, looks: list[LookResult]) -> _At:
+    """An established hypothesis: decided by the look it crossed at, at that look's nominal level."""
+    j, crossed_at = where.crossed[h.id]
+    note = f"established at look {where.look}" + (f", crossing at look {j}" if j != where.look else "")
+    return _At(looks[j - 1], "established", None, crossed_at, note)
+
+
+def _stopped_at(h: Hypothesis, last: LookResult) -> _At:
+    """A hypothesis not established when the study stopped: not established at the last look (below
+    the futility bound, or not), or not reached there."""
+    a = last.nominal[h.id] or None
+    note = f"the study stopped at look {last.look} ({last.stop})"
+    if last.tests[h.id] is None:
+        return _At(last, "not reached", last.why[h.id], a, note)
+    if a is None:  # a fixed sequence whose alpha never reached it
+        return _At(
+            last, "not reached", "a failed prerequisite in the hierarchy: no alpha reached it", a, note
+        )
+    futile = "below the futility bound: the study stopped for futility" if h.id in last.futile else None
+    return _At(last, "not established", futile, a, note)
+
+
+def _between_looks(
+    h: Hypothesis, family: Family, completeness: Completeness, taken: int
+) -> HypothesisDecision:
+    """A hypothesis whose records stop between looks: not reached, the next look named."""
+    seq = family.sequential
+    assert seq is not None
+    g = gate(h, family, completeness)
+    nxt = seq.looks[taken] if taken < len(seq.looks) else seq.looks[-1]
+    reason = "; ".join(x for x in (g, f"the next look, at {nxt} pairs, was not reached") if x)
+    decision = decision_of(h, None, ("not reached", reason), None, None, completeness, [])
+    return replace(decision, text=f"(sequential, {len(seq.looks)} looks) {decision.text}")
+
+
+def _decided_at(
+    h: Hypothesis,
+    at: _At,
+    completeness: Completeness,
+    pairs_all: Sequence[Pair | PairRow],
+    planned: int,
+    spending: str,
+) -> HypothesisDecision:
+    """The decision at its look, over the pairs that look saw, its sentence led by the look."""
+    lk, a = at.look, at.alpha
+    t = lk.tests[h.id]
+    pairs = [p for p in pairs_all if pair_index(Pair.of(p).unit) < lk.pairs]
+    decision = decision_of(
+        h, t, (at.status, at.reason), a if t is not None else None, lk.unreached[h.id], completeness, pairs
+    )
+    head = (
+        f"(look {lk.look} of {planned}, {lk.pairs} pairs, {spending} spending, "
+        f"nominal level {a:.3g}; {at.note}) "
+        if a
+        else f"(look {lk.look} of {planned}, {lk.pairs} pairs; {at.note}) "
+    )
+    return replace(decision, text=head + decision.text)

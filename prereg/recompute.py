@@ -6,7 +6,8 @@ records of a folder), and its comparison with a stored ``summary.json`` (:func:`
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from typing import Any
 
 from prereg.attempts import (
@@ -23,63 +24,81 @@ from prereg.attempts import (
 )
 from prereg.carryover import carry_over, order_cells, own_step_columns
 from prereg.decisions import decide, sensitivity
-from prereg.descriptive import descriptive_interval, endpoint, valid
+from prereg.descriptive import Endpoint, descriptive_interval, endpoint, valid
 from prereg.designs import study_design
 from prereg.factorial import design_of, factorial_effects
-from prereg.hypotheses import Family, cpu_time_columns, identity_rule
+from prereg.hypotheses import Family, Pair, cpu_time_columns, identity_rule
 from prereg.interference import flagged_pairs
-from prereg.looks import looks_reached, run_looks, sequential_decisions
+from prereg.looks import LookResult, looks_reached, run_looks, sequential_decisions
 from prereg.order import by_device, crossover, drift, positions
 from prereg.planted import pair_columns, planted_rows
 from prereg.replicates import replicate_rows, replicate_times, replicates_interval
+from prereg.results import (
+    Decided,
+    Descriptive,
+    FactorialResult,
+    FinalMetric,
+    Hypotheses,
+    PairedResult,
+    RecordCounts,
+    StudyResult,
+    Summary,
+    TimeToTarget,
+    TrainingTime,
+)
 
 REL_TOL = 1e-9
 #: ``summary.json`` schema versions this audit recomputes (``prereg.summary.SUMMARY_SCHEMA``).
 SUMMARY_SCHEMAS = (4,)
 
 
-def recompute(records: list[dict[str, Any]], started: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The summary (``summary.json`` without its seal), from the records and the ledger's started
-    entries alone, by the rules :mod:`prereg.summary` states (which records count:
-    :mod:`.attempts`)."""
-    proto = records[0]["protocol"]
+def summary_of(
+    protocol: Mapping[str, Any], records: Sequence[Rec], started: Sequence[Row] | None = None
+) -> Summary:
+    """The summary (``summary.json`` without its seal, typed), of ``protocol`` (the protocol summary
+    the records name) from the records as their files hold them and the ledger's started entries
+    alone, by the rules :mod:`prereg.summary` states (which records count: :mod:`.attempts`)."""
     ok, seen = _ok_units(records)
     exclusions: list[dict[str, str]] = []
     done = completeness(records)
-    studies, pairs_of = _studies(proto, ok, seen, exclusions)
-    hyp, done = _hypotheses(records, proto, pairs_of, done)
-    return {
-        "schema_version": SUMMARY_SCHEMAS[-1],
-        "protocol": proto,
-        "completeness": asdict(done),
-        "hypotheses": hyp,
-        "flow": flow(records, studies, proto),
-        "records": _record_counts(records, started),
-        "exclusions": sorted(exclusions, key=lambda e: e["unit"]),
-        "studies": studies,
-        "runs": run_rows(records),
-        **(
-            {"planted": planted_rows(proto["studies"], pairs_of)}
-            if any(st.get("planted") for st in proto["studies"])
-            else {}
-        ),
-        **(
-            {
-                "replicates": replicate_rows(
-                    proto["studies"], pairs_of, proto["interval_level"], replicate_times(records)
-                )
-            }
-            if proto.get("replicates")
-            else {}
-        ),
-    }
+    studies, pairs_of = _studies(protocol, ok, seen, exclusions)
+    hyp, done = _hypotheses(records, protocol, pairs_of, done)
+    return Summary(
+        schema_version=SUMMARY_SCHEMAS[-1],
+        protocol=protocol,
+        records=_record_counts(records, started),
+        completeness=done,
+        hypotheses=hyp,
+        flow=flow(records, _used_units(studies), protocol),
+        exclusions=sorted(exclusions, key=lambda e: e["unit"]),
+        studies=studies,
+        runs=run_rows(records),
+        planted=planted_rows(protocol["studies"], pairs_of)
+        if any(st.get("planted") for st in protocol["studies"])
+        else None,
+        replicates=replicate_rows(
+            protocol["studies"], pairs_of, protocol["interval_level"], replicate_times(records)
+        )
+        if protocol.get("replicates")
+        else None,
+    )
+
+
+def recompute(records: Sequence[Rec], started: Sequence[Row] | None = None) -> dict[str, Any]:
+    """The summary as ``summary.json`` holds it (:func:`summary_of` of the records' protocol, as
+    JSON): what the audit compares with a folder's stored file (:func:`compare`)."""
+    return summary_of(records[0]["protocol"], records, started).to_json()
 
 
 _Units = dict[tuple[str, str], dict[str, dict[str, Rec]]]
 _Pairs = dict[tuple[str, str], list[dict[str, Any]]]
+#: A pair's unit and its two arms' ``timings`` (what the stall rule reads).
+_ArmTimings = tuple[str, Rec, Rec]
+#: A row of JSON (a started entry, as its file holds it).
+Row = Mapping[str, Any]
 
 
-def _ok_units(records: list[dict[str, Any]]) -> tuple[_Units, dict[tuple[str, str], set[str]]]:
+def _ok_units(records: Sequence[Rec]) -> tuple[_Units, dict[tuple[str, str], set[str]]]:
     """The analysed ok records by (study, config), unit and role, and every unit seen per (study, config)."""
     ok: _Units = {}
     seen: dict[tuple[str, str], set[str]] = {}
@@ -92,13 +111,16 @@ def _ok_units(records: list[dict[str, Any]]) -> tuple[_Units, dict[tuple[str, st
 
 
 def _studies(
-    proto: dict[str, Any], ok: _Units, seen: dict[tuple[str, str], set[str]], exclusions: list[dict[str, str]]
-) -> tuple[list[dict[str, Any]], _Pairs]:
+    proto: Mapping[str, Any],
+    ok: _Units,
+    seen: dict[tuple[str, str], set[str]],
+    exclusions: list[dict[str, str]],
+) -> tuple[list[StudyResult], _Pairs]:
     """The summary's ``studies`` (one entry a config with units) and each paired config's pairs."""
     studies = []
     pairs_of: _Pairs = {}
     for st in proto["studies"]:
-        entries = []
+        entries: list[PairedResult | FactorialResult] = []
         level = st["interval_level"]
         for config in st["configs"]:
             units = {
@@ -108,24 +130,30 @@ def _studies(
             if not units:
                 continue
             if study_design(st).pairwise:
-                entry = _paired(st, config, units, level, exclusions, bool(proto.get("replicates")))
-                pairs_of[(st["name"], config)] = entry["pairs"]
+                paired, pairs = _paired(st, config, units, level, exclusions, bool(proto.get("replicates")))
+                pairs_of[(st["name"], config)] = pairs
+                entries.append(paired)
             else:
-                entry = _factorial(st, config, units, level, exclusions)
-            entries.append(entry)
-        studies.append({"name": st["name"], "design": st["design"], "configs": entries})
+                entries.append(_factorial(st, config, units, level, exclusions))
+        studies.append(StudyResult(name=st["name"], design=st["design"], configs=entries))
     return studies, pairs_of
 
 
+def _used_units(studies: list[StudyResult]) -> set[str]:
+    """The units of every used pair and block."""
+    return {p.unit for st in studies for c in st.paired_configs() for p in c.pairs} | {
+        b["unit"] for st in studies for c in st.factorial_configs() for b in c.blocks
+    }
+
+
 def _hypotheses(
-    records: list[dict[str, Any]], proto: dict[str, Any], pairs_of: _Pairs, done: Completeness
-) -> tuple[dict[str, Any], Completeness]:
+    records: Sequence[Rec], proto: Mapping[str, Any], pairs_of: _Pairs, done: Completeness
+) -> tuple[Hypotheses | Descriptive, Completeness]:
     """The summary's ``hypotheses`` and the completeness (which a sequential stop rewrites)."""
     spec = proto.get("hypotheses") or {"descriptive": "these records predate preregistered hypotheses"}
     if "descriptive" in spec:
-        return {"descriptive": spec["descriptive"]}, done
+        return Descriptive(descriptive=spec["descriptive"]), done
     failed = failed_pairs(records)
-    decisions = []
     # identical pairs are decided by the rule their records were written under: the exact
     # sign test from schema 5, identity (p = 0) in schema 4, not reached before
     identity = identity_rule([r.get("schema_version", 1) for r in records])
@@ -137,45 +165,50 @@ def _hypotheses(
         decided = sequential_decisions(family, pairs_of, done, looks)
     else:
         decided = decide(family, pairs_of, done, identity, replicated=bool(proto.get("replicates")))
-    for decision in decided:
-        h = next(t for t in spec["tests"] if t["id"] == decision.id)
-        d = decision.as_dict()
-        d["sensitivity"] = sensitivity(
-            h, pairs_of.get((d["study"], d["config"]), []), failed.get((d["study"], d["config"]), [])
+    tests = {t["id"]: t for t in reversed(spec["tests"])}  # the first of an id
+    decisions = [
+        Decided(
+            decision=d,
+            sensitivity=sensitivity(
+                tests[d.id], pairs_of.get((d.study, d.config), []), failed.get((d.study, d.config), [])
+            ),
         )
-        decisions.append(d)
-    hyp = {
-        "procedure": spec["procedure"],
-        "family_alpha": spec["family_alpha"],
-        "min_pairs": spec["min_pairs"],
-        "decisions": decisions,
-        **({"sequential": sequential} if sequential is not None else {}),
-    }
+        for d in decided
+    ]
+    hyp = Hypotheses(
+        procedure=spec["procedure"],
+        family_alpha=spec["family_alpha"],
+        min_pairs=spec["min_pairs"],
+        decisions=decisions,
+        sequential=sequential,
+    )
     return hyp, done
 
 
-def _record_counts(records: list[dict[str, Any]], started: list[dict[str, Any]] | None) -> dict[str, Any]:
+def _record_counts(records: Sequence[Rec], started: Sequence[Row] | None) -> RecordCounts:
     """The summary's ``records``: the files by status, the unfinished runs, the device seconds."""
     status = [r["status"] for r in records]
-    return {
-        "files": len(records),
-        "ok": status.count("ok"),
-        "failed": status.count("failed"),
-        "interrupted": status.count("interrupted"),
-        "superseded": len(records) - len(analysed(records)),
-        "unfinished": unfinished(records, started or []),
-        "device_seconds": math.fsum((r.get("timings") or {}).get("device_s") or 0.0 for r in records),
-    }
+    return RecordCounts(
+        files=len(records),
+        ok=status.count("ok"),
+        failed=status.count("failed"),
+        interrupted=status.count("interrupted"),
+        superseded=len(records) - len(analysed(records)),
+        unfinished=unfinished(records, started or []),
+        device_seconds=math.fsum((r.get("timings") or {}).get("device_s") or 0.0 for r in records),
+    )
 
 
-def _sequential(family: Family, looks: list[Any], done: Completeness) -> tuple[Completeness, dict[str, Any]]:
+def _sequential(
+    family: Family, looks: list[LookResult], done: Completeness
+) -> tuple[Completeness, dict[str, object]]:
     """The summary's ``hypotheses.sequential`` (the design, every look taken, where the rule stopped)
     and the completeness, whose text says so when the rule stopped the study before its last look."""
     seq = family.sequential
     assert seq is not None
     last = looks[-1] if looks else None
     stop = last.stop if last is not None else None
-    out = {
+    out: dict[str, object] = {
         "looks_planned": list(seq.looks),
         "spending": seq.spending,
         "futility_z": seq.futility_z,
@@ -200,74 +233,82 @@ def _sequential(family: Family, looks: list[Any], done: Completeness) -> tuple[C
 
 
 def _paired(
-    st: dict[str, Any],
+    st: Mapping[str, Any],
     config: str,
     units: dict[str, dict[str, Rec]],
     level: float,
     exclusions: list[dict[str, str]],
     replicated: bool = False,
-) -> dict[str, Any]:
+) -> tuple[PairedResult, list[dict[str, Any]]]:
+    """A paired configuration's result, and its pairs' rows (what the decisions read)."""
     pairs, arm_timings = _pairs(units, exclusions)
 
-    def col(key: str) -> list[Any]:
+    def col(key: str) -> list[object]:
         return [p[key] for p in pairs]
 
     timed = [p for p in pairs if p["time_reduction_pct"] is not None]  # both training times finite, positive
     cpu_time = None  # when every pair recorded its training CPU time (records since lockstep)
     if pairs and all("baseline_training_cpu_s" in p for p in pairs):
         cpu_time = _time_endpoint(pairs, "training_cpu_s", level, replicated)
-    ttt = _time_to_target(pairs, level)
-    quality = asdict(endpoint(col("baseline_test_bpb"), col("candidate_test_bpb"), level, "difference"))
     mb, mc = col("baseline_peak_memory_bytes"), col("candidate_peak_memory_bytes")
-    memory = asdict(endpoint(mb, mc, level, "relative_reduction")) if None not in mb + mc else None
-    lock = _lockstep_model(st, units, pairs, level)
-    stalls = flagged_pairs(arm_timings)  # None for records from before the stall rule
-    if stalls is not None:
-        lock["interference"] = stalls
+    cells, carry = _lockstep_model(st, units, pairs, level)
+    warmup = None
     if st.get("warmup_steps") and pairs and all("baseline_warmup_s" in p for p in pairs):
-        lock["warmup_time"] = _time_endpoint(pairs, "warmup_s", level)
-    return {
-        "config": config,
-        "design": st["design"],
-        "level": level,
-        "parameters": params_of(units),
-        "baseline_arm": st["arms"][0],
-        "candidate_arm": st["arms"][1],
-        "units_seen": len(units),
-        "pairs_used": len(pairs),
-        "training_time": _time_endpoint(pairs, "training_s", level, replicated),
-        "time_to_target": ttt,
-        "total_time": asdict(
-            endpoint(col("baseline_total_s"), col("candidate_total_s"), level, "relative_reduction")
-        ),
-        "test_bpb": quality,
-        "peak_memory": memory,
-        "counts": _counts(pairs, timed),
-        "order_effects": {"crossover": crossover(timed, level), "drift": drift(timed, level)},
-        "by_device": by_device(timed, level),
-        "pairs": pairs,
-        **({"training_cpu_time": cpu_time} if cpu_time is not None else {}),
-        **lock,
-        **(
-            {
-                "final_metric": asdict(
-                    endpoint(col("baseline_final_metric"), col("candidate_final_metric"), level, "difference")
-                )
-                | {"metric": st["metric"]}
-            }
-            if "metric" in st and pairs
-            else {}
-        ),
-    }
+        warmup = _time_endpoint(pairs, "warmup_s", level)
+    result = PairedResult(
+        config=config,
+        design=st["design"],
+        level=level,
+        parameters=params_of(units),
+        baseline_arm=st["arms"][0],
+        candidate_arm=st["arms"][1],
+        units_seen=len(units),
+        pairs_used=len(pairs),
+        training_time=_time_endpoint(pairs, "training_s", level, replicated),
+        time_to_target=_time_to_target(pairs, level),
+        total_time=endpoint(col("baseline_total_s"), col("candidate_total_s"), level, "relative_reduction"),
+        test_bpb=endpoint(col("baseline_test_bpb"), col("candidate_test_bpb"), level, "difference"),
+        peak_memory=endpoint(mb, mc, level, "relative_reduction") if None not in mb + mc else None,
+        counts=_counts(pairs, timed),
+        order_effects={"crossover": crossover(timed, level), "drift": drift(timed, level)},
+        by_device=by_device(timed, level),
+        pairs=[Pair.of(p) for p in pairs],
+        training_cpu_time=cpu_time,
+        final_metric=_final_metric(st, pairs, level),
+        order_cells=cells,
+        carry_over=carry,
+        warmup_time=warmup,
+        interference=flagged_pairs(arm_timings),  # None for records from before the stall rule
+    )
+    return result, pairs
+
+
+def _final_metric(st: Mapping[str, Any], pairs: list[dict[str, Any]], level: float) -> FinalMetric | None:
+    """A command study's metric at each arm's last evaluation, compared as a difference (``None``
+    for other studies, and without pairs)."""
+    if "metric" not in st or not pairs:
+        return None
+    ep = endpoint(
+        [p["baseline_final_metric"] for p in pairs],
+        [p["candidate_final_metric"] for p in pairs],
+        level,
+        "difference",
+    )
+    return FinalMetric(**_own(ep), metric=st["metric"])
+
+
+def _own(ep: Endpoint) -> dict[str, Any]:
+    """An endpoint's fields, as they are (to build a result that extends it)."""
+    return {f.name: getattr(ep, f.name) for f in fields(ep)}
 
 
 def _pairs(
     units: dict[str, dict[str, Rec]], exclusions: list[dict[str, str]]
-) -> tuple[list[dict[str, Any]], list[tuple[str, Any, Any]]]:
+) -> tuple[list[dict[str, Any]], list[_ArmTimings]]:
     """The pairs of the units whose both arms have an ok record (the others go to ``exclusions``),
     and each pair's arms' timings, for the stall rule."""
     pairs = []
-    arm_timings: list[tuple[str, Any, Any]] = []
+    arm_timings: list[_ArmTimings] = []
     for unit in sorted(units):
         arms = units[unit]
         missing = [x for x in ("baseline", "candidate") if x not in arms]
@@ -315,7 +356,7 @@ def _pair_row(unit: str, b: Rec, c: Rec) -> dict[str, Any]:
     }
 
 
-def _time_to_target(pairs: list[dict[str, Any]], level: float) -> dict[str, Any]:
+def _time_to_target(pairs: list[dict[str, Any]], level: float) -> TimeToTarget:
     """The time-to-target endpoint over the pairs where both arms reached the target, with the
     count of pairs where each arm did not."""
     both = [
@@ -323,22 +364,20 @@ def _time_to_target(pairs: list[dict[str, Any]], level: float) -> dict[str, Any]
         for p in pairs
         if p["baseline_time_to_target_s"] is not None and p["candidate_time_to_target_s"] is not None
     ]
-    ttt = asdict(
-        endpoint(
-            [p["baseline_time_to_target_s"] for p in both],
-            [p["candidate_time_to_target_s"] for p in both],
-            level,
-            "relative_reduction",
-        )
+    ep = endpoint(
+        [p["baseline_time_to_target_s"] for p in both],
+        [p["candidate_time_to_target_s"] for p in both],
+        level,
+        "relative_reduction",
     )
-    ttt.update(
+    return TimeToTarget(
+        **_own(ep),
         rule="pairs where both arms reached the target",
         unreached={
             "baseline": sum(p["baseline_time_to_target_s"] is None for p in pairs),
             "candidate": sum(p["candidate_time_to_target_s"] is None for p in pairs),
         },
     )
-    return ttt
 
 
 def _counts(pairs: list[dict[str, Any]], timed: list[dict[str, Any]]) -> dict[str, int]:
@@ -369,23 +408,19 @@ def _step_columns(b: Rec, c: Rec) -> dict[str, Any]:
 
 
 def _lockstep_model(
-    st: dict[str, Any], units: dict[str, dict[str, Rec]], pairs: list[dict[str, Any]], level: float
-) -> dict[str, Any]:
-    """A lockstep study's order-cell model and carry-over (:mod:`.carryover`), where its pairs'
-    records keep their step times; nothing otherwise."""
+    st: Mapping[str, Any], units: dict[str, dict[str, Rec]], pairs: list[dict[str, Any]], level: float
+) -> tuple[dict[str, dict[str, object] | None] | None, dict[str, object] | None]:
+    """A lockstep study's order-cell model per clock and its carry-over (:mod:`.carryover`), where
+    its pairs' records keep their step times; ``None`` otherwise."""
     block = study_design(st).block_steps(st)
     if block is None or not pairs or not all("steps_first" in p for p in pairs):
-        return {}
+        return None, None
     used = {p["unit"] for p in pairs}
     cells = {
         clock: order_cells(pairs, key, level)
         for key, clock in (("training_s", "wall"), ("training_cpu_s", "CPU"))
     }
-    out: dict[str, Any] = {"order_cells": cells}
-    carry = carry_over([units[u] for u in sorted(used)], int(block), level)
-    if carry is not None:
-        out["carry_over"] = carry
-    return out
+    return cells, carry_over([units[u] for u in sorted(used)], int(block), level)
 
 
 def final_metric_columns(b: Rec, c: Rec) -> dict[str, Any]:
@@ -398,37 +433,36 @@ def final_metric_columns(b: Rec, c: Rec) -> dict[str, Any]:
 
 def _time_endpoint(
     pairs: list[dict[str, Any]], key: str, level: float, replicated: bool = False
-) -> dict[str, Any]:
+) -> TrainingTime:
     """A time's endpoint over the pairs (``baseline_<key>``, ``candidate_<key>``; relative reduction)
     with its log-ratio interval over the pairs whose two times are finite and positive. In a
     ``replicated`` protocol both intervals are the decision's, over the replicates' estimates
     (:func:`.replicates.replicates_interval`; ``replicates`` says over how many), never the pooled
     pairs' (which hold no spread between replicates)."""
     b, c = f"baseline_{key}", f"candidate_{key}"
-    out = asdict(endpoint([p[b] for p in pairs], [p[c] for p in pairs], level, "relative_reduction"))
+    out = _own(endpoint([p[b] for p in pairs], [p[c] for p in pairs], level, "relative_reduction"))
     timed = [p for p in pairs if valid(p[b], True) and valid(p[c], True)]
-    if replicated:
-        values_of: dict[int, list[float]] = {}
-        for p in timed:
-            if isinstance(p.get("replicate"), int):
-                values_of.setdefault(p["replicate"], []).append(math.log(p[c]) - math.log(p[b]))
-        over = replicates_interval(values_of, level, "relative_reduction")
-        out["interval"] = None if over is None else over.as_dict()
-        log_ratio = replicates_interval(values_of, level, "log_ratio")
-        out["replicates"] = len(values_of)
-    else:
+    if not replicated:
         log_ratio = descriptive_interval([p[b] for p in timed], [p[c] for p in timed], level, "log_ratio")
-    out["log_ratio"] = None if log_ratio is None else log_ratio.as_dict()
-    return out
+        return TrainingTime(**out, log_ratio=log_ratio)
+    values_of: dict[int, list[float]] = {}
+    for p in timed:
+        if isinstance(p.get("replicate"), int):
+            values_of.setdefault(p["replicate"], []).append(math.log(p[c]) - math.log(p[b]))
+    out["interval"] = replicates_interval(values_of, level, "relative_reduction")
+    log_ratio = replicates_interval(values_of, level, "log_ratio")
+    return TrainingTime(**out, log_ratio=log_ratio, replicates=len(values_of))
 
 
 def _factorial(
-    st: dict[str, Any],
+    st: Mapping[str, Any],
     config: str,
     units: dict[str, dict[str, Rec]],
     level: float,
     exclusions: list[dict[str, str]],
-) -> dict[str, Any]:
+) -> FactorialResult:
+    """A factorial configuration's result: its complete blocks, each cell's mean time, the factors'
+    effects and the positions' diagnostics."""
     factors, cells = design_of(st)
     blocks = []
     for unit in sorted(units):
@@ -459,18 +493,18 @@ def _factorial(
                 "reduction_low_pct": 100.0 * (1.0 - math.exp(effect.high)),
                 "reduction_high_pct": 100.0 * (1.0 - math.exp(effect.low)),
             }
-    return {
-        "config": config,
-        "design": st["design"],
-        "level": level,
-        "units_seen": len(units),
-        "parameters": params_of(units),
-        "positions": positions(blocks, cells, level),
-        "blocks_used": len(blocks),
-        "cell_mean_training_s": means,
-        "effects": found,
-        "blocks": blocks,
-    }
+    return FactorialResult(
+        config=config,
+        design=st["design"],
+        level=level,
+        units_seen=len(units),
+        parameters=params_of(units),
+        positions=positions(blocks, cells, level),
+        blocks_used=len(blocks),
+        cell_mean_training_s=means,
+        effects=found,
+        blocks=blocks,
+    )
 
 
 def params_of(units: dict[str, dict[str, Rec]]) -> int | None:

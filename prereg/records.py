@@ -84,21 +84,21 @@ from __future__ import annotations
 
 import json
 import math
+import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypedDict
 
 from prereg.bounded import InputLimitError, parse_json, read_regular
 from prereg.files import atomic_write
-from prereg.jsonfields import json_fields, plain
+from prereg.jsonfields import hints, json_fields, json_types, plain
 from prereg.ledger import (
     LOOK_SUFFIX,
     RECORD_SUFFIX,
     SCHEMAS,
     STARTED_SUFFIX,
     canonical,
-    entry_problems,
     is_snapshot_name,
     protocol_stub,
     snapshot_name,
@@ -116,6 +116,13 @@ TAG_FILE = "TAG"
 
 class RecordFormatError(ValueError):
     """A record file that cannot be read as a record of a known format version."""
+
+
+#: A field's rule in a sealed entry's file beyond its annotation (its metadata's ``"file"``):
+#: :data:`SEALED`, every sealed entry has it, never null (the object lacks it until the ledger links
+#: or seals it); :data:`NOT_NULL`, absent or set, never null (a field written only when set).
+SEALED = "sealed"
+NOT_NULL = "not null"
 
 
 class LedgerLink(TypedDict):
@@ -139,14 +146,16 @@ class StartedEntry:
     node: str  # where the worker runs: this host, or a Ray node (host/id)
     runner: Mapping[str, Any]  # the process that appended it: host, pid
     started_at: str
-    ledger: LedgerLink | None = None  # set when the ledger appends it
-    sha256: str | None = None  # set when it is sealed
+    ledger: LedgerLink | None = field(
+        default=None, metadata={"file": SEALED}
+    )  # set when the ledger appends it
+    sha256: str | None = field(default=None, metadata={"file": SEALED})  # set when it is sealed
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: plain(v) for f in fields(self) if (v := getattr(self, f.name)) is not None}
 
     @classmethod
-    def from_json(cls, data: Any, what: str = "started entry") -> StartedEntry:
+    def from_json(cls, data: object, what: str = "started entry") -> StartedEntry:
         found = json_fields(cls, data, what, RecordFormatError)
         if found["kind"] != "started":
             raise RecordFormatError(f"{what}: field kind = {found['kind']!r}; a started entry's is 'started'")
@@ -223,7 +232,7 @@ class RunSpec:
         return self.block_steps is not None
 
     @classmethod
-    def from_json(cls, data: Any, what: str = "spec", error: type[ValueError] = ValueError) -> RunSpec:
+    def from_json(cls, data: object, what: str = "spec", error: type[ValueError] = ValueError) -> RunSpec:
         """Read a spec, refusing one that is not a JSON object of exactly this class's fields, each of
         its JSON type."""
         return cls(**json_fields(cls, data, what, error))
@@ -255,7 +264,9 @@ class WorkerResult:
 
     status: str  # "ok", "failed" or "interrupted" ("running" while the worker is at it)
     reason: str | None = None
-    timings: Mapping[str, Any] = field(default_factory=dict)  # device_s always; the worker's clocks
+    timings: Mapping[str, Any] = field(
+        default_factory=dict, metadata={"file": SEALED}
+    )  # device_s always; the worker's clocks
     env: Mapping[str, Any] | None = None  # where and with what it ran
     parameters: int | None = None
     method_paths: Mapping[str, Any] | None = None  # which code paths the arm took
@@ -290,7 +301,7 @@ class WorkerResult:
         }
 
     @classmethod
-    def from_json(cls, data: Any, what: str = "worker result") -> WorkerResult:
+    def from_json(cls, data: object, what: str = "worker result") -> WorkerResult:
         """Read a worker's result, refusing fields this class does not know or values of the wrong
         JSON type."""
         return cls(**json_fields(cls, data, what, RecordFormatError, NONFINITE_AS_NULL))
@@ -324,8 +335,10 @@ class RunRecord(WorkerResult):
     started_at: str | None = None
     finished_at: str | None = None
     node: Mapping[str, Any] | None = None  # the Ray node that ran it (id, host, pid); Ray runs only
-    ledger: LedgerLink | None = None  # set when the ledger appends it (schema 2 on)
-    sha256: str | None = None  # set when it is sealed
+    ledger: LedgerLink | None = field(
+        default=None, metadata={"file": NOT_NULL}
+    )  # set when the ledger appends it (schema 2 on)
+    sha256: str | None = field(default=None, metadata={"file": SEALED})  # set when it is sealed
 
     def to_json(self) -> dict[str, Any]:
         """The record's file form: from schema 4 on, ``protocol`` is its stub (id, sha256, the tag
@@ -343,13 +356,13 @@ class RunRecord(WorkerResult):
 
     @classmethod
     def from_json(
-        cls, data: Any, what: str = "record", snapshots: Mapping[str, Any] | None = None
+        cls, data: object, what: str = "record", snapshots: Mapping[str, object] | None = None
     ) -> RunRecord:
         """Read a record's JSON object, refusing unknown or missing fields (naming them) and values
         of the wrong JSON type. A schema 4 record's ``protocol`` stub is read over the snapshot it
         names (``snapshots``: its folder's, by sha256; :func:`read_snapshots`)."""
         version = data.get("schema_version") if isinstance(data, Mapping) else None
-        if isinstance(version, int) and version >= 4:
+        if isinstance(data, Mapping) and isinstance(version, int) and version >= 4:
             stub = data.get("protocol")
             full = with_snapshot(stub, dict(snapshots or {})) if isinstance(stub, dict) else None
             if full is None:
@@ -362,6 +375,110 @@ class RunRecord(WorkerResult):
             data = {**data, "protocol": full}
         found = json_fields(cls, data, what, RecordFormatError, NONFINITE_AS_NULL)
         return cls(**{**found, "spec": RunSpec.from_json(found["spec"], f"{what}: spec", RecordFormatError)})
+
+
+_NONE = type(None)
+#: A shape: each field's JSON types and whether every entry has it.
+Shape = dict[str, tuple[tuple[type, ...], bool]]
+
+
+def file_shape(cls: type) -> Shape:
+    """Each field of the dataclass ``cls`` as a sealed entry's file holds it, read from its one
+    declaration (the dataclass): the JSON types its annotation admits
+    (:func:`prereg.jsonfields.json_types`), null among them where the annotation admits ``None``
+    (unless its metadata says :data:`SEALED` or :data:`NOT_NULL`), and whether every such file has
+    it (a field without a default, or :data:`SEALED`); the fields every file has first."""
+    hint_of = hints(cls)
+    out: Shape = {}
+    for f in fields(cls):
+        rule = f.metadata.get("file")
+        types = json_types(hint_of[f.name]) or (object,)
+        nullable = rule is None and _NONE in typing.get_args(hint_of[f.name])
+        required = rule == SEALED or (f.default is MISSING and f.default_factory is MISSING)
+        out[f.name] = (types + ((_NONE,) if nullable else ()), required)
+    return {k: v for k, v in out.items() if v[1]} | {k: v for k, v in out.items() if not v[1]}
+
+
+#: The shapes every reader relies on (the JSON types of the fields it reads before anything else),
+#: checked before any other check reads an entry: a record's, its spec's and a started entry's are
+#: their dataclasses' (:func:`file_shape`); a look entry and a ledger link have no class of theirs.
+RECORD_SHAPE = file_shape(RunRecord)
+SPEC_SHAPE = file_shape(RunSpec)
+STARTED_SHAPE = file_shape(StartedEntry)
+LOOK_SHAPE: Shape = {
+    "schema_version": ((int,), True),
+    "kind": ((str,), True),
+    "protocol": ((dict,), True),
+    "look": ((int,), True),
+    "pairs": ((int,), True),
+    "records": ((list,), True),
+    "runner": ((dict,), True),
+    "taken_at": ((str,), True),
+    "ledger": ((dict,), True),
+    "sha256": ((str,), True),
+}
+LEDGER_SHAPE: Shape = {
+    "seq": ((int,), True),
+    "prev": ((str,), True),
+    "at": ((str,), False),
+}
+
+
+def _shape(obj: dict[str, Any], shape: Shape, where: str) -> list[str]:
+    out = []
+    for key, (types, required) in shape.items():
+        if key not in obj:
+            if required:
+                out.append(f"field {where}{key} is missing")
+            continue
+        v = obj[key]
+        if (isinstance(v, bool) and bool not in types) or not isinstance(v, types):
+            names = " or ".join(
+                "null" if t is _NONE else {"dict": "object", "list": "array"}.get(t.__name__, t.__name__)
+                for t in types
+            )
+            out.append(f"field {where}{key} = {json.dumps(v)[:40]} is not {names}")
+    return out
+
+
+def entry_problems(e: object) -> list[str]:
+    """What keeps a chain entry from being read at all: not an object, or a field every reader relies
+    on missing or of another JSON type (:data:`RECORD_SHAPE`, :data:`SPEC_SHAPE`,
+    :data:`STARTED_SHAPE`, :data:`LOOK_SHAPE`, :data:`LEDGER_SHAPE`; a ledger link from schema 2 on, a positive ``seq``,
+    and ``protocol`` with its ``id`` and ``sha256``). Empty when it can be read; the audit names
+    each problem and leaves the entry out of every later check, and the harness refuses it (one
+    rule: :func:`prereg.records.read_entry`)."""
+    if not isinstance(e, dict):
+        return [f"not a JSON object ({type(e).__name__})"]
+    started = e.get("kind") in ("started", "look")
+    out = _shape(e, LOOK_SHAPE if e.get("kind") == "look" else STARTED_SHAPE if started else RECORD_SHAPE, "")
+    if not started and isinstance(e.get("spec"), dict):
+        out += _shape(e["spec"], SPEC_SHAPE, "spec.")
+    v = e.get("schema_version")
+    if not started and isinstance(v, int) and v >= 2 and "ledger" not in e:
+        out.append("field ledger is missing (schema 2 on, every entry is linked into the chain)")
+    if isinstance(e.get("ledger"), dict):
+        out += _shape(e["ledger"], LEDGER_SHAPE, "ledger.")
+        seq = e["ledger"].get("seq")
+        if isinstance(seq, int) and not isinstance(seq, bool) and seq < 1:
+            out.append(f"field ledger.seq = {seq} is not a position (1 on)")
+    if isinstance(e.get("protocol"), dict):
+        out += _shape(e["protocol"], {"id": ((str,), True), "sha256": ((str,), True)}, "protocol.")
+    for key, value in (e.get("timings") or {}).items() if isinstance(e.get("timings"), dict) else ():
+        if key.endswith("_s") and (isinstance(value, bool) or not isinstance(value, (int, float, _NONE))):
+            out.append(f"field timings.{key} = {json.dumps(value)[:40]} is not a number of seconds or null")
+    for key in ("curve", "val_curve"):
+        points = e.get(key)
+        if isinstance(points, list) and not all(
+            isinstance(pt, list)
+            and len(pt) == 3
+            and all(isinstance(x, (int, float, _NONE)) and not isinstance(x, bool) for x in pt)
+            for pt in points
+        ):
+            out.append(f"field {key}: every point is [step, value, seconds], three numbers")
+    if isinstance(e.get("start"), dict):
+        out += _shape(e["start"], {"seq": ((int,), True), "sha256": ((str,), True)}, "start.")
+    return out
 
 
 def jsonable(obj: Any) -> Any:

@@ -48,7 +48,7 @@ class _Json:
         return {name: plain(v) for name, v in present(self).items()}
 
     @classmethod
-    def from_json(cls: type[T], data: Any, where: str = "summary") -> T:
+    def from_json(cls: type[T], data: object, where: str = "summary") -> T:
         built: T = _build(cls, data, where)
         return built
 
@@ -72,31 +72,49 @@ def _fits(cls: Any, value: Mapping[str, Any]) -> bool:
 
 
 def _value(hint: Any, value: Any, where: str) -> Any:
-    args = typing.get_args(hint)
+    """``value`` (JSON) read as ``hint`` says: a union by the member it fits, a result by its
+    fields, a sequence of results item by item, anything else kept."""
     union = typing.get_origin(hint) in (typing.Union, types.UnionType)
     if value is None:
-        if union and type(None) in args:
+        if union and type(None) in typing.get_args(hint):
             return None
         raise SummaryFormatError(f"{where} is null")
-    if union and any(isinstance(a, type) and is_dataclass(a) and isinstance(value, a) for a in args):
-        return value  # already read (Summary.read reads the hypotheses first)
     if union:
-        built: list[type] = [a for a in args if isinstance(a, type) and is_dataclass(a)]
-        if not built:
-            return value
-        fit = [a for a in built if isinstance(value, Mapping) and _fits(a, value)]
-        if not fit:
-            raise SummaryFormatError(
-                f"{where}: its fields are those of none of {', '.join(a.__name__ for a in built)}"
-            )
-        return _value(fit[0], value, where)
+        return _union_value(hint, value, where)
     if is_dataclass(hint):
         return hint.from_json(value, where) if hasattr(hint, "from_json") else _build(hint, value, where)
-    if typing.get_origin(hint) is Sequence and args and (is_dataclass(args[0]) or typing.get_args(args[0])):
+    if _sequence_of_results(hint):
         if not isinstance(value, list):
             raise SummaryFormatError(f"{where}: expected a JSON list")
-        return [_value(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
+        item = typing.get_args(hint)[0]
+        return [_value(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
     return value
+
+
+def _sequence_of_results(hint: object) -> bool:
+    """Whether ``hint`` is a sequence of results (or of a union of them)."""
+    args = typing.get_args(hint)
+    return (
+        typing.get_origin(hint) is Sequence
+        and bool(args)
+        and bool(is_dataclass(args[0]) or typing.get_args(args[0]))
+    )
+
+
+def _union_value(hint: object, value: object, where: str) -> object:
+    """A value of a union: kept when already read or when no member is a result, else read as the
+    first member whose fields it has."""
+    built: list[type] = [a for a in typing.get_args(hint) if isinstance(a, type) and is_dataclass(a)]
+    if any(isinstance(value, a) for a in built):
+        return value  # already read (Summary.read reads the hypotheses first)
+    if not built:
+        return value
+    fit = [a for a in built if isinstance(value, Mapping) and _fits(a, value)]
+    if not fit:
+        raise SummaryFormatError(
+            f"{where}: its fields are those of none of {', '.join(a.__name__ for a in built)}"
+        )
+    return _value(fit[0], value, where)
 
 
 @dataclass(frozen=True)
@@ -203,7 +221,7 @@ class Decided:
         return {**plain(self.decision.as_dict()), "sensitivity": plain(self.sensitivity)}
 
     @classmethod
-    def from_json(cls, data: Any, where: str, tests: Sequence[Mapping[str, Any]] = ()) -> Decided:
+    def from_json(cls, data: object, where: str, tests: Sequence[Mapping[str, Any]] = ()) -> Decided:
         """A decision row of summary.json, its hypothesis taken whole from the protocol's ``tests``."""
         own = {f.name for f in fields(HypothesisDecision)} - {"hypothesis"}
         if not isinstance(data, Mapping):
@@ -290,8 +308,13 @@ class Summary(_Json):
     # (prereg.replicates.replicate_rows)
     replicates: Sequence[Row] | None = field(default=None, metadata={"omit_none": True})
 
+    @property
+    def sequential(self) -> Mapping[str, Any] | None:
+        """A group-sequential design's looks (``hypotheses.sequential``); ``None`` for other designs."""
+        return self.hypotheses.sequential if isinstance(self.hypotheses, Hypotheses) else None
+
     @classmethod
-    def read(cls, data: Any, where: str = "summary.json") -> Summary:
+    def read(cls, data: object, where: str = "summary.json") -> Summary:
         """A ``summary.json`` (sealed or not), refusing a format version this code does not read."""
         if not isinstance(data, Mapping):
             raise SummaryFormatError(f"{where}: a summary is a JSON object")

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from prereg.jsonfields import plain
-from prereg.recompute import recompute
+from prereg.recompute import summary_of
 from prereg.records import RecordFormatError, RunRecord, StartedEntry, jsonable, load_records
 from prereg.results import Summary
 
@@ -46,14 +46,14 @@ def records_json(records: list[RunRecord]) -> list[dict[str, Any]]:
 def derive(records: list[RunRecord], started: list[StartedEntry] | None = None) -> Summary:
     """Every number of the report, from the records (and the ledger's started entries) alone.
 
-    The rules' one implementation (:func:`prereg.recompute.recompute`) computes
-    ``summary.json`` from the records as their files hold them; it is read here into the typed
-    :class:`prereg.results.Summary` (refusing a field it does not know), which the report, the plots
-    and the study page read.
+    The rules' one implementation (:func:`prereg.recompute.summary_of`) computes the typed
+    :class:`prereg.results.Summary` (which the report, the plots and the study page read, and whose
+    ``to_json`` is ``summary.json``) from the records as their files hold them.
     """
     if not records:
         raise RecordFormatError("no records")
     shas = {r.protocol["sha256"] for r in records}
     if len(shas) != 1:
         raise RecordFormatError(f"records name {len(shas)} different protocol files: {sorted(shas)}")
-    return Summary.read(recompute(records_json(records), [e.to_json() for e in started or []]), "the summary")
+    rows = records_json(records)
+    return summary_of(rows[0]["protocol"], rows, [e.to_json() for e in started or []])

@@ -106,55 +106,13 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
 #: ``HARNESS_TEST_FULL_SIZE=1 python -m pytest -m long`` runs them at their full size.
 FULL_SIZE = os.environ.get("HARNESS_TEST_FULL_SIZE") == "1"
 
-TINY_PROTOCOL = """\
-id: {id}
-version: 1
-description: tiny test protocol
-preregistered: {prereg}
-corpus: {corpus}
-{data_dir}device: cpu
-compile: false
-threads: 1
-launcher: {launcher}
-budget_device_seconds: {budget}
-interval_level: 0.9
-hypotheses:
-  procedure: fixed_sequence
-  family_alpha: 0.05
-  min_pairs: 3
-  tests:
-    - id: H1
-      study: pairs
-      endpoint: test_bpb
-      estimand: difference
-      type: non_inferiority
-      margin: 0.01
-      better: lower
-order_seed: 1
-studies:
-  - name: pairs
-    design: paired
-    arms: [native, cotangent]
-    configs: [tiny_conv]
-    seeds: [1, 2]
-    steps: {steps}
-    val_every: 5
-    val_target_bpb: 7.9
-"""
-
 
 def tiny_protocol(**kw) -> str:
-    args = dict(
-        id="tiny",
-        prereg="false",
-        corpus="pydoc-topics",
-        data_dir="",
-        launcher="forkserver",
-        budget=600,
-        steps=10,
-    )
-    args.update(kw)
-    return TINY_PROTOCOL.format(**args)
+    """The tiny study's protocol (:func:`harness.tiny.tiny_protocol`, the one builder the Ray
+    benchmark shares)."""
+    from harness.tiny import tiny_protocol as build
+
+    return build(**kw)
 
 
 def failing_arm(repo: Path, **kw) -> str:

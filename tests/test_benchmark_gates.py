@@ -50,3 +50,34 @@ def test_the_repository_s_benchmarks_pass_both_gates(monkeypatch):
     monkeypatch.setattr(lengths, "PACKAGES", ("benchmarks",))
     rows = lengths.long_functions(ROOT)
     assert rows and all(why for *_, why in rows)
+
+
+def test_the_ray_benchmark_runs_the_test_suite_s_tiny_study(tmp_path):
+    """One builder of the tiny study (``harness/tiny.py``): the Ray throughput benchmark's protocol
+    is the test suite's, with its pairs, steps, budget and description, and it plans."""
+    import re
+
+    from conftest import tiny_protocol
+
+    spec = importlib.util.spec_from_file_location("ray_bench", ROOT / "benchmarks" / "ray_throughput.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    repo = bench.make_study(tmp_path, "local", 3, 7, "spawn")
+    written = (repo / "protocols" / "tiny.yaml").read_text()
+    ours = tiny_protocol(steps=7, launcher="spawn")
+    own = r"(?m)^ *(description|budget_device_seconds|seeds|val_every): .*$"  # what the benchmark asks for
+    assert re.sub(own, "", written) == re.sub(own, "", ours)
+    for line in (
+        "description: tiny throughput protocol",
+        "budget_device_seconds: 100000",
+        "seeds: [1, 2, 3]",
+    ):
+        assert f"\n{line}\n" in written or f"\n    {line}\n" in written, line
+    assert "\n    val_every: 7\n" in written
+    assert not hasattr(bench, "PROTOCOL")  # no copy of its own
+
+    from harness.plan import make_plan
+    from harness.protocol import load_protocol
+
+    assert len(make_plan(load_protocol(repo / "protocols" / "tiny.yaml"))) == 3 * 2

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -77,8 +79,13 @@ def test_a_started_entry_of_another_shape_is_refused_naming_the_file_and_field(t
 
 def _one() -> dict:
     """A committed record that stands alone (a schema 4 record's protocol is a stub over its folder's
-    snapshot, which a copy on its own lacks)."""
-    return next(d for d in map(read_entry, COMMITTED) if d.get("schema_version", 1) < 4)
+    snapshot, which a copy on its own lacks): a fresh copy each call."""
+    return read_entry(_standalone())
+
+
+@functools.cache
+def _standalone() -> Path:
+    return next(p for p in COMMITTED if read_entry(p).get("schema_version", 1) < 4)
 
 
 @pytest.mark.parametrize(
@@ -234,3 +241,55 @@ def test_older_records_write_back_to_their_own_bytes(version):
 def test_a_worker_result_of_the_wrong_json_type_is_refused(result, says):
     with pytest.raises(RecordFormatError, match=f"worker result: {says}"):
         WorkerResult.from_json(result)
+
+
+def test_the_shape_every_reader_checks_is_the_dataclasses_fields():
+    """One declaration: the record's, its spec's and a started entry's shapes (what the audit and
+    ``read_entry`` check before anything else) are their dataclasses' fields, so a field added to
+    the class is checked in the file without a second table."""
+    from prereg.records import RECORD_SHAPE, SPEC_SHAPE, STARTED_SHAPE
+
+    for shape, cls in ((RECORD_SHAPE, RunRecord), (SPEC_SHAPE, RunSpec), (STARTED_SHAPE, StartedEntry)):
+        assert set(shape) == {f.name for f in fields(cls)}
+    # what every sealed record has, whatever the class's defaults before it is sealed
+    assert {k for k, (_, required) in RECORD_SHAPE.items() if required} == {
+        "schema_version",
+        "spec",
+        "attempt",
+        "status",
+        "protocol",
+        "plan_sha256",
+        "sha256",
+        "git",
+        "timings",
+    }
+    assert RECORD_SHAPE["ledger"] == ((dict,), False)  # absent before schema 2, never null
+    assert RECORD_SHAPE["test_bpb"] == ((int, float, type(None)), False)
+    assert all(required for _, required in STARTED_SHAPE.values())
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        # fields the hand-written table did not check, now checked from the class
+        (lambda d: d.update(process=[1]), r"field process = \[1\] is not object or null"),
+        (lambda d: d.update(final_metric="0.5"), r'field final_metric = "0.5" is not int or float or null'),
+        (lambda d: d["spec"].update(compile="no"), r'field spec.compile = "no" is not bool'),
+        (lambda d: d["spec"].pop("config_sha256"), "field spec.config_sha256 is missing"),
+        # nulls a sealed file never holds, whatever the class's default
+        (lambda d: d.update(ledger=None), "field ledger = null is not object"),
+        (lambda d: d.update(sha256=None), "field sha256 = null is not str"),
+        (lambda d: d.update(timings=None), "field timings = null is not object"),
+    ],
+)
+def test_a_field_of_the_wrong_json_type_is_named_before_any_other_check(tmp_path: Path, edit, says):
+    """The audit and the harness name the same field (``entry_problems``, read from the classes)."""
+    from prereg.records import entry_problems
+
+    data = _one()
+    edit(data)
+    path = tmp_path / "x.a1.record.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecordFormatError, match=f"{path}: {says}"):
+        read_entry(path)
+    assert any(re.match(says, p) for p in entry_problems(data))

@@ -442,7 +442,9 @@ def test_the_audit_checks_a_replicated_folder(tmp_path):
         timeout=300,
     )
     row = next((line for line in out.stdout.splitlines() if line.startswith("replicates apart in time")), "")
-    assert "ok: 2 of 2 replicates run, each on a machine at least 0 s after the one before it there" in row, out.stdout
+    assert "ok: 2 of 2 replicates run, each on a machine at least 0 s after the one before it there" in row, (
+        out.stdout
+    )
 
 
 def _speed(kind, margin):

@@ -94,3 +94,28 @@ def test_the_reader_refuses_what_summary_json_never_holds_at_any_depth(edit, say
     edit(data)
     with pytest.raises(SummaryFormatError, match=says):
         Summary.read(data, "x.json")
+
+
+@pytest.mark.parametrize("name", ["cpu1-pilot", "calibration-cpu-pilot"])
+def test_the_core_builds_the_typed_summary_the_file_reads_back_into(name: str):
+    """``summary_of`` builds the typed summary itself (no dict read back in between): each object is
+    the one ``Summary.read`` builds from its JSON, and the audit's JSON view (``recompute``) is its
+    ``to_json``."""
+    from prereg.recompute import recompute, summary_of
+    from prereg.summary import records_json
+
+    folder = ROOT / "records" / name
+    rows = records_json(load_records(folder))
+    started = [e.to_json() for e in load_started(folder)]
+    built = summary_of(rows[0]["protocol"], rows, started)
+    assert isinstance(built, Summary)
+    read = Summary.read(json.loads(json.dumps(built.to_json())), name)
+    for mine, theirs in zip(built.studies, read.studies, strict=True):
+        assert [type(c) for c in mine.configs] == [type(c) for c in theirs.configs]
+        for a, b in zip(mine.configs, theirs.configs, strict=True):
+            assert {f: type(getattr(a, f)) for f in vars(a)} == {f: type(getattr(b, f)) for f in vars(b)}
+            if isinstance(a, PairedResult):
+                assert all(isinstance(p, Pair) for p in a.pairs)
+    assert type(built.hypotheses) is type(read.hypotheses) and type(built.records) is type(read.records)
+    assert close(read.to_json(), built.to_json(), 0.0)
+    assert close(recompute(rows, started), built.to_json(), 0.0)

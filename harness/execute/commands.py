@@ -282,13 +282,21 @@ def _wait(procs: list[_Proc], reaper: Reaper, pair: bool = False) -> None:
             continue
         for p in procs:
             p.done.wait(min(left, 0.05))
-        bad = [p for p in procs if p.done.is_set() and (p.failed or p.status)]
-        for p in procs:
-            if bad and p not in bad:
-                _kill(p, f"its partner {bad[0].spec.run_id} failed, so the pair was stopped")
+        _stop_partners(procs)
     survivors = reaper.end()  # before any reporter file is read: nothing of the run is left to write it
     for p in procs:
         p.survivors = survivors
+
+
+def _stop_partners(procs: list[_Proc]) -> None:
+    """Once one process has ended badly (failed, or a non-zero status), kill the others of its
+    group, naming the one that failed."""
+    bad = [p for p in procs if p.done.is_set() and (p.failed or p.status)]
+    if not bad:
+        return
+    for p in procs:
+        if p not in bad:
+            _kill(p, f"its partner {bad[0].spec.run_id} failed, so the pair was stopped")
 
 
 def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:

@@ -3,7 +3,7 @@
 A unit of a hypothesis' study at seed index ``i`` starts only once every look at ``n_k <= i`` pairs
 is reached (its pairs final) and the preregistered rule went on there. Each look's entry is appended
 to the ledger before any of its statistics is computed; the looks are recomputed from the records by
-the rules' one home (:mod:`prereg.looks`, through :func:`prereg.recompute.recompute`), as the summary
+the rules' one home (:mod:`prereg.looks`, through :func:`prereg.recompute.summary_of`), as the summary
 and the audit recompute them. Where the rule stopped, :attr:`SequentialLooks.stopped_at` is set and
 no further unit of the protocol starts."""
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from harness.execute.attempts import utc_stamp
@@ -23,7 +23,7 @@ from prereg.designs import design_named
 from prereg.hypotheses import Family
 from prereg.jsonfields import plain
 from prereg.looks import look_units
-from prereg.recompute import recompute
+from prereg.recompute import summary_of
 from prereg.records import SCHEMA_VERSION, RunSpec, jsonable
 
 
@@ -40,7 +40,7 @@ class SequentialLooks:
         self.host = host
         self.echo = echo
         self.stopped_at: dict[str, Any] | None = None  # the look where the sequential rule stopped
-        self._cache: tuple[int, dict[str, Any] | None] = (-1, None)  # (records read, the summary)
+        self._cache: tuple[int, Mapping[str, Any] | None] = (-1, None)  # (records read, the summary)
 
     def allows(self, unit: list[RunSpec], ledger: Ledger, freeze_sha256: str | None) -> bool:
         """Whether ``unit`` may start: every look due before it taken, and the rule went on at each;
@@ -128,12 +128,13 @@ class SequentialLooks:
         summary = self.summary(ledger) if due else None
         return bool(due) and len(summary["looks"] if summary else []) < len(due)
 
-    def summary(self, ledger: Ledger) -> dict[str, Any] | None:
+    def summary(self, ledger: Ledger) -> Mapping[str, Any] | None:
         """The summary's ``hypotheses.sequential`` from the records so far (kept while no record came in)."""
         recs = ledger.records()
         if self._cache[0] != len(recs):
             if not recs:
                 self._cache = (0, None)
             else:
-                self._cache = (len(recs), recompute(records_json(ledger))["hypotheses"].get("sequential"))
+                rows = records_json(ledger)
+                self._cache = (len(recs), summary_of(rows[0]["protocol"], rows).sequential)
         return self._cache[1]

@@ -45,12 +45,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from filelock import FileLock
 
-from harness.execute.base import RunnerPort
+from harness.execute.base import Claim, RunnerPort
 from harness.execute.grouping import process_groups, process_job
 from harness.execute.launchers import Outcome
 from harness.execute.ray_node import RESOURCE, Gate, driver_tree, node_command, run_unit
@@ -77,6 +78,13 @@ def _corpus_paths(runner: RunnerPort) -> list[str]:
         for f in corpus.files.values()
         if (root / f.path).resolve().is_relative_to(root.resolve())
     ]
+
+
+#: The units running on the cluster: by task, the unit, its claim's lock, its expected device
+#: seconds and each run's messages so far.
+_Inflight = dict[Any, tuple[list[RunSpec], FileLock, float, dict[str, dict[str, Any]]]]
+#: A worker process's job file (:func:`harness.execute.grouping.process_job`).
+_JobFile = dict[str, Any]
 
 
 class RayExecutor:
@@ -135,45 +143,79 @@ class RayExecutor:
             run_unit
         )  # the node worker (and its fork server) serves unit after unit
         waiting = list(units(runner.context.runs))
-        inflight: dict[Any, tuple[list[RunSpec], FileLock, float, dict[str, dict[str, Any]]]] = {}
+        inflight: _Inflight = {}
         by_id = {s.run_id: s for s in runner.context.runs}
         ended = 0  # units whose task said it ended and that are not collected yet
         placement: dict[str, Any] = {}  # where _widen pins the unit being claimed
         widen = partial(self._widen, runner, ray, placement)
+
+        def launch(jobs: list[_JobFile]) -> object:
+            """The unit's task, on the node _widen pinned it to (if any)."""
+            return task.options(**base_options, **placement).remote(
+                jobs, expect, corpus_ref, queue, self.gate
+            )
+
         try:
             while (waiting and not runner.halted) or inflight:
-                while waiting and not runner.halted and len(inflight) < capacity:
-                    if inflight and runner.look_waits(waiting[0]):
-                        break  # a look's pairs are still running: take the look before this unit
-                    claim = runner.claim(waiting.pop(0), sum(r[2] for r in inflight.values()), widen)
-                    if claim is None:
-                        continue
-                    jobs = []  # one per worker process: a run, or a lockstep pair (harness.execute.grouping)
-                    for group in process_groups(claim.todo):
-                        each = [runner.job(s, runner.next_attempt(s)) for s in group]
-                        for j in each:
-                            self.unit_attempts[(j.spec.run_id, j.attempt)] = claim.unit_attempt
-                        jobs.append(process_job(each))
-                    ref = task.options(**base_options, **placement).remote(
-                        jobs, expect, corpus_ref, queue, self.gate
-                    )
-                    inflight[ref] = (claim.unit, claim.lock, claim.expected_s, {})
-                if not inflight:
-                    continue
-                # block on the nodes' messages (no polling); a unit's "end" says its task returns now
-                ended += self._drain(runner, queue, inflight, by_id, wait=0.0 if ended else 0.5)
-                if ended:
-                    ray.wait(list(inflight), num_returns=1, timeout=5.0)
-                ready, _ = ray.wait(list(inflight), num_returns=len(inflight), timeout=0)
-                for ref in ready:
-                    ended = max(
-                        0, ended + self._collect(runner, ray, queue, inflight, by_id, ref, waiting) - 1
-                    )
+                self._fill(runner, waiting, inflight, capacity, widen, launch)
+                if inflight:
+                    ended = self._gather(runner, ray, queue, inflight, by_id, waiting, ended)
         finally:
             for ref, (_unit, lock, _, _) in inflight.items():
                 ray.cancel(ref, force=True)
                 lock.release()
             ray.shutdown()
+
+    def _fill(
+        self,
+        runner: RunnerPort,
+        waiting: list[list[RunSpec]],
+        inflight: _Inflight,
+        capacity: int,
+        widen: Callable[[list[RunSpec], list[RunSpec], dict[str, RunState]], list[RunSpec]],
+        launch: Callable[[list[_JobFile]], object],
+    ) -> None:
+        """Claim and launch units while the cluster has a free slot, unless a look's pairs are still
+        running (the look is taken before the next unit)."""
+        while waiting and not runner.halted and len(inflight) < capacity:
+            if inflight and runner.look_waits(waiting[0]):
+                break  # a look's pairs are still running: take the look before this unit
+            claim = runner.claim(waiting.pop(0), sum(r[2] for r in inflight.values()), widen)
+            if claim is None:
+                continue
+            ref = launch(self._jobs(runner, claim))
+            inflight[ref] = (claim.unit, claim.lock, claim.expected_s, {})
+
+    def _jobs(self, runner: RunnerPort, claim: Claim) -> list[_JobFile]:
+        """A claimed unit's jobs, one per worker process: a run, or a lockstep pair
+        (:mod:`harness.execute.grouping`); each attempt's unit attempt noted."""
+        jobs = []
+        for group in process_groups(claim.todo):
+            each = [runner.job(s, runner.next_attempt(s)) for s in group]
+            for j in each:
+                self.unit_attempts[(j.spec.run_id, j.attempt)] = claim.unit_attempt
+            jobs.append(process_job(each))
+        return jobs
+
+    def _gather(
+        self,
+        runner: RunnerPort,
+        ray: Any,
+        queue: Any,
+        inflight: _Inflight,
+        by_id: dict[str, RunSpec],
+        waiting: list[list[RunSpec]],
+        ended: int,
+    ) -> int:
+        """Block on the nodes' messages (no polling; a unit's "end" says its task returns now), then
+        collect every task that returned; the units that said they ended and are not collected yet."""
+        ended += self._drain(runner, queue, inflight, by_id, wait=0.0 if ended else 0.5)
+        if ended:
+            ray.wait(list(inflight), num_returns=1, timeout=5.0)
+        ready, _ = ray.wait(list(inflight), num_returns=len(inflight), timeout=0)
+        for ref in ready:
+            ended = max(0, ended + self._collect(runner, ray, queue, inflight, by_id, ref, waiting) - 1)
+        return ended
 
     @staticmethod
     def _expect(runner: RunnerPort, ray: Any, device: str) -> tuple[dict[str, Any], Any]:

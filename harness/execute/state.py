@@ -10,7 +10,7 @@ from harness.plan import make_plan
 from harness.protocol import Protocol
 from prereg.attempts import open_started
 from prereg.budget import BudgetCheck
-from prereg.records import RunRecord, load_records, load_started
+from prereg.records import RunRecord, RunSpec, load_records, load_started
 
 # the stall rule's one home (the report names stalls from the records with it)
 from prereg.stalls import STALL_FLOOR_S as STALL_FLOOR_S
@@ -165,45 +165,41 @@ def status_table(proto: Protocol) -> tuple[list[dict[str, Any]], float]:
     for e in unfinished(proto):
         unended[e["run_id"]] = unended.get(e["run_id"], 0) + (not e["running"])
     latest: dict[str, int] = {}
-    for r in recs:
-        unit = r.spec.unit
-        latest[unit] = max(latest.get(unit, 1), r.unit_attempt)
     by_run: dict[str, list[RunRecord]] = {}
     for r in recs:
+        latest[r.spec.unit] = max(latest.get(r.spec.unit, 1), r.unit_attempt)
         by_run.setdefault(r.spec.run_id, []).append(r)
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for spec in runs:
-        row = rows.setdefault(
-            (spec.study, spec.config),
-            {
-                "study": spec.study,
-                "config": spec.config,
-                "runs": 0,
-                "done": 0,
-                "failed": 0,
-                "interrupted_attempts": 0,
-                "pending": 0,
-                "superseded_attempts": 0,
-            },
-        )
-        row["runs"] += 1
+        row = rows.setdefault((spec.study, spec.config), _status_row(spec))
         rs = by_run.get(spec.run_id, [])
+        last = latest.get(spec.unit, 1)
+        row["runs"] += 1
         row["interrupted_attempts"] += sum(1 for r in rs if r.status == "interrupted") + unended.get(
             spec.run_id, 0
         )
-        row["superseded_attempts"] += sum(1 for r in rs if r.unit_attempt < latest.get(spec.unit, 1))
-        partner = by_run.get(spec.partner or "", []) if spec.lockstep else None
-        partner_ok = partner is None or any(
-            r.status == "ok" and r.unit_attempt == latest.get(spec.unit, 1) for r in partner
-        )  # a lockstep pair runs again whole unless both arms are ok
-        if any(r.status == "ok" for r in rs) and partner_ok:
-            row["done"] += 1
-        elif any(r.status == "failed" for r in rs):
-            row["failed"] += 1
-        else:
-            row["pending"] += 1
+        row["superseded_attempts"] += sum(1 for r in rs if r.unit_attempt < last)
+        row[_run_state(spec, rs, by_run, last)] += 1
     spent = sum((r.timings.get("device_s") or 0.0) for r in recs)
     return list(rows.values()), spent
+
+
+def _status_row(spec: RunSpec) -> dict[str, Any]:
+    """A (study, configuration)'s row of :func:`status_table`, every count 0."""
+    counts = ("runs", "done", "failed", "interrupted_attempts", "pending", "superseded_attempts")
+    return {"study": spec.study, "config": spec.config, **dict.fromkeys(counts, 0)}
+
+
+def _run_state(spec: RunSpec, rs: list[RunRecord], by_run: dict[str, list[RunRecord]], latest: int) -> str:
+    """A planned run's column: ``done`` (an ok record, and a lockstep partner's ok record in their
+    latest unit attempt: a pair runs again whole unless both arms are ok), ``failed`` or ``pending``."""
+    partner = by_run.get(spec.partner or "", []) if spec.lockstep else None
+    partner_ok = partner is None or any(r.status == "ok" and r.unit_attempt == latest for r in partner)
+    if any(r.status == "ok" for r in rs) and partner_ok:
+        return "done"
+    if any(r.status == "failed" for r in rs):
+        return "failed"
+    return "pending"
 
 
 @dataclass
