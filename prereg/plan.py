@@ -12,6 +12,7 @@ from prereg.commands import ROLES, commands_of, is_command_study, label_sha256, 
 from prereg.designs import study_design
 from prereg.designs.base import STEPS_SECOND
 from prereg.hypotheses import Family
+from prereg.records import SCHEMA_VERSION
 from prereg.replicates import replicate_of
 from prereg.sequential import looks_problems
 
@@ -72,11 +73,12 @@ def defaults_text(keys: list[str]) -> str:
 
 
 def plan_from_protocol(
-    doc: dict[str, Any], protocol_sha: str, config_sha: dict[str, Any]
+    doc: dict[str, Any], protocol_sha: str, config_sha: dict[str, Any], schema: int = SCHEMA_VERSION
 ) -> list[dict[str, Any]]:
     """The plan: balanced pair orders, lockstep orders (build order crossed with who steps first,
     all four combinations per group of four pairs), Williams-balanced blocks (harness.plan's
-    docstring says how); each run as the JSON of a ``prereg.records.RunSpec``."""
+    docstring says how); each run as the JSON of a ``prereg.records.RunSpec``, as records schema
+    ``schema`` writes it (its ``design``: :meth:`prereg.designs.base.Design.recorded_as`)."""
     import random
 
     doc = with_defaults(doc)
@@ -86,7 +88,7 @@ def plan_from_protocol(
 
     runs: list[dict[str, Any]] = []
     for st in doc["studies"]:
-        _study_runs(doc, st, rng, protocol_sha, config_sha, runs)
+        _study_runs(doc, st, rng, protocol_sha, config_sha, runs, schema)
     if doc.get("schedule", "in_order") == "interleaved":
         runs = _interleaved(runs, rng("interleaved"))
     return runs
@@ -107,6 +109,7 @@ def _study_runs(
     protocol_sha: str,
     config_sha: dict[str, Any],
     runs: list[dict[str, Any]],
+    schema: int,
 ) -> None:
     """Append one study's runs to ``runs`` (seed by seed, config by config, in each unit's order)."""
     seeds = _seeds(st)
@@ -137,7 +140,7 @@ def _study_runs(
                         "protocol_id": doc["id"],
                         "protocol_sha256": protocol_sha,
                         "study": st["name"],
-                        "design": design.analysed_as,
+                        "design": design.recorded_as(schema),
                         "config": config,
                         "config_sha256": label_sha256(config) if command else config_sha[config],
                         "arm": arm,
@@ -243,13 +246,16 @@ def _resolved_tests(h: dict[str, Any], studies: list[dict[str, Any]]) -> dict[st
     return out
 
 
-def expected_summary(doc: dict[str, Any], psha: str, path: str) -> dict[str, Any]:
+def expected_summary(
+    doc: dict[str, Any], psha: str, path: str, schema: int = SCHEMA_VERSION
+) -> dict[str, Any]:
     """``harness.protocol.Protocol.summary()``, derived here from the protocol file alone (the
-    fields every record's ``protocol`` copies; plug-ins and the tag's fields are checked apart).
-    Left-out keys take :data:`PROTOCOL_DEFAULTS`, named under ``defaults``."""
+    fields every record's ``protocol`` copies; plug-ins and the tag's fields are checked apart), as
+    records schema ``schema`` writes it. Left-out keys take :data:`PROTOCOL_DEFAULTS`, named under
+    ``defaults``."""
     doc = with_defaults(doc)
     top_level = float(doc["interval_level"])
-    studies = [_study_summary(st, top_level) for st in doc["studies"]]
+    studies = [_study_summary(st, top_level, schema) for st in doc["studies"]]
     corpus = _corpus_summary(doc["corpus"])
     prereg = doc["preregistered"]
     return {
@@ -274,7 +280,7 @@ def expected_summary(doc: dict[str, Any], psha: str, path: str) -> dict[str, Any
     }
 
 
-def _study_summary(st: dict[str, Any], top_level: float) -> dict[str, Any]:
+def _study_summary(st: dict[str, Any], top_level: float, schema: int) -> dict[str, Any]:
     """One study's entry of the protocol summary (:func:`expected_summary`)."""
     seeds = _seeds(st)
     arms = list(ROLES) if is_command_study(st) else st.get("arms")
@@ -287,7 +293,7 @@ def _study_summary(st: dict[str, Any], top_level: float) -> dict[str, Any]:
         raise ValueError(f"study {st['name']}: a paired study names its two arms (arms)")
     return {
         "name": st["name"],
-        "design": design.analysed_as,
+        "design": design.recorded_as(schema),
         "arms": list(arms),
         "configs": list(st["configs"]),
         "seeds": list(seeds),

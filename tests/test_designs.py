@@ -132,7 +132,7 @@ def test_the_plan_asks_the_design_for_its_schedule():
     build order, all four per group of four; every lockstep run names its partner."""
     for design in ("paired", "lockstep"):
         runs = plan_from_protocol(_doc(design, seeds=8), "0" * 64, {"c": "1" * 64})
-        assert {r["design"] for r in runs} == {"paired"}  # what lockstep records say, as before
+        assert {r["design"] for r in runs} == {design}  # its own name (records schema 6 on)
         firsts = [r["role"] for r in runs if r["position"] == 0]
         assert sorted(firsts) == ["baseline"] * 4 + ["candidate"] * 4
     lock = plan_from_protocol(_doc("lockstep", seeds=8), "0" * 64, {"c": "1" * 64})
@@ -176,9 +176,10 @@ def test_the_brief_label_is_the_planted_rows_one():
 def test_a_design_registered_in_a_test_is_planned_by_the_code_as_it_is(baseline_first):
     runs = plan_from_protocol(_doc("baseline-first", seeds=6), "0" * 64, {"c": "1" * 64})
     assert [r["role"] for r in runs] == ["baseline", "candidate"] * 6  # its schedule, not the balanced one
-    assert {r["design"] for r in runs} == {"paired"}  # analysed as a pair: records a pair's
+    assert {r["design"] for r in runs} == {"baseline-first"}  # its own name (records schema 6 on)
     study = expected_summary(_doc("baseline-first"), "0" * 64, "p.yaml")["studies"][0]
-    assert study["design"] == "paired" and study["arms"] == ["native", "cotangent"]
+    assert study["design"] == "baseline-first" and study["arms"] == ["native", "cotangent"]
+    assert study_design(study) is baseline_first and design_named(study["design"]).pairwise
     assert plan_units([study]) == [(f"s.c.pair{i:03d}", 2) for i in range(4)]
     assert design_label({"design": "baseline-first"}) == "baseline first, a process per arm"
 
