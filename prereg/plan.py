@@ -126,7 +126,7 @@ def _study_runs(
     orders = {config: design.orders(st, config, len(seeds), rng) for config in st["configs"]}
     for si, seed in enumerate(seeds):
         for config in st["configs"]:
-            unit = f"{st['name']}.{config}.{design.unit}{si:03d}"
+            unit = design.unit_id(st["name"], config, si)
             roles = [r for r in orders[config][si] if r != STEPS_SECOND]
             second = STEPS_SECOND in orders[config][si]
             for pos, role in enumerate(roles):

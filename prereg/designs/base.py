@@ -72,6 +72,19 @@ class Design(ABC):
         """
         return self.name if schema >= OWN_NAME_FROM_SCHEMA else self.analysed_as
 
+    def unit_id(self, study: str, config: str, index: int) -> str:
+        """A unit's id, ``<study>.<config>.<unit><i>`` (:attr:`unit`; ``i`` the seed index, three digits)."""
+        return f"{study}.{config}.{self.unit}{index:03d}"
+
+    def unit_index(self, unit: str) -> int:
+        """The seed index a unit's id (:meth:`unit_id`) ends with; ValueError naming the id when it
+        does not end with this design's unit word and an index."""
+        last = unit.rsplit(".", 1)[-1]
+        digits = last[len(self.unit) :] if last.startswith(self.unit) else ""
+        if not digits.isascii() or not digits.isdigit():
+            raise ValueError(f"unit {unit!r} is not a {self.name} study's {self.unit}<i>")
+        return int(digits)
+
     def runs_per_unit(self, study: Mapping[str, Any]) -> int:
         """The runs of one unit of ``study`` (a protocol's study or the summary's).
 
