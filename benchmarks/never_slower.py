@@ -56,7 +56,7 @@ from cotangent.modes import ROUNDS as AUTO_ROUNDS
 from cotangent.modes import WARMUP as AUTO_WARMUP
 from cotangent.verify import bitwise_equal
 from harness.config import load_config
-from harness.devices import cpu_model
+from harness.machine import cpu_model
 from harness.models import build_model
 from prereg.descriptive import mean_interval
 

@@ -50,6 +50,7 @@ from harness.execute.launchers import ALLOWED
 from harness.execute.reaper import Reaper, Survivor
 from harness.execute.watch import Watch, kernel_view
 from harness.freeze import code_sha256
+from harness.machine import cpu_model
 from harness.reporter import ENV_BLOCK_STEPS, ENV_LOCKSTEP_FD, ENV_PLANT, ENV_REPORT, ENV_STEPS_FIRST
 from prereg.evidence import EVIDENCE_SUFFIX, MAX_EVIDENCE_BYTES, Derived, EvidenceError, derive
 from prereg.interference import kernel_reason
@@ -358,7 +359,7 @@ def _env_facts(spec: RunSpec) -> dict[str, Any]:
         "os": platform.platform(),
         "python": platform.python_version(),
         "device": spec.device,
-        "device_name": platform.processor() or platform.machine(),
+        "device_name": cpu_model(),  # the name a built-in run's record gives this CPU
         "threads": spec.threads,
         "harness_sha256": code_sha256()["harness"],  # the worker's: the code that ran the command
         "loadavg": [round(x, 2) for x in os.getloadavg()],  # the machine's load as the run started
