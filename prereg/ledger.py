@@ -24,8 +24,10 @@ def study_schema(records: Iterable[Mapping[str, Any]]) -> int:
     record). One harness writes a study's records (a tagged study's: the tag's, whose freeze
     manifest binds the plan's sha256), so a record written under another schema differs from that
     plan and is named (a version not an integer counts for none: the record's shape is named)."""
-    versions = [r.get("schema_version", 1) for r in records]
-    return min((v for v in versions if type(v) is int), default=SCHEMAS[-1])
+    versions = [
+        v for r in records if isinstance(v := r.get("schema_version", 1), int) and not isinstance(v, bool)
+    ]
+    return min(versions, default=SCHEMAS[-1])
 
 
 #: A records folder's protocol snapshots (schema 4 on): the protocol summary that records share,

@@ -9,13 +9,13 @@ import torch
 from conftest import ROOT
 
 from harness.devices import device_name
-from harness.execute.commands import _env_facts
+from harness.execute.commands import env_facts
 from harness.machine import cpu_model
 
 
 def test_a_command_record_names_the_cpu_as_a_built_in_record_does():
     """The code before this wrote ``platform.processor()`` (``x86_64`` here) for a command arm."""
-    facts = _env_facts(SimpleNamespace(device="cpu", threads=1))  # type: ignore[arg-type]
+    facts = env_facts(SimpleNamespace(device="cpu", threads=1))  # type: ignore[arg-type]
     assert facts["device_name"] == cpu_model() == device_name(torch.device("cpu"))
 
 

@@ -303,7 +303,7 @@ def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
     raw = evidence_path.read_bytes() if size is not None and size <= MAX_EVIDENCE_BYTES else None
     cpu = proc.rusage.ru_utime + proc.rusage.ru_stime if proc.rusage is not None else None
     process = _process_facts(proc, cpu)
-    env = _env_facts(spec)
+    env = env_facts(spec)
     timings: dict[str, Any] = {} if proc.wall_s is None else {"total_s": proc.wall_s}
     reason = _failure(proc, kind, size, text_out, raw)
     derived = None
@@ -352,7 +352,7 @@ def _process_facts(proc: _Proc, cpu: float | None) -> dict[str, Any]:
     }
 
 
-def _env_facts(spec: RunSpec) -> dict[str, Any]:
+def env_facts(spec: RunSpec) -> dict[str, Any]:
     """The record's ``env``: the machine and the worker's code that ran the command."""
     return {
         "host": socket.gethostname(),
