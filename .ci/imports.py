@@ -79,7 +79,9 @@ def main() -> int:
                         bad.append(f"{rel}:{line}: {mod} (the entry script imports the audit alone)")
                     continue
                 if top == "benchmarks" and head in ("conftest", "tests"):
-                    bad.append(f"{rel}:{line}: a benchmark imports the tests' {mod} (it stands on the packages)")
+                    bad.append(
+                        f"{rel}:{line}: a benchmark imports the tests' {mod} (it stands on the packages)"
+                    )
                 elif mod == "analysis.public_audit" or mod == "public_audit":
                     bad.append(f"{rel}:{line}: imports the entry script (import from audit or prereg)")
                 elif head in OURS and head != top and head not in MAY.get(top, set()):

@@ -688,7 +688,7 @@ def _protocol_and_plan(
     if proto is not None:
         found += check_protocol_copies(truth, records, manifest)
         try:
-            plan = plan_from_protocol(truth["spec"], truth["sha256"], truth["config_sha"])
+            plan = plan_from_protocol(truth["spec"], truth["sha256"], truth["config_sha"], truth["schema"])
             plan_sha = sha256(canonical(plan))
         except (ValueError, KeyError, TypeError) as e:
             found.append(

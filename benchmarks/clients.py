@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 from cotangent import PackedAdamW  # noqa: E402
 from cotangent.verify import bitwise_equal  # noqa: E402
 from harness.config import ModelConfig, load_config  # noqa: E402
-from harness.devices import cpu_model  # noqa: E402
+from harness.machine import cpu_model  # noqa: E402
 from harness.models import build_model  # noqa: E402
 from prereg.descriptive import mean_interval  # noqa: E402
 

@@ -56,7 +56,7 @@ import cotangent as cot  # noqa: E402
 from cotangent import kernel as phase_kernel  # noqa: E402
 from harness.arms import ARMS, build_arm  # noqa: E402
 from harness.config import load_config  # noqa: E402
-from harness.devices import cpu_model  # noqa: E402
+from harness.machine import cpu_model  # noqa: E402
 from harness.models import build_model  # noqa: E402
 
 LR, WD, MAX_NORM = 1e-3, 0.1, 1.0

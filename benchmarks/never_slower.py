@@ -55,7 +55,7 @@ from clients import NanoGPT, SmallCNN, Study, Timm, paired  # benchmarks/, the s
 
 from cotangent.modes import DECIDES_AFTER
 from cotangent.verify import bitwise_equal
-from harness.devices import cpu_model
+from harness.machine import cpu_model
 from prereg.descriptive import mean_interval
 
 ARMS = ("native", "packed", "auto")

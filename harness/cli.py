@@ -381,7 +381,7 @@ def _calibration_bias(calibration: str, target: Any) -> Any:
     """``harness power --calibration``: the target design's bias from the calibration's records,
     refused where they were measured on another CPU model than this machine's, or are missing."""
     from analysis.power import calibration_bias
-    from harness.devices import cpu_model
+    from harness.machine import cpu_model
     from harness.protocol import load_protocol
     from prereg.calibrated import refuse_other_machine
     from prereg.records import load_records

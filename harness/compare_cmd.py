@@ -262,7 +262,7 @@ def calibrated_choice(effect_class: str) -> tuple[str, str]:
     line says so, naming the record file (:func:`prereg.calibrated.refuse_other_machine`).
 
     The one place ``harness compare`` asks for a design's bias."""
-    from harness.devices import cpu_model
+    from harness.machine import cpu_model
     from harness.packages import package_dirs
     from prereg.calibrated import refuse_other_machine
     from prereg.planted import CLASS_CLOCK, verdicts

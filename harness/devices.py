@@ -15,6 +15,7 @@ import sys
 
 import torch
 
+from harness.machine import cpu_model
 from prereg.errors import InputError
 
 
@@ -47,26 +48,6 @@ def device_name(device: torch.device) -> str:
     if device.type == "mps":
         return f"{cpu_model()} MPS (macOS {platform.mac_ver()[0]})"
     return cpu_model()
-
-
-def cpu_model() -> str:
-    """The CPU's model name: ``/proc/cpuinfo`` on Linux, ``sysctl`` on macOS, else the platform's word."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    if platform.system() == "Darwin":
-        import subprocess
-
-        r = subprocess.run(
-            ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, check=False
-        )
-        if r.returncode == 0 and r.stdout.strip():
-            return r.stdout.strip()
-    return platform.processor() or platform.machine()
 
 
 def peak_rss_bytes() -> int:

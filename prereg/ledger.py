@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from prereg.bounded import InputLimitError, parse_json, read_regular
@@ -14,7 +15,21 @@ STARTED_SUFFIX = ".started.json"
 #: A group-sequential look's entry (``look<k>.look.json``, ``kind: "look"``): appended by ``harness
 #: run`` when look ``k``'s pairs are final, before any statistic of the look is computed.
 LOOK_SUFFIX = ".look.json"
-SCHEMAS = (1, 2, 3, 4, 5)
+SCHEMAS = (1, 2, 3, 4, 5, 6)
+
+
+def study_schema(records: Iterable[Mapping[str, Any]]) -> int:
+    """The records schema a study's plan and protocol summary are recomputed under: the oldest
+    ``schema_version`` among its records (1 where a record names none; the newest schema with no
+    record). One harness writes a study's records (a tagged study's: the tag's, whose freeze
+    manifest binds the plan's sha256), so a record written under another schema differs from that
+    plan and is named (a version not an integer counts for none: the record's shape is named)."""
+    versions = [
+        v for r in records if isinstance(v := r.get("schema_version", 1), int) and not isinstance(v, bool)
+    ]
+    return min(versions, default=SCHEMAS[-1])
+
+
 #: A records folder's protocol snapshots (schema 4 on): the protocol summary that records share,
 #: written once by the ledger before the first record that names it, instead of a copy in each;
 #: the file ``protocol.<sha256>.json`` is named by the sha256 of its canonical JSON (a study that is

@@ -14,6 +14,7 @@ from typing import Any
 
 from prereg.attempts import Completeness
 from prereg.decisions import HypothesisDecision, decision_of, gate
+from prereg.designs import PAIRED, study_design
 from prereg.hypotheses import Family, Hypothesis, Pair, PairRow, test_of
 from prereg.sequential import nominal_levels
 from prereg.ttests import TestResult, passes
@@ -22,8 +23,8 @@ _N = NormalDist()
 
 
 def pair_index(unit: str) -> int:
-    """A unit id's seed index (``<study>.<config>.pair<i>``: ``i``)."""
-    return int(unit.rsplit(".pair", 1)[1])
+    """A pair's seed index (``<study>.<config>.pair<i>``: ``i``; :meth:`prereg.designs.base.Design.unit_index`)."""
+    return PAIRED.unit_index(unit)
 
 
 def look_units(proto: Mapping[str, Any], family: Family, pairs: int) -> list[str]:
@@ -31,7 +32,7 @@ def look_units(proto: Mapping[str, Any], family: Family, pairs: int) -> list[str
     of every study a hypothesis names."""
     names = {h.study for h in family.tests}
     return [
-        f"{st['name']}.{config}.pair{i:03d}"
+        study_design(st).unit_id(st["name"], config, i)
         for st in proto["studies"]
         if st["name"] in names
         for i in range(min(pairs, len(st["seeds"])))

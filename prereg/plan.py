@@ -13,6 +13,7 @@ from prereg.designs.base import STEPS_SECOND
 from prereg.hypotheses import Family
 from prereg.protocol.model import Protocol, Study
 from prereg.protocol.schema import named_defaults
+from prereg.records import SCHEMA_VERSION
 from prereg.replicates import replicate_of
 
 #: The top-level protocol keys that may be left out and that every record names when they are, and
@@ -45,11 +46,14 @@ def defaults_text(keys: list[str]) -> str:
     return ", ".join(f"{k} {shown(k)}" for k in keys)
 
 
-def plan_from_protocol(spec: Protocol, protocol_sha: str, config_sha: dict[str, Any]) -> list[dict[str, Any]]:
+def plan_from_protocol(
+    spec: Protocol, protocol_sha: str, config_sha: dict[str, Any], schema: int = SCHEMA_VERSION
+) -> list[dict[str, Any]]:
     """The plan of the typed protocol ``spec`` (:func:`prereg.protocol.read.protocol_of`): balanced
     pair orders, lockstep orders (build order crossed with who steps first, all four combinations per
     group of four pairs), Williams-balanced blocks (harness.plan's docstring says how); each run as the
-    JSON of a ``prereg.records.RunSpec``."""
+    JSON of a ``prereg.records.RunSpec``, as records schema ``schema`` writes it (its ``design``:
+    :meth:`prereg.designs.base.Design.recorded_as`)."""
     import random
 
     def rng(*parts: object) -> random.Random:
@@ -57,7 +61,7 @@ def plan_from_protocol(spec: Protocol, protocol_sha: str, config_sha: dict[str, 
 
     runs: list[dict[str, Any]] = []
     for st in spec.studies:
-        _study_runs(spec, st, rng, protocol_sha, config_sha, runs)
+        _study_runs(spec, st, rng, protocol_sha, config_sha, runs, schema)
     if spec.schedule == "interleaved":
         runs = _interleaved(runs, rng("interleaved"))
     return runs
@@ -70,6 +74,7 @@ def _study_runs(
     protocol_sha: str,
     config_sha: dict[str, Any],
     runs: list[dict[str, Any]],
+    schema: int,
 ) -> None:
     """Append one study's runs to ``runs`` (seed by seed, config by config, in each unit's order)."""
     targets, commands = _targets_and_commands(st)
@@ -78,7 +83,7 @@ def _study_runs(
     orders = {config: design.orders(st, config, len(st.seeds), rng) for config in st.configs}
     for si, seed in enumerate(st.seeds):
         for config in st.configs:
-            unit = f"{st.name}.{config}.{design.unit}{si:03d}"
+            unit = design.unit_id(st.name, config, si)
             roles = [r for r in orders[config][si] if r != STEPS_SECOND]
             second = STEPS_SECOND in orders[config][si]
             for pos, role in enumerate(roles):
@@ -91,7 +96,7 @@ def _study_runs(
                         "protocol_id": spec.id,
                         "protocol_sha256": protocol_sha,
                         "study": st.name,
-                        "design": design.analysed_as,
+                        "design": design.recorded_as(schema),
                         "config": config,
                         "config_sha256": label_sha256(config) if st.commands else config_sha[config],
                         "arm": design.arm_of(st, role, arms),
@@ -195,7 +200,7 @@ def _resolved_tests(h: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def expected_summary(spec: Protocol, psha: str, path: str) -> dict[str, Any]:
+def expected_summary(spec: Protocol, psha: str, path: str, schema: int = SCHEMA_VERSION) -> dict[str, Any]:
     """``harness.protocol.Protocol.summary()``, derived here from the typed protocol alone (the
     fields every record's ``protocol`` copies; plug-ins and the tag's fields are checked apart).
     Left-out keys took their defaults (:data:`PROTOCOL_DEFAULTS`), named under ``defaults``."""
@@ -217,11 +222,11 @@ def expected_summary(spec: Protocol, psha: str, path: str) -> dict[str, Any]:
         **({"schedule": spec.schedule} if spec.schedule != "in_order" else {}),
         **({"replicates": dict(spec.replicates)} if spec.replicates else {}),
         **({"defaults": list(spec.defaults)} if spec.defaults else {}),
-        "studies": [_study_summary(st) for st in spec.studies],
+        "studies": [_study_summary(st, schema) for st in spec.studies],
     }
 
 
-def _study_summary(st: Study) -> dict[str, Any]:
+def _study_summary(st: Study, schema: int) -> dict[str, Any]:
     """One study's entry of the protocol summary (:func:`expected_summary`)."""
     declared: dict[str, Any] = {}
     if st.commands and st.metric is not None:  # the reader made sure a command study has one
@@ -231,7 +236,7 @@ def _study_summary(st: Study) -> dict[str, Any]:
         raise ValueError(f"study {st.name}: a paired study names its two arms (arms)")
     return {
         "name": st.name,
-        "design": st.design.analysed_as,
+        "design": st.design.recorded_as(schema),
         "arms": list(arms),
         "configs": list(st.configs),
         "seeds": list(st.seeds),

@@ -66,6 +66,21 @@ Format log (``schema_version``):
   ``harness/execute/watch.py``), absent from earlier records; a run it fails is failed, its reason
   said (:func:`prereg.interference.kernel_reason`), and the audit names an ok run it fails.
 
+* 6 - the file format is version 5's; what changes is the name a plan gives a design: a lockstep
+  study's runs say ``spec.design: lockstep`` and its protocol summary's study ``design: lockstep``
+  (beside ``lockstep: {block_steps}`` as before), where earlier versions wrote what it is analysed
+  as, ``paired`` (:meth:`prereg.designs.base.Design.recorded_as`,
+  :data:`prereg.designs.base.OWN_NAME_FROM_SCHEMA`). The analysis reads either name as a pair
+  (:func:`prereg.designs.registry.study_design`). The audit recomputes a study's plan and summary
+  under its records' schema (:func:`prereg.ledger.study_schema`: the oldest), so version 5 and
+  earlier lockstep studies (cpu2, calibration-cpu, and cpu3, run from its tag's code) audit byte
+  for byte as before. Which schema a study is written under is not the records' word alone: a
+  tagged study's freeze manifest binds the plan's sha256 (the plan under another schema differs
+  from it), and its records may not be older than the tagged harness's ``SCHEMA_VERSION``
+  (``audit/freeze.py``); an untagged study's records seal the protocol's sha256, and a lockstep
+  study's record under another schema than its study's differs from the study's plan and is named
+  (docs/decisions.md, "A design's name in its records").
+
 Typed objects (frozen dataclasses), with JSON only at the file and process boundaries
 (``to_json`` / ``from_json``, which refuse fields they do not know, naming them): :class:`RunSpec`
 (one planned run), :class:`WorkerResult` (what a worker reports on its pipe) and :class:`RunRecord`
@@ -107,7 +122,7 @@ from prereg.ledger import (
 )
 from prereg.ledger import sha256 as sha256_bytes
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 READABLE_VERSIONS = SCHEMAS  # the versions the audit reads too (prereg/ledger.py)
 MANIFEST = "MANIFEST"
 #: The tag object's raw bytes, kept in a preregistered study's records folder (see Runner._keep_tag).

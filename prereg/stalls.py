@@ -4,9 +4,14 @@ whole time. The progress line applies it live to a running command arm's reporte
 (``harness.execute.state.StallWatch``); the report names, from the records, every run whose steps
 show one (:func:`folder_stalls`), built-in and command arms alike.
 
-From the records, a run's step times are the differences of its training clock at each step (the
-record's ``curve``: step, loss, clock), and the time before its first step is its set-up and
-compile time (``timings.setup_s``, ``timings.compile_s``) and its clock at the first step.
+From the records, a run's step times are its ``step_times`` (every step's wall time, warm-up steps
+included: built-in arms and lockstep command arms), else the differences of its training clock at
+each step (the record's ``curve``: step, loss, clock). The time before its first step is measured
+from its start and judged by the first-step rule alone (as on the progress line): a built-in run's
+set-up, compile and first step (``timings.setup_s``, ``timings.compile_s``; a warm-up step too,
+which the training clock leaves out); a command run's process time (``timings.total_s``) less what
+its kept reporter file shows after its first step, so its start-up before the reporter's first
+line counts. The gaps between later steps are the step-time rule's.
 """
 
 from __future__ import annotations
@@ -37,30 +42,88 @@ def first_step_limit(executed_s: list[float]) -> float:
 
 
 def step_stall(clocks: Sequence[float]) -> tuple[int, float, float] | None:
-    """The longest gap between steps (its step index, counted from 1, the gap and the run's median
-    step time) when it exceeds :data:`STALL_STEP_TIMES` median steps and :data:`STALL_FLOOR_S`."""
-    gaps = [b - a for a, b in zip([0.0, *clocks], clocks)]
+    """The longest gap between two steps (the later step's number, counted from 1, the gap and the
+    run's median gap) when it exceeds :data:`STALL_STEP_TIMES` median gaps and :data:`STALL_FLOOR_S`.
+
+    ``clocks`` is each step's end on a clock from the run's first step on; the time before the first
+    step is the first-step rule's (:func:`first_step_s`), as on the progress line, and no gap here."""
+    gaps = [b - a for a, b in zip(clocks, clocks[1:])]
     if len(gaps) < 2:
         return None
     step = statistics.median(gaps)
     at = max(range(len(gaps)), key=gaps.__getitem__)
-    return (at + 1, gaps[at], step) if gaps[at] > max(STALL_FLOOR_S, STALL_STEP_TIMES * step) else None
+    return (at + 2, gaps[at], step) if gaps[at] > max(STALL_FLOOR_S, STALL_STEP_TIMES * step) else None
 
 
-def _run(rec: Mapping[str, Any]) -> tuple[str, list[float], float, float] | None:
-    """A record's run id, step clocks, time before its first step and whole time (None: no steps)."""
-    spec, timings, curve = rec.get("spec"), rec.get("timings"), rec.get("curve")
-    if not isinstance(spec, dict) or not isinstance(timings, dict) or not isinstance(curve, list):
+def _number(v: Any) -> float:
+    """A record's figure as a float (0 for a missing one; ValueError for one not a number)."""
+    if v is None:
+        return 0.0
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{v!r} is not a number")
+    return float(v)
+
+
+def _step_clocks(rec: Mapping[str, Any], curve: list[Any]) -> list[float]:
+    """Each step's end on the run's own clock of its steps: its ``step_times`` summed (every step,
+    warm-up included) where the record holds them, else its curve's training clock."""
+    walls = (rec.get("step_times") or {}).get("wall_us") if isinstance(rec.get("step_times"), dict) else None
+    if isinstance(walls, list) and len(walls) == len(curve):
+        out: list[float] = []
+        t = 0.0
+        for w in walls:
+            t += _number(w) / 1e6
+            out.append(t)
+        return out
+    return [_number(p[2]) for p in curve]
+
+
+def _reporter_span(folder: str, rec: Mapping[str, Any]) -> float | None:
+    """A command run's time from its first step line to its last line in its kept reporter file
+    (None: no such file, or one that does not read as lines with clocks)."""
+    evidence = rec.get("evidence")
+    name = evidence.get("file") if isinstance(evidence, dict) and evidence.get("kind") == "reporter" else None
+    if not isinstance(name, str) or os.sep in name or name.startswith("."):
         return None
     try:
-        clocks = [float(p[2]) for p in curve]
-        before = float(timings.get("setup_s") or 0) + float(timings.get("compile_s") or 0)
-        whole = float(timings.get("total_s") or 0)
+        lines = [parse_json(x) for x in read_regular(os.path.join(folder, name)).splitlines() if x.strip()]
+        first = next(e["t"] for e in lines if isinstance(e, dict) and e.get("kind") == "step")
+        return _number(lines[-1]["t"]) - _number(first)
+    except (InputLimitError, ValueError, StopIteration, KeyError, TypeError):
+        return None
+
+
+def first_step_s(folder: str, rec: Mapping[str, Any], clocks: Sequence[float]) -> float:
+    """How long after its start a run's first step ended, from its record: a built-in run's set-up,
+    compile and first step (``clocks[0]``, warm-up steps included); a command run's process time
+    less what its reporter file shows after its first step (its start-up and first step, and its
+    exit after its last line), or, without that file, its first step from its reporter's start."""
+    timings = rec["timings"]
+    if isinstance(rec["spec"].get("command"), dict):
+        span = _reporter_span(folder, rec)
+        whole = _number(timings.get("total_s"))
+        return whole - span if span is not None and whole > span else clocks[0]
+    return _number(timings.get("setup_s")) + _number(timings.get("compile_s")) + clocks[0]
+
+
+def _run(folder: str, rec: Mapping[str, Any]) -> tuple[str, list[float], float, float] | None:
+    """A record's run id, step clocks, time before its first step ended (from its start) and whole
+    time (None: no steps)."""
+    spec, timings, curve = rec.get("spec"), rec.get("timings"), rec.get("curve")
+    if (
+        not isinstance(spec, dict)
+        or not isinstance(timings, dict)
+        or not isinstance(curve, list)
+        or not curve
+    ):
+        return None
+    try:
+        clocks = _step_clocks(rec, curve)
+        before = first_step_s(folder, rec, clocks)
+        whole = _number(timings.get("total_s"))
     except (TypeError, ValueError, IndexError):
         return None
-    if not clocks:
-        return None
-    return f"{spec.get('run_id')} (attempt {rec.get('attempt', 1)})", clocks, before + clocks[0], whole
+    return f"{spec.get('run_id')} (attempt {rec.get('attempt', 1)})", clocks, before, whole
 
 
 def folder_stalls(folder: str) -> list[str]:
@@ -73,7 +136,7 @@ def folder_stalls(folder: str) -> list[str]:
             rec = parse_json(read_regular(path))
         except (InputLimitError, ValueError):
             continue
-        run = _run(rec) if isinstance(rec, dict) else None
+        run = _run(folder, rec) if isinstance(rec, dict) else None
         if run is not None:
             runs.append(run)
     limit = first_step_limit([r[3] for r in runs if r[3] > 0])

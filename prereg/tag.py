@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from prereg.bounded import InputLimitError, file_problem, read_present, read_regular
-from prereg.ledger import canonical, sha256
+from prereg.ledger import canonical, sha256, study_schema
 from prereg.plan import expected_summary
 from prereg.protocol.read import protocol_from_text
 from prereg.yamlflow import YamlError
@@ -367,7 +367,7 @@ def load_truth(
             else:
                 truth.update(path=path, raw=raw, sha256=sha256(raw))
     if "raw" in truth:
-        problems += _derive_study(root, truth)
+        problems += _derive_study(root, truth, study_schema(records))
     return truth, problems
 
 
@@ -436,9 +436,10 @@ def _from_tag(
     return problems
 
 
-def _derive_study(root: str, truth: dict[str, Any]) -> list[str]:
-    """Fill ``truth`` with the protocol document, its configurations' hashes and its summary; the
-    problem when the study cannot be derived from the protocol."""
+def _derive_study(root: str, truth: dict[str, Any], schema: int) -> list[str]:
+    """Fill ``truth`` with the protocol document, its configurations' hashes and its summary (as
+    records schema ``schema`` writes it, ``truth["schema"]``); the problem when the study cannot be
+    derived from the protocol."""
     try:
         truth["spec"] = spec = protocol_from_text(truth["raw"], truth["path"])
         names = sorted({c for st in spec.studies if not st.commands for c in st.configs})
@@ -450,7 +451,8 @@ def _derive_study(root: str, truth: dict[str, Any]) -> list[str]:
                 f"configuration file(s) {', '.join(missing)} not found"
                 + (f" at the tagged commit {truth['commit'][:12]}" if truth.get("commit") else "")
             )
-        truth["summary"] = expected_summary(spec, truth["sha256"], truth["path"])
+        truth["schema"] = schema
+        truth["summary"] = expected_summary(spec, truth["sha256"], truth["path"], schema)
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         truth.pop("spec", None)
         return [

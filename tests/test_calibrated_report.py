@@ -322,14 +322,14 @@ def test_power_refuses_and_compare_names_the_committed_calibration_on_another_cp
     ``harness power --calibration`` (a calibration the user names) refuses them by name, and
     ``harness compare`` (whose calibration is built in) keeps its choice and says where its bias
     was measured."""
-    import harness.devices
+    import harness.machine
     from harness.cli import main
     from harness.compare_cmd import calibrated_choice
 
-    monkeypatch.setattr(harness.devices, "cpu_model", lambda: XEON)
+    monkeypatch.setattr(harness.machine, "cpu_model", lambda: XEON)
     own = calibrated_choice("cache-heavy")
     assert own[1].startswith("bias: ") and "another CPU model" not in own[1]  # its own machine
-    monkeypatch.setattr(harness.devices, "cpu_model", lambda: EPYC)
+    monkeypatch.setattr(harness.machine, "cpu_model", lambda: EPYC)
     there = calibrated_choice("cache-heavy")
     assert there[0] == own[0] and there[1].startswith(own[1])
     assert "measured on another CPU model" in there[1] and "records/calibration-classes" in there[1]

@@ -197,7 +197,7 @@ def test_the_protocol_plans_as_the_calibrated_design(tmp_path, effect_class, clo
     proto = load_protocol(r / "p.yaml")
     s = proto.summary()
     (study,) = s["studies"]
-    assert study["lockstep"]["block_steps"] == 1  # the summary's design of a lockstep study: paired
+    assert study["lockstep"]["block_steps"] == 1 and study["design"] == "lockstep"  # records schema 6
     assert study["warmup_steps"] == 2 and not s["preregistered"]
     tests = {t["id"]: t for t in s["hypotheses"]["tests"]}
     assert {t["endpoint"] for t in tests.values()} == {clock}

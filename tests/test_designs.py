@@ -133,7 +133,7 @@ def test_the_plan_asks_the_design_for_its_schedule():
     build order, all four per group of four; every lockstep run names its partner."""
     for design in ("paired", "lockstep"):
         runs = plan_from_protocol(protocol_from_data(_doc(design, seeds=8)), "0" * 64, {"c": "1" * 64})
-        assert {r["design"] for r in runs} == {"paired"}  # what lockstep records say, as before
+        assert {r["design"] for r in runs} == {design}  # its own name (records schema 6 on)
         firsts = [r["role"] for r in runs if r["position"] == 0]
         assert sorted(firsts) == ["baseline"] * 4 + ["candidate"] * 4
     lock = plan_from_protocol(protocol_from_data(_doc("lockstep", seeds=8)), "0" * 64, {"c": "1" * 64})
@@ -177,9 +177,10 @@ def test_the_brief_label_is_the_planted_rows_one():
 def test_a_design_registered_in_a_test_is_planned_by_the_code_as_it_is(baseline_first):
     runs = plan_from_protocol(protocol_from_data(_doc("baseline-first", seeds=6)), "0" * 64, {"c": "1" * 64})
     assert [r["role"] for r in runs] == ["baseline", "candidate"] * 6  # its schedule, not the balanced one
-    assert {r["design"] for r in runs} == {"paired"}  # analysed as a pair: records a pair's
+    assert {r["design"] for r in runs} == {"baseline-first"}  # its own name (records schema 6 on)
     study = expected_summary(protocol_from_data(_doc("baseline-first")), "0" * 64, "p.yaml")["studies"][0]
-    assert study["design"] == "paired" and study["arms"] == ["native", "cotangent"]
+    assert study["design"] == "baseline-first" and study["arms"] == ["native", "cotangent"]
+    assert study_design(study) is baseline_first and design_named(study["design"]).pairwise
     assert plan_units([study]) == [(f"s.c.pair{i:03d}", 2) for i in range(4)]
     assert design_label({"design": "baseline-first"}) == "baseline first, a process per arm"
 
@@ -222,3 +223,50 @@ def test_a_summary_whose_study_names_no_design_is_refused_naming_it():
     data["studies"][0]["design"] = "crossed"
     with pytest.raises(SummaryFormatError, match=r"x\.json: study \S+: unknown design 'crossed'"):
         Summary.read(data, "x.json")
+
+
+class Duo(Paired):
+    """A pair under another word in its units' ids (``s.c.duo003``)."""
+
+    name = "duo"
+    analysed_as = "paired"
+    unit = "duo"
+
+
+@pytest.fixture
+def duo() -> Iterator[Duo]:
+    design = register(Duo())
+    yield design
+    unregister(design.name)
+
+
+def test_a_units_id_and_index_are_the_designs(duo):
+    """The plan's unit ids, and the index each ends with, for every registered design; an id of
+    another design's word is refused by name."""
+    for name in design_names():
+        d = design_named(name)
+        doc = _doc(name)
+        if not d.pairwise:
+            doc["studies"][0].pop("arms")  # a factorial's default factors and cells
+        runs = plan_from_protocol(protocol_from_data(doc), "0" * 64, {"c": "1" * 64})
+        assert {r["unit"] for r in runs} == {d.unit_id("s", "c", i) for i in range(4)}
+        assert sorted({d.unit_index(r["unit"]) for r in runs}) == [0, 1, 2, 3]
+    assert duo.unit_id("a.b", "c", 12) == "a.b.c.duo012" and duo.unit_index("a.b.c.duo012") == 12
+    for bad in ("s.c.pair003", "s.c.duo", "s.c.duo1x", "s.c.duo٣"):
+        with pytest.raises(ValueError, match="is not a duo study's duo<i>"):
+            duo.unit_index(bad)
+
+
+def test_the_runners_looks_ask_the_design_for_a_units_index(duo):
+    """harness/execute/looks.py reads a unit's index through its design: a ``duo`` unit before the
+    first look starts (the code before this split the id at ``.pair`` and raised IndexError)."""
+    from types import SimpleNamespace
+
+    from harness.execute.looks import SequentialLooks
+
+    proto = SimpleNamespace(hypotheses={"sequential": {"looks": [6, 12]}, "tests": [{"study": "s"}]})
+    looks = SequentialLooks(proto, "host", echo=lambda _: None)  # type: ignore[arg-type]
+    unit = [SimpleNamespace(design="duo", unit="s.c.duo003", study="s")]
+    ledger = SimpleNamespace(looks=lambda: [])
+    assert looks.allows(unit, ledger, None) is True  # type: ignore[arg-type]
+    assert looks.waits(unit, ledger) is False  # type: ignore[arg-type]

@@ -142,7 +142,7 @@ def test_the_plan_crosses_build_order_with_who_steps_first(tmp_path):
                 a, b = u
                 assert (a.position, b.position) == (0, 1) and a.partner == b.run_id and b.partner == a.run_id
                 assert a.steps_first != b.steps_first and a.block_steps == b.block_steps == 2
-                assert a.design == "paired"
+                assert a.design == "lockstep"  # its own name (records schema 6 on)
     text = (repo / "protocols" / "tiny.yaml").read_text()
     shas = {c: cfg.sha256 for c, cfg in proto.configs.items()}
     assert plan_from_protocol(protocol_from_text(text.encode(), "tiny.yaml"), proto.sha256, shas) == [
@@ -151,7 +151,7 @@ def test_the_plan_crosses_build_order_with_who_steps_first(tmp_path):
     summary = proto.summary()
     assert (
         summary["studies"][0]["lockstep"] == {"block_steps": 2}
-        and summary["studies"][0]["design"] == "paired"
+        and summary["studies"][0]["design"] == "lockstep"
     )
     audit_summary = expected_summary(
         protocol_from_text(text.encode(), "tiny.yaml"), proto.sha256, summary["path"]

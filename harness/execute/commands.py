@@ -51,6 +51,7 @@ from harness.execute.launchers import ALLOWED
 from harness.execute.reaper import Reaper, Survivor
 from harness.execute.watch import Watch, kernel_view
 from harness.freeze import code_sha256
+from harness.machine import cpu_model
 from harness.reporter import ENV_BLOCK_STEPS, ENV_LOCKSTEP_FD, ENV_PLANT, ENV_REPORT, ENV_STEPS_FIRST
 from prereg.evidence import EVIDENCE_SUFFIX, MAX_EVIDENCE_BYTES, Derived, EvidenceError, derive
 from prereg.interference import kernel_reason
@@ -311,7 +312,7 @@ def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
     raw = evidence_path.read_bytes() if size is not None and size <= MAX_EVIDENCE_BYTES else None
     cpu = proc.rusage.ru_utime + proc.rusage.ru_stime if proc.rusage is not None else None
     process = _process_facts(proc, cpu)
-    env = _env_facts(spec)
+    env = env_facts(spec)
     timings: dict[str, Any] = {} if proc.wall_s is None else {"total_s": proc.wall_s}
     reason = _failure(proc, kind, size, text_out, raw)
     derived = None
@@ -360,14 +361,14 @@ def _process_facts(proc: _Proc, cpu: float | None) -> dict[str, Any]:
     }
 
 
-def _env_facts(spec: RunSpec) -> dict[str, Any]:
+def env_facts(spec: RunSpec) -> dict[str, Any]:
     """The record's ``env``: the machine and the worker's code that ran the command."""
     return {
         "host": socket.gethostname(),
         "os": platform.platform(),
         "python": platform.python_version(),
         "device": spec.device,
-        "device_name": platform.processor() or platform.machine(),
+        "device_name": cpu_model(),  # the name a built-in run's record gives this CPU
         "threads": spec.threads,
         "harness_sha256": code_sha256()["harness"],  # the worker's: the code that ran the command
         "loadavg": [round(x, 2) for x in os.getloadavg()],  # the machine's load as the run started

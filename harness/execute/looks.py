@@ -48,7 +48,7 @@ class SequentialLooks:
         looks = self._looks_over(unit)
         if looks is None:
             return True
-        index = int(unit[0].unit.rsplit(".pair", 1)[1])
+        index = design_named(unit[0].design).unit_index(unit[0].unit)
         due = [n for n in looks if n <= index]
         taken_over = [e for e in ledger.looks() if index < e["pairs"]]
         if taken_over:
@@ -123,7 +123,7 @@ class SequentialLooks:
         looks = self._looks_over(unit)
         if looks is None:
             return False
-        index = int(unit[0].unit.rsplit(".pair", 1)[1])
+        index = design_named(unit[0].design).unit_index(unit[0].unit)
         due = [n for n in looks if n <= index]
         summary = self.summary(ledger) if due else None
         return bool(due) and len(summary["looks"] if summary else []) < len(due)

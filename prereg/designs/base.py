@@ -13,7 +13,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-__all__ = ["BASELINE_FIRST", "CANDIDATE_FIRST", "STEPS_SECOND", "Design", "Planned", "Rng"]
+__all__ = [
+    "BASELINE_FIRST",
+    "CANDIDATE_FIRST",
+    "OWN_NAME_FROM_SCHEMA",
+    "STEPS_SECOND",
+    "Design",
+    "Planned",
+    "Rng",
+]
 
 #: A seeded random source for one unit's order: ``rng(*parts)`` is a ``random.Random`` seeded by
 #: the protocol's ``order_seed`` and ``parts`` (``prereg.plan``).
@@ -45,6 +53,10 @@ BASELINE_FIRST: tuple[str, ...] = ("baseline", "candidate")
 CANDIDATE_FIRST: tuple[str, ...] = ("candidate", "baseline")
 #: A schedule's marker of an order whose second run steps first (a design whose runs take turns).
 STEPS_SECOND = "steps-second"
+#: The records schema (``prereg/records.py``'s format log) from which a plan and its protocol summary
+#: name a design by its own name (``design: lockstep``); a study written under an earlier schema
+#: names what it is analysed as (``design: paired``), and its plan is recomputed so, byte for byte.
+OWN_NAME_FROM_SCHEMA = 6
 
 
 class Design(ABC):
@@ -56,8 +68,9 @@ class Design(ABC):
     name : str
         The name a protocol's ``design`` key gives it (the registry's key).
     analysed_as : str
-        The design its units are analysed as: the name its records' ``spec.design`` and the
-        summary's study ``design`` carry (a lockstep pair is analysed as a pair: ``paired``).
+        The design its units are analysed as (a lockstep pair is analysed as a pair: ``paired``):
+        the name a study's records' ``spec.design`` and the summary's study ``design`` carried
+        before records schema :data:`OWN_NAME_FROM_SCHEMA` (:meth:`recorded_as`).
     unit : str
         The word in a unit's id (``<study>.<config>.<unit><i>``): ``pair`` or ``block``.
     pairwise : bool
@@ -72,6 +85,34 @@ class Design(ABC):
     unit: str = "pair"
     pairwise: bool = True
     shares_process: bool = False
+
+    def recorded_as(self, schema: int) -> str:
+        """The name a plan and its protocol summary give this design under records schema ``schema``.
+
+        Parameters
+        ----------
+        schema : int
+            The records schema the study is written under (its records' ``schema_version``).
+
+        Returns
+        -------
+        str
+            :attr:`name` from schema :data:`OWN_NAME_FROM_SCHEMA` on; :attr:`analysed_as` before.
+        """
+        return self.name if schema >= OWN_NAME_FROM_SCHEMA else self.analysed_as
+
+    def unit_id(self, study: str, config: str, index: int) -> str:
+        """A unit's id, ``<study>.<config>.<unit><i>`` (:attr:`unit`; ``i`` the seed index, three digits)."""
+        return f"{study}.{config}.{self.unit}{index:03d}"
+
+    def unit_index(self, unit: str) -> int:
+        """The seed index a unit's id (:meth:`unit_id`) ends with; ValueError naming the id when it
+        does not end with this design's unit word and an index."""
+        last = unit.rsplit(".", 1)[-1]
+        digits = last[len(self.unit) :] if last.startswith(self.unit) else ""
+        if not digits.isascii() or not digits.isdigit():
+            raise ValueError(f"unit {unit!r} is not a {self.name} study's {self.unit}<i>")
+        return int(digits)
 
     def runs_per_unit(self, study: Mapping[str, Any]) -> int:
         """The runs of one unit of ``study`` (a protocol's study or the summary's).

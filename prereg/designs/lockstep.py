@@ -14,7 +14,8 @@ __all__ = ["LOCKSTEP", "Lockstep"]
 
 
 class Lockstep(Paired):
-    """A pair whose two runs take turns; its records are a pair's (``spec.design: paired``)."""
+    """A pair whose two runs take turns, analysed as a pair; its records say ``spec.design: lockstep``
+    (``paired`` before records schema 6: :meth:`~prereg.designs.base.Design.recorded_as`)."""
 
     name = "lockstep"
     analysed_as = "paired"

@@ -1,8 +1,9 @@
 """The designs by name: the one place a design's name is looked up (and compared).
 
 A protocol file's study names its design (``paired``, ``lockstep``, ``factorial``); its records and
-the protocol summary name what it is analysed as (a lockstep pair is a pair: ``design: paired``, with
-``lockstep: {block_steps}`` beside it). :func:`study_design` reads either form back to the one
+the protocol summary name it too from records schema 6 on (``design: lockstep``, with ``lockstep:
+{block_steps}`` beside it), and before that what it is analysed as (a lockstep pair is a pair:
+``design: paired``). :func:`study_design` reads every form back to the one
 :class:`~prereg.designs.base.Design`; :func:`register` adds a design (its own module calls it).
 """
 
@@ -88,8 +89,9 @@ def design_named(name: object) -> Design:
 
 def study_design(study: Mapping[str, Any]) -> Design:
     """A study's design, from its entry in the protocol file (``design: lockstep``) or in the
-    protocol summary (``design: paired`` with ``lockstep: {block_steps}``: a lockstep study analysed
-    as a pair). The one place a design analysed as another is told from it.
+    protocol summary (``design: lockstep``, or before records schema 6 ``design: paired``, with
+    ``lockstep: {block_steps}``: a lockstep study analysed as a pair). The one place a design
+    analysed as another is told from it.
 
     Parameters
     ----------

@@ -119,7 +119,8 @@ def _stalls(stalls: Sequence[str]) -> Section:
     rule = (
         f"A run stalled where no step came for more than {STALL_STEP_TIMES} times its median step time "
         f"(and {STALL_FLOOR_S:g} s), or its first step came later than {STALL_RUN_TIMES} times the median "
-        "run's whole time (and that floor), as the progress line shows it live (prereg/stalls.py). Its "
+        "run's whole time (and that floor) after its start (set-up, warm-up steps and a command's "
+        "start-up included), as the progress line shows it live (prereg/stalls.py). Its "
         "times count as measured; a stall from outside (a stopped process, a busy machine) slows the arm "
         "that stalled."
     )
