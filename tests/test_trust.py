@@ -590,7 +590,10 @@ def test_an_auditor_refuses_to_certify_a_records_schema_newer_than_it_knows(tmp_
 
     folder = tmp_path / "records"
     folder.mkdir()
-    (folder / "MANIFEST").write_text(json.dumps({"schema_version": max(SCHEMAS) + 1, "records": {}}))
+    (folder / "r.record.json").write_text(json.dumps({"schema_version": max(SCHEMAS) + 1}))
+    (folder / "MANIFEST").write_text(
+        json.dumps({"schema_version": max(SCHEMAS) + 1, "records": {"r.record.json": "0" * 64}})
+    )
     got = subprocess.run(
         [sys.executable, "-I", "-S", "-B", str(Path(__file__).parents[1] / "analysis" / "public_audit.py")]
         + [str(folder)],
@@ -610,6 +613,56 @@ def test_an_auditor_refuses_to_certify_a_records_schema_newer_than_it_knows(tmp_
         timeout=120,
     )
     assert "NEWER THAN THIS AUDITOR" not in known.stdout
+
+
+def _tagged_repo(tmp_path: Path, writes: int) -> Path:
+    """A repository whose tag ``protocol-x`` holds a harness that writes records schema ``writes``,
+    and a records folder of that study whose MANIFEST claims a schema newer than this auditor's."""
+    from prereg.ledger import SCHEMAS
+
+    repo = tmp_path / f"repo{writes}"
+    (repo / "prereg").mkdir(parents=True)
+    (repo / "prereg" / "records.py").write_text(f"SCHEMA_VERSION = {writes}\n")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "harness")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "tag", "-am", "protocol", "protocol-x")
+    folder = repo / "records" / "x"
+    folder.mkdir(parents=True)
+    (folder / "r.record.json").write_text(json.dumps({"schema_version": max(SCHEMAS) + 1}))
+    manifest = {
+        "schema_version": max(SCHEMAS) + 1,
+        "records": {"r.record.json": "0" * 64},
+        "protocol": {"id": "x"},
+    }
+    (folder / "MANIFEST").write_text(json.dumps(manifest))
+    return folder
+
+
+def test_a_manifest_edited_to_a_newer_schema_does_not_turn_a_failure_into_not_checked(tmp_path):
+    """Review finding: "newer than this auditor" came from MANIFEST's schema_version alone, which
+    nothing signs, so a forger turned exit 1 into exit 3 NOT CHECKED by editing it (records edited
+    to match as well). Now the schema is the one the tagged harness writes (the signed tag fixes its
+    commit): the edit is a failed "records schema" row, exit 1; a tag whose harness does write a
+    newer schema still gives NOT CHECKED, exit 3."""
+    from audit.folder import newer_schema
+    from prereg.ledger import SCHEMAS
+
+    forged = _tagged_repo(tmp_path, max(SCHEMAS))
+    newer, problem = newer_schema(str(forged))
+    assert newer is None and problem is not None and "the harness at protocol-x says" in problem, problem
+    got = subprocess.run(
+        [sys.executable, "-I", "-S", "-B", str(Path(__file__).parents[1] / "analysis" / "public_audit.py")]
+        + [str(forged)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert got.returncode == 1, got.stdout
+    assert "NEWER THAN THIS AUDITOR" not in got.stdout and "field schema_version" in got.stdout, got.stdout
+    honest = _tagged_repo(tmp_path, max(SCHEMAS) + 1)
+    newer, problem = newer_schema(str(honest))
+    assert problem is None and newer is not None and "NEWER THAN THIS AUDITOR" in newer, newer
 
 
 @pytest.mark.process
