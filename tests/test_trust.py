@@ -690,3 +690,40 @@ def test_a_replaced_plot_fails_against_the_signed_head_that_seals_it(tmp_path):
     assert gone.returncode == 1 and f"{plots[0].name}: missing; " in gone.stdout
     plots[0].write_bytes(original)
     assert audit(r, "--allowed-signers", str(keys)).returncode == 0
+
+
+@pytest.mark.process
+def test_an_unsigned_report_leaves_the_plots_a_signed_head_seals(tmp_path):
+    """Review finding: ``harness report`` without ``--sign`` redrew the PNG plots that the signed
+    head sealed (a newer matplotlib, another beside study: other bytes, and the audit failed). Now
+    it leaves them (not rewritten: same mtime and inode), says so, and the audit still passes;
+    ``--sign`` redraws them and signs the head again."""
+    r, _, pub, _, _ = ssh_signed_study(tmp_path, "maintainers@example.invalid")
+    keys = tmp_path / "keys"
+    keys.write_text(f"release-keys {pub}")
+    assert harness(r, "report", PROTO, "--quiet", "--sign").returncode == 0
+    plots = sorted((r / RECS).glob("plot_*.png"))
+    assert plots, "the report drew no plot"
+    before = {p.name: (p.stat().st_mtime_ns, p.stat().st_ino) for p in plots}
+    got = harness(r, "report", PROTO, "--quiet")
+    assert got.returncode == 0, got.stderr
+    assert "were left as the signed result head (RESULT) seals them" in got.stdout, got.stdout
+    assert {p.name: (p.stat().st_mtime_ns, p.stat().st_ino) for p in plots} == before
+    assert audit(r, "--allowed-signers", str(keys)).returncode == 0
+    again = harness(r, "report", PROTO, "--quiet", "--sign")
+    assert again.returncode == 0 and "were left" not in again.stdout, again.stdout
+    assert audit(r, "--allowed-signers", str(keys)).returncode == 0
+
+
+def test_a_head_whose_plot_count_is_not_its_plot_lines_is_named(tmp_path):
+    """The audit compares the number of plots the head says (``plots N``) with the plot lines it
+    seals: a head that repeats a name (two lines, one plot kept) or counts more is named."""
+    import hashlib
+
+    from audit.anchors import plot_problems
+
+    (tmp_path / "plot_time.png").write_bytes(b"png")
+    sealed = {"plot_time.png": hashlib.sha256(b"png").hexdigest()}
+    assert plot_problems(str(tmp_path), sealed, "RESULT", "1") == []
+    found = plot_problems(str(tmp_path), sealed, "RESULT", "2")
+    assert len(found) == 1 and "says plots 2, but seals 1 plot line(s)" in found[0], found
