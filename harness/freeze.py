@@ -219,7 +219,6 @@ def imported_distributions(proto: Any, repo: Path) -> set[str] | None:
     (names as :func:`command_bindings` writes them). None: an arm whose program is not this
     interpreter, or a probe that failed, so every distribution counts."""
     import importlib.metadata as md
-    import re
 
     modules: set[str] = set()
     for st in proto.document["studies"]:
@@ -234,7 +233,14 @@ def imported_distributions(proto: Any, repo: Path) -> set[str] | None:
     loaded = loaded_modules(sorted(m for m in modules if m in provides))
     if loaded is None:
         return None
-    todo = [d for m in sorted(modules | loaded) for d in provides.get(m, [])]
+    return _required_closure([d for m in sorted(modules | loaded) for d in provides.get(m, [])])
+
+
+def _required_closure(todo: list[str]) -> set[str]:
+    """The distributions named and every installed one they require (extras aside), closed."""
+    import importlib.metadata as md
+    import re
+
     seen: set[str] = set()
     while todo:
         name = todo.pop().lower().replace("_", "-")
