@@ -171,7 +171,7 @@ def kernel_reason(kernel: Mapping[str, Any]) -> str | None:
     """Why a lockstep command arm's run fails in the kernel's view of it (its record's
     ``process.kernel``; None: nothing to say): the kernel saw it stopped (``SIGSTOP``, a tracer) while
     the pair ran, or its partner ran more than :data:`PARTNER_RUN_LIMIT` of its own CPU time
-    within its timed turns."""
+    within its timed turns (where its turns were observed: ``observed`` not false)."""
     stops = kernel.get("stops")
     if isinstance(stops, int) and not isinstance(stops, bool) and stops > 0:
         return (
@@ -180,6 +180,8 @@ def kernel_reason(kernel: Mapping[str, Any]) -> str | None:
             "arm's clock counts its partner's doing, so the pair fails"
         )
     own, partner = _number(kernel.get("run_s")), _number(kernel.get("partner_run_s"))
+    if kernel.get("observed") is False:  # samples too few within its turns: named NOT OBSERVED, not judged
+        return None
     if own is not None and partner is not None and partner > PARTNER_RUN_LIMIT * max(own, 0.0):
         return (
             f"its partner ran {partner:.3f} s of CPU time within its timed turns, where it ran {own:.3f} s "
