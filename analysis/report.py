@@ -34,16 +34,27 @@ class ReportOutput:
     answer: str = ""  # the terminal's last lines: each configuration's effect and decisions
 
 
+#: The PNG plots in the order :func:`analysis.plots.plots` draws them (the report's links).
+PLOT_ORDER = ("forest", "drift", "time", "quality", "validation")
+
+
+def _kept_plots(records_dir: Path) -> list[Path]:
+    """The PNG plots already in the folder, in the order the report links them."""
+    return [records_dir / f"plot_{k}.png" for k in PLOT_ORDER if (records_dir / f"plot_{k}.png").is_file()]
+
+
 def write_report(
     records_dir: Path,
     export: str | None = None,
     records_rel: str | None = None,
     beside: Path | None = None,
     beside_rel: str | None = None,
+    keep_plots: bool = False,
 ) -> ReportOutput:
     """Derive the summary from ``records_dir`` and write summary.json, report.md, plots, the study page
     and the export; ``records_rel`` is how the page's audit command names the folder; ``beside`` an
-    earlier study's records folder, shown beside this one (named ``beside_rel``)."""
+    earlier study's records folder, shown beside this one (named ``beside_rel``). ``keep_plots``
+    (a signed result head seals them): the PNG plots there are left as they are, not redrawn."""
     records_dir = Path(records_dir)
     records = load_records(records_dir)
     if not records:
@@ -57,7 +68,7 @@ def write_report(
     shown = read_beside(summary, beside, beside_rel) if beside is not None else None
     cal = find_calibration(str(records_dir), summary.protocol)  # as the audit finds it again
     md = markdown(summary, shown, cal, folder_stalls(str(records_dir)))
-    made = plots(summary, records, records_dir)
+    made = _kept_plots(records_dir) if keep_plots else plots(summary, records, records_dir)
     if made:
         md += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in made) + "\n"
     report_path = records_dir / "report.md"

@@ -184,20 +184,27 @@ def check_result(
             f"{where}: the signed result head seq {seq} sha256 {sha[:16]}: the records hold "
             f"{str(held.get(seq, 'no entry'))[:16]} there: history was rewritten after it was signed"
         )
-    problems += plot_problems(directory, got["plots"], where)
+    problems += plot_problems(directory, got["plots"], where, got.get("plots_said"))
     return _result_signature(problems, where, seq, max(held, default=0), signers, payload, sig, kind)
 
 
-def plot_problems(directory: str, plots: dict[str, str] | None, where: str) -> list[str]:
+def plot_problems(
+    directory: str, plots: dict[str, str] | None, where: str, said: str | None = None
+) -> list[str]:
     """Each PNG plot of the folder against the signed result head that seals them (``plot NAME
-    SHA256`` lines, :func:`prereg.tag.result_message`): one replaced, added or removed is named.
-    A head signed before plots were sealed (``plots`` None) checks none (the folder's row names
-    them, not verified)."""
+    SHA256`` lines, :func:`prereg.tag.result_message`): one replaced, added or removed is named, and
+    a head whose ``plots N`` line (``said``) is not the number of plots it seals. A head signed
+    before plots were sealed (``plots`` None) checks none (the folder's row names them, not verified)."""
     from prereg.tag import PLOT_FILES
 
     if plots is None:
         return []
     out = []
+    if said is not None and said != str(len(plots)):
+        out.append(
+            f"{where}: says plots {said}, but seals {len(plots)} plot line(s) it can read: the sealed "
+            "plots are not the ones the head counts"
+        )
     for name in sorted(PLOT_FILES | set(plots)):
         path = os.path.join(directory, name)
         try:

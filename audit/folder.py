@@ -12,14 +12,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from audit.anchors import check_anchor, check_result, check_signature, signers_kept
-from audit.freeze import check_freeze, check_protocol_copies, check_time, check_versions, check_what_ran
+from audit.freeze import (
+    check_freeze,
+    check_protocol_copies,
+    check_time,
+    check_versions,
+    check_what_ran,
+    tagged_schema,
+)
 from audit.published import check_published
 from prereg.attempts import unfinished
 from prereg.barrier import look_problems
 from prereg.bounded import InputLimitError, file_problem, read_present, read_regular
 from prereg.corpora import check_corpus
 from prereg.evidence import clock_problems, evidence_problems, stall_problems
-from prereg.interference import kernel_problems
+from prereg.interference import kernel_named, kernel_problems
 from prereg.ledger import (
     LOOK_SUFFIX,
     RECORD_SUFFIX,
@@ -41,7 +48,7 @@ from prereg.recompute import SUMMARY_SCHEMAS, compare, recompute
 from prereg.records import entry_problems, seal
 from prereg.replicates import anchored_gap_problems, replicate_times, time_problems, unwitnessed
 from prereg.results import Summary
-from prereg.tag import PLOT_FILES, check_sources, git_root, load_truth
+from prereg.tag import PLOT_FILES, check_sources, git_out, git_root, load_truth, stored_tag
 
 
 def find_root(start: str, protocol_rel: str) -> str:
@@ -94,10 +101,7 @@ def audit_dir(
     # why the folder's study is not vouched for by the reader's keys (docs/provenance.md, "Exit statuses")
     why = (unverified if unverified is not None else {}).setdefault(directory, [])
     out = _Report(directory, rows, problems, besides if besides is not None else [])
-    newer = newer_schema(directory)
-    if newer is not None:  # not certified, not failed: this auditor cannot read what a newer one wrote
-        why.append(newer)
-        out.rows.append(("records schema", directory, f"{UNCHECKED} {newer}"))
+    if _newer_than_this_auditor(out, why):
         return
     _folder_files(out)
     manifest = _manifest(out)
@@ -252,7 +256,12 @@ def _run_evidence(out: _Report, records: list[dict[str, Any]]) -> None:
         fail("lockstep stall times", found_stall, f"{stalls} arms' stall derived again from their step times")
     found_kernel, viewed = kernel_problems(records)
     if viewed:  # lockstep command arms since the kernel's view (prereg/interference.py); none before
-        fail("lockstep arms, the kernel's view", found_kernel, f"{viewed} arms neither stopped nor starved")
+        named = "".join(f"; {n}" for n in kernel_named(records))
+        fail(
+            "lockstep arms, the kernel's view",
+            found_kernel,
+            f"{viewed} arms neither stopped nor starved{named}",
+        )
     clocks, timed = clock_problems(records)
     fail(
         "training clocks against their steps",
@@ -460,19 +469,80 @@ def foreign_files(directory: str) -> list[str]:
 UNCHECKED = "NOT CHECKED:"
 
 
-def newer_schema(directory: str) -> str | None:
-    """Why this audit cannot certify the folder when its MANIFEST says a records schema newer than
-    any it knows (None: one it knows, or none it can read, which the checks name): exit status 3,
-    never "Verified", so the reader runs a newer auditor (README, "Verifying a study")."""
+def _newer_than_this_auditor(out: _Report, why: list[str]) -> bool:
+    """The "records schema" row where MANIFEST claims a newer schema (:func:`newer_schema`): True
+    where this audit stops there (not certified, not failed: it cannot read what a newer one wrote)."""
+    newer, forged = newer_schema(out.directory)
+    if forged is not None:
+        out.problems.append(forged)
+        out.row("records schema", False, forged)
+    if newer is not None:
+        why.append(newer)
+        out.rows.append(("records schema", out.directory, f"{UNCHECKED} {newer}"))
+    return newer is not None
+
+
+def newer_schema(directory: str) -> tuple[str | None, str | None]:
+    """Whether this audit can certify the folder, where its MANIFEST says a records schema newer
+    than any it knows: (why not, exit status 3 and never "Verified", so the reader runs a newer
+    auditor; a problem, exit status 1). MANIFEST is not signed, so its word alone decides nothing:
+    the schema is the one the tagged harness writes (its commit's ``SCHEMA_VERSION``, which the
+    signed tag fixes) for every tag the folder names, or without a tag the one every record says;
+    a claim neither bears out is a problem (README, "Verifying a study")."""
     manifest, _ = json_problem(os.path.join(directory, "MANIFEST"))
     version = manifest.get("schema_version") if isinstance(manifest, dict) else None
     if not isinstance(version, int) or isinstance(version, bool) or version <= max(SCHEMAS):
-        return None
-    return (
-        f"NEWER THAN THIS AUDITOR: MANIFEST says records schema {version}, and this auditor knows "
-        f"{', '.join(map(str, SCHEMAS))}: it cannot certify them; run the auditor of the newest signed "
-        'release (README, "Verifying a study")'
+        return None, None
+    assert isinstance(manifest, dict)
+    claim = f"MANIFEST says records schema {version}, and this auditor knows {', '.join(map(str, SCHEMAS))}"
+    source, schemas = _schema_witnesses(directory, manifest)
+    if schemas and all(v > max(SCHEMAS) for v in schemas):
+        return (
+            f"NEWER THAN THIS AUDITOR: {claim}; {source} says schema {max(schemas)}: it cannot certify them; "
+            'run the auditor of the newest signed release (README, "Verifying a study")'
+        ), None
+    return None, (
+        f"{directory}/MANIFEST: field schema_version = {version}, but {source} says "
+        f"{', '.join(map(str, sorted(set(schemas)))) or 'nothing'}: {claim}, and an unsigned MANIFEST "
+        "alone does not make a folder unauditable"
     )
+
+
+def _schema_witnesses(directory: str, manifest: dict[str, Any]) -> tuple[str, list[int]]:
+    """What says the folder's records schema besides MANIFEST: the harness at each tag the folder
+    names (:func:`_tag_commits`), or, where none is found, each record MANIFEST lists (0: none said)."""
+    root = git_root(directory)
+    commits = _tag_commits(root, directory, manifest) if root is not None else {}
+    if root is not None and commits:
+        found = [tagged_schema(root, c) for c in commits.values()]
+        return f"the harness at {', '.join(sorted(commits))}", [v or 0 for v in found]
+    listed = manifest.get("records")
+    versions = []
+    for name in sorted(listed) if isinstance(listed, dict) else []:
+        record, _ = json_problem(os.path.join(directory, os.path.basename(str(name))))
+        v = record.get("schema_version") if isinstance(record, dict) else None
+        versions.append(v if isinstance(v, int) and not isinstance(v, bool) else 0)
+    return "no tag; the records", versions
+
+
+def _tag_commits(root: str, directory: str, manifest: dict[str, Any]) -> dict[str, str]:
+    """The commit of each tag the folder names: its kept ``TAG``, and ``protocol-<id>`` for
+    MANIFEST's protocol id and the folder's name."""
+    mp = manifest.get("protocol")
+    mp = mp if isinstance(mp, dict) else {}
+    commits: dict[str, str] = {}
+    kept = stored_tag(directory)
+    if kept is not None:
+        obj = kept[1].split(b"\n", 1)[0].split(b" ")[1].decode()
+        if (git_out(root, "cat-file", "-t", obj) or "").strip() == "commit":
+            commits[kept[0]] = obj
+    for i in {mp.get("id"), os.path.basename(os.path.normpath(directory))}:
+        got = (
+            git_out(root, "rev-parse", "-q", "--verify", f"refs/tags/protocol-{i}^{{commit}}") if i else None
+        )
+        if isinstance(i, str) and got:
+            commits[f"protocol-{i}"] = got.strip()
+    return commits
 
 
 def _manifest(out: _Report) -> dict[str, Any] | None:

@@ -241,22 +241,24 @@ def dirty_worktrees(records: list[dict[str, Any]], exempt: list[str]) -> tuple[l
     return problems, notes
 
 
+def tagged_schema(root: str, commit: str) -> int | None:
+    """The records schema the harness at ``commit`` writes (``SCHEMA_VERSION`` in its
+    ``prereg/records.py``, or ``harness/records.py`` before the core moved); None: not found."""
+    for where in ("prereg/records.py", "harness/records.py"):
+        text = git_out(root, "show", f"{commit}:{where}") or ""
+        found = re.search(r"^SCHEMA_VERSION = (\d+)$", text, re.M)
+        if found:
+            return int(found.group(1))
+    return None
+
+
 def check_declared(root: str, truth: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:
     """What the tag says each record must be: no older record format than the tagged harness
     writes (``SCHEMA_VERSION`` in its ``prereg/records.py``: a record downgraded to an older
     schema, without its started entries, is named), and the PyTorch the protocol declares."""
     problems: list[str] = []
-    text = ""
-    for where in (
-        "prereg/records.py",
-        "harness/records.py",
-    ):  # the format's home since the core moved, and before
-        text = git_out(root, "show", f"{truth['commit']}:{where}") or ""
-        if text:
-            break
-    found = re.search(r"^SCHEMA_VERSION = (\d+)$", text, re.M)
-    if found:
-        writes = int(found.group(1))
+    writes = tagged_schema(root, truth["commit"])
+    if writes is not None:
         for r in records:
             v = r.get("schema_version")
             if not isinstance(v, int) or v < writes:

@@ -141,7 +141,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise InputError(
                 f"--beside {args.beside}: no summary.json there (an earlier study's records folder)"
             )
-    report(proto, args.format, args.quiet, beside)
+    report(proto, args.format, args.quiet, beside, signs=bool(args.sign))
     if args.sign:
         from harness.freeze import sign_result
         from harness.ledger import head_of, load_entries

@@ -103,7 +103,7 @@ def _report_after_run(args: argparse.Namespace, proto: Protocol, code: int, mess
     answer = ""
     if report_now and any(proto.records_path.glob("*.record.json")):
         try:
-            answer = report(proto, fmt=None, quiet=False, answer_after=True)
+            answer = report(proto, fmt=None, quiet=False, answer_after=True, signs=_signed_this_head(proto))
         except HarnessError:
             raise
         except Exception as e:  # noqa: BLE001 - the runs are recorded; say what failed, no traceback
@@ -123,18 +123,28 @@ def _report_after_run(args: argparse.Namespace, proto: Protocol, code: int, mess
     return code
 
 
-def seal_plots(proto: Protocol) -> None:
-    """Where the run signed its ledger head (``RESULT``), sign it again sealing the PNG plots the
-    report has just drawn (:func:`harness.freeze.sign_result`), so a replaced plot fails the audit."""
-    from harness.freeze import sign_result
+def _signed_this_head(proto: Protocol) -> bool:
+    """Whether the records folder's ``RESULT`` signs the ledger's head as it stands (the run signed it)."""
     from harness.ledger import head_of, load_entries
     from prereg.tag import RESULT_FILE, parse_result
 
     kept = proto.records_path / RESULT_FILE
     old = parse_result(kept.read_bytes()) if kept.is_file() and not kept.is_symlink() else None
+    if old is None:
+        return False
     head = head_of(load_entries(proto.records_path), "")
-    if old is None or (old["seq"], old["sha256"]) != (head["seq"], head["sha256"]):
+    return (old["seq"], old["sha256"]) == (head["seq"], head["sha256"])
+
+
+def seal_plots(proto: Protocol) -> None:
+    """Where the run signed its ledger head (``RESULT``), sign it again sealing the PNG plots the
+    report has just drawn (:func:`harness.freeze.sign_result`), so a replaced plot fails the audit."""
+    from harness.freeze import sign_result
+    from harness.ledger import head_of, load_entries
+
+    if not _signed_this_head(proto):
         return  # the run signed no head, or another one: harness report --sign signs it
+    head = head_of(load_entries(proto.records_path), "")
     try:
         print(sign_result(proto, head["seq"], head["sha256"], seal_plots=True), flush=True)
     except HarnessError as e:
@@ -217,26 +227,52 @@ def _ending(proto: Protocol, end: Any) -> tuple[int, str]:
     return RUN_COMPLETE, f"all {end.planned} runs finished ok; {where}"
 
 
+def sealed_plots_of(proto: Protocol) -> dict[str, str] | None:
+    """The PNG plots the records folder's signed result head (``RESULT``) seals, by name (None: no
+    head, or one signed before plots were sealed)."""
+    from prereg.tag import RESULT_FILE, parse_result
+
+    kept = proto.records_path / RESULT_FILE
+    got = parse_result(kept.read_bytes()) if kept.is_file() and not kept.is_symlink() else None
+    return got["plots"] if got is not None else None
+
+
 def report(
-    proto: Protocol, fmt: str | None, quiet: bool, beside: Path | None = None, answer_after: bool = False
+    proto: Protocol,
+    fmt: str | None,
+    quiet: bool,
+    beside: Path | None = None,
+    answer_after: bool = False,
+    signs: bool = False,
 ) -> str:
     """Write the study's summary, report, page (and ``fmt`` export) from its records, ``beside`` an
     earlier study's records folder if given; print the report, then the answer (each configuration's
     effect in percent and its decisions) last, unless the caller prints it after its own last line
-    (``answer_after``). Returns the answer's lines."""
+    (``answer_after``). Returns the answer's lines. Plots a signed result head seals are redrawn only
+    where the caller then signs the head again (``signs``): otherwise they are left, and it says so."""
     from analysis.report import write_report
 
     if not any(proto.records_path.glob("*.record.json")):
         raise HarnessError(
             f"no records in {proto.records_path}; run the study first: harness run {proto.relpath}"
         )
+    sealed = sealed_plots_of(proto)
+    keep = sealed is not None and not signs
     out = write_report(
         proto.records_path,
         export=fmt,
         records_rel=records_rel(proto),
         beside=beside,
         beside_rel=None if beside is None else beside.as_posix(),
+        keep_plots=keep,
     )
+    if keep:
+        print(
+            f"plots: the {len(out.plots)} PNG plot(s) in {proto.records_path} were left as the signed result "
+            f"head (RESULT) seals them ({len(sealed or {})}), not redrawn: harness report --sign redraws "
+            "them and signs the head again",
+            flush=True,
+        )
     if not quiet:
         print(out.markdown)
         print(

@@ -183,13 +183,45 @@ def _top_modules(texts: list[str], argv: list[str]) -> set[str]:
     return names
 
 
+#: How long importing the study's packages to see what they import in turn may take (seconds).
+IMPORT_PROBE_S = 300
+
+
+def loaded_modules(modules: list[str]) -> set[str] | None:
+    """The top-level modules that importing ``modules`` (installed packages the study imports) loads
+    in this interpreter, in a process of its own: what a package imports without requiring it (torch
+    imports numpy, which its metadata does not list). None: the probe did not end or say."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\n"
+        f"for m in {modules!r}:\n"
+        "    try:\n        __import__(m)\n    except BaseException:\n        pass\n"
+        "print(json.dumps(sorted({n.split('.')[0] for n in sys.modules})))\n"
+    )
+    try:
+        got = subprocess.run(
+            [sys.executable, "-I", "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=IMPORT_PROBE_S,
+            cwd="/",
+        )
+        names = json.loads(got.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+    return {n for n in names if isinstance(n, str)} if isinstance(names, list) else None
+
+
 def imported_distributions(proto: Protocol, repo: Path) -> set[str] | None:
     """The installed distributions a protocol's command arms import: the top-level modules the
-    Python files of each arm's working directory import, the distributions that provide them, and
-    theirs requirements, closed (names as :func:`command_bindings` writes them). None: an arm whose
-    program is not this interpreter, so every distribution counts."""
+    Python files of each arm's working directory import, and those that importing them loads in turn
+    (:func:`loaded_modules`), the distributions that provide them, and their requirements, closed
+    (names as :func:`command_bindings` writes them). None: an arm whose program is not this
+    interpreter, or a probe that failed, so every distribution counts."""
     import importlib.metadata as md
-    import re
 
     modules: set[str] = set()
     for st in proto.spec.studies:
@@ -201,7 +233,17 @@ def imported_distributions(proto: Protocol, repo: Path) -> set[str] | None:
                 return None
             modules |= _top_modules(texts, arm["command"])
     provides = md.packages_distributions()
-    todo = [d for m in sorted(modules) for d in provides.get(m, [])]
+    loaded = loaded_modules(sorted(m for m in modules if m in provides))
+    if loaded is None:
+        return None
+    return _required_closure([d for m in sorted(modules | loaded) for d in provides.get(m, [])])
+
+
+def _required_closure(todo: list[str]) -> set[str]:
+    """The distributions named and every installed one they require (extras aside), closed."""
+    import importlib.metadata as md
+    import re
+
     seen: set[str] = set()
     while todo:
         name = todo.pop().lower().replace("_", "-")

@@ -53,6 +53,7 @@ __all__ = [
     "PARTNER_RUN_LIMIT",
     "STALL_LIMIT",
     "flagged_pairs",
+    "kernel_named",
     "kernel_problems",
     "kernel_reason",
     "share_gap",
@@ -170,7 +171,7 @@ def kernel_reason(kernel: Mapping[str, Any]) -> str | None:
     """Why a lockstep command arm's run fails in the kernel's view of it (its record's
     ``process.kernel``; None: nothing to say): the kernel saw it stopped (``SIGSTOP``, a tracer) while
     the pair ran, or its partner ran more than :data:`PARTNER_RUN_LIMIT` of its own CPU time
-    within its timed turns."""
+    within its timed turns (where its turns were observed: ``observed`` not false)."""
     stops = kernel.get("stops")
     if isinstance(stops, int) and not isinstance(stops, bool) and stops > 0:
         return (
@@ -179,6 +180,8 @@ def kernel_reason(kernel: Mapping[str, Any]) -> str | None:
             "arm's clock counts its partner's doing, so the pair fails"
         )
     own, partner = _number(kernel.get("run_s")), _number(kernel.get("partner_run_s"))
+    if kernel.get("observed") is False:  # samples too few within its turns: named NOT OBSERVED, not judged
+        return None
     if own is not None and partner is not None and partner > PARTNER_RUN_LIMIT * max(own, 0.0):
         return (
             f"its partner ran {partner:.3f} s of CPU time within its timed turns, where it ran {own:.3f} s "
@@ -213,3 +216,32 @@ def kernel_problems(records: Iterable[Mapping[str, Any]]) -> tuple[list[str], in
             spec = r.get("spec") or {}
             out.append(f"{spec.get('run_id')}.a{r.get('attempt')}: status ok, yet {why}")
     return out, held
+
+
+def kernel_named(records: Iterable[Mapping[str, Any]]) -> list[str]:
+    """What the kernel's view of the lockstep command arms leaves open, named (not failed): arms
+    run in the worker's PID namespace (``process.isolation`` "arms not isolated ...": either arm
+    could signal, trace or read the other; a stop is still seen, not prevented), and arms whose
+    samples covered less than half their timed turns (``kernel.observed`` false: steps shorter
+    than the sampling, so "neither stopped nor starved" was not observed)."""
+    shared: list[str] = []
+    unseen: list[str] = []
+    for r in records:
+        process = r.get("process")
+        if not isinstance(process, Mapping) or not isinstance(process.get("kernel"), Mapping):
+            continue
+        name = f"{(r.get('spec') or {}).get('run_id')}.a{r.get('attempt')}"
+        isolation = process.get("isolation")
+        if isinstance(isolation, str) and isolation != "pid namespace":
+            shared.append(f"{name}: {isolation}")
+        if process["kernel"].get("observed") is False:
+            unseen.append(name)
+    out = []
+    if shared:
+        out.append(f"ARMS NOT ISOLATED: {len(shared)} arm(s), e.g. {shared[0]}")
+    if unseen:
+        out.append(
+            f"NOT OBSERVED: {len(unseen)} arm(s) whose steps were shorter than the kernel's sampling "
+            f"(e.g. {unseen[0]}): neither stopped nor starved is not shown for them"
+        )
+    return out

@@ -64,7 +64,10 @@ Format log (``schema_version``):
   ``process.kernel`` (the kernel's view of it: ``stops``, ``stopped_s``, and over its timed turns
   ``timed_s``, ``run_s``, ``runqueue_s``, ``partner_run_s``, ``samples``;
   ``harness/execute/watch.py``), absent from earlier records; a run it fails is failed, its reason
-  said (:func:`prereg.interference.kernel_reason`), and the audit names an ok run it fails.
+  said (:func:`prereg.interference.kernel_reason`), and the audit names an ok run it fails. Later
+  within version 5: ``process.kernel.observed`` (false: its samples covered under half its timed
+  turns, named NOT OBSERVED, not judged) and ``process.isolation`` ("pid namespace", or "arms not
+  isolated: ..." with the reason, ``harness/execute/isolate.py``), absent from earlier records.
 
 * 6 - the file format is version 5's; what changes is the name a plan gives a design: a lockstep
   study's runs say ``spec.design: lockstep`` and its protocol summary's study ``design: lockstep``

@@ -911,6 +911,35 @@ def test_a_planted_command_study_plans_or_is_refused_with_file_key_and_line(
     assert re.search(r"p\.yaml:\d+, key ", r.stderr) and key in r.stderr and words in r.stderr, r.stderr
 
 
+def test_the_tags_package_check_covers_what_the_studys_imports_import(tmp_path):
+    """Review finding: the static scan reads the study's own files, and a package's metadata does
+    not list what it imports without requiring it (torch imports numpy): a study that imports torch
+    alone left numpy out, so numpy changed after the tag went unnoticed. The packages that importing
+    the study's imports loads (``loaded_modules``, a process of its own) are bound too, and the
+    tag's package list holds every one of them."""
+    from types import SimpleNamespace
+
+    from harness.freeze import command_bindings, command_drift, imported_distributions
+
+    repo = tmp_path / "r"
+    (repo / "job").mkdir(parents=True)
+    (repo / "job" / "train.py").write_text("import torch\n")
+    for args in (["init", "-q"], ["config", "user.email", "t@e.invalid"], ["config", "user.name", "T"]):
+        subprocess.run(["git", *args], cwd=repo, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+    subprocess.run(["git", "commit", "-qm", "c"], cwd=repo, check=True)
+    arm = {"command": ["python", "train.py", "{seed}"], "cwd": "job", "timeout_s": 60}
+    proto = SimpleNamespace(document={"studies": [{"arms": {"baseline": arm, "candidate": arm}}]}, studies=[])
+    only = imported_distributions(proto, repo)
+    assert only is not None and {"torch", "numpy"} <= only, sorted(only or [])
+    tagged = command_bindings(SimpleNamespace(document={"studies": []}), repo)
+    assert set(tagged["packages"]) >= only  # the tag's list covers what the study imports
+    bumped = {**tagged, "packages": {**tagged["packages"], "numpy": "0.0.1"}}
+    assert command_drift(tagged, bumped, only) == [
+        f"installed package numpy: 0.0.1, the tag's {tagged['packages']['numpy']}"
+    ]
+
+
 def test_the_tags_package_check_is_limited_to_what_the_study_imports(tmp_path):
     """Issue 59, case 12: installing a package the study does not import after the tag must not make
     ``harness run`` refuse it; one the study imports (or one of its requirements) still does. A

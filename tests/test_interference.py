@@ -8,6 +8,7 @@ after, and flags a lockstep pair whose arms' wall against CPU time part (``prere
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import textwrap
@@ -147,8 +148,30 @@ STOPPER = textwrap.dedent(
         while not halt.is_set():
             pass
 
-    if mode in ("stopper", "spinner"):
-        thread = threading.Thread(target=stop_the_partner if mode == "stopper" else spin, daemon=True)
+    def hunt():  # every way to name the partner, each tried; what it got is noted for the test
+        import json, socket, struct
+        seen = {"found": [], "peer": None, "killed": [], "pids": []}
+        fd = int(os.environ["HARNESS_LOCKSTEP_FD"])
+        s = socket.socket(fileno=os.dup(fd))
+        seen["peer"] = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+        s.detach()
+        while not halt.is_set():
+            pid = victim()
+            seen["pids"] = sorted(int(n) for n in os.listdir("/proc") if n.isdigit())
+            for target in {pid, seen["peer"]} - {None, 0, os.getpid()}:
+                try:
+                    os.kill(target, signal.SIGSTOP)
+                    os.kill(target, signal.SIGCONT)
+                    seen["killed"].append(target)
+                except OSError:
+                    pass
+            seen["found"] = sorted(set(seen["found"]) | ({pid} - {None}))
+            time.sleep(0.005)
+        open("hunted.json", "w").write(json.dumps(seen))
+
+    if mode in ("stopper", "spinner", "hunter"):
+        target = {"stopper": stop_the_partner, "spinner": spin, "hunter": hunt}[mode]
+        thread = threading.Thread(target=target, daemon=True)
         thread.start()
     r = Reporter.from_env()
     for i in range(1, steps + 1):
@@ -159,14 +182,23 @@ STOPPER = textwrap.dedent(
     with r.untimed():
         r.eval(steps, {"val_loss": 1.0})
     halt.set()
-    if mode in ("stopper", "spinner"):
+    if mode in ("stopper", "spinner", "hunter"):
         thread.join()
     r.done()
     """
 )
 
 
-def _pair(tmp_path, modes: tuple[str, str], steps: int = 12, block: int = 3):
+@pytest.fixture
+def shared_namespace(monkeypatch):
+    """The arms in the worker's PID namespace, as where the kernel refuses each its own: what the
+    kernel's view must still catch."""
+    from harness.execute import isolate
+
+    monkeypatch.setattr(isolate, "unavailable", lambda: f"{isolate.NOT_ISOLATED}: refused for this test")
+
+
+def _pair(tmp_path, modes: tuple[str, str], steps: int = 12, block: int = 3, wrap: bool = False):
     from harness.execute.commands import run_pair
 
     tmp_path.mkdir(exist_ok=True)
@@ -176,7 +208,15 @@ def _pair(tmp_path, modes: tuple[str, str], steps: int = 12, block: int = 3):
     jobs = [
         _job(
             tmp_path,
-            ["python", "stopper.py", mode, str(steps)],
+            (
+                [
+                    "sh",
+                    "-c",
+                    f"{sys.executable} stopper.py {mode} {steps}; true",
+                ]  # a wrapper: sh's child is the arm
+                if wrap and pos == 0
+                else ["python", "stopper.py", mode, str(steps)]
+            ),
             steps=steps,
             run_id=f"s.tiny.pair000.{role}",
             position=pos,
@@ -210,14 +250,14 @@ def _failed_by_the_kernel(ran):
     return kernel
 
 
-def test_an_arm_that_stops_its_partner_while_timed_fails_the_pair(tmp_path):
+def test_an_arm_that_stops_its_partner_while_timed_fails_the_pair(tmp_path, shared_namespace):
     """The candidate's thread SIGSTOPs the baseline over and over: the kernel reports each stop to
     the worker, the arms' parent, so the pair fails, the stopped arm's reason naming it (before
     this rule the pair was only flagged, by the stall rule, and analysed)."""
     _failed_by_the_kernel(_pair(tmp_path, ("victim", "stopper")))
 
 
-def test_an_arm_that_runs_through_its_partners_turns_fails_the_pair(tmp_path):
+def test_an_arm_that_runs_through_its_partners_turns_fails_the_pair(tmp_path, shared_namespace):
     """The candidate's thread spins while the baseline is timed (one core: the test is pinned): in
     the kernel's view the partner ran through the baseline's timed turns, so the pair fails."""
     (b, _), (c, _) = _pair(tmp_path, ("victim", "spinner"))
@@ -244,7 +284,9 @@ def load():
         p.wait()
 
 
-def test_a_stopped_partner_under_load_fails_the_pair_and_an_honest_one_does_not(tmp_path, load):
+def test_a_stopped_partner_under_load_fails_the_pair_and_an_honest_one_does_not(
+    tmp_path, shared_namespace, load
+):
     """Under load both arms stall, so the arms' own clocks part by less than the stall rule's limit
     (the review's finding: 0 of 3 pairs flagged); the kernel's stop reports do not depend on load.
     The honest pair under the same load is not failed, and its kernel figures are there."""
@@ -256,6 +298,112 @@ def test_a_stopped_partner_under_load_fails_the_pair_and_an_honest_one_does_not(
         k = r.process["kernel"]
         assert k["stops"] == 0 and k["timed_s"] > 0 and k["run_s"] > 0, k
         assert k["partner_run_s"] < 0.26 * k["run_s"], k
+
+
+def test_an_isolated_arm_cannot_find_signal_or_read_its_partner_and_the_pair_completes(tmp_path):
+    """Each arm in a PID namespace of its own (harness/execute/isolate.py): the hunter scans /proc
+    for its partner's command line, asks the lockstep socket for its peer's pid and SIGSTOPs what
+    it finds; it finds nothing (its /proc lists itself alone, the peer's pid is 0), stops nothing,
+    and the pair completes honestly, the kernel's view watching the programs, not the relays."""
+    from harness.execute import isolate
+
+    if isolate.unavailable():
+        pytest.skip(isolate.unavailable())
+    (b, _), (c, _) = _pair(tmp_path, ("victim", "hunter"))
+    assert b.status == "ok" and c.status == "ok", (b.reason, c.reason)
+    seen = json.loads((tmp_path / "hunted.json").read_text())
+    assert seen == {"found": [], "peer": 0, "killed": [], "pids": [1]}, seen
+    for r in (b, c):
+        assert r.process["isolation"] == isolate.ISOLATED
+        k = r.process["kernel"]
+        assert k["stops"] == 0 and k["observed"] and k["run_s"] > 0, k  # the program's (the relay sleeps)
+
+
+def test_where_isolation_is_refused_the_hunter_stops_its_partner_and_the_record_says_so(
+    tmp_path, shared_namespace
+):
+    """The same hunter where the kernel refuses the namespaces: it finds and stops its partner (so
+    the test above can fail), the kernel's view fails the pair, each record says "arms not
+    isolated" and the audit's rule names it."""
+    from harness.execute import isolate
+    from prereg.interference import kernel_named
+
+    (b, _), (c, _) = _pair(tmp_path, ("victim", "hunter"))
+    seen = json.loads((tmp_path / "hunted.json").read_text())
+    assert seen["found"] and seen["killed"] and seen["peer"] > 0, seen
+    assert b.status == "failed" and "the kernel saw it stopped" in (b.reason or ""), b.reason
+    records = []
+    for r in (b, c):
+        assert r.process["isolation"].startswith(isolate.NOT_ISOLATED), r.process
+        records.append({"spec": {"run_id": "x"}, "attempt": 1, "status": "ok", "process": r.process})
+    assert any(n.startswith("ARMS NOT ISOLATED: 2 arm(s)") for n in kernel_named(records))
+
+
+def test_a_wrapped_arm_stopped_below_its_wrapper_fails_the_pair(tmp_path, shared_namespace):
+    """The baseline is ``sh -c "python stopper.py ...; true"``: the partner stops sh's child, not sh.
+    The watch samples the arm's process tree, so the stop is seen and the pair fails, and an honest
+    wrapped pair is not failed. Before, only sh was watched: the stop went unseen, and sh's own run
+    time (near nothing) made every wrapped arm, the honest one too, look starved by its partner."""
+    (b, _), (c, _) = _pair(tmp_path / "stopped", ("victim", "stopper"), wrap=True)
+    assert b.status == "failed" and "the kernel saw it stopped" in (b.reason or ""), (b.reason, b.process)
+    assert c.status == "failed", c.reason
+    (b, _), (c, _) = _pair(tmp_path / "honest", ("victim", "honest"), wrap=True)
+    assert b.status == "ok" and c.status == "ok", (b.reason, c.reason)
+    assert b.process["kernel"]["observed"] and b.process["kernel"]["run_s"] > 0.05, b.process["kernel"]
+
+
+UNPRIVILEGED = """
+import importlib.util, json, os, subprocess, sys
+spec = importlib.util.spec_from_file_location("isolate", sys.argv[1])
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+why = m.unavailable()
+if why:
+    print(json.dumps({"why": why}))
+    raise SystemExit(0)
+probe = "import os; print(os.getpid(), sorted(n for n in os.listdir('/proc') if n.isdigit()), os.getuid())"
+r, w = os.pipe()
+p = subprocess.Popen([sys.executable, "-S", "-c", probe + "; raise SystemExit(7)"], stdout=subprocess.PIPE,
+                     pass_fds=(w,), preexec_fn=m.launcher(w), start_new_session=True)
+os.close(w)
+events, tree = [], []
+m.read_reports(r, events, tree)
+out, _ = p.communicate()
+print(json.dumps({"why": None, "out": out.decode().split(" ", 2), "rc": p.returncode, "tree": tree,
+                  "relay": p.pid, "uid": os.getuid()}))
+"""
+
+
+def test_an_unprivileged_worker_puts_each_arm_in_its_own_pid_namespace():
+    """The claim for a normal user, not root: through ``setpriv`` as uid 65534, the launcher puts
+    the program in a PID namespace of its own (it is process 1 there, its /proc lists it alone, its
+    uid is unchanged), the relay reports the program's pid and passes its exit status on; where the
+    kernel refuses, the reason names the settings."""
+    import shutil
+    import subprocess
+
+    from harness.execute import isolate
+
+    setpriv, python = shutil.which("setpriv"), "/usr/bin/python3"
+    if setpriv is None or not os.path.exists(python) or os.getuid() != 0:
+        pytest.skip("needs setpriv, /usr/bin/python3 and root to drop to uid 65534")
+    got = subprocess.run(
+        [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", python, "-I", "-c", UNPRIVILEGED]
+        + [isolate.__file__],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+    assert got.returncode == 0, got.stderr
+    seen = json.loads(got.stdout)
+    if seen["why"]:
+        assert seen["why"].startswith(isolate.NOT_ISOLATED) and "max_user_namespaces" in seen["why"], seen
+        pytest.skip(seen["why"])
+    pid, procs, uid = seen["out"]
+    assert (pid, procs.strip(), uid.strip()) == ("1", "['1']", "65534"), seen
+    assert seen["rc"] == 7 and seen["uid"] == 65534, seen
+    assert len(seen["tree"]) == 1 and seen["tree"][0] != seen["relay"], seen
 
 
 def test_an_honest_lockstep_pair_of_commands_is_not_flagged(tmp_path):

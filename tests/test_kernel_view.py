@@ -66,3 +66,25 @@ def test_the_audit_names_an_ok_record_whose_kernel_view_fails_it():
     ]
     problems, held = kernel_problems(records)
     assert held == 3 and len(problems) == 1 and problems[0].startswith("b.a1: status ok, yet the kernel saw")
+
+
+def test_steps_shorter_than_the_sampling_are_named_not_observed_not_passed():
+    """Review finding: a step shorter than the sampling interval held no whole sample interval, so
+    the view had nothing to judge and passed. Now it says ``observed`` false: the rule does not
+    judge the starvation figures, the audit names the arm NOT OBSERVED, and a stop still fails."""
+    from prereg.interference import kernel_named
+
+    short = _reporter(
+        {"kind": "start", "t": 10.0},
+        *({"kind": "step", "t": 10.0 + 0.002 * i} for i in range(1, 6)),
+        {"kind": "done", "t": 10.02},
+    )
+    samples = [(9.999 + 0.005 * i, i * 1_000_000, 0, False) for i in range(6)]
+    view = kernel_view(samples, samples, [], (short, short), 10.02)
+    assert view["observed"] is False and view["timed_s"] == 0 and kernel_reason(view) is None
+    seen = kernel_view([(10.0 + i / 10, i, 0, False) for i in range(45)], [], [], (REPORTER, REPORTER), 14.0)
+    assert seen["observed"] is True
+    record = {"spec": {"run_id": "s.c.pair000.baseline"}, "attempt": 1, "status": "ok"}
+    named = kernel_named([{**record, "process": {"kernel": view, "isolation": "pid namespace"}}])
+    assert len(named) == 1 and named[0].startswith("NOT OBSERVED: 1 arm(s)") and "pair000" in named[0]
+    assert "stopped 1 time" in (kernel_reason({**view, "stops": 1}) or "")

@@ -876,3 +876,31 @@ def test_the_anchor_witnesses_the_replicates_separation_where_the_runners_times_
     assert anchored_gap_problems(entries, 3600, apart) == ([], [])
     found, notes = anchored_gap_problems(entries, 3600, [(2, "2026-12-01T08:30:05+00:00")])
     assert found == [] and len(notes) == 1 and "is in no anchored head" in notes[0]
+
+
+def test_the_anchored_gap_runs_from_the_earlier_replicates_last_entry_to_the_next_ones_first():
+    """Review check of the bound's direction: replicates 1 (seqs 1-3) and 2 (seqs 4-6) whose spans
+    are 3 hours apart end to end (replicate 1's first to replicate 2's last) but only 60 s apart where
+    they meet (replicate 1's last, seq 3, to replicate 2's first, seq 4): named. Measured the other way
+    round (first to last) the pair would pass. With a real gap where they meet: ok."""
+    from prereg.replicates import anchored_gap_problems
+
+    entries = []
+    for seq in range(1, 7):
+        e = _entry(f"r{seq}", "2026-12-01T08:00:00+00:00", "h1", 1 if seq <= 3 else 2)
+        e["ledger"]["seq"] = seq
+        e["runner"] = {"host": "h1", "pid": 1, "boot_id": "b" * 36}
+        entries.append(e)
+    hour = ["08:00", "09:30", "09:30", "09:31", "09:31", "11:00"]  # seq 1..6, anchored as each was written
+    meet = [(i + 1, f"2026-12-01T{h}:00+00:00") for i, h in enumerate(hour)]
+    found, notes = anchored_gap_problems(entries, 3600, meet)
+    assert notes == [] and len(found) == 1, (found, notes)
+    assert "replicate 2's first entry (seq 4)" in found[0] and "replicate 1's last (seq 3" in found[0]
+    assert "60 s after" in found[0], found[0]
+    apart = [
+        (1, "2026-12-01T08:00:00+00:00"),
+        (3, "2026-12-01T08:10:00+00:00"),
+        (4, "2026-12-01T09:10:00+00:00"),
+    ]
+    apart.append((6, "2026-12-01T09:20:00+00:00"))
+    assert anchored_gap_problems(entries, 3600, apart) == ([], [])

@@ -590,7 +590,10 @@ def test_an_auditor_refuses_to_certify_a_records_schema_newer_than_it_knows(tmp_
 
     folder = tmp_path / "records"
     folder.mkdir()
-    (folder / "MANIFEST").write_text(json.dumps({"schema_version": max(SCHEMAS) + 1, "records": {}}))
+    (folder / "r.record.json").write_text(json.dumps({"schema_version": max(SCHEMAS) + 1}))
+    (folder / "MANIFEST").write_text(
+        json.dumps({"schema_version": max(SCHEMAS) + 1, "records": {"r.record.json": "0" * 64}})
+    )
     got = subprocess.run(
         [sys.executable, "-I", "-S", "-B", str(Path(__file__).parents[1] / "analysis" / "public_audit.py")]
         + [str(folder)],
@@ -610,6 +613,56 @@ def test_an_auditor_refuses_to_certify_a_records_schema_newer_than_it_knows(tmp_
         timeout=120,
     )
     assert "NEWER THAN THIS AUDITOR" not in known.stdout
+
+
+def _tagged_repo(tmp_path: Path, writes: int) -> Path:
+    """A repository whose tag ``protocol-x`` holds a harness that writes records schema ``writes``,
+    and a records folder of that study whose MANIFEST claims a schema newer than this auditor's."""
+    from prereg.ledger import SCHEMAS
+
+    repo = tmp_path / f"repo{writes}"
+    (repo / "prereg").mkdir(parents=True)
+    (repo / "prereg" / "records.py").write_text(f"SCHEMA_VERSION = {writes}\n")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "harness")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "tag", "-am", "protocol", "protocol-x")
+    folder = repo / "records" / "x"
+    folder.mkdir(parents=True)
+    (folder / "r.record.json").write_text(json.dumps({"schema_version": max(SCHEMAS) + 1}))
+    manifest = {
+        "schema_version": max(SCHEMAS) + 1,
+        "records": {"r.record.json": "0" * 64},
+        "protocol": {"id": "x"},
+    }
+    (folder / "MANIFEST").write_text(json.dumps(manifest))
+    return folder
+
+
+def test_a_manifest_edited_to_a_newer_schema_does_not_turn_a_failure_into_not_checked(tmp_path):
+    """Review finding: "newer than this auditor" came from MANIFEST's schema_version alone, which
+    nothing signs, so a forger turned exit 1 into exit 3 NOT CHECKED by editing it (records edited
+    to match as well). Now the schema is the one the tagged harness writes (the signed tag fixes its
+    commit): the edit is a failed "records schema" row, exit 1; a tag whose harness does write a
+    newer schema still gives NOT CHECKED, exit 3."""
+    from audit.folder import newer_schema
+    from prereg.ledger import SCHEMAS
+
+    forged = _tagged_repo(tmp_path, max(SCHEMAS))
+    newer, problem = newer_schema(str(forged))
+    assert newer is None and problem is not None and "the harness at protocol-x says" in problem, problem
+    got = subprocess.run(
+        [sys.executable, "-I", "-S", "-B", str(Path(__file__).parents[1] / "analysis" / "public_audit.py")]
+        + [str(forged)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert got.returncode == 1, got.stdout
+    assert "NEWER THAN THIS AUDITOR" not in got.stdout and "field schema_version" in got.stdout, got.stdout
+    honest = _tagged_repo(tmp_path, max(SCHEMAS) + 1)
+    newer, problem = newer_schema(str(honest))
+    assert problem is None and newer is not None and "NEWER THAN THIS AUDITOR" in newer, newer
 
 
 @pytest.mark.process
@@ -637,3 +690,40 @@ def test_a_replaced_plot_fails_against_the_signed_head_that_seals_it(tmp_path):
     assert gone.returncode == 1 and f"{plots[0].name}: missing; " in gone.stdout
     plots[0].write_bytes(original)
     assert audit(r, "--allowed-signers", str(keys)).returncode == 0
+
+
+@pytest.mark.process
+def test_an_unsigned_report_leaves_the_plots_a_signed_head_seals(tmp_path):
+    """Review finding: ``harness report`` without ``--sign`` redrew the PNG plots that the signed
+    head sealed (a newer matplotlib, another beside study: other bytes, and the audit failed). Now
+    it leaves them (not rewritten: same mtime and inode), says so, and the audit still passes;
+    ``--sign`` redraws them and signs the head again."""
+    r, _, pub, _, _ = ssh_signed_study(tmp_path, "maintainers@example.invalid")
+    keys = tmp_path / "keys"
+    keys.write_text(f"release-keys {pub}")
+    assert harness(r, "report", PROTO, "--quiet", "--sign").returncode == 0
+    plots = sorted((r / RECS).glob("plot_*.png"))
+    assert plots, "the report drew no plot"
+    before = {p.name: (p.stat().st_mtime_ns, p.stat().st_ino) for p in plots}
+    got = harness(r, "report", PROTO, "--quiet")
+    assert got.returncode == 0, got.stderr
+    assert "were left as the signed result head (RESULT) seals them" in got.stdout, got.stdout
+    assert {p.name: (p.stat().st_mtime_ns, p.stat().st_ino) for p in plots} == before
+    assert audit(r, "--allowed-signers", str(keys)).returncode == 0
+    again = harness(r, "report", PROTO, "--quiet", "--sign")
+    assert again.returncode == 0 and "were left" not in again.stdout, again.stdout
+    assert audit(r, "--allowed-signers", str(keys)).returncode == 0
+
+
+def test_a_head_whose_plot_count_is_not_its_plot_lines_is_named(tmp_path):
+    """The audit compares the number of plots the head says (``plots N``) with the plot lines it
+    seals: a head that repeats a name (two lines, one plot kept) or counts more is named."""
+    import hashlib
+
+    from audit.anchors import plot_problems
+
+    (tmp_path / "plot_time.png").write_bytes(b"png")
+    sealed = {"plot_time.png": hashlib.sha256(b"png").hexdigest()}
+    assert plot_problems(str(tmp_path), sealed, "RESULT", "1") == []
+    found = plot_problems(str(tmp_path), sealed, "RESULT", "2")
+    assert len(found) == 1 and "says plots 2, but seals 1 plot line(s)" in found[0], found

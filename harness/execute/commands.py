@@ -46,6 +46,7 @@ from typing import Any
 from harness import gitutil
 from harness.codepath import recorded_environment
 from harness.commandarm import substitute
+from harness.execute import isolate
 from harness.execute.job import Job
 from harness.execute.launchers import ALLOWED
 from harness.execute.reaper import Reaper, Survivor
@@ -86,6 +87,9 @@ class _Proc:
     failed: str | None = None  # why it could not start
     done: threading.Event = field(default_factory=threading.Event)
     stops: list[tuple[float, str]] = field(default_factory=list)  # the kernel's stop/continue reports
+    isolate: bool = False  # a lockstep arm: run in namespaces of its own (harness/execute/isolate.py)
+    isolation: str | None = None  # the record's process.isolation (a lockstep arm's)
+    inner: list[int] = field(default_factory=list)  # the program's pid, where a relay runs it
 
 
 def ref_checkout(spec: RunSpec, root: Path, work: Path, keep: list[Path]) -> Path:
@@ -205,6 +209,13 @@ def _start(proc: _Proc, reaper: Reaper) -> None:
     if proc.failed:
         proc.done.set()
         return
+    preexec = _die_with_worker if sys.platform.startswith("linux") else None
+    report = None
+    if proc.isolate:  # a lockstep arm: in namespaces of its own where the kernel allows
+        proc.isolation = isolate.unavailable() or isolate.ISOLATED
+        if proc.isolation == isolate.ISOLATED:
+            report = os.pipe()
+            preexec = isolate.launcher(report[1])
     with open(proc.log, "wb") as log:
         try:
             proc.t0 = time.monotonic()
@@ -216,14 +227,23 @@ def _start(proc: _Proc, reaper: Reaper) -> None:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: the limit kills all of it
-                pass_fds=proc.pass_fds,
-                preexec_fn=_die_with_worker if sys.platform.startswith("linux") else None,
+                pass_fds=proc.pass_fds + ((report[1],) if report else ()),
+                preexec_fn=preexec,
             )
-        except OSError as e:
-            proc.failed = f"command could not start: {proc.argv[0]}: {e.strerror or e}"
+        except (OSError, subprocess.SubprocessError) as e:
+            proc.failed = f"command could not start: {proc.argv[0]}: {getattr(e, 'strerror', None) or e}"
             proc.done.set()
+            if report is not None:
+                os.close(report[0])
             return
+        finally:
+            if report is not None:
+                os.close(report[1])
     reaper.started(proc.popen.pid)
+    if report is not None:
+        threading.Thread(
+            target=isolate.read_reports, args=(report[0], proc.stops, proc.inner), daemon=True
+        ).start()
     threading.Thread(target=_reap, args=(proc,), daemon=True).start()
 
 
@@ -357,6 +377,7 @@ def _process_facts(proc: _Proc, cpu: float | None) -> dict[str, Any]:
         "wall_s": proc.wall_s,
         "cpu_s": cpu,
         "max_rss_kib": proc.rusage.ru_maxrss if proc.rusage is not None else None,
+        **({"isolation": proc.isolation} if proc.isolation else {}),
         **({"survivors": [s.describe() for s in proc.survivors]} if proc.survivors else {}),
     }
 
@@ -516,7 +537,7 @@ def run_pair(jobs: tuple[Job, Job], work: Path, root: Path) -> list[tuple[Worker
         procs = [_prepare(j, work, root, keep) for j in jobs]
         for proc, sock in zip(procs, (a, b), strict=True):
             spec = proc.spec
-            proc.pass_fds = (sock.fileno(),)
+            proc.pass_fds, proc.isolate = (sock.fileno(),), True
             proc.env.update(
                 {
                     ENV_LOCKSTEP_FD: str(sock.fileno()),

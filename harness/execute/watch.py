@@ -34,10 +34,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["EVERY_S", "Watch", "kernel_view", "timed_windows"]
+__all__ = ["EVERY_S", "OBSERVED_SHARE", "Watch", "descendants", "kernel_view", "timed_windows"]
 
 #: How often the watch samples each arm's state and scheduler times (seconds).
 EVERY_S = 0.005
+
+#: The share of an arm's timed turns that whole sample intervals must cover for the kernel's view
+#: to count as observed: shorter steps than the sampling leave it "not observed" (named, not ok).
+OBSERVED_SHARE = 0.5
 
 #: A sample: (monotonic time, run ns, run-queue wait ns, stopped: the arm's state was T or t).
 Sample = tuple[float, int, int, bool]
@@ -51,47 +55,115 @@ def _read(path: str) -> str | None:
         return None
 
 
-def sample(pid: int) -> Sample | None:
-    """The arm's state and its threads' scheduler times now (None: it has gone)."""
-    t = time.monotonic()
-    stat = _read(f"/proc/{pid}/stat")
-    if stat is None or ")" not in stat:
-        return None
-    state = stat.rsplit(")", 1)[1].split()[:1]
-    run = wait = 0
+def _task_times(pid: int) -> dict[int, tuple[int, int]] | None:
+    """Each thread's scheduler times of one process (None: it has gone)."""
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return None
+    out = {}
     for tid in tasks:
         text = _read(f"/proc/{pid}/task/{tid}/schedstat")
         fields = text.split() if text else []
-        if len(fields) >= 2 and fields[0].isdigit() and fields[1].isdigit():
-            run, wait = run + int(fields[0]), wait + int(fields[1])
-    return t, run, wait, state in (["T"], ["t"])
+        if len(fields) >= 2 and fields[0].isdigit() and fields[1].isdigit() and tid.isdigit():
+            out[int(tid)] = (int(fields[0]), int(fields[1]))
+    return out
+
+
+def _state(pid: int) -> tuple[str, int] | None:
+    """A process's state letter and its parent's pid (None: it has gone)."""
+    stat = _read(f"/proc/{pid}/stat")
+    if stat is None or ")" not in stat:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return (fields[0], int(fields[1])) if len(fields) > 1 and fields[1].isdigit() else None
+
+
+def descendants(root: int) -> list[int]:
+    """``root`` and every process below it now (from each process's parent in ``/proc``)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            got = _state(int(name))
+            if got is not None:
+                children.setdefault(got[1], []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+class _Tree:
+    """One arm's process tree: its members, and the last scheduler times seen of each thread (a
+    thread that has ended keeps its last times, so the tree's totals never fall)."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.members = [root]
+        self.times: dict[tuple[int, int], tuple[int, int]] = {}
+
+    def sample(self) -> Sample | None:
+        """The tree's state and its threads' scheduler times now (None: the whole tree has gone)."""
+        t = time.monotonic()
+        stopped, alive = False, False
+        for pid in self.members:
+            state = _state(pid)
+            tasks = _task_times(pid) if state is not None else None
+            if state is None or tasks is None:
+                continue
+            alive = True
+            stopped = stopped or state[0] in ("T", "t")
+            for tid, times in tasks.items():
+                self.times[(pid, tid)] = times
+        if not alive:
+            return None
+        run = sum(v[0] for v in self.times.values())
+        wait = sum(v[1] for v in self.times.values())
+        return t, run, wait, stopped
+
+
+def sample(pid: int) -> Sample | None:
+    """One process's state and its threads' scheduler times now (None: it has gone)."""
+    return _Tree(pid).sample()
+
+
+#: How often the watch looks again for the processes below each arm (seconds): a wrapper's child
+#: (``sh -c``, a launcher) is watched from then on.
+TREE_EVERY_S = 0.1
 
 
 class Watch:
-    """A thread sampling each arm's process (:func:`sample`) while the pair runs."""
+    """A thread sampling each arm's process tree (the arm and every process below it, so the
+    program a wrapper or a namespace relay runs is watched, not only the wrapper) while the pair
+    runs."""
 
     def __init__(self, every_s: float = EVERY_S) -> None:
         self.every_s = every_s
         self.pids: list[int] = []
         self.samples: dict[int, list[Sample]] = {}
+        self._trees: list[_Tree] = []
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self, pids: Sequence[int]) -> None:
         self.pids = list(pids)
         self.samples = {p: [] for p in self.pids}
+        self._trees = [_Tree(p) for p in self.pids]
         self._thread.start()
 
     def _run(self) -> None:
+        looked = 0.0
         while not self._halt.is_set():
-            for pid in self.pids:
-                got = sample(pid)
+            if time.monotonic() - looked >= TREE_EVERY_S:
+                looked = time.monotonic()
+                for tree in self._trees:
+                    tree.members = descendants(tree.root)  # a member that ended keeps its times
+            for tree in self._trees:
+                got = tree.sample()
                 if got is not None:
-                    self.samples[pid].append(got)
+                    self.samples[tree.root].append(got)
             self._halt.wait(self.every_s)
 
     def close(self) -> None:
@@ -196,10 +268,13 @@ def kernel_view(
         [(max(w0, active[0]), min(w1, active[1])) for w0, w1 in windows if active is not None],
     )
     stops, stopped = _stopped(events, own, end)
+    turns = sum(w1 - w0 for w0, w1 in windows)
     return {
         "stops": stops,
         "stopped_s": round(stopped, 6),
         "timed_s": round(span, 6),
+        # the samples covered at least half of the arm's timed turns (else: "not observed", named)
+        "observed": bool(turns > 0 and span >= OBSERVED_SHARE * turns),
         "run_s": run / 1e9,
         "runqueue_s": wait / 1e9,
         "partner_run_s": partner_run / 1e9,
