@@ -13,7 +13,7 @@ from typing import Any
 
 from audit.anchors import check_anchor, check_result, check_signature, signers_kept
 from audit.freeze import check_freeze, check_protocol_copies, check_time, check_versions, check_what_ran
-from audit.published import check_published
+from audit.published import check_calibration, check_published
 from prereg.attempts import unfinished
 from prereg.barrier import look_problems
 from prereg.bounded import InputLimitError, file_problem, read_present, read_regular
@@ -360,6 +360,9 @@ def _check_published(
             "not compared: no summary could be recomputed to render them from",
         )
         return
+    pinned = check_calibration(out.directory, verified)
+    if pinned is not None:
+        out.fail("calibration", *pinned)
     out.fail(
         "report.md and index.html",
         *check_published(out.directory, root, verified, manifest, source, out.besides),

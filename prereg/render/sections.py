@@ -66,18 +66,19 @@ def sections(
     studies = [s for s in summary.studies if s.name not in planted]  # planted ones: their own section
     figure = answer_figure(studies, p, beside)
     out += [*_decisions(summary, figure, cal), _flow(summary.flow, True), *_beside(beside)]
-    out += [f(summary) for f in (planted_section, model_section, interference_section, replicates_section)]
+    out += [f(summary) for f in (planted_section, model_section, interference_section)]
+    out += [replicates_section(summary, cal)]
     out += [_stalls(stalls)] if stalls else []
     by_name = {s["name"]: s for s in p["studies"]}
     n = 0
     for study in (s for s in studies if s.configs):
         if design_named(study.design).pairwise:  # a CPU run's CPU time measures its work, not a GPU's
-            out += paired(study, n, by_name.get(study.name), p.get("device") == "cpu")
+            out += paired(study, n, by_name.get(study.name), p.get("device") == "cpu", cal)
             n += 1
         else:
             out += factorial(study, by_name[study.name])
     out += [
-        every_pair(studies),
+        every_pair(studies, cal, by_name),
         _flow(summary.flow, False),
         order_html(studies),
         _runs(summary.runs, _all_commands(summary)),
