@@ -24,6 +24,12 @@ CONVENTION = (
     "than it does); in words, faster or slower by a percentage of the baseline's time, with its "
     "two-sided interval at the decision's level, then the preregistered decisions on it."
 )
+#: The same convention for a study with no calibration (a study of command arms, as
+#: ``harness compare`` writes it): no bias to state.
+POINTS_CONVENTION = (
+    f"Each change is in {SIGN}; in words, faster or slower by a percentage of the baseline's time, "
+    "with its two-sided interval at the decision's level, then the preregistered decisions on it."
+)
 HEAD = [
     "Configuration",
     "Parameters",
@@ -162,9 +168,10 @@ def result_section(summary: Summary, cal: Calibration) -> Section:
     return Section("The result", blocks)
 
 
-def calibrated_effects(c: Any, cpu: bool, cal: Calibration, block: int | None) -> str:
+def calibrated_effects(c: Any, cpu: bool, cal: Calibration | None, block: int | None) -> str:
     """A configuration's training-time change on each clock in points with its interval, in words,
-    and the design's calibrated bias beside each (the whole times' estimator)."""
+    and, with the study's calibration ``cal``, the design's calibrated bias beside each (the whole
+    times' estimator)."""
     shown = []
     for clock, field, endpoint in (
         ("wall", "training_time", "training_time"),
@@ -174,10 +181,8 @@ def calibrated_effects(c: Any, cpu: bool, cal: Calibration, block: int | None) -
         iv = getattr(ep, "log_ratio", None)
         if iv is None:
             continue
-        shown.append(
-            f"{sentence(iv.estimate, iv.low, iv.high, c.level)} on the {clock} clock, "
-            f"calibrated bias {bias_text(cal, block, endpoint)}"
-        )
+        bias = "" if cal is None else f", calibrated bias {bias_text(cal, block, endpoint)}"
+        shown.append(f"{sentence(iv.estimate, iv.low, iv.high, c.level)} on the {clock} clock{bias}")
     return "training-time change " + (", ".join(shown) or "n/a (no interval yet)")
 
 
