@@ -510,3 +510,46 @@ def test_cpu1_and_cpu2_carry_the_bias_of_their_design_applied_after_the_study():
         assert f"Calibrated bias beside the training times of study pairs ({design}, wall clock" in md
         assert wall in md.split("## Study pairs")[1], study
         assert "The calibration was measured after this study" in md
+
+
+@pytest.mark.parametrize("first,endpoint", [("pairs", "training_cpu_time"), ("published", "training_time")])
+def test_a_compare_studys_report_says_the_change_as_the_terminal_verdict_does(first, endpoint):
+    """A study of command arms (what harness compare writes; here cpu2's sealed figures with its
+    studies' arms as commands): report.md's answer and decisions give the change in compare's
+    convention, points of 100 x ln(T_candidate / T_baseline), positive: the candidate slower, the
+    same figure, sign and words as the terminal's change and verdict (harness.compare_cmd.answer_of
+    and headline, compare's own code): faster, established (tiny_transformer, CPU), and slower,
+    unresolved (small_transformer, wall)."""
+    import re
+
+    from harness.compare_cmd import answer_of, headline
+    from prereg.render.model import to_md
+    from prereg.render.sections import sections
+    from prereg.results import Summary
+    from test_compare_cmd import _compare
+
+    data = json.loads((ROOT / "records" / "cpu2" / "summary.json").read_text())
+    for s in data["protocol"]["studies"]:
+        s["commands"] = {"baseline": ["python", "train.py"], "candidate": ["python", "train.py"]}
+    data["studies"].sort(key=lambda s: s["name"] != first)
+    summary = Summary.read(data, "records/x/summary.json")
+    c = _compare(endpoint=endpoint)
+    a = answer_of(summary, c)
+    term = headline(a, c)
+    said = re.match(r"head against base: (faster|slower) by (\d+\.\d)%", term[0])
+    assert said or term[0].startswith("head against base: no difference resolved"), term[0]
+    md = to_md(sections(summary))
+    answer = md.split("## The answer")[1].split("\n## ")[0]
+    assert "Each change is in points of 100 x ln(T_candidate / T_baseline); positive: the candidate slower" in answer
+    assert "reduction" not in answer
+    config = summary.studies[0].configs[0].config
+    clock = "CPU" if "cpu" in endpoint else "wall"
+    line = next(x for x in answer.splitlines() if x.startswith(f"* {first} / {config} "))
+    got = re.search(rf"([+-]\d+\.\d\d) points \([^;]*; (faster|slower) by (\d+\.\d\d)%\) on the {clock} clock", line)
+    assert got, line
+    assert got.group(1) == f"{a.points:+.2f}" == term[1].split()[1]  # "change: +1.14 (95% ..."
+    assert got.group(2) == ("slower" if a.points > 0 else "faster")
+    if said:  # a resolved verdict: its words and percentage are the report's
+        assert got.group(2) == said.group(1) and abs(float(got.group(3)) - float(said.group(2))) <= 0.051
+    decisions = md.split("## Decisions")[1].split("\n## ")[0]
+    assert "% reduction" not in decisions and " points (faster by " in decisions
