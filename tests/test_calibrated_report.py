@@ -431,14 +431,23 @@ def test_every_speed_table_carries_the_bias_read_from_the_calibration_summary(tm
     page = html_.unescape(page)
     wall, cpu = (f"{_expected_bias(c, 'a process per arm')} (calibrated on {XEON})." for c in ("wall", "CPU"))
     design = "(a process per arm, {} clock, a cache-heavy change): "
-    for text, head in ((md, "| Configuration | Parameters | native / cotangent"), (page, "<caption>Training time,")):
+    for text, head in (
+        (md, "| Configuration | Parameters | native / cotangent"),
+        (page, "<caption>Training time,"),
+    ):
         line = _line_after(text, head, "the training times")
-        assert line.startswith(f"Calibrated bias beside the training times of study pairs {design.format('wall')}{wall}")
+        assert line.startswith(
+            f"Calibrated bias beside the training times of study pairs {design.format('wall')}{wall}"
+        )
         assert "a bias of +b points reads the reduction about b% too small" in line
-    line = _line_after(md, "| Configuration | native / cotangent (geometric mean) | CPU-time reduction", "the CPU")
+    line = _line_after(
+        md, "| Configuration | native / cotangent (geometric mean) | CPU-time reduction", "the CPU"
+    )
     assert line.startswith(f"Calibrated bias beside the CPU times of study pairs {design.format('CPU')}{cpu}")
     line = _line_after(md, "| Configuration | Seed | First |", "every pair")
-    assert line.startswith(f"Calibrated bias beside every pair's time reduction {design.format('wall')}{wall}")
+    assert line.startswith(
+        f"Calibrated bias beside every pair's time reduction {design.format('wall')}{wall}"
+    )
     line = _line_after(page, "Study pairs: every pair</caption>", "the pairs")
     assert line.startswith(f"Calibrated bias beside the pairs of study pairs {design.format('wall')}{wall}")
     for text in (md, page):
@@ -467,7 +476,9 @@ def test_a_changed_calibration_summary_is_refused_by_the_audit_by_name(tmp_path,
     repo = calibrated_study(tmp_path)
     _report(repo, monkeypatch)
     out = _audit(repo)
-    pinned = hashlib.sha256((repo / "records" / "calibration-classes" / "summary.json").read_bytes()).hexdigest()
+    pinned = hashlib.sha256(
+        (repo / "records" / "calibration-classes" / "summary.json").read_bytes()
+    ).hexdigest()
     # (the fake trainer's study fails one unrelated row, its clocks' rounding: exit 1 either way;
     # the pin's own row and the texts' row are what is checked here)
     row = next(x for x in out.stdout.splitlines() if x.startswith("calibration "))
@@ -484,7 +495,7 @@ def test_a_changed_calibration_summary_is_refused_by_the_audit_by_name(tmp_path,
     said = next(x for x in out.stdout.splitlines() if x.startswith("calibration "))
     assert "FAILED" in said and "records/calibration-classes" in said and pinned in said and now in said
     problems = out.stdout.split("problem(s):")[1]
-    assert f"- {repo / 'records' / 'tiny'}: its texts cite the calibration records/calibration-classes" in problems or (
+    assert (
         "- records/tiny: its texts cite the calibration records/calibration-classes at summary.json "
         f"sha256 {pinned}, but that summary now has sha256 {now}: the calibration changed after the "
         "study's texts were written" in problems
@@ -522,11 +533,12 @@ def test_a_compare_studys_report_says_the_change_as_the_terminal_verdict_does(fi
     unresolved (small_transformer, wall)."""
     import re
 
+    from test_compare_cmd import _compare
+
     from harness.compare_cmd import answer_of, headline
     from prereg.render.model import to_md
     from prereg.render.sections import sections
     from prereg.results import Summary
-    from test_compare_cmd import _compare
 
     data = json.loads((ROOT / "records" / "cpu2" / "summary.json").read_text())
     for s in data["protocol"]["studies"]:
@@ -540,12 +552,17 @@ def test_a_compare_studys_report_says_the_change_as_the_terminal_verdict_does(fi
     assert said or term[0].startswith("head against base: no difference resolved"), term[0]
     md = to_md(sections(summary))
     answer = md.split("## The answer")[1].split("\n## ")[0]
-    assert "Each change is in points of 100 x ln(T_candidate / T_baseline); positive: the candidate slower" in answer
+    assert (
+        "Each change is in points of 100 x ln(T_candidate / T_baseline); positive: the candidate slower"
+        in answer
+    )
     assert "reduction" not in answer
     config = summary.studies[0].configs[0].config
     clock = "CPU" if "cpu" in endpoint else "wall"
     line = next(x for x in answer.splitlines() if x.startswith(f"* {first} / {config} "))
-    got = re.search(rf"([+-]\d+\.\d\d) points \([^;]*; (faster|slower) by (\d+\.\d\d)%\) on the {clock} clock", line)
+    got = re.search(
+        rf"([+-]\d+\.\d\d) points \([^;]*; (faster|slower) by (\d+\.\d\d)%\) on the {clock} clock", line
+    )
     assert got, line
     assert got.group(1) == f"{a.points:+.2f}" == term[1].split()[1]  # "change: +1.14 (95% ..."
     assert got.group(2) == ("slower" if a.points > 0 else "faster")

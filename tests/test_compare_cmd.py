@@ -559,4 +559,3 @@ def test_two_commands_and_a_declared_wall_only_class(tmp_path):
     (records,) = (r / "runs" / "compare").glob("*/records")
     audit = cli(r, "audit", str(records.relative_to(r)))
     assert audit.returncode == 3 and "Integrity: everything matched." in audit.stdout, audit.stdout
-

@@ -178,7 +178,15 @@ def replicates_section(summary: Summary, cal: Calibration | None = None) -> Sect
     if cal is not None and rows:
         shown = dict.fromkeys((r["study"], r["clock"]) for r in rows if r["clock"] in CLOCK_ENDPOINT)
         out.blocks += [
-            para(bias_line(cal, block_steps(summary, st), CLOCK_ENDPOINT[clock], f"the replicates of study {st}", False))
+            para(
+                bias_line(
+                    cal,
+                    block_steps(summary, st),
+                    CLOCK_ENDPOINT[clock],
+                    f"the replicates of study {st}",
+                    False,
+                )
+            )
             for st, clock in shown
         ]
     if times := _times(rows):

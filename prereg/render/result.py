@@ -186,7 +186,9 @@ def calibrated_effects(c: Any, cpu: bool, cal: Calibration | None, block: int | 
     return "training-time change " + (", ".join(shown) or "n/a (no interval yet)")
 
 
-def bias_line(cal: Calibration, block: int | None, endpoint: str, beside: str, reductions: bool = True) -> str:
+def bias_line(
+    cal: Calibration, block: int | None, endpoint: str, beside: str, reductions: bool = True
+) -> str:
     """The line under a table of speed figures (``beside`` names them): the design's calibrated bias
     on the endpoint's clock for the calibration's class, quiet and loaded, each plant with its 95%
     interval and the calibration's machine (:func:`prereg.calibrated.bias_text`, the first screen's

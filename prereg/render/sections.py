@@ -13,7 +13,14 @@ from prereg.attempts import FLOW_COUNTS
 from prereg.calibrated import Calibration, bias_text
 from prereg.designs import design_named
 from prereg.plan import defaults_text
-from prereg.render.answer import answer_lines, commands_study, convention, decision_cells, in_points, planted_names
+from prereg.render.answer import (
+    answer_lines,
+    commands_study,
+    convention,
+    decision_cells,
+    in_points,
+    planted_names,
+)
 from prereg.render.beside import Beside
 from prereg.render.findings import interference_section, model_section, planted_section, replicates_section
 from prereg.render.model import Section, Table, Text, cells, cols, esc, level_pct, num, para, raw
