@@ -20,7 +20,7 @@ from audit.freeze import (
     check_what_ran,
     tagged_schema,
 )
-from audit.published import check_published
+from audit.published import check_calibration, check_published
 from prereg.attempts import unfinished
 from prereg.barrier import look_problems
 from prereg.bounded import InputLimitError, file_problem, read_present, read_regular
@@ -368,6 +368,9 @@ def _check_published(
             "not compared: no summary could be recomputed to render them from",
         )
         return
+    pinned = check_calibration(out.directory, verified)
+    if pinned is not None:
+        out.fail("calibration", *pinned)
     out.fail(
         "report.md and index.html",
         *check_published(out.directory, root, verified, manifest, source, out.besides),

@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from prereg.bounded import InputLimitError, read_regular
+from prereg.calibrated import changed_pins, cited_pins
 from prereg.render.page import published_texts
 
 #: ``report.md`` ends with these links when matplotlib made the plots (``harness report``).
@@ -134,3 +135,18 @@ def check_published(
     return problems, f"{shown} byte for byte as {source} renders them" + (
         f" (beside {label})" if label else ""
     )
+
+
+def check_calibration(directory: str, summary: dict[str, Any]) -> tuple[list[str], str] | None:
+    """The calibration a study's texts cite, each folder's sealed summary pinned by its sha256,
+    against the summary there now (:func:`prereg.calibrated.changed_pins`): a changed calibration
+    refused by name; None when the texts cite none (a study without a calibration)."""
+    texts, unreadable = _published_texts(directory)
+    text = "\n".join(texts.values())
+    cited = cited_pins(text)
+    if unreadable or not cited:
+        return None
+    protocol = summary.get("protocol") if isinstance(summary, dict) else None
+    problems = changed_pins(directory, protocol if isinstance(protocol, dict) else {}, text)
+    said = "; ".join(f"{folder} summary.json sha256 {sha}" for folder, sha in sorted(cited.items()))
+    return problems, f"the calibration the texts cite, as pinned: {said}"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,19 @@ from prereg.yamlsub import yaml_subset
 SIGN = "points of 100 x ln(T_candidate / T_baseline); positive: the candidate slower"
 #: A calibration's loaded twin: the same plants under a known load, in ``<records>-loaded``.
 LOADED_SUFFIX = "-loaded"
+#: Studies frozen before the class calibration existed, by their protocol's sha256 (which their
+#: records hold): their protocols cannot name a ``design_calibration`` without changing that hash, so
+#: the calibration measured afterwards for their design on the cache-heavy class is applied here, and
+#: their texts say it was applied after the study (docs/decisions.md, "One sign convention, and the
+#: calibrated bias beside every result").
+LATER = {
+    "b7ca953e1c33db1ceb99f7f7ebba039e368d3f7869f7a08ea507d668c385f432": "protocols/calibration-classes.yaml",  # cpu1
+    "76690f746ebcabd9cfb05f050fba00c170343a9e038d60a6ff93311184a652cd": "protocols/calibration-classes.yaml",  # cpu2
+}
+#: How the texts cite each calibration folder's sealed summary, pinned by its sha256 (the audit reads
+#: the citation back with :data:`PIN_CITED` and refuses a calibration whose summary has changed).
+PIN = "{folder} ({condition}, summary.json sha256 {sha256})"
+PIN_CITED = re.compile(r"([^\s();]+) \((quiet|loaded), summary\.json sha256 ([0-9a-f]{64})\)")
 
 
 @dataclass(frozen=True)
@@ -44,6 +58,11 @@ class Condition:
     condition: str
     rows: tuple[Mapping[str, Any], ...]
     machines: tuple[str, ...]
+    sha256: str = ""  # the sealed summary.json's bytes, as the texts cite it (:data:`PIN`)
+
+    def pin(self) -> str:
+        """The folder as the texts cite it: its condition and its summary's sha256."""
+        return PIN.format(folder=self.folder, condition=self.condition, sha256=self.sha256)
 
 
 @dataclass(frozen=True)
@@ -54,6 +73,7 @@ class Calibration:
     protocol: str
     conditions: tuple[Condition, ...]
     study_machines: tuple[str, ...] = ()  # the CPU models the study's own records ran on
+    later: bool = False  # applied after the study (:data:`LATER`): its protocol names none
 
     def machines(self) -> tuple[str, ...]:
         """The CPU models every condition's records ran on, in order, once each."""
@@ -107,15 +127,43 @@ def refuse_other_machine(folders: Sequence[str], here: str | None) -> None:
                 )
 
 
-def _planted_rows(folder: str) -> tuple[Mapping[str, Any], ...] | None:
-    """The planted rows of ``folder``'s sealed ``summary.json`` (None when it has none)."""
+def _planted_rows(folder: str) -> tuple[tuple[Mapping[str, Any], ...], str] | None:
+    """The planted rows of ``folder``'s sealed ``summary.json`` and the sha256 of its bytes (None
+    when it has none)."""
     path = os.path.join(folder, "summary.json")
     try:
-        data = parse_json(read_regular(path))
+        raw = read_regular(path)
+        data = parse_json(raw)
     except (InputLimitError, ValueError, OSError):
         return None
     rows = data.get("planted") if isinstance(data, dict) else None
-    return tuple(r for r in rows if isinstance(r, dict)) if isinstance(rows, list) and rows else None
+    if not isinstance(rows, list) or not rows:
+        return None
+    return tuple(r for r in rows if isinstance(r, dict)), hashlib.sha256(raw).hexdigest()
+
+
+def cited_pins(text: str) -> dict[str, str]:
+    """The calibration folders a study's texts cite, each with the summary sha256 they pin."""
+    return {m.group(1): m.group(3) for m in PIN_CITED.finditer(text)}
+
+
+def changed_pins(records_dir: str, protocol: Mapping[str, Any], text: str) -> list[str]:
+    """Each calibration folder that ``text`` (a study's report.md or page) cites whose sealed summary
+    is no longer the one it pins (:func:`find_calibration`'s, from the same protocol), named with both
+    hashes; empty when every cited pin holds (or none is cited: a study without a calibration)."""
+    cited = cited_pins(text)
+    if not cited:
+        return []
+    cal = find_calibration(records_dir, protocol)
+    now = {} if cal is None else {c.folder: c.sha256 for c in cal.conditions}
+    return [
+        f"{records_dir}: its texts cite the calibration {folder} at summary.json sha256 {sha}, but "
+        + (f"that summary now has sha256 {now[folder]}" if folder in now else "no such calibration is found")
+        + ": the calibration changed after the study's texts were written (its bias is not the one "
+        "published); refused"
+        for folder, sha in cited.items()
+        if now.get(folder) != sha
+    ]
 
 
 def _yaml(path: str) -> tuple[dict[str, Any], str] | None:
@@ -162,18 +210,22 @@ def find_calibration(records_dir: str, protocol: Mapping[str, Any]) -> Calibrati
     ``effect_class`` (default cache-heavy); None when it names none (it renders as before)."""
     path, sha = protocol.get("path"), protocol.get("sha256")
     found = _root(records_dir, path, sha) if isinstance(path, str) and isinstance(sha, str) else None
-    if found is None or not isinstance(found[1].get("design_calibration"), str):
+    if found is None:
         return None
     root, doc = found
-    cls = doc.get("effect_class") or DEFAULT_CLASS
+    named, later = doc.get("design_calibration"), LATER.get(str(sha))
+    if not isinstance(named, str) and later is None:
+        return None
+    cls = (doc.get("effect_class") or DEFAULT_CLASS) if isinstance(named, str) else DEFAULT_CLASS
+    protocol_file = named if isinstance(named, str) else str(later)
     conditions = []
-    for folder, condition in calibration_folders(root, doc["design_calibration"]):
-        rows = _planted_rows(os.path.join(root, folder))
-        if rows is not None:
+    for folder, condition in calibration_folders(root, protocol_file):
+        read = _planted_rows(os.path.join(root, folder))
+        if read is not None:
             ms = tuple(machines(os.path.join(root, folder)))
-            conditions.append(Condition(folder, condition, rows, ms))
+            conditions.append(Condition(folder, condition, read[0], ms, read[1]))
     here = tuple(machines(records_dir))
-    return Calibration(str(cls), doc["design_calibration"], tuple(conditions), here)
+    return Calibration(str(cls), protocol_file, tuple(conditions), here, not isinstance(named, str))
 
 
 def endpoint_design(block_steps: int | None, endpoint: str) -> tuple[str, str] | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -402,3 +403,170 @@ def test_cpu2_with_a_calibration_opens_with_the_seed_pages_table():
     assert "| small_transformer | 3.35M |" in head  # the seed page's published-size model
     assert md.index("## The result") < md.index("## The answer") < md.index("## Decisions")
     assert page.index(">The result</h2>") < page.index("<ul class=answer>")
+
+
+# --- the bias under every speed table, the calibration pinned, one convention ----------------------
+
+
+def _line_after(text: str, table_head: str, beside: str) -> str:
+    """The line starting "Calibrated bias beside ``beside``" that comes after the table whose header
+    starts ``table_head``, before the next heading: the bias stands under its own table."""
+    at = text.index(table_head)
+    end = min([i for i in (text.find("\n#", at), text.find("<h2", at)) if i >= 0] or [len(text)])
+    start = text.index(f"Calibrated bias beside {beside}", at)
+    assert start < end, (table_head, beside)
+    return text[start : text.index("\n", start)]
+
+
+def test_every_speed_table_carries_the_bias_read_from_the_calibration_summary(tmp_path, monkeypatch):
+    """The wall and CPU time tables, report.md's every-pair table, the page's every-pair table and the
+    replicates table each have the design's bias under them: the cache-heavy rows of the committed
+    calibration's two summaries, read here, quiet then loaded, with the calibration's machine; the
+    folders cited with their summaries' sha256."""
+    import hashlib
+    import html as html_
+
+    repo = calibrated_study(tmp_path)
+    md, page, _ = _report(repo, monkeypatch)
+    page = html_.unescape(page)
+    wall, cpu = (f"{_expected_bias(c, 'a process per arm')} (calibrated on {XEON})." for c in ("wall", "CPU"))
+    design = "(a process per arm, {} clock, a cache-heavy change): "
+    for text, head in (
+        (md, "| Configuration | Parameters | native / cotangent"),
+        (page, "<caption>Training time,"),
+    ):
+        line = _line_after(text, head, "the training times")
+        assert line.startswith(
+            f"Calibrated bias beside the training times of study pairs {design.format('wall')}{wall}"
+        )
+        assert "a bias of +b points reads the reduction about b% too small" in line
+    line = _line_after(
+        md, "| Configuration | native / cotangent (geometric mean) | CPU-time reduction", "the CPU"
+    )
+    assert line.startswith(f"Calibrated bias beside the CPU times of study pairs {design.format('CPU')}{cpu}")
+    line = _line_after(md, "| Configuration | Seed | First |", "every pair")
+    assert line.startswith(
+        f"Calibrated bias beside every pair's time reduction {design.format('wall')}{wall}"
+    )
+    line = _line_after(page, "Study pairs: every pair</caption>", "the pairs")
+    assert line.startswith(f"Calibrated bias beside the pairs of study pairs {design.format('wall')}{wall}")
+    for text in (md, page):
+        at = text.index("Replicates: the effect across times and machines")
+        for clock, bias in (("wall", wall), ("CPU", cpu)):
+            said = f"Calibrated bias beside the replicates of study pairs {design.format(clock)}{bias}"
+            assert said in text[at:], clock
+    for src, cond in ((QUIET, "quiet"), (LOADED, "loaded")):
+        sha = hashlib.sha256((src / "summary.json").read_bytes()).hexdigest()
+        assert f"records/{src.name} ({cond}, summary.json sha256 {sha})" in md
+
+
+def _audit(repo: Path) -> subprocess.CompletedProcess[str]:
+    import sys
+
+    cmd = [sys.executable, "-I", "-S", "-B", str(ROOT / "analysis" / "public_audit.py"), "records/tiny"]
+    return subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=300)
+
+
+def test_a_changed_calibration_summary_is_refused_by_the_audit_by_name(tmp_path, monkeypatch):
+    """The texts pin each calibration folder's summary.json by sha256; the audit shows the pin in a
+    row of its own, and a calibration summary changed after the study's texts were written (one
+    bias figure edited, the file still valid) fails it: exit 1, the folder and both hashes named."""
+    import hashlib
+
+    repo = calibrated_study(tmp_path)
+    _report(repo, monkeypatch)
+    out = _audit(repo)
+    pinned = hashlib.sha256(
+        (repo / "records" / "calibration-classes" / "summary.json").read_bytes()
+    ).hexdigest()
+    # (the fake trainer's study fails one unrelated row, its clocks' rounding: exit 1 either way;
+    # the pin's own row and the texts' row are what is checked here)
+    row = next(x for x in out.stdout.splitlines() if x.startswith("calibration "))
+    assert "ok: the calibration the texts cite, as pinned" in row and pinned in row, out.stdout[-3000:]
+    assert "ok: index.html and report.md byte for byte" in out.stdout
+    assert "calibration changed" not in out.stdout
+    summary = repo / "records" / "calibration-classes" / "summary.json"
+    data = json.loads(summary.read_text())
+    data["planted"][0]["bias"] += 0.5
+    summary.write_text(json.dumps(data, indent=1))
+    now = hashlib.sha256(summary.read_bytes()).hexdigest()
+    out = _audit(repo)
+    assert out.returncode == 1 and "Traceback" not in out.stdout + out.stderr, out.stdout[-3000:]
+    said = next(x for x in out.stdout.splitlines() if x.startswith("calibration "))
+    assert "FAILED" in said and "records/calibration-classes" in said and pinned in said and now in said
+    problems = out.stdout.split("problem(s):")[1]
+    assert (
+        "- records/tiny: its texts cite the calibration records/calibration-classes at summary.json "
+        f"sha256 {pinned}, but that summary now has sha256 {now}: the calibration changed after the "
+        "study's texts were written" in problems
+    ), problems
+
+
+def test_a_study_with_no_calibration_cites_none_and_its_audit_has_no_calibration_row(tmp_path, monkeypatch):
+    from prereg.calibrated import changed_pins, cited_pins
+
+    repo = calibrated_study(tmp_path, calibrated=False)
+    md, page, summary = _report(repo, monkeypatch)
+    assert cited_pins(md + page) == {}
+    assert changed_pins(str(repo / "records" / "tiny"), summary["protocol"], md) == []
+
+
+def test_cpu1_and_cpu2_carry_the_bias_of_their_design_applied_after_the_study():
+    """The committed cpu1 (a process per arm) and cpu2 (lockstep, blocks of 1): their texts, as
+    committed, carry their design's cache-heavy bias from the class calibration's summaries, say it
+    was applied after the study, and are what the audit renders (test_published audits them)."""
+    for study, design in (("cpu1", "a process per arm"), ("cpu2", "lockstep, blocks of 1")):
+        md = (ROOT / "records" / study / "report.md").read_text()
+        wall = f"{_expected_bias('wall', design)} (calibrated on {XEON})"
+        assert f"Calibrated bias beside the training times of study pairs ({design}, wall clock" in md
+        assert wall in md.split("## Study pairs")[1], study
+        assert "The calibration was measured after this study" in md
+
+
+@pytest.mark.parametrize("first,endpoint", [("pairs", "training_cpu_time"), ("published", "training_time")])
+def test_a_compare_studys_report_says_the_change_as_the_terminal_verdict_does(first, endpoint):
+    """A study of command arms (what harness compare writes; here cpu2's sealed figures with its
+    studies' arms as commands): report.md's answer and decisions give the change in compare's
+    convention, points of 100 x ln(T_candidate / T_baseline), positive: the candidate slower, the
+    same figure, sign and words as the terminal's change and verdict (harness.compare_cmd.answer_of
+    and headline, compare's own code): faster, established (tiny_transformer, CPU), and slower,
+    unresolved (small_transformer, wall)."""
+    import re
+
+    from test_compare_cmd import _compare
+
+    from harness.compare_cmd import answer_of, headline
+    from prereg.render.model import to_md
+    from prereg.render.sections import sections
+    from prereg.results import Summary
+
+    data = json.loads((ROOT / "records" / "cpu2" / "summary.json").read_text())
+    for s in data["protocol"]["studies"]:
+        s["commands"] = {"baseline": ["python", "train.py"], "candidate": ["python", "train.py"]}
+    data["studies"].sort(key=lambda s: s["name"] != first)
+    summary = Summary.read(data, "records/x/summary.json")
+    c = _compare(endpoint=endpoint)
+    a = answer_of(summary, c)
+    term = headline(a, c)
+    said = re.match(r"head against base: (faster|slower) by (\d+\.\d)%", term[0])
+    assert said or term[0].startswith("head against base: no difference resolved"), term[0]
+    md = to_md(sections(summary))
+    answer = md.split("## The answer")[1].split("\n## ")[0]
+    assert (
+        "Each change is in points of 100 x ln(T_candidate / T_baseline); positive: the candidate slower"
+        in answer
+    )
+    assert "reduction" not in answer
+    config = summary.studies[0].configs[0].config
+    clock = "CPU" if "cpu" in endpoint else "wall"
+    line = next(x for x in answer.splitlines() if x.startswith(f"* {first} / {config} "))
+    got = re.search(
+        rf"([+-]\d+\.\d\d) points \([^;]*; (faster|slower) by (\d+\.\d\d)%\) on the {clock} clock", line
+    )
+    assert got, line
+    assert got.group(1) == f"{a.points:+.2f}" == term[1].split()[1]  # "change: +1.14 (95% ..."
+    assert got.group(2) == ("slower" if a.points > 0 else "faster")
+    if said:  # a resolved verdict: its words and percentage are the report's
+        assert got.group(2) == said.group(1) and abs(float(got.group(3)) - float(said.group(2))) <= 0.051
+    decisions = md.split("## Decisions")[1].split("\n## ")[0]
+    assert "% reduction" not in decisions and " points (faster by " in decisions

@@ -1,10 +1,13 @@
-"""The answer first: each configuration's effect as a reduction in percent with its interval, and the
-preregistered decisions on it, one sentence per configuration. report.md opens with these sentences,
-the page's first screen shows them, and ``harness run`` and ``harness report`` print them last.
+"""The answer first: each configuration's effect with its interval, and the preregistered decisions
+on it, one sentence per configuration. report.md opens with these sentences, the page's first screen
+shows them, and ``harness run`` and ``harness report`` print them last.
 
-One sign convention everywhere: a reduction in percent of the baseline's time, ``100 x (1 -
-candidate / baseline)`` (the geometric one for a log ratio: ``100 x (1 - exp(mean log ratio))``,
-:func:`prereg.descriptive.reduction`); positive means the candidate was faster."""
+The convention (docs/decisions.md, "One sign convention"; :func:`in_points`): a calibrated study and
+a study of command arms (what ``harness compare`` writes) give each change in points of ``100 x
+ln(T_candidate / T_baseline)``, positive: the candidate slower (:data:`prereg.calibrated.SIGN`). The
+committed studies of built-in arms without a calibration keep the form they were published in, a
+reduction in percent of the baseline's time, ``100 x (1 - exp(mean log ratio))``
+(:func:`prereg.descriptive.reduction`), positive: the candidate faster; each text states which."""
 
 from __future__ import annotations
 
@@ -15,13 +18,34 @@ from prereg.calibrated import Calibration
 from prereg.decisions import HypothesisDecision
 from prereg.descriptive import reduction
 from prereg.render.result import CONVENTION as CAL_CONVENTION
-from prereg.render.result import block_steps, calibrated_effects, points, sentence, words
+from prereg.render.result import POINTS_CONVENTION, block_steps, calibrated_effects, points, sentence, words
 from prereg.results import Descriptive, PairedResult, Summary
 
 CONVENTION = (
     "Each effect is a reduction in percent of the baseline's training time (positive: the candidate was "
     "faster) with its two-sided interval at the study's level, then the preregistered decisions on it."
 )
+
+
+def commands_study(summary: Summary) -> bool:
+    """Whether every study of the protocol runs command arms (``harness compare`` writes such
+    studies; no committed study is one)."""
+    studies = summary.protocol.get("studies") or []
+    return bool(studies) and all("commands" in s for s in studies)
+
+
+def in_points(summary: Summary, cal: Calibration | None) -> bool:
+    """Whether the texts give each change in points (:data:`prereg.calibrated.SIGN`): a calibrated
+    study's (``cal``) and a study of command arms' do; the committed built-in studies without a
+    calibration keep their published reductions in percent."""
+    return cal is not None or commands_study(summary)
+
+
+def convention(summary: Summary, cal: Calibration | None) -> str:
+    """The sentence that states the texts' convention where the answer's figures are."""
+    if cal is not None:
+        return CAL_CONVENTION
+    return POINTS_CONVENTION if commands_study(summary) else CONVENTION
 
 
 def planted_names(summary: Summary) -> set[str]:
@@ -112,14 +136,16 @@ def clock_disagreement(c: Any) -> str | None:
 
 
 def answer_lines(summary: Summary, cal: Calibration | None = None) -> list[str]:
-    """One sentence per configuration of each (not planted) study: its effect in percent with its
-    interval and the decisions on it; then any decision on no single configuration shown. With the
-    study's calibration ``cal``: each change in points, in words, and the design's calibrated bias
-    beside it (:func:`prereg.render.result.calibrated_effects`)."""
+    """One sentence per configuration of each (not planted) study: its effect with its interval and
+    the decisions on it; then any decision on no single configuration shown. In points
+    (:func:`in_points`): each change in points and in words (:func:`prereg.render.result.calibrated_effects`),
+    with the study's calibration ``cal`` the design's calibrated bias beside it; otherwise a
+    reduction in percent."""
     hyp = summary.hypotheses
     decisions = [] if isinstance(hyp, Descriptive) else [x.decision for x in hyp.decisions]
     none = "no preregistered decision" + (" (descriptive protocol)" if isinstance(hyp, Descriptive) else "")
     planted, cpu = planted_names(summary), summary.protocol.get("device") == "cpu"
+    pts = in_points(summary, cal)
     lines, said = [], set()
     for study in (s for s in summary.studies if s.configs and s.name not in planted):
         for c in study.configs:
@@ -127,9 +153,9 @@ def answer_lines(summary: Summary, cal: Calibration | None = None) -> list[str]:
                 base, cand = c.baseline_arm, c.candidate_arm
                 what = f"A/A null check, {base} against itself" if base == cand else f"{cand} over {base}"
                 effects = (
-                    _paired_effects(c, cpu)
-                    if cal is None
-                    else calibrated_effects(c, cpu, cal, block_steps(summary, study.name))
+                    calibrated_effects(c, cpu, cal, block_steps(summary, study.name))
+                    if pts
+                    else _paired_effects(c, cpu)
                 )
             else:
                 what, effects = "factorial", _factorial_effects(c)
@@ -143,7 +169,7 @@ def answer_lines(summary: Summary, cal: Calibration | None = None) -> list[str]:
     for d in (d for d in decisions if d.id not in said):
         if d.estimate is None or d.low is None or d.high is None:
             effect = "no estimate"
-        elif d.estimand == "log_ratio" and cal is not None:
+        elif d.estimand == "log_ratio" and pts:
             effect = f"{d.endpoint} change {sentence(d.estimate, d.low, d.high, d.level)}"
         elif d.estimand == "log_ratio":
             red = [reduction(x) for x in (d.estimate, d.high, d.low)]
@@ -163,4 +189,4 @@ def terminal_answer(summary: Summary, where: Mapping[str, Any], cal: Calibration
     """The terminal's last lines: the answer, then where the details are (``where``: report, page)."""
     body = "\n".join(f"- {line}" for line in answer_lines(summary, cal))
     details = ", ".join(f"{k} {v}" for k, v in where.items())
-    return f"The answer. {CONVENTION if cal is None else CAL_CONVENTION}\n{body}\nDetails: {details}."
+    return f"The answer. {convention(summary, cal)}\n{body}\nDetails: {details}."

@@ -8,7 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from prereg.calibrated import Calibration
 from prereg.render.model import Section, Table, Text, cols, level_pct, num, para
+from prereg.render.result import CLOCK_ENDPOINT, bias_line, block_steps
 from prereg.results import Summary
 
 PLANTED = "Planted reference effects: each design's bias"
@@ -153,9 +155,10 @@ def _times(rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     ]
 
 
-def replicates_section(summary: Summary) -> Section:
+def replicates_section(summary: Summary, cal: Calibration | None = None) -> Section:
     """Each replicate's estimate and their random-effects mean with the between-replicate spread, and
-    when and where each ran (none when the protocol declares no replicates)."""
+    when and where each ran (none when the protocol declares no replicates); with the study's
+    calibration ``cal``, the design's calibrated bias under the table, per study and clock."""
     rows = summary.replicates or []
     level = next((r["level"] for r in rows if "level" in r), None)
     at = f" at {level_pct(level)}" if level is not None else ""
@@ -172,6 +175,20 @@ def replicates_section(summary: Summary) -> Section:
         "the spread of the replicates' estimates."
     )
     out = _section(REPLICATES, "replicates", sentence, REPLICATES_HEAD, [_replicate_row(r) for r in rows])
+    if cal is not None and rows:
+        shown = dict.fromkeys((r["study"], r["clock"]) for r in rows if r["clock"] in CLOCK_ENDPOINT)
+        out.blocks += [
+            para(
+                bias_line(
+                    cal,
+                    block_steps(summary, st),
+                    CLOCK_ENDPOINT[clock],
+                    f"the replicates of study {st}",
+                    False,
+                )
+            )
+            for st, clock in shown
+        ]
     if times := _times(rows):
         out.blocks.append(Table("When and where each replicate ran", TIMES_HEAD, times))
     return out

@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from prereg.calibrated import SIGN, Calibration, bias_text
+from prereg.calibrated import SIGN, Calibration, bias_text, endpoint_design
 from prereg.render.model import Section, Table, para
 from prereg.results import Descriptive, Summary
 
@@ -23,6 +23,12 @@ CONVENTION = (
     f"Each change is in {SIGN} (a bias the same: positive, the design reads the change as costing more "
     "than it does); in words, faster or slower by a percentage of the baseline's time, with its "
     "two-sided interval at the decision's level, then the preregistered decisions on it."
+)
+#: The same convention for a study with no calibration (a study of command arms, as
+#: ``harness compare`` writes it): no bias to state.
+POINTS_CONVENTION = (
+    f"Each change is in {SIGN}; in words, faster or slower by a percentage of the baseline's time, "
+    "with its two-sided interval at the decision's level, then the preregistered decisions on it."
 )
 HEAD = [
     "Configuration",
@@ -34,6 +40,14 @@ HEAD = [
     "In words",
     "Calibrated bias, points (95%)",
 ]
+
+#: How a table of reductions reads beside a bias in points (the convention stated where the figures are).
+IN_REDUCTIONS = (
+    "This table's reductions are in percent of the baseline's time, positive: the candidate faster; "
+    f"the bias is in {SIGN}, so a bias of +b points reads the reduction about b% too small."
+)
+#: The whole-times endpoint of each clock a table names (the replicates', the every-pair table's).
+CLOCK_ENDPOINT = {"wall": "training_time", "CPU": "training_cpu_time"}
 
 #: The clock of each speed endpoint, and the summary's training time on that clock.
 CLOCKS = {
@@ -77,8 +91,12 @@ def parameters(n: int | None) -> str:
 
 def block_steps(summary: Summary, study: str) -> int | None:
     """A study's lockstep block size (None: a process per arm)."""
-    st: Mapping[str, Any] = next((s for s in summary.protocol["studies"] if s["name"] == study), {})
-    return (st.get("lockstep") or {}).get("block_steps")
+    return study_block(next((s for s in summary.protocol["studies"] if s["name"] == study), None))
+
+
+def study_block(st: Mapping[str, Any] | None) -> int | None:
+    """A protocol study's lockstep block size (None: a process per arm, or no such study)."""
+    return ((st or {}).get("lockstep") or {}).get("block_steps")
 
 
 def _speed_decisions(summary: Summary) -> list[Any]:
@@ -117,7 +135,7 @@ def machines_line(cal: Calibration, study_machines: tuple[str, ...]) -> str:
     """Where the study ran and where its calibration was made: named, and a difference said."""
     here = ", ".join(study_machines) or "not recorded"
     there = ", ".join(cal.machines()) or "not recorded"
-    conds = ", ".join(f"{c.folder} ({c.condition})" for c in cal.conditions) or "no records yet"
+    conds = "; ".join(c.pin() for c in cal.conditions) or "no records yet"
     differ = bool(study_machines) and bool(cal.machines()) and set(study_machines) != set(cal.machines())
     note = (
         " The study ran on a CPU model its calibration was not made on: the bias is the calibration "
@@ -125,10 +143,16 @@ def machines_line(cal: Calibration, study_machines: tuple[str, ...]) -> str:
         if differ
         else ""
     )
+    later = (
+        " The calibration was measured after this study: its protocol, frozen before, names none; the "
+        f"bias is that of its design on the {cal.effect_class} class (docs/decisions.md)."
+        if cal.later
+        else ""
+    )
     return (
         f"Calibrated bias: the design's estimate less the truth for a {cal.effect_class} change, from "
         f"{cal.protocol} ({conds}), per plant with its 95% interval; calibrated on {there}; this study "
-        f"ran on {here}.{note}"
+        f"ran on {here}.{note}{later}"
     )
 
 
@@ -144,9 +168,10 @@ def result_section(summary: Summary, cal: Calibration) -> Section:
     return Section("The result", blocks)
 
 
-def calibrated_effects(c: Any, cpu: bool, cal: Calibration, block: int | None) -> str:
+def calibrated_effects(c: Any, cpu: bool, cal: Calibration | None, block: int | None) -> str:
     """A configuration's training-time change on each clock in points with its interval, in words,
-    and the design's calibrated bias beside each (the whole times' estimator)."""
+    and, with the study's calibration ``cal``, the design's calibrated bias beside each (the whole
+    times' estimator)."""
     shown = []
     for clock, field, endpoint in (
         ("wall", "training_time", "training_time"),
@@ -156,8 +181,21 @@ def calibrated_effects(c: Any, cpu: bool, cal: Calibration, block: int | None) -
         iv = getattr(ep, "log_ratio", None)
         if iv is None:
             continue
-        shown.append(
-            f"{sentence(iv.estimate, iv.low, iv.high, c.level)} on the {clock} clock, "
-            f"calibrated bias {bias_text(cal, block, endpoint)}"
-        )
+        bias = "" if cal is None else f", calibrated bias {bias_text(cal, block, endpoint)}"
+        shown.append(f"{sentence(iv.estimate, iv.low, iv.high, c.level)} on the {clock} clock{bias}")
     return "training-time change " + (", ".join(shown) or "n/a (no interval yet)")
+
+
+def bias_line(
+    cal: Calibration, block: int | None, endpoint: str, beside: str, reductions: bool = True
+) -> str:
+    """The line under a table of speed figures (``beside`` names them): the design's calibrated bias
+    on the endpoint's clock for the calibration's class, quiet and loaded, each plant with its 95%
+    interval and the calibration's machine (:func:`prereg.calibrated.bias_text`, the first screen's
+    cell); with ``reductions`` (a table of reductions in percent), how the two conventions read."""
+    design, clock = endpoint_design(block, endpoint) or ("this design", "its")
+    said = (
+        f"Calibrated bias beside {beside} ({design}, {clock} clock, a {cal.effect_class} change): "
+        f"{bias_text(cal, block, endpoint)}."
+    )
+    return f"{said} {IN_REDUCTIONS}" if reductions else f"{said} In {SIGN}, as this table."

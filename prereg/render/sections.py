@@ -13,12 +13,18 @@ from prereg.attempts import FLOW_COUNTS
 from prereg.calibrated import Calibration, bias_text
 from prereg.designs import design_named
 from prereg.plan import defaults_text
-from prereg.render.answer import CONVENTION, answer_lines, decision_cells, planted_names
+from prereg.render.answer import (
+    answer_lines,
+    commands_study,
+    convention,
+    decision_cells,
+    in_points,
+    planted_names,
+)
 from prereg.render.beside import Beside
 from prereg.render.findings import interference_section, model_section, planted_section, replicates_section
 from prereg.render.model import Section, Table, Text, cells, cols, esc, level_pct, num, para, raw
 from prereg.render.result import CLOCKS, block_steps, result_section
-from prereg.render.result import CONVENTION as CAL_CONVENTION
 from prereg.render.studies import answer_figure, every_pair, factorial, order_html, paired
 from prereg.results import Descriptive, Summary
 from prereg.stalls import STALL_FLOOR_S, STALL_RUN_TIMES, STALL_STEP_TIMES
@@ -59,28 +65,29 @@ def sections(
         Section(None, [Text(f"**{done.text}.**")], only="md"),
         Section(f"Protocol {p['id']} (version {p['version']})", lede, 1),
         *([] if cal is None else [result_section(summary, cal)]),
-        Section("The answer", [para(CONVENTION if cal is None else CAL_CONVENTION), bullets], only="md"),
+        Section("The answer", [para(convention(summary, cal)), bullets], only="md"),
         Section(None, [Text("\n".join(_header(summary)))], only="md"),
     ]
     planted = planted_names(summary)
     studies = [s for s in summary.studies if s.name not in planted]  # planted ones: their own section
     figure = answer_figure(studies, p, beside)
     out += [*_decisions(summary, figure, cal), _flow(summary.flow, True), *_beside(beside)]
-    out += [f(summary) for f in (planted_section, model_section, interference_section, replicates_section)]
+    out += [f(summary) for f in (planted_section, model_section, interference_section)]
+    out += [replicates_section(summary, cal)]
     out += [_stalls(stalls)] if stalls else []
     by_name = {s["name"]: s for s in p["studies"]}
     n = 0
     for study in (s for s in studies if s.configs):
         if design_named(study.design).pairwise:  # a CPU run's CPU time measures its work, not a GPU's
-            out += paired(study, n, by_name.get(study.name), p.get("device") == "cpu")
+            out += paired(study, n, by_name.get(study.name), p.get("device") == "cpu", cal)
             n += 1
         else:
             out += factorial(study, by_name[study.name])
     out += [
-        every_pair(studies),
+        every_pair(studies, cal, by_name),
         _flow(summary.flow, False),
         order_html(studies),
-        _runs(summary.runs, _all_commands(summary)),
+        _runs(summary.runs, commands_study(summary)),
     ]
     return out + [_verify(summary, summary_sha256, records_rel, manifest or {}), _claims(summary)]
 
@@ -137,7 +144,7 @@ def _decisions(summary: Summary, figure: list[Text], cal: Calibration | None = N
     descriptive protocol's statement; a group-sequential family's looks."""
     hyp = summary.hypotheses
     lines = (raw(f"<li>{esc(line)}</li>") for line in answer_lines(summary, cal))
-    conv = CONVENTION if cal is None else CAL_CONVENTION
+    conv = convention(summary, cal)
     answer = [raw("<ul class=answer>"), *lines, raw("</ul>"), *figure]
     if isinstance(hyp, Descriptive):
         said = raw(
@@ -176,7 +183,7 @@ def _decision_row(x: Any, md: bool, summary: Summary, cal: Calibration | None = 
     kind = d.type.replace("_", "-") + (f", margin {d.margin:g}" if d.margin else "")
     where = [d.id, f"{d.study} / {d.config or 'all'}", f"{d.endpoint} ({d.estimand})"]
     status = d.status + (f" ({d.reason})" if d.reason else "")
-    row = [*where, kind, str(t.get("n", "n/a")), *decision_cells(d, md, cal is not None)]
+    row = [*where, kind, str(t.get("n", "n/a")), *decision_cells(d, md, in_points(summary, cal))]
     row += [num(t.get("p_value"), ".3g"), num(d.alpha, ".3g"), status]
     if cal is not None:
         timed = d.endpoint in CLOCKS and d.estimand == "log_ratio"
@@ -280,12 +287,6 @@ def _beside(beside: Beside | None) -> list[Section]:
     html_head = ["Configuration", *(h for w in ("This study", bid) for h in (f"{w}: pairs", *HALF))]
     blocks: list[Text | Table] = [para(md, "md"), Table("", md_head, md_rows, only="md"), html]
     return [Section(f"Beside {bid}", [*blocks, Table(caption, html_head, html_rows, only="html")])]
-
-
-def _all_commands(summary: Summary) -> bool:
-    """Whether every study of the protocol runs command arms (no test BPB: the scripts' own metric)."""
-    studies = summary.protocol.get("studies") or []
-    return bool(studies) and all("commands" in s for s in studies)
 
 
 def _runs(runs: Sequence[Mapping[str, Any]], commands: bool = False) -> Section:

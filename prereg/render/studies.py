@@ -9,11 +9,13 @@ from collections.abc import Mapping, Sequence
 from statistics import geometric_mean
 from typing import Any
 
+from prereg.calibrated import Calibration
 from prereg.designs import design_label, design_named, study_design
 from prereg.factorial import design_of, effect_names
 from prereg.render.answer import clock_intervals
 from prereg.render.beside import Beside
 from prereg.render.model import Section, Table, Text, cells, cols, ends, esc, level_pct, num, para, raw
+from prereg.render.result import CLOCK_ENDPOINT, bias_line, study_block
 from prereg.render.svg import forest_svg, pairs_svg
 from prereg.results import PairedResult, StudyResult
 
@@ -101,10 +103,17 @@ def figure(svg: str, caption: str) -> list[Text]:
     return [raw(f"<figure>{svg}<figcaption>{caption}</figcaption></figure>")] if svg else []
 
 
-def paired(study: StudyResult, n: int, protocol_study: Mapping[str, Any] | None, cpu: bool) -> list[Section]:
+def paired(
+    study: StudyResult,
+    n: int,
+    protocol_study: Mapping[str, Any] | None,
+    cpu: bool,
+    cal: Calibration | None = None,
+) -> list[Section]:
     """A paired study's sections: training time (and the page's forest plot), CPU time (the page's
     with ``cpu``, a CPU device), quality and completion costs, peak memory; report.md's every pair
-    and order diagnostics. ``n`` numbers the page's plots; ``protocol_study`` names the design."""
+    and order diagnostics. ``n`` numbers the page's plots; ``protocol_study`` names the design;
+    with the study's calibration ``cal``, the design's calibrated bias under each time table."""
     cfgs = study.paired_configs()
     base, cand, lvl = cfgs[0].baseline_arm, cfgs[0].candidate_arm, level_pct(cfgs[0].level)
     arms, geo = f"{base} / {cand}", f"{base} / {cand} (geometric mean)"
@@ -120,6 +129,7 @@ def paired(study: StudyResult, n: int, protocol_study: Mapping[str, Any] | None,
     head = ["Configuration", "Parameters", geo, "Time reduction", f"{lvl} interval", "Faster / slower pairs"]
     head = [h for h in head if not (commands and h == "Parameters")]
     blocks += _clock(f"Training time, {arms}", head, cfgs, "training_time", "training_s", commands)
+    blocks += _bias(cal, protocol_study, "training_time", f"the training times of study {study.name}")
     forest = [(c.config, *ends(c.training_time.interval)) for c in cfgs]
     svg = forest_svg(f"forest{n}", f"Training-time reduction of {cand} over {base}, {lvl} intervals", forest)
     said = f"Training-time reduction per configuration with its {lvl} interval; right of the dashed line "
@@ -129,11 +139,17 @@ def paired(study: StudyResult, n: int, protocol_study: Mapping[str, Any] | None,
         cpu_head = ["Configuration", geo, "CPU-time reduction", f"{lvl} interval"]
         blocks += [para(f"{clock}.", "md")]
         blocks += _clock(f"{clock}, {arms}", cpu_head, with_cpu, "training_cpu_time", "training_cpu_s")
+        blocks += _bias(cal, protocol_study, "training_cpu_time", f"the CPU times of study {study.name}")
     return [
         Section(f"Study {study.name}: {cand} versus {base}", blocks),
         *_costs(study.name, cfgs, lvl, arms, no_total, no_memory),
-        _md_pairs(cfgs, lvl),
+        _md_pairs(cfgs, lvl, _bias(cal, protocol_study, "training_time", "every pair's time reduction")),
     ]
+
+
+def _bias(cal: Calibration | None, st: Mapping[str, Any] | None, endpoint: str, beside: str) -> list[Text]:
+    """The design's calibrated bias under a table of ``endpoint``'s figures (none without ``cal``)."""
+    return [] if cal is None else [para(bias_line(cal, study_block(st), endpoint, beside))]
 
 
 def _intervals_are(c: PairedResult, lvl: str) -> str:
@@ -242,8 +258,8 @@ def _pair_cells(p: Any) -> list[str]:
     return [*times, num(p.time_reduction_pct, ".2f%"), num(p.quality_difference(), "+.5f")]
 
 
-def _md_pairs(cfgs: Sequence[PairedResult], lvl: str) -> Section:
-    """report.md's every pair and order diagnostics of a paired study."""
+def _md_pairs(cfgs: Sequence[PairedResult], lvl: str, bias: Sequence[Text] = ()) -> Section:
+    """report.md's every pair and order diagnostics of a paired study, ``bias`` under its table."""
     rows = [[c.config, str(p.seed), str(p.first), *_pair_cells(p)] for c in cfgs for p in c.pairs]
     base, cand = (f"{arm.capitalize()} (s)" for arm in (cfgs[0].baseline_arm, cfgs[0].candidate_arm))
     head = ["Configuration", "Seed", "First", base, cand, "Time reduction", _delta(cfgs[0])]
@@ -252,7 +268,7 @@ def _md_pairs(cfgs: Sequence[PairedResult], lvl: str) -> Section:
         f"Order diagnostics ({lvl} intervals): AB/BA period effect, treatment-by-period check, drift "
         "over execution order."
     )
-    blocks: list[Text | Table] = [para("Every pair, including adverse ones."), Table("", head, rows)]
+    blocks: list[Text | Table] = [para("Every pair, including adverse ones."), Table("", head, rows), *bias]
     return Section(None, [*blocks, para(order), Text("\n".join(lines))], only="md")
 
 
@@ -340,9 +356,14 @@ def _design_order(values: Any, order: Sequence[str]) -> list[str]:
     return [k for k in order if k in values] + sorted(k for k in values if k not in order)
 
 
-def every_pair(studies: Sequence[StudyResult]) -> Section:
+def every_pair(
+    studies: Sequence[StudyResult],
+    cal: Calibration | None = None,
+    by_name: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Section:
     """The page's every pair of every paired study, adverse ones (the candidate was slower) marked,
-    with a dot plot per study."""
+    with a dot plot per study; with the study's calibration ``cal``, the design's calibrated bias
+    under each study's table (its design from the protocol's studies ``by_name``)."""
     said = "Adverse pairs (the candidate was slower) are marked. A positive quality difference means the "
     blocks: list[Text | Table] = [para(said + "candidate was worse.")]
     for n, study in enumerate(s for s in studies if design_named(s.design).pairwise and s.configs):
@@ -358,6 +379,8 @@ def every_pair(studies: Sequence[StudyResult]) -> Section:
         base, cand = cfgs[0].baseline_arm, cfgs[0].candidate_arm
         head = ["Pair", "First", f"{base} (s)", f"{cand} (s)", "Time reduction", _delta(cfgs[0]), "Candidate"]
         blocks.append(Table(f"Study {study.name}: every pair", head, rows, cls))
+        st = (by_name or {}).get(study.name)
+        blocks += _bias(cal, st, CLOCK_ENDPOINT["wall"], f"the pairs of study {study.name}")
     return Section("Every pair, including adverse ones", blocks, only="html")
 
 
