@@ -410,8 +410,40 @@ def replicate_times(records: Sequence[Mapping[str, Any]]) -> dict[int, dict[str,
             "to": _utc(hi),
             "hosts": sorted({s[2] for s in spans[r]}),
             "gap_s": None if last is None else round(lo - last, 3),
+            **_cpus_and_load([x for x in records if of_run.get(str(x["spec"]["run_id"])) == r]),
         }
         last = hi
+    return out
+
+
+def _cpus_and_load(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What a replicate's records say of its machines (issue 58: a replicate on another CPU model
+    is a stronger one): ``cpus``, each CPU model with the instruction set torch dispatched
+    (``env.device_name``, ``env.cpu_capability``), and ``load``, the least and greatest 1-minute
+    load average as its runs started (``env.loadavg[0]``); empty where the records hold neither."""
+    cpus, loads = set(), []
+    for x in records:
+        env = x.get("env") or {}
+        if isinstance(env.get("device_name"), str):
+            isa = env.get("cpu_capability")
+            cpus.add(env["device_name"] + (f" ({isa})" if isinstance(isa, str) and isa else ""))
+        avg = env.get("loadavg")
+        if isinstance(avg, list) and avg and isinstance(avg[0], (int, float)):
+            loads.append(float(avg[0]))
+    return {
+        **({"cpus": sorted(cpus)} if cpus else {}),
+        **({"load": [min(loads), max(loads)]} if loads else {}),
+    }
+
+
+def by_machine(replicates: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
+    """The replicates' estimates grouped by the CPU model(s) each ran on (``cpus`` joined; a
+    replicate that names none is under ``"unknown"``): the spread by machine, beside the spread
+    between replicates."""
+    out: dict[str, list[float]] = {}
+    for x in replicates:
+        key = " + ".join(x.get("cpus") or ["unknown"])
+        out.setdefault(key, []).append(float(x["estimate"]))
     return out
 
 

@@ -904,3 +904,37 @@ def test_the_anchored_gap_runs_from_the_earlier_replicates_last_entry_to_the_nex
     ]
     apart.append((6, "2026-12-01T09:20:00+00:00"))
     assert anchored_gap_problems(entries, 3600, apart) == ([], [])
+
+
+def test_each_replicate_names_its_cpu_and_load_and_the_spread_by_machine_is_stated():
+    """Issue 58: a replicate on another CPU model is a stronger one; the report names each
+    replicate's CPU model, instruction set and load, and the spread by machine (or that it is not
+    measured, on one model)."""
+    from prereg.render.findings import _machines_sentence
+    from prereg.replicates import by_machine, replicate_times
+
+    def rec(run: str, rep: int, at: str, cpu: str, isa: str, load: float) -> dict:
+        return {
+            "spec": {"run_id": run, "replicate": rep},
+            "ledger": {"at": at},
+            "env": {"host": "h", "device_name": cpu, "cpu_capability": isa, "loadavg": [load, 0.0, 0.0]},
+        }
+
+    records = [
+        rec("a", 1, "2026-12-06T08:00:00Z", "Xeon", "AVX512", 0.5),
+        rec("b", 1, "2026-12-06T08:05:00Z", "Xeon", "AVX512", 2.5),
+        rec("c", 2, "2026-12-06T10:00:00Z", "EPYC", "AVX2", 1.0),
+    ]
+    times = replicate_times(records)
+    assert times[1]["cpus"] == ["Xeon (AVX512)"] and times[1]["load"] == [0.5, 2.5]
+    assert times[2]["cpus"] == ["EPYC (AVX2)"] and times[2]["gap_s"] == 6900.0
+    reps = [{**times[1], "estimate": -1.0}, {**times[2], "estimate": +1.0}, {"estimate": 0.0}]
+    assert by_machine(reps) == {"Xeon (AVX512)": [-1.0], "EPYC (AVX2)": [1.0], "unknown": [0.0]}
+    row = {"study": "s", "config": "c", "clock": "CPU", "replicates": reps[:2]}
+    text = _machines_sentence([row])
+    assert (
+        "EPYC (AVX2): 1 replicate(s), mean +1.00" in text
+        and "Xeon (AVX512): 1 replicate(s), mean -1.00" in text
+    )
+    one = _machines_sentence([{**row, "replicates": [reps[0], {**reps[0], "estimate": 0.5}]}])
+    assert one.startswith("Spread by machine: all 2 replicates ran on one CPU model (Xeon (AVX512))")

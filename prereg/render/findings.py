@@ -11,6 +11,7 @@ from typing import Any
 from prereg.calibrated import Calibration
 from prereg.render.model import Section, Table, Text, cols, level_pct, num, para
 from prereg.render.result import CLOCK_ENDPOINT, bias_line, block_steps
+from prereg.replicates import by_machine
 from prereg.results import Summary
 
 PLANTED = "Planted reference effects: each design's bias"
@@ -35,7 +36,10 @@ REPLICATES_HEAD = cols(
     "Precision-weighted mean (interval; descriptive, not the decision) | "
     "Between-replicate SD | I²"
 )
-TIMES_HEAD = cols("Replicate | First record (UTC) | Last record (UTC) | Machines | Since the previous one")
+TIMES_HEAD = cols(
+    "Replicate | First record (UTC) | Last record (UTC) | Machines | CPU (instruction set) | "
+    "1-minute load as runs started | Since the previous one"
+)
 
 
 def _section(title: str, anchor: str, sentence: str, head: list[str], rows: list[list[str]]) -> Section:
@@ -149,7 +153,8 @@ def _times(rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     for x in (x for r in rows for x in r["replicates"] if "from" in x):
         seen.setdefault(x["replicate"], x)
     return [
-        [str(k), x["from"], x["to"], ", ".join(x["hosts"])]
+        [str(k), x["from"], x["to"], ", ".join(x["hosts"]), "; ".join(x.get("cpus") or ["n/a"])]
+        + [f"{x['load'][0]:.1f}-{x['load'][1]:.1f}" if "load" in x else "n/a"]
         + ["" if x["gap_s"] is None else f"{x['gap_s'] / 3600:.2f} h"]
         for k, x in sorted(seen.items())
     ]
@@ -191,4 +196,30 @@ def replicates_section(summary: Summary, cal: Calibration | None = None) -> Sect
         ]
     if times := _times(rows):
         out.blocks.append(Table("When and where each replicate ran", TIMES_HEAD, times))
+        out.blocks.append(para(_machines_sentence(rows)))
     return out
+
+
+def _machines_sentence(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The spread by machine: on one CPU model, that it is not measured; on several, each model's
+    mean estimate per study, configuration and clock (:func:`prereg.replicates.by_machine`)."""
+    models = sorted({m for r in rows for m in by_machine(r["replicates"])})
+    if len(models) <= 1:
+        n = max((len(r["replicates"]) for r in rows), default=0)
+        return (
+            f"Spread by machine: all {n} replicates ran on one CPU model ({models[0] if models else 'n/a'}), "
+            "so the spread between machines is not measured here: the between-replicate SD above is "
+            "the spread between times on one machine."
+        )
+    parts = []
+    for r in rows:
+        each = "; ".join(
+            f"{m}: {len(ys)} replicate(s), mean {_pts(sum(ys) / len(ys))}"
+            for m, ys in sorted(by_machine(r["replicates"]).items())
+        )
+        parts.append(f"{r['study']} / {r['config']} ({r['clock']}): {each}")
+    return (
+        "Spread by machine (points, each CPU model's mean of its replicates' estimates): "
+        + " | ".join(parts)
+        + "."
+    )
