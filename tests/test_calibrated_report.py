@@ -570,3 +570,20 @@ def test_a_compare_studys_report_says_the_change_as_the_terminal_verdict_does(fi
         assert got.group(2) == said.group(1) and abs(float(got.group(3)) - float(said.group(2))) <= 0.051
     decisions = md.split("## Decisions")[1].split("\n## ")[0]
     assert "% reduction" not in decisions and " points (faster by " in decisions
+
+
+def test_time_to_target_and_total_time_say_the_calibration_measures_no_bias_for_them():
+    """Issue 57: a speed figure of a calibrated study has its bias beside it, or says why none: the
+    calibration reads its plants on the training clocks only, so the time to the target and the
+    total time (report.md's costs table, the page's costs table) say so; an uncalibrated study's
+    texts do not."""
+    from prereg.render.studies import UNCALIBRATED
+
+    root = Path(__file__).resolve().parent.parent / "records"
+    for calibrated in ("cpu1", "cpu2", "cpu3"):
+        md = (root / calibrated / "report.md").read_text()
+        page = (root / calibrated / "index.html").read_text()
+        assert md.count(UNCALIBRATED) >= 1 and page.count(UNCALIBRATED.replace("'", "&#x27;")) >= 1
+        assert md.count(UNCALIBRATED) == md.count("Time to the fixed validation target")
+    for plain in ("cpu2-pilot", "calibration-cpu"):
+        assert UNCALIBRATED not in (root / plain / "report.md").read_text()
