@@ -316,7 +316,9 @@ def test_an_isolated_arm_cannot_find_signal_or_read_its_partner_and_the_pair_com
     for r in (b, c):
         assert r.process["isolation"] == isolate.ISOLATED
         k = r.process["kernel"]
-        assert k["stops"] == 0 and k["observed"] and k["run_s"] > 0, k  # the program's (the relay sleeps)
+        # the program's run time (the relay only sleeps); whether the 5 ms samples covered half of its
+        # short turns depends on the machine's load, so "observed" is not asserted here
+        assert k["stops"] == 0 and k["run_s"] > 0, k
 
 
 def test_where_isolation_is_refused_the_hunter_stops_its_partner_and_the_record_says_so(
