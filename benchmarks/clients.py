@@ -132,14 +132,13 @@ class NanoGPT(Loop):
         return t2 - t0, t2 - t1
 
 
-class Timm(Loop):
-    def __init__(self, arm: str, batch: int, size: int, init: nn.Module) -> None:
-        from timm.optim import param_groups_weight_decay
+class Images(Loop):
+    """A classifier's loop on random images (``batch`` of ``size`` x ``size``, 10 classes)."""
 
-        self.model = copy.deepcopy(init)
-        self.batch, self.size, self.arm = batch, size, arm
-        groups = param_groups_weight_decay(self.model, 0.05)
-        self.opt: Any = optimizer(arm, groups, lr=1e-3)
+    arm: str
+    batch: int
+    size: int
+    opt: Any
 
     def iteration(self, k: int) -> tuple[float, float]:
         g = torch.Generator().manual_seed(k)
@@ -153,7 +152,17 @@ class Timm(Loop):
         return t2 - t0, t2 - t1
 
 
-class SmallCNN(Loop):
+class Timm(Images):
+    def __init__(self, arm: str, batch: int, size: int, init: nn.Module) -> None:
+        from timm.optim import param_groups_weight_decay
+
+        self.model = copy.deepcopy(init)
+        self.batch, self.size, self.arm = batch, size, arm
+        groups = param_groups_weight_decay(self.model, 0.05)
+        self.opt: Any = optimizer(arm, groups, lr=1e-3)
+
+
+class SmallCNN(Images):
     """A conv+BN net on small images: the review's "small conv+BN net"."""
 
     def __init__(self, arm: str, init: nn.Module, batch: int, size: int) -> None:
@@ -174,17 +183,6 @@ class SmallCNN(Loop):
             nn.Flatten(),
             nn.Linear(2 * width, 10),
         )
-
-    def iteration(self, k: int) -> tuple[float, float]:
-        g = torch.Generator().manual_seed(k)
-        x = torch.randn(self.batch, 3, self.size, self.size, generator=g)
-        y = torch.randint(0, 10, (self.batch,), generator=g)
-        t0 = time.perf_counter()
-        F.cross_entropy(self.model(x), y).backward()
-        t1 = time.perf_counter()
-        phase(self.model, self.opt, self.arm, 1.0)
-        t2 = time.perf_counter()
-        return t2 - t0, t2 - t1
 
 
 class Study(Loop):

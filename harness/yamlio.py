@@ -16,7 +16,7 @@ import yaml
 
 from prereg.bounded import MAX_DEPTH
 from prereg.errors import InputError
-from prereg.protocol.read import MAX_BYTES
+from prereg.protocol.read import MAX_BYTES, refuse_bom
 from prereg.protocol.schema import Document, KeyPath, dotted
 
 
@@ -84,13 +84,7 @@ def load(path: str | Path) -> Document:
         raw = p.read_bytes()
     except OSError as e:
         raise InputError(f"cannot read: {e.strerror}", file=str(p)) from e
-    if raw.startswith(b"\xef\xbb\xbf"):
-        raise InputError(
-            "the file starts with a UTF-8 byte order mark: save it without one (the protocol's sha256 "
-            "is of its bytes, and the mark is invisible in most editors)",
-            file=str(p),
-            line=1,
-        )
+    refuse_bom(raw, p)
     try:
         text = raw.decode("utf-8")
         _no_aliases(text, p)

@@ -26,9 +26,9 @@ def test_the_method_s_mode_variable_is_recorded_not_refused():
 def test_a_command_arm_s_mode_is_in_its_record():
     """A command arm whose ``env`` sets the mode: the record's env names it; without it, no key."""
     spec = SimpleNamespace(device="cpu", threads=1, command={"env": {ENV: "native", "X": "1"}})
-    assert commands._env_facts(spec)["code_path_env"] == {ENV: "native"}
+    assert commands.env_facts(spec)["code_path_env"] == {ENV: "native"}
     spec.command = {"env": {"X": "1"}}
-    assert "code_path_env" not in commands._env_facts(spec)
+    assert "code_path_env" not in commands.env_facts(spec)
 
 
 @pytest.mark.parametrize("mode", ["native", None])

@@ -929,10 +929,12 @@ def test_the_tags_package_check_covers_what_the_studys_imports_import(tmp_path):
     subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
     subprocess.run(["git", "commit", "-qm", "c"], cwd=repo, check=True)
     arm = {"command": ["python", "train.py", "{seed}"], "cwd": "job", "timeout_s": 60}
-    proto = SimpleNamespace(document={"studies": [{"arms": {"baseline": arm, "candidate": arm}}]}, studies=[])
-    only = imported_distributions(proto, repo)
+    study = SimpleNamespace(commands=True, arms={"baseline": arm, "candidate": arm})
+    proto = SimpleNamespace(spec=SimpleNamespace(studies=[study]), studies=[], path=repo)
+    only = imported_distributions(proto, repo)  # type: ignore[arg-type]
     assert only is not None and {"torch", "numpy"} <= only, sorted(only or [])
-    tagged = command_bindings(SimpleNamespace(document={"studies": []}), repo)
+    none = SimpleNamespace(spec=SimpleNamespace(studies=[]), studies=[], path=repo)
+    tagged = command_bindings(none, repo)  # type: ignore[arg-type]
     assert set(tagged["packages"]) >= only  # the tag's list covers what the study imports
     bumped = {**tagged, "packages": {**tagged["packages"], "numpy": "0.0.1"}}
     assert command_drift(tagged, bumped, only) == [

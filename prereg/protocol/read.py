@@ -73,6 +73,18 @@ def read_document(path: str | Path) -> Document:
     return document_of(raw, p)
 
 
+def refuse_bom(raw: bytes, path: Path) -> None:
+    """Refuse a YAML file whose bytes start with a UTF-8 byte order mark (protocols here, and the
+    harness's configuration files): :class:`InputError` naming the file and line 1."""
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raise InputError(
+            "the file starts with a UTF-8 byte order mark: save it without one (the protocol's sha256 "
+            "is of its bytes, and the mark is invisible in most editors)",
+            file=str(path),
+            line=1,
+        )
+
+
 def document_of(raw: bytes, path: str | Path) -> Document:
     """The :class:`Document` of a protocol's bytes ``raw`` (``path``: the file its errors name).
 
@@ -90,13 +102,7 @@ def document_of(raw: bytes, path: str | Path) -> Document:
         not UTF-8, start with a byte order mark, or hold YAML beyond the subset read.
     """
     p = Path(path)
-    if raw.startswith(b"\xef\xbb\xbf"):
-        raise InputError(
-            "the file starts with a UTF-8 byte order mark: save it without one (the protocol's sha256 "
-            "is of its bytes, and the mark is invisible in most editors)",
-            file=str(p),
-            line=1,
-        )
+    refuse_bom(raw, p)
     try:
         data, lines = yaml_lines(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
