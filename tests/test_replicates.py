@@ -910,7 +910,7 @@ def test_each_replicate_names_its_cpu_and_load_and_the_spread_by_machine_is_stat
     """Issue 58: a replicate on another CPU model is a stronger one; the report names each
     replicate's CPU model, instruction set and load, and the spread by machine (or that it is not
     measured, on one model)."""
-    from prereg.render.findings import _machines_sentence
+    from prereg.render.findings import machines_sentence
     from prereg.replicates import by_machine, replicate_times
 
     def rec(run: str, rep: int, at: str, cpu: str, isa: str, load: float) -> dict:
@@ -931,10 +931,10 @@ def test_each_replicate_names_its_cpu_and_load_and_the_spread_by_machine_is_stat
     reps = [{**times[1], "estimate": -1.0}, {**times[2], "estimate": +1.0}, {"estimate": 0.0}]
     assert by_machine(reps) == {"Xeon (AVX512)": [-1.0], "EPYC (AVX2)": [1.0], "unknown": [0.0]}
     row = {"study": "s", "config": "c", "clock": "CPU", "replicates": reps[:2]}
-    text = _machines_sentence([row])
+    text = machines_sentence([row])
     assert (
         "EPYC (AVX2): 1 replicate(s), mean +1.00" in text
         and "Xeon (AVX512): 1 replicate(s), mean -1.00" in text
     )
-    one = _machines_sentence([{**row, "replicates": [reps[0], {**reps[0], "estimate": 0.5}]}])
+    one = machines_sentence([{**row, "replicates": [reps[0], {**reps[0], "estimate": 0.5}]}])
     assert one.startswith("Spread by machine: all 2 replicates ran on one CPU model (Xeon (AVX512))")

@@ -196,11 +196,11 @@ def replicates_section(summary: Summary, cal: Calibration | None = None) -> Sect
         ]
     if times := _times(rows):
         out.blocks.append(Table("When and where each replicate ran", TIMES_HEAD, times))
-        out.blocks.append(para(_machines_sentence(rows)))
+        out.blocks.append(para(machines_sentence(rows)))
     return out
 
 
-def _machines_sentence(rows: Sequence[Mapping[str, Any]]) -> str:
+def machines_sentence(rows: Sequence[Mapping[str, Any]]) -> str:
     """The spread by machine: on one CPU model, that it is not measured; on several, each model's
     mean estimate per study, configuration and clock (:func:`prereg.replicates.by_machine`)."""
     models = sorted({m for r in rows for m in by_machine(r["replicates"])})

@@ -218,6 +218,7 @@ def _costs(
     peak memory (``no_total``, ``no_memory``: the design's :data:`RAN` words); in a ``calibrated``
     study, that the calibration says nothing of these endpoints' bias."""
     done, page, mem_md, mem_page, fm = [], [], [], [], cfgs[0].final_metric
+    note = [para(UNCALIBRATED)] if calibrated else []
     for c in cfgs:
         t = c.time_to_target
         (te, tr), (re_, rr) = cells(c.total_time.interval), cells(t.interval)
@@ -248,7 +249,7 @@ def _costs(
     md: list[Text | Table] = [
         para("Time to the fixed validation target and total completion time."),
         Table("", [*cols(DONE_HEAD), f"{lvl} interval", "Total-time reduction"], done),
-        *([para(UNCALIBRATED)] if calibrated else []),
+        *note,
         para(f"Full-test quality ({NO_METRIC_MD})." if fm is None else f"Quality: {words}."),
         Table("", head, quality),
         para("Peak memory."),
@@ -259,12 +260,7 @@ def _costs(
     memory = Table(MEMORY, ["Configuration", f"{arms} (geometric mean)", "Reduction"], mem_page)
     return [
         Section(None, md if mem_md else [*md[:-1], para(no_memory)], only="md"),
-        Section(
-            f"Quality and completion costs ({name})",
-            [costs, *([para(UNCALIBRATED)] if calibrated else [])],
-            3,
-            "html",
-        ),
+        Section(f"Quality and completion costs ({name})", [costs, *note], 3, "html"),
         Section(f"Peak memory ({name})", [memory if mem_page else para(no_memory)], 3, "html"),
     ]
 
