@@ -349,9 +349,13 @@ def test_a_wrapped_arm_stopped_below_its_wrapper_fails_the_pair(tmp_path, shared
     (b, _), (c, _) = _pair(tmp_path / "stopped", ("victim", "stopper"), wrap=True)
     assert b.status == "failed" and "the kernel saw it stopped" in (b.reason or ""), (b.reason, b.process)
     assert c.status == "failed", c.reason
-    (b, _), (c, _) = _pair(tmp_path / "honest", ("victim", "honest"), wrap=True)
+    (b, _), (c, _) = _pair(tmp_path / "honest", ("victim", "honest"), wrap=True, steps=24, block=6)
     assert b.status == "ok" and c.status == "ok", (b.reason, c.reason)
-    assert b.process["kernel"]["observed"] and b.process["kernel"]["run_s"] > 0.05, b.process["kernel"]
+    # the tree's child spins through its turns: over the sample intervals inside them it was running
+    # or runnable nearly all the time (sh alone sleeps: near nothing). How much of the turns the 5 ms
+    # samples covered ("observed") depends on the machine's load, so it is not asserted here.
+    k = b.process["kernel"]
+    assert k["timed_s"] > 0 and k["run_s"] + k["runqueue_s"] >= 0.8 * k["timed_s"], k
 
 
 UNPRIVILEGED = """
