@@ -542,6 +542,7 @@ def conv_twins(shapes, dtype, seed, channels_last):
     return a + [w.clone().requires_grad_()], b + [w.clone().requires_grad_()], gen
 
 
+@pytest.mark.filterwarnings("ignore:scripted")
 @FEW
 @given(
     shapes=st.lists(shape_st, min_size=1, max_size=3),
@@ -698,3 +699,30 @@ def test_a_view_taken_while_packed_keeps_the_layout_and_says_why():
     )
     assert ob.mode == "native" and not ob._own and ob._pack is not None
     same_state(oa, ob, a, b)
+
+
+def test_never_slower_default_rounds_against_statsmodels():
+    """benchmarks/never_slower.py's default rounds: the one-sided t-test power calculation of
+    statsmodels (``TTestPower().solve_power(effect_size=log(1.01)/sd, alpha=0.025, power=0.9,
+    alternative="larger")``, 1907.5 at sd 0.134) agrees with ``rounds_needed`` within 2 rounds,
+    and the default is at least that."""
+    import importlib.util
+    from pathlib import Path
+
+    from statsmodels.stats.power import TTestPower
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(root))
+    try:
+        spec = importlib.util.spec_from_file_location("never_slower_rounds", root / "never_slower.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(root))
+    for sd in (mod.ROUND_SD, 0.097, 0.067):
+        ref = TTestPower().solve_power(
+            effect_size=math.log(mod.UPPER_MAX) / sd, alpha=0.025, power=mod.POWER, alternative="larger"
+        )
+        assert abs(mod.rounds_needed(sd) - ref) <= 2, (sd, ref)
+    assert mod.ROUNDS >= mod.rounds_needed() and mod.parse([]).rounds == mod.ROUNDS
+    assert abs(mod.upper_power(mod.rounds_needed()) - mod.POWER) < 1e-3
