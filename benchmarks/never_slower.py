@@ -29,7 +29,7 @@ Loops (all from ``benchmarks/clients.py``, their one home): nanoGPT's ``train.py
 head), and the study's four tiny configurations (``configs/tiny_*.yaml``: their model, batch, lr,
 weight decay and clip).
 
-    python benchmarks/never_slower.py --threads 1 2            # the full table
+    python benchmarks/never_slower.py --threads 1 2            # the full table (2000 rounds, ~35 min)
     python benchmarks/never_slower.py --quick --threads 1      # CI size
 """
 
@@ -65,6 +65,47 @@ LOOPS = ("nanogpt", "timm", "small_cnn", *TINY)
 #: The promise, per loop (issue 61): the default's iteration at most native's (the geometric mean
 #: of per-round ratios at most RATIO_MAX) with the upper 95% bound at most UPPER_MAX.
 RATIO_MAX, UPPER_MAX = 1.00, 1.01
+
+#: The spread of a row's per-round log ratios, from ``docs/benchmark.md``'s 360-round run (both
+#: instruction sets, the packed and auto columns, 56 intervals): ``sd = half width * sqrt(360) /
+#: t(0.975, 359)``; median 0.097, largest 0.134 (tiny_medium, 2 threads, AVX2).
+ROUND_SD = 0.134
+#: The chance that a row equal to native (true ratio 1.00) reads an upper bound at most
+#: :data:`UPPER_MAX`, which the default rounds are sized for.
+POWER = 0.90
+#: Seconds a round of the full table takes, per thread count and loop, from the same run (native's
+#: iteration, three arms; the A/A rows two arms of nanoGPT): 7 minutes per command for 416 rounds.
+ROUND_SECONDS = 1.0
+
+
+def rounds_needed(sd: float = ROUND_SD, power: float = POWER, upper: float = UPPER_MAX) -> int:
+    """Rounds at which a row whose true ratio is 1.00 reads an upper 95% bound at most ``upper``
+    with probability ``power``.
+
+    Notes
+    -----
+    With per-round log ratios of standard deviation ``sd`` over ``n`` rounds, the estimate ``m``
+    of the mean log ratio has standard error ``se = sd / sqrt(n)`` and the upper bound is
+    ``m + t * se`` (``t`` ~ 1.96 at these sizes). At a true ratio of 1.00, ``m ~ N(0, se)``, so
+    ``P(upper <= log(upper)) = Phi(log(upper) / se - 1.96)``, which is ``power`` at
+    ``n = ((1.96 + z(power)) * sd / log(upper))**2``: 1906 at sd 0.134 (the spread of the widest
+    row) and 995 at the median row's 0.097, both at power 0.90. The other half of the promise,
+    ratio at most 1.00, holds at a true ratio of exactly 1.00 half the time whatever the rounds;
+    only a default truly below native meets both reliably.
+    """
+    z = statistics.NormalDist().inv_cdf(power)
+    return math.ceil(((1.959964 + z) * sd / math.log(upper)) ** 2)
+
+
+#: The default rounds per row: :func:`rounds_needed` rounded up to a hundred (2000).
+ROUNDS = math.ceil(rounds_needed() / 100) * 100
+
+
+def expected_minutes(args: argparse.Namespace) -> float:
+    """The full table's expected duration on this project's 2-core machine (:data:`ROUND_SECONDS`
+    per round of all seven loops at one and two threads, scaled to the rows asked for)."""
+    share = len(args.loops) / len(LOOPS) * len(args.threads) / 2
+    return (args.rounds + args.warmup) * ROUND_SECONDS * share / 60
 
 
 def at_most_native(r: dict[str, float]) -> bool:
@@ -185,7 +226,15 @@ def header(args: argparse.Namespace) -> list[str]:
         f"{os.environ.get('ATEN_CPU_CAPABILITY', 'unset')})",
         f"{args.rounds} timed rounds per row after {args.warmup} warm-up iterations per arm (auto decides "
         f"after {DECIDES_AFTER}); ratios: geometric mean of per-round ratios, 95% Student-t interval",
+        f"expected duration: about {expected_minutes(args):.0f} minutes (full-size models; a row equal to "
+        f"native reads an upper bound <= {UPPER_MAX:.2f} with probability "
+        f"{upper_power(args.rounds):.2f} at the widest spread seen, sd {ROUND_SD})",
     ]
+
+
+def upper_power(rounds: int, sd: float = ROUND_SD) -> float:
+    """:func:`rounds_needed` read the other way: the chance at ``rounds``."""
+    return statistics.NormalDist().cdf(math.log(UPPER_MAX) * math.sqrt(rounds) / sd - 1.959964)
 
 
 PLANT_HEAD = [
@@ -238,7 +287,9 @@ def table_rows(args: argparse.Namespace, threads: int, results: dict[str, Any]) 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="CI size: 12 rounds, smaller models and batches")
-    ap.add_argument("--rounds", type=int, help="timed rounds per row (default 360; --quick 12)")
+    ap.add_argument(
+        "--rounds", type=int, help=f"timed rounds per row (default {ROUNDS}: rounds_needed(); --quick 12)"
+    )
     ap.add_argument("--warmup", type=int, default=DECIDES_AFTER + 4, help="solo warm-up iterations per arm")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--loops", nargs="+", default=list(LOOPS), choices=LOOPS)
@@ -258,7 +309,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--json", help="write the results as JSON to this path")
     args = ap.parse_args(argv)
     if args.rounds is None:
-        args.rounds = 12 if args.quick else 360
+        args.rounds = 12 if args.quick else ROUNDS
     if args.quick:
         args.nanogpt_layers, args.nanogpt_width, args.timm_size = 2, 64, 16
         args.cnn_width, args.cnn_batch, args.cnn_size = 8, 4, 16

@@ -22,12 +22,13 @@ from cotangent.groups import (
     check_unshared,
     fused_kwargs,
     lr_on,
+    sharers,
     validated,
 )
 from cotangent.kernel.phase import KernelPhase, kernel_blocker
 from cotangent.modes import Chooser, resolve, user_stacklevel
 from cotangent.onepass import OnePass
-from cotangent.pack import CPU_BLOCK_BYTES, RELEASE_MIN_BYTES, FlatGroup, Pack
+from cotangent.pack import CPU_BLOCK_BYTES, RELEASE_MIN_BYTES, FlatGroup, Pack, own_storage
 from cotangent.plans import blocks_for, lists_for, view_lists
 from cotangent.states import (
     Changes,
@@ -39,6 +40,14 @@ from cotangent.states import (
     watched_entry,
     watched_state,
 )
+
+
+def own_copy(t: Tensor) -> Tensor:
+    """A copy of ``t`` with storage of its own and ``t``'s strides (its memory order), as native
+    keeps a parameter, its gradient and its state."""
+    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
 
 
 class PackedAdamW(OnePass):
@@ -193,7 +202,7 @@ class PackedAdamW(OnePass):
         self._requested_update = update
         self.block_bytes = block_bytes
         self.kernel = kernel
-        self._pack_all()
+        self._lay_out()
 
     def _init_mode(self, asked: str) -> None:
         #: ``"packed"`` or ``"native"``: how the optimizer steps now (:meth:`set_mode`).
@@ -203,6 +212,15 @@ class PackedAdamW(OnePass):
         self.mode_report: str | None = None
         self._stepped = False  # a step ran since the last end of a phase (_tick)
         self._quiet = 0  # inside clip_step_zero_grad: its own zero_grad is not the phase's end
+        #: Native for good: the parameters, gradients and state have storage of their own, the
+        #: packed buffers are freed and ``_pack`` is None (:meth:`_own_storage`).
+        self._own = False
+
+    def _lay_out(self) -> None:
+        """The layout at construction: packed, then, for ``mode="native"``, native for good."""
+        self._pack_all()
+        if self.mode == "native" and self._chooser is None:
+            self._own_storage()
 
     def _pack_all(self) -> None:
         params: list[Tensor] = []
@@ -267,7 +285,10 @@ class PackedAdamW(OnePass):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Native's ``add_param_group``, then the new parameters are packed (their own buffers)."""
-        if getattr(self, "_pack", None) is None:  # during construction
+        if getattr(self, "_pack", None) is None:  # during construction, or native for good
+            if getattr(self, "_own", False):
+                check_group(param_group, len(self.param_groups), self.defaults)
+                Pack.check_unheld(param_group["params"])
             super().add_param_group(param_group)
             return
         self._check_layout()
@@ -306,13 +327,15 @@ class PackedAdamW(OnePass):
         for g in pack.groups:
             for j, i in enumerate(g.index):
                 p = pack.params[i]
+                # aliases with storage of their own (not views): rebound in place when the state
+                # leaves the buffers (_own_storage), they keep no view of a freed buffer alive
                 st: dict[str, Tensor] = {
-                    "step": g.steps[j],
-                    "exp_avg": g.slot(g.exp_avg, j, p.shape),
-                    "exp_avg_sq": g.slot(g.exp_avg_sq, j, p.shape),
+                    "step": own_storage(g.steps[j]),
+                    "exp_avg": own_storage(g.slot(g.exp_avg, j, p.shape)),
+                    "exp_avg_sq": own_storage(g.slot(g.exp_avg_sq, j, p.shape)),
                 }
                 if g.max_exp_avg_sq is not None:
-                    st["max_exp_avg_sq"] = g.slot(g.max_exp_avg_sq, j, p.shape)
+                    st["max_exp_avg_sq"] = own_storage(g.slot(g.max_exp_avg_sq, j, p.shape))
                 self._slots[p] = st
         self._changes.seen = False
         self.state = self._watched = watched_state(
@@ -390,7 +413,17 @@ class PackedAdamW(OnePass):
         over exactly; a gradient that exists keeps its bits (packed to native: it becomes a tensor
         of its own, as backward would have stored it; native to packed: it is copied into its slot
         at the next step). Stepping natively, the gradient buffer's pages are given back to the OS
-        (Linux), so gradient memory is native's; while ``mode="auto"`` measures they stay."""
+        (Linux), so gradient memory is native's; while ``mode="auto"`` measures they stay.
+
+        Native for good (``mode="native"`` at construction, ``"auto"`` once it chose native), the
+        parameters have storage of their own: ``set_mode("packed")`` packs them again as at
+        construction (refused, naming it, where another tensor shares a parameter's memory)."""
+        if self._own:
+            if mode == "packed":
+                self._pack_again()
+                return
+            if mode == "native":
+                return
         self._switch(mode, release=True)
 
     def _switch(self, mode: str, release: bool) -> None:
@@ -420,7 +453,10 @@ class PackedAdamW(OnePass):
             self._chooser = None
             self.mode_report = chooser.report
             if chooser.decided == "native":
-                warnings.warn(chooser.report or "", UserWarning, stacklevel=user_stacklevel())
+                why = self._own_storage()
+                if why is not None:
+                    self.mode_report = f"{chooser.report}; {why}"
+                warnings.warn(self.mode_report or "", UserWarning, stacklevel=user_stacklevel())
             else:
                 logging.getLogger("cotangent").info(chooser.report)
 
@@ -460,20 +496,114 @@ class PackedAdamW(OnePass):
             return
         ps, ms, vs, xs, steps = ([t[j] for j in positions] if t else t for t in lists)
         gs = [t for t in (pack.params[g.index[j]].grad for j in positions) if t is not None]
-        kwargs = fused_kwargs(self.param_groups[g.pg], g.pg)
+        self._fused_call(g.pg, g.device, (ps, gs, ms, vs, xs, steps))
+
+    def _fused_call(self, pg: int, device: torch.device, lists: tuple[list[Tensor], ...]) -> None:
+        """Native fused AdamW's call for parameter group ``pg`` on ``device``: the steps counted,
+        ``torch._fused_adamw_`` (``GradScaler``'s scale and ``found_inf`` as native passes them),
+        a step that found an inf not counted."""
+        steps = lists[5]
+        kwargs = fused_kwargs(self.param_groups[pg], pg)
         torch._foreach_add_(steps, 1)
-        scale, inf = amp_tensors(self, g.device)
-        torch._fused_adamw_(
-            ps, gs, ms, vs, xs, steps, **lr_on(kwargs, g.device), grad_scale=scale, found_inf=inf
-        )
+        scale, inf = amp_tensors(self, device)
+        torch._fused_adamw_(*lists, **lr_on(kwargs, device), grad_scale=scale, found_inf=inf)
         if inf is not None:
             torch._foreach_sub_(steps, [inf] * len(steps))
+
+    # -- native for good -----------------------------------------------------------------
+    def _own_storage(self) -> str | None:
+        """Native for good (``mode="native"`` at construction, ``"auto"`` once it chose native):
+        each parameter, its gradient and its state get storage of their own, laid out as native's
+        (the parameter's strides), with the same bits; the hooks are removed, the layout leaves
+        the registry and the packed buffers are freed. What the user holds stays valid: the
+        Parameter objects, ``param_groups``, ``state``, its entries and their tensors (each rebound
+        in place, ``t.data = own``), a scheduler holding the optimizer.
+
+        The rule at this moment: a tensor that shares a parameter's packed memory (a view such as
+        ``p.t()`` or a ``p.detach()`` handle taken after the optimizer was built) would keep the
+        packed bytes while natively it follows every step, so then nothing moves: the optimizer
+        keeps stepping natively over the packed layout (the same bits, the buffers kept) and the
+        reason is returned. A view of a state tensor (not the tensor itself) is not checked: it
+        keeps the values of the moment. Returns None where the storage moved."""
+        pack = self._pack
+        self._check_layout()  # what the user changed in state and groups, applied first
+        self._fast_lists, self._blocks = [], []  # our own views of the parameters (.detach()) go
+        self._native, self._state_lists = False, None
+        held = sharers(pack.params)
+        if held:
+            self._build_plans()
+            i, extra = held[0]
+            return (
+                f"parameter {i} (shape {tuple(pack.params[i].shape)}) shares its memory with {extra} other "
+                "tensor(s) (a view or p.detach() handle taken after the optimizer was built), so the parameters "
+                "keep their packed storage (native's bits; the packed buffers stay allocated)"
+            )
+        with torch.no_grad():
+            for i, p in enumerate(pack.params):
+                p.data = own_copy(p.detach())
+                if p.grad is not None and p.grad is pack.grad_views[i]:  # to_native made it its own
+                    p.grad = own_copy(p.grad)  # pragma: no cover - defensive
+            for p, entry in self.state.items():
+                slots = self._slots.get(p, {})
+                for key, t in entry.items():
+                    if isinstance(t, Tensor) and slots.get(key) is t:
+                        t.data = own_copy(t)
+        pack.release()  # hooks removed, out of the registry
+        pack.backward = None
+        self._pack, self._slots, self._native = None, {}, None  # type: ignore[assignment]
+        self._own = True
+        return None
+
+    def _own_update(self) -> None:
+        """Native fused AdamW's step over tensors of their own (native for good): ``_init_group``'s
+        lazy state (a parameter's entry at its first step with a gradient: float32 ``step`` 0,
+        zero moments in the parameter's memory format), one fused call per parameter group,
+        device and dtype."""
+        for k, group in enumerate(self.param_groups):
+            lists: dict[tuple[torch.device, torch.dtype], tuple[list[Tensor], ...]] = {}
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.layout != torch.strided:
+                    raise RuntimeError("PackedAdamW requires dense gradients (got a sparse gradient)")
+                st = self.state[p]
+                if len(st) == 0:
+                    st["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                    st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    if group["amsgrad"]:
+                        st["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                ps, gs, ms, vs, xs, ss = lists.setdefault((p.device, p.dtype), ([], [], [], [], [], []))
+                ps.append(p)
+                gs.append(p.grad)
+                ms.append(st["exp_avg"])
+                vs.append(st["exp_avg_sq"])
+                if group["amsgrad"]:
+                    xs.append(st["max_exp_avg_sq"])
+                ss.append(st["step"])
+            for (device, _), one in lists.items():
+                self._fused_call(k, device, one)
+
+    def _own_params(self) -> list[Tensor]:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def _pack_again(self) -> None:
+        """``set_mode("packed")`` after native for good: laid out as at construction (checked
+        first, as there), each parameter's state and gradient kept."""
+        params = self._own_params()
+        Pack.check_unheld(params)
+        check_unshared(params)
+        saved = {p: saved_state(st) for p, st in self.state.items() if st}
+        self._stated = {id(p) for p in saved}
+        self._own, self.mode = False, "packed"
+        self._pack_all()
+        self._restore(saved)
 
     # -- public --------------------------------------------------------------------------
     @property
     def flat_groups(self) -> list[FlatGroup]:
-        """The flat buffers, one entry per (device, dtype)."""
-        return self._pack.groups
+        """The flat buffers, one entry per (device, dtype); none once native for good."""
+        return self._pack.groups if self._pack is not None else []
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Native's ``zero_grad``, over the flat gradient buffer.
@@ -609,7 +739,8 @@ class PackedAdamW(OnePass):
     @torch.compiler.disable  # the layout's bookkeeping and the fused kernel run eagerly under compile
     @torch.no_grad()
     def _step(self, closure: Callable[[], Any] | None = None) -> Any:
-        self._check_layout()
+        if not self._own:
+            self._check_layout()
         self._stepped = True  # the end of this phase is an iteration's end (_tick)
         if self._phase is not None:  # clip_step_zero_grad's update, called through (a wrapped) step
             total, coef, set_to_none = self._phase
@@ -627,7 +758,9 @@ class PackedAdamW(OnePass):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self.mode == "native":
+        if self._own:
+            self._own_update()
+        elif self.mode == "native":
             self._native_update()
         else:
             self._update()
@@ -685,6 +818,12 @@ class PackedAdamW(OnePass):
         for group in self.param_groups:
             for key, value in {"amsgrad": False, "maximize": False, **NATIVE_GROUP_KEYS}.items():
                 group.setdefault(key, value)
+        if self._own:  # native's: the loaded tensors are the state, a number step a float32 tensor
+            for p, st in self.state.items():
+                if st and not isinstance(st.get("step"), Tensor):
+                    st.update(to_state_tensors(st))
+                    st["step"] = st["step"].to(p.device)
+            return
         assert self._pack is not None
         loaded = {p: to_state_tensors(self.state[p]) for p in self._pack.params if self.state.get(p)}
         self._stated = {id(p) for p in loaded}  # as native's: the entries the state dict holds

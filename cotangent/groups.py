@@ -81,16 +81,15 @@ def unnamed(group: dict[str, Any], k: int) -> list[Any]:
     return [q[1] for q in plist]
 
 
-def check_unshared(params: list[Tensor]) -> None:
-    """Refuse, before anything is modified, a parameter whose memory another tensor shares (a view
-    such as ``p.t()`` cached in ``__init__``, a ``p.detach()`` handle kept by an EMA or a logger,
-    the tensor an ``nn.Parameter`` was made from): packing moves each parameter into the flat
-    buffer, so that tensor would keep the initial weights while natively it follows every step.
-    One storage use count per parameter, compared with the parameters that share it."""
+def sharers(params: list[Tensor]) -> list[tuple[int, int]]:
+    """``(i, extra)`` for each parameter ``i`` whose memory ``extra`` tensors besides the parameters
+    share (a view, a ``p.detach()`` handle): one storage use count per parameter, compared with
+    the parameters on that storage."""
     sharing: dict[int, set[int]] = {}
     for p in params:
         if p.numel():
             sharing.setdefault(p.untyped_storage().data_ptr(), set()).add(id(p))
+    out = []
     for i, p in enumerate(params):
         if not p.numel():
             continue
@@ -98,14 +97,26 @@ def check_unshared(params: list[Tensor]) -> None:
         # holders: the parameters on this storage, and ``storage`` here
         extra = torch._C._storage_Use_Count(storage._cdata) - len(sharing[storage.data_ptr()]) - 1
         if extra > 0:
-            raise ValueError(
-                f"PackedAdamW: parameter {i} (shape {tuple(p.shape)}) shares its memory with {extra} other "
-                "tensor(s): a view taken before the optimizer was built (p.t() cached in __init__, a p.detach() "
-                "handle kept by an EMA or a logger, the tensor an nn.Parameter was made from). Packing moves the "
-                "parameter into a flat buffer and that tensor would keep the initial weights, where natively it "
-                "follows every step: build PackedAdamW first and take views after, or drop the handle "
-                "(a copy, p.detach().clone(), is fine)"
-            )
+            out.append((i, extra))
+    return out
+
+
+def check_unshared(params: list[Tensor]) -> None:
+    """Refuse, before anything is modified, a parameter whose memory another tensor shares (a view
+    such as ``p.t()`` cached in ``__init__``, a ``p.detach()`` handle kept by an EMA or a logger,
+    the tensor an ``nn.Parameter`` was made from): packing moves each parameter into the flat
+    buffer, so that tensor would keep the initial weights while natively it follows every step
+    (:func:`sharers`)."""
+    for i, extra in sharers(params)[:1]:
+        p = params[i]
+        raise ValueError(
+            f"PackedAdamW: parameter {i} (shape {tuple(p.shape)}) shares its memory with {extra} other "
+            "tensor(s): a view taken before the optimizer was built (p.t() cached in __init__, a p.detach() "
+            "handle kept by an EMA or a logger, the tensor an nn.Parameter was made from). Packing moves the "
+            "parameter into a flat buffer and that tensor would keep the initial weights, where natively it "
+            "follows every step: build PackedAdamW first and take views after, or drop the handle "
+            "(a copy, p.detach().clone(), is fine)"
+        )
 
 
 def check_group(group: dict[str, Any], k: int, defaults: dict[str, Any]) -> None:

@@ -44,6 +44,9 @@ class OnePass(torch.optim.Optimizer):
     def _check_layout(self) -> None:
         raise NotImplementedError
 
+    def _own_params(self) -> list[Tensor]:
+        raise NotImplementedError
+
     mode: str
     _quiet: int
 
@@ -164,7 +167,7 @@ class OnePass(torch.optim.Optimizer):
                     "norm's last bit): pass parameters=model.parameters(), or whatever your "
                     "clip_grad_norm_ call takes"
                 )
-            return self._pack.params
+            return self._pack.params if self._pack is not None else self._own_params()
         return [parameters] if isinstance(parameters, Tensor) else list(parameters)
 
     def _off_fast_path(

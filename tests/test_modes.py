@@ -13,6 +13,7 @@ import os
 import random
 import sys
 import warnings
+import weakref
 
 import hypothesis.strategies as st
 import pytest
@@ -21,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 
 from cotangent import PackedAdamW, clip_grad_norm_
 from cotangent.modes import BLOCKS, COVERAGE, ENV, LEVEL, PATTERN, RANK, WARMUP, Chooser, bound, order_rank
+from cotangent.pack import Pack
 from cotangent.verify import bitwise_equal
 
 FEW = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -149,15 +151,19 @@ def test_switch_with_gradients_present_keeps_their_bits(first):
 
 
 def test_native_mode_delivers_no_gradient_into_the_flat_buffer():
-    """Natively stepping, backward stores its own gradient (outside the flat buffer), as native's."""
+    """Natively stepping, backward stores its own gradient (outside the flat buffer), as native's;
+    ``mode="native"`` at construction is native for good: no flat buffer at all, until
+    ``set_mode("packed")`` lays the parameters out again."""
     b = [torch.randn(32, 4, requires_grad=True), torch.randn(4, requires_grad=True)]
     ob = PackedAdamW(b, mode="native")
     (b[0].sum() + b[1].sum()).backward()
+    assert ob.flat_groups == [] and ob._pack is None
+    assert ob.phase_kernel().startswith("native")
+    assert all(bitwise_equal(p.grad, torch.ones_like(p)) for p in b)
+    ob.set_mode("packed")
+    assert all(bitwise_equal(p.grad, torch.ones_like(p)) for p in b)  # kept across the layout
     flat = ob.flat_groups[0].grad
     lo, hi = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()
-    assert all(not lo <= p.grad.data_ptr() < hi for p in b)
-    assert ob.phase_kernel().startswith("native")
-    ob.set_mode("packed")
     ob.zero_grad()
     (b[0].sum() + b[1].sum()).backward()
     assert all(lo <= p.grad.data_ptr() < hi for p in b)
@@ -252,10 +258,11 @@ def test_mode_from_the_environment_and_refused_values(monkeypatch):
 
 
 def test_native_mode_refuses_what_packed_refuses():
-    """Rebinding a parameter and a second optimizer over the same parameters: the same errors,
-    before anything moves."""
+    """Stepping natively over the packed layout (``set_mode("native")``), rebinding a parameter
+    and a second optimizer over the same parameters: the same errors, before anything moves."""
     p = torch.randn(6, 2, requires_grad=True)
-    opt = PackedAdamW([p], mode="native")
+    opt = PackedAdamW([p], mode="packed")
+    opt.set_mode("native")
     with pytest.raises(RuntimeError, match="another PackedAdamW already holds these parameters"):
         PackedAdamW([p], mode="native")
     p.sum().backward()
@@ -265,6 +272,24 @@ def test_native_mode_refuses_what_packed_refuses():
         opt.step()
     assert not opt.state
     assert bitwise_equal(before, opt.flat_groups[0].param.view(6, 2))  # the packed weights unmoved
+
+
+def test_native_for_good_allows_what_native_allows():
+    """Native for good (``mode="native"``): the parameters are the user's again, so a second
+    optimizer over them and a rebound parameter (``p.data = t``) work as natively, bit for bit."""
+    a, b, gen = twins([(6, 2)], torch.float32, 2)
+    oa = torch.optim.AdamW(a, fused=True)
+    ob = PackedAdamW(b, mode="native")
+    other = PackedAdamW(b, mode="native")  # native allows a second optimizer
+    assert other.param_groups[0]["params"][0] is b[0]
+    del other
+    backward_both(a, b, gen, set())
+    for x in (a[0], b[0]):
+        x.data = torch.full((6, 2), 0.5)
+    oa.step()
+    ob.step()
+    assert same(a, b)
+    same_state(oa, ob, a, b)
 
 
 @pytest.mark.parametrize("switch_at", [None, 2])
@@ -475,8 +500,229 @@ def test_native_for_good_is_native_s_work():
         oa.step()
         oa.zero_grad()
         ob.clip_step_zero_grad(1.0)
-    assert ob.mode == "native" and ob._chooser is None and ob._pack.hooks == []
+    assert ob.mode == "native" and ob._chooser is None and ob._pack is None
     assert all(not p._backward_hooks and not getattr(p, "_post_accumulate_grad_hooks", None) for p in b)
     backward_both(a, b, gen, set())
     assert python_calls(lambda: ob.zero_grad()) <= python_calls(lambda: oa.zero_grad()) + 1
     assert all(p.grad is None for p in b) and same(a, b)
+
+
+class Scripted:
+    """A chooser that runs the modes ``modes`` (one per iteration), then decides ``final``: the
+    switch to native for good at an iteration the test picks, without timing anything."""
+
+    def __init__(self, modes, final="native"):
+        self.modes, self.final = list(modes), final
+        self.decided = self.report = self.sync = None
+
+    def tick(self, current):
+        if self.modes:
+            return self.modes.pop(0)
+        self.decided, self.report = self.final, f"scripted: {self.final} for good"
+        return self.final
+
+
+def storages_of(tensors):
+    """``{data_ptr: nbytes}`` of the distinct storages under ``tensors``."""
+    return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+
+
+def held_by(opt, params):
+    """The tensors an optimizer keeps for ``params``: the parameters, gradients and state."""
+    out = [p.detach() for p in params] + [p.grad for p in params if p.grad is not None]
+    return out + [t for p in params for t in opt.state.get(p, {}).values() if isinstance(t, torch.Tensor)]
+
+
+def conv_twins(shapes, dtype, seed, channels_last):
+    """``twins``, plus a 4-d convolution weight, channels_last where asked (native's strides kept)."""
+    a, b, gen = twins(shapes, dtype, seed)
+    w = torch.randn(6, 3, 3, 3, generator=gen).to(dtype)
+    if channels_last:
+        w = w.contiguous(memory_format=torch.channels_last)
+    return a + [w.clone().requires_grad_()], b + [w.clone().requires_grad_()], gen
+
+
+@pytest.mark.filterwarnings("ignore:scripted")
+@FEW
+@given(
+    shapes=st.lists(shape_st, min_size=1, max_size=3),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    hyper=hyper_st,
+    start=st.sampled_from(["auto", "native"]),
+    before=st.lists(st.sampled_from(["packed", "native"]), max_size=4),
+    phase=st.sampled_from(["one_pass", "three_calls"]),
+    set_to_none=st.booleans(),
+    channels_last=st.booleans(),
+    threads=st.sampled_from([1, 2]),
+    skip=st.integers(-1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_native_for_good_over_the_switch_is_bitwise_native(
+    shapes, dtype, hyper, start, before, phase, set_to_none, channels_last, threads, skip, seed
+):
+    """Against native ``AdamW(fused=True)`` + ``clip_grad_norm_``, with an LR scheduler on each:
+    ``mode="native"`` from the start, or ``"auto"`` running ``before`` and then choosing native at
+    that point. Every step, across the switch: the norm, the parameters, the gradients, the state
+    (strides included) bit for bit; after it the parameters, gradients and state have storage of
+    their own in native's layout, and what the user held (``param_groups``, ``state``, a state
+    entry's tensors, the scheduler) is still the optimizer's."""
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b, gen = conv_twins(shapes, dtype, seed, channels_last)
+        oa = torch.optim.AdamW(a, fused=True, **hyper)
+        ob = PackedAdamW(b, **hyper, mode=start)
+        if start == "auto":
+            ob._chooser = Scripted(before)
+        sa = torch.optim.lr_scheduler.StepLR(oa, step_size=2, gamma=0.5)
+        sb = torch.optim.lr_scheduler.StepLR(ob, step_size=2, gamma=0.5)
+        groups, state, kept = ob.param_groups, ob.state, None
+        for step in range(len(before) + 4):
+            missing = {skip} if step % 3 == 1 else set()
+            backward_both(a, b, gen, missing)
+            grads_equal(a, b)
+            na = torch.nn.utils.clip_grad_norm_(a, 1.0)
+            oa.step()
+            oa.zero_grad(set_to_none)
+            if phase == "one_pass":
+                nb = ob.clip_step_zero_grad(1.0, set_to_none=set_to_none)
+            else:
+                nb = clip_grad_norm_(b, 1.0)
+                ob.step()
+                ob.zero_grad(set_to_none)
+            sa.step()
+            sb.step()
+            assert bitwise_equal(na, nb), f"norm at step {step}"
+            assert same(a, b) and [x.stride() for x in a] == [y.stride() for y in b], step
+            same_state(oa, ob, a, b)
+            grads_equal(a, b)
+            if kept is None and ob.state.get(b[-1]):
+                kept = dict(ob.state[b[-1]])  # the user holds an entry's tensors across the switch
+        assert ob._own and ob._pack is None and ob.flat_groups == []
+        assert ob.param_groups is groups and ob.state is state
+        assert all(ob.state[b[-1]][k] is t for k, t in kept.items())
+        # each tensor its own storage, of its own size, as native's
+        assert sorted(storages_of(held_by(ob, b)).values()) == sorted(storages_of(held_by(oa, a)).values())
+        da, db = oa.state_dict(), ob.state_dict()
+        assert da["param_groups"] == db["param_groups"]
+        for k in da["state"]:
+            assert all(bitwise_equal(da["state"][k][n], db["state"][k][n]) for n in da["state"][k])
+    finally:
+        torch.set_num_threads(saved_threads)
+
+
+def packed_storages(opt):
+    """Handles on the storages of every packed buffer, and weak references to the buffers."""
+    tensors = [
+        t
+        for g in opt.flat_groups
+        for t in (g.param, g.grad, g.exp_avg, g.exp_avg_sq, g.steps, g.max_exp_avg_sq)
+        if t is not None
+    ]
+    return [t.untyped_storage() for t in tensors], [weakref.ref(t) for t in tensors]
+
+
+def assert_freed(handles, refs, params):
+    """No tensor keeps a packed buffer alive (each storage's only holder is the test's handle), no
+    hook is left on a parameter, and no layout has them in its registry."""
+    gc.collect()
+    assert [torch._C._storage_Use_Count(s._cdata) for s in handles] == [1] * len(handles)
+    assert all(r() is None for r in refs)
+    assert all(not p._backward_hooks and not getattr(p, "_post_accumulate_grad_hooks", None) for p in params)
+    assert not any(id(p) in Pack._registry for p in params)
+
+
+@pytest.mark.filterwarnings("ignore:scripted")
+@pytest.mark.parametrize("backward_norms", [False, True])
+def test_auto_choosing_native_frees_the_packed_buffers(backward_norms):
+    """Once ``"auto"`` chose native: the packed buffers are freed, and the memory the optimizer
+    keeps (parameters, gradients, state) is native's, tensor for tensor, in native's strides."""
+    a, b, gen = conv_twins([(64, 32), (32,)], torch.float32, 7, channels_last=True)
+    oa = torch.optim.AdamW(a, fused=True, amsgrad=True)
+    ob = PackedAdamW(b, mode="auto", amsgrad=True, backward_norms=backward_norms)
+    ob._chooser = Scripted(["native", "packed"])
+    handles, refs = packed_storages(ob)
+    for _ in range(4):
+        backward_both(a, b, gen, set())
+        torch.nn.utils.clip_grad_norm_(a, 1.0)
+        oa.step()
+        oa.zero_grad()
+        ob.clip_step_zero_grad(1.0)
+    assert same(a, b)
+    same_state(oa, ob, a, b)
+    assert_freed(handles, refs, b)
+    backward_both(a, b, gen, set())
+    assert sorted(storages_of(held_by(ob, b)).values()) == sorted(storages_of(held_by(oa, a)).values())
+    assert [x.stride() for x in a] == [y.stride() for y in b]
+    assert [x.grad.stride() for x in a] == [y.grad.stride() for y in b]
+
+
+def test_native_from_construction_frees_the_packed_buffers(monkeypatch):
+    """``mode="native"``: the buffers laid out at construction are freed before it returns."""
+    seen = []
+    pack_all = PackedAdamW._pack_all
+
+    def spy(self):
+        pack_all(self)
+        seen.append(packed_storages(self))
+
+    monkeypatch.setattr(PackedAdamW, "_pack_all", spy)
+    a, b, gen = conv_twins([(16, 8), (8,)], torch.float64, 3, channels_last=True)
+    ob = PackedAdamW(b, mode="native")
+    assert len(seen) == 1 and ob._pack is None
+    assert_freed(*seen[0], b)
+    assert [x.stride() for x in a] == [y.stride() for y in b] and same(a, b)
+
+
+def test_a_view_taken_while_packed_keeps_the_layout_and_says_why():
+    """The rule at the switch: a tensor sharing a parameter's packed memory (a view taken after
+    the optimizer was built) would keep stale bytes if the parameter moved, so nothing moves: the
+    optimizer steps natively over the packed layout (native's bits, the view follows every step)
+    and the one warning names the parameter and the reason."""
+    a, b, gen = twins([(12, 5), (5,)], torch.float32, 13)
+    oa = torch.optim.AdamW(a, fused=True)
+    ob = PackedAdamW(b, mode="auto")
+    ob._chooser = Scripted(["packed"])
+    view = b[0].detach().t()  # taken after construction: it (and the detached tensor it views) share it
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(4):
+            backward_both(a, b, gen, set())
+            torch.nn.utils.clip_grad_norm_(a, 1.0)
+            oa.step()
+            oa.zero_grad()
+            ob.clip_step_zero_grad(1.0)
+            assert same(a, b) and bitwise_equal(view, b[0].detach().t())
+    said = [str(w.message) for w in caught if "scripted" in str(w.message)]
+    assert (
+        len(said) == 1 and "parameter 0 (shape (12, 5)) shares its memory with 2 other tensor(s)" in said[0]
+    )
+    assert ob.mode == "native" and not ob._own and ob._pack is not None
+    same_state(oa, ob, a, b)
+
+
+def test_never_slower_default_rounds_against_statsmodels():
+    """benchmarks/never_slower.py's default rounds: the one-sided t-test power calculation of
+    statsmodels (``TTestPower().solve_power(effect_size=log(1.01)/sd, alpha=0.025, power=0.9,
+    alternative="larger")``, 1907.5 at sd 0.134) agrees with ``rounds_needed`` within 2 rounds,
+    and the default is at least that."""
+    import importlib.util
+    from pathlib import Path
+
+    from statsmodels.stats.power import TTestPower
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(root))
+    try:
+        spec = importlib.util.spec_from_file_location("never_slower_rounds", root / "never_slower.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(root))
+    for sd in (mod.ROUND_SD, 0.097, 0.067):
+        ref = TTestPower().solve_power(
+            effect_size=math.log(mod.UPPER_MAX) / sd, alpha=0.025, power=mod.POWER, alternative="larger"
+        )
+        assert abs(mod.rounds_needed(sd) - ref) <= 2, (sd, ref)
+    assert mod.ROUNDS >= mod.rounds_needed() and mod.parse([]).rounds == mod.ROUNDS
+    assert abs(mod.upper_power(mod.rounds_needed()) - mod.POWER) < 1e-3
