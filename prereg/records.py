@@ -442,7 +442,7 @@ LEDGER_SHAPE: Shape = {
 }
 
 
-def _shape(obj: dict[str, Any], shape: Shape, where: str) -> list[str]:
+def _shape(obj: Mapping[str, object], shape: Shape, where: str) -> list[str]:
     out = []
     for key, (types, required) in shape.items():
         if key not in obj:
@@ -517,7 +517,7 @@ def seal(record: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def write_json(path: Path, obj: Any, *, overwrite: bool = True, pretty: bool = False) -> None:
+def write_json(path: Path, obj: object, *, overwrite: bool = True, pretty: bool = False) -> None:
     """Atomically write ``obj`` as JSON (canonical, or sorted and indented when ``pretty``)."""
     data = (
         json.dumps(obj, sort_keys=True, indent=1, allow_nan=False).encode("utf-8")
@@ -611,7 +611,7 @@ def read_snapshots(directory: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def write_snapshot(directory: Path, snapshot: Mapping[str, Any]) -> str:
+def write_snapshot(directory: Path, snapshot: Mapping[str, object]) -> str:
     """Write a protocol snapshot into a records folder once (``protocol.<sha256>.json``, never
     overwritten); returns its sha256."""
     data = canonical(dict(snapshot))
@@ -623,7 +623,7 @@ def write_snapshot(directory: Path, snapshot: Mapping[str, Any]) -> str:
     return sha
 
 
-def read_record(path: Path, snapshots: Mapping[str, Any] | None = None) -> RunRecord:
+def read_record(path: Path, snapshots: Mapping[str, object] | None = None) -> RunRecord:
     """Read one record, refusing a format version this code does not know and fields it does not
     (a schema 4 record over ``snapshots``, else its folder's)."""
     data = read_entry(path)
