@@ -180,6 +180,11 @@ class StartedEntry:
         return cls(**found)
 
 
+class StartLink(TypedDict):
+    seq: int  # the started entry's ledger seq
+    sha256: str  # its sha256
+
+
 class LedgerHead(TypedDict):
     seq: int  # records in the chain
     sha256: str  # the last record's sha256 (or the freeze manifest's sha256 when empty)
@@ -347,9 +352,7 @@ class RunRecord(WorkerResult):
     attempt: int  # 1-based attempt number of this run
     git: GitState
     unit_attempt: int = 1  # which run of its unit this attempt belongs to (schema 3; 1 before, unwritten)
-    start: Mapping[str, Any] | None = (
-        None  # the started entry this record ends: its seq and sha256 (schema 3)
-    )
+    start: StartLink | None = None  # the started entry this record ends (schema 3)
     started_at: str | None = None
     finished_at: str | None = None
     node: Mapping[str, Any] | None = None  # the Ray node that ran it (id, host, pid); Ray runs only

@@ -594,7 +594,7 @@ def same_json(a: object, b: object) -> bool:
     return type(a) is type(b) and a == b
 
 
-def field_differences(want: dict[str, Any], got: dict[str, Any], prefix: str) -> list[str]:
+def field_differences(want: Mapping[str, object], got: Mapping[str, object], prefix: str) -> list[str]:
     """Every difference of ``got`` from ``want`` (the tagged protocol's fields), each named by its
     dotted path under ``prefix``: missing, not in the tag, or another value."""
     out = []
@@ -603,8 +603,8 @@ def field_differences(want: dict[str, Any], got: dict[str, Any], prefix: str) ->
             out.append(f"{prefix}.{k} is missing (the tagged protocol's is {want[k]!r})")
         elif k not in want:
             out.append(f"{prefix}.{k} = {got[k]!r} is not in the tagged protocol")
-        elif isinstance(want[k], dict) and isinstance(got[k], dict):
-            out += field_differences(want[k], got[k], f"{prefix}.{k}")
+        elif isinstance(w := want[k], dict) and isinstance(g := got[k], dict):
+            out += field_differences(w, g, f"{prefix}.{k}")
         elif not same_json(want[k], got[k]):
             out.append(
                 f"{prefix}.{k} = {json.dumps(got[k], sort_keys=True)[:120]}, the tagged protocol's is "
