@@ -592,10 +592,10 @@ def read_entry(path: Path) -> dict[str, Any]:
     return data
 
 
-def read_snapshots(directory: Path) -> dict[str, dict[str, Any]]:
+def read_snapshots(directory: Path) -> dict[str, dict[str, object]]:
     """A records folder's protocol snapshots (``protocol.<sha256>.json``, schema 4 on) by sha256,
     each checked against its name."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, object]] = {}
     for path in sorted(directory.glob("protocol.*.json")) if directory.is_dir() else []:
         if not is_snapshot_name(path.name):
             continue
