@@ -916,7 +916,11 @@ def audit_empty(
     head = manifest.get("ledger_head") or {}
     found = []
     seq = head.get("seq") or 0
-    if isinstance(seq, (int, float)) and seq > len(started):
+    if not isinstance(seq, int) or isinstance(seq, bool):
+        found.append(
+            f"{os.path.join(directory, 'MANIFEST')}: field ledger_head.seq = {seq!r} is not a position"
+        )
+    elif seq > len(started):
         found.append(
             f"{os.path.join(directory, 'MANIFEST')}: ledger_head seq {seq}, but the folder holds "
             f"{len(started)} ledger entries and no record: records were removed"
