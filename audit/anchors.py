@@ -11,7 +11,7 @@ from typing import Any
 
 from prereg.bounded import InputLimitError, file_problem, read_present
 from prereg.files import atomic_write
-from prereg.tag import ANCHOR_PROTOCOLS
+from prereg.tag import ANCHOR_PROTOCOLS, Truth
 
 ANCHOR_REF = "refs/ledger/"  # + protocol-<id>: the anchor commits `harness run --anchor` pushes
 
@@ -26,7 +26,7 @@ SIG_STARTS = {
 }
 
 
-def _isolated_env() -> dict[str, Any]:
+def _isolated_env() -> dict[str, str]:
     """An environment in which git and ssh-keygen read no system, global or inherited configuration."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     return {
@@ -59,7 +59,7 @@ def _ssh_keygen(args: list[str], stdin: bytes) -> subprocess.CompletedProcess[by
     )
 
 
-def check_signature(root: str, truth: dict[str, Any], signers: str | None) -> tuple[list[str], str]:
+def check_signature(root: str, truth: Truth, signers: str | None) -> tuple[list[str], str]:
     """With an allowed-signers file given by the reader, the tag object must carry an SSH signature
     (``-----BEGIN SSH SIGNATURE-----``) that ``ssh-keygen -Y verify`` (namespace ``git``, as git
     signs) accepts for a principal of that file. Neither git nor the audited repository's
@@ -143,7 +143,7 @@ def _signer(signers: str, payload: bytes, sig: bytes) -> tuple[str | None, str]:
 
 
 def check_result(
-    root: str, directory: str, truth: dict[str, Any], entries: list[dict[str, Any]], signers: str | None
+    root: str, directory: str, truth: Truth, entries: list[dict[str, Any]], signers: str | None
 ) -> tuple[list[str], str, str | None]:
     """The signed result head (``harness.freeze.sign_result``): the tag object ``result-<id>``
     kept as ``RESULT`` in the records folder (or, without the file, the ref). It must name this
@@ -224,7 +224,7 @@ def plot_problems(
     return out
 
 
-def _result_tag(root: str, directory: str, pid: Any) -> tuple[bytes | None, str]:
+def _result_tag(root: str, directory: str, pid: object) -> tuple[bytes | None, str]:
     """The result tag's bytes (None where there is none) and where they were read: the records
     folder's ``RESULT`` file or, without it, the ref ``result-<id>``."""
     from prereg.tag import RESULT_FILE, git_bytes
@@ -239,8 +239,8 @@ def _result_tag(root: str, directory: str, pid: Any) -> tuple[bytes | None, str]
 def _result_signature(
     problems: list[str],
     where: str,
-    seq: Any,
-    last: Any,
+    seq: int,
+    last: int,
     signers: str | None,
     payload: bytes,
     sig: bytes,
@@ -293,7 +293,7 @@ def signers_problem(signers: str) -> str | None:
     return file_problem(os.path.realpath(signers), SIGNERS_LIMIT)
 
 
-def _bound_signers(root: str, truth: dict[str, Any], payload: bytes, sig: bytes) -> str | None:
+def _bound_signers(root: str, truth: Truth, payload: bytes, sig: bytes) -> str | None:
     """Why the tag's signature is not by a key that ``protocols/allowed_signers`` *of the tagged
     commit* lists (None when it is, or when that commit has no such file). The tag names its
     commit and the commit its tree, so that copy is bound at the tag: a tag re-signed with another
@@ -318,7 +318,7 @@ def _bound_signers(root: str, truth: dict[str, Any], payload: bytes, sig: bytes)
     )
 
 
-def signers_kept(root: str, truth: dict[str, Any]) -> list[str]:
+def signers_kept(root: str, truth: Truth) -> list[str]:
     """``protocols/allowed_signers`` may gain keys after a tag (it is exempt from the freeze, so a
     later study can add its key) but must keep every line the tagged commit's copy holds: a key
     removed or replaced since is named."""
@@ -386,7 +386,7 @@ def roots_from_repository(
 
 def check_anchor(
     root: str,
-    truth: dict[str, Any],
+    truth: Truth,
     records: list[dict[str, Any]],
     remote: str,
     times: list[tuple[int, str]] | None = None,
@@ -401,7 +401,7 @@ def check_anchor(
     log, url = fetch_anchor(remote, ref)
     if log is None:
         return [f"anchor {remote}: cannot fetch {ref} from {url}"], "not fetched", 0
-    by_seq: dict[Any, Any] = {}
+    by_seq: dict[int, str] = {}
     for r in records:
         if "ledger" in r:
             by_seq.setdefault(r["ledger"]["seq"], r["sha256"])

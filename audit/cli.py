@@ -7,7 +7,6 @@ import argparse
 import os
 import re
 import sys
-from typing import Any
 
 from audit.anchors import roots_from_repository, signers_problem
 from audit.folder import UNCHECKED, audit_dir
@@ -110,7 +109,7 @@ def main(argv: list[str]) -> int:
     rows: list[tuple[str, str, str]] = []
     problems: list[str] = []
     notes: list[str] = []
-    anchored: dict[str, Any] = {}
+    anchored: dict[str, int] = {}
     unverified: dict[str, list[str]] = {}
     todo = list(dirs)  # grows by the earlier studies the pages show beside their own, each audited too
     done: set[str] = set()
@@ -258,7 +257,7 @@ def verified_line(
     )
 
 
-def anchor_line(published: tuple[int, str] | None, anchor: str | None, anchored: dict[str, Any]) -> str:
+def anchor_line(published: tuple[int, str] | None, anchor: str | None, anchored: dict[str, int]) -> str:
     """The last line: how far the chain is anchored outside the records, or that it is not."""
     if published is None and anchor is None:
         return (

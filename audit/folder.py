@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from audit.anchors import check_anchor, check_result, check_signature, signers_kept
 from audit.freeze import (
@@ -32,6 +32,7 @@ from prereg.ledger import (
     RECORD_SUFFIX,
     SCHEMAS,
     STARTED_SUFFIX,
+    Manifest,
     canonical,
     check_attempts,
     check_ledger,
@@ -48,7 +49,7 @@ from prereg.recompute import SUMMARY_SCHEMAS, compare, recompute
 from prereg.records import entry_problems, seal
 from prereg.replicates import anchored_gap_problems, replicate_times, time_problems, unwitnessed
 from prereg.results import Summary
-from prereg.tag import PLOT_FILES, check_sources, git_out, git_root, load_truth, stored_tag
+from prereg.tag import PLOT_FILES, Truth, check_sources, git_out, git_root, load_truth, stored_tag
 
 
 def find_root(start: str, protocol_rel: str) -> str:
@@ -89,7 +90,7 @@ def audit_dir(
     *,
     anchor: str | None = None,
     signers: str | None = None,
-    anchored: dict[str, Any] | None = None,
+    anchored: dict[str, int] | None = None,
     unverified: dict[str, list[str]] | None = None,
     besides: list[str] | None = None,
 ) -> None:
@@ -142,7 +143,7 @@ def audit_dir(
 def _statistics(
     out: _Report,
     root: str,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     plan: list[dict[str, Any]] | None,
     proto: dict[str, Any],
     records: list[dict[str, Any]],
@@ -167,11 +168,11 @@ def _statistics(
 def _chain_and_runs(
     out: _Report,
     root: str,
-    truth: dict[str, Any],
+    truth: Truth,
     records: list[dict[str, Any]],
     started: list[dict[str, Any]],
     looks: list[dict[str, Any]],
-    manifest: dict[str, Any],
+    manifest: Manifest,
     published: tuple[int, str] | None,
 ) -> None:
     """The corpus, the ledger chain, the attempts, the replicates' times, the command runs' evidence,
@@ -273,7 +274,7 @@ def _run_evidence(out: _Report, records: list[dict[str, Any]]) -> None:
 def _vouched(
     out: _Report,
     root: str,
-    truth: dict[str, Any],
+    truth: Truth,
     entries: list[dict[str, Any]],
     signers: str | None,
     why: list[str],
@@ -342,7 +343,7 @@ def _interrupted_notes(
 def _check_published(
     out: _Report,
     root: str,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     verified: dict[str, Any] | None,
     mine: dict[str, Any] | None,
 ) -> None:
@@ -511,7 +512,7 @@ def newer_schema(directory: str) -> tuple[str | None, str | None]:
     )
 
 
-def _schema_witnesses(directory: str, manifest: dict[str, Any]) -> tuple[str, list[int]]:
+def _schema_witnesses(directory: str, manifest: Mapping[str, object]) -> tuple[str, list[int]]:
     """What says the folder's records schema besides MANIFEST: the harness at each tag the folder
     names (:func:`_tag_commits`), or, where none is found, each record MANIFEST lists (0: none said)."""
     root = git_root(directory)
@@ -528,7 +529,7 @@ def _schema_witnesses(directory: str, manifest: dict[str, Any]) -> tuple[str, li
     return "no tag; the records", versions
 
 
-def _tag_commits(root: str, directory: str, manifest: dict[str, Any]) -> dict[str, str]:
+def _tag_commits(root: str, directory: str, manifest: Mapping[str, object]) -> dict[str, str]:
     """The commit of each tag the folder names: its kept ``TAG``, and ``protocol-<id>`` for
     MANIFEST's protocol id and the folder's name."""
     mp = manifest.get("protocol")
@@ -548,7 +549,7 @@ def _tag_commits(root: str, directory: str, manifest: dict[str, Any]) -> dict[st
     return commits
 
 
-def _manifest(out: _Report) -> dict[str, Any] | None:
+def _manifest(out: _Report) -> Manifest | None:
     """The folder's MANIFEST, or None (a failed row) when it is missing or not one."""
     manifest_path = os.path.join(out.directory, "MANIFEST")
     if not os.path.isfile(manifest_path):
@@ -564,7 +565,14 @@ def _manifest(out: _Report) -> dict[str, Any] | None:
         )
         out.row("manifest", False, "MANIFEST unreadable")
         return None
-    shapes = {"started": dict, "ledger_head": dict, "sources": dict, "protocol": dict, "snapshots": dict}
+    shapes = {
+        "started": dict,
+        "ledger_head": dict,
+        "sources": dict,
+        "protocol": dict,
+        "snapshots": dict,
+        "looks": dict,
+    }
     wrong = [k for k, t in shapes.items() if manifest.get(k) is not None and not isinstance(manifest[k], t)]
     if wrong or not isinstance(manifest.get("sources"), dict):
         out.problems.append(
@@ -580,11 +588,11 @@ def _manifest(out: _Report) -> dict[str, Any] | None:
         )
         out.row("manifest", False, "MANIFEST of an unknown format")
         return None
-    return manifest
+    return cast(Manifest, manifest)  # its shape, checked above
 
 
 def _with_snapshot(
-    directory: str, manifest: dict[str, Any], records: list[dict[str, Any]]
+    directory: str, manifest: Manifest, records: list[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Schema 4 records with their ``protocol`` read over the snapshot their stub names by sha256
     (``protocol.<sha256>.json``, each listed in MANIFEST with its file sha256); the problems where a
@@ -681,7 +689,7 @@ def _kind_problem(path: str, name: str, rec: dict[str, Any]) -> str | None:
     return None
 
 
-def _entries(out: _Report, manifest: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _entries(out: _Report, manifest: Manifest) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The folder's records and started entries that read as such, each checked against its own
     sha256 and MANIFEST's file sha256; MANIFEST's entries that are missing count too."""
     directory, problems = out.directory, out.problems
@@ -748,9 +756,9 @@ def _study_root(out: _Report, records: list[dict[str, Any]]) -> str | None:
 
 def _protocol_and_plan(
     out: _Report,
-    truth: dict[str, Any],
+    truth: Truth,
     records: list[dict[str, Any]],
-    manifest: dict[str, Any],
+    manifest: Manifest,
     found: list[str],
 ) -> tuple[list[dict[str, Any]] | None, str | None]:
     """Check the protocol (``found``: what loading it found) and every record's copy of it, then each record
@@ -807,9 +815,9 @@ def _protocol_and_plan(
 def _what_was_frozen(
     out: _Report,
     root: str,
-    truth: dict[str, Any],
+    truth: Truth,
     records: list[dict[str, Any]],
-    manifest: dict[str, Any],
+    manifest: Manifest,
     plan_sha: str | None,
     signers: str | None,
     notes: list[str],
@@ -895,7 +903,7 @@ def _check_summary(
 
 def audit_empty(
     directory: str,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     started: list[dict[str, Any]],
     published: tuple[int, str] | None,
     anchor: str | None,
@@ -908,7 +916,11 @@ def audit_empty(
     head = manifest.get("ledger_head") or {}
     found = []
     seq = head.get("seq") or 0
-    if seq > len(started):
+    if not isinstance(seq, int) or isinstance(seq, bool):
+        found.append(
+            f"{os.path.join(directory, 'MANIFEST')}: field ledger_head.seq = {seq!r} is not a position"
+        )
+    elif seq > len(started):
         found.append(
             f"{os.path.join(directory, 'MANIFEST')}: ledger_head seq {seq}, but the folder holds "
             f"{len(started)} ledger entries and no record: records were removed"

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from prereg.commands import refs_of
-from prereg.ledger import SOURCE_TREES, record_name, sha256
-from prereg.tag import field_differences, frozen_trees, git_bytes, git_out, parse_time, torch_matches
+from prereg.ledger import SOURCE_TREES, Manifest, record_name, sha256
+from prereg.tag import Truth, field_differences, frozen_trees, git_bytes, git_out, parse_time, torch_matches
 
 #: Fields a record's ``protocol`` holds beyond those derived from the protocol file (checked
 #: against the tag, the manifest's plug-ins).
@@ -24,9 +25,7 @@ def _plugin_shas(plugins: object) -> object:
     return {k: v.get("sha256") if isinstance(v, dict) else v for k, v in plugins.items()}
 
 
-def check_protocol_copies(
-    truth: dict[str, Any], records: list[dict[str, Any]], manifest: dict[str, Any]
-) -> list[str]:
+def check_protocol_copies(truth: Truth, records: list[dict[str, Any]], manifest: Manifest) -> list[str]:
     """Every copy of the protocol inside a record (and MANIFEST) equals the one derived from the
     protocol file: a difference names the record and the field."""
     want = truth["summary"]
@@ -56,7 +55,7 @@ def check_protocol_copies(
 
 
 def check_freeze(
-    root: str, truth: dict[str, Any], records: list[dict[str, Any]], plan_sha: str | None
+    root: str, truth: Truth, records: list[dict[str, Any]], plan_sha: str | None
 ) -> tuple[list[str], str]:
     """The records name the tag's object, commit, creation and freeze hash, and the tag's manifest
     binds the protocol, configurations and plan derived here: returns problems and a description."""
@@ -93,8 +92,8 @@ def check_freeze(
                 )
                 break
         else:
-            made = parse_time(p.get("tag_created"))
-            if made is None or truth.get("created") is None or abs(made - truth["created"]) > 1.0:
+            made, created = parse_time(p.get("tag_created")), truth.get("created")
+            if made is None or created is None or abs(made - created) > 1.0:
                 problems.append(
                     f"{record_name(r)}: field protocol.tag_created = {p.get('tag_created')!r} is "
                     f"not the tag's creation time"
@@ -103,7 +102,7 @@ def check_freeze(
 
 
 def check_what_ran(
-    root: str, truth: dict[str, Any], records: list[dict[str, Any]], manifest: dict[str, Any]
+    root: str, truth: Truth, records: list[dict[str, Any]], manifest: Manifest
 ) -> tuple[list[str], list[str], str]:
     """Each record's commit holds the tag's frozen trees and its code hash is the tag's; MANIFEST's
     sources are the tagged files; the packages that compute are one version per study. Returns
@@ -152,13 +151,13 @@ def check_what_ran(
 
 
 def _commit_problems(
-    root: str, truth: dict[str, Any], records: list[dict[str, Any]], trees: dict[str, Any], exempt: list[str]
+    root: str, truth: Truth, records: list[dict[str, Any]], trees: Mapping[str, object], exempt: list[str]
 ) -> tuple[list[str], int]:
     """Each record's commit: one of this repository, descending from the tag's commit, holding the
     tag's frozen trees. Returns the problems and how many distinct commits the records name."""
     problems: list[str] = []
-    seen: dict[Any, Any] = {}
-    descends: dict[Any, bool] = {}
+    seen: dict[object, dict[str, str] | None] = {}
+    descends: dict[object, bool] = {}
     for r in records:
         commit = (r.get("git") or {}).get("commit")
         if commit not in seen:
@@ -189,7 +188,7 @@ def _commit_problems(
     return problems, len(seen)
 
 
-def _tagged_sources(root: str, truth: dict[str, Any]) -> dict[str, str]:
+def _tagged_sources(root: str, truth: Truth) -> dict[str, str]:
     """The sha256 of each file MANIFEST's sources must name: the protocol file and every source file
     of the tag's commit, read in one ``git cat-file --batch``."""
     want = {truth["path"]: truth["sha256"]}
@@ -252,7 +251,7 @@ def tagged_schema(root: str, commit: str) -> int | None:
     return None
 
 
-def check_declared(root: str, truth: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:
+def check_declared(root: str, truth: Truth, records: list[dict[str, Any]]) -> list[str]:
     """What the tag says each record must be: no older record format than the tagged harness
     writes (``SCHEMA_VERSION`` in its ``prereg/records.py``: a record downgraded to an older
     schema, without its started entries, is named), and the PyTorch the protocol declares."""
@@ -285,7 +284,7 @@ VARYING = ("host", "os", "python", "device_name", "threads", "cpu_capability")
 
 def check_versions(records: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
     """torch and numpy versions are one per study (a failure otherwise); what else varies is named."""
-    by_study: dict[str, Any] = {}
+    by_study: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         if r.get("env"):
             by_study.setdefault(r["spec"]["study"], []).append(r)
@@ -303,7 +302,7 @@ def check_versions(records: list[dict[str, Any]]) -> tuple[list[str], list[str]]
             vals = sorted({json.dumps(x["env"].get(key), sort_keys=True) for x in rs if key in x["env"]})
             if len(vals) > 1:
                 varied.append(f"{key} ({', '.join(v[:40] for v in vals)})")
-        arms: dict[str, Any] = {}
+        arms: dict[str, set[str]] = {}
         for x in rs:
             arms.setdefault(x["spec"]["arm"], set()).add(
                 json.dumps((x.get("method_paths") or {}).get("phase_kernel"))
@@ -347,7 +346,7 @@ def check_phase_kernels(study: str, rs: list[dict[str, Any]]) -> tuple[list[str]
                 f"study {study}: the records of arm {arm} disagree on field "
                 f"method_paths.phase_kernel: {', '.join(parts)}; one arm runs one code path"
             )
-    libs: dict[Any, Any] = {}
+    libs: dict[object, list[dict[str, Any]]] = {}
     for r in rs:
         if _kernel_kind(r) is not None:
             libs.setdefault((r.get("method_paths") or {}).get("phase_so_sha256"), []).append(r)
@@ -379,7 +378,7 @@ def check_phase_kernels(study: str, rs: list[dict[str, Any]]) -> tuple[list[str]
     return problems, f"study {study}: phase kernel: {'; '.join(named)}"
 
 
-def check_time(truth: dict[str, Any], records: list[dict[str, Any]]) -> tuple[list[str], str]:
+def check_time(truth: Truth, records: list[dict[str, Any]]) -> tuple[list[str], str]:
     """The tag was created before the first record started; in the ledger, a record starts after the
     one before it unless the two ran at once on different machines; none finishes before it starts."""
     out = []
@@ -431,7 +430,7 @@ def _machine(r: dict[str, Any]) -> object:
     )
 
 
-def ref_problems(root: str, truth: dict[str, Any]) -> list[str]:
+def ref_problems(root: str, truth: Truth) -> list[str]:
     """A protocol's command arms at commits (``ref``): the tag's manifest binds each ref the tagged
     protocol names, and each ref's tree here is the one it bound (a ref rewritten, or a commit
     missing from this clone, is named)."""

@@ -82,7 +82,7 @@ def check_published(
     directory: str,
     root: str | None,
     summary: dict[str, Any],
-    manifest: Any,
+    manifest: object,
     source: str = "the verified summary.json",
     besides: list[str] | None = None,
 ) -> tuple[list[str], str]:

@@ -95,7 +95,7 @@ def look_problems(
 def _entry_problems(
     e: Mapping[str, Any],
     pos: int,
-    proto: Mapping[str, Any],
+    proto: Mapping[str, object],
     family: Family,
     records: Sequence[Mapping[str, Any]],
     started: Sequence[Mapping[str, Any]],

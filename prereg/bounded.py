@@ -149,7 +149,7 @@ def _refuse_constant(text: str) -> object:
     return _Huge(text)
 
 
-def _huge_at(value: Any, path: str = "") -> tuple[str, str] | None:
+def _huge_at(value: object, path: str = "") -> tuple[str, str] | None:
     """The key path and text of the first number over the limit in ``value``, or None."""
     if isinstance(value, _Huge):
         return path or "<top level>", value.text

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ def env_problem(name: str) -> str | None:
     )
 
 
-def is_command_study(st: dict[str, Any]) -> bool:
+def is_command_study(st: Mapping[str, object]) -> bool:
     """Whether a study (its YAML mapping) names command arms: ``arms`` a mapping of the two roles."""
     return isinstance(st.get("arms"), dict)
 

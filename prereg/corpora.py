@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
@@ -11,7 +12,7 @@ from prereg.bounded import InputLimitError, read_regular
 from prereg.ledger import record_name, sha256
 
 
-def corpus_splits(root: str, corpus: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
+def corpus_splits(root: str, corpus: dict[str, Any]) -> tuple[dict[str, object] | None, list[str]]:
     """The split sha256 values a local corpus's pins imply: the pins themselves for one file per
     split; for one file cut by fractions, recomputed from the file when this checkout has it (the
     cut as in harness.data: split s is bytes floor(n F_<s) to floor(n F_s), F cumulative)."""
@@ -39,7 +40,9 @@ def corpus_splits(root: str, corpus: dict[str, Any]) -> tuple[dict[str, Any] | N
     return {s: sha256(data[cuts[i] : cuts[i + 1]]) for i, s in enumerate(("train", "valid", "test"))}, []
 
 
-def check_corpus(root: str, proto: dict[str, Any], records: list[dict[str, Any]]) -> tuple[list[str], str]:
+def check_corpus(
+    root: str, proto: Mapping[str, object], records: list[dict[str, Any]]
+) -> tuple[list[str], str]:
     """Every run read the same bytes; for a local corpus, the bytes its pins imply."""
     seen: dict[str, list[str]] = {}
     for r in records:

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 __all__ = [
     "PARTNER_RUN_LIMIT",
@@ -87,9 +87,9 @@ def stall_s(wall_us: Sequence[int], cpu_us: Sequence[int], block_steps: int, war
     return sum(max(0, w - c) for w, c in block_times(wall_us, cpu_us, block_steps, warmup)) / 1e6
 
 
-def _fraction(stall: Any, training: Any) -> float | None:
-    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (stall, training))
-    return float(stall) / float(training) if ok and float(training) > 0 else None
+def _fraction(stall: object, training: object) -> float | None:
+    s, t = _number(stall), _number(training)
+    return s / t if s is not None and t is not None and t > 0 else None
 
 
 def _log_share(fraction: float | None) -> float | None:
@@ -104,12 +104,31 @@ def share_gap(fb: float | None, fc: float | None) -> float | None:
     return None if lb is None or lc is None else lc - lb
 
 
-def flagged_pairs(pairs: Iterable[tuple[str, Mapping[str, Any], Mapping[str, Any]]]) -> dict[str, Any] | None:
+class FlaggedPair(TypedDict):
+    """A pair the stall rule flags: both arms' stall fractions and the gap of their log shares."""
+
+    unit: str
+    baseline_stall_fraction: float | None
+    candidate_stall_fraction: float | None
+    log_share_difference: float | None
+
+
+class StallRule(TypedDict):
+    """The stall rule over a study's pairs (:func:`flagged_pairs`; the summary's ``interference``)."""
+
+    limit: float
+    pairs_judged: int
+    flagged: list[FlaggedPair]
+
+
+def flagged_pairs(
+    pairs: Iterable[tuple[str, Mapping[str, object], Mapping[str, object]]],
+) -> StallRule | None:
     """The rule over a study's pairs, each ``(unit, baseline timings, candidate timings)``: how many
     were judged (both arms hold ``stall_s``) and each flagged pair with both fractions; None when
     no pair was judged (records from before the rule)."""
     judged = 0
-    flagged = []
+    flagged: list[FlaggedPair] = []
     for unit, bt, ct in pairs:
         if "stall_s" not in bt or "stall_s" not in ct:
             continue
@@ -167,7 +186,7 @@ def spread(records: Iterable[Mapping[str, Any]]) -> tuple[int, float]:
 PARTNER_RUN_LIMIT = 1.0 - math.exp(-STALL_LIMIT)
 
 
-def kernel_reason(kernel: Mapping[str, Any]) -> str | None:
+def kernel_reason(kernel: Mapping[str, object]) -> str | None:
     """Why a lockstep command arm's run fails in the kernel's view of it (its record's
     ``process.kernel``; None: nothing to say): the kernel saw it stopped (``SIGSTOP``, a tracer) while
     the pair ran, or its partner ran more than :data:`PARTNER_RUN_LIMIT` of its own CPU time
@@ -191,11 +210,11 @@ def kernel_reason(kernel: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _number(v: Any) -> float | None:
+def _number(v: object) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _seconds(v: Any) -> str:
+def _seconds(v: object) -> str:
     n = _number(v)
     return "an unknown time" if n is None else f"{n:.3f} s"
 

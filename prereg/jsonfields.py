@@ -45,7 +45,7 @@ def plain(value: Any) -> Any:
     return value
 
 
-def json_types(hint: Any) -> tuple[type, ...] | None:
+def json_types(hint: object) -> tuple[type, ...] | None:
     """The JSON types a resolved annotation admits (``None`` aside): ``(int, float)`` for a float,
     ``(dict,)`` for a mapping, dataclass or typed dict, ``(list,)`` for a sequence; ``None`` for any
     (``Any``)."""
@@ -84,7 +84,7 @@ def hints(cls: type) -> dict[str, Any]:
 
 
 def json_fields(
-    cls: type, data: Any, what: str, error: type[ValueError], as_nan: Iterable[str] = ()
+    cls: type, data: object, what: str, error: type[ValueError], as_nan: Iterable[str] = ()
 ) -> dict[str, Any]:
     """``data``'s fields for the dataclass ``cls``: exactly its fields (the required ones present), each
     of a JSON type its annotation admits, else ``error`` naming the field; a ``null`` in a field of

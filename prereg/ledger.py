@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from prereg.bounded import InputLimitError, parse_json, read_regular
 
@@ -18,7 +18,22 @@ LOOK_SUFFIX = ".look.json"
 SCHEMAS = (1, 2, 3, 4, 5, 6)
 
 
-def study_schema(records: Iterable[Mapping[str, Any]]) -> int:
+class Manifest(TypedDict, total=False):
+    """A records folder's MANIFEST as the audit reads it once its shape is checked
+    (``audit/folder.py``): a known ``schema_version``, ``records`` and ``sources`` objects, each
+    other field absent, null or an object; the values inside are the file's, checked where read."""
+
+    schema_version: int  # one of SCHEMAS; absent before schema 3
+    records: dict[str, object]  # each record's file name: its file sha256
+    started: dict[str, object] | None  # each started entry's (schema 3 on)
+    looks: dict[str, object] | None  # each look entry's (a sequential design's)
+    snapshots: dict[str, object] | None  # each protocol snapshot's (schema 4 on)
+    sources: dict[str, object]  # each source file the runs read: its sha256
+    protocol: dict[str, object] | None  # the protocol's id and path
+    ledger_head: dict[str, object] | None  # the chain's head: seq and sha256
+
+
+def study_schema(records: Iterable[Mapping[str, object]]) -> int:
     """The records schema a study's plan and protocol summary are recomputed under: the oldest
     ``schema_version`` among its records (1 where a record names none; the newest schema with no
     record). One harness writes a study's records (a tagged study's: the tag's, whose freeze
@@ -63,16 +78,16 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def self_hash_ok(obj: dict[str, Any]) -> bool:
+def self_hash_ok(obj: Mapping[str, object]) -> bool:
     return obj.get("sha256") == sha256(canonical({k: v for k, v in obj.items() if k != "sha256"}))
 
 
-def snapshot_of(protocol: dict[str, Any]) -> dict[str, Any]:
+def snapshot_of(protocol: Mapping[str, object]) -> dict[str, object]:
     """The protocol summary of a record's full ``protocol`` field: all but :data:`TAG_FIELDS`."""
     return {k: v for k, v in protocol.items() if k not in TAG_FIELDS}
 
 
-def protocol_stub(protocol: dict[str, Any]) -> dict[str, Any]:
+def protocol_stub(protocol: Mapping[str, object]) -> dict[str, object]:
     """What a schema 4 record writes as ``protocol``: its id and sha256, the tag fields, and
     ``snapshot_sha256``, the sha256 of the canonical JSON of :func:`snapshot_of` (the folder's
     :func:`snapshot_name`), so every record's seal binds its snapshot."""
@@ -93,7 +108,7 @@ def is_snapshot_name(name: str) -> bool:
     return name.startswith(SNAPSHOT_PREFIX) and name.endswith(SNAPSHOT_SUFFIX) and len(name) == 64 + 14
 
 
-def with_snapshot(stub: dict[str, Any], snapshots: dict[str, Any]) -> dict[str, Any] | None:
+def with_snapshot(stub: Mapping[str, object], snapshots: Mapping[str, object]) -> dict[str, object] | None:
     """A schema 4 record's full ``protocol``: its stub over the snapshot it names (``snapshots``: the
     folder's, by sha256 of their canonical JSON), the inverse of :func:`protocol_stub`; ``None`` when
     that snapshot is missing or is not an object whose canonical JSON has that sha256."""
@@ -181,7 +196,7 @@ def check_attempts(records: list[dict[str, Any]], started: list[dict[str, Any]])
 
 
 def check_ledger(
-    records: list[dict[str, Any]], manifest: dict[str, Any], genesis: str, published: tuple[int, str] | None
+    records: list[dict[str, Any]], manifest: Manifest, genesis: str, published: tuple[int, str] | None
 ) -> list[str]:
     """The records as one hash chain; returns the breaks, the first one first."""
     out: list[str] = []
@@ -191,7 +206,7 @@ def check_ledger(
             f"{len(unlinked)} record(s) have no ledger link (schema 1 records predate the ledger): "
             f"{unlinked[0]}"
         ]
-    by_seq: dict[Any, Any] = {}
+    by_seq: dict[int, list[dict[str, Any]]] = {}
     for r in records:
         by_seq.setdefault(r["ledger"]["seq"], []).append(r)
     prev: str | None = genesis  # None after a gap: the record after it links to what is missing

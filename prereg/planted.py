@@ -58,9 +58,9 @@ log ratio holds the mean truth.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from prereg.descriptive import PairedInterval, mean_interval, reduction
 from prereg.designs import LOCKSTEP, PAIRED, design_label, find_design, study_design
@@ -101,6 +101,71 @@ MAX_SIZE = {
 OPTIONAL = ("replicate_pairs", "toggle_steps")
 
 
+class Bias(TypedDict, total=False):
+    """A design's bias on one clock (:func:`bias_of`); only ``pairs`` and ``bias`` (None) with fewer
+    than two pairs."""
+
+    pairs: int
+    truth: float
+    truth_pct: float
+    estimate: float
+    estimate_lo: float
+    estimate_hi: float
+    estimate_pct: float
+    bias: float | None
+    bias_lo: float
+    bias_hi: float
+    covered: bool
+
+
+class Coverage(TypedDict):
+    """The coverage of the nominal interval over replicate studies (:func:`coverage`)."""
+
+    studies: int
+    pairs_each: int
+    covered: int
+    rate: float
+    lo: float
+    hi: float
+    level: float
+
+
+class _RowKeys(TypedDict):
+    """The keys every ``planted`` row has."""
+
+    study: str
+    config: str
+    design: str
+    block_steps: int | None
+    plant: str
+    kind: str
+    clock: str
+    pairs: int
+    level: float
+
+
+class PlantedRow(_RowKeys, total=False):
+    """A row of the summary's ``planted`` table (:func:`planted_rows`): a planted study's design on
+    one configuration and clock, its estimate, truth and bias in points of the log ratio; these keys
+    where the row has them (``why`` where it has no bias)."""
+
+    bias: float | None
+    why: str
+    estimator: str
+    estimate: float
+    estimate_lo: float
+    estimate_hi: float
+    truth: float
+    truth_lo: float
+    truth_hi: float
+    truth_origin: str
+    bias_lo: float
+    bias_hi: float
+    covered: bool
+    reference: bool
+    coverage: Coverage
+
+
 def toggled(step: int, toggle_steps: int | None) -> bool:
     """Whether the plant runs in ``step`` (0-based): always without ``toggle_steps``; with it, in
     ABBA blocks of ``toggle_steps`` steps, the first block without the plant."""
@@ -109,7 +174,7 @@ def toggled(step: int, toggle_steps: int | None) -> bool:
     return (0, 1, 1, 0)[(step // toggle_steps) % 4] == 1
 
 
-def plant_problems(value: Any, command: bool) -> list[tuple[tuple[str, ...], str]]:
+def plant_problems(value: object, command: bool) -> list[tuple[tuple[str, ...], str]]:
     """What is wrong with a study's ``planted`` mapping (key path below ``planted``, message); none
     for a valid one. ``command``: the study's arms are command arms."""
     if not isinstance(value, Mapping):
@@ -198,7 +263,7 @@ def _mean(x: Sequence[float]) -> float:
     return math.fsum(x) / len(x)
 
 
-def bias_of(estimates: Sequence[float], truths: Sequence[float], level: float) -> dict[str, Any]:
+def bias_of(estimates: Sequence[float], truths: Sequence[float], level: float) -> Bias:
     """A design's bias on one clock: the mean of ``d_i - t_i`` (log-ratio points, candidate over
     baseline, positive: the design reads the plant as costing more than it does) with its paired t
     interval at ``level``, the mean estimate with its nominal interval, the mean truth, and whether
@@ -235,7 +300,7 @@ def bias_of(estimates: Sequence[float], truths: Sequence[float], level: float) -
 
 def coverage(
     estimates: Sequence[float], truths: Sequence[float], group: int, level: float
-) -> dict[str, Any] | None:
+) -> Coverage | None:
     """Coverage of the nominal interval over replicate studies: the pairs, in plan order, cut into
     consecutive groups of ``group`` pairs, each group a study of its own; the share of groups
     whose nominal interval of the mean log ratio holds the group's mean truth, with its exact
@@ -281,7 +346,7 @@ def clopper_pearson(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
     """The exact two-sided ``conf`` interval of a binomial proportion ``k / n``."""
     a = (1 - conf) / 2
 
-    def solve(f: Any) -> float:
+    def solve(f: Callable[[float], bool]) -> float:
         lo, hi = 0.0, 1.0
         for _ in range(80):
             mid = (lo + hi) / 2
@@ -296,13 +361,14 @@ def clopper_pearson(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
     return lower, upper
 
 
-def calibrated_designs(calibration: Mapping[str, Any]) -> dict[int | None, set[str]]:
+def calibrated_designs(calibration: Mapping[str, object]) -> dict[int | None, set[str]]:
     """The designs a calibration study (a protocol document, as YAML read it) measured the bias of,
     each with the effect classes (:data:`CLASSES`) of the plants it measured: each planted study's
     lockstep ``block_steps``, or ``None`` for a process per arm. A truth study (``toggle_steps``)
     measures the truth, not a design, and counts for none."""
     out: dict[int | None, set[str]] = {}
-    for st in calibration.get("studies") or []:
+    studies = calibration.get("studies")
+    for st in studies if isinstance(studies, list) else []:
         design = find_design(st.get("design")) if isinstance(st, Mapping) else None
         if design is None or not design.pairwise:
             continue
@@ -422,7 +488,7 @@ def _logs(pairs: Sequence[Mapping[str, Any]], key: str) -> tuple[list[Mapping[st
 
 def planted_rows(
     studies: Sequence[Mapping[str, Any]], pairs_of: Mapping[tuple[str, str], Any]
-) -> list[dict[str, Any]]:
+) -> list[PlantedRow]:
     """Every planted study's bias, per configuration and clock, as the summary's ``planted`` rows.
 
     A plant with a truth study (``toggle_steps``: :func:`toggle_truth`) takes its truth from it, on
@@ -437,7 +503,7 @@ def planted_rows(
     positive: the plant read as costing more); at these sizes a point of the log ratio is a
     percentage point of the time within 0.05."""
     planted = [s for s in studies if s.get("planted")]
-    rows: list[dict[str, Any]] = []
+    rows: list[PlantedRow] = []
     for st in planted:
         plant = st["planted"]
         same = [s for s in planted if plant_key(s["planted"]) == plant_key(plant)]
@@ -449,7 +515,7 @@ def planted_rows(
             tv = _truth_values(pairs_of.get((truth["name"], config)) or []) if truth else None
             for key, clock in CLOCKS:
                 timed, d = _logs(pairs, key)
-                row: dict[str, Any] = {
+                row: PlantedRow = {
                     "study": st["name"],
                     "config": config,
                     "design": design_label(st, brief=True),
@@ -482,9 +548,9 @@ def _truth_values(pairs: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
     return out
 
 
-def _truth_row(row: dict[str, Any], t: list[float], truth: Mapping[str, Any]) -> dict[str, Any]:
+def _truth_row(row: PlantedRow, t: list[float], truth: Mapping[str, Any]) -> PlantedRow:
     """A truth study's row: the mean of its runs' log ratios with its interval (the reference)."""
-    row.update(design=f"its own process, plant on and off in blocks of {truth['planted']['toggle_steps']}")
+    row["design"] = f"its own process, plant on and off in blocks of {truth['planted']['toggle_steps']}"
     row["pairs"] = len(t)
     if len(t) < 2:
         return {**row, "bias": None, "why": "fewer than two runs with and without the plant"}
@@ -504,19 +570,24 @@ def _truth_row(row: dict[str, Any], t: list[float], truth: Mapping[str, Any]) ->
 
 
 def _design_rows(
-    row: dict[str, Any],
+    row: PlantedRow,
     timed: list[Mapping[str, Any]],
     d: list[float],
     plant: Mapping[str, Any],
     st: Mapping[str, Any],
     truth: list[float] | None,
     measured: tuple[Mapping[tuple[str, str], Any], Mapping[str, Any] | None, str],
-) -> list[dict[str, Any]]:
+) -> list[PlantedRow]:
     """A design's row on one clock (against the truth study's runs, the spin's arithmetic or the
     reference study), and its after-own row where its pairs have one."""
     level = st["interval_level"]
     e = mean_interval(d, level, "contrast")
-    first = {**row, "estimate": 100 * e.estimate, "estimate_lo": 100 * e.low, "estimate_hi": 100 * e.high}
+    first: PlantedRow = {
+        **row,
+        "estimate": 100 * e.estimate,
+        "estimate_lo": 100 * e.low,
+        "estimate_hi": 100 * e.high,
+    }
     if truth is not None:
         out = [_against_truth(first, d, truth, st)]
         own = _own_logs(timed, row["clock"])
@@ -552,9 +623,7 @@ def _own_logs(timed: Sequence[Mapping[str, Any]], clock: str) -> list[float]:
     return [math.log(p[c] / p[b]) for p in timed if p.get(b) and p.get(c)]
 
 
-def _against_truth(
-    row: dict[str, Any], d: list[float], truth: list[float], st: Mapping[str, Any]
-) -> dict[str, Any]:
+def _against_truth(row: PlantedRow, d: list[float], truth: list[float], st: Mapping[str, Any]) -> PlantedRow:
     """A row's bias against a truth study's runs: the Welch difference of the two groups, whether
     the row's nominal interval covers the truth's mean, and its coverage over replicate studies."""
     from prereg.designs import welch_difference
@@ -565,14 +634,16 @@ def _against_truth(
     r = mean_interval(truth, level, "contrast")
     w = welch_difference(d, truth, level)
     row.update(
-        truth=100 * r.estimate,
-        truth_lo=100 * r.low,
-        truth_hi=100 * r.high,
-        truth_origin="measured: the plant on and off in its own process (its truth study)",
-        bias=100 * w.difference,
-        bias_lo=100 * w.lo,
-        bias_hi=100 * w.hi,
-        covered=row["estimate_lo"] <= 100 * r.estimate <= row["estimate_hi"],
+        {
+            "truth": 100 * r.estimate,
+            "truth_lo": 100 * r.low,
+            "truth_hi": 100 * r.high,
+            "truth_origin": "measured: the plant on and off in its own process (its truth study)",
+            "bias": 100 * w.difference,
+            "bias_lo": 100 * w.lo,
+            "bias_hi": 100 * w.hi,
+            "covered": row["estimate_lo"] <= 100 * r.estimate <= row["estimate_hi"],
+        }
     )
     group = st["planted"].get("replicate_pairs")
     cov = coverage(d, [r.estimate] * len(d), int(group), level) if group else None
@@ -582,26 +653,30 @@ def _against_truth(
 
 
 def _spin_row(
-    row: dict[str, Any],
+    row: PlantedRow,
     timed: list[Mapping[str, Any]],
     d: list[float],
     plant: Mapping[str, Any],
     level: float,
-) -> dict[str, Any]:
+) -> PlantedRow:
     """A spin's row: its bias against its arithmetic truth, pair by pair, and its coverage."""
-    cpu = [p.get("candidate_planted_cpu_s") for p in timed]
-    bcpu = [p.get("baseline_training_cpu_s") for p in timed]
-    if any(not isinstance(x, (int, float)) for x in cpu + bcpu):
+    times = [(p.get("baseline_training_cpu_s"), p.get("candidate_planted_cpu_s")) for p in timed]
+    both = [(bc, pc) for bc, pc in times if isinstance(bc, (int, float)) and isinstance(pc, (int, float))]
+    if len(both) < len(times):
         return {**row, "bias": None, "why": "a pair without the plant's CPU time"}
-    t = [spin_truth(float(bc), float(pc)) for bc, pc in zip(bcpu, cpu)]  # type: ignore[arg-type]
+    t = [spin_truth(float(bc), float(pc)) for bc, pc in both]
     b = bias_of(d, t, level)
+    if b["bias"] is None:  # fewer than two pairs: no interval
+        return {**row, "bias": None, "why": "fewer than two timed pairs"}
     row.update(
-        truth=100 * b["truth"],
-        truth_origin="arithmetic: ln(1 + S / C_b) per pair (S the plant's CPU time)",
-        bias=100 * b["bias"],
-        bias_lo=100 * b["bias_lo"],
-        bias_hi=100 * b["bias_hi"],
-        covered=b["covered"],
+        {
+            "truth": 100 * b["truth"],
+            "truth_origin": "arithmetic: ln(1 + S / C_b) per pair (S the plant's CPU time)",
+            "bias": 100 * b["bias"],
+            "bias_lo": 100 * b["bias_lo"],
+            "bias_hi": 100 * b["bias_hi"],
+            "covered": b["covered"],
+        }
     )
     group = plant.get("replicate_pairs")
     cov = coverage(d, t, int(group), level) if group else None
@@ -611,7 +686,7 @@ def _spin_row(
 
 
 def _measured_row(
-    row: dict[str, Any],
+    row: PlantedRow,
     d: list[float],
     e: PairedInterval,
     pairs_of: Mapping[tuple[str, str], Any],
@@ -619,7 +694,7 @@ def _measured_row(
     st: Mapping[str, Any],
     config: str,
     key: str,
-) -> dict[str, Any]:
+) -> PlantedRow:
     """A measured plant's row: its bias against the mean of its reference study (``e``: its own
     mean's interval), the Welch difference of the two groups of pairs."""
     from prereg.designs import welch_difference
@@ -629,16 +704,18 @@ def _measured_row(
         return {**row, "bias": None, "why": f"its reference {ref['name']} has fewer than two pairs"}
     r = mean_interval(dr, st["interval_level"], "contrast")
     row.update(
-        truth=100 * r.estimate,
-        truth_lo=100 * r.low,
-        truth_hi=100 * r.high,
-        truth_origin=f"measured: the mean of {ref['name']} ({design_label(ref, brief=True)}, {len(dr)} pairs)",
+        {
+            "truth": 100 * r.estimate,
+            "truth_lo": 100 * r.low,
+            "truth_hi": 100 * r.high,
+            "truth_origin": f"measured: the mean of {ref['name']} ({design_label(ref, brief=True)}, {len(dr)} pairs)",
+        }
     )
     if ref["name"] == st["name"]:
-        row.update(bias=0.0, reference=True)
+        row.update({"bias": 0.0, "reference": True})
     else:
         w = welch_difference(d, dr, st["interval_level"])
-        row.update(bias=100 * w.difference, bias_lo=100 * w.lo, bias_hi=100 * w.hi)
+        row.update({"bias": 100 * w.difference, "bias_lo": 100 * w.lo, "bias_hi": 100 * w.hi})
         row["covered"] = e.low <= r.estimate <= e.high
     return row
 

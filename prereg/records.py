@@ -180,6 +180,11 @@ class StartedEntry:
         return cls(**found)
 
 
+class StartLink(TypedDict):
+    seq: int  # the started entry's ledger seq
+    sha256: str  # its sha256
+
+
 class LedgerHead(TypedDict):
     seq: int  # records in the chain
     sha256: str  # the last record's sha256 (or the freeze manifest's sha256 when empty)
@@ -347,9 +352,7 @@ class RunRecord(WorkerResult):
     attempt: int  # 1-based attempt number of this run
     git: GitState
     unit_attempt: int = 1  # which run of its unit this attempt belongs to (schema 3; 1 before, unwritten)
-    start: Mapping[str, Any] | None = (
-        None  # the started entry this record ends: its seq and sha256 (schema 3)
-    )
+    start: StartLink | None = None  # the started entry this record ends (schema 3)
     started_at: str | None = None
     finished_at: str | None = None
     node: Mapping[str, Any] | None = None  # the Ray node that ran it (id, host, pid); Ray runs only
@@ -442,7 +445,7 @@ LEDGER_SHAPE: Shape = {
 }
 
 
-def _shape(obj: dict[str, Any], shape: Shape, where: str) -> list[str]:
+def _shape(obj: Mapping[str, object], shape: Shape, where: str) -> list[str]:
     out = []
     for key, (types, required) in shape.items():
         if key not in obj:
@@ -517,7 +520,7 @@ def seal(record: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def write_json(path: Path, obj: Any, *, overwrite: bool = True, pretty: bool = False) -> None:
+def write_json(path: Path, obj: object, *, overwrite: bool = True, pretty: bool = False) -> None:
     """Atomically write ``obj`` as JSON (canonical, or sorted and indented when ``pretty``)."""
     data = (
         json.dumps(obj, sort_keys=True, indent=1, allow_nan=False).encode("utf-8")
@@ -589,10 +592,10 @@ def read_entry(path: Path) -> dict[str, Any]:
     return data
 
 
-def read_snapshots(directory: Path) -> dict[str, dict[str, Any]]:
+def read_snapshots(directory: Path) -> dict[str, dict[str, object]]:
     """A records folder's protocol snapshots (``protocol.<sha256>.json``, schema 4 on) by sha256,
     each checked against its name."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, object]] = {}
     for path in sorted(directory.glob("protocol.*.json")) if directory.is_dir() else []:
         if not is_snapshot_name(path.name):
             continue
@@ -611,7 +614,7 @@ def read_snapshots(directory: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def write_snapshot(directory: Path, snapshot: Mapping[str, Any]) -> str:
+def write_snapshot(directory: Path, snapshot: Mapping[str, object]) -> str:
     """Write a protocol snapshot into a records folder once (``protocol.<sha256>.json``, never
     overwritten); returns its sha256."""
     data = canonical(dict(snapshot))
@@ -623,7 +626,7 @@ def write_snapshot(directory: Path, snapshot: Mapping[str, Any]) -> str:
     return sha
 
 
-def read_record(path: Path, snapshots: Mapping[str, Any] | None = None) -> RunRecord:
+def read_record(path: Path, snapshots: Mapping[str, object] | None = None) -> RunRecord:
     """Read one record, refusing a format version this code does not know and fields it does not
     (a schema 4 record over ``snapshots``, else its folder's)."""
     data = read_entry(path)

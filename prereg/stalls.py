@@ -55,7 +55,7 @@ def step_stall(clocks: Sequence[float]) -> tuple[int, float, float] | None:
     return (at + 2, gaps[at], step) if gaps[at] > max(STALL_FLOOR_S, STALL_STEP_TIMES * step) else None
 
 
-def _number(v: Any) -> float:
+def _number(v: object) -> float:
     """A record's figure as a float (0 for a missing one; ValueError for one not a number)."""
     if v is None:
         return 0.0
@@ -78,7 +78,7 @@ def _step_clocks(rec: Mapping[str, Any], curve: list[Any]) -> list[float]:
     return [_number(p[2]) for p in curve]
 
 
-def _reporter_span(folder: str, rec: Mapping[str, Any]) -> float | None:
+def _reporter_span(folder: str, rec: Mapping[str, object]) -> float | None:
     """A command run's time from its first step line to its last line in its kept reporter file
     (None: no such file, or one that does not read as lines with clocks)."""
     evidence = rec.get("evidence")

@@ -9,17 +9,69 @@ import os
 import re
 import subprocess
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from prereg.bounded import InputLimitError, file_problem, read_present, read_regular
-from prereg.ledger import canonical, sha256, study_schema
+from prereg.ledger import Manifest, canonical, sha256, study_schema
 from prereg.plan import expected_summary
 from prereg.protocol.read import protocol_from_text
 from prereg.yamlflow import YamlError
 from prereg.yamlsub import yaml_subset
 
+if TYPE_CHECKING:
+    from prereg.protocol.model import Protocol
 
-def _git_env() -> dict[str, Any]:
+
+class ResultTag(TypedDict):
+    """A signed result tag's fields (:func:`parse_result`)."""
+
+    tag: str  # the tag's name
+    protocol: str | None
+    freeze: str | None  # the freeze manifest's sha256
+    seq: int  # the ledger head's position
+    sha256: str  # the ledger head's sha256
+    plots: dict[str, str] | None  # the sealed PNG plots by name (None: signed before they were)
+    plots_said: str | None  # the ``plots N`` line's count, as written
+
+
+class TagInfo(TypedDict):
+    """A protocol tag object as :func:`read_tag` reads it."""
+
+    tag: str
+    object: str  # its object id
+    commit: str  # the commit it tags
+    created: float | None  # the tagger's time, seconds since the epoch
+    manifest: dict[str, Any]  # its freeze manifest (JSON: its fields checked where read)
+    freeze: str  # the freeze manifest's sha256
+    signed: bool
+    tag_raw: bytes  # the tag object's bytes
+
+
+class Truth(TypedDict, total=False):
+    """What the study is (:func:`load_truth`): the tag's facts (:class:`TagInfo`, with ``tagged``;
+    ``tag`` None without one), the protocol file (``path``, ``raw``, ``sha256``), and what is derived
+    from it (the typed ``spec``, the configurations' hashes, the records schema and the protocol
+    summary every record's ``protocol`` copies)."""
+
+    tag: str | None
+    tagged: bool
+    object: str
+    commit: str
+    created: float | None
+    manifest: dict[str, Any]
+    freeze: str
+    signed: bool
+    tag_raw: bytes
+    path: str
+    raw: bytes
+    sha256: str
+    spec: Protocol
+    config_sha: dict[str, str]
+    schema: int
+    summary: dict[str, Any]
+
+
+def _git_env() -> dict[str, str]:
     """git with replace objects disabled: ``git replace`` cannot substitute a tag, commit or blob."""
     return {**os.environ, "GIT_NO_REPLACE_OBJECTS": "1", "GIT_TERMINAL_PROMPT": "0"}
 
@@ -168,7 +220,7 @@ def result_message(pid: str, freeze: str, seq: int, sha: str, plots: Mapping[str
     return text + f"plots {len(plots)}\n" + "".join(f"plot {n} {h}\n" for n, h in sorted(plots.items()))
 
 
-def parse_result(raw: bytes) -> dict[str, Any] | None:
+def parse_result(raw: bytes) -> ResultTag | None:
     """A result tag object's fields (``protocol``, ``freeze``, ``seq``, ``sha256``, ``tag``, its
     name, and ``plots``, the sealed PNG plots by name, None in a head signed before they were), or
     None when it is not one."""
@@ -221,7 +273,7 @@ def object_id(root: str, kind: str, raw: bytes) -> str:
 
 def read_tag(
     root: str, tag: str, directory: str | None = None, kept: tuple[str, bytes] | None = None
-) -> tuple[dict[str, Any] | None, list[str]]:
+) -> tuple[TagInfo | None, list[str]]:
     """The tag object, its commit, creation time and freeze manifest, read with replace objects off.
     Without the ref (a clone that did not fetch tags), from the ``TAG`` file the records folder
     keeps: the same bytes, whose object id the records name and whose commit must be in the
@@ -324,8 +376,8 @@ def kept_tag_problems(directory: str, kept: tuple[str, bytes] | None, tags: list
 
 
 def load_truth(
-    root: str, directory: str, records: list[dict[str, Any]], manifest: dict[str, Any]
-) -> tuple[dict[str, Any], list[str]]:
+    root: str, directory: str, records: list[dict[str, Any]], manifest: Manifest
+) -> tuple[Truth, list[str]]:
     """What the study is, from the tag's protocol file (or, without any tag, the checkout's).
 
     The protocol ids and paths the records, MANIFEST and folder name are only where to look: a
@@ -336,7 +388,7 @@ def load_truth(
     ids, in_checkout, claims = _where_to_look(root, directory, records, manifest)
     kept = stored_tag(directory)
     tags = _existing_tags(root, ids, kept)
-    truth: dict[str, Any] = {"tag": None, "tagged": False}
+    truth: Truth = {"tag": None, "tagged": False}
     problems += kept_tag_problems(directory, kept, tags)
     if len(tags) > 1:
         problems.append(f"{directory}: the records name several tagged protocols ({', '.join(tags)})")
@@ -365,15 +417,15 @@ def load_truth(
             if raw is None:
                 problems.append(f"{full}: protocol file missing")
             else:
-                truth.update(path=path, raw=raw, sha256=sha256(raw))
+                truth.update({"path": path, "raw": raw, "sha256": sha256(raw)})
     if "raw" in truth:
         problems += _derive_study(root, truth, study_schema(records))
     return truth, problems
 
 
 def _where_to_look(
-    root: str, directory: str, records: list[dict[str, Any]], manifest: dict[str, Any]
-) -> tuple[set[Any], list[tuple[str, Any]], list[str]]:
+    root: str, directory: str, records: list[dict[str, Any]], manifest: Manifest
+) -> tuple[set[object], list[tuple[str, object]], list[str]]:
     """The protocol ids the records, MANIFEST, folder name and checkout files name; the checkout's
     protocol files that say ``preregistered: true`` (path, id); the ids the records claim preregistered."""
     mp = manifest.get("protocol")
@@ -399,7 +451,7 @@ def _where_to_look(
     return ids, in_checkout, claims
 
 
-def _existing_tags(root: str, ids: set[Any], kept: tuple[str, bytes] | None) -> list[str]:
+def _existing_tags(root: str, ids: set[object], kept: tuple[str, bytes] | None) -> list[str]:
     """The tags ``protocol-<id>`` of those ids that the repository (or the folder's kept tag) holds, sorted."""
     return sorted(
         f"protocol-{i}"
@@ -413,30 +465,40 @@ def _existing_tags(root: str, ids: set[Any], kept: tuple[str, bytes] | None) -> 
     )
 
 
-def _from_tag(
-    root: str, directory: str, tag: str, kept: tuple[str, bytes] | None, truth: dict[str, Any]
-) -> list[str]:
+def _from_tag(root: str, directory: str, tag: str, kept: tuple[str, bytes] | None, truth: Truth) -> list[str]:
     """Fill ``truth`` from the tag and the protocol file its manifest names; return the problems."""
     info, found = read_tag(root, tag, directory, kept)
     problems = list(found)
     if info is None:
         truth["tag"] = tag
         return problems
-    truth.update(info, tagged=True)
+    truth.update(
+        {
+            "tag": info["tag"],
+            "object": info["object"],
+            "commit": info["commit"],
+            "created": info["created"],
+            "manifest": info["manifest"],
+            "freeze": info["freeze"],
+            "signed": info["signed"],
+            "tag_raw": info["tag_raw"],
+            "tagged": True,
+        }
+    )
     mprot = info["manifest"].get("protocol") or {}
     path, want = mprot.get("path"), mprot.get("sha256")
     blob = git_bytes(root, "cat-file", "blob", f"{info['commit']}:{path}") if isinstance(path, str) else None
-    if blob is None or sha256(blob) != want:
+    if blob is None or not isinstance(path, str) or sha256(blob) != want:
         problems.append(
             f"tag {tag}: the file its manifest names ({path}) is not at the tagged "
             f"commit {info['commit'][:12]} with sha256 {str(want)[:16]}"
         )
     else:
-        truth.update(path=path, raw=blob, sha256=want)
+        truth.update({"path": path, "raw": blob, "sha256": want})
     return problems
 
 
-def _derive_study(root: str, truth: dict[str, Any], schema: int) -> list[str]:
+def _derive_study(root: str, truth: Truth, schema: int) -> list[str]:
     """Fill ``truth`` with the protocol document, its configurations' hashes and its summary (as
     records schema ``schema`` writes it, ``truth["schema"]``); the problem when the study cannot be
     derived from the protocol."""
@@ -463,7 +525,7 @@ def _derive_study(root: str, truth: dict[str, Any], schema: int) -> list[str]:
 
 
 def check_sources(
-    root: str, truth: dict[str, Any], records: list[dict[str, Any]], manifest: dict[str, Any]
+    root: str, truth: Truth, records: list[dict[str, Any]], manifest: Manifest
 ) -> tuple[list[str], str]:
     """MANIFEST's source hashes (the code, configurations and protocol a run read) against the tagged
     commit's files for a tagged study, so later work in the repository never unseals it; without a
@@ -532,7 +594,7 @@ def same_json(a: object, b: object) -> bool:
     return type(a) is type(b) and a == b
 
 
-def field_differences(want: dict[str, Any], got: dict[str, Any], prefix: str) -> list[str]:
+def field_differences(want: Mapping[str, object], got: Mapping[str, object], prefix: str) -> list[str]:
     """Every difference of ``got`` from ``want`` (the tagged protocol's fields), each named by its
     dotted path under ``prefix``: missing, not in the tag, or another value."""
     out = []
@@ -541,8 +603,8 @@ def field_differences(want: dict[str, Any], got: dict[str, Any], prefix: str) ->
             out.append(f"{prefix}.{k} is missing (the tagged protocol's is {want[k]!r})")
         elif k not in want:
             out.append(f"{prefix}.{k} = {got[k]!r} is not in the tagged protocol")
-        elif isinstance(want[k], dict) and isinstance(got[k], dict):
-            out += field_differences(want[k], got[k], f"{prefix}.{k}")
+        elif isinstance(w := want[k], dict) and isinstance(g := got[k], dict):
+            out += field_differences(w, g, f"{prefix}.{k}")
         elif not same_json(want[k], got[k]):
             out.append(
                 f"{prefix}.{k} = {json.dumps(got[k], sort_keys=True)[:120]}, the tagged protocol's is "

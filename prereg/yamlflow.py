@@ -4,7 +4,6 @@ escapes, line folding, quoted scalars and flow collections."""
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from prereg.bounded import MAX_DEPTH
 
@@ -180,7 +179,10 @@ def join_quoted(parts: list[str], q: str, line: int) -> str:
 
 
 #: Where a flow node's lines are kept: the reader's line of each key path, and this node's key path.
-Marks = tuple[dict[tuple[Any, ...], int], tuple[Any, ...]]
+#: A key path into a document: mapping keys (scalars: strings, numbers, booleans, null) and
+#: sequence indices, from the top.
+KeyPath = tuple[object, ...]
+Marks = tuple[dict[KeyPath, int], KeyPath]
 
 
 def flow_value(s: str, i: int, line: int, depth: int = 1, marks: Marks | None = None) -> tuple[object, int]:
@@ -211,7 +213,7 @@ def flow_value(s: str, i: int, line: int, depth: int = 1, marks: Marks | None = 
     return (plain_scalar(parts[0], line) if len(parts) <= 1 else fold_lines(parts)) if parts else None, j
 
 
-def _mark(marks: Marks | None, s: str, i: int, line: int, key: Any) -> Marks | None:
+def _mark(marks: Marks | None, s: str, i: int, line: int, key: object) -> Marks | None:
     """Keep the line of the element ``key`` that starts at ``i`` of ``s``; its own marks."""
     if marks is None:
         return None
@@ -227,8 +229,8 @@ def _flow_collection(s: str, i: int, line: int, depth: int, marks: Marks | None 
             line, f"nested deeper than {MAX_DEPTH} levels: a protocol is read at most {MAX_DEPTH} deep"
         )
     close = "]" if s[i] == "[" else "}"
-    seq: list[Any] = []
-    mp: dict[Any, Any] = {}
+    seq: list[object] = []
+    mp: dict[object, object] = {}
     i += 1
     while True:
         i = _skip(s, i)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prereg.bounded import MAX_DEPTH, MAX_YAML_CHARS
 from prereg.yamlflow import (
     WS,
+    KeyPath,
     YamlError,
     block_text,
     flow_value,
@@ -60,8 +59,8 @@ class _Reader:
         self.n = 0  # the current raw line
         self.started = False
         self.depth = 0  # the block collections the current node lies in
-        self.lines: dict[tuple[Any, ...], int] = {}  # each key path's line (1-based)
-        self.path: list[Any] = []  # the key path of the node being read
+        self.lines: dict[KeyPath, int] = {}  # each key path's line (1-based)
+        self.path: list[object] = []  # the key path of the node being read
 
     # -- lines -------------------------------------------------------------------------------
     def significant(self) -> int | None:
@@ -156,8 +155,8 @@ class _Reader:
             return None
         return self.raw[self.n][ind:]
 
-    def sequence(self, ind: int) -> list[Any]:
-        out: list[Any] = []
+    def sequence(self, ind: int) -> list[object]:
+        out: list[object] = []
         while True:
             s = self._entry(ind)
             if s is None:
@@ -185,8 +184,8 @@ class _Reader:
             return self.block(ind + 1 + inner)
         return self.inline(item, ind, ind + 1 + inner)
 
-    def mapping(self, ind: int) -> dict[Any, Any]:
-        out: dict[Any, Any] = {}
+    def mapping(self, ind: int) -> dict[object, object]:
+        out: dict[object, object] = {}
         while True:
             s = self._entry(ind)
             if s is None:
@@ -443,7 +442,7 @@ def yaml_subset(text: str) -> object:
     return yaml_lines(text)[0]
 
 
-def yaml_lines(text: str) -> tuple[object, dict[tuple[Any, ...], int]]:
+def yaml_lines(text: str) -> tuple[object, dict[KeyPath, int]]:
     """:func:`yaml_subset`'s value and the line (1-based) of every key path in it: a mapping's key
     path ends with the key (its line is the key's), a sequence item's with its index; ``()`` is the
     document's first line. Errors as :func:`yaml_subset`'s."""

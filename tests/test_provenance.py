@@ -888,6 +888,20 @@ def test_a_folder_emptied_of_its_records_fails_against_its_heads(study):
     )
 
 
+def test_a_manifest_field_of_the_wrong_json_type_is_named_not_a_traceback(study):
+    """MANIFEST's ``looks`` not an object, and an emptied folder's ``ledger_head.seq`` not a
+    position: each named by field (the audit read both unchecked before, and crashed)."""
+    manifest_path = study / RECS / "MANIFEST"
+    manifest = json.loads(manifest_path.read_text())
+    manifest_path.write_text(json.dumps({**manifest, "looks": ["look1.look.json"]}))
+    failed(study, "field looks is not a JSON object", "MANIFEST malformed")
+    for p in [*(study / RECS).glob("*.record.json"), *(study / RECS).glob("*.started.json")]:
+        p.unlink()
+    head = {**manifest["ledger_head"], "seq": "9"}
+    manifest_path.write_text(json.dumps({**manifest, "records": {}, "started": {}, "ledger_head": head}))
+    failed(study, "field ledger_head.seq = '9' is not a position")
+
+
 def test_records_inside_a_nested_repository_fail(study):
     """A records folder that is (or lies in) a git repository of its own would have the audit read
     that repository's tags instead of the study's."""

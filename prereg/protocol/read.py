@@ -169,7 +169,7 @@ def protocol_from_text(raw: bytes, path: str | Path) -> Protocol:
     return protocol_of(document_of(raw, path))
 
 
-def _studies(doc: Document, raw: list[Any], level: float) -> list[Study]:
+def _studies(doc: Document, raw: list[object], level: float) -> list[Study]:
     """The protocol's studies, in order: at least one, names unique."""
     if not raw:
         raise doc.error(("studies",), "a protocol needs at least one study")
@@ -259,7 +259,7 @@ def _lockstep(doc: Document, s: dict[str, Any], design: Design, kp: KeyPath) -> 
         raise doc.error(kp + ("block_steps",), "block_steps exceeds steps")
 
 
-def _seeds(doc: Document, value: Any, kp: KeyPath) -> tuple[int, ...]:
+def _seeds(doc: Document, value: object, kp: KeyPath) -> tuple[int, ...]:
     """A study's seeds: a list of distinct integers (at least two), or ``count`` from ``base``; at
     most :data:`MAX_SEEDS`."""
     too_many = f"at most {MAX_SEEDS} seeds in a study"
@@ -268,6 +268,8 @@ def _seeds(doc: Document, value: Any, kp: KeyPath) -> tuple[int, ...]:
         if spec["count"] > MAX_SEEDS:
             raise doc.error(kp + ("count",), too_many)
         return tuple(range(spec["base"], spec["base"] + spec["count"]))
+    if not isinstance(value, list):  # the study's keys admit a list or a mapping
+        raise doc.error(kp, f"expected a list or a mapping, got {type(value).__name__}")
     if len(value) > MAX_SEEDS:
         raise doc.error(kp, too_many)
     seeds: list[int] = []
@@ -314,7 +316,7 @@ def _hypotheses(doc: Document, raw: dict[str, Any], studies: list[Study]) -> dic
     return {**fam, "tests": tests}
 
 
-def _test(doc: Document, t: Any, tk: KeyPath, by_name: dict[str, Study]) -> dict[str, Any]:
+def _test(doc: Document, t: object, tk: KeyPath, by_name: dict[str, Study]) -> dict[str, Any]:
     """One hypothesis: its keys, a paired study of the protocol that is not planted, its
     configuration (the study's one where left out), and the core's rules
     (:func:`prereg.hypotheses.rule_problems`)."""
@@ -337,13 +339,13 @@ def _test(doc: Document, t: Any, tk: KeyPath, by_name: dict[str, Study]) -> dict
     wrong = rule_problems(h)  # the core's rules, which decide applies to the records' copy too
     if wrong:
         key, message = wrong[0]
-        raise doc.error(tk + ((key,) if key in t else ()), message)
+        raise doc.error(tk + ((key,) if isinstance(t, dict) and key in t else ()), message)
     if h["test"] is None:
         del h["test"]  # records of protocols that do not declare it stay as they were
     return h
 
 
-def protocol_from_data(data: Any, path: str | Path = "<document>") -> Protocol:
+def protocol_from_data(data: object, path: str | Path = "<document>") -> Protocol:
     """:func:`protocol_of` a protocol already held as data (what ``yaml.safe_load`` gives; errors
     name ``path`` and no line): a protocol built in code, or a test's."""
     return protocol_of(Document(Path(path), data, {}, b""))

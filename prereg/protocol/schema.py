@@ -15,6 +15,7 @@ from prereg.designs import design_names, find_design
 from prereg.errors import InputError
 from prereg.hypotheses import CHOICES, family_problems
 from prereg.planted import CLASSES
+from prereg.yamlflow import KeyPath
 
 __all__ = [
     "CALIBRATION",
@@ -39,16 +40,13 @@ __all__ = [
     "two_sided_level",
 ]
 
-#: A key path into a document: mapping keys and sequence indices, from the top.
-KeyPath = tuple[Any, ...]
-
 
 @dataclass
 class Document:
     """A parsed YAML file: its data, the line of each key path, its bytes."""
 
     path: Path
-    data: Any
+    data: Any  # the YAML subset's value: mappings, lists, strings, numbers, booleans, null
     lines: dict[KeyPath, int]
     raw: bytes
 
@@ -91,8 +89,8 @@ class Field:
 
     types: type | tuple[type, ...]
     required: bool = True
-    default: Any = None
-    check: Callable[[Any], str | None] | None = None
+    default: object = None
+    check: Callable[[Any], str | None] | None = None  # called on a value of ``types``
     origin: str = ""
 
 
@@ -102,7 +100,7 @@ def _type_name(t: type | tuple[type, ...]) -> str:
     return t.__name__
 
 
-def _typed(doc: Document, v: Any, field: Field, where: KeyPath) -> Any:
+def _typed(doc: Document, v: object, field: Field, where: KeyPath) -> object:
     """``v`` checked against ``field``'s types (an int where a float is expected read as a float;
     a float must be finite), then its check."""
     key = where[-1]
@@ -125,7 +123,7 @@ def _typed(doc: Document, v: Any, field: Field, where: KeyPath) -> Any:
     return v
 
 
-def mapping(doc: Document, value: Any, keypath: KeyPath, schema: dict[str, Field]) -> dict[str, Any]:
+def mapping(doc: Document, value: object, keypath: KeyPath, schema: dict[str, Field]) -> dict[str, Any]:
     """Validate ``value`` as a mapping against ``schema``; unknown keys are errors, a left-out key
     takes its field's default."""
     if not isinstance(value, dict):
@@ -145,20 +143,20 @@ def mapping(doc: Document, value: Any, keypath: KeyPath, schema: dict[str, Field
     return out
 
 
-def positive(v: Any) -> str | None:
-    """The check of a positive number."""
-    return None if v > 0 else "must be positive"
+def positive(v: object) -> str | None:
+    """The check of a positive number (its type checked before)."""
+    return None if isinstance(v, (int, float)) and v > 0 else "must be positive"
 
 
-def non_negative(v: Any) -> str | None:
-    """The check of a number at least 0."""
-    return None if v >= 0 else "must be non-negative"
+def non_negative(v: object) -> str | None:
+    """The check of a number at least 0 (its type checked before)."""
+    return None if isinstance(v, (int, float)) and v >= 0 else "must be non-negative"
 
 
-def one_of(*choices: Any) -> Callable[[Any], str | None]:
+def one_of(*choices: object) -> Callable[[object], str | None]:
     """The check of a value among ``choices``."""
 
-    def check(v: Any) -> str | None:
+    def check(v: object) -> str | None:
         return None if v in choices else f"must be one of {', '.join(map(str, choices))}"
 
     return check
@@ -169,13 +167,17 @@ def one_of(*choices: Any) -> Callable[[Any], str | None]:
 ID_RE = re.compile(r"^[A-Za-z0-9_-]+\Z")
 
 
-def _ident(v: Any) -> str | None:
-    return None if ID_RE.match(v) else "letters, digits, - and _ only"
+def _ident(v: object) -> str | None:
+    return None if isinstance(v, str) and ID_RE.match(v) else "letters, digits, - and _ only"
 
 
-def two_sided_level(v: Any) -> str | None:
-    """The check of an ``interval_level`` key (the protocol's and a study's)."""
-    return None if 0.5 < v < 1 else "must be a two-sided level between 0.5 and 1 (e.g. 0.99)"
+def two_sided_level(v: object) -> str | None:
+    """The check of an ``interval_level`` key (the protocol's and a study's; its type checked before)."""
+    return (
+        None
+        if isinstance(v, (int, float)) and 0.5 < v < 1
+        else "must be a two-sided level between 0.5 and 1 (e.g. 0.99)"
+    )
 
 
 #: The top-level keys of a protocol, each once: its type, whether required, its default and where a
@@ -227,13 +229,13 @@ TOP: dict[str, Field] = {
 }
 
 
-def named_defaults() -> dict[str, Any]:
+def named_defaults() -> dict[str, object]:
     """The top-level keys whose left-out value every record names, and that value (:data:`NAMED`)."""
     return {k: f.default for k, f in TOP.items() if f.origin == NAMED}
 
 
-def _design(v: Any) -> str | None:
-    return None if find_design(v) else f"must be one of {', '.join(design_names())}"
+def _design(v: object) -> str | None:
+    return None if isinstance(v, str) and find_design(v) else f"must be one of {', '.join(design_names())}"
 
 
 #: The keys of one entry of a protocol's ``studies``.
@@ -267,7 +269,7 @@ SEEDS: dict[str, Field] = {"count": Field(int, check=positive), "base": Field(in
 _VALID_FAMILY = {"procedure": "holm", "family_alpha": 0.05, "min_pairs": 3}
 
 
-def _family_check(key: str) -> Callable[[Any], str | None]:
+def _family_check(key: str) -> Callable[[object], str | None]:
     """The core's rule (:func:`prereg.hypotheses.family_problems`) for one key of the family."""
     return lambda v: next((m for k, m in family_problems({**_VALID_FAMILY, key: v}) if k == key), None)
 
@@ -302,7 +304,11 @@ TEST: dict[str, Field] = {
     "restriction_s": Field(
         float,
         required=False,
-        check=lambda v: None if 0 < v < float("inf") else "a positive, finite time in seconds",
+        check=lambda v: (
+            None
+            if isinstance(v, (int, float)) and 0 < v < float("inf")
+            else "a positive, finite time in seconds"
+        ),
     ),
 }
 
