@@ -27,6 +27,7 @@ from harness.names import CORPORA, SPLITS
 from prereg.errors import DataError, InputError
 from prereg.protocol.schema import Document, Field, mapping
 
+
 class Pin(TypedDict):
     """A file's pin: its path, byte count and sha256 (a protocol's ``{path, size, sha256}``)."""
 

@@ -12,8 +12,8 @@ files, or ``None`` for a named corpus) and ``checkpoint_path``. A lockstep pair'
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
 from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, TypedDict, Union, cast
 
 from prereg.jsonfields import exact_fields

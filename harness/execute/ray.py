@@ -382,9 +382,7 @@ class RayExecutor:
             started_of[spec.run_id][spec.run_id] = node
 
     @staticmethod
-    def _lost(
-        runner: RunnerPort, unit: list[RunSpec], started: dict[str, NodeInfo], err: Exception
-    ) -> None:
+    def _lost(runner: RunnerPort, unit: list[RunSpec], started: dict[str, NodeInfo], err: Exception) -> None:
         where = ", ".join(sorted({f"{n['host']}/{n['id'][:8]}" for n in started.values()})) or "its node"
         runner.context.echo(
             f"  unit {unit[0].unit} lost on {where} ({type(err).__name__}); it runs again, whole"
