@@ -14,14 +14,22 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
     from prereg.records import RunRecord
 
 
-def calibrate(records: list[RunRecord]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+class Calibrated(TypedDict):
+    """One configuration's figures from the pilot's baseline runs."""
+
+    runs: int  # the ok baseline runs
+    val_target_bpb: float  # their median validation BPB at 75% of their steps, rounded up
+    device_s_per_run: float  # their median device seconds
+
+
+def calibrate(records: list[RunRecord]) -> dict[str, Calibrated]:
+    out: dict[str, Calibrated] = {}
     by_config: dict[str, list[RunRecord]] = {}
     for r in records:
         if r.status == "ok" and r.spec.role in ("baseline", "native"):

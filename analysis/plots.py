@@ -40,7 +40,7 @@ def _pairs_plot(
     kind: str,
     paired: list[PairedResult],
     study_of: dict[int, str],
-    margins: dict[tuple[str, str], Any],
+    margins: dict[tuple[str, str], float],
     directory: Path,
 ) -> Path:
     """Every pair's time reduction (``kind`` "time") or test BPB difference ("quality"), one panel

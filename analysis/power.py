@@ -492,7 +492,7 @@ class Plan:
     data_rule: str = "t"  # the rule the pilot's values call for (:func:`data_rule`)
     sequential: SequentialPlan | None = None  # a group-sequential target's figures
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -811,7 +811,7 @@ def calibration_bias(planted: Sequence[Mapping[str, Any]], target: dict[str, Any
     return out
 
 
-def table_rows(rows: list[Plan], bias: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+def table_rows(rows: list[Plan], bias: Mapping[str, str] | None = None) -> list[dict[str, object]]:
     """``harness power``'s table: one row per hypothesis, plug-in and upper-limit figures side by side."""
 
     def n(v: int | None) -> str:

@@ -10,7 +10,7 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from harness.cliargs import RUN_INTERRUPTED, RUN_TERMINATED, parser
 from harness.clirun import Terminated, cmd_run, records_rel, refuse_shadowing, report
@@ -18,6 +18,8 @@ from harness.clitools import cmd_compare_arms, cmd_configs, cmd_data, cmd_node, 
 from harness.compare_cmd import cmd_compare
 from prereg.errors import HarnessError, InputError
 from prereg.records import RecordFormatError
+
+_N = TypeVar("_N", int, float)  # a flag's kind of number
 
 if TYPE_CHECKING:
     from analysis.calibration_study import CalibrationPlan
@@ -255,7 +257,7 @@ def cmd_calibration_study(args: argparse.Namespace) -> int:
     return 0
 
 
-def _numbers(flag: str, text: str, kind: Callable[[str], Any]) -> tuple[Any, ...]:
+def _numbers(flag: str, text: str, kind: Callable[[str], _N]) -> tuple[_N, ...]:
     """A flag's comma-separated numbers, none negative (else InputError naming the flag)."""
     try:
         out = tuple(kind(x) for x in text.split(",") if x.strip())

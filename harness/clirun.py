@@ -7,13 +7,14 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from harness.cliargs import RUN_BUDGET_STOP, RUN_COMPLETE, RUN_FAILED_RUNS, RUN_NO_REPORT, RUN_NOT_DONE
 from prereg.errors import HarnessError, InputError, Terminated
 from prereg.tag import remote_problem
 
 if TYPE_CHECKING:
+    from harness.execute.state import RunEnd
     from harness.protocol import Protocol
 
 #: Installed packages the harness imports; a copy of one inside the study's folder (an ignored
@@ -151,7 +152,7 @@ def seal_plots(proto: Protocol) -> None:
         print(f"  result: WARNING: the plots were not sealed: {e}", flush=True)
 
 
-def run_ending(proto: Protocol, end: Any) -> tuple[int, str]:
+def run_ending(proto: Protocol, end: RunEnd) -> tuple[int, str]:
     """The exit status and closing message of ``harness run`` (:data:`harness.cliargs.RUN_ENDINGS`);
     of a replicated protocol's ``--replicate K``, for that replicate's runs, and what comes next."""
     code, message = _ending(proto, end)
@@ -168,7 +169,7 @@ def run_ending(proto: Protocol, end: Any) -> tuple[int, str]:
     return code, message
 
 
-def _ending(proto: Protocol, end: Any) -> tuple[int, str]:
+def _ending(proto: Protocol, end: RunEnd) -> tuple[int, str]:
     where = f"records in {proto.records_path}"
     if end.stopped_for_budget:
         b = end.budget

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     from harness.compare import StepRow
 
 
-def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+def table(rows: Sequence[Mapping[str, object]], columns: list[str]) -> str:
     cells = [[str(r.get(c, "")) for c in columns] for r in rows]
     widths = [
         max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(columns)

@@ -22,8 +22,9 @@ import math
 import re
 import shutil
 import string
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from harness import gitutil
 from harness.codepath import CODE_PATH
@@ -61,12 +62,35 @@ _METRIC = {
 }
 
 
-def is_command_arms(value: Any) -> bool:
+class _Arm(TypedDict):
+    command: list[str]  # the argument list, placeholders unfilled
+    cwd: str  # relative to the repository (or the ref's checkout)
+    env: dict[str, str]
+    timeout_s: float
+    ref: str | None  # a full commit id, or None: the working tree
+    reporter: bool
+
+
+class CommandArm(_Arm, total=False):
+    """One command arm as a spec holds it (:func:`prereg.commands.arm_of`)."""
+
+    metrics_regex: dict[str, str]  # an arm without the reporter: each metric's expression
+
+
+class Metric(TypedDict):
+    """A command study's metric (:func:`prereg.commands.metric_of`)."""
+
+    name: str
+    target: float
+    better: str  # "lower" or "higher"
+
+
+def is_command_arms(value: object) -> bool:
     """Whether a study's ``arms`` names command arms (a mapping) rather than built-in or plug-in ones."""
     return isinstance(value, dict)
 
 
-def parse_arms(doc: Document, value: dict[str, Any], kp: KeyPath, root: Path) -> dict[str, dict[str, Any]]:
+def parse_arms(doc: Document, value: Mapping[str, object], kp: KeyPath, root: Path) -> dict[str, CommandArm]:
     """A command study's two arms, each checked (the module's text says what is refused)."""
     if sorted(value) != sorted(ROLES):
         raise doc.error(kp, "command arms are a mapping of exactly two arms: baseline and candidate")
@@ -76,7 +100,7 @@ def parse_arms(doc: Document, value: dict[str, Any], kp: KeyPath, root: Path) ->
     return out
 
 
-def _arm(doc: Document, value: Any, kp: KeyPath, root: Path) -> dict[str, Any]:
+def _arm(doc: Document, value: object, kp: KeyPath, root: Path) -> CommandArm:
     """One command arm checked in order: its argument list and placeholders, its working directory
     and commit, its environment, its metrics; normalised by the core."""
     if isinstance(value, str):
@@ -93,10 +117,10 @@ def _arm(doc: Document, value: Any, kp: KeyPath, root: Path) -> dict[str, Any]:
     _check_where(doc, a, kp, root)
     _check_env(doc, a["env"] or {}, kp)
     _check_metrics(doc, a, kp)
-    return arm_of(a)  # the core's normalisation: the plan and the audit read the arm alike
+    return cast(CommandArm, arm_of(a))  # the core's normalisation: the plan and the audit read the arm alike
 
 
-def _check_arguments(doc: Document, argv: list[Any], kp: KeyPath) -> None:
+def _check_arguments(doc: Document, argv: list[object], kp: KeyPath) -> None:
     """Each argument a string whose placeholders are known ones."""
     for i, arg in enumerate(argv):
         if not isinstance(arg, str):
@@ -136,7 +160,7 @@ def _check_where(doc: Document, a: dict[str, Any], kp: KeyPath, root: Path) -> N
         _program(doc, argv, kp + ("command",), root / cwd)
 
 
-def _check_env(doc: Document, env: dict[Any, Any], kp: KeyPath) -> None:
+def _check_env(doc: Document, env: Mapping[object, object], kp: KeyPath) -> None:
     """Each environment variable a valid name, not one the harness sets, with a string value."""
     for k, v in env.items():
         if not isinstance(k, str) or not _ENV_NAME.match(k):
@@ -202,11 +226,11 @@ def _placeholders(doc: Document, arg: str, kp: KeyPath) -> list[str]:
     return [name for _, name, _, _ in parts if name is not None]
 
 
-def parse_metric(doc: Document, value: Any, kp: KeyPath) -> dict[str, Any]:
+def parse_metric(doc: Document, value: object, kp: KeyPath) -> Metric:
     """A command study's ``metric`` (the core's reader made sure it has one): the name its scripts
     report, the target and which way is better."""
     m = mapping(doc, value, kp, _METRIC)
-    return metric_of(m)
+    return cast(Metric, metric_of(m))  # the core's: name, target (a float), better
 
 
 def substitute(arg: str, values: dict[str, str]) -> str:

@@ -49,7 +49,7 @@ class StepRow:
     max_ulp: int
     max_abs: float
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 

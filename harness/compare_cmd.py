@@ -22,6 +22,7 @@ the truth for that class (:func:`calibrated_choice`), whose bias the headline sh
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import math
@@ -32,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from prereg.designs import LOCKSTEP
 from prereg.errors import HarnessError, InputError
@@ -40,6 +41,8 @@ from prereg.planted import CLASSES
 
 if TYPE_CHECKING:
     from harness.protocol import Protocol
+    from prereg.descriptive import PairedInterval
+    from prereg.results import PairedResult, Summary
 
 #: The effect classes a user may declare (``prereg/planted.py``'s ``CLASSES``), default cache-heavy.
 EFFECT_CLASSES = tuple(sorted(set(CLASSES.values())))
@@ -327,9 +330,10 @@ def verdict(points: float, low: float, high: float, faster: bool, slower: bool) 
     return f"{way} by {abs(_pct(points)):.1f}% {rng}, not established (the decision's interval is wider)"
 
 
-def answer_of(summary: Any, c: Compare) -> Answer:
+def answer_of(summary: Summary, c: Compare) -> Answer:
     """The answer from a compare study's summary (``prereg.results.Summary``)."""
-    config = summary.studies[0].configs[0] if summary.studies and summary.studies[0].configs else None
+    paired = summary.studies[0].paired_configs() if summary.studies else []  # a compare study is paired
+    config = paired[0] if paired else None
     decided = {x.decision.id: x.decision for x in getattr(summary.hypotheses, "decisions", [])}
     slower = decided.get("H2-slower")
     faster = decided.get("H1-faster")
@@ -349,7 +353,7 @@ def answer_of(summary: Any, c: Compare) -> Answer:
     return Answer(p, lo, hi, iv.n, clock, text, est_s, bias, clocks_disagree(config, c.endpoint))
 
 
-def _interval(summary: Any, c: Compare, config: Any) -> Any:
+def _interval(summary: Summary, c: Compare, config: PairedResult | None) -> PairedInterval | None:
     """The change's log-ratio interval on the decided endpoint: the configuration's endpoint, or for
     an after-own endpoint the mean of the pairs' values (:func:`prereg.hypotheses.values_of`) with
     its paired t interval at the study's level; None without two complete pairs."""
@@ -369,7 +373,7 @@ def _interval(summary: Any, c: Compare, config: Any) -> Any:
     return mean_interval(values, 0.95, "contrast") if len(values) >= 2 else None
 
 
-def clocks_disagree(config: Any, endpoint: str) -> str | None:
+def clocks_disagree(config: PairedResult | None, endpoint: str) -> str | None:
     """The report's warning when the CPU and the wall clock disagree
     (:func:`prereg.render.answer.clock_disagreement`), with what to do about a wall-only cost."""
     from prereg.render.answer import clock_disagreement
@@ -456,7 +460,7 @@ def remove_made(made: list[Path], *also: Path) -> None:
         shutil.rmtree(f, ignore_errors=True)
 
 
-def echo_to(stream: Any) -> Callable[[str], None]:
+def echo_to(stream: TextIO) -> Callable[[str], None]:
     """The runner's echo on ``stream`` (standard error: standard output opens with the answer)."""
 
     def echo(msg: str) -> None:
@@ -523,7 +527,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def _arms_of(
-    repo: Path, args: Any, argv: list[str]
+    repo: Path, args: argparse.Namespace, argv: list[str]
 ) -> tuple[list[str], list[str], str | None, str | None, tuple[str, str]]:
     """The base's and head's commands, their commits (None for two commands) and their labels,
     from ``--base-cmd``/``--head-cmd`` or ``--base``/``--head`` and the command after ``--``
@@ -548,7 +552,7 @@ def _arms_of(
     return argv, argv, base_ref, head_ref, (args.base or "main", args.head or "HEAD")
 
 
-def _check_numbers(args: Any) -> None:
+def _check_numbers(args: argparse.Namespace) -> None:
     """``--pairs``, ``--timeout`` and ``--id`` checked (InputError naming the flag)."""
     if args.pairs < 4:
         raise InputError(f"--pairs {args.pairs}: at least 4 (a look needs more than 3 pairs)")
@@ -558,7 +562,7 @@ def _check_numbers(args: Any) -> None:
         raise InputError(f"--id {args.id!r}: letters, digits, '.', '_' and '-' (a folder under {RUNS})")
 
 
-def from_args(repo: Path, args: Any) -> Compare:
+def from_args(repo: Path, args: argparse.Namespace) -> Compare:
     """The flags resolved and checked, before anything is written (InputError naming the flag)."""
     from harness.scaffold import warmup_steps
 
@@ -589,7 +593,7 @@ def from_args(repo: Path, args: Any) -> Compare:
     )
 
 
-def cmd_compare(args: Any) -> int:
+def cmd_compare(args: argparse.Namespace) -> int:
     """``harness compare``: resolve the flags, then write, run and report the study."""
     from harness.gitutil import toplevel
 

@@ -78,7 +78,7 @@ class Design:
 DEFAULT_DESIGN = Design(DEFAULT_FACTORS, DEFAULT_CELLS, DEFAULT_CELLS, declared=False)
 
 
-def parse(raw_factors: Any, raw_cells: Any) -> Design:
+def parse(raw_factors: object, raw_cells: object) -> Design:
     """The declared design, or ``ValueError((key path, message))`` naming what is wrong."""
     factors = _factors(raw_factors)
     n = 2 ** len(factors)
@@ -105,7 +105,7 @@ def parse(raw_factors: Any, raw_cells: Any) -> Design:
     )
 
 
-def _factors(raw_factors: Any) -> list[tuple[str, tuple[str, str]]]:
+def _factors(raw_factors: object) -> list[tuple[str, tuple[str, str]]]:
     """The declared factors and their two levels, in order (ValueError as :func:`parse`'s)."""
     if not isinstance(raw_factors, dict) or not 1 <= len(raw_factors) <= MAX_FACTORS:
         raise ValueError(((), f"factors: a mapping of 1 to {MAX_FACTORS} factor names to their two levels"))
@@ -124,7 +124,7 @@ def _factors(raw_factors: Any) -> list[tuple[str, tuple[str, str]]]:
     return factors
 
 
-def _cell_index(cell: Any, spec: Any, factors: list[tuple[str, tuple[str, str]]]) -> int:
+def _cell_index(cell: object, spec: object, factors: list[tuple[str, tuple[str, str]]]) -> int:
     """One declared cell's name and levels checked, and its index in standard order (ValueError as
     :func:`parse`'s)."""
     names = [f for f, _ in factors]

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from harness import gitutil
 from harness.packages import package_dirs
@@ -95,9 +96,49 @@ def frozen_entries(repo: Path, rev: str) -> dict[str, str]:
     return trees
 
 
-def manifest(proto: Protocol, plan_sha: str, runs: int, repo: Path, rev: str = "HEAD") -> dict[str, Any]:
+class ProtocolBinding(TypedDict):
+    """The protocol a manifest freezes: its id, its path in the repository, its bytes' sha256."""
+
+    id: str
+    path: str
+    sha256: str
+
+
+class PlanBinding(TypedDict):
+    """The plan a manifest freezes: its sha256 and how many runs it holds."""
+
+    sha256: str
+    runs: int
+
+
+class CommandBindings(TypedDict):
+    """What command arms run besides the frozen trees (:func:`command_bindings`)."""
+
+    refs: dict[str, str | None]  # each ref's tree id (None: not a commit here)
+    python: str  # the interpreter, "implementation version"
+    packages: dict[str, str]  # each installed distribution's version, by name
+
+
+class _Bound(TypedDict):
+    format: int
+    protocol: ProtocolBinding
+    configs: dict[str, str]
+    plan: PlanBinding
+    trees: dict[str, str]
+    code: dict[str, str]
+    plugins: dict[str, str]
+    exempt: list[str]
+
+
+class Manifest(_Bound, total=False):
+    """The freeze manifest a tag holds (:func:`manifest`; ``commands`` only for command arms)."""
+
+    commands: CommandBindings
+
+
+def manifest(proto: Protocol, plan_sha: str, runs: int, repo: Path, rev: str = "HEAD") -> Manifest:
     """The freeze manifest of ``proto`` at ``rev`` (the code part is the running code's)."""
-    return {
+    m: Manifest = {
         "format": FORMAT,
         "protocol": {
             "id": proto.id,
@@ -110,8 +151,10 @@ def manifest(proto: Protocol, plan_sha: str, runs: int, repo: Path, rev: str = "
         "code": code_sha256(),
         "plugins": {name: fp["sha256"] for name, fp in proto.plugin_fingerprints().items()},
         "exempt": EXEMPT_LIST,
-        **({"commands": command_bindings(proto, repo)} if has_commands(proto) else {}),
     }
+    if has_commands(proto):
+        m["commands"] = command_bindings(proto, repo)
+    return m
 
 
 def has_commands(proto: Protocol) -> bool:
@@ -119,7 +162,7 @@ def has_commands(proto: Protocol) -> bool:
     return any(st.commands is not None for st in proto.studies)
 
 
-def command_bindings(proto: Protocol, repo: Path) -> dict[str, Any]:
+def command_bindings(proto: Protocol, repo: Path) -> CommandBindings:
     """What a protocol's command arms run besides the frozen trees: each ref's tree (the commit's
     files), the interpreter (``python`` in an argument list is this one) and every installed
     distribution's version."""
@@ -127,7 +170,7 @@ def command_bindings(proto: Protocol, repo: Path) -> dict[str, Any]:
     import platform
 
     refs = refs_of(proto.spec)
-    trees = {}
+    trees: dict[str, str | None] = {}
     for ref in refs:
         got = gitutil.git(repo, "rev-parse", "--verify", "-q", f"{ref}^{{tree}}", check=False)
         trees[ref] = got.stdout.strip() if got.returncode == 0 else None
@@ -261,7 +304,7 @@ def _required_closure(todo: list[str]) -> set[str]:
 
 
 def command_drift(
-    then: dict[str, Any] | None, now: dict[str, Any] | None, only: set[str] | None = None
+    then: dict[str, Any] | None, now: CommandBindings | None, only: set[str] | None = None
 ) -> list[str]:
     """What the command arms would run that differs from the tag's: a ref's tree, the interpreter,
     an installed distribution (added, removed or of another version; of the distributions in
@@ -292,11 +335,11 @@ def command_drift(
     return out
 
 
-def manifest_sha256(m: dict[str, Any]) -> str:
+def manifest_sha256(m: Mapping[str, object]) -> str:
     return sha256_bytes(canonical(m))
 
 
-def tag_message(proto: Protocol, m: dict[str, Any]) -> str:
+def tag_message(proto: Protocol, m: Manifest) -> str:
     return (
         f"protocol {proto.id}\nfile {m['protocol']['path']}\nsha256 {proto.sha256}\n"
         f"freeze {manifest_sha256(m)}\n\n{FREEZE_MARKER}\n{json.dumps(m, sort_keys=True, indent=1)}\n"
@@ -327,7 +370,7 @@ NOT_FROZEN = Frozen(None, None, None, None, None)
 
 
 def drift(
-    repo: Path, tagged: dict[str, Any], current: dict[str, Any], tag_commit: str, only: set[str] | None = None
+    repo: Path, tagged: dict[str, Any], current: Manifest, tag_commit: str, only: set[str] | None = None
 ) -> list[str]:
     """Every frozen item that differs between the tag's manifest and now, naming paths (of the
     installed distributions, those in ``only`` when given: :func:`imported_distributions`)."""
@@ -699,7 +742,7 @@ def _tag_and_manifest(proto: Protocol, repo: Path, how: str) -> tuple[gitutil.Ta
     return info, tagged
 
 
-def tag(proto: Protocol, sign: bool = False) -> tuple[gitutil.TagInfo, dict[str, Any]]:
+def tag(proto: Protocol, sign: bool = False) -> tuple[gitutil.TagInfo, Manifest]:
     """Create the annotated tag ``protocol-<id>`` on HEAD, holding the freeze manifest (signed by
     git with ``sign``).
 

@@ -54,7 +54,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import IO, Any
 
@@ -97,7 +97,7 @@ def sleep(us: int) -> None:
     time.sleep(us / 1e6)
 
 
-def plant_of(planted: Mapping[str, Any] | None) -> Any:
+def plant_of(planted: Mapping[str, Any] | None) -> Callable[[], object] | None:
     """The plant a reporter runs each step (the standard-library kinds), or None."""
     if not planted:
         return None
@@ -173,7 +173,7 @@ class Reporter:
             planted=json.loads(os.environ[ENV_PLANT]) if os.environ.get(ENV_PLANT) else None,
         )
 
-    def _write(self, obj: dict[str, Any]) -> None:
+    def _write(self, obj: dict[str, object]) -> None:
         if self._file is None:
             return
         obj.setdefault("t", time.monotonic())

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.commandarm import parse_arms, parse_metric
+from harness.commandarm import CommandArm, Metric, parse_arms, parse_metric
 from harness.config import Config, config_dir, find_config
 from harness.factorial import DEFAULT_CELLS, DEFAULT_DESIGN, Design, parse
 from harness.names import ARMS, ID_RE
@@ -40,8 +40,8 @@ class Study:
     # alternating blocks of ``block_steps`` steps; None otherwise
     block_steps: int | None = None
     # a command study (harness.commandarm): each role's command arm, and the metric they report
-    commands: dict[str, dict[str, Any]] | None = None
-    metric: dict[str, Any] | None = None
+    commands: dict[str, CommandArm] | None = None
+    metric: Metric | None = None
     # a planted study (prereg/planted.py): the plant its candidate runs each step; None otherwise
     planted: dict[str, Any] | None = None
     # steps at the start of each run reported apart from the training clock (warm-up); None: none
@@ -91,8 +91,8 @@ def _study(
     arms: list[str],
     targets: dict[str, float],
     design: Design | None,
-    commands: dict[str, dict[str, Any]] | None,
-    metric: dict[str, Any] | None,
+    commands: dict[str, CommandArm] | None,
+    metric: Metric | None,
 ) -> Study:
     """The :class:`Study` of a typed study, resolved (a lockstep study's pairs are paired)."""
     return Study(
@@ -117,7 +117,7 @@ def _study(
 
 
 def _planted(
-    doc: Document, s: Declared, kp: KeyPath, arms: list[str], commands: dict[str, dict[str, Any]] | None
+    doc: Document, s: Declared, kp: KeyPath, arms: list[str], commands: dict[str, CommandArm] | None
 ) -> None:
     """A planted study is a pair of one arm against itself, the candidate running the plant: a
     study that also compares two different arms would mix the plant into a real change."""
@@ -142,9 +142,7 @@ def _planted(
         )
 
 
-def _commands(
-    doc: Document, s: Declared, kp: KeyPath, root: Path
-) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+def _commands(doc: Document, s: Declared, kp: KeyPath, root: Path) -> tuple[dict[str, CommandArm], Metric]:
     """A command study's arms and metric (:mod:`harness.commandarm`); its ``configs`` are labels
     passed to ``{config}`` (the core refused its ``val_every``, ``val_target_bpb``, ``factors`` and
     ``cells``: the metric's target is its target)."""

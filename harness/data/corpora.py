@@ -17,17 +17,60 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from harness.names import CORPORA, SPLITS
 from prereg.errors import DataError, InputError
 from prereg.protocol.schema import Document, Field, mapping
 
+
+class Pin(TypedDict):
+    """A file's pin: its path, byte count and sha256 (a protocol's ``{path, size, sha256}``)."""
+
+    path: str
+    size: int
+    sha256: str
+
+
+class _ArchiveBytes(TypedDict):
+    size: int
+    sha256: str
+
+
+class ArchivePin(_ArchiveBytes, total=False):
+    """A downloaded archive's byte count and sha256 (and its file name)."""
+
+    name: str
+
+
+class Pins(TypedDict):
+    """An archive's pin and its members', by split (:data:`WIKITEXT2_PINS`'s shape)."""
+
+    archive: ArchivePin
+    members: dict[str, Pin]
+
+
+class _CorpusName(TypedDict):
+    name: str
+
+
+class CorpusFiles(_CorpusName, total=False):
+    """A local corpus as a job carries it (:meth:`LocalCorpus.as_dict`): one ``file`` cut by
+    ``split``'s fractions, or one file per split."""
+
+    file: Pin
+    train: Pin
+    valid: Pin
+    test: Pin
+    split: dict[str, float]
+
+
 #: WikiText-2 raw v1 as pinned by several independent public projects.
-WIKITEXT2_PINS: dict[str, Any] = {
+WIKITEXT2_PINS: Pins = {
     "archive": {
         "name": "wikitext-2-raw-v1.zip",
         "size": 4721645,
@@ -82,7 +125,7 @@ class PinnedFile:
     sha256: str
 
 
-def _fractions(by_split: dict[str, Any]) -> tuple[str, str, str]:
+def _fractions(by_split: Mapping[str, float]) -> tuple[str, str, str]:
     """The train, valid and test fractions as written (``repr`` of each float)."""
     train, valid, test = (repr(float(by_split[s])) for s in SPLITS)
     return train, valid, test
@@ -101,20 +144,24 @@ class LocalCorpus:
     files: dict[str, PinnedFile]
     split: tuple[str, str, str] | None = None  # the fractions as written, e.g. ("0.9", "0.05", "0.05")
 
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name}
-        for k, f in self.files.items():
-            out["file" if k == "all" else k] = {"path": f.path, "size": f.size, "sha256": f.sha256}
+    def as_dict(self) -> CorpusFiles:
+        out: CorpusFiles = {"name": self.name}
+        pins = {k: Pin(path=f.path, size=f.size, sha256=f.sha256) for k, f in self.files.items()}
+        if "all" in pins:
+            out["file"] = pins["all"]
+        else:
+            out["train"], out["valid"], out["test"] = pins["train"], pins["valid"], pins["test"]
         if self.split is not None:
             out["split"] = dict(zip(SPLITS, (float(x) for x in self.split)))
         return out
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> LocalCorpus:
+    def from_dict(cls, d: CorpusFiles) -> LocalCorpus:
+        named = [("all", d.get("file")), ("train", d.get("train")), ("valid", d.get("valid"))]
         files = {
-            ("all" if k == "file" else k): PinnedFile(v["path"], int(v["size"]), v["sha256"])
-            for k, v in d.items()
-            if k in ("file", *SPLITS)
+            k: PinnedFile(v["path"], int(v["size"]), v["sha256"])
+            for k, v in [*named, ("test", d.get("test"))]
+            if v is not None
         }
         return cls(d["name"], files, _fractions(d["split"]) if "split" in d else None)
 
@@ -167,7 +214,7 @@ def fetch_hint(directory: Path) -> str:
     )
 
 
-def verify_wikitext2(directory: Path, pins: dict[str, Any] | None = None) -> dict[str, Path]:
+def verify_wikitext2(directory: Path, pins: Pins | None = None) -> dict[str, Path]:
     """Check every WikiText-2 file's size and sha256; return the split paths or raise DataError."""
     pins = pins or WIKITEXT2_PINS
     out: dict[str, Path] = {}
@@ -216,10 +263,10 @@ _PIN = {
 }
 
 
-def parse_corpus(doc: Document, value: Any) -> str | LocalCorpus:
+def parse_corpus(doc: Document, value: object) -> str | LocalCorpus:
     """A built-in corpus name, or a local corpus: ``{name, file: PIN, split: {train, valid, test}}``
     or ``{name, train: PIN, valid: PIN, test: PIN}``, each PIN ``{path, size, sha256}``."""
-    kp: tuple[Any, ...] = ("corpus",)
+    kp: tuple[str, ...] = ("corpus",)
     if isinstance(value, str):
         if value not in CORPORA:
             raise doc.error(
@@ -228,7 +275,7 @@ def parse_corpus(doc: Document, value: Any) -> str | LocalCorpus:
                 "{name, file: {path, size, sha256}, split: {train, valid, test}})",
             )
         return value
-    one = "file" in value
+    one = isinstance(value, dict) and "file" in value
     schema = {
         "name": Field(
             str,
@@ -258,7 +305,7 @@ def parse_corpus(doc: Document, value: Any) -> str | LocalCorpus:
     return LocalCorpus(top["name"], {("all" if k == "file" else k): f for k, f in files.items()}, split)
 
 
-CorpusSpec = str | LocalCorpus | dict[str, Any]
+CorpusSpec = str | LocalCorpus | CorpusFiles
 
 
 def load_corpus(corpus: CorpusSpec, data_dir: str | Path | None = None, root: Path | None = None) -> Corpus:

@@ -10,9 +10,8 @@ import tempfile
 import urllib.request
 import zipfile
 from pathlib import Path
-from typing import Any
 
-from harness.data.corpora import WIKITEXT2_PINS, fetch_hint, verify_wikitext2
+from harness.data.corpora import WIKITEXT2_PINS, Pins, fetch_hint, verify_wikitext2
 from harness.names import SPLITS
 from prereg.errors import DataError, InputError
 
@@ -27,7 +26,7 @@ MAX_MEMBER_BYTES = 64 * 1024 * 1024
 
 
 def fetch_wikitext2(
-    directory: Path, urls: list[str] | None = None, pins: dict[str, Any] | None = None, timeout: float = 60.0
+    directory: Path, urls: list[str] | None = None, pins: Pins | None = None, timeout: float = 60.0
 ) -> tuple[str, dict[str, Path]]:
     """Download, verify and place WikiText-2 raw v1 atomically; return the URL used and paths.
 
@@ -70,7 +69,7 @@ def _download(url: str, expected: int, timeout: float) -> bytes:
     return data
 
 
-def _extract(blob: bytes, directory: Path, pins: dict[str, Any]) -> None:
+def _extract(blob: bytes, directory: Path, pins: Pins) -> None:
     with zipfile.ZipFile(io.BytesIO(blob)) as zf:
         names = set(zf.namelist())
         for pin in pins["members"].values():
@@ -105,7 +104,7 @@ def _extract(blob: bytes, directory: Path, pins: dict[str, Any]) -> None:
                     os.unlink(tmp)
 
 
-def load_pins(path: Path) -> dict[str, Any]:
+def load_pins(path: Path) -> Pins:
     """Pins from a JSON file with the shape of :data:`WIKITEXT2_PINS` (for mirrors and tests)."""
     try:
         pins = json.loads(path.read_text(encoding="utf-8"))

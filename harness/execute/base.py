@@ -6,10 +6,10 @@ run, so the executors depend on this interface, never on the runner's module."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from filelock import FileLock
 
@@ -107,7 +107,7 @@ class RunnerPort(Protocol):
     ) -> None: ...
 
     def finished(
-        self, spec: RunSpec, attempt: int, outcome: Outcome, node: dict[str, Any] | None = None
+        self, spec: RunSpec, attempt: int, outcome: Outcome, node: Mapping[str, object] | None = None
     ) -> RunRecord: ...
 
     def stopped(

@@ -41,7 +41,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness import gitutil
 from harness.codepath import recorded_environment
@@ -57,6 +57,9 @@ from harness.reporter import ENV_BLOCK_STEPS, ENV_LOCKSTEP_FD, ENV_PLANT, ENV_RE
 from prereg.evidence import EVIDENCE_SUFFIX, MAX_EVIDENCE_BYTES, Derived, EvidenceError, derive
 from prereg.interference import kernel_reason
 from prereg.records import RunSpec, WorkerResult
+
+if TYPE_CHECKING:
+    import resource
 
 #: What a printed traceback starts with: a run whose output holds it failed, whatever its exit.
 TRACEBACK = "Traceback (most recent call last):"
@@ -81,7 +84,7 @@ class _Proc:
     t0: float = 0.0
     wall_s: float | None = None
     status: int | None = None
-    rusage: Any = None
+    rusage: resource.struct_rusage | None = None  # os.wait4's, once it ended
     killed: str | None = None  # why the harness killed it
     survivors: list[Survivor] = field(default_factory=list)  # processes of it left at its end
     failed: str | None = None  # why it could not start
@@ -366,7 +369,7 @@ def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
     return result, (raw.decode("utf-8", "surrogateescape") if raw is not None else None)
 
 
-def _process_facts(proc: _Proc, cpu: float | None) -> dict[str, Any]:
+def _process_facts(proc: _Proc, cpu: float | None) -> dict[str, object]:
     """The record's ``process``: what ran, where, how it ended and what it used."""
     assert proc.spec.command is not None
     return {
@@ -382,7 +385,7 @@ def _process_facts(proc: _Proc, cpu: float | None) -> dict[str, Any]:
     }
 
 
-def env_facts(spec: RunSpec) -> dict[str, Any]:
+def env_facts(spec: RunSpec) -> dict[str, object]:
     """The record's ``env``: the machine and the worker's code that ran the command."""
     return {
         "host": socket.gethostname(),
@@ -453,7 +456,7 @@ def _derived_fields(derived: Derived, reporter: bool, timings: dict[str, Any]) -
     return fields
 
 
-def _evidence(proc: _Proc, kind: str, raw: bytes) -> dict[str, Any]:
+def _evidence(proc: _Proc, kind: str, raw: bytes) -> dict[str, object]:
     """The record's ``evidence``: the kept file's name, sha256 and size."""
     import hashlib
 
@@ -517,7 +520,7 @@ def _kernel_judged(
 
 
 def _fail_whole(
-    procs: list[Any], ran: list[tuple[WorkerResult, str | None]]
+    procs: list[_Proc], ran: list[tuple[WorkerResult, str | None]]
 ) -> list[tuple[WorkerResult, str | None]]:
     """A lockstep pair fails whole: an ok arm whose partner failed ran part of its run alone."""
     for i, (r, text) in enumerate(ran):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from harness.execute.job import Job, LockstepJob
+from harness.execute.job import Job, JobFile, LockstepJob
 from harness.execute.launchers import Outcome
 from prereg.records import RunSpec
 
@@ -38,7 +38,7 @@ def process_groups(todo: list[RunSpec]) -> list[list[RunSpec]]:
     return groups
 
 
-def process_job(jobs: list[Job]) -> dict[str, Any]:
+def process_job(jobs: list[Job]) -> JobFile:
     """The job file of one process: the run's job, or a lockstep pair's."""
     if len(jobs) == 1:
         return jobs[0].to_json()

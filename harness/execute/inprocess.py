@@ -17,7 +17,7 @@ from typing import Any
 
 from harness.execute.base import STOPS, RunnerPort, stop_name
 from harness.execute.grouping import process_groups, process_job, split
-from harness.execute.job import Job, LockstepJob
+from harness.execute.job import Job, JobFile, LockstepJob
 from harness.execute.launchers import Outcome
 from harness.execute.training import Partial
 from prereg.records import jsonable
@@ -59,7 +59,7 @@ class InProcessExecutor:
             finally:
                 claim.release()
 
-    def _run(self, data: dict[str, Any]) -> Outcome:
+    def _run(self, data: JobFile) -> Outcome:
         """One worker process's work, here: its result as the worker would put it on its pipe."""
         from harness.execute.lockstep import PairFailed, execute_pair
         from harness.execute.training import execute, failure
@@ -87,5 +87,5 @@ class InProcessExecutor:
         wall = time.monotonic() - wall0
         # the process's device seconds: its wall time here (a fake trainer may say its own)
         raw["timings"] = {"device_s": wall, **raw["timings"]}
-        data = json.loads(json.dumps(jsonable(raw), allow_nan=False))
-        return Outcome(code=code, result=data, wall_s=wall, started_at=t0, finished_at=time.time())
+        result = json.loads(json.dumps(jsonable(raw), allow_nan=False))
+        return Outcome(code=code, result=result, wall_s=wall, started_at=t0, finished_at=time.time())

@@ -12,13 +12,40 @@ files, or ``None`` for a named corpus) and ``checkpoint_path``. A lockstep pair'
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, Union, cast
 
 from prereg.jsonfields import exact_fields
 from prereg.records import RunSpec
 
+if TYPE_CHECKING:
+    from harness.data.corpora import CorpusFiles
+
 JOB_FORMAT = 1
+
+
+class SingleJobFile(TypedDict):
+    """One run's job file (:meth:`Job.to_json`)."""
+
+    format: int
+    spec: dict[str, Any]  # RunSpec.to_json's object
+    attempt: int
+    config_path: str
+    data_dir: str | None
+    corpus: CorpusFiles | None
+    checkpoint_path: str
+
+
+class LockstepJobFile(TypedDict):
+    """A lockstep pair's job file (:meth:`LockstepJob.to_json`)."""
+
+    format: int
+    lockstep: list[SingleJobFile]
+
+
+#: A worker process's job file: a run's, or a lockstep pair's.
+JobFile = Union[SingleJobFile, LockstepJobFile]
 
 
 class JobFormatError(ValueError):
@@ -33,10 +60,10 @@ class Job:
     attempt: int
     config_path: str
     data_dir: str | None
-    corpus: dict[str, Any] | None
+    corpus: CorpusFiles | None
     checkpoint_path: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> SingleJobFile:
         return {
             "format": JOB_FORMAT,
             "spec": self.spec.to_json(),
@@ -48,17 +75,22 @@ class Job:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Job:
+    def from_json(cls, data: Mapping[str, object]) -> Job:
         if data.get("format") != JOB_FORMAT:
             raise JobFormatError(f"job format {data.get('format')!r}; this worker reads format {JOB_FORMAT}")
         exact_fields("job", set(data) - {"format"}, {f.name for f in fields(cls)}, JobFormatError)
         spec = RunSpec.from_json(data["spec"], "job spec", JobFormatError)
+        attempt, data_dir, corpus = data["attempt"], data["data_dir"], data["corpus"]
+        if not isinstance(attempt, int) or not isinstance(data_dir, (str, type(None))):
+            raise JobFormatError("job: attempt is not an integer or data_dir not a string or null")
+        if not isinstance(corpus, (dict, type(None))):
+            raise JobFormatError("job: corpus is not a JSON object or null")
         return cls(
             spec=spec,
-            attempt=int(data["attempt"]),
+            attempt=attempt,
             config_path=str(data["config_path"]),
-            data_dir=data["data_dir"],
-            corpus=data["corpus"],
+            data_dir=data_dir,
+            corpus=cast("CorpusFiles | None", corpus),  # its files are verified when it loads
             checkpoint_path=str(data["checkpoint_path"]),
         )
 
@@ -70,11 +102,11 @@ class LockstepJob:
 
     jobs: tuple[Job, Job]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> LockstepJobFile:
         return {"format": JOB_FORMAT, "lockstep": [j.to_json() for j in self.jobs]}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> LockstepJob:
+    def from_json(cls, data: Mapping[str, object]) -> LockstepJob:
         if data.get("format") != JOB_FORMAT:
             raise JobFormatError(f"job format {data.get('format')!r}; this worker reads format {JOB_FORMAT}")
         exact_fields("lockstep job", set(data) - {"format"}, {"lockstep"}, JobFormatError)

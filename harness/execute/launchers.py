@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -290,7 +290,7 @@ LAUNCHERS: dict[str, Callable[[], Launcher]] = {"spawn": Spawn, "forkserver": Fo
 
 def launch(
     launcher: Launcher,
-    job: dict[str, Any],
+    job: Mapping[str, object],
     work: Path,
     cwd: Path,
     env: dict[str, str] | None,

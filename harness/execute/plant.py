@@ -32,7 +32,9 @@ class Plant:
         self._run: Callable[[], object]
         self.toggle_steps: int | None = planted.get("toggle_steps")
         if kind != "matmul":  # the standard-library kinds, as a command arm's reporter runs them
-            self._run = plant_of(planted)
+            run = plant_of(planted)
+            assert run is not None  # a plant that names its kind is never empty
+            self._run = run
         else:
             n = int(planted["n"])
             # buffers of its own, by formula (no random state): values in [-1, 1]

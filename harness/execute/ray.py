@@ -47,14 +47,25 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from types import ModuleType
+from typing import cast
 
 from filelock import FileLock
 
 from harness.execute.base import Claim, RunnerPort
 from harness.execute.grouping import process_groups, process_job
-from harness.execute.launchers import Outcome
-from harness.execute.ray_node import RESOURCE, Gate, driver_tree, node_command, run_unit
+from harness.execute.job import JobFile
+from harness.execute.ray_node import (
+    RESOURCE,
+    Expect,
+    Gate,
+    GateHandle,
+    MessageQueue,
+    NodeInfo,
+    driver_tree,
+    node_command,
+    run_unit,
+)
 from harness.execute.state import RunState
 from harness.ledger import describe
 from harness.names import SPLITS
@@ -80,11 +91,9 @@ def _corpus_paths(runner: RunnerPort) -> list[str]:
     ]
 
 
-#: The units running on the cluster: by task, the unit, its claim's lock, its expected device
-#: seconds and each run's messages so far.
-_Inflight = dict[Any, tuple[list[RunSpec], FileLock, float, dict[str, dict[str, Any]]]]
-#: A worker process's job file (:func:`harness.execute.grouping.process_job`).
-_JobFile = dict[str, Any]
+#: The units running on the cluster: by task (its Ray object ref), the unit, its claim's lock, its
+#: expected device seconds and the node each of its started runs is on.
+_Inflight = dict[object, tuple[list[RunSpec], FileLock, float, dict[str, NodeInfo]]]
 
 
 class RayExecutor:
@@ -94,10 +103,10 @@ class RayExecutor:
 
     def __init__(self, address: str) -> None:
         self.address = address
-        self.gate: Any = None
+        self.gate: GateHandle | None = None
         self.unit_attempts: dict[tuple[str, int], int] = {}
 
-    def _init(self, runner: RunnerPort) -> tuple[Any, Any]:
+    def _init(self, runner: RunnerPort) -> tuple[ModuleType, MessageQueue]:
         try:
             import ray
             from ray.util.queue import Queue
@@ -122,7 +131,8 @@ class RayExecutor:
 
         # the queue lives on the driver's own node, so a node that dies cannot take the results with it
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        self.gate = ray.remote(Gate).options(num_cpus=0, scheduling_strategy=here).remote()
+        gate = ray.remote(Gate).options(num_cpus=0, scheduling_strategy=here).remote()
+        self.gate = cast(GateHandle, gate)  # an actor handle: Gate's methods, called through .remote
         return ray, Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
 
     def execute(self, runner: RunnerPort) -> None:
@@ -146,10 +156,10 @@ class RayExecutor:
         inflight: _Inflight = {}
         by_id = {s.run_id: s for s in runner.context.runs}
         ended = 0  # units whose task said it ended and that are not collected yet
-        placement: dict[str, Any] = {}  # where _widen pins the unit being claimed
+        placement: dict[str, object] = {}  # where _widen pins the unit being claimed
         widen = partial(self._widen, runner, ray, placement)
 
-        def launch(jobs: list[_JobFile]) -> object:
+        def launch(jobs: list[JobFile]) -> object:
             """The unit's task, on the node _widen pinned it to (if any)."""
             return task.options(**base_options, **placement).remote(
                 jobs, expect, corpus_ref, queue, self.gate
@@ -173,7 +183,7 @@ class RayExecutor:
         inflight: _Inflight,
         capacity: int,
         widen: Callable[[list[RunSpec], list[RunSpec], dict[str, RunState]], list[RunSpec]],
-        launch: Callable[[list[_JobFile]], object],
+        launch: Callable[[list[JobFile]], object],
     ) -> None:
         """Claim and launch units while the cluster has a free slot, unless a look's pairs are still
         running (the look is taken before the next unit)."""
@@ -186,7 +196,7 @@ class RayExecutor:
             ref = launch(self._jobs(runner, claim))
             inflight[ref] = (claim.unit, claim.lock, claim.expected_s, {})
 
-    def _jobs(self, runner: RunnerPort, claim: Claim) -> list[_JobFile]:
+    def _jobs(self, runner: RunnerPort, claim: Claim) -> list[JobFile]:
         """A claimed unit's jobs, one per worker process: a run, or a lockstep pair
         (:mod:`harness.execute.grouping`); each attempt's unit attempt noted."""
         jobs = []
@@ -200,8 +210,8 @@ class RayExecutor:
     def _gather(
         self,
         runner: RunnerPort,
-        ray: Any,
-        queue: Any,
+        ray: ModuleType,
+        queue: MessageQueue,
         inflight: _Inflight,
         by_id: dict[str, RunSpec],
         waiting: list[list[RunSpec]],
@@ -218,7 +228,7 @@ class RayExecutor:
         return ended
 
     @staticmethod
-    def _expect(runner: RunnerPort, ray: Any, device: str) -> tuple[dict[str, Any], Any]:
+    def _expect(runner: RunnerPort, ray: ModuleType, device: str) -> tuple[Expect, object]:
         """What every node must match (code, PyTorch, corpus, device, launcher, threads, the verified
         phase.c build), and the corpus's splits put in the object store (None for the embedded corpus,
         which every node has)."""
@@ -226,7 +236,7 @@ class RayExecutor:
 
         proto = runner.context.proto
         corpus = runner.context.corpus  # verified by the runner before any run
-        expect = {
+        expect: Expect = {
             "code": code_sha256(),
             "torch": proto.torch_version,
             "protocol": proto.id,
@@ -245,8 +255,8 @@ class RayExecutor:
     def _widen(
         self,
         runner: RunnerPort,
-        ray: Any,
-        placement: dict[str, Any],
+        ray: ModuleType,
+        placement: dict[str, object],
         unit: list[RunSpec],
         todo: list[RunSpec],
         states: dict[str, RunState],
@@ -266,11 +276,11 @@ class RayExecutor:
     def _collect(
         self,
         runner: RunnerPort,
-        ray: Any,
-        queue: Any,
-        inflight: dict[Any, Any],
+        ray: ModuleType,
+        queue: MessageQueue,
+        inflight: _Inflight,
         by_id: dict[str, RunSpec],
-        ref: Any,
+        ref: object,
         waiting: list[list[RunSpec]],
     ) -> int:
         """Collect a unit's finished task (its last messages first) and release its claim; a unit lost
@@ -310,8 +320,8 @@ class RayExecutor:
     def _drain(
         self,
         runner: RunnerPort,
-        queue: Any,
-        inflight: dict[Any, Any],
+        queue: MessageQueue,
+        inflight: _Inflight,
         by_id: dict[str, RunSpec],
         wait: float = 0.0,
     ) -> int:
@@ -319,7 +329,7 @@ class RayExecutor:
         waiting up to ``wait`` seconds for the first; returns how many units' tasks said they ended."""
         from ray.util.queue import Empty
 
-        started_of = {}
+        started_of: dict[str, dict[str, NodeInfo]] = {}
         for _ref, (unit, _lock, _e, started) in inflight.items():
             for s in unit:
                 started_of[s.run_id] = started
@@ -336,7 +346,7 @@ class RayExecutor:
                 self._start(runner, by_id[msg[1]], msg[2], msg[3], started_of)
             else:
                 _, rid, attempt, node, out = msg
-                rec = runner.finished(by_id[rid], attempt, Outcome(**out), node)
+                rec = runner.finished(by_id[rid], attempt, out, node)
                 runner.context.echo(
                     f"  {rec.status} ({runner.context.progress.executed_s[-1]:.1f} s) on {node['host']}/{node['id'][:8]}"
                 )
@@ -352,28 +362,27 @@ class RayExecutor:
         runner: RunnerPort,
         spec: RunSpec,
         attempt: int,
-        node: dict[str, Any],
-        started_of: dict[str, dict[str, dict[str, Any]]],
+        node: NodeInfo,
+        started_of: dict[str, dict[str, NodeInfo]],
     ) -> None:
         """A node is about to start a run: append its started entry and open the run's gate; or,
         once the failure rule (:mod:`prereg.failstop`) stops the study, refuse it with nothing
         written, as the local executor never starts it (a lockstep pair's process, which runs both
         arms at once, is never refused: its two runs are announced together)."""
-        key = f"{spec.run_id}.a{attempt}"
+        key, gate = f"{spec.run_id}.a{attempt}", self.gate
+        assert gate is not None, "the gate is made by _init, before any unit runs"
         if not spec.lockstep and runner.failure_stops():
-            self.gate.open.remote(key, False)  # the node starts neither this run nor its unit's further ones
+            gate.open.remote(key, False)  # the node starts neither this run nor its unit's further ones
             return
         where = f"{node['host']}/{node['id'][:8]}"
         runner.started(spec, attempt, where, unit_attempt=self.unit_attempts.get((spec.run_id, attempt), 1))
-        self.gate.open.remote(key)
+        gate.open.remote(key)
         runner.announce(spec, attempt, f" on {where}")
         if spec.run_id in started_of:
             started_of[spec.run_id][spec.run_id] = node
 
     @staticmethod
-    def _lost(
-        runner: RunnerPort, unit: list[RunSpec], started: dict[str, dict[str, Any]], err: Exception
-    ) -> None:
+    def _lost(runner: RunnerPort, unit: list[RunSpec], started: dict[str, NodeInfo], err: Exception) -> None:
         where = ", ".join(sorted({f"{n['host']}/{n['id'][:8]}" for n in started.values()})) or "its node"
         runner.context.echo(
             f"  unit {unit[0].unit} lost on {where} ({type(err).__name__}); it runs again, whole"

@@ -11,22 +11,81 @@ neither do the unit's further runs.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Literal, Protocol, TypedDict, Union
 
 from harness.execute.grouping import process_job, split
-from harness.execute.job import Job, LockstepJob
+from harness.execute.job import Job, JobFile, LockstepJob
 from harness.execute.launchers import LAUNCHERS, Launcher, Outcome, launch, worker_env
 from prereg.errors import RefusedError
 from prereg.records import canonical
 
+if TYPE_CHECKING:
+    from harness.data.corpora import CorpusFiles
+
 RESOURCE = "harness-{device}"
+
+
+class NodeInfo(TypedDict):
+    """The Ray node a unit's task runs on, as its messages and a record's ``node`` name it."""
+
+    id: str
+    host: str
+    pid: int
+
+
+class Expect(TypedDict):
+    """What every node must match (:meth:`harness.execute.ray.RayExecutor._expect`)."""
+
+    code: dict[str, str]  # the packages' source hashes (harness.freeze.code_sha256)
+    torch: str | None
+    protocol: str
+    corpus: str
+    device: str
+    launcher: str
+    corpus_sha256: dict[str, str]  # by split
+    threads: int | None
+    phase_sha256: str | None  # the driver's verified phase.c build
+    tree: dict[str, str]  # the shipped working directory's files, by path, with their sha256
+
+
+#: A unit's messages to the driver: a run about to start, a run's outcome, the task's end.
+Started = tuple[Literal["start"], str, int, NodeInfo]
+Done = tuple[Literal["done"], str, int, NodeInfo, Outcome]
+Ended = tuple[Literal["end"], str]
+Message = Union[Started, Done, Ended]
+
+
+class MessageQueue(Protocol):
+    """The driver's queue (``ray.util.queue.Queue``), as the units and the driver use it."""
+
+    def put(self, item: Message) -> None: ...
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Message: ...
+
+
+class RemoteCall(Protocol):
+    """An actor's method, called through Ray (``handle.method.remote(...)``)."""
+
+    def remote(self, *args: object) -> object: ...
+
+
+class GateHandle(Protocol):
+    """The driver's :class:`Gate` actor, as a Ray handle."""
+
+    @property
+    def wait(self) -> RemoteCall: ...
+
+    @property
+    def open(self) -> RemoteCall: ...
 
 
 def driver_tree(root: Path, excluded: list[str]) -> dict[str, str]:
@@ -108,12 +167,12 @@ def node_dir() -> Path:
 #: Per Ray worker process (Ray reuses it for the next unit): the launchers started, keyed by
 #: (launcher, working directory, visible CUDA devices), and the node checks already passed.
 _LAUNCHERS: dict[tuple[str, str, str], Launcher] = {}
-_CHECKED: dict[str, tuple[str, dict[str, Any] | None]] = {}
+_CHECKED: dict[str, tuple[str, CorpusFiles | None]] = {}
 
 
 def _check_node(
-    expect: dict[str, Any], corpus: dict[str, bytes] | None, label: str, probe: Callable[[], Outcome]
-) -> dict[str, Any] | None:
+    expect: Expect, corpus: dict[str, bytes] | None, label: str, probe: Callable[[], Outcome]
+) -> CorpusFiles | None:
     """Refuse (RefusedError) unless this node's code, PyTorch, device and corpus are the driver's;
     return the local corpus the workers read (the shipped splits, written here and pinned).
     ``probe`` asks a worker process for PyTorch's version and devices (:func:`harness.execute.worker.probe`)."""
@@ -134,7 +193,7 @@ def _check_node(
         problems.append(
             f"node {label} advertises a {expect['device']} timing device but torch cannot use one"
         )
-    local: dict[str, Any] | None = None
+    local: CorpusFiles | None = None
     try:
         if corpus is None:  # the embedded corpus: this node's own copy must hash as the driver's
             got = load_corpus(expect["corpus"]).sha256()
@@ -168,12 +227,10 @@ class Gate:
     (the failure rule stopped the study: the run does not start; an async actor)."""
 
     def __init__(self) -> None:
-        self.events: dict[str, Any] = {}
+        self.events: dict[str, asyncio.Event] = {}
         self.verdicts: dict[str, bool] = {}
 
-    def _event(self, key: str) -> Any:
-        import asyncio
-
+    def _event(self, key: str) -> asyncio.Event:
         return self.events.setdefault(key, asyncio.Event())
 
     async def wait(self, key: str) -> bool:
@@ -202,11 +259,11 @@ def _test_hold(point: str) -> None:
 
 
 def run_unit(
-    jobs: list[dict[str, Any]],
-    expect: dict[str, Any],
+    jobs: list[JobFile],
+    expect: Expect,
     corpus: dict[str, bytes] | None,
-    queue: Any,
-    gate: Any = None,
+    queue: MessageQueue,
+    gate: GateHandle | None = None,
 ) -> str:
     """The Ray task: check this node, then run the unit's jobs one after another, each as a fresh
     worker process, reporting ``("start", ...)`` (and waiting at ``gate`` until the driver has
@@ -214,7 +271,7 @@ def run_unit(
     import ray
 
     ctx = ray.get_runtime_context()
-    node: dict[str, Any] = {"id": ctx.get_node_id(), "host": socket.gethostname(), "pid": os.getpid()}
+    node: NodeInfo = {"id": ctx.get_node_id(), "host": socket.gethostname(), "pid": os.getpid()}
     label = f"{node['host']}/{node['id'][:8]}"
     base = node_dir() / expect["protocol"]
     cwd = Path.cwd()
@@ -239,13 +296,13 @@ def run_unit(
         )
         group = [job.spec for job in each]
         for job, out in zip(each, split(outcome, group)):
-            queue.put(("done", job.spec.run_id, job.attempt, node, asdict(out)))
+            queue.put(("done", job.spec.run_id, job.attempt, node, out))
         _test_hold(f"between:{k}")
     queue.put(("end", label))  # the driver stops waiting on messages and collects this task at once
     return label
 
 
-def node_env(expect: dict[str, Any], cwd: Path, label: str) -> dict[str, str]:
+def node_env(expect: Expect, cwd: Path, label: str) -> dict[str, str]:
     """The workers' environment on this node, for each unit: refused (RefusedError) unless the
     shipped working directory is the driver's (:func:`shipped_problems`); its frozen entries'
     sources are among those a worker verifies each import against (``HARNESS_SOURCES``), as a
@@ -268,7 +325,7 @@ def node_env(expect: dict[str, Any], cwd: Path, label: str) -> dict[str, str]:
     )
 
 
-def _admitted(ray: Any, gate: Any, each: list[Job]) -> bool:
+def _admitted(ray: ModuleType, gate: GateHandle | None, each: list[Job]) -> bool:
     """Wait at the driver's gate until it has appended each run's started entry (True) or refused
     the runs, writing nothing (False: the failure rule, :mod:`prereg.failstop`, stopped the study)."""
     if gate is None:
@@ -287,14 +344,14 @@ def _launcher(name: str, cwd: Path) -> Launcher:
 
 
 def _checked_corpus(
-    expect: dict[str, Any],
+    expect: Expect,
     corpus: dict[str, bytes] | None,
     label: str,
     launcher: Launcher,
     probe_dir: Path,
     cwd: Path,
     env: dict[str, str],
-) -> dict[str, Any] | None:
+) -> CorpusFiles | None:
     """Check this node once per Ray worker process (:func:`_check_node`; RefusedError, also for a
     node that cannot be checked); return the local corpus the workers read."""
     key = canonical(expect).decode()
@@ -316,7 +373,7 @@ def _checked_corpus(
     return _CHECKED[key][1]
 
 
-def _node_jobs(shipped: dict[str, Any], base: Path, local: dict[str, Any] | None) -> list[Job]:
+def _node_jobs(shipped: JobFile, base: Path, local: CorpusFiles | None) -> list[Job]:
     """A shipped job (a run, or a lockstep pair's two) with this node's checkpoint path and corpus."""
     return [
         replace(

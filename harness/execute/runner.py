@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -212,7 +212,7 @@ class Runner:
         self.anchoring.push(self.ledger, self.frozen)
 
     def finished(
-        self, spec: RunSpec, attempt: int, outcome: Outcome, node: dict[str, Any] | None = None
+        self, spec: RunSpec, attempt: int, outcome: Outcome, node: Mapping[str, object] | None = None
     ) -> RunRecord:
         """Turn a run's outcome into its record (the ledger appends it); returns the record."""
         start = self._starts.pop((spec.run_id, attempt), None)

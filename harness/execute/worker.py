@@ -42,7 +42,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn, TypedDict
 
 import torch
 
@@ -126,7 +126,15 @@ def _report_child(pid: int, r: int) -> None:
     sys.stdout.flush()
 
 
-def probe() -> dict[str, Any]:
+class Probe(TypedDict):
+    """A worker process's answer to a probe (:func:`probe`)."""
+
+    status: str
+    torch: str  # PyTorch's version
+    devices: dict[str, bool]  # each timing device, whether PyTorch can use it
+
+
+def probe() -> Probe:
     """What a Ray node checks before it runs anything, asked of a worker process (so the node's
     own process never imports torch, and a fork server never initialises a device before forking):
     PyTorch's version and which timing devices it can use."""
@@ -175,7 +183,7 @@ def _slowed(results: list[WorkerResult]) -> list[WorkerResult]:
     return [replace(r, env={**(r.env or {}), "test_slowdown": factor}) for r in results]
 
 
-def _with_evidence(result: WorkerResult, text: str | None) -> dict[str, Any]:
+def _with_evidence(result: WorkerResult, text: str | None) -> dict[str, object]:
     """A command run's result with its evidence's text, which the runner keeps beside the record."""
     from harness.execute.commands import EVIDENCE_TEXT
 
@@ -193,7 +201,7 @@ def _command(job: Job, where: str, work: Path) -> int:
     return 0 if result.status == "ok" else 3
 
 
-def _pair(data: dict[str, Any], where: str, work: Path) -> int:
+def _pair(data: Mapping[str, object], where: str, work: Path) -> int:
     """A lockstep pair (:mod:`harness.execute.lockstep`, or :mod:`harness.execute.commands` for two
     command arms): both arms' results, and this process's device seconds, which the parent splits
     between them (:func:`harness.execute.lockstep.split`)."""
