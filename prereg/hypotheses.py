@@ -698,30 +698,62 @@ def test_of(
         return None, str(e), unreached
     except ValueError:
         return None, f"a relative margin of {h.margin:g}% has no ratio", unreached
-    if identity is not None and h.test != "sign" and values and all(v == 0.0 for v in values):
-        if identity not in IDENTITY_RULES:
-            raise ValueError(f"identity rule {identity!r} is not one of {IDENTITY_RULES[1:]}")
-        decided = identity_result if identity == "zero" else identical_sign_result
-        return decided(h, len(values)), None, unreached
+    decided = _identity_decision(h, values, identity)
+    if decided is not None:
+        return decided, None, unreached
     if h.test == "sign":
         return sign_result(values, region), None, unreached
     if scales is None:  # worst-rank scores: the signed-rank test
-        if all(v == 0.0 for v in values):
-            return None, identical_unreached(h, len(values)), unreached
-        r = signed_rank(values, sign(h.better))
-        est, what = worst_rank_estimate(pairs)
-        return TestResult("signed-rank", r.n, est, None, 0, r.statistic, r.p_value, what), None, unreached
+        test, why = _signed_rank_decision(h, pairs, values)
+    else:
+        test, why = _t_decision(h, pairs, values, scales, region, replicated)
+    return test, why, unreached
+
+
+def _identity_decision(h: Hypothesis, values: list[float], identity: str | None) -> TestResult | None:
+    """The ``identity`` rule's decision (:data:`IDENTITY_RULES`) where every per-pair value is
+    exactly 0 and ``h`` is not decided by the sign test; ``None`` where the rule does not apply."""
+    if identity is None or h.test == "sign" or not values or any(v != 0.0 for v in values):
+        return None
+    if identity not in IDENTITY_RULES:
+        raise ValueError(f"identity rule {identity!r} is not one of {IDENTITY_RULES[1:]}")
+    decided = identity_result if identity == "zero" else identical_sign_result
+    return decided(h, len(values))
+
+
+def _signed_rank_decision(
+    h: Hypothesis, pairs: Sequence[Pair | PairRow], values: list[float]
+) -> tuple[TestResult | None, str | None]:
+    """Worst-rank scores decided by the signed-rank test, with the median log ratio as the estimate
+    (:func:`worst_rank_estimate`); not reached where every score is 0."""
+    if all(v == 0.0 for v in values):
+        return None, identical_unreached(h, len(values))
+    r = signed_rank(values, sign(h.better))
+    est, what = worst_rank_estimate(pairs)
+    return TestResult("signed-rank", r.n, est, None, 0, r.statistic, r.p_value, what), None
+
+
+def _t_decision(
+    h: Hypothesis,
+    pairs: Sequence[Pair | PairRow],
+    values: list[float],
+    scales: list[float],
+    region: tuple[float | None, float | None],
+    replicated: bool,
+) -> tuple[TestResult | None, str | None]:
+    """The t test of ``h``'s region (:func:`_t_estimate`), or why there is none: values that agree to
+    rounding (all exactly 0 or not), no estimate, a standard error that is not positive and finite."""
     if spread_is_rounding(values, scales):
         if all(v == 0.0 for v in values):
-            return None, identical_unreached(h, len(values)), unreached
-        return None, ZERO_SPREAD, unreached
+            return None, identical_unreached(h, len(values))
+        return None, ZERO_SPREAD
     estimate, why = _t_estimate(h, pairs, values, scales, replicated)
     if estimate is None:
-        return None, why, unreached
+        return None, why
     method, m, se, df = estimate
     if not (se > 0 and math.isfinite(se)):
-        return None, f"the standard error is {se!r}: no t statistic", unreached
-    return t_result(method, len(values), m, se, df, region), None, unreached
+        return None, f"the standard error is {se!r}: no t statistic"
+    return t_result(method, len(values), m, se, df, region), None
 
 
 def _t_estimate(
@@ -787,38 +819,55 @@ def _replicates_estimate(
 def _pairs_estimate(
     h: Hypothesis, pairs: Sequence[Pair | PairRow], values: list[float], scales: list[float]
 ) -> tuple[tuple[str, float, float, int] | None, str | None]:
-    """The t test's method, mean, standard error and degrees of freedom from the pairs alone."""
-    steps_first = [p.steps_first for p in typed_pairs(pairs)]
+    """The t test's method, mean, standard error and degrees of freedom from the pairs alone: the
+    order-cell mean of a lockstep study whose pairs name their first block, the period-adjusted mean,
+    or the plain mean, as ``h`` says."""
+    typed = typed_pairs(pairs)
+    steps_first = [p.steps_first for p in typed]
     if h.period_adjusted and steps_first and all(x in ("baseline", "candidate") for x in steps_first):
-        # a lockstep study's order cells (build order x first block) as preregistered covariates
-        first = [p.first or "" for p in typed_pairs(pairs)]
-        cells = [
-            (1 if f == "candidate" else -1, 1 if x == "candidate" else -1) for f, x in zip(first, steps_first)
-        ]
-        try:
-            m, se, df = cells_mean(values, cells)
-        except ValueError as e:
-            return None, f"the order-cell adjustment: {e}"
-        method = "t-order-cells"
-    elif h.period_adjusted:
-        first = [p.first or "" for p in typed_pairs(pairs)]
-        if min(first.count("baseline"), len(first) - first.count("baseline")) < 2:
-            return None, "the period-adjusted estimand needs at least two pairs in each order"
-        groups = [[v for v, f in zip(values, first) if (f == "baseline") == ab] for ab in (True, False)]
-        if all(spread_is_rounding(g, scales) for g in groups):
-            return None, ZERO_SPREAD_WITHIN
-        why = magnitude_problem(groups)
-        if why is not None:
-            return None, why
-        m, se, df = period_adjusted_mean(values, first)
-        method = "t-period-adjusted"
-    else:
-        why = magnitude_problem([values])
-        if why is not None:
-            return None, why
-        m, se = mean_se(values)
-        method, df = "t", len(values) - 1
-    return (method, m, se, df), None
+        return _order_cells_estimate(typed, values)
+    if h.period_adjusted:
+        return _period_adjusted_estimate(typed, values, scales)
+    why = magnitude_problem([values])
+    if why is not None:
+        return None, why
+    m, se = mean_se(values)
+    return ("t", m, se, len(values) - 1), None
+
+
+def _order_cells_estimate(
+    typed: list[Pair], values: list[float]
+) -> tuple[tuple[str, float, float, int] | None, str | None]:
+    """A lockstep study's period adjustment: its order cells (build order x first block) as
+    preregistered covariates (:func:`.carryover.cells_mean`), method ``t-order-cells``."""
+    cells = [
+        (1 if (p.first or "") == "candidate" else -1, 1 if p.steps_first == "candidate" else -1)
+        for p in typed
+    ]
+    try:
+        m, se, df = cells_mean(values, cells)
+    except ValueError as e:
+        return None, f"the order-cell adjustment: {e}"
+    return ("t-order-cells", m, se, df), None
+
+
+def _period_adjusted_estimate(
+    typed: list[Pair], values: list[float], scales: list[float]
+) -> tuple[tuple[str, float, float, int] | None, str | None]:
+    """The AB/BA period-adjusted mean (:func:`.ttests.period_adjusted_mean`), method
+    ``t-period-adjusted``, or why there is none: fewer than two pairs in an order, no spread
+    within each order group, magnitudes a double cannot square."""
+    first = [p.first or "" for p in typed]
+    if min(first.count("baseline"), len(first) - first.count("baseline")) < 2:
+        return None, "the period-adjusted estimand needs at least two pairs in each order"
+    groups = [[v for v, f in zip(values, first) if (f == "baseline") == ab] for ab in (True, False)]
+    if all(spread_is_rounding(g, scales) for g in groups):
+        return None, ZERO_SPREAD_WITHIN
+    why = magnitude_problem(groups)
+    if why is not None:
+        return None, why
+    m, se, df = period_adjusted_mean(values, first)
+    return ("t-period-adjusted", m, se, df), None
 
 
 #: The zero-spread guard's reasons (:func:`.descriptive.spread_is_rounding`).

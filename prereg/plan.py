@@ -5,7 +5,7 @@ every record copies, and the tally of planned runs against their records."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 from prereg.attempts import analysed, latest_unit, redrawn
 from prereg.commands import ROLES, commands_of, label_sha256, metric_of
@@ -262,41 +262,32 @@ def _corpus_summary(corpus: Any) -> Any:
     return corpus
 
 
+class TallyRow(TypedDict):
+    """One (study, configuration, arm) of :func:`tally`: its planned runs and what became of them."""
+
+    study: str
+    config: str
+    arm: str
+    planned: int
+    ok: int
+    failed: int
+    interrupted: int
+    missing: int
+    superseded: int
+
+
 def tally(
     plan: list[dict[str, Any]], records: list[dict[str, Any]], open_: list[dict[str, Any]] | None = None
-) -> tuple[list[dict[str, Any]], int, list[str]]:
+) -> tuple[list[TallyRow], int, list[str]]:
     """Per (study, configuration, arm): planned, ok (in the analysed unit attempt), failed, interrupted
     (recorded, or started with no record), missing, superseded; and out-of-order runs."""
-    by_run: dict[str, Any] = {}
-    interrupted: dict[str, Any] = {}
-    superseded: dict[str, Any] = {}
-    current = {id(r) for r in analysed(records)}
-    for r in records:
-        rid = r["spec"]["run_id"]
-        by_run.setdefault(rid, []).append(r["status"] if id(r) in current else "superseded")
-        interrupted[rid] = interrupted.get(rid, 0) + (r["status"] == "interrupted")
-        if id(r) not in current:
-            superseded[rid] = superseded.get(rid, 0) + 1
-    for u in open_ or []:
-        interrupted[u["run_id"]] = interrupted.get(u["run_id"], 0) + 1
-    rows: dict[Any, Any] = {}
+    statuses, interrupted, superseded = _run_outcomes(records, open_ or [])
+    rows: dict[tuple[str, str, str], TallyRow] = {}
     missing_total = 0
     for s in plan:
-        row = rows.setdefault(
-            (s["study"], s["config"], s["arm"]),
-            {
-                "study": s["study"],
-                "config": s["config"],
-                "arm": s["arm"],
-                "planned": 0,
-                "ok": 0,
-                "failed": 0,
-                "interrupted": 0,
-                "missing": 0,
-                "superseded": 0,
-            },
-        )
-        st = by_run.get(s["run_id"], [])
+        key = (s["study"], s["config"], s["arm"])
+        row = rows.setdefault(key, _empty_row(*key))
+        st = statuses.get(s["run_id"], [])
         row["planned"] += 1
         row["interrupted"] += interrupted.get(s["run_id"], 0)
         row["superseded"] += superseded.get(s["run_id"], 0)
@@ -307,6 +298,39 @@ def tally(
         if "ok" not in st:
             row["missing"] += 1
             missing_total += 1
+    return list(rows.values()), missing_total, _out_of_order(plan, records)
+
+
+def _empty_row(study: str, config: str, arm: str) -> TallyRow:
+    """A :class:`TallyRow` before its first run is counted."""
+    return TallyRow(
+        study=study, config=config, arm=arm, planned=0, ok=0, failed=0, interrupted=0, missing=0, superseded=0
+    )
+
+
+def _run_outcomes(
+    records: list[dict[str, Any]], open_: list[dict[str, Any]]
+) -> tuple[dict[str, list[str]], dict[str, int], dict[str, int]]:
+    """By run id: each record's status (``superseded`` for one outside the analysed unit attempt,
+    :func:`prereg.attempts.analysed`), how many attempts were interrupted (recorded so, or started
+    with no record: ``open_``) and how many were superseded."""
+    statuses: dict[str, list[str]] = {}
+    interrupted: dict[str, int] = {}
+    superseded: dict[str, int] = {}
+    current = {id(r) for r in analysed(records)}
+    for r in records:
+        rid = r["spec"]["run_id"]
+        statuses.setdefault(rid, []).append(r["status"] if id(r) in current else "superseded")
+        interrupted[rid] = interrupted.get(rid, 0) + (r["status"] == "interrupted")
+        if id(r) not in current:
+            superseded[rid] = superseded.get(rid, 0) + 1
+    for u in open_:
+        interrupted[u["run_id"]] = interrupted.get(u["run_id"], 0) + 1
+    return statuses, interrupted, superseded
+
+
+def _out_of_order(plan: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[str]:
+    """Each first attempt that the chain shows ran after a run later in the plan's order."""
     order = {s["run_id"]: s["order"] for s in plan}
     flagged, highest = [], -1
     linked = sorted(
@@ -317,7 +341,7 @@ def tally(
         if o < highest:
             flagged.append(f"{r['spec']['run_id']} (plan position {o}) ran after plan position {highest}")
         highest = max(highest, o)
-    return list(rows.values()), missing_total, flagged
+    return flagged
 
 
 def plan_notes(
@@ -325,36 +349,48 @@ def plan_notes(
 ) -> list[str]:
     """Per study, configuration and arm: planned, ok, failed, interrupted, missing and superseded runs;
     runs out of plan order; units that ran again whole; whether the study is incomplete."""
-    notes = []
     table, missing, flagged = tally(plan, records, open_)
-    for t in table:
-        notes.append(
-            f"{directory}: {t['study']} / {t['config']} / {t['arm']}: planned {t['planned']}, "
-            f"ok {t['ok']}, failed {t['failed']}, interrupted {t['interrupted']}, "
-            f"missing {t['missing']}, superseded {t['superseded']}"
-        )
+    notes = [
+        f"{directory}: {t['study']} / {t['config']} / {t['arm']}: planned {t['planned']}, "
+        f"ok {t['ok']}, failed {t['failed']}, interrupted {t['interrupted']}, "
+        f"missing {t['missing']}, superseded {t['superseded']}"
+        for t in table
+    ]
     notes.extend(f"{directory}: out of plan order: {x}" for x in flagged)
+    notes.extend(f"{directory}: {x}" for x in _again_notes(records))
+    if missing:
+        notes.append(f"{directory}: {_incomplete_text(records, missing, len(plan))}")
+    return notes
+
+
+def _again_notes(records: list[dict[str, Any]]) -> list[str]:
+    """The runs drawn again: each unit that ran again whole (analysed from its latest unit attempt),
+    and the runs analysed from a later attempt (:func:`prereg.attempts.redrawn`)."""
+    notes = []
     latest = latest_unit(records)
     for unit in sorted(u for u, k in latest.items() if k > 1):
         n = sum(1 for r in records if r["spec"]["unit"] == unit and r.get("unit_attempt", 1) < latest[unit])
         notes.append(
-            f"{directory}: unit {unit} ran again whole: analysed from its unit attempt "
+            f"unit {unit} ran again whole: analysed from its unit attempt "
             f"{latest[unit]}; {n} superseded attempt(s) kept"
         )
     again = redrawn(records)
     if again:
         shown = ", ".join(again[:3]) + (f" and {len(again) - 3} more" if len(again) > 3 else "")
         notes.append(
-            f"{directory}: REDRAWN: {len(again)} run(s) analysed from a later attempt ({shown}): an "
+            f"REDRAWN: {len(again)} run(s) analysed from a later attempt ({shown}): an "
             "earlier attempt of each started and is not the one analysed, so its outcome (the "
             "checkpoint, the log) could have been seen before the run was drawn again"
         )
-    if missing:  # INCOMPLETE, STOPPED BY THE BUDGET RULE or AT A LOOK where a rule explains the stop
-        from prereg.recompute import recompute  # the completeness the summary states, a sequential stop's too
-
-        done = recompute(records)["completeness"] if records else None
-        text = done["text"] if done and done["missing_runs"] == missing else None
-        notes.append(
-            f"{directory}: {text or f'INCOMPLETE: {missing} of {len(plan)} planned runs have no ok record'}"
-        )
     return notes
+
+
+def _incomplete_text(records: list[dict[str, Any]], missing: int, planned: int) -> str:
+    """Why ``missing`` of ``planned`` runs have no ok record: the summary's completeness text where a
+    rule explains the stop (STOPPED BY THE BUDGET RULE, AT A LOOK) and counts the same runs, else
+    INCOMPLETE."""
+    from prereg.recompute import recompute  # the completeness the summary states, a sequential stop's too
+
+    done = recompute(records)["completeness"] if records else None
+    text = done["text"] if done and done["missing_runs"] == missing else None
+    return text or f"INCOMPLETE: {missing} of {planned} planned runs have no ok record"
