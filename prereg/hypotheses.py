@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
 from prereg.carryover import cells_mean
@@ -103,7 +103,7 @@ class Pair:
             raise ValueError(f"pair {row.get('unit', '?')}: unknown keys {', '.join(unknown)}")
         return cls(**row)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """The pair's row (``summary.json``'s ``pairs``): every field, but the CPU time columns only
         where the records have them (earlier records do not)."""
         return present(self)
@@ -125,9 +125,11 @@ class Pair:
         return math.log(self.value("candidate", key) / self.value("baseline", key))
 
 
-def present(obj: Any) -> dict[str, Any]:
+def present(obj: object) -> dict[str, Any]:
     """A dataclass instance's fields by name, as its JSON holds them: a field whose metadata says
     ``omit_none`` is left out while it is ``None`` (a column that earlier records do not have)."""
+    if not is_dataclass(obj) or isinstance(obj, type):
+        raise TypeError(f"present() takes a dataclass instance, not {type(obj).__name__}")
     return {
         f.name: v
         for f in fields(obj)
@@ -171,7 +173,7 @@ def _finite(x: float) -> bool:
         return False
 
 
-def rule_problems(h: Mapping[str, Any]) -> list[tuple[str, str]]:
+def rule_problems(h: Mapping[str, object]) -> list[tuple[str, str]]:
     """What is wrong with one hypothesis by the protocol's rules, as ``(key, message)`` pairs (empty
     when nothing is): a key's value outside its choices, a margin of the wrong sign, time to target
     without its censoring rule, a worst-rank test that is not superiority at margin 0 (it is a rank
@@ -190,7 +192,7 @@ def rule_problems(h: Mapping[str, Any]) -> list[tuple[str, str]]:
     raw = h.get("margin") or 0.0
     if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not _finite(raw):
         return out + [("margin", f"{str(raw)[:24]!r}: the margin is a finite number")]
-    margin, kind, cens = float(raw), h["type"], h.get("censoring")
+    margin, kind, cens = float(raw), str(h["type"]), h.get("censoring")  # a choice: a str
     if kind == "superiority" and margin < 0:
         out.append(("margin", "a superiority margin is >= 0"))
     if kind != "superiority" and margin <= 0:
@@ -203,7 +205,9 @@ def rule_problems(h: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def _censoring_problems(h: Mapping[str, Any], kind: str, margin: float, cens: Any) -> list[tuple[str, str]]:
+def _censoring_problems(
+    h: Mapping[str, object], kind: str, margin: float, cens: object
+) -> list[tuple[str, str]]:
     """:func:`rule_problems`' rules on time to target's censoring, its restriction time and the
     sign test's pairing with them."""
     out: list[tuple[str, str]] = []
@@ -234,7 +238,7 @@ def _censoring_problems(h: Mapping[str, Any], kind: str, margin: float, cens: An
     return out
 
 
-def family_problems(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
+def family_problems(spec: Mapping[str, object]) -> list[tuple[str, str]]:
     """What is wrong with a family's own keys, as ``(key, message)`` pairs: the procedure, a
     family-wise error rate outside (0, 0.5), fewer than 3 minimum pairs (an interval needs a spread)."""
     out: list[tuple[str, str]] = []
@@ -379,11 +383,16 @@ class Sequential:
     futility_z: float | None = None
 
     @classmethod
-    def of(cls, spec: Sequential | Mapping[str, Any]) -> Sequential:
+    def of(cls, spec: Sequential | Mapping[str, object]) -> Sequential:
+        """The ``sequential`` block as records carry it (checked by :meth:`Family.of` first), typed."""
         if isinstance(spec, Sequential):
             return spec
-        fut = spec.get("futility_z")
-        return cls(tuple(spec["looks"]), spec["spending"], None if fut is None else float(fut))
+        looks, spending, fut = spec["looks"], spec["spending"], spec.get("futility_z")
+        if not isinstance(looks, (list, tuple)) or not isinstance(spending, str):
+            raise ValueError("hypotheses: sequential: looks is a list of pair counts and spending a name")
+        if fut is not None and (isinstance(fut, bool) or not isinstance(fut, (int, float))):
+            raise ValueError(f"hypotheses: sequential.futility_z: {fut!r} is not a number")
+        return cls(tuple(looks), spending, None if fut is None else float(fut))
 
 
 def bounds(h: Hypothesis | Mapping[str, Any]) -> tuple[float | None, float | None]:
@@ -428,7 +437,7 @@ ENDPOINT_KEYS = {
 }
 
 
-def cpu_time_columns(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> dict[str, Any]:
+def cpu_time_columns(baseline: Mapping[str, object], candidate: Mapping[str, object]) -> dict[str, object]:
     """A pair's training CPU time columns (``baseline_training_cpu_s``, ``candidate_training_cpu_s``)
     from its arms' ``timings``, when both recorded one on the same clock (records before CPU time
     have none, and their pairs no such columns; a configuration reports CPU time only when every

@@ -4,7 +4,8 @@ every record copies, and the tally of planned runs against their records."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Mapping
 from typing import Any, TypedDict
 
 from prereg.attempts import analysed, latest_unit, redrawn
@@ -23,6 +24,10 @@ from prereg.replicates import replicate_of
 #: reader (:func:`prereg.protocol.read.protocol_of`), which fills in these values, and every record
 #: names the keys that took them (``protocol.defaults``).
 PROTOCOL_DEFAULTS: dict[str, Any] = named_defaults()
+
+#: One planned run: the JSON of a ``prereg.records.RunSpec`` (:func:`plan_from_protocol`; its fields
+#: are the design's, the command study's and the study's, so the spec's reader types it).
+PlannedRun = dict[str, object]
 
 
 def study_level(own: float | None, top_level: float) -> float:
@@ -47,19 +52,18 @@ def defaults_text(keys: list[str]) -> str:
 
 
 def plan_from_protocol(
-    spec: Protocol, protocol_sha: str, config_sha: dict[str, Any], schema: int = SCHEMA_VERSION
-) -> list[dict[str, Any]]:
+    spec: Protocol, protocol_sha: str, config_sha: Mapping[str, str], schema: int = SCHEMA_VERSION
+) -> list[PlannedRun]:
     """The plan of the typed protocol ``spec`` (:func:`prereg.protocol.read.protocol_of`): balanced
     pair orders, lockstep orders (build order crossed with who steps first, all four combinations per
     group of four pairs), Williams-balanced blocks (harness.plan's docstring says how); each run as the
     JSON of a ``prereg.records.RunSpec``, as records schema ``schema`` writes it (its ``design``:
     :meth:`prereg.designs.base.Design.recorded_as`)."""
-    import random
 
     def rng(*parts: object) -> random.Random:
         return random.Random(":".join(str(p) for p in (spec.order_seed, *parts)))
 
-    runs: list[dict[str, Any]] = []
+    runs: list[PlannedRun] = []
     for st in spec.studies:
         _study_runs(spec, st, rng, protocol_sha, config_sha, runs, schema)
     if spec.schedule == "interleaved":
@@ -70,10 +74,10 @@ def plan_from_protocol(
 def _study_runs(
     spec: Protocol,
     st: Study,
-    rng: Callable[..., Any],
+    rng: Callable[..., random.Random],
     protocol_sha: str,
-    config_sha: dict[str, Any],
-    runs: list[dict[str, Any]],
+    config_sha: Mapping[str, str],
+    runs: list[PlannedRun],
     schema: int,
 ) -> None:
     """Append one study's runs to ``runs`` (seed by seed, config by config, in each unit's order)."""
@@ -110,7 +114,7 @@ def _study_runs(
                 )
 
 
-def _targets_and_commands(st: Study) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
+def _targets_and_commands(st: Study) -> tuple[dict[str, float], dict[str, dict[str, object]]]:
     """A study's target per configuration (a command study's: its metric's), and a command study's
     arm and metric by role (none for built-in arms)."""
     metric = metric_of(st.metric) if st.commands and st.metric is not None else None
@@ -121,7 +125,7 @@ def _targets_and_commands(st: Study) -> tuple[dict[str, float], dict[str, dict[s
     return targets, {role: {"command": arm, "metric": metric} for role, arm in commands_of(st.arms).items()}
 
 
-def _number(value: Any) -> float:
+def _number(value: object) -> float:
     """A validation target as a float (TypeError naming it where it is not a number)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"a validation target is a number, got {value!r}")
@@ -132,7 +136,7 @@ def _number(value: Any) -> float:
 OPTIONAL_SPEC = ("planted", "warmup_steps", "replicate")
 
 
-def _run_extra(spec: Protocol, st: Study, role: str, si: int) -> dict[str, Any]:
+def _run_extra(spec: Protocol, st: Study, role: str, si: int) -> dict[str, object]:
     """A run's optional fields (:data:`OPTIONAL_SPEC`): the candidate's plant, the warm-up steps,
     the replicate."""
     return {
@@ -146,7 +150,7 @@ def _run_extra(spec: Protocol, st: Study, role: str, si: int) -> dict[str, Any]:
     }
 
 
-def _run_common(spec: Protocol, st: Study, target: float) -> dict[str, Any]:
+def _run_common(spec: Protocol, st: Study, target: float) -> dict[str, object]:
     """A run's fields that every run of the study shares (its steps, target, corpus, machine)."""
     return {
         "steps": st.steps,
@@ -160,11 +164,11 @@ def _run_common(spec: Protocol, st: Study, target: float) -> dict[str, Any]:
     }
 
 
-def _interleaved(runs: list[dict[str, Any]], r: Any) -> list[dict[str, Any]]:
+def _interleaved(runs: list[PlannedRun], r: random.Random) -> list[PlannedRun]:
     """``schedule: interleaved``: the units of every study in one seeded random order (each unit's
     runs kept together and in their order), so that the studies meet the machine's load of one time
     window alike; ``order`` numbered again."""
-    units: dict[str, list[dict[str, Any]]] = {}
+    units: dict[object, list[PlannedRun]] = {}
     for run in runs:
         units.setdefault(run["unit"], []).append(run)
     order = list(units)
@@ -173,7 +177,7 @@ def _interleaved(runs: list[dict[str, Any]], r: Any) -> list[dict[str, Any]]:
     return [{**run, "order": i} for i, run in enumerate(out)]
 
 
-def _resolved_tests(h: dict[str, Any]) -> dict[str, Any]:
+def _resolved_tests(h: Mapping[str, Any]) -> dict[str, object]:
     """The protocol summary's ``hypotheses``: the typed protocol's resolved block, in the order of
     the keys every record holds, typed once more by :meth:`prereg.hypotheses.Family.of`."""
     if "descriptive" in h:
@@ -200,7 +204,7 @@ def _resolved_tests(h: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def expected_summary(spec: Protocol, psha: str, path: str, schema: int = SCHEMA_VERSION) -> dict[str, Any]:
+def expected_summary(spec: Protocol, psha: str, path: str, schema: int = SCHEMA_VERSION) -> dict[str, object]:
     """``harness.protocol.Protocol.summary()``, derived here from the typed protocol alone (the
     fields every record's ``protocol`` copies; plug-ins and the tag's fields are checked apart).
     Left-out keys took their defaults (:data:`PROTOCOL_DEFAULTS`), named under ``defaults``."""
@@ -226,9 +230,9 @@ def expected_summary(spec: Protocol, psha: str, path: str, schema: int = SCHEMA_
     }
 
 
-def _study_summary(st: Study, schema: int) -> dict[str, Any]:
+def _study_summary(st: Study, schema: int) -> dict[str, object]:
     """One study's entry of the protocol summary (:func:`expected_summary`)."""
-    declared: dict[str, Any] = {}
+    declared: dict[str, object] = {}
     if st.commands and st.metric is not None:  # the reader made sure a command study has one
         declared = {"commands": commands_of(st.arms), "metric": metric_of(st.metric)}
     arms = st.design.summary_arms(st, list(ROLES) if st.commands else st.arms)
@@ -249,17 +253,17 @@ def _study_summary(st: Study, schema: int) -> dict[str, Any]:
     }
 
 
-def _corpus_summary(corpus: Any) -> Any:
+def _corpus_summary(corpus: str | dict[str, Any]) -> str | dict[str, object]:
     """The protocol summary's ``corpus``: its name, or its name, files and split."""
-    if isinstance(corpus, dict):
-        c: dict[str, Any] = {"name": corpus["name"]}
-        for k in ("file", "train", "valid", "test"):
-            if k in corpus:
-                c[k] = {"path": corpus[k]["path"], "size": corpus[k]["size"], "sha256": corpus[k]["sha256"]}
-        if "split" in corpus:
-            c["split"] = {s: float(corpus["split"][s]) for s in ("train", "valid", "test")}
-        corpus = c
-    return corpus
+    if not isinstance(corpus, dict):
+        return corpus
+    c: dict[str, object] = {"name": corpus["name"]}
+    for k in ("file", "train", "valid", "test"):
+        if k in corpus:
+            c[k] = {"path": corpus[k]["path"], "size": corpus[k]["size"], "sha256": corpus[k]["sha256"]}
+    if "split" in corpus:
+        c["split"] = {s: float(corpus["split"][s]) for s in ("train", "valid", "test")}
+    return c
 
 
 class TallyRow(TypedDict):
