@@ -41,7 +41,6 @@ GRAMMAR = (
     "the YAML subset reader: a branch per token kind of its grammar (the thorough tier's generated documents)"
 )
 DESIGNS = "branches on a design's name: the designs-as-types work (issue 60, part 3) moves each branch to its design"
-PENDING = "not split yet: a procedure over 15 only as radon counts (and/or, conditional expressions, comprehensions)"
 #: ``path:qualified name`` -> why the function stays over :data:`LIMIT` (a table of cases is a
 #: reason; a long procedure is not). The gate fails on an entry that no longer names such a function.
 REASONS: dict[str, str] = {
@@ -91,10 +90,6 @@ REASONS: dict[str, str] = {
     "harness/execute/commands.py:_result": DESIGNS,
     "prereg/attempts.py:completeness": DESIGNS,
     "prereg/planted.py:planted_rows": DESIGNS,
-    "prereg/hypotheses.py:_pairs_estimate": PENDING,
-    "prereg/hypotheses.py:test_of": PENDING,
-    "prereg/plan.py:plan_notes": PENDING,
-    "prereg/plan.py:tally": PENDING,
 }
 
 _OWN_SCOPE = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)

@@ -14,8 +14,8 @@ seed, configuration by configuration. Orders are decided before any run, from th
   order, so every cell appears once in each position and immediately after every other cell once
   per group.
 
-The rule's one home is the audit's standard-library core (``plan_from_protocol`` in
-``prereg/plan.py``, through :mod:`analysis.public_audit`): the harness plans by it from the
+The rule's one home is the standard-library core, :func:`prereg.plan.plan_from_protocol`, which
+the public audit runs too (:func:`audit.folder.audit_dir`): the harness plans by it from the
 typed protocol the core's reader gives (:mod:`prereg.protocol`), and the audit recomputes the
 plan by it from the tagged file, read by the same reader.
 """

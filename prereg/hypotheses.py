@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
 from prereg.carryover import cells_mean
@@ -103,7 +103,7 @@ class Pair:
             raise ValueError(f"pair {row.get('unit', '?')}: unknown keys {', '.join(unknown)}")
         return cls(**row)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """The pair's row (``summary.json``'s ``pairs``): every field, but the CPU time columns only
         where the records have them (earlier records do not)."""
         return present(self)
@@ -125,9 +125,11 @@ class Pair:
         return math.log(self.value("candidate", key) / self.value("baseline", key))
 
 
-def present(obj: Any) -> dict[str, Any]:
+def present(obj: object) -> dict[str, Any]:
     """A dataclass instance's fields by name, as its JSON holds them: a field whose metadata says
     ``omit_none`` is left out while it is ``None`` (a column that earlier records do not have)."""
+    if not is_dataclass(obj) or isinstance(obj, type):
+        raise TypeError(f"present() takes a dataclass instance, not {type(obj).__name__}")
     return {
         f.name: v
         for f in fields(obj)
@@ -171,7 +173,7 @@ def _finite(x: float) -> bool:
         return False
 
 
-def rule_problems(h: Mapping[str, Any]) -> list[tuple[str, str]]:
+def rule_problems(h: Mapping[str, object]) -> list[tuple[str, str]]:
     """What is wrong with one hypothesis by the protocol's rules, as ``(key, message)`` pairs (empty
     when nothing is): a key's value outside its choices, a margin of the wrong sign, time to target
     without its censoring rule, a worst-rank test that is not superiority at margin 0 (it is a rank
@@ -190,7 +192,7 @@ def rule_problems(h: Mapping[str, Any]) -> list[tuple[str, str]]:
     raw = h.get("margin") or 0.0
     if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not _finite(raw):
         return out + [("margin", f"{str(raw)[:24]!r}: the margin is a finite number")]
-    margin, kind, cens = float(raw), h["type"], h.get("censoring")
+    margin, kind, cens = float(raw), str(h["type"]), h.get("censoring")  # a choice: a str
     if kind == "superiority" and margin < 0:
         out.append(("margin", "a superiority margin is >= 0"))
     if kind != "superiority" and margin <= 0:
@@ -203,7 +205,9 @@ def rule_problems(h: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def _censoring_problems(h: Mapping[str, Any], kind: str, margin: float, cens: Any) -> list[tuple[str, str]]:
+def _censoring_problems(
+    h: Mapping[str, object], kind: str, margin: float, cens: object
+) -> list[tuple[str, str]]:
     """:func:`rule_problems`' rules on time to target's censoring, its restriction time and the
     sign test's pairing with them."""
     out: list[tuple[str, str]] = []
@@ -234,7 +238,7 @@ def _censoring_problems(h: Mapping[str, Any], kind: str, margin: float, cens: An
     return out
 
 
-def family_problems(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
+def family_problems(spec: Mapping[str, object]) -> list[tuple[str, str]]:
     """What is wrong with a family's own keys, as ``(key, message)`` pairs: the procedure, a
     family-wise error rate outside (0, 0.5), fewer than 3 minimum pairs (an interval needs a spread)."""
     out: list[tuple[str, str]] = []
@@ -379,11 +383,16 @@ class Sequential:
     futility_z: float | None = None
 
     @classmethod
-    def of(cls, spec: Sequential | Mapping[str, Any]) -> Sequential:
+    def of(cls, spec: Sequential | Mapping[str, object]) -> Sequential:
+        """The ``sequential`` block as records carry it (checked by :meth:`Family.of` first), typed."""
         if isinstance(spec, Sequential):
             return spec
-        fut = spec.get("futility_z")
-        return cls(tuple(spec["looks"]), spec["spending"], None if fut is None else float(fut))
+        looks, spending, fut = spec["looks"], spec["spending"], spec.get("futility_z")
+        if not isinstance(looks, (list, tuple)) or not isinstance(spending, str):
+            raise ValueError("hypotheses: sequential: looks is a list of pair counts and spending a name")
+        if fut is not None and (isinstance(fut, bool) or not isinstance(fut, (int, float))):
+            raise ValueError(f"hypotheses: sequential.futility_z: {fut!r} is not a number")
+        return cls(tuple(looks), spending, None if fut is None else float(fut))
 
 
 def bounds(h: Hypothesis | Mapping[str, Any]) -> tuple[float | None, float | None]:
@@ -428,7 +437,7 @@ ENDPOINT_KEYS = {
 }
 
 
-def cpu_time_columns(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> dict[str, Any]:
+def cpu_time_columns(baseline: Mapping[str, object], candidate: Mapping[str, object]) -> dict[str, object]:
     """A pair's training CPU time columns (``baseline_training_cpu_s``, ``candidate_training_cpu_s``)
     from its arms' ``timings``, when both recorded one on the same clock (records before CPU time
     have none, and their pairs no such columns; a configuration reports CPU time only when every
@@ -698,30 +707,62 @@ def test_of(
         return None, str(e), unreached
     except ValueError:
         return None, f"a relative margin of {h.margin:g}% has no ratio", unreached
-    if identity is not None and h.test != "sign" and values and all(v == 0.0 for v in values):
-        if identity not in IDENTITY_RULES:
-            raise ValueError(f"identity rule {identity!r} is not one of {IDENTITY_RULES[1:]}")
-        decided = identity_result if identity == "zero" else identical_sign_result
-        return decided(h, len(values)), None, unreached
+    decided = _identity_decision(h, values, identity)
+    if decided is not None:
+        return decided, None, unreached
     if h.test == "sign":
         return sign_result(values, region), None, unreached
     if scales is None:  # worst-rank scores: the signed-rank test
-        if all(v == 0.0 for v in values):
-            return None, identical_unreached(h, len(values)), unreached
-        r = signed_rank(values, sign(h.better))
-        est, what = worst_rank_estimate(pairs)
-        return TestResult("signed-rank", r.n, est, None, 0, r.statistic, r.p_value, what), None, unreached
+        test, why = _signed_rank_decision(h, pairs, values)
+    else:
+        test, why = _t_decision(h, pairs, values, scales, region, replicated)
+    return test, why, unreached
+
+
+def _identity_decision(h: Hypothesis, values: list[float], identity: str | None) -> TestResult | None:
+    """The ``identity`` rule's decision (:data:`IDENTITY_RULES`) where every per-pair value is
+    exactly 0 and ``h`` is not decided by the sign test; ``None`` where the rule does not apply."""
+    if identity is None or h.test == "sign" or not values or any(v != 0.0 for v in values):
+        return None
+    if identity not in IDENTITY_RULES:
+        raise ValueError(f"identity rule {identity!r} is not one of {IDENTITY_RULES[1:]}")
+    decided = identity_result if identity == "zero" else identical_sign_result
+    return decided(h, len(values))
+
+
+def _signed_rank_decision(
+    h: Hypothesis, pairs: Sequence[Pair | PairRow], values: list[float]
+) -> tuple[TestResult | None, str | None]:
+    """Worst-rank scores decided by the signed-rank test, with the median log ratio as the estimate
+    (:func:`worst_rank_estimate`); not reached where every score is 0."""
+    if all(v == 0.0 for v in values):
+        return None, identical_unreached(h, len(values))
+    r = signed_rank(values, sign(h.better))
+    est, what = worst_rank_estimate(pairs)
+    return TestResult("signed-rank", r.n, est, None, 0, r.statistic, r.p_value, what), None
+
+
+def _t_decision(
+    h: Hypothesis,
+    pairs: Sequence[Pair | PairRow],
+    values: list[float],
+    scales: list[float],
+    region: tuple[float | None, float | None],
+    replicated: bool,
+) -> tuple[TestResult | None, str | None]:
+    """The t test of ``h``'s region (:func:`_t_estimate`), or why there is none: values that agree to
+    rounding (all exactly 0 or not), no estimate, a standard error that is not positive and finite."""
     if spread_is_rounding(values, scales):
         if all(v == 0.0 for v in values):
-            return None, identical_unreached(h, len(values)), unreached
-        return None, ZERO_SPREAD, unreached
+            return None, identical_unreached(h, len(values))
+        return None, ZERO_SPREAD
     estimate, why = _t_estimate(h, pairs, values, scales, replicated)
     if estimate is None:
-        return None, why, unreached
+        return None, why
     method, m, se, df = estimate
     if not (se > 0 and math.isfinite(se)):
-        return None, f"the standard error is {se!r}: no t statistic", unreached
-    return t_result(method, len(values), m, se, df, region), None, unreached
+        return None, f"the standard error is {se!r}: no t statistic"
+    return t_result(method, len(values), m, se, df, region), None
 
 
 def _t_estimate(
@@ -787,38 +828,55 @@ def _replicates_estimate(
 def _pairs_estimate(
     h: Hypothesis, pairs: Sequence[Pair | PairRow], values: list[float], scales: list[float]
 ) -> tuple[tuple[str, float, float, int] | None, str | None]:
-    """The t test's method, mean, standard error and degrees of freedom from the pairs alone."""
-    steps_first = [p.steps_first for p in typed_pairs(pairs)]
+    """The t test's method, mean, standard error and degrees of freedom from the pairs alone: the
+    order-cell mean of a lockstep study whose pairs name their first block, the period-adjusted mean,
+    or the plain mean, as ``h`` says."""
+    typed = typed_pairs(pairs)
+    steps_first = [p.steps_first for p in typed]
     if h.period_adjusted and steps_first and all(x in ("baseline", "candidate") for x in steps_first):
-        # a lockstep study's order cells (build order x first block) as preregistered covariates
-        first = [p.first or "" for p in typed_pairs(pairs)]
-        cells = [
-            (1 if f == "candidate" else -1, 1 if x == "candidate" else -1) for f, x in zip(first, steps_first)
-        ]
-        try:
-            m, se, df = cells_mean(values, cells)
-        except ValueError as e:
-            return None, f"the order-cell adjustment: {e}"
-        method = "t-order-cells"
-    elif h.period_adjusted:
-        first = [p.first or "" for p in typed_pairs(pairs)]
-        if min(first.count("baseline"), len(first) - first.count("baseline")) < 2:
-            return None, "the period-adjusted estimand needs at least two pairs in each order"
-        groups = [[v for v, f in zip(values, first) if (f == "baseline") == ab] for ab in (True, False)]
-        if all(spread_is_rounding(g, scales) for g in groups):
-            return None, ZERO_SPREAD_WITHIN
-        why = magnitude_problem(groups)
-        if why is not None:
-            return None, why
-        m, se, df = period_adjusted_mean(values, first)
-        method = "t-period-adjusted"
-    else:
-        why = magnitude_problem([values])
-        if why is not None:
-            return None, why
-        m, se = mean_se(values)
-        method, df = "t", len(values) - 1
-    return (method, m, se, df), None
+        return _order_cells_estimate(typed, values)
+    if h.period_adjusted:
+        return _period_adjusted_estimate(typed, values, scales)
+    why = magnitude_problem([values])
+    if why is not None:
+        return None, why
+    m, se = mean_se(values)
+    return ("t", m, se, len(values) - 1), None
+
+
+def _order_cells_estimate(
+    typed: list[Pair], values: list[float]
+) -> tuple[tuple[str, float, float, int] | None, str | None]:
+    """A lockstep study's period adjustment: its order cells (build order x first block) as
+    preregistered covariates (:func:`.carryover.cells_mean`), method ``t-order-cells``."""
+    cells = [
+        (1 if (p.first or "") == "candidate" else -1, 1 if p.steps_first == "candidate" else -1)
+        for p in typed
+    ]
+    try:
+        m, se, df = cells_mean(values, cells)
+    except ValueError as e:
+        return None, f"the order-cell adjustment: {e}"
+    return ("t-order-cells", m, se, df), None
+
+
+def _period_adjusted_estimate(
+    typed: list[Pair], values: list[float], scales: list[float]
+) -> tuple[tuple[str, float, float, int] | None, str | None]:
+    """The AB/BA period-adjusted mean (:func:`.ttests.period_adjusted_mean`), method
+    ``t-period-adjusted``, or why there is none: fewer than two pairs in an order, no spread
+    within each order group, magnitudes a double cannot square."""
+    first = [p.first or "" for p in typed]
+    if min(first.count("baseline"), len(first) - first.count("baseline")) < 2:
+        return None, "the period-adjusted estimand needs at least two pairs in each order"
+    groups = [[v for v, f in zip(values, first) if (f == "baseline") == ab] for ab in (True, False)]
+    if all(spread_is_rounding(g, scales) for g in groups):
+        return None, ZERO_SPREAD_WITHIN
+    why = magnitude_problem(groups)
+    if why is not None:
+        return None, why
+    m, se, df = period_adjusted_mean(values, first)
+    return ("t-period-adjusted", m, se, df), None
 
 
 #: The zero-spread guard's reasons (:func:`.descriptive.spread_is_rounding`).

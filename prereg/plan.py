@@ -4,8 +4,9 @@ every record copies, and the tally of planned runs against their records."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import random
+from collections.abc import Callable, Mapping
+from typing import Any, TypedDict
 
 from prereg.attempts import analysed, latest_unit, redrawn
 from prereg.commands import ROLES, commands_of, label_sha256, metric_of
@@ -23,6 +24,10 @@ from prereg.replicates import replicate_of
 #: reader (:func:`prereg.protocol.read.protocol_of`), which fills in these values, and every record
 #: names the keys that took them (``protocol.defaults``).
 PROTOCOL_DEFAULTS: dict[str, Any] = named_defaults()
+
+#: One planned run: the JSON of a ``prereg.records.RunSpec`` (:func:`plan_from_protocol`; its fields
+#: are the design's, the command study's and the study's, so the spec's reader types it).
+PlannedRun = dict[str, object]
 
 
 def study_level(own: float | None, top_level: float) -> float:
@@ -47,19 +52,18 @@ def defaults_text(keys: list[str]) -> str:
 
 
 def plan_from_protocol(
-    spec: Protocol, protocol_sha: str, config_sha: dict[str, Any], schema: int = SCHEMA_VERSION
-) -> list[dict[str, Any]]:
+    spec: Protocol, protocol_sha: str, config_sha: Mapping[str, str], schema: int = SCHEMA_VERSION
+) -> list[PlannedRun]:
     """The plan of the typed protocol ``spec`` (:func:`prereg.protocol.read.protocol_of`): balanced
     pair orders, lockstep orders (build order crossed with who steps first, all four combinations per
     group of four pairs), Williams-balanced blocks (harness.plan's docstring says how); each run as the
     JSON of a ``prereg.records.RunSpec``, as records schema ``schema`` writes it (its ``design``:
     :meth:`prereg.designs.base.Design.recorded_as`)."""
-    import random
 
     def rng(*parts: object) -> random.Random:
         return random.Random(":".join(str(p) for p in (spec.order_seed, *parts)))
 
-    runs: list[dict[str, Any]] = []
+    runs: list[PlannedRun] = []
     for st in spec.studies:
         _study_runs(spec, st, rng, protocol_sha, config_sha, runs, schema)
     if spec.schedule == "interleaved":
@@ -70,10 +74,10 @@ def plan_from_protocol(
 def _study_runs(
     spec: Protocol,
     st: Study,
-    rng: Callable[..., Any],
+    rng: Callable[..., random.Random],
     protocol_sha: str,
-    config_sha: dict[str, Any],
-    runs: list[dict[str, Any]],
+    config_sha: Mapping[str, str],
+    runs: list[PlannedRun],
     schema: int,
 ) -> None:
     """Append one study's runs to ``runs`` (seed by seed, config by config, in each unit's order)."""
@@ -110,7 +114,7 @@ def _study_runs(
                 )
 
 
-def _targets_and_commands(st: Study) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
+def _targets_and_commands(st: Study) -> tuple[dict[str, float], dict[str, dict[str, object]]]:
     """A study's target per configuration (a command study's: its metric's), and a command study's
     arm and metric by role (none for built-in arms)."""
     metric = metric_of(st.metric) if st.commands and st.metric is not None else None
@@ -121,7 +125,7 @@ def _targets_and_commands(st: Study) -> tuple[dict[str, float], dict[str, dict[s
     return targets, {role: {"command": arm, "metric": metric} for role, arm in commands_of(st.arms).items()}
 
 
-def _number(value: Any) -> float:
+def _number(value: object) -> float:
     """A validation target as a float (TypeError naming it where it is not a number)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"a validation target is a number, got {value!r}")
@@ -132,7 +136,7 @@ def _number(value: Any) -> float:
 OPTIONAL_SPEC = ("planted", "warmup_steps", "replicate")
 
 
-def _run_extra(spec: Protocol, st: Study, role: str, si: int) -> dict[str, Any]:
+def _run_extra(spec: Protocol, st: Study, role: str, si: int) -> dict[str, object]:
     """A run's optional fields (:data:`OPTIONAL_SPEC`): the candidate's plant, the warm-up steps,
     the replicate."""
     return {
@@ -146,7 +150,7 @@ def _run_extra(spec: Protocol, st: Study, role: str, si: int) -> dict[str, Any]:
     }
 
 
-def _run_common(spec: Protocol, st: Study, target: float) -> dict[str, Any]:
+def _run_common(spec: Protocol, st: Study, target: float) -> dict[str, object]:
     """A run's fields that every run of the study shares (its steps, target, corpus, machine)."""
     return {
         "steps": st.steps,
@@ -160,11 +164,11 @@ def _run_common(spec: Protocol, st: Study, target: float) -> dict[str, Any]:
     }
 
 
-def _interleaved(runs: list[dict[str, Any]], r: Any) -> list[dict[str, Any]]:
+def _interleaved(runs: list[PlannedRun], r: random.Random) -> list[PlannedRun]:
     """``schedule: interleaved``: the units of every study in one seeded random order (each unit's
     runs kept together and in their order), so that the studies meet the machine's load of one time
     window alike; ``order`` numbered again."""
-    units: dict[str, list[dict[str, Any]]] = {}
+    units: dict[object, list[PlannedRun]] = {}
     for run in runs:
         units.setdefault(run["unit"], []).append(run)
     order = list(units)
@@ -173,7 +177,7 @@ def _interleaved(runs: list[dict[str, Any]], r: Any) -> list[dict[str, Any]]:
     return [{**run, "order": i} for i, run in enumerate(out)]
 
 
-def _resolved_tests(h: dict[str, Any]) -> dict[str, Any]:
+def _resolved_tests(h: Mapping[str, Any]) -> dict[str, object]:
     """The protocol summary's ``hypotheses``: the typed protocol's resolved block, in the order of
     the keys every record holds, typed once more by :meth:`prereg.hypotheses.Family.of`."""
     if "descriptive" in h:
@@ -200,7 +204,7 @@ def _resolved_tests(h: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def expected_summary(spec: Protocol, psha: str, path: str, schema: int = SCHEMA_VERSION) -> dict[str, Any]:
+def expected_summary(spec: Protocol, psha: str, path: str, schema: int = SCHEMA_VERSION) -> dict[str, object]:
     """``harness.protocol.Protocol.summary()``, derived here from the typed protocol alone (the
     fields every record's ``protocol`` copies; plug-ins and the tag's fields are checked apart).
     Left-out keys took their defaults (:data:`PROTOCOL_DEFAULTS`), named under ``defaults``."""
@@ -226,9 +230,9 @@ def expected_summary(spec: Protocol, psha: str, path: str, schema: int = SCHEMA_
     }
 
 
-def _study_summary(st: Study, schema: int) -> dict[str, Any]:
+def _study_summary(st: Study, schema: int) -> dict[str, object]:
     """One study's entry of the protocol summary (:func:`expected_summary`)."""
-    declared: dict[str, Any] = {}
+    declared: dict[str, object] = {}
     if st.commands and st.metric is not None:  # the reader made sure a command study has one
         declared = {"commands": commands_of(st.arms), "metric": metric_of(st.metric)}
     arms = st.design.summary_arms(st, list(ROLES) if st.commands else st.arms)
@@ -249,54 +253,45 @@ def _study_summary(st: Study, schema: int) -> dict[str, Any]:
     }
 
 
-def _corpus_summary(corpus: Any) -> Any:
+def _corpus_summary(corpus: str | dict[str, Any]) -> str | dict[str, object]:
     """The protocol summary's ``corpus``: its name, or its name, files and split."""
-    if isinstance(corpus, dict):
-        c: dict[str, Any] = {"name": corpus["name"]}
-        for k in ("file", "train", "valid", "test"):
-            if k in corpus:
-                c[k] = {"path": corpus[k]["path"], "size": corpus[k]["size"], "sha256": corpus[k]["sha256"]}
-        if "split" in corpus:
-            c["split"] = {s: float(corpus["split"][s]) for s in ("train", "valid", "test")}
-        corpus = c
-    return corpus
+    if not isinstance(corpus, dict):
+        return corpus
+    c: dict[str, object] = {"name": corpus["name"]}
+    for k in ("file", "train", "valid", "test"):
+        if k in corpus:
+            c[k] = {"path": corpus[k]["path"], "size": corpus[k]["size"], "sha256": corpus[k]["sha256"]}
+    if "split" in corpus:
+        c["split"] = {s: float(corpus["split"][s]) for s in ("train", "valid", "test")}
+    return c
+
+
+class TallyRow(TypedDict):
+    """One (study, configuration, arm) of :func:`tally`: its planned runs and what became of them."""
+
+    study: str
+    config: str
+    arm: str
+    planned: int
+    ok: int
+    failed: int
+    interrupted: int
+    missing: int
+    superseded: int
 
 
 def tally(
     plan: list[dict[str, Any]], records: list[dict[str, Any]], open_: list[dict[str, Any]] | None = None
-) -> tuple[list[dict[str, Any]], int, list[str]]:
+) -> tuple[list[TallyRow], int, list[str]]:
     """Per (study, configuration, arm): planned, ok (in the analysed unit attempt), failed, interrupted
     (recorded, or started with no record), missing, superseded; and out-of-order runs."""
-    by_run: dict[str, Any] = {}
-    interrupted: dict[str, Any] = {}
-    superseded: dict[str, Any] = {}
-    current = {id(r) for r in analysed(records)}
-    for r in records:
-        rid = r["spec"]["run_id"]
-        by_run.setdefault(rid, []).append(r["status"] if id(r) in current else "superseded")
-        interrupted[rid] = interrupted.get(rid, 0) + (r["status"] == "interrupted")
-        if id(r) not in current:
-            superseded[rid] = superseded.get(rid, 0) + 1
-    for u in open_ or []:
-        interrupted[u["run_id"]] = interrupted.get(u["run_id"], 0) + 1
-    rows: dict[Any, Any] = {}
+    statuses, interrupted, superseded = _run_outcomes(records, open_ or [])
+    rows: dict[tuple[str, str, str], TallyRow] = {}
     missing_total = 0
     for s in plan:
-        row = rows.setdefault(
-            (s["study"], s["config"], s["arm"]),
-            {
-                "study": s["study"],
-                "config": s["config"],
-                "arm": s["arm"],
-                "planned": 0,
-                "ok": 0,
-                "failed": 0,
-                "interrupted": 0,
-                "missing": 0,
-                "superseded": 0,
-            },
-        )
-        st = by_run.get(s["run_id"], [])
+        key = (s["study"], s["config"], s["arm"])
+        row = rows.setdefault(key, _empty_row(*key))
+        st = statuses.get(s["run_id"], [])
         row["planned"] += 1
         row["interrupted"] += interrupted.get(s["run_id"], 0)
         row["superseded"] += superseded.get(s["run_id"], 0)
@@ -307,6 +302,39 @@ def tally(
         if "ok" not in st:
             row["missing"] += 1
             missing_total += 1
+    return list(rows.values()), missing_total, _out_of_order(plan, records)
+
+
+def _empty_row(study: str, config: str, arm: str) -> TallyRow:
+    """A :class:`TallyRow` before its first run is counted."""
+    return TallyRow(
+        study=study, config=config, arm=arm, planned=0, ok=0, failed=0, interrupted=0, missing=0, superseded=0
+    )
+
+
+def _run_outcomes(
+    records: list[dict[str, Any]], open_: list[dict[str, Any]]
+) -> tuple[dict[str, list[str]], dict[str, int], dict[str, int]]:
+    """By run id: each record's status (``superseded`` for one outside the analysed unit attempt,
+    :func:`prereg.attempts.analysed`), how many attempts were interrupted (recorded so, or started
+    with no record: ``open_``) and how many were superseded."""
+    statuses: dict[str, list[str]] = {}
+    interrupted: dict[str, int] = {}
+    superseded: dict[str, int] = {}
+    current = {id(r) for r in analysed(records)}
+    for r in records:
+        rid = r["spec"]["run_id"]
+        statuses.setdefault(rid, []).append(r["status"] if id(r) in current else "superseded")
+        interrupted[rid] = interrupted.get(rid, 0) + (r["status"] == "interrupted")
+        if id(r) not in current:
+            superseded[rid] = superseded.get(rid, 0) + 1
+    for u in open_:
+        interrupted[u["run_id"]] = interrupted.get(u["run_id"], 0) + 1
+    return statuses, interrupted, superseded
+
+
+def _out_of_order(plan: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[str]:
+    """Each first attempt that the chain shows ran after a run later in the plan's order."""
     order = {s["run_id"]: s["order"] for s in plan}
     flagged, highest = [], -1
     linked = sorted(
@@ -317,7 +345,7 @@ def tally(
         if o < highest:
             flagged.append(f"{r['spec']['run_id']} (plan position {o}) ran after plan position {highest}")
         highest = max(highest, o)
-    return list(rows.values()), missing_total, flagged
+    return flagged
 
 
 def plan_notes(
@@ -325,36 +353,48 @@ def plan_notes(
 ) -> list[str]:
     """Per study, configuration and arm: planned, ok, failed, interrupted, missing and superseded runs;
     runs out of plan order; units that ran again whole; whether the study is incomplete."""
-    notes = []
     table, missing, flagged = tally(plan, records, open_)
-    for t in table:
-        notes.append(
-            f"{directory}: {t['study']} / {t['config']} / {t['arm']}: planned {t['planned']}, "
-            f"ok {t['ok']}, failed {t['failed']}, interrupted {t['interrupted']}, "
-            f"missing {t['missing']}, superseded {t['superseded']}"
-        )
+    notes = [
+        f"{directory}: {t['study']} / {t['config']} / {t['arm']}: planned {t['planned']}, "
+        f"ok {t['ok']}, failed {t['failed']}, interrupted {t['interrupted']}, "
+        f"missing {t['missing']}, superseded {t['superseded']}"
+        for t in table
+    ]
     notes.extend(f"{directory}: out of plan order: {x}" for x in flagged)
+    notes.extend(f"{directory}: {x}" for x in _again_notes(records))
+    if missing:
+        notes.append(f"{directory}: {_incomplete_text(records, missing, len(plan))}")
+    return notes
+
+
+def _again_notes(records: list[dict[str, Any]]) -> list[str]:
+    """The runs drawn again: each unit that ran again whole (analysed from its latest unit attempt),
+    and the runs analysed from a later attempt (:func:`prereg.attempts.redrawn`)."""
+    notes = []
     latest = latest_unit(records)
     for unit in sorted(u for u, k in latest.items() if k > 1):
         n = sum(1 for r in records if r["spec"]["unit"] == unit and r.get("unit_attempt", 1) < latest[unit])
         notes.append(
-            f"{directory}: unit {unit} ran again whole: analysed from its unit attempt "
+            f"unit {unit} ran again whole: analysed from its unit attempt "
             f"{latest[unit]}; {n} superseded attempt(s) kept"
         )
     again = redrawn(records)
     if again:
         shown = ", ".join(again[:3]) + (f" and {len(again) - 3} more" if len(again) > 3 else "")
         notes.append(
-            f"{directory}: REDRAWN: {len(again)} run(s) analysed from a later attempt ({shown}): an "
+            f"REDRAWN: {len(again)} run(s) analysed from a later attempt ({shown}): an "
             "earlier attempt of each started and is not the one analysed, so its outcome (the "
             "checkpoint, the log) could have been seen before the run was drawn again"
         )
-    if missing:  # INCOMPLETE, STOPPED BY THE BUDGET RULE or AT A LOOK where a rule explains the stop
-        from prereg.recompute import recompute  # the completeness the summary states, a sequential stop's too
-
-        done = recompute(records)["completeness"] if records else None
-        text = done["text"] if done and done["missing_runs"] == missing else None
-        notes.append(
-            f"{directory}: {text or f'INCOMPLETE: {missing} of {len(plan)} planned runs have no ok record'}"
-        )
     return notes
+
+
+def _incomplete_text(records: list[dict[str, Any]], missing: int, planned: int) -> str:
+    """Why ``missing`` of ``planned`` runs have no ok record: the summary's completeness text where a
+    rule explains the stop (STOPPED BY THE BUDGET RULE, AT A LOOK) and counts the same runs, else
+    INCOMPLETE."""
+    from prereg.recompute import recompute  # the completeness the summary states, a sequential stop's too
+
+    done = recompute(records)["completeness"] if records else None
+    text = done["text"] if done and done["missing_runs"] == missing else None
+    return text or f"INCOMPLETE: {missing} of {planned} planned runs have no ok record"

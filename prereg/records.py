@@ -1,10 +1,9 @@
 """The record format: canonical JSON, self-hash, atomic no-overwrite writes, versioned loading.
 
-This is the harness's home of the format: the typed objects and the files. The rules the audit
-applies too (canonical JSON, the self-hash, the entry file names) have their one home in the
-standard-library core, ``prereg/ledger.py``, imported here through
-:mod:`analysis.public_audit`; this module imports nothing else but the standard library, so the
-torch-free :mod:`analysis` package and the runner share it.
+This is the core's home of the format: the typed objects and the files. The rules the audit
+applies too (canonical JSON, the self-hash, the entry file names) have their one home in
+:mod:`prereg.ledger`; this module imports nothing but the standard library and the core, so the
+harness, the torch-free :mod:`analysis` package and the public audit (:mod:`audit`) share it.
 
 Format log (``schema_version``):
 

@@ -115,6 +115,29 @@ def tiny_protocol(**kw) -> str:
     return build(**kw)
 
 
+def design_doc(design: str, seeds: int = 4) -> dict:
+    """A protocol's data (before :func:`prereg.protocol.read.protocol_from_data` types it) with one
+    study of ``design``: one configuration ``c``, arms ``native`` and ``cotangent``, ``seeds`` seeds
+    from 1, four steps, and a lockstep study's ``block_steps`` 2 (the design tests' one fixture)."""
+    return {
+        "id": "d",
+        "budget_device_seconds": 60,
+        "studies": [
+            {
+                "name": "s",
+                "design": design,
+                "arms": ["native", "cotangent"],
+                "configs": ["c"],
+                "seeds": {"base": 1, "count": seeds},
+                "steps": 4,
+                "val_every": 2,
+                "val_target_bpb": 7.9,
+                **({"block_steps": 2} if design == "lockstep" else {}),
+            }
+        ],
+    }
+
+
 def failing_arm(repo: Path, **kw) -> str:
     """A tiny protocol (``kw`` as :func:`tiny_protocol`'s) whose candidate is a plug-in arm that
     raises when the worker builds it, before its first training step; under ``order_seed: 1`` the

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, design_doc
 
 from audit.freeze import FROZEN_FIELDS
 from prereg.designs import FACTORIAL, LOCKSTEP, PAIRED, design_named, study_design
@@ -21,32 +21,12 @@ from prereg.records import SCHEMA_VERSION
 from prereg.yamlsub import yaml_subset
 
 
-def _doc(design: str) -> dict[str, Any]:
-    return {
-        "id": "d",
-        "budget_device_seconds": 60,
-        "studies": [
-            {
-                "name": "s",
-                "design": design,
-                "arms": ["native", "cotangent"],
-                "configs": ["c"],
-                "seeds": {"base": 1, "count": 4},
-                "steps": 4,
-                "val_every": 2,
-                "val_target_bpb": 7.9,
-                **({"block_steps": 2} if design == "lockstep" else {}),
-            }
-        ],
-    }
-
-
 def test_a_new_lockstep_study_says_lockstep_in_its_plan_and_summary():
     """Fails on the code before schema 6, which wrote ``paired`` for a lockstep study."""
     assert SCHEMA_VERSION == OWN_NAME_FROM_SCHEMA == SCHEMAS[-1]
-    plan = plan_from_protocol(protocol_from_data(_doc("lockstep")), "0" * 64, {"c": "1" * 64})
+    plan = plan_from_protocol(protocol_from_data(design_doc("lockstep")), "0" * 64, {"c": "1" * 64})
     assert {r["design"] for r in plan} == {"lockstep"} and all(r["block_steps"] == 2 for r in plan)
-    study = expected_summary(protocol_from_data(_doc("lockstep")), "0" * 64, "p.yaml")["studies"][0]
+    study = expected_summary(protocol_from_data(design_doc("lockstep")), "0" * 64, "p.yaml")["studies"][0]
     assert study["design"] == "lockstep" and study["lockstep"] == {"block_steps": 2}
     # the analysis reads it as a pair, in the one place that says so (the registry)
     assert study_design(study) is LOCKSTEP and design_named(plan[0]["design"]).pairwise
@@ -56,17 +36,19 @@ def test_a_new_lockstep_study_says_lockstep_in_its_plan_and_summary():
 @pytest.mark.parametrize("schema", [s for s in SCHEMAS if s < OWN_NAME_FROM_SCHEMA])
 def test_an_earlier_schema_plans_a_lockstep_study_as_before(schema):
     """Under schema 5 and earlier the plan and summary say ``paired``; only the name differs."""
-    old = plan_from_protocol(protocol_from_data(_doc("lockstep")), "0" * 64, {"c": "1" * 64}, schema)
-    new = plan_from_protocol(protocol_from_data(_doc("lockstep")), "0" * 64, {"c": "1" * 64})
+    old = plan_from_protocol(protocol_from_data(design_doc("lockstep")), "0" * 64, {"c": "1" * 64}, schema)
+    new = plan_from_protocol(protocol_from_data(design_doc("lockstep")), "0" * 64, {"c": "1" * 64})
     assert {r["design"] for r in old} == {"paired"}
     assert [{**r, "design": "lockstep"} for r in old] == new
-    study = expected_summary(protocol_from_data(_doc("lockstep")), "0" * 64, "p.yaml", schema)["studies"][0]
+    study = expected_summary(protocol_from_data(design_doc("lockstep")), "0" * 64, "p.yaml", schema)[
+        "studies"
+    ][0]
     assert study["design"] == "paired" and study_design(study) is LOCKSTEP
 
 
 @pytest.mark.parametrize("design", ["paired", "factorial"])
 def test_a_design_analysed_as_itself_plans_alike_under_every_schema(design):
-    doc = _doc(design)
+    doc = design_doc(design)
     if design == "factorial":
         doc["studies"][0].pop("arms")  # the default factors and cells
     spec = protocol_from_data(doc)

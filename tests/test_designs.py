@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import init_study, tiny_protocol
+from conftest import design_doc, init_study, tiny_protocol
 from fake_trainer import FakeTrainer
 
 from harness.execute.inprocess import InProcessExecutor
@@ -63,26 +63,6 @@ def baseline_first() -> Iterator[BaselineFirst]:
     unregister(design.name)
 
 
-def _doc(design: str, seeds: int = 4) -> dict[str, Any]:
-    return {
-        "id": "d",
-        "budget_device_seconds": 60,
-        "studies": [
-            {
-                "name": "s",
-                "design": design,
-                "arms": ["native", "cotangent"],
-                "configs": ["c"],
-                "seeds": {"base": 1, "count": seeds},
-                "steps": 4,
-                "val_every": 2,
-                "val_target_bpb": 7.9,
-                **({"block_steps": 2} if design == "lockstep" else {}),
-            }
-        ],
-    }
-
-
 def test_the_registry_names_the_three_designs_and_refuses_others():
     assert design_names()[:3] == ("paired", "lockstep", "factorial")
     assert (design_named("paired"), design_named("lockstep"), design_named("factorial")) == (
@@ -112,7 +92,7 @@ def test_lockstep_is_analysed_as_paired_in_both_forms_of_a_study():
 
 
 def test_each_design_answers_what_the_plan_and_summary_ask():
-    summary = expected_summary(protocol_from_data(_doc("factorial")), "0" * 64, "p.yaml")["studies"][0]
+    summary = expected_summary(protocol_from_data(design_doc("factorial")), "0" * 64, "p.yaml")["studies"][0]
     assert [
         d.runs_per_unit(summary if d is FACTORIAL else {"arms": ["a", "b"]})
         for d in (PAIRED, LOCKSTEP, FACTORIAL)
@@ -132,11 +112,11 @@ def test_the_plan_asks_the_design_for_its_schedule():
     """A pair's orders are balanced (half baseline first); lockstep's cross who steps first with the
     build order, all four per group of four; every lockstep run names its partner."""
     for design in ("paired", "lockstep"):
-        runs = plan_from_protocol(protocol_from_data(_doc(design, seeds=8)), "0" * 64, {"c": "1" * 64})
+        runs = plan_from_protocol(protocol_from_data(design_doc(design, seeds=8)), "0" * 64, {"c": "1" * 64})
         assert {r["design"] for r in runs} == {design}  # its own name (records schema 6 on)
         firsts = [r["role"] for r in runs if r["position"] == 0]
         assert sorted(firsts) == ["baseline"] * 4 + ["candidate"] * 4
-    lock = plan_from_protocol(protocol_from_data(_doc("lockstep", seeds=8)), "0" * 64, {"c": "1" * 64})
+    lock = plan_from_protocol(protocol_from_data(design_doc("lockstep", seeds=8)), "0" * 64, {"c": "1" * 64})
     cells = {(r["role"], r["steps_first"]) for r in lock if r["position"] == 0}
     assert len(cells) == 4
     assert all(r["partner"].rsplit(".", 1)[0] == r["unit"] for r in lock)
@@ -175,10 +155,14 @@ def test_the_brief_label_is_the_planted_rows_one():
 
 
 def test_a_design_registered_in_a_test_is_planned_by_the_code_as_it_is(baseline_first):
-    runs = plan_from_protocol(protocol_from_data(_doc("baseline-first", seeds=6)), "0" * 64, {"c": "1" * 64})
+    runs = plan_from_protocol(
+        protocol_from_data(design_doc("baseline-first", seeds=6)), "0" * 64, {"c": "1" * 64}
+    )
     assert [r["role"] for r in runs] == ["baseline", "candidate"] * 6  # its schedule, not the balanced one
     assert {r["design"] for r in runs} == {"baseline-first"}  # its own name (records schema 6 on)
-    study = expected_summary(protocol_from_data(_doc("baseline-first")), "0" * 64, "p.yaml")["studies"][0]
+    study = expected_summary(protocol_from_data(design_doc("baseline-first")), "0" * 64, "p.yaml")["studies"][
+        0
+    ]
     assert study["design"] == "baseline-first" and study["arms"] == ["native", "cotangent"]
     assert study_design(study) is baseline_first and design_named(study["design"]).pairwise
     assert plan_units([study]) == [(f"s.c.pair{i:03d}", 2) for i in range(4)]
@@ -213,7 +197,7 @@ def test_an_unregistered_design_is_refused_naming_the_key_and_line(tmp_path: Pat
         load_protocol(repo / "protocols" / "tiny.yaml")
     # the audit reads the tagged file with the same reader: refused naming the key
     with pytest.raises(InputError, match=r"studies\[0\]\.design.*must be one of paired, lockstep, factorial"):
-        protocol_from_data(_doc("baseline-first"))
+        protocol_from_data(design_doc("baseline-first"))
 
 
 def test_a_summary_whose_study_names_no_design_is_refused_naming_it():
@@ -245,7 +229,7 @@ def test_a_units_id_and_index_are_the_designs(duo):
     another design's word is refused by name."""
     for name in design_names():
         d = design_named(name)
-        doc = _doc(name)
+        doc = design_doc(name)
         if not d.pairwise:
             doc["studies"][0].pop("arms")  # a factorial's default factors and cells
         runs = plan_from_protocol(protocol_from_data(doc), "0" * 64, {"c": "1" * 64})
