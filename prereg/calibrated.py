@@ -23,7 +23,6 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from prereg.bounded import InputLimitError, parse_json, read_regular
 from prereg.errors import InputError
@@ -56,7 +55,7 @@ class Condition:
 
     folder: str
     condition: str
-    rows: tuple[Mapping[str, Any], ...]
+    rows: tuple[Mapping[str, object], ...]
     machines: tuple[str, ...]
     sha256: str = ""  # the sealed summary.json's bytes, as the texts cite it (:data:`PIN`)
 
@@ -127,7 +126,7 @@ def refuse_other_machine(folders: Sequence[str], here: str | None) -> None:
                 )
 
 
-def _planted_rows(folder: str) -> tuple[tuple[Mapping[str, Any], ...], str] | None:
+def _planted_rows(folder: str) -> tuple[tuple[Mapping[str, object], ...], str] | None:
     """The planted rows of ``folder``'s sealed ``summary.json`` and the sha256 of its bytes (None
     when it has none)."""
     path = os.path.join(folder, "summary.json")
@@ -147,7 +146,7 @@ def cited_pins(text: str) -> dict[str, str]:
     return {m.group(1): m.group(3) for m in PIN_CITED.finditer(text)}
 
 
-def changed_pins(records_dir: str, protocol: Mapping[str, Any], text: str) -> list[str]:
+def changed_pins(records_dir: str, protocol: Mapping[str, object], text: str) -> list[str]:
     """Each calibration folder that ``text`` (a study's report.md or page) cites whose sealed summary
     is no longer the one it pins (:func:`find_calibration`'s, from the same protocol), named with both
     hashes; empty when every cited pin holds (or none is cited: a study without a calibration)."""
@@ -166,7 +165,7 @@ def changed_pins(records_dir: str, protocol: Mapping[str, Any], text: str) -> li
     ]
 
 
-def _yaml(path: str) -> tuple[dict[str, Any], str] | None:
+def _yaml(path: str) -> tuple[dict[str, object], str] | None:
     try:
         raw = read_regular(path)
         doc = yaml_subset(raw.decode("utf-8"))
@@ -175,7 +174,7 @@ def _yaml(path: str) -> tuple[dict[str, Any], str] | None:
     return (doc, hashlib.sha256(raw).hexdigest()) if isinstance(doc, dict) else None
 
 
-def _root(records_dir: str, protocol_rel: str, sha: str) -> tuple[str, dict[str, Any]] | None:
+def _root(records_dir: str, protocol_rel: str, sha: str) -> tuple[str, dict[str, object]] | None:
     """The repository root above ``records_dir`` holding the study's protocol file at
     ``protocol_rel`` with the sha256 its records hold, and that file's document."""
     d = os.path.abspath(records_dir)
@@ -203,7 +202,7 @@ def calibration_folders(root: str, calibration_protocol: str) -> list[tuple[str,
     return out
 
 
-def find_calibration(records_dir: str, protocol: Mapping[str, Any]) -> Calibration | None:
+def find_calibration(records_dir: str, protocol: Mapping[str, object]) -> Calibration | None:
     """The calibration of the study whose records are in ``records_dir`` and whose protocol summary
     is ``protocol`` (``summary.json``'s): from its protocol file (found above the records by its
     ``path``, and only if its sha256 is the records'), its ``design_calibration`` and

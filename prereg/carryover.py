@@ -23,11 +23,9 @@ pair's ratio.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from prereg.descriptive import mean_interval
-from prereg.tdist import student_t_ppf
+from prereg.descriptive import PairedInterval, Rows
 
 ROLES = ("baseline", "candidate")
 
@@ -50,7 +48,9 @@ def cells_mean(values: Sequence[float], cells: Sequence[tuple[int, int]]) -> tup
     return math.fsum(means.values()) / 4, se, n - 4
 
 
-def _contrast(values: Sequence[float], cells: Sequence[tuple[int, int]], w: Any) -> float:
+def _contrast(
+    values: Sequence[float], cells: Sequence[tuple[int, int]], w: Callable[[tuple[int, int]], int]
+) -> float:
     """A contrast of the cell means with coefficients ``w(cell)`` / 4 (the coefficient of the
     sum-coded model)."""
     groups: dict[tuple[int, int], list[float]] = {}
@@ -59,30 +59,31 @@ def _contrast(values: Sequence[float], cells: Sequence[tuple[int, int]], w: Any)
     return math.fsum(w(c) * math.fsum(g) / len(g) for c, g in groups.items()) / 4
 
 
-def order_cells(pairs: Sequence[Mapping[str, Any]], key: str, level: float) -> dict[str, Any] | None:
+def _positive(row: Mapping[str, object], key: str) -> float | None:
+    """``row[key]`` when it is a positive number, else ``None``."""
+    v = row.get(key)
+    return float(v) if isinstance(v, (int, float)) and v > 0 else None
+
+
+def order_cells(pairs: Rows[Mapping[str, object]], key: str) -> dict[str, object] | None:
     """The order-cell model of one clock (``key``: ``training_s`` or ``training_cpu_s``) over a
     lockstep study's pairs (each with ``first``, ``steps_first`` and both arms' times): each
-    coefficient with its two-sided interval at ``level``, in log-ratio units. None when the pairs
-    do not fill the four cells with a degree of freedom left."""
-    rows = [
-        p
-        for p in pairs
-        if p.get("steps_first") in ROLES
-        and isinstance(p.get(f"baseline_{key}"), (int, float))
-        and isinstance(p.get(f"candidate_{key}"), (int, float))
-        and p[f"baseline_{key}"] > 0
-        and p[f"candidate_{key}"] > 0
-    ]
-    d = [math.log(p[f"candidate_{key}"] / p[f"baseline_{key}"]) for p in rows]
-    cells = [
-        (1 if p["first"] == "candidate" else -1, 1 if p["steps_first"] == "candidate" else -1) for p in rows
-    ]
+    coefficient with its two-sided interval at the pairs' level, in log-ratio units. None when the
+    pairs do not fill the four cells with a degree of freedom left."""
+    d: list[float] = []
+    cells: list[tuple[int, int]] = []
+    for p in pairs:
+        b, c = _positive(p, f"baseline_{key}"), _positive(p, f"candidate_{key}")
+        if p.get("steps_first") in ROLES and b is not None and c is not None:
+            d.append(math.log(c / b))
+            cells.append(
+                (1 if p["first"] == "candidate" else -1, 1 if p["steps_first"] == "candidate" else -1)
+            )
     try:
         mu, se, df = cells_mean(d, cells)
     except ValueError:
         return None
-    q = student_t_ppf((1 + level) / 2, df)
-    out: dict[str, Any] = {"pairs": len(d), "df": df, "level": level, "se": se}
+    out: dict[str, object] = {"pairs": len(d), "df": df, "level": pairs.level, "se": se}
     terms = {
         "effect": mu,
         "built_first": _contrast(d, cells, lambda c: c[0]),
@@ -92,7 +93,8 @@ def order_cells(pairs: Sequence[Mapping[str, Any]], key: str, level: float) -> d
     # every coefficient of the sum-coded model shares the intercept's standard error (balanced or not,
     # each is a +-1/4 combination of the four cell means)
     for name, v in terms.items():
-        out[name] = {"estimate": v, "lo": v - q * se, "hi": v + q * se}
+        lo, hi = pairs.t(v, se, df).interval()
+        out[name] = {"estimate": v, "lo": lo, "hi": hi}
     return out
 
 
@@ -155,22 +157,42 @@ def timed_steps(
     return [t for i, (t, f) in enumerate(zip(times, after)) if i >= warmup and f is after_partner and t > 0]
 
 
-def own_step_columns(b: Mapping[str, Any], c: Mapping[str, Any]) -> dict[str, Any]:
+def _mapping(v: object) -> Mapping[str, object]:
+    """``v`` when it is a JSON object, else an empty one (a key a record may leave out)."""
+    return v if isinstance(v, Mapping) else {}
+
+
+def _int(v: object, what: str) -> int:
+    """``v``, a record's whole number."""
+    if not isinstance(v, int):
+        raise ValueError(f"{what} is not a whole number: {v!r}")
+    return v
+
+
+def step_us(record: Mapping[str, object], field: str) -> list[int]:
+    """A record's kept step times on one clock (``step_times.<field>``: ``wall_us``, ``cpu_us``),
+    empty where it keeps none."""
+    v = _mapping(record.get("step_times")).get(field)
+    if not isinstance(v, list):
+        return []
+    return [_int(x, f"step_times.{field}") for x in v]
+
+
+def own_step_columns(b: Mapping[str, object], c: Mapping[str, object]) -> dict[str, object]:
     """A lockstep pair's after-own columns (:func:`own_step_means`: ``baseline_own_step_us``,
     ``candidate_own_step_cpu_us``, ...), where its worker kept each step's time and ran an arm's
     consecutive blocks as one turn (``env.lockstep.turns``); none otherwise (records before the
     rule, other designs, command arms)."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for role, r in (("baseline", b), ("candidate", c)):
-        lock = (r.get("env") or {}).get("lockstep") or {}
-        times = r.get("step_times") or {}
-        spec = r["spec"]
-        if lock.get("turns") != "joined" or not times.get("cpu_us") or not spec.get("block_steps"):
+        lock = _mapping(_mapping(r.get("env")).get("lockstep"))
+        spec = _mapping(r["spec"])
+        if lock.get("turns") != "joined" or not step_us(r, "cpu_us") or not spec.get("block_steps"):
             return {}
-        after = arm_follows(spec, spec["block_steps"])
+        after = arm_follows(spec, _int(spec["block_steps"], "block_steps"))
         for clock, field in (("", "wall_us"), ("_cpu", "cpu_us")):
             out[f"{role}_own_step{clock}_us"] = own_step_means(
-                times[field], after, spec.get("warmup_steps") or 0
+                step_us(r, field), after, _int(spec.get("warmup_steps") or 0, "warmup_steps")
             )
     return out
 
@@ -188,10 +210,10 @@ def follows(steps: int, block_steps: int) -> tuple[list[bool | None], list[bool 
     return out
 
 
-def arm_follows(spec: Mapping[str, Any], block_steps: int) -> list[bool | None]:
+def arm_follows(spec: Mapping[str, object], block_steps: int) -> list[bool | None]:
     """:func:`follows` for the arm whose run ``spec`` is: the first list when it stepped first
     (``steps_first``), the second otherwise."""
-    return follows(spec["steps"], block_steps)[0 if spec.get("steps_first") else 1]
+    return follows(_int(spec["steps"], "steps"), block_steps)[0 if spec.get("steps_first") else 1]
 
 
 def carry_over_of(times: Sequence[int], after: Sequence[bool | None], warmup: int) -> float | None:
@@ -203,13 +225,11 @@ def carry_over_of(times: Sequence[int], after: Sequence[bool | None], warmup: in
     return math.fsum(after_partner) / len(after_partner) - math.fsum(after_own) / len(after_own)
 
 
-def carry_over(
-    arms: Sequence[Mapping[str, Mapping[str, Any]]], block_steps: int, level: float
-) -> dict[str, Any] | None:
+def carry_over(arms: Rows[Mapping[str, Mapping[str, object]]], block_steps: int) -> dict[str, object] | None:
     """The carry-over of a lockstep study (the module's text): ``arms`` one mapping per pair, role
     to record. Per clock (``wall``, ``CPU``) and role, the mean over pairs of each arm's carry-over
     with its interval, and the candidate's less the baseline's; None when no pair has step times."""
-    out: dict[str, Any] = {"block_steps": block_steps, "level": level}
+    out: dict[str, object] = {"block_steps": block_steps, "level": arms.level}
     for clock, field in (("wall", "wall_us"), ("CPU", "cpu_us")):
         per: dict[str, list[float]] = {r: [] for r in ROLES}
         diff: list[float] = []
@@ -217,12 +237,12 @@ def carry_over(
             got = {}
             for role in ROLES:
                 r = pair[role]
-                times = (r.get("step_times") or {}).get(field)
-                spec = r["spec"]
+                times = step_us(r, field)
+                spec = _mapping(r["spec"])
                 if not times:
                     break
                 after = arm_follows(spec, block_steps)
-                v = carry_over_of(times, after, spec.get("warmup_steps") or 0)
+                v = carry_over_of(times, after, _int(spec.get("warmup_steps") or 0, "warmup_steps"))
                 if v is None:
                     break
                 got[role] = v
@@ -232,13 +252,13 @@ def carry_over(
                 diff.append(got["candidate"] - got["baseline"])
         if len(diff) < 2:
             return None
-        out[clock] = {role: _iv(per[role], level) for role in ROLES} | {
-            "candidate_less_baseline": _iv(diff, level),
+        out[clock] = {role: _iv(arms.mean(per[role])) for role in ROLES} | {
+            "candidate_less_baseline": _iv(arms.mean(diff)),
             "pairs": len(diff),
         }
     return out
 
 
-def _iv(values: list[float], level: float) -> dict[str, float]:
-    iv = mean_interval(values, level, "contrast")
+def _iv(iv: PairedInterval) -> dict[str, float]:
+    """An interval as the carry-over's entries hold it."""
     return {"estimate": iv.estimate, "lo": iv.low, "hi": iv.high}

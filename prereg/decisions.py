@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any
 
 from prereg.attempts import Completeness
 from prereg.descriptive import reduction
@@ -77,7 +76,7 @@ class HypothesisDecision:
     status: str
     reason: str | None
     alpha: float | None
-    test: dict[str, Any] | None
+    test: dict[str, object] | None
     estimate: float | None
     estimate_of: str | None
     low: float | None
@@ -95,7 +94,7 @@ class HypothesisDecision:
     margin = property(lambda self: self.hypothesis.margin)
     better = property(lambda self: self.hypothesis.better)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "hypothesis"}
         return {**{k: getattr(self.hypothesis, k) for k in DECIDED_FIELDS}, **own}
 
@@ -132,7 +131,7 @@ def gate(h: Hypothesis, family: Family, completeness: Completeness) -> str | Non
 
 
 def decide(
-    spec: Family | Mapping[str, Any],
+    spec: Family | Mapping[str, object],
     pairs_of: Mapping[tuple[str, str], Sequence[Pair | PairRow]],
     completeness: Completeness,
     identity: str | None = None,
@@ -326,8 +325,10 @@ def _text(
 
 
 def sensitivity(
-    h: Hypothesis | Mapping[str, Any], pairs: Sequence[Pair | PairRow], failed: Sequence[Mapping[str, Any]]
-) -> dict[str, Any] | None:
+    h: Hypothesis | Mapping[str, object],
+    pairs: Sequence[Pair | PairRow],
+    failed: Sequence[Mapping[str, object]],
+) -> dict[str, object] | None:
     """Pre-specified sensitivity analysis: a pair whose arm failed counts as adverse to that arm.
 
     Notes

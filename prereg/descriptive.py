@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any, TypeGuard
+from typing import Generic, TypeGuard, TypeVar
 
 from prereg.tdist import student_t_ppf
 
@@ -53,8 +53,98 @@ class PairedInterval:
     ratio_low: float | None = None
     ratio_high: float | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
+
+    def interval(self, level: float | None = None) -> PairedInterval:
+        """This interval at the level it was built with (``level`` ``None``), or the same estimate and
+        standard error at another two-sided ``level`` (as scipy's
+        ``res.confidence_interval(confidence_level=level)``).
+
+        Notes
+        -----
+        ``m -/+ t_{df, (1+level)/2} se`` on the test scale: the log ratio for ``log_ratio`` and
+        ``relative_reduction`` (whose log estimate is ``ln ratio``), mapped back as
+        :func:`on_log_scale` does.
+        """
+        if level is None or level == self.level:
+            return self
+        _check_level(level)
+        ratio = self.estimand in ("log_ratio", "relative_reduction")
+        m = math.log(self.ratio) if ratio and self.ratio is not None else self.estimate
+        low, high = t_interval(m, self.standard_error, self.df, level)
+        out = replace(self, estimate=m, low=low, high=high, level=level)
+        return on_log_scale(out, self.estimand) if ratio else out
+
+
+def t_interval(estimate: float, standard_error: float, df: int, level: float) -> tuple[float, float]:
+    """``estimate -/+ t se`` with ``t = F^{-1}_{t, df}((1 + level) / 2)`` (:func:`.tdist.student_t_ppf`):
+    the two-sided Student-t interval every diagnostic and endpoint gives."""
+    t = student_t_ppf((1.0 + level) / 2.0, df)
+    return estimate - t * standard_error, estimate + t * standard_error
+
+
+def _check_level(level: float) -> None:
+    if not 0.5 < level < 1:
+        raise ValueError(f"level must be in (0.5, 1), got {level}")
+
+
+@dataclass(frozen=True)
+class TResult:
+    """A Student-t result (an estimate, its standard error and degrees of freedom) built once with
+    the two-sided interval level its study preregistered; :meth:`interval` gives that interval, or
+    another level's on request (as scipy's result objects' ``confidence_interval``)."""
+
+    estimate: float
+    standard_error: float
+    df: int
+    level: float
+
+    def interval(self, level: float | None = None) -> tuple[float, float]:
+        """``(low, high)`` at the preregistered level, or at ``level``."""
+        if level is not None:
+            _check_level(level)
+        return t_interval(self.estimate, self.standard_error, self.df, self.level if level is None else level)
+
+
+R = TypeVar("R", covariant=True)
+S = TypeVar("S")
+
+
+@dataclass(frozen=True)
+class Rows(Generic[R]):
+    """A configuration's rows (its pairs, or its blocks) with the interval level its study
+    preregistered (the protocol's ``interval_level`` for the study, read once): every interval over
+    them is built at that level and carries it."""
+
+    rows: Sequence[R]
+    level: float
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[R]:
+        return iter(self.rows)
+
+    def keep(self, rows: Sequence[S]) -> Rows[S]:
+        """Other rows (a subset, or values derived from these) at the same level."""
+        return Rows(rows, self.level)
+
+    def mean(self, values: Sequence[float], estimand: str = "contrast") -> PairedInterval:
+        """The Student-t interval of the mean of ``values`` (:func:`mean_interval`) at the level."""
+        return mean_interval(values, self.level, estimand)
+
+    def t(self, estimate: float, standard_error: float, df: int) -> TResult:
+        """A Student-t result at the level."""
+        return TResult(estimate, standard_error, df, self.level)
+
+    def endpoint(self, b0: Sequence[object], c0: Sequence[object], estimand: str) -> Endpoint:
+        """:func:`endpoint` at the level."""
+        return endpoint(b0, c0, self.level, estimand)
+
+    def descriptive(self, b: Sequence[float], c: Sequence[float], estimand: str) -> PairedInterval | None:
+        """:func:`descriptive_interval` at the level."""
+        return descriptive_interval(b, c, self.level, estimand)
 
 
 def finite(values: Sequence[float], what: str) -> list[float]:
@@ -124,11 +214,10 @@ def mean_interval(values: Sequence[float], level: float = 0.99, estimand: str = 
     n = len(d)
     if n < 2:
         raise ValueError(f"an interval needs at least two pairs, got {n}")
-    if not 0.5 < level < 1:
-        raise ValueError(f"level must be in (0.5, 1), got {level}")
+    _check_level(level)
     m, se = mean_se(d)
-    t = student_t_ppf((1.0 + level) / 2.0, n - 1)
-    return PairedInterval(estimand, m, m - t * se, m + t * se, n - 1, n, se, level)
+    low, high = t_interval(m, se, n - 1, level)
+    return PairedInterval(estimand, m, low, high, n - 1, n, se, level)
 
 
 def paired_interval(
@@ -282,7 +371,7 @@ class Endpoint:
     candidate_mean: float | None
     interval: PairedInterval | None  # None under two pairs, or where the values' squares overflow
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 

@@ -74,7 +74,7 @@ class Derived:
     step_us: tuple[list[int], list[int]] | None = None
     turns: str | None = None
 
-    def figures(self) -> dict[str, Any]:
+    def figures(self) -> dict[str, object]:
         """The figures a record holds and the audit compares (curves apart)."""
         return {
             "training_s": self.training_s,
@@ -93,7 +93,7 @@ def reached(value: float, target: float, better: str) -> bool:
     return value <= target if better == "lower" else value >= target
 
 
-def _number(v: Any, what: str) -> float:
+def _number(v: object, what: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise EvidenceError(f"{what} = {json.dumps(v)[:40]} is not a number")
     try:
@@ -145,7 +145,7 @@ class _Scan:
     finals: dict[str, float] = field(default_factory=dict)
     ttt: float | None = None
 
-    def stamps(self, e: dict[str, Any], i: int, kind: str, where: str) -> tuple[float, float | None]:
+    def stamps(self, e: dict[str, object], i: int, kind: str, where: str) -> tuple[float, float | None]:
         """Check a line's place and clocks (``t``, ``cpu``); return them."""
         if self.done_t is not None:
             raise EvidenceError(f"{where}: a {kind} line after done")
@@ -168,7 +168,7 @@ class _Scan:
             self.last_cpu = c
         return t, c
 
-    def step(self, e: dict[str, Any], where: str, t: float, c: float | None) -> None:
+    def step(self, e: dict[str, object], where: str, t: float, c: float | None) -> None:
         """A step line: its number, loss and clocks, checked against the file's own stamps."""
         s = e.get("step")
         if isinstance(s, bool) or not isinstance(s, int) or s != self.last_step + 1:
@@ -200,7 +200,7 @@ class _Scan:
         self.base_t, self.base_cpu, self.off_t, self.off_cpu = t, c, 0.0, 0.0
         self.curve.append([float(s), loss, self.clock])
 
-    def block(self, e: dict[str, Any], kind: str, where: str, t: float, c: float | None) -> None:
+    def block(self, e: dict[str, object], kind: str, where: str, t: float, c: float | None) -> None:
         """An ``untimed``, ``plant`` or ``wait`` line: a block inside a step, or a hand-over."""
         if kind == "plant" and not self.planted:
             raise EvidenceError(f"{where}: a plant line in a run that is not a planted candidate")
@@ -224,7 +224,7 @@ class _Scan:
         self.plant_s += t1 - t0
         self.plant_cpu += c1 - c0
 
-    def evaluation(self, e: dict[str, Any], where: str) -> None:
+    def evaluation(self, e: dict[str, object], where: str) -> None:
         """An eval line: every metric's value, and the study's metric on the curve."""
         m = e.get("metrics")
         if not isinstance(m, dict):
@@ -399,7 +399,7 @@ def derive(
     return derive_output(text, spec["metric"], dict(spec["command"].get("metrics_regex") or {}))
 
 
-def _close(a: Any, b: Any) -> bool:
+def _close(a: object, b: object) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return set(a) == set(b) and all(_close(a[k], b[k]) for k in a)
     if a is None or b is None:

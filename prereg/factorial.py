@@ -14,9 +14,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from itertools import combinations
-from typing import Any
 
-from prereg.descriptive import PairedInterval, mean_interval
+from prereg.descriptive import PairedInterval, Rows
 
 DEFAULT_FACTORS: list[tuple[str, tuple[str, str]]] = [
     ("norms", ("scalar", "bucketed")),
@@ -25,17 +24,38 @@ DEFAULT_FACTORS: list[tuple[str, tuple[str, str]]] = [
 DEFAULT_CELLS = ("native", "bucketed", "packed", "cotangent")
 
 
-def design_of(study: Mapping[str, Any]) -> tuple[list[tuple[str, tuple[str, str]]], tuple[str, ...]]:
+def _list(v: object, what: str) -> list[object]:
+    """``v``, a JSON list (or a tuple), as a list; a ValueError naming ``what`` otherwise."""
+    if not isinstance(v, (list, tuple)):
+        raise ValueError(f"{what} is not a list: {v!r}")
+    return list(v)
+
+
+def _mapping(v: object, what: str) -> Mapping[str, object]:
+    """``v``, a JSON object, as a mapping; a ValueError naming ``what`` otherwise."""
+    if not isinstance(v, Mapping):
+        raise ValueError(f"{what} is not a mapping: {v!r}")
+    return v
+
+
+def design_of(study: Mapping[str, object]) -> tuple[list[tuple[str, tuple[str, str]]], tuple[str, ...]]:
     """``(factors, cells)`` of a factorial study's summary."""
     if "factors" not in study:
         return DEFAULT_FACTORS, DEFAULT_CELLS
-    return [(f, (lv[0], lv[1])) for f, lv in study["factors"]], tuple(study["cells"])
+    factors = []
+    for item in _list(study["factors"], "factors"):
+        f, levels = _list(item, "a factor")
+        lv = _list(levels, f"factor {f}'s levels")
+        factors.append((str(f), (str(lv[0]), str(lv[1]))))
+    return factors, tuple(str(c) for c in _list(study["cells"], "cells"))
 
 
-def arms_by_cell(study: Mapping[str, Any]) -> dict[str, str]:
+def arms_by_cell(study: Mapping[str, object]) -> dict[str, str]:
     """Each cell's arm (the default 2x2's cells are its arms)."""
     _, cells = design_of(study)
-    return dict(zip(cells, study["arms"])) if "factors" in study else {c: c for c in cells}
+    if "factors" not in study:
+        return {c: c for c in cells}
+    return dict(zip(cells, (str(a) for a in _list(study["arms"], "arms"))))
 
 
 def effect_names(factors: Sequence[tuple[str, tuple[str, str]]]) -> list[tuple[str, tuple[int, ...]]]:
@@ -84,22 +104,19 @@ def block_effects(logs: Sequence[float], k: int) -> list[float]:
 
 
 def factorial_effects(
-    blocks: Sequence[dict[str, float]],
-    factors: Sequence[tuple[str, tuple[str, str]]],
-    cells: Sequence[str],
-    level: float,
+    blocks: Rows[Mapping[str, float]], factors: Sequence[tuple[str, tuple[str, str]]], cells: Sequence[str]
 ) -> dict[str, PairedInterval]:
     """Within-block effects on log training time (:func:`block_effects`) over blocks ``{cell: time}``,
-    each averaged over blocks with a Student-t interval (:func:`.descriptive.mean_interval`);
+    each averaged over blocks with a Student-t interval at the blocks' level (:meth:`.Rows.mean`);
     ``100 (1 - exp(effect))`` is the time reduction in percent."""
     per: list[list[float]] = [block_effects([math.log(b[c]) for c in cells], len(factors)) for b in blocks]
     return {
-        name: mean_interval([row[i] for row in per], level, "log_contrast")
+        name: blocks.mean([row[i] for row in per], "log_contrast")
         for i, (name, _) in enumerate(effect_names(factors))
     }
 
 
-def factorial_contrasts(blocks: Sequence[dict[str, float]], level: float) -> dict[str, PairedInterval]:
+def factorial_contrasts(blocks: Rows[Mapping[str, float]]) -> dict[str, PairedInterval]:
     """Within-block contrasts of log training time over the study's 2x2 blocks.
 
     For each block with cells ``n`` (native), ``b`` (bucketed norms), ``p`` (packed AdamW) and
@@ -109,33 +126,43 @@ def factorial_contrasts(blocks: Sequence[dict[str, float]], level: float) -> dic
     * packed AdamW main effect: ``((l_p - l_n) + (l_c - l_b)) / 2``
     * interaction: ``(l_c - l_p) - (l_b - l_n)``
 
-    Each is averaged over blocks with a Student-t interval (:func:`.descriptive.mean_interval`). Negative
+    Each is averaged over blocks with a Student-t interval at the blocks' level. Negative
     values mean the change makes the step faster; ``100 (1 - exp(effect))`` is the time reduction
     in percent. Any declared design: :func:`factorial_effects`.
     """
-    return factorial_effects(blocks, DEFAULT_FACTORS, DEFAULT_CELLS, level)
+    return factorial_effects(blocks, DEFAULT_FACTORS, DEFAULT_CELLS)
 
 
-def cell_index(spec: Mapping[str, Any], factors: Sequence[Sequence[Any]]) -> int:
+def cell_index(spec: Mapping[str, object], factors: Sequence[Sequence[object]]) -> int:
     """A cell's place in standard order (the rule's one home): bit ``j`` is set where the cell takes
     the second level of factor ``j``. ``spec`` maps each factor's name to the cell's level (its
     levels already checked); ``factors`` is ``[(name, (first, second)), ...]`` in declared order."""
-    return sum(1 << j for j, (f, levels) in enumerate(factors) if spec[f] == levels[1])
+    return sum(
+        1 << j
+        for j, (f, levels) in enumerate(factors)
+        if spec[str(f)] == _list(levels, f"factor {f}'s levels")[1]
+    )
 
 
-def from_yaml(st: dict[str, Any]) -> tuple[list[Any], list[Any], list[Any], bool]:
+def from_yaml(
+    st: Mapping[str, object],
+) -> tuple[list[list[object]], list[str | None], list[str | None], bool]:
     """``(factors, cells, arms, declared)`` of a study as its protocol file writes it (the summary's
-    form: ``[[name, [first, second]], ...]``)."""
+    form: ``[[name, [first, second]], ...]``; a cell no declared cell takes stays ``None``)."""
     if "factors" not in st:
-        factors: list[Any] = [[f, list(levels)] for f, levels in DEFAULT_FACTORS]
+        factors: list[list[object]] = [[f, list(levels)] for f, levels in DEFAULT_FACTORS]
         return factors, list(DEFAULT_CELLS), list(DEFAULT_CELLS), False
-    factors = [[f, list(levels)] for f, levels in st["factors"].items()]
+    factors = [
+        [f, list(_list(levels, f"factor {f}'s levels"))]
+        for f, levels in _mapping(st["factors"], "factors").items()
+    ]
     n = 2 ** len(factors)
-    cells: list[Any] = [None] * n
-    arms: list[Any] = [None] * n
-    for name, spec in st["cells"].items():
-        i = cell_index(spec, factors)
-        cells[i], arms[i] = name, spec.get("arm", name)
+    cells: list[str | None] = [None] * n
+    arms: list[str | None] = [None] * n
+    for name, spec in _mapping(st["cells"], "cells").items():
+        cell = _mapping(spec, f"cell {name}")
+        i = cell_index(cell, factors)
+        cells[i], arms[i] = name, str(cell.get("arm", name))
     return factors, cells, arms, True
 
 

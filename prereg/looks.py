@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from statistics import NormalDist
-from typing import Any
 
 from prereg.attempts import Completeness
 from prereg.decisions import HypothesisDecision, decision_of, gate
@@ -27,13 +26,16 @@ def pair_index(unit: str) -> int:
     return PAIRED.unit_index(unit)
 
 
-def look_units(proto: Mapping[str, Any], family: Family, pairs: int) -> list[str]:
+def look_units(proto: Mapping[str, object], family: Family, pairs: int) -> list[str]:
     """The units look at ``pairs`` needs final: seed indices below ``pairs`` of every configuration
     of every study a hypothesis names."""
     names = {h.study for h in family.tests}
+    studies = proto["studies"]
+    if not isinstance(studies, list):
+        raise ValueError(f"the protocol's studies are not a list: {studies!r}")
     return [
         study_design(st).unit_id(st["name"], config, i)
-        for st in proto["studies"]
+        for st in studies
         if st["name"] in names
         for i in range(min(pairs, len(st["seeds"])))
         for config in st["configs"]
@@ -60,7 +62,7 @@ class LookResult:
         str, tuple[int, float]
     ]  # established: (the look it crossed at, 1-based; that nominal level)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "look": self.look,
             "pairs": self.pairs,
@@ -293,7 +295,7 @@ def _stop_at(state: _Crossings, k: int, futile: tuple[str, ...]) -> str | None:
     return None
 
 
-def looks_reached(proto: Mapping[str, Any], family: Family, final_units: Collection[str]) -> int:
+def looks_reached(proto: Mapping[str, object], family: Family, final_units: Collection[str]) -> int:
     """How many of the design's looks the records reach: a look is reached when every unit it needs
     (:func:`look_units`) is final (ok, or a failed latest attempt)."""
     seq = family.sequential

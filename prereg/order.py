@@ -9,11 +9,33 @@ ratios; ``exp(x)`` is the factor.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
+from prereg.descriptive import Rows, TResult
 from prereg.hypotheses import Pair, PairRow, typed_pairs
-from prereg.tdist import f_sf, student_t_ppf, student_t_sf
+from prereg.tdist import f_sf, student_t_sf
+
+#: A configuration's pairs at its study's interval level.
+Pairs = Rows[Pair | PairRow]
+#: A factorial block's row: its unit, seed, order of cells and each cell's ``<cell>_training_s``.
+Block = Mapping[str, object]
+
+
+def block_time(block: Block, cell: str) -> float:
+    """A block's training time of ``cell`` (a finite number: a block is complete when used)."""
+    v = block[f"{cell}_training_s"]
+    if not isinstance(v, (int, float)):
+        raise ValueError(f"block {block.get('unit')}: {cell}_training_s is not a number")
+    return float(v)
+
+
+def block_order(block: Block) -> list[str]:
+    """A block's cells in the order they ran."""
+    order = block["order"]
+    if not isinstance(order, list):
+        raise ValueError(f"block {block.get('unit')}: order is not a list")
+    return [str(c) for c in order]
 
 
 def mean_ss(x: Sequence[float]) -> tuple[float, float]:
@@ -22,8 +44,32 @@ def mean_ss(x: Sequence[float]) -> tuple[float, float]:
     return m, math.fsum((v - m) ** 2 for v in x)
 
 
-def two_groups(a: Sequence[float], b: Sequence[float], level: float, half: bool) -> dict[str, Any]:
-    """Pooled two-sample t: estimate ``(mean_a - mean_b)`` (halved when ``half``), interval, two-sided p."""
+@dataclass(frozen=True)
+class TwoGroups(TResult):
+    """A pooled two-sample t result (:func:`two_groups`): its estimate, standard error, degrees of
+    freedom and level, the two-sided p-value and the two groups' sizes."""
+
+    p_value: float
+    n: tuple[int, int]
+
+    def as_dict(self) -> dict[str, object]:
+        """As the summary holds it."""
+        low, high = self.interval()
+        return {
+            "estimate": self.estimate,
+            "standard_error": self.standard_error,
+            "low": low,
+            "high": high,
+            "df": self.df,
+            "level": self.level,
+            "p_value": self.p_value,
+            "n": list(self.n),
+        }
+
+
+def two_groups(a: Sequence[float], b: Sequence[float], half: bool, at: Rows[object]) -> TwoGroups:
+    """Pooled two-sample t: estimate ``(mean_a - mean_b)`` (halved when ``half``), its interval at
+    ``at``'s level, two-sided p."""
     n1, n2 = len(a), len(b)
     m1, ss1 = mean_ss(a)
     m2, ss2 = mean_ss(b)
@@ -32,21 +78,11 @@ def two_groups(a: Sequence[float], b: Sequence[float], level: float, half: bool)
     k = 0.5 if half else 1.0
     est = k * (m1 - m2)
     se = k * math.sqrt(sp2 * (1 / n1 + 1 / n2))
-    q = student_t_ppf((1 + level) / 2, df)
     p = 2 * student_t_sf(abs(est / se), df) if se > 0 else (1.0 if est == 0 else 0.0)
-    return {
-        "estimate": est,
-        "standard_error": se,
-        "low": est - q * se,
-        "high": est + q * se,
-        "df": df,
-        "level": level,
-        "p_value": p,
-        "n": [n1, n2],
-    }
+    return TwoGroups(est, se, df, at.level, p, (n1, n2))
 
 
-def crossover(pairs: Sequence[Pair | PairRow], level: float) -> dict[str, Any] | None:
+def crossover(pairs: Pairs) -> dict[str, object] | None:
     """Period effect and treatment-by-period check of the AB/BA pairs (log training time).
 
     Notes
@@ -57,7 +93,7 @@ def crossover(pairs: Sequence[Pair | PairRow], level: float) -> dict[str, Any] |
     the two sequences (Grizzle 1965; Jones & Kenward, 3rd ed., 2.3-2.5). ``None`` unless each
     sequence has at least two pairs.
     """
-    typed = typed_pairs(pairs)
+    typed = typed_pairs(pairs.rows)
     ab = [p for p in typed if p.first == "baseline"]
     ba = [p for p in typed if p.first != "baseline"]
     if len(ab) < 2 or len(ba) < 2:
@@ -70,12 +106,12 @@ def crossover(pairs: Sequence[Pair | PairRow], level: float) -> dict[str, Any] |
         return math.log(p.value("candidate", "training_s")) + math.log(p.value("baseline", "training_s"))
 
     return {
-        "period": two_groups([d(p) for p in ab], [d(p) for p in ba], level, half=True),
-        "carryover": two_groups([s(p) for p in ab], [s(p) for p in ba], level, half=False),
+        "period": two_groups([d(p) for p in ab], [d(p) for p in ba], True, pairs).as_dict(),
+        "carryover": two_groups([s(p) for p in ab], [s(p) for p in ba], False, pairs).as_dict(),
     }
 
 
-def drift(pairs: Sequence[Pair | PairRow], level: float) -> dict[str, Any] | None:
+def drift(pairs: Pairs) -> dict[str, object] | None:
     """Least-squares slope of ``ln(c / b)`` against the pair's position in execution order.
 
     Notes
@@ -87,7 +123,7 @@ def drift(pairs: Sequence[Pair | PairRow], level: float) -> dict[str, Any] | Non
     """
     if len(pairs) < 3:
         return None
-    typed = typed_pairs(pairs)
+    typed = typed_pairs(pairs.rows)
     x = [float(p.order or 0) for p in typed]
     y = [p.log_ratio() for p in typed]
     mx, sxx = mean_ss(x)
@@ -100,24 +136,22 @@ def drift(pairs: Sequence[Pair | PairRow], level: float) -> dict[str, Any] | Non
     df = len(x) - 2
     s2 = math.fsum((b - b0 - b1 * a) ** 2 for a, b in zip(x, y)) / df
     se = math.sqrt(s2 / sxx)
-    q = student_t_ppf((1 + level) / 2, df)
+    low, high = pairs.t(b1, se, df).interval()
     p = 2 * student_t_sf(abs(b1 / se), df) if se > 0 else (1.0 if b1 == 0 else 0.0)
     return {
         "slope": b1,
         "intercept": b0,
         "standard_error": se,
-        "low": b1 - q * se,
-        "high": b1 + q * se,
+        "low": low,
+        "high": high,
         "df": df,
-        "level": level,
+        "level": pairs.level,
         "p_value": p,
         "points": [[a, b] for a, b in zip(x, y)],
     }
 
 
-def positions(
-    blocks: list[dict[str, Any]], cells: Sequence[str], level: float
-) -> list[dict[str, Any]] | None:
+def positions(blocks: Rows[Block], cells: Sequence[str]) -> list[dict[str, object]] | None:
     """Effect of the position in the Williams square on log training time.
 
     Notes
@@ -129,31 +163,31 @@ def positions(
     """
     if len(blocks) < 2:
         return None
-    out = []
+    out: list[dict[str, object]] = []
     for pos in range(len(cells)):
         res = []
         for b in blocks:
-            logs = {c: math.log(b[f"{c}_training_s"]) for c in cells}
+            logs = {c: math.log(block_time(b, c)) for c in cells}
             centre = math.fsum(logs.values()) / len(cells)
-            res.append(logs[b["order"][pos]] - centre)
+            res.append(logs[block_order(b)[pos]] - centre)
         m, ss = mean_ss(res)
         se = math.sqrt(ss / (len(res) - 1) / len(res))
-        q = student_t_ppf((1 + level) / 2, len(res) - 1)
+        low, high = blocks.t(m, se, len(res) - 1).interval()
         out.append(
             {
                 "position": pos + 1,
                 "estimate": m,
                 "standard_error": se,
-                "low": m - q * se,
-                "high": m + q * se,
+                "low": low,
+                "high": high,
                 "df": len(res) - 1,
-                "level": level,
+                "level": blocks.level,
             }
         )
     return out
 
 
-def by_device(pairs: Sequence[Pair | PairRow], level: float) -> dict[str, Any] | None:
+def by_device(pairs: Pairs) -> dict[str, object] | None:
     """Per device (host / device name), the mean of ``ln(c / b)`` with its interval, and a
     heterogeneity check when more than one device contributed pairs.
 
@@ -165,7 +199,7 @@ def by_device(pairs: Sequence[Pair | PairRow], level: float) -> dict[str, Any] |
     ``(k - 1, N - k)`` degrees of freedom. ``None`` when only one device contributed.
     """
     groups: dict[str, list[float]] = {}
-    for p in typed_pairs(pairs):
+    for p in typed_pairs(pairs.rows):
         groups.setdefault(str(p.device), []).append(p.log_ratio())
     if len(groups) < 2:
         return None
@@ -173,11 +207,11 @@ def by_device(pairs: Sequence[Pair | PairRow], level: float) -> dict[str, Any] |
     for dev in sorted(groups):
         v = groups[dev]
         m, ss = mean_ss(v)
-        row: dict[str, Any] = {"device": dev, "pairs": len(v), "estimate": m, "low": None, "high": None}
+        row: dict[str, object] = {"device": dev, "pairs": len(v), "estimate": m, "low": None, "high": None}
         if len(v) >= 2:
             se = math.sqrt(ss / (len(v) - 1) / len(v))
-            q = student_t_ppf((1 + level) / 2, len(v) - 1)
-            row.update(low=m - q * se, high=m + q * se)
+            low, high = pairs.t(m, se, len(v) - 1).interval()
+            row.update(low=low, high=high)
         rows.append(row)
     allv = [x for v in groups.values() for x in v]
     grand = math.fsum(allv) / len(allv)

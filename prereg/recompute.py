@@ -24,7 +24,7 @@ from prereg.attempts import (
 )
 from prereg.carryover import carry_over, order_cells, own_step_columns
 from prereg.decisions import decide, sensitivity
-from prereg.descriptive import Endpoint, descriptive_interval, endpoint, valid
+from prereg.descriptive import Endpoint, Rows, valid
 from prereg.designs import study_design
 from prereg.factorial import design_of, factorial_effects
 from prereg.hypotheses import Family, Pair, cpu_time_columns, identity_rule
@@ -121,7 +121,7 @@ def _studies(
     pairs_of: _Pairs = {}
     for st in proto["studies"]:
         entries: list[PairedResult | FactorialResult] = []
-        level = st["interval_level"]
+        level = st["interval_level"]  # the study's interval level, read once: every interval carries it
         for config in st["configs"]:
             units = {
                 u: ok.get((st["name"], config), {}).get(u, {})
@@ -241,20 +241,22 @@ def _paired(
     replicated: bool = False,
 ) -> tuple[PairedResult, list[dict[str, Any]]]:
     """A paired configuration's result, and its pairs' rows (what the decisions read)."""
-    pairs, arm_timings = _pairs(units, exclusions)
+    rows, arm_timings = _pairs(units, exclusions)
+    pairs = Rows(rows, level)
 
     def col(key: str) -> list[object]:
         return [p[key] for p in pairs]
 
-    timed = [p for p in pairs if p["time_reduction_pct"] is not None]  # both training times finite, positive
+    # both training times finite, positive
+    timed = pairs.keep([p for p in rows if p["time_reduction_pct"] is not None])
     cpu_time = None  # when every pair recorded its training CPU time (records since lockstep)
-    if pairs and all("baseline_training_cpu_s" in p for p in pairs):
-        cpu_time = _time_endpoint(pairs, "training_cpu_s", level, replicated)
+    if rows and all("baseline_training_cpu_s" in p for p in pairs):
+        cpu_time = _time_endpoint(pairs, "training_cpu_s", replicated)
     mb, mc = col("baseline_peak_memory_bytes"), col("candidate_peak_memory_bytes")
-    cells, carry = _lockstep_model(st, units, pairs, level)
+    cells, carry = _lockstep_model(st, units, pairs)
     warmup = None
-    if st.get("warmup_steps") and pairs and all("baseline_warmup_s" in p for p in pairs):
-        warmup = _time_endpoint(pairs, "warmup_s", level)
+    if st.get("warmup_steps") and rows and all("baseline_warmup_s" in p for p in pairs):
+        warmup = _time_endpoint(pairs, "warmup_s")
     result = PairedResult(
         config=config,
         design=st["design"],
@@ -264,34 +266,33 @@ def _paired(
         candidate_arm=st["arms"][1],
         units_seen=len(units),
         pairs_used=len(pairs),
-        training_time=_time_endpoint(pairs, "training_s", level, replicated),
-        time_to_target=_time_to_target(pairs, level),
-        total_time=endpoint(col("baseline_total_s"), col("candidate_total_s"), level, "relative_reduction"),
-        test_bpb=endpoint(col("baseline_test_bpb"), col("candidate_test_bpb"), level, "difference"),
-        peak_memory=endpoint(mb, mc, level, "relative_reduction") if None not in mb + mc else None,
-        counts=_counts(pairs, timed),
-        order_effects={"crossover": crossover(timed, level), "drift": drift(timed, level)},
-        by_device=by_device(timed, level),
+        training_time=_time_endpoint(pairs, "training_s", replicated),
+        time_to_target=_time_to_target(pairs),
+        total_time=pairs.endpoint(col("baseline_total_s"), col("candidate_total_s"), "relative_reduction"),
+        test_bpb=pairs.endpoint(col("baseline_test_bpb"), col("candidate_test_bpb"), "difference"),
+        peak_memory=pairs.endpoint(mb, mc, "relative_reduction") if None not in mb + mc else None,
+        counts=_counts(rows, timed.rows),
+        order_effects={"crossover": crossover(timed), "drift": drift(timed)},
+        by_device=by_device(timed),
         pairs=[Pair.of(p) for p in pairs],
         training_cpu_time=cpu_time,
-        final_metric=_final_metric(st, pairs, level),
+        final_metric=_final_metric(st, pairs),
         order_cells=cells,
         carry_over=carry,
         warmup_time=warmup,
         interference=flagged_pairs(arm_timings),  # None for records from before the stall rule
     )
-    return result, pairs
+    return result, rows
 
 
-def _final_metric(st: Mapping[str, Any], pairs: list[dict[str, Any]], level: float) -> FinalMetric | None:
+def _final_metric(st: Mapping[str, Any], pairs: Rows[Row]) -> FinalMetric | None:
     """A command study's metric at each arm's last evaluation, compared as a difference (``None``
     for other studies, and without pairs)."""
     if "metric" not in st or not pairs:
         return None
-    ep = endpoint(
+    ep = pairs.endpoint(
         [p["baseline_final_metric"] for p in pairs],
         [p["candidate_final_metric"] for p in pairs],
-        level,
         "difference",
     )
     return FinalMetric(**_own(ep), metric=st["metric"])
@@ -356,7 +357,7 @@ def _pair_row(unit: str, b: Rec, c: Rec) -> dict[str, Any]:
     }
 
 
-def _time_to_target(pairs: list[dict[str, Any]], level: float) -> TimeToTarget:
+def _time_to_target(pairs: Rows[Row]) -> TimeToTarget:
     """The time-to-target endpoint over the pairs where both arms reached the target, with the
     count of pairs where each arm did not."""
     both = [
@@ -364,10 +365,9 @@ def _time_to_target(pairs: list[dict[str, Any]], level: float) -> TimeToTarget:
         for p in pairs
         if p["baseline_time_to_target_s"] is not None and p["candidate_time_to_target_s"] is not None
     ]
-    ep = endpoint(
+    ep = pairs.endpoint(
         [p["baseline_time_to_target_s"] for p in both],
         [p["candidate_time_to_target_s"] for p in both],
-        level,
         "relative_reduction",
     )
     return TimeToTarget(
@@ -380,7 +380,7 @@ def _time_to_target(pairs: list[dict[str, Any]], level: float) -> TimeToTarget:
     )
 
 
-def _counts(pairs: list[dict[str, Any]], timed: list[dict[str, Any]]) -> dict[str, int]:
+def _counts(pairs: list[dict[str, Any]], timed: Sequence[Row]) -> dict[str, int]:
     """The paired entry's ``counts``: faster, slower and tied timed pairs, pairs with worse test bpb."""
     faster = sum(1 for p in timed if p["candidate_training_s"] < p["baseline_training_s"])
     slower = sum(1 for p in timed if p["candidate_training_s"] > p["baseline_training_s"])
@@ -408,7 +408,7 @@ def _step_columns(b: Rec, c: Rec) -> dict[str, Any]:
 
 
 def _lockstep_model(
-    st: Mapping[str, Any], units: dict[str, dict[str, Rec]], pairs: list[dict[str, Any]], level: float
+    st: Mapping[str, Any], units: dict[str, dict[str, Rec]], pairs: Rows[Row]
 ) -> tuple[dict[str, dict[str, object] | None] | None, dict[str, object] | None]:
     """A lockstep study's order-cell model per clock and its carry-over (:mod:`.carryover`), where
     its pairs' records keep their step times; ``None`` otherwise."""
@@ -417,10 +417,9 @@ def _lockstep_model(
         return None, None
     used = {p["unit"] for p in pairs}
     cells = {
-        clock: order_cells(pairs, key, level)
-        for key, clock in (("training_s", "wall"), ("training_cpu_s", "CPU"))
+        clock: order_cells(pairs, key) for key, clock in (("training_s", "wall"), ("training_cpu_s", "CPU"))
     }
-    return cells, carry_over([units[u] for u in sorted(used)], int(block), level)
+    return cells, carry_over(pairs.keep([units[u] for u in sorted(used)]), int(block))
 
 
 def final_metric_columns(b: Rec, c: Rec) -> dict[str, Any]:
@@ -431,26 +430,24 @@ def final_metric_columns(b: Rec, c: Rec) -> dict[str, Any]:
     return {"baseline_final_metric": b.get("final_metric"), "candidate_final_metric": c.get("final_metric")}
 
 
-def _time_endpoint(
-    pairs: list[dict[str, Any]], key: str, level: float, replicated: bool = False
-) -> TrainingTime:
+def _time_endpoint(pairs: Rows[Row], key: str, replicated: bool = False) -> TrainingTime:
     """A time's endpoint over the pairs (``baseline_<key>``, ``candidate_<key>``; relative reduction)
     with its log-ratio interval over the pairs whose two times are finite and positive. In a
     ``replicated`` protocol both intervals are the decision's, over the replicates' estimates
     (:func:`.replicates.replicates_interval`; ``replicates`` says over how many), never the pooled
     pairs' (which hold no spread between replicates)."""
     b, c = f"baseline_{key}", f"candidate_{key}"
-    out = _own(endpoint([p[b] for p in pairs], [p[c] for p in pairs], level, "relative_reduction"))
+    out = _own(pairs.endpoint([p[b] for p in pairs], [p[c] for p in pairs], "relative_reduction"))
     timed = [p for p in pairs if valid(p[b], True) and valid(p[c], True)]
     if not replicated:
-        log_ratio = descriptive_interval([p[b] for p in timed], [p[c] for p in timed], level, "log_ratio")
+        log_ratio = pairs.descriptive([p[b] for p in timed], [p[c] for p in timed], "log_ratio")
         return TrainingTime(**out, log_ratio=log_ratio)
     values_of: dict[int, list[float]] = {}
     for p in timed:
         if isinstance(p.get("replicate"), int):
             values_of.setdefault(p["replicate"], []).append(math.log(p[c]) - math.log(p[b]))
-    out["interval"] = replicates_interval(values_of, level, "relative_reduction")
-    log_ratio = replicates_interval(values_of, level, "log_ratio")
+    out["interval"] = replicates_interval(values_of, pairs.level, "relative_reduction")
+    log_ratio = replicates_interval(values_of, pairs.level, "log_ratio")
     return TrainingTime(**out, log_ratio=log_ratio, replicates=len(values_of))
 
 
@@ -484,9 +481,10 @@ def _factorial(
         c: (math.fsum(b[f"{c}_training_s"] for b in blocks) / len(blocks) if blocks else None) for c in cells
     }
     found = {}
+    used = Rows(blocks, level)
     if len(blocks) >= 2:
-        times = [{c: b[f"{c}_training_s"] for c in cells} for b in blocks]
-        for name, effect in factorial_effects(times, factors, cells, level).items():
+        times = used.keep([{c: b[f"{c}_training_s"] for c in cells} for b in blocks])
+        for name, effect in factorial_effects(times, factors, cells).items():
             found[name] = {
                 **effect.as_dict(),
                 "reduction_pct": 100.0 * (1.0 - math.exp(effect.estimate)),
@@ -499,7 +497,7 @@ def _factorial(
         level=level,
         units_seen=len(units),
         parameters=params_of(units),
-        positions=positions(blocks, cells, level),
+        positions=positions(used, cells),
         blocks_used=len(blocks),
         cell_mean_training_s=means,
         effects=found,

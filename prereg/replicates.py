@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from prereg.descriptive import PairedInterval, mean_interval, on_log_scale, valid
 from prereg.tdist import t_critical
@@ -30,7 +29,7 @@ KEYS = {
 MAX_COUNT = 100
 
 
-def replicates_problems(value: Any, seed_counts: Mapping[str, int]) -> list[tuple[tuple[str, ...], str]]:
+def replicates_problems(value: object, seed_counts: Mapping[str, int]) -> list[tuple[tuple[str, ...], str]]:
     """What is wrong with a protocol's ``replicates`` mapping (key path below ``replicates``,
     message); none for a valid one. ``seed_counts``: each study's number of seeds, which ``count``
     must divide into slices of at least 2 (a replicate's estimate needs its own variance)."""
@@ -98,8 +97,30 @@ def overlap_problem(
     return None
 
 
+#: A chain entry (a record or a started entry) as its file holds it.
+Entry = Mapping[str, object]
+
+
+def at_path(entry: object, *keys: str) -> object:
+    """``entry[k1][k2]...`` of a JSON object, ``None`` where a key is missing or a value on the way
+    is not an object."""
+    for k in keys:
+        entry = entry.get(k) if isinstance(entry, Mapping) else None
+    return entry
+
+
+def replicate_of_run(entries: Sequence[Entry]) -> dict[str, int]:
+    """Each run id's replicate, from the entries whose spec names one (the one reading of it)."""
+    out: dict[str, int] = {}
+    for e in entries:
+        r = at_path(e, "spec", "replicate")
+        if isinstance(r, int):
+            out[str(at_path(e, "spec", "run_id"))] = int(r)
+    return out
+
+
 def spans_of(
-    entries: Sequence[Mapping[str, Any]], replicate_of_run: Mapping[str, int]
+    entries: Sequence[Entry], replicate_of_run: Mapping[str, int]
 ) -> dict[int, list[tuple[float, float, str]]]:
     """Each replicate's time on each machine, from the chain's entries (records and started entries):
     ``{replicate: [(first, last, host), ...]}`` in epoch seconds, from each entry's ``ledger.at``
@@ -107,9 +128,9 @@ def spans_of(
     ``env.host``). ``replicate_of_run``: each planned run id's replicate."""
     out: dict[tuple[int, str], tuple[float, float]] = {}
     for e in entries:
-        run = e.get("run_id") or (e.get("spec") or {}).get("run_id")
+        run = e.get("run_id") or at_path(e, "spec", "run_id")
         r = replicate_of_run.get(str(run))
-        at = (e.get("ledger") or {}).get("at")
+        at = at_path(e, "ledger", "at")
         if r is None or not isinstance(at, str):
             continue
         t = _epoch(at)
@@ -122,12 +143,11 @@ def spans_of(
     return spans
 
 
-def machine_of(entry: Mapping[str, Any]) -> str:
+def machine_of(entry: Entry) -> str:
     """The machine an entry names: its host, and where the runner recorded it (started entries since
     issue 59), the boot id, which ``unshare --uts`` does not change: ``host (boot 1a2b3c4d)``."""
-    runner = entry.get("runner") or {}
-    host = str(runner.get("host") or (entry.get("env") or {}).get("host") or "unknown host")
-    boot = runner.get("boot_id")
+    host = str(at_path(entry, "runner", "host") or at_path(entry, "env", "host") or "unknown host")
+    boot = at_path(entry, "runner", "boot_id")
     return f"{host} (boot {str(boot)[:8]})" if isinstance(boot, str) and boot else host
 
 
@@ -140,26 +160,21 @@ def _same_machine(a: str, b: str) -> bool:
     return a.split(" (boot ")[0] == b.split(" (boot ")[0]
 
 
-def unwitnessed(entries: Sequence[Mapping[str, Any]]) -> bool:
+def unwitnessed(entries: Sequence[Entry]) -> bool:
     """Whether the machines of a replicated study's runs are told apart by hostname alone: a started
     entry without the runner's boot id (``harness.execute.attempts.machine_witness``; entries
     written before it, or on a system without ``/proc``)."""
-    return any(e.get("kind") == "started" and not (e.get("runner") or {}).get("boot_id") for e in entries)
+    return any(e.get("kind") == "started" and not at_path(e, "runner", "boot_id") for e in entries)
 
 
-def time_problems(entries: Sequence[Mapping[str, Any]], min_gap_s: int) -> list[str]:
+def time_problems(entries: Sequence[Entry], min_gap_s: int) -> list[str]:
     """What the chain shows against the replicates' separation in time (the audit's check of the
     rule ``harness run --replicate`` applies when each replicate starts): on one machine, a
     replicate whose first entry is fewer than ``min_gap_s`` seconds after an earlier replicate's last
     entry there (negative: they overlap). Replicates on different machines may run at once; one
     machine is one boot id where the entries hold one (a hostname changed under ``unshare --uts``
     is the same machine), else one hostname."""
-    of_run = {
-        str((e.get("spec") or {}).get("run_id")): int(e["spec"]["replicate"])
-        for e in entries
-        if isinstance((e.get("spec") or {}).get("replicate"), int)
-    }
-    spans = spans_of(entries, of_run)
+    spans = spans_of(entries, replicate_of_run(entries))
     out = []
     for r in sorted(spans):
         for j in sorted(x for x in spans if x < r):
@@ -173,24 +188,20 @@ def time_problems(entries: Sequence[Mapping[str, Any]], min_gap_s: int) -> list[
     return out
 
 
-def _replicate_seqs(entries: Sequence[Mapping[str, Any]]) -> dict[tuple[int, str], list[int]]:
+def _replicate_seqs(entries: Sequence[Entry]) -> dict[tuple[int, str], list[int]]:
     """Each (replicate, machine)'s ledger seqs, the replicate read from its run's spec."""
-    of_run = {
-        str((e.get("spec") or {}).get("run_id")): int(e["spec"]["replicate"])
-        for e in entries
-        if isinstance((e.get("spec") or {}).get("replicate"), int)
-    }
+    of_run = replicate_of_run(entries)
     seqs: dict[tuple[int, str], list[int]] = {}
     for e in entries:
-        r = of_run.get(str(e.get("run_id") or (e.get("spec") or {}).get("run_id")))
-        seq = (e.get("ledger") or {}).get("seq")
+        r = of_run.get(str(e.get("run_id") or at_path(e, "spec", "run_id")))
+        seq = at_path(e, "ledger", "seq")
         if r is not None and isinstance(seq, int):
             seqs.setdefault((r, machine_of(e)), []).append(seq)
     return seqs
 
 
 def anchored_gap_problems(
-    entries: Sequence[Mapping[str, Any]], min_gap_s: int, anchored: Sequence[tuple[int, str]]
+    entries: Sequence[Entry], min_gap_s: int, anchored: Sequence[tuple[int, str]]
 ) -> tuple[list[str], list[str]]:
     """The replicates' separation witnessed by an anchor (``harness run --anchor``): each replicate's
     first and last entry on each machine, by ``ledger.seq``, at the time of the first anchored head
@@ -236,7 +247,7 @@ def _utc(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
-def random_effects(estimates: Sequence[float], variances: Sequence[float], level: float) -> dict[str, Any]:
+def random_effects(estimates: Sequence[float], variances: Sequence[float], level: float) -> dict[str, float]:
     """The random-effects mean of per-replicate estimates: DerSimonian-Laird's between-replicate
     variance with the Hartung-Knapp-Sidik-Jonkman interval.
 
@@ -391,17 +402,13 @@ def replicates_interval(
     return on_log_scale(mean_interval(ys, level, estimand), estimand)
 
 
-def replicate_times(records: Sequence[Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
+def replicate_times(records: Sequence[Entry]) -> dict[int, dict[str, object]]:
     """When and where each replicate ran, from its records (:func:`spans_of`): ``from`` and ``to``
     (the first and last record's ``ledger.at``, UTC), ``hosts``, and ``gap_s``, the seconds from the
     previous replicate's last record to this one's first (``None`` for the first)."""
-    of_run = {
-        str(r["spec"]["run_id"]): int(r["spec"]["replicate"])
-        for r in records
-        if isinstance((r.get("spec") or {}).get("replicate"), int)
-    }
+    of_run = replicate_of_run(records)
     spans = spans_of(records, of_run)
-    out: dict[int, dict[str, Any]] = {}
+    out: dict[int, dict[str, object]] = {}
     last: float | None = None
     for r in sorted(spans):
         lo, hi = min(s[0] for s in spans[r]), max(s[1] for s in spans[r])
@@ -410,24 +417,25 @@ def replicate_times(records: Sequence[Mapping[str, Any]]) -> dict[int, dict[str,
             "to": _utc(hi),
             "hosts": sorted({s[2] for s in spans[r]}),
             "gap_s": None if last is None else round(lo - last, 3),
-            **_cpus_and_load([x for x in records if of_run.get(str(x["spec"]["run_id"])) == r]),
+            **_cpus_and_load([x for x in records if of_run.get(str(at_path(x, "spec", "run_id"))) == r]),
         }
         last = hi
     return out
 
 
-def _cpus_and_load(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _cpus_and_load(records: Sequence[Entry]) -> dict[str, object]:
     """What a replicate's records say of its machines (issue 58: a replicate on another CPU model
     is a stronger one): ``cpus``, each CPU model with the instruction set torch dispatched
     (``env.device_name``, ``env.cpu_capability``), and ``load``, the least and greatest 1-minute
     load average as its runs started (``env.loadavg[0]``); empty where the records hold neither."""
-    cpus, loads = set(), []
+    cpus: set[str] = set()
+    loads: list[float] = []
     for x in records:
-        env = x.get("env") or {}
-        if isinstance(env.get("device_name"), str):
-            isa = env.get("cpu_capability")
-            cpus.add(env["device_name"] + (f" ({isa})" if isinstance(isa, str) and isa else ""))
-        avg = env.get("loadavg")
+        name = at_path(x, "env", "device_name")
+        if isinstance(name, str):
+            isa = at_path(x, "env", "cpu_capability")
+            cpus.add(name + (f" ({isa})" if isinstance(isa, str) and isa else ""))
+        avg = at_path(x, "env", "loadavg")
         if isinstance(avg, list) and avg and isinstance(avg[0], (int, float)):
             loads.append(float(avg[0]))
     return {
@@ -436,31 +444,35 @@ def _cpus_and_load(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def by_machine(replicates: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
+def by_machine(replicates: Sequence[Entry]) -> dict[str, list[float]]:
     """The replicates' estimates grouped by the CPU model(s) each ran on (``cpus`` joined; a
     replicate that names none is under ``"unknown"``): the spread by machine, beside the spread
     between replicates."""
     out: dict[str, list[float]] = {}
     for x in replicates:
-        key = " + ".join(x.get("cpus") or ["unknown"])
-        out.setdefault(key, []).append(float(x["estimate"]))
+        cpus, estimate = x.get("cpus"), x["estimate"]
+        key = " + ".join(str(c) for c in cpus) if isinstance(cpus, list) and cpus else "unknown"
+        if not isinstance(estimate, (int, float)):
+            raise ValueError(f"a replicate's estimate is not a number: {estimate!r}")
+        out.setdefault(key, []).append(float(estimate))
     return out
 
 
 def replicate_rows(
-    studies: Sequence[Mapping[str, Any]],
-    pairs_of: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]],
+    studies: Sequence[Entry],
+    pairs_of: Mapping[tuple[str, str], Sequence[Entry]],
     level: float,
-    times: Mapping[int, Mapping[str, Any]] | None = None,
-) -> list[dict[str, Any]]:
+    times: Mapping[int, Mapping[str, object]] | None = None,
+) -> list[dict[str, object]]:
     """The summary's ``replicates`` rows: per paired study, configuration and clock (wall and, where
     the pairs carry it, CPU), each replicate's estimate (with when and where it ran: ``times``,
     :func:`replicate_times`) and the random-effects mean, in points of the log ratio
     (``100 ln(T_c / T_b)``), with the between-replicate spread ``tau``."""
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, object]] = []
     for st in studies:
-        for config in st.get("configs") or []:
-            pairs = pairs_of.get((st["name"], config)) or []
+        configs = st.get("configs")
+        for config in configs if isinstance(configs, list) else []:
+            pairs = pairs_of.get((str(st["name"]), config)) or []
             for clock, b, c in (
                 ("wall", "baseline_training_s", "candidate_training_s"),
                 ("CPU", "baseline_training_cpu_s", "candidate_training_cpu_s"),
@@ -473,7 +485,7 @@ def replicate_rows(
                 if not values_of:
                     continue
                 reps, ys, vs = replicate_estimates(values_of)
-                row: dict[str, Any] = {
+                row: dict[str, object] = {
                     "study": st["name"],
                     "config": config,
                     "clock": clock,

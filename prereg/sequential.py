@@ -40,7 +40,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from statistics import NormalDist
-from typing import Any
 
 _N = NormalDist()
 #: Spending functions a protocol may name.
@@ -89,7 +88,11 @@ class Crossing:
         return math.fsum(self.at)
 
 
-def _cross(c: float, k: int, t: float, dt: float, theta: float, grid: Any) -> float:
+#: The previous look's grid: its points, the density there and the integration weights.
+_Grid = tuple[list[float], list[float], list[float]]
+
+
+def _cross(c: float, k: int, t: float, dt: float, theta: float, grid: _Grid) -> float:
     """``P(S_{k-1}`` continues and ``S_k >= c sqrt(t))``, over the previous look's density on its grid."""
     edge = c * math.sqrt(t)
     if k == 0:
@@ -117,7 +120,7 @@ def _recursion(
 
         grid = (xs, dens, ws)
 
-        def cross(c: float, k: int = k, t: float = t, dt: float = dt, grid: Any = grid) -> float:
+        def cross(c: float, k: int = k, t: float = t, dt: float = dt, grid: _Grid = grid) -> float:
             return _cross(c, k, t, dt, theta, grid)
 
         if targets is not None:

@@ -26,7 +26,7 @@ count is :mod:`prereg.attempts`, the pairs, blocks and endpoints built from them
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from prereg.jsonfields import plain
 from prereg.recompute import summary_of
@@ -36,7 +36,7 @@ from prereg.results import Summary
 __all__ = ["derive", "load_records", "records_json"]
 
 
-def records_json(records: list[RunRecord]) -> list[dict[str, Any]]:
+def records_json(records: list[RunRecord]) -> list[dict[str, object]]:
     """The records as their files hold them (non-finite measurements as ``null``), a schema 4
     record's ``protocol`` read over its folder's snapshot: what the rules' core
     (:mod:`prereg`) reads, in the summary and the audit alike."""
@@ -56,4 +56,7 @@ def derive(records: list[RunRecord], started: list[StartedEntry] | None = None) 
     if len(shas) != 1:
         raise RecordFormatError(f"records name {len(shas)} different protocol files: {sorted(shas)}")
     rows = records_json(records)
-    return summary_of(rows[0]["protocol"], rows, [e.to_json() for e in started or []])
+    protocol = rows[0]["protocol"]
+    if not isinstance(protocol, Mapping):
+        raise RecordFormatError(f"the records' protocol is not a JSON object: {protocol!r}")
+    return summary_of(protocol, rows, [e.to_json() for e in started or []])

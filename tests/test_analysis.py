@@ -18,7 +18,7 @@ from scipy import stats
 
 from analysis import paired_interval
 from audit.cli import NOT_VERIFIED
-from prereg.descriptive import mean_interval
+from prereg.descriptive import Rows, mean_interval
 from prereg.factorial import factorial_contrasts
 from prereg.ledger import PACKAGES
 from prereg.tdist import student_t_ppf
@@ -91,7 +91,7 @@ def test_interval_errors_and_degenerate():
 def test_factorial_contrasts():
     blocks = [{"native": 10.0, "bucketed": 9.0, "packed": 8.0, "cotangent": 7.2} for _ in range(3)]
     blocks.append({"native": 10.0, "bucketed": 9.1, "packed": 8.0, "cotangent": 7.2})
-    eff = factorial_contrasts(blocks, 0.99)
+    eff = factorial_contrasts(Rows(blocks, 0.99))
     assert eff["bucketed_norms"].estimate < 0 and eff["packed_adamw"].estimate < 0
     assert eff["interaction"].estimate == pytest.approx(
         sum(math.log(b["cotangent"] / b["packed"]) - math.log(b["bucketed"] / b["native"]) for b in blocks)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from prereg import decisions as D
+from prereg.descriptive import Rows
 from prereg.order import crossover, drift
 from prereg.ranks import signed_rank, worst_rank_differences
 from prereg.ttests import period_adjusted, t_test
@@ -162,7 +163,7 @@ def test_period_adjusted_equals_the_two_sample_crossover():
     )
     plain = t_test(v, -1, "superiority", 0.0)
     assert res.standard_error < plain.standard_error  # the period effect no longer inflates the variance
-    c = crossover(pairs, 0.95)
+    c = crossover(Rows(pairs, 0.95))
     assert c["period"]["low"] < 0.08 < c["period"]["high"]
 
 
@@ -257,7 +258,7 @@ def test_drift_slope_against_scipy():
     pairs = make_pairs(15, seed=11)
     for i, p in enumerate(pairs):
         p["candidate_training_s"] *= math.exp(0.004 * i)
-    d = drift(pairs, 0.95)
+    d = drift(Rows(pairs, 0.95))
     x = [p["order"] for p in pairs]
     y = [math.log(p["candidate_training_s"] / p["baseline_training_s"]) for p in pairs]
     ref = stats.linregress(x, y)
@@ -275,7 +276,7 @@ def test_per_device_effects_and_heterogeneity():
         p["device"] = "mac-a / Apple M5 Pro" if i % 3 else "box / NVIDIA H200"
         if i % 3 == 0:
             p["candidate_training_s"] *= 1.05  # the candidate gains less on this device
-    d = by_device(pairs, 0.95)
+    d = by_device(Rows(pairs, 0.95))
     assert [r["device"] for r in d["devices"]] == ["box / NVIDIA H200", "mac-a / Apple M5 Pro"]
     groups = [
         [math.log(p["candidate_training_s"] / p["baseline_training_s"]) for p in pairs if p["device"] == g]
@@ -284,7 +285,7 @@ def test_per_device_effects_and_heterogeneity():
     ref = stats.f_oneway(*groups)
     assert d["heterogeneity"]["F"] == pytest.approx(ref.statistic, rel=1e-10)
     assert d["heterogeneity"]["p_value"] == pytest.approx(ref.pvalue, rel=1e-8)
-    assert by_device([dict(p, device="one") for p in pairs], 0.95) is None
+    assert by_device(Rows([dict(p, device="one") for p in pairs], 0.95)) is None
 
 
 @settings(max_examples=60, deadline=None)
@@ -329,6 +330,8 @@ def test_a_pair_is_typed_and_decides_as_its_row():
     assert pairs[0].log_ratio() == math.log(rows[0]["candidate_training_s"] / rows[0]["baseline_training_s"])
     by_row = D.decide(spec(H_SPEED, H_TTT, H_QUAL), {("s", "c"): rows}, completeness(COMPLETE))
     assert D.decide(spec(H_SPEED, H_TTT, H_QUAL), {("s", "c"): pairs}, completeness(COMPLETE)) == by_row
-    assert crossover(pairs, 0.95) == crossover(rows, 0.95) and drift(pairs, 0.95) == drift(rows, 0.95)
+    assert crossover(Rows(pairs, 0.95)) == crossover(Rows(rows, 0.95)) and drift(Rows(pairs, 0.95)) == drift(
+        Rows(rows, 0.95)
+    )
     with pytest.raises(ValueError, match="unknown keys baseline_training_seconds"):
         Pair.of({**rows[0], "baseline_training_seconds": 1.0})

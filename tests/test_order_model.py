@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prereg.carryover import blocks, carry_over, cells_mean, follows, order_cells
+from prereg.descriptive import Rows
 
 ROLES = ("baseline", "candidate")
 
@@ -47,7 +48,7 @@ def pairs_of(seed: int, n: int) -> list[dict]:
 @pytest.mark.parametrize("seed,n", [(0, 8), (1, 13), (2, 40), (3, 81)])
 def test_order_cells_are_statsmodels_ols_with_sum_coding(seed, n):
     pairs = pairs_of(seed, n)
-    mine = order_cells(pairs, "training_cpu_s", 0.95)
+    mine = order_cells(Rows(pairs, 0.95), "training_cpu_s")
     df = pd.DataFrame(
         {
             "d": [math.log(p["candidate_training_cpu_s"] / p["baseline_training_cpu_s"]) for p in pairs],
@@ -78,7 +79,7 @@ def test_cells_mean_refuses_an_empty_cell_and_no_degree_of_freedom():
         cells_mean([0.1, 0.2, 0.3, 0.4, 0.5], [(1, 1), (1, -1), (-1, 1), (-1, 1), (1, 1)])
     with pytest.raises(ValueError, match="five pairs"):
         cells_mean([0.1, 0.2, 0.3, 0.4], [(1, 1), (1, -1), (-1, 1), (-1, -1)])
-    assert order_cells(pairs_of(0, 8)[:4], "training_cpu_s", 0.95) is None
+    assert order_cells(Rows(pairs_of(0, 8)[:4], 0.95), "training_cpu_s") is None
 
 
 @settings(max_examples=200, deadline=None)
@@ -118,7 +119,7 @@ def test_a_planted_carry_over_is_recovered(block_steps):
                 "step_times": {"wall_us": times, "cpu_us": times},
             }
         pairs.append(pair)
-    out = carry_over(pairs, block_steps, 0.95)
+    out = carry_over(Rows(pairs, 0.95), block_steps)
     assert out is not None
     for clock in ("wall", "CPU"):
         got = out[clock]

@@ -9,9 +9,10 @@ to the protocol summary, and its label on the page. Code asks the design
 
 from __future__ import annotations
 
+import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 __all__ = [
     "BASELINE_FIRST",
@@ -21,11 +22,20 @@ __all__ = [
     "Design",
     "Planned",
     "Rng",
+    "study_arms",
 ]
 
 #: A seeded random source for one unit's order: ``rng(*parts)`` is a ``random.Random`` seeded by
 #: the protocol's ``order_seed`` and ``parts`` (``prereg.plan``).
-Rng = Callable[..., Any]
+Rng = Callable[..., random.Random]
+
+
+def study_arms(study: Mapping[str, object]) -> list[object]:
+    """A study's ``arms`` (a list in the protocol file and in the summary)."""
+    arms = study["arms"]
+    if not isinstance(arms, (list, tuple)):
+        raise ValueError(f"study {study.get('name')}: arms is not a list: {arms!r}")
+    return list(arms)
 
 
 class Planned(Protocol):
@@ -36,13 +46,13 @@ class Planned(Protocol):
     def name(self) -> str: ...  # noqa: D102
 
     @property
-    def arms(self) -> Any: ...  # noqa: D102
+    def arms(self) -> object: ...  # noqa: D102
 
     @property
-    def factors(self) -> dict[str, Any] | None: ...  # noqa: D102
+    def factors(self) -> dict[str, object] | None: ...  # noqa: D102
 
     @property
-    def cells(self) -> dict[str, Any] | None: ...  # noqa: D102
+    def cells(self) -> dict[str, object] | None: ...  # noqa: D102
 
     @property
     def block_steps(self) -> int | None: ...  # noqa: D102
@@ -114,7 +124,7 @@ class Design(ABC):
             raise ValueError(f"unit {unit!r} is not a {self.name} study's {self.unit}<i>")
         return int(digits)
 
-    def runs_per_unit(self, study: Mapping[str, Any]) -> int:
+    def runs_per_unit(self, study: Mapping[str, object]) -> int:
         """The runs of one unit of ``study`` (a protocol's study or the summary's).
 
         Parameters
@@ -130,7 +140,7 @@ class Design(ABC):
         return len(self.roles(study))
 
     @abstractmethod
-    def roles(self, study: Mapping[str, Any], arms: Sequence[str] | None = None) -> list[tuple[str, str]]:
+    def roles(self, study: Mapping[str, object], arms: Sequence[str] | None = None) -> list[tuple[str, str]]:
         """``(role, arm)`` of each run of a unit, in the design's standard order.
 
         Parameters
@@ -176,20 +186,20 @@ class Design(ABC):
 
     def run_fields(
         self, study: Planned, unit: str, roles: Sequence[str], pos: int, second: bool
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """The fields this design adds to a planned run's spec (none by default)."""
         return {}
 
-    def summary_fields(self, study: Planned) -> dict[str, Any]:
+    def summary_fields(self, study: Planned) -> dict[str, object]:
         """The fields this design adds to the protocol summary's study (none by default)."""
         return {}
 
-    def summary_arms(self, study: Planned, arms: list[Any] | None) -> list[Any] | None:
+    def summary_arms(self, study: Planned, arms: Sequence[object] | None) -> Sequence[object] | None:
         """The protocol summary's ``arms`` of ``study`` (the protocol file's, or a command study's
         roles, as ``arms``)."""
         return arms
 
-    def block_steps(self, study: Mapping[str, Any]) -> int | None:
+    def block_steps(self, study: Mapping[str, object]) -> int | None:
         """The steps of each turn when a unit's runs share a process, in either form a study is
         held (the protocol file's ``block_steps``, the summary's ``lockstep.block_steps``); else None."""
         return None

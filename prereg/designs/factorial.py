@@ -5,7 +5,6 @@ levels), in the rows of a Williams square; analysed by its within-block effects
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from prereg.designs.base import Design, Planned, Rng
 from prereg.factorial import arms_by_cell, design_of, from_yaml, williams
@@ -21,11 +20,11 @@ class Factorial(Design):
     unit = "block"
     pairwise = False
 
-    def roles(self, study: Mapping[str, Any], arms: Sequence[str] | None = None) -> list[tuple[str, str]]:
+    def roles(self, study: Mapping[str, object], arms: Sequence[str] | None = None) -> list[tuple[str, str]]:
         """Each cell and its arm, in standard order (the summary's form of the study)."""
         return list(arms_by_cell(study).items())
 
-    def runs_per_unit(self, study: Mapping[str, Any]) -> int:
+    def runs_per_unit(self, study: Mapping[str, object]) -> int:
         """One run per cell."""
         return len(design_of(study)[1])
 
@@ -37,7 +36,7 @@ class Factorial(Design):
     def orders(self, study: Planned, config: str, n: int, rng: Rng) -> list[tuple[str, ...]]:
         """Rows of a Williams square of the cells, shuffled per group of as many blocks as cells by
         ``rng(study, config, g)``."""
-        _, cells, _, _ = from_yaml(_declared(study))
+        cells = _cells(study)
         seq: list[tuple[str, ...]] = []
         for g in range(0, n, len(cells)):
             rows = williams(len(cells))
@@ -45,18 +44,27 @@ class Factorial(Design):
             seq.extend(tuple(cells[i] for i in row) for row in rows[: min(len(cells), n - g)])
         return seq
 
-    def summary_fields(self, study: Planned) -> dict[str, Any]:
+    def summary_fields(self, study: Planned) -> dict[str, object]:
         """A declared factorial's ``factors`` and ``cells`` (none for the default 2x2)."""
         factors, cells, _, declared = from_yaml(_declared(study))
         return {"factors": factors, "cells": cells} if declared else {}
 
-    def summary_arms(self, study: Planned, arms: list[Any] | None) -> list[Any] | None:
+    def summary_arms(self, study: Planned, arms: Sequence[object] | None) -> Sequence[object] | None:
         """A declared factorial's arms by cell; else the study's arms, or the default cells."""
         _, cells, cell_arms, declared = from_yaml(_declared(study))
         return cell_arms if declared else (arms or cells)
 
 
-def _declared(study: Planned) -> dict[str, Any]:
+def _cells(study: Planned) -> list[str]:
+    """The study's cells in standard order (every one declared: the protocol's reader checks it)."""
+    cells = from_yaml(_declared(study))[1]
+    missing = [i for i, c in enumerate(cells) if c is None]
+    if missing:
+        raise ValueError(f"study {study.name}: no cell declared at place {missing[0]} of the standard order")
+    return [str(c) for c in cells]
+
+
+def _declared(study: Planned) -> dict[str, object]:
     """A typed study's declared ``factors`` and ``cells`` (none for the default 2x2), as
     :func:`prereg.factorial.from_yaml` reads them."""
     return {} if study.factors is None else {"factors": study.factors, "cells": study.cells or {}}

@@ -5,7 +5,6 @@ pair. Its orders cross the build order with who steps first, all four per group 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from prereg.designs.base import BASELINE_FIRST, CANDIDATE_FIRST, STEPS_SECOND, Planned, Rng
 from prereg.designs.paired import Paired
@@ -39,7 +38,7 @@ class Lockstep(Paired):
 
     def run_fields(
         self, study: Planned, unit: str, roles: Sequence[str], pos: int, second: bool
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """A lockstep run's block, its partner and whether it steps first."""
         return {
             "block_steps": study.block_steps,
@@ -47,14 +46,15 @@ class Lockstep(Paired):
             "steps_first": pos == (1 if second else 0),
         }
 
-    def summary_fields(self, study: Planned) -> dict[str, Any]:
+    def summary_fields(self, study: Planned) -> dict[str, object]:
         """``lockstep: {block_steps: N}``, which tells a lockstep study's summary from a pair's."""
         return {"lockstep": {"block_steps": study.block_steps}}
 
-    def block_steps(self, study: Mapping[str, Any]) -> int | None:
+    def block_steps(self, study: Mapping[str, object]) -> int | None:
         """The protocol file's ``block_steps``, or the summary's ``lockstep.block_steps``."""
         lock = study.get("lockstep")
-        return lock.get("block_steps") if isinstance(lock, Mapping) else study.get("block_steps")
+        n = lock.get("block_steps") if isinstance(lock, Mapping) else study.get("block_steps")
+        return n if isinstance(n, int) else None
 
     def label(self, block_steps: int | None = None, commands: bool = False, brief: bool = False) -> str:
         """``lockstep, blocks of N`` (brief); else who takes turns, and in blocks of how many steps."""

@@ -4,9 +4,8 @@ order (half the pairs run the baseline first)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from prereg.designs.base import BASELINE_FIRST, CANDIDATE_FIRST, Design, Planned, Rng
+from prereg.designs.base import BASELINE_FIRST, CANDIDATE_FIRST, Design, Planned, Rng, study_arms
 
 __all__ = ["PAIRED", "Paired"]
 
@@ -19,12 +18,12 @@ class Paired(Design):
     unit = "pair"
     pairwise = True
 
-    def roles(self, study: Mapping[str, Any], arms: Sequence[str] | None = None) -> list[tuple[str, str]]:
+    def roles(self, study: Mapping[str, object], arms: Sequence[str] | None = None) -> list[tuple[str, str]]:
         """``baseline`` runs the first arm, ``candidate`` the second."""
-        a = study["arms"] if arms is None else arms
+        a = [str(x) for x in study_arms(study)] if arms is None else arms
         return [("baseline", a[0]), ("candidate", a[1])]
 
-    def runs_per_unit(self, study: Mapping[str, Any]) -> int:
+    def runs_per_unit(self, study: Mapping[str, object]) -> int:
         """Two runs a pair."""
         return 2
 

@@ -10,7 +10,6 @@ the protocol summary name it too from records schema 6 on (``design: lockstep``,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from prereg.designs.base import Design
 from prereg.designs.factorial import FACTORIAL
@@ -87,7 +86,7 @@ def design_named(name: object) -> Design:
     return design
 
 
-def study_design(study: Mapping[str, Any]) -> Design:
+def study_design(study: Mapping[str, object]) -> Design:
     """A study's design, from its entry in the protocol file (``design: lockstep``) or in the
     protocol summary (``design: lockstep``, or before records schema 6 ``design: paired``, with
     ``lockstep: {block_steps}``: a lockstep study analysed as a pair). The one place a design
@@ -111,7 +110,7 @@ def study_design(study: Mapping[str, Any]) -> Design:
     return design
 
 
-def design_label(study: Mapping[str, Any] | None, brief: bool = False) -> str:
+def design_label(study: Mapping[str, object] | None, brief: bool = False) -> str:
     """How a study's units ran, in words (:meth:`Design.label`): ``a process per arm``, or a lockstep
     study's turns (``brief``: ``lockstep, blocks of 10``). A study of neither form (None, or no
     ``design``: an earlier summary's study known only by its ``lockstep`` entry) reads as a pair.
