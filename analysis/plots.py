@@ -10,6 +10,7 @@ from typing import Any
 from prereg.calibrated import SIGN
 from prereg.decisions import HypothesisDecision
 from prereg.records import RunRecord
+from prereg.render.answer import commands_study
 from prereg.results import Hypotheses, PairedResult, Summary
 
 __all__ = ["plots"]
@@ -109,27 +110,19 @@ def _decisions(summary: Summary) -> list[HypothesisDecision]:
     return [x.decision for x in hyp.decisions] if isinstance(hyp, Hypotheses) else []
 
 
-def _forest(summary: Summary, directory: Path) -> list[Path]:
-    """Every hypothesis' estimate and interval against its margin, plus every paired study's
-    descriptive log-time interval (the A/A null among them), in one figure; in a study of command
-    arms (what ``harness compare`` writes) each log ratio in points, the answer's convention."""
-    import matplotlib.pyplot as plt
-
-    from prereg.render.answer import commands_study
-
-    pts = commands_study(summary)
+def _forest_rows(summary: Summary, pts: bool) -> list[tuple[str, Any, Any, Any, Any, str]]:
+    """The forest's rows (label, estimate, low, high, margin, status): each decision, then each paired
+    configuration's descriptive log ratio; with ``pts`` (a study of command arms) each log ratio in
+    points."""
     rows: list[tuple[str, Any, Any, Any, Any, str]] = []  # label, estimate, low, high, margin, status
     for d in _decisions(summary):
         if d.low is not None:
             margin = d.margin if d.type != "superiority" else 0.0
             k = 100.0 if pts and d.estimand == "log_ratio" else 1.0
-            rows.append(
-                (
-                    f"{d.id} {d.study}/{d.config} {d.endpoint}",
-                    *(v if v is None or k == 1.0 else k * v for v in (d.estimate, d.low, d.high, margin)),
-                    d.status,
-                )
+            e, lo, hi, m = (
+                v if v is None or k == 1.0 else k * v for v in (d.estimate, d.low, d.high, margin)
             )
+            rows.append((f"{d.id} {d.study}/{d.config} {d.endpoint}", e, lo, hi, m, d.status))
     for st in summary.studies:
         for c in st.paired_configs():
             iv = c.training_time.log_ratio
@@ -141,6 +134,17 @@ def _forest(summary: Summary, directory: Path) -> list[Path]:
                     else (iv.estimate, iv.low, iv.high)
                 )
                 rows.append((label, *ends, None, "descriptive"))
+    return rows
+
+
+def _forest(summary: Summary, directory: Path) -> list[Path]:
+    """Every hypothesis' estimate and interval against its margin, plus every paired study's
+    descriptive log-time interval (the A/A null among them), in one figure; in a study of command
+    arms (what ``harness compare`` writes) each log ratio in points, the answer's convention."""
+    import matplotlib.pyplot as plt
+
+    pts = commands_study(summary)
+    rows = _forest_rows(summary, pts)
     if not rows:
         return []
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))

@@ -279,19 +279,9 @@ def _costs(
     note += [para(IN_POINTS)] if points else []
     ivc, change = _interval_cells(points), "change (points)" if points else "reduction"
     for c in cfgs:
-        t = c.time_to_target
-        (te, tr), (re_, rr) = ivc(c.total_time.interval), ivc(t.interval)
-        base, cand = t.unreached["baseline"], t.unreached["candidate"]
-        reached = f"{t.pairs} (unreached: baseline {base}, candidate {cand})"
-        total = no_total or ivc(c.total_time.interval, whole=False)[0]
-        ttt = ivc(t.interval, sep="–", whole=False)
-        if fm is not None and t.interval is None:  # a command study: a cell says why, not "n/a%"
-            ttt, rr = ("none: no pair where both reached the target", ""), "no interval"
-            re_ = "none"
-        done.append([c.config, reached, *ttt, total])
-        reached = f"{re_} ({rr}); {t.pairs} pairs reached, unreached {base} / {cand}"
-        q = _quality(c.final_metric or c.test_bpb, False)
-        page.append([c.config, *q, no_total or f"{te} ({tr})", reached])
+        md_cells, (total, reached) = _completion(c, ivc, no_total, fm is not None)
+        done.append([c.config, *md_cells])
+        page.append([c.config, *_quality(c.final_metric or c.test_bpb, False), total, reached])
         if (m := c.peak_memory) and m.baseline_mean is not None and m.candidate_mean is not None:
             b, k = geometric_means(c, "peak_memory_bytes")  # both arms' means recorded: their geometric means
             mib = f"{num(b and b / MIB, '.1f')} / {num(k and k / MIB, '.1f')} MiB"
@@ -328,6 +318,26 @@ def _costs(
     ]
 
 
+def _completion(
+    c: PairedResult, ivc: Any, no_total: str | None, script_metric: bool
+) -> tuple[list[str], list[str]]:
+    """A configuration's time to the target and total time: report.md's cells (pairs reached, the
+    time to target and its interval, the total time) and the page's (total time, time to target),
+    each through ``ivc`` (:func:`_interval_cells`); a study with a ``script_metric`` says why a cell
+    is empty rather than ``n/a%``."""
+    t = c.time_to_target
+    (te, tr), (re_, rr) = ivc(c.total_time.interval), ivc(t.interval)
+    base, cand = t.unreached["baseline"], t.unreached["candidate"]
+    reached = f"{t.pairs} (unreached: baseline {base}, candidate {cand})"
+    total = no_total or ivc(c.total_time.interval, whole=False)[0]
+    ttt = ivc(t.interval, sep="–", whole=False)
+    if script_metric and t.interval is None:  # a command study: a cell says why, not "n/a%"
+        ttt, rr = ("none: no pair where both reached the target", ""), "no interval"
+        re_ = "none"
+    page_reached = f"{re_} ({rr}); {t.pairs} pairs reached, unreached {base} / {cand}"
+    return [reached, *ttt, total], [no_total or f"{te} ({tr})", page_reached]
+
+
 def _delta(c: PairedResult) -> str:
     """The column of a pair's quality difference: the script's metric's or full-test BPB's."""
     return "Test Δ BPB" if c.final_metric is None else f"Δ {c.final_metric.metric['name']}"
@@ -337,7 +347,8 @@ def _pair_value(p: Any, points: bool) -> float | None:
     """A pair's time reduction in percent, or its change in ``points`` (100 x ln(candidate / baseline));
     ``None`` where a time is missing or not positive."""
     if not points:
-        return p.time_reduction_pct
+        v = p.time_reduction_pct
+        return None if v is None else float(v)
     b, k = p.baseline_training_s, p.candidate_training_s
     ok = all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in (b, k))
     return 100 * math.log(k / b) if ok else None
@@ -453,6 +464,14 @@ def _design_order(values: Any, order: Sequence[str]) -> list[str]:
     return [k for k in order if k in values] + sorted(k for k in values if k not in order)
 
 
+def _pairs_figure(ident: str, name: str, cfgs: Sequence[PairedResult], points: bool) -> list[Text]:
+    """The page's dot plot of every pair of study ``name``: reductions, or changes in ``points``."""
+    dots = [(c.config, [x for p in c.pairs if (x := _pair_value(p, points)) is not None]) for c in cfgs]
+    what = f"change in points ({SIGN})" if points else "reduction"
+    svg = pairs_svg(ident, f"Every pair's training-time {what}, study {name}", dots, points)
+    return figure(svg, "Each mark is one pair; red squares are adverse pairs.")
+
+
 def every_pair(
     studies: Sequence[StudyResult],
     cal: Calibration | None = None,
@@ -472,10 +491,7 @@ def every_pair(
                 verdict, kind = ("slower", "adverse") if (p.time_reduction_pct or 0.0) < 0 else ("faster", "")
                 rows.append([f"{c.config} seed {p.seed}", str(p.first), *_pair_cells(p, pts), verdict])
                 cls.append(kind)
-        dots = [(c.config, [x for p in c.pairs if (x := _pair_value(p, pts)) is not None]) for c in cfgs]
-        what = f"change in points ({SIGN})" if pts else "reduction"
-        svg = pairs_svg(f"pairs{n}", f"Every pair's training-time {what}, study {study.name}", dots, pts)
-        blocks += figure(svg, "Each mark is one pair; red squares are adverse pairs.")
+        blocks += _pairs_figure(f"pairs{n}", study.name, cfgs, pts)
         base, cand = cfgs[0].baseline_arm, cfgs[0].candidate_arm
         change = "Time change (points)" if pts else "Time reduction"
         head = ["Pair", "First", f"{base} (s)", f"{cand} (s)", change, _delta(cfgs[0]), "Candidate"]
