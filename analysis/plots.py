@@ -7,8 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from prereg.calibrated import SIGN
 from prereg.decisions import HypothesisDecision
 from prereg.records import RunRecord
+from prereg.render.answer import commands_study
 from prereg.results import Hypotheses, PairedResult, Summary
 
 __all__ = ["plots"]
@@ -108,32 +110,41 @@ def _decisions(summary: Summary) -> list[HypothesisDecision]:
     return [x.decision for x in hyp.decisions] if isinstance(hyp, Hypotheses) else []
 
 
-def _forest(summary: Summary, directory: Path) -> list[Path]:
-    """Every hypothesis' estimate and interval against its margin, plus every paired study's
-    descriptive log-time interval (the A/A null among them), in one figure."""
-    import matplotlib.pyplot as plt
-
+def _forest_rows(summary: Summary, pts: bool) -> list[tuple[str, Any, Any, Any, Any, str]]:
+    """The forest's rows (label, estimate, low, high, margin, status): each decision, then each paired
+    configuration's descriptive log ratio; with ``pts`` (a study of command arms) each log ratio in
+    points."""
     rows: list[tuple[str, Any, Any, Any, Any, str]] = []  # label, estimate, low, high, margin, status
     for d in _decisions(summary):
         if d.low is not None:
             margin = d.margin if d.type != "superiority" else 0.0
-            rows.append(
-                (f"{d.id} {d.study}/{d.config} {d.endpoint}", d.estimate, d.low, d.high, margin, d.status)
+            k = 100.0 if pts and d.estimand == "log_ratio" else 1.0
+            e, lo, hi, m = (
+                v if v is None or k == 1.0 else k * v for v in (d.estimate, d.low, d.high, margin)
             )
+            rows.append((f"{d.id} {d.study}/{d.config} {d.endpoint}", e, lo, hi, m, d.status))
     for st in summary.studies:
         for c in st.paired_configs():
             iv = c.training_time.log_ratio
             if iv:
-                rows.append(
-                    (
-                        f"{st.name}/{c.config} ln(time ratio), descriptive",
-                        iv.estimate,
-                        iv.low,
-                        iv.high,
-                        None,
-                        "descriptive",
-                    )
+                label = f"{st.name}/{c.config} {'points' if pts else 'ln(time ratio)'}, descriptive"
+                ends = (
+                    (100 * iv.estimate, 100 * iv.low, 100 * iv.high)
+                    if pts
+                    else (iv.estimate, iv.low, iv.high)
                 )
+                rows.append((label, *ends, None, "descriptive"))
+    return rows
+
+
+def _forest(summary: Summary, directory: Path) -> list[Path]:
+    """Every hypothesis' estimate and interval against its margin, plus every paired study's
+    descriptive log-time interval (the A/A null among them), in one figure; in a study of command
+    arms (what ``harness compare`` writes) each log ratio in points, the answer's convention."""
+    import matplotlib.pyplot as plt
+
+    pts = commands_study(summary)
+    rows = _forest_rows(summary, pts)
     if not rows:
         return []
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
@@ -153,7 +164,11 @@ def _forest(summary: Summary, directory: Path) -> list[Path]:
     ax.axvline(0, color="black", lw=0.5)
     ax.set_yticks(range(len(rows), 0, -1))
     ax.set_yticklabels([r[0] for r in rows], fontsize=7)
-    ax.set_xlabel("estimate (estimand units) with its interval; red ticks: margins")
+    ax.set_xlabel(
+        f"estimate with its interval: times in {SIGN}; other endpoints in their units; red ticks: margins"
+        if pts
+        else "estimate (estimand units) with its interval; red ticks: margins"
+    )
     fig.tight_layout()
     path = directory / "plot_forest.png"
     fig.savefig(path, dpi=110, bbox_inches="tight")  # the figure grows to its longest label: none clipped

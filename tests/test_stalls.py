@@ -128,7 +128,9 @@ SCRIPT = textwrap.dedent(
     r = Reporter.from_env()
     loss = 4.0
     for step in range(1, 13):
-        time.sleep(0.05)
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.05:  # a step's work (a lockstep arm's partner waits)
+            pass
         if step == args.hold_at and args.seed == 2:
             with open(args.pid_file + ".tmp", "w") as f:
                 f.write(str(os.getpid()))
@@ -162,6 +164,95 @@ studies:
     seeds: [1, 2, 3]
     steps: 12
 """
+
+
+def _program(held_file: Path) -> int:
+    """The pid (as this test sees it) of the user's program holding at its step 5: the seed-2 run's
+    ``train.py``, found in ``/proc`` (a lockstep arm runs in a PID namespace of its own, where its
+    own pid names another process)."""
+    want = f"train.py\0--seed\x002\0--hold-at\x005\0--pid-file\0{held_file}".encode()
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and want in (d / "cmdline").read_bytes():
+                return int(d.name)
+        except OSError:
+            continue
+    raise AssertionError("the held program is not in /proc")
+
+
+def _run_on_a_terminal(
+    argv: list[str], cwd: Path, env: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], list[bytes]]:
+    """``argv`` with its output on a pseudo-terminal (so the CLI writes its live line, as a user
+    sees it), read by a thread into the returned list."""
+    import pty
+    import threading
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=slave, stderr=slave, stdin=subprocess.DEVNULL)
+    os.close(slave)
+    got: list[bytes] = []
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(master, 1 << 16)
+            except OSError:  # EIO: every writer closed
+                break
+            if not chunk:
+                break
+            got.append(chunk)
+        os.close(master)
+
+    threading.Thread(target=read, daemon=True).start()
+    return proc, got
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("design", ["paired", "lockstep"])
+def test_an_arm_stopped_from_outside_shows_as_stalled_live_and_in_the_report(tmp_path, design):
+    """``harness run`` on a terminal, a study of a user's script: seed 2's candidate is stopped
+    (SIGSTOP) from outside at its step 5 for longer than the stall rule's floor, then continued
+    (SIGCONT). While it is stopped the live progress line says STALLED for that pair, and a line of
+    its own says so; no other pair is called stalled; the report names the pair. The code before
+    this never said STALLED in a real run: it took the time to the first beat that saw a step (the
+    worker's start-up) as the step time, so five of them outlasted the stop."""
+    pid_file = tmp_path / "held.pid"
+    text = PROTOCOL.format(pid=pid_file)
+    if design == "lockstep":
+        text = text.replace("design: paired", "design: lockstep\n    block_steps: 1")
+    repo = init_study(tmp_path / "mine", copy=(), protocol=text)
+    (repo / "train.py").write_text(SCRIPT)
+    subprocess.run(["git", "add", "train.py"], cwd=repo, check=True)
+    subprocess.run(["git", "commit", "-qm", "the script"], cwd=repo, check=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    boot = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from harness.cli import main; sys.exit(main())"
+    run, got = _run_on_a_terminal([sys.executable, "-c", boot, "run", "protocols/tiny.yaml"], repo, env)
+    try:
+        deadline = time.monotonic() + 120
+        while not pid_file.exists():
+            assert run.poll() is None and time.monotonic() < deadline, "the held arm never reached its step 5"
+            time.sleep(0.02)
+        held = _program(pid_file)
+        os.kill(held, signal.SIGSTOP)
+        time.sleep(STALL_FLOOR_S + 8)
+        os.kill(held, signal.SIGCONT)
+        run.wait(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    time.sleep(0.5)
+    out = b"".join(got).decode("utf-8", "replace")
+    live = [x for x in out.split("\r") if x.startswith("  running ") and "STALLED" in x]
+    assert live and all("pair001" in x for x in live), out
+    assert all("STALLED: no step for " in x for x in live), live
+    said = [
+        x for x in out.replace("\r", "\n").splitlines() if "STALLED" in x and not x.startswith("  running ")
+    ]
+    assert len(said) == 1 and "pair001" in said[0] and "its timeout_s still ends it" in said[0], said
+    report = (repo / "records" / "stall" / "report.md").read_text()
+    assert "s.tiny.pair001.candidate" in report.split("## Stalls")[1].split("\n## ")[0], report
 
 
 @pytest.mark.process
@@ -216,3 +307,18 @@ def test_an_arm_stopped_from_outside_is_named_in_the_report(tmp_path):
         text=True,
     )
     assert audit.returncode == 3 and "Integrity: everything matched." in audit.stdout, audit.stdout
+
+
+def test_the_live_watch_takes_no_start_up_for_a_step_time():
+    """The progress line's watch (``harness.execute.state.StallWatch``), as a real run feeds it: the
+    worker and the script start for 13 s, the first beat that sees the reporter file grow sees four
+    quick steps at once, then nothing. After the floor it says STALLED; the code before this took
+    the 13 s to that first growth as the step time and waited five of them (65 s)."""
+    from harness.execute.state import StallWatch
+
+    watch = StallWatch(first_step_s=45.0)
+    assert [watch.see(t, 0) for t in (1.0, 12.0)] == [None, None]
+    assert watch.see(13.0, 400) is None
+    assert watch.see(13.0 + STALL_FLOOR_S, 400) is None
+    said = watch.see(14.0 + STALL_FLOOR_S, 400)
+    assert said is not None and said.startswith(f"STALLED: no step for {STALL_FLOOR_S + 1:.0f} s"), said

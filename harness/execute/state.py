@@ -208,7 +208,12 @@ class StallWatch:
     growth (a line a step): no growth for longer than :data:`STALL_STEP_TIMES` times its step time
     (the mean time between growths so far) and :data:`STALL_FLOOR_S`; before the first step, for
     longer than ``first_step_s``. Fed each heartbeat (:meth:`see`); says nothing of the run's
-    outcome (its ``timeout_s`` still ends it)."""
+    outcome (its ``timeout_s`` still ends it).
+
+    A step time needs two beats that saw growth: after only one (the first steps came within one
+    beat, as steps shorter than the beat do) the floor alone applies. The time from the run's start
+    to that first growth (the worker's and the script's start-up) is no step time: taken as one, five
+    of them (a minute on a busy machine) outlasted a stop the floor should have caught."""
 
     first_step_s: float
     size: int = 0
@@ -227,7 +232,13 @@ class StallWatch:
             if elapsed <= self.first_step_s:
                 return None
             return f"STALLED: no step in {elapsed:.0f} s (earlier runs took about {self.first_step_s / STALL_RUN_TIMES:.0f} s whole)"
-        step = (self.last - self.first) / (self.growths - 1) if self.growths > 1 else self.last
+        if self.growths < 2:  # one growth seen: its steps came within one beat, their time unknown
+            return (
+                None
+                if quiet <= STALL_FLOOR_S
+                else f"STALLED: no step for {quiet:.0f} s (after its first steps)"
+            )
+        step = (self.last - self.first) / (self.growths - 1)
         if quiet <= max(STALL_FLOOR_S, STALL_STEP_TIMES * step):
             return None
         return f"STALLED: no step for {quiet:.0f} s (a step took about {step:.2f} s)"

@@ -30,7 +30,12 @@ CONVENTION = (
 def commands_study(summary: Summary) -> bool:
     """Whether every study of the protocol runs command arms (``harness compare`` writes such
     studies; no committed study is one)."""
-    studies = summary.protocol.get("studies") or []
+    return commands_protocol(summary.protocol)
+
+
+def commands_protocol(protocol: Mapping[str, Any]) -> bool:
+    """:func:`commands_study` of a protocol summary's mapping."""
+    studies = protocol.get("studies") or []
     return bool(studies) and all("commands" in s for s in studies)
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from prereg.calibrated import SIGN, Calibration, bias_text, endpoint_design
-from prereg.render.model import Section, Table, para
+from prereg.render.model import Section, Table, num, para
 from prereg.results import Descriptive, Summary
 
 CONVENTION = (
@@ -73,6 +73,32 @@ def points(
     at = f" ({100 * level:.4g}%)" if level else ""
     shown = "n/a" if low is None or high is None else f"{100 * low:+.2f} to {100 * high:+.2f}{at}"
     return f"{100 * estimate:+.2f}", shown
+
+
+def interval_points(iv: Any) -> tuple[float | None, float | None, float | None]:
+    """A paired interval of candidate over baseline times in points (:data:`SIGN`): a log ratio's
+    estimate and ends times 100; a relative reduction's (``100 (1 - exp(.))`` of the mean log ratio
+    and its ends, :func:`prereg.descriptive.paired_interval`) from its geometric-mean ratio and that
+    ratio's ends, ``100 x ln(ratio)``: the same mean log ratio, so the same figures as the answer's
+    (positive: the candidate slower). ``None`` each without an interval or a positive ratio."""
+    if iv is None:
+        return None, None, None
+    if iv.estimand == "log_ratio":
+        return 100 * iv.estimate, 100 * iv.low, 100 * iv.high
+    ratios = (iv.ratio, iv.ratio_low, iv.ratio_high)
+    if any(not isinstance(r, (int, float)) or not r > 0 for r in ratios):
+        return None, None, None
+    e, lo, hi = (100 * math.log(r) for r in ratios)
+    return e, lo, hi
+
+
+def point_cells(iv: Any, sep: str = " to ", whole: bool = True) -> tuple[str, str]:
+    """:func:`prereg.render.model.cells` of an interval in points (:func:`interval_points`): signed,
+    no unit; ``n/a`` for each cell without an interval (``whole``) or for each number."""
+    e, lo, hi = interval_points(iv)
+    if e is None and whole:
+        return "n/a", "n/a"
+    return num(e, "+.2f"), f"{num(lo, '+.2f')}{sep}{num(hi, '+.2f')}"
 
 
 def sentence(estimate: float, low: float | None, high: float | None, level: float | None) -> str:

@@ -9,13 +9,13 @@ from collections.abc import Mapping, Sequence
 from statistics import geometric_mean
 from typing import Any
 
-from prereg.calibrated import Calibration
+from prereg.calibrated import SIGN, Calibration
 from prereg.designs import design_label, design_named, study_design
 from prereg.factorial import design_of, effect_names
-from prereg.render.answer import clock_intervals
+from prereg.render.answer import clock_intervals, commands_protocol
 from prereg.render.beside import Beside
 from prereg.render.model import Section, Table, Text, cells, cols, ends, esc, level_pct, num, para, raw
-from prereg.render.result import CLOCK_ENDPOINT, bias_line, study_block
+from prereg.render.result import CLOCK_ENDPOINT, bias_line, interval_points, point_cells, study_block
 from prereg.render.svg import forest_svg, pairs_svg
 from prereg.results import PairedResult, StudyResult
 
@@ -71,31 +71,46 @@ def answer_figure(
     configuration, on the wall clock and, on a CPU device, the CPU clock where recorded, each study's
     design (``protocol``'s) named; ``beside``'s wall-clock rows after them. Nothing without an interval."""
     cpu = protocol.get("device") == "cpu"  # an A/A null check is in its own section, not here
+    pts = commands_protocol(protocol)  # a study of command arms: in points, as the answer
     shown = [(s, c) for s in studies for c in s.paired_configs() if c.baseline_arm != c.candidate_arm]
     rows = [
-        (f"{s.name} / {c.config}, {clock}", *ends(iv))
+        (f"{s.name} / {c.config}, {clock}", *(interval_points(log) if pts else ends(iv)))
         for s, c in shown
-        for clock, iv in clock_intervals(c, cpu)
+        for clock, iv, log in _clocks(c, cpu)
     ]
     names = dict.fromkeys(f"{c.candidate_arm} over {c.baseline_arm}" for _, c in shown)
     level = next((c.level for _, c in shown if c.level), 0.99)
     for b in beside.rows if beside else ():
         label = f"{beside.protocol_id} {b.earlier_study} / {b.config}, wall"  # type: ignore[union-attr]
         if all(r[0] != label for r in rows):  # one earlier result beside several studies: once
-            rows.append((label, *ends(b.earlier.training_time.interval)))
-    svg = forest_svg("answer", "Training-time reduction per study and configuration", rows)
+            tt = b.earlier.training_time
+            rows.append(
+                (label, *(interval_points(getattr(tt, "log_ratio", None)) if pts else ends(tt.interval)))
+            )
+    what = "change in points" if pts else "reduction"
+    svg = forest_svg("answer", f"Training-time {what} per study and configuration", rows, pts)
     kinds = "; ".join(f"{esc(s['name'])}: {esc(design_label(s))}" for s in protocol["studies"])
     if beside and beside.rows:
         kinds += (
             f"; beside it, the earlier study {esc(beside.protocol_id)} ({esc(beside.rows[0].earlier_design)})"
         )
+    side = (
+        f"in {SIGN}; right of the dashed line the candidate is slower"
+        if pts
+        else ("right of the dashed line the candidate is faster")
+    )
     return figure(
         svg,
-        f"The answer in one figure: the training-time reduction of {esc(', '.join(names))}, "
+        f"The answer in one figure: the training-time {what} of {esc(', '.join(names))}, "
         "per study and configuration, on the wall clock and the training thread's CPU clock where recorded, "
-        f"with {level_pct(level)} paired intervals; right of the dashed line the candidate is "
-        f"faster. How each study's pairs ran: {kinds}.",
+        f"with {level_pct(level)} paired intervals; {side}. How each study's pairs ran: {kinds}.",
     )
+
+
+def _clocks(c: PairedResult, cpu: bool) -> list[tuple[str, Any, Any]]:
+    """:func:`prereg.render.answer.clock_intervals` with each clock's log-ratio interval beside."""
+    logs = {"wall": c.training_time.log_ratio, "CPU": c.training_cpu_time and c.training_cpu_time.log_ratio}
+    return [(clock, iv, logs[clock]) for clock, iv in clock_intervals(c, cpu)]
 
 
 def figure(svg: str, caption: str) -> list[Text]:
@@ -119,32 +134,54 @@ def paired(
     arms, geo = f"{base} / {cand}", f"{base} / {cand} (geometric mean)"
     st = protocol_study or {}
     no_total, no_memory, clock = RAN[bool(st) and study_design(st).shares_process, "commands" in st]
+    commands = "commands" in st  # a script's own model: no parameter count; the answer's convention
+    shown, change = ("1 - candidate / baseline of them is the reduction shown", "reduction")
+    if commands:
+        shown, change = ("100 x ln(candidate / baseline) of them is the change shown", "change (points)")
     said = (
         f"Fixed-budget training time; pairs ran in {design_label(protocol_study)}. Times are geometric "
-        "means over the pairs (1 - candidate / baseline of them is the reduction shown). Intervals are "
-        f"{_intervals_are(cfgs[0], lvl)}; a positive reduction means the candidate was faster."
+        f"means over the pairs ({shown}). Intervals are {_intervals_are(cfgs[0], lvl)}; "
+        + (
+            f"each change is in {SIGN}, as the answer's."
+            if commands
+            else "a positive reduction means the candidate was faster."
+        )
     )
     blocks: list[Text | Table] = [para(said)]
-    commands = "commands" in st  # a script's own model: no parameter count to show
-    head = ["Configuration", "Parameters", geo, "Time reduction", f"{lvl} interval", "Faster / slower pairs"]
+    head = ["Configuration", "Parameters", geo, f"Time {change}", f"{lvl} interval", "Faster / slower pairs"]
     head = [h for h in head if not (commands and h == "Parameters")]
     blocks += _clock(f"Training time, {arms}", head, cfgs, "training_time", "training_s", commands)
     blocks += _bias(cal, protocol_study, "training_time", f"the training times of study {study.name}")
-    forest = [(c.config, *ends(c.training_time.interval)) for c in cfgs]
-    svg = forest_svg(f"forest{n}", f"Training-time reduction of {cand} over {base}, {lvl} intervals", forest)
-    said = f"Training-time reduction per configuration with its {lvl} interval; right of the dashed line "
-    blocks += figure(svg, said + "the candidate is faster.")
+    blocks += _study_forest(cfgs, n, f"{cand} over {base}", lvl, commands)
     with_cpu = [c for c in cfgs if c.training_cpu_time is not None] if cpu else []
     if with_cpu:
-        cpu_head = ["Configuration", geo, "CPU-time reduction", f"{lvl} interval"]
+        cpu_head = ["Configuration", geo, f"CPU-time {change}", f"{lvl} interval"]
         blocks += [para(f"{clock}.", "md")]
-        blocks += _clock(f"{clock}, {arms}", cpu_head, with_cpu, "training_cpu_time", "training_cpu_s")
+        blocks += _clock(
+            f"{clock}, {arms}", cpu_head, with_cpu, "training_cpu_time", "training_cpu_s", commands
+        )
         blocks += _bias(cal, protocol_study, "training_cpu_time", f"the CPU times of study {study.name}")
     return [
         Section(f"Study {study.name}: {cand} versus {base}", blocks),
-        *_costs(study.name, cfgs, lvl, arms, no_total, no_memory, cal is not None),
-        _md_pairs(cfgs, lvl, _bias(cal, protocol_study, "training_time", "every pair's time reduction")),
+        *_costs(study.name, cfgs, lvl, (arms, no_total, no_memory), cal is not None, commands),
+        _md_pairs(
+            cfgs, lvl, _bias(cal, protocol_study, "training_time", "every pair's time reduction"), commands
+        ),
     ]
+
+
+def _study_forest(cfgs: Sequence[PairedResult], n: int, who: str, lvl: str, points: bool) -> list[Text]:
+    """A paired study's forest plot of its training time per configuration: reductions in percent, or
+    in ``points`` (a study of command arms: the answer's convention, from the log ratio's interval)."""
+    if not points:
+        forest = [(c.config, *ends(c.training_time.interval)) for c in cfgs]
+        svg = forest_svg(f"forest{n}", f"Training-time reduction of {who}, {lvl} intervals", forest)
+        said = f"Training-time reduction per configuration with its {lvl} interval; right of the dashed line "
+        return figure(svg, said + "the candidate is faster.")
+    forest = [(c.config, *interval_points(c.training_time.log_ratio)) for c in cfgs]
+    svg = forest_svg(f"forest{n}", f"Training-time change of {who} in points, {lvl} intervals", forest, True)
+    said = f"Training-time change per configuration with its {lvl} interval, in {SIGN}: right of the dashed line "
+    return figure(svg, said + "the candidate is slower.")
 
 
 def _bias(cal: Calibration | None, st: Mapping[str, Any] | None, endpoint: str, beside: str) -> list[Text]:
@@ -172,14 +209,21 @@ def _clock(
 ) -> list[Table]:
     """One clock's table twice, report.md's (an en dash, ``n/a`` per number) and the page's: each
     configuration's arms' geometric mean ``key`` (seconds), the reduction of endpoint ``ep`` and its
-    interval; the wall clock's with the parameters (not for ``commands``, a study of command arms:
-    their models are the scripts' own) and the faster / slower pairs."""
+    interval; the wall clock's with the parameters and the faster / slower pairs. For ``commands``,
+    a study of command arms: no parameters (their models are the scripts' own), the change in points
+    (:data:`prereg.calibrated.SIGN`, from the log ratio's interval), as the answer gives it."""
     out = []
     for md in (True, False):
         rows = []
         for c in cfgs:
             b, k = geometric_means(c, key)
-            est = cells(getattr(c, ep).interval, sep="–" if md else " to ", whole=not md)
+            sep = "–" if md else " to "
+            e = getattr(c, ep)
+            est = (
+                point_cells(e.log_ratio, sep, not md)
+                if commands
+                else cells(e.interval, sep=sep, whole=not md)
+            )
             row = [f"{num(b, '.3f')} / {num(k, '.3f')} s", *est]
             if ep == "training_time":
                 params = "n/a" if md and not c.parameters else num((c.parameters or 0) / 1e6, ".2f") + "M"
@@ -204,35 +248,40 @@ UNCALIBRATED = (
 )
 
 
+#: Above the time to the target and the total time of a study of command arms: their convention.
+IN_POINTS = (
+    f"Time to the target and total time are in {SIGN}, as the answer: each is 100 x the mean over the "
+    "pairs of ln(candidate / baseline), with its interval."
+)
+
+
+def _interval_cells(points: bool) -> Any:
+    """The cells of a costs table's interval: reductions in percent, or ``points``."""
+    return point_cells if points else cells
+
+
 def _costs(
     name: str,
     cfgs: Sequence[PairedResult],
     lvl: str,
-    arms: str,
-    no_total: str | None,
-    no_memory: str,
+    ran: tuple[str, str | None, str],
     calibrated: bool = False,
+    points: bool = False,
 ) -> list[Section]:
     """A paired study's costs: report.md's time to the target and total time, quality endpoint and
     peak memory (or why it has none); the page's quality and completion costs in one table, then its
-    peak memory (``no_total``, ``no_memory``: the design's :data:`RAN` words); in a ``calibrated``
-    study, that the calibration says nothing of these endpoints' bias."""
+    peak memory (``ran``: the arms' words, then the design's :data:`RAN` words ``no_total`` and
+    ``no_memory``); in a ``calibrated`` study, that the calibration says nothing of these endpoints'
+    bias; with ``points`` (a study of command arms), both times in the answer's convention."""
+    arms, no_total, no_memory = ran
     done, page, mem_md, mem_page, fm = [], [], [], [], cfgs[0].final_metric
     note = [para(UNCALIBRATED)] if calibrated else []
+    note += [para(IN_POINTS)] if points else []
+    ivc, change = _interval_cells(points), "change (points)" if points else "reduction"
     for c in cfgs:
-        t = c.time_to_target
-        (te, tr), (re_, rr) = cells(c.total_time.interval), cells(t.interval)
-        base, cand = t.unreached["baseline"], t.unreached["candidate"]
-        reached = f"{t.pairs} (unreached: baseline {base}, candidate {cand})"
-        total = no_total or cells(c.total_time.interval, whole=False)[0]
-        ttt = cells(t.interval, sep="–", whole=False)
-        if fm is not None and t.interval is None:  # a command study: a cell says why, not "n/a%"
-            ttt, rr = ("none: no pair where both reached the target", ""), "no interval"
-            re_ = "none"
-        done.append([c.config, reached, *ttt, total])
-        reached = f"{re_} ({rr}); {t.pairs} pairs reached, unreached {base} / {cand}"
-        q = _quality(c.final_metric or c.test_bpb, False)
-        page.append([c.config, *q, no_total or f"{te} ({tr})", reached])
+        md_cells, (total, reached) = _completion(c, ivc, no_total, fm is not None)
+        done.append([c.config, *md_cells])
+        page.append([c.config, *_quality(c.final_metric or c.test_bpb, False), total, reached])
         if (m := c.peak_memory) and m.baseline_mean is not None and m.candidate_mean is not None:
             b, k = geometric_means(c, "peak_memory_bytes")  # both arms' means recorded: their geometric means
             mib = f"{num(b and b / MIB, '.1f')} / {num(k and k / MIB, '.1f')} MiB"
@@ -248,7 +297,11 @@ def _costs(
     head = ["Configuration", f"{arms} {metric}", "Difference", f"{lvl} interval"]
     md: list[Text | Table] = [
         para("Time to the fixed validation target and total completion time."),
-        Table("", [*cols(DONE_HEAD), f"{lvl} interval", "Total-time reduction"], done),
+        Table(
+            "",
+            [*cols(DONE_HEAD.replace("reduction", change)), f"{lvl} interval", f"Total-time {change}"],
+            done,
+        ),
         *note,
         para(f"Full-test quality ({NO_METRIC_MD})." if fm is None else f"Quality: {words}."),
         Table("", head, quality),
@@ -256,7 +309,7 @@ def _costs(
         Table("", ["Configuration", f"{arms} peak (geometric mean)", "Reduction"], mem_md),
     ]
     caption = f"{NO_METRIC if fm is None else words}, total completion time and time to the validation target"
-    costs = Table(caption, [*head, "Total-time reduction", "Time-to-target reduction"], page)
+    costs = Table(caption, [*head, f"Total-time {change}", f"Time-to-target {change}"], page)
     memory = Table(MEMORY, ["Configuration", f"{arms} (geometric mean)", "Reduction"], mem_page)
     return [
         Section(None, md if mem_md else [*md[:-1], para(no_memory)], only="md"),
@@ -265,22 +318,59 @@ def _costs(
     ]
 
 
+def _completion(
+    c: PairedResult, ivc: Any, no_total: str | None, script_metric: bool
+) -> tuple[list[str], list[str]]:
+    """A configuration's time to the target and total time: report.md's cells (pairs reached, the
+    time to target and its interval, the total time) and the page's (total time, time to target),
+    each through ``ivc`` (:func:`_interval_cells`); a study with a ``script_metric`` says why a cell
+    is empty rather than ``n/a%``."""
+    t = c.time_to_target
+    (te, tr), (re_, rr) = ivc(c.total_time.interval), ivc(t.interval)
+    base, cand = t.unreached["baseline"], t.unreached["candidate"]
+    reached = f"{t.pairs} (unreached: baseline {base}, candidate {cand})"
+    total = no_total or ivc(c.total_time.interval, whole=False)[0]
+    ttt = ivc(t.interval, sep="–", whole=False)
+    if script_metric and t.interval is None:  # a command study: a cell says why, not "n/a%"
+        ttt, rr = ("none: no pair where both reached the target", ""), "no interval"
+        re_ = "none"
+    page_reached = f"{re_} ({rr}); {t.pairs} pairs reached, unreached {base} / {cand}"
+    return [reached, *ttt, total], [no_total or f"{te} ({tr})", page_reached]
+
+
 def _delta(c: PairedResult) -> str:
     """The column of a pair's quality difference: the script's metric's or full-test BPB's."""
     return "Test Δ BPB" if c.final_metric is None else f"Δ {c.final_metric.metric['name']}"
 
 
-def _pair_cells(p: Any) -> list[str]:
-    """A pair's two training times, its time reduction and its quality difference."""
+def _pair_value(p: Any, points: bool) -> float | None:
+    """A pair's time reduction in percent, or its change in ``points`` (100 x ln(candidate / baseline));
+    ``None`` where a time is missing or not positive."""
+    if not points:
+        v = p.time_reduction_pct
+        return None if v is None else float(v)
+    b, k = p.baseline_training_s, p.candidate_training_s
+    ok = all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in (b, k))
+    return 100 * math.log(k / b) if ok else None
+
+
+def _pair_cells(p: Any, points: bool = False) -> list[str]:
+    """A pair's two training times, its time reduction (or change in ``points``: 100 x ln(candidate /
+    baseline)) and its quality difference."""
     times = [num(p.baseline_training_s, ".3f"), num(p.candidate_training_s, ".3f")]
-    return [*times, num(p.time_reduction_pct, ".2f%"), num(p.quality_difference(), "+.5f")]
+    change = num(_pair_value(p, points), "+.2f" if points else ".2f%")
+    return [*times, change, num(p.quality_difference(), "+.5f")]
 
 
-def _md_pairs(cfgs: Sequence[PairedResult], lvl: str, bias: Sequence[Text] = ()) -> Section:
-    """report.md's every pair and order diagnostics of a paired study, ``bias`` under its table."""
-    rows = [[c.config, str(p.seed), str(p.first), *_pair_cells(p)] for c in cfgs for p in c.pairs]
+def _md_pairs(
+    cfgs: Sequence[PairedResult], lvl: str, bias: Sequence[Text] = (), points: bool = False
+) -> Section:
+    """report.md's every pair and order diagnostics of a paired study, ``bias`` under its table; each
+    pair's change in ``points`` (a study of command arms)."""
+    rows = [[c.config, str(p.seed), str(p.first), *_pair_cells(p, points)] for c in cfgs for p in c.pairs]
     base, cand = (f"{arm.capitalize()} (s)" for arm in (cfgs[0].baseline_arm, cfgs[0].candidate_arm))
-    head = ["Configuration", "Seed", "First", base, cand, "Time reduction", _delta(cfgs[0])]
+    change = "Time change (points)" if points else "Time reduction"
+    head = ["Configuration", "Seed", "First", base, cand, change, _delta(cfgs[0])]
     lines = [line for c in cfgs for line in _order(c, c.config, True)] or [NO_ORDER]
     order = (
         f"Order diagnostics ({lvl} intervals): AB/BA period effect, treatment-by-period check, drift "
@@ -374,6 +464,14 @@ def _design_order(values: Any, order: Sequence[str]) -> list[str]:
     return [k for k in order if k in values] + sorted(k for k in values if k not in order)
 
 
+def _pairs_figure(ident: str, name: str, cfgs: Sequence[PairedResult], points: bool) -> list[Text]:
+    """The page's dot plot of every pair of study ``name``: reductions, or changes in ``points``."""
+    dots = [(c.config, [x for p in c.pairs if (x := _pair_value(p, points)) is not None]) for c in cfgs]
+    what = f"change in points ({SIGN})" if points else "reduction"
+    svg = pairs_svg(ident, f"Every pair's training-time {what}, study {name}", dots, points)
+    return figure(svg, "Each mark is one pair; red squares are adverse pairs.")
+
+
 def every_pair(
     studies: Sequence[StudyResult],
     cal: Calibration | None = None,
@@ -386,18 +484,18 @@ def every_pair(
     blocks: list[Text | Table] = [para(said + "candidate was worse.")]
     for n, study in enumerate(s for s in studies if design_named(s.design).pairwise and s.configs):
         cfgs, rows, cls = study.paired_configs(), [], []
+        st = (by_name or {}).get(study.name)
+        pts = "commands" in (st or {})  # a study of command arms: each change in points, as the answer
         for c in cfgs:
             for p in c.pairs:  # a damaged (null or non-finite) endpoint shows as n/a
                 verdict, kind = ("slower", "adverse") if (p.time_reduction_pct or 0.0) < 0 else ("faster", "")
-                rows.append([f"{c.config} seed {p.seed}", str(p.first), *_pair_cells(p), verdict])
+                rows.append([f"{c.config} seed {p.seed}", str(p.first), *_pair_cells(p, pts), verdict])
                 cls.append(kind)
-        dots = [(c.config, [x for p in c.pairs if (x := p.time_reduction_pct) is not None]) for c in cfgs]
-        svg = pairs_svg(f"pairs{n}", f"Every pair's training-time reduction, study {study.name}", dots)
-        blocks += figure(svg, "Each mark is one pair; red squares are adverse pairs.")
+        blocks += _pairs_figure(f"pairs{n}", study.name, cfgs, pts)
         base, cand = cfgs[0].baseline_arm, cfgs[0].candidate_arm
-        head = ["Pair", "First", f"{base} (s)", f"{cand} (s)", "Time reduction", _delta(cfgs[0]), "Candidate"]
+        change = "Time change (points)" if pts else "Time reduction"
+        head = ["Pair", "First", f"{base} (s)", f"{cand} (s)", change, _delta(cfgs[0]), "Candidate"]
         blocks.append(Table(f"Study {study.name}: every pair", head, rows, cls))
-        st = (by_name or {}).get(study.name)
         blocks += _bias(cal, st, CLOCK_ENDPOINT["wall"], f"the pairs of study {study.name}")
     return Section("Every pair, including adverse ones", blocks, only="html")
 

@@ -70,14 +70,24 @@ def _plot(ident: str, title: str, desc: str, rows: Rows, top: int, mark: Mark) -
 
 
 def forest_svg(
-    ident: str, title: str, rows: list[tuple[str, float | None, float | None, float | None]]
+    ident: str,
+    title: str,
+    rows: list[tuple[str, float | None, float | None, float | None]],
+    points: bool = False,
 ) -> str:
-    """Estimates with intervals, a line at zero: ``rows`` (label, estimate, low, high); a None drops a row."""
+    """Estimates with intervals, a line at zero: ``rows`` (label, estimate, low, high); a None drops a row.
+    Reductions in percent (positive: faster), or ``points`` (positive: slower); blue an interval
+    wholly on the faster side, red wholly on the slower side."""
     shown = [(t, (e, lo, hi)) for t, e, lo, hi in rows if e is not None and lo is not None and hi is not None]
-    desc = "; ".join(f"{t}: {e:.2f}% ({lo:.2f} to {hi:.2f}%)" for t, (e, lo, hi) in shown)
+    if points:
+        desc = "; ".join(f"{t}: {e:+.2f} points ({lo:+.2f} to {hi:+.2f})" for t, (e, lo, hi) in shown)
+    else:
+        desc = "; ".join(f"{t}: {e:.2f}% ({lo:.2f} to {hi:.2f}%)" for t, (e, lo, hi) in shown)
+    sign = -1.0 if points else 1.0  # which side is faster
 
     def mark(x: Callable[[float], float], y: float, v: Sequence[float]) -> str:
-        color = "#1f5fa8" if v[1] > 0 else ("#b3361f" if v[2] < 0 else "#555")
+        lo, hi = sorted((sign * v[1], sign * v[2]))
+        color = "#1f5fa8" if lo > 0 else ("#b3361f" if hi < 0 else "#555")
         return (
             f'<line x1="{x(v[1]):.1f}" y1="{y:.1f}" x2="{x(v[2]):.1f}" y2="{y:.1f}" stroke="{color}" '
             f'stroke-width="2"/><circle cx="{x(v[0]):.1f}" cy="{y:.1f}" r="4.5" fill="{color}"/>'
@@ -86,16 +96,18 @@ def forest_svg(
     return _plot(ident, title, desc, shown, 34, mark) if shown else ""
 
 
-def pairs_svg(ident: str, title: str, rows: list[tuple[str, list[float]]]) -> str:
-    """Every pair's time reduction (%), one row per configuration; adverse pairs (below 0) in red squares."""
+def pairs_svg(ident: str, title: str, rows: list[tuple[str, list[float]]], points: bool = False) -> str:
+    """Every pair's time reduction (%), or change in ``points`` (positive: slower), one row per
+    configuration; adverse pairs (the candidate slower) in red squares."""
     rows = [(label, vals) for label, vals in rows if vals]
-    adverse, total = sum(v < 0 for _, vals in rows for v in vals), sum(len(vals) for _, vals in rows)
+    sign = -1.0 if points else 1.0  # a faster pair's side
+    adverse, total = sum(sign * v < 0 for _, vals in rows for v in vals), sum(len(vals) for _, vals in rows)
     desc = f"{total} pairs, {adverse} adverse (candidate slower); every value is in the table below."
 
     def mark(x: Callable[[float], float], y: float, vals: Sequence[float]) -> str:
         return "".join(
             f'<rect x="{x(v) - 4:.1f}" y="{y - 4:.1f}" width="8" height="8" fill="#b3361f" fill-opacity=".75"/>'
-            if v < 0
+            if sign * v < 0
             else f'<circle cx="{x(v):.1f}" cy="{y:.1f}" r="4" fill="#1f5fa8" fill-opacity=".6"/>'
             for v in vals
         )
