@@ -17,7 +17,7 @@ import statistics
 from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
-    from prereg.records import RunRecord
+    from prereg.formats.record import RunRecord
 
 
 class Calibrated(TypedDict):

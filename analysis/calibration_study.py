@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from prereg.designs import LOCKSTEP, PAIRED
+from prereg.formats.record import RunRecord
 from prereg.planted import CLASS_CLOCK, CLASSES, KINDS, Verdict, verdicts
-from prereg.records import RunRecord
 
 __all__ = ["CalibrationPlan", "Verdict", "pilot_step_cpu_us", "protocol_text", "verdict_lines", "verdicts"]
 

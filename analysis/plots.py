@@ -9,7 +9,7 @@ from typing import Any
 
 from prereg.calibrated import SIGN
 from prereg.decisions import HypothesisDecision
-from prereg.records import RunRecord
+from prereg.formats.record import RunRecord
 from prereg.render.answer import commands_study
 from prereg.results import Hypotheses, PairedResult, Summary
 

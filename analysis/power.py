@@ -28,7 +28,7 @@ from prereg.ranks import binomial_upper, median
 from prereg.ttests import one_sided, period_adjusted_mean, sign
 
 if TYPE_CHECKING:
-    from prereg.records import RunRecord
+    from prereg.formats.record import RunRecord
 
 
 @dataclass(frozen=True)

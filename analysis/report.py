@@ -14,13 +14,13 @@ from pathlib import Path
 from analysis.plots import plots
 from prereg.calibrated import find_calibration
 from prereg.files import atomic_write
-from prereg.records import load_started, seal, write_json
+from prereg.formats.record import load_started, seal, write_json
+from prereg.formats.summary import derive, load_records
 from prereg.render.answer import terminal_answer
 from prereg.render.beside import read_beside
 from prereg.render.page import markdown, write_page
 from prereg.results import Summary
 from prereg.stalls import folder_stalls
-from prereg.summary import derive, load_records
 
 
 @dataclass

@@ -26,8 +26,7 @@ from prereg.barrier import look_problems
 from prereg.bounded import InputLimitError, file_problem, read_present, read_regular
 from prereg.corpora import check_corpus
 from prereg.evidence import clock_problems, evidence_problems, stall_problems
-from prereg.interference import kernel_named, kernel_problems
-from prereg.ledger import (
+from prereg.formats.ledger import (
     LOOK_SUFFIX,
     RECORD_SUFFIX,
     SCHEMAS,
@@ -44,9 +43,10 @@ from prereg.ledger import (
     snapshot_name,
     with_snapshot,
 )
+from prereg.formats.record import entry_problems, seal
+from prereg.interference import kernel_named, kernel_problems
 from prereg.plan import OPTIONAL_SPEC, plan_from_protocol, plan_notes
 from prereg.recompute import SUMMARY_SCHEMAS, compare, recompute
-from prereg.records import entry_problems, seal
 from prereg.replicates import anchored_gap_problems, replicate_times, time_problems, unwitnessed
 from prereg.results import Summary
 from prereg.tag import PLOT_FILES, Truth, check_sources, git_out, git_root, load_truth, stored_tag

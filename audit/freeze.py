@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from prereg.commands import refs_of
-from prereg.ledger import SOURCE_TREES, Manifest, record_name, sha256
+from prereg.formats.ledger import SOURCE_TREES, Manifest, record_name, sha256
 from prereg.tag import Truth, field_differences, frozen_trees, git_bytes, git_out, parse_time, torch_matches
 
 #: Fields a record's ``protocol`` holds beyond those derived from the protocol file (checked
@@ -242,8 +242,9 @@ def dirty_worktrees(records: list[dict[str, Any]], exempt: list[str]) -> tuple[l
 
 def tagged_schema(root: str, commit: str) -> int | None:
     """The records schema the harness at ``commit`` writes (``SCHEMA_VERSION`` in its
-    ``prereg/records.py``, or ``harness/records.py`` before the core moved); None: not found."""
-    for where in ("prereg/records.py", "harness/records.py"):
+    ``prereg/formats/record.py``; ``prereg/records.py`` or ``harness/records.py`` at older commits);
+    None: not found."""
+    for where in ("prereg/formats/record.py", "prereg/records.py", "harness/records.py"):
         text = git_out(root, "show", f"{commit}:{where}") or ""
         found = re.search(r"^SCHEMA_VERSION = (\d+)$", text, re.M)
         if found:
@@ -253,7 +254,7 @@ def tagged_schema(root: str, commit: str) -> int | None:
 
 def check_declared(root: str, truth: Truth, records: list[dict[str, Any]]) -> list[str]:
     """What the tag says each record must be: no older record format than the tagged harness
-    writes (``SCHEMA_VERSION`` in its ``prereg/records.py``: a record downgraded to an older
+    writes (``SCHEMA_VERSION`` in its ``prereg/formats/record.py``: a record downgraded to an older
     schema, without its started entries, is named), and the PyTorch the protocol declares."""
     problems: list[str] = []
     writes = tagged_schema(root, truth["commit"])

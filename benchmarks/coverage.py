@@ -509,7 +509,7 @@ def censoring(args: argparse.Namespace, sd: float, rng: random.Random) -> dict[s
 
 def sd_from_records(directory: Path) -> float:
     from analysis.power import aa_noise
-    from prereg.records import load_records
+    from prereg.formats.record import load_records
 
     noise = aa_noise(load_records(directory), "training_time", "log_ratio")
     if not noise:

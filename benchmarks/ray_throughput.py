@@ -76,7 +76,7 @@ def split_overhead(repo: Path, start: float, end: float) -> tuple[float, float, 
     device, the runs after its first over the time from its first run's end to its last's."""
     from datetime import datetime
 
-    from prereg.records import load_records
+    from prereg.formats.record import load_records
 
     by_device: dict[str, list[tuple[float, float]]] = {}
     for r in load_records(repo / "records" / "tiny"):
@@ -92,7 +92,7 @@ def split_overhead(repo: Path, start: float, end: float) -> tuple[float, float, 
 
 
 def launcher_total(repo: Path) -> float:
-    from prereg.records import load_records
+    from prereg.formats.record import load_records
 
     return sum(r.timings["launcher_wall_s"] for r in load_records(repo / "records" / "tiny"))
 

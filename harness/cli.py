@@ -17,7 +17,7 @@ from harness.clirun import Terminated, cmd_run, records_rel, refuse_shadowing, r
 from harness.clitools import cmd_compare_arms, cmd_configs, cmd_data, cmd_node, cmd_verify, table
 from harness.compare_cmd import cmd_compare
 from prereg.errors import HarnessError, InputError
-from prereg.records import RecordFormatError
+from prereg.formats.record import RecordFormatError
 
 _N = TypeVar("_N", int, float)  # a flag's kind of number
 
@@ -98,9 +98,9 @@ def cmd_tag(args: argparse.Namespace) -> int:
 
 def cmd_publish(args: argparse.Namespace) -> int:
     from harness.protocol import load_protocol
-    from prereg.records import load_started, seal
+    from prereg.formats.record import load_started, seal
+    from prereg.formats.summary import derive, load_records
     from prereg.render.page import write_page
-    from prereg.summary import derive, load_records
 
     proto = load_protocol(args.protocol)
     records = load_records(proto.records_path)
@@ -160,7 +160,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from analysis.calibrate import budget, calibrate
     from harness.plan import make_plan
     from harness.protocol import load_protocol
-    from prereg.summary import load_records
+    from prereg.formats.summary import load_records
 
     pilot = load_protocol(args.pilot)
     rows = calibrate(load_records(pilot.records_path))
@@ -198,7 +198,7 @@ def cmd_calibration_verdict(args: argparse.Namespace) -> int:
     """``harness calibration-verdict RECORDS``: which design to use here, per effect class."""
     from analysis.calibration_study import verdict_lines
     from prereg.calibrated import refuse_other_machine
-    from prereg.summary import derive, load_records
+    from prereg.formats.summary import derive, load_records
 
     refuse_other_machine(list(args.records), None)  # one machine's calibrations, never a mix
     runs = []
@@ -228,7 +228,7 @@ def cmd_calibration_study(args: argparse.Namespace) -> int:
     from analysis.calibration_study import pilot_step_cpu_us, protocol_text
     from harness.protocol import load_protocol
     from prereg.files import atomic_write
-    from prereg.records import load_records
+    from prereg.formats.record import load_records
 
     out = Path(args.out)
     if out.exists():
@@ -386,8 +386,8 @@ def _calibration_bias(calibration: str, target: Any) -> Any:
     from harness.machine import cpu_model
     from harness.protocol import load_protocol
     from prereg.calibrated import refuse_other_machine
-    from prereg.records import load_records
-    from prereg.summary import derive
+    from prereg.formats.record import load_records
+    from prereg.formats.summary import derive
 
     cal = load_protocol(calibration)
     if cal.records_path.is_dir():  # its bias is this machine's only if it was measured here
@@ -404,8 +404,8 @@ def _calibration_bias(calibration: str, target: Any) -> Any:
 def cmd_power(args: argparse.Namespace) -> int:
     from analysis.power import cited, legend, plan, table_rows
     from harness.protocol import load_protocol
+    from prereg.formats.record import load_records
     from prereg.protocol.read import read_document
-    from prereg.records import load_records
 
     pilot = load_protocol(args.pilot)
     target = load_protocol(args.target)

@@ -29,8 +29,8 @@ from harness.packages import package_dirs
 from prereg.bounded import InputLimitError, file_problem, read_present, read_regular, read_target
 from prereg.commands import commands_of, refs_of
 from prereg.errors import RefusedError
-from prereg.ledger import read_json
-from prereg.records import canonical, sha256_bytes
+from prereg.formats.ledger import read_json
+from prereg.formats.record import canonical, sha256_bytes
 from prereg.tag import (
     FREEZE_MARKER,
     PLOT_FILES,
@@ -750,7 +750,7 @@ def tag(proto: Protocol, sign: bool = False) -> tuple[gitutil.TagInfo, Manifest]
     files in the frozen entries, an existing tag, and existing records.
     """
     from harness.plan import make_plan, plan_sha256
-    from prereg.records import record_files
+    from prereg.formats.record import record_files
 
     repo = gitutil.toplevel(proto.path)
     if repo is None:

@@ -33,7 +33,7 @@ from filelock import FileLock
 
 from prereg.bounded import parse_json, read_regular, read_target
 from prereg.files import atomic_write
-from prereg.ledger import (
+from prereg.formats.ledger import (
     LOOK_SUFFIX,
     RECORD_SUFFIX,
     SOURCE_TREES,
@@ -43,7 +43,7 @@ from prereg.ledger import (
     record_name,
     self_hash_ok,
 )
-from prereg.records import (
+from prereg.formats.record import (
     MANIFEST,
     SCHEMA_VERSION,
     LedgerHead,

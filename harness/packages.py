@@ -1,12 +1,12 @@
 """Where the project's packages are: the folders beside this harness, one per name in the core's
-:data:`prereg.ledger.PACKAGES` (hashed for the records, shipped to Ray nodes, compiled by workers
+:data:`prereg.formats.ledger.PACKAGES` (hashed for the records, shipped to Ray nodes, compiled by workers
 only from verified bytes)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from prereg.ledger import PACKAGES
+from prereg.formats.ledger import PACKAGES
 
 
 def package_dirs() -> list[Path]:

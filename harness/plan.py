@@ -23,13 +23,13 @@ plan by it from the tagged file, read by the same reader.
 from __future__ import annotations
 
 from harness.protocol import Protocol
+from prereg.formats.record import RunSpec, canonical, sha256_bytes
 from prereg.plan import plan_from_protocol
-from prereg.records import RunSpec, canonical, sha256_bytes
 
 
 def make_plan(proto: Protocol) -> list[RunSpec]:
     """The protocol's runs in plan order (:func:`prereg.plan.plan_from_protocol` on its typed
-    protocol, ``proto.spec``, each run a :class:`~prereg.records.RunSpec`)."""
+    protocol, ``proto.spec``, each run a :class:`~prereg.formats.record.RunSpec`)."""
     shas = {name: cfg.sha256 for name, cfg in proto.configs.items()}
     return [RunSpec.from_json(d, "plan") for d in plan_from_protocol(proto.spec, proto.sha256, shas)]
 

@@ -1,5 +1,5 @@
 """Which records count, with the standard library alone: the one home of the record-selection rules,
-which the summary (``prereg.summary.derive``, through :mod:`.recompute`) and the audit both apply to
+which the summary (``prereg.formats.summary.derive``, through :mod:`.recompute`) and the audit both apply to
 the records as their files hold them (JSON objects: a record's ``spec``, ``attempt``, ``unit_attempt``,
 ``status``, ``timings``, ...).
 

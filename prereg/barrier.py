@@ -8,8 +8,8 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from prereg.attempts import analysed, final_units
+from prereg.formats.ledger import record_name
 from prereg.hypotheses import Family
-from prereg.ledger import record_name
 from prereg.looks import look_units, pair_index
 from prereg.recompute import summary_of
 

@@ -9,7 +9,7 @@ from fractions import Fraction
 from typing import Any
 
 from prereg.bounded import InputLimitError, read_regular
-from prereg.ledger import record_name, sha256
+from prereg.formats.ledger import record_name, sha256
 
 
 def corpus_splits(root: str, corpus: dict[str, Any]) -> tuple[dict[str, object] | None, list[str]]:

@@ -1,5 +1,5 @@
 """Paired Student-t intervals and the guards on per-pair values, with the standard library alone: the
-one home of the rule, which the summary (``prereg.summary``), the factorial effects and the audit's
+one home of the rule, which the summary (``prereg.formats.summary``), the factorial effects and the audit's
 recomputation all call; ``tests/test_references.py`` checks it against R and scipy.
 
 Sign convention: per-pair values compare the candidate ``c`` with the baseline ``b``

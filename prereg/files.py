@@ -1,6 +1,6 @@
 """Atomic file writes: a file is complete or absent, never half-written, and a record is never replaced.
 
-Standard library only (it serves :mod:`prereg.records`, which the torch-free analysis imports).
+Standard library only (it serves :mod:`prereg.formats.record`, which the torch-free analysis imports).
 """
 
 from __future__ import annotations

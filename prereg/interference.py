@@ -9,7 +9,7 @@ clock: the training thread's, or the process's when it runs more than one thread
 process, as its reporter reads it), counted where positive, summed. Its *stall fraction* is that
 sum over its training time, and its *CPU share* one less that fraction: the share of its timed
 wall time its own CPU clock saw. The record of a lockstep arm written since this rule holds its
-stall (``timings.stall_s``; ``prereg/records.py``'s format log) beside the per-step times it is
+stall (``timings.stall_s``; ``prereg/formats/record.py``'s format log) beside the per-step times it is
 derived from (a built-in arm's ``step_times``, a command's kept reporter file), from which the
 audit derives it again.
 

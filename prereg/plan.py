@@ -11,10 +11,10 @@ from typing import Any, TypedDict
 from prereg.attempts import analysed, latest_unit, redrawn
 from prereg.commands import ROLES, commands_of, label_sha256, metric_of
 from prereg.designs.base import STEPS_SECOND
+from prereg.formats.record import SCHEMA_VERSION
 from prereg.hypotheses import Family
 from prereg.protocol.model import Protocol, Study
 from prereg.protocol.schema import named_defaults
-from prereg.records import SCHEMA_VERSION
 from prereg.replicates import replicate_of
 
 #: The top-level protocol keys that may be left out and that every record names when they are, and
@@ -25,7 +25,7 @@ from prereg.replicates import replicate_of
 #: names the keys that took them (``protocol.defaults``).
 PROTOCOL_DEFAULTS: dict[str, Any] = named_defaults()
 
-#: One planned run: the JSON of a ``prereg.records.RunSpec`` (:func:`plan_from_protocol`; its fields
+#: One planned run: the JSON of a ``prereg.formats.record.RunSpec`` (:func:`plan_from_protocol`; its fields
 #: are the design's, the command study's and the study's, so the spec's reader types it).
 PlannedRun = dict[str, object]
 
@@ -57,7 +57,7 @@ def plan_from_protocol(
     """The plan of the typed protocol ``spec`` (:func:`prereg.protocol.read.protocol_of`): balanced
     pair orders, lockstep orders (build order crossed with who steps first, all four combinations per
     group of four pairs), Williams-balanced blocks (harness.plan's docstring says how); each run as the
-    JSON of a ``prereg.records.RunSpec``, as records schema ``schema`` writes it (its ``design``:
+    JSON of a ``prereg.formats.record.RunSpec``, as records schema ``schema`` writes it (its ``design``:
     :meth:`prereg.designs.base.Design.recorded_as`)."""
 
     def rng(*parts: object) -> random.Random:

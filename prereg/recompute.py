@@ -1,5 +1,5 @@
 """The summary from the records as their files hold them, with the standard library alone: the one
-home of the pairs, blocks, endpoints and counts that ``summary.json`` holds (``prereg.summary.derive``
+home of the pairs, blocks, endpoints and counts that ``summary.json`` holds (``prereg.formats.summary.derive``
 calls :func:`recompute` and reads its result into typed objects; the audit calls it on the raw
 records of a folder), and its comparison with a stored ``summary.json`` (:func:`compare`)."""
 
@@ -48,7 +48,7 @@ from prereg.results import (
 )
 
 REL_TOL = 1e-9
-#: ``summary.json`` schema versions this audit recomputes (``prereg.summary.SUMMARY_SCHEMA``).
+#: ``summary.json`` schema versions this audit recomputes (``prereg.formats.summary.SUMMARY_SCHEMA``).
 SUMMARY_SCHEMAS = (4,)
 
 
@@ -57,7 +57,7 @@ def summary_of(
 ) -> Summary:
     """The summary (``summary.json`` without its seal, typed), of ``protocol`` (the protocol summary
     the records name) from the records as their files hold them and the ledger's started entries
-    alone, by the rules :mod:`prereg.summary` states (which records count: :mod:`.attempts`)."""
+    alone, by the rules :mod:`prereg.formats.summary` states (which records count: :mod:`.attempts`)."""
     ok, seen = _ok_units(records)
     exclusions: list[dict[str, str]] = []
     done = completeness(records)

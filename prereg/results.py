@@ -1,4 +1,4 @@
-"""The summary's results, typed: what :func:`prereg.summary.derive` returns and the report, the
+"""The summary's results, typed: what :func:`prereg.formats.summary.derive` returns and the report, the
 plots and the study page read. ``to_json`` gives ``summary.json`` (its keys are these fields' names);
 the audit recomputes that JSON on its own.
 
@@ -18,8 +18,8 @@ from prereg.attempts import Completeness
 from prereg.decisions import DECIDED_FIELDS, HypothesisDecision
 from prereg.descriptive import Endpoint, PairedInterval
 from prereg.designs import find_design
+from prereg.formats.jsonfields import exact_fields, plain
 from prereg.hypotheses import Hypothesis, Pair, present
-from prereg.jsonfields import exact_fields, plain
 
 #: summary.json's format (``schema_version``). 2: "completeness"; 3: "hypotheses" (one decision each),
 #: "flow", order diagnostics, failed-arm sensitivity; 4: ratio estimands on the log ratio

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from prereg.bounded import InputLimitError, file_problem, read_present, read_regular
-from prereg.ledger import Manifest, canonical, sha256, study_schema
+from prereg.formats.ledger import Manifest, canonical, sha256, study_schema
 from prereg.plan import expected_summary
 from prereg.protocol.read import protocol_from_text
 from prereg.yamlflow import YamlError

@@ -168,8 +168,8 @@ def pinned_corpus(repo: Path, rel: str = "corpus/topics.txt") -> str:
 def record_dicts(folder: Path) -> list[dict]:
     """A records folder's record files as the JSON objects the analysis reads, in ledger order: what
     was written, a schema 4 record's ``protocol`` stub read over the folder's snapshot
-    (:func:`prereg.records.load_records` reads the same files as typed records)."""
-    from prereg.records import read_entry, read_snapshots, record_files
+    (:func:`prereg.formats.record.load_records` reads the same files as typed records)."""
+    from prereg.formats.record import read_entry, read_snapshots, record_files
 
     snapshots = read_snapshots(folder)
     out = [hydrated(read_entry(p), snapshots) for p in record_files(folder)]
@@ -179,10 +179,10 @@ def record_dicts(folder: Path) -> list[dict]:
 
 def hydrated(record: dict, snapshots: dict) -> dict:
     """A record's JSON with a schema 4 ``protocol`` stub read over the snapshot it names (``snapshots``:
-    :func:`prereg.records.read_snapshots`); other records unchanged."""
+    :func:`prereg.formats.record.read_snapshots`); other records unchanged."""
     import copy
 
-    from prereg.ledger import with_snapshot
+    from prereg.formats.ledger import with_snapshot
 
     if record.get("schema_version", 1) < 4 or "snapshot_sha256" not in (record.get("protocol") or {}):
         return record
@@ -194,8 +194,8 @@ def hydrated(record: dict, snapshots: dict) -> dict:
 def typed(records: list[dict]) -> list:
     """Record JSON objects (as :func:`record_dicts` gives them, or edited by a test) as the analysis
     reads them: a schema 4 record's full ``protocol`` split into its stub and its snapshot again."""
-    from prereg.ledger import protocol_stub, snapshot_of
-    from prereg.records import RunRecord
+    from prereg.formats.ledger import protocol_stub, snapshot_of
+    from prereg.formats.record import RunRecord
 
     out = []
     for r in records:
@@ -218,8 +218,8 @@ def edit_record(path: Path, edit) -> dict:
     edit changed the protocol, the record resealed (its ``ledger`` as the edit leaves it). Returns the sealed JSON."""
     import json
 
-    from prereg.ledger import protocol_stub, snapshot_of
-    from prereg.records import canonical, read_snapshots, seal, write_snapshot
+    from prereg.formats.ledger import protocol_stub, snapshot_of
+    from prereg.formats.record import canonical, read_snapshots, seal, write_snapshot
 
     rec = hydrated(json.loads(path.read_text()), read_snapshots(path.parent))
     edit(rec)
@@ -237,7 +237,7 @@ def edit_record(path: Path, edit) -> dict:
 
 def synthetic_record(spec: dict, **fields) -> object:
     """A record for the analysis with only the fields a test sets (the rest made up, never read)."""
-    from prereg.records import SCHEMA_VERSION, RunRecord, RunSpec
+    from prereg.formats.record import SCHEMA_VERSION, RunRecord, RunSpec
 
     full = {
         "run_id": f"{spec.get('study', 'p')}.{spec.get('unit', 'u')}.{spec.get('role', 'r')}",

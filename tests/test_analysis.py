@@ -20,7 +20,7 @@ from analysis import paired_interval
 from audit.cli import NOT_VERIFIED
 from prereg.descriptive import Rows, mean_interval
 from prereg.factorial import factorial_contrasts
-from prereg.ledger import PACKAGES
+from prereg.formats.ledger import PACKAGES
 from prereg.tdist import student_t_ppf
 
 
@@ -351,6 +351,6 @@ def test_report_exports_and_module_entry(study):
 
 
 def test_analysis_never_imports_torch():
-    code = "import sys, analysis, analysis.report, prereg.summary, analysis.calibrate; print('torch' in sys.modules)"
+    code = "import sys, analysis, analysis.report, prereg.formats.summary, analysis.calibrate; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -26,7 +26,7 @@ from conftest import ROOT, harness, hydrated, init_study, private_copy, record_d
 
 from audit.cli import NOT_VERIFIED
 from harness.ledger import load_entries
-from prereg.records import SCHEMA_VERSION, load_started
+from prereg.formats.record import SCHEMA_VERSION, load_started
 
 PROTO = "protocols/tiny.yaml"
 RECS = "records/tiny"
@@ -377,8 +377,8 @@ def test_full_filesystem_stops_cleanly_and_resumes(tmp_path):
 def test_one_unit_attempt_per_unit_in_analysis_and_audit(done_study):
     """A unit that ran again whole: the analysis and the audit pair both arms from its latest unit
     attempt only, count the superseded attempts, and never mix arms of two unit attempts."""
+    from prereg.formats.summary import derive
     from prereg.recompute import compare, recompute
-    from prereg.summary import derive
 
     recs = record_dicts(done_study / RECS)  # read only: the variants below live in memory
     unit = recs[0]["spec"]["unit"]
@@ -417,7 +417,7 @@ def test_records_written_before_started_entries_still_audit(done_copy):
     """A study whose records are schema 2 (no started entries, no unit attempts, MANIFEST without
     ``started``) audits clean, reports, shows its status and resumes into the current schema."""
     from harness.ledger import write_manifest
-    from prereg.records import canonical, read_snapshots, seal
+    from prereg.formats.record import canonical, read_snapshots, seal
 
     repo = done_copy
     for f in (repo / RECS).glob("*.started.json"):

@@ -25,7 +25,7 @@ from harness.execute.commands import run_command, run_pair
 from harness.execute.job import Job
 from harness.reporter import Reporter
 from prereg.evidence import EvidenceError, derive_reporter, evidence_problems
-from prereg.records import RunSpec
+from prereg.formats.record import RunSpec
 
 METRIC = {"name": "val_loss", "target": 2.0, "better": "lower"}
 

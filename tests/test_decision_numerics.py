@@ -353,7 +353,7 @@ def records(study: Path) -> list[dict]:
 def test_summary_skips_and_names_a_damaged_training_time(records, bad):
     import copy
 
-    from prereg.summary import derive, records_json
+    from prereg.formats.summary import derive, records_json
 
     recs = copy.deepcopy(records)
     for r in recs:
@@ -412,7 +412,7 @@ def test_identical_values_keep_their_degenerate_interval():
 def test_harness_report_on_a_damaged_record(study, tmp_path):
     # a record edited and resealed (the audit's ledger check would flag it; the report must still not crash)
     from harness.ledger import write_manifest
-    from prereg.records import canonical, read_entry, record_files, seal
+    from prereg.formats.record import canonical, read_entry, record_files, seal
 
     r = tmp_path / "copy"
     shutil.copytree(study, r, symlinks=True)
@@ -514,11 +514,11 @@ def test_the_summary_uses_the_identity_rule_of_the_records_schema(records):
     decide it by the exact sign test (p = 2^-n); the same records read as schema 4 establish it by
     identity (p = 0), and as schema 3 keep the rule before it (not reached); a set mixing 4 and 5
     is analysed under its oldest record's rule."""
-    from prereg.summary import records_json
+    from prereg.formats.summary import records_json
 
     rows = records_json(typed(records))
     mine = recompute(rows)["hypotheses"]["decisions"][0]
-    from prereg.records import SCHEMA_VERSION
+    from prereg.formats.record import SCHEMA_VERSION
 
     assert {r["schema_version"] for r in rows} == {SCHEMA_VERSION} and SCHEMA_VERSION >= 5, (
         mine

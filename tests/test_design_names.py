@@ -1,5 +1,5 @@
 """Lockstep records say lockstep (records schema 6), and every committed study's plan and protocol
-summary are recomputed under its records' schema byte for byte (``prereg/records.py``'s format log,
+summary are recomputed under its records' schema byte for byte (``prereg/formats/record.py``'s format log,
 ``docs/decisions.md`` "A design's name in its records")."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from conftest import ROOT, design_doc
 from audit.freeze import FROZEN_FIELDS
 from prereg.designs import FACTORIAL, LOCKSTEP, PAIRED, design_named, study_design
 from prereg.designs.base import OWN_NAME_FROM_SCHEMA
-from prereg.ledger import SCHEMAS, canonical, sha256, study_schema, with_snapshot
+from prereg.formats.ledger import SCHEMAS, canonical, sha256, study_schema, with_snapshot
+from prereg.formats.record import SCHEMA_VERSION
 from prereg.plan import expected_summary, plan_from_protocol
 from prereg.protocol.read import protocol_from_data, protocol_from_text
-from prereg.records import SCHEMA_VERSION
 from prereg.yamlsub import yaml_subset
 
 

@@ -33,13 +33,13 @@ from prereg.designs import (
 from prereg.designs.base import BASELINE_FIRST, Rng
 from prereg.designs.paired import Paired
 from prereg.errors import InputError
+from prereg.formats.record import load_records
+from prereg.formats.summary import records_json
 from prereg.plan import expected_summary, plan_from_protocol
 from prereg.protocol.read import protocol_from_data
 from prereg.recompute import recompute
-from prereg.records import load_records
 from prereg.render.page import published_texts
 from prereg.results import PairedResult, Summary
-from prereg.summary import records_json
 
 
 class BaselineFirst(Paired):

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from test_integrity import RECS
 
 from prereg.bounded import MAX_DEPTH, MAX_MAGNITUDE, InputLimitError, parse_json
-from prereg.records import RecordFormatError, read_entry
+from prereg.formats.record import RecordFormatError, read_entry
 from prereg.yamlflow import YamlError
 from prereg.yamlsub import yaml_subset
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from test_integrity import PROTO, RECS
 
 from audit.cli import main as audit_main
-from prereg.records import canonical, seal
+from prereg.formats.record import canonical, seal
 
 MUTATIONS = ("delete", None, [], "x", -1, 1.5, True, {})
 

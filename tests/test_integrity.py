@@ -23,11 +23,8 @@ from audit.cli import NOT_VERIFIED
 from harness.ledger import head_of, load_entries, write_manifest
 from harness.plan import make_plan, plan_sha256
 from harness.protocol import load_protocol
-from prereg.ledger import PACKAGES
-from prereg.plan import plan_from_protocol
-from prereg.protocol.read import protocol_from_text
-from prereg.recompute import compare, recompute
-from prereg.records import (
+from prereg.formats.ledger import PACKAGES
+from prereg.formats.record import (
     RECORD_SUFFIX,
     RecordFormatError,
     canonical,
@@ -37,6 +34,9 @@ from prereg.records import (
     record_files,
     seal,
 )
+from prereg.plan import plan_from_protocol
+from prereg.protocol.read import protocol_from_text
+from prereg.recompute import compare, recompute
 from prereg.yamlsub import yaml_subset
 
 PROTO = "protocols/tiny.yaml"
@@ -154,8 +154,8 @@ def test_the_protocol_is_stored_once_per_study_and_bound_by_every_record(study):
     """Schema 4 on: each record's ``protocol`` is a stub (id, sha256, the tag fields, the snapshot's
     sha256); the summary the records share is one file, ``protocol.<sha256>.json``, listed in
     MANIFEST; the analysis reads the records over it as before."""
-    from prereg.ledger import snapshot_name
-    from prereg.records import SCHEMA_VERSION
+    from prereg.formats.ledger import snapshot_name
+    from prereg.formats.record import SCHEMA_VERSION
 
     raw = [read_entry(p) for p in record_files(study / RECS)]
     (snap,) = sorted((study / RECS).glob("protocol.*.json"))
@@ -195,8 +195,8 @@ def test_a_snapshot_edited_or_deleted_is_named_by_the_audit_and_the_reader(study
         snap.unlink()
         needle = "names no protocol snapshot"
     else:  # a second file named by its own hash and listed: the records' seals still name the first
-        from prereg.ledger import snapshot_name
-        from prereg.records import write_snapshot
+        from prereg.formats.ledger import snapshot_name
+        from prereg.formats.record import write_snapshot
 
         snap.unlink()
         new = study / RECS / snapshot_name(write_snapshot(study / RECS, data))
@@ -399,7 +399,7 @@ def test_budget_stop_is_explained(tmp_path):
 
 
 def test_budget_stop_decisions_are_made_and_say_so(done_study):
-    from prereg.summary import derive
+    from prereg.formats.summary import derive
 
     recs = record_dicts(done_study / RECS)  # three complete pairs of a plan made four pairs long
     spent = sum(r["timings"]["device_s"] for r in recs)

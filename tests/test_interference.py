@@ -476,9 +476,9 @@ def test_a_plugin_thread_holding_the_gil_in_its_partners_blocks_gets_the_pair_fl
     from test_lockstep import FAMILIES, RECS, protocol, run
 
     from prereg.evidence import stall_problems
-    from prereg.records import load_records
+    from prereg.formats.record import load_records
+    from prereg.formats.summary import derive
     from prereg.render.page import markdown
-    from prereg.summary import derive
 
     text = protocol("lockstep", steps=16, block=4, seeds="[1, 2]").replace(
         "[bucketed, packed]", "[gilhog:build, gilhog:build]"

@@ -10,7 +10,7 @@ import pytest
 
 from harness import ledger as ledger_module
 from harness.ledger import Ledger, load_entries
-from prereg.records import MANIFEST, SCHEMA_VERSION, StartedEntry
+from prereg.formats.record import MANIFEST, SCHEMA_VERSION, StartedEntry
 
 GENESIS = "0" * 64
 

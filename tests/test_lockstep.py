@@ -443,8 +443,8 @@ def test_a_lockstep_study_decides_on_its_arms_steps_after_their_own(tmp_path):
     import math
 
     from prereg.carryover import follows, own_step_means
-    from prereg.records import load_records
-    from prereg.summary import derive
+    from prereg.formats.record import load_records
+    from prereg.formats.summary import derive
 
     repo = init_study(tmp_path / "s", protocol=_after_own(tiny_protocol(steps=12)))
     assert run(repo).left == 0

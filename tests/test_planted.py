@@ -149,7 +149,7 @@ def test_the_plant_draws_no_random_numbers():
 
 
 def test_the_summary_and_the_audit_read_the_planted_studies(planted_runs, tmp_path):
-    from prereg.summary import derive
+    from prereg.formats.summary import derive
 
     records = typed(list(planted_runs.values()))
     rows = derive(records).planted

@@ -20,8 +20,8 @@ from conftest import ROOT, failing_arm, git, harness, record_dicts, tiny_protoco
 from harness.plan import make_plan
 from harness.protocol import load_protocol
 from prereg.factorial import williams
-from prereg.ledger import self_hash_ok
-from prereg.records import read_entry, record_files
+from prereg.formats.ledger import self_hash_ok
+from prereg.formats.record import read_entry, record_files
 
 
 def write(repo: Path, text: str, name: str = "tiny.yaml") -> Path:

@@ -20,8 +20,8 @@ from conftest import ROOT, git, harness, private_copy, record_dicts, tiny_protoc
 from test_integrity import PROTO, RECS, audit, by_seq, chain, make_study, rebuild_manifest, resealed
 
 from audit.cli import NOT_VERIFIED
-from prereg.ledger import PACKAGES
-from prereg.records import read_entry
+from prereg.formats.ledger import PACKAGES
+from prereg.formats.record import read_entry
 
 
 @pytest.fixture(scope="module")
@@ -353,7 +353,7 @@ def test_one_torch_version_rule_for_the_runner_and_the_audit(declared, running, 
 def test_records_downgraded_to_an_older_schema_are_named(study):
     """Every record resealed as schema 3 (the protocol copy it then carries, its chain relinked): the
     tagged harness writes the current schema, so the records are not what it wrote."""
-    from prereg.records import SCHEMA_VERSION
+    from prereg.formats.record import SCHEMA_VERSION
 
     reseal_all(study, lambda r: r.update(schema_version=3))
     failed(study, f"field schema_version = 3, but the tagged harness writes schema {SCHEMA_VERSION}")

@@ -14,7 +14,7 @@ from conftest import ROOT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prereg.records import (
+from prereg.formats.record import (
     RecordFormatError,
     RunRecord,
     RunSpec,
@@ -247,7 +247,7 @@ def test_the_shape_every_reader_checks_is_the_dataclasses_fields():
     """One declaration: the record's, its spec's and a started entry's shapes (what the audit and
     ``read_entry`` check before anything else) are their dataclasses' fields, so a field added to
     the class is checked in the file without a second table."""
-    from prereg.records import RECORD_SHAPE, SPEC_SHAPE, STARTED_SHAPE
+    from prereg.formats.record import RECORD_SHAPE, SPEC_SHAPE, STARTED_SHAPE
 
     for shape, cls in ((RECORD_SHAPE, RunRecord), (SPEC_SHAPE, RunSpec), (STARTED_SHAPE, StartedEntry)):
         assert set(shape) == {f.name for f in fields(cls)}
@@ -284,7 +284,7 @@ def test_the_shape_every_reader_checks_is_the_dataclasses_fields():
 )
 def test_a_field_of_the_wrong_json_type_is_named_before_any_other_check(tmp_path: Path, edit, says):
     """The audit and the harness name the same field (``entry_problems``, read from the classes)."""
-    from prereg.records import entry_problems
+    from prereg.formats.record import entry_problems
 
     data = _one()
     edit(data)

@@ -235,7 +235,7 @@ def test_the_plan_gives_each_unit_its_replicate_and_leaves_other_plans_alone(tmp
 
 
 def test_each_replicate_runs_its_own_units_and_the_summary_reads_them(tmp_path):
-    from prereg.summary import records_json
+    from prereg.formats.summary import records_json
 
     repo = replicated_study(tmp_path)
     lines: list[str] = []
@@ -804,7 +804,7 @@ def test_a_replicate_under_another_hostname_is_the_same_machine(tmp_path):
     )
     assert two.returncode != 0, two.stdout + two.stderr  # was: accepted, replicate 2 ran at once
     assert "replicate 1 ran on" in two.stdout + two.stderr and "min_gap_s 3600" in two.stdout + two.stderr
-    from prereg.records import read_entry
+    from prereg.formats.record import read_entry
 
     started = [read_entry(p) for p in sorted((repo / "records" / "tiny").glob("*.started.json"))]
     assert started and all(len(e["runner"].get("boot_id", "")) >= 32 for e in started)

@@ -95,8 +95,8 @@ def test_the_rows_carry_the_study_s_level_into_every_interval() -> None:
 def test_a_summary_s_intervals_carry_the_level_their_study_preregistered(folder: str) -> None:
     from pathlib import Path
 
-    from prereg.records import load_records, load_started
-    from prereg.summary import derive
+    from prereg.formats.record import load_records, load_started
+    from prereg.formats.summary import derive
 
     d = Path(__file__).resolve().parent.parent / "records" / folder
     s = derive(load_records(d), load_started(d))

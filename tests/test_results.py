@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
+from prereg.formats.record import load_records, load_started, seal
+from prereg.formats.summary import derive
 from prereg.hypotheses import Pair
-from prereg.records import load_records, load_started, seal
 from prereg.results import SUMMARY_SCHEMA, PairedResult, StudyResult, Summary, SummaryFormatError
-from prereg.summary import derive
 
 STUDIES = [d for d in sorted((ROOT / "records").iterdir()) if (d / "summary.json").exists()]
 FIXTURE = ROOT / "tests" / "fixtures" / "summary-pagedemo.json"
@@ -101,8 +101,8 @@ def test_the_core_builds_the_typed_summary_the_file_reads_back_into(name: str):
     """``summary_of`` builds the typed summary itself (no dict read back in between): each object is
     the one ``Summary.read`` builds from its JSON, and the audit's JSON view (``recompute``) is its
     ``to_json``."""
+    from prereg.formats.summary import records_json
     from prereg.recompute import recompute, summary_of
-    from prereg.summary import records_json
 
     folder = ROOT / "records" / name
     rows = records_json(load_records(folder))

@@ -31,8 +31,8 @@ from harness.execute.inprocess import InProcessExecutor
 from harness.execute.runner import Runner
 from harness.protocol import load_protocol
 from prereg.attempts import open_started
-from prereg.ledger import self_hash_ok
-from prereg.records import load_records, load_started, read_entry, record_files
+from prereg.formats.ledger import self_hash_ok
+from prereg.formats.record import load_records, load_started, read_entry, record_files
 
 PROTO = "protocols/tiny.yaml"
 RECS = Path("records") / "tiny"

@@ -21,8 +21,8 @@ from harness.execute.runner import Runner
 from harness.ledger import load_entries
 from harness.protocol import load_protocol
 from prereg.attempts import completeness
-from prereg.records import MANIFEST, load_records
-from prereg.summary import records_json
+from prereg.formats.record import MANIFEST, load_records
+from prereg.formats.summary import records_json
 
 RECS = Path("records") / "tiny"
 

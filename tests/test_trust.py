@@ -25,7 +25,7 @@ from test_provenance import refused, reseal_all, signed_study, ssh_key, ssh_sign
 
 from audit.cli import NOT_VERIFIED
 from harness.freeze import bytecode_problems, faithful_cache
-from prereg.records import read_entry
+from prereg.formats.record import read_entry
 
 CACHE = f"cli.{sys.implementation.cache_tag}.pyc"
 
@@ -430,7 +430,7 @@ def test_a_deleted_unfinished_attempt_is_named_under_anchor(tmp_path):
     ``--anchor`` names the anchored head the records no longer hold."""
     from test_attempts import alive, running_worker, wait_for
 
-    from prereg.records import entry_files
+    from prereg.formats.record import entry_files
 
     remote = tmp_path / "anchor.git"
     subprocess.run(["git", "init", "-q", "--bare", str(remote)], check=True)
@@ -586,7 +586,7 @@ def test_the_recipe_runs_the_newest_signed_auditor_that_holds_the_study(tmp_path
 def test_an_auditor_refuses_to_certify_a_records_schema_newer_than_it_knows(tmp_path):
     """Issue 59, case 2: records a newer harness wrote (MANIFEST's schema_version past every one
     this auditor knows) are not certified and not failed: exit 3, the schema named, no Verified."""
-    from prereg.ledger import SCHEMAS
+    from prereg.formats.ledger import SCHEMAS
 
     folder = tmp_path / "records"
     folder.mkdir()
@@ -618,7 +618,7 @@ def test_an_auditor_refuses_to_certify_a_records_schema_newer_than_it_knows(tmp_
 def _tagged_repo(tmp_path: Path, writes: int) -> Path:
     """A repository whose tag ``protocol-x`` holds a harness that writes records schema ``writes``,
     and a records folder of that study whose MANIFEST claims a schema newer than this auditor's."""
-    from prereg.ledger import SCHEMAS
+    from prereg.formats.ledger import SCHEMAS
 
     repo = tmp_path / f"repo{writes}"
     (repo / "prereg").mkdir(parents=True)
@@ -646,7 +646,7 @@ def test_a_manifest_edited_to_a_newer_schema_does_not_turn_a_failure_into_not_ch
     commit): the edit is a failed "records schema" row, exit 1; a tag whose harness does write a
     newer schema still gives NOT CHECKED, exit 3."""
     from audit.folder import newer_schema
-    from prereg.ledger import SCHEMAS
+    from prereg.formats.ledger import SCHEMAS
 
     forged = _tagged_repo(tmp_path, max(SCHEMAS))
     newer, problem = newer_schema(str(forged))

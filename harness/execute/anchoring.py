@@ -17,7 +17,7 @@ from harness import freeze, gitutil
 from harness.ledger import Ledger
 from harness.protocol import Protocol
 from prereg.errors import HarnessError
-from prereg.records import TAG_FILE, atomic_write
+from prereg.formats.record import TAG_FILE, atomic_write
 
 
 class Anchoring:

@@ -20,7 +20,14 @@ from harness.execute.launchers import Outcome
 from harness.freeze import Frozen
 from harness.ledger import Ledger, now_iso
 from harness.protocol import Protocol
-from prereg.records import SCHEMA_VERSION, RecordFormatError, RunRecord, RunSpec, StartedEntry, WorkerResult
+from prereg.formats.record import (
+    SCHEMA_VERSION,
+    RecordFormatError,
+    RunRecord,
+    RunSpec,
+    StartedEntry,
+    WorkerResult,
+)
 
 __all__ = [
     "attempt_record",

@@ -19,7 +19,7 @@ from harness.execute.launchers import Outcome
 from harness.execute.state import Progress, RunState
 from harness.protocol import Protocol as StudyProtocol
 from prereg.errors import Terminated
-from prereg.records import LedgerHead, RunRecord, RunSpec
+from prereg.formats.record import LedgerHead, RunRecord, RunSpec
 
 #: The signals a runner stops on and records at once: what unwinds an executor, by name.
 STOPS: tuple[type[BaseException], ...] = (KeyboardInterrupt, Terminated)

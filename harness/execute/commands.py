@@ -55,8 +55,8 @@ from harness.freeze import code_sha256
 from harness.machine import cpu_model
 from harness.reporter import ENV_BLOCK_STEPS, ENV_LOCKSTEP_FD, ENV_PLANT, ENV_REPORT, ENV_STEPS_FIRST
 from prereg.evidence import EVIDENCE_SUFFIX, MAX_EVIDENCE_BYTES, Derived, EvidenceError, derive
+from prereg.formats.record import RunSpec, WorkerResult
 from prereg.interference import kernel_reason
-from prereg.records import RunSpec, WorkerResult
 
 if TYPE_CHECKING:
     import resource

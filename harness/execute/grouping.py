@@ -18,7 +18,7 @@ from typing import Any
 
 from harness.execute.job import Job, JobFile, LockstepJob
 from harness.execute.launchers import Outcome
-from prereg.records import RunSpec
+from prereg.formats.record import RunSpec
 
 __all__ = ["process_groups", "process_job", "split"]
 

@@ -70,7 +70,7 @@ def _refuse_other_installation(proto: Protocol, records: Path) -> None:
     import importlib.metadata as md
 
     from prereg.errors import RefusedError
-    from prereg.records import load_records
+    from prereg.formats.record import load_records
 
     mine: dict[str, str | None] = {}
     for pkg in ("torch", "numpy"):

@@ -20,7 +20,7 @@ from harness.execute.grouping import process_groups, process_job, split
 from harness.execute.job import Job, JobFile, LockstepJob
 from harness.execute.launchers import Outcome
 from harness.execute.training import Partial
-from prereg.records import jsonable
+from prereg.formats.record import jsonable
 
 
 class InProcessExecutor:

@@ -4,7 +4,7 @@ The runner builds a :class:`Job` (:meth:`harness.execute.runner.Runner.job`); it
 process boundary (and a Ray node's) as JSON, :meth:`Job.to_json` then :meth:`Job.from_json`, which
 refuses a job of another format or with fields it does not know, naming them.
 
-Format log (``format``): 1: ``spec`` (a :class:`~prereg.records.RunSpec`), ``attempt``,
+Format log (``format``): 1: ``spec`` (a :class:`~prereg.formats.record.RunSpec`), ``attempt``,
 ``config_path`` (relative to the study's root), ``data_dir``, ``corpus`` (a local corpus's pinned
 files, or ``None`` for a named corpus) and ``checkpoint_path``. A lockstep pair's job
 (:class:`LockstepJob`) is ``lockstep``: its two arms' jobs, in build order.
@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, TypedDict, Union, cast
 
-from prereg.jsonfields import exact_fields
-from prereg.records import RunSpec
+from prereg.formats.jsonfields import exact_fields
+from prereg.formats.record import RunSpec
 
 if TYPE_CHECKING:
     from harness.data.corpora import CorpusFiles

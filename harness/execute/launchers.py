@@ -37,8 +37,8 @@ from typing import Any, Protocol
 
 from harness.packages import package_dirs
 from prereg.files import atomic_write
-from prereg.ledger import PACKAGES
-from prereg.records import canonical
+from prereg.formats.ledger import PACKAGES
+from prereg.formats.record import canonical
 
 
 @dataclass

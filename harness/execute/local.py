@@ -24,7 +24,7 @@ from harness.execute.grouping import process_groups, process_job, split
 from harness.execute.launchers import LAUNCHERS, Launcher, launch
 from harness.ledger import describe
 from prereg.files import atomic_write
-from prereg.records import RunSpec, canonical
+from prereg.formats.record import RunSpec, canonical
 
 
 class LocalExecutor:

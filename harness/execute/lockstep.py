@@ -32,8 +32,8 @@ import torch
 from harness.execute.job import Job, LockstepJob
 from harness.execute.training import Partial, Prepared, RunFailure, failure, finish, prepare
 from prereg.carryover import blocks, turns
+from prereg.formats.record import WorkerResult
 from prereg.interference import stall_s
-from prereg.records import WorkerResult
 
 __all__ = ["PairFailed", "blocks", "execute_pair"]
 

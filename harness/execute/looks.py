@@ -20,11 +20,11 @@ from harness.protocol import Protocol
 from prereg.attempts import final_units
 from prereg.barrier import look_entry_records
 from prereg.designs import design_named
+from prereg.formats.jsonfields import plain
+from prereg.formats.record import SCHEMA_VERSION, RunSpec, jsonable
 from prereg.hypotheses import Family
-from prereg.jsonfields import plain
 from prereg.looks import look_units
 from prereg.recompute import summary_of
-from prereg.records import SCHEMA_VERSION, RunSpec, jsonable
 
 
 def records_json(ledger: Ledger) -> list[dict[str, Any]]:

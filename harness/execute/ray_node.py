@@ -26,7 +26,7 @@ from harness.execute.grouping import process_job, split
 from harness.execute.job import Job, JobFile, LockstepJob
 from harness.execute.launchers import LAUNCHERS, Launcher, Outcome, launch, worker_env
 from prereg.errors import RefusedError
-from prereg.records import canonical
+from prereg.formats.record import canonical
 
 if TYPE_CHECKING:
     from harness.data.corpora import CorpusFiles

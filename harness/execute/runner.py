@@ -67,7 +67,7 @@ from prereg.budget import check as budget_check
 from prereg.errors import HarnessError, RefusedError
 from prereg.failstop import FailAttempt, failing_arms
 from prereg.failstop import describe as describe_failing
-from prereg.records import (
+from prereg.formats.record import (
     RunRecord,
     RunSpec,
     WorkerResult,

@@ -10,7 +10,7 @@ from harness.plan import make_plan
 from harness.protocol import Protocol
 from prereg.attempts import open_started
 from prereg.budget import BudgetCheck
-from prereg.records import RunRecord, RunSpec, load_records, load_started
+from prereg.formats.record import RunRecord, RunSpec, load_records, load_started
 
 # the stall rule's one home (the report names stalls from the records with it)
 from prereg.stalls import STALL_FLOOR_S as STALL_FLOOR_S

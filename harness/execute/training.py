@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from harness.codepath import recorded_environment
 from harness.execute.job import Job
 from harness.freeze import code_sha256
-from prereg.records import WorkerResult, sha256_bytes
+from prereg.formats.record import WorkerResult, sha256_bytes
 
 if TYPE_CHECKING:
     from harness.arms import GradientPhase
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from harness.data.batches import BatchStream
     from harness.devices import MemoryMeter
     from harness.execute.plant import Plant
-    from prereg.records import RunSpec
+    from prereg.formats.record import RunSpec
 
 __all__ = [
     "CPU_CLOCK",
@@ -83,7 +83,7 @@ class Partial:
         self.val_curve: list[list[float]] | None = None
 
     def note(self, **measured: Any) -> None:
-        """Add fields of :class:`~prereg.records.WorkerResult` (a new frozen result each time)."""
+        """Add fields of :class:`~prereg.formats.record.WorkerResult` (a new frozen result each time)."""
         self._noted = replace(self._noted, **measured)
 
     @property
@@ -194,7 +194,7 @@ def execute(job: Job, partial: Partial) -> WorkerResult:
 
 
 def failure(e: BaseException) -> dict[str, str]:
-    """A failed run's status, reason and traceback (fields of a :class:`~prereg.records.WorkerResult`)."""
+    """A failed run's status, reason and traceback (fields of a :class:`~prereg.formats.record.WorkerResult`)."""
     oom = "out of memory" in str(e).lower()
     return {
         "status": "failed",
@@ -402,7 +402,7 @@ def _evaluate(
     run: _Run, model: torch.nn.Module, ckpt: Path, meter: MemoryMeter
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """Full BPB, the checkpoint re-scored by a fresh model, memory peaks (fields of a
-    :class:`~prereg.records.WorkerResult`); and the seconds each part took."""
+    :class:`~prereg.formats.record.WorkerResult`); and the seconds each part took."""
     from harness.data.batches import bits_per_byte
     from harness.models import build_model
 

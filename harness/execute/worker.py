@@ -50,7 +50,7 @@ from harness.execute.hermetic import slowdown
 from harness.execute.job import Job
 from harness.execute.training import Partial, execute, failure
 from prereg.files import atomic_write
-from prereg.records import WorkerResult, jsonable
+from prereg.formats.record import WorkerResult, jsonable
 
 
 def serve() -> int:

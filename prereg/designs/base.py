@@ -63,7 +63,7 @@ BASELINE_FIRST: tuple[str, ...] = ("baseline", "candidate")
 CANDIDATE_FIRST: tuple[str, ...] = ("candidate", "baseline")
 #: A schedule's marker of an order whose second run steps first (a design whose runs take turns).
 STEPS_SECOND = "steps-second"
-#: The records schema (``prereg/records.py``'s format log) from which a plan and its protocol summary
+#: The records schema (``prereg/formats/record.py``'s format log) from which a plan and its protocol summary
 #: name a design by its own name (``design: lockstep``); a study written under an earlier schema
 #: names what it is analysed as (``design: paired``), and its plan is recomputed so, byte for byte.
 OWN_NAME_FROM_SCHEMA = 6

@@ -17,8 +17,8 @@ from typing import Any
 
 from prereg.calibrated import Calibration, find_calibration
 from prereg.files import atomic_write
-from prereg.ledger import read_json
-from prereg.records import SCHEMA_VERSION
+from prereg.formats.ledger import read_json
+from prereg.formats.record import SCHEMA_VERSION
 from prereg.render.beside import Beside, read_beside
 from prereg.render.model import Section, esc, to_md, write
 from prereg.render.sections import sections
@@ -60,7 +60,7 @@ def render(
     cal: Calibration | None = None,
     stalls: Sequence[str] = (),
 ) -> str:
-    """The page's HTML for ``summary`` (``prereg.summary.derive``); ``records_rel`` is the records
+    """The page's HTML for ``summary`` (``prereg.formats.summary.derive``); ``records_rel`` is the records
     folder as the audit command should name it; ``manifest`` the folder's MANIFEST (ledger head);
     ``summary_sha256`` the sealed ``summary.json``'s hash; ``cal`` the study's calibration; ``stalls``
     the runs that stalled."""

@@ -2,7 +2,7 @@
 
 This is the core's home of the format: the typed objects and the files. The rules the audit
 applies too (canonical JSON, the self-hash, the entry file names) have their one home in
-:mod:`prereg.ledger`; this module imports nothing but the standard library and the core, so the
+:mod:`prereg.formats.ledger`; this module imports nothing but the standard library and the core, so the
 harness, the torch-free :mod:`analysis` package and the public audit (:mod:`audit`) share it.
 
 Format log (``schema_version``):
@@ -34,7 +34,7 @@ Format log (``schema_version``):
   the stub leaves out is the file ``protocol.<snapshot_sha256>.json`` (canonical JSON, written once
   by the ledger before the first record that names it; MANIFEST lists it under ``snapshots``). Each
   record's seal binds its snapshot through that sha256. Readers give a record's ``protocol`` as
-  before (the stub over the snapshot: :func:`prereg.ledger.with_snapshot`), so the
+  before (the stub over the snapshot: :func:`prereg.formats.ledger.with_snapshot`), so the
   analysis reads every version alike. Started entries are unchanged (their protocol was a stub
   already) but say 4. Version 3 records are still read (cpu1 and cpu2 are version 3); their
   copies of the summary made up about a quarter of their bytes (cpu2: 11.8 MB of records would be
@@ -74,7 +74,7 @@ Format log (``schema_version``):
   as, ``paired`` (:meth:`prereg.designs.base.Design.recorded_as`,
   :data:`prereg.designs.base.OWN_NAME_FROM_SCHEMA`). The analysis reads either name as a pair
   (:func:`prereg.designs.registry.study_design`). The audit recomputes a study's plan and summary
-  under its records' schema (:func:`prereg.ledger.study_schema`: the oldest), so version 5 and
+  under its records' schema (:func:`prereg.formats.ledger.study_schema`: the oldest), so version 5 and
   earlier lockstep studies (cpu2, calibration-cpu, and cpu3, run from its tag's code) audit byte
   for byte as before. Which schema a study is written under is not the records' word alone: a
   tagged study's freeze manifest binds the plan's sha256 (the plan under another schema differs
@@ -109,8 +109,8 @@ from typing import Any, TypedDict
 
 from prereg.bounded import InputLimitError, parse_json, read_regular
 from prereg.files import atomic_write
-from prereg.jsonfields import hints, json_fields, json_types, plain
-from prereg.ledger import (
+from prereg.formats.jsonfields import hints, json_fields, json_types, plain
+from prereg.formats.ledger import (
     LOOK_SUFFIX,
     RECORD_SUFFIX,
     SCHEMAS,
@@ -122,10 +122,10 @@ from prereg.ledger import (
     snapshot_of,
     with_snapshot,
 )
-from prereg.ledger import sha256 as sha256_bytes
+from prereg.formats.ledger import sha256 as sha256_bytes
 
 SCHEMA_VERSION = 6
-READABLE_VERSIONS = SCHEMAS  # the versions the audit reads too (prereg/ledger.py)
+READABLE_VERSIONS = SCHEMAS  # the versions the audit reads too (prereg/formats/ledger.py)
 MANIFEST = "MANIFEST"
 #: The tag object's raw bytes, kept in a preregistered study's records folder (see Runner._keep_tag).
 TAG_FILE = "TAG"
@@ -405,7 +405,7 @@ Shape = dict[str, tuple[tuple[type, ...], bool]]
 def file_shape(cls: type) -> Shape:
     """Each field of the dataclass ``cls`` as a sealed entry's file holds it, read from its one
     declaration (the dataclass): the JSON types its annotation admits
-    (:func:`prereg.jsonfields.json_types`), null among them where the annotation admits ``None``
+    (:func:`prereg.formats.jsonfields.json_types`), null among them where the annotation admits ``None``
     (unless its metadata says :data:`SEALED` or :data:`NOT_NULL`), and whether every such file has
     it (a field without a default, or :data:`SEALED`); the fields every file has first."""
     hint_of = hints(cls)
@@ -467,7 +467,7 @@ def entry_problems(e: object) -> list[str]:
     :data:`STARTED_SHAPE`, :data:`LOOK_SHAPE`, :data:`LEDGER_SHAPE`; a ledger link from schema 2 on, a positive ``seq``,
     and ``protocol`` with its ``id`` and ``sha256``). Empty when it can be read; the audit names
     each problem and leaves the entry out of every later check, and the harness refuses it (one
-    rule: :func:`prereg.records.read_entry`)."""
+    rule: :func:`prereg.formats.record.read_entry`)."""
     if not isinstance(e, dict):
         return [f"not a JSON object ({type(e).__name__})"]
     started = e.get("kind") in ("started", "look")

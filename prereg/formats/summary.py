@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from prereg.jsonfields import plain
+from prereg.formats.jsonfields import plain
+from prereg.formats.record import RecordFormatError, RunRecord, StartedEntry, jsonable, load_records
 from prereg.recompute import summary_of
-from prereg.records import RecordFormatError, RunRecord, StartedEntry, jsonable, load_records
 from prereg.results import Summary
 
 __all__ = ["derive", "load_records", "records_json"]
