@@ -12,14 +12,13 @@ reduction in percent of the baseline's time, ``100 x (1 - exp(mean log ratio))``
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from prereg.calibrated import Calibration
 from prereg.decisions import HypothesisDecision
-from prereg.descriptive import reduction
+from prereg.descriptive import PairedInterval, reduction
 from prereg.render.result import CONVENTION as CAL_CONVENTION
 from prereg.render.result import POINTS_CONVENTION, block_steps, calibrated_effects, points, sentence, words
-from prereg.results import Descriptive, PairedResult, Summary
+from prereg.results import Descriptive, FactorialResult, PairedResult, Summary
 
 CONVENTION = (
     "Each effect is a reduction in percent of the baseline's training time (positive: the candidate was "
@@ -33,10 +32,15 @@ def commands_study(summary: Summary) -> bool:
     return commands_protocol(summary.protocol)
 
 
-def commands_protocol(protocol: Mapping[str, Any]) -> bool:
+def commands_protocol(protocol: Mapping[str, object]) -> bool:
     """:func:`commands_study` of a protocol summary's mapping."""
-    studies = protocol.get("studies") or []
-    return bool(studies) and all("commands" in s for s in studies)
+    studies = protocol.get("studies")
+    return isinstance(studies, list) and bool(studies) and all(_has_commands(s) for s in studies)
+
+
+def _has_commands(study: object) -> bool:
+    """Whether a protocol summary's study entry runs command arms."""
+    return isinstance(study, Mapping) and "commands" in study
 
 
 def in_points(summary: Summary, cal: Calibration | None) -> bool:
@@ -94,7 +98,7 @@ def _decided(d: HypothesisDecision) -> str:
     return f"{d.id} {d.status}" + (f" ({head})" if head else "")
 
 
-def _factorial_effects(c: Any) -> str:
+def _factorial_effects(c: FactorialResult) -> str:
     shown = [
         f"{name.replace('_', ' ')} {_effect(e['reduction_pct'], e['reduction_low_pct'], e['reduction_high_pct'], c.level)}"
         for name, e in sorted((c.effects or {}).items())
@@ -103,14 +107,14 @@ def _factorial_effects(c: Any) -> str:
     return "within-block training-time reduction " + ("; ".join(shown) or "n/a (no interval yet)")
 
 
-def clock_intervals(c: Any, cpu: bool) -> list[tuple[str, Any]]:
+def clock_intervals(c: PairedResult, cpu: bool) -> list[tuple[str, PairedInterval]]:
     """A paired result's training-time intervals per clock: the wall clock's and, with ``cpu`` (a CPU
     device), the CPU clock's, each where it has one."""
     eps = (("wall", c.training_time), ("CPU", c.training_cpu_time if cpu else None))
     return [(clock, ep.interval) for clock, ep in eps if ep is not None and ep.interval is not None]
 
 
-def _paired_effects(c: Any, cpu: bool) -> str:
+def _paired_effects(c: PairedResult, cpu: bool) -> str:
     shown = [
         f"{_effect(iv.estimate, iv.low, iv.high, c.level)} on the {clock} clock"
         for clock, iv in clock_intervals(c, cpu)
@@ -118,18 +122,18 @@ def _paired_effects(c: Any, cpu: bool) -> str:
     return "training-time reduction " + (", ".join(shown) or "n/a (no interval yet)")
 
 
-def clock_disagreement(c: Any) -> str | None:
+def clock_disagreement(c: PairedResult | None) -> str | None:
     """A warning when a paired result's CPU and wall clock intervals (log ratios) do not overlap,
     with the likely reason: a wall clock that reads the change larger than the CPU clock does
     carries a wall-only cost (sleep, I/O, waiting on a lock or a child process) that the process's
     CPU clock cannot see, or contention for the processor. In points of ``100 x ln(T_candidate /
     T_baseline)``, positive: the candidate slower (the calibration's convention)."""
-    wall = getattr(getattr(c, "training_time", None), "log_ratio", None)
-    cpu = getattr(getattr(c, "training_cpu_time", None), "log_ratio", None)
+    wall = None if c is None else c.training_time.log_ratio
+    cpu = None if c is None or c.training_cpu_time is None else c.training_cpu_time.log_ratio
     if wall is None or cpu is None or (wall.low <= cpu.high and cpu.low <= wall.high):
         return None
 
-    def pts(iv: Any) -> str:
+    def pts(iv: PairedInterval) -> str:
         return f"{100 * iv.estimate:+.2f} ({100 * iv.low:+.2f} to {100 * iv.high:+.2f})"
 
     more = "larger" if wall.estimate > cpu.estimate else "smaller"
@@ -168,7 +172,9 @@ def answer_lines(summary: Summary, cal: Calibration | None = None) -> list[str]:
             said |= {d.id for d in mine}
             verdict = "decisions: " + ", ".join(map(_decided, mine)) if mine else none
             lines.append(f"{study.name} / {c.config} ({what}): {effects}; {verdict}.")
-            warn = clock_disagreement(c) if getattr(c, "final_metric", None) is not None else None
+            warn = (
+                clock_disagreement(c) if isinstance(c, PairedResult) and c.final_metric is not None else None
+            )
             if warn:  # a study of command arms (new summaries only): the scripts' clocks compared
                 lines.append(f"{study.name} / {c.config}: warning: {warn}.")
     for d in (d for d in decisions if d.id not in said):
@@ -190,7 +196,7 @@ def answer_lines(summary: Summary, cal: Calibration | None = None) -> list[str]:
     return lines or ["No configuration has a result yet."]
 
 
-def terminal_answer(summary: Summary, where: Mapping[str, Any], cal: Calibration | None = None) -> str:
+def terminal_answer(summary: Summary, where: Mapping[str, object], cal: Calibration | None = None) -> str:
     """The terminal's last lines: the answer, then where the details are (``where``: report, page)."""
     body = "\n".join(f"- {line}" for line in answer_lines(summary, cal))
     details = ", ".join(f"{k} {v}" for k, v in where.items())
