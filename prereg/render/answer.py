@@ -67,16 +67,21 @@ def decision_cells(d: HypothesisDecision, with_level: bool, in_points: bool = Fa
     """A decision's estimate and interval cells: a log ratio as a reduction in percent (its interval's
     ends swap), or ``in_points`` (a calibrated study: :data:`prereg.calibrated.SIGN`) as points, a
     difference in its own units; ``with_level`` names the interval's level."""
-    level = f" ({100 * (d.level or 0):.4g}%)" if with_level else ""
     if d.estimand == "log_ratio" and d.estimate_of in (None, d.estimand):
-        return _ratio_cells(d, with_level, in_points, level)
+        return _ratio_cells(d, with_level, in_points)
+    level = _level_text(d, with_level)
     est = "n/a" if d.estimate is None else f"{d.estimate:+.4g}"
     if d.estimate_of and d.estimate_of != d.estimand:
         est += f" ({d.estimate_of})"
     return est, "n/a" if d.low is None or d.high is None else f"{d.low:+.4g} to {d.high:+.4g}{level}"
 
 
-def _ratio_cells(d: HypothesisDecision, with_level: bool, in_points: bool, level: str) -> tuple[str, str]:
+def _level_text(d: HypothesisDecision, with_level: bool) -> str:
+    """The level a decision's interval carries, as its cell names it (``with_level``), else nothing."""
+    return f" ({100 * (d.level or 0):.4g}%)" if with_level else ""
+
+
+def _ratio_cells(d: HypothesisDecision, with_level: bool, in_points: bool) -> tuple[str, str]:
     """:func:`decision_cells` of a log ratio: points (a calibrated study) or a reduction in percent."""
     if in_points:
         est, rng = points(d.estimate, d.low, d.high, d.level if with_level else None)
@@ -84,7 +89,7 @@ def _ratio_cells(d: HypothesisDecision, with_level: bool, in_points: bool, level
     est = "n/a" if d.estimate is None else f"{reduction(d.estimate):.2f}% reduction"
     if d.low is None or d.high is None:
         return est, "n/a"
-    return est, f"{reduction(d.high):.2f} to {reduction(d.low):.2f}%{level}"
+    return est, f"{reduction(d.high):.2f} to {reduction(d.low):.2f}%{_level_text(d, with_level)}"
 
 
 def _effect(est: float, low: float, high: float, level: float) -> str:
@@ -116,7 +121,7 @@ def clock_intervals(c: PairedResult, cpu: bool) -> list[tuple[str, PairedInterva
 
 def _paired_effects(c: PairedResult, cpu: bool) -> str:
     shown = [
-        f"{_effect(iv.estimate, iv.low, iv.high, c.level)} on the {clock} clock"
+        f"{_effect(iv.estimate, iv.low, iv.high, iv.level)} on the {clock} clock"
         for clock, iv in clock_intervals(c, cpu)
     ]
     return "training-time reduction " + (", ".join(shown) or "n/a (no interval yet)")
@@ -181,7 +186,7 @@ def answer_lines(summary: Summary, cal: Calibration | None = None) -> list[str]:
         if d.estimate is None or d.low is None or d.high is None:
             effect = "no estimate"
         elif d.estimand == "log_ratio" and pts:
-            effect = f"{d.endpoint} change {sentence(d.estimate, d.low, d.high, d.level)}"
+            effect = f"{d.endpoint} change {sentence(d)}"
         elif d.estimand == "log_ratio":
             red = [reduction(x) for x in (d.estimate, d.high, d.low)]
             effect = f"{d.endpoint} reduction {_effect(red[0], red[1], red[2], d.level or 0)}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Protocol
 
 from prereg.calibrated import SIGN, Calibration, bias_text, endpoint_design
 from prereg.decisions import HypothesisDecision
@@ -102,8 +103,26 @@ def point_cells(iv: PairedInterval | None, sep: str = " to ", whole: bool = True
     return num(e, "+.2f"), f"{num(lo, '+.2f')}{sep}{num(hi, '+.2f')}"
 
 
-def sentence(estimate: float, low: float | None, high: float | None, level: float | None) -> str:
-    """A log ratio in a sentence: ``-2.31 points (99% interval -2.90 to -1.70; faster by 2.28%)``."""
+class Estimate(Protocol):
+    """A log ratio's estimate with its interval and the interval's level, as a result carries them
+    (:class:`prereg.descriptive.PairedInterval`, :class:`prereg.decisions.HypothesisDecision`)."""
+
+    @property
+    def estimate(self) -> float | None: ...
+    @property
+    def low(self) -> float | None: ...
+    @property
+    def high(self) -> float | None: ...
+    @property
+    def level(self) -> float | None: ...
+
+
+def sentence(result: Estimate) -> str:
+    """A log ratio in a sentence, at the level its ``result`` carries: ``-2.31 points (99% interval
+    -2.90 to -1.70; faster by 2.28%)``; ``n/a`` without an estimate."""
+    estimate, low, high, level = result.estimate, result.low, result.high, result.level
+    if estimate is None:
+        return "n/a"
     at = f"{100 * level:.4g}% interval " if level else "interval "
     rng = "no interval" if low is None or high is None else f"{at}{100 * low:+.2f} to {100 * high:+.2f}"
     return f"{100 * estimate:+.2f} points ({rng}; {words(100 * estimate)})"
@@ -211,7 +230,7 @@ def calibrated_effects(c: PairedResult, cpu: bool, cal: Calibration | None, bloc
         if iv is None:
             continue
         bias = "" if cal is None else f", calibrated bias {bias_text(cal, block, endpoint)}"
-        shown.append(f"{sentence(iv.estimate, iv.low, iv.high, c.level)} on the {clock} clock{bias}")
+        shown.append(f"{sentence(iv)} on the {clock} clock{bias}")
     return "training-time change " + (", ".join(shown) or "n/a (no interval yet)")
 
 
