@@ -120,7 +120,7 @@ def aa_noise(
     endpoint: str,
     estimand: str,
     block_steps: int | None = None,
-    hypothesis: dict[str, Any] | None = None,
+    hypothesis: Mapping[str, object] | None = None,
 ) -> dict[str, Noise]:
     """Per configuration, the noise of ``endpoint`` from the A/A pairs (:func:`aa_pairs`).
 
@@ -496,9 +496,9 @@ class Plan:
         return asdict(self)
 
 
-def true_mean(h: dict[str, Any], effect: float) -> float:
+def true_mean(h: Mapping[str, object], effect: float) -> float:
     """The true mean on the test scale for ``effect`` in the estimand's units, favourable direction."""
-    s = sign(h["better"])
+    s = sign(str(h["better"]))
     if h["estimand"] == "relative_reduction":
         return math.log1p(s * effect / 100.0)  # better lower: a reduction e is ln(1 - e/100)
     return s * effect
@@ -711,7 +711,7 @@ def _sign_figures(
 
 
 def _t_figures(
-    h: dict[str, Any],
+    h: Mapping[str, object],
     noise: Noise,
     n_plan: int,
     alpha: float,
@@ -737,7 +737,7 @@ def _t_figures(
         shift = detectable_shift(n_plan, noise.sd, alpha, 0.8, lost, df)
         bound, k = _one_bound(region)
         m_star = bound + k * shift  # lo + shift, or hi - shift
-        s = sign(h["better"])
+        s = sign(str(h["better"]))
         mde = -s * reduction(m_star) if h["estimand"] == "relative_reduction" else s * m_star
     return need, at_planned, hw, mde
 

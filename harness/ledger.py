@@ -128,7 +128,7 @@ class Ledger:
         self._names_seen: set[str] = set()  # every name in the folder at the last sync
         self._records: list[RunRecord] = []  # the records, typed, in the order the index met them
         self._head: LedgerHead = {"seq": 0, "sha256": genesis}
-        self._snapshots: dict[str, dict[str, Any]] = {}  # the folder's protocol snapshots, by sha256
+        self._snapshots: dict[str, dict[str, object]] = {}  # the folder's protocol snapshots, by sha256
         self._source_sha: dict[str, str] | None = None
         self.generation = 0  # bumped when the index is read anew (an entry vanished or changed)
         # Every append rewrites this mark (a fresh token) *before* it writes its entry, so a mark

@@ -44,18 +44,19 @@ class _Json:
     """``to_json``: every field by name, as JSON holds it; ``from_json``: the reverse, refusing
     unknown or missing fields."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {name: plain(v) for name, v in present(self).items()}
 
     @classmethod
     def from_json(cls: type[T], data: object, where: str = "summary") -> T:
-        built: T = _build(cls, data, where)
-        return built
+        return typing.cast(T, _build(cls, data, where))
 
 
-def _build(cls: Any, data: Any, where: str) -> Any:
+def _build(cls: type, data: object, where: str) -> object:
     """``data`` (JSON) as an instance of ``cls``: a field typed as a result (or a union of results,
     told apart by their fields, or a sequence of them) is built in turn; any other field is kept."""
+    if not is_dataclass(cls):
+        raise TypeError(f"{cls.__name__} is not a result")
     if not isinstance(data, Mapping):
         raise SummaryFormatError(f"{where}: expected a JSON object for {cls.__name__}")
     names = [f.name for f in fields(cls) if f.name in data or not f.metadata.get("omit_none")]
@@ -64,14 +65,16 @@ def _build(cls: Any, data: Any, where: str) -> Any:
     return cls(**{n: _value(hints[n], data[n], f"{where}.{n}") for n in names})
 
 
-def _fits(cls: Any, value: Mapping[str, Any]) -> bool:
+def _fits(cls: type, value: Mapping[str, object]) -> bool:
     """Whether ``value`` has the fields of ``cls``: all of them, a field left out when ``None`` aside."""
+    if not is_dataclass(cls):
+        return False
     names = {f.name for f in fields(cls)}
     optional = {f.name for f in fields(cls) if f.metadata.get("omit_none")}
     return names - optional <= set(value) <= names
 
 
-def _value(hint: Any, value: Any, where: str) -> Any:
+def _value(hint: object, value: object, where: str) -> object:
     """``value`` (JSON) read as ``hint`` says: a union by the member it fits, a result by its
     fields, a sequence of results item by item, anything else kept."""
     union = typing.get_origin(hint) in (typing.Union, types.UnionType)
@@ -81,8 +84,9 @@ def _value(hint: Any, value: Any, where: str) -> Any:
         raise SummaryFormatError(f"{where} is null")
     if union:
         return _union_value(hint, value, where)
-    if is_dataclass(hint):
-        return hint.from_json(value, where) if hasattr(hint, "from_json") else _build(hint, value, where)
+    if isinstance(hint, type) and is_dataclass(hint):
+        read = getattr(hint, "from_json", None)
+        return read(value, where) if read is not None else _build(hint, value, where)
     if _sequence_of_results(hint):
         if not isinstance(value, list):
             raise SummaryFormatError(f"{where}: expected a JSON list")
@@ -217,11 +221,11 @@ class Decided:
     decision: HypothesisDecision
     sensitivity: Mapping[str, Any] | None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {**plain(self.decision.as_dict()), "sensitivity": plain(self.sensitivity)}
 
     @classmethod
-    def from_json(cls, data: object, where: str, tests: Sequence[Mapping[str, Any]] = ()) -> Decided:
+    def from_json(cls, data: object, where: str, tests: Sequence[Mapping[str, object]] = ()) -> Decided:
         """A decision row of summary.json, its hypothesis taken whole from the protocol's ``tests``."""
         own = {f.name for f in fields(HypothesisDecision)} - {"hypothesis"}
         if not isinstance(data, Mapping):
@@ -335,7 +339,7 @@ class Summary(_Json):
             if "descriptive" in hyp
             else Hypotheses.read(hyp, tests, f"{where}: hypotheses")
         )
-        out: Summary = _build(cls, {**body, "hypotheses": typed}, where)
+        out = typing.cast(Summary, _build(cls, {**body, "hypotheses": typed}, where))
         for study in out.studies:
             design = find_design(study.design)
             if design is None:

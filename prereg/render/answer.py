@@ -12,14 +12,13 @@ reduction in percent of the baseline's time, ``100 x (1 - exp(mean log ratio))``
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from prereg.calibrated import Calibration
 from prereg.decisions import HypothesisDecision
-from prereg.descriptive import reduction
+from prereg.descriptive import PairedInterval, reduction
 from prereg.render.result import CONVENTION as CAL_CONVENTION
 from prereg.render.result import POINTS_CONVENTION, block_steps, calibrated_effects, points, sentence, words
-from prereg.results import Descriptive, PairedResult, Summary
+from prereg.results import Descriptive, FactorialResult, PairedResult, Summary
 
 CONVENTION = (
     "Each effect is a reduction in percent of the baseline's training time (positive: the candidate was "
@@ -33,10 +32,15 @@ def commands_study(summary: Summary) -> bool:
     return commands_protocol(summary.protocol)
 
 
-def commands_protocol(protocol: Mapping[str, Any]) -> bool:
+def commands_protocol(protocol: Mapping[str, object]) -> bool:
     """:func:`commands_study` of a protocol summary's mapping."""
-    studies = protocol.get("studies") or []
-    return bool(studies) and all("commands" in s for s in studies)
+    studies = protocol.get("studies")
+    return isinstance(studies, list) and bool(studies) and all(_has_commands(s) for s in studies)
+
+
+def _has_commands(study: object) -> bool:
+    """Whether a protocol summary's study entry runs command arms."""
+    return isinstance(study, Mapping) and "commands" in study
 
 
 def in_points(summary: Summary, cal: Calibration | None) -> bool:
@@ -63,16 +67,21 @@ def decision_cells(d: HypothesisDecision, with_level: bool, in_points: bool = Fa
     """A decision's estimate and interval cells: a log ratio as a reduction in percent (its interval's
     ends swap), or ``in_points`` (a calibrated study: :data:`prereg.calibrated.SIGN`) as points, a
     difference in its own units; ``with_level`` names the interval's level."""
-    level = f" ({100 * (d.level or 0):.4g}%)" if with_level else ""
     if d.estimand == "log_ratio" and d.estimate_of in (None, d.estimand):
-        return _ratio_cells(d, with_level, in_points, level)
+        return _ratio_cells(d, with_level, in_points)
+    level = _level_text(d, with_level)
     est = "n/a" if d.estimate is None else f"{d.estimate:+.4g}"
     if d.estimate_of and d.estimate_of != d.estimand:
         est += f" ({d.estimate_of})"
     return est, "n/a" if d.low is None or d.high is None else f"{d.low:+.4g} to {d.high:+.4g}{level}"
 
 
-def _ratio_cells(d: HypothesisDecision, with_level: bool, in_points: bool, level: str) -> tuple[str, str]:
+def _level_text(d: HypothesisDecision, with_level: bool) -> str:
+    """The level a decision's interval carries, as its cell names it (``with_level``), else nothing."""
+    return f" ({100 * (d.level or 0):.4g}%)" if with_level else ""
+
+
+def _ratio_cells(d: HypothesisDecision, with_level: bool, in_points: bool) -> tuple[str, str]:
     """:func:`decision_cells` of a log ratio: points (a calibrated study) or a reduction in percent."""
     if in_points:
         est, rng = points(d.estimate, d.low, d.high, d.level if with_level else None)
@@ -80,7 +89,7 @@ def _ratio_cells(d: HypothesisDecision, with_level: bool, in_points: bool, level
     est = "n/a" if d.estimate is None else f"{reduction(d.estimate):.2f}% reduction"
     if d.low is None or d.high is None:
         return est, "n/a"
-    return est, f"{reduction(d.high):.2f} to {reduction(d.low):.2f}%{level}"
+    return est, f"{reduction(d.high):.2f} to {reduction(d.low):.2f}%{_level_text(d, with_level)}"
 
 
 def _effect(est: float, low: float, high: float, level: float) -> str:
@@ -94,7 +103,7 @@ def _decided(d: HypothesisDecision) -> str:
     return f"{d.id} {d.status}" + (f" ({head})" if head else "")
 
 
-def _factorial_effects(c: Any) -> str:
+def _factorial_effects(c: FactorialResult) -> str:
     shown = [
         f"{name.replace('_', ' ')} {_effect(e['reduction_pct'], e['reduction_low_pct'], e['reduction_high_pct'], c.level)}"
         for name, e in sorted((c.effects or {}).items())
@@ -103,33 +112,33 @@ def _factorial_effects(c: Any) -> str:
     return "within-block training-time reduction " + ("; ".join(shown) or "n/a (no interval yet)")
 
 
-def clock_intervals(c: Any, cpu: bool) -> list[tuple[str, Any]]:
+def clock_intervals(c: PairedResult, cpu: bool) -> list[tuple[str, PairedInterval]]:
     """A paired result's training-time intervals per clock: the wall clock's and, with ``cpu`` (a CPU
     device), the CPU clock's, each where it has one."""
     eps = (("wall", c.training_time), ("CPU", c.training_cpu_time if cpu else None))
     return [(clock, ep.interval) for clock, ep in eps if ep is not None and ep.interval is not None]
 
 
-def _paired_effects(c: Any, cpu: bool) -> str:
+def _paired_effects(c: PairedResult, cpu: bool) -> str:
     shown = [
-        f"{_effect(iv.estimate, iv.low, iv.high, c.level)} on the {clock} clock"
+        f"{_effect(iv.estimate, iv.low, iv.high, iv.level)} on the {clock} clock"
         for clock, iv in clock_intervals(c, cpu)
     ]
     return "training-time reduction " + (", ".join(shown) or "n/a (no interval yet)")
 
 
-def clock_disagreement(c: Any) -> str | None:
+def clock_disagreement(c: PairedResult | None) -> str | None:
     """A warning when a paired result's CPU and wall clock intervals (log ratios) do not overlap,
     with the likely reason: a wall clock that reads the change larger than the CPU clock does
     carries a wall-only cost (sleep, I/O, waiting on a lock or a child process) that the process's
     CPU clock cannot see, or contention for the processor. In points of ``100 x ln(T_candidate /
     T_baseline)``, positive: the candidate slower (the calibration's convention)."""
-    wall = getattr(getattr(c, "training_time", None), "log_ratio", None)
-    cpu = getattr(getattr(c, "training_cpu_time", None), "log_ratio", None)
+    wall = None if c is None else c.training_time.log_ratio
+    cpu = None if c is None or c.training_cpu_time is None else c.training_cpu_time.log_ratio
     if wall is None or cpu is None or (wall.low <= cpu.high and cpu.low <= wall.high):
         return None
 
-    def pts(iv: Any) -> str:
+    def pts(iv: PairedInterval) -> str:
         return f"{100 * iv.estimate:+.2f} ({100 * iv.low:+.2f} to {100 * iv.high:+.2f})"
 
     more = "larger" if wall.estimate > cpu.estimate else "smaller"
@@ -168,14 +177,16 @@ def answer_lines(summary: Summary, cal: Calibration | None = None) -> list[str]:
             said |= {d.id for d in mine}
             verdict = "decisions: " + ", ".join(map(_decided, mine)) if mine else none
             lines.append(f"{study.name} / {c.config} ({what}): {effects}; {verdict}.")
-            warn = clock_disagreement(c) if getattr(c, "final_metric", None) is not None else None
+            warn = (
+                clock_disagreement(c) if isinstance(c, PairedResult) and c.final_metric is not None else None
+            )
             if warn:  # a study of command arms (new summaries only): the scripts' clocks compared
                 lines.append(f"{study.name} / {c.config}: warning: {warn}.")
     for d in (d for d in decisions if d.id not in said):
         if d.estimate is None or d.low is None or d.high is None:
             effect = "no estimate"
         elif d.estimand == "log_ratio" and pts:
-            effect = f"{d.endpoint} change {sentence(d.estimate, d.low, d.high, d.level)}"
+            effect = f"{d.endpoint} change {sentence(d)}"
         elif d.estimand == "log_ratio":
             red = [reduction(x) for x in (d.estimate, d.high, d.low)]
             effect = f"{d.endpoint} reduction {_effect(red[0], red[1], red[2], d.level or 0)}"
@@ -190,7 +201,7 @@ def answer_lines(summary: Summary, cal: Calibration | None = None) -> list[str]:
     return lines or ["No configuration has a result yet."]
 
 
-def terminal_answer(summary: Summary, where: Mapping[str, Any], cal: Calibration | None = None) -> str:
+def terminal_answer(summary: Summary, where: Mapping[str, object], cal: Calibration | None = None) -> str:
     """The terminal's last lines: the answer, then where the details are (``where``: report, page)."""
     body = "\n".join(f"- {line}" for line in answer_lines(summary, cal))
     details = ", ".join(f"{k} {v}" for k, v in where.items())

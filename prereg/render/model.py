@@ -9,12 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html import escape
-from typing import Any
 
 from prereg.descriptive import PairedInterval
 
 
-def esc(x: Any) -> str:
+def esc(x: object) -> str:
     """``x`` as text, HTML-escaped for element content and attribute values."""
     return escape(str(x), quote=True)
 

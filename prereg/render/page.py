@@ -11,9 +11,8 @@ publish PROTOCOL [--out DIR]``; ``harness run`` and ``harness report`` write bot
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from prereg.calibrated import Calibration, find_calibration
 from prereg.files import atomic_write
@@ -54,7 +53,7 @@ def markdown(
 def render(
     summary: Summary,
     records_rel: str,
-    manifest: dict[str, Any] | None = None,
+    manifest: Mapping[str, object] | None = None,
     summary_sha256: str | None = None,
     beside: Beside | None = None,
     cal: Calibration | None = None,
@@ -79,10 +78,12 @@ def document(summary: Summary, parts: list[Section]) -> str:
     )
 
 
-def page_manifest(raw: Any) -> dict[str, Any]:
+def page_manifest(raw: object) -> Mapping[str, object]:
     """The MANIFEST as the page reads it: empty when it is not one this version can read (the page
     then shows no manifest details)."""
-    version = raw.get("schema_version", 1) if isinstance(raw, dict) else None
+    if not isinstance(raw, dict):
+        return {}
+    version = raw.get("schema_version", 1)
     return raw if isinstance(version, int) and version <= SCHEMA_VERSION else {}
 
 
@@ -109,10 +110,10 @@ def write_page(
 
 
 def published_texts(
-    summary_json: dict[str, Any],
+    summary_json: Mapping[str, object],
     where: str,
     records_rel: str,
-    manifest: Any,
+    manifest: object,
     beside_dir: str | None = None,
     beside_label: str | None = None,
 ) -> dict[str, str]:
@@ -126,6 +127,7 @@ def published_texts(
     shown = read_beside(summary, Path(beside_dir), beside_label) if beside_dir is not None else None
     folder = os.path.dirname(where) or "."
     cal, stalls = find_calibration(folder, summary.protocol), folder_stalls(folder)
-    sha = summary_json.get("sha256")
+    sealed = summary_json.get("sha256")
+    sha = sealed if isinstance(sealed, str) else None
     parts = sections(summary, shown, records_rel, page_manifest(manifest), sha, cal, stalls)
     return {"report.md": to_md(parts), "index.html": document(summary, parts)}

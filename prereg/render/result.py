@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Protocol
 
 from prereg.calibrated import SIGN, Calibration, bias_text, endpoint_design
-from prereg.render.model import Section, Table, num, para
-from prereg.results import Descriptive, Summary
+from prereg.decisions import HypothesisDecision
+from prereg.descriptive import PairedInterval
+from prereg.render.model import Section, Table, Text, num, para
+from prereg.results import Descriptive, PairedResult, Summary
 
 CONVENTION = (
     f"Each change is in {SIGN} (a bias the same: positive, the design reads the change as costing more "
@@ -75,7 +77,7 @@ def points(
     return f"{100 * estimate:+.2f}", shown
 
 
-def interval_points(iv: Any) -> tuple[float | None, float | None, float | None]:
+def interval_points(iv: PairedInterval | None) -> tuple[float | None, float | None, float | None]:
     """A paired interval of candidate over baseline times in points (:data:`SIGN`): a log ratio's
     estimate and ends times 100; a relative reduction's (``100 (1 - exp(.))`` of the mean log ratio
     and its ends, :func:`prereg.descriptive.paired_interval`) from its geometric-mean ratio and that
@@ -85,14 +87,14 @@ def interval_points(iv: Any) -> tuple[float | None, float | None, float | None]:
         return None, None, None
     if iv.estimand == "log_ratio":
         return 100 * iv.estimate, 100 * iv.low, 100 * iv.high
-    ratios = (iv.ratio, iv.ratio_low, iv.ratio_high)
-    if any(not isinstance(r, (int, float)) or not r > 0 for r in ratios):
+    ratios = [r for r in (iv.ratio, iv.ratio_low, iv.ratio_high) if isinstance(r, (int, float)) and r > 0]
+    if len(ratios) < 3:
         return None, None, None
     e, lo, hi = (100 * math.log(r) for r in ratios)
     return e, lo, hi
 
 
-def point_cells(iv: Any, sep: str = " to ", whole: bool = True) -> tuple[str, str]:
+def point_cells(iv: PairedInterval | None, sep: str = " to ", whole: bool = True) -> tuple[str, str]:
     """:func:`prereg.render.model.cells` of an interval in points (:func:`interval_points`): signed,
     no unit; ``n/a`` for each cell without an interval (``whole``) or for each number."""
     e, lo, hi = interval_points(iv)
@@ -101,8 +103,26 @@ def point_cells(iv: Any, sep: str = " to ", whole: bool = True) -> tuple[str, st
     return num(e, "+.2f"), f"{num(lo, '+.2f')}{sep}{num(hi, '+.2f')}"
 
 
-def sentence(estimate: float, low: float | None, high: float | None, level: float | None) -> str:
-    """A log ratio in a sentence: ``-2.31 points (99% interval -2.90 to -1.70; faster by 2.28%)``."""
+class Estimate(Protocol):
+    """A log ratio's estimate with its interval and the interval's level, as a result carries them
+    (:class:`prereg.descriptive.PairedInterval`, :class:`prereg.decisions.HypothesisDecision`)."""
+
+    @property
+    def estimate(self) -> float | None: ...
+    @property
+    def low(self) -> float | None: ...
+    @property
+    def high(self) -> float | None: ...
+    @property
+    def level(self) -> float | None: ...
+
+
+def sentence(result: Estimate) -> str:
+    """A log ratio in a sentence, at the level its ``result`` carries: ``-2.31 points (99% interval
+    -2.90 to -1.70; faster by 2.28%)``; ``n/a`` without an estimate."""
+    estimate, low, high, level = result.estimate, result.low, result.high, result.level
+    if estimate is None:
+        return "n/a"
     at = f"{100 * level:.4g}% interval " if level else "interval "
     rng = "no interval" if low is None or high is None else f"{at}{100 * low:+.2f} to {100 * high:+.2f}"
     return f"{100 * estimate:+.2f} points ({rng}; {words(100 * estimate)})"
@@ -120,12 +140,14 @@ def block_steps(summary: Summary, study: str) -> int | None:
     return study_block(next((s for s in summary.protocol["studies"] if s["name"] == study), None))
 
 
-def study_block(st: Mapping[str, Any] | None) -> int | None:
+def study_block(st: Mapping[str, object] | None) -> int | None:
     """A protocol study's lockstep block size (None: a process per arm, or no such study)."""
-    return ((st or {}).get("lockstep") or {}).get("block_steps")
+    lockstep = (st or {}).get("lockstep")
+    steps = lockstep.get("block_steps") if isinstance(lockstep, Mapping) else None
+    return steps if isinstance(steps, int) else None
 
 
-def _speed_decisions(summary: Summary) -> list[Any]:
+def _speed_decisions(summary: Summary) -> list[HypothesisDecision]:
     hyp = summary.hypotheses
     decided = [] if isinstance(hyp, Descriptive) else [x.decision for x in hyp.decisions]
     return [d for d in decided if d.endpoint in CLOCKS and d.estimand == "log_ratio"]
@@ -133,7 +155,7 @@ def _speed_decisions(summary: Summary) -> list[Any]:
 
 def result_rows(summary: Summary, cal: Calibration) -> list[list[str]]:
     """One row per speed decision on a configuration of two different arms, primary first."""
-    configs: dict[tuple[str, str], Any] = {
+    configs: dict[tuple[str, str], PairedResult] = {
         (s.name, c.config): c
         for s in summary.studies
         for c in s.paired_configs()
@@ -185,7 +207,7 @@ def machines_line(cal: Calibration, study_machines: tuple[str, ...]) -> str:
 def result_section(summary: Summary, cal: Calibration) -> Section:
     """The first screen: the convention, the table, and the machines."""
     rows = result_rows(summary, cal)
-    blocks: list[Any] = [para(CONVENTION)]
+    blocks: list[Text | Table] = [para(CONVENTION)]
     if rows:
         blocks.append(Table("Each configuration's speed, with the design's calibrated bias", HEAD, rows))
     else:
@@ -194,7 +216,7 @@ def result_section(summary: Summary, cal: Calibration) -> Section:
     return Section("The result", blocks)
 
 
-def calibrated_effects(c: Any, cpu: bool, cal: Calibration | None, block: int | None) -> str:
+def calibrated_effects(c: PairedResult, cpu: bool, cal: Calibration | None, block: int | None) -> str:
     """A configuration's training-time change on each clock in points with its interval, in words,
     and, with the study's calibration ``cal``, the design's calibrated bias beside each (the whole
     times' estimator)."""
@@ -208,7 +230,7 @@ def calibrated_effects(c: Any, cpu: bool, cal: Calibration | None, block: int | 
         if iv is None:
             continue
         bias = "" if cal is None else f", calibrated bias {bias_text(cal, block, endpoint)}"
-        shown.append(f"{sentence(iv.estimate, iv.low, iv.high, c.level)} on the {clock} clock{bias}")
+        shown.append(f"{sentence(iv)} on the {clock} clock{bias}")
     return "training-time change " + (", ".join(shown) or "n/a (no interval yet)")
 
 

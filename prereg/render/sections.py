@@ -43,7 +43,7 @@ def sections(
     summary: Summary,
     beside: Beside | None = None,
     records_rel: str = "",
-    manifest: Mapping[str, Any] | None = None,
+    manifest: Mapping[str, object] | None = None,
     summary_sha256: str | None = None,
     cal: Calibration | None = None,
     stalls: Sequence[str] = (),
@@ -308,12 +308,13 @@ def _runs(runs: Sequence[Mapping[str, Any]], commands: bool = False) -> Section:
 
 
 def _verify(
-    summary: Summary, summary_sha256: str | None, records_rel: str, manifest: Mapping[str, Any]
+    summary: Summary, summary_sha256: str | None, records_rel: str, manifest: Mapping[str, object]
 ) -> Section:
     """How to verify (the page's): what the records are bound to (protocol, tag, freeze, ledger head,
     summary) and the audit command."""
     p = summary.protocol
-    head = manifest.get("ledger_head") or {}
+    got = manifest.get("ledger_head")
+    head = got if isinstance(got, Mapping) else {}
     facts = [
         ["Protocol file", p.get("path") or "n/a"],
         ["Protocol sha256", p["sha256"]],

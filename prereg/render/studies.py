@@ -7,11 +7,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from statistics import geometric_mean
-from typing import Any
+from typing import Any, Protocol
 
 from prereg.calibrated import SIGN, Calibration
+from prereg.descriptive import Endpoint, PairedInterval
 from prereg.designs import design_label, design_named, study_design
 from prereg.factorial import design_of, effect_names
+from prereg.hypotheses import Pair
 from prereg.render.answer import clock_intervals, commands_protocol
 from prereg.render.beside import Beside
 from prereg.render.model import Section, Table, Text, cells, cols, ends, esc, level_pct, num, para, raw
@@ -107,9 +109,10 @@ def answer_figure(
     )
 
 
-def _clocks(c: PairedResult, cpu: bool) -> list[tuple[str, Any, Any]]:
+def _clocks(c: PairedResult, cpu: bool) -> list[tuple[str, PairedInterval, PairedInterval | None]]:
     """:func:`prereg.render.answer.clock_intervals` with each clock's log-ratio interval beside."""
-    logs = {"wall": c.training_time.log_ratio, "CPU": c.training_cpu_time and c.training_cpu_time.log_ratio}
+    cpu_time = c.training_cpu_time
+    logs = {"wall": c.training_time.log_ratio, "CPU": None if cpu_time is None else cpu_time.log_ratio}
     return [(clock, iv, logs[clock]) for clock, iv in clock_intervals(c, cpu)]
 
 
@@ -121,7 +124,7 @@ def figure(svg: str, caption: str) -> list[Text]:
 def paired(
     study: StudyResult,
     n: int,
-    protocol_study: Mapping[str, Any] | None,
+    protocol_study: Mapping[str, object] | None,
     cpu: bool,
     cal: Calibration | None = None,
 ) -> list[Section]:
@@ -184,7 +187,7 @@ def _study_forest(cfgs: Sequence[PairedResult], n: int, who: str, lvl: str, poin
     return figure(svg, said + "the candidate is slower.")
 
 
-def _bias(cal: Calibration | None, st: Mapping[str, Any] | None, endpoint: str, beside: str) -> list[Text]:
+def _bias(cal: Calibration | None, st: Mapping[str, object] | None, endpoint: str, beside: str) -> list[Text]:
     """The design's calibrated bias under a table of ``endpoint``'s figures (none without ``cal``)."""
     return [] if cal is None else [para(bias_line(cal, study_block(st), endpoint, beside))]
 
@@ -233,7 +236,7 @@ def _clock(
     return out
 
 
-def _quality(q: Any, md: bool) -> list[str]:
+def _quality(q: Endpoint, md: bool) -> list[str]:
     """A quality endpoint's arms' means, difference and interval cells."""
     means = f"{num(q.baseline_mean, '.4f')} / {num(q.candidate_mean, '.4f')}"
     return [means, *cells(q.interval, "+.5f", "", whole=not md)]
@@ -255,7 +258,16 @@ IN_POINTS = (
 )
 
 
-def _interval_cells(points: bool) -> Any:
+class IntervalCells(Protocol):
+    """The cells of an interval (:func:`prereg.render.model.cells` or
+    :func:`prereg.render.result.point_cells`): its estimate's and its ends'."""
+
+    def __call__(
+        self, iv: PairedInterval | None, *, sep: str = ..., whole: bool = ...
+    ) -> tuple[str, str]: ...
+
+
+def _interval_cells(points: bool) -> IntervalCells:
     """The cells of a costs table's interval: reductions in percent, or ``points``."""
     return point_cells if points else cells
 
@@ -319,7 +331,7 @@ def _costs(
 
 
 def _completion(
-    c: PairedResult, ivc: Any, no_total: str | None, script_metric: bool
+    c: PairedResult, ivc: IntervalCells, no_total: str | None, script_metric: bool
 ) -> tuple[list[str], list[str]]:
     """A configuration's time to the target and total time: report.md's cells (pairs reached, the
     time to target and its interval, the total time) and the page's (total time, time to target),
@@ -343,18 +355,19 @@ def _delta(c: PairedResult) -> str:
     return "Test Δ BPB" if c.final_metric is None else f"Δ {c.final_metric.metric['name']}"
 
 
-def _pair_value(p: Any, points: bool) -> float | None:
+def _pair_value(p: Pair, points: bool) -> float | None:
     """A pair's time reduction in percent, or its change in ``points`` (100 x ln(candidate / baseline));
     ``None`` where a time is missing or not positive."""
     if not points:
         v = p.time_reduction_pct
         return None if v is None else float(v)
     b, k = p.baseline_training_s, p.candidate_training_s
-    ok = all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in (b, k))
-    return 100 * math.log(k / b) if ok else None
+    if not (isinstance(b, (int, float)) and isinstance(k, (int, float))):
+        return None
+    return 100 * math.log(k / b) if all(math.isfinite(v) and v > 0 for v in (b, k)) else None
 
 
-def _pair_cells(p: Any, points: bool = False) -> list[str]:
+def _pair_cells(p: Pair, points: bool = False) -> list[str]:
     """A pair's two training times, its time reduction (or change in ``points``: 100 x ln(candidate /
     baseline)) and its quality difference."""
     times = [num(p.baseline_training_s, ".3f"), num(p.candidate_training_s, ".3f")]
@@ -414,7 +427,7 @@ def _fit(x: float, iv: Mapping[str, Any], fmt: str, p: bool = True) -> str:
     return f"{x:{fmt}} [{iv['low']:{fmt}}, {iv['high']:{fmt}}]" + (f", p = {iv['p_value']:.3g}" if p else "")
 
 
-def factorial(study: StudyResult, declared: Mapping[str, Any]) -> list[Section]:
+def factorial(study: StudyResult, declared: Mapping[str, object]) -> list[Section]:
     """A factorial study's sections: per configuration its blocks, cell means and within-block
     effects with their intervals (report.md's of the design's effects, labelled; the page's by name),
     in the order of the design ``declared`` (the protocol's study)."""
@@ -458,7 +471,7 @@ def _effect(e: Mapping[str, float], sep: str) -> list[str]:
     return [f"{e['reduction_pct']:.2f}%", f"{low:.2f}{sep}{high:.2f}%"]
 
 
-def _design_order(values: Any, order: Sequence[str]) -> list[str]:
+def _design_order(values: Mapping[str, object], order: Sequence[str]) -> list[str]:
     """The keys of ``values`` in the design's order (cells, effects), any others after them: the
     order of the protocol, not of summary.json's sorted keys."""
     return [k for k in order if k in values] + sorted(k for k in values if k not in order)
@@ -475,7 +488,7 @@ def _pairs_figure(ident: str, name: str, cfgs: Sequence[PairedResult], points: b
 def every_pair(
     studies: Sequence[StudyResult],
     cal: Calibration | None = None,
-    by_name: Mapping[str, Mapping[str, Any]] | None = None,
+    by_name: Mapping[str, Mapping[str, object]] | None = None,
 ) -> Section:
     """The page's every pair of every paired study, adverse ones (the candidate was slower) marked,
     with a dot plot per study; with the study's calibration ``cal``, the design's calibrated bias
