@@ -726,3 +726,115 @@ def test_never_slower_default_rounds_against_statsmodels():
         assert abs(mod.rounds_needed(sd) - ref) <= 2, (sd, ref)
     assert mod.ROUNDS >= mod.rounds_needed() and mod.parse([]).rounds == mod.ROUNDS
     assert abs(mod.upper_power(mod.rounds_needed()) - mod.POWER) < 1e-3
+
+
+def both_steps(pairs, x, order, clip=True):
+    """One iteration on each side (``pairs``: (model, optimizer), native's first), in the loop
+    ``order``: ``"tutorial"`` (forward, zero_grad, backward, step) or ``"after"`` (forward,
+    backward, step, zero_grad(set_to_none=False)); returns the norms."""
+    norms = []
+    for k, (m, o) in enumerate(pairs):
+        loss = m(x).square().mean()
+        if order == "tutorial":
+            o.zero_grad()
+        loss.backward()
+        if clip:
+            clipper = torch.nn.utils.clip_grad_norm_ if k == 0 else clip_grad_norm_
+            norms.append(clipper(m.parameters(), 1.0))
+        o.step()
+        if order == "after":
+            o.zero_grad(set_to_none=False)
+    return norms
+
+
+def mlp_twins(seed):
+    torch.manual_seed(seed)
+    a = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1))
+    b = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1))
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+def assert_native(ma, mb, oa, ob, norms):
+    a, b = list(ma.parameters()), list(mb.parameters())
+    assert bitwise_equal(norms[0], norms[1])
+    assert same(a, b)
+    grads_equal(a, b)
+    same_state(oa, ob, a, b)
+
+
+@pytest.mark.parametrize("auto", [False, True])
+def test_the_tutorial_loop_order_leaves_the_packed_buffers(auto):
+    """``loss = model(x); opt.zero_grad(); loss.backward(); opt.step()``: the decision comes in
+    ``zero_grad`` while autograd holds saved tensors of the parameters (``weight.t()``), so the
+    move waits for the step (after backward, autograd holds none): native's layout, the packed
+    buffers freed, one warning (the decision's, naming no view the user never took), and
+    native's bits every step across it."""
+    ma, mb = mlp_twins(3)
+    oa = torch.optim.AdamW(ma.parameters(), fused=True)
+    ob = PackedAdamW(mb.parameters(), mode="auto")
+    ob._chooser = Scripted(["packed", "native", "packed"] if auto else [])
+    x = torch.randn(8, 6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for s in range(7):
+            norms = both_steps([(ma, oa), (mb, ob)], x * (s + 1), "tutorial")
+            assert_native(ma, mb, oa, ob, norms)
+    said = [str(w.message) for w in caught if "scripted" in str(w.message)]
+    assert said == ["scripted: native for good"]
+    assert ob._own and ob._pack is None and ob.flat_groups == []
+    assert all(t.untyped_storage().nbytes() == t.nbytes for t in held_by(ob, list(mb.parameters())))
+
+
+def test_a_view_of_a_state_tensor_keeps_the_layout_until_dropped():
+    """A view of a state tensor (``state[p]["exp_avg_sq"].view(-1)``) taken while packed follows
+    every step natively: the move to native's layout would leave it on the packed bytes, so the
+    storage stays (one warning naming the parameter, the state key and the reason) and the view
+    follows, bitwise native; once the view is dropped, the next step moves."""
+    ma, mb = mlp_twins(4)
+    oa = torch.optim.AdamW(ma.parameters(), fused=True)
+    ob = PackedAdamW(mb.parameters(), mode="auto")
+    ob._chooser = Scripted(["packed"])
+    x = torch.randn(8, 6)
+    pa, pb = ma[2].weight, mb[2].weight
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for s in range(5):
+            norms = both_steps([(ma, oa), (mb, ob)], x * (s + 1), "after")
+            if s == 0:
+                va, vb = oa.state[pa]["exp_avg_sq"].view(-1), ob.state[pb]["exp_avg_sq"].view(-1)
+            assert_native(ma, mb, oa, ob, norms)
+            assert bitwise_equal(va, vb)
+    said = [str(w.message) for w in caught if "scripted" in str(w.message)]
+    assert len(said) == 1 and "state[p]['exp_avg_sq'] of parameter 2 (shape (1, 5)) shares its memory" in said[0]
+    assert not ob._own and ob._pack is not None
+    del va, vb
+    for s in range(2):
+        norms = both_steps([(ma, oa), (mb, ob)], x * (s + 7), "after")
+        assert_native(ma, mb, oa, ob, norms)
+    assert ob._own and ob._pack is None
+
+
+def test_packing_again_names_a_handle_held_now():
+    """``set_mode("packed")`` after native for good with a ``p.detach()`` handle taken after it:
+    refused, naming a handle held now (not a view taken before the optimizer was built), nothing
+    changed; once it is dropped, packing again works and the steps stay native's bits."""
+    ma, mb = mlp_twins(5)
+    oa = torch.optim.AdamW(ma.parameters(), fused=True)
+    ob = PackedAdamW(mb.parameters(), mode="native")
+    x = torch.randn(8, 6)
+    norms = both_steps([(ma, oa), (mb, ob)], x, "after")
+    handle = mb[0].weight.detach()
+    before = [p.detach().clone() for p in mb.parameters()]
+    with pytest.raises(ValueError) as raised:
+        ob.set_mode("packed")
+    said = str(raised.value)
+    assert "parameter 0 (shape (5, 6)) shares its memory with 1 other tensor(s): a view or p.detach() handle held now" in said
+    assert "before the optimizer was built" not in said and "build PackedAdamW first" not in said
+    assert ob._own and ob.mode == "native" and same(before, list(mb.parameters()))
+    del handle
+    ob.set_mode("packed")
+    assert not ob._own and ob.flat_groups
+    for s in range(3):
+        norms = both_steps([(ma, oa), (mb, ob)], x * (s + 2), "after")
+        assert_native(ma, mb, oa, ob, norms)
