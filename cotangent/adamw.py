@@ -218,6 +218,7 @@ class PackedAdamW(OnePass):
         #: the report of a native-for-good decision whose move is still to come (_settle_own)
         self._pending_own: str | None = None
         self._warned_own = False
+        self._warned_grad = False  # a natively made .grad moved into the packed buffer (_switch)
 
     def _lay_out(self) -> None:
         """The layout at construction: packed, then, for ``mode="native"``, native for good."""
@@ -436,13 +437,25 @@ class PackedAdamW(OnePass):
             raise ValueError(f"set_mode: mode must be 'packed' or 'native', not {mode!r}")
         if mode == self.mode:
             if release and mode == "native":
-                self._pack.release_grads()
+                self._pack.release_free()
             return
         if mode == "native":
             self._pack.to_native(release)
         else:
-            self._pack.to_packed()
+            moved = self._pack.to_packed()
             self._uniform_steps()
+            if moved and not self._warned_grad:
+                self._warned_grad = True
+                i = moved[0]
+                warnings.warn(
+                    f"PackedAdamW: parameter {i}'s .grad (and {len(moved) - 1} more) was made by a backward that "
+                    "ran natively (p.grad None before it); stepping packed again it is copied into the packed "
+                    "gradient buffer at the next step and p.grad becomes that buffer's tensor, so a reference kept "
+                    "to the old p.grad no longer follows it (natively it stays p.grad): read p.grad again after "
+                    "the switch, or zero with set_to_none=False throughout",
+                    UserWarning,
+                    stacklevel=user_stacklevel(),
+                )
         self.mode = mode
 
     def _tick(self) -> None:
@@ -543,8 +556,8 @@ class PackedAdamW(OnePass):
         with torch.no_grad():
             for i, p in enumerate(pack.params):
                 p.data = own_copy(p.detach())
-                if p.grad is not None and p.grad is pack.grad_views[i]:  # to_native made it its own
-                    p.grad.data = own_copy(p.grad)  # pragma: no cover - defensive; a reference stays p.grad
+                if p.grad is not None and p.grad is pack.grad_views[i]:  # kept by to_native: the same
+                    p.grad.data = own_copy(p.grad)  # tensor, rebound in place (a reference kept follows)
             for p, entry in self.state.items():
                 slots = self._slots.get(p, {})
                 for key, t in entry.items():

@@ -127,6 +127,7 @@ def test_every_mode_and_switch_is_bitwise_native(
         assert all(bitwise_equal(sa["state"][k][n], sb["state"][k][n]) for n in sa["state"][k])
 
 
+@pytest.mark.filterwarnings(r"ignore:PackedAdamW. parameter 0's .grad")  # made natively: said
 @pytest.mark.parametrize("first", ["packed", "native"])
 def test_switch_with_gradients_present_keeps_their_bits(first):
     """A switch while gradients exist (``zero_grad(set_to_none=False)``, or between two backwards
@@ -838,3 +839,48 @@ def test_packing_again_names_a_handle_held_now():
     for s in range(3):
         norms = both_steps([(ma, oa), (mb, ob)], x * (s + 2), "after")
         assert_native(ma, mb, oa, ob, norms)
+
+
+@pytest.mark.filterwarnings("ignore:scripted")
+@pytest.mark.parametrize("modes", [["packed"], ["packed", "native"], ["packed", "native", "packed", "native"]])
+def test_a_kept_grad_stays_the_grad_across_every_switch(modes):
+    """``zero_grad(set_to_none=False)``: natively ``p.grad`` is the same tensor for good and a
+    reference kept to it (a gradient bucket, a logger) sees every backward. So here, across the
+    chooser's measuring switches both ways and the move to native's layout: ``g is p.grad`` and
+    ``g`` holds native's bits after every backward, norms, parameters and state native's too, and
+    the packed buffers are freed at the end."""
+    ma, mb = mlp_twins(6)
+    oa = torch.optim.AdamW(ma.parameters(), fused=True)
+    ob = PackedAdamW(mb.parameters(), mode="auto")
+    ob._chooser = Scripted(list(modes))
+    x = torch.randn(8, 6)
+    for s in range(7):
+        norms = both_steps([(ma, oa), (mb, ob)], x * (s + 1), "after")
+        if s == 0:
+            ga, gb = [p.grad for p in ma.parameters()], [p.grad for p in mb.parameters()]
+        assert_native(ma, mb, oa, ob, norms)
+        for m in (ma, mb):
+            m(x * (s + 2)).square().mean().backward()  # accumulated into the kept tensors
+        assert all(g is p.grad for g, p in zip(gb, mb.parameters()))
+        assert same(ga, gb)
+        oa.zero_grad(set_to_none=False)
+        ob.zero_grad(set_to_none=False)
+    assert ob._own and ob._pack is None
+
+
+def test_a_natively_made_grad_moved_into_the_buffer_is_said():
+    """The one case a kept ``.grad`` stops being ``.grad``: a gradient backward made while
+    stepping natively (``p.grad`` None before it), then ``set_mode("packed")``: it is copied into
+    the packed buffer at the next step; one warning names it, and the bits stay native's."""
+    a, b, gen = twins([(6, 2), (3,)], torch.float32, 7)
+    oa = torch.optim.AdamW(a, fused=True)
+    ob = PackedAdamW(b, mode="packed")
+    ob.set_mode("native")
+    backward_both(a, b, gen, set())
+    with pytest.warns(UserWarning, match=r"parameter 0's \.grad \(and 1 more\) was made by a backward that ran natively"):
+        ob.set_mode("packed")
+    oa.step()
+    ob.step()
+    assert same(a, b)
+    grads_equal(a, b)
+    same_state(oa, ob, a, b)
