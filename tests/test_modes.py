@@ -807,7 +807,9 @@ def test_a_view_of_a_state_tensor_keeps_the_layout_until_dropped():
             assert_native(ma, mb, oa, ob, norms)
             assert bitwise_equal(va, vb)
     said = [str(w.message) for w in caught if "scripted" in str(w.message)]
-    assert len(said) == 1 and "state[p]['exp_avg_sq'] of parameter 2 (shape (1, 5)) shares its memory" in said[0]
+    assert (
+        len(said) == 1 and "state[p]['exp_avg_sq'] of parameter 2 (shape (1, 5)) shares its memory" in said[0]
+    )
     assert not ob._own and ob._pack is not None
     del va, vb
     for s in range(2):
@@ -830,7 +832,10 @@ def test_packing_again_names_a_handle_held_now():
     with pytest.raises(ValueError) as raised:
         ob.set_mode("packed")
     said = str(raised.value)
-    assert "parameter 0 (shape (5, 6)) shares its memory with 1 other tensor(s): a view or p.detach() handle held now" in said
+    assert (
+        "parameter 0 (shape (5, 6)) shares its memory with 1 other tensor(s): a view or p.detach() handle held now"
+        in said
+    )
     assert "before the optimizer was built" not in said and "build PackedAdamW first" not in said
     assert ob._own and ob.mode == "native" and same(before, list(mb.parameters()))
     del handle
@@ -842,7 +847,9 @@ def test_packing_again_names_a_handle_held_now():
 
 
 @pytest.mark.filterwarnings("ignore:scripted")
-@pytest.mark.parametrize("modes", [["packed"], ["packed", "native"], ["packed", "native", "packed", "native"]])
+@pytest.mark.parametrize(
+    "modes", [["packed"], ["packed", "native"], ["packed", "native", "packed", "native"]]
+)
 def test_a_kept_grad_stays_the_grad_across_every_switch(modes):
     """``zero_grad(set_to_none=False)``: natively ``p.grad`` is the same tensor for good and a
     reference kept to it (a gradient bucket, a logger) sees every backward. So here, across the
@@ -877,7 +884,9 @@ def test_a_natively_made_grad_moved_into_the_buffer_is_said():
     ob = PackedAdamW(b, mode="packed")
     ob.set_mode("native")
     backward_both(a, b, gen, set())
-    with pytest.warns(UserWarning, match=r"parameter 0's \.grad \(and 1 more\) was made by a backward that ran natively"):
+    with pytest.warns(
+        UserWarning, match=r"parameter 0's \.grad \(and 1 more\) was made by a backward that ran natively"
+    ):
         ob.set_mode("packed")
     oa.step()
     ob.step()
