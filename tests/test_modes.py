@@ -732,10 +732,15 @@ def test_never_slower_default_rounds_against_statsmodels():
 def both_steps(pairs, x, order, clip=True):
     """One iteration on each side (``pairs``: (model, optimizer), native's first), in the loop
     ``order``: ``"tutorial"`` (forward, zero_grad, backward, step) or ``"after"`` (forward,
-    backward, step, zero_grad(set_to_none=False)); returns the norms."""
+    backward, step, zero_grad(set_to_none=False)), or ``"onepass"`` (as ``"after"``, the
+    optimizer's side through ``clip_step_zero_grad``); returns the norms."""
     norms = []
     for k, (m, o) in enumerate(pairs):
         loss = m(x).square().mean()
+        if order == "onepass" and k == 1:
+            loss.backward()
+            norms.append(o.clip_step_zero_grad(1.0, set_to_none=False))
+            continue
         if order == "tutorial":
             o.zero_grad()
         loss.backward()
@@ -743,7 +748,7 @@ def both_steps(pairs, x, order, clip=True):
             clipper = torch.nn.utils.clip_grad_norm_ if k == 0 else clip_grad_norm_
             norms.append(clipper(m.parameters(), 1.0))
         o.step()
-        if order == "after":
+        if order in ("after", "onepass"):
             o.zero_grad(set_to_none=False)
     return norms
 
@@ -850,7 +855,8 @@ def test_packing_again_names_a_handle_held_now():
 @pytest.mark.parametrize(
     "modes", [["packed"], ["packed", "native"], ["packed", "native", "packed", "native"]]
 )
-def test_a_kept_grad_stays_the_grad_across_every_switch(modes):
+@pytest.mark.parametrize("order", ["after", "onepass"])
+def test_a_kept_grad_stays_the_grad_across_every_switch(modes, order):
     """``zero_grad(set_to_none=False)``: natively ``p.grad`` is the same tensor for good and a
     reference kept to it (a gradient bucket, a logger) sees every backward. So here, across the
     chooser's measuring switches both ways and the move to native's layout: ``g is p.grad`` and
@@ -862,7 +868,7 @@ def test_a_kept_grad_stays_the_grad_across_every_switch(modes):
     ob._chooser = Scripted(list(modes))
     x = torch.randn(8, 6)
     for s in range(7):
-        norms = both_steps([(ma, oa), (mb, ob)], x * (s + 1), "after")
+        norms = both_steps([(ma, oa), (mb, ob)], x * (s + 1), order)
         if s == 0:
             ga, gb = [p.grad for p in ma.parameters()], [p.grad for p in mb.parameters()]
         assert_native(ma, mb, oa, ob, norms)
