@@ -215,6 +215,10 @@ class PackedAdamW(OnePass):
         #: Native for good: the parameters, gradients and state have storage of their own, the
         #: packed buffers are freed and ``_pack`` is None (:meth:`_own_storage`).
         self._own = False
+        #: the report of a native-for-good decision whose move is still to come (_settle_own)
+        self._pending_own: str | None = None
+        self._warned_own = False
+        self._warned_grad = False  # a natively made .grad moved into the packed buffer (_switch)
 
     def _lay_out(self) -> None:
         """The layout at construction: packed, then, for ``mode="native"``, native for good."""
@@ -418,6 +422,8 @@ class PackedAdamW(OnePass):
         Native for good (``mode="native"`` at construction, ``"auto"`` once it chose native), the
         parameters have storage of their own: ``set_mode("packed")`` packs them again as at
         construction (refused, naming it, where another tensor shares a parameter's memory)."""
+        if mode == "packed":  # the user's choice replaces a native-for-good move still to come
+            self._pending_own = None
         if self._own:
             if mode == "packed":
                 self._pack_again()
@@ -431,13 +437,25 @@ class PackedAdamW(OnePass):
             raise ValueError(f"set_mode: mode must be 'packed' or 'native', not {mode!r}")
         if mode == self.mode:
             if release and mode == "native":
-                self._pack.release_grads()
+                self._pack.release_free()
             return
         if mode == "native":
             self._pack.to_native(release)
         else:
-            self._pack.to_packed()
+            moved = self._pack.to_packed()
             self._uniform_steps()
+            if moved and not self._warned_grad:
+                self._warned_grad = True
+                i = moved[0]
+                warnings.warn(
+                    f"PackedAdamW: parameter {i}'s .grad (and {len(moved) - 1} more) was made by a backward that "
+                    "ran natively (p.grad None before it); stepping packed again it is copied into the packed "
+                    "gradient buffer at the next step and p.grad becomes that buffer's tensor, so a reference kept "
+                    "to the old p.grad no longer follows it (natively it stays p.grad): read p.grad again after "
+                    "the switch, or zero with set_to_none=False throughout",
+                    UserWarning,
+                    stacklevel=user_stacklevel(),
+                )
         self.mode = mode
 
     def _tick(self) -> None:
@@ -452,11 +470,11 @@ class PackedAdamW(OnePass):
         if chooser.decided is not None:
             self._chooser = None
             self.mode_report = chooser.report
-            if chooser.decided == "native":
-                why = self._own_storage()
-                if why is not None:
-                    self.mode_report = f"{chooser.report}; {why}"
-                warnings.warn(self.mode_report or "", UserWarning, stacklevel=user_stacklevel())
+            if chooser.decided == "native":  # moved at once, or at the next step (_settle_own)
+                if self._own_storage() is None:
+                    warnings.warn(self.mode_report or "", UserWarning, stacklevel=user_stacklevel())
+                else:
+                    self._pending_own = chooser.report
             else:
                 logging.getLogger("cotangent").info(chooser.report)
 
@@ -517,32 +535,29 @@ class PackedAdamW(OnePass):
         (the parameter's strides), with the same bits; the hooks are removed, the layout leaves
         the registry and the packed buffers are freed. What the user holds stays valid: the
         Parameter objects, ``param_groups``, ``state``, its entries and their tensors (each rebound
-        in place, ``t.data = own``), a scheduler holding the optimizer.
+        in place, ``t.data = own``), a ``p.grad`` (rebound in place too), a scheduler holding the
+        optimizer.
 
-        The rule at this moment: a tensor that shares a parameter's packed memory (a view such as
-        ``p.t()`` or a ``p.detach()`` handle taken after the optimizer was built) would keep the
-        packed bytes while natively it follows every step, so then nothing moves: the optimizer
-        keeps stepping natively over the packed layout (the same bits, the buffers kept) and the
-        reason is returned. A view of a state tensor (not the tensor itself) is not checked: it
-        keeps the values of the moment. Returns None where the storage moved."""
+        The rule at this moment (:meth:`_blocker`): where another tensor shares the packed memory of
+        a parameter or of a state tensor, it would keep the packed bytes while natively it follows
+        every step, so then nothing moves: the optimizer keeps stepping natively over the packed
+        layout (the same bits, the buffers kept) and the reason is returned. Returns None where
+        the storage moved."""
         pack = self._pack
         self._check_layout()  # what the user changed in state and groups, applied first
+        before = pack.refs()
         self._fast_lists, self._blocks = [], []  # our own views of the parameters (.detach()) go
         self._native, self._state_lists = False, None
-        held = sharers(pack.params)
-        if held:
+        self._count_own_refs(before)
+        why = self._blocker()
+        if why is not None:
             self._build_plans()
-            i, extra = held[0]
-            return (
-                f"parameter {i} (shape {tuple(pack.params[i].shape)}) shares its memory with {extra} other "
-                "tensor(s) (a view or p.detach() handle taken after the optimizer was built), so the parameters "
-                "keep their packed storage (native's bits; the packed buffers stay allocated)"
-            )
+            return why
         with torch.no_grad():
             for i, p in enumerate(pack.params):
                 p.data = own_copy(p.detach())
-                if p.grad is not None and p.grad is pack.grad_views[i]:  # to_native made it its own
-                    p.grad = own_copy(p.grad)  # pragma: no cover - defensive
+                if p.grad is not None and p.grad is pack.grad_views[i]:  # kept by to_native: the same
+                    p.grad.data = own_copy(p.grad)  # tensor, rebound in place (a reference kept follows)
             for p, entry in self.state.items():
                 slots = self._slots.get(p, {})
                 for key, t in entry.items():
@@ -553,6 +568,54 @@ class PackedAdamW(OnePass):
         self._pack, self._slots, self._native = None, {}, None  # type: ignore[assignment]
         self._own = True
         return None
+
+    def _blocker(self) -> str | None:
+        """Why the parameters cannot leave the packed buffers now, or None: a tensor besides ours
+        shares the memory of a parameter or of a state tensor (:func:`sharers`, one storage use
+        count each), which natively would follow every step and here would keep the packed bytes."""
+        pack = self._pack
+        held = sharers(pack.params)
+        if held:
+            i, extra = held[0]
+            return (
+                f"parameter {i} (shape {tuple(pack.params[i].shape)}) shares its memory with {extra} other "
+                "tensor(s): a view or p.detach() handle held now, or a graph autograd still holds (a forward "
+                "whose backward has not run, backward(retain_graph=True))"
+            )
+        names = [(i, key) for i, p in enumerate(pack.params) for key in self._slots.get(p, {})]
+        held = sharers([self._slots[pack.params[i]][key] for i, key in names])
+        if held:
+            k, extra = held[0]
+            i, key = names[k]
+            return (
+                f"state[p][{key!r}] of parameter {i} (shape {tuple(pack.params[i].shape)}) shares its memory "
+                f"with {extra} other tensor(s): a view of it held now (state[p][{key!r}].view(-1), a slice)"
+            )
+        return None
+
+    def _settle_own(self) -> None:
+        """Native for good was decided (:meth:`_tick`) but the storage could not move then: tried
+        again at each step (after backward, when autograd holds no saved tensor), until it moves.
+        The decision is reported once: where it moved, as chosen; where it still cannot at the
+        first step after the decision, with the reason (the buffers stay allocated meanwhile)."""
+        report = self._pending_own
+        assert report is not None
+        why = self._own_storage()
+        if why is None:
+            self._pending_own = None
+            if self._warned_own:
+                logging.getLogger("cotangent").info("%s; the parameters left the packed buffers", report)
+                self.mode_report = report
+            else:
+                warnings.warn(report, UserWarning, stacklevel=user_stacklevel())
+            return
+        if not self._warned_own:
+            self._warned_own = True
+            self.mode_report = (
+                f"{report}; {why}, so the parameters keep their packed storage for now (native's bits; "
+                "the packed buffers stay allocated; tried again at each step)"
+            )
+            warnings.warn(self.mode_report, UserWarning, stacklevel=user_stacklevel())
 
     def _own_update(self) -> None:
         """Native fused AdamW's step over tensors of their own (native for good): ``_init_group``'s
@@ -592,7 +655,7 @@ class PackedAdamW(OnePass):
         first, as there), each parameter's state and gradient kept."""
         params = self._own_params()
         Pack.check_unheld(params)
-        check_unshared(params)
+        check_unshared(params, again=True)
         saved = {p: saved_state(st) for p, st in self.state.items() if st}
         self._stated = {id(p) for p in saved}
         self._own, self.mode = False, "packed"
@@ -739,6 +802,8 @@ class PackedAdamW(OnePass):
     @torch.compiler.disable  # the layout's bookkeeping and the fused kernel run eagerly under compile
     @torch.no_grad()
     def _step(self, closure: Callable[[], Any] | None = None) -> Any:
+        if self._pending_own is not None:
+            self._settle_own()
         if not self._own:
             self._check_layout()
         self._stepped = True  # the end of this phase is an iteration's end (_tick)

@@ -101,17 +101,27 @@ def sharers(params: list[Tensor]) -> list[tuple[int, int]]:
     return out
 
 
-def check_unshared(params: list[Tensor]) -> None:
+def check_unshared(params: list[Tensor], again: bool = False) -> None:
     """Refuse, before anything is modified, a parameter whose memory another tensor shares (a view
     such as ``p.t()`` cached in ``__init__``, a ``p.detach()`` handle kept by an EMA or a logger,
     the tensor an ``nn.Parameter`` was made from): packing moves each parameter into the flat
     buffer, so that tensor would keep the initial weights while natively it follows every step
-    (:func:`sharers`)."""
+    (:func:`sharers`). ``again``: packing again (``set_mode("packed")`` after native for good),
+    where the tensor is one held now (taken at any time, or a graph autograd still holds)."""
     for i, extra in sharers(params)[:1]:
         p = params[i]
+        head = f"PackedAdamW: parameter {i} (shape {tuple(p.shape)}) shares its memory with {extra} other tensor(s)"
+        if again:
+            raise ValueError(
+                f"{head}: a view or p.detach() handle held now (an EMA, a logger, a cached p.t()), or a graph "
+                "autograd still holds (a forward whose backward has not run, backward(retain_graph=True)). "
+                "set_mode('packed') moves the parameter into a flat buffer and that tensor would keep the "
+                "current weights, where natively it follows every step: drop the handle (a copy, "
+                "p.detach().clone(), is fine) or run the backward first, then call set_mode('packed') again; "
+                "nothing was changed and the optimizer keeps stepping natively"
+            )
         raise ValueError(
-            f"PackedAdamW: parameter {i} (shape {tuple(p.shape)}) shares its memory with {extra} other "
-            "tensor(s): a view taken before the optimizer was built (p.t() cached in __init__, a p.detach() "
+            f"{head}: a view taken before the optimizer was built (p.t() cached in __init__, a p.detach() "
             "handle kept by an EMA or a logger, the tensor an nn.Parameter was made from). Packing moves the "
             "parameter into a flat buffer and that tensor would keep the initial weights, where natively it "
             "follows every step: build PackedAdamW first and take views after, or drop the handle "

@@ -208,39 +208,59 @@ class Pack:
 
     def to_native(self, release: bool = False) -> None:
         """Deliver no more gradients into the slots (the optimizer steps natively): the hooks are
-        removed, and each gradient that lives in a slot becomes a tensor of its own with the same
-        bits and strides, as backward would have stored it; its slot is then dirty (refilled with
-        -0.0 before a packed backward accumulates into it again). ``release``: the gradient buffer's
-        pages go back to the OS (:meth:`release_grads`), so that gradient memory is native's."""
+        removed. A gradient that lives in a slot stays ``.grad``, the same tensor (natively a
+        ``.grad`` that exists is the same tensor for good, ``zero_grad(set_to_none=False)`` zeroes
+        it and backward accumulates into it in place; so does it here, and a ``g = p.grad`` kept
+        follows); the slot then counts as produced until ``.grad`` is something else
+        (:meth:`to_packed`). ``release``: the gradient buffers' pages go back to the OS
+        (:meth:`release_free`), so that gradient memory is native's."""
         for h in self.hooks:
             h.remove()
         self.hooks = []
-        with torch.no_grad():
-            for i, p in enumerate(self.params):
-                view = self.grad_views[i]
-                if p.grad is view:
-                    own = torch.empty_strided(view.shape, view.stride(), dtype=view.dtype, device=view.device)
-                    own.copy_(view)
-                    p.grad = own
-                    self.dirty[i] = True
-                elif self.produced[i]:
-                    self.dirty[i] = True
-                self.produced[i] = False
+        for i, p in enumerate(self.params):
+            if p.grad is self.grad_views[i]:
+                continue
+            if self.produced[i]:
+                self.dirty[i] = True
+            self.produced[i] = False
         if self.backward is not None:
             self.backward.clear()
         self.queued, self.attached = False, []
         self.native = True
         if release:
-            self.release_grads()
+            self.release_free()
 
-    def to_packed(self) -> None:
-        """Deliver gradients into the slots again: the hooks are back; a gradient backward stored
-        natively meanwhile is copied into its slot at the next sync (or by the post hook when
-        backward accumulates into it), as a ``.grad`` the user assigned."""
+    def release_free(self) -> None:
+        """:meth:`release_grads` over the groups where no slot is a ``.grad`` (stepping natively a
+        slot that was ``.grad`` at the switch stays it, see :meth:`to_native`)."""
+        live = {self.where[i][0] for i, p in enumerate(self.params) if p.grad is self.grad_views[i]}
+        self.release_grads(skip=live)
+
+    def to_packed(self) -> list[int]:
+        """Deliver gradients into the slots again: the hooks are back. A slot that is no longer
+        ``.grad`` (``zero_grad()`` natively) is dirty (refilled with -0.0 before backward
+        accumulates into it), and a slot tensor the user kept takes its values as its own memory
+        first (:meth:`detach_kept`), as native's kept ``.grad``. A gradient backward stored natively
+        meanwhile is copied into its slot at the next sync (or by the post hook when backward
+        accumulates into it), as a ``.grad`` the user assigned; their positions are returned (a
+        reference kept to such a tensor is no longer ``.grad`` from then on)."""
+        moved = []
+        for i, p in enumerate(self.params):
+            if p.grad is self.grad_views[i]:
+                continue
+            if p.grad is not None:
+                moved.append(i)
+            if self.produced[i]:
+                self.produced[i] = False
+                self.dirty[i] = True
+        kept = [i for i in self.kept() if self.params[i].grad is not self.grad_views[i]]
+        if kept:
+            self.detach_kept(kept)
         if not self.hooks:
             self.hooks = self._register_hooks()
         self.settle()
         self.native = False
+        return moved
 
     def _perm_for(self, positions: list[int]) -> Tensor:
         """Native clipping's norm order over the parameters at ``positions`` (in that order): its
@@ -650,13 +670,15 @@ class Pack:
             self.dirty = [False] * self.n
         self.consumed()
 
-    def release_grads(self) -> None:
+    def release_grads(self, skip: set[int] | frozenset[int] = frozenset()) -> None:
         """Zero the gradient buffers by giving their pages back to the OS (``release_grads``
         mode); backward's gradient for each parameter is then stored as natively and copied into
         its slot by the post-accumulate hook, so gradient memory comes back as backward produces
         it, as native's does. A buffer whose pages cannot be released (not Linux, not CPU memory)
         is filled with -0.0 instead and accumulated into in place."""
-        for g in self.groups:
+        for k, g in enumerate(self.groups):
+            if k in skip:
+                continue
             span = release_pages(g.grad)
             if span is None:
                 g.grad.fill_(-0.0)

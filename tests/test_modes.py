@@ -127,6 +127,7 @@ def test_every_mode_and_switch_is_bitwise_native(
         assert all(bitwise_equal(sa["state"][k][n], sb["state"][k][n]) for n in sa["state"][k])
 
 
+@pytest.mark.filterwarnings(r"ignore:PackedAdamW. parameter 0's .grad")  # made natively: said
 @pytest.mark.parametrize("first", ["packed", "native"])
 def test_switch_with_gradients_present_keeps_their_bits(first):
     """A switch while gradients exist (``zero_grad(set_to_none=False)``, or between two backwards
@@ -726,3 +727,175 @@ def test_never_slower_default_rounds_against_statsmodels():
         assert abs(mod.rounds_needed(sd) - ref) <= 2, (sd, ref)
     assert mod.ROUNDS >= mod.rounds_needed() and mod.parse([]).rounds == mod.ROUNDS
     assert abs(mod.upper_power(mod.rounds_needed()) - mod.POWER) < 1e-3
+
+
+def both_steps(pairs, x, order, clip=True):
+    """One iteration on each side (``pairs``: (model, optimizer), native's first), in the loop
+    ``order``: ``"tutorial"`` (forward, zero_grad, backward, step) or ``"after"`` (forward,
+    backward, step, zero_grad(set_to_none=False)), or ``"onepass"`` (as ``"after"``, the
+    optimizer's side through ``clip_step_zero_grad``); returns the norms."""
+    norms = []
+    for k, (m, o) in enumerate(pairs):
+        loss = m(x).square().mean()
+        if order == "onepass" and k == 1:
+            loss.backward()
+            norms.append(o.clip_step_zero_grad(1.0, set_to_none=False))
+            continue
+        if order == "tutorial":
+            o.zero_grad()
+        loss.backward()
+        if clip:
+            clipper = torch.nn.utils.clip_grad_norm_ if k == 0 else clip_grad_norm_
+            norms.append(clipper(m.parameters(), 1.0))
+        o.step()
+        if order in ("after", "onepass"):
+            o.zero_grad(set_to_none=False)
+    return norms
+
+
+def mlp_twins(seed):
+    torch.manual_seed(seed)
+    a = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1))
+    b = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1))
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+def assert_native(ma, mb, oa, ob, norms):
+    a, b = list(ma.parameters()), list(mb.parameters())
+    assert bitwise_equal(norms[0], norms[1])
+    assert same(a, b)
+    grads_equal(a, b)
+    same_state(oa, ob, a, b)
+
+
+@pytest.mark.parametrize("auto", [False, True])
+def test_the_tutorial_loop_order_leaves_the_packed_buffers(auto):
+    """``loss = model(x); opt.zero_grad(); loss.backward(); opt.step()``: the decision comes in
+    ``zero_grad`` while autograd holds saved tensors of the parameters (``weight.t()``), so the
+    move waits for the step (after backward, autograd holds none): native's layout, the packed
+    buffers freed, one warning (the decision's, naming no view the user never took), and
+    native's bits every step across it."""
+    ma, mb = mlp_twins(3)
+    oa = torch.optim.AdamW(ma.parameters(), fused=True)
+    ob = PackedAdamW(mb.parameters(), mode="auto")
+    ob._chooser = Scripted(["packed", "native", "packed"] if auto else [])
+    x = torch.randn(8, 6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for s in range(7):
+            norms = both_steps([(ma, oa), (mb, ob)], x * (s + 1), "tutorial")
+            assert_native(ma, mb, oa, ob, norms)
+    said = [str(w.message) for w in caught if "scripted" in str(w.message)]
+    assert said == ["scripted: native for good"]
+    assert ob._own and ob._pack is None and ob.flat_groups == []
+    assert all(t.untyped_storage().nbytes() == t.nbytes for t in held_by(ob, list(mb.parameters())))
+
+
+def test_a_view_of_a_state_tensor_keeps_the_layout_until_dropped():
+    """A view of a state tensor (``state[p]["exp_avg_sq"].view(-1)``) taken while packed follows
+    every step natively: the move to native's layout would leave it on the packed bytes, so the
+    storage stays (one warning naming the parameter, the state key and the reason) and the view
+    follows, bitwise native; once the view is dropped, the next step moves."""
+    ma, mb = mlp_twins(4)
+    oa = torch.optim.AdamW(ma.parameters(), fused=True)
+    ob = PackedAdamW(mb.parameters(), mode="auto")
+    ob._chooser = Scripted(["packed"])
+    x = torch.randn(8, 6)
+    pa, pb = ma[2].weight, mb[2].weight
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for s in range(5):
+            norms = both_steps([(ma, oa), (mb, ob)], x * (s + 1), "after")
+            if s == 0:
+                va, vb = oa.state[pa]["exp_avg_sq"].view(-1), ob.state[pb]["exp_avg_sq"].view(-1)
+            assert_native(ma, mb, oa, ob, norms)
+            assert bitwise_equal(va, vb)
+    said = [str(w.message) for w in caught if "scripted" in str(w.message)]
+    assert (
+        len(said) == 1 and "state[p]['exp_avg_sq'] of parameter 2 (shape (1, 5)) shares its memory" in said[0]
+    )
+    assert not ob._own and ob._pack is not None
+    del va, vb
+    for s in range(2):
+        norms = both_steps([(ma, oa), (mb, ob)], x * (s + 7), "after")
+        assert_native(ma, mb, oa, ob, norms)
+    assert ob._own and ob._pack is None
+
+
+def test_packing_again_names_a_handle_held_now():
+    """``set_mode("packed")`` after native for good with a ``p.detach()`` handle taken after it:
+    refused, naming a handle held now (not a view taken before the optimizer was built), nothing
+    changed; once it is dropped, packing again works and the steps stay native's bits."""
+    ma, mb = mlp_twins(5)
+    oa = torch.optim.AdamW(ma.parameters(), fused=True)
+    ob = PackedAdamW(mb.parameters(), mode="native")
+    x = torch.randn(8, 6)
+    norms = both_steps([(ma, oa), (mb, ob)], x, "after")
+    handle = mb[0].weight.detach()
+    before = [p.detach().clone() for p in mb.parameters()]
+    with pytest.raises(ValueError) as raised:
+        ob.set_mode("packed")
+    said = str(raised.value)
+    assert (
+        "parameter 0 (shape (5, 6)) shares its memory with 1 other tensor(s): a view or p.detach() handle held now"
+        in said
+    )
+    assert "before the optimizer was built" not in said and "build PackedAdamW first" not in said
+    assert ob._own and ob.mode == "native" and same(before, list(mb.parameters()))
+    del handle
+    ob.set_mode("packed")
+    assert not ob._own and ob.flat_groups
+    for s in range(3):
+        norms = both_steps([(ma, oa), (mb, ob)], x * (s + 2), "after")
+        assert_native(ma, mb, oa, ob, norms)
+
+
+@pytest.mark.filterwarnings("ignore:scripted")
+@pytest.mark.parametrize(
+    "modes", [["packed"], ["packed", "native"], ["packed", "native", "packed", "native"]]
+)
+@pytest.mark.parametrize("order", ["after", "onepass"])
+def test_a_kept_grad_stays_the_grad_across_every_switch(modes, order):
+    """``zero_grad(set_to_none=False)``: natively ``p.grad`` is the same tensor for good and a
+    reference kept to it (a gradient bucket, a logger) sees every backward. So here, across the
+    chooser's measuring switches both ways and the move to native's layout: ``g is p.grad`` and
+    ``g`` holds native's bits after every backward, norms, parameters and state native's too, and
+    the packed buffers are freed at the end."""
+    ma, mb = mlp_twins(6)
+    oa = torch.optim.AdamW(ma.parameters(), fused=True)
+    ob = PackedAdamW(mb.parameters(), mode="auto")
+    ob._chooser = Scripted(list(modes))
+    x = torch.randn(8, 6)
+    for s in range(7):
+        norms = both_steps([(ma, oa), (mb, ob)], x * (s + 1), order)
+        if s == 0:
+            ga, gb = [p.grad for p in ma.parameters()], [p.grad for p in mb.parameters()]
+        assert_native(ma, mb, oa, ob, norms)
+        for m in (ma, mb):
+            m(x * (s + 2)).square().mean().backward()  # accumulated into the kept tensors
+        assert all(g is p.grad for g, p in zip(gb, mb.parameters()))
+        assert same(ga, gb)
+        oa.zero_grad(set_to_none=False)
+        ob.zero_grad(set_to_none=False)
+    assert ob._own and ob._pack is None
+
+
+def test_a_natively_made_grad_moved_into_the_buffer_is_said():
+    """The one case a kept ``.grad`` stops being ``.grad``: a gradient backward made while
+    stepping natively (``p.grad`` None before it), then ``set_mode("packed")``: it is copied into
+    the packed buffer at the next step; one warning names it, and the bits stay native's."""
+    a, b, gen = twins([(6, 2), (3,)], torch.float32, 7)
+    oa = torch.optim.AdamW(a, fused=True)
+    ob = PackedAdamW(b, mode="packed")
+    ob.set_mode("native")
+    backward_both(a, b, gen, set())
+    with pytest.warns(
+        UserWarning, match=r"parameter 0's \.grad \(and 1 more\) was made by a backward that ran natively"
+    ):
+        ob.set_mode("packed")
+    oa.step()
+    ob.step()
+    assert same(a, b)
+    grads_equal(a, b)
+    same_state(oa, ob, a, b)
