@@ -379,7 +379,11 @@ def clocks_disagree(config: PairedResult | None, endpoint: str) -> str | None:
     from prereg.render.answer import clock_disagreement
 
     said = clock_disagreement(config)
-    if said is None or not endpoint.endswith("cpu_time"):
+    if said is None:
+        return None
+    if endpoint.startswith("own_step"):  # the headline's estimator is another: say so beside its figures
+        said += " (both from whole training times; the change above is the steps after each arm's own)"
+    if not endpoint.endswith("cpu_time"):
         return said
     return said + "; if the change is wall-only, run again with --effect-class wall-only"
 

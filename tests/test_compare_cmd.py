@@ -285,7 +285,7 @@ def _summary(cpu: tuple, wall: tuple, decided: dict[str, str]) -> SimpleNamespac
     decisions = [SimpleNamespace(decision=SimpleNamespace(id=k, status=v)) for k, v in decided.items()]
     proto = {"hypotheses": {"descriptive": "x"}, "studies": []}
     return SimpleNamespace(
-        studies=[SimpleNamespace(configs=[config])],
+        studies=[SimpleNamespace(configs=[config], paired_configs=lambda: [config])],
         hypotheses=SimpleNamespace(decisions=decisions),
         protocol=proto,
     )
@@ -308,7 +308,11 @@ def test_a_wall_only_cost_is_flagged_and_the_gate_reads_the_slower_decision():
     slow = _summary((0.03, 0.025, 0.035), (0.03, 0.02, 0.04), {"H2-slower": "established"})
     a = answer_of(slow, _compare(fail_above=1.0))
     assert a.slower_established and "beyond 1%: established" in a.verdict and a.other_clock is None
-    assert clocks_disagree(SimpleNamespace(), "training_cpu_time") is None
+    assert clocks_disagree(None, "training_cpu_time") is None
+    # decided on the steps after each arm's own: the warning says its figures are whole times
+    own = clocks_disagree(s.studies[0].configs[0], "own_step_cpu_time") or ""
+    assert "both from whole training times; the change above is the steps after each arm's own" in own
+    assert "wall-only cost" in own and "--effect-class wall-only" in own
 
 
 def _comment_html() -> str:
