@@ -31,6 +31,24 @@ def test_the_timed_turns_are_the_reporters_steps_on_the_clock_less_its_waits_and
     assert active_span(REPORTER) == (10.0, 14.0)  # the partner's part in the turns: start to last step
 
 
+def test_steps_that_follow_one_another_are_one_turn_so_samples_across_a_stamp_count():
+    """Twelve 7 ms steps in turns of three (a hand-over between turns), sampled every 5 ms: per-step
+    windows held a whole sample interval only now and then (under half of the timed time: "not
+    observed", so the partner went unjudged); one window a turn holds most of them."""
+    lines, t = [{"kind": "start", "t": 0.0}], 0.0
+    for _turn in range(4):
+        for _ in range(3):
+            t += 0.007
+            lines.append({"kind": "step", "t": round(t, 6)})
+        lines.append({"kind": "wait", "t0": round(t, 6), "t1": round(t + 0.021, 6), "t": round(t + 0.021, 6)})
+        t += 0.021
+    reporter = _reporter(*lines)
+    assert timed_windows(reporter) == [(round(0.042 * k, 6), round(0.042 * k + 0.021, 6)) for k in range(4)]
+    samples = [(0.001 + 0.005 * i, int(0.005 * i * 1e9), 0, False) for i in range(34)]
+    view = kernel_view(samples, samples, [], (reporter, reporter), t)
+    assert view["observed"] and view["timed_s"] >= 0.6 * 4 * 0.021, view
+
+
 def test_a_continue_the_kernel_reported_without_its_stop_counts_as_a_stop():
     samples = [(10.0 + i / 10, 0, 0, False) for i in range(40)]
     view = kernel_view(samples, samples, [(10.2, "continued")], (REPORTER, REPORTER), 14.0)
@@ -69,16 +87,19 @@ def test_the_audit_names_an_ok_record_whose_kernel_view_fails_it():
 
 
 def test_steps_shorter_than_the_sampling_are_named_not_observed_not_passed():
-    """Review finding: a step shorter than the sampling interval held no whole sample interval, so
+    """Review finding: a turn shorter than the sampling interval held no whole sample interval, so
     the view had nothing to judge and passed. Now it says ``observed`` false: the rule does not
     judge the starvation figures, the audit names the arm NOT OBSERVED, and a stop still fails."""
     from prereg.interference import kernel_named
 
-    short = _reporter(
-        {"kind": "start", "t": 10.0},
-        *({"kind": "step", "t": 10.0 + 0.002 * i} for i in range(1, 6)),
-        {"kind": "done", "t": 10.02},
-    )
+    turns = []  # turns of one 2 ms step each, the partner's 2 ms turn between (a hand-over)
+    for i in range(5):
+        t = 10.0 + 0.004 * i
+        turns += [
+            {"kind": "step", "t": t + 0.002},
+            {"kind": "wait", "t0": t + 0.002, "t1": t + 0.004, "t": t + 0.004},
+        ]
+    short = _reporter({"kind": "start", "t": 10.0}, *turns, {"kind": "done", "t": 10.02})
     samples = [(9.999 + 0.005 * i, i * 1_000_000, 0, False) for i in range(6)]
     view = kernel_view(samples, samples, [], (short, short), 10.02)
     assert view["observed"] is False and view["timed_s"] == 0 and kernel_reason(view) is None

@@ -189,7 +189,9 @@ def _lines(reporter: str | None) -> list[dict[str, Any]]:
 def timed_windows(reporter: str | None) -> list[tuple[float, float]]:
     """The arm's timed turns from its reporter file's stamps: each step's time on the training
     clock (from the start, the step before, or the hand-over that gave it the turn, to the step's
-    stamp), less the ``untimed`` blocks (none when the file does not say)."""
+    stamp), less the ``untimed`` blocks (none when the file does not say); steps that follow one
+    another are one window, so a sample interval across a step's stamp counts (with 10 ms steps and
+    5 ms samples, per-step windows held about half of the samples: "not observed" by chance)."""
     out: list[tuple[float, float]] = []
     base = None
     try:
@@ -207,7 +209,15 @@ def timed_windows(reporter: str | None) -> list[tuple[float, float]]:
                 base = float(e["t"])
     except (KeyError, TypeError, ValueError):
         return []
-    return [(a, b) for a, b in out if b > a]
+    turns: list[tuple[float, float]] = []
+    for a, b in out:  # steps that follow one another form one window: the turn they make up
+        if b <= a:
+            continue
+        if turns and turns[-1][1] == a:
+            turns[-1] = (turns[-1][0], b)
+        else:
+            turns.append((a, b))
+    return turns
 
 
 def active_span(reporter: str | None) -> tuple[float, float] | None:
