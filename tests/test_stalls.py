@@ -166,6 +166,19 @@ studies:
 """
 
 
+def _study_repo(tmp_path: Path, protocol: str) -> tuple[Path, dict[str, str], str]:
+    """A user's study repository with the stall script committed, the environment the CLI runs in
+    (this interpreter first on PATH, no PYTHONPATH) and the code that starts the CLI."""
+    repo = init_study(tmp_path / "mine", copy=(), protocol=protocol)
+    (repo / "train.py").write_text(SCRIPT)
+    subprocess.run(["git", "add", "train.py"], cwd=repo, check=True)
+    subprocess.run(["git", "commit", "-qm", "the script"], cwd=repo, check=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    boot = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from harness.cli import main; sys.exit(main())"
+    return repo, env, boot
+
+
 def _program(held_file: Path) -> int:
     """The pid (as this test sees it) of the user's program holding at its step 5: the seed-2 run's
     ``train.py``, found in ``/proc`` (a lockstep arm runs in a PID namespace of its own, where its
@@ -221,13 +234,7 @@ def test_an_arm_stopped_from_outside_shows_as_stalled_live_and_in_the_report(tmp
     text = PROTOCOL.format(pid=pid_file)
     if design == "lockstep":
         text = text.replace("design: paired", "design: lockstep\n    block_steps: 1")
-    repo = init_study(tmp_path / "mine", copy=(), protocol=text)
-    (repo / "train.py").write_text(SCRIPT)
-    subprocess.run(["git", "add", "train.py"], cwd=repo, check=True)
-    subprocess.run(["git", "commit", "-qm", "the script"], cwd=repo, check=True)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    boot = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from harness.cli import main; sys.exit(main())"
+    repo, env, boot = _study_repo(tmp_path, text)
     run, got = _run_on_a_terminal([sys.executable, "-c", boot, "run", "protocols/tiny.yaml"], repo, env)
     try:
         deadline = time.monotonic() + 120
@@ -262,13 +269,7 @@ def test_an_arm_stopped_from_outside_is_named_in_the_report(tmp_path):
     names that pair's candidate and no other run, and the audit renders the same report from the
     records."""
     pid_file = tmp_path / "held.pid"
-    repo = init_study(tmp_path / "mine", copy=(), protocol=PROTOCOL.format(pid=pid_file))
-    (repo / "train.py").write_text(SCRIPT)
-    subprocess.run(["git", "add", "train.py"], cwd=repo, check=True)
-    subprocess.run(["git", "commit", "-qm", "the script"], cwd=repo, check=True)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    boot = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from harness.cli import main; sys.exit(main())"
+    repo, env, boot = _study_repo(tmp_path, PROTOCOL.format(pid=pid_file))
     run = subprocess.Popen(
         [sys.executable, "-c", boot, "run", "protocols/tiny.yaml"],
         cwd=repo,
