@@ -169,8 +169,8 @@ def test_never_slower_benchmark_runs(tmp_path):
                 assert res[arm]["n"] == 3 and res[arm]["low"] <= res[arm]["ratio"] <= res[arm]["high"]
             assert res["auto_mode"] in ("packed", "native")  # decided in the solo warm-up (56 > 52)
             assert res["auto_report"].startswith("PackedAdamW(mode='auto') measured 48 iterations")
-            # the promise's criterion, unrounded, in the JSON and the row
-            met = res["auto"]["ratio"] <= 1.0 and res["auto"]["high"] <= 1.01
+            # the promise's criterion (ratio at two decimals, upper bound unrounded), in the JSON and the row
+            met = res["auto"]["ratio"] < 1.005 and res["auto"]["high"] <= 1.01
             assert res["at_most_native"] is met
             row = next(
                 lines[i] for i in rows if lines[i].startswith(f"| {loop} (") and f"| {threads} |" in lines[i]
