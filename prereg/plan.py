@@ -334,17 +334,22 @@ def _run_outcomes(
 
 
 def _out_of_order(plan: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[str]:
-    """Each first attempt that the chain shows ran after a run later in the plan's order."""
-    order = {s["run_id"]: s["order"] for s in plan}
-    flagged, highest = [], -1
+    """Each first attempt that the chain shows ran after a run later in the plan's order, within its
+    replicate: a replicated protocol runs one replicate per ``harness run --replicate K``, in plan
+    order among its own runs, and its runs interleave with the other replicates' in the plan."""
+    order = {s["run_id"]: (s.get("replicate"), s["order"]) for s in plan}
+    flagged: list[str] = []
+    highest: dict[Any, int] = {}
     linked = sorted(
         (r for r in records if "ledger" in r and r["attempt"] == 1), key=lambda r: r["ledger"]["seq"]
     )
     for r in linked:
-        o = order.get(r["spec"]["run_id"], -1)
-        if o < highest:
-            flagged.append(f"{r['spec']['run_id']} (plan position {o}) ran after plan position {highest}")
-        highest = max(highest, o)
+        rep, o = order.get(r["spec"]["run_id"], (None, -1))
+        top = highest.get(rep, -1)
+        if o < top:
+            where = "" if rep is None else f" of replicate {rep}"
+            flagged.append(f"{r['spec']['run_id']} (plan position {o}) ran after plan position {top}{where}")
+        highest[rep] = max(top, o)
     return flagged
 
 
