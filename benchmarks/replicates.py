@@ -58,6 +58,15 @@ each at a nominal ``--alpha`` (the decision is one-sided: the candidate faster):
 
     python benchmarks/replicates.py --skew --studies 40000 --alpha 0.025
 
+``--reached FOLDER`` reads a replicated study's sealed summary: per hypothesis decided by the t over
+replicates, the estimate in points with its interval and half-width at ``--level`` (``t_{k-1}`` times
+the decision's standard error, whatever level Holm's procedure tested it at), and per row of the
+replicates' table the spread of the replicates' estimates (SD, the between-replicate ``tau``) and
+their adjusted skewness G1 (``sqrt(k (k - 1)) / (k - 2) * m3 / m2^1.5``, scipy's
+``stats.skew(bias=False)``; its standard error at ``k = 10`` is about 0.69):
+
+    python benchmarks/replicates.py --reached records/cpu3 --level 0.99
+
 Figures are proportions, not timings: a loaded machine changes only how long it takes.
 """
 
@@ -322,6 +331,48 @@ def reach_table(a: argparse.Namespace) -> int:
     return 0
 
 
+def skewness(xs: list[float]) -> float:
+    """Adjusted sample skewness G1 (scipy's ``stats.skew(bias=False)``); nan below 3 values."""
+    k = len(xs)
+    if k < 3:
+        return math.nan
+    m = sum(xs) / k
+    m2 = sum((x - m) ** 2 for x in xs) / k
+    m3 = sum((x - m) ** 3 for x in xs) / k
+    return math.sqrt(k * (k - 1)) / (k - 2) * m3 / m2**1.5 if m2 > 0 else math.nan
+
+
+def reached(folder: Path, level: float) -> int:
+    """The half-widths a replicated study reached, and its replicates' spread and skew."""
+    s = json.loads((folder / "summary.json").read_text())
+    pct = level_pct(level)
+    print(f"{folder}: decisions by the t over replicates, in points (100 ln(T_c / T_b)), at {pct}")
+    print(f"| Hypothesis | Replicates | Estimate | {pct} interval | Half-width | Decision |")
+    print("|---|---|---|---|---|---|")
+    for d in s["hypotheses"]["decisions"]:
+        t = d.get("test") or {}
+        if t.get("method") != "t-replicates":
+            continue
+        half = 100 * student_t_ppf(0.5 + level / 2, t["df"]) * t["standard_error"]
+        est = 100 * t["estimate"]
+        print(
+            f"| {d['id']} | {t['df'] + 1} | {est:+.2f} | {est - half:+.2f} to {est + half:+.2f} "
+            f"| {half:.2f} | {d['status']} |"
+        )
+    print()
+    print("Replicates' table (training time): each replicate's estimate, points")
+    print("| Study | Configuration | Clock | Replicates | SD of the estimates | tau | G1 | Lowest, highest |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in s["replicates"]:
+        ys = [e["estimate"] for e in r["replicates"]]
+        sd = math.sqrt(sum((y - sum(ys) / len(ys)) ** 2 for y in ys) / (len(ys) - 1))
+        print(
+            f"| {r['study']} | {r['config']} | {r['clock']} | {len(ys)} | {sd:.3f} | {r['tau']:.3f} "
+            f"| {skewness(ys):+.2f} | {min(ys):+.2f}, {max(ys):+.2f} |"
+        )
+    return 0
+
+
 def level_pct(level: float) -> str:
     return f"{100 * level:g}%"
 
@@ -351,7 +402,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--designs", default="3x40,6x20,8x16,10x12", help="--reach: replicates x pairs")
     ap.add_argument("--skew", action="store_true", help="the decision's error under skewed replicate shifts")
+    ap.add_argument("--reached", type=Path, help="a replicated study's folder: half-widths reached, skew")
     a = ap.parse_args(argv)
+    if a.reached:
+        return reached(a.reached, a.level)
     if a.spread:
         print(json.dumps(spread(list(a.spread)), indent=1))
         return 0

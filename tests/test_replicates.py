@@ -15,6 +15,7 @@ print(r.mean_effect_re, r.tau2, r.conf_int(alpha=0.01)[3])"
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,6 +30,8 @@ from prereg.replicates import (
     replicate_rows,
     replicates_problems,
 )
+
+_ROOT = Path(__file__).resolve().parents[1]
 
 combine_effects = pytest.importorskip("statsmodels.stats.meta_analysis").combine_effects
 
@@ -938,3 +941,39 @@ def test_each_replicate_names_its_cpu_and_load_and_the_spread_by_machine_is_stat
     )
     one = machines_sentence([{**row, "replicates": [reps[0], {**reps[0], "estimate": 0.5}]}])
     assert one.startswith("Spread by machine: all 2 replicates ran on one CPU model (Xeon (AVX512))")
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.floats(-5, 5, allow_nan=False), min_size=3, max_size=12).filter(lambda xs: np.std(xs) > 1e-3)
+)
+def test_the_reached_skewness_is_scipys_adjusted_g1(xs):
+    from scipy import stats
+
+    assert _bench()["skewness"](xs) == pytest.approx(float(stats.skew(xs, bias=False)), rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.skipif(
+    not (_ROOT / "records" / "cpu3" / "summary.json").is_file(), reason="records/cpu3 not here"
+)
+def test_the_reached_half_widths_are_scipys_t_over_the_decisions_standard_error(capsys):
+    """``--reached records/cpu3``: each t-over-replicates decision's interval at 99% is scipy's
+    ``t.ppf(0.995, k - 1)`` times the sealed standard error, around the sealed estimate."""
+    import json as _json
+
+    from scipy import stats
+
+    assert _bench()["main"](["--reached", str(_ROOT / "records" / "cpu3"), "--level", "0.99"]) == 0
+    out = capsys.readouterr().out
+    summary = _json.loads((_ROOT / "records" / "cpu3" / "summary.json").read_text())
+    seen = 0
+    for d in summary["hypotheses"]["decisions"]:
+        t = d.get("test") or {}
+        if t.get("method") != "t-replicates":
+            continue
+        half = 100 * stats.t.ppf(0.995, t["df"]) * t["standard_error"]
+        est = 100 * t["estimate"]
+        row = f"| {d['id']} | {t['df'] + 1} | {est:+.2f} | {est - half:+.2f} to {est + half:+.2f} | {half:.2f} |"
+        assert row in out, row
+        seen += 1
+    assert seen == 9
