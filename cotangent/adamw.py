@@ -274,8 +274,7 @@ class PackedAdamW(OnePass):
         held = self._held_state() if keep_state else {}
         grads = self._grads_to_keep(old)
         old.release()
-        # our references to the old slots go first: Pack.kept counts an adopted tensor's others as the user's
-        self._fast_lists, self._blocks, self._native, self._state_lists = [], [], False, None
+        self._drop_plans()  # our references to the old slots go first (Pack.kept: the user's are the others)
         old.grad_views, old.backward = [], None
         self._pack_all(grads, held)
         del grads, held
@@ -452,6 +451,15 @@ class PackedAdamW(OnePass):
         pack = self._pack
         pack.base_refs = [b + now - was for b, now, was in zip(pack.base_refs, pack.refs(), before)]
 
+    def _drop_plans(self) -> None:
+        """Our lists of the slots and parameters (the fused calls', the kernel's) go, counted out
+        of ``base_refs`` (:meth:`Pack.kept` counts only the user's references); built again by
+        :meth:`_build_plans`."""
+        before = self._pack.refs()
+        self._fast_lists, self._blocks = [], []
+        self._native, self._state_lists = False, None
+        self._count_own_refs(before)
+
     def _native_phase(self) -> KernelPhase | None:
         if self._native is False or self._native_threads != torch.get_num_threads():
             self._native_threads = torch.get_num_threads()
@@ -545,9 +553,7 @@ class PackedAdamW(OnePass):
         keep = self._grads_to_keep()
         kept = {i: keep[id(pack.params[i])] for i in moved if id(pack.params[i]) in keep}
         if kept:
-            before = pack.refs()
-            self._fast_lists, self._blocks, self._native, self._state_lists = [], [], False, None
-            self._count_own_refs(before)
+            self._drop_plans()
             pack.keep_grads(kept)
             self._build_plans()
         return [i for i in moved if i not in kept]
@@ -639,10 +645,7 @@ class PackedAdamW(OnePass):
         the storage moved."""
         pack = self._pack
         self._check_layout()  # what the user changed in state and groups, applied first
-        before = pack.refs()
-        self._fast_lists, self._blocks = [], []  # our own views of the parameters (.detach()) go
-        self._native, self._state_lists = False, None
-        self._count_own_refs(before)
+        self._drop_plans()  # our own views of the parameters (.detach()) go
         why = self._blocker()
         if why is not None:
             self._build_plans()
