@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 import platform
 import warnings
@@ -28,10 +29,12 @@ from cotangent.groups import (
 from cotangent.kernel.phase import KernelPhase, kernel_blocker
 from cotangent.modes import Chooser, resolve, user_stacklevel
 from cotangent.onepass import OnePass
-from cotangent.pack import CPU_BLOCK_BYTES, RELEASE_MIN_BYTES, FlatGroup, Pack, own_storage
+from cotangent.pack import CPU_BLOCK_BYTES, RELEASE_MIN_BYTES, FlatGroup, Pack, own_storage, same_order
 from cotangent.plans import blocks_for, lists_for, view_lists
 from cotangent.states import (
     Changes,
+    WatchedEntry,
+    WatchedState,
     check_fits,
     check_loadable,
     planned_state,
@@ -221,12 +224,18 @@ class PackedAdamW(OnePass):
         self._warned_grad = False  # a natively made .grad moved into the packed buffer (_switch)
 
     def _lay_out(self) -> None:
-        """The layout at construction: packed, then, for ``mode="native"``, native for good."""
-        self._pack_all()
+        """The layout at construction: packed, then, for ``mode="native"``, native for good. A
+        ``.grad`` that exists stays the same tensor (:meth:`_grads_to_keep`)."""
+        self._pack_all(self._grads_to_keep())
         if self.mode == "native" and self._chooser is None:
             self._own_storage()
 
-    def _pack_all(self) -> None:
+    def _pack_all(
+        self, grads: dict[int, Tensor] | None = None, held: dict[int, dict[str, Tensor]] | None = None
+    ) -> None:
+        """Lay the groups out. ``grads`` (by parameter id: its ``.grad`` now) and ``held`` (by
+        parameter id: its state tensors now) stay those tensors, each rebound in place onto its
+        slot (:meth:`Pack.adopt`, :meth:`_build_state`), as natively they are the same for good."""
         params: list[Tensor] = []
         group_of: list[int] = []
         for k, group in enumerate(self.param_groups):
@@ -240,9 +249,11 @@ class PackedAdamW(OnePass):
         if self._backward_norms:
             self._pack.backward = BackwardNorms(self._pack)
             self._pack.base_refs = self._pack.refs()  # its slots are new tensors
+        if grads:  # after base_refs: a reference the user holds to an adopted tensor counts as kept
+            self._pack.adopt({i: grads[id(p)] for i, p in enumerate(params) if id(p) in grads})
         if self.mode == "native":
             self._pack.to_native(release=self._chooser is None)
-        self._build_state()
+        self._build_state(held or {})
         self._build_plans()
         # the groups as laid out: a group or a parameter list changed in place is seen (_sync_groups)
         self._laid_out = [(g, list(map(id, g["params"]))) for g in self.param_groups]
@@ -250,19 +261,69 @@ class PackedAdamW(OnePass):
             cuda = any(g.device.type == "cuda" for g in self._pack.groups)
             self._chooser.sync = torch.cuda.synchronize if cuda else None
 
-    def _repack(self) -> None:
-        """Lay every group out again (after ``add_param_group`` or loading a state dict), keeping
-        each parameter's state and whether it has a gradient."""
+    def _repack(self, keep_state: bool = True) -> None:
+        """Lay every group out again (after ``add_param_group``, ``param_groups`` changed in place
+        or loading a state dict), keeping each parameter's state and whether it has a gradient.
+        A ``.grad`` stays the same tensor (its values copied into the new slot, then it is that
+        slot, :meth:`Pack.adopt`): a slot gradient, and one backward made while stepping natively
+        whose memory nothing else shares. ``keep_state``: each state tensor stays the same object
+        too (natively ``add_param_group`` leaves the state alone; loading replaces it)."""
         old = self._pack
         assert old is not None
         saved = {p: saved_state(self.state[p]) for p in old.params if self.state.get(p)}
-        with torch.no_grad():
-            for i, p in enumerate(old.params):  # a gradient that exists survives (the new pack copies it in)
-                if p.grad is old.grad_views[i]:
-                    p.grad = p.grad.clone() if old.produced[i] else None
+        held = self._held_state() if keep_state else {}
+        grads = self._grads_to_keep(old)
         old.release()
-        self._pack_all()
+        self._drop_plans()  # our references to the old slots go first (Pack.kept: the user's are the others)
+        old.grad_views, old.backward = [], None
+        self._pack_all(grads, held)
+        del grads, held
         self._restore(saved)
+
+    def _grads_to_keep(self, old: Pack | None = None) -> dict[int, Tensor]:
+        """The ``.grad`` tensors that stay themselves in a new layout (by parameter id,
+        :meth:`Pack.adopt`), as natively a ``.grad`` is the same tensor for good: a slot of the
+        ``old`` layout that holds a gradient, and any other gradient in its parameter's strides
+        whose memory no other tensor shares (a view of it would keep the old bytes: that one is
+        copied into its slot). A slot the hook attached while nothing accumulated into it becomes
+        None, as natively; the gradient of a parameter taken out of ``param_groups`` stays its
+        ``.grad``, in memory of its own."""
+        params = self._own_params()
+        out = self._slot_grads(old, {id(p) for p in params}) if old is not None else {}
+        uses = collections.Counter(id(p.grad) for p in params if p.grad is not None)
+        for p in params:
+            g = p.grad
+            if g is None or id(p) in out or uses[id(g)] > 1 or g.requires_grad or not same_order(g, p):
+                continue  # one tensor the .grad of two parameters: each copied into its slot
+            if not sharers([g]):
+                out[id(p)] = g
+        return out
+
+    @staticmethod
+    def _slot_grads(old: Pack, laid: set[int]) -> dict[int, Tensor]:
+        """:meth:`_grads_to_keep`'s slots of the ``old`` layout (``laid``: the ids of the parameters
+        laid out anew)."""
+        out: dict[int, Tensor] = {}
+        for i, p in enumerate(old.params):
+            if p.grad is not old.grad_views[i]:
+                continue
+            if not old.produced[i]:
+                p.grad = None
+            elif id(p) in laid:
+                out[id(p)] = p.grad
+            else:
+                torch._C.TensorBase.data.__set__(p.grad, own_copy(p.grad))  # type: ignore[attr-defined]
+        return out
+
+    def _held_state(self) -> dict[int, dict[str, Tensor]]:
+        """Each parameter's state tensors that are its state now (by parameter id), to stay its
+        state tensors in a new layout: the entries' tensors that are the layout's own (the
+        slots), or, native for good, every state tensor."""
+        out: dict[int, dict[str, Tensor]] = {}
+        for p, entry in self.state.items():
+            mine = entry if self._own else self._slots.get(p, {})
+            out[id(p)] = {k: t for k, t in entry.items() if isinstance(t, Tensor) and mine.get(k) is t}
+        return out
 
     def _restore(self, saved: dict[Tensor, dict[str, Tensor]]) -> None:
         pack = self._pack
@@ -321,11 +382,14 @@ class PackedAdamW(OnePass):
             return self._requested_update
         return exact_paths(g.device.type).update
 
-    def _build_state(self) -> None:
+    def _build_state(self, held: dict[int, dict[str, Tensor]] | None = None) -> None:
         """Every parameter's state views (``_slots``); ``self.state`` holds those of the parameters
         that have state, as native's: a parameter gets its entry at the first step it has a
-        gradient in (:meth:`_mark`), never before and never without one."""
+        gradient in (:meth:`_mark`), never before and never without one. A tensor in ``held`` (by
+        parameter id and key) is rebound in place onto its slot and is that slot (its values are
+        restored by the caller): the state tensor the user holds stays the state."""
         pack = self._pack
+        held = held or {}
         # every parameter's state views, as laid out: what self.state's entries are compared with
         self._slots: dict[Tensor, dict[str, Tensor]] = {}
         for g in pack.groups:
@@ -340,6 +404,15 @@ class PackedAdamW(OnePass):
                 }
                 if g.max_exp_avg_sq is not None:
                     st["max_exp_avg_sq"] = own_storage(g.slot(g.max_exp_avg_sq, j, p.shape))
+                for key, t in held.get(id(p), {}).items():
+                    slot = st.get(key)
+                    if slot is not None and (t.shape, t.dtype, t.device) == (
+                        slot.shape,
+                        slot.dtype,
+                        slot.device,
+                    ):
+                        torch._C.TensorBase.data.__set__(t, slot)  # type: ignore[attr-defined]
+                        st[key] = t
                 self._slots[p] = st
         self._changes.seen = False
         self.state = self._watched = watched_state(
@@ -377,6 +450,15 @@ class PackedAdamW(OnePass):
         ours: :meth:`Pack.kept` counts only the others."""
         pack = self._pack
         pack.base_refs = [b + now - was for b, now, was in zip(pack.base_refs, pack.refs(), before)]
+
+    def _drop_plans(self) -> None:
+        """Our lists of the slots and parameters (the fused calls', the kernel's) go, counted out
+        of ``base_refs`` (:meth:`Pack.kept` counts only the user's references); built again by
+        :meth:`_build_plans`."""
+        before = self._pack.refs()
+        self._fast_lists, self._blocks = [], []
+        self._native, self._state_lists = False, None
+        self._count_own_refs(before)
 
     def _native_phase(self) -> KernelPhase | None:
         if self._native is False or self._native_threads != torch.get_num_threads():
@@ -442,21 +524,39 @@ class PackedAdamW(OnePass):
         if mode == "native":
             self._pack.to_native(release)
         else:
-            moved = self._pack.to_packed()
+            moved = self._keep_moved(self._pack.to_packed())
             self._uniform_steps()
             if moved and not self._warned_grad:
                 self._warned_grad = True
                 i = moved[0]
                 warnings.warn(
                     f"PackedAdamW: parameter {i}'s .grad (and {len(moved) - 1} more) was made by a backward that "
-                    "ran natively (p.grad None before it); stepping packed again it is copied into the packed "
+                    "ran natively (p.grad None before it), and another tensor shares its memory (a view of it held "
+                    "now) or it is the .grad of two parameters; stepping packed again it is copied into the packed "
                     "gradient buffer at the next step and p.grad becomes that buffer's tensor, so a reference kept "
-                    "to the old p.grad no longer follows it (natively it stays p.grad): read p.grad again after "
-                    "the switch, or zero with set_to_none=False throughout",
+                    "to the old p.grad no longer follows it (natively it stays p.grad): drop the view before the "
+                    "switch, or read p.grad again after it",
                     UserWarning,
                     stacklevel=user_stacklevel(),
                 )
         self.mode = mode
+
+    def _keep_moved(self, moved: list[int]) -> list[int]:
+        """Gradients backward made while stepping natively (``moved``, positions) stay ``.grad``
+        stepping packed again, as natively: their values go into their slots and each becomes its
+        slot (:meth:`Pack.keep_grads`), where :meth:`_grads_to_keep` allows it. Our lists of the
+        slots go first (so that :meth:`Pack.kept` counts only the user's references) and are built
+        again. Returns the positions that could not (copied into their slots at the next step)."""
+        if not moved:
+            return moved
+        pack = self._pack
+        keep = self._grads_to_keep()
+        kept = {i: keep[id(pack.params[i])] for i in moved if id(pack.params[i]) in keep}
+        if kept:
+            self._drop_plans()
+            pack.keep_grads(kept)
+            self._build_plans()
+        return [i for i in moved if i not in kept]
 
     def _tick(self) -> None:
         """The end of a gradient phase (after a step): ``mode="auto"`` times the iteration and
@@ -545,10 +645,7 @@ class PackedAdamW(OnePass):
         the storage moved."""
         pack = self._pack
         self._check_layout()  # what the user changed in state and groups, applied first
-        before = pack.refs()
-        self._fast_lists, self._blocks = [], []  # our own views of the parameters (.detach()) go
-        self._native, self._state_lists = False, None
-        self._count_own_refs(before)
+        self._drop_plans()  # our own views of the parameters (.detach()) go
         why = self._blocker()
         if why is not None:
             self._build_plans()
@@ -652,15 +749,86 @@ class PackedAdamW(OnePass):
 
     def _pack_again(self) -> None:
         """``set_mode("packed")`` after native for good: laid out as at construction (checked
-        first, as there), each parameter's state and gradient kept."""
+        first, as there, and :meth:`_check_repackable`). What the user holds stays the optimizer's,
+        as natively: each ``.grad`` and each state tensor is the same object, rebound in place onto
+        its slot (its values kept), and ``state`` and its entries are the same objects."""
         params = self._own_params()
         Pack.check_unheld(params)
         check_unshared(params, again=True)
-        saved = {p: saved_state(st) for p, st in self.state.items() if st}
+        self._check_repackable(params)
+        state = self.state
+        entries = {p: st for p, st in state.items() if st}
+        saved = {p: saved_state(st) for p, st in entries.items()}
+        held = self._held_state()
+        grads = self._grads_to_keep()
         self._stated = {id(p) for p in saved}
         self._own, self.mode = False, "packed"
-        self._pack_all()
+        self._pack_all(grads, held)
+        del grads, held
         self._restore(saved)
+        self._keep_containers(state, entries)
+
+    def _check_repackable(self, params: list[Tensor]) -> None:
+        """Refuse ``set_mode("packed")``, before anything is modified, where a gradient or a state
+        tensor could not stay the same tensor in the packed layout: another tensor shares its
+        memory (a view of it held now would keep the old bytes, where natively it follows every
+        step), or it is not laid out as its slot would be (a gradient or moment in other strides
+        than its parameter's, a moment of another dtype, a ``step`` that is not a float32 number)."""
+        names, tensors = [], []
+        for i, p in enumerate(params):
+            where = f"parameter {i} (shape {tuple(p.shape)})"
+            if p.grad is not None:
+                names.append(f"p.grad of {where}")
+                tensors.append(p.grad)
+                if not same_order(p.grad, p):
+                    self._refuse_repack(
+                        f"p.grad of {where} has strides {p.grad.stride()}, the parameter {p.stride()}"
+                    )
+            for key, t in self.state.get(p, {}).items():
+                if not isinstance(t, Tensor):
+                    continue
+                names.append(f"state[p][{key!r}] of {where}")
+                tensors.append(t)
+                want = ((), torch.float32, ()) if key == "step" else (p.shape, p.dtype, p.stride())
+                if t.dtype != want[1] or not (t.shape == want[0] if key == "step" else same_order(t, p)):
+                    self._refuse_repack(
+                        f"state[p][{key!r}] of {where} has shape {tuple(t.shape)}, {t.dtype}, strides "
+                        f"{t.stride()}; its packed slot holds {tuple(want[0])}, {want[1]}, strides {want[2]}"
+                    )
+        for k, extra in sharers(tensors)[:1]:
+            self._refuse_repack(
+                f"{names[k]} shares its memory with {extra} other tensor(s): a view of it held now "
+                f"(.view(-1), a slice, .t()), which natively follows every step and would keep the current values"
+            )
+
+    @staticmethod
+    def _refuse_repack(what: str) -> None:
+        raise ValueError(
+            f"PackedAdamW: set_mode('packed'): {what}. Packing keeps each gradient and state tensor the same "
+            "object, rebound onto the packed buffers: drop the view (a copy, .clone(), is fine) or assign the "
+            "tensor in its parameter's layout, then call set_mode('packed') again; nothing was changed and the "
+            "optimizer keeps stepping natively"
+        )
+
+    def _keep_containers(self, state: Any, entries: dict[Tensor, dict[str, Any]]) -> None:
+        """After :meth:`_pack_again`: ``state`` (the object the user holds) and its entries stay the
+        optimizer's, refilled in place with what the new layout built (the same tensors, rebound);
+        an entry of a parameter no longer in ``param_groups`` stays as it was, tensors included."""
+        if not isinstance(state, WatchedState):  # replaced by the user while native: the new one
+            return
+        built = self.state
+        dict.clear(state)
+        for p, entry in built.items():
+            was = entries.get(p)
+            if p not in self._slots and was is not None:
+                entry = was
+            elif isinstance(was, WatchedEntry):  # keys of the user's own beside them stay, as natively
+                dict.update(was, entry)
+                was.changes, entry = self._changes, was
+            dict.__setitem__(state, p, entry)
+        state.changes = self._changes
+        self.state = self._watched = state
+        self._changes.seen = False
 
     # -- public --------------------------------------------------------------------------
     @property
@@ -892,7 +1060,7 @@ class PackedAdamW(OnePass):
         assert self._pack is not None
         loaded = {p: to_state_tensors(self.state[p]) for p in self._pack.params if self.state.get(p)}
         self._stated = {id(p) for p in loaded}  # as native's: the entries the state dict holds
-        self._repack()
+        self._repack(keep_state=False)  # natively the loaded tensors replace the state
         self._restore(loaded)
 
     def __del__(self) -> None:  # pragma: no cover - best effort

@@ -194,7 +194,7 @@ class BackwardNorms:
         view = pack.grad_views[i]
         return (
             self.valid[i]
-            and not getattr(view, "escaped", False)
+            and not getattr(view, "escaped", True)  # a plain tensor (Pack.adopt): computed again
             and self.seen[i]
             == (
                 view._version,

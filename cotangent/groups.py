@@ -86,14 +86,15 @@ def sharers(params: list[Tensor]) -> list[tuple[int, int]]:
     share (a view, a ``p.detach()`` handle): one storage use count per parameter, compared with
     the parameters on that storage."""
     sharing: dict[int, set[int]] = {}
+    storage_of = torch._C.TensorBase.untyped_storage  # not a GradSlot's, which would mark it escaped
     for p in params:
         if p.numel():
-            sharing.setdefault(p.untyped_storage().data_ptr(), set()).add(id(p))
+            sharing.setdefault(storage_of(p).data_ptr(), set()).add(id(p))
     out = []
     for i, p in enumerate(params):
         if not p.numel():
             continue
-        storage = p.untyped_storage()
+        storage = storage_of(p)
         # holders: the parameters on this storage, and ``storage`` here
         extra = torch._C._storage_Use_Count(storage._cdata) - len(sharing[storage.data_ptr()]) - 1
         if extra > 0:

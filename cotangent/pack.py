@@ -77,6 +77,12 @@ def dense(t: Tensor) -> bool:
     return True
 
 
+def same_order(a: Tensor, b: Tensor) -> bool:
+    """Do ``a`` and ``b`` have one shape and one memory order (equal strides wherever a dimension
+    has more than one element; a size-1 dimension's stride says nothing)?"""
+    return a.shape == b.shape and all(x == y for x, y, n in zip(a.stride(), b.stride(), a.shape) if n > 1)
+
+
 def grad_alias(flat: Tensor, offset: int, shape: torch.Size, strides: tuple[int, ...]) -> Tensor:
     """An alias of ``flat[offset : offset + numel]`` laid out with ``strides`` (its parameter's
     memory order, as native's gradient follows its parameter's) with its own version counter and,
@@ -232,7 +238,12 @@ class Pack:
 
     def release_free(self) -> None:
         """:meth:`release_grads` over the groups where no slot is a ``.grad`` (stepping natively a
-        slot that was ``.grad`` at the switch stays it, see :meth:`to_native`)."""
+        slot that was ``.grad`` at the switch stays it, see :meth:`to_native`). A slot tensor the user
+        kept that is no longer ``.grad`` (natively zeroed with ``set_to_none=True`` meanwhile) takes
+        its values as its own memory first (:meth:`detach_kept`): natively it keeps them."""
+        held = [i for i in self.kept() if self.params[i].grad is not self.grad_views[i]]
+        if held:
+            self.detach_kept(held)
         live = {self.where[i][0] for i, p in enumerate(self.params) if p.grad is self.grad_views[i]}
         self.release_grads(skip=live)
 
@@ -450,7 +461,7 @@ class Pack:
                 gi, j = self.where[i]
                 g = self.groups[gi]
                 fresh = grad_alias(g.grad, g.offsets[j], own.shape, g.strides[j])
-                if isinstance(old, GradSlot):
+                if isinstance(old, GradSlot) or (self.backward is not None and self.backward.why_not is None):
                     fresh = GradSlot.of(fresh)
                 if self.params[i].grad is old:
                     self.params[i].grad = None
@@ -461,6 +472,36 @@ class Pack:
                 del old, own, fresh
                 self.base_refs[i] = self.ref_count(i)
         self.relaid = True
+
+    def adopt(self, kept: dict[int, Tensor]) -> None:
+        """Natively a ``.grad`` that exists is the same tensor for good (``zero_grad(set_to_none=False)``
+        zeroes it, backward accumulates into it in place), so a ``g = p.grad`` kept follows. Each
+        tensor in ``kept`` (position: the tensor that was ``.grad`` before this layout was built,
+        whose values its slot now holds) becomes the slot itself: rebound in place onto the slot's
+        memory (its object, class and version counter kept; not through a ``GradSlot``'s ``.data``,
+        which would mark it escaped) and ``.grad`` again."""
+        for i, t in kept.items():
+            fresh = self.grad_views[i]
+            if self.params[i].grad is not fresh or not same_order(t, fresh):
+                continue
+            torch._C.TensorBase.data.__set__(t, fresh)  # type: ignore[attr-defined]
+            self.params[i].grad = t
+            self.grad_views[i] = t
+            self.grad_ptrs[i] = t.data_ptr()
+            self.known[i] = t._version
+            del fresh
+
+    def keep_grads(self, kept: dict[int, Tensor]) -> None:
+        """Gradients backward made while stepping natively that stay ``.grad`` stepping packed again
+        (position: the tensor): their values go into their slots, then each is its slot
+        (:meth:`adopt`)."""
+        with torch.no_grad():
+            for i in kept:
+                view = self.grad_views[i]
+                view.copy_(kept[i])
+                self.params[i].grad = view
+                self.produced[i], self.dirty[i] = True, False
+        self.adopt(kept)
 
     def check_params(self) -> None:
         """Refuse a parameter rebound or converted after packing (``p.data = t``, ``model.double()``,

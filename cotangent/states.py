@@ -151,6 +151,11 @@ class WatchedState(_watching(defaultdict)):  # type: ignore[misc]
 
     changes: Changes
 
+    def __missing__(self, key: Any) -> WatchedEntry:  # as native's default, a watched entry
+        entry = watched_entry({}, self.changes)
+        self[key] = entry
+        return entry
+
     def __reduce_ex__(self, protocol: Any) -> Any:  # pickled as the plain defaultdict native keeps
         return (defaultdict, (dict,), None, None, iter(dict(self).items()))
 

@@ -238,3 +238,181 @@ def test_compiled_train_step_gives_compiled_natives_bits(how):
             assert bitwise_equal(p.detach(), q.detach()), f"step {s}: parameter {i}"
             assert p.grad is None and q.grad is None, f"step {s}: parameter {i} .grad"
         assert state_dict_difference(oa.state_dict(), ob.state_dict()) is None, f"step {s}"
+
+
+# -- generated: the same patterns over drawn shapes, modes and moments -------------------------
+shapes_st = st.lists(st.sampled_from([(4, 3), (3,), (4,), (2, 3, 2), (6,)]), min_size=2, max_size=5)
+
+
+def drawn(shapes, seed):
+    gen = torch.Generator().manual_seed(seed)
+    init = [torch.randn(s, generator=gen) for s in shapes]
+    return [t.clone().requires_grad_() for t in init], [t.clone().requires_grad_() for t in init]
+
+
+def packed_in(ps, mode):
+    """A PackedAdamW over ``ps`` in ``mode``; ``"auto"`` decides native for good at its first
+    iteration's end (a chooser that times nothing)."""
+    opt = PackedAdamW(ps, lr=0.01, mode="auto" if mode == "auto" else mode)
+    if mode == "auto":
+        opt._chooser = Decides("native")
+    return opt
+
+
+class Decides:
+    def __init__(self, final):
+        self.final, self.decided, self.report, self.sync = final, None, None, None
+
+    def tick(self, current):
+        self.decided, self.report = self.final, f"decided: {self.final}"
+        return self.final
+
+
+@FEW
+@given(
+    shapes_st,
+    st.sampled_from(["packed", "auto", "native"]),
+    st.integers(0, 2),
+    st.booleans(),
+    st.integers(0, 99),
+)
+@pytest.mark.filterwarnings("ignore:decided")
+def test_a_second_optimizer_is_refused_or_native(shapes, mode, steps, subset, seed):
+    """A second PackedAdamW over (some of) the parameters of a live one: where the first holds them
+    packed, refused naming "another PackedAdamW already holds these parameters" before anything
+    moves (the first's parameters, gradients and state its native twin's, and its next steps too);
+    where the first is native for good (as native, nothing holds them), both step them, bit for
+    bit two native ``AdamW(fused=True)`` over the same parameters."""
+    a, b = drawn(shapes, seed)
+    oa = torch.optim.AdamW(a, lr=0.01, fused=True)
+    ob = packed_in(b, mode)
+    train(a, oa, steps + 1, seed)
+    train(b, ob, steps + 1, seed)
+    pick = slice(0, 1) if subset else slice(None)
+    if not ob._own:
+        before = [p.data_ptr() for p in b]
+        with pytest.raises(RuntimeError, match="another PackedAdamW already holds these parameters"):
+            PackedAdamW(b[pick], lr=0.02)
+        assert [p.data_ptr() for p in b] == before
+        same(a, b, oa, ob, "after the refused second optimizer")
+        train(a, oa, 2, seed + 1)
+        train(b, ob, 2, seed + 1)
+        same(a, b, oa, ob, "the first's steps after it")
+        return
+    oa2 = torch.optim.AdamW(a[pick], lr=0.02, fused=True)
+    ob2 = PackedAdamW(b[pick], lr=0.02, mode="packed")
+    gen = torch.Generator().manual_seed(seed + 2)
+    for s in range(3):
+        grads = [torch.randn(p.shape, generator=gen) for p in a]
+        for ps, opts in ((a, (oa, oa2)), (b, (ob, ob2))):
+            torch.autograd.backward(ps, grads)
+            torch.nn.utils.clip_grad_norm_(ps, 1.0)
+            for o in opts:
+                o.step()
+            for o in opts:
+                o.zero_grad()
+        same(a, b, oa, ob, f"step {s}: the first")
+        same(a[pick], b[pick], oa2, ob2, f"step {s}: the second")
+
+
+@FEW
+@given(
+    shapes_st,
+    st.randoms(use_true_random=False),
+    st.sampled_from(["packed", "auto", "native"]),
+    st.integers(1, 3),
+    st.integers(0, 99),
+)
+@pytest.mark.filterwarnings("ignore:decided")
+def test_a_state_dict_in_another_order_loads_all_or_nothing(shapes, rnd, mode, steps, seed):
+    """Native's state dict with its parameters in another order (a model whose parameters were
+    reordered): where every moment still has its parameter's shape, it loads as natively and the
+    steps after are native's bits (native loads it too); otherwise refused naming the first
+    parameter whose shapes differ, and the optimizer is exactly its untouched twin (state, groups,
+    the next steps' bits)."""
+    a, b = drawn(shapes, seed)
+    _, c = drawn(shapes, seed)
+    oa = torch.optim.AdamW(a, lr=0.01, fused=True)
+    ob, oc = packed_in(b, mode), packed_in(c, mode)
+    for ps, o in ((a, oa), (b, ob), (c, oc)):
+        train(ps, o, steps, seed)
+    order = list(range(len(shapes)))
+    rnd.shuffle(order)
+    sd = oa.state_dict()
+    moved = copy.deepcopy(sd)
+    moved["state"] = {i: copy.deepcopy(sd["state"][order[i]]) for i in range(len(shapes))}
+    moved["param_groups"][0]["lr"] = 0.5
+    misfit = [i for i in range(len(shapes)) if shapes[order[i]] != shapes[i]]
+    if not misfit:
+        oa.load_state_dict(copy.deepcopy(moved))
+        ob.load_state_dict(copy.deepcopy(moved))
+        train(a, oa, 2, seed + 1)
+        train(b, ob, 2, seed + 1)
+        same(a, b, oa, ob, "after loading the reordered state dict")
+        return
+    with pytest.raises(
+        ValueError, match=rf"group 0, parameter {misfit[0]} .*exp_avg has shape .*nothing was loaded"
+    ):
+        ob.load_state_dict(moved)
+    same(c, b, oc, ob, "after the refused load")
+    assert ob.param_groups[0]["lr"] == 0.01
+    train(c, oc, 2, seed + 1)
+    train(b, ob, 2, seed + 1)
+    same(c, b, oc, ob, "the steps after the refused load")
+
+
+@FEW
+@given(
+    st.lists(st.tuples(st.integers(1, 6), st.sampled_from([1, 3])), min_size=1, max_size=3),
+    st.booleans(),
+    st.sampled_from(["packed", "auto", "native"]),
+    st.integers(0, 99),
+)
+@pytest.mark.filterwarnings("ignore:decided")
+def test_a_memory_format_conversion_is_named_or_native(convs, start_last, mode, seed):
+    """``model.to(memory_format=...)`` after the optimizer was built, from contiguous to
+    channels_last or back: where the layout is packed, refused at the next backward and step,
+    naming the memory-format conversion, nothing modified; native for good, native's bits and
+    strides over the steps after (native converts the same model)."""
+
+    def model():
+        torch.manual_seed(seed)
+        layers, c = [], 3
+        for width, k in convs:
+            layers.append(torch.nn.Conv2d(c, width, k, padding=k // 2))
+            c = width
+        m = torch.nn.Sequential(*layers)
+        return m.to(memory_format=torch.channels_last) if start_last else m
+
+    ma, mb = model(), model()
+    oa = torch.optim.AdamW(ma.parameters(), lr=0.01, fused=True)
+    ob = packed_in(list(mb.parameters()), mode)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 3, 5, 5, generator=gen)
+    for m, o in ((ma, oa), (mb, ob)):
+        m(x).square().mean().backward()
+        o.step()
+        o.zero_grad()
+    target = torch.contiguous_format if start_last else torch.channels_last
+    strides = [p.stride() for p in ma.parameters()]
+    ma.to(memory_format=target)
+    mb.to(memory_format=target)
+    converted = [p.stride() for p in ma.parameters()] != strides
+    if converted and not ob._own:
+        before = [p.detach().clone() for p in mb.parameters()]
+        with pytest.raises(RuntimeError, match="converted to another memory format"):
+            mb(x).square().mean().backward()
+        with pytest.raises(RuntimeError, match="converted to another memory format"):
+            ob.step()
+        assert all(bitwise_equal(u, v.detach()) for u, v in zip(before, mb.parameters()))
+        return
+    for s in range(3):
+        for m, o in ((ma, oa), (mb, ob)):
+            m(x * (s + 2)).square().mean().backward()
+            o.step()
+            o.zero_grad()
+        for i, (p, q) in enumerate(zip(ma.parameters(), mb.parameters())):
+            assert p.stride() == q.stride() and bitwise_equal(p.detach(), q.detach()), (
+                f"step {s}: parameter {i}"
+            )
+        assert state_dict_difference(oa.state_dict(), ob.state_dict()) is None, f"step {s}"

@@ -5,6 +5,7 @@ the bits of native ``AdamW(fused=True)`` + ``clip_grad_norm_``: parameters, grad
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import gc
 import itertools
@@ -663,8 +664,8 @@ def test_native_from_construction_frees_the_packed_buffers(monkeypatch):
     seen = []
     pack_all = PackedAdamW._pack_all
 
-    def spy(self):
-        pack_all(self)
+    def spy(self, *args):
+        pack_all(self, *args)
         seen.append(packed_storages(self))
 
     monkeypatch.setattr(PackedAdamW, "_pack_all", spy)
@@ -881,21 +882,219 @@ def test_a_kept_grad_stays_the_grad_across_every_switch(modes, order):
     assert ob._own and ob._pack is None
 
 
+@pytest.mark.parametrize("set_to_none", [False, True])
+def test_a_natively_made_grad_stays_the_grad_stepping_packed_again(set_to_none):
+    """A gradient backward made while stepping natively (``p.grad`` None before it), kept, then
+    ``set_mode("packed")`` between backward and step: natively it is ``.grad`` for good, so here
+    it becomes its slot: ``g is p.grad``, no warning, and over the steps after it (a second
+    backward accumulating into it, ``zero_grad`` either way) ``g`` is or is no longer ``.grad``
+    exactly where native's is, with native's bits, as are norms, parameters and state."""
+    a, b, gen = twins([(6, 2), (3,), (16,)], torch.float32, 7)
+    oa = torch.optim.AdamW(a, fused=True)
+    ob = PackedAdamW(b, mode="packed")
+    ob.set_mode("native")
+    backward_both(a, b, gen, set())
+    kept = kept_of(oa, a), kept_of(ob, b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ob.set_mode("packed")
+    assert all(g is p.grad for g, p in zip(kept[1][0].values(), b))
+    for s in range(3):
+        backward_both(a, b, gen, set())  # accumulates into the kept tensors
+        grads_equal(a, b)
+        one_step(oa, ob, a, b, "one_pass" if s % 2 else "three_calls", set_to_none)
+        mirrors_native(oa, ob, a, b, *kept)
+
+
 def test_a_natively_made_grad_moved_into_the_buffer_is_said():
     """The one case a kept ``.grad`` stops being ``.grad``: a gradient backward made while
-    stepping natively (``p.grad`` None before it), then ``set_mode("packed")``: it is copied into
-    the packed buffer at the next step; one warning names it, and the bits stay native's."""
+    stepping natively, a view of it held, then ``set_mode("packed")``: the view would keep the old
+    bytes if the tensor moved, so it is copied into the packed buffer at the next step; one
+    warning names it, and the bits stay native's."""
     a, b, gen = twins([(6, 2), (3,)], torch.float32, 7)
     oa = torch.optim.AdamW(a, fused=True)
     ob = PackedAdamW(b, mode="packed")
     ob.set_mode("native")
     backward_both(a, b, gen, set())
+    views = [p.grad.view(-1) for p in b]
     with pytest.warns(
-        UserWarning, match=r"parameter 0's \.grad \(and 1 more\) was made by a backward that ran natively"
+        UserWarning,
+        match=r"parameter 0's \.grad \(and 1 more\) was made by a backward that ran natively.*a view",
     ):
         ob.set_mode("packed")
+    del views
     oa.step()
     ob.step()
     assert same(a, b)
     grads_equal(a, b)
     same_state(oa, ob, a, b)
+
+
+def kept_of(opt, params):
+    """What a logger holds: each parameter's ``.grad`` and each state tensor (by position and key)."""
+    grads = {i: p.grad for i, p in enumerate(params) if p.grad is not None}
+    state = {(i, k): t for i, p in enumerate(params) for k, t in opt.state.get(p, {}).items()}
+    return grads, state
+
+
+def mirrors_native(oa, ob, a, b, kept_a, kept_b, state_identity=True):
+    """Each tensor held on our side is what native's held one is, bit for bit, and is (or is no
+    longer) ``.grad`` or the state exactly where native's is."""
+    (ga, sa), (gb, sb) = kept_a, kept_b
+    assert set(ga) == set(gb) and set(sa) == set(sb)
+    for i in ga:
+        assert bitwise_equal(ga[i], gb[i]), f"kept grad {i}"
+        assert (ga[i] is a[i].grad) == (gb[i] is b[i].grad), f"kept grad {i} is .grad"
+    for (i, k), t in sa.items():
+        assert bitwise_equal(t, sb[i, k]), f"kept state {i} {k}"
+        if state_identity:
+            assert (oa.state[a[i]].get(k) is t) == (ob.state[b[i]].get(k) is sb[i, k]), f"kept state {i} {k}"
+
+
+def one_step(oa, ob, a, b, phase, set_to_none):
+    """Clip, step and zero_grad on both sides, compared bit for bit."""
+    na = torch.nn.utils.clip_grad_norm_(a, 1.0)
+    oa.step()
+    oa.zero_grad(set_to_none)
+    if phase == "one_pass":
+        nb = ob.clip_step_zero_grad(1.0, parameters=b, set_to_none=set_to_none)
+    else:
+        nb = clip_grad_norm_(b, 1.0)
+        ob.step()
+        ob.zero_grad(set_to_none)
+    assert bitwise_equal(na, nb)
+    assert same(a, b) and [x.stride() for x in a] == [y.stride() for y in b]
+    same_state(oa, ob, a, b)
+    grads_equal(a, b)
+
+
+def pack_again(oa, ob, a, b):
+    """``set_mode("packed")`` after native for good; what a logger held just before it (native's
+    side and ours). ``state`` and its entries stay the same objects."""
+    kept = kept_of(oa, a), kept_of(ob, b)
+    assert ob._own
+    state, entries = ob.state, dict(ob.state)
+    ob.set_mode("packed")
+    assert not ob._own and ob.flat_groups and ob.state is state
+    assert all(ob.state[p] is e for p, e in entries.items())
+    return kept
+
+
+@pytest.mark.filterwarnings("ignore:scripted")
+@FEW
+@given(
+    shapes=st.lists(shape_st, min_size=1, max_size=3),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    hyper=hyper_st,
+    start=st.sampled_from(["auto", "native"]),
+    at=st.integers(1, 3),
+    mid=st.booleans(),
+    after=st.lists(st.sampled_from(["packed", "native"]), max_size=3),
+    phase=st.sampled_from(["one_pass", "three_calls"]),
+    set_to_none=st.booleans(),
+    channels_last=st.booleans(),
+    backward_norms=st.booleans(),
+    skip=st.integers(-1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_packing_again_keeps_what_the_user_holds(
+    shapes, dtype, hyper, start, at, mid, after, phase, set_to_none, channels_last, backward_norms, skip, seed
+):
+    """``set_mode("packed")`` after native for good (between steps, or after backward with the
+    gradients present: ``mid``), then more switches: natively the state tensors, the ``.grad``
+    tensors, ``state`` and its entries are the same objects for good. So here: each tensor a
+    logger held before the switch is (or is no longer) ``.grad`` or the state exactly where
+    native's is and holds native's bits every step after; ``state`` and its entries are the same
+    objects; norms, parameters, gradients and state bitwise native's."""
+    a, b, gen = conv_twins(shapes, dtype, seed, channels_last)
+    oa = torch.optim.AdamW(a, fused=True, **hyper)
+    ob = PackedAdamW(b, **hyper, mode=start, backward_norms=backward_norms)
+    if start == "auto":
+        ob._chooser = Scripted([])
+    kept = None
+    for step in range(at + len(after) + 2):
+        if step == at and not mid:  # between steps (after zero_grad)
+            kept = pack_again(oa, ob, a, b)
+        elif at < step <= at + len(after):
+            ob.set_mode(after[step - at - 1])
+        backward_both(a, b, gen, {skip} if step % 3 == 1 else set())
+        if step == at and mid:  # the gradients present
+            kept = pack_again(oa, ob, a, b)
+        one_step(oa, ob, a, b, phase, set_to_none)
+        if kept is not None:
+            mirrors_native(oa, ob, a, b, *kept)
+
+
+def test_packing_again_refuses_a_view_of_a_gradient_or_state_tensor():
+    """A view of a ``.grad`` or of a state tensor held at ``set_mode("packed")`` would keep the
+    current values (natively it follows every step): refused, naming it, nothing changed; once
+    dropped, packing again works and the steps stay native's."""
+    ma, mb = mlp_twins(8)
+    oa = torch.optim.AdamW(ma.parameters(), fused=True)
+    ob = PackedAdamW(mb.parameters(), mode="native")
+    x = torch.randn(8, 6)
+    assert_native(ma, mb, oa, ob, both_steps([(ma, oa), (mb, ob)], x, "after"))
+    for view, said in (
+        (lambda: mb[2].weight.grad.view(-1), r"p.grad of parameter 2 \(shape \(1, 5\)\) shares its memory"),
+        (
+            lambda: ob.state[mb[0].bias]["exp_avg"][1:],
+            r"state\[p\]\['exp_avg'\] of parameter 1 \(shape \(5,\)\)",
+        ),
+    ):
+        held = view()
+        before = [t.clone() for t in held_by(ob, list(mb.parameters()))]
+        with pytest.raises(ValueError, match=said + ".*nothing was changed"):
+            ob.set_mode("packed")
+        assert ob._own and ob.mode == "native" and same(before, held_by(ob, list(mb.parameters())))
+        del held
+    ob.set_mode("packed")
+    for s in range(3):
+        assert_native(ma, mb, oa, ob, both_steps([(ma, oa), (mb, ob)], x * (s + 2), "after"))
+
+
+@FEW
+@given(
+    shapes=st.lists(shape_st, min_size=1, max_size=3),
+    hyper=hyper_st,
+    op=st.sampled_from(["add_param_group", "append", "load_state_dict"]),
+    mode=st.sampled_from(["packed", "native"]),
+    at=st.integers(0, 2),
+    phase=st.sampled_from(["one_pass", "three_calls"]),
+    backward_norms=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_laying_out_again_keeps_a_kept_grad(shapes, hyper, op, mode, at, phase, backward_norms, seed):
+    """``add_param_group``, a parameter appended to ``param_groups`` in place, or
+    ``load_state_dict`` over the packed layout (stepping packed, or natively over it), with
+    ``zero_grad(set_to_none=False)``: natively each ``p.grad`` is the same tensor for good, so a
+    ``g = p.grad`` kept is still ``p.grad`` and follows every backward. So here, bit for bit, and
+    the state tensors a logger held are still the state after ``add_param_group`` (loading
+    replaces them natively). Native ``AdamW(fused=True)`` + ``clip_grad_norm_`` on the other side."""
+    a, b, gen = twins(shapes, torch.float32, seed)
+    extra = torch.randn(5, 2, generator=gen)
+    qa, qb = extra.clone().requires_grad_(), extra.clone().requires_grad_()
+    oa = torch.optim.AdamW(a, fused=True, **hyper)
+    ob = PackedAdamW(b, **hyper, mode="packed", backward_norms=backward_norms)
+    ob.set_mode(mode)
+    kept = None
+    for step in range(at + 3):
+        backward_both(a, b, gen, set())
+        if step == 0:
+            kept = kept_of(oa, a), kept_of(ob, b)
+        if step == at:
+            if op != "load_state_dict":  # the new parameter has a gradient already
+                backward_both([qa], [qb], gen, set())
+                a, b = a + [qa], b + [qb]
+            kept = kept_of(oa, a), kept_of(ob, b)  # grads and state (step 0: grads only)
+            if op == "add_param_group":
+                oa.add_param_group({"params": [qa], "lr": 0.02})
+                ob.add_param_group({"params": [qb], "lr": 0.02})
+            elif op == "append":
+                oa.param_groups[0]["params"].append(qa)
+                ob.param_groups[0]["params"].append(qb)
+            else:
+                sd = oa.state_dict()
+                oa.load_state_dict(copy.deepcopy(sd))
+                ob.load_state_dict(copy.deepcopy(sd))
+        one_step(oa, ob, a, b, phase, set_to_none=False)
+        mirrors_native(oa, ob, a, b, *kept, state_identity=op != "load_state_dict")
