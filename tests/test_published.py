@@ -1,8 +1,9 @@
 """The published studies as a reader meets them: a fresh clone audits with no argument, and the
-README's result table is the committed reports' (cpu2's, with cpu1's beside it)."""
+README's result table is the committed studies' (cpu3's, with cpu2's beside it)."""
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ from audit.cli import NOT_VERIFIED
 
 STUDY = ROOT / "records" / "cpu1"
 CPU2 = ROOT / "records" / "cpu2"
+CPU3 = ROOT / "records" / "cpu3"
 
 
 def _tracked(path: Path) -> bool:
@@ -86,32 +88,66 @@ def test_a_fresh_clone_audits_every_committed_study(tmp_path, tags):
     assert "--allowed-signers protocols/allowed_signers lies inside" in borrowed.stdout
 
 
-def _cell(text: str) -> tuple[str, str]:
-    """A README cell ``R% (lo to hi%)`` as a report's ``R%`` and ``lo–hi%``."""
-    m = re.fullmatch(r"(-?[\d.]+%) \((-?[\d.]+) to (-?[\d.]+%)\)", text)
-    assert m is not None, text
-    return m.group(1), f"{m.group(2)}–{m.group(3)}"
+def _points(est: float, low: float, high: float) -> str:
+    """A README cell: points with their interval, ``+0.62 (+0.31 to +0.93)``."""
+    return f"{est:+.2f} ({low:+.2f} to {high:+.2f})"
 
 
-@pytest.mark.skipif(not (CPU2 / "report.md").is_file(), reason="records/cpu2 is not in this checkout")
-def test_the_readme_result_table_is_the_committed_reports():
-    """Each row of the README's result: cpu2's wall and CPU time as records/cpu2/report.md has them,
-    cpu1's as records/cpu1/report.md has them; both published ledger heads verify."""
+def _replicated(decision: dict, level: float = 0.99) -> str:
+    """A decision by the t over replicates at ``level``, in points, from its sealed estimate and SE."""
+    from scipy import stats
+
+    t = decision["test"]
+    half = 100 * stats.t.ppf(0.5 + level / 2, t["df"]) * t["standard_error"]
+    est = 100 * t["estimate"]
+    return _points(est, est - half, est + half)
+
+
+@pytest.mark.skipif(not (CPU3 / "summary.json").is_file(), reason="records/cpu3 is not in this checkout")
+def test_the_readme_result_table_is_the_committed_studies():
+    """Each row of the README's result: cpu3's decisions at 99% (scipy's t over the sealed standard
+    error), its times as report.md has them, the decisions' outcome, and cpu2's CPU-clock change
+    in points from its sealed summary; the verify commands take their roots from outside."""
+    import json
+
     readme = (ROOT / "README.md").read_text()
-    report2, report1 = (CPU2 / "report.md").read_text(), (STUDY / "report.md").read_text()
+    report3 = (CPU3 / "report.md").read_text()
+    s3 = json.loads((CPU3 / "summary.json").read_text())
+    s2 = json.loads((CPU2 / "summary.json").read_text())
+    decisions = {d["id"]: d for d in s3["hypotheses"]["decisions"]}
+    cpu2 = {c["config"]: c for st in s2["studies"] if st["name"] == "pairs" for c in st["configs"]}
     section = readme.split("## The result", 1)[1].split("## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| ") and "Configuration" not in line]
-    assert len(rows) == 5
+    assert len(rows) == 4
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        times, wall, cpu, cpu1 = cells[3], _cell(cells[4]), _cell(cells[5]), _cell(cells[6])
-        assert f"| {times} | {wall[0]} | {wall[1]} |" in report2, f"README row {cells[0]!r}: wall"
-        assert f"| {cpu[0]} | {cpu[1]} |" in report2, f"README row {cells[0]!r}: CPU"
-        assert f"| {cpu1[0]} | {cpu1[1]} |" in report1, f"README row {cells[0]!r}: cpu1"
-    # the verify command takes its trust roots from outside the repository: no head, no signers file of it
+        config = "tiny_" + cells[0].split()[-1].lower()
+        cpu, wall = decisions[f"H1-cpu-{config}"], decisions[f"H4-speed-{config}"]
+        assert cells[3] == _replicated(cpu) and cells[4] == _replicated(wall), row
+        native, cand = cells[2].removesuffix(" s").split(" / ")
+        assert (
+            f"| {config} | {cells[1]} | CPU, steps after its own | native {native} / cotangent {cand} |"
+            in report3
+        )
+        both = {cpu["status"], wall["status"]}
+        assert cells[5] == (
+            "faster: established on both clocks" if both == {"established"} else "faster: not established"
+        )
+        if both != {"established"}:
+            assert "established" not in both
+        i = cpu2[config]["training_cpu_time"]["interval"]
+        assert cells[6] == _points(*(100 * math.log(i[k]) for k in ("ratio", "ratio_low", "ratio_high"))), row
+    # the quality claim as tested: identical test bits per byte in every pair of every model
+    pairs: dict[str, dict[str, float]] = {}
+    for r in s3["runs"]:
+        if r["study"] == "pairs":
+            pairs.setdefault(r["unit"], {})[r["role"]] = r["test_bpb"]
+    assert len(pairs) == 480 and all(p["baseline"] == p["candidate"] for p in pairs.values())
+    assert "identical in 120 of 120 pairs of each model" in " ".join(section.split())
+    # the verify commands take their trust roots from outside the repository: no head, no signers file of it
     assert not re.search(r"[0-9a-f]{64}", readme), "the README prints a ledger head: a reader would copy it"
     commands = re.findall(r"python -I -S -B analysis/public_audit.py (records/cpu\d) (.*)", section)
-    assert {c[0] for c in commands} == {"records/cpu1", "records/cpu2"}, commands
+    assert {c[0] for c in commands} == {"records/cpu1", "records/cpu2", "records/cpu3"}, commands
     for _folder, args in commands:
         assert "--allowed-signers ~/trusted/allowed_signers" in args and "--head SEQ:SHA256" in args
         assert "protocols/allowed_signers" not in args
