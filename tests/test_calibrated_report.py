@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, private_copy
 
 QUIET = ROOT / "records" / "calibration-classes"
 LOADED = ROOT / "records" / "calibration-classes-loaded"
@@ -103,6 +103,27 @@ def _report(repo: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str, dict
     return (folder / "report.md").read_text(), (folder / "index.html").read_text(), summary
 
 
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str, dict]:
+    """The calibrated study (:func:`calibrated_study`'s default) run and reported once for the
+    module: its repository, report.md, index.html and summary. The tests that only read it share
+    it; a test that edits a file works on its own copy (:func:`private_copy`)."""
+    repo = calibrated_study(tmp_path_factory.mktemp("calibrated"))
+    with pytest.MonkeyPatch.context() as mp:
+        md, page, summary = _report(repo, mp)
+    return repo, md, page, summary
+
+
+@pytest.fixture(scope="module")
+def uncalibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str, dict]:
+    """The same study without a ``design_calibration`` (``calibrated=False``), run and reported
+    once for the module; the tests only read it."""
+    repo = calibrated_study(tmp_path_factory.mktemp("uncalibrated"), calibrated=False)
+    with pytest.MonkeyPatch.context() as mp:
+        md, page, summary = _report(repo, mp)
+    return repo, md, page, summary
+
+
 def _expected_bias(endpoint_clock: str, design: str) -> str:
     """The bias text computed here from the sealed summaries' rows, not by the code under test:
     every cache-heavy plant (matmul, gather) of ``design`` on the clock, quiet then loaded."""
@@ -125,9 +146,8 @@ def _expected_bias(endpoint_clock: str, design: str) -> str:
     return ", ".join(parts)
 
 
-def test_the_first_screen_is_the_seed_pages_table_with_the_calibrated_bias(tmp_path, monkeypatch):
-    repo = calibrated_study(tmp_path)
-    md, page, summary = _report(repo, monkeypatch)
+def test_the_first_screen_is_the_seed_pages_table_with_the_calibrated_bias(calibrated):
+    _, md, page, summary = calibrated
     head = md.split("## The answer")[0]
     assert (
         "## The result" in head
@@ -155,11 +175,10 @@ def test_the_first_screen_is_the_seed_pages_table_with_the_calibrated_bias(tmp_p
     assert "Calibrated bias, points (95%)" in decisions and bias in decisions
 
 
-def test_the_audit_renders_the_calibrated_texts_again_and_a_changed_bias_fails(tmp_path, monkeypatch):
+def test_the_audit_renders_the_calibrated_texts_again_and_a_changed_bias_fails(calibrated, tmp_path):
     from audit.published import check_published
 
-    repo = calibrated_study(tmp_path)
-    _report(repo, monkeypatch)
+    repo = private_copy(calibrated[0], tmp_path / "study")  # reported; this test edits its report.md
     folder = str(repo / "records" / "tiny")
     summary = json.loads((repo / "records" / "tiny" / "summary.json").read_text())
     manifest = json.loads((repo / "records" / "tiny" / "MANIFEST").read_text())
@@ -182,9 +201,8 @@ def test_a_study_run_on_another_machine_than_its_calibration_names_both(tmp_path
     assert "AMD EPYC 7B13" in page
 
 
-def test_a_study_without_a_calibration_renders_as_before(tmp_path, monkeypatch):
-    repo = calibrated_study(tmp_path, calibrated=False)
-    md, page, _ = _report(repo, monkeypatch)
+def test_a_study_without_a_calibration_renders_as_before(uncalibrated):
+    _, md, page, _ = uncalibrated
     assert "## The result" not in md and "Calibrated bias" not in md and "## Stalls" not in md
     assert "reduction in percent of the baseline's training time (positive: the candidate was faster)" in md
 
@@ -220,12 +238,12 @@ def test_the_stall_rule_is_the_progress_lines(tmp_path):
     assert step_stall([10.0, 20.0, 30.0, 40.0, 95.0]) == (5, 55.0, 10.0)
 
 
-def test_a_protocol_file_changed_after_its_records_renders_without_a_calibration(tmp_path):
+def test_a_protocol_file_changed_after_its_records_renders_without_a_calibration(calibrated, tmp_path):
     """The calibration is read from the study's own protocol only when its sha256 is the records':
     an edited file (a design_calibration added afterwards) changes nothing the audit renders."""
     from prereg.calibrated import find_calibration
 
-    repo = calibrated_study(tmp_path)
+    repo = private_copy(calibrated[0], tmp_path / "study")  # this test edits its protocol file
     summary = json.loads((repo / "records" / "tiny" / "MANIFEST").read_text())
     proto = json.loads(next((repo / "records" / "tiny").glob("*.record.json")).read_text())["protocol"]
     assert find_calibration(str(repo / "records" / "tiny"), {**proto, "path": "protocols/tiny.yaml"})
@@ -418,7 +436,7 @@ def _line_after(text: str, table_head: str, beside: str) -> str:
     return text[start : text.index("\n", start)]
 
 
-def test_every_speed_table_carries_the_bias_read_from_the_calibration_summary(tmp_path, monkeypatch):
+def test_every_speed_table_carries_the_bias_read_from_the_calibration_summary(calibrated):
     """The wall and CPU time tables, report.md's every-pair table, the page's every-pair table and the
     replicates table each have the design's bias under them: the cache-heavy rows of the committed
     calibration's two summaries, read here, quiet then loaded, with the calibration's machine; the
@@ -426,8 +444,7 @@ def test_every_speed_table_carries_the_bias_read_from_the_calibration_summary(tm
     import hashlib
     import html as html_
 
-    repo = calibrated_study(tmp_path)
-    md, page, _ = _report(repo, monkeypatch)
+    _, md, page, _ = calibrated
     page = html_.unescape(page)
     wall, cpu = (f"{_expected_bias(c, 'a process per arm')} (calibrated on {XEON})." for c in ("wall", "CPU"))
     design = "(a process per arm, {} clock, a cache-heavy change): "
@@ -467,14 +484,13 @@ def _audit(repo: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=300)
 
 
-def test_a_changed_calibration_summary_is_refused_by_the_audit_by_name(tmp_path, monkeypatch):
+def test_a_changed_calibration_summary_is_refused_by_the_audit_by_name(calibrated, tmp_path):
     """The texts pin each calibration folder's summary.json by sha256; the audit shows the pin in a
     row of its own, and a calibration summary changed after the study's texts were written (one
     bias figure edited, the file still valid) fails it: exit 1, the folder and both hashes named."""
     import hashlib
 
-    repo = calibrated_study(tmp_path)
-    _report(repo, monkeypatch)
+    repo = private_copy(calibrated[0], tmp_path / "study")  # this test edits a calibration summary
     out = _audit(repo)
     pinned = hashlib.sha256(
         (repo / "records" / "calibration-classes" / "summary.json").read_bytes()
@@ -502,11 +518,10 @@ def test_a_changed_calibration_summary_is_refused_by_the_audit_by_name(tmp_path,
     ), problems
 
 
-def test_a_study_with_no_calibration_cites_none_and_its_audit_has_no_calibration_row(tmp_path, monkeypatch):
+def test_a_study_with_no_calibration_cites_none_and_its_audit_has_no_calibration_row(uncalibrated):
     from prereg.calibrated import changed_pins, cited_pins
 
-    repo = calibrated_study(tmp_path, calibrated=False)
-    md, page, summary = _report(repo, monkeypatch)
+    repo, md, page, summary = uncalibrated
     assert cited_pins(md + page) == {}
     assert changed_pins(str(repo / "records" / "tiny"), summary["protocol"], md) == []
 
