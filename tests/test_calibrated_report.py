@@ -602,3 +602,35 @@ def test_time_to_target_and_total_time_say_the_calibration_measures_no_bias_for_
         assert md.count(UNCALIBRATED) == md.count("Time to the fixed validation target")
     for plain in ("cpu2-pilot", "calibration-cpu"):
         assert UNCALIBRATED not in (root / plain / "report.md").read_text()
+
+
+def test_machines_reads_a_folder_once_until_a_record_changes(tmp_path, monkeypatch):
+    """A calibration folder's CPU models are parsed once per process; a record rewritten, added or
+    removed is read again (its size, modification time or inode changed)."""
+    import json
+    import os
+
+    import prereg.calibrated as cal
+
+    def write(name: str, cpu: str, pad: str = "") -> None:
+        (tmp_path / f"{name}.record.json").write_text(json.dumps({"env": {"device_name": cpu}, "pad": pad}))
+
+    write("a", "CPU A")
+    write("b", "CPU A")
+    parsed = []
+    real = cal.parse_json
+    monkeypatch.setattr(cal, "parse_json", lambda raw: parsed.append(1) or real(raw))
+    folder = str(tmp_path)
+    assert list(cal.machines(folder)) == ["CPU A"] and len(parsed) == 2
+    assert list(cal.machines(folder)) == ["CPU A"] and len(parsed) == 2  # kept: nothing parsed again
+    write("b", "CPU B", pad="x")  # rewritten: another size
+    assert list(cal.machines(folder)) == ["CPU A", "CPU B"] and len(parsed) == 4
+    st = os.stat(tmp_path / "b.record.json")
+    write("b", "CPU C", pad="y")  # the same size: its modification time tells
+    os.utime(tmp_path / "b.record.json", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert list(cal.machines(folder)) == ["CPU A", "CPU C"]
+    (tmp_path / "b.record.json").unlink()
+    assert list(cal.machines(folder)) == ["CPU A"]
+    got = cal.machines(folder)
+    got.clear()  # a caller's copy: what is kept is not changed through it
+    assert list(cal.machines(folder)) == ["CPU A"]
