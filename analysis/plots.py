@@ -10,7 +10,9 @@ from typing import Any
 from prereg.calibrated import SIGN
 from prereg.decisions import HypothesisDecision
 from prereg.formats.record import RunRecord
-from prereg.render.answer import commands_study
+from prereg.render.answer import points_throughout
+from prereg.render.result import reduction_points
+from prereg.render.studies import pair_value
 from prereg.results import Hypotheses, PairedResult, Summary
 
 __all__ = ["plots"]
@@ -33,7 +35,9 @@ def plots(summary: Summary, records: list[RunRecord], directory: Path) -> list[P
         if d.endpoint == "test_bpb" and d.type != "superiority"
     }
     for kind in ("time", "quality"):
-        made.append(_pairs_plot(kind, paired, study_of, margins, directory))
+        made.append(
+            _pairs_plot(kind, paired, study_of, margins, directory, points_throughout(summary.protocol))
+        )
     made.append(_validation_plot(paired, records, directory))
     return made
 
@@ -44,33 +48,53 @@ def _pairs_plot(
     study_of: dict[int, str],
     margins: dict[tuple[str, str], float],
     directory: Path,
+    pts: bool = False,
 ) -> Path:
-    """Every pair's time reduction (``kind`` "time") or test BPB difference ("quality"), one panel
-    per paired configuration, with its interval and (quality) its margin: ``plot_<kind>.png``."""
+    """Every pair's time reduction (``kind`` "time"; with ``pts``,
+    :func:`prereg.render.answer.points_throughout`, its change in points with the log ratio's interval)
+    or test BPB difference ("quality"), one panel per paired configuration, with its interval and
+    (quality) its margin: ``plot_<kind>.png``."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(paired), figsize=(3.2 * len(paired) + 1, 3.2), squeeze=False)
     for ax, c in zip(axes[0], paired):
-        key = "time_reduction_pct" if kind == "time" else "test_bpb_difference"
-        vals = [v if (v := getattr(p, key)) is not None else float("nan") for p in c.pairs]
+        vals, iv = _pair_values(kind, c, pts)
         ax.scatter(range(len(vals)), vals, s=12)
-        iv = (c.training_time if kind == "time" else c.test_bpb).interval
         if iv:
-            ax.axhspan(iv.low, iv.high, alpha=0.25, label=f"{iv.level * 100:g}% interval")
-            ax.axhline(iv.estimate, lw=1)
+            ax.axhspan(iv[1], iv[2], alpha=0.25, label=f"{iv[3] * 100:g}% interval")
+            ax.axhline(iv[0], lw=1)
         tol = margins.get((study_of[id(c)], c.config))
         if kind == "quality" and tol is not None:
             ax.axhline(tol, color="red", ls="--", lw=1, label=f"margin {tol:g}")
         ax.axhline(0, color="black", lw=0.5)
         ax.set_title(c.config, fontsize=9)
         ax.set_xlabel("pair")
-    axes[0][0].set_ylabel("time reduction (%)" if kind == "time" else "test Δ BPB (cand − base)")
+    time = "time change, points (positive: slower)" if pts else "time reduction (%)"
+    axes[0][0].set_ylabel(time if kind == "time" else "test Δ BPB (cand − base)")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     path = directory / f"plot_{kind}.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _pair_values(
+    kind: str, c: PairedResult, pts: bool
+) -> tuple[list[float], tuple[float, float, float, float] | None]:
+    """A configuration's per-pair values and the interval drawn behind them (estimate, low, high,
+    level): time reductions in percent, or with ``pts`` changes in points
+    (:func:`prereg.render.studies.pair_value`, with the log ratio's interval times 100); test BPB
+    differences."""
+    nan = float("nan")
+    if kind == "time" and pts:
+        vals = [nan if (v := pair_value(p, True)) is None else v for p in c.pairs]
+        lr = c.training_time.log_ratio
+        return vals, None if lr is None else (100 * lr.estimate, 100 * lr.low, 100 * lr.high, lr.level)
+    key = "time_reduction_pct" if kind == "time" else "test_bpb_difference"
+    vals = [v if (v := getattr(p, key)) is not None else nan for p in c.pairs]
+    iv = (c.training_time if kind == "time" else c.test_bpb).interval
+    return vals, None if iv is None else (iv.estimate, iv.low, iv.high, iv.level)
 
 
 def _validation_plot(paired: list[PairedResult], records: list[RunRecord], directory: Path) -> Path:
@@ -112,17 +136,13 @@ def _decisions(summary: Summary) -> list[HypothesisDecision]:
 
 def _forest_rows(summary: Summary, pts: bool) -> list[tuple[str, Any, Any, Any, Any, str]]:
     """The forest's rows (label, estimate, low, high, margin, status): each decision, then each paired
-    configuration's descriptive log ratio; with ``pts`` (a study of command arms) each log ratio in
-    points."""
+    configuration's descriptive log ratio; with ``pts`` (:func:`prereg.render.answer.points_throughout`)
+    each log ratio and each relative reduction in points (:func:`_decision_ends`)."""
     rows: list[tuple[str, Any, Any, Any, Any, str]] = []  # label, estimate, low, high, margin, status
     for d in _decisions(summary):
         if d.low is not None:
-            margin = d.margin if d.type != "superiority" else 0.0
-            k = 100.0 if pts and d.estimand == "log_ratio" else 1.0
-            e, lo, hi, m = (
-                v if v is None or k == 1.0 else k * v for v in (d.estimate, d.low, d.high, margin)
-            )
-            rows.append((f"{d.id} {d.study}/{d.config} {d.endpoint}", e, lo, hi, m, d.status))
+            label = f"{d.id} {d.study}/{d.config} {d.endpoint}"
+            rows.append((label, *_decision_ends(d, pts), d.status))
     for st in summary.studies:
         for c in st.paired_configs():
             iv = c.training_time.log_ratio
@@ -137,13 +157,28 @@ def _forest_rows(summary: Summary, pts: bool) -> list[tuple[str, Any, Any, Any, 
     return rows
 
 
+def _decision_ends(d: HypothesisDecision, pts: bool) -> tuple[Any, Any, Any, Any]:
+    """A decision's estimate, low, high and margin as the forest draws them: in the estimand's units,
+    or with ``pts`` a log ratio times 100 and a relative reduction ``r`` as ``100 ln(1 - r / 100)``
+    (its interval's ends swapped; its margin as the size of the points it bounds)."""
+    margin = d.margin if d.type != "superiority" else 0.0
+    if pts and d.estimand == "log_ratio":
+        e, lo, hi, m = (None if v is None else 100 * v for v in (d.estimate, d.low, d.high, margin))
+        return e, lo, hi, m
+    if pts and d.estimand == "relative_reduction":
+        size = -(reduction_points(margin) or 0.0) if margin else margin  # the ticks stand at +m and -m
+        return reduction_points(d.estimate), reduction_points(d.high), reduction_points(d.low), size
+    return d.estimate, d.low, d.high, margin
+
+
 def _forest(summary: Summary, directory: Path) -> list[Path]:
     """Every hypothesis' estimate and interval against its margin, plus every paired study's
-    descriptive log-time interval (the A/A null among them), in one figure; in a study of command
-    arms (what ``harness compare`` writes) each log ratio in points, the answer's convention."""
+    descriptive log-time interval (the A/A null among them), in one figure; each log ratio in points,
+    the answer's convention, in every study but those published before
+    (:func:`prereg.render.answer.points_throughout`)."""
     import matplotlib.pyplot as plt
 
-    pts = commands_study(summary)
+    pts = points_throughout(summary.protocol)
     rows = _forest_rows(summary, pts)
     if not rows:
         return []

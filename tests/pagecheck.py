@@ -86,9 +86,18 @@ def check_labels(page) -> None:
             assert inside, (text.text_content(), t, box)
 
 
+#: An effect in the answer: points with their interval (a paired study's change: every study from
+#: now on, and the calibrated ones), or a reduction in percent with its interval (the studies
+#: published before, and their factorial effects).
+EFFECT = (
+    r"[-+]\d+\.\d\d points \(\d+(\.\d+)?% interval [-+]\d+\.\d\d to [-+]\d+\.\d\d"
+    r"|-?\d+\.\d\d% \(\d+(\.\d+)?% interval -?\d+\.\d\d to -?\d+\.\d\d%\)"
+)
+
+
 def check_answer_first(page, height: int) -> None:
-    """The answer, each configuration's effect in percent with its interval and decisions, is on the
-    first screen (``height`` pixels), before any table or plot."""
+    """The answer, each configuration's effect with its interval and decisions, is on the first
+    screen (``height`` pixels), before any table or plot."""
     items = page.locator("ul.answer li").all()
     assert items, "no answer list on the page"
     seed = page.locator("main table caption", has_text="calibrated bias")
@@ -99,18 +108,12 @@ def check_answer_first(page, height: int) -> None:
             box,
         )
         for li in items:
-            assert re.search(  # points (a paired study's change) or a factorial's reduction in percent
-                r"[-+]\d+\.\d\d points \(\d+(\.\d+)?% interval [-+]\d+\.\d\d to [-+]\d+\.\d\d"
-                r"|-?\d+\.\d\d% \(\d+(\.\d+)?% interval -?\d+\.\d\d to -?\d+\.\d\d%\)",
-                li.text_content(),
-            ), li.text_content()
+            assert re.search(EFFECT, li.text_content()), li.text_content()
         return
     for li in items:
         box = li.bounding_box()
         assert box["y"] + box["height"] <= height, (li.text_content(), box)
-        assert re.search(
-            r"-?\d+\.\d\d% \(\d+(\.\d+)?% interval -?\d+\.\d\d to -?\d+\.\d\d%\)", li.text_content()
-        )
+        assert re.search(EFFECT, li.text_content()), li.text_content()
     first_table = page.locator("main table").first.bounding_box()
     assert first_table is None or first_table["y"] > items[-1].bounding_box()["y"]
 

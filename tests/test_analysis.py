@@ -195,9 +195,9 @@ def test_audit_passes_on_real_records(study):
     assert by_name["cells"]["configs"][0]["effects"]["interaction"]["n"] == 2
 
 
-def test_the_terminal_ends_with_the_answer_in_percent(audited, study):
-    """``harness run`` and ``harness report`` print, last, each configuration's effect in percent with
-    its interval and its decisions (the report's tables scroll away above them); the reduction is
+def test_the_terminal_ends_with_the_answer_in_points(audited, study):
+    """``harness run`` and ``harness report`` print, last, each configuration's effect in points with
+    its interval and its decisions (the report's tables scroll away above them); the change is
     recomputed here from the records' own training times."""
     import numpy as np
 
@@ -210,7 +210,9 @@ def test_the_terminal_ends_with_the_answer_in_percent(audited, study):
     assert reported.returncode == 0, reported.stderr
     for out in ((audited.parent / "run.stdout").read_text(), reported.stdout):
         last = out.rstrip("\n").splitlines()[-len(answer) - 2 :]
-        assert last[0].startswith("The answer. Each effect is a reduction in percent")
+        assert last[0].startswith(
+            "The answer. Each change is in points of 100 x ln(T_candidate / T_baseline)"
+        )
         assert last[1:-1] == answer and last[-1].startswith("Details: report ")
     records = [json.loads(p.read_text()) for p in (study / "records" / "tiny").glob("pairs.*.record.json")]
     checked = 0
@@ -220,8 +222,12 @@ def test_the_terminal_ends_with_the_answer_in_percent(audited, study):
         for r in (r for r in records if r["spec"]["config"] == c.config):
             times.setdefault(r["spec"]["unit"], {})[r["spec"]["role"]] = r["timings"]["training_s"]
         logs = [np.log(t["candidate"] / t["baseline"]) for t in times.values() if len(t) == 2]
-        assert f"training-time reduction {100 * (1 - np.exp(np.mean(logs))):.2f}% (" in line
-        assert re.search(r"% interval -?\d+\.\d\d to -?\d+\.\d\d%\) on the wall clock", line)
+        assert f"training-time change {100 * np.mean(logs):+.2f} points (" in line
+        assert re.search(
+            r"% interval [-+]\d+\.\d\d to [-+]\d+\.\d\d; (faster|slower) by \d+\.\d\d%\) on the wall clock",
+            line,
+        )
+
         assert "decisions: " in line or "no preregistered decision" in line
         checked += 1
     assert checked >= 1

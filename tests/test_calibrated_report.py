@@ -151,7 +151,8 @@ def test_the_first_screen_is_the_seed_pages_table_with_the_calibrated_bias(calib
     head = md.split("## The answer")[0]
     assert (
         "## The result" in head
-        and "| Configuration | Parameters | Clock | Training time (s) | Change, points" in head
+        and "| Configuration | Parameters | Clock | Training time (s) | Change, points (negative: faster) |"
+        in head
     )
     bias = _expected_bias("CPU", "a process per arm")
     assert f"{bias} (calibrated on {XEON})" in head
@@ -201,10 +202,15 @@ def test_a_study_run_on_another_machine_than_its_calibration_names_both(tmp_path
     assert "AMD EPYC 7B13" in page
 
 
-def test_a_study_without_a_calibration_renders_as_before(uncalibrated):
+def test_a_study_without_a_calibration_has_no_bias_and_gives_its_changes_in_points(uncalibrated):
+    """No first-screen table and no bias line without a calibration; the convention is the one every
+    study from now on uses (docs/decisions.md, "One sign convention")."""
     _, md, page, _ = uncalibrated
     assert "## The result" not in md and "Calibrated bias" not in md and "## Stalls" not in md
-    assert "reduction in percent of the baseline's training time (positive: the candidate was faster)" in md
+    assert (
+        "Each change is in points of 100 x ln(T_candidate / T_baseline); positive: the candidate slower" in md
+    )
+    assert "reduction in percent" not in md and "Time change (points)" in md
 
 
 def test_a_run_that_stalled_is_named_in_the_report_and_the_audit_renders_it_again(tmp_path, monkeypatch):
@@ -456,15 +462,17 @@ def test_every_speed_table_carries_the_bias_read_from_the_calibration_summary(ca
         assert line.startswith(
             f"Calibrated bias beside the training times of study pairs {design.format('wall')}{wall}"
         )
-        assert "a bias of +b points reads the reduction about b% too small" in line
+        assert (
+            "In points of 100 x ln(T_candidate / T_baseline); positive: the candidate slower, as this table."
+            in line
+        )
+        assert "reads the reduction" not in line
     line = _line_after(
-        md, "| Configuration | native / cotangent (geometric mean) | CPU-time reduction", "the CPU"
+        md, "| Configuration | native / cotangent (geometric mean) | CPU-time change (points)", "the CPU"
     )
     assert line.startswith(f"Calibrated bias beside the CPU times of study pairs {design.format('CPU')}{cpu}")
     line = _line_after(md, "| Configuration | Seed | First |", "every pair")
-    assert line.startswith(
-        f"Calibrated bias beside every pair's time reduction {design.format('wall')}{wall}"
-    )
+    assert line.startswith(f"Calibrated bias beside every pair's time change {design.format('wall')}{wall}")
     line = _line_after(page, "Study pairs: every pair</caption>", "the pairs")
     assert line.startswith(f"Calibrated bias beside the pairs of study pairs {design.format('wall')}{wall}")
     for text in (md, page):

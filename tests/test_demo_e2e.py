@@ -86,7 +86,7 @@ def test_demo_runs_reports_audits_and_detects_tampering(demo):
     clone, r, elapsed = demo
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for heading in (
-        "Time reduction",
+        "Time change (points)",
         "Full-test quality",
         "2x2 factorial",
         "native versus native",

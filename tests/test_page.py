@@ -29,6 +29,10 @@ def test_page_is_valid_and_accessible(tmp_path):
 
 
 def test_every_pair_is_listed_and_adverse_pairs_are_marked():
+    """Each pair's change in points, 100 x ln(candidate / baseline) of its own times (the demo is a
+    study from now on: docs/decisions.md, "One sign convention"), adverse ones marked."""
+    import math
+
     html = render(SUMMARY, "r")
     pairs = [
         p for s in FIXTURE["studies"] if s["design"] == "paired" for c in s["configs"] for p in c["pairs"]
@@ -36,7 +40,9 @@ def test_every_pair_is_listed_and_adverse_pairs_are_marked():
     adverse = [p for p in pairs if p["time_reduction_pct"] < 0]
     assert html.count('<tr class="adverse">') == len(adverse) > 0
     for p in pairs:
-        assert f"{p['time_reduction_pct']:.2f}%" in html
+        change = 100 * math.log(p["candidate_training_s"] / p["baseline_training_s"])
+        assert f"<td>{change:+.2f}</td>" in html
+        assert (change > 0) == (p["time_reduction_pct"] < 0)  # adverse: slower, positive points
 
 
 def test_text_from_the_records_is_escaped():
@@ -103,33 +109,39 @@ def _paired_configs(fixture):
     ]
 
 
-def _reduction_from_pairs(c):
-    """The geometric reduction in percent, 100 (1 - exp(mean ln(c / b))), from the pairs' own times:
-    computed here with numpy, not by the renderer's code."""
+def _points_from_pairs(c):
+    """100 x the mean of ln(c / b) over the pairs' own times (points, positive: the candidate slower)
+    and the arms' times: computed here with numpy, not by the renderer's code."""
     import numpy as np
 
     b = np.array([p["baseline_training_s"] for p in c["pairs"]])
     k = np.array([p["candidate_training_s"] for p in c["pairs"]])
-    return 100 * (1 - np.exp(np.mean(np.log(k / b)))), b, k
+    return 100 * np.mean(np.log(k / b)), b, k
 
 
-def test_report_md_opens_with_each_configurations_effect_in_percent_and_its_decisions():
+def test_report_md_opens_with_each_configurations_effect_in_points_and_its_decisions():
+    import math
+
     from prereg.render.page import markdown
 
     lines = markdown(SUMMARY).splitlines()
     assert lines[2].startswith("# Protocol pagedemo") and lines[4] == "## The answer"
+    assert lines[6].startswith("Each change is in points of 100 x ln(T_candidate / T_baseline)")
     bullets = [line for line in lines[5:20] if line.startswith("* ")]
     for study, c in _paired_configs(FIXTURE):
         line = next(b for b in bullets if b.startswith(f"* {study} / {c['config']} ("))
-        est, _, _ = _reduction_from_pairs(c)
-        iv = c["training_time"]["interval"]
+        est, _, _ = _points_from_pairs(c)
+        iv = c["training_time"]["log_ratio"]
+        pct = 100 * math.expm1(est / 100)
+        words = f"{'faster' if pct < 0 else 'slower'} by {abs(pct):.2f}%"
         assert (
-            f"reduction {est:.2f}% ({iv['level'] * 100:g}% interval {iv['low']:.2f} to {iv['high']:.2f}%)"
-            in line
-        )
+            f"training-time change {est:+.2f} points ({iv['level'] * 100:g}% interval "
+            f"{100 * iv['low']:+.2f} to {100 * iv['high']:+.2f}; {words}) on the wall clock" in line
+        ), line
         for d in FIXTURE["hypotheses"]["decisions"]:
             if (d["study"], d["config"]) == (study, c["config"]):
                 assert f"{d['id']} {d['status']}" in line
+
     # the details (protocol hash, tables) come after the answer
     assert min(i for i, x in enumerate(lines) if x.startswith("Protocol sha256")) > max(
         i for i, x in enumerate(lines) if x in bullets
@@ -149,18 +161,18 @@ def test_the_page_opens_with_the_same_answer_before_any_table_or_plot():
     assert [x.strip().removesuffix("</li>") for x in items] == bullets[: len(items)] and len(items) >= 5
 
 
-def test_times_beside_a_reduction_are_geometric_means_and_decisions_read_as_reductions():
-    """1 - candidate / baseline of the means shown is the reduction shown (an arithmetic mean's ratio
-    is not), and a log-ratio decision reads as the same reduction in percent, its interval's ends
-    swapped (computed here from the decision's own log ratio)."""
+def test_times_beside_a_change_are_geometric_means_and_decisions_read_in_points():
+    """100 x ln(candidate / baseline) of the geometric means shown is the change shown (an arithmetic
+    mean's ratio is not), and a log-ratio decision reads as the same points, in words beside them
+    (computed here from the decision's own log ratio)."""
     import math
 
     from scipy.stats import gmean
 
     page = render(SUMMARY, "r")
     for _study, c in _paired_configs(FIXTURE):
-        est, b, k = _reduction_from_pairs(c)
-        assert abs(100 * (1 - gmean(k) / gmean(b)) - est) < 1e-9
+        est, b, k = _points_from_pairs(c)
+        assert abs(100 * math.log(gmean(k) / gmean(b)) - est) < 1e-9
         assert f"{gmean(b):.3f} / {gmean(k):.3f} s" in page
         mb, mk = (
             [p[f"{r}_peak_memory_bytes"] / 2**20 for p in c["pairs"]] for r in ("baseline", "candidate")
@@ -168,8 +180,10 @@ def test_times_beside_a_reduction_are_geometric_means_and_decisions_read_as_redu
         assert f"{gmean(mb):.1f} / {gmean(mk):.1f} MiB" in page
     for d in FIXTURE["hypotheses"]["decisions"]:
         if d["estimand"] == "log_ratio" and d["low"] is not None:
-            red = [100 * (1 - math.exp(d[x])) for x in ("estimate", "high", "low")]
-            assert f"<td>{red[0]:.2f}% reduction</td><td>{red[1]:.2f} to {red[2]:.2f}%</td>" in page
+            pts = [100 * d[x] for x in ("estimate", "low", "high")]
+            pct = 100 * math.expm1(pts[0] / 100)
+            words = f"{'faster' if pct < 0 else 'slower'} by {abs(pct):.2f}%"
+            assert f"<td>{pts[0]:+.2f} points ({words})</td><td>{pts[1]:+.2f} to {pts[2]:+.2f}</td>" in page
 
 
 @pytest.mark.process
@@ -199,7 +213,7 @@ def test_the_browser_check_sees_a_clipped_label_and_an_answer_below_the_first_sc
     low.write_text(
         long.read_text().replace("<p class=lede>", '<div style="height:900px"></div><p class=lede>')
     )
-    with pytest.raises(AssertionError, match="reduction"):
+    with pytest.raises(AssertionError, match="training-time change"):
         check_page(low, expect_studies=())
 
 
@@ -244,8 +258,8 @@ def test_a_lockstep_study_says_how_its_arms_took_turns_and_compares_no_total_tim
     total = "two processes took turns" if command else "one process ran both arms"
     assert md.count(f"n/a (lockstep: {total}") == page.count(f"n/a (lockstep: {total}") == 4
     study_md = md.split("## Study pairs", 1)[1].split("## Study", 1)[0]
-    # a study of command arms shows its changes in points (docs/decisions.md, "One sign convention")
-    head = "Total-time change (points) |" if command else "Total-time reduction |"
+    # every study from now on shows its changes in points (docs/decisions.md, "One sign convention")
+    head = "Total-time change (points) |"
     assert f"| {head}" in study_md and "%" not in study_md.split(head)[1].split("\n")[2].split("|")[-2]
     assert "No peak memory per arm" in study_md and "peak |" not in study_md
     assert "No peak memory per arm" in page.split("Peak memory (pairs)", 1)[1].split("<h2", 1)[0]

@@ -180,7 +180,9 @@ def test_tiny_protocol_end_to_end_and_resume_noop(repo):
     r = harness(repo, "run", str(p), "--quiet")
     assert r.returncode == 0, r.stdout + r.stderr
     assert (
-        "Time reduction" in r.stdout and "## Decisions" in r.stdout and "## Flow of planned runs" in r.stdout
+        "Time change (points)" in r.stdout
+        and "## Decisions" in r.stdout
+        and "## Flow of planned runs" in r.stdout
     )
     recs = record_dicts(repo / "records" / "tiny")
     assert len(recs) == 4 and all(x["status"] == "ok" for x in recs)

@@ -2,12 +2,14 @@
 on it, one sentence per configuration. report.md opens with these sentences, the page's first screen
 shows them, and ``harness run`` and ``harness report`` print them last.
 
-The convention (docs/decisions.md, "One sign convention"; :func:`in_points`): a calibrated study and
-a study of command arms (what ``harness compare`` writes) give each change in points of ``100 x
-ln(T_candidate / T_baseline)``, positive: the candidate slower (:data:`prereg.calibrated.SIGN`). The
-committed studies of built-in arms without a calibration keep the form they were published in, a
-reduction in percent of the baseline's time, ``100 x (1 - exp(mean log ratio))``
-(:func:`prereg.descriptive.reduction`), positive: the candidate faster; each text states which."""
+The convention (docs/decisions.md, "One sign convention"): every study's texts give each change in
+points of ``100 x ln(T_candidate / T_baseline)``, positive: the candidate slower
+(:data:`prereg.calibrated.SIGN`), in every table, plot and sentence (:func:`points_throughout`),
+except the committed studies published before that, named in :data:`PUBLISHED_BEFORE`, whose sealed
+texts keep the form they were published in: a reduction in percent of the baseline's time, ``100 x
+(1 - exp(mean log ratio))`` (:func:`prereg.descriptive.reduction`), positive: the candidate faster,
+with the answer and decisions of the calibrated ones (cpu1, cpu2) in points (:func:`in_points`);
+each text states which."""
 
 from __future__ import annotations
 
@@ -17,13 +19,47 @@ from prereg.calibrated import Calibration
 from prereg.decisions import HypothesisDecision
 from prereg.descriptive import PairedInterval, reduction
 from prereg.render.result import CONVENTION as CAL_CONVENTION
-from prereg.render.result import POINTS_CONVENTION, block_steps, calibrated_effects, points, sentence, words
+from prereg.render.result import (
+    POINTS_CONVENTION,
+    block_steps,
+    calibrated_effects,
+    points,
+    points_sentence,
+    reduction_points,
+    sentence,
+    words,
+)
 from prereg.results import Descriptive, FactorialResult, PairedResult, Summary
 
 CONVENTION = (
     "Each effect is a reduction in percent of the baseline's training time (positive: the candidate was "
     "faster) with its two-sided interval at the study's level, then the preregistered decisions on it."
 )
+#: The committed studies whose texts were published before every table and plot took the one
+#: convention, by their protocol's sha256 (``summary.json``'s ``protocol.sha256``, which their records
+#: and tags hold): their tables, every-pair lists and plots keep the reductions in percent their sealed
+#: summaries render to, so the public audit (which renders each folder again with this code and
+#: compares byte for byte, :mod:`audit.published`) still matches them. Frozen: no study is added here.
+PUBLISHED_BEFORE = {
+    "b7ca953e1c33db1ceb99f7f7ebba039e368d3f7869f7a08ea507d668c385f432": "cpu1",
+    "76690f746ebcabd9cfb05f050fba00c170343a9e038d60a6ff93311184a652cd": "cpu2",
+    "f92497a7b5a95cf75f878de8a2ff08b4e4ea8408cb5f568542068ee20db59429": "cpu1-pilot",
+    "f1ced067ebd5ff61bf08cedfff533ed152d918e80170f5d79f4635ac385e3978": "cpu2-pilot",
+    "e84587402bd7505ccc59e7042665245d21079c024ac56899f57b1c69ef0ea1b2": "calibration-cpu-pilot",
+    "e5bf5f4a46a78f8837838e5b64537bab7240ce123cad2619ec0bf828da96a727": "calibration-cpu",
+    "d1a8cc428c0f0932aca61b5deda58884f4f6ea0525172ed2294f2392012f2aba": "calibration-cpu-coverage",
+    "b917fa1ae18a6a81e0ccaf08bbe176ffbd3ff6b593c69dcc0ea5a5a7acfa70e9": "calibration-classes",
+    "23622bf29394447ae69ef5235672c7e2b952ba7debcd97b83635fd5a1ce3fea6": "calibration-classes-loaded",
+    "6d731049656524446bfb707f7cd367cc880cad87ffd4562553358d482416bcae": "calibration-tost-loaded",
+}
+
+
+def points_throughout(protocol: Mapping[str, object]) -> bool:
+    """Whether every table, plot and sentence of a study's texts gives each change in points
+    (:data:`prereg.calibrated.SIGN`): every study's do (cpu3 on), a study of command arms' (what
+    ``harness compare`` writes) always, except those published before, :data:`PUBLISHED_BEFORE`;
+    decided by the protocol summary's ``sha256``, which the tag and the records fix."""
+    return commands_protocol(protocol) or protocol.get("sha256") not in PUBLISHED_BEFORE
 
 
 def commands_study(summary: Summary) -> bool:
@@ -44,17 +80,17 @@ def _has_commands(study: object) -> bool:
 
 
 def in_points(summary: Summary, cal: Calibration | None) -> bool:
-    """Whether the texts give each change in points (:data:`prereg.calibrated.SIGN`): a calibrated
-    study's (``cal``) and a study of command arms' do; the committed built-in studies without a
-    calibration keep their published reductions in percent."""
-    return cal is not None or commands_study(summary)
+    """Whether the answer and the decisions give each change in points (:data:`prereg.calibrated.SIGN`):
+    a calibrated study's (``cal``: cpu1 and cpu2 too) and every study :func:`points_throughout` puts
+    in points; the committed built-in studies without a calibration keep their reductions in percent."""
+    return cal is not None or points_throughout(summary.protocol)
 
 
 def convention(summary: Summary, cal: Calibration | None) -> str:
     """The sentence that states the texts' convention where the answer's figures are."""
     if cal is not None:
         return CAL_CONVENTION
-    return POINTS_CONVENTION if commands_study(summary) else CONVENTION
+    return POINTS_CONVENTION if points_throughout(summary.protocol) else CONVENTION
 
 
 def planted_names(summary: Summary) -> set[str]:
@@ -63,17 +99,33 @@ def planted_names(summary: Summary) -> set[str]:
     return {s["name"] for s in summary.protocol["studies"] if s.get("planted")}
 
 
-def decision_cells(d: HypothesisDecision, with_level: bool, in_points: bool = False) -> tuple[str, str]:
+def decision_cells(
+    d: HypothesisDecision, with_level: bool, in_points: bool = False, throughout: bool = False
+) -> tuple[str, str]:
     """A decision's estimate and interval cells: a log ratio as a reduction in percent (its interval's
-    ends swap), or ``in_points`` (a calibrated study: :data:`prereg.calibrated.SIGN`) as points, a
-    difference in its own units; ``with_level`` names the interval's level."""
+    ends swap), or ``in_points`` (:func:`in_points`: :data:`prereg.calibrated.SIGN`) as points, a
+    difference in its own units; ``throughout`` (:func:`points_throughout`) a relative reduction too
+    in points (``100 ln(1 - r / 100)``, its ends swapped); ``with_level`` names the interval's level."""
     if d.estimand == "log_ratio" and d.estimate_of in (None, d.estimand):
         return _ratio_cells(d, with_level, in_points)
+    if throughout and d.estimand == "relative_reduction" and d.estimate_of in (None, d.estimand):
+        return _points_cells(*_as_logs(d), d.level if with_level else None)
     level = _level_text(d, with_level)
     est = "n/a" if d.estimate is None else f"{d.estimate:+.4g}"
     if d.estimate_of and d.estimate_of != d.estimand:
         est += f" ({d.estimate_of})"
     return est, "n/a" if d.low is None or d.high is None else f"{d.low:+.4g} to {d.high:+.4g}{level}"
+
+
+def _as_logs(d: HypothesisDecision) -> tuple[float | None, float | None, float | None]:
+    """A relative reduction's estimate and interval ends as the log ratios they map from
+    (:func:`prereg.render.result.reduction_points` over 100; the ends swap: the map decreases)."""
+    e, lo, hi = (reduction_points(x) for x in (d.estimate, d.high, d.low))
+    return (
+        None if e is None else e / 100,
+        None if lo is None else lo / 100,
+        None if hi is None else hi / 100,
+    )
 
 
 def _level_text(d: HypothesisDecision, with_level: bool) -> str:
@@ -84,12 +136,19 @@ def _level_text(d: HypothesisDecision, with_level: bool) -> str:
 def _ratio_cells(d: HypothesisDecision, with_level: bool, in_points: bool) -> tuple[str, str]:
     """:func:`decision_cells` of a log ratio: points (a calibrated study) or a reduction in percent."""
     if in_points:
-        est, rng = points(d.estimate, d.low, d.high, d.level if with_level else None)
-        return (est if d.estimate is None else f"{est} points ({words(100 * d.estimate)})"), rng
+        return _points_cells(d.estimate, d.low, d.high, d.level if with_level else None)
     est = "n/a" if d.estimate is None else f"{reduction(d.estimate):.2f}% reduction"
     if d.low is None or d.high is None:
         return est, "n/a"
     return est, f"{reduction(d.high):.2f} to {reduction(d.low):.2f}%{_level_text(d, with_level)}"
+
+
+def _points_cells(
+    estimate: float | None, low: float | None, high: float | None, level: float | None
+) -> tuple[str, str]:
+    """A log ratio's cells in points, the estimate in words beside it, the interval at ``level``."""
+    est, rng = points(estimate, low, high, level)
+    return (est if estimate is None else f"{est} points ({words(100 * estimate)})"), rng
 
 
 def _effect(est: float, low: float, high: float, level: float) -> str:
@@ -103,11 +162,19 @@ def _decided(d: HypothesisDecision) -> str:
     return f"{d.id} {d.status}" + (f" ({head})" if head else "")
 
 
-def _factorial_effects(c: FactorialResult) -> str:
+def _factorial_effects(c: FactorialResult, throughout: bool = False) -> str:
+    """A factorial configuration's within-block effects: reductions in percent, or ``throughout``
+    (:func:`points_throughout`) each log contrast in points with its interval and in words."""
+    effects = [(k, e) for k, e in sorted((c.effects or {}).items()) if e]
+    if throughout:
+        shown = [
+            f"{name.replace('_', ' ')} {points_sentence(e['estimate'], e['low'], e['high'], c.level)}"
+            for name, e in effects
+        ]
+        return "within-block training-time change " + ("; ".join(shown) or "n/a (no interval yet)")
     shown = [
         f"{name.replace('_', ' ')} {_effect(e['reduction_pct'], e['reduction_low_pct'], e['reduction_high_pct'], c.level)}"
-        for name, e in sorted((c.effects or {}).items())
-        if e
+        for name, e in effects
     ]
     return "within-block training-time reduction " + ("; ".join(shown) or "n/a (no interval yet)")
 
@@ -159,7 +226,7 @@ def answer_lines(summary: Summary, cal: Calibration | None = None) -> list[str]:
     decisions = [] if isinstance(hyp, Descriptive) else [x.decision for x in hyp.decisions]
     none = "no preregistered decision" + (" (descriptive protocol)" if isinstance(hyp, Descriptive) else "")
     planted, cpu = planted_names(summary), summary.protocol.get("device") == "cpu"
-    pts = in_points(summary, cal)
+    pts, every = in_points(summary, cal), points_throughout(summary.protocol)
     lines, said = [], set()
     for study in (s for s in summary.studies if s.configs and s.name not in planted):
         for c in study.configs:
@@ -172,7 +239,7 @@ def answer_lines(summary: Summary, cal: Calibration | None = None) -> list[str]:
                     else _paired_effects(c, cpu)
                 )
             else:
-                what, effects = "factorial", _factorial_effects(c)
+                what, effects = "factorial", _factorial_effects(c, every)
             mine = [d for d in decisions if d.study == study.name and d.config == c.config]
             said |= {d.id for d in mine}
             verdict = "decisions: " + ", ".join(map(_decided, mine)) if mine else none
@@ -183,22 +250,32 @@ def answer_lines(summary: Summary, cal: Calibration | None = None) -> list[str]:
             if warn:  # a study of command arms (new summaries only): the scripts' clocks compared
                 lines.append(f"{study.name} / {c.config}: warning: {warn}.")
     for d in (d for d in decisions if d.id not in said):
-        if d.estimate is None or d.low is None or d.high is None:
-            effect = "no estimate"
-        elif d.estimand == "log_ratio" and pts:
-            effect = f"{d.endpoint} change {sentence(d)}"
-        elif d.estimand == "log_ratio":
-            red = [reduction(x) for x in (d.estimate, d.high, d.low)]
-            effect = f"{d.endpoint} reduction {_effect(red[0], red[1], red[2], d.level or 0)}"
-        else:
-            effect = f"{d.endpoint} {d.estimand} {d.estimate:+.4g} ({100 * (d.level or 0):.4g}% interval {d.low:+.4g} to {d.high:+.4g})"
-        lines.append(f"{d.study} / {d.config or 'all'}: {effect}; decision: {_decided(d)}.")
+        lines.append(
+            f"{d.study} / {d.config or 'all'}: {_unsaid_effect(d, pts, every)}; decision: {_decided(d)}."
+        )
     if not lines and planted:
         lines.append(
             "Every study of this protocol plants a known cost in an A/A pair: its answer is each design's "
             "bias against the planted effect (Planted reference effects: each design's bias)."
         )
     return lines or ["No configuration has a result yet."]
+
+
+def _unsaid_effect(d: HypothesisDecision, pts: bool, every: bool) -> str:
+    """The effect of a decision on no configuration the answer shows: a log ratio in points (``pts``,
+    :func:`in_points`) or as a reduction, a relative reduction in points where ``every``
+    (:func:`points_throughout`), another estimand in its own units."""
+    if d.estimate is None or d.low is None or d.high is None:
+        return "no estimate"
+    if d.estimand == "log_ratio" and pts:
+        return f"{d.endpoint} change {sentence(d)}"
+    if d.estimand == "relative_reduction" and every:
+        return f"{d.endpoint} change {points_sentence(*_as_logs(d), d.level)}"
+    if d.estimand == "log_ratio":
+        red = [reduction(x) for x in (d.estimate, d.high, d.low)]
+        return f"{d.endpoint} reduction {_effect(red[0], red[1], red[2], d.level or 0)}"
+    level = f"{100 * (d.level or 0):.4g}% interval {d.low:+.4g} to {d.high:+.4g}"
+    return f"{d.endpoint} {d.estimand} {d.estimate:+.4g} ({level})"
 
 
 def terminal_answer(summary: Summary, where: Mapping[str, object], cal: Calibration | None = None) -> str:

@@ -5,8 +5,9 @@ and loaded, with the calibration's machine (:mod:`prereg.calibrated`).
 
 One sign convention (:data:`prereg.calibrated.SIGN`): a change and a bias are points of ``100 x
 ln(T_candidate / T_baseline)``, positive: the candidate slower; in words, "faster by" or "slower
-by" a percentage of the baseline's time (``harness compare``'s verdict says it the same way). A
-study with no calibration renders as before (its reduction in percent, positive: faster).
+by" a percentage of the baseline's time (``harness compare``'s verdict says it the same way). Where
+every figure of the texts is in points (:func:`prereg.render.answer.points_throughout`) the change
+column's header says its sign (:data:`SIGNED_CHANGE`); cpu1 and cpu2, published before, keep theirs.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ HEAD = [
     "In words",
     "Calibrated bias, points (95%)",
 ]
+#: The change column's header where every figure of the texts is in points (:data:`SIGN`): the
+#: sign said in the header itself, the seed page's column read at a glance (issue 58).
+SIGNED_CHANGE = "Change, points (negative: faster)"
 
 #: How a table of reductions reads beside a bias in points (the convention stated where the figures are).
 IN_REDUCTIONS = (
@@ -94,6 +98,14 @@ def interval_points(iv: PairedInterval | None) -> tuple[float | None, float | No
     return e, lo, hi
 
 
+def reduction_points(r: float | None) -> float | None:
+    """A reduction in percent of the baseline's time, ``100 (1 - exp(m))`` of a mean log ratio ``m``,
+    in points (:data:`SIGN`): ``100 m = 100 ln(1 - r / 100)``; ``None`` for none, or at or past 100%."""
+    if r is None or not math.isfinite(r) or r >= 100:
+        return None
+    return 100 * math.log1p(-r / 100)
+
+
 def point_cells(iv: PairedInterval | None, sep: str = " to ", whole: bool = True) -> tuple[str, str]:
     """:func:`prereg.render.model.cells` of an interval in points (:func:`interval_points`): signed,
     no unit; ``n/a`` for each cell without an interval (``whole``) or for each number."""
@@ -120,7 +132,13 @@ class Estimate(Protocol):
 def sentence(result: Estimate) -> str:
     """A log ratio in a sentence, at the level its ``result`` carries: ``-2.31 points (99% interval
     -2.90 to -1.70; faster by 2.28%)``; ``n/a`` without an estimate."""
-    estimate, low, high, level = result.estimate, result.low, result.high, result.level
+    return points_sentence(result.estimate, result.low, result.high, result.level)
+
+
+def points_sentence(
+    estimate: float | None, low: float | None, high: float | None, level: float | None
+) -> str:
+    """:func:`sentence` of a log ratio (or a within-block log contrast) given by its parts."""
     if estimate is None:
         return "n/a"
     at = f"{100 * level:.4g}% interval " if level else "interval "
@@ -204,12 +222,15 @@ def machines_line(cal: Calibration, study_machines: tuple[str, ...]) -> str:
     )
 
 
-def result_section(summary: Summary, cal: Calibration) -> Section:
-    """The first screen: the convention, the table, and the machines."""
+def result_section(summary: Summary, cal: Calibration, signed: bool = False) -> Section:
+    """The first screen: the convention, the table, and the machines; ``signed`` (every figure of
+    the texts in points, :func:`prereg.render.answer.points_throughout`): the change column's header
+    says its sign (:data:`SIGNED_CHANGE`)."""
     rows = result_rows(summary, cal)
+    head = [SIGNED_CHANGE if signed and h == "Change, points" else h for h in HEAD]
     blocks: list[Text | Table] = [para(CONVENTION)]
     if rows:
-        blocks.append(Table("Each configuration's speed, with the design's calibrated bias", HEAD, rows))
+        blocks.append(Table("Each configuration's speed, with the design's calibrated bias", head, rows))
     else:
         blocks.append(para("No speed decision on a configuration of two different arms yet."))
     blocks.append(para(machines_line(cal, cal.study_machines)))

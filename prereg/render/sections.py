@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prereg.attempts import FLOW_COUNTS
-from prereg.calibrated import Calibration, bias_text
+from prereg.calibrated import SIGN, Calibration, bias_text
 from prereg.designs import design_named
 from prereg.plan import defaults_text
 from prereg.render.answer import (
@@ -20,13 +20,14 @@ from prereg.render.answer import (
     decision_cells,
     in_points,
     planted_names,
+    points_throughout,
 )
 from prereg.render.beside import Beside
 from prereg.render.findings import interference_section, model_section, planted_section, replicates_section
 from prereg.render.model import Section, Table, Text, cells, cols, esc, level_pct, num, para, raw
-from prereg.render.result import CLOCKS, block_steps, result_section
+from prereg.render.result import CLOCKS, block_steps, interval_points, point_cells, result_section
 from prereg.render.studies import answer_figure, every_pair, factorial, order_html, paired
-from prereg.results import Descriptive, Summary
+from prereg.results import Descriptive, PairedResult, Summary
 from prereg.stalls import STALL_FLOOR_S, STALL_RUN_TIMES, STALL_STEP_TIMES
 
 #: The columns of the looks' table.
@@ -56,6 +57,7 @@ def sections(
     (:mod:`prereg.render.result`); ``stalls`` the runs whose steps show a stall
     (:func:`prereg.stalls.folder_stalls`), named in a section of their own when there are any."""
     p, done = summary.protocol, summary.completeness
+    every = points_throughout(p)  # every table and plot in points (docs/decisions.md, "One sign convention")
     lede: list[Text | Table] = [
         raw(f"<p class=lede>{esc(p.get('description') or '')}</p>"),
         raw(f'<p class="status">{esc(done.text)}.</p>'),
@@ -64,14 +66,14 @@ def sections(
     out = [
         Section(None, [Text(f"**{done.text}.**")], only="md"),
         Section(f"Protocol {p['id']} (version {p['version']})", lede, 1),
-        *([] if cal is None else [result_section(summary, cal)]),
+        *([] if cal is None else [result_section(summary, cal, every)]),
         Section("The answer", [para(convention(summary, cal)), bullets], only="md"),
         Section(None, [Text("\n".join(_header(summary)))], only="md"),
     ]
     planted = planted_names(summary)
     studies = [s for s in summary.studies if s.name not in planted]  # planted ones: their own section
     figure = answer_figure(studies, p, beside)
-    out += [*_decisions(summary, figure, cal), _flow(summary.flow, True), *_beside(beside)]
+    out += [*_decisions(summary, figure, cal), _flow(summary.flow, True), *_beside(beside, every)]
     out += [f(summary) for f in (planted_section, model_section, interference_section)]
     out += [replicates_section(summary, cal)]
     out += [_stalls(stalls)] if stalls else []
@@ -79,12 +81,12 @@ def sections(
     n = 0
     for study in (s for s in studies if s.configs):
         if design_named(study.design).pairwise:  # a CPU run's CPU time measures its work, not a GPU's
-            out += paired(study, n, by_name.get(study.name), p.get("device") == "cpu", cal)
+            out += paired(study, n, by_name.get(study.name), p.get("device") == "cpu", cal, every)
             n += 1
         else:
-            out += factorial(study, by_name[study.name])
+            out += factorial(study, by_name[study.name], every)
     out += [
-        every_pair(studies, cal, by_name),
+        every_pair(studies, cal, by_name, every),
         _flow(summary.flow, False),
         order_html(studies),
         _runs(summary.runs, commands_study(summary)),
@@ -183,7 +185,12 @@ def _decision_row(x: Any, md: bool, summary: Summary, cal: Calibration | None = 
     kind = d.type.replace("_", "-") + (f", margin {d.margin:g}" if d.margin else "")
     where = [d.id, f"{d.study} / {d.config or 'all'}", f"{d.endpoint} ({d.estimand})"]
     status = d.status + (f" ({d.reason})" if d.reason else "")
-    row = [*where, kind, str(t.get("n", "n/a")), *decision_cells(d, md, in_points(summary, cal))]
+    row = [
+        *where,
+        kind,
+        str(t.get("n", "n/a")),
+        *decision_cells(d, md, in_points(summary, cal), points_throughout(summary.protocol)),
+    ]
     row += [num(t.get("p_value"), ".3g"), num(d.alpha, ".3g"), status]
     if cal is not None:
         timed = d.endpoint in CLOCKS and d.estimand == "log_ratio"
@@ -232,6 +239,7 @@ def look_rows(seq: Mapping[str, Any]) -> list[list[str]]:
 
 #: The page's beside-table columns of each study, after its pairs.
 HALF = cols("Reduction | Interval | Half-width")
+HALF_POINTS = cols("Change, points | Interval | Half-width")
 FLOW_MD = (
     "Per arm: planned, started, ok, failed, interrupted attempts, superseded attempts (of a unit that "
     "ran again whole), missing (no ok record), analysed (in a complete pair or block) and excluded (ok, "
@@ -254,9 +262,11 @@ def _flow(flow: Sequence[Mapping[str, Any]], md: bool) -> Section:
     return Section("Flow of planned runs", [para(FLOW_MD, "md"), table], only="md" if md else "html")
 
 
-def _beside(beside: Beside | None) -> list[Section]:
+def _beside(beside: Beside | None, points: bool = False) -> list[Section]:
     """The training-time reductions of the configurations both studies ran, side by side (estimate,
-    interval and, on the page, its half-width), so what the designs resolve reads side by side."""
+    interval and, on the page, its half-width), so what the designs resolve reads side by side; in
+    ``points`` (:func:`prereg.render.answer.points_throughout`) each study's change in points, from
+    its log ratio's interval, whatever form the earlier study was published in."""
     if beside is None or not beside.rows:
         return []
     bid, design, folder = beside.protocol_id, beside.rows[0].earlier_design, beside.folder
@@ -265,28 +275,42 @@ def _beside(beside: Beside | None) -> list[Section]:
         md_rows.append([b.config, b.study])
         html_rows.append([b.config])
         for name, r in ((b.study, b.result), (f"{bid} {b.earlier_study}", b.earlier)):
-            iv = r.training_time.interval
-            est, rng = cells(iv)
-            md_rows[-1] += [str(r.pairs_used), "n/a" if iv is None else f"{est} ({rng})"]
-            width = f"{(iv.high - iv.low) / 2:.2f}" if iv is not None else "n/a"
-            html_rows[-1] += [f"{esc(name)}: {r.pairs_used}", est, rng, f"±{width}"]
+            est, rng, width = _beside_cells(r, points)
+            md_rows[-1] += [str(r.pairs_used), "n/a" if width is None else f"{est} ({rng})"]
+            html_rows[-1] += [f"{esc(name)}: {r.pairs_used}", est, rng, f"±{width or 'n/a'}"]
+
     lvl = level_pct(beside.rows[0].result.level)
-    caption = (
-        f"Training-time reduction, this study beside {bid} ({lvl} intervals, half-widths in percentage "
-        "points)"
-    )
-    md_head = [*cols("Configuration | Study | Pairs | Time reduction (interval)"), f"{bid} pairs", bid]
+    what, unit = ("change in points", "points") if points else ("reduction", "percentage points")
+    caption = f"Training-time {what}, this study beside {bid} ({lvl} intervals, half-widths in {unit})"
+    change = "Time change, points" if points else "Time reduction"
+    said = f" Changes in {SIGN}." if points else ""
+    md_head = [*cols(f"Configuration | Study | Pairs | {change} (interval)"), f"{bid} pairs", bid]
     md = (
         f"The same configurations and arms in {bid} ({design}; records `{folder}`, read from its sealed "
-        "summary.json)."
+        "summary.json)." + said
     )
     html = raw(
         f"<p>The same configurations and arms in the earlier study {esc(bid)} ({esc(design)}; its records: "
-        f"<code>{esc(folder)}</code>, audited on their own), read from its sealed summary.json.</p>",
+        f"<code>{esc(folder)}</code>, audited on their own), read from its sealed summary.json.{esc(said)}</p>",
     )
-    html_head = ["Configuration", *(h for w in ("This study", bid) for h in (f"{w}: pairs", *HALF))]
+    half = HALF_POINTS if points else HALF
+    html_head = ["Configuration", *(h for w in ("This study", bid) for h in (f"{w}: pairs", *half))]
     blocks: list[Text | Table] = [para(md, "md"), Table("", md_head, md_rows, only="md"), html]
     return [Section(f"Beside {bid}", [*blocks, Table(caption, html_head, html_rows, only="html")])]
+
+
+def _beside_cells(r: PairedResult, points: bool) -> tuple[str, str, str | None]:
+    """A study's training-time cells beside another's: the estimate, the interval and its half-width
+    (None without an interval), as a reduction in percent or in ``points`` (its log ratio's)."""
+    if points:
+        iv = r.training_time.log_ratio
+        _, lo, hi = interval_points(iv)
+        est, rng = point_cells(iv)
+    else:
+        iv = r.training_time.interval
+        lo, hi = (None, None) if iv is None else (iv.low, iv.high)
+        est, rng = cells(iv)
+    return est, rng, None if iv is None or lo is None or hi is None else f"{(hi - lo) / 2:.2f}"
 
 
 def _runs(runs: Sequence[Mapping[str, Any]], commands: bool = False) -> Section:

@@ -14,7 +14,7 @@ from prereg.descriptive import Endpoint, PairedInterval
 from prereg.designs import design_label, design_named, study_design
 from prereg.factorial import design_of, effect_names
 from prereg.hypotheses import Pair
-from prereg.render.answer import clock_intervals, commands_protocol
+from prereg.render.answer import clock_intervals, points_throughout
 from prereg.render.beside import Beside
 from prereg.render.model import Section, Table, Text, cells, cols, ends, esc, level_pct, num, para, raw
 from prereg.render.result import CLOCK_ENDPOINT, bias_line, interval_points, point_cells, study_block
@@ -73,7 +73,7 @@ def answer_figure(
     configuration, on the wall clock and, on a CPU device, the CPU clock where recorded, each study's
     design (``protocol``'s) named; ``beside``'s wall-clock rows after them. Nothing without an interval."""
     cpu = protocol.get("device") == "cpu"  # an A/A null check is in its own section, not here
-    pts = commands_protocol(protocol)  # a study of command arms: in points, as the answer
+    pts = points_throughout(protocol)  # every study but those published before: in points, as the answer
     shown = [(s, c) for s in studies for c in s.paired_configs() if c.baseline_arm != c.candidate_arm]
     rows = [
         (f"{s.name} / {c.config}, {clock}", *(interval_points(log) if pts else ends(iv)))
@@ -127,49 +127,58 @@ def paired(
     protocol_study: Mapping[str, object] | None,
     cpu: bool,
     cal: Calibration | None = None,
+    points: bool = False,
 ) -> list[Section]:
     """A paired study's sections: training time (and the page's forest plot), CPU time (the page's
     with ``cpu``, a CPU device), quality and completion costs, peak memory; report.md's every pair
     and order diagnostics. ``n`` numbers the page's plots; ``protocol_study`` names the design;
-    with the study's calibration ``cal``, the design's calibrated bias under each time table."""
+    with the study's calibration ``cal``, the design's calibrated bias under each time table; in
+    ``points`` (:func:`prereg.render.answer.points_throughout`) every change in points, as the answer."""
     cfgs = study.paired_configs()
     base, cand, lvl = cfgs[0].baseline_arm, cfgs[0].candidate_arm, level_pct(cfgs[0].level)
     arms, geo = f"{base} / {cand}", f"{base} / {cand} (geometric mean)"
     st = protocol_study or {}
     no_total, no_memory, clock = RAN[bool(st) and study_design(st).shares_process, "commands" in st]
-    commands = "commands" in st  # a script's own model: no parameter count; the answer's convention
+    commands = "commands" in st  # a script's own model: no parameter count
     shown, change = ("1 - candidate / baseline of them is the reduction shown", "reduction")
-    if commands:
+    if points:
         shown, change = ("100 x ln(candidate / baseline) of them is the change shown", "change (points)")
     said = (
         f"Fixed-budget training time; pairs ran in {design_label(protocol_study)}. Times are geometric "
         f"means over the pairs ({shown}). Intervals are {_intervals_are(cfgs[0], lvl)}; "
         + (
             f"each change is in {SIGN}, as the answer's."
-            if commands
+            if points
             else "a positive reduction means the candidate was faster."
         )
     )
     blocks: list[Text | Table] = [para(said)]
     head = ["Configuration", "Parameters", geo, f"Time {change}", f"{lvl} interval", "Faster / slower pairs"]
     head = [h for h in head if not (commands and h == "Parameters")]
-    blocks += _clock(f"Training time, {arms}", head, cfgs, "training_time", "training_s", commands)
-    blocks += _bias(cal, protocol_study, "training_time", f"the training times of study {study.name}")
-    blocks += _study_forest(cfgs, n, f"{cand} over {base}", lvl, commands)
+    blocks += _clock(f"Training time, {arms}", head, cfgs, ("training_time", "training_s"), commands, points)
+    blocks += _bias(cal, protocol_study, "training_time", f"the training times of study {study.name}", points)
+    blocks += _study_forest(cfgs, n, f"{cand} over {base}", lvl, points)
     with_cpu = [c for c in cfgs if c.training_cpu_time is not None] if cpu else []
     if with_cpu:
         cpu_head = ["Configuration", geo, f"CPU-time {change}", f"{lvl} interval"]
         blocks += [para(f"{clock}.", "md")]
         blocks += _clock(
-            f"{clock}, {arms}", cpu_head, with_cpu, "training_cpu_time", "training_cpu_s", commands
+            f"{clock}, {arms}", cpu_head, with_cpu, ("training_cpu_time", "training_cpu_s"), commands, points
         )
-        blocks += _bias(cal, protocol_study, "training_cpu_time", f"the CPU times of study {study.name}")
+        blocks += _bias(
+            cal, protocol_study, "training_cpu_time", f"the CPU times of study {study.name}", points
+        )
+    every = _bias(
+        cal,
+        protocol_study,
+        "training_time",
+        f"every pair's time {'change' if points else 'reduction'}",
+        points,
+    )
     return [
         Section(f"Study {study.name}: {cand} versus {base}", blocks),
-        *_costs(study.name, cfgs, lvl, (arms, no_total, no_memory), cal is not None, commands),
-        _md_pairs(
-            cfgs, lvl, _bias(cal, protocol_study, "training_time", "every pair's time reduction"), commands
-        ),
+        *_costs(study.name, cfgs, lvl, (arms, no_total, no_memory), cal is not None, points),
+        _md_pairs(cfgs, lvl, every, points),
     ]
 
 
@@ -187,9 +196,12 @@ def _study_forest(cfgs: Sequence[PairedResult], n: int, who: str, lvl: str, poin
     return figure(svg, said + "the candidate is slower.")
 
 
-def _bias(cal: Calibration | None, st: Mapping[str, object] | None, endpoint: str, beside: str) -> list[Text]:
-    """The design's calibrated bias under a table of ``endpoint``'s figures (none without ``cal``)."""
-    return [] if cal is None else [para(bias_line(cal, study_block(st), endpoint, beside))]
+def _bias(
+    cal: Calibration | None, st: Mapping[str, object] | None, endpoint: str, beside: str, points: bool = False
+) -> list[Text]:
+    """The design's calibrated bias under a table of ``endpoint``'s figures (none without ``cal``): how
+    it reads beside a table of reductions, or beside one in ``points``, the bias's own convention."""
+    return [] if cal is None else [para(bias_line(cal, study_block(st), endpoint, beside, not points))]
 
 
 def _intervals_are(c: PairedResult, lvl: str) -> str:
@@ -208,26 +220,26 @@ def _intervals_are(c: PairedResult, lvl: str) -> str:
 
 
 def _clock(
-    caption: str, head: list[str], cfgs: Sequence[PairedResult], ep: str, key: str, commands: bool = False
+    caption: str,
+    head: list[str],
+    cfgs: Sequence[PairedResult],
+    fields: tuple[str, str],
+    commands: bool,
+    points: bool,
 ) -> list[Table]:
     """One clock's table twice, report.md's (an en dash, ``n/a`` per number) and the page's: each
-    configuration's arms' geometric mean ``key`` (seconds), the reduction of endpoint ``ep`` and its
-    interval; the wall clock's with the parameters and the faster / slower pairs. For ``commands``,
-    a study of command arms: no parameters (their models are the scripts' own), the change in points
-    (:data:`prereg.calibrated.SIGN`, from the log ratio's interval), as the answer gives it."""
-    out = []
+    configuration's arms' geometric mean of the second of ``fields`` (seconds), the first's (an
+    endpoint's) reduction in percent and its interval, or in ``points`` (:data:`prereg.calibrated.SIGN`,
+    from the log ratio's interval); the wall clock's with the parameters (not for ``commands``, a
+    study of command arms: their models are the scripts' own) and the faster / slower pairs."""
+    (ep, key), ivc, out = fields, _interval_cells(points), []
     for md in (True, False):
         rows = []
         for c in cfgs:
             b, k = geometric_means(c, key)
-            sep = "–" if md else " to "
             e = getattr(c, ep)
-            est = (
-                point_cells(e.log_ratio, sep, not md)
-                if commands
-                else cells(e.interval, sep=sep, whole=not md)
-            )
-            row = [f"{num(b, '.3f')} / {num(k, '.3f')} s", *est]
+            iv = e.log_ratio if points else e.interval
+            row = [f"{num(b, '.3f')} / {num(k, '.3f')} s", *ivc(iv, sep="–" if md else " to ", whole=not md)]
             if ep == "training_time":
                 params = "n/a" if md and not c.parameters else num((c.parameters or 0) / 1e6, ".2f") + "M"
                 row = [*([] if commands else [params]), *row, f"{c.counts['faster']} / {c.counts['slower']}"]
@@ -290,6 +302,7 @@ def _costs(
     note = [para(UNCALIBRATED)] if calibrated else []
     note += [para(IN_POINTS)] if points else []
     ivc, change = _interval_cells(points), "change (points)" if points else "reduction"
+    mem_change = "Change (points; positive: the candidate used more)" if points else "Reduction"
     for c in cfgs:
         md_cells, (total, reached) = _completion(c, ivc, no_total, fm is not None)
         done.append([c.config, *md_cells])
@@ -297,8 +310,8 @@ def _costs(
         if (m := c.peak_memory) and m.baseline_mean is not None and m.candidate_mean is not None:
             b, k = geometric_means(c, "peak_memory_bytes")  # both arms' means recorded: their geometric means
             mib = f"{num(b and b / MIB, '.1f')} / {num(k and k / MIB, '.1f')} MiB"
-            mem_md.append([c.config, mib, cells(m.interval, whole=False)[0]])
-            mem_page.append([c.config, mib, cells(m.interval)[0]])
+            mem_md.append([c.config, mib, ivc(m.interval, whole=False)[0]])
+            mem_page.append([c.config, mib, ivc(m.interval)[0]])
     qs = [(c.config, c.test_bpb if fm is None else c.final_metric) for c in cfgs]
     quality = [[config, *_quality(q, True)] for config, q in qs if q is not None]
     metric, better = ("BPB", "") if fm is None else (fm.metric["name"], fm.metric.get("better", "lower"))
@@ -318,11 +331,11 @@ def _costs(
         para(f"Full-test quality ({NO_METRIC_MD})." if fm is None else f"Quality: {words}."),
         Table("", head, quality),
         para("Peak memory."),
-        Table("", ["Configuration", f"{arms} peak (geometric mean)", "Reduction"], mem_md),
+        Table("", ["Configuration", f"{arms} peak (geometric mean)", mem_change], mem_md),
     ]
     caption = f"{NO_METRIC if fm is None else words}, total completion time and time to the validation target"
     costs = Table(caption, [*head, f"Total-time {change}", f"Time-to-target {change}"], page)
-    memory = Table(MEMORY, ["Configuration", f"{arms} (geometric mean)", "Reduction"], mem_page)
+    memory = Table(MEMORY, ["Configuration", f"{arms} (geometric mean)", mem_change], mem_page)
     return [
         Section(None, md if mem_md else [*md[:-1], para(no_memory)], only="md"),
         Section(f"Quality and completion costs ({name})", [costs, *note], 3, "html"),
@@ -355,7 +368,7 @@ def _delta(c: PairedResult) -> str:
     return "Test Δ BPB" if c.final_metric is None else f"Δ {c.final_metric.metric['name']}"
 
 
-def _pair_value(p: Pair, points: bool) -> float | None:
+def pair_value(p: Pair, points: bool) -> float | None:
     """A pair's time reduction in percent, or its change in ``points`` (100 x ln(candidate / baseline));
     ``None`` where a time is missing or not positive."""
     if not points:
@@ -371,7 +384,7 @@ def _pair_cells(p: Pair, points: bool = False) -> list[str]:
     """A pair's two training times, its time reduction (or change in ``points``: 100 x ln(candidate /
     baseline)) and its quality difference."""
     times = [num(p.baseline_training_s, ".3f"), num(p.candidate_training_s, ".3f")]
-    change = num(_pair_value(p, points), "+.2f" if points else ".2f%")
+    change = num(pair_value(p, points), "+.2f" if points else ".2f%")
     return [*times, change, num(p.quality_difference(), "+.5f")]
 
 
@@ -427,10 +440,11 @@ def _fit(x: float, iv: Mapping[str, Any], fmt: str, p: bool = True) -> str:
     return f"{x:{fmt}} [{iv['low']:{fmt}}, {iv['high']:{fmt}}]" + (f", p = {iv['p_value']:.3g}" if p else "")
 
 
-def factorial(study: StudyResult, declared: Mapping[str, object]) -> list[Section]:
+def factorial(study: StudyResult, declared: Mapping[str, object], points: bool = False) -> list[Section]:
     """A factorial study's sections: per configuration its blocks, cell means and within-block
     effects with their intervals (report.md's of the design's effects, labelled; the page's by name),
-    in the order of the design ``declared`` (the protocol's study)."""
+    in the order of the design ``declared`` (the protocol's study); each effect a reduction in percent,
+    or in ``points`` (:func:`prereg.render.answer.points_throughout`), 100 x its log contrast."""
     factors, cells_ = design_of(declared)
     title = "norms x optimizer" if "factors" not in declared else " x ".join(f for f, _ in factors)
     labels = {} if "factors" in declared else {"packed_adamw": "Packed AdamW"}
@@ -439,15 +453,18 @@ def factorial(study: StudyResult, declared: Mapping[str, object]) -> list[Sectio
         words = f"{factors[subset[0]][1][1]} {named}" if len(subset) == 1 else "interaction"
         words += f" {named}" if len(subset) > 1 and len(factors) > 2 else ""
         labels.setdefault(name, words[0].upper() + words[1:])
-    md: list[Text | Table] = []
+    md: list[Text | Table] = (
+        [para(f"Each effect in {SIGN}: 100 x its within-block log contrast.")] if points else []
+    )
     html: list[Text | Table] = []
+    change = "Time change (points)" if points else "Time reduction"
     for c in study.factorial_configs():
         lvl, means, effects = level_pct(c.level), c.cell_mean_training_s or {}, c.effects or {}
         shown = [k for k in _design_order(effects, [n for n, _ in effect_names(factors)]) if effects[k]]
         each = ", ".join(f"{k} {num(means[k], '.3f')} s" for k in cells_)
         md.append(Text(f"{c.config}: {c.blocks_used} blocks; mean training time {each}."))
-        rows = [[labels[k], *_effect(effects[k], "–")] for k in shown if k in labels]
-        md.append(Table("", ["Effect (within-block, log time)", "Time reduction", f"{lvl} interval"], rows))
+        rows = [[labels[k], *_effect(effects[k], "–", points)] for k in shown if k in labels]
+        md.append(Table("", ["Effect (within-block, log time)", change, f"{lvl} interval"], rows))
         if c.positions:
             at = "; ".join(f"{q['position']}: {_fit(q['estimate'], q, '+.4f', False)}" for q in c.positions)
             md.append(Text(f"Position in the Williams square (log time relative to the block mean): {at}"))
@@ -455,9 +472,11 @@ def factorial(study: StudyResult, declared: Mapping[str, object]) -> list[Sectio
         html.append(
             raw(f"<p>{esc(c.config)}: {c.blocks_used} blocks; mean training time per cell: {each}.</p>")
         )
-        rows = [[k.replace("_", " "), *_effect(effects[k], " to ")] for k in shown]
-        caption = f"Within-block effects on log training time, {c.config}"
-        html.append(Table(caption, ["Effect", "Time reduction", f"{lvl} interval"], rows))
+        rows = [[k.replace("_", " "), *_effect(effects[k], " to ", points)] for k in shown]
+        caption = f"Within-block effects on log training time, {c.config}" + (
+            f", in {SIGN}" if points else ""
+        )
+        html.append(Table(caption, ["Effect", change, f"{lvl} interval"], rows))
     shape = "x".join("2" for _ in factors)
     return [
         Section(f"Study {study.name}: {shape} factorial ({title})", md, only="md"),
@@ -465,8 +484,11 @@ def factorial(study: StudyResult, declared: Mapping[str, object]) -> list[Sectio
     ]
 
 
-def _effect(e: Mapping[str, float], sep: str) -> list[str]:
-    """A within-block effect's time reduction and interval cells."""
+def _effect(e: Mapping[str, float], sep: str, points: bool = False) -> list[str]:
+    """A within-block effect's time reduction and interval cells, or in ``points`` (100 x its log
+    contrast and its ends)."""
+    if points:
+        return [f"{100 * e['estimate']:+.2f}", f"{100 * e['low']:+.2f}{sep}{100 * e['high']:+.2f}"]
     low, high = e["reduction_low_pct"], e["reduction_high_pct"]
     return [f"{e['reduction_pct']:.2f}%", f"{low:.2f}{sep}{high:.2f}%"]
 
@@ -479,7 +501,7 @@ def _design_order(values: Mapping[str, object], order: Sequence[str]) -> list[st
 
 def _pairs_figure(ident: str, name: str, cfgs: Sequence[PairedResult], points: bool) -> list[Text]:
     """The page's dot plot of every pair of study ``name``: reductions, or changes in ``points``."""
-    dots = [(c.config, [x for p in c.pairs if (x := _pair_value(p, points)) is not None]) for c in cfgs]
+    dots = [(c.config, [x for p in c.pairs if (x := pair_value(p, points)) is not None]) for c in cfgs]
     what = f"change in points ({SIGN})" if points else "reduction"
     svg = pairs_svg(ident, f"Every pair's training-time {what}, study {name}", dots, points)
     return figure(svg, "Each mark is one pair; red squares are adverse pairs.")
@@ -489,27 +511,28 @@ def every_pair(
     studies: Sequence[StudyResult],
     cal: Calibration | None = None,
     by_name: Mapping[str, Mapping[str, object]] | None = None,
+    points: bool = False,
 ) -> Section:
     """The page's every pair of every paired study, adverse ones (the candidate was slower) marked,
     with a dot plot per study; with the study's calibration ``cal``, the design's calibrated bias
-    under each study's table (its design from the protocol's studies ``by_name``)."""
+    under each study's table (its design from the protocol's studies ``by_name``); each pair's
+    change in ``points`` (:func:`prereg.render.answer.points_throughout`), as the answer."""
     said = "Adverse pairs (the candidate was slower) are marked. A positive quality difference means the "
     blocks: list[Text | Table] = [para(said + "candidate was worse.")]
     for n, study in enumerate(s for s in studies if design_named(s.design).pairwise and s.configs):
         cfgs, rows, cls = study.paired_configs(), [], []
         st = (by_name or {}).get(study.name)
-        pts = "commands" in (st or {})  # a study of command arms: each change in points, as the answer
         for c in cfgs:
             for p in c.pairs:  # a damaged (null or non-finite) endpoint shows as n/a
                 verdict, kind = ("slower", "adverse") if (p.time_reduction_pct or 0.0) < 0 else ("faster", "")
-                rows.append([f"{c.config} seed {p.seed}", str(p.first), *_pair_cells(p, pts), verdict])
+                rows.append([f"{c.config} seed {p.seed}", str(p.first), *_pair_cells(p, points), verdict])
                 cls.append(kind)
-        blocks += _pairs_figure(f"pairs{n}", study.name, cfgs, pts)
+        blocks += _pairs_figure(f"pairs{n}", study.name, cfgs, points)
         base, cand = cfgs[0].baseline_arm, cfgs[0].candidate_arm
-        change = "Time change (points)" if pts else "Time reduction"
+        change = "Time change (points)" if points else "Time reduction"
         head = ["Pair", "First", f"{base} (s)", f"{cand} (s)", change, _delta(cfgs[0]), "Candidate"]
         blocks.append(Table(f"Study {study.name}: every pair", head, rows, cls))
-        blocks += _bias(cal, st, CLOCK_ENDPOINT["wall"], f"the pairs of study {study.name}")
+        blocks += _bias(cal, st, CLOCK_ENDPOINT["wall"], f"the pairs of study {study.name}", points)
     return Section("Every pair, including adverse ones", blocks, only="html")
 
 
