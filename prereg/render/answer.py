@@ -12,6 +12,7 @@ reduction in percent of the baseline's time, ``100 x (1 - exp(mean log ratio))``
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from prereg.calibrated import Calibration
 from prereg.decisions import HypothesisDecision
@@ -92,8 +93,37 @@ def _ratio_cells(d: HypothesisDecision, with_level: bool, in_points: bool) -> tu
     return est, f"{reduction(d.high):.2f} to {reduction(d.low):.2f}%{_level_text(d, with_level)}"
 
 
-def _effect(est: float, low: float, high: float, level: float) -> str:
-    return f"{est:.2f}% ({100 * level:.4g}% interval {low:.2f} to {high:.2f}%)"
+@dataclass(frozen=True)
+class Reduction:
+    """A reduction in percent of the baseline's time (positive: the candidate faster), its interval,
+    and the two-sided level that interval carries (as :class:`prereg.descriptive.PairedInterval`)."""
+
+    estimate: float
+    low: float
+    high: float
+    level: float
+
+
+def _decision_reduction(d: HypothesisDecision) -> Reduction | None:
+    """A log-ratio decision's estimate and interval as a reduction in percent
+    (:func:`prereg.descriptive.reduction`; the ends swap), at the level the decision carries."""
+    if d.estimate is None or d.low is None or d.high is None:
+        return None
+    return Reduction(reduction(d.estimate), reduction(d.high), reduction(d.low), d.level or 0)
+
+
+def _factorial_reductions(c: FactorialResult) -> list[tuple[str, Reduction]]:
+    """A factorial result's effects with an interval, by name, each at the level the result carries."""
+    return [
+        (name, Reduction(e["reduction_pct"], e["reduction_low_pct"], e["reduction_high_pct"], c.level))
+        for name, e in sorted((c.effects or {}).items())
+        if e
+    ]
+
+
+def _effect(r: Reduction | PairedInterval) -> str:
+    """A reduction in percent with its interval, at the level the result ``r`` carries."""
+    return f"{r.estimate:.2f}% ({100 * r.level:.4g}% interval {r.low:.2f} to {r.high:.2f}%)"
 
 
 def _decided(d: HypothesisDecision) -> str:
@@ -104,11 +134,7 @@ def _decided(d: HypothesisDecision) -> str:
 
 
 def _factorial_effects(c: FactorialResult) -> str:
-    shown = [
-        f"{name.replace('_', ' ')} {_effect(e['reduction_pct'], e['reduction_low_pct'], e['reduction_high_pct'], c.level)}"
-        for name, e in sorted((c.effects or {}).items())
-        if e
-    ]
+    shown = [f"{name.replace('_', ' ')} {_effect(r)}" for name, r in _factorial_reductions(c)]
     return "within-block training-time reduction " + ("; ".join(shown) or "n/a (no interval yet)")
 
 
@@ -120,10 +146,7 @@ def clock_intervals(c: PairedResult, cpu: bool) -> list[tuple[str, PairedInterva
 
 
 def _paired_effects(c: PairedResult, cpu: bool) -> str:
-    shown = [
-        f"{_effect(iv.estimate, iv.low, iv.high, iv.level)} on the {clock} clock"
-        for clock, iv in clock_intervals(c, cpu)
-    ]
+    shown = [f"{_effect(iv)} on the {clock} clock" for clock, iv in clock_intervals(c, cpu)]
     return "training-time reduction " + (", ".join(shown) or "n/a (no interval yet)")
 
 
@@ -187,9 +210,8 @@ def answer_lines(summary: Summary, cal: Calibration | None = None) -> list[str]:
             effect = "no estimate"
         elif d.estimand == "log_ratio" and pts:
             effect = f"{d.endpoint} change {sentence(d)}"
-        elif d.estimand == "log_ratio":
-            red = [reduction(x) for x in (d.estimate, d.high, d.low)]
-            effect = f"{d.endpoint} reduction {_effect(red[0], red[1], red[2], d.level or 0)}"
+        elif d.estimand == "log_ratio" and (red := _decision_reduction(d)) is not None:
+            effect = f"{d.endpoint} reduction {_effect(red)}"
         else:
             effect = f"{d.endpoint} {d.estimand} {d.estimate:+.4g} ({100 * (d.level or 0):.4g}% interval {d.low:+.4g} to {d.high:+.4g})"
         lines.append(f"{d.study} / {d.config or 'all'}: {effect}; decision: {_decided(d)}.")
