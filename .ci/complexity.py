@@ -55,7 +55,6 @@ REASONS: dict[str, str] = {
     "audit/freeze.py:check_versions": CHECKS,
     "audit/freeze.py:check_what_ran": CHECKS,
     "audit/published.py:check_published": CHECKS,
-    "harness/data/corpora.py:parse_corpus": CHECKS,
     "harness/protocol.py:_refuse_unmeasurable": CHECKS,
     "prereg/barrier.py:_entry_problems": CHECKS,
     "prereg/barrier.py:look_problems": CHECKS,

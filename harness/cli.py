@@ -36,7 +36,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(
             json.dumps(
                 {
-                    "protocol": proto.id,
+                    "protocol": proto.spec.id,
                     "protocol_sha256": proto.sha256,
                     "plan_sha256": plan_sha256(runs),
                     "runs": [r.to_json() for r in runs],
@@ -65,7 +65,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     ]
     cols = ["#", "study", "config", "unit", "pos", "role", "arm", "seed", "steps"]
     print(table(rows, cols + (["lockstep"] if any(r.lockstep for r in runs) else [])))
-    print(f"\n{len(runs)} runs; protocol {proto.id} sha256 {proto.sha256}; plan sha256 {plan_sha256(runs)}")
+    print(
+        f"\n{len(runs)} runs; protocol {proto.spec.id} sha256 {proto.sha256}; plan sha256 {plan_sha256(runs)}"
+    )
     if proto.defaults_note():
         print(proto.defaults_note())
     for s in proto.studies:
@@ -316,7 +318,7 @@ def _calibration_plan(
         replicate_pairs=args.replicate_pairs,
         seed_base=args.seed_base,
         order_seed=args.order_seed,
-        threads=pilot.threads or 1,
+        threads=pilot.spec.threads or 1,
         flags=_given_flags(args),
         plants=_plants(args.plants),
         plant_pairs=args.plant_pairs,
@@ -423,8 +425,10 @@ def cmd_power(args: argparse.Namespace) -> int:
             raise HarnessError(f"--effect takes HYPOTHESIS=VALUE, got {item!r}") from e
     rows = plan(records, target.summary(), effects)
     bias = _calibration_bias(args.calibration, target) if args.calibration else None
-    if "descriptive" in target.hypotheses:
-        print(f"{target.path}: descriptive protocol ({target.hypotheses['descriptive']}); nothing to power")
+    if "descriptive" in target.spec.hypotheses:
+        print(
+            f"{target.path}: descriptive protocol ({target.spec.hypotheses['descriptive']}); nothing to power"
+        )
         return 0
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=1))
@@ -474,10 +478,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(
             json.dumps(
                 {
-                    "protocol": proto.id,
+                    "protocol": proto.spec.id,
                     "rows": rows,
                     "device_seconds_spent": spent,
-                    "budget_device_seconds": proto.budget_device_seconds,
+                    "budget_device_seconds": proto.spec.budget_device_seconds,
                     "ledger_head": head,
                     "interrupted_without_record": unended,
                 },
@@ -507,7 +511,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             + ("" if u["running"] else "; the next harness run records it")
         )
     print(
-        f"\nbudget: {spent:.1f} of {proto.budget_device_seconds:.0f} device seconds spent; records in {proto.records_path}"
+        f"\nbudget: {spent:.1f} of {proto.spec.budget_device_seconds:.0f} device seconds spent; records in {proto.records_path}"
     )
     print(describe(head) if head["seq"] else "ledger: no records yet")
     if head["seq"]:

@@ -163,7 +163,7 @@ def run_ending(proto: Protocol, end: RunEnd) -> tuple[int, str]:
     if k < count and not end.left:
         message += (
             f"\nNext: harness run {proto.relpath} --replicate {k + 1}, at least "
-            f"{(proto.replicates or {}).get('min_gap_s')} s after this replicate's last entry on this machine "
+            f"{(proto.spec.replicates or {}).get('min_gap_s')} s after this replicate's last entry on this machine "
             "(or at once on another machine)"
         )
     return code, message
@@ -183,7 +183,7 @@ def _ending(proto: Protocol, end: RunEnd) -> tuple[int, str]:
         then = (
             "This is the preregistered study's result: the budget is part of its protocol, so nothing "
             "more runs (running the same command again stops at once, the same way)."
-            if proto.preregistered
+            if proto.spec.preregistered
             else "To run the rest, raise budget_device_seconds in a new version of the protocol (a new "
             "id or records_dir, its origin stated) and run that; this protocol stops here every time."
         )

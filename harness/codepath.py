@@ -1,45 +1,19 @@
 """The code-path variables: environment variables that change what a run computes or how fast.
 
-A leaf (it imports nothing of the project's), so the protocol's checks (:mod:`harness.commandarm`,
-which refuses a command arm that sets one) and the executors (:mod:`harness.execute.hermetic`, which
-refuses to start a runner while one is set) read the one list without importing each other, and
-the records (:mod:`harness.execute.training`, :mod:`harness.execute.commands`) read the variables
-they record (:data:`RECORDED`)."""
+The list itself is the core's (:data:`prereg.commands.CODE_PATH`: the protocol's reader refuses a
+command arm that sets one); this leaf of the harness (it imports nothing else of the project's)
+gives it to the executors (:mod:`harness.execute.hermetic`, which refuses to start a runner while
+one is set), and the records (:mod:`harness.execute.training`, :mod:`harness.execute.commands`)
+read the variables they record (:data:`RECORDED`)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
 
-#: Variables that change what a run computes or how fast: a runner refuses to start while one is
-#: set (the protocol says what they would say: ``threads``, ``torch_version``, the arms), rather
-#: than run the study in a state its protocol does not name.
-CODE_PATH = (
-    "COTANGENT_NATIVE",
-    "CC",
-    "ATEN_CPU_CAPABILITY",
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "PYTHONPATH",
-    "PYTHONHOME",
-    "PYTHONSTARTUP",
-    "PYTHONOPTIMIZE",
-    "PYTHONINSPECT",
-    "PYTHONSAFEPATH",
-    "HARNESS_VERIFIED",
-    "HARNESS_CODE_PATH",
-    "HARNESS_FRESH_ROOTS",
-    "HARNESS_EXEMPT",
-    "COTANGENT_PHASE_SHA256",
-    "LD_PRELOAD",
-    "LD_LIBRARY_PATH",
-    "LD_AUDIT",
-    "MKL_CBWR",
-    "MKL_ENABLE_INSTRUCTIONS",
-    "DNNL_MAX_CPU_ISA",
-    "ONEDNN_MAX_CPU_ISA",
-)
+from prereg.commands import CODE_PATH
+
+__all__ = ["CODE_PATH", "RECORDED", "recorded_environment", "refused_environment"]
 
 
 def refused_environment(environ: dict[str, str] | None = None) -> list[str]:

@@ -31,6 +31,7 @@ from prereg.commands import commands_of, refs_of
 from prereg.errors import RefusedError
 from prereg.formats.ledger import read_json
 from prereg.formats.record import canonical, sha256_bytes
+from prereg.protocol.schema import CommandArm
 from prereg.tag import (
     FREEZE_MARKER,
     PLOT_FILES,
@@ -141,7 +142,7 @@ def manifest(proto: Protocol, plan_sha: str, runs: int, repo: Path, rev: str = "
     m: Manifest = {
         "format": FORMAT,
         "protocol": {
-            "id": proto.id,
+            "id": proto.spec.id,
             "path": proto.path.resolve().relative_to(repo.resolve()).as_posix(),
             "sha256": proto.sha256,
         },
@@ -186,7 +187,7 @@ def command_bindings(proto: Protocol, repo: Path) -> CommandBindings:
     }
 
 
-def _python_files(repo: Path, arm: dict[str, Any]) -> list[str] | None:
+def _python_files(repo: Path, arm: CommandArm) -> list[str] | None:
     """The text of the Python files in a command arm's working directory (its ref's tree, else the
     checkout's tracked files), or None when its program is not this interpreter (what it imports
     cannot be read from its files)."""
@@ -341,7 +342,7 @@ def manifest_sha256(m: Mapping[str, object]) -> str:
 
 def tag_message(proto: Protocol, m: Manifest) -> str:
     return (
-        f"protocol {proto.id}\nfile {m['protocol']['path']}\nsha256 {proto.sha256}\n"
+        f"protocol {proto.spec.id}\nfile {m['protocol']['path']}\nsha256 {proto.sha256}\n"
         f"freeze {manifest_sha256(m)}\n\n{FREEZE_MARKER}\n{json.dumps(m, sort_keys=True, indent=1)}\n"
     )
 
@@ -610,16 +611,20 @@ def restore_tag(proto: Protocol) -> str | None:
     records folder keeps (``TAG``), when that object names this protocol's tag, a commit of this
     repository, and is the object every record names; returns what was done, or None. The restored
     tag is the original, byte for byte (same object id, same signature): no new tag is made."""
-    if not proto.preregistered:
+    if not proto.spec.preregistered:
         return None
     repo = gitutil.toplevel(proto.path)
     kept = proto.records_path / "TAG"
-    if repo is None or file_problem(str(kept), 1 << 20) or gitutil.tag_info(repo, proto.tag_name) is not None:
+    if (
+        repo is None
+        or file_problem(str(kept), 1 << 20)
+        or gitutil.tag_info(repo, proto.spec.tag_name) is not None
+    ):
         return None
     raw = read_regular(str(kept), 1 << 20)
     head = raw.split(b"\n\n", 1)[0].decode("utf-8", "replace").splitlines()
     fields = dict(line.split(" ", 1) for line in head if " " in line)
-    if fields.get("tag") != proto.tag_name or fields.get("type") != "commit":
+    if fields.get("tag") != proto.spec.tag_name or fields.get("type") != "commit":
         return None
     if gitutil.git(repo, "cat-file", "-e", f"{fields.get('object', '')}^{{commit}}", check=False).returncode:
         return None
@@ -632,11 +637,11 @@ def restore_tag(proto: Protocol) -> str | None:
     made = gitutil.git_bytes_in(repo, ["mktag"], raw)
     if made is None or named != {made}:
         return None
-    if gitutil.git(repo, "update-ref", f"refs/tags/{proto.tag_name}", made, "", check=False).returncode:
+    if gitutil.git(repo, "update-ref", f"refs/tags/{proto.spec.tag_name}", made, "", check=False).returncode:
         return None  # the ref could not be written: the freeze check then names the missing tag
     rel = proto.records_path.relative_to(proto.root).as_posix()
     return (
-        f"restored tag {proto.tag_name} from {rel}/TAG (object {made[:12]}, the one its records name): "
+        f"restored tag {proto.spec.tag_name} from {rel}/TAG (object {made[:12]}, the one its records name): "
         f"this study is published; its records are in {rel}, audited by: python analysis/public_audit.py {rel}"
     )
 
@@ -655,12 +660,12 @@ def _refuse_tag_of_unpreregistered(proto: Protocol) -> None:
     """Refuse a protocol that is not preregistered while a tag of its id exists: the audit reads any
     tag ``protocol-<id>`` as the study's definition, so records run untagged would all fail it."""
     repo = gitutil.toplevel(proto.path)
-    if repo is None or gitutil.tag_info(repo, proto.tag_name) is None:
+    if repo is None or gitutil.tag_info(repo, proto.spec.tag_name) is None:
         return
     raise RefusedError(
-        f"{_preregistered_at(proto)}, but tag {proto.tag_name} exists, and the audit binds records to "
+        f"{_preregistered_at(proto)}, but tag {proto.spec.tag_name} exists, and the audit binds records to "
         "any tag of the id; to run it, either set preregistered: true (the tag then binds it), or, "
-        f"if that tag is not a published preregistration, delete it (git tag -d {proto.tag_name}), or "
+        f"if that tag is not a published preregistration, delete it (git tag -d {proto.spec.tag_name}), or "
         "give this protocol a new id; nothing was run"
     )
 
@@ -673,7 +678,7 @@ def check(proto: Protocol, plan_sha: str, runs: int) -> Frozen:
     folder or the running code differ from the tag, or when the frozen folders have uncommitted
     changes or untracked files. Returns what the records say about the freeze.
     """
-    if not proto.preregistered:
+    if not proto.spec.preregistered:
         _refuse_tag_of_unpreregistered(proto)
         return NOT_FROZEN
     repo = gitutil.toplevel(proto.path)
@@ -688,12 +693,12 @@ def check(proto: Protocol, plan_sha: str, runs: int) -> Frozen:
     blob = gitutil.blob_at(repo, info.commit, rel)
     if blob is None or sha256_bytes(blob) != proto.sha256:
         raise RefusedError(
-            f"{proto.path}: the file's bytes differ from the tagged protocol ({proto.tag_name} at "
+            f"{proto.path}: the file's bytes differ from the tagged protocol ({proto.spec.tag_name} at "
             f"{info.commit[:12]}); a frozen protocol cannot change: {how}"
         )
     if not gitutil.is_ancestor(repo, info.commit):
         raise RefusedError(
-            f"{proto.tag_name} ({info.commit[:12]}) is not an ancestor of HEAD; check out the study's history"
+            f"{proto.spec.tag_name} ({info.commit[:12]}) is not an ancestor of HEAD; check out the study's history"
         )
     current = manifest(proto, plan_sha, runs, repo)
     only = imported_distributions(proto, repo) if has_commands(proto) else None
@@ -703,7 +708,7 @@ def check(proto: Protocol, plan_sha: str, runs: int) -> Frozen:
     problems += bytecode_problems(repo)
     if problems:
         raise RefusedError(
-            f"{proto.path}: the experiment frozen by {proto.tag_name} ({info.commit[:12]}) has drifted; nothing was "
+            f"{proto.path}: the experiment frozen by {proto.spec.tag_name} ({info.commit[:12]}) has drifted; nothing was "
             "run:\n" + "\n".join(f"  - {p}" for p in problems) + f"\n{how}"
         )
     return Frozen(info.name, info.commit, info.object, info.created, manifest_sha256(tagged))
@@ -712,31 +717,31 @@ def check(proto: Protocol, plan_sha: str, runs: int) -> Frozen:
 def _tag_and_manifest(proto: Protocol, repo: Path, how: str) -> tuple[gitutil.TagInfo, dict[str, Any]]:
     """The study's tag and the freeze manifest it holds; refuses a missing or lightweight tag, one
     holding no freeze manifest, or one of another format (``how``: how to run a changed experiment)."""
-    info = gitutil.tag_info(repo, proto.tag_name)
+    info = gitutil.tag_info(repo, proto.spec.tag_name)
     if info is None:
         if proto.calibration_pending:
             raise RefusedError(
-                f"{proto.path}: preregistered protocol {proto.id!r} has no tag {proto.tag_name}, and "
+                f"{proto.path}: preregistered protocol {proto.spec.id!r} has no tag {proto.spec.tag_name}, and "
                 f"its calibration is pending; {calibration_step(proto)}"
             )
         raise RefusedError(
-            f"{proto.path}: preregistered protocol {proto.id!r} has no tag {proto.tag_name}; "
+            f"{proto.path}: preregistered protocol {proto.spec.id!r} has no tag {proto.spec.tag_name}; "
             f"commit it and run: harness tag {proto.path}"
         )
     if not info.annotated:
         raise RefusedError(
-            f"{proto.tag_name} is a lightweight tag; only `harness tag` (an annotated tag holding "
+            f"{proto.spec.tag_name} is a lightweight tag; only `harness tag` (an annotated tag holding "
             f"the freeze manifest) freezes a protocol: delete it and run: harness tag {proto.path}"
         )
     tagged = parse_manifest(info.message)
     if tagged is None:
         raise RefusedError(
-            f"{proto.tag_name} holds no freeze manifest (it was not made by this harness's "
+            f"{proto.spec.tag_name} holds no freeze manifest (it was not made by this harness's "
             f"`harness tag`); {how}"
         )
     if tagged.get("format") != FORMAT:
         raise RefusedError(
-            f"{proto.tag_name}: freeze manifest format {tagged.get('format')!r}; this harness reads "
+            f"{proto.spec.tag_name}: freeze manifest format {tagged.get('format')!r}; this harness reads "
             f"format {FORMAT} (run the harness version that tagged it, or {how})"
         )
     return info, tagged
@@ -755,10 +760,10 @@ def tag(proto: Protocol, sign: bool = False) -> tuple[gitutil.TagInfo, Manifest]
     repo = gitutil.toplevel(proto.path)
     if repo is None:
         raise RefusedError(f"{proto.path}: not inside a git repository; commit the protocol, then tag it")
-    if not proto.preregistered:
+    if not proto.spec.preregistered:
         raise RefusedError(
             f"{_preregistered_at(proto)}: a tag freezes a preregistered protocol, and the audit binds "
-            f"records to any tag {proto.tag_name}; set preregistered: true, commit, and tag it (or run "
+            f"records to any tag {proto.spec.tag_name}; set preregistered: true, commit, and tag it (or run "
             "it untagged: a protocol that is not preregistered needs no tag); nothing was tagged"
         )
     rel = proto.relpath
@@ -767,8 +772,10 @@ def tag(proto: Protocol, sign: bool = False) -> tuple[gitutil.TagInfo, Manifest]
     state = gitutil.file_state(repo, rel)
     if state != "clean":
         raise RefusedError(f"{proto.path}: the protocol file is {state}; commit it before tagging")
-    if gitutil.tag_info(repo, proto.tag_name) is not None:
-        raise RefusedError(f"tag {proto.tag_name} already exists; a protocol is frozen once (use a new id)")
+    if gitutil.tag_info(repo, proto.spec.tag_name) is not None:
+        raise RefusedError(
+            f"tag {proto.spec.tag_name} already exists; a protocol is frozen once (use a new id)"
+        )
     if record_files(proto.records_path):
         raise RefusedError(f"records already exist in {proto.records_path}; a tag must precede every outcome")
     runs = make_plan(proto)
@@ -779,10 +786,10 @@ def tag(proto: Protocol, sign: bool = False) -> tuple[gitutil.TagInfo, Manifest]
             f"{proto.path}: the frozen folders have changes that are not committed; commit or remove "
             "them before tagging:\n" + "\n".join(f"  - {p}" for p in dirty)
         )
-    gitutil.create_tag(repo, proto.tag_name, tag_message(proto, m), sign=sign)
-    info = gitutil.tag_info(repo, proto.tag_name)
+    gitutil.create_tag(repo, proto.spec.tag_name, tag_message(proto, m), sign=sign)
+    info = gitutil.tag_info(repo, proto.spec.tag_name)
     if info is None:  # pragma: no cover - git just created it
-        raise RefusedError(f"git did not create {proto.tag_name}")
+        raise RefusedError(f"git did not create {proto.spec.tag_name}")
     return info, m
 
 
@@ -838,11 +845,11 @@ def sign_result(proto: Protocol, seq: int, sha: str, seal_plots: bool = False) -
     the folder's PNG plots (:func:`sealed_plots`), and a head signed without them is signed again. The audit verifies it with the reader's ``--allowed-signers``, so the
     reader needs no head published elsewhere. Returns what was done."""
     repo = gitutil.toplevel(proto.path)
-    info = gitutil.tag_info(repo, proto.tag_name) if repo is not None else None
+    info = gitutil.tag_info(repo, proto.spec.tag_name) if repo is not None else None
     m = parse_manifest(info.message) if info is not None else None
     if repo is None or info is None or m is None:
-        raise RefusedError(f"{proto.path}: no protocol tag {proto.tag_name} to sign a result of")
-    name = f"result-{proto.id}"
+        raise RefusedError(f"{proto.path}: no protocol tag {proto.spec.tag_name} to sign a result of")
+    name = f"result-{proto.spec.id}"
     kept = proto.records_path / RESULT_FILE
     try:
         kept_raw = read_present(str(kept), 1 << 20)
@@ -856,7 +863,7 @@ def sign_result(proto: Protocol, seq: int, sha: str, seal_plots: bool = False) -
         and gitutil.tag_info(repo, name)
     ):
         return f"the ledger head seq {seq} is already signed as tag {name} ({kept})"
-    message = result_message(proto.id, manifest_sha256(m), seq, sha, plots)
+    message = result_message(proto.spec.id, manifest_sha256(m), seq, sha, plots)
     gitutil.create_tag(repo, name, message, sign=True, target=info.commit, force=True)
     raw = gitutil.tag_object(repo, f"refs/tags/{name}")
     if raw is None:  # pragma: no cover - git just created it

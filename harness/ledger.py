@@ -24,7 +24,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,11 +46,16 @@ from prereg.formats.ledger import (
 from prereg.formats.record import (
     MANIFEST,
     SCHEMA_VERSION,
+    ChainEntry,
     LedgerHead,
+    LookEntry,
     RecordFormatError,
     RunRecord,
     StartedEntry,
+    chain_entry,
     entry_files,
+    entry_run,
+    entry_seq,
     read_entry,
     read_snapshots,
     sha256_bytes,
@@ -79,24 +84,34 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
-def _ledger_order(e: dict[str, Any]) -> tuple[int, str, int]:
+def _ledger_order(e: ChainEntry) -> tuple[int, str, int]:
+    if isinstance(e, LookEntry):
+        return (entry_seq(e), f"look{e.look}", 0)
+    return (entry_seq(e), entry_run(e), e.attempt)
+
+
+def _file_order(e: dict[str, Any]) -> tuple[int, str, int]:
+    """:func:`_ledger_order` of an entry's JSON object, as its file holds it."""
     if e.get("kind") == "look":
         return (e.get("ledger", {}).get("seq", 0), f"look{e['look']}", 0)
     return (e.get("ledger", {}).get("seq", 0), e.get("run_id") or e["spec"]["run_id"], e["attempt"])
 
 
 def load_entries(directory: Path) -> list[dict[str, Any]]:
-    """Every entry of the chain (records, started entries, look entries), in ledger order."""
+    """Every entry of the chain (records, started entries, look entries) as its file holds it, in
+    ledger order: what the chain's rules read (:func:`prereg.formats.ledger.check_ledger`, the head,
+    MANIFEST); the runner reads the typed entries of :class:`Ledger`."""
     out = [read_entry(p) for p in entry_files(directory)]
-    out.sort(key=_ledger_order)
+    out.sort(key=_file_order)
     return out
 
 
 class Ledger:
     """Append entries of one protocol to its chain.
 
-    The ledger keeps an index in memory: every entry file's name, the sha256 of its bytes and its
-    JSON object (typed records too, read once). Each append, under the lock, lists the folder's
+    The ledger keeps an index in memory: every entry file's name, the sha256 of its bytes and the
+    entry, typed (:data:`prereg.formats.record.ChainEntry`: a record, a started entry, a look; each
+    file read and checked once; JSON only at the file). Each append, under the lock, lists the folder's
     entry names and reads only files it has not seen (another runner's appends); an entry that
     vanished or changed makes it read the folder again. So an append costs the same at the
     10,000th entry as at the first, apart from listing names (``benchmarks/ledger_scale.py``).
@@ -122,9 +137,9 @@ class Ledger:
         self.protocol = protocol
         lock_path.parent.mkdir(parents=True, exist_ok=True)
         self._files: dict[str, str] = {}  # entry file name -> sha256 of its bytes
-        self._entries: list[dict[str, Any]] = []  # their JSON objects, in ledger order
-        self._by_run: dict[str, list[dict[str, Any]]] = {}  # each run's entries
-        self._looks: list[dict[str, Any]] = []  # a sequential design's look entries
+        self._entries: list[ChainEntry] = []  # the entries, typed, in ledger order
+        self._by_run: dict[str, list[RunRecord | StartedEntry]] = {}  # each run's entries
+        self._looks: list[LookEntry] = []  # a sequential design's look entries
         self._names_seen: set[str] = set()  # every name in the folder at the last sync
         self._records: list[RunRecord] = []  # the records, typed, in the order the index met them
         self._head: LedgerHead = {"seq": 0, "sha256": genesis}
@@ -156,27 +171,25 @@ class Ledger:
         self._names_seen = names
         return (known & names) | fresh
 
-    def _add(self, name: str, raw: bytes, entry: dict[str, Any]) -> None:
-        self._files[name] = sha256_bytes(raw)
-        self._entries.append(entry)
-        seq = entry.get("ledger", {}).get("seq", 0)
-        if entry.get("kind") == "look":  # a sequential design's look: in the chain, of no run
-            self._looks.append(entry)
-            if seq > self._head["seq"]:
-                self._head = {"seq": seq, "sha256": entry["sha256"]}
-            return
-        run_id = entry.get("run_id") if entry.get("kind") == "started" else entry["spec"]["run_id"]
-        self._by_run.setdefault(str(run_id), []).append(entry)
-        if entry.get("kind") == "started":
-            StartedEntry.from_json(entry, str(self.dir / name))  # refuses one of another shape
-        else:
-            named = entry["protocol"].get("snapshot_sha256") if entry.get("schema_version", 1) >= 4 else None
+    def _add(self, name: str, raw: bytes, data: dict[str, Any]) -> ChainEntry:
+        """Index one entry file (its name, bytes and JSON object): typed once, here (a record over
+        its folder's protocol snapshot), refusing one of another shape."""
+        if data.get("kind") not in ("look", "started") and data.get("schema_version", 1) >= 4:
+            named = data["protocol"].get("snapshot_sha256")
             if named is not None and named not in self._snapshots:
                 self._snapshots.update(read_snapshots(self.dir))  # another runner's
-            self._records.append(RunRecord.from_json(entry, str(self.dir / name), self._snapshots))
-        seq = entry.get("ledger", {}).get("seq", 0)
-        if "ledger" in entry and seq > self._head["seq"]:
-            self._head = {"seq": seq, "sha256": entry["sha256"]}
+        entry = chain_entry(data, str(self.dir / name), self._snapshots)
+        self._files[name] = sha256_bytes(raw)
+        self._entries.append(entry)
+        if isinstance(entry, LookEntry):  # a sequential design's look: in the chain, of no run
+            self._looks.append(entry)
+        else:
+            self._by_run.setdefault(entry_run(entry), []).append(entry)
+        if isinstance(entry, RunRecord):
+            self._records.append(entry)
+        if entry.ledger is not None and entry.sha256 is not None and entry_seq(entry) > self._head["seq"]:
+            self._head = {"seq": entry_seq(entry), "sha256": entry.sha256}
+        return entry
 
     def _mark_is_mine(self) -> bool:
         if self._token is None:
@@ -206,27 +219,27 @@ class Ledger:
             entry = read_entry(path)  # first: a link, a FIFO or a device is refused, never opened
             new.append((name, read_regular(str(path)), entry))
         new.sort(key=lambda t: (t[2].get("ledger", {}).get("seq", 0), t[0]))
-        for name, raw, entry in new:
-            self._add(name, raw, entry)
+        added = [self._add(name, raw, data) for name, raw, data in new]
         self._entries.sort(key=_ledger_order)
-        for run in {
-            str(e.get("run_id") or e["spec"]["run_id"]) for _, _, e in new if e.get("kind") != "look"
-        }:
+        for run in {entry_run(e) for e in added if not isinstance(e, LookEntry)}:
             self._by_run[run].sort(key=_ledger_order)
 
-    def entries(self) -> list[dict[str, Any]]:
-        """Every entry of the chain (records and started entries), in ledger order."""
+    def entries(self) -> list[ChainEntry]:
+        """Every entry of the chain (records, started entries and looks), typed, in ledger order."""
         self.sync()
         return list(self._entries)
 
-    def entries_of(self, run_ids: Iterable[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """The records and the started entries of ``run_ids``, each in ledger order, as JSON."""
+    def entries_of(self, run_ids: Iterable[str]) -> tuple[list[RunRecord], list[StartedEntry]]:
+        """The records and the started entries of ``run_ids``, each in ledger order."""
         self.sync()
-        recs: list[dict[str, Any]] = []
-        starts: list[dict[str, Any]] = []
+        recs: list[RunRecord] = []
+        starts: list[StartedEntry] = []
         for run in run_ids:
             for e in self._by_run.get(run, []):
-                (starts if e.get("kind") == "started" else recs).append(e)
+                if isinstance(e, StartedEntry):
+                    starts.append(e)
+                else:
+                    recs.append(e)
         recs.sort(key=_ledger_order)
         starts.sort(key=_ledger_order)
         return recs, starts
@@ -243,8 +256,11 @@ class Ledger:
         return dict(self._head)  # type: ignore[return-value]
 
     def _append(
-        self, entry: dict[str, Any], write: Any, snapshot: dict[str, Any] | None = None
-    ) -> tuple[Path, LedgerHead, dict[str, Any]]:
+        self,
+        entry: dict[str, Any],
+        write: Callable[[Path, dict[str, Any]], tuple[Path, dict[str, Any]]],
+        snapshot: dict[str, Any] | None = None,
+    ) -> tuple[Path, LedgerHead, ChainEntry]:
         with self.lock:
             head = self.head()
             if snapshot is not None:  # a schema 4 record: its protocol snapshot, once per folder
@@ -254,14 +270,14 @@ class Ledger:
             entry = dict(entry)
             entry["ledger"] = {"seq": head["seq"] + 1, "prev": head["sha256"], "at": now_iso()}
             path, sealed = write(self.dir, entry)
-            self._add(path.name, path.read_bytes(), sealed)
+            typed = self._add(path.name, path.read_bytes(), sealed)
             self._names_seen.add(path.name)
             new: LedgerHead = {"seq": head["seq"] + 1, "sha256": sealed["sha256"]}
             if os.environ.get(TEST_KILL_ENV) == f"manifest:{new['seq']}":
                 os.kill(os.getpid(), signal.SIGKILL)
             if time.monotonic() - self._manifest_at >= MANIFEST_EVERY_S:
                 self._write_manifest(new)
-        return path, new, sealed
+        return path, new, typed
 
     def _write_manifest(self, head: LedgerHead) -> None:
         self._manifest_at = time.monotonic()
@@ -289,19 +305,24 @@ class Ledger:
         path, head, _ = self._append(record.to_json(), write_record, snapshot)
         return path, head
 
-    def looks(self) -> list[dict[str, Any]]:
+    def looks(self) -> list[LookEntry]:
         """The chain's look entries (a sequential design's), in ledger order."""
         self.sync()
         return sorted(self._looks, key=_ledger_order)
 
-    def append_look(self, entry: dict[str, Any]) -> dict[str, Any]:
-        """Append a group-sequential look's entry (MANIFEST as for :meth:`append`); returns its JSON."""
-        return self._append(entry, write_look)[2]
+    def append_look(self, entry: LookEntry) -> LookEntry:
+        """Append a group-sequential look's entry (MANIFEST as for :meth:`append`); returns it
+        sealed (with its ``ledger`` and ``sha256``), as :meth:`looks` gives it."""
+        sealed = self._append(entry.to_json(), write_look)[2]
+        assert isinstance(sealed, LookEntry)  # typed by its kind, "look"
+        return sealed
 
-    def append_started(self, entry: StartedEntry) -> dict[str, Any]:
-        """Append an attempt's started entry (MANIFEST as for :meth:`append`); returns its JSON
-        sealed (with its ``ledger`` and ``sha256``), as :meth:`entries_of` gives it."""
-        return self._append(entry.to_json(), write_started)[2]
+    def append_started(self, entry: StartedEntry) -> StartedEntry:
+        """Append an attempt's started entry (MANIFEST as for :meth:`append`); returns it sealed
+        (with its ``ledger`` and ``sha256``), as :meth:`entries_of` gives it."""
+        sealed = self._append(entry.to_json(), write_started)[2]
+        assert isinstance(sealed, StartedEntry)  # typed by its kind, "started"
+        return sealed
 
     def reconcile(self) -> str | None:
         """Bring MANIFEST back to the chain after a crash between an entry's write and the MANIFEST
@@ -450,8 +471,8 @@ def check_records_folder(proto: Protocol) -> None:
     from prereg.errors import InputError
 
     root = Path(proto.root)
-    rel = Path(proto.records_dir or f"records/{proto.id}")
-    where = f"records folder {rel.as_posix()!r}" + ("" if proto.records_dir else " (the default)")
+    rel = Path(proto.spec.records_dir or f"records/{proto.spec.id}")
+    where = f"records folder {rel.as_posix()!r}" + ("" if proto.spec.records_dir else " (the default)")
     step = root
     for part in rel.parts:
         step = step / part
@@ -488,7 +509,7 @@ def check_same_protocol(proto: Protocol) -> None:
     mix with the old one's runs (the audit would then find the chain broken)."""
     from prereg.errors import InputError
 
-    if proto.preregistered or not proto.records_path.is_dir():
+    if proto.spec.preregistered or not proto.records_path.is_dir():
         return  # a preregistered protocol's file is bound by its tag: the freeze check names the edit
     others: dict[str, int] = {}
     for p in entry_files(proto.records_path):
@@ -500,16 +521,16 @@ def check_same_protocol(proto: Protocol) -> None:
             others[sha] = others.get(sha, 0) + 1
     if not others:
         return
-    rel = Path(proto.records_dir or f"records/{proto.id}").as_posix()
+    rel = Path(proto.spec.records_dir or f"records/{proto.spec.id}").as_posix()
     sha, n = max(others.items(), key=lambda kv: kv[1])
     raise InputError(
-        f"{rel} holds {sum(others.values())} entries of another version of protocol {proto.id!r} "
+        f"{rel} holds {sum(others.values())} entries of another version of protocol {proto.spec.id!r} "
         f"(sha256 {sha[:12]}..., this file's is {proto.sha256[:12]}...): the file was edited after "
         f"runs were recorded. An edited protocol gets its own records folder, never a mix: give it a "
         f"new id (or a records_dir: of its own), or, to start this study over, move {rel} and "
-        f"runs/{proto.id} away; nothing was written",
+        f"runs/{proto.spec.id} away; nothing was written",
         file=str(proto.path),
-        key="records_dir" if proto.records_dir else "id",
+        key="records_dir" if proto.spec.records_dir else "id",
     )
 
 

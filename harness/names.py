@@ -1,7 +1,8 @@
 """Names shared by the protocol schema and the code that runs them; free of torch so that
-``harness plan``, ``tag`` and ``status`` start instantly."""
+``harness plan``, ``tag`` and ``status`` start instantly. The corpora and splits are the core's
+(:mod:`prereg.protocol.schema` declares the ``corpus`` key)."""
 
-from prereg.protocol.schema import ID_RE
+from prereg.protocol.schema import CORPORA, ID_RE, SPLITS
 
 __all__ = ["ARMS", "CORPORA", "ID_RE", "SPLITS"]
 
@@ -13,6 +14,3 @@ ARMS: dict[str, tuple[str, str]] = {
     "packed": ("scalar", "packed"),
     "cotangent": ("bucketed", "packed"),
 }
-
-CORPORA = ("wikitext-2", "pydoc-topics")
-SPLITS = ("train", "valid", "test")

@@ -17,7 +17,7 @@ from typing import Any
 
 from harness import gitutil
 from harness.config import Config
-from harness.data.corpora import Corpus, LocalCorpus, load_corpus, parse_corpus
+from harness.data.corpora import Corpus, LocalCorpus, load_corpus, local_corpus
 from harness.plugins import fingerprint
 from harness.study import Study, parse_studies
 from prereg.plan import defaults_text
@@ -31,8 +31,9 @@ from prereg.replicates import replicates_problems
 @dataclass(frozen=True)
 class Protocol:
     """A protocol, resolved: the core's typed protocol (``spec``, every key the file declares, read
-    by the public audit's reader) and, on top, what needs the file system or torch: the corpus, each
-    study's arms, configurations and command arms, the plug-ins' sources, the file's identity."""
+    by the public audit's reader: ``proto.spec.device``; the one home of each key) and, on top, what
+    needs the file system or torch: the corpus, each study's arms, configurations and command arms,
+    the plug-ins' sources, the file's identity."""
 
     spec: ProtocolSpec
     corpus: str | LocalCorpus
@@ -44,79 +45,11 @@ class Protocol:
     configs: dict[str, Config] = field(default_factory=dict)
     plugins: dict[str, str] = field(default_factory=dict)  # plug-in name -> its source file
 
-    # the keys of the file, as the core read them (prereg/protocol/schema.py declares each once)
-    @property
-    def id(self) -> str:
-        return self.spec.id
-
-    @property
-    def version(self) -> int:
-        return self.spec.version
-
-    @property
-    def description(self) -> str:
-        return self.spec.description
-
-    @property
-    def preregistered(self) -> bool:
-        return self.spec.preregistered
-
-    @property
-    def data_dir(self) -> str | None:
-        return self.spec.data_dir
-
-    @property
-    def device(self) -> str:
-        return self.spec.device
-
-    @property
-    def compile(self) -> bool:
-        return self.spec.compile
-
-    @property
-    def torch_version(self) -> str | None:
-        return self.spec.torch_version
-
-    @property
-    def threads(self) -> int | None:
-        return self.spec.threads
-
-    @property
-    def launcher(self) -> str:
-        return self.spec.launcher
-
-    @property
-    def budget_device_seconds(self) -> float:
-        return self.spec.budget_device_seconds
-
-    @property
-    def interval_level(self) -> float:
-        return self.spec.interval_level
-
-    @property
-    def hypotheses(self) -> dict[str, Any]:
-        return self.spec.hypotheses
-
-    @property
-    def max_attempts(self) -> int:
-        return self.spec.max_attempts
-
-    @property
-    def order_seed(self) -> int:
-        return self.spec.order_seed
-
-    @property
-    def records_dir(self) -> str | None:
-        return self.spec.records_dir
-
-    @property
-    def replicates(self) -> dict[str, Any] | None:
-        return self.spec.replicates
-
     def corpus_data(self) -> Corpus:
         """The protocol's corpus, every byte verified (DataError otherwise): WikiText-2 under
         ``data_dir``, a local corpus's paths relative to the study's root."""
-        return load_corpus(self.corpus, self.root / self.data_dir if self.data_dir else None, self.root)
+        data_dir = self.spec.data_dir
+        return load_corpus(self.corpus, self.root / data_dir if data_dir else None, self.root)
 
     def plugin_fingerprints(self) -> dict[str, dict[str, str]]:
         """Each plug-in's source file (relative to the root when inside it) and sha256."""
@@ -140,16 +73,12 @@ class Protocol:
         )
 
     @property
-    def tag_name(self) -> str:
-        return self.spec.tag_name
-
-    @property
     def records_path(self) -> Path:
-        return self.root / (self.records_dir or f"records/{self.id}")
+        return self.root / (self.spec.records_dir or f"records/{self.spec.id}")
 
     @property
     def runs_path(self) -> Path:
-        return self.root / "runs" / self.id
+        return self.root / "runs" / self.spec.id
 
     @property
     def relpath(self) -> str:
@@ -218,7 +147,7 @@ def load_protocol(path: str | Path) -> Protocol:
         _refuse_bad_origins(doc, spec.origins)
     return Protocol(
         spec=spec,
-        corpus=parse_corpus(doc, spec.corpus),
+        corpus=local_corpus(spec.corpus),
         studies=tuple(studies),
         calibration_pending=pending,
         path=p,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.commandarm import CommandArm, Metric, parse_arms, parse_metric
+from harness.commandarm import check_arms
 from harness.config import Config, config_dir, find_config
 from harness.factorial import DEFAULT_CELLS, DEFAULT_DESIGN, Design, parse
 from harness.names import ARMS, ID_RE
@@ -19,7 +19,7 @@ from prereg.designs import Design as StudyDesign
 from prereg.errors import InputError
 from prereg.planted import plant_problems
 from prereg.protocol.model import Study as Declared
-from prereg.protocol.schema import Document, KeyPath
+from prereg.protocol.schema import CommandArm, Document, KeyPath, Metric
 
 
 @dataclass(frozen=True)
@@ -143,19 +143,15 @@ def _planted(
 
 
 def _commands(doc: Document, s: Declared, kp: KeyPath, root: Path) -> tuple[dict[str, CommandArm], Metric]:
-    """A command study's arms and metric (:mod:`harness.commandarm`); its ``configs`` are labels
-    passed to ``{config}`` (the core refused its ``val_every``, ``val_target_bpb``, ``factors`` and
-    ``cells``: the metric's target is its target)."""
-    arms = parse_arms(doc, s.arms, kp + ("arms",), root)
-    if s.design.shares_process:
-        plain = [role for role, a in arms.items() if not a["reporter"]]
-        if plain:
-            raise doc.error(
-                kp + ("arms", plain[0], "reporter"),
-                "a lockstep pair hands the turn over through the reporter: an arm without it "
-                "(reporter: false) would train beside its partner (use design: paired)",
-            )
-    return arms, parse_metric(doc, s.metric, kp + ("metric",))
+    """A command study's arms and metric as the core read them (:func:`prereg.commands.command_arms`:
+    every key, the lockstep pair's reporters), each arm found where it runs
+    (:func:`harness.commandarm.check_arms`); its ``configs`` are labels passed to ``{config}`` (the
+    core refused its ``val_every``, ``val_target_bpb``, ``factors`` and ``cells``: the metric's
+    target is its target)."""
+    arms: dict[str, CommandArm] = s.arms
+    assert s.metric is not None  # the core's reader refuses a command study without one
+    check_arms(doc, arms, kp + ("arms",), root)
+    return arms, s.metric
 
 
 def _labels(doc: Document, s: Declared, kp: KeyPath) -> list[str]:

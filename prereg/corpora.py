@@ -1,4 +1,6 @@
-"""The corpus: every run read the same bytes, and for a local corpus the bytes its pins imply."""
+"""The corpus: a protocol's ``corpus`` read (a built-in corpus's name, or a local corpus of pinned
+files: its keys declared in :mod:`prereg.protocol.schema`), every run read the same bytes, and for a
+local corpus the bytes its pins imply."""
 
 from __future__ import annotations
 
@@ -10,6 +12,52 @@ from typing import Any
 
 from prereg.bounded import InputLimitError, read_regular
 from prereg.formats.ledger import record_name, sha256
+from prereg.protocol.schema import (
+    CORPORA,
+    CORPUS_FILE,
+    CORPUS_SPLITS,
+    FRACTIONS,
+    PIN,
+    SPLITS,
+    CorpusFiles,
+    Document,
+    KeyPath,
+    Pin,
+    mapping,
+)
+
+
+def corpus_of(doc: Document, value: object) -> str | CorpusFiles:
+    """A protocol's ``corpus``: a built-in corpus's name (:data:`~prereg.protocol.schema.CORPORA`),
+    or a local corpus, ``{name, file: PIN, split: {train, valid, test}}`` or ``{name, train: PIN,
+    valid: PIN, test: PIN}``, each PIN ``{path, size, sha256}``, its fractions summing to 1; each
+    refusal names the file, the key and the line. Whether the pinned bytes are there, the harness
+    checks before a run reads them."""
+    kp: KeyPath = ("corpus",)
+    if isinstance(value, str):
+        if value not in CORPORA:
+            raise doc.error(
+                kp,
+                f"unknown corpus {value!r} (known: {', '.join(CORPORA)}, or a local corpus: "
+                "{name, file: {path, size, sha256}, split: {train, valid, test}})",
+            )
+        return value
+    one = isinstance(value, dict) and "file" in value
+    top = mapping(doc, value, kp, CORPUS_FILE if one else CORPUS_SPLITS)
+    pins = {k: _pin(doc, top[k], kp + (k,)) for k in (("file",) if one else SPLITS)}
+    if not one:
+        return CorpusFiles(name=top["name"], train=pins["train"], valid=pins["valid"], test=pins["test"])
+    split = mapping(doc, top["split"], kp + ("split",), FRACTIONS)
+    total = sum(Fraction(repr(float(split[s]))) for s in SPLITS)
+    if total != 1:
+        raise doc.error(kp + ("split",), f"the fractions sum to {float(total)}, not 1")
+    return CorpusFiles(name=top["name"], file=pins["file"], split={s: float(split[s]) for s in SPLITS})
+
+
+def _pin(doc: Document, value: object, kp: KeyPath) -> Pin:
+    """A local corpus file's pin at ``kp`` (:data:`~prereg.protocol.schema.PIN`)."""
+    pin = mapping(doc, value, kp, PIN)
+    return Pin(path=pin["path"], size=pin["size"], sha256=pin["sha256"])
 
 
 def corpus_splits(root: str, corpus: dict[str, Any]) -> tuple[dict[str, object] | None, list[str]]:

@@ -253,9 +253,9 @@ def _study_summary(st: Study, schema: int) -> dict[str, object]:
     }
 
 
-def _corpus_summary(corpus: str | dict[str, Any]) -> str | dict[str, object]:
+def _corpus_summary(corpus: str | Mapping[str, Any]) -> str | dict[str, object]:
     """The protocol summary's ``corpus``: its name, or its name, files and split."""
-    if not isinstance(corpus, dict):
+    if isinstance(corpus, str):
         return corpus
     c: dict[str, object] = {"name": corpus["name"]}
     for k in ("file", "train", "valid", "test"):

@@ -248,7 +248,8 @@ def test_the_runners_looks_ask_the_design_for_a_units_index(duo):
 
     from harness.execute.looks import SequentialLooks
 
-    proto = SimpleNamespace(hypotheses={"sequential": {"looks": [6, 12]}, "tests": [{"study": "s"}]})
+    spec = SimpleNamespace(hypotheses={"sequential": {"looks": [6, 12]}, "tests": [{"study": "s"}]})
+    proto = SimpleNamespace(spec=spec)
     looks = SequentialLooks(proto, "host", echo=lambda _: None)  # type: ignore[arg-type]
     unit = [SimpleNamespace(design="duo", unit="s.c.duo003", study="s")]
     ledger = SimpleNamespace(looks=lambda: [])

@@ -122,7 +122,7 @@ def test_an_executor_reads_the_run_through_a_context_it_cannot_change(tmp_path):
     class Reader(_UnreadableResults):
         def execute(self, runner: Runner) -> None:
             ctx = runner.context
-            seen.extend([ctx.proto.id, ctx.root, ctx.host, len(ctx.runs), ctx.ledger.head()["seq"]])
+            seen.extend([ctx.proto.spec.id, ctx.root, ctx.host, len(ctx.runs), ctx.ledger.head()["seq"]])
             with pytest.raises(dataclasses.FrozenInstanceError):
                 ctx.live = True  # type: ignore[misc]
 

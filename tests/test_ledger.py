@@ -10,7 +10,7 @@ import pytest
 
 from harness import ledger as ledger_module
 from harness.ledger import Ledger, load_entries
-from prereg.formats.record import MANIFEST, SCHEMA_VERSION, StartedEntry
+from prereg.formats.record import LOOK_SHAPE, MANIFEST, SCHEMA_VERSION, LookEntry, StartedEntry
 
 GENESIS = "0" * 64
 
@@ -57,7 +57,7 @@ def test_two_writers_on_one_folder_make_one_chain(tmp_path):
         (a if i % 3 else b).append_started(started(f"r{i}"))
     assert linear(tmp_path) == list(range(1, 13))
     assert a.head() == b.head() and a.head()["seq"] == 12
-    assert [e["run_id"] for e in a.entries()] == [f"r{i}" for i in range(12)]
+    assert [e.run_id for e in a.entries() if isinstance(e, StartedEntry)] == [f"r{i}" for i in range(12)]
 
 
 def test_a_crash_between_the_mark_and_the_entry_is_seen(tmp_path):
@@ -114,3 +114,45 @@ def test_an_entry_that_vanished_makes_the_index_read_anew(tmp_path, gone):
     before = b.generation
     b.head()
     assert b.generation == before + 1 and len(b.entries()) == 4
+
+
+def test_the_index_holds_typed_entries_and_json_only_at_the_file(tmp_path):
+    """What the ledger appends and gives back is typed (a sealed started entry, a look entry); the
+    JSON object is only what the file holds, and it reads back, by another runner, to the same
+    entries. A look entry's shape is its class's, as the old table declared it."""
+    a = make(tmp_path)
+    sealed = a.append_started(started("r0"))
+    assert isinstance(sealed, StartedEntry) and sealed.ledger is not None and sealed.sha256
+    assert sealed.ledger["seq"] == 1 and sealed.ledger["prev"] == GENESIS
+    assert sealed.link() == {"seq": 1, "sha256": sealed.sha256}
+    look = LookEntry(
+        schema_version=SCHEMA_VERSION,
+        kind="look",
+        protocol={"id": "t", "sha256": "0" * 64, "freeze_sha256": None},
+        look=1,
+        pairs=2,
+        records=[],
+        runner={"host": "here", "pid": 1},
+        taken_at="2026-12-02T00:00:01.000+00:00",
+    )
+    got = a.append_look(look)
+    assert isinstance(got, LookEntry) and got.ledger is not None and got.ledger["prev"] == sealed.sha256
+    b = make(tmp_path)  # another runner, reading the folder's files
+    assert b.entries() == [sealed, got] and b.looks() == [got]
+    assert b.entries_of({"r0"}) == ([], [sealed])
+    file = json.loads((tmp_path / "records" / "look1.look.json").read_text())
+    assert got.to_json() == file and LookEntry.from_json(file) == got
+    with pytest.raises(ValueError, match="a look entry's is 'look'"):
+        LookEntry.from_json({**file, "kind": "started"})
+    assert LOOK_SHAPE == {
+        "schema_version": ((int,), True),
+        "kind": ((str,), True),
+        "protocol": ((dict,), True),
+        "look": ((int,), True),
+        "pairs": ((int,), True),
+        "records": ((list,), True),
+        "runner": ((dict,), True),
+        "taken_at": ((str,), True),
+        "ledger": ((dict,), True),
+        "sha256": ((str,), True),
+    }

@@ -145,8 +145,8 @@ def test_harness_init_writes_a_complete_protocol_and_never_overwrites(tmp_path):
     for key in PROTOCOL_DEFAULTS:
         assert re.search(rf"^{key}:", text, re.M), key
     assert all("#" in line for line in text.splitlines() if line.startswith(("version", "device", "budget")))
-    assert [t["id"] for t in proto.hypotheses["tests"]] == ["H1-speed", "H2-quality"]
-    assert proto.budget_device_seconds == 8 * 600  # every run at its timeout: the stated origin
+    assert [t["id"] for t in proto.spec.hypotheses["tests"]] == ["H1-speed", "H2-quality"]
+    assert proto.spec.budget_device_seconds == 8 * 600  # every run at its timeout: the stated origin
     assert "8 runs x 600 s timeout" in text
     plan = harness(r, "plan", "protocols/mine.yaml")
     assert plan.returncode == 0 and "\n8 runs;" in plan.stdout and "defaults (" not in plan.stdout

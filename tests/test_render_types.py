@@ -62,3 +62,28 @@ def test_points_of_a_reduction_without_a_positive_ratio_are_none() -> None:
     bad = PairedInterval("relative_reduction", 1.0, 0.5, 1.5, 5, 6, 0.2, 0.95, None, 0.9, 1.1)
     assert interval_points(bad) == (None, None, None)
     assert interval_points(None) == (None, None, None)
+
+
+def test_the_answer_s_reduction_names_the_level_its_result_carries() -> None:
+    """The answer's effect in percent reads the level from its result (``iv.interval(level)``), not
+    from a level passed beside it: an interval taken at 80% is said at 80%, with its own ends."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from prereg.formats.record import load_records, load_started
+    from prereg.formats.summary import derive
+    from prereg.render.answer import answer_lines
+
+    d = Path(__file__).resolve().parent.parent / "records" / "cpu1-pilot"
+    s = derive(load_records(d), load_started(d))
+    study = next(st for st in s.studies if st.paired_configs())
+    c = study.paired_configs()[0]
+    iv = c.training_time.interval
+    assert iv is not None and iv.level != 0.8
+    at80 = iv.interval(0.8)
+    moved = replace(c, training_time=replace(c.training_time, interval=at80))
+    studies = [replace(st, configs=[moved if x is c else x for x in st.configs]) for st in s.studies]
+    said = "\n".join(answer_lines(replace(s, studies=studies)))
+    assert f"{at80.estimate:.2f}% (80% interval {at80.low:.2f} to {at80.high:.2f}%) on the wall clock" in said
+    before = "\n".join(answer_lines(s))
+    assert f"{iv.estimate:.2f}% ({100 * iv.level:.4g}% interval {iv.low:.2f} to {iv.high:.2f}%)" in before

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -25,15 +24,7 @@ from typing import TypedDict
 
 from harness.names import CORPORA, SPLITS
 from prereg.errors import DataError, InputError
-from prereg.protocol.schema import Document, Field, mapping
-
-
-class Pin(TypedDict):
-    """A file's pin: its path, byte count and sha256 (a protocol's ``{path, size, sha256}``)."""
-
-    path: str
-    size: int
-    sha256: str
+from prereg.protocol.schema import CorpusFiles, Pin
 
 
 class _ArchiveBytes(TypedDict):
@@ -52,21 +43,6 @@ class Pins(TypedDict):
 
     archive: ArchivePin
     members: dict[str, Pin]
-
-
-class _CorpusName(TypedDict):
-    name: str
-
-
-class CorpusFiles(_CorpusName, total=False):
-    """A local corpus as a job carries it (:meth:`LocalCorpus.as_dict`): one ``file`` cut by
-    ``split``'s fractions, or one file per split."""
-
-    file: Pin
-    train: Pin
-    valid: Pin
-    test: Pin
-    split: dict[str, float]
 
 
 #: WikiText-2 raw v1 as pinned by several independent public projects.
@@ -254,55 +230,10 @@ def _pydoc_topics() -> Corpus:
     return Corpus("pydoc-topics", enc["train"], enc["valid"], enc["test"])
 
 
-_PIN = {
-    "path": Field(str),
-    "size": Field(int, check=lambda v: None if v > 0 else "a positive byte count"),
-    "sha256": Field(
-        str, check=lambda v: None if re.fullmatch(r"[0-9a-f]{64}", v) else "64 lowercase hex digits"
-    ),
-}
-
-
-def parse_corpus(doc: Document, value: object) -> str | LocalCorpus:
-    """A built-in corpus name, or a local corpus: ``{name, file: PIN, split: {train, valid, test}}``
-    or ``{name, train: PIN, valid: PIN, test: PIN}``, each PIN ``{path, size, sha256}``."""
-    kp: tuple[str, ...] = ("corpus",)
-    if isinstance(value, str):
-        if value not in CORPORA:
-            raise doc.error(
-                kp,
-                f"unknown corpus {value!r} (known: {', '.join(CORPORA)}, or a local corpus: "
-                "{name, file: {path, size, sha256}, split: {train, valid, test}})",
-            )
-        return value
-    one = isinstance(value, dict) and "file" in value
-    schema = {
-        "name": Field(
-            str,
-            check=lambda v: (
-                None
-                if re.fullmatch(r"[A-Za-z0-9_-]+", v) and v not in CORPORA
-                else f"letters, digits, - and _ only, not {', '.join(CORPORA)}"
-            ),
-        )
-    }
-    schema.update({"file": Field(dict), "split": Field(dict)} if one else {s: Field(dict) for s in SPLITS})
-    top = mapping(doc, value, kp, schema)
-    files = {k: PinnedFile(**mapping(doc, top[k], kp + (k,), _PIN)) for k in (["file"] if one else SPLITS)}
-    split = None
-    if one:
-        fr = mapping(
-            doc,
-            top["split"],
-            kp + ("split",),
-            {s: Field(float, check=lambda v: None if 0 < v < 1 else "a fraction in (0, 1)") for s in SPLITS},
-        )
-        split = _fractions(fr)
-        if sum(Fraction(x) for x in split) != 1:
-            raise doc.error(
-                kp + ("split",), f"the fractions sum to {float(sum(Fraction(x) for x in split))}, not 1"
-            )
-    return LocalCorpus(top["name"], {("all" if k == "file" else k): f for k, f in files.items()}, split)
+def local_corpus(corpus: str | CorpusFiles) -> str | LocalCorpus:
+    """A protocol's corpus as the core read it (:func:`prereg.corpora.corpus_of`): a built-in
+    corpus's name, or the :class:`LocalCorpus` of its pinned files (verified when it loads)."""
+    return corpus if isinstance(corpus, str) else LocalCorpus.from_dict(corpus)
 
 
 CorpusSpec = str | LocalCorpus | CorpusFiles

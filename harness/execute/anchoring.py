@@ -41,8 +41,8 @@ class Anchoring:
         problem = gitutil.anchor(
             self.proto.root,
             self.remote,
-            f"refs/ledger/{self.proto.tag_name}",
-            self.proto.id,
+            f"refs/ledger/{self.proto.spec.tag_name}",
+            self.proto.spec.id,
             frozen.freeze_sha256 or self.proto.sha256,
             head["seq"],
             head["sha256"],

@@ -10,7 +10,6 @@ states.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
@@ -58,7 +57,7 @@ def unit_attempt_of(ledger: Ledger, unit: list[RunSpec], todo: list[RunSpec]) ->
         The unit attempt (1 for a unit's first).
     """
     recs, starts = ledger.entries_of({s.run_id for s in unit})
-    current = max([0, *(e.get("unit_attempt", 1) for e in [*recs, *starts])])
+    current = max([0, *(r.unit_attempt for r in recs), *(e.unit_attempt for e in starts)])
     return current + 1 if len(todo) == len(unit) or current == 0 else current
 
 
@@ -111,41 +110,44 @@ def attempt_record(
     )
 
 
-def interrupted_result(e: Mapping[str, Any]) -> WorkerResult:
+def interrupted_result(e: StartedEntry) -> WorkerResult:
     """The result of a started attempt that no record ends: interrupted, charged the ledger's time
     from its started entry to now (an upper bound: the worker never reported its own).
 
     Parameters
     ----------
-    e : mapping
-        The attempt's started entry, as the ledger holds it.
+    e : StartedEntry
+        The attempt's started entry, sealed in the chain.
 
     Returns
     -------
     WorkerResult
         Status ``interrupted``, the reason naming where and when it started, and its device seconds.
     """
-    t0 = datetime.fromisoformat(e["ledger"]["at"])
+    link = e.ledger
+    if link is None or "at" not in link:
+        raise RecordFormatError(f"started entry {e.run_id} a{e.attempt} has no time in the chain (ledger.at)")
+    t0 = datetime.fromisoformat(link["at"])
     now = datetime.now(timezone.utc)
     return WorkerResult(
         status="interrupted",
         reason=(
-            f"attempt started at {e['started_at']} on {e['node']} (runner pid "
-            f"{e['runner']['pid']} on {e['runner']['host']}) did not finish: the runner or machine "
+            f"attempt started at {e.started_at} on {e.node} (runner pid "
+            f"{e.runner['pid']} on {e.runner['host']}) did not finish: the runner or machine "
             "stopped before the worker's outcome was recorded"
         ),
         timings={
             "device_s": max(0.0, (now - t0).total_seconds()),
             "device_s_source": (
-                f"ledger: from its started entry (seq {e['ledger']['seq']}, "
-                f"{e['ledger']['at']}) to this record, an upper bound (the worker "
+                f"ledger: from its started entry (seq {link['seq']}, "
+                f"{link['at']}) to this record, an upper bound (the worker "
                 "never reported its own)"
             ),
         },
     )
 
 
-def stopped_result(e: Mapping[str, Any], seconds: float, signal_name: str, runs: int) -> WorkerResult:
+def stopped_result(e: StartedEntry, seconds: float, signal_name: str, runs: int) -> WorkerResult:
     """The result of an attempt the runner stopped on a signal it caught (``signal_name``: SIGINT
     from Ctrl-C, SIGTERM): interrupted, charged the runner's own measure of its worker process's
     time, from the process's start to the stop, shared equally among the ``runs`` it held (a
@@ -153,8 +155,8 @@ def stopped_result(e: Mapping[str, Any], seconds: float, signal_name: str, runs:
 
     Parameters
     ----------
-    e : mapping
-        The attempt's started entry, as the ledger holds it.
+    e : StartedEntry
+        The attempt's started entry, sealed in the chain.
     seconds : float
         The worker process's time until the stop (the runner's monotonic clock).
     signal_name : str
@@ -172,8 +174,8 @@ def stopped_result(e: Mapping[str, Any], seconds: float, signal_name: str, runs:
     return WorkerResult(
         status="interrupted",
         reason=(
-            f"attempt started at {e['started_at']} on {e['node']} was stopped by {signal_name} after "
-            f"{seconds:.1f} s (runner pid {e['runner']['pid']} on {e['runner']['host']}); it runs again "
+            f"attempt started at {e.started_at} on {e.node} was stopped by {signal_name} after "
+            f"{seconds:.1f} s (runner pid {e.runner['pid']} on {e.runner['host']}); it runs again "
             "when the study resumes"
         ),
         timings={
@@ -220,7 +222,7 @@ def started_entry(
     return StartedEntry(
         schema_version=SCHEMA_VERSION,
         kind="started",
-        protocol={"id": proto.id, "sha256": proto.sha256, "freeze_sha256": frozen.freeze_sha256},
+        protocol={"id": proto.spec.id, "sha256": proto.sha256, "freeze_sha256": frozen.freeze_sha256},
         run_id=spec.run_id,
         unit=spec.unit,
         attempt=attempt,

@@ -51,7 +51,7 @@ def _refuse_knobs(proto: Protocol) -> None:
         factor = slowdown()
     except ValueError as e:
         raise RefusedError(f"{proto.path}: {e}; nothing was run") from e
-    if factor != 1.0 and proto.preregistered:
+    if factor != 1.0 and proto.spec.preregistered:
         raise RefusedError(
             f"{proto.path}: {SLOWDOWN} is set: a test knob that slows every run, never for a "
             "preregistered study; nothing was run: unset it"
@@ -130,14 +130,14 @@ def _worker_environment(proto: Protocol, root: Path) -> dict[str, str]:
     try:
         env = worker_env(
             sorted({str(p.parent) for p in package_dirs()}),
-            threads=proto.threads,
+            threads=proto.spec.threads,
             frozen=frozen,
             exempt=sorted(freeze.EXEMPT),
             phase_sha256=phase_library(proto),
         )
     except ValueError as e:
         raise RefusedError(f"{proto.path}: {e}; nothing was run") from e
-    if proto.preregistered and repo:
+    if proto.spec.preregistered and repo:
         import json
 
         bad = freeze.sources_mismatches(repo, "HEAD", json.loads(env["HARNESS_SOURCES"]))
@@ -152,7 +152,7 @@ def _worker_environment(proto: Protocol, root: Path) -> dict[str, str]:
 def phase_library(proto: Protocol) -> str | None:
     """Build or verify the ``phase.c`` library here, once, before any worker (where an arm may load it)."""
     arms = {a for s in proto.studies for a in s.arms}
-    if proto.device not in ("cpu", "auto") or "cotangent" not in arms:
+    if proto.spec.device not in ("cpu", "auto") or "cotangent" not in arms:
         return None
     import hashlib
 

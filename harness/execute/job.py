@@ -20,7 +20,7 @@ from prereg.formats.jsonfields import exact_fields
 from prereg.formats.record import RunSpec
 
 if TYPE_CHECKING:
-    from harness.data.corpora import CorpusFiles
+    from prereg.protocol.schema import CorpusFiles
 
 JOB_FORMAT = 1
 

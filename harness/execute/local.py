@@ -31,7 +31,7 @@ class LocalExecutor:
     name = "local"
 
     def execute(self, runner: RunnerPort) -> None:
-        launcher = LAUNCHERS[runner.context.proto.launcher]()
+        launcher = LAUNCHERS[runner.context.proto.spec.launcher]()
         try:
             for claim in runner.claims():
                 try:

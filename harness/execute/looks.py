@@ -21,7 +21,7 @@ from prereg.attempts import final_units
 from prereg.barrier import look_entry_records
 from prereg.designs import design_named
 from prereg.formats.jsonfields import plain
-from prereg.formats.record import SCHEMA_VERSION, RunSpec, jsonable
+from prereg.formats.record import SCHEMA_VERSION, LookEntry, RunSpec, jsonable
 from prereg.hypotheses import Family
 from prereg.looks import look_units
 from prereg.recompute import summary_of
@@ -50,17 +50,17 @@ class SequentialLooks:
             return True
         index = design_named(unit[0].design).unit_index(unit[0].unit)
         due = [n for n in looks if n <= index]
-        taken_over = [e for e in ledger.looks() if index < e["pairs"]]
+        taken_over = [e for e in ledger.looks() if index < e.pairs]
         if taken_over:
             self.echo(
-                f"sequential: {unit[0].unit} is one of the pairs look {taken_over[0]['look']} was taken on; "
+                f"sequential: {unit[0].unit} is one of the pairs look {taken_over[0].look} was taken on; "
                 "it does not run again"
             )
             return False
         if not due:
             return True
         for k, n in enumerate(due, start=1):  # take each look due, in order, once
-            if any(e["look"] == k for e in ledger.looks()):
+            if any(e.look == k for e in ledger.looks()):
                 continue
             if not self._take(k, n, ledger, freeze_sha256):
                 return False  # its pairs are still running (another runner's, or in flight)
@@ -70,7 +70,7 @@ class SequentialLooks:
     def _looks_over(self, unit: list[RunSpec]) -> list[int] | None:
         """The pairs at each look of the sequential rule over ``unit``, or None where no look
         applies (no ``sequential`` block, a unit that is not a pair, a study no hypothesis tests)."""
-        spec = self.proto.hypotheses
+        spec = self.proto.spec.hypotheses
         seq = spec.get("sequential") if isinstance(spec, dict) else None
         if seq is None or not design_named(unit[0].design).pairwise:
             return None
@@ -91,28 +91,26 @@ class SequentialLooks:
                 f"{summary['stop']}): no further run starts"
             )
             return False
-        return len(taken) >= due and all(
-            any(e["look"] == k for e in ledger.looks()) for k in range(1, due + 1)
-        )
+        return len(taken) >= due and all(any(e.look == k for e in ledger.looks()) for k in range(1, due + 1))
 
     def _take(self, k: int, n: int, ledger: Ledger, freeze_sha256: str | None) -> bool:
         """Append look ``k``'s entry (its ``n`` pairs final: the records it binds) before any of its
         statistics is computed; False when its pairs are not all final yet."""
         data = records_json(ledger)
-        units = look_units(data[0]["protocol"], Family.of(self.proto.hypotheses), n) if data else []
+        units = look_units(data[0]["protocol"], Family.of(self.proto.spec.hypotheses), n) if data else []
         if not data or not set(units) <= final_units(data):
             return False
         head = ledger.head()
-        entry = {
-            "schema_version": SCHEMA_VERSION,
-            "kind": "look",
-            "protocol": {"id": self.proto.id, "sha256": self.proto.sha256, "freeze_sha256": freeze_sha256},
-            "look": k,
-            "pairs": n,
-            "records": look_entry_records(data, units, head["seq"] + 1),
-            "runner": {"host": self.host, "pid": os.getpid()},
-            "taken_at": utc_stamp(time.time()),
-        }
+        entry = LookEntry(
+            schema_version=SCHEMA_VERSION,
+            kind="look",
+            protocol={"id": self.proto.spec.id, "sha256": self.proto.sha256, "freeze_sha256": freeze_sha256},
+            look=k,
+            pairs=n,
+            records=look_entry_records(data, units, head["seq"] + 1),
+            runner={"host": self.host, "pid": os.getpid()},
+            taken_at=utc_stamp(time.time()),
+        )
         ledger.append_look(entry)
         self.echo(f"sequential: look {k} taken on pairs 1..{n} (ledger seq {head['seq'] + 1})")
         return True

@@ -138,7 +138,7 @@ class RayExecutor:
     def execute(self, runner: RunnerPort) -> None:
         ray, queue = self._init(runner)
         proto = runner.context.proto
-        device = proto.device if proto.device != "auto" else "cpu"
+        device = proto.spec.device if proto.spec.device != "auto" else "cpu"
         resource = RESOURCE.format(device=device)
         capacity = int(ray.cluster_resources().get(resource, 0))
         if capacity < 1:
@@ -238,13 +238,13 @@ class RayExecutor:
         corpus = runner.context.corpus  # verified by the runner before any run
         expect: Expect = {
             "code": code_sha256(),
-            "torch": proto.torch_version,
-            "protocol": proto.id,
+            "torch": proto.spec.torch_version,
+            "protocol": proto.spec.id,
             "corpus": corpus.name,
             "device": device,
-            "launcher": proto.launcher,
+            "launcher": proto.spec.launcher,
             "corpus_sha256": corpus.sha256(),
-            "threads": proto.threads,
+            "threads": proto.spec.threads,
             "phase_sha256": (runner.context.env or {}).get("COTANGENT_PHASE_SHA256"),
             # the shipped working directory every node must hold (ray_node.shipped_problems)
             "tree": driver_tree(runner.context.root, EXCLUDES + _corpus_paths(runner)),

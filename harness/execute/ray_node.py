@@ -29,7 +29,7 @@ from prereg.errors import RefusedError
 from prereg.formats.record import canonical
 
 if TYPE_CHECKING:
-    from harness.data.corpora import CorpusFiles
+    from prereg.protocol.schema import CorpusFiles
 
 RESOURCE = "harness-{device}"
 

@@ -34,7 +34,6 @@ import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 from filelock import FileLock, Timeout
 
@@ -70,6 +69,7 @@ from prereg.failstop import describe as describe_failing
 from prereg.formats.record import (
     RunRecord,
     RunSpec,
+    StartedEntry,
     WorkerResult,
     atomic_write,
     budget_attempts,
@@ -114,7 +114,7 @@ class Runner:
         self.looks = SequentialLooks(proto, self.host, echo)  # the sequential rule's looks
         self.frozen = freeze.NOT_FROZEN
         self._ledger: Ledger | None = None
-        self._starts: dict[tuple[str, int], dict[str, Any]] = {}
+        self._starts: dict[tuple[str, int], StartedEntry] = {}
         self.anchoring = Anchoring(proto, anchor, echo)  # the ledger's anchors, the result's signature
         self.env: dict[str, str] | None = None  # the workers' environment, set by run()
         self._context: RunContext | None = None  # what the executor reads, set by run()
@@ -153,28 +153,26 @@ class Runner:
     def _note_interrupted(self, spec: RunSpec) -> int:
         """Record every started attempt of ``spec`` that no record ends; return the next attempt number."""
         recs, starts = self.ledger.entries_of({spec.run_id})
-        ended = {r["attempt"] for r in recs}
+        ended = {r.attempt for r in recs}
         for e in starts:
-            if e["attempt"] in ended:
+            if e.attempt in ended:
                 continue
             rec = attempt_record(
                 self.proto,
                 self.frozen,
                 self.plan_sha,
                 spec,
-                e["attempt"],
+                e.attempt,
                 interrupted_result(e),
-                unit_attempt=e.get("unit_attempt", 1),
-                start={"seq": e["ledger"]["seq"], "sha256": e["sha256"]},
-                started_at=e["started_at"],
+                unit_attempt=e.unit_attempt,
+                start=e.link(),
+                started_at=e.started_at,
                 finished_at=None,
             )
             self._write(rec)
-            ended.add(e["attempt"])
-            self.echo(
-                f"noted interrupted attempt {e['attempt']} of {spec.run_id} (started {e['started_at']})"
-            )
-        return max([0, *ended, *(e["attempt"] for e in starts)]) + 1
+            ended.add(e.attempt)
+            self.echo(f"noted interrupted attempt {e.attempt} of {spec.run_id} (started {e.started_at})")
+        return max([0, *ended, *(e.attempt for e in starts)]) + 1
 
     # -- execution -----------------------------------------------------------------------
     def job(self, spec: RunSpec, attempt: int, checkpoint_dir: Path | None = None) -> Job:
@@ -218,7 +216,7 @@ class Runner:
         start = self._starts.pop((spec.run_id, attempt), None)
         if start is None:
             _, starts = self.ledger.entries_of({spec.run_id})
-            start = next(e for e in starts if e["attempt"] == attempt)
+            start = next(e for e in starts if e.attempt == attempt)
         text = outcome.result.pop(EVIDENCE_TEXT, None) if isinstance(outcome.result, dict) else None
         result, device_s = outcome_result(outcome)
         self._keep_evidence(result, text)
@@ -229,8 +227,8 @@ class Runner:
             spec,
             attempt,
             result,
-            unit_attempt=start.get("unit_attempt", 1),
-            start={"seq": start["ledger"]["seq"], "sha256": start["sha256"]},
+            unit_attempt=start.unit_attempt,
+            start=start.link(),
             started_at=utc_stamp(outcome.started_at),
             finished_at=utc_stamp(outcome.finished_at or time.time()),
             node=node,
@@ -251,7 +249,7 @@ class Runner:
             start = self._starts.pop((spec.run_id, attempt), None)
             if start is None:
                 _, starts = self.ledger.entries_of({spec.run_id})
-                start = next((e for e in starts if e["attempt"] == attempt), None)
+                start = next((e for e in starts if e.attempt == attempt), None)
             if start is None:  # stopped before its started entry: nothing to record
                 continue
             rec = attempt_record(
@@ -261,9 +259,9 @@ class Runner:
                 spec,
                 attempt,
                 stopped_result(start, seconds, signal_name, len(group)),
-                unit_attempt=start.get("unit_attempt", 1),
-                start={"seq": start["ledger"]["seq"], "sha256": start["sha256"]},
-                started_at=start["started_at"],
+                unit_attempt=start.unit_attempt,
+                start=start.link(),
+                started_at=start.started_at,
                 finished_at=utc_stamp(time.time()),
             )
             self._write(rec)
@@ -298,7 +296,7 @@ class Runner:
         those reserved by units in flight) and the unit's runs at the mean device seconds of the ok
         runs so far would exceed the protocol's budget; then ``stopped_for_budget`` is set."""
         verdict = budget_check(
-            unit[0].unit, len(todo), attempts, self.proto.budget_device_seconds, reserved=reserved
+            unit[0].unit, len(todo), attempts, self.proto.spec.budget_device_seconds, reserved=reserved
         )
         self.progress.note_budget(
             verdict.spent, verdict.budget, verdict.expected / verdict.todo if verdict.todo else None
@@ -433,8 +431,8 @@ class Runner:
         if proto.defaults_note():
             self.echo(str(proto.defaults_note()))
         self.frozen = freeze.check(proto, self.plan_sha, len(self.runs))
-        if proto.torch_version and not self.allow_torch_mismatch:
-            self._check_torch(proto.torch_version)
+        if proto.spec.torch_version and not self.allow_torch_mismatch:
+            self._check_torch(proto.spec.torch_version)
         self.env = hermetic_env(self.proto, self.root, self.records, self.anchoring.remote)
         if SLOWDOWN in self.env:
             self.echo(
@@ -486,7 +484,7 @@ class Runner:
             from prereg.errors import RefusedError
 
             raise RefusedError(
-                f"{proto.path}: protocol {proto.id!r} names PyTorch {proto.torch_version}, this is "
+                f"{proto.path}: protocol {proto.spec.id!r} names PyTorch {proto.spec.torch_version}, this is "
                 f"{torch.__version__}; copy it into a new protocol id for this environment"
             )
 
@@ -527,13 +525,13 @@ class Runner:
 
     def _replicate_run(self) -> tuple[int, int] | None:
         """``(K, count)`` of a replicated protocol run with ``--replicate K``; None otherwise."""
-        if self.proto.replicates is None or self.replicate is None:
+        if self.proto.spec.replicates is None or self.replicate is None:
             return None
-        return self.replicate, self.proto.replicates["count"]
+        return self.replicate, self.proto.spec.replicates["count"]
 
     def _check_replicate_named(self) -> None:
         """``--replicate K`` goes with a replicated protocol, and names one of its replicates."""
-        reps, k = self.proto.replicates, self.replicate
+        reps, k = self.proto.spec.replicates, self.replicate
         if reps is None:
             if k is not None:
                 raise RefusedError(
@@ -550,11 +548,11 @@ class Runner:
         """A replicated protocol runs one replicate per ``harness run --replicate K``: only its units
         are claimed, and only when no later replicate has begun and every earlier one's last entry
         on this machine is ``min_gap_s`` old (:func:`prereg.replicates.overlap_problem`)."""
-        reps, k = self.proto.replicates, self.replicate
+        reps, k = self.proto.spec.replicates, self.replicate
         if reps is None or k is None:
             return
         of_run = {s.run_id: s.replicate for s in self.runs if s.replicate is not None}
-        spans = spans_of(self.ledger.entries(), of_run)
+        spans = spans_of([e.to_json() for e in self.ledger.entries()], of_run)  # the core reads JSON
         here = machine_of({"runner": {"host": self.host, **machine_witness()}})
         why = overlap_problem(k, spans, time.time(), here, reps["min_gap_s"])
         if why is not None:
@@ -575,7 +573,7 @@ class Runner:
         sts = [states.get(s.run_id) for s in unit]
         if any(st is not None and st.last == "failed" for st in sts):
             tries = max(st.tries for st in sts if st is not None)
-            return list(unit) if self.retry_failed and tries < self.proto.max_attempts else []
+            return list(unit) if self.retry_failed and tries < self.proto.spec.max_attempts else []
         todo = [s for s, st in zip(unit, sts) if st is None or st.last != "ok"]
         if todo and unit[0].lockstep:
             return list(unit)  # a lockstep pair runs whole, in one process: a new unit attempt

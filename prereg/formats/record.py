@@ -89,8 +89,9 @@ Typed objects (frozen dataclasses), with JSON only at the file and process bound
 (a worker result and the runner's fields; what the analysis reads). A field that is ``None`` is
 left out of the JSON, except the ones every record has (``reason``, ``started_at``, ...), which are
 written as ``null``; so records written before these types read into them and write back to the
-same bytes (``tests/test_records.py`` checks every committed record). The ledger and the audit read
-the files themselves, as JSON objects.
+same bytes (``tests/test_records.py`` checks every committed record). The harness's ledger types
+each entry of the chain once, by its kind (:func:`chain_entry`: a record, a :class:`StartedEntry`,
+a :class:`LookEntry`); the audit reads the files as JSON objects.
 
 Canonical JSON: ``json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
 allow_nan=False)`` encoded as UTF-8. Non-finite floats are stored as ``null`` (and a non-finite
@@ -142,9 +143,15 @@ SEALED = "sealed"
 NOT_NULL = "not null"
 
 
-class LedgerLink(TypedDict):
+class _Link(TypedDict):
     seq: int  # 1-based position in the protocol's chain
     prev: str  # sha256 of the record before (the freeze manifest's sha256 for seq 1)
+
+
+class LedgerLink(_Link, total=False):
+    """An entry's link in the chain: its position, the entry before it, when it was sealed."""
+
+    at: str  # when the ledger sealed it (schema 3 on)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,6 +183,43 @@ class StartedEntry:
         found = json_fields(cls, data, what, RecordFormatError)
         if found["kind"] != "started":
             raise RecordFormatError(f"{what}: field kind = {found['kind']!r}; a started entry's is 'started'")
+        return cls(**found)
+
+    def link(self) -> StartLink:
+        """The link a record that ends this attempt holds (``start``): this sealed entry's ``seq``
+        and ``sha256``."""
+        if self.ledger is None or self.sha256 is None:
+            raise RecordFormatError(f"started entry {self.run_id} a{self.attempt} is not sealed in the chain")
+        return {"seq": self.ledger["seq"], "sha256": self.sha256}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LookEntry:
+    """A group-sequential look, appended to the chain before any of its statistics is computed
+    (``look<k>.look.json``): the look's number, the pairs it is taken on and the sha256 of the
+    records it binds (:func:`prereg.barrier.look_entry_records`). Read from its file by
+    :meth:`from_json`, which refuses unknown or missing fields, values of the wrong JSON type and
+    any ``kind`` but ``"look"``."""
+
+    schema_version: int
+    kind: str  # "look"
+    protocol: Mapping[str, object]  # id, sha256, freeze_sha256
+    look: int  # 1-based
+    pairs: int  # the pairs it is taken on: 1..pairs
+    records: Sequence[str]  # the sha256 of the analysed records it binds, sorted
+    runner: Mapping[str, object]  # the process that appended it: host, pid
+    taken_at: str
+    ledger: LedgerLink | None = field(default=None, metadata={"file": SEALED})  # set when appended
+    sha256: str | None = field(default=None, metadata={"file": SEALED})  # set when it is sealed
+
+    def to_json(self) -> dict[str, object]:
+        return {f.name: plain(v) for f in fields(self) if (v := getattr(self, f.name)) is not None}
+
+    @classmethod
+    def from_json(cls, data: object, what: str = "look entry") -> LookEntry:
+        found = json_fields(cls, data, what, RecordFormatError)
+        if found["kind"] != "look":
+            raise RecordFormatError(f"{what}: field kind = {found['kind']!r}; a look entry's is 'look'")
         return cls(**found)
 
 
@@ -420,23 +464,40 @@ def file_shape(cls: type) -> Shape:
 
 
 #: The shapes every reader relies on (the JSON types of the fields it reads before anything else),
-#: checked before any other check reads an entry: a record's, its spec's and a started entry's are
-#: their dataclasses' (:func:`file_shape`); a look entry and a ledger link have no class of theirs.
+#: checked before any other check reads an entry: a record's, its spec's, a started entry's and a
+#: look entry's are their dataclasses' (:func:`file_shape`); a ledger link has no class of its own.
 RECORD_SHAPE = file_shape(RunRecord)
 SPEC_SHAPE = file_shape(RunSpec)
 STARTED_SHAPE = file_shape(StartedEntry)
-LOOK_SHAPE: Shape = {
-    "schema_version": ((int,), True),
-    "kind": ((str,), True),
-    "protocol": ((dict,), True),
-    "look": ((int,), True),
-    "pairs": ((int,), True),
-    "records": ((list,), True),
-    "runner": ((dict,), True),
-    "taken_at": ((str,), True),
-    "ledger": ((dict,), True),
-    "sha256": ((str,), True),
-}
+LOOK_SHAPE = file_shape(LookEntry)
+
+#: An entry of the chain, typed: a run's record, an attempt's started entry, or a look.
+ChainEntry = RunRecord | StartedEntry | LookEntry
+
+
+def chain_entry(
+    data: Mapping[str, object], what: str, snapshots: Mapping[str, object] | None = None
+) -> ChainEntry:
+    """One entry of the chain typed by its ``kind`` (its JSON object as :func:`read_entry` gives it;
+    a schema 4 record over its folder's ``snapshots``), refusing fields its class does not know."""
+    kind = data.get("kind")
+    if kind == "look":
+        return LookEntry.from_json(data, what)
+    if kind == "started":
+        return StartedEntry.from_json(data, what)
+    return RunRecord.from_json(data, what, snapshots)
+
+
+def entry_seq(e: ChainEntry) -> int:
+    """An entry's position in the chain (0 for a record before schema 2, which has none)."""
+    return e.ledger["seq"] if e.ledger is not None else 0
+
+
+def entry_run(e: RunRecord | StartedEntry) -> str:
+    """The run an attempt's entry (its record or its started entry) belongs to."""
+    return e.run_id if isinstance(e, StartedEntry) else e.spec.run_id
+
+
 LEDGER_SHAPE: Shape = {
     "seq": ((int,), True),
     "prev": ((str,), True),

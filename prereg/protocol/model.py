@@ -11,6 +11,7 @@ from typing import Any
 
 from prereg.designs import Design
 from prereg.hypotheses import Family
+from prereg.protocol.schema import CorpusFiles, Metric
 
 __all__ = ["Protocol", "Study"]
 
@@ -27,7 +28,8 @@ class Study:
         Its design (:mod:`prereg.designs`), looked up once: what code asks instead of its name.
     arms
         A pair's two arms or a default factorial's four (a list), a command study's arms by role (a
-        mapping), or None (a declared factorial names each cell's arm under ``cells``).
+        mapping, each arm as every spec holds it: :func:`prereg.commands.arm_of`), or None (a
+        declared factorial names each cell's arm under ``cells``).
     factors, cells
         A declared factorial's factors and cells (None otherwise).
     configs
@@ -58,7 +60,7 @@ class Study:
     steps: int
     val_every: int
     val_target_bpb: float | dict[str, Any] | None
-    metric: dict[str, Any] | None
+    metric: Metric | None
     interval_level: float
     block_steps: int | None
     planted: dict[str, Any] | None
@@ -77,6 +79,8 @@ class Protocol:
 
     Attributes
     ----------
+    corpus
+        A built-in corpus's name, or a local corpus's pinned files (:func:`prereg.corpora.corpus_of`).
     hypotheses
         The resolved ``hypotheses`` block as every record carries it: ``{"descriptive": reason}``,
         or the family with each test's configuration filled in (:attr:`family` is it typed).
@@ -90,7 +94,7 @@ class Protocol:
     version: int
     description: str
     preregistered: bool
-    corpus: str | dict[str, Any]
+    corpus: str | CorpusFiles
     data_dir: str | None
     device: str
     compile: bool

@@ -14,12 +14,25 @@ from pathlib import Path
 from typing import Any
 
 from prereg.bounded import InputLimitError, read_target
+from prereg.commands import checked_metric, command_arms
+from prereg.corpora import corpus_of
 from prereg.designs import Design, design_named
 from prereg.errors import InputError
 from prereg.hypotheses import rule_problems
 from prereg.plan import study_level
 from prereg.protocol.model import Protocol, Study
-from prereg.protocol.schema import FAMILY, NAMED, SEEDS, STUDY, TEST, TOP, Document, KeyPath, mapping
+from prereg.protocol.schema import (
+    FAMILY,
+    NAMED,
+    SEEDS,
+    STUDY,
+    TEST,
+    TOP,
+    CommandArm,
+    Document,
+    KeyPath,
+    mapping,
+)
 from prereg.sequential import looks_problems
 from prereg.yamlflow import YamlError
 from prereg.yamlsub import yaml_lines
@@ -157,7 +170,8 @@ def protocol_of(doc: Document) -> Protocol:
     hypotheses = _hypotheses(doc, top["hypotheses"], studies)
     named = sorted(k for k, f in TOP.items() if f.origin == NAMED and k not in doc.data)
     return Protocol(
-        **{k: v for k, v in top.items() if k not in ("studies", "hypotheses")},
+        **{k: v for k, v in top.items() if k not in ("studies", "hypotheses", "corpus")},
+        corpus=corpus_of(doc, top["corpus"]),
         studies=tuple(studies),
         hypotheses=hypotheses,
         defaults=tuple(named),
@@ -189,6 +203,9 @@ def _study(doc: Document, s: dict[str, Any], kp: KeyPath, level: float) -> Study
     design = design_named(s["design"])
     if isinstance(s["arms"], dict):
         _command_keys(doc, s, design, kp)
+        s["arms"] = command_arms(doc, s["arms"], kp + ("arms",))
+        _lockstep_reporters(doc, s["arms"], design, kp)
+        s["metric"] = checked_metric(doc, s["metric"], kp + ("metric",))
         s["val_every"] = s["steps"]  # a command study's scripts evaluate when they choose
     else:
         for key in ("val_every", "val_target_bpb"):
@@ -239,6 +256,17 @@ def _command_keys(doc: Document, s: dict[str, Any], design: Design, kp: KeyPath)
                 f"{key!r} does not belong to a study of command arms (its scripts evaluate when they "
                 "choose; the target is metric.target)",
             )
+
+
+def _lockstep_reporters(doc: Document, arms: dict[str, CommandArm], design: Design, kp: KeyPath) -> None:
+    """A lockstep pair of command arms hands the turn over through the reporter: both arms have one."""
+    plain = [role for role, a in arms.items() if not a["reporter"]]
+    if design.shares_process and plain:
+        raise doc.error(
+            kp + ("arms", plain[0], "reporter"),
+            "a lockstep pair hands the turn over through the reporter: an arm without it "
+            "(reporter: false) would train beside its partner (use design: paired)",
+        )
 
 
 def _lockstep(doc: Document, s: dict[str, Any], design: Design, kp: KeyPath) -> None:

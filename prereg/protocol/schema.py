@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from prereg.designs import design_names, find_design
 from prereg.errors import InputError
@@ -19,17 +19,29 @@ from prereg.yamlflow import KeyPath
 
 __all__ = [
     "CALIBRATION",
+    "COMMAND_ARM",
+    "CORPORA",
+    "CORPUS_FILE",
+    "CORPUS_SPLITS",
     "FAMILY",
     "FIXED",
+    "FRACTIONS",
     "ID_RE",
+    "METRIC",
     "NAMED",
+    "PIN",
     "PROTOCOL",
     "SEEDS",
+    "SPLITS",
     "STUDY",
     "TEST",
     "TOP",
+    "CommandArm",
+    "CorpusFiles",
     "Document",
     "Field",
+    "Metric",
+    "Pin",
     "KeyPath",
     "dotted",
     "mapping",
@@ -318,3 +330,116 @@ CALIBRATION: dict[str, Field] = {
     "pilot": Field(str),
     "command": Field(str),
 }
+
+
+#: The keys of one command arm (a study of command arms' ``arms.baseline`` and ``arms.candidate``;
+#: :func:`prereg.commands.command_arms` applies them and the arm's rules; the harness then finds its
+#: working directory, its commit and its program, what needs the file system).
+COMMAND_ARM: dict[str, Field] = {
+    "command": Field(list),  # the argument list, no shell; placeholders (prereg.commands.PLACEHOLDERS)
+    "cwd": Field(
+        str, required=False, default=".", origin=FIXED
+    ),  # inside the repository (or the ref's checkout)
+    "env": Field(dict, required=False),  # added to the allow-listed environment (prereg.commands.env_problem)
+    # the wall-clock limit of one run (a run past it is killed and failed)
+    "timeout_s": Field(
+        (int, float),
+        check=lambda v: None if math.isfinite(v) and v > 0 else "a finite number of seconds above 0",
+    ),
+    "ref": Field(str, required=False),  # run in a clean checkout of that commit (its full id)
+    "reporter": Field(
+        bool, required=False, default=True, origin=FIXED
+    ),  # false: metrics_regex reads its output
+    "metrics_regex": Field(dict, required=False),
+}
+
+
+class _Arm(TypedDict):
+    command: list[str]  # the argument list, placeholders unfilled
+    cwd: str  # relative to the repository (or the ref's checkout)
+    env: dict[str, str]
+    timeout_s: float
+    ref: str | None  # a full commit id, or None: the working tree
+    reporter: bool
+
+
+class CommandArm(_Arm, total=False):
+    """One command arm as the typed protocol and every spec hold it (:data:`COMMAND_ARM`'s keys,
+    defaults filled in: :func:`prereg.commands.arm_of`)."""
+
+    metrics_regex: dict[str, str]  # an arm without the reporter: each metric's expression
+
+
+#: The keys of a command study's ``metric``: the name its scripts report, the target its endpoints
+#: ``time_to_target`` and ``final_metric`` read, and which way is better.
+METRIC: dict[str, Field] = {
+    "name": Field(str, check=lambda v: None if v.strip() else "a metric's name, not empty"),
+    "target": Field((int, float), check=lambda v: None if math.isfinite(v) else "must be a finite number"),
+    "better": Field(str, required=False, default="lower", check=one_of("lower", "higher"), origin=FIXED),
+}
+
+
+class Metric(TypedDict):
+    """A command study's metric as the typed protocol holds it (:data:`METRIC`'s keys:
+    :func:`prereg.commands.metric_of`)."""
+
+    name: str
+    target: float
+    better: str  # "lower" or "higher"
+
+
+#: The built-in corpora a protocol's ``corpus`` may name (else a local corpus of pinned files), and
+#: the three splits every corpus has.
+CORPORA = ("wikitext-2", "pydoc-topics")
+SPLITS = ("train", "valid", "test")
+
+
+def _corpus_name(v: object) -> str | None:
+    ok = isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9_-]+", v) and v not in CORPORA
+    return None if ok else f"letters, digits, - and _ only, not {', '.join(CORPORA)}"
+
+
+#: A local corpus of one file cut by fractions: ``{name, file: PIN, split: FRACTIONS}``
+#: (:func:`prereg.corpora.corpus_of` reads it).
+CORPUS_FILE: dict[str, Field] = {
+    "name": Field(str, check=_corpus_name),
+    "file": Field(dict),
+    "split": Field(dict),
+}
+#: A local corpus of one file per split: ``{name, train: PIN, valid: PIN, test: PIN}``.
+CORPUS_SPLITS: dict[str, Field] = {"name": Field(str, check=_corpus_name), **{s: Field(dict) for s in SPLITS}}
+#: A local corpus file's pin: its path (relative to the study's root, or absolute), bytes and sha256.
+PIN: dict[str, Field] = {
+    "path": Field(str),
+    "size": Field(int, check=lambda v: None if v > 0 else "a positive byte count"),
+    "sha256": Field(
+        str, check=lambda v: None if re.fullmatch(r"[0-9a-f]{64}", v) else "64 lowercase hex digits"
+    ),
+}
+#: The fractions of one file that make each split (exact decimals summing to 1).
+FRACTIONS: dict[str, Field] = {
+    s: Field(float, check=lambda v: None if 0 < v < 1 else "a fraction in (0, 1)") for s in SPLITS
+}
+
+
+class Pin(TypedDict):
+    """A file's pin: its path, byte count and sha256 (:data:`PIN`'s keys)."""
+
+    path: str
+    size: int
+    sha256: str
+
+
+class _CorpusName(TypedDict):
+    name: str
+
+
+class CorpusFiles(_CorpusName, total=False):
+    """A local corpus as the typed protocol and a job carry it (:func:`prereg.corpora.corpus_of`):
+    one ``file`` cut by ``split``'s fractions, or one file per split."""
+
+    file: Pin
+    train: Pin
+    valid: Pin
+    test: Pin
+    split: dict[str, float]
