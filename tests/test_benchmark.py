@@ -184,3 +184,26 @@ def test_never_slower_benchmark_runs(tmp_path):
     )
     assert data["table"][-1] == f"auto at most native (ratio <= 1.00, upper <= 1.01): {met} of 6 rows"
     assert data["table"][-1] in r.stdout
+
+
+@pytest.mark.process
+def test_native_split_benchmark_runs():
+    """benchmarks/native_split.py as a user runs it, tiny size: auto decides in the warm-up, and each
+    part's ratio reads inside its own interval."""
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "native_split.py"), "tiny_conv", "--rounds", "4"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "command: python benchmarks/native_split.py tiny_conv --rounds 4 --threads 1"
+    assert lines[1].startswith("tiny_conv: auto mode ")
+    parts = [line.split(" | ") for line in lines if line.startswith(("| whole", "| fwd+bwd", "| phase"))]
+    assert [p[0] for p in parts] == ["| whole", "| fwd+bwd", "| phase"]
+    for p in parts:
+        est, ci = p[3].rstrip(" |").split(" (")
+        low, high = (float(x) for x in ci.rstrip(")").split("-"))
+        assert low <= float(est) <= high
