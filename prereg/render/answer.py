@@ -242,6 +242,8 @@ def answer_lines(summary: Summary, cal: Calibration | None = None) -> list[str]:
                 what, effects = "factorial", _factorial_effects(c, every)
             mine = [d for d in decisions if d.study == study.name and d.config == c.config]
             said |= {d.id for d in mine}
+            if isinstance(c, PairedResult):
+                effects = _whole_named(effects, mine)
             verdict = "decisions: " + ", ".join(map(_decided, mine)) if mine else none
             lines.append(f"{study.name} / {c.config} ({what}): {effects}; {verdict}.")
             warn = (
@@ -259,6 +261,23 @@ def answer_lines(summary: Summary, cal: Calibration | None = None) -> list[str]:
             "bias against the planted effect (Planted reference effects: each design's bias)."
         )
     return lines or ["No configuration has a result yet."]
+
+
+#: The endpoints the paired answer's figures are: each run's whole training time on a clock.
+WHOLE_TIMES = ("training_time", "training_cpu_time")
+
+
+def _whole_named(effects: str, mine: list[HypothesisDecision]) -> str:
+    """A paired answer's whole-time figures, named as such where the decisions on the same
+    configuration decide on another time endpoint (the steps after each arm's own): one effect,
+    one interval, and the others labelled as what they are."""
+    other = sorted({d.endpoint for d in mine if d.estimand == "log_ratio" and d.endpoint not in WHOLE_TIMES})
+    if not other:
+        return effects
+    return (
+        f"whole {effects} (each run's whole training time, not the decisions' estimand: they decide on "
+        f"{', '.join(other)}, whose estimates and intervals are The result's and the Decisions')"
+    )
 
 
 def _unsaid_effect(d: HypothesisDecision, pts: bool, every: bool) -> str:
