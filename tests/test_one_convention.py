@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 
 import pytest
+from test_compare_signs import _t_points  # one home: the scipy t interval over ln(c/b) in points
 
 ROOT = Path(__file__).resolve().parent.parent
 SIGN = "points of 100 x ln(T_candidate / T_baseline); positive: the candidate slower"
@@ -47,18 +48,6 @@ def _texts(data: dict, cal=None, beside=None) -> tuple[str, str]:
 def _config(data: dict, study: str = "pairs", config: str = "tiny_transformer") -> dict:
     st = next(s for s in data["studies"] if s["name"] == study)
     return next(c for c in st["configs"] if c["config"] == config)
-
-
-def _t_points(ratios: list[float], level: float) -> tuple[float, float, float]:
-    """100 x the mean of ln(ratio) over the pairs and its two-sided Student-t interval (scipy)."""
-    from scipy import stats
-
-    logs = [math.log(r) for r in ratios]
-    n = len(logs)
-    mean = sum(logs) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
-    half = stats.t.ppf(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
-    return 100 * mean, 100 * (mean - half), 100 * (mean + half)
 
 
 def _no_reduction(text: str) -> list[str]:
