@@ -8,7 +8,7 @@ decides (after 52) and, where it chooses native, moves its tensors to storage of
 ``--rounds`` rounds in ABBA order, each iteration timed whole and split into forward and backward
 (the batch to the end of ``backward``) and the gradient phase (to the end of ``zero_grad``).
 Reported per part: the medians and the geometric mean of the per-round ratios ``auto / native``
-with its 95% Student-t interval (``prereg.descriptive.mean_interval``), and ``auto``'s state (its
+with its 95% Student-t interval (``clients.paired``: ``prereg.descriptive.mean_interval``), and ``auto``'s state (its
 mode, whether it moved, whether the packed buffers are gone). Run it pinned to one core with
 nothing else on it:
 
@@ -18,21 +18,19 @@ nothing else on it:
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 
 import torch
-from clients import Study  # benchmarks/, the script's own folder: the loops
-
-from prereg.descriptive import mean_interval
+from clients import Study, paired  # benchmarks/, the script's own folder: the loops
 
 WARMUP = 56
 
 
 def ratio(native: list[float], auto: list[float]) -> str:
-    """The geometric mean of per-round ratios ``auto / native`` with its 95% interval."""
-    ci = mean_interval([math.log(a / n) for n, a in zip(native, auto)], level=0.95, estimand="log_ratio")
-    return f"{math.exp(ci.estimate):.4f} ({math.exp(ci.low):.4f}-{math.exp(ci.high):.4f})"
+    """The geometric mean of per-round ratios ``auto / native`` with its 95% interval
+    (``clients.paired``, the benchmarks' one home for it)."""
+    r = paired(native, auto)
+    return f"{r['ratio']:.4f} ({r['low']:.4f}-{r['high']:.4f})"
 
 
 def split(name: str, rounds: int) -> list[str]:

@@ -77,7 +77,7 @@ import json
 import math
 import random
 from pathlib import Path
-from statistics import NormalDist
+from statistics import NormalDist, stdev
 
 from prereg.descriptive import mean_interval, mean_se  # noqa: E402
 from prereg.replicates import random_effects, replicate_estimates  # noqa: E402
@@ -365,7 +365,7 @@ def reached(folder: Path, level: float) -> int:
     print("|---|---|---|---|---|---|---|---|")
     for r in s["replicates"]:
         ys = [e["estimate"] for e in r["replicates"]]
-        sd = math.sqrt(sum((y - sum(ys) / len(ys)) ** 2 for y in ys) / (len(ys) - 1))
+        sd = stdev(ys)
         print(
             f"| {r['study']} | {r['config']} | {r['clock']} | {len(ys)} | {sd:.3f} | {r['tau']:.3f} "
             f"| {skewness(ys):+.2f} | {min(ys):+.2f}, {max(ys):+.2f} |"
