@@ -18,7 +18,9 @@ nothing else on it:
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
+import time
 
 import torch
 from clients import Study, paired  # benchmarks/, the script's own folder: the loops
@@ -33,31 +35,66 @@ def ratio(native: list[float], auto: list[float]) -> str:
     return f"{r['ratio']:.4f} ({r['low']:.4f}-{r['high']:.4f})"
 
 
-def split(name: str, rounds: int) -> list[str]:
-    """One configuration's rows: whole, forward and backward, phase."""
-    arms = {"native": Study("native", name=name), "auto": Study("auto", name=name)}
-    for loop in arms.values():
+#: A balanced Latin square (Williams) over the four arms: each arm runs in each position once and
+#: follows each other arm once per cycle of four rounds, so neither position nor carry-over from the
+#: arm before favours one.
+ORDERS = ((0, 1, 3, 2), (1, 2, 0, 3), (2, 3, 1, 0), (3, 0, 2, 1))
+ARMS = ("native", "auto", "twin", "planted")
+
+
+def spin(seconds: float) -> float:
+    """Busy-wait ``seconds``; returns the time it took (the plant as run)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() < t0 + seconds:
+        pass
+    return time.perf_counter() - t0
+
+
+def split(name: str, rounds: int, share: float) -> list[str]:
+    """One configuration's rows: whole, forward and backward, phase; then the design's checks."""
+    arms = {a: Study("auto" if a == "auto" else "native", name=name) for a in ARMS}
+    warm: list[float] = []
+    for arm, loop in arms.items():
         for k in range(WARMUP):
-            loop.iteration(k)
+            whole, _ = loop.iteration(k)
+            if arm == "native":
+                warm.append(whole)
+    cost = share * statistics.median(warm)
     opt = arms["auto"].opt
     parts: dict[str, dict[str, list[float]]] = {a: {"whole": [], "fwd+bwd": [], "phase": []} for a in arms}
+    spun: list[float] = []
     for r in range(rounds):
-        for arm in ("native", "auto") if r % 4 in (0, 3) else ("auto", "native"):
+        for a in ORDERS[r % len(ORDERS)]:
+            arm = ARMS[a]
             whole, phase = arms[arm].iteration(WARMUP + r)
+            if arm == "planted":  # the spin after the phase, timed with the iteration
+                took = spin(cost)
+                spun.append(took)
+                whole, phase = whole + took, phase + took
             parts[arm]["whole"].append(whole)
             parts[arm]["fwd+bwd"].append(whole - phase)
             parts[arm]["phase"].append(phase)
     rows = [
         f"{name}: auto mode {opt.mode}, moved to storage of its own {getattr(opt, '_own', False)}, "
         f"packed buffers freed {getattr(opt, '_pack', None) is None}",
-        "| Part | native median (us) | auto median (us) | auto / native (95% CI) |",
-        "|---|---|---|---|",
+        "| Part | native median (us) | auto median (us) | auto / native (95% CI) | twin / native (95% CI) |",
+        "|---|---|---|---|---|",
     ]
     for part in ("whole", "fwd+bwd", "phase"):
-        n, a = parts["native"][part], parts["auto"][part]
+        n, au, t = parts["native"][part], parts["auto"][part], parts["twin"][part]
         rows.append(
-            f"| {part} | {statistics.median(n) * 1e6:.0f} | {statistics.median(a) * 1e6:.0f} | {ratio(n, a)} |"
+            f"| {part} | {statistics.median(n) * 1e6:.0f} | {statistics.median(au) * 1e6:.0f} | {ratio(n, au)} "
+            f"| {ratio(n, t)} |"
         )
+    base = parts["twin"]["whole"]
+    truth = math.exp(statistics.fmean(math.log((x + s) / x) for x, s in zip(base, spun)))
+    read = paired(base, parts["planted"]["whole"])
+    inside = "yes" if read["low"] <= truth <= read["high"] else "NO"
+    rows.append(
+        f"design check: a spin of {share:.0%} of native's median warm-up iteration ({cost * 1e6:.0f} us) "
+        f"planted in a fourth build, read against the twin: truth {truth:.4f}, read {ratio(base, parts['planted']['whole'])}, "
+        f"truth inside {inside}. twin: a second native build, the placement A/A (its truth 1)."
+    )
     return rows
 
 
@@ -66,13 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("configs", nargs="+", help="tiny configurations (configs/<name>.yaml)")
     ap.add_argument("--rounds", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--plant", type=float, default=0.02, help="the planted cost, a share of an iteration")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     print(
-        f"command: python benchmarks/native_split.py {' '.join(a.configs)} --rounds {a.rounds} --threads {a.threads}"
+        f"command: python benchmarks/native_split.py {' '.join(a.configs)} --rounds {a.rounds} --threads {a.threads} --plant {a.plant}"
     )
     for name in a.configs:
-        print("\n".join(split(name, a.rounds)))
+        print("\n".join(split(name, a.rounds, a.plant)))
         print()
     return 0
 

@@ -1,21 +1,23 @@
 """Never slower than native: clients' whole iterations, packed and PackedAdamW's default against native.
 
-Each client loop is built three times in one process from the same weights and fed the same batches:
+Each client loop is built four times in one process from the same weights and fed the same batches:
 
 * ``native``: the client's ``clip_grad_norm_``, ``AdamW(fused=True).step()``, ``zero_grad``;
 * ``packed``: ``PackedAdamW(mode="packed")`` taking the one-pass phase (``clip_step_zero_grad``);
 * ``auto``: ``PackedAdamW``'s default (``mode="auto"``), which measures packed against native over
-  its first iterations and steps natively where packing is slower (``cotangent/modes.py``).
+  its first iterations and steps natively where packing is slower (``cotangent/modes.py``);
+* ``twin``: native's loop again, built last: the placement A/A (its truth is 1: where it reads
+  otherwise, where the builds' tensors lie in memory moves the loop by that much).
 
 Each arm first runs ``--warmup`` iterations alone (so ``auto`` decides on the loop by itself, as in
 a user's run: it needs ``cotangent.modes.DECIDES_AFTER``, 52; the default warm-up is 56), then the
-arms take turns for ``--rounds`` rounds, the order within a round cycling through the six orders
-of three (each arm as often first, second and third). An iteration is timed whole, from the batch
+arms take turns for ``--rounds`` rounds, the order within a round cycling through a balanced Latin
+square of four (each arm as often first, second, third and fourth, and after each other arm). An iteration is timed whole, from the batch
 to the end of the phase. Reported per loop: native's median iteration, and each arm's ratio to
 native as the geometric mean of the per-round ratios with its 95% Student-t interval
 (``prereg.descriptive.mean_interval``, via ``clients.paired``), and whether ``auto`` meets the
 promise (:func:`at_most_native`: ratio at most 1.00 at two decimals, upper bound at most 1.01), with a
-count of the rows that do at the end. After the timed rounds the three models must be equal bit
+count of the rows that do at the end. After the timed rounds the four models must be equal bit
 for bit.
 
 First, the design's own check (one row per thread count): an A/A of nanoGPT's loop, native in
@@ -58,8 +60,13 @@ from cotangent.verify import bitwise_equal
 from harness.machine import cpu_model
 from prereg.descriptive import mean_interval
 
-ARMS = ("native", "packed", "auto")
-ORDERS = ((0, 1, 2), (1, 2, 0), (2, 0, 1), (0, 2, 1), (2, 1, 0), (1, 0, 2))
+#: ``twin``: native's loop built a second time, last (after ``auto`` moved its tensors): the
+#: placement A/A. Its truth is 1; where it reads otherwise, the builds' memory placement alone moves
+#: a loop by that much, and a row of ``auto`` within it is not told apart from native's.
+ARMS = ("native", "packed", "auto", "twin")
+#: A balanced Latin square (Williams) over the four arms, one order a round: each arm runs in each
+#: position once and follows each other arm once in every four rounds.
+ORDERS = ((0, 1, 3, 2), (1, 2, 0, 3), (2, 3, 1, 0), (3, 0, 2, 1))
 TINY = ("tiny_transformer", "tiny_medium", "tiny_gqa", "tiny_conv")
 LOOPS = ("nanogpt", "timm", "small_cnn", *TINY)
 #: The promise, per loop (issue 61): the default's iteration at most native's (the geometric mean
@@ -74,8 +81,9 @@ ROUND_SD = 0.134
 #: :data:`UPPER_MAX`, which the default rounds are sized for.
 POWER = 0.90
 #: Seconds a round of the full table takes, per thread count and loop, from the same run (native's
-#: iteration, three arms; the A/A rows two arms of nanoGPT): 7 minutes per command for 416 rounds.
-ROUND_SECONDS = 1.0
+#: iteration, three arms; the A/A rows two arms of nanoGPT): 7 minutes per command for 416 rounds;
+#: a fourth arm (``twin``) since, so four thirds of that.
+ROUND_SECONDS = 4 / 3
 
 
 def rounds_needed(sd: float = ROUND_SD, power: float = POWER, upper: float = UPPER_MAX) -> int:
@@ -160,8 +168,8 @@ def spin(seconds: float) -> float:
 
 
 def run_loop(build: Callable[[str], Any], rounds: int, warmup: int) -> dict[str, Any]:
-    """The three arms: solo warm-up, then rounds in cycling orders; ratios to native and the bits."""
-    loops = {arm: build(arm) for arm in ARMS}
+    """The four arms: solo warm-up, then rounds in cycling orders; ratios to native and the bits."""
+    loops = {arm: build("native" if arm == "twin" else arm) for arm in ARMS}
     for arm in ARMS:  # alone, so that auto measures the loop by itself
         for k in range(warmup):
             loops[arm].iteration(k)
@@ -176,6 +184,7 @@ def run_loop(build: Callable[[str], Any], rounds: int, warmup: int) -> dict[str,
         "native_ms": statistics.median(times["native"]) * 1e3,
         "packed": paired(times["native"], times["packed"]),
         "auto": paired(times["native"], times["auto"]),
+        "twin": paired(times["native"], times["twin"]),
         "auto_mode": auto.mode if auto.mode_report is not None else f"undecided ({auto.mode} now)",
         "auto_report": auto.mode_report,
         "packed_kernel": loops["packed"].opt.phase_kernel(),
@@ -250,8 +259,8 @@ PLANT_HEAD = [
 LOOP_HEAD = [
     "| Loop | Threads | torch dispatches | Native iteration (ms) | packed / native (95% CI) "
     "| default (auto) / native (95% CI) | auto chose | auto at most native (ratio <= 1.00, upper <= 1.01) "
-    "| Bitwise, one pass on |",
-    "|---|---|---|---|---|---|---|---|---|",
+    "| Bitwise, one pass on | twin (native built again) / native (95% CI) |",
+    "|---|---|---|---|---|---|---|---|---|---|",
 ]
 
 
@@ -284,7 +293,7 @@ def table_rows(args: argparse.Namespace, threads: int, results: dict[str, Any]) 
         rows.append(
             f"| {name} ({r['parameters'] / 1e6:.2f}M) | {threads} | {cap} | {r['native_ms']:.2f} "
             f"| {ratio_cell(r['packed'])} | {ratio_cell(r['auto'])} | {r['auto_mode']} | {at_most} "
-            f"| {r['bitwise']}, {kern} |"
+            f"| {r['bitwise']}, {kern} | {ratio_cell(r['twin'])} |"
         )
         print(rows[-1], flush=True)
     return rows

@@ -204,8 +204,10 @@ class Pack:
         return flat_of
 
     def _register_hooks(self) -> list:
-        """The gradient and post-accumulate hooks of every parameter that requires a gradient."""
+        """The gradient and post-accumulate hooks of every parameter that requires a gradient.
+        Which parameters had no hook dictionary before is remembered (:meth:`_drop_hooks`)."""
         hooks = []
+        self.bare = [(p._backward_hooks is None, p._post_accumulate_grad_hooks is None) for p in self.params]
         for i, p in enumerate(self.params):
             if p.requires_grad:
                 hooks.append(p.register_hook(self._make_hook(i)))
@@ -220,9 +222,7 @@ class Pack:
         follows); the slot then counts as produced until ``.grad`` is something else
         (:meth:`to_packed`). ``release``: the gradient buffers' pages go back to the OS
         (:meth:`release_free`), so that gradient memory is native's."""
-        for h in self.hooks:
-            h.remove()
-        self.hooks = []
+        self._drop_hooks()
         for i, p in enumerate(self.params):
             if p.grad is self.grad_views[i]:
                 continue
@@ -743,9 +743,23 @@ class Pack:
             self.backward.clear()
         self.settle()
 
-    def release(self) -> None:
+    def _drop_hooks(self) -> None:
+        """Remove our hooks. A parameter that had no hook dictionary before they were registered
+        gets none again where no other hook was added meanwhile: an empty dictionary left behind
+        keeps autograd calling into Python for each parameter's gradient (about a microsecond
+        each, every backward), which natively it does not. The post-accumulate hook's C++ wrapper
+        stays with an empty dictionary (PyTorch has no call that unsets it)."""
         for h in self.hooks:
             h.remove()
+        self.hooks = []
+        for p, (pre, post) in zip(self.params, self.bare):
+            if pre and p._backward_hooks is not None and not p._backward_hooks:
+                p._backward_hooks = None
+            if post and p._post_accumulate_grad_hooks is not None and not p._post_accumulate_grad_hooks:
+                p._post_accumulate_grad_hooks = None  # type: ignore[assignment]
+
+    def release(self) -> None:
+        self._drop_hooks()
         for p in self.params:
             if Pack._registry.get(id(p)) is self:
                 del Pack._registry[id(p)]

@@ -165,7 +165,7 @@ def test_never_slower_benchmark_runs(tmp_path):
         for loop in ("nanogpt", "small_cnn", "tiny_conv"):
             res = data[f"{loop}/{threads}"]
             assert res["bitwise"] is True
-            for arm in ("packed", "auto"):
+            for arm in ("packed", "auto", "twin"):
                 assert res[arm]["n"] == 3 and res[arm]["low"] <= res[arm]["ratio"] <= res[arm]["high"]
             assert res["auto_mode"] in ("packed", "native")  # decided in the solo warm-up (56 > 52)
             assert res["auto_report"].startswith("PackedAdamW(mode='auto') measured 48 iterations")
@@ -176,6 +176,9 @@ def test_never_slower_benchmark_runs(tmp_path):
                 lines[i] for i in rows if lines[i].startswith(f"| {loop} (") and f"| {threads} |" in lines[i]
             )
             assert row.split(" | ")[7] == ("yes" if met else "NO")
+            assert row.split(" | ")[9].rstrip(" |") == (
+                f"{res['twin']['ratio']:.3f} ({res['twin']['low']:.3f}-{res['twin']['high']:.3f})"
+            )
     assert "auto at most native (ratio <= 1.00, upper <= 1.01)" in lines[plant[-1] + 2]
     met = sum(
         data[f"{loop}/{t}"]["at_most_native"]
@@ -199,11 +202,16 @@ def test_native_split_benchmark_runs():
     )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0] == "command: python benchmarks/native_split.py tiny_conv --rounds 4 --threads 1"
+    assert (
+        lines[0] == "command: python benchmarks/native_split.py tiny_conv --rounds 4 --threads 1 --plant 0.02"
+    )
     assert lines[1].startswith("tiny_conv: auto mode ")
     parts = [line.split(" | ") for line in lines if line.startswith(("| whole", "| fwd+bwd", "| phase"))]
     assert [p[0] for p in parts] == ["| whole", "| fwd+bwd", "| phase"]
     for p in parts:
-        est, ci = p[3].rstrip(" |").split(" (")
-        low, high = (float(x) for x in ci.rstrip(")").split("-"))
-        assert low <= float(est) <= high
+        for cell in (p[3], p[4]):  # auto / native, twin / native
+            est, ci = cell.rstrip(" |").split(" (")
+            low, high = (float(x) for x in ci.rstrip(")").split("-"))
+            assert low <= float(est) <= high
+    check = next(line for line in lines if line.startswith("design check: a spin of 2%"))
+    assert "truth inside yes" in check or "truth inside NO" in check
