@@ -1,28 +1,34 @@
 """Never slower than native: clients' whole iterations, packed and PackedAdamW's default against native.
 
-Each client loop is built four times in one process from the same weights and fed the same batches:
+Each client loop is built in four arms in one process from the same weights and fed the same
+batches:
 
 * ``native``: the client's ``clip_grad_norm_``, ``AdamW(fused=True).step()``, ``zero_grad``;
 * ``packed``: ``PackedAdamW(mode="packed")`` taking the one-pass phase (``clip_step_zero_grad``);
 * ``auto``: ``PackedAdamW``'s default (``mode="auto"``), which measures packed against native over
   its first iterations and steps natively where packing is slower (``cotangent/modes.py``);
-* ``twin``: native's loop again, built last: the placement A/A (its truth is 1: where it reads
-  otherwise, where the builds' tensors lie in memory moves the loop by that much).
+* ``twin``: native's loop built again: the placement A/A (its truth is 1).
 
-Each arm first runs ``--warmup`` iterations alone (so ``auto`` decides on the loop by itself, as in
-a user's run: it needs ``cotangent.modes.DECIDES_AFTER``, 52; the default warm-up is 56), then the
-arms take turns for ``--rounds`` rounds, the order within a round cycling through a balanced Latin
-square of four (each arm as often first, second, third and fourth, and after each other arm). An iteration is timed whole, from the batch
-to the end of the phase. Reported per loop: native's median iteration, and each arm's ratio to
-native as the geometric mean of the per-round ratios with its 95% Student-t interval
-(``prereg.descriptive.mean_interval``, via ``clients.paired``), and whether ``auto`` meets the
-promise (:func:`at_most_native`: ratio at most 1.00 at two decimals, upper bound at most 1.01), with a
-count of the rows that do at the end. After the timed rounds the four models must be equal bit
-for bit.
+Where a loop's tensors lie in memory moves its iteration by up to a few percent (a second native
+build read 0.975 against the first for nanoGPT in one build), so one build per arm cannot tell the
+method from placement. The arms are therefore built afresh ``--builds`` times (default 20), each
+build after spacers of random size that shift where its tensors land (:func:`placed`), in an
+order rotated by build. In each build ``auto`` first runs ``--warmup`` iterations alone (it decides
+after ``cotangent.modes.DECIDES_AFTER``, 52, on the loop by itself, as in a user's run; the default
+is 56) and so does each other arm (the same steps, so that the bits can be compared), then the arms take turns for ``--rounds / --builds`` rounds, the order
+within a round cycling through a balanced Latin square of four (each arm as often first, second,
+third and fourth, and after each other arm). An iteration is timed whole, from the batch to the
+end of the phase. Reported per loop: native's median iteration; each arm's ratio to native, the
+geometric mean over builds of each build's geometric mean of per-round ratios, with its 95%
+Student-t interval over the builds (:func:`over_builds`, ``prereg.descriptive.mean_interval``):
+the interval covers placement as well as the rounds' noise; which mode ``auto`` chose in how many
+builds; whether it meets the promise (:func:`at_most_native`: ratio at most 1.00 at two decimals,
+upper bound at most 1.01), with a count of the rows that do at the end. After the timed rounds of
+each build the four models must be equal bit for bit.
 
 First, the design's own check (one row per thread count): an A/A of nanoGPT's loop, native in
 both arms, with a busy spin of ``--plant`` (default 2%) of native's median warm-up iteration added
-to one arm's every iteration. Its truth is known by arithmetic: the geometric mean over rounds of
+to one arm's every iteration, over the same number of fresh builds, ABBA within each. Its truth is known by arithmetic: the geometric mean over rounds of
 (A's iteration + the spin it ran) / A's iteration, from the spins as measured. The design reads
 the plant correctly when the truth lies inside the interval.
 
@@ -31,18 +37,20 @@ Loops (all from ``benchmarks/clients.py``, their one home): nanoGPT's ``train.py
 head), and the study's four tiny configurations (``configs/tiny_*.yaml``: their model, batch, lr,
 weight decay and clip).
 
-    python benchmarks/never_slower.py --threads 1 2            # the full table (2000 rounds, ~35 min)
+    python benchmarks/never_slower.py --threads 1 2            # the full table (2000 rounds in 20 builds, ~70 min)
     python benchmarks/never_slower.py --quick --threads 1      # CI size
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import json
 import math
 import os
 import platform
+import random
 import shlex
 import statistics
 import sys
@@ -53,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from clients import NanoGPT, SmallCNN, Study, Timm, paired  # benchmarks/, the script's own folder: the loops
+from clients import NanoGPT, SmallCNN, Study, Timm  # benchmarks/, the script's own folder: the loops
 
 from cotangent.modes import DECIDES_AFTER
 from cotangent.verify import bitwise_equal
@@ -107,13 +115,17 @@ def rounds_needed(sd: float = ROUND_SD, power: float = POWER, upper: float = UPP
 
 #: The default rounds per row: :func:`rounds_needed` rounded up to a hundred (2000).
 ROUNDS = math.ceil(rounds_needed() / 100) * 100
+#: Fresh builds per row (:func:`placed`): the interval is over the builds, so it covers where each
+#: build's tensors lie; 20 builds of 100 rounds at the default rounds.
+BUILDS = 20
 
 
 def expected_minutes(args: argparse.Namespace) -> float:
     """The full table's expected duration on this project's 2-core machine (:data:`ROUND_SECONDS`
     per round of all seven loops at one and two threads, scaled to the rows asked for)."""
     share = len(args.loops) / len(LOOPS) * len(args.threads) / 2
-    return (args.rounds + args.warmup) * ROUND_SECONDS * share / 60
+    warm = args.builds * args.warmup  # in rounds (every arm warms up in every build)
+    return (args.rounds + warm) * ROUND_SECONDS * share / 60
 
 
 def at_most_native(r: dict[str, float]) -> bool:
@@ -167,56 +179,128 @@ def spin(seconds: float) -> float:
     return time.perf_counter() - t0
 
 
-def run_loop(build: Callable[[str], Any], rounds: int, warmup: int) -> dict[str, Any]:
-    """The four arms: solo warm-up, then rounds in cycling orders; ratios to native and the bits."""
-    loops = {arm: build("native" if arm == "twin" else arm) for arm in ARMS}
+#: Warm-up iterations of each arm of the design check's A/A in each build (the allocator's caches
+#: and the first-step state; no arm there decides anything).
+SOLO_WARMUP = 8
+
+
+def placed(build: Callable[[str], Any], arms: dict[str, str], b: int) -> tuple[dict[str, Any], list[Any]]:
+    """Build ``arms`` (name: the arm's kind) afresh for build ``b``, in an order rotated by ``b`` (each arm built first
+    equally often), each after a spacer of a random size (seeded by ``b``) that shifts where its
+    tensors land in the heap: where a loop's tensors lie moves its iteration by up to a few percent
+    (the twin column), so each build is a fresh draw of placement, as Stabilizer randomises layout
+    (Curtsinger and Berger, ASPLOS 2013). The spacers are returned to keep them alive."""
+    rng = random.Random(b)
+    names = list(arms)
+    order = names[b % len(names) :] + names[: b % len(names)]
+    loops: dict[str, Any] = {}
+    spacers = []
+    for arm in order:
+        spacers.append(torch.empty(rng.randrange(64, 1 << 18), dtype=torch.uint8))
+        loops[arm] = build(arms[arm])
+    return loops, spacers
+
+
+def over_builds(native: list[list[float]], cand: list[list[float]]) -> dict[str, float]:
+    """``cand / native`` over builds: each build's geometric mean of its per-round ratios, then
+    their geometric mean with the 95% Student-t interval over the builds (``builds - 1`` df,
+    ``prereg.descriptive.mean_interval``): the interval covers where each build's tensors lie as
+    well as the rounds' noise. Medians over every round."""
+    logs = [statistics.fmean(math.log(c / n) for n, c in zip(nb, cb)) for nb, cb in zip(native, cand)]
+    ci = mean_interval(logs, level=0.95, estimand="log_ratio")
+    flat_n = [x for nb in native for x in nb]
+    flat_c = [x for cb in cand for x in cb]
+    return {
+        "native_ms": statistics.median(flat_n) * 1e3,
+        "cotangent_ms": statistics.median(flat_c) * 1e3,
+        "ratio_of_medians": statistics.median(flat_c) / statistics.median(flat_n),
+        "ratio": math.exp(ci.estimate),
+        "low": math.exp(ci.low),
+        "high": math.exp(ci.high),
+        "n": len(logs),
+        "rounds": len(flat_n),
+    }
+
+
+def one_build(build: Callable[[str], Any], b: int, rounds: int, warmup: int) -> dict[str, Any]:
+    """One build of the four arms: solo warm-ups, ``rounds`` rounds in the Latin square's orders,
+    each arm's times and whether the four models ended bit for bit equal."""
+    loops, spacers = placed(build, {arm: "native" if arm == "twin" else arm for arm in ARMS}, b)
     for arm in ARMS:  # alone, so that auto measures the loop by itself
-        for k in range(warmup):
+        for k in range(warmup):  # every arm as many: the same steps, so the bits can be compared
             loops[arm].iteration(k)
     times: dict[str, list[float]] = {arm: [] for arm in ARMS}
     for r in range(rounds):
         for a in ORDERS[r % len(ORDERS)]:
             times[ARMS[a]].append(timed(loops[ARMS[a]], warmup + r))
     states = [loops[a].model.state_dict() for a in ARMS]
-    bitwise = all(bitwise_equal(states[0][key], s[key]) for s in states[1:] for key in states[0])
     auto = loops["auto"].opt
-    return {
-        "native_ms": statistics.median(times["native"]) * 1e3,
-        "packed": paired(times["native"], times["packed"]),
-        "auto": paired(times["native"], times["auto"]),
-        "twin": paired(times["native"], times["twin"]),
-        "auto_mode": auto.mode if auto.mode_report is not None else f"undecided ({auto.mode} now)",
-        "auto_report": auto.mode_report,
-        "packed_kernel": loops["packed"].opt.phase_kernel(),
-        "bitwise": bitwise,
+    out = {
+        "times": times,
+        "bitwise": all(bitwise_equal(states[0][key], s[key]) for s in states[1:] for key in states[0]),
+        "mode": auto.mode if auto.mode_report is not None else f"undecided ({auto.mode} now)",
+        "report": auto.mode_report,
+        "kernel": loops["packed"].opt.phase_kernel(),
         "parameters": sum(p.numel() for p in loops["native"].model.parameters()),
+    }
+    del loops, spacers
+    return out
+
+
+def run_loop(build: Callable[[str], Any], rounds: int, warmup: int, builds: int) -> dict[str, Any]:
+    """The four arms over ``builds`` fresh builds of ``rounds // builds`` rounds each; ratios to
+    native over the builds (:func:`over_builds`), auto's choices and the bits."""
+    runs = [one_build(build, b, rounds // builds, warmup) for b in range(builds)]
+    native = [r["times"]["native"] for r in runs]
+    modes = collections.Counter(r["mode"] for r in runs)
+    return {
+        "native_ms": statistics.median(x for t in native for x in t) * 1e3,
+        "packed": over_builds(native, [r["times"]["packed"] for r in runs]),
+        "auto": over_builds(native, [r["times"]["auto"] for r in runs]),
+        "twin": over_builds(native, [r["times"]["twin"] for r in runs]),
+        "auto_mode": ", ".join(f"{m} {n}/{builds}" for m, n in sorted(modes.items())),
+        "auto_modes": dict(modes),
+        "auto_report": runs[-1]["report"],
+        "packed_kernel": runs[-1]["kernel"],
+        "bitwise": all(r["bitwise"] for r in runs),
+        "parameters": runs[-1]["parameters"],
     }
 
 
-def planted(build: Callable[[str], Any], rounds: int, warmup: int, share: float) -> dict[str, Any]:
-    """A/A of native against native with a spin of ``share`` of native's median warm-up iteration."""
-    a, b = build("native"), build("native")
-    warm = [timed(a, k) for k in range(warmup)]
-    for k in range(warmup):
-        b.iteration(k)
-    cost = share * statistics.median(warm)
-    ta: list[float] = []
-    tb: list[float] = []
+def planted(
+    build: Callable[[str], Any], rounds: int, warmup: int, share: float, builds: int
+) -> dict[str, Any]:
+    """A/A of native against native with a spin of ``share`` of native's median warm-up iteration
+    (the first build's) in B, over ``builds`` fresh builds as the loops (:func:`placed`), ABBA
+    within each. Truth: the geometric mean over every round of (A's iteration + the spin as it
+    ran) / A's iteration."""
+    ta: list[list[float]] = []
+    tb: list[list[float]] = []
     spun: list[float] = []
-    for r in range(rounds):
-        k = warmup + r
-        for first in (True, False) if r % 4 in (0, 3) else (False, True):  # ABBA
-            if first:
-                ta.append(timed(a, k))
-            else:
-                t0 = time.perf_counter()
-                b.iteration(k)
-                spun.append(spin(cost))
-                tb.append(time.perf_counter() - t0)
-    truth = math.exp(statistics.fmean(math.log((x + s) / x) for x, s in zip(ta, spun)))
-    read = paired(ta, tb)
-    ci = mean_interval([math.log(y / x) for x, y in zip(ta, tb)], level=0.95, estimand="log_ratio")
-    assert math.isclose(math.exp(ci.estimate), read["ratio"])
+    cost = 0.0
+    for n in range(builds):
+        loops, spacers = placed(build, {"a": "native", "b": "native"}, n)
+        a, b = loops["a"], loops["b"]
+        warm = [timed(a, k) for k in range(min(warmup, SOLO_WARMUP))]
+        for k in range(min(warmup, SOLO_WARMUP)):
+            b.iteration(k)
+        cost = cost or share * statistics.median(warm)
+        ta.append([])
+        tb.append([])
+        for r in range(rounds // builds):
+            k = warmup + r
+            for first in (True, False) if r % 4 in (0, 3) else (False, True):  # ABBA
+                if first:
+                    ta[-1].append(timed(a, k))
+                else:
+                    t0 = time.perf_counter()
+                    b.iteration(k)
+                    spun.append(spin(cost))
+                    tb[-1].append(time.perf_counter() - t0)
+        del loops, spacers
+    flat_a = [x for t in ta for x in t]
+    truth = math.exp(statistics.fmean(math.log((x + s) / x) for x, s in zip(flat_a, spun)))
+    read = over_builds(ta, tb)
     return {
         "cost_ms": cost * 1e3,
         "truth": truth,
@@ -239,11 +323,12 @@ def header(args: argparse.Namespace) -> list[str]:
         f"CPU: {cpu_model()} ({platform.machine()}, {os.cpu_count()} logical CPUs); torch {torch.__version__} "
         f"dispatches {torch.backends.cpu.get_cpu_capability()} (ATEN_CPU_CAPABILITY="
         f"{os.environ.get('ATEN_CPU_CAPABILITY', 'unset')})",
-        f"{args.rounds} timed rounds per row after {args.warmup} warm-up iterations per arm (auto decides "
-        f"after {DECIDES_AFTER}); ratios: geometric mean of per-round ratios, 95% Student-t interval",
-        f"expected duration: about {expected_minutes(args):.0f} minutes (full-size models; a row equal to "
-        f"native reads an upper bound <= {UPPER_MAX:.2f} with probability "
-        f"{upper_power(args.rounds):.2f} at the widest spread seen, sd {ROUND_SD})",
+        f"{args.rounds} timed rounds per row in {args.builds} fresh builds of every arm "
+        f"({args.rounds // args.builds} each), each arm after {args.warmup} solo warm-up iterations in every "
+        f"build (auto decides after {DECIDES_AFTER}); ratios: "
+        "geometric mean of the builds' geometric means of per-round ratios, 95% Student-t interval over "
+        "the builds",
+        f"expected duration: about {expected_minutes(args):.0f} minutes (full-size models)",
     ]
 
 
@@ -269,7 +354,7 @@ def plant_rows(args: argparse.Namespace, results: dict[str, Any]) -> list[str]:
     rows = []
     for threads in args.threads:
         torch.set_num_threads(threads)
-        p = planted(builders(args, ["nanogpt"])["nanogpt"], args.rounds, args.warmup, args.plant)
+        p = planted(builders(args, ["nanogpt"])["nanogpt"], args.rounds, args.warmup, args.plant, args.builds)
         results[f"planted/{threads}"] = p
         rows.append(
             f"| A/A, {args.plant:.0%} of an iteration planted in B (nanogpt) | {threads} "
@@ -285,7 +370,7 @@ def table_rows(args: argparse.Namespace, threads: int, results: dict[str, Any]) 
     rows = []
     cap = torch.backends.cpu.get_cpu_capability()
     for name, build in builders(args, args.loops).items():
-        r = run_loop(build, args.rounds, args.warmup)
+        r = run_loop(build, args.rounds, args.warmup, args.builds)
         results[f"{name}/{threads}"] = r
         r["at_most_native"] = at_most_native(r["auto"])
         at_most = "yes" if r["at_most_native"] else "NO"
@@ -307,6 +392,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--warmup", type=int, default=DECIDES_AFTER + 4, help="solo warm-up iterations per arm")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument(
+        "--builds",
+        type=int,
+        help=f"fresh builds of every arm per row, the rounds split between them (default {BUILDS}; --quick 2)",
+    )
     ap.add_argument("--loops", nargs="+", default=list(LOOPS), choices=LOOPS)
     ap.add_argument(
         "--plant", type=float, default=0.02, help="the A/A's planted cost, a share of an iteration"
@@ -325,11 +415,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.rounds is None:
         args.rounds = 12 if args.quick else ROUNDS
+    if args.builds is None:
+        args.builds = 2 if args.quick else BUILDS
     if args.quick:
         args.nanogpt_layers, args.nanogpt_width, args.timm_size = 2, 64, 16
         args.cnn_width, args.cnn_batch, args.cnn_size = 8, 4, 16
-    if args.rounds < 2 or args.warmup < 1:
-        ap.error("--rounds must be at least 2 (an interval needs two) and --warmup at least 1")
+    if args.builds < 2 or args.rounds < args.builds or args.warmup < 1:
+        ap.error(
+            "--builds must be at least 2 (an interval needs two), --rounds at least --builds, --warmup at least 1"
+        )
     return args
 
 
