@@ -4,8 +4,8 @@ and the validation curves of every pair."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Any
 
 from prereg.calibrated import SIGN
 from prereg.decisions import HypothesisDecision
@@ -134,11 +134,20 @@ def _decisions(summary: Summary) -> list[HypothesisDecision]:
     return [x.decision for x in hyp.decisions] if isinstance(hyp, Hypotheses) else []
 
 
-def _forest_rows(summary: Summary, pts: bool) -> list[tuple[str, Any, Any, Any, Any, str]]:
+def _nan_if_none(v: float | None) -> float:
+    """A value to draw: NaN (not drawn) for none."""
+    return math.nan if v is None else v
+
+
+#: A forest row: label, estimate, low, high, margin (``None``: none drawn) and status.
+ForestRow = tuple[str, float | None, float | None, float | None, float | None, str]
+
+
+def _forest_rows(summary: Summary, pts: bool) -> list[ForestRow]:
     """The forest's rows (label, estimate, low, high, margin, status): each decision, then each paired
     configuration's descriptive log ratio; with ``pts`` (:func:`prereg.render.answer.points_throughout`)
     each log ratio and each relative reduction in points (:func:`_decision_ends`)."""
-    rows: list[tuple[str, Any, Any, Any, Any, str]] = []  # label, estimate, low, high, margin, status
+    rows: list[ForestRow] = []
     for d in _decisions(summary):
         if d.low is not None:
             label = f"{d.id} {d.study}/{d.config} {d.endpoint}"
@@ -157,7 +166,9 @@ def _forest_rows(summary: Summary, pts: bool) -> list[tuple[str, Any, Any, Any, 
     return rows
 
 
-def _decision_ends(d: HypothesisDecision, pts: bool) -> tuple[Any, Any, Any, Any]:
+def _decision_ends(
+    d: HypothesisDecision, pts: bool
+) -> tuple[float | None, float | None, float | None, float | None]:
     """A decision's estimate, low, high and margin as the forest draws them: in the estimand's units,
     or with ``pts`` a log ratio times 100 and a relative reduction ``r`` as ``100 ln(1 - r / 100)``
     (its interval's ends swapped; its margin as the size of the points it bounds)."""
@@ -191,8 +202,9 @@ def _forest(summary: Summary, directory: Path) -> list[Path]:
     }
     for i, (_label, est, lo, hi, margin, status) in enumerate(rows):
         y = len(rows) - i
-        ax.plot([lo, hi], [y, y], color=colors.get(status, "black"), lw=2)
-        ax.plot([est], [y], "o", color=colors.get(status, "black"))
+        # an end without a value (None) is NaN to matplotlib: not drawn
+        ax.plot([_nan_if_none(lo), _nan_if_none(hi)], [y, y], color=colors.get(status, "black"), lw=2)
+        ax.plot([_nan_if_none(est)], [y], "o", color=colors.get(status, "black"))
         if margin:
             ax.plot([margin, margin], [y - 0.3, y + 0.3], color="red", lw=1)
             ax.plot([-margin, -margin], [y - 0.3, y + 0.3], color="red", lw=1, ls=":")

@@ -776,39 +776,53 @@ def calibration_bias(planted: Sequence[Mapping[str, Any]], target: dict[str, Any
         if not design.pairwise:
             out[h["id"]] = f"not measured (no planted {design.name} design)"
             continue
-        own = h["endpoint"] in AFTER_OWN
-        rows = [
-            r
-            for r in planted
-            if r["clock"] == clock
-            and r.get("block_steps") == block
-            and r.get("bias") is not None
-            and not r.get("reference")
-            and (r.get("estimator") == "after-own") == own
-        ]
-        spins = [r for r in rows if r["kind"] == "spin"]
+        rows = _measured(planted, clock, block, h["endpoint"] in AFTER_OWN)
         if not rows:
             out[h["id"]] = "not measured (no planted study of this design)"
             continue
-        parts = []
-        if spins:
-            best = max(spins, key=lambda r: r["pairs"])
-            worst = max(spins, key=lambda r: abs(r["bias"]))
-            parts.append(
-                f"spin of {best['truth']:+.2f}: {best['bias']:+.2f} ({best['bias_lo']:+.2f} to "
-                f"{best['bias_hi']:+.2f}), {best['pairs']} pairs; largest over {len(spins)} sizes "
-                f"{worst['bias']:+.2f}"
-            )
-        for r in rows:
-            if r["kind"] != "spin":
-                parts.append(
-                    f"{r['plant']} ({CLASSES[r['kind']]}): {r['bias']:+.2f} ({r['bias_lo']:+.2f} to {r['bias_hi']:+.2f})"
-                )
+        parts = _bias_parts(rows)
         configs = sorted({r["config"] for r in rows})
         if h["config"] not in configs:
             parts.append(f"measured on {', '.join(configs)}")
         out[h["id"]] = "; ".join(parts)
     return out
+
+
+def _measured(
+    planted: Sequence[Mapping[str, Any]], clock: str, block: int | None, own: bool
+) -> list[Mapping[str, Any]]:
+    """The planted rows that measured a design's bias on ``clock``: the design's block size, a bias,
+    not the reference study's row, and the after-own estimator (``own``) or the whole times'."""
+    return [
+        r
+        for r in planted
+        if r["clock"] == clock
+        and r.get("block_steps") == block
+        and r.get("bias") is not None
+        and not r.get("reference")
+        and (r.get("estimator") == "after-own") == own
+    ]
+
+
+def _bias_parts(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A design's measured bias in words: the spin with the most pairs and the largest over the spin
+    sizes, then each other plant's."""
+    spins = [r for r in rows if r["kind"] == "spin"]
+    parts: list[str] = []
+    if spins:
+        best = max(spins, key=lambda r: r["pairs"])
+        worst = max(spins, key=lambda r: abs(r["bias"]))
+        parts.append(
+            f"spin of {best['truth']:+.2f}: {best['bias']:+.2f} ({best['bias_lo']:+.2f} to "
+            f"{best['bias_hi']:+.2f}), {best['pairs']} pairs; largest over {len(spins)} sizes "
+            f"{worst['bias']:+.2f}"
+        )
+    for r in rows:
+        if r["kind"] != "spin":
+            parts.append(
+                f"{r['plant']} ({CLASSES[r['kind']]}): {r['bias']:+.2f} ({r['bias_lo']:+.2f} to {r['bias_hi']:+.2f})"
+            )
+    return parts
 
 
 def table_rows(rows: list[Plan], bias: Mapping[str, str] | None = None) -> list[dict[str, object]]:

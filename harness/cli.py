@@ -407,7 +407,6 @@ def cmd_power(args: argparse.Namespace) -> int:
     from analysis.power import cited, legend, plan, table_rows
     from harness.protocol import load_protocol
     from prereg.formats.record import load_records
-    from prereg.protocol.read import read_document
 
     pilot = load_protocol(args.pilot)
     target = load_protocol(args.target)
@@ -438,7 +437,7 @@ def cmd_power(args: argparse.Namespace) -> int:
         print(f"no A/A pairs in {pilot.records_path} for the target's configurations")
         return 1
     print(table(shown, list(shown[0])))
-    origins = read_document(target.path).data.get("origins") or {}  # validated by load_protocol: sentences
+    origins = target.spec.origins or {}  # the typed protocol's: sentences, validated by its reader
     print("\n" + legend(rows))
     if bias is not None:
         from prereg.calibrated import SIGN

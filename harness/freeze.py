@@ -596,9 +596,7 @@ def sources_mismatches(repo: Path, rev: str, sources: dict[str, dict[str, str]])
 
 def calibration_step(proto: Protocol) -> str:
     """The next step for a protocol whose calibration is pending: its pilot and calibration command."""
-    from prereg.protocol.read import read_document
-
-    cal = read_document(proto.path).data.get("calibration") or {}
+    cal = proto.spec.calibration or {}
     return (
         f"first run its pilot and calibration: {cal.get('command') or 'harness run ' + str(cal.get('pilot'))}; "
         f"then write the numbers into {proto.relpath}, set calibration status: done, commit, and run: "

@@ -17,7 +17,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prereg.budget import completeness_text, plan_units, stop_check
+from prereg.budget import Attempt, completeness_text, plan_units, stop_check
 from prereg.designs import find_design, study_design
 from prereg.failstop import attempt_of, failing_arms
 from prereg.failstop import stop_text as failure_stop_text
@@ -243,6 +243,32 @@ def failed_pairs(records: Sequence[Rec]) -> dict[tuple[str, str], list[dict[str,
     return out
 
 
+def planned_runs(studies: Sequence[Rec]) -> int | None:
+    """The runs a protocol summary's studies plan: seeds x configurations x the runs of a unit of
+    each study's design (:meth:`prereg.designs.base.Design.runs_per_unit`); None where a study does
+    not list its seeds (schema 1 records do not say)."""
+    planned = 0
+    for st in studies:
+        if "seeds" not in st:
+            return None
+        planned += len(st["seeds"]) * len(st["configs"]) * study_design(st).runs_per_unit(st)
+    return planned
+
+
+def _spent(records: Sequence[Rec]) -> list[Attempt]:
+    """Each attempt as the budget rule reads it: run, unit, attempt, status and device seconds."""
+    return [
+        (
+            r["spec"]["run_id"],
+            r["spec"]["unit"],
+            r["attempt"],
+            r["status"],
+            (r.get("timings") or {}).get("device_s") or 0.0,
+        )
+        for r in records
+    ]
+
+
 def completeness(records: Sequence[Rec]) -> Completeness:
     """Planned runs against runs with an ``ok`` record, and whether the budget rule explains a stop.
 
@@ -253,33 +279,22 @@ def completeness(records: Sequence[Rec]) -> Completeness:
     """
     proto = records[0]["protocol"]
     ok_ids = {r["spec"]["run_id"] for r in analysed(records) if r["status"] == "ok"}
-    planned = 0
-    for st in proto["studies"]:
-        if "seeds" not in st:  # schema 1 records do not say
-            return Completeness(
-                planned_runs=None,
-                ok_runs=len(ok_ids),
-                missing_runs=None,
-                complete=None,
-                budget_stop=None,
-                text="completeness unknown: these records do not list the planned seeds",
-            )
-        size = study_design(st).runs_per_unit(st)
-        planned += len(st["seeds"]) * len(st["configs"]) * size
+    planned = planned_runs(proto["studies"])
+    if planned is None:
+        return Completeness(
+            planned_runs=None,
+            ok_runs=len(ok_ids),
+            missing_runs=None,
+            complete=None,
+            budget_stop=None,
+            text="completeness unknown: these records do not list the planned seeds",
+        )
     missing = planned - len(ok_ids)
     budget = proto.get("budget_device_seconds")
-    attempts = [
-        (
-            r["spec"]["run_id"],
-            r["spec"]["unit"],
-            r["attempt"],
-            r["status"],
-            (r.get("timings") or {}).get("device_s") or 0.0,
-        )
-        for r in records
-    ]
     stop = (
-        stop_check(plan_units(proto["studies"]), attempts, budget) if missing and budget is not None else None
+        stop_check(plan_units(proto["studies"]), _spent(records), budget)
+        if missing and budget is not None
+        else None
     )
     text = completeness_text(planned, missing, stop)
     failing = failing_arms([attempt_of(r) for r in records]) if missing else []

@@ -1,7 +1,7 @@
 """The budget rule, in one place and with the standard library alone: ``harness run`` applies it
-before each unit (:meth:`harness.execute.runner.Runner.budget_allows`), and the summary
-(:func:`analysis.selection.completeness`) and the audit (:func:`attempts.completeness`) ask it
-whether a study that ended with runs to do was stopped by it.
+before each unit (:meth:`harness.execute.runner.Runner.budget_allows`), and the summary and the
+audit ask it, through :func:`prereg.attempts.completeness`, whether a study that ended with runs to
+do was stopped by it.
 
 The rule
 --------

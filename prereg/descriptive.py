@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Generic, TypeGuard, TypeVar
 
@@ -105,6 +105,29 @@ class TResult:
         if level is not None:
             _check_level(level)
         return t_interval(self.estimate, self.standard_error, self.df, self.level if level is None else level)
+
+
+@dataclass(frozen=True)
+class Ends:
+    """An estimate, its two-sided interval's ends and the level that interval was taken at, as one
+    result carries them: what a renderer reads of a :class:`PairedInterval`, a decision or a
+    factorial effect, the level coming with the ends it belongs to (``None`` each where there is
+    none)."""
+
+    estimate: float | None
+    low: float | None
+    high: float | None
+    level: float | None
+
+    def mapped(self, f: Callable[[float], float | None], decreasing: bool = False) -> Ends:
+        """The same result on another scale: ``f`` (monotone) of the estimate and of each end, at
+        the same level; ``decreasing`` (a decreasing ``f``): the ends swap."""
+
+        def g(x: float | None) -> float | None:
+            return None if x is None else f(x)
+
+        low, high = (self.high, self.low) if decreasing else (self.low, self.high)
+        return Ends(g(self.estimate), g(low), g(high), self.level)
 
 
 R = TypeVar("R", covariant=True)

@@ -505,37 +505,54 @@ def planted_rows(
     planted = [s for s in studies if s.get("planted")]
     rows: list[PlantedRow] = []
     for st in planted:
-        plant = st["planted"]
-        same = [s for s in planted if plant_key(s["planted"]) == plant_key(plant)]
-        truth = next((s for s in same if s["planted"].get("toggle_steps")), None)
-        ref = None if plant["kind"] in CONTEXT_FREE or truth else reference_study(same)
-        block = study_design(st).block_steps(st)
-        for config in st["configs"]:
-            pairs = pairs_of.get((st["name"], config)) or []
-            tv = _truth_values(pairs_of.get((truth["name"], config)) or []) if truth else None
-            for key, clock in CLOCKS:
-                timed, d = _logs(pairs, key)
-                row: PlantedRow = {
-                    "study": st["name"],
-                    "config": config,
-                    "design": design_label(st, brief=True),
-                    "block_steps": block,
-                    "plant": describe(plant),
-                    "kind": plant["kind"],
-                    "clock": clock,
-                    "pairs": len(d),
-                    "level": st["interval_level"],
-                }
-                if st is truth and tv is not None:
-                    rows.append(_truth_row(row, tv[clock], truth))
-                    continue
-                if len(d) < 2:
-                    rows.append({**row, "bias": None, "why": "fewer than two timed pairs"})
-                    continue
-                rows += _design_rows(
-                    row, timed, d, plant, st, tv[clock] if tv else None, (pairs_of, ref, key)
-                )
+        rows += _study_rows(st, planted, pairs_of)
     return rows
+
+
+def _study_rows(
+    st: Mapping[str, Any], planted: Sequence[Mapping[str, Any]], pairs_of: Mapping[tuple[str, str], Any]
+) -> list[PlantedRow]:
+    """:func:`planted_rows` of one planted study (``planted``: every planted study of the protocol,
+    among which its truth or reference study)."""
+    rows: list[PlantedRow] = []
+    plant = st["planted"]
+    truth, ref = _truth_and_reference(plant, planted)
+    block = study_design(st).block_steps(st)
+    for config in st["configs"]:
+        pairs = pairs_of.get((st["name"], config)) or []
+        tv = _truth_values(pairs_of.get((truth["name"], config)) or []) if truth else None
+        for key, clock in CLOCKS:
+            timed, d = _logs(pairs, key)
+            row: PlantedRow = {
+                "study": st["name"],
+                "config": config,
+                "design": design_label(st, brief=True),
+                "block_steps": block,
+                "plant": describe(plant),
+                "kind": plant["kind"],
+                "clock": clock,
+                "pairs": len(d),
+                "level": st["interval_level"],
+            }
+            if st is truth and tv is not None:
+                rows.append(_truth_row(row, tv[clock], truth))
+                continue
+            if len(d) < 2:
+                rows.append({**row, "bias": None, "why": "fewer than two timed pairs"})
+                continue
+            rows += _design_rows(row, timed, d, plant, st, tv[clock] if tv else None, (pairs_of, ref, key))
+    return rows
+
+
+def _truth_and_reference(
+    plant: Mapping[str, Any], planted: Sequence[Mapping[str, Any]]
+) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
+    """A plant's truth study (the planted study of the same plant with ``toggle_steps``) and, without
+    one, a measured plant's reference study (:func:`reference_study`); None each where it has none."""
+    same = [s for s in planted if plant_key(s["planted"]) == plant_key(plant)]
+    truth = next((s for s in same if s["planted"].get("toggle_steps")), None)
+    ref = None if plant["kind"] in CONTEXT_FREE or truth else reference_study(same)
+    return truth, ref
 
 
 def _truth_values(pairs: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
@@ -612,7 +629,7 @@ def _design_rows(
         return out
     pairs_of, ref, key = measured
     if ref is None:
-        return [_spin_row(first, list(timed), d, plant, level)]
+        return [_spin_row(first, list(timed), d, plant)]
     return [_measured_row(first, d, e, pairs_of, ref, st, row["config"], key)]
 
 
@@ -657,9 +674,10 @@ def _spin_row(
     timed: list[Mapping[str, Any]],
     d: list[float],
     plant: Mapping[str, Any],
-    level: float,
 ) -> PlantedRow:
-    """A spin's row: its bias against its arithmetic truth, pair by pair, and its coverage."""
+    """A spin's row: its bias against its arithmetic truth, pair by pair, and its coverage, at the
+    level the row carries (its study's)."""
+    level = row["level"]
     times = [(p.get("baseline_training_cpu_s"), p.get("candidate_planted_cpu_s")) for p in timed]
     both = [(bc, pc) for bc, pc in times if isinstance(bc, (int, float)) and isinstance(pc, (int, float))]
     if len(both) < len(times):

@@ -121,7 +121,6 @@ def _studies(
     pairs_of: _Pairs = {}
     for st in proto["studies"]:
         entries: list[PairedResult | FactorialResult] = []
-        level = st["interval_level"]  # the study's interval level, read once: every interval carries it
         for config in st["configs"]:
             units = {
                 u: ok.get((st["name"], config), {}).get(u, {})
@@ -130,11 +129,11 @@ def _studies(
             if not units:
                 continue
             if study_design(st).pairwise:
-                paired, pairs = _paired(st, config, units, level, exclusions, bool(proto.get("replicates")))
+                paired, pairs = _paired(st, config, units, exclusions, bool(proto.get("replicates")))
                 pairs_of[(st["name"], config)] = pairs
                 entries.append(paired)
             else:
-                entries.append(_factorial(st, config, units, level, exclusions))
+                entries.append(_factorial(st, config, units, exclusions))
         studies.append(StudyResult(name=st["name"], design=st["design"], configs=entries))
     return studies, pairs_of
 
@@ -236,13 +235,14 @@ def _paired(
     st: Mapping[str, Any],
     config: str,
     units: dict[str, dict[str, Rec]],
-    level: float,
     exclusions: list[dict[str, str]],
     replicated: bool = False,
 ) -> tuple[PairedResult, list[dict[str, Any]]]:
-    """A paired configuration's result, and its pairs' rows (what the decisions read)."""
+    """A paired configuration's result, and its pairs' rows (what the decisions read); every
+    interval at the level its study preregistered (the protocol summary's ``interval_level`` of
+    the study, read here once: the rows, and so each interval and the result, carry it)."""
     rows, arm_timings = _pairs(units, exclusions)
-    pairs = Rows(rows, level)
+    pairs = Rows(rows, st["interval_level"])
 
     def col(key: str) -> list[object]:
         return [p[key] for p in pairs]
@@ -260,7 +260,7 @@ def _paired(
     result = PairedResult(
         config=config,
         design=st["design"],
-        level=level,
+        level=pairs.level,
         parameters=params_of(units),
         baseline_arm=st["arms"][0],
         candidate_arm=st["arms"][1],
@@ -455,11 +455,11 @@ def _factorial(
     st: Mapping[str, Any],
     config: str,
     units: dict[str, dict[str, Rec]],
-    level: float,
     exclusions: list[dict[str, str]],
 ) -> FactorialResult:
     """A factorial configuration's result: its complete blocks, each cell's mean time, the factors'
-    effects and the positions' diagnostics."""
+    effects and the positions' diagnostics, at the level its study preregistered (read here once:
+    the blocks, and so each interval and the result, carry it)."""
     factors, cells = design_of(st)
     blocks = []
     for unit in sorted(units):
@@ -481,7 +481,7 @@ def _factorial(
         c: (math.fsum(b[f"{c}_training_s"] for b in blocks) / len(blocks) if blocks else None) for c in cells
     }
     found = {}
-    used = Rows(blocks, level)
+    used = Rows(blocks, st["interval_level"])
     if len(blocks) >= 2:
         times = used.keep([{c: b[f"{c}_training_s"] for c in cells} for b in blocks])
         for name, effect in factorial_effects(times, factors, cells).items():
@@ -494,7 +494,7 @@ def _factorial(
     return FactorialResult(
         config=config,
         design=st["design"],
-        level=level,
+        level=used.level,
         units_seen=len(units),
         parameters=params_of(units),
         positions=positions(used, cells),

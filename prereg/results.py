@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from prereg.attempts import Completeness
 from prereg.decisions import DECIDED_FIELDS, HypothesisDecision
-from prereg.descriptive import Endpoint, PairedInterval
+from prereg.descriptive import Endpoint, Ends, PairedInterval
 from prereg.designs import find_design
 from prereg.formats.jsonfields import exact_fields, plain
 from prereg.hypotheses import Hypothesis, Pair, present
@@ -197,6 +197,17 @@ class FactorialResult(_Json):
     cell_mean_training_s: Mapping[str, float | None]
     effects: Mapping[str, Row]  # per effect: its interval on log time and the reductions in percent
     blocks: Sequence[Row]
+
+    def effect(self, name: str) -> Ends:
+        """A within-block effect's log contrast and its interval, at the level this result carries."""
+        e = self.effects[name]
+        return Ends(e["estimate"], e["low"], e["high"], self.level)
+
+    def effect_reduction(self, name: str) -> Ends:
+        """The same effect as a reduction in percent of the baseline's time (its interval's ends as
+        the summary holds them), at the level this result carries."""
+        e = self.effects[name]
+        return Ends(e["reduction_pct"], e["reduction_low_pct"], e["reduction_high_pct"], self.level)
 
 
 @dataclass(frozen=True)

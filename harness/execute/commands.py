@@ -330,9 +330,7 @@ def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
     reporter = bool(spec.command.get("reporter", True))
     kind = "reporter" if reporter else "output"
     text_out = _tail(proc.log, MAX_EVIDENCE_BYTES).decode("utf-8", "replace")
-    evidence_path = proc.out if reporter else proc.log
-    size = evidence_path.stat().st_size if evidence_path.is_file() else None
-    raw = evidence_path.read_bytes() if size is not None and size <= MAX_EVIDENCE_BYTES else None
+    size, raw = _evidence_file(proc.out if reporter else proc.log)
     cpu = proc.rusage.ru_utime + proc.rusage.ru_stime if proc.rusage is not None else None
     process = _process_facts(proc, cpu)
     env = env_facts(spec)
@@ -341,20 +339,10 @@ def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
     derived = None
     if reason is None:
         assert raw is not None  # _failure names a missing file
-        try:
-            window = (proc.t0, proc.t0 + (proc.wall_s or 0.0))
-            derived = derive(
-                kind, raw.decode("utf-8", "replace"), spec.to_json(), proc.wall_s, window=window, cpu_s=cpu
-            )
-        except EvidenceError as e:
-            reason = f"its {kind} file is refused: {e}"
+        derived, reason = _derived(proc, kind, raw, cpu)
     fields = _derived_fields(derived, reporter, timings) if derived is not None else {}
     if derived is not None and derived.turns is not None:
-        env["lockstep"] = {
-            "block_steps": spec.block_steps,
-            "steps": "first" if spec.steps_first else "second",
-            "turns": derived.turns,
-        }
+        env["lockstep"] = _lockstep_env(spec, derived.turns)
     evidence = _evidence(proc, kind, raw) if raw is not None else None
     result = WorkerResult(
         status="failed" if reason else "ok",
@@ -367,6 +355,34 @@ def _result(proc: _Proc) -> tuple[WorkerResult, str | None]:
         **fields,
     )
     return result, (raw.decode("utf-8", "surrogateescape") if raw is not None else None)
+
+
+def _lockstep_env(spec: RunSpec, turns: str) -> dict[str, object]:
+    """A lockstep command arm's ``env.lockstep``: its block size, whether it stepped first, and its
+    turns as its reporter file gave them."""
+    return {
+        "block_steps": spec.block_steps,
+        "steps": "first" if spec.steps_first else "second",
+        "turns": turns,
+    }
+
+
+def _evidence_file(path: Path) -> tuple[int | None, bytes | None]:
+    """The size of a run's evidence file (None: there is none) and its bytes (None: none, or over
+    :data:`MAX_EVIDENCE_BYTES`)."""
+    size = path.stat().st_size if path.is_file() else None
+    return size, (path.read_bytes() if size is not None and size <= MAX_EVIDENCE_BYTES else None)
+
+
+def _derived(proc: _Proc, kind: str, raw: bytes, cpu: float | None) -> tuple[Derived | None, str | None]:
+    """The figures a run's kept ``kind`` file gives (:func:`prereg.evidence.derive`, within the run's
+    window), or why the file is refused."""
+    try:
+        window = (proc.t0, proc.t0 + (proc.wall_s or 0.0))
+        text = raw.decode("utf-8", "replace")
+        return derive(kind, text, proc.spec.to_json(), proc.wall_s, window=window, cpu_s=cpu), None
+    except EvidenceError as e:
+        return None, f"its {kind} file is refused: {e}"
 
 
 def _process_facts(proc: _Proc, cpu: float | None) -> dict[str, object]:

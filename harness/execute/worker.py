@@ -204,7 +204,7 @@ def _command(job: Job, where: str, work: Path) -> int:
 def _pair(data: Mapping[str, object], where: str, work: Path) -> int:
     """A lockstep pair (:mod:`harness.execute.lockstep`, or :mod:`harness.execute.commands` for two
     command arms): both arms' results, and this process's device seconds, which the parent splits
-    between them (:func:`harness.execute.lockstep.split`)."""
+    between them (:func:`harness.execute.grouping.split`)."""
     from harness.execute.lockstep import LockstepJob, PairFailed, execute_pair
 
     job = LockstepJob.from_json(data)

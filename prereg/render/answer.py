@@ -17,14 +17,14 @@ from collections.abc import Mapping
 
 from prereg.calibrated import Calibration
 from prereg.decisions import HypothesisDecision
-from prereg.descriptive import PairedInterval, reduction
+from prereg.descriptive import Ends, PairedInterval, reduction
 from prereg.render.result import CONVENTION as CAL_CONVENTION
 from prereg.render.result import (
     POINTS_CONVENTION,
+    Estimate,
     block_steps,
     calibrated_effects,
     points,
-    points_sentence,
     reduction_points,
     sentence,
     words,
@@ -100,59 +100,71 @@ def planted_names(summary: Summary) -> set[str]:
 
 
 def decision_cells(
-    d: HypothesisDecision, with_level: bool, in_points: bool = False, throughout: bool = False
+    d: HypothesisDecision, md: bool, in_points: bool = False, throughout: bool = False
 ) -> tuple[str, str]:
     """A decision's estimate and interval cells: a log ratio as a reduction in percent (its interval's
     ends swap), or ``in_points`` (:func:`in_points`: :data:`prereg.calibrated.SIGN`) as points, a
     difference in its own units; ``throughout`` (:func:`points_throughout`) a relative reduction too
-    in points (``100 ln(1 - r / 100)``, its ends swapped); ``with_level`` names the interval's level."""
+    in points (``100 ln(1 - r / 100)``, its ends swapped); report.md's cells (``md``) name the level
+    the decision's interval carries."""
     if d.estimand == "log_ratio" and d.estimate_of in (None, d.estimand):
-        return _ratio_cells(d, with_level, in_points)
+        return _ratio_cells(d, md, in_points)
     if throughout and d.estimand == "relative_reduction" and d.estimate_of in (None, d.estimand):
-        return _points_cells(*_as_logs(d), d.level if with_level else None)
-    level = _level_text(d, with_level)
+        return _points_cells(_as_logs(d), md)
     est = "n/a" if d.estimate is None else f"{d.estimate:+.4g}"
     if d.estimate_of and d.estimate_of != d.estimand:
         est += f" ({d.estimate_of})"
-    return est, "n/a" if d.low is None or d.high is None else f"{d.low:+.4g} to {d.high:+.4g}{level}"
+    return est, "n/a" if d.low is None or d.high is None else f"{d.low:+.4g} to {d.high:+.4g}{_at(d, md)}"
 
 
-def _as_logs(d: HypothesisDecision) -> tuple[float | None, float | None, float | None]:
+def _ends(r: Estimate) -> Ends:
+    """A result's estimate, ends and level."""
+    return Ends(r.estimate, r.low, r.high, r.level)
+
+
+def _as_logs(d: Estimate) -> Ends:
     """A relative reduction's estimate and interval ends as the log ratios they map from
-    (:func:`prereg.render.result.reduction_points` over 100; the ends swap: the map decreases)."""
-    e, lo, hi = (reduction_points(x) for x in (d.estimate, d.high, d.low))
-    return (
-        None if e is None else e / 100,
-        None if lo is None else lo / 100,
-        None if hi is None else hi / 100,
-    )
+    (:func:`prereg.render.result.reduction_points` over 100; the ends swap: the map decreases), at
+    the level the result carries."""
+
+    def log(r: float) -> float | None:
+        p = reduction_points(r)
+        return None if p is None else p / 100
+
+    return _ends(d).mapped(log, decreasing=True)
 
 
-def _level_text(d: HypothesisDecision, with_level: bool) -> str:
-    """The level a decision's interval carries, as its cell names it (``with_level``), else nothing."""
-    return f" ({100 * (d.level or 0):.4g}%)" if with_level else ""
+def _as_reduction(d: Estimate) -> Ends:
+    """A log ratio's estimate and ends as reductions in percent (:func:`prereg.descriptive.reduction`;
+    the ends swap: the map decreases), at the level the result carries."""
+    return _ends(d).mapped(reduction, decreasing=True)
 
 
-def _ratio_cells(d: HypothesisDecision, with_level: bool, in_points: bool) -> tuple[str, str]:
+def _at(r: Estimate, md: bool) -> str:
+    """The level a result's interval carries, as report.md's cell (``md``) names it, else nothing."""
+    return f" ({100 * (r.level or 0):.4g}%)" if md else ""
+
+
+def _ratio_cells(d: HypothesisDecision, md: bool, in_points: bool) -> tuple[str, str]:
     """:func:`decision_cells` of a log ratio: points (a calibrated study) or a reduction in percent."""
     if in_points:
-        return _points_cells(d.estimate, d.low, d.high, d.level if with_level else None)
+        return _points_cells(d, md)
     est = "n/a" if d.estimate is None else f"{reduction(d.estimate):.2f}% reduction"
     if d.low is None or d.high is None:
         return est, "n/a"
-    return est, f"{reduction(d.high):.2f} to {reduction(d.low):.2f}%{_level_text(d, with_level)}"
+    return est, f"{reduction(d.high):.2f} to {reduction(d.low):.2f}%{_at(d, md)}"
 
 
-def _points_cells(
-    estimate: float | None, low: float | None, high: float | None, level: float | None
-) -> tuple[str, str]:
-    """A log ratio's cells in points, the estimate in words beside it, the interval at ``level``."""
-    est, rng = points(estimate, low, high, level)
-    return (est if estimate is None else f"{est} points ({words(100 * estimate)})"), rng
+def _points_cells(r: Estimate, md: bool) -> tuple[str, str]:
+    """A log ratio's cells in points, the estimate in words beside it, the interval at the level the
+    result carries (named in report.md's cells, ``md``)."""
+    est, rng = points(r, named=md)
+    return (est if r.estimate is None else f"{est} points ({words(100 * r.estimate)})"), rng
 
 
-def _effect(est: float, low: float, high: float, level: float) -> str:
-    return f"{est:.2f}% ({100 * level:.4g}% interval {low:.2f} to {high:.2f}%)"
+def _effect(r: Estimate) -> str:
+    """A reduction in percent with its interval, at the level the result carries."""
+    return f"{r.estimate:.2f}% ({100 * (r.level or 0):.4g}% interval {r.low:.2f} to {r.high:.2f}%)"
 
 
 def _decided(d: HypothesisDecision) -> str:
@@ -165,17 +177,11 @@ def _decided(d: HypothesisDecision) -> str:
 def _factorial_effects(c: FactorialResult, throughout: bool = False) -> str:
     """A factorial configuration's within-block effects: reductions in percent, or ``throughout``
     (:func:`points_throughout`) each log contrast in points with its interval and in words."""
-    effects = [(k, e) for k, e in sorted((c.effects or {}).items()) if e]
+    effects = [k for k, e in sorted((c.effects or {}).items()) if e]
     if throughout:
-        shown = [
-            f"{name.replace('_', ' ')} {points_sentence(e['estimate'], e['low'], e['high'], c.level)}"
-            for name, e in effects
-        ]
+        shown = [f"{name.replace('_', ' ')} {sentence(c.effect(name))}" for name in effects]
         return "within-block training-time change " + ("; ".join(shown) or "n/a (no interval yet)")
-    shown = [
-        f"{name.replace('_', ' ')} {_effect(e['reduction_pct'], e['reduction_low_pct'], e['reduction_high_pct'], c.level)}"
-        for name, e in effects
-    ]
+    shown = [f"{name.replace('_', ' ')} {_effect(c.effect_reduction(name))}" for name in effects]
     return "within-block training-time reduction " + ("; ".join(shown) or "n/a (no interval yet)")
 
 
@@ -187,10 +193,7 @@ def clock_intervals(c: PairedResult, cpu: bool) -> list[tuple[str, PairedInterva
 
 
 def _paired_effects(c: PairedResult, cpu: bool) -> str:
-    shown = [
-        f"{_effect(iv.estimate, iv.low, iv.high, iv.level)} on the {clock} clock"
-        for clock, iv in clock_intervals(c, cpu)
-    ]
+    shown = [f"{_effect(iv)} on the {clock} clock" for clock, iv in clock_intervals(c, cpu)]
     return "training-time reduction " + (", ".join(shown) or "n/a (no interval yet)")
 
 
@@ -222,45 +225,69 @@ def answer_lines(summary: Summary, cal: Calibration | None = None) -> list[str]:
     (:func:`in_points`): each change in points and in words (:func:`prereg.render.result.calibrated_effects`),
     with the study's calibration ``cal`` the design's calibrated bias beside it; otherwise a
     reduction in percent."""
-    hyp = summary.hypotheses
-    decisions = [] if isinstance(hyp, Descriptive) else [x.decision for x in hyp.decisions]
-    none = "no preregistered decision" + (" (descriptive protocol)" if isinstance(hyp, Descriptive) else "")
-    planted, cpu = planted_names(summary), summary.protocol.get("device") == "cpu"
-    pts, every = in_points(summary, cal), points_throughout(summary.protocol)
-    lines, said = [], set()
+    decisions, none = _decisions(summary)
+    planted = planted_names(summary)
+    lines: list[str] = []
+    said: set[str] = set()
     for study in (s for s in summary.studies if s.configs and s.name not in planted):
         for c in study.configs:
-            if isinstance(c, PairedResult):  # the study's design is analysed as pairs
-                base, cand = c.baseline_arm, c.candidate_arm
-                what = f"A/A null check, {base} against itself" if base == cand else f"{cand} over {base}"
-                effects = (
-                    calibrated_effects(c, cpu, cal, block_steps(summary, study.name))
-                    if pts
-                    else _paired_effects(c, cpu)
-                )
-            else:
-                what, effects = "factorial", _factorial_effects(c, every)
             mine = [d for d in decisions if d.study == study.name and d.config == c.config]
             said |= {d.id for d in mine}
-            if isinstance(c, PairedResult):
-                effects = _whole_named(effects, mine)
-            verdict = "decisions: " + ", ".join(map(_decided, mine)) if mine else none
-            lines.append(f"{study.name} / {c.config} ({what}): {effects}; {verdict}.")
-            warn = (
-                clock_disagreement(c) if isinstance(c, PairedResult) and c.final_metric is not None else None
-            )
-            if warn:  # a study of command arms (new summaries only): the scripts' clocks compared
-                lines.append(f"{study.name} / {c.config}: warning: {warn}.")
-    for d in (d for d in decisions if d.id not in said):
-        lines.append(
-            f"{d.study} / {d.config or 'all'}: {_unsaid_effect(d, pts, every)}; decision: {_decided(d)}."
-        )
+            lines += _config_lines(summary, study.name, c, mine, cal, none)
+    lines += _unsaid_lines([d for d in decisions if d.id not in said], summary, cal)
     if not lines and planted:
         lines.append(
             "Every study of this protocol plants a known cost in an A/A pair: its answer is each design's "
             "bias against the planted effect (Planted reference effects: each design's bias)."
         )
     return lines or ["No configuration has a result yet."]
+
+
+def _decisions(summary: Summary) -> tuple[list[HypothesisDecision], str]:
+    """The summary's decisions, and what the answer says of a configuration with none."""
+    hyp = summary.hypotheses
+    if isinstance(hyp, Descriptive):
+        return [], "no preregistered decision (descriptive protocol)"
+    return [x.decision for x in hyp.decisions], "no preregistered decision"
+
+
+def _unsaid_lines(unsaid: list[HypothesisDecision], summary: Summary, cal: Calibration | None) -> list[str]:
+    """:func:`answer_lines` of the decisions on no configuration it shows: each with its effect."""
+    pts, every = in_points(summary, cal), points_throughout(summary.protocol)
+    return [
+        f"{d.study} / {d.config or 'all'}: {_unsaid_effect(d, pts, every)}; decision: {_decided(d)}."
+        for d in unsaid
+    ]
+
+
+def _config_lines(
+    summary: Summary,
+    study: str,
+    c: PairedResult | FactorialResult,
+    mine: list[HypothesisDecision],
+    cal: Calibration | None,
+    none: str,
+) -> list[str]:
+    """:func:`answer_lines` of one configuration: its effect with its interval and the decisions
+    ``mine`` on it (``none``: what is said without one), and for a study of command arms a warning
+    where the clocks disagree."""
+    verdict = "decisions: " + ", ".join(map(_decided, mine)) if mine else none
+    if not isinstance(c, PairedResult):
+        effects = _factorial_effects(c, points_throughout(summary.protocol))
+        return [f"{study} / {c.config} (factorial): {effects}; {verdict}."]
+    cpu = summary.protocol.get("device") == "cpu"
+    base, cand = c.baseline_arm, c.candidate_arm
+    what = f"A/A null check, {base} against itself" if base == cand else f"{cand} over {base}"
+    effects = (
+        calibrated_effects(c, cpu, cal, block_steps(summary, study))
+        if in_points(summary, cal)
+        else _paired_effects(c, cpu)
+    )
+    lines = [f"{study} / {c.config} ({what}): {_whole_named(effects, mine)}; {verdict}."]
+    warn = clock_disagreement(c) if c.final_metric is not None else None
+    if warn:  # a study of command arms (new summaries only): the scripts' clocks compared
+        lines.append(f"{study} / {c.config}: warning: {warn}.")
+    return lines
 
 
 #: The endpoints the paired answer's figures are: each run's whole training time on a clock.
@@ -289,10 +316,9 @@ def _unsaid_effect(d: HypothesisDecision, pts: bool, every: bool) -> str:
     if d.estimand == "log_ratio" and pts:
         return f"{d.endpoint} change {sentence(d)}"
     if d.estimand == "relative_reduction" and every:
-        return f"{d.endpoint} change {points_sentence(*_as_logs(d), d.level)}"
+        return f"{d.endpoint} change {sentence(_as_logs(d))}"
     if d.estimand == "log_ratio":
-        red = [reduction(x) for x in (d.estimate, d.high, d.low)]
-        return f"{d.endpoint} reduction {_effect(red[0], red[1], red[2], d.level or 0)}"
+        return f"{d.endpoint} reduction {_effect(_as_reduction(d))}"
     level = f"{100 * (d.level or 0):.4g}% interval {d.low:+.4g} to {d.high:+.4g}"
     return f"{d.endpoint} {d.estimand} {d.estimate:+.4g} ({level})"
 

@@ -70,15 +70,15 @@ def words(points: float) -> str:
     return f"{'faster' if pct < 0 else 'slower'} by {abs(pct):.2f}%"
 
 
-def points(
-    estimate: float | None, low: float | None, high: float | None, level: float | None
-) -> tuple[str, str]:
-    """A log ratio's estimate and interval as points (signed), the interval naming its level."""
-    if estimate is None:
+def points(result: Estimate, named: bool = True) -> tuple[str, str]:
+    """A log ratio's estimate and interval as points (signed), the interval naming the level its
+    ``result`` carries (``named``; a cell whose table states no level leaves it out)."""
+    if result.estimate is None:
         return "n/a", "n/a"
-    at = f" ({100 * level:.4g}%)" if level else ""
+    at = f" ({100 * result.level:.4g}%)" if named and result.level else ""
+    low, high = result.low, result.high
     shown = "n/a" if low is None or high is None else f"{100 * low:+.2f} to {100 * high:+.2f}{at}"
-    return f"{100 * estimate:+.2f}", shown
+    return f"{100 * result.estimate:+.2f}", shown
 
 
 def interval_points(iv: PairedInterval | None) -> tuple[float | None, float | None, float | None]:
@@ -116,8 +116,10 @@ def point_cells(iv: PairedInterval | None, sep: str = " to ", whole: bool = True
 
 
 class Estimate(Protocol):
-    """A log ratio's estimate with its interval and the interval's level, as a result carries them
-    (:class:`prereg.descriptive.PairedInterval`, :class:`prereg.decisions.HypothesisDecision`)."""
+    """An estimate with its interval and the interval's level, as a result carries them
+    (:class:`prereg.descriptive.PairedInterval`, :class:`prereg.decisions.HypothesisDecision`,
+    :class:`prereg.descriptive.Ends`): what every renderer of an effect takes, never a level
+    passed beside it."""
 
     @property
     def estimate(self) -> float | None: ...
@@ -130,18 +132,13 @@ class Estimate(Protocol):
 
 
 def sentence(result: Estimate) -> str:
-    """A log ratio in a sentence, at the level its ``result`` carries: ``-2.31 points (99% interval
-    -2.90 to -1.70; faster by 2.28%)``; ``n/a`` without an estimate."""
-    return points_sentence(result.estimate, result.low, result.high, result.level)
-
-
-def points_sentence(
-    estimate: float | None, low: float | None, high: float | None, level: float | None
-) -> str:
-    """:func:`sentence` of a log ratio (or a within-block log contrast) given by its parts."""
+    """A log ratio (or a within-block log contrast) in a sentence, at the level its ``result``
+    carries: ``-2.31 points (99% interval -2.90 to -1.70; faster by 2.28%)``; ``n/a`` without an
+    estimate."""
+    estimate, low, high = result.estimate, result.low, result.high
     if estimate is None:
         return "n/a"
-    at = f"{100 * level:.4g}% interval " if level else "interval "
+    at = f"{100 * result.level:.4g}% interval " if result.level else "interval "
     rng = "no interval" if low is None or high is None else f"{at}{100 * low:+.2f} to {100 * high:+.2f}"
     return f"{100 * estimate:+.2f} points ({rng}; {words(100 * estimate)})"
 
@@ -189,7 +186,7 @@ def result_rows(summary: Summary, cal: Calibration) -> list[list[str]]:
         times = "n/a"
         if ep is not None and ep.baseline_mean is not None and ep.candidate_mean is not None:
             times = f"{c.baseline_arm} {ep.baseline_mean:.2f} / {c.candidate_arm} {ep.candidate_mean:.2f}"
-        est, iv = points(d.estimate, d.low, d.high, d.level)
+        est, iv = points(d)
         said = "n/a" if d.estimate is None else words(100 * d.estimate)
         params = parameters(c.parameters)
         bias = bias_text(cal, block_steps(summary, d.study), d.endpoint)

@@ -27,7 +27,7 @@ from prereg.render.findings import interference_section, model_section, planted_
 from prereg.render.model import Section, Table, Text, cells, cols, esc, level_pct, num, para, raw
 from prereg.render.result import CLOCKS, block_steps, interval_points, point_cells, result_section
 from prereg.render.studies import answer_figure, every_pair, factorial, order_html, paired
-from prereg.results import Descriptive, PairedResult, Summary
+from prereg.results import Decided, Descriptive, PairedResult, Summary
 from prereg.stalls import STALL_FLOOR_S, STALL_RUN_TIMES, STALL_STEP_TIMES
 
 #: The columns of the looks' table.
@@ -177,7 +177,7 @@ def _decisions(summary: Summary, figure: list[Text], cal: Calibration | None = N
     return [*out, Section(ANSWER, html, only="html")]
 
 
-def _decision_row(x: Any, md: bool, summary: Summary, cal: Calibration | None = None) -> list[str]:
+def _decision_row(x: Decided, md: bool, summary: Summary, cal: Calibration | None = None) -> list[str]:
     """A decision's row: report.md's (``md``) names its interval's level and the failed-arm
     sensitivity analysis; with the study's calibration ``cal``, the change in points and the
     design's calibrated bias beside it."""
@@ -191,7 +191,8 @@ def _decision_row(x: Any, md: bool, summary: Summary, cal: Calibration | None = 
         str(t.get("n", "n/a")),
         *decision_cells(d, md, in_points(summary, cal), points_throughout(summary.protocol)),
     ]
-    row += [num(t.get("p_value"), ".3g"), num(d.alpha, ".3g"), status]
+    p = t.get("p_value")
+    row += [num(p if isinstance(p, (int, float)) else None, ".3g"), num(d.alpha, ".3g"), status]
     if cal is not None:
         timed = d.endpoint in CLOCKS and d.estimand == "log_ratio"
         row.append(bias_text(cal, block_steps(summary, d.study), d.endpoint) if timed else "n/a (not a time)")
