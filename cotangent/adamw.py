@@ -7,7 +7,7 @@ import logging
 import platform
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -854,7 +854,7 @@ class PackedAdamW(OnePass):
                 dict.__setitem__(state, p, entry)
         if isinstance(state, WatchedState):
             state.changes = self._changes
-        self.state = state
+        self.state = cast(Any, state)  # the user's dict, whatever its type (a defaultdict natively)
         self._watch()
 
     # -- public --------------------------------------------------------------------------
@@ -1079,8 +1079,12 @@ class PackedAdamW(OnePass):
     def state_dict(self) -> dict[str, Any]:
         """Native's ``state_dict``: the per-parameter form, loadable by ``torch.optim.AdamW`` and back,
         holding the state tensors themselves, as native's does (they are the optimizer's state and
-        follow its steps; ``copy.deepcopy`` or ``torch.save`` it for a snapshot)."""
-        return super().state_dict()
+        follow its steps; ``copy.deepcopy`` or ``torch.save`` it for a snapshot). Each entry is a
+        plain dict with the entry's items (native's holds the entry itself): ``torch.load`` with
+        ``weights_only=True`` reads plain dicts only."""
+        sd = super().state_dict()
+        sd["state"] = {k: dict(v) if isinstance(v, dict) else v for k, v in sd["state"].items()}
+        return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load per-parameter state (ours or native ``AdamW``'s, older versions included: group keys
