@@ -1124,6 +1124,7 @@ STATE_OPS += [
     "step_in_place",
     "halved",
 ]
+STATE_OPS += ["add_param_group", "append"]
 
 
 def state_values(p, gen, amsgrad):
@@ -1240,9 +1241,18 @@ def step_both(oa, ob, a, b, phase, set_to_none):
 
 def both_do(oa, ob, a, b, i, op, gen, amsgrad, popped):
     """``op`` on both sides: a state pattern (:func:`state_op`), a state dict of native's loaded into
-    both (after whatever came before it: ``clear`` then ``load``), or our mode switched."""
+    both (after whatever came before it: ``clear`` then ``load``), a parameter added (a group, or
+    appended to the first group in place), or our mode switched."""
     if op in ("native", "packed"):
         ob.set_mode(op)
+    elif op in ("add_param_group", "append"):  # a new parameter, laid out again after what came before
+        extra = torch.randn(3, 2, generator=gen).to(a[0].dtype)
+        for opt, ps in ((oa, a), (ob, b)):
+            ps.append(extra.clone().requires_grad_())
+            if op == "add_param_group":
+                opt.add_param_group({"params": [ps[-1]], "lr": 0.02})
+            else:
+                opt.param_groups[0]["params"].append(ps[-1])
     elif op in ("load", "load_ours"):  # native's state dict, or ours, loaded into both
         sd = copy.deepcopy((oa if op == "load" else ob).state_dict())
         oa.load_state_dict(copy.deepcopy(sd))
