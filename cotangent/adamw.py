@@ -39,6 +39,7 @@ from cotangent.states import (
     check_loadable,
     planned_state,
     saved_state,
+    slot_misfit,
     to_state_tensors,
     watched_by,
     watched_entry,
@@ -817,12 +818,9 @@ class PackedAdamW(OnePass):
                     continue
                 names.append(f"state[p][{key!r}] of {where}")
                 tensors.append(t)
-                want = ((), torch.float32, ()) if key == "step" else (p.shape, p.dtype, p.stride())
-                if t.dtype != want[1] or not (t.shape == want[0] if key == "step" else same_order(t, p)):
-                    self._refuse_repack(
-                        f"state[p][{key!r}] of {where} has shape {tuple(t.shape)}, {t.dtype}, strides "
-                        f"{t.stride()}; its packed slot holds {tuple(want[0])}, {want[1]}, strides {want[2]}"
-                    )
+                misfit = slot_misfit(key, t, p)
+                if misfit is not None:
+                    self._refuse_repack(f"state[p][{key!r}] of {where} is {misfit}")
         for k, extra in sharers(tensors)[:1]:
             self._refuse_repack(
                 f"{names[k]} shares its memory with {extra} other tensor(s): a view of it held now "

@@ -241,7 +241,7 @@ def planned_state(
             plan.fresh.append(p)
         for key, want in mine.items():
             if entry[key] is not want:
-                plan.adopt.setdefault(p, {})[key] = _replacement(where, key, entry[key], want, p)
+                plan.adopt.setdefault(p, {})[key] = _replacement(where, key, entry[key], p)
                 plan.leaving.append((p, key))
     _check_adopted(plan, params, slots)
     _check_leaving(plan, params, slots)
@@ -263,36 +263,40 @@ def _check_entry(where: str, entry: Any, mine: dict[str, Tensor], stated: bool) 
         )
 
 
-def _replacement(where: str, key: str, value: Any, want: Tensor, p: Tensor) -> Tensor:
-    """The tensor the user put at ``optimizer.state[p][key]`` in place of ``want``, refused unless
-    it can be that state as natively: a tensor of ``want``'s shape, dtype and device, in its
-    parameter's memory order (native's fused kernel pairs the elements of the parameter and its
-    state in memory order); a Python-number ``step`` is refused as native's step refuses it."""
+def _replacement(where: str, key: str, value: Any, p: Tensor) -> Tensor:
+    """The tensor the user put at ``optimizer.state[p][key]``, refused unless it can be that state
+    as natively (:func:`slot_misfit`); a Python-number ``step`` is refused as native's step refuses it."""
     if key == "step" and isinstance(value, (int, float)):
         raise RuntimeError(
             f"PackedAdamW: optimizer.state[p]['step'] of {where} was replaced by the number {value!r}; "
             "native's step raises 'API has changed, `state_steps` argument must contain a list of singleton "
             "tensors': assign torch.tensor(float(step)) (a float32 0-dim tensor), as load_state_dict makes it"
         )
-    if not isinstance(value, Tensor) or (value.shape, value.dtype, value.device) != (
-        want.shape,
-        want.dtype,
-        want.device,
-    ):
-        got = f"{tuple(value.shape)} {value.dtype}" if isinstance(value, Tensor) else type(value).__name__
+    misfit = type(value).__name__ if not isinstance(value, Tensor) else slot_misfit(key, value, p)
+    if misfit is not None:
         raise RuntimeError(
-            f"PackedAdamW: optimizer.state[p][{key!r}] of {where} was replaced by {got}; "
-            f"the flat buffer holds {tuple(want.shape)} {want.dtype} on {want.device}: "
-            "assign a tensor of that shape, dtype and device (torch.zeros_like(p)), or write in place"
-        )
-    if key != "step" and not same_order(value, p):
-        raise RuntimeError(
-            f"PackedAdamW: optimizer.state[p][{key!r}] of {where} was replaced by a tensor with strides "
-            f"{value.stride()}, the parameter {p.stride()}: native's fused kernel pairs the elements of the "
-            "parameter and its state in memory order, so it would update other elements than these; assign "
-            "one in the parameter's layout (torch.zeros_like(p), t.clone(memory_format=torch.preserve_format))"
+            f"PackedAdamW: optimizer.state[p][{key!r}] of {where} was replaced by {misfit}: assign one in "
+            "the parameter's layout (torch.zeros_like(p), t.clone(memory_format=torch.preserve_format); "
+            "a step: torch.tensor(0.0)), or write in place"
         )
     return value
+
+
+def slot_misfit(key: str, t: Tensor, p: Tensor) -> str | None:
+    """Why ``t`` cannot be parameter ``p``'s state tensor ``key`` in its packed slot, or None; the one
+    home of that rule (a tensor assigned into the state, :func:`planned_state`; a state tensor packed
+    again, ``set_mode("packed")``). A ``step`` is a float32 0-dim tensor on ``p``'s device; a moment
+    has ``p``'s shape, dtype and device, and its memory order: native's fused kernel pairs the
+    elements of the parameter and its state in memory order, so other strides update other elements."""
+    shape, dtype = ((), torch.float32) if key == "step" else (tuple(p.shape), p.dtype)
+    if (tuple(t.shape), t.dtype, t.device) != (shape, dtype, p.device):
+        return f"{tuple(t.shape)} {t.dtype} on {t.device}, where its slot holds {shape} {dtype} on {p.device}"
+    if key != "step" and not same_order(t, p):
+        return (
+            f"a tensor with strides {t.stride()}, the parameter {p.stride()} (native's fused kernel pairs the "
+            "elements of the parameter and its state in memory order, so it would update other elements)"
+        )
+    return None
 
 
 def _check_adopted(plan: StatePlan, params: list[Tensor], slots: dict[Tensor, dict[str, Tensor]]) -> None:
