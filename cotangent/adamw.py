@@ -7,7 +7,7 @@ import logging
 import platform
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -29,17 +29,19 @@ from cotangent.groups import (
 from cotangent.kernel.phase import KernelPhase, kernel_blocker
 from cotangent.modes import Chooser, resolve, user_stacklevel
 from cotangent.onepass import OnePass
-from cotangent.pack import CPU_BLOCK_BYTES, RELEASE_MIN_BYTES, FlatGroup, Pack, own_storage, same_order
+from cotangent.pack import CPU_BLOCK_BYTES, RELEASE_MIN_BYTES, FlatGroup, Pack, same_order
 from cotangent.plans import blocks_for, lists_for, view_lists
 from cotangent.states import (
+    STATE_KEYS,
     Changes,
-    WatchedEntry,
     WatchedState,
     check_fits,
     check_loadable,
     planned_state,
     saved_state,
+    slot_misfit,
     to_state_tensors,
+    watched_by,
     watched_entry,
     watched_state,
 )
@@ -270,7 +272,8 @@ class PackedAdamW(OnePass):
         too (natively ``add_param_group`` leaves the state alone; loading replaces it)."""
         old = self._pack
         assert old is not None
-        saved = {p: saved_state(self.state[p]) for p in old.params if self.state.get(p)}
+        state = self.state
+        saved = {p: saved_state(state[p]) for p in old.params if state.get(p)}
         held = self._held_state() if keep_state else {}
         grads = self._grads_to_keep(old)
         old.release()
@@ -279,6 +282,8 @@ class PackedAdamW(OnePass):
         self._pack_all(grads, held)
         del grads, held
         self._restore(saved)
+        if keep_state:  # state and its entries stay the same objects, as natively
+            self._keep_containers(state)
 
     def _grads_to_keep(self, old: Pack | None = None) -> dict[int, Tensor]:
         """The ``.grad`` tensors that stay themselves in a new layout (by parameter id,
@@ -342,11 +347,23 @@ class PackedAdamW(OnePass):
         self._build_plans()
 
     def _uniform_steps(self) -> None:
+        """Whether every step counter is equal (the fast path's one ``step`` per flat run, and
+        ``phase.c``'s), read from the buffers; the counters' versions as of now (:meth:`_steps_written`)."""
         pack = self._pack
         pack.uniform_steps = (
             all(len(set(g.steps.tolist())) <= 1 for g in pack.groups)
             and len({float(g.steps[0]) for g in pack.groups if len(g.index)}) <= 1
         )
+        self._step_versions = self._versions_of_steps()
+
+    def _versions_of_steps(self) -> int:
+        return sum(st["step"]._version for st in self._slots.values())
+
+    def _steps_written(self) -> bool:
+        """Was a step counter written in place through the state since :meth:`_uniform_steps`
+        (``state[p]["step"].zero_()``, ``+= 1``)? Each entry's ``step`` has a version counter of
+        its own, which only such a write moves (the optimizer's own updates write the buffer)."""
+        return self._versions_of_steps() != self._step_versions
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Native's ``add_param_group``, then the new parameters are packed (their own buffers)."""
@@ -393,17 +410,10 @@ class PackedAdamW(OnePass):
         # every parameter's state views, as laid out: what self.state's entries are compared with
         self._slots: dict[Tensor, dict[str, Tensor]] = {}
         for g in pack.groups:
+            keys = STATE_KEYS if g.max_exp_avg_sq is not None else STATE_KEYS[:3]
             for j, i in enumerate(g.index):
                 p = pack.params[i]
-                # aliases with storage of their own (not views): rebound in place when the state
-                # leaves the buffers (_own_storage), they keep no view of a freed buffer alive
-                st: dict[str, Tensor] = {
-                    "step": own_storage(g.steps[j]),
-                    "exp_avg": own_storage(g.slot(g.exp_avg, j, p.shape)),
-                    "exp_avg_sq": own_storage(g.slot(g.exp_avg_sq, j, p.shape)),
-                }
-                if g.max_exp_avg_sq is not None:
-                    st["max_exp_avg_sq"] = own_storage(g.slot(g.max_exp_avg_sq, j, p.shape))
+                st = {key: g.state_slot(key, j, p.shape) for key in keys}
                 for key, t in held.get(id(p), {}).items():
                     slot = st.get(key)
                     if slot is not None and (t.shape, t.dtype, t.device) == (
@@ -414,11 +424,24 @@ class PackedAdamW(OnePass):
                         torch._C.TensorBase.data.__set__(t, slot)  # type: ignore[attr-defined]
                         st[key] = t
                 self._slots[p] = st
-        self._changes.seen = False
-        self.state = self._watched = watched_state(
+        self.state = watched_state(
             {p: self._slots[p] for p in pack.params if id(p) in self._stated}, self._changes
         )
+        self._watch()
+        self._step_versions = self._versions_of_steps()
         self._all_stated = len(self._stated) == pack.n
+
+    def _watch(self) -> None:
+        """``self.state`` as it is now is what :meth:`_sync_state` compares the next writes with:
+        written through our watched containers, the flag says so (O(1) per step); a container the
+        user put in (a plain ``defaultdict`` as ``state``, a plain dict as an entry) stays the
+        optimizer's, as natively, and is compared at every step (O(parameters))."""
+        state = self.state
+        self._watched = state
+        self._changes.seen = False
+        self._scan = not watched_by(state, self._changes) or any(
+            not watched_by(e, self._changes) for p, e in dict.items(state) if p in self._slots
+        )
 
     def _mark(self, positions: list[int] | None) -> None:
         """The parameters at ``positions`` (``None``: all) are stepped: each gets its state entry
@@ -430,7 +453,14 @@ class PackedAdamW(OnePass):
             p = pack.params[i]
             if id(p) not in self._stated:
                 self._stated.add(id(p))
-                dict.__setitem__(self.state, p, watched_entry(self._slots[p], self._changes))
+                entry = self.state.get(p)
+                if isinstance(
+                    entry, dict
+                ):  # empty (_sync_state): the same dict, filled as native's _init_group
+                    dict.update(entry, self._slots[p])
+                    self._scan = self._scan or not watched_by(entry, self._changes)
+                else:
+                    dict.__setitem__(self.state, p, watched_entry(self._slots[p], self._changes))
         self._all_stated = len(self._stated) == pack.n
 
     def _build_plans(self) -> None:
@@ -757,8 +787,7 @@ class PackedAdamW(OnePass):
         check_unshared(params, again=True)
         self._check_repackable(params)
         state = self.state
-        entries = {p: st for p, st in state.items() if st}
-        saved = {p: saved_state(st) for p, st in entries.items()}
+        saved = {p: saved_state(st) for p, st in state.items() if st}
         held = self._held_state()
         grads = self._grads_to_keep()
         self._stated = {id(p) for p in saved}
@@ -766,7 +795,7 @@ class PackedAdamW(OnePass):
         self._pack_all(grads, held)
         del grads, held
         self._restore(saved)
-        self._keep_containers(state, entries)
+        self._keep_containers(state)
 
     def _check_repackable(self, params: list[Tensor]) -> None:
         """Refuse ``set_mode("packed")``, before anything is modified, where a gradient or a state
@@ -789,12 +818,9 @@ class PackedAdamW(OnePass):
                     continue
                 names.append(f"state[p][{key!r}] of {where}")
                 tensors.append(t)
-                want = ((), torch.float32, ()) if key == "step" else (p.shape, p.dtype, p.stride())
-                if t.dtype != want[1] or not (t.shape == want[0] if key == "step" else same_order(t, p)):
-                    self._refuse_repack(
-                        f"state[p][{key!r}] of {where} has shape {tuple(t.shape)}, {t.dtype}, strides "
-                        f"{t.stride()}; its packed slot holds {tuple(want[0])}, {want[1]}, strides {want[2]}"
-                    )
+                misfit = slot_misfit(key, t, p)
+                if misfit is not None:
+                    self._refuse_repack(f"state[p][{key!r}] of {where} is {misfit}")
         for k, extra in sharers(tensors)[:1]:
             self._refuse_repack(
                 f"{names[k]} shares its memory with {extra} other tensor(s): a view of it held now "
@@ -810,25 +836,24 @@ class PackedAdamW(OnePass):
             "optimizer keeps stepping natively"
         )
 
-    def _keep_containers(self, state: Any, entries: dict[Tensor, dict[str, Any]]) -> None:
-        """After :meth:`_pack_again`: ``state`` (the object the user holds) and its entries stay the
-        optimizer's, refilled in place with what the new layout built (the same tensors, rebound);
-        an entry of a parameter no longer in ``param_groups`` stays as it was, tensors included."""
-        if not isinstance(state, WatchedState):  # replaced by the user while native: the new one
+    def _keep_containers(self, state: Any) -> None:
+        """After a new layout (:meth:`_pack_again`, :meth:`_repack` keeping the state): ``state`` (the
+        object the user holds, ours or one the user put in) and its entries stay the optimizer's, as
+        natively, updated in place with what the layout built (the same tensors, rebound, or new ones
+        over the packed memory), in their order; keys of the user's own beside them stay, and so
+        does an entry of a parameter no longer in ``param_groups``."""
+        if not isinstance(state, dict):
             return
-        built = self.state
-        dict.clear(state)
-        for p, entry in built.items():
-            was = entries.get(p)
-            if p not in self._slots and was is not None:
-                entry = was
-            elif isinstance(was, WatchedEntry):  # keys of the user's own beside them stay, as natively
+        for p, entry in dict.items(self.state):
+            was = dict.get(state, p)
+            if isinstance(was, dict) and p in self._slots:
                 dict.update(was, entry)
-                was.changes, entry = self._changes, was
-            dict.__setitem__(state, p, entry)
-        state.changes = self._changes
-        self.state = self._watched = state
-        self._changes.seen = False
+            elif was is None:
+                dict.__setitem__(state, p, entry)
+        if isinstance(state, WatchedState):
+            state.changes = self._changes
+        self.state = cast(Any, state)  # the user's dict, whatever its type (a defaultdict natively)
+        self._watch()
 
     # -- public --------------------------------------------------------------------------
     @property
@@ -877,6 +902,8 @@ class PackedAdamW(OnePass):
         self._sync_groups()
         if self._pack.relaid:
             self._build_plans()
+        if self._pack.uniform_steps and self._steps_written():  # one step counter written in place
+            self._uniform_steps()
         for g in self._pack.groups:
             if bool(self.param_groups[g.pg]["amsgrad"]) != (g.max_exp_avg_sq is not None):
                 raise RuntimeError(
@@ -885,34 +912,49 @@ class PackedAdamW(OnePass):
                 )
 
     def _sync_state(self) -> None:
-        """``self.state`` as the user left it, applied as native's next step would read it: an
-        entry removed (``state.clear()``, ``del state[p]``, ``state = defaultdict(dict)``) starts that
-        parameter again from zero moments and step 0 at its next step with a gradient; a state
-        tensor replaced (``state[p]["exp_avg"] = torch.zeros_like(p)``, ``state[p]["step"] =
-        torch.tensor(0.)``) is copied into the flat buffers, which the entry then views again. O(1)
-        when nothing was written (a flag the watched containers raise)."""
-        if self.state is self._watched and not self._changes.seen:
+        """``self.state`` as the user left it, applied as native's next step reads it
+        (:func:`~cotangent.states.planned_state`, every check first): an entry removed or emptied
+        (``state.clear()``, ``del state[p]``, ``state = defaultdict(dict)``) starts that parameter again
+        from zero moments and step 0 at its next step with a gradient; a tensor put in place of one
+        (``state[p]["exp_avg"] = t``, ``state[p] = {...}``, before the parameter's first step too)
+        is its state from then on: its values go into the slot and it becomes that slot, rebound in
+        place. A tensor that stops being the state keeps its values in memory of its own and no
+        longer moves (:meth:`_let_go`), as natively. ``state`` and its entries stay the objects the
+        user left. O(1) when nothing was written (a flag the watched containers raise)."""
+        if not self._scan and self.state is self._watched and not self._changes.seen:
             return
         pack = self._pack
-        state = self.state
-        reset, copies, extra = planned_state(state, self._slots, self._stated)  # checked first
-        ours = {id(p) for p in pack.params}
-        others = {k: v for k, v in state.items() if id(k) not in ours}
+        plan = planned_state(self.state, pack.params, self._slots, self._stated)  # checked first
+        where = {id(p): i for i, p in enumerate(pack.params)}
         with torch.no_grad():
-            for p in reset:
-                for view in self._slots[p].values():
-                    view.zero_()
+            for (
+                p,
+                key,
+            ) in plan.leaving:  # all of them first: a tensor leaving one place may be adopted at another
+                self._let_go(p, key, where[id(p)])
+            for p in plan.reset:
                 self._stated.discard(id(p))
-            for p, values in copies.items():
-                for key, value in values.items():
-                    self._slots[p][key].copy_(value)
-        self._build_state()
-        for p, keys in extra.items():
-            dict.update(self.state[p], keys)
-        for k, v in others.items():
-            dict.__setitem__(self.state, k, v)
-        if reset or copies:
+                for slot in self._slots[p].values():
+                    slot.zero_()
+            for p, values in plan.adopt.items():
+                for key, t in values.items():
+                    self._slots[p][key].copy_(t)
+                    torch._C.TensorBase.data.__set__(t, self._slots[p][key])  # type: ignore[attr-defined]
+                    self._slots[p][key] = t
+        self._stated.update(id(p) for p in plan.fresh)
+        self._all_stated = len(self._stated) == pack.n
+        self._watch()
+        if plan.leaving:
             self._uniform_steps()
+
+    def _let_go(self, p: Tensor, key: str, i: int) -> None:
+        """``state[p][key]``'s tensor stops being the state: it takes its values as memory of its own
+        (rebound in place, so a reference kept keeps them and no longer moves, as natively) and the
+        slot gets a new tensor over the packed memory."""
+        old = self._slots[p][key]
+        torch._C.TensorBase.data.__set__(old, own_copy(old))  # type: ignore[attr-defined]
+        gi, j = self._pack.where[i]
+        self._slots[p][key] = self._pack.groups[gi].state_slot(key, j, p.shape)
 
     def _sync_groups(self) -> None:
         """``param_groups`` as the user left it: a group's parameter list changed in place (a
@@ -949,6 +991,7 @@ class PackedAdamW(OnePass):
                     new.append(p)
         Pack.check_unheld(new, self._pack)
         check_unshared(new)
+        self._sync_state()  # what the user did to the state first (zero_grad comes here without it)
         self._repack()
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -1032,9 +1075,13 @@ class PackedAdamW(OnePass):
             pack.uniform_steps = False
 
     def state_dict(self) -> dict[str, Any]:
-        """Native per-parameter form (clones), loadable by ``torch.optim.AdamW`` and back."""
+        """Native's ``state_dict``: the per-parameter form, loadable by ``torch.optim.AdamW`` and back,
+        holding the state tensors themselves, as native's does (they are the optimizer's state and
+        follow its steps; ``copy.deepcopy`` or ``torch.save`` it for a snapshot). Each entry is a
+        plain dict with the entry's items (native's holds the entry itself): ``torch.load`` with
+        ``weights_only=True`` reads plain dicts only."""
         sd = super().state_dict()
-        sd["state"] = {k: {n: t.clone() for n, t in v.items()} for k, v in sd["state"].items()}
+        sd["state"] = {k: dict(v) if isinstance(v, dict) else v for k, v in sd["state"].items()}
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -1058,10 +1105,32 @@ class PackedAdamW(OnePass):
                     st["step"] = st["step"].to(p.device)
             return
         assert self._pack is not None
-        loaded = {p: to_state_tensors(self.state[p]) for p in self._pack.params if self.state.get(p)}
+        order = list(self.state.items())  # native's loaded state: the state dict's order and keys
+        ours = {id(p) for p in self._pack.params}
+        loaded = {
+            p: to_state_tensors(st) for p, st in order if st and isinstance(p, Tensor) and id(p) in ours
+        }
         self._stated = {id(p) for p in loaded}  # as native's: the entries the state dict holds
         self._repack(keep_state=False)  # natively the loaded tensors replace the state
         self._restore(loaded)
+        self._in_loaded_order(order)
+
+    def _in_loaded_order(self, order: list[tuple[Any, Any]]) -> None:
+        """After a load, ``state`` as native's load builds it: the entries in the state dict's order
+        (``order``: native's loaded state), each with its keys in the saved order (the state
+        tensors ours, over the new slots; keys of the user's own beside them, and entries of keys
+        that are no parameter, as loaded)."""
+        entries: dict[Any, Any] = {}
+        for k, st in order:
+            if not isinstance(st, dict):
+                entries[k] = st
+                continue
+            mine = self._slots.get(k, {}) if isinstance(k, Tensor) and id(k) in self._stated else {}
+            entry = {key: mine.get(key, v) for key, v in st.items()}
+            entry.update({key: t for key, t in mine.items() if key not in entry})
+            entries[k] = entry
+        self.state = watched_state(entries, self._changes)
+        self._watch()
 
     def __del__(self) -> None:  # pragma: no cover - best effort
         pack = getattr(self, "_pack", None)

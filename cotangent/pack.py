@@ -62,6 +62,15 @@ class FlatGroup:
         parameter's own memory order (channels_last included), viewed with its strides."""
         return torch.as_strided(buf, shape, self.strides[j], buf.storage_offset() + self.offsets[j])
 
+    def state_slot(self, key: str, j: int, shape: torch.Size) -> Tensor:
+        """Packed position ``j``'s state tensor ``key`` (``"step"``, ``"exp_avg"``, ``"exp_avg_sq"``,
+        ``"max_exp_avg_sq"``) as the optimizer's state holds it: an alias of its slot with storage of
+        its own (:func:`own_storage`), not a view, so that rebound in place (the state leaving the
+        buffers, a tensor leaving the state) it keeps no view of a buffer alive."""
+        if key == "step":
+            return own_storage(self.steps[j])
+        return own_storage(self.slot(getattr(self, key), j, shape))
+
 
 def dense(t: Tensor) -> bool:
     """Does ``t`` cover exactly ``t.numel()`` consecutive elements (no gaps, no overlaps), in

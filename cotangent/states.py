@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from cotangent.groups import sharers
+from cotangent.pack import same_order
+
+#: A parameter's state keys, in the order native fused AdamW makes them (the last: amsgrad groups).
+STATE_KEYS = ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
 #: Group settings that would take native AdamW off its fused path after loading, and what they must be.
 _FUSED_PATH = {"foreach": (None, False), "capturable": (False,), "differentiable": (False,)}
@@ -169,80 +176,183 @@ def watched_state(entries: dict[Tensor, dict[str, Any]], changes: Changes) -> Wa
     return state
 
 
+def watched_by(container: Any, changes: Changes) -> bool:
+    """Does every write into ``container`` raise ``changes``' flag (one of our watched containers)?"""
+    return (
+        isinstance(container, (WatchedState, WatchedEntry)) and getattr(container, "changes", None) is changes
+    )
+
+
 def watched_entry(entry: dict[str, Any], changes: Changes) -> WatchedEntry:
     out = WatchedEntry(entry)
     out.changes = changes
     return out
 
 
+@dataclass
+class StatePlan:
+    """What the user did to ``optimizer.state`` since the step before, as native's next step reads
+    it (:func:`planned_state`): ``reset``, the parameters whose entry was removed or emptied
+    (``clear()``, ``del state[p]``, a new ``state``), which start again from zero moments and step 0
+    at their next step with a gradient; ``adopt``, the tensors put in place of the optimizer's
+    (``state[p]["exp_avg"] = t``, ``state[p] = {...}``), which are its state from then on;
+    ``fresh``, the parameters given a whole entry before their first step (or again after theirs
+    was removed), which native's step reads as their state; ``leaving``, each ``(p, key)`` whose
+    tensor stops being the state (it keeps its values, as natively)."""
+
+    reset: list[Tensor] = field(default_factory=list)
+    adopt: dict[Tensor, dict[str, Tensor]] = field(default_factory=dict)
+    fresh: list[Tensor] = field(default_factory=list)
+    leaving: list[tuple[Tensor, str]] = field(default_factory=list)
+
+
 def planned_state(
-    state: Any, slots: dict[Tensor, dict[str, Tensor]], stated: set[int]
-) -> tuple[list[Tensor], dict[Tensor, dict[str, Tensor]], dict[Tensor, dict[str, Any]]]:
-    """What the user did to ``optimizer.state`` since the step before, checked before anything is
-    modified: the parameters whose entry was removed (``clear()``, ``del state[p]``, a new
-    ``state``), which native's next step starts again from zero moments and step 0; the state
-    tensors replaced in an entry (``state[p]["exp_avg"] = torch.zeros_like(p)``), which native's
-    step then uses, to copy into the flat buffers; and the keys the user added beside them."""
+    state: Any, params: list[Tensor], slots: dict[Tensor, dict[str, Tensor]], stated: set[int]
+) -> StatePlan:
+    """:class:`StatePlan` of ``state`` against the tensors the optimizer's state is now
+    (``slots``, by parameter; ``params`` in the optimizer's order; ``stated``, the ids of the
+    parameters that have state), checked before anything is modified. Refused, naming the
+    parameter and what was done: what native's step would fail on (an entry that is not a dict or
+    lacks a key, a Python-number ``step``, a plain ``dict`` as ``state`` without an entry for a
+    parameter with a gradient), and what cannot stay native's bits here (:func:`_check_adopted`,
+    :func:`_check_leaving`)."""
     if not isinstance(state, dict):
         raise TypeError(
             f"PackedAdamW: optimizer.state was replaced by a {type(state).__name__}; native's is a "
             "dict from parameter to its state (defaultdict(dict))"
         )
-    reset: list[Tensor] = []
-    copies: dict[Tensor, dict[str, Tensor]] = {}
-    extra: dict[Tensor, dict[str, Any]] = {}
-    for p, mine in slots.items():
-        entry = state.get(p)
-        if not entry:
+    plan = StatePlan()
+    for i, p in enumerate(params):
+        where = f"parameter {i} (shape {tuple(p.shape)})"
+        mine, entry = slots[p], state.get(p)
+        if entry is None or (isinstance(entry, dict) and not entry):
+            if entry is None and not isinstance(state, defaultdict) and p.grad is not None:
+                raise RuntimeError(
+                    f"PackedAdamW: optimizer.state was replaced by a {type(state).__name__}, not a "
+                    f"defaultdict(dict), without an entry for {where}, which has a gradient: native's "
+                    "step raises KeyError there (assign defaultdict(dict) to start every parameter again)"
+                )
             if id(p) in stated:
-                reset.append(p)
+                plan.reset.append(p)
+                plan.leaving.extend((p, key) for key in mine)
             continue
-        _check_entry(p, entry, mine, stated)
-        for key, value in entry.items():
-            if key not in mine:
-                extra.setdefault(p, {})[key] = value
-                continue
-            if value is mine[key]:
-                continue
-            copies.setdefault(p, {})[key] = _replacement(p, key, value, mine[key])
-    return reset, copies, extra
+        _check_entry(where, entry, mine, id(p) in stated)
+        if id(p) not in stated:
+            plan.fresh.append(p)
+        for key, want in mine.items():
+            if entry[key] is not want:
+                plan.adopt.setdefault(p, {})[key] = _replacement(where, key, entry[key], p)
+                plan.leaving.append((p, key))
+    _check_adopted(plan, params, slots)
+    _check_leaving(plan, params, slots)
+    return plan
 
 
-def _check_entry(p: Tensor, entry: Any, mine: dict[str, Tensor], stated: set[int]) -> None:
-    """Refuse a non-empty ``optimizer.state[p]`` native's step would not read as ``p``'s state:
-    not a dict, written before ``p``'s first step, or lacking one of the keys ``mine`` holds."""
+def _check_entry(where: str, entry: Any, mine: dict[str, Tensor], stated: bool) -> None:
+    """Refuse a non-empty ``optimizer.state[p]`` native's step would not read: not a dict, or
+    lacking one of the keys ``mine`` holds (native's step raises ``KeyError``)."""
     if not isinstance(entry, dict):
-        raise TypeError(f"PackedAdamW: optimizer.state[p] is a {type(entry).__name__}, not a dict")
-    if id(p) not in stated:  # an entry written before the parameter's first step
-        raise RuntimeError(
-            f"PackedAdamW: optimizer.state holds an entry for a parameter of shape {tuple(p.shape)} "
-            "before its first step; native would read it as its state, PackedAdamW lays state out "
-            "itself: load it with load_state_dict() instead"
-        )
+        raise TypeError(f"PackedAdamW: optimizer.state[p] of {where} is a {type(entry).__name__}, not a dict")
     missing = [k for k in mine if k not in entry]
     if missing:
+        how = "deleted from optimizer.state[p]" if stated else "an entry written without them"
         raise RuntimeError(
-            f"PackedAdamW: the state of a parameter of shape {tuple(p.shape)} lacks {missing} (deleted "
-            "from optimizer.state[p]); native's step would raise KeyError: delete the whole entry "
-            "(del optimizer.state[p]) to start it again, or assign new tensors"
+            f"PackedAdamW: the state of {where} lacks {missing} ({how}); native's step would raise "
+            "KeyError: delete the whole entry (del optimizer.state[p]) to start it again, or assign "
+            "every key"
         )
 
 
-def _replacement(p: Tensor, key: str, value: Any, want: Tensor) -> Tensor:
-    """The tensor the user put at ``optimizer.state[p][key]`` in place of ``want`` (a number
-    for ``"step"`` as its float32 tensor), refused unless it has ``want``'s shape, dtype and device."""
-    if isinstance(value, (int, float)) and key == "step":
-        value = torch.tensor(float(value), dtype=torch.float32)
-    if (
-        not isinstance(value, Tensor)
-        or value.shape != want.shape
-        or (value.dtype != want.dtype)
-        or value.device != want.device
-    ):
-        got = f"{tuple(value.shape)} {value.dtype}" if isinstance(value, Tensor) else type(value).__name__
+def _replacement(where: str, key: str, value: Any, p: Tensor) -> Tensor:
+    """The tensor the user put at ``optimizer.state[p][key]``, refused unless it can be that state
+    as natively (:func:`slot_misfit`); a Python-number ``step`` is refused as native's step refuses it."""
+    if key == "step" and isinstance(value, (int, float)):
         raise RuntimeError(
-            f"PackedAdamW: optimizer.state[p][{key!r}] of a parameter of shape {tuple(p.shape)} was "
-            f"replaced by {got}; the flat buffer holds {tuple(want.shape)} {want.dtype} on {want.device}: "
-            "assign a tensor of that shape, dtype and device (torch.zeros_like(p)), or write in place"
+            f"PackedAdamW: optimizer.state[p]['step'] of {where} was replaced by the number {value!r}; "
+            "native's step raises 'API has changed, `state_steps` argument must contain a list of singleton "
+            "tensors': assign torch.tensor(float(step)) (a float32 0-dim tensor), as load_state_dict makes it"
+        )
+    misfit = type(value).__name__ if not isinstance(value, Tensor) else slot_misfit(key, value, p)
+    if misfit is not None:
+        raise RuntimeError(
+            f"PackedAdamW: optimizer.state[p][{key!r}] of {where} was replaced by {misfit}: assign one in "
+            "the parameter's layout (torch.zeros_like(p), t.clone(memory_format=torch.preserve_format); "
+            "a step: torch.tensor(0.0)), or write in place"
         )
     return value
+
+
+def slot_misfit(key: str, t: Tensor, p: Tensor) -> str | None:
+    """Why ``t`` cannot be parameter ``p``'s state tensor ``key`` in its packed slot, or None; the one
+    home of that rule (a tensor assigned into the state, :func:`planned_state`; a state tensor packed
+    again, ``set_mode("packed")``). A ``step`` is a float32 0-dim tensor on ``p``'s device; a moment
+    has ``p``'s shape, dtype and device, and its memory order: native's fused kernel pairs the
+    elements of the parameter and its state in memory order, so other strides update other elements."""
+    shape, dtype = ((), torch.float32) if key == "step" else (tuple(p.shape), p.dtype)
+    if (tuple(t.shape), t.dtype, t.device) != (shape, dtype, p.device):
+        return f"{tuple(t.shape)} {t.dtype} on {t.device}, where its slot holds {shape} {dtype} on {p.device}"
+    if key != "step" and not same_order(t, p):
+        return (
+            f"a tensor with strides {t.stride()}, the parameter {p.stride()} (native's fused kernel pairs the "
+            "elements of the parameter and its state in memory order, so it would update other elements)"
+        )
+    return None
+
+
+def _check_adopted(plan: StatePlan, params: list[Tensor], slots: dict[Tensor, dict[str, Tensor]]) -> None:
+    """Refuse a tensor put into the state that could not become its packed slot as natively it is
+    the state: one the optimizer holds at another place that stays (another key's or another
+    parameter's state, a parameter, a gradient), one put at two places, and one whose memory
+    another tensor shares (a view of it, or a tensor it views), which natively would follow the
+    steps and here would keep the values it had."""
+    if not plan.adopt:
+        return
+    leaving = {id(slots[p][key]) for p, key in plan.leaving}
+    ours = {id(t): "a state tensor" for m in slots.values() for t in m.values() if id(t) not in leaving}
+    ours.update({id(q): "a parameter" for q in params})
+    ours.update({id(q.grad): "a gradient" for q in params if q.grad is not None})
+    index = {id(p): i for i, p in enumerate(params)}
+    seen: set[int] = set()
+    named, tensors = [], []
+    for p, values in plan.adopt.items():
+        for key, t in values.items():
+            where = f"optimizer.state[p][{key!r}] of parameter {index[id(p)]} (shape {tuple(p.shape)})"
+            if id(t) in ours or id(t) in seen:
+                what = ours.get(id(t), "the tensor put at another place of the state too")
+                raise RuntimeError(
+                    f"PackedAdamW: {where} was replaced by {what} of this optimizer: natively the two would be "
+                    "one tensor, updated twice per step; assign a copy (.clone())"
+                )
+            seen.add(id(t))
+            named.append(where)
+            tensors.append(t)
+    for k, extra in sharers(tensors)[:1]:
+        raise RuntimeError(
+            f"PackedAdamW: {named[k]} was replaced by a tensor whose memory {extra} other tensor(s) share (a view "
+            "of it, or the tensor it is a view of): natively they would follow its steps, here the tensor "
+            "becomes the optimizer's packed memory and they would keep the values it has; assign a copy (.clone())"
+        )
+
+
+def _check_leaving(plan: StatePlan, params: list[Tensor], slots: dict[Tensor, dict[str, Tensor]]) -> None:
+    """Refuse, where a state tensor stops being the state (its entry removed or emptied, or itself
+    replaced) while a view of it is held: natively the tensor and its views keep the values they
+    have; here the tensor takes its values as its own memory, but a view stays on the packed
+    buffer, which the parameter's state goes on updating."""
+    if not plan.leaving:
+        return
+    index = {id(p): i for i, p in enumerate(params)}
+    reset = {id(p) for p in plan.reset}
+    for k, extra in sharers([slots[p][key] for p, key in plan.leaving])[:1]:
+        p, key = plan.leaving[k]
+        how = (
+            "its entry was removed or emptied (optimizer.state.clear(), del optimizer.state[p], a new optimizer.state)"
+            if id(p) in reset
+            else f"optimizer.state[p][{key!r}] was replaced"
+        )
+        raise RuntimeError(
+            f"PackedAdamW: state[p][{key!r}] of parameter {index[id(p)]} (shape {tuple(p.shape)}) stops being the "
+            f"state ({how}) while {extra} other tensor(s) share its memory (a view of it held: .view(-1), a slice): "
+            "natively they keep the values they have; here they view the packed buffer, which the parameter's state "
+            "goes on updating. Drop the view (a copy, .clone(), is fine) and step again; the optimizer is unchanged"
+        )

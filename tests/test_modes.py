@@ -5,6 +5,7 @@ the bits of native ``AdamW(fused=True)`` + ``clip_grad_norm_``: parameters, grad
 
 from __future__ import annotations
 
+import collections
 import copy
 import ctypes
 import gc
@@ -24,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from cotangent import PackedAdamW, clip_grad_norm_
 from cotangent.modes import BLOCKS, COVERAGE, ENV, LEVEL, PATTERN, RANK, WARMUP, Chooser, bound, order_rank
 from cotangent.pack import Pack
-from cotangent.verify import bitwise_equal
+from cotangent.verify import bitwise_equal, state_dict_difference
 
 FEW = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -1098,3 +1099,334 @@ def test_laying_out_again_keeps_a_kept_grad(shapes, hyper, op, mode, at, phase, 
                 ob.load_state_dict(copy.deepcopy(sd))
         one_step(oa, ob, a, b, phase, set_to_none=False)
         mirrors_native(oa, ob, a, b, *kept, state_identity=op != "load_state_dict")
+
+
+# -- the state reset, removed or replaced while the user holds its tensors (issue 61) ------------
+STATE_OPS = [
+    "clear",
+    "del",
+    "pop",
+    "reinsert",
+    "empty",
+    "new_state",
+    "exp_avg",
+    "exp_avg_sq",
+    "max_exp_avg_sq",
+]
+STATE_OPS += [
+    "step",
+    "entry",
+    "load",
+    "load_ours",
+    "state_dict",
+    "native",
+    "packed",
+    "step_in_place",
+    "halved",
+]
+STATE_OPS += ["add_param_group", "append"]
+
+
+def state_values(p, gen, amsgrad):
+    """Values a user puts into a parameter's state (the same on either side): moments in the
+    parameter's layout (squares non-negative), a float32 0-dim ``step``."""
+    keys = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if amsgrad else [])
+    out = {"step": torch.tensor(float(torch.randint(0, 5, (), generator=gen)))}
+    for key in keys:
+        v = torch.randn(p.shape, generator=gen).to(p.dtype)
+        out[key] = v if key == "exp_avg" else v.abs()
+    return out
+
+
+def laid_as(p, values):
+    """``values`` as new tensors, the moments in ``p``'s memory order (``torch.empty_like``)."""
+    return {k: v.clone() if k == "step" else torch.empty_like(p).copy_(v) for k, v in values.items()}
+
+
+def state_op(opt, params, i, op, values, popped):
+    """One thing a user does to ``optimizer.state``, the same on either side (``values``: what an
+    assignment puts in; ``popped``: entries taken out with ``pop``, by position)."""
+    p, entry = params[i], opt.state.get(params[i])
+    if op == "clear":
+        opt.state.clear()
+    elif op == "del" and entry is not None:
+        del opt.state[p]
+    elif op == "pop":
+        popped[i] = opt.state.pop(p, None)
+    elif op == "reinsert" and popped.get(i) is not None:
+        opt.state[p] = popped.pop(i)
+    elif op == "empty":
+        opt.state[p] = {}
+    elif op == "new_state":
+        opt.state = collections.defaultdict(dict)
+    elif op in values and entry and op in entry:
+        opt.state[p][op] = laid_as(p, values)[op]
+    elif op == "entry":
+        opt.state[p] = laid_as(p, values)
+    elif op == "step_in_place" and entry:  # written in place, not replaced
+        entry["step"].fill_(values["step"])
+    elif op == "halved" and entry:
+        entry["exp_avg"].mul_(0.5)
+
+
+def held_state(opt, params):
+    """What a logger holds: ``state``, each entry and each state tensor (by position and key)."""
+    entries = {i: opt.state.get(p) for i, p in enumerate(params)}
+    tensors = {(i, k): t for i, e in entries.items() for k, t in (e or {}).items()}
+    return opt.state, {i: e for i, e in entries.items() if e is not None}, tensors
+
+
+def holds_as_native(oa, ob, a, b, held_a, held_b):
+    """Each object held on our side is what native's held one is: the same bits, and the state (or
+    no longer) exactly where native's is."""
+    (sa, ea, ta), (sb, eb, tb) = held_a, held_b
+    assert (oa.state is sa) == (ob.state is sb), "state is the held object"
+    assert set(ea) == set(eb) and set(ta) == set(tb)
+    for i in ea:
+        assert (oa.state.get(a[i]) is ea[i]) == (ob.state.get(b[i]) is eb[i]), f"entry {i} is the state"
+    for (i, k), t in ta.items():
+        u = tb[i, k]
+        assert bitwise_equal(t, u) and t.stride() == u.stride(), f"held state {i} {k}"
+        assert ((oa.state.get(a[i]) or {}).get(k) is t) == ((ob.state.get(b[i]) or {}).get(k) is u), (
+            f"{i} {k}"
+        )
+
+
+def live_state_dicts(oa, ob, a, b, held):
+    """``state_dict()`` taken earlier on either side: natively it holds the state tensors themselves,
+    so each is (or is no longer) the state exactly where native's is, with native's bits."""
+    in_a = {id(t) for e in oa.state.values() for t in e.values()}
+    in_b = {id(t) for e in ob.state.values() for t in e.values()}
+    for sa, sb in held:  # sa: native's entries as they were when it was taken (ours are plain dicts)
+        assert list(sa) == list(sb["state"])
+        for k, entry in sa.items():
+            assert list(entry) == list(sb["state"][k])
+            for key, t in entry.items():
+                u = sb["state"][k][key]
+                assert bitwise_equal(t, u) and (id(t) in in_a) == (id(u) in in_b), f"state_dict {k} {key}"
+
+
+def same_mapping(oa, ob, a, b):
+    """``optimizer.state`` as a mapping, read without writing to it: the same parameters in the same
+    order (``len``, ``in``, iteration), each entry's keys in order, each tensor's bits and strides;
+    ``state_dict()`` alike."""
+    pos_a, pos_b = {id(x): i for i, x in enumerate(a)}, {id(y): i for i, y in enumerate(b)}
+    assert [pos_a.get(id(k)) for k in oa.state] == [pos_b.get(id(k)) for k in ob.state], "state's order"
+    assert len(oa.state) == len(ob.state) and all((x in oa.state) == (y in ob.state) for x, y in zip(a, b))
+    for x, y in zip(a, b):
+        ea, eb = oa.state.get(x), ob.state.get(y)
+        assert (ea is None) == (eb is None)
+        if ea is not None:
+            assert list(ea) == list(eb), "an entry's keys"
+            for k in ea:
+                assert bitwise_equal(ea[k], eb[k]) and ea[k].stride() == eb[k].stride(), k
+    assert state_dict_difference(oa.state_dict(), ob.state_dict()) is None
+
+
+def step_both(oa, ob, a, b, phase, set_to_none):
+    """Clip, step and zero_grad on both sides; the norm, parameters and gradients compared bitwise."""
+    na = torch.nn.utils.clip_grad_norm_(a, 1.0)
+    oa.step()
+    oa.zero_grad(set_to_none)
+    if phase == "one_pass":
+        nb = ob.clip_step_zero_grad(1.0, parameters=b, set_to_none=set_to_none)
+    else:
+        nb = clip_grad_norm_(b, 1.0)
+        ob.step()
+        ob.zero_grad(set_to_none)
+    assert bitwise_equal(na, nb)
+    assert same(a, b) and [x.stride() for x in a] == [y.stride() for y in b]
+    grads_equal(a, b)
+
+
+def both_do(oa, ob, a, b, i, op, gen, amsgrad, popped):
+    """``op`` on both sides: a state pattern (:func:`state_op`), a state dict of native's loaded into
+    both (after whatever came before it: ``clear`` then ``load``), a parameter added (a group, or
+    appended to the first group in place), or our mode switched."""
+    if op in ("native", "packed"):
+        ob.set_mode(op)
+    elif op in ("add_param_group", "append"):  # a new parameter, laid out again after what came before
+        extra = torch.randn(3, 2, generator=gen).to(a[0].dtype)
+        for opt, ps in ((oa, a), (ob, b)):
+            ps.append(extra.clone().requires_grad_())
+            if op == "add_param_group":
+                opt.add_param_group({"params": [ps[-1]], "lr": 0.02})
+            else:
+                opt.param_groups[0]["params"].append(ps[-1])
+    elif op in ("load", "load_ours"):  # native's state dict, or ours, loaded into both
+        sd = copy.deepcopy((oa if op == "load" else ob).state_dict())
+        oa.load_state_dict(copy.deepcopy(sd))
+        ob.load_state_dict(sd)
+    else:
+        values = state_values(a[i], gen, amsgrad)
+        state_op(oa, a, i, op, values, popped[0])
+        state_op(ob, b, i, op, values, popped[1])
+
+
+@pytest.mark.filterwarnings("ignore:scripted")
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shapes=st.lists(shape_st, min_size=1, max_size=3),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    hyper=hyper_st,
+    two_groups=st.booleans(),
+    start=st.sampled_from(["packed", "native", "auto_native", "auto_packed"]),
+    events=st.lists(
+        st.tuples(st.integers(0, 5), st.sampled_from(STATE_OPS), st.integers(0, 3), st.booleans()),
+        min_size=1,
+        max_size=5,
+    ),
+    phase=st.sampled_from(["one_pass", "three_calls"]),
+    set_to_none=st.booleans(),
+    channels_last=st.booleans(),
+    skip=st.integers(-1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_state_reset_or_replaced_while_held_is_native(
+    shapes, dtype, hyper, two_groups, start, events, phase, set_to_none, channels_last, skip, seed
+):
+    """``optimizer.state`` cleared, an entry deleted, popped and put back, emptied, a new ``state``,
+    a state tensor or a whole entry assigned (before a parameter's first step too), native's state
+    dict loaded after any of them, and the mode switched, at drawn steps (between steps or with the
+    gradients present), while a logger holds ``state``, its entries and its tensors from before:
+    natively a tensor that stops being the state keeps its values and no longer moves, an assigned
+    one is the state from then on, a removed entry starts again from zero moments and step 0. So
+    here, against native ``AdamW(fused=True)`` + ``clip_grad_norm_``: every step the norm,
+    parameters, gradients and the state as a mapping (order, ``len``, ``in``, keys, bits, strides,
+    ``state_dict()``) bitwise, and every held object is (or is no longer) the state exactly where
+    native's is, with native's bits."""
+    a, b, gen = conv_twins(shapes, dtype, seed, channels_last)
+
+    def groups(ps):
+        if not two_groups:
+            return ps
+        return [{"params": ps[::2]}, {"params": ps[1::2], "lr": 0.02, "weight_decay": 0.0}]
+
+    oa = torch.optim.AdamW(groups(a), fused=True, **hyper)
+    ob = PackedAdamW(groups(b), **hyper, mode={"packed": "packed", "native": "native"}.get(start, "auto"))
+    if start.startswith("auto"):
+        ob._chooser = Scripted(["native", "packed"], final=start[5:])
+    popped: tuple[dict, dict] = ({}, {})
+    held, dicts = [], []
+    for step in range(7):
+        for mid in (False, True):
+            for at, op, i, when in events:
+                if (
+                    at == step
+                    and when == mid
+                    and not (start.startswith("auto") and op in ("native", "packed"))
+                ):
+                    held.append((held_state(oa, a), held_state(ob, b)))
+                    if op == "state_dict":
+                        dicts.append(
+                            ({k: dict(e) for k, e in oa.state_dict()["state"].items()}, ob.state_dict())
+                        )
+                    else:
+                        both_do(oa, ob, a, b, i % len(a), op, gen, hyper["amsgrad"], popped)
+                    same_mapping(oa, ob, a, b)
+            if not mid:
+                backward_both(a, b, gen, {skip} if step % 3 == 1 else set())
+        step_both(oa, ob, a, b, phase, set_to_none)
+        same_mapping(oa, ob, a, b)
+        for held_a, held_b in held:
+            holds_as_native(oa, ob, a, b, held_a, held_b)
+        live_state_dicts(oa, ob, a, b, dicts)
+
+
+def stepped_twins():
+    """Native and ours over two (4, 3) weights, a bias and a channels_last conv weight, two steps taken."""
+    a, b, gen = conv_twins([(4, 3), (4, 3), (5,)], torch.float32, 0, True)
+    oa, ob = torch.optim.AdamW(a, fused=True), PackedAdamW(b, mode="packed")
+    for _ in range(2):
+        backward_both(a, b, gen, set())
+        step_both(oa, ob, a, b, "three_calls", True)
+    return a, b, oa, ob, gen
+
+
+def packed_now(ob, b):
+    """Copies of the parameters and of every packed buffer: what a refused step leaves as it was."""
+    out = [p.detach().clone() for p in b]
+    for g in ob.flat_groups:
+        out += [t.clone() for t in (g.param, g.exp_avg, g.exp_avg_sq, g.steps)]
+    return out
+
+
+@pytest.mark.parametrize("how", ["clear", "del", "assign", "entry"])
+def test_a_state_tensor_leaving_with_a_view_of_it_held_is_refused_until_dropped(how):
+    """A view of a state tensor held while that tensor stops being the state (its entry removed, or
+    itself replaced): natively the view keeps its values; here it views the packed buffer, which the
+    parameter's new state takes. Refused at the step, naming it, before anything moves; once the view
+    is dropped, the step is native's."""
+    a, b, oa, ob, gen = stepped_twins()
+    views = [o.state[ps[0]]["exp_avg"].view(-1) for o, ps in ((oa, a), (ob, b))]
+    for opt, ps in ((oa, a), (ob, b)):
+        if how == "clear":
+            opt.state.clear()
+        elif how == "del":
+            del opt.state[ps[0]]
+        elif how == "assign":
+            opt.state[ps[0]]["exp_avg"] = torch.zeros_like(ps[0])
+        else:
+            opt.state[ps[0]] = {k: torch.zeros_like(t) for k, t in opt.state[ps[0]].items()}
+    backward_both(a, b, gen, set())
+    before = packed_now(ob, b)
+    said = r"state\[p\]\['exp_avg'\] of parameter 0 \(shape \(4, 3\)\) stops being the state .*1 other tensor"
+    with pytest.raises(RuntimeError, match=said):
+        ob.step()
+    assert same(before, packed_now(ob, b)) and bitwise_equal(*views)
+    del views[1]
+    step_both(oa, ob, a, b, "three_calls", True)
+    same_mapping(oa, ob, a, b)
+
+
+def _assign(opt, ps, how):
+    st = opt.state[ps[0]]
+    if how == "number_step":
+        st["step"] = 3
+    elif how == "strides":
+        opt.state[ps[3]]["exp_avg"] = torch.zeros(ps[3].shape)  # contiguous, the weight channels_last
+    elif how == "twice":
+        st["exp_avg"] = st["exp_avg_sq"] = torch.zeros_like(ps[0])
+    elif how == "another_parameter_s":
+        st["exp_avg"] = opt.state[ps[1]]["exp_avg"]
+    elif how == "gradient":
+        st["exp_avg"] = ps[1].grad
+    elif how == "a_view":
+        whole = torch.zeros(2, 4, 3)
+        st["exp_avg"] = whole[0]
+        return whole
+    elif how == "plain_dict":
+        opt.state = {}
+    return None
+
+
+REFUSED = {
+    "number_step": r"replaced by the number 3; native's step raises 'API has changed",
+    "strides": r"'exp_avg'\] of parameter 3 \(shape \(6, 3, 3, 3\)\) was replaced by a tensor with strides "
+    r"\(27, 9, 3, 1\), the parameter \(27, 1, 9, 3\)",
+    "twice": r"put at another place of the state too",
+    "another_parameter_s": r"parameter 0 \(shape \(4, 3\)\) was replaced by a state tensor of this optimizer",
+    "gradient": r"was replaced by a gradient of this optimizer",
+    "a_view": r"whose memory 1 other tensor\(s\) share",
+    "plain_dict": r"replaced by a dict, not a defaultdict\(dict\), without an entry for parameter 0",
+}
+
+
+@pytest.mark.parametrize("how", sorted(REFUSED))
+def test_a_state_tensor_assigned_that_cannot_be_native_s_is_refused_before_anything_moves(how):
+    """What a user may put into ``optimizer.state`` that native's step reads otherwise than a packed
+    slot can be: refused at the step, naming the parameter, the key and why, before anything moves
+    (where native's step fails too, a Python-number ``step`` or a plain dict without the entry, it
+    says native's error)."""
+    a, b, oa, ob, gen = stepped_twins()
+    backward_both(a, b, gen, set())
+    keep = _assign(ob, b, how)
+    before = packed_now(ob, b)
+    with pytest.raises(RuntimeError, match=REFUSED[how]):
+        ob.step()
+    assert same(before, packed_now(ob, b)) and all(p.grad is not None for p in b)
+    if how in ("number_step", "plain_dict"):  # native's step fails there too
+        _assign(oa, a, how)
+        with pytest.raises((RuntimeError, KeyError)):
+            oa.step()
+    del keep
