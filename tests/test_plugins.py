@@ -1,5 +1,9 @@
 """Bring your own change: a plug-in arm from a protocol to an audited report, frozen like the harness,
-and compare-arms telling an exact change from one that drifts."""
+and compare-arms telling an exact change from one that drifts.
+
+``harness plan``'s refusals and plans call the command line's ``main`` in this process
+(tests/in_process.py: the same parser, messages and exit status); the tag, run and family tests
+start ``python -m harness.cli`` as a user does."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, git, harness, init_study, record_dicts
+from in_process import harness_here
 
 from audit.cli import NOT_VERIFIED
 
@@ -104,7 +109,7 @@ def test_unknown_plugin_is_refused_with_file_key_line(clone):
     p.write_text(
         (clone / EXAMPLE).read_text().replace("examples.foreach_arm:build", "examples.nowhere:build")
     )
-    r = harness(clone, "plan", "protocols/bad.yaml")
+    r = harness_here(clone, "plan", "protocols/bad.yaml")
     assert (
         r.returncode == 2
         and "module examples.nowhere not found" in r.stderr
@@ -142,7 +147,9 @@ def test_compare_arms_exact_and_drifting(clone):
     assert "loss (baseline)" in r.stdout and "weights bits" in r.stdout and "differ" in r.stdout
 
 
-def test_model_family_plugin_and_registry(clone):
+def mlp_study(clone: Path) -> str:
+    """A plug-in model family (``examples/tiny_mlp.py``: an embedding and one linear layer) named by
+    a configuration, and a protocol of the foreach plug-in arm on it (3 pairs of 6 steps)."""
     (clone / "examples" / "tiny_mlp.py").write_text(
         '"""A plug-in model family: an embedding and one linear layer, built from the generator it is given."""\n'
         "import torch\n\n\n"
@@ -174,15 +181,48 @@ def test_model_family_plugin_and_registry(clone):
         .replace("val_every: 20", "val_every: 3")
         .replace("records_dir: runs/example-foreach/records", "records_dir: runs/mlp/records")
     )
-    r = harness(clone, "run", "protocols/mlp.yaml", "--quiet", "--no-report")
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    recs = record_dicts(clone / "runs" / "mlp" / "records")
+    return "protocols/mlp.yaml"
+
+
+def family_checked(clone: Path, recs: list[dict], cli) -> None:
+    """Six ok runs whose protocol names both plug-ins; then a family that is neither built in nor a
+    plug-in ``module:Class`` is refused by ``harness plan`` (through ``cli``)."""
     assert len(recs) == 6 and all(x["status"] == "ok" for x in recs)
     assert set(recs[0]["protocol"]["plugins"]) == {"examples.foreach_arm:build", "examples.tiny_mlp:TinyMLP"}
     bad = clone / "configs" / "tiny_mlp.yaml"
     bad.write_text(bad.read_text().replace("examples.tiny_mlp:TinyMLP", "perceptron"))
-    r = harness(clone, "plan", "protocols/mlp.yaml")
+    r = cli(clone, "plan", "protocols/mlp.yaml")
     assert r.returncode == 2 and "must be one of transformer, conv or a plug-in module:Class" in r.stderr
+
+
+@pytest.mark.process
+def test_model_family_plugin_and_registry(clone):
+    r = harness(clone, "run", mlp_study(clone), "--quiet", "--no-report")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    family_checked(clone, record_dicts(clone / "runs" / "mlp" / "records"), harness)
+
+
+def test_a_model_family_plug_in_trains_in_process_and_a_bad_one_is_refused(clone, monkeypatch):
+    """test_model_family_plugin_and_registry's study (in the process tier: its runs train in
+    worker processes) run by the runner in this process, the real trainer building the plug-in
+    family from the study's root as the worker does (the root after every installed package); the
+    same checks of the records and of the refused family."""
+    from harness.execute.inprocess import InProcessExecutor
+    from harness.execute.runner import Runner
+    from harness.protocol import load_protocol
+
+    path = mlp_study(clone)
+    for name in [n for n in sys.modules if n == "examples" or n.startswith("examples.")]:
+        monkeypatch.delitem(sys.modules, name)  # another study's plug-ins: this one imports its own
+    monkeypatch.setattr(sys, "path", [*sys.path, str(clone)])
+    monkeypatch.chdir(clone)  # the worker runs in the study's folder
+    try:
+        end = Runner(load_protocol(clone / path), echo=lambda _: None, executor=InProcessExecutor()).run()
+    finally:
+        for name in [n for n in sys.modules if n == "examples" or n.startswith("examples.")]:
+            del sys.modules[name]  # the study's own, imported by the run
+    assert end.left == 0
+    family_checked(clone, record_dicts(clone / "runs" / "mlp" / "records"), harness_here)
 
 
 FACTORIAL = """\
@@ -277,7 +317,7 @@ def test_three_factor_plan_is_williams_balanced(clone):
         "    steps: 10\n    val_every: 5\n    val_target_bpb: 4.69\n"
     )
     path = _declared(clone, studies, "three")
-    r = harness(clone, "plan", path, "--json")
+    r = harness_here(clone, "plan", path, "--json")
     assert r.returncode == 0, r.stderr
     runs = json.loads(r.stdout)["runs"] if r.stdout.lstrip().startswith("{") else json.loads(r.stdout)
     by_unit: dict[str, list[str]] = {}
@@ -327,7 +367,7 @@ PLUGIN_CELL = '      foreach: {arm: "examples.foreach_arm:build", adamw: foreach
 )
 def test_bad_factorial_declarations_name_file_key_and_line(clone, bad, says, key):
     path = _declared(clone, bad, "bad")
-    r = harness(clone, "plan", path)
+    r = harness_here(clone, "plan", path)
     assert r.returncode == 2 and says in r.stderr and f"key {key}:" in r.stderr, r.stderr
     assert re.search(r"protocols/bad\.yaml:\d+, key ", r.stderr) and "Traceback" not in r.stderr
 

@@ -1,7 +1,10 @@
 """The harness as a user drives it: the real CLI in subprocesses, in temporary git repositories.
 
 The tests that run a study are in the process tier (``-m process``); tests/test_runner_states.py
-and tests/test_runner_scenarios.py drive the same runner logic in process."""
+and tests/test_runner_scenarios.py drive the same runner logic in process. The refusals, which
+train nothing, call the command line's ``main`` in this process (tests/in_process.py: the same
+parser, messages and exit status); test_a_schema_error_is_refused_by_the_real_command_line, the
+``--version`` check and the plan's determinism check start the real command, as a user does."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, failing_arm, git, harness, record_dicts, tiny_protocol
+from in_process import harness_here
 
 from harness.plan import make_plan
 from harness.protocol import load_protocol
@@ -67,12 +71,24 @@ def line_of(path: Path, needle: str) -> int:
     ],
 )
 def test_schema_errors_name_file_key_line(repo, edit, needle, message):
+    schema_refused(repo, harness_here, edit, needle, message)
+
+
+def test_a_schema_error_is_refused_by_the_real_command_line(repo):
+    """The first case above, through ``python -m harness.cli`` in a process of its own."""
+    schema_refused(repo, harness, ("    steps: 10", "    stepz: 10"), "stepz", "unknown key 'stepz'")
+
+
+def schema_refused(repo: Path, cli, edit: tuple[str, str], needle: str, message: str) -> None:
+    """``harness plan`` and ``harness run`` (through ``cli``) of the tiny protocol with ``edit``:
+    exit 2, ``message`` naming the file and the line of ``needle``, nothing written."""
     p = write(repo, tiny_protocol().replace(*edit))
     for cmd in ("plan", "run"):
-        r = harness(repo, cmd, str(p))
+        r = cli(repo, cmd, str(p))
         assert r.returncode == 2, r.stderr
         assert message in r.stderr
         assert str(p) in r.stderr
+        assert "Traceback" not in r.stderr
         if needle:
             assert f"{p}:{line_of(p, needle)}" in r.stderr
     assert not (repo / "runs").exists() and not (repo / "records").exists()
@@ -80,26 +96,26 @@ def test_schema_errors_name_file_key_line(repo, edit, needle, message):
 
 def test_tag_refusals_and_frozen_checks(repo):
     p = write(repo, tiny_protocol(prereg="true"))
-    r = harness(repo, "tag", str(p))
+    r = harness_here(repo, "tag", str(p))
     assert r.returncode == 2 and "untracked" in r.stderr
-    r = harness(repo, "run", str(p))
+    r = harness_here(repo, "run", str(p))
     assert r.returncode == 2 and "no tag protocol-tiny" in r.stderr
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "protocol")
     p.write_text(p.read_text() + "# edit\n")
-    r = harness(repo, "tag", str(p))
+    r = harness_here(repo, "tag", str(p))
     assert r.returncode == 2 and "modified" in r.stderr
     git(repo, "checkout", "--", str(p))
-    r = harness(repo, "tag", str(p))
+    r = harness_here(repo, "tag", str(p))
     assert r.returncode == 0, r.stderr
     msg = git(repo, "tag", "-n9", "protocol-tiny")
     assert load_protocol(p).sha256 in msg
-    r = harness(repo, "tag", str(p))
+    r = harness_here(repo, "tag", str(p))
     assert r.returncode == 2 and "already exists" in r.stderr
     # bytes differ from the tagged blob: refused, nothing written
     p.write_text(p.read_text().replace("steps: 10", "steps: 11"))
     git(repo, "commit", "-qam", "tamper")
-    r = harness(repo, "run", str(p))
+    r = harness_here(repo, "run", str(p))
     assert r.returncode == 2 and "differ from the tagged protocol" in r.stderr
     assert not (repo / "records").exists()
     # the same bytes on a history that does not contain the tag: refused
@@ -107,7 +123,7 @@ def test_tag_refusals_and_frozen_checks(repo):
     write(repo, load_protocol_text(repo))
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "same bytes, other history")
-    r = harness(repo, "run", str(p))
+    r = harness_here(repo, "run", str(p))
     assert r.returncode == 2 and "not an ancestor of HEAD" in r.stderr
 
 
@@ -121,17 +137,19 @@ def test_tag_refused_when_records_exist_and_when_calibration_pending(repo):
     (repo / "records" / "tiny" / "x.a1.record.json").write_text("{}")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "p")
-    r = harness(repo, "tag", str(p))
+    r = harness_here(repo, "tag", str(p))
     assert r.returncode == 2 and "records already exist" in r.stderr
     v5 = repo / "protocols" / "v5.yaml"
     v5.write_text((ROOT / "protocols" / "v5.yaml").read_text())
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "v5")
-    r = harness(repo, "tag", str(v5))
+    r = harness_here(repo, "tag", str(v5))
     assert r.returncode == 2 and "calibration is pending" in r.stderr
     pilot_step = "first run its pilot and calibration: harness run protocols/v5-pilot.yaml"
     assert pilot_step in r.stderr and "Traceback" not in r.stderr
-    r = harness(repo, "run", str(v5))  # the first message a new user meets names the pilot, not `harness tag`
+    r = harness_here(
+        repo, "run", str(v5)
+    )  # the first message a new user meets names the pilot, not `harness tag`
     assert r.returncode == 2 and "its calibration is pending" in r.stderr and pilot_step in r.stderr
 
 
@@ -309,7 +327,7 @@ def test_failing_runs_are_recorded_not_dropped(repo):
 
 def test_unverified_corpus_refuses_before_any_run(repo):
     p = write(repo, tiny_protocol(corpus="wikitext-2", data_dir="data_dir: nowhere\n"))
-    r = harness(repo, "run", str(p), "--quiet")
+    r = harness_here(repo, "run", str(p), "--quiet")
     assert (
         r.returncode == 2
         and "missing corpus file" in r.stderr
@@ -430,18 +448,18 @@ def test_a_protocol_that_is_not_preregistered_is_never_tagged_nor_run_beside_a_t
     p = write(repo, tiny_protocol(prereg="false"))
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "protocol")
-    r = harness(repo, "tag", str(p))
+    r = harness_here(repo, "tag", str(p))
     assert r.returncode == 2, r.stderr
     assert f"{p}:{line_of(p, 'preregistered: false')}, key preregistered: false" in r.stderr
     assert "nothing was tagged" in r.stderr and "Traceback" not in r.stderr
     assert git(repo, "tag", "-l") == ""
     git(repo, "tag", "-a", "protocol-tiny", "-m", "made by hand")
-    r = harness(repo, "run", str(p))
+    r = harness_here(repo, "run", str(p))
     assert r.returncode == 2, r.stderr
     assert "but tag protocol-tiny exists" in r.stderr and "git tag -d protocol-tiny" in r.stderr
     assert not (repo / "records").exists()
     git(repo, "tag", "-d", "protocol-tiny")
     p.write_text(p.read_text().replace("preregistered: false\n", ""))
     git(repo, "commit", "-qam", "the default")
-    r = harness(repo, "tag", str(p))
+    r = harness_here(repo, "tag", str(p))
     assert r.returncode == 2 and "key preregistered is not set (default false)" in r.stderr

@@ -2,6 +2,10 @@
 every one is refused before anything runs, or makes the public audit fail naming the cause.
 
 The module fixture tags and runs a tiny preregistered study once; each test works on its own copy.
+The audit's command line runs in this process (tests/in_process.py: the same ``main``, output and
+exit status), so that forty tests do not each start an interpreter that compiles the audit's
+sources afresh; the intact study's test runs it as a reader does, ``python -I -S
+analysis/public_audit.py``, and so do test_integrity's.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, git, harness, private_copy, record_dicts, tiny_protocol
-from test_integrity import PROTO, RECS, audit, by_seq, chain, make_study, rebuild_manifest, resealed
+from in_process import audit_here, harness_here
+from test_integrity import PROTO, RECS, by_seq, chain, make_study, rebuild_manifest, resealed
+from test_integrity import audit as audit_process
 
 from audit.cli import NOT_VERIFIED
 from prereg.formats.ledger import PACKAGES
@@ -34,6 +40,11 @@ def done_study(tagged_done_study: Path) -> Path:
 @pytest.fixture
 def study(done_study: Path, tmp_path: Path) -> Path:
     return private_copy(done_study, tmp_path / "copy")
+
+
+def audit(repo: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """The public audit of the study's records (``extra``: its options), in this process."""
+    return audit_here(repo, RECS, *extra)
 
 
 def reseal_all(repo: Path, edit) -> None:
@@ -56,7 +67,8 @@ def reseal_all(repo: Path, edit) -> None:
         if not p.name.endswith(".record.json"):
             starts[new["ledger"]["seq"]] = new["sha256"]
     rebuild_manifest(repo)
-    assert harness(repo, "report", PROTO, "--quiet").returncode == 0  # the report follows the forged records
+    report = harness_here(repo, "report", PROTO, "--quiet")  # the report follows the forged records
+    assert report.returncode == 0, report.stdout + report.stderr
 
 
 def failed(repo: Path, *needles: str, extra: tuple[str, ...] = ()) -> str:
@@ -69,21 +81,31 @@ def failed(repo: Path, *needles: str, extra: tuple[str, ...] = ()) -> str:
     return out
 
 
-def refused(repo: Path, *needles: str, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> str:
-    """harness run refuses (exit 2) before any worker starts and writes nothing."""
+def refused(
+    repo: Path,
+    *needles: str,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
+    in_process: bool = False,
+) -> str:
+    """harness run refuses (exit 2) before any worker starts and writes nothing: ``python -m
+    harness.cli run`` started in the study's folder, or with ``in_process`` its ``main`` called in
+    this process (for a refusal that does not depend on what a fresh interpreter imports)."""
     for p in chain(repo)[8:]:
         p.unlink()  # leave a unit to do
     (repo / RECS / "MANIFEST").unlink(missing_ok=True)
     left = sorted(p.name for p in (repo / RECS).glob("*.record.json"))
-    full = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    r = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "run", PROTO, "--quiet", *args],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=full,
-    )
+    if in_process:
+        r = harness_here(repo, "run", PROTO, "--quiet", *args, env=env)
+    else:
+        r = subprocess.run(
+            [sys.executable, "-m", "harness.cli", "run", PROTO, "--quiet", *args],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr
     for n in needles:
@@ -97,7 +119,8 @@ def refused(repo: Path, *needles: str, env: dict[str, str] | None = None, args: 
 
 
 def test_intact_study_passes_every_provenance_check(study):
-    a = audit(study)
+    """As a reader runs the audit: ``python -I -S analysis/public_audit.py``, a process of its own."""
+    a = audit_process(study)
     assert a.returncode == NOT_VERIFIED, a.stdout
     for check in ("protocol: the tagged file", "what ran is what was frozen", "time order", "tag signature"):
         assert any(line.startswith(check) and "ok:" in line for line in a.stdout.splitlines()), check
@@ -235,11 +258,14 @@ def test_manifest_emptied(study, edit, needle):
     ],
 )
 def test_code_path_variables_are_refused_before_anything_runs(study, var, value):
+    """The first variable through ``python -m harness.cli run``, the others through its ``main`` in
+    this process: the refusal reads the environment's strings, whichever process holds them."""
     refused(
         study,
         f"{var}={value}",
         "the environment sets what changes a run's code path; nothing was run",
         env={var: value},
+        in_process=var != "COTANGENT_NATIVE",
     )
 
 
@@ -263,7 +289,7 @@ def test_ignored_package_shadowing_pyyaml_is_refused(study):
 def test_ignored_module_inside_a_frozen_folder_is_refused(study):
     (study / ".gitignore").write_text((study / ".gitignore").read_text() + "harness/extra_*.py\n")
     (study / "harness" / "extra_speed.py").write_text("X = 1\n")
-    refused(study, "harness/extra_speed.py: ignored by .gitignore but inside a frozen entry")
+    refused(study, "harness/extra_speed.py: ignored by .gitignore but inside a frozen entry", in_process=True)
 
 
 @pytest.mark.process
@@ -329,7 +355,7 @@ def test_planted_phase_library_is_replaced_by_a_fresh_build(study, tmp_path):
 
 def test_torch_version_differs_from_the_study_s_earlier_runs(study):
     reseal_all(study, lambda r: r["env"].update(torch="1.0.0"))
-    stderr = refused(study, "earlier runs of this study used torch 1.0.0")
+    stderr = refused(study, "earlier runs of this study used torch 1.0.0", in_process=True)
     assert "one study runs on one installation" in stderr
 
 
@@ -854,7 +880,7 @@ def test_a_frozen_file_hidden_from_git_status_is_refused(study, mark):
     """git status does not look at a file marked skip-worktree or assume-unchanged, so an edit to a
     frozen file (a plug-in's helper, say) would run unseen: the mark itself is refused."""
     git(study, "update-index", f"--{mark}", "configs/tiny_conv.yaml")
-    refused(study, f"configs/tiny_conv.yaml: marked {mark} in git's index")
+    refused(study, f"configs/tiny_conv.yaml: marked {mark} in git's index", in_process=True)
 
 
 def test_an_edit_hidden_by_a_clean_filter_is_refused(study):
@@ -869,7 +895,11 @@ def test_an_edit_hidden_by_a_clean_filter_is_refused(study):
     (study / rel).write_text((study / rel).read_text() + "# the payload\n")
     git(study, "add", rel)  # staged, even: the filter gives the committed blob back
     assert rel not in git(study, "status", "--porcelain") and git(study, "diff", "HEAD", "--", rel) == ""
-    refused(study, f"{rel}: its bytes on disk are not the committed blob although git may call it clean")
+    refused(
+        study,
+        f"{rel}: its bytes on disk are not the committed blob although git may call it clean",
+        in_process=True,
+    )
 
 
 def test_a_folder_emptied_of_its_records_fails_against_its_heads(study):

@@ -293,3 +293,85 @@ def test_a_field_of_the_wrong_json_type_is_named_before_any_other_check(tmp_path
     with pytest.raises(RecordFormatError, match=f"{path}: {says}"):
         read_entry(path)
     assert any(re.match(says, p) for p in entry_problems(data))
+
+
+# -- the bounded JSON reader every record goes through (prereg/bounded.py) -------------------------
+
+
+def _depth_by_loop(text: str) -> int:
+    """json_depth as it was written first: a Python loop over the brackets outside strings."""
+    from prereg.bounded import MAX_DEPTH
+
+    depth = deepest = 0
+    for m in re.finditer(r"[\[\]{}]", re.sub(r'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', "", text, flags=re.S)):
+        depth += 1 if m.group() in "[{" else -1
+        if depth > deepest:
+            deepest = depth
+            if deepest > MAX_DEPTH:
+                break
+    return deepest
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(
+    st.text(alphabet='[]{}"\\a,:1 ', max_size=200)
+    | st.tuples(st.integers(60, 70), st.integers(0, 70)).map(
+        lambda n: "[{" * (n[0] // 2) + "]}" * (n[1] // 2)
+    )
+)
+def test_the_json_depth_is_the_running_count_of_brackets_outside_strings(text):
+    from prereg.bounded import json_depth
+
+    assert json_depth(text) == _depth_by_loop(text)
+
+
+_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**60), max_value=2**60)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.sampled_from([1e300, -1e308, 2.0**53, 2.0**53 + 2, 10**17, -(10**16), 9007199254740993])
+    | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(_json_values)
+def test_every_number_over_the_limit_is_refused_naming_its_key_and_the_rest_read_as_json_reads_it(value):
+    """parse_json against json.loads: the same value where every number is within 2**53 and finite;
+    otherwise InputLimitError naming the first such number's key path and text."""
+    from prereg.bounded import MAX_MAGNITUDE, InputLimitError, parse_json
+
+    text = json.dumps(value)
+
+    def first_over(v, path=""):
+        if isinstance(v, bool) or v is None or isinstance(v, str):
+            return None
+        if isinstance(v, (int, float)):
+            ok = not (isinstance(v, float) and not math.isfinite(v)) and abs(v) <= MAX_MAGNITUDE
+            return None if ok else (path or "<top level>")
+        items = v.items() if isinstance(v, dict) else enumerate(v)
+        for k, x in items:
+            found = first_over(x, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else str(k))
+            if found is not None:
+                return found
+        return None
+
+    over = first_over(json.loads(text))
+    if over is None:
+        assert parse_json(text) == json.loads(text)
+    else:
+        with pytest.raises(InputLimitError, match=re.escape(f"field {over} = ")):
+            parse_json(text)
+
+
+def test_a_number_over_the_limit_overwritten_by_a_repeated_key_is_read_as_json_reads_it():
+    from prereg.bounded import InputLimitError, parse_json
+
+    assert parse_json('{"a": 1e400, "a": 1}') == {"a": 1}
+    with pytest.raises(InputLimitError, match=r"field a\.b\[1\] = 1e400: a number out of range"):
+        parse_json('{"a": {"b": [1, 1e400]}}')
+    with pytest.raises(InputLimitError, match=r"field <top level> = NaN"):
+        parse_json("NaN")

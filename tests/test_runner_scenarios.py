@@ -4,7 +4,8 @@ says, resume, budget, failed and retried units, units another runner holds, an a
 mid-run, file times) driven through :class:`~harness.execute.inprocess.InProcessExecutor` with
 :class:`fake_trainer.FakeTrainer`, then read as a user reads it: ``harness run``'s closing message
 and exit status (:func:`harness.clirun.run_ending`), the report it writes, ``harness status`` and
-the public audit (both cheap subprocesses: neither trains anything).
+the public audit (neither trains anything: their command lines' ``main`` in this process,
+tests/in_process.py, and as processes of their own in the first scenario).
 
 The subprocess versions stay in the process tier (``python -m pytest -q -m process``): they also
 check what only real processes show (signals, kills, worker pipes, the fork server)."""
@@ -23,6 +24,7 @@ import pytest
 from conftest import ROOT, harness, init_study, record_dicts, tiny_protocol
 from fake_trainer import FakeTrainer
 from filelock import FileLock
+from in_process import audit_here, harness_here
 
 from audit.cli import NOT_VERIFIED
 from harness.cliargs import RUN_BUDGET_STOP, RUN_COMPLETE, RUN_FAILED_RUNS, RUN_NOT_DONE
@@ -58,7 +60,8 @@ def run(repo: Path, trainer: FakeTrainer, lines: list[str] | None = None, **kw) 
     return code, message
 
 
-def audit(repo: Path) -> subprocess.CompletedProcess[str]:
+def audit_process(repo: Path) -> subprocess.CompletedProcess[str]:
+    """The public audit as a reader runs it: ``python -I -S analysis/public_audit.py``."""
     return subprocess.run(
         [sys.executable, "-I", "-S", str(ROOT / "analysis" / "public_audit.py"), str(RECS)],
         cwd=repo,
@@ -66,6 +69,12 @@ def audit(repo: Path) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
     )
+
+
+def audit(repo: Path) -> subprocess.CompletedProcess[str]:
+    """The public audit's command line in this process (tests/in_process.py: its ``main``, output
+    and exit status); the first scenario runs it as a process, as :func:`audit_process`."""
+    return audit_here(repo, str(RECS))
 
 
 def cut_off(repo: Path) -> list:
@@ -99,7 +108,7 @@ def test_a_complete_run_shows_progress_exits_0_and_a_resume_runs_nothing(tmp_pat
     assert st.returncode == 0, st.stderr
     row = json.loads(st.stdout)["rows"][0]
     assert row["done"] == 4 and row["pending"] == 0
-    a = audit(repo)
+    a = audit_process(repo)
     assert a.returncode == NOT_VERIFIED, a.stdout + a.stderr
 
 
@@ -258,7 +267,7 @@ def test_an_attempt_cut_off_survives_runs_deleted_and_file_times_moved(tmp_path)
     back = time.time() - 7200
     for f in (repo / "records").rglob("*"):
         os.utime(f, (back, back), follow_symlinks=False)
-    st = harness(repo, "status", PROTO)
+    st = harness_here(repo, "status", PROTO)
     assert st.returncode == 0, st.stderr
     assert f"interrupted: {run_id} attempt 1 started at {started['started_at']}" in st.stdout, st.stdout
     t0 = time.time()
@@ -296,7 +305,7 @@ def test_a_manifest_behind_the_chain_is_reconciled_and_an_edited_record_is_not(t
     (repo / RECS / "MANIFEST").write_bytes(behind)
     a = audit(repo)
     assert a.returncode == 1 and "record not listed in MANIFEST" in a.stdout, a.stdout
-    st = harness(repo, "status", PROTO)
+    st = harness_here(repo, "status", PROTO)
     assert st.returncode == 0 and "MANIFEST reconciled with the chain: 4 entries after seq 4" in st.stderr, (
         st.stderr
     )
@@ -304,7 +313,7 @@ def test_a_manifest_behind_the_chain_is_reconciled_and_an_edited_record_is_not(t
     assert a.returncode == NOT_VERIFIED, a.stdout
     rec = sorted((repo / RECS).glob("*.record.json"))[0]
     rec.write_text(rec.read_text().replace('"status":"ok"', '"status":"failed"'))
-    st = harness(repo, "status", PROTO)
+    st = harness_here(repo, "status", PROTO)
     assert "MANIFEST reconciled" not in st.stderr
     a = audit(repo)
     assert a.returncode == 1 and "differs from MANIFEST" in a.stdout, a.stdout
