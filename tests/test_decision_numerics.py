@@ -295,6 +295,17 @@ def test_decisions_agree_when_t_is_within_ulps_of_the_critical_value(df, alpha):
     assert seen == {"established", "not established"}
 
 
+def test_the_critical_value_is_computed_once_per_level_and_df():
+    """t_critical is kept per (alpha, df): asked again it answers without a second bisection, with
+    the bits the bisection gives (the uncached function, called here directly)."""
+    t_critical.cache_clear()
+    first = t_critical(0.05 / 3, 7)
+    assert t_critical(0.05 / 3, 7) == first == t_critical.__wrapped__(0.05 / 3, 7)
+    assert t_critical(0.05 / 3, 8) != first
+    info = t_critical.cache_info()
+    assert (info.hits, info.misses) == (1, 2)
+
+
 # -- 6. extreme magnitudes ---------------------------------------------------------------------------------
 
 
