@@ -61,8 +61,10 @@ def pytest_report_header() -> str | None:
 
 
 #: The modules that take longest (their set-up is a whole study, or a Ray cluster), collected first,
-#: so that the two test processes (``-n 2 --dist loadscope`` in pyproject.toml) finish together:
-#: the process tier's first, then the fast tier's.
+#: largest first, so that the two test processes (``-n 2 --dist loadscope`` in pyproject.toml)
+#: finish together: the process tier's first, then the fast tier's (its order from module sums at
+#: -n 0 on one core: test_integrity, test_errors, test_analysis, test_kernel about 95-155 s there
+#: beside other work, test_decision_numerics 45 s).
 SLOWEST_FIRST = (
     "test_ray.py",
     "test_demo_e2e.py",
@@ -70,10 +72,15 @@ SLOWEST_FIRST = (
     "test_protocol_cli.py",
     "test_run_endings.py",
     "test_provenance.py",
-    "test_cotangent.py",
     "test_integrity.py",
+    "test_errors.py",
+    "test_analysis.py",
     "test_kernel.py",
+    "test_compare_cmd.py",
+    "test_calibrated_report.py",
+    "test_cotangent.py",
     "test_plugins.py",
+    "test_decision_numerics.py",
 )
 
 #: The process tier (``python -m pytest -q -m process``, CI's second command): the scenarios that
