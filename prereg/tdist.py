@@ -6,6 +6,7 @@ scipy and R."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 _BERNOULLI = (1.0 / 12, -1.0 / 360, 1.0 / 1260, -1.0 / 1680, 1.0 / 1188, -691.0 / 360360, 1.0 / 156)
@@ -110,11 +111,15 @@ def student_t_ppf(q: float, df: float) -> float:
     return t_critical(1.0 - q, df)
 
 
+@functools.lru_cache(maxsize=4096)
 def t_critical(alpha: float, df: float) -> float:
     """The t value ``q > 0`` with ``P(T > q) = alpha`` (``alpha < 0.5``): bisection to adjacent doubles.
 
     The decisions' critical value (:func:`.ttests.critical_t`, in the analysis and the audit alike): a t test establishes its hypothesis when its statistic exceeds it. Taking ``alpha``
     itself, not ``1 - (1 - alpha)``, keeps the ulps that subtraction would lose.
+    Kept per ``(alpha, df)`` for the process (a function of them alone): a summary, its decisions
+    and intervals, and the audit's recomputation ask for the same few quantiles many times, each
+    a bisection over dozens of continued fractions.
     """
     lo, hi = 0.0, 1.0
     while student_t_sf(hi, df) > alpha:

@@ -61,8 +61,10 @@ def pytest_report_header() -> str | None:
 
 
 #: The modules that take longest (their set-up is a whole study, or a Ray cluster), collected first,
-#: so that the two test processes (``-n 2 --dist loadscope`` in pyproject.toml) finish together:
-#: the process tier's first, then the fast tier's.
+#: largest first, so that the two test processes (``-n 2 --dist loadscope`` in pyproject.toml)
+#: finish together: the process tier's first, then the fast tier's (its order from module sums at
+#: -n 0 on one core: test_integrity, test_errors, test_analysis, test_kernel about 95-155 s there
+#: beside other work, test_decision_numerics 45 s).
 SLOWEST_FIRST = (
     "test_ray.py",
     "test_demo_e2e.py",
@@ -70,10 +72,15 @@ SLOWEST_FIRST = (
     "test_protocol_cli.py",
     "test_run_endings.py",
     "test_provenance.py",
-    "test_cotangent.py",
     "test_integrity.py",
+    "test_errors.py",
+    "test_analysis.py",
     "test_kernel.py",
+    "test_compare_cmd.py",
+    "test_calibrated_report.py",
+    "test_cotangent.py",
     "test_plugins.py",
+    "test_decision_numerics.py",
 )
 
 #: The process tier (``python -m pytest -q -m process``, CI's second command): the scenarios that
@@ -319,17 +326,51 @@ def private_copy(study: Path, dst: Path) -> Path:
     return dst
 
 
+def harness_in_process(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``harness ARGS`` in ``repo`` as :func:`harness` runs it, but through the command line's own
+    ``main`` in this process: the same parser, protocol and tag checks, error messages and exit
+    status, without a fresh interpreter (and, for ``run``, a torch import per run). ``harness run``'s
+    ``local`` executor stands in as :class:`~harness.execute.inprocess.InProcessExecutor` with the
+    real trainer: the models trained and the records written, sealed and reported as the command
+    does; the launchers themselves are the process tier's (``-m process``). Returns what the
+    command would: its exit status and its standard output and error."""
+    import contextlib
+    import io
+    import signal
+
+    from harness.cli import main
+    from harness.execute import registry
+    from harness.execute.inprocess import InProcessExecutor
+
+    out, err = io.StringIO(), io.StringIO()
+    handler = signal.getsignal(signal.SIGTERM)  # harness run sets its own
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(registry.EXECUTORS, "local", lambda address: InProcessExecutor())
+        mp.chdir(repo)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = main(list(args))
+        except SystemExit as e:  # the parser's usage errors, as the command exits with them
+            code = e.code if isinstance(e.code, int) else 1
+        finally:
+            signal.signal(signal.SIGTERM, handler)
+    return subprocess.CompletedProcess(["harness", *args], code, out.getvalue(), err.getvalue())
+
+
 @pytest.fixture(scope="session")
 def tagged_done_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny preregistered study (``test_integrity.make_study``: the harness and analysis copied in,
-    tagged) run to the end once for the session. ``test_integrity`` and ``test_provenance`` read it
-    or work on copies of it; no test changes it."""
+    tagged) run to the end once for the session, through ``harness run``'s own code in this process
+    (:func:`harness_in_process`; test_integrity's process-tier twin runs it under its launcher and audits
+    it). ``test_integrity``, ``test_provenance`` and others read it or work on copies of it; no test
+    changes it."""
     from test_integrity import PROTO, make_study
 
     r = make_study(tmp_path_factory.mktemp("tagged-done"))
-    run = harness(r, "run", PROTO, "--quiet")
+    run = harness_in_process(r, "run", PROTO, "--quiet")
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count("ledger head: seq") == 3  # printed after each unit
+    assert run.stdout.splitlines().count("  ok") == 6  # each run's status (the local executor's
+    # "ledger head" after each unit: test_integrity's twin under the launcher)
     return r
 
 

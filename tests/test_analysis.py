@@ -12,7 +12,7 @@ from pathlib import Path
 
 import hypothesis.strategies as st
 import pytest
-from conftest import ROOT, git, harness, tiny_protocol
+from conftest import ROOT, git, harness, harness_in_process, tiny_protocol
 from hypothesis import given, settings
 from scipy import stats
 
@@ -139,7 +139,8 @@ def test_williams_squares_are_balanced(n):
 
 @pytest.fixture(scope="module")
 def audited(tmp_path_factory):
-    """A small preregistered study run for real: committed, tagged, run, reported."""
+    """A small preregistered study run for real: committed, tagged, run (``harness run``'s own code in
+    this process, the models trained: conftest's ``harness_in_process``), reported."""
     from conftest import repo as _repo_fixture  # noqa: F401 - same layout as the repo fixture
 
     base = tmp_path_factory.mktemp("audit")
@@ -162,7 +163,7 @@ def audited(tmp_path_factory):
     git(r, "add", "-A")
     git(r, "commit", "-qm", "study")
     assert harness(r, "tag", "protocols/tiny.yaml").returncode == 0
-    run = harness(r, "run", "protocols/tiny.yaml", "--quiet")
+    run = harness_in_process(r, "run", "protocols/tiny.yaml", "--quiet")
     assert run.returncode == 0, run.stdout + run.stderr
     (base / "run.stdout").write_text(run.stdout)
     return r
@@ -287,7 +288,7 @@ def test_untagged_audit_follows_committed_work_but_not_uncommitted_edits(tmp_pat
     git(r, "config", "user.name", "T")
     git(r, "add", "-A")
     git(r, "commit", "-qm", "study")
-    run = harness(r, "run", "protocols/tiny.yaml", "--quiet", "--no-report")
+    run = harness_in_process(r, "run", "protocols/tiny.yaml", "--quiet", "--no-report")
     assert run.returncode == 0, run.stdout + run.stderr
     recs = "records/tiny"
     assert audit(r, recs).returncode == NOT_VERIFIED

@@ -17,6 +17,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+from conftest import harness, harness_in_process
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -276,19 +277,20 @@ GOOD_ARM = '{command: [python, train.py, --seed, "{seed}", --out, "{out}"], time
 
 
 def _plan(
-    tmp_path: Path, baseline: str = GOOD_ARM, endpoint: str = "training_time"
+    tmp_path: Path, baseline: str = GOOD_ARM, endpoint: str = "training_time", call=harness_in_process
 ) -> subprocess.CompletedProcess[str]:
+    """``harness plan`` of the command protocol, through the command line's main in this process
+    (the same parser, checks, messages and exit status); ``call=harness``: the installed entry
+    point in a fresh process."""
     (tmp_path / "train.py").write_text("print('hi')\n")
     (tmp_path / "sub").mkdir(exist_ok=True)
     p = tmp_path / "p.yaml"
     p.write_text(PROTOCOL.format(baseline=baseline, endpoint=endpoint))
-    return subprocess.run(
-        [sys.executable, "-m", "harness.cli", "plan", str(p)], cwd=tmp_path, capture_output=True, text=True
-    )
+    return call(tmp_path, "plan", str(p))
 
 
 def test_a_good_command_protocol_plans(tmp_path):
-    r = _plan(tmp_path)
+    r = _plan(tmp_path, call=harness)
     assert r.returncode == 0, r.stderr
     assert "6 runs" in r.stdout
 
@@ -463,12 +465,7 @@ def test_a_lockstep_pair_without_the_reporter_and_non_finite_numbers_are_refused
         ),
     ):
         (tmp_path / "p.yaml").write_text(body)
-        r = subprocess.run(
-            [sys.executable, "-m", "harness.cli", "plan", "p.yaml"],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-        )
+        r = harness_in_process(tmp_path, "plan", "p.yaml")
         assert r.returncode != 0 and "Traceback" not in r.stderr and key in r.stderr and words in r.stderr, (
             r.stderr
         )
@@ -901,9 +898,7 @@ def test_a_planted_command_study_plans_or_is_refused_with_file_key_and_line(
     (tmp_path / "train.py").write_text("print('hi')\n")
     p = tmp_path / "p.yaml"
     p.write_text(PLANTED_PROTOCOL.format(arm=arm, planted=planted))
-    r = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "plan", str(p)], cwd=tmp_path, capture_output=True, text=True
-    )
+    r = harness_in_process(tmp_path, "plan", str(p))  # the command line's main, in this process
     if key is None:
         assert r.returncode == 0 and "6 runs" in r.stdout, r.stdout + r.stderr
         return

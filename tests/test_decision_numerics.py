@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, completeness, git, harness, record_dicts, tiny_protocol, typed
+from conftest import ROOT, completeness, git, harness, harness_in_process, record_dicts, tiny_protocol, typed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
@@ -295,6 +295,17 @@ def test_decisions_agree_when_t_is_within_ulps_of_the_critical_value(df, alpha):
     assert seen == {"established", "not established"}
 
 
+def test_the_critical_value_is_computed_once_per_level_and_df():
+    """t_critical is kept per (alpha, df): asked again it answers without a second bisection, with
+    the bits the bisection gives (the uncached function, called here directly)."""
+    t_critical.cache_clear()
+    first = t_critical(0.05 / 3, 7)
+    assert t_critical(0.05 / 3, 7) == first == t_critical.__wrapped__(0.05 / 3, 7)
+    assert t_critical(0.05 / 3, 8) != first
+    info = t_critical.cache_info()
+    assert (info.hits, info.misses) == (1, 2)
+
+
 # -- 6. extreme magnitudes ---------------------------------------------------------------------------------
 
 
@@ -327,6 +338,9 @@ PROTO = "protocols/tiny.yaml"
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny study at four seeds, run to the end by ``harness run``'s own code in this process
+    (conftest's ``harness_in_process``: the real model trained, as under its launcher): its records feed
+    the summary checks; test_harness_report_on_a_damaged_record reports a copy through the CLI."""
     r = tmp_path_factory.mktemp("numerics") / "study"
     (r / "protocols").mkdir(parents=True)
     for sub in ("configs",):
@@ -338,7 +352,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
     git(r, "config", "user.name", "Test")
     git(r, "add", "-A")
     git(r, "commit", "-qm", "study")
-    run = harness(r, "run", PROTO, "--quiet")
+    run = harness_in_process(r, "run", PROTO, "--quiet")
     assert run.returncode == 0, run.stdout + run.stderr
     return r
 

@@ -119,6 +119,24 @@ def seq_of(path: Path) -> int:
 
 
 def test_intact_study_passes_and_records_bind_the_tag(study):
+    intact(study)
+
+
+@pytest.mark.process
+def test_the_study_run_under_its_launcher_passes_as_the_in_process_one(tmp_path):
+    """The session's study (conftest's ``tagged_done_study``) runs ``harness run``'s code in the test
+    process; here the same study runs as a user starts it, through the CLI's entry point with each
+    run in its launcher's fresh process, and passes the same checks."""
+    r = make_study(tmp_path)
+    run = harness(r, "run", PROTO, "--quiet")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count("ledger head: seq") == 3  # printed after each unit
+    intact(r)
+
+
+def intact(study: Path) -> None:
+    """The audit passes ``study`` (an intact, tagged, complete copy of the tiny study) and its records
+    bind the tag: the freeze manifest's trees and plan, each attempt a started entry and its record."""
     r = audit(study)
     assert r.returncode == NOT_VERIFIED, r.stdout
     assert "Integrity: everything matched." in r.stdout and "INCOMPLETE" not in r.stdout

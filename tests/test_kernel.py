@@ -338,18 +338,35 @@ def _probe(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_disabled_by_environment(tmp_path):
-    out = _probe({"COTANGENT_NATIVE": "0", "COTANGENT_NATIVE_CACHE": str(tmp_path)})
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "torch kernels (disabled by COTANGENT_NATIVE=0)"
+@pytest.fixture
+def decided_here(monkeypatch: pytest.MonkeyPatch):
+    """What the probe prints, decided in this process under the environment the test sets: the
+    kernel decision forgotten first (:func:`cotangent.kernel.reset`; a fresh process starts without
+    one, and :func:`_probe` starts one in test_build_is_cached_by_source_and_compiler), and again
+    afterwards, so the next test decides under the suite's own environment."""
+
+    def decide(env: dict[str, str]) -> str:
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        phase_kernel.reset()
+        return PackedAdamW([torch.nn.Parameter(torch.randn(64, 64))]).phase_kernel()
+
+    yield decide
+    phase_kernel.reset()
+
+
+def test_disabled_by_environment(tmp_path, decided_here):
+    said = decided_here({"COTANGENT_NATIVE": "0", "COTANGENT_NATIVE_CACHE": str(tmp_path)})
+    assert said == "torch kernels (disabled by COTANGENT_NATIVE=0)"
     assert list(tmp_path.iterdir()) == []
 
 
 @needs_kernel
-def test_failed_build_falls_back_and_leaves_nothing(tmp_path):
-    out = _probe({"CC": shutil.which("false") or "/bin/false", "COTANGENT_NATIVE_CACHE": str(tmp_path)})
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().startswith("torch kernels (build failed:"), out.stdout
+def test_failed_build_falls_back_and_leaves_nothing(tmp_path, decided_here):
+    said = decided_here(
+        {"CC": shutil.which("false") or "/bin/false", "COTANGENT_NATIVE_CACHE": str(tmp_path)}
+    )
+    assert said.startswith("torch kernels (build failed:"), said
     assert list(tmp_path.iterdir()) == []  # no half-written shared object to load next time
 
 
