@@ -378,7 +378,7 @@ def _check_published(
     )
 
 
-def resealed(summary: dict[str, Any]) -> dict[str, Any]:
+def resealed(summary: dict[str, Any]) -> dict[str, object]:
     """A recomputed summary as ``harness report`` writes it to summary.json: read as the typed
     summary, written back, sealed, its keys sorted (the texts render from its key order)."""
     body = Summary.read(summary, "the recomputed summary").to_json()

@@ -125,7 +125,7 @@ class Pair:
         return math.log(self.value("candidate", key) / self.value("baseline", key))
 
 
-def present(obj: object) -> dict[str, Any]:
+def present(obj: object) -> dict[str, object]:
     """A dataclass instance's fields by name, as its JSON holds them: a field whose metadata says
     ``omit_none`` is left out while it is ``None`` (a column that earlier records do not have)."""
     if not is_dataclass(obj) or isinstance(obj, type):

@@ -460,7 +460,7 @@ def toggle_truth(on_off: tuple[float, float]) -> float:
     return math.log(on_off[0] / on_off[1])
 
 
-def pair_columns(b: Mapping[str, Any], c: Mapping[str, Any]) -> dict[str, Any]:
+def pair_columns(b: Mapping[str, Any], c: Mapping[str, Any]) -> dict[str, object]:
     """A planted study's pair columns: what the candidate's plant took on each clock, and a truth
     study's candidate's means with and without its plant."""
     ct = c.get("timings") or {}
