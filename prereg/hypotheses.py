@@ -498,7 +498,7 @@ def _restricted(h: Hypothesis, pairs: Sequence[Pair]) -> tuple[list[float], list
 
 
 def values_of(
-    h: Hypothesis | Mapping[str, Any], pairs: Sequence[Pair | PairRow]
+    h: Hypothesis | Mapping[str, object], pairs: Sequence[Pair | PairRow]
 ) -> tuple[list[float], dict[str, int] | None]:
     """Per-pair values on the hypothesis' test scale, and the unreached counts for time to target.
 

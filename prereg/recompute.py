@@ -408,7 +408,7 @@ def _step_columns(b: Rec, c: Rec) -> dict[str, object]:
 
 
 def _lockstep_model(
-    st: Mapping[str, Any], units: dict[str, dict[str, Rec]], pairs: Rows[Row]
+    st: Mapping[str, object], units: dict[str, dict[str, Rec]], pairs: Rows[Row]
 ) -> tuple[dict[str, dict[str, object] | None] | None, dict[str, object] | None]:
     """A lockstep study's order-cell model per clock and its carry-over (:mod:`.carryover`), where
     its pairs' records keep their step times; ``None`` otherwise."""
