@@ -573,7 +573,7 @@ def jsonable(obj: Any) -> Any:
     return obj
 
 
-def seal(record: dict[str, Any]) -> dict[str, Any]:
+def seal(record: Mapping[str, object]) -> dict[str, Any]:
     """Return ``record`` with ``sha256`` set to the hash of its canonical form without that field."""
     body = {k: v for k, v in jsonable(record).items() if k != "sha256"}
     body["sha256"] = sha256_bytes(canonical(body))
@@ -594,7 +594,7 @@ def record_path(directory: Path, run_id: str, attempt: int) -> Path:
     return directory / f"{run_id}.a{attempt}{RECORD_SUFFIX}"
 
 
-def write_record(directory: Path, record: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
+def write_record(directory: Path, record: Mapping[str, object]) -> tuple[Path, dict[str, Any]]:
     """Seal and write one record's JSON object (:meth:`RunRecord.to_json`, linked by the ledger) as
     ``<run_id>.a<attempt>.record.json``; never overwrites."""
     sealed = seal(dict(record))
@@ -607,7 +607,7 @@ def started_path(directory: Path, run_id: str, attempt: int) -> Path:
     return directory / f"{run_id}.a{attempt}{STARTED_SUFFIX}"
 
 
-def write_started(directory: Path, entry: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
+def write_started(directory: Path, entry: Mapping[str, object]) -> tuple[Path, dict[str, Any]]:
     """Seal and write one started entry as ``<run_id>.a<attempt>.started.json``; never overwrites."""
     sealed = seal(dict(entry))
     path = started_path(directory, sealed["run_id"], sealed["attempt"])
@@ -615,7 +615,7 @@ def write_started(directory: Path, entry: Mapping[str, Any]) -> tuple[Path, dict
     return path, sealed
 
 
-def write_look(directory: Path, entry: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
+def write_look(directory: Path, entry: Mapping[str, object]) -> tuple[Path, dict[str, Any]]:
     """Seal and write a group-sequential look's entry as ``look<k>.look.json``; never overwrites."""
     sealed = seal(dict(entry))
     path = directory / f"look{sealed['look']}{LOOK_SUFFIX}"
