@@ -753,7 +753,7 @@ CLOCK_OF = {
 AFTER_OWN = ("own_step_time", "own_step_cpu_time")
 
 
-def calibration_bias(planted: Sequence[Mapping[str, Any]], target: dict[str, Any]) -> dict[str, str]:
+def calibration_bias(planted: Sequence[Mapping[str, object]], target: dict[str, Any]) -> dict[str, str]:
     """Per hypothesis of ``target`` (a protocol summary), its design's measured bias from a
     calibration study's planted rows (``Summary.planted``: ``prereg/planted.py``), on the
     hypothesis' clock, in points of the log ratio: the spin plant measured with the most pairs
@@ -789,7 +789,7 @@ def calibration_bias(planted: Sequence[Mapping[str, Any]], target: dict[str, Any
 
 
 def _measured(
-    planted: Sequence[Mapping[str, Any]], clock: str, block: int | None, own: bool
+    planted: Sequence[Mapping[str, object]], clock: str, block: int | None, own: bool
 ) -> list[Mapping[str, Any]]:
     """The planted rows that measured a design's bias on ``clock``: the design's block size, a bias,
     not the reference study's row, and the after-own estimator (``own``) or the whole times'."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -378,7 +378,7 @@ def _check_published(
     )
 
 
-def resealed(summary: dict[str, Any]) -> dict[str, Any]:
+def resealed(summary: Mapping[str, object]) -> dict[str, object]:
     """A recomputed summary as ``harness report`` writes it to summary.json: read as the typed
     summary, written back, sealed, its keys sorted (the texts render from its key order)."""
     body = Summary.read(summary, "the recomputed summary").to_json()
@@ -640,7 +640,7 @@ def _with_snapshot(
 
 
 def _read_entry(
-    path: str, name: str, listed: dict[str, Any], problems: list[str]
+    path: str, name: str, listed: Mapping[str, object], problems: list[str]
 ) -> tuple[dict[str, Any] | None, int]:
     """One entry file read and checked against its own sha256 and MANIFEST's file sha256: the entry,
     or None where it is left out of every later check, and how many problems it counted."""
@@ -845,7 +845,7 @@ def _what_was_frozen(
 
 
 def _check_summary(
-    out: _Report, records: list[dict[str, Any]], started: list[dict[str, Any]]
+    out: _Report, records: Sequence[Mapping[str, object]], started: Sequence[Mapping[str, object]]
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """summary.json, if there is one: its own sha256, and every value against the recomputation.
     Returns summary.json when it matched (else None) and the recomputation (None where the rules
@@ -904,7 +904,7 @@ def _check_summary(
 def audit_empty(
     directory: str,
     manifest: Manifest,
-    started: list[dict[str, Any]],
+    started: Sequence[Mapping[str, object]],
     published: tuple[int, str] | None,
     anchor: str | None,
     fail: Callable[[str, list[str], str], None],

@@ -7,7 +7,7 @@ import argparse
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prereg.errors import HarnessError, InputError
 
@@ -185,7 +185,7 @@ def _check_arms(baseline: str, candidate: str) -> None:
             raise InputError(f"{which} arm: {e}") from e
 
 
-def _print_comparison(baseline: str, candidate: str, rows: list[StepRow], s: dict[str, Any]) -> None:
+def _print_comparison(baseline: str, candidate: str, rows: list[StepRow], s: Mapping[str, object]) -> None:
     """The comparison's table, one row a step, and its one-line verdict."""
     shown = [
         {

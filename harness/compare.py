@@ -11,7 +11,6 @@ trajectories drift apart, which is what a quality margin should be chosen agains
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -120,7 +119,7 @@ def compare_arms(
     return rows
 
 
-def summary(rows: list[StepRow]) -> dict[str, Any]:
+def summary(rows: list[StepRow]) -> dict[str, object]:
     first = next((r.step for r in rows if not (r.loss_equal and r.grads_equal and r.weights_equal)), None)
     return {
         "steps": len(rows),

@@ -12,7 +12,6 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from harness import yamlio
 from harness.plugins import is_plugin
@@ -76,7 +75,7 @@ class Config:
         progress = min(1.0, (step - t.warmup_steps) / span)
         return t.lr * (t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "name": self.name,
             "model": asdict(self.model),

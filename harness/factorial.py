@@ -25,7 +25,6 @@ Free of torch (``harness plan`` and ``tag`` start instantly).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from harness.names import ID_RE as NAME_RE
 from prereg.factorial import cell_index
@@ -70,7 +69,7 @@ class Design:
     def levels(self, i: int) -> tuple[str, ...]:
         return tuple(levels[(i >> j) & 1] for j, (_, levels) in enumerate(self.factors))
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         """What records say of a declared design: factors and cells in standard order."""
         return {"factors": [[f, list(levels)] for f, levels in self.factors], "cells": list(self.cells)}
 

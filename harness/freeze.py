@@ -357,7 +357,7 @@ class Frozen:
     tag_created: str | None
     freeze_sha256: str | None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "tag": self.tag,
             "tag_commit": self.tag_commit,

@@ -24,7 +24,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -127,7 +127,7 @@ class Ledger:
         *,
         root: Path,
         sources: Iterable[Path],
-        protocol: dict[str, Any],
+        protocol: Mapping[str, object],
     ) -> None:
         self.dir = records_dir
         self.lock = FileLock(str(lock_path))
@@ -417,7 +417,7 @@ def write_manifest(
     directory: Path,
     root: Path,
     extra: Iterable[Path],
-    protocol: dict[str, Any],
+    protocol: Mapping[str, object],
     head: LedgerHead | None,
     *,
     files: dict[str, str] | None = None,

@@ -84,7 +84,7 @@ class Protocol:
     def relpath(self) -> str:
         return self.path.resolve().relative_to(self.root.resolve()).as_posix()
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         """What every record says about its protocol (and the audit reads): the core's
         :func:`prereg.plan.expected_summary` of the file, and its plug-ins' fingerprints."""
         from prereg.plan import expected_summary

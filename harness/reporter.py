@@ -130,7 +130,7 @@ class Reporter:
         lockstep_fd: int | None = None,
         block_steps: int | None = None,
         steps_first: bool = True,
-        planted: Mapping[str, Any] | None = None,
+        planted: Mapping[str, object] | None = None,
     ) -> None:
         self._plant = plant_of(planted)
         self._file: IO[str] | None = open(path, "w", encoding="utf-8") if path else None  # noqa: SIM115

@@ -117,7 +117,7 @@ def peak(r: Rec) -> float | None:
     return float(mem[key]) if key and mem.get(key) is not None else None
 
 
-def run_rows(records: Sequence[Rec]) -> list[dict[str, Any]]:
+def run_rows(records: Sequence[Rec]) -> list[dict[str, object]]:
     """One row per run attempt, every status, in plan order; ``superseded`` when its unit ran again whole."""
     rows = []
     latest = latest_unit(records)
@@ -164,7 +164,7 @@ def open_started(ended: Collection[tuple[str, int]], started: Sequence[Rec]) -> 
     ]
 
 
-def unfinished(records: Sequence[Rec], started: Sequence[Rec]) -> list[dict[str, Any]]:
+def unfinished(records: Sequence[Rec], started: Sequence[Rec]) -> list[dict[str, object]]:
     """Started entries that no record ends: interrupted attempts, with their start time."""
     ended = {(r["spec"]["run_id"], r["attempt"]) for r in records}
     return [
@@ -180,7 +180,7 @@ def unfinished(records: Sequence[Rec], started: Sequence[Rec]) -> list[dict[str,
     ]
 
 
-def flow(records: Sequence[Rec], used: Collection[str], proto: Mapping[str, Any]) -> list[dict[str, Any]]:
+def flow(records: Sequence[Rec], used: Collection[str], proto: Mapping[str, Any]) -> list[dict[str, object]]:
     """Every planned run per (study, configuration, arm): planned, started, ok, failed,
     interrupted (attempts), superseded (attempts of a unit that ran again whole), missing, analysed
     (in a ``used`` pair or block: the summary's) and excluded; a run's state is its latest

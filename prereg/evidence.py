@@ -30,6 +30,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -348,7 +349,7 @@ def derive_reporter(
     )
 
 
-def derive_output(text: str, metric: dict[str, Any], patterns: dict[str, str]) -> Derived:
+def derive_output(text: str, metric: Mapping[str, object], patterns: dict[str, str]) -> Derived:
     """The figures of a script's captured output read with its arm's preregistered expressions
     (``patterns``: metric name to a regular expression whose first group is the number; the last
     match counts)."""

@@ -125,7 +125,7 @@ class Pair:
         return math.log(self.value("candidate", key) / self.value("baseline", key))
 
 
-def present(obj: object) -> dict[str, Any]:
+def present(obj: object) -> dict[str, object]:
     """A dataclass instance's fields by name, as its JSON holds them: a field whose metadata says
     ``omit_none`` is left out while it is ``None`` (a column that earlier records do not have)."""
     if not is_dataclass(obj) or isinstance(obj, type):
@@ -498,7 +498,7 @@ def _restricted(h: Hypothesis, pairs: Sequence[Pair]) -> tuple[list[float], list
 
 
 def values_of(
-    h: Hypothesis | Mapping[str, Any], pairs: Sequence[Pair | PairRow]
+    h: Hypothesis | Mapping[str, object], pairs: Sequence[Pair | PairRow]
 ) -> tuple[list[float], dict[str, int] | None]:
     """Per-pair values on the hypothesis' test scale, and the unreached counts for time to target.
 

@@ -5,7 +5,7 @@ every record copies, and the tally of planned runs against their records."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypedDict
 
 from prereg.attempts import analysed, latest_unit, redrawn
@@ -394,7 +394,7 @@ def _again_notes(records: list[dict[str, Any]]) -> list[str]:
     return notes
 
 
-def _incomplete_text(records: list[dict[str, Any]], missing: int, planned: int) -> str:
+def _incomplete_text(records: Sequence[Mapping[str, object]], missing: int, planned: int) -> str:
     """Why ``missing`` of ``planned`` runs have no ok record: the summary's completeness text where a
     rule explains the stop (STOPPED BY THE BUDGET RULE, AT A LOOK) and counts the same runs, else
     INCOMPLETE."""

@@ -414,7 +414,7 @@ def uncalibrated(
     )
 
 
-def reference_study(candidates: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+def reference_study(candidates: Sequence[Mapping[str, object]]) -> Mapping[str, Any] | None:
     """Of the studies that plant one measured (cache-heavy) plant, the one whose estimate is taken
     as its true effect: the lockstep study with the longest blocks (its blocks interleave least, so
     the plant runs nearest to how it runs alone, and its noise is a lockstep pair's); a process per
@@ -460,7 +460,7 @@ def toggle_truth(on_off: tuple[float, float]) -> float:
     return math.log(on_off[0] / on_off[1])
 
 
-def pair_columns(b: Mapping[str, Any], c: Mapping[str, Any]) -> dict[str, Any]:
+def pair_columns(b: Mapping[str, Any], c: Mapping[str, Any]) -> dict[str, object]:
     """A planted study's pair columns: what the candidate's plant took on each clock, and a truth
     study's candidate's means with and without its plant."""
     ct = c.get("timings") or {}
@@ -487,7 +487,7 @@ def _logs(pairs: Sequence[Mapping[str, Any]], key: str) -> tuple[list[Mapping[st
 
 
 def planted_rows(
-    studies: Sequence[Mapping[str, Any]], pairs_of: Mapping[tuple[str, str], Any]
+    studies: Sequence[Mapping[str, object]], pairs_of: Mapping[tuple[str, str], Any]
 ) -> list[PlantedRow]:
     """Every planted study's bias, per configuration and clock, as the summary's ``planted`` rows.
 
@@ -772,7 +772,7 @@ def _class_verdicts(rows: Sequence[Mapping[str, Any]], cls: str, clock: str) -> 
     return out
 
 
-def verdicts(rows: Sequence[Mapping[str, Any]]) -> list[Verdict]:
+def verdicts(rows: Sequence[Mapping[str, object]]) -> list[Verdict]:
     """Per effect class the calibration planted, its designs ranked by the worst bound of their bias
     intervals over the class's plants (:data:`CLASS_CLOCK`'s clock), best first.
 
@@ -783,7 +783,7 @@ def verdicts(rows: Sequence[Mapping[str, Any]]) -> list[Verdict]:
 
 
 def design_verdict(
-    rows: Sequence[Mapping[str, Any]], effect_class: str, design: str, clock: str
+    rows: Sequence[Mapping[str, object]], effect_class: str, design: str, clock: str
 ) -> Verdict | None:
     """The bias of one ``design`` (a row's ``design`` label) on ``clock`` for ``effect_class``, over
     the class's plants, as :func:`verdicts` measures it (the one home of that choice of rows);

@@ -322,7 +322,7 @@ def _pairs(
     return pairs, arm_timings
 
 
-def _pair_row(unit: str, b: Rec, c: Rec) -> dict[str, Any]:
+def _pair_row(unit: str, b: Rec, c: Rec) -> dict[str, object]:
     """One pair's row of the summary: both arms' figures and the pair's differences."""
     bt, ct = b["timings"], c["timings"]
     return {
@@ -392,7 +392,7 @@ def _counts(pairs: list[dict[str, Any]], timed: Sequence[Row]) -> dict[str, int]
     }
 
 
-def _step_columns(b: Rec, c: Rec) -> dict[str, Any]:
+def _step_columns(b: Rec, c: Rec) -> dict[str, object]:
     """The columns of a pair whose records keep their step times (built-in arms since planting;
     absent from earlier records, whose rows keep their columns): a lockstep pair's first-block arm,
     and each arm's warm-up time where the study has warm-up steps."""
@@ -408,7 +408,7 @@ def _step_columns(b: Rec, c: Rec) -> dict[str, Any]:
 
 
 def _lockstep_model(
-    st: Mapping[str, Any], units: dict[str, dict[str, Rec]], pairs: Rows[Row]
+    st: Mapping[str, object], units: dict[str, dict[str, Rec]], pairs: Rows[Row]
 ) -> tuple[dict[str, dict[str, object] | None] | None, dict[str, object] | None]:
     """A lockstep study's order-cell model per clock and its carry-over (:mod:`.carryover`), where
     its pairs' records keep their step times; ``None`` otherwise."""
@@ -422,7 +422,7 @@ def _lockstep_model(
     return cells, carry_over(pairs.keep([units[u] for u in sorted(used)]), int(block))
 
 
-def final_metric_columns(b: Rec, c: Rec) -> dict[str, Any]:
+def final_metric_columns(b: Rec, c: Rec) -> dict[str, object]:
     """A command study's pair columns of the study's metric at each arm's last evaluation (none for
     other studies' pairs, whose rows keep their columns)."""
     if "command" not in b["spec"]:

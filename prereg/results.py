@@ -144,7 +144,7 @@ class FinalMetric(Endpoint):
     """A command study's metric at each arm's last evaluation (``metric``: its name, target and
     which way is better), compared as a difference."""
 
-    metric: Mapping[str, Any]
+    metric: Mapping[str, object]
 
 
 @dataclass(frozen=True)
@@ -175,12 +175,12 @@ class PairedResult(_Json):
     final_metric: FinalMetric | None = field(default=None, metadata={"omit_none": True})
     # a lockstep study whose records keep their step times (prereg.carryover): the order-cell
     # model per clock and the carry-over; a study with warm-up steps: the warm-up time apart
-    order_cells: Mapping[str, Any] | None = field(default=None, metadata={"omit_none": True})
-    carry_over: Mapping[str, Any] | None = field(default=None, metadata={"omit_none": True})
+    order_cells: Mapping[str, object] | None = field(default=None, metadata={"omit_none": True})
+    carry_over: Mapping[str, object] | None = field(default=None, metadata={"omit_none": True})
     warmup_time: TrainingTime | None = field(default=None, metadata={"omit_none": True})
     # a lockstep study whose records hold each arm's stall (prereg/interference.py): the pairs
     # judged and those flagged (left out of summaries of records from before the rule)
-    interference: Mapping[str, Any] | None = field(default=None, metadata={"omit_none": True})
+    interference: Mapping[str, object] | None = field(default=None, metadata={"omit_none": True})
 
 
 @dataclass(frozen=True)
@@ -230,7 +230,7 @@ class Decided:
     """A preregistered hypothesis' decision and its sensitivity analysis (a failed arm as adverse)."""
 
     decision: HypothesisDecision
-    sensitivity: Mapping[str, Any] | None
+    sensitivity: Mapping[str, object] | None
 
     def to_json(self) -> dict[str, object]:
         return {**plain(self.decision.as_dict()), "sensitivity": plain(self.sensitivity)}
@@ -266,7 +266,7 @@ class Hypotheses(_Json):
     min_pairs: int
     decisions: Sequence[Decided]
     # a group-sequential design's looks (prereg.looks): the design, each look, the stop
-    sequential: Mapping[str, Any] | None = field(default=None, metadata={"omit_none": True})
+    sequential: Mapping[str, object] | None = field(default=None, metadata={"omit_none": True})
 
     @classmethod
     def read(cls, data: Mapping[str, Any], tests: Sequence[Mapping[str, Any]], where: str) -> Hypotheses:

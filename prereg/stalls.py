@@ -106,7 +106,7 @@ def first_step_s(folder: str, rec: Mapping[str, Any], clocks: Sequence[float]) -
     return _number(timings.get("setup_s")) + _number(timings.get("compile_s")) + clocks[0]
 
 
-def _run(folder: str, rec: Mapping[str, Any]) -> tuple[str, list[float], float, float] | None:
+def _run(folder: str, rec: Mapping[str, object]) -> tuple[str, list[float], float, float] | None:
     """A record's run id, step clocks, time before its first step ended (from its start) and whole
     time (None: no steps)."""
     spec, timings, curve = rec.get("spec"), rec.get("timings"), rec.get("curve")

@@ -161,7 +161,7 @@ FREEZE_FORMATS = (1,)
 FREEZE_MARKER = "freeze-manifest:"
 
 
-def parse_manifest(message: str) -> dict[str, Any] | None:
+def parse_manifest(message: str) -> dict[str, object] | None:
     """The freeze manifest in a tag message, or ``None`` when it has none (a signature after it is
     ignored: ``harness tag --sign``). The one reader of it: ``harness`` reads tags with it too."""
     _, sep, body = message.partition(FREEZE_MARKER)

@@ -184,7 +184,7 @@ def status_table(proto: Protocol) -> tuple[list[dict[str, Any]], float]:
     return list(rows.values()), spent
 
 
-def _status_row(spec: RunSpec) -> dict[str, Any]:
+def _status_row(spec: RunSpec) -> dict[str, object]:
     """A (study, configuration)'s row of :func:`status_table`, every count 0."""
     counts = ("runs", "done", "failed", "interrupted_attempts", "pending", "superseded_attempts")
     return {"study": spec.study, "config": spec.config, **dict.fromkeys(counts, 0)}

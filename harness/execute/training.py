@@ -203,7 +203,7 @@ def failure(e: BaseException) -> dict[str, str]:
     }
 
 
-def _environment(run: _Run) -> dict[str, Any]:
+def _environment(run: _Run) -> dict[str, object]:
     """Where and with what it ran: host, OS, Python, torch, device, threads, code, configuration, corpus."""
     from harness import devices
 

@@ -162,13 +162,13 @@ class StartedEntry:
 
     schema_version: int
     kind: str  # "started"
-    protocol: Mapping[str, Any]  # id, sha256, freeze_sha256
+    protocol: Mapping[str, object]  # id, sha256, freeze_sha256
     run_id: str
     unit: str
     attempt: int
     unit_attempt: int
     node: str  # where the worker runs: this host, or a Ray node (host/id)
-    runner: Mapping[str, Any]  # the process that appended it: host, pid
+    runner: Mapping[str, object]  # the process that appended it: host, pid
     started_at: str
     ledger: LedgerLink | None = field(
         default=None, metadata={"file": SEALED}
@@ -277,9 +277,9 @@ class RunSpec:
     # a command arm's run (harness.commandarm): its arm (argument list, cwd, env, limit, ref, reporter)
     # and its study's metric (name, target, better); None otherwise, and then left out of the JSON
     command: Mapping[str, Any] | None = None
-    metric: Mapping[str, Any] | None = None
+    metric: Mapping[str, object] | None = None
     # a planted study's candidate (prereg/planted.py): the plant it runs in each timed step
-    planted: Mapping[str, Any] | None = None
+    planted: Mapping[str, object] | None = None
     # the first steps of the run, timed apart from the training clock (``timings.warmup_s``)
     warmup_steps: int | None = None
     # a replicated protocol's run (prereg/replicates.py): which replicate (1-based) its unit is in
@@ -335,7 +335,7 @@ class WorkerResult:
     )  # device_s always; the worker's clocks
     env: Mapping[str, Any] | None = None  # where and with what it ran
     parameters: int | None = None
-    method_paths: Mapping[str, Any] | None = None  # which code paths the arm took
+    method_paths: Mapping[str, object] | None = None  # which code paths the arm took
     curve: Sequence[Sequence[float]] | None = None  # [step, loss, seconds]
     val_curve: Sequence[Sequence[float]] | None = None  # [step, bpb, seconds]
     val_bpb: float | None = None
@@ -344,18 +344,18 @@ class WorkerResult:
     rescore_identical: bool | None = None
     eval_bytes: Mapping[str, int] | None = None
     memory: Mapping[str, Any] | None = None
-    checkpoint: Mapping[str, Any] | None = None
+    checkpoint: Mapping[str, object] | None = None
     traceback: str | None = None
     log_tail: str | None = None
     # a command arm's run: the study's metric at its last evaluation, every metric's last value,
     # the evidence file kept beside the record (kind, file, sha256, bytes) and how the process ran
     final_metric: float | None = None
     metrics: Mapping[str, float] | None = None
-    evidence: Mapping[str, Any] | None = None
-    process: Mapping[str, Any] | None = None
+    evidence: Mapping[str, object] | None = None
+    process: Mapping[str, object] | None = None
     # every training step's own wall and CPU time in microseconds ({"wall_us": [...], "cpu_us": [...]},
     # warm-up steps included), for the carry-over and warm-up analyses; built-in arms' runs since planting
-    step_times: Mapping[str, Any] | None = None
+    step_times: Mapping[str, object] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object: every set field (and the ones always written), non-finite floats kept
@@ -573,7 +573,7 @@ def jsonable(obj: Any) -> Any:
     return obj
 
 
-def seal(record: dict[str, Any]) -> dict[str, Any]:
+def seal(record: Mapping[str, object]) -> dict[str, Any]:
     """Return ``record`` with ``sha256`` set to the hash of its canonical form without that field."""
     body = {k: v for k, v in jsonable(record).items() if k != "sha256"}
     body["sha256"] = sha256_bytes(canonical(body))
@@ -594,7 +594,7 @@ def record_path(directory: Path, run_id: str, attempt: int) -> Path:
     return directory / f"{run_id}.a{attempt}{RECORD_SUFFIX}"
 
 
-def write_record(directory: Path, record: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
+def write_record(directory: Path, record: Mapping[str, object]) -> tuple[Path, dict[str, Any]]:
     """Seal and write one record's JSON object (:meth:`RunRecord.to_json`, linked by the ledger) as
     ``<run_id>.a<attempt>.record.json``; never overwrites."""
     sealed = seal(dict(record))
@@ -607,7 +607,7 @@ def started_path(directory: Path, run_id: str, attempt: int) -> Path:
     return directory / f"{run_id}.a{attempt}{STARTED_SUFFIX}"
 
 
-def write_started(directory: Path, entry: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
+def write_started(directory: Path, entry: Mapping[str, object]) -> tuple[Path, dict[str, Any]]:
     """Seal and write one started entry as ``<run_id>.a<attempt>.started.json``; never overwrites."""
     sealed = seal(dict(entry))
     path = started_path(directory, sealed["run_id"], sealed["attempt"])
@@ -615,7 +615,7 @@ def write_started(directory: Path, entry: Mapping[str, Any]) -> tuple[Path, dict
     return path, sealed
 
 
-def write_look(directory: Path, entry: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
+def write_look(directory: Path, entry: Mapping[str, object]) -> tuple[Path, dict[str, Any]]:
     """Seal and write a group-sequential look's entry as ``look<k>.look.json``; never overwrites."""
     sealed = seal(dict(entry))
     path = directory / f"look{sealed['look']}{LOOK_SUFFIX}"

@@ -435,7 +435,7 @@ def _order(c: PairedResult, at: str, md: bool) -> list[str]:
     return out
 
 
-def _fit(x: float, iv: Mapping[str, Any], fmt: str, p: bool = True) -> str:
+def _fit(x: float, iv: Mapping[str, object], fmt: str, p: bool = True) -> str:
     """An estimate, its interval in brackets and (``p``) its p-value."""
     return f"{x:{fmt}} [{iv['low']:{fmt}}, {iv['high']:{fmt}}]" + (f", p = {iv['p_value']:.3g}" if p else "")
 
