@@ -61,12 +61,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from clients import NanoGPT, SmallCNN, Study, Timm  # benchmarks/, the script's own folder: the loops
+from clients import (  # benchmarks/, the script's own folder: the loops
+    NanoGPT,
+    SmallCNN,
+    Study,
+    Timm,
+    ratio_of,
+)
 
 from cotangent.modes import DECIDES_AFTER
 from cotangent.verify import bitwise_equal
 from harness.machine import cpu_model
-from prereg.descriptive import mean_interval
 
 #: ``twin``: native's loop built a second time, last (after ``auto`` moved its tensors): the
 #: placement A/A. Its truth is 1; where it reads otherwise, the builds' memory placement alone moves
@@ -207,19 +212,9 @@ def over_builds(native: list[list[float]], cand: list[list[float]]) -> dict[str,
     ``prereg.descriptive.mean_interval``): the interval covers where each build's tensors lie as
     well as the rounds' noise. Medians over every round."""
     logs = [statistics.fmean(math.log(c / n) for n, c in zip(nb, cb)) for nb, cb in zip(native, cand)]
-    ci = mean_interval(logs, level=0.95, estimand="log_ratio")
     flat_n = [x for nb in native for x in nb]
     flat_c = [x for cb in cand for x in cb]
-    return {
-        "native_ms": statistics.median(flat_n) * 1e3,
-        "cotangent_ms": statistics.median(flat_c) * 1e3,
-        "ratio_of_medians": statistics.median(flat_c) / statistics.median(flat_n),
-        "ratio": math.exp(ci.estimate),
-        "low": math.exp(ci.low),
-        "high": math.exp(ci.high),
-        "n": len(logs),
-        "rounds": len(flat_n),
-    }
+    return {**ratio_of(logs, flat_n, flat_c), "rounds": len(flat_n)}
 
 
 def one_build(build: Callable[[str], Any], b: int, rounds: int, warmup: int) -> dict[str, Any]:
@@ -323,7 +318,7 @@ def header(args: argparse.Namespace) -> list[str]:
         f"CPU: {cpu_model()} ({platform.machine()}, {os.cpu_count()} logical CPUs); torch {torch.__version__} "
         f"dispatches {torch.backends.cpu.get_cpu_capability()} (ATEN_CPU_CAPABILITY="
         f"{os.environ.get('ATEN_CPU_CAPABILITY', 'unset')})",
-        f"{args.rounds} timed rounds per row in {args.builds} fresh builds of every arm "
+        f"{args.builds * (args.rounds // args.builds)} timed rounds per row in {args.builds} fresh builds of every arm "
         f"({args.rounds // args.builds} each), each arm after {args.warmup} solo warm-up iterations in every "
         f"build (auto decides after {DECIDES_AFTER}); ratios: "
         "geometric mean of the builds' geometric means of per-round ratios, 95% Student-t interval over "

@@ -114,6 +114,23 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
 FULL_SIZE = os.environ.get("HARNESS_TEST_FULL_SIZE") == "1"
 
 
+def benchmark_module(name: str) -> object:
+    """``benchmarks/<name>.py`` imported as a module (its folder on the path while it loads, as
+    when it runs as a script)."""
+    import importlib.util
+
+    folder = ROOT / "benchmarks"
+    sys.path.insert(0, str(folder))
+    try:
+        spec = importlib.util.spec_from_file_location(f"benchmark_{name}", folder / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(folder))
+    return mod
+
+
 def tiny_protocol(**kw) -> str:
     """The tiny study's protocol (:func:`harness.tiny.tiny_protocol`, the one builder the Ray
     benchmark shares)."""

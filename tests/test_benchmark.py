@@ -220,17 +220,9 @@ def test_native_split_benchmark_runs():
 
 
 def _never_slower():
-    import importlib.util
+    from conftest import benchmark_module
 
-    root = ROOT / "benchmarks"
-    sys.path.insert(0, str(root))
-    try:
-        spec = importlib.util.spec_from_file_location("never_slower_builds", root / "never_slower.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(root))
-    return mod
+    return benchmark_module("never_slower")
 
 
 def test_never_slower_interval_is_scipys_t_over_the_builds():

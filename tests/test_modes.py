@@ -709,19 +709,10 @@ def test_never_slower_default_rounds_against_statsmodels():
     statsmodels (``TTestPower().solve_power(effect_size=log(1.01)/sd, alpha=0.025, power=0.9,
     alternative="larger")``, 1907.5 at sd 0.134) agrees with ``rounds_needed`` within 2 rounds,
     and the default is at least that."""
-    import importlib.util
-    from pathlib import Path
-
+    from conftest import benchmark_module
     from statsmodels.stats.power import TTestPower
 
-    root = Path(__file__).resolve().parents[1] / "benchmarks"
-    sys.path.insert(0, str(root))
-    try:
-        spec = importlib.util.spec_from_file_location("never_slower_rounds", root / "never_slower.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(root))
+    mod = benchmark_module("never_slower")
     for sd in (mod.ROUND_SD, 0.097, 0.067):
         ref = TTestPower().solve_power(
             effect_size=math.log(mod.UPPER_MAX) / sd, alpha=0.025, power=mod.POWER, alternative="larger"
@@ -952,8 +943,9 @@ def mirrors_native(oa, ob, a, b, kept_a, kept_b, state_identity=True):
             assert (oa.state[a[i]].get(k) is t) == (ob.state[b[i]].get(k) is sb[i, k]), f"kept state {i} {k}"
 
 
-def one_step(oa, ob, a, b, phase, set_to_none):
-    """Clip, step and zero_grad on both sides, compared bit for bit."""
+def phase_both(oa, ob, a, b, phase, set_to_none):
+    """Clip, step and zero_grad on both sides (native's three calls on ``oa``; ``phase`` on
+    ``ob``); the norm and the parameters (values and strides) compared bit for bit."""
     na = torch.nn.utils.clip_grad_norm_(a, 1.0)
     oa.step()
     oa.zero_grad(set_to_none)
@@ -965,6 +957,11 @@ def one_step(oa, ob, a, b, phase, set_to_none):
         ob.zero_grad(set_to_none)
     assert bitwise_equal(na, nb)
     assert same(a, b) and [x.stride() for x in a] == [y.stride() for y in b]
+
+
+def one_step(oa, ob, a, b, phase, set_to_none):
+    """Clip, step and zero_grad on both sides, compared bit for bit, the state too."""
+    phase_both(oa, ob, a, b, phase, set_to_none)
     same_state(oa, ob, a, b)
     grads_equal(a, b)
 
@@ -1225,17 +1222,7 @@ def same_mapping(oa, ob, a, b):
 
 def step_both(oa, ob, a, b, phase, set_to_none):
     """Clip, step and zero_grad on both sides; the norm, parameters and gradients compared bitwise."""
-    na = torch.nn.utils.clip_grad_norm_(a, 1.0)
-    oa.step()
-    oa.zero_grad(set_to_none)
-    if phase == "one_pass":
-        nb = ob.clip_step_zero_grad(1.0, parameters=b, set_to_none=set_to_none)
-    else:
-        nb = clip_grad_norm_(b, 1.0)
-        ob.step()
-        ob.zero_grad(set_to_none)
-    assert bitwise_equal(na, nb)
-    assert same(a, b) and [x.stride() for x in a] == [y.stride() for y in b]
+    phase_both(oa, ob, a, b, phase, set_to_none)
     grads_equal(a, b)
 
 
