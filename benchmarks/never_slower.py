@@ -128,7 +128,8 @@ BUILDS = 20
 def expected_minutes(args: argparse.Namespace) -> float:
     """The full table's expected duration on this project's 2-core machine (:data:`ROUND_SECONDS`
     per round of all seven loops at one and two threads, scaled to the rows asked for)."""
-    share = len(args.loops) / len(LOOPS) * len(args.threads) / 2
+    loops = 0.5 if args.check_only else len(args.loops)  # the check: one loop's two arms of four
+    share = loops / len(LOOPS) * len(args.threads) / 2
     warm = args.builds * args.warmup  # in rounds (every arm warms up in every build)
     return (args.rounds + warm) * ROUND_SECONDS * share / 60
 
@@ -262,13 +263,20 @@ def run_loop(build: Callable[[str], Any], rounds: int, warmup: int, builds: int)
     }
 
 
+#: Where B's spin runs, by round: right after its iteration (the default), right before it, or
+#: alternately (before in even rounds, after in odd). A spin leaves the intra-op pool idle, so at two
+#: threads it is a gap before whichever iteration follows it; ``alternate`` gives that gap to A and
+#: B alike (``docs/benchmark.md``, "The design check at two threads").
+SPIN_AT = ("after", "before", "alternate")
+
+
 def planted(
-    build: Callable[[str], Any], rounds: int, warmup: int, share: float, builds: int
+    build: Callable[[str], Any], rounds: int, warmup: int, share: float, builds: int, at: str = "after"
 ) -> dict[str, Any]:
     """A/A of native against native with a spin of ``share`` of native's median warm-up iteration
     (the first build's) in B, over ``builds`` fresh builds as the loops (:func:`placed`), ABBA
-    within each. Truth: the geometric mean over every round of (A's iteration + the spin as it
-    ran) / A's iteration."""
+    within each, the spin where ``at`` says (:data:`SPIN_AT`). Truth: the geometric mean over every
+    round of (A's iteration + the spin as it ran) / A's iteration."""
     ta: list[list[float]] = []
     tb: list[list[float]] = []
     spun: list[float] = []
@@ -288,9 +296,13 @@ def planted(
                 if first:
                     ta[-1].append(timed(a, k))
                 else:
+                    before = at == "before" or (at == "alternate" and r % 2 == 0)
                     t0 = time.perf_counter()
+                    if before:
+                        spun.append(spin(cost))
                     b.iteration(k)
-                    spun.append(spin(cost))
+                    if not before:
+                        spun.append(spin(cost))
                     tb[-1].append(time.perf_counter() - t0)
         del loops, spacers
     flat_a = [x for t in ta for x in t]
@@ -349,10 +361,12 @@ def plant_rows(args: argparse.Namespace, results: dict[str, Any]) -> list[str]:
     rows = []
     for threads in args.threads:
         torch.set_num_threads(threads)
-        p = planted(builders(args, ["nanogpt"])["nanogpt"], args.rounds, args.warmup, args.plant, args.builds)
+        build = builders(args, ["nanogpt"])["nanogpt"]
+        p = planted(build, args.rounds, args.warmup, args.plant, args.builds, args.spin_at)
         results[f"planted/{threads}"] = p
+        where = "" if args.spin_at == "after" else f", spin {args.spin_at}"
         rows.append(
-            f"| A/A, {args.plant:.0%} of an iteration planted in B (nanogpt) | {threads} "
+            f"| A/A, {args.plant:.0%} of an iteration planted in B (nanogpt{where}) | {threads} "
             f"| {torch.backends.cpu.get_cpu_capability()} | {p['read']['native_ms']:.2f} | {p['cost_ms']:.3f} "
             f"| {p['truth']:.4f} | {ratio_cell(p['read'])} | {'yes' if p['covered'] else 'NO'} |"
         )
@@ -379,6 +393,23 @@ def table_rows(args: argparse.Namespace, threads: int, results: dict[str, Any]) 
     return rows
 
 
+def loop_table(args: argparse.Namespace, results: dict[str, Any]) -> list[str]:
+    """Every loop's rows at every thread count, and the count of rows that meet the promise."""
+    print("\n" + "\n".join(LOOP_HEAD), flush=True)
+    table = ["", *LOOP_HEAD]
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        table += table_rows(args, threads, results)
+    rows = [v for k, v in results.items() if not k.startswith("planted/") and isinstance(v, dict)]
+    met = sum(r["at_most_native"] for r in rows)
+    table += [
+        "",
+        f"auto at most native (ratio <= {RATIO_MAX:.2f}, upper <= {UPPER_MAX:.2f}): {met} of {len(rows)} rows",
+    ]
+    print(table[-1], flush=True)
+    return table
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="CI size: 12 rounds, smaller models and batches")
@@ -396,6 +427,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--plant", type=float, default=0.02, help="the A/A's planted cost, a share of an iteration"
     )
+    ap.add_argument(
+        "--spin-at",
+        choices=SPIN_AT,
+        default="after",
+        help="where B's spin runs in the design check (SPIN_AT)",
+    )
+    ap.add_argument("--check-only", action="store_true", help="the design check alone, no loops' rows")
     ap.add_argument("--nanogpt-layers", type=int, default=4)
     ap.add_argument("--nanogpt-width", type=int, default=128)
     ap.add_argument("--nanogpt-batch", type=int, default=2)
@@ -415,6 +453,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.nanogpt_layers, args.nanogpt_width, args.timm_size = 2, 64, 16
         args.cnn_width, args.cnn_batch, args.cnn_size = 8, 4, 16
+    if args.check_only and args.plant <= 0:
+        ap.error("--check-only runs the design check alone: it needs --plant above 0")
     if args.builds < 2 or args.rounds < args.builds or args.warmup < 1:
         ap.error(
             "--builds must be at least 2 (an interval needs two), --rounds at least --builds, --warmup at least 1"
@@ -433,18 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.plant > 0:  # the design's own check first: a known cost must read as itself
         print("\n" + "\n".join(PLANT_HEAD), flush=True)
         table += ["", *PLANT_HEAD, *plant_rows(args, results)]
-    print("\n" + "\n".join(LOOP_HEAD), flush=True)
-    table += ["", *LOOP_HEAD]
-    for threads in args.threads:
-        torch.set_num_threads(threads)
-        table += table_rows(args, threads, results)
-    rows = [v for k, v in results.items() if not k.startswith("planted/") and isinstance(v, dict)]
-    met = sum(r["at_most_native"] for r in rows)
-    table += [
-        "",
-        f"auto at most native (ratio <= {RATIO_MAX:.2f}, upper <= {UPPER_MAX:.2f}): {met} of {len(rows)} rows",
-    ]
-    print(table[-1], flush=True)
+    if not args.check_only:
+        table += loop_table(args, results)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         results["table"] = table

@@ -269,3 +269,41 @@ def test_never_slower_builds_rotate_and_move():
     assert len({tuple(s) for s in sizes}) == 8
     again = [t.numel() for t in mod.placed(lambda kind: kind, dict.fromkeys("wxyz", "k"), 3)[1]]
     assert again == sizes[3]
+
+
+def test_never_slower_design_check_puts_the_spin_where_asked(monkeypatch):
+    """``planted``: B's spin runs right after its iteration, right before it, or before in even rounds
+    and after in odd (``--spin-at``); A's iterations never spin; the truth pairs each A round with
+    the spin as it ran."""
+    mod = _never_slower()
+    events: list[tuple[str, int]] = []
+
+    class Loop:
+        def __init__(self) -> None:
+            self.name = "?"
+
+        def iteration(self, k: int) -> None:
+            events.append((self.name, k))
+
+    def placed(build, arms, b):
+        loops = {arm: build(kind) for arm, kind in arms.items()}
+        for arm, loop in loops.items():
+            loop.name = arm
+        return loops, []
+
+    monkeypatch.setattr(mod, "placed", placed)
+    monkeypatch.setattr(mod, "spin", lambda seconds: events.append(("spin", -1)) or seconds)
+    for at in mod.SPIN_AT:
+        events.clear()
+        p = mod.planted(lambda kind: Loop(), rounds=8, warmup=1, share=0.02, builds=2, at=at)
+        timed = [e for e in events if e[1] >= 1 or e[0] == "spin"]  # past each build's warm-up (k = 0)
+        owned = []  # each B iteration's spin, on the side asked for
+        for i, (name, k) in enumerate(timed):
+            if name == "b":
+                before = at == "before" or (at == "alternate" and (k - 1) % 2 == 0)  # round k - 1
+                owned.append(i - 1 if before else i + 1)
+                assert timed[owned[-1]][0] == "spin", (at, k - 1)
+        spins = [i for i, e in enumerate(timed) if e[0] == "spin"]
+        assert sorted(owned) == spins and len(spins) == 8 and p["truth"] > 1
+    with pytest.raises(SystemExit):
+        mod.parse(["--check-only", "--plant", "0"])
