@@ -23,7 +23,7 @@ from audit.freeze import (
 from audit.published import check_calibration, check_published
 from prereg.attempts import unfinished
 from prereg.barrier import look_problems
-from prereg.bounded import InputLimitError, file_problem, read_present, read_regular
+from prereg.bounded import InputLimitError, file_problem, parsed_once, read_present, read_regular
 from prereg.corpora import check_corpus
 from prereg.evidence import clock_problems, evidence_problems, stall_problems
 from prereg.formats.ledger import (
@@ -97,7 +97,39 @@ def audit_dir(
     """Audit one records folder, every check in its order: its files against MANIFEST, the study as
     the tag defines it, the plan, corpus, chain and attempts, what the tag froze, the anchors, and the
     summary recomputed. ``anchored`` receives the folder's anchored heads, ``besides`` the folders
-    of the earlier studies its page shows beside it (each to be audited as its own folder)."""
+    of the earlier studies its page shows beside it (each to be audited as its own folder). Each
+    file of the folder is parsed once (:func:`prereg.bounded.parsed_once`), whichever checks read it."""
+    with parsed_once(directory):
+        _audit_dir(
+            directory,
+            rows,
+            problems,
+            notes,
+            published,
+            anchor=anchor,
+            signers=signers,
+            anchored=anchored,
+            unverified=unverified,
+            besides=besides,
+        )
+
+
+def _audit_dir(
+    directory: str,
+    rows: list[tuple[str, str, str]],
+    problems: list[str],
+    notes: list[str],
+    published: tuple[int, str] | None = None,
+    *,
+    anchor: str | None = None,
+    signers: str | None = None,
+    anchored: dict[str, int] | None = None,
+    unverified: dict[str, list[str]] | None = None,
+    besides: list[str] | None = None,
+) -> None:
+    """Audit one records folder, every check in its order: its files against MANIFEST, the study as
+    the tag defines it, the plan, corpus, chain and attempts, what the tag froze, the anchors, and the
+    summary recomputed (:func:`audit_dir`, the folder's files each parsed once)."""
     anchored = {} if anchored is None else anchored
     # why the folder's study is not vouched for by the reader's keys (docs/provenance.md, "Exit statuses")
     why = (unverified if unverified is not None else {}).setdefault(directory, [])

@@ -8,11 +8,13 @@ Standard library only (the audit reads with it)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import re
 import stat
+from collections.abc import Iterator
 from typing import Any
 
 #: The deepest nesting of JSON (objects and arrays) or YAML (mappings, sequences, flow collections)
@@ -93,7 +95,40 @@ def read_regular(path: str, limit: int = MAX_FILE_BYTES) -> bytes:
         raise InputLimitError(
             f"{path}: a pseudo-file (0 bytes by its size, more when read), not a regular file"
         )
+    if _ONCE and os.path.dirname(os.path.abspath(path)) == _ONCE[-1].directory:
+        _ONCE[-1].values.setdefault(data, _UNPARSED)
     return data
+
+
+class _Once:
+    """The folder whose files :func:`parse_json` parses once while :func:`parsed_once` lasts, and
+    their values by the bytes they were parsed from (:data:`_UNPARSED` until the first parse)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = os.path.abspath(directory)
+        self.values: dict[bytes, Any] = {}
+
+
+#: The :class:`_Once` in force, innermost last (none: every value is parsed each time).
+_ONCE: list[_Once] = []
+_UNPARSED = object()
+
+
+@contextlib.contextmanager
+def parsed_once(directory: str) -> Iterator[dict[bytes, Any]]:
+    """While it lasts, each file directly in ``directory`` is parsed once: :func:`parse_json` of
+    the bytes :func:`read_regular` read from one gives every later reader of the same bytes the
+    value, the same object, it gave the first (the audit of one records folder: its checks, the
+    stall rule of its texts and its calibration's machines each read every record; none changes a
+    value it reads, ``tests/test_integrity.py`` checks). Files elsewhere (another folder's records
+    would be kept for nothing), and a value that is refused, are parsed each time. Yields the
+    values kept, by the bytes they were parsed from."""
+    once = _Once(directory)
+    _ONCE.append(once)
+    try:
+        yield once.values
+    finally:
+        _ONCE.remove(once)
 
 
 def read_target(path: str, limit: int = MAX_FILE_BYTES) -> bytes:
@@ -124,9 +159,35 @@ def json_depth(text: str) -> int:
     counted without parsing it (a parser recurses), up to the first level past :data:`MAX_DEPTH`:
     the largest running count of opening less closing brackets, counted in C (a Python loop over
     the brackets of a records folder was a good part of the audit's time)."""
-    brackets = _NOT_BRACKETS.sub("", _STRING.sub("", text))
+    return _depth_outside(_STRING.sub("", text))
+
+
+def _depth_outside(outside: str) -> int:
+    """:func:`json_depth` of the text outside its strings."""
+    brackets = _NOT_BRACKETS.sub("", outside)
     deepest = max(itertools.accumulate(map(_STEP.__getitem__, brackets)), default=0)
     return min(max(deepest, 0), MAX_DEPTH + 1)
+
+
+#: Every digit as ``0``, a fraction's digits left out, and an exponent that is not negative:
+#: :func:`_maybe_over`'s scans, each in C (a regular expression tried at every character was a
+#: third of the audit's reading time).
+_ZEROS = str.maketrans("123456789", "000000000")
+_FRACTION = re.compile(r"\.0+")
+_EXPONENT = re.compile(r"[eE]\+?0")
+
+
+def _maybe_over(outside: str) -> bool:
+    """Whether a JSON text's part outside its strings may hold a number over :data:`MAX_MAGNITUDE`
+    or one that is not finite: ``NaN``, ``Infinity``, an integer part of 16 digits or more, an
+    exponent that is not negative. A text with none of them holds only numbers under 10**15 in
+    magnitude (at most 15 digits before the point, times a power of ten at most 1), which json.loads
+    reads to the same values as the checked parsers of :func:`parse_json`, in C, with no Python
+    call per number."""
+    if "N" in outside or "I" in outside:
+        return True
+    zeros = _FRACTION.sub(".", outside.translate(_ZEROS))  # the integer parts and exponents' digits
+    return "0" * 16 in zeros or _EXPONENT.search(zeros) is not None
 
 
 class _Huge:
@@ -151,10 +212,25 @@ def _huge_at(value: object, path: str = "") -> tuple[str, str] | None:
 def parse_json(raw: bytes | str) -> Any:
     """The JSON value of ``raw``, refusing (:class:`InputLimitError`, naming the key) nesting deeper
     than :data:`MAX_DEPTH` and a number over :data:`MAX_MAGNITUDE` in magnitude, ``NaN`` or
-    ``Infinity``; ``ValueError`` where it is not JSON (or not UTF-8)."""
+    ``Infinity``; ``ValueError`` where it is not JSON (or not UTF-8). Bytes of a file that
+    :func:`parsed_once` keeps are parsed once."""
+    kept = _ONCE[-1].values if _ONCE and isinstance(raw, bytes) else None
+    value = _UNPARSED if kept is None or not isinstance(raw, bytes) else kept.get(raw, _UNPARSED)
+    if value is _UNPARSED:
+        value = _parse_json(raw)
+        if kept is not None and raw in kept:
+            kept[raw] = value
+    return value
+
+
+def _parse_json(raw: bytes | str) -> Any:
+    """:func:`parse_json` itself: the checks and the parse."""
     text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-    if json_depth(text) > MAX_DEPTH:
+    outside = _STRING.sub("", text)
+    if _depth_outside(outside) > MAX_DEPTH:
         raise InputLimitError(f"nested deeper than {MAX_DEPTH} levels: JSON is read at most {MAX_DEPTH} deep")
+    if not _maybe_over(outside):  # every number in range: json.loads's own parsers
+        return json.loads(text)
     made: list[_Huge] = []  # every number over the limit the parser met (none: the value holds none)
 
     def huge(s: str) -> _Huge:

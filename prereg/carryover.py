@@ -22,6 +22,7 @@ pair's ratio.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
@@ -200,14 +201,22 @@ def own_step_columns(b: Mapping[str, object], c: Mapping[str, object]) -> dict[s
 def follows(steps: int, block_steps: int) -> tuple[list[bool | None], list[bool | None]]:
     """For each step of the arm that steps first (0) and of the other (1), in :func:`blocks` order:
     True when it follows the partner's block, False when it follows its own step, None for the
-    pair's first step."""
+    pair's first step (new lists, from :func:`_follows`)."""
+    first, other = _follows(steps, block_steps)
+    return list(first), list(other)
+
+
+@functools.lru_cache(maxsize=64)
+def _follows(steps: int, block_steps: int) -> tuple[tuple[bool | None, ...], tuple[bool | None, ...]]:
+    """:func:`follows`, kept per ``(steps, block_steps)`` for the process: every record of a lockstep
+    study asks for the same one (3360 times for records/cpu3, most of its carry-over's time)."""
     out: tuple[list[bool | None], list[bool | None]] = ([], [])
     last = None
     for arm, n in blocks(steps, block_steps):
         for _ in range(n):
             out[arm].append(None if last is None else last != arm)
             last = arm
-    return out
+    return tuple(out[0]), tuple(out[1])
 
 
 def arm_follows(spec: Mapping[str, object], block_steps: int) -> list[bool | None]:

@@ -127,6 +127,50 @@ def git_out(root: str, *args: str) -> str | None:
     return None if out is None else out.decode("utf-8", "replace")
 
 
+#: A ``git cat-file --batch`` header of an object found: its id, type and size in bytes.
+_BATCH_HEADER = re.compile(rb"[0-9a-f]{40,64} (blob|tree|commit|tag) ([0-9]+)")
+
+
+def _one_line(name: str) -> bool:
+    """Whether ``git cat-file --batch`` reads ``name`` as ``git cat-file blob NAME`` does: one line
+    of its input (no line break or NUL, which the batch would cut and an argument refuses), not an
+    option, and encoded as an argument is."""
+    if name.startswith("-") or any(c in name for c in "\n\r\0"):
+        return False
+    try:
+        os.fsencode(name)
+    except UnicodeError:
+        return False
+    return True
+
+
+def git_blobs(root: str, names: list[str]) -> list[bytes | None]:
+    """``git_bytes(root, "cat-file", "blob", name)`` of each of ``names`` (``REV:PATH``), read in one
+    ``git cat-file --batch`` (a ``git`` process each was most of a tagged folder's git time): each
+    blob's bytes, or None where no object has that name. A name the batch does not read as its own
+    call would (:func:`_one_line`), or that names an object of another type than a blob, is read by
+    a call of its own, as is every name where the batch does not run."""
+    out: list[bytes | None] = [None] * len(names)
+    batched = [i for i, n in enumerate(names) if _one_line(n)]
+    stdin = b"".join(os.fsencode(names[i]) + b"\n" for i in batched)
+    data = (git_bytes(root, "cat-file", "--batch", stdin=stdin) if batched else None) or b""
+    done: set[int] = set()
+    pos = 0
+    for i in batched if data else []:
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            break
+        header = _BATCH_HEADER.fullmatch(data, pos, nl)
+        pos = nl + 1 if header is None else nl + 1 + int(header.group(2)) + 1
+        if header is None or header.group(1) == b"blob":  # None: "NAME missing", no such object
+            out[i] = None if header is None else data[nl + 1 : pos - 1]
+            done.add(i)
+    for i, name in enumerate(names):
+        if i not in done:
+            out[i] = git_bytes(root, "cat-file", "blob", name)
+    return out
+
+
 def git_root(directory: str) -> str | None:
     out = git_out(directory if os.path.isdir(directory) else ".", "rev-parse", "--show-toplevel")
     return out.strip() if out else None
@@ -535,16 +579,18 @@ def check_sources(
 
     def problems_at(rev: str | None, against: str | None = None) -> list[str]:
         """Files at ``rev`` (None: the checkout) whose sha256 is not MANIFEST's, or with ``against``,
-        checkout files that differ from that commit's."""
+        checkout files that differ from that commit's (a commit's files read in one batch)."""
+        at = against if against is not None else rev
+        blobs = git_blobs(root, [f"{at}:{rel}" for rel, _ in sources]) if against is not None or rev else []
         out = []
-        for rel, digest in sources:
+        for k, (rel, digest) in enumerate(sources):
             if against is not None:
                 here = checkout_bytes(os.path.join(root, rel))
-                if here != git_bytes(root, "cat-file", "blob", f"{against}:{rel}"):
+                if here != blobs[k]:
                     out.append(rel)
                 continue
             if rev:
-                raw = git_bytes(root, "cat-file", "blob", f"{rev}:{rel}")
+                raw = blobs[k]
                 where = f"{rel} at {rev[:12]}"
             else:
                 where = os.path.join(root, rel)

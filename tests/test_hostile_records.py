@@ -266,3 +266,54 @@ def test_a_replicate_written_into_an_unreplicated_study_is_named(study):
 
     reseal_all(study, replicated)
     named(study, "spec differs from the plan in replicate", target)
+
+
+def test_blobs_read_in_one_batch_are_what_git_cat_file_gives_each_name(tmp_path):
+    """:func:`prereg.tag.git_blobs` (a commit's files in one ``git cat-file --batch``) against ``git
+    cat-file blob NAME`` run once per name: the same bytes, or None, for files, an empty file, a
+    link, a folder, a missing path, and names a hostile MANIFEST can list (a line break that would
+    read a second object in a batch, a carriage return, an option, spaces, nothing after the colon)."""
+    from prereg.tag import git_blobs, git_bytes
+
+    repo = tmp_path / "r"
+    (repo / "d").mkdir(parents=True)
+    (repo / "a.py").write_bytes(b"x = 1\n")
+    (repo / "empty.py").write_bytes(b"")
+    (repo / "d" / "b.py").write_bytes(b"\n" * 7 + b"missing\n")
+    (repo / " sp ace.py ").write_bytes(b"z")
+    os.symlink("a.py", repo / "link.py")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@example.org", "commit", "-qm", "c")
+    head = git(repo, "rev-parse", "HEAD").strip()
+    rels = ["a.py", "empty.py", "d/b.py", " sp ace.py ", "link.py", "d", "", "nothing.py"]
+    rels += ["a.py\nHEAD:empty.py", "a.py\r"]
+    names = [f"{head}:{r}" for r in rels] + ["-p", "HEAD:a.py", f"{head[:7]}:d/b.py"]
+    want = [git_bytes(str(repo), "cat-file", "blob", n) for n in names]
+    assert want[:6] == [b"x = 1\n", b"", b"\n" * 7 + b"missing\n", b"z", b"a.py", None]
+    assert git_blobs(str(repo), names) == want
+
+
+def test_a_tagged_study_s_source_files_are_read_in_one_git_process(monkeypatch):
+    """MANIFEST's sources against the tagged commit's files (cpu3's 130): one ``git cat-file --batch``,
+    not a ``git`` process per file (most of a folder's git time), with the same verdict."""
+    import prereg.tag
+    from prereg.tag import check_sources
+
+    folder = ROOT / "records" / "cpu3"
+    if not (folder / "TAG").is_file():
+        pytest.skip("records/cpu3 is not in this checkout")
+    manifest = json.loads((folder / "MANIFEST").read_text())
+    commit = (folder / "TAG").read_text().split("\n", 1)[0].split()[1]
+    calls: list[list[str]] = []
+    run = subprocess.run
+
+    def counted(args, *a, **k):
+        calls.append(list(args))
+        return run(args, *a, **k)
+
+    monkeypatch.setattr(prereg.tag.subprocess, "run", counted)
+    found, detail = check_sources(str(ROOT), {"tagged": True, "commit": commit}, [], manifest)
+    n = len(manifest["sources"])
+    assert n > 100 and (found, detail) == ([], f"{n} files, 0 problems, at the tagged commit {commit[:12]}")
+    assert len(calls) == 1, [c[2:4] for c in calls[:3]]

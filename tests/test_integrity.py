@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -495,3 +496,65 @@ def test_audit_plan_equals_harness_plan(name):
     shas = {c: cfg.sha256 for c, cfg in proto.configs.items()}
     mine = plan_from_protocol(protocol_from_text(text.encode(), name), proto.sha256, shas)
     assert mine == [r.to_json() for r in make_plan(proto)]
+
+
+# -- one parse per file (prereg.bounded.parsed_once) ---------------------------------------------
+
+
+def _parsed_texts(monkeypatch) -> list[str]:
+    """Every text json.loads parses from here on (the bounded reader's parse of each file)."""
+    texts: list[str] = []
+    loads = json.loads
+
+    def counted(s, *a, **k):
+        texts.append(s.decode("utf-8") if isinstance(s, bytes) else s)
+        return loads(s, *a, **k)
+
+    monkeypatch.setattr(json, "loads", counted)
+    return texts
+
+
+@pytest.mark.parametrize("name", ["cpu1-pilot", "calibration-cpu-pilot"])
+def test_the_audit_parses_each_file_of_a_folder_once(monkeypatch, tmp_path, name):
+    """The audit of a committed folder parses each of its JSON files once, though its checks, the
+    stall rule of the texts it renders again and MANIFEST's two readers each read them (reading
+    every record three times was a good part of the fast tier's time)."""
+    from in_process import audit_here
+
+    folder = ROOT / "records" / name
+    texts = _parsed_texts(monkeypatch)
+    a = audit_here(tmp_path, str(folder))  # from elsewhere: the modules it imports stay loaded
+    assert "Traceback" not in a.stderr and f"records/{name}" in a.stdout, a.stdout + a.stderr
+    assert re.search(r"report\.md and index\.html +\S+ +ok: ", a.stdout), a.stdout  # rendered again
+    files = [p for p in sorted(folder.iterdir()) if p.name == "MANIFEST" or p.suffix == ".json"]
+    counts = {p.name: texts.count(p.read_text()) for p in files}
+    assert len(files) > 30 and set(counts.values()) == {1}, {n: c for n, c in counts.items() if c != 1}
+
+
+def test_no_reader_changes_a_value_the_others_read(monkeypatch, tmp_path):
+    """The values of a folder's files that the audit hands every reader of the same bytes
+    (:func:`prereg.bounded.parsed_once`) are, after the whole audit of the folder, still what those
+    bytes parse to: no check, renderer or rule changed one that another then read."""
+    import contextlib
+
+    from in_process import audit_here
+
+    import audit.folder
+    from prereg import bounded
+
+    kept: list[dict[bytes, object]] = []
+    once = bounded.parsed_once
+
+    @contextlib.contextmanager
+    def watched(directory):
+        with once(directory) as values:
+            yield values
+            kept.append(dict(values))
+
+    monkeypatch.setattr(audit.folder, "parsed_once", watched)
+    a = audit_here(tmp_path, str(ROOT / "records" / "cpu1-pilot"))
+    assert "Traceback" not in a.stderr and re.search(r"report\.md and index\.html +\S+ +ok: ", a.stdout)
+    parsed = {raw: value for values in kept for raw, value in values.items() if isinstance(value, dict)}
+    assert len(parsed) > 100
+    for raw, value in parsed.items():
+        assert json.dumps(value, sort_keys=True) == json.dumps(bounded.parse_json(raw), sort_keys=True)

@@ -337,29 +337,33 @@ _json_values = st.recursive(
 )
 
 
+def _first_over(v: object, path: str = "") -> str | None:
+    """The key path of the first number in the JSON value ``v`` that is not finite or is over 2**53 in
+    magnitude (the reader's limit), or None."""
+    from prereg.bounded import MAX_MAGNITUDE
+
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return None
+    if isinstance(v, (int, float)):
+        ok = not (isinstance(v, float) and not math.isfinite(v)) and abs(v) <= MAX_MAGNITUDE
+        return None if ok else (path or "<top level>")
+    items = v.items() if isinstance(v, dict) else enumerate(v)
+    for k, x in items:
+        found = _first_over(x, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else str(k))
+        if found is not None:
+            return found
+    return None
+
+
 @settings(max_examples=100, deadline=None, derandomize=True)
 @given(_json_values)
 def test_every_number_over_the_limit_is_refused_naming_its_key_and_the_rest_read_as_json_reads_it(value):
     """parse_json against json.loads: the same value where every number is within 2**53 and finite;
     otherwise InputLimitError naming the first such number's key path and text."""
-    from prereg.bounded import MAX_MAGNITUDE, InputLimitError, parse_json
+    from prereg.bounded import InputLimitError, parse_json
 
     text = json.dumps(value)
-
-    def first_over(v, path=""):
-        if isinstance(v, bool) or v is None or isinstance(v, str):
-            return None
-        if isinstance(v, (int, float)):
-            ok = not (isinstance(v, float) and not math.isfinite(v)) and abs(v) <= MAX_MAGNITUDE
-            return None if ok else (path or "<top level>")
-        items = v.items() if isinstance(v, dict) else enumerate(v)
-        for k, x in items:
-            found = first_over(x, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else str(k))
-            if found is not None:
-                return found
-        return None
-
-    over = first_over(json.loads(text))
+    over = _first_over(json.loads(text))
     if over is None:
         assert parse_json(text) == json.loads(text)
     else:
@@ -375,3 +379,69 @@ def test_a_number_over_the_limit_overwritten_by_a_repeated_key_is_read_as_json_r
         parse_json('{"a": {"b": [1, 1e400]}}')
     with pytest.raises(InputLimitError, match=r"field <top level> = NaN"):
         parse_json("NaN")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[999999999999999, -999999999999999, 999999999999999.9, 0.12345678901234567]",
+        "[1e-05, 1.5E-300, 123456789012345.5e-0, 1e-400, -0.0, 0]",
+        '{"a": "1e400", "b": "NaN", "c": "Infinity", "d": "12345678901234567", "e": 1}',
+        '{"\\"": [1e-7], "x": "\\\\"}',
+        "[9007199254740992, -9007199254740992, 9007199254740993]",
+        "[1234567890123456.0]",
+        "[1e5, 1E+2, 2.5e15]",
+        "[1e16]",
+        "[NaN]",
+        '{"a": [1, -Infinity]}',
+        '{"a": 1e400, "a": 1}',
+        "[1, 2",
+        '[1, "2]',
+        "[01]",
+    ],
+)
+def test_every_number_is_read_as_json_reads_it_and_refused_over_the_limit_at_the_fast_path_s_edges(text):
+    """Texts at the edges of the reader's fast path (every number under 10**15 read by json.loads's
+    own parsers): in range, each value is json.loads's, of its type (``1`` is not ``1.0``); a number
+    over 2**53 or not finite is refused naming its key, and a text that is not JSON is json.loads's
+    error, whichever path reads it."""
+    from prereg.bounded import InputLimitError, parse_json
+
+    try:
+        want = json.loads(text)
+    except ValueError as e:
+        with pytest.raises(ValueError, match=re.escape(str(e))):
+            parse_json(text)
+        return
+    over = _first_over(want)
+    if over is None:
+        assert json.dumps(parse_json(text)) == json.dumps(want)
+    else:
+        with pytest.raises(InputLimitError, match=re.escape(f"field {over} = ")):
+            parse_json(text)
+
+
+def test_a_committed_record_is_read_without_a_python_call_per_number():
+    """A committed record (about two thousand numbers, all in range) is read by json.loads's own
+    number parsers, to the value json.loads reads: a Python call per number was most of the audit's
+    time reading a records folder."""
+    import sys
+
+    from prereg.bounded import parse_json
+
+    path = max(COMMITTED, key=lambda p: p.stat().st_size)
+    raw = path.read_bytes()
+    numbers = len(re.findall(rb"[:,\[]-?[0-9]", raw))
+    calls: list[str] = []
+
+    def count(frame, event, arg):
+        if event == "call":
+            calls.append(frame.f_code.co_name)
+
+    sys.setprofile(count)
+    try:
+        value = parse_json(raw)
+    finally:
+        sys.setprofile(None)
+    assert numbers > 1000 and json.dumps(value) == json.dumps(json.loads(raw))
+    assert len(calls) < 10, f"{len(calls)} Python calls reading {numbers} numbers: {calls[:8]}"
