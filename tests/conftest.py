@@ -172,15 +172,16 @@ def failing_arm(repo: Path, **kw) -> str:
     return tiny_protocol(**kw).replace("arms: [native, cotangent]", 'arms: [native, "boom:build"]')
 
 
-def pinned_corpus(repo: Path, rel: str = "corpus/topics.txt") -> str:
-    """Write a local corpus file into ``repo`` (the embedded corpus's bytes, in one file) and return
-    the protocol's ``corpus`` value pinning it, as one flow mapping."""
+def pinned_corpus(repo: Path, rel: str = "corpus/topics.txt", size: int | None = None) -> str:
+    """Write a local corpus file into ``repo`` (the embedded corpus's bytes, in one file; its first
+    ``size`` bytes where given) and return the protocol's ``corpus`` value pinning it, as one flow
+    mapping."""
     import hashlib
 
     from harness.data import load_corpus
 
     c = load_corpus("pydoc-topics")
-    data = c.train + c.valid + c.test
+    data = (c.train + c.valid + c.test)[:size]
     (repo / rel).parent.mkdir(parents=True, exist_ok=True)
     (repo / rel).write_bytes(data)
     return (
