@@ -72,6 +72,7 @@ from clients import (  # benchmarks/, the script's own folder: the loops
 from cotangent.modes import DECIDES_AFTER
 from cotangent.verify import bitwise_equal
 from harness.machine import cpu_model
+from prereg.tdist import t_critical
 
 #: ``twin``: native's loop built a second time, last (after ``auto`` moved its tensors): the
 #: placement A/A. Its truth is 1; where it reads otherwise, the builds' memory placement alone moves
@@ -86,43 +87,55 @@ LOOPS = ("nanogpt", "timm", "small_cnn", *TINY)
 #: of per-round ratios at most RATIO_MAX) with the upper 95% bound at most UPPER_MAX.
 RATIO_MAX, UPPER_MAX = 1.00, 1.01
 
-#: The spread of a row's per-round log ratios, from ``docs/benchmark.md``'s 360-round run (both
-#: instruction sets, the packed and auto columns, 56 intervals): ``sd = half width * sqrt(360) /
-#: t(0.975, 359)``; median 0.097, largest 0.134 (tiny_medium, 2 threads, AVX2).
-ROUND_SD = 0.134
+#: The spread over builds of a row's per-build mean log ratio (auto / native, 100 rounds a build):
+#: ``sd = half width * sqrt(20) / t(0.975, 19)`` from the 95% intervals of the ``auto`` column in
+#: ``docs/benchmark.md``'s fresh-build runs (ROWS_SIZED_ON rows); the median row's and the widest.
+BUILD_SD, BUILD_SD_WIDEST = 0.0125, 0.0171
+#: The rows those two come from: the Intel Xeon 1-thread runs at both instruction sets and the AMD
+#: EPYC runs of 2026-12-07 (docs/benchmark.md).
+ROWS_SIZED_ON = 28
 #: The chance that a row equal to native (true ratio 1.00) reads an upper bound at most
-#: :data:`UPPER_MAX`, which the default rounds are sized for.
+#: :data:`UPPER_MAX`, which the default builds are sized for at the median row's spread.
 POWER = 0.90
-#: Seconds a round of the full table takes, per thread count and loop, from the same run (native's
-#: iteration, three arms; the A/A rows two arms of nanoGPT): 7 minutes per command for 416 rounds;
-#: a fourth arm (``twin``) since, so four thirds of that.
+#: Timed rounds in each build: each build's mean over them is one observation of the interval.
+ROUNDS_PER_BUILD = 100
+#: Seconds a round of the full table takes, per thread count and loop (native's iteration, four
+#: arms; nanoGPT's A/A rows two arms): the fresh-build runs took 23 to 32 minutes a command.
 ROUND_SECONDS = 4 / 3
 
 
-def rounds_needed(sd: float = ROUND_SD, power: float = POWER, upper: float = UPPER_MAX) -> int:
-    """Rounds at which a row whose true ratio is 1.00 reads an upper 95% bound at most ``upper``
-    with probability ``power``.
+def upper_power(builds: int, sd: float = BUILD_SD, upper: float = UPPER_MAX) -> float:
+    """The chance that a row whose true ratio is 1.00 reads an upper 95% bound at most ``upper``
+    over ``builds`` builds whose mean log ratios spread with standard deviation ``sd``.
 
     Notes
     -----
-    With per-round log ratios of standard deviation ``sd`` over ``n`` rounds, the estimate ``m``
-    of the mean log ratio has standard error ``se = sd / sqrt(n)`` and the upper bound is
-    ``m + t * se`` (``t`` ~ 1.96 at these sizes). At a true ratio of 1.00, ``m ~ N(0, se)``, so
-    ``P(upper <= log(upper)) = Phi(log(upper) / se - 1.96)``, which is ``power`` at
-    ``n = ((1.96 + z(power)) * sd / log(upper))**2``: 1906 at sd 0.134 (the spread of the widest
-    row) and 995 at the median row's 0.097, both at power 0.90. The other half of the promise,
-    ratio at most 1.00, is read at two decimals (:func:`at_most_native`): unrounded, it would hold
-    at a true ratio of exactly 1.00 half the time whatever the rounds.
+    The upper bound is ``m + t * sd / sqrt(n)`` with ``t = t(0.975, n - 1)`` and ``m`` the mean of
+    the ``n`` builds' log ratios, ``m ~ N(0, sd / sqrt(n))`` at a true ratio of 1.00, so
+    ``P(upper <= log(upper)) = Phi(log(upper) * sqrt(n) / sd - t)``: the normal approximation of
+    the one-sided t-test's power (statsmodels' ``TTestPower``, noncentral t, agrees within one
+    build, ``tests/test_modes.py``). The other half of the promise, ratio at most 1.00, is read at
+    two decimals (:func:`at_most_native`): unrounded, it would hold at a true ratio of exactly 1.00
+    half the time whatever the builds.
     """
-    z = statistics.NormalDist().inv_cdf(power)
-    return math.ceil(((1.959964 + z) * sd / math.log(upper)) ** 2)
+    t = t_critical(0.025, builds - 1)
+    return statistics.NormalDist().cdf(math.log(upper) * math.sqrt(builds) / sd - t)
 
 
-#: The default rounds per row: :func:`rounds_needed` rounded up to a hundred (2000).
-ROUNDS = math.ceil(rounds_needed() / 100) * 100
-#: Fresh builds per row (:func:`placed`): the interval is over the builds, so it covers where each
-#: build's tensors lie; 20 builds of 100 rounds at the default rounds.
-BUILDS = 20
+def builds_needed(sd: float = BUILD_SD, power: float = POWER, upper: float = UPPER_MAX) -> int:
+    """The fewest builds at which :func:`upper_power` reaches ``power``: 19 at the median row's
+    spread (0.0125), 33 at the widest's (0.0171), both at power 0.90."""
+    n = 2
+    while upper_power(n, sd, upper) < power:
+        n += 1
+    return n
+
+
+#: Fresh builds per row (:func:`placed`): :func:`builds_needed` at the median row's spread rounded up
+#: to ten (20); the interval is over the builds, so it covers where each build's tensors lie.
+BUILDS = math.ceil(builds_needed() / 10) * 10
+#: The default rounds per row: 100 in each of the 20 builds (2000).
+ROUNDS = BUILDS * ROUNDS_PER_BUILD
 
 
 def expected_minutes(args: argparse.Namespace) -> float:
@@ -339,11 +352,6 @@ def header(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def upper_power(rounds: int, sd: float = ROUND_SD) -> float:
-    """:func:`rounds_needed` read the other way: the chance at ``rounds``."""
-    return statistics.NormalDist().cdf(math.log(UPPER_MAX) * math.sqrt(rounds) / sd - 1.959964)
-
-
 PLANT_HEAD = [
     "| Design check | Threads | torch dispatches | A's iteration (ms) | Planted spin (ms) | Truth | Read (95% CI) | Truth inside |",
     "|---|---|---|---|---|---|---|---|",
@@ -414,14 +422,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="CI size: 12 rounds, smaller models and batches")
     ap.add_argument(
-        "--rounds", type=int, help=f"timed rounds per row (default {ROUNDS}: rounds_needed(); --quick 12)"
+        "--rounds",
+        type=int,
+        help=f"timed rounds per row (default {ROUNDS}: {ROUNDS_PER_BUILD} a build; --quick 12)",
     )
     ap.add_argument("--warmup", type=int, default=DECIDES_AFTER + 4, help="solo warm-up iterations per arm")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument(
         "--builds",
         type=int,
-        help=f"fresh builds of every arm per row, the rounds split between them (default {BUILDS}; --quick 2)",
+        help=f"fresh builds of every arm per row, the rounds split between them (default {BUILDS}: builds_needed(); --quick 2)",
     )
     ap.add_argument("--loops", nargs="+", default=list(LOOPS), choices=LOOPS)
     ap.add_argument(
