@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import gc
 import logging
 import platform
 import warnings
@@ -29,14 +30,16 @@ from cotangent.groups import (
 from cotangent.kernel.phase import KernelPhase, kernel_blocker
 from cotangent.modes import Chooser, resolve, user_stacklevel
 from cotangent.onepass import OnePass
-from cotangent.pack import CPU_BLOCK_BYTES, RELEASE_MIN_BYTES, FlatGroup, Pack, same_order
+from cotangent.pack import CPU_BLOCK_BYTES, RELEASE_MIN_BYTES, FlatGroup, Pack, in_ranges, same_order
 from cotangent.plans import blocks_for, lists_for, view_lists
 from cotangent.states import (
     STATE_KEYS,
     Changes,
     WatchedState,
     check_fits,
+    check_kept,
     check_loadable,
+    kept_on_load,
     planned_state,
     saved_state,
     slot_misfit,
@@ -1087,13 +1090,19 @@ class PackedAdamW(OnePass):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load per-parameter state (ours or native ``AdamW``'s, older versions included: group keys
         they lack take native's defaults, a Python-number ``step`` becomes a float32 tensor as native
-        fused AdamW makes it) into the flat buffers. A state dict whose groups would take native off
-        its fused path (``fused`` unset or False, ``foreach``, ``capturable``, ``differentiable``) is
-        refused before anything is modified, as is one that does not fit the parameters position by
-        position (:func:`~cotangent.states.check_fits` names the first mismatch): a failed load
-        leaves the optimizer exactly as it was."""
+        fused AdamW makes it) into the flat buffers. As natively, a loaded tensor that native's load
+        keeps (its dtype and device already the parameter's; a ``step`` float32) is the state from
+        then on: its values go into its slot and it becomes that slot, rebound in place
+        (:meth:`_adopt_loaded`), so the loaded dict's tensors follow every step; one native casts is
+        copied and keeps its values, as natively. Refused before anything is modified: a state dict
+        whose groups would take native off its fused path (``fused`` unset or False, ``foreach``,
+        ``capturable``, ``differentiable``), one that does not fit the parameters position by
+        position (:func:`~cotangent.states.check_fits` names the first mismatch), and a kept tensor
+        that cannot become its slot (:func:`~cotangent.states.check_kept`): a failed load leaves the
+        optimizer and the state dict exactly as they were."""
         check_loadable(state_dict)
         check_fits(state_dict, self.param_groups)
+        adopt = self._loaded_to_adopt(state_dict)  # checked: refused before anything moves
         super().load_state_dict(state_dict)
         for group in self.param_groups:
             for key, value in {"amsgrad": False, "maximize": False, **NATIVE_GROUP_KEYS}.items():
@@ -1113,7 +1122,46 @@ class PackedAdamW(OnePass):
         self._stated = {id(p) for p in loaded}  # as native's: the entries the state dict holds
         self._repack(keep_state=False)  # natively the loaded tensors replace the state
         self._restore(loaded)
+        self._adopt_loaded(loaded, adopt)
         self._in_loaded_order(order)
+
+    def _loaded_to_adopt(self, state_dict: dict[str, Any]) -> set[int]:
+        """The ids of the loaded tensors that become the state itself (:meth:`_adopt_loaded`): those
+        native's load keeps (:func:`~cotangent.states.kept_on_load`), checked first
+        (:func:`~cotangent.states.check_kept`), but for one that lives in the buffers of another
+        live ``PackedAdamW`` (its state, from its ``state_dict()``): natively the two optimizers
+        would share that tensor, which here stays the other's and is copied. Native for good, the
+        load is native's own and none is adopted here."""
+        if self._own:
+            return set()
+        kept = kept_on_load(state_dict, self.param_groups)
+        for attempt in range(2):  # an optimizer kept only by a reference cycle is collected first
+            ranges = Pack.memory_ranges(besides=self._pack)
+            others = {id(c) for c in kept if in_ranges(ranges, c.tensor)}
+            if not others or attempt:
+                break
+            gc.collect()
+        kept = [c for c in kept if id(c) not in others]
+        check_kept(kept, self._pack.params)
+        return {id(c.tensor) for c in kept}
+
+    def _adopt_loaded(self, loaded: dict[Tensor, dict[str, Any]], adopt: set[int]) -> None:
+        """After a load has put the values into the new slots: each loaded tensor in ``adopt`` (by id,
+        :meth:`_loaded_to_adopt`) becomes its slot, rebound in place over the slot's memory with its
+        own strides (``t.data = ...``), as natively the loaded tensor is the state and follows every
+        step; the user's dict keeps the same objects, with the same values."""
+        if not adopt:
+            return
+        with torch.no_grad():
+            for p, st in loaded.items():
+                slots = self._slots.get(p, {})
+                for key, slot in list(slots.items()):
+                    t = st.get(key)
+                    if isinstance(t, Tensor) and id(t) in adopt:
+                        over = torch.as_strided(slot, t.shape, t.stride(), slot.storage_offset())
+                        torch._C.TensorBase.data.__set__(t, over)  # type: ignore[attr-defined]
+                        slots[key] = t
+        self._step_versions = self._versions_of_steps()
 
     def _in_loaded_order(self, order: list[tuple[Any, Any]]) -> None:
         """After a load, ``state`` as native's load builds it: the entries in the state dict's order

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import gc
 import sys
 from collections.abc import Callable
@@ -567,6 +568,20 @@ class Pack:
         )
 
     @classmethod
+    def memory_ranges(cls, besides: Pack | None = None) -> list[tuple[int, int]]:
+        """``[start, end)`` addresses of the flat buffers of every live layout but ``besides``, sorted
+        (:func:`in_ranges`): the memory another live :class:`PackedAdamW` steps (parameters,
+        gradients, state)."""
+        packs = {id(pack): pack for pack in cls._registry.values() if pack is not besides}
+        out: list[tuple[int, int]] = []
+        for pack in packs.values():
+            for g in pack.groups:
+                for buf in (g.param, g.grad, g.exp_avg, g.exp_avg_sq, g.max_exp_avg_sq, g.steps):
+                    if buf is not None and buf.numel():
+                        out.append((buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size()))
+        return sorted(out)
+
+    @classmethod
     def of(cls, parameters: list[Tensor]) -> Pack | None:
         if not parameters:
             return None
@@ -772,3 +787,9 @@ class Pack:
         for p in self.params:
             if Pack._registry.get(id(p)) is self:
                 del Pack._registry[id(p)]
+
+
+def in_ranges(ranges: list[tuple[int, int]], t: Tensor) -> bool:
+    """Does ``t``'s memory start inside one of ``ranges`` (sorted, disjoint: :meth:`Pack.memory_ranges`)?"""
+    k = bisect.bisect_right(ranges, (t.data_ptr(), sys.maxsize)) - 1
+    return k >= 0 and t.data_ptr() < ranges[k][1]

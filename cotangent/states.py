@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch import Tensor
@@ -98,6 +98,101 @@ def _check_loaded(where: str, entry: Any, p: Tensor, needed: list[str]) -> None:
                 f"{tuple(p.shape)} and dtype {p.dtype} (parameters in another order, or another model's state "
                 "dict); nothing was loaded"
             )
+
+
+def native_keeps(key: str, value: Any, p: Tensor) -> bool:
+    """Does native fused AdamW's ``load_state_dict`` make ``value`` itself parameter ``p``'s state
+    tensor ``key``? It casts each loaded tensor with ``.to(dtype=..., device=...)``
+    (``Optimizer._process_value_according_to_param_policy``: a ``step`` to float32 on ``p``'s
+    device, fused; a moment to ``p``'s dtype and device), which returns the same tensor where both
+    already match; elsewhere the state is a cast copy and the loaded tensor keeps its values."""
+    if not isinstance(value, Tensor):
+        return False
+    dtype = torch.float32 if key == "step" else p.dtype
+    return value.dtype == dtype and value.device == p.device
+
+
+@dataclass
+class Kept:
+    """A loaded tensor native's ``load_state_dict`` keeps as parameter ``p``'s state tensor ``key``
+    (:func:`kept_on_load`); ``where`` names it in the state dict."""
+
+    where: str
+    key: str
+    tensor: Tensor
+    p: Tensor
+
+
+def kept_on_load(state_dict: dict[str, Any], groups: list[dict[str, Any]]) -> list[Kept]:
+    """Each tensor of ``state_dict`` (checked by :func:`check_fits`) that natively becomes the
+    state itself when loaded into an optimizer over ``groups`` (:func:`native_keeps`): the keys
+    of the saved group's state (``max_exp_avg_sq`` where it has ``amsgrad``), whose group settings
+    the load takes."""
+    out: list[Kept] = []
+    state = state_dict["state"]
+    for k, (was, group) in enumerate(zip(state_dict["param_groups"], groups)):
+        keys = STATE_KEYS if was.get("amsgrad") else STATE_KEYS[:3]
+        for i, (pid, p) in enumerate(zip(was["params"], group["params"])):
+            entry = state.get(pid)
+            for key in keys if entry else ():
+                if native_keeps(key, entry[key], p):
+                    where = f"state_dict['state'][{pid!r}][{key!r}] (group {k}, parameter {i}, shape {tuple(p.shape)})"
+                    out.append(Kept(where, key, entry[key], p))
+    return out
+
+
+def check_kept(kept: list[Kept], params: list[Tensor]) -> None:
+    """Refuse, before anything is loaded, a loaded tensor that natively becomes the state itself
+    (``kept``, :func:`kept_on_load`) but could not become its packed slot, where it follows every
+    step as natively: another memory order than its parameter's (:func:`slot_misfit`: native's
+    fused kernel would pair other elements), a parameter or gradient of the optimizer (``params``),
+    one tensor (or one memory) loaded at two places (natively updated twice per step), and a tensor
+    whose memory another tensor shares (a view of it, or the tensor it views), which natively would
+    follow its steps and here would keep the values it has."""
+    ours = {id(q): "a parameter" for q in params}
+    ours.update({id(q.grad): "a gradient" for q in params if q.grad is not None})
+    for c in kept:
+        misfit = slot_misfit(c.key, c.tensor, c.p)
+        if misfit is not None:
+            _refuse_load(
+                f"{c.where} is {misfit}: natively it becomes the state as it is (it has the parameter's dtype "
+                "and device); load it in the parameter's layout (torch.empty_like(p).copy_(t))"
+            )
+        if id(c.tensor) in ours:
+            _refuse_load(
+                f"{c.where} is {ours[id(c.tensor)]} of this optimizer: natively the two would be one tensor, "
+                "updated twice per step; load a copy (.clone())"
+            )
+    twice = _overlapping(kept)
+    if twice is not None:
+        _refuse_load(
+            f"{twice[0].where} and {twice[1].where} are one tensor or share memory: natively the loaded "
+            "tensor becomes the state at both places, updated twice per step; load a copy at each (.clone())"
+        )
+    for k, extra in sharers([c.tensor for c in kept])[:1]:
+        _refuse_load(
+            f"{kept[k].where} shares its memory with {extra} other tensor(s) (a view of it, or the tensor it "
+            "views): natively they would follow its steps once it is the state; here it becomes the optimizer's "
+            "packed memory and they would keep the values it has; load a copy (.clone()) or drop the view"
+        )
+
+
+def _overlapping(kept: list[Kept]) -> tuple[Kept, Kept] | None:
+    """Two of ``kept`` over overlapping memory (the same tensor twice included), or None: sorted by
+    device and address, an overlap shows between neighbours."""
+    spans = sorted(
+        (str(t.device), t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), n)
+        for n, t in enumerate(c.tensor for c in kept)
+        if t.numel()
+    )
+    for (device, _, end, m), (other, start, _, n) in zip(spans, spans[1:]):
+        if device == other and start < end:
+            return kept[m], kept[n]
+    return None
+
+
+def _refuse_load(what: str) -> NoReturn:
+    raise ValueError(f"PackedAdamW: load_state_dict: {what}; nothing was loaded")
 
 
 def to_state_tensors(state: dict[str, Any]) -> dict[str, Any]:

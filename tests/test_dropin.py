@@ -249,7 +249,7 @@ def test_state_dict_without_maximize_loads():
     sd = oa.state_dict()
     for g in sd["param_groups"]:
         del g["maximize"]
-    ob.load_state_dict(sd)
+    ob.load_state_dict(copy.deepcopy(sd))  # natively sd's tensors become ob's state, shared with oa
     gs = [torch.randn(x.shape, generator=gen) for x in a]
     torch.autograd.backward(a, gs)
     torch.autograd.backward(b, gs)

@@ -158,7 +158,7 @@ def test_load_into_native_and_packed_alike_when_it_fits():
     with torch.no_grad():
         for x, y in zip(a, b):
             y.copy_(x)
-    ob.load_state_dict(oa.state_dict())
+    ob.load_state_dict(copy.deepcopy(oa.state_dict()))  # natively the tensors become ob's: shared with oa
     train(a, oa, 2, 10)
     train(b, ob, 2, 10)
     same(a, b, oa, ob, "after loading native's state dict")

@@ -9,6 +9,7 @@ import collections
 import copy
 import ctypes
 import gc
+import io
 import itertools
 import math
 import os
@@ -1420,3 +1421,226 @@ def test_a_state_tensor_assigned_that_cannot_be_native_s_is_refused_before_anyth
         with pytest.raises((RuntimeError, KeyError)):
             oa.step()
     del keep
+
+
+# -- a loaded state dict's tensors are the state, as natively (issue 61) --------------------------
+LOAD_SOURCES = ["native", "native_deepcopy", "ours_dropped", "ours_deepcopy", "saved"]
+
+
+def source_dicts(source, params, hyper, gen, groups):
+    """Twin state dicts to load, each side's from a source optimizer stepped twice with the same
+    gradients (a parameter without one at the second step): native's side from native
+    ``AdamW(fused=True)``; ours from a native twin (``native*``, ``saved``) or a ``PackedAdamW``
+    (``ours*``). ``source`` says how: ``state_dict()`` itself (native's sources kept alive, whose
+    state natively is then the loader's too; ours dropped first), a deep copy, or a
+    ``torch.save``/``torch.load(weights_only=True)`` round trip. Returns the dicts and the sources."""
+    ca, cb = params
+    sa = torch.optim.AdamW(groups(ca), fused=True, **hyper)
+    if source.startswith("ours"):
+        sb = PackedAdamW(groups(cb), **hyper, mode="packed")
+    else:
+        sb = torch.optim.AdamW(groups(cb), fused=True, **hyper)
+    for step in range(2):
+        backward_both(ca, cb, gen, {0} if step == 1 else set())
+        sa.step()
+        sb.step()
+        sa.zero_grad()
+        sb.zero_grad()
+    da, db = sa.state_dict(), sb.state_dict()
+    if source.endswith("deepcopy"):
+        da, db = copy.deepcopy(da), copy.deepcopy(db)
+    elif source == "saved":
+        da, db = (torch.load(io.BytesIO(saved_bytes(d)), weights_only=True) for d in (da, db))
+    if source == "ours_dropped":
+        del sb
+        gc.collect()
+        return da, db, None
+    return da, db, (sa, sb)
+
+
+def saved_bytes(d):
+    out = io.BytesIO()
+    torch.save(d, out)
+    return out.getvalue()
+
+
+def cast_both(da, db, casts, dtype):
+    """The same casts in both dicts, position by position: ``dtype``, a moment of the other float
+    dtype or a float64 ``step`` (native's load casts it: a copy); ``number``, a Python-number
+    ``step``; ``keep``, as it is (native's load keeps the tensor itself). Entries are replaced, not
+    written: a native source's own entries stay as they are."""
+    other = torch.float64 if dtype == torch.float32 else torch.float32
+    spots = [(k, key) for k in sorted(da["state"]) for key in da["state"][k]]
+    for (k, key), how in zip(spots, casts):
+        for d in (da, db):
+            t = d["state"][k][key]
+            if how == "dtype":
+                t = t.to(torch.float64 if key == "step" else other)
+            elif how == "number" and key == "step":
+                t = t.item()
+            d["state"][k] = {**d["state"][k], key: t}
+
+
+def loaded_as_native(oa, ob, da, db):
+    """The loaded dicts' values: native's bits and strides, each tensor the state (or not) exactly
+    where native's is."""
+    in_a = {id(t) for e in oa.state.values() for t in e.values()}
+    in_b = {id(t) for e in ob.state.values() for t in e.values()}
+    assert list(da["state"]) == list(db["state"])
+    for k, entry in da["state"].items():
+        assert list(entry) == list(db["state"][k])
+        for key, t in entry.items():
+            u = db["state"][k][key]
+            if not isinstance(t, torch.Tensor):
+                assert t == u and type(t) is type(u), f"loaded {k} {key}"
+                continue
+            assert bitwise_equal(t, u) and t.stride() == u.stride(), f"loaded {k} {key}"
+            assert (id(t) in in_a) == (id(u) in in_b), f"loaded {k} {key} is the state"
+
+
+@pytest.mark.filterwarnings("ignore:scripted")
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shapes=st.lists(shape_st, min_size=1, max_size=3),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    hyper=hyper_st,
+    two_groups=st.booleans(),
+    start=st.sampled_from(["packed", "native", "auto_native", "auto_packed"]),
+    source=st.sampled_from(LOAD_SOURCES),
+    casts=st.lists(st.sampled_from(["keep", "keep", "keep", "dtype", "number"]), min_size=24, max_size=24),
+    load_at=st.integers(0, 2),
+    switch=st.booleans(),
+    phase=st.sampled_from(["one_pass", "three_calls"]),
+    set_to_none=st.booleans(),
+    channels_last=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_a_loaded_state_dict_s_tensors_are_the_state_as_natively(
+    shapes,
+    dtype,
+    hyper,
+    two_groups,
+    start,
+    source,
+    casts,
+    load_at,
+    switch,
+    phase,
+    set_to_none,
+    channels_last,
+    seed,
+):
+    """Natively ``load_state_dict`` makes each loaded tensor it keeps as it is (the parameter's dtype
+    and device; a float32 ``step``) the state itself, so the loaded dict's tensors follow every later
+    step (and a native source's state, the same tensors, with them); one it casts is a copy and keeps
+    its values. Drawn: shapes, dtypes, one or two groups, hyperparameters, the start (packed, native
+    for good, auto deciding either way), a state dict from native's or our optimizer (alive or
+    dropped), deep-copied or through ``torch.save``, with casts at drawn places, loaded after 0-2
+    steps, a ``set_mode`` switch after, the three calls or the one pass. Against native
+    ``AdamW(fused=True)`` + ``clip_grad_norm_``: every step the norm, parameters, gradients, the
+    state as a mapping, the loaded dicts' values (bits, strides, and whether each is the state) and
+    the sources' state, bitwise."""
+    a, b, gen = conv_twins(shapes, dtype, seed, channels_last)
+    ca, cb, _ = conv_twins(shapes, dtype, seed + 1, channels_last)
+
+    def groups(ps):
+        if not two_groups:
+            return ps
+        return [{"params": ps[::2]}, {"params": ps[1::2], "lr": 0.02, "weight_decay": 0.0}]
+
+    oa = torch.optim.AdamW(groups(a), fused=True, **hyper)
+    ob = PackedAdamW(groups(b), **hyper, mode={"packed": "packed", "native": "native"}.get(start, "auto"))
+    if start.startswith("auto"):
+        ob._chooser = Scripted(["native", "packed"], final=start[5:])
+    for _ in range(load_at):
+        backward_both(a, b, gen, set())
+        step_both(oa, ob, a, b, phase, set_to_none)
+    da, db, sources = source_dicts(source, (ca, cb), hyper, gen, groups)
+    cast_both(da, db, casts, dtype)
+    oa.load_state_dict(da)
+    ob.load_state_dict(db)
+    same_mapping(oa, ob, a, b)
+    loaded_as_native(oa, ob, da, db)
+    for step in range(3):
+        backward_both(a, b, gen, {0} if step == 1 else set())
+        step_both(oa, ob, a, b, phase, set_to_none)
+        if switch and step == 0 and not start.startswith("auto"):
+            ob.set_mode("native" if ob.mode == "packed" else "packed")
+        same_mapping(oa, ob, a, b)
+        loaded_as_native(oa, ob, da, db)
+        if sources is not None:
+            same_state(sources[0], sources[1], ca, cb)
+
+
+LOAD_REFUSED = {
+    "strides": r"state_dict\['state'\]\[3\]\['exp_avg'\] \(group 0, parameter 3, shape \(6, 3, 3, 3\)\) is a "
+    r"tensor with strides \(27, 9, 3, 1\), the parameter \(27, 1, 9, 3\)",
+    "twice": r"\['exp_avg'\] \(group 0, parameter 0, shape \(4, 3\)\) and .*\['exp_avg_sq'\] .* are one tensor",
+    "overlap": r"\(group 0, parameter 0, shape \(4, 3\)\) and .* are one tensor or share memory",
+    "parameter": r"state_dict\['state'\]\[1\]\['exp_avg'\] .* is a parameter of this optimizer",
+    "a_view": r"state_dict\['state'\]\[0\]\['exp_avg'\] .* shares its memory with 1 other tensor",
+}
+
+
+def _misload(sd, b, how):
+    """``sd`` (a deep copy of native's) made into a state dict whose kept tensors cannot be slots."""
+    if how == "strides":
+        sd["state"][3]["exp_avg"] = torch.zeros(b[3].shape)  # contiguous, the weight channels_last
+    elif how == "twice":
+        sd["state"][0]["exp_avg_sq"] = sd["state"][0]["exp_avg"]
+    elif how == "overlap":
+        sd["state"][0]["exp_avg_sq"] = sd["state"][0]["exp_avg"][:]
+    elif how == "parameter":
+        sd["state"][1]["exp_avg"] = b[1]
+    else:
+        whole = torch.zeros(2, 4, 3)
+        sd["state"][0]["exp_avg"] = whole[0]
+        return whole
+    return None
+
+
+@pytest.mark.parametrize("how", sorted(LOAD_REFUSED))
+def test_a_loaded_tensor_that_cannot_be_the_state_is_refused_before_anything_moves(how):
+    """A tensor native's load keeps as the state that cannot become its packed slot as natively it is
+    the state (another memory order than its parameter's, one tensor or one memory at two places, a
+    parameter, a tensor a view shares): refused by ``load_state_dict``, naming it, before anything
+    moves: the optimizer (parameters, buffers, state as a mapping, the next steps) and the state
+    dict (the same tensors, bits and memory) exactly as they were."""
+    a, b, oa, ob, gen = stepped_twins()
+    sd = copy.deepcopy(oa.state_dict())
+    keep = _misload(sd, b, how)
+    tensors = [(t, t.data_ptr(), t.detach().clone()) for e in sd["state"].values() for t in e.values()]
+    before, state = packed_now(ob, b), [(p, e, dict(e)) for p, e in ob.state.items()]
+    with pytest.raises(ValueError, match=LOAD_REFUSED[how] + ".*nothing was loaded"):
+        ob.load_state_dict(sd)
+    assert same(before, packed_now(ob, b))
+    assert [id(p) for p, _, _ in state] == [id(p) for p in ob.state]
+    assert all(ob.state[p] is e and list(e) == list(was) for p, e, was in state)
+    assert all(e[k] is t for _, e, was in state for k, t in was.items())
+    assert all(t.data_ptr() == ptr and bitwise_equal(t.detach(), was) for t, ptr, was in tensors)
+    same_mapping(oa, ob, a, b)
+    backward_both(a, b, gen, set())
+    step_both(oa, ob, a, b, "three_calls", True)
+    same_mapping(oa, ob, a, b)
+    del keep
+
+
+def test_a_state_dict_of_another_live_packed_optimizer_is_copied():
+    """The documented difference: ``opt2.load_state_dict(opt1.state_dict())`` with both
+    ``PackedAdamW`` alive. Natively the two optimizers would share the loaded tensors; here they stay
+    the first one's packed state (which it goes on stepping, as native's own) and are copied into the
+    second, whose steps are native's (against native loading a copy)."""
+    a, b, oa, ob, gen = stepped_twins()
+    c, d, _ = conv_twins([(4, 3), (4, 3), (5,)], torch.float32, 1, True)
+    oc, od = torch.optim.AdamW(c, fused=True), PackedAdamW(d, mode="packed")
+    sd = ob.state_dict()
+    oc.load_state_dict(copy.deepcopy(oa.state_dict()))
+    od.load_state_dict(sd)
+    assert all(sd["state"][k][key] is ob.state[p][key] for k, p in enumerate(b) for key in sd["state"][k])
+    for _ in range(2):
+        backward_both(a, b, gen, set())
+        backward_both(c, d, gen, set())
+        step_both(oa, ob, a, b, "three_calls", True)
+        step_both(oc, od, c, d, "three_calls", True)
+        same_mapping(oa, ob, a, b)
+        same_mapping(oc, od, c, d)
