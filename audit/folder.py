@@ -9,7 +9,7 @@ import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Concatenate, ParamSpec, cast
 
 from audit.anchors import check_anchor, check_result, check_signature, signers_kept
 from audit.freeze import (
@@ -81,6 +81,24 @@ class _Report:
         self.row(check, not found, found[0] if found else ok_detail)
 
 
+P = ParamSpec("P")
+
+
+def _each_file_parsed_once(
+    audit: Callable[Concatenate[str, P], None],
+) -> Callable[Concatenate[str, P], None]:
+    """``audit`` of a records folder with each of the folder's files parsed once, whichever checks
+    read it (:func:`prereg.bounded.parsed_once`)."""
+
+    def once(directory: str, /, *args: P.args, **kwargs: P.kwargs) -> None:
+        with parsed_once(directory):
+            audit(directory, *args, **kwargs)
+
+    once.__name__, once.__qualname__, once.__doc__ = audit.__name__, audit.__qualname__, audit.__doc__
+    return once
+
+
+@_each_file_parsed_once
 def audit_dir(
     directory: str,
     rows: list[tuple[str, str, str]],
@@ -98,38 +116,7 @@ def audit_dir(
     the tag defines it, the plan, corpus, chain and attempts, what the tag froze, the anchors, and the
     summary recomputed. ``anchored`` receives the folder's anchored heads, ``besides`` the folders
     of the earlier studies its page shows beside it (each to be audited as its own folder). Each
-    file of the folder is parsed once (:func:`prereg.bounded.parsed_once`), whichever checks read it."""
-    with parsed_once(directory):
-        _audit_dir(
-            directory,
-            rows,
-            problems,
-            notes,
-            published,
-            anchor=anchor,
-            signers=signers,
-            anchored=anchored,
-            unverified=unverified,
-            besides=besides,
-        )
-
-
-def _audit_dir(
-    directory: str,
-    rows: list[tuple[str, str, str]],
-    problems: list[str],
-    notes: list[str],
-    published: tuple[int, str] | None = None,
-    *,
-    anchor: str | None = None,
-    signers: str | None = None,
-    anchored: dict[str, int] | None = None,
-    unverified: dict[str, list[str]] | None = None,
-    besides: list[str] | None = None,
-) -> None:
-    """Audit one records folder, every check in its order: its files against MANIFEST, the study as
-    the tag defines it, the plan, corpus, chain and attempts, what the tag froze, the anchors, and the
-    summary recomputed (:func:`audit_dir`, the folder's files each parsed once)."""
+    file of the folder is parsed once (:func:`_each_file_parsed_once`), whichever checks read it."""
     anchored = {} if anchored is None else anchored
     # why the folder's study is not vouched for by the reader's keys (docs/provenance.md, "Exit statuses")
     why = (unverified if unverified is not None else {}).setdefault(directory, [])
