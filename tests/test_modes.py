@@ -727,6 +727,23 @@ def test_never_slower_default_builds_against_statsmodels():
     assert args.rounds == mod.ROUNDS == mod.BUILDS * mod.ROUNDS_PER_BUILD
 
 
+def native_and_packed(a, b, two_groups, hyper, start):
+    """Native ``AdamW(fused=True)`` over ``a`` and ``PackedAdamW`` over ``b``, in one group or two
+    (every other parameter, the second with its own lr and no weight decay), ours starting
+    ``packed``, ``native``, or ``auto_packed``/``auto_native`` (auto deciding that way); and the grouping, for more optimizers alike."""
+
+    def groups(ps):
+        if not two_groups:
+            return ps
+        return [{"params": ps[::2]}, {"params": ps[1::2], "lr": 0.02, "weight_decay": 0.0}]
+
+    oa = torch.optim.AdamW(groups(a), fused=True, **hyper)
+    ob = PackedAdamW(groups(b), **hyper, mode={"packed": "packed", "native": "native"}.get(start, "auto"))
+    if start.startswith("auto"):
+        ob._chooser = Scripted(["native", "packed"], final=start[5:])
+    return oa, ob, groups
+
+
 def both_steps(pairs, x, order, clip=True):
     """One iteration on each side (``pairs``: (model, optimizer), native's first), in the loop
     ``order``: ``"tutorial"`` (forward, zero_grad, backward, step) or ``"after"`` (forward,
@@ -1289,15 +1306,7 @@ def test_state_reset_or_replaced_while_held_is_native(
     native's is, with native's bits."""
     a, b, gen = conv_twins(shapes, dtype, seed, channels_last)
 
-    def groups(ps):
-        if not two_groups:
-            return ps
-        return [{"params": ps[::2]}, {"params": ps[1::2], "lr": 0.02, "weight_decay": 0.0}]
-
-    oa = torch.optim.AdamW(groups(a), fused=True, **hyper)
-    ob = PackedAdamW(groups(b), **hyper, mode={"packed": "packed", "native": "native"}.get(start, "auto"))
-    if start.startswith("auto"):
-        ob._chooser = Scripted(["native", "packed"], final=start[5:])
+    oa, ob, groups = native_and_packed(a, b, two_groups, hyper, start)
     popped: tuple[dict, dict] = ({}, {})
     held, dicts = [], []
     for step in range(7):
@@ -1544,15 +1553,7 @@ def test_a_loaded_state_dict_s_tensors_are_the_state_as_natively(
     a, b, gen = conv_twins(shapes, dtype, seed, channels_last)
     ca, cb, _ = conv_twins(shapes, dtype, seed + 1, channels_last)
 
-    def groups(ps):
-        if not two_groups:
-            return ps
-        return [{"params": ps[::2]}, {"params": ps[1::2], "lr": 0.02, "weight_decay": 0.0}]
-
-    oa = torch.optim.AdamW(groups(a), fused=True, **hyper)
-    ob = PackedAdamW(groups(b), **hyper, mode={"packed": "packed", "native": "native"}.get(start, "auto"))
-    if start.startswith("auto"):
-        ob._chooser = Scripted(["native", "packed"], final=start[5:])
+    oa, ob, groups = native_and_packed(a, b, two_groups, hyper, start)
     for _ in range(load_at):
         backward_both(a, b, gen, set())
         step_both(oa, ob, a, b, phase, set_to_none)
