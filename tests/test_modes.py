@@ -727,6 +727,17 @@ def test_never_slower_default_builds_against_statsmodels():
     assert args.rounds == mod.ROUNDS == mod.BUILDS * mod.ROUNDS_PER_BUILD
 
 
+#: The draws of :func:`native_and_packed`'s twins: shapes, dtype, hyperparameters, one group or two,
+#: and how ours starts (packed, native for good, auto deciding either way).
+TWINS_ST = dict(
+    shapes=st.lists(shape_st, min_size=1, max_size=3),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    hyper=hyper_st,
+    two_groups=st.booleans(),
+    start=st.sampled_from(["packed", "native", "auto_native", "auto_packed"]),
+)
+
+
 def native_and_packed(a, b, two_groups, hyper, start):
     """Native ``AdamW(fused=True)`` over ``a`` and ``PackedAdamW`` over ``b``, in one group or two
     (every other parameter, the second with its own lr and no weight decay), ours starting
@@ -1275,11 +1286,7 @@ def both_do(oa, ob, a, b, i, op, gen, amsgrad, popped):
 @pytest.mark.filterwarnings("ignore:scripted")
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    shapes=st.lists(shape_st, min_size=1, max_size=3),
-    dtype=st.sampled_from([torch.float32, torch.float64]),
-    hyper=hyper_st,
-    two_groups=st.booleans(),
-    start=st.sampled_from(["packed", "native", "auto_native", "auto_packed"]),
+    **TWINS_ST,
     events=st.lists(
         st.tuples(st.integers(0, 5), st.sampled_from(STATE_OPS), st.integers(0, 3), st.booleans()),
         min_size=1,
@@ -1511,11 +1518,7 @@ def loaded_as_native(oa, ob, da, db):
 @pytest.mark.filterwarnings("ignore:scripted")
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    shapes=st.lists(shape_st, min_size=1, max_size=3),
-    dtype=st.sampled_from([torch.float32, torch.float64]),
-    hyper=hyper_st,
-    two_groups=st.booleans(),
-    start=st.sampled_from(["packed", "native", "auto_native", "auto_packed"]),
+    **TWINS_ST,
     source=st.sampled_from(LOAD_SOURCES),
     casts=st.lists(st.sampled_from(["keep", "keep", "keep", "dtype", "number"]), min_size=24, max_size=24),
     load_at=st.integers(0, 2),
