@@ -426,14 +426,25 @@ def test_a_planted_slowdown_fails_the_gate_and_the_study_audits(tmp_path):
 
 @pytest.mark.process
 def test_an_aa_change_passes_the_gate(tmp_path):
-    """A commit that changes nothing the clock sees (a comment): exit 0, no slowdown established."""
+    """A commit that changes nothing the clock sees (a comment): exit 0 (no slowdown beyond 1%
+    established) and an estimate within 2% either way.
+
+    Not "nothing established": the head-faster test is allowed a 2.5% false-positive rate by
+    design (Holm at 5%, Pocock looks), and CI drew one (faster by about 0.7%, 0.3 to 1.1). What an
+    A/A change must never do is fire the gate, whose margin of 1% puts its false-positive rate far
+    below that, or read a difference the spin cannot have: 2% is five times the interval's
+    half-width at 8 pairs on this script, so a defect of the instrument, not chance, fails it."""
+    import re
+
     r = ci_clone(tmp_path, ("SLEEP = 0.0\n", "SLEEP = 0.0  # a comment\n"))
     out = cli(
         r, "compare", "--base", "HEAD~1", "--pairs", "8", "--fail-above", "1%", "--timeout", "120", *COMMAND
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.splitlines()[0].startswith("HEAD against HEAD~1: ")
-    assert "established" not in out.stdout.splitlines()[0].replace("is not established", "")
+    first = out.stdout.splitlines()[0]
+    assert first.startswith("HEAD against HEAD~1: ") and "beyond 1%: established" not in first
+    (read,) = re.findall(r"(?:by|at most) (\d+\.\d)%", first)
+    assert float(read) < 2.0, first
 
 
 @pytest.mark.parametrize("design", ["lockstep", "paired"])
