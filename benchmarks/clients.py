@@ -46,7 +46,7 @@ from cotangent.verify import bitwise_equal  # noqa: E402
 from harness.config import ModelConfig, load_config  # noqa: E402
 from harness.machine import cpu_model  # noqa: E402
 from harness.models import build_model  # noqa: E402
-from prereg.descriptive import mean_interval  # noqa: E402
+from prereg.descriptive import mean_interval, two_stage_interval  # noqa: E402
 
 ARMS = ("native", "cotangent")
 
@@ -215,10 +215,17 @@ class Study(Loop):
         return t2 - t0, t2 - t1
 
 
-def ratio_of(logs: list[float], native: list[float], cand: list[float]) -> dict[str, float]:
+def ratio_of(
+    logs: list[float], native: list[float], cand: list[float], pilot: int | None = None
+) -> dict[str, float]:
     """The geometric mean of ``exp(logs)`` with its 95% Student-t interval over ``logs``
-    (``prereg.descriptive.mean_interval``), and the medians of the times behind them."""
-    ci = mean_interval(logs, level=0.95, estimand="log_ratio")
+    (``prereg.descriptive.mean_interval``; Stein's two-stage interval,
+    ``prereg.descriptive.two_stage_interval``, where the first ``pilot`` of them set their number),
+    and the medians of the times behind them."""
+    if pilot is None or pilot == len(logs):
+        ci = mean_interval(logs, level=0.95, estimand="log_ratio")
+    else:
+        ci = two_stage_interval(logs, pilot, level=0.95, estimand="log_ratio")
     return {
         "native_ms": statistics.median(native) * 1e3,
         "cotangent_ms": statistics.median(cand) * 1e3,

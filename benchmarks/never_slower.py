@@ -19,12 +19,20 @@ is 56) and so does each other arm (the same steps, so that the bits can be compa
 within a round cycling through a balanced Latin square of four (each arm as often first, second,
 third and fourth, and after each other arm). An iteration is timed whole, from the batch to the
 end of the phase. Reported per loop: native's median iteration; each arm's ratio to native, the
-geometric mean over builds of each build's geometric mean of per-round ratios, with its 95%
-Student-t interval over the builds (:func:`over_builds`, ``prereg.descriptive.mean_interval``):
-the interval covers placement as well as the rounds' noise; which mode ``auto`` chose in how many
-builds; whether it meets the promise (:func:`at_most_native`: ratio at most 1.00 at two decimals,
-upper bound at most 1.01), with a count of the rows that do at the end. After the timed rounds of
-each build the four models must be equal bit for bit.
+geometric mean over builds of each build's geometric mean of per-round ratios (packed's and auto's
+to the geometric mean of native's two builds in the round, native and twin: the reference's share
+of the placement halved; twin's to native's), with its 95% Student-t interval over the builds
+(:func:`over_builds`): the interval covers placement as well as the rounds' noise; which mode
+``auto`` chose in how many builds; whether it meets the promise (:func:`at_most_native`: ratio at
+most 1.00 at two decimals, upper bound at most 1.01), with a count of the rows that do at the end.
+After the timed rounds of each build the four models must be equal bit for bit.
+
+The builds per row come in two stages (Stein 1945): the first ``--builds`` (20) are the pilot;
+their spread of auto's build values sets how many a row needs for an interval of half-width
+``--half-width`` (0.44%, :data:`HALF_WIDTH`: a row equal to native then meets the promise with
+chance 0.99), at most ``--max-builds``; the interval is Stein's (``prereg.descriptive.
+two_stage_interval``: the pilot's spread, ``pilot - 1`` df), exact whatever the pilot's spread
+chose, since the number depends on the spread alone, never on the mean.
 
 First, the design's own check (one row per thread count): an A/A of nanoGPT's loop, native in
 both arms, with a busy spin of ``--plant`` (default 2%) of native's median warm-up iteration added
@@ -37,7 +45,7 @@ Loops (all from ``benchmarks/clients.py``, their one home): nanoGPT's ``train.py
 head), and the study's four tiny configurations (``configs/tiny_*.yaml``: their model, batch, lr,
 weight decay and clip).
 
-    python benchmarks/never_slower.py --threads 1 2            # the full table (2000 rounds in 20 builds, ~70 min)
+    python benchmarks/never_slower.py --threads 1 2            # the full table (pilots of 20 builds, ~70 min, then second stages)
     python benchmarks/never_slower.py --quick --threads 1      # CI size
 """
 
@@ -72,6 +80,7 @@ from clients import (  # benchmarks/, the script's own folder: the loops
 from cotangent.modes import DECIDES_AFTER
 from cotangent.verify import bitwise_equal
 from harness.machine import cpu_model
+from prereg.descriptive import two_stage_size
 from prereg.tdist import t_critical
 
 #: ``twin``: native's loop built a second time, last (after ``auto`` moved its tensors): the
@@ -133,17 +142,54 @@ def builds_needed(sd: float = BUILD_SD, power: float = POWER, upper: float = UPP
     return n
 
 
-#: Fresh builds per row (:func:`placed`): :func:`builds_needed` at the median row's spread rounded up
-#: to ten (20); the interval is over the builds, so it covers where each build's tensors lie.
+#: Fresh builds per row in the first stage, the pilot (:func:`placed`): :func:`builds_needed` at the
+#: median row's spread rounded up to ten (20); the interval is over the builds, so it covers where
+#: each build's tensors lie.
 BUILDS = math.ceil(builds_needed() / 10) * 10
-#: The default rounds per row: 100 in each of the 20 builds (2000).
+#: The pilot's rounds per row: 100 in each of the 20 builds (2000).
 ROUNDS = BUILDS * ROUNDS_PER_BUILD
+#: The chance a row whose true ratio is 1.00 should have of meeting the promise (both halves).
+PROMISE_CHANCE = 0.99
+
+
+def promise_chance(half_width: float, pilot: int = BUILDS) -> float:
+    """The chance that a row whose true ratio is 1.00, sized by Stein's two stages to a half-width
+    ``half_width`` (a share of the ratio: 0.0044 is 0.44%), meets the promise (:func:`at_most_native`).
+
+    Notes
+    -----
+    With ``h = log(1 + half_width)`` and ``n = (t s0 / h)^2`` builds (``t = t(0.975, pilot - 1)``,
+    ``s0`` the pilot's spread, taken as the true one), the mean log ratio ``m`` is normal with
+    standard deviation ``h / t``; the row meets the promise when ``m + h <= log(1.01)`` and
+    ``m < log(1.005)`` (1.00 at two decimals), so the chance is
+    ``Phi(min(log(1.01) - h, log(1.005)) t / h)``. At 0.44% it is 0.991 (at 0.45%, 0.98996); rows
+    whose pilot already reads narrower (the second stage adds nothing) do better, and so do rows
+    where auto is faster. The formula takes the pilot's spread for the true one: 4,000 simulated
+    rows at spreads of 0.006-0.02 met the promise 0.989 of the time (``tests/test_benchmark.py``
+    asserts at least 0.985).
+    """
+    h = math.log1p(half_width)
+    t = t_critical(0.025, pilot - 1)
+    return statistics.NormalDist().cdf(min(math.log(UPPER_MAX) - h, math.log(RATIO_MAX + 0.005)) * t / h)
+
+
+#: The second stage's target: each row's builds are as many as Stein's two-stage rule needs for an
+#: interval of half this width (``prereg.descriptive.two_stage_size`` on the pilot's auto column):
+#: the widest half-width, to 0.01%, at which :func:`promise_chance` is at least
+#: :data:`PROMISE_CHANCE` (0.44%). A table of 28 rows all at truth 1.00 then meets the promise in
+#: every row with chance 0.99^28, about 3 in 4.
+HALF_WIDTH = max(x / 1e4 for x in range(1, 100) if promise_chance(x / 1e4) >= PROMISE_CHANCE)
+#: A cost stop on a row's builds: 1.5 times the widest row's expected size (83 builds at
+#: :data:`BUILD_SD_WIDEST` times sqrt(3/4), the reference being two native builds). Where it binds
+#: the interval stays exact, only wider, and the row says so.
+MAX_BUILDS = 120
 
 
 def expected_minutes(args: argparse.Namespace) -> float:
     """The full table's expected duration on this project's 2-core machine (:data:`ROUND_SECONDS`
     per round of all seven loops at one and two threads, scaled to the rows asked for)."""
     loops = 0.5 if args.check_only else len(args.loops)  # the check: one loop's two arms of four
+    # the pilot; a row's second stage adds builds where its pilot spreads wider than the median row
     share = loops / len(LOOPS) * len(args.threads) / 2
     warm = args.builds * args.warmup  # in rounds (every arm warms up in every build)
     return (args.rounds + warm) * ROUND_SECONDS * share / 60
@@ -222,15 +268,30 @@ def placed(build: Callable[[str], Any], arms: dict[str, str], b: int) -> tuple[d
     return loops, spacers
 
 
-def over_builds(native: list[list[float]], cand: list[list[float]]) -> dict[str, float]:
-    """``cand / native`` over builds: each build's geometric mean of its per-round ratios, then
-    their geometric mean with the 95% Student-t interval over the builds (``builds - 1`` df,
-    ``prereg.descriptive.mean_interval``): the interval covers where each build's tensors lie as
-    well as the rounds' noise. Medians over every round."""
-    logs = [statistics.fmean(math.log(c / n) for n, c in zip(nb, cb)) for nb, cb in zip(native, cand)]
+def build_logs(cand: list[list[float]], *refs: list[list[float]]) -> list[float]:
+    """Each build's geometric mean (as a log) of its per-round ratios of ``cand`` to the reference:
+    the geometric mean of ``refs``' iterations in the same round (native's, or native's and its
+    twin's: two builds of native's loop, whose mean halves the reference's share of the placement)."""
+    return [
+        statistics.fmean(math.log(c) - statistics.fmean(math.log(x) for x in rs) for c, *rs in zip(cb, *rb))
+        for cb, *rb in zip(cand, *refs)
+    ]
+
+
+def over_builds(
+    native: list[list[float]], cand: list[list[float]], *more: list[list[float]], pilot: int | None = None
+) -> dict[str, float]:
+    """``cand`` over the reference (``native``, and the ``more`` native builds of each build) over
+    builds: each build's geometric mean of its per-round ratios (:func:`build_logs`), then their
+    geometric mean with the 95% Student-t interval over the builds (``builds - 1`` df,
+    ``prereg.descriptive.mean_interval``), or Stein's two-stage interval where the first ``pilot``
+    builds set their number (``pilot - 1`` df, ``two_stage_interval``): the interval covers where
+    each build's tensors lie as well as the rounds' noise. Medians over every round of native's and
+    ``cand``'s iterations; ``logs``, the builds' values, for the JSON."""
+    logs = build_logs(cand, native, *more)
     flat_n = [x for nb in native for x in nb]
     flat_c = [x for cb in cand for x in cb]
-    return {**ratio_of(logs, flat_n, flat_c), "rounds": len(flat_n)}
+    return {**ratio_of(logs, flat_n, flat_c, pilot), "rounds": len(flat_n), "logs": logs}
 
 
 def one_build(build: Callable[[str], Any], b: int, rounds: int, warmup: int) -> dict[str, Any]:
@@ -258,18 +319,39 @@ def one_build(build: Callable[[str], Any], b: int, rounds: int, warmup: int) -> 
     return out
 
 
-def run_loop(build: Callable[[str], Any], rounds: int, warmup: int, builds: int) -> dict[str, Any]:
-    """The four arms over ``builds`` fresh builds of ``rounds // builds`` rounds each; ratios to
-    native over the builds (:func:`over_builds`), auto's choices and the bits."""
-    runs = [one_build(build, b, rounds // builds, warmup) for b in range(builds)]
-    native = [r["times"]["native"] for r in runs]
+def run_loop(
+    build: Callable[[str], Any],
+    rounds: int,
+    warmup: int,
+    builds: int,
+    half_width: float = 0.0,
+    cap: int = MAX_BUILDS,
+) -> dict[str, Any]:
+    """The four arms over fresh builds of ``rounds // builds`` rounds each: ``builds`` of them (the
+    pilot), then, where ``half_width`` is above 0, as many more as Stein's rule asks for on the
+    pilot's auto column (``two_stage_size``, at most ``cap`` in all). Packed's and auto's ratios are
+    to the reference of native's two builds (native and twin), twin's to native's alone
+    (:func:`over_builds`); auto's choices and the bits."""
+    per = rounds // builds
+    runs = [one_build(build, b, per, warmup) for b in range(builds)]
+    t = [[r["times"][arm] for r in runs] for arm in ARMS]
+    need = size = builds
+    if half_width > 0:
+        need = two_stage_size(build_logs(t[2], t[0], t[3]), math.log1p(half_width))
+        size = max(builds, min(need, cap))
+        runs += [one_build(build, b, per, warmup) for b in range(builds, size)]
+    native, packed, auto, twin = ([r["times"][arm] for r in runs] for arm in ARMS)
     modes = collections.Counter(r["mode"] for r in runs)
+    pilot = builds if half_width > 0 else None
     return {
         "native_ms": statistics.median(x for t in native for x in t) * 1e3,
-        "packed": over_builds(native, [r["times"]["packed"] for r in runs]),
-        "auto": over_builds(native, [r["times"]["auto"] for r in runs]),
-        "twin": over_builds(native, [r["times"]["twin"] for r in runs]),
-        "auto_mode": ", ".join(f"{m} {n}/{builds}" for m, n in sorted(modes.items())),
+        "packed": over_builds(native, packed, twin, pilot=pilot),
+        "auto": over_builds(native, auto, twin, pilot=pilot),
+        "twin": over_builds(native, twin, pilot=pilot),
+        "builds": size,
+        "pilot": builds,
+        "needed": need,
+        "auto_mode": ", ".join(f"{m} {n}/{size}" for m, n in sorted(modes.items())),
         "auto_modes": dict(modes),
         "auto_report": runs[-1]["report"],
         "packed_kernel": runs[-1]["kernel"],
@@ -335,6 +417,14 @@ def ratio_cell(r: dict[str, float]) -> str:
     return f"{r['ratio']:.3f} ({r['low']:.3f}-{r['high']:.3f})"
 
 
+def builds_cell(r: dict[str, Any]) -> str:
+    """A row's builds: the pilot's and the second stage's, and where the cost stop bound, how many
+    Stein's rule asked for."""
+    more = r["builds"] - r["pilot"]
+    cap = f", capped: {r['needed']} asked for" if r["needed"] > r["builds"] else ""
+    return f"{r['builds']} ({r['pilot']} + {more}{cap})"
+
+
 def header(args: argparse.Namespace) -> list[str]:
     env = " ".join(
         f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS") if k in os.environ
@@ -345,13 +435,26 @@ def header(args: argparse.Namespace) -> list[str]:
         f"CPU: {cpu_model()} ({platform.machine()}, {os.cpu_count()} logical CPUs); torch {torch.__version__} "
         f"dispatches {torch.backends.cpu.get_cpu_capability()} (ATEN_CPU_CAPABILITY="
         f"{os.environ.get('ATEN_CPU_CAPABILITY', 'unset')})",
-        f"{args.builds * (args.rounds // args.builds)} timed rounds per row in {args.builds} fresh builds of every arm "
-        f"({args.rounds // args.builds} each), each arm after {args.warmup} solo warm-up iterations in every "
+        f"{args.rounds // args.builds} timed rounds in each fresh build of every arm, {args.builds} builds per row "
+        f"{stages(args)}, each arm after {args.warmup} solo warm-up iterations in every "
         f"build (auto decides after {DECIDES_AFTER}); ratios: "
-        "geometric mean of the builds' geometric means of per-round ratios, 95% Student-t interval over "
-        "the builds",
-        f"expected duration: about {expected_minutes(args):.0f} minutes (full-size models)",
+        "geometric mean of the builds' geometric means of per-round ratios (packed and auto to the mean of "
+        "native's two builds, twin to native's), 95% Student-t interval over the builds",
+        f"expected duration: about {expected_minutes(args):.0f} minutes (full-size models){later(args)}",
     ]
+
+
+def stages(args: argparse.Namespace) -> str:
+    if args.half_width <= 0:
+        return "(one stage)"
+    return (
+        f"in the pilot, then as many more as Stein's two-stage rule asks for on the pilot's auto column for a "
+        f"half-width of {args.half_width:g}% (at most {args.max_builds} in all; the interval's df: the pilot's)"
+    )
+
+
+def later(args: argparse.Namespace) -> str:
+    return ", for the pilots; the second stages add to it" if args.half_width > 0 else ""
 
 
 PLANT_HEAD = [
@@ -361,8 +464,8 @@ PLANT_HEAD = [
 LOOP_HEAD = [
     "| Loop | Threads | torch dispatches | Native iteration (ms) | packed / native (95% CI) "
     "| default (auto) / native (95% CI) | auto chose | auto at most native (ratio <= 1.00, upper <= 1.01) "
-    "| Bitwise, one pass on | twin (native built again) / native (95% CI) |",
-    "|---|---|---|---|---|---|---|---|---|---|",
+    "| Bitwise, one pass on | twin (native built again) / native (95% CI) | Builds (pilot + Stein's second stage) |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
 ]
 
 
@@ -389,7 +492,7 @@ def table_rows(args: argparse.Namespace, threads: int, results: dict[str, Any]) 
     rows = []
     cap = torch.backends.cpu.get_cpu_capability()
     for name, build in builders(args, args.loops).items():
-        r = run_loop(build, args.rounds, args.warmup, args.builds)
+        r = run_loop(build, args.rounds, args.warmup, args.builds, args.half_width / 100, args.max_builds)
         results[f"{name}/{threads}"] = r
         r["at_most_native"] = at_most_native(r["auto"])
         at_most = "yes" if r["at_most_native"] else "NO"
@@ -397,7 +500,7 @@ def table_rows(args: argparse.Namespace, threads: int, results: dict[str, Any]) 
         rows.append(
             f"| {name} ({r['parameters'] / 1e6:.2f}M) | {threads} | {cap} | {r['native_ms']:.2f} "
             f"| {ratio_cell(r['packed'])} | {ratio_cell(r['auto'])} | {r['auto_mode']} | {at_most} "
-            f"| {r['bitwise']}, {kern} | {ratio_cell(r['twin'])} |"
+            f"| {r['bitwise']}, {kern} | {ratio_cell(r['twin'])} | {builds_cell(r)} |"
         )
         print(rows[-1], flush=True)
     return rows
@@ -420,6 +523,20 @@ def loop_table(args: argparse.Namespace, results: dict[str, Any]) -> list[str]:
     return table
 
 
+def add_model_sizes(ap: argparse.ArgumentParser) -> None:
+    """The loops' sizes (``--quick`` shrinks them)."""
+    ap.add_argument("--nanogpt-layers", type=int, default=4)
+    ap.add_argument("--nanogpt-width", type=int, default=128)
+    ap.add_argument("--nanogpt-batch", type=int, default=2)
+    ap.add_argument("--nanogpt-context", type=int, default=64)
+    ap.add_argument("--nanogpt-accum", type=int, default=2)
+    ap.add_argument("--timm-batch", type=int, default=2)
+    ap.add_argument("--timm-size", type=int, default=32)
+    ap.add_argument("--cnn-width", type=int, default=32)
+    ap.add_argument("--cnn-batch", type=int, default=16)
+    ap.add_argument("--cnn-size", type=int, default=32)
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="CI size: 12 rounds, smaller models and batches")
@@ -435,6 +552,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         help=f"fresh builds of every arm per row, the rounds split between them (default {BUILDS}: builds_needed(); --quick 2)",
     )
+    ap.add_argument(
+        "--half-width",
+        type=float,
+        help=f"the second stage's target half-width of auto's interval, percent (default {HALF_WIDTH * 100:g}: "
+        "HALF_WIDTH; --quick 0; 0: one stage, --builds in all)",
+    )
+    ap.add_argument(
+        "--max-builds", type=int, default=MAX_BUILDS, help="a row's builds at most, the pilot's included"
+    )
     ap.add_argument("--loops", nargs="+", default=list(LOOPS), choices=LOOPS)
     ap.add_argument(
         "--plant", type=float, default=0.02, help="the A/A's planted cost, a share of an iteration"
@@ -446,22 +572,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="where B's spin runs in the design check (SPIN_AT)",
     )
     ap.add_argument("--check-only", action="store_true", help="the design check alone, no loops' rows")
-    ap.add_argument("--nanogpt-layers", type=int, default=4)
-    ap.add_argument("--nanogpt-width", type=int, default=128)
-    ap.add_argument("--nanogpt-batch", type=int, default=2)
-    ap.add_argument("--nanogpt-context", type=int, default=64)
-    ap.add_argument("--nanogpt-accum", type=int, default=2)
-    ap.add_argument("--timm-batch", type=int, default=2)
-    ap.add_argument("--timm-size", type=int, default=32)
-    ap.add_argument("--cnn-width", type=int, default=32)
-    ap.add_argument("--cnn-batch", type=int, default=16)
-    ap.add_argument("--cnn-size", type=int, default=32)
+    add_model_sizes(ap)
     ap.add_argument("--json", help="write the results as JSON to this path")
     args = ap.parse_args(argv)
     if args.rounds is None:
         args.rounds = 12 if args.quick else ROUNDS
     if args.builds is None:
         args.builds = 2 if args.quick else BUILDS
+    if args.half_width is None:
+        args.half_width = 0.0 if args.quick else HALF_WIDTH * 100
     if args.quick:
         args.nanogpt_layers, args.nanogpt_width, args.timm_size = 2, 64, 16
         args.cnn_width, args.cnn_batch, args.cnn_size = 8, 4, 16
@@ -471,6 +590,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(
             "--builds must be at least 2 (an interval needs two), --rounds at least --builds, --warmup at least 1"
         )
+    if args.half_width < 0 or args.max_builds < args.builds:
+        ap.error("--half-width must be 0 or more, --max-builds at least --builds")
     return args
 
 

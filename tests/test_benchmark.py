@@ -140,6 +140,7 @@ def test_never_slower_benchmark_runs(tmp_path):
     out = tmp_path / "never.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "never_slower.py"), "--quick", "--rounds", "3"]
     cmd += ["--threads", "1", "2", "--loops", "nanogpt", "small_cnn", "tiny_conv", "--json", str(out)]
+    cmd += ["--half-width", "0.44", "--max-builds", "3"]  # the second stage, its cost stop at 3 builds
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
@@ -165,11 +166,13 @@ def test_never_slower_benchmark_runs(tmp_path):
         for loop in ("nanogpt", "small_cnn", "tiny_conv"):
             res = data[f"{loop}/{threads}"]
             assert res["bitwise"] is True
+            n = res["builds"]  # a pilot of 2, Stein's rule asking for more, the cost stop at 3
+            assert res["pilot"] == 2 and n in (2, 3) and (n == 2) == (res["needed"] == 2)
             for arm in ("packed", "auto", "twin"):
-                assert res[arm]["n"] == 2 and res[arm]["rounds"] == 2
+                assert res[arm]["n"] == n and res[arm]["rounds"] == n and len(res[arm]["logs"]) == n
                 assert res[arm]["low"] <= res[arm]["ratio"] <= res[arm]["high"]
             # decided in each build's solo warm-up (56 > 52)
-            assert set(res["auto_modes"]) <= {"packed", "native"} and sum(res["auto_modes"].values()) == 2
+            assert set(res["auto_modes"]) <= {"packed", "native"} and sum(res["auto_modes"].values()) == n
             assert res["auto_report"].startswith("PackedAdamW(mode='auto') measured 48 iterations")
             # the promise's criterion (ratio at two decimals, upper bound unrounded), in the JSON and the row
             met = res["auto"]["ratio"] < 1.005 and res["auto"]["high"] <= 1.01
@@ -178,9 +181,11 @@ def test_never_slower_benchmark_runs(tmp_path):
                 lines[i] for i in rows if lines[i].startswith(f"| {loop} (") and f"| {threads} |" in lines[i]
             )
             assert row.split(" | ")[7] == ("yes" if met else "NO")
-            assert row.split(" | ")[9].rstrip(" |") == (
+            assert row.split(" | ")[9] == (
                 f"{res['twin']['ratio']:.3f} ({res['twin']['low']:.3f}-{res['twin']['high']:.3f})"
             )
+            capped = f", capped: {res['needed']} asked for" if res["needed"] > n else ""
+            assert row.split(" | ")[10].rstrip(" |") == f"{n} (2 + {n - 2}{capped})"
     assert "auto at most native (ratio <= 1.00, upper <= 1.01)" in lines[plant[-1] + 2]
     met = sum(
         data[f"{loop}/{t}"]["at_most_native"]
@@ -250,6 +255,73 @@ def test_never_slower_interval_is_scipys_t_over_the_builds():
         assert math.isclose(got["low"], math.exp(low), rel_tol=1e-9)
         assert math.isclose(got["high"], math.exp(high), rel_tol=1e-9)
         assert got["n"] == builds and got["rounds"] == builds * rounds
+
+
+def test_never_slower_reference_of_two_natives_and_steins_interval():
+    """``over_builds`` with the twin: each round's ratio to the geometric mean of native's two
+    builds; with a pilot, Stein's interval (``mean -/+ t(0.975, n0 - 1) s0 / sqrt(n)``, ``s0`` the
+    first ``n0`` builds' standard deviation), from scipy and the statistics module."""
+    import math
+    import random
+    import statistics
+
+    from scipy import stats
+
+    mod = _never_slower()
+    rng = random.Random(11)
+    for _ in range(20):
+        builds, rounds = rng.randint(4, 12), rng.randint(1, 20)
+        pilot = rng.randint(2, builds)
+        native, twin, cand = (
+            [[rng.uniform(5, 6) * (1 + 0.02 * rng.random()) for _ in range(rounds)] for _ in range(builds)]
+            for _ in range(3)
+        )
+        got = mod.over_builds(native, cand, twin, pilot=pilot)
+        logs = [
+            sum(math.log(c) - (math.log(n) + math.log(t)) / 2 for n, t, c in zip(nb, tb, cb)) / rounds
+            for nb, tb, cb in zip(native, twin, cand)
+        ]
+        m = sum(logs) / builds
+        half = stats.t.ppf(0.975, pilot - 1) * statistics.stdev(logs[:pilot]) / math.sqrt(builds)
+        assert math.isclose(got["ratio"], math.exp(m), rel_tol=1e-12)
+        assert math.isclose(got["low"], math.exp(m - half), rel_tol=1e-9)
+        assert math.isclose(got["high"], math.exp(m + half), rel_tol=1e-9)
+        assert got["n"] == builds and all(
+            math.isclose(a, b, abs_tol=1e-12) for a, b in zip(got["logs"], logs)
+        )
+
+
+def test_never_slower_half_width_meets_the_promise_by_simulation():
+    """``HALF_WIDTH``: the widest half-width (to 0.01%) whose ``promise_chance`` is at least 0.99,
+    the chance from scipy's normal and t; and 4,000 simulated rows at a true ratio of 1.00 (normal
+    build values at spreads drawn from the tables' range, 0.006-0.02, a pilot of 20, Stein's second
+    stage uncapped) meet the promise (``at_most_native``) at least 98.5% of the time."""
+    import math
+    import random
+
+    from scipy import stats
+
+    mod = _never_slower()
+    t = stats.t.ppf(0.975, mod.BUILDS - 1)
+
+    def chance(w):
+        h = math.log1p(w)
+        return stats.norm.cdf(min(math.log(1.01) - h, math.log(1.005)) * t / h)
+
+    for w in (0.002, 0.0045, 0.006):
+        assert math.isclose(mod.promise_chance(w), chance(w), rel_tol=1e-6)
+    assert mod.HALF_WIDTH == 0.0044 and chance(0.0044) >= 0.99 > chance(0.0045)
+    from prereg.descriptive import two_stage_interval, two_stage_size
+
+    rng, met, reps = random.Random(61), 0, 4000
+    for _ in range(reps):
+        sd = rng.uniform(0.006, 0.02)
+        logs = [rng.gauss(0, sd) for _ in range(mod.BUILDS)]
+        n = two_stage_size(logs, math.log1p(mod.HALF_WIDTH))
+        logs += [rng.gauss(0, sd) for _ in range(n - mod.BUILDS)]
+        ci = two_stage_interval(logs, mod.BUILDS, level=0.95)
+        met += mod.at_most_native({"ratio": math.exp(ci.estimate), "high": math.exp(ci.high)})
+    assert met / reps >= 0.985, met / reps
 
 
 def test_never_slower_builds_rotate_and_move():
