@@ -29,16 +29,20 @@ After the timed rounds of each build the four models must be equal bit for bit.
 
 The builds per row come in two stages (Stein 1945): the first ``--builds`` (20) are the pilot;
 their spread of auto's build values sets how many a row needs for an interval of half-width
-``--half-width`` (0.44%, :data:`HALF_WIDTH`: a row equal to native then meets the promise with
-chance 0.99), at most ``--max-builds``; the interval is Stein's (``prereg.descriptive.
-two_stage_interval``: the pilot's spread, ``pilot - 1`` df), exact whatever the pilot's spread
-chose, since the number depends on the spread alone, never on the mean.
+``--half-width`` (0.41%, :data:`HALF_WIDTH`: a row equal to native then meets the promise with
+chance 0.99), rounded up to a multiple of four, at most ``--max-builds``; the interval is
+Stein's (``prereg.descriptive.two_stage_interval``: the pilot's spread, ``pilot - 1`` df). For
+normal build values it is exact whatever the pilot's spread chose, since then the pilot's mean
+and spread are independent and the number depends on the spread alone; the row also gives the
+second stage's own spread, so that a machine that grew noisier after the pilot shows.
 
-First, the design's own check (one row per thread count): an A/A of nanoGPT's loop, native in
-both arms, with a busy spin of ``--plant`` (default 2%) of native's median warm-up iteration added
-to one arm's every iteration, over the same number of fresh builds, ABBA within each. Its truth is known by arithmetic: the geometric mean over rounds of
-(A's iteration + the spin it ran) / A's iteration, from the spins as measured. The design reads
-the plant correctly when the truth lies inside the interval.
+First, the design's own check (one row per thread count), with the same estimator: nanoGPT's loop
+built three times, native in all three arms, with a busy spin of ``--plant`` (default 2%) of
+native's median warm-up iteration added to one arm's (B's) every iteration, the other two (A and
+C) its reference, over fresh builds sized by the same two stages, the order within a round
+cycling through all six orders of the three. Its truth is known by arithmetic: the geometric mean
+over rounds of (the reference's iteration + the spin B ran) / the reference's iteration, from the
+spins as measured. The design reads the plant correctly when the truth lies inside the interval.
 
 Loops (all from ``benchmarks/clients.py``, their one home): nanoGPT's ``train.py`` loop and timm's
 ``resnet10t``, a small convolutional net with batch norm (images, 3 conv+BN+ReLU, pooling, a linear
@@ -54,6 +58,7 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import itertools
 import json
 import math
 import os
@@ -81,7 +86,7 @@ from cotangent.modes import DECIDES_AFTER
 from cotangent.verify import bitwise_equal
 from harness.machine import cpu_model
 from prereg.descriptive import two_stage_size
-from prereg.tdist import t_critical
+from prereg.tdist import student_t_sf_signed, t_critical
 
 #: ``twin``: native's loop built a second time, last (after ``auto`` moved its tensors): the
 #: placement A/A. Its truth is 1; where it reads otherwise, the builds' memory placement alone moves
@@ -154,35 +159,46 @@ PROMISE_CHANCE = 0.99
 
 def promise_chance(half_width: float, pilot: int = BUILDS) -> float:
     """The chance that a row whose true ratio is 1.00, sized by Stein's two stages to a half-width
-    ``half_width`` (a share of the ratio: 0.0044 is 0.44%), meets the promise (:func:`at_most_native`).
+    ``half_width`` (a share of the ratio: 0.0041 is 0.41%), meets the promise (:func:`at_most_native`).
 
     Notes
     -----
-    With ``h = log(1 + half_width)`` and ``n = (t s0 / h)^2`` builds (``t = t(0.975, pilot - 1)``,
-    ``s0`` the pilot's spread, taken as the true one), the mean log ratio ``m`` is normal with
-    standard deviation ``h / t``; the row meets the promise when ``m + h <= log(1.01)`` and
-    ``m < log(1.005)`` (1.00 at two decimals), so the chance is
-    ``Phi(min(log(1.01) - h, log(1.005)) t / h)``. At 0.44% it is 0.991 (at 0.45%, 0.98996); rows
-    whose pilot already reads narrower (the second stage adds nothing) do better, and so do rows
-    where auto is faster. The formula takes the pilot's spread for the true one: 4,000 simulated
-    rows at spreads of 0.006-0.02 met the promise 0.989 of the time (``tests/test_benchmark.py``
-    asserts at least 0.985).
+    With ``h = log(1 + half_width)``, ``t = t(0.975, pilot - 1)`` and ``n = (t s0 / h)^2`` builds
+    (``s0`` the pilot's spread), the mean log ratio ``m`` over the ``n`` builds is normal with
+    variance ``sigma^2 / n`` and independent of ``s0``, so ``m t / h = m sqrt(n) / s0`` is Student
+    t with ``pilot - 1`` df, exactly (the argument of Stein's interval). The row meets the promise
+    when ``m + h <= log(1.01)`` and ``m < log(1.005)`` (1.00 at two decimals), so the chance is
+    ``F_t(min(log(1.01) - h, log(1.005)) t / h; pilot - 1)``. At 0.41% it is 0.990. It assumes
+    normal build values and a second stage that runs (``n`` above the pilot, under the cap): rows
+    whose pilot already reads narrower do better, and so do rows where auto is faster.
     """
     h = math.log1p(half_width)
     t = t_critical(0.025, pilot - 1)
-    return statistics.NormalDist().cdf(min(math.log(UPPER_MAX) - h, math.log(RATIO_MAX + 0.005)) * t / h)
+    x = min(math.log(UPPER_MAX) - h, math.log(RATIO_MAX + 0.005)) * t / h
+    return 1.0 - student_t_sf_signed(x, pilot - 1)
 
 
 #: The second stage's target: each row's builds are as many as Stein's two-stage rule needs for an
-#: interval of half this width (``prereg.descriptive.two_stage_size`` on the pilot's auto column):
-#: the widest half-width, to 0.01%, at which :func:`promise_chance` is at least
-#: :data:`PROMISE_CHANCE` (0.44%). A table of 28 rows all at truth 1.00 then meets the promise in
-#: every row with chance 0.99^28, about 3 in 4.
+#: interval of half this width (``prereg.descriptive.two_stage_size`` on the pilot's auto column),
+#: rounded up to a multiple of four (each arm built first as often): the widest half-width, to
+#: 0.01%, at which :func:`promise_chance` is at least :data:`PROMISE_CHANCE` (0.41%). A table of
+#: 28 rows all at truth 1.00, every one wide enough to need a second stage, then meets the promise
+#: in every row with chance 0.99^28, about 3 in 4.
 HALF_WIDTH = max(x / 1e4 for x in range(1, 100) if promise_chance(x / 1e4) >= PROMISE_CHANCE)
-#: A cost stop on a row's builds: 1.5 times the widest row's expected size (83 builds at
-#: :data:`BUILD_SD_WIDEST` times sqrt(3/4), the reference being two native builds). Where it binds
-#: the interval stays exact, only wider, and the row says so.
-MAX_BUILDS = 120
+
+
+def expected_builds(sd: float, half_width: float = HALF_WIDTH, pilot: int = BUILDS) -> int:
+    """Stein's size for a row whose build values spread with ``sd``, taking the pilot's spread for
+    it: ``max(pilot, ceil((t sd / log(1 + half_width))^2))``, ``t = t(0.975, pilot - 1)``."""
+    t = t_critical(0.025, pilot - 1)
+    return max(pilot, math.ceil((t * sd / math.log1p(half_width)) ** 2))
+
+
+#: A cost stop on a row's builds: 1.5 times the widest row's expected size, to a multiple of four
+#: (152: 100 builds at :data:`BUILD_SD_WIDEST` times sqrt(3/4), the spread of a row's values
+#: against two native builds where the arms' placements spread alike and independently). Where it
+#: binds the interval stays exact, only wider, and the row says so.
+MAX_BUILDS = 4 * math.ceil(1.5 * expected_builds(BUILD_SD_WIDEST * math.sqrt(3 / 4)) / 4)
 
 
 def expected_minutes(args: argparse.Namespace) -> float:
@@ -252,14 +268,18 @@ SOLO_WARMUP = 8
 
 
 def placed(build: Callable[[str], Any], arms: dict[str, str], b: int) -> tuple[dict[str, Any], list[Any]]:
-    """Build ``arms`` (name: the arm's kind) afresh for build ``b``, in an order rotated by ``b`` (each arm built first
-    equally often), each after a spacer of a random size (seeded by ``b``) that shifts where its
+    """Build ``arms`` (name: the arm's kind) afresh for build ``b``, four in the Latin square's
+    order of round ``b`` (each arm built first, and after each other arm, equally often in four
+    builds: native and twin exchangeable), other counts in an order rotated by ``b``, each after a spacer of a random size (seeded by ``b``) that shifts where its
     tensors land in the heap: where a loop's tensors lie moves its iteration by up to a few percent
     (the twin column), so each build is a fresh draw of placement, as Stabilizer randomises layout
     (Curtsinger and Berger, ASPLOS 2013). The spacers are returned to keep them alive."""
     rng = random.Random(b)
     names = list(arms)
-    order = names[b % len(names) :] + names[: b % len(names)]
+    if len(names) == len(ORDERS):  # the four arms: the Latin square, so each also follows each other
+        order = [names[i] for i in ORDERS[b % len(ORDERS)]]
+    else:
+        order = names[b % len(names) :] + names[: b % len(names)]
     loops: dict[str, Any] = {}
     spacers = []
     for arm in order:
@@ -319,6 +339,27 @@ def one_build(build: Callable[[str], Any], b: int, rounds: int, warmup: int) -> 
     return out
 
 
+def second_stage(
+    pilot_logs: list[float], builds: int, half_width: float, cap: int, multiple: int
+) -> tuple[int, int]:
+    """A row's builds in all and Stein's size before the cost stop: :func:`two_stage_size` on the
+    pilot's values, rounded up to a ``multiple`` (the build orders' cycle), at most ``cap``; the
+    pilot alone where ``half_width`` is 0. Both depend on the pilot's spread alone."""
+    if half_width <= 0:
+        return builds, builds
+    need = -(-two_stage_size(pilot_logs, math.log1p(half_width)) // multiple) * multiple
+    return max(builds, min(need, cap)), need
+
+
+def spreads(logs: list[float], pilot: int) -> dict[str, float | None]:
+    """The sd of the pilot's build values and of the second stage's (None under two builds)."""
+    rest = logs[pilot:]
+    return {
+        "pilot_sd": statistics.stdev(logs[:pilot]),
+        "second_sd": statistics.stdev(rest) if len(rest) >= 2 else None,
+    }
+
+
 def run_loop(
     build: Callable[[str], Any],
     rounds: int,
@@ -329,21 +370,18 @@ def run_loop(
 ) -> dict[str, Any]:
     """The four arms over fresh builds of ``rounds // builds`` rounds each: ``builds`` of them (the
     pilot), then, where ``half_width`` is above 0, as many more as Stein's rule asks for on the
-    pilot's auto column (``two_stage_size``, at most ``cap`` in all). Packed's and auto's ratios are
-    to the reference of native's two builds (native and twin), twin's to native's alone
-    (:func:`over_builds`); auto's choices and the bits."""
+    pilot's auto column (:func:`second_stage`). Packed's and auto's ratios are to the reference of
+    native's two builds (native and twin), twin's to native's alone (:func:`over_builds`); auto's
+    choices and the bits."""
     per = rounds // builds
     runs = [one_build(build, b, per, warmup) for b in range(builds)]
     t = [[r["times"][arm] for r in runs] for arm in ARMS]
-    need = size = builds
-    if half_width > 0:
-        need = two_stage_size(build_logs(t[2], t[0], t[3]), math.log1p(half_width))
-        size = max(builds, min(need, cap))
-        runs += [one_build(build, b, per, warmup) for b in range(builds, size)]
+    size, need = second_stage(build_logs(t[2], t[0], t[3]), builds, half_width, cap, len(ORDERS))
+    runs += [one_build(build, b, per, warmup) for b in range(builds, size)]
     native, packed, auto, twin = ([r["times"][arm] for r in runs] for arm in ARMS)
     modes = collections.Counter(r["mode"] for r in runs)
     pilot = builds if half_width > 0 else None
-    return {
+    out = {
         "native_ms": statistics.median(x for t in native for x in t) * 1e3,
         "packed": over_builds(native, packed, twin, pilot=pilot),
         "auto": over_builds(native, auto, twin, pilot=pilot),
@@ -358,6 +396,7 @@ def run_loop(
         "bitwise": all(r["bitwise"] for r in runs),
         "parameters": runs[-1]["parameters"],
     }
+    return {**out, **spreads(out["auto"]["logs"], builds)}
 
 
 #: Where B's spin runs, by round: right after its iteration (the default), right before it, or
@@ -367,49 +406,83 @@ def run_loop(
 SPIN_AT = ("after", "before", "alternate")
 
 
-def planted(
-    build: Callable[[str], Any], rounds: int, warmup: int, share: float, builds: int, at: str = "after"
-) -> dict[str, Any]:
-    """A/A of native against native with a spin of ``share`` of native's median warm-up iteration
-    (the first build's) in B, over ``builds`` fresh builds as the loops (:func:`placed`), ABBA
-    within each, the spin where ``at`` says (:data:`SPIN_AT`). Truth: the geometric mean over every
-    round of (A's iteration + the spin as it ran) / A's iteration."""
-    ta: list[list[float]] = []
-    tb: list[list[float]] = []
+#: The design check's orders within a round: all six orders of its three arms (A and C native, B
+#: native with the spin), one a round: each arm in each place, and after each other arm, equally often.
+PLANT_ORDERS = tuple(itertools.permutations("abc"))
+
+
+def plant_build(
+    build: Callable[[str], Any], n: int, rounds: int, warmup: int, cost: float, share: float, at: str
+) -> tuple[dict[str, list[float]], list[float], float]:
+    """One fresh build of the design check: the three arms' iterations over ``rounds`` rounds (B's
+    with its spin, where ``at`` says), the spins as they ran, and the spin's length (``share`` of
+    A's median warm-up iteration in the first build, ``cost`` after)."""
+    loops, spacers = placed(build, {"a": "native", "b": "native", "c": "native"}, n)
+    warm = [timed(loops["a"], k) for k in range(min(warmup, SOLO_WARMUP))]
+    for arm in "bc":
+        for k in range(min(warmup, SOLO_WARMUP)):
+            loops[arm].iteration(k)
+    cost = cost or share * statistics.median(warm)
+    times: dict[str, list[float]] = {arm: [] for arm in "abc"}
     spun: list[float] = []
+    for r in range(rounds):
+        k = warmup + r
+        for arm in PLANT_ORDERS[r % len(PLANT_ORDERS)]:
+            if arm != "b":
+                times[arm].append(timed(loops[arm], k))
+                continue
+            before = at == "before" or (at == "alternate" and r % 2 == 0)
+            t0 = time.perf_counter()
+            if before:
+                spun.append(spin(cost))
+            loops["b"].iteration(k)
+            if not before:
+                spun.append(spin(cost))
+            times["b"].append(time.perf_counter() - t0)
+    del loops, spacers
+    return times, spun, cost
+
+
+def planted(
+    build: Callable[[str], Any],
+    rounds: int,
+    warmup: int,
+    share: float,
+    builds: int,
+    at: str = "after",
+    half_width: float = 0.0,
+    cap: int = MAX_BUILDS,
+) -> dict[str, Any]:
+    """The design check with the loops' estimator: native three times, a spin of ``share`` of
+    native's median warm-up iteration (the first build's) in B, A and C its reference, over
+    ``builds`` fresh builds as the loops' (:func:`placed`) and as many more as Stein's rule asks
+    for (:func:`second_stage`), the six orders of three cycling by round, the spin where ``at``
+    says (:data:`SPIN_AT`). Truth: the geometric mean over every round of (the reference's
+    iteration, the geometric mean of A's and C's, + the spin as it ran) / the reference's."""
+    runs = []
     cost = 0.0
     for n in range(builds):
-        loops, spacers = placed(build, {"a": "native", "b": "native"}, n)
-        a, b = loops["a"], loops["b"]
-        warm = [timed(a, k) for k in range(min(warmup, SOLO_WARMUP))]
-        for k in range(min(warmup, SOLO_WARMUP)):
-            b.iteration(k)
-        cost = cost or share * statistics.median(warm)
-        ta.append([])
-        tb.append([])
-        for r in range(rounds // builds):
-            k = warmup + r
-            for first in (True, False) if r % 4 in (0, 3) else (False, True):  # ABBA
-                if first:
-                    ta[-1].append(timed(a, k))
-                else:
-                    before = at == "before" or (at == "alternate" and r % 2 == 0)
-                    t0 = time.perf_counter()
-                    if before:
-                        spun.append(spin(cost))
-                    b.iteration(k)
-                    if not before:
-                        spun.append(spin(cost))
-                    tb[-1].append(time.perf_counter() - t0)
-        del loops, spacers
-    flat_a = [x for t in ta for x in t]
-    truth = math.exp(statistics.fmean(math.log((x + s) / x) for x, s in zip(flat_a, spun)))
-    read = over_builds(ta, tb)
+        runs.append(plant_build(build, n, rounds // builds, warmup, cost, share, at))
+        cost = runs[-1][2]
+    t = {arm: [r[0][arm] for r in runs] for arm in "abc"}
+    size, need = second_stage(
+        build_logs(t["b"], t["a"], t["c"]), builds, half_width, cap, 3
+    )  # placed rotates 3
+    runs += [plant_build(build, n, rounds // builds, warmup, cost, share, at) for n in range(builds, size)]
+    ta, tb, tc = ([r[0][arm] for r in runs] for arm in "abc")
+    spun = [s for r in runs for s in r[1]]
+    ref = [math.sqrt(x * y) for a, c in zip(ta, tc) for x, y in zip(a, c)]
+    truth = math.exp(statistics.fmean(math.log((x + s) / x) for x, s in zip(ref, spun)))
+    read = over_builds(ta, tb, tc, pilot=builds if half_width > 0 else None)
     return {
         "cost_ms": cost * 1e3,
         "truth": truth,
         "read": read,
         "covered": read["low"] <= truth <= read["high"],
+        "builds": size,
+        "pilot": builds,
+        "needed": need,
+        **spreads(read["logs"], builds),
     }
 
 
@@ -418,11 +491,12 @@ def ratio_cell(r: dict[str, float]) -> str:
 
 
 def builds_cell(r: dict[str, Any]) -> str:
-    """A row's builds: the pilot's and the second stage's, and where the cost stop bound, how many
-    Stein's rule asked for."""
+    """A row's builds: the pilot's and the second stage's, where the cost stop bound how many
+    Stein's rule asked for, and the spread of the build values in each stage."""
     more = r["builds"] - r["pilot"]
     cap = f", capped: {r['needed']} asked for" if r["needed"] > r["builds"] else ""
-    return f"{r['builds']} ({r['pilot']} + {more}{cap})"
+    sd = f"; sd {r['pilot_sd']:.4f}" + (f", then {r['second_sd']:.4f}" if r["second_sd"] is not None else "")
+    return f"{r['builds']} ({r['pilot']} + {more}{cap}{sd})"
 
 
 def header(args: argparse.Namespace) -> list[str]:
@@ -458,30 +532,40 @@ def later(args: argparse.Namespace) -> str:
 
 
 PLANT_HEAD = [
-    "| Design check | Threads | torch dispatches | A's iteration (ms) | Planted spin (ms) | Truth | Read (95% CI) | Truth inside |",
-    "|---|---|---|---|---|---|---|---|",
+    "| Design check | Threads | torch dispatches | A's iteration (ms) | Planted spin (ms) | Truth "
+    "| Read (95% CI) | Truth inside | Builds (pilot + Stein's second stage) |",
+    "|---|---|---|---|---|---|---|---|---|",
 ]
 LOOP_HEAD = [
-    "| Loop | Threads | torch dispatches | Native iteration (ms) | packed / native (95% CI) "
-    "| default (auto) / native (95% CI) | auto chose | auto at most native (ratio <= 1.00, upper <= 1.01) "
+    "| Loop | Threads | torch dispatches | Native iteration (ms) | packed / native, both builds (95% CI) "
+    "| default (auto) / native, both builds (95% CI) | auto chose | auto at most native (ratio <= 1.00, upper <= 1.01) "
     "| Bitwise, one pass on | twin (native built again) / native (95% CI) | Builds (pilot + Stein's second stage) |",
     "|---|---|---|---|---|---|---|---|---|---|---|",
 ]
 
 
 def plant_rows(args: argparse.Namespace, results: dict[str, Any]) -> list[str]:
-    """The design check at each thread count (nanoGPT's loop, native in both arms, a spin in one)."""
+    """The design check at each thread count (nanoGPT's loop, native in three arms, a spin in one)."""
     rows = []
     for threads in args.threads:
         torch.set_num_threads(threads)
         build = builders(args, ["nanogpt"])["nanogpt"]
-        p = planted(build, args.rounds, args.warmup, args.plant, args.builds, args.spin_at)
+        p = planted(
+            build,
+            args.rounds,
+            args.warmup,
+            args.plant,
+            args.builds,
+            args.spin_at,
+            args.half_width / 100,
+            args.max_builds,
+        )
         results[f"planted/{threads}"] = p
         where = "" if args.spin_at == "after" else f", spin {args.spin_at}"
         rows.append(
             f"| A/A, {args.plant:.0%} of an iteration planted in B (nanogpt{where}) | {threads} "
             f"| {torch.backends.cpu.get_cpu_capability()} | {p['read']['native_ms']:.2f} | {p['cost_ms']:.3f} "
-            f"| {p['truth']:.4f} | {ratio_cell(p['read'])} | {'yes' if p['covered'] else 'NO'} |"
+            f"| {p['truth']:.4f} | {ratio_cell(p['read'])} | {'yes' if p['covered'] else 'NO'} | {builds_cell(p)} |"
         )
         print(rows[-1], flush=True)
     return rows
@@ -559,7 +643,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "HALF_WIDTH; --quick 0; 0: one stage, --builds in all)",
     )
     ap.add_argument(
-        "--max-builds", type=int, default=MAX_BUILDS, help="a row's builds at most, the pilot's included"
+        "--max-builds",
+        type=int,
+        default=MAX_BUILDS,
+        help=f"a row's builds at most, the pilot's included (default {MAX_BUILDS}: MAX_BUILDS; unused at --half-width 0)",
     )
     ap.add_argument("--loops", nargs="+", default=list(LOOPS), choices=LOOPS)
     ap.add_argument(
@@ -590,8 +677,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(
             "--builds must be at least 2 (an interval needs two), --rounds at least --builds, --warmup at least 1"
         )
-    if args.half_width < 0 or args.max_builds < args.builds:
-        ap.error("--half-width must be 0 or more, --max-builds at least --builds")
+    if not (math.isfinite(args.half_width) and args.half_width >= 0) or args.max_builds < args.builds:
+        ap.error("--half-width must be a number, 0 or more; --max-builds at least --builds")
     return args
 
 

@@ -254,8 +254,10 @@ def two_stage_size(
     With the pilot's ``n0`` values, their sample standard deviation ``s0`` (denominator
     ``n0 - 1``) and ``t = F^{-1}_{t, n0-1}((1 + level) / 2)``, the size is
     ``n = max(n0, ceil((t s0 / h)^2))``, then at most ``cap`` (a cost stop: the interval stays
-    exact, only wider than ``h``). ``n`` depends on the pilot's spread alone, never on its mean, so
-    choosing it cannot steer the estimate (Stein, Ann. Math. Statist. 16, 1945).
+    exact, only wider than ``h``). ``n`` depends on the pilot's spread alone, never on its mean;
+    for normal values the two are independent, so choosing ``n`` cannot steer the estimate (Stein,
+    Ann. Math. Statist. 16, 1945). Under a skewed distribution they are not: an outlier in the
+    pilot raises ``s0`` and adds values that dilute it.
     """
     d = finite(pilot, "pilot")
     if len(d) < 2:
