@@ -215,6 +215,22 @@ class Study(Loop):
         return t2 - t0, t2 - t1
 
 
+def add_loop_sizes(ap: argparse.ArgumentParser, cnn: bool = True) -> None:
+    """The loops' sizes as flags, their one home (this script and ``never_slower.py``): nanoGPT's and
+    timm's, and with ``cnn`` the small CNN's."""
+    ap.add_argument("--nanogpt-layers", type=int, default=4)
+    ap.add_argument("--nanogpt-width", type=int, default=128)
+    ap.add_argument("--nanogpt-batch", type=int, default=2)
+    ap.add_argument("--nanogpt-context", type=int, default=64)
+    ap.add_argument("--nanogpt-accum", type=int, default=2)
+    ap.add_argument("--timm-batch", type=int, default=2)
+    ap.add_argument("--timm-size", type=int, default=32)
+    if cnn:
+        ap.add_argument("--cnn-width", type=int, default=32)
+        ap.add_argument("--cnn-batch", type=int, default=16)
+        ap.add_argument("--cnn-size", type=int, default=32)
+
+
 def ratio_of(
     logs: list[float], native: list[float], cand: list[float], pilot: int | None = None
 ) -> dict[str, float]:
@@ -271,13 +287,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--loops", nargs="+", default=["nanogpt", "timm"], choices=["nanogpt", "timm"])
-    ap.add_argument("--nanogpt-layers", type=int, default=4)
-    ap.add_argument("--nanogpt-width", type=int, default=128)
-    ap.add_argument("--nanogpt-batch", type=int, default=2)
-    ap.add_argument("--nanogpt-context", type=int, default=64)
-    ap.add_argument("--nanogpt-accum", type=int, default=2)
-    ap.add_argument("--timm-batch", type=int, default=2)
-    ap.add_argument("--timm-size", type=int, default=32)
+    add_loop_sizes(ap, cnn=False)
     ap.add_argument("--json", help="write the results as JSON to this path")
     args = ap.parse_args()
     header = (

@@ -79,6 +79,7 @@ from clients import (  # benchmarks/, the script's own folder: the loops
     SmallCNN,
     Study,
     Timm,
+    add_loop_sizes,
     ratio_of,
 )
 
@@ -607,20 +608,6 @@ def loop_table(args: argparse.Namespace, results: dict[str, Any]) -> list[str]:
     return table
 
 
-def add_model_sizes(ap: argparse.ArgumentParser) -> None:
-    """The loops' sizes (``--quick`` shrinks them)."""
-    ap.add_argument("--nanogpt-layers", type=int, default=4)
-    ap.add_argument("--nanogpt-width", type=int, default=128)
-    ap.add_argument("--nanogpt-batch", type=int, default=2)
-    ap.add_argument("--nanogpt-context", type=int, default=64)
-    ap.add_argument("--nanogpt-accum", type=int, default=2)
-    ap.add_argument("--timm-batch", type=int, default=2)
-    ap.add_argument("--timm-size", type=int, default=32)
-    ap.add_argument("--cnn-width", type=int, default=32)
-    ap.add_argument("--cnn-batch", type=int, default=16)
-    ap.add_argument("--cnn-size", type=int, default=32)
-
-
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="CI size: 12 rounds, smaller models and batches")
@@ -659,7 +646,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="where B's spin runs in the design check (SPIN_AT)",
     )
     ap.add_argument("--check-only", action="store_true", help="the design check alone, no loops' rows")
-    add_model_sizes(ap)
+    add_loop_sizes(ap)  # the loops' sizes (--quick shrinks them)
     ap.add_argument("--json", help="write the results as JSON to this path")
     args = ap.parse_args(argv)
     if args.rounds is None:
