@@ -46,7 +46,7 @@ from cotangent.verify import bitwise_equal  # noqa: E402
 from harness.config import ModelConfig, load_config  # noqa: E402
 from harness.machine import cpu_model  # noqa: E402
 from harness.models import build_model  # noqa: E402
-from prereg.descriptive import mean_interval, two_stage_interval  # noqa: E402
+from prereg.descriptive import two_stage_interval  # noqa: E402
 
 ARMS = ("native", "cotangent")
 
@@ -238,10 +238,8 @@ def ratio_of(
     (``prereg.descriptive.mean_interval``; Stein's two-stage interval,
     ``prereg.descriptive.two_stage_interval``, where the first ``pilot`` of them set their number),
     and the medians of the times behind them."""
-    if pilot is None or pilot == len(logs):
-        ci = mean_interval(logs, level=0.95, estimand="log_ratio")
-    else:
-        ci = two_stage_interval(logs, pilot, level=0.95, estimand="log_ratio")
+    # no pilot: n == n0, where the two-stage interval is mean_interval's, bit for bit
+    ci = two_stage_interval(logs, pilot or len(logs), level=0.95, estimand="log_ratio")
     return {
         "native_ms": statistics.median(native) * 1e3,
         "cotangent_ms": statistics.median(cand) * 1e3,

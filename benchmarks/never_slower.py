@@ -86,7 +86,7 @@ from clients import (  # benchmarks/, the script's own folder: the loops
 from cotangent.modes import DECIDES_AFTER
 from cotangent.verify import bitwise_equal
 from harness.machine import cpu_model
-from prereg.descriptive import two_stage_size
+from prereg.descriptive import stein_size, two_stage_size
 from prereg.tdist import student_t_sf_signed, t_critical
 
 #: ``twin``: native's loop built a second time, last (after ``auto`` moved its tensors): the
@@ -191,8 +191,7 @@ HALF_WIDTH = max(x / 1e4 for x in range(1, 100) if promise_chance(x / 1e4) >= PR
 def expected_builds(sd: float, half_width: float = HALF_WIDTH, pilot: int = BUILDS) -> int:
     """Stein's size for a row whose build values spread with ``sd``, taking the pilot's spread for
     it: ``max(pilot, ceil((t sd / log(1 + half_width))^2))``, ``t = t(0.975, pilot - 1)``."""
-    t = t_critical(0.025, pilot - 1)
-    return max(pilot, math.ceil((t * sd / math.log1p(half_width)) ** 2))
+    return stein_size(sd, pilot, math.log1p(half_width))
 
 
 #: A cost stop on a row's builds: 1.5 times the widest row's expected size, to a multiple of four

@@ -262,13 +262,19 @@ def two_stage_size(
     d = finite(pilot, "pilot")
     if len(d) < 2:
         raise ValueError(f"a pilot needs at least two values, got {len(d)}")
+    n = stein_size(mean_se(d)[1] * math.sqrt(len(d)), len(d), half_width, level)
+    return n if cap is None else max(len(d), min(n, cap))
+
+
+def stein_size(s0: float, pilot: int, half_width: float, level: float = 0.95) -> int:
+    """``max(pilot, ceil((t s0 / half_width)^2))`` with ``t = F^{-1}_{t, pilot-1}((1 + level) / 2)``:
+    Stein's size from a pilot's spread ``s0`` (:func:`two_stage_size`), or from an assumed spread
+    when planning."""
     if not half_width > 0:
         raise ValueError(f"half_width must be positive, got {half_width}")
     _check_level(level)
-    t = student_t_ppf((1.0 + level) / 2.0, len(d) - 1)
-    s0 = mean_se(d)[1] * math.sqrt(len(d))
-    n = max(len(d), math.ceil((t * s0 / half_width) ** 2))
-    return n if cap is None else max(len(d), min(n, cap))
+    t = student_t_ppf((1.0 + level) / 2.0, pilot - 1)
+    return max(pilot, math.ceil((t * s0 / half_width) ** 2))
 
 
 def two_stage_interval(

@@ -40,6 +40,7 @@ LEVEL_PARAMETERS = {
     "prereg/descriptive.py:paired_interval.level": STATISTIC,
     "prereg/descriptive.py:two_stage_size.level": STATISTIC + " (the level of the interval it sizes)",
     "prereg/descriptive.py:two_stage_interval.level": STATISTIC,
+    "prereg/descriptive.py:stein_size.level": STATISTIC + " (the level of the interval it sizes)",
     "prereg/descriptive.py:descriptive_interval.level": STATISTIC,
     "prereg/descriptive.py:endpoint.level": STATISTIC + " (called through Rows.endpoint, at the rows' level)",
     "prereg/designs/difference.py:welch_difference.level": STATISTIC,
