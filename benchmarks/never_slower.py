@@ -12,13 +12,16 @@ batches:
 Where a loop's tensors lie in memory moves its iteration by up to a few percent (a second native
 build read 0.975 against the first for nanoGPT in one build), so one build per arm cannot tell the
 method from placement. The arms are therefore built afresh ``--builds`` times (default 20), each
-build after spacers of random size that shift where its tensors land (:func:`placed`), in an
-order rotated by build. In each build ``auto`` first runs ``--warmup`` iterations alone (it decides
-after ``cotangent.modes.DECIDES_AFTER``, 52, on the loop by itself, as in a user's run; the default
-is 56) and so does each other arm (the same steps, so that the bits can be compared), then the arms take turns for ``--rounds / --builds`` rounds, the order
-within a round cycling through a balanced Latin square of four (each arm as often first, second,
-third and fourth, and after each other arm). An iteration is timed whole, from the batch to the
-end of the phase. Reported per loop: native's median iteration; each arm's ratio to native, the
+build after spacers of random size that shift where its tensors land (:func:`placed`), in the
+order of a balanced Latin square cycling by build. In each build ``auto`` first runs ``--warmup``
+iterations alone (it decides after ``cotangent.modes.DECIDES_AFTER``, 52, on the loop by itself,
+as in a user's run; the default is 56) and so does each other arm (the same steps, so that the
+bits can be compared), then the arms take turns for ``--rounds / --builds`` rounds (48). A turn
+is ``--lead-in`` untimed iterations (1) and one timed, so that the timed step follows the arm's
+own, as in a user's loop, not another arm's (:func:`turn`); the order of the turns cycles through
+eight rounds in which each arm takes each place, and comes right after each arm (itself
+included), equally often (:data:`ROUND_ORDERS`). An iteration is timed whole, from the batch to
+the end of the phase. Reported per loop: native's median iteration; each arm's ratio to native, the
 geometric mean over builds of each build's geometric mean of per-round ratios (packed's and auto's
 to the geometric mean of native's two builds in the round, native and twin: the reference's share
 of the placement halved; twin's to native's), with its 95% Student-t interval over the builds
@@ -58,7 +61,6 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
-import itertools
 import json
 import math
 import os
@@ -93,9 +95,25 @@ from prereg.tdist import student_t_sf_signed, t_critical
 #: placement A/A. Its truth is 1; where it reads otherwise, the builds' memory placement alone moves
 #: a loop by that much, and a row of ``auto`` within it is not told apart from native's.
 ARMS = ("native", "packed", "auto", "twin")
-#: A balanced Latin square (Williams) over the four arms, one order a round: each arm runs in each
-#: position once and follows each other arm once in every four rounds.
+#: A balanced Latin square (Williams) over the four arms, the order they are built in, one a build
+#: (:func:`placed`): each arm built in each place once, and after each other arm once, in four builds.
 ORDERS = ((0, 1, 3, 2), (1, 2, 0, 3), (2, 3, 1, 0), (3, 0, 2, 1))
+#: The order of the arms' turns, one a round, cycling: in every eight rounds each arm takes each
+#: place twice, and in the stream of turns (the rounds back to back, the eighth's last turn before
+#: the first's first) each arm comes right after each arm, itself included, exactly twice. The
+#: Latin square balances which arm comes before within a round only: cycled, a round's last turn
+#: comes before the next's first, and it put packed before native and native before twin twice in
+#: every four rounds. Found by an exhaustive search; ``tests/test_benchmark.py`` checks both.
+ROUND_ORDERS = (
+    (0, 1, 3, 2),
+    (2, 0, 1, 3),
+    (3, 0, 2, 1),
+    (1, 2, 0, 3),
+    (3, 1, 0, 2),
+    (2, 3, 1, 0),
+    (0, 3, 2, 1),
+    (1, 2, 3, 0),
+)
 TINY = ("tiny_transformer", "tiny_medium", "tiny_gqa", "tiny_conv")
 LOOPS = ("nanogpt", "timm", "small_cnn", *TINY)
 #: The promise, per loop (issue 61): the default's iteration at most native's (the geometric mean
@@ -113,10 +131,18 @@ ROWS_SIZED_ON = 42
 #: The chance that a row equal to native (true ratio 1.00) reads an upper bound at most
 #: :data:`UPPER_MAX`, which the default builds are sized for at the median row's spread.
 POWER = 0.90
-#: Timed rounds in each build: each build's mean over them is one observation of the interval.
-ROUNDS_PER_BUILD = 100
-#: Seconds a round of the full table takes, per thread count and loop (native's iteration, four
-#: arms; nanoGPT's A/A rows two arms): the fresh-build runs took 23 to 32 minutes a command.
+#: Untimed iterations each arm runs right before each of its timed ones, in its turn (:func:`turn`):
+#: the timed iteration then follows the arm's own, as every step of a user's loop does, not another
+#: arm's. Taking turns step by step, the twin (native built again) read 0.3-0.5% off native in 5 of
+#: 21 rows, where 95% intervals miss about 1 (docs/benchmark.md, "Carryover").
+LEAD_IN = 1
+#: Timed rounds in each build: each build's mean over them is one observation of the interval. 48:
+#: six cycles of :data:`ROUND_ORDERS` (and eight of the design check's six orders), the steps a
+#: build takes with :data:`LEAD_IN` about those of the 100 rounds a build of step-by-step turns took.
+ROUNDS_PER_BUILD = 48
+#: Seconds a round of one step of each arm takes in the full table, per thread count and loop
+#: (native's iteration, four arms; nanoGPT's A/A rows two arms): the fresh-build runs took 23 to 32
+#: minutes a command (:func:`expected_minutes` counts a turn's lead-in steps as rounds).
 ROUND_SECONDS = 4 / 3
 
 
@@ -152,7 +178,7 @@ def builds_needed(sd: float = BUILD_SD, power: float = POWER, upper: float = UPP
 #: median row's spread rounded up to ten (20); the interval is over the builds, so it covers where
 #: each build's tensors lie.
 BUILDS = math.ceil(builds_needed() / 10) * 10
-#: The pilot's rounds per row: 100 in each of the 20 builds (2000).
+#: The pilot's timed rounds per row: 48 in each of the 20 builds (960).
 ROUNDS = BUILDS * ROUNDS_PER_BUILD
 #: The chance a row whose true ratio is 1.00 should have of meeting the promise (both halves).
 PROMISE_CHANCE = 0.99
@@ -208,7 +234,7 @@ def expected_minutes(args: argparse.Namespace) -> float:
     # the pilot; a row's second stage adds builds where its pilot spreads wider than the median row
     share = loops / len(LOOPS) * len(args.threads) / 2
     warm = args.builds * args.warmup  # in rounds (every arm warms up in every build)
-    return (args.rounds + warm) * ROUND_SECONDS * share / 60
+    return (args.rounds * (1 + args.lead_in) + warm) * ROUND_SECONDS * share / 60
 
 
 def at_most_native(r: dict[str, float]) -> bool:
@@ -217,9 +243,9 @@ def at_most_native(r: dict[str, float]) -> bool:
 
     A default that steps natively runs native's code: its true ratio is 1.00, and an unrounded
     ``ratio <= 1.00`` would then hold half the time whatever the rounds (all 14 rows of a table
-    about once in 16,000 tables). At two decimals it holds with probability 0.95 or more at the
-    default rounds (standard error at most 0.134 / sqrt(2000) = 0.003), and the upper bound, which
-    the rounds are sized for, is the half that tells a default slower than native."""
+    about once in 16,000 tables). At two decimals it holds with probability 0.99 or more in a row
+    sized to the default half-width (standard error 0.41% / t(0.975, 19) = 0.2%), and the upper
+    bound, which the builds are sized for, is the half that tells a default slower than native."""
     return r["ratio"] < RATIO_MAX + 0.005 and r["high"] <= UPPER_MAX
 
 
@@ -250,6 +276,16 @@ def builders(args: argparse.Namespace, loops: list[str]) -> dict[str, Callable[[
 def timed(loop: Any, k: int) -> float:
     t0 = time.perf_counter()
     loop.iteration(k)
+    return time.perf_counter() - t0
+
+
+def turn(step: Callable[[int], object], k: int, lead_in: int) -> float:
+    """An arm's turn in a round: ``lead_in`` untimed iterations (:data:`LEAD_IN`), then one timed,
+    steps ``k`` on: the timed one follows the arm's own iteration, as in a user's loop."""
+    for j in range(lead_in):
+        step(k + j)
+    t0 = time.perf_counter()
+    step(k + lead_in)
     return time.perf_counter() - t0
 
 
@@ -314,17 +350,20 @@ def over_builds(
     return {**ratio_of(logs, flat_n, flat_c, pilot), "rounds": len(flat_n), "logs": logs}
 
 
-def one_build(build: Callable[[str], Any], b: int, rounds: int, warmup: int) -> dict[str, Any]:
-    """One build of the four arms: solo warm-ups, ``rounds`` rounds in the Latin square's orders,
-    each arm's times and whether the four models ended bit for bit equal."""
+def one_build(
+    build: Callable[[str], Any], b: int, rounds: int, warmup: int, lead_in: int = LEAD_IN
+) -> dict[str, Any]:
+    """One build of the four arms: solo warm-ups, ``rounds`` rounds in :data:`ROUND_ORDERS`,
+    each arm's turn ``lead_in`` untimed iterations and one timed (:func:`turn`), each arm's times
+    and whether the four models ended bit for bit equal."""
     loops, spacers = placed(build, {arm: "native" if arm == "twin" else arm for arm in ARMS}, b)
     for arm in ARMS:  # alone, so that auto measures the loop by itself
         for k in range(warmup):  # every arm as many: the same steps, so the bits can be compared
             loops[arm].iteration(k)
     times: dict[str, list[float]] = {arm: [] for arm in ARMS}
     for r in range(rounds):
-        for a in ORDERS[r % len(ORDERS)]:
-            times[ARMS[a]].append(timed(loops[ARMS[a]], warmup + r))
+        for a in ROUND_ORDERS[r % len(ROUND_ORDERS)]:
+            times[ARMS[a]].append(turn(loops[ARMS[a]].iteration, warmup + r * (lead_in + 1), lead_in))
     states = [loops[a].model.state_dict() for a in ARMS]
     auto = loops["auto"].opt
     out = {
@@ -367,6 +406,7 @@ def run_loop(
     builds: int,
     half_width: float = 0.0,
     cap: int = MAX_BUILDS,
+    lead_in: int = LEAD_IN,
 ) -> dict[str, Any]:
     """The four arms over fresh builds of ``rounds // builds`` rounds each: ``builds`` of them (the
     pilot), then, where ``half_width`` is above 0, as many more as Stein's rule asks for on the
@@ -374,10 +414,10 @@ def run_loop(
     native's two builds (native and twin), twin's to native's alone (:func:`over_builds`); auto's
     choices and the bits."""
     per = rounds // builds
-    runs = [one_build(build, b, per, warmup) for b in range(builds)]
+    runs = [one_build(build, b, per, warmup, lead_in) for b in range(builds)]
     t = [[r["times"][arm] for r in runs] for arm in ARMS]
     size, need = second_stage(build_logs(t[2], t[0], t[3]), builds, half_width, cap, len(ORDERS))
-    runs += [one_build(build, b, per, warmup) for b in range(builds, size)]
+    runs += [one_build(build, b, per, warmup, lead_in) for b in range(builds, size)]
     native, packed, auto, twin = ([r["times"][arm] for r in runs] for arm in ARMS)
     modes = collections.Counter(r["mode"] for r in runs)
     pilot = builds if half_width > 0 else None
@@ -407,16 +447,26 @@ SPIN_AT = ("after", "before", "alternate")
 
 
 #: The design check's orders within a round: all six orders of its three arms (A and C native, B
-#: native with the spin), one a round: each arm in each place, and after each other arm, equally often.
-PLANT_ORDERS = tuple(itertools.permutations("abc"))
+#: native with the spin), one a round, cycling: each arm in each place twice, and in the stream of
+#: turns each arm right after each arm, itself included, twice (as :data:`ROUND_ORDERS`).
+PLANT_ORDERS = ("abc", "cab", "bac", "cba", "acb", "bca")
 
 
 def plant_build(
-    build: Callable[[str], Any], n: int, rounds: int, warmup: int, cost: float, share: float, at: str
+    build: Callable[[str], Any],
+    n: int,
+    rounds: int,
+    warmup: int,
+    cost: float,
+    share: float,
+    at: str,
+    lead_in: int = LEAD_IN,
 ) -> tuple[dict[str, list[float]], list[float], float]:
-    """One fresh build of the design check: the three arms' iterations over ``rounds`` rounds (B's
-    with its spin, where ``at`` says), the spins as they ran, and the spin's length (``share`` of
-    A's median warm-up iteration in the first build, ``cost`` after)."""
+    """One fresh build of the design check: the three arms' timed iterations over ``rounds`` rounds,
+    each turn ``lead_in`` untimed iterations and one timed (:func:`turn`; B spins in every
+    iteration, where ``at`` says: the plant is part of B's loop), the spins of B's timed iterations
+    as they ran, and the spin's length (``share`` of A's median warm-up iteration in the first
+    build, ``cost`` after)."""
     loops, spacers = placed(build, {"a": "native", "b": "native", "c": "native"}, n)
     warm = [timed(loops["a"], k) for k in range(min(warmup, SOLO_WARMUP))]
     for arm in "bc":
@@ -425,22 +475,25 @@ def plant_build(
     cost = cost or share * statistics.median(warm)
     times: dict[str, list[float]] = {arm: [] for arm in "abc"}
     spun: list[float] = []
+    ran: list[float] = []
+
+    def spun_b(k: int, before: bool) -> None:
+        if before:
+            ran.append(spin(cost))
+        loops["b"].iteration(k)
+        if not before:
+            ran.append(spin(cost))
+
     for r in range(rounds):
-        k = warmup + r
+        k = warmup + r * (lead_in + 1)
+        before = at == "before" or (at == "alternate" and r % 2 == 0)
         for arm in PLANT_ORDERS[r % len(PLANT_ORDERS)]:
             if arm != "b":
-                times[arm].append(timed(loops[arm], k))
+                times[arm].append(turn(loops[arm].iteration, k, lead_in))
                 continue
-            before = at == "before" or (at == "alternate" and r % 2 == 0)
-            t0 = time.perf_counter()
-            if before:
-                spun.append(spin(cost))
-            loops["b"].iteration(k)
-            if not before:
-                spun.append(spin(cost))
-            times["b"].append(time.perf_counter() - t0)
-    del loops, spacers
-    return times, spun, cost
+            times["b"].append(turn(functools.partial(spun_b, before=before), k, lead_in))
+            spun.append(ran[-1])  # the timed iteration's
+    return times, spun, cost  # the loops and the spacers go with the frame
 
 
 def planted(
@@ -452,6 +505,7 @@ def planted(
     at: str = "after",
     half_width: float = 0.0,
     cap: int = MAX_BUILDS,
+    lead_in: int = LEAD_IN,
 ) -> dict[str, Any]:
     """The design check with the loops' estimator: native three times, a spin of ``share`` of
     native's median warm-up iteration (the first build's) in B, A and C its reference, over
@@ -462,13 +516,15 @@ def planted(
     runs = []
     cost = 0.0
     for n in range(builds):
-        runs.append(plant_build(build, n, rounds // builds, warmup, cost, share, at))
+        runs.append(plant_build(build, n, rounds // builds, warmup, cost, share, at, lead_in))
         cost = runs[-1][2]
     t = {arm: [r[0][arm] for r in runs] for arm in "abc"}
     size, need = second_stage(
         build_logs(t["b"], t["a"], t["c"]), builds, half_width, cap, 3
     )  # placed rotates 3
-    runs += [plant_build(build, n, rounds // builds, warmup, cost, share, at) for n in range(builds, size)]
+    runs += [
+        plant_build(build, n, rounds // builds, warmup, cost, share, at, lead_in) for n in range(builds, size)
+    ]
     ta, tb, tc = ([r[0][arm] for r in runs] for arm in "abc")
     spun = [s for r in runs for s in r[1]]
     ref = [math.sqrt(x * y) for a, c in zip(ta, tc) for x, y in zip(a, c)]
@@ -509,7 +565,8 @@ def header(args: argparse.Namespace) -> list[str]:
         f"CPU: {cpu_model()} ({platform.machine()}, {os.cpu_count()} logical CPUs); torch {torch.__version__} "
         f"dispatches {torch.backends.cpu.get_cpu_capability()} (ATEN_CPU_CAPABILITY="
         f"{os.environ.get('ATEN_CPU_CAPABILITY', 'unset')})",
-        f"{args.rounds // args.builds} timed rounds in each fresh build of every arm, {args.builds} builds per row "
+        f"{args.rounds // args.builds} timed rounds in each fresh build of every arm, each timed step after "
+        f"{args.lead_in} untimed of the arm's own (--lead-in), {args.builds} builds per row "
         f"{stages(args)}, each arm after {args.warmup} solo warm-up iterations in every "
         f"build (auto decides after {DECIDES_AFTER}); ratios: "
         "geometric mean of the builds' geometric means of per-round ratios (packed and auto to the mean of "
@@ -559,6 +616,7 @@ def plant_rows(args: argparse.Namespace, results: dict[str, Any]) -> list[str]:
             args.spin_at,
             args.half_width / 100,
             args.max_builds,
+            args.lead_in,
         )
         results[f"planted/{threads}"] = p
         where = "" if args.spin_at == "after" else f", spin {args.spin_at}"
@@ -576,7 +634,9 @@ def table_rows(args: argparse.Namespace, threads: int, results: dict[str, Any]) 
     rows = []
     cap = torch.backends.cpu.get_cpu_capability()
     for name, build in builders(args, args.loops).items():
-        r = run_loop(build, args.rounds, args.warmup, args.builds, args.half_width / 100, args.max_builds)
+        r = run_loop(
+            build, args.rounds, args.warmup, args.builds, args.half_width / 100, args.max_builds, args.lead_in
+        )
         results[f"{name}/{threads}"] = r
         r["at_most_native"] = at_most_native(r["auto"])
         at_most = "yes" if r["at_most_native"] else "NO"
@@ -617,6 +677,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--warmup", type=int, default=DECIDES_AFTER + 4, help="solo warm-up iterations per arm")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument(
+        "--lead-in",
+        type=int,
+        default=LEAD_IN,
+        help=f"untimed iterations of each arm before each timed one (default {LEAD_IN}: LEAD_IN; 0: arms alternate step by step)",
+    )
     ap.add_argument(
         "--builds",
         type=int,
@@ -659,9 +725,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.cnn_width, args.cnn_batch, args.cnn_size = 8, 4, 16
     if args.check_only and args.plant <= 0:
         ap.error("--check-only runs the design check alone: it needs --plant above 0")
-    if args.builds < 2 or args.rounds < args.builds or args.warmup < 1:
+    if args.builds < 2 or args.rounds < args.builds or args.warmup < 1 or args.lead_in < 0:
         ap.error(
-            "--builds must be at least 2 (an interval needs two), --rounds at least --builds, --warmup at least 1"
+            "--builds must be at least 2 (an interval needs two), --rounds at least --builds, --warmup at least 1, "
+            "--lead-in 0 or more"
         )
     if not (math.isfinite(args.half_width) and args.half_width >= 0) or args.max_builds < args.builds:
         ap.error("--half-width must be a number, 0 or more; --max-builds at least --builds")

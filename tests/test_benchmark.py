@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -356,6 +357,70 @@ def test_never_slower_builds_rotate_and_move():
     assert again == sizes[3]
 
 
+@pytest.mark.parametrize("name", ["ROUND_ORDERS", "PLANT_ORDERS"])
+def test_never_slower_round_orders_balance_place_and_carryover(name):
+    """The turns' orders: in one cycle each arm takes each place equally often, and in the cyclic
+    stream of turns (each round's last turn before the next's first, the last round's before the
+    first's) every ordered pair of arms, an arm after itself included, comes equally often; the
+    ``ROUNDS_PER_BUILD`` default is whole cycles of both."""
+    import collections
+
+    mod = _never_slower()
+    orders = [list(o) for o in getattr(mod, name)]
+    k = len(orders[0])
+    assert all(sorted(o) == sorted(orders[0]) for o in orders)  # each a permutation of the arms
+    place = collections.Counter((a, p) for o in orders for p, a in enumerate(o))
+    assert len(place) == k * k and set(place.values()) == {len(orders) // k}
+    stream = [a for o in orders for a in o]
+    pairs = collections.Counter(zip(stream, stream[1:] + stream[:1]))
+    assert len(pairs) == k * k and len(set(pairs.values())) == 1
+    assert mod.ROUNDS_PER_BUILD % len(orders) == 0
+    square = [list(o) for o in mod.ORDERS]  # the square of the builds, cycled, does not balance it
+    sq = [a for o in square for a in o]
+    assert len(set(collections.Counter(zip(sq, sq[1:] + sq[:1])).values())) > 1
+
+
+def test_never_slower_turns_time_the_step_after_the_arms_own(monkeypatch):
+    """``one_build``: after the solo warm-ups, each arm's turn is ``lead_in`` untimed iterations and
+    one timed, back to back (so the timed step follows the arm's own, as in a user's loop), the
+    turns in the Latin square's order of each round, and every arm takes the same steps."""
+    import torch
+
+    mod = _never_slower()
+    events: list[tuple[str, int]] = []
+    clock = iter(range(10**6))
+    monkeypatch.setattr(mod.time, "perf_counter", lambda: float(next(clock)))
+
+    class Loop:
+        def __init__(self, name: str) -> None:
+            self.name, self.model = name, torch.nn.Linear(2, 2)
+            self.opt = type(
+                "Opt", (), {"mode": "native", "mode_report": "r", "phase_kernel": lambda s: "k"}
+            )()
+
+        def iteration(self, k: int) -> None:
+            events.append((self.name, k))
+
+    def placed(build, arms, b):
+        return {arm: torch.manual_seed(0) and Loop(arm) for arm in arms}, []
+
+    monkeypatch.setattr(mod, "placed", placed)
+    for lead in (0, 1, 3):
+        events.clear()
+        out = mod.one_build(lambda kind: None, 0, rounds=8, warmup=2, lead_in=lead)
+        assert out["bitwise"] and all(len(t) == 8 for t in out["times"].values())
+        solo = [e for e in events if e[1] < 2]
+        assert solo == [(arm, k) for arm in mod.ARMS for k in (0, 1)]
+        turns = [events[i : i + lead + 1] for i in range(len(solo), len(events), lead + 1)]
+        assert len(turns) == 8 * 4
+        for t, turn in enumerate(turns):
+            r, place = divmod(t, 4)
+            arm = mod.ARMS[mod.ROUND_ORDERS[r % 8][place]]
+            assert turn == [(arm, 2 + r * (lead + 1) + j) for j in range(lead + 1)], (lead, t)
+        # one clock tick a timed iteration: the lead-in is outside the time
+        assert all(x == 1.0 for t in out["times"].values() for x in t)
+
+
 def test_never_slower_design_check_puts_the_spin_where_asked(monkeypatch):
     """``planted``: B's spin runs right after its iteration, right before it, or before in even rounds
     and after in odd (``--spin-at``); A's iterations never spin; the truth pairs each A round with
@@ -378,17 +443,21 @@ def test_never_slower_design_check_puts_the_spin_where_asked(monkeypatch):
 
     monkeypatch.setattr(mod, "placed", placed)
     monkeypatch.setattr(mod, "spin", lambda seconds: events.append(("spin", -1)) or seconds)
-    for at in mod.SPIN_AT:
+    for at, lead in itertools.product(mod.SPIN_AT, (0, 1, 2)):
         events.clear()
-        p = mod.planted(lambda kind: Loop(), rounds=8, warmup=1, share=0.02, builds=2, at=at)
+        p = mod.planted(lambda kind: Loop(), rounds=8, warmup=1, share=0.02, builds=2, at=at, lead_in=lead)
         timed = [e for e in events if e[1] >= 1 or e[0] == "spin"]  # past each build's warm-up (k = 0)
-        owned = []  # each B iteration's spin, on the side asked for
+        owned = []  # each B iteration's spin (lead-in iterations' too: the plant is B's), where asked
         for i, (name, k) in enumerate(timed):
             if name == "b":
-                before = at == "before" or (at == "alternate" and (k - 1) % 2 == 0)  # round k - 1
+                r = (k - 1) // (lead + 1)  # the round
+                before = at == "before" or (at == "alternate" and r % 2 == 0)
                 owned.append(i - 1 if before else i + 1)
-                assert timed[owned[-1]][0] == "spin", (at, k - 1)
+                assert timed[owned[-1]][0] == "spin", (at, lead, r)
         spins = [i for i, e in enumerate(timed) if e[0] == "spin"]
-        assert sorted(owned) == spins and len(spins) == 8 and p["truth"] > 1
+        assert sorted(owned) == spins and len(spins) == 8 * (lead + 1) and p["truth"] > 1
+        for arm in "abc":  # each turn: the arm's lead-in and timed iteration, back to back
+            ks = [k for name, k in timed if name == arm]
+            assert ks == [1 + j for j in range(4 * (lead + 1))] * 2, (arm, lead)
     with pytest.raises(SystemExit):
         mod.parse(["--check-only", "--plant", "0"])
