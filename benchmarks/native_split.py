@@ -1,13 +1,16 @@
 """Where ``PackedAdamW``'s native mode spends its time against native, split by phase.
 
 For each of the study's tiny configurations named (``configs/<name>.yaml``, the loop of
-``benchmarks/clients.py``'s ``Study``), two arms are built from the same weights and fed the same
-batches: ``native`` (``clip_grad_norm_``, ``AdamW(fused=True).step()``, ``zero_grad``) and
-``auto`` (``PackedAdamW``'s default), each warmed up alone for 56 iterations so that ``auto``
+``benchmarks/clients.py``'s ``Study``), four arms are built from the same weights and fed the same
+batches: ``native`` (``clip_grad_norm_``, ``AdamW(fused=True).step()``, ``zero_grad``), ``auto``
+(``PackedAdamW``'s default), ``twin`` (native again: the placement A/A) and ``planted`` (native
+with a busy spin beside each iteration past the warm-up: the design check), each warmed up alone for 56 iterations so that ``auto``
 decides (after 52) and, where it chooses native, moves its tensors to storage of their own. Then
-``--rounds`` rounds in ABBA order, each iteration timed whole and split into forward and backward
+``--rounds`` rounds, each timed iteration timed whole and split into forward and backward
 (the batch to the end of ``backward``) and the gradient phase (to the end of ``zero_grad``).
-Reported per part: the medians and the geometric mean of the per-round ratios ``auto / native``
+Each turn is one untimed iteration of the arm and one timed (``never_slower.LEAD_IN``), in the
+order of ``never_slower.ROUND_ORDERS`` (each arm in each place, and right after each arm, equally
+often). Reported per part: the medians and the geometric mean of the per-round ratios ``auto / native``
 with its 95% Student-t interval (``clients.paired``: ``prereg.descriptive.mean_interval``), and ``auto``'s state (its
 mode, whether it moved, whether the packed buffers are gone). Run it pinned to one core with
 nothing else on it:
@@ -24,6 +27,7 @@ import time
 
 import torch
 from clients import Study, paired  # benchmarks/, the script's own folder: the loops
+from never_slower import LEAD_IN, ROUND_ORDERS  # the turns: each timed step after the arm's own
 
 WARMUP = 56
 
@@ -35,10 +39,6 @@ def ratio(native: list[float], auto: list[float]) -> str:
     return f"{r['ratio']:.4f} ({r['low']:.4f}-{r['high']:.4f})"
 
 
-#: A balanced Latin square (Williams) over the four arms: each arm runs in each position once and
-#: follows each other arm once per cycle of four rounds, so neither position nor carry-over from the
-#: arm before favours one.
-ORDERS = ((0, 1, 3, 2), (1, 2, 0, 3), (2, 3, 1, 0), (3, 0, 2, 1))
 ARMS = ("native", "auto", "twin", "planted")
 
 
@@ -64,9 +64,14 @@ def split(name: str, rounds: int, share: float) -> list[str]:
     parts: dict[str, dict[str, list[float]]] = {a: {"whole": [], "fwd+bwd": [], "phase": []} for a in arms}
     spun: list[float] = []
     for r in range(rounds):
-        for a in ORDERS[r % len(ORDERS)]:
+        for a in ROUND_ORDERS[r % len(ROUND_ORDERS)]:
             arm = ARMS[a]
-            whole, phase = arms[arm].iteration(WARMUP + r)
+            k = WARMUP + r * (LEAD_IN + 1)
+            for j in range(LEAD_IN):  # untimed; the planted arm spins before each (never_slower.SPIN_AT)
+                if arm == "planted":
+                    spin(cost)
+                arms[arm].iteration(k + j)
+            whole, phase = arms[arm].iteration(k + LEAD_IN)
             if arm == "planted":  # the spin after the phase, timed with the iteration
                 took = spin(cost)
                 spun.append(took)

@@ -42,10 +42,11 @@ second stage's own spread, so that a machine that grew noisier after the pilot s
 First, the design's own check (one row per thread count), with the same estimator: nanoGPT's loop
 built three times, native in all three arms, with a busy spin of ``--plant`` (default 2%) of
 native's median warm-up iteration added to one arm's (B's) every iteration, the other two (A and
-C) its reference, over fresh builds sized by the same two stages, the order within a round
-cycling through all six orders of the three. Its truth is known by arithmetic: the geometric mean
-over rounds of (the reference's iteration + the spin B ran) / the reference's iteration, from the
-spins as measured. The design reads the plant correctly when the truth lies inside the interval.
+C) its reference, over fresh builds sized by the same two stages, in turns as the loops' (B's
+lead-in iterations spin too: the plant is B's loop's), the order within a round cycling through
+the six orders of the three (:data:`PLANT_ORDERS`). Its truth is known by arithmetic: the
+geometric mean over rounds of (the reference's iteration + the spin of B's timed iteration) / the
+reference's iteration, from the spins as measured. The design reads the plant correctly when the truth lies inside the interval.
 
 Loops (all from ``benchmarks/clients.py``, their one home): nanoGPT's ``train.py`` loop and timm's
 ``resnet10t``, a small convolutional net with batch norm (images, 3 conv+BN+ReLU, pooling, a linear
@@ -120,7 +121,9 @@ LOOPS = ("nanogpt", "timm", "small_cnn", *TINY)
 #: of per-round ratios at most RATIO_MAX) with the upper 95% bound at most UPPER_MAX.
 RATIO_MAX, UPPER_MAX = 1.00, 1.01
 
-#: The spread over builds of a row's per-build mean log ratio (auto / native, 100 rounds a build):
+#: The spread over builds of a row's per-build mean log ratio (auto / native), measured with 100
+#: step-by-step rounds a build (``--lead-in 0``), before the lead-in: the sizing's calibration, to
+#: be measured again on tables of the lead-in (Stein's second stage sizes each row on its own pilot):
 #: ``sd = half width * sqrt(20) / t(0.975, 19)`` from the 95% intervals of the ``auto`` column in
 #: ``docs/benchmark.md``'s fresh-build runs (:data:`ROWS_SIZED_ON` rows); the median row's and the
 #: widest.
@@ -230,7 +233,7 @@ MAX_BUILDS = 4 * math.ceil(1.5 * expected_builds(BUILD_SD_WIDEST * math.sqrt(3 /
 def expected_minutes(args: argparse.Namespace) -> float:
     """The full table's expected duration on this project's 2-core machine (:data:`ROUND_SECONDS`
     per round of all seven loops at one and two threads, scaled to the rows asked for)."""
-    loops = 0.5 if args.check_only else len(args.loops)  # the check: one loop's two arms of four
+    loops = 0.75 if args.check_only else len(args.loops)  # the check: one loop's three arms of four
     # the pilot; a row's second stage adds builds where its pilot spreads wider than the median row
     share = loops / len(LOOPS) * len(args.threads) / 2
     warm = args.builds * args.warmup  # in rounds (every arm warms up in every build)
@@ -439,10 +442,12 @@ def run_loop(
     return {**out, **spreads(out["auto"]["logs"], builds)}
 
 
-#: Where B's spin runs, by round: right after its iteration (the default), right before it, or
-#: alternately (before in even rounds, after in odd). A spin leaves the intra-op pool idle, so at two
-#: threads it is a gap before whichever iteration follows it; ``alternate`` gives that gap to A and
-#: B alike (``docs/benchmark.md``, "The design check at two threads").
+#: Where the spin of B's timed iteration runs, by round: right after it (the default), right before
+#: it, or alternately (before in even rounds, after in odd). B's lead-in iterations spin right
+#: before themselves. A spin leaves the intra-op pool idle, so at two threads it is a gap before
+#: whichever iteration follows it, which the truth (the spins alone) does not count: with
+#: ``after`` that iteration is always untimed (B's own lead-in, or the next arm's), so the truth is
+#: the whole of the plant; ``before`` puts the gap inside B's timed iteration.
 SPIN_AT = ("after", "before", "alternate")
 
 
@@ -477,7 +482,8 @@ def plant_build(
     spun: list[float] = []
     ran: list[float] = []
 
-    def spun_b(k: int, before: bool) -> None:
+    def spun_b(k: int, timed_from: int, at_timed: bool) -> None:
+        before = k < timed_from or at_timed  # a lead-in iteration spins before itself (SPIN_AT)
         if before:
             ran.append(spin(cost))
         loops["b"].iteration(k)
@@ -491,7 +497,8 @@ def plant_build(
             if arm != "b":
                 times[arm].append(turn(loops[arm].iteration, k, lead_in))
                 continue
-            times["b"].append(turn(functools.partial(spun_b, before=before), k, lead_in))
+            step = functools.partial(spun_b, timed_from=k + lead_in, at_timed=before)
+            times["b"].append(turn(step, k, lead_in))
             spun.append(ran[-1])  # the timed iteration's
     return times, spun, cost  # the loops and the spacers go with the frame
 
@@ -565,14 +572,27 @@ def header(args: argparse.Namespace) -> list[str]:
         f"CPU: {cpu_model()} ({platform.machine()}, {os.cpu_count()} logical CPUs); torch {torch.__version__} "
         f"dispatches {torch.backends.cpu.get_cpu_capability()} (ATEN_CPU_CAPABILITY="
         f"{os.environ.get('ATEN_CPU_CAPABILITY', 'unset')})",
-        f"{args.rounds // args.builds} timed rounds in each fresh build of every arm, each timed step after "
-        f"{args.lead_in} untimed of the arm's own (--lead-in), {args.builds} builds per row "
+        f"{args.rounds // args.builds} timed rounds in each fresh build of every arm{turns(args)}, "
+        f"{args.builds} builds per row "
         f"{stages(args)}, each arm after {args.warmup} solo warm-up iterations in every "
         f"build (auto decides after {DECIDES_AFTER}); ratios: "
         "geometric mean of the builds' geometric means of per-round ratios (packed and auto to the mean of "
         "native's two builds, twin to native's), 95% Student-t interval over the builds",
         f"expected duration: about {expected_minutes(args):.0f} minutes (full-size models){later(args)}",
     ]
+
+
+def turns(args: argparse.Namespace) -> str:
+    """The header's words on a turn (:func:`turn`) and on whether the rounds make whole cycles of
+    :data:`ROUND_ORDERS` and :data:`PLANT_ORDERS`, which balance place and carryover only whole."""
+    per = args.rounds // args.builds
+    cycle = math.lcm(len(ROUND_ORDERS), len(PLANT_ORDERS))
+    whole = (
+        "" if per % cycle == 0 else f" (not a multiple of {cycle}: place and carryover only nearly balanced)"
+    )
+    if args.lead_in == 0:
+        return f"{whole}, the arms taking turns one step each (--lead-in 0)"
+    return f"{whole}, each timed step after {args.lead_in} untimed of the arm's own (--lead-in)"
 
 
 def stages(args: argparse.Namespace) -> str:

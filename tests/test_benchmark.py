@@ -383,13 +383,14 @@ def test_never_slower_round_orders_balance_place_and_carryover(name):
 def test_never_slower_turns_time_the_step_after_the_arms_own(monkeypatch):
     """``one_build``: after the solo warm-ups, each arm's turn is ``lead_in`` untimed iterations and
     one timed, back to back (so the timed step follows the arm's own, as in a user's loop), the
-    turns in the Latin square's order of each round, and every arm takes the same steps."""
+    turns in ``ROUND_ORDERS``, every arm takes the same steps, and the time holds the timed
+    iteration alone (a fake clock that an iteration moves one tick)."""
     import torch
 
     mod = _never_slower()
     events: list[tuple[str, int]] = []
-    clock = iter(range(10**6))
-    monkeypatch.setattr(mod.time, "perf_counter", lambda: float(next(clock)))
+    now = [0.0]
+    monkeypatch.setattr(mod.time, "perf_counter", lambda: now[0])
 
     class Loop:
         def __init__(self, name: str) -> None:
@@ -398,8 +399,9 @@ def test_never_slower_turns_time_the_step_after_the_arms_own(monkeypatch):
                 "Opt", (), {"mode": "native", "mode_report": "r", "phase_kernel": lambda s: "k"}
             )()
 
-        def iteration(self, k: int) -> None:
+        def iteration(self, k: int) -> None:  # one tick of the clock
             events.append((self.name, k))
+            now[0] += 1.0
 
     def placed(build, arms, b):
         return {arm: torch.manual_seed(0) and Loop(arm) for arm in arms}, []
@@ -417,16 +419,23 @@ def test_never_slower_turns_time_the_step_after_the_arms_own(monkeypatch):
             r, place = divmod(t, 4)
             arm = mod.ARMS[mod.ROUND_ORDERS[r % 8][place]]
             assert turn == [(arm, 2 + r * (lead + 1) + j) for j in range(lead + 1)], (lead, t)
-        # one clock tick a timed iteration: the lead-in is outside the time
+        # one tick a timed window: the timed iteration alone, the lead-in outside it
         assert all(x == 1.0 for t in out["times"].values() for x in t)
 
 
 def test_never_slower_design_check_puts_the_spin_where_asked(monkeypatch):
-    """``planted``: B's spin runs right after its iteration, right before it, or before in even rounds
-    and after in odd (``--spin-at``); A's iterations never spin; the truth pairs each A round with
-    the spin as it ran."""
+    """``planted``: the spin of B's timed iteration runs right after it, right before it, or before
+    in even rounds and after in odd (``--spin-at``); B's lead-in iterations spin right before
+    themselves, so with ``after`` no timed iteration follows a spin; A's and C's never spin. On a
+    fake clock (an iteration one tick, each spin a length of its own), B's times hold exactly its
+    timed iteration's spin, and the truth is the geometric mean of (reference + that spin) /
+    reference."""
+    import math
+    import statistics
+
     mod = _never_slower()
     events: list[tuple[str, int]] = []
+    now = [0.0]
 
     class Loop:
         def __init__(self) -> None:
@@ -434,6 +443,7 @@ def test_never_slower_design_check_puts_the_spin_where_asked(monkeypatch):
 
         def iteration(self, k: int) -> None:
             events.append((self.name, k))
+            now[0] += 1.0
 
     def placed(build, arms, b):
         loops = {arm: build(kind) for arm, kind in arms.items()}
@@ -441,23 +451,49 @@ def test_never_slower_design_check_puts_the_spin_where_asked(monkeypatch):
             loop.name = arm
         return loops, []
 
+    spin_lengths: list[float] = []
+
+    def spin(seconds: float) -> float:
+        took = 0.001 * (len(events) % 97 + 1)  # a length of its own, as a real spin's varies
+        events.append(("spin", -1))
+        spin_lengths.append(took)
+        now[0] += took
+        return took
+
     monkeypatch.setattr(mod, "placed", placed)
-    monkeypatch.setattr(mod, "spin", lambda seconds: events.append(("spin", -1)) or seconds)
+    monkeypatch.setattr(mod, "spin", spin)
+    monkeypatch.setattr(mod.time, "perf_counter", lambda: now[0])
     for at, lead in itertools.product(mod.SPIN_AT, (0, 1, 2)):
         events.clear()
-        p = mod.planted(lambda kind: Loop(), rounds=8, warmup=1, share=0.02, builds=2, at=at, lead_in=lead)
-        timed = [e for e in events if e[1] >= 1 or e[0] == "spin"]  # past each build's warm-up (k = 0)
-        owned = []  # each B iteration's spin (lead-in iterations' too: the plant is B's), where asked
-        for i, (name, k) in enumerate(timed):
-            if name == "b":
-                r = (k - 1) // (lead + 1)  # the round
-                before = at == "before" or (at == "alternate" and r % 2 == 0)
-                owned.append(i - 1 if before else i + 1)
-                assert timed[owned[-1]][0] == "spin", (at, lead, r)
-        spins = [i for i, e in enumerate(timed) if e[0] == "spin"]
-        assert sorted(owned) == spins and len(spins) == 8 * (lead + 1) and p["truth"] > 1
+        spin_lengths.clear()
+        p = mod.planted(lambda kind: Loop(), rounds=12, warmup=1, share=0.02, builds=2, at=at, lead_in=lead)
+        past = [e for e in events if e[1] >= 1 or e[0] == "spin"]  # past each build's warm-up (k = 0)
+        timed_spins = []  # the spin each timed B iteration owns, in order
+        for i, (name, k) in enumerate(past):
+            if name != "b":
+                continue
+            r, j = divmod(k - 1, lead + 1)  # the round, and the step in the turn
+            timed = j == lead
+            before = not timed or at == "before" or (at == "alternate" and r % 2 == 0)
+            own = i - 1 if before else i + 1
+            assert past[own][0] == "spin", (at, lead, r, j)
+            if timed:
+                timed_spins.append(own)
+        spins = [i for i, e in enumerate(past) if e[0] == "spin"]
+        assert len(spins) == 12 * (lead + 1)  # one a B iteration, lead-ins included
+        if at == "after" and lead:  # no timed iteration of any arm right after a spin
+            for i, (name, k) in enumerate(past):
+                assert name == "spin" or (k - 1) % (lead + 1) != lead or past[i - 1][0] != "spin", (i, name)
         for arm in "abc":  # each turn: the arm's lead-in and timed iteration, back to back
-            ks = [k for name, k in timed if name == arm]
-            assert ks == [1 + j for j in range(4 * (lead + 1))] * 2, (arm, lead)
+            ks = [k for name, k in past if name == arm]
+            assert ks == [1 + j for j in range(6 * (lead + 1))] * 2, (arm, lead)
+        lengths = [spin_lengths[spins.index(i)] for i in timed_spins]  # every spin is past the warm-up
+        assert len(set(lengths)) > 1
+        truth = math.exp(statistics.fmean(math.log(1.0 + s) for s in lengths))  # the reference ticks 1
+        assert math.isclose(p["truth"], truth, rel_tol=1e-12), (at, lead)
+        # B's timed window holds its timed iteration and that spin alone (A's and C's one tick)
+        assert math.isclose(p["read"]["ratio"], truth, rel_tol=1e-9), (at, lead)
     with pytest.raises(SystemExit):
         mod.parse(["--check-only", "--plant", "0"])
+    with pytest.raises(SystemExit):
+        mod.parse(["--lead-in", "-1"])
