@@ -327,14 +327,19 @@ def placed(build: Callable[[str], Any], arms: dict[str, str], b: int) -> tuple[d
     return loops, spacers
 
 
-def build_logs(cand: list[list[float]], *refs: list[list[float]]) -> list[float]:
-    """Each build's geometric mean (as a log) of its per-round ratios of ``cand`` to the reference:
-    the geometric mean of ``refs``' iterations in the same round (native's, or native's and its
-    twin's: two builds of native's loop, whose mean halves the reference's share of the placement)."""
+def round_logs(cand: list[list[float]], *refs: list[list[float]]) -> list[list[float]]:
+    """Each build's per-round log ratios of ``cand`` to the reference: the geometric mean of
+    ``refs``' iterations in the same round (native's, or native's and its twin's: two builds of
+    native's loop, whose mean halves the reference's share of the placement)."""
     return [
-        statistics.fmean(math.log(c) - statistics.fmean(math.log(x) for x in rs) for c, *rs in zip(cb, *rb))
+        [math.log(c) - statistics.fmean(math.log(x) for x in rs) for c, *rs in zip(cb, *rb)]
         for cb, *rb in zip(cand, *refs)
     ]
+
+
+def build_logs(cand: list[list[float]], *refs: list[list[float]]) -> list[float]:
+    """Each build's geometric mean (as a log) of its per-round ratios (:func:`round_logs`)."""
+    return [statistics.fmean(b) for b in round_logs(cand, *refs)]
 
 
 def over_builds(
@@ -346,11 +351,21 @@ def over_builds(
     ``prereg.descriptive.mean_interval``), or Stein's two-stage interval where the first ``pilot``
     builds set their number (``pilot - 1`` df, ``two_stage_interval``): the interval covers where
     each build's tensors lie as well as the rounds' noise. Medians over every round of native's and
-    ``cand``'s iterations; ``logs``, the builds' values, for the JSON."""
-    logs = build_logs(cand, native, *more)
+    ``cand``'s iterations; ``logs``, the builds' values, for the JSON; ``round_sd``, the pooled sd
+    of the per-round log ratios within builds (None under two rounds a build): with ``r`` rounds a
+    build, the rounds' share of a build value's variance is ``round_sd^2 / r``, the rest is the
+    builds' own (placement), which more rounds a build cannot shrink."""
+    per_round = round_logs(cand, native, *more)
+    logs = [statistics.fmean(b) for b in per_round]
     flat_n = [x for nb in native for x in nb]
     flat_c = [x for cb in cand for x in cb]
-    return {**ratio_of(logs, flat_n, flat_c, pilot), "rounds": len(flat_n), "logs": logs}
+    within = [statistics.variance(b) for b in per_round if len(b) >= 2]
+    return {
+        **ratio_of(logs, flat_n, flat_c, pilot),
+        "rounds": len(flat_n),
+        "logs": logs,
+        "round_sd": math.sqrt(statistics.fmean(within)) if within else None,
+    }
 
 
 def one_build(

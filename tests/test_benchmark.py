@@ -241,6 +241,7 @@ def test_never_slower_interval_is_scipys_t_over_the_builds():
     import math
     import random
 
+    import numpy as np
     from scipy import stats
 
     mod = _never_slower()
@@ -259,6 +260,14 @@ def test_never_slower_interval_is_scipys_t_over_the_builds():
         assert math.isclose(got["low"], math.exp(low), rel_tol=1e-9)
         assert math.isclose(got["high"], math.exp(high), rel_tol=1e-9)
         assert got["n"] == builds and got["rounds"] == builds * rounds
+        # the pooled within-build sd of the per-round log ratios: numpy's, build by build
+        per = [np.log(np.array(cb) / np.array(nb)) for nb, cb in zip(native, cand)]
+        pooled = math.sqrt(np.mean([np.var(x, ddof=1) for x in per])) if rounds >= 2 else None
+        assert (
+            (got["round_sd"] is None)
+            if pooled is None
+            else math.isclose(got["round_sd"], pooled, rel_tol=1e-9)
+        )
 
 
 def test_never_slower_reference_of_two_natives_and_steins_interval():
