@@ -89,7 +89,7 @@ from clients import (  # benchmarks/, the script's own folder: the loops
 from cotangent.modes import DECIDES_AFTER
 from cotangent.verify import bitwise_equal
 from harness.machine import cpu_model
-from prereg.descriptive import stein_size, two_stage_size
+from prereg.descriptive import mean_interval, stein_size, two_stage_interval, two_stage_size
 from prereg.tdist import student_t_sf_signed, t_critical
 
 #: ``twin``: native's loop built a second time, last (after ``auto`` moved its tensors): the
@@ -702,6 +702,57 @@ def loop_table(args: argparse.Namespace, results: dict[str, Any]) -> list[str]:
     return table
 
 
+REREAD_HEAD = [
+    "| Row | Arm | Builds (pilot) | sd: pilot, second stage | Stein's interval (the table's) | Plain t over all "
+    "builds | Check | Under Stein's | Under the plain t |",
+    "|---|---|---|---|---|---|---|---|---|",
+]
+
+
+def reread(path: str) -> list[str]:
+    """A run's JSON read again: for each row's auto and twin and each design check, the builds'
+    values (``logs``) under Stein's interval (the table's: the pilot's spread, ``pilot - 1`` df) and
+    under the plain Student-t interval over all the builds (their own spread, ``n - 1`` df), and the
+    row's check under each: auto meets the promise (:func:`at_most_native`), twin's interval holds 1,
+    the design check's holds its truth. Stein's is exact where the spread stays the same; where the
+    second stage spreads wider than the pilot (the machine grew noisier), it is too narrow and the
+    plain interval, which sees the whole spread, is the one to read."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        rows = list(REREAD_HEAD)
+        for key, r in data.items():
+            if not (isinstance(r, dict) and "/" in key):
+                continue
+            checks = (
+                [("read", "truth inside", lambda c, t=r["truth"]: c["low"] <= t <= c["high"])]
+                if key.startswith("planted/")
+                else [
+                    ("auto", "at most native", at_most_native),
+                    ("twin", "1 inside", lambda c: c["low"] <= 1 <= c["high"]),
+                ]
+            )
+            for arm, what, check in checks:
+                logs, pilot = r[arm]["logs"], r["pilot"]
+                cells = [
+                    {"ratio": math.exp(ci.estimate), "low": math.exp(ci.low), "high": math.exp(ci.high)}
+                    for ci in (two_stage_interval(logs, pilot, 0.95), mean_interval(logs, 0.95))
+                ]
+                sd = spreads(logs, pilot)  # this arm's own
+                second = f"{sd['second_sd']:.4f}" if sd["second_sd"] is not None else "-"
+                rows.append(
+                    f"| {key} | {arm} | {len(logs)} ({pilot}) | {sd['pilot_sd']:.4f}, {second} | {ratio_cell(cells[0])} "
+                    f"| {ratio_cell(cells[1])} | {what} | {'yes' if check(cells[0]) else 'NO'} "
+                    f"| {'yes' if check(cells[1]) else 'NO'} |"
+                )
+    except OSError as e:
+        raise SystemExit(f"never_slower.py: --reread {path}: cannot read it ({e.strerror})") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise SystemExit(
+            f"never_slower.py: --reread {path}: not a never_slower JSON ({type(e).__name__}: {e})"
+        ) from None
+    return rows
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="CI size: 12 rounds, smaller models and batches")
@@ -748,6 +799,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--check-only", action="store_true", help="the design check alone, no loops' rows")
     add_loop_sizes(ap)  # the loops' sizes (--quick shrinks them)
     ap.add_argument("--json", help="write the results as JSON to this path")
+    ap.add_argument(
+        "--reread",
+        metavar="JSON",
+        help="read a run's --json again: each row under Stein's interval and the plain t over all builds (reread)",
+    )
     args = ap.parse_args(argv)
     if args.rounds is None:
         args.rounds = 12 if args.quick else ROUNDS
@@ -772,6 +828,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.reread:
+        print("\n".join(reread(args.reread)))
+        return 0
     # auto's own report (a UserWarning where it steps natively) is the table's "auto chose" and the JSON's
     warnings.filterwarnings("ignore", message=r"PackedAdamW\(mode='auto'\) measured")
     lines = header(args)

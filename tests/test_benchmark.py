@@ -304,6 +304,67 @@ def test_never_slower_reference_of_two_natives_and_steins_interval():
         )
 
 
+def test_never_slower_reread_gives_steins_and_the_plain_interval(tmp_path):
+    """``--reread``: a run's JSON read again, each arm's build values under Stein's interval (the
+    pilot's sd, ``pilot - 1`` df) and the plain t over all builds (``scipy.stats.t.interval`` on
+    their own sd), with each check under each; where the second stage spreads three times wider
+    than the pilot, Stein's twin interval misses 1 and the plain one holds it. Bad input: a clear
+    error naming the file, no traceback."""
+    import math
+    import random
+    import statistics
+
+    from scipy import stats
+
+    mod = _never_slower()
+    rng = random.Random(5)
+    twin = [0.004 * (-1) ** i for i in range(20)] + [-0.003 + 0.012 * (-1) ** i for i in range(40)]
+    auto = [rng.gauss(-0.004, 0.004) for _ in range(60)]
+    truth = 1.02
+    read = [rng.gauss(math.log(truth), 0.005) for _ in range(24)]
+    row = {"pilot": 20, "auto": {"logs": auto}, "twin": {"logs": twin}}
+    data = {
+        "header": ["x"],
+        "timm/1": row,
+        "planted/1": {"pilot": 20, "truth": truth, "read": {"logs": read}},
+    }
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(data))
+    lines = mod.reread(str(path))
+    assert lines[:2] == mod.REREAD_HEAD and len(lines) == 5
+    for line, logs, pilot in ((lines[2], auto, 20), (lines[3], twin, 20), (lines[4], read, 20)):
+        cells = line.split(" | ")
+        m = statistics.fmean(logs)
+        half = stats.t.ppf(0.975, pilot - 1) * statistics.stdev(logs[:pilot]) / math.sqrt(len(logs))
+        low, high = stats.t.interval(0.95, len(logs) - 1, loc=m, scale=stats.sem(logs))
+        assert cells[4] == f"{math.exp(m):.3f} ({math.exp(m - half):.3f}-{math.exp(m + half):.3f})"
+        assert cells[5] == f"{math.exp(m):.3f} ({math.exp(low):.3f}-{math.exp(high):.3f})"
+        assert cells[2] == f"{len(logs)} ({pilot})"
+    twin_cells = lines[3].split(" | ")
+    assert twin_cells[1] == "twin" and twin_cells[7:9] == ["NO", "yes |"]
+    assert lines[4].split(" | ")[6:9] == ["truth inside", "yes", "yes |"]
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "never_slower.py"), "--reread", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0 and r.stdout.splitlines() == lines
+    for bad, says in (
+        (tmp_path / "none.json", "cannot read it"),
+        (tmp_path / "bad.json", "not a never_slower JSON"),
+    ):
+        if bad.name == "bad.json":
+            bad.write_text('{"nanogpt/1": {"pilot": 20}}')
+        r = subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "never_slower.py"), "--reread", str(bad)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 1 and says in r.stderr and str(bad) in r.stderr and "Traceback" not in r.stderr
+
+
 def simulated_row(mod, rng, sd: float, cap: int | None) -> bool:
     """One row at a true ratio of 1.00 as the benchmark sizes and reads it: normal build values of
     spread ``sd``, a pilot of ``BUILDS``, ``second_stage`` (rounded to four, at most ``cap``), Stein's
