@@ -408,6 +408,40 @@ def test_never_slower_half_width_meets_the_promise_by_simulation():
         assert met / reps >= 0.99 - 3 * math.sqrt(0.99 * 0.01 / reps), (sd, cap, met / reps)
 
 
+@pytest.mark.process
+def test_twin_check_runs():
+    """benchmarks/twin_check.py as a user runs it (8 builds of tiny_conv): a row for each way, its
+    builds in blocks of four, twin's and auto's ratios with intervals; too few builds refused."""
+    script = str(ROOT / "benchmarks" / "twin_check.py")
+    r = subprocess.run(
+        [sys.executable, script, "tiny_conv", "--builds", "8", "--ways", "lead", "step"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert (
+        lines[0]
+        == "command: python benchmarks/twin_check.py tiny_conv --threads 1 --builds 8 --ways lead step"
+    )
+    assert [line.split(" | ")[:2] for line in lines[3:]] == [["| lead", "4"], ["| step", "4"]]
+    for line in lines[3:]:
+        for cell in line.split(" | ")[2:4]:
+            ratio, low, high = (
+                float(x) for x in cell.replace("(", "").replace(")", "").replace("-", " ").split()
+            )
+            assert low <= ratio <= high
+    r = subprocess.run(
+        [sys.executable, script, "tiny_conv", "--builds", "4", "--ways", "lead", "step"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "--builds must give each way a block of four" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_never_slower_builds_rotate_and_move():
     """``placed``: each arm is built first in turn over the builds, and the spacers before the builds
     differ from build to build (reproducibly: seeded by the build's number)."""
@@ -453,6 +487,7 @@ def test_never_slower_round_orders_balance_place_and_carryover(name):
 def test_never_slower_turns_time_the_step_after_the_arms_own(monkeypatch):
     """``one_build``: after the solo warm-ups, each arm's turn is ``lead_in`` untimed iterations and
     one timed, back to back (so the timed step follows the arm's own, as in a user's loop), the
+    solo warm-ups in the order the arms were built (``WARM_IN_BUILD_ORDER``), the
     turns in ``ROUND_ORDERS``, every arm takes the same steps, and the time holds the timed
     iteration alone (a fake clock that an iteration moves one tick)."""
     import torch
@@ -473,8 +508,9 @@ def test_never_slower_turns_time_the_step_after_the_arms_own(monkeypatch):
             events.append((self.name, k))
             now[0] += 1.0
 
-    def placed(build, arms, b):
-        return {arm: torch.manual_seed(0) and Loop(arm) for arm in arms}, []
+    def placed(build, arms, b):  # built in an order of its own: the warm-ups must follow it
+        order = [*arms][2:] + [*arms][:2]
+        return {arm: torch.manual_seed(0) and Loop(arm) for arm in order}, []
 
     monkeypatch.setattr(mod, "placed", placed)
     for lead in (0, 1, 3):
@@ -482,7 +518,8 @@ def test_never_slower_turns_time_the_step_after_the_arms_own(monkeypatch):
         out = mod.one_build(lambda kind: None, 0, rounds=8, warmup=2, lead_in=lead)
         assert out["bitwise"] and all(len(t) == 8 for t in out["times"].values())
         solo = [e for e in events if e[1] < 2]
-        assert solo == [(arm, k) for arm in mod.ARMS for k in (0, 1)]
+        built = [*mod.ARMS[2:], *mod.ARMS[:2]]
+        assert solo == [(arm, k) for arm in built for k in (0, 1)]  # warm-ups in the order built
         turns = [events[i : i + lead + 1] for i in range(len(solo), len(events), lead + 1)]
         assert len(turns) == 8 * 4
         for t, turn in enumerate(turns):
