@@ -16,7 +16,7 @@ build after spacers of random size that shift where its tensors land (:func:`pla
 order of a balanced Latin square cycling by build. In each build ``auto`` first runs ``--warmup``
 iterations alone (it decides after ``cotangent.modes.DECIDES_AFTER``, 52, on the loop by itself,
 as in a user's run; the default is 56) and so does each other arm (the same steps, so that the
-bits can be compared), then the arms take turns for ``--rounds / --builds`` rounds (48). A turn
+bits can be compared), in the order they were built, then the arms take turns for ``--rounds / --builds`` rounds (48). A turn
 is ``--lead-in`` untimed iterations (1) and one timed, so that the timed step follows the arm's
 own, as in a user's loop, not another arm's (:func:`turn`); the order of the turns cycles through
 eight rounds in which each arm takes each place, and comes right after each arm (itself
