@@ -90,7 +90,7 @@ from cotangent.modes import DECIDES_AFTER
 from cotangent.verify import bitwise_equal
 from harness.machine import cpu_model
 from prereg.descriptive import mean_interval, stein_size, two_stage_interval, two_stage_size
-from prereg.tdist import student_t_sf_signed, t_critical
+from prereg.tdist import f_sf, student_t_sf_signed, t_critical
 
 #: ``twin``: native's loop built a second time, last (after ``auto`` moved its tensors): the
 #: placement A/A. Its truth is 1; where it reads otherwise, the builds' memory placement alone moves
@@ -421,13 +421,21 @@ def second_stage(
     return max(builds, min(need, cap)), need
 
 
+#: The level at which a row's second stage is said to spread wider than its pilot (:func:`spreads`).
+WIDER_AT = 0.05
+
+
 def spreads(logs: list[float], pilot: int) -> dict[str, float | None]:
-    """The sd of the pilot's build values and of the second stage's (None under two builds)."""
+    """The sd of the pilot's build values and of the second stage's (None under two builds), and
+    ``wider_p``: the one-sided F test's p-value that the second stage spreads wider than the pilot,
+    ``P(F(n2 - 1, n0 - 1) >= s2^2 / s0^2)`` (``prereg.tdist.f_sf``; None without a second sd).
+    Stein's interval takes the pilot's spread for the whole row, exact only while the spread stays
+    the same: below :data:`WIDER_AT` the row says so, and ``--reread`` gives the plain interval."""
     rest = logs[pilot:]
-    return {
-        "pilot_sd": statistics.stdev(logs[:pilot]),
-        "second_sd": statistics.stdev(rest) if len(rest) >= 2 else None,
-    }
+    s0 = statistics.stdev(logs[:pilot])
+    s2 = statistics.stdev(rest) if len(rest) >= 2 else None
+    wider = f_sf(s2**2 / s0**2, len(rest) - 1, pilot - 1) if s2 is not None and s0 > 0 else None
+    return {"pilot_sd": s0, "second_sd": s2, "wider_p": wider}
 
 
 def run_loop(
@@ -586,7 +594,13 @@ def builds_cell(r: dict[str, Any]) -> str:
     more = r["builds"] - r["pilot"]
     cap = f", capped: {r['needed']} asked for" if r["needed"] > r["builds"] else ""
     sd = f"; sd {r['pilot_sd']:.4f}" + (f", then {r['second_sd']:.4f}" if r["second_sd"] is not None else "")
-    return f"{r['builds']} ({r['pilot']} + {more}{cap}{sd})"
+    p = r.get("wider_p")
+    wider = (
+        f"; wider than the pilot, F test p = {p:.2g}: Stein's interval too narrow"
+        if p is not None and p < WIDER_AT
+        else ""
+    )
+    return f"{r['builds']} ({r['pilot']} + {more}{cap}{sd}{wider})"
 
 
 def header(args: argparse.Namespace) -> list[str]:
@@ -720,10 +734,16 @@ def loop_table(args: argparse.Namespace, results: dict[str, Any]) -> list[str]:
         table += table_rows(args, threads, results)
     rows = [v for k, v in results.items() if not k.startswith("planted/") and isinstance(v, dict)]
     met = sum(r["at_most_native"] for r in rows)
-    table += [
-        "",
-        f"auto at most native (ratio <= {RATIO_MAX:.2f}, upper <= {UPPER_MAX:.2f}): {met} of {len(rows)} rows",
-    ]
+    wider = [k for k, v in results.items() if isinstance(v, dict) and (v.get("wider_p") or 1) < WIDER_AT]
+    table += [""]
+    if wider:
+        table.append(
+            f"second stage wider than the pilot (F test, p < {WIDER_AT}) in {len(wider)} row(s), {', '.join(wider)}: "
+            "Stein's interval too narrow there; --reread gives the plain t over all builds"
+        )
+    table.append(
+        f"auto at most native (ratio <= {RATIO_MAX:.2f}, upper <= {UPPER_MAX:.2f}): {met} of {len(rows)} rows"
+    )
     print(table[-1], flush=True)
     return table
 
@@ -824,7 +844,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--check-only", action="store_true", help="the design check alone, no loops' rows")
     add_loop_sizes(ap)  # the loops' sizes (--quick shrinks them)
-    ap.add_argument("--json", help="write the results as JSON to this path, after every row (no \"table\" key until the run ends)")
+    ap.add_argument(
+        "--json",
+        help='write the results as JSON to this path, after every row (no "table" key until the run ends)',
+    )
     ap.add_argument(
         "--reread",
         metavar="JSON",

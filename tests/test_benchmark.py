@@ -365,6 +365,30 @@ def test_never_slower_reread_gives_steins_and_the_plain_interval(tmp_path):
         assert r.returncode == 1 and says in r.stderr and str(bad) in r.stderr and "Traceback" not in r.stderr
 
 
+def test_never_slower_second_stage_wider_by_scipys_f_test():
+    """``spreads``: the one-sided F test that the second stage spreads wider than the pilot,
+    ``scipy.stats.f.sf(s2^2 / s0^2, n2 - 1, n0 - 1)``; the Builds cell says so below 5%."""
+    import math
+    import random
+    import statistics
+
+    from scipy import stats
+
+    mod = _never_slower()
+    rng = random.Random(3)
+    for _ in range(20):
+        pilot, more = rng.randint(3, 30), rng.randint(2, 60)
+        logs = [rng.gauss(0, 0.01) for _ in range(pilot)] + [
+            rng.gauss(0, rng.choice((0.01, 0.03))) for _ in range(more)
+        ]
+        got = mod.spreads(logs, pilot)
+        f = statistics.variance(logs[pilot:]) / statistics.variance(logs[:pilot])
+        assert math.isclose(got["wider_p"], stats.f.sf(f, more - 1, pilot - 1), rel_tol=1e-8, abs_tol=1e-15)
+        row = {"builds": pilot + more, "pilot": pilot, "needed": pilot + more, **got}
+        assert ("Stein's interval too narrow" in mod.builds_cell(row)) == (got["wider_p"] < 0.05)
+    assert mod.spreads([0.0, 0.01, 0.02], 3)["wider_p"] is None  # no second stage
+
+
 def simulated_row(mod, rng, sd: float, cap: int | None) -> bool:
     """One row at a true ratio of 1.00 as the benchmark sizes and reads it: normal build values of
     spread ``sd``, a pilot of ``BUILDS``, ``second_stage`` (rounded to four, at most ``cap``), Stein's
