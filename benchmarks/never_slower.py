@@ -712,8 +712,8 @@ def table_rows(args: argparse.Namespace, threads: int, results: dict[str, Any]) 
             build, args.rounds, args.warmup, args.builds, args.half_width / 100, args.max_builds, args.lead_in
         )
         results[f"{name}/{threads}"] = r
-        save(args, results)
         r["at_most_native"] = at_most_native(r["auto"])
+        save(args, results)
         at_most = "yes" if r["at_most_native"] else "NO"
         kern = "phase.c" if r["packed_kernel"].startswith("phase.c") else "torch kernels"
         rows.append(
