@@ -389,6 +389,21 @@ def test_never_slower_second_stage_wider_by_scipys_f_test():
     assert mod.spreads([0.0, 0.01, 0.02], 3)["wider_p"] is None  # no second stage
 
 
+def test_never_slower_saves_the_json_whole_after_every_row(tmp_path):
+    """``save``: the results so far replace the file whole (no temporary left beside it), and
+    nothing is written without ``--json``."""
+    import argparse
+
+    mod = _never_slower()
+    path = tmp_path / "out" / "run.json"
+    for rows in range(1, 4):
+        mod.save(argparse.Namespace(json=str(path)), {f"loop{i}/1": {"i": i} for i in range(rows)})
+        assert json.loads(path.read_text()) == {f"loop{i}/1": {"i": i} for i in range(rows)}
+        assert [p.name for p in path.parent.iterdir()] == ["run.json"]
+    mod.save(argparse.Namespace(json=None), {"x": 1})
+    assert json.loads(path.read_text())["loop2/1"] == {"i": 2}
+
+
 def simulated_row(mod, rng, sd: float, cap: int | None) -> bool:
     """One row at a true ratio of 1.00 as the benchmark sizes and reads it: normal build values of
     spread ``sd``, a pilot of ``BUILDS``, ``second_stage`` (rounded to four, at most ``cap``), Stein's
