@@ -799,16 +799,8 @@ def reread(path: str) -> list[str]:
     return rows
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="CI size: 12 rounds, smaller models and batches")
-    ap.add_argument(
-        "--rounds",
-        type=int,
-        help=f"timed rounds per row (default {ROUNDS}: {ROUNDS_PER_BUILD} a build; --quick 12)",
-    )
-    ap.add_argument("--warmup", type=int, default=DECIDES_AFTER + 4, help="solo warm-up iterations per arm")
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+def add_design_args(ap: argparse.ArgumentParser) -> None:
+    """The design's options: the turns, the builds and their two stages, the design check."""
     ap.add_argument(
         "--lead-in",
         type=int,
@@ -832,7 +824,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default=MAX_BUILDS,
         help=f"a row's builds at most, the pilot's included (default {MAX_BUILDS}: MAX_BUILDS; unused at --half-width 0)",
     )
-    ap.add_argument("--loops", nargs="+", default=list(LOOPS), choices=LOOPS)
     ap.add_argument(
         "--plant", type=float, default=0.02, help="the A/A's planted cost, a share of an iteration"
     )
@@ -843,17 +834,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="where B's spin runs in the design check (SPIN_AT)",
     )
     ap.add_argument("--check-only", action="store_true", help="the design check alone, no loops' rows")
-    add_loop_sizes(ap)  # the loops' sizes (--quick shrinks them)
-    ap.add_argument(
-        "--json",
-        help='write the results as JSON to this path, after every row (no "table" key until the run ends)',
-    )
-    ap.add_argument(
-        "--reread",
-        metavar="JSON",
-        help="read a run's --json again: each row under Stein's interval and the plain t over all builds (reread)",
-    )
-    args = ap.parse_args(argv)
+
+
+def settled(ap: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """The defaults that depend on ``--quick``, then the checks (``ap.error``: exit 2, no traceback)."""
     if args.rounds is None:
         args.rounds = 12 if args.quick else ROUNDS
     if args.builds is None:
@@ -873,6 +857,31 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if not (math.isfinite(args.half_width) and args.half_width >= 0) or args.max_builds < args.builds:
         ap.error("--half-width must be a number, 0 or more; --max-builds at least --builds")
     return args
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="CI size: 12 rounds, smaller models and batches")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        help=f"timed rounds per row (default {ROUNDS}: {ROUNDS_PER_BUILD} a build; --quick 12)",
+    )
+    ap.add_argument("--warmup", type=int, default=DECIDES_AFTER + 4, help="solo warm-up iterations per arm")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--loops", nargs="+", default=list(LOOPS), choices=LOOPS)
+    add_design_args(ap)
+    add_loop_sizes(ap)  # the loops' sizes (--quick shrinks them)
+    ap.add_argument(
+        "--json",
+        help='write the results as JSON to this path, after every row (no "table" key until the run ends)',
+    )
+    ap.add_argument(
+        "--reread",
+        metavar="JSON",
+        help="read a run's --json again: each row under Stein's interval and the plain t over all builds (reread)",
+    )
+    return settled(ap, ap.parse_args(argv))
 
 
 def main(argv: list[str] | None = None) -> int:
