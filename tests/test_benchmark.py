@@ -13,6 +13,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def bench(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    """``python benchmarks/<script>.py args...`` as a user runs it, its output captured."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=timeout)
+
+
 @pytest.mark.process
 def test_grad_phase_benchmark_runs(tmp_path):
     out = tmp_path / "bench.json"
@@ -204,13 +210,7 @@ def test_never_slower_benchmark_runs(tmp_path):
 def test_native_split_benchmark_runs():
     """benchmarks/native_split.py as a user runs it, tiny size: auto decides in the warm-up, and each
     part's ratio reads inside its own interval."""
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "native_split.py"), "tiny_conv", "--rounds", "4"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
+    r = bench("native_split", "tiny_conv", "--rounds", "4")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert (
@@ -343,12 +343,7 @@ def test_never_slower_reread_gives_steins_and_the_plain_interval(tmp_path):
     twin_cells = lines[3].split(" | ")
     assert twin_cells[1] == "twin" and twin_cells[7:9] == ["NO", "yes |"]
     assert lines[4].split(" | ")[6:9] == ["truth inside", "yes", "yes |"]
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "never_slower.py"), "--reread", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = bench("never_slower", "--reread", str(path), timeout=120)
     assert r.returncode == 0 and r.stdout.splitlines() == lines
     for bad, says in (
         (tmp_path / "none.json", "cannot read it"),
@@ -356,12 +351,7 @@ def test_never_slower_reread_gives_steins_and_the_plain_interval(tmp_path):
     ):
         if bad.name == "bad.json":
             bad.write_text('{"nanogpt/1": {"pilot": 20}}')
-        r = subprocess.run(
-            [sys.executable, str(ROOT / "benchmarks" / "never_slower.py"), "--reread", str(bad)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        r = bench("never_slower", "--reread", str(bad), timeout=120)
         assert r.returncode == 1 and says in r.stderr and str(bad) in r.stderr and "Traceback" not in r.stderr
 
 
@@ -451,13 +441,7 @@ def test_never_slower_half_width_meets_the_promise_by_simulation():
 def test_twin_check_runs():
     """benchmarks/twin_check.py as a user runs it (8 builds of tiny_conv): a row for each way, its
     builds in blocks of four, twin's and auto's ratios with intervals; too few builds refused."""
-    script = str(ROOT / "benchmarks" / "twin_check.py")
-    r = subprocess.run(
-        [sys.executable, script, "tiny_conv", "--builds", "8", "--ways", "lead", "step"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    r = bench("twin_check", "tiny_conv", "--builds", "8", "--ways", "lead", "step")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert (
@@ -471,12 +455,7 @@ def test_twin_check_runs():
                 float(x) for x in cell.replace("(", "").replace(")", "").replace("-", " ").split()
             )
             assert low <= ratio <= high
-    r = subprocess.run(
-        [sys.executable, script, "tiny_conv", "--builds", "4", "--ways", "lead", "step"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = bench("twin_check", "tiny_conv", "--builds", "4", "--ways", "lead", "step", timeout=120)
     assert r.returncode == 2 and "--builds must give each way a block of four" in r.stderr
     assert "Traceback" not in r.stderr
 
