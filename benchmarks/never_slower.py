@@ -90,6 +90,7 @@ from cotangent.modes import DECIDES_AFTER
 from cotangent.verify import bitwise_equal
 from harness.machine import cpu_model
 from prereg.descriptive import mean_interval, stein_size, two_stage_interval, two_stage_size
+from prereg.planted import binom_cdf
 from prereg.tdist import f_sf, student_t_sf_signed, t_critical
 
 #: ``twin``: native's loop built a second time, last (after ``auto`` moved its tensors): the
@@ -749,53 +750,105 @@ def loop_table(args: argparse.Namespace, results: dict[str, Any]) -> list[str]:
 
 
 REREAD_HEAD = [
-    "| Row | Arm | Builds (pilot) | sd: pilot, second stage | Stein's interval (the table's) | Plain t over all "
-    "builds | Check | Under Stein's | Under the plain t |",
-    "|---|---|---|---|---|---|---|---|---|",
+    "| Run | Row | Arm | Builds (pilot) | sd: pilot, second stage | Rounds' share of a build's variance "
+    "| Stein's interval (the table's) | Plain t over all builds | Check | Under Stein's | Under the plain t |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
 ]
+#: The A/A checks whose 95% intervals miss their truth by chance in 5% of rows: twin's (1) and the
+#: design check's (the planted truth); :func:`reread` counts the misses over all the runs given.
+MISS_CHANCE = 0.05
+AA_CHECKS = {"twin": "twin's interval missed 1", "read": "the design check's interval missed its truth"}
 
 
-def reread(path: str) -> list[str]:
-    """A run's JSON read again: for each row's auto and twin and each design check, the builds'
-    values (``logs``) under Stein's interval (the table's: the pilot's spread, ``pilot - 1`` df) and
-    under the plain Student-t interval over all the builds (their own spread, ``n - 1`` df), and the
-    row's check under each: auto meets the promise (:func:`at_most_native`), twin's interval holds 1,
-    the design check's holds its truth. Stein's is exact where the spread stays the same; where the
-    second stage spreads wider than the pilot (the machine grew noisier), it is too narrow and the
-    plain interval, which sees the whole spread, is the one to read."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-        rows = list(REREAD_HEAD)
-        for key, r in data.items():
-            if not (isinstance(r, dict) and "/" in key):
-                continue
-            checks = (
-                [("read", "truth inside", lambda c, t=r["truth"]: c["low"] <= t <= c["high"])]
-                if key.startswith("planted/")
-                else [
-                    ("auto", "at most native", at_most_native),
-                    ("twin", "1 inside", lambda c: c["low"] <= 1 <= c["high"]),
-                ]
+def rounds_share(r: dict[str, Any]) -> float | None:
+    """The rounds' share of the variance of an arm's build values: ``round_sd^2 / (rounds / n)``
+    over the builds' variance (:func:`over_builds`). Near 1, the builds differ by their rounds'
+    noise alone and more rounds a build would narrow each; well below 1, placement dominates and
+    only more builds narrow the interval. Above 1, the rounds vary within a build by something
+    their balanced orders cancel in its mean (the place in the round, the arm before). None where
+    the JSON has no ``round_sd``."""
+    if r.get("round_sd") is None or len(r["logs"]) < 2:
+        return None
+    return r["round_sd"] ** 2 / (r["rounds"] / len(r["logs"])) / statistics.variance(r["logs"])
+
+
+def reread_rows(name: str, data: dict[str, Any], misses: dict[str, list[int]]) -> list[str]:
+    """One run's rows for :func:`reread`; adds each A/A check's misses under Stein's and the plain
+    t to ``misses`` (check -> [rows, Stein's misses, the plain t's misses])."""
+    rows = []
+    for key, r in data.items():
+        if not (isinstance(r, dict) and "/" in key):
+            continue
+        checks = (
+            [("read", "truth inside", lambda c, t=r["truth"]: c["low"] <= t <= c["high"])]
+            if key.startswith("planted/")
+            else [
+                ("auto", "at most native", at_most_native),
+                ("twin", "1 inside", lambda c: c["low"] <= 1 <= c["high"]),
+            ]
+        )
+        for arm, what, check in checks:
+            logs, pilot = r[arm]["logs"], r["pilot"]
+            cells = [
+                {"ratio": math.exp(ci.estimate), "low": math.exp(ci.low), "high": math.exp(ci.high)}
+                for ci in (two_stage_interval(logs, pilot, 0.95), mean_interval(logs, 0.95))
+            ]
+            held = [check(c) for c in cells]
+            if arm in AA_CHECKS:
+                count = misses.setdefault(AA_CHECKS[arm], [0, 0, 0])
+                count[0] += 1
+                count[1] += not held[0]
+                count[2] += not held[1]
+            sd = spreads(logs, pilot)  # this arm's own
+            second = f"{sd['second_sd']:.4f}" if sd["second_sd"] is not None else "-"
+            share = rounds_share(r[arm])
+            rows.append(
+                f"| {name} | {key} | {arm} | {len(logs)} ({pilot}) | {sd['pilot_sd']:.4f}, {second} "
+                f"| {'-' if share is None else f'{share:.2f}'} | {ratio_cell(cells[0])} | {ratio_cell(cells[1])} "
+                f"| {what} | {'yes' if held[0] else 'NO'} | {'yes' if held[1] else 'NO'} |"
             )
-            for arm, what, check in checks:
-                logs, pilot = r[arm]["logs"], r["pilot"]
-                cells = [
-                    {"ratio": math.exp(ci.estimate), "low": math.exp(ci.low), "high": math.exp(ci.high)}
-                    for ci in (two_stage_interval(logs, pilot, 0.95), mean_interval(logs, 0.95))
-                ]
-                sd = spreads(logs, pilot)  # this arm's own
-                second = f"{sd['second_sd']:.4f}" if sd["second_sd"] is not None else "-"
-                rows.append(
-                    f"| {key} | {arm} | {len(logs)} ({pilot}) | {sd['pilot_sd']:.4f}, {second} | {ratio_cell(cells[0])} "
-                    f"| {ratio_cell(cells[1])} | {what} | {'yes' if check(cells[0]) else 'NO'} "
-                    f"| {'yes' if check(cells[1]) else 'NO'} |"
-                )
-    except OSError as e:
-        raise SystemExit(f"never_slower.py: --reread {path}: cannot read it ({e.strerror})") from None
-    except (ValueError, KeyError, TypeError) as e:
-        raise SystemExit(
-            f"never_slower.py: --reread {path}: not a never_slower JSON ({type(e).__name__}: {e})"
-        ) from None
+    return rows
+
+
+def reread(paths: list[str]) -> list[str]:
+    """Runs' JSONs read again: for each row's auto and twin and each design check, the builds'
+    values (``logs``) under Stein's interval (the table's: the pilot's spread, ``pilot - 1`` df) and
+    under the plain Student-t interval over all the builds (their own spread, ``n - 1`` df), the
+    rounds' share of their variance (:func:`rounds_share`), and the row's check under each: auto
+    meets the promise (:func:`at_most_native`), twin's interval holds 1, the design check's holds
+    its truth. Stein's is exact where the spread stays the same; where the second stage spreads
+    wider than the pilot (the machine grew noisier), it is too narrow and the plain interval, which
+    sees the whole spread, is the one to read.
+
+    Notes
+    -----
+    Then, over all the runs, each A/A check's misses ``k`` of ``n`` rows under each interval, with
+    the chance of ``k`` or more by chance alone, ``P(X >= k)`` for ``X ~ Binomial(n, 0.05)``
+    (``1 - prereg.planted.binom_cdf(k - 1, n, 0.05)``): a small chance says the intervals miss
+    more often than 95% intervals do. It treats rows as independent, which rows of one run on one
+    machine need not be.
+    """
+    rows = list(REREAD_HEAD)
+    misses: dict[str, list[int]] = {}
+    names = [Path(p).stem for p in paths]
+    if len(set(names)) < len(names):  # runs of the same name from different folders
+        names = [f"{Path(p).parent.name}/{Path(p).stem}" for p in paths]
+    for path, name in zip(paths, names):
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            rows += reread_rows(name, data, misses)
+        except OSError as e:
+            raise SystemExit(f"never_slower.py: --reread {path}: cannot read it ({e.strerror})") from None
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise SystemExit(
+                f"never_slower.py: --reread {path}: not a never_slower JSON ({type(e).__name__}: {e})"
+            ) from None
+    for what, (n, stein, plain) in misses.items():
+        chance = [1.0 - binom_cdf(k - 1, n, MISS_CHANCE) for k in (stein, plain)]
+        rows.append(
+            f"{what} in {stein} of {n} rows under Stein's (P(as many or more by chance) = {chance[0]:.3f}), "
+            f"{plain} under the plain t ({chance[1]:.3f}); a 95% interval misses in {MISS_CHANCE:.0%} of rows"
+        )
     return rows
 
 
@@ -879,7 +932,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--reread",
         metavar="JSON",
-        help="read a run's --json again: each row under Stein's interval and the plain t over all builds (reread)",
+        nargs="+",
+        help="read runs' --json again: each row under Stein's interval and the plain t over all builds, then "
+        "the A/A checks' misses over all of them against chance (reread)",
     )
     return settled(ap, ap.parse_args(argv))
 

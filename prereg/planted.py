@@ -333,8 +333,8 @@ def coverage(
     }
 
 
-def _binom_cdf(k: int, n: int, p: float) -> float:
-    """P(X <= k) for X ~ Binomial(n, p)."""
+def binom_cdf(k: int, n: int, p: float) -> float:
+    """P(X <= k) for X ~ Binomial(n, p): the exact sum of the terms."""
     if k < 0:
         return 0.0
     if k >= n:
@@ -356,8 +356,8 @@ def clopper_pearson(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
                 hi = mid
         return (lo + hi) / 2
 
-    lower = 0.0 if k == 0 else solve(lambda p: 1 - _binom_cdf(k - 1, n, p) < a)
-    upper = 1.0 if k == n else solve(lambda p: _binom_cdf(k, n, p) > a)
+    lower = 0.0 if k == 0 else solve(lambda p: 1 - binom_cdf(k - 1, n, p) < a)
+    upper = 1.0 if k == n else solve(lambda p: binom_cdf(k, n, p) > a)
     return lower, upper
 
 

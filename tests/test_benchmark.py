@@ -305,10 +305,12 @@ def test_never_slower_reference_of_two_natives_and_steins_interval():
 
 
 def test_never_slower_reread_gives_steins_and_the_plain_interval(tmp_path):
-    """``--reread``: a run's JSON read again, each arm's build values under Stein's interval (the
+    """``--reread``: runs' JSONs read again, each arm's build values under Stein's interval (the
     pilot's sd, ``pilot - 1`` df) and the plain t over all builds (``scipy.stats.t.interval`` on
     their own sd), with each check under each; where the second stage spreads three times wider
-    than the pilot, Stein's twin interval misses 1 and the plain one holds it. Bad input: a clear
+    than the pilot, Stein's twin interval misses 1 and the plain one holds it. The rounds' share of
+    a build's variance is ``round_sd^2 / (rounds / builds)`` over the builds' variance, and the A/A
+    misses over the runs come with ``scipy.stats.binom.sf(k - 1, n, 0.05)``. Bad input: a clear
     error naming the file, no traceback."""
     import math
     import random
@@ -322,36 +324,59 @@ def test_never_slower_reread_gives_steins_and_the_plain_interval(tmp_path):
     auto = [rng.gauss(-0.004, 0.004) for _ in range(60)]
     truth = 1.02
     read = [rng.gauss(math.log(truth), 0.005) for _ in range(24)]
-    row = {"pilot": 20, "auto": {"logs": auto}, "twin": {"logs": twin}}
+    row = {
+        "pilot": 20,
+        "auto": {"logs": auto, "round_sd": 0.03, "rounds": 60 * 48},
+        "twin": {"logs": twin, "round_sd": None, "rounds": 60 * 48},
+    }
     data = {
         "header": ["x"],
         "timm/1": row,
-        "planted/1": {"pilot": 20, "truth": truth, "read": {"logs": read}},
+        "planted/1": {"pilot": 20, "truth": truth, "read": {"logs": read, "rounds": 24 * 48}},
     }
     path = tmp_path / "run.json"
     path.write_text(json.dumps(data))
-    lines = mod.reread(str(path))
-    assert lines[:2] == mod.REREAD_HEAD and len(lines) == 5
+    lines = mod.reread([str(path)])
+    assert lines[:2] == mod.REREAD_HEAD and len(lines) == 7
     for line, logs, pilot in ((lines[2], auto, 20), (lines[3], twin, 20), (lines[4], read, 20)):
         cells = line.split(" | ")
         m = statistics.fmean(logs)
         half = stats.t.ppf(0.975, pilot - 1) * statistics.stdev(logs[:pilot]) / math.sqrt(len(logs))
         low, high = stats.t.interval(0.95, len(logs) - 1, loc=m, scale=stats.sem(logs))
-        assert cells[4] == f"{math.exp(m):.3f} ({math.exp(m - half):.3f}-{math.exp(m + half):.3f})"
-        assert cells[5] == f"{math.exp(m):.3f} ({math.exp(low):.3f}-{math.exp(high):.3f})"
-        assert cells[2] == f"{len(logs)} ({pilot})"
+        assert cells[0] == "| run"
+        assert cells[6] == f"{math.exp(m):.3f} ({math.exp(m - half):.3f}-{math.exp(m + half):.3f})"
+        assert cells[7] == f"{math.exp(m):.3f} ({math.exp(low):.3f}-{math.exp(high):.3f})"
+        assert cells[3] == f"{len(logs)} ({pilot})"
+    assert lines[2].split(" | ")[5] == f"{0.03**2 / 48 / statistics.variance(auto):.2f}"
+    assert lines[3].split(" | ")[5] == "-" and lines[4].split(" | ")[5] == "-"
     twin_cells = lines[3].split(" | ")
-    assert twin_cells[1] == "twin" and twin_cells[7:9] == ["NO", "yes |"]
-    assert lines[4].split(" | ")[6:9] == ["truth inside", "yes", "yes |"]
-    r = bench("never_slower", "--reread", str(path), timeout=120)
-    assert r.returncode == 0 and r.stdout.splitlines() == lines
+    assert twin_cells[2] == "twin" and twin_cells[9:11] == ["NO", "yes |"]
+    assert lines[4].split(" | ")[8:11] == ["truth inside", "yes", "yes |"]
+    # a second run of the same name in another folder: the folder tells them apart; the misses add up
+    other = tmp_path / "b" / "run.json"
+    other.parent.mkdir()
+    other.write_text(json.dumps({"timm/2": {**row, "twin": {"logs": [0.01 + x for x in auto]}}}))
+    both = mod.reread([str(path), str(other)])
+    assert both[2].startswith(f"| {tmp_path.name}/run | timm/1 |") and both[5].startswith(
+        "| b/run | timm/2 |"
+    )
+    want = [
+        ("twin's interval missed 1", 2, 1, 2),
+        ("the design check's interval missed its truth", 0, 0, 1),
+    ]
+    for line, (what, stein, plain, n) in zip(both[-2:], want):
+        chance = [stats.binom.sf(k - 1, n, 0.05) for k in (stein, plain)]
+        assert line.startswith(f"{what} in {stein} of {n} rows under Stein's")
+        assert f"= {chance[0]:.3f}), {plain} under the plain t ({chance[1]:.3f})" in line
+    r = bench("never_slower", "--reread", str(path), str(other), timeout=120)
+    assert r.returncode == 0 and r.stdout.splitlines() == both
     for bad, says in (
         (tmp_path / "none.json", "cannot read it"),
         (tmp_path / "bad.json", "not a never_slower JSON"),
     ):
         if bad.name == "bad.json":
             bad.write_text('{"nanogpt/1": {"pilot": 20}}')
-        r = bench("never_slower", "--reread", str(bad), timeout=120)
+        r = bench("never_slower", "--reread", str(path), str(bad), timeout=120)
         assert r.returncode == 1 and says in r.stderr and str(bad) in r.stderr and "Traceback" not in r.stderr
 
 
