@@ -143,6 +143,10 @@ LEAD_IN = 1
 #: Timed rounds in each build: each build's mean over them is one observation of the interval. 48:
 #: six cycles of :data:`ROUND_ORDERS` (and eight of the design check's six orders), the steps a
 #: build takes with :data:`LEAD_IN` about those of the 100 rounds a build of step-by-step turns took.
+#: Kept after the first table of the lead-in (1 thread, AVX-512, a5337521): the rounds' share of
+#: the variance of its rows' auto and twin build values is 0.43-1.98 (median 0.87), and
+#: priced at 24, 72 and 96 rounds a build the same intervals would have taken 1.33, 0.97 and 0.99
+#: of its steps (``--reread``, :func:`rounds_cost`): no gain worth tables that differ.
 ROUNDS_PER_BUILD = 48
 #: Seconds a round of one step of each arm takes in the full table, per thread count and loop
 #: (native's iteration, four arms; nanoGPT's A/A rows two arms): the fresh-build runs took 23 to 32
@@ -757,28 +761,70 @@ REREAD_HEAD = [
 #: The A/A checks whose 95% intervals miss their truth by chance in 5% of rows: twin's (1) and the
 #: design check's (the planted truth); :func:`reread` counts the misses over all the runs given.
 MISS_CHANCE = 0.05
-AA_CHECKS = {"twin": "twin's interval missed 1", "read": "the design check's interval missed its truth"}
+AA_CHECKS = {"twin": "twin's interval excluded 1", "read": "the design check's interval excluded its truth"}
+#: Timed rounds a build that :func:`reread` prices a run's rows at: multiples of 24, the cycle of
+#: both :data:`ROUND_ORDERS` (8) and :data:`PLANT_ORDERS` (6).
+ROUNDS_PRICED = (24, 48, 72, 96)
 
 
 def rounds_share(r: dict[str, Any]) -> float | None:
     """The rounds' share of the variance of an arm's build values: ``round_sd^2 / (rounds / n)``
     over the builds' variance (:func:`over_builds`). Near 1, the builds differ by their rounds'
-    noise alone and more rounds a build would narrow each; well below 1, placement dominates and
-    only more builds narrow the interval. Above 1, the rounds vary within a build by something
-    their balanced orders cancel in its mean (the place in the round, the arm before). None where
-    the JSON has no ``round_sd``."""
-    if r.get("round_sd") is None or len(r["logs"]) < 2:
+    noise alone; below 1, placement adds its own, which more rounds a build cannot shrink. The
+    builds' variance is itself an estimate (with 19 df, 0.46-1.7 times the true one 95% of the
+    time), and the balanced orders cancel in a build's mean what varies with the place in the round,
+    so the share can read above 1. None where the JSON has no ``round_sd`` or the builds do not
+    vary."""
+    if r.get("round_sd") is None or len(r["logs"]) < 2 or statistics.variance(r["logs"]) == 0:
         return None
+    if not (r["rounds"] > 0 and math.isfinite(r["round_sd"]) and r["round_sd"] >= 0):
+        raise ValueError(f"rounds {r['rounds']!r}, round_sd {r['round_sd']!r}: not a run's")
     return r["round_sd"] ** 2 / (r["rounds"] / len(r["logs"])) / statistics.variance(r["logs"])
+
+
+def rows_of(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A run's rows (design checks and loops), in the order they ran; ValueError where there are none."""
+    rows = [(key, r) for key, r in data.items() if isinstance(r, dict) and "/" in key]
+    if not rows:
+        raise ValueError("no rows (keys LOOP/THREADS or planted/THREADS)")
+    return rows
+
+
+def rounds_cost(
+    data: dict[str, Any], rounds: int, warmup: int = DECIDES_AFTER + 4, lead_in: int = LEAD_IN
+) -> float | None:
+    """The steps a run's rows would take at ``rounds`` timed rounds a build, over the steps they
+    take at the run's own, for the same intervals; None where a row lacks its rounds' share.
+
+    Notes
+    -----
+    Each row's builds are Stein's size, ``(t s0 / h)^2``, proportional to the pilot's variance
+    ``s0^2``. With a share ``f`` of it from the rounds (:func:`rounds_share`, at most 1) and ``r0``
+    rounds a build, ``r`` rounds scale it by ``1 - f + f r0 / r``, so a row takes
+    ``max(pilot, needed (1 - f + f r0 / r))`` builds (``needed``: the run's Stein size, before the
+    cost stop, which is left out), each of ``arms (warmup + (1 + lead_in) r)`` steps (``arms``: 4,
+    or 3 in a design check). It prices the column each row is sized on: auto's, or the check's.
+    It assumes the defaults' warm-up and lead-in unless told.
+    """
+    steps = {rounds: 0.0, "own": 0.0}
+    for key, row in rows_of(data):
+        arm, arms = ("read", 3) if key.startswith("planted/") else ("auto", 4)
+        x = row[arm]
+        share = rounds_share(x)
+        if share is None:
+            return None
+        f, own = min(share, 1.0), x["rounds"] / len(x["logs"])
+        for k, r in ((rounds, rounds), ("own", own)):
+            builds = max(row["pilot"], row["needed"] * (1 - f + f * own / r))
+            steps[k] += builds * arms * (warmup + (1 + lead_in) * r)
+    return steps[rounds] / steps["own"]
 
 
 def reread_rows(name: str, data: dict[str, Any], misses: dict[str, list[int]]) -> list[str]:
     """One run's rows for :func:`reread`; adds each A/A check's misses under Stein's and the plain
     t to ``misses`` (check -> [rows, Stein's misses, the plain t's misses])."""
     rows = []
-    for key, r in data.items():
-        if not (isinstance(r, dict) and "/" in key):
-            continue
+    for key, r in rows_of(data):
         checks = (
             [("read", "truth inside", lambda c, t=r["truth"]: c["low"] <= t <= c["high"])]
             if key.startswith("planted/")
@@ -810,6 +856,18 @@ def reread_rows(name: str, data: dict[str, Any], misses: dict[str, list[int]]) -
     return rows
 
 
+def run_names(paths: list[str]) -> list[str]:
+    """Each run's name in :func:`reread`: the file's stem, or its folder and stem where stems
+    repeat, or the path as given where those repeat too; the same file twice is refused."""
+    if len({Path(p).resolve() for p in paths}) < len(paths):
+        raise SystemExit("never_slower.py: --reread: a file given twice would count its rows twice")
+    for name in (lambda p: Path(p).stem, lambda p: f"{Path(p).parent.name}/{Path(p).stem}", str):
+        names = [name(p) for p in paths]
+        if len(set(names)) == len(names):
+            return names
+    return list(paths)
+
+
 def reread(paths: list[str]) -> list[str]:
     """Runs' JSONs read again: for each row's auto and twin and each design check, the builds'
     values (``logs``) under Stein's interval (the table's: the pilot's spread, ``pilot - 1`` df) and
@@ -818,36 +876,44 @@ def reread(paths: list[str]) -> list[str]:
     meets the promise (:func:`at_most_native`), twin's interval holds 1, the design check's holds
     its truth. Stein's is exact where the spread stays the same; where the second stage spreads
     wider than the pilot (the machine grew noisier), it is too narrow and the plain interval, which
-    sees the whole spread, is the one to read.
+    sees the whole spread, is the one to read. Then, for each run, what its rows would have cost
+    at :data:`ROUNDS_PRICED` rounds a build (:func:`rounds_cost`).
 
     Notes
     -----
-    Then, over all the runs, each A/A check's misses ``k`` of ``n`` rows under each interval, with
+    Last, over all the runs, each A/A check's misses ``k`` of ``n`` rows under each interval, with
     the chance of ``k`` or more by chance alone, ``P(X >= k)`` for ``X ~ Binomial(n, 0.05)``
     (``1 - prereg.planted.binom_cdf(k - 1, n, 0.05)``): a small chance says the intervals miss
-    more often than 95% intervals do. It treats rows as independent, which rows of one run on one
+    more often than 95% intervals do. It takes rows as independent, which rows of one run on one
     machine need not be.
     """
     rows = list(REREAD_HEAD)
     misses: dict[str, list[int]] = {}
-    names = [Path(p).stem for p in paths]
-    if len(set(names)) < len(names):  # runs of the same name from different folders
-        names = [f"{Path(p).parent.name}/{Path(p).stem}" for p in paths]
-    for path, name in zip(paths, names):
+    costs = []
+    for path, name in zip(paths, run_names(paths)):
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
             rows += reread_rows(name, data, misses)
+            priced = [rounds_cost(data, r) for r in ROUNDS_PRICED]
         except OSError as e:
             raise SystemExit(f"never_slower.py: --reread {path}: cannot read it ({e.strerror})") from None
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
+        except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError, RecursionError) as e:
             raise SystemExit(
                 f"never_slower.py: --reread {path}: not a never_slower JSON ({type(e).__name__}: {e})"
             ) from None
+        if None not in priced:
+            costs.append(
+                f"{name}: at {', '.join(map(str, ROUNDS_PRICED))} timed rounds a build its rows would take "
+                f"{', '.join(f'{c:.2f}' for c in priced)} of its steps (rounds_cost: Stein's sizes scaled by "
+                "the rounds' share, no cost stop, the default warm-up and lead-in)"
+            )
+    rows += ["", *costs]
     for what, (n, stein, plain) in misses.items():
         chance = [1.0 - binom_cdf(k - 1, n, MISS_CHANCE) for k in (stein, plain)]
         rows.append(
             f"{what} in {stein} of {n} rows under Stein's (P(as many or more by chance) = {chance[0]:.3f}), "
-            f"{plain} under the plain t ({chance[1]:.3f}); a 95% interval misses in {MISS_CHANCE:.0%} of rows"
+            f"{plain} under the plain t ({chance[1]:.3f}); a 95% interval misses in {MISS_CHANCE:.0%} of rows, "
+            "rows taken as independent"
         )
     return rows
 

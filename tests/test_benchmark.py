@@ -326,6 +326,7 @@ def test_never_slower_reread_gives_steins_and_the_plain_interval(tmp_path):
     read = [rng.gauss(math.log(truth), 0.005) for _ in range(24)]
     row = {
         "pilot": 20,
+        "needed": 60,
         "auto": {"logs": auto, "round_sd": 0.03, "rounds": 60 * 48},
         "twin": {"logs": twin, "round_sd": None, "rounds": 60 * 48},
     }
@@ -337,7 +338,7 @@ def test_never_slower_reread_gives_steins_and_the_plain_interval(tmp_path):
     path = tmp_path / "run.json"
     path.write_text(json.dumps(data))
     lines = mod.reread([str(path)])
-    assert lines[:2] == mod.REREAD_HEAD and len(lines) == 7
+    assert lines[:2] == mod.REREAD_HEAD and len(lines) == 8 and lines[5] == ""
     for line, logs, pilot in ((lines[2], auto, 20), (lines[3], twin, 20), (lines[4], read, 20)):
         cells = line.split(" | ")
         m = statistics.fmean(logs)
@@ -355,29 +356,62 @@ def test_never_slower_reread_gives_steins_and_the_plain_interval(tmp_path):
     # a second run of the same name in another folder: the folder tells them apart; the misses add up
     other = tmp_path / "b" / "run.json"
     other.parent.mkdir()
-    other.write_text(json.dumps({"timm/2": {**row, "twin": {"logs": [0.01 + x for x in auto]}}}))
+    off = {"logs": [0.01 + x for x in auto]}  # twin 1% off: both intervals exclude 1
+    centred = {"logs": [x - statistics.fmean(auto) for x in auto]}  # holds 1 under both
+    other.write_text(json.dumps({"timm/2": {**row, "twin": off}, "timm/3": {**row, "twin": centred}}))
     both = mod.reread([str(path), str(other)])
     assert both[2].startswith(f"| {tmp_path.name}/run | timm/1 |") and both[5].startswith(
         "| b/run | timm/2 |"
     )
     want = [
-        ("twin's interval missed 1", 2, 1, 2),
-        ("the design check's interval missed its truth", 0, 0, 1),
+        ("twin's interval excluded 1", 3, 2, 1),
+        ("the design check's interval excluded its truth", 1, 0, 0),
     ]
-    for line, (what, stein, plain, n) in zip(both[-2:], want):
+    for line, (what, n, stein, plain) in zip(both[-2:], want):
         chance = [stats.binom.sf(k - 1, n, 0.05) for k in (stein, plain)]
         assert line.startswith(f"{what} in {stein} of {n} rows under Stein's")
         assert f"= {chance[0]:.3f}), {plain} under the plain t ({chance[1]:.3f})" in line
     r = bench("never_slower", "--reread", str(path), str(other), timeout=120)
     assert r.returncode == 0 and r.stdout.splitlines() == both
-    for bad, says in (
-        (tmp_path / "none.json", "cannot read it"),
-        (tmp_path / "bad.json", "not a never_slower JSON"),
+    for bad, text, says in (
+        (tmp_path / "none.json", None, "cannot read it"),
+        (tmp_path / "bad.json", '{"nanogpt/1": {"pilot": 20}}', "not a never_slower JSON"),
+        (tmp_path / "list.json", "[1, 2]", "not a never_slower JSON"),
+        (tmp_path / "empty.json", '{"header": ["x"]}', "no rows"),
+        (tmp_path / "deep.json", "[" * 100000 + "]" * 100000, "not a never_slower JSON"),
+        (
+            tmp_path / "flat.json",
+            json.dumps({"timm/1": {**row, "auto": {**row["auto"], "rounds": -5}}}),
+            "rounds -5",
+        ),
     ):
-        if bad.name == "bad.json":
-            bad.write_text('{"nanogpt/1": {"pilot": 20}}')
+        if text is not None:
+            bad.write_text(text)
         r = bench("never_slower", "--reread", str(path), str(bad), timeout=120)
         assert r.returncode == 1 and says in r.stderr and str(bad) in r.stderr and "Traceback" not in r.stderr
+    r = bench("never_slower", "--reread", str(path), str(path), timeout=120)
+    assert r.returncode == 1 and "given twice" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_never_slower_rounds_cost_prices_stein_sizes_by_the_rounds_share():
+    """``rounds_cost``: a row sized at 40 builds (pilot 20) of 48 rounds, half its builds' variance
+    from the rounds: at 96 rounds it needs ``40 (1 - 0.5 + 0.5 / 2) = 30`` builds of ``4 (56 + 2 x
+    96)`` steps against 40 of ``4 (56 + 2 x 48)``; at 24, ``40 x 1.5 = 60``; a pilot-sized row stays
+    at its pilot; no share, no price."""
+    import statistics
+
+    mod = _never_slower()
+    logs = [0.01 * (-1) ** i for i in range(40)]
+    round_sd = (0.5 * statistics.variance(logs) * 48) ** 0.5  # share 0.5 at 48 rounds a build
+    row = {"pilot": 20, "needed": 40, "auto": {"logs": logs, "round_sd": round_sd, "rounds": 40 * 48}}
+    assert abs(mod.rounds_share(row["auto"]) - 0.5) < 1e-12
+    data = {"header": [], "timm/1": row}
+    assert abs(mod.rounds_cost(data, 96) - 30 * (56 + 192) / (40 * (56 + 96))) < 1e-12
+    assert abs(mod.rounds_cost(data, 24) - 60 * (56 + 48) / (40 * (56 + 96))) < 1e-12
+    assert mod.rounds_cost(data, 48) == 1.0
+    small = {"timm/1": {**row, "needed": 12}}  # the pilot settles it: 20 builds at any rounds
+    assert abs(mod.rounds_cost(small, 96) - (56 + 192) / (56 + 96)) < 1e-12
+    assert mod.rounds_cost({"timm/1": {**row, "auto": {**row["auto"], "round_sd": None}}}, 96) is None
 
 
 def test_never_slower_second_stage_wider_by_scipys_f_test():
