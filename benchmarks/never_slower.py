@@ -731,26 +731,34 @@ def table_rows(args: argparse.Namespace, threads: int, results: dict[str, Any]) 
 
 
 def loop_table(args: argparse.Namespace, results: dict[str, Any]) -> list[str]:
-    """Every loop's rows at every thread count, and the count of rows that meet the promise."""
+    """Every loop's rows at every thread count, then :func:`verdict`, printed as they come."""
     print("\n" + "\n".join(LOOP_HEAD), flush=True)
     table = ["", *LOOP_HEAD]
     for threads in args.threads:
         torch.set_num_threads(threads)
         table += table_rows(args, threads, results)
+    lines = verdict(results)
+    print("\n".join(lines), flush=True)
+    return [*table, "", *lines]
+
+
+def verdict(results: dict[str, Any]) -> list[str]:
+    """The lines under the table: the rows whose second stage spread wider than their pilot (F test,
+    :func:`spreads`), where Stein's interval is too narrow, and the count of rows that meet the
+    promise."""
     rows = [v for k, v in results.items() if not k.startswith("planted/") and isinstance(v, dict)]
     met = sum(r["at_most_native"] for r in rows)
     wider = [k for k, v in results.items() if isinstance(v, dict) and (v.get("wider_p") or 1) < WIDER_AT]
-    table += [""]
+    lines = []
     if wider:
-        table.append(
+        lines.append(
             f"second stage wider than the pilot (F test, p < {WIDER_AT}) in {len(wider)} row(s), {', '.join(wider)}: "
             "Stein's interval too narrow there; --reread gives the plain t over all builds"
         )
-    table.append(
+    lines.append(
         f"auto at most native (ratio <= {RATIO_MAX:.2f}, upper <= {UPPER_MAX:.2f}): {met} of {len(rows)} rows"
     )
-    print(table[-1], flush=True)
-    return table
+    return lines
 
 
 REREAD_HEAD = [

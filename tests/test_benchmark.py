@@ -416,7 +416,8 @@ def test_never_slower_rounds_cost_prices_stein_sizes_by_the_rounds_share():
 
 def test_never_slower_second_stage_wider_by_scipys_f_test():
     """``spreads``: the one-sided F test that the second stage spreads wider than the pilot,
-    ``scipy.stats.f.sf(s2^2 / s0^2, n2 - 1, n0 - 1)``; the Builds cell says so below 5%."""
+    ``scipy.stats.f.sf(s2^2 / s0^2, n2 - 1, n0 - 1)``; the Builds cell says so below 5%, and so
+    does ``verdict``, the lines printed under the table, naming the rows."""
     import math
     import random
     import statistics
@@ -436,6 +437,17 @@ def test_never_slower_second_stage_wider_by_scipys_f_test():
         row = {"builds": pilot + more, "pilot": pilot, "needed": pilot + more, **got}
         assert ("Stein's interval too narrow" in mod.builds_cell(row)) == (got["wider_p"] < 0.05)
     assert mod.spreads([0.0, 0.01, 0.02], 3)["wider_p"] is None  # no second stage
+    results = {
+        "header": ["x"],
+        "planted/1": {"wider_p": 0.01},
+        "timm/1": {"at_most_native": True, "wider_p": 0.2},
+        "tiny_gqa/1": {"at_most_native": False, "wider_p": 0.0055},
+    }
+    assert mod.verdict(results) == [
+        "second stage wider than the pilot (F test, p < 0.05) in 2 row(s), planted/1, tiny_gqa/1: "
+        "Stein's interval too narrow there; --reread gives the plain t over all builds",
+        "auto at most native (ratio <= 1.00, upper <= 1.01): 1 of 2 rows",
+    ]
 
 
 def test_never_slower_saves_the_json_whole_after_every_row(tmp_path):
