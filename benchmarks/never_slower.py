@@ -866,10 +866,11 @@ def reread_rows(name: str, data: dict[str, Any], misses: dict[str, list[int]]) -
 
 def run_names(paths: list[str]) -> list[str]:
     """Each run's name in :func:`reread`: the file's stem, or its folder and stem where stems
-    repeat, or the path as given where those repeat too; the same file twice is refused."""
+    repeat, or the path as given where those repeat too (distinct, since the same file twice is
+    refused)."""
     if len({Path(p).resolve() for p in paths}) < len(paths):
         raise SystemExit("never_slower.py: --reread: a file given twice would count its rows twice")
-    for name in (lambda p: Path(p).stem, lambda p: f"{Path(p).parent.name}/{Path(p).stem}", str):
+    for name in (lambda p: Path(p).stem, lambda p: f"{Path(p).parent.name}/{Path(p).stem}"):
         names = [name(p) for p in paths]
         if len(set(names)) == len(names):
             return names
