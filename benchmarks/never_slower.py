@@ -439,8 +439,15 @@ def spreads(logs: list[float], pilot: int) -> dict[str, float | None]:
     rest = logs[pilot:]
     s0 = statistics.stdev(logs[:pilot])
     s2 = statistics.stdev(rest) if len(rest) >= 2 else None
-    wider = f_sf(s2**2 / s0**2, len(rest) - 1, pilot - 1) if s2 is not None and s0 > 0 else None
-    return {"pilot_sd": s0, "second_sd": s2, "wider_p": wider}
+    p = f_sf(s2**2 / s0**2, len(rest) - 1, pilot - 1) if s2 is not None and s0 > 0 else None
+    return {"pilot_sd": s0, "second_sd": s2, "wider_p": p}
+
+
+def wider(r: dict[str, Any]) -> bool:
+    """Whether a row's second stage spread wider than its pilot: ``wider_p`` (:func:`spreads`)
+    below :data:`WIDER_AT`; the Builds cell and :func:`verdict` both ask here."""
+    p = r.get("wider_p")
+    return p is not None and p < WIDER_AT
 
 
 def run_loop(
@@ -599,13 +606,12 @@ def builds_cell(r: dict[str, Any]) -> str:
     more = r["builds"] - r["pilot"]
     cap = f", capped: {r['needed']} asked for" if r["needed"] > r["builds"] else ""
     sd = f"; sd {r['pilot_sd']:.4f}" + (f", then {r['second_sd']:.4f}" if r["second_sd"] is not None else "")
-    p = r.get("wider_p")
-    wider = (
-        f"; wider than the pilot, F test p = {p:.2g}: Stein's interval too narrow"
-        if p is not None and p < WIDER_AT
+    wide = (
+        f"; wider than the pilot, F test p = {r['wider_p']:.2g}: Stein's interval too narrow"
+        if wider(r)
         else ""
     )
-    return f"{r['builds']} ({r['pilot']} + {more}{cap}{sd}{wider})"
+    return f"{r['builds']} ({r['pilot']} + {more}{cap}{sd}{wide})"
 
 
 def header(args: argparse.Namespace) -> list[str]:
@@ -748,11 +754,11 @@ def verdict(results: dict[str, Any]) -> list[str]:
     promise."""
     rows = [v for k, v in results.items() if not k.startswith("planted/") and isinstance(v, dict)]
     met = sum(r["at_most_native"] for r in rows)
-    wider = [k for k, v in results.items() if isinstance(v, dict) and (v.get("wider_p") or 1) < WIDER_AT]
+    wide = [k for k, v in results.items() if isinstance(v, dict) and wider(v)]
     lines = []
-    if wider:
+    if wide:
         lines.append(
-            f"second stage wider than the pilot (F test, p < {WIDER_AT}) in {len(wider)} row(s), {', '.join(wider)}: "
+            f"second stage wider than the pilot (F test, p < {WIDER_AT}) in {len(wide)} row(s), {', '.join(wide)}: "
             "Stein's interval too narrow there; --reread gives the plain t over all builds"
         )
     lines.append(

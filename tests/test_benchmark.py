@@ -363,6 +363,9 @@ def test_never_slower_reread_gives_steins_and_the_plain_interval(tmp_path):
     assert both[2].startswith(f"| {tmp_path.name}/run | timm/1 |") and both[5].startswith(
         "| b/run | timm/2 |"
     )
+    # stems and folder/stem alike: each run goes by its path as given
+    twins = [str(tmp_path / side / "b" / "run.json") for side in ("x", "y")]
+    assert mod.run_names(twins) == twins
     want = [
         ("twin's interval excluded 1", 3, 2, 1),
         ("the design check's interval excluded its truth", 1, 0, 0),
@@ -448,6 +451,10 @@ def test_never_slower_second_stage_wider_by_scipys_f_test():
         "Stein's interval too narrow there; --reread gives the plain t over all builds",
         "auto at most native (ratio <= 1.00, upper <= 1.01): 1 of 2 rows",
     ]
+    # an F far out underflows to p = 0.0: wider in the Builds cell and under the table alike
+    far = {"builds": 24, "pilot": 20, "needed": 24, **mod.spreads([0.0, 1e-20] * 10 + [0.0, 1.0] * 2, 20)}
+    assert far["wider_p"] == 0.0 and "Stein's interval too narrow" in mod.builds_cell(far)
+    assert "1 row(s), tiny_gqa/1:" in mod.verdict({"tiny_gqa/1": {"at_most_native": True, "wider_p": 0.0}})[0]
 
 
 def test_never_slower_saves_the_json_whole_after_every_row(tmp_path):
